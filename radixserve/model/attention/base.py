@@ -1,0 +1,33 @@
+"""The interface between the model's layers and an attention implementation."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from radixserve.model.forward_batch import ForwardBatch
+
+
+class AttentionBackend(ABC):
+    """Computes attention for every layer of one model over a :class:`ForwardBatch`.
+
+    The model calls :meth:`forward` once per layer with that layer's projected, rotated
+    q/k/v for the batch's new rows. A paged backend first stores ``k``/``v`` into the KV
+    pool at ``batch.out_cache_loc`` and then attends over each sequence's whole history
+    (cached prefix + new rows, causal within the new rows); the dense backend attends
+    causally within each sequence's rows only. GQA/MQA: ``num_q_heads`` is a multiple
+    of ``num_kv_heads`` (not necessarily a power of two).
+    """
+
+    @abstractmethod
+    def forward(
+        self,
+        layer_id: int,
+        q: torch.Tensor,  # [T, num_q_heads, head_dim]
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        v: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        batch: ForwardBatch,
+        sm_scale: float,
+    ) -> torch.Tensor:
+        """Return the attention output, ``[T, num_q_heads, head_dim]`` in ``q``'s dtype."""

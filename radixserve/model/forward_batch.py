@@ -1,0 +1,87 @@
+"""The one object the scheduler hands to the model: a flattened ragged batch.
+
+Many sequences, each contributing ``extend_lens[i]`` new tokens this step (1 for a decode,
+the whole or a chunk of the prompt for an extend), are flattened into ``T`` rows with no
+padding. Sequence ``i`` owns rows ``extend_start_loc[i] : extend_start_loc[i] + extend_lens[i]``
+and already has ``prefix_lens[i]`` tokens of KV cached in pages::
+
+    sequence i:   | prefix (in pages) ............ | new tokens (this step) |
+    positions:    0 ......................... p-1    p .......... seq_len-1
+    rows in T:                                       start ...... start+extend-1
+
+The dense backend (full sequences, no pool) ignores the paged fields; the paged backends
+store the new K/V at ``out_cache_loc`` and read the whole history through ``page_table``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class ForwardBatch:
+    """Inputs of one model forward. Tensors live on the model's device."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, position of each row within its sequence
+    seq_lens: torch.Tensor  # [B] int32, KV length of each sequence after this step
+    extend_lens: torch.Tensor  # [B] int32, new tokens of each sequence this step
+    prefix_lens: torch.Tensor  # [B] int32, = seq_lens - extend_lens
+    extend_start_loc: torch.Tensor  # [B] int32, first row of each sequence in T
+    logits_indices: torch.Tensor  # [N] int64, rows whose logits the caller wants
+    # Host copies: loops and shapes without a device sync.
+    seq_lens_cpu: list[int]
+    extend_lens_cpu: list[int]
+    # Paged KV (None for the dense backend).
+    out_cache_loc: torch.Tensor | None = None  # [T] int64, slot (page*page_size+offset) of each new row
+    page_table: torch.Tensor | None = None  # [B, max_pages] int32, pages of each sequence in order
+    page_size: int = 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return all(n == 1 for n in self.extend_lens_cpu)
+
+    @staticmethod
+    def for_full_sequences(
+        sequences: list[list[int]], device: torch.device | str = "cpu", all_logits: bool = False
+    ) -> "ForwardBatch":
+        """A batch of whole sequences with nothing cached (prefill from scratch).
+
+        ``logits_indices`` selects the last row of each sequence, or every row when
+        ``all_logits`` is set.
+        """
+        lens = [len(s) for s in sequences]
+        if not lens or min(lens) == 0:
+            raise ValueError("every sequence needs at least one token")
+        starts = [0]
+        for n in lens[:-1]:
+            starts.append(starts[-1] + n)
+        ids = torch.tensor([t for s in sequences for t in s], dtype=torch.int64, device=device)
+        pos = torch.cat([torch.arange(n, dtype=torch.int64) for n in lens]).to(device)
+        total = sum(lens)
+        if all_logits:
+            logits_idx = torch.arange(total, dtype=torch.int64, device=device)
+        else:
+            logits_idx = torch.tensor([s + n - 1 for s, n in zip(starts, lens)], dtype=torch.int64, device=device)
+        lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
+        return ForwardBatch(
+            input_ids=ids,
+            positions=pos,
+            seq_lens=lens_t,
+            extend_lens=lens_t.clone(),
+            prefix_lens=torch.zeros_like(lens_t),
+            extend_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            logits_indices=logits_idx,
+            seq_lens_cpu=list(lens),
+            extend_lens_cpu=list(lens),
+        )

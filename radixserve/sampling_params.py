@@ -1,0 +1,80 @@
+"""Sampling parameters: one msgspec Struct shared by the engine, the wire protocol and the DSL.
+
+Torch-free on purpose, so that clients import it light. ``validate()`` is the one place
+where parameter values are checked; the engine, the router and the gateways all call it.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """How to sample one request's completion.
+
+    ``temperature == 0`` means greedy. ``top_k <= 0`` and ``top_p == 1`` and ``min_p == 0``
+    disable those filters. ``logprobs``: ``None`` returns none; ``0`` returns the chosen
+    token's logprob; ``k > 0`` adds the top-k alternatives. ``prompt_logprobs_start``:
+    when set, the logprob of every prompt token from that position on is returned
+    (the DSL's ``select`` and SGLang's ``logprob_start_len`` use it).
+    """
+
+    max_tokens: int = 128
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs_start: int | None = None
+    skip_special_tokens: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, vocab_size: int | None = None) -> "SamplingParams":
+        """Raise ``ValueError`` with a clear message for any invalid value; return self."""
+        errors: list[str] = []
+        if self.max_tokens < 1:
+            errors.append(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            errors.append(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.min_tokens > self.max_tokens:
+            errors.append(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        if not self.temperature >= 0.0:  # also rejects NaN
+            errors.append(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            errors.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            errors.append(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            errors.append(f"min_p must be in [0, 1], got {self.min_p}")
+        if not self.repetition_penalty > 0.0:
+            errors.append(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                errors.append(f"{name} must be in [-2, 2], got {value}")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            errors.append(f"seed must be in [0, 2**63), got {self.seed}")
+        if any(not s for s in self.stop):
+            errors.append("stop strings must be non-empty")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            errors.append(f"logprobs must be in [0, 20], got {self.logprobs}")
+        if self.prompt_logprobs_start is not None and self.prompt_logprobs_start < 0:
+            errors.append(f"prompt_logprobs_start must be >= 0, got {self.prompt_logprobs_start}")
+        if vocab_size is not None:
+            bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
+            if bad:
+                errors.append(f"stop_token_ids out of the vocabulary (size {vocab_size}): {bad}")
+        if errors:
+            raise ValueError("invalid sampling parameters: " + "; ".join(errors))
+        return self
