@@ -1,0 +1,400 @@
+"""Python clients of the radixserve router: synchronous :class:`Client`, asyncio :class:`AsyncClient`.
+
+Torch-free (pyzmq + msgspec only). Each client owns one DEALER socket; every request gets
+a client-side ``request_id`` that the router echoes, so many requests multiplex on one
+socket. A ZeroMQ socket is not thread-safe: use one :class:`Client` per thread, or one
+:class:`AsyncClient` for any number of concurrent requests in an event loop.
+
+Run ``python -m radixserve.serving.client --endpoint tcp://127.0.0.1:5555 "Hello"`` for a
+streaming demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from radixserve.sampling_params import SamplingParams
+from radixserve.serving import protocol as p
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+Event = p.GenerateChunk | p.GenerateFinal
+
+
+class ServerError(RuntimeError):
+    """The router answered with an :class:`~radixserve.serving.protocol.Error`."""
+
+    def __init__(self, error: p.Error) -> None:
+        super().__init__(f"[{error.code}] {error.message}")
+        self.code = error.code
+        self.message = error.message
+        self.request_id = error.request_id
+
+
+def _request(
+    request_id: str,
+    text: str | None,
+    input_ids: list[int] | None,
+    messages: list[p.ChatMessage] | list[dict[str, str]] | None,
+    params: SamplingParams | None,
+    stream: bool,
+    session_id: str | None,
+    namespace: str | None,
+    add_generation_prompt: bool,
+) -> p.GenerateRequest:
+    chat = None
+    if messages is not None:
+        chat = [m if isinstance(m, p.ChatMessage) else p.ChatMessage(**m) for m in messages]
+    return p.GenerateRequest(
+        request_id=request_id, text=text, input_ids=input_ids, messages=chat,
+        add_generation_prompt=add_generation_prompt, params=params or SamplingParams(), stream=stream,
+        session_id=session_id, namespace=namespace,
+    )
+
+
+class _Ids:
+    """Request ids unique per client: a per-process random prefix and a counter."""
+
+    def __init__(self) -> None:
+        self._prefix = os.urandom(4).hex()
+        self._count = itertools.count()
+
+    def next(self) -> str:
+        return f"{self._prefix}-{next(self._count)}"
+
+
+class Client:
+    """Synchronous client. ``timeout``: seconds without any reply before giving up
+    (the router sends keep-alives while requests run, so this detects a dead router)."""
+
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout: float | None = 60.0,
+                 context: zmq.Context | None = None) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._ctx = context or zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(endpoint)
+        self._ids = _Ids()
+        self._queues: dict[str, deque[Any]] = {}
+        self._unclaimed: deque[p.Error] = deque()  # errors the router could not tie to a request
+        self._generating: set[str] = set()
+
+    # ------------------------------------------------------------------ plumbing
+    def _send(self, msg: Any) -> None:
+        self._sock.send(p.encode(msg))
+
+    def _pump(self, wait_s: float | None) -> None:
+        """Receive what is there (waiting at most ``wait_s``) and queue it by request id."""
+        if not self._sock.poll(None if wait_s is None else int(wait_s * 1000)):
+            return
+        while True:
+            try:
+                frame = self._sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            msg = p.decode_server(frame)
+            rid = getattr(msg, "request_id", None)
+            if isinstance(msg, p.KeepAlive):
+                continue
+            if rid is None:
+                self._unclaimed.append(msg)
+            elif rid in self._queues:
+                self._queues[rid].append(msg)
+            # Anything else answers a request we already gave up on: drop it.
+
+    def _next(self, rid: str, timeout: float | None) -> Any:
+        queue = self._queues[rid]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if queue:
+                msg = queue.popleft()
+                if isinstance(msg, p.Error):
+                    self._forget(rid)
+                    raise ServerError(msg)
+                return msg
+            if self._unclaimed:
+                self._forget(rid)
+                raise ServerError(self._unclaimed.popleft())
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"no reply from {self.endpoint} for request {rid} within {timeout} s")
+            before = len(queue)
+            self._pump(left)
+            if len(queue) > before:
+                deadline = None if timeout is None else time.monotonic() + timeout
+
+    def _forget(self, rid: str) -> None:
+        self._queues.pop(rid, None)
+        self._generating.discard(rid)
+
+    def _call(self, msg: Any, timeout: float | None) -> Any:
+        self._queues[msg.request_id] = deque()
+        self._send(msg)
+        try:
+            return self._next(msg.request_id, self.timeout if timeout is None else timeout)
+        finally:
+            self._forget(msg.request_id)
+
+    # ------------------------------------------------------------------ generation
+    def submit(self, text: str | None = None, *, input_ids: list[int] | None = None,
+               messages: list[p.ChatMessage] | list[dict[str, str]] | None = None,
+               params: SamplingParams | None = None, stream: bool = False, session_id: str | None = None,
+               namespace: str | None = None, add_generation_prompt: bool = True,
+               request_id: str | None = None) -> str:
+        """Send a generate request and return its id without waiting (see :meth:`events`)."""
+        rid = request_id or self._ids.next()
+        req = _request(rid, text, input_ids, messages, params, stream, session_id, namespace, add_generation_prompt)
+        self._queues[rid] = deque()
+        self._generating.add(rid)
+        self._send(req)
+        return rid
+
+    def events(self, request_id: str, timeout: float | None = None) -> Iterator[Event]:
+        """Yield a submitted request's chunks, then its :class:`GenerateFinal`.
+
+        Raises :class:`ServerError` on an error reply. Leaving the loop early aborts the request.
+        """
+        done = False
+        try:
+            while True:
+                msg = self._next(request_id, self.timeout if timeout is None else timeout)
+                if isinstance(msg, p.GenerateFinal):
+                    done = True
+                    self._forget(request_id)
+                    yield msg
+                    return
+                yield msg
+        finally:
+            if not done and request_id in self._generating:
+                self.abort(request_id)
+
+    def result(self, request_id: str, timeout: float | None = None) -> p.GenerateFinal:
+        """Wait for a submitted request's final message (chunks are skipped)."""
+        for ev in self.events(request_id, timeout):
+            if isinstance(ev, p.GenerateFinal):
+                return ev
+        raise AssertionError("unreachable")
+
+    def generate(self, text: str | None = None, **kwargs: Any) -> p.GenerateFinal:
+        """Generate and wait; same arguments as :meth:`submit` (``stream`` is ignored)."""
+        kwargs["stream"] = False
+        return self.result(self.submit(text, **kwargs))
+
+    def stream(self, text: str | None = None, **kwargs: Any) -> Iterator[Event]:
+        """Generate with streaming: yields chunks then the final; breaking out aborts."""
+        kwargs["stream"] = True
+        return self.events(self.submit(text, **kwargs))
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request; the router frees its KV in the worker."""
+        if request_id in self._generating:
+            self._send(p.Abort(request_id=request_id))
+        self._forget(request_id)
+
+    # ------------------------------------------------------------------ control
+    def health(self, timeout: float | None = None) -> p.HealthReply:
+        return self._call(p.Health(request_id=self._ids.next()), timeout)
+
+    def stats(self, timeout: float | None = None) -> p.StatsReply:
+        return self._call(p.StatsRequest(request_id=self._ids.next()), timeout)
+
+    def model_info(self, timeout: float | None = None) -> p.ModelInfo:
+        return self._call(p.ModelInfoRequest(request_id=self._ids.next()), timeout)
+
+    def flush_cache(self, timeout: float | None = None) -> bool:
+        return self._call(p.FlushCache(request_id=self._ids.next()), timeout).ok
+
+    def close(self) -> None:
+        """Abort this client's unfinished requests and close the socket."""
+        if self._sock.closed:
+            return
+        for rid in list(self._generating):
+            self._send(p.Abort(request_id=rid))
+        self._generating.clear()
+        self._sock.close(linger=200)  # let the aborts leave
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """asyncio client: any number of concurrent requests on one socket."""
+
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout: float | None = 60.0) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._ctx = zmq.asyncio.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(endpoint)
+        self._ids = _Ids()
+        self._queues: dict[str, asyncio.Queue[Any]] = {}
+        self._generating: set[str] = set()
+        self._reader: asyncio.Task[None] | None = None
+
+    async def _read(self) -> None:
+        while True:
+            msg = p.decode_server(await self._sock.recv())
+            if isinstance(msg, p.KeepAlive):
+                continue
+            rid = getattr(msg, "request_id", None)
+            targets = [self._queues[rid]] if rid in self._queues else []
+            if rid is None:  # cannot be tied to a request: fail every waiter
+                targets = list(self._queues.values())
+            for q in targets:
+                q.put_nowait(msg)
+
+    def _open(self, rid: str) -> asyncio.Queue[Any]:
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(self._read())
+        q: asyncio.Queue[Any] = asyncio.Queue()
+        self._queues[rid] = q
+        return q
+
+    async def _next(self, rid: str, q: asyncio.Queue[Any], timeout: float | None) -> Any:
+        try:
+            msg = await asyncio.wait_for(q.get(), self.timeout if timeout is None else timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no reply from {self.endpoint} for request {rid}") from None
+        if isinstance(msg, p.Error):
+            raise ServerError(msg)
+        return msg
+
+    async def _call(self, msg: Any, timeout: float | None) -> Any:
+        q = self._open(msg.request_id)
+        try:
+            await self._sock.send(p.encode(msg))
+            return await self._next(msg.request_id, q, timeout)
+        finally:
+            self._queues.pop(msg.request_id, None)
+
+    async def stream(self, text: str | None = None, *, input_ids: list[int] | None = None,
+                     messages: list[p.ChatMessage] | list[dict[str, str]] | None = None,
+                     params: SamplingParams | None = None, session_id: str | None = None,
+                     namespace: str | None = None, add_generation_prompt: bool = True,
+                     stream: bool = True, request_id: str | None = None,
+                     timeout: float | None = None) -> AsyncIterator[Event]:
+        """Yield chunks then the final; cancelling or closing the iterator early aborts."""
+        rid = request_id or self._ids.next()
+        q = self._open(rid)
+        self._generating.add(rid)
+        done = False
+        try:
+            req = _request(rid, text, input_ids, messages, params, stream, session_id, namespace,
+                           add_generation_prompt)
+            await self._sock.send(p.encode(req))
+            while True:
+                msg = await self._next(rid, q, timeout)
+                if isinstance(msg, p.GenerateFinal):
+                    done = True
+                yield msg
+                if done:
+                    return
+        except ServerError:
+            done = True
+            raise
+        finally:
+            self._queues.pop(rid, None)
+            self._generating.discard(rid)
+            if not done and not self._sock.closed:
+                self._sock.send(p.encode(p.Abort(request_id=rid)), zmq.NOBLOCK)
+
+    async def generate(self, text: str | None = None, **kwargs: Any) -> p.GenerateFinal:
+        """Generate and wait for the final message."""
+        kwargs["stream"] = False
+        async for ev in self.stream(text, **kwargs):
+            if isinstance(ev, p.GenerateFinal):
+                return ev
+        raise AssertionError("unreachable")
+
+    async def abort(self, request_id: str) -> None:
+        await self._sock.send(p.encode(p.Abort(request_id=request_id)))
+
+    async def health(self, timeout: float | None = None) -> p.HealthReply:
+        return await self._call(p.Health(request_id=self._ids.next()), timeout)
+
+    async def stats(self, timeout: float | None = None) -> p.StatsReply:
+        return await self._call(p.StatsRequest(request_id=self._ids.next()), timeout)
+
+    async def model_info(self, timeout: float | None = None) -> p.ModelInfo:
+        return await self._call(p.ModelInfoRequest(request_id=self._ids.next()), timeout)
+
+    async def flush_cache(self, timeout: float | None = None) -> bool:
+        return (await self._call(p.FlushCache(request_id=self._ids.next()), timeout)).ok
+
+    async def close(self) -> None:
+        """Abort unfinished requests, stop the reader, close the socket."""
+        if self._sock.closed:
+            return
+        for rid in list(self._generating):
+            await self._sock.send(p.encode(p.Abort(request_id=rid)))
+        self._generating.clear()
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except (asyncio.CancelledError, zmq.ZMQError):
+                pass
+        self._sock.close(linger=200)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Streaming demo: print a completion as it arrives, then usage and timings."""
+    ap = argparse.ArgumentParser(prog="python -m radixserve.serving.client", description=main.__doc__)
+    ap.add_argument("prompt", nargs="?", default="What is a radix tree?")
+    ap.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
+    ap.add_argument("--raw", action="store_true", help="send the prompt as text, not as a chat message")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--stats", action="store_true", help="print the router's stats afterwards")
+    args = ap.parse_args(argv)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
+    with Client(args.endpoint) as client:
+        try:
+            kwargs: dict[str, Any] = {"params": params}
+            if args.raw:
+                kwargs["text"] = args.prompt
+            else:
+                kwargs["messages"] = [{"role": "user", "content": args.prompt}]
+            for ev in client.stream(**kwargs):
+                if isinstance(ev, p.GenerateChunk):
+                    print(ev.text, end="", flush=True)
+                else:
+                    u, t = ev.usage, ev.timings
+                    print(f"\n[{ev.finish_reason}] prompt {u.prompt_tokens} tokens ({u.cached_tokens} cached), "
+                          f"completion {u.completion_tokens}; ttft {t.ttft_s * 1000:.0f} ms, "
+                          f"total {t.total_s * 1000:.0f} ms, worker {ev.worker_id}", file=sys.stderr)
+            if args.stats:
+                import json
+
+                import msgspec
+
+                print(json.dumps(msgspec.to_builtins(client.stats()), indent=2))
+        except (ServerError, TimeoutError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
