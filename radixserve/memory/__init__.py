@@ -1,0 +1,49 @@
+"""KV memory: the paged KV pool, the page allocator, the radix prefix cache and the memory planner.
+
+The allocator and the radix cache are pure Python and import eagerly; the torch-backed
+names (``KVPool``, the planner) load on first access, so ``import radixserve.memory`` stays
+cheap for code that only needs the cache (routers, benchmarks of the bookkeeping).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from radixserve.memory.allocator import OutOfPagesError, PageAllocator
+from radixserve.memory.radix_cache import CachedPrefix, CacheStats, MatchResult, RadixCache
+from radixserve.memory.tree_node import TreeNode
+
+if TYPE_CHECKING:
+    from radixserve.memory.pool import KVPool
+
+_LAZY = {
+    "KVPool": "radixserve.memory.pool",
+    # Planner (engineer A's module), resolved only when asked for.
+    "kv_bytes_per_token": "radixserve.memory.planner",
+    "plan_memory": "radixserve.memory.planner",
+    "MemoryPlan": "radixserve.memory.planner",
+    "memory_snapshot": "radixserve.memory.planner",
+    "MemorySnapshot": "radixserve.memory.planner",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "CacheStats",
+    "CachedPrefix",
+    "KVPool",
+    "MatchResult",
+    "OutOfPagesError",
+    "PageAllocator",
+    "RadixCache",
+    "TreeNode",
+]

@@ -1,0 +1,93 @@
+"""The full consistency check of a :class:`RadixCache` and its allocator (tests call it after every step).
+
+Kept apart from the cache so the hot module stays small; it reads the cache's private
+state on purpose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixserve.memory.radix_cache import RadixCache
+    from radixserve.memory.tree_node import TreeNode
+
+
+def _fail(msg: str) -> None:
+    raise AssertionError(f"radix cache invariant broken: {msg}")
+
+
+def check_cache_invariants(cache: RadixCache, private_pages: Iterable[int] = ()) -> None:
+    """See :meth:`RadixCache.check_invariants`."""
+    ps = cache.page_size
+    alloc = cache.allocator
+    alloc.check_invariants()
+    free = alloc.free_pages()
+    private = list(private_pages)
+    private_set = set(private)
+    if len(private_set) != len(private):
+        _fail("a private page is held twice")
+
+    tree_pages: list[int] = []
+    protected = 0
+    leaves: set[TreeNode] = set()
+    for ns, root in cache._roots.items():
+        if root.parent is not None or root.key or root.pages or root.depth or root.lock_ref or root.holders:
+            _fail(f"root of namespace {ns!r} is not a bare root")
+        if root.namespace != ns:
+            _fail(f"root registered under {ns!r} says namespace {root.namespace!r}")
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            below = 0
+            for ck, child in node.children.items():
+                if child.parent is not node or not child.alive:
+                    _fail(f"bad parent link or dead child under {node!r}")
+                if ck != cache._child_key(child.key):
+                    _fail(f"child key {ck!r} does not match the edge of {child!r}")
+                below += child.lock_ref
+                stack.append(child)
+            if node.parent is None:
+                continue
+            if not node.key or len(node.key) != ps * len(node.pages):
+                _fail(f"edge is not a positive whole number of pages: {node!r}")
+            if node.depth != node.parent.depth + len(node.key):
+                _fail(f"depth mismatch: {node!r}")
+            if node.holders < 0 or node.lock_ref != node.holders + below:
+                _fail(f"lock_ref != holders + children's lock_ref: {node!r}")
+            if node.last_access > cache._clock:
+                _fail(f"access time from the future: {node!r}")
+            tree_pages.extend(node.pages)
+            if node.lock_ref > 0:
+                protected += len(node.pages)
+            elif not node.children:
+                leaves.add(node)
+
+    tree_set = set(tree_pages)
+    if len(tree_set) != len(tree_pages):
+        _fail("a page appears twice in the tree")
+    if len(tree_pages) != cache._tree_pages:
+        _fail(f"cached page gauge {cache._tree_pages} != {len(tree_pages)} pages in the tree")
+    if protected != cache._protected:
+        _fail(f"protected gauge {cache._protected} != {protected}")
+    if leaves != cache._leaves:
+        _fail(f"evictable leaf set is off by {len(leaves ^ cache._leaves)} nodes")
+    newest_entry: dict[int, int] = {}
+    for last_access, node_id, node in cache._heap:
+        if node.id != node_id:
+            _fail("heap entry id does not match its node")
+        if node in leaves and last_access <= node.last_access:
+            newest_entry[node_id] = last_access
+    if len(newest_entry) != len(leaves):
+        _fail("an evictable leaf has no usable heap entry")
+
+    for a, b, what in ((free, tree_set, "free and cached"), (free, private_set, "free and private"), (tree_set, private_set, "cached and private")):
+        if not a.isdisjoint(b):
+            _fail(f"pages both {what}: {sorted(a & b)[:8]}")
+    in_use = protected + len(private_set)
+    evictable = len(tree_pages) - protected
+    if len(free) + evictable + in_use != alloc.num_pages:
+        _fail(f"free {len(free)} + evictable {evictable} + in use {in_use} != {alloc.num_pages} pages")
+    if cache.disabled and tree_pages:
+        _fail("disabled cache holds pages")

@@ -1,0 +1,124 @@
+"""The paged KV pool: K and V storage for every layer, in the configured KV-cache dtype.
+
+Layout (one layer; ``radixkernels.kv_format`` is the source of truth, shared with the
+kernels and the memory planner)::
+
+    k_data[layer]  [num_pages, page_size, kv_heads, packed_head_dim]  storage dtype
+    v_data[layer]  same
+
+              page 0                 page 1                       page num_pages-1
+          +-----------------+  +-----------------+          +-----------------+
+    slot  | 0 | 1 | ... |P-1|  | P |P+1| ...|2P-1|   ...    |   ...   | N*P-1 |
+          +-----------------+  +-----------------+          +-----------------+
+            each slot = one token: [kv_heads, packed_head_dim]
+
+    slot = page * page_size + offset        flat view: [num_pages * page_size, kv_heads, packed_head_dim]
+
+    k_scale[layer], v_scale[layer]  (float32, None for kv_dtype "auto")
+        int8 / int4   [num_pages, page_size, kv_heads]  per token and head, written by store_kv
+        fp8_e4m3/e5m2 [kv_heads]                        static per head, 1.0 unless calibrated
+
+Per-token scales sit in their own tensor indexed exactly like the data (same page, same
+offset), so a page id addresses data and scales alike and eviction never has to know the
+dtype. All layers of K live in one allocation (``k_data`` holds per-layer views), likewise V:
+one big allocation instead of 2 × num_layers, and the per-layer views stay contiguous.
+
+The pool knows nothing of requests or the tree: the page allocator hands out page ids and
+the radix cache tracks which pages hold which tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixkernels.kv_format import SCALE_DTYPE, KVCacheDtype, KVFormat
+
+
+class KVPool:
+    """``num_pages`` pages of ``page_size`` tokens of K and V for every layer.
+
+    Data starts zeroed (and per-token scales at zero), so an unwritten slot reads back as 0
+    rather than garbage: a kernel that loads a padded slot and masks it with a zero weight
+    then cannot produce ``0 * NaN``.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        kv_heads: int,
+        head_dim: int,
+        kv_dtype: KVCacheDtype | str = "auto",
+        act_dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        for name, value in (
+            ("num_layers", num_layers),
+            ("num_pages", num_pages),
+            ("page_size", page_size),
+            ("kv_heads", kv_heads),
+            ("head_dim", head_dim),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.fmt: KVFormat = KVFormat.create(kv_dtype, act_dtype, head_dim)
+        self.num_layers = num_layers
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self.device = torch.device(device)
+
+        shape = (num_layers, num_pages, page_size, kv_heads, self.fmt.packed_head_dim)
+        dtype = self.fmt.storage_dtype
+        self._k = torch.zeros(shape, dtype=dtype, device=self.device)
+        self._v = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.k_data: list[torch.Tensor] = list(self._k.unbind(0))
+        self.v_data: list[torch.Tensor] = list(self._v.unbind(0))
+
+        kd = self.fmt.kv_dtype
+        self._k_scale: torch.Tensor | None = None
+        self._v_scale: torch.Tensor | None = None
+        if kd.has_token_scales:
+            sshape = (num_layers, num_pages, page_size, kv_heads)
+            self._k_scale = torch.zeros(sshape, dtype=SCALE_DTYPE, device=self.device)
+            self._v_scale = torch.zeros(sshape, dtype=SCALE_DTYPE, device=self.device)
+        elif kd.has_head_scales:
+            self._k_scale = torch.ones((num_layers, kv_heads), dtype=SCALE_DTYPE, device=self.device)
+            self._v_scale = torch.ones((num_layers, kv_heads), dtype=SCALE_DTYPE, device=self.device)
+        self.k_scale: list[torch.Tensor] | None = None if self._k_scale is None else list(self._k_scale.unbind(0))
+        self.v_scale: list[torch.Tensor] | None = None if self._v_scale is None else list(self._v_scale.unbind(0))
+
+    @property
+    def num_slots(self) -> int:
+        """Token slots per layer: ``num_pages * page_size``."""
+        return self.num_pages * self.page_size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the pool occupies on its device, scales included."""
+        total = self._k.nbytes + self._v.nbytes
+        if self._k_scale is not None and self._v_scale is not None:
+            total += self._k_scale.nbytes + self._v_scale.nbytes
+        return total
+
+    @property
+    def bytes_per_page(self) -> int:
+        """Bytes one page costs across all layers, K and V, per-token scales included."""
+        return self.fmt.bytes_per_token(self.num_layers, self.kv_heads) * self.page_size
+
+    def k_flat(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s K as ``[num_slots, kv_heads, packed_head_dim]`` (a view)."""
+        return self.k_data[layer].view(self.num_slots, self.kv_heads, self.fmt.packed_head_dim)
+
+    def v_flat(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s V as ``[num_slots, kv_heads, packed_head_dim]`` (a view)."""
+        return self.v_data[layer].view(self.num_slots, self.kv_heads, self.fmt.packed_head_dim)
+
+    def __repr__(self) -> str:
+        return (
+            f"KVPool(layers={self.num_layers}, pages={self.num_pages}, page_size={self.page_size}, "
+            f"kv_heads={self.kv_heads}, head_dim={self.head_dim}, kv_dtype={self.fmt.kv_dtype.value}, "
+            f"storage={self.fmt.storage_dtype}, device={self.device}, {self.nbytes / 2**20:.1f} MiB)"
+        )

@@ -1,0 +1,467 @@
+"""The radix prefix cache: a radix tree over token ids whose edges own KV pages.
+
+::
+
+    namespace None                  namespace "tenant-b"  (separate roots: never share KV)
+        root                            root
+        ├─ [sys prompt A: 3 pages] ─┬─ [chat 1: 2 pages]   <- leaf, lock_ref 0: evictable
+        │                           └─ [chat 2: 5 pages]   <- locked by a running request
+        └─ [sys prompt B: 4 pages]
+
+Each edge holds a whole number of pages (``len(key) == page_size * len(pages)``). Children
+are keyed by their first token (page_size 1) or by the tuple of their first page of tokens,
+so a step down the tree is one dict lookup and one slice comparison of the edge. Only whole
+pages are shared: a request's partial last page stays private to it and is never inserted.
+
+Page states (every page is in exactly one): free (allocator), cached-and-evictable (in the
+tree, ``lock_ref == 0``), in use (in the tree with ``lock_ref > 0``, or a request's private
+page). ``free + evictable + in_use == num_pages``; :meth:`RadixCache.check_invariants`
+verifies it along with everything else.
+
+Request lifecycle (what the scheduler does)::
+
+    m = cache.match_prefix(prompt[:-1], ns)     # page-aligned hit; may split an edge
+    cache.lock(m.node)                         # lock BEFORE any alloc: alloc may evict
+    node, pages = m.node, m.pages + allocator.alloc(n_more)
+    ... each prefill chunk writes KV for more tokens ...
+    node, pages, _ = cache.cache_prefix(tokens_with_kv, pages, node, ns)
+    ... at finish / abort / retract:
+    c = cache.cache_prefix(tokens_with_kv, pages, node, ns)   # (or skip caching on abort)
+    cache.unlock(c.node)
+    allocator.free(c.pages[c.cached_len // page_size:])       # the private tail
+
+Eviction: an LRU heap over *unreferenced leaves* with lazy invalidation. Entries are
+``(last_access, node_id, node)``; the set ``_leaves`` says which nodes are evictable leaves
+right now, so a popped entry whose node is no longer one is skipped, and an entry whose
+access time is stale is pushed back with the current time. Every evictable leaf always has
+an entry no newer than its access time, so the first fresh entry popped is the true LRU
+leaf. Removing a leaf may make its parent an unreferenced leaf, which is pushed then.
+Access times come from a monotonic counter (not wall time), so ties are deterministic
+(broken by node id). The heap is rebuilt from ``_leaves`` when stale entries outnumber live
+ones, which keeps it O(evictable leaves) in size and the rebuild amortized O(1).
+
+Complexity (n = nodes, L = query length, d = depth of the matched path in nodes):
+    match_prefix / insert / cache_prefix  O(d) dict lookups + O(L) token compares in C slices
+    lock / unlock                         O(d)
+    evict                                 O(log n) per node removed (a leaf's pages go at once)
+    gauges                                O(1)
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Iterable, Sequence
+from typing import NamedTuple
+
+from radixserve.memory.allocator import PageAllocator
+from radixserve.memory.tree_node import TreeNode
+
+
+class MatchResult(NamedTuple):
+    """Longest cached, page-aligned prefix of a query.
+
+    ``pages`` back tokens ``[0, matched_len)``; ``node`` ends exactly at ``matched_len`` (the
+    namespace root when nothing matched). The caller must :meth:`RadixCache.lock` ``node``
+    before anything can evict (any allocation), or the pages may be reused.
+    """
+
+    pages: list[int]
+    matched_len: int
+    node: TreeNode
+
+
+class CachedPrefix(NamedTuple):
+    """What backs a request after :meth:`RadixCache.cache_prefix`.
+
+    ``pages[:cached_len // page_size]`` are tree pages protected by the request's lock on
+    ``node``; the rest are the request's private pages (its partial last page, pages
+    allocated ahead).
+    """
+
+    node: TreeNode
+    pages: list[int]
+    cached_len: int
+
+
+class CacheStats(NamedTuple):
+    """Monotonic counters: take differences over any window (they survive :meth:`RadixCache.reset`)."""
+
+    queried_tokens: int
+    hit_tokens: int
+    evicted_pages: int
+    inserted_pages: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+def _common_prefix(edge: tuple[int, ...], key: tuple[int, ...], pos: int, page_size: int) -> int:
+    """Tokens that ``edge`` and ``key[pos:]`` share, rounded down to whole pages.
+
+    The caller has seen the first page match. Gallops with doubling slice comparisons, then
+    bisects the mismatching chunk: O(log L) Python steps, O(L) element compares in C.
+    """
+    limit = min(len(edge), len(key) - pos)
+    lo, step = page_size, 64  # invariant: key[pos:pos+lo] == edge[:lo]
+    while True:
+        if lo >= limit:
+            return limit - limit % page_size
+        hi = min(lo + step, limit)
+        if key[pos + lo : pos + hi] != edge[lo:hi]:
+            break
+        lo, step = hi, step * 2
+    while hi - lo > 1:  # a mismatch lies in [lo, hi)
+        mid = (lo + hi) // 2
+        if key[pos + lo : pos + mid] == edge[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo - lo % page_size
+
+
+class RadixCache:
+    """Radix tree of cached token prefixes over the KV pages of one pool.
+
+    Registers itself as ``allocator``'s evictor. ``disabled=True`` keeps the interface but
+    never reuses anything: matches are empty, ``insert`` frees the pages it is given, and
+    ``cache_prefix`` leaves every page private to the request.
+    """
+
+    def __init__(self, allocator: PageAllocator, page_size: int, disabled: bool = False) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.allocator = allocator
+        self.page_size = page_size
+        self.disabled = disabled
+        self._queried = self._hit = self._evicted = self._inserted = 0
+        self._next_id = 0
+        self._clock = 0
+        self._init_tree()
+        allocator.set_evictor(self.evict, lambda: self.num_evictable_pages)
+
+    def _init_tree(self) -> None:
+        self._roots: dict[Hashable | None, TreeNode] = {}
+        self._leaves: set[TreeNode] = set()  # unreferenced leaves: exactly the evictable ones
+        self._heap: list[tuple[int, int, TreeNode]] = []
+        self._tree_pages = 0
+        self._protected = 0
+        self._root(None)
+
+    # ---------------------------------------------------------------- gauges & counters
+    @property
+    def num_cached_pages(self) -> int:
+        """Pages held by the tree (evictable + protected)."""
+        return self._tree_pages
+
+    @property
+    def num_evictable_pages(self) -> int:
+        """Tree pages no running request references: freeable by :meth:`evict`."""
+        return self._tree_pages - self._protected
+
+    @property
+    def num_protected_pages(self) -> int:
+        """Tree pages on some locked path (in use)."""
+        return self._protected
+
+    @property
+    def total_cached_tokens(self) -> int:
+        return self._tree_pages * self.page_size
+
+    @property
+    def stats(self) -> CacheStats:
+        return CacheStats(self._queried, self._hit, self._evicted, self._inserted)
+
+    # ---------------------------------------------------------------- tree helpers
+    def _root(self, namespace: Hashable | None) -> TreeNode:
+        root = self._roots.get(namespace)
+        if root is None:
+            root = TreeNode(self._new_id(), (), [], None, 0, 0, namespace)
+            self._roots[namespace] = root
+        return root
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _child_key(self, key: tuple[int, ...], start: int = 0) -> object:
+        return key[start] if self.page_size == 1 else key[start : start + self.page_size]
+
+    def _push(self, node: TreeNode) -> None:
+        """``node`` just became an unreferenced leaf."""
+        self._leaves.add(node)
+        heapq.heappush(self._heap, (node.last_access, node.id, node))
+        if len(self._heap) > 2 * len(self._leaves) + 1024:
+            self._heap = [(n.last_access, n.id, n) for n in self._leaves]
+            heapq.heapify(self._heap)
+
+    def _split(self, child: TreeNode, m: int) -> TreeNode:
+        """Cut ``child``'s edge after ``m`` tokens; returns the new upper node.
+
+        ``child`` keeps its identity (requests locked on it stay valid) and becomes the lower
+        part; the upper node inherits its lock_ref (every lock through ``child`` passes it).
+        """
+        ps = self.page_size
+        parent = child.parent
+        assert parent is not None
+        upper = TreeNode(self._new_id(), child.key[:m], child.pages[: m // ps], parent, parent.depth + m, child.last_access)
+        upper.lock_ref = child.lock_ref
+        parent.children[self._child_key(child.key)] = upper
+        child.key = child.key[m:]
+        child.pages = child.pages[m // ps :]
+        child.parent = upper
+        upper.children[self._child_key(child.key)] = child
+        return upper
+
+    def _walk(self, root: TreeNode, key: tuple[int, ...], want_node: bool) -> tuple[TreeNode, int, list[int]]:
+        """Follow ``key`` (page-aligned) down from ``root``, refreshing access times.
+
+        Returns ``(node, matched, pages)``. A match ending inside an edge splits it when a node
+        is needed there (``want_node``, or ``key`` goes on and a leaf will hang there);
+        otherwise ``node`` is the last node passed whole.
+        """
+        ps = self.page_size
+        self._clock += 1
+        tick = self._clock
+        node, pos, n = root, 0, len(key)
+        pages: list[int] = []
+        while pos < n:
+            child = node.children.get(key[pos] if ps == 1 else key[pos : pos + ps])
+            if child is None:
+                break
+            child.last_access = tick
+            edge = child.key
+            if key[pos : pos + len(edge)] == edge:
+                pages += child.pages
+                pos += len(edge)
+                node = child
+                continue
+            m = _common_prefix(edge, key, pos, ps)
+            if want_node or pos + m < n:
+                node = self._split(child, m)
+                pages += node.pages
+            else:
+                pages += child.pages[: m // ps]
+            pos += m
+            break
+        return node, pos, pages
+
+    def _add_leaf(self, parent: TreeNode, key: tuple[int, ...], pages: list[int]) -> TreeNode:
+        if parent.parent is not None and parent.lock_ref == 0 and not parent.children:
+            self._leaves.discard(parent)  # its heap entry goes stale
+        leaf = TreeNode(self._new_id(), key, pages, parent, parent.depth + len(key), self._clock)
+        parent.children[self._child_key(key)] = leaf
+        self._tree_pages += len(pages)
+        self._inserted += len(pages)
+        self._push(leaf)
+        return leaf
+
+    def _remove_leaf(self, node: TreeNode) -> None:
+        parent = node.parent
+        assert parent is not None
+        del parent.children[self._child_key(node.key)]
+        self._leaves.discard(node)
+        node.alive = False
+        self._tree_pages -= len(node.pages)
+        self.allocator.free(node.pages)
+        if parent.parent is None:
+            if not parent.children and parent.namespace is not None:
+                del self._roots[parent.namespace]  # don't keep one empty root per past tenant
+        elif not parent.children and parent.lock_ref == 0:
+            self._push(parent)
+
+    # ---------------------------------------------------------------- public API
+    def match_prefix(self, tokens: Sequence[int], namespace: Hashable | None = None, record_stats: bool = True) -> MatchResult:
+        """Longest cached prefix of ``tokens``, rounded down to whole pages.
+
+        Mutates the tree: refreshes the access time of every node on the matched path and,
+        when the match ends inside an edge, splits that edge so that ``node`` ends exactly at
+        ``matched_len``. Does NOT lock: call :meth:`lock` before any allocation.
+        ``record_stats`` adds to the queried/hit counters (turn it off for speculative
+        look-ups, e.g. a scheduling policy scoring queued requests).
+        """
+        root = self._root(namespace)
+        n_full = len(tokens) // self.page_size * self.page_size
+        if self.disabled or n_full == 0:
+            node, matched, pages = root, 0, []
+        else:
+            node, matched, pages = self._walk(root, tuple(tokens[:n_full]), want_node=True)
+        if record_stats:
+            self._queried += len(tokens)
+            self._hit += matched
+        return MatchResult(pages, matched, node)
+
+    def peek_prefix_len(self, tokens: Sequence[int], namespace: Hashable | None = None) -> int:
+        """Length of the cached page-aligned prefix of ``tokens``, without touching the tree."""
+        root = self._roots.get(namespace)
+        ps = self.page_size
+        n = len(tokens) // ps * ps
+        if self.disabled or root is None or n == 0:
+            return 0
+        key, node, pos = tuple(tokens[:n]), root, 0
+        while pos < n:
+            child = node.children.get(key[pos] if ps == 1 else key[pos : pos + ps])
+            if child is None:
+                break
+            if key[pos : pos + len(child.key)] != child.key:
+                return pos + _common_prefix(child.key, key, pos, ps)
+            pos += len(child.key)
+            node = child
+        return pos
+
+    def lock(self, node: TreeNode) -> None:
+        """Take one reference on the path root..``node``: none of it can be evicted until :meth:`unlock`."""
+        if node.parent is None:
+            return
+        if not node.alive:
+            raise RuntimeError("lock() on an evicted node: lock right after match_prefix, before any allocation")
+        node.holders += 1
+        while node.parent is not None:
+            if node.lock_ref == 0:
+                self._protected += len(node.pages)
+                if not node.children:
+                    self._leaves.discard(node)
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: TreeNode) -> None:
+        """Drop one reference taken by :meth:`lock` (or handed over by :meth:`cache_prefix`)."""
+        if node.parent is None:
+            return
+        if node.holders <= 0 or not node.alive:
+            raise RuntimeError(f"unlock() without a matching lock: {node!r}")
+        node.holders -= 1
+        while node.parent is not None:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._protected -= len(node.pages)
+                if not node.children:
+                    self._push(node)
+            node = node.parent
+
+    def insert(self, tokens: Sequence[int], pages: Sequence[int], namespace: Hashable | None = None) -> int:
+        """Insert the whole pages of ``tokens`` backed by ``pages`` (one page per page_size tokens).
+
+        Returns how many leading tokens were already cached: the tree keeps its own pages for
+        them and the caller frees its duplicates ``pages[:returned // page_size]`` (unless they
+        are the tree's own, as for a request that matched them). The tree takes ownership of
+        the following whole pages; a partial last page is ignored (stays the caller's). The new
+        nodes are unlocked (evictable). May split an edge. Disabled mode frees the whole pages
+        it would have taken and returns 0.
+        """
+        ps = self.page_size
+        n_full = len(tokens) // ps
+        if len(pages) < n_full:
+            raise ValueError(f"{len(tokens)} tokens need {n_full} whole pages, got {len(pages)}")
+        if self.disabled:
+            self.allocator.free(pages[:n_full])
+            return 0
+        if n_full == 0:
+            return 0
+        key = tuple(tokens[: n_full * ps])
+        node, pos, _ = self._walk(self._root(namespace), key, want_node=False)
+        if pos < len(key):
+            self._add_leaf(node, key[pos:], list(pages[pos // ps : n_full]))
+        return pos
+
+    def cache_prefix(
+        self, tokens: Sequence[int], pages: Sequence[int], node: TreeNode, namespace: Hashable | None = None
+    ) -> CachedPrefix:
+        """Move a request's finished whole pages into the tree and re-point its lock.
+
+        ``tokens`` are exactly the tokens whose KV is in ``pages`` (one page per page_size
+        tokens, the last maybe partial; extra pages allocated ahead may follow); ``node`` is
+        the node the request holds locked (from :meth:`match_prefix` + :meth:`lock` or a
+        previous ``cache_prefix``), backing ``pages[:node.depth // page_size]``.
+
+        Inserts the whole pages, frees the request's own copies of pages that another request
+        cached meanwhile, locks the new deepest node and unlocks ``node``. Returns the node the
+        request now holds and its page list: tree pages for the first ``cached_len`` tokens,
+        its private pages after. Disabled mode changes nothing (all pages stay private).
+        """
+        if self.disabled:
+            return CachedPrefix(node, list(pages), 0)
+        ps = self.page_size
+        n_full = len(tokens) // ps
+        held = node.depth // ps
+        if len(pages) < n_full:
+            raise ValueError(f"{len(tokens)} tokens need {n_full} whole pages, got {len(pages)}")
+        if n_full < held:
+            raise ValueError(f"request holds {node.depth} cached tokens but passed only {len(tokens)}")
+        if n_full == held:
+            return CachedPrefix(node, list(pages), held * ps)
+        key = tuple(tokens[: n_full * ps])
+        new_node, pos, tree_pages = self._walk(self._root(namespace), key, want_node=True)
+        if pos < node.depth:
+            raise RuntimeError("cache_prefix: tokens do not extend the locked node's prefix (wrong node or namespace?)")
+        if pos < len(key):
+            tail = list(pages[pos // ps : n_full])
+            new_node = self._add_leaf(new_node, key[pos:], tail)
+            tree_pages += tail
+        if pos // ps > held:
+            # Another request cached these tokens after we matched: its pages win, ours go back.
+            self.allocator.free(pages[held : pos // ps])
+        self.lock(new_node)
+        self.unlock(node)
+        return CachedPrefix(new_node, tree_pages + list(pages[n_full:]), n_full * ps)
+
+    def evict(self, n_pages: int) -> int:
+        """Free up to ``n_pages`` tree pages, least recently used unreferenced leaves first.
+
+        A leaf with more pages than still needed loses only its tail pages (it stays cached,
+        shorter). Returns the pages freed: ``min(n_pages, num_evictable_pages)``.
+        """
+        heap, leaves, ps = self._heap, self._leaves, self.page_size
+        freed = 0
+        while freed < n_pages and heap:
+            last_access, _, node = heap[0]
+            if node not in leaves:
+                heapq.heappop(heap)
+                continue
+            if last_access != node.last_access:
+                heapq.heapreplace(heap, (node.last_access, node.id, node))
+                continue
+            need = n_pages - freed
+            if len(node.pages) > need:
+                drop = node.pages[-need:]
+                del node.pages[-need:]
+                node.key = node.key[: -need * ps]
+                node.depth -= need * ps
+                self._tree_pages -= need
+                self.allocator.free(drop)
+                freed += need
+                break
+            heapq.heappop(heap)
+            freed += len(node.pages)
+            self._remove_leaf(node)
+        self._evicted += freed
+        return freed
+
+    def reset(self) -> None:
+        """Drop every cached prefix and free its pages. Requires no locks held; counters survive."""
+        if self._protected or any(r.lock_ref for r in self._roots.values()):
+            raise RuntimeError(f"reset() with {self._protected} pages still locked by running requests")
+        stack = list(self._roots.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            node.alive = False
+            if node.pages:
+                self.allocator.free(node.pages)
+        self._init_tree()
+
+    def check_invariants(self, private_pages: Iterable[int] = ()) -> None:
+        """Verify the whole page accounting and tree structure (O(tree); tests call it often).
+
+        ``private_pages``: every page running requests hold outside the tree. Raises
+        ``AssertionError`` naming the first broken invariant.
+        """
+        from radixserve.memory._invariants import check_cache_invariants
+
+        check_cache_invariants(self, private_pages)
+
+    def __repr__(self) -> str:
+        return (
+            f"RadixCache(page_size={self.page_size}, disabled={self.disabled}, cached_pages={self._tree_pages}, "
+            f"evictable={self.num_evictable_pages}, protected={self._protected}, free={self.allocator.num_free})"
+        )
