@@ -38,6 +38,8 @@ ErrorCode = Literal[
     "context_length",     # the prompt does not fit the model's context
     "no_workers",         # no live worker to run the request
     "worker_died",        # the worker running the request went away
+    "shutdown",           # the server is stopping
+    "timeout",            # the server gave up waiting (e.g. for workers to answer)
     "internal",           # a bug; the message says what
 ]
 
@@ -326,11 +328,12 @@ class WorkerHello(_Msg, tag="w_hello"):
 
 
 class TokenOutput(_Part):
-    """New tokens of one request after one engine step (a StepOutput on the wire)."""
+    """New tokens of one request after one engine step: the engine's ``StepOutput`` on the
+    wire (same field names, so the worker converts with one ``msgspec.convert``)."""
 
-    rid: str
-    token_ids: list[int]
-    logprobs: list[TokenLogprob] | None = None
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[float | None] | None = None
     finished: bool = False
     finish_reason: FinishReason | None = None
