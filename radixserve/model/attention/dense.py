@@ -1,0 +1,54 @@
+"""Dense attention over whole sequences (nothing cached): the reference backend.
+
+Each sequence of the ragged batch attends causally to its own rows only. Sequences are
+handled by one ``scaled_dot_product_attention`` call each (a loop over sequences, never over
+tokens); GQA/MQA is expanded by the kernel itself (``enable_gqa``), which works for any
+integer group size, e.g. SmolLM2's 9 query heads over 3 KV heads. A block-diagonal mask over
+all ``T`` rows would be one call but costs ``T^2`` memory; per-sequence calls cost only
+``sum(L_i^2)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from radixserve.model.attention.base import AttentionBackend
+from radixserve.model.forward_batch import ForwardBatch
+
+
+class DenseAttentionBackend(AttentionBackend):
+    """Causal attention within each sequence of a batch of full sequences (no KV pool).
+
+    Only valid when nothing is cached (``prefix_lens == 0``, ``extend_lens == seq_lens``):
+    a decode step needs the history, which only a paged backend has.
+    """
+
+    def forward(
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+        sm_scale: float,
+    ) -> torch.Tensor:
+        if batch.extend_lens_cpu != batch.seq_lens_cpu:
+            raise ValueError("DenseAttentionBackend only runs full sequences (no cached prefix)")
+        out = torch.empty_like(q)
+        gqa = q.shape[1] != k.shape[1]
+        start = 0
+        for n in batch.extend_lens_cpu:
+            end = start + n
+            # [L, H, D] -> [H, L, D]: heads are SDPA's batch dimension.
+            o = F.scaled_dot_product_attention(
+                q[start:end].transpose(0, 1),
+                k[start:end].transpose(0, 1),
+                v[start:end].transpose(0, 1),
+                is_causal=True,
+                scale=sm_scale,
+                enable_gqa=gqa,
+            )
+            out[start:end] = o.transpose(0, 1)
+            start = end
+        return out

@@ -1,0 +1,187 @@
+"""The model facts radixserve needs, read from a Hugging Face ``config.json``.
+
+The JSON is parsed directly (not through ``transformers.AutoConfig``) for two reasons: the
+memory calculator must answer in milliseconds for models the user doesn't have, and the
+file format is the stable contract while transformers' config classes change between major
+versions (v5 moved ``rope_theta``/``rope_scaling`` into ``rope_parameters``). Both layouts
+are accepted here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# model_type -> the architecture family the one implementation in llama.py covers.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+# Defaults transformers' config classes use when a key is absent, per model_type.
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie": False},
+    "mistral": {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 4096 * 32, "tie": False},
+    "qwen2": {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie": False},
+}
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling (``rope_type`` ``"linear"`` or ``"llama3"``)."""
+
+    rope_type: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture facts of one Llama-family checkpoint (Llama, SmolLM2, Mistral, Qwen2)."""
+
+    architecture: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # bias on the q/k/v projections
+    o_proj_bias: bool  # bias on the output projection (Llama's attention_bias; never Qwen2)
+    mlp_bias: bool
+    eos_token_ids: tuple[int, ...]
+    torch_dtype: torch.dtype  # dtype the checkpoint was saved in (not necessarily the run dtype)
+    sliding_window: int | None = None  # Mistral-style window; recorded, not applied (see llama.py)
+
+    @property
+    def q_size(self) -> int:
+        return self.num_q_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (embeddings counted once when tied)."""
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        if self.attention_bias:
+            attn += self.q_size + 2 * self.kv_size
+        if self.o_proj_bias:
+            attn += h
+        mlp = 3 * h * i + (2 * i + h if self.mlp_bias else 0)
+        per_layer = attn + mlp + 2 * h
+        emb = v * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + emb + h
+
+    @staticmethod
+    def from_pretrained(path_or_config_json: str | Path) -> "ModelConfig":
+        """Read a checkpoint directory (its ``config.json`` and ``generation_config.json``)
+        or a bare ``config.json`` file."""
+        path = Path(path_or_config_json)
+        cfg_file = path / "config.json" if path.is_dir() else path
+        if not cfg_file.is_file():
+            raise FileNotFoundError(f"no config.json at {path}")
+        raw = json.loads(cfg_file.read_text())
+        eos = _as_ids(raw.get("eos_token_id"))
+        gen_file = cfg_file.parent / "generation_config.json"
+        if path.is_dir() and gen_file.is_file():
+            eos = eos + tuple(t for t in _as_ids(json.loads(gen_file.read_text()).get("eos_token_id")) if t not in eos)
+        return ModelConfig.from_dict(raw, eos_token_ids=eos)
+
+    @staticmethod
+    def from_dict(raw: dict[str, Any], eos_token_ids: tuple[int, ...] | None = None) -> "ModelConfig":
+        """Build from the parsed JSON of a ``config.json``."""
+        model_type = raw.get("model_type")
+        archs = raw.get("architectures") or []
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"unsupported model_type {model_type!r} (architectures {archs}); "
+                f"radixserve implements {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        d = _DEFAULTS[model_type]
+        hidden = int(raw["hidden_size"])
+        n_q = int(raw["num_attention_heads"])
+        n_kv = int(raw.get("num_key_value_heads") or n_q)
+        head_dim = int(raw.get("head_dim") or hidden // n_q)
+        if n_q % n_kv:
+            raise ValueError(f"num_attention_heads {n_q} is not a multiple of num_key_value_heads {n_kv}")
+        if raw.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported hidden_act {raw.get('hidden_act')!r} (only silu)")
+        rope_theta, rope_scaling = _parse_rope(raw, d["rope_theta"])
+        is_qwen2 = model_type == "qwen2"
+        dtype_name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
+        window = raw.get("sliding_window") if (not is_qwen2 or raw.get("use_sliding_window")) else None
+        return ModelConfig(
+            architecture=archs[0] if archs else f"{model_type.capitalize()}ForCausalLM",
+            model_type=model_type,
+            num_layers=int(raw["num_hidden_layers"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_q_heads=n_q,
+            num_kv_heads=n_kv,
+            head_dim=head_dim,
+            vocab_size=int(raw["vocab_size"]),
+            rms_norm_eps=float(raw.get("rms_norm_eps", d["rms_norm_eps"])),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(raw.get("max_position_embeddings", d["max_position_embeddings"])),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", d["tie"])),
+            attention_bias=True if is_qwen2 else bool(raw.get("attention_bias", False)),
+            o_proj_bias=False if is_qwen2 else bool(raw.get("attention_bias", False)),
+            mlp_bias=bool(raw.get("mlp_bias", False)),
+            eos_token_ids=eos_token_ids if eos_token_ids is not None else _as_ids(raw.get("eos_token_id")),
+            torch_dtype=_DTYPES.get(str(dtype_name).replace("torch.", ""), torch.float32),
+            sliding_window=int(window) if window else None,
+        )
+
+
+def _as_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def _parse_rope(raw: dict[str, Any], default_theta: float) -> tuple[float, RopeScaling | None]:
+    """Accept both the legacy (``rope_theta`` + ``rope_scaling``) and the transformers v5
+    (``rope_parameters``) layouts."""
+    params = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or {}
+    theta = float(raw.get("rope_theta") or params.get("rope_theta") or scaling.get("rope_theta") or default_theta)
+    spec = scaling or params
+    rope_type = spec.get("rope_type") or spec.get("type") or "default"
+    if rope_type == "default":
+        return theta, None
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"unsupported rope scaling type {rope_type!r}; radixserve supports {', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
+    factor = float(spec["factor"])
+    if not math.isfinite(factor) or factor <= 0:
+        raise ValueError(f"rope scaling factor must be positive, got {factor}")
+    if rope_type == "linear":
+        return theta, RopeScaling("linear", factor)
+    return theta, RopeScaling(
+        "llama3",
+        factor,
+        low_freq_factor=float(spec.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(spec.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(spec.get("original_max_position_embeddings", 8192)),
+    )

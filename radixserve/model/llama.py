@@ -1,0 +1,281 @@
+"""One Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2) over a flattened ragged batch.
+
+Every sequence's new rows are concatenated into ``T`` rows (no padding); each row carries its
+own position, so RoPE and the attention backend need no per-sequence loops here. Numerics
+follow transformers' implementation step for step (RMSNorm in float32 then cast back, RoPE
+with ``rotate_half``, SiLU-gated MLP), so float32 logits match it to rounding.
+
+CPU-friendly fusions: q/k/v are one ``qkv_proj`` matmul and gate/up one ``gate_up_proj``
+matmul (one large GEMM beats three small ones at 2 threads); RoPE rotates q and k in one op.
+The checkpoint's separate tensors are copied into slices of the fused weights by
+:meth:`LlamaForCausalLM.load_weights`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixserve.model.attention.base import AttentionBackend
+from radixserve.model.config import ModelConfig, RopeScaling
+from radixserve.model.forward_batch import ForwardBatch
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32 and cast back, as transformers does."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """Inverse frequencies ``[head_dim // 2]`` (float32, CPU) for the config's RoPE type."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
+    if scaling is None:
+        return inv
+    if scaling.rope_type == "linear":
+        return inv / scaling.factor
+    if scaling.rope_type == "llama3":
+        # Llama 3.1: long wavelengths are slowed by ``factor``, short ones kept, a smooth ramp between.
+        old_ctx = scaling.original_max_position_embeddings
+        low_wavelen = old_ctx / scaling.low_freq_factor
+        high_wavelen = old_ctx / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+        smooth = (old_ctx / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    raise ValueError(f"unsupported rope scaling type {scaling.rope_type!r}")
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding with a cos/sin table indexed by each row's position.
+
+    The table grows on demand (doubling), sized from the batch's host-side sequence lengths,
+    so a forward never syncs the device to learn the largest position.
+    """
+
+    def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.inv_freq = rope_inv_freq(head_dim, theta, scaling)  # plain attribute: stays out of state_dict
+        self._cos: torch.Tensor | None = None  # [L, head_dim] float32
+        self._sin: torch.Tensor | None = None
+
+    def _ensure(self, length: int, device: torch.device) -> None:
+        if self._cos is not None and self._cos.shape[0] >= length and self._cos.device == device:
+            return
+        n = max(4096, 1 << max(0, length - 1).bit_length())
+        inv = self.inv_freq.to(device)
+        freqs = torch.outer(torch.arange(n, dtype=torch.float32, device=device), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self._cos, self._sin = emb.cos(), emb.sin()
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, max_len: int) -> torch.Tensor:
+        """Rotate ``x`` ``[T, heads, head_dim]`` by each row's position; returns a new tensor."""
+        self._ensure(max_len, x.device)
+        assert self._cos is not None and self._sin is not None
+        cos = self._cos.index_select(0, positions).unsqueeze(1).to(x.dtype)
+        sin = self._sin.index_select(0, positions).unsqueeze(1).to(x.dtype)
+        half = self.head_dim // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        rotated = torch.cat((-x2, x1), dim=-1)
+        return x * cos + rotated * sin
+
+
+class LlamaAttention(nn.Module):
+    """Fused qkv projection, RoPE, the backend's attention, output projection."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_q_heads = cfg.num_q_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.sm_scale = cfg.head_dim**-0.5
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+        rotary: RotaryEmbedding,
+        max_len: int,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(x).view(t, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim)
+        n_qk = self.num_q_heads + self.num_kv_heads
+        # q and k rotate together: one op for both.
+        qk = rotary(batch.positions, qkv[:, :n_qk], max_len)
+        q, k = qk[:, : self.num_q_heads], qk[:, self.num_q_heads :]
+        v = qkv[:, n_qk:]
+        out = attn.forward(self.layer_id, q, k, v, batch, self.sm_scale)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    """SiLU-gated MLP with gate and up fused into one matmul."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate_size = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention block and pre-norm MLP block, each with a residual add."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, layer_id)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+        rotary: RotaryEmbedding,
+        max_len: int,
+    ) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), batch, attn, rotary, max_len)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and final norm (no LM head)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+
+# checkpoint suffix -> (fused parameter suffix, shard index); shards are laid out in this order.
+_STACKED: dict[str, tuple[str, int]] = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+
+
+class LlamaForCausalLM(nn.Module):
+    """The causal LM: ``forward(batch, attn)`` returns float32 logits of ``batch.logits_indices``."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
+        """Run every layer over the batch's ``T`` rows; logits ``[len(logits_indices), vocab]`` float32."""
+        max_len = max(batch.seq_lens_cpu)
+        h = self.model.embed_tokens(batch.input_ids)
+        for layer in self.model.layers:
+            h = layer(h, batch, attn, self.model.rotary, max_len)
+        # The final norm is per row: only the rows whose logits are wanted need it.
+        h = self.model.norm(h.index_select(0, batch.logits_indices))
+        return self.lm_head(h).float()
+
+    # -- weights -------------------------------------------------------------------------
+
+    def _shard_sizes(self, fused: str) -> list[int]:
+        cfg = self.config
+        if fused.endswith("qkv_proj"):
+            return [cfg.q_size, cfg.kv_size, cfg.kv_size]
+        return [cfg.intermediate_size, cfg.intermediate_size]
+
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        """Install checkpoint tensors (HF names) into the parameters.
+
+        The model is expected to be built on the ``meta`` device: an unfused tensor that
+        already has the target dtype and device becomes the parameter as is (for a
+        safetensors mmap, zero copy); others are converted once; q/k/v and gate/up shards
+        are copied once into their slice of a freshly allocated fused weight.
+        """
+        device = torch.device(device)
+        params = dict(self.named_parameters(remove_duplicate=False))
+        filled: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb" in name:
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue  # some checkpoints store the tied head anyway; the embedding is the one used
+            target, shard = name, None
+            for suffix, (fused, idx) in _STACKED.items():
+                if f".{suffix}." in name:
+                    target, shard = name.replace(suffix, fused), idx
+                    break
+            if target not in params:
+                raise KeyError(f"unexpected weight {name!r} in checkpoint")
+            if shard is None:
+                self._set_param(target, tensor.to(device=device, dtype=dtype))
+            else:
+                fused_param = self.get_parameter(target)
+                if fused_param.is_meta:
+                    self._set_param(target, torch.empty(fused_param.shape, dtype=dtype, device=device))
+                    fused_param = self.get_parameter(target)
+                sizes = self._shard_sizes(target.rsplit(".", 1)[0])
+                start = sum(sizes[:shard])
+                dst = fused_param.data[start : start + sizes[shard]]
+                if dst.shape != tensor.shape:
+                    raise ValueError(f"shape mismatch for {name}: {tuple(tensor.shape)} vs {tuple(dst.shape)}")
+                dst.copy_(tensor)
+            filled.add(f"{target}#{shard}")
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        missing = [n for n, p in self.named_parameters() if p.is_meta]
+        if missing:
+            raise KeyError(f"checkpoint is missing weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        expected_shards = {
+            f"{n}#{i}" for n in params if n.endswith(("qkv_proj.weight", "qkv_proj.bias")) for i in range(3)
+        } | {f"{n}#{i}" for n in params if n.endswith(("gate_up_proj.weight", "gate_up_proj.bias")) for i in range(2)}
+        if not expected_shards <= filled:
+            raise KeyError(f"checkpoint is missing shards {sorted(expected_shards - filled)[:5]}")
+
+    def _set_param(self, name: str, tensor: torch.Tensor) -> None:
+        module_name, _, attr = name.rpartition(".")
+        module = self.get_submodule(module_name)
+        old = module._parameters[attr]
+        if old is not None and tuple(old.shape) != tuple(tensor.shape):
+            raise ValueError(f"shape mismatch for {name}: checkpoint {tuple(tensor.shape)} vs model {tuple(old.shape)}")
+        module._parameters[attr] = nn.Parameter(tensor, requires_grad=False)

@@ -1,0 +1,92 @@
+"""Load a Hugging Face checkpoint directory (safetensors) into :class:`LlamaForCausalLM`.
+
+The model is built on the ``meta`` device (no allocation), then each tensor goes straight
+from the safetensors memory map into its parameter: zero copies when the checkpoint dtype
+and device already match (the parameter *is* the mmapped tensor), one conversion copy
+otherwise, and one copy into a slice for the fused q/k/v and gate/up weights. No state dict
+is ever materialised beside the model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from radixserve.model.config import ModelConfig
+from radixserve.model.llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+_DTYPE_NAMES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
+
+
+def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """``torch.float32`` / ``"float32"`` / ``"bf16"`` ... -> a supported activation dtype."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"unsupported model dtype {dtype}")
+        return dtype
+    try:
+        return _DTYPE_NAMES[dtype.lower().replace("torch.", "")]
+    except KeyError:
+        raise ValueError(f"unsupported model dtype {dtype!r}; use float32, bfloat16 or float16") from None
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The checkpoint's safetensors files (sharded via ``model.safetensors.index.json`` or not)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / s for s in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
+    return files
+
+
+def iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` for every tensor of the checkpoint, backed by the file's mmap."""
+    for file in safetensors_files(path):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def load_model(
+    path: str | Path, dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu"
+) -> LlamaForCausalLM:
+    """Build the model of the checkpoint directory ``path`` and load its weights.
+
+    ``dtype`` is the run dtype (float32, bfloat16, float16); weights saved in another dtype
+    are converted while loading. ``model.config`` is the :class:`ModelConfig`.
+    """
+    path = Path(path)
+    dtype = parse_dtype(dtype)
+    device = torch.device(device)
+    if dtype is torch.float16 and device.type == "cpu":
+        logger.warning("float16 on CPU is slow and poorly supported by some ops; prefer bfloat16 or float32")
+    cfg = ModelConfig.from_pretrained(path)
+    if cfg.sliding_window is not None and cfg.sliding_window < cfg.max_position_embeddings:
+        logger.warning(
+            "%s has sliding_window=%d: radixserve attends over the full context, so sequences "
+            "longer than the window differ from the reference model",
+            path,
+            cfg.sliding_window,
+        )
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model.load_weights(iter_safetensors(path), dtype=dtype, device=device)
+    return model.eval()

@@ -1,0 +1,51 @@
+"""Weight loading: mmap without copies, dtype conversion, fused shards, errors on bad checkpoints."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from radixserve.model.loader import load_model, parse_dtype
+
+
+def test_weights_land_exactly(tiny_llama_dir: Path) -> None:
+    """Unfused tensors arrive bit-exact; fused q/k/v rows are the checkpoint's shards in order."""
+    model = load_model(tiny_llama_dir)
+    emb = model.model.embed_tokens.weight
+    raw = load_file(str(tiny_llama_dir / "model.safetensors"))
+    torch.testing.assert_close(emb, raw["model.embed_tokens.weight"], atol=0, rtol=0)
+    qkv = model.model.layers[1].self_attn.qkv_proj.weight
+    expected = torch.cat([raw[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"])
+    torch.testing.assert_close(qkv, expected, atol=0, rtol=0)
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", torch.float32])
+def test_dtype_selectable(tiny_qwen2_dir: Path, dtype: str | torch.dtype) -> None:
+    model = load_model(tiny_qwen2_dir, dtype=dtype)
+    assert {p.dtype for p in model.parameters()} == {parse_dtype(dtype)}
+
+
+def test_bad_dtype() -> None:
+    with pytest.raises(ValueError, match="unsupported model dtype"):
+        parse_dtype("int8")
+
+
+def test_missing_weight_is_an_error(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_llama_dir, broken)
+    tensors = load_file(str(broken / "model.safetensors"))
+    del tensors["model.layers.1.self_attn.k_proj.weight"]
+    save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(KeyError, match="k_proj|qkv_proj"):
+        load_model(broken)
+
+
+def test_no_safetensors(tmp_path: Path, tiny_llama_dir: Path) -> None:
+    shutil.copy(tiny_llama_dir / "config.json", tmp_path / "config.json")
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        load_model(tmp_path)

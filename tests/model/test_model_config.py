@@ -1,0 +1,90 @@
+"""ModelConfig parsing: both config.json layouts, defaults, eos ids, clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixserve.model.config import ModelConfig, RopeScaling
+
+LEGACY_LLAMA31 = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "eos_token_id": [128001, 128008, 128009],
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_legacy_layout_llama31() -> None:
+    cfg = ModelConfig.from_dict(LEGACY_LLAMA31)
+    assert cfg.head_dim == 128 and cfg.num_kv_heads == 8 and cfg.rope_theta == 500000.0
+    assert cfg.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)
+    assert cfg.eos_token_ids == (128001, 128008, 128009)
+    assert cfg.torch_dtype == torch.bfloat16
+    assert cfg.num_params == pytest.approx(8.03e9, rel=0.01)
+
+
+def test_v5_layout_and_generation_config(tiny_llama_dir: Path) -> None:
+    raw = json.loads((tiny_llama_dir / "config.json").read_text())
+    assert "rope_parameters" in raw  # transformers 5 writes this layout
+    cfg = ModelConfig.from_pretrained(tiny_llama_dir)
+    assert (cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rope_scaling) == (4, 2, 16, None)
+    assert cfg.eos_token_ids == (2,)
+    # A bare config.json works too (plan for models you don't have).
+    assert ModelConfig.from_pretrained(tiny_llama_dir / "config.json") == cfg
+
+
+def test_qwen2_bias_and_mistral_window() -> None:
+    qwen = ModelConfig.from_dict(
+        {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 512, "sliding_window": 4096,
+         "use_sliding_window": False}
+    )
+    assert qwen.attention_bias and not qwen.o_proj_bias and qwen.sliding_window is None
+    mistral = ModelConfig.from_dict(
+        {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "hidden_size": 4096,
+         "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+         "num_hidden_layers": 32, "vocab_size": 32000, "sliding_window": 4096}
+    )
+    assert mistral.sliding_window == 4096 and mistral.architecture == "MistralForCausalLM"
+
+
+def test_linear_scaling_and_legacy_type_key() -> None:
+    cfg = ModelConfig.from_dict({**LEGACY_LLAMA31, "rope_scaling": {"type": "linear", "factor": 2.0}})
+    assert cfg.rope_scaling == RopeScaling("linear", 2.0)
+
+
+@pytest.mark.parametrize("rope_type", ["yarn", "dynamic", "longrope"])
+def test_unsupported_rope_type_is_a_clear_error(rope_type: str) -> None:
+    raw = {**LEGACY_LLAMA31, "rope_scaling": {"rope_type": rope_type, "factor": 4.0}}
+    with pytest.raises(ValueError, match=f"unsupported rope scaling type '{rope_type}'"):
+        ModelConfig.from_dict(raw)
+
+
+def test_unsupported_architecture() -> None:
+    with pytest.raises(ValueError, match="unsupported model_type 'gpt2'"):
+        ModelConfig.from_dict({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+
+
+def test_missing_config(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        ModelConfig.from_pretrained(tmp_path)

@@ -1,0 +1,200 @@
+"""Builders for tiny random checkpoints the tests create themselves (no network).
+
+Each builder writes a complete Hugging Face directory: ``config.json``, ``model.safetensors``
+(saved by transformers' own model class from a fixed-seed random init), and a small
+byte-level BPE tokenizer with a ChatML chat template, so every layer of radixserve (config,
+loader, model, tokenizer, chat template, engine) can run against it in milliseconds.
+
+Token ids of the special tokens match SmolLM2's: ``<|endoftext|>`` = 0,
+``<|im_start|>`` = 1, ``<|im_end|>`` = 2 (the eos).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+EOS_TOKEN_ID = 2
+TOKENIZER_VOCAB = 512
+
+# The same ChatML template SmolLM2 ships (without its default system prompt).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Short built-in training text: enough merges for a ~512-entry vocabulary.
+_CORPUS = """\
+The quick brown fox jumps over the lazy dog. A radix tree over token ids indexes the pages
+of a paged KV cache, so a prefix that many requests share is computed once and reused.
+You are a helpful assistant. What is the capital of France? The capital of France is Paris.
+Hello, world! How are you today? I am fine, thank you. Let us count: one two three four five
+six seven eight nine ten eleven twelve. Numbers 0123456789 and symbols: + - * / = < > ( ) [ ].
+Prefix caching, continuous batching, paged attention, eviction, least recently used pages.
+The scheduler batches prefill and decode steps; the model computes logits for each sequence.
+Once upon a time there was a little model that wanted to generate text quickly and correctly.
+def main(): print("hello") # code is text too; return 0 if ok else 1
+Ünïcödé characters, emojis 🙂 and multi-byte sequences like 日本語 must round-trip as bytes.
+"""
+
+
+def build_tokenizer(out_dir: str | Path, vocab_size: int = TOKENIZER_VOCAB):
+    """Train a byte-level BPE tokenizer on the built-in text and save it to ``out_dir``.
+
+    Returns the ``PreTrainedTokenizerFast`` (ChatML template, eos ``<|im_end|>``).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([_CORPUS] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|im_end|>",
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def _save_model(model, out_dir: Path) -> None:
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+
+
+def build_tiny_llama(
+    out_dir: str | Path,
+    *,
+    num_q_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 16,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    intermediate_size: int = 128,
+    vocab_size: int = TOKENIZER_VOCAB,
+    tie_word_embeddings: bool = False,
+    rope_theta: float = 10000.0,
+    rope_scaling: dict | None = None,
+    max_position_embeddings: int = 2048,
+    seed: int = 0,
+) -> Path:
+    """A random Llama checkpoint (GQA by default: 4 query heads over 2 KV heads).
+
+    ``head_dim`` is independent of ``hidden_size`` (as in Llama's config), so kernels can be
+    tested with a realistic ``head_dim=64`` on an otherwise tiny model.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rope: dict = {"rope_type": "default", "rope_theta": rope_theta}
+    if rope_scaling:
+        rope = {**rope_scaling, "rope_theta": rope_theta}
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_q_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings,
+        rms_norm_eps=1e-5,
+        initializer_range=0.1,
+        rope_parameters=rope,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=1,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=EOS_TOKEN_ID,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    _randomize_norms(model, seed)
+    _save_model(model, out)
+    build_tokenizer(out)
+    return out
+
+
+def build_tiny_qwen2(
+    out_dir: str | Path,
+    *,
+    num_q_heads: int = 4,
+    num_kv_heads: int = 2,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    intermediate_size: int = 128,
+    vocab_size: int = TOKENIZER_VOCAB,
+    tie_word_embeddings: bool = True,
+    seed: int = 1,
+) -> Path:
+    """A random Qwen2 checkpoint: q/k/v projections with bias, GQA, tied embeddings."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_q_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        initializer_range=0.1,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=1,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=EOS_TOKEN_ID,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg).eval()
+    # transformers zero-initialises biases; random ones make the bias path observable.
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0.0, 0.2)
+    _randomize_norms(model, seed)
+    _save_model(model, out)
+    build_tokenizer(out)
+    return out
+
+
+def build_tiny_mqa(out_dir: str | Path, *, head_dim: int = 16, seed: int = 2) -> Path:
+    """A random Llama checkpoint with multi-query attention (4 query heads, 1 KV head), 3 layers."""
+    return build_tiny_llama(
+        out_dir,
+        num_q_heads=4,
+        num_kv_heads=1,
+        head_dim=head_dim,
+        num_layers=3,
+        tie_word_embeddings=True,
+        rope_theta=500000.0,
+        seed=seed,
+    )
+
+
+def _randomize_norms(model, seed: int) -> None:
+    """RMSNorm weights init to 1; perturb them so a wrong norm placement shows in logits."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
