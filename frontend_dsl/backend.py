@@ -1,0 +1,149 @@
+"""The interface every DSL backend implements, and the small typed values it exchanges.
+
+A backend is what a program's ``gen`` and ``select`` calls reach: an in-process
+``Engine`` (``engine_backend.EngineBackend``), a radixserve router over ZeroMQ
+(``remote_backend.RemoteBackend``) or the deterministic ``FakeBackend`` of the unit tests.
+
+Every method may be called from many threads at once (one per running program state):
+backends are thread-safe. Prompts cross this interface as *text* for generation (the
+backend tokenizes it exactly the way its ``tokenize`` does, so the prompt of a program's
+next call extends the token ids of its previous call and hits the radix cache) and as
+*token ids* for scoring (``select`` needs to know where each choice's tokens begin).
+
+Torch-free: this module imports only msgspec and radixserve.sampling_params.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Iterator
+
+import msgspec
+
+from radixserve.sampling_params import SamplingParams
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "CallUsage",
+    "GenChunk",
+    "GenStream",
+    "ModelInfo",
+    "ScoreRequest",
+    "ScoreResult",
+]
+
+
+class BackendError(RuntimeError):
+    """A call failed in the backend (engine error, router error reply, lost connection)."""
+
+
+class ModelInfo(msgspec.Struct, frozen=True):
+    """What a program needs to know about the served model.
+
+    ``chat_template`` is the raw Jinja template of the tokenizer (or ``None`` for a base
+    model); ``special_tokens`` holds the names the template may use (``bos_token``,
+    ``eos_token``, ...). Both backends hand the same two values to
+    ``chat_template.RoleFormat.from_template``, so role markers — and therefore the
+    prompt text and its token ids — are identical whichever backend runs the program.
+    """
+
+    model: str
+    chat_template: str | None = None
+    special_tokens: dict[str, str] = {}
+    vocab_size: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+    max_context: int | None = None
+
+
+class CallUsage(msgspec.Struct, frozen=True):
+    """Token accounting of one backend call (from the engine's ``usage``)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class GenChunk(msgspec.Struct, frozen=True):
+    """One streamed piece of a generation.
+
+    ``text`` is the new text since the previous chunk (stop strings already removed).
+    The last chunk has ``finished=True``, a ``finish_reason`` ("stop", "length", "abort",
+    "error") and the call's ``usage``; ``error`` is set when the call failed.
+    """
+
+    text: str = ""
+    finished: bool = False
+    finish_reason: str | None = None
+    usage: CallUsage | None = None
+    error: str | None = None
+
+
+class GenStream(abc.ABC):
+    """An iterator over the chunks of one generation; ``close()`` aborts it early."""
+
+    @abc.abstractmethod
+    def __iter__(self) -> Iterator[GenChunk]: ...
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop the call (abort it in the engine) if it has not finished; idempotent."""
+
+    def __enter__(self) -> "GenStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ScoreRequest(msgspec.Struct, frozen=True):
+    """Score the tokens of ``token_ids`` from position ``start`` on (prompt logprobs)."""
+
+    token_ids: list[int]
+    start: int
+
+
+class ScoreResult(msgspec.Struct, frozen=True):
+    """``logprobs[i]`` is log P(token_ids[start + i] | token_ids[:start + i])."""
+
+    logprobs: list[float]
+    usage: CallUsage = CallUsage()
+
+
+class Backend(abc.ABC):
+    """Where a program's calls run. Implementations are thread-safe."""
+
+    @abc.abstractmethod
+    def model_info(self) -> ModelInfo:
+        """The served model's name, chat template and special tokens (cached by callers)."""
+
+    @abc.abstractmethod
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, tokenized exactly as ``generate`` tokenizes a prompt."""
+
+    @abc.abstractmethod
+    def generate(self, prompt: str, params: SamplingParams, *, program_id: str | None = None) -> GenStream:
+        """Start generating a continuation of ``prompt`` and stream it back.
+
+        ``program_id`` names the program run the call belongs to; a router keeps all calls
+        of one program (and of its forks) on one worker, where their shared prefix is cached.
+        Raises ``ValueError`` for invalid parameters; failures after the start arrive as a
+        chunk with ``error`` set.
+        """
+
+    @abc.abstractmethod
+    def score(self, requests: list[ScoreRequest], *, program_id: str | None = None) -> list[ScoreResult]:
+        """Prompt logprobs of many token sequences in one batched call.
+
+        The requests of one ``select`` share the program's prefix; the backend submits them
+        together so the engine computes that prefix once (or finds it in the radix cache).
+        """
+
+    def close(self) -> None:
+        """Release connections / stop background threads. Idempotent."""
+
+    def __enter__(self) -> "Backend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

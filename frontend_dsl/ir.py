@@ -1,0 +1,192 @@
+"""The expressions a program appends to its state: text, roles, ``gen`` and ``select``.
+
+``s += expr`` queues an expression on the state; the state's runner evaluates queued
+expressions in order while the program's Python code carries on (so the forks of a
+state generate in parallel). Expressions are immutable values; ``a + b`` chains them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence, Union
+
+from radixserve.sampling_params import SamplingParams
+
+__all__ = [
+    "Expr", "Text", "Gen", "Select", "Role", "RoleBegin", "RoleEnd", "Seq",
+    "gen", "gen_int", "gen_str", "select", "system", "user", "assistant", "role", "to_expr",
+    "SAMPLING_FIELDS",
+]
+
+# The SamplingParams fields a `gen` call may set (prompt_logprobs_start is select's business).
+SAMPLING_FIELDS = (
+    "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+    "frequency_penalty", "presence_penalty", "seed", "stop", "stop_token_ids", "ignore_eos",
+)
+
+
+class Expr:
+    """Base of all expressions; ``+`` builds a sequence."""
+
+    def __add__(self, other: "ExprLike") -> "Seq":
+        return Seq((self, to_expr(other)))
+
+    def __radd__(self, other: "ExprLike") -> "Seq":
+        return Seq((to_expr(other), self))
+
+
+ExprLike = Union[Expr, str]
+
+
+def to_expr(value: ExprLike | Sequence[ExprLike]) -> Expr:
+    """Strings become ``Text``; lists/tuples become ``Seq``."""
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, str):
+        return Text(value)
+    if isinstance(value, (list, tuple)):
+        return Seq(tuple(to_expr(v) for v in value))
+    raise TypeError(f"cannot append {type(value).__name__} to a program state; use str, gen(), select() or a role")
+
+
+@dataclass(frozen=True)
+class Text(Expr):
+    text: str
+
+
+@dataclass(frozen=True)
+class Seq(Expr):
+    items: tuple[Expr, ...]
+
+    def __add__(self, other: ExprLike) -> "Seq":
+        return Seq(self.items + (to_expr(other),))
+
+
+@dataclass(frozen=True)
+class Gen(Expr):
+    """Generate a continuation; store it under ``name`` (parsed by ``kind``)."""
+
+    name: str | None
+    sampling: dict[str, Any] = field(default_factory=dict)  # only the fields the caller set
+    kind: str = "text"  # "text" | "int" | "str"
+
+    def params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
+        """The SamplingParams of this call: program-run defaults overridden by the call's own."""
+        merged = {**(defaults or {}), **self.sampling}
+        return SamplingParams(**{k: v for k, v in merged.items() if k in SAMPLING_FIELDS}).validate()
+
+
+@dataclass(frozen=True)
+class Select(Expr):
+    """Choose one of ``choices`` by the model's logprobs of each continuation."""
+
+    name: str | None
+    choices: tuple[str, ...]
+    method: str | Callable[[list[list[float]]], int] = "mean"
+
+
+@dataclass(frozen=True)
+class RoleBegin(Expr):
+    role: str
+
+
+@dataclass(frozen=True)
+class RoleEnd(Expr):
+    role: str
+
+
+@dataclass(frozen=True)
+class Role(Expr):
+    role: str
+    body: Expr
+
+
+def gen(name: str | None = None, *, max_tokens: int | None = None, stop: str | Sequence[str] | None = None,
+        stop_token_ids: Sequence[int] | None = None, temperature: float | None = None, top_p: float | None = None,
+        top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
+        presence_penalty: float | None = None, repetition_penalty: float | None = None, seed: int | None = None,
+        min_tokens: int | None = None, ignore_eos: bool | None = None, choices: Sequence[str] | None = None,
+        choices_method: str | Callable[[list[list[float]]], int] = "mean",
+        max_new_tokens: int | None = None) -> Expr:
+    """Generate text into variable ``name``.
+
+    Unset parameters take the run's defaults (``program.run(..., defaults={...})``), then
+    SamplingParams' own. ``stop`` strings end the generation and are not kept in the text.
+    With ``choices``, this is ``select(name, choices, method=choices_method)``.
+    ``max_new_tokens`` is accepted as an alias of ``max_tokens``.
+    """
+    if choices is not None:
+        return select(name, choices, method=choices_method)
+    if max_tokens is None:
+        max_tokens = max_new_tokens
+    given = dict(max_tokens=max_tokens, min_tokens=min_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                 min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                 repetition_penalty=repetition_penalty, seed=seed, ignore_eos=ignore_eos)
+    sampling = {k: v for k, v in given.items() if v is not None}
+    if stop is not None:
+        sampling["stop"] = [stop] if isinstance(stop, str) else list(stop)
+    if stop_token_ids is not None:
+        sampling["stop_token_ids"] = list(stop_token_ids)
+    expr = Gen(name, sampling)
+    expr.params()  # fail early, in the program's own thread, on invalid values
+    return expr
+
+
+# Characters that end an integer: whatever is not part of it.
+_INT_STOPS = ["\n", " ", ",", ".", ";", ")", "]", "}", '"', "'"]
+
+
+def gen_int(name: str | None = None, *, max_tokens: int = 16, stop: Sequence[str] | None = None, **kw: Any) -> Expr:
+    """Generate an integer into ``name`` (stored as ``int``).
+
+    Constrained by stop sequences (the generation ends at the first non-integer
+    character) and parsed: the text kept in the prompt is the integer itself. A
+    generation that does not begin with an integer fails the state with ``ValueError``.
+    """
+    expr = gen(name, max_tokens=max_tokens, stop=list(stop) if stop is not None else _INT_STOPS, **kw)
+    assert isinstance(expr, Gen)
+    return Gen(expr.name, expr.sampling, kind="int")
+
+
+def gen_str(name: str | None = None, *, max_tokens: int = 64, stop: Sequence[str] | None = None, **kw: Any) -> Expr:
+    """Generate a short single-line string (ends at a newline or a double quote)."""
+    expr = gen(name, max_tokens=max_tokens, stop=list(stop) if stop is not None else ["\n", '"'], **kw)
+    assert isinstance(expr, Gen)
+    return Gen(expr.name, expr.sampling, kind="str")
+
+
+def select(name: str | None = None, choices: Sequence[str] = (), *,
+           method: str | Callable[[list[list[float]]], int] = "mean") -> Expr:
+    """Append the choice the model finds most likely and store it under ``name``.
+
+    ``method``: "mean" (length-normalized mean token logprob, the default), "sum" (total
+    logprob), "first" (logprob of the first differing token), or a callable taking each
+    choice's token logprobs and returning the chosen index. All choices are scored in one
+    batched prompt-logprob call that shares the program's cached prefix.
+    """
+    if not choices:
+        raise ValueError("select() needs at least one choice")
+    if isinstance(method, str) and method not in ("mean", "sum", "first"):
+        raise ValueError(f"unknown select method {method!r}; use 'mean', 'sum', 'first' or a callable")
+    return Select(name, tuple(str(c) for c in choices), method)
+
+
+def role(name: str, *content: ExprLike) -> Expr:
+    """``role("user", "text", gen(...))``: a whole message; with no content, a bare opening."""
+    body = to_expr(list(content))
+    return Role(name, body)
+
+
+def system(*content: ExprLike) -> Expr:
+    """A system message (prefix and suffix from the model's chat template)."""
+    return role("system", *content)
+
+
+def user(*content: ExprLike) -> Expr:
+    """A user message."""
+    return role("user", *content)
+
+
+def assistant(*content: ExprLike) -> Expr:
+    """An assistant message, typically ``assistant(gen("answer"))``."""
+    return role("assistant", *content)

@@ -1,0 +1,426 @@
+"""``ProgramState``: the ``s`` of a program — its text, variables, messages and streams.
+
+``s += expr`` queues the expression and returns at once; a runner thread owned by the
+state evaluates queued expressions in order (cheap ones — text and role markers — run
+inline when nothing is queued). So ``for f in s.fork(4): f += gen("x")`` starts four
+generations that the engine batches together, and reading ``s["x"]`` or ``s.text()``
+waits for what it needs. An exception in any expression is stored on the state
+(``s.error``), drops what is still queued, and re-surfaces as ``ProgramError`` when the
+program reads a value that was never produced — it is never lost in a thread.
+
+```
+ program thread:  s += "Q: ..."   s += gen("a")   s += "\n"   ... s["a"] (waits)
+                        │               │              │
+ state runner:     [Text] ──────> [Gen: backend.generate(text so far) ─ stream ─> text, var a] ─> [Text]
+```
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from frontend_dsl.backend import Backend, BackendError
+from frontend_dsl.chat_template import RoleFormat
+from frontend_dsl.ir import Expr, Gen, Role, RoleBegin, RoleEnd, Select, Seq, Text, to_expr
+from frontend_dsl.scoring import score_choices
+from frontend_dsl.usage import ProgramUsage, UsageMeter
+
+__all__ = ["ForkGroup", "ProgramError", "ProgramState", "RunContext"]
+
+_INT_RE = re.compile(r"\s*[-+]?\d+")
+
+
+class ProgramError(RuntimeError):
+    """Raised when a program reads a result its state failed to produce; ``__cause__`` is why."""
+
+
+@dataclass
+class RunContext:
+    """What a program run shares with all of its forks."""
+
+    backend: Backend
+    program_id: str
+    roles: RoleFormat
+    defaults: dict[str, Any] = field(default_factory=dict)
+    meter: UsageMeter = field(default_factory=UsageMeter)
+    # Set once the run's first backend call has produced output (its prompt is then cached);
+    # run_batch waits on it before starting the rest of a batch.
+    first_output: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class _SetVars(Expr):
+    """Internal: assign variables in queue order (``join`` uses it)."""
+
+    values: dict[str, Any]
+
+
+def _flatten(expr: Expr, out: list[Expr]) -> list[Expr]:
+    if isinstance(expr, Seq):
+        for item in expr.items:
+            _flatten(item, out)
+    elif isinstance(expr, Role):
+        out.append(RoleBegin(expr.role))
+        _flatten(expr.body, out)
+        out.append(RoleEnd(expr.role))
+    else:
+        out.append(expr)
+    return out
+
+
+def _is_cheap(op: Expr) -> bool:
+    return not isinstance(op, (Gen, Select))
+
+
+class ProgramState:
+    """The state of one running program (or of one fork of it)."""
+
+    def __init__(self, ctx: RunContext, parent: "ProgramState | None" = None) -> None:
+        self._ctx = ctx
+        self._cv = threading.Condition()
+        self._queue: collections.deque[Expr] = collections.deque()
+        self._busy = False
+        self._error: BaseException | None = None
+        self._finished = False
+        self._children: list[ProgramState] = []
+        self._events: list[tuple[str | None, str]] = []
+        self._assigned: list[str] = []  # names assigned since this state was created (for join)
+        self.ret_value: Any = None
+        if parent is None:
+            self._text = ""
+            self._vars: dict[str, Any] = {}
+            self._meta: dict[str, dict[str, Any]] = {}
+            self._messages: list[dict[str, str]] = []
+            self._open: tuple[str, int] | None = None
+            self._sent_upto = 0  # text length covered by the last backend call
+        else:
+            self._text, self._vars, self._meta = parent._text, dict(parent._vars), dict(parent._meta)
+            self._messages, self._open = [dict(m) for m in parent._messages], parent._open
+            self._sent_upto, self._error = parent._sent_upto, parent._error
+        self._fork_len = len(self._text)
+
+    # ---------------------------------------------------------------- appending
+    def __iadd__(self, expr: Any) -> "ProgramState":
+        self._submit(_flatten(to_expr(expr), []))
+        return self
+
+    def _submit(self, ops: list[Expr]) -> None:
+        with self._cv:
+            if self._error is not None:
+                return  # a failed state ignores further work; the error is already recorded
+            self._queue.extend(ops)
+            if self._busy:
+                return
+            self._busy = True
+        self._drain(inline=True)
+
+    def _drain(self, inline: bool) -> None:
+        """Run queued ops in order; ``inline`` hands off to a thread at the first expensive op."""
+        while True:
+            with self._cv:
+                if not self._queue:
+                    self._busy = False
+                    self._cv.notify_all()
+                    return
+                if inline and not _is_cheap(self._queue[0]):
+                    threading.Thread(target=self._drain, args=(False,), daemon=True,
+                                     name=f"dsl-{self._ctx.program_id[:8]}").start()
+                    return
+                op = self._queue.popleft()
+            try:
+                self._execute(op)
+            except BaseException as exc:  # noqa: BLE001 - stored on the state, re-raised on read
+                self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cv:
+            if self._error is None:
+                self._error = exc
+            self._queue.clear()
+            self._cv.notify_all()
+
+    def _append(self, text: str, var: str | None = None) -> None:
+        if not text:
+            return
+        with self._cv:
+            self._text += text
+            self._events.append((var, text))
+            self._cv.notify_all()
+
+    def _assign(self, name: str | None, value: Any, meta: dict[str, Any] | None = None) -> None:
+        if name is None:
+            return
+        with self._cv:
+            self._vars[name] = value
+            if meta is not None:
+                self._meta[name] = meta
+            if name not in self._assigned:
+                self._assigned.append(name)
+            self._cv.notify_all()
+
+    # ---------------------------------------------------------------- evaluation
+    def _execute(self, op: Expr) -> None:
+        if isinstance(op, Text):
+            self._append(op.text)
+        elif isinstance(op, RoleBegin):
+            if self._open is not None:
+                raise ValueError(f"cannot open role {op.role!r}: role {self._open[0]!r} is still open")
+            self._append(self._ctx.roles.open(op.role, first=not self._text))
+            self._open = (op.role, len(self._text))
+        elif isinstance(op, RoleEnd):
+            if self._open is None or self._open[0] != op.role:
+                raise ValueError(f"cannot close role {op.role!r}: open role is {self._open and self._open[0]!r}")
+            self._messages.append({"role": op.role, "content": self._text[self._open[1]:]})
+            self._open = None
+            self._append(self._ctx.roles.close(op.role))
+        elif isinstance(op, Gen):
+            self._run_gen(op)
+        elif isinstance(op, Select):
+            self._run_select(op)
+        elif isinstance(op, _SetVars):
+            for name, value in op.values.items():
+                self._assign(name, value)
+        else:
+            raise TypeError(f"unknown expression {op!r}")
+
+    def _run_gen(self, op: Gen) -> None:
+        ctx = self._ctx
+        params = op.params(ctx.defaults)
+        live = op.kind != "int"  # an int is appended once parsed, not streamed
+        pieces: list[str] = []
+        last = None
+        with ctx.backend.generate(self._text, params, program_id=ctx.program_id) as stream:
+            for chunk in stream:
+                ctx.first_output.set()
+                if chunk.error is not None:
+                    raise BackendError(chunk.error)
+                if chunk.text:
+                    pieces.append(chunk.text)
+                    if live:
+                        self._append(chunk.text, op.name)
+                if chunk.finished:
+                    last = chunk
+                    break
+        if last is None:
+            raise BackendError("the backend's stream ended without a final chunk")
+        if last.usage is not None:
+            ctx.meter.add(last.usage)
+        if last.finish_reason in ("abort", "error"):
+            raise BackendError(f"generation of {op.name!r} ended with finish_reason={last.finish_reason!r}")
+        text = "".join(pieces)
+        value: Any = text
+        if op.kind == "int":
+            match = _INT_RE.match(text)
+            if match is None:
+                raise ValueError(f"gen_int({op.name!r}): the model generated {text!r}, not an integer")
+            self._append(match.group(0), op.name)
+            value = int(match.group(0))
+        self._sent_upto = len(self._text)
+        self._assign(op.name, value, {"finish_reason": last.finish_reason, "usage": last.usage, "text": text})
+
+    def _run_select(self, op: Select) -> None:
+        ctx = self._ctx
+        result = score_choices(ctx.backend, self._text, op.choices, op.method, program_id=ctx.program_id,
+                               prefix_is_cached=self._sent_upto >= len(self._text))
+        ctx.first_output.set()
+        ctx.meter.add(result.usage, calls=len(op.choices))
+        self._append(result.choice, op.name)
+        self._sent_upto = len(self._text)
+        self._assign(op.name, result.choice, {"index": result.index, "scores": result.scores,
+                                              "token_logprobs": result.token_logprobs,
+                                              "boundaries": result.boundaries, "usage": result.usage})
+
+    # ---------------------------------------------------------------- reading
+    def sync(self) -> "ProgramState":
+        """Wait until every queued expression has run (or the state failed)."""
+        with self._cv:
+            self._cv.wait_for(lambda: not self._busy and not self._queue)
+        return self
+
+    def _sync_tree(self) -> None:
+        self.sync()
+        for child in list(self._children):
+            child._sync_tree()
+
+    def __getitem__(self, name: str) -> Any:
+        """The value of variable ``name``, waiting for the expression that produces it."""
+        with self._cv:
+            self._cv.wait_for(lambda: name in self._vars or self._error is not None
+                              or (not self._busy and not self._queue))
+            if name in self._vars:
+                return self._vars[name]
+            if self._error is not None:
+                raise ProgramError(f"variable {name!r} was not produced: {self._error!r}") from self._error
+        raise KeyError(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        try:
+            return self[name]
+        except (KeyError, ProgramError):
+            return default
+
+    def get_meta(self, name: str) -> dict[str, Any]:
+        """Details of how ``name`` was produced: finish_reason and usage; for select, scores."""
+        self[name]
+        with self._cv:
+            return dict(self._meta.get(name, {}))
+
+    def set_var(self, name: str, value: Any) -> None:
+        """Assign a variable in program order (after what is already queued)."""
+        self._submit([_SetVars({name: value})])
+
+    def variables(self) -> dict[str, Any]:
+        self.sync()
+        with self._cv:
+            return dict(self._vars)
+
+    def text(self) -> str:
+        """The whole text so far (waits for queued expressions)."""
+        self.sync()
+        return self._text
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def messages(self) -> list[dict[str, str]]:
+        """The completed role messages, as ``apply_chat_template`` takes them."""
+        self.sync()
+        with self._cv:
+            return [dict(m) for m in self._messages]
+
+    @property
+    def error(self) -> BaseException | None:
+        """The first exception the program or one of its expressions raised (None if none)."""
+        return self._error
+
+    @property
+    def ok(self) -> bool:
+        return self._error is None
+
+    def raise_for_error(self) -> "ProgramState":
+        if self._error is not None:
+            raise ProgramError(f"program {self._ctx.program_id} failed: {self._error!r}") from self._error
+        return self
+
+    @property
+    def program_id(self) -> str:
+        return self._ctx.program_id
+
+    @property
+    def usage(self) -> ProgramUsage:
+        """Tokens sent / reused by the whole program run, forks included."""
+        return self._ctx.meter.snapshot()
+
+    # ---------------------------------------------------------------- roles as scopes
+    def role(self, name: str) -> "_RoleScope":
+        """``with s.role("user"): ...`` — everything appended inside is the message's content."""
+        return _RoleScope(self, name)
+
+    def system(self) -> "_RoleScope":
+        return _RoleScope(self, "system")
+
+    def user(self) -> "_RoleScope":
+        return _RoleScope(self, "user")
+
+    def assistant(self) -> "_RoleScope":
+        return _RoleScope(self, "assistant")
+
+    # ---------------------------------------------------------------- fork / join
+    def fork(self, n: int = 1) -> "ForkGroup":
+        """``n`` states that continue from this one's text; their calls share its cached prefix."""
+        if n < 1:
+            raise ValueError(f"fork needs n >= 1, got {n}")
+        self.sync()
+        children = [ProgramState(self._ctx, parent=self) for _ in range(n)]
+        with self._cv:
+            self._children.extend(children)
+        return ForkGroup(self, children)
+
+    # ---------------------------------------------------------------- streaming
+    def text_iter(self, var: str | None = None) -> Iterator[str]:
+        """Yield text as it is appended (only variable ``var``'s if given) until the program ends."""
+        index = 0
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: len(self._events) > index or self._finished)
+                new, index = self._events[index:], len(self._events)
+                done = self._finished and not new
+            for name, text in new:
+                if var is None or name == var:
+                    yield text
+            if done:
+                return
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the program (run with ``stream=True``) has finished; False on timeout."""
+        with self._cv:
+            return self._cv.wait_for(lambda: self._finished, timeout)
+
+    def _finish(self) -> None:
+        """Called by the runner once the program function returned and every state is idle."""
+        for child in list(self._children):
+            child._finish()
+        with self._cv:
+            self._finished = True
+            self._cv.notify_all()
+
+    def __repr__(self) -> str:
+        status = "failed" if self._error else ("finished" if self._finished else "running")
+        return f"ProgramState(id={self._ctx.program_id[:8]}, {status}, vars={list(self._vars)})"
+
+
+class _RoleScope:
+    def __init__(self, state: ProgramState, role: str) -> None:
+        self._state, self._role = state, role
+
+    def __enter__(self) -> ProgramState:
+        self._state._submit([RoleBegin(self._role)])
+        return self._state
+
+    def __exit__(self, *exc: object) -> None:
+        self._state._submit([RoleEnd(self._role)])
+
+
+class ForkGroup(list):
+    """The states ``fork(n)`` returned; ``group["x"]`` lists each fork's ``x``."""
+
+    def __init__(self, parent: ProgramState, states: list[ProgramState]) -> None:
+        super().__init__(states)
+        self._parent = parent
+
+    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+        if isinstance(key, str):
+            return [state[key] for state in self]
+        return super().__getitem__(key)
+
+    def join(self, mode: str = "gather") -> ProgramState:
+        """Wait for every fork, then bring their results into the parent.
+
+        ``mode="gather"``: each variable the forks assigned becomes, in the parent, the list
+        of the forks' values (in fork order). ``mode="concat"``: the text each fork added is
+        appended to the parent's, fork after fork. A fork's error becomes the parent's.
+        """
+        if mode not in ("gather", "concat"):
+            raise ValueError(f"unknown join mode {mode!r}; use 'gather' or 'concat'")
+        for state in self:
+            state._sync_tree()
+        errors = [s.error for s in self if s.error is not None]
+        if errors:
+            self._parent._fail(errors[0])
+            return self._parent
+        if mode == "gather":
+            names: list[str] = []
+            for state in self:
+                names.extend(n for n in state._assigned if n not in names)
+            self._parent._submit([_SetVars({n: [s._vars.get(n) for s in self] for n in names})])
+        else:
+            self._parent._submit([Text(s._text[s._fork_len:]) for s in self])
+        return self._parent
+
+
+# A program body's signature: f(state, *args, **kwargs).
+ProgramFn = Callable[..., Any]
