@@ -19,9 +19,9 @@ from typing import Any
 from radixkernels.kv_format import KVCacheDtype, KVFormat
 
 _LAZY = {
-    "store_kv": "radixkernels.store_kv",
-    "paged_decode_attention": "radixkernels.decode_attention",
-    "extend_attention": "radixkernels.extend_attention",
+    "store_kv": "radixkernels.kv_store",
+    "paged_decode_attention": "radixkernels.decode",
+    "extend_attention": "radixkernels.extend",
 }
 
 __all__ = ["KVCacheDtype", "KVFormat", *_LAZY]

@@ -259,7 +259,9 @@ def paged_decode_attention_ref(
     slots = page_table[:, page_idx].long() * page_size + pos % page_size
     slots = torch.where(valid, slots, torch.zeros_like(slots))
     k = gather_kv_ref(k_data, k_scale, fmt, slots)  # [B, Lmax, Hkv, D]
-    v = gather_kv_ref(v_data, v_scale, fmt, slots)
+    # Padding rows read slot 0, which may hold anything (NaN included): zero them, since
+    # a masked probability of 0 times NaN would still poison the output.
+    v = gather_kv_ref(v_data, v_scale, fmt, slots).masked_fill_(~valid[:, :, None, None], 0.0)
     qh = q.float().view(B, Hkv, G, D)
     scores = torch.einsum("bhgd,blhd->bhgl", qh, k) * sm_scale
     scores.masked_fill_(~valid[:, None, None, :], float("-inf"))

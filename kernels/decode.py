@@ -1,0 +1,260 @@
+"""Paged decode attention, flash-decoding style.
+
+One query row per sequence attends to the sequence's whole paged history. The history is
+cut into ``num_kv_splits`` chunks so that short batches of long sequences still fill the
+GPU::
+
+    stage 1  grid (B, Hkv, S): program (b, kv_head, s) walks split s of sequence b in
+             BLOCK_N-token blocks (page lookups per token, so any page_size works), keeps an
+             online softmax for the whole head group (G = Hq/Hkv query heads, padded to a
+             power of two >= 16 so the scores are one tl.dot; padded rows are masked on store),
+             and writes its normalised partial output and log-sum-exp.
+    stage 2  grid (B, Hq): merges the S partials by their log-sum-exp weights.
+
+With S == 1 stage 1 writes the output directly and stage 2 is skipped. K/V are
+dequantized in-kernel (see :mod:`radixkernels._common`). Semantics:
+:func:`radixkernels.reference.paged_decode_attention_ref`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from radixkernels._common import (
+    LOG2E,
+    MODE_INT4,
+    check_pool,
+    dot_in_fp32,
+    head_block,
+    interpreting,
+    kv_codes,
+    kv_codes_int4,
+    kv_mode,
+)
+from radixkernels.kv_format import KVFormat
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, stride_qb, stride_qh,
+    k_ptr, v_ptr, stride_ks, stride_kh,
+    ks_ptr, vs_ptr,
+    pt_ptr, stride_pt,
+    seq_lens_ptr,
+    o_ptr, stride_ob, stride_oh,  # final output (NUM_SPLITS == 1) [B, Hq, D]
+    mid_o_ptr, mid_lse_ptr,  # partials [B, Hq, NUM_SPLITS, D] / [B, Hq, NUM_SPLITS] fp32
+    qk_scale, Hkv, D,
+    G: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # covers head_dim, or head_dim // 2 for int4
+    MODE: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    L = tl.load(seq_lens_ptr + b)
+    split_len = tl.cdiv(tl.cdiv(L, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, L)
+    if start >= end:
+        return  # an empty split: stage 2 skips it by the same arithmetic
+    INT4: tl.constexpr = MODE == 3
+    TOKEN_SCALES: tl.constexpr = MODE >= 2
+    if DOT_F32:
+        DOT_DTYPE: tl.constexpr = tl.float32
+        PREC: tl.constexpr = "ieee"
+    else:
+        DOT_DTYPE: tl.constexpr = q_ptr.dtype.element_ty
+        PREC: tl.constexpr = "tf32"  # unused for 16-bit inputs
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_g = offs_g < G
+    heads = kvh * G + offs_g
+    if INT4:
+        mask_d = offs_d < D // 2
+        q_off = b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + 2 * offs_d[None, :]
+        q_mask = mask_g[:, None] & mask_d[None, :]
+        q_e = tl.load(q_ptr + q_off, mask=q_mask, other=0.0).to(DOT_DTYPE)
+        q_o = tl.load(q_ptr + q_off + 1, mask=q_mask, other=0.0).to(DOT_DTYPE)
+        acc_e = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        acc_o = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    else:
+        mask_d = offs_d < D
+        q_off = b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptr + q_off, mask=mask_g[:, None] & mask_d[None, :], other=0.0).to(DOT_DTYPE)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    if MODE == 1:  # fp8: static per-head scales fold into the score scale / the output
+        qk_scale = qk_scale * tl.load(ks_ptr + kvh)
+        v_head_scale = tl.load(vs_ptr + kvh)
+    else:
+        v_head_scale = 1.0
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + offs_n
+        mask_n = pos < end
+        page = tl.load(pt_ptr + b.to(tl.int64) * stride_pt + pos // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+        slot = page * PAGE_SIZE + pos % PAGE_SIZE
+        kv_off = slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :]
+        kv_mask = mask_n[:, None] & mask_d[None, :]
+        if INT4:
+            k_lo, k_hi = kv_codes_int4(k_ptr + kv_off, kv_mask, DOT_DTYPE)
+            s = tl.dot(q_e, tl.trans(k_lo), input_precision=PREC)
+            s += tl.dot(q_o, tl.trans(k_hi), input_precision=PREC)
+        else:
+            k = kv_codes(k_ptr + kv_off, kv_mask, MODE, DOT_DTYPE)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC)
+        if TOKEN_SCALES:
+            s = s * tl.load(ks_ptr + slot * Hkv + kvh, mask=mask_n, other=0.0)[None, :]
+        s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if TOKEN_SCALES:
+            p = p * tl.load(vs_ptr + slot * Hkv + kvh, mask=mask_n, other=0.0)[None, :]
+        p = p.to(DOT_DTYPE)
+        if INT4:
+            v_lo, v_hi = kv_codes_int4(v_ptr + kv_off, kv_mask, DOT_DTYPE)
+            acc_e = acc_e * alpha[:, None] + tl.dot(p, v_lo, input_precision=PREC)
+            acc_o = acc_o * alpha[:, None] + tl.dot(p, v_hi, input_precision=PREC)
+        else:
+            v = kv_codes(v_ptr + kv_off, kv_mask, MODE, DOT_DTYPE)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PREC)
+        m_i = m_new
+
+    norm = v_head_scale / l_i
+    out_mask = mask_g[:, None] & mask_d[None, :]
+    if NUM_SPLITS == 1:
+        base = o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh
+        ty = o_ptr.dtype.element_ty
+    else:
+        row = (b.to(tl.int64) * Hkv * G + heads) * NUM_SPLITS + split
+        base = mid_o_ptr + row[:, None] * D
+        ty = tl.float32
+        tl.store(mid_lse_ptr + row, m_i + tl.log2(l_i), mask=mask_g)
+    if INT4:
+        tl.store(base + 2 * offs_d[None, :], (acc_e * norm[:, None]).to(ty), mask=out_mask)
+        tl.store(base + 2 * offs_d[None, :] + 1, (acc_o * norm[:, None]).to(ty), mask=out_mask)
+    else:
+        tl.store(base + offs_d[None, :], (acc * norm[:, None]).to(ty), mask=out_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    mid_o_ptr, mid_lse_ptr,
+    o_ptr, stride_ob, stride_oh,
+    seq_lens_ptr,
+    Hq, D,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    L = tl.load(seq_lens_ptr + b)
+    split_len = tl.cdiv(tl.cdiv(L, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    valid = (offs_s < NUM_SPLITS) & (offs_s * split_len < L)
+    row = (b.to(tl.int64) * Hq + h) * NUM_SPLITS + offs_s
+    lse = tl.load(mid_lse_ptr + row, mask=valid, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, axis=0))
+    w = tl.where(valid, w, 0.0)
+    parts = tl.load(mid_o_ptr + row[:, None] * D + offs_d[None, :], mask=valid[:, None] & (offs_d < D)[None, :], other=0.0)
+    o = tl.sum(w[:, None] * parts, axis=0) / tl.sum(w, axis=0)
+    tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, o.to(o_ptr.dtype.element_ty), mask=offs_d < D)
+
+
+def default_num_kv_splits(batch_size: int, kv_heads: int, device: torch.device) -> int:
+    """Enough splits for ~4 programs per SM on a GPU (at most 32); 1 on the CPU interpreter."""
+    if device.type != "cuda" or interpreting():
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(32, triton.cdiv(4 * sms, max(1, batch_size * kv_heads))))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_data: torch.Tensor,
+    v_data: torch.Tensor,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    fmt: KVFormat,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
+    sm_scale: float,
+    *,
+    max_seq_len: int | None = None,
+    num_kv_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Decode attention of ``q`` ``[B, Hq, D]`` (one row per sequence) over each sequence's pages.
+
+    Same signature and semantics as :func:`radixkernels.reference.paged_decode_attention_ref`;
+    ``seq_lens`` ``[B]`` must be >= 1, ``page_table`` ``[B, max_pages]`` int32/int64.
+    ``max_seq_len`` is unused (kept for signature parity). Returns ``out`` (``[B, Hq, D]``,
+    ``q``'s dtype).
+    """
+    del max_seq_len
+    B, Hq, D = q.shape
+    Hkv = k_data.shape[-2]
+    if Hq % Hkv:
+        raise ValueError(f"{Hq} query heads are not a multiple of {Hkv} KV heads")
+    G = Hq // Hkv
+    stride_ks, stride_kh = check_pool(k_data, fmt)
+    if check_pool(v_data, fmt) != (stride_ks, stride_kh):
+        raise ValueError("K and V pools must share a layout")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if out is None:
+        out = torch.empty_like(q)
+    if B == 0:
+        return out
+    mode = kv_mode(fmt)
+    splits = num_kv_splits or default_num_kv_splits(B, Hkv, q.device)
+    interp = interpreting()
+    block_n = 16 if interp else 64
+    block_d = head_block(D // 2 if mode == MODE_INT4 else D)
+    if splits > 1:
+        mid_o = torch.empty((B, Hq, splits, D), dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty((B, Hq, splits), dtype=torch.float32, device=q.device)
+    else:
+        mid_o = mid_lse = out  # unused
+    dummy = k_data
+    _decode_split_kernel[(B, Hkv, splits)](
+        q, q.stride(0), q.stride(1),
+        k_data, v_data, stride_ks, stride_kh,
+        k_scale if k_scale is not None else dummy, v_scale if v_scale is not None else dummy,
+        page_table, page_table.stride(0),
+        seq_lens,
+        out, out.stride(0), out.stride(1),
+        mid_o, mid_lse,
+        sm_scale * LOG2E, Hkv, D,
+        G=G, PAGE_SIZE=page_size, NUM_SPLITS=splits,
+        BLOCK_G=head_block(G), BLOCK_N=block_n, BLOCK_D=block_d,
+        MODE=mode, DOT_F32=dot_in_fp32(q.dtype),
+        num_warps=4, num_stages=2,
+    )
+    if splits > 1:
+        _decode_reduce_kernel[(B, Hq)](
+            mid_o, mid_lse,
+            out, out.stride(0), out.stride(1),
+            seq_lens,
+            Hq, D,
+            NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), BLOCK_N=block_n,
+            BLOCK_D=triton.next_power_of_2(D),
+            num_warps=4,
+        )
+    return out
