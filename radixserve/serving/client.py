@@ -215,6 +215,10 @@ class Client:
     def flush_cache(self, timeout: float | None = None) -> bool:
         return self._call(p.FlushCache(request_id=self._ids.next()), timeout).ok
 
+    def tokenize(self, texts: list[str], timeout: float | None = None) -> list[list[int]]:
+        """Token ids of each text, as the router encodes a ``text`` prompt."""
+        return self._call(p.TokenizeRequest(request_id=self._ids.next(), texts=list(texts)), timeout).input_ids
+
     def close(self) -> None:
         """Abort this client's unfinished requests and close the socket."""
         if self._sock.closed:
@@ -335,6 +339,10 @@ class AsyncClient:
 
     async def flush_cache(self, timeout: float | None = None) -> bool:
         return (await self._call(p.FlushCache(request_id=self._ids.next()), timeout)).ok
+
+    async def tokenize(self, texts: list[str], timeout: float | None = None) -> list[list[int]]:
+        """Token ids of each text, as the router encodes a ``text`` prompt."""
+        return (await self._call(p.TokenizeRequest(request_id=self._ids.next(), texts=list(texts)), timeout)).input_ids
 
     async def close(self) -> None:
         """Abort unfinished requests, stop the reader, close the socket."""

@@ -153,7 +153,16 @@ class StatsRequest(_Msg, tag="stats"):
     request_id: str
 
 
-ClientMessage = Union[GenerateRequest, Abort, Health, ModelInfoRequest, FlushCache, StatsRequest]
+class TokenizeRequest(_Msg, tag="tokenize"):
+    """Token ids of each text, encoded exactly as a ``text`` prompt of :class:`GenerateRequest`
+    is; answered by :class:`TokenizeReply`. (The DSL's ``select`` needs the ids to find where
+    each choice's tokens begin after the prompt's.)"""
+
+    request_id: str
+    texts: list[str]
+
+
+ClientMessage = Union[GenerateRequest, Abort, Health, ModelInfoRequest, FlushCache, StatsRequest, TokenizeRequest]
 
 
 # --------------------------------------------------------------------------- router -> client
@@ -216,6 +225,16 @@ class ModelInfo(_Msg, tag="model_info_reply"):
     chat_template: str | None = None
     page_size: int = 1
     num_workers: int = 0
+    # The tokenizer's special tokens by name (bos_token, eos_token, ...): chat templates use
+    # them, and a client rendering roles itself needs the same values as the router.
+    special_tokens: dict[str, str] = {}
+
+
+class TokenizeReply(_Msg, tag="tokenize_reply"):
+    """The token ids of each text of a :class:`TokenizeRequest`, in order."""
+
+    request_id: str
+    input_ids: list[list[int]]
 
 
 class FlushCacheReply(_Msg, tag="flush_cache_reply"):
@@ -262,7 +281,8 @@ class KeepAlive(_Msg, tag="keepalive"):
 
 
 ServerMessage = Union[
-    GenerateChunk, GenerateFinal, Error, HealthReply, ModelInfo, FlushCacheReply, StatsReply, KeepAlive
+    GenerateChunk, GenerateFinal, Error, HealthReply, ModelInfo, FlushCacheReply, StatsReply, KeepAlive,
+    TokenizeReply,
 ]
 
 
