@@ -1,0 +1,113 @@
+"""EngineConfig: every knob of the offline engine, frozen and validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"bfloat16"``/``"bf16"``/``torch.bfloat16`` -> ``torch.bfloat16`` (and so on)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[str(dtype).lower()]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}") from None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Configuration of one :class:`~radixserve.engine.engine.Engine`.
+
+    ``max_num_tokens`` is the per-step token budget: decode rows cost one token each and
+    prompts longer than what is left are prefilled in chunks over several steps.
+    ``num_pages`` sizes the KV pool directly; otherwise the memory planner sizes it from
+    ``memory_budget`` (bytes) or from the device's free memory.
+    """
+
+    page_size: int = 16
+    kv_cache_dtype: str = "auto"
+    attention_backend: str = "torch"  # "torch" | "triton"
+    max_num_tokens: int = 2048
+    max_running_requests: int = 64
+    num_pages: int | None = None
+    memory_budget: int | None = None
+    memory_utilization: float = 0.9
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    disable_radix_cache: bool = False
+    schedule_policy: str = "lpm"  # "lpm" | "fcfs"
+    # LPM aging bound: a waiting request overtaken this many times by later arrivals
+    # jumps the LPM order (no starvation of cold requests).
+    lpm_max_bypass: int = 32
+    # Above this many waiting requests LPM's per-step matching costs too much: use FCFS.
+    lpm_max_queue: int = 256
+    # A request whose uncached prefix shares at least this many tokens with a prefill in
+    # flight waits for it to land in the cache instead of computing it again.
+    defer_shared_prefix_tokens: int = 32
+    # Fraction of each running request's remaining max_tokens reserved at admission
+    # (decays while nothing is retracted, jumps back up on retraction).
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay: float = 0.002
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    num_threads: int | None = None  # CPU: torch threads (default: all cores)
+
+    def __post_init__(self) -> None:
+        errors: list[str] = []
+        if self.page_size < 1:
+            errors.append(f"page_size must be >= 1, got {self.page_size}")
+        if self.max_num_tokens < 1:
+            errors.append(f"max_num_tokens must be >= 1, got {self.max_num_tokens}")
+        if self.max_running_requests < 1:
+            errors.append(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.num_pages is not None and self.num_pages < 1:
+            errors.append(f"num_pages must be >= 1, got {self.num_pages}")
+        if self.attention_backend not in ("torch", "triton"):
+            errors.append(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.schedule_policy not in ("lpm", "fcfs"):
+            errors.append(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            errors.append(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if not 0.0 < self.memory_utilization <= 1.0:
+            errors.append(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
+        try:
+            parse_dtype(self.dtype)
+        except ValueError as e:
+            errors.append(str(e))
+        try:
+            from radixkernels.kv_format import KVCacheDtype
+
+            KVCacheDtype(self.kv_cache_dtype)
+        except ValueError:
+            errors.append(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}")
+        if errors:
+            raise ValueError("invalid engine config: " + "; ".join(errors))
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return parse_dtype(self.dtype)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: object) -> "EngineConfig":
+        """Build from keyword arguments, rejecting unknown names with the list of known ones."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown engine config option(s) {unknown}; known: {sorted(known)}")
+        if isinstance(kwargs.get("dtype"), torch.dtype):
+            kwargs["dtype"] = str(kwargs["dtype"]).removeprefix("torch.")
+        return cls(**kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,335 @@
+"""The offline engine: model + KV pool + radix cache + scheduler, in one process.
+
+Two ways to drive it:
+
+- ``generate(prompts, params)``: run a batch to completion and get texts back (stop
+  strings handled by the incremental detokenizer).
+- ``add_request`` / ``step`` / ``abort``: the streaming interface the serving worker and
+  the in-process DSL backend drive; each ``step`` runs one scheduler step and returns a
+  :class:`StepOutput` per request that progressed. No text here: callers detokenize with
+  :class:`~radixserve.engine.detokenizer.IncrementalDetokenizer`.
+
+Example::
+
+    engine = Engine("default", page_size=16, max_num_tokens=1024)
+    out = engine.generate(["The capital of France is"], SamplingParams(max_tokens=16, temperature=0))
+    print(out[0].text, out[0].usage)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.detokenizer import IncrementalDetokenizer
+from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, TokenLogprob, Usage
+from radixserve.memory.allocator import PageAllocator
+from radixserve.memory.pool import KVPool
+from radixserve.memory.radix_cache import RadixCache
+from radixserve.model.attention.base import AttentionBackend
+from radixserve.model.forward_batch import ForwardBatch
+from radixserve.sampling_params import SamplingParams
+from radixserve.scheduling.request import Request
+from radixserve.scheduling.sampler import Sampler
+from radixserve.scheduling.scheduler import RequestOutput, Scheduler, SchedulerConfig
+
+logger = logging.getLogger(__name__)
+
+PromptInput = str | Sequence[str] | Sequence[Sequence[int]] | Sequence[int]
+
+
+def setup_cpu_threads(num_threads: int | None) -> None:
+    """CPU start-up: passive OpenMP waiting and an explicit thread count.
+
+    With few cores, OpenMP threads spin-waiting between ops steal time from each other
+    and make timings swing wildly. ``OMP_WAIT_POLICY`` is only read when the OpenMP
+    runtime starts, so it is also set when :mod:`radixserve.engine` is first imported.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+
+
+def make_attention_backend(name: str, pool: KVPool) -> AttentionBackend:
+    """``"torch"`` (runs anywhere) or ``"triton"`` (GPU, or the interpreter on CPU)."""
+    if name == "torch":
+        from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
+
+        return TorchPagedAttentionBackend(pool)
+    try:
+        from radixserve.model.attention.triton_paged import TritonPagedAttentionBackend  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise ValueError(f"attention_backend 'triton' is not available: {e}") from e
+    return TritonPagedAttentionBackend(pool)
+
+
+class Engine:
+    """A prefix-caching LLM engine on one device (see the module docstring).
+
+    ``model``: ``None``/``"default"`` (SmolLM2-135M-Instruct, fetched on first use) or a
+    local Hugging Face checkpoint directory. ``config``: :class:`EngineConfig` fields.
+    """
+
+    def __init__(self, model: str | Path | None = None, **config: Any) -> None:
+        from transformers import AutoTokenizer
+
+        from radixserve.model.loader import load_model
+        from radixserve.model_store import resolve_model
+
+        self.config = cfg = EngineConfig.from_kwargs(**config)
+        if torch.device(cfg.device).type == "cpu":
+            setup_cpu_threads(cfg.num_threads)
+        self.model_path = resolve_model(None if model is None else str(model))
+        self.device = torch.device(cfg.device)
+        self.model = load_model(self.model_path, dtype=cfg.torch_dtype, device=self.device)
+        self.model_config = mc = self.model.config
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+
+        num_pages = cfg.num_pages if cfg.num_pages is not None else self._plan_num_pages()
+        self.pool = KVPool(
+            mc.num_layers, num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim,
+            kv_dtype=cfg.kv_cache_dtype, act_dtype=cfg.torch_dtype, device=self.device,
+        )
+        self.allocator = PageAllocator(num_pages)
+        self.cache = RadixCache(self.allocator, cfg.page_size, disabled=cfg.disable_radix_cache)
+        self.attn = make_attention_backend(cfg.attention_backend, self.pool)
+        max_model_len = cfg.max_model_len or mc.max_position_embeddings
+        self.max_total_len = min(max_model_len, num_pages * cfg.page_size)
+        self.sampler = Sampler(mc.vocab_size, mc.eos_token_ids, self.device, cfg.seed)
+        sched_cfg = SchedulerConfig(
+            page_size=cfg.page_size,
+            max_num_tokens=cfg.max_num_tokens,
+            max_running_requests=cfg.max_running_requests,
+            max_total_len=self.max_total_len,
+            schedule_policy=cfg.schedule_policy,
+            lpm_max_bypass=cfg.lpm_max_bypass,
+            lpm_max_queue=cfg.lpm_max_queue,
+            defer_shared_prefix_tokens=cfg.defer_shared_prefix_tokens,
+            init_new_token_ratio=cfg.init_new_token_ratio,
+            min_new_token_ratio=cfg.min_new_token_ratio,
+            new_token_ratio_decay=cfg.new_token_ratio_decay,
+        )
+        self.scheduler = Scheduler(
+            sched_cfg, self._forward, self.cache, self.allocator, self.sampler, mc.eos_token_ids, self.device
+        )
+        self._buffered: list[StepOutput] = []  # other requests' outputs seen inside generate()
+        logger.info("engine ready: %s, %s, max_total_len=%d", self.model_path, self.pool, self.max_total_len)
+
+    def _plan_num_pages(self) -> int:
+        from radixserve.memory.planner import plan_memory
+
+        cfg = self.config
+        plan = plan_memory(
+            self.model_config, kv_dtype=cfg.kv_cache_dtype, page_size=cfg.page_size, act_dtype=cfg.torch_dtype,
+            memory_budget=cfg.memory_budget, memory_utilization=cfg.memory_utilization, device=self.device,
+        )
+        return int(plan.num_pages)
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.model.forward(batch, self.attn)
+
+    # ------------------------------------------------------------------ streaming API
+
+    def add_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        namespace: str | None = None,
+    ) -> str:
+        """Queue a request; returns its id. Raises ``ValueError`` for invalid parameters,
+        an empty or out-of-vocabulary prompt, one too long to ever fit, or a duplicate id."""
+        req = self._make_request(prompt_token_ids, params, request_id, namespace)
+        self.scheduler.add(req)
+        return req.request_id
+
+    def _make_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None,
+        request_id: str | None,
+        namespace: str | None,
+    ) -> Request:
+        params = (params or SamplingParams()).validate(self.model_config.vocab_size)
+        ids = [int(t) for t in prompt_token_ids]
+        if not ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        vocab = self.model_config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(ids) >= self.max_total_len:
+            raise ValueError(
+                f"prompt of {len(ids)} tokens is too long: this engine fits at most {self.max_total_len - 1} "
+                f"prompt tokens (max_model_len {self.config.max_model_len or self.model_config.max_position_embeddings}, "
+                f"KV pool {self.pool.num_pages * self.pool.page_size} tokens)"
+            )
+        if request_id is not None and request_id in self.scheduler.requests:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        rid = request_id if request_id is not None else uuid.uuid4().hex
+        gen = self.sampler.new_generator(params.seed) if params.seed is not None else None
+        return Request(rid, ids, len(ids), params, self.max_total_len, namespace=namespace, generator=gen)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its KV; its final StepOutput (finish_reason "abort")
+        comes with the next :meth:`step`. Unknown or finished ids are ignored."""
+        self.scheduler.abort(request_id, "abort")
+
+    def step(self) -> list[StepOutput]:
+        """Run one scheduler step; one StepOutput per request that progressed or finished."""
+        out, self._buffered = self._buffered, []
+        out.extend(_to_step_output(o) for o in self.scheduler.step())
+        return out
+
+    def has_unfinished(self) -> bool:
+        return bool(self._buffered) or self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------------ offline API
+
+    def generate(
+        self,
+        prompts: PromptInput,
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[GenerateOutput]:
+        """Run prompts (texts, or token id lists) to completion; results in input order."""
+        batch = _normalize_prompts(prompts)
+        ids_list = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
+        if params is None or isinstance(params, SamplingParams):
+            plist = [params or SamplingParams()] * len(ids_list)
+        else:
+            plist = list(params)
+            if len(plist) != len(ids_list):
+                raise ValueError(f"{len(plist)} sampling params for {len(ids_list)} prompts")
+        # Validate everything before queueing anything: a bad prompt rejects the whole call.
+        reqs = [self._make_request(ids, p, None, None) for ids, p in zip(ids_list, plist)]
+        for req in reqs:
+            self.scheduler.add(req)
+        rids = [r.request_id for r in reqs]
+        state = {rid: _Collector(self.tokenizer, p, ids) for rid, p, ids in zip(rids, plist, ids_list)}
+        remaining = set(rids)
+        while remaining:
+            for o in self.step():
+                col = state.get(o.request_id)
+                if col is None:
+                    self._buffered.append(o)
+                    continue
+                if col.add(o):
+                    self.scheduler.abort(o.request_id, "stop")
+                if o.finished:
+                    remaining.discard(o.request_id)
+        return [state[rid].result(rid) for rid in rids]
+
+    # ------------------------------------------------------------------ introspection
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler
+        c = s.counters
+        free = self.allocator.num_free
+        evictable = self.cache.num_evictable_pages
+        return EngineStats(
+            running=len(s.running),
+            waiting=len(s.waiting),
+            num_pages=self.pool.num_pages,
+            page_size=self.pool.page_size,
+            pages_free=free,
+            pages_evictable=evictable,
+            pages_in_use=self.pool.num_pages - free - evictable,
+            cached_tokens=self.cache.total_cached_tokens,
+            steps_total=c.steps,
+            prompt_tokens_total=c.prompt_tokens,
+            cached_prompt_tokens_total=c.cached_prompt_tokens,
+            computed_tokens_total=c.computed_tokens,
+            generated_tokens_total=c.generated_tokens,
+            retractions_total=c.retractions,
+            evicted_pages_total=self.cache.stats.evicted_pages,
+            finished_total=c.finished,
+            aborted_total=c.aborted,
+            hit_rate=c.cached_prompt_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
+        )
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix. Only when no request is waiting or running (else False)."""
+        return self.scheduler.flush_cache()
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` if any KV page or request state is inconsistent."""
+        self.scheduler.check_invariants()
+
+
+class _Collector:
+    """Accumulates one request's outputs inside :meth:`Engine.generate`."""
+
+    def __init__(self, tokenizer: Any, params: SamplingParams, prompt_ids: list[int]) -> None:
+        self.detok = IncrementalDetokenizer(tokenizer, params, prompt_ids)
+        self.prompt_ids = prompt_ids
+        self.want_logprobs = params.logprobs is not None
+        self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.prompt_logprobs: list[float | None] | None = None
+        self.text = ""
+        self.stopped = False
+        self.last: StepOutput | None = None
+
+    def add(self, o: StepOutput) -> bool:
+        """Take one output; True when a stop string just matched (the caller stops the request)."""
+        self.last = o
+        if o.prompt_logprobs is not None:
+            self.prompt_logprobs = o.prompt_logprobs
+        if self.stopped:
+            return False
+        self.token_ids += o.new_token_ids
+        if o.new_logprobs:
+            self.logprobs += o.new_logprobs
+        delta = self.detok.add(o.new_token_ids, final=o.finished)
+        self.text += delta.text
+        if delta.stopped:
+            self.stopped = True
+            return not o.finished
+        return False
+
+    def result(self, rid: str) -> GenerateOutput:
+        o = self.last
+        assert o is not None and o.finished
+        reason = "stop" if self.stopped else o.finish_reason
+        usage = o.usage or Usage(len(self.prompt_ids), 0, len(self.token_ids))
+        return GenerateOutput(
+            request_id=rid,
+            text=self.text,
+            token_ids=self.token_ids,
+            finish_reason=reason,  # type: ignore[arg-type]
+            usage=Usage(usage.prompt_tokens, usage.cached_tokens, len(self.token_ids)),
+            prompt_token_ids=self.prompt_ids,
+            logprobs=self.logprobs if self.want_logprobs else None,
+            prompt_logprobs=self.prompt_logprobs,
+            error=o.error,
+        )
+
+
+def _normalize_prompts(prompts: PromptInput) -> list[str | list[int]]:
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [list(items)]  # one prompt given as token ids
+    return [p if isinstance(p, str) else list(p) for p in items]  # type: ignore[arg-type]
+
+
+def _to_step_output(o: RequestOutput) -> StepOutput:
+    lps = None
+    if o.new_logprobs is not None:
+        lps = [TokenLogprob(t, lp, top) for t, (lp, top) in zip(o.new_token_ids, o.new_logprobs)]
+    return StepOutput(
+        request_id=o.request_id,
+        new_token_ids=o.new_token_ids,
+        new_logprobs=lps,
+        prompt_logprobs=o.prompt_logprobs,
+        finished=o.finished,
+        finish_reason=o.finish_reason,  # type: ignore[arg-type]
+        error=o.error,
+        usage=Usage(o.prompt_tokens, o.cached_tokens, o.completion_tokens),
+    )

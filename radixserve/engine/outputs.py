@@ -1,0 +1,95 @@
+"""What the engine hands back: torch-free msgspec Structs.
+
+The worker sends :class:`StepOutput` over the wire as it is, so nothing here may import
+torch; the router, the gateways and the DSL decode these without the model stack.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class TokenLogprob(msgspec.Struct, array_like=True, frozen=True):
+    """The logprob of one chosen token, and the top alternatives when asked for.
+
+    Logprobs are taken from the model's distribution (raw logits, before temperature,
+    penalties and filters), as OpenAI and vLLM report them.
+    """
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = []
+
+
+class Usage(msgspec.Struct, frozen=True):
+    """Per-request token counts.
+
+    ``cached_tokens`` is how many prompt tokens were reused from the radix cache instead
+    of computed (counted at the request's first admission).
+    """
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+class StepOutput(msgspec.Struct, frozen=True):
+    """New tokens of one request after one engine step (or its final notice).
+
+    ``prompt_logprobs`` (positions from ``prompt_logprobs_start`` on; ``None`` for position
+    0, which has no context) is sent once, with the request's first output.
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[float | None] | None = None
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    usage: Usage | None = None
+
+
+class GenerateOutput(msgspec.Struct, frozen=True):
+    """The finished result of one request of :meth:`Engine.generate`."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+    usage: Usage
+    prompt_token_ids: list[int] = []
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[float | None] | None = None
+    error: str | None = None
+
+
+class EngineStats(msgspec.Struct, frozen=True):
+    """A snapshot of the engine's scheduler and KV memory.
+
+    Counters (``*_total``) are monotonic over the engine's life; the rest are gauges.
+    ``hit_rate`` = ``cached_prompt_tokens_total / prompt_tokens_total`` over admitted requests.
+    """
+
+    running: int
+    waiting: int
+    num_pages: int
+    page_size: int
+    pages_free: int
+    pages_evictable: int
+    pages_in_use: int
+    cached_tokens: int  # tokens held by the radix tree now
+    steps_total: int
+    prompt_tokens_total: int
+    cached_prompt_tokens_total: int
+    computed_tokens_total: int  # rows run through the model (extend + decode)
+    generated_tokens_total: int
+    retractions_total: int
+    evicted_pages_total: int
+    finished_total: int
+    aborted_total: int
+    hit_rate: float

@@ -1,0 +1,125 @@
+"""One request's state inside the scheduler: its tokens, its KV pages, its progress.
+
+A request's tokens and the KV that backs them, at any moment::
+
+    token_ids:   | prompt ........................ | output ............ |
+                 0                      prompt_len                 len(token_ids)
+    KV in pages: | tree pages (locked) | private pages |
+                 0            cached_len       computed_len   (<= len(token_ids) - 1 while decoding)
+
+- ``pages[i]`` backs positions ``i*page_size .. (i+1)*page_size - 1``; the first
+  ``cached_len // page_size`` pages belong to the radix tree and are protected by one lock
+  on ``lock_node``; the rest are the request's own (private) pages, the last maybe partial.
+- Each step computes ``token_ids[computed_len : computed_len + n]``. When that reaches the
+  end of ``token_ids`` the last row's logits give the next token; otherwise it was one
+  chunk of a chunked prefill (or of a recompute after retraction).
+- Retraction keeps ``token_ids`` (prompt and output so far) and drops all KV: the request
+  is recomputed later over prompt + output, reusing whatever the cache still holds.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from radixserve.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    """A request in the scheduler (identity-compared; one object per request id)."""
+
+    request_id: str
+    token_ids: list[int]  # prompt + output so far
+    prompt_len: int
+    params: SamplingParams
+    max_total_len: int  # stop with "length" when len(token_ids) reaches this
+    namespace: str | None = None
+    arrival_step: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+    generator: torch.Generator | None = None
+
+    status: RequestStatus = RequestStatus.WAITING
+    # KV state (see the module docstring).
+    pages: list[int] = field(default_factory=list)
+    lock_node: Any | None = None
+    cached_len: int = 0
+    computed_len: int = 0
+    slot: int = -1  # row of the scheduler's page table while running
+    # Accounting.
+    cached_tokens: int | None = None  # prompt tokens reused at first admission (usage)
+    num_retractions: int = 0
+    bypassed: int = 0  # times a later arrival was admitted first (LPM aging)
+    first_token_time: float | None = None
+    # Prompt logprobs: positions whose logits are still needed, and the values so far.
+    prompt_lp_next: int = 0  # next row position whose logits give a prompt logprob
+    prompt_logprobs: list[float | None] | None = None
+    prompt_logprobs_sent: bool = False
+    # Tokens produced since the last StepOutput, with their logprobs.
+    new_token_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        start = self.params.prompt_logprobs_start
+        if start is not None:
+            start = min(start, self.prompt_len)
+            self.prompt_logprobs = [None] if start == 0 and self.prompt_len > 0 else []
+            self.prompt_lp_next = max(start, 1) - 1
+        else:
+            self.prompt_lp_next = self.prompt_len  # nothing to collect
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len :]
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens still to run through the model before the next token can be sampled."""
+        return len(self.token_ids) - self.computed_len
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.num_pending == 1
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Some prompt position still needs its logits computed."""
+        return self.prompt_lp_next < self.prompt_len - 1
+
+    @property
+    def match_limit(self) -> int:
+        """How many leading tokens may come from the cache.
+
+        At least the last token is always computed (its logits give the next token), and
+        prompt positions whose logprobs are still wanted must be computed too.
+        """
+        limit = len(self.token_ids) - 1
+        if self.wants_prompt_logprobs:
+            limit = min(limit, self.prompt_lp_next)
+        return limit
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.value}, prompt={self.prompt_len}, out={self.num_output}, "
+            f"computed={self.computed_len}, cached={self.cached_len}, pages={len(self.pages)})"
+        )
