@@ -69,7 +69,7 @@ class RoleFormat:
     suffix: dict[str, str]
     first_prefix: dict[str, str] = field(default_factory=dict)
     generation_prompt: str = ""
-    from_template: bool = False
+    templated: bool = False  # derived from a real chat template (not the plain fallback)
 
     def open(self, role: str, first: bool) -> str:
         """Text that opens ``role``; ``first`` when nothing has been written yet."""
@@ -140,4 +140,4 @@ class RoleFormat:
         except Exception:
             gen_prompt = prefix["assistant"]
         return cls(prefix=prefix, suffix=suffix, first_prefix=first_prefix, generation_prompt=gen_prompt,
-                   from_template=True)
+                   templated=True)

@@ -132,8 +132,9 @@ def gen(name: str | None = None, *, max_tokens: int | None = None, stop: str | S
     return expr
 
 
-# Characters that end an integer: whatever is not part of it.
-_INT_STOPS = ["\n", " ", ",", ".", ";", ")", "]", "}", '"', "'"]
+# Characters that end an integer. Not " ": a leading space is how many tokenizers spell the
+# integer's first token (" 42"); whatever follows the integer is cut off when parsing.
+_INT_STOPS = ["\n", ",", ".", ";", ")", "]", "}", '"', "'"]
 
 
 def gen_int(name: str | None = None, *, max_tokens: int = 16, stop: Sequence[str] | None = None, **kw: Any) -> Expr:
