@@ -1,0 +1,95 @@
+"""Router control operations that ask every worker and answer once: stats and cache flush.
+
+A client's :class:`StatsRequest` / :class:`FlushCache` fans out to the live workers with a
+token; the reply goes back when every one of them answered, died, or the timeout passed
+(then with what arrived). Stats therefore reflect the workers' state *after* every message
+the router sent them before, e.g. the aborts of a client that left.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from radixserve.serving import protocol as p
+
+if TYPE_CHECKING:
+    from radixserve.serving.router import Router
+    from radixserve.serving.workers import WorkerHandle
+
+
+@dataclass(eq=False)
+class _Op:
+    kind: Literal["stats", "flush"]
+    client: bytes
+    request_id: str
+    waiting: set[int]
+    deadline: float
+    ok: bool = True
+
+
+class ControlOps:
+    """Fan-out / fan-in of stats and flush requests for one :class:`Router`."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+        self._tokens = itertools.count(1)
+        self._ops: dict[int, _Op] = {}
+
+    def start(self, client: bytes, msg: p.StatsRequest | p.FlushCache) -> None:
+        r = self._router
+        kind: Literal["stats", "flush"] = "stats" if isinstance(msg, p.StatsRequest) else "flush"
+        token = next(self._tokens)
+        op = _Op(kind, client, msg.request_id, set(), time.monotonic() + r.config.control_timeout_s)
+        self._ops[token] = op
+        for w in r.live_workers:
+            out = p.WorkerStatsRequest(token=token) if kind == "stats" else p.WorkerFlush(token=token)
+            op.waiting.add(w.worker_id)
+            if not r._send_worker(w, out):
+                op.waiting.discard(w.worker_id)
+        if kind == "flush" and not r.live_workers:
+            op.ok = False
+        self._maybe_done(token)
+
+    def on_reply(self, w: WorkerHandle, msg: p.WorkerStatsReply | p.WorkerFlushReply) -> None:
+        op = self._ops.get(msg.token)
+        if isinstance(msg, p.WorkerStatsReply):
+            w.engine, w.load = msg.engine, msg.load
+        elif msg.ok:
+            tree = self._router.dispatcher.tries.get(w.worker_id)
+            if tree is not None:
+                tree.clear()
+        if op is None:
+            return
+        if isinstance(msg, p.WorkerFlushReply) and not msg.ok:
+            op.ok = False
+        op.waiting.discard(w.worker_id)
+        self._maybe_done(msg.token)
+
+    def on_worker_dead(self, w: WorkerHandle) -> None:
+        for token in list(self._ops):
+            op = self._ops.get(token)
+            if op is not None and w.worker_id in op.waiting:
+                op.waiting.discard(w.worker_id)
+                op.ok = False if op.kind == "flush" else op.ok
+                self._maybe_done(token)
+
+    def expire(self, now: float) -> None:
+        for token, op in list(self._ops.items()):
+            if now >= op.deadline:
+                op.ok = False
+                op.waiting.clear()
+                self._maybe_done(token)
+
+    def _maybe_done(self, token: int) -> None:
+        op = self._ops.get(token)
+        if op is None or op.waiting:
+            return
+        del self._ops[token]
+        r = self._router
+        if op.kind == "stats":
+            r.send_client(op.client, r.stats_reply(op.request_id))
+        else:
+            r.send_client(op.client, p.FlushCacheReply(request_id=op.request_id, ok=op.ok))

@@ -1,0 +1,128 @@
+"""Starting and stopping a server: a router plus local worker processes.
+
+:class:`LocalServer` is what ``radixserve serve`` runs in the foreground, and what tests,
+benchmarks and library users run in the background (``with LocalServer(...) as srv:``).
+Workers are child processes in their own sessions that also die with their parent; on
+stop, the router tells them to shut down, then they are waited for, then terminated,
+then killed: no orphans.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from radixserve.serving.router import Router, RouterConfig
+from radixserve.serving.workers import spawn_worker, worker_command
+
+log = logging.getLogger("radixserve.serving.launcher")
+
+
+def default_threads_per_worker(num_workers: int) -> int:
+    """CPU threads per worker so that workers together use the machine's cores once."""
+    return max(1, (os.cpu_count() or 1) // max(1, num_workers))
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
+    """Wait up to ``grace_s`` for processes to exit, then SIGTERM, then SIGKILL."""
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for sig in ("terminate", "kill"):
+        alive = [p for p in procs if p.poll() is None]
+        for proc in alive:
+            getattr(proc, sig)()
+        for proc in alive:
+            try:
+                proc.wait(3.0)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+class LocalServer:
+    """A router on ``config.endpoint`` with ``num_workers`` local worker processes.
+
+    ``engine_config`` are EngineConfig fields for every worker (on the CPU, ``num_threads``
+    defaults to an even share of the cores). ``worker_program`` replaces
+    ``python -m radixserve.serving.worker`` (tests use a fake worker).
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        num_workers: int = 1,
+        config: RouterConfig = RouterConfig(),
+        engine_config: dict[str, Any] | None = None,
+        worker_program: list[str] | None = None,
+        worker_env: dict[str, str] | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        from radixserve.serving.prompts import load_tokenizer
+
+        self.model = model
+        self.num_workers = num_workers
+        engine_config = dict(engine_config or {})
+        if worker_program is None and engine_config.get("device", "cpu") == "cpu":
+            engine_config.setdefault("num_threads", default_threads_per_worker(num_workers))
+        self.router = Router(tokenizer if tokenizer is not None else load_tokenizer(model), config)
+        self.endpoint = self.router.endpoint
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for i in range(num_workers):
+            cmd = worker_command(self.router.worker_endpoint, i, model, engine_config, parent_pid=os.getpid(),
+                                 heartbeat_timeout_s=max(30.0, config.worker_timeout_s), program=worker_program)
+            proc = spawn_worker(cmd, worker_env)
+            self.procs.append(proc)
+            self.router.expect_local(i, proc)
+        self._thread: threading.Thread | None = None
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        """Run the router until every local worker joined; raise if one died or time ran out."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.router.live_workers) < self.num_workers:
+            dead = [p for p in self.procs if p.poll() is not None]
+            if dead:
+                self.close()
+                raise RuntimeError(f"worker process {dead[0].pid} exited with code {dead[0].returncode} at start-up")
+            if time.monotonic() > deadline:
+                self.close()
+                raise TimeoutError(f"workers did not join within {timeout_s:.0f} s")
+            self.router.run_once(0.05)
+
+    def run(self) -> None:
+        """Serve in this thread until :meth:`Router.stop` (e.g. from a signal handler); then stop all."""
+        try:
+            self.router.run()
+        finally:
+            stop_processes(self.procs)
+
+    def start(self, timeout_s: float = 300.0) -> LocalServer:
+        """Wait for the workers, then serve from a background thread."""
+        self.wait_ready(timeout_s)
+        self._thread = threading.Thread(target=self.router.run, name="radixserve-router", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the router (it shuts the workers down) and reap every worker process."""
+        self.router.stop()
+        if self._thread is not None:
+            self._thread.join(30.0)
+            self._thread = None
+        else:
+            self.router.close()
+        stop_processes(self.procs)
+
+    def __enter__(self) -> LocalServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,516 @@
+"""The router: many clients in, several workers out, text on one side and tokens on the other.
+
+::
+
+    clients (DEALER) ──> frontend ROUTER ─┐                 ┌─> backend ROUTER ──> workers (DEALER)
+                                          │  Router loop:   │
+      GenerateChunk / Final / Error  <────┤  tokenize,      ├──  WorkerAdd / Abort / Ping / Stats
+                                          │  dispatch,      │
+                                          └  detokenize  <──┴──  WorkerOutputs / Heartbeat / ...
+
+One thread, one ``zmq.Poller`` loop. Both sockets are ``ROUTER_MANDATORY``: a send to a
+peer that went away raises instead of vanishing silently, which is how the router learns
+that a client left (its requests are aborted in the workers, freeing their KV) or that a
+worker is unreachable. Clients with requests in flight get a :class:`KeepAlive` once a
+second so a silent client's departure is noticed too; workers are pinged and must answer
+within ``worker_timeout_s``; local worker processes are also watched with ``poll()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import zmq
+
+from radixserve.sampling_params import SamplingParams
+from radixserve.serving import protocol as p
+from radixserve.serving.control import ControlOps
+from radixserve.serving.dispatch import Dispatcher, RoutingPolicy
+from radixserve.serving.prompts import PromptCodec, PromptError
+from radixserve.serving.workers import WorkerHandle
+
+log = logging.getLogger("radixserve.serving.router")
+
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """Endpoints, routing policy and liveness timings of a :class:`Router`."""
+
+    endpoint: str = DEFAULT_ENDPOINT  # clients; tcp://HOST:PORT or ipc://PATH
+    worker_endpoint: str = "tcp://127.0.0.1:*"  # workers connect here (``*``: any free port)
+    routing: RoutingPolicy = "cache_aware"
+    heartbeat_interval_s: float = 1.0
+    worker_timeout_s: float = 30.0  # a worker silent this long is dead (a long prefill step blocks it)
+    client_probe_interval_s: float = 1.0
+    worker_wait_s: float = 300.0  # how long a request may wait for a first worker to join
+    control_timeout_s: float = 10.0  # stats / flush replies from workers
+    cache_threshold: float = 0.5
+    min_match_tokens: int = 8
+    balance_abs_threshold: int = 4
+    balance_rel_threshold: float = 1.5
+    trie_max_tokens: int = 1 << 20
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    """Router-side state of one generate request."""
+
+    rid: str
+    client: bytes
+    client_rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    session_id: str | None
+    namespace: str | None
+    detok: Any
+    arrival: float
+    worker_id: int = -1
+    dispatched: float = 0.0
+    first_token: float = 0.0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[p.TokenLogprob] | None = None
+    prompt_logprobs: list[float | None] | None = None
+    usage: p.Usage | None = None
+    chunks: int = 0
+
+
+class Router:
+    """Serves clients on ``config.endpoint`` with the workers that join ``worker_endpoint``."""
+
+    def __init__(self, tokenizer: Any, config: RouterConfig = RouterConfig(), *,
+                 context: zmq.Context | None = None) -> None:
+        self.config = config
+        self.codec = PromptCodec(tokenizer)
+        self._ctx = context or zmq.Context.instance()
+        self.frontend = self._bind(config.endpoint, client_side=True)
+        self.backend = self._bind(config.worker_endpoint, client_side=False)
+        self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.worker_endpoint = self.backend.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._poller = zmq.Poller()
+        self._poller.register(self.frontend, zmq.POLLIN)
+        self._poller.register(self.backend, zmq.POLLIN)
+        self.dispatcher = Dispatcher(
+            config.routing, cache_threshold=config.cache_threshold, min_match_tokens=config.min_match_tokens,
+            balance_abs_threshold=config.balance_abs_threshold,
+            balance_rel_threshold=config.balance_rel_threshold, trie_max_tokens=config.trie_max_tokens,
+        )
+        self.workers: dict[int, WorkerHandle] = {}
+        self._by_identity: dict[bytes, WorkerHandle] = {}
+        self._expected: dict[int, Any] = {}  # worker id -> Popen of local workers not yet registered
+        self._requests: dict[str, _Request] = {}
+        self._by_client: dict[bytes, dict[str, str]] = {}  # client -> client rid -> rid
+        self._last_sent: dict[bytes, float] = {}
+        self._waiting: deque[_Request] = deque()  # no worker yet
+        self._control = ControlOps(self)
+        self._next_rid = 0
+        self._started = time.monotonic()
+        self._next_tick = 0.0
+        self._stopping = False
+        self.counters = {"requests": 0, "aborted": 0, "errors": 0}
+
+    def _bind(self, endpoint: str, client_side: bool) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)  # a slow client is buffered, never mistaken for a gone one
+        sock.setsockopt(zmq.RCVHWM, 0)
+        # ZMTP heartbeats drop half-open TCP peers (a host that vanished without a FIN).
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000 if client_side else 60000)
+        sock.bind(endpoint)
+        return sock
+
+    # ------------------------------------------------------------------ lifecycle
+    def expect_local(self, worker_id: int, proc: Any) -> None:
+        """Register a local worker process that will say hello; its exit is watched."""
+        self._expected[worker_id] = proc
+
+    @property
+    def live_workers(self) -> list[WorkerHandle]:
+        return [w for w in self.workers.values() if w.alive]
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to return (safe from a signal handler)."""
+        self._stopping = True
+
+    def run(self) -> None:
+        """Serve until :meth:`stop`; then shut the workers down and close the sockets."""
+        try:
+            while not self._stopping:
+                self.run_once(0.1)
+        finally:
+            self.close()
+
+    def run_once(self, max_wait_s: float) -> None:
+        """One turn: wait for traffic (at most ``max_wait_s``), handle it, run timers."""
+        wait = max(0.0, min(max_wait_s, self._next_tick - time.monotonic()))
+        events = dict(self._poller.poll(int(wait * 1000)))
+        if self.frontend in events:
+            self._drain(self.frontend, self._on_client_frames)
+        if self.backend in events:
+            self._drain(self.backend, self._on_worker_frames)
+        self._flush_adds()
+        if time.monotonic() >= self._next_tick:
+            self._tick()
+
+    def close(self, *, shutdown_workers: bool = True) -> None:
+        """Fail what is in flight, tell the workers to exit, close both sockets."""
+        if self.frontend.closed:
+            return
+        for st in list(self._requests.values()):
+            self._fail(st, "shutdown", "the server is shutting down")
+        if shutdown_workers:
+            for w in self.live_workers:
+                self._send_worker(w, p.WorkerShutdown())
+        self.frontend.close(linger=0)
+        self.backend.close(linger=500)  # let the shutdown messages leave
+
+    @staticmethod
+    def _drain(sock: zmq.Socket, handle: Any, limit: int = 512) -> None:
+        for _ in range(limit):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            handle(frames)
+
+    # ------------------------------------------------------------------ sending
+    def send_client(self, client: bytes, msg: msgspec.Struct) -> bool:
+        """Send to a client; a client that went away has its requests aborted."""
+        try:
+            self.frontend.send_multipart([client, p.encode(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.info("client %s unreachable (%s): aborting its requests", client.hex(), exc)
+            self._drop_client(client)
+            return False
+        self._last_sent[client] = time.monotonic()
+        return True
+
+    def _send_worker(self, w: WorkerHandle, msg: msgspec.Struct) -> bool:
+        try:
+            self.backend.send_multipart([w.identity, p.encode(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            self._worker_died(w, f"unreachable ({exc})")
+            return False
+        return True
+
+    def _flush_adds(self) -> None:
+        for w in self.live_workers:
+            if w.adds:
+                adds, w.adds = w.adds, []
+                self._send_worker(w, p.WorkerAdd(requests=adds))
+
+    # ------------------------------------------------------------------ clients
+    def _on_client_frames(self, frames: list[bytes]) -> None:
+        client = frames[0]
+        if len(frames) != 2:
+            self._reply_error(client, p.Error(code="malformed", message=f"expected 1 frame per message, got {len(frames) - 1}"))
+            return
+        msg = p.decode_client(frames[1])
+        if isinstance(msg, p.Error):
+            self._reply_error(client, msg)
+        elif isinstance(msg, p.GenerateRequest):
+            self._on_generate(client, msg)
+        elif isinstance(msg, p.Abort):
+            self._on_abort(client, msg.request_id)
+        elif isinstance(msg, p.Health):
+            self.send_client(client, p.HealthReply(request_id=msg.request_id, ok=bool(self.live_workers),
+                                                   workers_alive=len(self.live_workers),
+                                                   uptime_s=time.monotonic() - self._started))
+        elif isinstance(msg, p.ModelInfoRequest):
+            self._on_model_info(client, msg.request_id)
+        elif isinstance(msg, (p.StatsRequest, p.FlushCache)):
+            self._control.start(client, msg)
+        elif isinstance(msg, p.TokenizeRequest):
+            ids = [list(self.codec.tokenizer.encode(t)) for t in msg.texts]
+            self.send_client(client, p.TokenizeReply(request_id=msg.request_id, input_ids=ids))
+
+    def _reply_error(self, client: bytes, err: p.Error) -> None:
+        self.counters["errors"] += 1
+        self.send_client(client, err)
+
+    def _on_generate(self, client: bytes, req: p.GenerateRequest) -> None:
+        rids = self._by_client.setdefault(client, {})
+
+        def error(code: Any, message: str) -> None:
+            self._reply_error(client, p.Error(code=code, message=message, request_id=req.request_id))
+
+        if req.request_id in rids:
+            return error("duplicate_request", f"request id {req.request_id!r} is already in flight")
+        try:
+            ids = self.codec.encode(req)
+        except PromptError as exc:
+            return error("invalid_params", str(exc))
+        if not ids:
+            return error("invalid_params", "the prompt encodes to zero tokens")
+        bad = p.validate_generate(req, vocab_size=self._vocab_size())
+        if bad is not None:
+            return self._reply_error(client, bad)
+        too_long = self._check_context(len(ids))
+        if too_long:
+            return error("context_length", too_long)
+        rid = str(self._next_rid)
+        self._next_rid += 1
+        self.counters["requests"] += 1
+        st = _Request(rid, client, req.request_id, ids, req.params, req.stream, req.session_id, req.namespace,
+                      self.codec.detokenizer(req.params, ids), time.monotonic())
+        rids[req.request_id] = rid
+        self._requests[rid] = st
+        self._last_sent.setdefault(client, st.arrival)
+        self._dispatch(st)
+
+    def _vocab_size(self) -> int | None:
+        sizes = [w.hello.vocab_size for w in self.live_workers]
+        return min(sizes) if sizes else None
+
+    def context_length(self) -> int | None:
+        sizes = [w.hello.context_length for w in self.live_workers]
+        return min(sizes) if sizes else None
+
+    def _check_context(self, n: int) -> str | None:
+        ctx = self.context_length()
+        if ctx is not None and n >= ctx:
+            return (f"the prompt has {n} tokens but the model's context is {ctx} tokens "
+                    f"(a prompt may use at most {ctx - 1}, leaving room to generate)")
+        return None
+
+    def _dispatch(self, st: _Request) -> None:
+        loads = {w.worker_id: len(w.inflight) for w in self.live_workers}
+        if not loads:
+            if self._expected or (not self.workers and self.config.worker_wait_s > 0):
+                self._waiting.append(st)
+            else:
+                self._fail(st, "no_workers", "no live worker to run the request")
+            return
+        too_long = self._check_context(len(st.prompt_ids))
+        if too_long:
+            return self._fail(st, "context_length", too_long)
+        decision = self.dispatcher.choose(st.prompt_ids, loads, st.session_id)
+        w = self.workers[decision.worker_id]
+        st.worker_id, st.dispatched = w.worker_id, time.monotonic()
+        w.inflight.add(st.rid)
+        w.requests += 1
+        w.adds.append(p.WorkerRequest(rid=st.rid, input_ids=st.prompt_ids, params=st.params, namespace=st.namespace))
+
+    def _on_abort(self, client: bytes, client_rid: str) -> None:
+        rid = self._by_client.get(client, {}).get(client_rid)
+        st = self._requests.get(rid) if rid is not None else None
+        if st is None:
+            return  # already finished: the abort crossed the final message
+        self._abort_in_worker(st)
+        self.counters["aborted"] += 1
+        self._finish(st, "abort")
+
+    def _abort_in_worker(self, st: _Request) -> None:
+        w = self.workers.get(st.worker_id)
+        if w is None:
+            if st in self._waiting:
+                self._waiting.remove(st)
+            return
+        if w.alive and st.rid in w.inflight:
+            if any(a.rid == st.rid for a in w.adds):  # not sent yet: just don't send it
+                w.adds = [a for a in w.adds if a.rid != st.rid]
+                w.inflight.discard(st.rid)
+            else:
+                self._send_worker(w, p.WorkerAbort(rids=[st.rid]))
+
+    def _drop_client(self, client: bytes) -> None:
+        """The client is gone: abort its requests in the workers, forget it."""
+        for rid in list(self._by_client.pop(client, {}).values()):
+            st = self._requests.pop(rid, None)
+            if st is not None:
+                self.counters["aborted"] += 1
+                self._abort_in_worker(st)
+        self._last_sent.pop(client, None)
+
+    def _on_model_info(self, client: bytes, request_id: str) -> None:
+        live = self.live_workers
+        if not live:
+            self._reply_error(client, p.Error(code="no_workers", message="no live worker yet", request_id=request_id))
+            return
+        h = live[0].hello
+        self.send_client(client, p.ModelInfo(
+            request_id=request_id, model=h.model, context_length=self.context_length() or h.context_length,
+            vocab_size=h.vocab_size, eos_token_ids=h.eos_token_ids, bos_token_id=h.bos_token_id,
+            chat_template=self.codec.chat_template, page_size=h.page_size, num_workers=len(live),
+            special_tokens=self.codec.special_tokens))
+
+    # ------------------------------------------------------------------ finishing
+    def _forget(self, st: _Request) -> bool:
+        if self._requests.pop(st.rid, None) is None:
+            return False
+        rids = self._by_client.get(st.client)
+        if rids is not None:
+            rids.pop(st.client_rid, None)
+            if not rids:
+                del self._by_client[st.client]
+        return True
+
+    def _finish(self, st: _Request, reason: p.FinishReason) -> None:
+        if not self._forget(st):
+            return
+        now = time.monotonic()
+        cached = st.usage.cached_tokens if st.usage is not None else 0
+        self.send_client(st.client, p.GenerateFinal(
+            request_id=st.client_rid, finish_reason=reason, text=st.detok.text, token_ids=st.token_ids,
+            usage=p.Usage(prompt_tokens=len(st.prompt_ids), cached_tokens=cached, completion_tokens=len(st.token_ids)),
+            timings=p.Timings(queue_s=(st.dispatched or now) - st.arrival,
+                              ttft_s=(st.first_token or now) - st.arrival, total_s=now - st.arrival),
+            logprobs=st.logprobs, prompt_logprobs=st.prompt_logprobs, worker_id=st.worker_id))
+
+    def _fail(self, st: _Request, code: Any, message: str) -> None:
+        if self._forget(st):
+            self._reply_error(st.client, p.Error(code=code, message=message, request_id=st.client_rid))
+
+    # ------------------------------------------------------------------ workers
+    def _on_worker_frames(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            log.warning("worker sent %d frames; ignored", len(frames))
+            return
+        identity, data = frames
+        msg = p.decode_from_worker(data)
+        if isinstance(msg, p.Error):
+            log.warning("bad frame from worker %r: %s", identity, msg.message)
+            return
+        if isinstance(msg, p.WorkerHello):
+            self._register(identity, msg)
+            return
+        w = self._by_identity.get(identity)
+        if w is None or not w.alive:
+            if isinstance(msg, p.WorkerOutputs):  # a worker we gave up on: stop its work
+                live = [o.request_id for o in msg.outputs if not o.finished]
+                if live:
+                    self.backend.send_multipart([identity, p.encode(p.WorkerAbort(rids=live))], zmq.NOBLOCK)
+            return
+        w.last_seen = time.monotonic()
+        if isinstance(msg, p.WorkerOutputs):
+            w.load = msg.load
+            for out in msg.outputs:
+                self._on_output(w, out)
+        elif isinstance(msg, p.WorkerHeartbeat):
+            w.load = msg.load
+        elif isinstance(msg, (p.WorkerStatsReply, p.WorkerFlushReply)):
+            self._control.on_reply(w, msg)
+        elif isinstance(msg, p.WorkerRejected):
+            w.inflight.discard(msg.rid)
+            st = self._requests.get(msg.rid)
+            if st is not None:
+                self._fail(st, "invalid_params", f"the engine rejected the request: {msg.message}")
+        elif isinstance(msg, p.WorkerGoodbye):
+            self._worker_died(w, f"worker said goodbye ({msg.reason})")
+
+    def _register(self, identity: bytes, hello: p.WorkerHello) -> None:
+        old = self._by_identity.get(identity)
+        if old is not None:  # it lost us and came back: whatever it ran is gone
+            self._worker_died(old, "worker re-registered")
+        wid = hello.worker_id
+        taken = wid in self.workers and self.workers[wid].alive
+        if wid < 0 or taken:
+            wid = max([*self.workers, *self._expected, -1]) + 1
+        w = WorkerHandle(wid, identity, hello, time.monotonic(), proc=self._expected.pop(wid, None), load=hello.load)
+        self.workers[wid] = w
+        self._by_identity[identity] = w
+        self.dispatcher.add_worker(wid)
+        log.info("worker %d joined (pid %d, model %s, context %d)", wid, hello.pid, hello.model, hello.context_length)
+        waiting, self._waiting = self._waiting, deque()
+        for st in waiting:
+            self._dispatch(st)
+
+    def _on_output(self, w: WorkerHandle, out: p.TokenOutput) -> None:
+        rid = out.request_id
+        if out.finished:
+            w.inflight.discard(rid)
+            if out.usage is not None:
+                w.prompt_tokens += out.usage.prompt_tokens
+                w.cached_tokens += out.usage.cached_tokens
+        st = self._requests.get(rid)
+        if st is None:
+            return  # finished here already (stop string, abort): the worker's abort is on its way
+        if out.error is not None or out.finish_reason == "error":
+            self._fail(st, "internal", f"worker {w.worker_id} failed the request: {out.error}")
+            return
+        if out.new_token_ids:
+            st.first_token = st.first_token or time.monotonic()
+            st.token_ids.extend(out.new_token_ids)
+            if out.new_logprobs is not None:
+                st.logprobs = (st.logprobs or []) + out.new_logprobs
+        if out.prompt_logprobs is not None:
+            st.prompt_logprobs = out.prompt_logprobs
+        if out.usage is not None:
+            st.usage = out.usage
+        delta = st.detok.add(out.new_token_ids, final=out.finished)
+        if st.stream and (delta.text or out.new_token_ids):
+            chunk = p.GenerateChunk(request_id=st.client_rid, index=st.chunks, text=delta.text,
+                                    token_ids=out.new_token_ids, logprobs=out.new_logprobs)
+            st.chunks += 1
+            if not self.send_client(st.client, chunk):
+                return
+        if delta.stopped:
+            if not out.finished:
+                self._abort_in_worker(st)
+            self._finish(st, "stop")
+        elif out.finished:
+            self._finish(st, out.finish_reason or "stop")
+
+    def _worker_died(self, w: WorkerHandle, reason: str) -> None:
+        if not w.alive:
+            return
+        w.alive, w.death = False, reason
+        log.warning("worker %d (pid %s) is dead: %s", w.worker_id, w.pid, reason)
+        self.dispatcher.remove_worker(w.worker_id)
+        for rid in list(w.inflight):
+            st = self._requests.get(rid)
+            if st is not None:
+                self._fail(st, "worker_died", f"worker {w.worker_id} died ({reason}); the request was lost")
+        w.inflight.clear()
+        w.adds.clear()
+        self._control.on_worker_dead(w)
+        if not self.live_workers and not self._expected:
+            for st in list(self._waiting):
+                self._fail(st, "no_workers", "no live worker to run the request")
+            self._waiting.clear()
+
+    # ------------------------------------------------------------------ timers
+    def _tick(self) -> None:
+        now = time.monotonic()
+        cfg = self.config
+        self._next_tick = now + min(cfg.heartbeat_interval_s, cfg.client_probe_interval_s)
+        for w in self.live_workers:
+            code = w.proc.poll() if w.proc is not None else None
+            if code is not None:
+                self._worker_died(w, f"process exited with code {code}")
+            elif now - w.last_seen > cfg.worker_timeout_s:
+                self._worker_died(w, f"no heartbeat for {now - w.last_seen:.1f} s")
+            else:
+                self._send_worker(w, p.WorkerPing())
+        for wid, proc in list(self._expected.items()):
+            if proc.poll() is not None:
+                del self._expected[wid]
+                log.error("local worker %d exited with code %s before joining", wid, proc.returncode)
+                if not self.live_workers and not self._expected:
+                    for st in list(self._waiting):
+                        self._fail(st, "no_workers", f"worker {wid} failed to start (exit code {proc.returncode})")
+                    self._waiting.clear()
+        while self._waiting and now - self._waiting[0].arrival > cfg.worker_wait_s:
+            st = self._waiting.popleft()
+            self._fail(st, "no_workers", f"no worker joined within {cfg.worker_wait_s:.0f} s")
+        for client in list(self._by_client):
+            if now - self._last_sent.get(client, 0.0) >= cfg.client_probe_interval_s:
+                self.send_client(client, p.KeepAlive())
+        self._control.expire(now)
+
+    # ------------------------------------------------------------------ stats
+    def stats_reply(self, request_id: str) -> p.StatsReply:
+        """A :class:`StatsReply` from what the router knows now."""
+        return p.StatsReply(
+            request_id=request_id, routing=self.config.routing, requests=self.counters["requests"],
+            active=len(self._requests), aborted=self.counters["aborted"], errors=self.counters["errors"],
+            clients=len(self._by_client), workers=[self.workers[k].stats() for k in sorted(self.workers)])

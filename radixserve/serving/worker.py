@@ -1,0 +1,266 @@
+"""A worker process: one Engine, driven by the router over a DEALER socket.
+
+The loop never blocks the engine on I/O: while requests run it polls the socket with a
+zero timeout between steps; when idle it blocks in ``poll`` (bounded, to run its checks).
+It receives token ids and sampling parameters and sends back token ids, logprobs and
+finish reasons, one :class:`~radixserve.serving.protocol.WorkerOutputs` per step. It
+never sees text.
+
+Run by ``radixserve serve`` (local workers) or by hand on another host::
+
+    python -m radixserve.serving.worker --connect tcp://ROUTER_HOST:PORT --model PATH
+
+A local worker (``--parent-pid``) exits when its parent dies (``PR_SET_PDEATHSIG`` and a
+``getppid`` check) or when the router is silent for ``--router-timeout`` seconds; a remote
+worker instead aborts its requests and says hello again. SIGINT/SIGTERM stop it cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+
+from radixserve.serving import protocol as p
+
+log = logging.getLogger("radixserve.serving.worker")
+
+EngineFactory = Callable[..., Any]
+IDLE_POLL_MS = 100
+
+
+def describe_engine(engine: Any, worker_id: int, model_name: str) -> p.WorkerHello:
+    """The hello message: what this worker serves, read off the engine."""
+    cfg = engine.model_config
+    econf = getattr(engine, "config", None)
+    ctx = getattr(econf, "max_model_len", None) or cfg.max_position_embeddings
+    tok = getattr(engine, "tokenizer", None)
+    return p.WorkerHello(
+        worker_id=worker_id, pid=os.getpid(), model=model_name, context_length=int(ctx),
+        vocab_size=int(cfg.vocab_size), eos_token_ids=[int(t) for t in cfg.eos_token_ids],
+        bos_token_id=getattr(tok, "bos_token_id", None), page_size=int(getattr(econf, "page_size", 1)),
+        load=engine_load(engine),
+    )
+
+
+def engine_load(engine: Any) -> p.WorkerLoad:
+    """The engine's load gauges as the router's :class:`WorkerLoad`."""
+    s = engine.stats()
+    return p.WorkerLoad(running=s.running, waiting=s.waiting, num_pages=s.num_pages, free_pages=s.pages_free,
+                        evictable_pages=s.pages_evictable, in_use_pages=s.pages_in_use)
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel send SIGTERM when the parent process dies."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the getppid check in the loop still catches it
+
+
+class Worker:
+    """Runs ``engine`` for the router at ``connect``."""
+
+    def __init__(self, engine: Any, connect: str, worker_id: int = -1, *, model_name: str = "",
+                 parent_pid: int | None = None, router_timeout_s: float = 30.0,
+                 context: zmq.Context | None = None) -> None:
+        self.engine = engine
+        self.worker_id = worker_id
+        self.model_name = model_name
+        self.parent_pid = parent_pid
+        self.router_timeout_s = router_timeout_s
+        self._ctx = context or zmq.Context.instance()
+        self.sock = self._ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 1000)
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.setsockopt(zmq.ROUTING_ID, f"w{worker_id}-{os.getpid()}-{os.urandom(2).hex()}".encode())
+        self.sock.connect(connect)
+        self._active: set[str] = set()  # rids added and not reported finished
+        self._stopping = False
+        self._goodbye = "shutdown"
+        self._last_router = time.monotonic()
+
+    def stop(self, *_: object) -> None:
+        """Finish the current step, then exit the loop (safe from a signal handler)."""
+        self._stopping = True
+
+    def _send(self, msg: msgspec.Struct) -> None:
+        self.sock.send(p.encode(msg))
+
+    def run(self) -> int:
+        """Serve until stopped; returns the process exit code."""
+        self._send(describe_engine(self.engine, self.worker_id, self.model_name))
+        code = 0
+        next_check = 0.0
+        try:
+            while not self._stopping:
+                busy = self.engine.has_unfinished()
+                if self.sock.poll(0 if busy else IDLE_POLL_MS):
+                    self._drain()
+                if self._stopping:
+                    break
+                if self.engine.has_unfinished():
+                    code = self._step()
+                    if code:
+                        break
+                now = time.monotonic()
+                if now >= next_check:
+                    next_check = now + 0.5
+                    self._check_liveness(now)
+        finally:
+            self._send(p.WorkerGoodbye(reason=self._goodbye))
+            self.sock.close()
+        return code
+
+    def _step(self) -> int:
+        try:
+            outs = self.engine.step()
+        except Exception:
+            # The engine's state can't be trusted after a bug: fail everything, leave.
+            tb = traceback.format_exc()
+            log.error("engine step failed:\n%s", tb)
+            err = tb.strip().splitlines()[-1]
+            fails = [p.TokenOutput(request_id=rid, new_token_ids=[], finished=True, finish_reason="error", error=err)
+                     for rid in self._active]
+            self._send(p.WorkerOutputs(outputs=fails, load=p.WorkerLoad()))
+            self._goodbye = f"engine step failed: {err}"
+            return 1
+        if outs:
+            wire = msgspec.convert(msgspec.to_builtins(outs), list[p.TokenOutput])
+            for o in wire:
+                if o.finished:
+                    self._active.discard(o.request_id)
+            self._send(p.WorkerOutputs(outputs=wire, load=engine_load(self.engine)))
+        return 0
+
+    def _check_liveness(self, now: float) -> None:
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            self._goodbye = "parent process died"
+            self.stop()
+        elif now - self._last_router > self.router_timeout_s:
+            if self.parent_pid is not None:  # a local worker without its router has no purpose
+                self._goodbye = f"router silent for {now - self._last_router:.0f} s"
+                self.stop()
+            else:  # a remote worker waits for the router to come back
+                self._abort_all()
+                self._send(describe_engine(self.engine, self.worker_id, self.model_name))
+                self._last_router = now
+
+    def _abort_all(self) -> None:
+        for rid in list(self._active):
+            self._abort(rid)
+
+    def _abort(self, rid: str) -> None:
+        try:
+            self.engine.abort(rid)
+        except (KeyError, ValueError):
+            pass  # finished in the meantime
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._last_router = time.monotonic()
+            msg = p.decode_to_worker(data)
+            if isinstance(msg, p.Error):
+                log.warning("bad frame from the router: %s", msg.message)
+            else:
+                self._handle(msg)
+
+    def _handle(self, msg: p.RouterToWorker) -> None:
+        if isinstance(msg, p.WorkerAdd):
+            for req in msg.requests:
+                try:
+                    self.engine.add_request(req.input_ids, req.params, request_id=req.rid, namespace=req.namespace)
+                except (ValueError, TypeError) as exc:
+                    self._send(p.WorkerRejected(rid=req.rid, message=str(exc)))
+                else:
+                    self._active.add(req.rid)
+        elif isinstance(msg, p.WorkerAbort):
+            for rid in msg.rids:
+                self._abort(rid)
+        elif isinstance(msg, p.WorkerPing):
+            self._send(p.WorkerHeartbeat(load=engine_load(self.engine)))
+        elif isinstance(msg, p.WorkerStatsRequest):
+            stats = msgspec.to_builtins(self.engine.stats())
+            try:
+                self.engine.check_invariants()
+                stats["invariants"] = "ok"
+            except Exception as exc:  # report, don't die: the stats are how tests see it
+                stats["invariants"] = f"violated: {exc}"
+            self._send(p.WorkerStatsReply(token=msg.token, load=engine_load(self.engine), engine=stats))
+        elif isinstance(msg, p.WorkerFlush):
+            self._send(p.WorkerFlushReply(token=msg.token, ok=bool(self.engine.flush_cache())))
+        elif isinstance(msg, p.WorkerShutdown):
+            self._goodbye = "shutdown requested"
+            self.stop()
+
+
+def build_engine(model: str, **config: Any) -> Any:
+    """The real engine (imports torch; only worker processes pay for it)."""
+    from radixserve.engine.engine import Engine
+
+    return Engine(model, **config)
+
+
+def main(argv: list[str] | None = None, engine_factory: EngineFactory | None = None) -> int:
+    """Worker process entry point."""
+    ap = argparse.ArgumentParser(prog="python -m radixserve.serving.worker", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--connect", required=True, help="the router's worker endpoint, e.g. tcp://HOST:PORT")
+    ap.add_argument("--model", default=None, help="model directory or spec (default: the default model)")
+    ap.add_argument("--worker-id", type=int, default=-1, help="preferred id (-1: the router assigns one)")
+    ap.add_argument("--engine-config", default="{}", help="EngineConfig fields as JSON")
+    ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies (local workers)")
+    ap.add_argument("--router-timeout", type=float, default=30.0, help="seconds of router silence tolerated")
+    ap.add_argument("--log-level", default="WARNING")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format=f"[worker {args.worker_id}] %(levelname)s %(message)s")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if args.parent_pid is not None:
+        _die_with_parent()
+        if os.getppid() != args.parent_pid:
+            return 1  # the parent is already gone
+    worker: Worker | None = None
+    stop_early = False
+
+    def on_signal(*_: object) -> None:
+        nonlocal stop_early
+        stop_early = True
+        if worker is not None:
+            worker.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    model = args.model
+    if engine_factory is None:
+        from radixserve.model_store import resolve_model
+
+        model = str(resolve_model(args.model))
+    engine = (engine_factory or build_engine)(model, **json.loads(args.engine_config))
+    if stop_early:
+        return 0
+    name = Path(str(model)).name if model else "default"
+    worker = Worker(engine, args.connect, args.worker_id, model_name=name, parent_pid=args.parent_pid,
+                    router_timeout_s=args.router_timeout)
+    return worker.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
