@@ -1,0 +1,203 @@
+"""``radixserve memory``: the KV memory calculator and pool planner, with its arithmetic shown."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from radixserve.cli import register
+
+if TYPE_CHECKING:
+    from radixserve.memory.planner import MemoryPlan
+    from radixserve.model.config import ModelConfig
+
+KV_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
+# The article's KV-quantization table, as a fraction of FP16 (see the README for why these
+# cannot be byte counts).
+ARTICLE_RATIOS = {"int8": 0.375, "int4": 0.1875}
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default="default",
+        help="a preset name (llama-2-7b, llama-2-13b, llama-2-70b, smollm2-135m), a config.json, "
+        "a checkpoint directory, or 'default' (the fetched SmolLM2-135M-Instruct)",
+    )
+    p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default 4096)")
+    p.add_argument("--batch-size", type=int, default=1, help="sequences held at once (default 1)")
+    p.add_argument(
+        "--dtype", default=None, help="weights/activation dtype: float32, bfloat16, float16 (default: the config's)"
+    )
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_DTYPES, help="KV-cache dtype for the plan")
+    p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
+    p.add_argument("--memory-budget", default=None, help="total bytes radixserve may use, e.g. 80GiB, 24GB")
+    p.add_argument("--memory-utilization", type=float, default=0.9, help="fraction of device memory (default 0.9)")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available, else cpu)")
+    p.add_argument("--max-num-tokens", type=int, default=2048, help="rows per forward, for the activation reserve")
+    p.add_argument("--cache-dir", default=None, help="model cache root for --model default")
+    p.add_argument("--json", action="store_true", help="print the numbers as JSON")
+
+
+def load_config_for(spec: str, cache_dir: str | None = None) -> tuple["ModelConfig", str]:
+    """``--model`` -> (ModelConfig, description of where it came from)."""
+    from radixserve.model.config import ModelConfig
+    from radixserve.model_store import DEFAULT_MODEL_ALIASES, resolve_model
+    from radixserve.presets import list_presets, preset_path
+
+    path = Path(spec).expanduser()
+    if path.exists():
+        return ModelConfig.from_pretrained(path), str(path)
+    preset = preset_path(spec)
+    if preset is not None:
+        return ModelConfig.from_pretrained(preset), f"preset {preset.stem} ({preset})"
+    if spec.lower() in DEFAULT_MODEL_ALIASES:
+        resolved = resolve_model(spec, cache_dir)
+        return ModelConfig.from_pretrained(resolved), f"default model ({resolved})"
+    raise FileNotFoundError(
+        f"model {spec!r} is not a path, a preset ({', '.join(list_presets())}) or 'default'"
+    )
+
+
+def memory_report(cfg: "ModelConfig", args: argparse.Namespace) -> dict[str, Any]:
+    """All numbers the command prints, as plain data (also the ``--json`` output)."""
+    import torch
+
+    from radixserve.memory.planner import kv_bytes_per_token, parse_bytes, plan_memory
+    from radixserve.model.loader import parse_dtype
+
+    act = parse_dtype(args.dtype) if args.dtype else cfg.torch_dtype
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    fp16 = kv_bytes_per_token(cfg, "auto", torch.float16)
+    rows = []
+    for kd in KV_DTYPES:
+        per_token = kv_bytes_per_token(cfg, kd, act)
+        data_bits = {"auto": act.itemsize * 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4}[kd]
+        data = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * data_bits // 8
+        rows.append(
+            {
+                "kv_dtype": kd if kd != "auto" else f"auto ({str(act).replace('torch.', '')})",
+                "data_bytes_per_token": data,
+                "scale_bytes_per_token": per_token - data,
+                "bytes_per_token": per_token,
+                "fraction_of_fp16": per_token / fp16,
+                "article_fraction": ARTICLE_RATIOS.get(kd),
+                "bytes_per_sequence": per_token * args.seq_len,
+            }
+        )
+    plan = plan_memory(
+        cfg,
+        kv_dtype=args.kv_cache_dtype,
+        page_size=args.page_size,
+        act_dtype=act,
+        memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
+        memory_utilization=args.memory_utilization,
+        device=device,
+        max_num_tokens=args.max_num_tokens,
+    )
+    per_token = plan.bytes_per_token
+    mha_per_token = per_token // cfg.num_kv_heads * cfg.num_q_heads
+    return {
+        "act_dtype": str(act).replace("torch.", ""),
+        "act_bytes": act.itemsize,
+        "num_params": cfg.num_params,
+        "seq_len": args.seq_len,
+        "max_num_tokens": args.max_num_tokens,
+        "batch_size": args.batch_size,
+        "kv_bytes_per_token": per_token,
+        "kv_bytes_per_sequence": per_token * args.seq_len,
+        "kv_bytes_batch": per_token * args.seq_len * args.batch_size,
+        "mha_kv_bytes_per_sequence": mha_per_token * args.seq_len,
+        "kv_dtypes": rows,
+        "plan": plan,
+        "pages_per_sequence": plan.pages_per_sequence(args.seq_len),
+        "max_sequences": plan.max_sequences(args.seq_len),
+        "batch_fits": plan.max_sequences(args.seq_len) >= args.batch_size,
+    }
+
+
+def render(cfg: "ModelConfig", source: str, r: dict[str, Any]) -> str:
+    """The human-readable report: every number with the arithmetic that produced it."""
+    from radixserve.memory.planner import format_bytes as fb
+
+    plan: MemoryPlan = r["plan"]
+    L, H, D, B = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, r["act_bytes"]
+    attn = "MHA" if H == cfg.num_q_heads else ("MQA" if H == 1 else f"GQA, {cfg.num_q_heads // H} query heads per KV head")
+    out = [
+        f"Model: {source}",
+        f"  {cfg.architecture}: {L} layers, hidden {cfg.hidden_size}, {cfg.num_q_heads} query heads, "
+        f"{H} KV heads ({attn}), head_dim {D}, {cfg.num_params / 1e9:.2f} B parameters",
+        f"Weights ({r['act_dtype']}): {cfg.num_params:,} params x {B} B = {fb(plan.weight_bytes)}",
+        "",
+        f"KV cache per token = 2 (K,V) x {L} layers x {H} KV heads x {D} head_dim x {B} B "
+        f"= {r['kv_bytes_per_token']:,} B ({fb(r['kv_bytes_per_token'])})",
+        f"KV cache per sequence of {r['seq_len']} tokens = {r['kv_bytes_per_sequence']:,} B "
+        f"({fb(r['kv_bytes_per_sequence'])}); batch {r['batch_size']}: {fb(r['kv_bytes_batch'])}",
+    ]
+    if H < cfg.num_q_heads:
+        out.append(
+            f"  {attn}: {H} KV heads instead of {cfg.num_q_heads} -> {cfg.num_q_heads // H}x smaller than "
+            f"multi-head attention ({fb(r['mha_kv_bytes_per_sequence'])} per sequence)"
+        )
+    else:
+        out.append("  MHA: one KV head per query head (GQA/MQA would divide this by the group size)")
+    out += ["", f"KV-cache dtypes (per token; % of a 16-bit cache; per sequence of {r['seq_len']} tokens):"]
+    out.append(f"  {'kv dtype':<16}{'data B':>12}{'+ scales B':>12}{'= B/token':>12}{'% fp16':>9}  {'per seq':>10}  note")
+    for row in r["kv_dtypes"]:
+        kd = row["kv_dtype"]
+        note = ""
+        if kd.startswith("fp8"):
+            note = f"+ static per-head scales ({2 * L * H * 4} B per pool)"
+        elif kd in ("int8", "int4"):
+            note = f"scales: 2 x {L} x {H} x 4 B (fp32 per token and head)"
+            if row["article_fraction"] is not None:
+                note += f"; article says {row['article_fraction'] * 100:g}%"
+        out.append(
+            f"  {kd:<16}{row['data_bytes_per_token']:>12,}{row['scale_bytes_per_token']:>12,}"
+            f"{row['bytes_per_token']:>12,}{row['fraction_of_fp16'] * 100:>8.2f}%  {fb(row['bytes_per_sequence']):>10}  {note}"
+        )
+    out.append(
+        "  (8 bits of 16 is 50%, 4 bits is 25%, before scales: the article's 37.5% / 18.75% are not byte counts; "
+        "see README)"
+    )
+    out += [
+        "",
+        f"Plan on {plan.device} (kv dtype {plan.kv_dtype}, page size {plan.page_size}):",
+        f"  budget            {fb(plan.budget_bytes):>12}   {plan.budget_source}",
+        f"  - weights         {fb(plan.weight_bytes):>12}",
+        f"  - activations     {fb(plan.activation_reserve_bytes):>12}   reserve for one forward of "
+        f"{r['max_num_tokens']} rows (--max-num-tokens)",
+    ]
+    if plan.kv_fixed_bytes:
+        out.append(f"  - fp8 scales      {fb(plan.kv_fixed_bytes):>12}")
+    out += [
+        f"  = KV budget       {fb(plan.kv_budget_bytes):>12}",
+        f"  / page            {fb(plan.bytes_per_page):>12}   ({plan.page_size} tokens x {plan.bytes_per_token:,} B)",
+        f"  = {plan.num_pages:,} pages = {plan.max_tokens:,} tokens of KV",
+        f"  -> {r['max_sequences']:,} sequences of {r['seq_len']} tokens at once "
+        f"({r['pages_per_sequence']} pages each); batch {r['batch_size']} "
+        + ("fits" if r["batch_fits"] else "does NOT fit"),
+    ]
+    return "\n".join(out)
+
+
+@register(
+    "memory",
+    help="KV-cache memory calculator: bytes per token/sequence, pages and sequences that fit",
+    arguments=_arguments,
+)
+def memory(args: argparse.Namespace) -> int:
+    if args.seq_len < 1 or args.batch_size < 1:
+        raise ValueError("--seq-len and --batch-size must be >= 1")
+    cfg, source = load_config_for(args.model, args.cache_dir)
+    r = memory_report(cfg, args)
+    if args.json:
+        plan = r.pop("plan")
+        r["plan"] = {**plan.__dict__, "max_tokens": plan.max_tokens, "pool_bytes": plan.pool_bytes}
+        r["model"] = source
+        print(json.dumps(r, indent=2))
+    else:
+        print(render(cfg, source, r))
+    return 0

@@ -1,0 +1,48 @@
+"""``radixserve memory`` prints the article's example, the GQA saving and the quantization arithmetic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from radixserve.cli import main
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert main(["memory", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def test_article_example(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, "--model", "llama-2-7b", "--seq-len", "4096", "--batch-size", "1", "--memory-budget", "80GiB")
+    assert "= 524,288 B (512.0 KiB)" in out
+    assert "per sequence of 4096 tokens = 2,147,483,648 B (2.00 GiB)" in out
+    assert "article says 37.5%" in out and "article says 18.75%" in out
+    assert "51.56%" in out and "26.56%" in out
+    assert "33 sequences of 4096 tokens at once" in out
+
+
+def test_gqa_70b(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, "--model", "Llama-2-70B", "--memory-budget", "160GiB")
+    assert "8 KV heads (GQA" in out
+    assert "8x smaller than multi-head attention (10.00 GiB per sequence)" in out
+    assert "(1.25 GiB)" in out
+
+
+def test_json_and_checkpoint_dir(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path) -> None:
+    out = run(capsys, "--model", str(tiny_llama_dir), "--json", "--memory-budget", "1GiB", "--seq-len", "100")
+    data = json.loads(out)
+    assert data["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4
+    assert data["plan"]["num_pages"] > 0 and data["max_sequences"] == data["plan"]["num_pages"] // 7
+
+
+def test_bare_config_json(capsys: pytest.CaptureFixture[str], tiny_qwen2_dir: Path) -> None:
+    out = run(capsys, "--model", str(tiny_qwen2_dir / "config.json"), "--memory-budget", "1GiB", "--dtype", "bf16")
+    assert "Weights (bfloat16)" in out
+
+
+def test_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["memory", "--model", "gpt-17"]) == 1
+    assert "preset (llama-2-13b" in capsys.readouterr().err
