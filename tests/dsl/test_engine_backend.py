@@ -1,0 +1,200 @@
+"""The DSL suite over the in-process engine (tiny random Llama): structure, select maths, reuse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from frontend_dsl import (BackendError, assistant, batch_usage, gen, program, select, system, user)
+from frontend_dsl.engine_backend import EngineBackend
+from radixserve.sampling_params import SamplingParams
+
+PAGE = 4
+GREEDY = {"temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_llama_dir: Path) -> Iterator[EngineBackend]:
+    b = EngineBackend(model=str(tiny_llama_dir), page_size=PAGE, num_pages=2048, max_num_tokens=1024,
+                      max_model_len=1024)
+    yield b
+    b.close()
+
+
+@pytest.fixture(autouse=True)
+def _clean_engine(backend: EngineBackend) -> Iterator[None]:
+    yield
+    backend.engine.check_invariants()
+
+
+def test_few_shot_qa_with_stop_strings_matches_offline_generate(backend: EngineBackend) -> None:
+    shots = "Q: What is one plus one?\nA: two\n\nQ: What color is the sky?\nA: blue\n\n"
+
+    @program
+    def few_shot(s, question):
+        s += shots + f"Q: {question}\nA:"
+        s += gen("answer", max_tokens=24, stop=["\n", "Q:", "e"], temperature=0)
+
+    state = few_shot.run("What is the capital of France?", backend=backend)
+    assert state.ok, state.error
+    answer = state["answer"]
+    assert not any(stop in answer for stop in ("\n", "Q:", "e"))
+    prompt = shots + "Q: What is the capital of France?\nA:"
+    offline = backend.engine.generate(prompt, SamplingParams(max_tokens=24, stop=["\n", "Q:", "e"], temperature=0))
+    assert answer == offline[0].text
+    assert state.text() == prompt + answer
+
+
+def test_multi_turn_chat_text_is_the_chat_template_of_messages(backend: EngineBackend) -> None:
+    @program
+    def chat(s):
+        s += system("You are a helpful assistant.")
+        s += user("Hello, how are you today?")
+        s += assistant(gen("first", max_tokens=6))
+        with s.user():
+            s += "What is the capital of France?"
+        with s.assistant():
+            s += gen("second", max_tokens=6)
+
+    state = chat.run(backend=backend, defaults=GREEDY)
+    assert state.ok, state.error
+    messages = state.messages()
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert messages[2]["content"] == state["first"] and messages[4]["content"] == state["second"]
+    assert state.text() == backend.tokenizer.apply_chat_template(messages, tokenize=False)
+    # The second call's prompt extends the first one: it hit the cache.
+    assert state.usage.calls == 2 and state.usage.cached_tokens >= PAGE
+
+
+def _hf_choice_logprobs(model_dir: Path, prompt: str, choices: list[str], tokenizer) -> list[list[float]]:
+    """Token logprobs of each choice, from transformers' own model (not the engine)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
+    prompt_ids = tokenizer.encode(prompt)
+    out = []
+    for choice in choices:
+        ids = tokenizer.encode(prompt + choice)
+        start = 0
+        while start < min(len(ids), len(prompt_ids)) and ids[start] == prompt_ids[start]:
+            start += 1
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].float()
+        lps = torch.log_softmax(logits, dim=-1)
+        out.append([lps[pos - 1, ids[pos]].item() for pos in range(start, len(ids))])
+    return out
+
+
+def test_select_picks_highest_mean_logprob_checked_with_transformers(backend: EngineBackend,
+                                                                     tiny_llama_dir: Path) -> None:
+    choices = ["Paris", "London", "the capital of France is Paris", "blue"]
+    prompt_tail = "Q: What is the capital of France?\nA: "  # trailing space: the boundary case
+
+    @program
+    def quiz(s):
+        s += system("You answer questions.")
+        s += prompt_tail + select("ans", choices=choices)
+
+    state = quiz.run(backend=backend)
+    assert state.ok, state.error
+    meta = state.get_meta("ans")
+    prompt = state.text()[: -len(state["ans"])]
+    expected = _hf_choice_logprobs(tiny_llama_dir, prompt, choices, backend.tokenizer)
+    for got, want in zip(meta["token_logprobs"], expected):
+        assert got == pytest.approx(want, abs=2e-3)
+    means = [sum(lp) / len(lp) for lp in expected]
+    assert state["ans"] == choices[max(range(len(choices)), key=means.__getitem__)]
+    # The prompt's trailing space merges into " Par" (scoring starts one token before the end
+    # of the tokenized prompt) but stays a token of its own before "L" of "London".
+    n_prompt = len(backend.tokenize([prompt])[0])
+    assert meta["boundaries"][0] == n_prompt - 1 and meta["boundaries"][1] == n_prompt
+    # Batched choices reuse the cached prefix.
+    assert meta["usage"].cached_tokens >= (len(choices) - 1) * PAGE
+
+
+def test_tool_use_loop_reuses_its_growing_prefix(backend: EngineBackend) -> None:
+    tools = {"len": lambda text: str(len(text)), "upper": lambda text: text.upper()}
+
+    @program
+    def agent(s, task):
+        s += system("You can call tools: len, upper.")
+        s += user(task)
+        observations = []
+        for step, tool in enumerate(["upper", "len", "upper"]):
+            with s.assistant():
+                s += f"Call {tool}:" + gen(f"arg{step}", max_tokens=5, stop="\n")
+            result = tools[tool](s[f"arg{step}"])
+            observations.append(result)
+            s += user(f"Result: {result}")
+        s += assistant(gen("final", max_tokens=5))
+        return observations
+
+    state = agent.run("Shout the word fox, then count it.", backend=backend, defaults=GREEDY)
+    assert state.ok, state.error
+    assert len(state.ret_value) == 3 and state.ret_value[1].isdigit()
+    assert state.usage.calls == 4
+    # Every call after the first finds the previous call's prompt in the cache.
+    first_prompt = len(backend.tokenize([state.text().split("Call upper:")[0]])[0])
+    assert state.usage.cached_tokens >= 3 * (first_prompt // PAGE * PAGE)
+
+
+def test_fork_join_shares_prefix_and_gathers(backend: EngineBackend) -> None:
+    @program
+    def parallel(s):
+        s += system("Brainstorm.")
+        s += user("Name three uses of a radix tree in serving language models, please.")
+        forks = s.fork(3)
+        for f in forks:
+            f += assistant(gen("idea", max_tokens=6, temperature=0))
+        forks.join()
+
+    state = parallel.run(backend=backend)
+    assert state.ok, state.error
+    ideas = state["idea"]
+    assert len(ideas) == 3 and ideas[0] == ideas[1] == ideas[2]  # greedy, same prompt
+    # Two of the three forks reuse the shared prefix (the engine defers them behind the first).
+    assert state.usage.calls == 3 and state.usage.cached_tokens >= 2 * PAGE
+
+
+def test_streaming_matches_final_text(backend: EngineBackend) -> None:
+    @program
+    def story(s):
+        s += "Once upon a time" + gen("story", max_tokens=12, temperature=0)
+        s += "\nThe end:" + gen("end", max_tokens=4, temperature=0)
+
+    state = story.run(backend=backend, stream=True)
+    pieces = list(state.text_iter())
+    assert state.wait(10) and state.ok, state.error
+    assert "".join(pieces) == state.text()
+    assert "".join(state.text_iter("story")) == state["story"]
+
+
+def test_run_batch_long_system_prompt_hits_near_optimum(backend: EngineBackend) -> None:
+    system_prompt = ("You are a careful assistant for a prefix caching engine. Answer briefly and exactly. " * 6)
+
+    @program
+    def ask(s, i):
+        s += system(system_prompt)
+        s += user(f"Question {i}: what is {i} plus {i}?")
+        s += assistant(gen("a", max_tokens=4))
+
+    assert backend.engine.flush_cache()
+    states = ask.run_batch([{"i": i} for i in range(32)], backend=backend, concurrency=32, defaults=GREEDY)
+    assert all(s.ok for s in states), [s.error for s in states if not s.ok]
+    usage = batch_usage(states)
+    shared = len(backend.tokenize([states[0].text().split("Question")[0]])[0]) // PAGE * PAGE
+    optimum = 31 * shared / usage.prompt_tokens
+    assert usage.hit_rate >= 0.9 * optimum, (usage.hit_rate, optimum)
+    assert usage.calls == 32 and all(s.usage.calls == 1 for s in states)
+
+
+def test_engine_errors_surface_on_the_state(backend: EngineBackend) -> None:
+    @program
+    def too_long(s):
+        s += "word " * 1500 + gen("x", max_tokens=2)
+
+    state = too_long.run(backend=backend)
+    assert isinstance(state.error, BackendError) and "too long" in str(state.error)
