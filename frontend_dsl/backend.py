@@ -69,7 +69,8 @@ class GenChunk(msgspec.Struct, frozen=True):
 
     ``text`` is the new text since the previous chunk (stop strings already removed).
     The last chunk has ``finished=True``, a ``finish_reason`` ("stop", "length", "abort",
-    "error") and the call's ``usage``; ``error`` is set when the call failed.
+    "error") and the call's ``usage``; ``error`` is set when the call failed;
+    ``worker_id`` names the worker that ran it (remote backends; ``None`` in process).
     """
 
     text: str = ""
@@ -77,6 +78,7 @@ class GenChunk(msgspec.Struct, frozen=True):
     finish_reason: str | None = None
     usage: CallUsage | None = None
     error: str | None = None
+    worker_id: int | None = None
 
 
 class GenStream(abc.ABC):

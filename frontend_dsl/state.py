@@ -220,7 +220,8 @@ class ProgramState:
             self._append(match.group(0), op.name)
             value = int(match.group(0))
         self._sent_upto = len(self._text)
-        self._assign(op.name, value, {"finish_reason": last.finish_reason, "usage": last.usage, "text": text})
+        self._assign(op.name, value, {"finish_reason": last.finish_reason, "usage": last.usage, "text": text,
+                                      "worker_id": last.worker_id})
 
     def _run_select(self, op: Select) -> None:
         ctx = self._ctx
