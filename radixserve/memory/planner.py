@@ -87,6 +87,8 @@ def device_total_bytes(device: torch.device | str) -> int:
     """Total memory of the device (GPU memory, or the machine's RAM for the CPU)."""
     device = torch.device(device)
     if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device cuda requested but torch.cuda.is_available() is False (use --device cpu)")
         return int(torch.cuda.mem_get_info(device)[1])
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 

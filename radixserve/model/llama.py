@@ -62,7 +62,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding with a cos/sin table indexed by each row's position.
+    """Rotary position embedding: a cos/sin table indexed by each row's position.
 
     The table grows on demand (doubling), sized from the batch's host-side sequence lengths,
     so a forward never syncs the device to learn the largest position.
@@ -84,16 +84,21 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self._cos, self._sin = emb.cos(), emb.sin()
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, max_len: int) -> torch.Tensor:
-        """Rotate ``x`` ``[T, heads, head_dim]`` by each row's position; returns a new tensor."""
-        self._ensure(max_len, x.device)
+    def cos_sin(self, positions: torch.Tensor, max_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos, sin`` of each row's position, ``[T, 1, head_dim]`` in ``dtype``; computed once per
+        forward and shared by every layer. ``max_len`` bounds the positions (host-side)."""
+        self._ensure(max_len, positions.device)
         assert self._cos is not None and self._sin is not None
-        cos = self._cos.index_select(0, positions).unsqueeze(1).to(x.dtype)
-        sin = self._sin.index_select(0, positions).unsqueeze(1).to(x.dtype)
-        half = self.head_dim // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        rotated = torch.cat((-x2, x1), dim=-1)
-        return x * cos + rotated * sin
+        cos = self._cos.index_select(0, positions).unsqueeze(1).to(dtype)
+        sin = self._sin.index_select(0, positions).unsqueeze(1).to(dtype)
+        return cos, sin
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[T, heads, head_dim]`` (transformers' ``rotate_half`` convention)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 class LlamaAttention(nn.Module):
@@ -115,14 +120,13 @@ class LlamaAttention(nn.Module):
         x: torch.Tensor,
         batch: ForwardBatch,
         attn: AttentionBackend,
-        rotary: RotaryEmbedding,
-        max_len: int,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x).view(t, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim)
         n_qk = self.num_q_heads + self.num_kv_heads
         # q and k rotate together: one op for both.
-        qk = rotary(batch.positions, qkv[:, :n_qk], max_len)
+        qk = apply_rotary(qkv[:, :n_qk], *cos_sin)
         q, k = qk[:, : self.num_q_heads], qk[:, self.num_q_heads :]
         v = qkv[:, n_qk:]
         out = attn.forward(self.layer_id, q, k, v, batch, self.sm_scale)
@@ -158,10 +162,9 @@ class LlamaDecoderLayer(nn.Module):
         h: torch.Tensor,
         batch: ForwardBatch,
         attn: AttentionBackend,
-        rotary: RotaryEmbedding,
-        max_len: int,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), batch, attn, rotary, max_len)
+        h = h + self.self_attn(self.input_layernorm(h), batch, attn, cos_sin)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -206,10 +209,10 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Run every layer over the batch's ``T`` rows; logits ``[len(logits_indices), vocab]`` float32."""
-        max_len = max(batch.seq_lens_cpu)
         h = self.model.embed_tokens(batch.input_ids)
+        cos_sin = self.model.rotary.cos_sin(batch.positions, max(batch.seq_lens_cpu), h.dtype)
         for layer in self.model.layers:
-            h = layer(h, batch, attn, self.model.rotary, max_len)
+            h = layer(h, batch, attn, cos_sin)
         # The final norm is per row: only the rows whose logits are wanted need it.
         h = self.model.norm(h.index_select(0, batch.logits_indices))
         return self.lm_head(h).float()
