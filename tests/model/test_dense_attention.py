@@ -53,3 +53,12 @@ def test_rejects_cached_prefix() -> None:
     x = torch.zeros(3, 2, 8)
     with pytest.raises(ValueError, match="full sequences"):
         DenseAttentionBackend().forward(0, x, x, x, batch, 1.0)
+
+
+def test_equal_lengths_batched_path() -> None:
+    lens = [6, 6, 6]
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(18, h, 16, generator=g) for h in (9, 3, 3))
+    batch = ForwardBatch.for_full_sequences([[1] * n for n in lens])
+    out = DenseAttentionBackend().forward(0, q, k, v, batch, 0.25)
+    torch.testing.assert_close(out, _naive(q, k, v, lens, 0.25), atol=1e-5, rtol=1e-5)

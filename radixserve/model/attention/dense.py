@@ -5,7 +5,7 @@ handled by one ``scaled_dot_product_attention`` call each (a loop over sequences
 tokens); GQA/MQA is expanded by the kernel itself (``enable_gqa``), which works for any
 integer group size, e.g. SmolLM2's 9 query heads over 3 KV heads. A block-diagonal mask over
 all ``T`` rows would be one call but costs ``T^2`` memory; per-sequence calls cost only
-``sum(L_i^2)``.
+``sum(L_i^2)``. When every sequence has the same length the batch is one call.
 """
 
 from __future__ import annotations
@@ -35,8 +35,19 @@ class DenseAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         if batch.extend_lens_cpu != batch.seq_lens_cpu:
             raise ValueError("DenseAttentionBackend only runs full sequences (no cached prefix)")
-        out = torch.empty_like(q)
         gqa = q.shape[1] != k.shape[1]
+        lens = batch.extend_lens_cpu
+        if len(lens) > 1 and min(lens) == max(lens):
+            # Equal lengths: one batched call, [B, H, L, D], no loop at all.
+            b, n = len(lens), lens[0]
+            o = F.scaled_dot_product_attention(
+                *(x.view(b, n, x.shape[1], x.shape[2]).transpose(1, 2) for x in (q, k, v)),
+                is_causal=True,
+                scale=sm_scale,
+                enable_gqa=gqa,
+            )
+            return o.transpose(1, 2).reshape(q.shape)
+        out = torch.empty_like(q)
         start = 0
         for n in batch.extend_lens_cpu:
             end = start + n
