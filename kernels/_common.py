@@ -98,10 +98,10 @@ def kv_codes(ptrs, mask, MODE: tl.constexpr, DOT_DTYPE: tl.constexpr):
     value to fp8) and are zeroed after the conversion instead.
     """
     if MODE == 1:
-        x = tl.load(ptrs, mask=mask)
-        return tl.where(mask, x.to(DOT_DTYPE), 0.0).to(DOT_DTYPE)
-    x = tl.load(ptrs, mask=mask, other=0)
-    return x.to(DOT_DTYPE)
+        x = tl.where(mask, tl.load(ptrs, mask=mask).to(DOT_DTYPE), 0.0).to(DOT_DTYPE)
+    else:
+        x = tl.load(ptrs, mask=mask, other=0).to(DOT_DTYPE)
+    return x
 
 
 @triton.jit

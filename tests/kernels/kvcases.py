@@ -8,12 +8,25 @@ reads one slot too many produces NaN instead of a silently plausible number.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 from radixkernels.kv_format import KVCacheDtype, KVFormat
 from radixkernels.reference import store_kv_ref
+
+# Where kernel tests run: the CPU under the Triton interpreter (the default, see
+# tests/conftest.py), or the GPU when benchmarks/gpu_check.sh exports TRITON_INTERPRET=0.
+DEVICE = torch.device(
+    "cuda" if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and torch.cuda.is_available() else "cpu"
+)
+
+
+def dev(t: torch.Tensor) -> torch.Tensor:
+    """Move a test tensor (built on the CPU for reproducibility) to the kernel test device."""
+    return t.to(DEVICE)
+
 
 # Kernel-vs-reference tolerances on attention outputs, per activation dtype. Both sides
 # dequantize the same stored codes, so what remains is arithmetic: fp32 accumulation order,
@@ -43,6 +56,7 @@ class PagedCase:
     def slots_of(self, b: int, positions: torch.Tensor) -> torch.Tensor:
         """Pool slots of the given positions of sequence ``b``."""
         ps = self.page_size
+        positions = positions.to(self.page_table.device)
         return self.page_table[b, positions // ps].long() * ps + positions % ps
 
 
@@ -74,7 +88,10 @@ def build_case(
     seq_lens: list[int],
     seed: int = 0,
 ) -> PagedCase:
-    """Scatter the sequences' pages over a poisoned pool and store random K/V for every position."""
+    """Scatter the sequences' pages over a poisoned pool and store random K/V for every position.
+
+    Built on the CPU (reference store), then moved to :data:`DEVICE`.
+    """
     gen = torch.Generator().manual_seed(seed)
     fmt = KVFormat.create(kv_dtype, act_dtype, head_dim)
     pages_per_seq = [(L + page_size - 1) // page_size for L in seq_lens]
@@ -106,6 +123,11 @@ def build_case(
     k = random_kv((len(slots), kv_heads, head_dim), act_dtype, gen)
     v = random_kv((len(slots), kv_heads, head_dim), act_dtype, gen)
     store_kv_ref(k_data, v_data, k_scale, v_scale, k, v, slots, fmt)
+    if DEVICE.type != "cpu":
+        for name in ("k_data", "v_data", "k_scale", "v_scale", "page_table", "seq_lens"):
+            t = getattr(case, name)
+            if t is not None:
+                setattr(case, name, dev(t))
     return case
 
 

@@ -34,7 +34,7 @@ def test_paged_decode_matches_reference(
 ) -> None:
     lens = [1, page_size + 1, 3 * page_size - 1, 37]
     case = kvcases.build_case(kv_dtype, act, hkv, head_dim, page_size, lens, seed=hq + head_dim)
-    q = kvcases.random_kv((len(lens), hq, head_dim), act, torch.Generator().manual_seed(7))
+    q = kvcases.dev(kvcases.random_kv((len(lens), hq, head_dim), act, torch.Generator().manual_seed(7)))
     sm_scale = head_dim**-0.5
     args = (q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table,
             case.seq_lens, case.page_size, sm_scale)
@@ -48,7 +48,7 @@ def test_paged_decode_noncontiguous_q_and_default_splits() -> None:
     """q as a view of a fused projection; default split count; int32 page table with padding."""
     lens = [5, 20]
     case = kvcases.build_case("auto", torch.float32, 2, 32, 4, lens, seed=11)
-    fused = torch.randn(2, 12, 32)
+    fused = kvcases.dev(torch.randn(2, 12, 32))
     q = fused[:, 2:6]
     args = (q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table,
             case.seq_lens, case.page_size, 0.2)

@@ -38,14 +38,15 @@ def test_extend_matches_reference(kv_dtype: str, act: torch.dtype, hq: int, hkv:
     for e in exts:
         starts.append(row)
         row += e + gap
-    q = kvcases.random_kv((row, hq, head_dim), act, torch.Generator().manual_seed(5))
+    q = kvcases.dev(kvcases.random_kv((row, hq, head_dim), act, torch.Generator().manual_seed(5)))
     args = (q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table,
-            case.seq_lens, torch.tensor(exts, dtype=torch.int32), torch.tensor(starts, dtype=torch.int32),
+            case.seq_lens, kvcases.dev(torch.tensor(exts, dtype=torch.int32)),
+            kvcases.dev(torch.tensor(starts, dtype=torch.int32)),
             case.page_size, head_dim**-0.5)
     out = torch.full_like(q, float("nan"))
     res = extend_attention(*args, max_extend_len=max(exts), out=out)
     assert res is out
-    used = torch.zeros(row, dtype=torch.bool)
+    used = torch.zeros(row, dtype=torch.bool, device=q.device)
     for s, e in zip(starts, exts):
         used[s : s + e] = True
     assert torch.isnan(out[~used]).all(), "kernel wrote rows that belong to no sequence"
@@ -57,8 +58,8 @@ def test_extend_handles_decode_only_batch_without_max_len() -> None:
     """Extend length 1 everywhere (the engine may route decode rows here); grid from a device max."""
     lens = [3, 17, 8]
     case = kvcases.build_case("int8", torch.float32, 2, 32, 4, lens, seed=2)
-    q = torch.randn(3, 6, 32)
+    q = kvcases.dev(torch.randn(3, 6, 32))
     args = (q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table,
-            case.seq_lens, torch.ones(3, dtype=torch.int32), torch.arange(3, dtype=torch.int32),
+            case.seq_lens, kvcases.dev(torch.ones(3, dtype=torch.int32)), kvcases.dev(torch.arange(3, dtype=torch.int32)),
             case.page_size, 0.17)
     kvcases.assert_close(extend_attention(*args), extend_attention_ref(*args), torch.float32, "extend decode rows")

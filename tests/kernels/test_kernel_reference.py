@@ -26,7 +26,7 @@ def naive_attention(case: kvcases.PagedCase, q: torch.Tensor, lens: list[int], e
     """One query row at a time, K/V gathered per position, heads expanded by repeat_interleave."""
     Hq = q.shape[1]
     Hkv = case.k_data.shape[-2]
-    out = torch.empty(q.shape, dtype=torch.float32)
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     row = 0
     for b, (L, E) in enumerate(zip(lens, exts)):
         slots = case.slots_of(b, torch.arange(L))
@@ -44,11 +44,11 @@ def naive_attention(case: kvcases.PagedCase, q: torch.Tensor, lens: list[int], e
 def test_paged_attention_ref_matches_naive(kv_dtype: str) -> None:
     lens, exts = [1, 9, 23, 6], [1, 4, 23, 2]
     case = kvcases.build_case(kv_dtype, torch.float32, kv_heads=3, head_dim=16, page_size=4, seq_lens=lens)
-    q = kvcases.random_kv((sum(exts), 9, 16), torch.float32, torch.Generator().manual_seed(1))
-    starts = torch.tensor([0, 1, 5, 28], dtype=torch.int32)
+    q = kvcases.dev(kvcases.random_kv((sum(exts), 9, 16), torch.float32, torch.Generator().manual_seed(1)))
+    starts = kvcases.dev(torch.tensor([0, 1, 5, 28], dtype=torch.int32))
     out = paged_attention_ref(
         q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table,
-        case.seq_lens, torch.tensor(exts, dtype=torch.int32), starts, case.page_size, 0.25,
+        case.seq_lens, kvcases.dev(torch.tensor(exts, dtype=torch.int32)), starts, case.page_size, 0.25,
     )
     torch.testing.assert_close(out, naive_attention(case, q, lens, exts, 0.25), atol=1e-5, rtol=1e-5)
 
@@ -56,14 +56,15 @@ def test_paged_attention_ref_matches_naive(kv_dtype: str) -> None:
 def test_decode_ref_equals_general_ref() -> None:
     lens = [1, 5, 17, 12]
     case = kvcases.build_case("int8", torch.float32, kv_heads=2, head_dim=16, page_size=4, seq_lens=lens)
-    q = torch.randn(4, 4, 16)
+    q = kvcases.dev(torch.randn(4, 4, 16))
     dec = paged_decode_attention_ref(
         q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table,
         case.seq_lens, case.page_size, 0.3,
     )
     gen = paged_attention_ref(
         q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table,
-        case.seq_lens, torch.ones(4, dtype=torch.int32), torch.arange(4, dtype=torch.int32), case.page_size, 0.3,
+        case.seq_lens, kvcases.dev(torch.ones(4, dtype=torch.int32)), kvcases.dev(torch.arange(4, dtype=torch.int32)),
+        case.page_size, 0.3,
     )
     assert not torch.isnan(dec).any()
     torch.testing.assert_close(dec, gen, atol=1e-5, rtol=1e-5)

@@ -71,7 +71,9 @@ def test_store_kv_matches_reference(kv_dtype: str, act: torch.dtype, heads: int,
     for g, w in zip(got, want):  # identical poison on both sides
         if g is not None:
             g.copy_(w) if g.dtype.is_floating_point else _raw(g).copy_(_raw(w))
-    store_kv(*got[:2], *got[2:], k, v, slots, fmt)
+    got = tuple(None if t is None else kvcases.dev(t) for t in got)
+    store_kv(*got[:2], *got[2:], kvcases.dev(k), kvcases.dev(v), kvcases.dev(slots), fmt)
+    got = tuple(None if t is None else t.cpu() for t in got)
     store_kv_ref(*want[:2], *want[2:], k, v, slots, fmt)
 
     written = torch.zeros(num_slots, dtype=torch.bool)
@@ -110,8 +112,8 @@ def test_store_kv_matches_reference(kv_dtype: str, act: torch.dtype, heads: int,
 
 def test_store_kv_empty_batch_is_a_no_op() -> None:
     fmt = KVFormat.create("int8", torch.float32, 16)
-    k_data, v_data, k_scale, v_scale = _pools(fmt, 2, 4, 2, seed=0)
+    k_data, v_data, k_scale, v_scale = (kvcases.dev(t) for t in _pools(fmt, 2, 4, 2, seed=0))
     before = k_data.clone()
-    empty = torch.empty(0, 2, 16)
-    store_kv(k_data, v_data, k_scale, v_scale, empty, empty, torch.empty(0, dtype=torch.int64), fmt)
+    empty = kvcases.dev(torch.empty(0, 2, 16))
+    store_kv(k_data, v_data, k_scale, v_scale, empty, empty, kvcases.dev(torch.empty(0, dtype=torch.int64)), fmt)
     assert torch.equal(k_data, before)
