@@ -1,0 +1,163 @@
+"""Sampling parameters end to end: validation, stopping, seeds, logprobs, prompt logprobs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
+from radixserve.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir: Path):  # type: ignore[no-untyped-def]
+    from radixserve.engine.engine import Engine
+
+    return Engine(str(tiny_llama_dir), page_size=4, num_pages=1024, max_num_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_llama_dir: Path):  # type: ignore[no-untyped-def]
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_llama_dir), dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        (SamplingParams(temperature=-1.0), "temperature"),
+        (SamplingParams(top_p=0.0), "top_p"),
+        (SamplingParams(top_k=0), "top_k"),
+        (SamplingParams(max_tokens=0), "max_tokens"),
+        (SamplingParams(min_p=2.0), "min_p"),
+        (SamplingParams(repetition_penalty=0.0), "repetition_penalty"),
+        (SamplingParams(logprobs=50), "logprobs"),
+        (SamplingParams(stop_token_ids=[10**6]), "stop_token_ids"),
+        (SamplingParams(stop=[""]), "stop strings"),
+    ],
+)
+def test_invalid_params_rejected(engine, params: SamplingParams, match: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=match):
+        engine.add_request([5, 6, 7], params)
+    assert not engine.has_unfinished()
+
+
+def test_invalid_prompts_rejected(engine) -> None:  # type: ignore[no-untyped-def]
+    for bad, match in (([], "empty"), ([5, 10**6], "token ids"), ([-1], "token ids")):
+        with pytest.raises(ValueError, match=match):
+            engine.add_request(bad, greedy())
+    engine.add_request([5, 6], greedy(1), request_id="dup")
+    with pytest.raises(ValueError, match="duplicate"):
+        engine.add_request([5, 6], greedy(1), request_id="dup")
+    with pytest.raises(ValueError, match="too long"):  # generate validates all before queueing any
+        engine.generate([[5, 6], [7] * 5000], greedy(1))
+    run_to_completion(engine)
+
+
+def test_stop_token_ids_min_tokens_and_max_tokens(engine, tiny_llama_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    prompt = random_prompts([12], seed=30)[0]
+    ref = hf_greedy(tiny_llama_dir, prompt, 10)
+    stop_tok = ref[3]
+    first = ref.index(stop_tok)
+    out = engine.generate([prompt], SamplingParams(max_tokens=10, temperature=0, stop_token_ids=[stop_tok]))[0]
+    assert out.token_ids == ref[: first + 1] and out.finish_reason == "stop"
+    out = engine.generate([prompt], greedy(10, stop_token_ids=[stop_tok], min_tokens=first + 1))[0]
+    assert out.token_ids[first] != stop_tok  # masked while fewer than min_tokens are out
+    out = engine.generate([prompt], greedy(4))[0]
+    assert out.token_ids == ref[:4] and out.finish_reason == "length" and out.usage.completion_tokens == 4
+
+
+def test_eos_stops_unless_ignored(engine, tiny_llama_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    prompt = random_prompts([9], seed=31)[0]
+    ref = hf_greedy(tiny_llama_dir, prompt, 10)
+    # Make the model's own greedy token look like EOS by asking for it as a stop id; and EOS proper:
+    out = engine.generate([prompt], SamplingParams(max_tokens=10, temperature=0, min_tokens=0))[0]
+    eos = 2
+    expect = ref[: ref.index(eos) + 1] if eos in ref else ref
+    assert out.token_ids == expect
+
+
+def test_stop_strings_via_generate(engine) -> None:  # type: ignore[no-untyped-def]
+    prompt = random_prompts([10], seed=32)[0]
+    full = engine.generate([prompt], greedy(12))[0]
+    assert len(full.text) > 4
+    stop = full.text[2:4]
+    out = engine.generate([prompt], greedy(12, stop=[stop]))[0]
+    assert out.finish_reason == "stop"
+    assert out.text == full.text[: full.text.index(stop)]
+    engine.check_invariants()
+    assert engine.stats().pages_in_use == 0
+
+
+def test_seeded_sampling_is_reproducible_regardless_of_batch(engine) -> None:  # type: ignore[no-untyped-def]
+    prompt = random_prompts([15], seed=33)[0]
+    p = SamplingParams(max_tokens=12, temperature=1.0, top_k=50, top_p=0.9, seed=1234)
+    alone = engine.generate([prompt], p)[0].token_ids
+    others = random_prompts([4, 30, 8], seed=34)
+    batch = engine.generate([others[0], prompt, others[1], others[2]],
+                            [SamplingParams(max_tokens=12, temperature=0.8), p,
+                             SamplingParams(max_tokens=5, seed=7), greedy(3)])
+    assert batch[1].token_ids == alone
+    other_seed = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, top_k=50, top_p=0.9, seed=99))[0]
+    assert other_seed.token_ids != alone
+
+
+def test_logprobs_match_the_model(engine, hf_model, tiny_llama_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    prompt = random_prompts([11], seed=35)[0]
+    out = engine.generate([prompt], greedy(5, logprobs=3))[0]
+    assert out.logprobs is not None and len(out.logprobs) == 5
+    seq = prompt + out.token_ids
+    with torch.inference_mode():
+        ref = torch.log_softmax(hf_model(torch.tensor([seq])).logits[0].float(), dim=-1)
+    for i, lp in enumerate(out.logprobs):
+        row = ref[len(prompt) - 1 + i]
+        assert lp.token_id == out.token_ids[i]
+        assert lp.logprob == pytest.approx(row[lp.token_id].item(), abs=1e-4)
+        top_v, top_i = row.topk(3)
+        assert [t for t, _ in lp.top] == top_i.tolist()
+        assert [v for _, v in lp.top] == pytest.approx(top_v.tolist(), abs=1e-4)
+    # logprobs=0: the chosen token only.
+    out0 = engine.generate([prompt], greedy(2, logprobs=0))[0]
+    assert out0.logprobs is not None and all(lp.top == [] for lp in out0.logprobs)
+
+
+@pytest.mark.parametrize("start", [0, 1, 7, 40])
+def test_prompt_logprobs_from_start_even_when_cached(engine, hf_model, start: int) -> None:  # type: ignore[no-untyped-def]
+    prompt = random_prompts([40], seed=36)[0]
+    engine.generate([prompt], greedy(1))  # the whole prompt is now cached
+    out = engine.generate([prompt], greedy(2, prompt_logprobs_start=start))[0]
+    with torch.inference_mode():
+        ref = torch.log_softmax(hf_model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    expect: list[float | None] = [None] if start == 0 else []
+    expect += [ref[p - 1, prompt[p]].item() for p in range(max(start, 1), len(prompt))]
+    got = out.prompt_logprobs
+    assert got is not None and len(got) == len(expect)
+    assert (got[0] is None) == (start == 0)
+    assert [g for g in got if g is not None] == pytest.approx([e for e in expect if e is not None], abs=1e-4)
+
+
+def test_prompt_logprobs_across_chunks_and_with_sampling(tiny_llama_dir: Path, hf_model) -> None:  # type: ignore[no-untyped-def]
+    from radixserve.engine.engine import Engine
+
+    engine = Engine(str(tiny_llama_dir), page_size=1, num_pages=512, max_num_tokens=6)
+    prompt = random_prompts([23], seed=37)[0]
+    rid = engine.add_request(prompt, SamplingParams(max_tokens=3, temperature=0.7, seed=1, prompt_logprobs_start=5))
+    outs = run_to_completion(engine)[rid]
+    assert outs[0].prompt_logprobs is not None and all(o.prompt_logprobs is None for o in outs[1:])
+    with torch.inference_mode():
+        ref = torch.log_softmax(hf_model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    assert outs[0].prompt_logprobs == pytest.approx([ref[p - 1, prompt[p]].item() for p in range(5, 23)], abs=1e-4)
+    assert len(tokens_of(outs)) == 3
+
+
+def test_penalties_change_greedy_choice(engine, tiny_llama_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    prompt = [5, 6, 5, 6, 5, 6]
+    plain = engine.generate([prompt], greedy(8))[0].token_ids
+    assert plain == hf_greedy(tiny_llama_dir, prompt, 8)
+    rep = engine.generate([prompt], greedy(8, repetition_penalty=50.0))[0].token_ids
+    assert not set(rep) & set(prompt) and len(set(rep)) == len(rep)  # nothing seen is chosen again
+    freq = engine.generate([prompt], greedy(8, frequency_penalty=2.0, presence_penalty=2.0))[0].token_ids
+    assert freq != plain or len(set(plain)) == len(plain)

@@ -1,0 +1,108 @@
+"""The torch paged attention backend equals radixkernels' reference on mixed ragged batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixkernels.reference import paged_attention_ref
+from radixserve.memory.pool import KVPool
+from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
+from radixserve.model.forward_batch import ForwardBatch
+
+
+def make_batch(prefix: list[int], extend: list[int], page_size: int, num_pages: int, seed: int) -> ForwardBatch:
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(num_pages, generator=g).tolist()  # pages scattered over the pool
+    seq = [p + e for p, e in zip(prefix, extend)]
+    max_pages = max(-(-n // page_size) for n in seq)
+    table = torch.zeros(len(seq), max_pages, dtype=torch.int32)
+    slots, positions = [], []
+    for b, n in enumerate(seq):
+        k = -(-n // page_size)
+        pages = [perm.pop() for _ in range(k)]
+        table[b, :k] = torch.tensor(pages)
+        for pos in range(prefix[b], n):
+            slots.append(pages[pos // page_size] * page_size + pos % page_size)
+            positions.append(pos)
+    starts = [sum(extend[:b]) for b in range(len(seq))]
+    t = sum(extend)
+    return ForwardBatch(
+        input_ids=torch.zeros(t, dtype=torch.int64),
+        positions=torch.tensor(positions),
+        seq_lens=torch.tensor(seq, dtype=torch.int32),
+        extend_lens=torch.tensor(extend, dtype=torch.int32),
+        prefix_lens=torch.tensor(prefix, dtype=torch.int32),
+        extend_start_loc=torch.tensor(starts, dtype=torch.int32),
+        logits_indices=torch.zeros(0, dtype=torch.int64),
+        seq_lens_cpu=seq,
+        extend_lens_cpu=list(extend),
+        out_cache_loc=torch.tensor(slots, dtype=torch.int64),
+        page_table=table,
+        page_size=page_size,
+    )
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (9, 3), (4, 1)], ids=["mha", "gqa9/3", "mqa"])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8", "int4", "fp8_e4m3"])
+def test_matches_reference(heads: tuple[int, int], page_size: int, kv_dtype: str) -> None:
+    hq, hkv = heads
+    d = 16
+    prefix = [0, 13, 5, 0, 40, 7]
+    extend = [9, 1, 1, 1, 6, 17]  # prefill, decodes (one with no prefix), extends over a cached prefix
+    fb = make_batch(prefix, extend, page_size, num_pages=256 // page_size + 8, seed=hq)
+    pool = KVPool(2, 256 // page_size + 8, page_size, hkv, d, kv_dtype=kv_dtype)
+    ref_pool = KVPool(2, 256 // page_size + 8, page_size, hkv, d, kv_dtype=kv_dtype)
+    g = torch.Generator().manual_seed(1)
+    # The cached prefixes: the same random history in both pools.
+    for layer in range(2):
+        for p in (pool, ref_pool):
+            torch.manual_seed(layer)
+            if kv_dtype == "auto":
+                p.k_data[layer].normal_()
+                p.v_data[layer].normal_()
+    if kv_dtype != "auto":  # quantized: write the history through the backend's own store
+        slots = []
+        for b, n in enumerate(prefix):
+            for pos in range(n):
+                slots.append(int(fb.page_table[b, pos // page_size]) * page_size + pos % page_size)
+        from radixkernels.reference import store_kv_ref
+
+        for layer in range(2):
+            k = torch.randn(len(slots), hkv, d, generator=g)
+            v = torch.randn(len(slots), hkv, d, generator=g)
+            for p in (pool, ref_pool):
+                store_kv_ref(p.k_data[layer], p.v_data[layer], _s(p.k_scale, layer), _s(p.v_scale, layer),
+                             k, v, torch.tensor(slots, dtype=torch.int64), p.fmt)
+    backend = TorchPagedAttentionBackend(pool)
+    t = fb.num_tokens
+    for layer in range(2):
+        q = torch.randn(t, hq, d, generator=g)
+        k = torch.randn(t, hkv, d, generator=g)
+        v = torch.randn(t, hkv, d, generator=g)
+        out = backend.forward(layer, q, k, v, fb, d**-0.5)
+        from radixkernels.reference import store_kv_ref
+
+        store_kv_ref(ref_pool.k_data[layer], ref_pool.v_data[layer], _s(ref_pool.k_scale, layer),
+                     _s(ref_pool.v_scale, layer), k, v, fb.out_cache_loc, ref_pool.fmt)
+        ref = paged_attention_ref(
+            q, ref_pool.k_data[layer], ref_pool.v_data[layer], _s(ref_pool.k_scale, layer), _s(ref_pool.v_scale, layer),
+            ref_pool.fmt, fb.page_table, fb.seq_lens, fb.extend_lens, fb.extend_start_loc, page_size, d**-0.5,
+        )
+        torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+        assert torch.equal(pool.k_data[layer], ref_pool.k_data[layer])
+
+
+def _s(scales: list[torch.Tensor] | None, layer: int) -> torch.Tensor | None:
+    return None if scales is None else scales[layer]
+
+
+def test_metadata_is_computed_once_per_batch() -> None:
+    fb = make_batch([3, 0], [1, 5], 4, 16, seed=0)
+    backend = TorchPagedAttentionBackend(KVPool(2, 16, 4, 2, 8))
+    q, kv = torch.randn(6, 4, 8), torch.randn(6, 2, 8)
+    backend.forward(0, q, kv, kv, fb, 0.3)
+    meta = backend._meta
+    backend.forward(1, q, kv, kv, fb, 0.3)
+    assert backend._meta is meta
