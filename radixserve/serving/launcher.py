@@ -84,10 +84,14 @@ class LocalServer:
             self.router.expect_local(i, proc)
         self._thread: threading.Thread | None = None
 
-    def wait_ready(self, timeout_s: float = 300.0) -> None:
-        """Run the router until every local worker joined; raise if one died or time ran out."""
+    def wait_ready(self, timeout_s: float = 300.0) -> bool:
+        """Run the router until every local worker joined (True); False if :meth:`Router.stop`
+        was called meanwhile (e.g. by a signal); raise if a worker died or time ran out."""
         deadline = time.monotonic() + timeout_s
         while len(self.router.live_workers) < self.num_workers:
+            if self.router.stopping:
+                self.close()
+                return False
             dead = [p for p in self.procs if p.poll() is not None]
             if dead:
                 self.close()
@@ -96,6 +100,7 @@ class LocalServer:
                 self.close()
                 raise TimeoutError(f"workers did not join within {timeout_s:.0f} s")
             self.router.run_once(0.05)
+        return True
 
     def run(self) -> None:
         """Serve in this thread until :meth:`Router.stop` (e.g. from a signal handler); then stop all."""

@@ -137,6 +137,10 @@ class Router:
     def live_workers(self) -> list[WorkerHandle]:
         return [w for w in self.workers.values() if w.alive]
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     def stop(self) -> None:
         """Ask :meth:`run` to return (safe from a signal handler)."""
         self._stopping = True

@@ -45,7 +45,8 @@ def describe_engine(engine: Any, worker_id: int, model_name: str) -> p.WorkerHel
     """The hello message: what this worker serves, read off the engine."""
     cfg = engine.model_config
     econf = getattr(engine, "config", None)
-    ctx = getattr(econf, "max_model_len", None) or cfg.max_position_embeddings
+    # The engine's own limit (model context, capped by its KV pool) when it has one.
+    ctx = getattr(engine, "max_total_len", None) or getattr(econf, "max_model_len", None) or cfg.max_position_embeddings
     tok = getattr(engine, "tokenizer", None)
     return p.WorkerHello(
         worker_id=worker_id, pid=os.getpid(), model=model_name, context_length=int(ctx),
@@ -84,7 +85,7 @@ class Worker:
         self.router_timeout_s = router_timeout_s
         self._ctx = context or zmq.Context.instance()
         self.sock = self._ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 1000)
+        self.sock.setsockopt(zmq.LINGER, 200)  # the goodbye may find the router gone
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.setsockopt(zmq.ROUTING_ID, f"w{worker_id}-{os.getpid()}-{os.urandom(2).hex()}".encode())

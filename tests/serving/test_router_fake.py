@@ -13,7 +13,7 @@ from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
 from radixserve.serving.client import Client, ServerError
 
-pytestmark = pytest.mark.slow  # starts server processes
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]  # starts server processes
 
 
 def test_generate_and_stream(fake_server, tokenizer, alphabet) -> None:

@@ -1,0 +1,135 @@
+"""``radixserve serve`` (router + local workers), ``radixserve worker`` (join a router from
+another host) and ``radixserve client`` (a streaming demo)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from radixserve.cli import register
+from radixserve.serving.dispatch import ROUTING_POLICIES
+
+# EngineConfig fields exposed as flags: (flag, type, help). The rest: --engine-config JSON.
+_ENGINE_FLAGS: list[tuple[str, Any, str]] = [
+    ("page-size", int, "tokens per KV page"),
+    ("kv-cache-dtype", str, "auto | fp8_e4m3 | fp8_e5m2 | int8 | int4"),
+    ("attention-backend", str, "torch | triton"),
+    ("max-num-tokens", int, "per-step token budget (prefill chunk size)"),
+    ("max-running-requests", int, "concurrent requests per worker"),
+    ("num-pages", int, "KV pool size in pages (default: planned from memory)"),
+    ("memory-budget", int, "bytes for the KV pool planner"),
+    ("max-model-len", int, "context length cap"),
+    ("schedule-policy", str, "lpm | fcfs"),
+    ("dtype", str, "float32 | bfloat16 | float16"),
+    ("device", str, "cpu | cuda | cuda:N"),
+    ("num-threads", int, "CPU threads per worker (default: cores / workers)"),
+]
+
+
+def _engine_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine (per worker)")
+    for flag, typ, help_ in _ENGINE_FLAGS:
+        g.add_argument(f"--{flag}", type=typ, default=None, help=help_)
+    g.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching (baseline)")
+    g.add_argument("--engine-config", default="{}", help="more EngineConfig fields as JSON")
+
+
+def _engine_config(args: argparse.Namespace) -> dict[str, Any]:
+    cfg: dict[str, Any] = json.loads(args.engine_config)
+    for flag, _, _ in _ENGINE_FLAGS:
+        value = getattr(args, flag.replace("-", "_"))
+        if value is not None:
+            cfg[flag.replace("-", "_")] = value
+    if args.disable_radix_cache:
+        cfg["disable_radix_cache"] = True
+    return cfg
+
+
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF directory")
+    p.add_argument("--host", default="127.0.0.1", help="client endpoint host (tcp)")
+    p.add_argument("--port", type=int, default=5555, help="client endpoint port (tcp; 0: any free port)")
+    p.add_argument("--endpoint", default=None, help="full client endpoint, e.g. ipc:///tmp/radixserve.sock "
+                   "(overrides --host/--port)")
+    p.add_argument("--workers", type=int, default=1, help="local worker processes (0: only remote workers)")
+    p.add_argument("--worker-endpoint", default="tcp://127.0.0.1:*",
+                   help="where workers connect (bind e.g. tcp://0.0.0.0:5556 to let remote workers join)")
+    p.add_argument("--routing", choices=ROUTING_POLICIES, default="cache_aware")
+    p.add_argument("--balance-abs-threshold", type=int, default=4,
+                   help="cache-aware: in-flight difference beyond which the least loaded worker wins")
+    p.add_argument("--balance-rel-threshold", type=float, default=1.5)
+    p.add_argument("--cache-threshold", type=float, default=0.5,
+                   help="cache-aware: fraction of the prompt a worker must hold to win on cache")
+    p.add_argument("--worker-timeout", type=float, default=30.0, help="seconds of worker silence before it is dead")
+    p.add_argument("--log-level", default="WARNING")
+    _engine_arguments(p)
+
+
+@register("serve", help="serve a model over ZeroMQ: a router and N worker processes", arguments=_serve_arguments)
+def serve(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+
+    from radixserve.model_store import resolve_model
+    from radixserve.serving.launcher import LocalServer
+    from radixserve.serving.router import RouterConfig
+
+    logging.basicConfig(level=args.log_level.upper(), format="[router] %(levelname)s %(message)s")
+    if args.workers < 0:
+        raise ValueError("--workers must be >= 0")
+    endpoint = args.endpoint or f"tcp://{args.host}:{args.port if args.port else '*'}"
+    model = resolve_model(args.model)
+    config = RouterConfig(
+        endpoint=endpoint, worker_endpoint=args.worker_endpoint, routing=args.routing,
+        worker_timeout_s=args.worker_timeout, balance_abs_threshold=args.balance_abs_threshold,
+        balance_rel_threshold=args.balance_rel_threshold, cache_threshold=args.cache_threshold,
+    )
+    server = LocalServer(model, num_workers=args.workers, config=config, engine_config=_engine_config(args))
+    signal.signal(signal.SIGINT, lambda *_: server.router.stop())
+    signal.signal(signal.SIGTERM, lambda *_: server.router.stop())
+    print(f"radixserve: starting {args.workers} worker(s) for {model}; workers connect at "
+          f"{server.router.worker_endpoint}", flush=True)
+    if not server.wait_ready():
+        return 0
+    pids = " ".join(str(p.pid) for p in server.procs)
+    print(f"radixserve: serving on {server.endpoint} (routing {args.routing}; worker pids {pids or '-'})", flush=True)
+    server.run()
+    print("radixserve: stopped", flush=True)
+    return 0
+
+
+def _worker_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--connect", required=True, help="the router's worker endpoint, e.g. tcp://ROUTER_HOST:5556")
+    p.add_argument("--model", default="default")
+    p.add_argument("--worker-id", type=int, default=-1)
+    p.add_argument("--log-level", default="WARNING")
+    _engine_arguments(p)
+
+
+@register("worker", help="run one worker process that joins a router (e.g. from another host)",
+          arguments=_worker_arguments)
+def worker(args: argparse.Namespace) -> int:
+    from radixserve.serving.worker import main
+
+    return main(["--connect", args.connect, "--model", args.model, "--worker-id", str(args.worker_id),
+                 "--engine-config", json.dumps(_engine_config(args)), "--log-level", args.log_level])
+
+
+def _client_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt", nargs="?", default="What is a radix tree?")
+    p.add_argument("--endpoint", default="tcp://127.0.0.1:5555")
+    p.add_argument("--raw", action="store_true", help="send the prompt as text, not as a chat message")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--stats", action="store_true", help="print the router's stats afterwards")
+
+
+@register("client", help="send one prompt to a running server and stream the answer", arguments=_client_arguments)
+def client(args: argparse.Namespace) -> int:
+    from radixserve.serving.client import main
+
+    argv = [args.prompt, "--endpoint", args.endpoint, "--max-tokens", str(args.max_tokens),
+            "--temperature", str(args.temperature)]
+    argv += ["--raw"] * args.raw + ["--stats"] * args.stats
+    return main(argv)

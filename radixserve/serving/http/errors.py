@@ -1,0 +1,109 @@
+"""Errors in OpenAI's shape, for every HTTP endpoint of the gateway.
+
+OpenAI answers a failed request with ``{"error": {"message", "type", "param", "code"}}``
+and a 4xx/5xx status; SGLang's native server uses the same ``{"error": {"message"}}``
+envelope, so one shape serves both APIs. Status codes:
+
+=====  =============================================================================
+400    invalid parameter values, missing fields, wrong types, prompt too long
+       (``code="context_length_exceeded"``)
+404    unknown model (``code="model_not_found"``), unknown route
+422    a body that is not JSON at all
+500    a worker failed the request / a bug
+503    no live worker, the server is shutting down, the worker died
+504    the router did not answer in time
+=====  =============================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from radixserve.serving.client import ServerError
+
+# Router error code -> (HTTP status, OpenAI error type, OpenAI code).
+_ROUTER_ERRORS: dict[str, tuple[int, str, str | None]] = {
+    "invalid_params": (400, "invalid_request_error", None),
+    "invalid_message": (400, "invalid_request_error", None),
+    "malformed": (400, "invalid_request_error", None),
+    "context_length": (400, "invalid_request_error", "context_length_exceeded"),
+    "duplicate_request": (400, "invalid_request_error", "duplicate_request"),
+    "no_workers": (503, "service_unavailable", "no_workers"),
+    "worker_died": (503, "service_unavailable", "worker_died"),
+    "shutdown": (503, "service_unavailable", "shutdown"),
+    "timeout": (504, "timeout", "timeout"),
+    "internal": (500, "internal_error", None),
+}
+
+
+class APIError(Exception):
+    """An HTTP error answered in OpenAI's error shape."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: ``{"error": {...}}``."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def invalid(message: str, param: str | None = None) -> APIError:
+    """A 400 ``invalid_request_error``."""
+    return APIError(400, message, param=param)
+
+
+def from_server_error(exc: ServerError) -> APIError:
+    """Map a router :class:`~radixserve.serving.client.ServerError` to an HTTP error."""
+    status, type_, code = _ROUTER_ERRORS.get(exc.code, (500, "internal_error", None))
+    return APIError(status, exc.message, type=type_, code=code or exc.code)
+
+
+def from_timeout(exc: BaseException) -> APIError:
+    return APIError(504, f"the router did not answer in time: {exc}", type="timeout", code="timeout")
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    # FastAPI prefixes body fields with "body"; OpenAI names the parameter alone.
+    parts = [str(x) for x in loc if x != "body"]
+    return ".".join(parts) if parts else "body"
+
+
+def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        return APIError(422, "the request body is not valid JSON: " + "; ".join(
+            str(e.get("msg")) for e in errors), code="json_invalid").response()
+    first = errors[0] if errors else {}
+    message = "; ".join(f"{_loc(tuple(e.get('loc', ())))}: {e.get('msg')}" for e in errors[:8])
+    return APIError(400, message or "invalid request", param=_loc(tuple(first.get("loc", ()))) if first else None,
+                    code="invalid_value").response()
+
+
+def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    return APIError(exc.status_code, str(exc.detail), type=type_).response()
+
+
+def _api_error(request: Request, exc: APIError) -> JSONResponse:
+    return exc.response()
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error of ``app`` answer in OpenAI's error shape."""
+    app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]

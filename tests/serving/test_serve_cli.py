@@ -1,0 +1,120 @@
+"""``radixserve serve`` / ``radixserve client`` as a user runs them: real processes, clean exits."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+# ``python -m radixserve.cli`` would run the registry module twice (as __main__ and as itself).
+CLI = [sys.executable, "-c", "import sys; from radixserve.cli import main; sys.exit(main())"]
+ENGINE_FLAGS = ["--num-pages", "128", "--page-size", "4", "--max-num-tokens", "128", "--num-threads", "1"]
+
+
+class Serve:
+    """A ``radixserve serve`` subprocess whose stdout lines are read without blocking."""
+
+    def __init__(self, model: Path, workers: int) -> None:
+        cmd = [*CLI, "serve", "--model", str(model), "--workers", str(workers),
+               "--port", "0", *ENGINE_FLAGS]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+
+    def wait_for(self, pattern: str, timeout: float = 90.0) -> re.Match[str]:
+        deadline = time.monotonic() + timeout
+        seen = []
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                if self.proc.poll() is not None and self.lines.empty():
+                    break
+                continue
+            seen.append(line)
+            m = re.search(pattern, line)
+            if m:
+                return m
+        raise AssertionError(f"no line matching {pattern!r}; got:\n{''.join(seen)}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    """True once ``pid`` no longer exists (or is a zombie awaiting its reaper)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[1].startswith("Z"):
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_serve_client_and_clean_shutdown(tiny_llama_dir: Path) -> None:
+    srv = Serve(tiny_llama_dir, workers=2)
+    try:
+        m = srv.wait_for(r"serving on (tcp://\S+) .*worker pids (\d+) (\d+)")
+        endpoint, pids = m.group(1), [int(m.group(2)), int(m.group(3))]
+        demo = subprocess.run(
+            [*CLI, "client", "--endpoint", endpoint, "Hello", "--max-tokens", "4"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert demo.returncode == 0, demo.stderr
+        assert "[length] prompt" in demo.stderr or "[stop] prompt" in demo.stderr
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(30) == 0
+        srv.wait_for(r"radixserve: stopped", timeout=5)
+        assert all(_gone(pid, 5) for pid in pids), "worker processes outlived serve"
+    finally:
+        srv.kill()
+
+
+def test_workers_die_with_a_killed_parent() -> None:
+    """SIGKILL the process that owns the workers: they must exit on their own (PR_SET_PDEATHSIG).
+
+    Uses the model-free fake worker, so it costs no model start-up."""
+    here = Path(__file__).resolve().parent
+    code = (
+        "import sys; from radixserve.serving.launcher import LocalServer\n"
+        "from radixserve.serving.router import RouterConfig\n"
+        f"srv = LocalServer('unused', num_workers=2, tokenizer=object(), worker_program=[sys.executable, {str(here / 'fake_worker.py')!r}],"
+        " config=RouterConfig(endpoint='tcp://127.0.0.1:*'))\n"
+        "srv.wait_ready(60)\n"
+        "print('worker pids', *[p.pid for p in srv.procs], flush=True)\n"
+        "srv.router.run()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        pids = [int(x) for x in re.findall(r"\d+", line)]
+        assert len(pids) == 2, line
+        os.kill(proc.pid, signal.SIGKILL)  # no chance to shut anything down
+        proc.wait(10)
+        assert all(_gone(pid, 15) for pid in pids), "a worker survived its parent"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
