@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import msgspec
 
+from radixserve.constrained.spec import Constraint, constraint_errors, constraint_of
+
 
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """How to sample one request's completion.
@@ -17,6 +19,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     token's logprob; ``k > 0`` adds the top-k alternatives. ``prompt_logprobs_start``:
     when set, the logprob of every prompt token from that position on is returned
     (the DSL's ``select`` and SGLang's ``logprob_start_len`` use it).
+    ``regex`` / ``json_schema`` / ``choices``: a grammar the output must follow (see
+    :mod:`radixserve.constrained`); the request ends with "stop" as soon as the grammar
+    is complete and nothing more can follow.
     """
 
     max_tokens: int = 128
@@ -35,10 +40,20 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     logprobs: int | None = None
     prompt_logprobs_start: int | None = None
     skip_special_tokens: bool = True
+    # Constrained decoding (at most one): the output must match ``regex`` in full, be JSON
+    # valid against ``json_schema`` (JSON text of the schema), or be one of ``choices``.
+    regex: str | None = None
+    json_schema: str | None = None
+    choices: list[str] | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """The grammar constraint of these parameters, or None (call after ``validate``)."""
+        return constraint_of(self.regex, self.json_schema, self.choices)
 
     def validate(self, vocab_size: int | None = None) -> "SamplingParams":
         """Raise ``ValueError`` with a clear message for any invalid value; return self."""
@@ -71,6 +86,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             errors.append(f"logprobs must be in [0, 20], got {self.logprobs}")
         if self.prompt_logprobs_start is not None and self.prompt_logprobs_start < 0:
             errors.append(f"prompt_logprobs_start must be >= 0, got {self.prompt_logprobs_start}")
+        errors += constraint_errors(self.regex, self.json_schema, self.choices)
         if vocab_size is not None:
             bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
             if bad:

@@ -1,0 +1,86 @@
+"""One request's position in its grammar, and the token mask for its next step.
+
+The matcher keeps the bitmask of the tokens allowed next (bit ``t % 32`` of word
+``t // 32`` set when token ``t`` may follow), filled once after every accepted token.
+Filling it right away costs nothing extra (the next step needs it anyway) and tells,
+before the next forward, whether the grammar can only end here: then the request finishes
+at once with "stop" instead of spending a decode step to sample the end-of-sequence token.
+
+Retraction keeps a request's tokens, so it keeps its matcher: the recompute re-runs the
+model over prompt + output and samples the next token from the same grammar state.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import torch
+import xgrammar as xgr
+
+if TYPE_CHECKING:
+    from radixserve.constrained.grammar import CompiledGrammar
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """int32 words in one row of a token bitmask."""
+    return (vocab_size + 31) // 32
+
+
+class GrammarMatcher:
+    """Accepts a request's sampled tokens and says which tokens may come next."""
+
+    def __init__(self, compiled: "CompiledGrammar") -> None:
+        self.compiled = compiled
+        self._m = xgr.GrammarMatcher(compiled.grammar, max_rollback_tokens=0)
+        words = bitmask_words(compiled.vocab_size)
+        self.next_mask = torch.empty(1, words, dtype=torch.int32)  # filled by _refresh
+        # Every bit set except the stop tokens': ANDed with the mask, zero means "only stop may follow".
+        not_stop = np.full(words, 0xFFFFFFFF, dtype=np.uint32)
+        for t in compiled.stop_token_ids:
+            if 0 <= t < compiled.vocab_size:
+                not_stop[t // 32] &= ~np.uint32(1 << (t % 32))
+        self._not_stop = not_stop.view(np.int32)
+        self.num_accepted = 0
+        self._can_only_end = False
+        self._refresh()
+
+    @property
+    def is_terminated(self) -> bool:
+        """A stop token was accepted: nothing at all may follow."""
+        return bool(self._m.is_terminated())
+
+    @property
+    def is_completed(self) -> bool:
+        """The text so far is a complete match (more may still follow)."""
+        return bool(self._m.is_completed())
+
+    @property
+    def can_only_end(self) -> bool:
+        """The text so far is complete and no token but a stop token may follow."""
+        return self._can_only_end
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one sampled token and refresh the next mask. False (state unchanged)
+        when the grammar does not allow ``token_id`` here."""
+        if not self._m.accept_token(int(token_id)):
+            return False
+        self.num_accepted += 1
+        self._refresh()
+        return True
+
+    def replay(self, token_ids: Sequence[int]) -> bool:
+        """Accept several tokens (a recreated matcher catching up with kept output)."""
+        return all(self.accept(t) for t in token_ids)
+
+    def _refresh(self) -> None:
+        if self._m.is_terminated():
+            self.next_mask.zero_()
+            self._can_only_end = True
+            return
+        self._m.fill_next_token_bitmask(self.next_mask)
+        self._can_only_end = self._m.is_completed() and not np.any(self.next_mask.numpy()[0] & self._not_stop)
+
+    def __repr__(self) -> str:
+        return (f"GrammarMatcher({self.compiled.constraint.describe()}, accepted={self.num_accepted}, "
+                f"can_only_end={self._can_only_end})")
