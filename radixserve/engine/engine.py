@@ -173,7 +173,23 @@ class Engine:
             raise ValueError(f"duplicate request id {request_id!r}")
         rid = request_id if request_id is not None else uuid.uuid4().hex
         gen = self.sampler.new_generator(params.seed) if params.seed is not None else None
-        return Request(rid, ids, len(ids), params, self.max_total_len, namespace=namespace, generator=gen)
+        grammar = self._new_grammar_matcher(params)
+        return Request(rid, ids, len(ids), params, self.max_total_len, namespace=namespace, generator=gen,
+                       grammar=grammar)
+
+    def _new_grammar_matcher(self, params: SamplingParams) -> Any | None:
+        """Compile (cached per tokenizer and constraint) the request's regex / JSON schema /
+        choices and start its matcher; None when unconstrained. ``ValueError`` when invalid."""
+        constraint = params.constraint
+        if constraint is None:
+            return None
+        from radixserve.constrained.grammar import compiler_for
+
+        mc = self.model_config
+        matcher = compiler_for(self.tokenizer, mc.vocab_size, mc.eos_token_ids).new_matcher(constraint)
+        if matcher.can_only_end:
+            raise ValueError(f"the constraint matches only the empty string: {constraint.describe()}")
+        return matcher
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free its KV; its final StepOutput (finish_reason "abort")

@@ -48,6 +48,9 @@ class Request:
     arrival_step: int = 0
     arrival_time: float = field(default_factory=time.monotonic)
     generator: torch.Generator | None = None
+    # Constrained decoding: the request's GrammarMatcher (radixserve.constrained), advanced
+    # with every sampled token; kept across retraction because the tokens are kept.
+    grammar: Any | None = None
 
     status: RequestStatus = RequestStatus.WAITING
     # KV state (see the module docstring).

@@ -7,6 +7,7 @@ Order of operations, per row (each stage runs only when some row in the batch us
          ├─ repetition penalty (prompt + output tokens, HF style: divide positive, multiply negative)
          ├─ frequency / presence penalties (output tokens, OpenAI style)
          ├─ min_tokens: EOS and stop ids masked until enough tokens are out
+         ├─ grammar: tokens a constrained row's grammar forbids -> -inf (those rows only)
          ├─ greedy rows: argmax
          └─ other rows: / temperature -> top-k -> softmax -> min-p -> top-p -> inverse-CDF draw
 
@@ -16,7 +17,7 @@ The draw uses one uniform number per row; a request with a seed owns a
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol, Sequence
 
 import torch
 
@@ -30,6 +31,7 @@ class SamplingRow(Protocol):
     token_ids: list[int]  # prompt + output so far
     prompt_len: int
     generator: torch.Generator | None
+    grammar: Any | None  # a radixserve.constrained.GrammarMatcher, or None
 
 
 class SampleResult(NamedTuple):
@@ -67,6 +69,7 @@ class Sampler:
 
         logits = self._apply_penalties(logits, rows)
         logits = self._apply_min_tokens(logits, rows)
+        logits = self._apply_grammar(logits, rows)
 
         greedy = [p.temperature == 0.0 for p in params]
         if all(greedy):
@@ -121,6 +124,16 @@ class Sampler:
         logits = logits.clone()
         r_idx, t_idx = zip(*blocked)
         logits[list(r_idx), list(t_idx)] = float("-inf")
+        return logits
+
+    def _apply_grammar(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        constrained = [i for i, r in enumerate(rows) if getattr(r, "grammar", None) is not None]
+        if not constrained:
+            return logits
+        from radixserve.constrained.mask import apply_token_masks  # xgrammar loads only when used
+
+        logits = logits.clone()  # the caller's logits stay the model's
+        apply_token_masks(logits, constrained, [rows[i].grammar for i in constrained])
         return logits
 
     def _draw(self, logits: torch.Tensor, rows: Sequence[SamplingRow], greedy: list[bool]) -> torch.Tensor:

@@ -366,6 +366,10 @@ class Scheduler:
                 if req.new_logprobs is None:
                     req.new_logprobs = []
                 req.new_logprobs.append(lp)
+            if req.grammar is not None and not req.grammar.accept(tok):  # the mask makes this unreachable
+                self._finish(req, "error", f"sampled token {tok} is not allowed by the request's grammar")
+                outputs.append(self._output(req))
+                continue
             reason = self._stop_reason(req, tok)
             if reason is not None:
                 self._finish(req, reason)
@@ -375,6 +379,8 @@ class Scheduler:
     def _stop_reason(self, req: Request, tok: int) -> str | None:
         p = req.params
         if (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
+            return "stop"
+        if req.grammar is not None and req.grammar.can_only_end:  # complete, and nothing more may follow
             return "stop"
         if req.num_output >= p.max_tokens or len(req.token_ids) >= req.max_total_len:
             return "length"
