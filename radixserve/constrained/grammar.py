@@ -108,9 +108,7 @@ class GrammarCompiler:
                 return self._xgr.compile_regex(c.value)
             if c.kind == "json_schema":
                 assert isinstance(c.value, str)
-                # Compact JSON (", " and ": " separators, no free whitespace): a model cannot
-                # spin on whitespace forever, and a bounded schema has a bounded length.
-                return self._xgr.compile_json_schema(c.value, any_whitespace=False)
+                return self._xgr.compile_grammar(json_schema_grammar(c.value))
             if c.kind == "choices":
                 # A grammar of string literals (JSON escapes are EBNF escapes), not a regex:
                 # no character of a choice needs regex escaping.
@@ -120,6 +118,26 @@ class GrammarCompiler:
             reason = _CPP_PREFIX.sub("", str(e).strip()).strip()
             raise ValueError(f"invalid {c.kind}: {reason} ({c.describe()})") from None
         raise ValueError(f"unknown constraint kind {c.kind!r}")
+
+
+# xgrammar 0.2.9 spells the characters of a length-limited string (minLength/maxLength) as
+# [^"\\\r\n], which lets raw control characters through, and RFC 8259 (and json.loads)
+# reject those; its unlimited strings already exclude \0-\x1f. Same class, minus controls.
+_LOOSE_STRING_CHAR = r'[^\"\\\r\n]'
+_STRICT_STRING_CHAR = r'[^\0-\x1f\"\\\r\n]'
+
+
+def json_schema_grammar(schema: str) -> Any:
+    """The xgrammar ``Grammar`` of a JSON schema, as compact JSON that ``json.loads`` accepts.
+
+    Compact: ", " and ": " separators and no free whitespace, so a model cannot spin on
+    whitespace and a bounded schema has a bounded length.
+    """
+    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False)
+    text = str(grammar)
+    if _LOOSE_STRING_CHAR not in text:
+        return grammar
+    return xgr.Grammar.from_ebnf(text.replace(_LOOSE_STRING_CHAR, _STRICT_STRING_CHAR))
 
 
 _compilers: "weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], GrammarCompiler]]" = (
