@@ -7,6 +7,7 @@ state generate in parallel). Expressions are immutable values; ``a + b`` chains 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, Union
 
@@ -14,7 +15,7 @@ from radixserve.sampling_params import SamplingParams
 
 __all__ = [
     "Expr", "Text", "Gen", "Select", "Role", "RoleBegin", "RoleEnd", "Seq",
-    "gen", "gen_int", "gen_str", "select", "system", "user", "assistant", "role", "to_expr",
+    "gen", "gen_int", "gen_json", "gen_str", "select", "system", "user", "assistant", "role", "to_expr",
     "SAMPLING_FIELDS",
 ]
 
@@ -22,6 +23,7 @@ __all__ = [
 SAMPLING_FIELDS = (
     "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
     "frequency_penalty", "presence_penalty", "seed", "stop", "stop_token_ids", "ignore_eos",
+    "regex", "json_schema",
 )
 
 
@@ -68,7 +70,7 @@ class Gen(Expr):
 
     name: str | None
     sampling: dict[str, Any] = field(default_factory=dict)  # only the fields the caller set
-    kind: str = "text"  # "text" | "int" | "str"
+    kind: str = "text"  # "text" | "int" | "str" | "json"
 
     def params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
         """The SamplingParams of this call: program-run defaults overridden by the call's own."""
@@ -105,14 +107,17 @@ def gen(name: str | None = None, *, max_tokens: int | None = None, stop: str | S
         stop_token_ids: Sequence[int] | None = None, temperature: float | None = None, top_p: float | None = None,
         top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
         presence_penalty: float | None = None, repetition_penalty: float | None = None, seed: int | None = None,
-        min_tokens: int | None = None, ignore_eos: bool | None = None, choices: Sequence[str] | None = None,
+        min_tokens: int | None = None, ignore_eos: bool | None = None, regex: str | None = None,
+        json_schema: str | dict[str, Any] | None = None, choices: Sequence[str] | None = None,
         choices_method: str | Callable[[list[list[float]]], int] = "mean",
         max_new_tokens: int | None = None) -> Expr:
     """Generate text into variable ``name``.
 
     Unset parameters take the run's defaults (``program.run(..., defaults={...})``), then
     SamplingParams' own. ``stop`` strings end the generation and are not kept in the text.
-    With ``choices``, this is ``select(name, choices, method=choices_method)``.
+    ``regex`` / ``json_schema`` (a dict or JSON text) constrain the output with the
+    engine's grammar-constrained decoding. With ``choices``, this is
+    ``select(name, choices, method=choices_method)`` (scored by logprobs, not constrained).
     ``max_new_tokens`` is accepted as an alias of ``max_tokens``.
     """
     if choices is not None:
@@ -121,7 +126,9 @@ def gen(name: str | None = None, *, max_tokens: int | None = None, stop: str | S
         max_tokens = max_new_tokens
     given = dict(max_tokens=max_tokens, min_tokens=min_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                  min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                 repetition_penalty=repetition_penalty, seed=seed, ignore_eos=ignore_eos)
+                 repetition_penalty=repetition_penalty, seed=seed, ignore_eos=ignore_eos, regex=regex,
+                 json_schema=json_schema if json_schema is None or isinstance(json_schema, str)
+                 else json.dumps(json_schema))
     sampling = {k: v for k, v in given.items() if v is not None}
     if stop is not None:
         sampling["stop"] = [stop] if isinstance(stop, str) else list(stop)
@@ -137,23 +144,45 @@ def gen(name: str | None = None, *, max_tokens: int | None = None, stop: str | S
 _INT_STOPS = ["\n", ",", ".", ";", ")", "]", "}", '"', "'"]
 
 
-def gen_int(name: str | None = None, *, max_tokens: int = 16, stop: Sequence[str] | None = None, **kw: Any) -> Expr:
+# An optional leading space: after "is" a tokenizer spells the number " 42".
+INT_REGEX = r" ?-?[0-9]{1,18}"
+
+
+def gen_int(name: str | None = None, *, max_tokens: int = 16, stop: Sequence[str] | None = None,
+            constrained: bool = True, **kw: Any) -> Expr:
     """Generate an integer into ``name`` (stored as ``int``).
 
-    Constrained by stop sequences (the generation ends at the first non-integer
-    character) and parsed: the text kept in the prompt is the integer itself. A
-    generation that does not begin with an integer fails the state with ``ValueError``.
+    ``constrained``: the engine may only sample an integer (regex ``INT_REGEX``). Stop
+    sequences end the generation at the first non-integer character in any case, and the
+    text is parsed: what is kept in the prompt is the integer itself. A generation that
+    does not begin with an integer fails the state with ``ValueError``.
     """
+    if constrained:
+        kw.setdefault("regex", INT_REGEX)
     expr = gen(name, max_tokens=max_tokens, stop=list(stop) if stop is not None else _INT_STOPS, **kw)
     assert isinstance(expr, Gen)
     return Gen(expr.name, expr.sampling, kind="int")
 
 
 def gen_str(name: str | None = None, *, max_tokens: int = 64, stop: Sequence[str] | None = None, **kw: Any) -> Expr:
-    """Generate a short single-line string (ends at a newline or a double quote)."""
+    """Generate a short single-line string (ends at a newline or a double quote).
+
+    Constrained by those stop sequences; pass ``regex=`` for a tighter grammar.
+    """
     expr = gen(name, max_tokens=max_tokens, stop=list(stop) if stop is not None else ["\n", '"'], **kw)
     assert isinstance(expr, Gen)
     return Gen(expr.name, expr.sampling, kind="str")
+
+
+def gen_json(name: str | None = None, schema: str | dict[str, Any] | None = None, *, max_tokens: int = 256,
+             **kw: Any) -> Expr:
+    """Generate JSON valid against ``schema`` (any JSON object when None); stored parsed.
+
+    Needs the engine's grammar-constrained decoding (both backends have it).
+    """
+    expr = gen(name, max_tokens=max_tokens, json_schema=schema if schema is not None else '{"type": "object"}', **kw)
+    assert isinstance(expr, Gen)
+    return Gen(expr.name, expr.sampling, kind="json")
 
 
 def select(name: str | None = None, choices: Sequence[str] = (), *,

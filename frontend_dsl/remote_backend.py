@@ -151,6 +151,10 @@ class RemoteBackend(Backend):
 
         return self._call(all_of())
 
+    def health(self, timeout: float = 5.0) -> p.HealthReply:
+        """Ask the router whether it is up (``BackendError`` when it does not answer in ``timeout`` s)."""
+        return self._call(self._pick().health(timeout=timeout))
+
     def stats(self) -> p.StatsReply:
         """The router's stats (per-worker hit rates, loads)."""
         return self._call(self._pick().stats())

@@ -18,6 +18,7 @@ program reads a value that was never produced — it is never lost in a thread.
 from __future__ import annotations
 
 import collections
+import json
 import re
 import threading
 from dataclasses import dataclass, field
@@ -219,6 +220,11 @@ class ProgramState:
                 raise ValueError(f"gen_int({op.name!r}): the model generated {text!r}, not an integer")
             self._append(match.group(0), op.name)
             value = int(match.group(0))
+        elif op.kind == "json":
+            try:
+                value = json.loads(text)
+            except ValueError as exc:
+                raise ValueError(f"gen_json({op.name!r}): the model generated invalid JSON {text[:80]!r}") from exc
         self._sent_upto = len(self._text)
         self._assign(op.name, value, {"finish_reason": last.finish_reason, "usage": last.usage, "text": text,
                                       "worker_id": last.worker_id})

@@ -7,7 +7,8 @@ from typing import Iterator
 
 import pytest
 
-from frontend_dsl import (BackendError, assistant, batch_usage, gen, program, select, system, user)
+from frontend_dsl import (BackendError, assistant, batch_usage, gen, gen_int, gen_json, program, select, system,
+                          user)
 from frontend_dsl.engine_backend import EngineBackend
 from radixserve.sampling_params import SamplingParams
 
@@ -113,6 +114,26 @@ def test_select_picks_highest_mean_logprob_checked_with_transformers(backend: En
     assert meta["boundaries"][0] == n_prompt - 1 and meta["boundaries"][1] == n_prompt
     # Batched choices reuse the cached prefix.
     assert meta["usage"].cached_tokens >= (len(choices) - 1) * PAGE
+
+
+def test_integer_and_json_generation_are_constrained(backend: EngineBackend) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "blue"]}},
+              "required": ["ok", "color"], "additionalProperties": False}
+
+    @program
+    def typed(s, i):
+        s += user(f"How many apples are in basket {i}?")
+        s += assistant("There are " + gen_int("n", max_tokens=6))
+        s += user("Answer as JSON.")
+        s += assistant(gen_json("j", schema, max_tokens=40))
+
+    # A random model still yields an integer and schema-valid JSON: the engine's grammar
+    # constraint allows nothing else.
+    states = typed.run_batch([{"i": i} for i in range(4)], backend=backend, defaults={"temperature": 0.8, "seed": 1})
+    for state in states:
+        assert state.ok, state.error
+        assert isinstance(state["n"], int)
+        assert state["j"].keys() == {"ok", "color"} and state["j"]["color"] in ("red", "blue")
 
 
 def test_tool_use_loop_reuses_its_growing_prefix(backend: EngineBackend) -> None:
