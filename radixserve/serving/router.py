@@ -171,9 +171,12 @@ class Router:
             return
         for st in list(self._requests.values()):
             self._fail(st, "shutdown", "the server is shutting down")
-        if shutdown_workers:
-            for w in self.live_workers:
-                self._send_worker(w, p.WorkerShutdown())
+        if shutdown_workers:  # the dead-declared too: a hung worker that recovers should go
+            for w in list(self.workers.values()):
+                try:
+                    self.backend.send_multipart([w.identity, p.encode(p.WorkerShutdown())], zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass  # really gone
         self.frontend.close(linger=0)
         self.backend.close(linger=500)  # let the shutdown messages leave
 

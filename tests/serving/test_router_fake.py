@@ -268,3 +268,49 @@ def test_sessions_model_info_tokenize_flush_duplicates(fake_server, tokenizer) -
         with pytest.raises(ServerError) as exc:
             c.result(rid)
         assert exc.value.code == "duplicate_request"
+
+
+def test_hung_worker_is_declared_dead_by_heartbeat(fake_server) -> None:
+    import os
+    import signal
+
+    srv = fake_server(num_workers=2, step_delay=0.01, router=dict(routing="round_robin", worker_timeout_s=1.0))
+    with Client(srv.endpoint, timeout=20) as c:
+        rid = c.submit("hang on", params=SamplingParams(max_tokens=100_000), stream=True)
+        stream = c.events(rid)
+        assert isinstance(next(stream), p.GenerateChunk)
+        victim = srv.procs[0]  # round robin: the first request went to worker 0
+        os.kill(victim.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(ServerError) as exc:
+                for _ in stream:
+                    pass
+            assert exc.value.code == "worker_died" and "no heartbeat" in exc.value.message
+            assert c.generate("served elsewhere", params=SamplingParams(max_tokens=1)).worker_id == 1
+        finally:
+            os.kill(victim.pid, signal.SIGCONT)
+
+
+def test_remote_worker_joins_by_endpoint_over_ipc(tokenizer_dir, tokenizer, alphabet, tmp_path) -> None:
+    import json
+    import subprocess
+
+    from conftest import FAKE_WORKER, FAST
+    from radixserve.serving.launcher import LocalServer, stop_processes
+    from radixserve.serving.router import RouterConfig
+
+    cfg = RouterConfig(**{**FAST, "endpoint": f"ipc://{tmp_path}/clients.sock",
+                          "worker_endpoint": f"ipc://{tmp_path}/workers.sock"})
+    srv = LocalServer(tokenizer_dir, num_workers=0, config=cfg, tokenizer=tokenizer).start()
+    engine = json.dumps({"alphabet": alphabet, "vocab_size": len(tokenizer)})
+    remote = subprocess.Popen([*FAKE_WORKER, "--connect", srv.router.worker_endpoint, "--engine-config", engine])
+    try:
+        with Client(srv.endpoint, timeout=20) as c:
+            # Sent before the worker joined: it waits for one.
+            out = c.generate("joined later", params=SamplingParams(max_tokens=3))
+            assert out.usage.completion_tokens == 3 and out.worker_id == 0
+            assert c.health().workers_alive == 1
+    finally:
+        srv.close()  # tells the remote worker to shut down too
+        stop_processes([remote], grace_s=10)
+    assert remote.returncode == 0

@@ -116,9 +116,10 @@ def test_abort_and_vanished_client_free_kv(server: LocalServer) -> None:
                 break
         _wait_idle(c)
     other = Client(server.endpoint, timeout=30)
-    other.submit("talk and talk", params=SamplingParams(max_tokens=2000, ignore_eos=True), stream=True)
-    other._sock.close(linger=0)  # vanish without an abort
+    rid = other.submit("talk and talk", params=SamplingParams(max_tokens=2000, ignore_eos=True), stream=True)
+    assert isinstance(other._next(rid, 30), p.GenerateChunk)  # it runs
     with Client(server.endpoint, timeout=30) as c:
+        other._sock.close(linger=0)  # vanish without an abort
         st = _wait_idle(c)
         assert st.aborted >= 2
         # ... and the server still answers.
