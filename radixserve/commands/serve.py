@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from radixserve.cli import register
+from radixserve.commands.gateway import add_http_arguments, start_http_for_serve
 from radixserve.serving.dispatch import ROUTING_POLICIES
 
 # EngineConfig fields exposed as flags: (flag, type, help). The rest: --engine-config JSON.
@@ -64,6 +65,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-timeout", type=float, default=30.0, help="seconds of worker silence before it is dead")
     p.add_argument("--log-level", default="WARNING")
     _engine_arguments(p)
+    add_http_arguments(p)  # --http-port etc. (the HTTP gateway, radixserve.serving.http)
 
 
 @register("serve", help="serve a model over ZeroMQ: a router and N worker processes", arguments=_serve_arguments)
@@ -92,9 +94,14 @@ def serve(args: argparse.Namespace) -> int:
           f"{server.router.worker_endpoint}", flush=True)
     if not server.wait_ready():
         return 0
+    http = start_http_for_serve(args, server, model)  # None without --http-port
     pids = " ".join(str(p.pid) for p in server.procs)
     print(f"radixserve: serving on {server.endpoint} (routing {args.routing}; worker pids {pids or '-'})", flush=True)
-    server.run()
+    try:
+        server.run()
+    finally:
+        if http is not None:
+            http.stop()
     print("radixserve: stopped", flush=True)
     return 0
 

@@ -63,6 +63,17 @@ def engine_load(engine: Any) -> p.WorkerLoad:
                         evictable_pages=s.pages_evictable, in_use_pages=s.pages_in_use)
 
 
+def engine_memory(engine: Any) -> dict[str, Any] | None:
+    """The device memory snapshot (planner's ``memory_snapshot``) of the engine's device, with
+    its KV pool's bytes, as a plain map; ``None`` for an engine without a pool (test fakes)."""
+    pool, device = getattr(engine, "pool", None), getattr(engine, "device", None)
+    if pool is None or device is None:
+        return None
+    from radixserve.memory.planner import memory_snapshot
+
+    return msgspec.to_builtins(memory_snapshot(device, int(getattr(pool, "nbytes", 0))))
+
+
 def _die_with_parent() -> None:
     """Linux: have the kernel send SIGTERM when the parent process dies."""
     try:
@@ -200,6 +211,7 @@ class Worker:
             self._send(p.WorkerHeartbeat(load=engine_load(self.engine)))
         elif isinstance(msg, p.WorkerStatsRequest):
             stats = msgspec.to_builtins(self.engine.stats())
+            stats["memory"] = engine_memory(self.engine)  # for the HTTP gateway's server info, metrics, log
             try:
                 self.engine.check_invariants()
                 stats["invariants"] = "ok"

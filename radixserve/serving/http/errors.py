@@ -17,6 +17,7 @@ envelope, so one shape serves both APIs. Status codes:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -25,6 +26,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixserve.serving.client import ServerError
+
+_UNION_TAG = re.compile(r"^([A-Z]\w*|\w+\[.*\]|str|int|float|bool)$")
 
 # Router error code -> (HTTP status, OpenAI error type, OpenAI code).
 _ROUTER_ERRORS: dict[str, tuple[int, str, str | None]] = {
@@ -77,9 +80,17 @@ def from_timeout(exc: BaseException) -> APIError:
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
-    # FastAPI prefixes body fields with "body"; OpenAI names the parameter alone.
-    parts = [str(x) for x in loc if x != "body"]
+    # FastAPI prefixes body fields with "body"; OpenAI names the parameter alone. Pydantic
+    # adds the union member tried ("SGLSamplingParams", "list[int]"): not a parameter name.
+    parts = [str(x) for x in loc if x != "body" and not _UNION_TAG.match(str(x))]
     return ".".join(parts) if parts else "body"
+
+
+def _messages(errors: list[Any]) -> list[Any]:
+    """The errors worth showing: when a union value failed on one member for a real reason
+    and on the others only for being of another type, the type mismatches are noise."""
+    real = [e for e in errors if not str(e.get("type", "")).endswith("_type")]
+    return real or errors
 
 
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -87,6 +98,7 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
     if any(e.get("type") == "json_invalid" for e in errors):
         return APIError(422, "the request body is not valid JSON: " + "; ".join(
             str(e.get("msg")) for e in errors), code="json_invalid").response()
+    errors = _messages(errors)
     first = errors[0] if errors else {}
     message = "; ".join(f"{_loc(tuple(e.get('loc', ())))}: {e.get('msg')}" for e in errors[:8])
     return APIError(400, message or "invalid request", param=_loc(tuple(first.get("loc", ()))) if first else None,

@@ -1,0 +1,93 @@
+"""``radixserve gateway``: the HTTP gateway (OpenAI-compatible + SGLang-native + /metrics) in
+front of a running router; and the ``--http-port`` option that ``radixserve serve`` uses to
+run the same gateway next to its router."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+from radixserve.cli import register
+
+HTTP_LOGGER = "radixserve.serving.http"
+
+
+def _common_http_arguments(g: Any, *, memory_log_default: float) -> None:
+    g.add_argument("--served-model-name", default=None,
+                   help="model name clients use (default: the router's model name; 'default' always works)")
+    g.add_argument("--memory-log-interval", type=float, default=memory_log_default,
+                   help="seconds between device-memory log lines (0: off)")
+    g.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds a request may wait for the router's next message")
+    g.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn access log)")
+
+
+def add_http_arguments(p: argparse.ArgumentParser) -> None:
+    """The HTTP options of ``radixserve serve`` (no gateway unless ``--http-port`` is given)."""
+    g = p.add_argument_group("HTTP gateway (OpenAI-compatible, SGLang-native, /metrics)")
+    g.add_argument("--http-port", type=int, default=None, help="serve HTTP on this port too (0: any free port)")
+    g.add_argument("--http-host", default="127.0.0.1", help="HTTP bind address")
+    _common_http_arguments(g, memory_log_default=60.0)
+
+
+def start_http_for_serve(args: argparse.Namespace, server: Any, model: str | Path) -> Any:
+    """Start the gateway thread for ``radixserve serve`` (``server``: its started
+    :class:`~radixserve.serving.launcher.LocalServer`) when ``--http-port`` was given; returns
+    it, or ``None``. The caller stops it after the router returns. If the gateway cannot
+    start (e.g. the port is taken), the server is closed before the error propagates."""
+    if getattr(args, "http_port", None) is None:
+        return None
+    try:
+        return _start_http(args, server.endpoint, model)
+    except BaseException:
+        server.close()
+        raise
+
+
+def _start_http(args: argparse.Namespace, router_endpoint: str, model: str | Path) -> Any:
+    from radixserve.serving.http.gateway import GatewayConfig
+    from radixserve.serving.http.server import HTTPGateway
+
+    logger = logging.getLogger(HTTP_LOGGER)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)  # the periodic memory line is the point of the interval option
+    config = GatewayConfig(router=router_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:"),
+                           served_model_name=args.served_model_name, tokenizer=str(model),
+                           request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval)
+    http = HTTPGateway(config, args.http_host, args.http_port, access_log=args.access_log).start()
+    print(f"radixserve: HTTP on {http.url} (OpenAI /v1, SGLang /generate, /metrics)", flush=True)
+    return http
+
+
+def _gateway_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--router", default="tcp://127.0.0.1:5555", help="the router's client endpoint")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
+    p.add_argument("--tokenizer", default=None,
+                   help="model directory (or 'default') whose tokenizer names logprob tokens "
+                        "(default: the default model's, when the router serves it)")
+    p.add_argument("--log-level", default="INFO")
+    _common_http_arguments(p, memory_log_default=60.0)
+
+
+@register("gateway", help="HTTP gateway (OpenAI-compatible, SGLang-native, Prometheus /metrics) for a running router",
+          arguments=_gateway_arguments)
+def gateway(args: argparse.Namespace) -> int:
+    from radixserve.serving.http.gateway import GatewayConfig
+    from radixserve.serving.http.server import HTTPGateway
+
+    logging.basicConfig(level=args.log_level.upper(), format="[gateway] %(levelname)s %(message)s")
+    tokenizer = args.tokenizer
+    if tokenizer is not None:
+        from radixserve.model_store import resolve_model
+
+        tokenizer = str(resolve_model(tokenizer))
+    config = GatewayConfig(router=args.router, served_model_name=args.served_model_name, tokenizer=tokenizer,
+                           request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval)
+    http = HTTPGateway(config, args.host, args.port, log_level="warning", access_log=args.access_log)
+    print(f"radixserve: HTTP gateway on {http.url} for router {args.router}", flush=True)
+    http.run()
+    print("radixserve: gateway stopped", flush=True)
+    return 0

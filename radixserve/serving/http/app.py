@@ -1,0 +1,80 @@
+"""The FastAPI application of the HTTP gateway.
+
+``create_app(GatewayConfig(router="tcp://127.0.0.1:5555"))`` gives an ASGI app with:
+
+* OpenAI-compatible ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``
+  (:mod:`~radixserve.serving.http.openai_api`);
+* SGLang-native ``/generate``, ``/get_model_info``, ``/flush_cache``, ``/health``,
+  ``/health_generate``, ``/get_server_info`` (:mod:`~radixserve.serving.http.sglang_api`);
+* ``/metrics`` in Prometheus text format (:mod:`~radixserve.serving.http.metrics`).
+
+The app holds one :class:`~radixserve.serving.http.gateway.Gateway` (``app.state.gateway``),
+started and closed by the app's lifespan, inside the serving event loop (its ZeroMQ
+socket belongs to that loop).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+
+from radixserve import __version__
+from radixserve.serving.http import openai_api, sglang_api
+from radixserve.serving.http.errors import APIError, install_error_handlers
+from radixserve.serving.http.gateway import Gateway, GatewayConfig
+
+log = logging.getLogger("radixserve.serving.http")
+
+
+class _CountErrors(BaseHTTPMiddleware):
+    """Counts error responses by status for ``radixserve_http_errors_total``."""
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        response = await call_next(request)
+        if response.status_code >= 400:
+            request.app.state.gateway.metrics.http_errors.labels(str(response.status_code)).inc()
+        return response
+
+
+def create_app(config: GatewayConfig = GatewayConfig(), tokenizer: Any = None) -> FastAPI:
+    """The gateway's ASGI app for the router at ``config.router``.
+
+    ``tokenizer``: a transformers tokenizer for the token strings of logprob results
+    (otherwise loaded from ``config.tokenizer`` or the default model when it is served).
+    """
+    gateway = Gateway(config, tokenizer)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.close()
+
+    app = FastAPI(title="radixserve", version=__version__, lifespan=lifespan,
+                  description="OpenAI-compatible and SGLang-native HTTP gateway in front of a radixserve router.")
+    app.state.gateway = gateway
+    install_error_handlers(app)
+    app.add_middleware(_CountErrors)
+    app.include_router(openai_api.router)
+    app.include_router(sglang_api.router)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text format; worker stats are refreshed from the router on each scrape
+        (the last snapshot is served if the router does not answer)."""
+        try:
+            await gateway.stats()
+        except APIError as exc:
+            log.warning("metrics: router stats unavailable (%s); serving the last snapshot", exc.message)
+        return Response(gateway.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,317 @@
+"""The gateway core: one :class:`~radixserve.serving.client.AsyncClient` to the router,
+shared by every HTTP request, plus what both APIs need around it.
+
+The gateway never touches an engine: it sends text, token ids or chat messages to the
+router and gets chunks and a final message back. Every generate call streams from the
+router (whatever the HTTP client asked), so time-to-first-token and inter-token latency
+are measured the same way for every request. Leaving a stream early (client gone,
+handler cancelled) aborts the request in the router, which frees its KV in the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+from starlette.requests import Request
+
+from radixserve.sampling_params import SamplingParams
+from radixserve.serving import protocol as p
+from radixserve.serving.client import DEFAULT_ENDPOINT, AsyncClient, ServerError
+from radixserve.serving.http.errors import APIError, from_server_error, from_timeout
+from radixserve.serving.http.metrics import GatewayMetrics
+
+log = logging.getLogger("radixserve.serving.http")
+T = TypeVar("T")
+Event = p.GenerateChunk | p.GenerateFinal
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """Where the router is and how the gateway presents it.
+
+    ``served_model_name``: the model name clients must use (default: the router's model
+    name; ``"default"`` is always accepted too). ``tokenizer``: a model directory whose
+    tokenizer turns token ids into the token strings of logprob results (``None``: the
+    default model's when that is what the router serves; else ids are shown as
+    ``token_id:N``). ``memory_log_interval_s``: period of the memory log line (0: off).
+    """
+
+    router: str = DEFAULT_ENDPOINT
+    served_model_name: str | None = None
+    tokenizer: str | None = None
+    request_timeout_s: float = 600.0
+    control_timeout_s: float = 15.0
+    memory_log_interval_s: float = 60.0
+
+
+def format_bytes(n: float) -> str:
+    """Binary units (kept here: the planner's twin imports torch)."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}" if unit == "GiB" else f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def memory_line(w: p.WorkerStats) -> str:
+    """One worker's device memory snapshot and KV page states, as one log line."""
+    e, mem = w.engine, w.engine.get("memory") or {}
+    total = e.get("num_pages", w.load.num_pages) or 0
+    in_use = e.get("pages_in_use", w.load.in_use_pages)
+    parts = [f"worker {w.worker_id}"]
+    if mem:
+        parts.append(f"{mem.get('device', '?')}: allocated {format_bytes(mem.get('allocated_bytes', 0))}, "
+                     f"reserved {format_bytes(mem.get('reserved_bytes', 0))} of {format_bytes(mem.get('total_bytes', 0))}, "
+                     f"rss {format_bytes(mem.get('rss_bytes', 0))}, kv pool {format_bytes(mem.get('pool_bytes', 0))}")
+    parts.append(f"kv pages free/evictable/in-use {e.get('pages_free', w.load.free_pages)}/"
+                 f"{e.get('pages_evictable', w.load.evictable_pages)}/{in_use} of {total} "
+                 f"({100.0 * in_use / total if total else 0.0:.1f}% in use); "
+                 f"running {e.get('running', w.load.running)}, waiting {e.get('waiting', w.load.waiting)}")
+    return f"memory: {parts[0]} " + "; ".join(parts[1:])
+
+
+async def _wait_disconnect(request: Request) -> None:
+    # Once the body is read, the next ASGI message can only be the client going away.
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work``; if the HTTP client disconnects first, cancel it (its generate
+    requests are aborted, freeing their KV) and raise a 499 :class:`APIError`."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            return task.result()
+        raise APIError(499, "client closed the request", code="client_closed")
+    finally:
+        for t in (task, watch):
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(task, watch, return_exceptions=True)
+
+
+class Gateway:
+    """State shared by the HTTP handlers: the router client, model info, metrics."""
+
+    def __init__(self, config: GatewayConfig = GatewayConfig(), tokenizer: Any = None) -> None:
+        self.config = config
+        self.metrics = GatewayMetrics()
+        self.tokenizer = tokenizer
+        self.client: AsyncClient | None = None
+        self.started = time.time()
+        self._info: p.ModelInfo | None = None
+        self._token_texts: dict[int, str] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.last_stats: p.StatsReply | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Connect to the router (inside the serving event loop) and start the memory log."""
+        self.client = AsyncClient(self.config.router, timeout=self.config.request_timeout_s)
+        if self.config.memory_log_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._memory_log_loop()))
+
+    async def close(self) -> None:
+        """Stop background tasks; abort this gateway's requests in flight; close the socket."""
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.client is not None:
+            await self.client.close()
+
+    def _client(self) -> AsyncClient:
+        if self.client is None:
+            raise APIError(503, "the gateway is not started", type="service_unavailable")
+        return self.client
+
+    # ------------------------------------------------------------------ model
+    async def info(self) -> p.ModelInfo:
+        """The router's :class:`ModelInfo` (fetched once a worker has joined, then cached)."""
+        if self._info is None:
+            try:
+                self._info = await self._client().model_info(timeout=self.config.control_timeout_s)
+            except ServerError as exc:
+                raise from_server_error(exc) from exc
+            except TimeoutError as exc:
+                raise from_timeout(exc) from exc
+            self._load_default_tokenizer(self._info.model)
+        return self._info
+
+    def _load_default_tokenizer(self, model: str) -> None:
+        if self.tokenizer is not None:
+            return
+        from radixserve.serving.prompts import load_tokenizer
+
+        path: Any = self.config.tokenizer
+        if path is None:
+            from radixserve.model_store import DEFAULT_MODEL_ALIASES, default_model_path, is_complete_model_dir
+
+            if model.lower() not in DEFAULT_MODEL_ALIASES or not is_complete_model_dir(default_model_path()):
+                log.warning("no tokenizer for %r: logprob tokens are shown as token_id:N (see --tokenizer)", model)
+                self.tokenizer = False
+                return
+            path = default_model_path()
+        try:
+            self.tokenizer = load_tokenizer(path)
+        except Exception as exc:  # a bad path must not take the gateway down
+            log.warning("could not load the tokenizer from %s (%s): logprob tokens are shown as token_id:N", path, exc)
+            self.tokenizer = False
+
+    async def model_name(self) -> str:
+        return self.config.served_model_name or (await self.info()).model
+
+    async def check_model(self, name: str | None) -> str:
+        """Accept the served model's name (or ``"default"``); else a 404."""
+        served = await self.model_name()
+        if name is None:
+            raise APIError(400, "you must provide a model parameter", param="model", code="missing_required_parameter")
+        if name not in (served, "default"):
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {served!r}",
+                           param="model", code="model_not_found")
+        return served
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token (for logprobs); ``token_id:N`` without a tokenizer."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id]) if self.tokenizer else f"token_id:{token_id}"
+            if len(self._token_texts) < 1 << 20:
+                self._token_texts[token_id] = text
+        return text
+
+    # ------------------------------------------------------------------ control
+    async def stats(self) -> p.StatsReply:
+        """The router's stats (per worker, with engine stats and memory); feeds /metrics."""
+        try:
+            st = await self._client().stats(timeout=self.config.control_timeout_s)
+        except ServerError as exc:
+            raise from_server_error(exc) from exc
+        except TimeoutError as exc:
+            raise from_timeout(exc) from exc
+        self.last_stats = st
+        self.metrics.update(st)
+        return st
+
+    async def health(self) -> p.HealthReply:
+        try:
+            return await self._client().health(timeout=self.config.control_timeout_s)
+        except ServerError as exc:
+            raise from_server_error(exc) from exc
+        except TimeoutError as exc:
+            raise from_timeout(exc) from exc
+
+    async def flush_cache(self) -> bool:
+        try:
+            return await self._client().flush_cache(timeout=self.config.control_timeout_s)
+        except ServerError as exc:
+            raise from_server_error(exc) from exc
+        except TimeoutError as exc:
+            raise from_timeout(exc) from exc
+
+    async def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, exactly as the router encodes a text prompt."""
+        try:
+            return await self._client().tokenize(texts, timeout=self.config.control_timeout_s)
+        except ServerError as exc:
+            raise from_server_error(exc) from exc
+        except TimeoutError as exc:
+            raise from_timeout(exc) from exc
+
+    async def _memory_log_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.memory_log_interval_s)
+            try:
+                st = await self.stats()
+            except APIError as exc:
+                log.info("memory: router stats unavailable (%s)", exc.message)
+                continue
+            for w in st.workers:
+                if w.alive:
+                    log.info("%s", memory_line(w))
+
+    # ------------------------------------------------------------------ generation
+    async def stream(self, *, arrival: float, text: str | None = None, input_ids: list[int] | None = None,
+                     messages: list[dict[str, str]] | None = None, params: SamplingParams,
+                     session_id: str | None = None) -> AsyncIterator[Event]:
+        """One generate request: its chunks, then its final message. Router errors become
+        :class:`APIError`; closing the iterator early aborts the request."""
+        first: float | None = None
+        last = 0.0
+        gaps: list[float] = []
+        try:
+            async for ev in self._client().stream(text, input_ids=input_ids, messages=messages, params=params,
+                                                  session_id=session_id, stream=True,
+                                                  timeout=self.config.request_timeout_s):
+                now = time.monotonic()
+                if isinstance(ev, p.GenerateChunk):
+                    n = len(ev.token_ids)
+                    if n:
+                        if first is None:
+                            first = now
+                        else:  # tokens that arrive together share the gap
+                            gaps.extend([(now - last) / n] * n)
+                        last = now
+                else:
+                    self.metrics.observe_request(ev, None if first is None else first - arrival, gaps, now - arrival)
+                yield ev
+        except ServerError as exc:
+            raise from_server_error(exc) from exc
+        except TimeoutError as exc:
+            raise from_timeout(exc) from exc
+
+    async def generate(self, **kwargs: Any) -> p.GenerateFinal:
+        """Run one request to its final message (same arguments as :meth:`stream`)."""
+        async for ev in self.stream(**kwargs):
+            if isinstance(ev, p.GenerateFinal):
+                return ev
+        raise APIError(500, "the router ended a request without a final message", type="internal_error")
+
+
+async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Interleave several async iterators as ``(index, item)``; the first error is raised.
+    Closing the merged iterator cancels (and so aborts) every stream still running."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield 0, item
+        return
+    queue: asyncio.Queue[tuple[int, Any, BaseException | None, bool]] = asyncio.Queue()
+
+    async def pump(i: int, it: AsyncIterator[T]) -> None:
+        try:
+            async for item in it:
+                await queue.put((i, item, None, False))
+        except Exception as exc:  # forwarded to the consumer
+            await queue.put((i, None, exc, True))
+            return
+        await queue.put((i, None, None, True))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(tasks)
+        while left:
+            i, item, exc, done = await queue.get()
+            if exc is not None:
+                raise exc
+            if done:
+                left -= 1
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def to_builtins(obj: Any) -> Any:
+    """msgspec structs to JSON-ready builtins."""
+    return msgspec.to_builtins(obj)

@@ -1,0 +1,167 @@
+"""Prometheus metrics of the gateway (``GET /metrics``), per worker.
+
+Two sources:
+
+* Latency histograms (TTFT, inter-token latency, end-to-end) and finished-request
+  counters are observed by the gateway itself, as each request's tokens arrive, and
+  labelled with the worker that ran the request.
+* Engine gauges and counters (requests running/waiting, KV pages free/evictable/in use,
+  prefix-cache queried/hit tokens, retractions, evictions, prompt/generation tokens,
+  device memory) live in the workers. They are mirrored from the router's
+  :class:`~radixserve.serving.protocol.StatsReply`, fetched at scrape time, by a custom
+  collector: the engine's monotonic ``*_total`` counts are exposed as Prometheus counters,
+  so any window's prefix-cache hit rate is
+  ``rate(radixserve_prefix_cache_hit_tokens_total[5m]) / rate(radixserve_prefix_cache_queried_tokens_total[5m])``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from radixserve.serving import protocol as p
+
+PREFIX = "radixserve"
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+# Engine stats field -> (metric name without _total, help). Monotonic over a worker's life.
+_ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("prompt_tokens_total", "prefix_cache_queried_tokens", "prompt tokens looked up in the radix cache"),
+    ("cached_prompt_tokens_total", "prefix_cache_hit_tokens", "prompt tokens served from the radix cache"),
+    ("prompt_tokens_total", "prompt_tokens", "prompt tokens of admitted requests"),
+    ("generated_tokens_total", "generation_tokens", "tokens generated"),
+    ("computed_tokens_total", "computed_tokens", "token rows run through the model (extend + decode)"),
+    ("retractions_total", "retractions", "running requests retracted (KV freed, re-queued) for lack of pages"),
+    ("evicted_pages_total", "evicted_pages", "radix-cache pages evicted (LRU) to make room"),
+    ("finished_total", "engine_requests_finished", "requests the engine finished"),
+    ("aborted_total", "engine_requests_aborted", "requests the engine aborted"),
+    ("steps_total", "engine_steps", "scheduler steps"),
+)
+_MEMORY_FIELDS = ("allocated_bytes", "reserved_bytes", "total_bytes", "rss_bytes", "pool_bytes")
+
+
+class WorkerStatsCollector(Collector):
+    """Exposes the latest :class:`~radixserve.serving.protocol.StatsReply` as metric families."""
+
+    def __init__(self) -> None:
+        self.stats: p.StatsReply | None = None
+
+    def describe(self) -> list[Any]:
+        return []  # dynamic: nothing to check at registration
+
+    def collect(self) -> Iterator[Any]:
+        st = self.stats
+        if st is None:
+            return
+        lw = ["worker"]
+
+        def gauge(name: str, doc: str, labels: list[str] = lw) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
+
+        up = gauge("worker_up", "1 while the worker is alive")
+        running = gauge("num_requests_running", "requests running in the worker's batch")
+        waiting = gauge("num_requests_waiting", "requests queued in the worker")
+        inflight = gauge("num_requests_inflight", "requests the router has dispatched to the worker and not seen finish")
+        pages = {k: gauge(f"kv_pages_{k}", f"KV cache pages: {k}") for k in ("total", "free", "evictable", "in_use")}
+        usage = gauge("kv_usage_ratio", "fraction of KV pages in use by running requests (in_use / total)")
+        cached = gauge("kv_cached_tokens", "tokens held by the radix cache")
+        hit_rate = gauge("prefix_cache_hit_ratio", "cumulative cached / prompt tokens (use the counters for windows)")
+        counters = {name: CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=lw)
+                    for _, name, doc in _ENGINE_COUNTERS}
+        memory = {f: gauge(f"memory_{f}", f"device memory snapshot: {f.replace('_', ' ')}", ["worker", "device"])
+                  for f in _MEMORY_FIELDS}
+        for w in st.workers:
+            wid = [str(w.worker_id)]
+            up.add_metric(wid, 1.0 if w.alive else 0.0)
+            eng = w.engine
+            for field, name, _ in _ENGINE_COUNTERS:
+                if field in eng:
+                    counters[name].add_metric(wid, float(eng[field]))
+            if not w.alive:
+                continue
+            load = w.load
+            inflight.add_metric(wid, float(w.inflight))
+            running.add_metric(wid, float(eng.get("running", load.running)))
+            waiting.add_metric(wid, float(eng.get("waiting", load.waiting)))
+            total = eng.get("num_pages", load.num_pages)
+            in_use = eng.get("pages_in_use", load.in_use_pages)
+            pages["total"].add_metric(wid, float(total))
+            pages["free"].add_metric(wid, float(eng.get("pages_free", load.free_pages)))
+            pages["evictable"].add_metric(wid, float(eng.get("pages_evictable", load.evictable_pages)))
+            pages["in_use"].add_metric(wid, float(in_use))
+            usage.add_metric(wid, in_use / total if total else 0.0)
+            if "cached_tokens" in eng:
+                cached.add_metric(wid, float(eng["cached_tokens"]))
+            hit_rate.add_metric(wid, float(eng.get("hit_rate", w.hit_rate)))
+            mem = eng.get("memory")
+            if isinstance(mem, dict):
+                for f in _MEMORY_FIELDS:
+                    if f in mem:
+                        memory[f].add_metric([*wid, str(mem.get("device", ""))], float(mem[f]))
+        yield from (up, running, waiting, inflight, *pages.values(), usage, cached, hit_rate, *counters.values(),
+                    *memory.values())
+        router = [
+            CounterMetricFamily(f"{PREFIX}_router_requests", "generate requests accepted by the router", value=st.requests),
+            CounterMetricFamily(f"{PREFIX}_router_requests_aborted", "requests aborted (client abort or gone)",
+                                value=st.aborted),
+            CounterMetricFamily(f"{PREFIX}_router_errors", "error replies sent by the router", value=st.errors),
+            GaugeMetricFamily(f"{PREFIX}_router_requests_active", "requests in flight in the router", value=st.active),
+            GaugeMetricFamily(f"{PREFIX}_router_clients", "client connections with requests in flight",
+                              value=st.clients),
+        ]
+        yield from router
+
+
+class GatewayMetrics:
+    """The gateway's Prometheus registry: its own histograms plus the mirrored worker stats."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "time from HTTP arrival to the first token",
+                              ["worker"], buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds", "time between successive output tokens",
+                             ["worker"], buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram(f"{PREFIX}_e2e_request_latency_seconds", "time from HTTP arrival to the last token",
+                             ["worker"], buckets=E2E_BUCKETS, registry=r)
+        self.finished = Counter(f"{PREFIX}_requests_finished", "generate requests finished, by reason",
+                                ["worker", "finish_reason"], registry=r)
+        self.request_prompt_tokens = Counter(f"{PREFIX}_request_prompt_tokens", "prompt tokens of finished requests",
+                                             ["worker"], registry=r)
+        self.request_cached_tokens = Counter(f"{PREFIX}_request_cached_tokens",
+                                             "prompt tokens of finished requests served from the radix cache",
+                                             ["worker"], registry=r)
+        self.request_generation_tokens = Counter(f"{PREFIX}_request_generation_tokens",
+                                                 "tokens generated by finished requests", ["worker"], registry=r)
+        self.http_errors = Counter(f"{PREFIX}_http_errors", "HTTP requests answered with an error, by status",
+                                   ["status"], registry=r)
+        self.workers = WorkerStatsCollector()
+        r.register(self.workers)
+
+    def observe_request(self, final: p.GenerateFinal, ttft_s: float | None, itl_s: list[float], e2e_s: float) -> None:
+        """Record one finished request (called when its final message arrives)."""
+        w = str(final.worker_id)
+        if ttft_s is not None:
+            self.ttft.labels(w).observe(ttft_s)
+        itl = self.itl.labels(w)
+        for gap in itl_s:
+            itl.observe(gap)
+        self.e2e.labels(w).observe(e2e_s)
+        self.finished.labels(w, final.finish_reason).inc()
+        self.request_prompt_tokens.labels(w).inc(final.usage.prompt_tokens)
+        self.request_cached_tokens.labels(w).inc(final.usage.cached_tokens)
+        self.request_generation_tokens.labels(w).inc(final.usage.completion_tokens)
+
+    def update(self, stats: p.StatsReply) -> None:
+        """Take a fresh router stats snapshot (the worker gauges and counters)."""
+        self.workers.stats = stats
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of everything."""
+        return generate_latest(self.registry)

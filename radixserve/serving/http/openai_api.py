@@ -1,0 +1,226 @@
+"""OpenAI-compatible routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``.
+
+``n`` choices are ``n`` router requests of the same prompt (the radix cache shares the
+prompt's KV between them). Usage counts each prompt once (its first choice's numbers),
+with ``prompt_tokens_details.cached_tokens`` = prompt tokens served from the radix cache.
+Streams follow OpenAI's chunk format: a role delta first, content deltas, one chunk with
+the ``finish_reason`` per choice, an optional usage chunk
+(``stream_options.include_usage``), then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from radixserve.serving import protocol as p
+from radixserve.serving.http.errors import APIError, invalid
+from radixserve.serving.http.gateway import Gateway, merge
+from radixserve.serving.http.openai_protocol import ChatCompletionRequest, CompletionRequest
+from radixserve.serving.http.sse import DONE, SSEResponse, event
+from radixserve.serving.http.streams import finals, logprob, primed
+
+router = APIRouter()
+
+
+def _gw(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def usage(groups: list[list[p.GenerateFinal]]) -> dict[str, Any]:
+    """OpenAI usage over prompt groups (the ``n`` finals of one prompt each)."""
+    prompt = sum(g[0].usage.prompt_tokens for g in groups)
+    cached = sum(g[0].usage.cached_tokens for g in groups)
+    completion = sum(f.usage.completion_tokens for g in groups for f in g)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+# ---------------------------------------------------------------------------- models
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    g = _gw(request)
+    name, info = await g.model_name(), await g.info()
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": int(g.started),
+                                        "owned_by": "radixserve", "root": name,
+                                        "max_model_len": info.context_length}]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> dict[str, Any]:
+    g = _gw(request)
+    name = await g.check_model(model_id)
+    return {"id": name, "object": "model", "created": int(g.started), "owned_by": "radixserve"}
+
+
+# ---------------------------------------------------------------------------- chat
+
+
+def chat_logprobs(g: Gateway, lps: list[p.TokenLogprob] | None) -> list[dict[str, Any]]:
+    out = []
+    for lp in lps or []:
+        text = g.token_text(lp.token_id)
+        top = []
+        for tid, value in lp.top or []:
+            t = g.token_text(tid)
+            top.append({"token": t, "logprob": logprob(value), "bytes": list(t.encode())})
+        out.append({"token": text, "logprob": logprob(lp.logprob), "bytes": list(text.encode()), "top_logprobs": top})
+    return out
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    arrival = time.monotonic()
+    g = _gw(request)
+    body.check()
+    model = await g.check_model(body.model)
+    info = await g.info()
+    max_tokens, want_lp = body.wanted_max_tokens(info.context_length), body.wanted_logprobs()
+    messages = body.chat()
+    streams = [g.stream(arrival=arrival, messages=messages, params=body.sampling(max_tokens, want_lp, i))
+               for i in range(body.n)]
+    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    if body.stream:
+        events = await primed(request, merge(streams))
+        return SSEResponse(_chat_events(g, events, rid, created, model, want_lp is not None, body.include_usage))
+    results = await finals(request, streams)
+    choices = [{
+        "index": i,
+        "message": {"role": "assistant", "content": f.text},
+        "logprobs": {"content": chat_logprobs(g, f.logprobs)} if want_lp is not None else None,
+        "finish_reason": f.finish_reason,
+    } for i, f in enumerate(results)]
+    return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
+                         "choices": choices, "usage": usage([results]), "system_fingerprint": None})
+
+
+async def _chat_events(g: Gateway, events: AsyncIterator[tuple[int, Any]], rid: str, created: int, model: str,
+                       want_lp: bool, include_usage: bool) -> AsyncIterator[bytes]:
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                "system_fingerprint": None, "choices": choices}
+        if include_usage:
+            body["usage"] = None
+        body.update(extra)
+        return event(body)
+
+    started: set[int] = set()
+    done: dict[int, p.GenerateFinal] = {}
+    async for i, ev in events:
+        if i not in started:
+            started.add(i)
+            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": None}])
+        if isinstance(ev, p.GenerateChunk):
+            if ev.text or (want_lp and ev.logprobs):
+                yield chunk([{"index": i, "delta": {"content": ev.text},
+                              "logprobs": {"content": chat_logprobs(g, ev.logprobs)} if want_lp else None,
+                              "finish_reason": None}])
+        else:
+            done[i] = ev
+            yield chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": ev.finish_reason}])
+    if include_usage:
+        yield chunk([], usage=usage([[done[i] for i in sorted(done)]]) if done else None)
+    yield DONE
+
+
+# ---------------------------------------------------------------------------- completions
+
+
+def completion_logprobs(g: Gateway, lps: list[p.TokenLogprob] | None, offset: int) -> dict[str, Any]:
+    """Legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens: list[str] = []
+    values: list[float] = []
+    tops: list[dict[str, float]] = []
+    offsets: list[int] = []
+    for lp in lps or []:
+        text = g.token_text(lp.token_id)
+        tokens.append(text)
+        values.append(logprob(lp.logprob))
+        tops.append({g.token_text(tid): logprob(v) for tid, v in lp.top or []})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    arrival = time.monotonic()
+    g = _gw(request)
+    body.check()
+    model = await g.check_model(body.model)
+    await g.info()
+    prompts = body.prompts()
+    echoes = [_echo_text(g, pr) if body.echo else "" for pr in prompts]
+    max_tokens = body.max_tokens if body.max_tokens is not None else (await g.info()).context_length
+    streams = []
+    for pr in prompts:
+        kw: dict[str, Any] = {"text": pr} if isinstance(pr, str) else {"input_ids": pr}
+        for j in range(body.n):
+            streams.append(g.stream(arrival=arrival, params=body.sampling(max_tokens, body.logprobs, j), **kw))
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    if body.stream:
+        events = await primed(request, merge(streams))
+        return SSEResponse(_completion_events(g, events, rid, created, model, body, echoes))
+    results = await finals(request, streams)
+    choices = []
+    for i, f in enumerate(results):
+        echo = echoes[i // body.n]
+        choices.append({
+            "index": i, "text": echo + f.text, "finish_reason": f.finish_reason,
+            "logprobs": completion_logprobs(g, f.logprobs, len(echo)) if body.logprobs is not None else None,
+        })
+    groups = [results[k:k + body.n] for k in range(0, len(results), body.n)]
+    return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": model,
+                         "choices": choices, "usage": usage(groups), "system_fingerprint": None})
+
+
+def _echo_text(g: Gateway, prompt: str | list[int]) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if not g.tokenizer:
+        raise invalid("echo of a token-id prompt needs the gateway's tokenizer (--tokenizer)", param="echo")
+    return g.tokenizer.decode(prompt)
+
+
+async def _completion_events(g: Gateway, events: AsyncIterator[tuple[int, Any]], rid: str, created: int,
+                             model: str, body: CompletionRequest, echoes: list[str]) -> AsyncIterator[bytes]:
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        out = {"id": rid, "object": "text_completion", "created": created, "model": model,
+               "system_fingerprint": None, "choices": choices}
+        if body.include_usage:
+            out["usage"] = None
+        out.update(extra)
+        return event(out)
+
+    want_lp = body.logprobs is not None
+    offsets: dict[int, int] = {}
+    done: dict[int, p.GenerateFinal] = {}
+    async for i, ev in events:
+        if i not in offsets:
+            echo = echoes[i // body.n]
+            offsets[i] = len(echo)
+            if echo:
+                yield chunk([{"index": i, "text": echo, "logprobs": None, "finish_reason": None}])
+        if isinstance(ev, p.GenerateChunk):
+            if ev.text or (want_lp and ev.logprobs):
+                lps = completion_logprobs(g, ev.logprobs, offsets[i]) if want_lp else None
+                offsets[i] += len(ev.text)
+                yield chunk([{"index": i, "text": ev.text, "logprobs": lps, "finish_reason": None}])
+        else:
+            done[i] = ev
+            yield chunk([{"index": i, "text": "", "logprobs": None, "finish_reason": ev.finish_reason}])
+    if body.include_usage:
+        if len(done) != len(echoes) * body.n:
+            raise APIError(500, "a choice ended without a final message", type="internal_error")
+        ordered = [done[i] for i in sorted(done)]
+        groups = [ordered[k:k + body.n] for k in range(0, len(ordered), body.n)]
+        yield chunk([], usage=usage(groups))
+    yield DONE

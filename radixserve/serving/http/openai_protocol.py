@@ -1,0 +1,221 @@
+"""OpenAI request bodies (pydantic, strict types) and their mapping to :class:`SamplingParams`.
+
+Types are strict (``"5"`` is not an integer), unknown fields are ignored (clients send
+``user``, ``store``, ``metadata``, ...), and values are checked by
+:meth:`SamplingParams.validate`, the one place the engine, router and gateways share.
+``response_format`` ``json_object`` / ``json_schema`` use radixserve's constrained
+decoding. Features radixserve does not have (tools, logit bias, ``suffix``,
+``best_of`` > ``n``, image content) are rejected with a 400 rather than silently ignored. Extensions accepted as vLLM and SGLang do: ``top_k``, ``min_p``,
+``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
+``skip_special_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from radixserve.sampling_params import SamplingParams
+from radixserve.serving.http.errors import invalid
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+
+
+class ChatMessageIn(_Body):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self, index: int) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        texts = []
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise invalid(f"messages[{index}]: only text content parts are supported (got {part.type!r})",
+                              param=f"messages.{index}.content")
+            texts.append(part.text)
+        return "\n".join(texts)
+
+
+class _SamplingBody(_Body):
+    """Fields shared by chat and text completions."""
+
+    model: str
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # Extensions (vLLM / SGLang names).
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+
+    def check_common(self) -> None:
+        if not 1 <= self.n <= 128:
+            raise invalid(f"n must be in [1, 128], got {self.n}", param="n")
+        if self.logit_bias:
+            raise invalid("logit_bias is not supported", param="logit_bias")
+        if self.temperature is not None and not 0.0 <= self.temperature <= 2.0:
+            raise invalid(f"temperature must be in [0, 2], got {self.temperature}", param="temperature")
+        if self.stream_options is not None and not self.stream:
+            raise invalid("stream_options is only allowed when stream is true", param="stream_options")
+
+    def constraint(self) -> dict[str, Any]:
+        """Constrained-decoding fields of :class:`SamplingParams` (none here; chat overrides)."""
+        return {}
+
+    def sampling(self, max_tokens: int, logprobs: int | None, choice: int = 0,
+                 prompt_logprobs_start: int | None = None) -> SamplingParams:
+        """The :class:`SamplingParams` of choice ``choice`` (seeded choices get seed + choice,
+        so ``n`` seeded samples differ yet stay reproducible)."""
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        kw: dict[str, Any] = {"max_tokens": max_tokens, "stop": stop, "logprobs": logprobs}
+        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
+                     "repetition_penalty", "min_tokens", "ignore_eos", "skip_special_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                kw[name] = value
+        if self.stop_token_ids:
+            kw["stop_token_ids"] = list(self.stop_token_ids)
+        if self.seed is not None:
+            kw["seed"] = self.seed + choice
+        if prompt_logprobs_start is not None:
+            kw["prompt_logprobs_start"] = prompt_logprobs_start
+        kw.update(self.constraint())
+        try:
+            return SamplingParams(**kw).validate()
+        except ValueError as exc:
+            raise invalid(str(exc)) from exc
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_SamplingBody):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+    def check(self) -> None:
+        self.check_common()
+        if self.tools:
+            raise invalid("tools are not supported", param="tools")
+        self.constraint()  # a bad response_format fails before anything runs
+        if self.top_logprobs is not None:
+            if not self.logprobs:
+                raise invalid("top_logprobs requires logprobs to be true", param="top_logprobs")
+            if not 0 <= self.top_logprobs <= 20:
+                raise invalid(f"top_logprobs must be in [0, 20], got {self.top_logprobs}", param="top_logprobs")
+
+    def constraint(self) -> dict[str, Any]:
+        """``response_format`` as a constraint: ``json_object`` -> any JSON object,
+        ``json_schema`` -> that schema (OpenAI's ``{"json_schema": {"name", "schema"}}``)."""
+        fmt = self.response_format
+        kind = None if fmt is None else fmt.get("type", "text")
+        if kind in (None, "text"):
+            return {}
+        if kind == "json_object":
+            return {"json_schema": json.dumps({"type": "object"})}
+        if kind == "json_schema":
+            spec = fmt.get("json_schema") if fmt else None
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, (dict, bool)):
+                raise invalid("response_format.json_schema.schema must be a JSON schema object",
+                              param="response_format")
+            return {"json_schema": json.dumps(schema)}
+        raise invalid(f"response_format type {kind!r} is not supported (text, json_object, json_schema)",
+                      param="response_format")
+
+    def chat(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text(i)} for i, m in enumerate(self.messages)]
+
+    def wanted_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def wanted_max_tokens(self, context_length: int) -> int:
+        """``max_completion_tokens``, else ``max_tokens``, else up to the context length
+        (the engine stops a request when prompt + output fill the context)."""
+        for name in ("max_completion_tokens", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                if value < 1:
+                    raise invalid(f"{name} must be >= 1, got {value}", param=name)
+                return value
+        return max(1, context_length)
+
+
+class CompletionRequest(_SamplingBody):
+    """``POST /v1/completions``."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def check(self) -> None:
+        self.check_common()
+        if self.suffix:
+            raise invalid("suffix is not supported", param="suffix")
+        if self.best_of is not None and self.best_of != self.n:
+            raise invalid("best_of must equal n (no server-side ranking)", param="best_of")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise invalid(f"logprobs must be in [0, 20], got {self.logprobs}", param="logprobs")
+        if self.echo and self.logprobs is not None:
+            raise invalid("echo together with logprobs is not supported", param="echo")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise invalid(f"max_tokens must be >= 1, got {self.max_tokens}", param="max_tokens")
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts as a list: texts or token id lists."""
+        p = self.prompt
+        if isinstance(p, str):
+            out: list[Any] = [p]
+        elif p and all(isinstance(x, int) for x in p):
+            out = [list(p)]
+        else:
+            out = list(p)
+        if not out:
+            raise invalid("prompt must not be empty", param="prompt")
+        for i, one in enumerate(out):
+            if isinstance(one, list) and not one:
+                raise invalid(f"prompt[{i}] is an empty token list", param="prompt")
+        return out
+

@@ -1,0 +1,84 @@
+"""Serving the gateway app with uvicorn: in the foreground (``radixserve gateway``) or from
+a background thread next to the router (``radixserve serve --http-port``).
+
+The listening socket is bound (and listening) before uvicorn starts, so the real port is
+known at once (``port=0`` picks a free one) and early clients wait in the backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+from radixserve.serving.http.app import create_app
+from radixserve.serving.http.gateway import GatewayConfig
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (IPv6 when ``host`` has a colon)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {exc}") from exc
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+class HTTPGateway:
+    """The HTTP gateway for the router at ``config.router``, on ``host:port``."""
+
+    def __init__(self, config: GatewayConfig, host: str = "127.0.0.1", port: int = 8000, *,
+                 tokenizer: Any = None, log_level: str = "warning", access_log: bool = False) -> None:
+        self.config = config
+        self.app = create_app(config, tokenizer)
+        self.sock = bind(host, port)
+        self.host = host
+        self.port = int(self.sock.getsockname()[1])
+        self.server = uvicorn.Server(uvicorn.Config(
+            self.app, log_level=log_level.lower(), access_log=access_log, lifespan="on",
+            timeout_graceful_shutdown=5, timeout_keep_alive=30,
+        ))
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def run(self) -> None:
+        """Serve until SIGINT/SIGTERM (main thread) or :meth:`stop`."""
+        try:
+            asyncio.run(self.server.serve(sockets=[self.sock]))
+        finally:
+            self.sock.close()
+
+    def start(self, timeout_s: float = 30.0) -> HTTPGateway:
+        """Serve from a daemon thread; return once uvicorn has started."""
+        self._thread = threading.Thread(target=self.run, name="radixserve-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:  # start-up of our own server, not test synchronization
+            if not self._thread.is_alive():
+                raise RuntimeError("the HTTP gateway failed to start (see the log above)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the HTTP gateway did not start within {timeout_s:.0f} s")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Ask uvicorn to exit (open streams get a short grace period) and join the thread."""
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(15.0)
+            self._thread = None
+

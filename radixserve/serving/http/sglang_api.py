@@ -1,0 +1,202 @@
+"""SGLang-native routes: ``/generate``, ``/get_model_info``, ``/flush_cache``, ``/health``,
+``/health_generate``, ``/get_server_info`` (and the newer ``/model_info``, ``/server_info``).
+
+Enough of SGLang's server API that its frontend language runs programs against
+radixserve with ``sgl.RuntimeEndpoint(url)``. Response shape of one ``/generate`` item::
+
+    {"text": ..., "output_ids": [...],
+     "meta_info": {"id", "finish_reason": {"type": "stop"|"length"|"abort", ...},
+                   "prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency",
+                   # with return_logprob: [logprob, token_id, text-or-None] triples
+                   "input_token_logprobs", "output_token_logprobs",
+                   "input_top_logprobs", "output_top_logprobs"}}
+
+A batch (a list of prompts, or ``n`` > 1) answers a list, in prompt-major order. With
+``stream`` each ``data:`` line carries the *cumulative* text so far (and ``index`` in a
+batch), and the stream ends with ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from radixserve import __version__
+from radixserve.sampling_params import SamplingParams
+from radixserve.serving import protocol as p
+from radixserve.serving.http.errors import APIError
+from radixserve.serving.http.gateway import Gateway, merge, to_builtins
+from radixserve.serving.http.sglang_protocol import GenerateReqInput, Item, expand
+from radixserve.serving.http.sse import DONE, SSEResponse, event
+from radixserve.serving.http.streams import finals, logprob, primed
+
+router = APIRouter()
+
+
+def _gw(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+class _Plan:
+    """One item's parameters and what its answer needs."""
+
+    def __init__(self, item: Item, params: SamplingParams, drop: bool, text_in_logprobs: bool) -> None:
+        self.item, self.params, self.drop, self.text_in_logprobs = item, params, drop, text_in_logprobs
+
+
+def _finish_reason(plan: _Plan, f: p.GenerateFinal, eos: list[int]) -> dict[str, Any]:
+    if plan.drop:
+        return {"type": "length", "length": 0}
+    if f.finish_reason == "length":
+        return {"type": "length", "length": f.usage.completion_tokens}
+    if f.finish_reason == "stop":
+        last = f.token_ids[-1] if f.token_ids else None
+        if last is not None and (last in eos or last in plan.params.stop_token_ids):
+            return {"type": "stop", "matched": last}
+        stops = plan.params.stop
+        return {"type": "stop", "matched": stops[0] if len(stops) == 1 else None}
+    return {"type": "abort", "message": f"request ended: {f.finish_reason}"}
+
+
+def result(g: Gateway, plan: _Plan, f: p.GenerateFinal, eos: list[int]) -> dict[str, Any]:
+    """One item's answer in SGLang's shape."""
+    it = plan.item
+    text_of = g.token_text if plan.text_in_logprobs else (lambda _tid: None)
+    completion = 0 if plan.drop else f.usage.completion_tokens
+    meta: dict[str, Any] = {
+        "id": it.rid, "finish_reason": _finish_reason(plan, f, eos), "prompt_tokens": f.usage.prompt_tokens,
+        "completion_tokens": completion, "cached_tokens": f.usage.cached_tokens, "e2e_latency": f.timings.total_s,
+    }
+    if it.return_logprob:
+        inputs: list[list[Any]] = []
+        if f.prompt_logprobs is not None and it.input_ids:
+            start = min(max(it.logprob_start_len, 0), len(it.input_ids))
+            for k, value in enumerate(f.prompt_logprobs):
+                tid = it.input_ids[start + k]
+                inputs.append([None if value is None else logprob(value), tid, text_of(tid)])
+        outs = [] if plan.drop else (f.logprobs or [])
+        meta["input_token_logprobs"] = inputs
+        meta["output_token_logprobs"] = [[logprob(lp.logprob), lp.token_id, text_of(lp.token_id)] for lp in outs]
+        meta["input_top_logprobs"] = [None] * len(inputs)  # the engine reports the chosen prompt token only
+        meta["output_top_logprobs"] = [
+            [[logprob(v), tid, text_of(tid)] for tid, v in (lp.top or [])] if it.top_logprobs_num > 0 else None
+            for lp in outs
+        ]
+    return {"text": "" if plan.drop else f.text, "output_ids": [] if plan.drop else list(f.token_ids),
+            "meta_info": meta}
+
+
+@router.post("/generate", response_model=None)
+async def generate(body: GenerateReqInput, request: Request) -> Response:
+    arrival = time.monotonic()
+    g = _gw(request)
+    info = await g.info()
+    items, single = expand(body, uuid.uuid4().hex)
+    # Prompt logprobs come back as numbers per position: their token ids (and texts) are
+    # the prompt's, so text prompts are tokenized first, by the router, as it would.
+    need_ids = [it for it in items if it.text is not None and it.return_logprob and it.logprob_start_len >= 0]
+    if need_ids:
+        for it, ids in zip(need_ids, await g.tokenize([it.text or "" for it in need_ids])):
+            it.text, it.input_ids = None, ids
+    plans = []
+    for it in items:
+        params, drop = it.sampling.to_params(
+            info.context_length, info.vocab_size, it.top_logprobs_num if it.return_logprob else None,
+            it.logprob_start_len if it.return_logprob and it.logprob_start_len >= 0 else None, it.sample)
+        plans.append(_Plan(it, params, drop, body.return_text_in_logprobs))
+    streams = [g.stream(arrival=arrival, text=pl.item.text, input_ids=pl.item.input_ids, params=pl.params,
+                        session_id=body.session_id) for pl in plans]
+    if body.stream:
+        events = await primed(request, merge(streams))
+        return SSEResponse(_events(g, plans, events, info.eos_token_ids, batched=not single))
+    results = await finals(request, streams)
+    out = [result(g, pl, f, info.eos_token_ids) for pl, f in zip(plans, results)]
+    return JSONResponse(out[0] if single else out)
+
+
+async def _events(g: Gateway, plans: list[_Plan], events: AsyncIterator[tuple[int, Any]], eos: list[int],
+                  batched: bool) -> AsyncIterator[bytes]:
+    texts = [""] * len(plans)
+    ids: list[list[int]] = [[] for _ in plans]
+    async for i, ev in events:
+        pl = plans[i]
+        if isinstance(ev, p.GenerateChunk):
+            if pl.drop or not (ev.text or ev.token_ids):
+                continue
+            texts[i] += ev.text
+            ids[i].extend(ev.token_ids)
+            meta: dict[str, Any] = {"id": pl.item.rid, "finish_reason": None, "completion_tokens": len(ids[i])}
+            if pl.item.input_ids is not None:
+                meta["prompt_tokens"] = len(pl.item.input_ids)
+            payload = {"text": texts[i], "output_ids": list(ids[i]), "meta_info": meta}
+        else:
+            payload = result(g, pl, ev, eos)
+        if batched:
+            payload["index"] = i
+        yield event(payload)
+    yield DONE
+
+
+# ---------------------------------------------------------------------------- control
+
+
+async def _model_info(request: Request) -> dict[str, Any]:
+    g = _gw(request)
+    info, name = await g.info(), await g.model_name()
+    return {"model_path": name, "tokenizer_path": name, "is_generation": True, "preferred_sampling_params": None,
+            "weight_version": "default", "has_image_understanding": False, "has_audio_understanding": False,
+            "model_type": None, "architectures": None, "context_length": info.context_length,
+            "vocab_size": info.vocab_size, "eos_token_ids": info.eos_token_ids, "page_size": info.page_size,
+            "num_workers": info.num_workers}
+
+
+router.add_api_route("/get_model_info", _model_info, methods=["GET"])
+router.add_api_route("/model_info", _model_info, methods=["GET"])
+
+
+@router.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache(request: Request) -> Response:
+    ok = await _gw(request).flush_cache()
+    if ok:
+        return PlainTextResponse("Cache flushed.\n")
+    return PlainTextResponse("Cache not flushed: a worker has requests running or waiting.\n", status_code=400)
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    h = await _gw(request).health()
+    if not h.ok:
+        raise APIError(503, "no live worker", type="service_unavailable", code="no_workers")
+    return Response(status_code=200)
+
+
+@router.get("/health_generate")
+async def health_generate(request: Request) -> Response:
+    """Healthy when a one-token generation goes through a worker."""
+    g = _gw(request)
+    await g.generate(arrival=time.monotonic(), text="Hi", params=SamplingParams(max_tokens=1, temperature=0.0))
+    return Response(status_code=200)
+
+
+async def _server_info(request: Request) -> dict[str, Any]:
+    """Model, router counters and, per worker, its engine stats and device memory snapshot."""
+    g = _gw(request)
+    info, st = await g.info(), await g.stats()
+    workers = to_builtins(st.workers)
+    return {
+        "version": __version__, "model_path": await g.model_name(), "context_length": info.context_length,
+        "page_size": info.page_size, "router_endpoint": g.config.router, "uptime_s": time.time() - g.started,
+        "routing": st.routing, "requests": st.requests, "active": st.active, "aborted": st.aborted,
+        "errors": st.errors, "workers": workers,
+        "memory": {str(w["worker_id"]): w["engine"].get("memory") for w in workers if w["alive"]},
+        "internal_states": [w["engine"] for w in workers if w["alive"]],
+    }
+
+
+router.add_api_route("/get_server_info", _server_info, methods=["GET"])
+router.add_api_route("/server_info", _server_info, methods=["GET"])

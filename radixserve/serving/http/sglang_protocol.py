@@ -1,0 +1,175 @@
+"""SGLang's native ``/generate`` request body, as SGLang's clients send it.
+
+What SGLang's frontend (``sglang.lang``'s ``RuntimeEndpoint``) sends, and how it maps here:
+
+* ``text`` or ``input_ids``, one prompt or a batch (a list); ``sampling_params`` one dict
+  for all or one per prompt; ``return_logprob``, ``logprob_start_len``,
+  ``top_logprobs_num`` a value for all or one per prompt; ``return_text_in_logprobs``.
+* ``max_new_tokens: 0`` ("just prefill and cache the prefix", and the scoring requests of
+  ``select``) runs one token through the engine and reports none.
+* ``logprob_start_len`` -1 / absent: no prompt logprobs (SGLang's default).
+* ``regex`` and ``json_schema`` constrain the output (radixserve's constrained decoding,
+  so ``gen(regex=...)`` and typed ``gen`` work); ``ebnf``, ``structural_tag``,
+  ``stop_regex``, ``logit_bias`` and images are not supported: a request that sets them
+  gets a 400 instead of silently wrong output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from radixserve.sampling_params import SamplingParams
+from radixserve.serving.http.errors import invalid
+
+_UNSUPPORTED = ("ebnf", "structural_tag", "logit_bias")
+
+
+class SGLSamplingParams(BaseModel):
+    """SGLang's ``sampling_params`` (unknown keys are an error, as in SGLang)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    max_new_tokens: int | None = 128
+    min_new_tokens: int = 0
+    n: int = 1
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    stop_regex: str | list[str] | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # accepted; the router's detokenizer decides
+    no_stop_trim: bool = False
+    sampling_seed: int | None = None
+    seed: int | None = None
+    regex: str | None = None
+    json_schema: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+    logit_bias: dict[str, float] | None = None
+    custom_params: dict[str, Any] | None = None
+    stream_interval: int | None = None
+
+    def to_params(self, context_length: int, vocab_size: int, logprobs: int | None,
+                  prompt_logprobs_start: int | None, sample: int) -> tuple[SamplingParams, bool]:
+        """Our :class:`SamplingParams`, and whether the output must be dropped (``max_new_tokens`` 0)."""
+        for name in _UNSUPPORTED:
+            if getattr(self, name):
+                raise invalid(f"sampling_params.{name} is not supported",
+                              param=f"sampling_params.{name}")
+        if self.stop_regex:
+            raise invalid("sampling_params.stop_regex is not supported", param="sampling_params.stop_regex")
+        if self.no_stop_trim:
+            raise invalid("sampling_params.no_stop_trim is not supported", param="sampling_params.no_stop_trim")
+        max_new = context_length if self.max_new_tokens is None else self.max_new_tokens
+        if max_new < 0:
+            raise invalid(f"max_new_tokens must be >= 0, got {max_new}", param="sampling_params.max_new_tokens")
+        seed = self.sampling_seed if self.sampling_seed is not None else self.seed
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        params = SamplingParams(
+            max_tokens=max(1, max_new), min_tokens=self.min_new_tokens if max_new else 0,
+            temperature=self.temperature, top_p=self.top_p,
+            top_k=-1 if self.top_k >= vocab_size else self.top_k,  # SGLang's "off" is 1 << 30
+            min_p=self.min_p, repetition_penalty=self.repetition_penalty,
+            frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
+            seed=None if seed is None else seed + sample, stop=stop, stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs_start=prompt_logprobs_start,
+            skip_special_tokens=self.skip_special_tokens, regex=self.regex, json_schema=self.json_schema,
+        )
+        try:
+            params.validate(vocab_size)
+        except ValueError as exc:
+            raise invalid(str(exc), param="sampling_params") from exc
+        return params, max_new == 0
+
+
+class GenerateReqInput(BaseModel):
+    """SGLang's ``POST /generate`` body (unknown keys ignored: SGLang grows new ones often)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: SGLSamplingParams | list[SGLSamplingParams] | None = None
+    return_logprob: bool | list[bool] | None = None
+    logprob_start_len: int | list[int] | None = None
+    top_logprobs_num: int | list[int] | None = None
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    rid: str | list[str] | None = None
+    session_id: str | None = None
+    image_data: Any = None
+    video_data: Any = None
+    audio_data: Any = None
+    input_embeds: Any = None
+    token_ids_logprob: Any = None
+
+
+@dataclass
+class Item:
+    """One prompt x one sample of a (maybe batched) ``/generate`` request."""
+
+    index: int
+    text: str | None
+    input_ids: list[int] | None
+    sampling: SGLSamplingParams
+    sample: int
+    return_logprob: bool
+    logprob_start_len: int
+    top_logprobs_num: int
+    rid: str
+
+
+def _pick(value: Any, i: int, n: int, name: str) -> Any:
+    if isinstance(value, list):
+        if len(value) != n:
+            raise invalid(f"{name} has {len(value)} entries for {n} prompts", param=name)
+        return value[i]
+    return value
+
+
+def expand(req: GenerateReqInput, default_rid: str) -> tuple[list[Item], bool]:
+    """The request's items (prompt-major, then sample) and whether it was a single prompt."""
+    for name in ("image_data", "video_data", "audio_data", "input_embeds", "token_ids_logprob"):
+        if getattr(req, name) is not None:
+            raise invalid(f"{name} is not supported", param=name)
+    if (req.text is None) == (req.input_ids is None):
+        raise invalid("exactly one of text or input_ids must be given", param="text")
+    prompts: list[Any]
+    if req.text is not None:
+        single = isinstance(req.text, str)
+        prompts = [req.text] if single else list(req.text)
+    else:
+        ids = req.input_ids or []
+        single = not ids or isinstance(ids[0], int)
+        prompts = [ids] if single else list(ids)
+    if not prompts:
+        raise invalid("the batch is empty", param="text")
+    n_prompts = len(prompts)
+    items: list[Item] = []
+    for i, prompt in enumerate(prompts):
+        sp = _pick(req.sampling_params, i, n_prompts, "sampling_params") or SGLSamplingParams()
+        if not 1 <= sp.n <= 128:
+            raise invalid(f"sampling_params.n must be in [1, 128], got {sp.n}", param="sampling_params.n")
+        if isinstance(prompt, list) and not prompt:
+            raise invalid(f"input_ids[{i}] is empty", param="input_ids")
+        ret = bool(_pick(req.return_logprob, i, n_prompts, "return_logprob"))
+        start = _pick(req.logprob_start_len, i, n_prompts, "logprob_start_len")
+        top = _pick(req.top_logprobs_num, i, n_prompts, "top_logprobs_num")
+        rid = _pick(req.rid, i, n_prompts, "rid") or (default_rid if single else f"{default_rid}-{i}")
+        for j in range(sp.n):
+            items.append(Item(
+                index=len(items), text=prompt if isinstance(prompt, str) else None,
+                input_ids=list(prompt) if isinstance(prompt, list) else None, sampling=sp, sample=j,
+                return_logprob=ret, logprob_start_len=-1 if start is None else start,
+                top_logprobs_num=0 if top is None else top, rid=rid if sp.n == 1 else f"{rid}-{j}"))
+    return items, single and len(items) == 1

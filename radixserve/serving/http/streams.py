@@ -1,0 +1,76 @@
+"""Helpers shared by the API modules: priming a stream, collecting finals, logprob numbers."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+
+from radixserve.serving import protocol as p
+from radixserve.serving.http.errors import APIError
+from radixserve.serving.http.gateway import until_disconnected
+
+T = TypeVar("T")
+_NOTHING: Any = object()
+
+
+async def _first(it: AsyncIterator[T]) -> Any:
+    try:
+        return await it.__anext__()
+    except StopAsyncIteration:
+        return _NOTHING
+
+
+async def primed(request: Request, it: AsyncIterator[T]) -> AsyncIterator[T]:
+    """Wait for ``it``'s first item before the response starts, so that errors the router
+    answers at once (invalid parameters, prompt too long, no workers) get their HTTP status
+    instead of an error event inside a 200 stream. Returns an iterator over every item."""
+    first = await until_disconnected(request, _first(it))
+
+    async def rest() -> AsyncIterator[T]:
+        try:
+            if first is _NOTHING:
+                return
+            yield first
+            async for item in it:
+                yield item
+        finally:
+            aclose = getattr(it, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    return rest()
+
+
+async def _final(stream: AsyncIterator[Any]) -> p.GenerateFinal:
+    async for ev in stream:
+        if isinstance(ev, p.GenerateFinal):
+            return ev
+    raise APIError(500, "the router ended a request without a final message", type="internal_error")
+
+
+async def finals(request: Request, streams: list[AsyncIterator[Any]]) -> list[p.GenerateFinal]:
+    """Run every stream to its final message, concurrently; the first error cancels the
+    others (aborting them), and so does the HTTP client going away."""
+
+    async def gather() -> list[p.GenerateFinal]:
+        tasks = [asyncio.ensure_future(_final(s)) for s in streams]
+        try:
+            return [await t for t in tasks]
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    return await until_disconnected(request, gather())
+
+
+def logprob(x: float) -> float:
+    """A JSON-safe logprob: ``-inf`` becomes -9999.0 (as vLLM does), NaN too."""
+    if math.isnan(x) or x == -math.inf:
+        return -9999.0
+    return x
