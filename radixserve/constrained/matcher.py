@@ -32,7 +32,7 @@ class GrammarMatcher:
 
     def __init__(self, compiled: "CompiledGrammar") -> None:
         self.compiled = compiled
-        self._m = xgr.GrammarMatcher(compiled.grammar, max_rollback_tokens=0)
+        self._m = xgr.GrammarMatcher(compiled.grammar)
         words = bitmask_words(compiled.vocab_size)
         self.next_mask = torch.empty(1, words, dtype=torch.int32)  # filled by _refresh
         # Every bit set except the stop tokens': ANDed with the mask, zero means "only stop may follow".
