@@ -47,7 +47,7 @@ class ControlOps:
         for w in r.live_workers:
             out = p.WorkerStatsRequest(token=token) if kind == "stats" else p.WorkerFlush(token=token)
             op.waiting.add(w.worker_id)
-            if not r._send_worker(w, out):
+            if not r.pool.send(w, out):
                 op.waiting.discard(w.worker_id)
         if kind == "flush" and not r.live_workers:
             op.ok = False

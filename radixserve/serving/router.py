@@ -21,18 +21,18 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import zmq
 
-from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
 from radixserve.serving.control import ControlOps
 from radixserve.serving.dispatch import Dispatcher, RoutingPolicy
 from radixserve.serving.prompts import PromptCodec, PromptError
-from radixserve.serving.workers import WorkerHandle
+from radixserve.serving.requests import RouterRequest
+from radixserve.serving.workers import WorkerHandle, WorkerPool
 
 log = logging.getLogger("radixserve.serving.router")
 
@@ -58,30 +58,6 @@ class RouterConfig:
     trie_max_tokens: int = 1 << 20
 
 
-@dataclass(slots=True, eq=False)
-class _Request:
-    """Router-side state of one generate request."""
-
-    rid: str
-    client: bytes
-    client_rid: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    stream: bool
-    session_id: str | None
-    namespace: str | None
-    detok: Any
-    arrival: float
-    worker_id: int = -1
-    dispatched: float = 0.0
-    first_token: float = 0.0
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[p.TokenLogprob] | None = None
-    prompt_logprobs: list[float | None] | None = None
-    usage: p.Usage | None = None
-    chunks: int = 0
-
-
 class Router:
     """Serves clients on ``config.endpoint`` with the workers that join ``worker_endpoint``."""
 
@@ -102,13 +78,11 @@ class Router:
             balance_abs_threshold=config.balance_abs_threshold,
             balance_rel_threshold=config.balance_rel_threshold, trie_max_tokens=config.trie_max_tokens,
         )
-        self.workers: dict[int, WorkerHandle] = {}
-        self._by_identity: dict[bytes, WorkerHandle] = {}
-        self._expected: dict[int, Any] = {}  # worker id -> Popen of local workers not yet registered
-        self._requests: dict[str, _Request] = {}
+        self.pool = WorkerPool(self.backend, self.dispatcher, self._on_worker_dead, self._on_worker_joined)
+        self._requests: dict[str, RouterRequest] = {}
         self._by_client: dict[bytes, dict[str, str]] = {}  # client -> client rid -> rid
         self._last_sent: dict[bytes, float] = {}
-        self._waiting: deque[_Request] = deque()  # no worker yet
+        self._waiting: deque[RouterRequest] = deque()  # no worker yet
         self._control = ControlOps(self)
         self._next_rid = 0
         self._started = time.monotonic()
@@ -131,11 +105,15 @@ class Router:
     # ------------------------------------------------------------------ lifecycle
     def expect_local(self, worker_id: int, proc: Any) -> None:
         """Register a local worker process that will say hello; its exit is watched."""
-        self._expected[worker_id] = proc
+        self.pool.expect_local(worker_id, proc)
+
+    @property
+    def workers(self) -> dict[int, WorkerHandle]:
+        return self.pool.workers
 
     @property
     def live_workers(self) -> list[WorkerHandle]:
-        return [w for w in self.workers.values() if w.alive]
+        return self.pool.live
 
     @property
     def stopping(self) -> bool:
@@ -161,7 +139,7 @@ class Router:
             self._drain(self.frontend, self._on_client_frames)
         if self.backend in events:
             self._drain(self.backend, self._on_worker_frames)
-        self._flush_adds()
+        self.pool.flush_adds()
         if time.monotonic() >= self._next_tick:
             self._tick()
 
@@ -171,12 +149,8 @@ class Router:
             return
         for st in list(self._requests.values()):
             self._fail(st, "shutdown", "the server is shutting down")
-        if shutdown_workers:  # the dead-declared too: a hung worker that recovers should go
-            for w in list(self.workers.values()):
-                try:
-                    self.backend.send_multipart([w.identity, p.encode(p.WorkerShutdown())], zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass  # really gone
+        if shutdown_workers:
+            self.pool.shutdown_all()
         self.frontend.close(linger=0)
         self.backend.close(linger=500)  # let the shutdown messages leave
 
@@ -200,20 +174,6 @@ class Router:
             return False
         self._last_sent[client] = time.monotonic()
         return True
-
-    def _send_worker(self, w: WorkerHandle, msg: msgspec.Struct) -> bool:
-        try:
-            self.backend.send_multipart([w.identity, p.encode(msg)], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            self._worker_died(w, f"unreachable ({exc})")
-            return False
-        return True
-
-    def _flush_adds(self) -> None:
-        for w in self.live_workers:
-            if w.adds:
-                adds, w.adds = w.adds, []
-                self._send_worker(w, p.WorkerAdd(requests=adds))
 
     # ------------------------------------------------------------------ clients
     def _on_client_frames(self, frames: list[bytes]) -> None:
@@ -258,7 +218,7 @@ class Router:
             return error("invalid_params", str(exc))
         if not ids:
             return error("invalid_params", "the prompt encodes to zero tokens")
-        bad = p.validate_generate(req, vocab_size=self._vocab_size())
+        bad = p.validate_generate(req, vocab_size=self.pool.vocab_size())
         if bad is not None:
             return self._reply_error(client, bad)
         too_long = self._check_context(len(ids))
@@ -267,20 +227,16 @@ class Router:
         rid = str(self._next_rid)
         self._next_rid += 1
         self.counters["requests"] += 1
-        st = _Request(rid, client, req.request_id, ids, req.params, req.stream, req.session_id, req.namespace,
+        st = RouterRequest(rid, client, req.request_id, ids, req.params, req.stream, req.session_id, req.namespace,
                       self.codec.detokenizer(req.params, ids), time.monotonic())
         rids[req.request_id] = rid
         self._requests[rid] = st
         self._last_sent.setdefault(client, st.arrival)
         self._dispatch(st)
 
-    def _vocab_size(self) -> int | None:
-        sizes = [w.hello.vocab_size for w in self.live_workers]
-        return min(sizes) if sizes else None
-
     def context_length(self) -> int | None:
-        sizes = [w.hello.context_length for w in self.live_workers]
-        return min(sizes) if sizes else None
+        """The smallest context among live workers (``None`` before any joined)."""
+        return self.pool.context_length()
 
     def _check_context(self, n: int) -> str | None:
         ctx = self.context_length()
@@ -289,10 +245,10 @@ class Router:
                     f"(a prompt may use at most {ctx - 1}, leaving room to generate)")
         return None
 
-    def _dispatch(self, st: _Request) -> None:
+    def _dispatch(self, st: RouterRequest) -> None:
         loads = {w.worker_id: len(w.inflight) for w in self.live_workers}
         if not loads:
-            if self._expected or (not self.workers and self.config.worker_wait_s > 0):
+            if self.pool.expected or (not self.workers and self.config.worker_wait_s > 0):
                 self._waiting.append(st)
             else:
                 self._fail(st, "no_workers", "no live worker to run the request")
@@ -316,7 +272,7 @@ class Router:
         self.counters["aborted"] += 1
         self._finish(st, "abort")
 
-    def _abort_in_worker(self, st: _Request) -> None:
+    def _abort_in_worker(self, st: RouterRequest) -> None:
         w = self.workers.get(st.worker_id)
         if w is None:
             if st in self._waiting:
@@ -327,7 +283,7 @@ class Router:
                 w.adds = [a for a in w.adds if a.rid != st.rid]
                 w.inflight.discard(st.rid)
             else:
-                self._send_worker(w, p.WorkerAbort(rids=[st.rid]))
+                self.pool.send(w, p.WorkerAbort(rids=[st.rid]))
 
     def _drop_client(self, client: bytes) -> None:
         """The client is gone: abort its requests in the workers, forget it."""
@@ -351,7 +307,7 @@ class Router:
             special_tokens=self.codec.special_tokens))
 
     # ------------------------------------------------------------------ finishing
-    def _forget(self, st: _Request) -> bool:
+    def _forget(self, st: RouterRequest) -> bool:
         if self._requests.pop(st.rid, None) is None:
             return False
         rids = self._by_client.get(st.client)
@@ -361,19 +317,11 @@ class Router:
                 del self._by_client[st.client]
         return True
 
-    def _finish(self, st: _Request, reason: p.FinishReason) -> None:
-        if not self._forget(st):
-            return
-        now = time.monotonic()
-        cached = st.usage.cached_tokens if st.usage is not None else 0
-        self.send_client(st.client, p.GenerateFinal(
-            request_id=st.client_rid, finish_reason=reason, text=st.detok.text, token_ids=st.token_ids,
-            usage=p.Usage(prompt_tokens=len(st.prompt_ids), cached_tokens=cached, completion_tokens=len(st.token_ids)),
-            timings=p.Timings(queue_s=(st.dispatched or now) - st.arrival,
-                              ttft_s=(st.first_token or now) - st.arrival, total_s=now - st.arrival),
-            logprobs=st.logprobs, prompt_logprobs=st.prompt_logprobs, worker_id=st.worker_id))
+    def _finish(self, st: RouterRequest, reason: p.FinishReason) -> None:
+        if self._forget(st):
+            self.send_client(st.client, st.final(reason))
 
-    def _fail(self, st: _Request, code: Any, message: str) -> None:
+    def _fail(self, st: RouterRequest, code: Any, message: str) -> None:
         if self._forget(st):
             self._reply_error(st.client, p.Error(code=code, message=message, request_id=st.client_rid))
 
@@ -388,14 +336,14 @@ class Router:
             log.warning("bad frame from worker %r: %s", identity, msg.message)
             return
         if isinstance(msg, p.WorkerHello):
-            self._register(identity, msg)
+            self.pool.register(identity, msg)
             return
-        w = self._by_identity.get(identity)
+        w = self.pool.get(identity)
         if w is None or not w.alive:
             if isinstance(msg, p.WorkerOutputs):  # a worker we gave up on: stop its work
                 live = [o.request_id for o in msg.outputs if not o.finished]
                 if live:
-                    self.backend.send_multipart([identity, p.encode(p.WorkerAbort(rids=live))], zmq.NOBLOCK)
+                    self.pool.send_raw(identity, p.WorkerAbort(rids=live))
             return
         w.last_seen = time.monotonic()
         if isinstance(msg, p.WorkerOutputs):
@@ -412,21 +360,9 @@ class Router:
             if st is not None:
                 self._fail(st, "invalid_params", f"the engine rejected the request: {msg.message}")
         elif isinstance(msg, p.WorkerGoodbye):
-            self._worker_died(w, f"worker said goodbye ({msg.reason})")
+            self.pool.mark_dead(w, f"worker said goodbye ({msg.reason})")
 
-    def _register(self, identity: bytes, hello: p.WorkerHello) -> None:
-        old = self._by_identity.get(identity)
-        if old is not None:  # it lost us and came back: whatever it ran is gone
-            self._worker_died(old, "worker re-registered")
-        wid = hello.worker_id
-        taken = wid in self.workers and self.workers[wid].alive
-        if wid < 0 or taken:
-            wid = max([*self.workers, *self._expected, -1]) + 1
-        w = WorkerHandle(wid, identity, hello, time.monotonic(), proc=self._expected.pop(wid, None), load=hello.load)
-        self.workers[wid] = w
-        self._by_identity[identity] = w
-        self.dispatcher.add_worker(wid)
-        log.info("worker %d joined (pid %d, model %s, context %d)", wid, hello.pid, hello.model, hello.context_length)
+    def _on_worker_joined(self, w: WorkerHandle) -> None:
         waiting, self._waiting = self._waiting, deque()
         for st in waiting:
             self._dispatch(st)
@@ -444,68 +380,38 @@ class Router:
         if out.error is not None or out.finish_reason == "error":
             self._fail(st, "internal", f"worker {w.worker_id} failed the request: {out.error}")
             return
-        if out.new_token_ids:
-            st.first_token = st.first_token or time.monotonic()
-            st.token_ids.extend(out.new_token_ids)
-            if out.new_logprobs is not None:
-                st.logprobs = (st.logprobs or []) + out.new_logprobs
-        if out.prompt_logprobs is not None:
-            st.prompt_logprobs = out.prompt_logprobs
-        if out.usage is not None:
-            st.usage = out.usage
-        delta = st.detok.add(out.new_token_ids, final=out.finished)
-        if st.stream and (delta.text or out.new_token_ids):
-            chunk = p.GenerateChunk(request_id=st.client_rid, index=st.chunks, text=delta.text,
-                                    token_ids=out.new_token_ids, logprobs=out.new_logprobs)
-            st.chunks += 1
-            if not self.send_client(st.client, chunk):
-                return
-        if delta.stopped:
+        chunk, stopped = st.apply(out)
+        if chunk is not None and not self.send_client(st.client, chunk):
+            return  # the client is gone (its requests were aborted)
+        if stopped:
             if not out.finished:
                 self._abort_in_worker(st)
             self._finish(st, "stop")
         elif out.finished:
             self._finish(st, out.finish_reason or "stop")
 
-    def _worker_died(self, w: WorkerHandle, reason: str) -> None:
-        if not w.alive:
-            return
-        w.alive, w.death = False, reason
-        log.warning("worker %d (pid %s) is dead: %s", w.worker_id, w.pid, reason)
-        self.dispatcher.remove_worker(w.worker_id)
+    def _on_worker_dead(self, w: WorkerHandle, reason: str) -> None:
         for rid in list(w.inflight):
             st = self._requests.get(rid)
             if st is not None:
                 self._fail(st, "worker_died", f"worker {w.worker_id} died ({reason}); the request was lost")
-        w.inflight.clear()
-        w.adds.clear()
         self._control.on_worker_dead(w)
-        if not self.live_workers and not self._expected:
-            for st in list(self._waiting):
-                self._fail(st, "no_workers", "no live worker to run the request")
-            self._waiting.clear()
+        if not self.live_workers and not self.pool.expected:
+            self._fail_waiting("no live worker to run the request")
+
+    def _fail_waiting(self, message: str) -> None:
+        waiting, self._waiting = self._waiting, deque()
+        for st in waiting:
+            self._fail(st, "no_workers", message)
 
     # ------------------------------------------------------------------ timers
     def _tick(self) -> None:
         now = time.monotonic()
         cfg = self.config
         self._next_tick = now + min(cfg.heartbeat_interval_s, cfg.client_probe_interval_s)
-        for w in self.live_workers:
-            code = w.proc.poll() if w.proc is not None else None
-            if code is not None:
-                self._worker_died(w, f"process exited with code {code}")
-            elif now - w.last_seen > cfg.worker_timeout_s:
-                self._worker_died(w, f"no heartbeat for {now - w.last_seen:.1f} s")
-            else:
-                self._send_worker(w, p.WorkerPing())
-        for wid, proc in list(self._expected.items()):
-            if proc.poll() is not None:
-                del self._expected[wid]
-                log.error("local worker %d exited with code %s before joining", wid, proc.returncode)
-                if not self.live_workers and not self._expected:
-                    for st in list(self._waiting):
-                        self._fail(st, "no_workers", f"worker {wid} failed to start (exit code {proc.returncode})")
-                    self._waiting.clear()
+        failed = self.pool.check(now, cfg.worker_timeout_s)
+        if failed and not self.live_workers and not self.pool.expected:
+            self._fail_waiting("; ".join(failed))
         while self._waiting and now - self._waiting[0].arrival > cfg.worker_wait_s:
             st = self._waiting.popleft()
             self._fail(st, "no_workers", f"no worker joined within {cfg.worker_wait_s:.0f} s")

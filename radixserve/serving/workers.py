@@ -10,14 +10,23 @@ per-worker cache-hit counters.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+import zmq
+
 from radixserve.serving import protocol as p
+from radixserve.serving.dispatch import Dispatcher
+
+log = logging.getLogger("radixserve.serving.router")
 
 
 @dataclass
@@ -51,6 +60,118 @@ class WorkerHandle:
             hit_rate=self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
             load=self.load, engine=self.engine,
         )
+
+
+class WorkerPool:
+    """The router's workers: registration, sends over the backend socket, liveness.
+
+    ``on_dead(worker, reason)`` runs once when a worker is declared dead (its in-flight
+    requests are still listed in ``worker.inflight`` then, for the router to fail);
+    ``on_joined(worker)`` after a worker registered.
+    """
+
+    def __init__(self, backend: zmq.Socket, dispatcher: Dispatcher,
+                 on_dead: Callable[[WorkerHandle, str], None], on_joined: Callable[[WorkerHandle], None]) -> None:
+        self.backend = backend
+        self.dispatcher = dispatcher
+        self._on_dead = on_dead
+        self._on_joined = on_joined
+        self.workers: dict[int, WorkerHandle] = {}
+        self._by_identity: dict[bytes, WorkerHandle] = {}
+        self.expected: dict[int, Any] = {}  # worker id -> Popen of local workers not yet registered
+
+    @property
+    def live(self) -> list[WorkerHandle]:
+        return [w for w in self.workers.values() if w.alive]
+
+    def expect_local(self, worker_id: int, proc: Any) -> None:
+        """A local worker process that will say hello; its exit is watched."""
+        self.expected[worker_id] = proc
+
+    def get(self, identity: bytes) -> WorkerHandle | None:
+        return self._by_identity.get(identity)
+
+    def register(self, identity: bytes, hello: p.WorkerHello) -> WorkerHandle:
+        """Add a worker that said hello (a known identity re-registering lost its work)."""
+        old = self._by_identity.get(identity)
+        if old is not None:
+            self.mark_dead(old, "worker re-registered")
+        wid = hello.worker_id
+        if wid < 0 or (wid in self.workers and self.workers[wid].alive):
+            wid = max([*self.workers, *self.expected, -1]) + 1
+        w = WorkerHandle(wid, identity, hello, time.monotonic(), proc=self.expected.pop(wid, None), load=hello.load)
+        self.workers[wid] = w
+        self._by_identity[identity] = w
+        self.dispatcher.add_worker(wid)
+        log.info("worker %d joined (pid %d, model %s, context %d)", wid, hello.pid, hello.model, hello.context_length)
+        self._on_joined(w)
+        return w
+
+    def send(self, w: WorkerHandle, msg: msgspec.Struct) -> bool:
+        """Send to a live worker; an unreachable one is declared dead."""
+        try:
+            self.backend.send_multipart([w.identity, p.encode(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            self.mark_dead(w, f"unreachable ({exc})")
+            return False
+        return True
+
+    def send_raw(self, identity: bytes, msg: msgspec.Struct) -> None:
+        """Best-effort send to any peer (e.g. a worker already given up on)."""
+        try:
+            self.backend.send_multipart([identity, p.encode(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
+    def flush_adds(self) -> None:
+        """Send each worker the requests batched for it during this loop turn."""
+        for w in self.live:
+            if w.adds:
+                adds, w.adds = w.adds, []
+                self.send(w, p.WorkerAdd(requests=adds))
+
+    def mark_dead(self, w: WorkerHandle, reason: str) -> None:
+        """Stop routing to ``w``; the router fails its in-flight requests (``on_dead``)."""
+        if not w.alive:
+            return
+        w.alive, w.death = False, reason
+        log.warning("worker %d (pid %s) is dead: %s", w.worker_id, w.pid, reason)
+        self.dispatcher.remove_worker(w.worker_id)
+        self._on_dead(w, reason)
+        w.inflight.clear()
+        w.adds.clear()
+
+    def check(self, now: float, timeout_s: float) -> list[str]:
+        """Liveness turn: reap exited processes, time out silent workers, ping the rest.
+        Returns why local workers that never joined failed (they will not come)."""
+        for w in self.live:
+            code = w.proc.poll() if w.proc is not None else None
+            if code is not None:
+                self.mark_dead(w, f"process exited with code {code}")
+            elif now - w.last_seen > timeout_s:
+                self.mark_dead(w, f"no heartbeat for {now - w.last_seen:.1f} s")
+            else:
+                self.send(w, p.WorkerPing())
+        failed = []
+        for wid, proc in list(self.expected.items()):
+            if proc.poll() is not None:
+                del self.expected[wid]
+                failed.append(f"worker {wid} failed to start (exit code {proc.returncode})")
+                log.error(failed[-1])
+        return failed
+
+    def shutdown_all(self) -> None:
+        """Tell every worker to exit, the dead-declared too (a hung one that recovers should go)."""
+        for w in self.workers.values():
+            self.send_raw(w.identity, p.WorkerShutdown())
+
+    def context_length(self) -> int | None:
+        sizes = [w.hello.context_length for w in self.live]
+        return min(sizes) if sizes else None
+
+    def vocab_size(self) -> int | None:
+        sizes = [w.hello.vocab_size for w in self.live]
+        return min(sizes) if sizes else None
 
 
 def worker_command(

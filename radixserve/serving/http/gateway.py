@@ -25,6 +25,7 @@ from radixserve.serving import protocol as p
 from radixserve.serving.client import DEFAULT_ENDPOINT, AsyncClient, ServerError
 from radixserve.serving.http.errors import APIError, from_server_error, from_timeout
 from radixserve.serving.http.metrics import GatewayMetrics
+from radixserve.serving.http.tokens import TokenNames
 
 log = logging.getLogger("radixserve.serving.http")
 T = TypeVar("T")
@@ -106,11 +107,11 @@ class Gateway:
     def __init__(self, config: GatewayConfig = GatewayConfig(), tokenizer: Any = None) -> None:
         self.config = config
         self.metrics = GatewayMetrics()
-        self.tokenizer = tokenizer
         self.client: AsyncClient | None = None
         self.started = time.time()
         self._info: p.ModelInfo | None = None
-        self._token_texts: dict[int, str] = {}
+        self.tokens = TokenNames(tokenizer)
+        self._tokenizer_looked_up = tokenizer is not None
         self._tasks: list[asyncio.Task[None]] = []
         self.last_stats: p.StatsReply | None = None
 
@@ -147,9 +148,15 @@ class Gateway:
             self._load_default_tokenizer(self._info.model)
         return self._info
 
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer naming logprob tokens, or ``None``."""
+        return self.tokens.tokenizer
+
     def _load_default_tokenizer(self, model: str) -> None:
-        if self.tokenizer is not None:
+        if self._tokenizer_looked_up:
             return
+        self._tokenizer_looked_up = True
         from radixserve.serving.prompts import load_tokenizer
 
         path: Any = self.config.tokenizer
@@ -158,14 +165,12 @@ class Gateway:
 
             if model.lower() not in DEFAULT_MODEL_ALIASES or not is_complete_model_dir(default_model_path()):
                 log.warning("no tokenizer for %r: logprob tokens are shown as token_id:N (see --tokenizer)", model)
-                self.tokenizer = False
                 return
             path = default_model_path()
         try:
-            self.tokenizer = load_tokenizer(path)
+            self.tokens = TokenNames(load_tokenizer(path))
         except Exception as exc:  # a bad path must not take the gateway down
             log.warning("could not load the tokenizer from %s (%s): logprob tokens are shown as token_id:N", path, exc)
-            self.tokenizer = False
 
     async def model_name(self) -> str:
         return self.config.served_model_name or (await self.info()).model
@@ -182,12 +187,11 @@ class Gateway:
 
     def token_text(self, token_id: int) -> str:
         """The text of one token (for logprobs); ``token_id:N`` without a tokenizer."""
-        text = self._token_texts.get(token_id)
-        if text is None:
-            text = self.tokenizer.decode([token_id]) if self.tokenizer else f"token_id:{token_id}"
-            if len(self._token_texts) < 1 << 20:
-                self._token_texts[token_id] = text
-        return text
+        return self.tokens.text(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The exact bytes of one token (OpenAI's ``bytes`` field)."""
+        return self.tokens.bytes(token_id)
 
     # ------------------------------------------------------------------ control
     async def stats(self) -> p.StatsReply:

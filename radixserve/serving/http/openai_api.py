@@ -66,12 +66,10 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
 def chat_logprobs(g: Gateway, lps: list[p.TokenLogprob] | None) -> list[dict[str, Any]]:
     out = []
     for lp in lps or []:
-        text = g.token_text(lp.token_id)
-        top = []
-        for tid, value in lp.top or []:
-            t = g.token_text(tid)
-            top.append({"token": t, "logprob": logprob(value), "bytes": list(t.encode())})
-        out.append({"token": text, "logprob": logprob(lp.logprob), "bytes": list(text.encode()), "top_logprobs": top})
+        top = [{"token": g.token_text(tid), "logprob": logprob(value), "bytes": list(g.token_bytes(tid))}
+               for tid, value in lp.top or []]
+        out.append({"token": g.token_text(lp.token_id), "logprob": logprob(lp.logprob),
+                    "bytes": list(g.token_bytes(lp.token_id)), "top_logprobs": top})
     return out
 
 
