@@ -94,15 +94,16 @@ class Client:
     def _send(self, msg: Any) -> None:
         self._sock.send(p.encode(msg))
 
-    def _pump(self, wait_s: float | None) -> None:
-        """Receive what is there (waiting at most ``wait_s``) and queue it by request id."""
-        if not self._sock.poll(None if wait_s is None else int(wait_s * 1000)):
-            return
+    def _pump(self, wait_s: float | None) -> bool:
+        """Receive what is there (waiting at most ``wait_s``) and queue it by request id;
+        True if anything at all arrived (keep-alives too: the router is alive)."""
+        if not self._sock.poll(None if wait_s is None else max(1, int(wait_s * 1000))):
+            return False
         while True:
             try:
                 frame = self._sock.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                return True
             msg = p.decode_server(frame)
             rid = getattr(msg, "request_id", None)
             if isinstance(msg, p.KeepAlive):
@@ -129,9 +130,7 @@ class Client:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError(f"no reply from {self.endpoint} for request {rid} within {timeout} s")
-            before = len(queue)
-            self._pump(left)
-            if len(queue) > before:
+            if self._pump(left):
                 deadline = None if timeout is None else time.monotonic() + timeout
 
     def _forget(self, rid: str) -> None:
@@ -249,10 +248,12 @@ class AsyncClient:
         self._queues: dict[str, asyncio.Queue[Any]] = {}
         self._generating: set[str] = set()
         self._reader: asyncio.Task[None] | None = None
+        self._last_rx = 0.0  # when the router last sent anything
 
     async def _read(self) -> None:
         while True:
             msg = p.decode_server(await self._sock.recv())
+            self._last_rx = time.monotonic()
             if isinstance(msg, p.KeepAlive):
                 continue
             rid = getattr(msg, "request_id", None)
@@ -270,10 +271,18 @@ class AsyncClient:
         return q
 
     async def _next(self, rid: str, q: asyncio.Queue[Any], timeout: float | None) -> Any:
-        try:
-            msg = await asyncio.wait_for(q.get(), self.timeout if timeout is None else timeout)
-        except asyncio.TimeoutError:
-            raise TimeoutError(f"no reply from {self.endpoint} for request {rid}") from None
+        """The next message for ``rid``; times out after ``timeout`` s without *any* message
+        from the router (its keep-alives count: a long non-streamed request is not a dead router)."""
+        limit = self.timeout if timeout is None else timeout
+        start = time.monotonic()
+        while True:
+            wait = None if limit is None else max(0.0, max(start, self._last_rx) + limit - time.monotonic())
+            try:
+                msg = await asyncio.wait_for(q.get(), wait)
+                break
+            except asyncio.TimeoutError:
+                if limit is not None and time.monotonic() - max(start, self._last_rx) >= limit:
+                    raise TimeoutError(f"no reply from {self.endpoint} for request {rid} within {limit} s") from None
         if isinstance(msg, p.Error):
             raise ServerError(msg)
         return msg

@@ -314,3 +314,20 @@ def test_remote_worker_joins_by_endpoint_over_ipc(tokenizer_dir, tokenizer, alph
         srv.close()  # tells the remote worker to shut down too
         stop_processes([remote], grace_s=10)
     assert remote.returncode == 0
+
+
+def test_keepalives_keep_a_long_unstreamed_request_alive(fake_server) -> None:
+    import asyncio
+
+    from radixserve.serving.client import AsyncClient
+
+    srv = fake_server(step_delay=0.03)  # 20 tokens take ~0.6 s, the clients time out after 0.3 s of silence
+    params = SamplingParams(max_tokens=20)
+    with Client(srv.endpoint, timeout=0.3) as c:
+        assert c.generate("slow", params=params).usage.completion_tokens == 20
+
+    async def run() -> int:
+        async with AsyncClient(srv.endpoint, timeout=0.3) as ac:
+            return (await ac.generate("slow", params=params)).usage.completion_tokens
+
+    assert asyncio.run(run()) == 20
