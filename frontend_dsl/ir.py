@@ -15,7 +15,8 @@ from radixserve.sampling_params import SamplingParams
 
 __all__ = [
     "Expr", "Text", "Gen", "Select", "Role", "RoleBegin", "RoleEnd", "Seq",
-    "gen", "gen_int", "gen_json", "gen_str", "select", "system", "user", "assistant", "role", "to_expr",
+    "gen", "gen_bool", "gen_float", "gen_int", "gen_json", "gen_str", "select", "system", "user", "assistant", "role",
+    "to_expr",
     "SAMPLING_FIELDS",
 ]
 
@@ -70,7 +71,7 @@ class Gen(Expr):
 
     name: str | None
     sampling: dict[str, Any] = field(default_factory=dict)  # only the fields the caller set
-    kind: str = "text"  # "text" | "int" | "str" | "json"
+    kind: str = "text"  # "text" | "int" | "float" | "bool" | "str" | "json"
 
     def params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
         """The SamplingParams of this call: program-run defaults overridden by the call's own."""
@@ -162,6 +163,41 @@ def gen_int(name: str | None = None, *, max_tokens: int = 16, stop: Sequence[str
     expr = gen(name, max_tokens=max_tokens, stop=list(stop) if stop is not None else _INT_STOPS, **kw)
     assert isinstance(expr, Gen)
     return Gen(expr.name, expr.sampling, kind="int")
+
+
+FLOAT_REGEX = r" ?-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,15})?"
+BOOL_REGEX = r" ?(true|false)"
+_FLOAT_STOPS = [s for s in _INT_STOPS if s != "."]
+
+
+def gen_float(name: str | None = None, *, max_tokens: int = 24, stop: Sequence[str] | None = None,
+              constrained: bool = True, **kw: Any) -> Expr:
+    """Generate a decimal number into ``name`` (stored as ``float``).
+
+    ``constrained``: the engine may only sample a number (regex ``FLOAT_REGEX``); else stop
+    sequences end it. Parsed like :func:`gen_int`: the number itself is kept in the prompt.
+    """
+    if constrained:
+        kw.setdefault("regex", FLOAT_REGEX)
+    expr = gen(name, max_tokens=max_tokens, stop=list(stop) if stop is not None else _FLOAT_STOPS, **kw)
+    assert isinstance(expr, Gen)
+    return Gen(expr.name, expr.sampling, kind="float")
+
+
+def gen_bool(name: str | None = None, *, max_tokens: int = 8, stop: Sequence[str] | None = None,
+             constrained: bool = True, **kw: Any) -> Expr:
+    """Generate ``true`` or ``false`` into ``name`` (stored as ``bool``).
+
+    ``constrained``: the engine may only sample those (regex ``BOOL_REGEX``); else stop
+    sequences end the word and the text must begin with one of them.
+    """
+    if constrained:
+        kw.setdefault("regex", BOOL_REGEX)
+    elif stop is None:
+        stop = ["\n", ",", ".", '"']
+    expr = gen(name, max_tokens=max_tokens, stop=list(stop) if stop is not None else None, **kw)
+    assert isinstance(expr, Gen)
+    return Gen(expr.name, expr.sampling, kind="bool")
 
 
 def gen_str(name: str | None = None, *, max_tokens: int = 64, stop: Sequence[str] | None = None, **kw: Any) -> Expr:

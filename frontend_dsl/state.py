@@ -33,6 +33,8 @@ from frontend_dsl.usage import ProgramUsage, UsageMeter
 __all__ = ["ForkGroup", "ProgramError", "ProgramState", "RunContext"]
 
 _INT_RE = re.compile(r"\s*[-+]?\d+")
+_FLOAT_RE = re.compile(r"\s*[-+]?\d+(\.\d+)?")
+_BOOL_RE = re.compile(r"\s*(true|false)", re.IGNORECASE)
 
 
 class ProgramError(RuntimeError):
@@ -191,7 +193,7 @@ class ProgramState:
     def _run_gen(self, op: Gen) -> None:
         ctx = self._ctx
         params = op.params(ctx.defaults)
-        live = op.kind != "int"  # an int is appended once parsed, not streamed
+        live = op.kind not in ("int", "float", "bool")  # a typed value is appended once parsed, not streamed
         pieces: list[str] = []
         last = None
         with ctx.backend.generate(self._text, params, program_id=ctx.program_id) as stream:
@@ -220,6 +222,12 @@ class ProgramState:
                 raise ValueError(f"gen_int({op.name!r}): the model generated {text!r}, not an integer")
             self._append(match.group(0), op.name)
             value = int(match.group(0))
+        elif op.kind in ("float", "bool"):
+            match = (_FLOAT_RE if op.kind == "float" else _BOOL_RE).match(text)
+            if match is None:
+                raise ValueError(f"gen_{op.kind}({op.name!r}): the model generated {text!r}, not a {op.kind}")
+            self._append(match.group(0), op.name)
+            value = float(match.group(0)) if op.kind == "float" else match.group(1).lower() == "true"
         elif op.kind == "json":
             try:
                 value = json.loads(text)
