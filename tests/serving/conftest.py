@@ -47,6 +47,18 @@ ServerFactory = Callable[..., LocalServer]
 
 
 @pytest.fixture
+def fast_router() -> dict[str, Any]:
+    """RouterConfig fields with test-speed liveness timings."""
+    return dict(FAST)
+
+
+@pytest.fixture
+def fake_worker_cmd() -> list[str]:
+    """The command that starts a fake-engine worker process."""
+    return list(FAKE_WORKER)
+
+
+@pytest.fixture
 def fake_server(tokenizer_dir: Path, tokenizer: Any, alphabet: list[int]) -> Iterator[ServerFactory]:
     """Factory: ``fake_server(num_workers=1, router=dict(...), **fake_engine_kwargs)`` -> started server."""
     servers: list[LocalServer] = []

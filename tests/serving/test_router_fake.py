@@ -291,19 +291,19 @@ def test_hung_worker_is_declared_dead_by_heartbeat(fake_server) -> None:
             os.kill(victim.pid, signal.SIGCONT)
 
 
-def test_remote_worker_joins_by_endpoint_over_ipc(tokenizer_dir, tokenizer, alphabet, tmp_path) -> None:
+def test_remote_worker_joins_by_endpoint_over_ipc(tokenizer_dir, tokenizer, alphabet, tmp_path, fast_router,
+                                                   fake_worker_cmd) -> None:
     import json
     import subprocess
 
-    from conftest import FAKE_WORKER, FAST
     from radixserve.serving.launcher import LocalServer, stop_processes
     from radixserve.serving.router import RouterConfig
 
-    cfg = RouterConfig(**{**FAST, "endpoint": f"ipc://{tmp_path}/clients.sock",
+    cfg = RouterConfig(**{**fast_router, "endpoint": f"ipc://{tmp_path}/clients.sock",
                           "worker_endpoint": f"ipc://{tmp_path}/workers.sock"})
     srv = LocalServer(tokenizer_dir, num_workers=0, config=cfg, tokenizer=tokenizer).start()
     engine = json.dumps({"alphabet": alphabet, "vocab_size": len(tokenizer)})
-    remote = subprocess.Popen([*FAKE_WORKER, "--connect", srv.router.worker_endpoint, "--engine-config", engine])
+    remote = subprocess.Popen([*fake_worker_cmd, "--connect", srv.router.worker_endpoint, "--engine-config", engine])
     try:
         with Client(srv.endpoint, timeout=20) as c:
             # Sent before the worker joined: it waits for one.
