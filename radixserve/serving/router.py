@@ -154,14 +154,18 @@ class Router:
         self.frontend.close(linger=0)
         self.backend.close(linger=500)  # let the shutdown messages leave
 
-    @staticmethod
-    def _drain(sock: zmq.Socket, handle: Any, limit: int = 512) -> None:
+    def _drain(self, sock: zmq.Socket, handle: Any, limit: int = 512) -> None:
         for _ in range(limit):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            handle(frames)
+            try:
+                handle(frames)
+            except Exception as exc:  # a bug must cost one request, not the server
+                log.exception("error handling a message")
+                if sock is self.frontend:
+                    self._reply_error(frames[0], p.Error(code="internal", message=f"{type(exc).__name__}: {exc}"))
 
     # ------------------------------------------------------------------ sending
     def send_client(self, client: bytes, msg: msgspec.Struct) -> bool:
@@ -172,7 +176,8 @@ class Router:
             log.info("client %s unreachable (%s): aborting its requests", client.hex(), exc)
             self._drop_client(client)
             return False
-        self._last_sent[client] = time.monotonic()
+        if client in self._by_client:  # only clients with requests in flight are probed
+            self._last_sent[client] = time.monotonic()
         return True
 
     # ------------------------------------------------------------------ clients
@@ -205,7 +210,7 @@ class Router:
         self.send_client(client, err)
 
     def _on_generate(self, client: bytes, req: p.GenerateRequest) -> None:
-        rids = self._by_client.setdefault(client, {})
+        rids = self._by_client.get(client, {})
 
         def error(code: Any, message: str) -> None:
             self._reply_error(client, p.Error(code=code, message=message, request_id=req.request_id))
@@ -228,8 +233,8 @@ class Router:
         self._next_rid += 1
         self.counters["requests"] += 1
         st = RouterRequest(rid, client, req.request_id, ids, req.params, req.stream, req.session_id, req.namespace,
-                      self.codec.detokenizer(req.params, ids), time.monotonic())
-        rids[req.request_id] = rid
+                           self.codec.detokenizer(req.params, ids), time.monotonic())
+        self._by_client.setdefault(client, {})[req.request_id] = rid
         self._requests[rid] = st
         self._last_sent.setdefault(client, st.arrival)
         self._dispatch(st)
@@ -315,6 +320,7 @@ class Router:
             rids.pop(st.client_rid, None)
             if not rids:
                 del self._by_client[st.client]
+                self._last_sent.pop(st.client, None)
         return True
 
     def _finish(self, st: RouterRequest, reason: p.FinishReason) -> None:
