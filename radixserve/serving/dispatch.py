@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import zlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
@@ -195,13 +196,21 @@ class Dispatcher:
         for trie in self.tries.values():
             trie.clear()
 
-    def choose(self, tokens: Sequence[int], loads: Mapping[int, int], session_id: str | None = None) -> Decision:
-        """Pick a worker among ``loads``' keys (must be non-empty) and record the prefix there."""
+    def choose(self, tokens: Sequence[int], loads: Mapping[int, int], session_id: str | None = None,
+               namespace: str | None = None) -> Decision:
+        """Pick a worker among ``loads``' keys (must be non-empty) and record the prefix there.
+
+        A cache ``namespace`` shares nothing with other namespaces, so its prefixes are
+        recorded under a negative sentinel token (never a real token id) of their own."""
         if not loads:
             raise ValueError("no live worker")
+        if namespace is not None:
+            tokens = [-1 - zlib.crc32(namespace.encode()), *tokens]
         decision = self._choose(tokens, loads, session_id)
         self.add_worker(decision.worker_id)
         self.tries[decision.worker_id].insert(tokens)
+        if namespace is not None:  # report prompt tokens only, not the sentinel
+            decision = decision._replace(matched_tokens=max(0, decision.matched_tokens - 1))
         if session_id is not None:
             self._sessions[session_id] = decision.worker_id
             self._sessions.move_to_end(session_id)

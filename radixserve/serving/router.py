@@ -261,7 +261,7 @@ class Router:
         too_long = self._check_context(len(st.prompt_ids))
         if too_long:
             return self._fail(st, "context_length", too_long)
-        decision = self.dispatcher.choose(st.prompt_ids, loads, st.session_id)
+        decision = self.dispatcher.choose(st.prompt_ids, loads, st.session_id, st.namespace)
         w = self.workers[decision.worker_id]
         st.worker_id, st.dispatched = w.worker_id, time.monotonic()
         w.inflight.add(st.rid)

@@ -89,3 +89,14 @@ def test_errors() -> None:
         Dispatcher("nope")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         Dispatcher().choose([1], {})
+
+
+def test_namespaces_do_not_share_prefixes() -> None:
+    d = Dispatcher("cache_aware", balance_abs_threshold=100)
+    loads = {0: 0, 1: 0}
+    prefix = list(range(64))
+    w = d.choose(prefix + [1], loads, namespace="tenant-a").worker_id
+    assert d.choose(prefix + [2], loads, namespace="tenant-a") == (w, 64, "cache")
+    other = d.choose(prefix + [3], loads, namespace="tenant-b")
+    assert other.reason == "least_loaded" and other.matched_tokens == 0
+    assert d.choose(prefix + [4], loads).matched_tokens == 0  # no namespace: its own space too
