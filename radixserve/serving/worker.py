@@ -192,16 +192,19 @@ class Worker:
             msg = p.decode_to_worker(data)
             if isinstance(msg, p.Error):
                 log.warning("bad frame from the router: %s", msg.message)
-            else:
+                continue
+            try:
                 self._handle(msg)
+            except Exception:  # one failed control message must not take the worker down
+                log.exception("handling %s failed", type(msg).__name__)
 
     def _handle(self, msg: p.RouterToWorker) -> None:
         if isinstance(msg, p.WorkerAdd):
             for req in msg.requests:
                 try:
                     self.engine.add_request(req.input_ids, req.params, request_id=req.rid, namespace=req.namespace)
-                except (ValueError, TypeError) as exc:
-                    self._send(p.WorkerRejected(rid=req.rid, message=str(exc)))
+                except Exception as exc:  # invalid params, too long, bad constraint, ...: the engine says why
+                    self._send(p.WorkerRejected(rid=req.rid, message=str(exc) or type(exc).__name__))
                 else:
                     self._active.add(req.rid)
         elif isinstance(msg, p.WorkerAbort):
