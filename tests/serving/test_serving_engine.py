@@ -138,3 +138,23 @@ def test_prompt_too_long_and_bad_params(server: LocalServer) -> None:
             c.generate("x", params=SamplingParams(top_k=0))
         assert exc.value.code == "invalid_params"
         assert c.generate("ok", params=SamplingParams(max_tokens=1)).usage.completion_tokens == 1
+
+
+def test_logprobs_and_prompt_logprobs_match_engine(server: LocalServer, engine: Any) -> None:
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2, prompt_logprobs_start=0)
+    text = "Let us count: one two three"
+    exp = engine.generate([text], [params])[0]
+    with Client(server.endpoint, timeout=30) as c:
+        events = list(c.stream(text, params=params))
+    final = events[-1]
+    assert isinstance(final, p.GenerateFinal) and final.token_ids == exp.token_ids
+    assert final.logprobs is not None and exp.logprobs is not None
+    assert [(lp.token_id, round(lp.logprob, 4)) for lp in final.logprobs] == \
+        [(lp.token_id, round(lp.logprob, 4)) for lp in exp.logprobs]
+    assert all(lp.top is not None and len(lp.top) == 2 for lp in final.logprobs)
+    streamed = [lp for ev in events[:-1] for lp in (ev.logprobs or [])]
+    assert streamed == final.logprobs
+    assert final.prompt_logprobs is not None and exp.prompt_logprobs is not None
+    assert len(final.prompt_logprobs) == len(exp.prompt_logprobs) == final.usage.prompt_tokens
+    assert final.prompt_logprobs[0] is None
+    assert final.prompt_logprobs[1:] == pytest.approx(exp.prompt_logprobs[1:], abs=1e-4)
