@@ -45,6 +45,44 @@ def capital_quiz(s, country: str, answer_tokens: int):
     s += assistant(gen("population", max_tokens=answer_tokens, stop=["\n"]))
 
 
+GEN_PROMPT = "<|im_start|>assistant\n"
+
+
+def ideal_hit_rate(backend: EngineBackend, states: list, page: int) -> float:
+    """The hit rate of an ideal prefix cache of unbounded size on this batch's calls.
+
+    Calls in the order the batch issues them (every first turn, then every second turn);
+    each may reuse the longest page-aligned prefix it shares with an earlier call's prompt +
+    answer, short of its own last prompt token (whose logits must be computed).
+    """
+    turns: list[list[tuple[str, str]]] = [[], []]
+    for state in states:
+        text = state.text()
+        cut = 0
+        for k, name in enumerate(("capital", "population")):
+            cut = text.index(GEN_PROMPT, cut) + len(GEN_PROMPT)
+            turns[k].append((text[:cut], state[name]))
+    seen: list[list[int]] = []
+    sent = hit = 0
+    for calls in turns:
+        for prompt, answer in calls:
+            ids, done = backend.tokenize([prompt, prompt + answer])
+            best = max((_common(ids, s) for s in seen), default=0)
+            hit += min(best, len(ids) - 1) // page * page
+            sent += len(ids)
+            seen.append(done[:-1])
+    return hit / sent
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def run_once(backend: EngineBackend, n: int, answer_tokens: int) -> dict[str, float]:
     assert backend.engine.flush_cache()
     batch = [{"country": COUNTRIES[i % len(COUNTRIES)] + ("" if i < len(COUNTRIES) else f" ({i})"),
@@ -55,11 +93,7 @@ def run_once(backend: EngineBackend, n: int, answer_tokens: int) -> dict[str, fl
     for s in states:
         s.raise_for_error()
     usage = batch_usage(states)
-    page = backend.engine.config.page_size
-    shared = len(backend.tokenize([states[0].text().split("What is the capital of " + batch[0]["country"])[0]])[0])
-    first_turns = sum(len(backend.tokenize([s.text().split("<|im_start|>assistant")[0]])[0]) for s in states)
-    # Optimum: the shared prefix computed once, every second turn reusing its first (page-aligned).
-    optimum = ((n - 1) * (shared // page * page) + (usage.prompt_tokens - first_turns - n * page)) / usage.prompt_tokens
+    optimum = ideal_hit_rate(backend, states, backend.engine.config.page_size)
     return {"wall_s": wall, "prompt_tokens": usage.prompt_tokens, "reused_tokens": usage.cached_tokens,
             "hit_rate": usage.hit_rate, "optimum_hit_rate": optimum}
 
