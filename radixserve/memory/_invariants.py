@@ -58,6 +58,8 @@ def check_cache_invariants(cache: RadixCache, private_pages: Iterable[int] = ())
                 _fail(f"lock_ref != holders + children's lock_ref: {node!r}")
             if node.last_access > cache._clock:
                 _fail(f"access time from the future: {node!r}")
+            if node.parent.parent is not None and node.last_access > node.parent.last_access:
+                _fail(f"node used more recently than its parent (walks touch whole paths): {node!r}")
             tree_pages.extend(node.pages)
             if node.lock_ref > 0:
                 protected += len(node.pages)

@@ -1,0 +1,218 @@
+"""Hypothesis state machine: simulated requests drive the pool, allocator and radix cache.
+
+Several requests at once match, lock, allocate, write KV, cache their prefixes after
+"chunks", finish or abort, while raw inserts, bare matches and evictions happen between
+them. Every request writes its token ids into the KV slots of its pages (a tiny KVPool with
+one layer, one head, head_dim 1); after every step the machine checks the cache's full
+invariants, that lock holders match, and that every page a request holds (and every page
+in the tree) still contains the tokens it stands for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from radixserve.memory import KVPool, OutOfPagesError, PageAllocator, RadixCache, TreeNode
+
+# Prompts share prefixes: three of them start alike, one is different.
+BASES = [
+    list(range(10, 30)),
+    list(range(10, 18)) + list(range(40, 52)),
+    list(range(10, 14)) + [60] * 16,
+    list(range(70, 90)),
+]
+NAMESPACES = st.sampled_from([None, None, None, "t1"])
+TAILS = st.lists(st.integers(0, 3), max_size=6)
+MAX_REQUESTS = 5
+
+
+@dataclass
+class Req:
+    prompt: list[int]
+    ns: str | None
+    tokens: list[int]  # tokens whose KV is written, in order
+    pages: list[int]  # one page per page_size tokens of `tokens`
+    node: TreeNode  # the node this request holds locked
+
+
+class CacheMachine(RuleBasedStateMachine):
+    @initialize(
+        page_size=st.sampled_from([1, 4]),
+        num_pages=st.integers(8, 40),
+        disabled=st.sampled_from([False, False, False, True]),
+    )
+    def setup(self, page_size: int, num_pages: int, disabled: bool) -> None:
+        self.ps = page_size
+        self.alloc = PageAllocator(num_pages)
+        self.cache = RadixCache(self.alloc, page_size, disabled=disabled)
+        self.pool = KVPool(1, num_pages, page_size, 1, 1)
+        self.flat = self.pool.k_data[0].view(-1)
+        self.reqs: dict[int, Req] = {}
+        self.next_rid = 0
+
+    # ------------------------------------------------------------ helpers
+    def _write(self, pages: list[int], start: int, tokens: list[int]) -> None:
+        slots = [pages[i // self.ps] * self.ps + i % self.ps for i in range(start, start + len(tokens))]
+        self.flat[torch.tensor(slots, dtype=torch.long)] = torch.tensor(tokens, dtype=torch.float32)
+
+    def _read(self, pages: list[int], n: int) -> list[int]:
+        slots = [pages[i // self.ps] * self.ps + i % self.ps for i in range(n)]
+        return [int(x) for x in self.flat[torch.tensor(slots, dtype=torch.long)].tolist()]
+
+    def _pick(self, data: st.DataObject) -> int:
+        return data.draw(st.sampled_from(sorted(self.reqs)))
+
+    def _grow(self, req: Req, new_tokens: list[int]) -> bool:
+        need = -(-(len(req.tokens) + len(new_tokens)) // self.ps) - len(req.pages)
+        free, evictable, cached = self.alloc.num_free, self.cache.num_evictable_pages, self.cache.num_cached_pages
+        try:
+            got = self.alloc.alloc(need)
+        except OutOfPagesError as e:
+            assert need > free + evictable and (e.needed, e.free, e.evictable) == (need, free, evictable)
+            assert self.alloc.num_free == free and self.cache.num_cached_pages == cached  # nothing evicted
+            return False
+        assert need <= free + evictable
+        req.pages += got
+        self._write(req.pages, len(req.tokens), new_tokens)
+        req.tokens += new_tokens
+        return True
+
+    def _cache(self, req: Req) -> None:
+        old_pages, held = list(req.pages), req.node.depth // self.ps
+        n_full = len(req.tokens) // self.ps
+        c = self.cache.cache_prefix(req.tokens, req.pages, req.node, req.ns)
+        assert c.pages[:held] == old_pages[:held]  # what it already held is unchanged
+        assert c.pages[n_full:] == old_pages[n_full:]  # the partial page stays private
+        if self.cache.disabled:
+            assert c.cached_len == 0 and c.pages == old_pages
+        else:
+            assert c.cached_len == n_full * self.ps == c.node.depth
+        req.pages, req.node = c.pages, c.node
+
+    # ------------------------------------------------------------ rules
+    @precondition(lambda self: len(self.reqs) < MAX_REQUESTS)
+    @rule(base=st.integers(0, len(BASES) - 1), cut=st.integers(0, 20), tail=TAILS, ns=NAMESPACES)
+    def new_request(self, base: int, cut: int, tail: list[int], ns: str | None) -> None:
+        prompt = BASES[base][:cut] + tail
+        if not prompt:
+            prompt = [1]
+        m = self.cache.match_prefix(prompt[:-1], ns)
+        assert m.matched_len % self.ps == 0 and len(m.pages) * self.ps == m.matched_len
+        assert m.node.depth == m.matched_len
+        self.cache.lock(m.node)
+        self.reqs[self.next_rid] = Req(prompt, ns, prompt[: m.matched_len], list(m.pages), m.node)
+        self.next_rid += 1
+
+    @precondition(lambda self: self.reqs)
+    @rule(data=st.data(), k=st.integers(1, 9))
+    def extend(self, data: st.DataObject, k: int) -> None:
+        """A prefill chunk (rest of the prompt) or decode steps (generated tokens)."""
+        req = self.reqs[self._pick(data)]
+        rest = req.prompt[len(req.tokens) : len(req.tokens) + k]
+        new = rest if rest else data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=k))
+        self._grow(req, new)
+
+    @precondition(lambda self: self.reqs)
+    @rule(data=st.data())
+    def cache_chunk(self, data: st.DataObject) -> None:
+        self._cache(self.reqs[self._pick(data)])
+
+    @precondition(lambda self: self.reqs)
+    @rule(data=st.data(), cache_it=st.booleans())
+    def finish(self, data: st.DataObject, cache_it: bool) -> None:
+        """Normal finish caches the sequence; abort/retract just lets go."""
+        req = self.reqs.pop(self._pick(data))
+        if cache_it:
+            self._cache(req)
+        self.cache.unlock(req.node)
+        self.alloc.free(req.pages[req.node.depth // self.ps :])
+
+    @rule(base=st.integers(0, len(BASES) - 1), cut=st.integers(0, 20), tail=TAILS, ns=NAMESPACES)
+    def bare_match(self, base: int, cut: int, tail: list[int], ns: str | None) -> None:
+        query = BASES[base][:cut] + tail
+        m = self.cache.match_prefix(query, ns)
+        assert m.matched_len == len(m.pages) * self.ps <= len(query)
+        assert self._read(m.pages, m.matched_len) == query[: m.matched_len]
+
+    @rule(base=st.integers(0, len(BASES) - 1), cut=st.integers(0, 20), tail=TAILS, ns=NAMESPACES)
+    def raw_insert(self, base: int, cut: int, tail: list[int], ns: str | None) -> None:
+        tokens = BASES[base][:cut] + tail
+        try:
+            pages = self.alloc.alloc(-(-len(tokens) // self.ps))
+        except OutOfPagesError:
+            return
+        self._write(pages, 0, tokens)
+        before = self.cache.peek_prefix_len(tokens, ns)
+        cached = self.cache.insert(tokens, pages, ns)
+        assert cached == (0 if self.cache.disabled else before)
+        self.alloc.free(pages[: cached // self.ps] + pages[len(tokens) // self.ps :])
+
+    @rule(n=st.integers(0, 12))
+    def evict(self, n: int) -> None:
+        evictable = self.cache.num_evictable_pages
+        nodes = self._nodes()
+        sizes = {node: len(node.pages) for node in nodes}
+        leaves_before = set(self.cache._leaves)
+        assert self.cache.evict(n) == min(n, evictable)
+        # LRU: everything evicted (or trimmed) is older than every untouched evictable leaf.
+        touched = [(x.last_access, x.id) for x in nodes if not x.alive or len(x.pages) != sizes[x]]
+        kept = [(x.last_access, x.id) for x in leaves_before if x.alive and len(x.pages) == sizes[x]]
+        if touched and kept:
+            assert max(touched) < min(kept)
+
+    @rule(roll=st.integers(0, 9))
+    def reset(self, roll: int) -> None:
+        if roll != 9:  # flushing the cache is rare in real runs; keep trees deep here too
+            return
+        if self.cache.num_protected_pages:
+            try:
+                self.cache.reset()
+            except RuntimeError:
+                return
+            raise AssertionError("reset() with locked pages did not raise")
+        self.cache.reset()
+        assert self.cache.num_cached_pages == 0
+
+    def _nodes(self) -> list[TreeNode]:
+        out, stack = [], list(self.cache._roots.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if not node.is_root:
+                out.append(node)
+        return out
+
+    # ------------------------------------------------------------ invariants
+    @invariant()
+    def accounting_and_data(self) -> None:
+        if not hasattr(self, "cache"):
+            return
+        private: list[int] = []
+        holders: dict[int, int] = {}
+        for req in self.reqs.values():
+            assert len(req.pages) == -(-len(req.tokens) // self.ps)
+            private += req.pages[req.node.depth // self.ps :]
+            if not req.node.is_root:
+                assert req.node.alive
+                holders[id(req.node)] = holders.get(id(req.node), 0) + 1
+            assert self._read(req.pages, len(req.tokens)) == req.tokens
+        self.cache.check_invariants(private_pages=private)
+        # Lock holders are exactly the simulated requests; tree pages hold their own tokens.
+        for node in self._nodes():
+            assert node.holders == holders.pop(id(node), 0)
+            assert self._read(node.pages, len(node.key)) == list(node.key)
+        assert not holders
+
+
+CacheMachine.TestCase.settings = settings(
+    max_examples=200,
+    stateful_step_count=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestCacheMachine = CacheMachine.TestCase
