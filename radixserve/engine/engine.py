@@ -41,6 +41,9 @@ from radixserve.scheduling.scheduler import RequestOutput, Scheduler, SchedulerC
 
 logger = logging.getLogger(__name__)
 
+# Default KV pool on a CPU when neither num_pages nor memory_budget is given.
+CPU_DEFAULT_KV_BYTES = 1 << 30
+
 PromptInput = str | Sequence[str] | Sequence[Sequence[int]] | Sequence[int]
 
 
@@ -122,13 +125,23 @@ class Engine:
         logger.info("engine ready: %s, %s, max_total_len=%d", self.model_path, self.pool, self.max_total_len)
 
     def _plan_num_pages(self) -> int:
-        from radixserve.memory.planner import plan_memory
+        """Pages from the memory planner. On a CPU without an explicit budget the planner's
+        budget is the machine's RAM (shared with everything else), so the pool is capped at
+        ``CPU_DEFAULT_KV_BYTES`` of KV."""
+        from radixserve.memory.planner import kv_bytes_per_token, plan_memory
 
         cfg = self.config
+        cap = None
+        if self.device.type == "cpu" and cfg.memory_budget is None:
+            per_page = kv_bytes_per_token(self.model_config, cfg.kv_cache_dtype, cfg.torch_dtype) * cfg.page_size
+            cap = max(1, CPU_DEFAULT_KV_BYTES // per_page)
         plan = plan_memory(
             self.model_config, kv_dtype=cfg.kv_cache_dtype, page_size=cfg.page_size, act_dtype=cfg.torch_dtype,
             memory_budget=cfg.memory_budget, memory_utilization=cfg.memory_utilization, device=self.device,
+            max_num_tokens=cfg.max_num_tokens, max_num_pages=cap,
         )
+        if plan.num_pages < 1:
+            raise ValueError(f"no room for the KV cache: {plan}")
         return int(plan.num_pages)
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:

@@ -3,10 +3,11 @@
 Each layer call (1) stores the step's new K/V rows into the pool at ``batch.out_cache_loc``
 and (2) attends over every sequence's whole history read back from the pool::
 
-    pool (flat view)  [num_pages * page_size, kv_heads, head_dim]
-    slot of position j of sequence b = page_table[b, j // page_size] * page_size + j % page_size
+    pool (one layer)  [num_pages, page_size, kv_heads, head_dim]; flat slot = page * page_size + offset
+    position j of sequence b lives in page page_table[b, j // page_size] at offset j % page_size
 
-    decode sequences (1 new row):  one batched SDPA over a [B, L_max] gather, padding masked;
+    decode sequences (1 new row):  one batched SDPA over a [B, pages * page_size] gather of
+                                   whole pages, positions past each sequence's end masked;
                                    the query heads of one KV head ride in SDPA's query-length
                                    axis, so GQA/MQA need no K/V expansion
     extend sequences (n new rows): one SDPA per sequence, rows at positions prefix..prefix+n-1
@@ -15,7 +16,7 @@ and (2) attends over every sequence's whole history read back from the pool::
 Everything that depends only on the batch (slot indices, masks) is computed once per
 forward, at layer 0, and reused by every layer. Quantized pools go through the reference
 store / dequantize of ``radixkernels.reference``; the unquantized case is a plain
-``index_copy_`` / ``index_select``.
+``index_copy_`` of rows and an ``index_select`` of whole pages.
 """
 
 from __future__ import annotations
@@ -32,21 +33,26 @@ from radixserve.model.forward_batch import ForwardBatch
 @dataclass
 class _ExtendSeq:
     rows: slice  # rows of this sequence in the batch
-    slots: torch.Tensor  # [L] int64 pool slots of positions 0..L-1
+    pages: torch.Tensor  # [ceil(L / page_size)] int64 pages holding positions 0..L-1
+    length: int  # L
     mask: torch.Tensor | None  # [n, L] bool (None: plain causal, nothing cached before)
 
 
 @dataclass
 class _BatchMeta:
     decode_rows: torch.Tensor | None  # [Bd] int64 rows of the decode sequences
-    decode_slots: torch.Tensor | None  # [Bd * L_max] int64
-    decode_mask: torch.Tensor | None  # [Bd, 1, 1, L_max] bool
-    decode_shape: tuple[int, int]  # (Bd, L_max)
+    decode_pages: torch.Tensor | None  # [Bd * P] int64 pages, padded with page 0
+    decode_mask: torch.Tensor | None  # [Bd, 1, 1, P * page_size] bool, True where attended
+    decode_shape: tuple[int, int]  # (Bd, P)
     extends: list[_ExtendSeq]
 
 
 class TorchPagedAttentionBackend(AttentionBackend):
-    """Stores new K/V into a ``KVPool`` and attends over the paged history, in torch."""
+    """Stores new K/V into a ``KVPool`` and attends over the paged history, in torch.
+
+    K/V are gathered a whole page at a time (``page_size`` tokens of one layer are one
+    contiguous block), which moves far fewer, larger pieces than a gather per token.
+    """
 
     def __init__(self, pool: object) -> None:
         self.pool = pool
@@ -69,19 +75,19 @@ class TorchPagedAttentionBackend(AttentionBackend):
         decode_idx = [b for b, n in enumerate(ext_lens) if n == 1]
         starts = _starts(ext_lens)
 
-        decode_rows = decode_slots = decode_mask = None
+        decode_rows = decode_pages = decode_mask = None
         shape = (0, 0)
         if decode_idx:
             d = torch.tensor(decode_idx, dtype=torch.int64, device=dev)
             lens = torch.tensor([seq_lens[b] for b in decode_idx], dtype=torch.int64, device=dev)
-            l_max = max(seq_lens[b] for b in decode_idx)
-            j = torch.arange(l_max, dtype=torch.int64, device=dev)
-            pages = table.index_select(0, d)[:, j // ps]  # [Bd, L_max]
-            valid = j[None, :] < lens[:, None]
-            decode_slots = torch.where(valid, pages * ps + (j % ps)[None, :], 0).reshape(-1)
-            decode_mask = valid[:, None, None, :]
+            n_pages = -(-max(seq_lens[b] for b in decode_idx) // ps)
+            p = torch.arange(n_pages, dtype=torch.int64, device=dev)
+            used = p[None, :] * ps < lens[:, None]  # pages past a sequence's end are padding
+            decode_pages = torch.where(used, table.index_select(0, d)[:, :n_pages], 0).reshape(-1)
+            j = torch.arange(n_pages * ps, dtype=torch.int64, device=dev)
+            decode_mask = (j[None, :] < lens[:, None])[:, None, None, :]
             decode_rows = torch.tensor([starts[b] for b in decode_idx], dtype=torch.int64, device=dev)
-            shape = (len(decode_idx), l_max)
+            shape = (len(decode_idx), n_pages)
 
         extends: list[_ExtendSeq] = []
         for b, n in enumerate(ext_lens):
@@ -89,15 +95,15 @@ class TorchPagedAttentionBackend(AttentionBackend):
                 continue
             length = seq_lens[b]
             prefix = length - n
-            j = torch.arange(length, dtype=torch.int64, device=dev)
-            slots = table[b, j // ps] * ps + j % ps
             mask = None
             if prefix > 0:
                 i = torch.arange(n, dtype=torch.int64, device=dev)
+                j = torch.arange(length, dtype=torch.int64, device=dev)
                 mask = j[None, :] <= (prefix + i)[:, None]
-            extends.append(_ExtendSeq(slice(starts[b], starts[b] + n), slots, mask))
+            pages = table[b, : -(-length // ps)]
+            extends.append(_ExtendSeq(slice(starts[b], starts[b] + n), pages, length, mask))
 
-        self._meta = _BatchMeta(decode_rows, decode_slots, decode_mask, shape, extends)
+        self._meta = _BatchMeta(decode_rows, decode_pages, decode_mask, shape, extends)
         self._meta_batch = batch
         return self._meta
 
@@ -118,23 +124,23 @@ class TorchPagedAttentionBackend(AttentionBackend):
         kd.view(-1, kd.shape[-2], kd.shape[-1]).index_copy_(0, slots, k.to(kd.dtype))
         vd.view(-1, vd.shape[-2], vd.shape[-1]).index_copy_(0, slots, v.to(vd.dtype))
 
-    def _gather(self, layer_id: int, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V rows at ``slots``, ``[len(slots), kv_heads, head_dim]`` in ``dtype``."""
+    def _gather(self, layer_id: int, pages: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of whole ``pages``: ``[len(pages) * page_size, kv_heads, head_dim]`` in ``dtype``."""
         pool = self.pool
         kd, vd = pool.k_data[layer_id], pool.v_data[layer_id]  # type: ignore[attr-defined]
-        kf = kd.view(-1, kd.shape[-2], kd.shape[-1])
-        vf = vd.view(-1, vd.shape[-2], vd.shape[-1])
+        h, dp = kd.shape[-2], kd.shape[-1]
+        k = kd.index_select(0, pages).view(-1, h, dp)
+        v = vd.index_select(0, pages).view(-1, h, dp)
         if not self._quantized:
-            return kf.index_select(0, slots).to(dtype), vf.index_select(0, slots).to(dtype)
+            return k.to(dtype), v.to(dtype)
         from radixkernels.reference import dequantize_ref
 
         ks, vs = _scale(pool, "k_scale", layer_id), _scale(pool, "v_scale", layer_id)
         if self.fmt.kv_dtype.has_token_scales:
-            ks = ks.view(-1, ks.shape[-1]).index_select(0, slots)
-            vs = vs.view(-1, vs.shape[-1]).index_select(0, slots)
-        k = dequantize_ref(kf.index_select(0, slots), ks, self.fmt).to(dtype)
-        v = dequantize_ref(vf.index_select(0, slots), vs, self.fmt).to(dtype)
-        return k, v
+            assert ks is not None and vs is not None
+            ks = ks.index_select(0, pages).view(-1, h)
+            vs = vs.index_select(0, pages).view(-1, h)
+        return dequantize_ref(k, ks, self.fmt).to(dtype), dequantize_ref(v, vs, self.fmt).to(dtype)
 
     # -- attention -----------------------------------------------------------------------
 
@@ -155,19 +161,19 @@ class TorchPagedAttentionBackend(AttentionBackend):
         out = torch.empty_like(q)
 
         if meta.decode_rows is not None:
-            bd, l_max = meta.decode_shape
-            kk, vv = self._gather(layer_id, meta.decode_slots, q.dtype)  # type: ignore[arg-type]
-            kk = kk.view(bd, l_max, hkv, d).transpose(1, 2)  # [Bd, Hkv, L, D]
-            vv = vv.view(bd, l_max, hkv, d).transpose(1, 2)
+            bd, n_pages = meta.decode_shape
+            kk, vv = self._gather(layer_id, meta.decode_pages, q.dtype)  # type: ignore[arg-type]
+            kk = kk.view(bd, -1, hkv, d).transpose(1, 2)  # [Bd, Hkv, P * page_size, D]
+            vv = vv.view(bd, -1, hkv, d).transpose(1, 2)
             qq = q.index_select(0, meta.decode_rows).view(bd, hkv, group, d)  # heads of a KV head as "rows"
             o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=meta.decode_mask, scale=sm_scale)
             out.index_copy_(0, meta.decode_rows, o.reshape(bd, hq, d))
 
         for seq in meta.extends:
-            kk, vv = self._gather(layer_id, seq.slots, q.dtype)
+            kk, vv = self._gather(layer_id, seq.pages, q.dtype)
             qq = q[seq.rows].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-            kk = kk.transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
-            vv = vv.transpose(0, 1).unsqueeze(0)
+            kk = kk[: seq.length].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+            vv = vv[: seq.length].transpose(0, 1).unsqueeze(0)
             o = F.scaled_dot_product_attention(
                 qq, kk, vv, attn_mask=seq.mask, is_causal=seq.mask is None, scale=sm_scale, enable_gqa=group > 1
             )
