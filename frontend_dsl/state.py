@@ -18,23 +18,18 @@ program reads a value that was never produced — it is never lost in a thread.
 from __future__ import annotations
 
 import collections
-import json
-import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from frontend_dsl.backend import Backend, BackendError
+from frontend_dsl.backend import Backend
+from frontend_dsl.calls import run_gen, run_select
 from frontend_dsl.chat_template import RoleFormat
 from frontend_dsl.ir import Expr, Gen, Role, RoleBegin, RoleEnd, Select, Seq, Text, to_expr
-from frontend_dsl.scoring import score_choices
 from frontend_dsl.usage import ProgramUsage, UsageMeter
 
 __all__ = ["ForkGroup", "ProgramError", "ProgramState", "RunContext"]
 
-_INT_RE = re.compile(r"\s*[-+]?\d+")
-_FLOAT_RE = re.compile(r"\s*[-+]?\d+(\.\d+)?")
-_BOOL_RE = re.compile(r"\s*(true|false)", re.IGNORECASE)
 
 
 class ProgramError(RuntimeError):
@@ -181,73 +176,14 @@ class ProgramState:
             self._open = None
             self._append(self._ctx.roles.close(op.role))
         elif isinstance(op, Gen):
-            self._run_gen(op)
+            run_gen(self, op)
         elif isinstance(op, Select):
-            self._run_select(op)
+            run_select(self, op)
         elif isinstance(op, _SetVars):
             for name, value in op.values.items():
                 self._assign(name, value)
         else:
             raise TypeError(f"unknown expression {op!r}")
-
-    def _run_gen(self, op: Gen) -> None:
-        ctx = self._ctx
-        params = op.params(ctx.defaults)
-        live = op.kind not in ("int", "float", "bool")  # a typed value is appended once parsed, not streamed
-        pieces: list[str] = []
-        last = None
-        with ctx.backend.generate(self._text, params, program_id=ctx.program_id) as stream:
-            for chunk in stream:
-                ctx.first_output.set()
-                if chunk.error is not None:
-                    raise BackendError(chunk.error)
-                if chunk.text:
-                    pieces.append(chunk.text)
-                    if live:
-                        self._append(chunk.text, op.name)
-                if chunk.finished:
-                    last = chunk
-                    break
-        if last is None:
-            raise BackendError("the backend's stream ended without a final chunk")
-        if last.usage is not None:
-            ctx.meter.add(last.usage)
-        if last.finish_reason in ("abort", "error"):
-            raise BackendError(f"generation of {op.name!r} ended with finish_reason={last.finish_reason!r}")
-        text = "".join(pieces)
-        value: Any = text
-        if op.kind == "int":
-            match = _INT_RE.match(text)
-            if match is None:
-                raise ValueError(f"gen_int({op.name!r}): the model generated {text!r}, not an integer")
-            self._append(match.group(0), op.name)
-            value = int(match.group(0))
-        elif op.kind in ("float", "bool"):
-            match = (_FLOAT_RE if op.kind == "float" else _BOOL_RE).match(text)
-            if match is None:
-                raise ValueError(f"gen_{op.kind}({op.name!r}): the model generated {text!r}, not a {op.kind}")
-            self._append(match.group(0), op.name)
-            value = float(match.group(0)) if op.kind == "float" else match.group(1).lower() == "true"
-        elif op.kind == "json":
-            try:
-                value = json.loads(text)
-            except ValueError as exc:
-                raise ValueError(f"gen_json({op.name!r}): the model generated invalid JSON {text[:80]!r}") from exc
-        self._sent_upto = len(self._text)
-        self._assign(op.name, value, {"finish_reason": last.finish_reason, "usage": last.usage, "text": text,
-                                      "worker_id": last.worker_id})
-
-    def _run_select(self, op: Select) -> None:
-        ctx = self._ctx
-        result = score_choices(ctx.backend, self._text, op.choices, op.method, program_id=ctx.program_id,
-                               prefix_is_cached=self._sent_upto >= len(self._text))
-        ctx.first_output.set()
-        ctx.meter.add(result.usage, calls=len(op.choices))
-        self._append(result.choice, op.name)
-        self._sent_upto = len(self._text)
-        self._assign(op.name, result.choice, {"index": result.index, "scores": result.scores,
-                                              "token_logprobs": result.token_logprobs,
-                                              "boundaries": result.boundaries, "usage": result.usage})
 
     # ---------------------------------------------------------------- reading
     def sync(self) -> "ProgramState":

@@ -1,0 +1,94 @@
+"""Evaluating the two expressions that call the backend: ``gen`` and ``select``.
+
+Both run on the state's runner thread (never concurrently for one state), read the
+state's text so far as the prompt, stream or append their result, assign the variable
+with its meta (finish reason, usage, select scores) and add the call's usage to the
+program's meter.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+from frontend_dsl.backend import BackendError
+from frontend_dsl.ir import Gen, Select
+from frontend_dsl.scoring import score_choices
+
+if TYPE_CHECKING:
+    from frontend_dsl.state import ProgramState
+
+__all__ = ["run_gen", "run_select"]
+
+_INT_RE = re.compile(r"\s*[-+]?\d+")
+_FLOAT_RE = re.compile(r"\s*[-+]?\d+(\.\d+)?")
+_BOOL_RE = re.compile(r"\s*(true|false)", re.IGNORECASE)
+_TYPED = {"int": "an integer", "float": "a number", "bool": "true or false"}  # appended once parsed
+
+
+def _parse(op: Gen, text: str) -> tuple[Any, str | None]:
+    """The variable's value and, for typed kinds, the text to append (the parsed part)."""
+    if op.kind in _TYPED:
+        pattern = {"int": _INT_RE, "float": _FLOAT_RE, "bool": _BOOL_RE}[op.kind]
+        match = pattern.match(text)
+        if match is None:
+            raise ValueError(f"gen_{op.kind}({op.name!r}): the model generated {text!r}, not {_TYPED[op.kind]}")
+        raw = match.group(0)
+        value: Any = {"int": int, "float": float}[op.kind](raw) if op.kind != "bool" else \
+            match.group(1).lower() == "true"
+        return value, raw
+    if op.kind == "json":
+        try:
+            return json.loads(text), None
+        except ValueError as exc:
+            raise ValueError(f"gen_json({op.name!r}): the model generated invalid JSON {text[:80]!r}") from exc
+    return text, None
+
+
+def run_gen(state: "ProgramState", op: Gen) -> None:
+    """Generate from the state's text; stream text kinds into the state as they arrive."""
+    ctx = state._ctx
+    params = op.params(ctx.defaults)
+    live = op.kind not in _TYPED
+    pieces: list[str] = []
+    last = None
+    with ctx.backend.generate(state._text, params, program_id=ctx.program_id) as stream:
+        for chunk in stream:
+            ctx.first_output.set()
+            if chunk.error is not None:
+                raise BackendError(chunk.error)
+            if chunk.text:
+                pieces.append(chunk.text)
+                if live:
+                    state._append(chunk.text, op.name)
+            if chunk.finished:
+                last = chunk
+                break
+    if last is None:
+        raise BackendError("the backend's stream ended without a final chunk")
+    if last.usage is not None:
+        ctx.meter.add(last.usage)
+    if last.finish_reason in ("abort", "error"):
+        raise BackendError(f"generation of {op.name!r} ended with finish_reason={last.finish_reason!r}")
+    text = "".join(pieces)
+    value, parsed = _parse(op, text)
+    if parsed is not None:
+        state._append(parsed, op.name)
+    state._sent_upto = len(state._text)
+    state._assign(op.name, value, {"finish_reason": last.finish_reason, "usage": last.usage, "text": text,
+                                   "worker_id": last.worker_id})
+
+
+def run_select(state: "ProgramState", op: Select) -> None:
+    """Score the choices after the state's text and append the best one."""
+    ctx = state._ctx
+    result = score_choices(ctx.backend, state._text, op.choices, op.method, program_id=ctx.program_id,
+                           prefix_is_cached=state._sent_upto >= len(state._text))
+    ctx.first_output.set()
+    ctx.meter.add(result.usage, calls=len(op.choices))
+    state._append(result.choice, op.name)
+    state._sent_upto = len(state._text)
+    state._assign(op.name, result.choice, {"index": result.index, "scores": result.scores,
+                                           "token_logprobs": result.token_logprobs,
+                                           "boundaries": result.boundaries, "usage": result.usage})
