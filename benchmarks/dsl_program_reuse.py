@@ -84,7 +84,7 @@ def _common(a: list[int], b: list[int]) -> int:
 
 
 def run_once(backend: EngineBackend, n: int, answer_tokens: int) -> dict[str, float]:
-    assert backend.engine.flush_cache()
+    assert backend.flush_cache()
     batch = [{"country": COUNTRIES[i % len(COUNTRIES)] + ("" if i < len(COUNTRIES) else f" ({i})"),
               "answer_tokens": answer_tokens} for i in range(n)]
     t0 = time.perf_counter()

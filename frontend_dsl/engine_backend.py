@@ -21,14 +21,17 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from frontend_dsl.backend import (Backend, BackendError, CallUsage, GenChunk, GenStream, ModelInfo, ScoreRequest,
                                   ScoreResult)
 from radixserve.sampling_params import SamplingParams
 
 __all__ = ["EngineBackend"]
+
+T = TypeVar("T")
 
 _CLOSE = object()
 
@@ -152,6 +155,12 @@ class EngineBackend(Backend):
             self._sinks[rid] = sink
         elif cmd[0] == "abort":
             self.engine.abort(cmd[1])
+        elif cmd[0] == "call":
+            _, fn, future = cmd
+            try:
+                future.set_result(fn(self.engine))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                future.set_exception(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         for rid, sink in list(self._sinks.items()):
@@ -217,6 +226,26 @@ class EngineBackend(Backend):
             results.append(ScoreResult(logprobs=[float(x) for x in logprobs if x is not None],
                                        usage=usage or CallUsage()))
         return results
+
+    def call(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(engine)`` on the driver thread, between steps, and return its result.
+
+        The engine is not thread-safe: touch it only this way while programs run (e.g.
+        ``backend.call(lambda e: e.stats())``).
+        """
+        future: Future[T] = Future()
+        if self._closed:
+            raise BackendError("the engine backend is closed")
+        self._inbox.put(("call", fn, future))
+        return future.result()
+
+    def flush_cache(self) -> bool:
+        """Drop the engine's cached prefixes (False while requests are running)."""
+        return self.call(lambda engine: engine.flush_cache())
+
+    def stats(self) -> Any:
+        """The engine's ``EngineStats``."""
+        return self.call(lambda engine: engine.stats())
 
     def close(self) -> None:
         """Stop the driver thread (unfinished calls fail); the engine itself stays usable."""

@@ -27,7 +27,7 @@ def backend(tiny_llama_dir: Path) -> Iterator[EngineBackend]:
 @pytest.fixture(autouse=True)
 def _clean_engine(backend: EngineBackend) -> Iterator[None]:
     yield
-    backend.engine.check_invariants()
+    backend.call(lambda engine: engine.check_invariants())
 
 
 def test_few_shot_qa_with_stop_strings_matches_offline_generate(backend: EngineBackend) -> None:
@@ -43,7 +43,8 @@ def test_few_shot_qa_with_stop_strings_matches_offline_generate(backend: EngineB
     answer = state["answer"]
     assert not any(stop in answer for stop in ("\n", "Q:", "e"))
     prompt = shots + "Q: What is the capital of France?\nA:"
-    offline = backend.engine.generate(prompt, SamplingParams(max_tokens=24, stop=["\n", "Q:", "e"], temperature=0))
+    params = SamplingParams(max_tokens=24, stop=["\n", "Q:", "e"], temperature=0)
+    offline = backend.call(lambda engine: engine.generate(prompt, params))
     assert answer == offline[0].text
     assert state.text() == prompt + answer
 
@@ -202,7 +203,7 @@ def test_run_batch_long_system_prompt_hits_near_optimum(backend: EngineBackend) 
         s += user(f"Question {i}: what is {i} plus {i}?")
         s += assistant(gen("a", max_tokens=4))
 
-    assert backend.engine.flush_cache()
+    assert backend.flush_cache()
     states = ask.run_batch([{"i": i} for i in range(32)], backend=backend, concurrency=32, defaults=GREEDY)
     assert all(s.ok for s in states), [s.error for s in states if not s.ok]
     usage = batch_usage(states)
