@@ -65,13 +65,16 @@ def test_abort_frees_everything(tiny_llama_dir: Path, make_engine, when: str) ->
     a = engine.add_request(prompts[0], greedy(50))
     b = engine.add_request(prompts[1], greedy(3))
     steps = {"waiting": 0, "prefilling": 2, "decoding": 6}[when]
+    early = []
     for _ in range(steps):
-        engine.step()
+        early += engine.step()
         engine.check_invariants()
+    assert (when == "decoding") == any(o.request_id == a for o in early)
     engine.abort(a)
     engine.abort("no-such-request")  # ignored
     engine.check_invariants()
     outs = run_to_completion(engine)
+    outs[b] = [o for o in early if o.request_id == b] + outs.get(b, [])
     assert outs[a][-1].finished and outs[a][-1].finish_reason == "abort"
     assert tokens_of(outs[b]) == hf_greedy(tiny_llama_dir, prompts[1], 3)
     s = engine.stats()
