@@ -75,6 +75,8 @@ def _gateway_arguments(p: argparse.ArgumentParser) -> None:
 @register("gateway", help="HTTP gateway (OpenAI-compatible, SGLang-native, Prometheus /metrics) for a running router",
           arguments=_gateway_arguments)
 def gateway(args: argparse.Namespace) -> int:
+    import signal
+
     from radixserve.serving.http.gateway import GatewayConfig
     from radixserve.serving.http.server import HTTPGateway
 
@@ -87,6 +89,8 @@ def gateway(args: argparse.Namespace) -> int:
     config = GatewayConfig(router=args.router, served_model_name=args.served_model_name, tokenizer=tokenizer,
                            request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval)
     http = HTTPGateway(config, args.host, args.port, log_level="warning", access_log=args.access_log)
+    signal.signal(signal.SIGINT, http.request_stop)
+    signal.signal(signal.SIGTERM, http.request_stop)
     print(f"radixserve: HTTP gateway on {http.url} for router {args.router}", flush=True)
     http.run()
     print("radixserve: gateway stopped", flush=True)

@@ -8,9 +8,11 @@ known at once (``port=0`` picks a free one) and early clients wait in the backlo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
@@ -34,6 +36,15 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: it would re-raise SIGTERM after a graceful
+    shutdown (exit status -15); the owner installs handlers that call :meth:`HTTPGateway.stop`."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 class HTTPGateway:
     """The HTTP gateway for the router at ``config.router``, on ``host:port``."""
 
@@ -44,7 +55,7 @@ class HTTPGateway:
         self.sock = bind(host, port)
         self.host = host
         self.port = int(self.sock.getsockname()[1])
-        self.server = uvicorn.Server(uvicorn.Config(
+        self.server = _Server(uvicorn.Config(
             self.app, log_level=log_level.lower(), access_log=access_log, lifespan="on",
             timeout_graceful_shutdown=5, timeout_keep_alive=30,
         ))
@@ -56,7 +67,7 @@ class HTTPGateway:
         return f"http://{host}:{self.port}"
 
     def run(self) -> None:
-        """Serve until SIGINT/SIGTERM (main thread) or :meth:`stop`."""
+        """Serve in this thread until :meth:`stop` (e.g. from a signal handler)."""
         try:
             asyncio.run(self.server.serve(sockets=[self.sock]))
         finally:
@@ -75,9 +86,13 @@ class HTTPGateway:
             time.sleep(0.01)
         return self
 
-    def stop(self) -> None:
-        """Ask uvicorn to exit (open streams get a short grace period) and join the thread."""
+    def request_stop(self, *_: object) -> None:
+        """Ask uvicorn to exit (open streams get a short grace period); safe in a signal handler."""
         self.server.should_exit = True
+
+    def stop(self) -> None:
+        """:meth:`request_stop`, then join the serving thread (when :meth:`start` made one)."""
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(15.0)
             self._thread = None

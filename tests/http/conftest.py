@@ -1,0 +1,42 @@
+"""One real ``radixserve serve --http-port 0`` process on the tiny Llama, shared by the HTTP tests.
+
+The server (router + one worker process + the HTTP gateway thread) starts once per session
+and is stopped with SIGTERM at the end; the fixture checks that it and its worker exit.
+Its stdout is read by a thread, so tests can wait for log lines (the memory line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from http_helpers import ENGINE_FLAGS, Server, gone, start
+
+
+@pytest.fixture(scope="session")
+def server(tiny_llama_dir: Path) -> Iterator[Server]:
+    """``radixserve serve --http-port 0`` on the tiny Llama (memory log every 0.5 s)."""
+    out = start(["serve", "--model", str(tiny_llama_dir), "--workers", "1", "--port", "0", "--http-port", "0",
+                 "--memory-log-interval", "0.5", *ENGINE_FLAGS])
+    try:
+        url = out.wait_for(r"HTTP on (http://\S+)").group(1)
+        m = out.wait_for(r"serving on (tcp://\S+) .*worker pids (\d+)")
+    except BaseException:
+        out.stop()
+        raise
+    srv = Server(url, m.group(1), tiny_llama_dir, out, [int(m.group(2))])
+    with srv.client() as c:  # the gateway answers once the worker joined
+        assert c.get("/health").status_code == 200
+    yield srv
+    assert out.stop() == 0, "".join(out.seen)
+    assert all(gone(pid) for pid in srv.worker_pids), "a worker outlived the server"
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_llama_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_llama_dir))

@@ -1,0 +1,148 @@
+"""SGLang-native endpoints with the exact request shapes SGLang's ``RuntimeEndpoint`` sends
+(python/sglang/lang/backend/runtime_endpoint.py): generate, generate_stream, select's
+prefix-caching and batched prompt-logprob requests, get_model_info, flush_cache, server info."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow  # a real server process
+
+# What RuntimeEndpoint.generate puts in sampling_params (SglSamplingParams.to_srt_kwargs).
+def srt_params(**over: Any) -> dict[str, Any]:
+    params = {"skip_special_tokens": True, "spaces_between_special_tokens": True, "max_new_tokens": 8,
+              "min_new_tokens": 0, "n": 1, "stop": [], "stop_token_ids": [], "stop_regex": [], "temperature": 0.0,
+              "top_p": 1.0, "top_k": 1 << 30, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+              "ignore_eos": False, "regex": None, "json_schema": None}
+    params.update(over)
+    return params
+
+
+def test_model_info_health_and_flush(server: Any) -> None:
+    with server.client() as c:
+        info = c.get("/get_model_info").json()
+        assert info["model_path"] == server.model_dir.name and info["is_generation"] is True
+        assert c.get("/health").status_code == 200
+        assert c.get("/health_generate").status_code == 200
+        r = c.post("/flush_cache")
+        assert r.status_code == 200, r.text
+        server_info = c.get("/get_server_info").json()
+        assert server_info["model_path"] == server.model_dir.name
+        assert server_info["memory"]["0"]["device"] == "cpu" and server_info["memory"]["0"]["pool_bytes"] > 0
+        assert c.get("/server_info").json()["workers"][0]["engine"]["num_pages"] == 512
+
+
+def test_generate_like_runtime_endpoint(server: Any) -> None:
+    with server.client() as c:
+        data = {"text": "Once upon a time", "sampling_params": srt_params(max_new_tokens=6, ignore_eos=True)}
+        obj = c.post("/generate", json=data).json()
+        meta = obj["meta_info"]
+        assert meta["finish_reason"] == {"type": "length", "length": 6}
+        assert meta["completion_tokens"] == 6 == len(obj["output_ids"]) and meta["prompt_tokens"] > 0
+        assert "cached_tokens" in meta and isinstance(obj["text"], str)
+        again = c.post("/generate", json=data).json()
+        assert again["text"] == obj["text"] and again["meta_info"]["cached_tokens"] > 0
+
+        # generate_stream: cumulative text per data line, then [DONE].
+        with c.stream("POST", "/generate", json={**data, "stream": True}) as r:
+            assert r.status_code == 200
+            lines = [line for line in r.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]"
+        pos, pieces = 0, []
+        for line in lines[:-1]:
+            chunk = json.loads(line[5:])
+            pieces.append(chunk["text"][pos:])
+            pos += len(pieces[-1])
+        assert "".join(pieces) == obj["text"]
+        assert json.loads(lines[-2][5:])["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_input_ids_batch_and_n(server: Any, tokenizer: Any) -> None:
+    ids = tokenizer.encode("Once upon a time")
+    with server.client() as c:
+        single = c.post("/generate", json={"input_ids": ids, "sampling_params": srt_params(max_new_tokens=4)}).json()
+        batch = c.post("/generate", json={
+            "input_ids": [ids, ids[:3]], "sampling_params": [srt_params(max_new_tokens=4), srt_params(max_new_tokens=2)],
+        }).json()
+        assert isinstance(batch, list) and len(batch) == 2
+        assert batch[0]["output_ids"] == single["output_ids"] and len(batch[1]["output_ids"]) <= 2
+        n = c.post("/generate", json={"text": "abc", "sampling_params": srt_params(n=3, temperature=1.0,
+                                                                                   sampling_seed=1)}).json()
+        assert isinstance(n, list) and len(n) == 3
+
+
+def _hf_logprobs(model: Any, ids: list[int]) -> list[float]:
+    """log p(ids[i] | ids[:i]) for i >= 1 from transformers, the reference."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    lp = torch.log_softmax(logits, -1)
+    return [float(lp[i - 1, ids[i]]) for i in range(1, len(ids))]
+
+
+def test_select_style_batched_logprob_request(server: Any, tokenizer: Any) -> None:
+    """RuntimeEndpoint.select: cache the prefix with max_new_tokens 0, then one batched request
+    of prefix+choice texts with return_logprob, return_text_in_logprobs and logprob_start_len."""
+    prefix = "Question: which city is the capital of France, the country with the Eiffel tower? Answer:"
+    choices = [" Paris", " London", " a city in Europe"]
+    with server.client() as c:
+        obj = c.post("/generate", json={"text": prefix, "sampling_params": {"max_new_tokens": 0}}).json()
+        assert obj["text"] == "" and obj["meta_info"]["completion_tokens"] == 0
+        prompt_len = obj["meta_info"]["prompt_tokens"]
+        assert prompt_len == len(tokenizer.encode(prefix))
+        start = max(prompt_len - 2, 0)
+        data = {"text": [prefix + ch for ch in choices], "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+                "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start}
+        out = c.post("/generate", json=data).json()
+    assert isinstance(out, list) and len(out) == len(choices)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(server.model_dir), dtype=torch.float32)
+    for ch, r in zip(choices, out):
+        ids = tokenizer.encode(prefix + ch)
+        inp = r["meta_info"]["input_token_logprobs"]
+        assert r["meta_info"]["output_token_logprobs"] == []
+        assert [e[1] for e in inp] == ids[start:]  # [logprob, token_id, text] from logprob_start_len on
+        assert [e[2] for e in inp] == [tokenizer.decode([t]) for t in ids[start:]]
+        ref = _hf_logprobs(model, ids)
+        for k, (value, _, _) in enumerate(inp):
+            assert value == pytest.approx(ref[start + k - 1], abs=2e-3)
+        # What select computes from them (compute_normalized_prompt_logprobs): finite.
+        values = [e[0] for e in inp if e[0]]
+        assert math.isfinite(sum(values) / len(values))
+        # The prefix request cached the prefix; positions whose logprobs are asked are recomputed.
+        assert 0 < r["meta_info"]["cached_tokens"] <= start
+
+
+def test_logprobs_of_generated_tokens(server: Any) -> None:
+    with server.client() as c:
+        r = c.post("/generate", json={"text": "hello", "sampling_params": srt_params(max_new_tokens=3, ignore_eos=True),
+                                      "return_logprob": True, "top_logprobs_num": 2,
+                                      "return_text_in_logprobs": True}).json()
+    meta = r["meta_info"]
+    assert meta["input_token_logprobs"] == []  # logprob_start_len absent: outputs only (SGLang's default)
+    out = meta["output_token_logprobs"]
+    assert [e[1] for e in out] == r["output_ids"]
+    for entry, top in zip(out, meta["output_top_logprobs"]):
+        assert len(top) == 2 and top[0][1] == entry[1]  # greedy: the chosen token is the top one
+        assert top[0][0] == pytest.approx(entry[0])
+
+
+def test_sglang_bad_requests(server: Any) -> None:
+    with server.client() as c:
+        for body in ({"sampling_params": {"max_new_tokens": 2}},  # no prompt
+                     {"text": "hi", "sampling_params": {"max_new_tokens": 2, "no_such_param": 1}},
+                     {"text": "hi", "sampling_params": {"max_new_tokens": -1}},
+                     {"text": "hi", "sampling_params": {"temperature": "hot"}},
+                     {"text": "hi", "sampling_params": {"ebnf": "root ::= 'a'"}},
+                     {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 1}]}):
+            r = c.post("/generate", json=body)
+            assert r.status_code == 400, (body, r.text)
+            assert r.json()["error"]["message"]
+        assert c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}}).status_code == 200
