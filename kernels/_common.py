@@ -6,8 +6,12 @@ which is exact in real arithmetic and keeps the inner products on raw codes)::
     auto     : codes = data                      (no scales)
     fp8      : codes = data (fp8 -> dot dtype)   scores *= k_head_scale, out *= v_head_scale
     int8     : codes = data                      scores[:, n] *= k_scale[n], p[:, n] *= v_scale[n]
-    int4     : lo/hi nibbles - 8, even/odd head-dim halves; q split into even/odd halves too:
-               scores = q_even @ lo^T + q_odd @ hi^T, out_even = p @ v_lo, out_odd = p @ v_hi
+    int4     : codes live in Hadamard-rotated coordinates (r = x @ H), lo/hi nibbles - 8 are the
+               even/odd rotated channels. q is rotated once per program straight into its
+               even/odd halves, qe = q @ H[:, 0::2], qo = q @ H[:, 1::2] (q.k = qH.kH):
+               scores = qe @ lo^T + qo @ hi^T, acc_e = p @ v_lo, acc_o = p @ v_hi, and the
+               output is un-rotated once at the end: out = acc_e @ H[0::2, :] + acc_o @ H[1::2, :].
+               H's entries come from a formula (hadamard_block), not from memory.
 
 Every code value (int8, int4, fp8) is exactly representable in fp16 and bf16, so casting
 codes to the activation dtype for a tensor-core dot loses nothing. Under the interpreter
@@ -17,6 +21,7 @@ wrong, and tf32 would cost accuracy the tests would then have to tolerate.
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -37,7 +42,7 @@ __all__ = [
     "FP8_MAX", "INT4_OFFSET", "INT4_QMAX", "INT8_QMAX", "QUANT_EPS", "LOG2E",
     "MODE_AUTO", "MODE_FP8", "MODE_INT8", "MODE_INT4",
     "kv_mode", "interpreting", "dot_in_fp32", "head_block", "check_pool", "kv_codes", "kv_codes_int4",
-    "fp8_params", "round_to_fp8_grid",
+    "fp8_params", "round_to_fp8_grid", "hadamard_block", "hadamard_scale",
 ]
 
 # fp8 formats as (mantissa bits, smallest normal exponent): the grid round_to_fp8_grid rounds to.
@@ -71,6 +76,11 @@ def interpreting() -> bool:
 def dot_in_fp32(act_dtype: torch.dtype) -> bool:
     """Whether the attention dots upcast to fp32 (interpreter, or fp32 activations)."""
     return interpreting() or act_dtype == torch.float32
+
+
+def hadamard_scale(head_dim: int) -> float:
+    """``1 / sqrt(head_dim)``: the normalized Hadamard entries' magnitude (a constexpr for the kernels)."""
+    return 1.0 / math.sqrt(head_dim)
 
 
 def head_block(n: int) -> int:
@@ -130,3 +140,20 @@ def round_to_fp8_grid(y, MBITS: tl.constexpr, EMIN: tl.constexpr):
     r = tl.floor(z + 0.5)
     r = tl.where(((r - z) == 0.5) & ((r.to(tl.int32) & 1) != 0), r - 1.0, r)
     return r * ulp
+
+
+@triton.jit
+def hadamard_block(rows, cols, D, HSCALE: tl.constexpr):
+    """Entries ``H[rows, cols]`` (fp32 ``[R, C]``) of the normalized D x D Hadamard matrix, 0 outside it.
+
+    ``H[i, j] = (-1) ** popcount(i & j) * HSCALE``, the parity folded with shifts (D <= 2**16);
+    same matrix as :func:`radixkernels.reference.hadamard`.
+    """
+    v = rows[:, None] & cols[None, :]
+    v = v ^ (v >> 8)
+    v = v ^ (v >> 4)
+    v = v ^ (v >> 2)
+    v = v ^ (v >> 1)
+    sign = 1.0 - 2.0 * (v & 1).to(tl.float32)
+    inside = (rows[:, None] < D) & (cols[None, :] < D)
+    return tl.where(inside, sign * HSCALE, 0.0)

@@ -27,6 +27,8 @@ from radixkernels._common import (
     MODE_INT4,
     check_pool,
     dot_in_fp32,
+    hadamard_block,
+    hadamard_scale,
     head_block,
     interpreting,
     kv_codes,
@@ -52,6 +54,8 @@ def _decode_split_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,  # covers head_dim, or head_dim // 2 for int4
+    BLOCK_DF: tl.constexpr,  # covers head_dim (>= 16): int4's rotations
+    HSCALE: tl.constexpr,  # int4: 1 / sqrt(head_dim)
     MODE: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
@@ -78,12 +82,14 @@ def _decode_split_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     mask_g = offs_g < G
     heads = kvh * G + offs_g
+    offs_f = tl.arange(0, BLOCK_DF)
     if INT4:
         mask_d = offs_d < D // 2
-        q_off = b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + 2 * offs_d[None, :]
-        q_mask = mask_g[:, None] & mask_d[None, :]
-        q_e = tl.load(q_ptr + q_off, mask=q_mask, other=0.0).to(DOT_DTYPE)
-        q_o = tl.load(q_ptr + q_off + 1, mask=q_mask, other=0.0).to(DOT_DTYPE)
+        q_off = b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_f[None, :]
+        q = tl.load(q_ptr + q_off, mask=mask_g[:, None] & (offs_f < D)[None, :], other=0.0).to(tl.float32)
+        # Rotate q into the codes' Hadamard coordinates, split into even/odd channels.
+        q_e = tl.dot(q, hadamard_block(offs_f, 2 * offs_d, D, HSCALE), input_precision="ieee").to(DOT_DTYPE)
+        q_o = tl.dot(q, hadamard_block(offs_f, 2 * offs_d + 1, D, HSCALE), input_precision="ieee").to(DOT_DTYPE)
         acc_e = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
         acc_o = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     else:
@@ -133,7 +139,15 @@ def _decode_split_kernel(
         m_i = m_new
 
     norm = v_head_scale / l_i
-    out_mask = mask_g[:, None] & mask_d[None, :]
+    if INT4:  # back from Hadamard coordinates: out = acc_e @ H[0::2, :] + acc_o @ H[1::2, :]
+        o = tl.dot(acc_e, hadamard_block(2 * offs_d, offs_f, D, HSCALE), input_precision="ieee")
+        o += tl.dot(acc_o, hadamard_block(2 * offs_d + 1, offs_f, D, HSCALE), input_precision="ieee")
+        offs_o = offs_f
+        out_mask = mask_g[:, None] & (offs_f < D)[None, :]
+    else:
+        o = acc
+        offs_o = offs_d
+        out_mask = mask_g[:, None] & mask_d[None, :]
     if NUM_SPLITS == 1:
         base = o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh
         ty = o_ptr.dtype.element_ty
@@ -142,11 +156,7 @@ def _decode_split_kernel(
         base = mid_o_ptr + row[:, None] * D
         ty = tl.float32
         tl.store(mid_lse_ptr + row, m_i + tl.log2(l_i), mask=mask_g)
-    if INT4:
-        tl.store(base + 2 * offs_d[None, :], (acc_e * norm[:, None]).to(ty), mask=out_mask)
-        tl.store(base + 2 * offs_d[None, :] + 1, (acc_o * norm[:, None]).to(ty), mask=out_mask)
-    else:
-        tl.store(base + offs_d[None, :], (acc * norm[:, None]).to(ty), mask=out_mask)
+    tl.store(base + offs_o[None, :], (o * norm[:, None]).to(ty), mask=out_mask)
 
 
 @triton.jit
@@ -244,6 +254,7 @@ def paged_decode_attention(
         sm_scale * LOG2E, Hkv, D,
         G=G, PAGE_SIZE=page_size, NUM_SPLITS=splits,
         BLOCK_G=head_block(G), BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_DF=head_block(D), HSCALE=hadamard_scale(D),
         MODE=mode, DOT_F32=dot_in_fp32(q.dtype),
         num_warps=4, num_stages=2,
     )

@@ -25,6 +25,8 @@ from radixkernels._common import (
     MODE_INT4,
     check_pool,
     dot_in_fp32,
+    hadamard_block,
+    hadamard_scale,
     head_block,
     interpreting,
     kv_codes,
@@ -48,6 +50,8 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,  # covers head_dim, or head_dim // 2 for int4
+    BLOCK_DF: tl.constexpr,  # covers head_dim (>= 16): int4's rotations
+    HSCALE: tl.constexpr,  # int4: 1 / sqrt(head_dim)
     MODE: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
@@ -76,12 +80,14 @@ def _extend_kernel(
     mask_m = offs_m < E
     q_pos = P0 + offs_m
     rows = s0 + offs_m
+    offs_f = tl.arange(0, BLOCK_DF)
     if INT4:
         mask_d = offs_d < D // 2
-        q_off = rows[:, None] * stride_qt + h * stride_qh + 2 * offs_d[None, :]
-        q_mask = mask_m[:, None] & mask_d[None, :]
-        q_e = tl.load(q_ptr + q_off, mask=q_mask, other=0.0).to(DOT_DTYPE)
-        q_o = tl.load(q_ptr + q_off + 1, mask=q_mask, other=0.0).to(DOT_DTYPE)
+        q_off = rows[:, None] * stride_qt + h * stride_qh + offs_f[None, :]
+        q = tl.load(q_ptr + q_off, mask=mask_m[:, None] & (offs_f < D)[None, :], other=0.0).to(tl.float32)
+        # Rotate q into the codes' Hadamard coordinates, split into even/odd channels.
+        q_e = tl.dot(q, hadamard_block(offs_f, 2 * offs_d, D, HSCALE), input_precision="ieee").to(DOT_DTYPE)
+        q_o = tl.dot(q, hadamard_block(offs_f, 2 * offs_d + 1, D, HSCALE), input_precision="ieee").to(DOT_DTYPE)
         acc_e = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         acc_o = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     else:
@@ -134,14 +140,17 @@ def _extend_kernel(
         m_i = m_new
 
     norm = v_head_scale / l_i
-    out_mask = mask_m[:, None] & mask_d[None, :]
-    base = o_ptr + rows[:, None] * stride_ot + h * stride_oh
-    ty = o_ptr.dtype.element_ty
-    if INT4:
-        tl.store(base + 2 * offs_d[None, :], (acc_e * norm[:, None]).to(ty), mask=out_mask)
-        tl.store(base + 2 * offs_d[None, :] + 1, (acc_o * norm[:, None]).to(ty), mask=out_mask)
+    if INT4:  # back from Hadamard coordinates: out = acc_e @ H[0::2, :] + acc_o @ H[1::2, :]
+        o = tl.dot(acc_e, hadamard_block(2 * offs_d, offs_f, D, HSCALE), input_precision="ieee")
+        o += tl.dot(acc_o, hadamard_block(2 * offs_d + 1, offs_f, D, HSCALE), input_precision="ieee")
+        offs_o = offs_f
+        out_mask = mask_m[:, None] & (offs_f < D)[None, :]
     else:
-        tl.store(base + offs_d[None, :], (acc * norm[:, None]).to(ty), mask=out_mask)
+        o = acc
+        offs_o = offs_d
+        out_mask = mask_m[:, None] & mask_d[None, :]
+    base = o_ptr + rows[:, None] * stride_ot + h * stride_oh
+    tl.store(base + offs_o[None, :], (o * norm[:, None]).to(o_ptr.dtype.element_ty), mask=out_mask)
 
 
 def _blocks(head_dim: int) -> tuple[int, int, int]:
@@ -205,6 +214,7 @@ def extend_attention(
         G=Hq // Hkv, PAGE_SIZE=page_size,
         BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=head_block(D // 2 if mode == MODE_INT4 else D),
+        BLOCK_DF=head_block(D), HSCALE=hadamard_scale(D),
         MODE=mode, DOT_F32=dot_in_fp32(q.dtype),
         num_warps=warps, num_stages=2,
     )

@@ -21,6 +21,9 @@ from radixkernels._common import (
     QUANT_EPS,
     check_pool,
     fp8_params,
+    hadamard_block,
+    hadamard_scale,
+    head_block,
     kv_mode,
     round_to_fp8_grid,
 )
@@ -39,8 +42,10 @@ def _store_kv_kernel(
     EPS: tl.constexpr,
     FP8_MBITS: tl.constexpr,
     FP8_EMIN: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # >= 16 for int4 (the rotation is a tl.dot)
     BLOCK_D: tl.constexpr,  # covers head_dim, or head_dim // 2 for int4
+    BLOCK_DF: tl.constexpr,  # int4: covers head_dim (>= 16)
+    HSCALE: tl.constexpr,  # int4: 1 / sqrt(head_dim)
 ):
     t = tl.program_id(0)
     slot = tl.load(slots_ptr + t).to(tl.int64)
@@ -49,10 +54,13 @@ def _store_kv_kernel(
     mask_h = offs_h < H
     x_row = x_ptr + t.to(tl.int64) * stride_xt + offs_h[:, None] * stride_xh
     dst = data_ptr + slot * stride_ds + offs_h[:, None] * stride_dh + offs_d[None, :]
-    if MODE == 3:  # int4: element 2j in the low nibble of byte j, 2j+1 in the high nibble
+    if MODE == 3:  # int4: rotated channel 2j in the low nibble of byte j, 2j+1 in the high nibble
         mask = mask_h[:, None] & (offs_d < D // 2)[None, :]
-        xe = tl.load(x_row + 2 * offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
-        xo = tl.load(x_row + 2 * offs_d[None, :] + 1, mask=mask, other=0.0).to(tl.float32)
+        offs_f = tl.arange(0, BLOCK_DF)
+        x = tl.load(x_row + offs_f[None, :], mask=mask_h[:, None] & (offs_f < D)[None, :], other=0.0).to(tl.float32)
+        # Rotate straight into even/odd channels: xe = x @ H[:, 0::2], xo = x @ H[:, 1::2].
+        xe = tl.dot(x, hadamard_block(offs_f, 2 * offs_d, D, HSCALE), input_precision="ieee")
+        xo = tl.dot(x, hadamard_block(offs_f, 2 * offs_d + 1, D, HSCALE), input_precision="ieee")
         absmax = tl.maximum(tl.max(tl.abs(xe), axis=1), tl.max(tl.abs(xo), axis=1))
         scale = tl.maximum(absmax, EPS) / QMAX
         qe = tl.floor(xe / scale[:, None] + 0.5)
@@ -93,7 +101,10 @@ def _store_one(data: torch.Tensor, scale: torch.Tensor | None, x: torch.Tensor, 
             raise ValueError(f"{fmt.kv_dtype.value} KV cache needs per-head scales [{H}]")
     fp8_max, fp8_mbits, fp8_emin = fp8_params(fmt)
     qmax = {MODE_AUTO: 1.0, MODE_FP8: fp8_max, MODE_INT8: INT8_QMAX, MODE_INT4: INT4_QMAX}[mode]
-    block_d = triton.next_power_of_2(D // 2 if mode == MODE_INT4 else D)
+    if mode == MODE_INT4:  # the rotation is a tl.dot: every dimension >= 16
+        block_h, block_d, block_df = head_block(H), head_block(D // 2), head_block(D)
+    else:
+        block_h, block_d, block_df = triton.next_power_of_2(H), triton.next_power_of_2(D), 16
     _store_kv_kernel[(T,)](
         x, x.stride(0), x.stride(1),
         slots,
@@ -101,7 +112,7 @@ def _store_one(data: torch.Tensor, scale: torch.Tensor | None, x: torch.Tensor, 
         scale if scale is not None else data,
         H, D,
         MODE=mode, QMAX=qmax, EPS=QUANT_EPS, FP8_MBITS=fp8_mbits, FP8_EMIN=fp8_emin,
-        BLOCK_H=triton.next_power_of_2(H), BLOCK_D=block_d,
+        BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_DF=block_df, HSCALE=hadamard_scale(D),
     )
 
 

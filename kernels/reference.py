@@ -12,8 +12,9 @@ Pool layout and quantization formats are defined in :mod:`radixkernels.kv_format
 Quantization (shared bit-for-bit in intent with the kernels; compare with tolerances):
 
     int8 : scale = max(absmax, EPS) / 127, q = clamp(floor(x / scale + 0.5), -127, 127)
-    int4 : scale = max(absmax, EPS) / 7,   q = clamp(floor(x / scale + 0.5), -7, 7) + 8 in a nibble,
-           element 2i in the low nibble, 2i+1 in the high nibble
+    int4 : r = x @ H (normalized Hadamard, head_dim a power of two; H @ H = I),
+           scale = max(absmax(r), EPS) / 7, q = clamp(floor(r / scale + 0.5), -7, 7) + 8 in a nibble,
+           element 2i in the low nibble, 2i+1 in the high nibble; dequantize = (q * scale) @ H
     fp8  : q = cast(clamp(x / head_scale, -fmax, fmax))  (static per-head scale, 1.0 by default)
 
 ``floor(y + 0.5)`` (round half up) rather than ``torch.round`` (half to even) because it
@@ -28,6 +29,7 @@ Query head ``h`` reads KV head ``h // (num_q_heads // num_kv_heads)`` (GQA/MQA).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -44,6 +46,30 @@ FP8_MAX = {KVCacheDtype.FP8_E4M3: 448.0, KVCacheDtype.FP8_E5M2: 57344.0}
 
 # ----------------------------------------------------------------------------- quantize math
 
+_HADAMARD: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def hadamard(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The normalized Sylvester Hadamard matrix ``[n, n]`` fp32 (n a power of two).
+
+    ``H[i, j] = (-1) ** popcount(i & j) / sqrt(n)``: symmetric and orthonormal, so it is its
+    own inverse. The kernels generate the same entries from the same formula.
+    """
+    key = (n, str(device))
+    if key not in _HADAMARD:
+        if n < 1 or n & (n - 1):
+            raise ValueError(f"Hadamard size must be a power of two, got {n}")
+        i = torch.arange(n)
+        v = i[:, None] & i[None, :]
+        parity = torch.zeros_like(v)
+        while bool(v.any()):
+            parity ^= v & 1
+            v = v >> 1
+        sign = 1.0 - 2.0 * parity.double()
+        _HADAMARD[key] = (sign * (1.0 / math.sqrt(n))).float().to(device)
+    return _HADAMARD[key]
+
+
 
 def token_scales(x: torch.Tensor, qmax: float) -> torch.Tensor:
     """Per-(token, head) symmetric scales of ``x`` ``[T, H, D]``: ``max(absmax, EPS) / qmax`` (fp32 ``[T, H]``)."""
@@ -58,9 +84,13 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantize_int4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` ``[T, H, D]`` (D even) -> (uint8 packed ``[T, H, D // 2]``, fp32 scales ``[T, H]``)."""
-    scale = token_scales(x, INT4_QMAX)
-    q = torch.floor(x.float() / scale[..., None] + 0.5).clamp_(-INT4_QMAX, INT4_QMAX).to(torch.int32) + INT4_OFFSET
+    """``x`` ``[T, H, D]`` (D a power of two) -> (uint8 packed ``[T, H, D // 2]``, fp32 scales ``[T, H]``).
+
+    Quantizes the Hadamard-rotated rows ``x @ H`` (see the module docstring).
+    """
+    r = x.float() @ hadamard(x.shape[-1], x.device)
+    scale = token_scales(r, INT4_QMAX)
+    q = torch.floor(r / scale[..., None] + 0.5).clamp_(-INT4_QMAX, INT4_QMAX).to(torch.int32) + INT4_OFFSET
     packed = q[..., 0::2] | (q[..., 1::2] << 4)
     return packed.to(torch.uint8), scale
 
@@ -109,12 +139,10 @@ def dequantize_ref(data: torch.Tensor, scale: torch.Tensor | None, fmt: KVFormat
     kd = fmt.kv_dtype
     if kd is KVCacheDtype.AUTO:
         return data.float()
-    if kd is KVCacheDtype.INT4:
-        codes = unpack_int4(data).float()
-    else:
-        codes = data.float()
     assert scale is not None, f"{kd.value} KV cache needs scales"
-    return codes * scale.float()[..., None]
+    if kd is KVCacheDtype.INT4:  # un-rotate: H is its own inverse
+        return (unpack_int4(data).float() * scale.float()[..., None]) @ hadamard(fmt.head_dim, data.device)
+    return data.float() * scale.float()[..., None]
 
 
 # ----------------------------------------------------------------------------- KV store

@@ -13,6 +13,7 @@ from radixkernels.reference import (
     FP8_MAX,
     dequantize_ref,
     gather_kv_ref,
+    hadamard,
     paged_attention_ref,
     paged_decode_attention_ref,
     quantize_ref,
@@ -84,9 +85,12 @@ def test_quantize_roundtrip_error_bounds(kv_dtype: str) -> None:
     y = dequantize_ref(data, scale, fmt)
     assert torch.isfinite(y).all() and (y[0] == 0).all()
     err = (y - x).abs()
-    if kv_dtype in ("int8", "int4"):
+    if kv_dtype == "int8":
         assert tok_scale is not None and torch.isfinite(tok_scale).all()
         assert (err <= tok_scale[..., None] * 0.5 + 1e-6).all()
+    elif kv_dtype == "int4":  # half a step per rotated channel; the rotation preserves L2 norms
+        assert tok_scale is not None and torch.isfinite(tok_scale).all()
+        assert (err.norm(dim=-1) <= tok_scale * 0.5 * math.sqrt(32) * 1.0001 + 1e-6).all()
     elif kv_dtype.startswith("fp8"):
         mbits = 3 if kv_dtype == "fp8_e4m3" else 2
         emin = -6 if kv_dtype == "fp8_e4m3" else -14
@@ -99,13 +103,19 @@ def test_quantize_roundtrip_error_bounds(kv_dtype: str) -> None:
 
 
 def test_int4_packing_layout() -> None:
-    """Element 2i in the low nibble, 2i+1 in the high nibble, stored as code + 8."""
-    x = torch.tensor([[[7.0, -7.0, 0.0, 3.0]]])  # absmax 7 -> scale 1
+    """Rotated channel 2i in the low nibble, 2i+1 in the high nibble, stored as code + 8."""
+    r = torch.tensor([[[7.0, -7.0, 0.0, 3.0]]])  # the rotated row: absmax 7 -> scale 1
+    H = hadamard(4)
+    assert H.tolist() == [[0.5, 0.5, 0.5, 0.5], [0.5, -0.5, 0.5, -0.5], [0.5, 0.5, -0.5, -0.5], [0.5, -0.5, -0.5, 0.5]]
+    x = r @ H  # H is its own inverse: x @ H == r
     fmt = KVFormat.create("int4", torch.float32, 4)
     data, scale = quantize_ref(x, fmt)
     assert scale is not None and math.isclose(float(scale), 1.0, rel_tol=1e-6)
     assert data.tolist() == [[[(7 + 8) | ((-7 + 8) << 4), (0 + 8) | ((3 + 8) << 4)]]]
     assert unpack_int4(data).tolist() == [[[7, -7, 0, 3]]]
+    torch.testing.assert_close(dequantize_ref(data, scale, fmt), x)
+    with pytest.raises(ValueError):
+        KVFormat.create("int4", torch.float32, 48)  # not a power of two
 
 
 def test_fp8_clamps_to_range() -> None:
