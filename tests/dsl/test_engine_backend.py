@@ -220,3 +220,15 @@ def test_engine_errors_surface_on_the_state(backend: EngineBackend) -> None:
 
     state = too_long.run(backend=backend)
     assert isinstance(state.error, BackendError) and "too long" in str(state.error)
+
+
+def test_closing_a_stream_aborts_the_request(backend: EngineBackend) -> None:
+    stream = backend.generate("Once upon a time", SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))
+    chunks = iter(stream)
+    next(chunks)
+    stream.close()
+    for _ in range(1000):  # each call runs between two engine steps; the abort lands within one
+        if not backend.call(lambda engine: engine.has_unfinished()):
+            break
+    assert not backend.call(lambda engine: engine.has_unfinished())
+    assert backend.stats().aborted_total >= 1

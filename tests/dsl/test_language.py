@@ -332,3 +332,16 @@ def test_invalid_parameters_fail_early() -> None:
         select("x", choices=[])
     with pytest.raises(ValueError):
         select("x", choices=["a"], method="median")
+
+
+def test_run_batch_isolates_failures() -> None:
+    @program
+    def maybe_fail(s, i):
+        s += f"Item {i}:" + gen("x", max_tokens=2)
+        if i == 3:
+            raise RuntimeError("item 3 is broken")
+
+    states = maybe_fail.run_batch([{"i": i} for i in range(6)], backend=FakeBackend(), concurrency=3)
+    assert [s.ok for s in states] == [True, True, True, False, True, True]
+    assert "item 3 is broken" in str(states[3].error)
+    assert all(s["x"] == "ok" for i, s in enumerate(states) if i != 3)
