@@ -73,10 +73,11 @@ def check_cache_invariants(cache: RadixCache, private_pages: Iterable[int] = ())
         _fail(f"cached page gauge {cache._tree_pages} != {len(tree_pages)} pages in the tree")
     if protected != cache._protected:
         _fail(f"protected gauge {cache._protected} != {protected}")
-    if leaves != cache._leaves:
-        _fail(f"evictable leaf set is off by {len(leaves ^ cache._leaves)} nodes")
+    indexed = set(cache._lru)
+    if leaves != indexed:
+        _fail(f"evictable leaf set is off by {len(leaves ^ indexed)} nodes")
     newest_entry: dict[int, int] = {}
-    for last_access, node_id, node in cache._heap:
+    for last_access, node_id, node in cache._lru.heap_entries():
         if node.id != node_id:
             _fail("heap entry id does not match its node")
         if node in leaves and last_access <= node.last_access:

@@ -51,7 +51,9 @@ class PageAllocator:
         self._num_pages = num_pages
         # Kept reversed so that the end of the list (cheap to slice off) holds page 0 first.
         self._free: list[int] = list(range(num_pages - 1, -1, -1))
-        self._free_set: set[int] = set(self._free)
+        # One flag per page. (A set of free ids looks natural but never shrinks its table:
+        # with the pool full, set operations against it scan a huge empty table.)
+        self._is_free = bytearray(b"\x01") * num_pages
         self._evictor: Callable[[int], int] | None = None
         self._num_evictable: Callable[[], int] | None = None
 
@@ -106,7 +108,9 @@ class PageAllocator:
                 raise OutOfPagesError(n, free, evicted)
         pages = self._free[-n:]
         del self._free[-n:]
-        self._free_set.difference_update(pages)
+        flags = self._is_free
+        for p in pages:
+            flags[p] = 0
         pages.reverse()
         return pages
 
@@ -119,30 +123,33 @@ class PageAllocator:
         pages = list(pages)
         if not pages:
             return
-        as_set = set(pages)
-        if len(as_set) != len(pages) or not as_set.isdisjoint(self._free_set):
-            dup = sorted(as_set & self._free_set) or sorted(p for p in as_set if pages.count(p) > 1)
-            raise ValueError(f"double free of KV pages {dup[:8]}")
         if min(pages) < 0 or max(pages) >= self._num_pages:
             raise ValueError(f"page id out of range [0, {self._num_pages}): {pages[:8]}")
-        self._free_set.update(as_set)
+        flags = self._is_free
+        for i, p in enumerate(pages):
+            if flags[p]:  # already free, or listed twice in `pages`
+                for q in pages[:i]:
+                    flags[q] = 0
+                raise ValueError(f"double free of KV page {p}")
+            flags[p] = 1
         self._free.extend(reversed(pages))
 
     def free_pages(self) -> frozenset[int]:
         """A snapshot of the free pages (for invariant checks and tests, O(num_free))."""
-        return frozenset(self._free_set)
+        return frozenset(self._free)
 
     def reset(self) -> None:
         """Mark every page free (the caller guarantees nothing holds a page any more)."""
         self._free = list(range(self._num_pages - 1, -1, -1))
-        self._free_set = set(self._free)
+        self._is_free = bytearray(b"\x01") * self._num_pages
 
     def check_invariants(self) -> None:
-        """Free list and free set agree, no duplicates, all ids in range."""
-        if len(self._free) != len(self._free_set) or set(self._free) != self._free_set:
-            raise AssertionError("allocator free list has duplicates or disagrees with its set")
+        """Free list and free flags agree, no duplicates, all ids in range."""
         if self._free and (min(self._free) < 0 or max(self._free) >= self._num_pages):
             raise AssertionError("allocator free list holds an out-of-range page id")
+        flagged = [p for p, f in enumerate(self._is_free) if f]
+        if len(set(self._free)) != len(self._free) or sorted(self._free) != flagged:
+            raise AssertionError("allocator free list has duplicates or disagrees with its flags")
 
     def __repr__(self) -> str:
         return f"PageAllocator(num_pages={self._num_pages}, free={len(self._free)})"

@@ -30,15 +30,10 @@ Request lifecycle (what the scheduler does)::
     cache.unlock(c.node)
     allocator.free(c.pages[c.cached_len // page_size:])       # the private tail
 
-Eviction: an LRU heap over *unreferenced leaves* with lazy invalidation. Entries are
-``(last_access, node_id, node)``; the set ``_leaves`` says which nodes are evictable leaves
-right now, so a popped entry whose node is no longer one is skipped, and an entry whose
-access time is stale is pushed back with the current time. Every evictable leaf always has
-an entry no newer than its access time, so the first fresh entry popped is the true LRU
-leaf. Removing a leaf may make its parent an unreferenced leaf, which is pushed then.
-Access times come from a monotonic counter (not wall time), so ties are deterministic
-(broken by node id). The heap is rebuilt from ``_leaves`` when stale entries outnumber live
-ones, which keeps it O(evictable leaves) in size and the rebuild amortized O(1).
+Eviction takes least recently used unreferenced leaves first (``lru.EvictableLeaves``: a
+set plus a heap with lazy invalidation, maintained incrementally, never a tree scan);
+removing a leaf may make its parent an unreferenced leaf, which joins the index then.
+Access times come from a monotonic counter (not wall time), so ties are deterministic.
 
 Complexity (n = nodes, L = query length, d = depth of the matched path in nodes):
     match_prefix / insert / cache_prefix  O(d) dict lookups + O(L) token compares in C slices
@@ -49,75 +44,13 @@ Complexity (n = nodes, L = query length, d = depth of the matched path in nodes)
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Hashable, Iterable, Sequence
-from typing import NamedTuple
 
 from radixserve.memory.allocator import PageAllocator
-from radixserve.memory.tree_node import TreeNode
+from radixserve.memory.lru import EvictableLeaves
+from radixserve.memory.tree_node import CachedPrefix, CacheStats, MatchResult, TreeNode, common_prefix
 
-
-class MatchResult(NamedTuple):
-    """Longest cached, page-aligned prefix of a query.
-
-    ``pages`` back tokens ``[0, matched_len)``; ``node`` ends exactly at ``matched_len`` (the
-    namespace root when nothing matched). The caller must :meth:`RadixCache.lock` ``node``
-    before anything can evict (any allocation), or the pages may be reused.
-    """
-
-    pages: list[int]
-    matched_len: int
-    node: TreeNode
-
-
-class CachedPrefix(NamedTuple):
-    """What backs a request after :meth:`RadixCache.cache_prefix`.
-
-    ``pages[:cached_len // page_size]`` are tree pages protected by the request's lock on
-    ``node``; the rest are the request's private pages (its partial last page, pages
-    allocated ahead).
-    """
-
-    node: TreeNode
-    pages: list[int]
-    cached_len: int
-
-
-class CacheStats(NamedTuple):
-    """Monotonic counters: take differences over any window (they survive :meth:`RadixCache.reset`)."""
-
-    queried_tokens: int
-    hit_tokens: int
-    evicted_pages: int
-    inserted_pages: int
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
-
-
-def _common_prefix(edge: tuple[int, ...], key: tuple[int, ...], pos: int, page_size: int) -> int:
-    """Tokens that ``edge`` and ``key[pos:]`` share, rounded down to whole pages.
-
-    The caller has seen the first page match. Gallops with doubling slice comparisons, then
-    bisects the mismatching chunk: O(log L) Python steps, O(L) element compares in C.
-    """
-    limit = min(len(edge), len(key) - pos)
-    lo, step = page_size, 64  # invariant: key[pos:pos+lo] == edge[:lo]
-    while True:
-        if lo >= limit:
-            return limit - limit % page_size
-        hi = min(lo + step, limit)
-        if key[pos + lo : pos + hi] != edge[lo:hi]:
-            break
-        lo, step = hi, step * 2
-    while hi - lo > 1:  # a mismatch lies in [lo, hi)
-        mid = (lo + hi) // 2
-        if key[pos + lo : pos + mid] == edge[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo - lo % page_size
+__all__ = ["CacheStats", "CachedPrefix", "MatchResult", "RadixCache"]
 
 
 class RadixCache:
@@ -142,8 +75,7 @@ class RadixCache:
 
     def _init_tree(self) -> None:
         self._roots: dict[Hashable | None, TreeNode] = {}
-        self._leaves: set[TreeNode] = set()  # unreferenced leaves: exactly the evictable ones
-        self._heap: list[tuple[int, int, TreeNode]] = []
+        self._lru = EvictableLeaves()  # unreferenced leaves: exactly the evictable ones
         self._tree_pages = 0
         self._protected = 0
         self._root(None)
@@ -187,14 +119,6 @@ class RadixCache:
     def _child_key(self, key: tuple[int, ...], start: int = 0) -> object:
         return key[start] if self.page_size == 1 else key[start : start + self.page_size]
 
-    def _push(self, node: TreeNode) -> None:
-        """``node`` just became an unreferenced leaf."""
-        self._leaves.add(node)
-        heapq.heappush(self._heap, (node.last_access, node.id, node))
-        if len(self._heap) > 2 * len(self._leaves) + 1024:
-            self._heap = [(n.last_access, n.id, n) for n in self._leaves]
-            heapq.heapify(self._heap)
-
     def _split(self, child: TreeNode, m: int) -> TreeNode:
         """Cut ``child``'s edge after ``m`` tokens; returns the new upper node.
 
@@ -236,7 +160,7 @@ class RadixCache:
                 pos += len(edge)
                 node = child
                 continue
-            m = _common_prefix(edge, key, pos, ps)
+            m = common_prefix(edge, key, pos, ps)
             if want_node or pos + m < n:
                 node = self._split(child, m)
                 pages += node.pages
@@ -248,19 +172,19 @@ class RadixCache:
 
     def _add_leaf(self, parent: TreeNode, key: tuple[int, ...], pages: list[int]) -> TreeNode:
         if parent.parent is not None and parent.lock_ref == 0 and not parent.children:
-            self._leaves.discard(parent)  # its heap entry goes stale
+            self._lru.discard(parent)  # its heap entry goes stale
         leaf = TreeNode(self._new_id(), key, pages, parent, parent.depth + len(key), self._clock)
         parent.children[self._child_key(key)] = leaf
         self._tree_pages += len(pages)
         self._inserted += len(pages)
-        self._push(leaf)
+        self._lru.add(leaf)
         return leaf
 
     def _remove_leaf(self, node: TreeNode) -> None:
         parent = node.parent
         assert parent is not None
         del parent.children[self._child_key(node.key)]
-        self._leaves.discard(node)
+        self._lru.discard(node)
         node.alive = False
         self._tree_pages -= len(node.pages)
         self.allocator.free(node.pages)
@@ -268,7 +192,7 @@ class RadixCache:
             if not parent.children and parent.namespace is not None:
                 del self._roots[parent.namespace]  # don't keep one empty root per past tenant
         elif not parent.children and parent.lock_ref == 0:
-            self._push(parent)
+            self._lru.add(parent)
 
     # ---------------------------------------------------------------- public API
     def match_prefix(self, tokens: Sequence[int], namespace: Hashable | None = None, record_stats: bool = True) -> MatchResult:
@@ -304,7 +228,7 @@ class RadixCache:
             if child is None:
                 break
             if key[pos : pos + len(child.key)] != child.key:
-                return pos + _common_prefix(child.key, key, pos, ps)
+                return pos + common_prefix(child.key, key, pos, ps)
             pos += len(child.key)
             node = child
         return pos
@@ -320,7 +244,7 @@ class RadixCache:
             if node.lock_ref == 0:
                 self._protected += len(node.pages)
                 if not node.children:
-                    self._leaves.discard(node)
+                    self._lru.discard(node)
             node.lock_ref += 1
             node = node.parent
 
@@ -336,7 +260,7 @@ class RadixCache:
             if node.lock_ref == 0:
                 self._protected -= len(node.pages)
                 if not node.children:
-                    self._push(node)
+                    self._lru.add(node)
             node = node.parent
 
     def insert(self, tokens: Sequence[int], pages: Sequence[int], namespace: Hashable | None = None) -> int:
@@ -411,16 +335,12 @@ class RadixCache:
         A leaf with more pages than still needed loses only its tail pages (it stays cached,
         shorter). Returns the pages freed: ``min(n_pages, num_evictable_pages)``.
         """
-        heap, leaves, ps = self._heap, self._leaves, self.page_size
+        ps = self.page_size
         freed = 0
-        while freed < n_pages and heap:
-            last_access, _, node = heap[0]
-            if node not in leaves:
-                heapq.heappop(heap)
-                continue
-            if last_access != node.last_access:
-                heapq.heapreplace(heap, (node.last_access, node.id, node))
-                continue
+        while freed < n_pages:
+            node = self._lru.peek_lru()
+            if node is None:
+                break
             need = n_pages - freed
             if len(node.pages) > need:
                 drop = node.pages[-need:]
@@ -431,7 +351,6 @@ class RadixCache:
                 self.allocator.free(drop)
                 freed += need
                 break
-            heapq.heappop(heap)
             freed += len(node.pages)
             self._remove_leaf(node)
         self._evicted += freed

@@ -1,8 +1,9 @@
-"""One node of the radix cache: an edge of whole pages of token ids and the pages holding their KV."""
+"""The radix cache's node, its result types, and the edge-comparison helper."""
 
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import NamedTuple
 
 
 class TreeNode:
@@ -74,3 +75,66 @@ class TreeNode:
             f"TreeNode({kind} id={self.id}, tokens={len(self.key)}, pages={len(self.pages)}, depth={self.depth}, "
             f"lock_ref={self.lock_ref}, holders={self.holders}, last_access={self.last_access}, alive={self.alive})"
         )
+
+
+class MatchResult(NamedTuple):
+    """Longest cached, page-aligned prefix of a query.
+
+    ``pages`` back tokens ``[0, matched_len)``; ``node`` ends exactly at ``matched_len`` (the
+    namespace root when nothing matched). The caller must :meth:`RadixCache.lock` ``node``
+    before anything can evict (any allocation), or the pages may be reused.
+    """
+
+    pages: list[int]
+    matched_len: int
+    node: TreeNode
+
+
+class CachedPrefix(NamedTuple):
+    """What backs a request after :meth:`RadixCache.cache_prefix`.
+
+    ``pages[:cached_len // page_size]`` are tree pages protected by the request's lock on
+    ``node``; the rest are the request's private pages (its partial last page, pages
+    allocated ahead).
+    """
+
+    node: TreeNode
+    pages: list[int]
+    cached_len: int
+
+
+class CacheStats(NamedTuple):
+    """Monotonic counters: take differences over any window (they survive :meth:`RadixCache.reset`)."""
+
+    queried_tokens: int
+    hit_tokens: int
+    evicted_pages: int
+    inserted_pages: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+def common_prefix(edge: tuple[int, ...], key: tuple[int, ...], pos: int, page_size: int) -> int:
+    """Tokens that ``edge`` and ``key[pos:]`` share, rounded down to whole pages.
+
+    The caller has seen the first page match. Gallops with doubling slice comparisons, then
+    bisects the mismatching chunk: O(log L) Python steps, O(L) element compares in C.
+    """
+    limit = min(len(edge), len(key) - pos)
+    lo, step = page_size, 64  # invariant: key[pos:pos+lo] == edge[:lo]
+    while True:
+        if lo >= limit:
+            return limit - limit % page_size
+        hi = min(lo + step, limit)
+        if key[pos + lo : pos + hi] != edge[lo:hi]:
+            break
+        lo, step = hi, step * 2
+    while hi - lo > 1:  # a mismatch lies in [lo, hi)
+        mid = (lo + hi) // 2
+        if key[pos + lo : pos + mid] == edge[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo - lo % page_size

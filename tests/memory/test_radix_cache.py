@@ -155,9 +155,9 @@ def test_parent_becomes_evictable_after_its_children() -> None:
     put(alloc, cache, [1, 2, 3, 4])
     put(alloc, cache, [1, 2, 5, 6])  # tree: [1,2] -> {[3,4], [5,6]}
     shared = cache.match_prefix([1, 2], record_stats=False).node
-    assert not shared.is_leaf and shared not in cache._leaves
+    assert not shared.is_leaf and shared not in cache._lru
     assert cache.evict(4) == 4  # both leaves go first, though [1,2] was touched last
-    assert cache.num_cached_pages == 2 and shared in cache._leaves
+    assert cache.num_cached_pages == 2 and shared in cache._lru
     cache.check_invariants()
     assert cache.evict(10) == 2
     cache.check_invariants()
@@ -294,11 +294,11 @@ def test_reset_frees_everything_and_keeps_counters() -> None:
 def test_peek_does_not_touch_the_tree() -> None:
     alloc, cache = make()
     put(alloc, cache, [1, 2, 3, 4])
-    nodes_before = len(cache._leaves)
+    nodes_before = len(cache._lru)
     clock = cache._clock
     assert cache.peek_prefix_len([1, 2, 9]) == 2
     assert cache.peek_prefix_len([1, 2, 3, 4, 5]) == 4
-    assert cache._clock == clock and len(cache._leaves) == nodes_before
+    assert cache._clock == clock and len(cache._lru) == nodes_before
     assert cache.match_prefix([1, 2, 9]).node.key == (1, 2)  # a real match splits
 
 
@@ -325,3 +325,17 @@ def test_long_edge_mismatch_positions() -> None:
             assert cache.peek_prefix_len(q) == want
             assert cache.match_prefix(q).matched_len == want
         cache.check_invariants()
+
+
+def test_lru_index_stays_bounded_under_lock_churn() -> None:
+    """Stale heap entries (from lock/unlock and access refreshes) are compacted away."""
+    alloc, cache = make()
+    put(alloc, cache, [1, 2, 3])
+    put(alloc, cache, [4, 5, 6])
+    for _ in range(3000):
+        m = cache.match_prefix([1, 2, 3])
+        cache.lock(m.node)
+        cache.unlock(m.node)
+    assert len(cache._lru.heap_entries()) <= 2 * len(cache._lru) + 1025
+    cache.check_invariants()
+    assert cache.evict(3) == 3 and cache.peek_prefix_len([1, 2, 3]) == 3  # [4,5,6] was older

@@ -157,7 +157,7 @@ class CacheMachine(RuleBasedStateMachine):
         evictable = self.cache.num_evictable_pages
         nodes = self._nodes()
         sizes = {node: len(node.pages) for node in nodes}
-        leaves_before = set(self.cache._leaves)
+        leaves_before = set(self.cache._lru)
         assert self.cache.evict(n) == min(n, evictable)
         # LRU: everything evicted (or trimmed) is older than every untouched evictable leaf.
         touched = [(x.last_access, x.id) for x in nodes if not x.alive or len(x.pages) != sizes[x]]
