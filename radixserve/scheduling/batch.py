@@ -81,6 +81,8 @@ def build_forward_batch(
 ) -> tuple[ForwardBatch, LogitsPlan]:
     """Lay out ``work`` (request, new tokens) as one flattened batch."""
     input_ids: list[int] = []
+    positions: list[int] = []
+    seq_of_row: list[int] = []
     prefix_lens: list[int] = []
     ext_lens: list[int] = []
     seq_lens: list[int] = []
@@ -92,9 +94,12 @@ def build_forward_batch(
     lp_targets: list[int] = []
     spans: list[tuple[Request, int, int]] = []
     t = 0
-    for req, n in work:
+    for b, (req, n) in enumerate(work):
         c = req.computed_len
+        # list slicing / range / repetition run in C: no per-token Python work
         input_ids += req.token_ids[c : c + n]
+        positions += range(c, c + n)
+        seq_of_row += [b] * n
         prefix_lens.append(c)
         ext_lens.append(n)
         seq_lens.append(c + n)
@@ -107,30 +112,25 @@ def build_forward_batch(
             lo = max(c, req.prompt_lp_next)
             hi = min(c + n, req.prompt_len - 1)
             if hi > lo:
-                lp_rows.extend(range(t + lo - c, t + hi - c))
+                lp_rows += range(t + lo - c, t + hi - c)
                 lp_targets += req.token_ids[lo + 1 : hi + 1]
                 spans.append((req, lo, hi - lo))
         t += n
 
     page_table.flush()
-    cpu = torch.device("cpu")
-    ext_t = torch.tensor(ext_lens, dtype=torch.int64)
-    prefix_t = torch.tensor(prefix_lens, dtype=torch.int64)
-    start_t = torch.tensor(starts, dtype=torch.int64)
-    seq_of_row = torch.repeat_interleave(torch.arange(len(work)), ext_t)
-    positions = torch.arange(t, dtype=torch.int64) - (start_t - prefix_t)[seq_of_row]
+    pos_t = torch.tensor(positions, dtype=torch.int64)
     max_pages = (max(seq_lens) + page_size - 1) // page_size
     table = page_table.table[torch.tensor(rows, dtype=torch.int64, device=page_table.table.device), :max_pages]
-    table_cpu = table if table.device == cpu else table.cpu()
-    out_loc = table_cpu[seq_of_row, positions // page_size].to(torch.int64) * page_size + positions % page_size
+    table_cpu = table.cpu()
+    out_loc = table_cpu[torch.tensor(seq_of_row), pos_t // page_size].to(torch.int64) * page_size + pos_t % page_size
 
     fb = ForwardBatch(
         input_ids=torch.tensor(input_ids, dtype=torch.int64).to(device),
-        positions=positions.to(device),
+        positions=pos_t.to(device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device),
-        extend_lens=ext_t.to(torch.int32).to(device),
-        prefix_lens=prefix_t.to(torch.int32).to(device),
-        extend_start_loc=start_t.to(torch.int32).to(device),
+        extend_lens=torch.tensor(ext_lens, dtype=torch.int32).to(device),
+        prefix_lens=torch.tensor(prefix_lens, dtype=torch.int32).to(device),
+        extend_start_loc=torch.tensor(starts, dtype=torch.int32).to(device),
         logits_indices=torch.tensor(sample_rows + lp_rows, dtype=torch.int64).to(device),
         seq_lens_cpu=seq_lens,
         extend_lens_cpu=ext_lens,
