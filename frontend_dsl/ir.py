@@ -145,8 +145,12 @@ def gen(name: str | None = None, *, max_tokens: int | None = None, stop: str | S
 _INT_STOPS = ["\n", ",", ".", ";", ")", "]", "}", '"', "'"]
 
 
-# An optional leading space: after "is" a tokenizer spells the number " 42".
-INT_REGEX = r" ?-?[0-9]{1,18}"
+# An optional leading space: after "is" a tokenizer spells the number " 42". The optional
+# terminator lets the model end the number the way it would in prose (" 4 legs", "4.")
+# instead of being forced to add digits when it does not want the end of sequence there;
+# it is cut off when parsing.
+_END = r"[ \n,;:)!?]"
+INT_REGEX = r" ?-?[0-9]{1,18}(" + _END[:-1] + r".])?"
 
 
 def gen_int(name: str | None = None, *, max_tokens: int = 16, stop: Sequence[str] | None = None,
@@ -165,7 +169,7 @@ def gen_int(name: str | None = None, *, max_tokens: int = 16, stop: Sequence[str
     return Gen(expr.name, expr.sampling, kind="int")
 
 
-FLOAT_REGEX = r" ?-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,15})?"
+FLOAT_REGEX = r" ?-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,15})?(" + _END + ")?"
 BOOL_REGEX = r" ?(true|false)"
 _FLOAT_STOPS = [s for s in _INT_STOPS if s != "."]
 
