@@ -345,3 +345,12 @@ def test_run_batch_isolates_failures() -> None:
     assert [s.ok for s in states] == [True, True, True, False, True, True]
     assert "item 3 is broken" in str(states[3].error)
     assert all(s["x"] == "ok" for i, s in enumerate(states) if i != 3)
+
+
+def test_the_dsl_and_its_remote_backend_import_without_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, frontend_dsl, frontend_dsl.remote_backend; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
