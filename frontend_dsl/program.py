@@ -138,11 +138,21 @@ class Program:
         with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="dsl-batch") as pool:
             futures = []
 
+            done: list[ProgramState] = []
+            lock = threading.Lock()
+
+            def finished(state: ProgramState) -> None:
+                assert bar is not None
+                with lock:  # the bar shows the batch's reuse so far
+                    done.append(state)
+                    bar.set_postfix(hit_rate=f"{batch_usage(done).hit_rate:.2f}", refresh=False)
+                    bar.update(1)
+
             def launch(i: int) -> None:
                 kwargs, args = items[i]
                 fut = pool.submit(self._execute, states[i], args, kwargs)
                 if bar is not None:
-                    fut.add_done_callback(lambda _: bar.update(1))
+                    fut.add_done_callback(lambda f: finished(f.result()))
                 futures.append(fut)
 
             launch(0)
