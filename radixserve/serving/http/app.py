@@ -20,10 +20,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve import __version__
 from radixserve.serving.http import openai_api, sglang_api
@@ -33,14 +33,25 @@ from radixserve.serving.http.gateway import Gateway, GatewayConfig
 log = logging.getLogger("radixserve.serving.http")
 
 
-class _CountErrors(BaseHTTPMiddleware):
-    """Counts error responses by status for ``radixserve_http_errors_total``."""
+class _CountErrors:
+    """Pure ASGI middleware counting error responses by status (``radixserve_http_errors_total``);
+    unlike ``BaseHTTPMiddleware`` it leaves streaming responses untouched."""
 
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        response = await call_next(request)
-        if response.status_code >= 400:
-            request.app.state.gateway.metrics.http_errors.labels(str(response.status_code)).inc()
-        return response
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                self.gateway.metrics.http_errors.labels(str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
 
 
 def create_app(config: GatewayConfig = GatewayConfig(), tokenizer: Any = None) -> FastAPI:
@@ -63,7 +74,7 @@ def create_app(config: GatewayConfig = GatewayConfig(), tokenizer: Any = None) -
                   description="OpenAI-compatible and SGLang-native HTTP gateway in front of a radixserve router.")
     app.state.gateway = gateway
     install_error_handlers(app)
-    app.add_middleware(_CountErrors)
+    app.add_middleware(_CountErrors, gateway=gateway)
     app.include_router(openai_api.router)
     app.include_router(sglang_api.router)
 

@@ -11,6 +11,7 @@ handler cancelled) aborts the request in the router, which frees its KV in the w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -252,22 +253,25 @@ class Gateway:
         first: float | None = None
         last = 0.0
         gaps: list[float] = []
+        events = self._client().stream(text, input_ids=input_ids, messages=messages, params=params,
+                                       session_id=session_id, stream=True, timeout=self.config.request_timeout_s)
         try:
-            async for ev in self._client().stream(text, input_ids=input_ids, messages=messages, params=params,
-                                                  session_id=session_id, stream=True,
-                                                  timeout=self.config.request_timeout_s):
-                now = time.monotonic()
-                if isinstance(ev, p.GenerateChunk):
-                    n = len(ev.token_ids)
-                    if n:
-                        if first is None:
-                            first = now
-                        else:  # tokens that arrive together share the gap
-                            gaps.extend([(now - last) / n] * n)
-                        last = now
-                else:
-                    self.metrics.observe_request(ev, None if first is None else first - arrival, gaps, now - arrival)
-                yield ev
+            # aclosing: leaving early closes the client stream now (it sends the abort), not at GC.
+            async with contextlib.aclosing(events):
+                async for ev in events:
+                    now = time.monotonic()
+                    if isinstance(ev, p.GenerateChunk):
+                        n = len(ev.token_ids)
+                        if n:
+                            if first is None:
+                                first = now
+                            else:  # tokens that arrive together share the gap
+                                gaps.extend([(now - last) / n] * n)
+                            last = now
+                    else:
+                        self.metrics.observe_request(ev, None if first is None else first - arrival, gaps,
+                                                     now - arrival)
+                    yield ev
         except ServerError as exc:
             raise from_server_error(exc) from exc
         except TimeoutError as exc:
@@ -275,9 +279,10 @@ class Gateway:
 
     async def generate(self, **kwargs: Any) -> p.GenerateFinal:
         """Run one request to its final message (same arguments as :meth:`stream`)."""
-        async for ev in self.stream(**kwargs):
-            if isinstance(ev, p.GenerateFinal):
-                return ev
+        async with contextlib.aclosing(self.stream(**kwargs)) as events:
+            async for ev in events:
+                if isinstance(ev, p.GenerateFinal):
+                    return ev
         raise APIError(500, "the router ended a request without a final message", type="internal_error")
 
 
@@ -285,15 +290,17 @@ async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]
     """Interleave several async iterators as ``(index, item)``; the first error is raised.
     Closing the merged iterator cancels (and so aborts) every stream still running."""
     if len(streams) == 1:
-        async for item in streams[0]:
-            yield 0, item
+        async with contextlib.aclosing(streams[0]) as only:  # type: ignore[type-var]
+            async for item in only:
+                yield 0, item
         return
     queue: asyncio.Queue[tuple[int, Any, BaseException | None, bool]] = asyncio.Queue()
 
     async def pump(i: int, it: AsyncIterator[T]) -> None:
         try:
-            async for item in it:
-                await queue.put((i, item, None, False))
+            async with contextlib.aclosing(it) as items:  # type: ignore[type-var]
+                async for item in items:
+                    await queue.put((i, item, None, False))
         except Exception as exc:  # forwarded to the consumer
             await queue.put((i, None, exc, True))
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
@@ -46,9 +47,10 @@ async def primed(request: Request, it: AsyncIterator[T]) -> AsyncIterator[T]:
 
 
 async def _final(stream: AsyncIterator[Any]) -> p.GenerateFinal:
-    async for ev in stream:
-        if isinstance(ev, p.GenerateFinal):
-            return ev
+    async with contextlib.aclosing(stream) as events:  # type: ignore[type-var]
+        async for ev in events:
+            if isinstance(ev, p.GenerateFinal):
+                return ev
     raise APIError(500, "the router ended a request without a final message", type="internal_error")
 
 
