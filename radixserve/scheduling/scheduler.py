@@ -30,8 +30,7 @@ really are.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 
@@ -42,57 +41,13 @@ from radixserve.scheduling.batch import LogitsPlan, PageTable, build_forward_bat
 from radixserve.scheduling.policy import make_policy
 from radixserve.scheduling.request import Request, RequestStatus
 from radixserve.scheduling.sampler import Sampler, token_logprobs
+from radixserve.scheduling.types import RequestOutput, SchedulerConfig, SchedulerCounters
 
 logger = logging.getLogger(__name__)
 
 ForwardFn = Callable[[ForwardBatch], torch.Tensor]
 
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """The scheduling knobs (the engine fills them from its EngineConfig)."""
-
-    page_size: int
-    max_num_tokens: int
-    max_running_requests: int
-    max_total_len: int  # prompt + output of one request, bounded by the model and the pool
-    schedule_policy: str = "lpm"
-    lpm_max_bypass: int = 32
-    lpm_max_queue: int = 256
-    defer_shared_prefix_tokens: int = 32
-    init_new_token_ratio: float = 0.7
-    min_new_token_ratio: float = 0.1
-    new_token_ratio_decay: float = 0.002
-    reserve_tokens_cap: int = 4096  # at most this much of a request's max_tokens is reserved
-
-
-class RequestOutput(NamedTuple):
-    """What one request got out of one step (the engine wraps it in a StepOutput)."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None
-    prompt_logprobs: list[float | None] | None
-    finished: bool
-    finish_reason: str | None
-    error: str | None
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-
-
-@dataclass
-class SchedulerCounters:
-    """Monotonic counters over the scheduler's life."""
-
-    steps: int = 0
-    prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission)
-    cached_prompt_tokens: int = 0  # of those, reused from the cache
-    computed_tokens: int = 0  # rows run through the model
-    generated_tokens: int = 0
-    retractions: int = 0
-    finished: int = 0
-    aborted: int = 0
+__all__ = ["RequestOutput", "Scheduler", "SchedulerConfig", "SchedulerCounters"]
 
 
 class Scheduler:

@@ -1,0 +1,53 @@
+"""The scheduler's configuration, counters and per-step results (plain data, no logic)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The scheduling knobs (the engine fills them from its EngineConfig)."""
+
+    page_size: int
+    max_num_tokens: int
+    max_running_requests: int
+    max_total_len: int  # prompt + output of one request, bounded by the model and the pool
+    schedule_policy: str = "lpm"
+    lpm_max_bypass: int = 32
+    lpm_max_queue: int = 256
+    defer_shared_prefix_tokens: int = 32
+    init_new_token_ratio: float = 0.7
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay: float = 0.002
+    reserve_tokens_cap: int = 4096  # at most this much of a request's max_tokens is reserved
+
+
+class RequestOutput(NamedTuple):
+    """What one request got out of one step (the engine wraps it in a StepOutput)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None
+    prompt_logprobs: list[float | None] | None
+    finished: bool
+    finish_reason: str | None
+    error: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+@dataclass
+class SchedulerCounters:
+    """Monotonic counters over the scheduler's life."""
+
+    steps: int = 0
+    prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission)
+    cached_prompt_tokens: int = 0  # of those, reused from the cache
+    computed_tokens: int = 0  # rows run through the model
+    generated_tokens: int = 0
+    retractions: int = 0
+    finished: int = 0
+    aborted: int = 0
