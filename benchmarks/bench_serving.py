@@ -76,6 +76,22 @@ def build_workload(systems: int, per_system: int, words: int, seed: int) -> list
     return reqs
 
 
+def ideal_hit_rate(model: Path, workload: list[list[dict[str, str]]], page_size: int) -> float:
+    """Hit rate of an unbounded prefix cache seeing the requests in order (whole pages, and
+    never a prompt's last token): the ceiling any routing can reach on this workload."""
+    from radixserve.serving.dispatch import common_prefix_len
+    from radixserve.serving.prompts import load_tokenizer
+
+    tok = load_tokenizer(model)
+    seqs = [tuple(tok.encode(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
+                             add_special_tokens=False)) for m in workload]
+    hit = 0
+    for i, ids in enumerate(seqs):
+        best = max([common_prefix_len(ids, prev) for prev in seqs[:i]], default=0)
+        hit += min(best, len(ids) - 1) // page_size * page_size
+    return hit / max(1, sum(map(len, seqs)))
+
+
 async def _one(client: AsyncClient, messages: list[dict[str, str]], params: SamplingParams) -> dict[str, Any]:
     t0 = time.perf_counter()
     stamps: list[float] = []
@@ -139,14 +155,14 @@ async def replay(endpoint: str, workload: list[list[dict[str, str]]], params: Sa
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF dir")
-    ap.add_argument("--systems", type=int, default=8, help="distinct shared system prompts")
-    ap.add_argument("--per-system", type=int, default=8, help="requests per system prompt")
-    ap.add_argument("--system-words", type=int, default=240, help="approximate words per system prompt")
-    ap.add_argument("--max-tokens", type=int, default=24, help="output tokens per request (ignore_eos)")
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--systems", type=int, default=6, help="distinct shared system prompts")
+    ap.add_argument("--per-system", type=int, default=4, help="requests per system prompt")
+    ap.add_argument("--system-words", type=int, default=600, help="approximate words per system prompt")
+    ap.add_argument("--max-tokens", type=int, default=12, help="output tokens per request (ignore_eos)")
+    ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--rate", type=float, default=None, help="Poisson request rate (req/s) instead of concurrency")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds per configuration")
-    ap.add_argument("--kv-tokens", type=int, default=3072, help="KV pool per worker, in tokens")
+    ap.add_argument("--kv-tokens", type=int, default=2048, help="KV pool per worker, in tokens")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--configs", default="1w,2w-cache,2w-rr", help="comma-separated subset of 1w,2w-cache,2w-rr")
     ap.add_argument("--seed", type=int, default=0)
@@ -166,6 +182,8 @@ def main() -> int:
     servers: dict[str, LocalServer] = {}
     workload = build_workload(args.systems, args.per_system, args.system_words, args.seed)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    ideal = ideal_hit_rate(model, workload, args.page_size)
+    print(f"workload: {len(workload)} requests, ideal hit rate {ideal:.3f}", flush=True)
     rounds: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     try:
         for name in names:
@@ -211,7 +229,8 @@ def main() -> int:
     out.write_text(json.dumps({
         "benchmark": "bench_serving", "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": cores, "python": sys.version.split()[0]},
-        "model": str(model), "args": vars(args), "engine": engine, "summary": summary, "ratios": ratios,
+        "model": str(model), "args": vars(args), "engine": engine, "ideal_hit_rate": ideal,
+        "summary": summary, "ratios": ratios,
         "rounds": rounds,
     }, indent=2))
     print(f"wrote {out}")

@@ -72,6 +72,9 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
 def serve(args: argparse.Namespace) -> int:
     import logging
     import signal
+    import sys
+
+    import zmq
 
     from radixserve.model_store import resolve_model
     from radixserve.serving.launcher import LocalServer
@@ -87,13 +90,20 @@ def serve(args: argparse.Namespace) -> int:
         worker_timeout_s=args.worker_timeout, balance_abs_threshold=args.balance_abs_threshold,
         balance_rel_threshold=args.balance_rel_threshold, cache_threshold=args.cache_threshold,
     )
-    server = LocalServer(model, num_workers=args.workers, config=config, engine_config=_engine_config(args))
+    try:
+        server = LocalServer(model, num_workers=args.workers, config=config, engine_config=_engine_config(args))
+    except zmq.ZMQError as e:  # e.g. the port is taken: one clear line, not a traceback
+        raise ValueError(f"cannot bind {endpoint} or {args.worker_endpoint}: {e} (try --port or --endpoint)") from e
     signal.signal(signal.SIGINT, lambda *_: server.router.stop())
     signal.signal(signal.SIGTERM, lambda *_: server.router.stop())
     print(f"radixserve: starting {args.workers} worker(s) for {model}; workers connect at "
           f"{server.router.worker_endpoint}", flush=True)
-    if not server.wait_ready():
-        return 0
+    try:
+        if not server.wait_ready():
+            return 0
+    except (RuntimeError, TimeoutError) as e:  # a worker failed to start (its traceback is above)
+        print(f"radixserve serve: error: {e}", file=sys.stderr)
+        return 1
     http = start_http_for_serve(args, server, model)  # None without --http-port
     pids = " ".join(str(p.pid) for p in server.procs)
     print(f"radixserve: serving on {server.endpoint} (routing {args.routing}; worker pids {pids or '-'})", flush=True)
