@@ -257,6 +257,7 @@ class WorkerStats(_Part):
     hit_rate: float
     load: WorkerLoad
     engine: dict[str, Any] = {}
+    death: str | None = None  # why the router declared it dead
 
 
 class StatsReply(_Msg, tag="stats_reply"):

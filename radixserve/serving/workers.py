@@ -58,7 +58,7 @@ class WorkerHandle:
             worker_id=self.worker_id, alive=self.alive, pid=self.pid, inflight=len(self.inflight),
             requests=self.requests, prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
             hit_rate=self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
-            load=self.load, engine=self.engine,
+            load=self.load, engine=self.engine, death=self.death,
         )
 
 

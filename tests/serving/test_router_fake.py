@@ -331,3 +331,16 @@ def test_keepalives_keep_a_long_unstreamed_request_alive(fake_server) -> None:
             return (await ac.generate("slow", params=params)).usage.completion_tokens
 
     assert asyncio.run(run()) == 20
+
+
+def test_sigterm_stops_a_worker_cleanly(fake_server) -> None:
+    import signal
+
+    srv = fake_server(num_workers=2)
+    with Client(srv.endpoint, timeout=20) as c:
+        srv.procs[1].send_signal(signal.SIGTERM)
+        assert srv.procs[1].wait(10) == 0  # a clean exit, not a signal death
+        st = _wait_stats(c, lambda s: not s.workers[1].alive)
+        assert [w.alive for w in st.workers] == [True, False]
+        assert "goodbye" in (st.workers[1].death or "")
+        assert c.generate("still served", params=SamplingParams(max_tokens=1)).worker_id == 0
