@@ -38,7 +38,8 @@ Access times come from a monotonic counter (not wall time), so ties are determin
 Complexity (n = nodes, L = query length, d = depth of the matched path in nodes):
     match_prefix / insert / cache_prefix  O(d) dict lookups + O(L) token compares in C slices
     lock / unlock                         O(d)
-    evict                                 O(log n) per node removed (a leaf's pages go at once)
+    evict                                 O(log n) per leaf removed (all its pages at once) or
+                                          trimmed (its tail pages, plus a C copy of its key)
     gauges                                O(1)
 """
 
@@ -204,9 +205,13 @@ class RadixCache:
         ``record_stats`` adds to the queried/hit counters (turn it off for speculative
         look-ups, e.g. a scheduling policy scoring queued requests).
         """
-        root = self._root(namespace)
+        root = self._roots.get(namespace)
         n_full = len(tokens) // self.page_size * self.page_size
-        if self.disabled or n_full == 0:
+        if root is None:
+            # An unregistered root: a miss must not leave one empty root behind per namespace
+            # (per-request salts would leak). Roots are inert: lock/unlock ignore them.
+            node, matched, pages = TreeNode(self._new_id(), (), [], None, 0, 0, namespace), 0, []
+        elif self.disabled or n_full == 0:
             node, matched, pages = root, 0, []
         else:
             node, matched, pages = self._walk(root, tuple(tokens[:n_full]), want_node=True)

@@ -339,3 +339,20 @@ def test_lru_index_stays_bounded_under_lock_churn() -> None:
     assert len(cache._lru.heap_entries()) <= 2 * len(cache._lru) + 1025
     cache.check_invariants()
     assert cache.evict(3) == 3 and cache.peek_prefix_len([1, 2, 3]) == 3  # [4,5,6] was older
+
+
+def test_misses_in_unknown_namespaces_leave_no_roots_behind() -> None:
+    alloc, cache = make()
+    for i in range(100):
+        m = cache.match_prefix([1, 2, 3], namespace=f"salt-{i}")
+        assert m.matched_len == 0 and m.node.is_root and m.node.namespace == f"salt-{i}"
+        cache.lock(m.node)
+        cache.unlock(m.node)
+    assert set(cache._roots) == {None}
+    # A request that matched in a fresh namespace can still cache into it.
+    m = cache.match_prefix([1, 2, 3], namespace="x")
+    cache.lock(m.node)
+    c = cache.cache_prefix([1, 2, 3], alloc.alloc(3), m.node, namespace="x")
+    assert c.cached_len == 3 and cache.match_prefix([1, 2, 3], "x").matched_len == 3
+    cache.unlock(c.node)
+    cache.check_invariants()
