@@ -199,7 +199,7 @@ def main() -> None:
     ap.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF directory")
     ap.add_argument("--systems", type=int, default=3, help="distinct long system prompts")
     ap.add_argument("--per-system", type=int, default=4, help="conversations per system prompt")
-    ap.add_argument("--turns", type=int, default=3, help="turns per conversation")
+    ap.add_argument("--turns", type=int, default=2, help="turns per conversation")
     ap.add_argument("--system-tokens", type=int, default=400, help="approximate system prompt length")
     ap.add_argument("--max-tokens", type=int, default=16, help="output tokens per turn")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved on/off rounds")

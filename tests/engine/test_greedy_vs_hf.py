@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
+from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
 
 LENGTHS = [5, 23, 1, 40, 16, 9]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
+from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
 
 
 @pytest.mark.parametrize("page_size", [1, 4])

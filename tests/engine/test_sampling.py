@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
+from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
 from radixserve.sampling_params import SamplingParams
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import greedy, hf_greedy
+from engine_helpers import greedy, hf_greedy
 
 pytestmark = pytest.mark.slow
 
