@@ -5,6 +5,8 @@ and a client that disconnects mid-stream aborting its request (KV freed)."""
 from __future__ import annotations
 
 import json
+import socket
+import time
 from typing import Any
 
 import httpx
@@ -110,28 +112,49 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(server: Any) -> None:
         assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] in ("stop", "length")
 
 
-@pytest.mark.parametrize("route", ["/v1/chat/completions", "/generate"])
+def wait_running(c: httpx.Client, timeout: float = 30.0) -> None:
+    """Poll until a request is running in the worker and has generated tokens (bounded)."""
+    before = c.get("/get_server_info").json()["workers"][0]["engine"]["generated_tokens_total"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        engine = c.get("/get_server_info").json()["workers"][0]["engine"]
+        if engine["running"] and engine["generated_tokens_total"] > before:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the request never started running")
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/generate", "non-streamed /v1/chat/completions"])
 def test_disconnect_mid_stream_aborts_and_frees_kv(server: Any, route: str) -> None:
     if route == "/generate":
         body: dict[str, Any] = {"text": "Tell me a very long story.", "stream": True,
                                 "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
     else:
-        body = {"model": "default", "stream": True, "max_tokens": 1500, "ignore_eos": True,
-                "messages": [{"role": "user", "content": "Tell me a very long story."}]}
+        body = {"model": "default", "stream": route == "/v1/chat/completions", "max_tokens": 1500,
+                "ignore_eos": True, "messages": [{"role": "user", "content": "Tell me a very long story."}]}
     with server.client() as c:
         wait_idle(c)
         before = c.get("/get_server_info").json()
-        with httpx.Client(base_url=server.url, timeout=30) as streamer:
-            with streamer.stream("POST", route, json=body) as r:
-                assert r.status_code == 200
-                events = 0
-                for line in r.iter_lines():
-                    events += line.startswith("data:")
-                    if events >= 3:
-                        break  # leave mid-stream: closing the response closes the connection
+        if body.get("stream"):
+            with httpx.Client(base_url=server.url, timeout=30) as streamer:
+                with streamer.stream("POST", route, json=body) as r:
+                    assert r.status_code == 200
+                    events = 0
+                    for line in r.iter_lines():
+                        events += line.startswith("data:")
+                        if events >= 3:
+                            break  # leave mid-stream: closing the response closes the connection
+        else:  # a raw connection, closed once the request is running in the worker
+            host, port = server.url.removeprefix("http://").split(":")
+            payload = json.dumps(body).encode()
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+                wait_running(c)
         info = wait_idle(c)  # the abort freed the request's KV pages (none in use, nothing running)
-    assert info["aborted"] == before["aborted"] + 1
     engine_before, engine_after = before["workers"][0]["engine"], info["workers"][0]["engine"]
-    assert engine_after["aborted_total"] == engine_before["aborted_total"] + 1
-    assert engine_after["generated_tokens_total"] - engine_before["generated_tokens_total"] < 1500
+    why = f"before {before}\nafter {info}\nserver output:\n{''.join(server.out.seen[-20:])}"
+    assert info["aborted"] == before["aborted"] + 1, why
+    assert engine_after["aborted_total"] == engine_before["aborted_total"] + 1, why
+    assert engine_after["generated_tokens_total"] - engine_before["generated_tokens_total"] < 1500, why
     assert engine_after["invariants"] == "ok"
