@@ -150,8 +150,9 @@ def bench_steps(engine: Any, batches: list[int], steps: int, rounds: int) -> lis
             row[f"step_ratio_{m}"] = med[m] / med["none"]
             row[f"grammar_share_{m}"] = gmed[m] / med["none"]  # grammar work / unconstrained step
         rows.append(row)
-        print(f"  batch {b:3d}: step none {med['none']:7.1f} ms | regex {med['regex']:7.1f} ms (x{row['step_ratio_regex']:.2f}),"
-              f" grammar {gmed['regex']:5.2f} ms = {row['grammar_share_regex']:.1%} | json {med['json']:7.1f} ms "
+        print(f"  batch {b:3d}: step none {med['none']:7.1f} ms | regex {med['regex']:7.1f} ms "
+              f"(x{row['step_ratio_regex']:.2f}), grammar {gmed['regex']:5.2f} ms = {row['grammar_share_regex']:.1%} "
+              f"| json {med['json']:7.1f} ms "
               f"(x{row['step_ratio_json']:.2f}), grammar {gmed['json']:5.2f} ms = {row['grammar_share_json']:.1%}",
               flush=True)
     return rows
@@ -260,7 +261,7 @@ def bench_libraries(tokenizer: Any, vocab_size: int, eos: int, batches: list[int
         print("  outlines-core not installed: comparison skipped (pip install outlines-core)")
         return out
     # A byte-level vocabulary for outlines-core: GPT-2's byte symbols mapped back to bytes.
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     cs, n = bs[:], 0
     for b in range(256):
         if b not in bs:

@@ -37,7 +37,8 @@ def constraint_errors(regex: str | None, json_schema: str | None, choices: list[
     a boolean; a non-empty list of non-empty choices.
     """
     errors: list[str] = []
-    given = [name for name, v in (("regex", regex), ("json_schema", json_schema), ("choices", choices)) if v is not None]
+    named = (("regex", regex), ("json_schema", json_schema), ("choices", choices))
+    given = [name for name, v in named if v is not None]
     if len(given) > 1:
         errors.append(f"at most one of regex, json_schema and choices may be set, got {', '.join(given)}")
     if regex is not None and not regex:

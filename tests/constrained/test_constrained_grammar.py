@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -22,12 +23,12 @@ EOS = 2
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_llama_dir: Path):  # type: ignore[no-untyped-def]
+def tokenizer(tiny_llama_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(tiny_llama_dir))
 
 
 @pytest.fixture(scope="module")
-def compiler(tokenizer) -> GrammarCompiler:  # type: ignore[no-untyped-def]
+def compiler(tokenizer: Any) -> GrammarCompiler:
     # A logits width above the tokenizer's size: padding ids must never be allowed.
     return GrammarCompiler(tokenizer, vocab_size=len(tokenizer) + 7, stop_token_ids=[EOS])
 
@@ -37,7 +38,7 @@ def allowed_ids(m: GrammarMatcher) -> set[int]:
     return set(np.flatnonzero(bits[: m.compiled.vocab_size]).tolist())
 
 
-def feed(m: GrammarMatcher, tokenizer, text: str) -> None:  # type: ignore[no-untyped-def]
+def feed(m: GrammarMatcher, tokenizer: Any, text: str) -> None:
     for t in tokenizer.encode(text, add_special_tokens=False):
         assert m.accept(t), (text, t)
 
@@ -68,7 +69,7 @@ def test_cache_hits_and_clear_errors(compiler: GrammarCompiler) -> None:
         compiler.compile(Constraint("json_schema", '{"type": "tuple"}'))
 
 
-def test_mask_is_exactly_the_tokens_that_keep_a_choice_reachable(compiler: GrammarCompiler, tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_mask_is_exactly_the_tokens_that_keep_a_choice_reachable(compiler: GrammarCompiler, tokenizer: Any) -> None:
     choices = ("yes", "no", "maybe not")
     m = compiler.new_matcher(Constraint("choices", choices))
     allowed = allowed_ids(m)
@@ -86,7 +87,7 @@ def test_mask_is_exactly_the_tokens_that_keep_a_choice_reachable(compiler: Gramm
     assert not feed_m.can_only_end and not feed_m.is_completed
 
 
-def test_end_only_where_the_grammar_may_end(compiler: GrammarCompiler, tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_end_only_where_the_grammar_may_end(compiler: GrammarCompiler, tokenizer: Any) -> None:
     m = compiler.new_matcher(Constraint("regex", "[0-9]{1,3}"))
     assert EOS not in allowed_ids(m)
     feed(m, tokenizer, "4")
@@ -99,7 +100,7 @@ def test_end_only_where_the_grammar_may_end(compiler: GrammarCompiler, tokenizer
     assert m.accept(EOS) and m.is_terminated and allowed_ids(m) == set()
 
 
-def test_length_limited_json_strings_reject_raw_control_characters(compiler: GrammarCompiler, tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_length_limited_json_strings_reject_raw_control_characters(compiler: GrammarCompiler, tokenizer: Any) -> None:
     schema = json.dumps({"type": "object", "properties": {"s": {"type": "string", "maxLength": 4}}, "required": ["s"]})
     m = compiler.new_matcher(Constraint("json_schema", schema))
     feed(m, tokenizer, '{"s": "a')
@@ -109,7 +110,7 @@ def test_length_limited_json_strings_reject_raw_control_characters(compiler: Gra
     assert m.can_only_end
 
 
-def test_masks_touch_only_the_constrained_rows(compiler: GrammarCompiler, tokenizer) -> None:  # type: ignore[no-untyped-def]
+def test_masks_touch_only_the_constrained_rows(compiler: GrammarCompiler, tokenizer: Any) -> None:
     vocab = compiler.vocab_size
     logits = torch.randn(4, vocab)
     before = logits.clone()

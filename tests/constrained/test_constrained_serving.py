@@ -64,8 +64,8 @@ def test_router_passes_constraints_through(server: LocalServer) -> None:
 
 def test_sglang_generate_regex_and_json_schema(http_url: str) -> None:
     with httpx.Client(base_url=http_url, timeout=60) as h:
-        r = h.post("/generate", json={"text": ["Host:", "Other host:"],
-                                      "sampling_params": {"regex": IPV4_REGEX, "temperature": 0.9, "max_new_tokens": 40}})
+        sp = {"regex": IPV4_REGEX, "temperature": 0.9, "max_new_tokens": 40}
+        r = h.post("/generate", json={"text": ["Host:", "Other host:"], "sampling_params": sp})
         assert r.status_code == 200, r.text
         for item in r.json():
             assert re.fullmatch(IPV4_REGEX, item["text"])
