@@ -49,14 +49,17 @@ def start_http_for_serve(args: argparse.Namespace, server: Any, model: str | Pat
 def _start_http(args: argparse.Namespace, router_endpoint: str, model: str | Path) -> Any:
     from radixserve.serving.http.gateway import GatewayConfig
     from radixserve.serving.http.server import HTTPGateway
+    from radixserve.serving.prompts import load_tokenizer
 
     logger = logging.getLogger(HTTP_LOGGER)
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)  # the periodic memory line is the point of the interval option
     config = GatewayConfig(router=router_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:"),
-                           served_model_name=args.served_model_name, tokenizer=str(model),
+                           served_model_name=args.served_model_name,
                            request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval)
-    http = HTTPGateway(config, args.http_host, args.http_port, access_log=args.access_log).start()
+    # Loaded here, not on the first request: the load would block the serving event loop.
+    http = HTTPGateway(config, args.http_host, args.http_port, tokenizer=load_tokenizer(model),
+                       access_log=args.access_log).start()
     print(f"radixserve: HTTP on {http.url} (OpenAI /v1, SGLang /generate, /metrics)", flush=True)
     return http
 
@@ -81,14 +84,16 @@ def gateway(args: argparse.Namespace) -> int:
     from radixserve.serving.http.server import HTTPGateway
 
     logging.basicConfig(level=args.log_level.upper(), format="[gateway] %(levelname)s %(message)s")
-    tokenizer = args.tokenizer
-    if tokenizer is not None:
+    tokenizer = None
+    if args.tokenizer is not None:
         from radixserve.model_store import resolve_model
+        from radixserve.serving.prompts import load_tokenizer
 
-        tokenizer = str(resolve_model(tokenizer))
-    config = GatewayConfig(router=args.router, served_model_name=args.served_model_name, tokenizer=tokenizer,
+        tokenizer = load_tokenizer(resolve_model(args.tokenizer))
+    config = GatewayConfig(router=args.router, served_model_name=args.served_model_name,
                            request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval)
-    http = HTTPGateway(config, args.host, args.port, log_level="warning", access_log=args.access_log)
+    http = HTTPGateway(config, args.host, args.port, tokenizer=tokenizer, log_level="warning",
+                       access_log=args.access_log)
     signal.signal(signal.SIGINT, http.request_stop)
     signal.signal(signal.SIGTERM, http.request_stop)
     print(f"radixserve: HTTP gateway on {http.url} for router {args.router}", flush=True)

@@ -146,7 +146,12 @@ class Gateway:
                 raise from_server_error(exc) from exc
             except TimeoutError as exc:
                 raise from_timeout(exc) from exc
-            self._load_default_tokenizer(self._info.model)
+            if not self._tokenizer_looked_up:
+                self._tokenizer_looked_up = True
+                # A tokenizer load takes a while: off the event loop.
+                tokens = await asyncio.to_thread(self._find_tokenizer, self._info.model)
+                if tokens is not None:
+                    self.tokens = tokens
         return self._info
 
     @property
@@ -154,10 +159,8 @@ class Gateway:
         """The tokenizer naming logprob tokens, or ``None``."""
         return self.tokens.tokenizer
 
-    def _load_default_tokenizer(self, model: str) -> None:
-        if self._tokenizer_looked_up:
-            return
-        self._tokenizer_looked_up = True
+    def _find_tokenizer(self, model: str) -> TokenNames | None:
+        """``config.tokenizer``, else the default model's when the router serves it."""
         from radixserve.serving.prompts import load_tokenizer
 
         path: Any = self.config.tokenizer
@@ -166,12 +169,13 @@ class Gateway:
 
             if model.lower() not in DEFAULT_MODEL_ALIASES or not is_complete_model_dir(default_model_path()):
                 log.warning("no tokenizer for %r: logprob tokens are shown as token_id:N (see --tokenizer)", model)
-                return
+                return None
             path = default_model_path()
         try:
-            self.tokens = TokenNames(load_tokenizer(path))
+            return TokenNames(load_tokenizer(path))
         except Exception as exc:  # a bad path must not take the gateway down
             log.warning("could not load the tokenizer from %s (%s): logprob tokens are shown as token_id:N", path, exc)
+            return None
 
     async def model_name(self) -> str:
         return self.config.served_model_name or (await self.info()).model
