@@ -11,9 +11,13 @@ Both read every position, the new ones included, back from the pool, so the quan
 cache changes the attention exactly as it will for later steps. Same semantics as
 :class:`~radixserve.model.attention.torch_paged.TorchPagedAttentionBackend`.
 
-On a CPU device the kernels can only run under the Triton interpreter, which Triton reads
-when a kernel is defined: the backend turns it on before the kernel modules are first
-imported, and refuses to start if they were already imported for the compiler.
+On a CPU device the kernels can only run under the Triton interpreter, and Triton reads
+``TRITON_INTERPRET`` when it is imported (its own library functions are defined then) and
+when each kernel is defined. The backend turns the interpreter on when triton is not
+imported yet; when it already is (transformers or torch may import it while the model
+loads), the process must have been started with ``TRITON_INTERPRET=1``::
+
+    TRITON_INTERPRET=1 radixserve generate --attention-backend triton ...   # CPU, slow
 """
 
 from __future__ import annotations
@@ -27,19 +31,28 @@ import torch
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
 
-_KERNEL_MODULES = ("radixkernels.kv_store", "radixkernels.decode", "radixkernels.extend")
+def _triton_interpreted() -> bool | None:
+    """None if triton is not imported yet, else whether it was imported for the interpreter."""
+    if "triton" not in sys.modules:
+        return None
+    import triton.language as tl
+
+    return type(tl.max).__name__ == "InterpretedFunction"
 
 
 def _ensure_runnable(device: torch.device) -> None:
     """Make sure the kernels will run on ``device`` (interpreter on CPU, compiler on CUDA)."""
     interpreting = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-    if device.type == "cpu" and not interpreting:
-        if any(m in sys.modules for m in _KERNEL_MODULES):
+    if device.type == "cpu":
+        imported = _triton_interpreted()
+        if imported is None:
+            os.environ["TRITON_INTERPRET"] = "1"
+        elif not (imported and interpreting):
             raise RuntimeError(
-                "attention_backend 'triton' on the CPU needs TRITON_INTERPRET=1 before the kernels are "
-                "imported; they were already defined for the GPU compiler in this process"
+                "attention_backend 'triton' on the CPU runs the kernels in Triton's interpreter, which must be "
+                "on before triton is imported: start the process with TRITON_INTERPRET=1 "
+                "(e.g. TRITON_INTERPRET=1 radixserve generate --attention-backend triton ...)"
             )
-        os.environ["TRITON_INTERPRET"] = "1"
     elif device.type == "cuda" and interpreting:
         raise RuntimeError("attention_backend 'triton' on CUDA: unset TRITON_INTERPRET to run compiled kernels")
     elif device.type not in ("cpu", "cuda"):
