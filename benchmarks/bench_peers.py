@@ -96,6 +96,7 @@ def run_http_cell(spec: servers.PeerSpec, srv: servers.ServerProcess, model_name
     flat = [r for s in per_session for r in s]
     res = summarize(flat, wall)
     res.update(optimal_hit_rate=w.optimal_hit_rate(1), optimal_hit_rate_page16=w.optimal_hit_rate(16),
+               optimal_hit_rate_peer=w.optimal_hit_rate(spec.page_size), page_size=spec.page_size,
                peak_rss_bytes=srv.window_peak_rss, workload=w.summary(16))
     res["sample_outputs"] = [r.text[:200] for r in flat[:2]]
     return res, [to_json(r) for r in flat]
@@ -121,6 +122,7 @@ def _tree_cell(spec: servers.PeerSpec, srv: servers.ServerProcess, model_name: s
     cacheable = [x["prompt_ids"] + x["answer_ids"] for x in calls]
     res.update(optimal_hit_rate=wl.optimal_hit_rate(prompts, 1, cacheable),
                optimal_hit_rate_page16=wl.optimal_hit_rate(prompts, 16, cacheable),
+               optimal_hit_rate_peer=wl.optimal_hit_rate(prompts, spec.page_size, cacheable), page_size=spec.page_size,
                peak_rss_bytes=srv.window_peak_rss, programs=len(states),
                program_errors=sum(1 for s in states if s.error is not None),
                workload={"name": "tree", "programs": len(states), "calls": len(calls),
@@ -147,7 +149,7 @@ def run_inproc_cell(spec: servers.PeerSpec, model_dir: Path, workload: str, tok:
         env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(servers.THREADS)}
         with open(log, "ab") as lf:
             try:
-                proc = subprocess.run([py, str(runner), str(inp), str(out)], env=env, stdout=lf, stderr=subprocess.STDOUT,
+                proc = subprocess.run([py, str(runner), str(inp), str(out)], env=env, stdout=lf, stderr=subprocess.STDOUT, cwd=td,
                                       timeout=args.cell_timeout + 120)
             except subprocess.TimeoutExpired:
                 return {"error": f"cell timed out after {args.cell_timeout:.0f} s"}, []
@@ -162,6 +164,7 @@ def run_inproc_cell(spec: servers.PeerSpec, model_dir: Path, workload: str, tok:
                                   cached_tokens=None, text=text, finish_reason=None, error=o["error"]))
     res = summarize(flat, data["wall_s"])
     res.update(optimal_hit_rate=w.optimal_hit_rate(1), optimal_hit_rate_page16=w.optimal_hit_rate(16),
+               optimal_hit_rate_peer=w.optimal_hit_rate(spec.page_size), page_size=spec.page_size,
                peak_rss_bytes=data["peak_rss"], workload=w.summary(16), offline=True,
                versions={"transformers": data["transformers"], "torch": data["torch"]})
     res["sample_outputs"] = [x.text[:200] for x in flat[:2]]
@@ -280,7 +283,7 @@ def _print_cell(r: dict[str, Any]) -> None:
     hit = "n/a" if r.get("hit_rate") is None else f"{r['hit_rate']:.3f}"
     print(f"  {r['peer']:20s} c={r['concurrency']:<3d} out {r['output_tok_per_s']:7.1f} tok/s  total "
           f"{r['total_tok_per_s']:8.1f} tok/s  TTFT p50/p90 {r['ttft_ms']['p50']:7.0f}/{r['ttft_ms']['p90']:7.0f} ms  "
-          f"ITL p50 {r['itl_ms']['p50']:6.1f} ms  hit {hit} (opt {r['optimal_hit_rate_page16']:.3f})  "
+          f"ITL p50 {r['itl_ms']['p50']:6.1f} ms  hit {hit} (opt {r['optimal_hit_rate_peer']:.3f})  "
           f"RSS {r['peak_rss_bytes'] / 2**30:.2f} GiB  err {r['errors']}  load {r['load_avg_before']:.1f}",
           flush=True)
 

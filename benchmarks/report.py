@@ -21,8 +21,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-MEDIAN_KEYS = ("output_tok_per_s", "total_tok_per_s", "hit_rate", "optimal_hit_rate_page16", "peak_rss_bytes",
-               "errors", "wall_s")
+MEDIAN_KEYS = ("output_tok_per_s", "total_tok_per_s", "hit_rate", "optimal_hit_rate_page16", "optimal_hit_rate_peer",
+               "page_size", "peak_rss_bytes", "errors", "wall_s")
 
 
 def _median(xs: list[float | None]) -> float | None:
@@ -66,7 +66,7 @@ def markdown(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]]) -> 
                  f"{a.get('reps')}, scale {a.get('scale')}, KV budget {a.get('kv_gib')} GiB per peer.")
     lines.append("")
     lines.append("| peer | prec | conc | reqs | out tok/s | total tok/s | TTFT p50 / p90 (ms) | ITL p50 / p90 (ms) "
-                 "| hit rate (optimum) | peak RSS (GiB) |")
+                 "| hit rate (optimum @page) | peak RSS (GiB) |")
     lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for peer, by_c in agg.items():
         for c in sorted(by_c):
@@ -74,7 +74,7 @@ def markdown(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]]) -> 
             if "error" in m:
                 lines.append(f"| {m['label']} | | {c} | | error: {m['error'][:80]} | | | | | |")
                 continue
-            hit = f"{_f(m['hit_rate'], '{:.3f}')} ({_f(m['optimal_hit_rate_page16'], '{:.3f}')})"
+            hit = f"{_f(m['hit_rate'], '{:.3f}')} ({_f(m['optimal_hit_rate_peer'], '{:.3f}')} @{_f(m['page_size'], '{:.0f}')})"
             offline = " (offline)" if m["offline"] else ""
             lines.append(
                 f"| {m['label']}{offline} | {m['precision']} | {c} | {m['requests']} | {_f(m['output_tok_per_s'])} | "
@@ -104,6 +104,23 @@ def markdown(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]]) -> 
         lines += [f"- {p}: {v['text']!r}" for p, v in doc["probes"].items()]
     lines.append("")
     return "\n".join(lines)
+
+
+def agreement(raw: dict[str, list[dict[str, Any]]], ref: str = "radixserve") -> dict[str, tuple[int, int, int]]:
+    """peer -> (requests with output identical to ``ref``'s, identical first 16 characters, compared) over
+    the cells both ran (same repetition and concurrency: same token ids; greedy)."""
+    out: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for key, recs in raw.items():
+        peer, c, rep = key.split("/")
+        if peer == ref or f"{ref}/{c}/{rep}" not in raw:
+            continue
+        for a, b in zip(recs, raw[f"{ref}/{c}/{rep}"]):
+            if a.get("error") or b.get("error") or not a.get("text") or not b.get("text"):
+                continue
+            out[peer][0] += a["text"] == b["text"]
+            out[peer][1] += a["text"][:16] == b["text"][:16]
+            out[peer][2] += 1
+    return {k: (v[0], v[1], v[2]) for k, v in out.items()}
 
 
 def plots(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]], stem: Path) -> list[Path]:
@@ -141,8 +158,8 @@ def plots(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]], stem: 
         fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows) + 2), 4.5))
         xs = range(len(rows))
         ax.bar([x - 0.2 for x in xs], [m["hit_rate"] for _, _, m in rows], width=0.4, label="measured")
-        ax.bar([x + 0.2 for x in xs], [m["optimal_hit_rate_page16"] for _, _, m in rows], width=0.4,
-               label="optimum (ideal cache, 16-token pages)", alpha=0.6)
+        ax.bar([x + 0.2 for x in xs], [m["optimal_hit_rate_peer"] for _, _, m in rows], width=0.4,
+               label="optimum (ideal unbounded cache at the peer's page/block size)", alpha=0.6)
         ax.set_xticks(list(xs))
         ax.set_xticklabels([f"{p}\nc={c}" for p, c, _ in rows], fontsize=7, rotation=30, ha="right")
         ax.set_ylim(0, 1.05)
@@ -174,6 +191,16 @@ def main() -> int:
         doc = json.loads(path.read_text())
         agg = aggregate(doc)
         sections.append(markdown(doc, agg))
+        raw_path = path.with_name(path.stem + "_raw.json")
+        if raw_path.exists() and doc["workload"] in ("shared_system", "few_shot"):
+            agree = agreement(json.loads(raw_path.read_text()))
+            if agree:
+                sections.append("Greedy outputs identical to radixserve's on the same prompts (whole answer / "
+                                "first 16 characters):")
+                sections.append("")
+                sections += [f"- {peer}: {same}/{n} whole, {head}/{n} first 16 chars"
+                             for peer, (same, head, n) in agree.items()]
+                sections.append("")
         if not args.no_plots:
             for png in plots(doc, agg, out_dir / path.stem):
                 sections.append(f"![{png.stem}]({png.name})")

@@ -40,7 +40,7 @@ def main() -> int:
     gen = GenerationConfig(**gen_kw)
     cb = ContinuousBatchingConfig(page_size=int(cfg.get("page_size", 16)),
                                   max_requests_per_batch=int(cfg["max_batch"]), allow_block_sharing=True,
-                                  num_blocks=int(cfg.get("num_blocks", 2048)),
+                                  num_blocks=int(cfg.get("num_blocks", 2912)),
                                   max_batch_tokens=int(cfg.get("max_batch_tokens", 2048)))
     if cfg.get("warmup_prompt"):
         model.generate_batch([cfg["warmup_prompt"]], generation_config=GenerationConfig(

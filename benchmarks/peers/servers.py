@@ -8,11 +8,14 @@ its own on a free loopback port, polls its readiness URL, samples the RSS of its
 process tree (psutil) while it runs, and stops the group (SIGTERM, then SIGKILL).
 
 Knobs are the same everywhere where the peer has them: greedy sampling, 2 CPU threads,
-``kv_budget_gib`` of KV cache, page / block size 16 (vLLM also 128, its CPU default).
+``kv_budget_gib`` of KV cache, page / block size 16 (vLLM: 32, the smallest its CPU attention
+backend takes -- "No common block size for 16 (CPU_ATTN: [MultipleOf(32)])" -- and 128, its CPU
+default).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -48,6 +51,7 @@ class PeerSpec:
     ready_path: str = "/v1/models"
     startup_timeout_s: float = 600.0
     note: str = ""
+    page_size: int = 16  # prefix-cache granularity (tokens): the optimum is computed at it
 
 
 # ignore_eos where the server has it, so every peer writes exactly max_tokens tokens.
@@ -60,16 +64,20 @@ PEERS: dict[str, PeerSpec] = {p.name: p for p in [
              flush_path="/flush_cache", ready_path="/health"),
     PeerSpec("radixserve-bf16", "radixserve bf16 (radix cache)", "http", "bf16", extra_body=_IGNORE_EOS,
              flush_path="/flush_cache", ready_path="/health"),
-    PeerSpec("vllm-fp32", "vLLM-CPU fp32, block 16, APC", "http", "fp32", extra_body=_IGNORE_EOS),
-    PeerSpec("vllm-bf16", "vLLM-CPU bf16, block 16, APC", "http", "bf16", extra_body=_IGNORE_EOS),
-    PeerSpec("vllm-bf16-b128", "vLLM-CPU bf16, block 128, APC", "http", "bf16", extra_body=_IGNORE_EOS),
-    PeerSpec("vllm-fp32-b128", "vLLM-CPU fp32, block 128, APC", "http", "fp32", extra_body=_IGNORE_EOS),
+    PeerSpec("vllm-fp32", "vLLM-CPU fp32, block 32, APC", "http", "fp32", extra_body=_IGNORE_EOS, page_size=32),
+    PeerSpec("vllm-bf16", "vLLM-CPU bf16, block 32, APC", "http", "bf16", extra_body=_IGNORE_EOS, page_size=32),
+    PeerSpec("vllm-bf16-b128", "vLLM-CPU bf16, block 128, APC", "http", "bf16", extra_body=_IGNORE_EOS,
+             page_size=128),
+    PeerSpec("vllm-fp32-b128", "vLLM-CPU fp32, block 128, APC", "http", "fp32", extra_body=_IGNORE_EOS,
+             page_size=128),
     PeerSpec("llamacpp-f32", "llama.cpp server, f32 GGUF", "http", "fp32", extra_body=_IGNORE_EOS,
-             ready_path="/health"),
+             ready_path="/health", page_size=1),
     PeerSpec("llamacpp-q4_1", "llama.cpp server, Q4_1 GGUF", "http", "q4_1", extra_body=_IGNORE_EOS,
-             ready_path="/health"),
+             ready_path="/health", page_size=1),
+    # No ignore_eos field: a generation_config without eos_token_id (CB then disables EOS).
     PeerSpec("transformers-serve", "transformers serve --continuous-batching", "http", "fp32", mode="text",
-             include_usage=False),
+             include_usage=False, extra_body={"generation_config": json.dumps({"do_sample": False})},
+             ready_path="/health"),
     PeerSpec("transformers-cb", "transformers generate_batch (in-process)", "inproc", "fp32"),
 ]}
 
@@ -118,7 +126,7 @@ def command(spec: PeerSpec, model_dir: Path, port: int, kv_budget_gib: float, ma
             cmd.append("--disable-radix-cache")
         return cmd, env
     if name.startswith("vllm"):
-        block = "128" if name.endswith("b128") else "16"
+        block = "128" if name.endswith("b128") else "32"  # CPU_ATTN: multiples of 32 only
         cmd = [_venv_python("vllm"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
                "--enable-prefix-caching", "--block-size", block,
@@ -139,8 +147,9 @@ def command(spec: PeerSpec, model_dir: Path, port: int, kv_budget_gib: float, ma
         return cmd, env
     if name == "transformers-serve":
         py = _venv_python("transformers")
-        cmd = [str(Path(py).parent / "transformers"), "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--continuous-batching", "--force-model", str(model_dir), "--dtype", "float32"]
+        cmd = [str(Path(py).parent / "transformers"), "serve", str(model_dir), "--host", "127.0.0.1",
+               "--port", str(port), "--continuous-batching", "--dtype", "float32", "--device", "cpu",
+               "--cb-block-size", "16", "--cb-num-blocks", str(int(kv_budget_gib * 2**30 // (46080 * 16)))]
         return cmd, env
     raise ValueError(f"{name} is not an HTTP peer")
 
@@ -156,8 +165,11 @@ class ServerProcess:
         self._log = open(log_path, "ab")
         self._log.write(("\n$ " + " ".join(cmd) + "\n").encode())
         self._log.flush()
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        # A neutral working directory: `python -m` puts it on sys.path, and the repository's
+        # `kernels/` folder would shadow the `kernels` package transformers probes for.
+        full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        self.proc = subprocess.Popen(cmd, env={**full_env, **env}, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(log_path.parent))
         self.peak_rss = 0
         self._window_peak = 0
         self._stop = threading.Event()
