@@ -18,6 +18,8 @@ dequantized in-kernel (see :mod:`radixkernels._common`). Semantics:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -186,12 +188,20 @@ def _decode_reduce_kernel(
     tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, o.to(o_ptr.dtype.element_ty), mask=offs_d < D)
 
 
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def default_num_kv_splits(batch_size: int, kv_heads: int, device: torch.device) -> int:
-    """Enough splits for ~4 programs per SM on a GPU (at most 32); 1 on the CPU interpreter."""
+    """Enough splits for ~4 programs per SM on a GPU (at most 32); 1 on the CPU interpreter.
+
+    Splits past a short sequence's end exit at once, so over-splitting costs little.
+    """
     if device.type != "cuda" or interpreting():
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(32, triton.cdiv(4 * sms, max(1, batch_size * kv_heads))))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return max(1, min(32, triton.cdiv(4 * _num_sms(index), max(1, batch_size * kv_heads))))
 
 
 def paged_decode_attention(
