@@ -3,7 +3,8 @@
 Covers what the kernel tests cannot: the backend's dispatch (decode-only batches to the
 decode kernel, prefill chunks and mixed batches to the extend kernel), the pool's real
 layout and scales, and prefix reuse (a warm round reads cached pages written by an
-earlier request). The interpreter is slow, so prompts and outputs are short.
+earlier request). The interpreter is slow, so prompts and outputs are short. Under
+gpu_check.sh (TRITON_INTERPRET=0) both engines run on cuda.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import kvcases
 from radixserve.engine.engine import Engine
 from radixserve.sampling_params import SamplingParams
 
@@ -23,7 +25,7 @@ def _prompts(lengths: list[int], seed: int) -> list[list[int]]:
 
 
 def _greedy_tokens(model_dir: Path, prompts: list[list[int]], n: int, rounds: int, **config: object) -> list[list[list[int]]]:
-    engine = Engine(str(model_dir), num_pages=128, page_size=4, **config)
+    engine = Engine(str(model_dir), num_pages=128, page_size=4, device=str(kvcases.DEVICE), **config)
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     out = []
     for _ in range(rounds):
