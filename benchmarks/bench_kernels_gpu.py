@@ -57,8 +57,6 @@ def copy_bandwidth(nbytes: int = 2 << 30) -> float:
     src = torch.empty(nbytes, dtype=torch.uint8, device=DEV).random_(0, 255)
     dst = torch.empty_like(src)
     ms = bench(lambda: dst.copy_(src))
-    del src, dst
-    torch.cuda.empty_cache()
     return 2 * nbytes / (ms * 1e-3)
 
 
@@ -123,8 +121,6 @@ def bench_decode(name: str, kv_dtype: str, copy_bw: float, batch: int, ctx: int,
         "frac_copy_bw_best": moved / (times[best] * 1e-3) / copy_bw,
         "ms_by_splits": times, "max_abs_err_vs_ref": max_err,
     }
-    del k_data, v_data, k_scale, v_scale
-    torch.cuda.empty_cache()
     return res
 
 
@@ -156,8 +152,6 @@ def bench_extend(name: str, batch: int, prefix: int, new: int, page_size: int, w
         ref = sdpa(qd, kd, vd, is_causal=True, scale=d**-0.5).transpose(1, 2).reshape_as(out)
         res.update(ms_sdpa=ms_sdpa, tflops_sdpa=flops / (ms_sdpa * 1e-3) / 1e12,
                    ratio_vs_sdpa=ms_sdpa / ms, max_abs_err_vs_sdpa=float((out.float() - ref.float()).abs().max()))
-    del k_data, v_data
-    torch.cuda.empty_cache()
     return res
 
 
@@ -172,6 +166,7 @@ def main() -> None:
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(DEV)
     copy_bw = copy_bandwidth()
+    torch.cuda.empty_cache()
     print(f"device: {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, triton {triton.__version__}")
     print(f"copy bandwidth (read+write): {copy_bw / 1e9:.0f} GB/s")
     decode = []
@@ -180,6 +175,7 @@ def main() -> None:
     for name in SHAPES:
         for kvd in args.kv_dtypes.split(","):
             r = bench_decode(name, kvd, copy_bw, args.batch, args.context, args.page_size)
+            torch.cuda.empty_cache()  # the pools of one case are gone before the next allocates
             decode.append(r)
             print(f"{name:8} {kvd:9} {r['bytes'] / 1e6:7.1f} {r['default_splits']:6d} {r['ms_default'] * 1e3:8.1f} "
                   f"{r['gbps_default']:7.0f} {100 * r['frac_copy_bw_default']:5.1f}% | {r['best_splits']:4d} "
@@ -189,6 +185,7 @@ def main() -> None:
     for name in SHAPES:
         for batch, prefix, new in ((8, 0, 2048), (8, 3584, 512)):
             r = bench_extend(name, batch, prefix, new, args.page_size, with_sdpa=prefix == 0)
+            torch.cuda.empty_cache()
             extend.append(r)
             line = f"{name:8} b{batch} prefix {prefix:5d} new {new:5d}: {r['ms'] * 1e3:9.1f} us {r['tflops']:6.1f} TFLOP/s"
             if "tflops_sdpa" in r:
