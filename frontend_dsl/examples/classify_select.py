@@ -5,7 +5,7 @@ the model's logprobs (length-normalized mean by default) in one batched call tha
 the cached prompt, and appends the best label.
 
     radixserve serve &
-    python examples/classify_select.py         # or: python examples/classify_select.py --local
+    python frontend_dsl/examples/classify_select.py         # or: python frontend_dsl/examples/classify_select.py --local
 """
 
 from __future__ import annotations

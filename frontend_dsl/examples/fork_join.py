@@ -5,7 +5,7 @@ cached prefix and decode together in the engine's batches; `join()` gathers each
 variables into the parent as lists. Control flow is plain Python.
 
     radixserve serve &
-    python examples/fork_join.py               # or: python examples/fork_join.py --local
+    python frontend_dsl/examples/fork_join.py               # or: python frontend_dsl/examples/fork_join.py --local
 """
 
 from __future__ import annotations
