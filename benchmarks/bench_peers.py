@@ -189,6 +189,8 @@ def main() -> int:
     ap.add_argument("--workload", required=True, choices=[*wl.WORKLOADS, "tree"])
     ap.add_argument("--peers", default=None, help=f"comma-separated, from: {', '.join(servers.PEERS)}")
     ap.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrency levels")
+    ap.add_argument("--peer-concurrency", action="append", default=[], metavar="PEER=C1,C2",
+                    help="run PEER only at these levels (slow peers; repeatable)")
     ap.add_argument("--reps", type=int, default=1, help="repetitions (peer order rotates each time)")
     ap.add_argument("--scale", type=float, default=1.0, help="shrink the workloads (e.g. 0.25 for a smoke run)")
     ap.add_argument("--max-tokens", type=int, default=None, help="override the workload's answer length")
@@ -212,6 +214,7 @@ def main() -> int:
     tok = AutoTokenizer.from_pretrained(model_dir)
     peers = [servers.peer_spec(p) for p in (args.peers or DEFAULT_PEERS[args.workload]).split(",") if p]
     levels = [int(x) for x in args.concurrency.split(",") if x]
+    only = {k: [int(x) for x in v.split(",")] for k, v in (item.split("=", 1) for item in args.peer_concurrency)}
     max_running = max(levels)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -250,7 +253,7 @@ def main() -> int:
                     doc["probes"].setdefault(spec.name, probe)
                     print(f"[{spec.name}] up in {doc['startup_s'][spec.name][-1]:.0f} s; probe: {probe['text']!r}",
                           flush=True)
-                for c in levels:
+                for c in [c for c in levels if c in only.get(spec.name, levels)]:
                     salt = (args.seed * 7919 + rep * 1009 + c * 31) % 100000
                     load = os.getloadavg()[0]
                     if spec.kind == "http":

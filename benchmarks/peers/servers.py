@@ -142,7 +142,8 @@ def command(spec: PeerSpec, model_dir: Path, port: int, kv_budget_gib: float, ma
         slots = max_running
         cmd = [str(d / "build" / "bin" / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
                "-t", str(THREADS), "-tb", str(THREADS), "-np", str(slots), "-c", str(slots * max_ctx),
-               "-b", "2048", "-ub", "512", "--cache-reuse", "16", "--alias", "smollm2", "--no-webui",
+               "-b", "2048", "-ub", "512", "--cache-reuse", "16", "-kvu", "--cache-ram", "2048", "--alias", "smollm2",
+               "--no-webui",
                "--metrics", "--jinja"]
         return cmd, env
     if name == "transformers-serve":

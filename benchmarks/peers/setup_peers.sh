@@ -56,7 +56,7 @@ setup_llamacpp() {
   nice -n 5 cmake --build "$d/build" --target llama-server -j "${CMAKE_BUILD_PARALLEL_LEVEL:-2}"
   "$d/build/bin/llama-server" --version
   # Conversion deps (the converter imports torch and transformers' tokenizer).
-  "$py" -m pip install "$TORCH_PIN" "$TRANSFORMERS_CONV_PIN" "$lc/gguf-py" psutil
+  "$py" -m pip install "$TORCH_PIN" "$TRANSFORMERS_CONV_PIN" "$lc/gguf-py" sentencepiece psutil
   local hf; hf=$("$PROJECT_PY" -c "from radixserve.model_store import ensure_default_model as e; print(e())")
   [ -f "$d/smollm2-135m-f32.gguf" ] || "$py" "$lc/convert_hf_to_gguf.py" "$hf" --outtype f32 \
     --outfile "$d/smollm2-135m-f32.gguf"
