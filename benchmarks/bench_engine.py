@@ -112,10 +112,10 @@ class FlopCounter:
         return out
 
 
-def matmul_gflops(hidden: int, inter: int, rows: int = 1024, reps: int = 10) -> float:
-    """This machine's fp32 GEMM rate on a prefill-shaped matmul, now."""
-    a = torch.randn(rows, hidden)
-    w = torch.randn(inter, hidden)
+def matmul_gflops(hidden: int, inter: int, dtype: torch.dtype, rows: int = 1024, reps: int = 10) -> float:
+    """This machine's GEMM rate in the engine's dtype on a prefill-shaped matmul, now."""
+    a = torch.randn(rows, hidden, dtype=dtype)
+    w = torch.randn(inter, hidden, dtype=dtype)
     torch.nn.functional.linear(a, w)
     t0 = time.perf_counter()
     for _ in range(reps):
@@ -198,7 +198,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF directory")
     ap.add_argument("--systems", type=int, default=3, help="distinct long system prompts")
-    ap.add_argument("--per-system", type=int, default=4, help="conversations per system prompt")
+    ap.add_argument("--per-system", type=int, default=6, help="conversations per system prompt")
     ap.add_argument("--turns", type=int, default=2, help="turns per conversation")
     ap.add_argument("--system-tokens", type=int, default=400, help="approximate system prompt length")
     ap.add_argument("--max-tokens", type=int, default=16, help="output tokens per turn")
@@ -207,6 +207,7 @@ def main() -> None:
     ap.add_argument("--max-num-tokens", type=int, default=1024, help="per-step token budget")
     ap.add_argument("--kv-tokens", type=int, default=16384, help="KV pool size of each engine, tokens")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    ap.add_argument("--dtype", default="float32", help="engine dtype (float32 | bfloat16)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/bench_engine.json")
     args = ap.parse_args()
@@ -215,11 +216,12 @@ def main() -> None:
 
     path = resolve_model(args.model)
     common = dict(page_size=args.page_size, max_num_tokens=args.max_num_tokens,
-                  num_pages=args.kv_tokens // args.page_size, max_running_requests=64)
+                  num_pages=args.kv_tokens // args.page_size, max_running_requests=64, dtype=args.dtype)
     engines = {"on": Engine(path, **common), "off": Engine(path, disable_radix_cache=True, **common)}
     counters = {name: FlopCounter(e) for name, e in engines.items()}
     tok = engines["on"].tokenizer
     mc = engines["on"].model_config
+    act_dtype = engines["on"].config.torch_dtype
 
     rng = random.Random(args.seed)
     topics = rng.sample(TOPICS, args.systems)
@@ -236,7 +238,7 @@ def main() -> None:
     t_bench = time.perf_counter()
     for r in range(args.rounds):
         for name in (["on", "off"] if r % 2 == 0 else ["off", "on"]):
-            gemm.append(matmul_gflops(mc.hidden_size, mc.intermediate_size))
+            gemm.append(matmul_gflops(mc.hidden_size, mc.intermediate_size, act_dtype))
             eng, fc = engines[name], counters[name]
             assert eng.flush_cache() or name == "off"
             f0, s0 = fc.flops, fc.forward_s
@@ -245,7 +247,7 @@ def main() -> None:
             results[name].append(res)
             print(f"round {r} {name:3}: {res['wall_s']:7.1f} s, hit {res['cached_tokens'] / res['prompt_tokens']:.1%}, "
                   f"{res['flops'] / res['wall_s'] / 1e9:.1f} GFLOP/s, gemm {gemm[-1]:.1f} GFLOP/s", flush=True)
-    gemm.append(matmul_gflops(mc.hidden_size, mc.intermediate_size))
+    gemm.append(matmul_gflops(mc.hidden_size, mc.intermediate_size, act_dtype))
     total_s = time.perf_counter() - t_bench
 
     identical = all(a["outputs"] == b["outputs"] for a, b in zip(results["on"], results["off"]))
@@ -284,7 +286,7 @@ def main() -> None:
                      "requests_per_round": len(convs) * args.turns, "system_tokens": args.system_tokens,
                      "max_tokens": args.max_tokens, "prompt_tokens_per_round": first["prompt_tokens"],
                      "optimal_cached_tokens": opt, "optimal_hit_rate": opt_rate},
-        "engine": {**common, "dtype": "float32"},
+        "engine": common,
         "matmul_gflops_median": gemm_rate,
         "matmul_gflops_samples": gemm,
         "results": summary,
