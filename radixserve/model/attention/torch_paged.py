@@ -42,7 +42,7 @@ class _ExtendSeq:
 class _BatchMeta:
     decode_rows: torch.Tensor | None  # [Bd] int64 rows of the decode sequences
     decode_pages: torch.Tensor | None  # [Bd * P] int64 pages, padded with page 0
-    decode_mask: torch.Tensor | None  # [Bd, 1, 1, P * page_size] bool, True where attended
+    decode_mask: torch.Tensor | None  # [Bd, 1, 1, P * page_size] additive: 0 attended, -inf padding
     decode_shape: tuple[int, int]  # (Bd, P)
     extends: list[_ExtendSeq]
 
@@ -85,7 +85,11 @@ class TorchPagedAttentionBackend(AttentionBackend):
             used = p[None, :] * ps < lens[:, None]  # pages past a sequence's end are padding
             decode_pages = torch.where(used, table.index_select(0, d)[:, :n_pages], 0).reshape(-1)
             j = torch.arange(n_pages * ps, dtype=torch.int64, device=dev)
-            decode_mask = (j[None, :] < lens[:, None])[:, None, None, :]
+            # An additive float mask: CPU SDPA converts a bool mask on every call (every layer),
+            # which made decode attention ~2x slower.
+            padding = j[None, :] >= lens[:, None]
+            decode_mask = torch.zeros(padding.shape, dtype=self.fmt.act_dtype, device=dev)
+            decode_mask = decode_mask.masked_fill_(padding, float("-inf"))[:, None, None, :]
             decode_rows = torch.tensor([starts[b] for b in decode_idx], dtype=torch.int64, device=dev)
             shape = (len(decode_idx), n_pages)
 
