@@ -108,7 +108,8 @@ class Engine:
         sched_cfg = SchedulerConfig(
             page_size=cfg.page_size,
             max_num_tokens=cfg.max_num_tokens,
-            max_running_requests=cfg.max_running_requests,
+            # Every running request decodes one token per step out of the budget.
+            max_running_requests=min(cfg.max_running_requests, cfg.max_num_tokens),
             max_total_len=self.max_total_len,
             schedule_policy=cfg.schedule_policy,
             lpm_max_bypass=cfg.lpm_max_bypass,
