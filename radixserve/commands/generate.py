@@ -11,46 +11,14 @@ import time
 from typing import Any
 
 from radixserve.cli import register
+from radixserve.commands.engine_args import add_engine_arguments, engine_config
 
-# EngineConfig fields exposed as flags (the rest: --engine-config JSON).
-ENGINE_FLAGS: list[tuple[str, Any, str]] = [
-    ("page-size", int, "tokens per KV page"),
-    ("kv-cache-dtype", str, "auto | fp8_e4m3 | fp8_e5m2 | int8 | int4"),
-    ("attention-backend", str, "torch | triton"),
-    ("max-num-tokens", int, "per-step token budget (prefill chunk size)"),
-    ("max-running-requests", int, "concurrent requests"),
-    ("num-pages", int, "KV pool size in pages (default: planned from memory)"),
-    ("memory-budget", int, "bytes for the memory planner"),
-    ("max-model-len", int, "context length cap"),
-    ("schedule-policy", str, "lpm | fcfs"),
-    ("dtype", str, "float32 | bfloat16 | float16"),
-    ("device", str, "cpu | cuda | cuda:N"),
-    ("num-threads", int, "CPU threads"),
-]
-
-
-def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    """``--model`` plus one flag per common EngineConfig field."""
+def _model_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF directory")
-    g = p.add_argument_group("engine")
-    for flag, typ, help_ in ENGINE_FLAGS:
-        g.add_argument(f"--{flag}", type=typ, default=None, help=help_)
-    g.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching (baseline)")
-    g.add_argument("--engine-config", default="{}", help="more EngineConfig fields as JSON")
-
-
-def engine_config(args: argparse.Namespace) -> dict[str, Any]:
-    cfg: dict[str, Any] = json.loads(args.engine_config)
-    for flag, _, _ in ENGINE_FLAGS:
-        value = getattr(args, flag.replace("-", "_"))
-        if value is not None:
-            cfg[flag.replace("-", "_")] = value
-    if args.disable_radix_cache:
-        cfg["disable_radix_cache"] = True
-    return cfg
 
 
 def _generate_arguments(p: argparse.ArgumentParser) -> None:
+    _model_argument(p)
     p.add_argument("prompts", nargs="+", help="prompt texts (one request each, run as one batch)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     p.add_argument("--system", default=None, help="system message (implies --chat)")
@@ -66,6 +34,7 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
 
 @register("generate", help="offline generation with the engine (no server)", arguments=_generate_arguments)
 def generate(args: argparse.Namespace) -> int:
+    config = engine_config(args)  # first: it may switch Triton to its interpreter
     from radixserve.engine.engine import Engine
     from radixserve.sampling_params import SamplingParams
 
@@ -73,7 +42,7 @@ def generate(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         seed=args.seed, stop=args.stop,
     ).validate()
-    engine = Engine(args.model, **engine_config(args))
+    engine = Engine(args.model, **config)
     prompts: list[Any] = list(args.prompts)
     if args.chat or args.system:
         prompts = [chat_ids(engine.tokenizer, _messages(args.system, p)) for p in prompts]
@@ -123,6 +92,7 @@ DEMO_FOLLOW_UP = "Thanks! And is there a discount for members?"
 
 
 def _demo_arguments(p: argparse.ArgumentParser) -> None:
+    _model_argument(p)
     p.add_argument("--max-tokens", type=int, default=32)
     add_engine_arguments(p)
 
@@ -130,10 +100,11 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
 @register("demo", help="a chat-shaped run with a shared system prompt that prints the prefix-reuse figures",
           arguments=_demo_arguments)
 def demo(args: argparse.Namespace) -> int:
+    config = engine_config(args)  # first: it may switch Triton to its interpreter
     from radixserve.engine.engine import Engine
     from radixserve.sampling_params import SamplingParams
 
-    engine = Engine(args.model, **engine_config(args))
+    engine = Engine(args.model, **config)
     tok = engine.tokenizer
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     print(f"model {engine.model_path}  |  KV pool {engine.pool.num_pages} pages x {engine.pool.page_size} tokens"

@@ -8,44 +8,9 @@ import json
 from typing import Any
 
 from radixserve.cli import register
+from radixserve.commands.engine_args import add_engine_arguments, engine_config
 from radixserve.commands.gateway import add_http_arguments, start_http_for_serve
 from radixserve.serving.dispatch import ROUTING_POLICIES
-
-# EngineConfig fields exposed as flags: (flag, type, help). The rest: --engine-config JSON.
-_ENGINE_FLAGS: list[tuple[str, Any, str]] = [
-    ("page-size", int, "tokens per KV page"),
-    ("kv-cache-dtype", str, "auto | fp8_e4m3 | fp8_e5m2 | int8 | int4"),
-    ("attention-backend", str, "torch | triton"),
-    ("max-num-tokens", int, "per-step token budget (prefill chunk size)"),
-    ("max-running-requests", int, "concurrent requests per worker"),
-    ("num-pages", int, "KV pool size in pages (default: planned from memory)"),
-    ("memory-budget", int, "bytes for the KV pool planner"),
-    ("max-model-len", int, "context length cap"),
-    ("schedule-policy", str, "lpm | fcfs"),
-    ("dtype", str, "float32 | bfloat16 | float16"),
-    ("device", str, "cpu | cuda | cuda:N"),
-    ("num-threads", int, "CPU threads per worker (default: cores / workers)"),
-]
-
-
-def _engine_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine (per worker)")
-    for flag, typ, help_ in _ENGINE_FLAGS:
-        g.add_argument(f"--{flag}", type=typ, default=None, help=help_)
-    g.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching (baseline)")
-    g.add_argument("--engine-config", default="{}", help="more EngineConfig fields as JSON")
-
-
-def _engine_config(args: argparse.Namespace) -> dict[str, Any]:
-    cfg: dict[str, Any] = json.loads(args.engine_config)
-    for flag, _, _ in _ENGINE_FLAGS:
-        value = getattr(args, flag.replace("-", "_"))
-        if value is not None:
-            cfg[flag.replace("-", "_")] = value
-    if args.disable_radix_cache:
-        cfg["disable_radix_cache"] = True
-    return cfg
-
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF directory")
@@ -64,12 +29,13 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="cache-aware: fraction of the prompt a worker must hold to win on cache")
     p.add_argument("--worker-timeout", type=float, default=30.0, help="seconds of worker silence before it is dead")
     p.add_argument("--log-level", default="WARNING")
-    _engine_arguments(p)
+    add_engine_arguments(p, "engine (per worker)")
     add_http_arguments(p)  # --http-port etc. (the HTTP gateway, radixserve.serving.http)
 
 
 @register("serve", help="serve a model over ZeroMQ: a router and N worker processes", arguments=_serve_arguments)
 def serve(args: argparse.Namespace) -> int:
+    engine_overrides = engine_config(args)  # first: it may switch Triton to its interpreter
     import logging
     import signal
     import sys
@@ -91,7 +57,7 @@ def serve(args: argparse.Namespace) -> int:
         balance_rel_threshold=args.balance_rel_threshold, cache_threshold=args.cache_threshold,
     )
     try:
-        server = LocalServer(model, num_workers=args.workers, config=config, engine_config=_engine_config(args))
+        server = LocalServer(model, num_workers=args.workers, config=config, engine_config=engine_overrides)
     except zmq.ZMQError as e:  # e.g. the port is taken: one clear line, not a traceback
         raise ValueError(f"cannot bind {endpoint} or {args.worker_endpoint}: {e} (try --port or --endpoint)") from e
     signal.signal(signal.SIGINT, lambda *_: server.router.stop())
@@ -121,7 +87,7 @@ def _worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default")
     p.add_argument("--worker-id", type=int, default=-1)
     p.add_argument("--log-level", default="WARNING")
-    _engine_arguments(p)
+    add_engine_arguments(p, "engine")
 
 
 @register("worker", help="run one worker process that joins a router (e.g. from another host)",
@@ -130,7 +96,7 @@ def worker(args: argparse.Namespace) -> int:
     from radixserve.serving.worker import main
 
     return main(["--connect", args.connect, "--model", args.model, "--worker-id", str(args.worker_id),
-                 "--engine-config", json.dumps(_engine_config(args)), "--log-level", args.log_level])
+                 "--engine-config", json.dumps(engine_config(args)), "--log-level", args.log_level])
 
 
 def _client_arguments(p: argparse.ArgumentParser) -> None:

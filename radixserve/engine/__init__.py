@@ -6,11 +6,7 @@ Importing this package stays light (``outputs`` and ``detokenizer`` are torch-fr
 
 from __future__ import annotations
 
-import os
 from typing import Any
-
-# Read by the OpenMP runtime when torch first loads it: set before anything imports torch.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 __all__ = ["Engine", "EngineConfig"]
 

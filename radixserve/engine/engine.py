@@ -52,7 +52,7 @@ def setup_cpu_threads(num_threads: int | None) -> None:
 
     With few cores, OpenMP threads spin-waiting between ops steal time from each other
     and make timings swing wildly. ``OMP_WAIT_POLICY`` is only read when the OpenMP
-    runtime starts, so it is also set when :mod:`radixserve.engine` is first imported.
+    runtime starts, so importing :mod:`radixserve` sets it too.
     """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if num_threads is not None:

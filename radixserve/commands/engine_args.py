@@ -1,0 +1,55 @@
+"""The engine flags shared by every command that builds an Engine (generate, demo, serve, worker).
+
+No torch here: ``radixserve --help`` imports every command module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+# EngineConfig fields exposed as flags: (flag, type, help). The rest: --engine-config JSON.
+ENGINE_FLAGS: list[tuple[str, Any, str]] = [
+    ("page-size", int, "tokens per KV page"),
+    ("kv-cache-dtype", str, "auto | fp8_e4m3 | fp8_e5m2 | int8 | int4"),
+    ("attention-backend", str, "torch | triton (on the CPU: the Triton interpreter, slow)"),
+    ("max-num-tokens", int, "per-step token budget (prefill chunk size)"),
+    ("max-running-requests", int, "concurrent requests (per worker)"),
+    ("num-pages", int, "KV pool size in pages (default: planned from memory)"),
+    ("memory-budget", int, "bytes for the KV pool planner"),
+    ("max-model-len", int, "context length cap"),
+    ("schedule-policy", str, "lpm | fcfs"),
+    ("dtype", str, "float32 | bfloat16 | float16"),
+    ("device", str, "cpu | cuda | cuda:N"),
+    ("num-threads", int, "CPU threads (per worker; serve's default: cores / workers)"),
+]
+
+
+def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> None:
+    """One flag per common EngineConfig field, ``--disable-radix-cache`` and ``--engine-config``."""
+    g = p.add_argument_group(title)
+    for flag, typ, help_ in ENGINE_FLAGS:
+        g.add_argument(f"--{flag}", type=typ, default=None, help=help_)
+    g.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching (baseline)")
+    g.add_argument("--engine-config", default="{}", help="more EngineConfig fields as JSON")
+
+
+def engine_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The EngineConfig overrides the flags ask for.
+
+    Call it before torch or triton is imported: the Triton backend on the CPU needs the
+    interpreter, which Triton reads from ``TRITON_INTERPRET`` once, at import; setting it here
+    also covers the worker processes that ``serve`` starts (they inherit the environment).
+    """
+    cfg: dict[str, Any] = json.loads(args.engine_config)
+    for flag, _, _ in ENGINE_FLAGS:
+        value = getattr(args, flag.replace("-", "_"))
+        if value is not None:
+            cfg[flag.replace("-", "_")] = value
+    if args.disable_radix_cache:
+        cfg["disable_radix_cache"] = True
+    if cfg.get("attention_backend") == "triton" and str(cfg.get("device", "cpu")).startswith("cpu"):
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    return cfg
