@@ -21,12 +21,12 @@ from typing import Any, Literal, Union
 
 import msgspec
 
+# The engine's outputs are torch-free Structs: token-level results travel as they are.
+from radixserve.engine.outputs import FinishReason, StepOutput, TokenLogprob, Usage
 from radixserve.sampling_params import SamplingParams
 
 PROTOCOL_VERSION = 1
 """Bumped on any incompatible change; a message with another version gets an Error."""
-
-FinishReason = Literal["stop", "length", "abort", "error"]
 
 ErrorCode = Literal[
     "malformed",          # not msgpack / not a map / wrong frame count
@@ -62,22 +62,6 @@ class ChatMessage(_Part):
 
     role: str
     content: str
-
-
-class TokenLogprob(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
-    """The chosen token's logprob and, when asked (``logprobs=k``), the top-k alternatives."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] | None = None
-
-
-class Usage(_Part):
-    """Token counts of one request; ``cached_tokens`` came from the radix cache."""
-
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
 
 
 class Timings(_Part):
@@ -348,24 +332,10 @@ class WorkerHello(_Msg, tag="w_hello"):
     load: WorkerLoad = msgspec.field(default_factory=WorkerLoad)
 
 
-class TokenOutput(_Part):
-    """New tokens of one request after one engine step: the engine's ``StepOutput`` on the
-    wire (same field names, so the worker converts with one ``msgspec.convert``)."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_logprobs: list[TokenLogprob] | None = None
-    prompt_logprobs: list[float | None] | None = None
-    finished: bool = False
-    finish_reason: FinishReason | None = None
-    error: str | None = None
-    usage: Usage | None = None
-
-
 class WorkerOutputs(_Msg, tag="w_outputs"):
     """Worker -> router: the outputs of one step, with the load after it."""
 
-    outputs: list[TokenOutput]
+    outputs: list[StepOutput]  # the engine's step outputs, as they are
     load: WorkerLoad
 
 

@@ -38,7 +38,7 @@ class RouterRequest:
     usage: p.Usage | None = None
     chunks: int = 0
 
-    def apply(self, out: p.TokenOutput) -> tuple[p.GenerateChunk | None, bool]:
+    def apply(self, out: p.StepOutput) -> tuple[p.GenerateChunk | None, bool]:
         """Fold in one worker output. Returns the chunk to stream (``None`` when not
         streaming or nothing new) and whether a stop string matched (the request is over)."""
         if out.new_token_ids:

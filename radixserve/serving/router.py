@@ -373,7 +373,7 @@ class Router:
         for st in waiting:
             self._dispatch(st)
 
-    def _on_output(self, w: WorkerHandle, out: p.TokenOutput) -> None:
+    def _on_output(self, w: WorkerHandle, out: p.StepOutput) -> None:
         rid = out.request_id
         if out.finished:
             w.inflight.discard(rid)

@@ -146,17 +146,16 @@ class Worker:
             tb = traceback.format_exc()
             log.error("engine step failed:\n%s", tb)
             err = tb.strip().splitlines()[-1]
-            fails = [p.TokenOutput(request_id=rid, new_token_ids=[], finished=True, finish_reason="error", error=err)
+            fails = [p.StepOutput(request_id=rid, new_token_ids=[], finished=True, finish_reason="error", error=err)
                      for rid in self._active]
             self._send(p.WorkerOutputs(outputs=fails, load=p.WorkerLoad()))
             self._goodbye = f"engine step failed: {err}"
             return 1
         if outs:
-            wire = msgspec.convert(msgspec.to_builtins(outs), list[p.TokenOutput])
-            for o in wire:
+            for o in outs:
                 if o.finished:
                     self._active.discard(o.request_id)
-            self._send(p.WorkerOutputs(outputs=wire, load=engine_load(self.engine)))
+            self._send(p.WorkerOutputs(outputs=outs, load=engine_load(self.engine)))
         return 0
 
     def _check_liveness(self, now: float) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from radixserve.engine.outputs import StepOutput, Usage
 from radixserve.sampling_params import SamplingParams
 
 
@@ -33,20 +34,6 @@ class FakeStats(msgspec.Struct, frozen=True):
     cached_prompt_tokens_total: int
     aborted_total: int
     hit_rate: float
-
-
-class Usage(msgspec.Struct, frozen=True):
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-
-
-class StepOutput(msgspec.Struct, frozen=True):
-    request_id: str
-    new_token_ids: list[int]
-    finished: bool = False
-    finish_reason: str | None = None
-    usage: Usage | None = None
 
 
 @dataclass
@@ -108,7 +95,7 @@ class FakeEngine:
         for r in list(self._reqs.values()):
             usage = lambda: Usage(len(r.prompt), r.cached, len(r.out))  # noqa: E731
             if r.aborted:
-                outs.append(StepOutput(r.rid, [], True, "abort", usage()))
+                outs.append(StepOutput(r.rid, [], finished=True, finish_reason="abort", usage=usage()))
                 self._aborted += 1
                 self._finish(r)
                 continue
@@ -119,7 +106,8 @@ class FakeEngine:
                 reason = "stop"
             elif len(r.out) >= r.params.max_tokens or len(r.prompt) + len(r.out) >= self.config.max_model_len:
                 reason = "length"
-            outs.append(StepOutput(r.rid, [tok], reason is not None, reason, usage() if reason else None))
+            outs.append(StepOutput(r.rid, [tok], finished=reason is not None, finish_reason=reason,
+                                   usage=usage() if reason else None))
             if reason:
                 self._finish(r)
         return outs

@@ -48,7 +48,7 @@ def test_round_trip_server_and_worker_messages() -> None:
         assert p.decode_to_worker(p.encode(msg)) == msg
     from_worker = [
         p.WorkerHello(worker_id=0, pid=1, model="m", context_length=64, vocab_size=10, eos_token_ids=[2]),
-        p.WorkerOutputs(outputs=[p.TokenOutput(request_id="1", new_token_ids=[3], new_logprobs=lp, finished=True,
+        p.WorkerOutputs(outputs=[p.StepOutput(request_id="1", new_token_ids=[3], new_logprobs=lp, finished=True,
                                                finish_reason="length", usage=p.Usage(1, 0, 1))],
                         load=p.WorkerLoad(running=1)),
         p.WorkerStatsReply(token=3, load=p.WorkerLoad(), engine={"hits": 3, "rate": 0.5}),
