@@ -22,12 +22,16 @@ store / dequantize of ``radixkernels.reference``; the unquantized case is a plai
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
+
+if TYPE_CHECKING:
+    from radixserve.memory.pool import KVPool
 
 
 @dataclass
@@ -54,9 +58,9 @@ class TorchPagedAttentionBackend(AttentionBackend):
     contiguous block), which moves far fewer, larger pieces than a gather per token.
     """
 
-    def __init__(self, pool: object) -> None:
+    def __init__(self, pool: KVPool) -> None:
         self.pool = pool
-        self.fmt = pool.fmt  # type: ignore[attr-defined]
+        self.fmt = pool.fmt
         self._quantized = self.fmt.kv_dtype.is_quantized
         self._meta_batch: ForwardBatch | None = None
         self._meta: _BatchMeta | None = None
@@ -119,19 +123,19 @@ class TorchPagedAttentionBackend(AttentionBackend):
             from radixkernels.reference import store_kv_ref
 
             store_kv_ref(
-                pool.k_data[layer_id], pool.v_data[layer_id],  # type: ignore[attr-defined]
+                pool.k_data[layer_id], pool.v_data[layer_id],
                 _scale(pool, "k_scale", layer_id), _scale(pool, "v_scale", layer_id),
                 k, v, slots, self.fmt,
             )
             return
-        kd, vd = pool.k_data[layer_id], pool.v_data[layer_id]  # type: ignore[attr-defined]
+        kd, vd = pool.k_data[layer_id], pool.v_data[layer_id]
         kd.view(-1, kd.shape[-2], kd.shape[-1]).index_copy_(0, slots, k.to(kd.dtype))
         vd.view(-1, vd.shape[-2], vd.shape[-1]).index_copy_(0, slots, v.to(vd.dtype))
 
     def _gather(self, layer_id: int, pages: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of whole ``pages``: ``[len(pages) * page_size, kv_heads, head_dim]`` in ``dtype``."""
         pool = self.pool
-        kd, vd = pool.k_data[layer_id], pool.v_data[layer_id]  # type: ignore[attr-defined]
+        kd, vd = pool.k_data[layer_id], pool.v_data[layer_id]
         h, dp = kd.shape[-2], kd.shape[-1]
         k = kd.index_select(0, pages).view(-1, h, dp)
         v = vd.index_select(0, pages).view(-1, h, dp)
@@ -193,6 +197,6 @@ def _starts(lens: list[int]) -> list[int]:
     return starts
 
 
-def _scale(pool: object, name: str, layer_id: int) -> torch.Tensor | None:
+def _scale(pool: KVPool, name: str, layer_id: int) -> torch.Tensor | None:
     scales = getattr(pool, name, None)
     return None if scales is None else scales[layer_id]
