@@ -64,8 +64,8 @@ def sizes(workload: str, c: int, scale: float) -> dict[str, Any]:
         return {"requests": n}
     if workload == "few_shot":
         return {"requests": n}
-    if workload == "multi_turn":
-        return {"conversations": max(2, n // 4)}
+    if workload == "multi_turn":  # c conversations in flight, 4 turns each
+        return {"conversations": max(2, c)}
     if workload == "tree":
         return {"programs": max(1, min(16, c) if scale >= 1 else max(1, int(c * scale)))}
     raise ValueError(workload)
@@ -219,7 +219,8 @@ def main() -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"peers_{args.workload}{('_' + args.tag) if args.tag else ''}"
-    out_path, raw_path, log_dir = out_dir / f"{stem}.json", out_dir / f"{stem}_raw.json", out_dir / "logs"
+    out_path, raw_path = out_dir / f"{stem}.json", out_dir / f"{stem}_raw.json"
+    log_dir = servers.PEERS_ROOT / "logs"  # server logs stay out of the repository
     doc: dict[str, Any] = {
         "benchmark": "bench_peers", "workload": args.workload, "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),

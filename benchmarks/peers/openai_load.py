@@ -190,6 +190,9 @@ def summarize(results: list[RequestResult], wall: float) -> dict[str, Any]:
 
 
 def to_json(r: RequestResult) -> dict[str, Any]:
+    """A compact record (the per-chunk gaps are summarized in the cell, not kept per request)."""
     d = asdict(r)
-    d["itl"] = [round(x, 6) for x in d["itl"]]
+    d["itl_n"] = len(d.pop("itl"))
+    for k in ("ttft", "e2e", "start"):
+        d[k] = round(d[k], 4)
     return d
