@@ -60,8 +60,8 @@ def sizes(workload: str, c: int, scale: float) -> dict[str, Any]:
     """Workload size for concurrency ``c`` (enough requests to keep ``c`` busy, bounded)."""
     n = max(8, min(64, 4 * c))
     n = max(2, int(n * scale))
-    if workload == "shared_system":
-        return {"requests": n}
+    if workload == "shared_system":  # ~8 requests per system prompt (4 prompts at most)
+        return {"requests": n, "systems": max(1, min(4, n // 8))}
     if workload == "few_shot":
         return {"requests": n}
     if workload == "multi_turn":  # c conversations in flight, 4 turns each
@@ -158,7 +158,7 @@ def run_inproc_cell(spec: servers.PeerSpec, model_dir: Path, workload: str, tok:
         data = json.loads(out.read_text())
     flat = []
     for r, o in zip(reqs, data["results"]):
-        text = tok.decode(o["output_ids"], skip_special_tokens=False)
+        text = tok.decode(o["output_ids"], skip_special_tokens=True)  # as the servers detokenize
         flat.append(RequestResult(ttft=o["ttft"] or data["wall_s"], e2e=o["e2e"] or data["wall_s"], itl=o["itl"],
                                   prompt_tokens=len(r.prompt_ids), completion_tokens=len(o["output_ids"]),
                                   cached_tokens=None, text=text, finish_reason=None, error=o["error"]))

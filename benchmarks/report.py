@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -81,21 +82,27 @@ def markdown(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]]) -> 
                 f"{_f(m['total_tok_per_s'], '{:.0f}')} | {_f(m['ttft_ms']['p50'], '{:.0f}')} / "
                 f"{_f(m['ttft_ms']['p90'], '{:.0f}')} | {_f(m['itl_ms']['p50'])} / {_f(m['itl_ms']['p90'])} | {hit} | "
                 f"{_f((m['peak_rss_bytes'] or 0) / 2**30, '{:.2f}')} |")
-    base = agg.get("radixserve", {})
     ratio_lines = []
-    for peer, by_c in agg.items():
-        if peer == "radixserve":
-            continue
-        for c in sorted(by_c):
-            m, b = by_c[c], base.get(c)
-            if b is None or "error" in m or "error" in b or not m.get("output_tok_per_s"):
+    # radixserve (fp32) against every peer; radixserve bf16 against the bf16 peers (same precision).
+    for base_name in ("radixserve", "radixserve-bf16"):
+        base = agg.get(base_name, {})
+        base_prec = "bf16" if base_name.endswith("bf16") else None
+        for peer, by_c in agg.items():
+            if peer.startswith("radixserve") and peer != "radixserve-nocache":
                 continue
-            ttft = (f", TTFT p90 {b['ttft_ms']['p90'] / m['ttft_ms']['p90']:.2f}x of {peer}'s"
-                    if m["ttft_ms"]["p90"] else "")
-            ratio_lines.append(f"- c={c}: radixserve / {peer} output throughput "
-                               f"**{b['output_tok_per_s'] / m['output_tok_per_s']:.2f}x**{ttft}")
+            for c in sorted(by_c):
+                m, b = by_c[c], base.get(c)
+                if b is None or "error" in m or "error" in b or not m.get("output_tok_per_s"):
+                    continue
+                if base_prec and m.get("precision") != base_prec:
+                    continue
+                ttft = (f", TTFT p90 {b['ttft_ms']['p90'] / m['ttft_ms']['p90']:.2f}x of {peer}'s"
+                        if m["ttft_ms"]["p90"] else "")
+                ratio_lines.append(f"- c={c}: {base_name} / {peer} output throughput "
+                                   f"**{b['output_tok_per_s'] / m['output_tok_per_s']:.2f}x**{ttft}")
     if ratio_lines:
-        lines += ["", "Ratios (radixserve with the radix cache, same cell):", "", *ratio_lines]
+        lines += ["", "Ratios (radixserve with the radix cache against each peer, same concurrency; "
+                  "TTFT: radixserve's p90 over the peer's):", "", *ratio_lines]
     if doc.get("failures"):
         lines += ["", "Peers that failed:", ""]
         lines += [f"- {p}: {'; '.join(sorted(set(m)))}" for p, m in doc["failures"].items()]
@@ -104,6 +111,15 @@ def markdown(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]]) -> 
         lines += [f"- {p}: {v['text']!r}" for p, v in doc["probes"].items()]
     lines.append("")
     return "\n".join(lines)
+
+
+_SPECIAL = re.compile(r"<\|(?:im_start|im_end|endoftext)\|>")
+
+
+def _norm(text: str) -> str:
+    """Output text without ChatML special tokens (servers skip them when detokenizing; an
+    offline decode may keep them), so the comparison is on the tokens that carry text."""
+    return _SPECIAL.sub("", text)
 
 
 def agreement(raw: dict[str, list[dict[str, Any]]], ref: str = "radixserve") -> dict[str, tuple[int, int, int]]:
@@ -117,8 +133,9 @@ def agreement(raw: dict[str, list[dict[str, Any]]], ref: str = "radixserve") -> 
         for a, b in zip(recs, raw[f"{ref}/{c}/{rep}"]):
             if a.get("error") or b.get("error") or not a.get("text") or not b.get("text"):
                 continue
-            out[peer][0] += a["text"] == b["text"]
-            out[peer][1] += a["text"][:16] == b["text"][:16]
+            ta, tb = _norm(a["text"]), _norm(b["text"])
+            out[peer][0] += ta == tb or ta.startswith(tb) or tb.startswith(ta)  # a peer may stop at EOS
+            out[peer][1] += ta[:16] == tb[:16]
             out[peer][2] += 1
     return {k: (v[0], v[1], v[2]) for k, v in out.items()}
 
@@ -195,8 +212,8 @@ def main() -> int:
         if raw_path.exists() and doc["workload"] in ("shared_system", "few_shot"):
             agree = agreement(json.loads(raw_path.read_text()))
             if agree:
-                sections.append("Greedy outputs identical to radixserve's on the same prompts (whole answer / "
-                                "first 16 characters):")
+                sections.append("Greedy outputs identical to radixserve's on the same prompts (whole answer, or a "
+                                "prefix of it where the peer stopped at EOS / first 16 characters):")
                 sections.append("")
                 sections += [f"- {peer}: {same}/{n} whole, {head}/{n} first 16 chars"
                              for peer, (same, head, n) in agree.items()]
