@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 MEDIAN_KEYS = ("output_tok_per_s", "total_tok_per_s", "hit_rate", "optimal_hit_rate_page16", "optimal_hit_rate_peer",
-               "page_size", "peak_rss_bytes", "errors", "wall_s")
+               "page_size", "peak_rss_bytes", "errors", "wall_s", "load_avg_before")
 
 
 def _median(xs: list[float | None]) -> float | None:
@@ -64,16 +64,17 @@ def markdown(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]]) -> 
     a = doc.get("args", {})
     lines.append(f"`python benchmarks/bench_peers.py --workload {w}` — {doc['date']}, {doc['machine']['cores']} "
                  f"cores, load average at start {doc['machine']['load_avg_at_start'][0]:.1f}; repetitions: "
-                 f"{a.get('reps')}, scale {a.get('scale')}, KV budget {a.get('kv_gib')} GiB per peer.")
+                 f"{a.get('reps')}, scale {a.get('scale')}, KV budget {a.get('kv_gib')} GiB per peer. `load`: the 1-minute "
+                 "load average before the cell (2 cores; above ~2 other work shared the CPU).")
     lines.append("")
     lines.append("| peer | prec | conc | reqs | out tok/s | total tok/s | TTFT p50 / p90 (ms) | ITL p50 / p90 (ms) "
-                 "| hit rate (optimum @page) | peak RSS (GiB) |")
-    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+                 "| hit rate (optimum @page) | peak RSS (GiB) | load |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for peer, by_c in agg.items():
         for c in sorted(by_c):
             m = by_c[c]
             if "error" in m:
-                lines.append(f"| {m['label']} | | {c} | | error: {m['error'][:80]} | | | | | |")
+                lines.append(f"| {m['label']} | | {c} | | error: {m['error'][:80]} | | | | | | |")
                 continue
             hit = f"{_f(m['hit_rate'], '{:.3f}')} ({_f(m['optimal_hit_rate_peer'], '{:.3f}')} @{_f(m['page_size'], '{:.0f}')})"
             offline = " (offline)" if m["offline"] else ""
@@ -81,7 +82,7 @@ def markdown(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]]) -> 
                 f"| {m['label']}{offline} | {m['precision']} | {c} | {m['requests']} | {_f(m['output_tok_per_s'])} | "
                 f"{_f(m['total_tok_per_s'], '{:.0f}')} | {_f(m['ttft_ms']['p50'], '{:.0f}')} / "
                 f"{_f(m['ttft_ms']['p90'], '{:.0f}')} | {_f(m['itl_ms']['p50'])} / {_f(m['itl_ms']['p90'])} | {hit} | "
-                f"{_f((m['peak_rss_bytes'] or 0) / 2**30, '{:.2f}')} |")
+                f"{_f((m['peak_rss_bytes'] or 0) / 2**30, '{:.2f}')} | {_f(m['load_avg_before'])} |")
     ratio_lines = []
     # radixserve (fp32) against every peer; radixserve bf16 against the bf16 peers (same precision).
     for base_name in ("radixserve", "radixserve-bf16"):
