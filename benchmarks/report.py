@@ -161,7 +161,7 @@ def plots(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]], stem: 
         ax.set_ylabel(ylabel)
         if key == "ttft_ms":
             ax.set_yscale("log")
-        ax.set_title(f"{doc['workload']}: {ylabel} vs concurrency (SmolLM2-135M, 2 CPU cores)")
+        ax.set_title(f"{doc['workload']}: {ylabel} vs concurrency\n(SmolLM2-135M, 2 CPU cores)", fontsize=10)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
