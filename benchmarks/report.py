@@ -60,12 +60,22 @@ def _f(x: float | None, fmt: str = "{:.1f}") -> str:
 
 def markdown(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]]) -> str:
     w = doc["workload"]
-    lines = [f"### Workload `{w}`", ""]
     a = doc.get("args", {})
-    lines.append(f"`python benchmarks/bench_peers.py --workload {w}` — {doc['date']}, {doc['machine']['cores']} "
-                 f"cores, load average at start {doc['machine']['load_avg_at_start'][0]:.1f}; repetitions: "
-                 f"{a.get('reps')}, scale {a.get('scale')}, KV budget {a.get('kv_gib')} GiB per peer. `load`: the 1-minute "
-                 "load average before the cell (2 cores; above ~2 other work shared the CPU).")
+    tag = a.get("tag") or ""
+    lines = [f"### Workload `{w}`" + (f" (run `{tag}`)" if tag else ""), ""]
+    cmd = f"python benchmarks/bench_peers.py --workload {w} --concurrency {a.get('concurrency')} --scale {a.get('scale')}"
+    if a.get("reps", 1) != 1:
+        cmd += f" --reps {a['reps']}"
+    if a.get("peers"):
+        cmd += f" --peers {a['peers']}"
+    for pc in a.get("peer_concurrency") or []:
+        cmd += f" --peer-concurrency {pc}"
+    if tag:
+        cmd += f" --tag {tag}"
+    lines.append(f"`{cmd}` — {doc['date']}, {doc['machine']['cores']} cores, load average at start "
+                 f"{doc['machine']['load_avg_at_start'][0]:.1f}; KV budget {a.get('kv_gib')} GiB per peer; medians over "
+                 f"repetitions. `load`: the 1-minute load average before the cell (2 cores; above ~2 other work shared "
+                 "the CPU).")
     lines.append("")
     lines.append("| peer | prec | conc | reqs | out tok/s | total tok/s | TTFT p50 / p90 (ms) | ITL p50 / p90 (ms) "
                  "| hit rate (optimum @page) | peak RSS (GiB) | load |")
