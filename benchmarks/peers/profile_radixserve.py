@@ -9,7 +9,8 @@ prints the share of samples per category: model matmuls (linear layers, lm head)
 attention, sampling, the scheduler / batch building / radix cache (Python overhead per
 step), ZeroMQ I/O, idle. py-spy lives in its own venv: ``~/.cache/radixserve/peers/tools``
 (``python -m venv ~/.cache/radixserve/peers/tools && ~/.cache/radixserve/peers/tools/bin/pip
-install py-spy==0.4.3``). Writes the collapsed stacks next to the JSON results.
+install py-spy==0.4.3``). Writes the summary to ``--out``; the collapsed stacks (for a
+flame graph) go to ``~/.cache/radixserve/peers/logs/``.
 """
 
 from __future__ import annotations
@@ -73,14 +74,16 @@ def main() -> int:
     cmd, env = servers.command(spec, model_dir, port, 2.0, 2048, args.concurrency)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    srv = servers.ServerProcess(cmd, env, port, out.with_suffix(".log"), spec.ready_path)
+    scratch = servers.PEERS_ROOT / "logs"  # server log and collapsed stacks stay out of the repository
+    scratch.mkdir(parents=True, exist_ok=True)
+    srv = servers.ServerProcess(cmd, env, port, scratch / f"{out.stem}.log", spec.ready_path)
     try:
         srv.wait_ready(600)
         kw = {"requests": args.requests} if args.workload != "multi_turn" else {"conversations": args.requests // 4}
         w = wl.build(args.workload, tok, salt=4242, **kw)
         worker = max(psutil.Process(srv.proc.pid).children(recursive=True), key=lambda p: p.memory_info().rss)
         pyspy = Path(servers.PEERS_ROOT) / "tools" / "bin" / "py-spy"
-        raw = out.with_suffix(".collapsed")
+        raw = scratch / f"{out.stem}.collapsed"
         prof = subprocess.Popen([str(pyspy), "record", "-p", str(worker.pid), "-d", str(args.seconds), "-r", "50",
                                  "-f", "raw", "-o", str(raw), "--nonblocking"], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.STDOUT)
