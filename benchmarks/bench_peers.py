@@ -9,6 +9,20 @@ program of ``benchmarks/peers/dsl_tree.py``)::
     python benchmarks/bench_peers.py --workload tree
     python benchmarks/report.py                      # Markdown table + PNG plots from the JSON
 
+The README's figures came from these runs (``--scale 0.5``: a few minutes per cell at most;
+the exact command of each run is printed above its table in ``results/peers_report.md``)::
+
+    python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag sweep \
+        --peers radixserve,radixserve-nocache,vllm-fp32,llamacpp-f32,radixserve-bf16,vllm-bf16
+    python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag c16 --concurrency 16 --reps 2 \
+        --peers radixserve,vllm-fp32,radixserve-bf16,vllm-bf16,vllm-bf16-b128
+    python benchmarks/bench_peers.py --workload shared_system --scale 0.5 \
+        --peer-concurrency transformers-serve=4,16 --peer-concurrency transformers-cb=16   # every peer
+    for w in few_shot multi_turn tree; do
+        python benchmarks/bench_peers.py --workload $w --scale 0.5 --concurrency 8 \
+            --peers radixserve,radixserve-nocache,vllm-fp32,llamacpp-f32
+    done
+
 Peers (``--peers``, names in ``benchmarks/peers/servers.py``; set them up first with
 ``bash benchmarks/peers/setup_peers.sh``): radixserve with the radix cache on / off (its
 HTTP gateway, the same OpenAI path as the peers), vLLM's CPU build (block 16 and 128,
