@@ -74,9 +74,11 @@ PEERS: dict[str, PeerSpec] = {p.name: p for p in [
              ready_path="/health", page_size=1),
     PeerSpec("llamacpp-q4_1", "llama.cpp server, Q4_1 GGUF", "http", "q4_1", extra_body=_IGNORE_EOS,
              ready_path="/health", page_size=1),
-    # No ignore_eos field: a generation_config without eos_token_id (CB then disables EOS).
+    # No ignore_eos field: a generation_config with eos_token_id -1 (what CB uses for "no EOS";
+    # without it a request falls back to the model config's EOS).
     PeerSpec("transformers-serve", "transformers serve --continuous-batching", "http", "fp32", mode="text",
-             include_usage=False, extra_body={"generation_config": json.dumps({"do_sample": False})},
+             include_usage=False,
+             extra_body={"generation_config": json.dumps({"do_sample": False, "eos_token_id": -1})},
              ready_path="/health"),
     PeerSpec("transformers-cb", "transformers generate_batch (in-process)", "inproc", "fp32"),
 ]}
