@@ -16,6 +16,8 @@ the exact command of each run is printed above its table in ``results/peers_repo
         --peers radixserve,radixserve-nocache,vllm-fp32,llamacpp-f32,radixserve-bf16,vllm-bf16
     python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag c16 --concurrency 16 --reps 2 \
         --peers radixserve,vllm-fp32,radixserve-bf16,vllm-bf16,vllm-bf16-b128
+    python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag allpeers --concurrency 4,16 \
+        --peers radixserve,transformers-serve,llamacpp-q4_1,transformers-cb --peer-concurrency transformers-cb=16
     python benchmarks/bench_peers.py --workload shared_system --scale 0.5 \
         --peer-concurrency transformers-serve=4,16 --peer-concurrency transformers-cb=16   # every peer
     for w in few_shot multi_turn tree; do
