@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up each benchmark peer in its OWN virtual environment under a cache directory.
 #
-#   bash benchmarks/peers/setup_peers.sh [llamacpp|vllm|transformers|all]...
+#   bash benchmarks/peers/setup_peers.sh [llamacpp|vllm|transformers|tools|all]...
 #
 # Never touches the project's environment and never runs in CI. Each venv lives in
 #   ${RADIXSERVE_PEERS:-~/.cache/radixserve/peers}/<name>
@@ -16,6 +16,7 @@
 #                 removed (a text-only model needs none of them)
 #   transformers  transformers[serving]==5.24.0 on torch==2.13.0 (generate_batch in-process
 #                 and `transformers serve --continuous-batching`)
+#   tools         py-spy==0.4.3 (profile_radixserve.py); not part of `all`
 set -euo pipefail
 
 ROOT="${RADIXSERVE_PEERS:-$HOME/.cache/radixserve/peers}"
@@ -96,13 +97,20 @@ setup_transformers() {
   touch "$d/.ready"
 }
 
+setup_tools() {  # py-spy for benchmarks/peers/profile_radixserve.py
+  local d="$ROOT/tools"; [ -x "$d/bin/py-spy" ] && { echo "tools: ready ($d)"; return; }
+  local py; py=$(mkvenv tools)
+  "$py" -m pip install "py-spy==0.4.3"
+}
+
 targets=("$@"); [ ${#targets[@]} -eq 0 ] && targets=(all)
 for t in "${targets[@]}"; do
   case "$t" in
     llamacpp) setup_llamacpp 2>&1 | tee -a "$ROOT/llamacpp.log" ;;
     vllm) setup_vllm 2>&1 | tee -a "$ROOT/vllm.log" ;;
     transformers) setup_transformers 2>&1 | tee -a "$ROOT/transformers.log" ;;
+    tools) setup_tools 2>&1 | tee -a "$ROOT/tools.log" ;;
     all) "$0" llamacpp vllm transformers ;;
-    *) echo "unknown peer: $t (llamacpp|vllm|transformers|all)" >&2; exit 2 ;;
+    *) echo "unknown peer: $t (llamacpp|vllm|transformers|tools|all)" >&2; exit 2 ;;
   esac
 done
