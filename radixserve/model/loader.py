@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from radixserve.model import cpu_linear
 from radixserve.model.config import ModelConfig
 from radixserve.model.llama import LlamaForCausalLM
 
@@ -66,12 +67,17 @@ def iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def load_model(
-    path: str | Path, dtype: torch.dtype | str = torch.float32, device: torch.device | str = "cpu"
+    path: str | Path,
+    dtype: torch.dtype | str = torch.float32,
+    device: torch.device | str = "cpu",
+    pack_linears: bool = True,
 ) -> LlamaForCausalLM:
     """Build the model of the checkpoint directory ``path`` and load its weights.
 
     ``dtype`` is the run dtype (float32, bfloat16, float16); weights saved in another dtype
-    are converted while loading. ``model.config`` is the :class:`ModelConfig`.
+    are converted while loading. ``model.config`` is the :class:`ModelConfig`. On CPU,
+    ``pack_linears`` runs the linear layers through oneDNN with pre-packed weights
+    (:mod:`radixserve.model.cpu_linear`) where the build supports the dtype.
     """
     path = Path(path)
     dtype = parse_dtype(dtype)
@@ -89,4 +95,6 @@ def load_model(
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
     model.load_weights(iter_safetensors(path), dtype=dtype, device=device)
+    if pack_linears and device.type == "cpu":
+        cpu_linear.pack_linears(model)
     return model.eval()
