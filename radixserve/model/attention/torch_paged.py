@@ -6,16 +6,24 @@ and (2) attends over every sequence's whole history read back from the pool::
     pool (one layer)  [num_pages, page_size, kv_heads, head_dim]; flat slot = page * page_size + offset
     position j of sequence b lives in page page_table[b, j // page_size] at offset j % page_size
 
-    decode sequences (1 new row):  one batched SDPA over a [B, pages * page_size] gather of
-                                   whole pages, positions past each sequence's end masked;
-                                   the query heads of one KV head ride in SDPA's query-length
-                                   axis, so GQA/MQA need no K/V expansion
-    extend sequences (n new rows): one SDPA per sequence, rows at positions prefix..prefix+n-1
-                                   see positions 0..their own (causal with an offset)
+Each sequence's keys split in two parts (cascade attention, see ``cascade.py``):
 
-Everything that depends only on the batch (slot indices, masks) is computed once per
-forward, at layer 0, and reused by every layer. Quantized pools go through the reference
-store / dequantize of ``radixkernels.reference``; the unquantized case is a plain
+    shared part:  leading pages the sequence shares with others of the batch (a cached
+                  system prompt, few-shot examples, a forked trunk). Every member's new
+                  rows attend to them in one call, the pages read once per group.
+    own part:     the rest of its history, new rows included.
+                  decode sequences (1 new row): one batched call over a [B, pages * page_size]
+                    gather of whole pages, positions past each sequence's end masked; the
+                    query heads of one KV head ride in the query-length axis
+                  extend sequences (n new rows): one call per sequence, rows at positions
+                    prefix..prefix+n-1 see keys up to their own (causal with an offset)
+
+Each part returns its output and its scores' log-sum-exp; the two merge exactly. A
+sequence in no group has an empty shared part and its own part is its whole history.
+
+Everything that depends only on the batch (groups, slot indices, masks) is computed once
+per forward, at layer 0, and reused by every layer. Quantized pools go through the
+reference store / dequantize of ``radixkernels.reference``; the unquantized case is a plain
 ``index_copy_`` of rows and an ``index_select`` of whole pages.
 """
 
@@ -25,9 +33,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from radixserve.model.attention.base import AttentionBackend
+from radixserve.model.attention.cascade import attention_with_lse, merge_partial, shared_prefix_groups
 from radixserve.model.forward_batch import ForwardBatch
 
 if TYPE_CHECKING:
@@ -35,20 +43,32 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _ExtendSeq:
+class _Group:
+    rows: torch.Tensor  # [R] int64 rows (in the batch) of every member's new tokens
+    pages: torch.Tensor  # [s] int64 the pages all members share, in order
+
+
+@dataclass
+class _Decode:
+    rows: torch.Tensor  # [Bd] int64 rows of the decode sequences in the batch
+    pages: torch.Tensor  # [Bd * P] int64 each sequence's own pages, padded with page 0
+    mask: torch.Tensor  # [Bd, 1, 1, P * page_size] additive: 0 attended, -inf padding
+    shape: tuple[int, int]  # (Bd, P)
+
+
+@dataclass
+class _Extend:
     rows: slice  # rows of this sequence in the batch
-    pages: torch.Tensor  # [ceil(L / page_size)] int64 pages holding positions 0..L-1
-    length: int  # L
-    mask: torch.Tensor | None  # [n, L] bool (None: plain causal, nothing cached before)
+    pages: torch.Tensor  # its own pages (after its group's), in order
+    length: int  # own keys: the positions those pages hold up to the sequence's end
+    mask: torch.Tensor | None  # [1, 1, n, length] additive; None: the own keys are exactly the new rows (causal)
 
 
 @dataclass
 class _BatchMeta:
-    decode_rows: torch.Tensor | None  # [Bd] int64 rows of the decode sequences
-    decode_pages: torch.Tensor | None  # [Bd * P] int64 pages, padded with page 0
-    decode_mask: torch.Tensor | None  # [Bd, 1, 1, P * page_size] additive: 0 attended, -inf padding
-    decode_shape: tuple[int, int]  # (Bd, P)
-    extends: list[_ExtendSeq]
+    decode: _Decode | None
+    extends: list[_Extend]
+    groups: list[_Group]
 
 
 class TorchPagedAttentionBackend(AttentionBackend):
@@ -57,6 +77,10 @@ class TorchPagedAttentionBackend(AttentionBackend):
     K/V are gathered a whole page at a time (``page_size`` tokens of one layer are one
     contiguous block), which moves far fewer, larger pieces than a gather per token.
     """
+
+    # Shared prefixes shorter than this are attended per sequence: below it the extra
+    # attention call and merge cost more than re-reading the pages.
+    cascade_min_tokens = 64
 
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool
@@ -73,47 +97,72 @@ class TorchPagedAttentionBackend(AttentionBackend):
         assert batch.page_table is not None and batch.out_cache_loc is not None, "paged backend needs a paged batch"
         ps = batch.page_size
         dev = batch.page_table.device
-        table = batch.page_table.to(torch.int64)
-        ext_lens = batch.extend_lens_cpu
-        seq_lens = batch.seq_lens_cpu
-        decode_idx = [b for b, n in enumerate(ext_lens) if n == 1]
-        starts = _starts(ext_lens)
+        lens, news = batch.seq_lens_cpu, batch.extend_lens_cpu
+        n_pages = [-(-n // ps) for n in lens]
+        host = batch.page_table[:, : max(n_pages)].tolist()
+        starts = _starts(news)
+        # Shared pages lie wholly before every member's first new row (prefix // page_size).
+        caps = [(n - e) // ps for n, e in zip(lens, news)]
+        found = shared_prefix_groups(host, caps, min_pages=-(-self.cascade_min_tokens // ps))
+        skip = [0] * len(lens)  # pages each sequence leaves to its group
+        groups = []
+        for g in found:
+            rows = [r for m in g.members for r in range(starts[m], starts[m] + news[m])]
+            groups.append(
+                _Group(
+                    torch.tensor(rows, dtype=torch.int64, device=dev),
+                    torch.tensor(host[g.members[0]][: g.num_pages], dtype=torch.int64, device=dev),
+                )
+            )
+            for m in g.members:
+                skip[m] = g.num_pages
 
-        decode_rows = decode_pages = decode_mask = None
-        shape = (0, 0)
+        own_pages = [host[b][skip[b] : n_pages[b]] for b in range(len(lens))]
+        own_lens = [n - s * ps for n, s in zip(lens, skip)]
+        decode_idx = [b for b, n in enumerate(news) if n == 1]
+        decode = None
         if decode_idx:
-            d = torch.tensor(decode_idx, dtype=torch.int64, device=dev)
-            lens = torch.tensor([seq_lens[b] for b in decode_idx], dtype=torch.int64, device=dev)
-            n_pages = -(-max(seq_lens[b] for b in decode_idx) // ps)
-            p = torch.arange(n_pages, dtype=torch.int64, device=dev)
-            used = p[None, :] * ps < lens[:, None]  # pages past a sequence's end are padding
-            decode_pages = torch.where(used, table.index_select(0, d)[:, :n_pages], 0).reshape(-1)
-            j = torch.arange(n_pages * ps, dtype=torch.int64, device=dev)
-            # An additive float mask: CPU SDPA converts a bool mask on every call (every layer),
-            # which made decode attention ~2x slower.
-            padding = j[None, :] >= lens[:, None]
-            decode_mask = torch.zeros(padding.shape, dtype=self.fmt.act_dtype, device=dev)
-            decode_mask = decode_mask.masked_fill_(padding, float("-inf"))[:, None, None, :]
-            decode_rows = torch.tensor([starts[b] for b in decode_idx], dtype=torch.int64, device=dev)
-            shape = (len(decode_idx), n_pages)
-
-        extends: list[_ExtendSeq] = []
-        for b, n in enumerate(ext_lens):
+            decode = self._prepare_decode(
+                [own_pages[b] for b in decode_idx], [own_lens[b] for b in decode_idx],
+                [starts[b] for b in decode_idx], ps, dev,
+            )
+        extends = []
+        for b, n in enumerate(news):
             if n == 1:
                 continue
-            length = seq_lens[b]
-            prefix = length - n
+            length, before = own_lens[b], own_lens[b] - n  # own keys, and how many precede the new rows
             mask = None
-            if prefix > 0:
+            if before > 0:
                 i = torch.arange(n, dtype=torch.int64, device=dev)
                 j = torch.arange(length, dtype=torch.int64, device=dev)
-                mask = j[None, :] <= (prefix + i)[:, None]
-            pages = table[b, : -(-length // ps)]
-            extends.append(_ExtendSeq(slice(starts[b], starts[b] + n), pages, length, mask))
+                mask = self._additive(j[None, :] > (before + i)[:, None])[None, None]
+            pages = torch.tensor(own_pages[b], dtype=torch.int64, device=dev)
+            extends.append(_Extend(slice(starts[b], starts[b] + n), pages, length, mask))
 
-        self._meta = _BatchMeta(decode_rows, decode_pages, decode_mask, shape, extends)
+        self._meta = _BatchMeta(decode, extends, groups)
         self._meta_batch = batch
         return self._meta
+
+    def _prepare_decode(
+        self, pages: list[list[int]], lens: list[int], rows: list[int], ps: int, dev: torch.device
+    ) -> _Decode:
+        """Decode metadata: each sequence's own pages padded to a common width, and the padding mask."""
+        width = max(len(p) for p in pages)
+        padded = [p + [0] * (width - len(p)) for p in pages]
+        j = torch.arange(width * ps, dtype=torch.int64, device=dev)
+        padding = j[None, :] >= torch.tensor(lens, dtype=torch.int64, device=dev)[:, None]
+        return _Decode(
+            rows=torch.tensor(rows, dtype=torch.int64, device=dev),
+            pages=torch.tensor(padded, dtype=torch.int64, device=dev).reshape(-1),
+            mask=self._additive(padding)[:, None, None, :],
+            shape=(len(rows), width),
+        )
+
+    def _additive(self, hidden: torch.Tensor) -> torch.Tensor:
+        # An additive float mask: CPU attention converts a bool mask on every call (every
+        # layer), which made attention ~2x slower.
+        zeros = torch.zeros(hidden.shape, dtype=self.fmt.act_dtype, device=hidden.device)
+        return zeros.masked_fill_(hidden, float("-inf"))
 
     # -- pool access ---------------------------------------------------------------------
 
@@ -137,8 +186,9 @@ class TorchPagedAttentionBackend(AttentionBackend):
         pool = self.pool
         kd, vd = pool.k_data[layer_id], pool.v_data[layer_id]
         h, dp = kd.shape[-2], kd.shape[-1]
-        k = kd.index_select(0, pages).view(-1, h, dp)
-        v = vd.index_select(0, pages).view(-1, h, dp)
+        # Rows of a 2-D view: one contiguous block per page (a 4-D index_select is ~3x slower).
+        k = kd.view(kd.shape[0], -1).index_select(0, pages).view(-1, h, dp)
+        v = vd.view(vd.shape[0], -1).index_select(0, pages).view(-1, h, dp)
         if not self._quantized:
             return k.to(dtype), v.to(dtype)
         from radixkernels.reference import dequantize_ref
@@ -163,30 +213,54 @@ class TorchPagedAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         meta = self._prepare(batch)
         self._store(layer_id, k, v, batch.out_cache_loc)  # type: ignore[arg-type]
-        num_tokens, hq, d = q.shape
-        hkv = k.shape[1]
-        group = hq // hkv
         out = torch.empty_like(q)
-
-        if meta.decode_rows is not None:
-            bd, n_pages = meta.decode_shape
-            kk, vv = self._gather(layer_id, meta.decode_pages, q.dtype)  # type: ignore[arg-type]
-            kk = kk.view(bd, -1, hkv, d).transpose(1, 2)  # [Bd, Hkv, P * page_size, D]
-            vv = vv.view(bd, -1, hkv, d).transpose(1, 2)
-            qq = q.index_select(0, meta.decode_rows).view(bd, hkv, group, d)  # heads of a KV head as "rows"
-            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=meta.decode_mask, scale=sm_scale)
-            out.index_copy_(0, meta.decode_rows, o.reshape(bd, hq, d))
-
-        for seq in meta.extends:
-            kk, vv = self._gather(layer_id, seq.pages, q.dtype)
-            qq = q[seq.rows].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
-            kk = kk[: seq.length].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
-            vv = vv[: seq.length].transpose(0, 1).unsqueeze(0)
-            o = F.scaled_dot_product_attention(
-                qq, kk, vv, attn_mask=seq.mask, is_causal=seq.mask is None, scale=sm_scale, enable_gqa=group > 1
+        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)  # [T, Hq], own part
+        if meta.decode is not None:
+            self._decode(layer_id, q, out, lse, meta.decode, sm_scale)
+        for ext in meta.extends:
+            kk, vv = self._gather(layer_id, ext.pages, q.dtype)
+            o, s = attention_with_lse(
+                q[ext.rows].transpose(0, 1).unsqueeze(0),  # [1, Hq, n, D]
+                kk[: ext.length].transpose(0, 1).unsqueeze(0),  # [1, Hkv, length, D]
+                vv[: ext.length].transpose(0, 1).unsqueeze(0),
+                ext.mask, sm_scale, causal=ext.mask is None,
             )
-            out[seq.rows] = o.squeeze(0).transpose(0, 1)
+            out[ext.rows] = o[0].transpose(0, 1)
+            lse[ext.rows] = s[0].transpose(0, 1)
+        for g in meta.groups:
+            self._shared(layer_id, q, out, lse, g, sm_scale)
         return out
+
+    def _decode(
+        self, layer_id: int, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dec: _Decode, sm_scale: float
+    ) -> None:
+        """Own part of every decode row in one call (heads of a KV head as query rows)."""
+        bd, _ = dec.shape
+        hq, d = q.shape[1], q.shape[2]
+        hkv = self.pool.k_data[layer_id].shape[-2]
+        kk, vv = self._gather(layer_id, dec.pages, q.dtype)
+        kk = kk.view(bd, -1, hkv, d).transpose(1, 2)  # [Bd, Hkv, P * page_size, D]
+        vv = vv.view(bd, -1, hkv, d).transpose(1, 2)
+        qq = q.index_select(0, dec.rows).view(bd, hkv, hq // hkv, d)
+        o, s = attention_with_lse(qq, kk, vv, dec.mask, sm_scale)
+        out.index_copy_(0, dec.rows, o.reshape(bd, hq, d))
+        lse.index_copy_(0, dec.rows, s.reshape(bd, hq))
+
+    def _shared(
+        self, layer_id: int, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, g: _Group, sm_scale: float
+    ) -> None:
+        """Every member row over the group's shared pages, read once; merged into ``out``."""
+        r = g.rows.shape[0]
+        hq, d = q.shape[1], q.shape[2]
+        hkv = self.pool.k_data[layer_id].shape[-2]
+        group = hq // hkv
+        # All rows' query heads of one KV head become that head's query rows: [1, Hkv, R * G, D].
+        qg = q.index_select(0, g.rows).view(r, hkv, group, d).transpose(0, 1).reshape(1, hkv, r * group, d)
+        ks, vs = self._gather(layer_id, g.pages, q.dtype)
+        o, s = attention_with_lse(qg, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0), None, sm_scale)
+        o = o.view(hkv, r, group, d).transpose(0, 1).reshape(r, hq, d)
+        s = s.view(hkv, r, group).transpose(0, 1).reshape(r, hq)
+        out.index_copy_(0, g.rows, merge_partial(out.index_select(0, g.rows), lse.index_select(0, g.rows), o, s))
 
 
 def _starts(lens: list[int]) -> list[int]:

@@ -1,0 +1,156 @@
+"""Cascade (shared-prefix) attention: grouping by page ids, the LSE merge, and the backend
+on batches whose sequences share cached pages, against radixkernels' reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radixkernels.reference import paged_attention_ref
+from radixserve.memory.pool import KVPool
+from radixserve.model.attention.cascade import (
+    SharedGroup,
+    attention_with_lse,
+    merge_partial,
+    shared_prefix_groups,
+)
+from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
+from radixserve.model.forward_batch import ForwardBatch
+
+# -- grouping --------------------------------------------------------------------------
+
+
+def test_groups_follow_shared_leading_pages() -> None:
+    a = [1, 2, 3, 4, 10]
+    b = [1, 2, 3, 4, 11]
+    c = [1, 2, 3, 5, 12]  # diverges after 3 pages
+    d = [7, 8, 9, 13, 14]  # another prefix, alone
+    groups = shared_prefix_groups([a, b, c, d], caps=[4, 4, 4, 4], min_pages=2)
+    assert groups == [SharedGroup([0, 1, 2], 3)]
+
+
+def test_a_member_that_would_shrink_the_group_too_much_starts_its_own() -> None:
+    trunk = list(range(100, 140))
+    rows = [trunk + [i] for i in range(4)] + [trunk[:3] + [200 + i for i in range(38)] for _ in range(1)]
+    groups = shared_prefix_groups(rows, caps=[40] * 5, min_pages=2)
+    assert groups == [SharedGroup([0, 1, 2, 3], 40)]  # joining would cut 37 pages from 4 members to save 3
+
+
+def test_caps_bound_the_shared_part() -> None:
+    same = [1, 2, 3, 4]
+    groups = shared_prefix_groups([same, same], caps=[3, 1], min_pages=1)
+    assert groups == [SharedGroup([0, 1], 1)]  # never past a member's first new row
+    assert shared_prefix_groups([same, same], caps=[3, 1], min_pages=2) == []
+    assert shared_prefix_groups([same], caps=[3], min_pages=1) == []  # a group of one is no group
+
+
+# -- the merge -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_two_parts_merge_into_the_whole(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 6, 3, 16, generator=g).to(dtype)
+    k = torch.randn(2, 2, 40, 16, generator=g).to(dtype)
+    v = torch.randn(2, 2, 40, 16, generator=g).to(dtype)
+    whole, _ = attention_with_lse(q, k, v, None, 0.25)
+    o1, l1 = attention_with_lse(q, k[:, :, :25], v[:, :, :25], None, 0.25)
+    o2, l2 = attention_with_lse(q, k[:, :, 25:], v[:, :, 25:], None, 0.25)
+    ref = F.scaled_dot_product_attention(
+        q.float(), k.float().repeat_interleave(3, 1), v.float().repeat_interleave(3, 1), scale=0.25
+    )
+    tol = 1e-5 if dtype is torch.float32 else 2e-2
+    torch.testing.assert_close(whole.float(), ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(merge_partial(o1, l1, o2, l2).float(), ref, atol=tol, rtol=tol)
+
+
+# -- the backend on shared pages ---------------------------------------------------------
+
+
+def shared_batch(
+    trunk_pages: int, prefix: list[int], extend: list[int], page_size: int, num_pages: int
+) -> ForwardBatch:
+    """Every sequence's first ``trunk_pages`` pages are the same pool pages (a cached trunk)."""
+    perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(3)).tolist()
+    trunk = [perm.pop() for _ in range(trunk_pages)]
+    seq = [p + e for p, e in zip(prefix, extend)]
+    table = torch.zeros(len(seq), max(-(-n // page_size) for n in seq), dtype=torch.int32)
+    slots, positions = [], []
+    for b, n in enumerate(seq):
+        assert prefix[b] >= trunk_pages * page_size
+        pages = trunk + [perm.pop() for _ in range(-(-n // page_size) - trunk_pages)]
+        table[b, : len(pages)] = torch.tensor(pages)
+        for pos in range(prefix[b], n):
+            slots.append(pages[pos // page_size] * page_size + pos % page_size)
+            positions.append(pos)
+    t = sum(extend)
+    return ForwardBatch(
+        input_ids=torch.zeros(t, dtype=torch.int64),
+        positions=torch.tensor(positions),
+        seq_lens=torch.tensor(seq, dtype=torch.int32),
+        extend_lens=torch.tensor(extend, dtype=torch.int32),
+        prefix_lens=torch.tensor(prefix, dtype=torch.int32),
+        extend_start_loc=torch.tensor([sum(extend[:b]) for b in range(len(seq))], dtype=torch.int32),
+        logits_indices=torch.zeros(0, dtype=torch.int64),
+        seq_lens_cpu=seq,
+        extend_lens_cpu=list(extend),
+        out_cache_loc=torch.tensor(slots, dtype=torch.int64),
+        page_table=table,
+        page_size=page_size,
+    )
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (9, 3), (4, 1)], ids=["mha", "gqa9/3", "mqa"])
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_backend_with_shared_pages_matches_reference(heads: tuple[int, int], kv_dtype: str, page_size: int) -> None:
+    hq, hkv = heads
+    d = 16
+    trunk = 24 // page_size  # 24 shared tokens
+    prefix = [24, 30, 24, 41, 25]
+    extend = [1, 1, 1, 9, 5]  # decodes and extends over the same trunk
+    num_pages = 256 // page_size
+    fb = shared_batch(trunk, prefix, extend, page_size, num_pages)
+    pool = KVPool(1, num_pages, page_size, hkv, d, kv_dtype=kv_dtype)
+    ref_pool = KVPool(1, num_pages, page_size, hkv, d, kv_dtype=kv_dtype)
+    g = torch.Generator().manual_seed(hq)
+    from radixkernels.reference import store_kv_ref
+
+    # The cached history, identical in both pools: every slot holds some random K/V.
+    all_slots = torch.arange(num_pages * page_size)
+    hk = torch.randn(len(all_slots), hkv, d, generator=g)
+    hv = torch.randn(len(all_slots), hkv, d, generator=g)
+    for p in (pool, ref_pool):
+        store_kv_ref(p.k_data[0], p.v_data[0], _s(p.k_scale), _s(p.v_scale), hk, hv, all_slots, p.fmt)
+
+    backend = TorchPagedAttentionBackend(pool)
+    backend.cascade_min_tokens = 8
+    t = fb.num_tokens
+    q = torch.randn(t, hq, d, generator=g)
+    k = torch.randn(t, hkv, d, generator=g)
+    v = torch.randn(t, hkv, d, generator=g)
+    out = backend.forward(0, q, k, v, fb, d**-0.5)
+    meta = backend._meta
+    assert meta is not None and len(meta.groups) == 1 and meta.groups[0].pages.numel() == trunk
+    assert meta.groups[0].rows.numel() == t  # every row is in the one group
+
+    store_kv_ref(ref_pool.k_data[0], ref_pool.v_data[0], _s(ref_pool.k_scale), _s(ref_pool.v_scale),
+                 k, v, fb.out_cache_loc, ref_pool.fmt)
+    ref = paged_attention_ref(
+        q, ref_pool.k_data[0], ref_pool.v_data[0], _s(ref_pool.k_scale), _s(ref_pool.v_scale), ref_pool.fmt,
+        fb.page_table, fb.seq_lens, fb.extend_lens, fb.extend_start_loc, page_size, d**-0.5,
+    )
+    torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
+
+
+def test_short_shared_prefix_is_attended_per_sequence() -> None:
+    fb = shared_batch(2, [8, 9], [1, 1], 4, 32)
+    backend = TorchPagedAttentionBackend(KVPool(1, 32, 4, 2, 8))
+    q, kv = torch.randn(2, 4, 8), torch.randn(2, 2, 8)
+    backend.forward(0, q, kv, kv, fb, 0.3)
+    assert backend._meta is not None and backend._meta.groups == []  # 8 tokens < cascade_min_tokens
+
+
+def _s(scales: list[torch.Tensor] | None) -> torch.Tensor | None:
+    return None if scales is None else scales[0]
