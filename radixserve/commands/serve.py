@@ -35,16 +35,24 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
 
 @register("serve", help="serve a model over ZeroMQ: a router and N worker processes", arguments=_serve_arguments)
 def serve(args: argparse.Namespace) -> int:
+    """Run the router in the foreground until SIGINT/SIGTERM; a clean stop ends the process.
+
+    On a signal the router and the HTTP gateway stop together; the router fails requests in
+    flight, the workers are told to exit (and get SIGTERM) and are reaped, every socket is
+    closed; then the process ends with :func:`~radixserve.serving.shutdown.exit_now` rather
+    than returning (interpreter finalization would cost seconds of CPU for nothing)."""
     engine_overrides = engine_config(args)  # first: it may switch Triton to its interpreter
     import logging
     import signal
     import sys
+    from collections.abc import Callable
 
     import zmq
 
     from radixserve.model_store import resolve_model
     from radixserve.serving.launcher import LocalServer
     from radixserve.serving.router import RouterConfig
+    from radixserve.serving.shutdown import exit_now
 
     logging.basicConfig(level=args.log_level.upper(), format="[router] %(levelname)s %(message)s")
     if args.workers < 0:
@@ -60,17 +68,29 @@ def serve(args: argparse.Namespace) -> int:
         server = LocalServer(model, num_workers=args.workers, config=config, engine_config=engine_overrides)
     except zmq.ZMQError as e:  # e.g. the port is taken: one clear line, not a traceback
         raise ValueError(f"cannot bind {endpoint} or {args.worker_endpoint}: {e} (try --port or --endpoint)") from e
-    signal.signal(signal.SIGINT, lambda *_: server.router.stop())
-    signal.signal(signal.SIGTERM, lambda *_: server.router.stop())
+    # Everything a signal must stop; the HTTP gateway joins once started, so that it shuts
+    # down while the workers do, not after them.
+    stoppers: list[Callable[[], None]] = [server.router.stop]
+
+    def on_signal(*_: object) -> None:
+        for stop in stoppers:
+            stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     print(f"radixserve: starting {args.workers} worker(s) for {model}; workers connect at "
           f"{server.router.worker_endpoint}", flush=True)
     try:
         if not server.wait_ready():
-            return 0
+            exit_now(0)  # stopped during start-up: the workers are reaped already
     except (RuntimeError, TimeoutError) as e:  # a worker failed to start (its traceback is above)
         print(f"radixserve serve: error: {e}", file=sys.stderr)
         return 1
     http = start_http_for_serve(args, server, model)  # None without --http-port
+    if http is not None:
+        stoppers.append(http.request_stop)
+        if server.router.stopping:  # the signal came while the gateway started
+            http.request_stop()
     pids = " ".join(str(p.pid) for p in server.procs)
     print(f"radixserve: serving on {server.endpoint} (routing {args.routing}; worker pids {pids or '-'})", flush=True)
     try:
@@ -79,7 +99,7 @@ def serve(args: argparse.Namespace) -> int:
         if http is not None:
             http.stop()
     print("radixserve: stopped", flush=True)
-    return 0
+    exit_now(0)
 
 
 def _worker_arguments(p: argparse.ArgumentParser) -> None:
@@ -93,10 +113,12 @@ def _worker_arguments(p: argparse.ArgumentParser) -> None:
 @register("worker", help="run one worker process that joins a router (e.g. from another host)",
           arguments=_worker_arguments)
 def worker(args: argparse.Namespace) -> int:
+    from radixserve.serving.shutdown import exit_now
     from radixserve.serving.worker import main
 
-    return main(["--connect", args.connect, "--model", args.model, "--worker-id", str(args.worker_id),
-                 "--engine-config", json.dumps(engine_config(args)), "--log-level", args.log_level])
+    # Like ``python -m radixserve.serving.worker``: a stopped worker skips interpreter finalization.
+    exit_now(main(["--connect", args.connect, "--model", args.model, "--worker-id", str(args.worker_id),
+                   "--engine-config", json.dumps(engine_config(args)), "--log-level", args.log_level]))
 
 
 def _client_arguments(p: argparse.ArgumentParser) -> None:

@@ -2,9 +2,11 @@
 
 :class:`LocalServer` is what ``radixserve serve`` runs in the foreground, and what tests,
 benchmarks and library users run in the background (``with LocalServer(...) as srv:``).
-Workers are child processes in their own sessions that also die with their parent; on
-stop, the router tells them to shut down, then they are waited for, then terminated,
-then killed: no orphans.
+Workers are child processes in their own sessions that also die with their parent. On
+stop, the router fails what is in flight and tells every worker to shut down; the local
+ones also get SIGTERM, which interrupts even a long engine step at once (see
+:mod:`radixserve.serving.worker`); they are reaped (SIGKILL after a grace period), and only
+then does the router close its worker socket: no orphans, and no goodbye left lingering.
 """
 
 from __future__ import annotations
@@ -28,23 +30,30 @@ def default_threads_per_worker(num_workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, num_workers))
 
 
-def stop_processes(procs: list[subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
-    """Wait up to ``grace_s`` for processes to exit, then SIGTERM, then SIGKILL."""
+def stop_processes(procs: list[subprocess.Popen[bytes]], grace_s: float = 5.0) -> None:
+    """SIGTERM every live process, wait up to ``grace_s`` for all to exit, then SIGKILL and reap.
+
+    A worker exits within milliseconds of its SIGTERM (it abandons a step in progress), so
+    the grace period only matters for one that is stuck; waiting for a message-driven exit
+    first would cost a whole engine step when a long prefill is running."""
+    for proc in procs:
+        if proc.poll() is None:
+            try:
+                proc.terminate()
+            except ProcessLookupError:  # exited between poll() and the signal
+                pass
     deadline = time.monotonic() + grace_s
     for proc in procs:
         try:
             proc.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
-    for sig in ("terminate", "kill"):
-        alive = [p for p in procs if p.poll() is None]
-        for proc in alive:
-            getattr(proc, sig)()
-        for proc in alive:
-            try:
-                proc.wait(3.0)
-            except subprocess.TimeoutExpired:
-                pass
+    alive = [p for p in procs if p.poll() is None]
+    for proc in alive:
+        log.warning("worker process %d ignored SIGTERM for %.0f s: killing it", proc.pid, grace_s)
+        proc.kill()
+    for proc in alive:
+        proc.wait()  # SIGKILL cannot be ignored: this reaps it
 
 
 class LocalServer:
@@ -105,14 +114,14 @@ class LocalServer:
     def run(self) -> None:
         """Serve in this thread until :meth:`Router.stop` (e.g. from a signal handler); then stop all."""
         try:
-            self.router.run()
+            self.router.serve()
         finally:
-            stop_processes(self.procs)
+            self._shutdown()
 
     def start(self, timeout_s: float = 300.0) -> LocalServer:
         """Wait for the workers, then serve from a background thread."""
         self.wait_ready(timeout_s)
-        self._thread = threading.Thread(target=self.router.run, name="radixserve-router", daemon=True)
+        self._thread = threading.Thread(target=self.run, name="radixserve-router", daemon=True)
         self._thread.start()
         return self
 
@@ -121,10 +130,19 @@ class LocalServer:
         self.router.stop()
         if self._thread is not None:
             self._thread.join(30.0)
+            if self._thread.is_alive():  # wedged: its sockets are not ours to touch from here
+                log.error("the router thread did not stop within 30 s; stopping the workers only")
+                stop_processes(self.procs)
+                return
             self._thread = None
-        else:
-            self.router.close()
+        self._shutdown()  # a no-op after the serving thread did it
+
+    def _shutdown(self) -> None:
+        # Order matters: fail requests and tell workers first, reap the local workers while
+        # the worker socket still takes their goodbyes, close that socket last.
+        self.router.shutdown()
         stop_processes(self.procs)
+        self.router.close()
 
     def __enter__(self) -> LocalServer:
         return self.start()

@@ -14,11 +14,18 @@ that a client left (its requests are aborted in the workers, freeing their KV) o
 worker is unreachable. Clients with requests in flight get a :class:`KeepAlive` once a
 second so a silent client's departure is noticed too; workers are pinged and must answer
 within ``worker_timeout_s``; local worker processes are also watched with ``poll()``.
+
+Stopping: :meth:`Router.stop` (safe from a signal handler or another thread) wakes the
+poll at once through a socket pair. :meth:`Router.shutdown` then fails what is in flight,
+tells the workers to exit and closes the client side; :meth:`Router.close` closes the
+worker side last, so that a launcher can reap its local workers in between while their
+goodbyes still land (:class:`~radixserve.serving.launcher.LocalServer` does).
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -65,14 +72,22 @@ class Router:
                  context: zmq.Context | None = None) -> None:
         self.config = config
         self.codec = PromptCodec(tokenizer)
-        self._ctx = context or zmq.Context.instance()
+        # A context of its own (unless given one) is terminated by close(): no zmq I/O thread
+        # outlives the router, and nothing of it is left for interpreter exit to clean up.
+        self._own_ctx = context is None
+        self._ctx = context if context is not None else zmq.Context()
         self.frontend = self._bind(config.endpoint, client_side=True)
         self.backend = self._bind(config.worker_endpoint, client_side=False)
         self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
         self.worker_endpoint = self.backend.getsockopt_string(zmq.LAST_ENDPOINT)
+        # stop() writes a byte here so the poll returns at once instead of at its timeout.
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
         self._poller = zmq.Poller()
         self._poller.register(self.frontend, zmq.POLLIN)
         self._poller.register(self.backend, zmq.POLLIN)
+        self._poller.register(self._wake_r, zmq.POLLIN)
         self.dispatcher = Dispatcher(
             config.routing, cache_threshold=config.cache_threshold, min_match_tokens=config.min_match_tokens,
             balance_abs_threshold=config.balance_abs_threshold,
@@ -120,52 +135,86 @@ class Router:
         return self._stopping
 
     def stop(self) -> None:
-        """Ask :meth:`run` to return (safe from a signal handler)."""
+        """Ask :meth:`serve` / :meth:`run` to return (safe from a signal handler or another thread)."""
         self._stopping = True
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # already closed, or the pair is full of earlier wake-ups
+            pass
 
     def run(self) -> None:
         """Serve until :meth:`stop`; then shut the workers down and close the sockets."""
         try:
-            while not self._stopping:
-                self.run_once(0.1)
+            self.serve()
         finally:
             self.close()
+
+    def serve(self) -> None:
+        """Serve until :meth:`stop`, leaving the sockets open (see :meth:`shutdown`, :meth:`close`)."""
+        while not self._stopping:
+            self.run_once(0.1)
 
     def run_once(self, max_wait_s: float) -> None:
         """One turn: wait for traffic (at most ``max_wait_s``), handle it, run timers."""
         wait = max(0.0, min(max_wait_s, self._next_tick - time.monotonic()))
         events = dict(self._poller.poll(int(wait * 1000)))
+        if self._wake_r in events:
+            self._drain_wakeups()
         if self.frontend in events:
             self._drain(self.frontend, self._on_client_frames)
-        if self.backend in events:
-            self._drain(self.backend, self._on_worker_frames)
+        if self.backend not in events or self._drain(self.backend, self._on_worker_frames):
+            self.pool.settle_gone()  # after reading it all: a gone worker's goodbye comes first
         self.pool.flush_adds()
         if time.monotonic() >= self._next_tick:
             self._tick()
 
-    def close(self, *, shutdown_workers: bool = True) -> None:
-        """Fail what is in flight, tell the workers to exit, close both sockets."""
+    def shutdown(self, *, shutdown_workers: bool = True) -> None:
+        """Fail what is in flight, tell the workers to exit, close the client socket.
+
+        The worker socket stays open until :meth:`close`, so that workers exiting meanwhile
+        deliver their goodbyes at once instead of lingering on a vanished peer."""
+        self._stopping = True
         if self.frontend.closed:
             return
         for st in list(self._requests.values()):
             self._fail(st, "shutdown", "the server is shutting down")
         if shutdown_workers:
             self.pool.shutdown_all()
-        self.frontend.close(linger=0)
-        self.backend.close(linger=500)  # let the shutdown messages leave
+        # A short linger: the "shutdown" errors just queued should reach their clients.
+        self.frontend.close(linger=200)
 
-    def _drain(self, sock: zmq.Socket, handle: Any, limit: int = 512) -> None:
+    def close(self, *, shutdown_workers: bool = True) -> None:
+        """:meth:`shutdown` if not done yet, then close the worker socket and the context."""
+        self.shutdown(shutdown_workers=shutdown_workers)
+        if self.backend.closed:
+            return
+        self.backend.close(linger=500)  # let shutdown messages to live workers leave
+        self._wake_r.close()
+        self._wake_w.close()
+        if self._own_ctx:
+            self._ctx.term()  # waits at most the lingers above, and only for undelivered messages
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except OSError:  # BlockingIOError: drained
+            pass
+
+    def _drain(self, sock: zmq.Socket, handle: Any, limit: int = 512) -> bool:
+        """Handle up to ``limit`` queued messages; True if that emptied the queue."""
         for _ in range(limit):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                return True
             try:
                 handle(frames)
             except Exception as exc:  # a bug must cost one request, not the server
                 log.exception("error handling a message")
                 if sock is self.frontend:
                     self._reply_error(frames[0], p.Error(code="internal", message=f"{type(exc).__name__}: {exc}"))
+        return False
 
     # ------------------------------------------------------------------ sending
     def send_client(self, client: bytes, msg: msgspec.Struct) -> bool:

@@ -12,7 +12,13 @@ Run by ``radixserve serve`` (local workers) or by hand on another host::
 
 A local worker (``--parent-pid``) exits when its parent dies (``PR_SET_PDEATHSIG`` and a
 ``getppid`` check) or when the router is silent for ``--router-timeout`` seconds; a remote
-worker instead aborts its requests and says hello again. SIGINT/SIGTERM stop it cleanly.
+worker instead aborts its requests and says hello again.
+
+SIGINT/SIGTERM stop it at once: the handler raises :class:`Interrupted`, which abandons a
+poll, an engine step (a long prefill can take seconds on a CPU) or the engine's start-up;
+the worker still says goodbye and closes its socket. The process then ends with
+``os._exit`` (:func:`~radixserve.serving.shutdown.exit_now`): tearing down torch's and
+transformers' objects one by one is seconds of CPU on a busy machine, and serves no one.
 """
 
 from __future__ import annotations
@@ -23,7 +29,6 @@ import json
 import logging
 import os
 import signal
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -34,6 +39,7 @@ import msgspec
 import zmq
 
 from radixserve.serving import protocol as p
+from radixserve.serving.shutdown import exit_now
 
 log = logging.getLogger("radixserve.serving.worker")
 
@@ -83,8 +89,18 @@ def _die_with_parent() -> None:
         pass  # not Linux: the getppid check in the loop still catches it
 
 
+class Interrupted(BaseException):
+    """Raised by :meth:`Worker.interrupt` (a signal handler) to abandon the work in progress.
+
+    A ``BaseException``, like ``KeyboardInterrupt``: the engine-step guard that turns an
+    ``Exception`` into failed requests must not catch it."""
+
+
 class Worker:
-    """Runs ``engine`` for the router at ``connect``."""
+    """Runs ``engine`` for the router at ``connect``.
+
+    Without a ``context`` the worker uses a zmq context of its own and terminates it when
+    :meth:`run` returns (after the goodbye left, or its short linger ran out)."""
 
     def __init__(self, engine: Any, connect: str, worker_id: int = -1, *, model_name: str = "",
                  parent_pid: int | None = None, router_timeout_s: float = 30.0,
@@ -94,7 +110,8 @@ class Worker:
         self.model_name = model_name
         self.parent_pid = parent_pid
         self.router_timeout_s = router_timeout_s
-        self._ctx = context or zmq.Context.instance()
+        self._own_ctx = context is None
+        self._ctx = context if context is not None else zmq.Context()
         self.sock = self._ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 200)  # the goodbye may find the router gone
         self.sock.setsockopt(zmq.SNDHWM, 0)
@@ -103,6 +120,7 @@ class Worker:
         self.sock.connect(connect)
         self._active: set[str] = set()  # rids added and not reported finished
         self._stopping = False
+        self._closing = False  # saying goodbye: an interrupt must not cut that short
         self._goodbye = "shutdown"
         self._last_router = time.monotonic()
 
@@ -110,15 +128,24 @@ class Worker:
         """Finish the current step, then exit the loop (safe from a signal handler)."""
         self._stopping = True
 
+    def interrupt(self, *_: object) -> None:
+        """Stop now, for a SIGTERM/SIGINT handler: raises :class:`Interrupted` to abandon the
+        poll or engine step in progress (:meth:`run` then says goodbye), unless the worker is
+        already closing."""
+        self._stopping = True
+        if not self._closing:
+            self._goodbye = "stopped by a signal"
+            raise Interrupted
+
     def _send(self, msg: msgspec.Struct) -> None:
         self.sock.send(p.encode(msg))
 
     def run(self) -> int:
         """Serve until stopped; returns the process exit code."""
-        self._send(describe_engine(self.engine, self.worker_id, self.model_name))
         code = 0
         next_check = 0.0
         try:
+            self._send(describe_engine(self.engine, self.worker_id, self.model_name))
             while not self._stopping:
                 busy = self.engine.has_unfinished()
                 if self.sock.poll(0 if busy else IDLE_POLL_MS):
@@ -133,10 +160,21 @@ class Worker:
                 if now >= next_check:
                     next_check = now + 0.5
                     self._check_liveness(now)
+        except Interrupted:
+            pass  # a signal: the step in progress is abandoned, the process is leaving
         finally:
-            self._send(p.WorkerGoodbye(reason=self._goodbye))
-            self.sock.close()
+            self._close()
         return code
+
+    def _close(self) -> None:
+        self._closing = True
+        self._send(p.WorkerGoodbye(reason=self._goodbye))
+        # When the router asked us to go it is closing too: the goodbye may have no one left to
+        # reach, so don't wait for it. Otherwise (a signal, the engine failed, the parent died)
+        # the router may still be there, and failed requests or the goodbye must reach it.
+        self.sock.close(linger=0 if self._goodbye == "shutdown requested" else 200)
+        if self._own_ctx:
+            self._ctx.term()
 
     def _step(self) -> int:
         try:
@@ -253,29 +291,30 @@ def main(argv: list[str] | None = None, engine_factory: EngineFactory | None = N
         if os.getppid() != args.parent_pid:
             return 1  # the parent is already gone
     worker: Worker | None = None
-    stop_early = False
 
     def on_signal(*_: object) -> None:
-        nonlocal stop_early
-        stop_early = True
-        if worker is not None:
-            worker.stop()
+        if worker is None:
+            raise Interrupted  # still building the engine: abandon that
+        worker.interrupt()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    model = args.model
-    if engine_factory is None:
-        from radixserve.model_store import resolve_model
+    try:
+        model = args.model
+        if engine_factory is None:
+            from radixserve.model_store import resolve_model
 
-        model = str(resolve_model(args.model))
-    engine = (engine_factory or build_engine)(model, **json.loads(args.engine_config))
-    if stop_early:
+            model = str(resolve_model(args.model))
+        engine = (engine_factory or build_engine)(model, **json.loads(args.engine_config))
+        name = Path(str(model)).name if model else "default"
+        worker = Worker(engine, args.connect, args.worker_id, model_name=name, parent_pid=args.parent_pid,
+                        router_timeout_s=args.router_timeout)
+        return worker.run()
+    except Interrupted:  # stopped before run() (which handles its own) took over
+        if worker is not None and not worker.sock.closed:
+            worker._close()
         return 0
-    name = Path(str(model)).name if model else "default"
-    worker = Worker(engine, args.connect, args.worker_id, model_name=name, parent_pid=args.parent_pid,
-                    router_timeout_s=args.router_timeout)
-    return worker.run()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

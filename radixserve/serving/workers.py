@@ -40,6 +40,7 @@ class WorkerHandle:
     proc: subprocess.Popen[bytes] | None = None
     alive: bool = True
     death: str | None = None
+    gone: str | None = None  # why it seems gone (a send failed, its process exited); see WorkerPool.settle_gone
     load: p.WorkerLoad = field(default_factory=p.WorkerLoad)
     inflight: set[str] = field(default_factory=set)  # rids not yet reported finished
     adds: list[p.WorkerRequest] = field(default_factory=list)  # batched per loop turn
@@ -108,13 +109,26 @@ class WorkerPool:
         return w
 
     def send(self, w: WorkerHandle, msg: msgspec.Struct) -> bool:
-        """Send to a live worker; an unreachable one is declared dead."""
+        """Send to a live worker; False if it is unreachable (nothing more is sent to it then,
+        and :meth:`settle_gone` declares it dead)."""
+        if w.gone is not None:
+            return False
         try:
             self.backend.send_multipart([w.identity, p.encode(msg)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:
-            self.mark_dead(w, f"unreachable ({exc})")
+            w.gone = f"unreachable ({exc})"
             return False
         return True
+
+    def settle_gone(self) -> None:
+        """Declare dead the workers found gone (unreachable, process exited) since the last call.
+
+        Call it right after reading the worker socket to the end: what a worker sent before
+        it went (its goodbye, its last outputs) is still queued on our side after the
+        connection closed, and must be read first, or a clean exit would look like a crash."""
+        for w in self.live:
+            if w.gone is not None:
+                self.mark_dead(w, w.gone)
 
     def send_raw(self, identity: bytes, msg: msgspec.Struct) -> None:
         """Best-effort send to any peer (e.g. a worker already given up on)."""
@@ -147,7 +161,7 @@ class WorkerPool:
         for w in self.live:
             code = w.proc.poll() if w.proc is not None else None
             if code is not None:
-                self.mark_dead(w, f"process exited with code {code}")
+                w.gone = w.gone or f"process exited with code {code}"
             elif now - w.last_seen > timeout_s:
                 self.mark_dead(w, f"no heartbeat for {now - w.last_seen:.1f} s")
             else:

@@ -1,0 +1,29 @@
+"""Ending a server process quickly once everything it owns is stopped.
+
+A process that imported torch and transformers (a worker; the router too, through the
+tokenizer) spends 0.2 s idle, and 1-5 s on a loaded 2-core machine, in interpreter
+finalization: freeing hundreds of thousands of module objects one by one. Once a server
+has reaped its children, closed its sockets and terminated its zmq contexts, nothing is
+left that finalization would do for anyone, so its entry points end with :func:`exit_now`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import NoReturn
+
+
+def exit_now(code: int) -> NoReturn:
+    """Flush the log handlers and the standard streams, then ``os._exit(code)``.
+
+    Only for a process's entry point, after a clean stop: atexit handlers and object
+    finalizers do not run."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more to say there
+            pass
+    os._exit(code)
