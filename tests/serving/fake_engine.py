@@ -54,13 +54,15 @@ def fake_token(prompt: list[int], k: int, alphabet: list[int]) -> int:
 class FakeEngine:
     def __init__(self, model: str | None = None, *, alphabet: list[int] | None = None, vocab_size: int = 512,
                  eos_token_id: int = 2, context_length: int = 256, page_size: int = 4, num_pages: int = 4096,
-                 step_delay: float = 0.0, **_: Any) -> None:
+                 step_delay: float = 0.0, stall_after_steps: int = 0, stall_s: float = 0.0, **_: Any) -> None:
         self.alphabet = alphabet or list(range(60, 90))
         self.model_config = SimpleNamespace(vocab_size=vocab_size, eos_token_ids=(eos_token_id,),
                                             max_position_embeddings=context_length)
         self.config = SimpleNamespace(page_size=page_size, max_model_len=context_length)
         self.tokenizer = SimpleNamespace(bos_token_id=1)
         self.page_size, self.num_pages, self.step_delay = page_size, num_pages, step_delay
+        # After ``stall_after_steps`` steps (when > 0), every step takes ``stall_s``: a long prefill.
+        self.stall_after_steps, self.stall_s, self._steps = stall_after_steps, stall_s, 0
         self._reqs: dict[str, _Req] = {}
         self._cached: set[tuple[int, ...]] = set()
         self._prompt_total = self._hit_total = self._aborted = 0
@@ -89,7 +91,10 @@ class FakeEngine:
         return bool(self._reqs)
 
     def step(self) -> list[StepOutput]:
-        if self.step_delay:
+        self._steps += 1
+        if self.stall_after_steps and self._steps > self.stall_after_steps:
+            time.sleep(self.stall_s)  # stands for a long engine step, e.g. a big prefill chunk
+        elif self.step_delay:
             time.sleep(self.step_delay)  # stands for the model's compute time
         outs = []
         for r in list(self._reqs.values()):

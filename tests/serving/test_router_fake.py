@@ -344,3 +344,23 @@ def test_sigterm_stops_a_worker_cleanly(fake_server) -> None:
         assert [w.alive for w in st.workers] == [True, False]
         assert "goodbye" in (st.workers[1].death or "")
         assert c.generate("still served", params=SamplingParams(max_tokens=1)).worker_id == 0
+
+
+def test_close_interrupts_a_long_engine_step(fake_server) -> None:
+    """Stopping the server must not wait for a long engine step: the worker gets SIGTERM,
+    abandons the step, says goodbye and exits 0; the client in flight gets a shutdown error."""
+    import time
+
+    srv = fake_server(stall_after_steps=1, stall_s=120.0)  # the 2nd step outlasts any timeout here
+    with Client(srv.endpoint, timeout=20) as c:
+        events = c.stream("stall", params=SamplingParams(max_tokens=5))
+        assert isinstance(next(events), p.GenerateChunk)  # step 1 done: the worker is into step 2
+        start = time.monotonic()
+        srv.close()
+        elapsed = time.monotonic() - start
+        with pytest.raises(ServerError) as exc:
+            for _ in events:
+                pass
+        assert exc.value.code == "shutdown"
+    assert elapsed < 5.0, f"close() took {elapsed:.1f} s"
+    assert srv.procs[0].returncode == 0  # a clean exit through the signal handler, not a kill

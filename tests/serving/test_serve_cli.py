@@ -24,9 +24,9 @@ ENGINE_FLAGS = ["--num-pages", "128", "--page-size", "4", "--max-num-tokens", "1
 class Serve:
     """A ``radixserve serve`` subprocess whose stdout lines are read without blocking."""
 
-    def __init__(self, model: Path, workers: int) -> None:
+    def __init__(self, model: Path, workers: int, extra: tuple[str, ...] = ()) -> None:
         cmd = [*CLI, "serve", "--model", str(model), "--workers", str(workers),
-               "--port", "0", *ENGINE_FLAGS]
+               "--port", "0", *ENGINE_FLAGS, *extra]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -87,6 +87,41 @@ def test_serve_client_and_clean_shutdown(tiny_llama_dir: Path) -> None:
         assert srv.proc.wait(30) == 0
         srv.wait_for(r"radixserve: stopped", timeout=5)
         assert all(_gone(pid, 5) for pid in pids), "worker processes outlived serve"
+    finally:
+        srv.kill()
+
+
+def test_sigterm_stops_serve_quickly_mid_stream(tiny_llama_dir: Path) -> None:
+    """SIGTERM while a request streams (HTTP gateway on too): serve exits 0 within a few
+    seconds, the client gets a shutdown error, and serve reaped its worker before exiting."""
+    from radixserve.sampling_params import SamplingParams
+    from radixserve.serving import protocol as p
+    from radixserve.serving.client import Client, ServerError
+
+    # 512 pages of 4 tokens: room for a stream far longer than the test.
+    srv = Serve(tiny_llama_dir, workers=1, extra=("--http-port", "0", "--num-pages", "512"))
+    try:
+        m = srv.wait_for(r"serving on (tcp://\S+) .*worker pids (\d+)")
+        endpoint, worker_pid = m.group(1), int(m.group(2))
+        with Client(endpoint, timeout=30) as client:
+            events = client.stream("Hello", params=SamplingParams(max_tokens=2000, ignore_eos=True))
+            assert isinstance(next(events), p.GenerateChunk)
+            start = time.monotonic()
+            srv.proc.send_signal(signal.SIGTERM)
+            try:
+                rc = srv.proc.wait(5.0)
+            except subprocess.TimeoutExpired:
+                raise AssertionError("serve did not exit within 5 s of SIGTERM") from None
+            elapsed = time.monotonic() - start
+            with pytest.raises(ServerError) as exc:
+                for _ in events:
+                    pass
+            assert exc.value.code == "shutdown"
+        assert rc == 0
+        srv.wait_for(r"radixserve: stopped", timeout=5)
+        # serve waits for its workers before it exits: no orphan, not even a zombie, is left.
+        assert not os.path.exists(f"/proc/{worker_pid}"), "the worker outlived serve"
+        print(f"serve exited {elapsed:.2f} s after SIGTERM")
     finally:
         srv.kill()
 
