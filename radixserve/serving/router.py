@@ -15,6 +15,13 @@ worker is unreachable. Clients with requests in flight get a :class:`KeepAlive` 
 second so a silent client's departure is noticed too; workers are pinged and must answer
 within ``worker_timeout_s``; local worker processes are also watched with ``poll()``.
 
+The router runs the sockets, the loop and the timers, decodes every message, and turns a
+:class:`GenerateRequest` into token ids (checked against the workers' context). What
+happens to a request after that, its dispatch, its outputs and every way it ends, is
+:class:`~radixserve.serving.inflight.InFlight`'s; the workers' side is
+:class:`~radixserve.serving.workers.WorkerPool`'s; stats and cache flushes that ask every
+worker are :class:`~radixserve.serving.control.ControlOps`'.
+
 Stopping: :meth:`Router.stop` (safe from a signal handler or another thread) wakes the
 poll at once through a socket pair. :meth:`Router.shutdown` then fails what is in flight,
 tells the workers to exit and closes the client side; :meth:`Router.close` closes the
@@ -27,7 +34,6 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +43,7 @@ import zmq
 from radixserve.serving import protocol as p
 from radixserve.serving.control import ControlOps
 from radixserve.serving.dispatch import Dispatcher, RoutingPolicy
+from radixserve.serving.inflight import InFlight, context_error
 from radixserve.serving.prompts import PromptCodec, PromptError
 from radixserve.serving.requests import RouterRequest
 from radixserve.serving.workers import WorkerHandle, WorkerPool
@@ -94,16 +101,13 @@ class Router:
             balance_rel_threshold=config.balance_rel_threshold, trie_max_tokens=config.trie_max_tokens,
         )
         self.pool = WorkerPool(self.backend, self.dispatcher, self._on_worker_dead, self._on_worker_joined)
-        self._requests: dict[str, RouterRequest] = {}
-        self._by_client: dict[bytes, dict[str, str]] = {}  # client -> client rid -> rid
-        self._last_sent: dict[bytes, float] = {}
-        self._waiting: deque[RouterRequest] = deque()  # no worker yet
+        self.inflight = InFlight(self.pool, self.dispatcher, send=self.send_client, reply_error=self._reply_error,
+                                 worker_wait_s=config.worker_wait_s)
         self._control = ControlOps(self)
-        self._next_rid = 0
         self._started = time.monotonic()
         self._next_tick = 0.0
         self._stopping = False
-        self.counters = {"requests": 0, "aborted": 0, "errors": 0}
+        self._errors = 0
 
     def _bind(self, endpoint: str, client_side: bool) -> zmq.Socket:
         sock = self._ctx.socket(zmq.ROUTER)
@@ -133,6 +137,11 @@ class Router:
     @property
     def stopping(self) -> bool:
         return self._stopping
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Requests accepted, aborted (by or with their client) and error replies sent."""
+        return {"requests": self.inflight.total, "aborted": self.inflight.aborted, "errors": self._errors}
 
     def stop(self) -> None:
         """Ask :meth:`serve` / :meth:`run` to return (safe from a signal handler or another thread)."""
@@ -176,8 +185,7 @@ class Router:
         self._stopping = True
         if self.frontend.closed:
             return
-        for st in list(self._requests.values()):
-            self._fail(st, "shutdown", "the server is shutting down")
+        self.inflight.fail_all("shutdown", "the server is shutting down")
         if shutdown_workers:
             self.pool.shutdown_all()
         # A short linger: the "shutdown" errors just queued should reach their clients.
@@ -223,10 +231,9 @@ class Router:
             self.frontend.send_multipart([client, p.encode(msg)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             log.info("client %s unreachable (%s): aborting its requests", client.hex(), exc)
-            self._drop_client(client)
+            self.inflight.drop_client(client)
             return False
-        if client in self._by_client:  # only clients with requests in flight are probed
-            self._last_sent[client] = time.monotonic()
+        self.inflight.sent_to(client)
         return True
 
     # ------------------------------------------------------------------ clients
@@ -241,7 +248,7 @@ class Router:
         elif isinstance(msg, p.GenerateRequest):
             self._on_generate(client, msg)
         elif isinstance(msg, p.Abort):
-            self._on_abort(client, msg.request_id)
+            self.inflight.abort(client, msg.request_id)
         elif isinstance(msg, p.Health):
             self.send_client(client, p.HealthReply(request_id=msg.request_id, ok=bool(self.live_workers),
                                                    workers_alive=len(self.live_workers),
@@ -255,16 +262,14 @@ class Router:
             self.send_client(client, p.TokenizeReply(request_id=msg.request_id, input_ids=ids))
 
     def _reply_error(self, client: bytes, err: p.Error) -> None:
-        self.counters["errors"] += 1
+        self._errors += 1
         self.send_client(client, err)
 
     def _on_generate(self, client: bytes, req: p.GenerateRequest) -> None:
-        rids = self._by_client.get(client, {})
-
         def error(code: Any, message: str) -> None:
             self._reply_error(client, p.Error(code=code, message=message, request_id=req.request_id))
 
-        if req.request_id in rids:
+        if self.inflight.has(client, req.request_id):
             return error("duplicate_request", f"request id {req.request_id!r} is already in flight")
         try:
             ids = self.codec.encode(req)
@@ -275,78 +280,17 @@ class Router:
         bad = p.validate_generate(req, vocab_size=self.pool.vocab_size())
         if bad is not None:
             return self._reply_error(client, bad)
-        too_long = self._check_context(len(ids))
+        too_long = context_error(len(ids), self.context_length())
         if too_long:
             return error("context_length", too_long)
-        rid = str(self._next_rid)
-        self._next_rid += 1
-        self.counters["requests"] += 1
+        rid = self.inflight.new_rid()
         st = RouterRequest(rid, client, req.request_id, ids, req.params, req.stream, req.session_id, req.namespace,
                            self.codec.detokenizer(req.params, ids), time.monotonic())
-        self._by_client.setdefault(client, {})[req.request_id] = rid
-        self._requests[rid] = st
-        self._last_sent.setdefault(client, st.arrival)
-        self._dispatch(st)
+        self.inflight.add(st)
 
     def context_length(self) -> int | None:
         """The smallest context among live workers (``None`` before any joined)."""
         return self.pool.context_length()
-
-    def _check_context(self, n: int) -> str | None:
-        ctx = self.context_length()
-        if ctx is not None and n >= ctx:
-            return (f"the prompt has {n} tokens but the model's context is {ctx} tokens "
-                    f"(a prompt may use at most {ctx - 1}, leaving room to generate)")
-        return None
-
-    def _dispatch(self, st: RouterRequest) -> None:
-        loads = {w.worker_id: len(w.inflight) for w in self.live_workers}
-        if not loads:
-            if self.pool.expected or (not self.workers and self.config.worker_wait_s > 0):
-                self._waiting.append(st)
-            else:
-                self._fail(st, "no_workers", "no live worker to run the request")
-            return
-        too_long = self._check_context(len(st.prompt_ids))
-        if too_long:
-            return self._fail(st, "context_length", too_long)
-        decision = self.dispatcher.choose(st.prompt_ids, loads, st.session_id, st.namespace)
-        w = self.workers[decision.worker_id]
-        st.worker_id, st.dispatched = w.worker_id, time.monotonic()
-        w.inflight.add(st.rid)
-        w.requests += 1
-        w.adds.append(p.WorkerRequest(rid=st.rid, input_ids=st.prompt_ids, params=st.params, namespace=st.namespace))
-
-    def _on_abort(self, client: bytes, client_rid: str) -> None:
-        rid = self._by_client.get(client, {}).get(client_rid)
-        st = self._requests.get(rid) if rid is not None else None
-        if st is None:
-            return  # already finished: the abort crossed the final message
-        self._abort_in_worker(st)
-        self.counters["aborted"] += 1
-        self._finish(st, "abort")
-
-    def _abort_in_worker(self, st: RouterRequest) -> None:
-        w = self.workers.get(st.worker_id)
-        if w is None:
-            if st in self._waiting:
-                self._waiting.remove(st)
-            return
-        if w.alive and st.rid in w.inflight:
-            if any(a.rid == st.rid for a in w.adds):  # not sent yet: just don't send it
-                w.adds = [a for a in w.adds if a.rid != st.rid]
-                w.inflight.discard(st.rid)
-            else:
-                self.pool.send(w, p.WorkerAbort(rids=[st.rid]))
-
-    def _drop_client(self, client: bytes) -> None:
-        """The client is gone: abort its requests in the workers, forget it."""
-        for rid in list(self._by_client.pop(client, {}).values()):
-            st = self._requests.pop(rid, None)
-            if st is not None:
-                self.counters["aborted"] += 1
-                self._abort_in_worker(st)
-        self._last_sent.pop(client, None)
 
     def _on_model_info(self, client: bytes, request_id: str) -> None:
         live = self.live_workers
@@ -359,26 +303,6 @@ class Router:
             vocab_size=h.vocab_size, eos_token_ids=h.eos_token_ids, bos_token_id=h.bos_token_id,
             chat_template=self.codec.chat_template, page_size=h.page_size, num_workers=len(live),
             special_tokens=self.codec.special_tokens))
-
-    # ------------------------------------------------------------------ finishing
-    def _forget(self, st: RouterRequest) -> bool:
-        if self._requests.pop(st.rid, None) is None:
-            return False
-        rids = self._by_client.get(st.client)
-        if rids is not None:
-            rids.pop(st.client_rid, None)
-            if not rids:
-                del self._by_client[st.client]
-                self._last_sent.pop(st.client, None)
-        return True
-
-    def _finish(self, st: RouterRequest, reason: p.FinishReason) -> None:
-        if self._forget(st):
-            self.send_client(st.client, st.final(reason))
-
-    def _fail(self, st: RouterRequest, code: Any, message: str) -> None:
-        if self._forget(st):
-            self._reply_error(st.client, p.Error(code=code, message=message, request_id=st.client_rid))
 
     # ------------------------------------------------------------------ workers
     def _on_worker_frames(self, frames: list[bytes]) -> None:
@@ -404,60 +328,24 @@ class Router:
         if isinstance(msg, p.WorkerOutputs):
             w.load = msg.load
             for out in msg.outputs:
-                self._on_output(w, out)
+                self.inflight.on_output(w, out)
         elif isinstance(msg, p.WorkerHeartbeat):
             w.load = msg.load
         elif isinstance(msg, (p.WorkerStatsReply, p.WorkerFlushReply)):
             self._control.on_reply(w, msg)
         elif isinstance(msg, p.WorkerRejected):
-            w.inflight.discard(msg.rid)
-            st = self._requests.get(msg.rid)
-            if st is not None:
-                self._fail(st, "invalid_params", f"the engine rejected the request: {msg.message}")
+            self.inflight.on_rejected(w, msg.rid, msg.message)
         elif isinstance(msg, p.WorkerGoodbye):
             self.pool.mark_dead(w, f"worker said goodbye ({msg.reason})")
 
     def _on_worker_joined(self, w: WorkerHandle) -> None:
-        waiting, self._waiting = self._waiting, deque()
-        for st in waiting:
-            self._dispatch(st)
-
-    def _on_output(self, w: WorkerHandle, out: p.StepOutput) -> None:
-        rid = out.request_id
-        if out.finished:
-            w.inflight.discard(rid)
-            if out.usage is not None:
-                w.prompt_tokens += out.usage.prompt_tokens
-                w.cached_tokens += out.usage.cached_tokens
-        st = self._requests.get(rid)
-        if st is None:
-            return  # finished here already (stop string, abort): the worker's abort is on its way
-        if out.error is not None or out.finish_reason == "error":
-            self._fail(st, "internal", f"worker {w.worker_id} failed the request: {out.error}")
-            return
-        chunk, stopped = st.apply(out)
-        if chunk is not None and not self.send_client(st.client, chunk):
-            return  # the client is gone (its requests were aborted)
-        if stopped:
-            if not out.finished:
-                self._abort_in_worker(st)
-            self._finish(st, "stop")
-        elif out.finished:
-            self._finish(st, out.finish_reason or "stop")
+        self.inflight.dispatch_waiting()
 
     def _on_worker_dead(self, w: WorkerHandle, reason: str) -> None:
-        for rid in list(w.inflight):
-            st = self._requests.get(rid)
-            if st is not None:
-                self._fail(st, "worker_died", f"worker {w.worker_id} died ({reason}); the request was lost")
+        self.inflight.fail_worker_requests(w, reason)
         self._control.on_worker_dead(w)
         if not self.live_workers and not self.pool.expected:
-            self._fail_waiting("no live worker to run the request")
-
-    def _fail_waiting(self, message: str) -> None:
-        waiting, self._waiting = self._waiting, deque()
-        for st in waiting:
-            self._fail(st, "no_workers", message)
+            self.inflight.fail_waiting("no live worker to run the request")
 
     # ------------------------------------------------------------------ timers
     def _tick(self) -> None:
@@ -466,19 +354,15 @@ class Router:
         self._next_tick = now + min(cfg.heartbeat_interval_s, cfg.client_probe_interval_s)
         failed = self.pool.check(now, cfg.worker_timeout_s)
         if failed and not self.live_workers and not self.pool.expected:
-            self._fail_waiting("; ".join(failed))
-        while self._waiting and now - self._waiting[0].arrival > cfg.worker_wait_s:
-            st = self._waiting.popleft()
-            self._fail(st, "no_workers", f"no worker joined within {cfg.worker_wait_s:.0f} s")
-        for client in list(self._by_client):
-            if now - self._last_sent.get(client, 0.0) >= cfg.client_probe_interval_s:
-                self.send_client(client, p.KeepAlive())
+            self.inflight.fail_waiting("; ".join(failed))
+        self.inflight.expire_waiting(now)
+        self.inflight.probe_clients(now, cfg.client_probe_interval_s)
         self._control.expire(now)
 
     # ------------------------------------------------------------------ stats
     def stats_reply(self, request_id: str) -> p.StatsReply:
         """A :class:`StatsReply` from what the router knows now."""
         return p.StatsReply(
-            request_id=request_id, routing=self.config.routing, requests=self.counters["requests"],
-            active=len(self._requests), aborted=self.counters["aborted"], errors=self.counters["errors"],
-            clients=len(self._by_client), workers=[self.workers[k].stats() for k in sorted(self.workers)])
+            request_id=request_id, routing=self.config.routing, requests=self.inflight.total,
+            active=len(self.inflight), aborted=self.inflight.aborted, errors=self._errors,
+            clients=self.inflight.num_clients, workers=[self.workers[k].stats() for k in sorted(self.workers)])
