@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 from radixserve.cli import register
 from radixserve.commands.engine_args import add_engine_arguments, engine_config
