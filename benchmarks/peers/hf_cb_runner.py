@@ -18,7 +18,6 @@ given (transformers' default is 256 tokens, which shares only whole 256-token bl
 from __future__ import annotations
 
 import json
-import os
 import resource
 import sys
 import time
@@ -26,7 +25,6 @@ import time
 
 def main() -> int:
     cfg = json.loads(open(sys.argv[1]).read())
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
 

@@ -32,6 +32,7 @@ import psutil
 
 PEERS_ROOT = Path(os.environ.get("RADIXSERVE_PEERS", Path.home() / ".cache" / "radixserve" / "peers"))
 THREADS = int(os.environ.get("PEER_THREADS", "2"))
+_NOT_INHERITED = {"PYTHONPATH", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"}
 
 __all__ = ["PeerSpec", "ServerProcess", "PEERS", "peer_spec", "free_port", "PEERS_ROOT"]
 
@@ -107,7 +108,8 @@ def _venv_python(venv: str) -> str:
 def command(spec: PeerSpec, model_dir: Path, port: int, kv_budget_gib: float, max_ctx: int,
             max_running: int) -> tuple[list[str], dict[str, str]]:
     """The command line and extra environment that serve ``spec`` on ``127.0.0.1:port``."""
-    env = {"OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+    # OpenMP's waiting policy is left to each peer's own default (radixserve: bounded spinning).
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(THREADS)}
     name = spec.name
     if name.startswith("radixserve"):
@@ -170,7 +172,8 @@ class ServerProcess:
         self._log.flush()
         # A neutral working directory: `python -m` puts it on sys.path, and the repository's
         # `kernels/` folder would shadow the `kernels` package transformers probes for.
-        full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        # The benchmark's own OpenMP settings stay out: each peer runs with its defaults.
+        full_env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
         self.proc = subprocess.Popen(cmd, env={**full_env, **env}, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(log_path.parent))
         self.peak_rss = 0
