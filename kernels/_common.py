@@ -1,4 +1,6 @@
-"""Pieces shared by the Triton kernels: KV-mode constants, in-kernel K/V loads, launch helpers.
+"""Pieces shared by the Triton kernels: KV-mode constants, in-kernel K/V loads, launch helpers,
+and the attention steps that decode and extend share (load q, one paged K/V block with the
+online-softmax update, the output).
 
 How the attention kernels dequantize (the scales are applied outside the dot products,
 which is exact in real arithmetic and keeps the inner products on raw codes)::
@@ -43,6 +45,7 @@ __all__ = [
     "MODE_AUTO", "MODE_FP8", "MODE_INT8", "MODE_INT4",
     "kv_mode", "interpreting", "dot_in_fp32", "head_block", "check_pool", "kv_codes", "kv_codes_int4",
     "fp8_params", "round_to_fp8_grid", "hadamard_block", "hadamard_scale",
+    "kv_tile", "kv_dim_mask", "attn_load_q", "attn_head_scales", "attn_kv_block", "attn_output",
 ]
 
 # fp8 formats as (mantissa bits, smallest normal exponent): the grid round_to_fp8_grid rounds to.
@@ -157,3 +160,126 @@ def hadamard_block(rows, cols, D, HSCALE: tl.constexpr):
     sign = 1.0 - 2.0 * (v & 1).to(tl.float32)
     inside = (rows[:, None] < D) & (cols[None, :] < D)
     return tl.where(inside, sign * HSCALE, 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention steps shared by decode and extend. Both kernels keep their state as pairs so that
+# one code path serves every KV format: for int4 the pair is (even, odd) Hadamard-rotated
+# channels (q_e/q_o, acc_e/acc_o in the module docstring); for auto/fp8/int8 the first member
+# holds every channel and the second is a placeholder that is never read or written (the
+# compiler drops it). Triton inlines these; MODE/PAGE_SIZE/dtypes stay constexpr. MODE is
+# compared as a literal (jit code cannot read the MODE_* globals): 1 fp8, 2 int8, 3 int4.
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def kv_tile(ptrs, mask, MODE: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Load a K or V tile as a pair of code blocks in the dot dtype (see the section note)."""
+    if MODE == 3:  # int4
+        a, b = kv_codes_int4(ptrs, mask, DOT_DTYPE)
+    else:
+        a = kv_codes(ptrs, mask, MODE, DOT_DTYPE)
+        b = a
+    return a, b
+
+
+@triton.jit
+def kv_dim_mask(offs_d, D, MODE: tl.constexpr):
+    """Which of the ``offs_d`` columns of a pool row hold data (int4 packs 2 channels a byte)."""
+    if MODE == 3:  # int4
+        mask_d = offs_d < D // 2
+    else:
+        mask_d = offs_d < D
+    return mask_d
+
+
+@triton.jit
+def attn_load_q(q_ptr, row_off, row_mask, offs_d, mask_d, offs_f, D, HSCALE: tl.constexpr, MODE: tl.constexpr,
+                DOT_DTYPE: tl.constexpr):
+    """Load query rows (``row_off``: ``[R, 1]`` element offsets from ``q_ptr``) as the pair the score dots take.
+
+    int4 rotates q once into the codes' Hadamard coordinates, split into even/odd channels.
+    """
+    if MODE == 3:  # int4
+        q = tl.load(
+            q_ptr + (row_off + offs_f[None, :]), mask=row_mask[:, None] & (offs_f < D)[None, :], other=0.0
+        ).to(tl.float32)
+        q_a = tl.dot(q, hadamard_block(offs_f, 2 * offs_d, D, HSCALE), input_precision="ieee").to(DOT_DTYPE)
+        q_b = tl.dot(q, hadamard_block(offs_f, 2 * offs_d + 1, D, HSCALE), input_precision="ieee").to(DOT_DTYPE)
+    else:
+        q_a = tl.load(
+            q_ptr + (row_off + offs_d[None, :]), mask=row_mask[:, None] & mask_d[None, :], other=0.0
+        ).to(DOT_DTYPE)
+        q_b = q_a
+    return q_a, q_b
+
+
+@triton.jit
+def attn_head_scales(qk_scale, ks_ptr, vs_ptr, kvh, MODE: tl.constexpr):
+    """(score scale, output scale) of one KV head: fp8's static per-head scales fold in here."""
+    if MODE == 1:  # fp8
+        qk_scale = qk_scale * tl.load(ks_ptr + kvh)
+        v_head_scale = tl.load(vs_ptr + kvh)
+    else:
+        v_head_scale = 1.0
+    return qk_scale, v_head_scale
+
+
+@triton.jit
+def attn_kv_block(
+    q_a, q_b, acc_a, acc_b, m_i, l_i,  # query pair, running output pair, row max, row sum (log2 domain)
+    pos, mask_n, q_pos, qk_scale,  # [N] KV positions, which are in range; [R] row positions (causal) or None
+    pt_row, k_ptr, v_ptr, ks_ptr, vs_ptr, stride_ks, stride_kh, kvh, Hkv, offs_d, mask_d,
+    PAGE_SIZE: tl.constexpr, MODE: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
+):
+    """Attend to one block of KV positions read through the page table row ``pt_row``.
+
+    Looks up each position's slot (any page_size), loads and dequantizes K, takes the scores
+    (``qk_scale`` includes log2(e)), updates the online softmax and adds P @ V to the rescaled
+    accumulator. Per-token int8/int4 scales multiply score columns and P columns outside the
+    dots. Returns the new ``(acc_a, acc_b, m_i, l_i)``; rows must have one allowed score
+    somewhere in the sequence (a row masked everywhere would give NaN).
+    """
+    page = tl.load(pt_row + pos // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
+    slot = page * PAGE_SIZE + pos % PAGE_SIZE
+    kv_off = slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :]
+    kv_mask = mask_n[:, None] & mask_d[None, :]
+    k_a, k_b = kv_tile(k_ptr + kv_off, kv_mask, MODE, DOT_DTYPE)
+    s = tl.dot(q_a, tl.trans(k_a), input_precision=PREC)
+    if MODE == 3:  # int4: odd channels
+        s += tl.dot(q_b, tl.trans(k_b), input_precision=PREC)
+    if MODE >= 2:  # int8/int4: per-token scales
+        s = s * tl.load(ks_ptr + slot * Hkv + kvh, mask=mask_n, other=0.0)[None, :]
+    if q_pos is None:  # decode: the one row sits after every position
+        allowed = mask_n[None, :]
+    else:
+        allowed = mask_n[None, :] & (pos[None, :] <= q_pos[:, None])
+    s = tl.where(allowed, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if MODE >= 2:  # int8/int4
+        p = p * tl.load(vs_ptr + slot * Hkv + kvh, mask=mask_n, other=0.0)[None, :]
+    p = p.to(DOT_DTYPE)
+    v_a, v_b = kv_tile(v_ptr + kv_off, kv_mask, MODE, DOT_DTYPE)
+    acc_a = acc_a * alpha[:, None] + tl.dot(p, v_a, input_precision=PREC)
+    if MODE == 3:  # int4
+        acc_b = acc_b * alpha[:, None] + tl.dot(p, v_b, input_precision=PREC)
+    return acc_a, acc_b, m_new, l_i
+
+
+@triton.jit
+def attn_output(acc_a, acc_b, offs_d, offs_f, D, HSCALE: tl.constexpr, MODE: tl.constexpr):
+    """(unnormalised output ``[R, BLOCK]``, its column offsets) in head coordinates.
+
+    int4 rotates back from Hadamard coordinates: out = acc_e @ H[0::2, :] + acc_o @ H[1::2, :].
+    """
+    if MODE == 3:  # int4
+        o = tl.dot(acc_a, hadamard_block(2 * offs_d, offs_f, D, HSCALE), input_precision="ieee")
+        o += tl.dot(acc_b, hadamard_block(2 * offs_d + 1, offs_f, D, HSCALE), input_precision="ieee")
+        offs_o = offs_f
+    else:
+        o = acc_a
+        offs_o = offs_d
+    return o, offs_o

@@ -23,14 +23,16 @@ import triton.language as tl
 from radixkernels._common import (
     LOG2E,
     MODE_INT4,
+    attn_head_scales,
+    attn_kv_block,
+    attn_load_q,
+    attn_output,
     check_pool,
     dot_in_fp32,
-    hadamard_block,
     hadamard_scale,
     head_block,
     interpreting,
-    kv_codes,
-    kv_codes_int4,
+    kv_dim_mask,
     kv_mode,
 )
 from radixkernels.kv_format import KVFormat
@@ -65,8 +67,6 @@ def _extend_kernel(
     P0 = L - E
     s0 = tl.load(ext_start_ptr + b).to(tl.int64)
     kvh = h // G
-    INT4: tl.constexpr = MODE == 3
-    TOKEN_SCALES: tl.constexpr = MODE >= 2
     if DOT_F32:
         DOT_DTYPE: tl.constexpr = tl.float32
         PREC: tl.constexpr = "ieee"
@@ -81,25 +81,12 @@ def _extend_kernel(
     q_pos = P0 + offs_m
     rows = s0 + offs_m
     offs_f = tl.arange(0, BLOCK_DF)
-    if INT4:
-        mask_d = offs_d < D // 2
-        q_off = rows[:, None] * stride_qt + h * stride_qh + offs_f[None, :]
-        q = tl.load(q_ptr + q_off, mask=mask_m[:, None] & (offs_f < D)[None, :], other=0.0).to(tl.float32)
-        # Rotate q into the codes' Hadamard coordinates, split into even/odd channels.
-        q_e = tl.dot(q, hadamard_block(offs_f, 2 * offs_d, D, HSCALE), input_precision="ieee").to(DOT_DTYPE)
-        q_o = tl.dot(q, hadamard_block(offs_f, 2 * offs_d + 1, D, HSCALE), input_precision="ieee").to(DOT_DTYPE)
-        acc_e = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        acc_o = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    else:
-        mask_d = offs_d < D
-        q_off = rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :]
-        q = tl.load(q_ptr + q_off, mask=mask_m[:, None] & mask_d[None, :], other=0.0).to(DOT_DTYPE)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if MODE == 1:  # fp8: static per-head scales fold into the score scale / the output
-        qk_scale = qk_scale * tl.load(ks_ptr + kvh)
-        v_head_scale = tl.load(vs_ptr + kvh)
-    else:
-        v_head_scale = 1.0
+    mask_d = kv_dim_mask(offs_d, D, MODE)
+    q_row_off = rows[:, None] * stride_qt + h * stride_qh
+    q_a, q_b = attn_load_q(q_ptr, q_row_off, mask_m, offs_d, mask_d, offs_f, D, HSCALE, MODE, DOT_DTYPE)
+    acc_a = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # int4's odd channels, else unused
+    qk_scale, v_head_scale = attn_head_scales(qk_scale, ks_ptr, vs_ptr, kvh, MODE)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
@@ -108,47 +95,15 @@ def _extend_kernel(
     for n0 in range(0, kv_end, BLOCK_N):
         pos = n0 + offs_n
         mask_n = pos < kv_end
-        page = tl.load(pt_ptr + b.to(tl.int64) * stride_pt + pos // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
-        slot = page * PAGE_SIZE + pos % PAGE_SIZE
-        kv_off = slot[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :]
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        if INT4:
-            k_lo, k_hi = kv_codes_int4(k_ptr + kv_off, kv_mask, DOT_DTYPE)
-            s = tl.dot(q_e, tl.trans(k_lo), input_precision=PREC)
-            s += tl.dot(q_o, tl.trans(k_hi), input_precision=PREC)
-        else:
-            k = kv_codes(k_ptr + kv_off, kv_mask, MODE, DOT_DTYPE)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC)
-        if TOKEN_SCALES:
-            s = s * tl.load(ks_ptr + slot * Hkv + kvh, mask=mask_n, other=0.0)[None, :]
-        allowed = mask_n[None, :] & (pos[None, :] <= q_pos[:, None])
-        s = tl.where(allowed, s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if TOKEN_SCALES:
-            p = p * tl.load(vs_ptr + slot * Hkv + kvh, mask=mask_n, other=0.0)[None, :]
-        p = p.to(DOT_DTYPE)
-        if INT4:
-            v_lo, v_hi = kv_codes_int4(v_ptr + kv_off, kv_mask, DOT_DTYPE)
-            acc_e = acc_e * alpha[:, None] + tl.dot(p, v_lo, input_precision=PREC)
-            acc_o = acc_o * alpha[:, None] + tl.dot(p, v_hi, input_precision=PREC)
-        else:
-            v = kv_codes(v_ptr + kv_off, kv_mask, MODE, DOT_DTYPE)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PREC)
-        m_i = m_new
+        acc_a, acc_b, m_i, l_i = attn_kv_block(
+            q_a, q_b, acc_a, acc_b, m_i, l_i, pos, mask_n, q_pos, qk_scale,
+            pt_ptr + b.to(tl.int64) * stride_pt, k_ptr, v_ptr, ks_ptr, vs_ptr, stride_ks, stride_kh, kvh, Hkv,
+            offs_d, mask_d, PAGE_SIZE, MODE, DOT_DTYPE, PREC,
+        )
 
     norm = v_head_scale / l_i
-    if INT4:  # back from Hadamard coordinates: out = acc_e @ H[0::2, :] + acc_o @ H[1::2, :]
-        o = tl.dot(acc_e, hadamard_block(2 * offs_d, offs_f, D, HSCALE), input_precision="ieee")
-        o += tl.dot(acc_o, hadamard_block(2 * offs_d + 1, offs_f, D, HSCALE), input_precision="ieee")
-        offs_o = offs_f
-        out_mask = mask_m[:, None] & (offs_f < D)[None, :]
-    else:
-        o = acc
-        offs_o = offs_d
-        out_mask = mask_m[:, None] & mask_d[None, :]
+    o, offs_o = attn_output(acc_a, acc_b, offs_d, offs_f, D, HSCALE, MODE)
+    out_mask = mask_m[:, None] & (offs_o < D)[None, :]
     base = o_ptr + rows[:, None] * stride_ot + h * stride_oh
     tl.store(base + offs_o[None, :], (o * norm[:, None]).to(o_ptr.dtype.element_ty), mask=out_mask)
 
