@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -43,7 +44,8 @@ LOG2E = 1.4426950408889634
 __all__ = [
     "FP8_MAX", "INT4_OFFSET", "INT4_QMAX", "INT8_QMAX", "QUANT_EPS", "LOG2E",
     "MODE_AUTO", "MODE_FP8", "MODE_INT8", "MODE_INT4",
-    "kv_mode", "interpreting", "dot_in_fp32", "head_block", "check_pool", "kv_codes", "kv_codes_int4",
+    "kv_mode", "interpreting", "dot_in_fp32", "head_block", "check_pool", "AttentionCall", "check_attention_call",
+    "kv_codes", "kv_codes_int4",
     "fp8_params", "round_to_fp8_grid", "hadamard_block", "hadamard_scale",
     "kv_tile", "kv_dim_mask", "attn_load_q", "attn_head_scales", "attn_kv_block", "attn_output",
 ]
@@ -101,6 +103,33 @@ def check_pool(data: torch.Tensor, fmt: KVFormat) -> tuple[int, int]:
     if data.stride(-1) != 1 or data.stride(0) != data.shape[1] * data.stride(1):
         raise ValueError("pool tensor must have contiguous slots ([num_pages, page_size] flattenable)")
     return data.stride(1), data.stride(2)
+
+
+class AttentionCall(NamedTuple):
+    """What the decode and extend wrappers launch with, once :func:`check_attention_call` accepts a call."""
+
+    q: torch.Tensor  # unit stride in the head dim
+    out: torch.Tensor
+    kv_heads: int
+    stride_slot: int  # pool strides in elements, shared by K and V
+    stride_head: int
+
+
+def check_attention_call(
+    q: torch.Tensor, k_data: torch.Tensor, v_data: torch.Tensor, fmt: KVFormat, out: torch.Tensor | None
+) -> AttentionCall:
+    """Validate an attention call's head counts and pool layouts; give q a unit-stride head dim; allocate out."""
+    Hq, Hkv = q.shape[1], k_data.shape[-2]
+    if Hq % Hkv:
+        raise ValueError(f"{Hq} query heads are not a multiple of {Hkv} KV heads")
+    stride_ks, stride_kh = check_pool(k_data, fmt)
+    if check_pool(v_data, fmt) != (stride_ks, stride_kh):
+        raise ValueError("K and V pools must share a layout")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if out is None:
+        out = torch.empty_like(q)
+    return AttentionCall(q, out, Hkv, stride_ks, stride_kh)
 
 
 @triton.jit

@@ -31,7 +31,7 @@ from radixkernels._common import (
     attn_kv_block,
     attn_load_q,
     attn_output,
-    check_pool,
+    check_attention_call,
     dot_in_fp32,
     hadamard_scale,
     head_block,
@@ -185,17 +185,8 @@ def paged_decode_attention(
     """
     del max_seq_len
     B, Hq, D = q.shape
-    Hkv = k_data.shape[-2]
-    if Hq % Hkv:
-        raise ValueError(f"{Hq} query heads are not a multiple of {Hkv} KV heads")
+    q, out, Hkv, stride_ks, stride_kh = check_attention_call(q, k_data, v_data, fmt, out)
     G = Hq // Hkv
-    stride_ks, stride_kh = check_pool(k_data, fmt)
-    if check_pool(v_data, fmt) != (stride_ks, stride_kh):
-        raise ValueError("K and V pools must share a layout")
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if out is None:
-        out = torch.empty_like(q)
     if B == 0:
         return out
     mode = kv_mode(fmt)

@@ -27,7 +27,7 @@ from radixkernels._common import (
     attn_kv_block,
     attn_load_q,
     attn_output,
-    check_pool,
+    check_attention_call,
     dot_in_fp32,
     hadamard_scale,
     head_block,
@@ -139,16 +139,7 @@ def extend_attention(
     avoid a device sync. Works for decode rows too (extend length 1).
     """
     T, Hq, D = q.shape
-    Hkv = k_data.shape[-2]
-    if Hq % Hkv:
-        raise ValueError(f"{Hq} query heads are not a multiple of {Hkv} KV heads")
-    stride_ks, stride_kh = check_pool(k_data, fmt)
-    if check_pool(v_data, fmt) != (stride_ks, stride_kh):
-        raise ValueError("K and V pools must share a layout")
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if out is None:
-        out = torch.empty_like(q)
+    q, out, Hkv, stride_ks, stride_kh = check_attention_call(q, k_data, v_data, fmt, out)
     B = extend_lens.shape[0]
     if T == 0 or B == 0:
         return out
