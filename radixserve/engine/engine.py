@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from pathlib import Path
 from typing import Any, Sequence
@@ -47,8 +48,13 @@ PromptInput = str | Sequence[str] | Sequence[Sequence[int]] | Sequence[int]
 
 
 def setup_cpu_threads(num_threads: int | None) -> None:
-    """CPU start-up: an explicit thread count. (OpenMP's waiting policy is read when torch
-    loads the runtime, so importing :mod:`radixserve` sets it: see ``radixserve/__init__.py``.)"""
+    """CPU start-up: passive OpenMP waiting and an explicit thread count.
+
+    With few cores, OpenMP threads spin-waiting between ops steal time from each other
+    and make timings swing wildly. ``OMP_WAIT_POLICY`` is only read when the OpenMP
+    runtime starts, so importing :mod:`radixserve` sets it too.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if num_threads is not None:
         torch.set_num_threads(num_threads)
 
