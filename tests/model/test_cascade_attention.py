@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixkernels.reference import paged_attention_ref
+from radixkernels.reference import paged_attention_ref, store_kv_ref
 from radixserve.memory.pool import KVPool
 from radixserve.model.attention.cascade import (
     SharedGroup,
@@ -69,17 +69,22 @@ def test_two_parts_merge_into_the_whole(dtype: torch.dtype) -> None:
 
 
 def shared_batch(
-    trunk_pages: int, prefix: list[int], extend: list[int], page_size: int, num_pages: int
+    trunk_pages: int | list[int], prefix: list[int], extend: list[int], page_size: int, num_pages: int,
+    trunk_of: list[int] | None = None,
 ) -> ForwardBatch:
-    """Every sequence's first ``trunk_pages`` pages are the same pool pages (a cached trunk)."""
+    """Sequence ``b`` starts with the pool pages of trunk ``trunk_of[b]`` (default: all trunk 0),
+    trunk ``t`` being ``trunk_pages[t]`` pages long (a cached prefix)."""
     perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(3)).tolist()
-    trunk = [perm.pop() for _ in range(trunk_pages)]
+    sizes = [trunk_pages] if isinstance(trunk_pages, int) else trunk_pages
+    trunks = [[perm.pop() for _ in range(n)] for n in sizes]
+    trunk_of = trunk_of or [0] * len(prefix)
     seq = [p + e for p, e in zip(prefix, extend)]
     table = torch.zeros(len(seq), max(-(-n // page_size) for n in seq), dtype=torch.int32)
     slots, positions = [], []
     for b, n in enumerate(seq):
-        assert prefix[b] >= trunk_pages * page_size
-        pages = trunk + [perm.pop() for _ in range(-(-n // page_size) - trunk_pages)]
+        trunk = trunks[trunk_of[b]]
+        assert prefix[b] >= len(trunk) * page_size
+        pages = trunk + [perm.pop() for _ in range(-(-n // page_size) - len(trunk))]
         table[b, : len(pages)] = torch.tensor(pages)
         for pos in range(prefix[b], n):
             slots.append(pages[pos // page_size] * page_size + pos % page_size)
@@ -115,8 +120,6 @@ def test_backend_with_shared_pages_matches_reference(heads: tuple[int, int], kv_
     pool = KVPool(1, num_pages, page_size, hkv, d, kv_dtype=kv_dtype)
     ref_pool = KVPool(1, num_pages, page_size, hkv, d, kv_dtype=kv_dtype)
     g = torch.Generator().manual_seed(hq)
-    from radixkernels.reference import store_kv_ref
-
     # The cached history, identical in both pools: every slot holds some random K/V.
     all_slots = torch.arange(num_pages * page_size)
     hk = torch.randn(len(all_slots), hkv, d, generator=g)
@@ -132,9 +135,17 @@ def test_backend_with_shared_pages_matches_reference(heads: tuple[int, int], kv_
     v = torch.randn(t, hkv, d, generator=g)
     out = backend.forward(0, q, k, v, fb, d**-0.5)
     meta = backend._meta
-    assert meta is not None and len(meta.groups) == 1 and meta.groups[0].pages.numel() == trunk
-    assert meta.groups[0].rows.numel() == t  # every row is in the one group
+    assert meta is not None and len(meta.shared) == 1 and meta.shared[0].shape[0] == 1  # one group
+    assert meta.shared[0].pages.numel() == trunk
+    assert meta.shared[0].rows.numel() == t  # every row is in the one group
+    _check_against_reference(out, q, k, v, fb, ref_pool, page_size, d)
 
+
+def _check_against_reference(
+    out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch, ref_pool: KVPool,
+    page_size: int, d: int,
+) -> None:
+    """``out`` equals the reference attention after the reference pool stored the step's K/V."""
     store_kv_ref(ref_pool.k_data[0], ref_pool.v_data[0], _s(ref_pool.k_scale), _s(ref_pool.v_scale),
                  k, v, fb.out_cache_loc, ref_pool.fmt)
     ref = paged_attention_ref(
@@ -144,12 +155,38 @@ def test_backend_with_shared_pages_matches_reference(heads: tuple[int, int], kv_
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("big_extend", [1, 40], ids=["decodes", "with-a-long-extend"])
+def test_groups_of_different_sizes_match_reference(big_extend: int) -> None:
+    """Two trunks of different lengths, groups of different sizes: padded queries and keys
+    in one call, or (a long extend in one group) separate calls."""
+    hq, hkv, d, ps = 6, 2, 16, 4
+    prefix = [24, 30, 36, 33, 40, 32, 35]
+    extend = [1, big_extend, 1, 1, 1, 1, 3]
+    trunk_of = [0, 0, 1, 1, 1, 1, 1]
+    fb = shared_batch([6, 8], prefix, extend, ps, 96, trunk_of)  # trunks of 24 and 32 tokens
+    pool = KVPool(1, 96, ps, hkv, d)
+    ref_pool = KVPool(1, 96, ps, hkv, d)
+    g = torch.Generator().manual_seed(5)
+    for p in (pool, ref_pool):
+        p.k_data[0].copy_(torch.randn(p.k_data[0].shape, generator=torch.Generator().manual_seed(1)))
+        p.v_data[0].copy_(torch.randn(p.v_data[0].shape, generator=torch.Generator().manual_seed(2)))
+    backend = TorchPagedAttentionBackend(pool)
+    backend.cascade_min_tokens = 8
+    t = fb.num_tokens
+    q, k, v = (torch.randn(t, h, d, generator=g) for h in (hq, hkv, hkv))
+    out = backend.forward(0, q, k, v, fb, d**-0.5)
+    meta = backend._meta
+    assert meta is not None
+    assert sorted(c.shape[0] for c in meta.shared) == ([2] if big_extend == 1 else [1, 1])
+    _check_against_reference(out, q, k, v, fb, ref_pool, ps, d)
+
+
 def test_short_shared_prefix_is_attended_per_sequence() -> None:
     fb = shared_batch(2, [8, 9], [1, 1], 4, 32)
     backend = TorchPagedAttentionBackend(KVPool(1, 32, 4, 2, 8))
     q, kv = torch.randn(2, 4, 8), torch.randn(2, 2, 8)
     backend.forward(0, q, kv, kv, fb, 0.3)
-    assert backend._meta is not None and backend._meta.groups == []  # 8 tokens < cascade_min_tokens
+    assert backend._meta is not None and backend._meta.shared == []  # 8 tokens < cascade_min_tokens
 
 
 def _s(scales: list[torch.Tensor] | None) -> torch.Tensor | None:

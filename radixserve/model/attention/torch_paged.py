@@ -43,9 +43,15 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _Group:
-    rows: torch.Tensor  # [R] int64 rows (in the batch) of every member's new tokens
-    pages: torch.Tensor  # [s] int64 the pages all members share, in order
+class _Shared:
+    """Shared-prefix groups attended in one call: queries and keys padded to the largest group."""
+
+    q_rows: torch.Tensor  # [G * Rmax] int64 batch rows of each group's new tokens, padded with row 0
+    pages: torch.Tensor  # [G * Smax] int64 each group's shared pages in order, padded with page 0
+    mask: torch.Tensor | None  # [G, 1, 1, Smax * page_size] additive key padding (None: no padding)
+    rows: torch.Tensor  # [R] int64 the batch rows of every group (each row in one group)
+    src: torch.Tensor  # [R] int64 where each of ``rows`` sits in the padded [G * Rmax]
+    shape: tuple[int, int]  # (G, Rmax)
 
 
 @dataclass
@@ -68,7 +74,7 @@ class _Extend:
 class _BatchMeta:
     decode: _Decode | None
     extends: list[_Extend]
-    groups: list[_Group]
+    shared: list[_Shared]
 
 
 class TorchPagedAttentionBackend(AttentionBackend):
@@ -105,17 +111,14 @@ class TorchPagedAttentionBackend(AttentionBackend):
         caps = [(n - e) // ps for n, e in zip(lens, news)]
         found = shared_prefix_groups(host, caps, min_pages=-(-self.cascade_min_tokens // ps))
         skip = [0] * len(lens)  # pages each sequence leaves to its group
-        groups = []
         for g in found:
-            rows = [r for m in g.members for r in range(starts[m], starts[m] + news[m])]
-            groups.append(
-                _Group(
-                    torch.tensor(rows, dtype=torch.int64, device=dev),
-                    torch.tensor(host[g.members[0]][: g.num_pages], dtype=torch.int64, device=dev),
-                )
-            )
             for m in g.members:
                 skip[m] = g.num_pages
+        groups = [
+            ([r for m in g.members for r in range(starts[m], starts[m] + news[m])], host[g.members[0]][: g.num_pages])
+            for g in found
+        ]
+        shared = [self._prepare_shared(call, ps, dev) for call in _padded_calls(groups)]
 
         own_pages = [host[b][skip[b] : n_pages[b]] for b in range(len(lens))]
         own_lens = [n - s * ps for n, s in zip(lens, skip)]
@@ -139,7 +142,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
             pages = torch.tensor(own_pages[b], dtype=torch.int64, device=dev)
             extends.append(_Extend(slice(starts[b], starts[b] + n), pages, length, mask))
 
-        self._meta = _BatchMeta(decode, extends, groups)
+        self._meta = _BatchMeta(decode, extends, shared)
         self._meta_batch = batch
         return self._meta
 
@@ -156,6 +159,27 @@ class TorchPagedAttentionBackend(AttentionBackend):
             pages=torch.tensor(padded, dtype=torch.int64, device=dev).reshape(-1),
             mask=self._additive(padding)[:, None, None, :],
             shape=(len(rows), width),
+        )
+
+    def _prepare_shared(self, groups: list[tuple[list[int], list[int]]], ps: int, dev: torch.device) -> _Shared:
+        """One padded call for ``groups`` (each: its rows, its shared pages)."""
+        r_max = max(len(rows) for rows, _ in groups)
+        s_max = max(len(pages) for _, pages in groups)
+        q_rows = [r for rows, _ in groups for r in rows + [0] * (r_max - len(rows))]
+        pages = [p for _, pg in groups for p in pg + [0] * (s_max - len(pg))]
+        mask = None
+        if any(len(pg) < s_max for _, pg in groups):
+            j = torch.arange(s_max * ps, dtype=torch.int64, device=dev)
+            keys = torch.tensor([len(pg) * ps for _, pg in groups], dtype=torch.int64, device=dev)
+            mask = self._additive(j[None, :] >= keys[:, None])[:, None, None, :]
+        return _Shared(
+            q_rows=torch.tensor(q_rows, dtype=torch.int64, device=dev),
+            pages=torch.tensor(pages, dtype=torch.int64, device=dev),
+            mask=mask,
+            rows=torch.tensor([r for rows, _ in groups for r in rows], dtype=torch.int64, device=dev),
+            src=torch.tensor([g * r_max + i for g, (rows, _) in enumerate(groups) for i in range(len(rows))],
+                             dtype=torch.int64, device=dev),
+            shape=(len(groups), r_max),
         )
 
     def _additive(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -227,8 +251,8 @@ class TorchPagedAttentionBackend(AttentionBackend):
             )
             out[ext.rows] = o[0].transpose(0, 1)
             lse[ext.rows] = s[0].transpose(0, 1)
-        for g in meta.groups:
-            self._shared(layer_id, q, out, lse, g, sm_scale)
+        for call in meta.shared:
+            self._shared(layer_id, q, out, lse, call, sm_scale)
         return out
 
     def _decode(
@@ -247,20 +271,45 @@ class TorchPagedAttentionBackend(AttentionBackend):
         lse.index_copy_(0, dec.rows, s.reshape(bd, hq))
 
     def _shared(
-        self, layer_id: int, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, g: _Group, sm_scale: float
+        self, layer_id: int, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sh: _Shared, sm_scale: float
     ) -> None:
-        """Every member row over the group's shared pages, read once; merged into ``out``."""
-        r = g.rows.shape[0]
+        """Every grouped row over its group's shared pages, read once per group; merged into ``out``."""
+        g, r_max = sh.shape
         hq, d = q.shape[1], q.shape[2]
         hkv = self.pool.k_data[layer_id].shape[-2]
         group = hq // hkv
-        # All rows' query heads of one KV head become that head's query rows: [1, Hkv, R * G, D].
-        qg = q.index_select(0, g.rows).view(r, hkv, group, d).transpose(0, 1).reshape(1, hkv, r * group, d)
-        ks, vs = self._gather(layer_id, g.pages, q.dtype)
-        o, s = attention_with_lse(qg, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0), None, sm_scale)
-        o = o.view(hkv, r, group, d).transpose(0, 1).reshape(r, hq, d)
-        s = s.view(hkv, r, group).transpose(0, 1).reshape(r, hq)
-        out.index_copy_(0, g.rows, merge_partial(out.index_select(0, g.rows), lse.index_select(0, g.rows), o, s))
+        # A group's rows' query heads of one KV head become that head's query rows: [G, Hkv, Rmax * grp, D].
+        qg = q.index_select(0, sh.q_rows).view(g, r_max, hkv, group, d).transpose(1, 2).reshape(g, hkv, -1, d)
+        ks, vs = self._gather(layer_id, sh.pages, q.dtype)
+        ks = ks.view(g, -1, hkv, d).transpose(1, 2)  # [G, Hkv, Smax * page_size, D]
+        vs = vs.view(g, -1, hkv, d).transpose(1, 2)
+        o, s = attention_with_lse(qg, ks, vs, sh.mask, sm_scale)
+        o = o.view(g, hkv, r_max, group, d).transpose(1, 2).reshape(g * r_max, hq, d).index_select(0, sh.src)
+        s = s.view(g, hkv, r_max, group).transpose(1, 2).reshape(g * r_max, hq).index_select(0, sh.src)
+        out.index_copy_(0, sh.rows, merge_partial(out.index_select(0, sh.rows), lse.index_select(0, sh.rows), o, s))
+
+
+def _padded_calls(groups: list[tuple[list[int], list[int]]]) -> list[list[tuple[list[int], list[int]]]]:
+    """Split groups (rows, pages) into calls whose padding at most doubles the work.
+
+    Groups go in by decreasing row count; a call takes the next group while its padded
+    area (groups x most rows x most pages) stays within twice the groups' own
+    rows x pages, so a big prefill and a few decodes do not share a call.
+    """
+    calls: list[list[tuple[list[int], list[int]]]] = []
+    work = 0
+    for grp in sorted(groups, key=lambda x: -len(x[0])):
+        rows, pages = grp
+        if calls:
+            call = calls[-1]
+            padded = (len(call) + 1) * len(call[0][0]) * max(len(pages), *(len(p) for _, p in call))
+            if padded <= 2 * (work + len(rows) * len(pages)):
+                call.append(grp)
+                work += len(rows) * len(pages)
+                continue
+        calls.append([grp])
+        work = len(rows) * len(pages)
+    return calls
 
 
 def _starts(lens: list[int]) -> list[int]:
