@@ -1,7 +1,9 @@
 """Randomized: arrivals, aborts, shared prefixes, chunking and a small pool, all at once.
 
 Every request that is not aborted must produce transformers' greedy tokens; aborted ones
-must give everything back; the invariants hold after every step.
+must give everything back; the invariants hold after every step. Cascade attention runs
+from one shared page on, and keeps shared K/V across steps (within a budget or not) while
+pages are evicted and reused: a stale kept K/V would change the tokens.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ def test_random_traffic(tiny_llama_dir: Path, make_engine, seed: int) -> None:
         tiny_llama_dir, page_size=ps, num_pages=72 // ps, max_num_tokens=rng.choice([5, 16, 64]),
         max_running_requests=rng.choice([3, 8]), init_new_token_ratio=0.0, min_new_token_ratio=0.0,
     )
+    engine.attn.cascade_min_tokens = ps
+    engine.attn.shared_kv_bytes = rng.choice([1 << 12, 1 << 30])
+    kept_steps = 0  # steps that started with shared K/V kept from the step before
     queue = list(range(len(prompts)))
     rid_of: dict[str, int] = {}
     got: dict[int, list[int]] = {}
@@ -46,6 +51,7 @@ def test_random_traffic(tiny_llama_dir: Path, make_engine, seed: int) -> None:
                 victim = rng.choice(live)
                 engine.abort(f"r{victim}")
                 aborted.add(victim)
+        kept_steps += bool(engine.attn._shared_kv)
         for o in engine.step():
             i = rid_of[o.request_id]
             got[i] += o.new_token_ids
@@ -58,6 +64,7 @@ def test_random_traffic(tiny_llama_dir: Path, make_engine, seed: int) -> None:
     s = engine.stats()
     assert s.pages_in_use == 0 and s.running == s.waiting == 0
     assert s.retractions_total > 0 and s.evicted_pages_total > 0  # the pool was small enough to matter
+    assert kept_steps > 0  # the cascade path and its kept K/V were exercised
     for i in got:
         if i not in aborted:
             assert got[i] == hf_greedy(tiny_llama_dir, prompts[i], lengths[i]), i

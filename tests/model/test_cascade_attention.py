@@ -191,3 +191,48 @@ def test_short_shared_prefix_is_attended_per_sequence() -> None:
 
 def _s(scales: list[torch.Tensor] | None) -> torch.Tensor | None:
     return None if scales is None else scales[0]
+
+
+def test_kept_shared_kv_is_reused_only_by_the_next_forward() -> None:
+    """Shared K/V gathered in one forward serve the next forward with the same groups; a
+    forward without them drops them, so pages rewritten in between are read afresh."""
+    hq, hkv, d, ps = 4, 2, 8, 4
+    prefix, extend = [24, 28, 25], [1, 1, 1]
+    pool = KVPool(1, 64, ps, hkv, d)
+    backend = TorchPagedAttentionBackend(pool)
+    backend.cascade_min_tokens = 8
+    g = torch.Generator().manual_seed(7)
+
+    def fill() -> None:
+        pool.k_data[0].copy_(torch.randn(pool.k_data[0].shape, generator=g))
+        pool.v_data[0].copy_(torch.randn(pool.v_data[0].shape, generator=g))
+
+    def step(fb: ForwardBatch) -> None:
+        t = fb.num_tokens
+        q, k, v = (torch.randn(t, h, d, generator=g) for h in (hq, hkv, hkv))
+        ref_pool = KVPool(1, 64, ps, hkv, d)
+        ref_pool.k_data[0].copy_(pool.k_data[0])
+        ref_pool.v_data[0].copy_(pool.v_data[0])
+        out = backend.forward(0, q, k, v, fb, d**-0.5)
+        _check_against_reference(out, q, k, v, fb, ref_pool, ps, d)
+
+    fill()
+    step(shared_batch(6, prefix, extend, ps, 64))
+    kept = dict(backend._shared_kv)
+    assert len(kept) == 1 and next(iter(kept.values()))[0] is not None  # layer 0 gathered and kept
+    step(shared_batch(6, prefix, extend, ps, 64))  # the same groups: the kept K/V serve again
+    assert backend._shared_kv.keys() == kept.keys()
+    step(shared_batch(0, [5], [3], ps, 64))  # a forward with no group drops them ...
+    assert backend._shared_kv == {}
+    fill()  # ... so pages reused for other tokens meanwhile are not read stale
+    step(shared_batch(6, prefix, extend, ps, 64))
+
+
+def test_shared_kv_budget_bounds_what_is_kept() -> None:
+    fb = shared_batch(6, [24, 28], [1, 1], 4, 64)
+    backend = TorchPagedAttentionBackend(KVPool(2, 64, 4, 2, 8))
+    backend.cascade_min_tokens = 8
+    backend.shared_kv_bytes = 6 * 4 * (2 * 2 * 2 * 8 * 4) - 1  # one byte short of the trunk's K/V
+    q, kv = torch.randn(2, 4, 8), torch.randn(2, 2, 8)
+    backend.forward(0, q, kv, kv, fb, 0.3)
+    assert backend._shared_kv == {} and backend._meta is not None and backend._meta.shared[0].kv is None

@@ -52,6 +52,7 @@ class _Shared:
     rows: torch.Tensor  # [R] int64 the batch rows of every group (each row in one group)
     src: torch.Tensor  # [R] int64 where each of ``rows`` sits in the padded [G * Rmax]
     shape: tuple[int, int]  # (G, Rmax)
+    kv: list[tuple[torch.Tensor, torch.Tensor] | None] | None  # per layer: gathered K/V kept across forwards
 
 
 @dataclass
@@ -88,12 +89,16 @@ class TorchPagedAttentionBackend(AttentionBackend):
     # attention call and merge cost more than re-reading the pages.
     cascade_min_tokens = 64
 
+    # Bytes of gathered shared-prefix K/V kept from one forward to the next (see _keep_shared).
+    shared_kv_bytes = 256 << 20
+
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool
         self.fmt = pool.fmt
         self._quantized = self.fmt.kv_dtype.is_quantized
         self._meta_batch: ForwardBatch | None = None
         self._meta: _BatchMeta | None = None
+        self._shared_kv: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
 
     # -- per-forward metadata ------------------------------------------------------------
 
@@ -119,6 +124,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
             for g in found
         ]
         shared = [self._prepare_shared(call, ps, dev) for call in _padded_calls(groups)]
+        self._keep_shared(shared, ps)
 
         own_pages = [host[b][skip[b] : n_pages[b]] for b in range(len(lens))]
         own_lens = [n - s * ps for n, s in zip(lens, skip)]
@@ -180,7 +186,32 @@ class TorchPagedAttentionBackend(AttentionBackend):
             src=torch.tensor([g * r_max + i for g, (rows, _) in enumerate(groups) for i in range(len(rows))],
                              dtype=torch.int64, device=dev),
             shape=(len(groups), r_max),
+            kv=None,
         )
+
+    def _keep_shared(self, calls: list[_Shared], ps: int) -> None:
+        """Attach to each call the per-layer K/V its shared pages had in the previous forward.
+
+        While the same groups decode step after step (a system prompt's requests), their
+        shared pages and hence the gathered K/V do not change: a gather per layer and step
+        is memory traffic for nothing. Kept K/V are keyed by the call's padded page ids and
+        dropped at the first forward that does not use them. That is what makes them safe:
+        a key used by two consecutive forwards names pages that running requests held
+        (locked in the radix cache) throughout, and held pages are never written; a page
+        written in a forward is a private page of that forward and in no shared key.
+        """
+        keys = [tuple(c.pages.tolist()) for c in calls]
+        self._shared_kv = {k: v for k, v in self._shared_kv.items() if k in keys}
+        per_token = 2 * self.pool.num_layers * self.pool.k_data[0].shape[-2] * self.pool.fmt.head_dim
+        per_token *= torch.finfo(self.fmt.act_dtype).bits // 8
+        used = sum(len(k) for k in self._shared_kv) * ps * per_token
+        for call, key in zip(calls, keys):
+            if key not in self._shared_kv:
+                if used + len(key) * ps * per_token > self.shared_kv_bytes:
+                    continue
+                used += len(key) * ps * per_token
+                self._shared_kv[key] = [None] * self.pool.num_layers
+            call.kv = self._shared_kv[key]
 
     def _additive(self, hidden: torch.Tensor) -> torch.Tensor:
         # An additive float mask: CPU attention converts a bool mask on every call (every
@@ -280,9 +311,15 @@ class TorchPagedAttentionBackend(AttentionBackend):
         group = hq // hkv
         # A group's rows' query heads of one KV head become that head's query rows: [G, Hkv, Rmax * grp, D].
         qg = q.index_select(0, sh.q_rows).view(g, r_max, hkv, group, d).transpose(1, 2).reshape(g, hkv, -1, d)
-        ks, vs = self._gather(layer_id, sh.pages, q.dtype)
-        ks = ks.view(g, -1, hkv, d).transpose(1, 2)  # [G, Hkv, Smax * page_size, D]
-        vs = vs.view(g, -1, hkv, d).transpose(1, 2)
+        kept = sh.kv[layer_id] if sh.kv is not None else None
+        if kept is None:
+            ks, vs = self._gather(layer_id, sh.pages, q.dtype)
+            ks = ks.view(g, -1, hkv, d).transpose(1, 2)  # [G, Hkv, Smax * page_size, D]
+            vs = vs.view(g, -1, hkv, d).transpose(1, 2)
+            if sh.kv is not None:
+                sh.kv[layer_id] = (ks, vs)
+        else:
+            ks, vs = kept
         o, s = attention_with_lse(qg, ks, vs, sh.mask, sm_scale)
         o = o.view(g, hkv, r_max, group, d).transpose(1, 2).reshape(g * r_max, hq, d).index_select(0, sh.src)
         s = s.view(g, hkv, r_max, group).transpose(1, 2).reshape(g * r_max, hq).index_select(0, sh.src)
