@@ -113,11 +113,14 @@ def merge_partial(
     o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
 ) -> torch.Tensor:
     """Combine two attentions over disjoint key sets (outputs ``[..., D]``, lse ``[...]``) into
-    the attention over their union, in float32, returned in ``o1``'s dtype."""
-    m = torch.maximum(lse1, lse2)
-    # A part e^80 times lighter than the other changes nothing in float32, but exp() of a
-    # difference below ~-87 is a denormal, and producing denormals is ~5x slower on x86:
-    # clamped, the lighter weight stays a (negligible) normal number.
-    w1 = torch.exp((lse1 - m).clamp_min_(-80.0))[..., None]
-    w2 = torch.exp((lse2 - m).clamp_min_(-80.0))[..., None]
-    return ((o1.float() * w1 + o2.float() * w2) / (w1 + w2)).to(o1.dtype)
+    the attention over their union, in float32, returned in ``o1``'s dtype.
+
+    Part 2 weighs ``e^lse2 / (e^lse1 + e^lse2) = sigmoid(lse2 - lse1)``, so the merge is one
+    ``lerp`` over the outputs (one pass over the big tensors: a prefill merges thousands of
+    rows per layer). The difference is clamped to +-80: beyond it the lighter part changes
+    nothing in float32, and a sigmoid below ~e^-87 is a denormal, ~5x slower to produce on x86.
+    """
+    w2 = torch.sigmoid((lse2 - lse1).clamp_(-80.0, 80.0)).unsqueeze(-1)
+    if o1.dtype == torch.float32:
+        return torch.lerp(o1, o2, w2)
+    return torch.lerp(o1.float(), o2.float(), w2).to(o1.dtype)
