@@ -12,18 +12,22 @@ program of ``benchmarks/peers/dsl_tree.py``)::
 The README's figures came from these runs (``--scale 0.5``: a few minutes per cell at most;
 the exact command of each run is printed above its table in ``results/peers_report.md``)::
 
-    python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag sweep \
+    python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag sweep2 --concurrency 4,16 \
         --peers radixserve,radixserve-nocache,vllm-fp32,llamacpp-f32,radixserve-bf16,vllm-bf16
     python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag c16 --concurrency 16 --reps 2 \
-        --peers radixserve,vllm-fp32,radixserve-bf16,vllm-bf16,vllm-bf16-b128
-    python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag allpeers --concurrency 4,16 \
-        --peers radixserve,transformers-serve,llamacpp-q4_1,transformers-cb --peer-concurrency transformers-cb=16
-    python benchmarks/bench_peers.py --workload shared_system --scale 0.5 \
-        --peer-concurrency transformers-serve=4,16 --peer-concurrency transformers-cb=16   # every peer
+        --peers radixserve,vllm-fp32,radixserve-bf16,vllm-bf16
+    python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag onoff --concurrency 16 \
+        --peers radixserve,radixserve-nocache
     for w in few_shot multi_turn tree; do
         python benchmarks/bench_peers.py --workload $w --scale 0.5 --concurrency 8 \
             --peers radixserve,radixserve-nocache,vllm-fp32,llamacpp-f32
     done
+
+The first session's runs (transformers' ``serve`` and ``generate_batch``, llama-server on the
+Q4_1 GGUF, an older radixserve) are kept in ``results/session1/``; every peer at once::
+
+    python benchmarks/bench_peers.py --workload shared_system --scale 0.5 \
+        --peer-concurrency transformers-serve=4,16 --peer-concurrency transformers-cb=16
 
 Peers (``--peers``, names in ``benchmarks/peers/servers.py``; set them up first with
 ``bash benchmarks/peers/setup_peers.sh``): radixserve with the radix cache on / off (its
