@@ -18,6 +18,8 @@ from radixserve.model.attention.cascade import (
 from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
 
+from paged_batches import paged_batch
+
 # -- grouping --------------------------------------------------------------------------
 
 
@@ -78,32 +80,12 @@ def shared_batch(
     sizes = [trunk_pages] if isinstance(trunk_pages, int) else trunk_pages
     trunks = [[perm.pop() for _ in range(n)] for n in sizes]
     trunk_of = trunk_of or [0] * len(prefix)
-    seq = [p + e for p, e in zip(prefix, extend)]
-    table = torch.zeros(len(seq), max(-(-n // page_size) for n in seq), dtype=torch.int32)
-    slots, positions = [], []
-    for b, n in enumerate(seq):
+    pages = []
+    for b, (p, e) in enumerate(zip(prefix, extend)):
         trunk = trunks[trunk_of[b]]
-        assert prefix[b] >= len(trunk) * page_size
-        pages = trunk + [perm.pop() for _ in range(-(-n // page_size) - len(trunk))]
-        table[b, : len(pages)] = torch.tensor(pages)
-        for pos in range(prefix[b], n):
-            slots.append(pages[pos // page_size] * page_size + pos % page_size)
-            positions.append(pos)
-    t = sum(extend)
-    return ForwardBatch(
-        input_ids=torch.zeros(t, dtype=torch.int64),
-        positions=torch.tensor(positions),
-        seq_lens=torch.tensor(seq, dtype=torch.int32),
-        extend_lens=torch.tensor(extend, dtype=torch.int32),
-        prefix_lens=torch.tensor(prefix, dtype=torch.int32),
-        extend_start_loc=torch.tensor([sum(extend[:b]) for b in range(len(seq))], dtype=torch.int32),
-        logits_indices=torch.zeros(0, dtype=torch.int64),
-        seq_lens_cpu=seq,
-        extend_lens_cpu=list(extend),
-        out_cache_loc=torch.tensor(slots, dtype=torch.int64),
-        page_table=table,
-        page_size=page_size,
-    )
+        assert p >= len(trunk) * page_size
+        pages.append(trunk + [perm.pop() for _ in range(-(-(p + e) // page_size) - len(trunk))])
+    return paged_batch(pages, prefix, extend, page_size)
 
 
 @pytest.mark.parametrize("heads", [(4, 4), (9, 3), (4, 1)], ids=["mha", "gqa9/3", "mqa"])

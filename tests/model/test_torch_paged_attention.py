@@ -10,37 +10,13 @@ from radixserve.memory.pool import KVPool
 from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
 
+from paged_batches import paged_batch
+
 
 def make_batch(prefix: list[int], extend: list[int], page_size: int, num_pages: int, seed: int) -> ForwardBatch:
-    g = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(num_pages, generator=g).tolist()  # pages scattered over the pool
-    seq = [p + e for p, e in zip(prefix, extend)]
-    max_pages = max(-(-n // page_size) for n in seq)
-    table = torch.zeros(len(seq), max_pages, dtype=torch.int32)
-    slots, positions = [], []
-    for b, n in enumerate(seq):
-        k = -(-n // page_size)
-        pages = [perm.pop() for _ in range(k)]
-        table[b, :k] = torch.tensor(pages)
-        for pos in range(prefix[b], n):
-            slots.append(pages[pos // page_size] * page_size + pos % page_size)
-            positions.append(pos)
-    starts = [sum(extend[:b]) for b in range(len(seq))]
-    t = sum(extend)
-    return ForwardBatch(
-        input_ids=torch.zeros(t, dtype=torch.int64),
-        positions=torch.tensor(positions),
-        seq_lens=torch.tensor(seq, dtype=torch.int32),
-        extend_lens=torch.tensor(extend, dtype=torch.int32),
-        prefix_lens=torch.tensor(prefix, dtype=torch.int32),
-        extend_start_loc=torch.tensor(starts, dtype=torch.int32),
-        logits_indices=torch.zeros(0, dtype=torch.int64),
-        seq_lens_cpu=seq,
-        extend_lens_cpu=list(extend),
-        out_cache_loc=torch.tensor(slots, dtype=torch.int64),
-        page_table=table,
-        page_size=page_size,
-    )
+    perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).tolist()
+    pages = [[perm.pop() for _ in range(-(-(p + e) // page_size))] for p, e in zip(prefix, extend)]  # scattered
+    return paged_batch(pages, prefix, extend, page_size)
 
 
 @pytest.mark.parametrize("heads", [(4, 4), (9, 3), (4, 1)], ids=["mha", "gqa9/3", "mqa"])
