@@ -1,4 +1,4 @@
-"""Shared-prefix ("cascade") decode attention: a prefix shared by many sequences is read once.
+"""Shared-prefix ("cascade") attention: a prefix shared by many sequences is read once.
 
 When sequences of a batch share leading KV pages (a system prompt, few-shot examples, a forked
 program's trunk: exactly what the radix cache makes them share), attending each sequence
