@@ -255,6 +255,14 @@ class TorchPagedAttentionBackend(AttentionBackend):
             vs = vs.index_select(0, pages).view(-1, h)
         return dequantize_ref(k, ks, self.fmt).to(dtype), dequantize_ref(v, vs, self.fmt).to(dtype)
 
+    def _gather_split(
+        self, layer_id: int, pages: torch.Tensor, n: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of ``pages`` cut into ``n`` equal runs (one per sequence or group), heads
+        first as attention takes them: ``[n, kv_heads, tokens, head_dim]`` each."""
+        k, v = self._gather(layer_id, pages, dtype)
+        return k.view(n, -1, *k.shape[1:]).transpose(1, 2), v.view(n, -1, *v.shape[1:]).transpose(1, 2)
+
     # -- attention -----------------------------------------------------------------------
 
     def forward(
@@ -273,11 +281,11 @@ class TorchPagedAttentionBackend(AttentionBackend):
         if meta.decode is not None:
             self._decode(layer_id, q, out, lse, meta.decode, sm_scale)
         for ext in meta.extends:
-            kk, vv = self._gather(layer_id, ext.pages, q.dtype)
+            kk, vv = self._gather_split(layer_id, ext.pages, 1, q.dtype)
             o, s = attention_with_lse(
                 q[ext.rows].transpose(0, 1).unsqueeze(0),  # [1, Hq, n, D]
-                kk[: ext.length].transpose(0, 1).unsqueeze(0),  # [1, Hkv, length, D]
-                vv[: ext.length].transpose(0, 1).unsqueeze(0),
+                kk[:, :, : ext.length],  # [1, Hkv, length, D]
+                vv[:, :, : ext.length],
                 ext.mask, sm_scale, causal=ext.mask is None,
             )
             out[ext.rows] = o[0].transpose(0, 1)
@@ -293,9 +301,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
         bd, _ = dec.shape
         hq, d = q.shape[1], q.shape[2]
         hkv = self.pool.k_data[layer_id].shape[-2]
-        kk, vv = self._gather(layer_id, dec.pages, q.dtype)
-        kk = kk.view(bd, -1, hkv, d).transpose(1, 2)  # [Bd, Hkv, P * page_size, D]
-        vv = vv.view(bd, -1, hkv, d).transpose(1, 2)
+        kk, vv = self._gather_split(layer_id, dec.pages, bd, q.dtype)  # [Bd, Hkv, P * page_size, D]
         qq = q.index_select(0, dec.rows).view(bd, hkv, hq // hkv, d)
         o, s = attention_with_lse(qq, kk, vv, dec.mask, sm_scale)
         out.index_copy_(0, dec.rows, o.reshape(bd, hq, d))
@@ -313,9 +319,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
         qg = q.index_select(0, sh.q_rows).view(g, r_max, hkv, group, d).transpose(1, 2).reshape(g, hkv, -1, d)
         kept = sh.kv[layer_id] if sh.kv is not None else None
         if kept is None:
-            ks, vs = self._gather(layer_id, sh.pages, q.dtype)
-            ks = ks.view(g, -1, hkv, d).transpose(1, 2)  # [G, Hkv, Smax * page_size, D]
-            vs = vs.view(g, -1, hkv, d).transpose(1, 2)
+            ks, vs = self._gather_split(layer_id, sh.pages, g, q.dtype)  # [G, Hkv, Smax * page_size, D]
             if sh.kv is not None:
                 sh.kv[layer_id] = (ks, vs)
         else:
