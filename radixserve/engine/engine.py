@@ -19,7 +19,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from pathlib import Path
 from typing import Any, Sequence
@@ -48,13 +47,8 @@ PromptInput = str | Sequence[str] | Sequence[Sequence[int]] | Sequence[int]
 
 
 def setup_cpu_threads(num_threads: int | None) -> None:
-    """CPU start-up: passive OpenMP waiting and an explicit thread count.
-
-    With few cores, OpenMP threads spin-waiting between ops steal time from each other
-    and make timings swing wildly. ``OMP_WAIT_POLICY`` is only read when the OpenMP
-    runtime starts, so importing :mod:`radixserve` sets it too.
-    """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    """CPU start-up: an explicit thread count. (Passive OpenMP waiting is set by importing
+    :mod:`radixserve`, before torch loads the OpenMP runtime, which reads it only then.)"""
     if num_threads is not None:
         torch.set_num_threads(num_threads)
 

@@ -285,7 +285,6 @@ def main(argv: list[str] | None = None, engine_factory: EngineFactory | None = N
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format=f"[worker {args.worker_id}] %(levelname)s %(message)s")
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if args.parent_pid is not None:
         _die_with_parent()
         if os.getppid() != args.parent_pid:

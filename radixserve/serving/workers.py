@@ -216,7 +216,6 @@ def spawn_worker(cmd: list[str], env: dict[str, str] | None = None) -> subproces
     """Start a local worker in its own session, so a terminal's Ctrl-C reaches only the
     parent, which then shuts the workers down in order (they also die with the parent)."""
     full_env = dict(os.environ)
-    full_env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     full_env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if env:
         full_env.update(env)
