@@ -166,8 +166,7 @@ def run_inproc_cell(spec: servers.PeerSpec, model_dir: Path, workload: str, tok:
                                    "warmup_prompt": list(reqs[0].prompt_ids[:32])}))
         py = servers._venv_python("transformers")
         runner = Path(__file__).resolve().parent / "peers" / "hf_cb_runner.py"
-        env = {k: v for k, v in os.environ.items() if k not in servers._NOT_INHERITED}
-        env.update({"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(servers.THREADS)})
+        env = servers.peer_env({"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(servers.THREADS)})
         with open(log, "ab") as lf:
             try:
                 proc = subprocess.run([py, str(runner), str(inp), str(out)], env=env, stdout=lf, stderr=subprocess.STDOUT, cwd=td,

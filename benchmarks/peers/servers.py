@@ -34,7 +34,15 @@ PEERS_ROOT = Path(os.environ.get("RADIXSERVE_PEERS", Path.home() / ".cache" / "r
 THREADS = int(os.environ.get("PEER_THREADS", "2"))
 _NOT_INHERITED = {"PYTHONPATH", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"}
 
-__all__ = ["PeerSpec", "ServerProcess", "PEERS", "peer_spec", "free_port", "PEERS_ROOT"]
+__all__ = ["PeerSpec", "ServerProcess", "PEERS", "peer_spec", "peer_env", "free_port", "PEERS_ROOT"]
+
+
+def peer_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment of a peer's process: this one's without ``PYTHONPATH`` and without the
+    benchmark's own OpenMP settings (each peer runs with its defaults), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
+    env.update(extra)
+    return env
 
 
 @dataclass(frozen=True)
@@ -172,9 +180,7 @@ class ServerProcess:
         self._log.flush()
         # A neutral working directory: `python -m` puts it on sys.path, and the repository's
         # `kernels/` folder would shadow the `kernels` package transformers probes for.
-        # The benchmark's own OpenMP settings stay out: each peer runs with its defaults.
-        full_env = {k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}
-        self.proc = subprocess.Popen(cmd, env={**full_env, **env}, stdout=self._log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(cmd, env=peer_env(env), stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(log_path.parent))
         self.peak_rss = 0
         self._window_peak = 0
