@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.model.attention import native
 from radixserve.model.attention.base import AttentionBackend
-from radixserve.model.attention.cascade import attention_with_lse, merge_partial, shared_prefix_groups
+from radixserve.model.attention.cascade import SharedGroup, attention_with_lse, merge_partial, shared_prefix_groups
 from radixserve.model.forward_batch import ForwardBatch
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ class _BatchMeta:
     decode: _Decode | None
     extends: list[_Extend]
     shared: list[_Shared]
+    native: native.DecodePlan | None  # every decode row, through the CPU kernel (then decode is None)
 
 
 class TorchPagedAttentionBackend(AttentionBackend):
@@ -92,10 +94,19 @@ class TorchPagedAttentionBackend(AttentionBackend):
     # Bytes of gathered shared-prefix K/V kept from one forward to the next (see _keep_shared).
     shared_kv_bytes = 256 << 20
 
-    def __init__(self, pool: KVPool) -> None:
+    def __init__(self, pool: KVPool, native_decode: bool = True) -> None:
+        """``native_decode``: decode rows through the CPU kernel of ``native.py`` where it
+        applies (CPU, unquantized pages, the kernel built); False keeps every row in torch."""
         self.pool = pool
         self.fmt = pool.fmt
         self._quantized = self.fmt.kv_dtype.is_quantized
+        pages = pool.k_data[0]
+        self._native = (
+            native_decode
+            and not self._quantized
+            and native.supported(self.fmt.act_dtype, pages.dtype, pages.device, self.fmt.head_dim)
+            and native.load()
+        )
         self._meta_batch: ForwardBatch | None = None
         self._meta: _BatchMeta | None = None
         self._shared_kv: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
@@ -114,7 +125,14 @@ class TorchPagedAttentionBackend(AttentionBackend):
         starts = _starts(news)
         # Shared pages lie wholly before every member's first new row (prefix // page_size).
         caps = [(n - e) // ps for n, e in zip(lens, news)]
-        found = shared_prefix_groups(host, caps, min_pages=-(-self.cascade_min_tokens // ps))
+        decode_idx = [b for b, n in enumerate(news) if n == 1]
+        plan = None
+        if self._native and decode_idx:
+            plan = self._plan_native(decode_idx, host, caps, lens, starts, ps)
+            torch_idx = [b for b, n in enumerate(news) if n > 1]
+        else:
+            torch_idx = list(range(len(lens)))
+        found = _groups(torch_idx, host, caps, min_pages=-(-self.cascade_min_tokens // ps))
         skip = [0] * len(lens)  # pages each sequence leaves to its group
         for g in found:
             for m in g.members:
@@ -128,9 +146,8 @@ class TorchPagedAttentionBackend(AttentionBackend):
 
         own_pages = [host[b][skip[b] : n_pages[b]] for b in range(len(lens))]
         own_lens = [n - s * ps for n, s in zip(lens, skip)]
-        decode_idx = [b for b, n in enumerate(news) if n == 1]
         decode = None
-        if decode_idx:
+        if decode_idx and plan is None:
             decode = self._prepare_decode(
                 [own_pages[b] for b in decode_idx], [own_lens[b] for b in decode_idx],
                 [starts[b] for b in decode_idx], ps, dev,
@@ -148,9 +165,24 @@ class TorchPagedAttentionBackend(AttentionBackend):
             pages = torch.tensor(own_pages[b], dtype=torch.int64, device=dev)
             extends.append(_Extend(slice(starts[b], starts[b] + n), pages, length, mask))
 
-        self._meta = _BatchMeta(decode, extends, shared)
+        self._meta = _BatchMeta(decode, extends, shared, plan)
         self._meta_batch = batch
         return self._meta
+
+    def _plan_native(
+        self, decode_idx: list[int], host: list[list[int]], caps: list[int], lens: list[int], starts: list[int], ps: int
+    ) -> native.DecodePlan:
+        """The kernel's plan for the decode sequences: groups by shared pages, the rest alone.
+
+        Any shared page is worth sharing here (no extra call, no merge), hence min_pages=1.
+        """
+        found = _groups(decode_idx, host, caps, min_pages=1)
+        grouped = {m for g in found for m in g.members}
+        parts = [(g.members, g.num_pages) for g in found] + [([b], 0) for b in decode_idx if b not in grouped]
+        own = [(host[b][skip : -(-lens[b] // ps)], lens[b] - skip * ps) for members, skip in parts for b in members]
+        return native.DecodePlan.build(
+            [([starts[b] for b in members], host[members[0]][:skip]) for members, skip in parts], own
+        )
 
     def _prepare_decode(
         self, pages: list[list[int]], lens: list[int], rows: list[int], ps: int, dev: torch.device
@@ -278,6 +310,10 @@ class TorchPagedAttentionBackend(AttentionBackend):
         self._store(layer_id, k, v, batch.out_cache_loc)  # type: ignore[arg-type]
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)  # [T, Hq], own part
+        if meta.native is not None:
+            native.paged_decode_attention(
+                q, self.pool.k_data[layer_id], self.pool.v_data[layer_id], out, meta.native, sm_scale
+            )
         if meta.decode is not None:
             self._decode(layer_id, q, out, lse, meta.decode, sm_scale)
         for ext in meta.extends:
@@ -351,6 +387,12 @@ def _padded_calls(groups: list[tuple[list[int], list[int]]]) -> list[list[tuple[
         calls.append([grp])
         work = len(rows) * len(pages)
     return calls
+
+
+def _groups(idx: list[int], host: list[list[int]], caps: list[int], min_pages: int) -> list[SharedGroup]:
+    """Shared-prefix groups among the sequences ``idx`` of the batch (members are batch indices)."""
+    found = shared_prefix_groups([host[b] for b in idx], [caps[b] for b in idx], min_pages)
+    return [SharedGroup([idx[m] for m in g.members], g.num_pages) for g in found]
 
 
 def _starts(lens: list[int]) -> list[int]:

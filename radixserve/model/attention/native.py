@@ -1,0 +1,144 @@
+"""The CPU paged decode-attention kernel (``csrc/paged_decode.cpp``): build, load, call.
+
+The kernel is compiled on first use with ``torch.utils.cpp_extension`` (g++ and ninja; the
+build is cached under ``TORCH_EXTENSIONS_DIR``, ~30 s the first time) for the machine it
+runs on (``-march=native``, so the cache entry's name carries a digest of the CPU's flags:
+a cache shared by different CPUs never hands one the other's instructions). Where it cannot
+be built the torch path serves instead and :func:`load` says why once in the log;
+``RADIXSERVE_NATIVE_ATTENTION=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
+
+
+def _cpu_digest() -> str:
+    """A short digest of what the CPU can do (its flags line), for the build's name."""
+    flags = platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags += line
+                break
+    except OSError:
+        pass
+    return hashlib.sha1(flags.encode()).hexdigest()[:10]
+
+
+def _ninja_on_path() -> None:
+    """cpp_extension runs ``ninja`` from PATH: where only the PyPI package (a dependency) has
+    it, e.g. a venv not on PATH, put that package's bin directory on PATH."""
+    if shutil.which("ninja") is None:
+        import ninja
+
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+@functools.cache
+def load() -> bool:
+    """Build (once per machine) and register ``torch.ops.radixserve_cpu``; False where unavailable."""
+    if os.environ.get("RADIXSERVE_NATIVE_ATTENTION", "1") == "0":
+        return False
+    try:
+        from torch.utils import cpp_extension
+
+        _ninja_on_path()
+        cpp_extension.load(
+            name=f"radixserve_cpu_attention_{_cpu_digest()}",
+            sources=[str(_SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as e:  # no compiler, no ninja, a failed build: the torch path still works
+        log.warning("CPU paged attention kernel unavailable, using the torch path: %s", e)
+        return False
+    return True
+
+
+def supported(q_dtype: torch.dtype, kv_dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+    """Whether the kernel takes queries and (unquantized) pages of these dtypes and head size on ``device``.
+
+    Head sizes are those of the models served, each compiled unrolled: 16 (tiny test models), 32, 64, 80, 96, 128, 256.
+    """
+    return device.type == "cpu" and q_dtype in _DTYPES and kv_dtype in _DTYPES and head_dim in _HEAD_DIMS
+
+
+@dataclass
+class DecodePlan:
+    """Which pages each decode row reads, in the kernel's index layout (int64 CPU tensors).
+
+    Members of group ``g`` are ``members[group_start[g]:group_start[g+1]]`` (rows of ``q``);
+    they first read ``shared_pages[shared_start[g]:shared_start[g+1]]`` together, then member
+    ``i`` reads the first ``own_len[i]`` tokens of ``own_pages[own_start[i]:own_start[i+1]]``.
+    """
+
+    members: torch.Tensor
+    group_start: torch.Tensor
+    shared_pages: torch.Tensor
+    shared_start: torch.Tensor
+    own_pages: torch.Tensor
+    own_start: torch.Tensor
+    own_len: torch.Tensor
+
+    @staticmethod
+    def build(groups: list[tuple[list[int], list[int]]], own: list[tuple[list[int], int]]) -> "DecodePlan":
+        """``groups``: (member rows, shared pages) each; ``own``: (own pages, own tokens) per member, in member order."""
+        members = [r for rows, _ in groups for r in rows]
+        assert len(own) == len(members)
+
+        def offsets(lists: list[list[int]]) -> list[int]:
+            out = [0]
+            for x in lists:
+                out.append(out[-1] + len(x))
+            return out
+
+        def t(xs: list[int]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.int64)
+
+        return DecodePlan(
+            members=t(members),
+            group_start=t(offsets([rows for rows, _ in groups])),
+            shared_pages=t([p for _, pages in groups for p in pages]),
+            shared_start=t(offsets([pages for _, pages in groups])),
+            own_pages=t([p for pages, _ in own for p in pages]),
+            own_start=t(offsets([pages for pages, _ in own])),
+            own_len=t([n for _, n in own]),
+        )
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    out: torch.Tensor,
+    plan: DecodePlan,
+    sm_scale: float,
+) -> None:
+    """Write into ``out`` (like ``q``: ``[T, Hq, D]``) the attention of the planned rows.
+
+    ``k_pages``/``v_pages``: one layer's pool, ``[num_pages, page_size, Hkv, D]``. Rows of
+    ``q`` not in the plan are left as they are. Call :func:`load` first.
+    """
+    torch.ops.radixserve_cpu.paged_decode_attention(
+        q, k_pages, v_pages, out,
+        plan.members, plan.group_start, plan.shared_pages, plan.shared_start,
+        plan.own_pages, plan.own_start, plan.own_len, sm_scale,
+    )
