@@ -74,9 +74,9 @@ def test_two_parts_merge_into_the_whole(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("heads", [(4, 4), (9, 3), (4, 1)], ids=["mha", "gqa9/3", "mqa"])
 @pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
 @pytest.mark.parametrize("page_size", [1, 4])
-@pytest.mark.parametrize("native_decode", [False, True], ids=["torch", "native"])
+@pytest.mark.parametrize("native_kernel", [False, True], ids=["torch", "native"])
 def test_backend_with_shared_pages_matches_reference(
-    heads: tuple[int, int], kv_dtype: str, page_size: int, native_decode: bool
+    heads: tuple[int, int], kv_dtype: str, page_size: int, native_kernel: bool
 ) -> None:
     hq, hkv = heads
     d = 32  # a head size the CPU kernel takes
@@ -95,7 +95,7 @@ def test_backend_with_shared_pages_matches_reference(
     for p in (pool, ref_pool):
         store_kv_ref(p.k_data[0], p.v_data[0], _s(p.k_scale), _s(p.v_scale), hk, hv, all_slots, p.fmt)
 
-    backend = TorchPagedAttentionBackend(pool, native_decode=native_decode)
+    backend = TorchPagedAttentionBackend(pool, native_kernel=native_kernel)
     backend.cascade_min_tokens = 8
     t = fb.num_tokens
     q = torch.randn(t, hq, d, generator=g)
@@ -103,15 +103,13 @@ def test_backend_with_shared_pages_matches_reference(
     v = torch.randn(t, hkv, d, generator=g)
     out = backend.forward(0, q, k, v, fb, d**-0.5)
     meta = backend._meta
-    assert meta is not None and len(meta.shared) == 1 and meta.shared[0].shape[0] == 1  # one group
-    assert meta.shared[0].pages.numel() == trunk
-    assert (meta.native is not None) == (native_decode and kv_dtype == "auto" and native.load())
+    assert (meta.native is not None) == (native_kernel and kv_dtype == "auto" and native.load())
     if meta.native is None:
+        assert len(meta.shared) == 1 and meta.shared[0].shape[0] == 1  # one group
+        assert meta.shared[0].pages.numel() == trunk
         assert meta.shared[0].rows.numel() == t  # every row is in the one group
-    else:  # the kernel took the three decodes, sharing the trunk; the two extends share it in torch
-        assert kv_dtype == "auto" and native_decode
-        assert meta.native.group_start.tolist() == [0, 3] and meta.native.shared_pages.numel() == trunk
-        assert meta.shared[0].rows.numel() == 9 + 5
+    else:  # the kernel took the whole batch, one group over the trunk
+        assert meta.native.group_start.tolist() == [0, 5] and meta.native.shared_pages.numel() == trunk
     _check_against_reference(out, q, k, v, fb, ref_pool, page_size, d)
 
 
@@ -130,8 +128,8 @@ def _check_against_reference(
 
 
 @pytest.mark.parametrize("big_extend", [1, 40], ids=["decodes", "with-a-long-extend"])
-@pytest.mark.parametrize("native_decode", [False, True], ids=["torch", "native"])
-def test_groups_of_different_sizes_match_reference(big_extend: int, native_decode: bool) -> None:
+@pytest.mark.parametrize("native_kernel", [False, True], ids=["torch", "native"])
+def test_groups_of_different_sizes_match_reference(big_extend: int, native_kernel: bool) -> None:
     """Two trunks of different lengths, groups of different sizes: padded queries and keys
     in one call, or (a long extend in one group) separate calls."""
     hq, hkv, d, ps = 6, 2, 32, 4
@@ -145,25 +143,24 @@ def test_groups_of_different_sizes_match_reference(big_extend: int, native_decod
     for p in (pool, ref_pool):
         p.k_data[0].copy_(torch.randn(p.k_data[0].shape, generator=torch.Generator().manual_seed(1)))
         p.v_data[0].copy_(torch.randn(p.v_data[0].shape, generator=torch.Generator().manual_seed(2)))
-    backend = TorchPagedAttentionBackend(pool, native_decode=native_decode)
+    backend = TorchPagedAttentionBackend(pool, native_kernel=native_kernel)
     backend.cascade_min_tokens = 8
     t = fb.num_tokens
     q, k, v = (torch.randn(t, h, d, generator=g) for h in (hq, hkv, hkv))
     out = backend.forward(0, q, k, v, fb, d**-0.5)
     meta = backend._meta
     assert meta is not None
-    assert (meta.native is not None) == (native_decode and native.load())
+    assert (meta.native is not None) == (native_kernel and native.load())
     if meta.native is None:
         assert sorted(c.shape[0] for c in meta.shared) == ([2] if big_extend == 1 else [1, 1])
-    else:  # decodes in the kernel, by trunk (the second trunk's extend row left to torch)
-        assert meta.native.group_start.tolist() == ([0, 2, 6] if big_extend == 1 else [0, 4, 5])
-        assert len(meta.shared) == 0
+    else:  # the kernel took the whole batch: one group per trunk
+        assert meta.native.group_start.tolist() == [0, 2, 7]
     _check_against_reference(out, q, k, v, fb, ref_pool, ps, d)
 
 
 def test_short_shared_prefix_is_attended_per_sequence() -> None:
     fb = shared_batch(2, [8, 9], [1, 1], 4, 32)
-    backend = TorchPagedAttentionBackend(KVPool(1, 32, 4, 2, 8), native_decode=False)
+    backend = TorchPagedAttentionBackend(KVPool(1, 32, 4, 2, 8), native_kernel=False)
     q, kv = torch.randn(2, 4, 8), torch.randn(2, 2, 8)
     backend.forward(0, q, kv, kv, fb, 0.3)
     assert backend._meta is not None and backend._meta.shared == []  # 8 tokens < cascade_min_tokens
@@ -179,7 +176,7 @@ def test_kept_shared_kv_is_reused_only_by_the_next_forward() -> None:
     hq, hkv, d, ps = 4, 2, 8, 4
     prefix, extend = [24, 28, 25], [1, 1, 1]
     pool = KVPool(1, 64, ps, hkv, d)
-    backend = TorchPagedAttentionBackend(pool, native_decode=False)
+    backend = TorchPagedAttentionBackend(pool, native_kernel=False)
     backend.cascade_min_tokens = 8
     g = torch.Generator().manual_seed(7)
 
@@ -210,7 +207,7 @@ def test_kept_shared_kv_is_reused_only_by_the_next_forward() -> None:
 
 def test_shared_kv_budget_bounds_what_is_kept() -> None:
     fb = shared_batch(6, [24, 28], [1, 1], 4, 64)
-    backend = TorchPagedAttentionBackend(KVPool(2, 64, 4, 2, 8), native_decode=False)
+    backend = TorchPagedAttentionBackend(KVPool(2, 64, 4, 2, 8), native_kernel=False)
     backend.cascade_min_tokens = 8
     backend.shared_kv_bytes = 6 * 4 * (2 * 2 * 2 * 8 * 4) - 1  # one byte short of the trunk's K/V
     q, kv = torch.randn(2, 4, 8), torch.randn(2, 2, 8)

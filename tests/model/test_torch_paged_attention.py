@@ -23,8 +23,8 @@ def make_batch(prefix: list[int], extend: list[int], page_size: int, num_pages: 
 @pytest.mark.parametrize("heads", [(4, 4), (9, 3), (4, 1)], ids=["mha", "gqa9/3", "mqa"])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("kv_dtype", ["auto", "int8", "int4", "fp8_e4m3"])
-@pytest.mark.parametrize("native_decode", [False, True], ids=["torch", "native"])
-def test_matches_reference(heads: tuple[int, int], page_size: int, kv_dtype: str, native_decode: bool) -> None:
+@pytest.mark.parametrize("native_kernel", [False, True], ids=["torch", "native"])
+def test_matches_reference(heads: tuple[int, int], page_size: int, kv_dtype: str, native_kernel: bool) -> None:
     hq, hkv = heads
     d = 32  # a head size the CPU kernel takes
     prefix = [0, 13, 5, 0, 40, 7]
@@ -53,8 +53,8 @@ def test_matches_reference(heads: tuple[int, int], page_size: int, kv_dtype: str
             for p in (pool, ref_pool):
                 store_kv_ref(p.k_data[layer], p.v_data[layer], _s(p.k_scale, layer), _s(p.v_scale, layer),
                              k, v, torch.tensor(slots, dtype=torch.int64), p.fmt)
-    backend = TorchPagedAttentionBackend(pool, native_decode=native_decode)
-    assert backend._native == (native_decode and kv_dtype == "auto" and native.load())
+    backend = TorchPagedAttentionBackend(pool, native_kernel=native_kernel)
+    assert backend._native == (native_kernel and kv_dtype == "auto" and native.load())
     t = fb.num_tokens
     for layer in range(2):
         q = torch.randn(t, hq, d, generator=g)

@@ -1,4 +1,4 @@
-"""The CPU paged decode-attention kernel (``csrc/paged_decode.cpp``): build, load, call.
+"""The CPU paged-attention kernel (``csrc/paged_attention.cpp``): build, load, call.
 
 The kernel is compiled on first use with ``torch.utils.cpp_extension`` (g++ and ninja; the
 build is cached under ``TORCH_EXTENSIONS_DIR``, ~30 s the first time) for the machine it
@@ -23,7 +23,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("csrc") / "paged_decode.cpp"
+_SOURCE = Path(__file__).with_name("csrc") / "paged_attention.cpp"
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
 
@@ -68,7 +68,7 @@ def load() -> bool:
             verbose=False,
         )
     except Exception as e:  # no compiler, no ninja, a failed build: the torch path still works
-        log.warning("CPU paged attention kernel unavailable, using the torch path: %s", e)
+        log.warning("CPU paged-attention kernel unavailable, using the torch path: %s", e)
         return False
     return True
 
@@ -82,15 +82,18 @@ def supported(q_dtype: torch.dtype, kv_dtype: torch.dtype, device: torch.device,
 
 
 @dataclass
-class DecodePlan:
-    """Which pages each decode row reads, in the kernel's index layout (int64 CPU tensors).
+class AttentionPlan:
+    """Which rows attend to which pages, in the kernel's index layout (int64 CPU tensors).
 
-    Members of group ``g`` are ``members[group_start[g]:group_start[g+1]]`` (rows of ``q``);
-    they first read ``shared_pages[shared_start[g]:shared_start[g+1]]`` together, then member
-    ``i`` reads the first ``own_len[i]`` tokens of ``own_pages[own_start[i]:own_start[i+1]]``.
+    Member ``i`` (a sequence) has ``new_len[i]`` new tokens at rows ``q_start[i]..`` of ``q``.
+    Members of group ``g`` are ``group_start[g]:group_start[g+1]``; they first read
+    ``shared_pages[shared_start[g]:shared_start[g+1]]`` together, then member ``i`` reads the
+    first ``own_len[i]`` tokens of ``own_pages[own_start[i]:own_start[i+1]]``, causally: its
+    new tokens are the last ``new_len[i]`` of those keys.
     """
 
-    members: torch.Tensor
+    q_start: torch.Tensor
+    new_len: torch.Tensor
     group_start: torch.Tensor
     shared_pages: torch.Tensor
     shared_start: torch.Tensor
@@ -99,46 +102,57 @@ class DecodePlan:
     own_len: torch.Tensor
 
     @staticmethod
-    def build(groups: list[tuple[list[int], list[int]]], own: list[tuple[list[int], int]]) -> "DecodePlan":
-        """``groups``: (member rows, shared pages) each; ``own``: (own pages, own tokens) per member, in member order."""
-        members = [r for rows, _ in groups for r in rows]
-        assert len(own) == len(members)
+    def build(groups: list[tuple[list["Member"], list[int]]]) -> "AttentionPlan":
+        """``groups``: (members, shared pages) each, a member's own pages following the shared ones."""
+        members = [m for ms, _ in groups for m in ms]
 
-        def offsets(lists: list[list[int]]) -> list[int]:
+        def offsets(sizes: list[int]) -> list[int]:
             out = [0]
-            for x in lists:
-                out.append(out[-1] + len(x))
+            for n in sizes:
+                out.append(out[-1] + n)
             return out
 
         def t(xs: list[int]) -> torch.Tensor:
             return torch.tensor(xs, dtype=torch.int64)
 
-        return DecodePlan(
-            members=t(members),
-            group_start=t(offsets([rows for rows, _ in groups])),
+        return AttentionPlan(
+            q_start=t([m.q_start for m in members]),
+            new_len=t([m.new_len for m in members]),
+            group_start=t(offsets([len(ms) for ms, _ in groups])),
             shared_pages=t([p for _, pages in groups for p in pages]),
-            shared_start=t(offsets([pages for _, pages in groups])),
-            own_pages=t([p for pages, _ in own for p in pages]),
-            own_start=t(offsets([pages for pages, _ in own])),
-            own_len=t([n for _, n in own]),
+            shared_start=t(offsets([len(pages) for _, pages in groups])),
+            own_pages=t([p for m in members for p in m.pages]),
+            own_start=t(offsets([len(m.pages) for m in members])),
+            own_len=t([m.own_len for m in members]),
         )
 
 
-def paged_decode_attention(
+@dataclass
+class Member:
+    """One sequence of the plan: its new rows and its own pages (those after its group's)."""
+
+    q_start: int  # first row of its new tokens in q
+    new_len: int  # new tokens (1 for a decode)
+    pages: list[int]  # own pages, in order
+    own_len: int  # keys in its own pages, its new tokens the last new_len of them
+
+
+def paged_attention(
     q: torch.Tensor,
     k_pages: torch.Tensor,
     v_pages: torch.Tensor,
     out: torch.Tensor,
-    plan: DecodePlan,
+    plan: AttentionPlan,
     sm_scale: float,
 ) -> None:
     """Write into ``out`` (like ``q``: ``[T, Hq, D]``) the attention of the planned rows.
 
-    ``k_pages``/``v_pages``: one layer's pool, ``[num_pages, page_size, Hkv, D]``. Rows of
-    ``q`` not in the plan are left as they are. Call :func:`load` first.
+    ``k_pages``/``v_pages``: one layer's pool, ``[num_pages, page_size, Hkv, D]``, the new
+    tokens' K/V already stored. Rows of ``q`` not in the plan are left as they are. Call
+    :func:`load` first.
     """
-    torch.ops.radixserve_cpu.paged_decode_attention(
+    torch.ops.radixserve_cpu.paged_attention(
         q, k_pages, v_pages, out,
-        plan.members, plan.group_start, plan.shared_pages, plan.shared_start,
+        plan.q_start, plan.new_len, plan.group_start, plan.shared_pages, plan.shared_start,
         plan.own_pages, plan.own_start, plan.own_len, sm_scale,
     )

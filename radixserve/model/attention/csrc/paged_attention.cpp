@@ -1,25 +1,27 @@
-// Paged decode attention for the CPU: one new query row per sequence, keys and values read
-// from the KV pool's pages in place, sequences that share leading pages attending to them
-// together (cascade attention in one pass).
+// Paged attention for the CPU: every new row of a ragged batch (decode rows and prefill
+// chunks alike) attends over its sequence's history read from the KV pool's pages in
+// place; sequences that share leading pages attend to them together (cascade attention in
+// one pass).
 //
-// Why a kernel: in plain torch a decode step's attention is ~50 small ATen calls per layer
-// (page gathers, padding masks, a flash call per part, the LSE merge) whose fixed costs,
-// not the arithmetic, were most of attention's time on a 2-core CPU. Here each layer is one
-// call, and what is left is mostly reading the pages from memory.
+// Why a kernel: in plain torch a step's attention is ~50 small ATen calls per layer (page
+// gathers, padding and causal masks, a flash call per part, the LSE merge) whose fixed
+// costs, not the arithmetic, were most of attention's time on a 2-core CPU. Here each
+// layer is one call, and what is left is mostly reading the pages from memory.
 //
-// Work item = (group, kv head). A group is sequences whose first pages are the same pages
-// (a cached system prompt); a sequence sharing nothing is a group of one with no shared
-// pages. The item's query rows are every member's query heads of that KV head
-// (GQA/MQA: heads h*grp .. h*grp+grp-1 read KV head h), so
+// A group is sequences whose first pages are the same pages (a cached system prompt); a
+// sequence sharing nothing is a group of one with no shared pages. A group's query rows are
+// its members' new tokens times the query heads of one KV head (GQA/MQA: heads
+// h*grp .. h*grp+grp-1 read KV head h). Work item = (group, KV head, block of rows):
 //
-//   1. the shared pages are read once for all rows: scores are a [rows x D] x [D x keys]
-//      product per block of keys, an online softmax (FlashAttention) keeps per row the
+//   1. the group's shared pages, read once for all the block's rows (they precede every
+//      member's new tokens: no mask); an online softmax (FlashAttention) keeps per row the
 //      running max m, the sum l and the unnormalised output acc;
-//   2. each member then goes on over its own pages with its own rows, from that state;
+//   2. each member's rows go on over its own pages from that state, causally: the row of
+//      new token i sees its own keys up to and including its own position;
 //   3. out = acc / l.
 //
 // Softmax runs in base 2 (queries pre-scaled by sm_scale * log2 e) with a polynomial exp2
-// that the compiler vectorises; no masking is needed because only real keys are visited.
+// that the compiler vectorises.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -91,18 +93,16 @@ inline vf exp2_neg(vf x) {
   return p * (vf)bits;  // a vector cast reinterprets the bits
 }
 
-// Per-thread scratch for one work item: its rows' pre-scaled queries and softmax state,
-// and staging for blocks of half-precision keys/values converted to float.
+constexpr int64_t kRowBlock = 4 * kLanes;  // rows per work item (causal prefills split into many)
+
+// Per-thread scratch for one work item: its rows' pre-scaled queries, softmax state and
+// causal limits, and staging for blocks of half-precision keys/values converted to float.
 struct Scratch {
   std::vector<float> q, m, l, acc, kf, vf_;
-  void reserve(int64_t rows, int64_t d) {
-    q.resize(rows * d);
-    m.resize(rows);
-    l.resize(rows);
-    acc.resize(rows * d);
-    kf.resize(kBlock * d);
-    vf_.resize(kBlock * d);
-  }
+  std::vector<int32_t> limit;
+  explicit Scratch(int64_t d)
+      : q(kRowBlock * d), m(kRowBlock), l(kRowBlock), acc(kRowBlock * d), kf(kBlock * d), vf_(kBlock * d),
+        limit(kRowBlock) {}
 };
 
 // Where a run of keys lives: pages in order, the run's first ``len`` tokens of them.
@@ -152,10 +152,12 @@ inline void accumulate_pv(float* __restrict acc, int64_t r, const vf alpha, cons
 
 // Attend ``rows`` query rows (``q``: [rows, d], pre-scaled, base 2) over the keys of ``run``,
 // updating the online-softmax state rows ``m``, ``l``, ``acc``; ``kLanes`` rows at a time.
+// ``limit``: per row, the last key of the run it may see (causal), or null: all of them.
 // ``NC``: head_dim / kLanes, fixed at compile time so the inner loops unroll into registers.
 template <int NC, typename KV>
 void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, const float* __restrict q, int64_t rows,
-                float* __restrict m, float* __restrict l, float* __restrict acc, Scratch& sc) {
+                const int32_t* limit, float* __restrict m, float* __restrict l, float* __restrict acc,
+                Scratch& sc) {
   constexpr int64_t d = NC * kLanes;
   const KV* krow[kBlock];
   const KV* vrow[kBlock];
@@ -176,8 +178,21 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, const float* __restri
       lv[r] = r < lanes ? l[r0 + r] : 0.0f;
     }
     vf vm = load_vf(mv), vl = load_vf(lv);
-    for (int64_t start = 0; start < run.len; start += kBlock) {
-      const int64_t n = std::min(kBlock, run.len - start);
+    // Keys up to lim_min are seen by every lane; past lim_max by none.
+    int64_t keys = run.len, lim_min = run.len - 1;
+    vi vlim{};
+    if (limit != nullptr) {
+      int32_t lim[kLanes];
+      const int32_t* lo = std::min_element(limit + r0, limit + r0 + lanes);
+      const int32_t* hi = std::max_element(limit + r0, limit + r0 + lanes);
+      for (int64_t r = 0; r < kLanes; ++r) lim[r] = r < lanes ? limit[r0 + r] : *hi;
+      std::memcpy(&vlim, lim, sizeof vlim);
+      lim_min = *lo;
+      keys = std::min<int64_t>(keys, *hi + 1);
+    }
+    for (int64_t start = 0; start < keys; start += kBlock) {
+      const int64_t n = std::min(kBlock, keys - start);
+      const bool masked = start + n - 1 > lim_min;
       for (int64_t t = 0; t < n; ++t) {
         const int64_t pos = start + t;
         const int64_t off = L.at(run.pages[pos / L.page_size], pos % L.page_size, h);
@@ -209,12 +224,16 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, const float* __restri
         for (int64_t j = 0; j < d; ++j) a += qt[j] * kr[t][j];
         p[t] = a;
       }
+      if (masked) {
+        for (t = 0; t < n; ++t) p[t] = (vi{} + static_cast<int32_t>(start + t)) <= vlim ? p[t] : splat(kNoMax);
+      }
       vf mx = vm;
       for (t = 0; t < n; ++t) mx = vmax(mx, p[t]);
       const vf alpha = exp2_neg(vm - mx);
       vf sum{};
       for (t = 0; t < n; ++t) {
         p[t] = exp2_neg(p[t] - mx);
+        if (masked) p[t] = (vi{} + static_cast<int32_t>(start + t)) <= vlim ? p[t] : vf{};
         sum += p[t];
       }
       vm = mx;
@@ -234,9 +253,10 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, const float* __restri
 }
 
 template <typename KV>
-using AttendFn = void (*)(const Layer<KV>&, int64_t, KeyRun, const float*, int64_t, float*, float*, float*, Scratch&);
+using AttendFn = void (*)(const Layer<KV>&, int64_t, KeyRun, const float*, int64_t, const int32_t*, float*, float*,
+                          float*, Scratch&);
 
-// The head sizes of the models served (16 .. 256; 16 for the tests' tiny models), each its own unrolled instance.
+// The head sizes of the models served (16 .. 256; 16 for the tests' tiny models).
 template <typename KV>
 AttendFn<KV> attend_fn(int64_t d) {
   switch (d) {
@@ -251,61 +271,84 @@ AttendFn<KV> attend_fn(int64_t d) {
   }
 }
 
+// The batch's index arrays (see paged_attention below).
+struct Plan {
+  const int64_t *q_start, *new_len, *group_start, *shared_pages, *shared_start, *own_pages, *own_start, *own_len;
+};
+
+struct Item {
+  int64_t group, head, row_begin, row_end;  // rows of the group: member by member, token by token, head by head
+};
+
 template <typename Q, typename KV>
 void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor& out,
-                const at::Tensor& members, const at::Tensor& group_start, const at::Tensor& shared_pages,
-                const at::Tensor& shared_start, const at::Tensor& own_pages, const at::Tensor& own_start,
-                const at::Tensor& own_len, double sm_scale) {
+                const Plan& P, int64_t groups, double sm_scale) {
   const int64_t hq = q.size(1), d = q.size(2);
   const Layer<KV> L{k_pages.data_ptr<KV>(), v_pages.data_ptr<KV>(), k_pages.size(1), k_pages.size(2), d};
   const int64_t grp = hq / L.kv_heads;
-  const int64_t groups = group_start.size(0) - 1;
   const Q* qd = q.data_ptr<Q>();
   const int64_t q_row = q.stride(0), q_head = q.stride(1);  // q may be a view of the fused qkv projection
   Q* od = out.data_ptr<Q>();
-  const int64_t* mem = members.data_ptr<int64_t>();
-  const int64_t* gs = group_start.data_ptr<int64_t>();
-  const int64_t* sp = shared_pages.data_ptr<int64_t>();
-  const int64_t* ss = shared_start.data_ptr<int64_t>();
-  const int64_t* op = own_pages.data_ptr<int64_t>();
-  const int64_t* os = own_start.data_ptr<int64_t>();
-  const int64_t* ol = own_len.data_ptr<int64_t>();
   const float scale = static_cast<float>(sm_scale) * kLog2e;
   const auto attend = attend_fn<KV>(d);
 
-  at::parallel_for(0, groups * L.kv_heads, 1, [&](int64_t begin, int64_t end) {
-    Scratch sc;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t g = item / L.kv_heads, h = item % L.kv_heads;
-      const int64_t first = gs[g], nm = gs[g + 1] - first, rows = nm * grp;
-      sc.reserve(rows, d);
-      float* qf = sc.q.data();
-      for (int64_t i = 0; i < nm; ++i) {
-        for (int64_t r = 0; r < grp; ++r) {
-          const Q* src = qd + mem[first + i] * q_row + (h * grp + r) * q_head;
-          for (int64_t j = 0; j < d; ++j) qf[(i * grp + r) * d + j] = to_float(src[j]) * scale;
-        }
+  std::vector<Item> items;
+  for (int64_t g = 0; g < groups; ++g) {
+    int64_t rows = 0;
+    for (int64_t i = P.group_start[g]; i < P.group_start[g + 1]; ++i) rows += P.new_len[i] * grp;
+    for (int64_t h = 0; h < L.kv_heads; ++h) {
+      for (int64_t b = 0; b < rows; b += kRowBlock) items.push_back({g, h, b, std::min(rows, b + kRowBlock)});
+    }
+  }
+
+  // Dynamic schedule: items differ in cost (causal rows late in a prompt see more keys).
+#pragma omp parallel num_threads(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items.size())))
+  {
+    Scratch sc(d);
+#pragma omp for schedule(dynamic, 1)
+    for (size_t it = 0; it < items.size(); ++it) {
+      const Item& item = items[it];
+      const int64_t h = item.head, rows = item.row_end - item.row_begin;
+      // Members overlapping the block: [first_member, ...), the block's first row within it.
+      int64_t mi = P.group_start[item.group], skip = item.row_begin;
+      while (skip >= P.new_len[mi] * grp) skip -= P.new_len[mi++] * grp;
+      const int64_t first_member = mi, first_skip = skip;
+      for (int64_t r = 0; r < rows; ++r, ++skip) {
+        if (skip == P.new_len[mi] * grp) skip = 0, ++mi;
+        const int64_t t = skip / grp, head = h * grp + skip % grp;
+        const Q* src = qd + (P.q_start[mi] + t) * q_row + head * q_head;
+        for (int64_t j = 0; j < d; ++j) sc.q[r * d + j] = to_float(src[j]) * scale;
+        sc.limit[r] = static_cast<int32_t>(P.own_len[mi] - P.new_len[mi] + t);
       }
       std::fill(sc.m.begin(), sc.m.begin() + rows, kNoMax);
       std::fill(sc.l.begin(), sc.l.begin() + rows, 0.0f);
       std::fill(sc.acc.begin(), sc.acc.begin() + rows * d, 0.0f);
-      const int64_t shared_len = (ss[g + 1] - ss[g]) * L.page_size;
+      const int64_t g = item.group;
+      const int64_t shared_len = (P.shared_start[g + 1] - P.shared_start[g]) * L.page_size;
       if (shared_len > 0) {
-        attend(L, h, KeyRun{sp + ss[g], shared_len}, qf, rows, sc.m.data(), sc.l.data(), sc.acc.data(), sc);
+        attend(L, h, KeyRun{P.shared_pages + P.shared_start[g], shared_len}, sc.q.data(), rows, nullptr,
+               sc.m.data(), sc.l.data(), sc.acc.data(), sc);
       }
-      for (int64_t i = 0; i < nm; ++i) {
-        const int64_t mi = first + i, r0 = i * grp;
-        attend(L, h, KeyRun{op + os[mi], ol[mi]}, qf + r0 * d, grp, sc.m.data() + r0, sc.l.data() + r0,
-                   sc.acc.data() + r0 * d, sc);
-        Q* dst = od + (mem[mi] * hq + h * grp) * d;
-        for (int64_t r = 0; r < grp; ++r) {
-          const float inv = 1.0f / sc.l[r0 + r];
-          const float* ar = sc.acc.data() + (r0 + r) * d;
-          for (int64_t j = 0; j < d; ++j) dst[r * d + j] = from_float<Q>(ar[j] * inv);
+      // Each member's rows of the block over its own pages, then out.
+      mi = first_member;
+      skip = first_skip;
+      for (int64_t r = 0; r < rows;) {
+        const int64_t seg = std::min(rows - r, P.new_len[mi] * grp - skip);
+        attend(L, h, KeyRun{P.own_pages + P.own_start[mi], P.own_len[mi]}, sc.q.data() + r * d, seg,
+               sc.limit.data() + r, sc.m.data() + r, sc.l.data() + r, sc.acc.data() + r * d, sc);
+        for (int64_t i = 0; i < seg; ++i) {
+          const int64_t t = (skip + i) / grp, head = h * grp + (skip + i) % grp;
+          Q* dst = od + ((P.q_start[mi] + t) * hq + head) * d;
+          const float inv = 1.0f / sc.l[r + i];
+          const float* ar = sc.acc.data() + (r + i) * d;
+          for (int64_t j = 0; j < d; ++j) dst[j] = from_float<Q>(ar[j] * inv);
         }
+        r += seg;
+        skip = 0;
+        ++mi;
       }
     }
-  });
+  }
 }
 
 void check_index(const at::Tensor& t, const char* name) {
@@ -313,12 +356,15 @@ void check_index(const at::Tensor& t, const char* name) {
               " must be a contiguous 1-D int64 CPU tensor");
 }
 
-// out[members[i]] = attention of q[members[i]] over (its group's shared pages, then its own).
-void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages,
-                            at::Tensor out, const at::Tensor& members, const at::Tensor& group_start,
-                            const at::Tensor& shared_pages, const at::Tensor& shared_start,
-                            const at::Tensor& own_pages, const at::Tensor& own_start, const at::Tensor& own_len,
-                            double sm_scale) {
+// Attention of every planned row of q into out. Member i (a sequence) has new_len[i] new
+// tokens at rows q_start[i].. of q; its group g is the one with group_start[g] <= i <
+// group_start[g+1], whose members first read shared_pages[shared_start[g]:shared_start[g+1]];
+// then member i reads the first own_len[i] tokens of own_pages[own_start[i]:own_start[i+1]],
+// whose last new_len[i] keys are its new tokens (stored in the pages before this call).
+void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor out,
+                     const at::Tensor& q_start, const at::Tensor& new_len, const at::Tensor& group_start,
+                     const at::Tensor& shared_pages, const at::Tensor& shared_start, const at::Tensor& own_pages,
+                     const at::Tensor& own_start, const at::Tensor& own_len, double sm_scale) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.device().is_cpu(),
               "q must be a [T, Hq, D] CPU tensor with contiguous rows of D");
   TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() && out.is_contiguous(),
@@ -330,26 +376,40 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pages, cons
   TORCH_CHECK(attend_fn<float>(q.size(2)) != nullptr, "head_dim must be one of 16, 32, 64, 80, 96, 128, 256, got ",
               q.size(2));
   TORCH_CHECK(q.size(1) % k_pages.size(2) == 0, "query heads must be a multiple of KV heads");
-  for (auto [t, name] : {std::pair{&members, "members"}, {&group_start, "group_start"},
+  for (auto [t, name] : {std::pair{&q_start, "q_start"}, {&new_len, "new_len"}, {&group_start, "group_start"},
                          {&shared_pages, "shared_pages"}, {&shared_start, "shared_start"},
                          {&own_pages, "own_pages"}, {&own_start, "own_start"}, {&own_len, "own_len"}}) {
     check_index(*t, name);
   }
+  const int64_t members = q_start.size(0);
   TORCH_CHECK(shared_start.size(0) == group_start.size(0), "shared_start needs one entry per group, plus one");
-  TORCH_CHECK(own_start.size(0) == members.size(0) + 1 && own_len.size(0) == members.size(0),
-              "own_start/own_len need one entry per member (plus one)");
+  TORCH_CHECK(new_len.size(0) == members && own_start.size(0) == members + 1 && own_len.size(0) == members,
+              "new_len/own_start/own_len need one entry per member (plus one)");
+  const Plan P{q_start.data_ptr<int64_t>(),      new_len.data_ptr<int64_t>(),   group_start.data_ptr<int64_t>(),
+               shared_pages.data_ptr<int64_t>(), shared_start.data_ptr<int64_t>(), own_pages.data_ptr<int64_t>(),
+               own_start.data_ptr<int64_t>(),    own_len.data_ptr<int64_t>()};
+  TORCH_CHECK(group_start.size(0) >= 1 && P.group_start[group_start.size(0) - 1] == members,
+              "group_start must end at the number of members");
+  for (int64_t i = 0; i < members; ++i) {
+    TORCH_CHECK(P.new_len[i] >= 1 && P.new_len[i] <= P.own_len[i] &&
+                    P.own_len[i] <= (P.own_start[i + 1] - P.own_start[i]) * k_pages.size(1) &&
+                    P.q_start[i] >= 0 && P.q_start[i] + P.new_len[i] <= q.size(0),
+                "member ", i, ": its new rows must lie in q and among its own keys, which its pages must hold");
+  }
+  const int64_t num_pages = k_pages.size(0);
+  for (const at::Tensor* pages : {&shared_pages, &own_pages}) {
+    const int64_t* ids = pages->data_ptr<int64_t>();
+    for (int64_t i = 0; i < pages->size(0); ++i) {
+      TORCH_CHECK(ids[i] >= 0 && ids[i] < num_pages, "page id ", ids[i], " out of range [0, ", num_pages, ")");
+    }
+  }
+  const int64_t groups = group_start.size(0) - 1;
 
 #define RADIX_DISPATCH_KV(QT)                                                                              \
   switch (k_pages.scalar_type()) {                                                                         \
-    case at::kFloat: return run_kernel<QT, float>(q, k_pages, v_pages, out, members, group_start,           \
-                                                  shared_pages, shared_start, own_pages, own_start,        \
-                                                  own_len, sm_scale);                                      \
-    case at::kBFloat16: return run_kernel<QT, c10::BFloat16>(q, k_pages, v_pages, out, members,             \
-                                                             group_start, shared_pages, shared_start,      \
-                                                             own_pages, own_start, own_len, sm_scale);     \
-    case at::kHalf: return run_kernel<QT, c10::Half>(q, k_pages, v_pages, out, members, group_start,        \
-                                                     shared_pages, shared_start, own_pages, own_start,     \
-                                                     own_len, sm_scale);                                   \
+    case at::kFloat: return run_kernel<QT, float>(q, k_pages, v_pages, out, P, groups, sm_scale);            \
+    case at::kBFloat16: return run_kernel<QT, c10::BFloat16>(q, k_pages, v_pages, out, P, groups, sm_scale); \
+    case at::kHalf: return run_kernel<QT, c10::Half>(q, k_pages, v_pages, out, P, groups, sm_scale);         \
     default: TORCH_CHECK(false, "unsupported KV dtype ", k_pages.scalar_type());                          \
   }
   switch (q.scalar_type()) {
@@ -365,8 +425,8 @@ void paged_decode_attention(const at::Tensor& q, const at::Tensor& k_pages, cons
 
 TORCH_LIBRARY(radixserve_cpu, m) {
   m.def(
-      "paged_decode_attention(Tensor q, Tensor k_pages, Tensor v_pages, Tensor(a!) out, Tensor members, "
+      "paged_attention(Tensor q, Tensor k_pages, Tensor v_pages, Tensor(a!) out, Tensor q_start, Tensor new_len, "
       "Tensor group_start, Tensor shared_pages, Tensor shared_start, Tensor own_pages, Tensor own_start, "
       "Tensor own_len, float sm_scale) -> ()");
-  m.impl("paged_decode_attention", c10::DispatchKey::CPU, &paged_decode_attention);
+  m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
 }
