@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from radixkernels.reference import paged_attention_ref, store_kv_ref
 from radixserve.memory.pool import KVPool
-from radixserve.model.attention import native
+from radixserve.model import native
 from radixserve.model.attention.cascade import (
     SharedGroup,
     attention_with_lse,

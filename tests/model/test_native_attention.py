@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from radixserve.model.attention import native
+from radixserve.model import native
 
 pytestmark = pytest.mark.skipif(not native.load(), reason="the CPU kernel did not build here (see the log)")
 

@@ -7,7 +7,7 @@ import torch
 
 from radixkernels.reference import paged_attention_ref
 from radixserve.memory.pool import KVPool
-from radixserve.model.attention import native
+from radixserve.model import native
 from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
 

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.model.attention import native
+from radixserve.model import native
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.attention.cascade import SharedGroup, attention_with_lse, merge_partial, shared_prefix_groups
 from radixserve.model.forward_batch import ForwardBatch

@@ -29,6 +29,8 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "vec.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -38,60 +40,15 @@
 
 namespace {
 
+using namespace radixserve_cpu;
+
 constexpr int64_t kBlock = 64;  // keys per online-softmax block
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNoMax = -1e30f;  // finite "minus infinity": keeps exp2 arithmetic NaN-free
 
-inline float to_float(float x) { return x; }
-inline float to_float(c10::Half x) { return static_cast<float>(x); }
-inline float to_float(c10::BFloat16 x) {
-  // bf16 is the top half of a float32: a shift, which vectorises (the c10 conversion may not).
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-template <typename T>
-inline T from_float(float x) {
-  return static_cast<T>(x);
-}
-
-// Query rows ride in the lanes of a vector (GCC vector extensions: AVX-512 registers where
-// the CPU has them, two AVX2 or four SSE registers otherwise). Scores of all rows against
-// one key are then D broadcast-FMAs, with no transposition of the keys and no horizontal
-// sums; the online-softmax statistics m and l are vectors too.
-constexpr int64_t kLanes = 16;
-typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
-typedef int32_t vi __attribute__((vector_size(kLanes * sizeof(int32_t))));
-
-inline vf splat(float x) { return vf{} + x; }
-inline vf vmax(vf a, vf b) { return a > b ? a : b; }
-inline vf load_vf(const float* p) {
-  vf x;
-  std::memcpy(&x, p, sizeof x);
-  return x;
-}
-inline void store_vf(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
-
-// 2^x for x <= 0, per lane: x = n + f with n integer, |f| <= 1/2; 2^f by Cephes' exp2f
-// polynomial (relative error ~2e-7), 2^n by writing the exponent bits. Below -126 it
-// returns 2^-126, which is 0 for every purpose here (the weights it scales are negligible).
-inline vf exp2_neg(vf x) {
-  x = vmax(x, splat(-126.0f));
-  const vf round = splat(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
-  const vf n = (x + round) - round;
-  const vf f = x - n;
-  vf p = splat(1.535336188319500e-4f);
-  p = p * f + 1.339887440266574e-3f;
-  p = p * f + 9.618437357674640e-3f;
-  p = p * f + 5.550332471162809e-2f;
-  p = p * f + 2.402264791363012e-1f;
-  p = p * f + 6.931472028550421e-1f;
-  p = p * f + 1.0f;
-  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-  return p * (vf)bits;  // a vector cast reinterprets the bits
-}
+// Query rows ride in the lanes of a vector (vec.h): scores of all rows against one key are
+// D broadcast-FMAs, with no transposition of the keys and no horizontal sums; the
+// online-softmax statistics m and l are vectors too.
 
 constexpr int64_t kRowBlock = 4 * kLanes;  // rows per work item (causal prefills split into many)
 
@@ -229,10 +186,10 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, const float* __restri
       }
       vf mx = vm;
       for (t = 0; t < n; ++t) mx = vmax(mx, p[t]);
-      const vf alpha = exp2_neg(vm - mx);
+      const vf alpha = exp2v(vm - mx);
       vf sum{};
       for (t = 0; t < n; ++t) {
-        p[t] = exp2_neg(p[t] - mx);
+        p[t] = exp2v(p[t] - mx);
         if (masked) p[t] = (vi{} + static_cast<int32_t>(start + t)) <= vlim ? p[t] : vf{};
         sum += p[t];
       }

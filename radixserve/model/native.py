@@ -1,11 +1,14 @@
-"""The CPU paged-attention kernel (``csrc/paged_attention.cpp``): build, load, call.
+"""The CPU kernels of ``csrc/``: build, load, call.
 
-The kernel is compiled on first use with ``torch.utils.cpp_extension`` (g++ and ninja; the
+``paged_attention.cpp``: the attention of a whole batch over the KV pool's pages (see
+``attention/torch_paged.py``); ``elementwise.cpp``: RoPE in place and SiLU(gate) * up, one
+pass each (the model's layers use them on the CPU, see :func:`enabled`).
+
+They are compiled on first use with ``torch.utils.cpp_extension`` (g++ and ninja; the
 build is cached under ``TORCH_EXTENSIONS_DIR``, ~30 s the first time) for the machine it
-runs on (``-march=native``, so the cache entry's name carries a digest of the CPU's flags:
-a cache shared by different CPUs never hands one the other's instructions). Where it cannot
-be built the torch path serves instead and :func:`load` says why once in the log;
-``RADIXSERVE_NATIVE_ATTENTION=0`` turns it off.
+runs on (``-march=native``; see :func:`_build_name`). Where they cannot
+be built the torch paths serve instead and :func:`load` says why once in the log;
+``RADIXSERVE_CPU_KERNELS=0`` turns them off.
 """
 
 from __future__ import annotations
@@ -23,22 +26,27 @@ import torch
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("csrc") / "paged_attention.cpp"
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = [_CSRC / "paged_attention.cpp", _CSRC / "elementwise.cpp"]
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
 
 
-def _cpu_digest() -> str:
-    """A short digest of what the CPU can do (its flags line), for the build's name."""
-    flags = platform.machine()
+def _build_name() -> str:
+    """The build's name: a digest of the CPU's flags (``-march=native``) and of the sources and
+    headers, so a cache shared by different CPUs or checkouts never loads a foreign build
+    (and a changed header, which cpp_extension does not track, rebuilds)."""
+    h = hashlib.sha1(platform.machine().encode())
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
-                flags += line
+                h.update(line.encode())
                 break
     except OSError:
         pass
-    return hashlib.sha1(flags.encode()).hexdigest()[:10]
+    for src in sorted(p for p in _CSRC.iterdir() if p.suffix in (".cpp", ".h")):
+        h.update(src.name.encode() + src.read_bytes())
+    return f"radixserve_cpu_{h.hexdigest()[:12]}"
 
 
 def _ninja_on_path() -> None:
@@ -53,24 +61,43 @@ def _ninja_on_path() -> None:
 @functools.cache
 def load() -> bool:
     """Build (once per machine) and register ``torch.ops.radixserve_cpu``; False where unavailable."""
-    if os.environ.get("RADIXSERVE_NATIVE_ATTENTION", "1") == "0":
+    if os.environ.get("RADIXSERVE_CPU_KERNELS", "1") == "0":
         return False
     try:
         from torch.utils import cpp_extension
 
         _ninja_on_path()
         cpp_extension.load(
-            name=f"radixserve_cpu_attention_{_cpu_digest()}",
-            sources=[str(_SOURCE)],
+            name=_build_name(),
+            sources=[str(src) for src in _SOURCES],
             extra_cflags=["-O3", "-march=native", "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
             verbose=False,
         )
-    except Exception as e:  # no compiler, no ninja, a failed build: the torch path still works
-        log.warning("CPU paged-attention kernel unavailable, using the torch path: %s", e)
+    except Exception as e:  # no compiler, no ninja, a failed build: the torch paths still work
+        log.warning("CPU kernels unavailable, using the torch paths: %s", e)
         return False
     return True
+
+
+def enabled(x: torch.Tensor) -> bool:
+    """Whether the fused elementwise ops apply to ``x``: a CPU tensor, the kernels built."""
+    return x.device.type == "cpu" and x.dtype in _DTYPES and load()
+
+
+def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """RoPE in place on ``x`` ``[T, heads, D]`` (rows of D contiguous; transformers'
+    rotate_half convention) with float32 ``cos``/``sin`` of each row's position, ``[T, 1, D]``
+    or ``[T, D]`` contiguous."""
+    torch.ops.radixserve_cpu.rotary_(x, cos, sin)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of a contiguous ``[T, 2n]`` ``gate_up`` (gate first): ``[T, n]``."""
+    out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+    torch.ops.radixserve_cpu.silu_mul(gate_up, out)
+    return out
 
 
 def supported(q_dtype: torch.dtype, kv_dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:

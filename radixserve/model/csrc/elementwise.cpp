@@ -1,0 +1,116 @@
+// Fused elementwise ops of the Llama layer for the CPU: RoPE in place, SiLU(gate) * up.
+//
+// In torch each is several passes over the activations (RoPE: two products, a negation, a
+// concatenation, a sum; the MLP: silu, then a product over strided halves) plus a temporary
+// per pass; here each is one pass, computed in float32 and rounded once.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "vec.h"
+
+namespace {
+
+using namespace radixserve_cpu;
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// x[t, h, :] rotated by the angles of row t (transformers' rotate_half convention):
+// first half  x1 * cos - x2 * sin,  second half  x2 * cos + x1 * sin.
+template <typename T>
+void rotary_kernel(at::Tensor& x, const float* cos, const float* sin) {
+  const int64_t rows = x.size(0), heads = x.size(1), d = x.size(2), half = d / 2;
+  const int64_t s0 = x.stride(0), s1 = x.stride(1);
+  T* base = x.data_ptr<T>();
+  // Grain: at decode sizes (a few rows) one thread; a wake-up costs more than the work.
+  at::parallel_for(0, rows * heads, 2048, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t t = i / heads, h = i % heads;
+      T* p = base + t * s0 + h * s1;
+      const float* c = cos + t * d;
+      const float* s = sin + t * d;
+      int64_t j = 0;
+      for (; j + kLanes <= half; j += kLanes) {
+        const vf x1 = load_as_vf(p + j), x2 = load_as_vf(p + j + half);
+        store_from_vf(p + j, x1 * load_vf(c + j) - x2 * load_vf(s + j));
+        store_from_vf(p + j + half, x2 * load_vf(c + j + half) + x1 * load_vf(s + j + half));
+      }
+      for (; j < half; ++j) {
+        const float x1 = to_float(p[j]), x2 = to_float(p[j + half]);
+        p[j] = from_float<T>(x1 * c[j] - x2 * s[j]);
+        p[j + half] = from_float<T>(x2 * c[j + half] + x1 * s[j + half]);
+      }
+    }
+  });
+}
+
+// RoPE in place on ``x`` [T, heads, D] (rows of D contiguous, e.g. the q and k heads of the
+// fused qkv projection) with float32 ``cos``/``sin`` [T, D] of each row's position.
+void rotary_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1 && x.device().is_cpu() && x.size(2) % 2 == 0,
+              "x must be a [T, heads, D] CPU tensor with contiguous rows of even D");
+  for (const at::Tensor* t : {&cos, &sin}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == x.size(0) * x.size(2),
+                "cos and sin must be contiguous float32 [T, D] tensors");
+  }
+  switch (x.scalar_type()) {
+    case at::kFloat: return rotary_kernel<float>(x, cos.data_ptr<float>(), sin.data_ptr<float>());
+    case at::kBFloat16: return rotary_kernel<c10::BFloat16>(x, cos.data_ptr<float>(), sin.data_ptr<float>());
+    case at::kHalf: return rotary_kernel<c10::Half>(x, cos.data_ptr<float>(), sin.data_ptr<float>());
+    default: TORCH_CHECK(false, "unsupported dtype ", x.scalar_type());
+  }
+}
+
+template <typename T>
+void silu_mul_kernel(const at::Tensor& gate_up, at::Tensor& out) {
+  const int64_t rows = gate_up.size(0), n = out.size(1);
+  const T* in = gate_up.data_ptr<T>();
+  T* o = out.data_ptr<T>();
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = in + r * 2 * n;
+      const T* u = g + n;
+      T* dst = o + r * n;
+      int64_t j = 0;
+      for (; j + kLanes <= n; j += kLanes) {
+        const vf x = load_as_vf(g + j);
+        store_from_vf(dst + j, x / (1.0f + exp2v(x * -kLog2e)) * load_as_vf(u + j));
+      }
+      for (; j < n; ++j) {
+        const float x = to_float(g[j]);
+        dst[j] = from_float<T>(x / (1.0f + std::exp(-x)) * to_float(u[j]));
+      }
+    }
+  });
+}
+
+// out = silu(gate) * up for ``gate_up`` [T, 2n] (gate the first n columns), out [T, n].
+void silu_mul(const at::Tensor& gate_up, at::Tensor out) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.device().is_cpu() && gate_up.size(1) % 2 == 0,
+              "gate_up must be a contiguous [T, 2n] CPU tensor");
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == gate_up.scalar_type() && out.dim() == 2 &&
+                  out.size(0) == gate_up.size(0) && out.size(1) * 2 == gate_up.size(1),
+              "out must be a contiguous [T, n] tensor of gate_up's dtype");
+  switch (gate_up.scalar_type()) {
+    case at::kFloat: return silu_mul_kernel<float>(gate_up, out);
+    case at::kBFloat16: return silu_mul_kernel<c10::BFloat16>(gate_up, out);
+    case at::kHalf: return silu_mul_kernel<c10::Half>(gate_up, out);
+    default: TORCH_CHECK(false, "unsupported dtype ", gate_up.scalar_type());
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
+  m.def("rotary_(Tensor(a!) x, Tensor cos, Tensor sin) -> ()");
+  m.impl("rotary_", c10::DispatchKey::CPU, &rotary_);
+  m.def("silu_mul(Tensor gate_up, Tensor(a!) out) -> ()");
+  m.impl("silu_mul", c10::DispatchKey::CPU, &silu_mul);
+}

@@ -1,0 +1,84 @@
+// Float vectors for the CPU kernels, and conversions from the storage dtypes.
+//
+// GCC vector extensions: one vf is an AVX-512 register where the CPU has them, two AVX2 or
+// four SSE registers otherwise, so the same source builds (-march=native) everywhere.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace radixserve_cpu {
+
+constexpr int64_t kLanes = 16;
+typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+inline vf splat(float x) { return vf{} + x; }
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+inline vf vmin(vf a, vf b) { return a < b ? a : b; }
+inline vf load_vf(const float* p) {
+  vf x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
+}
+inline void store_vf(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
+
+// 2^x per lane for x in [-126, 127] (clamped): x = n + f with n integer, |f| <= 1/2; 2^f by
+// Cephes' exp2f polynomial (relative error ~2e-7), 2^n by writing the exponent bits. Below
+// -126 it returns 2^-126, which is 0 for every purpose of these kernels.
+inline vf exp2v(vf x) {
+  x = vmin(vmax(x, splat(-126.0f)), splat(127.0f));
+  const vf round = splat(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const vf n = (x + round) - round;
+  const vf f = x - n;
+  vf p = splat(1.535336188319500e-4f);
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.0f;
+  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
+  return p * (vf)bits;  // a vector cast reinterprets the bits
+}
+
+inline float to_float(float x) { return x; }
+inline float to_float(c10::Half x) { return static_cast<float>(x); }
+inline float to_float(c10::BFloat16 x) {
+  // bf16 is the top half of a float32: a shift, which vectorises (the c10 conversion may not).
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+template <typename T>
+inline T from_float(float x) {
+  return static_cast<T>(x);
+}
+
+// kLanes values of any storage dtype as floats (float: a plain load).
+template <typename T>
+inline vf load_as_vf(const T* p) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+    return load_vf(reinterpret_cast<const float*>(p));
+  } else {
+    float tmp[kLanes];
+    for (int64_t i = 0; i < kLanes; ++i) tmp[i] = to_float(p[i]);
+    return load_vf(tmp);
+  }
+}
+
+template <typename T>
+inline void store_from_vf(T* p, vf x) {
+  if constexpr (sizeof(T) == sizeof(float)) {
+    store_vf(reinterpret_cast<float*>(p), x);
+  } else {
+    for (int64_t i = 0; i < kLanes; ++i) p[i] = from_float<T>(x[i]);
+  }
+}
+
+}  // namespace radixserve_cpu
