@@ -43,7 +43,7 @@ import torch
 
 from radixserve.model import native
 from radixserve.model.attention.base import AttentionBackend
-from radixserve.model.attention.cascade import SharedGroup, attention_with_lse, merge_partial, shared_prefix_groups
+from radixserve.model.attention.cascade import attention_with_lse, merge_partial, shared_prefix_groups
 from radixserve.model.forward_batch import ForwardBatch
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
             self._meta = _BatchMeta(None, [], [], self._plan_native(host, caps, lens, news, starts, ps))
             self._meta_batch = batch
             return self._meta
-        found = _groups(list(range(len(lens))), host, caps, min_pages=-(-self.cascade_min_tokens // ps))
+        found = shared_prefix_groups(host, caps, min_pages=-(-self.cascade_min_tokens // ps))
         skip = [0] * len(lens)  # pages each sequence leaves to its group
         for g in found:
             for m in g.members:
@@ -181,16 +181,16 @@ class TorchPagedAttentionBackend(AttentionBackend):
 
         Any shared page is worth sharing there (no extra call, no merge), hence min_pages=1.
         """
-        found = _groups(list(range(len(lens))), host, caps, min_pages=1)
+        found = shared_prefix_groups(host, caps, min_pages=1)
         grouped = {m for g in found for m in g.members}
         parts = [(g.members, g.num_pages) for g in found] + [([b], 0) for b in range(len(lens)) if b not in grouped]
-        return native.AttentionPlan.build([
-            (
-                [native.Member(starts[b], news[b], host[b][skip : -(-lens[b] // ps)], lens[b] - skip * ps) for b in members],
-                host[members[0]][:skip],
-            )
-            for members, skip in parts
-        ])
+
+        def member(b: int, skip: int) -> native.Member:
+            return native.Member(starts[b], news[b], host[b][skip : -(-lens[b] // ps)], lens[b] - skip * ps)
+
+        return native.AttentionPlan.build(
+            [([member(b, skip) for b in members], host[members[0]][:skip]) for members, skip in parts]
+        )
 
     def _prepare_decode(
         self, pages: list[list[int]], lens: list[int], rows: list[int], ps: int, dev: torch.device
@@ -394,12 +394,6 @@ def _padded_calls(groups: list[tuple[list[int], list[int]]]) -> list[list[tuple[
         calls.append([grp])
         work = len(rows) * len(pages)
     return calls
-
-
-def _groups(idx: list[int], host: list[list[int]], caps: list[int], min_pages: int) -> list[SharedGroup]:
-    """Shared-prefix groups among the sequences ``idx`` of the batch (members are batch indices)."""
-    found = shared_prefix_groups([host[b] for b in idx], [caps[b] for b in idx], min_pages)
-    return [SharedGroup([idx[m] for m in g.members], g.num_pages) for g in found]
 
 
 def _starts(lens: list[int]) -> list[int]:

@@ -20,8 +20,6 @@ namespace {
 
 using namespace radixserve_cpu;
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 // x[t, h, :] rotated by the angles of row t (transformers' rotate_half convention):
 // first half  x1 * cos - x2 * sin,  second half  x2 * cos + x1 * sin.
 template <typename T>

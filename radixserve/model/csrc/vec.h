@@ -13,6 +13,7 @@
 namespace radixserve_cpu {
 
 constexpr int64_t kLanes = 16;
+constexpr float kLog2e = 1.4426950408889634f;
 typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
