@@ -12,7 +12,7 @@ program of ``benchmarks/peers/dsl_tree.py``)::
 The README's figures came from these runs (``--scale 0.5``: a few minutes per cell at most;
 the exact command of each run is printed above its table in ``results/peers_report.md``)::
 
-    python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag sweep2 --concurrency 4,16 \
+    python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag sweep --concurrency 4,16 \
         --peers radixserve,radixserve-nocache,vllm-fp32,llamacpp-f32,radixserve-bf16,vllm-bf16
     python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag c16 --concurrency 16 --reps 2 \
         --peers radixserve,vllm-fp32,radixserve-bf16,vllm-bf16

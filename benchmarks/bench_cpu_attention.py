@@ -1,0 +1,131 @@
+"""The CPU paged-attention kernel against the torch path it replaces, one layer's call.
+
+Shapes of SmolLM2-135M (9 query heads over 3 KV heads, head_dim 64, 16-token pages), the
+pool's pages scattered at random, one call per case timed after warm-up (median of
+``--reps``); both paths read the same pages and their outputs are compared:
+
+- ``prefill``: one 1024-token prompt, nothing cached (causal);
+- ``extend``: a 25-token user turn after a 1000-token cached system prompt;
+- ``chunk``: the second 512-token chunk of a 1024-token prompt;
+- ``decode``: 16 sequences over 4 shared 1008-token system prompts, ~150 tokens of their
+  own each (the ``shared_system`` workload's decode step).
+
+The torch path is ``TorchPagedAttentionBackend(native_kernel=False)``: page gathers, ATen's
+CPU flash attention per part, the LSE merge (its batch metadata, built once per forward, is
+outside the timing for both).
+
+    python benchmarks/bench_cpu_attention.py                   # float32
+    python benchmarks/bench_cpu_attention.py --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from radixserve.memory.pool import KVPool
+from radixserve.model import native
+from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
+from radixserve.model.forward_batch import ForwardBatch
+
+HQ, HKV, D, PS = 9, 3, 64, 16
+
+
+def _batch(seqs: list[tuple[list[int], int, int]]) -> ForwardBatch:
+    """(pages, prefix, new) per sequence: a paged batch whose new rows follow the prefix."""
+    slots, positions, lens, news = [], [], [], []
+    width = max(len(p) for p, _, _ in seqs)
+    table = torch.zeros(len(seqs), width, dtype=torch.int32)
+    for b, (pages, prefix, new) in enumerate(seqs):
+        table[b, : len(pages)] = torch.tensor(pages)
+        for pos in range(prefix, prefix + new):
+            slots.append(pages[pos // PS] * PS + pos % PS)
+            positions.append(pos)
+        lens.append(prefix + new)
+        news.append(new)
+    starts = [sum(news[:b]) for b in range(len(news))]
+    return ForwardBatch(
+        input_ids=torch.zeros(sum(news), dtype=torch.int64), positions=torch.tensor(positions),
+        seq_lens=torch.tensor(lens, dtype=torch.int32), extend_lens=torch.tensor(news, dtype=torch.int32),
+        prefix_lens=torch.tensor([n - e for n, e in zip(lens, news)], dtype=torch.int32),
+        extend_start_loc=torch.tensor(starts, dtype=torch.int32), logits_indices=torch.zeros(0, dtype=torch.int64),
+        seq_lens_cpu=lens, extend_lens_cpu=news, out_cache_loc=torch.tensor(slots), page_table=table, page_size=PS,
+    )
+
+
+def _cases(free: list[int]) -> dict[str, ForwardBatch]:
+    def take(n_tokens: int) -> list[int]:
+        return [free.pop() for _ in range(-(-n_tokens // PS))]
+
+    decode = []
+    for _ in range(4):
+        system = take(1008)
+        for _ in range(4):
+            decode.append((system + take(150), 1008 + 149, 1))
+    return {
+        "prefill": _batch([(take(1024), 0, 1024)]),
+        "extend": _batch([(take(1025), 1000, 25)]),
+        "chunk": _batch([(take(1024), 512, 512)]),
+        "decode": _batch(decode),
+    }
+
+
+def _time(fn, reps: int) -> float:
+    fn()
+    samples = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", default="benchmarks/results/bench_cpu_attention.json")
+    args = ap.parse_args()
+    if not native.load():
+        print("the CPU kernel did not build here: nothing to compare")
+        return 1
+    dtype = getattr(torch, args.dtype)
+    pool = KVPool(1, 1200, PS, HKV, D, kv_dtype="auto", act_dtype=dtype)
+    gen = torch.Generator().manual_seed(0)
+    pool.k_data[0].copy_(torch.randn(pool.k_data[0].shape, generator=gen))
+    pool.v_data[0].copy_(torch.randn(pool.v_data[0].shape, generator=gen))
+    free = list(range(1200))
+    random.Random(0).shuffle(free)
+    rows = []
+    for name, fb in _cases(free).items():
+        q = torch.randn(fb.num_tokens, HQ, D, generator=gen).to(dtype)
+        k = torch.randn(fb.num_tokens, HKV, D, generator=gen).to(dtype)
+        times, outs = {}, {}
+        for label, use in (("kernel", True), ("torch", False)):
+            backend = TorchPagedAttentionBackend(pool, native_kernel=use)
+            outs[label] = backend.forward(0, q, k, k, fb, D**-0.5)  # builds the metadata once
+            times[label] = _time(lambda: backend.forward(0, q, k, k, fb, D**-0.5), args.reps)
+        err = (outs["kernel"].float() - outs["torch"].float()).abs().max().item()
+        rows.append({"case": name, "rows": fb.num_tokens, "kernel_ms": times["kernel"] * 1e3,
+                     "torch_ms": times["torch"] * 1e3, "speedup": times["torch"] / times["kernel"], "max_abs_diff": err})
+    print(f"{args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"{'case':8s} {'rows':>5s} {'kernel ms':>10s} {'torch ms':>9s} {'speedup':>8s} {'max |diff|':>11s}")
+    for r in rows:
+        print(f"{r['case']:8s} {r['rows']:5d} {r['kernel_ms']:10.2f} {r['torch_ms']:9.2f} {r['speedup']:7.2f}x "
+              f"{r['max_abs_diff']:11.1e}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"date": dt.datetime.now().isoformat(timespec="seconds"), "dtype": args.dtype,
+                               "threads": torch.get_num_threads(), "cases": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
