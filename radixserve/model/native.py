@@ -5,7 +5,7 @@
 pass each (the model's layers use them on the CPU, see :func:`enabled`).
 
 They are compiled on first use with ``torch.utils.cpp_extension`` (g++ and ninja; the
-build is cached under ``TORCH_EXTENSIONS_DIR``, ~30 s the first time) for the machine it
+build is cached under ``TORCH_EXTENSIONS_DIR``; 15-30 s the first time) for the machine it
 runs on (``-march=native``; see :func:`_build_name`). Where they cannot
 be built the torch paths serve instead and :func:`load` says why once in the log;
 ``RADIXSERVE_CPU_KERNELS=0`` turns them off.
@@ -101,9 +101,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def supported(q_dtype: torch.dtype, kv_dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
-    """Whether the kernel takes queries and (unquantized) pages of these dtypes and head size on ``device``.
-
-    Head sizes are those of the models served, each compiled unrolled: 16 (tiny test models), 32, 64, 80, 96, 128, 256.
+    """Whether the attention kernel takes queries and (unquantized) pages of these dtypes and
+    head size on ``device``. Head sizes are those of the models served, each compiled
+    unrolled: 16 (the tests' tiny models), 32, 64, 80, 96, 128, 256.
     """
     return device.type == "cpu" and q_dtype in _DTYPES and kv_dtype in _DTYPES and head_dim in _HEAD_DIMS
 
