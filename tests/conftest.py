@@ -22,6 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tiny_models  # noqa: E402
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Build the CPU kernels once, here, before any test starts a server: a worker process
+    that had to compile them (15-30 s on a fresh machine) could miss a startup timeout."""
+    from radixserve.model import native
+
+    native.load()
+
+
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny random Llama checkpoint: GQA 4 query heads over 2 KV heads, head_dim 16, 2 layers."""
