@@ -73,6 +73,10 @@ PEERS: dict[str, PeerSpec] = {p.name: p for p in [
              flush_path="/flush_cache", ready_path="/health"),
     PeerSpec("radixserve-bf16", "radixserve bf16 (radix cache)", "http", "bf16", extra_body=_IGNORE_EOS,
              flush_path="/flush_cache", ready_path="/health"),
+    # radixserve with OpenMP threads spinning ~1 ms before sleeping: since the `spin` run this
+    # is radixserve's own default (radixserve/__init__.py); before it, PASSIVE alone.
+    PeerSpec("radixserve-spin", "radixserve, GOMP_SPINCOUNT=100000", "http", "fp32", extra_body=_IGNORE_EOS,
+             flush_path="/flush_cache", ready_path="/health"),
     PeerSpec("vllm-fp32", "vLLM-CPU fp32, block 32, APC", "http", "fp32", extra_body=_IGNORE_EOS, page_size=32),
     PeerSpec("vllm-bf16", "vLLM-CPU bf16, block 32, APC", "http", "bf16", extra_body=_IGNORE_EOS, page_size=32),
     PeerSpec("vllm-bf16-b128", "vLLM-CPU bf16, block 128, APC", "http", "bf16", extra_body=_IGNORE_EOS,
@@ -136,6 +140,8 @@ def command(spec: PeerSpec, model_dir: Path, port: int, kv_budget_gib: float, ma
                "--max-model-len", str(max_ctx), "--served-model-name", "smollm2"]
         if name == "radixserve-nocache":
             cmd.append("--disable-radix-cache")
+        if name == "radixserve-spin":
+            env["GOMP_SPINCOUNT"] = "100000"
         return cmd, env
     if name.startswith("vllm"):
         block = "128" if name.endswith("b128") else "32"  # CPU_ATTN: multiples of 32 only
