@@ -18,6 +18,8 @@ the exact command of each run is printed above its table in ``results/peers_repo
         --peers radixserve,vllm-fp32,radixserve-bf16,vllm-bf16
     python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag spin --concurrency 4,16 \
         --peers radixserve,radixserve-spin,vllm-fp32
+    python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag bf16 --concurrency 4,16 \
+        --peers radixserve-bf16,vllm-bf16
     python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag onoff --concurrency 16 \
         --peers radixserve,radixserve-nocache
     for w in few_shot multi_turn tree; do
