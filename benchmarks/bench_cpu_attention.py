@@ -39,25 +39,8 @@ HQ, HKV, D, PS = 9, 3, 64, 16
 
 
 def _batch(seqs: list[tuple[list[int], int, int]]) -> ForwardBatch:
-    """(pages, prefix, new) per sequence: a paged batch whose new rows follow the prefix."""
-    slots, positions, lens, news = [], [], [], []
-    width = max(len(p) for p, _, _ in seqs)
-    table = torch.zeros(len(seqs), width, dtype=torch.int32)
-    for b, (pages, prefix, new) in enumerate(seqs):
-        table[b, : len(pages)] = torch.tensor(pages)
-        for pos in range(prefix, prefix + new):
-            slots.append(pages[pos // PS] * PS + pos % PS)
-            positions.append(pos)
-        lens.append(prefix + new)
-        news.append(new)
-    starts = [sum(news[:b]) for b in range(len(news))]
-    return ForwardBatch(
-        input_ids=torch.zeros(sum(news), dtype=torch.int64), positions=torch.tensor(positions),
-        seq_lens=torch.tensor(lens, dtype=torch.int32), extend_lens=torch.tensor(news, dtype=torch.int32),
-        prefix_lens=torch.tensor([n - e for n, e in zip(lens, news)], dtype=torch.int32),
-        extend_start_loc=torch.tensor(starts, dtype=torch.int32), logits_indices=torch.zeros(0, dtype=torch.int64),
-        seq_lens_cpu=lens, extend_lens_cpu=news, out_cache_loc=torch.tensor(slots), page_table=table, page_size=PS,
-    )
+    """(pages, prefix, new tokens) per sequence."""
+    return ForwardBatch.from_pages([p for p, _, _ in seqs], [c for _, c, _ in seqs], [n for _, _, n in seqs], PS)
 
 
 def _cases(free: list[int]) -> dict[str, ForwardBatch]:

@@ -47,8 +47,9 @@ PromptInput = str | Sequence[str] | Sequence[Sequence[int]] | Sequence[int]
 
 
 def setup_cpu_threads(num_threads: int | None) -> None:
-    """CPU start-up: an explicit thread count. (Passive OpenMP waiting is set by importing
-    :mod:`radixserve`, before torch loads the OpenMP runtime, which reads it only then.)"""
+    """CPU start-up: an explicit thread count. (OpenMP's waiting, passive after ~1 ms of
+    spinning, is set by importing :mod:`radixserve`, before torch loads the OpenMP runtime,
+    which reads it only then.)"""
     if num_threads is not None:
         torch.set_num_threads(num_threads)
 

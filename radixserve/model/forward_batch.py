@@ -52,6 +52,40 @@ class ForwardBatch:
         return all(n == 1 for n in self.extend_lens_cpu)
 
     @staticmethod
+    def from_pages(
+        pages: list[list[int]], prefix: list[int], extend: list[int], page_size: int
+    ) -> "ForwardBatch":
+        """A paged batch from explicit page lists (tests and kernel benchmarks, on the CPU).
+
+        Sequence ``b`` holds ``pages[b]`` (enough for its ``prefix[b] + extend[b]`` tokens)
+        and computes the new rows at positions ``prefix[b] .. prefix[b] + extend[b] - 1``.
+        """
+        seq = [p + e for p, e in zip(prefix, extend)]
+        table = torch.zeros(len(seq), max(len(p) for p in pages), dtype=torch.int32)
+        slots, positions = [], []
+        for b, n in enumerate(seq):
+            if len(pages[b]) * page_size < n:
+                raise ValueError(f"sequence {b}: {len(pages[b])} pages cannot hold {n} tokens")
+            table[b, : len(pages[b])] = torch.tensor(pages[b])
+            for pos in range(prefix[b], n):
+                slots.append(pages[b][pos // page_size] * page_size + pos % page_size)
+                positions.append(pos)
+        return ForwardBatch(
+            input_ids=torch.zeros(sum(extend), dtype=torch.int64),
+            positions=torch.tensor(positions, dtype=torch.int64),
+            seq_lens=torch.tensor(seq, dtype=torch.int32),
+            extend_lens=torch.tensor(extend, dtype=torch.int32),
+            prefix_lens=torch.tensor(prefix, dtype=torch.int32),
+            extend_start_loc=torch.tensor([sum(extend[:b]) for b in range(len(seq))], dtype=torch.int32),
+            logits_indices=torch.zeros(0, dtype=torch.int64),
+            seq_lens_cpu=seq,
+            extend_lens_cpu=list(extend),
+            out_cache_loc=torch.tensor(slots, dtype=torch.int64),
+            page_table=table,
+            page_size=page_size,
+        )
+
+    @staticmethod
     def for_full_sequences(
         sequences: list[list[int]], device: torch.device | str = "cpu", all_logits: bool = False
     ) -> "ForwardBatch":

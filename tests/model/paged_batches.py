@@ -1,39 +1,10 @@
-"""Paged ForwardBatches for the attention-backend tests, from explicit page lists."""
+"""Paged ForwardBatches for the attention-backend tests: sequences over shared trunks."""
 
 from __future__ import annotations
 
 import torch
 
 from radixserve.model.forward_batch import ForwardBatch
-
-
-def paged_batch(pages: list[list[int]], prefix: list[int], extend: list[int], page_size: int) -> ForwardBatch:
-    """Sequence ``b`` holds ``pages[b]`` (enough for its ``prefix[b] + extend[b]`` tokens) and
-    computes the new rows at positions ``prefix[b] .. prefix[b] + extend[b] - 1``."""
-    seq = [p + e for p, e in zip(prefix, extend)]
-    table = torch.zeros(len(seq), max(len(p) for p in pages), dtype=torch.int32)
-    slots, positions = [], []
-    for b, n in enumerate(seq):
-        assert len(pages[b]) * page_size >= n, "not enough pages for the sequence"
-        table[b, : len(pages[b])] = torch.tensor(pages[b])
-        for pos in range(prefix[b], n):
-            slots.append(pages[b][pos // page_size] * page_size + pos % page_size)
-            positions.append(pos)
-    t = sum(extend)
-    return ForwardBatch(
-        input_ids=torch.zeros(t, dtype=torch.int64),
-        positions=torch.tensor(positions),
-        seq_lens=torch.tensor(seq, dtype=torch.int32),
-        extend_lens=torch.tensor(extend, dtype=torch.int32),
-        prefix_lens=torch.tensor(prefix, dtype=torch.int32),
-        extend_start_loc=torch.tensor([sum(extend[:b]) for b in range(len(seq))], dtype=torch.int32),
-        logits_indices=torch.zeros(0, dtype=torch.int64),
-        seq_lens_cpu=seq,
-        extend_lens_cpu=list(extend),
-        out_cache_loc=torch.tensor(slots, dtype=torch.int64),
-        page_table=table,
-        page_size=page_size,
-    )
 
 
 def shared_batch(
@@ -51,4 +22,4 @@ def shared_batch(
         trunk = trunks[trunk_of[b]]
         assert p >= len(trunk) * page_size
         pages.append(trunk + [perm.pop() for _ in range(-(-(p + e) // page_size) - len(trunk))])
-    return paged_batch(pages, prefix, extend, page_size)
+    return ForwardBatch.from_pages(pages, prefix, extend, page_size)

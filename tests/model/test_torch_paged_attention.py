@@ -11,13 +11,12 @@ from radixserve.model import native
 from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
 
-from paged_batches import paged_batch
 
 
 def make_batch(prefix: list[int], extend: list[int], page_size: int, num_pages: int, seed: int) -> ForwardBatch:
     perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).tolist()
     pages = [[perm.pop() for _ in range(-(-(p + e) // page_size))] for p, e in zip(prefix, extend)]  # scattered
-    return paged_batch(pages, prefix, extend, page_size)
+    return ForwardBatch.from_pages(pages, prefix, extend, page_size)
 
 
 @pytest.mark.parametrize("heads", [(4, 4), (9, 3), (4, 1)], ids=["mha", "gqa9/3", "mqa"])
@@ -85,3 +84,10 @@ def test_metadata_is_computed_once_per_batch() -> None:
     meta = backend._meta
     backend.forward(1, q, kv, kv, fb, 0.3)
     assert backend._meta is meta
+
+
+def test_batch_from_pages_rejects_too_few_pages() -> None:
+    fb = ForwardBatch.from_pages([[3, 1]], [5], [2], 4)  # positions 5, 6 in page 1
+    assert fb.out_cache_loc.tolist() == [5, 6] and fb.positions.tolist() == [5, 6]
+    with pytest.raises(ValueError, match="cannot hold"):
+        ForwardBatch.from_pages([[3]], [3], [2], 4)
