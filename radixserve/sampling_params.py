@@ -6,16 +6,27 @@ where parameter values are checked; the engine, the router and the gateways all 
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from radixserve.constrained.spec import Constraint, constraint_errors, constraint_of
 
 
+# Temperatures below this sample greedily: dividing logits by a smaller one overflows float32
+# (vLLM draws the same line).
+SAMPLING_EPS = 1e-5
+# Integer fields stay within int64 so that every layer (msgpack frames, torch) can carry them.
+_INT_LIMIT = 2**63
+# Token ids are int32 everywhere (page tables, torch indices).
+TOKEN_ID_LIMIT = 2**31
+
+
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """How to sample one request's completion.
 
-    ``temperature == 0`` means greedy. ``top_k <= 0`` and ``top_p == 1`` and ``min_p == 0``
-    disable those filters. ``logprobs``: ``None`` returns none; ``0`` returns the chosen
+    ``temperature == 0`` (or below ``SAMPLING_EPS``) means greedy. ``top_k <= 0`` and
+    ``top_p == 1`` and ``min_p == 0`` disable those filters. ``logprobs``: ``None`` returns none; ``0`` returns the chosen
     token's logprob; ``k > 0`` adds the top-k alternatives. ``prompt_logprobs_start``:
     when set, the logprob of every prompt token from that position on is returned
     (the DSL's ``select`` and SGLang's ``logprob_start_len`` use it).
@@ -48,7 +59,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < SAMPLING_EPS
 
     @property
     def constraint(self) -> Constraint | None:
@@ -58,6 +69,16 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     def validate(self, vocab_size: int | None = None) -> "SamplingParams":
         """Raise ``ValueError`` with a clear message for any invalid value; return self."""
         errors: list[str] = []
+        for name in ("max_tokens", "min_tokens", "top_k", "prompt_logprobs_start"):
+            value = getattr(self, name)
+            if value is not None and abs(value) >= _INT_LIMIT:
+                errors.append(f"{name} must be below 2**63 in magnitude, got {value}")
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                errors.append(f"{name} must be a finite number, got {value}")
+        if errors:  # the range checks below would only repeat these
+            raise ValueError("invalid sampling parameters: " + "; ".join(errors))
         if self.max_tokens < 1:
             errors.append(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.min_tokens < 0:
@@ -87,7 +108,10 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
         if self.prompt_logprobs_start is not None and self.prompt_logprobs_start < 0:
             errors.append(f"prompt_logprobs_start must be >= 0, got {self.prompt_logprobs_start}")
         errors += constraint_errors(self.regex, self.json_schema, self.choices)
-        if vocab_size is not None:
+        bad_ids = [t for t in self.stop_token_ids if not 0 <= t < TOKEN_ID_LIMIT]
+        if bad_ids:
+            errors.append(f"stop_token_ids must be token ids in [0, 2**31), got {bad_ids[:8]}")
+        elif vocab_size is not None:
             bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
             if bad:
                 errors.append(f"stop_token_ids out of the vocabulary (size {vocab_size}): {bad}")

@@ -48,6 +48,8 @@ def constraint_errors(regex: str | None, json_schema: str | None, choices: list[
             schema: Any = json.loads(json_schema)
         except ValueError as e:
             errors.append(f"json_schema is not valid JSON text: {e}")
+        except RecursionError:  # a few KB of "[[[[..." is enough to hit it
+            errors.append("json_schema is nested too deeply")
         else:
             if not isinstance(schema, (dict, bool)):
                 errors.append(f"json_schema must be a JSON object (or a boolean), got {type(schema).__name__}")

@@ -87,6 +87,10 @@ class Engine:
         self.device = torch.device(cfg.device)
         self.model = load_model(self.model_path, dtype=cfg.torch_dtype, device=self.device)
         self.model_config = mc = self.model.config
+        if cfg.max_model_len is not None and cfg.max_model_len > mc.max_position_embeddings:
+            # RoPE past the trained positions extrapolates silently: refuse, as vLLM does.
+            raise ValueError(f"max_model_len {cfg.max_model_len} exceeds the model's max_position_embeddings "
+                             f"({mc.max_position_embeddings})")
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
 
         num_pages = cfg.num_pages if cfg.num_pages is not None else self._plan_num_pages()

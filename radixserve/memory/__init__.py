@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "KVPool": "radixserve.memory.pool",
-    # Planner (engineer A's module), resolved only when asked for.
+    # The planner imports torch: resolved only when asked for.
     "kv_bytes_per_token": "radixserve.memory.planner",
     "plan_memory": "radixserve.memory.planner",
     "MemoryPlan": "radixserve.memory.planner",
@@ -40,10 +40,16 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "CacheStats",
     "CachedPrefix",
-    "KVPool",
     "MatchResult",
     "OutOfPagesError",
     "PageAllocator",
     "RadixCache",
     "TreeNode",
+    # lazy (see _LAZY)
+    "KVPool",
+    "MemoryPlan",
+    "MemorySnapshot",
+    "kv_bytes_per_token",
+    "memory_snapshot",
+    "plan_memory",
 ]

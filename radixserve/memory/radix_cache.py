@@ -216,9 +216,14 @@ class RadixCache:
         else:
             node, matched, pages = self._walk(root, tuple(tokens[:n_full]), want_node=True)
         if record_stats:
-            self._queried += len(tokens)
-            self._hit += matched
+            self.record_lookup(len(tokens), matched)
         return MatchResult(pages, matched, node)
+
+    def record_lookup(self, queried: int, hit: int) -> None:
+        """Count one look-up of ``queried`` tokens of which ``hit`` were cached (for a caller
+        that matched with ``record_stats=False`` and decided afterwards that it counts)."""
+        self._queried += queried
+        self._hit += hit
 
     def peek_prefix_len(self, tokens: Sequence[int], namespace: Hashable | None = None) -> int:
         """Length of the cached page-aligned prefix of ``tokens``, without touching the tree."""

@@ -20,13 +20,15 @@ A request's tokens and the KV that backs them, at any moment::
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from radixserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixserve.memory.tree_node import TreeNode
 
 
 class RequestStatus(enum.Enum):
@@ -46,7 +48,6 @@ class Request:
     max_total_len: int  # stop with "length" when len(token_ids) reaches this
     namespace: str | None = None
     arrival_step: int = 0
-    arrival_time: float = field(default_factory=time.monotonic)
     generator: torch.Generator | None = None
     # Constrained decoding: the request's GrammarMatcher (radixserve.constrained), advanced
     # with every sampled token; kept across retraction because the tokens are kept.
@@ -55,7 +56,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     # KV state (see the module docstring).
     pages: list[int] = field(default_factory=list)
-    lock_node: Any | None = None
+    lock_node: TreeNode | None = None  # the locked end of its cached prefix
     cached_len: int = 0
     computed_len: int = 0
     slot: int = -1  # row of the scheduler's page table while running
@@ -63,7 +64,6 @@ class Request:
     cached_tokens: int | None = None  # prompt tokens reused at first admission (usage)
     num_retractions: int = 0
     bypassed: int = 0  # times a later arrival was admitted first (LPM aging)
-    first_token_time: float | None = None
     # Prompt logprobs: positions whose logits are still needed, and the values so far.
     prompt_lp_next: int = 0  # next row position whose logits give a prompt logprob
     prompt_logprobs: list[float | None] | None = None

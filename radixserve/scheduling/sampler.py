@@ -71,7 +71,7 @@ class Sampler:
         logits = self._apply_min_tokens(logits, rows)
         logits = self._apply_grammar(logits, rows)
 
-        greedy = [p.temperature == 0.0 for p in params]
+        greedy = [p.greedy for p in params]
         if all(greedy):
             chosen = logits.argmax(dim=-1)
         else:
@@ -139,7 +139,7 @@ class Sampler:
     def _draw(self, logits: torch.Tensor, rows: Sequence[SamplingRow], greedy: list[bool]) -> torch.Tensor:
         params = [r.params for r in rows]
         dev = logits.device
-        temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], device=dev)
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=dev)
         scaled = logits / temps[:, None]
         top_k = [p.top_k if p.top_k > 0 else 0 for p in params]
         if any(top_k):

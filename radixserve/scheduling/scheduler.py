@@ -114,8 +114,8 @@ class Scheduler:
         work = self._schedule()
         if not work:
             return outputs
-        fb, plan = build_forward_batch(work, self.page_table, self.page_size, self.device)
-        try:
+        try:  # building the batch can fail too (device memory, a device error surfacing)
+            fb, plan = build_forward_batch(work, self.page_table, self.page_size, self.device)
             with torch.inference_mode():
                 logits = self.forward(fb)
                 sampled = self.sampler.sample(logits[: len(plan.sample_reqs)], plan.sample_reqs) if plan.sample_reqs else None
@@ -215,11 +215,17 @@ class Scheduler:
                     i += k
         return work, budget
 
-    def _reserved_pages(self, r: Request) -> int:
-        """Pages ``r`` may still need: its pending tokens plus a share of its remaining output."""
+    def _expected_len(self, r: Request) -> int:
+        """Tokens ``r`` is expected to hold at its end: what it has, plus its remaining output
+        (``max_tokens`` less what it already produced, capped) scaled by the new-token ratio,
+        and never past the context it may reach (``max_total_len``)."""
         remaining_out = min(r.params.max_tokens - r.num_output, self.config.reserve_tokens_cap)
-        future = r.num_pending + int(remaining_out * self.new_token_ratio)
-        return max(0, -(-(r.computed_len + future) // self.page_size) - len(r.pages))
+        future = int(max(0, remaining_out) * self.new_token_ratio)
+        return min(len(r.token_ids) + future, max(r.max_total_len, len(r.token_ids)))
+
+    def _reserved_pages(self, r: Request) -> int:
+        """Pages ``r`` may still need beyond those it holds (see :meth:`_expected_len`)."""
+        return max(0, -(-self._expected_len(r) // self.page_size) - len(r.pages))
 
     def _admit(self, budget: int, work: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
         ps = self.page_size
@@ -232,16 +238,17 @@ class Scheduler:
         for req in self.policy.order(self.waiting, self.counters.steps):
             if budget <= 0 or len(self.running) >= cfg.max_running_requests:
                 break
-            limit = req.match_limit
-            match = self.cache.match_prefix(req.token_ids[:limit], req.namespace)
-            m = match.matched_len
-            if deferring and self._should_defer(req, m, inflight):
+            tokens = req.token_ids[: req.match_limit]
+            # Deciding to defer only peeks: a request passed over must not touch the tree.
+            if deferring and self._should_defer(req, self.cache.peek_prefix_len(tokens, req.namespace), inflight):
                 continue
+            # The cache's hit counters count admissions, not every step a request waits.
+            match = self.cache.match_prefix(tokens, req.namespace, record_stats=False)
+            m = match.matched_len
             n = min(len(req.token_ids) - m, budget)
             self.cache.lock(match.node)
             need_now = -(-(m + n) // ps) - len(match.pages)
-            need_all = -(-(len(req.token_ids) + int(min(req.params.max_tokens, cfg.reserve_tokens_cap)
-                                                   * self.new_token_ratio)) // ps) - len(match.pages)
+            need_all = -(-self._expected_len(req) // ps) - len(match.pages)
             available = self.allocator.num_free + self.cache.num_evictable_pages
             idle = not self.running
             if need_now > available or (not idle and need_all + reserved > available):
@@ -253,6 +260,7 @@ class Scheduler:
                 self.cache.unlock(match.node)
                 break
             reserved += max(0, need_all - need_now)
+            self.cache.record_lookup(len(tokens), m)
             self.waiting.remove(req)
             req.status = RequestStatus.RUNNING
             req.lock_node = match.node

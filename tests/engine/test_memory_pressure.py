@@ -100,3 +100,8 @@ def test_failed_forward_finishes_batch_with_error(tiny_llama_dir: Path, make_eng
     assert "device lost" in (outs[0].error or "")
     engine.check_invariants()
     assert engine.stats().pages_in_use == 0 and not engine.has_unfinished()
+
+
+def test_max_model_len_past_the_models_positions_is_refused(tiny_llama_dir: Path, make_engine) -> None:
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        make_engine(tiny_llama_dir, max_model_len=4096)  # the tiny model has 2048 positions

@@ -37,6 +37,12 @@ def hf_model(tiny_llama_dir: Path):  # type: ignore[no-untyped-def]
         (SamplingParams(logprobs=50), "logprobs"),
         (SamplingParams(stop_token_ids=[10**6]), "stop_token_ids"),
         (SamplingParams(stop=[""]), "stop strings"),
+        (SamplingParams(temperature=float("inf")), "temperature must be a finite"),
+        (SamplingParams(temperature=float("nan")), "temperature must be a finite"),
+        (SamplingParams(repetition_penalty=float("inf")), "repetition_penalty must be a finite"),
+        (SamplingParams(max_tokens=2**64), "max_tokens must be below 2"),
+        (SamplingParams(stop_token_ids=[2**64]), "stop_token_ids must be token ids"),
+        (SamplingParams(json_schema="[" * 5000 + "]" * 5000), "nested too deeply"),
     ],
 )
 def test_invalid_params_rejected(engine, params: SamplingParams, match: str) -> None:  # type: ignore[no-untyped-def]

@@ -145,3 +145,19 @@ def test_bad_arguments_raise() -> None:
         native.paged_attention(q, kp, kp, q.clone(), plan(native.Member(1, 2, [1], 3)), 1.0)  # rows 1..2 of 2
     with pytest.raises(RuntimeError, match="must lie in q"):
         native.paged_attention(q, kp, kp, q.clone(), plan(native.Member(0, 1, [1], 17)), 1.0)  # one page: 16 keys
+
+
+@pytest.mark.parametrize("field, values, message", [
+    ("shared_start", [0, 5], "shared_start must stay within"),  # 5 shared pages named, 1 given
+    ("own_start", [1, 0], "own_start must stay within|own_start must be non-decreasing"),
+    ("own_start", [0, 3], "own_start must stay within"),
+    ("group_start", [1, 1], "group_start must run from 0"),
+])
+def test_bad_plan_offsets_raise(field: str, values: list[int], message: str) -> None:
+    """Offsets into the page lists are checked too: a bad plan must not read past them."""
+    q = torch.randn(1, 9, 64)
+    kp = torch.randn(4, 16, 3, 64)
+    bad = native.AttentionPlan.build([([native.Member(0, 1, [1], 3)], [2])])
+    setattr(bad, field, torch.tensor(values, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match=message):
+        native.paged_attention(q, kp, kp, q.clone(), bad, 1.0)

@@ -35,6 +35,15 @@ def peaked() -> torch.Tensor:
     return torch.linspace(0, 6, V)[None, :]  # token 31 most likely, then 30, ...
 
 
+@pytest.mark.parametrize("temperature", [1e-45, 1e-40, 1e-7])
+def test_a_tiny_temperature_is_greedy(temperature: float) -> None:
+    """Dividing by a denormal temperature overflows float32 (NaN probabilities): below
+    SAMPLING_EPS the row samples greedily instead."""
+    logits = torch.randn(4, V)
+    res = sampler().sample(logits, [Row(SamplingParams(temperature=temperature)) for _ in range(4)])
+    assert res.token_ids == logits.argmax(-1).tolist()
+
+
 def test_greedy_is_argmax() -> None:
     logits = torch.randn(5, V)
     res = sampler().sample(logits, [Row(SamplingParams(temperature=0.0)) for _ in range(5)])

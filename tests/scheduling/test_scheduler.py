@@ -97,3 +97,54 @@ def test_retraction_keeps_output_and_releases_pages() -> None:
     assert s.counters.retractions > 0
     assert out == {f"r{i}": [(i * 10 + 1 + k) % V for k in range(1, 9)] for i in range(3)}
     assert s.allocator.num_free + s.cache.num_evictable_pages == 12
+
+
+def test_admission_reserves_no_more_than_the_context_allows() -> None:
+    """A huge max_tokens must not reserve pages past what the request can ever hold."""
+    s, _ = make(num_pages=64, page_size=4, max_num_tokens=256)
+    for i in range(4):
+        r = request(f"r{i}", [i * 10 + 1] * 30, n=4096)
+        r.max_total_len = 40  # the context: at most 10 more tokens, 3 more pages
+        s.add(r)
+    first = s.step()
+    assert len(s.running) == 4  # 4 x 10 pages fit in 64; reserving for 4096 tokens admitted one
+    out = drain(s)
+    for o in first:
+        out[o.request_id] = o.new_token_ids + out.get(o.request_id, [])
+    assert sorted(len(toks) for toks in out.values()) == [10] * 4  # stopped by the context
+    assert s.allocator.num_free + s.cache.num_evictable_pages == 64
+
+
+def test_a_retracted_request_reserves_only_its_remaining_output() -> None:
+    s, _ = make(num_pages=64, page_size=4)
+    r = request("r", [1] * 8, n=40)
+    r.token_ids += [2] * 36  # retracted after 36 of its 40 tokens
+    assert s._expected_len(r) <= len(r.token_ids) + 4
+
+
+def test_a_failing_batch_build_finishes_the_batch_with_an_error(monkeypatch: object) -> None:
+    import radixserve.scheduling.scheduler as sched_mod
+
+    s, _ = make()
+    s.add(request("a", [1, 2, 3, 4, 5], n=4))
+    s.step()  # prefill: a holds pages now
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise MemoryError("no device memory")
+
+    monkeypatch.setattr(sched_mod, "build_forward_batch", broken)  # type: ignore[attr-defined]
+    outs = s.step()
+    assert [(o.request_id, o.finish_reason) for o in outs] == [("a", "error")]
+    s.check_invariants()
+    assert not s.has_unfinished()
+    assert s.allocator.num_free + s.cache.num_evictable_pages == 64
+
+
+def test_cache_stats_count_a_deferred_request_once() -> None:
+    """Requests passed over (deferred behind a shared prefix) do not inflate the hit counters."""
+    s, _ = make(num_pages=64, page_size=4, max_num_tokens=16, defer_shared_prefix_tokens=4)
+    shared = list(range(1, 25))
+    s.add(request("a", shared + [40], n=2))
+    s.add(request("b", shared + [50], n=2))  # waits while a computes the shared prefix
+    drain(s)
+    assert s.cache.stats.queried_tokens == 2 * 24  # each prompt's match limit, once

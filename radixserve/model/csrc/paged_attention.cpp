@@ -366,8 +366,16 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::T
   const Plan P{q_start.data_ptr<int64_t>(),      new_len.data_ptr<int64_t>(),   group_start.data_ptr<int64_t>(),
                shared_pages.data_ptr<int64_t>(), shared_start.data_ptr<int64_t>(), own_pages.data_ptr<int64_t>(),
                own_start.data_ptr<int64_t>(),    own_len.data_ptr<int64_t>()};
-  TORCH_CHECK(group_start.size(0) >= 1 && P.group_start[group_start.size(0) - 1] == members,
-              "group_start must end at the number of members");
+  TORCH_CHECK(group_start.size(0) >= 1 && P.group_start[0] == 0 && P.group_start[group_start.size(0) - 1] == members,
+              "group_start must run from 0 to the number of members");
+  // The start arrays index the page lists: each must be non-decreasing and stay inside its list.
+  auto check_starts = [](const int64_t* starts, int64_t n, int64_t end, const char* name) {
+    TORCH_CHECK(starts[0] >= 0 && starts[n - 1] <= end, name, " must stay within [0, ", end, "]");
+    for (int64_t i = 1; i < n; ++i) TORCH_CHECK(starts[i - 1] <= starts[i], name, " must be non-decreasing");
+  };
+  check_starts(P.group_start, group_start.size(0), members, "group_start");
+  check_starts(P.shared_start, shared_start.size(0), shared_pages.size(0), "shared_start");
+  check_starts(P.own_start, own_start.size(0), own_pages.size(0), "own_start");
   for (int64_t i = 0; i < members; ++i) {
     TORCH_CHECK(P.new_len[i] >= 1 && P.new_len[i] <= P.own_len[i] &&
                     P.own_len[i] <= (P.own_start[i + 1] - P.own_start[i]) * k_pages.size(1) &&
