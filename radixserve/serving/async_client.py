@@ -49,6 +49,8 @@ class AsyncClient:
                 q.put_nowait(msg)
 
     def _open(self, rid: str) -> asyncio.Queue[Any]:
+        if rid in self._queues:  # a second waiter would orphan the first
+            raise ValueError(f"request id {rid!r} is already in flight on this client")
         if self._reader is None or self._reader.done():
             self._reader = asyncio.get_running_loop().create_task(self._read())
         q: asyncio.Queue[Any] = asyncio.Queue()

@@ -112,6 +112,8 @@ class Client:
                request_id: str | None = None) -> str:
         """Send a generate request and return its id without waiting (see :meth:`events`)."""
         rid = request_id or self._ids.next()
+        if rid in self._queues:  # a second waiter would orphan the first
+            raise ValueError(f"request id {rid!r} is already in flight on this client")
         req = generate_request(rid, text, input_ids, messages, params, stream, session_id, namespace,
                                add_generation_prompt)
         self._queues[rid] = deque()

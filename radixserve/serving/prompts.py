@@ -15,6 +15,16 @@ from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
 
 
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of a text prompt, the tokenizer's special tokens (BOS) added as it adds them,
+    unless the text already begins with the BOS token (a prompt rendered by a chat template
+    that writes it, as Llama's and Mistral's do): encoding that again would give two BOS."""
+    bos = getattr(tokenizer, "bos_token", None)
+    if isinstance(bos, str) and bos and text.startswith(bos):
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(text))
+
+
 class PromptError(ValueError):
     """The prompt could not be rendered or encoded (bad chat roles, no template, ...)."""
 
@@ -42,7 +52,7 @@ class PromptCodec:
         if req.input_ids is not None:
             return list(req.input_ids)
         if req.text is not None:
-            return list(self.tokenizer.encode(req.text))
+            return encode_text(self.tokenizer, req.text)
         assert req.messages is not None
         if not self.chat_template:
             raise PromptError("the model has no chat template; send text or input_ids instead of messages")

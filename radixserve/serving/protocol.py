@@ -315,7 +315,13 @@ class WorkerShutdown(_Msg, tag="w_shutdown"):
     """Router -> worker: abort everything, say goodbye and exit."""
 
 
-RouterToWorker = Union[WorkerAdd, WorkerAbort, WorkerPing, WorkerStatsRequest, WorkerFlush, WorkerShutdown]
+class WorkerRejoin(_Msg, tag="w_rejoin"):
+    """Router -> worker: you were declared dead (silent past the heartbeat timeout, e.g.
+    during a very long step) and your requests failed; abort everything and say hello again."""
+
+
+RouterToWorker = Union[WorkerAdd, WorkerAbort, WorkerPing, WorkerStatsRequest, WorkerFlush, WorkerShutdown,
+                       WorkerRejoin]
 
 
 class WorkerHello(_Msg, tag="w_hello"):
@@ -407,6 +413,15 @@ def _tags(union: Any) -> frozenset[str]:
     return _TAGS[key]
 
 
+def request_id_of(data: bytes) -> str | None:
+    """The ``request_id`` of a frame, if it has a readable one (to tie an error to it)."""
+    try:
+        rid = _envelope_decoder.decode(data).request_id
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return rid if isinstance(rid, str) and rid else None
+
+
 def encode(msg: msgspec.Struct) -> bytes:
     """Encode any protocol message to one msgpack frame."""
     return _encoder.encode(msg)
@@ -427,7 +442,7 @@ def _explain(data: bytes, union: Any, exc: Exception) -> Error:
         )
     if env.type is None:
         return Error(code="invalid_message", message="message has no 'type' field", request_id=rid)
-    if env.type not in _tags(union):
+    if not isinstance(env.type, str) or env.type not in _tags(union):
         return Error(
             code="unknown_type",
             message=f"unknown message type {env.type!r}; expected one of {sorted(_tags(union))}",

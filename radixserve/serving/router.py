@@ -44,7 +44,7 @@ from radixserve.serving import protocol as p
 from radixserve.serving.control import ControlOps
 from radixserve.serving.dispatch import Dispatcher, RoutingPolicy
 from radixserve.serving.inflight import InFlight, context_error
-from radixserve.serving.prompts import PromptCodec, PromptError
+from radixserve.serving.prompts import PromptCodec, PromptError, encode_text
 from radixserve.serving.requests import RouterRequest
 from radixserve.serving.workers import WorkerHandle, WorkerPool
 
@@ -221,7 +221,11 @@ class Router:
             except Exception as exc:  # a bug must cost one request, not the server
                 log.exception("error handling a message")
                 if sock is self.frontend:
-                    self._reply_error(frames[0], p.Error(code="internal", message=f"{type(exc).__name__}: {exc}"))
+                    # Tied to its request where the frame names one: a client fails that
+                    # request alone, not everything it has in flight.
+                    rid = p.request_id_of(frames[-1]) if len(frames) > 1 else None
+                    self._reply_error(frames[0], p.Error(code="internal", message=f"{type(exc).__name__}: {exc}",
+                                                         request_id=rid))
         return False
 
     # ------------------------------------------------------------------ sending
@@ -258,7 +262,7 @@ class Router:
         elif isinstance(msg, (p.StatsRequest, p.FlushCache)):
             self._control.start(client, msg)
         elif isinstance(msg, p.TokenizeRequest):
-            ids = [list(self.codec.tokenizer.encode(t)) for t in msg.texts]
+            ids = [encode_text(self.codec.tokenizer, t) for t in msg.texts]
             self.send_client(client, p.TokenizeReply(request_id=msg.request_id, input_ids=ids))
 
     def _reply_error(self, client: bytes, err: p.Error) -> None:
@@ -319,7 +323,12 @@ class Router:
             return
         w = self.pool.get(identity)
         if w is None or not w.alive:
-            if isinstance(msg, p.WorkerOutputs):  # a worker we gave up on: stop its work
+            if w is not None and not w.rejoin_asked and not isinstance(msg, p.WorkerGoodbye):
+                # Declared dead but still talking (a step outlasted the heartbeat timeout):
+                # its requests have failed; it may serve again once it has dropped them.
+                w.rejoin_asked = True
+                self.pool.send_raw(identity, p.WorkerRejoin())
+            elif isinstance(msg, p.WorkerOutputs):  # a worker we gave up on: stop its work
                 live = [o.request_id for o in msg.outputs if not o.finished]
                 if live:
                     self.pool.send_raw(identity, p.WorkerAbort(rids=live))

@@ -260,6 +260,11 @@ class Worker:
             self._send(p.WorkerStatsReply(token=msg.token, load=engine_load(self.engine), engine=stats))
         elif isinstance(msg, p.WorkerFlush):
             self._send(p.WorkerFlushReply(token=msg.token, ok=bool(self.engine.flush_cache())))
+        elif isinstance(msg, p.WorkerRejoin):
+            log.warning("the router declared this worker dead: aborting %d requests and joining again",
+                        len(self._active))
+            self._abort_all()
+            self._send(describe_engine(self.engine, self.worker_id, self.model_name))
         elif isinstance(msg, p.WorkerShutdown):
             self._goodbye = "shutdown requested"
             self.stop()

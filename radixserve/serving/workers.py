@@ -41,6 +41,7 @@ class WorkerHandle:
     alive: bool = True
     death: str | None = None
     gone: str | None = None  # why it seems gone (a send failed, its process exited); see WorkerPool.settle_gone
+    rejoin_asked: bool = False  # declared dead, then heard from: told once to join again
     load: p.WorkerLoad = field(default_factory=p.WorkerLoad)
     inflight: set[str] = field(default_factory=set)  # rids not yet reported finished
     adds: list[p.WorkerRequest] = field(default_factory=list)  # batched per loop turn
@@ -100,7 +101,9 @@ class WorkerPool:
         wid = hello.worker_id
         if wid < 0 or (wid in self.workers and self.workers[wid].alive):
             wid = max([*self.workers, *self.expected, -1]) + 1
-        w = WorkerHandle(wid, identity, hello, time.monotonic(), proc=self.expected.pop(wid, None), load=hello.load)
+        # A worker joining again (declared dead after a long step) keeps its process handle.
+        proc = self.expected.pop(wid, None) or (old.proc if old is not None else None)
+        w = WorkerHandle(wid, identity, hello, time.monotonic(), proc=proc, load=hello.load)
         self.workers[wid] = w
         self._by_identity[identity] = w
         self.dispatcher.add_worker(wid)

@@ -96,13 +96,17 @@ def test_bad_requests_get_4xx_and_server_keeps_serving(server: Any) -> None:
             err = r.json()["error"]
             assert err["type"] in ("invalid_request_error", "not_found_error") and word in json.dumps(err), err
         r = c.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
-        assert r.status_code == 422 and r.json()["error"]["code"] == "json_invalid"
+        assert r.status_code == 400 and r.json()["error"]["code"] == "json_invalid"
         r = c.post("/v1/completions", json={"model": "default", "prompt": "x", "max_tokens": 0})
         assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
         r = c.post("/v1/completions", json={"model": "default", "prompt": [], "max_tokens": 1})
         assert r.status_code == 400
         r = c.post("/v1/completions", json={"model": "default", "prompt": [1, 2, 10**9], "max_tokens": 1})
         assert r.status_code == 400 and "input_ids" in r.json()["error"]["message"]
+        # Integers past int64 are a 400 in the usual shape, not a failure to encode for the router.
+        for extra in ({"prompt": [1, 2**64]}, {"max_tokens": 2**64}, {"stop_token_ids": [2**64]}, {"top_k": 2**64}):
+            r = c.post("/v1/completions", json={"model": "default", "prompt": "x", "max_tokens": 1, **extra})
+            assert r.status_code == 400 and r.json()["error"]["message"], (extra, r.text)
         r = c.post("/v1/chat/completions", json={"model": "default", "messages": [{"role": "user", "content": "x"}],
                                                  "stream": True, "max_tokens": -1})
         assert r.status_code == 400  # a stream that fails validation gets a status, not an event

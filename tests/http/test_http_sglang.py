@@ -141,7 +141,10 @@ def test_sglang_bad_requests(server: Any) -> None:
                      {"text": "hi", "sampling_params": {"max_new_tokens": -1}},
                      {"text": "hi", "sampling_params": {"temperature": "hot"}},
                      {"text": "hi", "sampling_params": {"ebnf": "root ::= 'a'"}},
-                     {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 1}]}):
+                     {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 1}]},
+                     {"input_ids": [1, 2**64], "sampling_params": {"max_new_tokens": 1}},
+                     {"text": "hi", "sampling_params": {"max_new_tokens": 2**64}},
+                     {"text": "hi", "sampling_params": {"json_schema": "[" * 5000 + "]" * 5000}}):
             r = c.post("/generate", json=body)
             assert r.status_code == 400, (body, r.text)
             assert r.json()["error"]["message"]

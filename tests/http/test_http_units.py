@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from radixserve.serving.http.metrics import GatewayMetrics
 from radixserve.serving.http.openai_protocol import ChatCompletionRequest, CompletionRequest
 from radixserve.serving.http.sglang_protocol import GenerateReqInput, expand
 from radixserve.serving.http.sse import DONE, event
+from radixserve.serving.http.streams import finals
 from radixserve.serving.http.tokens import TokenNames
 
 
@@ -148,3 +151,31 @@ def test_token_bytes_rejoin_split_characters(tiny_llama_dir: Any) -> None:
     ids = names.tokenizer.encode(text)
     assert b"".join(names.bytes(i) for i in ids).decode() == text
     assert TokenNames().text(7) == "token_id:7"
+
+
+def test_finals_fails_at_the_first_error_and_closes_the_rest() -> None:
+    """A batch whose second prompt fails at once must not wait for the first to finish."""
+    closed: list[str] = []
+
+    class Quiet:  # an HTTP request whose client never goes away
+        async def receive(self) -> dict[str, Any]:
+            await asyncio.Event().wait()
+            return {}
+
+    async def endless() -> AsyncIterator[Any]:
+        try:
+            await asyncio.Event().wait()  # a long generation
+            yield None
+        finally:
+            closed.append("endless")
+
+    async def failing() -> AsyncIterator[Any]:
+        raise APIError(400, "prompt too long", code="context_length_exceeded")
+        yield None
+
+    async def main() -> None:
+        with pytest.raises(APIError, match="prompt too long"):
+            await asyncio.wait_for(finals(Quiet(), [endless(), failing()]), timeout=30)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    assert closed == ["endless"]  # cancelled: its request is aborted

@@ -43,7 +43,8 @@ def test_round_trip_server_and_worker_messages() -> None:
     for msg in server:
         assert p.decode_server(p.encode(msg)) == msg
     to_worker = [p.WorkerAdd(requests=[p.WorkerRequest(rid="1", input_ids=[1], params=SamplingParams())]),
-                 p.WorkerAbort(rids=["1"]), p.WorkerPing(), p.WorkerStatsRequest(token=3), p.WorkerShutdown()]
+                 p.WorkerAbort(rids=["1"]), p.WorkerPing(), p.WorkerStatsRequest(token=3), p.WorkerShutdown(),
+                 p.WorkerRejoin()]
     for msg in to_worker:
         assert p.decode_to_worker(p.encode(msg)) == msg
     from_worker = [
@@ -64,6 +65,8 @@ def test_round_trip_server_and_worker_messages() -> None:
         (b"not msgpack at all", "malformed"),
         (msgspec.msgpack.encode([1, 2, 3]), "malformed"),
         (_frame(type="launch_missiles", request_id="x"), "unknown_type"),
+        (_frame(type=["generate"], request_id="x"), "unknown_type"),  # an unhashable tag
+        (_frame(type={"generate": 1}, request_id="x"), "unknown_type"),
         (_frame(request_id="x", text="a"), "invalid_message"),
         (_frame(type="generate", request_id="x", text="a", version=999), "version_mismatch"),
         (_frame(type="generate", request_id="x", text="a", extra=1), "invalid_message"),
@@ -89,6 +92,18 @@ def test_error_keeps_request_id_when_known() -> None:
     err = p.decode_client(_frame(type="generate", request_id="abc", text="a", bogus=True))
     assert isinstance(err, p.Error) and err.request_id == "abc"
     assert "bogus" in err.message
+
+
+def test_request_id_of_reads_any_frame() -> None:
+    assert p.request_id_of(_frame(type="generate", request_id="abc", text=5)) == "abc"
+    assert p.request_id_of(_frame(type="generate", request_id=7)) is None
+    assert p.request_id_of(b"\xc1") is None
+
+
+def test_nested_schema_is_invalid_params() -> None:
+    err = p.decode_client(_frame(type="generate", request_id="x", text="a",
+                                 params={"json_schema": "[" * 5000 + "]" * 5000}))
+    assert isinstance(err, p.Error) and err.code == "invalid_params" and err.request_id == "x"
 
 
 def test_vocab_check() -> None:

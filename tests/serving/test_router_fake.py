@@ -6,6 +6,8 @@ worker death. Outputs are checked against the fake engine's deterministic token 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from fake_engine import fake_token
@@ -268,6 +270,12 @@ def test_sessions_model_info_tokenize_flush_duplicates(fake_server, tokenizer) -
         with pytest.raises(ServerError) as exc:
             c.result(rid)
         assert exc.value.code == "duplicate_request"
+        # Reusing an id still in flight on this client is refused before anything is sent:
+        # a second waiter would orphan the first request.
+        first = c.submit("long", params=SamplingParams(max_tokens=50), request_id="again")
+        with pytest.raises(ValueError, match="already in flight"):
+            c.submit("dup", params=SamplingParams(max_tokens=1), request_id="again")
+        assert c.result(first).finish_reason == "length"
 
 
 def test_hung_worker_is_declared_dead_by_heartbeat(fake_server) -> None:
@@ -289,6 +297,15 @@ def test_hung_worker_is_declared_dead_by_heartbeat(fake_server) -> None:
             assert c.generate("served elsewhere", params=SamplingParams(max_tokens=1)).worker_id == 1
         finally:
             os.kill(victim.pid, signal.SIGCONT)
+        # Once it runs again, the worker finds the router silent toward it and joins again:
+        # a long step costs its requests, not the worker.
+        deadline = time.monotonic() + 20
+        while c.health().workers_alive < 2:
+            assert time.monotonic() < deadline, "the resumed worker did not join again"
+            time.sleep(0.1)  # polling the router's view; nothing to wait on from outside
+        served = {c.generate(f"both again {i}", params=SamplingParams(max_tokens=1)).worker_id for i in range(4)}
+        assert served == {0, 1}
+    assert victim.poll() is None  # the same process, still watched by the router
 
 
 def test_remote_worker_joins_by_endpoint_over_ipc(tokenizer_dir, tokenizer, alphabet, tmp_path, fast_router,

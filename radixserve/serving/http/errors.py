@@ -6,10 +6,9 @@ envelope, so one shape serves both APIs. Status codes:
 
 =====  =============================================================================
 400    invalid parameter values, missing fields, wrong types, prompt too long
-       (``code="context_length_exceeded"``)
+       (``code="context_length_exceeded"``), a body that is not JSON (``code="json_invalid"``)
 404    unknown model (``code="model_not_found"``), unknown route
-422    a body that is not JSON at all
-500    a worker failed the request / a bug
+500    a worker failed the request / a bug (still in this shape: clients parse it)
 503    no live worker, the server is shutting down, the worker died
 504    the router did not answer in time
 =====  =============================================================================
@@ -96,7 +95,7 @@ def _messages(errors: list[Any]) -> list[Any]:
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
-        return APIError(422, "the request body is not valid JSON: " + "; ".join(
+        return APIError(400, "the request body is not valid JSON: " + "; ".join(
             str(e.get("msg")) for e in errors), code="json_invalid").response()
     errors = _messages(errors)
     first = errors[0] if errors else {}
@@ -114,8 +113,14 @@ def _api_error(request: Request, exc: APIError) -> JSONResponse:
     return exc.response()
 
 
+def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # Starlette logs the traceback after this response is sent.
+    return APIError(500, f"internal error: {type(exc).__name__}", type="internal_error").response()
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Make every error of ``app`` answer in OpenAI's error shape."""
+    app.add_exception_handler(Exception, _unexpected)
     app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]

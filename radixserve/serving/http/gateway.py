@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -102,6 +102,17 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
         await asyncio.gather(task, watch, return_exceptions=True)
 
 
+@contextlib.contextmanager
+def router_errors() -> Iterator[None]:
+    """Answer the router client's errors as API errors (their HTTP status and shape)."""
+    try:
+        yield
+    except ServerError as exc:
+        raise from_server_error(exc) from exc
+    except TimeoutError as exc:
+        raise from_timeout(exc) from exc
+
+
 class Gateway:
     """State shared by the HTTP handlers: the router client, model info, metrics."""
 
@@ -140,12 +151,8 @@ class Gateway:
     async def info(self) -> p.ModelInfo:
         """The router's :class:`ModelInfo` (fetched once a worker has joined, then cached)."""
         if self._info is None:
-            try:
+            with router_errors():
                 self._info = await self._client().model_info(timeout=self.config.control_timeout_s)
-            except ServerError as exc:
-                raise from_server_error(exc) from exc
-            except TimeoutError as exc:
-                raise from_timeout(exc) from exc
             if not self._tokenizer_looked_up:
                 self._tokenizer_looked_up = True
                 # A tokenizer load takes a while: off the event loop.
@@ -201,40 +208,24 @@ class Gateway:
     # ------------------------------------------------------------------ control
     async def stats(self) -> p.StatsReply:
         """The router's stats (per worker, with engine stats and memory); feeds /metrics."""
-        try:
+        with router_errors():
             st = await self._client().stats(timeout=self.config.control_timeout_s)
-        except ServerError as exc:
-            raise from_server_error(exc) from exc
-        except TimeoutError as exc:
-            raise from_timeout(exc) from exc
         self.last_stats = st
         self.metrics.update(st)
         return st
 
     async def health(self) -> p.HealthReply:
-        try:
+        with router_errors():
             return await self._client().health(timeout=self.config.control_timeout_s)
-        except ServerError as exc:
-            raise from_server_error(exc) from exc
-        except TimeoutError as exc:
-            raise from_timeout(exc) from exc
 
     async def flush_cache(self) -> bool:
-        try:
+        with router_errors():
             return await self._client().flush_cache(timeout=self.config.control_timeout_s)
-        except ServerError as exc:
-            raise from_server_error(exc) from exc
-        except TimeoutError as exc:
-            raise from_timeout(exc) from exc
 
     async def tokenize(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text, exactly as the router encodes a text prompt."""
-        try:
+        with router_errors():
             return await self._client().tokenize(texts, timeout=self.config.control_timeout_s)
-        except ServerError as exc:
-            raise from_server_error(exc) from exc
-        except TimeoutError as exc:
-            raise from_timeout(exc) from exc
 
     async def _memory_log_loop(self) -> None:
         while True:
@@ -259,7 +250,7 @@ class Gateway:
         gaps: list[float] = []
         events = self._client().stream(text, input_ids=input_ids, messages=messages, params=params,
                                        session_id=session_id, stream=True, timeout=self.config.request_timeout_s)
-        try:
+        with router_errors():
             # aclosing: leaving early closes the client stream now (it sends the abort), not at GC.
             async with contextlib.aclosing(events):
                 async for ev in events:
@@ -276,18 +267,19 @@ class Gateway:
                         self.metrics.observe_request(ev, None if first is None else first - arrival, gaps,
                                                      now - arrival)
                     yield ev
-        except ServerError as exc:
-            raise from_server_error(exc) from exc
-        except TimeoutError as exc:
-            raise from_timeout(exc) from exc
 
     async def generate(self, **kwargs: Any) -> p.GenerateFinal:
         """Run one request to its final message (same arguments as :meth:`stream`)."""
-        async with contextlib.aclosing(self.stream(**kwargs)) as events:
-            async for ev in events:
-                if isinstance(ev, p.GenerateFinal):
-                    return ev
-        raise APIError(500, "the router ended a request without a final message", type="internal_error")
+        return await final_of(self.stream(**kwargs))
+
+
+async def final_of(stream: AsyncIterator[Any]) -> p.GenerateFinal:
+    """Run a request's event stream to its final message (closing it on the way out)."""
+    async with contextlib.aclosing(stream) as events:  # type: ignore[type-var]
+        async for ev in events:
+            if isinstance(ev, p.GenerateFinal):
+                return ev
+    raise APIError(500, "the router ended a request without a final message", type="internal_error")
 
 
 async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:

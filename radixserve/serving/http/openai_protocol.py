@@ -13,12 +13,16 @@ decoding. Features radixserve does not have (tools, logit bias, ``suffix``,
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from radixserve.sampling_params import SamplingParams
+from radixserve.sampling_params import TOKEN_ID_LIMIT, SamplingParams
 from radixserve.serving.http.errors import invalid
+
+# A token id in a request body: bounded here, so that an absurd integer is a 400, not a
+# failure to encode the request for the router.
+TokenId = Annotated[int, Field(ge=0, lt=TOKEN_ID_LIMIT)]
 
 
 class _Body(BaseModel):
@@ -74,7 +78,7 @@ class _SamplingBody(_Body):
     repetition_penalty: float | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool | None = None
 
     def check_common(self) -> None:
@@ -183,7 +187,7 @@ class ChatCompletionRequest(_SamplingBody):
 class CompletionRequest(_SamplingBody):
     """``POST /v1/completions``."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool = False

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.http.errors import invalid
+from radixserve.serving.http.openai_protocol import TokenId
 
 _UNSUPPORTED = ("ebnf", "structural_tag", "logit_bias")
 
@@ -36,7 +37,7 @@ class SGLSamplingParams(BaseModel):
     min_new_tokens: int = 0
     n: int = 1
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     stop_regex: str | list[str] | None = None
     temperature: float = 1.0
     top_p: float = 1.0
@@ -98,7 +99,7 @@ class GenerateReqInput(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
     text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
+    input_ids: list[TokenId] | list[list[TokenId]] | None = None
     sampling_params: SGLSamplingParams | list[SGLSamplingParams] | None = None
     return_logprob: bool | list[bool] | None = None
     logprob_start_len: int | list[int] | None = None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
@@ -11,8 +10,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from radixserve.serving import protocol as p
-from radixserve.serving.http.errors import APIError
-from radixserve.serving.http.gateway import until_disconnected
+from radixserve.serving.http.gateway import final_of, until_disconnected
 
 T = TypeVar("T")
 _NOTHING: Any = object()
@@ -46,22 +44,18 @@ async def primed(request: Request, it: AsyncIterator[T]) -> AsyncIterator[T]:
     return rest()
 
 
-async def _final(stream: AsyncIterator[Any]) -> p.GenerateFinal:
-    async with contextlib.aclosing(stream) as events:  # type: ignore[type-var]
-        async for ev in events:
-            if isinstance(ev, p.GenerateFinal):
-                return ev
-    raise APIError(500, "the router ended a request without a final message", type="internal_error")
-
-
 async def finals(request: Request, streams: list[AsyncIterator[Any]]) -> list[p.GenerateFinal]:
     """Run every stream to its final message, concurrently; the first error cancels the
     others (aborting them), and so does the HTTP client going away."""
 
     async def gather() -> list[p.GenerateFinal]:
-        tasks = [asyncio.ensure_future(_final(s)) for s in streams]
+        tasks = [asyncio.ensure_future(final_of(s)) for s in streams]
         try:
-            return [await t for t in tasks]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for t in tasks:  # the error that happened first, not the first in list order
+                if t in done and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+            return [t.result() for t in tasks]
         finally:
             for t in tasks:
                 if not t.done():

@@ -1,0 +1,41 @@
+"""Text prompts to token ids: one BOS, whether or not a chat template already wrote it."""
+
+from __future__ import annotations
+
+from radixserve.serving.prompts import encode_text
+
+BOS = 1
+
+
+class BosTokenizer:
+    """Adds BOS in front like Llama's and Mistral's tokenizers; "<s>" in a text is BOS too."""
+
+    bos_token = "<s>"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids: list[int] = []
+        while text:
+            if text.startswith(self.bos_token):
+                ids.append(BOS)
+                text = text[len(self.bos_token):]
+            else:
+                ids.append(ord(text[0]))
+                text = text[1:]
+        return ([BOS] if add_special_tokens else []) + ids
+
+
+def test_a_text_gets_one_bos() -> None:
+    tok = BosTokenizer()
+    assert encode_text(tok, "hi") == [BOS, ord("h"), ord("i")]
+    # A prompt rendered by a template that writes BOS itself: not a second one.
+    assert encode_text(tok, "<s>hi") == [BOS, ord("h"), ord("i")]
+
+
+def test_a_tokenizer_without_bos_is_left_alone() -> None:
+    class Plain:
+        bos_token = None
+
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            return [ord(c) for c in text]
+
+    assert encode_text(Plain(), "<s>x") == [ord(c) for c in "<s>x"]
