@@ -10,7 +10,7 @@ members decode together and share cached prefixes — exactly as they would in a
  program threads ──(add / abort)──> inbox ──> driver thread: engine.step() ──> per-request queues ──> GenStream
 ```
 
-Prompts are tokenized with ``tokenizer.encode(text)`` (the router's rule for text
+Prompts are tokenized by ``encode_text`` (the router's rule for text
 prompts), and text is produced by the engine's ``IncrementalDetokenizer`` (stop strings
 cut, a matched stop aborts the request), so a program sees the same text and the same
 token ids as over ``RemoteBackend``. Importing this module imports torch.
@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, TypeVar
 from frontend_dsl.backend import (Backend, BackendError, CallUsage, GenChunk, GenStream, ModelInfo, ScoreRequest,
                                   ScoreResult)
 from radixserve.sampling_params import SamplingParams
+from radixserve.serving.prompts import encode_text
 
 __all__ = ["EngineBackend"]
 
@@ -196,7 +197,7 @@ class EngineBackend(Backend):
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         with self._tok_lock:
-            return [list(self.tokenizer.encode(t)) for t in texts]
+            return [encode_text(self.tokenizer, t) for t in texts]
 
     def generate(self, prompt: str, params: SamplingParams, *, program_id: str | None = None) -> GenStream:
         params = params.validate()

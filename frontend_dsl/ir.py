@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Mapping, Sequence, Union
+
+import msgspec
 
 from radixserve.sampling_params import SamplingParams
 
@@ -17,7 +19,7 @@ __all__ = [
     "Expr", "Text", "Gen", "Select", "Role", "RoleBegin", "RoleEnd", "Seq",
     "gen", "gen_bool", "gen_float", "gen_int", "gen_json", "gen_str", "select", "system", "user", "assistant", "role",
     "to_expr",
-    "SAMPLING_FIELDS",
+    "SAMPLING_FIELDS", "normalize_sampling",
 ]
 
 # The SamplingParams fields a `gen` call may set (prompt_logprobs_start is select's business).
@@ -26,6 +28,33 @@ SAMPLING_FIELDS = (
     "frequency_penalty", "presence_penalty", "seed", "stop", "stop_token_ids", "ignore_eos",
     "regex", "json_schema",
 )
+
+
+def normalize_sampling(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Sampling parameters as ``gen`` and the run ``defaults`` take them, in SamplingParams'
+    own form: ``max_new_tokens`` is ``max_tokens``, one ``stop`` string is a list of one, a
+    ``json_schema`` dict is JSON text. Unknown names and values of the wrong type raise
+    ``ValueError`` (the same checks the router's decoder makes), so a run behaves the same
+    on every backend."""
+    out = dict(values)
+    if "max_new_tokens" in out:
+        alias = out.pop("max_new_tokens")
+        out.setdefault("max_tokens", alias)
+    unknown = sorted(set(out) - set(SAMPLING_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown sampling parameters {unknown}; expected some of {list(SAMPLING_FIELDS)}")
+    if isinstance(out.get("stop"), str):
+        out["stop"] = [out["stop"]]
+    if isinstance(out.get("json_schema"), dict):
+        out["json_schema"] = json.dumps(out["json_schema"])
+    for name in ("stop", "stop_token_ids"):
+        if isinstance(out.get(name), tuple):
+            out[name] = list(out[name])
+    try:
+        msgspec.convert(out, SamplingParams)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"invalid sampling parameters: {exc}") from None
+    return out
 
 
 class Expr:
@@ -75,8 +104,8 @@ class Gen(Expr):
 
     def params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
         """The SamplingParams of this call: program-run defaults overridden by the call's own."""
-        merged = {**(defaults or {}), **self.sampling}
-        return SamplingParams(**{k: v for k, v in merged.items() if k in SAMPLING_FIELDS}).validate()
+        merged = normalize_sampling({**(defaults or {}), **self.sampling})
+        return msgspec.convert(merged, SamplingParams).validate()
 
 
 @dataclass(frozen=True)
@@ -121,21 +150,19 @@ def gen(name: str | None = None, *, max_tokens: int | None = None, stop: str | S
     ``select(name, choices, method=choices_method)`` (scored by logprobs, not constrained).
     ``max_new_tokens`` is accepted as an alias of ``max_tokens``.
     """
-    if choices is not None:
-        return select(name, choices, method=choices_method)
     if max_tokens is None:
         max_tokens = max_new_tokens
     given = dict(max_tokens=max_tokens, min_tokens=min_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                  min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                  repetition_penalty=repetition_penalty, seed=seed, ignore_eos=ignore_eos, regex=regex,
-                 json_schema=json_schema if json_schema is None or isinstance(json_schema, str)
-                 else json.dumps(json_schema))
+                 json_schema=json_schema, stop=stop,
+                 stop_token_ids=None if stop_token_ids is None else list(stop_token_ids))
     sampling = {k: v for k, v in given.items() if v is not None}
-    if stop is not None:
-        sampling["stop"] = [stop] if isinstance(stop, str) else list(stop)
-    if stop_token_ids is not None:
-        sampling["stop_token_ids"] = list(stop_token_ids)
-    expr = Gen(name, sampling)
+    if choices is not None:
+        if sampling:  # select scores the choices: it samples nothing these could apply to
+            raise ValueError(f"gen(choices=...) is a select: it takes no sampling parameters, got {sorted(sampling)}")
+        return select(name, choices, method=choices_method)
+    expr = Gen(name, normalize_sampling(sampling))
     expr.params()  # fail early, in the program's own thread, on invalid values
     return expr
 
@@ -197,9 +224,11 @@ def gen_bool(name: str | None = None, *, max_tokens: int = 8, stop: Sequence[str
     """
     if constrained:
         kw.setdefault("regex", BOOL_REGEX)
+        # The grammar ends the word; a run's default stop strings must not cut it.
+        stop = [] if stop is None else stop
     elif stop is None:
         stop = ["\n", ",", ".", '"']
-    expr = gen(name, max_tokens=max_tokens, stop=list(stop) if stop is not None else None, **kw)
+    expr = gen(name, max_tokens=max_tokens, stop=list(stop), **kw)
     assert isinstance(expr, Gen)
     return Gen(expr.name, expr.sampling, kind="bool")
 
@@ -207,7 +236,7 @@ def gen_bool(name: str | None = None, *, max_tokens: int = 8, stop: Sequence[str
 def gen_str(name: str | None = None, *, max_tokens: int = 64, stop: Sequence[str] | None = None, **kw: Any) -> Expr:
     """Generate a short single-line string (ends at a newline or a double quote).
 
-    Constrained by those stop sequences; pass ``regex=`` for a tighter grammar.
+    Those stop sequences end it; pass ``regex=`` for a grammar.
     """
     expr = gen(name, max_tokens=max_tokens, stop=list(stop) if stop is not None else ["\n", '"'], **kw)
     assert isinstance(expr, Gen)
@@ -215,12 +244,14 @@ def gen_str(name: str | None = None, *, max_tokens: int = 64, stop: Sequence[str
 
 
 def gen_json(name: str | None = None, schema: str | dict[str, Any] | None = None, *, max_tokens: int = 256,
-             **kw: Any) -> Expr:
+             stop: Sequence[str] | None = None, **kw: Any) -> Expr:
     """Generate JSON valid against ``schema`` (any JSON object when None); stored parsed.
 
-    Needs the engine's grammar-constrained decoding (both backends have it).
+    Needs the engine's grammar-constrained decoding (both backends have it). The grammar
+    ends the value: a run's default stop strings do not apply (a "." would cut ``0.5``).
     """
-    expr = gen(name, max_tokens=max_tokens, json_schema=schema if schema is not None else '{"type": "object"}', **kw)
+    expr = gen(name, max_tokens=max_tokens, json_schema=schema if schema is not None else '{"type": "object"}',
+               stop=[] if stop is None else list(stop), **kw)
     assert isinstance(expr, Gen)
     return Gen(expr.name, expr.sampling, kind="json")
 

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from frontend_dsl.backend import Backend
 from frontend_dsl.chat_template import RoleFormat
+from frontend_dsl.ir import normalize_sampling
 from frontend_dsl.state import ProgramState, RunContext
 from frontend_dsl.usage import ProgramUsage, total_usage
 
@@ -82,7 +83,7 @@ class Program:
                    program_id: str | None) -> ProgramState:
         backend = backend or get_default_backend()
         ctx = RunContext(backend=backend, program_id=program_id or uuid.uuid4().hex, roles=roles_for(backend),
-                         defaults=dict(defaults or {}))
+                         defaults=normalize_sampling(defaults or {}))
         return ProgramState(ctx)
 
     def _execute(self, state: ProgramState, args: Sequence[Any], kwargs: Mapping[str, Any]) -> ProgramState:
@@ -126,6 +127,8 @@ class Program:
         """
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if any(isinstance(item, (str, bytes)) for item in batch):  # tuple("q1") would be two arguments
+            raise TypeError("run_batch items are kwargs dicts or args tuples; wrap a single argument as (arg,)")
         items = [(dict(item), ()) if isinstance(item, Mapping) else ({}, tuple(item)) for item in batch]
         states = [self._new_state(backend, defaults, None) for _ in items]
         if not states:

@@ -4,9 +4,12 @@ The tokenization boundary is where such scoring usually goes wrong: ``tokenize(p
 + tokenize(choice)`` is not ``tokenize(prompt + choice)`` (``"Answer:" + " yes"`` may
 tokenize to ``["Answer", ":", " yes"]`` while ``"Answer: " + "yes"`` merges the space
 into the choice's first token). So each choice is tokenized *jointly* with the prompt,
-and its scored tokens begin where those ids stop agreeing with the tokenized prompt.
-Everything from that position on — occasionally a re-tokenized piece of the prompt's
-tail — is scored, and nothing before it, so the cached prefix is exactly shared.
+and every choice is scored from one position: the first where any choice's ids stop
+agreeing with the tokenized prompt. Everything from there on — occasionally a
+re-tokenized piece of the prompt's tail — is scored, and nothing before it, so the
+choices are compared over the same text (a choice that would leave the prompt's trailing
+space as a token of its own pays for it like one that merges it), and the cached prefix
+is exactly shared.
 
 One batched ``Backend.score`` call scores all choices. When the prompt's tail is new
 to the backend (not yet part of any earlier call of the program), the first choice goes
@@ -44,15 +47,14 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def plan_choice_requests(prompt_ids: list[int], joint_ids: list[list[int]]) -> list[ScoreRequest]:
-    """One ``ScoreRequest`` per choice, scoring from the first token that differs from the prompt's."""
-    requests = []
-    for ids in joint_ids:
-        start = common_prefix_len(prompt_ids, ids)
-        if start >= len(ids):
-            raise ValueError("a select choice adds no tokens to the prompt (empty choice?)")
-        # Position 0 has no logprob (nothing precedes it): score from 1 at the earliest.
-        requests.append(ScoreRequest(token_ids=list(ids), start=max(start, 1)))
-    return requests
+    """One ``ScoreRequest`` per choice, all scoring from the first position where any
+    choice's tokens differ from the prompt's (so that their scores are comparable)."""
+    agree = [common_prefix_len(prompt_ids, ids) for ids in joint_ids]
+    if any(n >= len(ids) for n, ids in zip(agree, joint_ids)):
+        raise ValueError("a select choice adds no tokens to the prompt (empty choice?)")
+    # Position 0 has no logprob (nothing precedes it): score from 1 at the earliest.
+    start = max(min(agree, default=1), 1)
+    return [ScoreRequest(token_ids=list(ids), start=start) for ids in joint_ids]
 
 
 def pick(token_logprobs: list[list[float]], method: str | Callable[[list[list[float]]], int]) -> tuple[int, list[float]]:

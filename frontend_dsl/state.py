@@ -70,6 +70,15 @@ def _flatten(expr: Expr, out: list[Expr]) -> list[Expr]:
     return out
 
 
+def _produces(op: Expr) -> list[str]:
+    """The variable names ``op`` assigns when it runs."""
+    if isinstance(op, (Gen, Select)):
+        return [op.name] if op.name is not None else []
+    if isinstance(op, _SetVars):
+        return list(op.values)
+    return []
+
+
 def _is_cheap(op: Expr) -> bool:
     return not isinstance(op, (Gen, Select))
 
@@ -87,6 +96,9 @@ class ProgramState:
         self._children: list[ProgramState] = []
         self._events: list[tuple[str | None, str]] = []
         self._assigned: list[str] = []  # names assigned since this state was created (for join)
+        # Queued expressions that will (re)assign each name: a read waits for them, so that a
+        # name reused in a loop, or inherited by a fork, never returns its previous value.
+        self._pending: collections.Counter[str] = collections.Counter()
         self.ret_value: Any = None
         if parent is None:
             self._text = ""
@@ -111,6 +123,8 @@ class ProgramState:
             if self._error is not None:
                 return  # a failed state ignores further work; the error is already recorded
             self._queue.extend(ops)
+            for op in ops:
+                self._pending.update(_produces(op))
             if self._busy:
                 return
             self._busy = True
@@ -139,6 +153,7 @@ class ProgramState:
             if self._error is None:
                 self._error = exc
             self._queue.clear()
+            self._pending.clear()
             self._cv.notify_all()
 
     def _append(self, text: str, var: str | None = None) -> None:
@@ -154,6 +169,8 @@ class ProgramState:
             return
         with self._cv:
             self._vars[name] = value
+            if self._pending[name] > 0:
+                self._pending[name] -= 1
             if meta is not None:
                 self._meta[name] = meta
             if name not in self._assigned:
@@ -200,7 +217,7 @@ class ProgramState:
     def __getitem__(self, name: str) -> Any:
         """The value of variable ``name``, waiting for the expression that produces it."""
         with self._cv:
-            self._cv.wait_for(lambda: name in self._vars or self._error is not None
+            self._cv.wait_for(lambda: (name in self._vars and not self._pending[name]) or self._error is not None
                               or (not self._busy and not self._queue))
             if name in self._vars:
                 return self._vars[name]

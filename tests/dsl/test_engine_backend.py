@@ -71,18 +71,24 @@ def test_multi_turn_chat_text_is_the_chat_template_of_messages(backend: EngineBa
 
 
 def _hf_choice_logprobs(model_dir: Path, prompt: str, choices: list[str], tokenizer) -> list[list[float]]:
-    """Token logprobs of each choice, from transformers' own model (not the engine)."""
+    """Token logprobs of each choice, from transformers' own model (not the engine), all
+    scored from the first position where any choice's tokens leave the prompt's."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
     prompt_ids = tokenizer.encode(prompt)
+    joint = [tokenizer.encode(prompt + choice) for choice in choices]
+
+    def agree(ids: list[int]) -> int:
+        n = 0
+        while n < min(len(ids), len(prompt_ids)) and ids[n] == prompt_ids[n]:
+            n += 1
+        return n
+
+    start = min(agree(ids) for ids in joint)
     out = []
-    for choice in choices:
-        ids = tokenizer.encode(prompt + choice)
-        start = 0
-        while start < min(len(ids), len(prompt_ids)) and ids[start] == prompt_ids[start]:
-            start += 1
+    for ids in joint:
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0].float()
         lps = torch.log_softmax(logits, dim=-1)
@@ -109,10 +115,12 @@ def test_select_picks_highest_mean_logprob_checked_with_transformers(backend: En
         assert got == pytest.approx(want, abs=2e-3)
     means = [sum(lp) / len(lp) for lp in expected]
     assert state["ans"] == choices[max(range(len(choices)), key=means.__getitem__)]
-    # The prompt's trailing space merges into " Par" (scoring starts one token before the end
-    # of the tokenized prompt) but stays a token of its own before "L" of "London".
+    # The prompt's trailing space merges into " Par" but stays a token of its own before "L"
+    # of "London": every choice is scored from the earlier boundary, one token before the
+    # end of the tokenized prompt, so "London" pays for its separate space token too.
     n_prompt = len(backend.tokenize([prompt])[0])
-    assert meta["boundaries"][0] == n_prompt - 1 and meta["boundaries"][1] == n_prompt
+    assert meta["boundaries"] == [n_prompt - 1] * len(choices)
+    assert len(meta["token_logprobs"][1]) == len(backend.tokenize([prompt + "London"])[0]) - (n_prompt - 1)
     # Batched choices reuse the cached prefix.
     assert meta["usage"].cached_tokens >= (len(choices) - 1) * PAGE
 

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from frontend_dsl import (BackendError, FakeBackend, ProgramError, assistant, batch_usage, gen, gen_int, gen_str,
-                          program, render_chat_template, select, system, user)
+from frontend_dsl import (BackendError, FakeBackend, ProgramError, assistant, batch_usage, gen, gen_bool, gen_int,
+                          gen_json, gen_str, program, render_chat_template, select, system, user)
 from frontend_dsl.fake_backend import CHATML_TEMPLATE
 
 
@@ -97,6 +97,26 @@ def test_select_scores_from_the_joint_tokenization_boundary() -> None:
     assert state.text() == "Is the sky blue? Answer: yes"
 
 
+def test_select_scores_every_choice_over_the_same_text() -> None:
+    """When the prompt's trailing space merges into one choice's first token but not into
+    another's, both are scored from the earlier boundary: the same text span."""
+    backend = FakeBackend(scorer=_word_scorer({"yes": -0.5, "": -3.0, "!": -0.1}))
+
+    @program
+    def yn(s):
+        s += "Answer: " + select("ans", choices=["yes", "!"])
+
+    state = yn.run(backend=backend)
+    assert state.ok, state.error
+    meta = state.get_meta("ans")
+    assert len(set(meta["boundaries"])) == 1
+    scored = [backend.decode(c.prompt[b:]) for c, b in zip(backend.calls, meta["boundaries"])]
+    assert scored == [" yes", " !"]
+    # "!" pays for the separate space token (-3.0) it needs: "yes" wins on the mean.
+    assert meta["token_logprobs"] == [[-0.5], [-3.0, -0.1]]
+    assert state["ans"] == "yes"
+
+
 def test_select_methods_mean_sum_first_and_callable() -> None:
     # "alpha beta gamma": three tokens at -0.5 (mean -0.5, sum -1.5); "delta": one token at -1.0.
     backend = FakeBackend(scorer=_word_scorer({"alpha": -0.5, "beta": -0.5, "gamma": -0.5, "delta": -1.0}))
@@ -174,6 +194,39 @@ def test_tool_use_loop_in_python() -> None:
     assert state.ok, state.error
     assert "Observation: 42" in state.text()
     assert state.ret_value == " The answer is 42."
+
+
+def test_a_reused_name_reads_its_new_value() -> None:
+    """Reading ``s["x"]`` waits for the queued ``gen("x")`` even when ``x`` already holds a
+    value (an agent loop), and a fork's read waits for the fork's own ``gen``."""
+    entered, release = threading.Event(), threading.Event()
+
+    def responder(prompt: str, params) -> str:
+        if prompt.count("Q") == 2:  # the second call is still running when the program reads x
+            entered.set()
+            assert release.wait(10)
+        return f"a{prompt.count('Q')}-{prompt.count('F')}"
+
+    def releaser() -> None:
+        entered.wait(10)
+        release.set()
+
+    threading.Thread(target=releaser, daemon=True).start()
+    seen: list[object] = []
+
+    @program
+    def loop(s):
+        for _ in range(2):
+            s += "Q" + gen("x", max_tokens=4)
+            seen.append(s["x"])
+        forks = s.fork(2)
+        for f in forks:
+            f += "F" + gen("x", max_tokens=4)
+        seen.append(forks["x"])
+
+    state = loop.run(backend=backend_for(responder))
+    assert state.ok, state.error
+    assert seen == ["a1-0", "a2-0", ["a2-1", "a2-1"]]
 
 
 def backend_for(responder) -> FakeBackend:
@@ -354,3 +407,37 @@ def test_the_dsl_and_its_remote_backend_import_without_torch() -> None:
     code = ("import sys, frontend_dsl, frontend_dsl.remote_backend; "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_run_defaults_are_normalized_and_checked() -> None:
+    """Run defaults take the same forms as ``gen``'s arguments, on every backend."""
+    backend = FakeBackend(responder=lambda prompt, params: " ok.\n\nmore")
+
+    @program
+    def one(s):
+        s += "Q:" + gen("a")
+
+    state = one.run(backend=backend, defaults={"stop": "\n\n", "max_new_tokens": 3})
+    assert state.ok, state.error
+    assert backend.calls[0].params.stop == ["\n\n"] and backend.calls[0].params.max_tokens == 3
+    assert state["a"] == " ok."
+    with pytest.raises(ValueError, match="unknown sampling parameters"):
+        one.run(backend=backend, defaults={"temprature": 0.0})
+    with pytest.raises(ValueError, match="invalid sampling parameters"):
+        one.run(backend=backend, defaults={"max_tokens": "many"})
+    with pytest.raises(ValueError, match="no sampling parameters"):
+        gen("x", choices=["a", "b"], temperature=0.7)
+    with pytest.raises(TypeError, match="args tuples"):
+        one.run_batch(["q1", "q2"], backend=backend)
+
+
+def test_a_run_default_stop_does_not_cut_typed_constrained_output() -> None:
+    backend = FakeBackend(responder=lambda prompt, params: '{"score": 0.5}' if params.json_schema else " true")
+
+    @program
+    def typed(s):
+        s += "J:" + gen_json("j") + " B:" + gen_bool("b")
+
+    state = typed.run(backend=backend, defaults={"stop": ["."]})
+    assert state.ok, state.error
+    assert state["j"] == {"score": 0.5} and state["b"] is True
