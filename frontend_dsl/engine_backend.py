@@ -109,6 +109,9 @@ class EngineBackend(Backend):
         self._sinks: dict[str, queue.Queue[Any]] = {}  # owned by the driver thread
         self._ids = itertools.count()
         self._closed = False
+        # Held while checking _closed and queueing: nothing can be queued behind the close
+        # command, where the driver (gone by then) would never answer it.
+        self._gate = threading.Lock()
         self._info: ModelInfo | None = None
         self._driver = threading.Thread(target=self._drive, name="dsl-engine-driver", daemon=True)
         self._driver.start()
@@ -172,17 +175,23 @@ class EngineBackend(Backend):
                 pass
         self._sinks.clear()
 
+    def _put(self, cmd: tuple[Any, ...]) -> bool:
+        """Queue a command for the driver; False once the backend is closed."""
+        with self._gate:
+            if self._closed:
+                return False
+            self._inbox.put(cmd)
+            return True
+
     def _submit(self, ids: list[int], params: SamplingParams) -> tuple[str, "queue.Queue[Any]"]:
-        if self._closed:
-            raise BackendError("the engine backend is closed")
         rid = f"dsl-{next(self._ids)}"
         sink: queue.Queue[Any] = queue.Queue()
-        self._inbox.put(("add", rid, ids, params, sink))
+        if not self._put(("add", rid, ids, params, sink)):
+            raise BackendError("the engine backend is closed")
         return rid, sink
 
     def _abort(self, rid: str) -> None:
-        if not self._closed:
-            self._inbox.put(("abort", rid))
+        self._put(("abort", rid))
 
     # ------------------------------------------------------------------ Backend
     def model_info(self) -> ModelInfo:
@@ -235,9 +244,8 @@ class EngineBackend(Backend):
         ``backend.call(lambda e: e.stats())``).
         """
         future: Future[T] = Future()
-        if self._closed:
+        if not self._put(("call", fn, future)):
             raise BackendError("the engine backend is closed")
-        self._inbox.put(("call", fn, future))
         return future.result()
 
     def flush_cache(self) -> bool:
@@ -250,7 +258,9 @@ class EngineBackend(Backend):
 
     def close(self) -> None:
         """Stop the driver thread (unfinished calls fail); the engine itself stays usable."""
-        if not self._closed:
+        with self._gate:
+            if self._closed:
+                return
             self._closed = True
             self._inbox.put(_CLOSE)
-            self._driver.join(timeout=30)
+        self._driver.join(timeout=30)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from frontend_dsl.backend import Backend
 from frontend_dsl.calls import run_gen, run_select
@@ -55,6 +55,14 @@ class _SetVars(Expr):
     """Internal: assign variables in queue order (``join`` uses it)."""
 
     values: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Concat(Expr):
+    """Internal: append a fork's text and the role messages it completed (``join("concat")``)."""
+
+    text: str
+    messages: tuple[dict[str, str], ...]
 
 
 def _flatten(expr: Expr, out: list[Expr]) -> list[Expr]:
@@ -111,7 +119,8 @@ class ProgramState:
             self._text, self._vars, self._meta = parent._text, dict(parent._vars), dict(parent._meta)
             self._messages, self._open = [dict(m) for m in parent._messages], parent._open
             self._sent_upto, self._error = parent._sent_upto, parent._error
-        self._fork_len = len(self._text)
+        # Where this state began (a fork): join("concat") carries over what came after.
+        self._fork_len, self._fork_msgs, self._fork_open = len(self._text), len(self._messages), self._open
 
     # ---------------------------------------------------------------- appending
     def __iadd__(self, expr: Any) -> "ProgramState":
@@ -199,6 +208,9 @@ class ProgramState:
         elif isinstance(op, _SetVars):
             for name, value in op.values.items():
                 self._assign(name, value)
+        elif isinstance(op, _Concat):
+            self._append(op.text)
+            self._messages.extend(dict(m) for m in op.messages)
         else:
             raise TypeError(f"unknown expression {op!r}")
 
@@ -386,9 +398,9 @@ class ForkGroup(list):
                 names.extend(n for n in state._assigned if n not in names)
             self._parent._submit([_SetVars({n: [s._vars.get(n) for s in self] for n in names})])
         else:
-            self._parent._submit([Text(s._text[s._fork_len:]) for s in self])
+            for s in self:
+                if s._open != s._fork_open:
+                    raise ValueError(f"cannot concat a fork whose role {s._open and s._open[0]!r} is still open")
+            self._parent._submit([_Concat(s._text[s._fork_len:], tuple(s._messages[s._fork_msgs:])) for s in self])
         return self._parent
 
-
-# A program body's signature: f(state, *args, **kwargs).
-ProgramFn = Callable[..., Any]

@@ -134,6 +134,13 @@ class Sampler:
 
         logits = logits.clone()  # the caller's logits stay the model's
         apply_token_masks(logits, constrained, [rows[i].grammar for i in constrained])
+        # ignore_eos under a grammar: the end token only where the grammar allows nothing else.
+        eos = [t for t in self.eos_token_ids if 0 <= t < self.vocab_size]
+        for i in constrained:
+            if rows[i].params.ignore_eos and eos:
+                allowed = torch.isfinite(logits[i])
+                if int(allowed.sum()) > int(allowed[eos].sum()):
+                    logits[i, eos] = float("-inf")
         return logits
 
     def _draw(self, logits: torch.Tensor, rows: Sequence[SamplingRow], greedy: list[bool]) -> torch.Tensor:

@@ -92,6 +92,11 @@ def test_max_tokens_cuts_a_long_grammar_with_length(engine: Engine) -> None:
         assert re.fullmatch("[0-9]{3}( [0-9]{3})*", o.text) or o.finish_reason == "length", o.text
         if o.finish_reason == "stop":
             assert o.token_ids[-1] == 2  # ended by the model's EOS, allowed only at a boundary
+    # ignore_eos holds under a grammar too: the end token only where nothing else may follow.
+    outs = engine.generate(["a"] * 6, [sampled(i, regex="[0-9]{3}( [0-9]{3})*", max_tokens=20, ignore_eos=True)
+                                       for i in range(6)])
+    assert [(o.finish_reason, len(o.token_ids)) for o in outs] == [("length", 20)] * 6
+    assert all(2 not in o.token_ids for o in outs)
 
 
 @pytest.mark.parametrize("params, message", [

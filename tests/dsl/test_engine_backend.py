@@ -240,3 +240,28 @@ def test_closing_a_stream_aborts_the_request(backend: EngineBackend) -> None:
             break
     assert not backend.call(lambda engine: engine.has_unfinished())
     assert backend.stats().aborted_total >= 1
+
+
+def test_a_closed_backend_refuses_work_instead_of_hanging(backend: EngineBackend) -> None:
+    """Calls racing with close() either run or fail: none is queued behind the close."""
+    import threading
+
+    other = EngineBackend(engine=backend.engine)  # a second driver on the shared (idle) engine
+    results: list[str] = []
+
+    def caller() -> None:
+        for _ in range(200):
+            try:
+                other.call(lambda engine: engine.has_unfinished())
+                results.append("ran")
+            except BackendError:
+                results.append("refused")
+                return
+
+    t = threading.Thread(target=caller)
+    t.start()
+    other.close()
+    t.join(timeout=30)
+    assert not t.is_alive(), "a call queued behind close() was never answered"
+    with pytest.raises(BackendError, match="closed"):
+        other.generate("x", SamplingParams(max_tokens=1))

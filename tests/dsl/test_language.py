@@ -10,6 +10,7 @@ import pytest
 from frontend_dsl import (BackendError, FakeBackend, ProgramError, assistant, batch_usage, gen, gen_bool, gen_int,
                           gen_json, gen_str, program, render_chat_template, select, system, user)
 from frontend_dsl.fake_backend import CHATML_TEMPLATE
+from frontend_dsl.ir import RoleBegin
 
 
 def test_few_shot_qa_with_stop_strings() -> None:
@@ -269,6 +270,29 @@ def test_join_concat_and_fork_errors_reach_the_parent() -> None:
         forks.join(mode="concat")
 
     assert concat.run(backend=FakeBackend()).text() == "Base. [0] [1]"
+
+    @program
+    def chat_concat(s):
+        s += user("Two drafts?")
+        forks = s.fork(2)
+        for i, f in enumerate(forks):
+            f += assistant(f"draft {i}")
+        forks.join("concat")
+
+    state = chat_concat.run(backend=FakeBackend())
+    assert state.ok, state.error
+    expected = [{"role": "user", "content": "Two drafts?"}, {"role": "assistant", "content": "draft 0"},
+                {"role": "assistant", "content": "draft 1"}]
+    assert state.messages() == expected  # the forks' messages come along with their text
+    assert state.text() == render_chat_template(CHATML_TEMPLATE, expected)
+
+    @program
+    def open_role(s):
+        forks = s.fork(1)
+        forks[0] += RoleBegin("assistant")
+        forks.join("concat")
+
+    assert "still open" in str(open_role.run(backend=FakeBackend()).error)
 
     def responder(prompt: str, params) -> str:
         if "bad" in prompt:
