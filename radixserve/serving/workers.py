@@ -26,7 +26,7 @@ import zmq
 from radixserve.serving import protocol as p
 from radixserve.serving.dispatch import Dispatcher
 
-log = logging.getLogger("radixserve.serving.router")
+log = logging.getLogger("radixserve.serving.workers")
 
 
 @dataclass

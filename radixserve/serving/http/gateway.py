@@ -187,11 +187,9 @@ class Gateway:
     async def model_name(self) -> str:
         return self.config.served_model_name or (await self.info()).model
 
-    async def check_model(self, name: str | None) -> str:
+    async def check_model(self, name: str) -> str:
         """Accept the served model's name (or ``"default"``); else a 404."""
         served = await self.model_name()
-        if name is None:
-            raise APIError(400, "you must provide a model parameter", param="model", code="missing_required_parameter")
         if name not in (served, "default"):
             raise APIError(404, f"the model {name!r} does not exist; this server serves {served!r}",
                            param="model", code="model_not_found")
