@@ -26,8 +26,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     """How to sample one request's completion.
 
     ``temperature == 0`` (or below ``SAMPLING_EPS``) means greedy. ``top_k <= 0`` and
-    ``top_p == 1`` and ``min_p == 0`` disable those filters. ``logprobs``: ``None`` returns none; ``0`` returns the chosen
-    token's logprob; ``k > 0`` adds the top-k alternatives. ``prompt_logprobs_start``:
+    ``top_p == 1`` and ``min_p == 0`` disable those filters. ``logprobs``: ``None`` returns
+    none; ``0`` returns the chosen token's logprob; ``k > 0`` adds the top-k alternatives.
+    ``prompt_logprobs_start``:
     when set, the logprob of every prompt token from that position on is returned
     (the DSL's ``select`` and SGLang's ``logprob_start_len`` use it).
     ``regex`` / ``json_schema`` / ``choices``: a grammar the output must follow (see
