@@ -15,6 +15,8 @@ its table in ``results/peers_report.md``). The headline, at the workload's defau
     python benchmarks/bench_peers.py --workload shared_system --tag full --concurrency 4,16 --reps 2 \
         --peers radixserve,radixserve-nocache,vllm-fp32,radixserve-bf16,vllm-bf16 \
         --peer-concurrency radixserve-nocache=16
+    python benchmarks/bench_peers.py --workload shared_system --tag full3 --concurrency 16 --reps 3 \
+        --peers radixserve,radixserve-nocache,radixserve-bf16,vllm-bf16
 
 and smaller ones (``--scale 0.5``: a few minutes per cell at most)::
 
@@ -33,11 +35,12 @@ and smaller ones (``--scale 0.5``: a few minutes per cell at most)::
             --peers radixserve,radixserve-nocache,vllm-fp32,llamacpp-f32
     done
 
-The first session's runs (transformers' ``serve`` and ``generate_batch``, llama-server on the
-Q4_1 GGUF, an older radixserve) are kept in ``results/session1/``; every peer at once::
+The slow peers (transformers' ``serve`` and ``generate_batch``, llama-server on the Q4_1
+GGUF) beside radixserve (the first session's runs of them are kept in ``results/session1/``)::
 
-    python benchmarks/bench_peers.py --workload shared_system --scale 0.5 \
-        --peer-concurrency transformers-serve=4,16 --peer-concurrency transformers-cb=16
+    python benchmarks/bench_peers.py --workload shared_system --scale 0.5 --tag allpeers --concurrency 4,16 \
+        --peers radixserve,transformers-serve,llamacpp-q4_1,transformers-cb \
+        --peer-concurrency transformers-serve=4 --peer-concurrency transformers-cb=16
 
 Peers (``--peers``, names in ``benchmarks/peers/servers.py``; set them up first with
 ``bash benchmarks/peers/setup_peers.sh``): radixserve with the radix cache on / off (its
