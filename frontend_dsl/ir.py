@@ -103,9 +103,9 @@ class Gen(Expr):
     kind: str = "text"  # "text" | "int" | "float" | "bool" | "str" | "json"
 
     def params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
-        """The SamplingParams of this call: program-run defaults overridden by the call's own."""
-        merged = normalize_sampling({**(defaults or {}), **self.sampling})
-        return msgspec.convert(merged, SamplingParams).validate()
+        """The SamplingParams of this call: program-run defaults overridden by the call's own
+        (both already in :func:`normalize_sampling`'s form)."""
+        return msgspec.convert({**(defaults or {}), **self.sampling}, SamplingParams).validate()
 
 
 @dataclass(frozen=True)

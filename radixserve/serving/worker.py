@@ -145,7 +145,7 @@ class Worker:
         code = 0
         next_check = 0.0
         try:
-            self._send(describe_engine(self.engine, self.worker_id, self.model_name))
+            self._hello()
             while not self._stopping:
                 busy = self.engine.has_unfinished()
                 if self.sock.poll(0 if busy else IDLE_POLL_MS):
@@ -205,9 +205,16 @@ class Worker:
                 self._goodbye = f"router silent for {now - self._last_router:.0f} s"
                 self.stop()
             else:  # a remote worker waits for the router to come back
-                self._abort_all()
-                self._send(describe_engine(self.engine, self.worker_id, self.model_name))
+                self._rejoin()
                 self._last_router = now
+
+    def _hello(self) -> None:
+        self._send(describe_engine(self.engine, self.worker_id, self.model_name))
+
+    def _rejoin(self) -> None:
+        """Start over with the router: drop every request it may no longer know, say hello."""
+        self._abort_all()
+        self._hello()
 
     def _abort_all(self) -> None:
         for rid in list(self._active):
@@ -263,8 +270,7 @@ class Worker:
         elif isinstance(msg, p.WorkerRejoin):
             log.warning("the router declared this worker dead: aborting %d requests and joining again",
                         len(self._active))
-            self._abort_all()
-            self._send(describe_engine(self.engine, self.worker_id, self.model_name))
+            self._rejoin()
         elif isinstance(msg, p.WorkerShutdown):
             self._goodbye = "shutdown requested"
             self.stop()
