@@ -1,11 +1,18 @@
 """Paged attention on the radixkernels Triton kernels (GPU; on the CPU through the interpreter).
 
 Each layer call stores the step's new K/V rows into the pool (quantizing when the KV dtype
-is quantized) and then runs one kernel over the whole batch::
+is quantized) and then sends each row to the kernel made for it, as SGLang splits a mixed
+batch. Sequences with one new row (decodes, and prompts whose all but last token were
+cached) are decode rows; the scheduler lays them out first (SGLang: last), so a batch is::
 
-    decode-only batch (every sequence has 1 new row)  -> paged_decode_attention (flash-decoding)
-    anything else (prefill chunks, mixed batches)      -> extend_attention (decode rows are
-                                                          extend rows of length 1 there)
+    sequences:  | decode run (1 row each) | extend sequences (chunks) | decode run |
+    kernel:       paged_decode_attention     extend_attention            paged_decode_attention
+                  (flash-decoding, split     (token-major tiles over     (same as the first run)
+                  count bucketed)            the head group)
+
+Every segment is a view (rows of q/out, rows of the page table and lengths): no copies. Both
+kernels read each KV head once for its whole group of query heads (GQA), any group size.
+A run of 1-row sequences in the middle of the extend segment stays there (correct either way).
 
 Both read every position, the new ones included, back from the pool, so the quantized
 cache changes the attention exactly as it will for later steps. Same semantics as
@@ -24,7 +31,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -59,6 +66,28 @@ def _ensure_runnable(device: torch.device) -> None:
         raise RuntimeError(f"attention_backend 'triton' does not run on {device.type}")
 
 
+class RowSplit(NamedTuple):
+    """How one forward's sequences split between the kernels (host ints, computed once per forward)."""
+
+    lead_decodes: int  # sequences 0 .. lead_decodes-1 are decode rows (rows 0 .. lead_decodes-1)
+    extend_end: int  # sequences lead_decodes .. extend_end-1 go to the extend kernel
+    max_extend: int  # longest extend among them (sizes the extend grid without a device sync)
+    num_seqs: int  # sequences extend_end .. num_seqs-1 are trailing decode rows (the last rows)
+    num_rows: int
+
+
+def split_rows(extend_lens: list[int]) -> RowSplit:
+    """Leading and trailing runs of one-row sequences go to the decode kernel, the rest to extend."""
+    n = len(extend_lens)
+    lead = 0
+    while lead < n and extend_lens[lead] == 1:
+        lead += 1
+    end = n
+    while end > lead and extend_lens[end - 1] == 1:
+        end -= 1
+    return RowSplit(lead, end, max(extend_lens[lead:end], default=0), n, sum(extend_lens))
+
+
 class TritonPagedAttentionBackend(AttentionBackend):
     """Stores new K/V into a ``KVPool`` and attends over the paged history with Triton kernels."""
 
@@ -72,17 +101,15 @@ class TritonPagedAttentionBackend(AttentionBackend):
         self._decode = radixkernels.paged_decode_attention
         self._extend = radixkernels.extend_attention
         self._meta_batch: ForwardBatch | None = None
-        self._decode_only = False
-        self._max_extend = 0
+        self._split = split_rows([])
 
-    def _prepare(self, batch: ForwardBatch) -> None:
+    def _prepare(self, batch: ForwardBatch) -> RowSplit:
         """Per-forward facts from host data, computed at layer 0 and reused by every layer."""
-        if self._meta_batch is batch:
-            return
-        assert batch.page_table is not None and batch.out_cache_loc is not None, "paged backend needs a paged batch"
-        self._decode_only = batch.is_decode_only
-        self._max_extend = max(batch.extend_lens_cpu, default=0)
-        self._meta_batch = batch
+        if self._meta_batch is not batch:
+            assert batch.page_table is not None and batch.out_cache_loc is not None, "paged backend needs a paged batch"
+            self._split = split_rows(batch.extend_lens_cpu)
+            self._meta_batch = batch
+        return self._split
 
     def forward(
         self,
@@ -93,16 +120,28 @@ class TritonPagedAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         sm_scale: float,
     ) -> torch.Tensor:
-        self._prepare(batch)
+        sp = self._prepare(batch)
         pool = self.pool
         kd, vd = pool.k_data[layer_id], pool.v_data[layer_id]
         ks = None if pool.k_scale is None else pool.k_scale[layer_id]
         vs = None if pool.v_scale is None else pool.v_scale[layer_id]
         self._store(kd, vd, ks, vs, k, v, batch.out_cache_loc, self.fmt)
-        if self._decode_only:
-            # Decode rows are in sequence order, one per sequence: q is [B, Hq, D].
-            return self._decode(q, kd, vd, ks, vs, self.fmt, batch.page_table, batch.seq_lens, batch.page_size, sm_scale)
-        return self._extend(
-            q, kd, vd, ks, vs, self.fmt, batch.page_table, batch.seq_lens, batch.extend_lens,
-            batch.extend_start_loc, batch.page_size, sm_scale, max_extend_len=self._max_extend,
-        )
+        kv = (kd, vd, ks, vs, self.fmt)
+        pt, lens = batch.page_table, batch.seq_lens
+        assert pt is not None
+        if sp.lead_decodes == sp.num_seqs:  # decode-only: one launch over the whole batch
+            return self._decode(q, *kv, pt, lens, batch.page_size, sm_scale)
+        out = torch.empty_like(q)
+        if sp.lead_decodes:
+            a = sp.lead_decodes  # decode sequence b owns row b
+            self._decode(q[:a], *kv, pt[:a], lens[:a], batch.page_size, sm_scale, out=out[:a])
+        if sp.extend_end > sp.lead_decodes:
+            a, e = sp.lead_decodes, sp.extend_end  # extend_start_loc holds absolute rows of q/out
+            self._extend(
+                q, *kv, pt[a:e], lens[a:e], batch.extend_lens[a:e], batch.extend_start_loc[a:e],
+                batch.page_size, sm_scale, max_extend_len=sp.max_extend, out=out,
+            )
+        if sp.num_seqs > sp.extend_end:
+            e, r = sp.extend_end, sp.num_rows - (sp.num_seqs - sp.extend_end)  # trailing decodes own the last rows
+            self._decode(q[r:], *kv, pt[e:], lens[e:], batch.page_size, sm_scale, out=out[r:])
+        return out
