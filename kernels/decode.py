@@ -165,16 +165,27 @@ def bucket_num_kv_splits(splits: int) -> int:
     return max(b for b in SPLIT_BUCKETS if b <= max(1, splits))
 
 
-def default_num_kv_splits(batch_size: int, kv_heads: int, device: torch.device) -> int:
-    """Enough splits for ~4 programs per SM on a GPU, bucketed to a power of two <= 32; 1 on the CPU.
+def num_kv_splits_for(batch_size: int, kv_heads: int, num_sms: int) -> int:
+    """Enough splits for ~4 programs per SM, bucketed to a power of two <= 32.
 
     Splits past a short sequence's end exit at once, so over-splitting costs little;
     bucketing keeps the number of compiled variants at ``len(SPLIT_BUCKETS)``.
     """
+    return bucket_num_kv_splits(triton.cdiv(4 * num_sms, max(1, batch_size * kv_heads)))
+
+
+def device_num_sms(device: torch.device) -> int | None:
+    """Streaming multiprocessors of a CUDA device; None on the CPU or under the interpreter
+    (where one split is fastest: the interpreter runs programs one after another)."""
     if device.type != "cuda" or interpreting():
-        return 1
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return bucket_num_kv_splits(triton.cdiv(4 * _num_sms(index), max(1, batch_size * kv_heads)))
+        return None
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def default_num_kv_splits(batch_size: int, kv_heads: int, device: torch.device) -> int:
+    """:func:`num_kv_splits_for` on a GPU; 1 on the CPU."""
+    sms = device_num_sms(device)
+    return 1 if sms is None else num_kv_splits_for(batch_size, kv_heads, sms)
 
 
 def paged_decode_attention(

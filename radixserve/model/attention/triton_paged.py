@@ -91,10 +91,15 @@ def split_rows(extend_lens: list[int]) -> RowSplit:
 class TritonPagedAttentionBackend(AttentionBackend):
     """Stores new K/V into a ``KVPool`` and attends over the paged history with Triton kernels."""
 
-    def __init__(self, pool: Any) -> None:
-        _ensure_runnable(torch.device(pool.device))
+    def __init__(self, pool: Any, num_sms: int | None = None) -> None:
+        """``num_sms`` sets the decode split policy (default: the device's SM count; None on the CPU
+        means one split, the interpreter's fastest)."""
+        device = torch.device(pool.device)
+        _ensure_runnable(device)
         import radixkernels
+        from radixkernels.decode import device_num_sms
 
+        self.num_sms = num_sms if num_sms is not None else device_num_sms(device)
         self.pool = pool
         self.fmt = pool.fmt
         self._store = radixkernels.store_kv
@@ -102,6 +107,20 @@ class TritonPagedAttentionBackend(AttentionBackend):
         self._extend = radixkernels.extend_attention
         self._meta_batch: ForwardBatch | None = None
         self._split = split_rows([])
+
+    def decode_splits(self, batch_size: int) -> int:
+        """KV splits of a decode launch over ``batch_size`` sequences (a compile-time constant)."""
+        from radixkernels.decode import num_kv_splits_for
+
+        return 1 if self.num_sms is None else num_kv_splits_for(batch_size, self.pool.kv_heads, self.num_sms)
+
+    def decode_batch_sizes(self, max_batch_size: int) -> list[int]:
+        """The smallest decode batch size for each split count reachable up to ``max_batch_size``:
+        a warm-up that runs these batches launches every decode variant the server can use."""
+        first: dict[int, int] = {}
+        for b in range(1, max_batch_size + 1):
+            first.setdefault(self.decode_splits(b), b)
+        return sorted(first.values())
 
     def _prepare(self, batch: ForwardBatch) -> RowSplit:
         """Per-forward facts from host data, computed at layer 0 and reused by every layer."""
@@ -130,11 +149,13 @@ class TritonPagedAttentionBackend(AttentionBackend):
         pt, lens = batch.page_table, batch.seq_lens
         assert pt is not None
         if sp.lead_decodes == sp.num_seqs:  # decode-only: one launch over the whole batch
-            return self._decode(q, *kv, pt, lens, batch.page_size, sm_scale)
+            return self._decode(q, *kv, pt, lens, batch.page_size, sm_scale,
+                                num_kv_splits=self.decode_splits(sp.num_seqs))
         out = torch.empty_like(q)
         if sp.lead_decodes:
             a = sp.lead_decodes  # decode sequence b owns row b
-            self._decode(q[:a], *kv, pt[:a], lens[:a], batch.page_size, sm_scale, out=out[:a])
+            self._decode(q[:a], *kv, pt[:a], lens[:a], batch.page_size, sm_scale,
+                         num_kv_splits=self.decode_splits(a), out=out[:a])
         if sp.extend_end > sp.lead_decodes:
             a, e = sp.lead_decodes, sp.extend_end  # extend_start_loc holds absolute rows of q/out
             self._extend(
@@ -143,5 +164,6 @@ class TritonPagedAttentionBackend(AttentionBackend):
             )
         if sp.num_seqs > sp.extend_end:
             e, r = sp.extend_end, sp.num_rows - (sp.num_seqs - sp.extend_end)  # trailing decodes own the last rows
-            self._decode(q[r:], *kv, pt[e:], lens[e:], batch.page_size, sm_scale, out=out[r:])
+            self._decode(q[r:], *kv, pt[e:], lens[e:], batch.page_size, sm_scale,
+                         num_kv_splits=self.decode_splits(sp.num_seqs - e), out=out[r:])
         return out
