@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import kvcases
+from radixkernels.variants import LaunchLog
 from radixserve.engine.engine import Engine
 from radixserve.sampling_params import SamplingParams
 
@@ -52,3 +53,22 @@ def test_triton_engine_quantized_kv_matches_torch(tiny_mqa_dir: Path, kv_dtype: 
     want = _greedy_tokens(tiny_mqa_dir, prompts, 4, 1, attention_backend="torch", **kw)
     got = _greedy_tokens(tiny_mqa_dir, prompts, 4, 1, attention_backend="triton", **kw)
     assert got == want
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_fused_gpu_layers_match_torch(tiny_llama_dir: Path, kv_dtype: str) -> None:
+    """The CUDA layer path (Triton RMSNorm + residual, SiLU * up, and RoPE fused with the KV store
+    on an unquantized pool), forced on the CPU under the interpreter, keeps the greedy tokens."""
+    from radixserve.model import gpu_ops
+
+    prompts = _prompts([11, 4], seed=2)
+    kw = dict(max_num_tokens=8, kv_cache_dtype=kv_dtype)
+    want = _greedy_tokens(tiny_llama_dir, prompts, 4, 1, attention_backend="torch", **kw)
+    log = LaunchLog()
+    with gpu_ops.forced(True), log.recording():
+        got = _greedy_tokens(tiny_llama_dir, prompts, 4, 1, attention_backend="triton", **kw)
+    assert got == want
+    counts = log.counts()
+    assert counts["_rms_norm_kernel"] and counts["_silu_mul_kernel"]
+    # RoPE fuses into the store on an unquantized pool; a quantized one keeps the store kernel.
+    assert bool(counts["_rope_store_kv_kernel"]) == (kv_dtype == "auto") != bool(counts["_store_kv_kernel"])

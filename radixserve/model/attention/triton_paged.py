@@ -139,12 +139,47 @@ class TritonPagedAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         sm_scale: float,
     ) -> torch.Tensor:
-        sp = self._prepare(batch)
+        self._prepare(batch)
+        pool = self.pool
+        ks = None if pool.k_scale is None else pool.k_scale[layer_id]
+        vs = None if pool.v_scale is None else pool.v_scale[layer_id]
+        self._store(pool.k_data[layer_id], pool.v_data[layer_id], ks, vs, k, v, batch.out_cache_loc, self.fmt)
+        return self._attend(layer_id, q, batch, sm_scale)
+
+    @property
+    def fuses_rope_store(self) -> bool:
+        """Whether :meth:`forward_qkv` can rotate and store in one kernel (unquantized pools)."""
+        from radixkernels.kv_format import KVCacheDtype
+
+        return self.fmt.kv_dtype == KVCacheDtype.AUTO
+
+    def forward_qkv(
+        self,
+        layer_id: int,
+        qkv: torch.Tensor,  # [T, Hq + 2 Hkv, head_dim], not yet rotated
+        cos_sin: tuple[torch.Tensor, torch.Tensor],  # [T, 1, head_dim] each
+        num_q_heads: int,
+        batch: ForwardBatch,
+        sm_scale: float,
+    ) -> torch.Tensor:
+        """:meth:`forward` with RoPE fused into the KV store: one kernel rotates q (in place)
+        and k and writes k and v to the pool, then attention as in :meth:`forward`."""
+        from radixkernels.fused import rope_store_kv
+
+        self._prepare(batch)
+        pool = self.pool
+        assert batch.out_cache_loc is not None
+        q = rope_store_kv(qkv, *cos_sin, num_q_heads, pool.k_data[layer_id], pool.v_data[layer_id],
+                          batch.out_cache_loc, self.fmt)
+        return self._attend(layer_id, q, batch, sm_scale)
+
+    def _attend(self, layer_id: int, q: torch.Tensor, batch: ForwardBatch, sm_scale: float) -> torch.Tensor:
+        """Attention of the batch's rows over the pool, each row through its kernel (module docstring)."""
+        sp = self._split
         pool = self.pool
         kd, vd = pool.k_data[layer_id], pool.v_data[layer_id]
         ks = None if pool.k_scale is None else pool.k_scale[layer_id]
         vs = None if pool.v_scale is None else pool.v_scale[layer_id]
-        self._store(kd, vd, ks, vs, k, v, batch.out_cache_loc, self.fmt)
         kv = (kd, vd, ks, vs, self.fmt)
         pt, lens = batch.page_table, batch.seq_lens
         assert pt is not None
