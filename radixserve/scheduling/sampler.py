@@ -5,11 +5,13 @@ Order of operations, per row (each stage runs only when some row in the batch us
     raw logits ──> log_softmax ──> chosen/top-k logprobs (reported from the model's distribution)
          │
          ├─ repetition penalty (prompt + output tokens, HF style: divide positive, multiply negative)
-         ├─ frequency / presence penalties (output tokens, OpenAI style)
+         ├─ frequency / presence penalties (output tokens, OpenAI style); the seen/count tables
+         │  stay on the device between steps (sampling_ops.PenaltyCounts)
          ├─ min_tokens: EOS and stop ids masked until enough tokens are out
          ├─ grammar: tokens a constrained row's grammar forbids -> -inf (those rows only)
          ├─ greedy rows: argmax
          └─ other rows: / temperature -> top-k -> softmax -> min-p -> top-p -> inverse-CDF draw
+                         (top-k is a selection, top-p a threshold bisection: no vocabulary sort)
 
 The draw uses one uniform number per row; a request with a seed owns a
 ``torch.Generator`` so its samples do not depend on what else is in the batch.
@@ -22,6 +24,7 @@ from typing import Any, NamedTuple, Protocol, Sequence
 import torch
 
 from radixserve.sampling_params import SamplingParams
+from radixserve.scheduling.sampling_ops import PenaltyCounts, has_penalties, top_p_keep
 
 
 class SamplingRow(Protocol):
@@ -53,6 +56,7 @@ class Sampler:
         # Unseeded rows draw from this generator (the engine's seed makes runs reproducible).
         self._generator = torch.Generator(device="cpu")
         self._generator.manual_seed(seed)
+        self.penalty_counts = PenaltyCounts(vocab_size, self.device)
 
     def new_generator(self, seed: int) -> torch.Generator:
         """A per-request generator for ``params.seed``."""
@@ -78,6 +82,10 @@ class Sampler:
             chosen = self._draw(logits, rows, greedy)
 
         token_ids: list[int] = chosen.tolist()
+        pen = [i for i, p in enumerate(params) if has_penalties(p)]
+        if pen:  # count the sampled tokens on the device for the next step
+            idx = torch.tensor(pen, dtype=torch.int64, device=chosen.device)
+            self.penalty_counts.advance([rows[i] for i in pen], chosen.index_select(0, idx), [token_ids[i] for i in pen])
         logprobs: list[tuple[float, list[tuple[int, float]]] | None] = [None] * len(rows)
         if raw_logprobs is not None:
             idx = torch.tensor([token_ids[i] for i in lp_rows], dtype=torch.int64, device=raw_logprobs.device)
@@ -93,24 +101,21 @@ class Sampler:
         return SampleResult(token_ids, logprobs)
 
     def _apply_penalties(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-        rep = [i for i, r in enumerate(rows) if r.params.repetition_penalty != 1.0]
-        freq = [i for i, r in enumerate(rows) if r.params.frequency_penalty != 0.0 or r.params.presence_penalty != 0.0]
-        if not rep and not freq:
+        pen = [i for i, r in enumerate(rows) if has_penalties(r.params)]
+        if not pen:
             return logits
         logits = logits.clone()
         dev = logits.device
-        if rep:
-            seen = _token_mask(self.vocab_size, [rows[i].token_ids for i in rep], dev)
-            pen = torch.tensor([rows[i].params.repetition_penalty for i in rep], device=dev)[:, None]
-            sub = logits[rep]
-            penalized = torch.where(sub > 0, sub / pen, sub * pen)
-            logits[rep] = torch.where(seen, penalized, sub)
-        if freq:
-            counts = _token_counts(self.vocab_size, [rows[i].token_ids[rows[i].prompt_len :] for i in freq], dev)
-            f = torch.tensor([rows[i].params.frequency_penalty for i in freq], device=dev)[:, None]
-            p = torch.tensor([rows[i].params.presence_penalty for i in freq], device=dev)[:, None]
-            logits[freq] -= counts * f + (counts > 0).float() * p
-        return logits
+        tables = self.penalty_counts.tables([rows[i] for i in pen])
+        ps = [rows[i].params for i in pen]
+        idx = torch.tensor(pen, dtype=torch.int64, device=dev)
+        sub = logits.index_select(0, idx)
+        rep = torch.tensor([p.repetition_penalty for p in ps], device=dev)[:, None]
+        sub = torch.where(tables.seen, torch.where(sub > 0, sub / rep, sub * rep), sub)  # 1.0: unchanged
+        f = torch.tensor([p.frequency_penalty for p in ps], device=dev)[:, None]
+        pr = torch.tensor([p.presence_penalty for p in ps], device=dev)[:, None]
+        sub = sub - (tables.counts * f + (tables.counts > 0).float() * pr)
+        return logits.index_copy_(0, idx, sub)
 
     def _apply_min_tokens(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
         blocked: list[tuple[int, int]] = []
@@ -163,11 +168,11 @@ class Sampler:
             probs = probs.masked_fill(probs < thresh, 0.0)
         top_p = [p.top_p for p in params]
         if any(tp < 1.0 for tp in top_p):
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly ahead of each token
-            tp = torch.tensor(top_p, device=dev)[:, None]
-            sorted_p = sorted_p.masked_fill(before >= tp * sorted_p.sum(-1, keepdim=True), 0.0)
-            probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
+            nucleus = [i for i, tp in enumerate(top_p) if tp < 1.0]
+            idx = torch.tensor(nucleus, dtype=torch.int64, device=dev)
+            sub = probs.index_select(0, idx)
+            keep = top_p_keep(sub, torch.tensor([top_p[i] for i in nucleus], device=dev))
+            probs = probs.index_copy(0, idx, sub.masked_fill(~keep, 0.0))
         u = self._uniforms(rows).to(dev)
         cdf = probs.cumsum(dim=-1)
         target = (u * cdf[:, -1])[:, None]
@@ -183,29 +188,6 @@ class Sampler:
             if r.generator is not None:
                 u[i] = torch.rand((), generator=r.generator)
         return u
-
-
-def _padded(lists: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ``[B, max_len]`` ids plus a validity mask (one tensor built per call)."""
-    width = max((len(x) for x in lists), default=0) or 1
-    ids = torch.zeros(len(lists), width, dtype=torch.int64)
-    valid = torch.zeros(len(lists), width, dtype=torch.bool)
-    for i, x in enumerate(lists):
-        if x:
-            ids[i, : len(x)] = torch.as_tensor(x, dtype=torch.int64)
-            valid[i, : len(x)] = True
-    return ids.to(device), valid.to(device)
-
-
-def _token_mask(vocab: int, lists: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
-    # Counting (not scattering booleans) so that padding never overwrites a real hit.
-    return _token_counts(vocab, lists, device) > 0
-
-
-def _token_counts(vocab: int, lists: Sequence[Sequence[int]], device: torch.device) -> torch.Tensor:
-    ids, valid = _padded(lists, device)
-    counts = torch.zeros(len(lists), vocab, dtype=torch.float32, device=device)
-    return counts.scatter_add_(1, ids, valid.float())
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> list[float]:
