@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.devices import bind_device
 from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, TokenLogprob, Usage
 from radixserve.memory.allocator import PageAllocator
@@ -85,6 +86,7 @@ class Engine:
             setup_cpu_threads(cfg.num_threads)
         self.model_path = resolve_model(None if model is None else str(model))
         self.device = torch.device(cfg.device)
+        bind_device(self.device)  # cuda:N: Triton launches and index-less allocations go there
         self.model = load_model(self.model_path, dtype=cfg.torch_dtype, device=self.device)
         self.model_config = mc = self.model.config
         if cfg.max_model_len is not None and cfg.max_model_len > mc.max_position_embeddings:
