@@ -220,7 +220,8 @@ def phase_shared_system(ctx: Ctx) -> dict[str, Any]:
     res: dict[str, Any] = {"systems": systems, "requests": requests, "system_tokens": sys_len, "max_tokens": max_tokens}
     for name, disable in (("cache_on", False), ("cache_off", True)):
         engine = Engine(str(smollm2_shaped(ctx)), device=ctx.device, dtype=ctx.dtype, attention_backend=ctx.backend,
-                        disable_radix_cache=disable, num_pages=4096, page_size=16, max_running_requests=64)
+                        disable_radix_cache=disable, num_pages=256 if ctx.dry else 8192, page_size=16,
+                        max_running_requests=64)
         engine.generate(prompts[:1], SamplingParams(max_tokens=2, ignore_eos=True))  # compile/warm
         engine.flush_cache()
         t0 = time.perf_counter()

@@ -26,7 +26,8 @@ def _prompts(lengths: list[int], seed: int) -> list[list[int]]:
 
 
 def _greedy_tokens(model_dir: Path, prompts: list[list[int]], n: int, rounds: int, **config: object) -> list[list[list[int]]]:
-    engine = Engine(str(model_dir), num_pages=128, page_size=4, device=str(kvcases.DEVICE), **config)
+    # float32 on every device: the two backends must agree token for token (bf16 is the CUDA default).
+    engine = Engine(str(model_dir), num_pages=128, page_size=4, device=str(kvcases.DEVICE), dtype="float32", **config)
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     out = []
     for _ in range(rounds):
