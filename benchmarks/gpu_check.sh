@@ -11,6 +11,8 @@
 #     bash benchmarks/gpu_check.sh --download-wheels   # where PyPI is reachable; ./wheels travels along
 #     bash benchmarks/gpu_check.sh                     # on the GPU machine
 #     bash benchmarks/gpu_check.sh --dry-run           # CPU: tiny shapes, GPU-only phases listed (CI runs this)
+# The default model's equivalence runs when a converted copy is on disk there (radixserve's
+# cache, or GPU_CHECK_DEFAULT_MODEL=dir); it is skipped otherwise, never fetched.
 # Extra arguments go to gpu_check.py (e.g. --phases decode_table,shared_system).
 # Exits 2 with a message when no GPU is usable, 1 when a phase failed (the report says which).
 set -euo pipefail

@@ -164,6 +164,8 @@ def rope_store_kv(
     if check_pool(v_data, fmt) != (stride_ks, stride_kh):
         raise ValueError("K and V pools must share a layout")
     cos2, sin2 = cos.reshape(T, D), sin.reshape(T, D)
+    if cos2.stride() != sin2.stride() or cos2.stride(-1) != 1:
+        raise ValueError("cos and sin must share one layout with a unit inner stride")
     if T:
         _rope_store_kv_kernel[(T,)](
             qkv, qkv.stride(0), qkv.stride(1), cos2, sin2, cos2.stride(0),

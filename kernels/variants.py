@@ -23,11 +23,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from triton.runtime.jit import JITFunction, KernelInterface, compute_cache_key, create_function_from_signature
+from triton.runtime.jit import JITFunction, KernelInterface
+
+try:  # Triton's launcher internals (3.3+); older releases get the same rules re-stated below
+    from triton.runtime.jit import compute_cache_key, create_function_from_signature
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    compute_cache_key = create_function_from_signature = None
 
 # Modules whose jitted kernels the server launches.
 KERNEL_MODULES = ("radixkernels.kv_store", "radixkernels.decode", "radixkernels.extend", "radixkernels.fused")
@@ -69,8 +75,42 @@ def _binder(kernel: KernelInterface) -> Any:
 
 def variant_key(kernel: KernelInterface, args: tuple, kwargs: dict[str, Any]) -> str:
     """The cache key Triton's launcher computes for ``kernel[grid](*args, **kwargs)``."""
-    _, specialization, options = _binder(kernel)(*args, **kwargs)
+    if create_function_from_signature is None or compute_cache_key is None:
+        return _restated_key(kernel, args, kwargs)
+    try:
+        _, specialization, options = _binder(kernel)(*args, **kwargs)
+    except TypeError:  # pragma: no cover - a Triton whose binder takes other arguments
+        return _restated_key(kernel, args, kwargs)
     return compute_cache_key({}, specialization, options)
+
+
+def _restated_key(kernel: KernelInterface, args: tuple, kwargs: dict[str, Any]) -> str:
+    """Triton's specialization rules, re-stated for releases whose launcher internals differ:
+    constexpr values, pointer dtypes and 16-byte alignment, ints equal to 1 or divisible by 16
+    (minus the kernel's ``do_not_specialize*`` names), and the launch options."""
+    fn = getattr(kernel, "fn", kernel)
+    opts = getattr(kernel, "kwargs", {}) if not isinstance(kernel, JITFunction) else {
+        "do_not_specialize": kernel.do_not_specialize,
+        "do_not_specialize_on_alignment": kernel.do_not_specialize_on_alignment}
+    no_spec = set(opts.get("do_not_specialize") or ())
+    no_align = set(opts.get("do_not_specialize_on_alignment") or ())
+    params = list(inspect.signature(fn).parameters.values())
+    bound = dict(zip((p.name for p in params), args))
+    bound.update({k: v for k, v in kwargs.items() if k in {p.name for p in params}})
+    parts = []
+    for p in params:
+        v = bound.get(p.name, p.default)
+        if "constexpr" in str(p.annotation):
+            parts.append(f"{p.name}={v!r}")
+        elif hasattr(v, "data_ptr"):
+            aligned = p.name not in no_align and v.data_ptr() % 16 == 0
+            parts.append(f"{p.name}:*{v.dtype}{'D' if aligned else ''}")
+        elif isinstance(v, bool) or not isinstance(v, int) or p.name in no_spec:
+            parts.append(f"{p.name}:{type(v).__name__}")
+        else:
+            parts.append(f"{p.name}:{'1' if v == 1 else 'D' if v % 16 == 0 else ''}")
+    launch = sorted((k, v) for k, v in kwargs.items() if k not in bound)
+    return ";".join(parts) + repr(launch)
 
 
 class LaunchLog:

@@ -95,6 +95,8 @@ def plan_worker_devices(engine_config: dict[str, Any], num_workers: int,
     what to change when workers would share a GPU without splitting its memory."""
     device = str(engine_config.get("device", "cpu"))
     kind, index = parse_device(device)
+    if num_workers == 0:  # only remote workers: they choose their own devices
+        return []
     if kind != "cuda":
         if gpu_ids is not None:
             raise ValueError(f"--gpu-ids needs --device cuda, got {device}")

@@ -7,7 +7,7 @@ token at least as likely as the K-th most likely", K the smallest count whose ma
 ``p``; so it is enough to find that K-th probability. Non-negative float32 values order like
 their bit patterns read as int32, so a bisection over the 2**31 bit patterns finds, per row,
 the largest threshold whose mass ``sum(p[p >= t])`` still reaches ``p * total``: 31 masked
-row sums, element-wise work with no sort. Ties at the threshold are all kept (a sort would
+row sums (accumulated in float64), element-wise work with no sort. Ties at the threshold are all kept (a sort would
 keep an arbitrary subset of them).
 
 **Penalty counts.** Repetition (prompt + output tokens seen) and frequency/presence (output
@@ -36,12 +36,14 @@ def top_p_keep(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     each row's nucleus of mass ``top_p`` ``[B]`` (of the row's total). Rows with ``top_p >= 1``
     keep everything nonzero and then some; callers skip them."""
     bits = probs.contiguous().view(torch.int32)
-    target = top_p.to(probs.dtype) * probs.sum(-1)
+    # Masses accumulate in float64 (the float32 terms are read once, as for a float32 sum):
+    # a float32 sum over 49k-152k entries errs by ~1e-7, enough to move the boundary token.
+    target = top_p.to(torch.float64) * probs.sum(-1, dtype=torch.float64)
     lo = torch.zeros(probs.shape[0], dtype=torch.int64, device=probs.device)  # mass(p >= lo) >= target
     hi = bits.max(-1).values.to(torch.int64) + 1  # mass(p >= hi) == 0 < target
     for _ in range(_BISECT_STEPS):
         mid = (lo + hi) // 2
-        ok = torch.where(bits >= mid[:, None].to(torch.int32), probs, 0.0).sum(-1) >= target
+        ok = torch.where(bits >= mid[:, None].to(torch.int32), probs, 0.0).sum(-1, dtype=torch.float64) >= target
         lo = torch.where(ok, mid, lo)
         hi = torch.where(ok, hi, mid)
     return bits >= lo[:, None].to(torch.int32)

@@ -36,6 +36,7 @@ def test_one_gpu_per_worker(four_gpus: None) -> None:
     places = plan_worker_devices({"device": "cuda"}, 2, parse_gpu_ids("3,1"))
     assert [p.env["CUDA_VISIBLE_DEVICES"] for p in places] == ["3", "1"]
     assert plan_worker_devices({}, 2) == [WorkerPlacement("cpu", {})] * 2
+    assert plan_worker_devices({"device": "cuda"}, 0) == []  # only remote workers
 
 
 def test_gpu_ids_map_through_the_parents_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:

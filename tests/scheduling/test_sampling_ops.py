@@ -14,11 +14,20 @@ from radixserve.scheduling.sampling_ops import PenaltyCounts, top_p_keep
 
 
 def _sorted_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The sort-based definition: keep a token while the mass strictly ahead of it is < p * total."""
-    sorted_p, order = probs.sort(descending=True)
+    """The sort-based definition: keep a token while the mass strictly ahead of it is < p * total
+    (masses in float64, so that the reference itself does not misplace the boundary)."""
+    sorted_p, order = probs.double().sort(descending=True)
     before = sorted_p.cumsum(-1) - sorted_p
-    keep_sorted = before < top_p * probs.sum()
+    keep_sorted = before < top_p * sorted_p.sum()
     return torch.zeros_like(keep_sorted).scatter_(0, order, keep_sorted)
+
+
+def test_top_p_keep_boundary_on_a_large_vocabulary() -> None:
+    """49k-entry rows: the boundary token is decided in float64 (float32 sums err by ~1e-7)."""
+    probs = torch.softmax(torch.randn(64, 49152, generator=torch.Generator().manual_seed(0)) * 3, -1)
+    keep = top_p_keep(probs, torch.full((64,), 0.9))
+    for i in range(64):
+        assert torch.equal(keep[i], _sorted_nucleus(probs[i], 0.9)), f"row {i}"
 
 
 @pytest.mark.parametrize("seed", range(4))
