@@ -58,7 +58,7 @@ def describe_engine(engine: Any, worker_id: int, model_name: str) -> p.WorkerHel
         worker_id=worker_id, pid=os.getpid(), model=model_name, context_length=int(ctx),
         vocab_size=int(cfg.vocab_size), eos_token_ids=[int(t) for t in cfg.eos_token_ids],
         bos_token_id=getattr(tok, "bos_token_id", None), page_size=int(getattr(econf, "page_size", 1)),
-        load=engine_load(engine),
+        load=engine_load(engine), model_path=str(getattr(engine, "model_path", "") or ""),
     )
 
 
