@@ -33,7 +33,7 @@ from radixserve.memory.pool import KVPool
 from radixserve.memory.radix_cache import RadixCache
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
-from radixserve.sampling_params import SamplingParams
+from radixserve.sampling_params import SamplingInput, SamplingParams, per_prompt
 from radixserve.scheduling.request import Request
 from radixserve.scheduling.sampler import Sampler
 from radixserve.scheduling.scheduler import RequestOutput, Scheduler, SchedulerConfig
@@ -223,17 +223,16 @@ class Engine:
     def generate(
         self,
         prompts: PromptInput,
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        params: SamplingInput | Sequence[SamplingInput] = None,
     ) -> list[GenerateOutput]:
-        """Run prompts (texts, or token id lists) to completion; results in input order."""
+        """Run prompts (texts, or token id lists) to completion; results in input order.
+
+        ``params``: one :class:`SamplingParams` or dict of its fields for every prompt (as
+        SGLang's ``Engine.generate`` takes), or a list of them, one per prompt.
+        """
         batch = _normalize_prompts(prompts)
+        plist = per_prompt(params, len(batch))
         ids_list = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
-        if params is None or isinstance(params, SamplingParams):
-            plist = [params or SamplingParams()] * len(ids_list)
-        else:
-            plist = list(params)
-            if len(plist) != len(ids_list):
-                raise ValueError(f"{len(plist)} sampling params for {len(ids_list)} prompts")
         # Validate everything before queueing anything: a bad prompt rejects the whole call.
         reqs = [self._make_request(ids, p, None, None) for ids, p in zip(ids_list, plist)]
         for req in reqs:
