@@ -28,14 +28,14 @@ import torch
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, TokenLogprob, Usage
+from radixserve.engine.model_runner import ModelRunner, make_attention_backend
+from radixserve.engine.sampler import Sampler
+from radixserve.memory import NoPrefixCache, PrefixCache, RadixCache
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.pool import KVPool
-from radixserve.memory.radix_cache import RadixCache
 from radixserve.model.attention.base import AttentionBackend
-from radixserve.model.forward_batch import ForwardBatch
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduling.request import Request
-from radixserve.scheduling.sampler import Sampler
 from radixserve.scheduling.scheduler import RequestOutput, Scheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
@@ -52,19 +52,6 @@ def setup_cpu_threads(num_threads: int | None) -> None:
     which reads it only then.)"""
     if num_threads is not None:
         torch.set_num_threads(num_threads)
-
-
-def make_attention_backend(name: str, pool: KVPool) -> AttentionBackend:
-    """``"torch"`` (runs anywhere) or ``"triton"`` (GPU, or the interpreter on CPU)."""
-    if name == "torch":
-        from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
-
-        return TorchPagedAttentionBackend(pool)
-    try:
-        from radixserve.model.attention.triton_paged import TritonPagedAttentionBackend  # type: ignore[import-not-found]
-    except ImportError as e:
-        raise ValueError(f"attention_backend 'triton' is not available: {e}") from e
-    return TritonPagedAttentionBackend(pool)
 
 
 class Engine:
@@ -94,16 +81,17 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
 
         num_pages = cfg.num_pages if cfg.num_pages is not None else self._plan_num_pages()
-        self.pool = KVPool(
+        pool = KVPool(
             mc.num_layers, num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim,
             kv_dtype=cfg.kv_cache_dtype, act_dtype=cfg.torch_dtype, device=self.device,
         )
         self.allocator = PageAllocator(num_pages)
-        self.cache = RadixCache(self.allocator, cfg.page_size, disabled=cfg.disable_radix_cache)
-        self.attn = make_attention_backend(cfg.attention_backend, self.pool)
+        self.cache: PrefixCache = (
+            NoPrefixCache(self.allocator, cfg.page_size) if cfg.disable_radix_cache
+            else RadixCache(self.allocator, cfg.page_size)
+        )
         max_model_len = cfg.max_model_len or mc.max_position_embeddings
         self.max_total_len = min(max_model_len, num_pages * cfg.page_size)
-        self.sampler = Sampler(mc.vocab_size, mc.eos_token_ids, self.device, cfg.seed)
         sched_cfg = SchedulerConfig(
             page_size=cfg.page_size,
             max_num_tokens=cfg.max_num_tokens,
@@ -118,8 +106,11 @@ class Engine:
             min_new_token_ratio=cfg.min_new_token_ratio,
             new_token_ratio_decay=cfg.new_token_ratio_decay,
         )
-        self.scheduler = Scheduler(
-            sched_cfg, self._forward, self.cache, self.allocator, self.sampler, mc.eos_token_ids, self.device
+        self.scheduler = Scheduler(sched_cfg, self.cache, self.allocator, mc.eos_token_ids)
+        self.runner = ModelRunner(
+            self.model, pool, make_attention_backend(cfg.attention_backend, pool),
+            Sampler(mc.vocab_size, mc.eos_token_ids, self.device, cfg.seed),
+            max_rows=sched_cfg.max_running_requests, max_pages=self.scheduler.max_pages_per_request,
         )
         self._buffered: list[StepOutput] = []  # other requests' outputs seen inside generate()
         logger.info("engine ready: %s, %s, max_total_len=%d", self.model_path, self.pool, self.max_total_len)
@@ -144,8 +135,22 @@ class Engine:
             raise ValueError(f"no room for the KV cache: {plan}")
         return int(plan.num_pages)
 
-    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
-        return self.model.forward(batch, self.attn)
+    # The runner owns the device state; these name its parts for callers and tests.
+    @property
+    def pool(self) -> KVPool:
+        return self.runner.pool
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.runner.sampler
+
+    @property
+    def attn(self) -> AttentionBackend:
+        return self.runner.attn
+
+    @attn.setter
+    def attn(self, backend: AttentionBackend) -> None:
+        self.runner.attn = backend
 
     # ------------------------------------------------------------------ streaming API
 
@@ -210,10 +215,24 @@ class Engine:
         self.scheduler.abort(request_id, "abort")
 
     def step(self) -> list[StepOutput]:
-        """Run one scheduler step; one StepOutput per request that progressed or finished."""
+        """Run one step (schedule, execute, process); one StepOutput per request that
+        progressed or finished."""
         out, self._buffered = self._buffered, []
-        out.extend(_to_step_output(o) for o in self.scheduler.step())
+        out.extend(_to_step_output(o) for o in self._step())
         return out
+
+    def _step(self) -> list[RequestOutput]:
+        sched = self.scheduler
+        outputs = sched.take_outputs()
+        batch = sched.schedule()
+        if batch is None:
+            return outputs
+        try:
+            result = self.runner.execute(batch.plan)
+        except Exception as e:  # a failed step (device memory, a device error) must not leak its pages
+            logger.exception("step failed; finishing %d requests with an error", len(batch.work))
+            return outputs + sched.fail(batch, e)
+        return outputs + sched.process(batch, result)
 
     def has_unfinished(self) -> bool:
         return bool(self._buffered) or self.scheduler.has_unfinished()
@@ -288,6 +307,16 @@ class Engine:
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` if any KV page or request state is inconsistent."""
         self.scheduler.check_invariants()
+        # The device table, with the entries the next plan will send applied, holds every page list.
+        pending: dict[int, dict[int, int]] = {}
+        for row, col, page in self.scheduler.rows.pending():
+            pending.setdefault(row, {})[col] = page
+        for r in self.scheduler.running:
+            row = self.runner.page_table_row(r.slot, len(r.pages))
+            for col, page in pending.get(r.slot, {}).items():
+                if col < len(row):
+                    row[col] = page
+            assert row == r.pages, f"page table row out of date: {r}"
 
 
 class _Collector:

@@ -1,0 +1,152 @@
+"""The model runner: everything on the device, driven by the scheduler's host-side plans.
+
+The runner owns the device state of one worker: the model's weights, the KV pool tensors,
+the attention backend, the persistent device page table, the sampler and the staging
+buffers. The scheduler never touches a tensor; each step it hands over one
+:class:`~radixserve.scheduling.plan.StepPlan` (plain lists) and gets back a
+:class:`~radixserve.scheduling.plan.StepResult` (plain lists)::
+
+    StepPlan (host lists)
+      │ pack: ids, positions, slots, lengths, logits rows, page-table changes, sampling inputs
+      ▼
+    one host->device copy ──> device views ──> page_table[rows, cols] = pages   (patch, never rebuild)
+                                                 ForwardBatch ──> attn.init_forward_metadata
+                                                 model.forward ──> sampler (device only)
+      ┌──────────────────────────────────────────────┘
+      ▼
+    one device->host read: sampled tokens (+ logprobs, prompt logprobs) ──> StepResult
+
+``transfers`` counts both copies (see :mod:`~radixserve.engine.staging`); nothing else in a
+step moves data between host and device or waits for the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixserve.engine.sampler import Sampler, token_logprobs, unpack_samples
+from radixserve.engine.staging import Staged, StagingBuffer, StagingLayout, TransferCounter
+from radixserve.memory.pool import KVPool
+from radixserve.model.attention.base import AttentionBackend
+from radixserve.model.forward_batch import ForwardBatch
+from radixserve.scheduling.plan import StepPlan, StepResult
+
+__all__ = ["ModelRunner", "make_attention_backend"]
+
+
+def make_attention_backend(name: str, pool: KVPool) -> AttentionBackend:
+    """``"torch"`` (runs anywhere) or ``"triton"`` (GPU, or the interpreter on CPU)."""
+    if name == "torch":
+        from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
+
+        return TorchPagedAttentionBackend(pool)
+    try:
+        from radixserve.model.attention.triton_paged import TritonPagedAttentionBackend  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise ValueError(f"attention_backend 'triton' is not available: {e}") from e
+    return TritonPagedAttentionBackend(pool)
+
+
+class ModelRunner:
+    """Executes step plans on one device (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pool: KVPool,
+        attn: AttentionBackend,
+        sampler: Sampler,
+        max_rows: int,
+        max_pages: int,
+    ) -> None:
+        """``max_rows``: running requests at most (page-table rows); ``max_pages``: pages of
+        the longest context (page-table width)."""
+        self.model = model
+        self.pool = pool
+        self.attn = attn
+        self.sampler = sampler
+        self.device = pool.device
+        self.page_size = pool.page_size
+        # Row r holds the pages of the request the scheduler gave row r, in order.
+        self.page_table = torch.zeros(max_rows, max(1, max_pages), dtype=torch.int32, device=self.device)
+        self.transfers = TransferCounter()
+        self.staging = StagingBuffer(self.device, self.transfers)
+
+    # ------------------------------------------------------------------ one step
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run ``plan``'s forward and sampling: one copy in, one read back."""
+        layout = self._stage(plan)
+        splan = self.sampler.prepare(plan.sample_rows, layout) if plan.sample_rows else None
+        staged = self.staging.upload(layout)
+        with torch.inference_mode():
+            self._patch_page_table(plan, staged)
+            batch = self._forward_batch(plan, staged)
+            self.attn.init_forward_metadata(batch)
+            logits = self.model.forward(batch, self.attn)
+            ns = len(plan.sample_rows)
+            reads: list[torch.Tensor] = []
+            if splan is not None:
+                reads += list(self.sampler.sample_staged(logits[:ns], splan, staged))
+            if plan.prompt_targets:
+                reads.append(token_logprobs(logits[ns:], staged.i("lp_targets")))
+            host = self.staging.read(reads) if reads else []
+        if splan is not None:
+            sampled = unpack_samples(splan, host[:4])
+            tokens, logprobs = sampled.token_ids, sampled.logprobs
+        else:
+            tokens, logprobs = [], []
+        prompt_lps = host[-1] if plan.prompt_targets else []
+        return StepResult(tokens, logprobs, prompt_lps)
+
+    def _stage(self, plan: StepPlan) -> StagingLayout:
+        layout = StagingLayout()
+        layout.ints("input_ids", plan.input_ids)
+        layout.ints("positions", plan.positions)
+        layout.ints("out_slots", plan.out_slots)
+        layout.ints("table_rows", plan.table_rows)
+        layout.ints("seq_lens", plan.seq_lens)
+        layout.ints("extend_lens", plan.extend_lens)
+        layout.ints("prefix_lens", plan.prefix_lens)
+        starts, t = [], 0
+        for n in plan.extend_lens:
+            starts.append(t)
+            t += n
+        layout.ints("extend_start", starts)
+        layout.ints("logits_indices", plan.logits_indices)
+        if plan.write_rows:
+            layout.ints("w_rows", plan.write_rows)
+            layout.ints("w_cols", plan.write_cols)
+            layout.ints("w_pages", plan.write_pages)
+        if plan.prompt_targets:
+            layout.ints("lp_targets", plan.prompt_targets)
+        return layout
+
+    def _patch_page_table(self, plan: StepPlan, staged: Staged) -> None:
+        if plan.write_rows:
+            self.page_table[staged.i("w_rows"), staged.i("w_cols")] = staged.i("w_pages").to(torch.int32)
+
+    def _forward_batch(self, plan: StepPlan, staged: Staged) -> ForwardBatch:
+        max_pages = -(-max(plan.seq_lens) // self.page_size)
+        i32 = torch.int32
+        return ForwardBatch(
+            input_ids=staged.i("input_ids"),
+            positions=staged.i("positions"),
+            seq_lens=staged.i("seq_lens").to(i32),
+            extend_lens=staged.i("extend_lens").to(i32),
+            prefix_lens=staged.i("prefix_lens").to(i32),
+            extend_start_loc=staged.i("extend_start").to(i32),
+            logits_indices=staged.i("logits_indices"),
+            seq_lens_cpu=plan.seq_lens,
+            extend_lens_cpu=plan.extend_lens,
+            out_cache_loc=staged.i("out_slots"),
+            page_table=self.page_table.index_select(0, staged.i("table_rows"))[:, :max_pages],
+            page_size=self.page_size,
+            page_lists_cpu=plan.page_lists,
+        )
+
+    # ------------------------------------------------------------------ checks
+
+    def page_table_row(self, row: int, n: int) -> list[int]:
+        """The first ``n`` entries of a page-table row (invariant checks; reads the device)."""
+        return self.page_table[row, :n].tolist()
