@@ -81,8 +81,9 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
 
         num_pages = cfg.num_pages if cfg.num_pages is not None else self._plan_num_pages()
+        # One page past the allocator's: the scratch page padding rows of static decode steps write to.
         pool = KVPool(
-            mc.num_layers, num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim,
+            mc.num_layers, num_pages + 1, cfg.page_size, mc.num_kv_heads, mc.head_dim,
             kv_dtype=cfg.kv_cache_dtype, act_dtype=cfg.torch_dtype, device=self.device,
         )
         self.allocator = PageAllocator(num_pages)
@@ -111,7 +112,9 @@ class Engine:
             self.model, pool, make_attention_backend(cfg.attention_backend, pool),
             Sampler(mc.vocab_size, mc.eos_token_ids, self.device, cfg.seed),
             max_rows=sched_cfg.max_running_requests, max_pages=self.scheduler.max_pages_per_request,
+            decode_graphs=cfg.use_decode_graphs, scratch_page=num_pages,
         )
+        self.runner.warm_up(self.max_total_len)
         self._buffered: list[StepOutput] = []  # other requests' outputs seen inside generate()
         logger.info("engine ready: %s, %s, max_total_len=%d", self.model_path, self.pool, self.max_total_len)
 
@@ -150,7 +153,7 @@ class Engine:
 
     @attn.setter
     def attn(self, backend: AttentionBackend) -> None:
-        self.runner.attn = backend
+        self.runner.set_attention_backend(backend)
 
     # ------------------------------------------------------------------ streaming API
 
@@ -185,7 +188,7 @@ class Engine:
             raise ValueError(
                 f"prompt of {len(ids)} tokens is too long: this engine fits at most {self.max_total_len - 1} "
                 f"prompt tokens (max_model_len {self.config.max_model_len or self.model_config.max_position_embeddings}, "
-                f"KV pool {self.pool.num_pages * self.pool.page_size} tokens)"
+                f"KV pool {self.allocator.num_pages * self.pool.page_size} tokens)"
             )
         if request_id is not None and request_id in self.scheduler.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
@@ -282,11 +285,11 @@ class Engine:
         return EngineStats(
             running=len(s.running),
             waiting=len(s.waiting),
-            num_pages=self.pool.num_pages,
+            num_pages=self.allocator.num_pages,
             page_size=self.pool.page_size,
             pages_free=free,
             pages_evictable=evictable,
-            pages_in_use=self.pool.num_pages - free - evictable,
+            pages_in_use=self.allocator.num_pages - free - evictable,
             cached_tokens=self.cache.total_cached_tokens,
             steps_total=c.steps,
             prompt_tokens_total=c.prompt_tokens,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from radixserve.engine.decode_graphs import DecodeGraphs
 from radixserve.engine.sampler import Sampler, token_logprobs, unpack_samples
 from radixserve.engine.staging import Staged, StagingBuffer, StagingLayout, TransferCounter
 from radixserve.memory.pool import KVPool
@@ -58,9 +59,14 @@ class ModelRunner:
         sampler: Sampler,
         max_rows: int,
         max_pages: int,
+        decode_graphs: bool = False,
+        scratch_page: int | None = None,
     ) -> None:
         """``max_rows``: running requests at most (page-table rows); ``max_pages``: pages of
-        the longest context (page-table width)."""
+        the longest context (page-table width). ``decode_graphs``: decode-only steps run from
+        static buffers padded to batch-size buckets (:mod:`~radixserve.engine.decode_graphs`),
+        their padding rows writing to ``scratch_page`` (a pool page no request may hold);
+        captured as CUDA graphs by :meth:`warm_up` where the device and backend allow."""
         self.model = model
         self.pool = pool
         self.attn = attn
@@ -71,6 +77,25 @@ class ModelRunner:
         self.page_table = torch.zeros(max_rows, max(1, max_pages), dtype=torch.int32, device=self.device)
         self.transfers = TransferCounter()
         self.staging = StagingBuffer(self.device, self.transfers)
+        self.decode_graphs: DecodeGraphs | None = None
+        if decode_graphs:
+            if scratch_page is None:
+                raise ValueError("decode_graphs needs a scratch page for the padding rows")
+            capture = self.device.type == "cuda" and getattr(attn, "supports_graph_capture", False)
+            self.decode_graphs = DecodeGraphs(
+                model.forward, attn, self.page_table, scratch_page, self.page_size, max_rows, capture
+            )
+
+    def set_attention_backend(self, attn: AttentionBackend) -> None:
+        """Swap the attention backend (tests compare backends on one engine)."""
+        self.attn = attn
+        if self.decode_graphs is not None:
+            self.decode_graphs.attn = attn
+
+    def warm_up(self, max_seq_len: int) -> None:
+        """Capture the decode graphs (CUDA) before the first request; a no-op elsewhere."""
+        if self.decode_graphs is not None and self.decode_graphs.capture:
+            self.decode_graphs.capture_all(max_seq_len)
 
     # ------------------------------------------------------------------ one step
 
@@ -79,11 +104,20 @@ class ModelRunner:
         layout = self._stage(plan)
         splan = self.sampler.prepare(plan.sample_rows, layout) if plan.sample_rows else None
         staged = self.staging.upload(layout)
+        graphs = self.decode_graphs
+        static = (
+            graphs is not None and plan.is_decode_only and not plan.prompt_targets
+            and graphs.bucket_for(plan.batch_size) is not None
+        )
         with torch.inference_mode():
             self._patch_page_table(plan, staged)
-            batch = self._forward_batch(plan, staged)
-            self.attn.init_forward_metadata(batch)
-            logits = self.model.forward(batch, self.attn)
+            if static:
+                assert graphs is not None and len(plan.sample_rows) == plan.batch_size  # every decode row samples
+                logits = graphs.run(plan, staged)
+            else:
+                batch = self._forward_batch(plan, staged)
+                self.attn.init_forward_metadata(batch)
+                logits = self.model.forward(batch, self.attn)
             ns = len(plan.sample_rows)
             reads: list[torch.Tensor] = []
             if splan is not None:

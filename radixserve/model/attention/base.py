@@ -25,6 +25,10 @@ class AttentionBackend(ABC):
     for rather than noticing a new batch object on its own.
     """
 
+    # Whether a forward reads only the batch's tensors (no host metadata per step), so that a
+    # decode forward over static buffers can be captured in a CUDA graph and replayed.
+    supports_graph_capture = False
+
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Build whatever every layer of the next forward over ``batch`` shares (host lists
         only: never read the device). The default has nothing to build."""

@@ -62,6 +62,9 @@ def _ensure_runnable(device: torch.device) -> None:
 class TritonPagedAttentionBackend(AttentionBackend):
     """Stores new K/V into a ``KVPool`` and attends over the paged history with Triton kernels."""
 
+    # A decode forward launches the same kernels on the batch's tensors whatever their values.
+    supports_graph_capture = True
+
     def __init__(self, pool: Any) -> None:
         _ensure_runnable(torch.device(pool.device))
         import radixkernels
