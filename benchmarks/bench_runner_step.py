@@ -1,0 +1,143 @@
+"""Where one engine step's time goes: scheduling, input preparation, forward, sampling, output.
+
+Runs ``--batch`` requests (default 1, 16 and 64) of the default model through the offline
+engine, decoding together after their prefills, with the static-buffer decode path on and
+off (CUDA graphs on CUDA), interleaved in one run so that the machine's drift hits both
+alike. For each it reports the median decode step and its split::
+
+    schedule   Scheduler.schedule: batch decision, page allocation, the StepPlan's host lists
+    prepare    packing the plan and the sampling inputs, the one host->device copy, page-table patch
+    forward    the model forward (a graph replay on CUDA)
+    sample     the sampler on the device and the one read back
+    process    Scheduler.process: tokens appended, stop checks, cache inserts, outputs
+
+    python benchmarks/bench_runner_step.py                         # SmolLM2 fp32, batch 1/16/64
+    python benchmarks/bench_runner_step.py --batch 1 --dtype bfloat16 --steps 30
+
+The weight-streaming floor (every weight read once at the memory bandwidth this machine
+shows for a large copy, measured in the same run) is printed beside the batch-1 step.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import collections  # noqa: E402
+import datetime as dt  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+from radixserve.engine.engine import Engine  # noqa: E402
+from radixserve.sampling_params import SamplingParams  # noqa: E402
+
+
+def _wrap(obj: Any, name: str, key: str, acc: dict[str, float]) -> None:
+    fn: Callable[..., Any] = getattr(obj, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc[key] += time.perf_counter() - t
+
+    setattr(obj, name, timed)
+
+
+def instrument(engine: Engine, acc: dict[str, float]) -> None:
+    """Time the step's parts (instance attributes: only this engine is affected)."""
+    r, s = engine.runner, engine.scheduler
+    _wrap(s, "schedule", "schedule", acc)
+    _wrap(s, "process", "process", acc)
+    _wrap(r, "_stage", "prepare", acc)
+    _wrap(r.sampler, "prepare", "prepare", acc)
+    _wrap(r.staging, "upload", "prepare", acc)
+    _wrap(r, "_patch_page_table", "prepare", acc)
+    _wrap(r.model, "forward", "forward", acc)
+    if r.decode_graphs is not None:
+        r.decode_graphs.forward = r.model.forward  # the static path calls the timed forward
+    _wrap(r.sampler, "sample_staged", "sample", acc)
+    _wrap(r.staging, "read", "sample", acc)
+
+
+def weight_floor_ms(engine: Engine) -> tuple[float, float]:
+    """(ms to stream every weight once, GB/s of a large copy here)."""
+    nbytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    src = torch.empty(64 << 20, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    gbs = 2 * src.numel() / best / 1e9  # a copy reads and writes
+    return nbytes / (gbs * 1e9) * 1e3, gbs
+
+
+def run(engine: Engine, batch: int, steps: int) -> dict[str, Any]:
+    params = SamplingParams(max_tokens=steps + 2, temperature=0.0, ignore_eos=True)
+    g = torch.Generator().manual_seed(batch)
+    for _ in range(batch):
+        engine.add_request(torch.randint(100, 20000, (32,), generator=g).tolist(), params)
+    while any(r.num_pending > 1 for r in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()  # prefills
+    acc: dict[str, float] = collections.defaultdict(float)
+    instrument(engine, acc)
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t)
+    parts = {k: v / steps * 1e3 for k, v in acc.items()}  # before the tail steps add to acc
+    while engine.has_unfinished():
+        engine.step()
+    total = sum(times)
+    parts["other"] = total / steps * 1e3 - sum(parts.values())
+    return {"step_ms_median": statistics.median(times) * 1e3, "step_ms_mean": total / steps * 1e3, "parts_ms": parts}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--out", default="benchmarks/results/bench_runner_step.json")
+    args = ap.parse_args()
+    from radixserve.model_store import resolve_model
+
+    path = resolve_model(None if args.model == "default" else args.model)
+    engines = {
+        mode: Engine(path, dtype=args.dtype, device=args.device, num_pages=4096, max_model_len=2048,
+                     max_running_requests=max(args.batch), decode_graphs=mode)
+        for mode in ("off", "on")
+    }
+    floor_ms, gbs = weight_floor_ms(engines["off"])
+    results: list[dict[str, Any]] = []
+    for batch in args.batch:
+        for mode in ("off", "on"):  # interleaved: drift hits both
+            r = run(engines[mode], batch, args.steps)
+            r.update(batch=batch, static_decode=mode)
+            results.append(r)
+            parts = "  ".join(f"{k} {v:5.1f}" for k, v in sorted(r["parts_ms"].items()))
+            print(f"batch {batch:3d} static decode {mode:3s}: step {r['step_ms_median']:6.1f} ms median  ({parts})")
+    print(f"weight-streaming floor: {floor_ms:.1f} ms per step ({gbs:.1f} GB/s copy bandwidth)")
+    out = {"date": dt.datetime.now().isoformat(timespec="seconds"), "dtype": args.dtype, "device": args.device,
+           "weight_floor_ms": floor_ms, "copy_gbs": gbs, "results": results}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
