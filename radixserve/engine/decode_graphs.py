@@ -121,13 +121,13 @@ class DecodeGraphs:
             self.graphs[bucket] = graph
         torch.cuda.synchronize()
 
-    def run(self, plan: StepPlan, staged: Staged) -> torch.Tensor:
+    def run(self, plan: StepPlan, staged: Staged, input_ids: torch.Tensor) -> torch.Tensor:
         """The step's logits ``[B, vocab]`` (rows beyond B were padding), from the static buffers."""
         b = plan.batch_size
         bucket = self.bucket_for(b)
         assert bucket is not None
         # Real rows from the step's one staged copy; padding rows reset (a bigger step may have used them).
-        self.input_ids[:b].copy_(staged.i("input_ids"))
+        self.input_ids[:b].copy_(input_ids)
         self.positions[:b].copy_(staged.i("positions"))
         self.out_slots[:b].copy_(staged.i("out_slots"))
         self.seq_lens[:b].copy_(staged.i("seq_lens"))

@@ -28,7 +28,7 @@ import torch
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, TokenLogprob, Usage
-from radixserve.engine.model_runner import ModelRunner, make_attention_backend
+from radixserve.engine.model_runner import ModelRunner, PendingStep, make_attention_backend
 from radixserve.engine.sampler import Sampler
 from radixserve.memory import NoPrefixCache, PrefixCache, RadixCache
 from radixserve.memory.allocator import PageAllocator
@@ -36,7 +36,8 @@ from radixserve.memory.pool import KVPool
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduling.request import Request
-from radixserve.scheduling.scheduler import RequestOutput, Scheduler, SchedulerConfig
+from radixserve.scheduling.plan import ScheduledBatch
+from radixserve.scheduling.scheduler import NeedsSync, RequestOutput, Scheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +116,8 @@ class Engine:
             decode_graphs=cfg.use_decode_graphs, scratch_page=num_pages,
         )
         self.runner.warm_up(self.max_total_len)
+        self.overlap = cfg.use_overlap
+        self._in_flight: tuple[ScheduledBatch, PendingStep] | None = None  # overlap: launched, not resolved
         self._buffered: list[StepOutput] = []  # other requests' outputs seen inside generate()
         logger.info("engine ready: %s, %s, max_total_len=%d", self.model_path, self.pool, self.max_total_len)
 
@@ -225,6 +228,8 @@ class Engine:
         return out
 
     def _step(self) -> list[RequestOutput]:
+        if self.overlap:
+            return self._step_overlap()
         sched = self.scheduler
         outputs = sched.take_outputs()
         batch = sched.schedule()
@@ -237,8 +242,47 @@ class Engine:
             return outputs + sched.fail(batch, e)
         return outputs + sched.process(batch, result)
 
+    def _step_overlap(self) -> list[RequestOutput]:
+        """Plan and launch step N+1, then read step N's results (SGLang's overlap loop)::
+
+            schedule(N+1) -> launch(N+1) -> advance(N+1) -> resolve(N) [waits for N] -> return
+        """
+        sched = self.scheduler
+        outputs = sched.take_outputs()
+        if self._in_flight is not None and sched.needs_results(self._in_flight[0]):
+            outputs += self._resolve_in_flight()  # grammar masks / penalties need N's tokens
+        try:
+            batch = sched.schedule()
+        except NeedsSync:  # it would retract: resolve N first, then decide with everything known
+            outputs += self._resolve_in_flight()
+            batch = sched.schedule()
+        if batch is None:
+            return outputs + self._resolve_in_flight()
+        try:
+            pending = self.runner.launch(batch.plan)
+        except Exception as e:
+            logger.exception("step failed; finishing %d requests with an error", len(batch.work))
+            outputs += self._resolve_in_flight()
+            return outputs + sched.fail(batch, e)
+        sched.advance(batch)
+        outputs += self._resolve_in_flight()
+        self._in_flight = (batch, pending)
+        return outputs
+
+    def _resolve_in_flight(self) -> list[RequestOutput]:
+        if self._in_flight is None:
+            return []
+        batch, pending = self._in_flight
+        self._in_flight = None
+        try:
+            result = pending.result()
+        except Exception as e:
+            logger.exception("step failed; finishing %d requests with an error", len(batch.work))
+            return self.scheduler.fail(batch, e, advanced=True)
+        return self.scheduler.resolve(batch, result)
+
     def has_unfinished(self) -> bool:
-        return bool(self._buffered) or self.scheduler.has_unfinished()
+        return bool(self._buffered) or self._in_flight is not None or self.scheduler.has_unfinished()
 
     # ------------------------------------------------------------------ offline API
 

@@ -26,13 +26,32 @@ import torch
 
 from radixserve.engine.decode_graphs import DecodeGraphs
 from radixserve.engine.sampler import Sampler, token_logprobs, unpack_samples
-from radixserve.engine.staging import Staged, StagingBuffer, StagingLayout, TransferCounter
+from radixserve.engine.sampler import SamplingPlan
+from radixserve.engine.staging import PendingRead, Staged, StagingBuffer, StagingLayout, TransferCounter
 from radixserve.memory.pool import KVPool
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
 from radixserve.scheduling.plan import StepPlan, StepResult
 
-__all__ = ["ModelRunner", "make_attention_backend"]
+__all__ = ["ModelRunner", "PendingStep", "make_attention_backend"]
+
+
+class PendingStep:
+    """A launched step; :meth:`result` waits for its one read back and unpacks it."""
+
+    def __init__(self, read: PendingRead, splan: SamplingPlan | None, has_prompt_lps: bool) -> None:
+        self._read = read
+        self._splan = splan
+        self._has_prompt_lps = has_prompt_lps
+
+    def result(self) -> StepResult:
+        host = self._read.wait()
+        tokens: list[int] = []
+        logprobs: list = []  # type: ignore[type-arg]
+        if self._splan is not None:
+            sampled = unpack_samples(self._splan, host[:4])
+            tokens, logprobs = sampled.token_ids, sampled.logprobs
+        return StepResult(tokens, logprobs, host[-1] if self._has_prompt_lps else [])
 
 
 def make_attention_backend(name: str, pool: KVPool) -> AttentionBackend:
@@ -77,6 +96,7 @@ class ModelRunner:
         self.page_table = torch.zeros(max_rows, max(1, max_pages), dtype=torch.int32, device=self.device)
         self.transfers = TransferCounter()
         self.staging = StagingBuffer(self.device, self.transfers)
+        self._last_tokens: torch.Tensor | None = None  # the last launched step's sampled tokens (device)
         self.decode_graphs: DecodeGraphs | None = None
         if decode_graphs:
             if scratch_page is None:
@@ -101,6 +121,12 @@ class ModelRunner:
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Run ``plan``'s forward and sampling: one copy in, one read back."""
+        return self.launch(plan).result()
+
+    def launch(self, plan: StepPlan) -> PendingStep:
+        """Start ``plan``'s step; its results come with :meth:`PendingStep.result` (on CUDA the
+        host is free to plan the next step meanwhile). The next plan may name this step's
+        sampled tokens as inputs (``future_rows``): they are read from the device, not the host."""
         layout = self._stage(plan)
         splan = self.sampler.prepare(plan.sample_rows, layout) if plan.sample_rows else None
         staged = self.staging.upload(layout)
@@ -111,27 +137,28 @@ class ModelRunner:
         )
         with torch.inference_mode():
             self._patch_page_table(plan, staged)
+            input_ids = staged.i("input_ids")
+            if plan.future_rows:
+                assert self._last_tokens is not None, "a plan names tokens of a step that sampled none"
+                src = self._last_tokens.index_select(0, staged.i("f_src"))
+                input_ids = input_ids.index_copy(0, staged.i("f_rows"), src)
             if static:
                 assert graphs is not None and len(plan.sample_rows) == plan.batch_size  # every decode row samples
-                logits = graphs.run(plan, staged)
+                logits = graphs.run(plan, staged, input_ids)
             else:
-                batch = self._forward_batch(plan, staged)
+                batch = self._forward_batch(plan, staged, input_ids)
                 self.attn.init_forward_metadata(batch)
                 logits = self.model.forward(batch, self.attn)
             ns = len(plan.sample_rows)
             reads: list[torch.Tensor] = []
             if splan is not None:
-                reads += list(self.sampler.sample_staged(logits[:ns], splan, staged))
+                sampled = self.sampler.sample_staged(logits[:ns], splan, staged)
+                self._last_tokens = sampled.token_ids
+                reads += list(sampled)
             if plan.prompt_targets:
                 reads.append(token_logprobs(logits[ns:], staged.i("lp_targets")))
-            host = self.staging.read(reads) if reads else []
-        if splan is not None:
-            sampled = unpack_samples(splan, host[:4])
-            tokens, logprobs = sampled.token_ids, sampled.logprobs
-        else:
-            tokens, logprobs = [], []
-        prompt_lps = host[-1] if plan.prompt_targets else []
-        return StepResult(tokens, logprobs, prompt_lps)
+            pending = self.staging.read_async(reads)
+        return PendingStep(pending, splan, bool(plan.prompt_targets))
 
     def _stage(self, plan: StepPlan) -> StagingLayout:
         layout = StagingLayout()
@@ -154,17 +181,20 @@ class ModelRunner:
             layout.ints("w_pages", plan.write_pages)
         if plan.prompt_targets:
             layout.ints("lp_targets", plan.prompt_targets)
+        if plan.future_rows:
+            layout.ints("f_rows", plan.future_rows)
+            layout.ints("f_src", plan.future_src)
         return layout
 
     def _patch_page_table(self, plan: StepPlan, staged: Staged) -> None:
         if plan.write_rows:
             self.page_table[staged.i("w_rows"), staged.i("w_cols")] = staged.i("w_pages").to(torch.int32)
 
-    def _forward_batch(self, plan: StepPlan, staged: Staged) -> ForwardBatch:
+    def _forward_batch(self, plan: StepPlan, staged: Staged, input_ids: torch.Tensor) -> ForwardBatch:
         max_pages = -(-max(plan.seq_lens) // self.page_size)
         i32 = torch.int32
         return ForwardBatch(
-            input_ids=staged.i("input_ids"),
+            input_ids=input_ids,
             positions=staged.i("positions"),
             seq_lens=staged.i("seq_lens").to(i32),
             extend_lens=staged.i("extend_lens").to(i32),

@@ -130,7 +130,9 @@ class StagingBuffer:
         self._events: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
         self._device_buf = torch.empty(1024, dtype=_INT, device=device)
-        self._read_host = self._host(1024).view(_FLOAT)
+        # Two read buffers: a step's results may still be on their way while the next step launches.
+        self._read_hosts = [self._host(1024).view(_FLOAT), self._host(1024).view(_FLOAT)]
+        self._read_turn = 0
 
     def _host(self, n: int) -> torch.Tensor:
         return torch.empty(n, dtype=_INT, pin_memory=self._pin)
@@ -166,22 +168,46 @@ class StagingBuffer:
     def read(self, tensors: Sequence[torch.Tensor]) -> list[list[float]]:
         """Read ``tensors`` (any dtypes, on the device) back with one copy; each as a flat list
         of floats (token ids exact)."""
+        return self.read_async(tensors).wait()
+
+    def read_async(self, tensors: Sequence[torch.Tensor]) -> PendingRead:
+        """Start the one copy of ``tensors`` back to the host; :meth:`PendingRead.wait` ends it."""
         sizes = [int(t.numel()) for t in tensors]
         total = sum(sizes)
         if total == 0:
-            return [[] for _ in tensors]
+            return PendingRead(None, None, sizes)
         packed = torch.cat([t.reshape(-1).to(_FLOAT) for t in tensors])
-        if self._read_host.numel() < total:
-            self._read_host = self._host(_grow(total)).view(_FLOAT)
-        host = self._read_host[:total]
+        self._read_turn ^= 1
+        if self._read_hosts[self._read_turn].numel() < total:
+            self._read_hosts[self._read_turn] = self._host(_grow(total)).view(_FLOAT)
+        host = self._read_hosts[self._read_turn][:total]
         host.copy_(packed, non_blocking=self._pin)
+        event = None
         if self._pin:
-            torch.cuda.current_stream(self.device).synchronize()
+            event = torch.cuda.Event()
+            event.record()
         self.counter.d2h += 1
         self.counter.d2h_bytes += total * 8
-        flat = host.tolist()
+        return PendingRead(host, event, sizes)
+
+
+class PendingRead:
+    """One step's results on their way to the host."""
+
+    def __init__(self, host: torch.Tensor | None, event: torch.cuda.Event | None, sizes: list[int]) -> None:
+        self._host = host
+        self._event = event
+        self._sizes = sizes
+
+    def wait(self) -> list[list[float]]:
+        """Wait for the copy (CUDA: its event, not the whole device) and split it per tensor."""
+        if self._host is None:
+            return [[] for _ in self._sizes]
+        if self._event is not None:
+            self._event.synchronize()
+        flat = self._host.tolist()
         out, off = [], 0
-        for k in sizes:
+        for k in self._sizes:
             out.append(flat[off : off + k])
             off += k
         return out

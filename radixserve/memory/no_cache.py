@@ -11,7 +11,7 @@ for another request to compute a shared prefix would gain nothing.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.tree_node import CachedPrefix, CacheStats, MatchResult, TreeNode
@@ -74,7 +74,8 @@ class NoPrefixCache:
         return 0
 
     def cache_prefix(
-        self, tokens: Sequence[int], pages: Sequence[int], node: TreeNode, namespace: Hashable | None = None
+        self, tokens: Sequence[int], pages: Sequence[int], node: TreeNode, namespace: Hashable | None = None,
+        release: Callable[[list[int]], None] | None = None,
     ) -> CachedPrefix:
         """Every page stays the request's own."""
         return CachedPrefix(node, list(pages), 0)

@@ -45,7 +45,7 @@ Complexity (n = nodes, L = query length, d = depth of the matched path in nodes)
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.lru import EvictableLeaves
@@ -295,7 +295,8 @@ class RadixCache:
         return pos
 
     def cache_prefix(
-        self, tokens: Sequence[int], pages: Sequence[int], node: TreeNode, namespace: Hashable | None = None
+        self, tokens: Sequence[int], pages: Sequence[int], node: TreeNode, namespace: Hashable | None = None,
+        release: Callable[[list[int]], None] | None = None,
     ) -> CachedPrefix:
         """Move a request's finished whole pages into the tree and re-point its lock.
 
@@ -307,7 +308,8 @@ class RadixCache:
         Inserts the whole pages, frees the request's own copies of pages that another request
         cached meanwhile, locks the new deepest node and unlocks ``node``. Returns the node the
         request now holds and its page list: tree pages for the first ``cached_len`` tokens,
-        its private pages after.
+        its private pages after. ``release`` takes the request's duplicate pages instead of
+        the allocator (a caller with a step in flight that may still read them frees them later).
         """
         ps = self.page_size
         n_full = len(tokens) // ps
@@ -328,7 +330,7 @@ class RadixCache:
             tree_pages += tail
         if pos // ps > held:
             # Another request cached these tokens after we matched: its pages win, ours go back.
-            self.allocator.free(pages[held : pos // ps])
+            (release or self.allocator.free)(list(pages[held : pos // ps]))
         self.lock(new_node)
         self.unlock(node)
         return CachedPrefix(new_node, tree_pages + list(pages[n_full:]), n_full * ps)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from radixserve.scheduling.request import Request
+from radixserve.scheduling.request import FUTURE_TOKEN, Request
 
 
 class PageTableRows:
@@ -93,6 +93,10 @@ class StepPlan:
     logits_indices: list[int]  # sample rows first, then prompt-logprob rows
     sample_rows: list[Request]  # logits[i] samples sample_rows[i]
     prompt_targets: list[int]  # the token each prompt-logprob row scores
+    # Overlap scheduling: rows whose input token the previous step samples (not known on the
+    # host yet; the runner takes it from that step's device output), and its row there.
+    future_rows: list[int]
+    future_src: list[int]
 
     @property
     def num_tokens(self) -> int:
@@ -131,6 +135,8 @@ def plan_step(work: list[tuple[Request, int]], rows: PageTableRows, page_size: i
     lp_rows: list[int] = []
     lp_targets: list[int] = []
     spans: list[tuple[Request, int, int]] = []
+    future_rows: list[int] = []
+    future_src: list[int] = []
     ps = page_size
     t = 0
     for req, n in work:
@@ -138,6 +144,10 @@ def plan_step(work: list[tuple[Request, int]], rows: PageTableRows, page_size: i
         pages = req.pages
         # list slicing / range run in C; slots of a decode row are one expression
         input_ids += req.token_ids[c : c + n]
+        if input_ids[-1] == FUTURE_TOKEN:  # only a decode's one token can be in flight
+            future_rows.append(t + n - 1)
+            future_src.append(req.future_index)
+            input_ids[-1] = 0
         positions += range(c, c + n)
         if n == 1:
             slots.append(pages[c // ps] * ps + c % ps)
@@ -165,6 +175,7 @@ def plan_step(work: list[tuple[Request, int]], rows: PageTableRows, page_size: i
         prefix_lens=prefix_lens, extend_lens=ext_lens, seq_lens=seq_lens, page_lists=page_lists,
         write_rows=w_rows, write_cols=w_cols, write_pages=w_pages,
         logits_indices=sample_rows + lp_rows, sample_rows=sample_reqs, prompt_targets=lp_targets,
+        future_rows=future_rows, future_src=future_src,
     )
     return ScheduledBatch(work, plan, spans)
 

@@ -31,6 +31,11 @@ if TYPE_CHECKING:
     from radixserve.memory.tree_node import TreeNode
 
 
+# The placeholder for a token a launched step samples, until its results are read
+# (overlap scheduling); never a real token id.
+FUTURE_TOKEN = -1
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -73,6 +78,10 @@ class Request:
     new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
     finish_reason: str | None = None
     error: str | None = None
+    # Overlap scheduling: the row of this request's sampled token in the last launched step,
+    # and whether that step's token is certain to be its last (a length stop).
+    future_index: int = -1
+    finishing: bool = False
 
     def __post_init__(self) -> None:
         start = self.params.prompt_logprobs_start

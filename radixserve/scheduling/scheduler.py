@@ -5,7 +5,17 @@ runner owns the device. One step, as the engine drives it (nano-vllm's split)::
 
     batch = scheduler.schedule()        # decide; a ScheduledBatch holding a StepPlan (host lists)
     result = runner.execute(batch.plan) # one copy in, forward, sample, one read back
-    outputs = scheduler.process(batch, result)
+    outputs = scheduler.process(batch, result)    # = advance(batch) + resolve(batch, result)
+
+Overlap scheduling splits :meth:`process` in two: :meth:`advance` right after the runner
+launched a step (what is known before its results: computed lengths, cache inserts of
+prefill chunks, one placeholder token per sampled request, which the next step's plan
+names as "the token step N sampled" for the runner to fill in on the device), and
+:meth:`resolve` once its results are read (tokens, logprobs, stop checks), which then
+happens after the next step was planned and launched: stop checks are one step late, and
+the token a finished request got in the step after is dropped. Pages given up while a step
+is in flight (a finish, an abort, the cache's duplicate-page swap) are freed only when that
+step has been resolved, i.e. after the last step that can read them has finished.
 
 :meth:`Scheduler.schedule`:
 
@@ -32,16 +42,22 @@ from __future__ import annotations
 
 import logging
 
-from radixserve.memory import PageAllocator, PrefixCache
+from radixserve.memory import PageAllocator, PrefixCache, TreeNode
 from radixserve.scheduling.admission import AddResult, PrefillAdder
 from radixserve.scheduling.plan import PageTableRows, ScheduledBatch, StepResult, plan_step
 from radixserve.scheduling.policy import make_policy
-from radixserve.scheduling.request import Request, RequestStatus
+from radixserve.scheduling.request import FUTURE_TOKEN, Request, RequestStatus
 from radixserve.scheduling.types import RequestOutput, SchedulerConfig, SchedulerCounters
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RequestOutput", "ScheduledBatch", "Scheduler", "SchedulerConfig", "SchedulerCounters", "StepResult"]
+__all__ = ["NeedsSync", "RequestOutput", "ScheduledBatch", "Scheduler", "SchedulerConfig", "SchedulerCounters",
+           "StepResult"]
+
+
+class NeedsSync(Exception):
+    """:meth:`Scheduler.schedule` cannot decide while a step is in flight (it would retract):
+    resolve the step in flight, then schedule again."""
 
 
 class Scheduler:
@@ -68,6 +84,10 @@ class Scheduler:
         self.new_token_ratio = config.init_new_token_ratio
         self._pending: list[RequestOutput] = []
         self._arrivals = 0
+        self._launched = 0  # steps advanced (launched) so far
+        self._resolved = 0  # steps resolved so far; a step is in flight while _resolved < _launched
+        # Given up while a step was in flight: (newest step launched then, pages to free, node to unlock).
+        self._deferred: list[tuple[int, list[int], TreeNode | None]] = []
 
     # ------------------------------------------------------------------ public API
 
@@ -114,17 +134,58 @@ class Scheduler:
 
     def process(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
         """Apply what the runner computed for ``batch``; report every request that progressed."""
+        self.advance(batch)
+        return self.resolve(batch, result)
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a launched step is not resolved yet."""
+        return self._resolved < self._launched
+
+    def advance(self, batch: ScheduledBatch) -> None:
+        """The runner launched ``batch``: account for what is known before its results."""
+        self._launched += 1
         self.counters.steps += 1
         self.counters.computed_tokens += batch.plan.num_tokens
+        for req, lo, count in batch.prompt_spans:
+            req.prompt_lp_next = lo + count
+        for req, n in batch.work:
+            req.computed_len += n
+            if n > 1:
+                self._cache_computed(req)
+        for j, req in enumerate(batch.plan.sample_rows):
+            req.token_ids.append(FUTURE_TOKEN)  # the token this step samples, filled in by resolve()
+            req.future_index = j
+            if req.num_output >= req.params.max_tokens or len(req.token_ids) >= req.max_total_len:
+                req.finishing = True  # a length stop, known now: no further step for it
+
+    def resolve(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
+        """``batch``'s results are read: tokens in, stop checks, pages of finished requests back."""
+        self._resolved += 1
         return self._process(batch, result)
 
-    def fail(self, batch: ScheduledBatch, error: BaseException) -> list[RequestOutput]:
-        """The runner failed on ``batch``: finish its requests with an error, pages given back."""
+    def needs_results(self, batch: ScheduledBatch) -> bool:
+        """Whether planning the next step needs ``batch``'s tokens on the host: grammar masks
+        and penalties are computed from a request's tokens so far."""
+        for r in batch.plan.sample_rows:
+            p = r.params
+            if r.grammar is not None or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
+                return True
+        return False
+
+    def fail(self, batch: ScheduledBatch, error: BaseException, advanced: bool = False) -> list[RequestOutput]:
+        """The runner failed on ``batch`` (``advanced``: after :meth:`advance`, i.e. while reading
+        its results): finish its requests with an error, pages given back."""
+        if advanced:
+            self._resolved += 1
         outputs = []
         for req, _ in batch.work:
             if req.status is RequestStatus.RUNNING:
+                if req.token_ids[-1] == FUTURE_TOKEN:
+                    self._end_at(req, len(req.token_ids) - 2)
                 self._finish(req, "error", f"{type(error).__name__}: {error}")
                 outputs.append(self._output(req))
+        self._free_deferred()
         return outputs
 
     def flush_cache(self) -> bool:
@@ -135,9 +196,10 @@ class Scheduler:
         return True
 
     def private_pages(self) -> list[int]:
-        """Pages running requests hold outside the tree."""
+        """Pages running requests hold outside the tree, and pages waiting for a step in flight."""
         ps = self.page_size
-        return [p for r in self.running for p in r.pages[r.cached_len // ps :]]
+        deferred = [p for _, pages, _ in self._deferred for p in pages]
+        return [p for r in self.running for p in r.pages[r.cached_len // ps :]] + deferred
 
     def check_invariants(self) -> None:
         """Every page accounted for exactly once; every request's KV state consistent.
@@ -173,11 +235,11 @@ class Scheduler:
             budget = self.config.max_num_tokens
             work: list[tuple[Request, int]] = []
             for r in self.running:  # decodes first: they are what users are waiting on
-                if budget and r.num_pending == 1:
+                if budget and r.num_pending == 1 and not r.finishing:
                     work.append((r, 1))
                     budget -= 1
             for r in self.running:
-                if budget and r.num_pending > 1:
+                if budget and r.num_pending > 1 and not r.finishing:
                     n = min(r.num_pending, budget)
                     work.append((r, n))
                     budget -= n
@@ -185,6 +247,10 @@ class Scheduler:
             total = sum(needs)
             if total == 0 or self.allocator.can_alloc(total):
                 break
+            if self.in_flight:
+                # Retracting now would free pages the step in flight reads (and its results
+                # are not in yet): the caller resolves it first.
+                raise NeedsSync
             if len(self.running) == 1:
                 # Alone and still short: only possible if the pool cannot hold it at all.
                 (r,) = self.running
@@ -248,44 +314,56 @@ class Scheduler:
     # ------------------------------------------------------------------ results
 
     def _process(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
+        self._free_deferred()
         prompt_lps = result.prompt_logprobs
         i = 0
-        for req, lo, count in batch.prompt_spans:
+        for req, _, count in batch.prompt_spans:
             assert req.prompt_logprobs is not None
-            req.prompt_logprobs.extend(prompt_lps[i : i + count])
-            req.prompt_lp_next = lo + count
+            if req.status is RequestStatus.RUNNING:
+                req.prompt_logprobs.extend(prompt_lps[i : i + count])
             i += count
-        for req, n in batch.work:
-            req.computed_len += n
-            if n > 1:
-                self._cache_computed(req)
         outputs: list[RequestOutput] = []
         tokens, logprobs = result.token_ids, result.logprobs
-        self.counters.generated_tokens += len(tokens)
         for req, tok, lp in zip(batch.plan.sample_rows, tokens, logprobs):
-            req.token_ids.append(tok)
+            if req.status is not RequestStatus.RUNNING:
+                continue  # finished (or aborted) while this step ran: its token is dropped
+            pos = len(req.token_ids) - 1
+            if req.token_ids[pos] != FUTURE_TOKEN or req.token_ids[pos - 1] == FUTURE_TOKEN:
+                pos -= 1  # a later step in flight appended its own placeholder after this one
+            assert req.token_ids[pos] == FUTURE_TOKEN, req
+            req.token_ids[pos] = tok
+            self.counters.generated_tokens += 1
             req.new_token_ids.append(tok)
             if lp is not None:
                 if req.new_logprobs is None:
                     req.new_logprobs = []
                 req.new_logprobs.append(lp)
             if req.grammar is not None and not req.grammar.accept(tok):  # the mask makes this unreachable
+                self._end_at(req, pos)
                 self._finish(req, "error", f"sampled token {tok} is not allowed by the request's grammar")
                 outputs.append(self._output(req))
                 continue
-            reason = self._stop_reason(req, tok)
+            reason = self._stop_reason(req, tok, pos + 1)
             if reason is not None:
+                self._end_at(req, pos)
                 self._finish(req, reason)
             outputs.append(self._output(req))
         return outputs
 
-    def _stop_reason(self, req: Request, tok: int) -> str | None:
+    def _end_at(self, req: Request, pos: int) -> None:
+        """``req`` ends with the token at ``pos``: drop what a later step in flight added
+        (its placeholder; the KV it computes stays private and is freed after it)."""
+        del req.token_ids[pos + 1 :]
+        req.computed_len = min(req.computed_len, pos)
+
+    def _stop_reason(self, req: Request, tok: int, length: int) -> str | None:
+        """Why ``req`` stops after ``tok``, its tokens then being ``length`` long (None: it goes on)."""
         p = req.params
         if (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
             return "stop"
         if req.grammar is not None and req.grammar.can_only_end:  # complete, and nothing more may follow
             return "stop"
-        if req.num_output >= p.max_tokens or len(req.token_ids) >= req.max_total_len:
+        if length - req.prompt_len >= p.max_tokens or length >= req.max_total_len:
             return "length"
         return None
 
@@ -311,9 +389,34 @@ class Scheduler:
 
     # ------------------------------------------------------------------ KV references
 
+    def _free_pages(self, pages: list[int]) -> None:
+        """Give pages back now, or, while a step is in flight (it may read them), once it is resolved."""
+        if not pages:
+            return
+        if self.in_flight:
+            self._deferred.append((self._launched, list(pages), None))
+        else:
+            self.allocator.free(pages)
+
+    def _free_deferred(self) -> None:
+        """Free the pages whose last reader (a step now resolved, or an earlier one) has finished."""
+        done = self._resolved
+        keep = []
+        for entry in self._deferred:
+            step, pages, node = entry
+            if step > done:
+                keep.append(entry)
+                continue
+            if node is not None:
+                self.cache.unlock(node)
+            if pages:
+                self.allocator.free(pages)
+        self._deferred = keep
+
     def _cache_computed(self, req: Request) -> None:
         """Insert the request's computed whole pages into the tree; re-point its lock."""
-        res = self.cache.cache_prefix(req.token_ids[: req.computed_len], req.pages, req.lock_node, req.namespace)
+        res = self.cache.cache_prefix(req.token_ids[: req.computed_len], req.pages, req.lock_node, req.namespace,
+                                      release=self._free_pages)
         if res.pages != req.pages:
             self.rows.set_row(req.slot, res.pages)
         req.pages, req.lock_node, req.cached_len = res.pages, res.node, res.cached_len
@@ -323,12 +426,19 @@ class Scheduler:
         if req.status is not RequestStatus.RUNNING:
             return
         self._cache_computed(req)
-        self.cache.unlock(req.lock_node)
-        self.allocator.free(req.pages[req.cached_len // self.page_size :])
+        private = req.pages[req.cached_len // self.page_size :]
+        if self.in_flight:
+            # The step in flight may read these pages (the tree's ones too): keep them locked
+            # and allocated until it is resolved.
+            self._deferred.append((self._launched, list(private), req.lock_node))
+        else:
+            self.cache.unlock(req.lock_node)
+            self.allocator.free(private)
         self.rows.release(req.slot)
         self.running.remove(req)
         req.pages, req.lock_node, req.slot = [], None, -1
         req.cached_len = req.computed_len = 0
+        req.finishing = False
 
     def _retract(self, req: Request) -> None:
         """Send a running request back to the queue; it keeps its output and is recomputed later."""
