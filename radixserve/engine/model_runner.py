@@ -84,7 +84,8 @@ class ModelRunner:
         """``max_rows``: running requests at most (page-table rows); ``max_pages``: pages of
         the longest context (page-table width). ``decode_graphs``: decode-only steps run from
         static buffers padded to batch-size buckets (:mod:`~radixserve.engine.decode_graphs`),
-        their padding rows writing to ``scratch_page`` (a pool page no request may hold);
+        their padding rows (and the warm-up) writing to ``scratch_page`` (a pool page no request
+        may hold);
         captured as CUDA graphs by :meth:`warm_up` where the device and backend allow."""
         self.model = model
         self.pool = pool
@@ -96,6 +97,7 @@ class ModelRunner:
         self.page_table = torch.zeros(max_rows, max(1, max_pages), dtype=torch.int32, device=self.device)
         self.transfers = TransferCounter()
         self.staging = StagingBuffer(self.device, self.transfers)
+        self.scratch_page = scratch_page
         self._last_tokens: torch.Tensor | None = None  # the last launched step's sampled tokens (device)
         self.decode_graphs: DecodeGraphs | None = None
         if decode_graphs:
@@ -113,9 +115,32 @@ class ModelRunner:
             self.decode_graphs.attn = attn
 
     def warm_up(self, max_seq_len: int) -> None:
-        """Capture the decode graphs (CUDA) before the first request; a no-op elsewhere."""
+        """Everything a first request would otherwise pay for, before the worker says it is
+        ready: the decode graphs captured (CUDA), and one prefill and one decode step run
+        through the whole path (lazy allocations, library initialisations, the static decode
+        buffers), writing only to the scratch page."""
         if self.decode_graphs is not None and self.decode_graphs.capture:
             self.decode_graphs.capture_all(max_seq_len)
+        scratch = self.scratch_page
+        if scratch is None:
+            return
+        from radixserve.scheduling.plan import StepPlan
+        from radixserve.scheduling.request import Request
+        from radixserve.sampling_params import SamplingParams
+
+        n = min(self.page_size, 4)
+        ps = self.page_size
+        row = Request("warm-up", [0] * n, n, SamplingParams(max_tokens=1, temperature=0.0), n + 1)
+        for extend, prefix in ((n, 0), (1, n - 1)):  # a prefill of n tokens, then a decode over them
+            plan = StepPlan(
+                input_ids=[0] * extend, positions=list(range(prefix, prefix + extend)),
+                out_slots=[scratch * ps + p for p in range(prefix, prefix + extend)], table_rows=[0],
+                prefix_lens=[prefix], extend_lens=[extend], seq_lens=[prefix + extend], page_lists=[[scratch]],
+                write_rows=[0], write_cols=[0], write_pages=[scratch], logits_indices=[extend - 1],
+                sample_rows=[row], prompt_targets=[], future_rows=[], future_src=[],
+            )
+            self.execute(plan)
+        self.transfers.h2d = self.transfers.d2h = self.transfers.h2d_bytes = self.transfers.d2h_bytes = 0
 
     # ------------------------------------------------------------------ one step
 
