@@ -1,9 +1,9 @@
 """Where one engine step's time goes: scheduling, input preparation, forward, sampling, output.
 
 Runs ``--batch`` requests (default 1, 16 and 64) of the default model through the offline
-engine, decoding together after their prefills, with the static-buffer decode path on and
-off (CUDA graphs on CUDA), interleaved in one run so that the machine's drift hits both
-alike. For each it reports the median decode step and its split::
+engine, decoding together after their prefills, with the static-buffer decode path (CUDA
+graphs on CUDA) and overlap scheduling each on and off, interleaved in one run so that the
+machine's drift hits every configuration alike. For each it reports the median decode step and its split::
 
     schedule   Scheduler.schedule: batch decision, page allocation, the StepPlan's host lists
     prepare    packing the plan and the sampling inputs, the one host->device copy, page-table patch
@@ -54,10 +54,15 @@ def _wrap(obj: Any, name: str, key: str, acc: dict[str, float]) -> None:
 
 
 def instrument(engine: Engine, acc: dict[str, float]) -> None:
-    """Time the step's parts (instance attributes: only this engine is affected)."""
+    """Time the step's parts (instance attributes: only this engine is affected). Idempotent."""
+    if getattr(engine, "_bench_acc", None) is not None:
+        engine._bench_acc.clear()  # type: ignore[attr-defined]
+        return
+    engine._bench_acc = acc  # type: ignore[attr-defined]
     r, s = engine.runner, engine.scheduler
     _wrap(s, "schedule", "schedule", acc)
-    _wrap(s, "process", "process", acc)
+    _wrap(s, "advance", "process", acc)  # process() = advance + resolve; overlap calls them apart
+    _wrap(s, "resolve", "process", acc)
     _wrap(r, "_stage", "prepare", acc)
     _wrap(r.sampler, "prepare", "prepare", acc)
     _wrap(r.staging, "upload", "prepare", acc)
@@ -90,7 +95,8 @@ def run(engine: Engine, batch: int, steps: int) -> dict[str, Any]:
         engine.add_request(torch.randint(100, 20000, (32,), generator=g).tolist(), params)
     while any(r.num_pending > 1 for r in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()  # prefills
-    acc: dict[str, float] = collections.defaultdict(float)
+    engine.step()  # (overlap: the last prefill's results come with the next step)
+    acc: dict[str, float] = getattr(engine, "_bench_acc", None) or collections.defaultdict(float)
     instrument(engine, acc)
     times = []
     for _ in range(steps):
@@ -112,25 +118,35 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--num-pages", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved repetitions per configuration")
     ap.add_argument("--out", default="benchmarks/results/bench_runner_step.json")
     args = ap.parse_args()
     from radixserve.model_store import resolve_model
 
     path = resolve_model(None if args.model == "default" else args.model)
+    modes = [(g, o) for g in ("off", "on") for o in ("off", "on")]
     engines = {
-        mode: Engine(path, dtype=args.dtype, device=args.device, num_pages=4096, max_model_len=2048,
-                     max_running_requests=max(args.batch), decode_graphs=mode)
-        for mode in ("off", "on")
+        (g, o): Engine(path, dtype=args.dtype, device=args.device, num_pages=args.num_pages, max_model_len=2048,
+                       max_running_requests=max(args.batch), decode_graphs=g, overlap_schedule=o)
+        for g, o in modes
     }
-    floor_ms, gbs = weight_floor_ms(engines["off"])
+    floor_ms, gbs = weight_floor_ms(engines["off", "off"])
     results: list[dict[str, Any]] = []
     for batch in args.batch:
-        for mode in ("off", "on"):  # interleaved: drift hits both
-            r = run(engines[mode], batch, args.steps)
-            r.update(batch=batch, static_decode=mode)
-            results.append(r)
-            parts = "  ".join(f"{k} {v:5.1f}" for k, v in sorted(r["parts_ms"].items()))
-            print(f"batch {batch:3d} static decode {mode:3s}: step {r['step_ms_median']:6.1f} ms median  ({parts})")
+        rounds: dict[tuple[str, str], list[dict[str, Any]]] = {m: [] for m in modes}
+        for _ in range(args.rounds):
+            for m in modes:  # interleaved, round after round: drift hits every configuration alike
+                rounds[m].append(run(engines[m], batch, args.steps))
+        for (g, o), rs in rounds.items():
+            med = statistics.median(r["step_ms_median"] for r in rs)
+            parts = {k: statistics.median(r["parts_ms"].get(k, 0.0) for r in rs) for k in rs[0]["parts_ms"]}
+            results.append({"batch": batch, "static_decode": g, "overlap": o, "step_ms_median": med,
+                            "rounds_ms": [r["step_ms_median"] for r in rs], "parts_ms": parts})
+            shown = "  ".join(f"{k} {v:5.1f}" for k, v in sorted(parts.items()))
+            each = ", ".join(f"{r['step_ms_median']:.1f}" for r in rs)
+            print(f"batch {batch:3d} static {g:3s} overlap {o:3s}: step {med:6.1f} ms (median of {args.rounds} "
+                  f"rounds: {each}; {shown})", flush=True)
     print(f"weight-streaming floor: {floor_ms:.1f} ms per step ({gbs:.1f} GB/s copy bandwidth)")
     out = {"date": dt.datetime.now().isoformat(timespec="seconds"), "dtype": args.dtype, "device": args.device,
            "weight_floor_ms": floor_ms, "copy_gbs": gbs, "results": results}
