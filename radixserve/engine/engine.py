@@ -19,7 +19,6 @@ Example::
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from pathlib import Path
 from typing import Any, Sequence
@@ -29,7 +28,7 @@ import torch
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, TokenLogprob, Usage
-from radixserve.engine.model_runner import ModelRunner, PendingStep, make_attention_backend
+from radixserve.engine.model_runner import ModelRunner, make_attention_backend
 from radixserve.engine.sampler import Sampler
 from radixserve.memory import NoPrefixCache, PrefixCache, RadixCache
 from radixserve.memory.allocator import PageAllocator
@@ -37,8 +36,9 @@ from radixserve.memory.pool import KVPool
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduling.request import Request
-from radixserve.scheduling.plan import ScheduledBatch
-from radixserve.scheduling.scheduler import NeedsSync, RequestOutput, Scheduler, SchedulerConfig
+from radixserve.engine.startup import StartupClock, describe_startup
+from radixserve.engine.step_loop import StepLoop
+from radixserve.scheduling.scheduler import RequestOutput, Scheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -56,25 +56,6 @@ def setup_cpu_threads(num_threads: int | None) -> None:
         torch.set_num_threads(num_threads)
 
 
-class _StartupClock:
-    """Seconds spent in each named phase of the engine's start-up."""
-
-    def __init__(self) -> None:
-        self.laps: dict[str, float] = {}
-        self._t = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.laps[name] = self.laps.get(name, 0.0) + now - self._t
-        self._t = now
-
-
-def describe_startup(laps: dict[str, float]) -> str:
-    """``"4.1 s: load weights 2.0 s, tokenizer 0.3 s, ..."`` (phases of 50 ms or more)."""
-    parts = ", ".join(f"{k} {v:.1f} s" for k, v in laps.items() if v >= 0.05)
-    return f"{sum(laps.values()):.1f} s" + (f": {parts}" if parts else "")
-
-
 class Engine:
     """A prefix-caching LLM engine on one device (see the module docstring).
 
@@ -88,7 +69,7 @@ class Engine:
         from radixserve.model.loader import load_model
         from radixserve.model_store import resolve_model
 
-        clock = _StartupClock()
+        clock = StartupClock()
         self.config = cfg = EngineConfig.from_kwargs(**config)
         if torch.device(cfg.device).type == "cpu":
             setup_cpu_threads(cfg.num_threads)
@@ -145,8 +126,7 @@ class Engine:
         clock.lap("warm-up (graph capture, first forwards)")
         # Where start-up went, in order (seconds); `radixserve serve` prints it.
         self.startup_seconds: dict[str, float] = clock.laps
-        self.overlap = cfg.use_overlap
-        self._in_flight: tuple[ScheduledBatch, PendingStep] | None = None  # overlap: launched, not resolved
+        self.loop = StepLoop(self.scheduler, self.runner, overlap=cfg.use_overlap)
         self._buffered: list[StepOutput] = []  # other requests' outputs seen inside generate()
         logger.info("engine ready in %s: %s, %s, max_total_len=%d", describe_startup(self.startup_seconds),
                     self.model_path, self.pool, self.max_total_len)
@@ -254,65 +234,11 @@ class Engine:
         """Run one step (schedule, execute, process); one StepOutput per request that
         progressed or finished."""
         out, self._buffered = self._buffered, []
-        out.extend(_to_step_output(o) for o in self._step())
+        out.extend(_to_step_output(o) for o in self.loop.step())
         return out
 
-    def _step(self) -> list[RequestOutput]:
-        if self.overlap:
-            return self._step_overlap()
-        sched = self.scheduler
-        outputs = sched.take_outputs()
-        batch = sched.schedule()
-        if batch is None:
-            return outputs
-        try:
-            result = self.runner.execute(batch.plan)
-        except Exception as e:  # a failed step (device memory, a device error) must not leak its pages
-            logger.exception("step failed; finishing %d requests with an error", len(batch.work))
-            return outputs + sched.fail(batch, e)
-        return outputs + sched.process(batch, result)
-
-    def _step_overlap(self) -> list[RequestOutput]:
-        """Plan and launch step N+1, then read step N's results (SGLang's overlap loop)::
-
-            schedule(N+1) -> launch(N+1) -> advance(N+1) -> resolve(N) [waits for N] -> return
-        """
-        sched = self.scheduler
-        outputs = sched.take_outputs()
-        if self._in_flight is not None and sched.needs_results(self._in_flight[0]):
-            outputs += self._resolve_in_flight()  # grammar masks / penalties need N's tokens
-        try:
-            batch = sched.schedule()
-        except NeedsSync:  # it would retract: resolve N first, then decide with everything known
-            outputs += self._resolve_in_flight()
-            batch = sched.schedule()
-        if batch is None:
-            return outputs + self._resolve_in_flight()
-        try:
-            pending = self.runner.launch(batch.plan)
-        except Exception as e:
-            logger.exception("step failed; finishing %d requests with an error", len(batch.work))
-            outputs += self._resolve_in_flight()
-            return outputs + sched.fail(batch, e)
-        sched.advance(batch)
-        outputs += self._resolve_in_flight()
-        self._in_flight = (batch, pending)
-        return outputs
-
-    def _resolve_in_flight(self) -> list[RequestOutput]:
-        if self._in_flight is None:
-            return []
-        batch, pending = self._in_flight
-        self._in_flight = None
-        try:
-            result = pending.result()
-        except Exception as e:
-            logger.exception("step failed; finishing %d requests with an error", len(batch.work))
-            return self.scheduler.fail(batch, e, advanced=True)
-        return self.scheduler.resolve(batch, result)
-
     def has_unfinished(self) -> bool:
-        return bool(self._buffered) or self._in_flight is not None or self.scheduler.has_unfinished()
+        return bool(self._buffered) or self.loop.in_flight or self.scheduler.has_unfinished()
 
     # ------------------------------------------------------------------ offline API
 

@@ -42,8 +42,9 @@ from __future__ import annotations
 
 import logging
 
-from radixserve.memory import PageAllocator, PrefixCache, TreeNode
+from radixserve.memory import PageAllocator, PrefixCache
 from radixserve.scheduling.admission import AddResult, PrefillAdder
+from radixserve.scheduling.deferred import DeferredReleases
 from radixserve.scheduling.plan import PageTableRows, ScheduledBatch, StepResult, plan_step
 from radixserve.scheduling.policy import make_policy
 from radixserve.scheduling.request import FUTURE_TOKEN, Request, RequestStatus
@@ -86,8 +87,7 @@ class Scheduler:
         self._arrivals = 0
         self._launched = 0  # steps advanced (launched) so far
         self._resolved = 0  # steps resolved so far; a step is in flight while _resolved < _launched
-        # Given up while a step was in flight: (newest step launched then, pages to free, node to unlock).
-        self._deferred: list[tuple[int, list[int], TreeNode | None]] = []
+        self._deferred = DeferredReleases(allocator, cache)  # given up while a step was in flight
 
     # ------------------------------------------------------------------ public API
 
@@ -109,7 +109,7 @@ class Scheduler:
         if req is None:
             return False
         self._finish(req, reason)
-        self._pending.append(self._output(req))
+        self._pending.append(req.take_output())
         return True
 
     def has_unfinished(self) -> bool:
@@ -184,7 +184,7 @@ class Scheduler:
                 if req.token_ids[-1] == FUTURE_TOKEN:
                     self._end_at(req, len(req.token_ids) - 2)
                 self._finish(req, "error", f"{type(error).__name__}: {error}")
-                outputs.append(self._output(req))
+                outputs.append(req.take_output())
         self._free_deferred()
         return outputs
 
@@ -198,7 +198,7 @@ class Scheduler:
     def private_pages(self) -> list[int]:
         """Pages running requests hold outside the tree, and pages waiting for a step in flight."""
         ps = self.page_size
-        deferred = [p for _, pages, _ in self._deferred for p in pages]
+        deferred = self._deferred.pages()
         return [p for r in self.running for p in r.pages[r.cached_len // ps :]] + deferred
 
     def check_invariants(self) -> None:
@@ -255,7 +255,7 @@ class Scheduler:
                 # Alone and still short: only possible if the pool cannot hold it at all.
                 (r,) = self.running
                 self._finish(r, "error", "request does not fit in the KV pool even after evicting everything")
-                self._pending.append(self._output(r))
+                self._pending.append(r.take_output())
                 return [], self.config.max_num_tokens
             victim = min(self.running, key=lambda r: (r.num_output, -r.arrival_step))
             self._retract(victim)
@@ -341,13 +341,13 @@ class Scheduler:
             if req.grammar is not None and not req.grammar.accept(tok):  # the mask makes this unreachable
                 self._end_at(req, pos)
                 self._finish(req, "error", f"sampled token {tok} is not allowed by the request's grammar")
-                outputs.append(self._output(req))
+                outputs.append(req.take_output())
                 continue
             reason = self._stop_reason(req, tok, pos + 1)
             if reason is not None:
                 self._end_at(req, pos)
                 self._finish(req, reason)
-            outputs.append(self._output(req))
+            outputs.append(req.take_output())
         return outputs
 
     def _end_at(self, req: Request, pos: int) -> None:
@@ -367,26 +367,6 @@ class Scheduler:
             return "length"
         return None
 
-    def _output(self, req: Request) -> RequestOutput:
-        prompt_lps = None
-        if req.prompt_logprobs is not None and not req.prompt_logprobs_sent and (req.new_token_ids or req.finished):
-            prompt_lps, req.prompt_logprobs_sent = req.prompt_logprobs, True
-        out = RequestOutput(
-            request_id=req.request_id,
-            new_token_ids=req.new_token_ids,
-            new_logprobs=req.new_logprobs,
-            prompt_logprobs=prompt_lps,
-            finished=req.finished,
-            finish_reason=req.finish_reason,
-            error=req.error,
-            prompt_tokens=req.prompt_len,
-            cached_tokens=req.cached_tokens or 0,
-            completion_tokens=req.num_output,
-        )
-        req.new_token_ids = []
-        req.new_logprobs = None
-        return out
-
     # ------------------------------------------------------------------ KV references
 
     def _free_pages(self, pages: list[int]) -> None:
@@ -394,24 +374,13 @@ class Scheduler:
         if not pages:
             return
         if self.in_flight:
-            self._deferred.append((self._launched, list(pages), None))
+            self._deferred.add(self._launched, pages)
         else:
             self.allocator.free(pages)
 
     def _free_deferred(self) -> None:
-        """Free the pages whose last reader (a step now resolved, or an earlier one) has finished."""
-        done = self._resolved
-        keep = []
-        for entry in self._deferred:
-            step, pages, node = entry
-            if step > done:
-                keep.append(entry)
-                continue
-            if node is not None:
-                self.cache.unlock(node)
-            if pages:
-                self.allocator.free(pages)
-        self._deferred = keep
+        """Release what waited for a step that is now resolved."""
+        self._deferred.release(self._resolved)
 
     def _cache_computed(self, req: Request) -> None:
         """Insert the request's computed whole pages into the tree; re-point its lock."""
@@ -430,7 +399,7 @@ class Scheduler:
         if self.in_flight:
             # The step in flight may read these pages (the tree's ones too): keep them locked
             # and allocated until it is resolved.
-            self._deferred.append((self._launched, list(private), req.lock_node))
+            self._deferred.add(self._launched, private, req.lock_node)
         else:
             self.cache.unlock(req.lock_node)
             self.allocator.free(private)

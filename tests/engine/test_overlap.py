@@ -33,6 +33,7 @@ def _run(engine, prompts, params, abort_at: dict[int, str] | None = None):  # ty
             engine.abort(abort_at[step])
         for o in engine.step():
             got.setdefault(o.request_id, []).extend(o.new_token_ids)
+            assert o.usage.completion_tokens == len(got[o.request_id])  # no placeholder counted
             if o.finished:
                 reasons[o.request_id] = o.finish_reason
         engine.check_invariants()
@@ -55,7 +56,7 @@ def test_overlap_greedy_identical_with_stops_and_aborts(tiny_llama_dir: Path, ma
     for mode in ("off", "on"):
         engine = make_engine(tiny_llama_dir, page_size=page_size, num_pages=2048 // page_size,
                              overlap_schedule=mode, decode_graphs=mode)
-        assert engine.overlap == (mode == "on")
+        assert engine.loop.overlap == (mode == "on")
         results[mode] = _run(engine, prompts, params, abort_at={5: "r2"})
     # An abort lands between steps: with overlap the token of the step in flight is not out
     # yet, so the aborted output may be one token shorter; it is still a prefix of the greedy one.
