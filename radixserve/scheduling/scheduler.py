@@ -189,8 +189,8 @@ class Scheduler:
         return outputs
 
     def flush_cache(self) -> bool:
-        """Drop every cached prefix; only when idle (returns False otherwise)."""
-        if self.running or self.waiting:
+        """Drop every cached prefix; only when idle (returns False otherwise), a step in flight included."""
+        if self.running or self.waiting or self.in_flight:
             return False
         self.cache.reset()
         return True

@@ -111,7 +111,9 @@ def test_pages_of_an_abort_wait_for_the_step_in_flight(tiny_llama_dir: Path, mak
     engine.abort(rid)
     engine.check_invariants()  # the deferred pages are accounted for
     assert engine.allocator.num_free + engine.cache.num_evictable_pages == free  # not yet: a step may read them
+    assert not engine.flush_cache()  # nothing runs or waits, but a step is in flight
     while engine.has_unfinished():
         engine.step()
     engine.check_invariants()
     assert engine.stats().pages_in_use == 0
+    assert engine.flush_cache() and engine.allocator.num_free == engine.allocator.num_pages
