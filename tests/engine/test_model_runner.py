@@ -100,8 +100,24 @@ def test_staging_views_and_readback_roundtrip() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.sh)")
-def test_cuda_steps_have_no_implicit_sync(tiny_llama_dir: Path, make_engine) -> None:
-    engine = make_engine(tiny_llama_dir, page_size=16, device="cuda", attention_backend="triton")
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_cuda_steps_have_no_implicit_sync(tiny_llama_dir: Path, make_engine, monkeypatch, overlap: str) -> None:
+    """Every synchronizing call in a step raises, except the one wait the runner means to do
+    (the event of its one read back)."""
+    from radixserve.engine import staging
+
+    real_wait = staging.PendingRead.wait
+
+    def allowed_wait(self):  # type: ignore[no-untyped-def]
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return real_wait(self)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(staging.PendingRead, "wait", allowed_wait)
+    engine = make_engine(tiny_llama_dir, page_size=16, device="cuda", attention_backend="triton",
+                         overlap_schedule=overlap)
     for ids, p in zip(random_prompts([30, 9, 17, 5], seed=44), _mixed_params()):
         engine.add_request(ids, p)
     engine.step()  # first step: lazy initialisations (cuBLAS handles, kernel compiles) may sync
@@ -111,3 +127,4 @@ def test_cuda_steps_have_no_implicit_sync(tiny_llama_dir: Path, make_engine) -> 
             engine.step()
     finally:
         torch.cuda.set_sync_debug_mode(0)
+    assert engine.stats().pages_in_use == 0
