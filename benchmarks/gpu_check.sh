@@ -27,3 +27,7 @@ echo "== kernel tests, compiled for the GPU =="
 echo "== kernel benchmark =="
 mkdir -p benchmarks/results
 "$PY" benchmarks/bench_kernels_gpu.py --out benchmarks/results/kernels_gpu.json "$@"
+
+echo "== model runner on CUDA: no implicit sync in a step, graphs and overlap =="
+"$PY" -m pytest -q -p no:cacheprovider tests/engine/test_model_runner.py
+"$PY" benchmarks/bench_runner_step.py --device cuda --dtype bfloat16 --out benchmarks/results/bench_runner_step_cuda.json

@@ -316,6 +316,11 @@ def main(argv: list[str] | None = None, engine_factory: EngineFactory | None = N
 
             model = str(resolve_model(args.model))
         engine = (engine_factory or build_engine)(model, **json.loads(args.engine_config))
+        startup = getattr(engine, "startup_seconds", None)
+        if startup:  # where start-up went, once, on the terminal `radixserve serve` runs in
+            from radixserve.engine.startup import describe_startup
+
+            print(f"radixserve: worker {args.worker_id} engine ready in {describe_startup(startup)}", flush=True)
         name = Path(str(model)).name if model else "default"
         worker = Worker(engine, args.connect, args.worker_id, model_name=name, parent_pid=args.parent_pid,
                         router_timeout_s=args.router_timeout)

@@ -62,6 +62,9 @@ def _ensure_runnable(device: torch.device) -> None:
 class TritonPagedAttentionBackend(AttentionBackend):
     """Stores new K/V into a ``KVPool`` and attends over the paged history with Triton kernels."""
 
+    # A decode forward launches the same kernels on the batch's tensors whatever their values.
+    supports_graph_capture = True
+
     def __init__(self, pool: Any) -> None:
         _ensure_runnable(torch.device(pool.device))
         import radixkernels
@@ -75,10 +78,8 @@ class TritonPagedAttentionBackend(AttentionBackend):
         self._decode_only = False
         self._max_extend = 0
 
-    def _prepare(self, batch: ForwardBatch) -> None:
-        """Per-forward facts from host data, computed at layer 0 and reused by every layer."""
-        if self._meta_batch is batch:
-            return
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        """Per-forward facts from host data, computed once and reused by every layer."""
         assert batch.page_table is not None and batch.out_cache_loc is not None, "paged backend needs a paged batch"
         self._decode_only = batch.is_decode_only
         self._max_extend = max(batch.extend_lens_cpu, default=0)
@@ -93,7 +94,8 @@ class TritonPagedAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         sm_scale: float,
     ) -> torch.Tensor:
-        self._prepare(batch)
+        if self._meta_batch is not batch:
+            raise RuntimeError("call init_forward_metadata(batch) before the forward over it")
         pool = self.pool
         kd, vd = pool.k_data[layer_id], pool.v_data[layer_id]
         ks = None if pool.k_scale is None else pool.k_scale[layer_id]
