@@ -18,6 +18,8 @@ Phases, in order (each timed; a failing phase is recorded and the next one still
     decode_bandwidth benchmarks/bench_kernels_gpu.py: the paged decode kernel's achieved
                      bandwidth against the device's copy bandwidth (target >= 70%), extend
                      TFLOP/s against SDPA
+    model_runner     tests/engine/test_model_runner.py on CUDA (no implicit sync in a step,
+                     graphs and overlap) and benchmarks/bench_runner_step.py --device cuda
 
 ``--dry-run`` runs the same code on the CPU with tiny shapes and the torch backend, skipping
 the phases that need a GPU (they are listed with their commands): what CI can check.
@@ -173,7 +175,7 @@ def _time_steps(ctx: Ctx, fn: Callable[[], object], reps: int) -> float:
 
 
 def phase_decode_table(ctx: Ctx) -> dict[str, Any]:
-    from radixserve.engine.engine import make_attention_backend
+    from radixserve.engine.model_runner import make_attention_backend
     from radixserve.memory.pool import KVPool
     from radixserve.model.loader import load_model
 
@@ -188,6 +190,7 @@ def phase_decode_table(ctx: Ctx) -> dict[str, Any]:
             pool = KVPool(mc.num_layers, num_pages, page_size, mc.num_kv_heads, mc.head_dim, act_dtype=dtype,
                           device=ctx.device)
             attn = make_attention_backend(ctx.backend, pool)
+            attn.init_forward_metadata(fb)  # host facts of this (static) batch, as the runner does
             reps = 3 if ctx.dry else 20
             eager = _time_steps(ctx, lambda: model(fb, attn), reps)
             row: dict[str, Any] = {"batch": batch, "context": context, "eager_ms": eager * 1e3,
@@ -251,6 +254,20 @@ def phase_decode_bandwidth(ctx: Ctx, out_dir: Path) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
+def phase_model_runner(ctx: Ctx, out_dir: Path) -> dict[str, Any]:
+    out = out_dir / "bench_runner_step_cuda.json"
+    test = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/engine/test_model_runner.py"]
+    bench = [sys.executable, "benchmarks/bench_runner_step.py", "--device", "cuda", "--dtype", "bfloat16", "--out", str(out)]
+    if ctx.dry:
+        return {"skipped": "needs a GPU", "commands": ["python " + " ".join(c[1:]) for c in (test, bench)]}
+    for cmd in (test, bench):
+        proc = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, TRITON_INTERPRET="0"), capture_output=True, text=True)
+        print((proc.stdout + proc.stderr)[-2000:], flush=True)
+        if proc.returncode:
+            raise RuntimeError(f"{' '.join(cmd[1:3])} failed:\n" + (proc.stdout + proc.stderr)[-2000:])
+    return json.loads(out.read_text())
+
+
 # ------------------------------------------------------------------------------------ driver
 def machine(ctx: Ctx) -> dict[str, Any]:
     info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
@@ -268,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/gpu_check.json"))
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, GPU-only phases skipped")
-    ap.add_argument("--phases", default="kernel_tests,greedy_vs_hf,decode_table,shared_system,decode_bandwidth")
+    ap.add_argument("--phases",
+                    default="kernel_tests,greedy_vs_hf,decode_table,shared_system,decode_bandwidth,model_runner")
     args = ap.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU visible to torch; use --dry-run on the CPU", file=sys.stderr)
@@ -283,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             "decode_table": lambda: phase_decode_table(ctx),
             "shared_system": lambda: phase_shared_system(ctx),
             "decode_bandwidth": lambda: phase_decode_bandwidth(ctx, Path(tmp)),
+            "model_runner": lambda: phase_model_runner(ctx, Path(tmp)),
         }
         report: dict[str, Any] = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                                   "dry_run": ctx.dry, "machine": machine(ctx), "phases": {}}

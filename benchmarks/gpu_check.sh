@@ -3,7 +3,8 @@
 # Phases (benchmarks/gpu_check.py): kernel tests compiled for the GPU, greedy equivalence
 # with transformers on the GPU, a decode throughput table (batch 1/16/64/256 x context 1k/4k,
 # eager and CUDA-graphed), the shared-system-prompt workload with the radix cache on and off,
-# and the paged decode kernel's bandwidth against the device's copy bandwidth (>= 70% target).
+# the paged decode kernel's bandwidth against the device's copy bandwidth (>= 70% target), and
+# the model runner's CUDA test and step benchmark (no implicit sync, graphs, overlap).
 # Budget: under 8 minutes on one H200 (most of it Triton compiles and the 4k x 256 decodes).
 #
 # Needs: an NVIDIA GPU, torch (CUDA build), triton and transformers. Nothing is fetched on the

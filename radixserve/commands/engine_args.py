@@ -25,6 +25,8 @@ ENGINE_FLAGS: list[tuple[str, Any, str]] = [
     ("dtype", str, "float32 | bfloat16 | float16 (default: bfloat16 on cuda, float32 on cpu)"),
     ("device", str, "cpu | cuda | cuda:N"),
     ("num-threads", int, "CPU threads (per worker; serve's default: cores / workers)"),
+    ("overlap-schedule", str, "auto | on | off: plan the next step while the device runs this one (auto: on with CUDA)"),
+    ("decode-graphs", str, "auto | on | off: decode steps from static padded buffers, CUDA graphs (auto: on with CUDA)"),
 ]
 
 

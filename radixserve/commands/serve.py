@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 from radixserve.cli import register
 from radixserve.commands.engine_args import add_engine_arguments, engine_config
@@ -83,6 +84,7 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     print(f"radixserve: starting {args.workers} worker(s) for {model}; workers connect at "
           f"{server.router.worker_endpoint}", flush=True)
+    started = time.monotonic()
     try:
         if not server.wait_ready():
             exit_now(0)  # stopped during start-up: the workers are reaped already
@@ -95,7 +97,8 @@ def serve(args: argparse.Namespace) -> int:
         if server.router.stopping:  # the signal came while the gateway started
             http.request_stop()
     pids = " ".join(str(p.pid) for p in server.procs)
-    print(f"radixserve: serving on {server.endpoint} (routing {args.routing}; worker pids {pids or '-'})", flush=True)
+    print(f"radixserve: serving on {server.endpoint} (routing {args.routing}; worker pids {pids or '-'}); "
+          f"start-up took {time.monotonic() - started:.1f} s (the workers' lines above say where)", flush=True)
     try:
         server.run()
     finally:

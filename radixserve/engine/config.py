@@ -65,6 +65,26 @@ class EngineConfig:
     device: str = "cpu"
     seed: int = 0
     num_threads: int | None = None  # CPU: torch threads (default: all cores)
+    # Decode-only steps from static buffers padded to batch-size buckets, captured as CUDA
+    # graphs where the backend allows: "auto" (on with CUDA, off on the CPU, where padding
+    # costs and nothing is captured), "on", "off".
+    decode_graphs: str = "auto"
+
+    # Overlap scheduling: plan step N+1 while step N runs, stop checks one step late. "auto":
+    # on with CUDA; off on the CPU, where the device is the host and nothing runs meanwhile.
+    overlap_schedule: str = "auto"
+
+    @property
+    def use_overlap(self) -> bool:
+        if self.overlap_schedule == "auto":
+            return torch.device(self.device).type == "cuda"
+        return self.overlap_schedule == "on"
+
+    @property
+    def use_decode_graphs(self) -> bool:
+        if self.decode_graphs == "auto":
+            return torch.device(self.device).type == "cuda"
+        return self.decode_graphs == "on"
 
     def __post_init__(self) -> None:
         from radixserve.engine.devices import device_defaults
@@ -89,6 +109,10 @@ class EngineConfig:
             errors.append(f"num_pages must be >= 1, got {self.num_pages}")
         if self.attention_backend not in ("torch", "triton"):
             errors.append(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.decode_graphs not in ("auto", "on", "off"):
+            errors.append(f"decode_graphs must be 'auto', 'on' or 'off', got {self.decode_graphs!r}")
+        if self.overlap_schedule not in ("auto", "on", "off"):
+            errors.append(f"overlap_schedule must be 'auto', 'on' or 'off', got {self.overlap_schedule!r}")
         if self.schedule_policy not in ("lpm", "fcfs"):
             errors.append(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
         if self.max_model_len is not None and self.max_model_len < 2:

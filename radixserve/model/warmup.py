@@ -72,6 +72,8 @@ def warm_up_model(model: torch.nn.Module, attn: AttentionBackend, pool: KVPool, 
     for prefix, extend in shapes:
         fb = ForwardBatch.from_pages([scratch] * len(prefix), prefix, extend, pool.page_size)
         fb = dataclasses.replace(fb, logits_indices=torch.tensor([sum(extend) - 1], dtype=torch.int64))
-        model(_on_device(fb, device), attn)  # type: ignore[operator]
+        fb = _on_device(fb, device)
+        attn.init_forward_metadata(fb)
+        model(fb, attn)  # type: ignore[operator]
     pool.zero_pages(scratch)
     return WarmupReport(len(shapes), decode_sizes, scratch)

@@ -58,7 +58,7 @@ def describe_engine(engine: Any, worker_id: int, model_name: str) -> p.WorkerHel
         worker_id=worker_id, pid=os.getpid(), model=model_name, context_length=int(ctx),
         vocab_size=int(cfg.vocab_size), eos_token_ids=[int(t) for t in cfg.eos_token_ids],
         bos_token_id=getattr(tok, "bos_token_id", None), page_size=int(getattr(econf, "page_size", 1)),
-        load=engine_load(engine),
+        load=engine_load(engine), model_path=str(getattr(engine, "model_path", "") or ""),
     )
 
 
@@ -331,6 +331,11 @@ def main(argv: list[str] | None = None, engine_factory: EngineFactory | None = N
 
             model = str(resolve_model(args.model))
         engine = (engine_factory or build_engine)(model, **json.loads(args.engine_config))
+        startup = getattr(engine, "startup_seconds", None)
+        if startup:  # where start-up went, once, on the terminal `radixserve serve` runs in
+            from radixserve.engine.startup import describe_startup
+
+            print(f"radixserve: worker {args.worker_id} engine ready in {describe_startup(startup)}", flush=True)
         name = Path(str(model)).name if model else "default"
         worker = Worker(engine, args.connect, args.worker_id, model_name=name, parent_pid=args.parent_pid,
                         router_timeout_s=args.router_timeout)

@@ -32,7 +32,7 @@ def test_script_parses_and_lists_its_wheels() -> None:
 
 
 def test_dry_run_report(tmp_path: Path) -> None:
-    report = _dry_run(tmp_path, "kernel_tests,decode_table,shared_system,decode_bandwidth")
+    report = _dry_run(tmp_path, "kernel_tests,decode_table,shared_system,decode_bandwidth,model_runner")
     phases = report["phases"]
     assert report["dry_run"] and all(p["ok"] for p in phases.values()), phases
     assert "tests/kernels" in phases["kernel_tests"]["command"]

@@ -79,6 +79,7 @@ def test_rows_go_to_their_kernel(layout: str, heads: tuple[int, int], page_size:
     t = fb.num_tokens
     q = torch.randn(t, hq, d, generator=g)
     k, v = torch.randn(t, hkv, d, generator=g), torch.randn(t, hkv, d, generator=g)
+    backend.init_forward_metadata(fb)
     out = backend.forward(0, q, k, v, fb, d**-0.5)
     assert spy_d.calls == want_decode and spy_e.calls == want_extend
     store_kv_ref(ref_pool.k_data[0], ref_pool.v_data[0], _s(ref_pool.k_scale), _s(ref_pool.v_scale), k, v,

@@ -91,6 +91,9 @@ def split_rows(extend_lens: list[int]) -> RowSplit:
 class TritonPagedAttentionBackend(AttentionBackend):
     """Stores new K/V into a ``KVPool`` and attends over the paged history with Triton kernels."""
 
+    # A decode forward launches the same kernels on the batch's tensors whatever their values.
+    supports_graph_capture = True
+
     def __init__(self, pool: Any, num_sms: int | None = None) -> None:
         """``num_sms`` sets the decode split policy (default: the device's SM count; None on the CPU
         means one split, the interpreter's fastest)."""
@@ -122,13 +125,16 @@ class TritonPagedAttentionBackend(AttentionBackend):
             first.setdefault(self.decode_splits(b), b)
         return sorted(first.values())
 
-    def _prepare(self, batch: ForwardBatch) -> RowSplit:
-        """Per-forward facts from host data, computed at layer 0 and reused by every layer."""
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        """Per-forward facts from host data (which rows go to which kernel), computed once and
+        reused by every layer."""
+        assert batch.page_table is not None and batch.out_cache_loc is not None, "paged backend needs a paged batch"
+        self._split = split_rows(batch.extend_lens_cpu)
+        self._meta_batch = batch
+
+    def _check_prepared(self, batch: ForwardBatch) -> None:
         if self._meta_batch is not batch:
-            assert batch.page_table is not None and batch.out_cache_loc is not None, "paged backend needs a paged batch"
-            self._split = split_rows(batch.extend_lens_cpu)
-            self._meta_batch = batch
-        return self._split
+            raise RuntimeError("call init_forward_metadata(batch) before the forward over it")
 
     def forward(
         self,
@@ -139,7 +145,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         sm_scale: float,
     ) -> torch.Tensor:
-        self._prepare(batch)
+        self._check_prepared(batch)
         pool = self.pool
         ks = None if pool.k_scale is None else pool.k_scale[layer_id]
         vs = None if pool.v_scale is None else pool.v_scale[layer_id]
@@ -166,7 +172,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
         and k and writes k and v to the pool, then attention as in :meth:`forward`."""
         from radixkernels.fused import rope_store_kv
 
-        self._prepare(batch)
+        self._check_prepared(batch)
         pool = self.pool
         assert batch.out_cache_loc is not None
         q = rope_store_kv(qkv, *cos_sin, num_q_heads, pool.k_data[layer_id], pool.v_data[layer_id],

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.scheduling.sampler import Sampler
-from radixserve.scheduling.sampling_ops import PenaltyCounts, top_p_keep
+from radixserve.engine.sampler import Sampler
+from radixserve.engine.sampling_ops import PenaltyCounts, PenaltyTables, top_p_keep
 
 
 def _sorted_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -72,48 +72,62 @@ def _expected(row: _Row, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return seen, counts
 
 
+def _step(pc: PenaltyCounts, rows: list[_Row]) -> tuple[PenaltyTables, torch.Tensor]:
+    """One step through both halves, the staged lists as tensors (what the sampler does)."""
+    st = pc.plan(rows)
+    t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+    slots = t(st.slots)
+    tables = pc.apply(st, slots, t(st.reset) if st.reset else None,
+                      (t(st.add_slot), t(st.add_tok), t(st.add_out)) if st.add_slot else None)
+    return tables, slots
+
+
 def test_penalty_tables_follow_the_rows_without_rebuilding() -> None:
     vocab = 40
     pc = PenaltyCounts(vocab, torch.device("cpu"), capacity=2)
     rows = [_Row(SamplingParams(repetition_penalty=1.3), token_ids=[1, 2, 3 + i]) for i in range(3)]
     g = torch.Generator().manual_seed(0)
     for step in range(6):
-        tables = pc.tables(rows)  # 3 rows > capacity 2: the table grows
+        tables, slots = _step(pc, rows)  # 3 rows > capacity 2: the tables grow
         for j, r in enumerate(rows):
             seen, counts = _expected(r, vocab)
             assert torch.equal(tables.seen[j], seen) and torch.equal(tables.counts[j], counts), (step, j)
         sampled = torch.randint(0, vocab, (3,), generator=g)
-        pc.advance(rows, sampled, sampled.tolist())
-        for r, t in zip(rows, sampled.tolist()):
-            r.token_ids.append(t)
+        pc.advance(slots, sampled)
+        for r, tok in zip(rows, sampled.tolist()):
+            r.token_ids.append(tok)
     assert pc.rebuilds == 3 and pc.capacity == 4  # each row counted from its history once
-    # A history that changed under the counts (e.g. a request retracted and re-admitted with
-    # other tokens) is rebuilt from the list.
-    rows[0].token_ids[-1] = (rows[0].token_ids[-1] + 1) % vocab
-    tables = pc.tables(rows[:1])
+    # A history that does not continue what was counted (the sampled token never appended) is
+    # rebuilt from the list.
+    rows[0].token_ids.pop()
+    tables, _ = _step(pc, rows[:1])
     assert torch.equal(tables.counts[0], _expected(rows[0], vocab)[1]) and pc.rebuilds == 4
     # More rows than free table rows: the least recently used entries make room.
     others = [_Row(SamplingParams(presence_penalty=1.0), token_ids=[7] * (i + 2), prompt_len=1) for i in range(4)]
-    tables = pc.tables(others)
+    tables, _ = _step(pc, others)
     assert pc.capacity == 4
     for j, r in enumerate(others):
         assert torch.equal(tables.counts[j], _expected(r, vocab)[1])
-    assert torch.equal(pc.tables(rows[1:2]).seen[0], _expected(rows[1], vocab)[0])  # evicted, rebuilt
+    assert torch.equal(_step(pc, rows[1:2])[0].seen[0], _expected(rows[1], vocab)[0])  # evicted, rebuilt
 
 
 def test_sampler_penalties_across_steps_match_recomputed() -> None:
-    """Penalized logits after several steps equal the penalties computed from the token lists."""
+    """Greedy picks under penalties, step after step, are those of the penalties recomputed from
+    the token lists; the tables are built once."""
     vocab = 30
     s = Sampler(vocab, seed=3)
     params = SamplingParams(repetition_penalty=1.5, frequency_penalty=0.4, presence_penalty=0.3, temperature=0.0)
     row = _Row(params, token_ids=[1, 2, 2], prompt_len=3)
     g = torch.Generator().manual_seed(4)
-    for _ in range(5):
+    for _ in range(6):
         logits = torch.randn(1, vocab, generator=g)
-        got = s._apply_penalties(logits, [row])
         seen, counts = _expected(row, vocab)
         want = torch.where(seen, torch.where(logits > 0, logits / 1.5, logits * 1.5), logits)
         want = want - (counts * 0.4 + (counts > 0).float() * 0.3)
-        torch.testing.assert_close(got, want)
-        row.token_ids.append(s.sample(logits, [row]).token_ids[0])
+        tok = s.sample(logits, [row]).token_ids[0]
+        assert tok == int(want.argmax())
+        row.token_ids.append(tok)
     assert s.penalty_counts.rebuilds == 1
+    torch.testing.assert_close(s.processed_logits(logits, [row]), torch.where(
+        _expected(row, vocab)[0], torch.where(logits > 0, logits / 1.5, logits * 1.5), logits)
+        - (_expected(row, vocab)[1] * 0.4 + (_expected(row, vocab)[1] > 0).float() * 0.3))
