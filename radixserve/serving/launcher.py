@@ -88,7 +88,9 @@ class LocalServer:
         for i in range(num_workers):
             cmd = worker_command(self.router.worker_endpoint, i, model, engine_config, parent_pid=os.getpid(),
                                  heartbeat_timeout_s=max(30.0, config.worker_timeout_s), program=worker_program)
-            proc = spawn_worker(cmd, worker_env)
+            # With CURVE, each local worker gets a key of its own, allowed for as long as the router runs.
+            keys = self.router.security.mint("workers", f"local-worker-{i}")
+            proc = spawn_worker(cmd, {**(worker_env or {}), **(keys.to_env() if keys is not None else {})})
             self.procs.append(proc)
             self.router.expect_local(i, proc)
         self._thread: threading.Thread | None = None

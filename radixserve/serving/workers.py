@@ -25,6 +25,8 @@ import zmq
 
 from radixserve.serving import protocol as p
 from radixserve.serving.dispatch import Dispatcher
+from radixserve.serving.security import Peer
+from radixserve.serving.security import log as audit_log
 
 log = logging.getLogger("radixserve.serving.workers")
 
@@ -93,8 +95,9 @@ class WorkerPool:
     def get(self, identity: bytes) -> WorkerHandle | None:
         return self._by_identity.get(identity)
 
-    def register(self, identity: bytes, hello: p.WorkerHello) -> WorkerHandle:
-        """Add a worker that said hello (a known identity re-registering lost its work)."""
+    def register(self, identity: bytes, hello: p.WorkerHello, peer: Peer | None = None) -> WorkerHandle:
+        """Add a worker that said hello (a known identity re-registering lost its work);
+        ``peer`` (its address and CURVE key) goes into the join's audit line."""
         old = self._by_identity.get(identity)
         if old is not None:
             self.mark_dead(old, "worker re-registered")
@@ -107,7 +110,10 @@ class WorkerPool:
         self.workers[wid] = w
         self._by_identity[identity] = w
         self.dispatcher.add_worker(wid)
-        log.info("worker %d joined (pid %d, model %s, context %d)", wid, hello.pid, hello.model, hello.context_length)
+        peer = peer or Peer("?", None)
+        audit_log.info("worker %d joined: identity %s, address %s, key %s, pid %d, model %s, context %d",
+                       wid, identity.decode(errors="replace"), peer.address, peer.key or "none (no CURVE)",
+                       hello.pid, hello.model, hello.context_length)
         self._on_joined(w)
         return w
 
