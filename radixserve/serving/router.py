@@ -88,10 +88,19 @@ class Router:
         self._ctx = context if context is not None else zmq.Context()
         self.security = RouterSecurity(self._ctx, config.keys, insecure=config.insecure)
         try:
+            # Both addresses are checked before either is bound: a refusal leaves nothing open.
+            self.security.check(config.endpoint, "clients")
+            self.security.check(config.worker_endpoint, "workers")
             self.frontend = self._bind(config.endpoint, client_side=True)
-            self.backend = self._bind(config.worker_endpoint, client_side=False)
+            try:
+                self.backend = self._bind(config.worker_endpoint, client_side=False)
+            except BaseException:
+                self.frontend.close(linger=0)
+                raise
         except BaseException:
             self.security.close()
+            if self._own_ctx:
+                self._ctx.term()
             raise
         self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
         self.worker_endpoint = self.backend.getsockopt_string(zmq.LAST_ENDPOINT)

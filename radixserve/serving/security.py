@@ -300,10 +300,14 @@ class RouterSecurity:
     def enabled(self) -> bool:
         return self.keys is not None
 
-    def bind(self, sock: zmq.Socket, endpoint: str, domain: Domain) -> None:
-        """Bind ``sock`` at ``endpoint``: as a CURVE server with keys, else if the policy allows."""
+    def check(self, endpoint: str, domain: Domain) -> None:
+        """Raise :class:`InsecureBindError` if ``endpoint`` may not be bound for ``domain``."""
         check_bind(endpoint, secured=self.keys is not None, insecure=self.insecure,
                    what="worker" if domain == "workers" else "client")
+
+    def bind(self, sock: zmq.Socket, endpoint: str, domain: Domain) -> None:
+        """Bind ``sock`` at ``endpoint``: as a CURVE server with keys, else if the policy allows."""
+        self.check(endpoint, domain)
         sock.setsockopt(zmq.ZAP_DOMAIN, domain.encode())
         if self.keys is not None:
             sock.curve_server = True
@@ -323,6 +327,12 @@ class RouterSecurity:
     def close(self) -> None:
         if self.zap is not None:
             self.zap.close()
+
+
+def printable(raw: bytes) -> str:
+    """A peer-chosen name for a log line: as text if plain printable ASCII, else hex (no log injection)."""
+    text = raw.decode("ascii", "replace")
+    return text if raw.isascii() and text.isprintable() else raw.hex()
 
 
 @dataclass(frozen=True)

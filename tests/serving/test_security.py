@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import zmq
+from zmq.utils import z85
 
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
@@ -27,12 +28,15 @@ from radixserve.serving.security import (
     InsecureBindError,
     KeyPair,
     PeerKeys,
+    RouterKeys,
+    ZapHandler,
     cache_namespace,
     check_bind,
     generate_keys,
     is_local_endpoint,
     load_peer_keys,
     load_router_keys,
+    printable,
 )
 from radixserve.serving.workers import spawn_worker, worker_command
 
@@ -75,6 +79,33 @@ def test_cache_namespace_hides_the_salt() -> None:
     assert a is not None and "tenant-secret" not in a
     assert a == cache_namespace(None, "tenant-secret") != cache_namespace(None, "other")
     assert cache_namespace("ns", "tenant-secret") not in (a, "ns")
+
+
+def test_zap_decisions(zctx: zmq.Context) -> None:
+    worker = KeyPair.new()
+    zap = ZapHandler(zctx, RouterKeys(KeyPair.new(), {"workers": {worker.public: "gpu-1"}, "clients": {}}))
+    try:
+        raw = z85.decode(worker.public)
+        assert zap.decide([b"1.0", b"7", b"workers", b"10.0.0.1", b"", b"CURVE", raw]) == \
+            [b"1.0", b"7", b"200", b"OK", b"gpu-1", b""]
+        refused = [
+            [b"1.0", b"8", b"clients", b"10.0.0.1", b"", b"CURVE", raw],  # a worker key on the client port
+            [b"1.0", b"9", b"workers", b"10.0.0.1", b"", b"CURVE", z85.decode(KeyPair.new().public)],
+            [b"1.0", b"10", b"workers", b"10.0.0.1", b"", b"NULL"],
+            [b"1.0", b"11", b"workers", b"10.0.0.1", b"", b"CURVE", b"short"],
+            [b"2.0", b"12", b"workers", b"10.0.0.1", b"", b"CURVE", raw],
+            [b"1.0"],
+        ]
+        for request in refused:
+            assert zap.decide(request)[2] == b"400", request
+    finally:
+        zap.close()
+
+
+def test_peer_chosen_names_cannot_forge_log_lines() -> None:
+    assert printable(b"w0-123-ab12") == "w0-123-ab12"
+    assert printable(b"w0\nINFO worker 9 joined") == b"w0\nINFO worker 9 joined".hex()
+    assert printable("é".encode()) == "é".encode().hex()
 
 
 @pytest.mark.parametrize("endpoint", ["tcp://0.0.0.0:*", "tcp://*:*"])
@@ -196,6 +227,13 @@ def test_clients_need_the_client_key(fake_server: Any, keys: dict[str, Path]) ->
     for curve in (None, load_peer_keys(keys["worker"])):  # no key; a worker's key on the client port
         with Client(srv.endpoint, timeout=1.0, curve=curve) as c, pytest.raises(TimeoutError):
             c.health()
+    from frontend_dsl.remote_backend import RemoteBackend  # the DSL's client takes the same keys
+
+    backend = RemoteBackend(srv.endpoint, timeout=20, curve=load_peer_keys(keys["client"]))
+    try:
+        assert backend.health().ok and backend.tokenize(["hello"])[0]
+    finally:
+        backend.close()
 
 
 @pytest.mark.slow
