@@ -236,7 +236,7 @@ class Router:
         ``copy=False`` hands ``zmq.Frame`` objects over (their metadata name the peer)."""
         for _ in range(limit):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
+                frames: list[Any] = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
             except zmq.Again:
                 return True
             try:

@@ -138,7 +138,8 @@ def load_router_keys(directory: str | Path) -> RouterKeys:
     d = Path(directory)
     if not d.is_dir():
         raise ValueError(f"no key directory {d}")
-    allowed = {dom: {_load_public(f): f.stem for f in sorted((d / dom).glob("*.key"))} for dom in DOMAINS}
+    allowed: dict[str, dict[bytes, str]] = {
+        dom: {_load_public(f): f.stem for f in sorted((d / dom).glob("*.key"))} for dom in DOMAINS}
     if not allowed["workers"] and not allowed["clients"]:
         raise ValueError(f"{d} lists no allowed keys (expected {d}/workers/*.key and {d}/clients/*.key)")
     return RouterKeys(_load_pair(d / "router.key_secret"), allowed)
@@ -347,7 +348,8 @@ def peer_of(frame: zmq.Frame) -> Peer:
     """The peer of a received frame (from its ZeroMQ metadata)."""
     def prop(name: str) -> str | None:
         try:
-            return frame.get(name) or None
+            value = frame.get(name)
+            return str(value) if value else None
         except zmq.ZMQError:  # not set on this connection (no ZAP handler, ipc)
             return None
 

@@ -37,41 +37,27 @@ def test_gateway_refuses_a_public_address_without_api_key() -> None:
 
 
 def test_serve_with_keys(tiny_llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Local workers and the in-process gateway get minted keys, a client with the key file
-    is served, and the join is logged at the default log level."""
-    monkeypatch.delenv("RADIXSERVE_API_KEY", raising=False)
+    """``serve --keys`` with an API key from the environment on a public HTTP address: the
+    local worker and the in-process gateway get minted CURVE keys, the join is logged at
+    the default log level, HTTP needs the key, a client with the key file is served."""
     made = _run("keys", str(tmp_path / "keys"))
     assert made.returncode == 0, made.stderr
     keys = tmp_path / "keys"
-    srv = Serve(tiny_llama_dir, workers=1, extra=("--keys", str(keys / "router"), "--http-port", "0"))
+    monkeypatch.setenv("RADIXSERVE_API_KEY", "sk-from-env")
+    srv = Serve(tiny_llama_dir, workers=1, extra=("--keys", str(keys / "router"), "--http-port", "0",
+                                                   "--http-host", "0.0.0.0"))  # public, but with a key
     try:
         join = srv.wait_for(r"worker 0 joined: identity \S+, address ([\w.:]+), key ([\w-]+)")
         assert join.group(2) == "local-worker-0"
-        url = srv.wait_for(r"HTTP on (http://\S+)").group(1)
-        endpoint = srv.wait_for(r"serving on (tcp://\S+)").group(1)
-        with httpx.Client(base_url=url, timeout=60) as c:  # no --api-key: open HTTP, keyed ZeroMQ behind it
-            r = c.post("/v1/completions", json={"model": "default", "prompt": "Hi", "max_tokens": 2})
-            assert r.status_code == 200, r.text
-        ok = _run("client", "--endpoint", endpoint, "--keys", str(keys / "client"), "Hello", "--max-tokens", "2")
-        assert ok.returncode == 0 and "prompt" in ok.stderr, ok.stderr
-    finally:
-        srv.proc.send_signal(signal.SIGTERM)
-        rc = srv.proc.wait(30)
-        srv.kill()
-    assert rc == 0
-
-
-def test_serve_with_api_key_from_the_environment(tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RADIXSERVE_API_KEY", "sk-from-env")
-    # A public HTTP address is fine with a key.
-    srv = Serve(tiny_llama_dir, workers=1, extra=("--http-port", "0", "--http-host", "0.0.0.0"))
-    try:
         port = srv.wait_for(r"HTTP on http://\S+:(\d+)").group(1)
+        endpoint = srv.wait_for(r"serving on (tcp://\S+)").group(1)
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as c:
-            body = {"model": "default", "prompt": "Hi", "max_tokens": 1}
+            body = {"model": "default", "prompt": "Hi", "max_tokens": 2}
             assert c.post("/v1/completions", json=body).status_code == 401
             r = c.post("/v1/completions", json=body, headers={"Authorization": "Bearer sk-from-env"})
             assert r.status_code == 200, r.text
+        ok = _run("client", "--endpoint", endpoint, "--keys", str(keys / "client"), "Hello", "--max-tokens", "2")
+        assert ok.returncode == 0 and "prompt" in ok.stderr, ok.stderr
     finally:
         srv.proc.send_signal(signal.SIGTERM)
         rc = srv.proc.wait(30)
