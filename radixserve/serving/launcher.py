@@ -93,7 +93,10 @@ class LocalServer:
             cfg_i = engine_config if "device" not in engine_config else {**engine_config, "device": place.device}
             cmd = worker_command(self.router.worker_endpoint, i, model, cfg_i, parent_pid=os.getpid(),
                                  heartbeat_timeout_s=max(30.0, config.worker_timeout_s), program=worker_program)
-            proc = spawn_worker(cmd, {**(worker_env or {}), **place.env} or None)
+            # With CURVE, each local worker gets a key of its own, allowed for as long as the router runs.
+            keys = self.router.security.mint("workers", f"local-worker-{i}")
+            env = {**(worker_env or {}), **place.env, **(keys.to_env() if keys is not None else {})}
+            proc = spawn_worker(cmd, env or None)
             self.procs.append(proc)
             self.router.expect_local(i, proc)
         self._thread: threading.Thread | None = None

@@ -39,6 +39,7 @@ import msgspec
 import zmq
 
 from radixserve.serving import protocol as p
+from radixserve.serving.security import PeerKeys, peer_keys_from_env
 from radixserve.serving.shutdown import exit_now
 
 log = logging.getLogger("radixserve.serving.worker")
@@ -121,11 +122,12 @@ class Worker:
     """Runs ``engine`` for the router at ``connect``.
 
     Without a ``context`` the worker uses a zmq context of its own and terminates it when
-    :meth:`run` returns (after the goodbye left, or its short linger ran out)."""
+    :meth:`run` returns (after the goodbye left, or its short linger ran out). ``curve``: the
+    keys of a router that takes only CURVE-authenticated workers (:mod:`~radixserve.serving.security`)."""
 
     def __init__(self, engine: Any, connect: str, worker_id: int = -1, *, model_name: str = "",
                  parent_pid: int | None = None, router_timeout_s: float = 30.0,
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, curve: PeerKeys | None = None) -> None:
         self.engine = engine
         self.worker_id = worker_id
         self.model_name = model_name
@@ -138,6 +140,8 @@ class Worker:
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.setsockopt(zmq.ROUTING_ID, f"w{worker_id}-{os.getpid()}-{os.urandom(2).hex()}".encode())
+        if curve is not None:
+            curve.apply(self.sock)
         self.sock.connect(connect)
         self._active: set[str] = set()  # rids added and not reported finished
         self._stopping = False
@@ -308,9 +312,16 @@ def main(argv: list[str] | None = None, engine_factory: EngineFactory | None = N
     ap.add_argument("--engine-config", default="{}", help="EngineConfig fields as JSON")
     ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies (local workers)")
     ap.add_argument("--router-timeout", type=float, default=30.0, help="seconds of router silence tolerated")
+    ap.add_argument("--keys", default=None, help="CURVE key directory of this worker (radixserve keys DIR: DIR/worker)")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format=f"[worker {args.worker_id}] %(levelname)s %(message)s")
+    # Local workers of a CURVE router get a key minted for them through the environment.
+    curve = peer_keys_from_env()
+    if args.keys is not None:
+        from radixserve.serving.security import load_peer_keys
+
+        curve = load_peer_keys(args.keys)
     if args.parent_pid is not None:
         _die_with_parent()
         if os.getppid() != args.parent_pid:
@@ -338,7 +349,7 @@ def main(argv: list[str] | None = None, engine_factory: EngineFactory | None = N
             print(f"radixserve: worker {args.worker_id} engine ready in {describe_startup(startup)}", flush=True)
         name = Path(str(model)).name if model else "default"
         worker = Worker(engine, args.connect, args.worker_id, model_name=name, parent_pid=args.parent_pid,
-                        router_timeout_s=args.router_timeout)
+                        router_timeout_s=args.router_timeout, curve=curve)
         return worker.run()
     except Interrupted:  # stopped before run() (which handles its own) took over
         if worker is not None and not worker.sock.closed:

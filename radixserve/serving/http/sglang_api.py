@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from radixserve import __version__
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
+from radixserve.serving.http.auth import request_key, tenant_cache_salt
 from radixserve.serving.http.errors import APIError
 from radixserve.serving.http.gateway import Gateway, merge, to_builtins
 from radixserve.serving.http.sglang_protocol import GenerateReqInput, Item, expand
@@ -123,8 +124,9 @@ async def generate(body: GenerateReqInput, request: Request) -> Response:
             info.context_length, info.vocab_size, it.top_logprobs_num if it.return_logprob else None,
             it.logprob_start_len if it.return_logprob and it.logprob_start_len >= 0 else None, it.sample)
         plans.append(_Plan(it, params, drop, body.return_text_in_logprobs))
+    salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
     streams = [g.stream(arrival=arrival, text=pl.item.text, input_ids=pl.item.input_ids, params=pl.params,
-                        session_id=body.session_id) for pl in plans]
+                        session_id=body.session_id, cache_salt=salt) for pl in plans]
     if body.stream:
         events = await primed(request, merge(streams))
         return SSEResponse(_events(g, plans, events, info.eos_token_ids, batched=not single))
