@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.cli import register
+from radixserve.serving.limits import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_REQUEST_BYTES
 
 HTTP_LOGGER = "radixserve.serving.http"
 
@@ -22,6 +23,17 @@ def _common_http_arguments(g: Any, *, memory_log_default: float) -> None:
     g.add_argument("--request-timeout", type=float, default=600.0,
                    help="seconds a request may wait for the router's next message")
     g.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn access log)")
+    g.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                   help="largest request body (HTTP: 413 above it, refused before it is parsed; 0: no limit)")
+    g.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
+                   help="most generations (prompts × n) one HTTP request may start (0: no limit)")
+
+
+def request_limits(args: argparse.Namespace) -> Any:
+    """The :class:`~radixserve.serving.limits.RequestLimits` of the command's options."""
+    from radixserve.serving.limits import RequestLimits
+
+    return RequestLimits(max_request_bytes=args.max_request_bytes, max_batch_size=args.max_batch_size)
 
 
 def add_http_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,7 +68,8 @@ def _start_http(args: argparse.Namespace, router_endpoint: str, model: str | Pat
         logger.setLevel(logging.INFO)  # the periodic memory line is the point of the interval option
     config = GatewayConfig(router=router_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:"),
                            served_model_name=args.served_model_name,
-                           request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval)
+                           request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval,
+                           limits=request_limits(args))
     # Loaded here, not on the first request: the load would block the serving event loop.
     http = HTTPGateway(config, args.http_host, args.http_port, tokenizer=load_tokenizer(model),
                        access_log=args.access_log).start()
@@ -91,7 +104,8 @@ def gateway(args: argparse.Namespace) -> int:
 
         tokenizer = load_tokenizer(resolve_model(args.tokenizer))
     config = GatewayConfig(router=args.router, served_model_name=args.served_model_name,
-                           request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval)
+                           request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval,
+                           limits=request_limits(args))
     http = HTTPGateway(config, args.host, args.port, tokenizer=tokenizer, log_level="warning",
                        access_log=args.access_log)
     signal.signal(signal.SIGINT, http.request_stop)

@@ -8,7 +8,7 @@ import json
 
 from radixserve.cli import register
 from radixserve.commands.engine_args import add_engine_arguments, engine_config
-from radixserve.commands.gateway import add_http_arguments, start_http_for_serve
+from radixserve.commands.gateway import add_http_arguments, request_limits, start_http_for_serve
 from radixserve.serving.dispatch import ROUTING_POLICIES
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,6 +62,7 @@ def serve(args: argparse.Namespace) -> int:
         endpoint=endpoint, worker_endpoint=args.worker_endpoint, routing=args.routing,
         worker_timeout_s=args.worker_timeout, balance_abs_threshold=args.balance_abs_threshold,
         balance_rel_threshold=args.balance_rel_threshold, cache_threshold=args.cache_threshold,
+        limits=request_limits(args),
     )
     try:
         server = LocalServer(model, num_workers=args.workers, config=config, engine_config=engine_overrides)

@@ -44,6 +44,7 @@ from radixserve.serving import protocol as p
 from radixserve.serving.control import ControlOps
 from radixserve.serving.dispatch import Dispatcher, RoutingPolicy
 from radixserve.serving.inflight import InFlight, context_error
+from radixserve.serving.limits import RequestLimits, prompt_chars
 from radixserve.serving.prompts import PromptCodec, PromptError, encode_text
 from radixserve.serving.requests import RouterRequest
 from radixserve.serving.workers import WorkerHandle, WorkerPool
@@ -70,6 +71,7 @@ class RouterConfig:
     balance_abs_threshold: int = 4
     balance_rel_threshold: float = 1.5
     trie_max_tokens: int = 1 << 20
+    limits: RequestLimits = RequestLimits()  # checked before a request is decoded or tokenized
 
 
 class Router:
@@ -246,6 +248,11 @@ class Router:
         if len(frames) != 2:
             self._reply_error(client, p.Error(code="malformed", message=f"expected 1 frame per message, got {len(frames) - 1}"))
             return
+        too_large = self.config.limits.request_bytes_error(len(frames[1]))
+        if too_large is not None:
+            self._reply_error(client, p.Error(code="request_too_large", message=too_large,
+                                              request_id=p.request_id_of(frames[1])))
+            return
         msg = p.decode_client(frames[1])
         if isinstance(msg, p.Error):
             self._reply_error(client, msg)
@@ -262,6 +269,11 @@ class Router:
         elif isinstance(msg, (p.StatsRequest, p.FlushCache)):
             self._control.start(client, msg)
         elif isinstance(msg, p.TokenizeRequest):
+            longest = max((len(t) for t in msg.texts), default=0)
+            too_long = self.config.limits.prompt_chars_error(longest, self.context_length())
+            if too_long is not None:
+                self._reply_error(client, p.Error(code="context_length", message=too_long, request_id=msg.request_id))
+                return
             ids = [encode_text(self.codec.tokenizer, t) for t in msg.texts]
             self.send_client(client, p.TokenizeReply(request_id=msg.request_id, input_ids=ids))
 
@@ -275,6 +287,9 @@ class Router:
 
         if self.inflight.has(client, req.request_id):
             return error("duplicate_request", f"request id {req.request_id!r} is already in flight")
+        too_long = self.config.limits.prompt_chars_error(prompt_chars(req), self.context_length())
+        if too_long is not None:
+            return error("context_length", too_long)
         try:
             ids = self.codec.encode(req)
         except PromptError as exc:

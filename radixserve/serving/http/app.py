@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve import __version__
 from radixserve.serving.http import openai_api, sglang_api
+from radixserve.serving.http.body_limit import BodyLimit
 from radixserve.serving.http.errors import APIError, install_error_handlers
 from radixserve.serving.http.gateway import Gateway, GatewayConfig
 
@@ -74,6 +75,7 @@ def create_app(config: GatewayConfig = GatewayConfig(), tokenizer: Any = None) -
                   description="OpenAI-compatible and SGLang-native HTTP gateway in front of a radixserve router.")
     app.state.gateway = gateway
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, limits=config.limits)  # inside _CountErrors: its 413/400s are counted
     app.add_middleware(_CountErrors, gateway=gateway)
     app.include_router(openai_api.router)
     app.include_router(sglang_api.router)

@@ -27,6 +27,7 @@ from radixserve.serving.client import DEFAULT_ENDPOINT, AsyncClient, ServerError
 from radixserve.serving.http.errors import APIError, from_server_error, from_timeout
 from radixserve.serving.http.metrics import GatewayMetrics
 from radixserve.serving.http.tokens import TokenNames
+from radixserve.serving.limits import RequestLimits
 
 log = logging.getLogger("radixserve.serving.http")
 T = TypeVar("T")
@@ -50,6 +51,7 @@ class GatewayConfig:
     request_timeout_s: float = 600.0
     control_timeout_s: float = 15.0
     memory_log_interval_s: float = 60.0
+    limits: RequestLimits = RequestLimits()
 
 
 def format_bytes(n: float) -> str:
@@ -146,6 +148,12 @@ class Gateway:
         if self.client is None:
             raise APIError(503, "the gateway is not started", type="service_unavailable")
         return self.client
+
+    def check_batch(self, size: int) -> None:
+        """Refuse (400) a request that would start more than the batch limit of generations."""
+        bad = self.config.limits.batch_error(size)
+        if bad is not None:
+            raise APIError(400, bad, param="n", code="batch_too_large")
 
     # ------------------------------------------------------------------ model
     async def info(self) -> p.ModelInfo:
