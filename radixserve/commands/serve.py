@@ -27,6 +27,10 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-threshold", type=float, default=0.5,
                    help="cache-aware: fraction of the prompt a worker must hold to win on cache")
     p.add_argument("--worker-timeout", type=float, default=30.0, help="seconds of worker silence before it is dead")
+    p.add_argument("--restart-workers", action=argparse.BooleanOptionalAction, default=True,
+                   help="start a local worker that exited again, with back-off (reaped and logged either way)")
+    p.add_argument("--restart-backoff", type=float, default=1.0,
+                   help="seconds before the first restart; doubles with each exit in a row (at most 30 s)")
     p.add_argument("--log-level", default="WARNING")
     add_engine_arguments(p, "engine (per worker)")
     add_http_arguments(p)  # --http-port etc. (the HTTP gateway, radixserve.serving.http)
@@ -62,7 +66,7 @@ def serve(args: argparse.Namespace) -> int:
         endpoint=endpoint, worker_endpoint=args.worker_endpoint, routing=args.routing,
         worker_timeout_s=args.worker_timeout, balance_abs_threshold=args.balance_abs_threshold,
         balance_rel_threshold=args.balance_rel_threshold, cache_threshold=args.cache_threshold,
-        limits=request_limits(args),
+        limits=request_limits(args), restart_workers=args.restart_workers, restart_backoff_s=args.restart_backoff,
     )
     try:
         server = LocalServer(model, num_workers=args.workers, config=config, engine_config=engine_overrides)

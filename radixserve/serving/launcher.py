@@ -2,7 +2,9 @@
 
 :class:`LocalServer` is what ``radixserve serve`` runs in the foreground, and what tests,
 benchmarks and library users run in the background (``with LocalServer(...) as srv:``).
-Workers are child processes in their own sessions that also die with their parent. On
+Workers are child processes in their own sessions that also die with their parent; the
+router's :class:`~radixserve.serving.supervisor.Supervisor` reaps one that exits at once
+and starts it again with back-off (``RouterConfig.restart_workers``). On
 stop, the router fails what is in flight and tells every worker to shut down; the local
 ones also get SIGTERM, which interrupts even a long engine step at once (see
 :mod:`radixserve.serving.worker`); they are reaped (SIGKILL after a grace period), and only
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.serving.router import Router, RouterConfig
+from radixserve.serving.supervisor import RestartPolicy, Supervisor
 from radixserve.serving.workers import spawn_worker, worker_command
 
 log = logging.getLogger("radixserve.serving.launcher")
@@ -84,13 +87,21 @@ class LocalServer:
             engine_config.setdefault("num_threads", default_threads_per_worker(num_workers))
         self.router = Router(tokenizer if tokenizer is not None else load_tokenizer(model), config)
         self.endpoint = self.router.endpoint
-        self.procs: list[subprocess.Popen[bytes]] = []
-        for i in range(num_workers):
-            cmd = worker_command(self.router.worker_endpoint, i, model, engine_config, parent_pid=os.getpid(),
+        router_endpoint, parent = self.router.worker_endpoint, os.getpid()
+
+        def spawn(worker_id: int) -> subprocess.Popen[bytes]:
+            cmd = worker_command(router_endpoint, worker_id, model, engine_config, parent_pid=parent,
                                  heartbeat_timeout_s=max(30.0, config.worker_timeout_s), program=worker_program)
-            proc = spawn_worker(cmd, worker_env)
-            self.procs.append(proc)
-            self.router.expect_local(i, proc)
+            return spawn_worker(cmd, worker_env)
+
+        policy = RestartPolicy(restart=config.restart_workers, backoff_s=config.restart_backoff_s,
+                               backoff_max_s=config.restart_backoff_max_s)
+        self.supervisor = Supervisor(spawn, policy)
+        self.router.supervise(self.supervisor)
+        # Every process ever started, restarts included (the supervisor appends them): all reaped on close.
+        self.procs: list[subprocess.Popen[bytes]] = self.supervisor.procs
+        for i in range(num_workers):
+            self.router.expect_local(i, spawn(i))
         self._thread: threading.Thread | None = None
 
     def wait_ready(self, timeout_s: float = 300.0) -> bool:

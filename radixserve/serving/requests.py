@@ -37,6 +37,7 @@ class RouterRequest:
     prompt_logprobs: list[float | None] | None = None
     usage: p.Usage | None = None
     chunks: int = 0
+    retries: int = 0  # times sent to another worker after its worker died (before a first token)
 
     def apply(self, out: p.StepOutput) -> tuple[p.GenerateChunk | None, bool]:
         """Fold in one worker output. Returns the chunk to stream (``None`` when not

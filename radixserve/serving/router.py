@@ -32,6 +32,7 @@ goodbyes still land (:class:`~radixserve.serving.launcher.LocalServer` does).
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from radixserve.serving.inflight import InFlight, context_error
 from radixserve.serving.limits import RequestLimits, prompt_chars
 from radixserve.serving.prompts import PromptCodec, PromptError, encode_text
 from radixserve.serving.requests import RouterRequest
+from radixserve.serving.supervisor import Supervisor, describe_exit
 from radixserve.serving.workers import WorkerHandle, WorkerPool
 
 log = logging.getLogger("radixserve.serving.router")
@@ -72,6 +74,9 @@ class RouterConfig:
     balance_rel_threshold: float = 1.5
     trie_max_tokens: int = 1 << 20
     limits: RequestLimits = RequestLimits()  # checked before a request is decoded or tokenized
+    restart_workers: bool = True  # local workers that exit are started again (see supervisor.py)
+    restart_backoff_s: float = 1.0  # first restart delay; doubles with each exit in a row
+    restart_backoff_max_s: float = 30.0
 
 
 class Router:
@@ -110,6 +115,7 @@ class Router:
         self._next_tick = 0.0
         self._stopping = False
         self._errors = 0
+        self.supervisor: Supervisor | None = None
 
     def _bind(self, endpoint: str, client_side: bool) -> zmq.Socket:
         sock = self._ctx.socket(zmq.ROUTER)
@@ -124,9 +130,18 @@ class Router:
         return sock
 
     # ------------------------------------------------------------------ lifecycle
+    def supervise(self, supervisor: Supervisor) -> None:
+        """Have ``supervisor`` reap, report and restart the local workers (before any
+        :meth:`expect_local`)."""
+        self.supervisor = supervisor
+
     def expect_local(self, worker_id: int, proc: Any) -> None:
         """Register a local worker process that will say hello; its exit is watched."""
         self.pool.expect_local(worker_id, proc)
+        if self.supervisor is not None:
+            pidfd = self.supervisor.watch(worker_id, proc)
+            if pidfd is not None:
+                self._poller.register(pidfd, zmq.POLLIN)  # readable the moment it exits
 
     @property
     def workers(self) -> dict[int, WorkerHandle]:
@@ -173,6 +188,8 @@ class Router:
             self._drain_wakeups()
         if self.frontend in events:
             self._drain(self.frontend, self._on_client_frames)
+        if self.supervisor is not None:
+            self._supervise()
         if self.backend not in events or self._drain(self.backend, self._on_worker_frames):
             self.pool.settle_gone()  # after reading it all: a gone worker's goodbye comes first
         self.pool.flush_adds()
@@ -188,6 +205,10 @@ class Router:
         if self.frontend.closed:
             return
         self.inflight.fail_all("shutdown", "the server is shutting down")
+        if self.supervisor is not None:
+            for fd in self.supervisor.stop():
+                self._unwatch(fd)
+            self.pool.restarting = set()
         if shutdown_workers:
             self.pool.shutdown_all()
         # A short linger: the "shutdown" errors just queued should reach their clients.
@@ -203,6 +224,30 @@ class Router:
         self._wake_w.close()
         if self._own_ctx:
             self._ctx.term()  # waits at most the lingers above, and only for undelivered messages
+
+    def _supervise(self) -> None:
+        """Reap exited local workers (the pool declares them dead), start the restarts that are due."""
+        sup = self.supervisor
+        assert sup is not None
+        exits = sup.reap()
+        for ex, pidfd in exits:
+            if pidfd is not None:
+                self._unwatch(pidfd)
+            self.pool.process_exited(ex.worker_id, ex.pid, f"process {describe_exit(ex.code)}")
+        if not self._stopping:
+            for wid in sup.due(time.monotonic()):
+                self.expect_local(wid, sup.start(wid))
+        self.pool.restarting = sup.pending
+        if exits and not self.pool.expected and not self.pool.restarting and not any(
+                w.gone is None for w in self.live_workers):
+            self.inflight.fail_waiting("no live worker to run the request (local workers exited)")
+
+    def _unwatch(self, pidfd: int) -> None:
+        try:
+            self._poller.unregister(pidfd)
+        except KeyError:
+            pass
+        os.close(pidfd)
 
     def _drain_wakeups(self) -> None:
         try:
@@ -368,7 +413,7 @@ class Router:
     def _on_worker_dead(self, w: WorkerHandle, reason: str) -> None:
         self.inflight.fail_worker_requests(w, reason)
         self._control.on_worker_dead(w)
-        if not self.live_workers and not self.pool.expected:
+        if not self.live_workers and not self.pool.expected and not self.pool.restarting:
             self.inflight.fail_waiting("no live worker to run the request")
 
     # ------------------------------------------------------------------ timers
@@ -377,7 +422,7 @@ class Router:
         cfg = self.config
         self._next_tick = now + min(cfg.heartbeat_interval_s, cfg.client_probe_interval_s)
         failed = self.pool.check(now, cfg.worker_timeout_s)
-        if failed and not self.live_workers and not self.pool.expected:
+        if failed and not self.live_workers and not self.pool.expected and not self.pool.restarting:
             self.inflight.fail_waiting("; ".join(failed))
         self.inflight.expire_waiting(now)
         self.inflight.probe_clients(now, cfg.client_probe_interval_s)
