@@ -27,6 +27,8 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-threshold", type=float, default=0.5,
                    help="cache-aware: fraction of the prompt a worker must hold to win on cache")
     p.add_argument("--worker-timeout", type=float, default=30.0, help="seconds of worker silence before it is dead")
+    p.add_argument("--tokenizer-workers", type=int, default=2,
+                   help="processes that encode prompts off the router's loop (0: encode on the loop)")
     p.add_argument("--restart-workers", action=argparse.BooleanOptionalAction, default=True,
                    help="start a local worker that exited again, with back-off (reaped and logged either way)")
     p.add_argument("--restart-backoff", type=float, default=1.0,
@@ -67,6 +69,7 @@ def serve(args: argparse.Namespace) -> int:
         worker_timeout_s=args.worker_timeout, balance_abs_threshold=args.balance_abs_threshold,
         balance_rel_threshold=args.balance_rel_threshold, cache_threshold=args.cache_threshold,
         limits=request_limits(args), restart_workers=args.restart_workers, restart_backoff_s=args.restart_backoff,
+        tokenizer_workers=args.tokenizer_workers,
     )
     try:
         server = LocalServer(model, num_workers=args.workers, config=config, engine_config=engine_overrides)

@@ -90,11 +90,16 @@ class InFlight:
         self.total += 1
         return rid
 
-    def add(self, st: RouterRequest) -> None:
-        """Track a new request and send it to a worker (or queue it for the first one)."""
+    def track(self, st: RouterRequest) -> None:
+        """Track a new request not dispatched yet (its prompt is being encoded): an abort, its
+        client leaving or a shutdown ends it like any other."""
         self._by_client.setdefault(st.client, {})[st.client_rid] = st.rid
         self._requests[st.rid] = st
         self._last_sent.setdefault(st.client, st.arrival)
+
+    def add(self, st: RouterRequest) -> None:
+        """Track a new request and send it to a worker (or queue it for the first one)."""
+        self.track(st)
         self.dispatch(st)
 
     def dispatch(self, st: RouterRequest) -> None:

@@ -105,10 +105,12 @@ class LocalServer:
         self._thread: threading.Thread | None = None
 
     def wait_ready(self, timeout_s: float = 300.0) -> bool:
-        """Run the router until every local worker joined (True); False if :meth:`Router.stop`
+        """Run the router until every local worker joined and its tokenizer processes are
+        loaded (True); False if :meth:`Router.stop`
         was called meanwhile (e.g. by a signal); raise if a worker died or time ran out."""
         deadline = time.monotonic() + timeout_s
-        while len(self.router.live_workers) < self.num_workers:
+        pool = self.router.tokenizers
+        while len(self.router.live_workers) < self.num_workers or (pool is not None and not pool.ready):
             if self.router.stopping:
                 self.close()
                 return False

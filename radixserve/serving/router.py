@@ -49,11 +49,19 @@ from radixserve.serving.limits import RequestLimits, prompt_chars
 from radixserve.serving.prompts import PromptCodec, PromptError, encode_text
 from radixserve.serving.requests import RouterRequest
 from radixserve.serving.supervisor import Supervisor, describe_exit
+from radixserve.serving.tokenizer_pool import TokenizerPool
 from radixserve.serving.workers import WorkerHandle, WorkerPool
 
 log = logging.getLogger("radixserve.serving.router")
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+
+
+def error_code(message: str) -> p.ErrorCode:
+    """The error code of an encoding failure: ``internal`` for the tokenizer's own (its message
+    says so), else the prompt was invalid (bad chat roles, no template)."""
+    return "internal" if message.startswith("internal") else "shutdown" if message.startswith("shutdown") \
+        else "invalid_params"
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,7 @@ class RouterConfig:
     balance_rel_threshold: float = 1.5
     trie_max_tokens: int = 1 << 20
     limits: RequestLimits = RequestLimits()  # checked before a request is decoded or tokenized
+    tokenizer_workers: int = 2  # processes that encode prompts off the loop (0: encode on the loop)
     restart_workers: bool = True  # local workers that exit are started again (see supervisor.py)
     restart_backoff_s: float = 1.0  # first restart delay; doubles with each exit in a row
     restart_backoff_max_s: float = 30.0
@@ -102,6 +111,11 @@ class Router:
         self._poller.register(self.frontend, zmq.POLLIN)
         self._poller.register(self.backend, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
+        # Prompts are encoded in processes of their own: a huge one delays only itself.
+        self.tokenizers = TokenizerPool(tokenizer, config.tokenizer_workers, self._ctx) \
+            if config.tokenizer_workers > 0 else None
+        if self.tokenizers is not None:
+            self._poller.register(self.tokenizers.socket, zmq.POLLIN)
         self.dispatcher = Dispatcher(
             config.routing, cache_threshold=config.cache_threshold, min_match_tokens=config.min_match_tokens,
             balance_abs_threshold=config.balance_abs_threshold,
@@ -186,6 +200,8 @@ class Router:
         events = dict(self._poller.poll(int(wait * 1000)))
         if self._wake_r in events:
             self._drain_wakeups()
+        if self.tokenizers is not None and self.tokenizers.socket in events:
+            self._drain(self.tokenizers.socket, self.tokenizers.on_frames)
         if self.frontend in events:
             self._drain(self.frontend, self._on_client_frames)
         if self.supervisor is not None:
@@ -204,6 +220,8 @@ class Router:
         self._stopping = True
         if self.frontend.closed:
             return
+        if self.tokenizers is not None:
+            self.tokenizers.fail_all("shutdown: the server is shutting down")
         self.inflight.fail_all("shutdown", "the server is shutting down")
         if self.supervisor is not None:
             for fd in self.supervisor.stop():
@@ -220,6 +238,8 @@ class Router:
         if self.backend.closed:
             return
         self.backend.close(linger=500)  # let shutdown messages to live workers leave
+        if self.tokenizers is not None:
+            self.tokenizers.close()
         self._wake_r.close()
         self._wake_w.close()
         if self._own_ctx:
@@ -319,12 +339,23 @@ class Router:
             if too_long is not None:
                 self._reply_error(client, p.Error(code="context_length", message=too_long, request_id=msg.request_id))
                 return
-            ids = [encode_text(self.codec.tokenizer, t) for t in msg.texts]
-            self.send_client(client, p.TokenizeReply(request_id=msg.request_id, input_ids=ids))
+            self._tokenize(client, msg)
 
     def _reply_error(self, client: bytes, err: p.Error) -> None:
         self._errors += 1
         self.send_client(client, err)
+
+    def _tokenize(self, client: bytes, msg: p.TokenizeRequest) -> None:
+        def reply(ids: list[list[int]] | None, err: str | None) -> None:
+            if err is not None:
+                self._reply_error(client, p.Error(code=error_code(err), message=err, request_id=msg.request_id))
+            else:
+                self.send_client(client, p.TokenizeReply(request_id=msg.request_id, input_ids=ids or []))
+
+        if self.tokenizers is None:
+            reply([encode_text(self.codec.tokenizer, t) for t in msg.texts], None)
+        else:
+            self.tokenizers.submit(reply, texts=msg.texts)
 
     def _on_generate(self, client: bytes, req: p.GenerateRequest) -> None:
         def error(code: Any, message: str) -> None:
@@ -335,22 +366,39 @@ class Router:
         too_long = self.config.limits.prompt_chars_error(prompt_chars(req), self.context_length())
         if too_long is not None:
             return error("context_length", too_long)
-        try:
-            ids = self.codec.encode(req)
-        except PromptError as exc:
-            return error("invalid_params", str(exc))
-        if not ids:
-            return error("invalid_params", "the prompt encodes to zero tokens")
         bad = p.validate_generate(req, vocab_size=self.pool.vocab_size())
         if bad is not None:
             return self._reply_error(client, bad)
-        too_long = context_error(len(ids), self.context_length())
+        st = RouterRequest(self.inflight.new_rid(), client, req.request_id, [], req.params, req.stream,
+                           req.session_id, req.namespace, None, time.monotonic())
+        # Tracked from now on (an abort, a client leaving or a shutdown finds it), dispatched
+        # once its token ids are known.
+        self.inflight.track(st)
+        if req.input_ids is not None or self.tokenizers is None:
+            try:
+                ids, err = self.codec.encode(req), None
+            except PromptError as exc:
+                ids, err = [], str(exc)
+            self._encoded(st, [ids] if err is None else None, err)
+        else:
+            self.tokenizers.submit(lambda ids, err: self._encoded(st, ids, err), text=req.text,
+                                   messages=req.messages, add_generation_prompt=req.add_generation_prompt)
+
+    def _encoded(self, st: RouterRequest, ids: list[list[int]] | None, err: str | None) -> None:
+        """The prompt of ``st`` is encoded (or failed to): check its length, dispatch it."""
+        if self.inflight.get(st.rid) is not st:
+            return  # aborted, or its client left, while it was being encoded
+        if err is not None or not ids:
+            return self.inflight.fail(st, error_code(err or ""), err or "no token ids")
+        prompt = ids[0]
+        if not prompt:
+            return self.inflight.fail(st, "invalid_params", "the prompt encodes to zero tokens")
+        too_long = context_error(len(prompt), self.context_length())
         if too_long:
-            return error("context_length", too_long)
-        rid = self.inflight.new_rid()
-        st = RouterRequest(rid, client, req.request_id, ids, req.params, req.stream, req.session_id, req.namespace,
-                           self.codec.detokenizer(req.params, ids), time.monotonic())
-        self.inflight.add(st)
+            return self.inflight.fail(st, "context_length", too_long)
+        st.prompt_ids = prompt
+        st.detok = self.codec.detokenizer(st.params, prompt)
+        self.inflight.dispatch(st)
 
     def context_length(self) -> int | None:
         """The smallest context among live workers (``None`` before any joined)."""
@@ -421,6 +469,8 @@ class Router:
         now = time.monotonic()
         cfg = self.config
         self._next_tick = now + min(cfg.heartbeat_interval_s, cfg.client_probe_interval_s)
+        if self.tokenizers is not None:
+            self.tokenizers.check()
         failed = self.pool.check(now, cfg.worker_timeout_s)
         if failed and not self.live_workers and not self.pool.expected and not self.pool.restarting:
             self.inflight.fail_waiting("; ".join(failed))

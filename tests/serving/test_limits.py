@@ -3,6 +3,8 @@ against a router with fake workers."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 
 import msgspec
@@ -15,6 +17,15 @@ from radixserve.serving.client import Client, ServerError
 from radixserve.serving.limits import RequestLimits, invalid_utf8_path, surrogate_path
 
 LONE = b"\xed\xb2\x80"  # U+DC80 as (CESU-style) UTF-8 bytes: what a lone surrogate becomes on the wire
+
+
+def recv_reply(sock: Any) -> Any:
+    """The next message for a raw DEALER socket, skipping the keep-alives a client ignores
+    (sent while a request is in flight, e.g. while its prompt is being encoded)."""
+    while True:
+        msg = p.decode_server(sock.recv())
+        if not isinstance(msg, p.KeepAlive):
+            return msg
 
 
 def test_surrogate_path_names_the_field() -> None:
@@ -58,19 +69,19 @@ def test_router_refuses_oversize_invalid_and_overlong_before_tokenizing(fake_ser
     good = {"type": "generate", "request_id": "g", "text": "hi", "params": {"max_tokens": 2, "stop": ["zz"]}}
     try:
         sock.send(msgspec.msgpack.encode({**good, "request_id": "big", "text": "x" * (100 << 10)}))
-        reply = p.decode_server(sock.recv())
+        reply = recv_reply(sock)
         assert isinstance(reply, p.Error) and reply.code == "request_too_large" and reply.request_id == "big"
         frame = msgspec.msgpack.encode({**good, "request_id": "s1", "text": "X"}).replace(b"\xa1X", b"\xa3" + LONE)
         sock.send(frame)
-        reply = p.decode_server(sock.recv())
+        reply = recv_reply(sock)
         assert isinstance(reply, p.Error) and reply.code == "invalid_params" and reply.request_id == "s1"
         assert reply.message.startswith("text: not valid Unicode"), reply.message
         frame = msgspec.msgpack.encode({**good, "request_id": "s2", "params": {"stop": ["Q"]}})
         sock.send(frame.replace(b"\xa1Q", b"\xa3" + LONE))
-        reply = p.decode_server(sock.recv())
+        reply = recv_reply(sock)
         assert isinstance(reply, p.Error) and reply.message.startswith("params.stop[0]:"), reply
         sock.send(msgspec.msgpack.encode(good))
-        reply = p.decode_server(sock.recv())
+        reply = recv_reply(sock)
         assert isinstance(reply, p.GenerateFinal) and reply.usage.completion_tokens == 2
     finally:
         sock.close()

@@ -6,6 +6,8 @@ worker death. Outputs are checked against the fake engine's deterministic token 
 
 from __future__ import annotations
 
+from typing import Any
+
 import time
 
 import pytest
@@ -16,6 +18,15 @@ from radixserve.serving import protocol as p
 from radixserve.serving.client import Client, ServerError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]  # starts server processes
+
+
+def recv_reply(sock: Any) -> Any:
+    """The next message for a raw DEALER socket, skipping the keep-alives a client ignores
+    (sent while a request is in flight, e.g. while its prompt is being encoded)."""
+    while True:
+        msg = p.decode_server(sock.recv())
+        if not isinstance(msg, p.KeepAlive):
+            return msg
 
 
 def test_generate_and_stream(fake_server, tokenizer, alphabet) -> None:
@@ -171,10 +182,10 @@ def test_bad_frames_get_errors_and_server_keeps_serving(fake_server) -> None:
     try:
         for frames, code in cases:
             sock.send_multipart(frames)
-            reply = p.decode_server(sock.recv())
+            reply = recv_reply(sock)
             assert isinstance(reply, p.Error) and reply.code == code, (frames, reply)
         sock.send(msgspec.msgpack.encode(good))
-        reply = p.decode_server(sock.recv())
+        reply = recv_reply(sock)
         assert isinstance(reply, p.GenerateFinal) and reply.usage.completion_tokens == 2
     finally:
         sock.close()
