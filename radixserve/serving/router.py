@@ -112,8 +112,12 @@ class Router:
         self._poller.register(self.backend, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
         # Prompts are encoded in processes of their own: a huge one delays only itself.
-        self.tokenizers = TokenizerPool(tokenizer, config.tokenizer_workers, self._ctx) \
-            if config.tokenizer_workers > 0 else None
+        self.tokenizers: TokenizerPool | None = None
+        if config.tokenizer_workers > 0:
+            try:
+                self.tokenizers = TokenizerPool(tokenizer, config.tokenizer_workers, self._ctx)
+            except (AttributeError, OSError) as exc:  # not a transformers tokenizer we can hand over
+                log.warning("no tokenizer processes (%s): prompts are encoded on the router's loop", exc)
         if self.tokenizers is not None:
             self._poller.register(self.tokenizers.socket, zmq.POLLIN)
         self.dispatcher = Dispatcher(

@@ -101,7 +101,11 @@ class TokenizerPool:
         if num_procs < 1:
             raise ValueError("a tokenizer pool needs at least one process")
         self._tmp = tempfile.mkdtemp(prefix="radixserve-tok-")
-        self._dir = self._tokenizer_dir(tokenizer)
+        try:
+            self._dir = self._tokenizer_dir(tokenizer)
+        except BaseException:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            raise
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.socket.setsockopt(zmq.LINGER, 0)

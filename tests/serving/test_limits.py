@@ -3,8 +3,6 @@ against a router with fake workers."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import json
 
 import msgspec
@@ -15,17 +13,9 @@ from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
 from radixserve.serving.client import Client, ServerError
 from radixserve.serving.limits import RequestLimits, invalid_utf8_path, surrogate_path
+from raw_client import recv_reply
 
 LONE = b"\xed\xb2\x80"  # U+DC80 as (CESU-style) UTF-8 bytes: what a lone surrogate becomes on the wire
-
-
-def recv_reply(sock: Any) -> Any:
-    """The next message for a raw DEALER socket, skipping the keep-alives a client ignores
-    (sent while a request is in flight, e.g. while its prompt is being encoded)."""
-    while True:
-        msg = p.decode_server(sock.recv())
-        if not isinstance(msg, p.KeepAlive):
-            return msg
 
 
 def test_surrogate_path_names_the_field() -> None:

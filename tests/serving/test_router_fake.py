@@ -6,8 +6,6 @@ worker death. Outputs are checked against the fake engine's deterministic token 
 
 from __future__ import annotations
 
-from typing import Any
-
 import time
 
 import pytest
@@ -16,17 +14,9 @@ from fake_engine import fake_token
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
 from radixserve.serving.client import Client, ServerError
+from raw_client import recv_reply
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]  # starts server processes
-
-
-def recv_reply(sock: Any) -> Any:
-    """The next message for a raw DEALER socket, skipping the keep-alives a client ignores
-    (sent while a request is in flight, e.g. while its prompt is being encoded)."""
-    while True:
-        msg = p.decode_server(sock.recv())
-        if not isinstance(msg, p.KeepAlive):
-            return msg
 
 
 def test_generate_and_stream(fake_server, tokenizer, alphabet) -> None:
