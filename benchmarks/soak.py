@@ -9,8 +9,8 @@ Not a CI test: it takes minutes. It starts ``radixserve serve --workers 2 --http
   their first chunk;
 * oversize bodies (over ``--max-request-bytes``: 413), prompts over the character limit,
   malformed JSON, lone surrogates (``"\\udc80"``) and invalid parameters (all 400);
-* one worker is killed (SIGKILL) at 1/3 and again at 2/3 of the run; it is restarted by
-  the server (``--restart-workers``, the default).
+* worker 0 is killed (SIGKILL) at 1/3 of the run and again at 2/3 (once it is back): the
+  server reaps it and starts it again (``--restart-workers``, the default).
 
 It reports every request's outcome (the JSON holds one record per request; the table
 counts them by kind and outcome), each worker's KV accounting once the server is idle at
@@ -227,6 +227,7 @@ async def drive(url: str, args: argparse.Namespace, kinds: list[str], serve_pid:
         sem = asyncio.Semaphore(args.concurrency)
         done = 0
         kill_at = {len(kinds) // 3, 2 * len(kinds) // 3}
+        killing: list[asyncio.Task[None]] = []
 
         async def run(i: int, kind: str) -> dict[str, Any]:
             nonlocal done
@@ -235,21 +236,28 @@ async def drive(url: str, args: argparse.Namespace, kinds: list[str], serve_pid:
             done += 1
             if done in kill_at:
                 kill_at.discard(done)
-                await kill_a_worker(c, serve_pid, kills)
+                killing.append(asyncio.create_task(kill_a_worker(c, serve_pid, kills)))
             if done % 100 == 0:
                 print(f"  {done}/{len(kinds)} requests done", flush=True)
             return rec
 
-        return list(await asyncio.gather(*(run(i, k) for i, k in enumerate(kinds))))
+        records = list(await asyncio.gather(*(run(i, k) for i, k in enumerate(kinds))))
+        await asyncio.gather(*killing)
+        return records
 
 
 async def kill_a_worker(c: httpx.AsyncClient, serve_pid: int, kills: list[dict[str, Any]]) -> None:
-    """SIGKILL the busiest live worker (the one most likely to have requests in flight)."""
-    info = (await c.get("/get_server_info")).json()
-    live = [w for w in info["workers"] if w["alive"] and w.get("pid")]
-    if not live:
+    """SIGKILL worker 0, once it is up (again): the same worker is killed twice in a run."""
+    deadline = time.monotonic() + 300
+    while True:
+        info = (await c.get("/get_server_info")).json()
+        victim = next((w for w in info["workers"] if w["worker_id"] == 0 and w["alive"] and w.get("pid")), None)
+        if victim is not None or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.5)  # polling the server's state while it restarts the worker
+    if victim is None:
+        print("  worker 0 did not come back within 300 s: no second kill", flush=True)
         return
-    victim = max(live, key=lambda w: w["inflight"])
     os.kill(victim["pid"], signal.SIGKILL)
     kills.append({"worker_id": victim["worker_id"], "pid": victim["pid"], "inflight": victim["inflight"],
                   "at": time.time()})
@@ -280,7 +288,7 @@ def main() -> int:
     ap.add_argument("--disconnect-share", type=float, default=0.48,
                     help="share of the streamed requests that hang up after their first chunk "
                          "(0.48 of the 52%% that stream: 25%% of all requests)")
-    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--max-request-bytes", type=int, default=1 << 20)
     ap.add_argument("--engine-flags", default="--num-threads 1", help="extra engine options for each worker")
     ap.add_argument("--seed", type=int, default=0)

@@ -81,6 +81,10 @@ def test_huge_body_refused_unread_while_another_client_is_served(gateway: Any) -
         chunked.close()
     assert [p.poll() for p in srv.procs] == [None, None]
     with httpx.Client(base_url=http.url, timeout=30) as c:
+        # A client that writes its whole body before reading (httpx) reads the 413 too.
+        r = c.post("/v1/chat/completions", content=b"x" * (3 * LIMITS.max_request_bytes),
+                   headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
         info = c.get("/get_server_info").json()
         assert [w["alive"] for w in info["workers"]] == [True, True]
         r = c.post("/v1/chat/completions", json={"model": "default", "max_tokens": 2,

@@ -7,17 +7,27 @@
   Unicode, so no tokenizer or encoder can take it) is a 400 naming the field.
 
 The buffered body is replayed to the application unchanged, as one message.
+
+After a 413 the rest of the body is read and dropped (at most ``DRAIN_BYTES``, for at most
+``DRAIN_S``), as a web server's "lingering close" does: a client that writes its whole
+body before reading (most HTTP clients) then reads the 413 instead of a connection reset.
+Dropped bytes are never buffered or parsed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve.serving.http.errors import APIError
 from radixserve.serving.limits import RequestLimits, surrogate_path
+
+DRAIN_BYTES = 64 << 20
+DRAIN_S = 10.0
 
 # A JSON \u escape of a surrogate code point (D800-DFFF); only then is a second parse needed.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB89a-fA-F][0-9a-fA-F]{2}")
@@ -29,6 +39,19 @@ async def _send_error(send: Send, err: APIError) -> None:
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
+
+
+async def _drain(receive: Receive) -> None:
+    """Read and drop what is left of a refused body (bounded: see the module doc)."""
+    left, deadline = DRAIN_BYTES, time.monotonic() + DRAIN_S
+    while left > 0:
+        try:
+            message = await asyncio.wait_for(receive(), timeout=max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            return
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+        left -= len(message.get("body", b""))
 
 
 def too_large(message: str) -> APIError:
@@ -52,6 +75,7 @@ class BodyLimit:
             bad = self.limits.request_bytes_error(int(declared))
             if bad is not None:
                 await _send_error(send, too_large(bad))
+                await _drain(receive)
                 return
         chunks: list[bytes] = []
         size = 0
@@ -64,6 +88,8 @@ class BodyLimit:
             bad = self.limits.request_bytes_error(size)
             if bad is not None:
                 await _send_error(send, too_large(f"{bad} (the body was refused before it was complete)"))
+                if message.get("more_body", False):
+                    await _drain(receive)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
