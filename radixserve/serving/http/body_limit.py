@@ -1,17 +1,20 @@
 """ASGI middleware that bounds a request body and checks its text before any handler runs.
 
 * The body may not exceed ``max_request_bytes``: a ``Content-Length`` above it is refused
-  at once (413, the body is never read); a chunked body is counted as it arrives and
+  (413) without a byte of the body being kept; a chunked body is counted as it arrives and
   refused (413) as soon as it passes the limit. Nothing is parsed or tokenized first.
 * A JSON body whose text holds a lone surrogate (``"\\udc80"``: valid JSON, but not
   Unicode, so no tokenizer or encoder can take it) is a 400 naming the field.
 
 The buffered body is replayed to the application unchanged, as one message.
 
-After a 413 the rest of the body is read and dropped (at most ``DRAIN_BYTES``, for at most
-``DRAIN_S``), as a web server's "lingering close" does: a client that writes its whole
-body before reading (most HTTP clients) then reads the 413 instead of a connection reset.
-Dropped bytes are never buffered or parsed.
+Before a 413 goes out, the rest of the body is read and dropped (at most ``DRAIN_BYTES``,
+for at most ``DRAIN_S``, stopping after ``DRAIN_IDLE_S`` without data), as a web server's
+"lingering close" does: a client that writes its whole body before reading (most HTTP
+clients) then reads the 413 instead of a connection reset, since the server closes the
+connection after it. Dropped bytes are never buffered or parsed. A client that asked
+``Expect: 100-continue`` (curl, for large bodies) has sent no body yet: it gets the 413 at
+once.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from radixserve.serving.limits import RequestLimits, surrogate_path
 
 DRAIN_BYTES = 64 << 20
 DRAIN_S = 10.0
+DRAIN_IDLE_S = 1.0
 
 # A JSON \u escape of a surrogate code point (D800-DFFF); only then is a second parse needed.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB89a-fA-F][0-9a-fA-F]{2}")
@@ -45,13 +49,24 @@ async def _drain(receive: Receive) -> None:
     """Read and drop what is left of a refused body (bounded: see the module doc)."""
     left, deadline = DRAIN_BYTES, time.monotonic() + DRAIN_S
     while left > 0:
+        wait = min(DRAIN_IDLE_S, deadline - time.monotonic())
+        if wait <= 0:
+            return
         try:
-            message = await asyncio.wait_for(receive(), timeout=max(0.0, deadline - time.monotonic()))
+            message = await asyncio.wait_for(receive(), timeout=wait)
         except asyncio.TimeoutError:
             return
         if message["type"] != "http.request" or not message.get("more_body", False):
             return
         left -= len(message.get("body", b""))
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send, err: APIError, *, body_pending: bool) -> None:
+    """Answer ``err`` (413), after dropping the body still on its way (module doc)."""
+    expects_continue = any(k == b"expect" and v.lower() == b"100-continue" for k, v in scope.get("headers", []))
+    if body_pending and not expects_continue:
+        await _drain(receive)
+    await _send_error(send, err)
 
 
 def too_large(message: str) -> APIError:
@@ -74,8 +89,7 @@ class BodyLimit:
         if declared is not None and declared.isdigit():
             bad = self.limits.request_bytes_error(int(declared))
             if bad is not None:
-                await _send_error(send, too_large(bad))
-                await _drain(receive)
+                await _refuse(scope, receive, send, too_large(bad), body_pending=True)
                 return
         chunks: list[bytes] = []
         size = 0
@@ -87,9 +101,8 @@ class BodyLimit:
             size += len(chunk)
             bad = self.limits.request_bytes_error(size)
             if bad is not None:
-                await _send_error(send, too_large(f"{bad} (the body was refused before it was complete)"))
-                if message.get("more_body", False):
-                    await _drain(receive)
+                await _refuse(scope, receive, send, too_large(f"{bad} (the body was refused before it was complete)"),
+                              body_pending=bool(message.get("more_body", False)))
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
