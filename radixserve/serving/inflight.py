@@ -91,16 +91,11 @@ class InFlight:
         return rid
 
     def track(self, st: RouterRequest) -> None:
-        """Track a new request not dispatched yet (its prompt is being encoded): an abort, its
-        client leaving or a shutdown ends it like any other."""
+        """Track a new request; :meth:`dispatch` sends it once its prompt is encoded. Meanwhile
+        an abort, its client leaving or a shutdown ends it like any other."""
         self._by_client.setdefault(st.client, {})[st.client_rid] = st.rid
         self._requests[st.rid] = st
         self._last_sent.setdefault(st.client, st.arrival)
-
-    def add(self, st: RouterRequest) -> None:
-        """Track a new request and send it to a worker (or queue it for the first one)."""
-        self.track(st)
-        self.dispatch(st)
 
     def dispatch(self, st: RouterRequest) -> None:
         """Batch ``st`` for the worker the dispatcher chooses; queue or fail it without one."""

@@ -4,9 +4,12 @@
 
     clients (DEALER) ──> frontend ROUTER ─┐                 ┌─> backend ROUTER ──> workers (DEALER)
                                           │  Router loop:   │
-      GenerateChunk / Final / Error  <────┤  tokenize,      ├──  WorkerAdd / Abort / Ping / Stats
+      GenerateChunk / Final / Error  <────┤  limits,        ├──  WorkerAdd / Abort / Ping / Stats
                                           │  dispatch,      │
                                           └  detokenize  <──┴──  WorkerOutputs / Heartbeat / ...
+                                                 │ ^
+                                  EncodeJob      v │  token ids
+                                        tokenizer processes (tokenizer_pool.py)
 
 One thread, one ``zmq.Poller`` loop. Both sockets are ``ROUTER_MANDATORY``: a send to a
 peer that went away raises instead of vanishing silently, which is how the router learns
@@ -15,8 +18,12 @@ worker is unreachable. Clients with requests in flight get a :class:`KeepAlive` 
 second so a silent client's departure is noticed too; workers are pinged and must answer
 within ``worker_timeout_s``; local worker processes are also watched with ``poll()``.
 
-The router runs the sockets, the loop and the timers, decodes every message, and turns a
-:class:`GenerateRequest` into token ids (checked against the workers' context). What
+The router runs the sockets, the loop and the timers, decodes every message, checks the
+request limits (:mod:`~radixserve.serving.limits`) before anything else, and has a
+:class:`GenerateRequest`'s prompt encoded by the tokenizer processes
+(:class:`~radixserve.serving.tokenizer_pool.TokenizerPool`), off its own loop; the token
+ids are checked against the workers' context. Local worker processes are watched by a
+:class:`~radixserve.serving.supervisor.Supervisor` (reaped at once, restarted). What
 happens to a request after that, its dispatch, its outputs and every way it ends, is
 :class:`~radixserve.serving.inflight.InFlight`'s; the workers' side is
 :class:`~radixserve.serving.workers.WorkerPool`'s; stats and cache flushes that ask every
@@ -356,7 +363,7 @@ class Router:
             else:
                 self.send_client(client, p.TokenizeReply(request_id=msg.request_id, input_ids=ids or []))
 
-        if self.tokenizers is None:
+        if self.tokenizers is None or self.tokenizers.broken:
             reply([encode_text(self.codec.tokenizer, t) for t in msg.texts], None)
         else:
             self.tokenizers.submit(reply, texts=msg.texts)
@@ -378,7 +385,7 @@ class Router:
         # Tracked from now on (an abort, a client leaving or a shutdown finds it), dispatched
         # once its token ids are known.
         self.inflight.track(st)
-        if req.input_ids is not None or self.tokenizers is None:
+        if req.input_ids is not None or self.tokenizers is None or self.tokenizers.broken:
             try:
                 ids, err = self.codec.encode(req), None
             except PromptError as exc:

@@ -16,7 +16,8 @@ Each process loads the same tokenizer (from its directory; a tokenizer object wi
 is saved to a temporary directory first), says :class:`PoolReady`, and serves jobs until
 its parent goes (``PR_SET_PDEATHSIG`` and a ``getppid`` check) or it is told to stop. A
 process that dies fails its outstanding jobs (an ``internal`` error for those requests)
-and is started again. Incremental detokenizing stays in the router: its cost per step is
+and is started again (after ``restart_limit`` deaths the router encodes on its own loop
+rather than serve nothing). Incremental detokenizing stays in the router: its cost per step is
 a window of a few tokens, whatever the request's size.
 
 Run as ``python -m radixserve.serving.tokenizer_pool --connect ENDPOINT --tokenizer DIR``
@@ -118,6 +119,7 @@ class TokenizerPool:
         self._next_job = 0
         self._restarts_left = restart_limit
         self.jobs = 0
+        self.broken = False  # the processes kept dying: the router encodes itself (see check)
 
     def _tokenizer_dir(self, tokenizer: Any) -> str:
         path = getattr(tokenizer, "name_or_path", None)
@@ -193,6 +195,8 @@ class TokenizerPool:
 
     def check(self) -> None:
         """Restart processes that died; their outstanding jobs fail (the router's timer calls this)."""
+        if self.broken:
+            return
         for i, pp in enumerate(self._procs):
             code = pp.proc.poll()
             if code is None:
@@ -202,7 +206,12 @@ class TokenizerPool:
             for done in pp.outstanding.values():
                 done(None, f"internal: the tokenizer process died (exit code {code})")
             if self._restarts_left <= 0:
-                raise RuntimeError("tokenizer processes keep dying; giving up")
+                # Something is wrong with the tokenizer itself: stop the crash loop, and let
+                # the router encode on its own loop rather than serve nothing.
+                log.error("tokenizer processes keep dying: encoding on the router's loop from now on")
+                self.broken = True
+                self.fail_all("internal: the tokenizer processes keep dying")
+                return
             self._restarts_left -= 1
             self._procs[i] = self._spawn(pp.index)
 
