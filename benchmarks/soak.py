@@ -104,7 +104,7 @@ class Server:
                "--memory-log-interval", "0", *args.engine_flags.split()]
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                     env=dict(os.environ, PYTHONUNBUFFERED="1", RADIXSERVE_DEBUG_INVARIANTS="1"))
         self.url = ""
         self.lines: list[str] = []
         ready = threading.Event()

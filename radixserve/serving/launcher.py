@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from radixserve.engine.devices import plan_worker_devices
 from radixserve.serving.router import Router, RouterConfig
 from radixserve.serving.supervisor import RestartPolicy, Supervisor
 from radixserve.serving.workers import spawn_worker, worker_command
@@ -77,6 +78,7 @@ class LocalServer:
         worker_program: list[str] | None = None,
         worker_env: dict[str, str] | None = None,
         tokenizer: Any = None,
+        gpu_ids: list[int] | None = None,
     ) -> None:
         from radixserve.serving.prompts import load_tokenizer
 
@@ -85,14 +87,18 @@ class LocalServer:
         engine_config = dict(engine_config or {})
         if worker_program is None and engine_config.get("device", "cpu") == "cpu":
             engine_config.setdefault("num_threads", default_threads_per_worker(num_workers))
+        # One GPU per worker on CUDA (or an explicit split); refused before anything starts.
+        placements = plan_worker_devices(engine_config, num_workers, gpu_ids)
         self.router = Router(tokenizer if tokenizer is not None else load_tokenizer(model), config)
         self.endpoint = self.router.endpoint
         router_endpoint, parent = self.router.worker_endpoint, os.getpid()
 
         def spawn(worker_id: int) -> subprocess.Popen[bytes]:
-            cmd = worker_command(router_endpoint, worker_id, model, engine_config, parent_pid=parent,
+            place = placements[worker_id]
+            cfg_i = engine_config if "device" not in engine_config else {**engine_config, "device": place.device}
+            cmd = worker_command(router_endpoint, worker_id, model, cfg_i, parent_pid=parent,
                                  heartbeat_timeout_s=max(30.0, config.worker_timeout_s), program=worker_program)
-            return spawn_worker(cmd, worker_env)
+            return spawn_worker(cmd, {**(worker_env or {}), **place.env} or None)
 
         policy = RestartPolicy(restart=config.restart_workers, backoff_s=config.restart_backoff_s,
                                backoff_max_s=config.restart_backoff_max_s)
