@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.cli import register
+from radixserve.serving.limits import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_REQUEST_BYTES
 
 HTTP_LOGGER = "radixserve.serving.http"
 
@@ -29,6 +30,10 @@ def _common_http_arguments(g: Any, *, memory_log_default: float) -> None:
     g.add_argument("--admin-api-key", action="append", default=None, metavar="KEY",
                    help="the key /flush_cache, /get_server_info and /metrics require instead "
                         "(also RADIXSERVE_ADMIN_API_KEY)")
+    g.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                   help="largest request body (HTTP: 413 above it, refused before it is parsed; 0: no limit)")
+    g.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
+                   help="most generations (prompts × n) one HTTP request may start (0: no limit)")
 
 
 def http_keys(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -49,6 +54,13 @@ def check_http_bind(host: str, api_keys: tuple[str, ...], insecure: bool) -> Non
     from radixserve.serving.security import check_bind
 
     check_bind(f"tcp://{host}:0", secured=bool(api_keys), insecure=insecure, what="HTTP")
+
+
+def request_limits(args: argparse.Namespace) -> Any:
+    """The :class:`~radixserve.serving.limits.RequestLimits` of the command's options."""
+    from radixserve.serving.limits import RequestLimits
+
+    return RequestLimits(max_request_bytes=args.max_request_bytes, max_batch_size=args.max_batch_size)
 
 
 def add_http_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,7 +98,8 @@ def _start_http(args: argparse.Namespace, router_endpoint: str, model: str | Pat
     config = GatewayConfig(router=router_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:"),
                            served_model_name=args.served_model_name,
                            request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval,
-                           api_keys=api_keys, admin_api_keys=admin_keys, router_keys=router_keys)
+                           api_keys=api_keys, admin_api_keys=admin_keys, router_keys=router_keys,
+                           limits=request_limits(args))
     # Loaded here, not on the first request: the load would block the serving event loop.
     http = HTTPGateway(config, args.http_host, args.http_port, tokenizer=load_tokenizer(model),
                        access_log=args.access_log).start()
@@ -133,7 +146,8 @@ def gateway(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(resolve_model(args.tokenizer))
     config = GatewayConfig(router=args.router, served_model_name=args.served_model_name,
                            request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval,
-                           api_keys=api_keys, admin_api_keys=admin_keys, router_keys=router_keys)
+                           api_keys=api_keys, admin_api_keys=admin_keys, router_keys=router_keys,
+                           limits=request_limits(args))
     http = HTTPGateway(config, args.host, args.port, tokenizer=tokenizer, log_level="warning",
                        access_log=args.access_log)
     signal.signal(signal.SIGINT, http.request_stop)

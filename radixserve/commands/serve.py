@@ -9,7 +9,7 @@ import time
 
 from radixserve.cli import register
 from radixserve.commands.engine_args import add_engine_arguments, engine_config
-from radixserve.commands.gateway import add_http_arguments, start_http_for_serve
+from radixserve.commands.gateway import add_http_arguments, request_limits, start_http_for_serve
 from radixserve.serving.dispatch import ROUTING_POLICIES
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,6 +30,12 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-threshold", type=float, default=0.5,
                    help="cache-aware: fraction of the prompt a worker must hold to win on cache")
     p.add_argument("--worker-timeout", type=float, default=30.0, help="seconds of worker silence before it is dead")
+    p.add_argument("--tokenizer-workers", type=int, default=2,
+                   help="processes that encode prompts off the router's loop (0: encode on the loop)")
+    p.add_argument("--restart-workers", action=argparse.BooleanOptionalAction, default=True,
+                   help="start a local worker that exited again, with back-off (reaped and logged either way)")
+    p.add_argument("--restart-backoff", type=float, default=1.0,
+                   help="seconds before the first restart; doubles with each exit in a row (at most 30 s)")
     p.add_argument("--log-level", default="WARNING")
     p.add_argument("--keys", default=None, metavar="DIR",
                    help="CURVE-authenticate and encrypt the client and worker ports with the router keys in DIR "
@@ -80,6 +86,8 @@ def serve(args: argparse.Namespace) -> int:
         worker_timeout_s=args.worker_timeout, balance_abs_threshold=args.balance_abs_threshold,
         balance_rel_threshold=args.balance_rel_threshold, cache_threshold=args.cache_threshold,
         keys=keys, insecure=args.insecure,
+        limits=request_limits(args), restart_workers=args.restart_workers, restart_backoff_s=args.restart_backoff,
+        tokenizer_workers=args.tokenizer_workers,
     )
     try:
         server = LocalServer(model, num_workers=args.workers, config=config, engine_config=engine_overrides,

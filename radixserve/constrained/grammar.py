@@ -30,6 +30,10 @@ import xgrammar as xgr
 from radixserve.constrained.matcher import GrammarMatcher
 from radixserve.constrained.spec import CompiledGrammar, Constraint
 
+#: The longest one grammar compilation may take (see :class:`GrammarCompiler`); the
+#: worker's loop waits for it, so it bounds how long one request can stall the others.
+DEFAULT_COMPILE_TIMEOUT_S = 5.0
+
 # xgrammar's C++ errors start with "[hh:mm:ss] /path/file.cc:123: "; users want the rest.
 _CPP_PREFIX = re.compile(r"^\[[^\]]*\]\s+\S+:\d+:\s*")
 
@@ -46,11 +50,13 @@ class GrammarCompiler:
     ``vocab_size`` is the model's logits width (may exceed the tokenizer's own size: the
     padding ids are never allowed). ``stop_token_ids``: the tokens that end a generation
     (the model's EOS ids); a constrained request may sample them only where its grammar
-    can end.
+    can end. ``compile_timeout_s``: the longest one compilation may take (xgrammar
+    releases the GIL while it compiles, so it runs on a thread of its own and the caller
+    stops waiting at the limit; the constraint is then refused at once if asked again).
     """
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int], *, cache_size: int = 256,
-                 max_threads: int | None = None) -> None:
+                 max_threads: int | None = None, compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S) -> None:
         self.vocab_size = vocab_size
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         info_kw: dict[str, Any] = {"vocab_size": vocab_size}
@@ -65,6 +71,8 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._hits = 0
         self._misses = 0
+        self.compile_timeout_s = compile_timeout_s
+        self._too_slow: OrderedDict[Constraint, None] = OrderedDict()  # timed out once: refused at once
 
     def compile(self, constraint: Constraint) -> CompiledGrammar:
         """The compiled grammar of ``constraint`` (cached). Raises ``ValueError`` with the
@@ -76,7 +84,10 @@ class GrammarCompiler:
                 self._hits += 1
                 return hit
             self._misses += 1
-        compiled = CompiledGrammar(constraint, self._compile(constraint), self.vocab_size, self.stop_token_ids)
+            if constraint in self._too_slow:
+                raise ValueError(self._too_slow_message(constraint))
+        compiled = CompiledGrammar(constraint, self._compile_bounded(constraint), self.vocab_size,
+                                   self.stop_token_ids)
         with self._lock:
             self._cache[constraint] = compiled
             self._cache.move_to_end(constraint)
@@ -91,6 +102,36 @@ class GrammarCompiler:
     def stats(self) -> CompilerStats:
         with self._lock:
             return CompilerStats(self._hits, self._misses, len(self._cache))
+
+    def _too_slow_message(self, c: Constraint) -> str:
+        return (f"the {c.kind} is too complex: compiling it took longer than the limit of "
+                f"{self.compile_timeout_s:g} s ({c.describe()})")
+
+    def _compile_bounded(self, c: Constraint) -> Any:
+        """:meth:`_compile` with the time limit: past it, ``ValueError`` (the compile thread
+        finishes on its own in the background; its result is dropped)."""
+        if self.compile_timeout_s <= 0:
+            return self._compile(c)
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["grammar"] = self._compile(c)
+            except BaseException as exc:  # handed to the waiting caller
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, name="grammar-compile", daemon=True)
+        thread.start()
+        thread.join(self.compile_timeout_s)
+        if thread.is_alive():
+            with self._lock:
+                self._too_slow[c] = None
+                while len(self._too_slow) > self._cache_size:
+                    self._too_slow.popitem(last=False)
+            raise ValueError(self._too_slow_message(c))
+        if "error" in box:
+            raise box["error"]
+        return box["grammar"]
 
     def _compile(self, c: Constraint) -> Any:
         try:

@@ -7,9 +7,24 @@ validation, the router and the gateways can use it without the grammar library.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal, NamedTuple
 
+try:  # the stdlib's regex parser (the syntax xgrammar's regexes share); renamed in 3.11
+    import re._parser as _sre_parse
+except ImportError:  # Python 3.10
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
 ConstraintKind = Literal["regex", "json_schema", "choices"]
+
+#: The most characters a regex, a JSON schema or all choices together may have.
+MAX_CONSTRAINT_CHARS = 64 << 10
+#: The most positions a regex may expand to, its bounded repetitions multiplied out
+#: (``(.{1,100}){1,100}`` is 10,000 and takes ~0.8 s to compile against a 49k vocabulary;
+#: compile time grows with this count times the vocabulary). Past it, a clear error before
+#: any compiling; :class:`~radixserve.constrained.grammar.GrammarCompiler` also bounds the
+#: compile time of what passes.
+MAX_REGEX_EXPANSION = 50_000
 
 #: What OpenAI's ``response_format: {"type": "json_object"}`` means: any JSON object.
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
@@ -30,6 +45,39 @@ class Constraint(NamedTuple):
         return f"{self.kind} {text[:120]}{'...' if len(text) > 120 else ''}"
 
 
+def regex_expansion(regex: str, cap: int = MAX_REGEX_EXPANSION) -> int | None:
+    """How many positions ``regex`` spells out with its bounded repetitions expanded
+    (an unbounded ``*``/``+`` counts its body once: it is a loop, not copies); stops
+    counting past ``cap``. ``None`` when Python's parser cannot read it (the grammar
+    library then reports its own error)."""
+    try:
+        tree = _sre_parse.parse(regex)
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return None
+    return min(_size(tree, cap), cap + 1)
+
+
+def _size(items: Any, cap: int) -> int:
+    total = 0
+    for op, av in items:
+        name = str(op)
+        if name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            lo, hi, sub = av
+            copies = lo if hi == _sre_parse.MAXREPEAT else hi
+            total += _size(sub, cap) * max(1, copies)
+        elif name == "SUBPATTERN":
+            total += _size(av[-1], cap)
+        elif name == "BRANCH":
+            total += sum(_size(b, cap) for b in av[1])
+        elif name in ("ASSERT", "ASSERT_NOT"):
+            total += _size(av[1], cap)
+        else:
+            total += 1
+        if total > cap:
+            return total
+    return total
+
+
 def constraint_errors(regex: str | None, json_schema: str | None, choices: list[str] | None) -> list[str]:
     """Cheap checks that need no grammar library (the compiler reports the rest).
 
@@ -43,6 +91,16 @@ def constraint_errors(regex: str | None, json_schema: str | None, choices: list[
         errors.append(f"at most one of regex, json_schema and choices may be set, got {', '.join(given)}")
     if regex is not None and not regex:
         errors.append("regex must be non-empty")
+    sizes = (("regex", len(regex or "")), ("json_schema", len(json_schema or "")),
+             ("choices", sum(len(c) for c in choices or ())))
+    for name, size in sizes:
+        if size > MAX_CONSTRAINT_CHARS:
+            errors.append(f"{name} has {size} characters, more than the limit of {MAX_CONSTRAINT_CHARS}")
+    if regex and len(regex) <= MAX_CONSTRAINT_CHARS:
+        expansion = regex_expansion(regex)
+        if expansion is not None and expansion > MAX_REGEX_EXPANSION:
+            errors.append(f"regex is too complex to compile: its bounded repetitions expand to more than "
+                          f"{MAX_REGEX_EXPANSION} positions (use smaller bounds, or * and +)")
     if json_schema is not None:
         try:
             schema: Any = json.loads(json_schema)

@@ -5,7 +5,8 @@ generate request from its arrival to its last message, indexed by router rid and
 (client, client rid). It sends a request to the worker the dispatcher chooses (or queues it
 until a first worker joins), folds the worker's outputs into it, and ends it in one of four
 ways: finished (a final message), failed (an error), aborted by its client, or dropped with
-a client that went away. Whenever the worker may still run an ended request, the request
+a client that went away. A request whose worker dies before it produced a token is sent
+once more, to another worker (or the next to join, e.g. the dead one restarted). Whenever the worker may still run an ended request, the request
 is aborted there, which frees its KV. Keep-alive bookkeeping lives here too: only clients
 with requests in flight are probed.
 
@@ -15,6 +16,7 @@ send means the client is gone, and the router calls :meth:`InFlight.drop_client`
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -26,6 +28,10 @@ from radixserve.serving import protocol as p
 from radixserve.serving.dispatch import Dispatcher
 from radixserve.serving.requests import RouterRequest
 from radixserve.serving.workers import WorkerHandle, WorkerPool
+
+log = logging.getLogger("radixserve.serving.inflight")
+
+MAX_RETRIES = 1  # a request that lost its worker before its first token is sent again once
 
 ClientSend = Callable[[bytes, msgspec.Struct], bool]
 ClientError = Callable[[bytes, p.Error], None]
@@ -84,19 +90,19 @@ class InFlight:
         self.total += 1
         return rid
 
-    def add(self, st: RouterRequest) -> None:
-        """Track a new request and send it to a worker (or queue it for the first one)."""
+    def track(self, st: RouterRequest) -> None:
+        """Track a new request; :meth:`dispatch` sends it once its prompt is encoded. Meanwhile
+        an abort, its client leaving or a shutdown ends it like any other."""
         self._by_client.setdefault(st.client, {})[st.client_rid] = st.rid
         self._requests[st.rid] = st
         self._last_sent.setdefault(st.client, st.arrival)
-        self.dispatch(st)
 
     def dispatch(self, st: RouterRequest) -> None:
         """Batch ``st`` for the worker the dispatcher chooses; queue or fail it without one."""
         pool = self._pool
         loads = {w.worker_id: len(w.inflight) for w in pool.live}
         if not loads:
-            if pool.expected or (not pool.workers and self._worker_wait_s > 0):
+            if pool.expected or pool.restarting or (not pool.workers and self._worker_wait_s > 0):
                 self._waiting.append(st)
             else:
                 self.fail(st, "no_workers", "no live worker to run the request")
@@ -218,10 +224,20 @@ class InFlight:
             self.fail(st, "invalid_params", f"the engine rejected the request: {message}")
 
     def fail_worker_requests(self, w: WorkerHandle, reason: str) -> None:
-        """``w`` died: fail the requests it was running."""
+        """``w`` died: retry, once, each of its requests that had no token yet (nothing was
+        streamed, so a client cannot tell), on another worker or the next to join; fail the
+        others with ``worker_died``."""
         for rid in list(w.inflight):
             st = self._requests.get(rid)
-            if st is not None:
+            if st is None:
+                continue
+            if not st.token_ids and st.retries < MAX_RETRIES:
+                st.retries += 1
+                log.warning("worker %d died (%s) before request %s had a token: retrying it", w.worker_id,
+                            reason, rid)
+                st.worker_id = -1
+                self.dispatch(st)
+            else:
                 self.fail(st, "worker_died", f"worker {w.worker_id} died ({reason}); the request was lost")
 
     # ------------------------------------------------------------------ waiting for a worker

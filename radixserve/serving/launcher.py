@@ -2,7 +2,9 @@
 
 :class:`LocalServer` is what ``radixserve serve`` runs in the foreground, and what tests,
 benchmarks and library users run in the background (``with LocalServer(...) as srv:``).
-Workers are child processes in their own sessions that also die with their parent. On
+Workers are child processes in their own sessions that also die with their parent; the
+router's :class:`~radixserve.serving.supervisor.Supervisor` reaps one that exits at once
+and starts it again with back-off (``RouterConfig.restart_workers``). On
 stop, the router fails what is in flight and tells every worker to shut down; the local
 ones also get SIGTERM, which interrupts even a long engine step at once (see
 :mod:`radixserve.serving.worker`); they are reaped (SIGKILL after a grace period), and only
@@ -19,8 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from radixserve.serving.router import Router, RouterConfig
 from radixserve.engine.devices import plan_worker_devices
+from radixserve.serving.router import Router, RouterConfig
+from radixserve.serving.supervisor import RestartPolicy, Supervisor
 from radixserve.serving.workers import spawn_worker, worker_command
 
 log = logging.getLogger("radixserve.serving.launcher")
@@ -84,28 +87,39 @@ class LocalServer:
         engine_config = dict(engine_config or {})
         if worker_program is None and engine_config.get("device", "cpu") == "cpu":
             engine_config.setdefault("num_threads", default_threads_per_worker(num_workers))
-        self.router = Router(tokenizer if tokenizer is not None else load_tokenizer(model), config)
-        self.endpoint = self.router.endpoint
-        self.procs: list[subprocess.Popen[bytes]] = []
         # One GPU per worker on CUDA (or an explicit split); refused before anything starts.
         placements = plan_worker_devices(engine_config, num_workers, gpu_ids)
-        for i, place in enumerate(placements):
+        self.router = Router(tokenizer if tokenizer is not None else load_tokenizer(model), config)
+        self.endpoint = self.router.endpoint
+        router_endpoint, parent = self.router.worker_endpoint, os.getpid()
+
+        def spawn(worker_id: int) -> subprocess.Popen[bytes]:
+            place = placements[worker_id]
             cfg_i = engine_config if "device" not in engine_config else {**engine_config, "device": place.device}
-            cmd = worker_command(self.router.worker_endpoint, i, model, cfg_i, parent_pid=os.getpid(),
+            cmd = worker_command(router_endpoint, worker_id, model, cfg_i, parent_pid=parent,
                                  heartbeat_timeout_s=max(30.0, config.worker_timeout_s), program=worker_program)
             # With CURVE, each local worker gets a key of its own, allowed for as long as the router runs.
-            keys = self.router.security.mint("workers", f"local-worker-{i}")
+            keys = self.router.security.mint("workers", f"local-worker-{worker_id}")
             env = {**(worker_env or {}), **place.env, **(keys.to_env() if keys is not None else {})}
-            proc = spawn_worker(cmd, env or None)
-            self.procs.append(proc)
-            self.router.expect_local(i, proc)
+            return spawn_worker(cmd, env or None)
+
+        policy = RestartPolicy(restart=config.restart_workers, backoff_s=config.restart_backoff_s,
+                               backoff_max_s=config.restart_backoff_max_s)
+        self.supervisor = Supervisor(spawn, policy)
+        self.router.supervise(self.supervisor)
+        # Every process ever started, restarts included (the supervisor appends them): all reaped on close.
+        self.procs: list[subprocess.Popen[bytes]] = self.supervisor.procs
+        for i in range(num_workers):
+            self.router.expect_local(i, spawn(i))
         self._thread: threading.Thread | None = None
 
     def wait_ready(self, timeout_s: float = 300.0) -> bool:
-        """Run the router until every local worker joined (True); False if :meth:`Router.stop`
+        """Run the router until every local worker joined and its tokenizer processes are
+        loaded (True); False if :meth:`Router.stop`
         was called meanwhile (e.g. by a signal); raise if a worker died or time ran out."""
         deadline = time.monotonic() + timeout_s
-        while len(self.router.live_workers) < self.num_workers:
+        pool = self.router.tokenizers
+        while len(self.router.live_workers) < self.num_workers or (pool is not None and not pool.ready):
             if self.router.stopping:
                 self.close()
                 return False

@@ -24,6 +24,7 @@ import msgspec
 # The engine's outputs are torch-free Structs: token-level results travel as they are.
 from radixserve.engine.outputs import FinishReason, StepOutput, TokenLogprob, Usage
 from radixserve.sampling_params import SamplingParams
+from radixserve.serving.limits import invalid_utf8_path
 
 PROTOCOL_VERSION = 1
 MAX_CACHE_SALT_CHARS = 256
@@ -37,6 +38,7 @@ ErrorCode = Literal[
     "invalid_params",     # values out of range (SamplingParams.validate, token ids, ...)
     "duplicate_request",  # a request id already in flight on this connection
     "context_length",     # the prompt does not fit the model's context
+    "request_too_large",  # the frame is larger than the router's request-size limit
     "no_workers",         # no live worker to run the request
     "worker_died",        # the worker running the request went away
     "shutdown",           # the server is stopping
@@ -454,6 +456,10 @@ def _explain(data: bytes, union: Any, exc: Exception) -> Error:
             message=f"unknown message type {env.type!r}; expected one of {sorted(_tags(union))}",
             request_id=rid,
         )
+    bad_text = invalid_utf8_path(data) if "UTF-8" in str(exc) else None
+    if bad_text is not None:
+        return Error(code="invalid_params", request_id=rid,
+                     message=f"{bad_text}: not valid Unicode (invalid UTF-8, e.g. a lone surrogate)")
     return Error(code="invalid_message", message=f"invalid {env.type!r} message: {exc}", request_id=rid)
 
 

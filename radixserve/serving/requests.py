@@ -27,7 +27,7 @@ class RouterRequest:
     stream: bool
     session_id: str | None
     namespace: str | None
-    detok: Any  # radixserve.engine.detokenizer.IncrementalDetokenizer
+    detok: Any  # radixserve.engine.detokenizer.IncrementalDetokenizer (None while the prompt is encoded)
     arrival: float
     worker_id: int = -1
     dispatched: float = 0.0
@@ -37,6 +37,7 @@ class RouterRequest:
     prompt_logprobs: list[float | None] | None = None
     usage: p.Usage | None = None
     chunks: int = 0
+    retries: int = 0  # times sent to another worker after its worker died (before a first token)
 
     def apply(self, out: p.StepOutput) -> tuple[p.GenerateChunk | None, bool]:
         """Fold in one worker output. Returns the chunk to stream (``None`` when not
@@ -66,7 +67,8 @@ class RouterRequest:
         now = time.monotonic()
         cached = self.usage.cached_tokens if self.usage is not None else 0
         return p.GenerateFinal(
-            request_id=self.client_rid, finish_reason=reason, text=self.detok.text, token_ids=self.token_ids,
+            request_id=self.client_rid, finish_reason=reason, text=self.detok.text if self.detok is not None else "",
+            token_ids=self.token_ids,
             usage=p.Usage(prompt_tokens=len(self.prompt_ids), cached_tokens=cached,
                           completion_tokens=len(self.token_ids)),
             timings=p.Timings(queue_s=(self.dispatched or now) - self.arrival,

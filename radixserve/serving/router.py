@@ -4,9 +4,12 @@
 
     clients (DEALER) ──> frontend ROUTER ─┐                 ┌─> backend ROUTER ──> workers (DEALER)
                                           │  Router loop:   │
-      GenerateChunk / Final / Error  <────┤  tokenize,      ├──  WorkerAdd / Abort / Ping / Stats
+      GenerateChunk / Final / Error  <────┤  limits,        ├──  WorkerAdd / Abort / Ping / Stats
                                           │  dispatch,      │
                                           └  detokenize  <──┴──  WorkerOutputs / Heartbeat / ...
+                                                 │ ^
+                                  EncodeJob      v │  token ids
+                                        tokenizer processes (tokenizer_pool.py)
 
 One thread, one ``zmq.Poller`` loop. Both sockets are ``ROUTER_MANDATORY``: a send to a
 peer that went away raises instead of vanishing silently, which is how the router learns
@@ -15,8 +18,12 @@ worker is unreachable. Clients with requests in flight get a :class:`KeepAlive` 
 second so a silent client's departure is noticed too; workers are pinged and must answer
 within ``worker_timeout_s``; local worker processes are also watched with ``poll()``.
 
-The router runs the sockets, the loop and the timers, decodes every message, and turns a
-:class:`GenerateRequest` into token ids (checked against the workers' context). What
+The router runs the sockets, the loop and the timers, decodes every message, checks the
+request limits (:mod:`~radixserve.serving.limits`) before anything else, and has a
+:class:`GenerateRequest`'s prompt encoded by the tokenizer processes
+(:class:`~radixserve.serving.tokenizer_pool.TokenizerPool`), off its own loop; the token
+ids are checked against the workers' context. Local worker processes are watched by a
+:class:`~radixserve.serving.supervisor.Supervisor` (reaped at once, restarted). What
 happens to a request after that, its dispatch, its outputs and every way it ends, is
 :class:`~radixserve.serving.inflight.InFlight`'s; the workers' side is
 :class:`~radixserve.serving.workers.WorkerPool`'s; stats and cache flushes that ask every
@@ -32,6 +39,7 @@ goodbyes still land (:class:`~radixserve.serving.launcher.LocalServer` does).
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -44,14 +52,24 @@ from radixserve.serving import protocol as p
 from radixserve.serving.control import ControlOps
 from radixserve.serving.dispatch import Dispatcher, RoutingPolicy
 from radixserve.serving.inflight import InFlight, context_error
+from radixserve.serving.limits import RequestLimits, prompt_chars
 from radixserve.serving.prompts import PromptCodec, PromptError, encode_text
 from radixserve.serving.requests import RouterRequest
 from radixserve.serving.security import RouterKeys, RouterSecurity, cache_namespace, peer_of
+from radixserve.serving.supervisor import Supervisor, describe_exit
+from radixserve.serving.tokenizer_pool import TokenizerPool
 from radixserve.serving.workers import WorkerHandle, WorkerPool
 
 log = logging.getLogger("radixserve.serving.router")
 
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+
+
+def error_code(message: str) -> p.ErrorCode:
+    """The error code of an encoding failure: ``internal`` for the tokenizer's own (its message
+    says so), else the prompt was invalid (bad chat roles, no template)."""
+    return "internal" if message.startswith("internal") else "shutdown" if message.startswith("shutdown") \
+        else "invalid_params"
 
 
 @dataclass(frozen=True)
@@ -73,6 +91,11 @@ class RouterConfig:
     trie_max_tokens: int = 1 << 20
     keys: RouterKeys | None = None  # CURVE on both sockets (serving.security); None: plain sockets
     insecure: bool = False  # allow plain sockets on addresses other hosts can reach
+    limits: RequestLimits = RequestLimits()  # checked before a request is decoded or tokenized
+    tokenizer_workers: int = 2  # processes that encode prompts off the loop (0: encode on the loop)
+    restart_workers: bool = True  # local workers that exit are started again (see supervisor.py)
+    restart_backoff_s: float = 1.0  # first restart delay; doubles with each exit in a row
+    restart_backoff_max_s: float = 30.0
 
 
 class Router:
@@ -112,6 +135,15 @@ class Router:
         self._poller.register(self.frontend, zmq.POLLIN)
         self._poller.register(self.backend, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
+        # Prompts are encoded in processes of their own: a huge one delays only itself.
+        self.tokenizers: TokenizerPool | None = None
+        if config.tokenizer_workers > 0:
+            try:
+                self.tokenizers = TokenizerPool(tokenizer, config.tokenizer_workers, self._ctx)
+            except (AttributeError, OSError) as exc:  # not a transformers tokenizer we can hand over
+                log.warning("no tokenizer processes (%s): prompts are encoded on the router's loop", exc)
+        if self.tokenizers is not None:
+            self._poller.register(self.tokenizers.socket, zmq.POLLIN)
         self.dispatcher = Dispatcher(
             config.routing, cache_threshold=config.cache_threshold, min_match_tokens=config.min_match_tokens,
             balance_abs_threshold=config.balance_abs_threshold,
@@ -125,6 +157,7 @@ class Router:
         self._next_tick = 0.0
         self._stopping = False
         self._errors = 0
+        self.supervisor: Supervisor | None = None
 
     def _bind(self, endpoint: str, client_side: bool) -> zmq.Socket:
         sock = self._ctx.socket(zmq.ROUTER)
@@ -143,9 +176,18 @@ class Router:
         return sock
 
     # ------------------------------------------------------------------ lifecycle
+    def supervise(self, supervisor: Supervisor) -> None:
+        """Have ``supervisor`` reap, report and restart the local workers (before any
+        :meth:`expect_local`)."""
+        self.supervisor = supervisor
+
     def expect_local(self, worker_id: int, proc: Any) -> None:
         """Register a local worker process that will say hello; its exit is watched."""
         self.pool.expect_local(worker_id, proc)
+        if self.supervisor is not None:
+            pidfd = self.supervisor.watch(worker_id, proc)
+            if pidfd is not None:
+                self._poller.register(pidfd, zmq.POLLIN)  # readable the moment it exits
 
     @property
     def workers(self) -> dict[int, WorkerHandle]:
@@ -190,8 +232,12 @@ class Router:
         events = dict(self._poller.poll(int(wait * 1000)))
         if self._wake_r in events:
             self._drain_wakeups()
+        if self.tokenizers is not None and self.tokenizers.socket in events:
+            self._drain(self.tokenizers.socket, self.tokenizers.on_frames)
         if self.frontend in events:
             self._drain(self.frontend, self._on_client_frames)
+        if self.supervisor is not None:
+            self._supervise()
         if self.backend not in events or self._drain(self.backend, self._on_worker_frames, copy=False):
             self.pool.settle_gone()  # after reading it all: a gone worker's goodbye comes first
         self.pool.flush_adds()
@@ -206,7 +252,13 @@ class Router:
         self._stopping = True
         if self.frontend.closed:
             return
+        if self.tokenizers is not None:
+            self.tokenizers.fail_all("shutdown: the server is shutting down")
         self.inflight.fail_all("shutdown", "the server is shutting down")
+        if self.supervisor is not None:
+            for fd in self.supervisor.stop():
+                self._unwatch(fd)
+            self.pool.restarting = set()
         if shutdown_workers:
             self.pool.shutdown_all()
         # A short linger: the "shutdown" errors just queued should reach their clients.
@@ -218,11 +270,37 @@ class Router:
         if self.backend.closed:
             return
         self.backend.close(linger=500)  # let shutdown messages to live workers leave
+        if self.tokenizers is not None:
+            self.tokenizers.close()
         self._wake_r.close()
         self._wake_w.close()
         self.security.close()  # its socket must be closed before the context can terminate
         if self._own_ctx:
             self._ctx.term()  # waits at most the lingers above, and only for undelivered messages
+
+    def _supervise(self) -> None:
+        """Reap exited local workers (the pool declares them dead), start the restarts that are due."""
+        sup = self.supervisor
+        assert sup is not None
+        exits = sup.reap()
+        for ex, pidfd in exits:
+            if pidfd is not None:
+                self._unwatch(pidfd)
+            self.pool.process_exited(ex.worker_id, ex.pid, f"process {describe_exit(ex.code)}")
+        if not self._stopping:
+            for wid in sup.due(time.monotonic()):
+                self.expect_local(wid, sup.start(wid))
+        self.pool.restarting = sup.pending
+        if exits and not self.pool.expected and not self.pool.restarting and not any(
+                w.gone is None for w in self.live_workers):
+            self.inflight.fail_waiting("no live worker to run the request (local workers exited)")
+
+    def _unwatch(self, pidfd: int) -> None:
+        try:
+            self._poller.unregister(pidfd)
+        except KeyError:
+            pass
+        os.close(pidfd)
 
     def _drain_wakeups(self) -> None:
         try:
@@ -269,6 +347,11 @@ class Router:
         if len(frames) != 2:
             self._reply_error(client, p.Error(code="malformed", message=f"expected 1 frame per message, got {len(frames) - 1}"))
             return
+        too_large = self.config.limits.request_bytes_error(len(frames[1]))
+        if too_large is not None:
+            self._reply_error(client, p.Error(code="request_too_large", message=too_large,
+                                              request_id=p.request_id_of(frames[1])))
+            return
         msg = p.decode_client(frames[1])
         if isinstance(msg, p.Error):
             self._reply_error(client, msg)
@@ -285,12 +368,28 @@ class Router:
         elif isinstance(msg, (p.StatsRequest, p.FlushCache)):
             self._control.start(client, msg)
         elif isinstance(msg, p.TokenizeRequest):
-            ids = [encode_text(self.codec.tokenizer, t) for t in msg.texts]
-            self.send_client(client, p.TokenizeReply(request_id=msg.request_id, input_ids=ids))
+            longest = max((len(t) for t in msg.texts), default=0)
+            too_long = self.config.limits.prompt_chars_error(longest, self.context_length())
+            if too_long is not None:
+                self._reply_error(client, p.Error(code="context_length", message=too_long, request_id=msg.request_id))
+                return
+            self._tokenize(client, msg)
 
     def _reply_error(self, client: bytes, err: p.Error) -> None:
         self._errors += 1
         self.send_client(client, err)
+
+    def _tokenize(self, client: bytes, msg: p.TokenizeRequest) -> None:
+        def reply(ids: list[list[int]] | None, err: str | None) -> None:
+            if err is not None:
+                self._reply_error(client, p.Error(code=error_code(err), message=err, request_id=msg.request_id))
+            else:
+                self.send_client(client, p.TokenizeReply(request_id=msg.request_id, input_ids=ids or []))
+
+        if self.tokenizers is None or self.tokenizers.broken:
+            reply([encode_text(self.codec.tokenizer, t) for t in msg.texts], None)
+        else:
+            self.tokenizers.submit(reply, texts=msg.texts)
 
     def _on_generate(self, client: bytes, req: p.GenerateRequest) -> None:
         def error(code: Any, message: str) -> None:
@@ -298,23 +397,42 @@ class Router:
 
         if self.inflight.has(client, req.request_id):
             return error("duplicate_request", f"request id {req.request_id!r} is already in flight")
-        try:
-            ids = self.codec.encode(req)
-        except PromptError as exc:
-            return error("invalid_params", str(exc))
-        if not ids:
-            return error("invalid_params", "the prompt encodes to zero tokens")
+        too_long = self.config.limits.prompt_chars_error(prompt_chars(req), self.context_length())
+        if too_long is not None:
+            return error("context_length", too_long)
         bad = p.validate_generate(req, vocab_size=self.pool.vocab_size())
         if bad is not None:
             return self._reply_error(client, bad)
-        too_long = context_error(len(ids), self.context_length())
+        st = RouterRequest(self.inflight.new_rid(), client, req.request_id, [], req.params, req.stream,
+                           req.session_id, cache_namespace(req.namespace, req.cache_salt), None, time.monotonic())
+        # Tracked from now on (an abort, a client leaving or a shutdown finds it), dispatched
+        # once its token ids are known.
+        self.inflight.track(st)
+        if req.input_ids is not None or self.tokenizers is None or self.tokenizers.broken:
+            try:
+                ids, err = self.codec.encode(req), None
+            except PromptError as exc:
+                ids, err = [], str(exc)
+            self._encoded(st, [ids] if err is None else None, err)
+        else:
+            self.tokenizers.submit(lambda ids, err: self._encoded(st, ids, err), text=req.text,
+                                   messages=req.messages, add_generation_prompt=req.add_generation_prompt)
+
+    def _encoded(self, st: RouterRequest, ids: list[list[int]] | None, err: str | None) -> None:
+        """The prompt of ``st`` is encoded (or failed to): check its length, dispatch it."""
+        if self.inflight.get(st.rid) is not st:
+            return  # aborted, or its client left, while it was being encoded
+        if err is not None or not ids:
+            return self.inflight.fail(st, error_code(err or ""), err or "no token ids")
+        prompt = ids[0]
+        if not prompt:
+            return self.inflight.fail(st, "invalid_params", "the prompt encodes to zero tokens")
+        too_long = context_error(len(prompt), self.context_length())
         if too_long:
-            return error("context_length", too_long)
-        rid = self.inflight.new_rid()
-        st = RouterRequest(rid, client, req.request_id, ids, req.params, req.stream, req.session_id,
-                           cache_namespace(req.namespace, req.cache_salt), self.codec.detokenizer(req.params, ids),
-                           time.monotonic())
-        self.inflight.add(st)
+            return self.inflight.fail(st, "context_length", too_long)
+        st.prompt_ids = prompt
+        st.detok = self.codec.detokenizer(st.params, prompt)
+        self.inflight.dispatch(st)
 
     def context_length(self) -> int | None:
         """The smallest context among live workers (``None`` before any joined)."""
@@ -377,7 +495,7 @@ class Router:
     def _on_worker_dead(self, w: WorkerHandle, reason: str) -> None:
         self.inflight.fail_worker_requests(w, reason)
         self._control.on_worker_dead(w)
-        if not self.live_workers and not self.pool.expected:
+        if not self.live_workers and not self.pool.expected and not self.pool.restarting:
             self.inflight.fail_waiting("no live worker to run the request")
 
     # ------------------------------------------------------------------ timers
@@ -385,8 +503,10 @@ class Router:
         now = time.monotonic()
         cfg = self.config
         self._next_tick = now + min(cfg.heartbeat_interval_s, cfg.client_probe_interval_s)
+        if self.tokenizers is not None:
+            self.tokenizers.check()
         failed = self.pool.check(now, cfg.worker_timeout_s)
-        if failed and not self.live_workers and not self.pool.expected:
+        if failed and not self.live_workers and not self.pool.expected and not self.pool.restarting:
             self.inflight.fail_waiting("; ".join(failed))
         self.inflight.expire_waiting(now)
         self.inflight.probe_clients(now, cfg.client_probe_interval_s)

@@ -11,8 +11,12 @@ Run by ``radixserve serve`` (local workers) or by hand on another host::
     python -m radixserve.serving.worker --connect tcp://ROUTER_HOST:PORT --model PATH
 
 A local worker (``--parent-pid``) exits when its parent dies (``PR_SET_PDEATHSIG`` and a
-``getppid`` check) or when the router is silent for ``--router-timeout`` seconds; a remote
-worker instead aborts its requests and says hello again.
+``getppid`` check) or when its connection to the router is gone for ``--router-timeout``
+seconds. The worker judges that itself: ZMTP heartbeats on its socket are answered by the
+router's zmq I/O thread even while the router's loop is busy, so a busy router keeps the
+connection (the worker waits for it), and a router that is gone loses it. A remote worker
+waits for the router to come back; when the connection is made again it aborts its
+requests and says hello again.
 
 SIGINT/SIGTERM stop it at once: the handler raises :class:`Interrupted`, which abandons a
 poll, an engine step (a long prefill can take seconds on a CPU) or the engine's start-up;
@@ -142,6 +146,15 @@ class Worker:
         self.sock.setsockopt(zmq.ROUTING_ID, f"w{worker_id}-{os.getpid()}-{os.urandom(2).hex()}".encode())
         if curve is not None:
             curve.apply(self.sock)
+        # ZMTP heartbeats are answered by the router's zmq I/O thread even while its own loop
+        # is busy: the connection stays up as long as the router process is there, and drops
+        # (a disconnect event on the monitor) when it is gone or unreachable.
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(max(2.0, min(router_timeout_s, 10.0)) * 1000))
+        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._connected = self._ever_connected = False
+        self._lost_since: float | None = time.monotonic()  # not connected yet counts as lost
+        self._silence_logged = False
         self.sock.connect(connect)
         self._active: set[str] = set()  # rids added and not reported finished
         self._stopping = False
@@ -197,6 +210,8 @@ class Worker:
         # When the router asked us to go it is closing too: the goodbye may have no one left to
         # reach, so don't wait for it. Otherwise (a signal, the engine failed, the parent died)
         # the router may still be there, and failed requests or the goodbye must reach it.
+        self.sock.disable_monitor()
+        self._monitor.close(linger=0)
         self.sock.close(linger=0 if self._goodbye == "shutdown requested" else 200)
         if self._own_ctx:
             self._ctx.term()
@@ -221,17 +236,47 @@ class Worker:
             self._send(p.WorkerOutputs(outputs=outs, load=engine_load(self.engine)))
         return 0
 
+    def _read_monitor(self, now: float) -> bool:
+        """Fold the connection events in; True if the connection came back after a loss."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        came_back = False
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_CONNECTED:
+                came_back = came_back or self._ever_connected
+                self._connected, self._ever_connected, self._lost_since = True, True, None
+            elif event == zmq.EVENT_DISCONNECTED and self._connected:
+                self._connected, self._lost_since = False, now
+                log.warning("lost the connection to the router")
+        return came_back
+
     def _check_liveness(self, now: float) -> None:
+        """Judge the router's liveness here, by the connection, not by its silence alone.
+
+        A router that is silent but connected (its zmq I/O thread answers heartbeats) is
+        busy: wait for it. One whose connection is gone for ``router_timeout_s`` is gone: a
+        local worker exits, a remote one keeps trying; when the connection comes back (a
+        router restarted), a remote worker drops its requests and says hello again."""
+        reconnected = self._read_monitor(now)
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             self._goodbye = "parent process died"
             self.stop()
-        elif now - self._last_router > self.router_timeout_s:
+            return
+        if self._lost_since is not None and now - self._lost_since > self.router_timeout_s:
             if self.parent_pid is not None:  # a local worker without its router has no purpose
-                self._goodbye = f"router silent for {now - self._last_router:.0f} s"
+                self._goodbye = f"router gone (no connection for {now - self._lost_since:.0f} s)"
                 self.stop()
-            else:  # a remote worker waits for the router to come back
-                self._rejoin()
-                self._last_router = now
+            return  # a remote worker waits for the router to come back
+        if reconnected:  # perhaps another router at the same address: start over with it
+            log.warning("connected to the router again: dropping %d requests and saying hello", len(self._active))
+            self._rejoin()
+        silent = now - self._last_router
+        if silent > self.router_timeout_s and not self._silence_logged:
+            self._silence_logged = True
+            log.warning("router silent for %.0f s but connected: busy, waiting for it", silent)
+        elif silent <= self.router_timeout_s:
+            self._silence_logged = False
 
     def _hello(self) -> None:
         self._send(describe_engine(self.engine, self.worker_id, self.model_name))
@@ -311,7 +356,7 @@ def main(argv: list[str] | None = None, engine_factory: EngineFactory | None = N
     ap.add_argument("--worker-id", type=int, default=-1, help="preferred id (-1: the router assigns one)")
     ap.add_argument("--engine-config", default="{}", help="EngineConfig fields as JSON")
     ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies (local workers)")
-    ap.add_argument("--router-timeout", type=float, default=30.0, help="seconds of router silence tolerated")
+    ap.add_argument("--router-timeout", type=float, default=30.0, help="seconds without a connection to the router before a local worker exits")
     ap.add_argument("--keys", default=None, help="CURVE key directory of this worker (radixserve keys DIR: DIR/worker)")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)

@@ -83,6 +83,7 @@ class WorkerPool:
         self.workers: dict[int, WorkerHandle] = {}
         self._by_identity: dict[bytes, WorkerHandle] = {}
         self.expected: dict[int, Any] = {}  # worker id -> Popen of local workers not yet registered
+        self.restarting: set[int] = set()  # local worker ids whose restart is scheduled
 
     @property
     def live(self) -> list[WorkerHandle]:
@@ -163,6 +164,18 @@ class WorkerPool:
         self._on_dead(w, reason)
         w.inflight.clear()
         w.adds.clear()
+
+    def process_exited(self, worker_id: int, pid: int, reason: str) -> None:
+        """Local worker process ``pid`` (worker ``worker_id``) exited and was reaped: a live
+        worker is gone (declared dead by :meth:`settle_gone`, after its last messages are
+        read); one that never joined will not come."""
+        proc = self.expected.get(worker_id)
+        if proc is not None and proc.pid == pid:
+            del self.expected[worker_id]
+            log.error("worker %d failed to start (%s)", worker_id, reason)
+        for w in self.live:
+            if w.pid == pid:
+                w.gone = w.gone or reason
 
     def check(self, now: float, timeout_s: float) -> list[str]:
         """Liveness turn: reap exited processes, time out silent workers, ping the rest.

@@ -17,7 +17,7 @@ HERE = Path(__file__).resolve().parent
 FAKE_WORKER = [sys.executable, str(HERE / "fake_worker.py")]
 
 # Fast liveness for tests: dead workers and vanished clients are noticed within ~0.2 s.
-FAST = dict(endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.1, client_probe_interval_s=0.1,
+FAST = dict(endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.1, client_probe_interval_s=0.1, tokenizer_workers=1,
             worker_timeout_s=20.0, worker_wait_s=30.0, control_timeout_s=10.0)
 
 

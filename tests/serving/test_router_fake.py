@@ -14,6 +14,7 @@ from fake_engine import fake_token
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
 from radixserve.serving.client import Client, ServerError
+from raw_client import recv_reply
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]  # starts server processes
 
@@ -171,10 +172,10 @@ def test_bad_frames_get_errors_and_server_keeps_serving(fake_server) -> None:
     try:
         for frames, code in cases:
             sock.send_multipart(frames)
-            reply = p.decode_server(sock.recv())
+            reply = recv_reply(sock)
             assert isinstance(reply, p.Error) and reply.code == code, (frames, reply)
         sock.send(msgspec.msgpack.encode(good))
-        reply = p.decode_server(sock.recv())
+        reply = recv_reply(sock)
         assert isinstance(reply, p.GenerateFinal) and reply.usage.completion_tokens == 2
     finally:
         sock.close()
@@ -190,7 +191,7 @@ def test_prompt_longer_than_context(fake_server) -> None:
 
 
 def test_killed_worker_fails_its_requests_others_continue(fake_server) -> None:
-    srv = fake_server(num_workers=2, step_delay=0.01, router=dict(routing="round_robin"))
+    srv = fake_server(num_workers=2, step_delay=0.01, router=dict(routing="round_robin", restart_workers=False))
     with Client(srv.endpoint, timeout=20) as c:
         rids = [c.submit(f"long job {i}", params=SamplingParams(max_tokens=100_000), stream=True) for i in range(2)]
         streams = {rid: c.events(rid) for rid in rids}  # keep them: a dropped iterator aborts

@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from radixserve import __version__
 from radixserve.serving.http import openai_api, sglang_api
 from radixserve.serving.http.auth import APIKeyAuth
+from radixserve.serving.http.body_limit import BodyLimit
 from radixserve.serving.http.errors import APIError, install_error_handlers
 from radixserve.serving.http.gateway import Gateway, GatewayConfig
 
@@ -79,6 +80,7 @@ def create_app(config: GatewayConfig = GatewayConfig(), tokenizer: Any = None) -
     install_error_handlers(app)
     # Added first, so it runs inside the error counter: refused keys count as 401s.
     app.add_middleware(APIKeyAuth, api_keys=config.api_keys, admin_keys=config.admin_api_keys)
+    app.add_middleware(BodyLimit, limits=config.limits)  # inside _CountErrors: its 413/400s are counted
     app.add_middleware(_CountErrors, gateway=gateway)
     app.include_router(openai_api.router)
     app.include_router(sglang_api.router)

@@ -6,8 +6,11 @@ envelope, so one shape serves both APIs. Status codes:
 
 =====  =============================================================================
 400    invalid parameter values, missing fields, wrong types, prompt too long
-       (``code="context_length_exceeded"``), a body that is not JSON (``code="json_invalid"``)
+       (``code="context_length_exceeded"``), a body that is not JSON (``code="json_invalid"``),
+       text that is not Unicode (``code="invalid_unicode"``, ``param`` names the field), a
+       batch over ``--max-batch-size`` (``code="batch_too_large"``)
 404    unknown model (``code="model_not_found"``), unknown route
+413    a body over ``--max-request-bytes`` (``code="request_too_large"``), refused unread
 500    a worker failed the request / a bug (still in this shape: clients parse it)
 503    no live worker, the server is shutting down, the worker died
 504    the router did not answer in time
@@ -34,6 +37,7 @@ _ROUTER_ERRORS: dict[str, tuple[int, str, str | None]] = {
     "invalid_message": (400, "invalid_request_error", None),
     "malformed": (400, "invalid_request_error", None),
     "context_length": (400, "invalid_request_error", "context_length_exceeded"),
+    "request_too_large": (413, "invalid_request_error", "request_too_large"),
     "duplicate_request": (400, "invalid_request_error", "duplicate_request"),
     "no_workers": (503, "service_unavailable", "no_workers"),
     "worker_died": (503, "service_unavailable", "worker_died"),

@@ -28,6 +28,7 @@ from radixserve.serving.http.errors import APIError, from_server_error, from_tim
 from radixserve.serving.http.metrics import GatewayMetrics
 from radixserve.serving.http.tokens import TokenNames
 from radixserve.serving.security import PeerKeys
+from radixserve.serving.limits import RequestLimits
 
 log = logging.getLogger("radixserve.serving.http")
 T = TypeVar("T")
@@ -57,6 +58,7 @@ class GatewayConfig:
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     admin_api_keys: tuple[str, ...] = field(default=(), repr=False)
     router_keys: PeerKeys | None = field(default=None, repr=False)
+    limits: RequestLimits = RequestLimits()
 
 
 def format_bytes(n: float) -> str:
@@ -154,6 +156,12 @@ class Gateway:
         if self.client is None:
             raise APIError(503, "the gateway is not started", type="service_unavailable")
         return self.client
+
+    def check_batch(self, size: int) -> None:
+        """Refuse (400) a request that would start more than the batch limit of generations."""
+        bad = self.config.limits.batch_error(size)
+        if bad is not None:
+            raise APIError(400, bad, param="n", code="batch_too_large")
 
     # ------------------------------------------------------------------ model
     async def info(self) -> p.ModelInfo:

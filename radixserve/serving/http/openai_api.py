@@ -81,6 +81,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     body.check()
     model = await g.check_model(body.model)
     info = await g.info()
+    g.check_batch(body.n)
     max_tokens, want_lp = body.wanted_max_tokens(info.context_length), body.wanted_logprobs()
     messages = body.chat()
     salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
@@ -158,6 +159,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     model = await g.check_model(body.model)
     await g.info()
     prompts = body.prompts()
+    g.check_batch(len(prompts) * body.n)
     echoes = [_echo_text(g, pr) if body.echo else "" for pr in prompts]
     max_tokens = body.max_tokens if body.max_tokens is not None else (await g.info()).context_length
     salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)

@@ -112,6 +112,7 @@ async def generate(body: GenerateReqInput, request: Request) -> Response:
     g = _gw(request)
     info = await g.info()
     items, single = expand(body, uuid.uuid4().hex)
+    g.check_batch(len(items))
     # Prompt logprobs come back as numbers per position: their token ids (and texts) are
     # the prompt's, so text prompts are tokenized first, by the router, as it would.
     need_ids = [it for it in items if it.text is not None and it.return_logprob and it.logprob_start_len >= 0]

@@ -1,0 +1,84 @@
+"""Prompts are encoded in tokenizer processes, off the router's loop: a huge prompt delays
+only itself, can be aborted while it is encoded, and a tokenizer process that dies fails
+only its own jobs and is started again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from radixserve.sampling_params import SamplingParams
+from radixserve.serving import protocol as p
+from radixserve.serving.client import Client, ServerError
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+HUGE = "hello world " * 100_000  # 1.2 MB: about 2 s of BPE for the tiny tokenizer, 500k tokens
+
+
+def test_huge_prompt_delays_only_itself(fake_server) -> None:
+    srv = fake_server(num_workers=2, context_length=100_000, router=dict(tokenizer_workers=2))
+    order: list[str] = []
+    errors: dict[str, ServerError] = {}
+
+    def huge() -> None:
+        with Client(srv.endpoint, timeout=60) as c:
+            try:
+                c.generate(HUGE, params=SamplingParams(max_tokens=2))
+            except ServerError as exc:
+                errors["huge"] = exc
+            order.append("huge")
+
+    with Client(srv.endpoint, timeout=60) as c:
+        t = threading.Thread(target=huge)
+        t.start()
+        # Once the router holds the huge request (it is counted), a small one from another
+        # client is encoded by the other tokenizer process and served meanwhile.
+        deadline = time.monotonic() + 30
+        while c.stats().requests < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for i in range(3):
+            assert c.generate(f"small {i}", params=SamplingParams(max_tokens=2)).usage.completion_tokens == 2
+            order.append("small")
+        t.join(60)
+    assert order[:3] == ["small"] * 3 and order[3] == "huge", order
+    # Over the context once encoded: the exact (token) check still applies.
+    assert errors["huge"].code == "context_length" and "tokens" in errors["huge"].message
+    assert [p.poll() for p in srv.procs] == [None, None]
+
+
+def test_abort_while_encoding(fake_server) -> None:
+    srv = fake_server(num_workers=1, context_length=100_000)
+    with Client(srv.endpoint, timeout=60) as c:
+        rid = c.submit(HUGE, params=SamplingParams(max_tokens=2), stream=True)
+        c.abort(rid)
+        st = c.stats()
+        assert st.active == 0 and st.aborted == 1
+        # The one tokenizer process finishes the huge job before this one: its result is dropped.
+        assert c.generate("next", params=SamplingParams(max_tokens=2)).usage.completion_tokens == 2
+        st = c.stats()
+        assert st.requests == 2 and st.workers[0].requests == 1  # the aborted one never reached a worker
+
+
+def test_dead_tokenizer_process_fails_its_job_and_is_restarted(fake_server) -> None:
+    srv = fake_server(num_workers=1, context_length=100_000)
+    pool: Any = srv.router.tokenizers
+    victim = pool.pids[0]
+    with Client(srv.endpoint, timeout=60) as c:
+        rid = c.submit(HUGE, params=SamplingParams(max_tokens=2))
+        deadline = time.monotonic() + 30
+        while c.stats().requests < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(victim, signal.SIGKILL)
+        with pytest.raises(ServerError) as exc:
+            list(c.events(rid))
+        assert exc.value.code == "internal" and "tokenizer process died" in exc.value.message
+        # A new process takes over; text prompts are served again.
+        assert c.generate("after", params=SamplingParams(max_tokens=2)).usage.completion_tokens == 2
+        assert c.tokenize(["ab"]) == [list(c.tokenize(["ab"])[0])]
+    assert victim not in pool.pids
