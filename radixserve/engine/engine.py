@@ -85,7 +85,9 @@ class Engine:
             setup_cpu_threads(cfg.num_threads)
         self.model_path = resolve_model(None if model is None else str(model))
         self.device = torch.device(cfg.device)
-        self.model = load_model(self.model_path, dtype=cfg.torch_dtype, device=self.device)
+        self.model = load_model(
+            self.model_path, dtype=cfg.torch_dtype, device=self.device, quantization=cfg.quant_config()
+        )
         self.model_config = mc = self.model.config
         if cfg.max_model_len is not None and cfg.max_model_len > mc.max_position_embeddings:
             # RoPE past the trained positions extrapolates silently: refuse, as vLLM does.
