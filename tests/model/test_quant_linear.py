@@ -83,23 +83,38 @@ def test_int4_layout_agnostic_decode_matches() -> None:
     torch.testing.assert_close(layer.dequantize(), dequantize_int4(q))
 
 
-PROMPTS = [[1, 5, 9, 20, 33], [1, 7, 7, 100, 200, 300, 17], list(range(3, 3 + 40))]
+def _logits(model: nn.Module, seq: list[int]) -> torch.Tensor:
+    """Every position's logits of ``seq`` as one prefill through the paged torch backend."""
+    from radixserve.memory.pool import KVPool
+    from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
+    from radixserve.model.forward_batch import ForwardBatch
+
+    cfg, page = model.config, 16
+    pages = list(range(-(-len(seq) // page)))
+    pool = KVPool(cfg.num_layers, len(pages), page, cfg.num_kv_heads, cfg.head_dim, act_dtype=torch.float32)
+    batch = ForwardBatch.from_pages([pages], [0], [len(seq)], page)
+    batch.input_ids = torch.tensor(seq)
+    batch.logits_indices = torch.arange(len(seq))
+    return model.forward(batch, TorchPagedAttentionBackend(pool))
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("model", ["tiny_llama_dir", "tiny_qwen2_dir"])
-def test_engine_greedy_equals_reference_path(method: str, model: str, request: pytest.FixtureRequest) -> None:
-    """Same quantized weights, kernels vs dequantize-then-matmul: identical greedy tokens
-    (the 40-token prompt takes the dense prefill path, the decodes the packed kernels)."""
-    path: Path = request.getfixturevalue(model)
-    engine = Engine(str(path), num_pages=64, quantization=method)
-    params = SamplingParams(max_tokens=10, temperature=0)
-    fast = [o.token_ids for o in engine.generate(PROMPTS, params)]
-    assert set_reference_mode(engine.model, True) == 8
-    ref = [o.token_ids for o in engine.generate(PROMPTS, params)]
-    assert fast == ref
-    engine.check_invariants()
-    assert not engine.scheduler.requests  # every request finished and gave its pages back
+@pytest.mark.parametrize("rows", [6, 40])
+def test_model_logits_equal_reference_path(method: str, model: str, rows: int, request: pytest.FixtureRequest) -> None:
+    """Same quantized weights, kernels (6 rows) or the dense prefill path (40 rows) vs the
+    dequantize-then-matmul reference: the same logits up to bf16 output rounding. (Greedy
+    tokens of these random models sit on near-ties, so the greedy comparison runs on
+    SmolLM2: tests/model/test_quant_gguf.py.)"""
+    qmodel = load_model(request.getfixturevalue(model), quantization=method, announce=False)
+    seq = list(range(3, 3 + rows))
+    fast = _logits(qmodel, seq)
+    set_reference_mode(qmodel, True)
+    ref = _logits(qmodel, seq)
+    full = _logits(load_model(request.getfixturevalue(model), announce=False), seq)
+    diff, quant_err = (fast - ref).abs().max().item(), (ref - full).abs().max().item()
+    assert diff <= 0.05 * quant_err + 2e-3 * ref.abs().max().item(), (diff, quant_err)
+    assert (fast.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
 
 
 def test_quantized_embeddings_and_head(tiny_qwen2_dir: Path) -> None:

@@ -124,7 +124,7 @@ def dequantize(t: GGUFTensor) -> torch.Tensor:
     from gguf.quants import dequantize as gg_dequantize
 
     arr = gg_dequantize(np.asarray(t.raw), t.ggml_type)
-    return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).reshape(t.shape)
+    return torch.from_numpy(np.array(arr, dtype=np.float32, copy=True)).reshape(t.shape)
 
 
 def _blocks(t: GGUFTensor, block_bytes: int) -> np.ndarray:

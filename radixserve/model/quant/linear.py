@@ -14,8 +14,12 @@ few dozen rows (prefill chunks) decoding the weight once into a bf16 matrix and 
 BLAS GEMM is faster; ``DEQUANT_MIN_ROWS`` is that crossover. Decode batches (the graphs a
 GPU captures) stay on the packed kernels.
 
+That dense path multiplies by the weight decoded to bf16, one more rounding of every
+weight (at most 2^-9 relative) than the kernels, which decode in float32 inside.
+
 Every layer keeps ``forward_reference``: dequantize-then-matmul in float32 on the same
-bf16 activations, the oracle the tests and ``reference=True`` runs compare against.
+bf16 activations for the kernels' row counts (for the dense path's, that path itself): the
+oracle the tests and ``reference=True`` runs compare against.
 """
 
 from __future__ import annotations
@@ -53,12 +57,6 @@ def compute_dtype_for(device: torch.device, act_dtype: torch.dtype) -> torch.dty
     return torch.bfloat16
 
 
-def _dense(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The prefill path: float32 GEMM with the decoded weight (a bf16 copy of it would round
-    every weight once more, and then prefill and decode would see different weights)."""
-    return F.linear(x.float(), w).to(x.dtype)
-
-
 class QuantizedLinear(nn.Module):
     """Base of the quantized linears: ``y = x @ dequant(W).T + b`` with ``W`` stored quantized.
 
@@ -88,6 +86,10 @@ class QuantizedLinear(nn.Module):
         """The activation exactly as the kernel sees it."""
         return x.to(self.compute_dtype)
 
+    def _dense_path(self, rows: int) -> bool:
+        """Whether ``rows`` rows take the decode-then-GEMM path instead of the packed kernel."""
+        return rows >= DEQUANT_MIN_ROWS
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.reference:
             return self.forward_reference(x)
@@ -101,10 +103,17 @@ class QuantizedLinear(nn.Module):
         """Dequantize-then-matmul in float32 on the kernel's activations, rounded like its output."""
         lead = x.shape[:-1]
         xa = self._activation(x.reshape(-1, self.in_features)).float()
-        y = F.linear(xa, self.dequantize(torch.float32)).to(self.compute_dtype).to(x.dtype)
+        if self._dense_path(xa.shape[0]):  # the fast path is dequantize-then-matmul already
+            y = F.linear(xa.to(self.compute_dtype), self.dequantize(self.compute_dtype)).to(x.dtype)
+        else:
+            y = self._reference_matmul(xa).to(self.compute_dtype).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.view(*lead, self.out_features)
+
+    def _reference_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 ``x @ dequant(W).T`` for the kernels' row counts (float32 ``x``)."""
+        return F.linear(x, self.dequantize(torch.float32))
 
     def weight_bytes(self) -> int:
         """Bytes of the quantized weight and its scales (the bias excluded)."""
@@ -129,12 +138,17 @@ class Int8Linear(QuantizedLinear):
         self.register_buffer("scale", w.scale.to(compute_dtype).contiguous())
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= DEQUANT_MIN_ROWS:
-            return _dense(x, self.dequantize(torch.float32))
+        if self._dense_path(x.shape[0]):
+            return F.linear(x, self.dequantize(self.compute_dtype))
         return torch._weight_int8pack_mm(x, self.qweight, self.scale)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return dequantize_int8(Int8Weight(self.qweight, self.scale), dtype)
+
+    def _reference_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        # The per-channel scale factors out of the sum: applying it after the float32 dot
+        # products is the same math in the kernel's order, so both round alike.
+        return F.linear(x, self.qweight.float()) * self.scale.float()
 
 
 def _int4_inner_k_tiles(k: int) -> int:
@@ -191,11 +205,14 @@ class Int4Linear(QuantizedLinear):
         self.cpu_layout_known = not self.cuda and torch.equal(unpack_cpu_int4(packed, n, k), w.codes)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cpu_layout_known and x.shape[0] >= DEQUANT_MIN_ROWS:
-            return _dense(x, self.dequantize(torch.float32))
+        if self._dense_path(x.shape[0]):
+            return F.linear(x, self.dequantize(self.compute_dtype))
         if self.cuda:
             return torch._weight_int4pack_mm(x, self.packed, self.group_size, self.scales_and_zeros)
         return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
+
+    def _dense_path(self, rows: int) -> bool:
+        return self.cpu_layout_known and rows >= DEQUANT_MIN_ROWS
 
     def int4_weight(self) -> Int4Weight:
         """The codes, scales and zeros this layer multiplies with."""
@@ -238,6 +255,9 @@ class Fp8Linear(QuantizedLinear):
 
     def _activation(self, x: torch.Tensor) -> torch.Tensor:
         return x  # quantized per token inside _matmul; the reference below mirrors it
+
+    def _dense_path(self, rows: int) -> bool:
+        return False  # _scaled_mm serves every row count
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         xq, xs = fp8_quantize_rows(x)
