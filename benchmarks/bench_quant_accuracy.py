@@ -78,7 +78,9 @@ def greedy(model, tokenizer_path: Path, prompts: list[list[int]], n: int) -> lis
     from radixserve.sampling_params import SamplingParams
 
     engine = Engine(str(tokenizer_path), num_pages=2048, disable_radix_cache=True, dtype=str(model.dtype).removeprefix("torch."))
-    engine.model = model  # the engine's forward reads self.model
+    engine.model = model
+    if hasattr(engine, "runner"):  # the model runner (issue 16) holds the model it forwards
+        engine.runner.model = model
     outs = engine.generate(prompts, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
     return [o.token_ids for o in outs]
 

@@ -11,8 +11,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from radixserve.memory.allocator import OutOfPagesError, PageAllocator
+from radixserve.memory.no_cache import NoPrefixCache
 from radixserve.memory.radix_cache import CachedPrefix, CacheStats, MatchResult, RadixCache
 from radixserve.memory.tree_node import TreeNode
+
+# What the scheduler holds: the radix tree, or the cache that caches nothing (same interface).
+PrefixCache = RadixCache | NoPrefixCache
 
 if TYPE_CHECKING:
     from radixserve.memory.pool import KVPool
@@ -41,8 +45,10 @@ __all__ = [
     "CacheStats",
     "CachedPrefix",
     "MatchResult",
+    "NoPrefixCache",
     "OutOfPagesError",
     "PageAllocator",
+    "PrefixCache",
     "RadixCache",
     "TreeNode",
     # lazy (see _LAZY)

@@ -65,9 +65,13 @@ class AsyncClient:
         while True:
             wait = None if limit is None else max(0.0, max(start, self._last_rx) + limit - time.monotonic())
             try:
-                msg = await asyncio.wait_for(q.get(), wait)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+                # that lands in the same loop turn as a message (it returns the message), and a
+                # gateway whose HTTP client left would then run the request to its end.
+                async with asyncio.timeout(wait):
+                    msg = await q.get()
                 break
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if limit is not None and time.monotonic() - max(start, self._last_rx) >= limit:
                     raise TimeoutError(f"no reply from {self.endpoint} for request {rid} within {limit} s") from None
         if isinstance(msg, p.Error):

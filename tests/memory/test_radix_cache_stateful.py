@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixserve.memory import KVPool, OutOfPagesError, PageAllocator, RadixCache, TreeNode
+from radixserve.memory import KVPool, NoPrefixCache, OutOfPagesError, PageAllocator, RadixCache, TreeNode
 
 # Prompts share prefixes: three of them start alike, one is different.
 BASES = [
@@ -49,7 +49,8 @@ class CacheMachine(RuleBasedStateMachine):
     def setup(self, page_size: int, num_pages: int, disabled: bool) -> None:
         self.ps = page_size
         self.alloc = PageAllocator(num_pages)
-        self.cache = RadixCache(self.alloc, page_size, disabled=disabled)
+        self.disabled = disabled
+        self.cache = NoPrefixCache(self.alloc, page_size) if disabled else RadixCache(self.alloc, page_size)
         self.pool = KVPool(1, num_pages, page_size, 1, 1)
         self.flat = self.pool.k_data[0].view(-1)
         self.reqs: dict[int, Req] = {}
@@ -88,7 +89,7 @@ class CacheMachine(RuleBasedStateMachine):
         c = self.cache.cache_prefix(req.tokens, req.pages, req.node, req.ns)
         assert c.pages[:held] == old_pages[:held]  # what it already held is unchanged
         assert c.pages[n_full:] == old_pages[n_full:]  # the partial page stays private
-        if self.cache.disabled:
+        if self.disabled:
             assert c.cached_len == 0 and c.pages == old_pages
         else:
             assert c.cached_len == n_full * self.ps == c.node.depth
@@ -149,7 +150,7 @@ class CacheMachine(RuleBasedStateMachine):
         self._write(pages, 0, tokens)
         before = self.cache.peek_prefix_len(tokens, ns)
         cached = self.cache.insert(tokens, pages, ns)
-        assert cached == (0 if self.cache.disabled else before)
+        assert cached == (0 if self.disabled else before)
         self.alloc.free(pages[: cached // self.ps] + pages[len(tokens) // self.ps :])
 
     @rule(n=st.integers(0, 12))
@@ -157,7 +158,7 @@ class CacheMachine(RuleBasedStateMachine):
         evictable = self.cache.num_evictable_pages
         nodes = self._nodes()
         sizes = {node: len(node.pages) for node in nodes}
-        leaves_before = set(self.cache._lru)
+        leaves_before = set() if self.disabled else set(self.cache._lru)
         assert self.cache.evict(n) == min(n, evictable)
         # LRU: everything evicted (or trimmed) is older than every untouched evictable leaf.
         touched = [(x.last_access, x.id) for x in nodes if not x.alive or len(x.pages) != sizes[x]]
@@ -179,6 +180,8 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.cache.num_cached_pages == 0
 
     def _nodes(self) -> list[TreeNode]:
+        if self.disabled:  # NoPrefixCache: no tree
+            return []
         out, stack = [], list(self.cache._roots.values())
         while stack:
             node = stack.pop()

@@ -95,7 +95,9 @@ def _logits(model: nn.Module, seq: list[int]) -> torch.Tensor:
     batch = ForwardBatch.from_pages([pages], [0], [len(seq)], page)
     batch.input_ids = torch.tensor(seq)
     batch.logits_indices = torch.arange(len(seq))
-    return model.forward(batch, TorchPagedAttentionBackend(pool))
+    attn = TorchPagedAttentionBackend(pool)
+    attn.init_forward_metadata(batch)
+    return model.forward(batch, attn)
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
