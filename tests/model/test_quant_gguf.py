@@ -189,3 +189,25 @@ def test_smollm2_greedy_equals_reference_path(smollm2_dir: Path, method: str) ->
             agreed += 1
     assert agreed >= 0.6 * sum(len(r.token_ids) for r in ref)
     engine.check_invariants()
+
+
+@pytest.mark.slow
+def test_gguf_file_as_model(smollm2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--model file.gguf``: config and tokenizer from the file's metadata, weights from its
+    blocks in the nearest format (int4 for Q4_1), the same tokens as the default model's
+    directory quantized to int4 from the same file."""
+    from radixserve.engine.engine import Engine
+    from radixserve.model_store import model_gguf
+    from radixserve.sampling_params import SamplingParams
+
+    gguf_file = model_gguf(smollm2_dir)
+    assert gguf_file is not None and gguf_file.suffix == ".gguf"
+    monkeypatch.setenv("RADIXSERVE_CACHE", str(tmp_path))
+    params = SamplingParams(max_tokens=8, temperature=0)
+    from_file = Engine(str(gguf_file), num_pages=64, dtype="bfloat16")
+    report = from_file.model.quant_report
+    assert report.method == "int4" and len(report.direct) == 210
+    from_dir = Engine(str(smollm2_dir), num_pages=64, dtype="bfloat16", quantization="int4")
+    prompt = "The capital of France is"
+    assert from_file.tokenizer(prompt)["input_ids"] == from_dir.tokenizer(prompt)["input_ids"]
+    assert from_file.generate([prompt], params)[0].token_ids == from_dir.generate([prompt], params)[0].token_ids
