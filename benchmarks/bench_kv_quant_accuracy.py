@@ -84,7 +84,8 @@ def greedy_continuations(model_path: Path, prompts: list[list[int]], n: int, kv_
     return [o.token_ids for o in outs]
 
 
-def teacher_forced_logprobs(model, seqs: list[list[int]], kv_dtype: str, backend: str, device: torch.device) -> torch.Tensor:
+def teacher_forced_logprobs(model, seqs: list[list[int]], kv_dtype: str, backend: str, device: torch.device,
+                            act_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Log-probabilities ``[sum(len), vocab]`` of every position of every sequence, KV through ``kv_dtype``'s pool."""
     from radixserve.engine.model_runner import make_attention_backend
     from radixserve.memory.pool import KVPool
@@ -94,7 +95,7 @@ def teacher_forced_logprobs(model, seqs: list[list[int]], kv_dtype: str, backend
     page_size = 16
     pages = [(len(s) + page_size - 1) // page_size for s in seqs]
     pool = KVPool(cfg.num_layers, sum(pages), page_size, cfg.num_kv_heads, cfg.head_dim,
-                  kv_dtype=kv_dtype, act_dtype=torch.float32, device=device)
+                  kv_dtype=kv_dtype, act_dtype=act_dtype, device=device)
     batch = ForwardBatch.for_full_sequences(seqs, device=device, all_logits=True)
     table = torch.zeros((len(seqs), max(pages)), dtype=torch.int32)
     first = 0

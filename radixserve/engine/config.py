@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from radixserve.model.quant.config import QuantConfig
 
 _DTYPES = {
     "float32": torch.float32,
@@ -65,6 +69,12 @@ class EngineConfig:
     device: str = "cpu"
     seed: int = 0
     num_threads: int | None = None  # CPU: torch threads (default: all cores)
+    # Weight quantization (vLLM's --quantization): None | "int8" | "int4" | "fp8".
+    quantization: str | None = None
+    quant_group_size: int | None = None  # int4 group (32/64/128/256; default: largest dividing, 32 for GGUF)
+    # Quantize the embedding and LM head too (default: only for models of >= 1 B parameters).
+    quantize_embeddings: bool | None = None
+
     # Decode-only steps from static buffers padded to batch-size buckets, captured as CUDA
     # graphs where the backend allows: "auto" (on with CUDA, off on the CPU, where padding
     # costs and nothing is captured), "on", "off".
@@ -129,6 +139,16 @@ class EngineConfig:
             KVCacheDtype(self.kv_cache_dtype)
         except ValueError:
             errors.append(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}")
+        if self.quantization is not None:
+            try:
+                from radixserve.model.quant.config import QuantConfig, check_device
+
+                QuantConfig(self.quantization, self.quant_group_size, self.quantize_embeddings)
+                check_device(self.quantization, self.device)
+            except (ValueError, RuntimeError, AssertionError) as e:
+                errors.append(str(e))
+        elif self.quant_group_size is not None:
+            errors.append("quant_group_size needs quantization='int4'")
         if errors:
             raise ValueError("invalid engine config: " + "; ".join(errors))
 
@@ -136,6 +156,14 @@ class EngineConfig:
     def torch_dtype(self) -> torch.dtype:
         assert self.dtype is not None  # resolved in __post_init__
         return parse_dtype(self.dtype)
+
+    def quant_config(self) -> "QuantConfig | None":
+        """The :class:`~radixserve.model.quant.QuantConfig` asked for, or None."""
+        if self.quantization is None:
+            return None
+        from radixserve.model.quant.config import QuantConfig
+
+        return QuantConfig(self.quantization, self.quant_group_size, self.quantize_embeddings)
 
     @classmethod
     def from_kwargs(cls, **kwargs: object) -> "EngineConfig":

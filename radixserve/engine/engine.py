@@ -78,7 +78,9 @@ class Engine:
         self.device = torch.device(cfg.device)
         bind_device(self.device)  # cuda:N: Triton launches and index-less allocations go there
         clock.lap("resolve model")
-        self.model = load_model(self.model_path, dtype=cfg.torch_dtype, device=self.device)
+        self.model = load_model(
+            self.model_path, dtype=cfg.torch_dtype, device=self.device, quantization=cfg.quant_config()
+        )
         clock.lap("load weights")
         self.model_config = mc = self.model.config
         if cfg.max_model_len is not None and cfg.max_model_len > mc.max_position_embeddings:
@@ -147,11 +149,19 @@ class Engine:
         plan = plan_memory(
             self.model_config, kv_dtype=cfg.kv_cache_dtype, page_size=cfg.page_size, act_dtype=cfg.torch_dtype,
             memory_budget=cfg.memory_budget, memory_utilization=cfg.memory_utilization, device=self.device,
-            max_num_tokens=cfg.max_num_tokens, max_num_pages=cap,
+            max_num_tokens=cfg.max_num_tokens, max_num_pages=cap, **self._quant_plan_args(),
         )
         if plan.num_pages < 1:
             raise ValueError(f"no room for the KV cache: {plan}")
         return int(plan.num_pages)
+
+    def _quant_plan_args(self) -> dict[str, Any]:
+        """The loaded model's quantization, as the planner's weight-size arguments."""
+        report = getattr(self.model, "quant_report", None)
+        if report is None:
+            return {}
+        return {"quantization": report.method, "quant_group_size": report.group_size,
+                "quantize_embeddings": not report.full_precision}
 
     # The runner owns the device state; these name its parts for callers and tests.
     @property

@@ -67,9 +67,47 @@ def kv_fixed_bytes(cfg: ModelConfig, kv_dtype: KVCacheDtype | str = "auto") -> i
     return 0
 
 
-def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """Bytes of the model's weights when run in ``dtype`` (tied embeddings counted once)."""
-    return cfg.num_params * _dtype_bytes(dtype)
+def weight_bytes(
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    quantization: str | None = None,
+    group_size: int | None = None,
+    quantize_embeddings: bool = False,
+) -> int:
+    """Bytes of the model's weights when run in ``dtype`` (tied embeddings counted once).
+
+    With ``quantization`` (int8 | int4 | fp8, radixserve.model.quant's formats) the decoder
+    linears cost, per ``[N, K]`` weight: int8 ``N K + 2 N`` (bf16 scale per channel), int4
+    ``N K / 2 + 4 N K / group`` (bf16 scale and zero per group), fp8 ``N K + 4 N``. With
+    ``quantize_embeddings`` the embedding is int8 rows (``V H + 4 V``) and the LM head a
+    quantized linear of its own (also when tied); otherwise both stay in ``dtype``.
+    """
+    if quantization is None:
+        return cfg.num_params * _dtype_bytes(dtype)
+    h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    shapes = [(cfg.q_size + 2 * cfg.kv_size, h), (h, cfg.q_size), (2 * i, h), (h, i)]
+    if quantization == "int4" and group_size is None:
+        group_size = next((g for g in (128, 64, 32) if all(k % g == 0 for _, k in shapes)), 32)
+
+    def linear(n: int, k: int) -> int:
+        if quantization == "int8":
+            return n * k + 2 * n
+        if quantization == "int4":
+            assert group_size is not None
+            return n * k // 2 + 4 * n * (k // group_size)
+        if quantization == "fp8":
+            return n * k + 4 * n
+        raise ValueError(f"unknown quantization {quantization!r}")
+
+    act = _dtype_bytes(dtype)
+    per_layer = sum(linear(n, k) for n, k in shapes) + 2 * h * act  # + the two norms
+    per_layer += act * ((cfg.q_size + 2 * cfg.kv_size if cfg.attention_bias else 0) + (h if cfg.o_proj_bias else 0)
+                        + (2 * i + h if cfg.mlp_bias else 0))
+    if quantize_embeddings:
+        vocab = v * h + 4 * v + linear(v, h)
+    else:
+        vocab = v * h * act * (1 if cfg.tie_word_embeddings else 2)
+    return cfg.num_layers * per_layer + vocab + h * act
 
 
 def activation_reserve_bytes(cfg: ModelConfig, max_num_tokens: int, act_dtype: torch.dtype) -> int:
@@ -152,6 +190,9 @@ def plan_memory(
     max_num_tokens: int = 2048,
     weights_dtype: torch.dtype | None = None,
     max_num_pages: int | None = None,
+    quantization: str | None = None,
+    quant_group_size: int | None = None,
+    quantize_embeddings: bool = False,
 ) -> MemoryPlan:
     """Size the KV pool: pages of ``page_size`` tokens that fit after weights and activations.
 
@@ -160,7 +201,8 @@ def plan_memory(
     now). ``weights_dtype`` defaults to ``act_dtype`` (the model runs in one dtype).
     ``max_num_pages`` caps the result: on a CPU the budget is the machine's RAM, far more KV
     than a small model serving a few requests needs (e.g. cap at what
-    ``max_running_requests × max_model_len`` tokens take).
+    ``max_running_requests × max_model_len`` tokens take). ``quantization`` and its options
+    size quantized weights (:func:`weight_bytes`): what they save goes to KV pages.
     """
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -183,7 +225,7 @@ def plan_memory(
     fmt = kv_format(cfg, kv_dtype, act_dtype)
     per_token = fmt.bytes_per_token(cfg.num_layers, cfg.num_kv_heads)
     per_page = per_token * page_size
-    weights = weight_bytes(cfg, weights_dtype or act_dtype)
+    weights = weight_bytes(cfg, weights_dtype or act_dtype, quantization, quant_group_size, quantize_embeddings)
     activations = activation_reserve_bytes(cfg, max_num_tokens, act_dtype)
     fixed = kv_fixed_bytes(cfg, fmt.kv_dtype)
     kv_budget = max(0, budget - weights - activations - fixed)

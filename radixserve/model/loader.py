@@ -9,8 +9,10 @@ is ever materialised beside the model.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from safetensors import safe_open
 from radixserve.model import cpu_linear
 from radixserve.model.config import ModelConfig
 from radixserve.model.llama import LlamaForCausalLM
+from radixserve.model.quant import QuantConfig, QuantReport
 
 logger = logging.getLogger(__name__)
 
@@ -66,11 +69,20 @@ def iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
+def as_quant_config(quantization: QuantConfig | str | None) -> QuantConfig | None:
+    """``None`` / ``"none"`` / ``"int8"`` / a :class:`QuantConfig` -> a QuantConfig or None."""
+    if quantization is None or isinstance(quantization, QuantConfig):
+        return quantization
+    return None if quantization.lower() in ("", "none") else QuantConfig(quantization.lower())
+
+
 def load_model(
     path: str | Path,
     dtype: torch.dtype | str = torch.float32,
     device: torch.device | str = "cpu",
     pack_linears: bool = True,
+    quantization: QuantConfig | str | None = None,
+    announce: bool = True,
 ) -> LlamaForCausalLM:
     """Build the model of the checkpoint directory ``path`` and load its weights.
 
@@ -78,10 +90,20 @@ def load_model(
     are converted while loading. ``model.config`` is the :class:`ModelConfig`. On CPU,
     ``pack_linears`` runs the linear layers through oneDNN with pre-packed weights
     (:mod:`radixserve.model.cpu_linear`) where the build supports the dtype.
+
+    ``quantization`` (``int8`` | ``int4`` | ``fp8`` or a :class:`QuantConfig`) swaps the
+    linear layers for quantized ones (:mod:`radixserve.model.quant`). Weights come from the
+    directory's GGUF file when it has one and a method is asked (4-bit blocks load without
+    the float32 detour), or when it has no safetensors at all (``--model file.gguf``; then the
+    method defaults to the file's nearest one). ``model.quant_report`` says what was done;
+    ``announce`` prints it to stderr.
     """
+    from radixserve.model_store import model_gguf
+
     path = Path(path)
     dtype = parse_dtype(dtype)
     device = torch.device(device)
+    qcfg = as_quant_config(quantization)
     if dtype is torch.float16 and device.type == "cpu":
         logger.warning("float16 on CPU is slow and poorly supported by some ops; prefer bfloat16 or float32")
     cfg = ModelConfig.from_pretrained(path)
@@ -92,9 +114,33 @@ def load_model(
             path,
             cfg.sliding_window,
         )
-    with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
-    model.load_weights(iter_safetensors(path), dtype=dtype, device=device)
+    has_safetensors = (path / "model.safetensors.index.json").is_file() or any(path.glob("*.safetensors"))
+    gguf = model_gguf(path) if (qcfg is not None or not has_safetensors) else None
+    if gguf is not None and has_safetensors and importlib.util.find_spec("gguf") is None:
+        logger.warning("the `gguf` package is not installed: quantizing %s's float weights instead of its GGUF", path)
+        gguf = None
+    report: QuantReport | None = None
+    if gguf is not None:
+        from radixserve.model.quant.gguf_loader import load_gguf_model
+        from radixserve.model.quant.gguf_weights import GGUFFile
+
+        if qcfg is None:
+            method = GGUFFile(gguf).nearest_method()
+            qcfg = QuantConfig(method) if method else None
+        model, report = load_gguf_model(str(gguf), cfg, dtype, device, qcfg)
+    else:
+        with torch.device("meta"):
+            model = LlamaForCausalLM(cfg)
+        model.load_weights(iter_safetensors(path), dtype=dtype, device=device)
+        if qcfg is not None:
+            from radixserve.model.quant.apply import quantize_model
+
+            report = quantize_model(model, qcfg)
     if pack_linears and device.type == "cpu":
         cpu_linear.pack_linears(model)
+    model.quant_report = report
+    if report is not None:
+        logger.info("%s", report.summary())
+        if announce:
+            print(f"[radixserve] {report.summary()}", file=sys.stderr, flush=True)
     return model.eval()

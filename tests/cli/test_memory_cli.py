@@ -46,3 +46,24 @@ def test_bare_config_json(capsys: pytest.CaptureFixture[str], tiny_qwen2_dir: Pa
 def test_unknown_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["memory", "--model", "gpt-17"]) == 1
     assert "preset (llama-2-13b" in capsys.readouterr().err
+
+
+def test_memory_weight_quantization_rows() -> None:
+    """Quantized weights leave more of the budget to KV: more sequences fit (Llama-2-7B, 24 GiB)."""
+    import json as _json
+    import subprocess as _sp
+    import sys as _sys
+
+    out = _sp.run(
+        [_sys.executable, "-m", "radixserve", "memory", "--model", "llama-2-7b", "--memory-budget", "24GiB",
+         "--dtype", "float16", "--device", "cpu", "--quantization", "int4", "--json"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    r = _json.loads(out)
+    rows = {row["quantization"]: row for row in r["weight_quantization"]}
+    assert rows["none"]["extra_sequences"] == 0
+    assert rows["int8"]["weight_bytes"] < 0.51 * rows["none"]["weight_bytes"]
+    # 0.5 B + a bf16 scale and zero per group of 128 (0.03 B), the int8 embedding: ~73 % less than fp16
+    assert 0.5 < rows["int4"]["bytes_per_param"] < 0.56
+    assert rows["int4"]["max_sequences"] > rows["int8"]["max_sequences"] > rows["none"]["max_sequences"]
+    assert r["plan"]["weight_bytes"] == rows["int4"]["weight_bytes"]  # the plan uses --quantization

@@ -1,0 +1,143 @@
+"""Quantize a loaded model in place: swap its linear layers (and optionally the embedding and
+LM head) for quantized ones, and describe what was done."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from radixserve.model.quant.config import QuantConfig, check_device
+from radixserve.model.quant.formats import Fp8Weight, Int4Weight, Int8Weight, quantize_fp8, quantize_int4, quantize_int8
+from radixserve.model.quant.linear import (
+    Fp8Linear,
+    Int4Linear,
+    Int8Embedding,
+    Int8Linear,
+    QuantizedLinear,
+    compute_dtype_for,
+)
+
+
+@dataclass
+class QuantReport:
+    """What :func:`quantize_model` (or the GGUF loader) did, for the start-up line."""
+
+    method: str
+    group_size: int | None
+    layers: list[str] = field(default_factory=list)  # quantized module names
+    full_precision: list[str] = field(default_factory=list)  # vocabulary modules left as they were
+    requantized: list[str] = field(default_factory=list)  # GGUF tensors that did not map without loss
+    direct: list[str] = field(default_factory=list)  # GGUF tensors mapped bit-exactly
+    source: str = "checkpoint"
+    weight_bytes: int = 0  # all weights after quantization (quantized + full precision)
+
+    def summary(self) -> str:
+        """One paragraph: method, what is quantized, what is not, the source."""
+        how = self.method + (f" (group {self.group_size})" if self.group_size else "")
+        kinds = sorted({n.rsplit(".", 1)[-1] for n in self.layers})
+        parts = [f"quantization {how}: {len(self.layers)} layers quantized ({', '.join(kinds)}) from the {self.source}"]
+        if self.full_precision:
+            parts.append(f"kept in full precision: {', '.join(self.full_precision)}")
+        if self.direct:
+            parts.append(f"{len(self.direct)} GGUF tensors mapped without loss")
+        if self.requantized:
+            parts.append(f"{len(self.requantized)} GGUF tensors dequantized and re-quantized ({self._requant_kinds()})")
+        parts.append(f"weights {self.weight_bytes / (1 << 20):.1f} MiB")
+        return "; ".join(parts)
+
+    def _requant_kinds(self) -> str:
+        kinds: dict[str, int] = {}
+        for entry in self.requantized:
+            kind = entry.rsplit(" ", 1)[-1]
+            kinds[kind] = kinds.get(kind, 0) + 1
+        return ", ".join(f"{n} x {k}" for k, n in sorted(kinds.items()))
+
+
+def make_quantized_linear(
+    method: str, weight: Int8Weight | Int4Weight | Fp8Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype
+) -> QuantizedLinear:
+    """The layer class of ``method`` around an already-quantized weight."""
+    if method == "int8":
+        assert isinstance(weight, Int8Weight)
+        return Int8Linear(weight, bias, compute_dtype)
+    if method == "int4":
+        assert isinstance(weight, Int4Weight)
+        return Int4Linear(weight, bias, compute_dtype)
+    assert isinstance(weight, Fp8Weight)
+    return Fp8Linear(weight, bias, compute_dtype)
+
+
+def quantize_weight(method: str, w: torch.Tensor, group_size: int | None, compute_dtype: torch.dtype):
+    """Quantize one full-precision ``[N, K]`` weight into ``method``'s format."""
+    if method == "int8":
+        return quantize_int8(w, scale_dtype=compute_dtype)
+    if method == "int4":
+        assert group_size is not None
+        return quantize_int4(w, group_size, scale_dtype=compute_dtype)
+    return quantize_fp8(w)
+
+
+def linear_targets(model: nn.Module, with_head: bool) -> list[str]:
+    """Names of the linear layers to quantize: every decoder layer's, plus ``lm_head`` if asked."""
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.startswith("model.layers.")]
+    return names + (["lm_head"] if with_head else [])
+
+
+def install(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Replace the submodule ``name`` of ``model`` by ``module``."""
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, attr, module)
+
+
+def module_weight_bytes(model: nn.Module) -> int:
+    """Bytes of every parameter and quantized buffer, shared tensors counted once."""
+    seen: set[int] = set()
+    total = 0
+    for t in list(model.parameters()) + [b for m in model.modules() if isinstance(m, (QuantizedLinear, Int8Embedding)) for b in m.buffers()]:
+        key = t.untyped_storage().data_ptr() if not t.is_meta else id(t)
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes() if not t.is_meta else 0
+    return total
+
+
+def quantize_model(model: nn.Module, qcfg: QuantConfig) -> QuantReport:
+    """Quantize ``model`` (a loaded :class:`~radixserve.model.llama.LlamaForCausalLM`) in place."""
+    cfg = model.config
+    device = model.model.norm.weight.device
+    act_dtype = model.model.norm.weight.dtype
+    check_device(qcfg.method, device)
+    cdt = compute_dtype_for(device, act_dtype)
+    with_vocab = qcfg.embeddings_quantized(cfg.num_params)
+    names = linear_targets(model, with_vocab)
+    group = None
+    if qcfg.method == "int4":
+        group = qcfg.resolve_group_size([model.get_submodule(n).in_features for n in names])
+    report = QuantReport(qcfg.method, group)
+    with torch.no_grad():
+        for name in names:
+            lin = model.get_submodule(name)
+            q = quantize_weight(qcfg.method, lin.weight, group, cdt)
+            install(model, name, make_quantized_linear(qcfg.method, q, lin.bias, cdt))
+            report.layers.append(name)
+        if with_vocab:
+            emb = model.model.embed_tokens
+            install(model, "model.embed_tokens", Int8Embedding(quantize_int8(emb.weight), act_dtype))
+            report.layers.append("model.embed_tokens")
+        else:
+            report.full_precision = ["model.embed_tokens", "lm_head" + (" (tied)" if cfg.tie_word_embeddings else "")]
+    report.weight_bytes = module_weight_bytes(model)
+    return report
+
+
+def set_reference_mode(model: nn.Module, on: bool = True) -> int:
+    """Route every quantized linear through its dequantize-then-matmul reference (or back)."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, QuantizedLinear):
+            m.reference = on
+            n += 1
+    return n

@@ -1,0 +1,301 @@
+"""Quantized linear layers over torch's weight-only kernels (int8, int4) and ``_scaled_mm`` (fp8).
+
+Why these kernels (measured on the project's 2-core AVX-512 VM, SmolLM2 shapes,
+``benchmarks/bench_quant.py``): ``_weight_int8pack_mm`` and ``_weight_int4pack_mm_for_cpu``
+(the kernels torchao's CPU int8/int4 weight-only layouts dispatch to as well, so torchao
+adds no faster kernel here, only a dependency) read 1 or 0.5 byte per weight and beat the
+oneDNN bf16 GEMM 2-10x at one activation row. They are vectorized for bfloat16 activations
+only (float32 falls back to a scalar loop ~30x slower), so the matmul runs on bf16
+activations with fp32 accumulation whatever the model dtype (``compute_dtype``); norms,
+attention and the residual stream keep the model's dtype.
+
+Both kernels are GEMV-shaped: their cost grows linearly with the number of rows, and past a
+few dozen rows (prefill chunks) decoding the weight once into a bf16 matrix and calling the
+BLAS GEMM is faster; ``DEQUANT_MIN_ROWS`` is that crossover. Decode batches (the graphs a
+GPU captures) stay on the packed kernels.
+
+That dense path multiplies by the weight decoded to bf16, one more rounding of every
+weight (at most 2^-9 relative) than the kernels, which decode in float32 inside.
+
+Every layer keeps ``forward_reference``: dequantize-then-matmul in float32 on the same
+bf16 activations for the kernels' row counts (for the dense path's, that path itself): the
+oracle the tests and ``reference=True`` runs compare against.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixserve.model.quant.formats import (
+    Fp8Weight,
+    Int4Weight,
+    Int8Weight,
+    dequantize_fp8,
+    dequantize_int4,
+    dequantize_int8,
+    fp8_quantize_rows,
+)
+
+# Rows from which decoding the weight and running the dense GEMM beats the packed kernel
+# (CPU; measured crossover 16-64 rows on SmolLM2's shapes).
+DEQUANT_MIN_ROWS = 32
+# The CPU int4 kernel's layout: blocks of this many output rows, byte j of a block's k-th
+# 32-byte slab holds row j (low nibble) and row j + 32 (high nibble); a last block of fewer
+# rows pairs rows 2j and 2j + 1 instead. Checked on every layer's own weight at load.
+_CPU_INT4_BLOCK_N = 64
+
+
+def compute_dtype_for(device: torch.device, act_dtype: torch.dtype) -> torch.dtype:
+    """The activation dtype the weight-only kernels multiply in on ``device``."""
+    if device.type == "cuda" and act_dtype in (torch.float16, torch.bfloat16):
+        return act_dtype
+    return torch.bfloat16
+
+
+class QuantizedLinear(nn.Module):
+    """Base of the quantized linears: ``y = x @ dequant(W).T + b`` with ``W`` stored quantized.
+
+    Subclasses hold their quantized weight as buffers and implement ``_matmul`` (the fast
+    kernel) and ``dequantize`` (the exact decoded weight). ``reference = True`` routes the
+    forward through ``forward_reference`` instead of the kernel.
+    """
+
+    method: ClassVar[str]
+
+    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, compute_dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self.compute_dtype = compute_dtype
+        self.reference = False
+
+    @abstractmethod
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[M, K]`` in ``compute_dtype`` -> ``[M, N]`` in ``compute_dtype``, no bias."""
+
+    @abstractmethod
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight the layer multiplies with, decoded: ``[N, K]`` in ``dtype``."""
+
+    def _activation(self, x: torch.Tensor) -> torch.Tensor:
+        """The activation exactly as the kernel sees it."""
+        return x.to(self.compute_dtype)
+
+    def _dense_path(self, rows: int) -> bool:
+        """Whether ``rows`` rows take the decode-then-GEMM path instead of the packed kernel."""
+        return rows >= DEQUANT_MIN_ROWS
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.reference:
+            return self.forward_reference(x)
+        lead = x.shape[:-1]
+        y = self._matmul(self._activation(x.reshape(-1, self.in_features))).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.view(*lead, self.out_features)
+
+    def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        """Dequantize-then-matmul in float32 on the kernel's activations, rounded like its output."""
+        lead = x.shape[:-1]
+        xa = self._activation(x.reshape(-1, self.in_features)).float()
+        if self._dense_path(xa.shape[0]):  # the fast path is dequantize-then-matmul already
+            y = F.linear(xa.to(self.compute_dtype), self.dequantize(self.compute_dtype)).to(x.dtype)
+        else:
+            y = self._reference_matmul(xa).to(self.compute_dtype).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.view(*lead, self.out_features)
+
+    def _reference_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 ``x @ dequant(W).T`` for the kernels' row counts (float32 ``x``)."""
+        return F.linear(x, self.dequantize(torch.float32))
+
+    def weight_bytes(self) -> int:
+        """Bytes of the quantized weight and its scales (the bias excluded)."""
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"{self.method}, compute={str(self.compute_dtype).removeprefix('torch.')}"
+        )
+
+
+class Int8Linear(QuantizedLinear):
+    """int8 weight-only, per-output-channel scales, ``torch._weight_int8pack_mm``."""
+
+    method = "int8"
+
+    def __init__(self, w: Int8Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.bfloat16):
+        n, k = w.qweight.shape
+        super().__init__(k, n, bias, compute_dtype)
+        self.register_buffer("qweight", w.qweight.contiguous())
+        self.register_buffer("scale", w.scale.to(compute_dtype).contiguous())
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self._dense_path(x.shape[0]):
+            return F.linear(x, self.dequantize(self.compute_dtype))
+        return torch._weight_int8pack_mm(x, self.qweight, self.scale)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize_int8(Int8Weight(self.qweight, self.scale), dtype)
+
+    def _reference_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        # The per-channel scale factors out of the sum: applying it after the float32 dot
+        # products is the same math in the kernel's order, so both round alike.
+        return F.linear(x, self.qweight.float()) * self.scale.float()
+
+
+def _int4_inner_k_tiles(k: int) -> int:
+    """The CUDA tinygemm layout's K tiling (K must be a multiple of ``tiles * 16``)."""
+    for tiles in (8, 4, 2):
+        if k % (tiles * 16) == 0:
+            return tiles
+    raise ValueError(f"int4 on CUDA needs in_features divisible by 32, got {k}")
+
+
+def unpack_cpu_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Codes ``[N, K]`` (uint8) from ``_convert_weight_to_int4pack_for_cpu``'s layout."""
+    out = torch.empty(n, k, dtype=torch.uint8, device=packed.device)
+    flat = packed.reshape(-1)
+    start = 0
+    for b in range(0, n, _CPU_INT4_BLOCK_N):
+        nb = min(_CPU_INT4_BLOCK_N, n - b)
+        blk = flat[start : start + k * nb // 2].view(k, nb // 2)
+        if nb == _CPU_INT4_BLOCK_N:
+            out[b : b + nb // 2] = (blk & 0xF).t()
+            out[b + nb // 2 : b + nb] = (blk >> 4).t()
+        else:
+            out[b : b + nb] = torch.stack([(blk & 0xF).t(), (blk >> 4).t()], dim=1).reshape(nb, k)
+        start += k * nb // 2
+    return out
+
+
+class Int4Linear(QuantizedLinear):
+    """int4 weight-only, group-wise scale and zero, torch's tinygemm kernels
+    (``_weight_int4pack_mm_for_cpu`` on the CPU, ``_weight_int4pack_mm`` on CUDA)."""
+
+    method = "int4"
+
+    def __init__(self, w: Int4Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.bfloat16):
+        n, k = w.codes.shape
+        super().__init__(k, n, bias, compute_dtype)
+        if n % 16:
+            raise ValueError(f"int4 kernels need out_features divisible by 16, got {n}")
+        self.group_size = w.group_size
+        self.cuda = w.codes.device.type == "cuda"
+        if self.cuda:
+            if compute_dtype is not torch.bfloat16:
+                raise ValueError("int4 on CUDA multiplies in bfloat16 only")
+            nibbles = (w.codes[:, ::2] << 4 | w.codes[:, 1::2]).contiguous()
+            packed = torch._convert_weight_to_int4pack(nibbles, _int4_inner_k_tiles(k))
+        else:
+            packed = torch._convert_weight_to_int4pack_for_cpu(w.codes.to(torch.int32), 1)
+        self.register_buffer("packed", packed)
+        # [K / group, N, 2]: the kernels' scales-and-zeros layout.
+        sz = torch.stack([w.scale.t(), w.zero.t()], dim=-1).to(compute_dtype).contiguous()
+        self.register_buffer("scales_and_zeros", sz)
+        # The dense prefill path unpacks the codes itself: only when the layout is the one
+        # we know (verified on this very weight), otherwise every row count uses the kernel.
+        self.cpu_layout_known = not self.cuda and torch.equal(unpack_cpu_int4(packed, n, k), w.codes)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self._dense_path(x.shape[0]):
+            return F.linear(x, self.dequantize(self.compute_dtype))
+        if self.cuda:
+            return torch._weight_int4pack_mm(x, self.packed, self.group_size, self.scales_and_zeros)
+        return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
+
+    def _dense_path(self, rows: int) -> bool:
+        return self.cpu_layout_known and rows >= DEQUANT_MIN_ROWS
+
+    def int4_weight(self) -> Int4Weight:
+        """The codes, scales and zeros this layer multiplies with."""
+        if self.cpu_layout_known:
+            codes = unpack_cpu_int4(self.packed, self.out_features, self.in_features)
+        else:
+            # Layout-agnostic: the kernel applied to the identity recovers W^T exactly
+            # (each output is one product). Slow, used only off the hot path.
+            eye = torch.eye(self.in_features, dtype=self.compute_dtype, device=self.packed.device)
+            zero_sz = torch.stack(
+                [torch.ones_like(self.scales_and_zeros[..., 0]), torch.full_like(self.scales_and_zeros[..., 0], 8)],
+                dim=-1,
+            )
+            saved, self.scales_and_zeros = self.scales_and_zeros, zero_sz
+            try:
+                codes = self._matmul(eye).t().round().to(torch.uint8)  # (q - 8) * 1 + 8 = q
+            finally:
+                self.scales_and_zeros = saved
+        sz = self.scales_and_zeros
+        return Int4Weight(codes, sz[..., 0].t(), sz[..., 1].t(), self.group_size)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize_int4(self.int4_weight(), dtype)
+
+
+class Fp8Linear(QuantizedLinear):
+    """fp8 e4m3 weights (per-output-channel scales) times dynamically quantized e4m3
+    activations (per-token scales), through ``torch._scaled_mm`` (Ada/Hopper GPUs)."""
+
+    method = "fp8"
+
+    def __init__(self, w: Fp8Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.bfloat16):
+        n, k = w.qweight.shape
+        super().__init__(k, n, bias, compute_dtype)
+        if n % 16 or k % 16:
+            raise ValueError(f"fp8 (torch._scaled_mm) needs both dimensions divisible by 16, got [{n}, {k}]")
+        self.register_buffer("qweight", w.qweight.contiguous())
+        self.register_buffer("scale", w.scale.float().contiguous())
+        self.register_buffer("scale_row", self.scale.view(1, n))
+
+    def _activation(self, x: torch.Tensor) -> torch.Tensor:
+        return x  # quantized per token inside _matmul; the reference below mirrors it
+
+    def _dense_path(self, rows: int) -> bool:
+        return False  # _scaled_mm serves every row count
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        xq, xs = fp8_quantize_rows(x)
+        # Row-wise scaling (per-token x per-channel) folds both scales into the GEMM epilogue.
+        return torch._scaled_mm(
+            xq, self.qweight.t(), scale_a=xs, scale_b=self.scale_row, out_dtype=self.compute_dtype
+        )
+
+    def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        xq, xs = fp8_quantize_rows(x.reshape(-1, self.in_features))
+        y = F.linear(xq.float() * xs, self.dequantize(torch.float32)).to(self.compute_dtype).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(x.dtype)
+        return y.view(*lead, self.out_features)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize_fp8(Fp8Weight(self.qweight, self.scale), dtype)
+
+    def weight_bytes(self) -> int:
+        return self.qweight.numel() + self.scale.numel() * 4
+
+
+class Int8Embedding(nn.Module):
+    """An embedding table in int8 with one scale per row (token): gather, then scale."""
+
+    def __init__(self, w: Int8Weight, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = w.qweight.shape
+        self.dtype = dtype
+        self.register_buffer("qweight", w.qweight.contiguous())
+        self.register_buffer("scale", w.scale.float().contiguous())
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return (F.embedding(ids, self.qweight).float() * self.scale[ids].unsqueeze(-1)).to(self.dtype)
+
+    def weight_bytes(self) -> int:
+        return self.qweight.numel() + self.scale.numel() * 4
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8"
