@@ -62,15 +62,17 @@ def quickstart_blocks(text: str) -> list[Block]:
     assert 0 <= start_at < end_at, f"README.md has no {BEGIN} ... {END} region"
     region = text[start_at:end_at]
     first_line = text.count("\n", 0, start_at) + 1
-    return [Block(m.group(1), m.group(2), first_line + region.count("\n", 0, m.start()))
-            for m in FENCE.finditer(region)]
+    return [
+        Block(m.group(1), m.group(2), first_line + region.count("\n", 0, m.start()))
+        for m in FENCE.finditer(region)
+    ]
 
 
 BLOCKS = quickstart_blocks(README.read_text())
 _server_at = next((i for i, b in enumerate(BLOCKS) if b.starts_server), len(BLOCKS))
 OFFLINE = BLOCKS[:_server_at]
 SERVER = BLOCKS[_server_at] if _server_at < len(BLOCKS) else None
-ONLINE = BLOCKS[_server_at + 1:]
+ONLINE = BLOCKS[_server_at + 1 :]
 
 
 def command_lines(code: str) -> Iterator[list[str]]:
@@ -88,8 +90,12 @@ def test_quickstart_covers_every_way_in() -> None:
     assert {b.lang for b in BLOCKS} <= {"python", "bash"}, [b.id for b in BLOCKS]
     assert SERVER is not None and sum(b.starts_server for b in BLOCKS) == 1
     code = "\n".join(b.code for b in BLOCKS)
-    for needle in ("from radixserve import Engine", "from openai import OpenAI", "from frontend_dsl import",
-                   "from radixserve.serving.client import Client"):
+    for needle in (
+        "from radixserve import Engine",
+        "from openai import OpenAI",
+        "from frontend_dsl import",
+        "from radixserve.serving.client import Client",
+    ):
         assert needle in code, f"the quick start lost its {needle!r} example"
     assert all(b.lang == "bash" or "Engine(" in b.code for b in OFFLINE)
 
@@ -98,7 +104,9 @@ def test_online_blocks_talk_to_the_readme_server() -> None:
     """Every block after the server names its port, so the test can point it at its own server."""
     assert SERVER is not None and ZMQ_PORT in SERVER.code and HTTP_PORT in SERVER.code
     for b in ONLINE:
-        assert ZMQ_PORT in b.code or HTTP_PORT in b.code, f"{b.id} does not say which server it talks to"
+        assert ZMQ_PORT in b.code or HTTP_PORT in b.code, (
+            f"{b.id} does not say which server it talks to"
+        )
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.id)
@@ -110,13 +118,34 @@ def test_block_parses(block: Block) -> None:
         assert r.returncode == 0, r.stderr
 
 
+def main_job() -> str:
+    """The main-job command: the first bash block under "## The two commands"."""
+    text = README.read_text()
+    section = text[text.index("## The two commands") :]
+    m = FENCE.search(section)
+    assert m is not None and m.group(1) == "bash", "README.md lost its main-job command"
+    return m.group(2)
+
+
+def test_main_job_names_what_exists() -> None:
+    """The main job's scripts exist and its ``radixserve`` commands are real (it is not run here:
+    it installs packages; the quick start's blocks run the same commands below)."""
+    job = main_job()
+    for script in re.findall(r"python (\S+\.py)", job):
+        assert (REPO / script).is_file(), f"the main job runs {script}, which does not exist"
+    assert (REPO / ".ci" / "run").is_file()
+
+
 def test_radixserve_commands_parse() -> None:
-    """Every ``radixserve`` line of the quick start (and the main job) is valid for the real CLI."""
+    """Every ``radixserve`` command of the quick start and the main job parses with the CLI."""
     from radixserve.cli import build_parser
 
     parser = build_parser()
     argvs = [argv for b in BLOCKS if b.lang == "bash" for argv in command_lines(b.code)]
-    assert argvs
+    # The main job is one shell line: split it at the shell's separators first.
+    for part in re.split(r"&&|;|\(|\)|&", main_job()):
+        argvs += command_lines(part)
+    assert sum(argv[:1] == ["serve"] for argv in argvs) >= 2  # the quick start's and the main job's
     for argv in argvs:
         try:
             parser.parse_args(argv)
@@ -146,7 +175,9 @@ def test_relative_links_resolve(doc: Path) -> None:
 
 def _anchors(markdown: str) -> set[str]:
     """GitHub's heading anchors: lowercased, punctuation dropped, spaces to hyphens."""
-    heads = re.findall(r"^#+\s+(.*)$", re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M), re.M)
+    heads = re.findall(
+        r"^#+\s+(.*)$", re.sub(r"^```.*?^```", "", markdown, flags=re.S | re.M), re.M
+    )
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
 
 
@@ -164,9 +195,18 @@ def _run(block: Block, ports: dict[str, str]) -> None:
     for old, new in ports.items():
         code = re.sub(rf"\b{old}\b", new, code)
     # `python` and `radixserve` in a bash block are this interpreter's.
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    argv = [sys.executable, "-c", code] if block.lang == "python" else ["bash", "-euo", "pipefail", "-c", code]
-    r = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
+    env = dict(
+        os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    )
+    argv = (
+        [sys.executable, "-c", code]
+        if block.lang == "python"
+        else ["bash", "-euo", "pipefail", "-c", code]
+    )
+    r = subprocess.run(
+        argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT
+    )
+    print(r.stdout)  # shown with -s: what the README's reader would see
     assert r.returncode == 0, f"{block.id} failed (exit {r.returncode}):\n{r.stdout}\n{r.stderr}"
     assert r.stdout.strip(), f"{block.id} printed nothing"
 
@@ -185,11 +225,11 @@ class ReadmeServer:
 
 @pytest.fixture(scope="module")
 def readme_server(smollm2_dir: Path) -> Iterator[ReadmeServer]:
-    """The quick start's ``radixserve serve`` line, on free ports; stopped (with its workers) at the end."""
+    """The quick start's ``radixserve serve`` on free ports; stopped with its workers at the end."""
     assert SERVER is not None
     ports = {ZMQ_PORT: _free_port(), HTTP_PORT: _free_port()}
-    (argv,) = list(command_lines(re.sub(rf"\b({ZMQ_PORT}|{HTTP_PORT})\b", lambda m: ports[m.group(1)],
-                                        SERVER.code)))
+    code = re.sub(rf"\b({ZMQ_PORT}|{HTTP_PORT})\b", lambda m: ports[m.group(1)], SERVER.code)
+    (argv,) = command_lines(code)
     out = start(argv)
     try:
         out.wait_for(r"HTTP on http://", timeout=300)
