@@ -173,6 +173,19 @@ def test_relative_links_resolve(doc: Path) -> None:
     assert not broken, f"{doc.relative_to(REPO)}: broken links {broken}"
 
 
+# Words that speak of how the project was built, not of what it is, or of a machine unnamed.
+HISTORY = re.compile(
+    r"\b((this|first|second|third) session|the issue's|the article|this machine|earlier rounds?)\b",
+    re.I,
+)
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_docs_speak_of_the_project_not_its_history(doc: Path) -> None:
+    found = sorted({m.group(0) for m in HISTORY.finditer(doc.read_text())})
+    assert not found, f"{doc.relative_to(REPO)} says {found}: say what it is, and name the machine"
+
+
 def _anchors(markdown: str) -> set[str]:
     """GitHub's heading anchors: lowercased, punctuation dropped, spaces to hyphens."""
     heads = re.findall(
