@@ -9,8 +9,9 @@ program of ``benchmarks/peers/dsl_tree.py``)::
     python benchmarks/bench_peers.py --workload tree
     python benchmarks/report.py                      # Markdown table + PNG plots from the JSON
 
-The README's figures came from these runs (the exact command of each run is printed above
-its table in ``results/peers_report.md``). The headline, at the workload's default size::
+The figures in benchmarks/README.md came from these runs (the exact command of each run is
+printed above its table in ``results/peers_report.md``). The headline, at the workload's
+default size::
 
     python benchmarks/bench_peers.py --workload shared_system --tag full --concurrency 4,16 --reps 2 \
         --peers radixserve,radixserve-nocache,vllm-fp32,radixserve-bf16,vllm-bf16 \

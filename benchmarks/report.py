@@ -1,4 +1,4 @@
-"""The README's performance table and plots from ``bench_peers.py``'s JSON.
+"""benchmarks/README.md's performance tables and plots from ``bench_peers.py``'s JSON.
 
     python benchmarks/report.py                       # every benchmarks/results/peers_*.json
     python benchmarks/report.py benchmarks/results/peers_shared_system.json --out-dir benchmarks/results

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 KV_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
 QUANT_METHODS = ("int8", "int4", "fp8")  # radixserve.model.quant's (not imported: --help stays light)
-# The article's KV-quantization table, as a fraction of FP16 (see the README for why these
+# The article's KV-quantization table, as a fraction of FP16 (see docs/kv-memory.md for why these
 # cannot be byte counts).
 ARTICLE_RATIOS = {"int8": 0.375, "int4": 0.1875}
 
@@ -203,7 +203,7 @@ def render(cfg: "ModelConfig", source: str, r: dict[str, Any]) -> str:
         )
     out.append(
         "  (8 bits of 16 is 50%, 4 bits is 25%, before scales: the article's 37.5% / 18.75% are not byte counts; "
-        "see README)"
+        "see docs/kv-memory.md)"
     )
     out += ["", f"Weight quantization (same budget; sequences of {r['seq_len']} tokens whose KV fits):"]
     out.append(f"  {'weights':<10}{'bytes':>12}{'B/param':>9}{'KV budget':>12}{'sequences':>11}{'vs none':>9}")

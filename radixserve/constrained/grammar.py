@@ -1,6 +1,6 @@
 """Compiling constraints against a tokenizer, with a cache per (tokenizer, constraint).
 
-The library is xgrammar (chosen by measurement, see the README): it compiles a regex or a
+The library is xgrammar (chosen by measurement, see docs/): it compiles a regex or a
 JSON schema into a pushdown automaton whose per-state token masks are precomputed against
 the vocabulary, so a per-step mask costs tens of microseconds. Compilation is paid once per
 distinct constraint; :class:`GrammarCompiler` keeps an LRU of compiled grammars, and
