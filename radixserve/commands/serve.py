@@ -19,6 +19,8 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", default=None, help="full client endpoint, e.g. ipc:///tmp/radixserve.sock "
                    "(overrides --host/--port)")
     p.add_argument("--workers", type=int, default=1, help="local worker processes (0: only remote workers)")
+    p.add_argument("--gpu-ids", default=None,
+                   help="with --device cuda: GPUs for the local workers, one each, e.g. 0,1 (default: every visible GPU)")
     p.add_argument("--worker-endpoint", default="tcp://127.0.0.1:*",
                    help="where workers connect (bind e.g. tcp://0.0.0.0:5556 to let remote workers join)")
     p.add_argument("--routing", choices=ROUTING_POLICIES, default="cache_aware")
@@ -50,6 +52,7 @@ def serve(args: argparse.Namespace) -> int:
     import zmq
 
     from radixserve.model_store import resolve_model
+    from radixserve.engine.devices import parse_gpu_ids
     from radixserve.serving.launcher import LocalServer
     from radixserve.serving.router import RouterConfig
     from radixserve.serving.shutdown import exit_now
@@ -65,7 +68,8 @@ def serve(args: argparse.Namespace) -> int:
         balance_rel_threshold=args.balance_rel_threshold, cache_threshold=args.cache_threshold,
     )
     try:
-        server = LocalServer(model, num_workers=args.workers, config=config, engine_config=engine_overrides)
+        server = LocalServer(model, num_workers=args.workers, config=config, engine_config=engine_overrides,
+                             gpu_ids=parse_gpu_ids(args.gpu_ids))
     except zmq.ZMQError as e:  # e.g. the port is taken: one clear line, not a traceback
         raise ValueError(f"cannot bind {endpoint} or {args.worker_endpoint}: {e} (try --port or --endpoint)") from e
     # Everything a signal must stop; the HTTP gateway joins once started, so that it shuts

@@ -39,7 +39,7 @@ class EngineConfig:
 
     page_size: int = 16
     kv_cache_dtype: str = "auto"
-    attention_backend: str = "torch"  # "torch" | "triton"
+    attention_backend: str | None = None  # "torch" | "triton"; None: the device's default (engine.devices)
     max_num_tokens: int = 2048
     max_running_requests: int = 64
     num_pages: int | None = None
@@ -61,7 +61,7 @@ class EngineConfig:
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
-    dtype: str = "float32"
+    dtype: str | None = None  # None: the device's default (bfloat16 on cuda, float32 on cpu)
     device: str = "cpu"
     seed: int = 0
     num_threads: int | None = None  # CPU: torch threads (default: all cores)
@@ -87,6 +87,17 @@ class EngineConfig:
         return self.decode_graphs == "on"
 
     def __post_init__(self) -> None:
+        from radixserve.engine.devices import device_defaults
+
+        try:
+            defaults = device_defaults(self.device)
+        except ValueError as e:
+            raise ValueError(f"invalid engine config: {e}") from None
+        # Frozen: the resolved defaults go in once, here.
+        if self.dtype is None:
+            object.__setattr__(self, "dtype", defaults.dtype)
+        if self.attention_backend is None:
+            object.__setattr__(self, "attention_backend", defaults.attention_backend)
         errors: list[str] = []
         if self.page_size < 1:
             errors.append(f"page_size must be >= 1, got {self.page_size}")
@@ -123,6 +134,7 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        assert self.dtype is not None  # resolved in __post_init__
         return parse_dtype(self.dtype)
 
     @classmethod

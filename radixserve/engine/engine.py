@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.devices import bind_device
 from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, TokenLogprob, Usage
 from radixserve.engine.model_runner import ModelRunner, make_attention_backend
@@ -34,7 +35,7 @@ from radixserve.memory import NoPrefixCache, PrefixCache, RadixCache
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.pool import KVPool
 from radixserve.model.attention.base import AttentionBackend
-from radixserve.sampling_params import SamplingParams
+from radixserve.sampling_params import SamplingInput, SamplingParams, per_prompt
 from radixserve.scheduling.request import Request
 from radixserve.engine.startup import StartupClock, describe_startup
 from radixserve.engine.step_loop import StepLoop
@@ -75,6 +76,7 @@ class Engine:
             setup_cpu_threads(cfg.num_threads)
         self.model_path = resolve_model(None if model is None else str(model))
         self.device = torch.device(cfg.device)
+        bind_device(self.device)  # cuda:N: Triton launches and index-less allocations go there
         clock.lap("resolve model")
         self.model = load_model(self.model_path, dtype=cfg.torch_dtype, device=self.device)
         clock.lap("load weights")
@@ -245,17 +247,16 @@ class Engine:
     def generate(
         self,
         prompts: PromptInput,
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        params: SamplingInput | Sequence[SamplingInput] = None,
     ) -> list[GenerateOutput]:
-        """Run prompts (texts, or token id lists) to completion; results in input order."""
+        """Run prompts (texts, or token id lists) to completion; results in input order.
+
+        ``params``: one :class:`SamplingParams` or dict of its fields for every prompt (as
+        SGLang's ``Engine.generate`` takes), or a list of them, one per prompt.
+        """
         batch = _normalize_prompts(prompts)
+        plist = per_prompt(params, len(batch))
         ids_list = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
-        if params is None or isinstance(params, SamplingParams):
-            plist = [params or SamplingParams()] * len(ids_list)
-        else:
-            plist = list(params)
-            if len(plist) != len(ids_list):
-                raise ValueError(f"{len(plist)} sampling params for {len(ids_list)} prompts")
         # Validate everything before queueing anything: a bad prompt rejects the whole call.
         reqs = [self._make_request(ids, p, None, None) for ids, p in zip(ids_list, plist)]
         for req in reqs:

@@ -5,16 +5,18 @@ Order of operations, per row (each stage runs only when some row in the batch us
     raw logits ──> log_softmax ──> chosen/top-k logprobs (reported from the model's distribution)
          │
          ├─ repetition penalty (prompt + output tokens, HF style: divide positive, multiply negative)
-         ├─ frequency / presence penalties (output tokens, OpenAI style)
+         ├─ frequency / presence penalties (output tokens, OpenAI style); the seen/count tables
+         │  stay on the device between steps (sampling_ops.PenaltyCounts)
          ├─ min_tokens: EOS and stop ids masked until enough tokens are out
          ├─ grammar: tokens a constrained row's grammar forbids -> -inf (those rows only)
          ├─ greedy rows: argmax
          └─ other rows: / temperature -> top-k -> softmax -> min-p -> top-p -> inverse-CDF draw
+                         (top-k is a selection, top-p a threshold bisection: no vocabulary sort)
 
 Split in two halves so that a step has one host-to-device copy and one read back:
 
 - :meth:`Sampler.prepare` (host) reads the requests and writes every per-row value the
-  device needs (temperatures, top-k/p, min-p, penalties and the token lists they count,
+  device needs (temperatures, top-k/p, min-p, penalties and the tokens new to their tables,
   min_tokens blocks, grammar bitmasks, the uniform draws) into the step's
   :class:`~radixserve.engine.staging.StagingLayout`; it returns a :class:`SamplingPlan` of
   host facts (which stages run, which rows report logprobs).
@@ -31,6 +33,7 @@ from typing import Any, NamedTuple, Protocol, Sequence
 
 import torch
 
+from radixserve.engine.sampling_ops import PenaltyCounts, PenaltyStep, has_penalties, top_p_keep
 from radixserve.engine.staging import Staged, StagingBuffer, StagingLayout
 from radixserve.sampling_params import SamplingParams
 
@@ -61,8 +64,7 @@ class SamplingPlan(NamedTuple):
     lp_rows: list[int]  # rows that report logprobs
     lp_k: list[int]  # top logprobs each of them wants
     k_max: int  # max(lp_k)
-    rep_rows: int  # rows with a repetition penalty (0: stage skipped)
-    freq_rows: int  # rows with a frequency/presence penalty
+    penalties: PenaltyStep | None  # rows with a repetition/frequency/presence penalty (None: stage skipped)
     blocked: int  # (row, token) pairs masked by min_tokens
     constrained: list[int]  # rows with a grammar
     eos_guard_rows: list[int]  # constrained rows with ignore_eos
@@ -94,6 +96,7 @@ class Sampler:
         eos = [t for t in self.eos_token_ids if 0 <= t < vocab_size]
         self._eos = torch.tensor(eos, dtype=torch.int64, device=self.device)  # made once: no per-step copy
         self._staging: StagingBuffer | None = None
+        self.penalty_counts = PenaltyCounts(vocab_size, self.device)
 
     def new_generator(self, seed: int) -> torch.Generator:
         """A per-request generator for ``params.seed``."""
@@ -112,15 +115,21 @@ class Sampler:
         if lp_rows:
             layout.ints("s.lp_rows", lp_rows)
 
-        rep = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0]
-        if rep:
-            self._stage_token_lists(layout, "s.rep", rep, [rows[i].token_ids for i in rep])
-            layout.floats("s.rep_pen", [params[i].repetition_penalty for i in rep])
-        freq = [i for i, p in enumerate(params) if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0]
-        if freq:
-            self._stage_token_lists(layout, "s.freq", freq, [rows[i].token_ids[rows[i].prompt_len :] for i in freq])
-            layout.floats("s.freq_f", [params[i].frequency_penalty for i in freq])
-            layout.floats("s.freq_p", [params[i].presence_penalty for i in freq])
+        pen = [i for i, p in enumerate(params) if has_penalties(p)]
+        pen_step = None
+        if pen:  # the tables live on the device: only their row numbers and new tokens travel
+            pen_step = self.penalty_counts.plan([rows[i] for i in pen])
+            layout.ints("s.pen_rows", pen)
+            layout.ints("s.pen_slots", pen_step.slots)
+            if pen_step.reset:
+                layout.ints("s.pen_reset", pen_step.reset)
+            if pen_step.add_slot:
+                layout.ints("s.pen_add_slot", pen_step.add_slot)
+                layout.ints("s.pen_add_tok", pen_step.add_tok)
+                layout.ints("s.pen_add_out", pen_step.add_out)
+            layout.floats("s.rep_pen", [params[i].repetition_penalty for i in pen])
+            layout.floats("s.freq_f", [params[i].frequency_penalty for i in pen])
+            layout.floats("s.freq_p", [params[i].presence_penalty for i in pen])
 
         blocked_r: list[int] = []
         blocked_t: list[int] = []
@@ -160,19 +169,8 @@ class Sampler:
             if any_top_p:
                 layout.floats("s.top_p", [p.top_p for p in params])
             layout.floats("s.u", self._uniforms(rows))
-        return SamplingPlan(n, all_greedy, lp_rows, lp_k, max(lp_k, default=0), len(rep), len(freq), len(blocked_r),
+        return SamplingPlan(n, all_greedy, lp_rows, lp_k, max(lp_k, default=0), pen_step, len(blocked_r),
                             constrained, eos_guard, top_k_max, any_min_p, any_top_p)
-
-    @staticmethod
-    def _stage_token_lists(layout: StagingLayout, name: str, rows: list[int], lists: Sequence[Sequence[int]]) -> None:
-        """Rows and their token lists right-padded with -1 to one width (``[R, W]``)."""
-        width = max((len(x) for x in lists), default=0) or 1
-        padded: list[int] = []
-        for x in lists:
-            padded += x
-            padded += [-1] * (width - len(x))
-        layout.ints(name + "_rows", rows)
-        layout.ints(name + "_ids", padded)
 
     def _uniforms(self, rows: Sequence[SamplingRow]) -> list[float]:
         u = torch.rand(len(rows), generator=self._generator, dtype=torch.float64)
@@ -194,6 +192,8 @@ class Sampler:
             chosen = logits.argmax(dim=-1)
         else:
             chosen = self._draw(logits, plan, staged)
+        if plan.penalties is not None:  # next step's tables already hold this step's tokens
+            self.penalty_counts.advance(staged.i("s.pen_slots"), chosen.index_select(0, staged.i("s.pen_rows")))
         dev = logits.device
         if raw_lp is None:
             empty = torch.empty(0, dtype=torch.float32, device=dev)
@@ -204,34 +204,28 @@ class Sampler:
 
     def _processed(self, logits: torch.Tensor, plan: SamplingPlan, staged: Staged) -> torch.Tensor:
         """Penalties, min_tokens and grammar masks applied (a copy when any applies)."""
-        if not (plan.rep_rows or plan.freq_rows or plan.blocked or plan.constrained):
+        if not (plan.penalties is not None or plan.blocked or plan.constrained):
             return logits
         logits = logits.clone()  # the caller's logits stay the model's
-        if plan.rep_rows:
-            rows = staged.i("s.rep_rows")
-            counts = self._counts(staged.i("s.rep_ids"), plan.rep_rows)
-            pen = staged.f("s.rep_pen").float()[:, None]
+        if plan.penalties is not None:
+            step = plan.penalties
+            tables = self.penalty_counts.apply(
+                step, staged.i("s.pen_slots"), staged.i("s.pen_reset") if step.reset else None,
+                (staged.i("s.pen_add_slot"), staged.i("s.pen_add_tok"), staged.i("s.pen_add_out"))
+                if step.add_slot else None,
+            )
+            rows = staged.i("s.pen_rows")
             sub = logits.index_select(0, rows)
-            penalized = torch.where(sub > 0, sub / pen, sub * pen)
-            logits.index_copy_(0, rows, torch.where(counts > 0, penalized, sub))
-        if plan.freq_rows:
-            rows = staged.i("s.freq_rows")
-            counts = self._counts(staged.i("s.freq_ids"), plan.freq_rows)
+            rep = staged.f("s.rep_pen").float()[:, None]  # 1.0 on rows without it: unchanged
+            sub = torch.where(tables.seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
             f = staged.f("s.freq_f").float()[:, None]
             p = staged.f("s.freq_p").float()[:, None]
-            logits.index_copy_(0, rows, logits.index_select(0, rows) - (counts * f + (counts > 0).float() * p))
+            logits.index_copy_(0, rows, sub - (tables.counts * f + (tables.counts > 0).float() * p))
         if plan.blocked:
             logits[staged.i("s.block_r"), staged.i("s.block_t")] = float("-inf")
         if plan.constrained:
             self._apply_grammar(logits, plan, staged)
         return logits
-
-    def _counts(self, ids: torch.Tensor, num_rows: int) -> torch.Tensor:
-        """``[R, vocab]`` occurrence counts of each row's staged tokens (-1 is padding)."""
-        ids = ids.view(num_rows, -1)
-        valid = (ids >= 0).float()
-        counts = torch.zeros(num_rows, self.vocab_size, dtype=torch.float32, device=ids.device)
-        return counts.scatter_add_(1, ids.clamp(min=0), valid)
 
     def _apply_grammar(self, logits: torch.Tensor, plan: SamplingPlan, staged: Staged) -> None:
         from radixserve.constrained.mask import apply_bitmask  # xgrammar loads only when used
@@ -261,12 +255,8 @@ class Sampler:
         if plan.any_min_p:
             thresh = probs.max(dim=-1, keepdim=True).values * staged.f("s.min_p").float()[:, None]
             probs = probs.masked_fill(probs < thresh, 0.0)
-        if plan.any_top_p:
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly ahead of each token
-            tp = staged.f("s.top_p").float()[:, None]
-            sorted_p = sorted_p.masked_fill(before >= tp * sorted_p.sum(-1, keepdim=True), 0.0)
-            probs = torch.zeros_like(probs).scatter_(1, order, sorted_p)
+        if plan.any_top_p:  # rows at top_p 1 keep every nonzero entry
+            probs = probs.masked_fill(~top_p_keep(probs, staged.f("s.top_p")), 0.0)
         u = staged.f("s.u").float()
         cdf = probs.cumsum(dim=-1)
         target = (u * cdf[:, -1])[:, None]

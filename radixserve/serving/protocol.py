@@ -160,6 +160,7 @@ class GenerateChunk(_Msg, tag="chunk"):
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
+    prompt_tokens: int | None = None  # on the first chunk (index 0): the prompt's length in tokens
 
 
 class GenerateFinal(_Msg, tag="final"):
@@ -209,6 +210,7 @@ class ModelInfo(_Msg, tag="model_info_reply"):
     chat_template: str | None = None
     page_size: int = 1
     num_workers: int = 0
+    model_path: str = ""  # the directory the model was loaded from ("" when unknown)
     # The tokenizer's special tokens by name (bos_token, eos_token, ...): chat templates use
     # them, and a client rendering roles itself needs the same values as the router.
     special_tokens: dict[str, str] = {}
@@ -336,6 +338,7 @@ class WorkerHello(_Msg, tag="w_hello"):
     bos_token_id: int | None = None
     page_size: int = 1
     load: WorkerLoad = msgspec.field(default_factory=WorkerLoad)
+    model_path: str = ""  # where the weights and tokenizer were loaded from
 
 
 class WorkerOutputs(_Msg, tag="w_outputs"):

@@ -306,7 +306,7 @@ class Router:
             request_id=request_id, model=h.model, context_length=self.context_length() or h.context_length,
             vocab_size=h.vocab_size, eos_token_ids=h.eos_token_ids, bos_token_id=h.bos_token_id,
             chat_template=self.codec.chat_template, page_size=h.page_size, num_workers=len(live),
-            special_tokens=self.codec.special_tokens))
+            special_tokens=self.codec.special_tokens, model_path=h.model_path))
 
     # ------------------------------------------------------------------ workers
     def _on_worker_frames(self, frames: list[bytes]) -> None:
