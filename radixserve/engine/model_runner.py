@@ -118,7 +118,13 @@ class ModelRunner:
         """Everything a first request would otherwise pay for, before the worker says it is
         ready: the decode graphs captured (CUDA), and one prefill and one decode step run
         through the whole path (lazy allocations, library initialisations, the static decode
-        buffers), writing only to the scratch page."""
+        buffers), writing only to the scratch page. A backend with kernel variants chosen at
+        run time (Triton: the decode split count by batch size) first launches every variant
+        (:func:`~radixserve.model.warmup.warm_up_model`, on pool pages no request holds yet)."""
+        if hasattr(self.attn, "decode_batch_sizes"):
+            from radixserve.model.warmup import warm_up_model
+
+            warm_up_model(self.model, self.attn, self.pool, max_batch_size=self.page_table.shape[0])
         if self.decode_graphs is not None and self.decode_graphs.capture:
             self.decode_graphs.capture_all(max_seq_len)
         scratch = self.scratch_page
