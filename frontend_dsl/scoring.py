@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Callable, NamedTuple, Sequence
 
 from frontend_dsl.backend import Backend, CallUsage, ScoreRequest, ScoreResult
+from radixserve.prefix import common_prefix_len
 
 __all__ = ["SelectResult", "common_prefix_len", "plan_choice_requests", "pick", "score_choices"]
 
@@ -35,15 +36,6 @@ class SelectResult(NamedTuple):
     token_logprobs: list[list[float]]  # logprobs of each choice's scored tokens
     boundaries: list[int]  # first scored token position of each choice
     usage: CallUsage
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token id lists."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def plan_choice_requests(prompt_ids: list[int], joint_ids: list[list[int]]) -> list[ScoreRequest]:

@@ -24,14 +24,43 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from radixkernels.kv_format import SCALE_DTYPE, KVCacheDtype, KVFormat
 
-if TYPE_CHECKING:  # memory sits below model in the layering: the config is only a type here
-    from radixserve.model.config import ModelConfig
+
+class ModelConfig(Protocol):
+    """The model dimensions the planner sizes memory from. Memory sits below the model layer,
+    so this names what it reads; ``radixserve.model.config.ModelConfig`` provides it."""
+
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def q_size(self) -> int: ...
+    @property
+    def kv_size(self) -> int: ...
+    @property
+    def num_params(self) -> int: ...
+    @property
+    def attention_bias(self) -> bool: ...
+    @property
+    def o_proj_bias(self) -> bool: ...
+    @property
+    def mlp_bias(self) -> bool: ...
+    @property
+    def tie_word_embeddings(self) -> bool: ...
 
 GiB = 1 << 30
 MiB = 1 << 20

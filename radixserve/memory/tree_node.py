@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import NamedTuple
 
+from radixserve.prefix import common_prefix_len
+
 
 class TreeNode:
     """A node of :class:`~radixserve.memory.radix_cache.RadixCache`.
@@ -119,22 +121,7 @@ class CacheStats(NamedTuple):
 def common_prefix(edge: tuple[int, ...], key: tuple[int, ...], pos: int, page_size: int) -> int:
     """Tokens that ``edge`` and ``key[pos:]`` share, rounded down to whole pages.
 
-    The caller has seen the first page match. Gallops with doubling slice comparisons, then
-    bisects the mismatching chunk: O(log L) Python steps, O(L) element compares in C.
+    O(log L) Python steps, O(L) element compares in C (:func:`common_prefix_len`).
     """
-    limit = min(len(edge), len(key) - pos)
-    lo, step = page_size, 64  # invariant: key[pos:pos+lo] == edge[:lo]
-    while True:
-        if lo >= limit:
-            return limit - limit % page_size
-        hi = min(lo + step, limit)
-        if key[pos + lo : pos + hi] != edge[lo:hi]:
-            break
-        lo, step = hi, step * 2
-    while hi - lo > 1:  # a mismatch lies in [lo, hi)
-        mid = (lo + hi) // 2
-        if key[pos + lo : pos + mid] == edge[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo - lo % page_size
+    n = common_prefix_len(edge, key, pos)
+    return n - n % page_size

@@ -11,13 +11,14 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable
+from typing import Literal
+
+import msgspec
 
 from radixserve.serving import protocol as p
-
-if TYPE_CHECKING:
-    from radixserve.serving.router import Router
-    from radixserve.serving.workers import WorkerHandle
+from radixserve.serving.dispatch import Dispatcher
+from radixserve.serving.workers import WorkerHandle, WorkerPool
 
 
 @dataclass(eq=False)
@@ -31,25 +32,32 @@ class _Op:
 
 
 class ControlOps:
-    """Fan-out / fan-in of stats and flush requests for one :class:`Router`."""
+    """Fan-out / fan-in of stats and flush requests for one router.
 
-    def __init__(self, router: Router) -> None:
-        self._router = router
+    It asks the workers of ``pool``, clears a flushed worker's routing trie in
+    ``dispatcher``, answers clients through ``send_client`` (stats as ``stats_reply``
+    builds them), and gives up on a worker after ``timeout_s``.
+    """
+
+    def __init__(self, pool: WorkerPool, dispatcher: Dispatcher, timeout_s: float,
+                 send_client: Callable[[bytes, msgspec.Struct], bool],
+                 stats_reply: Callable[[str], p.StatsReply]) -> None:
+        self._pool, self._dispatcher, self._timeout_s = pool, dispatcher, timeout_s
+        self._send_client, self._stats_reply = send_client, stats_reply
         self._tokens = itertools.count(1)
         self._ops: dict[int, _Op] = {}
 
     def start(self, client: bytes, msg: p.StatsRequest | p.FlushCache) -> None:
-        r = self._router
         kind: Literal["stats", "flush"] = "stats" if isinstance(msg, p.StatsRequest) else "flush"
         token = next(self._tokens)
-        op = _Op(kind, client, msg.request_id, set(), time.monotonic() + r.config.control_timeout_s)
+        op = _Op(kind, client, msg.request_id, set(), time.monotonic() + self._timeout_s)
         self._ops[token] = op
-        for w in r.live_workers:
+        for w in self._pool.live:
             out = p.WorkerStatsRequest(token=token) if kind == "stats" else p.WorkerFlush(token=token)
             op.waiting.add(w.worker_id)
-            if not r.pool.send(w, out):
+            if not self._pool.send(w, out):
                 op.waiting.discard(w.worker_id)
-        if kind == "flush" and not r.live_workers:
+        if kind == "flush" and not self._pool.live:
             op.ok = False
         self._maybe_done(token)
 
@@ -58,7 +66,7 @@ class ControlOps:
         if isinstance(msg, p.WorkerStatsReply):
             w.engine, w.load = msg.engine, msg.load
         elif msg.ok:
-            tree = self._router.dispatcher.tries.get(w.worker_id)
+            tree = self._dispatcher.tries.get(w.worker_id)
             if tree is not None:
                 tree.clear()
         if op is None:
@@ -88,8 +96,7 @@ class ControlOps:
         if op is None or op.waiting:
             return
         del self._ops[token]
-        r = self._router
         if op.kind == "stats":
-            r.send_client(op.client, r.stats_reply(op.request_id))
+            self._send_client(op.client, self._stats_reply(op.request_id))
         else:
-            r.send_client(op.client, p.FlushCacheReply(request_id=op.request_id, ok=op.ok))
+            self._send_client(op.client, p.FlushCacheReply(request_id=op.request_id, ok=op.ok))

@@ -19,23 +19,10 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
 
+from radixserve.prefix import common_prefix_len
+
 RoutingPolicy = Literal["cache_aware", "round_robin", "least_loaded"]
 ROUTING_POLICIES: tuple[str, ...] = ("cache_aware", "round_robin", "least_loaded")
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the common prefix of two token tuples, by slice comparisons (C speed)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n - 1  # a[:lo] == b[:lo] holds, a[:hi+1] != b[:hi+1] holds
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def namespace_token(namespace: str) -> int:
@@ -79,7 +66,7 @@ class PrefixTrie:
             child = node.children.get(tokens[pos])
             if child is None:
                 break
-            k = common_prefix_len(child.key, tokens[pos:pos + len(child.key)])
+            k = common_prefix_len(child.key, tokens, pos)
             if touch:
                 child.last_access = now
             pos += k
@@ -101,7 +88,7 @@ class PrefixTrie:
                 node.children[tokens[pos]] = leaf
                 self.num_tokens += len(leaf.key)
                 break
-            k = common_prefix_len(child.key, tokens[pos:pos + len(child.key)])
+            k = common_prefix_len(child.key, tokens, pos)
             if k < len(child.key):
                 child = self._split(child, k)
             child.last_access = now

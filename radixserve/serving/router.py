@@ -49,6 +49,7 @@ import msgspec
 import zmq
 
 from radixserve.serving import protocol as p
+from radixserve.serving.client_common import DEFAULT_ENDPOINT
 from radixserve.serving.control import ControlOps
 from radixserve.serving.dispatch import Dispatcher, RoutingPolicy
 from radixserve.serving.inflight import InFlight, context_error
@@ -61,8 +62,6 @@ from radixserve.serving.tokenizer_pool import TokenizerPool
 from radixserve.serving.workers import WorkerHandle, WorkerPool
 
 log = logging.getLogger("radixserve.serving.router")
-
-DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 
 
 def error_code(message: str) -> p.ErrorCode:
@@ -152,7 +151,8 @@ class Router:
         self.pool = WorkerPool(self.backend, self.dispatcher, self._on_worker_dead, self._on_worker_joined)
         self.inflight = InFlight(self.pool, self.dispatcher, send=self.send_client, reply_error=self._reply_error,
                                  worker_wait_s=config.worker_wait_s)
-        self._control = ControlOps(self)
+        self._control = ControlOps(self.pool, self.dispatcher, config.control_timeout_s, self.send_client,
+                                   self.stats_reply)
         self._started = time.monotonic()
         self._next_tick = 0.0
         self._stopping = False

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from radixserve.serving.dispatch import Dispatcher, PrefixTrie, common_prefix_len
+from radixserve.prefix import common_prefix_len
+from radixserve.serving.dispatch import Dispatcher, PrefixTrie
 
 
 def test_common_prefix_len_matches_naive() -> None:
@@ -19,6 +20,21 @@ def test_common_prefix_len_matches_naive() -> None:
         while naive < min(len(a), len(b)) and a[naive] == b[naive]:
             naive += 1
         assert common_prefix_len(a, b) == naive
+
+
+def test_common_prefix_len_long_runs_and_offsets() -> None:
+    """Past the first gallop step (64) and from an offset into ``b``, against a plain loop."""
+    rng = random.Random(1)
+    for _ in range(300):
+        shared = [rng.randint(0, 9) for _ in range(rng.randint(0, 700))]
+        a = tuple(shared + [rng.randint(0, 9) for _ in range(rng.randint(0, 40))])
+        start = rng.randint(0, 30)
+        b = tuple([7] * start + shared + [rng.randint(0, 9) for _ in range(rng.randint(0, 40))])
+        naive = 0
+        while naive < min(len(a), len(b) - start) and a[naive] == b[start + naive]:
+            naive += 1
+        assert common_prefix_len(a, b, start) == naive
+    assert common_prefix_len((1, 2), (1, 2), 5) == 0  # an offset past the end
 
 
 def test_trie_match_insert_against_reference() -> None:

@@ -1,0 +1,32 @@
+"""The longest common prefix of two token sequences: one helper for the radix cache, the
+router's routing tries and the DSL's choice scoring (torch-free, so every layer and the
+clients may import it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int], b_start: int = 0) -> int:
+    """Length of the longest common prefix of ``a`` and ``b[b_start:]``.
+
+    Gallops with doubling slice comparisons, then bisects the mismatching chunk: O(log L)
+    Python steps, O(L) element compares in C. ``a`` and ``b`` must be the same sequence type
+    (a tuple slice never equals a list slice).
+    """
+    limit = max(0, min(len(a), len(b) - b_start))
+    lo, step = 0, 64  # invariant: a[:lo] == b[b_start:b_start + lo]
+    while True:
+        if lo >= limit:
+            return limit
+        hi = min(lo + step, limit)
+        if a[lo:hi] != b[b_start + lo:b_start + hi]:
+            break
+        lo, step = hi, step * 2
+    while hi - lo > 1:  # a mismatch lies in [lo, hi)
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[b_start + lo:b_start + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
