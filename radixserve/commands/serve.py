@@ -4,12 +4,13 @@ another host) and ``radixserve client`` (a streaming demo)."""
 from __future__ import annotations
 
 import argparse
-import json
 import time
+from typing import Any
 
 from radixserve.cli import register
 from radixserve.commands.engine_args import add_engine_arguments, engine_config
 from radixserve.commands.gateway import add_http_arguments, request_limits, start_http_for_serve
+from radixserve.serving.client_common import DEFAULT_ENDPOINT
 from radixserve.serving.dispatch import ROUTING_POLICIES
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -133,28 +134,33 @@ def serve(args: argparse.Namespace) -> int:
 def _worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connect", required=True, help="the router's worker endpoint, e.g. tcp://ROUTER_HOST:5556")
     p.add_argument("--model", default="default")
-    p.add_argument("--worker-id", type=int, default=-1)
+    p.add_argument("--worker-id", type=int, default=-1, help="preferred id (-1: the router assigns one)")
     p.add_argument("--log-level", default="WARNING")
     p.add_argument("--keys", default=None, metavar="DIR",
                    help="this worker's CURVE keys, for a router that requires them ('radixserve keys KEYDIR': KEYDIR/worker)")
+    # Set by `serve` for its local workers (serving.workers.worker_command), with --engine-config.
+    p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)  # exit when it dies
+    p.add_argument("--router-timeout", type=float, default=30.0,
+                   help="seconds without a connection to the router before a local worker exits")
     add_engine_arguments(p, "engine")
 
 
 @register("worker", help="run one worker process that joins a router (e.g. from another host)",
           arguments=_worker_arguments)
-def worker(args: argparse.Namespace) -> int:
+def worker(args: argparse.Namespace, engine_factory: Any = None) -> int:
     from radixserve.serving.shutdown import exit_now
-    from radixserve.serving.worker import main
+    from radixserve.serving.worker import run_worker
 
-    # Like ``python -m radixserve.serving.worker``: a stopped worker skips interpreter finalization.
-    argv = ["--connect", args.connect, "--model", args.model, "--worker-id", str(args.worker_id),
-            "--engine-config", json.dumps(engine_config(args)), "--log-level", args.log_level]
-    exit_now(main(argv + (["--keys", args.keys] if args.keys is not None else [])))
+    config = engine_config(args)
+    # A stopped worker skips interpreter finalization (seconds of torch teardown, for no one).
+    exit_now(run_worker(args.connect, model=args.model, worker_id=args.worker_id, engine_config=config,
+                        parent_pid=args.parent_pid, router_timeout_s=args.router_timeout, keys=args.keys,
+                        log_level=args.log_level, engine_factory=engine_factory))
 
 
 def _client_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", nargs="?", default="What is a radix tree?")
-    p.add_argument("--endpoint", default="tcp://127.0.0.1:5555")
+    p.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
     p.add_argument("--raw", action="store_true", help="send the prompt as text, not as a chat message")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -165,10 +171,7 @@ def _client_arguments(p: argparse.ArgumentParser) -> None:
 
 @register("client", help="send one prompt to a running server and stream the answer", arguments=_client_arguments)
 def client(args: argparse.Namespace) -> int:
-    from radixserve.serving.client import main
+    from radixserve.serving.client import stream_demo
 
-    argv = [args.prompt, "--endpoint", args.endpoint, "--max-tokens", str(args.max_tokens),
-            "--temperature", str(args.temperature)]
-    argv += ["--raw"] * args.raw + ["--stats"] * args.stats
-    argv += ["--keys", args.keys] if args.keys is not None else []
-    return main(argv)
+    return stream_demo(args.prompt, endpoint=args.endpoint, raw=args.raw, max_tokens=args.max_tokens,
+                       temperature=args.temperature, stats=args.stats, keys=args.keys)

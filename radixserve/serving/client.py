@@ -8,13 +8,12 @@ socket. A ZeroMQ socket is not thread-safe: use one :class:`Client` per thread, 
 :class:`AsyncClient` lives in :mod:`radixserve.serving.async_client`, what both share in
 :mod:`radixserve.serving.client_common`; both are importable from here.
 
-Run ``python -m radixserve.serving.client --endpoint tcp://127.0.0.1:5555 "Hello"`` for a
+Run ``radixserve client --endpoint tcp://127.0.0.1:5555 "Hello"`` for a
 streaming demo.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections import deque
@@ -30,7 +29,7 @@ from radixserve.serving.client_common import DEFAULT_ENDPOINT, Event, RequestIds
 from radixserve.serving.security import PeerKeys
 
 # The public names of both clients, importable from here as before the asyncio one moved out.
-__all__ = ["DEFAULT_ENDPOINT", "AsyncClient", "Client", "Event", "ServerError", "main"]
+__all__ = ["DEFAULT_ENDPOINT", "AsyncClient", "Client", "Event", "ServerError", "stream_demo"]
 
 
 class Client:
@@ -201,30 +200,24 @@ class Client:
         self.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Streaming demo: print a completion as it arrives, then usage and timings."""
-    ap = argparse.ArgumentParser(prog="python -m radixserve.serving.client", description=main.__doc__)
-    ap.add_argument("prompt", nargs="?", default="What is a radix tree?")
-    ap.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
-    ap.add_argument("--raw", action="store_true", help="send the prompt as text, not as a chat message")
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--stats", action="store_true", help="print the router's stats afterwards")
-    ap.add_argument("--keys", default=None, help="CURVE key directory of this client (radixserve keys DIR: DIR/client)")
-    args = ap.parse_args(argv)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
+def stream_demo(prompt: str, *, endpoint: str = DEFAULT_ENDPOINT, raw: bool = False, max_tokens: int = 64,
+                temperature: float = 0.0, stats: bool = False, keys: str | None = None) -> int:
+    """Streaming demo (``radixserve client``): print a completion as it arrives, then usage
+    and timings (and the router's stats with ``stats``). ``raw`` sends the prompt as text,
+    not as a chat message; ``keys``: this client's CURVE key directory."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
     curve = None
-    if args.keys is not None:
+    if keys is not None:
         from radixserve.serving.security import load_peer_keys
 
-        curve = load_peer_keys(args.keys)
-    with Client(args.endpoint, curve=curve) as client:
+        curve = load_peer_keys(keys)
+    with Client(endpoint, curve=curve) as client:
         try:
             kwargs: dict[str, Any] = {"params": params}
-            if args.raw:
-                kwargs["text"] = args.prompt
+            if raw:
+                kwargs["text"] = prompt
             else:
-                kwargs["messages"] = [{"role": "user", "content": args.prompt}]
+                kwargs["messages"] = [{"role": "user", "content": prompt}]
             for ev in client.stream(**kwargs):
                 if isinstance(ev, p.GenerateChunk):
                     print(ev.text, end="", flush=True)
@@ -233,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"\n[{ev.finish_reason}] prompt {u.prompt_tokens} tokens ({u.cached_tokens} cached), "
                           f"completion {u.completion_tokens}; ttft {t.ttft_s * 1000:.0f} ms, "
                           f"total {t.total_s * 1000:.0f} ms, worker {ev.worker_id}", file=sys.stderr)
-            if args.stats:
+            if stats:
                 import json
 
                 import msgspec
@@ -243,7 +236,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 1
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -20,13 +20,12 @@ and is started again (after ``restart_limit`` deaths the router encodes on its o
 rather than serve nothing). Incremental detokenizing stays in the router: its cost per step is
 a window of a few tokens, whatever the request's size.
 
-Run as ``python -m radixserve.serving.tokenizer_pool --connect ENDPOINT --tokenizer DIR``
+Run as ``python -m radixserve.serving.tokenizer_pool ENDPOINT TOKENIZER_DIR PARENT_PID``
 (by :class:`TokenizerPool`, never by hand).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
@@ -131,8 +130,7 @@ class TokenizerPool:
 
     def _spawn(self, index: int) -> _Proc:
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-        cmd = [sys.executable, "-m", "radixserve.serving.tokenizer_pool", "--connect", self.endpoint,
-               "--tokenizer", self._dir, "--parent-pid", str(os.getpid())]
+        cmd = [sys.executable, "-m", "radixserve.serving.tokenizer_pool", self.endpoint, self._dir, str(os.getpid())]
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
         return _Proc(index, proc)
 
@@ -263,13 +261,9 @@ def _encode(codec: Any, job: EncodeJob) -> Encoded:
         return Encoded(job.job, error=f"internal: tokenizing failed: {type(exc).__name__}: {exc}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """A pool process: load the tokenizer, then encode jobs until told to stop or orphaned."""
-    ap = argparse.ArgumentParser(prog="python -m radixserve.serving.tokenizer_pool")
-    ap.add_argument("--connect", required=True)
-    ap.add_argument("--tokenizer", required=True)
-    ap.add_argument("--parent-pid", type=int, required=True)
-    args = ap.parse_args(argv)
+def run_tokenizer_process(connect: str, tokenizer_dir: str, parent_pid: int) -> int:
+    """A pool process: load the tokenizer from ``tokenizer_dir``, then encode the jobs of the
+    pool at ``connect`` until told to stop or until ``parent_pid`` (the router) is gone."""
     logging.basicConfig(level="WARNING", format="[tokenizer] %(levelname)s %(message)s")
     import signal
 
@@ -278,19 +272,19 @@ def main(argv: list[str] | None = None) -> int:
 
     _die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # holds no state worth a clean exit
-    if os.getppid() != args.parent_pid:
+    if os.getppid() != parent_pid:
         return 1
-    codec = PromptCodec(load_tokenizer(args.tokenizer))
+    codec = PromptCodec(load_tokenizer(tokenizer_dir))
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
-    sock.connect(args.connect)
+    sock.connect(connect)
     sock.send(_encoder.encode(PoolReady(os.getpid())))
     while True:
         if not sock.poll(1000):
-            if os.getppid() != args.parent_pid:
+            if os.getppid() != parent_pid:
                 return 0
             continue
         try:
@@ -306,4 +300,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     from radixserve.serving.shutdown import exit_now
 
-    exit_now(main())
+    # Started by TokenizerPool only (not a user command): ENDPOINT TOKENIZER_DIR PARENT_PID.
+    endpoint, tokenizer_dir, parent_pid = sys.argv[1:4]
+    exit_now(run_tokenizer_process(endpoint, tokenizer_dir, int(parent_pid)))

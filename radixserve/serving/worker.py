@@ -8,7 +8,7 @@ never sees text.
 
 Run by ``radixserve serve`` (local workers) or by hand on another host::
 
-    python -m radixserve.serving.worker --connect tcp://ROUTER_HOST:PORT --model PATH
+    radixserve worker --connect tcp://ROUTER_HOST:PORT --model PATH
 
 A local worker (``--parent-pid``) exits when its parent dies (``PR_SET_PDEATHSIG`` and a
 ``getppid`` check) or when its connection to the router is gone for ``--router-timeout``
@@ -27,9 +27,7 @@ transformers' objects one by one is seconds of CPU on a busy machine, and serves
 
 from __future__ import annotations
 
-import argparse
 import ctypes
-import json
 import logging
 import os
 import signal
@@ -43,16 +41,16 @@ import msgspec
 import zmq
 
 from radixserve.serving import protocol as p
+from radixserve.serving.engine_api import ServingEngine
 from radixserve.serving.security import PeerKeys, peer_keys_from_env
-from radixserve.serving.shutdown import exit_now
 
 log = logging.getLogger("radixserve.serving.worker")
 
-EngineFactory = Callable[..., Any]
+EngineFactory = Callable[..., ServingEngine]
 IDLE_POLL_MS = 100
 
 
-def describe_engine(engine: Any, worker_id: int, model_name: str) -> p.WorkerHello:
+def describe_engine(engine: ServingEngine, worker_id: int, model_name: str) -> p.WorkerHello:
     """The hello message: what this worker serves, read off the engine."""
     cfg = engine.model_config
     econf = getattr(engine, "config", None)
@@ -67,14 +65,14 @@ def describe_engine(engine: Any, worker_id: int, model_name: str) -> p.WorkerHel
     )
 
 
-def engine_load(engine: Any) -> p.WorkerLoad:
+def engine_load(engine: ServingEngine) -> p.WorkerLoad:
     """The engine's load gauges as the router's :class:`WorkerLoad`."""
     s = engine.stats()
     return p.WorkerLoad(running=s.running, waiting=s.waiting, num_pages=s.num_pages, free_pages=s.pages_free,
                         evictable_pages=s.pages_evictable, in_use_pages=s.pages_in_use)
 
 
-def engine_memory(engine: Any) -> dict[str, Any] | None:
+def engine_memory(engine: ServingEngine) -> dict[str, Any] | None:
     """The device memory snapshot (planner's ``memory_snapshot``) of the engine's device, with
     its KV pool's bytes, as a plain map; ``None`` for an engine without a pool (test fakes)."""
     pool, device = getattr(engine, "pool", None), getattr(engine, "device", None)
@@ -90,7 +88,7 @@ def debug_invariants() -> bool:
     return os.environ.get("RADIXSERVE_DEBUG_INVARIANTS", "0") not in ("", "0")
 
 
-def worker_stats(engine: Any, check: bool) -> dict[str, Any]:
+def worker_stats(engine: ServingEngine, check: bool) -> dict[str, Any]:
     """The engine's stats for a stats request: O(1) gauges and counters (a Prometheus scrape
     must not stall decodes). ``check`` adds the full invariant check, O(pool) Python work,
     as ``"invariants"``: ``"ok"``, ``"violated: ..."``, or ``"unchecked"``."""
@@ -129,7 +127,7 @@ class Worker:
     :meth:`run` returns (after the goodbye left, or its short linger ran out). ``curve``: the
     keys of a router that takes only CURVE-authenticated workers (:mod:`~radixserve.serving.security`)."""
 
-    def __init__(self, engine: Any, connect: str, worker_id: int = -1, *, model_name: str = "",
+    def __init__(self, engine: ServingEngine, connect: str, worker_id: int = -1, *, model_name: str = "",
                  parent_pid: int | None = None, router_timeout_s: float = 30.0,
                  context: zmq.Context | None = None, curve: PeerKeys | None = None) -> None:
         self.engine = engine
@@ -340,36 +338,36 @@ class Worker:
             self.stop()
 
 
-def build_engine(model: str, **config: Any) -> Any:
+def build_engine(model: str, **config: Any) -> ServingEngine:
     """The real engine (imports torch; only worker processes pay for it)."""
     from radixserve.engine.engine import Engine
 
     return Engine(model, **config)
 
 
-def main(argv: list[str] | None = None, engine_factory: EngineFactory | None = None) -> int:
-    """Worker process entry point."""
-    ap = argparse.ArgumentParser(prog="python -m radixserve.serving.worker", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--connect", required=True, help="the router's worker endpoint, e.g. tcp://HOST:PORT")
-    ap.add_argument("--model", default=None, help="model directory or spec (default: the default model)")
-    ap.add_argument("--worker-id", type=int, default=-1, help="preferred id (-1: the router assigns one)")
-    ap.add_argument("--engine-config", default="{}", help="EngineConfig fields as JSON")
-    ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies (local workers)")
-    ap.add_argument("--router-timeout", type=float, default=30.0, help="seconds without a connection to the router before a local worker exits")
-    ap.add_argument("--keys", default=None, help="CURVE key directory of this worker (radixserve keys DIR: DIR/worker)")
-    ap.add_argument("--log-level", default="WARNING")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format=f"[worker {args.worker_id}] %(levelname)s %(message)s")
+def run_worker(connect: str, *, model: str | None = None, worker_id: int = -1,
+               engine_config: dict[str, Any] | None = None, parent_pid: int | None = None,
+               router_timeout_s: float = 30.0, keys: str | None = None, log_level: str = "WARNING",
+               engine_factory: EngineFactory | None = None) -> int:
+    """Run one worker process until it is stopped; returns its exit code.
+
+    ``connect``: the router's worker endpoint. ``model``: a model directory or spec (``None``:
+    the default model). ``engine_config``: :class:`~radixserve.engine.config.EngineConfig`
+    fields. ``parent_pid``: a local worker exits when that process dies. ``router_timeout_s``:
+    how long a local worker waits without a connection to its router. ``keys``: this worker's
+    CURVE key directory. ``engine_factory`` replaces the real engine (tests' fake engine).
+    ``radixserve worker`` (and ``radixserve serve`` for its local workers) calls this.
+    """
+    logging.basicConfig(level=log_level.upper(), format=f"[worker {worker_id}] %(levelname)s %(message)s")
     # Local workers of a CURVE router get a key minted for them through the environment.
     curve = peer_keys_from_env()
-    if args.keys is not None:
+    if keys is not None:
         from radixserve.serving.security import load_peer_keys
 
-        curve = load_peer_keys(args.keys)
-    if args.parent_pid is not None:
+        curve = load_peer_keys(keys)
+    if parent_pid is not None:
         _die_with_parent()
-        if os.getppid() != args.parent_pid:
+        if os.getppid() != parent_pid:
             return 1  # the parent is already gone
     worker: Worker | None = None
 
@@ -381,26 +379,22 @@ def main(argv: list[str] | None = None, engine_factory: EngineFactory | None = N
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        model = args.model
         if engine_factory is None:
             from radixserve.model_store import resolve_model
 
-            model = str(resolve_model(args.model))
-        engine = (engine_factory or build_engine)(model, **json.loads(args.engine_config))
+            model = str(resolve_model(model))
+        engine = (engine_factory or build_engine)(model, **(engine_config or {}))
         startup = getattr(engine, "startup_seconds", None)
         if startup:  # where start-up went, once, on the terminal `radixserve serve` runs in
             from radixserve.engine.startup import describe_startup
 
-            print(f"radixserve: worker {args.worker_id} engine ready in {describe_startup(startup)}", flush=True)
+            print(f"radixserve: worker {worker_id} engine ready in {describe_startup(startup)}", flush=True)
         name = Path(str(model)).name if model else "default"
-        worker = Worker(engine, args.connect, args.worker_id, model_name=name, parent_pid=args.parent_pid,
-                        router_timeout_s=args.router_timeout, curve=curve)
+        worker = Worker(engine, connect, worker_id, model_name=name, parent_pid=parent_pid,
+                        router_timeout_s=router_timeout_s, curve=curve)
         return worker.run()
     except Interrupted:  # stopped before run() (which handles its own) took over
         if worker is not None and not worker.sock.closed:
             worker._close()
         return 0
 
-
-if __name__ == "__main__":
-    exit_now(main())

@@ -220,10 +220,10 @@ def worker_command(
     heartbeat_timeout_s: float | None = None,
     program: list[str] | None = None,
 ) -> list[str]:
-    """The command line of a local worker process (``python -m radixserve.serving.worker``;
+    """The command line of a local worker process (``python -m radixserve worker``;
     ``program`` replaces that part, e.g. for a test's fake worker)."""
     cmd = [
-        *(program or [sys.executable, "-m", "radixserve.serving.worker"]),
+        *(program or [sys.executable, "-m", "radixserve", "worker"]),
         "--connect", connect, "--worker-id", str(worker_id), "--model", str(model),
         "--engine-config", json.dumps(engine_config or {}),
     ]

@@ -9,8 +9,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fake_engine import FakeEngine  # noqa: E402
 
-from radixserve.serving.shutdown import exit_now  # noqa: E402
-from radixserve.serving.worker import main  # noqa: E402
+from radixserve.cli import build_parser  # noqa: E402
+from radixserve.commands.serve import worker  # noqa: E402
 
 if __name__ == "__main__":
-    exit_now(main(sys.argv[1:], engine_factory=FakeEngine))  # ends like the real worker
+    # The arguments `serve` gives a local worker, run as `radixserve worker` runs them.
+    worker(build_parser().parse_args(["worker", *sys.argv[1:]]), engine_factory=FakeEngine)
