@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.scheduling.types import SchedulerConfig
+
 if TYPE_CHECKING:
     from radixserve.model.quant.config import QuantConfig
 
@@ -51,20 +53,14 @@ class EngineConfig:
     memory_utilization: float = 0.9
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     disable_radix_cache: bool = False
-    schedule_policy: str = "lpm"  # "lpm" | "fcfs"
-    # LPM aging bound: a waiting request overtaken this many times by later arrivals
-    # jumps the LPM order (no starvation of cold requests).
-    lpm_max_bypass: int = 32
-    # Above this many waiting requests LPM's per-step matching costs too much: use FCFS.
-    lpm_max_queue: int = 256
-    # A request whose uncached prefix shares at least this many tokens with a prefill in
-    # flight waits for it to land in the cache instead of computing it again.
-    defer_shared_prefix_tokens: int = 32
-    # Fraction of each running request's remaining max_tokens reserved at admission
-    # (decays while nothing is retracted, jumps back up on retraction).
-    init_new_token_ratio: float = 0.7
-    min_new_token_ratio: float = 0.1
-    new_token_ratio_decay: float = 0.002
+    # The scheduling knobs: their defaults and meaning are SchedulerConfig's (one source).
+    schedule_policy: str = SchedulerConfig.schedule_policy  # "lpm" | "fcfs"
+    lpm_max_bypass: int = SchedulerConfig.lpm_max_bypass
+    lpm_max_queue: int = SchedulerConfig.lpm_max_queue
+    defer_shared_prefix_tokens: int = SchedulerConfig.defer_shared_prefix_tokens
+    init_new_token_ratio: float = SchedulerConfig.init_new_token_ratio
+    min_new_token_ratio: float = SchedulerConfig.min_new_token_ratio
+    new_token_ratio_decay: float = SchedulerConfig.new_token_ratio_decay
     dtype: str | None = None  # None: the device's default (bfloat16 on cuda, float32 on cpu)
     device: str = "cpu"
     seed: int = 0
@@ -164,6 +160,11 @@ class EngineConfig:
         from radixserve.model.quant.config import QuantConfig
 
         return QuantConfig(self.quantization, self.quant_group_size, self.quantize_embeddings)
+
+    def scheduling_fields(self) -> dict[str, object]:
+        """This config's values of the :class:`SchedulerConfig` fields it shares by name."""
+        shared = {f.name for f in fields(SchedulerConfig)} & {f.name for f in fields(self)}
+        return {name: getattr(self, name) for name in sorted(shared)}
 
     @classmethod
     def from_kwargs(cls, **kwargs: object) -> "EngineConfig":

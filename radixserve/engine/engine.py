@@ -103,20 +103,12 @@ class Engine:
         )
         max_model_len = cfg.max_model_len or mc.max_position_embeddings
         self.max_total_len = min(max_model_len, num_pages * cfg.page_size)
-        sched_cfg = SchedulerConfig(
-            page_size=cfg.page_size,
-            max_num_tokens=cfg.max_num_tokens,
+        sched_cfg = SchedulerConfig(**{
+            **cfg.scheduling_fields(),
             # Every running request decodes one token per step out of the budget.
-            max_running_requests=min(cfg.max_running_requests, cfg.max_num_tokens),
-            max_total_len=self.max_total_len,
-            schedule_policy=cfg.schedule_policy,
-            lpm_max_bypass=cfg.lpm_max_bypass,
-            lpm_max_queue=cfg.lpm_max_queue,
-            defer_shared_prefix_tokens=cfg.defer_shared_prefix_tokens,
-            init_new_token_ratio=cfg.init_new_token_ratio,
-            min_new_token_ratio=cfg.min_new_token_ratio,
-            new_token_ratio_decay=cfg.new_token_ratio_decay,
-        )
+            "max_running_requests": min(cfg.max_running_requests, cfg.max_num_tokens),
+            "max_total_len": self.max_total_len,
+        })
         self.scheduler = Scheduler(sched_cfg, self.cache, self.allocator, mc.eos_token_ids)
         clock.lap("KV pool")
         self.runner = ModelRunner(

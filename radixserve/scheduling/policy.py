@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
 from radixserve.scheduling.request import Request
+from radixserve.scheduling.types import SchedulerConfig
 
 
 class SchedulePolicy(ABC):
@@ -37,7 +38,8 @@ class FCFSPolicy(SchedulePolicy):
 class LPMPolicy(SchedulePolicy):
     """Longest cached prefix first, with an aging bound against starvation."""
 
-    def __init__(self, cache: Any, max_bypass: int = 32, max_queue: int = 256) -> None:
+    def __init__(self, cache: Any, max_bypass: int = SchedulerConfig.lpm_max_bypass,
+                 max_queue: int = SchedulerConfig.lpm_max_queue) -> None:
         self.cache = cache
         self.max_bypass = max_bypass
         self.max_queue = max_queue
@@ -59,7 +61,8 @@ class LPMPolicy(SchedulePolicy):
         return aged + [r for _, _, r in scored]
 
 
-def make_policy(name: str, cache: Any, max_bypass: int = 32, max_queue: int = 256) -> SchedulePolicy:
+def make_policy(name: str, cache: Any, max_bypass: int = SchedulerConfig.lpm_max_bypass,
+                max_queue: int = SchedulerConfig.lpm_max_queue) -> SchedulePolicy:
     """``"lpm"`` or ``"fcfs"``."""
     if name == "lpm":
         return LPMPolicy(cache, max_bypass, max_queue)

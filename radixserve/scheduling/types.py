@@ -14,10 +14,17 @@ class SchedulerConfig:
     max_num_tokens: int
     max_running_requests: int
     max_total_len: int  # prompt + output of one request, bounded by the model and the pool
-    schedule_policy: str = "lpm"
+    schedule_policy: str = "lpm"  # "lpm" | "fcfs"
+    # LPM aging bound: a waiting request overtaken this many times by later arrivals
+    # jumps the LPM order (no starvation of cold requests).
     lpm_max_bypass: int = 32
+    # Above this many waiting requests LPM's per-step matching costs too much: use FCFS.
     lpm_max_queue: int = 256
+    # A request whose uncached prefix shares at least this many tokens with a prefill in
+    # flight waits for it to land in the cache instead of computing it again.
     defer_shared_prefix_tokens: int = 32
+    # Fraction of each running request's remaining max_tokens reserved at admission
+    # (decays while nothing is retracted, jumps back up on retraction).
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
