@@ -134,6 +134,8 @@ class RadixCache:
         parent.children[self._child_key(child.key)] = upper
         child.key = child.key[m:]
         child.pages = child.pages[m // ps :]
+        if child.page_keys is not None:
+            upper.page_keys, child.page_keys = child.page_keys[: m // ps], child.page_keys[m // ps :]
         child.parent = upper
         upper.children[self._child_key(child.key)] = child
         return upper
@@ -188,6 +190,7 @@ class RadixCache:
         self._lru.discard(node)
         node.alive = False
         self._tree_pages -= len(node.pages)
+        self._before_evict(node, 0)
         self.allocator.free(node.pages)
         if parent.parent is None:
             if not parent.children and parent.namespace is not None:
@@ -353,8 +356,11 @@ class RadixCache:
                 break
             need = n_pages - freed
             if len(node.pages) > need:
+                self._before_evict(node, len(node.pages) - need)
                 drop = node.pages[-need:]
                 del node.pages[-need:]
+                if node.page_keys is not None:
+                    del node.page_keys[-need:]
                 node.key = node.key[: -need * ps]
                 node.depth -= need * ps
                 self._tree_pages -= need
@@ -365,6 +371,9 @@ class RadixCache:
             self._remove_leaf(node)
         self._evicted += freed
         return freed
+
+    def _before_evict(self, node: TreeNode, keep: int) -> None:
+        """Hook: ``node.pages[keep:]`` are about to leave L1 (a tiered cache demotes them)."""
 
     def reset(self) -> None:
         """Drop every cached prefix and free its pages. Requires no locks held; counters survive."""

@@ -36,6 +36,7 @@ class TreeNode:
         "last_access",
         "alive",
         "namespace",
+        "page_keys",
     )
 
     def __init__(
@@ -60,6 +61,9 @@ class TreeNode:
         self.last_access = last_access
         self.alive = True
         self.namespace = namespace  # only meaningful on roots
+        # Prefix-hash key of each page (page_hash), computed on demand by a cache with lower
+        # tiers; None until then. Splits and trims keep it aligned with ``pages``.
+        self.page_keys: list[bytes] | None = None
 
     @property
     def is_root(self) -> bool:
