@@ -47,6 +47,12 @@ class EngineConfig:
     memory_utilization: float = 0.9
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     disable_radix_cache: bool = False
+    # Hierarchical cache: L1 evictions move to host memory (L2) and, with a storage dir, to
+    # page files (L3) that survive restarts; a match loads them back. ``hicache_size`` is
+    # L2's size in GiB (default: twice the L1 pool); a storage dir turns the hierarchy on.
+    enable_hierarchical_cache: bool = False
+    hicache_size: float | None = None
+    hicache_storage_dir: str | None = None
     schedule_policy: str = "lpm"  # "lpm" | "fcfs"
     # LPM aging bound: a waiting request overtaken this many times by later arrivals
     # jumps the LPM order (no starvation of cold requests).
@@ -66,6 +72,11 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None  # CPU: torch threads (default: all cores)
 
+    @property
+    def hierarchical_cache(self) -> bool:
+        """Whether L2/L3 are on (asked for, or implied by a storage directory)."""
+        return self.enable_hierarchical_cache or self.hicache_storage_dir is not None
+
     def __post_init__(self) -> None:
         errors: list[str] = []
         if self.page_size < 1:
@@ -82,6 +93,10 @@ class EngineConfig:
             errors.append(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             errors.append(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.hicache_size is not None and self.hicache_size <= 0:
+            errors.append(f"hicache_size must be > 0 GiB, got {self.hicache_size}")
+        if self.disable_radix_cache and self.hierarchical_cache:
+            errors.append("the hierarchical cache needs the radix cache (drop disable_radix_cache)")
         if not 0.0 < self.memory_utilization <= 1.0:
             errors.append(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
         try:

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import uuid
 from pathlib import Path
@@ -67,6 +68,20 @@ def make_attention_backend(name: str, pool: KVPool) -> AttentionBackend:
     return TritonPagedAttentionBackend(pool)
 
 
+def model_identity(model_path: Path) -> str:
+    """Names a checkpoint in KV page keys: its path, and the size and mtime of its files, so
+    that pages stored for replaced weights are never read back for the new ones."""
+    parts = [str(Path(model_path).resolve())]
+    try:
+        for f in sorted(Path(model_path).iterdir()):
+            if f.is_file():
+                st = f.stat()
+                parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+    except OSError:
+        pass
+    return hashlib.blake2b("|".join(parts).encode(), digest_size=16).hexdigest()
+
+
 class Engine:
     """A prefix-caching LLM engine on one device (see the module docstring).
 
@@ -99,7 +114,7 @@ class Engine:
             kv_dtype=cfg.kv_cache_dtype, act_dtype=cfg.torch_dtype, device=self.device,
         )
         self.allocator = PageAllocator(num_pages)
-        self.cache = RadixCache(self.allocator, cfg.page_size, disabled=cfg.disable_radix_cache)
+        self.cache = self._make_cache()
         self.attn = make_attention_backend(cfg.attention_backend, self.pool)
         max_model_len = cfg.max_model_len or mc.max_position_embeddings
         self.max_total_len = min(max_model_len, num_pages * cfg.page_size)
@@ -123,6 +138,32 @@ class Engine:
         )
         self._buffered: list[StepOutput] = []  # other requests' outputs seen inside generate()
         logger.info("engine ready: %s, %s, max_total_len=%d", self.model_path, self.pool, self.max_total_len)
+
+    def _make_cache(self) -> RadixCache:
+        """The radix cache, over L2/L3 tiers when the hierarchical cache is on."""
+        cfg = self.config
+        if not cfg.hierarchical_cache:
+            return RadixCache(self.allocator, cfg.page_size, disabled=cfg.disable_radix_cache)
+        from radixserve.memory.hi_radix_cache import HiRadixCache
+        from radixserve.memory.hierarchy import KVHierarchy
+
+        if cfg.hicache_size is not None:
+            host_pages = max(1, int(cfg.hicache_size * 2**30) // self.pool.bytes_per_page)
+        else:  # SGLang's default host/device ratio
+            host_pages = 2 * self.pool.num_pages
+        hierarchy = KVHierarchy(self.pool, host_pages, cfg.hicache_storage_dir, model_identity(self.model_path))
+        logger.info("hierarchical cache: L2 %d pages (%.2f GiB), L3 %s", host_pages,
+                    host_pages * self.pool.bytes_per_page / 2**30, cfg.hicache_storage_dir or "off")
+        return HiRadixCache(self.allocator, cfg.page_size, hierarchy)
+
+    def close(self) -> None:
+        """Shut down cleanly: with an L3 directory, write the cached KV there (L1 and L2) so
+        that a restart, or another worker on this host, starts warm. Idempotent."""
+        persist = getattr(self.cache, "persist", None)
+        if persist is not None:
+            n = persist()
+            if n:
+                logger.info("hierarchical cache: wrote %d KV pages to %s", n, self.config.hicache_storage_dir)
 
     def _plan_num_pages(self) -> int:
         """Pages from the memory planner. On a CPU without an explicit budget the planner's
@@ -279,7 +320,22 @@ class Engine:
             finished_total=c.finished,
             aborted_total=c.aborted,
             hit_rate=c.cached_prompt_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
+            **self._hicache_stats(),
         )
+
+    def _hicache_stats(self) -> dict[str, int]:
+        hierarchy = getattr(self.cache, "hierarchy", None)
+        if hierarchy is None:
+            return {}
+        h = hierarchy.stats
+        return {
+            "host_cached_pages": hierarchy.host.num_cached,
+            "demoted_pages_total": h.demoted_pages,
+            "loaded_host_pages_total": h.loaded_l2_pages,
+            "loaded_storage_pages_total": h.loaded_l3_pages,
+            "storage_written_pages_total": h.l3_written_pages,
+            "storage_corrupt_pages_total": h.l3_corrupt_pages,
+        }
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix. Only when no request is waiting or running (else False)."""

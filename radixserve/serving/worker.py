@@ -175,6 +175,12 @@ class Worker:
         self.sock.close(linger=0 if self._goodbye == "shutdown requested" else 200)
         if self._own_ctx:
             self._ctx.term()
+        close = getattr(self.engine, "close", None)  # e.g. writes the KV hierarchy to disk
+        if callable(close):
+            try:
+                close()
+            except Exception:
+                log.exception("closing the engine failed")
 
     def _step(self) -> int:
         try:
