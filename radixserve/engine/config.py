@@ -53,6 +53,8 @@ class EngineConfig:
     enable_hierarchical_cache: bool = False
     hicache_size: float | None = None
     hicache_storage_dir: str | None = None
+    # At most this fraction of the KV pool may be pinned by requests' pin_ttl_s.
+    pin_budget_fraction: float = 0.25
     schedule_policy: str = "lpm"  # "lpm" | "fcfs"
     # LPM aging bound: a waiting request overtaken this many times by later arrivals
     # jumps the LPM order (no starvation of cold requests).
@@ -93,6 +95,8 @@ class EngineConfig:
             errors.append(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             errors.append(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if not 0.0 <= self.pin_budget_fraction <= 1.0:
+            errors.append(f"pin_budget_fraction must be in [0, 1], got {self.pin_budget_fraction}")
         if self.hicache_size is not None and self.hicache_size <= 0:
             errors.append(f"hicache_size must be > 0 GiB, got {self.hicache_size}")
         if self.disable_radix_cache and self.hierarchical_cache:

@@ -115,6 +115,7 @@ class Engine:
         )
         self.allocator = PageAllocator(num_pages)
         self.cache = self._make_cache()
+        self.cache.pins.budget_pages = int(num_pages * cfg.pin_budget_fraction)
         self.attn = make_attention_backend(cfg.attention_backend, self.pool)
         max_model_len = cfg.max_model_len or mc.max_position_embeddings
         self.max_total_len = min(max_model_len, num_pages * cfg.page_size)

@@ -65,6 +65,15 @@ class HiRadixCache(RadixCache):
     def _before_evict(self, node: TreeNode, keep: int) -> None:
         self.hierarchy.demote(node.pages[keep:], self.page_keys(node)[keep:])
 
+    def back_up(self, node: TreeNode) -> None:
+        """Copy the pages of the path root..``node`` to L2 now (those it lacks); they stay in L1."""
+        path: list[TreeNode] = []
+        while node.parent is not None:
+            path.append(node)
+            node = node.parent
+        for n in reversed(path):
+            self.hierarchy.demote(n.pages, self.page_keys(n))
+
     # ------------------------------------------------------------------ load-back
     def match_prefix(
         self, tokens: Sequence[int], namespace: Hashable | None = None, record_stats: bool = True

@@ -49,6 +49,7 @@ from collections.abc import Hashable, Iterable, Sequence
 
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.lru import EvictableLeaves
+from radixserve.memory.pins import PinTable
 from radixserve.memory.tree_node import CachedPrefix, CacheStats, MatchResult, TreeNode, common_prefix
 
 __all__ = ["CacheStats", "CachedPrefix", "MatchResult", "RadixCache"]
@@ -72,6 +73,7 @@ class RadixCache:
         self._next_id = 0
         self._clock = 0
         self._init_tree()
+        self.pins = PinTable(self, budget_pages=0)  # the engine sets the budget
         allocator.set_evictor(self.evict, lambda: self.num_evictable_pages)
 
     def _init_tree(self) -> None:
@@ -218,6 +220,7 @@ class RadixCache:
             node, matched, pages = root, 0, []
         else:
             node, matched, pages = self._walk(root, tuple(tokens[:n_full]), want_node=True)
+            self.pins.touch(node)  # a hit on a pinned prefix extends its pin
         if record_stats:
             self.record_lookup(len(tokens), matched)
         return MatchResult(pages, matched, node)
@@ -375,8 +378,12 @@ class RadixCache:
     def _before_evict(self, node: TreeNode, keep: int) -> None:
         """Hook: ``node.pages[keep:]`` are about to leave L1 (a tiered cache demotes them)."""
 
+    def back_up(self, node: TreeNode) -> None:
+        """Hook: copy the path to ``node`` to a lower tier now, if there is one (an expired pin)."""
+
     def reset(self) -> None:
         """Drop every cached prefix and free its pages. Requires no locks held; counters survive."""
+        self.pins.clear()
         if self._protected or any(r.lock_ref for r in self._roots.values()):
             raise RuntimeError(f"reset() with {self._protected} pages still locked by running requests")
         stack = list(self._roots.values())
@@ -397,6 +404,7 @@ class RadixCache:
         from radixserve.memory._invariants import check_cache_invariants
 
         check_cache_invariants(self, private_pages)
+        self.pins.check_invariants()
 
     def __repr__(self) -> str:
         return (

@@ -92,3 +92,30 @@ def test_flags_map_to_the_engine_config() -> None:
     assert not EngineConfig().hierarchical_cache
     with pytest.raises(ValueError, match="needs the radix cache"):
         EngineConfig(disable_radix_cache=True, enable_hierarchical_cache=True)
+
+
+def test_a_pinned_prompt_survives_pressure_that_evicts_an_unpinned_one(tiny_llama_dir: Path, make_engine) -> None:
+    pinned, unpinned = random_prompts([32, 32], seed=43)
+    others = random_prompts([40] * 4, seed=44)
+    engine = make_engine(tiny_llama_dir, page_size=4, num_pages=24, pin_budget_fraction=0.5)
+    engine.generate([pinned], greedy(N, pin_ttl_s=60.0))
+    engine.generate([unpinned], greedy(N))
+    assert len(engine.cache.pins) == 1
+    for p in others:  # 12 pages each: everything unpinned is evicted in turn
+        engine.generate([p], greedy(N))
+    (again,) = engine.generate([pinned], greedy(N))
+    (cold,) = engine.generate([unpinned], greedy(N))
+    assert again.usage.cached_tokens == 28 and cold.usage.cached_tokens == 0
+    engine.check_invariants()
+
+
+def test_pin_ttl_is_an_api_field() -> None:
+    from radixserve.serving.http.openai_protocol import CompletionRequest
+    from radixserve.serving.http.sglang_protocol import SGLSamplingParams
+
+    params, _ = SGLSamplingParams(pin_ttl_s=30.0).to_params(2048, 1000, None, None, 0)
+    assert params.pin_ttl_s == 30.0
+    body = CompletionRequest(model="m", prompt="hi", pin_ttl_s=45.0)
+    assert body.sampling(16, None).pin_ttl_s == 45.0
+    with pytest.raises(Exception, match="pin_ttl_s"):
+        CompletionRequest(model="m", prompt="hi", pin_ttl_s=-1.0).sampling(16, None)

@@ -67,6 +67,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.reqs: dict[int, Req] = {}
         self.next_rid = 0
         self.key_tokens: dict[bytes, list[int]] = {}  # every page key seen -> its page's tokens
+        self.now = 0.0  # the pin table's clock
         self.storage: str | None = tempfile.mkdtemp(prefix="rs-l3-") if tiers == "L3" and not disabled else None
         self.tiered = tiers != "L1" and not disabled
         self._build(disabled)
@@ -82,6 +83,8 @@ class CacheMachine(RuleBasedStateMachine):
             self.cache = HiRadixCache(self.alloc, self.ps, self.hier)
         else:
             self.cache = RadixCache(self.alloc, self.ps, disabled=disabled)
+        self.cache.pins.budget_pages = self.num_pages // 2
+        self.cache.pins.clock = lambda: self.now
 
     def teardown(self) -> None:
         if getattr(self, "storage", None):
@@ -205,11 +208,23 @@ class CacheMachine(RuleBasedStateMachine):
         if touched and kept:
             assert max(touched) < min(kept)
 
+    @rule(base=st.integers(0, len(BASES) - 1), cut=st.integers(0, 20), ns=NAMESPACES, ttl=st.floats(0.5, 5.0))
+    def pin(self, base: int, cut: int, ns: str | None, ttl: float) -> None:
+        tokens = BASES[base][:cut]
+        pinned = self.cache.pins.pin(tokens, ns, ttl)
+        assert pinned % self.ps == 0 and pinned <= len(tokens) and not (self.cache.disabled and pinned)
+
+    @rule(dt=st.floats(0.0, 3.0))
+    def advance_clock(self, dt: float) -> None:
+        self.now += dt
+        self.cache.pins.expire()
+        assert all(self.cache.pins.expiry(n) > self.now for n in self._nodes() if self.cache.pins.expiry(n) is not None)
+
     @rule(roll=st.integers(0, 9))
     def reset(self, roll: int) -> None:
         if roll != 9:  # flushing the cache is rare in real runs; keep trees deep here too
             return
-        if self.cache.num_protected_pages:
+        if any(not r.node.is_root for r in self.reqs.values()):
             try:
                 self.cache.reset()
             except RuntimeError:
@@ -291,8 +306,9 @@ class CacheMachine(RuleBasedStateMachine):
             assert self._read(req.pages, len(req.tokens)) == req.tokens
         self.cache.check_invariants(private_pages=private)
         # Lock holders are exactly the simulated requests; tree pages hold their own tokens.
-        for node in self._nodes():
-            assert node.holders == holders.pop(id(node), 0)
+        for node in self._nodes():  # requests' locks, plus one per pin
+            pinned = self.cache.pins.expiry(node) is not None
+            assert node.holders == holders.pop(id(node), 0) + pinned
             assert self._read(node.pages, len(node.key)) == list(node.key)
         assert not holders
         if self.tiered:  # every L2 page holds the tokens of the prefix its key names
