@@ -53,6 +53,10 @@ class EngineConfig:
     enable_hierarchical_cache: bool = False
     hicache_size: float | None = None
     hicache_storage_dir: str | None = None
+    # Record KV cache events (vLLM's BlockStored/BlockRemoved/AllBlocksCleared); a serving
+    # worker publishes them on a ZeroMQ XPUB bound here ("{worker}" -> the worker's id).
+    kv_events_endpoint: str | None = None
+    kv_events_topic: str = "kv-events"
     # At most this fraction of the KV pool may be pinned by requests' pin_ttl_s.
     pin_budget_fraction: float = 0.25
     schedule_policy: str = "lpm"  # "lpm" | "fcfs"

@@ -116,6 +116,8 @@ class Engine:
         self.allocator = PageAllocator(num_pages)
         self.cache = self._make_cache()
         self.cache.pins.budget_pages = int(num_pages * cfg.pin_budget_fraction)
+        if cfg.kv_events_endpoint is not None:
+            self.enable_kv_events()
         self.attn = make_attention_backend(cfg.attention_backend, self.pool)
         max_model_len = cfg.max_model_len or mc.max_position_embeddings
         self.max_total_len = min(max_model_len, num_pages * cfg.page_size)
@@ -156,6 +158,20 @@ class Engine:
         logger.info("hierarchical cache: L2 %d pages (%.2f GiB), L3 %s", host_pages,
                     host_pages * self.pool.bytes_per_page / 2**30, cfg.hicache_storage_dir or "off")
         return HiRadixCache(self.allocator, cfg.page_size, hierarchy)
+
+    def enable_kv_events(self) -> None:
+        """Record KV cache events from now on (see :meth:`drain_kv_events`)."""
+        from radixserve.memory.kv_events import KVEventRecorder
+        from radixserve.memory.page_hash import PrefixHasher
+
+        hierarchy = getattr(self.cache, "hierarchy", None)
+        hasher = hierarchy.hasher if hierarchy is not None else PrefixHasher(
+            f"{model_identity(self.model_path)}|{self.pool.layout()}", self.pool.page_size)
+        self.cache.listener = KVEventRecorder(hasher, "GPU" if self.device.type == "cuda" else "CPU")
+
+    def drain_kv_events(self) -> Any | None:
+        """The KV events (a vLLM-format ``KVEventBatch``) since the last call, or None."""
+        return None if self.cache.listener is None else self.cache.listener.drain()
 
     def close(self) -> None:
         """Shut down cleanly: with an L3 directory, write the cached KV there (L1 and L2) so

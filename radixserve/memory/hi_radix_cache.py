@@ -27,7 +27,7 @@ from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.hierarchy import KVHierarchy
 from radixserve.memory.page_hash import PageKey
 from radixserve.memory.radix_cache import RadixCache
-from radixserve.memory.tree_node import MatchResult, TreeNode
+from radixserve.memory.tree_node import MatchResult, TreeNode, node_page_keys
 
 
 class HiRadixCache(RadixCache):
@@ -42,20 +42,7 @@ class HiRadixCache(RadixCache):
     # ------------------------------------------------------------------ keys and tiers
     def page_keys(self, node: TreeNode) -> list[PageKey]:
         """The key of each page of ``node`` (computed once per node, up the path as needed)."""
-        pending: list[TreeNode] = []
-        n = node
-        while n.parent is not None and (n.page_keys is None or len(n.page_keys) != len(n.pages)):
-            pending.append(n)
-            n = n.parent
-        if n.parent is None:
-            prev = self.hierarchy.hasher.seed(n.namespace)
-        else:
-            assert n.page_keys is not None
-            prev = n.page_keys[-1]
-        for x in reversed(pending):
-            x.page_keys = self.hierarchy.hasher.chain(prev, x.key)
-            prev = x.page_keys[-1]
-        return node.page_keys or []
+        return node_page_keys(node, self.hierarchy.hasher)
 
     def tiers(self, node: TreeNode) -> list[frozenset[str]]:
         """Where each page of ``node`` lives: always L1 (it is in the tree), plus L2/L3 copies."""
@@ -63,6 +50,7 @@ class HiRadixCache(RadixCache):
 
     # ------------------------------------------------------------------ demotion
     def _before_evict(self, node: TreeNode, keep: int) -> None:
+        super()._before_evict(node, keep)
         self.hierarchy.demote(node.pages[keep:], self.page_keys(node)[keep:])
 
     def back_up(self, node: TreeNode) -> None:

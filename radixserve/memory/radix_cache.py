@@ -46,10 +46,14 @@ Complexity (n = nodes, L = query length, d = depth of the matched path in nodes)
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.lru import EvictableLeaves
 from radixserve.memory.pins import PinTable
+
+if TYPE_CHECKING:
+    from radixserve.memory.kv_events import KVEventRecorder
 from radixserve.memory.tree_node import CachedPrefix, CacheStats, MatchResult, TreeNode, common_prefix
 
 __all__ = ["CacheStats", "CachedPrefix", "MatchResult", "RadixCache"]
@@ -74,6 +78,7 @@ class RadixCache:
         self._clock = 0
         self._init_tree()
         self.pins = PinTable(self, budget_pages=0)  # the engine sets the budget
+        self.listener: KVEventRecorder | None = None  # KV events (the engine sets one when asked)
         allocator.set_evictor(self.evict, lambda: self.num_evictable_pages)
 
     def _init_tree(self) -> None:
@@ -183,6 +188,8 @@ class RadixCache:
         self._tree_pages += len(pages)
         self._inserted += len(pages)
         self._lru.add(leaf)
+        if self.listener is not None:
+            self.listener.stored(leaf)
         return leaf
 
     def _remove_leaf(self, node: TreeNode) -> None:
@@ -376,7 +383,9 @@ class RadixCache:
         return freed
 
     def _before_evict(self, node: TreeNode, keep: int) -> None:
-        """Hook: ``node.pages[keep:]`` are about to leave L1 (a tiered cache demotes them)."""
+        """``node.pages[keep:]`` are about to leave L1 (a tiered cache demotes them too)."""
+        if self.listener is not None:
+            self.listener.removed(node, keep)
 
     def back_up(self, node: TreeNode) -> None:
         """Hook: copy the path to ``node`` to a lower tier now, if there is one (an expired pin)."""
@@ -394,6 +403,8 @@ class RadixCache:
             if node.pages:
                 self.allocator.free(node.pages)
         self._init_tree()
+        if self.listener is not None:
+            self.listener.cleared()
 
     def check_invariants(self, private_pages: Iterable[int] = ()) -> None:
         """Verify the whole page accounting and tree structure (O(tree); tests call it often).
