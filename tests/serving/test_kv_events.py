@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Union
 
 import msgspec
+import pytest
 import zmq
 from msgspec.msgpack import Decoder
 
@@ -101,4 +102,48 @@ def test_a_subscriber_sees_stored_removed_and_cleared_blocks(tiny_llama_dir: Pat
     finally:
         sub.close(linger=0)
         pub.close()
+        ctx.term()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_served_worker_publishes_its_cache_events(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    from radixserve.serving.client import Client
+    from radixserve.serving.launcher import LocalServer
+    from radixserve.serving.router import RouterConfig
+
+    engine = dict(num_pages=256, page_size=4, num_threads=1, kv_events_endpoint=f"ipc://{tmp_path}/kv-{{worker}}")
+    cfg = RouterConfig(endpoint="tcp://127.0.0.1:*")
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    decoder = Decoder(type=KVEventBatch)
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    try:
+        with LocalServer(tiny_llama_dir, num_workers=1, config=cfg, engine_config=engine) as srv, \
+                Client(srv.endpoint) as client:
+            sub.connect(f"ipc://{tmp_path}/kv-0")  # worker 0's socket ("{worker}" -> its id)
+            sub.setsockopt_string(zmq.SUBSCRIBE, "kv-events")
+            # ZeroMQ drops what is published before the subscription reaches the worker: send
+            # new prompts until events arrive, then check one request's events exactly.
+            for i in range(50):
+                client.generate(input_ids=list(range(100 + i, 120 + i)), params=params)
+                if sub.poll(200):
+                    break
+            else:
+                raise AssertionError("no KV events from the worker")
+            while sub.poll(200):
+                sub.recv_multipart()
+            ids = list(range(300, 330))
+            client.generate(input_ids=ids, params=params)
+            assert sub.poll(10_000)
+            topic, seq, payload = sub.recv_multipart()
+            batch = decoder.decode(payload)
+            assert topic == b"kv-events" and int.from_bytes(seq, "big") > 0
+            tokens = [t for e in batch.events if isinstance(e, BlockStored) for t in e.token_ids]
+            assert tokens and tokens == ids[: len(tokens)]
+            assert client.flush_cache()
+            assert sub.poll(10_000)
+            assert isinstance(decoder.decode(sub.recv_multipart()[2]).events[-1], AllBlocksCleared)
+    finally:
+        sub.close(linger=0)
         ctx.term()
