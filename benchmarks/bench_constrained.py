@@ -85,7 +85,7 @@ class GrammarTimer:
 
     def __init__(self) -> None:
         from radixserve.constrained.matcher import GrammarMatcher
-        from radixserve.scheduling.sampler import Sampler
+        from radixserve.engine.sampler import Sampler
 
         self.seconds = 0.0
         for cls, name in ((Sampler, "_apply_grammar"), (GrammarMatcher, "accept")):
@@ -172,7 +172,7 @@ def best_ms(fn: Callable[[], object], repeat: int) -> float:
 def bench_sampler(engine: Any, batches: list[int], repeat: int) -> list[dict[str, Any]]:
     """The sampler with and without masks on random logits, and the matcher update per row."""
     from radixserve.constrained.grammar import compiler_for
-    from radixserve.scheduling.sampler import Sampler
+    from radixserve.engine.sampler import Sampler
 
     mc = engine.model_config
     compiler = compiler_for(engine.tokenizer, mc.vocab_size, mc.eos_token_ids)

@@ -40,6 +40,7 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
+from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -85,7 +86,7 @@ def chat_ids(tok: Any, messages: list[dict[str, str]]) -> list[int]:
 
 
 class FlopCounter:
-    """Wraps the scheduler's forward: counts model FLOPs and forward wall time."""
+    """Wraps the runner's model forward: counts model FLOPs and forward wall time."""
 
     def __init__(self, engine: Engine) -> None:
         c = engine.model_config
@@ -96,12 +97,12 @@ class FlopCounter:
         self.attn_per_key = 4 * c.num_q_heads * c.head_dim * c.num_layers  # QK^T and PV, per (query, key)
         self.flops = 0.0
         self.forward_s = 0.0
-        self._inner = engine.scheduler.forward
-        engine.scheduler.forward = self
+        self._inner = engine.runner.model.forward
+        engine.runner.model.forward = self
 
-    def __call__(self, fb: ForwardBatch) -> torch.Tensor:
+    def __call__(self, fb: ForwardBatch, attn: Any) -> torch.Tensor:
         t0 = time.perf_counter()
-        out = self._inner(fb)
+        out = self._inner(fb, attn)
         self.forward_s += time.perf_counter() - t0
         keys = 0
         for seq, n in zip(fb.seq_lens_cpu, fb.extend_lens_cpu):

@@ -86,7 +86,7 @@ def greedy_continuations(model_path: Path, prompts: list[list[int]], n: int, kv_
 
 def teacher_forced_logprobs(model, seqs: list[list[int]], kv_dtype: str, backend: str, device: torch.device) -> torch.Tensor:
     """Log-probabilities ``[sum(len), vocab]`` of every position of every sequence, KV through ``kv_dtype``'s pool."""
-    from radixserve.engine.engine import make_attention_backend
+    from radixserve.engine.model_runner import make_attention_backend
     from radixserve.memory.pool import KVPool
     from radixserve.model.forward_batch import ForwardBatch
 
@@ -108,7 +108,9 @@ def teacher_forced_logprobs(model, seqs: list[list[int]], kv_dtype: str, backend
          for b, s in enumerate(seqs)]
     ).to(device)
     attn = make_attention_backend(backend, pool)
+    batch.page_lists_cpu = table.tolist()
     with torch.inference_mode():
+        attn.init_forward_metadata(batch)
         return torch.log_softmax(model.forward(batch, attn).float(), dim=-1)
 
 

@@ -1,29 +1,55 @@
 #!/usr/bin/env bash
-# GPU check for radixkernels: on a machine with an NVIDIA GPU and a CUDA build of torch,
-#   1. runs the kernel tests compiled for the GPU (TRITON_INTERPRET=0; tests/conftest.py only
-#      sets the interpreter by default, and tests/kernels/kvcases.py then puts tensors on cuda),
-#   2. benchmarks paged decode (batch 64 x 4096 ctx, SmolLM2-like and Llama-7B-like heads,
-#      achieved bandwidth vs the device's copy bandwidth, target >= 70%) and prefix-extend
-#      attention (TFLOP/s vs torch SDPA), writing benchmarks/results/kernels_gpu.json.
-# Usage: bash benchmarks/gpu_check.sh [extra args for bench_kernels_gpu.py]
-# Exits 2 with a message when no GPU is usable. Takes ~2-4 minutes (mostly Triton compiles).
+# The whole engine on one GPU, one command, one JSON report (benchmarks/results/gpu_check.json).
+# Phases (benchmarks/gpu_check.py): kernel tests compiled for the GPU, greedy equivalence
+# with transformers on the GPU, a decode throughput table (batch 1/16/64/256 x context 1k/4k,
+# eager and CUDA-graphed), the shared-system-prompt workload with the radix cache on and off,
+# the paged decode kernel's bandwidth against the device's copy bandwidth (>= 70% target), and
+# the model runner's CUDA test and step benchmark (no implicit sync, graphs, overlap).
+# Budget: under 8 minutes on one H200 (most of it Triton compiles and the 4k x 256 decodes).
+#
+# Needs: an NVIDIA GPU, torch (CUDA build), triton and transformers. Nothing is fetched on the
+# GPU machine: the other dependencies come as wheels from ./wheels (benchmarks/gpu_wheels.txt):
+#     bash benchmarks/gpu_check.sh --download-wheels   # where PyPI is reachable; ./wheels travels along
+#     bash benchmarks/gpu_check.sh                     # on the GPU machine
+#     bash benchmarks/gpu_check.sh --dry-run           # CPU: tiny shapes, GPU-only phases listed (CI runs this)
+# The default model's equivalence runs when a converted copy is on disk there (radixserve's
+# cache, or GPU_CHECK_DEFAULT_MODEL=dir); it is skipped otherwise, never fetched.
+# Extra arguments go to gpu_check.py (e.g. --phases decode_table,shared_system).
+# Exits 2 with a message when no GPU is usable, 1 when a phase failed (the report says which).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
+WHEELS="${WHEELS:-wheels}"
+REQS=benchmarks/gpu_wheels.txt
 
+if [[ "${1:-}" == "--download-wheels" ]]; then
+    # For the GPU machine's interpreter: pass GPU_PY_VERSION=3.12 etc. when it differs from this one.
+    ver="${GPU_PY_VERSION:-$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')}"
+    mkdir -p "$WHEELS"
+    "$PY" -m pip download --only-binary=:all: --no-deps --python-version "$ver" \
+        --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any \
+        -d "$WHEELS" -r "$REQS"
+    ls -l "$WHEELS"
+    exit 0
+fi
+
+if [[ -d "$WHEELS" ]]; then
+    "$PY" -m pip install --quiet --no-index --find-links "$WHEELS" -r "$REQS"
+fi
+
+# The kernels import as radixkernels (pyproject maps kernels/ to it): same mapping, no install.
+mkdir -p .gpu_pp
+ln -sfn ../kernels .gpu_pp/radixkernels
+export PYTHONPATH="$PWD:$PWD/.gpu_pp${PYTHONPATH:+:$PYTHONPATH}"
+export OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+if [[ "${1:-}" == "--dry-run" ]]; then
+    exec "$PY" benchmarks/gpu_check.py "$@"
+fi
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
     echo "gpu_check: no CUDA GPU visible to torch ($("$PY" -c 'import torch; print(torch.__version__)')):" \
-         "this script needs an NVIDIA GPU and a CUDA build of torch." >&2
+         "this script needs an NVIDIA GPU and a CUDA build of torch (or use --dry-run)." >&2
     exit 2
 fi
-"$PY" -c 'import torch; p = torch.cuda.get_device_properties(0); print(f"gpu_check: {p.name}, {p.total_memory / 2**30:.0f} GiB, torch {torch.__version__}")'
-
 export TRITON_INTERPRET=0
-export OMP_WAIT_POLICY=PASSIVE
-
-echo "== kernel tests, compiled for the GPU =="
-"$PY" -m pytest -q -p no:cacheprovider tests/kernels
-
-echo "== kernel benchmark =="
-mkdir -p benchmarks/results
-"$PY" benchmarks/bench_kernels_gpu.py --out benchmarks/results/kernels_gpu.json "$@"
+exec "$PY" benchmarks/gpu_check.py "$@"

@@ -3,23 +3,52 @@
 Both run on the state's runner thread (never concurrently for one state), read the
 state's text so far as the prompt, stream or append their result, assign the variable
 with its meta (finish reason, usage, select scores) and add the call's usage to the
-program's meter.
+program's meter. What they need of the state is the :class:`CallSite` protocol
+(``ProgramState`` implements it), so this module does not import the state's.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from frontend_dsl.backend import BackendError
+from frontend_dsl.backend import Backend, BackendError
+from frontend_dsl.chat_template import RoleFormat
 from frontend_dsl.ir import Gen, Select
 from frontend_dsl.scoring import score_choices
+from frontend_dsl.usage import UsageMeter
 
-if TYPE_CHECKING:
-    from frontend_dsl.state import ProgramState
+__all__ = ["CallSite", "RunContext", "run_gen", "run_select"]
 
-__all__ = ["run_gen", "run_select"]
+
+@dataclass
+class RunContext:
+    """What a program run shares with all of its forks."""
+
+    backend: Backend
+    program_id: str
+    roles: RoleFormat
+    defaults: dict[str, Any] = field(default_factory=dict)
+    meter: UsageMeter = field(default_factory=UsageMeter)
+    # Set once the run's first backend call has produced output (its prompt is then cached);
+    # run_batch waits on it before starting the rest of a batch.
+    first_output: threading.Event = field(default_factory=threading.Event)
+
+
+class CallSite(Protocol):
+    """The program state a call runs in: its run context, its text so far, how much of that
+    text a backend has already seen, and how results are appended and assigned."""
+
+    _ctx: RunContext
+    _text: str
+    _sent_upto: int
+
+    def _append(self, text: str, var: str | None = None) -> None: ...
+
+    def _assign(self, name: str | None, value: Any, meta: dict[str, Any] | None = None) -> None: ...
 
 _INT_RE = re.compile(r"\s*[-+]?\d+")
 _FLOAT_RE = re.compile(r"\s*[-+]?\d+(\.\d+)?")
@@ -46,7 +75,7 @@ def _parse(op: Gen, text: str) -> tuple[Any, str | None]:
     return text, None
 
 
-def run_gen(state: "ProgramState", op: Gen) -> None:
+def run_gen(state: CallSite, op: Gen) -> None:
     """Generate from the state's text; stream text kinds into the state as they arrive."""
     ctx = state._ctx
     params = op.params(ctx.defaults)
@@ -80,7 +109,7 @@ def run_gen(state: "ProgramState", op: Gen) -> None:
                                    "worker_id": last.worker_id})
 
 
-def run_select(state: "ProgramState", op: Select) -> None:
+def run_select(state: CallSite, op: Select) -> None:
     """Score the choices after the state's text and append the best one."""
     ctx = state._ctx
     result = score_choices(ctx.backend, state._text, op.choices, op.method, program_id=ctx.program_id,

@@ -26,6 +26,7 @@ from frontend_dsl.backend import (Backend, BackendError, CallUsage, GenChunk, Ge
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
 from radixserve.serving.client import DEFAULT_ENDPOINT, AsyncClient
+from radixserve.serving.security import PeerKeys
 
 __all__ = ["RemoteBackend"]
 
@@ -85,10 +86,11 @@ class RemoteBackend(Backend):
 
     ``timeout``: seconds without any reply from the router before a call fails (the router
     sends keep-alives while requests run). ``connections``: sockets in the shared pool.
+    ``curve``: client keys for a router that requires them (``load_peer_keys("keys/client")``).
     """
 
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout: float | None = 120.0,
-                 connections: int = 1) -> None:
+                 connections: int = 1, curve: PeerKeys | None = None) -> None:
         if connections < 1:
             raise ValueError(f"connections must be >= 1, got {connections}")
         self.endpoint = endpoint
@@ -99,7 +101,7 @@ class RemoteBackend(Backend):
         self._info: ModelInfo | None = None
 
         async def connect() -> list[AsyncClient]:
-            return [AsyncClient(endpoint, timeout=timeout) for _ in range(connections)]
+            return [AsyncClient(endpoint, timeout=timeout, curve=curve) for _ in range(connections)]
 
         self._clients = self._call(connect())
         self._next = itertools.count()

@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import collections
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
-from frontend_dsl.backend import Backend
-from frontend_dsl.calls import run_gen, run_select
-from frontend_dsl.chat_template import RoleFormat
+from frontend_dsl.calls import RunContext, run_gen, run_select
 from frontend_dsl.ir import Expr, Gen, Role, RoleBegin, RoleEnd, Select, Seq, Text, to_expr
-from frontend_dsl.usage import ProgramUsage, UsageMeter
+from frontend_dsl.usage import ProgramUsage
 
 __all__ = ["ForkGroup", "ProgramError", "ProgramState", "RunContext"]
 
@@ -34,20 +32,6 @@ __all__ = ["ForkGroup", "ProgramError", "ProgramState", "RunContext"]
 
 class ProgramError(RuntimeError):
     """Raised when a program reads a result its state failed to produce; ``__cause__`` is why."""
-
-
-@dataclass
-class RunContext:
-    """What a program run shares with all of its forks."""
-
-    backend: Backend
-    program_id: str
-    roles: RoleFormat
-    defaults: dict[str, Any] = field(default_factory=dict)
-    meter: UsageMeter = field(default_factory=UsageMeter)
-    # Set once the run's first backend call has produced output (its prompt is then cached);
-    # run_batch waits on it before starting the rest of a batch.
-    first_output: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,9 @@ def _cases(full: bool) -> list[tuple[str, str, torch.dtype, int, int, int]]:
     kv = ["auto", "fp8_e4m3", "fp8_e5m2", "int8", "int4"]
     acts = [torch.float16, torch.bfloat16, torch.float32]
     if full:
-        return [(k, d, a, 9, 3, 64) for k in ("store", "decode", "extend") for d in kv for a in acts]
+        return [(k, d, a, 9, 3, 64) for k in ("store", "decode", "extend") for d in kv for a in acts] + [
+            ("fused", "auto", a, 9, 3, 64) for a in acts
+        ]
     return [
         ("store", "int4", torch.bfloat16, 9, 3, 64),
         ("store", "fp8_e4m3", torch.float16, 9, 3, 64),
@@ -88,6 +90,8 @@ def _cases(full: bool) -> list[tuple[str, str, torch.dtype, int, int, int]]:
         ("extend", "int8", torch.float16, 9, 3, 64),
         ("extend", "fp8_e4m3", torch.bfloat16, 32, 32, 128),
         ("extend", "int4", torch.float32, 4, 1, 16),
+        ("fused", "auto", torch.bfloat16, 9, 3, 64),
+        ("fused", "auto", torch.float32, 4, 1, 16),
     ]
 
 
@@ -107,7 +111,17 @@ def _launch(kind: str, kv_dtype: str, act: torch.dtype, hq: int, hkv: int, d: in
         k_scale = v_scale = None
     pt = torch.arange(pages, dtype=torch.int32).view(2, 2)
     lens = torch.tensor([20, 30], dtype=torch.int32)
-    if kind == "store":
+    if kind == "fused":
+        from radixkernels.fused import rms_norm, rope_store_kv, silu_mul
+
+        x = torch.zeros(3, 576, dtype=act)
+        rms_norm(x, torch.ones(576, dtype=act), 1e-5)
+        rms_norm(x, torch.ones(576, dtype=act), 1e-5, residual=torch.zeros_like(x))
+        silu_mul(torch.zeros(3, 2 * 1536, dtype=act))
+        qkv = torch.zeros(3, hq + 2 * hkv, d, dtype=act)
+        cs = torch.zeros(3, 1, d, dtype=act)
+        rope_store_kv(qkv, cs, cs, hq, k_data, v_data, torch.arange(3), fmt)
+    elif kind == "store":
         x = torch.zeros(3, hkv, d, dtype=act)
         store_kv(k_data, v_data, k_scale, v_scale, x, x, torch.arange(3), fmt)
     elif kind == "decode":
@@ -132,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from radixkernels import decode, extend, kv_store
+    from radixkernels.variants import launched_kernels
 
-    jit_fns = [kv_store._store_kv_kernel, decode._decode_split_kernel, decode._decode_reduce_kernel, extend._extend_kernel]
+    jit_fns = launched_kernels()
     target = GPUTarget("cuda", args.arch, 32)
     seen: set[tuple] = set()
     for case in _cases(args.all):

@@ -42,7 +42,13 @@ from radixkernels._common import (
 from radixkernels.kv_format import KVFormat
 
 
-@triton.jit
+# The page table's row stride is the step's page count, and a batch's decode segment is a
+# slice of the step's rows and metadata (any offset): none of them may pick a compiled variant.
+_VARYING_INTS = ["stride_pt"]
+_VARYING_PTRS = ["q_ptr", "o_ptr", "pt_ptr", "seq_lens_ptr"]
+
+
+@triton.jit(do_not_specialize=_VARYING_INTS, do_not_specialize_on_alignment=_VARYING_PTRS)
 def _decode_split_kernel(
     q_ptr, stride_qb, stride_qh,
     k_ptr, v_ptr, stride_ks, stride_kh,
@@ -117,7 +123,7 @@ def _decode_split_kernel(
     tl.store(base + offs_o[None, :], (o * norm[:, None]).to(ty), mask=out_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["o_ptr", "seq_lens_ptr"])
 def _decode_reduce_kernel(
     mid_o_ptr, mid_lse_ptr,
     o_ptr, stride_ob, stride_oh,
@@ -149,15 +155,37 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def default_num_kv_splits(batch_size: int, kv_heads: int, device: torch.device) -> int:
-    """Enough splits for ~4 programs per SM on a GPU (at most 32); 1 on the CPU interpreter.
+# The split count is a compile-time constant of both stages: it takes only these values, so
+# a warm-up that launches each once leaves nothing to compile while serving.
+SPLIT_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 
-    Splits past a short sequence's end exit at once, so over-splitting costs little.
+
+def bucket_num_kv_splits(splits: int) -> int:
+    """The largest bucket in :data:`SPLIT_BUCKETS` that is <= ``splits`` (at least 1)."""
+    return max(b for b in SPLIT_BUCKETS if b <= max(1, splits))
+
+
+def num_kv_splits_for(batch_size: int, kv_heads: int, num_sms: int) -> int:
+    """Enough splits for ~4 programs per SM, bucketed to a power of two <= 32.
+
+    Splits past a short sequence's end exit at once, so over-splitting costs little;
+    bucketing keeps the number of compiled variants at ``len(SPLIT_BUCKETS)``.
     """
+    return bucket_num_kv_splits(triton.cdiv(4 * num_sms, max(1, batch_size * kv_heads)))
+
+
+def device_num_sms(device: torch.device) -> int | None:
+    """Streaming multiprocessors of a CUDA device; None on the CPU or under the interpreter
+    (where one split is fastest: the interpreter runs programs one after another)."""
     if device.type != "cuda" or interpreting():
-        return 1
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return max(1, min(32, triton.cdiv(4 * _num_sms(index), max(1, batch_size * kv_heads))))
+        return None
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def default_num_kv_splits(batch_size: int, kv_heads: int, device: torch.device) -> int:
+    """:func:`num_kv_splits_for` on a GPU; 1 on the CPU."""
+    sms = device_num_sms(device)
+    return 1 if sms is None else num_kv_splits_for(batch_size, kv_heads, sms)
 
 
 def paged_decode_attention(
@@ -180,8 +208,9 @@ def paged_decode_attention(
 
     Same signature and semantics as :func:`radixkernels.reference.paged_decode_attention_ref`;
     ``seq_lens`` ``[B]`` must be >= 1, ``page_table`` ``[B, max_pages]`` int32/int64.
-    ``max_seq_len`` is unused (kept for signature parity). Returns ``out`` (``[B, Hq, D]``,
-    ``q``'s dtype).
+    ``max_seq_len`` is unused (kept for signature parity). ``num_kv_splits`` defaults to
+    :func:`default_num_kv_splits` (always a :data:`SPLIT_BUCKETS` value, so warm-up covers it);
+    an explicit count is taken as given. Returns ``out`` (``[B, Hq, D]``, ``q``'s dtype).
     """
     del max_seq_len
     B, Hq, D = q.shape

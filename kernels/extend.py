@@ -1,20 +1,26 @@
 """Prefix-extend attention: new rows of many sequences over their cached prefix and themselves.
 
-FlashAttention-style tiling, no attention matrix in memory::
+FlashAttention-style tiling, no attention matrix in memory, grouped query heads per KV head::
 
-    grid (B, Hq, ceil(max_extend_len / BLOCK_M))
-    program (b, h, m): query rows m*BLOCK_M .. +BLOCK_M of sequence b's new tokens, head h,
-      at positions P0 + row (P0 = seq_len - extend_len, the cached prefix length);
-      walks KV positions 0 .. min(seq_len, P0 + (m+1)*BLOCK_M) in BLOCK_N blocks, every one
-      read from the pool through the page table (the new rows were stored first), keeps an
-      online softmax, masks position > row position (causal on the new part).
+    grid (B, Hkv, ceil(max_extend_len / BLOCK_M))
+    program (b, kvh, m): tokens m*BLOCK_M .. +BLOCK_M of sequence b's new rows, for all
+      G = Hq/Hkv query heads of KV head kvh at once. The program's BLOCK_R score rows are
+      token-major, row r = token (r // G), query head kvh*G + (r % G); BLOCK_M = BLOCK_R // G
+      (any G, 9/3 = 3 included; rows past BLOCK_M*G are masked). Each K/V block is read once
+      for the whole group instead of once per query head.
+      Token t sits at position P0 + t (P0 = seq_len - extend_len, the cached prefix length);
+      the program walks KV positions 0 .. min(seq_len, P0 + (m+1)*BLOCK_M) in BLOCK_N
+      blocks, every one read from the pool through the page table (the new rows were
+      stored first), keeps an online softmax, masks position > row position (causal).
 
-Ragged lengths: programs whose row block starts past the sequence's extend length exit at
+Ragged lengths: programs whose token block starts past the sequence's extend length exit at
 once. K/V are dequantized in-kernel (see :mod:`radixkernels._common`). Semantics:
 :func:`radixkernels.reference.extend_attention_ref` (= ``paged_attention_ref``).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -38,7 +44,12 @@ from radixkernels._common import (
 from radixkernels.kv_format import KVFormat
 
 
-@triton.jit
+@triton.jit(
+    # Sliced per-step metadata (a batch's extend segment) starts at any int32 offset, and the
+    # page table's row stride is the step's page count: neither may pick a compiled variant.
+    do_not_specialize=["stride_pt"],
+    do_not_specialize_on_alignment=["pt_ptr", "seq_lens_ptr", "ext_lens_ptr", "ext_start_ptr"],
+)
 def _extend_kernel(
     q_ptr, stride_qt, stride_qh,
     k_ptr, v_ptr, stride_ks, stride_kh,
@@ -49,7 +60,8 @@ def _extend_kernel(
     qk_scale, Hkv, D,
     G: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    BLOCK_R: tl.constexpr,  # score rows per program (power of two >= 16), token-major over the G heads
+    BLOCK_M: tl.constexpr,  # tokens per program: BLOCK_R // G
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,  # covers head_dim, or head_dim // 2 for int4
     BLOCK_DF: tl.constexpr,  # covers head_dim (>= 16): int4's rotations
@@ -58,7 +70,7 @@ def _extend_kernel(
     DOT_F32: tl.constexpr,
 ):
     b = tl.program_id(0)
-    h = tl.program_id(1)
+    kvh = tl.program_id(1)
     mb = tl.program_id(2)
     E = tl.load(ext_lens_ptr + b)
     if mb * BLOCK_M >= E:
@@ -66,7 +78,6 @@ def _extend_kernel(
     L = tl.load(seq_lens_ptr + b)
     P0 = L - E
     s0 = tl.load(ext_start_ptr + b).to(tl.int64)
-    kvh = h // G
     if DOT_F32:
         DOT_DTYPE: tl.constexpr = tl.float32
         PREC: tl.constexpr = "ieee"
@@ -74,23 +85,25 @@ def _extend_kernel(
         DOT_DTYPE: tl.constexpr = q_ptr.dtype.element_ty
         PREC: tl.constexpr = "tf32"  # unused for 16-bit inputs
 
-    offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_m = mb * BLOCK_M + offs_r // G  # token of each score row
+    heads = kvh * G + offs_r % G  # query head of each score row
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    mask_m = offs_m < E
+    mask_m = (offs_r < BLOCK_M * G) & (offs_m < E)
     q_pos = P0 + offs_m
     rows = s0 + offs_m
     offs_f = tl.arange(0, BLOCK_DF)
     mask_d = kv_dim_mask(offs_d, D, MODE)
-    q_row_off = rows[:, None] * stride_qt + h * stride_qh
+    q_row_off = rows[:, None] * stride_qt + heads[:, None] * stride_qh
     q_a, q_b = attn_load_q(q_ptr, q_row_off, mask_m, offs_d, mask_d, offs_f, D, HSCALE, MODE, DOT_DTYPE)
-    acc_a = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # int4's odd channels, else unused
+    acc_a = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)  # int4's odd channels, else unused
     qk_scale, v_head_scale = attn_head_scales(qk_scale, ks_ptr, vs_ptr, kvh, MODE)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
 
-    # Rows past E sit at positions >= L and see all of 0..L-1: no fully masked row, no NaN.
+    # Masked rows (token past E, or r past BLOCK_M * G) sit at positions >= L and see all of 0..L-1: no fully masked row, no NaN.
     kv_end = tl.minimum(L, P0 + (mb + 1) * BLOCK_M)
     for n0 in range(0, kv_end, BLOCK_N):
         pos = n0 + offs_n
@@ -104,15 +117,27 @@ def _extend_kernel(
     norm = v_head_scale / l_i
     o, offs_o = attn_output(acc_a, acc_b, offs_d, offs_f, D, HSCALE, MODE)
     out_mask = mask_m[:, None] & (offs_o < D)[None, :]
-    base = o_ptr + rows[:, None] * stride_ot + h * stride_oh
+    base = o_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh
     tl.store(base + offs_o[None, :], (o * norm[:, None]).to(o_ptr.dtype.element_ty), mask=out_mask)
 
 
-def _blocks(head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps): small under the interpreter so tests cross block edges."""
+class ExtendBlocks(NamedTuple):
+    """Launch geometry of the extend kernel for one (head group, head_dim)."""
+
+    block_r: int  # score rows per program
+    block_m: int  # tokens per program (block_r // group)
+    block_n: int  # KV positions per inner step
+    num_warps: int
+
+
+def extend_blocks(group: int, head_dim: int) -> ExtendBlocks:
+    """Geometry for ``group`` query heads per KV head: small under the interpreter so tests cross block edges."""
     if interpreting():
-        return 16, 16, 4
-    return (128, 64, 8) if head_dim <= 64 else (64, 64, 4)
+        rows, block_n, warps = 32, 16, 4
+    else:
+        rows, block_n, warps = (128, 64, 8) if head_dim <= 64 else (64, 64, 4)
+    rows = max(rows, triton.next_power_of_2(group))
+    return ExtendBlocks(rows, rows // group, block_n, warps)
 
 
 def extend_attention(
@@ -146,9 +171,10 @@ def extend_attention(
     if max_extend_len is None:
         max_extend_len = int(extend_lens.max().item())
     mode = kv_mode(fmt)
-    block_m, block_n, warps = _blocks(D)
+    G = Hq // Hkv
+    blocks = extend_blocks(G, D)
     dummy = k_data
-    grid = (B, Hq, triton.cdiv(max_extend_len, block_m))
+    grid = (B, Hkv, triton.cdiv(max_extend_len, blocks.block_m))
     _extend_kernel[grid](
         q, q.stride(0), q.stride(1),
         k_data, v_data, stride_ks, stride_kh,
@@ -157,11 +183,11 @@ def extend_attention(
         seq_lens, extend_lens, extend_start_loc,
         out, out.stride(0), out.stride(1),
         sm_scale * LOG2E, Hkv, D,
-        G=Hq // Hkv, PAGE_SIZE=page_size,
-        BLOCK_M=block_m, BLOCK_N=block_n,
+        G=G, PAGE_SIZE=page_size,
+        BLOCK_R=blocks.block_r, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
         BLOCK_D=head_block(D // 2 if mode == MODE_INT4 else D),
         BLOCK_DF=head_block(D), HSCALE=hadamard_scale(D),
         MODE=mode, DOT_F32=dot_in_fp32(q.dtype),
-        num_warps=warps, num_stages=2,
+        num_warps=blocks.num_warps, num_stages=2,
     )
     return out

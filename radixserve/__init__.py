@@ -1,8 +1,20 @@
-"""radixserve: a prefix-caching LLM serving engine."""
+"""radixserve: a prefix-caching LLM serving engine.
+
+The public API, as vLLM and SGLang users expect it::
+
+    from radixserve import Engine, SamplingParams
+    engine = Engine()  # the default model (SmolLM2-135M-Instruct), or Engine("path/to/model")
+    out = engine.generate(["The capital of France is"], {"max_tokens": 16, "temperature": 0})
+
+The names are loaded lazily, so ``import radixserve`` stays light (no torch): clients and
+the prompt DSL import it too.
+"""
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import Any
 
 # With few cores, OpenMP threads spin-waiting between ops steal time from each other and make
 # CPU timings swing wildly (up to 10x under contention, measured), so idle threads sleep
@@ -17,3 +29,29 @@ if os.environ["OMP_WAIT_POLICY"].upper() == "PASSIVE":
     os.environ.setdefault("GOMP_SPINCOUNT", "100000")
 
 __version__ = "0.1.0"
+
+# name -> module that defines it; resolved on first access (PEP 562).
+_EXPORTS = {
+    "Engine": "radixserve.engine.engine",
+    "EngineConfig": "radixserve.engine.config",
+    "SamplingParams": "radixserve.sampling_params",
+    "GenerateOutput": "radixserve.engine.outputs",
+    "StepOutput": "radixserve.engine.outputs",
+    "TokenLogprob": "radixserve.engine.outputs",
+    "Usage": "radixserve.engine.outputs",
+    "EngineStats": "radixserve.engine.outputs",
+}
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'radixserve' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

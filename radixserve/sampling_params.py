@@ -7,6 +7,8 @@ where parameter values are checked; the engine, the router and the gateways all 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgspec
 
@@ -127,3 +129,47 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
         if errors:
             raise ValueError("invalid sampling parameters: " + "; ".join(errors))
         return self
+
+
+# SGLang's names for two of the fields, accepted in dicts so that SGLang users' code runs.
+_SGLANG_ALIASES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+
+SamplingInput = SamplingParams | Mapping[str, Any] | None
+"""One prompt's sampling parameters: a :class:`SamplingParams`, a dict of its fields, or
+``None`` for the defaults."""
+
+
+def to_sampling_params(value: SamplingInput) -> SamplingParams:
+    """A :class:`SamplingParams` from one :data:`SamplingInput`; unknown dict keys and
+    wrongly typed values are a ``ValueError`` that names them."""
+    if value is None:
+        return SamplingParams()
+    if isinstance(value, SamplingParams):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(f"sampling params must be a SamplingParams or a dict of its fields, "
+                         f"not {type(value).__name__}")
+    fields = dict(value)
+    for alias, name in _SGLANG_ALIASES.items():
+        if alias in fields:
+            if name in fields:
+                raise ValueError(f"sampling params give both {alias!r} and {name!r}")
+            fields[name] = fields.pop(alias)
+    try:
+        return msgspec.convert(fields, SamplingParams)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"invalid sampling params: {exc}") from None
+
+
+def per_prompt(params: SamplingInput | Sequence[SamplingInput], num_prompts: int) -> list[SamplingParams]:
+    """One :class:`SamplingParams` per prompt: a single value (object or dict) applies to
+    every prompt; a list gives one per prompt and must have ``num_prompts`` entries."""
+    if params is None or isinstance(params, (SamplingParams, Mapping)):
+        return [to_sampling_params(params)] * num_prompts
+    if isinstance(params, (str, bytes)) or not isinstance(params, Sequence):
+        raise ValueError(f"sampling params must be a SamplingParams, a dict, or a list of them, "
+                         f"not {type(params).__name__}")
+    if len(params) != num_prompts:
+        raise ValueError(f"{len(params)} sampling params for {num_prompts} prompts "
+                         f"(give one, or one per prompt)")
+    return [to_sampling_params(p) for p in params]

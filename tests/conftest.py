@@ -10,6 +10,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Workers started by tests run the full KV invariant check on every stats request.
+os.environ.setdefault("RADIXSERVE_DEBUG_INVARIANTS", "1")
 
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -14,16 +14,19 @@ from typing import Any
 ENGINE_FLAGS: list[tuple[str, Any, str]] = [
     ("page-size", int, "tokens per KV page"),
     ("kv-cache-dtype", str, "auto | fp8_e4m3 | fp8_e5m2 | int8 | int4"),
-    ("attention-backend", str, "torch | triton (on the CPU: the Triton interpreter, slow)"),
+    ("attention-backend", str, "torch | triton (default: triton on cuda, torch on cpu; triton on the CPU runs the interpreter, slow)"),
     ("max-num-tokens", int, "per-step token budget (prefill chunk size)"),
     ("max-running-requests", int, "concurrent requests (per worker)"),
     ("num-pages", int, "KV pool size in pages (default: planned from memory)"),
     ("memory-budget", int, "bytes for the KV pool planner"),
+    ("memory-utilization", float, "fraction of the device's memory the planner may use (default 0.9)"),
     ("max-model-len", int, "context length cap"),
     ("schedule-policy", str, "lpm | fcfs"),
-    ("dtype", str, "float32 | bfloat16 | float16"),
+    ("dtype", str, "float32 | bfloat16 | float16 (default: bfloat16 on cuda, float32 on cpu)"),
     ("device", str, "cpu | cuda | cuda:N"),
     ("num-threads", int, "CPU threads (per worker; serve's default: cores / workers)"),
+    ("overlap-schedule", str, "auto | on | off: plan the next step while the device runs this one (auto: on with CUDA)"),
+    ("decode-graphs", str, "auto | on | off: decode steps from static padded buffers, CUDA graphs (auto: on with CUDA)"),
 ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,32 @@ def _common_http_arguments(g: Any, *, memory_log_default: float) -> None:
     g.add_argument("--request-timeout", type=float, default=600.0,
                    help="seconds a request may wait for the router's next message")
     g.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn access log)")
+    g.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (repeat for several "
+                        "tenants; also RADIXSERVE_API_KEY); each key gets a prefix cache of its own")
+    g.add_argument("--admin-api-key", action="append", default=None, metavar="KEY",
+                   help="the key /flush_cache, /get_server_info and /metrics require instead "
+                        "(also RADIXSERVE_ADMIN_API_KEY)")
+
+
+def http_keys(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The API keys and admin API keys from the options and the environment."""
+    def keys(given: list[str] | None, env: str) -> tuple[str, ...]:
+        out = list(given or [])
+        if os.environ.get(env):
+            out.append(os.environ[env])
+        if any(not k.strip() for k in out):
+            raise ValueError(f"an empty API key is not a key ({env} or its option)")
+        return tuple(dict.fromkeys(out))
+
+    return keys(args.api_key, "RADIXSERVE_API_KEY"), keys(args.admin_api_key, "RADIXSERVE_ADMIN_API_KEY")
+
+
+def check_http_bind(host: str, api_keys: tuple[str, ...], insecure: bool) -> None:
+    """Refuse an HTTP address other hosts reach without an API key, unless ``insecure``."""
+    from radixserve.serving.security import check_bind
+
+    check_bind(f"tcp://{host}:0", secured=bool(api_keys), insecure=insecure, what="HTTP")
 
 
 def add_http_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,13 +67,14 @@ def start_http_for_serve(args: argparse.Namespace, server: Any, model: str | Pat
     if getattr(args, "http_port", None) is None:
         return None
     try:
-        return _start_http(args, server.endpoint, model)
+        # Behind CURVE, the gateway is one more client: it gets a key of its own.
+        return _start_http(args, server.endpoint, model, server.router.security.mint("clients", "http-gateway"))
     except BaseException:
         server.close()
         raise
 
 
-def _start_http(args: argparse.Namespace, router_endpoint: str, model: str | Path) -> Any:
+def _start_http(args: argparse.Namespace, router_endpoint: str, model: str | Path, router_keys: Any) -> Any:
     from radixserve.serving.http.gateway import GatewayConfig
     from radixserve.serving.http.server import HTTPGateway
     from radixserve.serving.prompts import load_tokenizer
@@ -54,9 +82,11 @@ def _start_http(args: argparse.Namespace, router_endpoint: str, model: str | Pat
     logger = logging.getLogger(HTTP_LOGGER)
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)  # the periodic memory line is the point of the interval option
+    api_keys, admin_keys = http_keys(args)
     config = GatewayConfig(router=router_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:"),
                            served_model_name=args.served_model_name,
-                           request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval)
+                           request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval,
+                           api_keys=api_keys, admin_api_keys=admin_keys, router_keys=router_keys)
     # Loaded here, not on the first request: the load would block the serving event loop.
     http = HTTPGateway(config, args.http_host, args.http_port, tokenizer=load_tokenizer(model),
                        access_log=args.access_log).start()
@@ -72,6 +102,10 @@ def _gateway_arguments(p: argparse.ArgumentParser) -> None:
                    help="model directory (or 'default') whose tokenizer names logprob tokens "
                         "(default: the default model's, when the router serves it)")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--keys", default=None, help="CURVE key directory of a client (radixserve keys DIR: DIR/client), "
+                   "for a router that requires keys")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow an HTTP address other hosts reach without --api-key")
     _common_http_arguments(p, memory_log_default=60.0)
 
 
@@ -84,6 +118,13 @@ def gateway(args: argparse.Namespace) -> int:
     from radixserve.serving.http.server import HTTPGateway
 
     logging.basicConfig(level=args.log_level.upper(), format="[gateway] %(levelname)s %(message)s")
+    api_keys, admin_keys = http_keys(args)
+    check_http_bind(args.host, api_keys, args.insecure)
+    router_keys = None
+    if args.keys is not None:
+        from radixserve.serving.security import load_peer_keys
+
+        router_keys = load_peer_keys(args.keys)
     tokenizer = None
     if args.tokenizer is not None:
         from radixserve.model_store import resolve_model
@@ -91,7 +132,8 @@ def gateway(args: argparse.Namespace) -> int:
 
         tokenizer = load_tokenizer(resolve_model(args.tokenizer))
     config = GatewayConfig(router=args.router, served_model_name=args.served_model_name,
-                           request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval)
+                           request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval,
+                           api_keys=api_keys, admin_api_keys=admin_keys, router_keys=router_keys)
     http = HTTPGateway(config, args.host, args.port, tokenizer=tokenizer, log_level="warning",
                        access_log=args.access_log)
     signal.signal(signal.SIGINT, http.request_stop)

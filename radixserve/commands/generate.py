@@ -108,7 +108,7 @@ def demo(args: argparse.Namespace) -> int:
     engine = Engine(args.model, **config)
     tok = engine.tokenizer
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    print(f"model {engine.model_path}  |  KV pool {engine.pool.num_pages} pages x {engine.pool.page_size} tokens"
+    print(f"model {engine.model_path}  |  KV pool {engine.allocator.num_pages} pages x {engine.pool.page_size} tokens"
           f"  |  radix cache {'off' if engine.config.disable_radix_cache else 'on'}\n")
 
     rows: list[tuple[str, Any]] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 from radixserve.cli import register
 from radixserve.commands.engine_args import add_engine_arguments, engine_config
@@ -18,6 +19,8 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", default=None, help="full client endpoint, e.g. ipc:///tmp/radixserve.sock "
                    "(overrides --host/--port)")
     p.add_argument("--workers", type=int, default=1, help="local worker processes (0: only remote workers)")
+    p.add_argument("--gpu-ids", default=None,
+                   help="with --device cuda: GPUs for the local workers, one each, e.g. 0,1 (default: every visible GPU)")
     p.add_argument("--worker-endpoint", default="tcp://127.0.0.1:*",
                    help="where workers connect (bind e.g. tcp://0.0.0.0:5556 to let remote workers join)")
     p.add_argument("--routing", choices=ROUTING_POLICIES, default="cache_aware")
@@ -28,6 +31,11 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="cache-aware: fraction of the prompt a worker must hold to win on cache")
     p.add_argument("--worker-timeout", type=float, default=30.0, help="seconds of worker silence before it is dead")
     p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--keys", default=None, metavar="DIR",
+                   help="CURVE-authenticate and encrypt the client and worker ports with the router keys in DIR "
+                        "(made by 'radixserve keys KEYDIR': KEYDIR/router)")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow ZeroMQ or HTTP addresses other hosts reach without --keys / --api-key")
     add_engine_arguments(p, "engine (per worker)")
     add_http_arguments(p)  # --http-port etc. (the HTTP gateway, radixserve.serving.http)
 
@@ -49,22 +57,33 @@ def serve(args: argparse.Namespace) -> int:
     import zmq
 
     from radixserve.model_store import resolve_model
+    from radixserve.engine.devices import parse_gpu_ids
     from radixserve.serving.launcher import LocalServer
+    from radixserve.commands.gateway import check_http_bind, http_keys
     from radixserve.serving.router import RouterConfig
+    from radixserve.serving.security import load_router_keys
+    from radixserve.serving.security import log as audit_log
     from radixserve.serving.shutdown import exit_now
 
     logging.basicConfig(level=args.log_level.upper(), format="[router] %(levelname)s %(message)s")
+    if audit_log.getEffectiveLevel() > logging.INFO:
+        audit_log.setLevel(logging.INFO)  # who joined, from where, with which key: always shown
     if args.workers < 0:
         raise ValueError("--workers must be >= 0")
     endpoint = args.endpoint or f"tcp://{args.host}:{args.port if args.port else '*'}"
+    if args.http_port is not None:  # before any worker starts: a refused address fails fast
+        check_http_bind(args.http_host, http_keys(args)[0], args.insecure)
+    keys = load_router_keys(args.keys) if args.keys is not None else None
     model = resolve_model(args.model)
     config = RouterConfig(
         endpoint=endpoint, worker_endpoint=args.worker_endpoint, routing=args.routing,
         worker_timeout_s=args.worker_timeout, balance_abs_threshold=args.balance_abs_threshold,
         balance_rel_threshold=args.balance_rel_threshold, cache_threshold=args.cache_threshold,
+        keys=keys, insecure=args.insecure,
     )
     try:
-        server = LocalServer(model, num_workers=args.workers, config=config, engine_config=engine_overrides)
+        server = LocalServer(model, num_workers=args.workers, config=config, engine_config=engine_overrides,
+                             gpu_ids=parse_gpu_ids(args.gpu_ids))
     except zmq.ZMQError as e:  # e.g. the port is taken: one clear line, not a traceback
         raise ValueError(f"cannot bind {endpoint} or {args.worker_endpoint}: {e} (try --port or --endpoint)") from e
     # Everything a signal must stop; the HTTP gateway joins once started, so that it shuts
@@ -79,6 +98,7 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     print(f"radixserve: starting {args.workers} worker(s) for {model}; workers connect at "
           f"{server.router.worker_endpoint}", flush=True)
+    started = time.monotonic()
     try:
         if not server.wait_ready():
             exit_now(0)  # stopped during start-up: the workers are reaped already
@@ -91,7 +111,8 @@ def serve(args: argparse.Namespace) -> int:
         if server.router.stopping:  # the signal came while the gateway started
             http.request_stop()
     pids = " ".join(str(p.pid) for p in server.procs)
-    print(f"radixserve: serving on {server.endpoint} (routing {args.routing}; worker pids {pids or '-'})", flush=True)
+    print(f"radixserve: serving on {server.endpoint} (routing {args.routing}; worker pids {pids or '-'}); "
+          f"start-up took {time.monotonic() - started:.1f} s (the workers' lines above say where)", flush=True)
     try:
         server.run()
     finally:
@@ -106,6 +127,8 @@ def _worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default")
     p.add_argument("--worker-id", type=int, default=-1)
     p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--keys", default=None, metavar="DIR",
+                   help="this worker's CURVE keys, for a router that requires them ('radixserve keys KEYDIR': KEYDIR/worker)")
     add_engine_arguments(p, "engine")
 
 
@@ -116,8 +139,9 @@ def worker(args: argparse.Namespace) -> int:
     from radixserve.serving.worker import main
 
     # Like ``python -m radixserve.serving.worker``: a stopped worker skips interpreter finalization.
-    exit_now(main(["--connect", args.connect, "--model", args.model, "--worker-id", str(args.worker_id),
-                   "--engine-config", json.dumps(engine_config(args)), "--log-level", args.log_level]))
+    argv = ["--connect", args.connect, "--model", args.model, "--worker-id", str(args.worker_id),
+            "--engine-config", json.dumps(engine_config(args)), "--log-level", args.log_level]
+    exit_now(main(argv + (["--keys", args.keys] if args.keys is not None else [])))
 
 
 def _client_arguments(p: argparse.ArgumentParser) -> None:
@@ -127,6 +151,8 @@ def _client_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--stats", action="store_true", help="print the router's stats afterwards")
+    p.add_argument("--keys", default=None, metavar="DIR",
+                   help="this client's CURVE keys, for a router that requires them ('radixserve keys KEYDIR': KEYDIR/client)")
 
 
 @register("client", help="send one prompt to a running server and stream the answer", arguments=_client_arguments)
@@ -136,4 +162,5 @@ def client(args: argparse.Namespace) -> int:
     argv = [args.prompt, "--endpoint", args.endpoint, "--max-tokens", str(args.max_tokens),
             "--temperature", str(args.temperature)]
     argv += ["--raw"] * args.raw + ["--stats"] * args.stats
+    argv += ["--keys", args.keys] if args.keys is not None else []
     return main(argv)

@@ -18,7 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.constrained.spec import JSON_OBJECT_SCHEMA, Constraint, constraint_errors, constraint_of
+from radixserve.constrained.spec import (
+    JSON_OBJECT_SCHEMA,
+    CompiledGrammar,
+    Constraint,
+    constraint_errors,
+    constraint_of,
+)
 
 __all__ = [
     "Constraint", "JSON_OBJECT_SCHEMA", "constraint_errors", "constraint_of",
@@ -26,7 +32,6 @@ __all__ = [
 ]
 
 _LAZY = {
-    "CompiledGrammar": "radixserve.constrained.grammar",
     "GrammarCompiler": "radixserve.constrained.grammar",
     "compiler_for": "radixserve.constrained.grammar",
     "GrammarMatcher": "radixserve.constrained.matcher",

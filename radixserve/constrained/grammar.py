@@ -28,19 +28,10 @@ from typing import Any, NamedTuple, Sequence
 import xgrammar as xgr
 
 from radixserve.constrained.matcher import GrammarMatcher
-from radixserve.constrained.spec import Constraint
+from radixserve.constrained.spec import CompiledGrammar, Constraint
 
 # xgrammar's C++ errors start with "[hh:mm:ss] /path/file.cc:123: "; users want the rest.
 _CPP_PREFIX = re.compile(r"^\[[^\]]*\]\s+\S+:\d+:\s*")
-
-
-class CompiledGrammar(NamedTuple):
-    """A constraint compiled for one tokenizer; immutable and shared by every request using it."""
-
-    constraint: Constraint
-    grammar: Any  # xgr.CompiledGrammar
-    vocab_size: int
-    stop_token_ids: tuple[int, ...]
 
 
 class CompilerStats(NamedTuple):

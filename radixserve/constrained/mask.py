@@ -35,5 +35,14 @@ def apply_token_masks(logits: torch.Tensor, rows: Sequence[int], matchers: Seque
     bitmask[list(rows)] = torch.cat([m.next_mask for m in matchers])
     if bitmask.device != logits.device:
         bitmask = bitmask.to(logits.device, non_blocking=True)
-    vocab = min(logits.shape[1], words * 32)
-    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=list(rows))
+    apply_bitmask(logits, bitmask)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Apply a full ``[B, words]`` int32 bitmask (already on ``logits``' device) in place.
+
+    Rows whose words are all ones are left exactly as they are, so no row list is needed
+    (a list of indices would be one more host-to-device copy on a GPU).
+    """
+    vocab = min(logits.shape[1], bitmask.shape[1] * 32)
+    xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab)

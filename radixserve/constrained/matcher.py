@@ -12,14 +12,13 @@ model over prompt + output and samples the next token from the same grammar stat
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 import xgrammar as xgr
 
-if TYPE_CHECKING:
-    from radixserve.constrained.grammar import CompiledGrammar
+from radixserve.constrained.spec import CompiledGrammar
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -30,7 +29,7 @@ def bitmask_words(vocab_size: int) -> int:
 class GrammarMatcher:
     """Accepts a request's sampled tokens and says which tokens may come next."""
 
-    def __init__(self, compiled: "CompiledGrammar") -> None:
+    def __init__(self, compiled: CompiledGrammar) -> None:
         self.compiled = compiled
         self._m = xgr.GrammarMatcher(compiled.grammar)
         words = bitmask_words(compiled.vocab_size)

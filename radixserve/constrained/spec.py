@@ -70,3 +70,12 @@ def constraint_of(regex: str | None, json_schema: str | None, choices: list[str]
     if choices is not None:
         return Constraint("choices", tuple(choices))
     return None
+
+
+class CompiledGrammar(NamedTuple):
+    """A constraint compiled for one tokenizer; immutable and shared by every request using it."""
+
+    constraint: Constraint
+    grammar: Any  # xgr.CompiledGrammar
+    vocab_size: int
+    stop_token_ids: tuple[int, ...]

@@ -39,7 +39,7 @@ class EngineConfig:
 
     page_size: int = 16
     kv_cache_dtype: str = "auto"
-    attention_backend: str = "torch"  # "torch" | "triton"
+    attention_backend: str | None = None  # "torch" | "triton"; None: the device's default (engine.devices)
     max_num_tokens: int = 2048
     max_running_requests: int = 64
     num_pages: int | None = None
@@ -73,10 +73,30 @@ class EngineConfig:
     init_new_token_ratio: float = 0.7
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
-    dtype: str = "float32"
+    dtype: str | None = None  # None: the device's default (bfloat16 on cuda, float32 on cpu)
     device: str = "cpu"
     seed: int = 0
     num_threads: int | None = None  # CPU: torch threads (default: all cores)
+    # Decode-only steps from static buffers padded to batch-size buckets, captured as CUDA
+    # graphs where the backend allows: "auto" (on with CUDA, off on the CPU, where padding
+    # costs and nothing is captured), "on", "off".
+    decode_graphs: str = "auto"
+
+    # Overlap scheduling: plan step N+1 while step N runs, stop checks one step late. "auto":
+    # on with CUDA; off on the CPU, where the device is the host and nothing runs meanwhile.
+    overlap_schedule: str = "auto"
+
+    @property
+    def use_overlap(self) -> bool:
+        if self.overlap_schedule == "auto":
+            return torch.device(self.device).type == "cuda"
+        return self.overlap_schedule == "on"
+
+    @property
+    def use_decode_graphs(self) -> bool:
+        if self.decode_graphs == "auto":
+            return torch.device(self.device).type == "cuda"
+        return self.decode_graphs == "on"
 
     @property
     def hierarchical_cache(self) -> bool:
@@ -84,6 +104,17 @@ class EngineConfig:
         return self.enable_hierarchical_cache or self.hicache_storage_dir is not None
 
     def __post_init__(self) -> None:
+        from radixserve.engine.devices import device_defaults
+
+        try:
+            defaults = device_defaults(self.device)
+        except ValueError as e:
+            raise ValueError(f"invalid engine config: {e}") from None
+        # Frozen: the resolved defaults go in once, here.
+        if self.dtype is None:
+            object.__setattr__(self, "dtype", defaults.dtype)
+        if self.attention_backend is None:
+            object.__setattr__(self, "attention_backend", defaults.attention_backend)
         errors: list[str] = []
         if self.page_size < 1:
             errors.append(f"page_size must be >= 1, got {self.page_size}")
@@ -95,6 +126,10 @@ class EngineConfig:
             errors.append(f"num_pages must be >= 1, got {self.num_pages}")
         if self.attention_backend not in ("torch", "triton"):
             errors.append(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.decode_graphs not in ("auto", "on", "off"):
+            errors.append(f"decode_graphs must be 'auto', 'on' or 'off', got {self.decode_graphs!r}")
+        if self.overlap_schedule not in ("auto", "on", "off"):
+            errors.append(f"overlap_schedule must be 'auto', 'on' or 'off', got {self.overlap_schedule!r}")
         if self.schedule_policy not in ("lpm", "fcfs"):
             errors.append(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -122,6 +157,7 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        assert self.dtype is not None  # resolved in __post_init__
         return parse_dtype(self.dtype)
 
     @classmethod

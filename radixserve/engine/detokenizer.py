@@ -8,7 +8,9 @@ make that subtle:
   decodes a short window of recent ids twice (with and without the new ones) and emits the
   difference, and waits while the window ends in an incomplete character (U+FFFD).
 - Stop strings are matched on text and excluded from the output. Text that could still be
-  the start of a stop string is held back until it is decided.
+  the start of a stop string is held back until it is decided. Before ``min_tokens`` output
+  tokens no stop string matches (as in vLLM and SGLang); from then on, one that ends in the
+  new text does.
 
 The router uses this too (the worker never sees text): on ``stopped`` it aborts the request
 in the worker and reports ``finish_reason="stop"``.
@@ -35,8 +37,8 @@ class DetokDelta(NamedTuple):
 class IncrementalDetokenizer:
     """Turns a stream of token ids into a stream of final text, honouring stop strings.
 
-    ``tokenizer`` is a transformers tokenizer. ``params`` supplies ``stop`` and
-    ``skip_special_tokens`` (defaults: no stop strings, skip special tokens).
+    ``tokenizer`` is a transformers tokenizer. ``params`` supplies ``stop``, ``min_tokens``
+    and ``skip_special_tokens`` (defaults: no stop strings, skip special tokens).
     ``prompt_token_ids`` (optional) gives the decoding context of the first output tokens.
     """
 
@@ -50,6 +52,8 @@ class IncrementalDetokenizer:
         self._skip_special = params.skip_special_tokens if params is not None else True
         self._stops: tuple[str, ...] = tuple(params.stop) if params is not None else ()
         self._max_stop = max((len(s) for s in self._stops), default=0)
+        self._min_tokens = params.min_tokens if params is not None else 0
+        self._num_out = 0  # output token ids fed so far
         context = list(prompt_token_ids[-_CONTEXT_TOKENS:]) if prompt_token_ids else []
         self._ids: list[int] = context
         self._prefix_offset = 0
@@ -80,6 +84,7 @@ class IncrementalDetokenizer:
             return DetokDelta("", True, "stop")
         if token_ids:
             self._ids.extend(token_ids)
+            self._num_out += len(token_ids)
             prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
             full_text = self._decode(self._ids[self._prefix_offset :])
             if len(full_text) > len(prefix_text) and (final or not full_text.endswith("\ufffd")):
@@ -109,7 +114,7 @@ class IncrementalDetokenizer:
             return
         start = len(self._text)
         self._text += delta
-        if not self._stops:
+        if not self._stops or self._num_out < self._min_tokens:
             return
         # A stop string may straddle the old text and the new delta.
         search_from = max(self._emitted, start - self._max_stop + 1, 0)

@@ -27,16 +27,19 @@ from typing import Any, Sequence
 import torch
 
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.devices import bind_device
 from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, TokenLogprob, Usage
+from radixserve.engine.model_runner import ModelRunner, make_attention_backend
+from radixserve.engine.sampler import Sampler
+from radixserve.memory import NoPrefixCache, PrefixCache, RadixCache
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.pool import KVPool
-from radixserve.memory.radix_cache import RadixCache
 from radixserve.model.attention.base import AttentionBackend
-from radixserve.model.forward_batch import ForwardBatch
-from radixserve.sampling_params import SamplingParams
+from radixserve.sampling_params import SamplingInput, SamplingParams, per_prompt
 from radixserve.scheduling.request import Request
-from radixserve.scheduling.sampler import Sampler
+from radixserve.engine.startup import StartupClock, describe_startup
+from radixserve.engine.step_loop import StepLoop
 from radixserve.scheduling.scheduler import RequestOutput, Scheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
@@ -53,19 +56,6 @@ def setup_cpu_threads(num_threads: int | None) -> None:
     which reads it only then.)"""
     if num_threads is not None:
         torch.set_num_threads(num_threads)
-
-
-def make_attention_backend(name: str, pool: KVPool) -> AttentionBackend:
-    """``"torch"`` (runs anywhere) or ``"triton"`` (GPU, or the interpreter on CPU)."""
-    if name == "torch":
-        from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
-
-        return TorchPagedAttentionBackend(pool)
-    try:
-        from radixserve.model.attention.triton_paged import TritonPagedAttentionBackend  # type: ignore[import-not-found]
-    except ImportError as e:
-        raise ValueError(f"attention_backend 'triton' is not available: {e}") from e
-    return TritonPagedAttentionBackend(pool)
 
 
 def model_identity(model_path: Path) -> str:
@@ -95,33 +85,37 @@ class Engine:
         from radixserve.model.loader import load_model
         from radixserve.model_store import resolve_model
 
+        clock = StartupClock()
         self.config = cfg = EngineConfig.from_kwargs(**config)
         if torch.device(cfg.device).type == "cpu":
             setup_cpu_threads(cfg.num_threads)
         self.model_path = resolve_model(None if model is None else str(model))
         self.device = torch.device(cfg.device)
+        bind_device(self.device)  # cuda:N: Triton launches and index-less allocations go there
+        clock.lap("resolve model")
         self.model = load_model(self.model_path, dtype=cfg.torch_dtype, device=self.device)
+        clock.lap("load weights")
         self.model_config = mc = self.model.config
         if cfg.max_model_len is not None and cfg.max_model_len > mc.max_position_embeddings:
             # RoPE past the trained positions extrapolates silently: refuse, as vLLM does.
             raise ValueError(f"max_model_len {cfg.max_model_len} exceeds the model's max_position_embeddings "
                              f"({mc.max_position_embeddings})")
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
+        clock.lap("tokenizer")
 
         num_pages = cfg.num_pages if cfg.num_pages is not None else self._plan_num_pages()
-        self.pool = KVPool(
-            mc.num_layers, num_pages, cfg.page_size, mc.num_kv_heads, mc.head_dim,
+        # One page past the allocator's: the scratch page padding rows of static decode steps write to.
+        pool = KVPool(
+            mc.num_layers, num_pages + 1, cfg.page_size, mc.num_kv_heads, mc.head_dim,
             kv_dtype=cfg.kv_cache_dtype, act_dtype=cfg.torch_dtype, device=self.device,
         )
         self.allocator = PageAllocator(num_pages)
-        self.cache = self._make_cache()
+        self.cache: PrefixCache = self._make_cache(pool)
         self.cache.pins.budget_pages = int(num_pages * cfg.pin_budget_fraction)
         if cfg.kv_events_endpoint is not None:
-            self.enable_kv_events()
-        self.attn = make_attention_backend(cfg.attention_backend, self.pool)
+            self.enable_kv_events(pool)
         max_model_len = cfg.max_model_len or mc.max_position_embeddings
         self.max_total_len = min(max_model_len, num_pages * cfg.page_size)
-        self.sampler = Sampler(mc.vocab_size, mc.eos_token_ids, self.device, cfg.seed)
         sched_cfg = SchedulerConfig(
             page_size=cfg.page_size,
             max_num_tokens=cfg.max_num_tokens,
@@ -136,37 +130,52 @@ class Engine:
             min_new_token_ratio=cfg.min_new_token_ratio,
             new_token_ratio_decay=cfg.new_token_ratio_decay,
         )
-        self.scheduler = Scheduler(
-            sched_cfg, self._forward, self.cache, self.allocator, self.sampler, mc.eos_token_ids, self.device
+        self.scheduler = Scheduler(sched_cfg, self.cache, self.allocator, mc.eos_token_ids)
+        clock.lap("KV pool")
+        self.runner = ModelRunner(
+            self.model, pool, make_attention_backend(cfg.attention_backend, pool),
+            Sampler(mc.vocab_size, mc.eos_token_ids, self.device, cfg.seed),
+            max_rows=sched_cfg.max_running_requests, max_pages=self.scheduler.max_pages_per_request,
+            decode_graphs=cfg.use_decode_graphs, scratch_page=num_pages,
         )
+        clock.lap("attention backend and CPU kernels")
+        self.runner.warm_up(self.max_total_len)
+        clock.lap("warm-up (graph capture, first forwards)")
+        # Where start-up went, in order (seconds); `radixserve serve` prints it.
+        self.startup_seconds: dict[str, float] = clock.laps
+        self.loop = StepLoop(self.scheduler, self.runner, overlap=cfg.use_overlap)
         self._buffered: list[StepOutput] = []  # other requests' outputs seen inside generate()
-        logger.info("engine ready: %s, %s, max_total_len=%d", self.model_path, self.pool, self.max_total_len)
+        logger.info("engine ready in %s: %s, %s, max_total_len=%d", describe_startup(self.startup_seconds),
+                    self.model_path, self.pool, self.max_total_len)
 
-    def _make_cache(self) -> RadixCache:
-        """The radix cache, over L2/L3 tiers when the hierarchical cache is on."""
+    def _make_cache(self, pool: KVPool) -> PrefixCache:
+        """The prefix cache: none, the radix cache, or the radix cache over L2/L3 tiers."""
         cfg = self.config
+        if cfg.disable_radix_cache:
+            return NoPrefixCache(self.allocator, cfg.page_size)
         if not cfg.hierarchical_cache:
-            return RadixCache(self.allocator, cfg.page_size, disabled=cfg.disable_radix_cache)
+            return RadixCache(self.allocator, cfg.page_size)
         from radixserve.memory.hi_radix_cache import HiRadixCache
         from radixserve.memory.hierarchy import KVHierarchy
 
         if cfg.hicache_size is not None:
-            host_pages = max(1, int(cfg.hicache_size * 2**30) // self.pool.bytes_per_page)
+            host_pages = max(1, int(cfg.hicache_size * 2**30) // pool.bytes_per_page)
         else:  # SGLang's default host/device ratio
-            host_pages = 2 * self.pool.num_pages
-        hierarchy = KVHierarchy(self.pool, host_pages, cfg.hicache_storage_dir, model_identity(self.model_path))
+            host_pages = 2 * self.allocator.num_pages
+        hierarchy = KVHierarchy(pool, host_pages, cfg.hicache_storage_dir, model_identity(self.model_path))
         logger.info("hierarchical cache: L2 %d pages (%.2f GiB), L3 %s", host_pages,
-                    host_pages * self.pool.bytes_per_page / 2**30, cfg.hicache_storage_dir or "off")
+                    host_pages * pool.bytes_per_page / 2**30, cfg.hicache_storage_dir or "off")
         return HiRadixCache(self.allocator, cfg.page_size, hierarchy)
 
-    def enable_kv_events(self) -> None:
+    def enable_kv_events(self, pool: KVPool | None = None) -> None:
         """Record KV cache events from now on (see :meth:`drain_kv_events`)."""
+        pool = pool if pool is not None else self.pool
         from radixserve.memory.kv_events import KVEventRecorder
         from radixserve.memory.page_hash import PrefixHasher
 
         hierarchy = getattr(self.cache, "hierarchy", None)
         hasher = hierarchy.hasher if hierarchy is not None else PrefixHasher(
-            f"{model_identity(self.model_path)}|{self.pool.layout()}", self.pool.page_size)
+            f"{model_identity(self.model_path)}|{pool.layout()}", pool.page_size)
         self.cache.listener = KVEventRecorder(hasher, "GPU" if self.device.type == "cuda" else "CPU")
 
     def drain_kv_events(self) -> Any | None:
@@ -202,8 +211,22 @@ class Engine:
             raise ValueError(f"no room for the KV cache: {plan}")
         return int(plan.num_pages)
 
-    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
-        return self.model.forward(batch, self.attn)
+    # The runner owns the device state; these name its parts for callers and tests.
+    @property
+    def pool(self) -> KVPool:
+        return self.runner.pool
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.runner.sampler
+
+    @property
+    def attn(self) -> AttentionBackend:
+        return self.runner.attn
+
+    @attn.setter
+    def attn(self, backend: AttentionBackend) -> None:
+        self.runner.set_attention_backend(backend)
 
     # ------------------------------------------------------------------ streaming API
 
@@ -238,7 +261,7 @@ class Engine:
             raise ValueError(
                 f"prompt of {len(ids)} tokens is too long: this engine fits at most {self.max_total_len - 1} "
                 f"prompt tokens (max_model_len {self.config.max_model_len or self.model_config.max_position_embeddings}, "
-                f"KV pool {self.pool.num_pages * self.pool.page_size} tokens)"
+                f"KV pool {self.allocator.num_pages * self.pool.page_size} tokens)"
             )
         if request_id is not None and request_id in self.scheduler.requests:
             raise ValueError(f"duplicate request id {request_id!r}")
@@ -268,30 +291,30 @@ class Engine:
         self.scheduler.abort(request_id, "abort")
 
     def step(self) -> list[StepOutput]:
-        """Run one scheduler step; one StepOutput per request that progressed or finished."""
+        """Run one step (schedule, execute, process); one StepOutput per request that
+        progressed or finished."""
         out, self._buffered = self._buffered, []
-        out.extend(_to_step_output(o) for o in self.scheduler.step())
+        out.extend(_to_step_output(o) for o in self.loop.step())
         return out
 
     def has_unfinished(self) -> bool:
-        return bool(self._buffered) or self.scheduler.has_unfinished()
+        return bool(self._buffered) or self.loop.in_flight or self.scheduler.has_unfinished()
 
     # ------------------------------------------------------------------ offline API
 
     def generate(
         self,
         prompts: PromptInput,
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        params: SamplingInput | Sequence[SamplingInput] = None,
     ) -> list[GenerateOutput]:
-        """Run prompts (texts, or token id lists) to completion; results in input order."""
+        """Run prompts (texts, or token id lists) to completion; results in input order.
+
+        ``params``: one :class:`SamplingParams` or dict of its fields for every prompt (as
+        SGLang's ``Engine.generate`` takes), or a list of them, one per prompt.
+        """
         batch = _normalize_prompts(prompts)
+        plist = per_prompt(params, len(batch))
         ids_list = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
-        if params is None or isinstance(params, SamplingParams):
-            plist = [params or SamplingParams()] * len(ids_list)
-        else:
-            plist = list(params)
-            if len(plist) != len(ids_list):
-                raise ValueError(f"{len(plist)} sampling params for {len(ids_list)} prompts")
         # Validate everything before queueing anything: a bad prompt rejects the whole call.
         reqs = [self._make_request(ids, p, None, None) for ids, p in zip(ids_list, plist)]
         for req in reqs:
@@ -321,11 +344,11 @@ class Engine:
         return EngineStats(
             running=len(s.running),
             waiting=len(s.waiting),
-            num_pages=self.pool.num_pages,
+            num_pages=self.allocator.num_pages,
             page_size=self.pool.page_size,
             pages_free=free,
             pages_evictable=evictable,
-            pages_in_use=self.pool.num_pages - free - evictable,
+            pages_in_use=self.allocator.num_pages - free - evictable,
             cached_tokens=self.cache.total_cached_tokens,
             steps_total=c.steps,
             prompt_tokens_total=c.prompt_tokens,
@@ -361,6 +384,16 @@ class Engine:
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` if any KV page or request state is inconsistent."""
         self.scheduler.check_invariants()
+        # The device table, with the entries the next plan will send applied, holds every page list.
+        pending: dict[int, dict[int, int]] = {}
+        for row, col, page in self.scheduler.rows.pending():
+            pending.setdefault(row, {})[col] = page
+        for r in self.scheduler.running:
+            row = self.runner.page_table_row(r.slot, len(r.pages))
+            for col, page in pending.get(r.slot, {}).items():
+                if col < len(row):
+                    row[col] = page
+            assert row == r.pages, f"page table row out of date: {r}"
 
 
 class _Collector:

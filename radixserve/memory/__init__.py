@@ -12,9 +12,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from radixserve.memory.allocator import OutOfPagesError, PageAllocator
+from radixserve.memory.no_cache import NoPrefixCache
 from radixserve.memory.page_hash import PageKey, PrefixHasher
 from radixserve.memory.radix_cache import CachedPrefix, CacheStats, MatchResult, RadixCache
 from radixserve.memory.tree_node import TreeNode
+
+# What the scheduler holds: the radix tree, or the cache that caches nothing (same interface).
+PrefixCache = RadixCache | NoPrefixCache
 
 if TYPE_CHECKING:
     from radixserve.memory.hi_radix_cache import HiRadixCache
@@ -48,9 +52,11 @@ __all__ = [
     "CacheStats",
     "CachedPrefix",
     "MatchResult",
+    "NoPrefixCache",
     "OutOfPagesError",
     "PageAllocator",
     "PageKey",
+    "PrefixCache",
     "PrefixHasher",
     "RadixCache",
     "TreeNode",

@@ -37,7 +37,7 @@ class HiRadixCache(RadixCache):
         if hierarchy.hasher.page_size != page_size:
             raise ValueError(f"hierarchy page_size {hierarchy.hasher.page_size} != cache page_size {page_size}")
         self.hierarchy = hierarchy
-        super().__init__(allocator, page_size, disabled=False)
+        super().__init__(allocator, page_size)
 
     # ------------------------------------------------------------------ keys and tiers
     def page_keys(self, node: TreeNode) -> list[PageKey]:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from radixserve.memory.no_cache import NoPrefixCache
     from radixserve.memory.radix_cache import RadixCache
     from radixserve.memory.tree_node import TreeNode
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 class PinTable:
     """The pins of one cache. ``clock`` (seconds, monotonic) is injectable for tests."""
 
-    def __init__(self, cache: RadixCache, budget_pages: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cache: RadixCache | NoPrefixCache, budget_pages: int, clock: Callable[[], float] = time.monotonic) -> None:
         if budget_pages < 0:
             raise ValueError(f"pin budget must be >= 0 pages, got {budget_pages}")
         self.cache = cache
@@ -53,7 +54,7 @@ class PinTable:
         """Pin the cached page-aligned prefix of ``tokens`` for ``ttl_s`` seconds (an existing
         pin on it is extended). Returns the tokens pinned: 0 when nothing of it is cached or
         the budget is exhausted."""
-        if ttl_s <= 0 or self.cache.disabled:
+        if ttl_s <= 0 or not self.cache.reuses_prefixes:
             return 0
         m = self.cache.match_prefix(tokens, namespace, record_stats=False)
         node = m.node
@@ -94,7 +95,9 @@ class PinTable:
         done = [n for n, (expiry, _) in self._pins.items() if expiry <= now]
         for node in done:
             self._drop(node)
-            self.cache.back_up(node)
+            back_up = getattr(self.cache, "back_up", None)  # a tiered cache copies the prefix to L2
+            if back_up is not None:
+                back_up(node)
         return len(done)
 
     def clear(self) -> None:

@@ -129,6 +129,15 @@ class KVPool:
             f"{self.fmt.kv_dtype.value}-{str(self.fmt.storage_dtype).removeprefix('torch.')}"
         )
 
+    def zero_pages(self, pages: list[int]) -> None:
+        """Reset ``pages`` (all layers, K and V, per-token scales) to the pool's zeroed start state
+        (after a warm-up wrote scratch rows into them)."""
+        idx = torch.tensor(pages, dtype=torch.int64, device=self.device)
+        for t in (self._k, self._v) + ((self._k_scale, self._v_scale) if self.fmt.kv_dtype.has_token_scales else ()):
+            assert t is not None
+            # fp8 storage has no fill kernels: zero its bytes (0x00 is +0.0 in both fp8 formats).
+            (t.view(torch.uint8) if t.element_size() == 1 else t).index_fill_(1, idx, 0)
+
     def k_flat(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s K as ``[num_slots, kv_heads, packed_head_dim]`` (a view)."""
         return self.k_data[layer].view(self.num_slots, self.kv_heads, self.fmt.packed_head_dim)

@@ -45,7 +45,7 @@ Complexity (n = nodes, L = query length, d = depth of the matched path in nodes)
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from radixserve.memory.allocator import PageAllocator
@@ -62,17 +62,17 @@ __all__ = ["CacheStats", "CachedPrefix", "MatchResult", "RadixCache"]
 class RadixCache:
     """Radix tree of cached token prefixes over the KV pages of one pool.
 
-    Registers itself as ``allocator``'s evictor. ``disabled=True`` keeps the interface but
-    never reuses anything: matches are empty, ``insert`` frees the pages it is given, and
-    ``cache_prefix`` leaves every page private to the request.
+    Registers itself as ``allocator``'s evictor. With the cache turned off the engine builds
+    :class:`~radixserve.memory.no_cache.NoPrefixCache` instead (same interface, no reuse).
     """
 
-    def __init__(self, allocator: PageAllocator, page_size: int, disabled: bool = False) -> None:
+    reuses_prefixes = True  # a request may wait for another to compute a shared prefix
+
+    def __init__(self, allocator: PageAllocator, page_size: int) -> None:
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         self.allocator = allocator
         self.page_size = page_size
-        self.disabled = disabled
         self._queried = self._hit = self._evicted = self._inserted = 0
         self._next_id = 0
         self._clock = 0
@@ -223,7 +223,7 @@ class RadixCache:
             # An unregistered root: a miss must not leave one empty root behind per namespace
             # (per-request salts would leak). Roots are inert: lock/unlock ignore them.
             node, matched, pages = TreeNode(self._new_id(), (), [], None, 0, 0, namespace), 0, []
-        elif self.disabled or n_full == 0:
+        elif n_full == 0:
             node, matched, pages = root, 0, []
         else:
             node, matched, pages = self._walk(root, tuple(tokens[:n_full]), want_node=True)
@@ -243,7 +243,7 @@ class RadixCache:
         root = self._roots.get(namespace)
         ps = self.page_size
         n = len(tokens) // ps * ps
-        if self.disabled or root is None or n == 0:
+        if root is None or n == 0:
             return 0
         key, node, pos = tuple(tokens[:n]), root, 0
         while pos < n:
@@ -293,16 +293,12 @@ class RadixCache:
         them and the caller frees its duplicates ``pages[:returned // page_size]`` (unless they
         are the tree's own, as for a request that matched them). The tree takes ownership of
         the following whole pages; a partial last page is ignored (stays the caller's). The new
-        nodes are unlocked (evictable). May split an edge. Disabled mode frees the whole pages
-        it would have taken and returns 0.
+        nodes are unlocked (evictable). May split an edge.
         """
         ps = self.page_size
         n_full = len(tokens) // ps
         if len(pages) < n_full:
             raise ValueError(f"{len(tokens)} tokens need {n_full} whole pages, got {len(pages)}")
-        if self.disabled:
-            self.allocator.free(pages[:n_full])
-            return 0
         if n_full == 0:
             return 0
         key = tuple(tokens[: n_full * ps])
@@ -312,7 +308,8 @@ class RadixCache:
         return pos
 
     def cache_prefix(
-        self, tokens: Sequence[int], pages: Sequence[int], node: TreeNode, namespace: Hashable | None = None
+        self, tokens: Sequence[int], pages: Sequence[int], node: TreeNode, namespace: Hashable | None = None,
+        release: Callable[[list[int]], None] | None = None,
     ) -> CachedPrefix:
         """Move a request's finished whole pages into the tree and re-point its lock.
 
@@ -324,10 +321,9 @@ class RadixCache:
         Inserts the whole pages, frees the request's own copies of pages that another request
         cached meanwhile, locks the new deepest node and unlocks ``node``. Returns the node the
         request now holds and its page list: tree pages for the first ``cached_len`` tokens,
-        its private pages after. Disabled mode changes nothing (all pages stay private).
+        its private pages after. ``release`` takes the request's duplicate pages instead of
+        the allocator (a caller with a step in flight that may still read them frees them later).
         """
-        if self.disabled:
-            return CachedPrefix(node, list(pages), 0)
         ps = self.page_size
         n_full = len(tokens) // ps
         held = node.depth // ps
@@ -347,7 +343,7 @@ class RadixCache:
             tree_pages += tail
         if pos // ps > held:
             # Another request cached these tokens after we matched: its pages win, ours go back.
-            self.allocator.free(pages[held : pos // ps])
+            (release or self.allocator.free)(list(pages[held : pos // ps]))
         self.lock(new_node)
         self.unlock(node)
         return CachedPrefix(new_node, tree_pages + list(pages[n_full:]), n_full * ps)
@@ -419,6 +415,6 @@ class RadixCache:
 
     def __repr__(self) -> str:
         return (
-            f"RadixCache(page_size={self.page_size}, disabled={self.disabled}, cached_pages={self._tree_pages}, "
+            f"RadixCache(page_size={self.page_size}, cached_pages={self._tree_pages}, "
             f"evictable={self.num_evictable_pages}, protected={self._protected}, free={self.allocator.num_free})"
         )

@@ -10,7 +10,9 @@ and already has ``prefix_lens[i]`` tokens of KV cached in pages::
     rows in T:                                       start ...... start+extend-1
 
 The dense backend (full sequences, no pool) ignores the paged fields; the paged backends
-store the new K/V at ``out_cache_loc`` and read the whole history through ``page_table``.
+store the new K/V at ``out_cache_loc`` and read the whole history through ``page_table``
+(device) or ``page_lists_cpu`` (the same pages as host lists, for metadata built on the
+host: reading the device table back would cost a transfer and a sync per step).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class ForwardBatch:
     out_cache_loc: torch.Tensor | None = None  # [T] int64, slot (page*page_size+offset) of each new row
     page_table: torch.Tensor | None = None  # [B, max_pages] int32, pages of each sequence in order
     page_size: int = 1
+    page_lists_cpu: list[list[int]] | None = None  # host copy of page_table's rows (at least the used pages)
 
     @property
     def num_tokens(self) -> int:
@@ -83,6 +86,7 @@ class ForwardBatch:
             out_cache_loc=torch.tensor(slots, dtype=torch.int64),
             page_table=table,
             page_size=page_size,
+            page_lists_cpu=[list(p) for p in pages],
         )
 
     @staticmethod

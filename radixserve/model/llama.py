@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixserve.model import native
+from radixserve.model import gpu_ops, native
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.config import ModelConfig, RopeScaling
 from radixserve.model.forward_batch import ForwardBatch
@@ -36,7 +36,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Normalize ``x``; with ``residual``, first ``residual += x`` (in place) and normalize that."""
+        if gpu_ops.enabled(x):  # one Triton pass, the residual add included
+            from radixkernels.fused import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual=residual)
+        if residual is not None:
+            x = residual.add_(x)
         # torch's fused rms_norm: one op instead of five (60 norms per decode step add up on a CPU).
         if x.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
@@ -127,6 +134,10 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x).view(t, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim)
+        if gpu_ops.enabled(qkv) and getattr(attn, "fuses_rope_store", False):
+            # One kernel rotates q and k and writes k and v to the pool (Triton backend).
+            out = attn.forward_qkv(self.layer_id, qkv, cos_sin, self.num_q_heads, batch, self.sm_scale)  # type: ignore[attr-defined]
+            return self.o_proj(out.reshape(t, self.q_size))
         n_qk = self.num_q_heads + self.num_kv_heads
         # q and k rotate together: one op for both (in place, one pass, with the CPU kernel).
         if native.enabled(qkv):
@@ -151,6 +162,10 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
+        if gpu_ops.enabled(gate_up):
+            from radixkernels.fused import silu_mul
+
+            return self.down_proj(silu_mul(gate_up))
         if native.enabled(gate_up):  # one pass over gate and up
             return self.down_proj(native.silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
@@ -177,8 +192,9 @@ class LlamaDecoderLayer(nn.Module):
     ) -> torch.Tensor:
         # Residual adds in place: ``h`` is this forward's own activation (the embedding's
         # output at layer 0), and in-place adds skip a row-sized allocation per block.
-        h = h.add_(self.self_attn(self.input_layernorm(h), batch, attn, cos_sin))
-        return h.add_(self.mlp(self.post_attention_layernorm(h)))
+        a = self.self_attn(self.input_layernorm(h), batch, attn, cos_sin)
+        # h += a and the norm of the sum in one pass (one kernel on the GPU).
+        return h.add_(self.mlp(self.post_attention_layernorm(a, residual=h)))
 
 
 class LlamaModel(nn.Module):

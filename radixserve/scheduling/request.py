@@ -26,9 +26,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from radixserve.sampling_params import SamplingParams
+from radixserve.scheduling.types import RequestOutput
 
 if TYPE_CHECKING:
     from radixserve.memory.tree_node import TreeNode
+
+
+# The placeholder for a token a launched step samples, until its results are read
+# (overlap scheduling); never a real token id.
+FUTURE_TOKEN = -1
 
 
 class RequestStatus(enum.Enum):
@@ -73,6 +79,10 @@ class Request:
     new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
     finish_reason: str | None = None
     error: str | None = None
+    # Overlap scheduling: the row of this request's sampled token in the last launched step,
+    # and whether that step's token is certain to be its last (a length stop).
+    future_index: int = -1
+    finishing: bool = False
 
     def __post_init__(self) -> None:
         start = self.params.prompt_logprobs_start
@@ -86,6 +96,32 @@ class Request:
     @property
     def num_output(self) -> int:
         return len(self.token_ids) - self.prompt_len
+
+    @property
+    def num_output_known(self) -> int:
+        """Output tokens read back so far (without the placeholder of a step in flight)."""
+        return self.num_output - (self.token_ids[-1] == FUTURE_TOKEN)
+
+    def take_output(self) -> RequestOutput:
+        """What this request produced since the last call (tokens, logprobs, finish)."""
+        prompt_lps = None
+        if self.prompt_logprobs is not None and not self.prompt_logprobs_sent and (self.new_token_ids or self.finished):
+            prompt_lps, self.prompt_logprobs_sent = self.prompt_logprobs, True
+        out = RequestOutput(
+            request_id=self.request_id,
+            new_token_ids=self.new_token_ids,
+            new_logprobs=self.new_logprobs,
+            prompt_logprobs=prompt_lps,
+            finished=self.finished,
+            finish_reason=self.finish_reason,
+            error=self.error,
+            prompt_tokens=self.prompt_len,
+            cached_tokens=self.cached_tokens or 0,
+            completion_tokens=self.num_output_known,
+        )
+        self.new_token_ids = []
+        self.new_logprobs = None
+        return out
 
     @property
     def output_ids(self) -> list[int]:

@@ -1,6 +1,23 @@
-"""Continuous batching over a paged KV cache with a radix prefix cache.
+"""Continuous batching over a paged KV cache with a radix prefix cache: the decisions.
 
-One :meth:`Scheduler.step`::
+The scheduler works on host lists only (requests, page ids, token counts); the model
+runner owns the device. One step, as the engine drives it (nano-vllm's split)::
+
+    batch = scheduler.schedule()        # decide; a ScheduledBatch holding a StepPlan (host lists)
+    result = runner.execute(batch.plan) # one copy in, forward, sample, one read back
+    outputs = scheduler.process(batch, result)    # = advance(batch) + resolve(batch, result)
+
+Overlap scheduling splits :meth:`process` in two: :meth:`advance` right after the runner
+launched a step (what is known before its results: computed lengths, cache inserts of
+prefill chunks, one placeholder token per sampled request, which the next step's plan
+names as "the token step N sampled" for the runner to fill in on the device), and
+:meth:`resolve` once its results are read (tokens, logprobs, stop checks), which then
+happens after the next step was planned and launched: stop checks are one step late, and
+the token a finished request got in the step after is dropped. Pages given up while a step
+is in flight (a finish, an abort, the cache's duplicate-page swap) are freed only when that
+step has been resolved, i.e. after the last step that can read them has finished.
+
+:meth:`Scheduler.schedule`:
 
     1. running work      every running request gets its next tokens: decodes 1 each, then
                          chunked prefills (and recomputes after retraction) what the token
@@ -8,72 +25,59 @@ One :meth:`Scheduler.step`::
                          leaves); if even that cannot cover them, the running request with the
                          least progress is retracted (refs released, requeued with its
                          output kept) until it can.
-    2. admission         waiting requests in policy order (LPM with an aging bound, or FCFS):
-                         match the prompt in the radix cache, lock the hit, allocate pages for
-                         the first chunk, while budget, request slots and KV headroom last.
-                         A request whose uncached prefix is being computed by another request
-                         right now waits for it to land in the cache instead of computing it
-                         again.
-    3. forward           one ForwardBatch for everything (mixed extend + decode).
-    4. results           chunks that were extends go into the cache (so others reuse them at
-                         once); finished prompts sample a token; stop/length checks; finished
-                         requests insert prompt + output into the cache and release every
-                         reference (stop, length, abort, error, retraction all go through
-                         :meth:`_release`).
+    2. admission         waiting requests in policy order (LPM with an aging bound, or FCFS)
+                         through a :class:`~radixserve.scheduling.admission.PrefillAdder`.
+    3. plan              one StepPlan for everything (mixed extend + decode).
 
-Memory headroom at admission follows SGLang: each running request reserves pages for
-``new_token_ratio`` of its remaining ``max_tokens``; the ratio decays while nothing is
-retracted and jumps back up when something is, so admission tracks how long outputs
-really are.
+:meth:`Scheduler.process`: chunks that were extends go into the cache (so others reuse them at
+once); sampled tokens are appended; stop/length checks; finished requests insert prompt +
+output into the cache and release every reference (stop, length, abort, error, retraction
+all go through :meth:`_release`).
+
+The admission headroom's ``new_token_ratio`` decays while nothing is retracted and jumps
+back up when something is, so admission tracks how long outputs really are.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable
 
-import torch
-
-from radixserve.memory.allocator import OutOfPagesError, PageAllocator
-from radixserve.memory.radix_cache import RadixCache
-from radixserve.model.forward_batch import ForwardBatch
-from radixserve.scheduling.batch import LogitsPlan, PageTable, build_forward_batch
+from radixserve.memory import PageAllocator, PrefixCache
+from radixserve.scheduling.admission import AddResult, PrefillAdder
+from radixserve.scheduling.deferred import DeferredReleases
+from radixserve.scheduling.plan import PageTableRows, ScheduledBatch, StepResult, plan_step
 from radixserve.scheduling.policy import make_policy
-from radixserve.scheduling.request import Request, RequestStatus
-from radixserve.scheduling.sampler import Sampler, token_logprobs
+from radixserve.scheduling.request import FUTURE_TOKEN, Request, RequestStatus
 from radixserve.scheduling.types import RequestOutput, SchedulerConfig, SchedulerCounters
 
 logger = logging.getLogger(__name__)
 
-ForwardFn = Callable[[ForwardBatch], torch.Tensor]
+__all__ = ["NeedsSync", "RequestOutput", "ScheduledBatch", "Scheduler", "SchedulerConfig", "SchedulerCounters",
+           "StepResult"]
 
-__all__ = ["RequestOutput", "Scheduler", "SchedulerConfig", "SchedulerCounters"]
+
+class NeedsSync(Exception):
+    """:meth:`Scheduler.schedule` cannot decide while a step is in flight (it would retract):
+    resolve the step in flight, then schedule again."""
 
 
 class Scheduler:
-    """Owns the waiting and running requests and drives one model forward per step."""
+    """Owns the waiting and running requests; decides each step on host lists."""
 
     def __init__(
         self,
         config: SchedulerConfig,
-        forward: ForwardFn,
-        cache: RadixCache,
+        cache: PrefixCache,
         allocator: PageAllocator,
-        sampler: Sampler,
         eos_token_ids: tuple[int, ...] = (),
-        device: torch.device | str = "cpu",
     ) -> None:
         self.config = config
-        self.forward = forward
         self.cache = cache
         self.allocator = allocator
-        self.sampler = sampler
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.device = torch.device(device)
         self.page_size = config.page_size
         self.policy = make_policy(config.schedule_policy, cache, config.lpm_max_bypass, config.lpm_max_queue)
-        max_pages = -(-config.max_total_len // config.page_size)
-        self.page_table = PageTable(config.max_running_requests, max_pages, self.device)
+        self.rows = PageTableRows(config.max_running_requests, self.max_pages_per_request)
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -81,6 +85,9 @@ class Scheduler:
         self.new_token_ratio = config.init_new_token_ratio
         self._pending: list[RequestOutput] = []
         self._arrivals = 0
+        self._launched = 0  # steps advanced (launched) so far
+        self._resolved = 0  # steps resolved so far; a step is in flight while _resolved < _launched
+        self._deferred = DeferredReleases(allocator, cache)  # given up while a step was in flight
 
     # ------------------------------------------------------------------ public API
 
@@ -102,66 +109,114 @@ class Scheduler:
         if req is None:
             return False
         self._finish(req, reason)
-        self._pending.append(self._output(req))
+        self._pending.append(req.take_output())
         return True
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self._pending)
 
-    def step(self) -> list[RequestOutput]:
-        """Schedule, run one forward, sample, and report every request that progressed."""
-        outputs, self._pending = self._pending, []
+    @property
+    def max_pages_per_request(self) -> int:
+        """Width of the page table: the pages of the longest context a request may reach."""
+        return -(-self.config.max_total_len // self.config.page_size)
+
+    def take_outputs(self) -> list[RequestOutput]:
+        """Outputs produced outside a step (aborts, requests that can never fit)."""
+        out, self._pending = self._pending, []
+        return out
+
+    def schedule(self) -> ScheduledBatch | None:
+        """Decide this step's work (pages allocated, rows taken); None when there is none."""
         work = self._schedule()
         if not work:
-            return outputs
-        try:  # building the batch can fail too (device memory, a device error surfacing)
-            fb, plan = build_forward_batch(work, self.page_table, self.page_size, self.device)
-            with torch.inference_mode():
-                logits = self.forward(fb)
-                sampled = self.sampler.sample(logits[: len(plan.sample_reqs)], plan.sample_reqs) if plan.sample_reqs else None
-                prompt_lps = (
-                    token_logprobs(logits[len(plan.sample_reqs) :], plan.prompt_targets) if plan.prompt_spans else []
-                )
-        except Exception as e:  # a failed forward must not leak the batch's pages
-            logger.exception("forward failed; finishing %d requests with an error", len(work))
-            for req, _ in work:
-                self._finish(req, "error", f"{type(e).__name__}: {e}")
-                outputs.append(self._output(req))
-            return outputs
+            return None
+        return plan_step(work, self.rows, self.page_size)
+
+    def process(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
+        """Apply what the runner computed for ``batch``; report every request that progressed."""
+        self.advance(batch)
+        return self.resolve(batch, result)
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a launched step is not resolved yet."""
+        return self._resolved < self._launched
+
+    def advance(self, batch: ScheduledBatch) -> None:
+        """The runner launched ``batch``: account for what is known before its results."""
+        self._launched += 1
         self.counters.steps += 1
-        self.counters.computed_tokens += fb.num_tokens
-        outputs.extend(self._process(work, plan, sampled, prompt_lps))
+        self.counters.computed_tokens += batch.plan.num_tokens
+        for req, lo, count in batch.prompt_spans:
+            req.prompt_lp_next = lo + count
+        for req, n in batch.work:
+            req.computed_len += n
+            if n > 1:
+                self._cache_computed(req)
+        for j, req in enumerate(batch.plan.sample_rows):
+            req.token_ids.append(FUTURE_TOKEN)  # the token this step samples, filled in by resolve()
+            req.future_index = j
+            if req.num_output >= req.params.max_tokens or len(req.token_ids) >= req.max_total_len:
+                req.finishing = True  # a length stop, known now: no further step for it
+
+    def resolve(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
+        """``batch``'s results are read: tokens in, stop checks, pages of finished requests back."""
+        self._resolved += 1
+        return self._process(batch, result)
+
+    def needs_results(self, batch: ScheduledBatch) -> bool:
+        """Whether planning the next step needs ``batch``'s tokens on the host: grammar masks
+        and penalties are computed from a request's tokens so far."""
+        for r in batch.plan.sample_rows:
+            p = r.params
+            if r.grammar is not None or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
+                return True
+        return False
+
+    def fail(self, batch: ScheduledBatch, error: BaseException, advanced: bool = False) -> list[RequestOutput]:
+        """The runner failed on ``batch`` (``advanced``: after :meth:`advance`, i.e. while reading
+        its results): finish its requests with an error, pages given back."""
+        if advanced:
+            self._resolved += 1
+        outputs = []
+        for req, _ in batch.work:
+            if req.status is RequestStatus.RUNNING:
+                if req.token_ids[-1] == FUTURE_TOKEN:
+                    self._end_at(req, len(req.token_ids) - 2)
+                self._finish(req, "error", f"{type(error).__name__}: {error}")
+                outputs.append(req.take_output())
+        self._free_deferred()
         return outputs
 
     def flush_cache(self) -> bool:
-        """Drop every cached prefix; only when idle (returns False otherwise)."""
-        if self.running or self.waiting:
+        """Drop every cached prefix; only when idle (returns False otherwise), a step in flight included."""
+        if self.running or self.waiting or self.in_flight:
             return False
         self.cache.reset()
         return True
 
     def private_pages(self) -> list[int]:
-        """Pages running requests hold outside the tree."""
+        """Pages running requests hold outside the tree, and pages waiting for a step in flight."""
         ps = self.page_size
-        return [p for r in self.running for p in r.pages[r.cached_len // ps :]]
+        deferred = self._deferred.pages()
+        return [p for r in self.running for p in r.pages[r.cached_len // ps :]] + deferred
 
     def check_invariants(self) -> None:
-        """Every page accounted for exactly once; every request's KV state consistent."""
+        """Every page accounted for exactly once; every request's KV state consistent.
+
+        (The runner's device page table is checked against ``running`` by the engine.)"""
         ps = self.page_size
-        self.page_table.flush()
         for r in self.running:
             assert r.status is RequestStatus.RUNNING, r
             assert len(r.pages) == -(-r.computed_len // ps), f"pages do not cover computed tokens exactly: {r}"
             assert r.cached_len % ps == 0 and r.cached_len <= r.computed_len, r
             assert r.lock_node is not None, r
-            if not self.cache.disabled:
-                assert r.lock_node.depth == r.cached_len, f"lock node depth {r.lock_node.depth} != cached_len: {r}"
+            assert r.lock_node.depth == r.cached_len, f"lock node depth {r.lock_node.depth} != cached_len: {r}"
             assert 1 <= r.num_pending, r
-            assert self.page_table.row_matches(r.slot, r.pages), f"page table row out of date: {r}"
         for r in self.waiting:
             assert r.status is RequestStatus.WAITING and not r.pages and r.lock_node is None and r.slot < 0, r
         assert len(self.requests) == len(self.running) + len(self.waiting)
-        assert self.page_table.num_free_rows == self.config.max_running_requests - len(self.running)
+        assert self.rows.num_free_rows == self.config.max_running_requests - len(self.running)
         self.cache.check_invariants(self.private_pages())
 
     # ------------------------------------------------------------------ scheduling
@@ -181,11 +236,11 @@ class Scheduler:
             budget = self.config.max_num_tokens
             work: list[tuple[Request, int]] = []
             for r in self.running:  # decodes first: they are what users are waiting on
-                if budget and r.num_pending == 1:
+                if budget and r.num_pending == 1 and not r.finishing:
                     work.append((r, 1))
                     budget -= 1
             for r in self.running:
-                if budget and r.num_pending > 1:
+                if budget and r.num_pending > 1 and not r.finishing:
                     n = min(r.num_pending, budget)
                     work.append((r, n))
                     budget -= n
@@ -193,11 +248,15 @@ class Scheduler:
             total = sum(needs)
             if total == 0 or self.allocator.can_alloc(total):
                 break
+            if self.in_flight:
+                # Retracting now would free pages the step in flight reads (and its results
+                # are not in yet): the caller resolves it first.
+                raise NeedsSync
             if len(self.running) == 1:
                 # Alone and still short: only possible if the pool cannot hold it at all.
                 (r,) = self.running
                 self._finish(r, "error", "request does not fit in the KV pool even after evicting everything")
-                self._pending.append(self._output(r))
+                self._pending.append(r.take_output())
                 return [], self.config.max_num_tokens
             victim = min(self.running, key=lambda r: (r.num_output, -r.arrival_step))
             self._retract(victim)
@@ -211,7 +270,7 @@ class Scheduler:
             i = 0
             for (r, _), k in zip(work, needs):
                 if k:
-                    self.page_table.append(r.slot, len(r.pages), pages[i : i + k])
+                    self.rows.append(r.slot, len(r.pages), pages[i : i + k])
                     r.pages += pages[i : i + k]
                     i += k
         return work, budget
@@ -224,74 +283,28 @@ class Scheduler:
         future = int(max(0, remaining_out) * self.new_token_ratio)
         return min(len(r.token_ids) + future, max(r.max_total_len, len(r.token_ids)))
 
-    def _reserved_pages(self, r: Request) -> int:
-        """Pages ``r`` may still need beyond those it holds (see :meth:`_expected_len`)."""
-        return max(0, -(-self._expected_len(r) // self.page_size) - len(r.pages))
-
     def _admit(self, budget: int, work: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
-        ps = self.page_size
         cfg = self.config
-        reserved = sum(self._reserved_pages(r) for r in self.running)
-        # Requests computing uncached tokens now (or in coming steps): others may wait for them.
-        inflight = [r for r, n in work if n > 1 or r.num_pending > n]
-        admitted: list[tuple[Request, int]] = []
-        deferring = cfg.defer_shared_prefix_tokens > 0 and not self.cache.disabled
+        adder = PrefillAdder(
+            cache=self.cache, allocator=self.allocator, rows=self.rows, page_size=self.page_size,
+            token_budget=budget, free_slots=cfg.max_running_requests - len(self.running), running=self.running,
+            inflight=[r for r, n in work if n > 1 or r.num_pending > n], expected_len=self._expected_len,
+            defer_tokens=cfg.defer_shared_prefix_tokens,
+        )
         for req in self.policy.order(self.waiting, self.counters.steps):
-            if budget <= 0 or len(self.running) >= cfg.max_running_requests:
+            result = adder.add(req)
+            if result is AddResult.STOP:
                 break
-            tokens = req.token_ids[: req.match_limit]
-            # Deciding to defer only peeks: a request passed over must not touch the tree.
-            if deferring and self._should_defer(req, self.cache.peek_prefix_len(tokens, req.namespace), inflight):
-                continue
-            # The cache's hit counters count admissions, not every step a request waits.
-            match = self.cache.match_prefix(tokens, req.namespace, record_stats=False)
-            m = match.matched_len
-            n = min(len(req.token_ids) - m, budget)
-            self.cache.lock(match.node)
-            need_now = -(-(m + n) // ps) - len(match.pages)
-            need_all = -(-self._expected_len(req) // ps) - len(match.pages)
-            available = self.allocator.num_free + self.cache.num_evictable_pages
-            idle = not self.running
-            if need_now > available or (not idle and need_all + reserved > available):
-                self.cache.unlock(match.node)
-                break
-            try:
-                new_pages = self.allocator.alloc(need_now)
-            except OutOfPagesError:
-                self.cache.unlock(match.node)
-                break
-            reserved += max(0, need_all - need_now)
-            self.cache.record_lookup(len(tokens), m)
-            self.waiting.remove(req)
-            req.status = RequestStatus.RUNNING
-            req.lock_node = match.node
-            req.pages = match.pages + new_pages
-            req.cached_len = req.computed_len = m
-            req.slot = self.page_table.acquire()
-            self.page_table.set_row(req.slot, req.pages)
-            if req.cached_tokens is None:
-                req.cached_tokens = min(m, req.prompt_len)
-                self.counters.prompt_tokens += req.prompt_len
-                self.counters.cached_prompt_tokens += req.cached_tokens
-            self.running.append(req)
-            admitted.append((req, n))
-            inflight.append(req)
-            budget -= n
-        if admitted:
-            self._count_bypasses([r for r, _ in admitted])
-        return admitted
-
-    def _should_defer(self, req: Request, matched: int, inflight: list[Request]) -> bool:
-        """Whether another request is computing at least the next few uncached tokens of ``req``."""
-        want = matched + self.config.defer_shared_prefix_tokens
-        want += -want % self.page_size  # only whole pages become shareable
-        if want > req.match_limit:
-            return False
-        key = req.token_ids[:want]
-        for other in inflight:
-            if other.namespace == req.namespace and len(other.token_ids) > want and other.token_ids[:want] == key:
-                return True
-        return False
+            if result is AddResult.ADDED:
+                self.waiting.remove(req)
+                self.running.append(req)
+                if req.cached_tokens is None:
+                    req.cached_tokens = min(req.cached_len, req.prompt_len)
+                    self.counters.prompt_tokens += req.prompt_len
+                    self.counters.cached_prompt_tokens += req.cached_tokens
+        if adder.admitted:
+            self._count_bypasses([r for r, _ in adder.admitted])
+        return adder.admitted
 
     def _count_bypasses(self, admitted: list[Request]) -> None:
         newest_admitted = max(r.arrival_step for r in admitted)
@@ -301,96 +314,101 @@ class Scheduler:
 
     # ------------------------------------------------------------------ results
 
-    def _process(
-        self,
-        work: list[tuple[Request, int]],
-        plan: LogitsPlan,
-        sampled: object,
-        prompt_lps: list[float],
-    ) -> list[RequestOutput]:
+    def _process(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
+        self._free_deferred()
+        prompt_lps = result.prompt_logprobs
         i = 0
-        for req, lo, count in plan.prompt_spans:
+        for req, _, count in batch.prompt_spans:
             assert req.prompt_logprobs is not None
-            req.prompt_logprobs.extend(prompt_lps[i : i + count])
-            req.prompt_lp_next = lo + count
+            if req.status is RequestStatus.RUNNING:
+                req.prompt_logprobs.extend(prompt_lps[i : i + count])
             i += count
-        for req, n in work:
-            req.computed_len += n
-            if n > 1 and not self.cache.disabled:
-                self._cache_computed(req)
         outputs: list[RequestOutput] = []
-        if sampled is None:
-            return outputs
-        tokens, logprobs = sampled.token_ids, sampled.logprobs  # type: ignore[attr-defined]
-        self.counters.generated_tokens += len(tokens)
-        for req, tok, lp in zip(plan.sample_reqs, tokens, logprobs):
-            req.token_ids.append(tok)
+        tokens, logprobs = result.token_ids, result.logprobs
+        for req, tok, lp in zip(batch.plan.sample_rows, tokens, logprobs):
+            if req.status is not RequestStatus.RUNNING:
+                continue  # finished (or aborted) while this step ran: its token is dropped
+            pos = len(req.token_ids) - 1
+            if req.token_ids[pos] != FUTURE_TOKEN or req.token_ids[pos - 1] == FUTURE_TOKEN:
+                pos -= 1  # a later step in flight appended its own placeholder after this one
+            assert req.token_ids[pos] == FUTURE_TOKEN, req
+            req.token_ids[pos] = tok
+            self.counters.generated_tokens += 1
             req.new_token_ids.append(tok)
             if lp is not None:
                 if req.new_logprobs is None:
                     req.new_logprobs = []
                 req.new_logprobs.append(lp)
             if req.grammar is not None and not req.grammar.accept(tok):  # the mask makes this unreachable
+                self._end_at(req, pos)
                 self._finish(req, "error", f"sampled token {tok} is not allowed by the request's grammar")
-                outputs.append(self._output(req))
+                outputs.append(req.take_output())
                 continue
-            reason = self._stop_reason(req, tok)
+            reason = self._stop_reason(req, tok, pos + 1)
             if reason is not None:
+                self._end_at(req, pos)
                 self._finish(req, reason)
-            outputs.append(self._output(req))
+            outputs.append(req.take_output())
         return outputs
 
-    def _stop_reason(self, req: Request, tok: int) -> str | None:
+    def _end_at(self, req: Request, pos: int) -> None:
+        """``req`` ends with the token at ``pos``: drop what a later step in flight added
+        (its placeholder; the KV it computes stays private and is freed after it)."""
+        del req.token_ids[pos + 1 :]
+        req.computed_len = min(req.computed_len, pos)
+
+    def _stop_reason(self, req: Request, tok: int, length: int) -> str | None:
+        """Why ``req`` stops after ``tok``, its tokens then being ``length`` long (None: it goes on)."""
         p = req.params
         if (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
             return "stop"
         if req.grammar is not None and req.grammar.can_only_end:  # complete, and nothing more may follow
             return "stop"
-        if req.num_output >= p.max_tokens or len(req.token_ids) >= req.max_total_len:
+        if length - req.prompt_len >= p.max_tokens or length >= req.max_total_len:
             return "length"
         return None
 
-    def _output(self, req: Request) -> RequestOutput:
-        prompt_lps = None
-        if req.prompt_logprobs is not None and not req.prompt_logprobs_sent and (req.new_token_ids or req.finished):
-            prompt_lps, req.prompt_logprobs_sent = req.prompt_logprobs, True
-        out = RequestOutput(
-            request_id=req.request_id,
-            new_token_ids=req.new_token_ids,
-            new_logprobs=req.new_logprobs,
-            prompt_logprobs=prompt_lps,
-            finished=req.finished,
-            finish_reason=req.finish_reason,
-            error=req.error,
-            prompt_tokens=req.prompt_len,
-            cached_tokens=req.cached_tokens or 0,
-            completion_tokens=req.num_output,
-        )
-        req.new_token_ids = []
-        req.new_logprobs = None
-        return out
-
     # ------------------------------------------------------------------ KV references
+
+    def _free_pages(self, pages: list[int]) -> None:
+        """Give pages back now, or, while a step is in flight (it may read them), once it is resolved."""
+        if not pages:
+            return
+        if self.in_flight:
+            self._deferred.add(self._launched, pages)
+        else:
+            self.allocator.free(pages)
+
+    def _free_deferred(self) -> None:
+        """Release what waited for a step that is now resolved."""
+        self._deferred.release(self._resolved)
 
     def _cache_computed(self, req: Request) -> None:
         """Insert the request's computed whole pages into the tree; re-point its lock."""
-        res = self.cache.cache_prefix(req.token_ids[: req.computed_len], req.pages, req.lock_node, req.namespace)
+        res = self.cache.cache_prefix(req.token_ids[: req.computed_len], req.pages, req.lock_node, req.namespace,
+                                      release=self._free_pages)
         if res.pages != req.pages:
-            self.page_table.set_row(req.slot, res.pages)
+            self.rows.set_row(req.slot, res.pages)
         req.pages, req.lock_node, req.cached_len = res.pages, res.node, res.cached_len
 
     def _release(self, req: Request) -> None:
         """Give back every reference ``req`` holds: cache its KV, unlock, free its private pages."""
         if req.status is not RequestStatus.RUNNING:
             return
-        if not self.cache.disabled:
-            self._cache_computed(req)
-        self.cache.unlock(req.lock_node)
-        self.allocator.free(req.pages[req.cached_len // self.page_size :])
-        self.page_table.release(req.slot)
+        self._cache_computed(req)
+        private = req.pages[req.cached_len // self.page_size :]
+        if self.in_flight:
+            # The step in flight may read these pages (the tree's ones too): keep them locked
+            # and allocated until it is resolved.
+            self._deferred.add(self._launched, private, req.lock_node)
+        else:
+            self.cache.unlock(req.lock_node)
+            self.allocator.free(private)
+        self.rows.release(req.slot)
         self.running.remove(req)
         req.pages, req.lock_node, req.slot = [], None, -1
         req.cached_len = req.computed_len = 0
+        req.finishing = False
 
     def _retract(self, req: Request) -> None:
         """Send a running request back to the queue; it keeps its output and is recomputed later."""

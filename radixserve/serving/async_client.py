@@ -17,17 +17,22 @@ import zmq.asyncio
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
 from radixserve.serving.client_common import DEFAULT_ENDPOINT, Event, RequestIds, ServerError, generate_request
+from radixserve.serving.security import PeerKeys
 
 
 class AsyncClient:
-    """asyncio client: any number of concurrent requests on one socket."""
+    """asyncio client: any number of concurrent requests on one socket (``curve``: as
+    :class:`~radixserve.serving.client.Client`'s)."""
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout: float | None = 60.0) -> None:
+    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout: float | None = 60.0,
+                 curve: PeerKeys | None = None) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.apply(self._sock)
         self._sock.connect(endpoint)
         self._ids = RequestIds()
         self._queues: dict[str, asyncio.Queue[Any]] = {}
@@ -91,7 +96,7 @@ class AsyncClient:
                      params: SamplingParams | None = None, session_id: str | None = None,
                      namespace: str | None = None, add_generation_prompt: bool = True,
                      stream: bool = True, request_id: str | None = None,
-                     timeout: float | None = None) -> AsyncIterator[Event]:
+                     timeout: float | None = None, cache_salt: str | None = None) -> AsyncIterator[Event]:
         """Yield chunks then the final; cancelling or closing the iterator early aborts."""
         rid = request_id or self._ids.next()
         q = self._open(rid)
@@ -99,7 +104,7 @@ class AsyncClient:
         done = False
         try:
             req = generate_request(rid, text, input_ids, messages, params, stream, session_id, namespace,
-                           add_generation_prompt)
+                                   add_generation_prompt, cache_salt)
             await self._sock.send(p.encode(req))
             while True:
                 msg = await self._next(rid, q, timeout)

@@ -27,6 +27,7 @@ from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
 from radixserve.serving.async_client import AsyncClient
 from radixserve.serving.client_common import DEFAULT_ENDPOINT, Event, RequestIds, ServerError, generate_request
+from radixserve.serving.security import PeerKeys
 
 # The public names of both clients, importable from here as before the asyncio one moved out.
 __all__ = ["DEFAULT_ENDPOINT", "AsyncClient", "Client", "Event", "ServerError", "main"]
@@ -34,15 +35,19 @@ __all__ = ["DEFAULT_ENDPOINT", "AsyncClient", "Client", "Event", "ServerError", 
 
 class Client:
     """Synchronous client. ``timeout``: seconds without any reply before giving up
-    (the router sends keep-alives while requests run, so this detects a dead router)."""
+    (the router sends keep-alives while requests run, so this detects a dead router).
+    ``curve``: client keys for a router that takes only CURVE-authenticated clients
+    (:func:`~radixserve.serving.security.load_peer_keys`)."""
 
     def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout: float | None = 60.0,
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, curve: PeerKeys | None = None) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.apply(self._sock)
         self._sock.connect(endpoint)
         self._ids = RequestIds()
         self._queues: dict[str, deque[Any]] = {}
@@ -109,13 +114,13 @@ class Client:
                messages: list[p.ChatMessage] | list[dict[str, str]] | None = None,
                params: SamplingParams | None = None, stream: bool = False, session_id: str | None = None,
                namespace: str | None = None, add_generation_prompt: bool = True,
-               request_id: str | None = None) -> str:
+               request_id: str | None = None, cache_salt: str | None = None) -> str:
         """Send a generate request and return its id without waiting (see :meth:`events`)."""
         rid = request_id or self._ids.next()
         if rid in self._queues:  # a second waiter would orphan the first
             raise ValueError(f"request id {rid!r} is already in flight on this client")
         req = generate_request(rid, text, input_ids, messages, params, stream, session_id, namespace,
-                               add_generation_prompt)
+                               add_generation_prompt, cache_salt)
         self._queues[rid] = deque()
         self._generating.add(rid)
         self._send(req)
@@ -205,9 +210,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--stats", action="store_true", help="print the router's stats afterwards")
+    ap.add_argument("--keys", default=None, help="CURVE key directory of this client (radixserve keys DIR: DIR/client)")
     args = ap.parse_args(argv)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
-    with Client(args.endpoint) as client:
+    curve = None
+    if args.keys is not None:
+        from radixserve.serving.security import load_peer_keys
+
+        curve = load_peer_keys(args.keys)
+    with Client(args.endpoint, curve=curve) as client:
         try:
             kwargs: dict[str, Any] = {"params": params}
             if args.raw:

@@ -35,6 +35,7 @@ def generate_request(
     session_id: str | None,
     namespace: str | None,
     add_generation_prompt: bool,
+    cache_salt: str | None = None,
 ) -> p.GenerateRequest:
     """The :class:`GenerateRequest` both clients send (chat messages given as dicts are converted)."""
     chat = None
@@ -43,7 +44,7 @@ def generate_request(
     return p.GenerateRequest(
         request_id=request_id, text=text, input_ids=input_ids, messages=chat,
         add_generation_prompt=add_generation_prompt, params=params or SamplingParams(), stream=stream,
-        session_id=session_id, namespace=namespace,
+        session_id=session_id, namespace=namespace, cache_salt=cache_salt,
     )
 
 

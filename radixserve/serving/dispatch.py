@@ -12,9 +12,9 @@ Torch-free and process-free: unit-tested directly.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
-import zlib
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
@@ -36,6 +36,13 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def namespace_token(namespace: str) -> int:
+    """The sentinel that roots ``namespace``'s prefixes in a :class:`PrefixTrie`: negative
+    (no token id is), and 63 bits of a digest, so that tenants' subtrees never merge."""
+    digest = hashlib.blake2b(namespace.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return -1 - (int.from_bytes(digest, "little") >> 1)
 
 
 class _Node:
@@ -200,12 +207,13 @@ class Dispatcher:
                namespace: str | None = None) -> Decision:
         """Pick a worker among ``loads``' keys (must be non-empty) and record the prefix there.
 
-        A cache ``namespace`` shares nothing with other namespaces, so its prefixes are
-        recorded under a negative sentinel token (never a real token id) of their own."""
+        A cache ``namespace`` (a tenant's, with its cache salt) shares nothing with other
+        namespaces, so its prefixes are recorded under a negative sentinel token (never a
+        real token id) of their own: each worker's trie holds one subtree per namespace."""
         if not loads:
             raise ValueError("no live worker")
         if namespace is not None:
-            tokens = [-1 - zlib.crc32(namespace.encode()), *tokens]
+            tokens = [namespace_token(namespace), *tokens]
         decision = self._choose(tokens, loads, session_id)
         self.add_worker(decision.worker_id)
         self.tries[decision.worker_id].insert(tokens)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.serving.router import Router, RouterConfig
+from radixserve.engine.devices import plan_worker_devices
 from radixserve.serving.workers import spawn_worker, worker_command
 
 log = logging.getLogger("radixserve.serving.launcher")
@@ -74,6 +75,7 @@ class LocalServer:
         worker_program: list[str] | None = None,
         worker_env: dict[str, str] | None = None,
         tokenizer: Any = None,
+        gpu_ids: list[int] | None = None,
     ) -> None:
         from radixserve.serving.prompts import load_tokenizer
 
@@ -85,10 +87,16 @@ class LocalServer:
         self.router = Router(tokenizer if tokenizer is not None else load_tokenizer(model), config)
         self.endpoint = self.router.endpoint
         self.procs: list[subprocess.Popen[bytes]] = []
-        for i in range(num_workers):
-            cmd = worker_command(self.router.worker_endpoint, i, model, engine_config, parent_pid=os.getpid(),
+        # One GPU per worker on CUDA (or an explicit split); refused before anything starts.
+        placements = plan_worker_devices(engine_config, num_workers, gpu_ids)
+        for i, place in enumerate(placements):
+            cfg_i = engine_config if "device" not in engine_config else {**engine_config, "device": place.device}
+            cmd = worker_command(self.router.worker_endpoint, i, model, cfg_i, parent_pid=os.getpid(),
                                  heartbeat_timeout_s=max(30.0, config.worker_timeout_s), program=worker_program)
-            proc = spawn_worker(cmd, worker_env)
+            # With CURVE, each local worker gets a key of its own, allowed for as long as the router runs.
+            keys = self.router.security.mint("workers", f"local-worker-{i}")
+            env = {**(worker_env or {}), **place.env, **(keys.to_env() if keys is not None else {})}
+            proc = spawn_worker(cmd, env or None)
             self.procs.append(proc)
             self.router.expect_local(i, proc)
         self._thread: threading.Thread | None = None

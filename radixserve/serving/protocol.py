@@ -26,6 +26,7 @@ from radixserve.engine.outputs import FinishReason, StepOutput, TokenLogprob, Us
 from radixserve.sampling_params import SamplingParams
 
 PROTOCOL_VERSION = 1
+MAX_CACHE_SALT_CHARS = 256
 """Bumped on any incompatible change; a message with another version gets an Error."""
 
 ErrorCode = Literal[
@@ -92,7 +93,8 @@ class GenerateRequest(_Msg, tag="generate"):
     ``messages`` are rendered with the model's chat template (``add_generation_prompt``).
     Logprob options live in ``params`` (``logprobs``: top-k, ``prompt_logprobs_start``).
     ``session_id`` keeps a program's calls on one worker (its cache); ``namespace``
-    isolates radix-cache sharing. With ``stream`` the router sends :class:`GenerateChunk`
+    isolates radix-cache sharing, and so does ``cache_salt`` (vLLM's name: a tenant's
+    secret; the router hashes it into the namespace, workers never see it). With ``stream`` the router sends :class:`GenerateChunk`
     messages before the :class:`GenerateFinal`; without it only the final.
     """
 
@@ -105,6 +107,7 @@ class GenerateRequest(_Msg, tag="generate"):
     stream: bool = False
     session_id: str | None = None
     namespace: str | None = None
+    cache_salt: str | None = None
 
 
 class Abort(_Msg, tag="abort"):
@@ -160,6 +163,7 @@ class GenerateChunk(_Msg, tag="chunk"):
     text: str
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
+    prompt_tokens: int | None = None  # on the first chunk (index 0): the prompt's length in tokens
 
 
 class GenerateFinal(_Msg, tag="final"):
@@ -209,6 +213,7 @@ class ModelInfo(_Msg, tag="model_info_reply"):
     chat_template: str | None = None
     page_size: int = 1
     num_workers: int = 0
+    model_path: str = ""  # the directory the model was loaded from ("" when unknown)
     # The tokenizer's special tokens by name (bos_token, eos_token, ...): chat templates use
     # them, and a client rendering roles itself needs the same values as the router.
     special_tokens: dict[str, str] = {}
@@ -336,6 +341,7 @@ class WorkerHello(_Msg, tag="w_hello"):
     bos_token_id: int | None = None
     page_size: int = 1
     load: WorkerLoad = msgspec.field(default_factory=WorkerLoad)
+    model_path: str = ""  # where the weights and tokenizer were loaded from
 
 
 class WorkerOutputs(_Msg, tag="w_outputs"):
@@ -480,6 +486,8 @@ def validate_generate(req: GenerateRequest, vocab_size: int | None = None) -> Er
             problems.append(f"input_ids must be token ids in [0, {vocab_size})")
     if req.messages is not None and not req.messages:
         problems.append("messages must be non-empty")
+    if req.cache_salt is not None and not 0 < len(req.cache_salt) <= MAX_CACHE_SALT_CHARS:
+        problems.append(f"cache_salt must have 1 to {MAX_CACHE_SALT_CHARS} characters")
     try:
         req.params.validate(vocab_size)
     except ValueError as exc:

@@ -56,7 +56,8 @@ class RouterRequest:
         chunk = None
         if self.stream and (delta.text or out.new_token_ids):
             chunk = p.GenerateChunk(request_id=self.client_rid, index=self.chunks, text=delta.text,
-                                    token_ids=out.new_token_ids, logprobs=out.new_logprobs)
+                                    token_ids=out.new_token_ids, logprobs=out.new_logprobs,
+                                    prompt_tokens=None if self.chunks else len(self.prompt_ids))
             self.chunks += 1
         return chunk, delta.stopped
 

@@ -46,6 +46,7 @@ from radixserve.serving.dispatch import Dispatcher, RoutingPolicy
 from radixserve.serving.inflight import InFlight, context_error
 from radixserve.serving.prompts import PromptCodec, PromptError, encode_text
 from radixserve.serving.requests import RouterRequest
+from radixserve.serving.security import RouterKeys, RouterSecurity, cache_namespace, peer_of
 from radixserve.serving.workers import WorkerHandle, WorkerPool
 
 log = logging.getLogger("radixserve.serving.router")
@@ -70,6 +71,8 @@ class RouterConfig:
     balance_abs_threshold: int = 4
     balance_rel_threshold: float = 1.5
     trie_max_tokens: int = 1 << 20
+    keys: RouterKeys | None = None  # CURVE on both sockets (serving.security); None: plain sockets
+    insecure: bool = False  # allow plain sockets on addresses other hosts can reach
 
 
 class Router:
@@ -83,8 +86,22 @@ class Router:
         # outlives the router, and nothing of it is left for interpreter exit to clean up.
         self._own_ctx = context is None
         self._ctx = context if context is not None else zmq.Context()
-        self.frontend = self._bind(config.endpoint, client_side=True)
-        self.backend = self._bind(config.worker_endpoint, client_side=False)
+        self.security = RouterSecurity(self._ctx, config.keys, insecure=config.insecure)
+        try:
+            # Both addresses are checked before either is bound: a refusal leaves nothing open.
+            self.security.check(config.endpoint, "clients")
+            self.security.check(config.worker_endpoint, "workers")
+            self.frontend = self._bind(config.endpoint, client_side=True)
+            try:
+                self.backend = self._bind(config.worker_endpoint, client_side=False)
+            except BaseException:
+                self.frontend.close(linger=0)
+                raise
+        except BaseException:
+            self.security.close()
+            if self._own_ctx:
+                self._ctx.term()
+            raise
         self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
         self.worker_endpoint = self.backend.getsockopt_string(zmq.LAST_ENDPOINT)
         # stop() writes a byte here so the poll returns at once instead of at its timeout.
@@ -118,7 +135,11 @@ class Router:
         # ZMTP heartbeats drop half-open TCP peers (a host that vanished without a FIN).
         sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000 if client_side else 60000)
-        sock.bind(endpoint)
+        try:
+            self.security.bind(sock, endpoint, "clients" if client_side else "workers")
+        except BaseException:
+            sock.close()
+            raise
         return sock
 
     # ------------------------------------------------------------------ lifecycle
@@ -171,7 +192,7 @@ class Router:
             self._drain_wakeups()
         if self.frontend in events:
             self._drain(self.frontend, self._on_client_frames)
-        if self.backend not in events or self._drain(self.backend, self._on_worker_frames):
+        if self.backend not in events or self._drain(self.backend, self._on_worker_frames, copy=False):
             self.pool.settle_gone()  # after reading it all: a gone worker's goodbye comes first
         self.pool.flush_adds()
         if time.monotonic() >= self._next_tick:
@@ -199,6 +220,7 @@ class Router:
         self.backend.close(linger=500)  # let shutdown messages to live workers leave
         self._wake_r.close()
         self._wake_w.close()
+        self.security.close()  # its socket must be closed before the context can terminate
         if self._own_ctx:
             self._ctx.term()  # waits at most the lingers above, and only for undelivered messages
 
@@ -209,11 +231,12 @@ class Router:
         except OSError:  # BlockingIOError: drained
             pass
 
-    def _drain(self, sock: zmq.Socket, handle: Any, limit: int = 512) -> bool:
-        """Handle up to ``limit`` queued messages; True if that emptied the queue."""
+    def _drain(self, sock: zmq.Socket, handle: Any, limit: int = 512, copy: bool = True) -> bool:
+        """Handle up to ``limit`` queued messages; True if that emptied the queue.
+        ``copy=False`` hands ``zmq.Frame`` objects over (their metadata name the peer)."""
         for _ in range(limit):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames: list[Any] = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
             except zmq.Again:
                 return True
             try:
@@ -288,8 +311,9 @@ class Router:
         if too_long:
             return error("context_length", too_long)
         rid = self.inflight.new_rid()
-        st = RouterRequest(rid, client, req.request_id, ids, req.params, req.stream, req.session_id, req.namespace,
-                           self.codec.detokenizer(req.params, ids), time.monotonic())
+        st = RouterRequest(rid, client, req.request_id, ids, req.params, req.stream, req.session_id,
+                           cache_namespace(req.namespace, req.cache_salt), self.codec.detokenizer(req.params, ids),
+                           time.monotonic())
         self.inflight.add(st)
 
     def context_length(self) -> int | None:
@@ -306,20 +330,20 @@ class Router:
             request_id=request_id, model=h.model, context_length=self.context_length() or h.context_length,
             vocab_size=h.vocab_size, eos_token_ids=h.eos_token_ids, bos_token_id=h.bos_token_id,
             chat_template=self.codec.chat_template, page_size=h.page_size, num_workers=len(live),
-            special_tokens=self.codec.special_tokens))
+            special_tokens=self.codec.special_tokens, model_path=h.model_path))
 
     # ------------------------------------------------------------------ workers
-    def _on_worker_frames(self, frames: list[bytes]) -> None:
+    def _on_worker_frames(self, frames: list[zmq.Frame]) -> None:
         if len(frames) != 2:
             log.warning("worker sent %d frames; ignored", len(frames))
             return
-        identity, data = frames
+        identity, data = frames[0].bytes, frames[1].bytes
         msg = p.decode_from_worker(data)
         if isinstance(msg, p.Error):
             log.warning("bad frame from worker %r: %s", identity, msg.message)
             return
         if isinstance(msg, p.WorkerHello):
-            self.pool.register(identity, msg)
+            self.pool.register(identity, msg, peer_of(frames[1]))
             return
         w = self.pool.get(identity)
         if w is None or not w.alive:

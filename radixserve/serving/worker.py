@@ -39,6 +39,7 @@ import msgspec
 import zmq
 
 from radixserve.serving import protocol as p
+from radixserve.serving.security import PeerKeys, peer_keys_from_env
 from radixserve.serving.shutdown import exit_now
 
 log = logging.getLogger("radixserve.serving.worker")
@@ -58,7 +59,7 @@ def describe_engine(engine: Any, worker_id: int, model_name: str) -> p.WorkerHel
         worker_id=worker_id, pid=os.getpid(), model=model_name, context_length=int(ctx),
         vocab_size=int(cfg.vocab_size), eos_token_ids=[int(t) for t in cfg.eos_token_ids],
         bos_token_id=getattr(tok, "bos_token_id", None), page_size=int(getattr(econf, "page_size", 1)),
-        load=engine_load(engine),
+        load=engine_load(engine), model_path=str(getattr(engine, "model_path", "") or ""),
     )
 
 
@@ -78,6 +79,27 @@ def engine_memory(engine: Any) -> dict[str, Any] | None:
     from radixserve.memory.planner import memory_snapshot
 
     return msgspec.to_builtins(memory_snapshot(device, int(getattr(pool, "nbytes", 0))))
+
+
+def debug_invariants() -> bool:
+    """``RADIXSERVE_DEBUG_INVARIANTS=1``: every stats request also runs the full KV invariant check."""
+    return os.environ.get("RADIXSERVE_DEBUG_INVARIANTS", "0") not in ("", "0")
+
+
+def worker_stats(engine: Any, check: bool) -> dict[str, Any]:
+    """The engine's stats for a stats request: O(1) gauges and counters (a Prometheus scrape
+    must not stall decodes). ``check`` adds the full invariant check, O(pool) Python work,
+    as ``"invariants"``: ``"ok"``, ``"violated: ..."``, or ``"unchecked"``."""
+    stats = msgspec.to_builtins(engine.stats())
+    stats["memory"] = engine_memory(engine)  # for the HTTP gateway's server info, metrics, log
+    stats["invariants"] = "unchecked"
+    if check:
+        try:
+            engine.check_invariants()
+            stats["invariants"] = "ok"
+        except Exception as exc:  # report, don't die: the stats are how tests see it
+            stats["invariants"] = f"violated: {exc}"
+    return stats
 
 
 def _die_with_parent() -> None:
@@ -100,11 +122,12 @@ class Worker:
     """Runs ``engine`` for the router at ``connect``.
 
     Without a ``context`` the worker uses a zmq context of its own and terminates it when
-    :meth:`run` returns (after the goodbye left, or its short linger ran out)."""
+    :meth:`run` returns (after the goodbye left, or its short linger ran out). ``curve``: the
+    keys of a router that takes only CURVE-authenticated workers (:mod:`~radixserve.serving.security`)."""
 
     def __init__(self, engine: Any, connect: str, worker_id: int = -1, *, model_name: str = "",
                  parent_pid: int | None = None, router_timeout_s: float = 30.0,
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, curve: PeerKeys | None = None) -> None:
         self.engine = engine
         self.worker_id = worker_id
         self.model_name = model_name
@@ -117,6 +140,8 @@ class Worker:
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.setsockopt(zmq.ROUTING_ID, f"w{worker_id}-{os.getpid()}-{os.urandom(2).hex()}".encode())
+        if curve is not None:
+            curve.apply(self.sock)
         self.sock.connect(connect)
         self._active: set[str] = set()  # rids added and not reported finished
         self._stopping = False
@@ -281,14 +306,8 @@ class Worker:
         elif isinstance(msg, p.WorkerPing):
             self._send(p.WorkerHeartbeat(load=engine_load(self.engine)))
         elif isinstance(msg, p.WorkerStatsRequest):
-            stats = msgspec.to_builtins(self.engine.stats())
-            stats["memory"] = engine_memory(self.engine)  # for the HTTP gateway's server info, metrics, log
-            try:
-                self.engine.check_invariants()
-                stats["invariants"] = "ok"
-            except Exception as exc:  # report, don't die: the stats are how tests see it
-                stats["invariants"] = f"violated: {exc}"
-            self._send(p.WorkerStatsReply(token=msg.token, load=engine_load(self.engine), engine=stats))
+            self._send(p.WorkerStatsReply(token=msg.token, load=engine_load(self.engine),
+                                          engine=worker_stats(self.engine, debug_invariants())))
         elif isinstance(msg, p.WorkerFlush):
             self._send(p.WorkerFlushReply(token=msg.token, ok=bool(self.engine.flush_cache())))
             self._publish_events()
@@ -318,9 +337,16 @@ def main(argv: list[str] | None = None, engine_factory: EngineFactory | None = N
     ap.add_argument("--engine-config", default="{}", help="EngineConfig fields as JSON")
     ap.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies (local workers)")
     ap.add_argument("--router-timeout", type=float, default=30.0, help="seconds of router silence tolerated")
+    ap.add_argument("--keys", default=None, help="CURVE key directory of this worker (radixserve keys DIR: DIR/worker)")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format=f"[worker {args.worker_id}] %(levelname)s %(message)s")
+    # Local workers of a CURVE router get a key minted for them through the environment.
+    curve = peer_keys_from_env()
+    if args.keys is not None:
+        from radixserve.serving.security import load_peer_keys
+
+        curve = load_peer_keys(args.keys)
     if args.parent_pid is not None:
         _die_with_parent()
         if os.getppid() != args.parent_pid:
@@ -341,9 +367,14 @@ def main(argv: list[str] | None = None, engine_factory: EngineFactory | None = N
 
             model = str(resolve_model(args.model))
         engine = (engine_factory or build_engine)(model, **json.loads(args.engine_config))
+        startup = getattr(engine, "startup_seconds", None)
+        if startup:  # where start-up went, once, on the terminal `radixserve serve` runs in
+            from radixserve.engine.startup import describe_startup
+
+            print(f"radixserve: worker {args.worker_id} engine ready in {describe_startup(startup)}", flush=True)
         name = Path(str(model)).name if model else "default"
         worker = Worker(engine, args.connect, args.worker_id, model_name=name, parent_pid=args.parent_pid,
-                        router_timeout_s=args.router_timeout)
+                        router_timeout_s=args.router_timeout, curve=curve)
         return worker.run()
     except Interrupted:  # stopped before run() (which handles its own) took over
         if worker is not None and not worker.sock.closed:

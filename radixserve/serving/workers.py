@@ -25,6 +25,8 @@ import zmq
 
 from radixserve.serving import protocol as p
 from radixserve.serving.dispatch import Dispatcher
+from radixserve.serving.security import Peer, printable
+from radixserve.serving.security import log as audit_log
 
 log = logging.getLogger("radixserve.serving.workers")
 
@@ -93,8 +95,9 @@ class WorkerPool:
     def get(self, identity: bytes) -> WorkerHandle | None:
         return self._by_identity.get(identity)
 
-    def register(self, identity: bytes, hello: p.WorkerHello) -> WorkerHandle:
-        """Add a worker that said hello (a known identity re-registering lost its work)."""
+    def register(self, identity: bytes, hello: p.WorkerHello, peer: Peer | None = None) -> WorkerHandle:
+        """Add a worker that said hello (a known identity re-registering lost its work);
+        ``peer`` (its address and CURVE key) goes into the join's audit line."""
         old = self._by_identity.get(identity)
         if old is not None:
             self.mark_dead(old, "worker re-registered")
@@ -107,7 +110,10 @@ class WorkerPool:
         self.workers[wid] = w
         self._by_identity[identity] = w
         self.dispatcher.add_worker(wid)
-        log.info("worker %d joined (pid %d, model %s, context %d)", wid, hello.pid, hello.model, hello.context_length)
+        peer = peer or Peer("?", None)
+        audit_log.info("worker %d joined: identity %s, address %s, key %s, pid %d, model %r, context %d",
+                       wid, printable(identity), peer.address, peer.key or "none (no CURVE)",
+                       hello.pid, hello.model, hello.context_length)
         self._on_joined(w)
         return w
 
@@ -220,6 +226,8 @@ def spawn_worker(cmd: list[str], env: dict[str, str] | None = None) -> subproces
     parent, which then shuts the workers down in order (they also die with the parent)."""
     full_env = dict(os.environ)
     full_env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for http_only in ("RADIXSERVE_API_KEY", "RADIXSERVE_ADMIN_API_KEY"):  # a worker has no use for them
+        full_env.pop(http_only, None)
     if env:
         full_env.update(env)
     return subprocess.Popen(cmd, env=full_env, start_new_session=True, stdin=subprocess.DEVNULL)

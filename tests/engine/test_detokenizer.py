@@ -60,6 +60,26 @@ def test_stop_string_excluded_and_stops(tokenizer, chunk: int) -> None:  # type:
     assert detok.add(ids[-1:]) == ("", True, "stop")
 
 
+def test_no_stop_string_before_min_tokens(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """As in vLLM and SGLang: a stop string in the first ``min_tokens`` tokens' text does not
+    end the request; one that ends after them does."""
+    text = "one two one two three"
+    ids = tokenizer.encode(text)
+    first = len(tokenizer.encode("one two"))
+    detok = IncrementalDetokenizer(tokenizer, SamplingParams(stop=["two"], min_tokens=first + 1, max_tokens=64))
+    out, stopped_at = "", None
+    for i, t in enumerate(ids):
+        d = detok.add([t])
+        out += d.text
+        if d.stopped:
+            stopped_at = i
+            break
+    assert stopped_at is not None and stopped_at >= first
+    assert out == "one two one "
+    unbounded = IncrementalDetokenizer(tokenizer, SamplingParams(stop=["two"]))
+    assert "".join(unbounded.add([t]).text for t in ids[:first]) == "one "
+
+
 def test_possible_stop_prefix_is_held_back_then_released(tokenizer) -> None:  # type: ignore[no-untyped-def]
     detok = IncrementalDetokenizer(tokenizer, SamplingParams(stop=["three!"]))
     out = ""

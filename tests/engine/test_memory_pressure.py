@@ -88,14 +88,14 @@ def test_failed_forward_finishes_batch_with_error(tiny_llama_dir: Path, make_eng
     engine = make_engine(tiny_llama_dir, page_size=4)
     rid = engine.add_request(random_prompts([12], seed=24)[0], greedy(5))
     engine.step()
-    real = engine.scheduler.forward
+    real = engine.runner.model.forward
 
-    def broken(batch):  # type: ignore[no-untyped-def]
+    def broken(batch, attn):  # type: ignore[no-untyped-def]
         raise RuntimeError("device lost")
 
-    engine.scheduler.forward = broken
+    engine.runner.model.forward = broken
     outs = engine.step()
-    engine.scheduler.forward = real
+    engine.runner.model.forward = real
     assert [(o.request_id, o.finish_reason) for o in outs] == [(rid, "error")]
     assert "device lost" in (outs[0].error or "")
     engine.check_invariants()

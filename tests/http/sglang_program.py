@@ -6,8 +6,10 @@ test_http_sglang_frontend.py) and prints one JSON object with what the programs 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
+from typing import Any
 
 import sglang as sgl
 
@@ -17,6 +19,18 @@ def qa(s, question):  # type: ignore[no-untyped-def]
     s += sgl.system("You are terse.")
     s += sgl.user(question)
     s += sgl.assistant(sgl.gen("answer", max_tokens=8, temperature=0))
+
+
+@sgl.function
+def qa_logprobs(s, question):  # type: ignore[no-untyped-def]
+    s += sgl.system("You are terse.")
+    s += sgl.user(question)
+    s += sgl.assistant(sgl.gen("answer", max_tokens=8, temperature=0, return_logprob=True, top_logprobs_num=2))
+
+
+@sgl.function
+def at_least(s):  # type: ignore[no-untyped-def]
+    s += "Count to three:" + sgl.gen("c", max_tokens=5, min_tokens=5, temperature=0, stop=[" ", "."])
 
 
 @sgl.function
@@ -39,6 +53,11 @@ def forked(s):  # type: ignore[no-untyped-def]
     s += "".join(f["x"] for f in forks)
 
 
+async def _metas(state: Any, name: str) -> list[dict[str, Any]]:
+    """The meta_info of each streamed piece of ``name`` (only the async iterator returns them)."""
+    return [meta async for _, meta in state.text_async_iter(name, return_meta_data=True)]
+
+
 def main() -> None:
     backend = sgl.RuntimeEndpoint(sys.argv[1], chat_template_name="chatml")
     sgl.set_default_backend(backend)
@@ -48,6 +67,16 @@ def main() -> None:
     out["answer_meta"] = state.get_meta_info("answer")
     streamed = qa.run(question="What is a radix tree?", stream=True)
     out["streamed"] = "".join(streamed.text_iter("answer"))
+    # Streaming with logprobs: every chunk's meta_info carries the counts and the logprobs so far.
+    streamed_lp = qa_logprobs.run(question="What is a radix tree?", stream=True)
+    metas = asyncio.run(_metas(streamed_lp, "answer"))
+    out["streamed_lp"] = [{k: m.get(k) for k in ("completion_tokens", "output_token_logprobs",
+                                                 "output_top_logprobs", "output_token_logprobs_length")}
+                          for m in metas]
+    unstreamed_lp = qa_logprobs.run(question="What is a radix tree?")
+    out["unstreamed_lp"] = {k: v for k, v in (unstreamed_lp.get_meta_info("answer") or {}).items()
+                            if k in ("completion_tokens", "output_token_logprobs")}
+    out["at_least"] = at_least.run().get_meta_info("c")["completion_tokens"]
     out["batch"] = [st["answer"] for st in qa.run_batch([{"question": "a?"}, {"question": "b?"}])]
     choice = pick.run()
     out["city"] = choice["city"]

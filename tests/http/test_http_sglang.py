@@ -25,13 +25,15 @@ def srt_params(**over: Any) -> dict[str, Any]:
 def test_model_info_health_and_flush(server: Any) -> None:
     with server.client() as c:
         info = c.get("/get_model_info").json()
-        assert info["model_path"] == server.model_dir.name and info["is_generation"] is True
+        # The path the model was loaded from (clients load the tokenizer from it), as SGLang answers.
+        assert info["model_path"] == info["tokenizer_path"] == str(server.model_dir)
+        assert info["served_model_name"] == server.model_dir.name and info["is_generation"] is True
         assert c.get("/health").status_code == 200
         assert c.get("/health_generate").status_code == 200
         r = c.post("/flush_cache")
         assert r.status_code == 200, r.text
         server_info = c.get("/get_server_info").json()
-        assert server_info["model_path"] == server.model_dir.name
+        assert server_info["model_path"] == server.model_dir.name  # the served name
         assert server_info["memory"]["0"]["device"] == "cpu" and server_info["memory"]["0"]["pool_bytes"] > 0
         assert c.get("/server_info").json()["workers"][0]["engine"]["num_pages"] == 512
 
@@ -132,6 +134,32 @@ def test_logprobs_of_generated_tokens(server: Any) -> None:
     for entry, top in zip(out, meta["output_top_logprobs"]):
         assert len(top) == 2 and top[0][1] == entry[1]  # greedy: the chosen token is the top one
         assert top[0][0] == pytest.approx(entry[0])
+
+
+def test_streamed_logprobs_chunk_by_chunk(server: Any) -> None:
+    """Streamed with logprobs: every message has the cumulative ids and counts and the logprobs
+    of its new tokens only; concatenated they equal the unstreamed request's."""
+    body = {"text": "hello there", "sampling_params": srt_params(max_new_tokens=6, ignore_eos=True),
+            "return_logprob": True, "top_logprobs_num": 2}
+    with server.client() as c:
+        whole = c.post("/generate", json=body).json()
+        with c.stream("POST", "/generate", json={**body, "stream": True}) as r:
+            assert r.status_code == 200
+            chunks = [json.loads(line[5:]) for line in r.iter_lines() if line and line != "data: [DONE]"]
+    logprobs, tops, seen = [], [], 0
+    for ch in chunks:
+        meta = ch["meta_info"]
+        new = meta["output_token_logprobs"]
+        assert [e[1] for e in new] == ch["output_ids"][seen:]  # exactly the tokens this message added
+        assert meta["completion_tokens"] == meta["output_token_logprobs_length"] == len(ch["output_ids"])
+        assert meta["prompt_tokens"] == whole["meta_info"]["prompt_tokens"]
+        seen = len(ch["output_ids"])
+        logprobs += new
+        tops += meta["output_top_logprobs"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
+    assert [e[1] for e in logprobs] == whole["output_ids"] == chunks[-1]["output_ids"]
+    assert [e[0] for e in logprobs] == pytest.approx([e[0] for e in whole["meta_info"]["output_token_logprobs"]])
+    assert len(tops) == len(logprobs) and all(len(t) == 2 for t in tops)
 
 
 def test_sglang_bad_requests(server: Any) -> None:

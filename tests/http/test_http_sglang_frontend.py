@@ -42,7 +42,7 @@ def test_sglang_frontend_programs(server: Any, tokenizer: Any) -> None:
     proc = subprocess.run([python, str(script), server.url], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["model_path"] == server.model_dir.name
+    assert out["model_path"] == str(server.model_dir)  # the loaded path, as SGLang answers
     assert isinstance(out["answer"], str) and out["answer_meta"]["completion_tokens"] <= 8
     assert out["streamed"] == out["answer"]  # greedy, streamed or not
     assert out["batch"] == [b for b in out["batch"] if isinstance(b, str)] and len(out["batch"]) == 2
@@ -52,3 +52,18 @@ def test_sglang_frontend_programs(server: Any, tokenizer: Any) -> None:
     assert out["number"].isdigit()  # regex-constrained gen through radixserve's constrained decoding
     assert out["forked"].startswith("Two continuations")
     assert "workers" in out["server_info_keys"]
+    # Streamed with logprobs through the frontend's text_async_iter: each piece's meta_info has
+    # the token count so far and logprobs of new tokens only, never one twice. The iterator reads
+    # just the newest message's meta_info when it wakes, so pieces it coalesced lose their
+    # logprobs (the wire-level test checks every message); what arrives is in order.
+    chunks, unstreamed = out["streamed_lp"], out["unstreamed_lp"]
+    assert chunks, "no streamed chunk"
+    counts = [c["completion_tokens"] for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == unstreamed["completion_tokens"]
+    expected = [t[1] for t in unstreamed["output_token_logprobs"]]
+    for c in chunks:
+        assert c["output_token_logprobs_length"] == c["completion_tokens"]
+        new = [t[1] for t in c["output_token_logprobs"]]
+        assert len(new) == len(c["output_top_logprobs"]) <= c["completion_tokens"]
+        assert new == expected[c["completion_tokens"] - len(new):c["completion_tokens"]]
+    assert out["at_least"] == 5  # min_tokens held the stop strings (and EOS) off for 5 tokens

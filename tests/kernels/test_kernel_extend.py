@@ -2,8 +2,9 @@
 
 Tolerances: see ``kvcases.ATTN_TOL`` (fp32 2e-5, fp16 2e-3, bf16 2e-2). One batch mixes a
 decode row (extend 1 on a long prefix), a fresh prefill (no prefix), a chunk whose prefix
-ends mid-page, and an extend longer than one query block (the interpreter uses 16-row
-blocks) so causal masking crosses block edges. Outputs are NaN-poisoned, and rows between
+ends mid-page, and an extend longer than one query block (under the interpreter a program covers 32 score
+rows, 32 // group tokens) so causal masking crosses block edges. Each program covers a group of query heads
+(GQA), so groups of 1, 2, 3, 4 and 12 all appear. Outputs are NaN-poisoned, and rows between
 sequences belong to no one and must stay untouched.
 """
 
@@ -25,6 +26,7 @@ CASES = [
     ("int4", torch.bfloat16, 4, 4, 128, 4),
     ("fp8_e4m3", torch.float32, 4, 2, 128, 2),
     ("fp8_e5m2", torch.bfloat16, 9, 3, 16, 8),
+    ("auto", torch.float16, 12, 1, 32, 2),  # group of 12: score rows past 2 tokens x 12 heads are masked
 ]
 
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import kvcases
+from radixkernels.variants import LaunchLog
 from radixserve.engine.engine import Engine
 from radixserve.sampling_params import SamplingParams
 
@@ -25,7 +26,8 @@ def _prompts(lengths: list[int], seed: int) -> list[list[int]]:
 
 
 def _greedy_tokens(model_dir: Path, prompts: list[list[int]], n: int, rounds: int, **config: object) -> list[list[list[int]]]:
-    engine = Engine(str(model_dir), num_pages=128, page_size=4, device=str(kvcases.DEVICE), **config)
+    # float32 on every device: the two backends must agree token for token (bf16 is the CUDA default).
+    engine = Engine(str(model_dir), num_pages=128, page_size=4, device=str(kvcases.DEVICE), dtype="float32", **config)
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     out = []
     for _ in range(rounds):
@@ -52,3 +54,22 @@ def test_triton_engine_quantized_kv_matches_torch(tiny_mqa_dir: Path, kv_dtype: 
     want = _greedy_tokens(tiny_mqa_dir, prompts, 4, 1, attention_backend="torch", **kw)
     got = _greedy_tokens(tiny_mqa_dir, prompts, 4, 1, attention_backend="triton", **kw)
     assert got == want
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_fused_gpu_layers_match_torch(tiny_llama_dir: Path, kv_dtype: str) -> None:
+    """The CUDA layer path (Triton RMSNorm + residual, SiLU * up, and RoPE fused with the KV store
+    on an unquantized pool), forced on the CPU under the interpreter, keeps the greedy tokens."""
+    from radixserve.model import gpu_ops
+
+    prompts = _prompts([11, 4], seed=2)
+    kw = dict(max_num_tokens=8, kv_cache_dtype=kv_dtype)
+    want = _greedy_tokens(tiny_llama_dir, prompts, 4, 1, attention_backend="torch", **kw)
+    log = LaunchLog()
+    with gpu_ops.forced(True), log.recording():
+        got = _greedy_tokens(tiny_llama_dir, prompts, 4, 1, attention_backend="triton", **kw)
+    assert got == want
+    counts = log.counts()
+    assert counts["_rms_norm_kernel"] and counts["_silu_mul_kernel"]
+    # RoPE fuses into the store on an unquantized pool; a quantized one keeps the store kernel.
+    assert bool(counts["_rope_store_kv_kernel"]) == (kv_dtype == "auto") != bool(counts["_store_kv_kernel"])

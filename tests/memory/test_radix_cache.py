@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from radixserve.memory import OutOfPagesError, PageAllocator, RadixCache
+from radixserve.memory import NoPrefixCache, OutOfPagesError, PageAllocator, PrefixCache, RadixCache
 
 
-def make(num_pages: int = 64, page_size: int = 1, disabled: bool = False) -> tuple[PageAllocator, RadixCache]:
+def make(num_pages: int = 64, page_size: int = 1, disabled: bool = False) -> tuple[PageAllocator, PrefixCache]:
     alloc = PageAllocator(num_pages)
-    return alloc, RadixCache(alloc, page_size, disabled=disabled)
+    return alloc, (NoPrefixCache(alloc, page_size) if disabled else RadixCache(alloc, page_size))
 
 
 def put(alloc: PageAllocator, cache: RadixCache, tokens: list[int], ns: object = None) -> list[int]:
@@ -256,8 +256,9 @@ def test_cache_prefix_from_matched_node_mid_edge() -> None:
         cache.cache_prefix([1, 2], [], c.node)  # shorter than what the node covers
 
 
-def test_disabled_mode_same_interface_no_reuse() -> None:
+def test_no_prefix_cache_same_interface_no_reuse() -> None:
     alloc, cache = make(num_pages=8, disabled=True)
+    assert not cache.reuses_prefixes and cache.peek_prefix_len([1, 2, 3]) == 0
     pages = alloc.alloc(3)
     assert cache.insert([1, 2, 3], pages) == 0
     assert alloc.num_free == 8 and cache.num_cached_pages == 0
@@ -272,6 +273,10 @@ def test_disabled_mode_same_interface_no_reuse() -> None:
     alloc.free(c.pages)
     assert cache.evict(5) == 0 and cache.stats.queried_tokens == 3 and cache.stats.hit_tokens == 0
     cache.check_invariants()
+    with pytest.raises(AssertionError):
+        cache.check_invariants(private_pages=[0])  # a free page claimed as private
+    with pytest.raises(RuntimeError):
+        cache.lock(RadixCache(PageAllocator(1), 1).match_prefix([1]).node)  # not this cache's node
 
 
 def test_reset_frees_everything_and_keeps_counters() -> None:

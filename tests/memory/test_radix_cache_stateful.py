@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixserve.memory import KVPool, OutOfPagesError, PageAllocator, RadixCache, TreeNode
+from radixserve.memory import KVPool, NoPrefixCache, OutOfPagesError, PageAllocator, RadixCache, TreeNode
 from radixserve.memory.hi_radix_cache import HiRadixCache
 from radixserve.memory.hierarchy import KVHierarchy
 
@@ -64,6 +64,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.ps = page_size
         self.num_pages = num_pages
         self.host_pages = host_pages
+        self.disabled = disabled
         self.reqs: dict[int, Req] = {}
         self.next_rid = 0
         self.key_tokens: dict[bytes, list[int]] = {}  # every page key seen -> its page's tokens
@@ -77,12 +78,14 @@ class CacheMachine(RuleBasedStateMachine):
         self.alloc = PageAllocator(self.num_pages)
         self.pool = KVPool(1, self.num_pages, self.ps, 1, 1)
         self.flat = self.pool.k_data[0].view(-1)
-        self.cache: RadixCache
+        self.cache: RadixCache | NoPrefixCache
         if self.tiered:
             self.hier = KVHierarchy(self.pool, self.host_pages, self.storage, "test-model")
             self.cache = HiRadixCache(self.alloc, self.ps, self.hier)
+        elif disabled:
+            self.cache = NoPrefixCache(self.alloc, self.ps)
         else:
-            self.cache = RadixCache(self.alloc, self.ps, disabled=disabled)
+            self.cache = RadixCache(self.alloc, self.ps)
         self.cache.pins.budget_pages = self.num_pages // 2
         self.cache.pins.clock = lambda: self.now
 
@@ -130,7 +133,7 @@ class CacheMachine(RuleBasedStateMachine):
         c = self.cache.cache_prefix(req.tokens, req.pages, req.node, req.ns)
         assert c.pages[:held] == old_pages[:held]  # what it already held is unchanged
         assert c.pages[n_full:] == old_pages[n_full:]  # the partial page stays private
-        if self.cache.disabled:
+        if self.disabled:
             assert c.cached_len == 0 and c.pages == old_pages
         else:
             assert c.cached_len == n_full * self.ps == c.node.depth
@@ -192,7 +195,7 @@ class CacheMachine(RuleBasedStateMachine):
         self._register(tokens, ns)
         before = self.cache.peek_prefix_len(tokens, ns)
         cached = self.cache.insert(tokens, pages, ns)
-        assert cached == (0 if self.cache.disabled else before)
+        assert cached == (0 if self.disabled else before)
         self.alloc.free(pages[: cached // self.ps] + pages[len(tokens) // self.ps :])
 
     @rule(n=st.integers(0, 12))
@@ -200,7 +203,7 @@ class CacheMachine(RuleBasedStateMachine):
         evictable = self.cache.num_evictable_pages
         nodes = self._nodes()
         sizes = {node: len(node.pages) for node in nodes}
-        leaves_before = set(self.cache._lru)
+        leaves_before = set() if self.disabled else set(self.cache._lru)
         assert self.cache.evict(n) == min(n, evictable)
         # LRU: everything evicted (or trimmed) is older than every untouched evictable leaf.
         touched = [(x.last_access, x.id) for x in nodes if not x.alive or len(x.pages) != sizes[x]]
@@ -212,7 +215,7 @@ class CacheMachine(RuleBasedStateMachine):
     def pin(self, base: int, cut: int, ns: str | None, ttl: float) -> None:
         tokens = BASES[base][:cut]
         pinned = self.cache.pins.pin(tokens, ns, ttl)
-        assert pinned % self.ps == 0 and pinned <= len(tokens) and not (self.cache.disabled and pinned)
+        assert pinned % self.ps == 0 and pinned <= len(tokens) and not (self.disabled and pinned)
 
     @rule(dt=st.floats(0.0, 3.0))
     def advance_clock(self, dt: float) -> None:
@@ -282,6 +285,8 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.cache.num_cached_pages == 0 and self.hier.host.num_cached == 0
 
     def _nodes(self) -> list[TreeNode]:
+        if self.disabled:  # NoPrefixCache: no tree
+            return []
         out, stack = [], list(self.cache._roots.values())
         while stack:
             node = stack.pop()

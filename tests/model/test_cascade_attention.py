@@ -101,6 +101,7 @@ def test_backend_with_shared_pages_matches_reference(
     q = torch.randn(t, hq, d, generator=g)
     k = torch.randn(t, hkv, d, generator=g)
     v = torch.randn(t, hkv, d, generator=g)
+    backend.init_forward_metadata(fb)
     out = backend.forward(0, q, k, v, fb, d**-0.5)
     meta = backend._meta
     assert (meta.native is not None) == (native_kernel and kv_dtype == "auto" and native.load())
@@ -147,6 +148,7 @@ def test_groups_of_different_sizes_match_reference(big_extend: int, native_kerne
     backend.cascade_min_tokens = 8
     t = fb.num_tokens
     q, k, v = (torch.randn(t, h, d, generator=g) for h in (hq, hkv, hkv))
+    backend.init_forward_metadata(fb)
     out = backend.forward(0, q, k, v, fb, d**-0.5)
     meta = backend._meta
     assert meta is not None
@@ -162,6 +164,7 @@ def test_short_shared_prefix_is_attended_per_sequence() -> None:
     fb = shared_batch(2, [8, 9], [1, 1], 4, 32)
     backend = TorchPagedAttentionBackend(KVPool(1, 32, 4, 2, 8), native_kernel=False)
     q, kv = torch.randn(2, 4, 8), torch.randn(2, 2, 8)
+    backend.init_forward_metadata(fb)
     backend.forward(0, q, kv, kv, fb, 0.3)
     assert backend._meta is not None and backend._meta.shared == []  # 8 tokens < cascade_min_tokens
 
@@ -190,6 +193,7 @@ def test_kept_shared_kv_is_reused_only_by_the_next_forward() -> None:
         ref_pool = KVPool(1, 64, ps, hkv, d)
         ref_pool.k_data[0].copy_(pool.k_data[0])
         ref_pool.v_data[0].copy_(pool.v_data[0])
+        backend.init_forward_metadata(fb)
         out = backend.forward(0, q, k, v, fb, d**-0.5)
         _check_against_reference(out, q, k, v, fb, ref_pool, ps, d)
 
@@ -211,5 +215,6 @@ def test_shared_kv_budget_bounds_what_is_kept() -> None:
     backend.cascade_min_tokens = 8
     backend.shared_kv_bytes = 6 * 4 * (2 * 2 * 2 * 8 * 4) - 1  # one byte short of the trunk's K/V
     q, kv = torch.randn(2, 4, 8), torch.randn(2, 2, 8)
+    backend.init_forward_metadata(fb)
     backend.forward(0, q, kv, kv, fb, 0.3)
     assert backend._shared_kv == {} and backend._meta is not None and backend._meta.shared[0].kv is None

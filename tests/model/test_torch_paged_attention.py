@@ -59,6 +59,7 @@ def test_matches_reference(heads: tuple[int, int], page_size: int, kv_dtype: str
         q = torch.randn(t, hq, d, generator=g)
         k = torch.randn(t, hkv, d, generator=g)
         v = torch.randn(t, hkv, d, generator=g)
+        backend.init_forward_metadata(fb)
         out = backend.forward(layer, q, k, v, fb, d**-0.5)
         from radixkernels.reference import store_kv_ref
 
@@ -76,14 +77,20 @@ def _s(scales: list[torch.Tensor] | None, layer: int) -> torch.Tensor | None:
     return None if scales is None else scales[layer]
 
 
-def test_metadata_is_computed_once_per_batch() -> None:
+def test_metadata_comes_from_one_explicit_call_per_batch() -> None:
     fb = make_batch([3, 0], [1, 5], 4, 16, seed=0)
     backend = TorchPagedAttentionBackend(KVPool(2, 16, 4, 2, 8))
     q, kv = torch.randn(6, 4, 8), torch.randn(6, 2, 8)
-    backend.forward(0, q, kv, kv, fb, 0.3)
+    with pytest.raises(RuntimeError, match="init_forward_metadata"):
+        backend.forward(0, q, kv, kv, fb, 0.3)  # a batch the backend was not prepared for
+    backend.init_forward_metadata(fb)
     meta = backend._meta
+    backend.forward(0, q, kv, kv, fb, 0.3)
     backend.forward(1, q, kv, kv, fb, 0.3)
-    assert backend._meta is meta
+    assert backend._meta is meta  # every layer reuses it
+    other = make_batch([3, 0], [1, 5], 4, 16, seed=0)
+    with pytest.raises(RuntimeError, match="init_forward_metadata"):
+        backend.forward(0, q, kv, kv, other, 0.3)
 
 
 def test_batch_from_pages_rejects_too_few_pages() -> None:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.scheduling.sampler import Sampler, token_logprobs
+from radixserve.engine.sampler import Sampler, token_logprobs
 
 V = 32
 
@@ -92,14 +92,14 @@ def test_repetition_penalty_hf_semantics() -> None:
     logits = torch.tensor([[2.0, -2.0, 1.0] + [0.0] * (V - 3)])
     row = Row(SamplingParams(temperature=0.0, repetition_penalty=4.0), token_ids=[0, 1], prompt_len=2)
     s = sampler()
-    out = s._apply_penalties(logits, [row])
+    out = s.processed_logits(logits, [row])
     assert out[0, :3].tolist() == [0.5, -8.0, 1.0]  # seen tokens: positive / p, negative * p
 
 
 def test_frequency_presence_penalty_on_output_only() -> None:
     logits = torch.zeros(1, V)
     row = Row(SamplingParams(frequency_penalty=0.5, presence_penalty=1.0), token_ids=[4, 5, 5, 6], prompt_len=1)
-    out = sampler()._apply_penalties(logits, [row])
+    out = sampler().processed_logits(logits, [row])
     assert out[0, 4].item() == 0.0  # prompt token: untouched
     assert out[0, 5].item() == pytest.approx(-(2 * 0.5 + 1.0))
     assert out[0, 6].item() == pytest.approx(-(0.5 + 1.0))
@@ -119,4 +119,4 @@ def test_token_logprobs() -> None:
     logits = torch.randn(4, V)
     targets = torch.tensor([1, 5, 0, 31])
     ref = torch.log_softmax(logits, -1)[torch.arange(4), targets].tolist()
-    assert token_logprobs(logits, targets) == pytest.approx(ref)
+    assert token_logprobs(logits, targets).tolist() == pytest.approx(ref)

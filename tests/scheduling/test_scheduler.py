@@ -2,46 +2,80 @@
 
 from __future__ import annotations
 
-import torch
-
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.radix_cache import RadixCache
-from radixserve.model.forward_batch import ForwardBatch
 from radixserve.sampling_params import SamplingParams
+from radixserve.scheduling.plan import StepPlan, StepResult
 from radixserve.scheduling.request import Request
-from radixserve.scheduling.sampler import Sampler
-from radixserve.scheduling.scheduler import Scheduler, SchedulerConfig
+from radixserve.scheduling.scheduler import RequestOutput, Scheduler, SchedulerConfig
 
 V = 64
 
 
-class FakeModel:
-    """Next token = (input token + 1) % V; records every batch's shape."""
+class FakeRunner:
+    """Next token = (input token + 1) % V; records every plan's shape and checks its slots
+    against a host model of the page table built only from the plans' page-table writes."""
 
-    def __init__(self) -> None:
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
         self.batches: list[tuple[list[int], list[int]]] = []
+        self.table: dict[tuple[int, int], int] = {}
+        self.fail_with: BaseException | None = None
 
-    def __call__(self, fb: ForwardBatch) -> torch.Tensor:
-        self.batches.append((list(fb.extend_lens_cpu), fb.positions.tolist()))
-        last = fb.input_ids[fb.logits_indices]
-        return torch.nn.functional.one_hot((last + 1) % V, V).float() * 10
+    def execute(self, plan: StepPlan) -> StepResult:
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.batches.append((list(plan.extend_lens), list(plan.positions)))
+        self.table.update(zip(zip(plan.write_rows, plan.write_cols), plan.write_pages))
+        ps = self.page_size
+        seq_of_row = [b for b, n in enumerate(plan.extend_lens) for _ in range(n)]
+        for t, pos in enumerate(plan.positions):
+            row = plan.table_rows[seq_of_row[t]]
+            assert plan.out_slots[t] == self.table[row, pos // ps] * ps + pos % ps
+        ns = len(plan.sample_rows)
+        tokens = [(plan.input_ids[i] + 1) % V for i in plan.logits_indices[:ns]]
+        return StepResult(tokens, [None] * ns, [0.0] * len(plan.prompt_targets))
 
 
-def make(num_pages: int = 64, page_size: int = 4, **kw: object) -> tuple[Scheduler, FakeModel]:
+class Harness:
+    """A scheduler driven like the engine drives it, with the fake runner."""
+
+    def __init__(self, s: Scheduler, runner: FakeRunner) -> None:
+        self.s, self.runner = s, runner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.s, name)
+
+    def step(self) -> list[RequestOutput]:
+        out = self.s.take_outputs()
+        batch = self.s.schedule()
+        if batch is None:
+            return out
+        try:
+            result = self.runner.execute(batch.plan)
+        except Exception as e:
+            return out + self.s.fail(batch, e)
+        return out + self.s.process(batch, result)
+
+    def has_unfinished(self) -> bool:
+        return self.s.has_unfinished()
+
+
+def make(num_pages: int = 64, page_size: int = 4, **kw: object) -> tuple[Harness, FakeRunner]:
     cfg = SchedulerConfig(page_size=page_size, max_num_tokens=kw.pop("max_num_tokens", 16),  # type: ignore[arg-type]
                           max_running_requests=kw.pop("max_running_requests", 8),  # type: ignore[arg-type]
                           max_total_len=num_pages * page_size, **kw)  # type: ignore[arg-type]
     alloc = PageAllocator(num_pages)
     cache = RadixCache(alloc, page_size)
-    model = FakeModel()
-    return Scheduler(cfg, model, cache, alloc, Sampler(V)), model
+    runner = FakeRunner(page_size)
+    return Harness(Scheduler(cfg, cache, alloc), runner), runner
 
 
 def request(rid: str, prompt: list[int], n: int = 4) -> Request:
     return Request(rid, list(prompt), len(prompt), SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), 256)
 
 
-def drain(s: Scheduler) -> dict[str, list[int]]:
+def drain(s: Harness) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     while s.has_unfinished():
         for o in s.step():
@@ -122,17 +156,11 @@ def test_a_retracted_request_reserves_only_its_remaining_output() -> None:
     assert s._expected_len(r) <= len(r.token_ids) + 4
 
 
-def test_a_failing_batch_build_finishes_the_batch_with_an_error(monkeypatch: object) -> None:
-    import radixserve.scheduling.scheduler as sched_mod
-
-    s, _ = make()
+def test_a_failing_step_finishes_the_batch_with_an_error() -> None:
+    s, runner = make()
     s.add(request("a", [1, 2, 3, 4, 5], n=4))
     s.step()  # prefill: a holds pages now
-
-    def broken(*args: object, **kwargs: object) -> None:
-        raise MemoryError("no device memory")
-
-    monkeypatch.setattr(sched_mod, "build_forward_batch", broken)  # type: ignore[attr-defined]
+    runner.fail_with = MemoryError("no device memory")
     outs = s.step()
     assert [(o.request_id, o.finish_reason) for o in outs] == [("a", "error")]
     s.check_invariants()

@@ -44,6 +44,7 @@ class _Req:
     cached: int
     out: list[int] = field(default_factory=list)
     aborted: bool = False
+    namespace: str | None = None
 
 
 def fake_token(prompt: list[int], k: int, alphabet: list[int]) -> int:
@@ -64,7 +65,7 @@ class FakeEngine:
         # After ``stall_after_steps`` steps (when > 0), every step takes ``stall_s``: a long prefill.
         self.stall_after_steps, self.stall_s, self._steps = stall_after_steps, stall_s, 0
         self._reqs: dict[str, _Req] = {}
-        self._cached: set[tuple[int, ...]] = set()
+        self._cached: set[tuple[str | None, tuple[int, ...]]] = set()  # (namespace, prefix), as the radix cache
         self._prompt_total = self._hit_total = self._aborted = 0
 
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
@@ -75,12 +76,12 @@ class FakeEngine:
         assert request_id is not None and request_id not in self._reqs
         ps, cached = self.page_size, 0
         for end in range(ps, len(prompt_token_ids) + 1, ps):
-            if tuple(prompt_token_ids[:end]) not in self._cached:
+            if (namespace, tuple(prompt_token_ids[:end])) not in self._cached:
                 break
             cached = end
         self._prompt_total += len(prompt_token_ids)
         self._hit_total += cached
-        self._reqs[request_id] = _Req(request_id, list(prompt_token_ids), params, cached)
+        self._reqs[request_id] = _Req(request_id, list(prompt_token_ids), params, cached, namespace=namespace)
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -120,7 +121,7 @@ class FakeEngine:
     def _finish(self, r: _Req) -> None:
         del self._reqs[r.rid]
         for end in range(self.page_size, len(r.prompt) + 1, self.page_size):
-            self._cached.add(tuple(r.prompt[:end]))
+            self._cached.add((r.namespace, tuple(r.prompt[:end])))
 
     def stats(self) -> FakeStats:
         in_use = sum(math.ceil((len(r.prompt) + len(r.out)) / self.page_size) for r in self._reqs.values())

@@ -101,7 +101,9 @@ def test_sigterm_stops_serve_quickly_mid_stream(tiny_llama_dir: Path) -> None:
     # 512 pages of 4 tokens: room for a stream far longer than the test.
     srv = Serve(tiny_llama_dir, workers=1, extra=("--http-port", "0", "--num-pages", "512"))
     try:
-        m = srv.wait_for(r"serving on (tcp://\S+) .*worker pids (\d+)")
+        # Start-up says where its time went: the worker's phases, then the total.
+        srv.wait_for(r"worker \S+ engine ready in [0-9.]+ s: .*load weights")
+        m = srv.wait_for(r"serving on (tcp://\S+) .*worker pids (\d+)\); start-up took [0-9.]+ s")
         endpoint, worker_pid = m.group(1), int(m.group(2))
         with Client(endpoint, timeout=30) as client:
             events = client.stream("Hello", params=SamplingParams(max_tokens=2000, ignore_eos=True))

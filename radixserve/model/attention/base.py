@@ -18,7 +18,20 @@ class AttentionBackend(ABC):
     (cached prefix + new rows, causal within the new rows); the dense backend attends
     causally within each sequence's rows only. GQA/MQA: ``num_q_heads`` is a multiple
     of ``num_kv_heads`` (not necessarily a power of two).
+
+    Per-step metadata (index plans, masks, kernel choices) comes through one explicit call,
+    :meth:`init_forward_metadata`, made by the model runner before the forward (SGLang's
+    name): every layer then reuses it. A paged backend refuses a batch it was not prepared
+    for rather than noticing a new batch object on its own.
     """
+
+    # Whether a forward reads only the batch's tensors (no host metadata per step), so that a
+    # decode forward over static buffers can be captured in a CUDA graph and replayed.
+    supports_graph_capture = False
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        """Build whatever every layer of the next forward over ``batch`` shares (host lists
+        only: never read the device). The default has nothing to build."""
 
     @abstractmethod
     def forward(

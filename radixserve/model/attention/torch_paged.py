@@ -28,7 +28,8 @@ Each part returns its output and its scores' log-sum-exp; the two merge exactly.
 sequence in no group has an empty shared part and its own part is its whole history.
 
 Everything that depends only on the batch (groups, slot indices, masks) is computed once
-per forward, at layer 0, and reused by every layer. Quantized pools go through the
+per forward, from the batch's host page lists, by :meth:`init_forward_metadata` (the model
+runner calls it before the forward), and reused by every layer. Quantized pools go through the
 reference store / dequantize of ``radixkernels.reference``; the unquantized case is a plain
 ``index_copy_`` of rows and an ``index_select`` of whole pages.
 """
@@ -60,6 +61,7 @@ class _Shared:
     src: torch.Tensor  # [R] int64 where each of ``rows`` sits in the padded [G * Rmax]
     shape: tuple[int, int]  # (G, Rmax)
     kv: list[tuple[torch.Tensor, torch.Tensor] | None] | None  # per layer: gathered K/V kept across forwards
+    key: tuple[int, ...]  # the padded page ids (host), naming the kept K/V
 
 
 @dataclass
@@ -119,22 +121,24 @@ class TorchPagedAttentionBackend(AttentionBackend):
 
     # -- per-forward metadata ------------------------------------------------------------
 
-    def _prepare(self, batch: ForwardBatch) -> _BatchMeta:
-        if self._meta_batch is batch and self._meta is not None:
-            return self._meta
-        assert batch.page_table is not None and batch.out_cache_loc is not None, "paged backend needs a paged batch"
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        """Plan the next forward over ``batch`` from its host page lists (no device reads)."""
+        assert batch.page_lists_cpu is not None and batch.out_cache_loc is not None, "paged backend needs a paged batch"
+        self._meta = self._plan(batch)
+        self._meta_batch = batch
+
+    def _plan(self, batch: ForwardBatch) -> _BatchMeta:
         ps = batch.page_size
-        dev = batch.page_table.device
+        dev = batch.out_cache_loc.device  # type: ignore[union-attr]
         lens, news = batch.seq_lens_cpu, batch.extend_lens_cpu
         n_pages = [-(-n // ps) for n in lens]
-        host = batch.page_table[:, : max(n_pages)].tolist()
+        host = batch.page_lists_cpu
+        assert host is not None
         starts = _starts(news)
         # Shared pages lie wholly before every member's first new row (prefix // page_size).
         caps = [(n - e) // ps for n, e in zip(lens, news)]
         if self._native:
-            self._meta = _BatchMeta(None, [], [], self._plan_native(host, caps, lens, news, starts, ps))
-            self._meta_batch = batch
-            return self._meta
+            return _BatchMeta(None, [], [], self._plan_native(host, caps, lens, news, starts, ps))
         found = shared_prefix_groups(host, caps, min_pages=-(-self.cascade_min_tokens // ps))
         skip = [0] * len(lens)  # pages each sequence leaves to its group
         for g in found:
@@ -169,9 +173,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
             pages = torch.tensor(own_pages[b], dtype=torch.int64, device=dev)
             extends.append(_Extend(slice(starts[b], starts[b] + n), pages, length, mask))
 
-        self._meta = _BatchMeta(decode, extends, shared, None)
-        self._meta_batch = batch
-        return self._meta
+        return _BatchMeta(decode, extends, shared, None)
 
     def _plan_native(
         self, host: list[list[int]], caps: list[int], lens: list[int], news: list[int], starts: list[int], ps: int
@@ -220,6 +222,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
         return _Shared(
             q_rows=torch.tensor(q_rows, dtype=torch.int64, device=dev),
             pages=torch.tensor(pages, dtype=torch.int64, device=dev),
+            key=tuple(pages),
             mask=mask,
             rows=torch.tensor([r for rows, _ in groups for r in rows], dtype=torch.int64, device=dev),
             src=torch.tensor([g * r_max + i for g, (rows, _) in enumerate(groups) for i in range(len(rows))],
@@ -239,7 +242,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
         (locked in the radix cache) throughout, and held pages are never written; a page
         written in a forward is a private page of that forward and in no shared key.
         """
-        keys = [tuple(c.pages.tolist()) for c in calls]
+        keys = [c.key for c in calls]
         self._shared_kv = {k: v for k, v in self._shared_kv.items() if k in keys}
         per_token = 2 * self.pool.num_layers * self.pool.k_data[0].shape[-2] * self.pool.fmt.head_dim
         per_token *= torch.finfo(self.fmt.act_dtype).bits // 8
@@ -313,7 +316,9 @@ class TorchPagedAttentionBackend(AttentionBackend):
         batch: ForwardBatch,
         sm_scale: float,
     ) -> torch.Tensor:
-        meta = self._prepare(batch)
+        meta = self._meta
+        if meta is None or self._meta_batch is not batch:
+            raise RuntimeError("call init_forward_metadata(batch) before the forward over it")
         self._store(layer_id, k, v, batch.out_cache_loc)  # type: ignore[arg-type]
         out = torch.empty_like(q)
         if meta.native is not None:  # the whole batch, in one call

@@ -6,7 +6,9 @@
   (:mod:`~radixserve.serving.http.openai_api`);
 * SGLang-native ``/generate``, ``/get_model_info``, ``/flush_cache``, ``/health``,
   ``/health_generate``, ``/get_server_info`` (:mod:`~radixserve.serving.http.sglang_api`);
-* ``/metrics`` in Prometheus text format (:mod:`~radixserve.serving.http.metrics`).
+* ``/metrics`` in Prometheus text format (:mod:`~radixserve.serving.http.metrics`);
+
+all behind the API keys of ``config`` when it has some (:mod:`~radixserve.serving.http.auth`).
 
 The app holds one :class:`~radixserve.serving.http.gateway.Gateway` (``app.state.gateway``),
 started and closed by the app's lifespan, inside the serving event loop (its ZeroMQ
@@ -27,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve import __version__
 from radixserve.serving.http import openai_api, sglang_api
+from radixserve.serving.http.auth import APIKeyAuth
 from radixserve.serving.http.errors import APIError, install_error_handlers
 from radixserve.serving.http.gateway import Gateway, GatewayConfig
 
@@ -74,6 +77,8 @@ def create_app(config: GatewayConfig = GatewayConfig(), tokenizer: Any = None) -
                   description="OpenAI-compatible and SGLang-native HTTP gateway in front of a radixserve router.")
     app.state.gateway = gateway
     install_error_handlers(app)
+    # Added first, so it runs inside the error counter: refused keys count as 401s.
+    app.add_middleware(APIKeyAuth, api_keys=config.api_keys, admin_keys=config.admin_api_keys)
     app.add_middleware(_CountErrors, gateway=gateway)
     app.include_router(openai_api.router)
     app.include_router(sglang_api.router)

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
@@ -27,6 +27,7 @@ from radixserve.serving.client import DEFAULT_ENDPOINT, AsyncClient, ServerError
 from radixserve.serving.http.errors import APIError, from_server_error, from_timeout
 from radixserve.serving.http.metrics import GatewayMetrics
 from radixserve.serving.http.tokens import TokenNames
+from radixserve.serving.security import PeerKeys
 
 log = logging.getLogger("radixserve.serving.http")
 T = TypeVar("T")
@@ -42,6 +43,9 @@ class GatewayConfig:
     tokenizer turns token ids into the token strings of logprob results (``None``: the
     default model's when that is what the router serves; else ids are shown as
     ``token_id:N``). ``memory_log_interval_s``: period of the memory log line (0: off).
+    ``api_keys`` / ``admin_api_keys``: bearer keys the HTTP clients must send (empty: none;
+    see :mod:`~radixserve.serving.http.auth`). ``router_keys``: CURVE keys for a router
+    that takes only authenticated clients.
     """
 
     router: str = DEFAULT_ENDPOINT
@@ -50,6 +54,9 @@ class GatewayConfig:
     request_timeout_s: float = 600.0
     control_timeout_s: float = 15.0
     memory_log_interval_s: float = 60.0
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    admin_api_keys: tuple[str, ...] = field(default=(), repr=False)
+    router_keys: PeerKeys | None = field(default=None, repr=False)
 
 
 def format_bytes(n: float) -> str:
@@ -130,7 +137,8 @@ class Gateway:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Connect to the router (inside the serving event loop) and start the memory log."""
-        self.client = AsyncClient(self.config.router, timeout=self.config.request_timeout_s)
+        self.client = AsyncClient(self.config.router, timeout=self.config.request_timeout_s,
+                                  curve=self.config.router_keys)
         if self.config.memory_log_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._memory_log_loop()))
 
@@ -240,14 +248,16 @@ class Gateway:
     # ------------------------------------------------------------------ generation
     async def stream(self, *, arrival: float, text: str | None = None, input_ids: list[int] | None = None,
                      messages: list[dict[str, str]] | None = None, params: SamplingParams,
-                     session_id: str | None = None) -> AsyncIterator[Event]:
+                     session_id: str | None = None, cache_salt: str | None = None) -> AsyncIterator[Event]:
         """One generate request: its chunks, then its final message. Router errors become
-        :class:`APIError`; closing the iterator early aborts the request."""
+        :class:`APIError`; closing the iterator early aborts the request. ``cache_salt``:
+        the tenant's (:func:`~radixserve.serving.http.auth.tenant_cache_salt`)."""
         first: float | None = None
         last = 0.0
         gaps: list[float] = []
         events = self._client().stream(text, input_ids=input_ids, messages=messages, params=params,
-                                       session_id=session_id, stream=True, timeout=self.config.request_timeout_s)
+                                       session_id=session_id, cache_salt=cache_salt, stream=True,
+                                       timeout=self.config.request_timeout_s)
         with router_errors():
             # aclosing: leaving early closes the client stream now (it sends the abort), not at GC.
             async with contextlib.aclosing(events):

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.serving import protocol as p
+from radixserve.serving.http.auth import request_key, tenant_cache_salt
 from radixserve.serving.http.errors import APIError, invalid
 from radixserve.serving.http.gateway import Gateway, merge
 from radixserve.serving.http.openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -82,8 +83,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     info = await g.info()
     max_tokens, want_lp = body.wanted_max_tokens(info.context_length), body.wanted_logprobs()
     messages = body.chat()
-    streams = [g.stream(arrival=arrival, messages=messages, params=body.sampling(max_tokens, want_lp, i))
-               for i in range(body.n)]
+    salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
+    streams = [g.stream(arrival=arrival, messages=messages, params=body.sampling(max_tokens, want_lp, i),
+                        cache_salt=salt) for i in range(body.n)]
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         events = await primed(request, merge(streams))
@@ -158,11 +160,13 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     prompts = body.prompts()
     echoes = [_echo_text(g, pr) if body.echo else "" for pr in prompts]
     max_tokens = body.max_tokens if body.max_tokens is not None else (await g.info()).context_length
+    salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
     streams = []
     for pr in prompts:
         kw: dict[str, Any] = {"text": pr} if isinstance(pr, str) else {"input_ids": pr}
         for j in range(body.n):
-            streams.append(g.stream(arrival=arrival, params=body.sampling(max_tokens, body.logprobs, j), **kw))
+            streams.append(g.stream(arrival=arrival, params=body.sampling(max_tokens, body.logprobs, j),
+                                    cache_salt=salt, **kw))
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         events = await primed(request, merge(streams))

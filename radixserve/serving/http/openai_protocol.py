@@ -78,6 +78,8 @@ class _SamplingBody(_Body):
     repetition_penalty: float | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = None
+    # vLLM's prefix-cache isolation: requests share cached prefixes only with the same salt.
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool | None = None
     pin_ttl_s: float | None = None  # radixserve: keep the prompt prefix pinned (see SamplingParams)

@@ -12,8 +12,9 @@ radixserve with ``sgl.RuntimeEndpoint(url)``. Response shape of one ``/generate`
                    "input_top_logprobs", "output_top_logprobs"}}
 
 A batch (a list of prompts, or ``n`` > 1) answers a list, in prompt-major order. With
-``stream`` each ``data:`` line carries the *cumulative* text so far (and ``index`` in a
-batch), and the stream ends with ``data: [DONE]``.
+``stream`` each ``data:`` line carries the *cumulative* text, output ids and token counts so
+far (and ``index`` in a batch), but only the new tokens' output logprobs, as SGLang's
+frontend concatenates them; the stream ends with ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from radixserve import __version__
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
+from radixserve.serving.http.auth import request_key, tenant_cache_salt
 from radixserve.serving.http.errors import APIError
 from radixserve.serving.http.gateway import Gateway, merge, to_builtins
 from radixserve.serving.http.sglang_protocol import GenerateReqInput, Item, expand
@@ -63,30 +65,43 @@ def _finish_reason(plan: _Plan, f: p.GenerateFinal, eos: list[int]) -> dict[str,
     return {"type": "abort", "message": f"request ended: {f.finish_reason}"}
 
 
-def result(g: Gateway, plan: _Plan, f: p.GenerateFinal, eos: list[int]) -> dict[str, Any]:
-    """One item's answer in SGLang's shape."""
+def _logprob_meta(g: Gateway, plan: _Plan, outs: list[p.TokenLogprob],
+                  prompt_logprobs: list[float | None] | None, total: int) -> dict[str, Any]:
+    """The ``meta_info`` logprob fields of one item: ``[logprob, token_id, text-or-None]``
+    triples of the prompt (from ``logprob_start_len``) and of the output tokens ``outs``
+    (all of them, or a streamed message's new ones); ``total``: output logprobs so far."""
     it = plan.item
     text_of = g.token_text if plan.text_in_logprobs else (lambda _tid: None)
+    inputs: list[list[Any]] = []
+    if prompt_logprobs is not None and it.input_ids:
+        start = min(max(it.logprob_start_len, 0), len(it.input_ids))
+        for k, value in enumerate(prompt_logprobs):
+            tid = it.input_ids[start + k]
+            inputs.append([None if value is None else logprob(value), tid, text_of(tid)])
+    return {
+        "input_token_logprobs": inputs,
+        "output_token_logprobs": [[logprob(lp.logprob), lp.token_id, text_of(lp.token_id)] for lp in outs],
+        "output_token_logprobs_length": total,
+        "input_top_logprobs": [None] * len(inputs),  # the engine reports the chosen prompt token only
+        "output_top_logprobs": [
+            [[logprob(v), tid, text_of(tid)] for tid, v in (lp.top or [])] if it.top_logprobs_num > 0 else None
+            for lp in outs
+        ],
+    }
+
+
+def result(g: Gateway, plan: _Plan, f: p.GenerateFinal, eos: list[int], streamed: int = 0) -> dict[str, Any]:
+    """One item's answer in SGLang's shape (``streamed``: output logprobs already sent in
+    chunks, left out of the output logprob lists here)."""
+    it = plan.item
     completion = 0 if plan.drop else f.usage.completion_tokens
     meta: dict[str, Any] = {
         "id": it.rid, "finish_reason": _finish_reason(plan, f, eos), "prompt_tokens": f.usage.prompt_tokens,
         "completion_tokens": completion, "cached_tokens": f.usage.cached_tokens, "e2e_latency": f.timings.total_s,
     }
     if it.return_logprob:
-        inputs: list[list[Any]] = []
-        if f.prompt_logprobs is not None and it.input_ids:
-            start = min(max(it.logprob_start_len, 0), len(it.input_ids))
-            for k, value in enumerate(f.prompt_logprobs):
-                tid = it.input_ids[start + k]
-                inputs.append([None if value is None else logprob(value), tid, text_of(tid)])
         outs = [] if plan.drop else (f.logprobs or [])
-        meta["input_token_logprobs"] = inputs
-        meta["output_token_logprobs"] = [[logprob(lp.logprob), lp.token_id, text_of(lp.token_id)] for lp in outs]
-        meta["input_top_logprobs"] = [None] * len(inputs)  # the engine reports the chosen prompt token only
-        meta["output_top_logprobs"] = [
-            [[logprob(v), tid, text_of(tid)] for tid, v in (lp.top or [])] if it.top_logprobs_num > 0 else None
-            for lp in outs
-        ]
+        meta.update(_logprob_meta(g, plan, outs[streamed:], f.prompt_logprobs, len(outs)))
     return {"text": "" if plan.drop else f.text, "output_ids": [] if plan.drop else list(f.token_ids),
             "meta_info": meta}
 
@@ -109,8 +124,9 @@ async def generate(body: GenerateReqInput, request: Request) -> Response:
             info.context_length, info.vocab_size, it.top_logprobs_num if it.return_logprob else None,
             it.logprob_start_len if it.return_logprob and it.logprob_start_len >= 0 else None, it.sample)
         plans.append(_Plan(it, params, drop, body.return_text_in_logprobs))
+    salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
     streams = [g.stream(arrival=arrival, text=pl.item.text, input_ids=pl.item.input_ids, params=pl.params,
-                        session_id=body.session_id) for pl in plans]
+                        session_id=body.session_id, cache_salt=salt) for pl in plans]
     if body.stream:
         events = await primed(request, merge(streams))
         return SSEResponse(_events(g, plans, events, info.eos_token_ids, batched=not single))
@@ -121,21 +137,32 @@ async def generate(body: GenerateReqInput, request: Request) -> Response:
 
 async def _events(g: Gateway, plans: list[_Plan], events: AsyncIterator[tuple[int, Any]], eos: list[int],
                   batched: bool) -> AsyncIterator[bytes]:
+    # As SGLang's frontend reads a stream: every message carries the cumulative text, output ids
+    # and counts, and the logprobs of its new output tokens only (the frontend concatenates
+    # them); the prompt's logprobs come with the last message.
     texts = [""] * len(plans)
     ids: list[list[int]] = [[] for _ in plans]
+    sent = [0] * len(plans)  # output logprobs streamed so far
+    prompt_tokens: list[int | None] = [None if pl.item.input_ids is None else len(pl.item.input_ids) for pl in plans]
     async for i, ev in events:
         pl = plans[i]
         if isinstance(ev, p.GenerateChunk):
+            if ev.prompt_tokens is not None:
+                prompt_tokens[i] = ev.prompt_tokens
             if pl.drop or not (ev.text or ev.token_ids):
                 continue
             texts[i] += ev.text
             ids[i].extend(ev.token_ids)
             meta: dict[str, Any] = {"id": pl.item.rid, "finish_reason": None, "completion_tokens": len(ids[i])}
-            if pl.item.input_ids is not None:
-                meta["prompt_tokens"] = len(pl.item.input_ids)
+            if prompt_tokens[i] is not None:
+                meta["prompt_tokens"] = prompt_tokens[i]
+            if pl.item.return_logprob:
+                new = ev.logprobs or []
+                sent[i] += len(new)
+                meta.update(_logprob_meta(g, pl, new, None, sent[i]))
             payload = {"text": texts[i], "output_ids": list(ids[i]), "meta_info": meta}
         else:
-            payload = result(g, pl, ev, eos)
+            payload = result(g, pl, ev, eos, streamed=sent[i])
         if batched:
             payload["index"] = i
         yield event(payload)
@@ -147,8 +174,10 @@ async def _events(g: Gateway, plans: list[_Plan], events: AsyncIterator[tuple[in
 
 async def _model_info(request: Request) -> dict[str, Any]:
     g = _gw(request)
-    info, name = await g.info(), await g.model_name()
-    return {"model_path": name, "tokenizer_path": name, "is_generation": True, "preferred_sampling_params": None,
+    info = await g.info()
+    # SGLang answers the path the model was loaded from: clients load the tokenizer from it.
+    path = info.model_path or await g.model_name()
+    return {"model_path": path, "tokenizer_path": path, "served_model_name": await g.model_name(), "is_generation": True, "preferred_sampling_params": None,
             "weight_version": "default", "has_image_understanding": False, "has_audio_understanding": False,
             "model_type": None, "architectures": None, "context_length": info.context_length,
             "vocab_size": info.vocab_size, "eos_token_ids": info.eos_token_ids, "page_size": info.page_size,

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.http.errors import invalid
@@ -110,6 +110,8 @@ class GenerateReqInput(BaseModel):
     stream: bool = False
     rid: str | list[str] | None = None
     session_id: str | None = None
+    # As vLLM's: requests share cached prefixes only with requests of the same salt.
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     image_data: Any = None
     video_data: Any = None
     audio_data: Any = None

@@ -1,0 +1,181 @@
+"""Where one engine step's time goes: scheduling, input preparation, forward, sampling, output.
+
+Runs ``--batch`` requests (default 1, 16 and 64) of the default model through the offline
+engine, decoding together after their prefills, with the static-buffer decode path (CUDA
+graphs on CUDA) and overlap scheduling each on and off, interleaved in one run so that the
+machine's drift hits every configuration alike. For each it reports the median decode step and its split::
+
+    schedule   Scheduler.schedule: batch decision, page allocation, the StepPlan's host lists
+    prepare    packing the plan and the sampling inputs, the one host->device copy, page-table patch
+    forward    the model forward (a graph replay on CUDA)
+    sample     the sampler on the device and the one read back
+    process    Scheduler.process: tokens appended, stop checks, cache inserts, outputs
+
+    python benchmarks/bench_runner_step.py                         # SmolLM2 fp32, batch 1/16/64
+    python benchmarks/bench_runner_step.py --batch 1 --dtype bfloat16 --steps 30
+
+The weight-streaming floor (every weight read once at the memory bandwidth this machine
+shows for a large copy, measured in the same run) is printed beside the batch-1 step.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import collections  # noqa: E402
+import datetime as dt  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+from radixserve.engine.engine import Engine  # noqa: E402
+from radixserve.sampling_params import SamplingParams  # noqa: E402
+
+
+def _wrap(obj: Any, name: str, key: str, acc: dict[str, float]) -> None:
+    fn: Callable[..., Any] = getattr(obj, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc[key] += time.perf_counter() - t
+
+    setattr(obj, name, timed)
+
+
+def instrument(engine: Engine, acc: dict[str, float]) -> None:
+    """Time the step's parts (instance attributes: only this engine is affected). Idempotent."""
+    if getattr(engine, "_bench_acc", None) is not None:
+        engine._bench_acc.clear()  # type: ignore[attr-defined]
+        return
+    engine._bench_acc = acc  # type: ignore[attr-defined]
+    r, s = engine.runner, engine.scheduler
+    _wrap(s, "schedule", "schedule", acc)
+    _wrap(s, "advance", "process", acc)  # process() = advance + resolve; overlap calls them apart
+    _wrap(s, "resolve", "process", acc)
+    _wrap(r, "_stage", "prepare", acc)
+    _wrap(r.sampler, "prepare", "prepare", acc)
+    _wrap(r.staging, "upload", "prepare", acc)
+    _wrap(r, "_patch_page_table", "prepare", acc)
+    _wrap(r.model, "forward", "forward", acc)
+    if r.decode_graphs is not None:
+        r.decode_graphs.forward = r.model.forward  # the static path calls the timed forward
+    _wrap(r.sampler, "sample_staged", "sample", acc)
+    _wrap(r.staging, "read", "sample", acc)
+
+
+def weight_floor_ms(engine: Engine) -> tuple[float, float]:
+    """(ms to stream every weight once, GB/s of a large copy here)."""
+    nbytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    src = torch.empty(64 << 20, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    gbs = 2 * src.numel() / best / 1e9  # a copy reads and writes
+    return nbytes / (gbs * 1e9) * 1e3, gbs
+
+
+def ttft_ms(engine: Engine, seed: int) -> float:
+    """Time to the first token of one 32-token prompt (prefill + first sample), alone."""
+    g = torch.Generator().manual_seed(seed)
+    rid = engine.add_request(torch.randint(100, 20000, (32,), generator=g).tolist(),
+                             SamplingParams(max_tokens=1, temperature=0.0))
+    t = time.perf_counter()
+    while True:
+        if any(o.request_id == rid and o.new_token_ids for o in engine.step()):
+            ms = (time.perf_counter() - t) * 1e3
+            break
+    while engine.has_unfinished():
+        engine.step()
+    return ms
+
+
+def run(engine: Engine, batch: int, steps: int) -> dict[str, Any]:
+    params = SamplingParams(max_tokens=steps + 2, temperature=0.0, ignore_eos=True)
+    g = torch.Generator().manual_seed(batch)
+    for _ in range(batch):
+        engine.add_request(torch.randint(100, 20000, (32,), generator=g).tolist(), params)
+    while any(r.num_pending > 1 for r in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()  # prefills
+    engine.step()  # (overlap: the last prefill's results come with the next step)
+    acc: dict[str, float] = getattr(engine, "_bench_acc", None) or collections.defaultdict(float)
+    instrument(engine, acc)
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t)
+    parts = {k: v / steps * 1e3 for k, v in acc.items()}  # before the tail steps add to acc
+    while engine.has_unfinished():
+        engine.step()
+    total = sum(times)
+    parts["other"] = total / steps * 1e3 - sum(parts.values())
+    return {"step_ms_median": statistics.median(times) * 1e3, "step_ms_mean": total / steps * 1e3, "parts_ms": parts}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--num-pages", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved repetitions per configuration")
+    ap.add_argument("--out", default="benchmarks/results/bench_runner_step.json")
+    args = ap.parse_args()
+    from radixserve.model_store import resolve_model
+
+    path = resolve_model(None if args.model == "default" else args.model)
+    modes = [(g, o) for g in ("off", "on") for o in ("off", "on")]
+    engines = {
+        (g, o): Engine(path, dtype=args.dtype, device=args.device, num_pages=args.num_pages, max_model_len=2048,
+                       max_running_requests=max(args.batch), decode_graphs=g, overlap_schedule=o)
+        for g, o in modes
+    }
+    # The first request on a fresh engine against a second one of the same shape (warm start).
+    first = {m: ttft_ms(e, 1) for m, e in engines.items()}
+    second = {m: ttft_ms(e, 2) for m, e in engines.items()}
+    for m in modes:
+        print(f"static {m[0]:3s} overlap {m[1]:3s}: first request TTFT {first[m]:.1f} ms, second {second[m]:.1f} ms "
+              f"({first[m] / second[m]:.2f}x)", flush=True)
+    floor_ms, gbs = weight_floor_ms(engines["off", "off"])
+    results: list[dict[str, Any]] = []
+    for batch in args.batch:
+        rounds: dict[tuple[str, str], list[dict[str, Any]]] = {m: [] for m in modes}
+        for _ in range(args.rounds):
+            for m in modes:  # interleaved, round after round: drift hits every configuration alike
+                rounds[m].append(run(engines[m], batch, args.steps))
+        for (g, o), rs in rounds.items():
+            med = statistics.median(r["step_ms_median"] for r in rs)
+            parts = {k: statistics.median(r["parts_ms"].get(k, 0.0) for r in rs) for k in rs[0]["parts_ms"]}
+            results.append({"batch": batch, "static_decode": g, "overlap": o, "step_ms_median": med,
+                            "rounds_ms": [r["step_ms_median"] for r in rs], "parts_ms": parts})
+            shown = "  ".join(f"{k} {v:5.1f}" for k, v in sorted(parts.items()))
+            each = ", ".join(f"{r['step_ms_median']:.1f}" for r in rs)
+            print(f"batch {batch:3d} static {g:3s} overlap {o:3s}: step {med:6.1f} ms (median of {args.rounds} "
+                  f"rounds: {each}; {shown})", flush=True)
+    print(f"weight-streaming floor: {floor_ms:.1f} ms per step ({gbs:.1f} GB/s copy bandwidth)")
+    out = {"date": dt.datetime.now().isoformat(timespec="seconds"), "dtype": args.dtype, "device": args.device,
+           "weight_floor_ms": floor_ms, "copy_gbs": gbs, "results": results,
+           "ttft_first_second_ms": {f"static {g} overlap {o}": [first[g, o], second[g, o]] for g, o in modes}}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

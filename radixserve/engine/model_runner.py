@@ -1,0 +1,241 @@
+"""The model runner: everything on the device, driven by the scheduler's host-side plans.
+
+The runner owns the device state of one worker: the model's weights, the KV pool tensors,
+the attention backend, the persistent device page table, the sampler and the staging
+buffers. The scheduler never touches a tensor; each step it hands over one
+:class:`~radixserve.scheduling.plan.StepPlan` (plain lists) and gets back a
+:class:`~radixserve.scheduling.plan.StepResult` (plain lists)::
+
+    StepPlan (host lists)
+      │ pack: ids, positions, slots, lengths, logits rows, page-table changes, sampling inputs
+      ▼
+    one host->device copy ──> device views ──> page_table[rows, cols] = pages   (patch, never rebuild)
+                                                 ForwardBatch ──> attn.init_forward_metadata
+                                                 model.forward ──> sampler (device only)
+      ┌──────────────────────────────────────────────┘
+      ▼
+    one device->host read: sampled tokens (+ logprobs, prompt logprobs) ──> StepResult
+
+``transfers`` counts both copies (see :mod:`~radixserve.engine.staging`); nothing else in a
+step moves data between host and device or waits for the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixserve.engine.decode_graphs import DecodeGraphs
+from radixserve.engine.sampler import Sampler, token_logprobs, unpack_samples
+from radixserve.engine.sampler import SamplingPlan
+from radixserve.engine.staging import PendingRead, Staged, StagingBuffer, StagingLayout, TransferCounter
+from radixserve.memory.pool import KVPool
+from radixserve.model.attention.base import AttentionBackend
+from radixserve.model.forward_batch import ForwardBatch
+from radixserve.scheduling.plan import StepPlan, StepResult
+
+__all__ = ["ModelRunner", "PendingStep", "make_attention_backend"]
+
+
+class PendingStep:
+    """A launched step; :meth:`result` waits for its one read back and unpacks it."""
+
+    def __init__(self, read: PendingRead, splan: SamplingPlan | None, has_prompt_lps: bool) -> None:
+        self._read = read
+        self._splan = splan
+        self._has_prompt_lps = has_prompt_lps
+
+    def result(self) -> StepResult:
+        host = self._read.wait()
+        tokens: list[int] = []
+        logprobs: list = []  # type: ignore[type-arg]
+        if self._splan is not None:
+            sampled = unpack_samples(self._splan, host[:4])
+            tokens, logprobs = sampled.token_ids, sampled.logprobs
+        return StepResult(tokens, logprobs, host[-1] if self._has_prompt_lps else [])
+
+
+def make_attention_backend(name: str, pool: KVPool) -> AttentionBackend:
+    """``"torch"`` (runs anywhere) or ``"triton"`` (GPU, or the interpreter on CPU)."""
+    if name == "torch":
+        from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
+
+        return TorchPagedAttentionBackend(pool)
+    try:
+        from radixserve.model.attention.triton_paged import TritonPagedAttentionBackend  # type: ignore[import-not-found]
+    except ImportError as e:
+        raise ValueError(f"attention_backend 'triton' is not available: {e}") from e
+    return TritonPagedAttentionBackend(pool)
+
+
+class ModelRunner:
+    """Executes step plans on one device (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pool: KVPool,
+        attn: AttentionBackend,
+        sampler: Sampler,
+        max_rows: int,
+        max_pages: int,
+        decode_graphs: bool = False,
+        scratch_page: int | None = None,
+    ) -> None:
+        """``max_rows``: running requests at most (page-table rows); ``max_pages``: pages of
+        the longest context (page-table width). ``decode_graphs``: decode-only steps run from
+        static buffers padded to batch-size buckets (:mod:`~radixserve.engine.decode_graphs`),
+        their padding rows (and the warm-up) writing to ``scratch_page`` (a pool page no request
+        may hold);
+        captured as CUDA graphs by :meth:`warm_up` where the device and backend allow."""
+        self.model = model
+        self.pool = pool
+        self.attn = attn
+        self.sampler = sampler
+        self.device = pool.device
+        self.page_size = pool.page_size
+        # Row r holds the pages of the request the scheduler gave row r, in order.
+        self.page_table = torch.zeros(max_rows, max(1, max_pages), dtype=torch.int32, device=self.device)
+        self.transfers = TransferCounter()
+        self.staging = StagingBuffer(self.device, self.transfers)
+        self.scratch_page = scratch_page
+        self._last_tokens: torch.Tensor | None = None  # the last launched step's sampled tokens (device)
+        self.decode_graphs: DecodeGraphs | None = None
+        if decode_graphs:
+            if scratch_page is None:
+                raise ValueError("decode_graphs needs a scratch page for the padding rows")
+            capture = self.device.type == "cuda" and getattr(attn, "supports_graph_capture", False)
+            self.decode_graphs = DecodeGraphs(
+                model.forward, attn, self.page_table, scratch_page, self.page_size, max_rows, capture
+            )
+
+    def set_attention_backend(self, attn: AttentionBackend) -> None:
+        """Swap the attention backend (tests compare backends on one engine)."""
+        self.attn = attn
+        if self.decode_graphs is not None:
+            self.decode_graphs.attn = attn
+
+    def warm_up(self, max_seq_len: int) -> None:
+        """Everything a first request would otherwise pay for, before the worker says it is
+        ready: the decode graphs captured (CUDA), and one prefill and one decode step run
+        through the whole path (lazy allocations, library initialisations, the static decode
+        buffers), writing only to the scratch page."""
+        if self.decode_graphs is not None and self.decode_graphs.capture:
+            self.decode_graphs.capture_all(max_seq_len)
+        scratch = self.scratch_page
+        if scratch is None:
+            return
+        from radixserve.scheduling.plan import StepPlan
+        from radixserve.scheduling.request import Request
+        from radixserve.sampling_params import SamplingParams
+
+        n = min(self.page_size, 4)
+        ps = self.page_size
+        row = Request("warm-up", [0] * n, n, SamplingParams(max_tokens=1, temperature=0.0), n + 1)
+        for extend, prefix in ((n, 0), (1, n - 1)):  # a prefill of n tokens, then a decode over them
+            plan = StepPlan(
+                input_ids=[0] * extend, positions=list(range(prefix, prefix + extend)),
+                out_slots=[scratch * ps + p for p in range(prefix, prefix + extend)], table_rows=[0],
+                prefix_lens=[prefix], extend_lens=[extend], seq_lens=[prefix + extend], page_lists=[[scratch]],
+                write_rows=[0], write_cols=[0], write_pages=[scratch], logits_indices=[extend - 1],
+                sample_rows=[row], prompt_targets=[], future_rows=[], future_src=[],
+            )
+            self.execute(plan)
+        self.transfers.h2d = self.transfers.d2h = self.transfers.h2d_bytes = self.transfers.d2h_bytes = 0
+
+    # ------------------------------------------------------------------ one step
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        """Run ``plan``'s forward and sampling: one copy in, one read back."""
+        return self.launch(plan).result()
+
+    def launch(self, plan: StepPlan) -> PendingStep:
+        """Start ``plan``'s step; its results come with :meth:`PendingStep.result` (on CUDA the
+        host is free to plan the next step meanwhile). The next plan may name this step's
+        sampled tokens as inputs (``future_rows``): they are read from the device, not the host."""
+        layout = self._stage(plan)
+        splan = self.sampler.prepare(plan.sample_rows, layout) if plan.sample_rows else None
+        staged = self.staging.upload(layout)
+        graphs = self.decode_graphs
+        static = (
+            graphs is not None and plan.is_decode_only and not plan.prompt_targets
+            and graphs.bucket_for(plan.batch_size) is not None
+        )
+        with torch.inference_mode():
+            self._patch_page_table(plan, staged)
+            input_ids = staged.i("input_ids")
+            if plan.future_rows:
+                assert self._last_tokens is not None, "a plan names tokens of a step that sampled none"
+                src = self._last_tokens.index_select(0, staged.i("f_src"))
+                input_ids = input_ids.index_copy(0, staged.i("f_rows"), src)
+            if static:
+                assert graphs is not None and len(plan.sample_rows) == plan.batch_size  # every decode row samples
+                logits = graphs.run(plan, staged, input_ids)
+            else:
+                batch = self._forward_batch(plan, staged, input_ids)
+                self.attn.init_forward_metadata(batch)
+                logits = self.model.forward(batch, self.attn)
+            ns = len(plan.sample_rows)
+            reads: list[torch.Tensor] = []
+            if splan is not None:
+                sampled = self.sampler.sample_staged(logits[:ns], splan, staged)
+                self._last_tokens = sampled.token_ids
+                reads += list(sampled)
+            if plan.prompt_targets:
+                reads.append(token_logprobs(logits[ns:], staged.i("lp_targets")))
+            pending = self.staging.read_async(reads)
+        return PendingStep(pending, splan, bool(plan.prompt_targets))
+
+    def _stage(self, plan: StepPlan) -> StagingLayout:
+        layout = StagingLayout()
+        layout.ints("input_ids", plan.input_ids)
+        layout.ints("positions", plan.positions)
+        layout.ints("out_slots", plan.out_slots)
+        layout.ints("table_rows", plan.table_rows)
+        layout.ints("seq_lens", plan.seq_lens)
+        layout.ints("extend_lens", plan.extend_lens)
+        layout.ints("prefix_lens", plan.prefix_lens)
+        starts, t = [], 0
+        for n in plan.extend_lens:
+            starts.append(t)
+            t += n
+        layout.ints("extend_start", starts)
+        layout.ints("logits_indices", plan.logits_indices)
+        if plan.write_rows:
+            layout.ints("w_rows", plan.write_rows)
+            layout.ints("w_cols", plan.write_cols)
+            layout.ints("w_pages", plan.write_pages)
+        if plan.prompt_targets:
+            layout.ints("lp_targets", plan.prompt_targets)
+        if plan.future_rows:
+            layout.ints("f_rows", plan.future_rows)
+            layout.ints("f_src", plan.future_src)
+        return layout
+
+    def _patch_page_table(self, plan: StepPlan, staged: Staged) -> None:
+        if plan.write_rows:
+            self.page_table[staged.i("w_rows"), staged.i("w_cols")] = staged.i("w_pages").to(torch.int32)
+
+    def _forward_batch(self, plan: StepPlan, staged: Staged, input_ids: torch.Tensor) -> ForwardBatch:
+        max_pages = -(-max(plan.seq_lens) // self.page_size)
+        i32 = torch.int32
+        return ForwardBatch(
+            input_ids=input_ids,
+            positions=staged.i("positions"),
+            seq_lens=staged.i("seq_lens").to(i32),
+            extend_lens=staged.i("extend_lens").to(i32),
+            prefix_lens=staged.i("prefix_lens").to(i32),
+            extend_start_loc=staged.i("extend_start").to(i32),
+            logits_indices=staged.i("logits_indices"),
+            seq_lens_cpu=plan.seq_lens,
+            extend_lens_cpu=plan.extend_lens,
+            out_cache_loc=staged.i("out_slots"),
+            page_table=self.page_table.index_select(0, staged.i("table_rows"))[:, :max_pages],
+            page_size=self.page_size,
+            page_lists_cpu=plan.page_lists,
+        )
+
+    # ------------------------------------------------------------------ checks
+
+    def page_table_row(self, row: int, n: int) -> list[int]:
+        """The first ``n`` entries of a page-table row (invariant checks; reads the device)."""
+        return self.page_table[row, :n].tolist()

@@ -1,0 +1,305 @@
+"""Batched sampling: one pass over a step's logits for every request in it.
+
+Order of operations, per row (each stage runs only when some row in the batch uses it)::
+
+    raw logits ──> log_softmax ──> chosen/top-k logprobs (reported from the model's distribution)
+         │
+         ├─ repetition penalty (prompt + output tokens, HF style: divide positive, multiply negative)
+         ├─ frequency / presence penalties (output tokens, OpenAI style); the seen/count tables
+         │  stay on the device between steps (sampling_ops.PenaltyCounts)
+         ├─ min_tokens: EOS and stop ids masked until enough tokens are out
+         ├─ grammar: tokens a constrained row's grammar forbids -> -inf (those rows only)
+         ├─ greedy rows: argmax
+         └─ other rows: / temperature -> top-k -> softmax -> min-p -> top-p -> inverse-CDF draw
+                         (top-k is a selection, top-p a threshold bisection: no vocabulary sort)
+
+Split in two halves so that a step has one host-to-device copy and one read back:
+
+- :meth:`Sampler.prepare` (host) reads the requests and writes every per-row value the
+  device needs (temperatures, top-k/p, min-p, penalties and the tokens new to their tables,
+  min_tokens blocks, grammar bitmasks, the uniform draws) into the step's
+  :class:`~radixserve.engine.staging.StagingLayout`; it returns a :class:`SamplingPlan` of
+  host facts (which stages run, which rows report logprobs).
+- :meth:`Sampler.sample_staged` (device) uses only views of the uploaded buffer and returns
+  device tensors; nothing in it reads the device back.
+
+The draw uses one uniform number per row, drawn on the host; a request with a seed owns a
+``torch.Generator`` so its samples do not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol, Sequence
+
+import torch
+
+from radixserve.engine.sampling_ops import PenaltyCounts, PenaltyStep, has_penalties, top_p_keep
+from radixserve.engine.staging import Staged, StagingBuffer, StagingLayout
+from radixserve.sampling_params import SamplingParams
+
+
+class SamplingRow(Protocol):
+    """What the sampler reads from a request (implemented by ``Request``)."""
+
+    params: SamplingParams
+    token_ids: list[int]  # prompt + output so far
+    prompt_len: int
+    generator: torch.Generator | None
+    grammar: Any | None  # a radixserve.constrained.GrammarMatcher, or None
+
+
+class SampleResult(NamedTuple):
+    """Chosen tokens of one step, plus logprobs for the rows that asked for them."""
+
+    token_ids: list[int]
+    # Per row: (logprob, [(token_id, logprob), ...]) or None when the row did not ask.
+    logprobs: list[tuple[float, list[tuple[int, float]]] | None]
+
+
+class SamplingPlan(NamedTuple):
+    """Host facts about one step's sampling (what :meth:`Sampler.prepare` staged)."""
+
+    num_rows: int
+    all_greedy: bool
+    lp_rows: list[int]  # rows that report logprobs
+    lp_k: list[int]  # top logprobs each of them wants
+    k_max: int  # max(lp_k)
+    penalties: PenaltyStep | None  # rows with a repetition/frequency/presence penalty (None: stage skipped)
+    blocked: int  # (row, token) pairs masked by min_tokens
+    constrained: list[int]  # rows with a grammar
+    eos_guard_rows: list[int]  # constrained rows with ignore_eos
+    top_k_max: int  # 0: no row uses top-k
+    any_min_p: bool
+    any_top_p: bool
+
+
+class SampleTensors(NamedTuple):
+    """One step's sampling results, on the device."""
+
+    token_ids: torch.Tensor  # [B] int64
+    chosen_logprobs: torch.Tensor  # [L] float32, rows of plan.lp_rows
+    top_ids: torch.Tensor  # [L, k_max] int64
+    top_logprobs: torch.Tensor  # [L, k_max] float32
+
+
+class Sampler:
+    """Samples the next token of each row of a ``[B, vocab]`` logits tensor."""
+
+    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int] = (), device: str | torch.device = "cpu",
+                 seed: int = 0) -> None:
+        self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.device = torch.device(device)
+        # Unseeded rows draw from this generator (the engine's seed makes runs reproducible).
+        self._generator = torch.Generator(device="cpu")
+        self._generator.manual_seed(seed)
+        eos = [t for t in self.eos_token_ids if 0 <= t < vocab_size]
+        self._eos = torch.tensor(eos, dtype=torch.int64, device=self.device)  # made once: no per-step copy
+        self._staging: StagingBuffer | None = None
+        self.penalty_counts = PenaltyCounts(vocab_size, self.device)
+
+    def new_generator(self, seed: int) -> torch.Generator:
+        """A per-request generator for ``params.seed``."""
+        g = torch.Generator(device="cpu")
+        g.manual_seed(seed)
+        return g
+
+    # -- host half -------------------------------------------------------------------------
+
+    def prepare(self, rows: Sequence[SamplingRow], layout: StagingLayout) -> SamplingPlan:
+        """Stage every per-row input of this step's sampling into ``layout`` (host only)."""
+        params = [r.params for r in rows]
+        n = len(rows)
+        lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
+        lp_k = [params[i].logprobs or 0 for i in lp_rows]
+        if lp_rows:
+            layout.ints("s.lp_rows", lp_rows)
+
+        pen = [i for i, p in enumerate(params) if has_penalties(p)]
+        pen_step = None
+        if pen:  # the tables live on the device: only their row numbers and new tokens travel
+            pen_step = self.penalty_counts.plan([rows[i] for i in pen])
+            layout.ints("s.pen_rows", pen)
+            layout.ints("s.pen_slots", pen_step.slots)
+            if pen_step.reset:
+                layout.ints("s.pen_reset", pen_step.reset)
+            if pen_step.add_slot:
+                layout.ints("s.pen_add_slot", pen_step.add_slot)
+                layout.ints("s.pen_add_tok", pen_step.add_tok)
+                layout.ints("s.pen_add_out", pen_step.add_out)
+            layout.floats("s.rep_pen", [params[i].repetition_penalty for i in pen])
+            layout.floats("s.freq_f", [params[i].frequency_penalty for i in pen])
+            layout.floats("s.freq_p", [params[i].presence_penalty for i in pen])
+
+        blocked_r: list[int] = []
+        blocked_t: list[int] = []
+        for i, r in enumerate(rows):
+            p = r.params
+            if p.min_tokens and len(r.token_ids) - r.prompt_len < p.min_tokens:
+                ids = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
+                for t in ids:
+                    if 0 <= t < self.vocab_size:
+                        blocked_r.append(i)
+                        blocked_t.append(t)
+        if blocked_r:
+            layout.ints("s.block_r", blocked_r)
+            layout.ints("s.block_t", blocked_t)
+
+        constrained = [i for i, r in enumerate(rows) if getattr(r, "grammar", None) is not None]
+        if constrained:
+            layout.ints("s.mask_rows", constrained)
+            layout.int_tensor("s.mask", torch.cat([rows[i].grammar.next_mask for i in constrained]))
+        eos_guard = [i for i in constrained if params[i].ignore_eos] if len(self._eos) else []
+
+        greedy = [p.greedy for p in params]
+        all_greedy = all(greedy)
+        top_k_max = 0
+        any_min_p = any_top_p = False
+        if not all_greedy:
+            layout.ints("s.greedy", [int(g) for g in greedy])
+            layout.floats("s.temp", [1.0 if p.greedy else p.temperature for p in params])
+            top_k = [p.top_k if p.top_k > 0 else 0 for p in params]
+            top_k_max = min(max(top_k), self.vocab_size)
+            if top_k_max:
+                layout.ints("s.top_k", top_k)
+            any_min_p = any(p.min_p for p in params)
+            if any_min_p:
+                layout.floats("s.min_p", [p.min_p for p in params])
+            any_top_p = any(p.top_p < 1.0 for p in params)
+            if any_top_p:
+                layout.floats("s.top_p", [p.top_p for p in params])
+            layout.floats("s.u", self._uniforms(rows))
+        return SamplingPlan(n, all_greedy, lp_rows, lp_k, max(lp_k, default=0), pen_step, len(blocked_r),
+                            constrained, eos_guard, top_k_max, any_min_p, any_top_p)
+
+    def _uniforms(self, rows: Sequence[SamplingRow]) -> list[float]:
+        u = torch.rand(len(rows), generator=self._generator, dtype=torch.float64)
+        for i, r in enumerate(rows):
+            if r.generator is not None:
+                u[i] = torch.rand((), generator=r.generator)
+        return u.tolist()  # a host tensor: no device read
+
+    # -- device half -----------------------------------------------------------------------
+
+    def sample_staged(self, logits: torch.Tensor, plan: SamplingPlan, staged: Staged) -> SampleTensors:
+        """Pick one token per row of ``logits`` (``[B, vocab]``) from the staged inputs (device only)."""
+        logits = logits.float()
+        raw_lp = None
+        if plan.lp_rows:
+            raw_lp = torch.log_softmax(logits.index_select(0, staged.i("s.lp_rows")), dim=-1)
+        logits = self._processed(logits, plan, staged)
+        if plan.all_greedy:
+            chosen = logits.argmax(dim=-1)
+        else:
+            chosen = self._draw(logits, plan, staged)
+        if plan.penalties is not None:  # next step's tables already hold this step's tokens
+            self.penalty_counts.advance(staged.i("s.pen_slots"), chosen.index_select(0, staged.i("s.pen_rows")))
+        dev = logits.device
+        if raw_lp is None:
+            empty = torch.empty(0, dtype=torch.float32, device=dev)
+            return SampleTensors(chosen, empty, torch.empty(0, 0, dtype=torch.int64, device=dev), empty.view(0, 0))
+        chosen_lp = raw_lp.gather(1, chosen.index_select(0, staged.i("s.lp_rows"))[:, None]).squeeze(1)
+        top_v, top_i = raw_lp.topk(plan.k_max, dim=-1) if plan.k_max else (raw_lp[:, :0], raw_lp[:, :0].long())
+        return SampleTensors(chosen, chosen_lp, top_i, top_v)
+
+    def _processed(self, logits: torch.Tensor, plan: SamplingPlan, staged: Staged) -> torch.Tensor:
+        """Penalties, min_tokens and grammar masks applied (a copy when any applies)."""
+        if not (plan.penalties is not None or plan.blocked or plan.constrained):
+            return logits
+        logits = logits.clone()  # the caller's logits stay the model's
+        if plan.penalties is not None:
+            step = plan.penalties
+            tables = self.penalty_counts.apply(
+                step, staged.i("s.pen_slots"), staged.i("s.pen_reset") if step.reset else None,
+                (staged.i("s.pen_add_slot"), staged.i("s.pen_add_tok"), staged.i("s.pen_add_out"))
+                if step.add_slot else None,
+            )
+            rows = staged.i("s.pen_rows")
+            sub = logits.index_select(0, rows)
+            rep = staged.f("s.rep_pen").float()[:, None]  # 1.0 on rows without it: unchanged
+            sub = torch.where(tables.seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+            f = staged.f("s.freq_f").float()[:, None]
+            p = staged.f("s.freq_p").float()[:, None]
+            logits.index_copy_(0, rows, sub - (tables.counts * f + (tables.counts > 0).float() * p))
+        if plan.blocked:
+            logits[staged.i("s.block_r"), staged.i("s.block_t")] = float("-inf")
+        if plan.constrained:
+            self._apply_grammar(logits, plan, staged)
+        return logits
+
+    def _apply_grammar(self, logits: torch.Tensor, plan: SamplingPlan, staged: Staged) -> None:
+        from radixserve.constrained.mask import apply_bitmask  # xgrammar loads only when used
+
+        rows = staged.i("s.mask_rows")
+        mask = staged.i("s.mask").to(torch.int32).view(len(plan.constrained), -1)
+        full = torch.full((logits.shape[0], mask.shape[1]), -1, dtype=torch.int32, device=logits.device)
+        full.index_copy_(0, rows, mask)  # all ones (everything allowed) on unconstrained rows
+        apply_bitmask(logits, full)
+        # ignore_eos under a grammar: the end token only where the grammar allows nothing else.
+        for i in plan.eos_guard_rows:
+            allowed = torch.isfinite(logits[i])
+            others = allowed.sum() > allowed.index_select(0, self._eos).sum()
+            eos_logits = logits[i].index_select(0, self._eos)
+            logits[i].index_copy_(0, self._eos, torch.where(others, float("-inf"), eos_logits))
+
+    def _draw(self, logits: torch.Tensor, plan: SamplingPlan, staged: Staged) -> torch.Tensor:
+        greedy = staged.i("s.greedy").bool()
+        scaled = logits / staged.f("s.temp").float()[:, None]
+        if plan.top_k_max:
+            k_max = plan.top_k_max
+            top_k = staged.i("s.top_k")
+            kth_idx = torch.where(top_k > 0, top_k.clamp(max=k_max) - 1, k_max - 1)
+            kth = scaled.topk(k_max, dim=-1).values.gather(1, kth_idx[:, None])
+            scaled = scaled.masked_fill((top_k > 0)[:, None] & (scaled < kth), float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
+        if plan.any_min_p:
+            thresh = probs.max(dim=-1, keepdim=True).values * staged.f("s.min_p").float()[:, None]
+            probs = probs.masked_fill(probs < thresh, 0.0)
+        if plan.any_top_p:  # rows at top_p 1 keep every nonzero entry
+            probs = probs.masked_fill(~top_p_keep(probs, staged.f("s.top_p")), 0.0)
+        u = staged.f("s.u").float()
+        cdf = probs.cumsum(dim=-1)
+        target = (u * cdf[:, -1])[:, None]
+        sampled = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=self.vocab_size - 1)
+        return torch.where(greedy, logits.argmax(dim=-1), sampled)
+
+    # -- one-call convenience (tests, benchmarks, code without a runner) --------------------
+
+    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
+        """Prepare, stage, sample and read back in one call (``logits``: ``[len(rows), vocab]``)."""
+        staging = self._own_staging(logits.device)
+        layout = StagingLayout()
+        plan = self.prepare(rows, layout)
+        tensors = self.sample_staged(logits, plan, staging.upload(layout))
+        return unpack_samples(plan, staging.read(list(tensors)))
+
+    def processed_logits(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        """``logits`` after penalties, min_tokens blocks and grammar masks (what the draw sees)."""
+        staging = self._own_staging(logits.device)
+        layout = StagingLayout()
+        plan = self.prepare(rows, layout)
+        return self._processed(logits.float(), plan, staging.upload(layout))
+
+    def _own_staging(self, device: torch.device) -> StagingBuffer:
+        if self._staging is None or self._staging.device != device:
+            self._staging = StagingBuffer(device)
+        return self._staging
+
+
+def unpack_samples(plan: SamplingPlan, host: Sequence[list[float]]) -> SampleResult:
+    """Host lists read back from :class:`SampleTensors` (in field order) -> a :class:`SampleResult`."""
+    tokens_f, chosen_lp, top_ids_f, top_lp = host[0], host[1], host[2], host[3]
+    token_ids = [int(t) for t in tokens_f]
+    logprobs: list[tuple[float, list[tuple[int, float]]] | None] = [None] * plan.num_rows
+    k_max = plan.k_max
+    for j, (i, k) in enumerate(zip(plan.lp_rows, plan.lp_k)):
+        ids = top_ids_f[j * k_max : j * k_max + k]
+        vals = top_lp[j * k_max : j * k_max + k]
+        logprobs[i] = (chosen_lp[j], [(int(t), v) for t, v in zip(ids, vals)])
+    return SampleResult(token_ids, logprobs)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits)[i, targets[i]]`` for every row (prompt logprobs), on the device."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    return lp.gather(1, targets.to(lp.device).view(-1, 1)).squeeze(1)

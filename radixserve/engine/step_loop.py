@@ -1,0 +1,100 @@
+"""The step loop: schedule, execute, process; plain or overlapped.
+
+Plain (the CPU's default)::
+
+    batch = scheduler.schedule(); result = runner.execute(batch.plan); scheduler.process(batch, result)
+
+Overlapped (SGLang's overlap loop, the CUDA default): step N+1 is planned and launched before
+step N's results are read, so the host's scheduling and output handling run while the
+device computes::
+
+    schedule(N+1) -> runner.launch(N+1) -> scheduler.advance(N+1) -> resolve(N) [waits for N]
+
+A step whose requests need their last token on the host to plan the next one (grammar
+masks, penalties), or a schedule that would have to retract (:class:`NeedsSync`), resolves
+the step in flight first. See :mod:`radixserve.scheduling.scheduler` for what ``advance``
+and ``resolve`` do.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from radixserve.engine.model_runner import ModelRunner, PendingStep
+from radixserve.scheduling.plan import ScheduledBatch
+from radixserve.scheduling.scheduler import NeedsSync, RequestOutput, Scheduler
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["StepLoop"]
+
+
+class StepLoop:
+    """Drives one scheduler and one runner, one :meth:`step` at a time."""
+
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, overlap: bool) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.overlap = overlap
+        self._in_flight: tuple[ScheduledBatch, PendingStep] | None = None  # launched, not resolved
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a launched step's results are still to be read (overlap)."""
+        return self._in_flight is not None
+
+    def step(self) -> list[RequestOutput]:
+        """One step; the outputs of every request that progressed (with overlap: those of the
+        step before, whose results were read during this one)."""
+        if self.overlap:
+            return self._step_overlap()
+        sched = self.scheduler
+        outputs = sched.take_outputs()
+        batch = sched.schedule()
+        if batch is None:
+            return outputs
+        try:
+            result = self.runner.execute(batch.plan)
+        except Exception as e:  # a failed step (device memory, a device error) must not leak its pages
+            logger.exception("step failed; finishing %d requests with an error", len(batch.work))
+            return outputs + sched.fail(batch, e)
+        return outputs + sched.process(batch, result)
+
+    def _step_overlap(self) -> list[RequestOutput]:
+        """Plan and launch step N+1, then read step N's results (SGLang's overlap loop)::
+
+            schedule(N+1) -> launch(N+1) -> advance(N+1) -> resolve(N) [waits for N] -> return
+        """
+        sched = self.scheduler
+        outputs = sched.take_outputs()
+        if self._in_flight is not None and sched.needs_results(self._in_flight[0]):
+            outputs += self._resolve_in_flight()  # grammar masks / penalties need N's tokens
+        try:
+            batch = sched.schedule()
+        except NeedsSync:  # it would retract: resolve N first, then decide with everything known
+            outputs += self._resolve_in_flight()
+            batch = sched.schedule()
+        if batch is None:
+            return outputs + self._resolve_in_flight()
+        try:
+            pending = self.runner.launch(batch.plan)
+        except Exception as e:
+            logger.exception("step failed; finishing %d requests with an error", len(batch.work))
+            outputs += self._resolve_in_flight()
+            return outputs + sched.fail(batch, e)
+        sched.advance(batch)
+        outputs += self._resolve_in_flight()
+        self._in_flight = (batch, pending)
+        return outputs
+
+    def _resolve_in_flight(self) -> list[RequestOutput]:
+        if self._in_flight is None:
+            return []
+        batch, pending = self._in_flight
+        self._in_flight = None
+        try:
+            result = pending.result()
+        except Exception as e:
+            logger.exception("step failed; finishing %d requests with an error", len(batch.work))
+            return self.scheduler.fail(batch, e, advanced=True)
+        return self.scheduler.resolve(batch, result)

@@ -1,0 +1,189 @@
+"""The scheduler's description of one step: host lists only, handed to the model runner.
+
+The scheduler decides *what* runs (request, number of new tokens); :func:`plan_step` lays it
+out as a :class:`StepPlan` of plain lists, which the runner packs into one host-to-device
+copy::
+
+    work:        (req0, 5)            (req1, 1)  (req2, 1)  (req3, 3)
+    rows (T):    0 1 2 3 4            5          6          7 8 9
+    positions:   c0 .. c0+4           c1         c2         c3 .. c3+2
+    out_slots:   pages[pos // page_size] * page_size + pos % page_size   (from the host page lists)
+
+``logits_indices`` lists the rows whose logits are needed: first the last row of every
+request whose tokens are now all computed (it samples), then the prompt rows whose
+logprobs were asked for.
+
+:class:`PageTableRows` is the host side of the runner's persistent device page table
+(``[max_running, max_pages]``, one row per running request): the scheduler acquires and
+releases rows and records the entries that changed; each plan carries the changes since
+the last one, so the device table is patched, never rebuilt and never read back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from radixserve.scheduling.request import FUTURE_TOKEN, Request
+
+
+class PageTableRows:
+    """Rows of the device page table (host bookkeeping) and the entries not yet sent."""
+
+    def __init__(self, max_rows: int, max_pages: int) -> None:
+        self.max_rows = max_rows
+        self.max_pages = max(1, max_pages)
+        self._free_rows = list(range(max_rows - 1, -1, -1))
+        self._rows: list[int] = []
+        self._cols: list[int] = []
+        self._pages: list[int] = []
+
+    @property
+    def num_free_rows(self) -> int:
+        return len(self._free_rows)
+
+    def acquire(self) -> int:
+        return self._free_rows.pop()
+
+    def release(self, row: int) -> None:
+        self._free_rows.append(row)
+
+    def set_row(self, row: int, pages: list[int]) -> None:
+        """Rewrite a row from column 0 (admission, or after the cache swapped duplicate pages)."""
+        self.append(row, 0, pages)
+
+    def append(self, row: int, col: int, pages: list[int]) -> None:
+        """Record ``pages`` written at ``row``, columns ``col..`` (sent with the next plan)."""
+        k = len(pages)
+        self._rows += [row] * k
+        self._cols += range(col, col + k)
+        self._pages += pages
+
+    def pending(self) -> list[tuple[int, int, int]]:
+        """The entries not yet taken, as (row, col, page) (invariant checks)."""
+        return list(zip(self._rows, self._cols, self._pages))
+
+    def take_writes(self) -> tuple[list[int], list[int], list[int]]:
+        """The entries recorded since the last call: (rows, cols, pages)."""
+        out = (self._rows, self._cols, self._pages)
+        self._rows, self._cols, self._pages = [], [], []
+        return out
+
+
+@dataclass
+class StepPlan:
+    """Everything the runner needs for one forward and its sampling, as host lists.
+
+    Sequence ``b`` computes ``extend_lens[b]`` new tokens after ``prefix_lens[b]`` cached
+    ones; its pages are ``page_lists[b]`` (the attention metadata reads these, never the
+    device table) and its page-table row is ``table_rows[b]``.
+    """
+
+    input_ids: list[int]  # [T]
+    positions: list[int]  # [T]
+    out_slots: list[int]  # [T] KV slot of each new row
+    table_rows: list[int]  # [B]
+    prefix_lens: list[int]  # [B]
+    extend_lens: list[int]  # [B]
+    seq_lens: list[int]  # [B]
+    page_lists: list[list[int]]  # [B] each sequence's pages (at least enough for seq_lens[b])
+    write_rows: list[int]  # page-table entries changed since the last plan
+    write_cols: list[int]
+    write_pages: list[int]
+    logits_indices: list[int]  # sample rows first, then prompt-logprob rows
+    sample_rows: list[Request]  # logits[i] samples sample_rows[i]
+    prompt_targets: list[int]  # the token each prompt-logprob row scores
+    # Overlap scheduling: rows whose input token the previous step samples (not known on the
+    # host yet; the runner takes it from that step's device output), and its row there.
+    future_rows: list[int]
+    future_src: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return len(self.input_ids) == len(self.seq_lens)
+
+
+class ScheduledBatch(NamedTuple):
+    """One step as the scheduler keeps it: the work, the plan, and how to read the results."""
+
+    work: list[tuple[Request, int]]
+    plan: StepPlan
+    # Prompt logprobs: (request, first position, count); their values follow in order.
+    prompt_spans: list[tuple[Request, int, int]]
+
+
+def plan_step(work: list[tuple[Request, int]], rows: PageTableRows, page_size: int) -> ScheduledBatch:
+    """Lay out ``work`` (request, new tokens) as one flattened step."""
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    table_rows: list[int] = []
+    prefix_lens: list[int] = []
+    ext_lens: list[int] = []
+    seq_lens: list[int] = []
+    page_lists: list[list[int]] = []
+    sample_rows: list[int] = []
+    sample_reqs: list[Request] = []
+    lp_rows: list[int] = []
+    lp_targets: list[int] = []
+    spans: list[tuple[Request, int, int]] = []
+    future_rows: list[int] = []
+    future_src: list[int] = []
+    ps = page_size
+    t = 0
+    for req, n in work:
+        c = req.computed_len
+        pages = req.pages
+        # list slicing / range run in C; slots of a decode row are one expression
+        input_ids += req.token_ids[c : c + n]
+        if input_ids[-1] == FUTURE_TOKEN:  # only a decode's one token can be in flight
+            future_rows.append(t + n - 1)
+            future_src.append(req.future_index)
+            input_ids[-1] = 0
+        positions += range(c, c + n)
+        if n == 1:
+            slots.append(pages[c // ps] * ps + c % ps)
+        else:
+            slots += [pages[p // ps] * ps + p % ps for p in range(c, c + n)]
+        table_rows.append(req.slot)
+        prefix_lens.append(c)
+        ext_lens.append(n)
+        seq_lens.append(c + n)
+        page_lists.append(pages[: -(-(c + n) // ps)])
+        if c + n == len(req.token_ids):
+            sample_rows.append(t + n - 1)
+            sample_reqs.append(req)
+        if req.wants_prompt_logprobs:
+            lo = max(c, req.prompt_lp_next)
+            hi = min(c + n, req.prompt_len - 1)
+            if hi > lo:
+                lp_rows += range(t + lo - c, t + hi - c)
+                lp_targets += req.token_ids[lo + 1 : hi + 1]
+                spans.append((req, lo, hi - lo))
+        t += n
+    w_rows, w_cols, w_pages = rows.take_writes()
+    plan = StepPlan(
+        input_ids=input_ids, positions=positions, out_slots=slots, table_rows=table_rows,
+        prefix_lens=prefix_lens, extend_lens=ext_lens, seq_lens=seq_lens, page_lists=page_lists,
+        write_rows=w_rows, write_cols=w_cols, write_pages=w_pages,
+        logits_indices=sample_rows + lp_rows, sample_rows=sample_reqs, prompt_targets=lp_targets,
+        future_rows=future_rows, future_src=future_src,
+    )
+    return ScheduledBatch(work, plan, spans)
+
+
+class StepResult(NamedTuple):
+    """What the runner read back for one plan (host values only)."""
+
+    token_ids: list[int]  # one per plan.sample_rows
+    # Per sampled row: (logprob, [(token_id, logprob), ...]) or None when it did not ask.
+    logprobs: list[tuple[float, list[tuple[int, float]]] | None]
+    prompt_logprobs: list[float]  # one per plan.prompt_targets
