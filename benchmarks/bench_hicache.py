@@ -7,7 +7,7 @@ prompts (plus room for the running requests), so without lower tiers most return
 prompts were evicted by the time they come back.
 
 Four engines (same model, same L1) run it at once, interleaved step by step in one process
-(this machine's speed drifts by ~3x between runs: only same-run ratios mean anything); each
+(a 2-core CPU VM's speed drifts by ~3x between runs: only same-run ratios mean anything); each
 engine's throughput is its tokens over the time spent in its own steps:
 
     L1            the radix cache alone
@@ -21,7 +21,7 @@ engine starts over the same directory ("warm") beside one without ("cold"), and 
 alternating; TTFT is the wall time of a one-token generation.
 
     python benchmarks/bench_hicache.py                    # SmolLM2 (fetched on first use), a few minutes
-    python benchmarks/bench_hicache.py --systems 32 --system-tokens 1000 --requests 64 --l1-systems 8   # the issue's size
+    python benchmarks/bench_hicache.py --systems 32 --system-tokens 1000 --requests 64 --l1-systems 8   # 32 prompts of ~1000 tokens over an L1 of 8
 
 Prints a table and writes JSON (``--out``).
 """
