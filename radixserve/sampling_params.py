@@ -24,6 +24,9 @@ _INT_LIMIT = 2**63
 TOKEN_ID_LIMIT = 2**31
 
 
+MAX_PIN_TTL_S = 86400.0  # a day: a pin is a cache hint, not storage
+
+
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """How to sample one request's completion.
 
@@ -59,6 +62,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     regex: str | None = None
     json_schema: str | None = None
     choices: list[str] | None = None
+    # Keep this request's prompt prefix pinned in the KV cache for this many seconds after
+    # it finishes, refreshed by every hit (within the server's pin budget; None: no pin).
+    pin_ttl_s: float | None = None
 
     @property
     def greedy(self) -> bool:
@@ -108,6 +114,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             errors.append("stop strings must be non-empty")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             errors.append(f"logprobs must be in [0, 20], got {self.logprobs}")
+        if self.pin_ttl_s is not None and not 0.0 < self.pin_ttl_s <= MAX_PIN_TTL_S:
+            errors.append(f"pin_ttl_s must be in (0, {MAX_PIN_TTL_S:g}] seconds, got {self.pin_ttl_s}")
         if self.prompt_logprobs_start is not None and self.prompt_logprobs_start < 0:
             errors.append(f"prompt_logprobs_start must be >= 0, got {self.prompt_logprobs_start}")
         errors += constraint_errors(self.regex, self.json_schema, self.choices)

@@ -44,6 +44,11 @@ def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> N
         default=None,
         help="also quantize the embedding and LM head (default: only for models of >= 1 B parameters)",
     )
+    g.add_argument("--enable-hierarchical-cache", action="store_true",
+                   help="keep KV evicted from the pool in host memory (L2) and load it back on a hit")
+    g.add_argument("--hicache-size", type=float, default=None, help="L2 host memory in GiB (default: 2x the KV pool)")
+    g.add_argument("--hicache-storage-dir", default=None,
+                   help="L3: KV page files in this directory, shared across restarts and workers (implies the hierarchy)")
     g.add_argument("--engine-config", default="{}", help="more EngineConfig fields as JSON")
 
 
@@ -63,6 +68,11 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
         cfg["disable_radix_cache"] = True
     if args.quantize_embeddings is not None:
         cfg["quantize_embeddings"] = args.quantize_embeddings
+    if args.enable_hierarchical_cache:
+        cfg["enable_hierarchical_cache"] = True
+    for name in ("hicache_size", "hicache_storage_dir"):
+        if getattr(args, name) is not None:
+            cfg[name] = getattr(args, name)
     if cfg.get("attention_backend") == "triton" and str(cfg.get("device", "cpu")).startswith("cpu"):
         os.environ.setdefault("TRITON_INTERPRET", "1")
     return cfg

@@ -49,6 +49,7 @@ def generate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     outs = engine.generate(prompts, params)
     dt = time.perf_counter() - t0
+    engine.close()  # with --hicache-storage-dir: the next run starts warm
     for prompt, o in zip(args.prompts, outs):
         if args.json:
             print(json.dumps({"prompt": prompt, "text": o.text, "finish_reason": o.finish_reason,

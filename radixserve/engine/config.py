@@ -53,6 +53,18 @@ class EngineConfig:
     memory_utilization: float = 0.9
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     disable_radix_cache: bool = False
+    # Hierarchical cache: L1 evictions move to host memory (L2) and, with a storage dir, to
+    # page files (L3) that survive restarts; a match loads them back. ``hicache_size`` is
+    # L2's size in GiB (default: twice the L1 pool); a storage dir turns the hierarchy on.
+    enable_hierarchical_cache: bool = False
+    hicache_size: float | None = None
+    hicache_storage_dir: str | None = None
+    # Record KV cache events (vLLM's BlockStored/BlockRemoved/AllBlocksCleared); a serving
+    # worker publishes them on a ZeroMQ XPUB bound here ("{worker}" -> the worker's id).
+    kv_events_endpoint: str | None = None
+    kv_events_topic: str = "kv-events"
+    # At most this fraction of the KV pool may be pinned by requests' pin_ttl_s.
+    pin_budget_fraction: float = 0.25
     # The scheduling knobs: their defaults and meaning are SchedulerConfig's (one source).
     schedule_policy: str = SchedulerConfig.schedule_policy  # "lpm" | "fcfs"
     lpm_max_bypass: int = SchedulerConfig.lpm_max_bypass
@@ -92,6 +104,11 @@ class EngineConfig:
             return torch.device(self.device).type == "cuda"
         return self.decode_graphs == "on"
 
+    @property
+    def hierarchical_cache(self) -> bool:
+        """Whether L2/L3 are on (asked for, or implied by a storage directory)."""
+        return self.enable_hierarchical_cache or self.hicache_storage_dir is not None
+
     def __post_init__(self) -> None:
         from radixserve.engine.devices import device_defaults
 
@@ -123,6 +140,12 @@ class EngineConfig:
             errors.append(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             errors.append(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if not 0.0 <= self.pin_budget_fraction <= 1.0:
+            errors.append(f"pin_budget_fraction must be in [0, 1], got {self.pin_budget_fraction}")
+        if self.hicache_size is not None and self.hicache_size <= 0:
+            errors.append(f"hicache_size must be > 0 GiB, got {self.hicache_size}")
+        if self.disable_radix_cache and self.hierarchical_cache:
+            errors.append("the hierarchical cache needs the radix cache (drop disable_radix_cache)")
         if not 0.0 < self.memory_utilization <= 1.0:
             errors.append(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
         try:

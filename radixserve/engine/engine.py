@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import uuid
 from pathlib import Path
@@ -55,6 +56,20 @@ def setup_cpu_threads(num_threads: int | None) -> None:
     which reads it only then.)"""
     if num_threads is not None:
         torch.set_num_threads(num_threads)
+
+
+def model_identity(model_path: Path) -> str:
+    """Names a checkpoint in KV page keys: its path, and the size and mtime of its files, so
+    that pages stored for replaced weights are never read back for the new ones."""
+    parts = [str(Path(model_path).resolve())]
+    try:
+        for f in sorted(Path(model_path).iterdir()):
+            if f.is_file():
+                st = f.stat()
+                parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+    except OSError:
+        pass
+    return hashlib.blake2b("|".join(parts).encode(), digest_size=16).hexdigest()
 
 
 class Engine:
@@ -97,10 +112,10 @@ class Engine:
             kv_dtype=cfg.kv_cache_dtype, act_dtype=cfg.torch_dtype, device=self.device,
         )
         self.allocator = PageAllocator(num_pages)
-        self.cache: PrefixCache = (
-            NoPrefixCache(self.allocator, cfg.page_size) if cfg.disable_radix_cache
-            else RadixCache(self.allocator, cfg.page_size)
-        )
+        self.cache: PrefixCache = self._make_cache(pool)
+        self.cache.pins.budget_pages = int(num_pages * cfg.pin_budget_fraction)
+        if cfg.kv_events_endpoint is not None:
+            self.enable_kv_events(pool)
         max_model_len = cfg.max_model_len or mc.max_position_embeddings
         self.max_total_len = min(max_model_len, num_pages * cfg.page_size)
         sched_cfg = SchedulerConfig(**{
@@ -126,6 +141,49 @@ class Engine:
         self._buffered: list[StepOutput] = []  # other requests' outputs seen inside generate()
         logger.info("engine ready in %s: %s, %s, max_total_len=%d", describe_startup(self.startup_seconds),
                     self.model_path, self.pool, self.max_total_len)
+
+    def _make_cache(self, pool: KVPool) -> PrefixCache:
+        """The prefix cache: none, the radix cache, or the radix cache over L2/L3 tiers."""
+        cfg = self.config
+        if cfg.disable_radix_cache:
+            return NoPrefixCache(self.allocator, cfg.page_size)
+        if not cfg.hierarchical_cache:
+            return RadixCache(self.allocator, cfg.page_size)
+        from radixserve.memory.hi_radix_cache import HiRadixCache
+        from radixserve.memory.hierarchy import KVHierarchy
+
+        if cfg.hicache_size is not None:
+            host_pages = max(1, int(cfg.hicache_size * 2**30) // pool.bytes_per_page)
+        else:  # SGLang's default host/device ratio
+            host_pages = 2 * self.allocator.num_pages
+        hierarchy = KVHierarchy(pool, host_pages, cfg.hicache_storage_dir, model_identity(self.model_path))
+        logger.info("hierarchical cache: L2 %d pages (%.2f GiB), L3 %s", host_pages,
+                    host_pages * pool.bytes_per_page / 2**30, cfg.hicache_storage_dir or "off")
+        return HiRadixCache(self.allocator, cfg.page_size, hierarchy)
+
+    def enable_kv_events(self, pool: KVPool | None = None) -> None:
+        """Record KV cache events from now on (see :meth:`drain_kv_events`)."""
+        pool = pool if pool is not None else self.pool
+        from radixserve.memory.kv_events import KVEventRecorder
+        from radixserve.memory.page_hash import PrefixHasher
+
+        hierarchy = getattr(self.cache, "hierarchy", None)
+        hasher = hierarchy.hasher if hierarchy is not None else PrefixHasher(
+            f"{model_identity(self.model_path)}|{pool.layout()}", pool.page_size)
+        self.cache.listener = KVEventRecorder(hasher, "GPU" if self.device.type == "cuda" else "CPU")
+
+    def drain_kv_events(self) -> Any | None:
+        """The KV events (a vLLM-format ``KVEventBatch``) since the last call, or None."""
+        return None if self.cache.listener is None else self.cache.listener.drain()
+
+    def close(self) -> None:
+        """Shut down cleanly: with an L3 directory, write the cached KV there (L1 and L2) so
+        that a restart, or another worker on this host, starts warm. Idempotent."""
+        persist = getattr(self.cache, "persist", None)
+        if persist is not None:
+            n = persist()
+            if n:
+                logger.info("hierarchical cache: wrote %d KV pages to %s", n, self.config.hicache_storage_dir)
 
     def _plan_num_pages(self) -> int:
         """Pages from the memory planner. On a CPU without an explicit budget the planner's
@@ -304,7 +362,22 @@ class Engine:
             finished_total=c.finished,
             aborted_total=c.aborted,
             hit_rate=c.cached_prompt_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
+            **self._hicache_stats(),
         )
+
+    def _hicache_stats(self) -> dict[str, int]:
+        hierarchy = getattr(self.cache, "hierarchy", None)
+        if hierarchy is None:
+            return {}
+        h = hierarchy.stats
+        return {
+            "host_cached_pages": hierarchy.host.num_cached,
+            "demoted_pages_total": h.demoted_pages,
+            "loaded_host_pages_total": h.loaded_l2_pages,
+            "loaded_storage_pages_total": h.loaded_l3_pages,
+            "storage_written_pages_total": h.l3_written_pages,
+            "storage_corrupt_pages_total": h.l3_corrupt_pages,
+        }
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix. Only when no request is waiting or running (else False)."""

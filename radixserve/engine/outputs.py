@@ -93,3 +93,11 @@ class EngineStats(msgspec.Struct, frozen=True):
     finished_total: int
     aborted_total: int
     hit_rate: float
+    # Hierarchical cache (zero when it is off): L2 pages held now; pages demoted L1 -> L2,
+    # loaded back from L2 and from L3, written to L3, and L3 files rejected as corrupt.
+    host_cached_pages: int = 0
+    demoted_pages_total: int = 0
+    loaded_host_pages_total: int = 0
+    loaded_storage_pages_total: int = 0
+    storage_written_pages_total: int = 0
+    storage_corrupt_pages_total: int = 0

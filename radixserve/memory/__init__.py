@@ -1,4 +1,5 @@
-"""KV memory: the paged KV pool, the page allocator, the radix prefix cache and the memory planner.
+"""KV memory: the paged KV pool, the page allocator, the radix prefix cache, its lower tiers
+(L2 host pool, L3 page files) and the memory planner.
 
 The allocator and the radix cache are pure Python and import eagerly; the torch-backed
 names (``KVPool``, the planner) load on first access, so ``import radixserve.memory`` stays
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixserve.memory.allocator import OutOfPagesError, PageAllocator
 from radixserve.memory.no_cache import NoPrefixCache
+from radixserve.memory.page_hash import PageKey, PrefixHasher
 from radixserve.memory.radix_cache import CachedPrefix, CacheStats, MatchResult, RadixCache
 from radixserve.memory.tree_node import TreeNode
 
@@ -19,10 +21,15 @@ from radixserve.memory.tree_node import TreeNode
 PrefixCache = RadixCache | NoPrefixCache
 
 if TYPE_CHECKING:
+    from radixserve.memory.hi_radix_cache import HiRadixCache
+    from radixserve.memory.hierarchy import KVHierarchy
     from radixserve.memory.pool import KVPool
 
 _LAZY = {
     "KVPool": "radixserve.memory.pool",
+    # The tiers copy tensors: torch-backed, lazy too.
+    "HiRadixCache": "radixserve.memory.hi_radix_cache",
+    "KVHierarchy": "radixserve.memory.hierarchy",
     # The planner imports torch: resolved only when asked for.
     "kv_bytes_per_token": "radixserve.memory.planner",
     "plan_memory": "radixserve.memory.planner",
@@ -48,10 +55,14 @@ __all__ = [
     "NoPrefixCache",
     "OutOfPagesError",
     "PageAllocator",
+    "PageKey",
     "PrefixCache",
+    "PrefixHasher",
     "RadixCache",
     "TreeNode",
     # lazy (see _LAZY)
+    "HiRadixCache",
+    "KVHierarchy",
     "KVPool",
     "MemoryPlan",
     "MemorySnapshot",

@@ -12,9 +12,14 @@ for another request to compute a shared prefix would gain nothing.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from radixserve.memory.allocator import PageAllocator
+from radixserve.memory.pins import PinTable
 from radixserve.memory.tree_node import CachedPrefix, CacheStats, MatchResult, TreeNode
+
+if TYPE_CHECKING:
+    from radixserve.memory.kv_events import KVEventRecorder
 
 __all__ = ["NoPrefixCache"]
 
@@ -33,6 +38,8 @@ class NoPrefixCache:
         # Matches end at a root (no parent), which lock/unlock ignore, as RadixCache's do.
         self._root = TreeNode(0, (), [], None, 0, 0, None)
         allocator.set_evictor(None, lambda: 0)
+        self.pins = PinTable(self, budget_pages=0)  # never holds a pin: nothing is cached
+        self.listener: KVEventRecorder | None = None  # nothing to report either
 
     # Gauges: nothing is ever cached.
     num_cached_pages = 0

@@ -52,6 +52,7 @@ class KVPool:
         kv_dtype: KVCacheDtype | str = "auto",
         act_dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        pin_memory: bool = False,
     ) -> None:
         for name, value in (
             ("num_layers", num_layers),
@@ -72,8 +73,11 @@ class KVPool:
 
         shape = (num_layers, num_pages, page_size, kv_heads, self.fmt.packed_head_dim)
         dtype = self.fmt.storage_dtype
-        self._k = torch.zeros(shape, dtype=dtype, device=self.device)
-        self._v = torch.zeros(shape, dtype=dtype, device=self.device)
+        # Pinned host memory (the L2 tier on CUDA) lets page copies to and from the GPU run
+        # asynchronously on a copy stream.
+        pin = pin_memory and self.device.type == "cpu" and torch.cuda.is_available()
+        self._k = torch.zeros(shape, dtype=dtype, device=self.device, pin_memory=pin)
+        self._v = torch.zeros(shape, dtype=dtype, device=self.device, pin_memory=pin)
         self.k_data: list[torch.Tensor] = list(self._k.unbind(0))
         self.v_data: list[torch.Tensor] = list(self._v.unbind(0))
 
@@ -82,8 +86,8 @@ class KVPool:
         self._v_scale: torch.Tensor | None = None
         if kd.has_token_scales:
             sshape = (num_layers, num_pages, page_size, kv_heads)
-            self._k_scale = torch.zeros(sshape, dtype=SCALE_DTYPE, device=self.device)
-            self._v_scale = torch.zeros(sshape, dtype=SCALE_DTYPE, device=self.device)
+            self._k_scale = torch.zeros(sshape, dtype=SCALE_DTYPE, device=self.device, pin_memory=pin)
+            self._v_scale = torch.zeros(sshape, dtype=SCALE_DTYPE, device=self.device, pin_memory=pin)
         elif kd.has_head_scales:
             self._k_scale = torch.ones((num_layers, kv_heads), dtype=SCALE_DTYPE, device=self.device)
             self._v_scale = torch.ones((num_layers, kv_heads), dtype=SCALE_DTYPE, device=self.device)
@@ -107,6 +111,23 @@ class KVPool:
     def bytes_per_page(self) -> int:
         """Bytes one page costs across all layers, K and V, per-token scales included."""
         return self.fmt.bytes_per_token(self.num_layers, self.kv_heads) * self.page_size
+
+    def page_tensors(self) -> list[torch.Tensor]:
+        """Every tensor indexed by page, as ``[num_layers, num_pages, ...]``: K and V data and,
+        for int8/int4, their per-token scales. Copying a page means copying index ``page`` of
+        dimension 1 of each (fp8's per-head scales are not per page and never move)."""
+        out = [self._k, self._v]
+        if self.fmt.kv_dtype.has_token_scales:
+            assert self._k_scale is not None and self._v_scale is not None
+            out += [self._k_scale, self._v_scale]
+        return out
+
+    def layout(self) -> str:
+        """A string that differs whenever a page's bytes would mean something else."""
+        return (
+            f"L{self.num_layers}-P{self.page_size}-H{self.kv_heads}-D{self.head_dim}-"
+            f"{self.fmt.kv_dtype.value}-{str(self.fmt.storage_dtype).removeprefix('torch.')}"
+        )
 
     def zero_pages(self, pages: list[int]) -> None:
         """Reset ``pages`` (all layers, K and V, per-token scales) to the pool's zeroed start state

@@ -46,9 +46,14 @@ Complexity (n = nodes, L = query length, d = depth of the matched path in nodes)
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.lru import EvictableLeaves
+from radixserve.memory.pins import PinTable
+
+if TYPE_CHECKING:
+    from radixserve.memory.kv_events import KVEventRecorder
 from radixserve.memory.tree_node import CachedPrefix, CacheStats, MatchResult, TreeNode, common_prefix
 
 __all__ = ["CacheStats", "CachedPrefix", "MatchResult", "RadixCache"]
@@ -72,6 +77,8 @@ class RadixCache:
         self._next_id = 0
         self._clock = 0
         self._init_tree()
+        self.pins = PinTable(self, budget_pages=0)  # the engine sets the budget
+        self.listener: KVEventRecorder | None = None  # KV events (the engine sets one when asked)
         allocator.set_evictor(self.evict, lambda: self.num_evictable_pages)
 
     def _init_tree(self) -> None:
@@ -134,6 +141,8 @@ class RadixCache:
         parent.children[self._child_key(child.key)] = upper
         child.key = child.key[m:]
         child.pages = child.pages[m // ps :]
+        if child.page_keys is not None:
+            upper.page_keys, child.page_keys = child.page_keys[: m // ps], child.page_keys[m // ps :]
         child.parent = upper
         upper.children[self._child_key(child.key)] = child
         return upper
@@ -179,6 +188,8 @@ class RadixCache:
         self._tree_pages += len(pages)
         self._inserted += len(pages)
         self._lru.add(leaf)
+        if self.listener is not None:
+            self.listener.stored(leaf)
         return leaf
 
     def _remove_leaf(self, node: TreeNode) -> None:
@@ -188,6 +199,7 @@ class RadixCache:
         self._lru.discard(node)
         node.alive = False
         self._tree_pages -= len(node.pages)
+        self._before_evict(node, 0)
         self.allocator.free(node.pages)
         if parent.parent is None:
             if not parent.children and parent.namespace is not None:
@@ -215,6 +227,7 @@ class RadixCache:
             node, matched, pages = root, 0, []
         else:
             node, matched, pages = self._walk(root, tuple(tokens[:n_full]), want_node=True)
+            self.pins.touch(node)  # a hit on a pinned prefix extends its pin
         if record_stats:
             self.record_lookup(len(tokens), matched)
         return MatchResult(pages, matched, node)
@@ -349,8 +362,11 @@ class RadixCache:
                 break
             need = n_pages - freed
             if len(node.pages) > need:
+                self._before_evict(node, len(node.pages) - need)
                 drop = node.pages[-need:]
                 del node.pages[-need:]
+                if node.page_keys is not None:
+                    del node.page_keys[-need:]
                 node.key = node.key[: -need * ps]
                 node.depth -= need * ps
                 self._tree_pages -= need
@@ -362,8 +378,17 @@ class RadixCache:
         self._evicted += freed
         return freed
 
+    def _before_evict(self, node: TreeNode, keep: int) -> None:
+        """``node.pages[keep:]`` are about to leave L1 (a tiered cache demotes them too)."""
+        if self.listener is not None:
+            self.listener.removed(node, keep)
+
+    def back_up(self, node: TreeNode) -> None:
+        """Hook: copy the path to ``node`` to a lower tier now, if there is one (an expired pin)."""
+
     def reset(self) -> None:
         """Drop every cached prefix and free its pages. Requires no locks held; counters survive."""
+        self.pins.clear()
         if self._protected or any(r.lock_ref for r in self._roots.values()):
             raise RuntimeError(f"reset() with {self._protected} pages still locked by running requests")
         stack = list(self._roots.values())
@@ -374,6 +399,8 @@ class RadixCache:
             if node.pages:
                 self.allocator.free(node.pages)
         self._init_tree()
+        if self.listener is not None:
+            self.listener.cleared()
 
     def check_invariants(self, private_pages: Iterable[int] = ()) -> None:
         """Verify the whole page accounting and tree structure (O(tree); tests call it often).
@@ -384,6 +411,7 @@ class RadixCache:
         from radixserve.memory._invariants import check_cache_invariants
 
         check_cache_invariants(self, private_pages)
+        self.pins.check_invariants()
 
     def __repr__(self) -> str:
         return (

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from radixserve.prefix import common_prefix_len
+
+if TYPE_CHECKING:
+    from radixserve.memory.page_hash import PageKey, PrefixHasher
 
 
 class TreeNode:
@@ -38,6 +41,7 @@ class TreeNode:
         "last_access",
         "alive",
         "namespace",
+        "page_keys",
     )
 
     def __init__(
@@ -62,6 +66,9 @@ class TreeNode:
         self.last_access = last_access
         self.alive = True
         self.namespace = namespace  # only meaningful on roots
+        # Prefix-hash key of each page (page_hash), computed on demand by a cache with lower
+        # tiers; None until then. Splits and trims keep it aligned with ``pages``.
+        self.page_keys: list[bytes] | None = None
 
     @property
     def is_root(self) -> bool:
@@ -125,3 +132,22 @@ def common_prefix(edge: tuple[int, ...], key: tuple[int, ...], pos: int, page_si
     """
     n = common_prefix_len(edge, key, pos)
     return n - n % page_size
+
+
+def node_page_keys(node: TreeNode, hasher: PrefixHasher) -> list[PageKey]:
+    """The prefix-hash key of each page of ``node``, computed once per node (and up its path
+    as far as keys are missing), then kept on the node."""
+    pending: list[TreeNode] = []
+    n = node
+    while n.parent is not None and (n.page_keys is None or len(n.page_keys) != len(n.pages)):
+        pending.append(n)
+        n = n.parent
+    if n.parent is None:
+        prev = hasher.seed(n.namespace)
+    else:
+        assert n.page_keys is not None
+        prev = n.page_keys[-1]
+    for x in reversed(pending):
+        x.page_keys = hasher.chain(prev, x.key)
+        prev = x.page_keys[-1]
+    return node.page_keys or []

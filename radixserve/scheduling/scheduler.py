@@ -222,6 +222,7 @@ class Scheduler:
     # ------------------------------------------------------------------ scheduling
 
     def _schedule(self) -> list[tuple[Request, int]]:
+        self.cache.pins.expire()
         work, budget = self._plan_running()
         if budget > 0 and self.waiting and len(self.running) < self.config.max_running_requests:
             work += self._admit(budget, work)
@@ -424,6 +425,8 @@ class Scheduler:
             self._release(req)
         elif req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
+        if req.params.pin_ttl_s is not None and reason in ("stop", "length"):
+            self.cache.pins.pin(req.token_ids[: req.prompt_len], req.namespace, req.params.pin_ttl_s)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.error = error

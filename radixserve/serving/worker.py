@@ -159,6 +159,21 @@ class Worker:
         self._closing = False  # saying goodbye: an interrupt must not cut that short
         self._goodbye = "shutdown"
         self._last_router = time.monotonic()
+        self._kv_events = self._event_publisher()
+
+    def _event_publisher(self) -> Any | None:
+        """A KV-event publisher when the engine records events (``kv_events_endpoint``)."""
+        cfg = getattr(self.engine, "config", None)
+        endpoint = getattr(cfg, "kv_events_endpoint", None)
+        if endpoint is None:
+            return None
+        from radixserve.serving.kv_events import KVEventPublisher
+
+        return KVEventPublisher(endpoint.replace("{worker}", str(self.worker_id)), cfg.kv_events_topic, self._ctx)
+
+    def _publish_events(self) -> None:
+        if self._kv_events is not None:
+            self._kv_events.publish(self.engine.drain_kv_events())
 
     def stop(self, *_: object) -> None:
         """Finish the current step, then exit the loop (safe from a signal handler)."""
@@ -211,8 +226,16 @@ class Worker:
         self.sock.disable_monitor()
         self._monitor.close(linger=0)
         self.sock.close(linger=0 if self._goodbye == "shutdown requested" else 200)
+        if self._kv_events is not None:
+            self._kv_events.close()
         if self._own_ctx:
             self._ctx.term()
+        close = getattr(self.engine, "close", None)  # e.g. writes the KV hierarchy to disk
+        if callable(close):
+            try:
+                close()
+            except Exception:
+                log.exception("closing the engine failed")
 
     def _step(self) -> int:
         try:
@@ -232,6 +255,7 @@ class Worker:
                 if o.finished:
                     self._active.discard(o.request_id)
             self._send(p.WorkerOutputs(outputs=outs, load=engine_load(self.engine)))
+        self._publish_events()
         return 0
 
     def _read_monitor(self, now: float) -> bool:
@@ -329,6 +353,7 @@ class Worker:
                                           engine=worker_stats(self.engine, debug_invariants())))
         elif isinstance(msg, p.WorkerFlush):
             self._send(p.WorkerFlushReply(token=msg.token, ok=bool(self.engine.flush_cache())))
+            self._publish_events()
         elif isinstance(msg, p.WorkerRejoin):
             log.warning("the router declared this worker dead: aborting %d requests and joining again",
                         len(self._active))

@@ -33,3 +33,15 @@ def test_demo_prints_reuse_figures(tiny_llama_dir: Path, capsys: pytest.CaptureF
     assert "hit rate" in out and "cached" in out and "tok/s" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("turn 2")]
     assert len(rows) == 4 and all(int(r[-2]) > 300 for r in rows)  # the whole history was reused
+
+
+def test_generate_twice_over_a_storage_dir_starts_warm(tiny_llama_dir: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["generate", "--model", str(tiny_llama_dir), "--num-pages", "64", "--page-size", "4", "--max-tokens", "2",
+            "--temperature", "0", "--json", "--hicache-storage-dir", str(tmp_path), "a long prompt " * 8]
+    runs = []
+    for _ in range(2):  # two processes' worth of engines: the second finds the first's page files
+        assert main(argv) == 0
+        runs.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    assert runs[0]["usage"]["cached_tokens"] == 0 < runs[1]["usage"]["cached_tokens"]
+    assert runs[0]["text"] == runs[1]["text"]

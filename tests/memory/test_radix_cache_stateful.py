@@ -6,11 +6,21 @@ them. Every request writes its token ids into the KV slots of its pages (a tiny 
 one layer, one head, head_dim 1); after every step the machine checks the cache's full
 invariants, that lock holders match, and that every page a request holds (and every page
 in the tree) still contains the tokens it stands for.
+
+With lower tiers (half the examples): an L2 host pool (a few pages, often smaller than L1)
+and sometimes an L3 directory. Evictions demote, matches load back, and extra rules evict
+L2, corrupt or truncate page files, and restart the whole cache over the same directory.
+After every step the L2 accounting is checked and every L2 page must hold the tokens of the
+prefix its key names; a rule reads every L3 file back the same way. A loaded page that held
+anything else would fail the data checks of the requests and matches that use it.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from hypothesis import HealthCheck, settings
@@ -18,6 +28,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from radixserve.memory import KVPool, NoPrefixCache, OutOfPagesError, PageAllocator, RadixCache, TreeNode
+from radixserve.memory.hi_radix_cache import HiRadixCache
+from radixserve.memory.hierarchy import KVHierarchy
 
 # Prompts share prefixes: three of them start alike, one is different.
 BASES = [
@@ -45,16 +57,41 @@ class CacheMachine(RuleBasedStateMachine):
         page_size=st.sampled_from([1, 4]),
         num_pages=st.integers(8, 40),
         disabled=st.sampled_from([False, False, False, True]),
+        tiers=st.sampled_from(["L1", "L1", "L2", "L3"]),
+        host_pages=st.integers(1, 24),
     )
-    def setup(self, page_size: int, num_pages: int, disabled: bool) -> None:
+    def setup(self, page_size: int, num_pages: int, disabled: bool, tiers: str, host_pages: int) -> None:
         self.ps = page_size
-        self.alloc = PageAllocator(num_pages)
+        self.num_pages = num_pages
+        self.host_pages = host_pages
         self.disabled = disabled
-        self.cache = NoPrefixCache(self.alloc, page_size) if disabled else RadixCache(self.alloc, page_size)
-        self.pool = KVPool(1, num_pages, page_size, 1, 1)
-        self.flat = self.pool.k_data[0].view(-1)
         self.reqs: dict[int, Req] = {}
         self.next_rid = 0
+        self.key_tokens: dict[bytes, list[int]] = {}  # every page key seen -> its page's tokens
+        self.now = 0.0  # the pin table's clock
+        self.storage: str | None = tempfile.mkdtemp(prefix="rs-l3-") if tiers == "L3" and not disabled else None
+        self.tiered = tiers != "L1" and not disabled
+        self._build(disabled)
+
+    def _build(self, disabled: bool = False) -> None:
+        """A fresh pool, allocator and cache (over the same L3 directory, if any)."""
+        self.alloc = PageAllocator(self.num_pages)
+        self.pool = KVPool(1, self.num_pages, self.ps, 1, 1)
+        self.flat = self.pool.k_data[0].view(-1)
+        self.cache: RadixCache | NoPrefixCache
+        if self.tiered:
+            self.hier = KVHierarchy(self.pool, self.host_pages, self.storage, "test-model")
+            self.cache = HiRadixCache(self.alloc, self.ps, self.hier)
+        elif disabled:
+            self.cache = NoPrefixCache(self.alloc, self.ps)
+        else:
+            self.cache = RadixCache(self.alloc, self.ps)
+        self.cache.pins.budget_pages = self.num_pages // 2
+        self.cache.pins.clock = lambda: self.now
+
+    def teardown(self) -> None:
+        if getattr(self, "storage", None):
+            shutil.rmtree(self.storage, ignore_errors=True)
 
     # ------------------------------------------------------------ helpers
     def _write(self, pages: list[int], start: int, tokens: list[int]) -> None:
@@ -64,6 +101,12 @@ class CacheMachine(RuleBasedStateMachine):
     def _read(self, pages: list[int], n: int) -> list[int]:
         slots = [pages[i // self.ps] * self.ps + i % self.ps for i in range(n)]
         return [int(x) for x in self.flat[torch.tensor(slots, dtype=torch.long)].tolist()]
+
+    def _register(self, tokens: list[int], ns: str | None) -> None:
+        """Remember which tokens each page key stands for (to check L2/L3 contents)."""
+        if self.tiered:
+            for i, k in enumerate(self.hier.hasher.keys(tokens, ns)):
+                self.key_tokens[k] = tokens[i * self.ps : (i + 1) * self.ps]
 
     def _pick(self, data: st.DataObject) -> int:
         return data.draw(st.sampled_from(sorted(self.reqs)))
@@ -86,6 +129,7 @@ class CacheMachine(RuleBasedStateMachine):
     def _cache(self, req: Req) -> None:
         old_pages, held = list(req.pages), req.node.depth // self.ps
         n_full = len(req.tokens) // self.ps
+        self._register(req.tokens, req.ns)
         c = self.cache.cache_prefix(req.tokens, req.pages, req.node, req.ns)
         assert c.pages[:held] == old_pages[:held]  # what it already held is unchanged
         assert c.pages[n_full:] == old_pages[n_full:]  # the partial page stays private
@@ -148,6 +192,7 @@ class CacheMachine(RuleBasedStateMachine):
         except OutOfPagesError:
             return
         self._write(pages, 0, tokens)
+        self._register(tokens, ns)
         before = self.cache.peek_prefix_len(tokens, ns)
         cached = self.cache.insert(tokens, pages, ns)
         assert cached == (0 if self.disabled else before)
@@ -166,11 +211,23 @@ class CacheMachine(RuleBasedStateMachine):
         if touched and kept:
             assert max(touched) < min(kept)
 
+    @rule(base=st.integers(0, len(BASES) - 1), cut=st.integers(0, 20), ns=NAMESPACES, ttl=st.floats(0.5, 5.0))
+    def pin(self, base: int, cut: int, ns: str | None, ttl: float) -> None:
+        tokens = BASES[base][:cut]
+        pinned = self.cache.pins.pin(tokens, ns, ttl)
+        assert pinned % self.ps == 0 and pinned <= len(tokens) and not (self.disabled and pinned)
+
+    @rule(dt=st.floats(0.0, 3.0))
+    def advance_clock(self, dt: float) -> None:
+        self.now += dt
+        self.cache.pins.expire()
+        assert all(self.cache.pins.expiry(n) > self.now for n in self._nodes() if self.cache.pins.expiry(n) is not None)
+
     @rule(roll=st.integers(0, 9))
     def reset(self, roll: int) -> None:
         if roll != 9:  # flushing the cache is rare in real runs; keep trees deep here too
             return
-        if self.cache.num_protected_pages:
+        if any(not r.node.is_root for r in self.reqs.values()):
             try:
                 self.cache.reset()
             except RuntimeError:
@@ -178,6 +235,54 @@ class CacheMachine(RuleBasedStateMachine):
             raise AssertionError("reset() with locked pages did not raise")
         self.cache.reset()
         assert self.cache.num_cached_pages == 0
+
+    # ------------------------------------------------------------ lower tiers
+    @precondition(lambda self: self.tiered)
+    @rule(n=st.integers(1, 8))
+    def evict_l2(self, n: int) -> None:
+        host = self.hier.host
+        cached, writes = host.num_cached, self.hier.stats.l3_written_pages
+        assert host.evict(n) == min(n, cached)
+        if self.hier.l3_enabled:  # spilled pages land in L3 (unless a file was there already)
+            assert self.hier.stats.l3_written_pages - writes <= min(n, cached)
+
+    @precondition(lambda self: self.storage is not None)
+    @rule(pick=st.integers(0, 1000), truncate=st.booleans())
+    def corrupt_file(self, pick: int, truncate: bool) -> None:
+        files = sorted(Path(self.storage).rglob("*.kv"))
+        if not files:
+            return
+        f = files[pick % len(files)]
+        data = bytearray(f.read_bytes())
+        if not data:  # already truncated to nothing
+            return
+        if truncate:
+            data = data[: pick % len(data)]
+        else:
+            data[pick % len(data)] ^= 0xFF
+        f.write_bytes(bytes(data))
+
+    @precondition(lambda self: self.storage is not None)
+    @rule()
+    def read_back_l3(self) -> None:
+        disk = self.hier.disk
+        assert disk is not None
+        like = [t[:, 0] for t in self.hier.host.pool.page_tensors()]
+        for f in sorted(Path(self.storage).rglob("*.kv")):
+            key = bytes.fromhex(f.stem)
+            rows = disk.read(key, like)
+            if rows is not None:  # None: a corrupted file, rejected (and removed)
+                assert [int(x) for x in rows[0].reshape(-1).tolist()] == self.key_tokens[key]
+
+    @precondition(lambda self: self.storage is not None and not self.reqs)
+    @rule(persist=st.booleans())
+    def restart(self, persist: bool) -> None:
+        """Shut down (writing L1 and L2 to disk, or crashing without) and start over the same L3."""
+        assert isinstance(self.cache, HiRadixCache)
+        if persist:
+            self.cache.persist()
+        self._build()
+        assert self.cache.num_cached_pages == 0 and self.hier.host.num_cached == 0
 
     def _nodes(self) -> list[TreeNode]:
         if self.disabled:  # NoPrefixCache: no tree
@@ -206,10 +311,19 @@ class CacheMachine(RuleBasedStateMachine):
             assert self._read(req.pages, len(req.tokens)) == req.tokens
         self.cache.check_invariants(private_pages=private)
         # Lock holders are exactly the simulated requests; tree pages hold their own tokens.
-        for node in self._nodes():
-            assert node.holders == holders.pop(id(node), 0)
+        for node in self._nodes():  # requests' locks, plus one per pin
+            pinned = self.cache.pins.expiry(node) is not None
+            assert node.holders == holders.pop(id(node), 0) + pinned
             assert self._read(node.pages, len(node.key)) == list(node.key)
         assert not holders
+        if self.tiered:  # every L2 page holds the tokens of the prefix its key names
+            host = self.hier.host
+            data = host.pool.k_data[0].view(-1)
+            for key in host.keys():
+                slot = host.slot(key)
+                assert slot is not None
+                got = [int(x) for x in data[slot * self.ps : (slot + 1) * self.ps].tolist()]
+                assert got == self.key_tokens[key]
 
 
 CacheMachine.TestCase.settings = settings(

@@ -82,6 +82,7 @@ class _SamplingBody(_Body):
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool | None = None
+    pin_ttl_s: float | None = None  # radixserve: keep the prompt prefix pinned (see SamplingParams)
 
     def check_common(self) -> None:
         if not 1 <= self.n <= 128:
@@ -104,7 +105,7 @@ class _SamplingBody(_Body):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         kw: dict[str, Any] = {"max_tokens": max_tokens, "stop": stop, "logprobs": logprobs}
         for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
-                     "repetition_penalty", "min_tokens", "ignore_eos", "skip_special_tokens"):
+                     "repetition_penalty", "min_tokens", "ignore_eos", "skip_special_tokens", "pin_ttl_s"):
             value = getattr(self, name)
             if value is not None:
                 kw[name] = value

@@ -59,6 +59,7 @@ class SGLSamplingParams(BaseModel):
     logit_bias: dict[str, float] | None = None
     custom_params: dict[str, Any] | None = None
     stream_interval: int | None = None
+    pin_ttl_s: float | None = None  # radixserve: keep the prompt prefix pinned (see SamplingParams)
 
     def to_params(self, context_length: int, vocab_size: int, logprobs: int | None,
                   prompt_logprobs_start: int | None, sample: int) -> tuple[SamplingParams, bool]:
@@ -85,6 +86,7 @@ class SGLSamplingParams(BaseModel):
             seed=None if seed is None else seed + sample, stop=stop, stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs_start=prompt_logprobs_start,
             skip_special_tokens=self.skip_special_tokens, regex=self.regex, json_schema=self.json_schema,
+            pin_ttl_s=self.pin_ttl_s,
         )
         try:
             params.validate(vocab_size)

@@ -1,0 +1,168 @@
+"""The KV hierarchy under the radix cache: L2 host pages and L3 page files, keyed by prefix hash.
+
+::
+
+    L1 device pool (the radix tree's pages)
+        │  demote: an L1 eviction copies the pages to L2 unless L2 has them already
+        ▼  load:   a match that continues past L1 copies L2/L3 pages into fresh L1 pages
+    L2 HostKVCache   LRU; evicting a slot spills it to L3
+        │
+        ▼
+    L3 DiskKVStore   files, survive restarts, shared by workers of one host
+
+L2 and L3 are indexed by page key (``page_hash``): a chained hash of the whole token
+prefix a page ends, seeded with the model, the KV layout and the namespace. So a page found
+under a key holds exactly that prefix's KV for this model, and tenants never share one. The
+radix tree decides what leaves L1 and when (:class:`~radixserve.memory.hi_radix_cache.HiRadixCache`);
+this class only moves pages and keeps the tiers' own accounting.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import NamedTuple
+
+import torch
+
+from radixserve.memory.disk_store import DiskKVStore
+from radixserve.memory.host_pool import HostKVCache, PageCopier
+from radixserve.memory.page_hash import PageKey, PrefixHasher
+from radixserve.memory.pool import KVPool
+
+
+class HierarchyStats(NamedTuple):
+    """Monotonic page counters of the lower tiers."""
+
+    demoted_pages: int  # L1 -> L2 copies
+    loaded_l2_pages: int  # L2 -> L1 loads
+    loaded_l3_pages: int  # L3 -> (L2 ->) L1 loads
+    l2_evicted_pages: int  # L2 slots reused (spilled to L3 when it is on)
+    l3_written_pages: int
+    l3_corrupt_pages: int  # page files rejected by the checksum/size check
+
+
+class KVHierarchy:
+    """L2 (and optionally L3) behind one device pool.
+
+    Args:
+        device_pool: the L1 pool.
+        host_pages: L2 capacity in pages (>= 1).
+        storage_dir: the L3 directory, or None for no L3.
+        model_id: names the model in page keys (its path or name; pages of another model
+            never match).
+    """
+
+    def __init__(self, device_pool: KVPool, host_pages: int, storage_dir: str | os.PathLike[str] | None = None,
+                 model_id: str = "") -> None:
+        if host_pages < 1:
+            raise ValueError(f"the hierarchical cache needs >= 1 host page, got {host_pages}")
+        self.device_pool = device_pool
+        identity = f"{model_id}|{device_pool.layout()}"
+        self.hasher = PrefixHasher(identity, device_pool.page_size)
+        self.copier = PageCopier(device_pool.device)
+        self.disk = DiskKVStore(storage_dir, identity) if storage_dir is not None else None
+        self.host = HostKVCache(device_pool, host_pages, self.copier, spill=self._spill if self.disk else None)
+        self._demoted = self._loaded_l2 = self._loaded_l3 = 0
+
+    @property
+    def stats(self) -> HierarchyStats:
+        d = self.disk
+        return HierarchyStats(self._demoted, self._loaded_l2, self._loaded_l3, self.host.evicted,
+                              d.writes if d else 0, d.corrupt if d else 0)
+
+    @property
+    def l3_enabled(self) -> bool:
+        return self.disk is not None and self.disk.enabled
+
+    def where(self, key: PageKey) -> frozenset[str]:
+        """The lower tiers holding ``key``: a subset of {"L2", "L3"}."""
+        tiers = {"L2"} if key in self.host else set()
+        if self.disk is not None and self.disk.contains(key):
+            tiers.add("L3")
+        return frozenset(tiers)
+
+    # ------------------------------------------------------------------ moves
+    def demote(self, pages: Sequence[int], keys: Sequence[PageKey]) -> int:
+        """L1 ``pages`` (keyed ``keys``) are about to be freed: keep them in L2. Returns pages copied."""
+        n = self.host.store(pages, keys)
+        self._demoted += n
+        return n
+
+    def available(self, keys: Sequence[PageKey]) -> int:
+        """How many leading ``keys`` L2 or L3 holds (capped at L2's size: loads pass through it)."""
+        n = 0
+        for k in keys[: self.host.num_pages]:
+            if k not in self.host and not (self.disk is not None and self.disk.contains(k)):
+                break
+            n += 1
+        return n
+
+    def load(self, keys: Sequence[PageKey], pages: Sequence[int]) -> int:
+        """Copy the pages keyed ``keys`` into L1 ``pages``, in order, stopping at the first key
+        neither L2 nor L3 can serve (absent, evicted, corrupt). Returns the pages loaded.
+
+        L3 pages pass through L2 (they stay there, most recently used). At most L2's size
+        per call, so an L3 read can never evict a page this same load needs: the keys
+        already in L2 are refreshed first and every slot taken lands behind them.
+        """
+        keys = list(keys[: min(len(pages), self.host.num_pages)])
+        self.host.touch(keys)
+        like = [t[:, 0] for t in self.host.pool.page_tensors()]
+        n = from_disk = 0
+        for k in keys:
+            if k not in self.host:
+                rows = self.disk.read(k, like) if self.disk is not None else None
+                if rows is None:
+                    break
+                slots = self.host.reserve([k])
+                if not slots:  # every L2 page is held by this load
+                    break
+                slot = slots[0]
+                for t, r in zip(self.host.pool.page_tensors(), rows):
+                    t[:, slot] = r
+                from_disk += 1
+            n += 1
+        self.host.load(keys[:n], pages[:n])
+        self._loaded_l2 += n - from_disk
+        self._loaded_l3 += from_disk
+        return n
+
+    @contextmanager
+    def hold(self, keys: Sequence[PageKey]) -> Iterator[None]:
+        """Keep ``keys`` in L2 while open (see :meth:`HostKVCache.hold`)."""
+        with self.host.hold(keys):
+            yield
+
+    def _spill(self, key: PageKey, slot: int) -> None:
+        assert self.disk is not None
+        self.disk.write(key, [t[:, slot] for t in self.host.pool.page_tensors()])
+
+    def persist(self, pages: Sequence[int], keys: Sequence[PageKey]) -> int:
+        """Write L1 ``pages`` and every L2 page to L3 (for a restart or another worker);
+        returns the files written. A no-op without L3."""
+        disk = self.disk
+        if disk is None:
+            return 0
+        before = disk.writes
+        todo = [(p, k) for p, k in zip(pages, keys) if not disk.contains(k)]
+        if todo:
+            idx = torch.tensor([p for p, _ in todo], dtype=torch.long, device=self.device_pool.device)
+            rows = [t.index_select(1, idx).cpu() for t in self.device_pool.page_tensors()]
+            for i, (_, k) in enumerate(todo):
+                if not disk.write(k, [r[:, i] for r in rows]):
+                    return disk.writes - before
+        for k in self.host.keys():
+            slot = self.host.slot(k)
+            assert slot is not None
+            if not disk.contains(k):
+                self._spill(k, slot)
+        return disk.writes - before
+
+    def clear_host(self) -> None:
+        """Drop L2 (L3 is storage shared with other processes: it stays)."""
+        self.host.clear()
+
+    def check_invariants(self) -> None:
+        self.host.check_invariants()

@@ -1,0 +1,149 @@
+"""KV events: a subscriber written against vLLM's event types reads what the engine publishes.
+
+The event structs below are declared here the way vLLM's own subscriber example declares
+them (not imported from radixserve), so the test checks wire compatibility.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Union
+
+import msgspec
+import pytest
+import zmq
+from msgspec.msgpack import Decoder
+
+from radixserve.engine.engine import Engine
+from radixserve.sampling_params import SamplingParams
+from radixserve.serving.kv_events import KVEventPublisher
+
+ExternalBlockHash = Union[bytes, int]
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+    ts: float
+    events: list[Any]
+
+
+class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):  # type: ignore[call-arg]
+    pass
+
+
+class BlockStored(KVCacheEvent):
+    block_hashes: list[ExternalBlockHash]
+    parent_block_hash: ExternalBlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+
+
+class BlockRemoved(KVCacheEvent):
+    block_hashes: list[ExternalBlockHash]
+    medium: str | None
+
+
+class AllBlocksCleared(KVCacheEvent):
+    pass
+
+
+class KVEventBatch(EventBatch):
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+
+def _recv(sub: zmq.Socket, decoder: Decoder) -> tuple[bytes, int, KVEventBatch]:
+    assert sub.poll(10_000), "no event batch arrived"
+    topic, seq, payload = sub.recv_multipart()
+    return topic, int.from_bytes(seq, "big"), decoder.decode(payload)
+
+
+def test_a_subscriber_sees_stored_removed_and_cleared_blocks(tiny_llama_dir: Path) -> None:
+    ps = 4
+    engine = Engine(str(tiny_llama_dir), page_size=ps, num_pages=16, kv_events_endpoint="tcp://127.0.0.1:*")
+    ctx = zmq.Context()
+    pub = KVEventPublisher("tcp://127.0.0.1:*", ctx=ctx)
+    sub = ctx.socket(zmq.SUB)
+    try:
+        sub.connect(pub.endpoint)
+        sub.setsockopt_string(zmq.SUBSCRIBE, "kv-events")
+        assert pub.wait_for_subscriber(10_000)
+        decoder = Decoder(type=KVEventBatch)
+        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+
+        prompt = list(range(10, 30))  # 5 pages; 22 tokens with KV at the end
+        engine.generate([prompt], params)
+        pub.publish(engine.drain_kv_events())
+        topic, seq, batch = _recv(sub, decoder)
+        assert (topic, seq) == (b"kv-events", 0)
+        stored = [e for e in batch.events if isinstance(e, BlockStored)]
+        assert stored and not [e for e in batch.events if not isinstance(e, BlockStored)]
+        tokens = [t for e in stored for t in e.token_ids]
+        assert tokens == prompt[: len(tokens)] and len(tokens) >= 16
+        assert stored[0].parent_block_hash is None and all(e.block_size == ps and e.medium == "CPU" for e in stored)
+        for a, b in zip(stored, stored[1:]):  # a chain: each leaf hangs under the last block of the one before
+            assert b.parent_block_hash == a.block_hashes[-1]
+        hashes = [h for e in stored for h in e.block_hashes]
+        assert len(set(hashes)) == len(hashes) == len(tokens) // ps
+
+        engine.generate([list(range(100, 161))], params)  # all 16 pages: the first prompt is evicted
+        pub.publish(engine.drain_kv_events())
+        _, seq, batch = _recv(sub, decoder)
+        assert seq == 1
+        removed = [h for e in batch.events if isinstance(e, BlockRemoved) for h in e.block_hashes]
+        assert set(hashes) <= set(removed)
+
+        assert engine.flush_cache()
+        pub.publish(engine.drain_kv_events())
+        _, seq, batch = _recv(sub, decoder)
+        assert seq == 2 and isinstance(batch.events[-1], AllBlocksCleared)
+        pub.publish(engine.drain_kv_events())  # nothing happened: nothing is sent
+        assert not sub.poll(50)
+    finally:
+        sub.close(linger=0)
+        pub.close()
+        ctx.term()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_served_worker_publishes_its_cache_events(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    from radixserve.serving.client import Client
+    from radixserve.serving.launcher import LocalServer
+    from radixserve.serving.router import RouterConfig
+
+    engine = dict(num_pages=256, page_size=4, num_threads=1, kv_events_endpoint=f"ipc://{tmp_path}/kv-{{worker}}")
+    cfg = RouterConfig(endpoint="tcp://127.0.0.1:*")
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    decoder = Decoder(type=KVEventBatch)
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    try:
+        with LocalServer(tiny_llama_dir, num_workers=1, config=cfg, engine_config=engine) as srv, \
+                Client(srv.endpoint) as client:
+            sub.connect(f"ipc://{tmp_path}/kv-0")  # worker 0's socket ("{worker}" -> its id)
+            sub.setsockopt_string(zmq.SUBSCRIBE, "kv-events")
+            # ZeroMQ drops what is published before the subscription reaches the worker: send
+            # new prompts until events arrive, then check one request's events exactly.
+            for i in range(50):
+                client.generate(input_ids=list(range(100 + i, 120 + i)), params=params)
+                if sub.poll(200):
+                    break
+            else:
+                raise AssertionError("no KV events from the worker")
+            while sub.poll(200):
+                sub.recv_multipart()
+            ids = list(range(300, 330))
+            client.generate(input_ids=ids, params=params)
+            assert sub.poll(10_000)
+            topic, seq, payload = sub.recv_multipart()
+            batch = decoder.decode(payload)
+            assert topic == b"kv-events" and int.from_bytes(seq, "big") > 0
+            tokens = [t for e in batch.events if isinstance(e, BlockStored) for t in e.token_ids]
+            assert tokens and tokens == ids[: len(tokens)]
+            assert client.flush_cache()
+            assert sub.poll(10_000)
+            assert isinstance(decoder.decode(sub.recv_multipart()[2]).events[-1], AllBlocksCleared)
+    finally:
+        sub.close(linger=0)
+        ctx.term()
