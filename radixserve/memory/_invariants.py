@@ -1,24 +1,38 @@
 """The full consistency check of a :class:`RadixCache` and its allocator (tests call it after every step).
 
 Kept apart from the cache so the hot module stays small; it reads the cache's private
-state on purpose.
+state on purpose, named by :class:`CacheInternals` (so this module need not import the cache's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Iterable
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from radixserve.memory.radix_cache import RadixCache
-    from radixserve.memory.tree_node import TreeNode
+from radixserve.memory.allocator import PageAllocator
+from radixserve.memory.lru import EvictableLeaves
+from radixserve.memory.tree_node import TreeNode
+
+
+class CacheInternals(Protocol):
+    """The state of a :class:`~radixserve.memory.radix_cache.RadixCache` the check reads."""
+
+    page_size: int
+    allocator: PageAllocator
+    _clock: int
+    _roots: dict[Hashable | None, TreeNode]
+    _lru: EvictableLeaves
+    _tree_pages: int
+    _protected: int
+
+    def _child_key(self, key: tuple[int, ...], start: int = 0) -> object: ...
 
 
 def _fail(msg: str) -> None:
     raise AssertionError(f"radix cache invariant broken: {msg}")
 
 
-def check_cache_invariants(cache: RadixCache, private_pages: Iterable[int] = ()) -> None:
+def check_cache_invariants(cache: CacheInternals, private_pages: Iterable[int] = ()) -> None:
     """See :meth:`RadixCache.check_invariants`."""
     ps = cache.page_size
     alloc = cache.allocator

@@ -17,18 +17,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from radixserve.memory.no_cache import NoPrefixCache
-    from radixserve.memory.radix_cache import RadixCache
-    from radixserve.memory.tree_node import TreeNode
+from radixserve.memory.tree_node import MatchResult, TreeNode
+
+
+class PinnableCache(Protocol):
+    """What pinning needs of its cache (:class:`~radixserve.memory.radix_cache.RadixCache`,
+    or :class:`~radixserve.memory.no_cache.NoPrefixCache`, which reuses nothing)."""
+
+    page_size: int
+
+    @property
+    def reuses_prefixes(self) -> bool: ...
+
+    def match_prefix(self, tokens: Sequence[int], namespace: Hashable | None = None, *,
+                     record_stats: bool = True) -> MatchResult: ...
+
+    def lock(self, node: TreeNode) -> None: ...
+
+    def unlock(self, node: TreeNode) -> None: ...
 
 
 class PinTable:
     """The pins of one cache. ``clock`` (seconds, monotonic) is injectable for tests."""
 
-    def __init__(self, cache: RadixCache | NoPrefixCache, budget_pages: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cache: PinnableCache, budget_pages: int, clock: Callable[[], float] = time.monotonic) -> None:
         if budget_pages < 0:
             raise ValueError(f"pin budget must be >= 0 pages, got {budget_pages}")
         self.cache = cache
