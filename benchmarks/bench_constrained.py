@@ -34,8 +34,9 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -51,24 +52,51 @@ LONG_SCHEMA = {
     "type": "object",
     "properties": {
         "title": {"type": "string", "maxLength": 40},
-        "items": {"type": "array", "minItems": 60, "maxItems": 80,
-                  "items": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
-                                                             "qty": {"type": "integer", "minimum": 0, "maximum": 99}},
-                            "required": ["name", "qty"]}},
+        "items": {
+            "type": "array",
+            "minItems": 60,
+            "maxItems": 80,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 16},
+                    "qty": {"type": "integer", "minimum": 0, "maximum": 99},
+                },
+                "required": ["name", "qty"],
+            },
+        },
     },
     "required": ["title", "items"],
 }
 # For the library comparison: the tests' IPv4 regex and a nested schema, walked with real text.
 IPV4 = r"((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
-PERSON = {"type": "object", "properties": {
-    "name": {"type": "string"}, "age": {"type": "integer"}, "role": {"enum": ["admin", "user", "guest"]},
-    "tags": {"type": "array", "items": {"type": "string"}},
-    "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string",
-                                                                                    "pattern": "[0-9]{5}"}},
-                "required": ["city", "zip"]}},
-    "required": ["name", "age", "role", "tags", "address"]}
-PERSON_TEXT = json.dumps({"name": "Ada Lovelace", "age": 36, "role": "admin", "tags": ["math", "poetry"],
-                          "address": {"city": "London", "zip": "12345"}})
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "address": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "zip": {"type": "string", "pattern": "[0-9]{5}"},
+            },
+            "required": ["city", "zip"],
+        },
+    },
+    "required": ["name", "age", "role", "tags", "address"],
+}
+PERSON_TEXT = json.dumps(
+    {
+        "name": "Ada Lovelace",
+        "age": 36,
+        "role": "admin",
+        "tags": ["math", "poetry"],
+        "address": {"city": "London", "zip": "12345"},
+    }
+)
 
 
 def mode_params(mode: str, i: int, max_tokens: int) -> SamplingParams:
@@ -98,11 +126,13 @@ class GrammarTimer:
                 return fn(*args, **kw)
             finally:
                 self.seconds += time.thread_time() - t0
+
         return wrapper
 
 
-def engine_steps(engine: Any, prompts: list[list[int]], mode: str, steps: int,
-                 timer: GrammarTimer) -> tuple[list[float], list[float]]:
+def engine_steps(
+    engine: Any, prompts: list[list[int]], mode: str, steps: int, timer: GrammarTimer
+) -> tuple[list[float], list[float]]:
     """CPU milliseconds (all threads) of each engine step in which all requests decode, and of
     its grammar work. CPU time, not wall time: on a shared machine wall time mostly measures
     the neighbours, while the work a step does is what the comparison is about."""
@@ -110,7 +140,9 @@ def engine_steps(engine: Any, prompts: list[list[int]], mode: str, steps: int,
     times: list[float] = []
     grammar: list[float] = []
     while engine.has_unfinished():
-        decoding = all(r.is_decoding for r in engine.scheduler.running) and len(engine.scheduler.running) == len(rids)
+        decoding = all(r.is_decoding for r in engine.scheduler.running) and len(
+            engine.scheduler.running
+        ) == len(rids)
         g0 = timer.seconds
         t0 = time.process_time()
         outs = engine.step()
@@ -121,7 +153,9 @@ def engine_steps(engine: Any, prompts: list[list[int]], mode: str, steps: int,
         if len(times) >= steps:
             for rid in rids:
                 engine.abort(rid)
-        assert all(o.finish_reason in (None, "abort", "length") for o in outs), [o.finish_reason for o in outs]
+        assert all(o.finish_reason in (None, "abort", "length") for o in outs), [
+            o.finish_reason for o in outs
+        ]
     engine.flush_cache()
     return times, grammar
 
@@ -145,16 +179,23 @@ def bench_steps(engine: Any, batches: list[int], steps: int, rounds: int) -> lis
                 grammar[mode] += g
         med = {m: statistics.median(v) for m, v in per_mode.items()}
         gmed = {m: statistics.median(v) for m, v in grammar.items()}
-        row = {"batch": b, "steps_timed": len(per_mode["none"]), "ms_per_step": med, "grammar_ms_per_step": gmed}
+        row = {
+            "batch": b,
+            "steps_timed": len(per_mode["none"]),
+            "ms_per_step": med,
+            "grammar_ms_per_step": gmed,
+        }
         for m in ("regex", "json"):
             row[f"step_ratio_{m}"] = med[m] / med["none"]
             row[f"grammar_share_{m}"] = gmed[m] / med["none"]  # grammar work / unconstrained step
         rows.append(row)
-        print(f"  batch {b:3d}: step none {med['none']:7.1f} ms | regex {med['regex']:7.1f} ms "
-              f"(x{row['step_ratio_regex']:.2f}), grammar {gmed['regex']:5.2f} ms = {row['grammar_share_regex']:.1%} "
-              f"| json {med['json']:7.1f} ms "
-              f"(x{row['step_ratio_json']:.2f}), grammar {gmed['json']:5.2f} ms = {row['grammar_share_json']:.1%}",
-              flush=True)
+        print(
+            f"  batch {b:3d}: step none {med['none']:7.1f} ms | regex {med['regex']:7.1f} ms "
+            f"(x{row['step_ratio_regex']:.2f}), grammar {gmed['regex']:5.2f} ms = {row['grammar_share_regex']:.1%} "
+            f"| json {med['json']:7.1f} ms "
+            f"(x{row['step_ratio_json']:.2f}), grammar {gmed['json']:5.2f} ms = {row['grammar_share_json']:.1%}",
+            flush=True,
+        )
     return rows
 
 
@@ -178,7 +219,9 @@ def bench_sampler(engine: Any, batches: list[int], repeat: int) -> list[dict[str
     compiler = compiler_for(engine.tokenizer, mc.vocab_size, mc.eos_token_ids)
     sampler = Sampler(mc.vocab_size, mc.eos_token_ids)
     # Matchers part-way into a JSON document (inside the items array), like mid-generation.
-    prefix = engine.tokenizer.encode('{"title": "groceries", "items": [{"name": "apples", "qty": 4}, {"name": "')
+    prefix = engine.tokenizer.encode(
+        '{"title": "groceries", "items": [{"name": "apples", "qty": 4}, {"name": "'
+    )
 
     class Row:
         def __init__(self, grammar: Any) -> None:
@@ -198,7 +241,9 @@ def bench_sampler(engine: Any, batches: list[int], repeat: int) -> list[dict[str
             assert m.replay(prefix)
             masked.append(Row(m))
         t_free = best_ms(lambda: sampler.sample(logits, free), repeat)
-        t_mask = best_ms(lambda: sampler._apply_grammar(logits, masked), repeat)  # copy + batched mask
+        t_mask = best_ms(
+            lambda: sampler._apply_grammar(logits, masked), repeat
+        )  # copy + batched mask
         # The scheduler's per-row update: accept a token and fill the next mask (then undo it:
         # fork() copies the state so every timed call starts from the same place).
         token = engine.tokenizer.encode("b")[0]
@@ -211,15 +256,25 @@ def bench_sampler(engine: Any, batches: list[int], repeat: int) -> list[dict[str
                 f.rollback(1)
 
         t_update = best_ms(update, repeat)
-        row = {"batch": b, "sample_ms": t_free, "mask_ms": t_mask, "matcher_update_ms": t_update,
-               "grammar_ms": t_mask + t_update}
+        row = {
+            "batch": b,
+            "sample_ms": t_free,
+            "mask_ms": t_mask,
+            "matcher_update_ms": t_update,
+            "grammar_ms": t_mask + t_update,
+        }
         rows_out.append(row)
-        print(f"  batch {b:3d}: masks {t_mask:6.2f} ms + matcher updates {t_update:6.2f} ms = grammar "
-              f"{row['grammar_ms']:6.2f} ms per step (the unconstrained sampler alone: {t_free:6.2f} ms)", flush=True)
+        print(
+            f"  batch {b:3d}: masks {t_mask:6.2f} ms + matcher updates {t_update:6.2f} ms = grammar "
+            f"{row['grammar_ms']:6.2f} ms per step (the unconstrained sampler alone: {t_free:6.2f} ms)",
+            flush=True,
+        )
     return rows_out
 
 
-def bench_libraries(tokenizer: Any, vocab_size: int, eos: int, batches: list[int]) -> dict[str, Any]:
+def bench_libraries(
+    tokenizer: Any, vocab_size: int, eos: int, batches: list[int]
+) -> dict[str, Any]:
     """xgrammar vs outlines-core: compile times and per-step mask fill on the same walks (CPU ms)."""
     import xgrammar as xgr
 
@@ -227,7 +282,9 @@ def bench_libraries(tokenizer: Any, vocab_size: int, eos: int, batches: list[int
     schema = json.dumps(PERSON)
     out: dict[str, Any] = {}
     t0 = time.process_time()
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=[eos])
+    info = xgr.TokenizerInfo.from_huggingface(
+        tokenizer, vocab_size=vocab_size, stop_token_ids=[eos]
+    )
     t_info = time.process_time() - t0
     comp = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
     t0 = time.process_time()
@@ -252,16 +309,26 @@ def bench_libraries(tokenizer: Any, vocab_size: int, eos: int, batches: list[int
                 assert m.accept_token(t)
         return total / len(ids) * 1e3
 
-    out["xgrammar"] = {"tokenizer_ms": t_info * 1e3, "regex_compile_ms": t_re * 1e3, "schema_compile_ms": t_js * 1e3,
-                       "fill_ms": {b: {"regex": xgr_fill(g_re, ipv4_text, b), "json": xgr_fill(g_js, json_text, b)}
-                                   for b in batches}}
+    out["xgrammar"] = {
+        "tokenizer_ms": t_info * 1e3,
+        "regex_compile_ms": t_re * 1e3,
+        "schema_compile_ms": t_js * 1e3,
+        "fill_ms": {
+            b: {"regex": xgr_fill(g_re, ipv4_text, b), "json": xgr_fill(g_js, json_text, b)}
+            for b in batches
+        },
+    }
     try:
         import outlines_core as oc
     except ImportError:
         print("  outlines-core not installed: comparison skipped (pip install outlines-core)")
         return out
     # A byte-level vocabulary for outlines-core: GPT-2's byte symbols mapped back to bytes.
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    bs = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     cs, n = bs[:], 0
     for b in range(256):
         if b not in bs:
@@ -298,50 +365,82 @@ def bench_libraries(tokenizer: Any, vocab_size: int, eos: int, batches: list[int
                 g.advance(t, return_tokens=False)
         return total / len(ids) * 1e3
 
-    out["outlines_core"] = {"tokenizer_ms": t_info * 1e3, "regex_compile_ms": t_re * 1e3,
-                            "schema_compile_ms": t_js * 1e3,
-                            "fill_ms": {b: {"regex": oc_fill(i_re, ipv4_text, b), "json": oc_fill(i_js, json_text, b)}
-                                        for b in batches}}
+    out["outlines_core"] = {
+        "tokenizer_ms": t_info * 1e3,
+        "regex_compile_ms": t_re * 1e3,
+        "schema_compile_ms": t_js * 1e3,
+        "fill_ms": {
+            b: {"regex": oc_fill(i_re, ipv4_text, b), "json": oc_fill(i_js, json_text, b)}
+            for b in batches
+        },
+    }
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="HF model directory (default: SmolLM2-135M-Instruct)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model", default=None, help="HF model directory (default: SmolLM2-135M-Instruct)"
+    )
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--steps", type=int, default=8, help="decode steps timed per mode and round")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--libraries", action="store_true", help="also compare xgrammar with outlines-core")
+    ap.add_argument(
+        "--libraries", action="store_true", help="also compare xgrammar with outlines-core"
+    )
     ap.add_argument("--skip-steps", action="store_true", help="skip the engine-step measurement")
     ap.add_argument("--out", default="benchmarks/results/constrained.json")
     args = ap.parse_args()
 
     from radixserve.engine.engine import Engine
 
-    engine = Engine(args.model, page_size=16, num_pages=4096 if args.device == "cpu" else 16384,
-                    max_num_tokens=8192, max_running_requests=max(args.batches), device=args.device,
-                    num_threads=args.threads, dtype="float32" if args.device == "cpu" else "bfloat16")
+    engine = Engine(
+        args.model,
+        page_size=16,
+        num_pages=4096 if args.device == "cpu" else 16384,
+        max_num_tokens=8192,
+        max_running_requests=max(args.batches),
+        device=args.device,
+        num_threads=args.threads,
+        dtype="float32" if args.device == "cpu" else "bfloat16",
+    )
     result: dict[str, Any] = {
-        "when": dt.datetime.now().isoformat(timespec="seconds"), "host": platform.node(),
+        "when": dt.datetime.now().isoformat(timespec="seconds"),
+        "host": platform.node(),
         "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
-        "model": str(engine.model_path), "torch_threads": torch.get_num_threads(), "args": vars(args),
+        "model": str(engine.model_path),
+        "torch_threads": torch.get_num_threads(),
+        "args": vars(args),
     }
-    print(f"model {engine.model_path.name}, device {result['device']}, torch threads {result['torch_threads']}")
+    print(
+        f"model {engine.model_path.name}, device {result['device']}, torch threads {result['torch_threads']}"
+    )
     if args.libraries:
-        print("library comparison (same tokenizer; CPU ms to compile once, and to fill the masks of one step):")
+        print(
+            "library comparison (same tokenizer; CPU ms to compile once, and to fill the masks of one step):"
+        )
         mc = engine.model_config
         libs = bench_libraries(engine.tokenizer, mc.vocab_size, mc.eos_token_ids[0], args.batches)
         for name, r in libs.items():
-            fills = "  ".join(f"B={b}: regex {v['regex']:.3f} json {v['json']:.3f}" for b, v in r["fill_ms"].items())
-            print(f"  {name:14s} vocab {r['tokenizer_ms']:6.0f} ms, compile regex {r['regex_compile_ms']:7.1f} ms, "
-                  f"schema {r['schema_compile_ms']:7.1f} ms; fill ms/step {fills}")
+            fills = "  ".join(
+                f"B={b}: regex {v['regex']:.3f} json {v['json']:.3f}"
+                for b, v in r["fill_ms"].items()
+            )
+            print(
+                f"  {name:14s} vocab {r['tokenizer_ms']:6.0f} ms, compile regex {r['regex_compile_ms']:7.1f} ms, "
+                f"schema {r['schema_compile_ms']:7.1f} ms; fill ms/step {fills}"
+            )
         result["libraries"] = libs
     print("grammar work per step, no model (CPU ms, best of 20):")
     result["sampler"] = bench_sampler(engine, args.batches, repeat=20)
     if not args.skip_steps:
-        print(f"engine decode steps (CPU ms; {args.steps} per mode and round, {args.rounds} rounds, median):")
+        print(
+            f"engine decode steps (CPU ms; {args.steps} per mode and round, {args.rounds} rounds, median):"
+        )
         result["steps"] = bench_steps(engine, args.batches, args.steps, args.rounds)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

@@ -40,7 +40,9 @@ HQ, HKV, D, PS = 9, 3, 64, 16
 
 def _batch(seqs: list[tuple[list[int], int, int]]) -> ForwardBatch:
     """(pages, prefix, new tokens) per sequence."""
-    return ForwardBatch.from_pages([p for p, _, _ in seqs], [c for _, c, _ in seqs], [n for _, _, n in seqs], PS)
+    return ForwardBatch.from_pages(
+        [p for p, _, _ in seqs], [c for _, c, _ in seqs], [n for _, _, n in seqs], PS
+    )
 
 
 def _cases(free: list[int]) -> dict[str, ForwardBatch]:
@@ -71,7 +73,9 @@ def _time(fn, reps: int) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="benchmarks/results/bench_cpu_attention.json")
@@ -97,17 +101,38 @@ def main() -> int:
             outs[label] = backend.forward(0, q, k, k, fb, D**-0.5)
             times[label] = _time(lambda: backend.forward(0, q, k, k, fb, D**-0.5), args.reps)
         err = (outs["kernel"].float() - outs["torch"].float()).abs().max().item()
-        rows.append({"case": name, "rows": fb.num_tokens, "kernel_ms": times["kernel"] * 1e3,
-                     "torch_ms": times["torch"] * 1e3, "speedup": times["torch"] / times["kernel"], "max_abs_diff": err})
+        rows.append(
+            {
+                "case": name,
+                "rows": fb.num_tokens,
+                "kernel_ms": times["kernel"] * 1e3,
+                "torch_ms": times["torch"] * 1e3,
+                "speedup": times["torch"] / times["kernel"],
+                "max_abs_diff": err,
+            }
+        )
     print(f"{args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{'case':8s} {'rows':>5s} {'kernel ms':>10s} {'torch ms':>9s} {'speedup':>8s} {'max |diff|':>11s}")
+    print(
+        f"{'case':8s} {'rows':>5s} {'kernel ms':>10s} {'torch ms':>9s} {'speedup':>8s} {'max |diff|':>11s}"
+    )
     for r in rows:
-        print(f"{r['case']:8s} {r['rows']:5d} {r['kernel_ms']:10.2f} {r['torch_ms']:9.2f} {r['speedup']:7.2f}x "
-              f"{r['max_abs_diff']:11.1e}")
+        print(
+            f"{r['case']:8s} {r['rows']:5d} {r['kernel_ms']:10.2f} {r['torch_ms']:9.2f} {r['speedup']:7.2f}x "
+            f"{r['max_abs_diff']:11.1e}"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"date": dt.datetime.now().isoformat(timespec="seconds"), "dtype": args.dtype,
-                               "threads": torch.get_num_threads(), "cases": rows}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "date": dt.datetime.now().isoformat(timespec="seconds"),
+                "dtype": args.dtype,
+                "threads": torch.get_num_threads(),
+                "cases": rows,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

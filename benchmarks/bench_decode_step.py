@@ -35,8 +35,9 @@ from typing import Any  # noqa: E402
 
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # `workloads`, after a PYTHONPATH checkout
 
-import radixserve  # noqa: E402
 import workloads as wl  # noqa: E402
+
+import radixserve  # noqa: E402
 from radixserve.engine.engine import Engine  # noqa: E402
 from radixserve.sampling_params import SamplingParams  # noqa: E402
 
@@ -75,21 +76,35 @@ def _instrument(engine: Engine, acc: dict[str, float]) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF directory")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model",
+        default="default",
+        help="'default' (SmolLM2-135M-Instruct) or a local HF directory",
+    )
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--systems", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=100)
-    ap.add_argument("--breakdown", action="store_true", help="time linear layers / attention / the rest")
+    ap.add_argument(
+        "--breakdown", action="store_true", help="time linear layers / attention / the rest"
+    )
     ap.add_argument("--out", default="benchmarks/results/bench_decode_step.json")
     args = ap.parse_args()
 
     from radixserve.model_store import resolve_model
 
-    engine = Engine(resolve_model(None if args.model == "default" else args.model), dtype=args.dtype,
-                    num_pages=4096, max_model_len=2048)
-    work = wl.build("shared_system", engine.tokenizer, requests=args.requests, systems=args.systems, salt=7)
+    engine = Engine(
+        resolve_model(None if args.model == "default" else args.model),
+        dtype=args.dtype,
+        num_pages=4096,
+        max_model_len=2048,
+    )
+    work = wl.build(
+        "shared_system", engine.tokenizer, requests=args.requests, systems=args.systems, salt=7
+    )
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=0.0)
     for req in work.requests:
         engine.add_request(list(req.prompt_ids), params)
@@ -117,9 +132,11 @@ def main() -> int:
         "breakdown_ms_per_step": {k: v / len(decode) * 1e3 for k, v in acc.items()},
     }
     print(f"radixserve from {result['radixserve']}")
-    print(f"{args.dtype}, {args.requests} requests over {args.systems} system prompts: decode step median "
-          f"{result['decode_step_ms_median']:.1f} ms; {result['output_tok_per_s_incl_prefill']:.1f} output tok/s "
-          f"including the prefill; first (2048-token prefill) step {result['first_prefill_step_ms']:.0f} ms")
+    print(
+        f"{args.dtype}, {args.requests} requests over {args.systems} system prompts: decode step median "
+        f"{result['decode_step_ms_median']:.1f} ms; {result['output_tok_per_s_incl_prefill']:.1f} output tok/s "
+        f"including the prefill; first (2048-token prefill) step {result['first_prefill_step_ms']:.0f} ms"
+    )
     for key, ms in sorted(result["breakdown_ms_per_step"].items()):
         print(f"  {key:28s} {ms:6.1f} ms/step")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

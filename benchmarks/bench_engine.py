@@ -40,7 +40,6 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
-from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -49,8 +48,24 @@ from radixserve.model.forward_batch import ForwardBatch  # noqa: E402
 from radixserve.model_store import resolve_model  # noqa: E402
 from radixserve.sampling_params import SamplingParams  # noqa: E402
 
-TOPICS = ["astronomy", "cooking", "gardening", "chess", "medieval history", "sailing", "compilers", "beekeeping",
-          "photography", "volcanoes", "jazz", "origami", "cryptography", "ceramics", "glaciers", "typography"]
+TOPICS = [
+    "astronomy",
+    "cooking",
+    "gardening",
+    "chess",
+    "medieval history",
+    "sailing",
+    "compilers",
+    "beekeeping",
+    "photography",
+    "volcanoes",
+    "jazz",
+    "origami",
+    "cryptography",
+    "ceramics",
+    "glaciers",
+    "typography",
+]
 FACTS = [
     "Always explain the reasoning behind an answer in plain words before giving the conclusion.",
     "When the user is a beginner, avoid jargon and define every technical term you need to use.",
@@ -63,12 +78,22 @@ FACTS = [
     "Be friendly and patient, and encourage the user to ask follow-up questions.",
     "Summarize long explanations with a one-line takeaway at the end.",
 ]
-QUESTIONS = ["What should a complete beginner learn first about {t}?", "What is a common mistake people make with {t}?",
-             "Can you recommend a good first project in {t}?", "How much time per week does {t} take?",
-             "What equipment do I need to start with {t}?", "Why do people find {t} so rewarding?",
-             "What is one surprising fact about {t}?", "How did {t} change over the last century?"]
-FOLLOW_UPS = ["Thanks. Can you say that again in one sentence?", "Interesting! Give me one concrete example.",
-              "And what should I avoid doing?", "How would I know I am making progress?"]
+QUESTIONS = [
+    "What should a complete beginner learn first about {t}?",
+    "What is a common mistake people make with {t}?",
+    "Can you recommend a good first project in {t}?",
+    "How much time per week does {t} take?",
+    "What equipment do I need to start with {t}?",
+    "Why do people find {t} so rewarding?",
+    "What is one surprising fact about {t}?",
+    "How did {t} change over the last century?",
+]
+FOLLOW_UPS = [
+    "Thanks. Can you say that again in one sentence?",
+    "Interesting! Give me one concrete example.",
+    "And what should I avoid doing?",
+    "How would I know I am making progress?",
+]
 
 
 def system_prompt(topic: str, target_tokens: int, tok: Any, rng: random.Random) -> str:
@@ -90,11 +115,16 @@ class FlopCounter:
 
     def __init__(self, engine: Engine) -> None:
         c = engine.model_config
-        per_layer = (c.hidden_size * (c.q_size + 2 * c.kv_size) + c.q_size * c.hidden_size
-                     + 3 * c.hidden_size * c.intermediate_size)
+        per_layer = (
+            c.hidden_size * (c.q_size + 2 * c.kv_size)
+            + c.q_size * c.hidden_size
+            + 3 * c.hidden_size * c.intermediate_size
+        )
         self.linear_params = per_layer * c.num_layers
         self.head_params = c.hidden_size * c.vocab_size
-        self.attn_per_key = 4 * c.num_q_heads * c.head_dim * c.num_layers  # QK^T and PV, per (query, key)
+        self.attn_per_key = (
+            4 * c.num_q_heads * c.head_dim * c.num_layers
+        )  # QK^T and PV, per (query, key)
         self.flops = 0.0
         self.forward_s = 0.0
         self._inner = engine.runner.model.forward
@@ -108,12 +138,16 @@ class FlopCounter:
         for seq, n in zip(fb.seq_lens_cpu, fb.extend_lens_cpu):
             p = seq - n  # rows at positions p..seq-1 see p+1..seq keys
             keys += (seq * (seq + 1) - p * (p + 1)) // 2
-        self.flops += 2 * fb.num_tokens * self.linear_params + 2 * len(fb.logits_indices) * self.head_params
+        self.flops += (
+            2 * fb.num_tokens * self.linear_params + 2 * len(fb.logits_indices) * self.head_params
+        )
         self.flops += keys * self.attn_per_key
         return out
 
 
-def matmul_gflops(hidden: int, inter: int, dtype: torch.dtype, rows: int = 1024, reps: int = 10) -> float:
+def matmul_gflops(
+    hidden: int, inter: int, dtype: torch.dtype, rows: int = 1024, reps: int = 10
+) -> float:
     """This machine's GEMM rate in the engine's dtype on a prefill-shaped matmul, now."""
     a = torch.randn(rows, hidden, dtype=dtype)
     w = torch.randn(inter, hidden, dtype=dtype)
@@ -124,8 +158,14 @@ def matmul_gflops(hidden: int, inter: int, dtype: torch.dtype, rows: int = 1024,
     return 2 * rows * hidden * inter * reps / (time.perf_counter() - t0) / 1e9
 
 
-def run_workload(engine: Engine, convs: list[list[dict[str, str]]], turns: int, max_tokens: int,
-                 follow_ups: list[str], order: list[int]) -> dict[str, Any]:
+def run_workload(
+    engine: Engine,
+    convs: list[list[dict[str, str]]],
+    turns: int,
+    max_tokens: int,
+    follow_ups: list[str],
+    order: list[int],
+) -> dict[str, Any]:
     """All conversations turn by turn; returns timings, usage and the generated tokens."""
     tok = engine.tokenizer
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -155,12 +195,22 @@ def run_workload(engine: Engine, convs: list[list[dict[str, str]]], turns: int, 
         ttft += first.values()
         for i in order:
             text = tok.decode(got[i], skip_special_tokens=True)
-            convs[i] += [{"role": "assistant", "content": text}, {"role": "user", "content": follow_ups[(i + turn) % len(follow_ups)]}]
+            convs[i] += [
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": follow_ups[(i + turn) % len(follow_ups)]},
+            ]
             outputs.append(got[i])
             sequences.append(prompts[i] + got[i])
     wall = time.perf_counter() - t_start
-    return {"wall_s": wall, "ttft": ttft, "prompt_tokens": prompt_tokens, "cached_tokens": cached,
-            "completion_tokens": completion, "outputs": outputs, "sequences": sequences}
+    return {
+        "wall_s": wall,
+        "ttft": ttft,
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": cached,
+        "completion_tokens": completion,
+        "outputs": outputs,
+        "sequences": sequences,
+    }
 
 
 def optimal_cached(sequences: list[list[int]], prompt_lens: list[int]) -> int:
@@ -191,22 +241,36 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "platform": platform.platform()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF directory")
+    ap.add_argument(
+        "--model",
+        default="default",
+        help="'default' (SmolLM2-135M-Instruct) or a local HF directory",
+    )
     ap.add_argument("--systems", type=int, default=3, help="distinct long system prompts")
     ap.add_argument("--per-system", type=int, default=6, help="conversations per system prompt")
     ap.add_argument("--turns", type=int, default=2, help="turns per conversation")
-    ap.add_argument("--system-tokens", type=int, default=400, help="approximate system prompt length")
+    ap.add_argument(
+        "--system-tokens", type=int, default=400, help="approximate system prompt length"
+    )
     ap.add_argument("--max-tokens", type=int, default=16, help="output tokens per turn")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved on/off rounds")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--max-num-tokens", type=int, default=1024, help="per-step token budget")
-    ap.add_argument("--kv-tokens", type=int, default=16384, help="KV pool size of each engine, tokens")
+    ap.add_argument(
+        "--kv-tokens", type=int, default=16384, help="KV pool size of each engine, tokens"
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     ap.add_argument("--dtype", default="float32", help="engine dtype (float32 | bfloat16)")
     ap.add_argument("--seed", type=int, default=0)
@@ -216,9 +280,17 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     path = resolve_model(args.model)
-    common = dict(page_size=args.page_size, max_num_tokens=args.max_num_tokens,
-                  num_pages=args.kv_tokens // args.page_size, max_running_requests=64, dtype=args.dtype)
-    engines = {"on": Engine(path, **common), "off": Engine(path, disable_radix_cache=True, **common)}
+    common = dict(
+        page_size=args.page_size,
+        max_num_tokens=args.max_num_tokens,
+        num_pages=args.kv_tokens // args.page_size,
+        max_running_requests=64,
+        dtype=args.dtype,
+    )
+    engines = {
+        "on": Engine(path, **common),
+        "off": Engine(path, disable_radix_cache=True, **common),
+    }
     counters = {name: FlopCounter(e) for name, e in engines.items()}
     tok = engines["on"].tokenizer
     mc = engines["on"].model_config
@@ -230,7 +302,9 @@ def main() -> None:
     convs: list[list[dict[str, str]]] = []
     for s, t in zip(systems, topics):
         for q in rng.sample(QUESTIONS, args.per_system):
-            convs.append([{"role": "system", "content": s}, {"role": "user", "content": q.format(t=t)}])
+            convs.append(
+                [{"role": "system", "content": s}, {"role": "user", "content": q.format(t=t)}]
+            )
     order = list(range(len(convs)))
     rng.shuffle(order)
 
@@ -238,7 +312,7 @@ def main() -> None:
     gemm: list[float] = []
     t_bench = time.perf_counter()
     for r in range(args.rounds):
-        for name in (["on", "off"] if r % 2 == 0 else ["off", "on"]):
+        for name in ["on", "off"] if r % 2 == 0 else ["off", "on"]:
             gemm.append(matmul_gflops(mc.hidden_size, mc.intermediate_size, act_dtype))
             eng, fc = engines[name], counters[name]
             assert eng.flush_cache() or name == "off"
@@ -246,8 +320,11 @@ def main() -> None:
             res = run_workload(eng, convs, args.turns, args.max_tokens, FOLLOW_UPS, order)
             res["flops"], res["forward_s"] = fc.flops - f0, fc.forward_s - s0
             results[name].append(res)
-            print(f"round {r} {name:3}: {res['wall_s']:7.1f} s, hit {res['cached_tokens'] / res['prompt_tokens']:.1%}, "
-                  f"{res['flops'] / res['wall_s'] / 1e9:.1f} GFLOP/s, gemm {gemm[-1]:.1f} GFLOP/s", flush=True)
+            print(
+                f"round {r} {name:3}: {res['wall_s']:7.1f} s, hit {res['cached_tokens'] / res['prompt_tokens']:.1%}, "
+                f"{res['flops'] / res['wall_s'] / 1e9:.1f} GFLOP/s, gemm {gemm[-1]:.1f} GFLOP/s",
+                flush=True,
+            )
     gemm.append(matmul_gflops(mc.hidden_size, mc.intermediate_size, act_dtype))
     total_s = time.perf_counter() - t_bench
 
@@ -271,7 +348,8 @@ def main() -> None:
             "ttft_mean_s": statistics.mean(ttft),
             "ttft_p50_s": ttft[len(ttft) // 2],
             "ttft_p90_s": ttft[int(len(ttft) * 0.9)],
-            "hit_rate": sum(x["cached_tokens"] for x in runs) / sum(x["prompt_tokens"] for x in runs),
+            "hit_rate": sum(x["cached_tokens"] for x in runs)
+            / sum(x["prompt_tokens"] for x in runs),
             "achieved_gflops": flops / wall / 1e9,
             "forward_gflops": flops / sum(x["forward_s"] for x in runs) / 1e9,
             "fraction_of_matmul": flops / wall / 1e9 / gemm_rate,
@@ -283,10 +361,17 @@ def main() -> None:
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": machine(),
         "model": str(path),
-        "workload": {"systems": args.systems, "per_system": args.per_system, "turns": args.turns,
-                     "requests_per_round": len(convs) * args.turns, "system_tokens": args.system_tokens,
-                     "max_tokens": args.max_tokens, "prompt_tokens_per_round": first["prompt_tokens"],
-                     "optimal_cached_tokens": opt, "optimal_hit_rate": opt_rate},
+        "workload": {
+            "systems": args.systems,
+            "per_system": args.per_system,
+            "turns": args.turns,
+            "requests_per_round": len(convs) * args.turns,
+            "system_tokens": args.system_tokens,
+            "max_tokens": args.max_tokens,
+            "prompt_tokens_per_round": first["prompt_tokens"],
+            "optimal_cached_tokens": opt,
+            "optimal_hit_rate": opt_rate,
+        },
         "engine": common,
         "matmul_gflops_median": gemm_rate,
         "matmul_gflops_samples": gemm,
@@ -297,20 +382,30 @@ def main() -> None:
         "outputs_identical": identical,
         "bench_wall_s": total_s,
     }
-    report["targets_met"] = {"speedup>=3": report["speedup_on_vs_off"] >= 3.0,
-                             "hit_rate>=95%_of_optimal": report["hit_rate_vs_optimal"] >= 0.95}
+    report["targets_met"] = {
+        "speedup>=3": report["speedup_on_vs_off"] >= 3.0,
+        "hit_rate>=95%_of_optimal": report["hit_rate_vs_optimal"] >= 0.95,
+    }
 
-    print(f"\nmodel {path.name if path.name != 'hf' else path}; {len(convs)} conversations x {args.turns} turns "
-          f"({args.systems} system prompts of ~{args.system_tokens} tokens), {args.rounds} interleaved rounds")
-    print(f"{'':4} {'tok/s':>8} {'out tok/s':>9} {'TTFT mean':>9} {'p50':>7} {'p90':>7} {'hit':>6} {'GFLOP/s':>8} {'of matmul':>9}")
+    print(
+        f"\nmodel {path.name if path.name != 'hf' else path}; {len(convs)} conversations x {args.turns} turns "
+        f"({args.systems} system prompts of ~{args.system_tokens} tokens), {args.rounds} interleaved rounds"
+    )
+    print(
+        f"{'':4} {'tok/s':>8} {'out tok/s':>9} {'TTFT mean':>9} {'p50':>7} {'p90':>7} {'hit':>6} {'GFLOP/s':>8} {'of matmul':>9}"
+    )
     for name in ("on", "off"):
         s = summary[name]
-        print(f"{name:4} {s['throughput_tok_s']:8.1f} {s['output_tok_s']:9.2f} {s['ttft_mean_s']:8.2f}s "
-              f"{s['ttft_p50_s']:6.2f}s {s['ttft_p90_s']:6.2f}s {s['hit_rate']:6.1%} {s['achieved_gflops']:8.1f} "
-              f"{s['fraction_of_matmul']:9.1%}")
-    print(f"speedup on/off {report['speedup_on_vs_off']:.2f}x; hit rate {on['hit_rate']:.1%} of prompt tokens, "
-          f"optimum {opt_rate:.1%} -> {report['hit_rate_vs_optimal']:.1%} of optimal; "
-          f"matmul {gemm_rate:.1f} GFLOP/s; outputs identical: {identical}")
+        print(
+            f"{name:4} {s['throughput_tok_s']:8.1f} {s['output_tok_s']:9.2f} {s['ttft_mean_s']:8.2f}s "
+            f"{s['ttft_p50_s']:6.2f}s {s['ttft_p90_s']:6.2f}s {s['hit_rate']:6.1%} {s['achieved_gflops']:8.1f} "
+            f"{s['fraction_of_matmul']:9.1%}"
+        )
+    print(
+        f"speedup on/off {report['speedup_on_vs_off']:.2f}x; hit rate {on['hit_rate']:.1%} of prompt tokens, "
+        f"optimum {opt_rate:.1%} -> {report['hit_rate_vs_optimal']:.1%} of optimal; "
+        f"matmul {gemm_rate:.1f} GFLOP/s; outputs identical: {identical}"
+    )
     print(f"targets: {report['targets_met']}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -60,7 +60,14 @@ from radixserve.sampling_params import SamplingParams  # noqa: E402
 class Driver:
     """Feeds one engine the workload, ``concurrency`` requests in flight, and times its steps."""
 
-    def __init__(self, name: str, engine: Engine, prompts: list[tuple[int, ...]], max_tokens: int, concurrency: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        engine: Engine,
+        prompts: list[tuple[int, ...]],
+        max_tokens: int,
+        concurrency: int,
+    ) -> None:
         self.name, self.engine = name, engine
         self.queue = deque(prompts)
         self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
@@ -91,22 +98,35 @@ class Driver:
 
     def result(self) -> dict[str, Any]:
         s = self.engine.stats()
-        return {"throughput_tok_s": self.tokens / self.busy_s, "hit_rate": s.hit_rate, "busy_s": self.busy_s,
-                "tokens": self.tokens, "computed_tokens": s.computed_tokens_total,
-                "demoted_pages": s.demoted_pages_total, "loaded_l2_pages": s.loaded_host_pages_total,
-                "loaded_l3_pages": s.loaded_storage_pages_total, "l3_written_pages": s.storage_written_pages_total}
+        return {
+            "throughput_tok_s": self.tokens / self.busy_s,
+            "hit_rate": s.hit_rate,
+            "busy_s": self.busy_s,
+            "tokens": self.tokens,
+            "computed_tokens": s.computed_tokens_total,
+            "demoted_pages": s.demoted_pages_total,
+            "loaded_l2_pages": s.loaded_host_pages_total,
+            "loaded_l3_pages": s.loaded_storage_pages_total,
+            "l3_written_pages": s.storage_written_pages_total,
+        }
 
 
 def ttft(engine: Engine, prompt: tuple[int, ...]) -> tuple[float, int]:
     """Wall time of a one-token generation (prefill + first token) and the cached prompt tokens."""
     t0 = time.perf_counter()
-    (out,) = engine.generate([list(prompt)], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    (out,) = engine.generate(
+        [list(prompt)], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    )
     return time.perf_counter() - t0, out.usage.cached_tokens
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="checkpoint directory (default: SmolLM2-135M-Instruct)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model", default=None, help="checkpoint directory (default: SmolLM2-135M-Instruct)"
+    )
     ap.add_argument("--systems", type=int, default=16)
     ap.add_argument("--system-tokens", type=int, default=500)
     ap.add_argument("--requests", type=int, default=48)
@@ -123,18 +143,28 @@ def main() -> None:
 
     model = resolve_model(args.model)
     tok = AutoTokenizer.from_pretrained(str(model))
-    work = wl.shared_system(tok, seed=args.seed, systems=args.systems, requests=args.requests,
-                            system_tokens=args.system_tokens, max_tokens=args.max_tokens)
+    work = wl.shared_system(
+        tok,
+        seed=args.seed,
+        systems=args.systems,
+        requests=args.requests,
+        system_tokens=args.system_tokens,
+        max_tokens=args.max_tokens,
+    )
     prompts = [s[0].prompt_ids for s in work.sessions]
     longest = max(len(p) for p in prompts) + args.max_tokens
     ps = args.page_size
     if args.concurrency > args.l1_systems:
-        ap.error("--concurrency must not exceed --l1-systems (each request in flight holds its system prompt in L1)")
+        ap.error(
+            "--concurrency must not exceed --l1-systems (each request in flight holds its system prompt in L1)"
+        )
     # L1: the system prompts it should hold, plus each request's own tail (question + output).
     tail_pages = -(-(longest - args.system_tokens) // ps) + 1
     l1_pages = args.l1_systems * -(-args.system_tokens // ps) + args.concurrency * tail_pages
     # Unbounded: every system prompt and every request's tail stay cached.
-    all_pages = args.systems * -(-args.system_tokens // ps) + (len(prompts) + args.concurrency) * tail_pages
+    all_pages = (
+        args.systems * -(-args.system_tokens // ps) + (len(prompts) + args.concurrency) * tail_pages
+    )
     base = {"page_size": ps, "max_num_tokens": 2048, "max_running_requests": args.concurrency}
     probe = Engine(str(model), num_pages=1, **base)
     page_gib = probe.pool.bytes_per_page / 2**30
@@ -143,15 +173,31 @@ def main() -> None:
     try:
         engines = {
             "L1": Engine(str(model), num_pages=l1_pages, **base),
-            "L1+L2": Engine(str(model), num_pages=l1_pages, enable_hierarchical_cache=True,
-                            hicache_size=all_pages * page_gib, **base),
-            "L1+L2+L3": Engine(str(model), num_pages=l1_pages, hicache_size=l1_pages * page_gib,
-                               hicache_storage_dir=storage, **base),
+            "L1+L2": Engine(
+                str(model),
+                num_pages=l1_pages,
+                enable_hierarchical_cache=True,
+                hicache_size=all_pages * page_gib,
+                **base,
+            ),
+            "L1+L2+L3": Engine(
+                str(model),
+                num_pages=l1_pages,
+                hicache_size=l1_pages * page_gib,
+                hicache_storage_dir=storage,
+                **base,
+            ),
             "unbounded": Engine(str(model), num_pages=all_pages, **base),
         }
-        drivers = [Driver(name, e, prompts, args.max_tokens, args.concurrency) for name, e in engines.items()]
-        print(f"{len(prompts)} requests, {args.systems} system prompts of ~{args.system_tokens} tokens; "
-              f"L1 {l1_pages} pages of {ps} (~{args.l1_systems} system prompts), unbounded {all_pages}", flush=True)
+        drivers = [
+            Driver(name, e, prompts, args.max_tokens, args.concurrency)
+            for name, e in engines.items()
+        ]
+        print(
+            f"{len(prompts)} requests, {args.systems} system prompts of ~{args.system_tokens} tokens; "
+            f"L1 {l1_pages} pages of {ps} (~{args.l1_systems} system prompts), unbounded {all_pages}",
+            flush=True,
+        )
         k = 0
         while not all(d.done for d in drivers):
             order = drivers if k % 2 == 0 else drivers[::-1]  # alternate who goes first
@@ -170,7 +216,13 @@ def main() -> None:
         # Restart: the tiered engine shuts down; a warm one starts over its directory.
         engines["L1+L2+L3"].close()
         del engines["L1+L2+L3"], drivers
-        warm = Engine(str(model), num_pages=l1_pages, hicache_size=l1_pages * page_gib, hicache_storage_dir=storage, **base)
+        warm = Engine(
+            str(model),
+            num_pages=l1_pages,
+            hicache_size=l1_pages * page_gib,
+            hicache_storage_dir=storage,
+            **base,
+        )
         cold = Engine(str(model), num_pages=l1_pages, **base)
         firsts: list[tuple[int, ...]] = []
         seen: set[tuple[int, ...]] = set()
@@ -182,7 +234,9 @@ def main() -> None:
         restart: dict[str, list[float]] = {"warm": [], "cold": []}
         cached: dict[str, list[int]] = {"warm": [], "cold": []}
         for i, p in enumerate(firsts[: args.restart_requests]):
-            for name, e in ((("warm", warm), ("cold", cold)) if i % 2 == 0 else (("cold", cold), ("warm", warm))):
+            for name, e in (
+                (("warm", warm), ("cold", cold)) if i % 2 == 0 else (("cold", cold), ("warm", warm))
+            ):
                 t, c = ttft(e, p)
                 restart[name].append(t)
                 cached[name].append(c)
@@ -190,21 +244,39 @@ def main() -> None:
         shutil.rmtree(storage, ignore_errors=True)
 
     l1 = results["L1"]["throughput_tok_s"]
-    print(f"\n{'config':<11} {'throughput':>11} {'vs L1':>6} {'hit rate':>9} {'of unbounded':>13} {'L2 loads':>9} {'L3 loads':>9}")
+    print(
+        f"\n{'config':<11} {'throughput':>11} {'vs L1':>6} {'hit rate':>9} {'of unbounded':>13} {'L2 loads':>9} {'L3 loads':>9}"
+    )
     for name, r in results.items():
-        print(f"{name:<11} {r['throughput_tok_s']:>8.0f} t/s {r['throughput_tok_s'] / l1:>5.2f}x {r['hit_rate']:>8.1%} "
-              f"{r['hit_rate'] / results['unbounded']['hit_rate']:>12.1%} {r['loaded_l2_pages']:>9} {r['loaded_l3_pages']:>9}")
+        print(
+            f"{name:<11} {r['throughput_tok_s']:>8.0f} t/s {r['throughput_tok_s'] / l1:>5.2f}x {r['hit_rate']:>8.1%} "
+            f"{r['hit_rate'] / results['unbounded']['hit_rate']:>12.1%} {r['loaded_l2_pages']:>9} {r['loaded_l3_pages']:>9}"
+        )
     w, c = statistics.median(restart["warm"]), statistics.median(restart["cold"])
-    print(f"\nrestart, first {len(restart['warm'])} requests: TTFT median warm {w * 1000:.0f} ms, cold {c * 1000:.0f} ms "
-          f"({c / w:.1f}x lower warm); cached tokens warm {cached['warm']}, cold {cached['cold']}")
+    print(
+        f"\nrestart, first {len(restart['warm'])} requests: TTFT median warm {w * 1000:.0f} ms, cold {c * 1000:.0f} ms "
+        f"({c / w:.1f}x lower warm); cached tokens warm {cached['warm']}, cold {cached['cold']}"
+    )
     print(f"greedy outputs identical to the unbounded cache's: {same}")
     out = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(), "torch": torch.__version__},
-        "args": vars(args), "l1_pages": l1_pages, "unbounded_pages": all_pages, "results": results,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        },
+        "args": vars(args),
+        "l1_pages": l1_pages,
+        "unbounded_pages": all_pages,
+        "results": results,
         "outputs_identical": same,
-        "restart": {"ttft_s": restart, "cached_tokens": cached, "median_warm_s": w, "median_cold_s": c},
+        "restart": {
+            "ttft_s": restart,
+            "cached_tokens": cached,
+            "median_warm_s": w,
+            "median_cold_s": c,
+        },
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))

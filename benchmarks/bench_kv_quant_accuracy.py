@@ -51,7 +51,7 @@ CHAT = [
 TEXT = [
     "The mitochondria is an organelle found in most eukaryotic cells. It generates most of the "
     "chemical energy needed to power the cell's biochemical reactions, stored in a molecule called",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    if n < 2:\n        return n\n",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n        return n\n',
     "In 1969, the Apollo 11 mission landed the first humans on the Moon. Neil Armstrong and Buzz "
     "Aldrin spent about two and a half hours outside the lunar module, while Michael Collins",
     "To make a simple tomato sauce, heat olive oil in a pan, add chopped garlic and onions, and",
@@ -66,26 +66,43 @@ def prompt_ids(tokenizer, n_chat: int, n_text: int) -> list[list[int]]:
     """Token ids of the prompts: chat questions through the model's template, then plain text."""
     out = []
     for q in CHAT[:n_chat]:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
+        )
         out.append(list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids))
     out += [tokenizer(t)["input_ids"] for t in TEXT[:n_text]]
     return out
 
 
-def greedy_continuations(model_path: Path, prompts: list[list[int]], n: int, kv_dtype: str, backend: str, device: str) -> list[list[int]]:
+def greedy_continuations(
+    model_path: Path, prompts: list[list[int]], n: int, kv_dtype: str, backend: str, device: str
+) -> list[list[int]]:
     from radixserve.engine.engine import Engine
     from radixserve.sampling_params import SamplingParams
 
     # No prefix cache: each prompt is computed from scratch in every dtype's pool (the
     # chat prompts share their template's system prompt, which would otherwise be reused).
-    engine = Engine(str(model_path), kv_cache_dtype=kv_dtype, attention_backend=backend, device=device,
-                    num_pages=4096, page_size=16, disable_radix_cache=True)
+    engine = Engine(
+        str(model_path),
+        kv_cache_dtype=kv_dtype,
+        attention_backend=backend,
+        device=device,
+        num_pages=4096,
+        page_size=16,
+        disable_radix_cache=True,
+    )
     outs = engine.generate(prompts, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
     return [o.token_ids for o in outs]
 
 
-def teacher_forced_logprobs(model, seqs: list[list[int]], kv_dtype: str, backend: str, device: torch.device,
-                            act_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def teacher_forced_logprobs(
+    model,
+    seqs: list[list[int]],
+    kv_dtype: str,
+    backend: str,
+    device: torch.device,
+    act_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
     """Log-probabilities ``[sum(len), vocab]`` of every position of every sequence, KV through ``kv_dtype``'s pool."""
     from radixserve.engine.model_runner import make_attention_backend
     from radixserve.memory.pool import KVPool
@@ -94,8 +111,16 @@ def teacher_forced_logprobs(model, seqs: list[list[int]], kv_dtype: str, backend
     cfg = model.config
     page_size = 16
     pages = [(len(s) + page_size - 1) // page_size for s in seqs]
-    pool = KVPool(cfg.num_layers, sum(pages), page_size, cfg.num_kv_heads, cfg.head_dim,
-                  kv_dtype=kv_dtype, act_dtype=act_dtype, device=device)
+    pool = KVPool(
+        cfg.num_layers,
+        sum(pages),
+        page_size,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+        kv_dtype=kv_dtype,
+        act_dtype=act_dtype,
+        device=device,
+    )
     batch = ForwardBatch.for_full_sequences(seqs, device=device, all_logits=True)
     table = torch.zeros((len(seqs), max(pages)), dtype=torch.int32)
     first = 0
@@ -105,8 +130,11 @@ def teacher_forced_logprobs(model, seqs: list[list[int]], kv_dtype: str, backend
     batch.page_table = table.to(device)
     batch.page_size = page_size
     batch.out_cache_loc = torch.cat(
-        [table[b, torch.arange(len(s)) // page_size].long() * page_size + torch.arange(len(s)) % page_size
-         for b, s in enumerate(seqs)]
+        [
+            table[b, torch.arange(len(s)) // page_size].long() * page_size
+            + torch.arange(len(s)) % page_size
+            for b, s in enumerate(seqs)
+        ]
     ).to(device)
     attn = make_attention_backend(backend, pool)
     batch.page_lists_cpu = table.tolist()
@@ -116,8 +144,14 @@ def teacher_forced_logprobs(model, seqs: list[list[int]], kv_dtype: str, backend
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="HF checkpoint dir (default: SmolLM2-135M-Instruct via model_store)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="HF checkpoint dir (default: SmolLM2-135M-Instruct via model_store)",
+    )
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--n-chat", type=int, default=len(CHAT))
     ap.add_argument("--n-text", type=int, default=len(TEXT))
@@ -142,13 +176,19 @@ def main() -> None:
 
     # Free-running greedy continuations, the unquantized ones first: they also extend the
     # teacher-forced sequences, so the model's own answers are scored, not only the prompts.
-    gens = {kd: greedy_continuations(model_path, prompts, args.new_tokens, kd, args.attention_backend, args.device)
-            for kd in KV_DTYPES}
+    gens = {
+        kd: greedy_continuations(
+            model_path, prompts, args.new_tokens, kd, args.attention_backend, args.device
+        )
+        for kd in KV_DTYPES
+    }
     seqs = [p + g for p, g in zip(prompts, gens["auto"])]
     starts = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
     # Perplexity on the prompts' own tokens (real text, not the model's greedy output, which
     # the unquantized model is biased towards): rows predicting prompt tokens 1..len-1.
-    pred_rows = torch.cat([torch.arange(int(starts[i]), int(starts[i]) + len(p) - 1) for i, p in enumerate(prompts)])
+    pred_rows = torch.cat(
+        [torch.arange(int(starts[i]), int(starts[i]) + len(p) - 1) for i, p in enumerate(prompts)]
+    )
     targets = torch.tensor([t for p in prompts for t in p[1:]])
 
     base = teacher_forced_logprobs(model, seqs, "auto", args.attention_backend, device).cpu()
@@ -156,41 +196,62 @@ def main() -> None:
     base_p = base.exp()
     rows = []
     for kd in KV_DTYPES:
-        lp = base if kd == "auto" else teacher_forced_logprobs(model, seqs, kd, args.attention_backend, device).cpu()
+        lp = (
+            base
+            if kd == "auto"
+            else teacher_forced_logprobs(model, seqs, kd, args.attention_backend, device).cpu()
+        )
         kl = (base_p * (base - lp)).sum(-1)  # KL(P_auto || P_kd) per position
         nll = -lp[pred_rows].gather(1, targets[:, None]).mean()
         agree_tf = (lp.argmax(-1) == base.argmax(-1)).float().mean()
         same = [g == a for g, a in zip(gens[kd], gens["auto"])]
-        prefix = [next((i for i, (x, y) in enumerate(zip(g, a)) if x != y), len(a)) for g, a in zip(gens[kd], gens["auto"])]
+        prefix = [
+            next((i for i, (x, y) in enumerate(zip(g, a)) if x != y), len(a))
+            for g, a in zip(gens[kd], gens["auto"])
+        ]
         fmt16 = KVFormat.create(kd, torch.bfloat16, cfg.head_dim)
-        rows.append({
-            "kv_dtype": kd,
-            "kv_bytes_per_token": fmt16.bytes_per_token(cfg.num_layers, cfg.num_kv_heads),
-            "mean_kl": float(kl.mean()),
-            "max_kl": float(kl.max()),
-            "top1_agreement": float(agree_tf),
-            "ppl": float(torch.exp(nll)),
-            "ppl_change_pct": float(100 * (torch.exp(nll - base_nll) - 1)),
-            "greedy_exact_match": sum(same) / len(same),
-            "greedy_agree_prefix_frac": sum(prefix) / (len(prefix) * args.new_tokens),
-        })
+        rows.append(
+            {
+                "kv_dtype": kd,
+                "kv_bytes_per_token": fmt16.bytes_per_token(cfg.num_layers, cfg.num_kv_heads),
+                "mean_kl": float(kl.mean()),
+                "max_kl": float(kl.max()),
+                "top1_agreement": float(agree_tf),
+                "ppl": float(torch.exp(nll)),
+                "ppl_change_pct": float(100 * (torch.exp(nll - base_nll) - 1)),
+                "greedy_exact_match": sum(same) / len(same),
+                "greedy_agree_prefix_frac": sum(prefix) / (len(prefix) * args.new_tokens),
+            }
+        )
     positions = int(base.shape[0])
     result = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "model": str(model_path), "device": args.device, "attention_backend": args.attention_backend,
-        "activation_dtype": "float32", "prompts": len(prompts), "positions": positions,
-        "new_tokens": args.new_tokens, "fp8_scales": "static per head, 1.0 (uncalibrated)",
-        "seconds": time.perf_counter() - t_start, "results": rows,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "model": str(model_path),
+        "device": args.device,
+        "attention_backend": args.attention_backend,
+        "activation_dtype": "float32",
+        "prompts": len(prompts),
+        "positions": positions,
+        "new_tokens": args.new_tokens,
+        "fp8_scales": "static per head, 1.0 (uncalibrated)",
+        "seconds": time.perf_counter() - t_start,
+        "results": rows,
     }
-    print(f"KV-cache quantization accuracy: {model_path.name}, {len(prompts)} prompts, {positions} positions, "
-          f"{args.new_tokens} greedy tokens each ({result['seconds']:.0f}s)")
-    print("| KV dtype | bytes/token | vs 16-bit | mean KL | top-1 agree | PPL change | greedy exact | greedy prefix |")
+    print(
+        f"KV-cache quantization accuracy: {model_path.name}, {len(prompts)} prompts, {positions} positions, "
+        f"{args.new_tokens} greedy tokens each ({result['seconds']:.0f}s)"
+    )
+    print(
+        "| KV dtype | bytes/token | vs 16-bit | mean KL | top-1 agree | PPL change | greedy exact | greedy prefix |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     b16 = rows[0]["kv_bytes_per_token"]
     for r in rows:
-        print(f"| {r['kv_dtype']} | {r['kv_bytes_per_token']} | {r['kv_bytes_per_token'] / b16:.2f}x | "
-              f"{r['mean_kl']:.2e} | {100 * r['top1_agreement']:.2f}% | {r['ppl_change_pct']:+.2f}% | "
-              f"{100 * r['greedy_exact_match']:.0f}% | {100 * r['greedy_agree_prefix_frac']:.1f}% |")
+        print(
+            f"| {r['kv_dtype']} | {r['kv_bytes_per_token']} | {r['kv_bytes_per_token'] / b16:.2f}x | "
+            f"{r['mean_kl']:.2e} | {100 * r['top1_agreement']:.2f}% | {r['ppl_change_pct']:+.2f}% | "
+            f"{100 * r['greedy_exact_match']:.0f}% | {100 * r['greedy_agree_prefix_frac']:.1f}% |"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

@@ -51,10 +51,24 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "int8+vocab": {"dtype": "bfloat16", "quantization": "int8", "quantize_embeddings": True},
     "int4+vocab": {"dtype": "bfloat16", "quantization": "int4", "quantize_embeddings": True},
 }
-QUESTIONS = ["What is a radix tree?", "Name three planets.", "How do bees make honey?", "Why is the sea salty?",
-             "What is a prime number?", "Describe a cat.", "How does a compiler work?", "What is jazz?",
-             "Explain gravity simply.", "What is origami?", "How do glaciers move?", "What is a volcano?",
-             "Define typography.", "What is chess?", "How is glass made?", "Why do leaves fall?"]
+QUESTIONS = [
+    "What is a radix tree?",
+    "Name three planets.",
+    "How do bees make honey?",
+    "Why is the sea salty?",
+    "What is a prime number?",
+    "Describe a cat.",
+    "How does a compiler work?",
+    "What is jazz?",
+    "Explain gravity simply.",
+    "What is origami?",
+    "How do glaciers move?",
+    "What is a volcano?",
+    "Define typography.",
+    "What is chess?",
+    "How is glass made?",
+    "Why do leaves fall?",
+]
 
 
 def _drain(engine: Engine, ids: list[str]) -> tuple[float | None, float, int]:
@@ -95,9 +109,13 @@ def shared_rate(engine: Engine, system: list[int], questions: list[list[int]], n
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default="default")
-    ap.add_argument("--configs", default="fp32,bf16,int8,int4,int4+vocab", help=f"from {', '.join(CONFIGS)}")
+    ap.add_argument(
+        "--configs", default="fp32,bf16,int8,int4,int4+vocab", help=f"from {', '.join(CONFIGS)}"
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--system-tokens", type=int, default=400)
@@ -110,19 +128,34 @@ def main() -> None:
     engines = {}
     for name in names:
         t = time.perf_counter()
-        engines[name] = Engine(args.model, num_pages=1024, max_running_requests=16, num_threads=args.threads,
-                               **CONFIGS[name])
+        engines[name] = Engine(
+            args.model,
+            num_pages=1024,
+            max_running_requests=16,
+            num_threads=args.threads,
+            **CONFIGS[name],
+        )
         report = engines[name].model.quant_report
-        print(f"loaded {name} in {time.perf_counter() - t:.1f}s"
-              + (f" ({report.weight_bytes / 2**20:.0f} MiB weights)" if report else ""), flush=True)
+        print(
+            f"loaded {name} in {time.perf_counter() - t:.1f}s"
+            + (f" ({report.weight_bytes / 2**20:.0f} MiB weights)" if report else ""),
+            flush=True,
+        )
     tok = engines[names[0]].tokenizer
-    system = tok(("You are a careful, friendly assistant who answers questions about science, history and "
-                  "everyday life. Keep answers short and precise. ") * 40)["input_ids"][: args.system_tokens]
+    system = tok(
+        (
+            "You are a careful, friendly assistant who answers questions about science, history and "
+            "everyday life. Keep answers short and precise. "
+        )
+        * 40
+    )["input_ids"][: args.system_tokens]
     questions = [tok(" Question: " + q)["input_ids"] for q in QUESTIONS]
     single_prompt = [tok("Once upon a time, in a small village,")["input_ids"]]
-    results: dict[str, dict[str, list[float]]] = {n: {"single": [], "c16": [], "shared_c16": []} for n in names}
+    results: dict[str, dict[str, list[float]]] = {
+        n: {"single": [], "c16": [], "shared_c16": []} for n in names
+    }
     for r in range(args.rounds + 1):  # round 0 warms every engine up and is not counted
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             e = engines[name]
             single = decode_rate(e, single_prompt, args.decode_tokens)
@@ -131,12 +164,16 @@ def main() -> None:
             if r:
                 for key, v in (("single", single), ("c16", c16), ("shared_c16", shared)):
                     results[name][key].append(v)
-                print(f"round {r} {name:>11}: single {single:6.1f}  c16 {c16:6.1f}  shared_c16 {shared:6.1f} tok/s",
-                      flush=True)
+                print(
+                    f"round {r} {name:>11}: single {single:6.1f}  c16 {c16:6.1f}  shared_c16 {shared:6.1f} tok/s",
+                    flush=True,
+                )
     med = {n: {k: statistics.median(v) for k, v in d.items()} for n, d in results.items()}
     base = "fp32" if "fp32" in med else names[0]
-    print(f"\nmedians of {args.rounds} rounds ({platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} threads); ratios vs {base}:")
+    print(
+        f"\nmedians of {args.rounds} rounds ({platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads); ratios vs {base}:"
+    )
     print("| config | weights MiB | single tok/s | c16 decode tok/s | shared c16 out tok/s |")
     print("| --- | ---: | ---: | ---: | ---: |")
     rows = []
@@ -146,11 +183,18 @@ def main() -> None:
 
         mib = (rep.weight_bytes if rep else module_weight_bytes(engines[n].model)) / 2**20
         m, b = med[n], med[base]
-        print(f"| {n} | {mib:.0f} | {m['single']:.1f} ({m['single'] / b['single']:.2f}x) | "
-              f"{m['c16']:.1f} ({m['c16'] / b['c16']:.2f}x) | {m['shared_c16']:.1f} ({m['shared_c16'] / b['shared_c16']:.2f}x) |")
+        print(
+            f"| {n} | {mib:.0f} | {m['single']:.1f} ({m['single'] / b['single']:.2f}x) | "
+            f"{m['c16']:.1f} ({m['c16'] / b['c16']:.2f}x) | {m['shared_c16']:.1f} ({m['shared_c16'] / b['shared_c16']:.2f}x) |"
+        )
         rows.append({"config": n, "weights_mib": mib, **m, "rounds": results[n]})
-    out = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "model": args.model,
-           "threads": torch.get_num_threads(), "args": vars(args), "results": rows}
+    out = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "model": args.model,
+        "threads": torch.get_num_threads(),
+        "args": vars(args),
+        "results": rows,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(f"wrote {args.out}")

@@ -43,7 +43,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from bench_kv_quant_accuracy import prompt_ids, teacher_forced_logprobs  # noqa: E402
 
 
-
 def configs():
     from radixserve.model.quant import QuantConfig
 
@@ -60,15 +59,28 @@ def configs():
 
 def load(path: Path, dtype: torch.dtype, qcfg, fp8: bool):
     from radixserve.model.loader import load_model
-    from radixserve.model.quant.apply import install, linear_targets, make_quantized_linear, quantize_weight
+    from radixserve.model.quant.apply import (
+        install,
+        linear_targets,
+        make_quantized_linear,
+        quantize_weight,
+    )
 
     model = load_model(path, dtype=dtype, quantization=qcfg, pack_linears=not fp8, announce=False)
     if fp8:  # the loader refuses fp8 off CUDA; the layer itself runs wherever _scaled_mm does
         with torch.no_grad():
             for name in linear_targets(model, with_head=False):
                 lin = model.get_submodule(name)
-                install(model, name, make_quantized_linear("fp8", quantize_weight("fp8", lin.weight, None, torch.bfloat16),
-                                                           lin.bias, torch.bfloat16))
+                install(
+                    model,
+                    name,
+                    make_quantized_linear(
+                        "fp8",
+                        quantize_weight("fp8", lin.weight, None, torch.bfloat16),
+                        lin.bias,
+                        torch.bfloat16,
+                    ),
+                )
     return model
 
 
@@ -77,7 +89,12 @@ def greedy(model, tokenizer_path: Path, prompts: list[list[int]], n: int) -> lis
     from radixserve.engine.engine import Engine
     from radixserve.sampling_params import SamplingParams
 
-    engine = Engine(str(tokenizer_path), num_pages=2048, disable_radix_cache=True, dtype=str(model.dtype).removeprefix("torch."))
+    engine = Engine(
+        str(tokenizer_path),
+        num_pages=2048,
+        disable_radix_cache=True,
+        dtype=str(model.dtype).removeprefix("torch."),
+    )
     engine.model = model
     if hasattr(engine, "runner"):  # the model runner (issue 16) holds the model it forwards
         engine.runner.model = model
@@ -96,44 +113,64 @@ def evaluate(name: str, path: Path, new_tokens: int, n_chat: int, n_text: int) -
     gens = {"fp32": greedy(ref_model, path, prompts, new_tokens)}
     seqs = [p + g for p, g in zip(prompts, gens["fp32"])]
     starts = torch.tensor([0] + [len(s) for s in seqs]).cumsum(0)
-    pred_rows = torch.cat([torch.arange(int(starts[i]), int(starts[i]) + len(p) - 1) for i, p in enumerate(prompts)])
+    pred_rows = torch.cat(
+        [torch.arange(int(starts[i]), int(starts[i]) + len(p) - 1) for i, p in enumerate(prompts)]
+    )
     targets = torch.tensor([t for p in prompts for t in p[1:]])
     base = teacher_forced_logprobs(ref_model, seqs, "auto", "torch", torch.device("cpu"))
     base_nll = -base[pred_rows].gather(1, targets[:, None]).mean()
     rows = []
     for cname, (dtype, qcfg, fp8) in cfgs.items():
         model = ref_model if cname == "fp32" else load(path, dtype, qcfg, fp8)
-        lp = base if cname == "fp32" else teacher_forced_logprobs(model, seqs, "auto", "torch", torch.device("cpu"),
-                                                                   act_dtype=dtype).float()
+        lp = (
+            base
+            if cname == "fp32"
+            else teacher_forced_logprobs(
+                model, seqs, "auto", "torch", torch.device("cpu"), act_dtype=dtype
+            ).float()
+        )
         gen = gens["fp32"] if cname == "fp32" else greedy(model, path, prompts, new_tokens)
         err = (lp - base).abs()
         kl = (base.exp() * (base - lp)).sum(-1)
         nll = -lp[pred_rows].gather(1, targets[:, None]).mean()
-        prefix = [next((i for i, (x, y) in enumerate(zip(g, a)) if x != y), len(a)) for g, a in zip(gen, gens["fp32"])]
+        prefix = [
+            next((i for i, (x, y) in enumerate(zip(g, a)) if x != y), len(a))
+            for g, a in zip(gen, gens["fp32"])
+        ]
         report = getattr(model, "quant_report", None)
         from radixserve.model.quant.apply import module_weight_bytes
 
-        rows.append({
-            "config": cname,
-            "weights_mib": module_weight_bytes(model) / 2**20,
-            "source": report.source if report else "checkpoint",
-            "group_size": report.group_size if report else None,
-            "max_logprob_err": float(err.max()),
-            "mean_logprob_err": float(err.mean()),
-            "mean_kl": float(kl.mean()),
-            "top1_agreement": float((lp.argmax(-1) == base.argmax(-1)).float().mean()),
-            "ppl": float(torch.exp(nll)),
-            "ppl_change_pct": float(100 * (torch.exp(nll - base_nll) - 1)),
-            "greedy_exact_match": sum(g == a for g, a in zip(gen, gens["fp32"])) / len(gen),
-            "greedy_agree_prefix_frac": sum(prefix) / (len(prefix) * new_tokens),
-        })
+        rows.append(
+            {
+                "config": cname,
+                "weights_mib": module_weight_bytes(model) / 2**20,
+                "source": report.source if report else "checkpoint",
+                "group_size": report.group_size if report else None,
+                "max_logprob_err": float(err.max()),
+                "mean_logprob_err": float(err.mean()),
+                "mean_kl": float(kl.mean()),
+                "top1_agreement": float((lp.argmax(-1) == base.argmax(-1)).float().mean()),
+                "ppl": float(torch.exp(nll)),
+                "ppl_change_pct": float(100 * (torch.exp(nll - base_nll) - 1)),
+                "greedy_exact_match": sum(g == a for g, a in zip(gen, gens["fp32"])) / len(gen),
+                "greedy_agree_prefix_frac": sum(prefix) / (len(prefix) * new_tokens),
+            }
+        )
         print(f"  {name} {cname}: done ({time.perf_counter() - t0:.0f}s)", flush=True)
-    return {"model": name, "path": str(path), "prompts": len(prompts), "positions": int(base.shape[0]),
-            "new_tokens": new_tokens, "rows": rows}
+    return {
+        "model": name,
+        "path": str(path),
+        "prompts": len(prompts),
+        "positions": int(base.shape[0]),
+        "new_tokens": new_tokens,
+        "rows": rows,
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--models", default="default,tiny")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--n-chat", type=int, default=8)
@@ -149,23 +186,37 @@ def main() -> None:
         if name == "tiny":
             import tiny_models
 
-            path = tiny_models.build_tiny_llama(Path(tempfile.mkdtemp(prefix="quant-acc-")), hidden_size=128,
-                                                intermediate_size=256)
+            path = tiny_models.build_tiny_llama(
+                Path(tempfile.mkdtemp(prefix="quant-acc-")), hidden_size=128, intermediate_size=256
+            )
         else:
             path = resolve_model(name)
         results.append(evaluate(name, path, args.new_tokens, args.n_chat, args.n_text))
     for res in results:
-        print(f"\n{res['model']}: {res['prompts']} prompts, {res['positions']} positions, {res['new_tokens']} greedy tokens")
-        print("| config | weights MiB | max |Δ logprob| | mean |Δ logprob| | mean KL | top-1 agree | PPL (change) | greedy exact | greedy prefix |")
+        print(
+            f"\n{res['model']}: {res['prompts']} prompts, {res['positions']} positions, {res['new_tokens']} greedy tokens"
+        )
+        print(
+            "| config | weights MiB | max |Δ logprob| | mean |Δ logprob| | mean KL | top-1 agree | PPL (change) | greedy exact | greedy prefix |"
+        )
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in res["rows"]:
             g = f" g{r['group_size']}" if r["group_size"] else ""
-            print(f"| {r['config']}{g} | {r['weights_mib']:.1f} | {r['max_logprob_err']:.3f} | {r['mean_logprob_err']:.4f} | "
-                  f"{r['mean_kl']:.2e} | {100 * r['top1_agreement']:.1f}% | {r['ppl']:.2f} ({r['ppl_change_pct']:+.2f}%) | "
-                  f"{100 * r['greedy_exact_match']:.0f}% | {100 * r['greedy_agree_prefix_frac']:.1f}% |")
+            print(
+                f"| {r['config']}{g} | {r['weights_mib']:.1f} | {r['max_logprob_err']:.3f} | {r['mean_logprob_err']:.4f} | "
+                f"{r['mean_kl']:.2e} | {100 * r['top1_agreement']:.1f}% | {r['ppl']:.2f} ({r['ppl_change_pct']:+.2f}%) | "
+                f"{100 * r['greedy_exact_match']:.0f}% | {100 * r['greedy_agree_prefix_frac']:.1f}% |"
+            )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                                    "results": results}, indent=2))
+    args.out.write_text(
+        json.dumps(
+            {
+                "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                "results": results,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {args.out}")
 
 

@@ -59,7 +59,9 @@ def _toks(rng: random.Random, lo: int, hi: int) -> list[int]:
 
 def chats(seed: int) -> Iterator[Request]:
     rng = random.Random(seed)
-    systems = [_toks(rng, 900, 1100) for _ in range(4)]  # lengths not page-aligned, like real prompts
+    systems = [
+        _toks(rng, 900, 1100) for _ in range(4)
+    ]  # lengths not page-aligned, like real prompts
     while True:
         prompt = rng.choice(systems) + _toks(rng, 64, 256)
         yield prompt, prompt + _toks(rng, 64, 256)
@@ -114,7 +116,10 @@ def build(cache: RadixCache, alloc: PageAllocator, gen: Iterator[Request], targe
     recent: list[list[int]] = []
     while True:
         prompt, full = next(gen)
-        if cache.total_cached_tokens + len(full) > target or alloc.num_free < _pages_for(len(full), ps) + 1:
+        if (
+            cache.total_cached_tokens + len(full) > target
+            or alloc.num_free < _pages_for(len(full), ps) + 1
+        ):
             break
         t0 = time.thread_time()
         serve_once(cache, alloc, prompt, full)
@@ -144,17 +149,36 @@ def hot_match(cache: RadixCache, prompts: list[list[int]], n: int = 500) -> dict
     for p in sample:
         cache.match_prefix(p, record_stats=False)
     dt_ = time.thread_time() - t0
-    return {"tokens_per_s": tokens / dt_, "us_per_match": 1e6 * dt_ / len(sample), "avg_query_tokens": tokens / len(sample)}
+    return {
+        "tokens_per_s": tokens / dt_,
+        "us_per_match": 1e6 * dt_ / len(sample),
+        "avg_query_tokens": tokens / len(sample),
+    }
 
 
 class _Running:
     __slots__ = ("tokens", "answer", "emitted", "pages", "node")
 
-    def __init__(self, tokens: list[int], answer: list[int], pages: list[int], node: object) -> None:
-        self.tokens, self.answer, self.emitted, self.pages, self.node = tokens, answer, 0, pages, node
+    def __init__(
+        self, tokens: list[int], answer: list[int], pages: list[int], node: object
+    ) -> None:
+        self.tokens, self.answer, self.emitted, self.pages, self.node = (
+            tokens,
+            answer,
+            0,
+            pages,
+            node,
+        )
 
 
-def decode_sim(cache: RadixCache, alloc: PageAllocator, gen: Iterator[Request], batch: int, steps: int, warmup: int) -> dict:
+def decode_sim(
+    cache: RadixCache,
+    alloc: PageAllocator,
+    gen: Iterator[Request],
+    batch: int,
+    steps: int,
+    warmup: int,
+) -> dict:
     """Steady-state serving loop with a full pool; returns the cache's bookkeeping per decode step.
 
     Only the cache and allocator calls are timed (not this loop's own token appends), by
@@ -207,7 +231,9 @@ def decode_sim(cache: RadixCache, alloc: PageAllocator, gen: Iterator[Request], 
                     retracted += 1
                     done = True
             if done:
-                c = cache.cache_prefix(r.tokens[:-1], r.pages, r.node)  # the last token has no KV yet
+                c = cache.cache_prefix(
+                    r.tokens[:-1], r.pages, r.node
+                )  # the last token has no KV yet
                 cache.unlock(c.node)
                 alloc.free(c.pages[c.cached_len // ps :])
                 finished += 1
@@ -237,7 +263,11 @@ def drain(cache: RadixCache) -> dict:
     while cache.evict(chunk):
         pass
     dt_ = time.thread_time() - t0
-    return {"us_per_page": 1e6 * dt_ / max(1, pages), "us_per_64_tokens": 1e6 * dt_ / max(1, pages * ps / 64), "pages": pages}
+    return {
+        "us_per_page": 1e6 * dt_ / max(1, pages),
+        "us_per_64_tokens": 1e6 * dt_ / max(1, pages * ps / 64),
+        "pages": pages,
+    }
 
 
 def run_shape(shape: str, ps: int, target: int, batch: int, steps: int, seed: int) -> dict:
@@ -256,7 +286,15 @@ def run_shape(shape: str, ps: int, target: int, batch: int, steps: int, seed: in
     d = decode_sim(cache, alloc, gen, batch, steps, warmup=steps // 2)
     e = drain(cache)
     cache.check_invariants()
-    return {"shape": shape, "page_size": ps, "nodes": nodes, "build": b, "match": m, "decode": d, "evict": e}
+    return {
+        "shape": shape,
+        "page_size": ps,
+        "nodes": nodes,
+        "build": b,
+        "match": m,
+        "decode": d,
+        "evict": e,
+    }
 
 
 def _count_nodes(cache: RadixCache) -> int:
@@ -294,12 +332,16 @@ def load_decode_step(model_path: str, batch: int, ctx: int):
     paged = ForwardBatch(
         input_ids=torch.randint(100, 40000, (batch,)),
         positions=torch.full((batch,), ctx, dtype=torch.int64),
-        seq_lens=lens, extend_lens=ones, prefix_lens=lens - 1,
+        seq_lens=lens,
+        extend_lens=ones,
+        prefix_lens=lens - 1,
         extend_start_loc=torch.arange(batch, dtype=torch.int32),
         logits_indices=torch.arange(batch, dtype=torch.int64),
-        seq_lens_cpu=[ctx + 1] * batch, extend_lens_cpu=[1] * batch,
+        seq_lens_cpu=[ctx + 1] * batch,
+        extend_lens_cpu=[1] * batch,
         out_cache_loc=(table[:, ctx // ps].to(torch.int64) * ps + ctx % ps),
-        page_table=table, page_size=ps,
+        page_table=table,
+        page_size=ps,
     )
     dense = ForwardBatch.for_full_sequences([[7]] * batch)
     paged_attn, dense_attn = TorchPagedAttentionBackend(pool), DenseAttentionBackend()
@@ -326,19 +368,38 @@ def compare_with_model(args: argparse.Namespace, results: list[dict]) -> dict:
     for _ in range(3):  # interleaved: model steps, then the bookkeeping of the chats shape at ps 16
         paged = min(paged_step() for _ in range(3))
         dense = min(dense_step() for _ in range(3))
-        d = run_shape("chats", 16, min(args.tokens, 200_000), args.batch, 100, args.seed + 7)["decode"]
-        rounds.append({"paged_step_ms": 1e3 * paged, "dense_step_ms": 1e3 * dense,
-                       "bookkeeping_cpu_us": d["cpu_us_per_step"], "bookkeeping_wall_us": d["us_per_step"]})
+        d = run_shape("chats", 16, min(args.tokens, 200_000), args.batch, 100, args.seed + 7)[
+            "decode"
+        ]
+        rounds.append(
+            {
+                "paged_step_ms": 1e3 * paged,
+                "dense_step_ms": 1e3 * dense,
+                "bookkeeping_cpu_us": d["cpu_us_per_step"],
+                "bookkeeping_wall_us": d["us_per_step"],
+            }
+        )
     paged_ms = statistics.median(r["paged_step_ms"] for r in rounds)
     dense_ms = statistics.median(r["dense_step_ms"] for r in rounds)
     book = statistics.median(r["bookkeeping_cpu_us"] for r in rounds)
     worst = max(results, key=lambda r: r["decode"]["cpu_us_per_step"]) if results else None
-    out = {"batch": args.batch, "ctx": args.ctx, "rounds": rounds, "paged_step_ms": paged_ms, "dense_step_ms": dense_ms,
-           "bookkeeping_cpu_us": book, "ratio_paged": book / (1e3 * paged_ms), "ratio_dense": book / (1e3 * dense_ms)}
+    out = {
+        "batch": args.batch,
+        "ctx": args.ctx,
+        "rounds": rounds,
+        "paged_step_ms": paged_ms,
+        "dense_step_ms": dense_ms,
+        "bookkeeping_cpu_us": book,
+        "ratio_paged": book / (1e3 * paged_ms),
+        "ratio_dense": book / (1e3 * dense_ms),
+    }
     if worst is not None:
-        out["worst"] = {"shape": worst["shape"], "page_size": worst["page_size"],
-                        "cpu_us_per_step": worst["decode"]["cpu_us_per_step"],
-                        "ratio_dense": worst["decode"]["cpu_us_per_step"] / (1e3 * dense_ms)}
+        out["worst"] = {
+            "shape": worst["shape"],
+            "page_size": worst["page_size"],
+            "cpu_us_per_step": worst["decode"]["cpu_us_per_step"],
+            "ratio_dense": worst["decode"]["cpu_us_per_step"] / (1e3 * dense_ms),
+        }
     return out
 
 
@@ -348,52 +409,83 @@ def main() -> None:
     p.add_argument("--page-sizes", default="1,16,64")
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--steps", type=int, default=300, help="measured decode steps (after as many/2 warm-up)")
+    p.add_argument(
+        "--steps", type=int, default=300, help="measured decode steps (after as many/2 warm-up)"
+    )
     p.add_argument("--ctx", type=int, default=256, help="history length of the paged decode step")
     p.add_argument("--model", default=os.environ.get("RADIXSERVE_BENCH_MODEL", "/tmp/smol/hf"))
     p.add_argument("--no-model", action="store_true")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_radix_cache.json"))
+    p.add_argument(
+        "--out", default=str(Path(__file__).parent / "results" / "bench_radix_cache.json")
+    )
     args = p.parse_args()
 
     results = []
-    print(f"{'shape':10} {'ps':>3} {'nodes':>7} {'build tok/s':>12} {'us/req':>7} {'hit':>6} "
-          f"{'match tok/s':>12} {'us/match':>8} {'step us':>8} {'(wall)':>8} {'evict/step':>10} {'evict us/pg':>11}")
+    print(
+        f"{'shape':10} {'ps':>3} {'nodes':>7} {'build tok/s':>12} {'us/req':>7} {'hit':>6} "
+        f"{'match tok/s':>12} {'us/match':>8} {'step us':>8} {'(wall)':>8} {'evict/step':>10} {'evict us/pg':>11}"
+    )
     for shape in args.shapes.split(","):
         for ps in (int(x) for x in args.page_sizes.split(",")):
             r = run_shape(shape, ps, args.tokens, args.batch, args.steps, args.seed)
             results.append(r)
             b, m, d, e = r["build"], r["match"], r["decode"], r["evict"]
-            print(f"{shape:10} {ps:>3} {r['nodes']:>7} {b['tokens_per_s']:>12,.0f} {b['us_per_request']:>7.1f} "
-                  f"{b['hit_rate']:>6.3f} {m['tokens_per_s']:>12,.0f} {m['us_per_match']:>8.1f} "
-                  f"{d['cpu_us_per_step']:>8.1f} {d['us_per_step']:>8.1f} {d['evicted_pages_per_step']:>10.1f} {e['us_per_page']:>11.2f}", flush=True)
+            print(
+                f"{shape:10} {ps:>3} {r['nodes']:>7} {b['tokens_per_s']:>12,.0f} {b['us_per_request']:>7.1f} "
+                f"{b['hit_rate']:>6.3f} {m['tokens_per_s']:>12,.0f} {m['us_per_match']:>8.1f} "
+                f"{d['cpu_us_per_step']:>8.1f} {d['us_per_step']:>8.1f} {d['evicted_pages_per_step']:>10.1f} {e['us_per_page']:>11.2f}",
+                flush=True,
+            )
 
     model = None
     if args.no_model or not Path(args.model).is_dir():
-        print(f"\nmodel comparison skipped ({'--no-model' if args.no_model else f'no model at {args.model}'}): "
-              "the 5% target needs a SmolLM2 decode step beside the bookkeeping figures above")
+        print(
+            f"\nmodel comparison skipped ({'--no-model' if args.no_model else f'no model at {args.model}'}): "
+            "the 5% target needs a SmolLM2 decode step beside the bookkeeping figures above"
+        )
     else:
         model = compare_with_model(args, results)
-        print(f"\nSmolLM2 decode step at batch {args.batch} (fp32, CPU, torch {_torch_threads()} threads; best of 3),"
-              " interleaved with the cache bookkeeping of the chats shape at page size 16 (CPU time):")
+        print(
+            f"\nSmolLM2 decode step at batch {args.batch} (fp32, CPU, torch {_torch_threads()} threads; best of 3),"
+            " interleaved with the cache bookkeeping of the chats shape at page size 16 (CPU time):"
+        )
         for r in model["rounds"]:
-            print(f"  paged, {args.ctx} tokens of history: {r['paged_step_ms']:7.1f} ms   dense 64x1 token: "
-                  f"{r['dense_step_ms']:7.1f} ms   bookkeeping: {r['bookkeeping_cpu_us']:6.1f} us "
-                  f"(wall {r['bookkeeping_wall_us']:.1f} us)")
-        print(f"  median bookkeeping = {100 * model['ratio_paged']:.4f}% of the paged step, "
-              f"{100 * model['ratio_dense']:.4f}% of the dense lower bound (target < 5%)")
+            print(
+                f"  paged, {args.ctx} tokens of history: {r['paged_step_ms']:7.1f} ms   dense 64x1 token: "
+                f"{r['dense_step_ms']:7.1f} ms   bookkeeping: {r['bookkeeping_cpu_us']:6.1f} us "
+                f"(wall {r['bookkeeping_wall_us']:.1f} us)"
+            )
+        print(
+            f"  median bookkeeping = {100 * model['ratio_paged']:.4f}% of the paged step, "
+            f"{100 * model['ratio_dense']:.4f}% of the dense lower bound (target < 5%)"
+        )
         if "worst" in model:
             w = model["worst"]
-            print(f"  worst row of the table ({w['shape']}, page size {w['page_size']}): {w['cpu_us_per_step']:.1f} us "
-                  f"= {100 * w['ratio_dense']:.4f}% of the dense step")
+            print(
+                f"  worst row of the table ({w['shape']}, page size {w['page_size']}): {w['cpu_us_per_step']:.1f} us "
+                f"= {100 * w['ratio_dense']:.4f}% of the dense step"
+            )
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "benchmark": "radix_cache", "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()},
-        "args": vars(args), "results": results, "model_comparison": model,
-    }, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "radix_cache",
+                "date": dt.datetime.now().isoformat(timespec="seconds"),
+                "machine": {
+                    "python": sys.version.split()[0],
+                    "platform": platform.platform(),
+                    "cpus": os.cpu_count(),
+                },
+                "args": vars(args),
+                "results": results,
+                "model_comparison": model,
+            },
+            indent=2,
+        )
+    )
     print(f"\nwrote {out}")
 
 

@@ -91,8 +91,10 @@ def weight_floor_ms(engine: Engine) -> tuple[float, float]:
 def ttft_ms(engine: Engine, seed: int) -> float:
     """Time to the first token of one 32-token prompt (prefill + first sample), alone."""
     g = torch.Generator().manual_seed(seed)
-    rid = engine.add_request(torch.randint(100, 20000, (32,), generator=g).tolist(),
-                             SamplingParams(max_tokens=1, temperature=0.0))
+    rid = engine.add_request(
+        torch.randint(100, 20000, (32,), generator=g).tolist(),
+        SamplingParams(max_tokens=1, temperature=0.0),
+    )
     t = time.perf_counter()
     while True:
         if any(o.request_id == rid and o.new_token_ids for o in engine.step()):
@@ -123,18 +125,26 @@ def run(engine: Engine, batch: int, steps: int) -> dict[str, Any]:
         engine.step()
     total = sum(times)
     parts["other"] = total / steps * 1e3 - sum(parts.values())
-    return {"step_ms_median": statistics.median(times) * 1e3, "step_ms_mean": total / steps * 1e3, "parts_ms": parts}
+    return {
+        "step_ms_median": statistics.median(times) * 1e3,
+        "step_ms_mean": total / steps * 1e3,
+        "parts_ms": parts,
+    }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default="default")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--num-pages", type=int, default=1024)
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved repetitions per configuration")
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="interleaved repetitions per configuration"
+    )
     ap.add_argument("--out", default="benchmarks/results/bench_runner_step.json")
     args = ap.parse_args()
     from radixserve.model_store import resolve_model
@@ -142,16 +152,27 @@ def main() -> int:
     path = resolve_model(None if args.model == "default" else args.model)
     modes = [(g, o) for g in ("off", "on") for o in ("off", "on")]
     engines = {
-        (g, o): Engine(path, dtype=args.dtype, device=args.device, num_pages=args.num_pages, max_model_len=2048,
-                       max_running_requests=max(args.batch), decode_graphs=g, overlap_schedule=o)
+        (g, o): Engine(
+            path,
+            dtype=args.dtype,
+            device=args.device,
+            num_pages=args.num_pages,
+            max_model_len=2048,
+            max_running_requests=max(args.batch),
+            decode_graphs=g,
+            overlap_schedule=o,
+        )
         for g, o in modes
     }
     # The first request on a fresh engine against a second one of the same shape (warm start).
     first = {m: ttft_ms(e, 1) for m, e in engines.items()}
     second = {m: ttft_ms(e, 2) for m, e in engines.items()}
     for m in modes:
-        print(f"static {m[0]:3s} overlap {m[1]:3s}: first request TTFT {first[m]:.1f} ms, second {second[m]:.1f} ms "
-              f"({first[m] / second[m]:.2f}x)", flush=True)
+        print(
+            f"static {m[0]:3s} overlap {m[1]:3s}: first request TTFT {first[m]:.1f} ms, second {second[m]:.1f} ms "
+            f"({first[m] / second[m]:.2f}x)",
+            flush=True,
+        )
     floor_ms, gbs = weight_floor_ms(engines["off", "off"])
     results: list[dict[str, Any]] = []
     for batch in args.batch:
@@ -161,17 +182,39 @@ def main() -> int:
                 rounds[m].append(run(engines[m], batch, args.steps))
         for (g, o), rs in rounds.items():
             med = statistics.median(r["step_ms_median"] for r in rs)
-            parts = {k: statistics.median(r["parts_ms"].get(k, 0.0) for r in rs) for k in rs[0]["parts_ms"]}
-            results.append({"batch": batch, "static_decode": g, "overlap": o, "step_ms_median": med,
-                            "rounds_ms": [r["step_ms_median"] for r in rs], "parts_ms": parts})
+            parts = {
+                k: statistics.median(r["parts_ms"].get(k, 0.0) for r in rs)
+                for k in rs[0]["parts_ms"]
+            }
+            results.append(
+                {
+                    "batch": batch,
+                    "static_decode": g,
+                    "overlap": o,
+                    "step_ms_median": med,
+                    "rounds_ms": [r["step_ms_median"] for r in rs],
+                    "parts_ms": parts,
+                }
+            )
             shown = "  ".join(f"{k} {v:5.1f}" for k, v in sorted(parts.items()))
             each = ", ".join(f"{r['step_ms_median']:.1f}" for r in rs)
-            print(f"batch {batch:3d} static {g:3s} overlap {o:3s}: step {med:6.1f} ms (median of {args.rounds} "
-                  f"rounds: {each}; {shown})", flush=True)
+            print(
+                f"batch {batch:3d} static {g:3s} overlap {o:3s}: step {med:6.1f} ms (median of {args.rounds} "
+                f"rounds: {each}; {shown})",
+                flush=True,
+            )
     print(f"weight-streaming floor: {floor_ms:.1f} ms per step ({gbs:.1f} GB/s copy bandwidth)")
-    out = {"date": dt.datetime.now().isoformat(timespec="seconds"), "dtype": args.dtype, "device": args.device,
-           "weight_floor_ms": floor_ms, "copy_gbs": gbs, "results": results,
-           "ttft_first_second_ms": {f"static {g} overlap {o}": [first[g, o], second[g, o]] for g, o in modes}}
+    out = {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "dtype": args.dtype,
+        "device": args.device,
+        "weight_floor_ms": floor_ms,
+        "copy_gbs": gbs,
+        "results": results,
+        "ttft_first_second_ms": {
+            f"static {g} overlap {o}": [first[g, o], second[g, o]] for g, o in modes
+        },
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     return 0

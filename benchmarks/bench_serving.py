@@ -46,32 +46,82 @@ from radixserve.serving.launcher import LocalServer
 from radixserve.serving.router import RouterConfig
 
 TOPICS = [
-    "astronomy", "cooking", "gardening", "chess", "linear algebra", "medieval history", "sailing", "compilers",
-    "beekeeping", "photography", "volcanoes", "jazz", "origami", "cryptography", "marathon training", "ceramics",
+    "astronomy",
+    "cooking",
+    "gardening",
+    "chess",
+    "linear algebra",
+    "medieval history",
+    "sailing",
+    "compilers",
+    "beekeeping",
+    "photography",
+    "volcanoes",
+    "jazz",
+    "origami",
+    "cryptography",
+    "marathon training",
+    "ceramics",
 ]
 QUESTIONS = [
-    "What should a beginner learn first?", "Name three common mistakes.", "Explain one key idea simply.",
-    "What tools do I need?", "Give me a short exercise.", "How do experts practice?",
-    "What is a surprising fact?", "Summarize the history in two sentences.", "What is a good first project?",
-    "How do I measure progress?", "Recommend a book.", "What does a typical day look like?",
+    "What should a beginner learn first?",
+    "Name three common mistakes.",
+    "Explain one key idea simply.",
+    "What tools do I need?",
+    "Give me a short exercise.",
+    "How do experts practice?",
+    "What is a surprising fact?",
+    "Summarize the history in two sentences.",
+    "What is a good first project?",
+    "How do I measure progress?",
+    "Recommend a book.",
+    "What does a typical day look like?",
 ]
 
 
 def system_prompt(topic: str, words: int) -> str:
     """A long, topic-specific system prompt (deterministic filler around real instructions)."""
     rng = random.Random(topic)
-    rules = [f"Rule {i + 1}: when discussing {topic}, " + " ".join(rng.choice(
-        ["be precise", "cite examples", "avoid jargon", "define terms", "stay concise", "give numbers",
-         "mention safety", "compare options", "explain trade-offs", "use analogies"]) for _ in range(6)) + "."
-        for i in range(max(1, words // 30))]
+    rules = [
+        f"Rule {i + 1}: when discussing {topic}, "
+        + " ".join(
+            rng.choice(
+                [
+                    "be precise",
+                    "cite examples",
+                    "avoid jargon",
+                    "define terms",
+                    "stay concise",
+                    "give numbers",
+                    "mention safety",
+                    "compare options",
+                    "explain trade-offs",
+                    "use analogies",
+                ]
+            )
+            for _ in range(6)
+        )
+        + "."
+        for i in range(max(1, words // 30))
+    ]
     return f"You are an expert tutor in {topic}. " + " ".join(rules)
 
 
-def build_workload(systems: int, per_system: int, words: int, seed: int) -> list[list[dict[str, str]]]:
+def build_workload(
+    systems: int, per_system: int, words: int, seed: int
+) -> list[list[dict[str, str]]]:
     """Chat requests: ``systems`` shared system prompts x ``per_system`` questions, shuffled."""
-    reqs = [[{"role": "system", "content": system_prompt(TOPICS[s % len(TOPICS)], words)},
-             {"role": "user", "content": QUESTIONS[(q + s) % len(QUESTIONS)] + f" (request {s}.{q})"}]
-            for s in range(systems) for q in range(per_system)]
+    reqs = [
+        [
+            {"role": "system", "content": system_prompt(TOPICS[s % len(TOPICS)], words)},
+            {
+                "role": "user",
+                "content": QUESTIONS[(q + s) % len(QUESTIONS)] + f" (request {s}.{q})",
+            },
+        ]
+        for s in range(systems)
+        for q in range(per_system)
+    ]
     random.Random(seed).shuffle(reqs)
     return reqs
 
@@ -83,8 +133,15 @@ def ideal_hit_rate(model: Path, workload: list[list[dict[str, str]]], page_size:
     from radixserve.serving.prompts import load_tokenizer
 
     tok = load_tokenizer(model)
-    seqs = [tuple(tok.encode(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
-                             add_special_tokens=False)) for m in workload]
+    seqs = [
+        tuple(
+            tok.encode(
+                tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False,
+            )
+        )
+        for m in workload
+    ]
     hit = 0
     for i, ids in enumerate(seqs):
         best = max([common_prefix_len(ids, prev) for prev in seqs[:i]], default=0)
@@ -92,7 +149,9 @@ def ideal_hit_rate(model: Path, workload: list[list[dict[str, str]]], page_size:
     return hit / max(1, sum(map(len, seqs)))
 
 
-async def _one(client: AsyncClient, messages: list[dict[str, str]], params: SamplingParams) -> dict[str, Any]:
+async def _one(
+    client: AsyncClient, messages: list[dict[str, str]], params: SamplingParams
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     stamps: list[float] = []
     final: p.GenerateFinal | None = None
@@ -103,13 +162,25 @@ async def _one(client: AsyncClient, messages: list[dict[str, str]], params: Samp
             final = ev
     assert final is not None
     end = time.perf_counter()
-    return {"ttft": stamps[0] - t0 if stamps else end - t0, "itl": list(np.diff(stamps)) if len(stamps) > 1 else [],
-            "e2e": end - t0, "prompt": final.usage.prompt_tokens, "cached": final.usage.cached_tokens,
-            "completion": final.usage.completion_tokens, "worker": final.worker_id}
+    return {
+        "ttft": stamps[0] - t0 if stamps else end - t0,
+        "itl": list(np.diff(stamps)) if len(stamps) > 1 else [],
+        "e2e": end - t0,
+        "prompt": final.usage.prompt_tokens,
+        "cached": final.usage.cached_tokens,
+        "completion": final.usage.completion_tokens,
+        "worker": final.worker_id,
+    }
 
 
-async def replay(endpoint: str, workload: list[list[dict[str, str]]], params: SamplingParams,
-                 concurrency: int, rate: float | None, seed: int) -> dict[str, Any]:
+async def replay(
+    endpoint: str,
+    workload: list[list[dict[str, str]]],
+    params: SamplingParams,
+    concurrency: int,
+    rate: float | None,
+    seed: int,
+) -> dict[str, Any]:
     """Send the workload; return throughput, latency percentiles and hit rate."""
     client = AsyncClient(endpoint, timeout=600)
     sem = asyncio.Semaphore(concurrency if rate is None else len(workload))
@@ -139,32 +210,57 @@ async def replay(endpoint: str, workload: list[list[dict[str, str]]], params: Sa
     cached = sum(r["cached"] for r in results)
 
     def pct(a: np.ndarray) -> dict[str, float]:
-        return {f"p{q}": float(np.percentile(a, q)) if len(a) else float("nan") for q in (50, 90, 99)}
+        return {
+            f"p{q}": float(np.percentile(a, q)) if len(a) else float("nan") for q in (50, 90, 99)
+        }
 
     per_worker: dict[str, int] = {}
     for r in results:
         per_worker[str(r["worker"])] = per_worker.get(str(r["worker"]), 0) + 1
     return {
-        "wall_s": wall, "requests": len(results), "req_per_s": len(results) / wall,
-        "output_tok_per_s": out_tokens / wall, "total_tok_per_s": (out_tokens + prompt_tokens) / wall,
-        "prompt_tokens": prompt_tokens, "cached_tokens": cached, "hit_rate": cached / max(1, prompt_tokens),
-        "ttft_ms": pct(ttft), "itl_ms": pct(itl), "e2e_s": pct(e2e), "requests_per_worker": per_worker,
+        "wall_s": wall,
+        "requests": len(results),
+        "req_per_s": len(results) / wall,
+        "output_tok_per_s": out_tokens / wall,
+        "total_tok_per_s": (out_tokens + prompt_tokens) / wall,
+        "prompt_tokens": prompt_tokens,
+        "cached_tokens": cached,
+        "hit_rate": cached / max(1, prompt_tokens),
+        "ttft_ms": pct(ttft),
+        "itl_ms": pct(itl),
+        "e2e_s": pct(e2e),
+        "requests_per_worker": per_worker,
     }
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF dir")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF dir"
+    )
     ap.add_argument("--systems", type=int, default=6, help="distinct shared system prompts")
     ap.add_argument("--per-system", type=int, default=4, help="requests per system prompt")
-    ap.add_argument("--system-words", type=int, default=600, help="approximate words per system prompt")
-    ap.add_argument("--max-tokens", type=int, default=12, help="output tokens per request (ignore_eos)")
+    ap.add_argument(
+        "--system-words", type=int, default=600, help="approximate words per system prompt"
+    )
+    ap.add_argument(
+        "--max-tokens", type=int, default=12, help="output tokens per request (ignore_eos)"
+    )
     ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--rate", type=float, default=None, help="Poisson request rate (req/s) instead of concurrency")
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="Poisson request rate (req/s) instead of concurrency",
+    )
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds per configuration")
     ap.add_argument("--kv-tokens", type=int, default=2048, help="KV pool per worker, in tokens")
     ap.add_argument("--page-size", type=int, default=16)
-    ap.add_argument("--configs", default="1w,2w-cache,2w-rr", help="comma-separated subset of 1w,2w-cache,2w-rr")
+    ap.add_argument(
+        "--configs", default="1w,2w-cache,2w-rr", help="comma-separated subset of 1w,2w-cache,2w-rr"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/bench_serving.json")
     args = ap.parse_args()
@@ -175,10 +271,18 @@ def main() -> int:
 
     model = resolve_model(None if args.model == "default" else args.model)
     cores = os.cpu_count() or 1
-    layouts = {"1w": (1, "cache_aware"), "2w-cache": (2, "cache_aware"), "2w-rr": (2, "round_robin")}
+    layouts = {
+        "1w": (1, "cache_aware"),
+        "2w-cache": (2, "cache_aware"),
+        "2w-rr": (2, "round_robin"),
+    }
     names = [c for c in args.configs.split(",") if c]
-    engine = dict(page_size=args.page_size, num_pages=max(1, args.kv_tokens // args.page_size),
-                  max_num_tokens=1024, max_running_requests=32)
+    engine = dict(
+        page_size=args.page_size,
+        num_pages=max(1, args.kv_tokens // args.page_size),
+        max_num_tokens=1024,
+        max_running_requests=32,
+    )
     servers: dict[str, LocalServer] = {}
     workload = build_workload(args.systems, args.per_system, args.system_words, args.seed)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
@@ -189,50 +293,83 @@ def main() -> int:
         for name in names:
             n, routing = layouts[name]
             cfg = RouterConfig(endpoint="tcp://127.0.0.1:*", routing=routing, worker_timeout_s=300)
-            servers[name] = LocalServer(model, num_workers=n, config=cfg,
-                                        engine_config={**engine, "num_threads": max(1, cores // n)})
+            servers[name] = LocalServer(
+                model,
+                num_workers=n,
+                config=cfg,
+                engine_config={**engine, "num_threads": max(1, cores // n)},
+            )
         for srv in servers.values():
             srv.start(timeout_s=600)
         for r in range(args.rounds):
-            order = names[r % len(names):] + names[: r % len(names)]  # rotate who goes first
+            order = names[r % len(names) :] + names[: r % len(names)]  # rotate who goes first
             for name in order:
                 srv = servers[name]
                 asyncio.run(_flush(srv.endpoint))
-                res = asyncio.run(replay(srv.endpoint, workload, params, args.concurrency, args.rate, args.seed + r))
+                res = asyncio.run(
+                    replay(
+                        srv.endpoint, workload, params, args.concurrency, args.rate, args.seed + r
+                    )
+                )
                 rounds[name].append(res)
-                print(f"round {r} {name:9s} {res['output_tok_per_s']:7.1f} out tok/s  hit {res['hit_rate']:.2f}  "
-                      f"ttft p50 {res['ttft_ms']['p50']:7.0f} ms  itl p50 {res['itl_ms']['p50']:6.1f} ms", flush=True)
+                print(
+                    f"round {r} {name:9s} {res['output_tok_per_s']:7.1f} out tok/s  hit {res['hit_rate']:.2f}  "
+                    f"ttft p50 {res['ttft_ms']['p50']:7.0f} ms  itl p50 {res['itl_ms']['p50']:6.1f} ms",
+                    flush=True,
+                )
     finally:
         for srv in servers.values():
             srv.close()
 
     summary = {name: _median(rs) for name, rs in rounds.items()}
-    print(f"\n{'config':10s} {'out tok/s':>10s} {'req/s':>7s} {'hit':>5s} {'TTFT p50/p90/p99 ms':>22s} "
-          f"{'ITL p50/p90/p99 ms':>20s}  per-worker requests")
+    print(
+        f"\n{'config':10s} {'out tok/s':>10s} {'req/s':>7s} {'hit':>5s} {'TTFT p50/p90/p99 ms':>22s} "
+        f"{'ITL p50/p90/p99 ms':>20s}  per-worker requests"
+    )
     for name, s in summary.items():
         t, i = s["ttft_ms"], s["itl_ms"]
-        print(f"{name:10s} {s['output_tok_per_s']:10.1f} {s['req_per_s']:7.2f} {s['hit_rate']:5.2f} "
-              f"{t['p50']:6.0f}/{t['p90']:6.0f}/{t['p99']:6.0f}   {i['p50']:5.1f}/{i['p90']:5.1f}/{i['p99']:6.1f}  "
-              f"{rounds[name][-1]['requests_per_worker']}")
+        print(
+            f"{name:10s} {s['output_tok_per_s']:10.1f} {s['req_per_s']:7.2f} {s['hit_rate']:5.2f} "
+            f"{t['p50']:6.0f}/{t['p90']:6.0f}/{t['p99']:6.0f}   {i['p50']:5.1f}/{i['p90']:5.1f}/{i['p99']:6.1f}  "
+            f"{rounds[name][-1]['requests_per_worker']}"
+        )
     base = summary.get("1w")
     ratios = {}
     for name, s in summary.items():
         if base is not None and name != "1w":
             ratios[f"{name}/1w throughput"] = s["output_tok_per_s"] / base["output_tok_per_s"]
     if "2w-cache" in summary and "2w-rr" in summary:
-        ratios["2w-cache/2w-rr throughput"] = summary["2w-cache"]["output_tok_per_s"] / summary["2w-rr"]["output_tok_per_s"]
-        ratios["2w-rr/2w-cache TTFT p50"] = summary["2w-rr"]["ttft_ms"]["p50"] / summary["2w-cache"]["ttft_ms"]["p50"]
+        ratios["2w-cache/2w-rr throughput"] = (
+            summary["2w-cache"]["output_tok_per_s"] / summary["2w-rr"]["output_tok_per_s"]
+        )
+        ratios["2w-rr/2w-cache TTFT p50"] = (
+            summary["2w-rr"]["ttft_ms"]["p50"] / summary["2w-cache"]["ttft_ms"]["p50"]
+        )
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}x")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "benchmark": "bench_serving", "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": cores, "python": sys.version.split()[0]},
-        "model": str(model), "args": vars(args), "engine": engine, "ideal_hit_rate": ideal,
-        "summary": summary, "ratios": ratios,
-        "rounds": rounds,
-    }, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "bench_serving",
+                "date": dt.datetime.now().isoformat(timespec="seconds"),
+                "machine": {
+                    "cpu": platform.processor() or platform.machine(),
+                    "cores": cores,
+                    "python": sys.version.split()[0],
+                },
+                "model": str(model),
+                "args": vars(args),
+                "engine": engine,
+                "ideal_hit_rate": ideal,
+                "summary": summary,
+                "ratios": ratios,
+                "rounds": rounds,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
     return 0
 

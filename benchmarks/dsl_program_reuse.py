@@ -30,15 +30,32 @@ FEW_SHOT = [
     ("What is the capital of Canada?", "Ottawa."),
     ("What is the capital of Egypt?", "Cairo."),
 ]
-COUNTRIES = ["France", "Portugal", "Greece", "Norway", "Kenya", "Peru", "Chile", "India", "China", "Brazil",
-             "Mexico", "Sweden", "Poland", "Austria", "Ireland", "Turkey"]
+COUNTRIES = [
+    "France",
+    "Portugal",
+    "Greece",
+    "Norway",
+    "Kenya",
+    "Peru",
+    "Chile",
+    "India",
+    "China",
+    "Brazil",
+    "Mexico",
+    "Sweden",
+    "Poland",
+    "Austria",
+    "Ireland",
+    "Turkey",
+]
 
 
 @program
 def capital_quiz(s, country: str, answer_tokens: int):
-    s += system("You are a geography quiz master. Answer with the city name only. "
-                "Here are examples of good answers:\n"
-                + "\n".join(f"Q: {q}\nA: {a}" for q, a in FEW_SHOT))
+    s += system(
+        "You are a geography quiz master. Answer with the city name only. "
+        "Here are examples of good answers:\n" + "\n".join(f"Q: {q}\nA: {a}" for q, a in FEW_SHOT)
+    )
     s += user(f"What is the capital of {country}?")
     s += assistant(gen("capital", max_tokens=answer_tokens, stop=["\n"]))
     s += user("And its population, roughly?")
@@ -85,30 +102,46 @@ def _common(a: list[int], b: list[int]) -> int:
 
 def run_once(backend: EngineBackend, n: int, answer_tokens: int) -> dict[str, float]:
     assert backend.flush_cache()
-    batch = [{"country": COUNTRIES[i % len(COUNTRIES)] + ("" if i < len(COUNTRIES) else f" ({i})"),
-              "answer_tokens": answer_tokens} for i in range(n)]
+    batch = [
+        {
+            "country": COUNTRIES[i % len(COUNTRIES)] + ("" if i < len(COUNTRIES) else f" ({i})"),
+            "answer_tokens": answer_tokens,
+        }
+        for i in range(n)
+    ]
     t0 = time.perf_counter()
-    states = capital_quiz.run_batch(batch, backend=backend, concurrency=n, defaults={"temperature": 0.0})
+    states = capital_quiz.run_batch(
+        batch, backend=backend, concurrency=n, defaults={"temperature": 0.0}
+    )
     wall = time.perf_counter() - t0
     for s in states:
         s.raise_for_error()
     usage = batch_usage(states)
     optimum = ideal_hit_rate(backend, states, backend.engine.config.page_size)
-    return {"wall_s": wall, "prompt_tokens": usage.prompt_tokens, "reused_tokens": usage.cached_tokens,
-            "hit_rate": usage.hit_rate, "optimum_hit_rate": optimum}
+    return {
+        "wall_s": wall,
+        "prompt_tokens": usage.prompt_tokens,
+        "reused_tokens": usage.cached_tokens,
+        "hit_rate": usage.hit_rate,
+        "optimum_hit_rate": optimum,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="HF checkpoint dir (default: SmolLM2-135M-Instruct)")
+    ap.add_argument(
+        "--model", default=None, help="HF checkpoint dir (default: SmolLM2-135M-Instruct)"
+    )
     ap.add_argument("--programs", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--answer-tokens", type=int, default=8)
     ap.add_argument("--out", default="benchmarks/results/dsl_program_reuse.json")
     args = ap.parse_args()
     engine_cfg = dict(page_size=16, max_num_tokens=2048, num_pages=2048)
-    backends = {"cache": EngineBackend(model=args.model, **engine_cfg),
-                "no_cache": EngineBackend(model=args.model, disable_radix_cache=True, **engine_cfg)}
+    backends = {
+        "cache": EngineBackend(model=args.model, **engine_cfg),
+        "no_cache": EngineBackend(model=args.model, disable_radix_cache=True, **engine_cfg),
+    }
     results: dict[str, list[dict[str, float]]] = {k: [] for k in backends}
     run_once(backends["cache"], 2, args.answer_tokens)  # warm up both (first-call overheads)
     run_once(backends["no_cache"], 2, args.answer_tokens)
@@ -116,15 +149,24 @@ def main() -> None:
         for name, backend in backends.items():
             res = run_once(backend, args.programs, args.answer_tokens)
             results[name].append(res)
-            print(f"round {r} {name:>8}: {res['wall_s']:6.2f} s, {res['prompt_tokens']} prompt tokens, "
-                  f"{res['reused_tokens']} reused, hit rate {res['hit_rate']:.3f} "
-                  f"(optimum {res['optimum_hit_rate']:.3f})")
+            print(
+                f"round {r} {name:>8}: {res['wall_s']:6.2f} s, {res['prompt_tokens']} prompt tokens, "
+                f"{res['reused_tokens']} reused, hit rate {res['hit_rate']:.3f} "
+                f"(optimum {res['optimum_hit_rate']:.3f})"
+            )
     ratios = [c["wall_s"] / n["wall_s"] for c, n in zip(results["cache"], results["no_cache"])]
-    summary = {"programs": args.programs, "rounds": results, "time_ratio_cache_over_no_cache": ratios,
-               "median_ratio": statistics.median(ratios),
-               "hit_rate": results["cache"][-1]["hit_rate"], "optimum_hit_rate": results["cache"][-1]["optimum_hit_rate"]}
-    print(f"cache / no cache wall time (interleaved rounds): {', '.join(f'{x:.2f}' for x in ratios)}; "
-          f"hit rate {summary['hit_rate']:.3f} of optimum {summary['optimum_hit_rate']:.3f}")
+    summary = {
+        "programs": args.programs,
+        "rounds": results,
+        "time_ratio_cache_over_no_cache": ratios,
+        "median_ratio": statistics.median(ratios),
+        "hit_rate": results["cache"][-1]["hit_rate"],
+        "optimum_hit_rate": results["cache"][-1]["optimum_hit_rate"],
+    }
+    print(
+        f"cache / no cache wall time (interleaved rounds): {', '.join(f'{x:.2f}' for x in ratios)}; "
+        f"hit rate {summary['hit_rate']:.3f} of optimum {summary['optimum_hit_rate']:.3f}"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2))

@@ -22,8 +22,18 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-MEDIAN_KEYS = ("output_tok_per_s", "total_tok_per_s", "hit_rate", "optimal_hit_rate_page16", "optimal_hit_rate_peer",
-               "page_size", "peak_rss_bytes", "errors", "wall_s", "load_avg_before")
+MEDIAN_KEYS = (
+    "output_tok_per_s",
+    "total_tok_per_s",
+    "hit_rate",
+    "optimal_hit_rate_page16",
+    "optimal_hit_rate_peer",
+    "page_size",
+    "peak_rss_bytes",
+    "errors",
+    "wall_s",
+    "load_avg_before",
+)
 
 
 def _median(xs: list[float | None]) -> float | None:
@@ -40,10 +50,17 @@ def aggregate(doc: dict[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
     for (peer, c), cells in groups.items():
         ok = [x for x in cells if "output_tok_per_s" in x]
         if not ok:
-            out[peer][c] = {"error": cells[-1].get("error", "failed"), "label": cells[-1].get("label", peer)}
+            out[peer][c] = {
+                "error": cells[-1].get("error", "failed"),
+                "label": cells[-1].get("label", peer),
+            }
             continue
-        agg: dict[str, Any] = {"label": ok[0]["label"], "precision": ok[0]["precision"], "reps": len(ok),
-                               "offline": bool(ok[0].get("offline"))}
+        agg: dict[str, Any] = {
+            "label": ok[0]["label"],
+            "precision": ok[0]["precision"],
+            "reps": len(ok),
+            "offline": bool(ok[0].get("offline")),
+        }
         for k in MEDIAN_KEYS:
             agg[k] = _median([x.get(k) for x in ok])
         for k in ("ttft_ms", "itl_ms", "tpot_ms"):
@@ -72,13 +89,17 @@ def markdown(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]]) -> 
         cmd += f" --peer-concurrency {pc}"
     if tag:
         cmd += f" --tag {tag}"
-    lines.append(f"`{cmd}` — {doc['date']}, {doc['machine']['cores']} cores, load average at start "
-                 f"{doc['machine']['load_avg_at_start'][0]:.1f}; KV budget {a.get('kv_gib')} GiB per peer; medians over "
-                 f"repetitions. `load`: the 1-minute load average before the cell (2 cores; above ~2 other work shared "
-                 "the CPU).")
+    lines.append(
+        f"`{cmd}` — {doc['date']}, {doc['machine']['cores']} cores, load average at start "
+        f"{doc['machine']['load_avg_at_start'][0]:.1f}; KV budget {a.get('kv_gib')} GiB per peer; medians over "
+        f"repetitions. `load`: the 1-minute load average before the cell (2 cores; above ~2 other work shared "
+        "the CPU)."
+    )
     lines.append("")
-    lines.append("| peer | prec | conc | reqs | out tok/s | total tok/s | TTFT p50 / p90 (ms) | ITL p50 / p90 (ms) "
-                 "| hit rate (optimum @page) | peak RSS (GiB) | load |")
+    lines.append(
+        "| peer | prec | conc | reqs | out tok/s | total tok/s | TTFT p50 / p90 (ms) | ITL p50 / p90 (ms) "
+        "| hit rate (optimum @page) | peak RSS (GiB) | load |"
+    )
     lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for peer, by_c in agg.items():
         for c in sorted(by_c):
@@ -92,7 +113,8 @@ def markdown(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]]) -> 
                 f"| {m['label']}{offline} | {m['precision']} | {c} | {m['requests']} | {_f(m['output_tok_per_s'])} | "
                 f"{_f(m['total_tok_per_s'], '{:.0f}')} | {_f(m['ttft_ms']['p50'], '{:.0f}')} / "
                 f"{_f(m['ttft_ms']['p90'], '{:.0f}')} | {_f(m['itl_ms']['p50'])} / {_f(m['itl_ms']['p90'])} | {hit} | "
-                f"{_f((m['peak_rss_bytes'] or 0) / 2**30, '{:.2f}')} | {_f(m['load_avg_before'])} |")
+                f"{_f((m['peak_rss_bytes'] or 0) / 2**30, '{:.2f}')} | {_f(m['load_avg_before'])} |"
+            )
     ratio_lines = []
     # radixserve (fp32) against every peer; radixserve bf16 against the bf16 peers (same precision).
     for base_name in ("radixserve", "radixserve-bf16"):
@@ -107,18 +129,32 @@ def markdown(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]]) -> 
                     continue
                 if base_prec and m.get("precision") != base_prec:
                     continue
-                ttft = (f", TTFT p90 {b['ttft_ms']['p90'] / m['ttft_ms']['p90']:.2f}x of {peer}'s"
-                        if m["ttft_ms"]["p90"] else "")
-                ratio_lines.append(f"- c={c}: {base_name} / {peer} output throughput "
-                                   f"**{b['output_tok_per_s'] / m['output_tok_per_s']:.2f}x**{ttft}")
+                ttft = (
+                    f", TTFT p90 {b['ttft_ms']['p90'] / m['ttft_ms']['p90']:.2f}x of {peer}'s"
+                    if m["ttft_ms"]["p90"]
+                    else ""
+                )
+                ratio_lines.append(
+                    f"- c={c}: {base_name} / {peer} output throughput "
+                    f"**{b['output_tok_per_s'] / m['output_tok_per_s']:.2f}x**{ttft}"
+                )
     if ratio_lines:
-        lines += ["", "Ratios (radixserve with the radix cache against each peer, same concurrency; "
-                  "TTFT: radixserve's p90 over the peer's):", "", *ratio_lines]
+        lines += [
+            "",
+            "Ratios (radixserve with the radix cache against each peer, same concurrency; "
+            "TTFT: radixserve's p90 over the peer's):",
+            "",
+            *ratio_lines,
+        ]
     if doc.get("failures"):
         lines += ["", "Peers that failed:", ""]
         lines += [f"- {p}: {'; '.join(sorted(set(m)))}" for p, m in doc["failures"].items()]
     if doc.get("probes"):
-        lines += ["", "Greedy probe answers (\"What is the capital of France? Answer in one sentence.\"):", ""]
+        lines += [
+            "",
+            'Greedy probe answers ("What is the capital of France? Answer in one sentence."):',
+            "",
+        ]
         lines += [f"- {p}: {v['text']!r}" for p, v in doc["probes"].items()]
     lines.append("")
     return "\n".join(lines)
@@ -133,7 +169,9 @@ def _norm(text: str) -> str:
     return _SPECIAL.sub("", text)
 
 
-def agreement(raw: dict[str, list[dict[str, Any]]], ref: str = "radixserve") -> dict[str, tuple[int, int, int]]:
+def agreement(
+    raw: dict[str, list[dict[str, Any]]], ref: str = "radixserve"
+) -> dict[str, tuple[int, int, int]]:
     """peer -> (requests with output identical to ``ref``'s, identical first 16 characters, compared) over
     the cells both ran (same repetition and concurrency: same token ids; greedy)."""
     out: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
@@ -145,7 +183,9 @@ def agreement(raw: dict[str, list[dict[str, Any]]], ref: str = "radixserve") -> 
             if a.get("error") or b.get("error") or not a.get("text") or not b.get("text"):
                 continue
             ta, tb = _norm(a["text"]), _norm(b["text"])
-            out[peer][0] += ta == tb or ta.startswith(tb) or tb.startswith(ta)  # a peer may stop at EOS
+            out[peer][0] += (
+                ta == tb or ta.startswith(tb) or tb.startswith(ta)
+            )  # a peer may stop at EOS
             out[peer][1] += ta[:16] == tb[:16]
             out[peer][2] += 1
     return {k: (v[0], v[1], v[2]) for k, v in out.items()}
@@ -158,8 +198,10 @@ def plots(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]], stem: 
     import matplotlib.pyplot as plt
 
     made = []
-    for key, ylabel, fname, q in (("output_tok_per_s", "output tokens/s", "throughput", None),
-                                  ("ttft_ms", "TTFT p90 (ms)", "ttft", "p90")):
+    for key, ylabel, fname, q in (
+        ("output_tok_per_s", "output tokens/s", "throughput", None),
+        ("ttft_ms", "TTFT p90 (ms)", "ttft", "p90"),
+    ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for peer, by_c in agg.items():
             cs = [c for c in sorted(by_c) if "error" not in by_c[c]]
@@ -171,7 +213,9 @@ def plots(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]], stem: 
         ax.set_ylabel(ylabel)
         if key == "ttft_ms":
             ax.set_yscale("log")
-        ax.set_title(f"{doc['workload']}: {ylabel} vs concurrency\n(SmolLM2-135M, 2 CPU cores)", fontsize=10)
+        ax.set_title(
+            f"{doc['workload']}: {ylabel} vs concurrency\n(SmolLM2-135M, 2 CPU cores)", fontsize=10
+        )
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
         fig.tight_layout()
@@ -180,14 +224,25 @@ def plots(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]], stem: 
         plt.close(fig)
         made.append(path)
     # hit rate vs optimum: grouped bars per peer (those reporting), at each concurrency
-    rows = [(peer, c, m) for peer, by_c in agg.items() for c, m in sorted(by_c.items())
-            if "error" not in m and m.get("hit_rate") is not None]
+    rows = [
+        (peer, c, m)
+        for peer, by_c in agg.items()
+        for c, m in sorted(by_c.items())
+        if "error" not in m and m.get("hit_rate") is not None
+    ]
     if rows:
         fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows) + 2), 4.5))
         xs = range(len(rows))
-        ax.bar([x - 0.2 for x in xs], [m["hit_rate"] for _, _, m in rows], width=0.4, label="measured")
-        ax.bar([x + 0.2 for x in xs], [m["optimal_hit_rate_peer"] for _, _, m in rows], width=0.4,
-               label="optimum (ideal unbounded cache at the peer's page/block size)", alpha=0.6)
+        ax.bar(
+            [x - 0.2 for x in xs], [m["hit_rate"] for _, _, m in rows], width=0.4, label="measured"
+        )
+        ax.bar(
+            [x + 0.2 for x in xs],
+            [m["optimal_hit_rate_peer"] for _, _, m in rows],
+            width=0.4,
+            label="optimum (ideal unbounded cache at the peer's page/block size)",
+            alpha=0.6,
+        )
         ax.set_xticks(list(xs))
         ax.set_xticklabels([f"{p}\nc={c}" for p, c, _ in rows], fontsize=7, rotation=30, ha="right")
         ax.set_ylim(0, 1.05)
@@ -203,14 +258,21 @@ def plots(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]], stem: 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("inputs", nargs="*", help="bench_peers JSON files (default: benchmarks/results/peers_*.json)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "inputs",
+        nargs="*",
+        help="bench_peers JSON files (default: benchmarks/results/peers_*.json)",
+    )
     ap.add_argument("--out-dir", default="benchmarks/results")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args()
     out_dir = Path(args.out_dir)
     inputs = [Path(p) for p in args.inputs] or sorted(
-        p for p in out_dir.glob("peers_*.json") if not p.name.endswith("_raw.json"))
+        p for p in out_dir.glob("peers_*.json") if not p.name.endswith("_raw.json")
+    )
     if not inputs:
         print("no bench_peers results found", file=sys.stderr)
         return 1
@@ -223,11 +285,15 @@ def main() -> int:
         if raw_path.exists() and doc["workload"] in ("shared_system", "few_shot"):
             agree = agreement(json.loads(raw_path.read_text()))
             if agree:
-                sections.append("Greedy outputs identical to radixserve's on the same prompts (whole answer, or a "
-                                "prefix of it where the peer stopped at EOS / first 16 characters):")
+                sections.append(
+                    "Greedy outputs identical to radixserve's on the same prompts (whole answer, or a "
+                    "prefix of it where the peer stopped at EOS / first 16 characters):"
+                )
                 sections.append("")
-                sections += [f"- {peer}: {same}/{n} whole, {head}/{n} first 16 chars"
-                             for peer, (same, head, n) in agree.items()]
+                sections += [
+                    f"- {peer}: {same}/{n} whole, {head}/{n} first 16 chars"
+                    for peer, (same, head, n) in agree.items()
+                ]
                 sections.append("")
         if not args.no_plots:
             for png in plots(doc, agg, out_dir / path.stem):

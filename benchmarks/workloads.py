@@ -39,10 +39,19 @@ Torch-free; needs only a tokenizer with a chat template (transformers').
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
-__all__ = ["Request", "Workload", "WORKLOADS", "build", "optimal_hit_rate", "common_prefix", "PrefixTrie"]
+__all__ = [
+    "Request",
+    "Workload",
+    "WORKLOADS",
+    "build",
+    "optimal_hit_rate",
+    "common_prefix",
+    "PrefixTrie",
+]
 
 
 @dataclass(frozen=True)
@@ -86,11 +95,17 @@ class Workload:
 
     def summary(self, page_size: int = 16) -> dict[str, Any]:
         reqs = self.requests
-        return {"name": self.name, "sessions": len(self.sessions), "requests": len(reqs),
-                "prompt_tokens": self.prompt_tokens, "max_output_tokens": self.max_output_tokens,
-                "mean_prompt_tokens": self.prompt_tokens / max(1, len(reqs)),
-                "optimal_hit_rate": self.optimal_hit_rate(1),
-                f"optimal_hit_rate_page{page_size}": self.optimal_hit_rate(page_size), "params": self.params}
+        return {
+            "name": self.name,
+            "sessions": len(self.sessions),
+            "requests": len(reqs),
+            "prompt_tokens": self.prompt_tokens,
+            "max_output_tokens": self.max_output_tokens,
+            "mean_prompt_tokens": self.prompt_tokens / max(1, len(reqs)),
+            "optimal_hit_rate": self.optimal_hit_rate(1),
+            f"optimal_hit_rate_page{page_size}": self.optimal_hit_rate(page_size),
+            "params": self.params,
+        }
 
 
 # ----------------------------------------------------------------------------- optimum
@@ -115,8 +130,11 @@ class PrefixTrie:
         return n
 
 
-def optimal_hit_rate(prompts: Sequence[Sequence[int]], page_size: int = 1,
-                     cacheable: Sequence[Sequence[int]] | None = None) -> float:
+def optimal_hit_rate(
+    prompts: Sequence[Sequence[int]],
+    page_size: int = 1,
+    cacheable: Sequence[Sequence[int]] | None = None,
+) -> float:
     """Ideal-cache hit rate of ``prompts`` in this order.
 
     Request i reuses ``min(lcp_i, len_i - 1)`` tokens rounded down to a multiple of
@@ -147,28 +165,97 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 # ----------------------------------------------------------------------------- text
-TOPICS = ["astronomy", "cooking", "gardening", "chess", "linear algebra", "medieval history", "sailing",
-          "compilers", "beekeeping", "photography", "volcanoes", "jazz", "origami", "cryptography",
-          "marathon training", "ceramics"]
-_SUBJECTS = ["the student", "a beginner", "every answer", "the explanation", "a good example", "the summary",
-             "each step", "the final advice", "a careful reader", "the tutor"]
-_VERBS = ["should mention", "must avoid", "can compare", "will describe", "ought to stress", "may include",
-          "needs to define", "should connect", "has to check", "can illustrate"]
-_OBJECTS = ["the most common mistakes", "a concrete number", "the historical background", "a safety note",
-            "the trade-offs involved", "a simple analogy", "the key vocabulary", "an everyday situation",
-            "the underlying principle", "a short checklist", "what experts disagree about", "a practical tip"]
-_TAILS = ["before moving on", "in plain words", "without jargon", "with one example", "for a curious adult",
-          "in at most two sentences", "when it helps", "if the question is vague", "at the end", "first"]
-QUESTIONS = ["What should a beginner learn first?", "Name three common mistakes.", "Explain one key idea simply.",
-             "What tools do I need?", "Give me a short exercise.", "How do experts practice?",
-             "What is a surprising fact?", "Summarize the history in two sentences.",
-             "What is a good first project?", "How do I measure progress?", "Recommend a book.",
-             "What does a typical day look like?", "Why does this matter?", "What is hard about it?"]
+TOPICS = [
+    "astronomy",
+    "cooking",
+    "gardening",
+    "chess",
+    "linear algebra",
+    "medieval history",
+    "sailing",
+    "compilers",
+    "beekeeping",
+    "photography",
+    "volcanoes",
+    "jazz",
+    "origami",
+    "cryptography",
+    "marathon training",
+    "ceramics",
+]
+_SUBJECTS = [
+    "the student",
+    "a beginner",
+    "every answer",
+    "the explanation",
+    "a good example",
+    "the summary",
+    "each step",
+    "the final advice",
+    "a careful reader",
+    "the tutor",
+]
+_VERBS = [
+    "should mention",
+    "must avoid",
+    "can compare",
+    "will describe",
+    "ought to stress",
+    "may include",
+    "needs to define",
+    "should connect",
+    "has to check",
+    "can illustrate",
+]
+_OBJECTS = [
+    "the most common mistakes",
+    "a concrete number",
+    "the historical background",
+    "a safety note",
+    "the trade-offs involved",
+    "a simple analogy",
+    "the key vocabulary",
+    "an everyday situation",
+    "the underlying principle",
+    "a short checklist",
+    "what experts disagree about",
+    "a practical tip",
+]
+_TAILS = [
+    "before moving on",
+    "in plain words",
+    "without jargon",
+    "with one example",
+    "for a curious adult",
+    "in at most two sentences",
+    "when it helps",
+    "if the question is vague",
+    "at the end",
+    "first",
+]
+QUESTIONS = [
+    "What should a beginner learn first?",
+    "Name three common mistakes.",
+    "Explain one key idea simply.",
+    "What tools do I need?",
+    "Give me a short exercise.",
+    "How do experts practice?",
+    "What is a surprising fact?",
+    "Summarize the history in two sentences.",
+    "What is a good first project?",
+    "How do I measure progress?",
+    "Recommend a book.",
+    "What does a typical day look like?",
+    "Why does this matter?",
+    "What is hard about it?",
+]
 
 
 def _sentence(rng: random.Random, topic: str) -> str:
-    return (f"When the topic is {topic}, {rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} "
-            f"{rng.choice(_OBJECTS)} {rng.choice(_TAILS)}.")
+    return (
+        f"When the topic is {topic}, {rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} "
+        f"{rng.choice(_OBJECTS)} {rng.choice(_TAILS)}."
+    )
 
 
 def _text_of_tokens(tok: Any, rng: random.Random, topic: str, n_tokens: int, head: str = "") -> str:
@@ -196,65 +283,148 @@ def render(tok: Any, messages: Sequence[dict[str, str]]) -> tuple[int, ...]:
 
 
 # ----------------------------------------------------------------------------- builders
-def shared_system(tok: Any, *, seed: int = 0, salt: int = 0, systems: int = 4, requests: int = 64,
-                  system_tokens: int = 1000, max_tokens: int = 128) -> Workload:
+def shared_system(
+    tok: Any,
+    *,
+    seed: int = 0,
+    salt: int = 0,
+    systems: int = 4,
+    requests: int = 64,
+    system_tokens: int = 1000,
+    max_tokens: int = 128,
+) -> Workload:
     """Many one-turn chats under a few long system prompts; shuffled; short user turns."""
     rng = random.Random(seed)
-    prompts = [_salt_tag(salt) + _text_of_tokens(tok, random.Random(f"{seed}/{s}"), TOPICS[s % len(TOPICS)],
-                                                 system_tokens, head=f"You are an expert tutor in "
-                                                 f"{TOPICS[s % len(TOPICS)]}.") for s in range(systems)]
+    prompts = [
+        _salt_tag(salt)
+        + _text_of_tokens(
+            tok,
+            random.Random(f"{seed}/{s}"),
+            TOPICS[s % len(TOPICS)],
+            system_tokens,
+            head=f"You are an expert tutor in {TOPICS[s % len(TOPICS)]}.",
+        )
+        for s in range(systems)
+    ]
     sessions = []
     for i in range(requests):
         s = i % systems
-        msgs = ({"role": "system", "content": prompts[s]},
-                {"role": "user", "content": f"{QUESTIONS[rng.randrange(len(QUESTIONS))]} (question {i})"})
+        msgs = (
+            {"role": "system", "content": prompts[s]},
+            {
+                "role": "user",
+                "content": f"{QUESTIONS[rng.randrange(len(QUESTIONS))]} (question {i})",
+            },
+        )
         sessions.append((Request(msgs, render(tok, msgs), max_tokens),))
     rng.shuffle(sessions)
-    return Workload("shared_system", tuple(sessions), "few long system prompts, many one-turn chats",
-                    {"seed": seed, "salt": salt, "systems": systems, "requests": requests,
-                     "system_tokens": system_tokens, "max_tokens": max_tokens})
+    return Workload(
+        "shared_system",
+        tuple(sessions),
+        "few long system prompts, many one-turn chats",
+        {
+            "seed": seed,
+            "salt": salt,
+            "systems": systems,
+            "requests": requests,
+            "system_tokens": system_tokens,
+            "max_tokens": max_tokens,
+        },
+    )
 
 
-def multi_turn(tok: Any, *, seed: int = 0, salt: int = 0, conversations: int = 16, turns: int = 4,
-               answer_tokens: int = 100, max_tokens: int = 64) -> Workload:
+def multi_turn(
+    tok: Any,
+    *,
+    seed: int = 0,
+    salt: int = 0,
+    conversations: int = 16,
+    turns: int = 4,
+    answer_tokens: int = 100,
+    max_tokens: int = 64,
+) -> Workload:
     """Conversations whose next turn carries the whole history (scripted assistant turns)."""
     sessions = []
-    system = _salt_tag(salt) + "You are a friendly and knowledgeable assistant. Answer clearly and briefly."
+    system = (
+        _salt_tag(salt)
+        + "You are a friendly and knowledgeable assistant. Answer clearly and briefly."
+    )
     for c in range(conversations):
         rng = random.Random(f"{seed}/conv{c}")
         topic = TOPICS[c % len(TOPICS)]
         history: list[dict[str, str]] = [{"role": "system", "content": system}]
         reqs = []
         for k in range(turns):
-            history.append({"role": "user", "content": f"About {topic}: {rng.choice(QUESTIONS)} (turn {k})"})
+            history.append(
+                {"role": "user", "content": f"About {topic}: {rng.choice(QUESTIONS)} (turn {k})"}
+            )
             msgs = tuple(history)
             reqs.append(Request(msgs, render(tok, msgs), max_tokens))
-            history.append({"role": "assistant", "content": _text_of_tokens(tok, rng, topic, answer_tokens)})
+            history.append(
+                {"role": "assistant", "content": _text_of_tokens(tok, rng, topic, answer_tokens)}
+            )
         sessions.append(tuple(reqs))
-    return Workload("multi_turn", tuple(sessions), "conversations; each turn carries the whole history",
-                    {"seed": seed, "salt": salt, "conversations": conversations, "turns": turns,
-                     "answer_tokens": answer_tokens, "max_tokens": max_tokens})
+    return Workload(
+        "multi_turn",
+        tuple(sessions),
+        "conversations; each turn carries the whole history",
+        {
+            "seed": seed,
+            "salt": salt,
+            "conversations": conversations,
+            "turns": turns,
+            "answer_tokens": answer_tokens,
+            "max_tokens": max_tokens,
+        },
+    )
 
 
-def few_shot(tok: Any, *, seed: int = 0, salt: int = 0, examples: int = 5, requests: int = 64,
-             example_tokens: int = 150, max_tokens: int = 64) -> Workload:
+def few_shot(
+    tok: Any,
+    *,
+    seed: int = 0,
+    salt: int = 0,
+    examples: int = 5,
+    requests: int = 64,
+    example_tokens: int = 150,
+    max_tokens: int = 64,
+) -> Workload:
     """One long few-shot prefix (worked Q/A pairs as chat turns), many different questions."""
     rng = random.Random(f"{seed}/fewshot")
-    msgs: list[dict[str, str]] = [{"role": "system", "content": _salt_tag(salt) + "You answer study questions "
-                                   "in the style of the examples: a short, precise paragraph."}]
+    msgs: list[dict[str, str]] = [
+        {
+            "role": "system",
+            "content": _salt_tag(salt) + "You answer study questions "
+            "in the style of the examples: a short, precise paragraph.",
+        }
+    ]
     for e in range(examples):
         topic = TOPICS[e % len(TOPICS)]
         msgs.append({"role": "user", "content": f"About {topic}: {QUESTIONS[e % len(QUESTIONS)]}"})
-        msgs.append({"role": "assistant", "content": _text_of_tokens(tok, rng, topic, example_tokens)})
+        msgs.append(
+            {"role": "assistant", "content": _text_of_tokens(tok, rng, topic, example_tokens)}
+        )
     qrng = random.Random(seed)
     sessions = []
     for i in range(requests):
         topic = TOPICS[qrng.randrange(len(TOPICS))]
-        m = tuple(msgs) + ({"role": "user", "content": f"About {topic}: {qrng.choice(QUESTIONS)} (question {i})"},)
+        m = tuple(msgs) + (
+            {"role": "user", "content": f"About {topic}: {qrng.choice(QUESTIONS)} (question {i})"},
+        )
         sessions.append((Request(m, render(tok, m), max_tokens),))
-    return Workload("few_shot", tuple(sessions), f"{examples}-example few-shot prefix, many questions",
-                    {"seed": seed, "salt": salt, "examples": examples, "requests": requests,
-                     "example_tokens": example_tokens, "max_tokens": max_tokens})
+    return Workload(
+        "few_shot",
+        tuple(sessions),
+        f"{examples}-example few-shot prefix, many questions",
+        {
+            "seed": seed,
+            "salt": salt,
+            "examples": examples,
+            "requests": requests,
+            "example_tokens": example_tokens,
+            "max_tokens": max_tokens,
+        },
+    )
 
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {
@@ -269,7 +439,9 @@ def build(name: str, tok: Any, **kwargs: Any) -> Workload:
     try:
         fn = WORKLOADS[name]
     except KeyError:
-        raise ValueError(f"unknown workload {name!r}; choose from {sorted(WORKLOADS)} (or 'tree')") from None
+        raise ValueError(
+            f"unknown workload {name!r}; choose from {sorted(WORKLOADS)} (or 'tree')"
+        ) from None
     return fn(tok, **kwargs)
 
 

@@ -20,22 +20,75 @@ from __future__ import annotations
 
 from typing import Any
 
-from frontend_dsl.backend import (Backend, BackendError, CallUsage, GenChunk, GenStream, ModelInfo, ScoreRequest,
-                                  ScoreResult)
+from frontend_dsl.backend import (
+    Backend,
+    BackendError,
+    CallUsage,
+    GenChunk,
+    GenStream,
+    ModelInfo,
+    ScoreRequest,
+    ScoreResult,
+)
 from frontend_dsl.chat_template import RoleFormat, render_chat_template
 from frontend_dsl.fake_backend import FakeBackend
-from frontend_dsl.ir import assistant, gen, gen_bool, gen_float, gen_int, gen_json, gen_str, role, select, system, user
-from frontend_dsl.program import (Program, batch_usage, function, get_default_backend, program,
-                                  set_default_backend)
+from frontend_dsl.ir import (
+    assistant,
+    gen,
+    gen_bool,
+    gen_float,
+    gen_int,
+    gen_json,
+    gen_str,
+    role,
+    select,
+    system,
+    user,
+)
+from frontend_dsl.program import (
+    Program,
+    batch_usage,
+    function,
+    get_default_backend,
+    program,
+    set_default_backend,
+)
 from frontend_dsl.state import ForkGroup, ProgramError, ProgramState
 from frontend_dsl.usage import ProgramUsage
 
 __all__ = [
-    "Backend", "BackendError", "CallUsage", "GenChunk", "GenStream", "ModelInfo", "ScoreRequest", "ScoreResult",
-    "RoleFormat", "render_chat_template", "FakeBackend",
-    "assistant", "gen", "gen_bool", "gen_float", "gen_int", "gen_json", "gen_str", "role", "select", "system", "user",
-    "Program", "batch_usage", "function", "get_default_backend", "program", "set_default_backend",
-    "ForkGroup", "ProgramError", "ProgramState", "ProgramUsage",
+    "Backend",
+    "BackendError",
+    "CallUsage",
+    "GenChunk",
+    "GenStream",
+    "ModelInfo",
+    "ScoreRequest",
+    "ScoreResult",
+    "RoleFormat",
+    "render_chat_template",
+    "FakeBackend",
+    "assistant",
+    "gen",
+    "gen_bool",
+    "gen_float",
+    "gen_int",
+    "gen_json",
+    "gen_str",
+    "role",
+    "select",
+    "system",
+    "user",
+    "Program",
+    "batch_usage",
+    "function",
+    "get_default_backend",
+    "program",
+    "set_default_backend",
+    "ForkGroup",
+    "ProgramError",
+    "ProgramState",
+    "ProgramUsage",
 ]  # EngineBackend and RemoteBackend are lazy attributes, left out of `import *` (torch, zmq)
 
 

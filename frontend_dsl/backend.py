@@ -16,7 +16,7 @@ Torch-free: this module imports only msgspec and radixserve.sampling_params.
 from __future__ import annotations
 
 import abc
-from typing import Iterator
+from collections.abc import Iterator
 
 import msgspec
 
@@ -91,7 +91,7 @@ class GenStream(abc.ABC):
     def close(self) -> None:
         """Stop the call (abort it in the engine) if it has not finished; idempotent."""
 
-    def __enter__(self) -> "GenStream":
+    def __enter__(self) -> GenStream:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -124,7 +124,9 @@ class Backend(abc.ABC):
         """Token ids of each text, tokenized exactly as ``generate`` tokenizes a prompt."""
 
     @abc.abstractmethod
-    def generate(self, prompt: str, params: SamplingParams, *, program_id: str | None = None) -> GenStream:
+    def generate(
+        self, prompt: str, params: SamplingParams, *, program_id: str | None = None
+    ) -> GenStream:
         """Start generating a continuation of ``prompt`` and stream it back.
 
         ``program_id`` names the program run the call belongs to; a router keeps all calls
@@ -134,7 +136,9 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def score(self, requests: list[ScoreRequest], *, program_id: str | None = None) -> list[ScoreResult]:
+    def score(
+        self, requests: list[ScoreRequest], *, program_id: str | None = None
+    ) -> list[ScoreResult]:
         """Prompt logprobs of many token sequences in one batched call.
 
         The requests of one ``select`` share the program's prefix; the backend submits them
@@ -144,7 +148,7 @@ class Backend(abc.ABC):
     def close(self) -> None:
         """Release connections / stop background threads. Idempotent."""
 
-    def __enter__(self) -> "Backend":
+    def __enter__(self) -> Backend:
         return self
 
     def __exit__(self, *exc: object) -> None:

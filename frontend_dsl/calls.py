@@ -50,6 +50,7 @@ class CallSite(Protocol):
 
     def _assign(self, name: str | None, value: Any, meta: dict[str, Any] | None = None) -> None: ...
 
+
 _INT_RE = re.compile(r"\s*[-+]?\d+")
 _FLOAT_RE = re.compile(r"\s*[-+]?\d+(\.\d+)?")
 _BOOL_RE = re.compile(r"\s*(true|false)", re.IGNORECASE)
@@ -62,16 +63,23 @@ def _parse(op: Gen, text: str) -> tuple[Any, str | None]:
         pattern = {"int": _INT_RE, "float": _FLOAT_RE, "bool": _BOOL_RE}[op.kind]
         match = pattern.match(text)
         if match is None:
-            raise ValueError(f"gen_{op.kind}({op.name!r}): the model generated {text!r}, not {_TYPED[op.kind]}")
+            raise ValueError(
+                f"gen_{op.kind}({op.name!r}): the model generated {text!r}, not {_TYPED[op.kind]}"
+            )
         raw = match.group(0)
-        value: Any = {"int": int, "float": float}[op.kind](raw) if op.kind != "bool" else \
-            match.group(1).lower() == "true"
+        value: Any = (
+            {"int": int, "float": float}[op.kind](raw)
+            if op.kind != "bool"
+            else match.group(1).lower() == "true"
+        )
         return value, raw
     if op.kind == "json":
         try:
             return json.loads(text), None
         except ValueError as exc:
-            raise ValueError(f"gen_json({op.name!r}): the model generated invalid JSON {text[:80]!r}") from exc
+            raise ValueError(
+                f"gen_json({op.name!r}): the model generated invalid JSON {text[:80]!r}"
+            ) from exc
     return text, None
 
 
@@ -99,25 +107,49 @@ def run_gen(state: CallSite, op: Gen) -> None:
     if last.usage is not None:
         ctx.meter.add(last.usage)
     if last.finish_reason in ("abort", "error"):
-        raise BackendError(f"generation of {op.name!r} ended with finish_reason={last.finish_reason!r}")
+        raise BackendError(
+            f"generation of {op.name!r} ended with finish_reason={last.finish_reason!r}"
+        )
     text = "".join(pieces)
     value, parsed = _parse(op, text)
     if parsed is not None:
         state._append(parsed, op.name)
     state._sent_upto = len(state._text)
-    state._assign(op.name, value, {"finish_reason": last.finish_reason, "usage": last.usage, "text": text,
-                                   "worker_id": last.worker_id})
+    state._assign(
+        op.name,
+        value,
+        {
+            "finish_reason": last.finish_reason,
+            "usage": last.usage,
+            "text": text,
+            "worker_id": last.worker_id,
+        },
+    )
 
 
 def run_select(state: CallSite, op: Select) -> None:
     """Score the choices after the state's text and append the best one."""
     ctx = state._ctx
-    result = score_choices(ctx.backend, state._text, op.choices, op.method, program_id=ctx.program_id,
-                           prefix_is_cached=state._sent_upto >= len(state._text))
+    result = score_choices(
+        ctx.backend,
+        state._text,
+        op.choices,
+        op.method,
+        program_id=ctx.program_id,
+        prefix_is_cached=state._sent_upto >= len(state._text),
+    )
     ctx.first_output.set()
     ctx.meter.add(result.usage, calls=len(op.choices))
     state._append(result.choice, op.name)
     state._sent_upto = len(state._text)
-    state._assign(op.name, result.choice, {"index": result.index, "scores": result.scores,
-                                           "token_logprobs": result.token_logprobs,
-                                           "boundaries": result.boundaries, "usage": result.usage})
+    state._assign(
+        op.name,
+        result.choice,
+        {
+            "index": result.index,
+            "scores": result.scores,
+            "token_logprobs": result.token_logprobs,
+            "boundaries": result.boundaries,
+            "usage": result.usage,
+        },
+    )

@@ -18,8 +18,9 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["ROLES", "RoleFormat", "render_chat_template"]
 
@@ -37,22 +38,37 @@ def _compile(template: str) -> Any:
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    def tojson(
+        x: Any,
+        ensure_ascii: bool = False,
+        indent: Any = None,
+        separators: Any = None,
+        sort_keys: bool = False,
+    ) -> str:
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     return env.from_string(template)
 
 
-def render_chat_template(template: str, messages: list[dict[str, str]], *, add_generation_prompt: bool = False,
-                         special_tokens: Mapping[str, str] | None = None) -> str:
+def render_chat_template(
+    template: str,
+    messages: list[dict[str, str]],
+    *,
+    add_generation_prompt: bool = False,
+    special_tokens: Mapping[str, str] | None = None,
+) -> str:
     """Render ``messages`` with a Hugging Face chat template, as ``apply_chat_template(tokenize=False)`` does."""
-    return _compile(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     **dict(special_tokens or {}))
+    return _compile(template).render(
+        messages=messages, add_generation_prompt=add_generation_prompt, **dict(special_tokens or {})
+    )
 
 
 @dataclass(frozen=True)
@@ -81,14 +97,16 @@ class RoleFormat:
         return self.suffix[role]
 
     @classmethod
-    def plain(cls) -> "RoleFormat":
+    def plain(cls) -> RoleFormat:
         """Markers for a model without a chat template (base models, tests)."""
         prefix = {"system": "System: ", "user": "User: ", "assistant": "Assistant: "}
         suffix = {r: "\n" for r in ROLES}
         return cls(prefix=prefix, suffix=suffix, generation_prompt=prefix["assistant"])
 
     @classmethod
-    def from_template(cls, template: str | None, special_tokens: Mapping[str, str] | None = None) -> "RoleFormat":
+    def from_template(
+        cls, template: str | None, special_tokens: Mapping[str, str] | None = None
+    ) -> RoleFormat:
         """Derive the markers by rendering ``template`` around sentinel contents.
 
         For each role, render a valid conversation ``base`` and ``base + [role: SENTINEL]``;
@@ -101,12 +119,14 @@ class RoleFormat:
         special = dict(special_tokens or {})
 
         def render(msgs: list[dict[str, str]], gen: bool = False) -> str:
-            return render_chat_template(template, msgs, add_generation_prompt=gen, special_tokens=special)
+            return render_chat_template(
+                template, msgs, add_generation_prompt=gen, special_tokens=special
+            )
 
         def split(before: str, after: str, sentinel: str) -> tuple[str, str] | None:
             if not after.startswith(before) or after.count(sentinel) != 1:
                 return None
-            head, tail = after[len(before):].split(sentinel)
+            head, tail = after[len(before) :].split(sentinel)
             return head, tail
 
         u0, a0 = {"role": "user", "content": "XU0X"}, {"role": "assistant", "content": "XA0X"}
@@ -136,8 +156,13 @@ class RoleFormat:
         # A first prefix that equals the later one is no special case.
         first_prefix = {r: p for r, p in first_prefix.items() if p != prefix[r]}
         try:
-            gen_prompt = render([u0], gen=True)[len(render([u0])):]
+            gen_prompt = render([u0], gen=True)[len(render([u0])) :]
         except Exception:
             gen_prompt = prefix["assistant"]
-        return cls(prefix=prefix, suffix=suffix, first_prefix=first_prefix, generation_prompt=gen_prompt,
-                   templated=True)
+        return cls(
+            prefix=prefix,
+            suffix=suffix,
+            first_prefix=first_prefix,
+            generation_prompt=gen_prompt,
+            templated=True,
+        )

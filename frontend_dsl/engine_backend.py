@@ -21,12 +21,21 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
-from frontend_dsl.backend import (Backend, BackendError, CallUsage, GenChunk, GenStream, ModelInfo, ScoreRequest,
-                                  ScoreResult)
+from frontend_dsl.backend import (
+    Backend,
+    BackendError,
+    CallUsage,
+    GenChunk,
+    GenStream,
+    ModelInfo,
+    ScoreRequest,
+    ScoreResult,
+)
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.prompts import encode_text
 
@@ -45,8 +54,14 @@ def _usage(o: Any) -> CallUsage | None:
 class _EngineStream(GenStream):
     """Chunks of one engine request, detokenized in the consumer's thread."""
 
-    def __init__(self, backend: "EngineBackend", rid: str, outputs: "queue.Queue[Any]", params: SamplingParams,
-                 prompt_ids: list[int]) -> None:
+    def __init__(
+        self,
+        backend: EngineBackend,
+        rid: str,
+        outputs: queue.Queue[Any],
+        params: SamplingParams,
+        prompt_ids: list[int],
+    ) -> None:
         from radixserve.engine.detokenizer import IncrementalDetokenizer
 
         self._backend, self._rid, self._outputs = backend, rid, outputs
@@ -77,7 +92,9 @@ class _EngineStream(GenStream):
             if o.finished:
                 self._done = True
                 reason = "stop" if delta.stopped else o.finish_reason
-                yield GenChunk(text=delta.text, finished=True, finish_reason=reason, usage=usage, error=o.error)
+                yield GenChunk(
+                    text=delta.text, finished=True, finish_reason=reason, usage=usage, error=o.error
+                )
                 return
             if delta.text:
                 yield GenChunk(text=delta.text)
@@ -95,7 +112,9 @@ class EngineBackend(Backend):
     checkpoint directory) and ``EngineConfig`` options to build one.
     """
 
-    def __init__(self, engine: Any = None, *, model: str | Path | None = None, **engine_config: Any) -> None:
+    def __init__(
+        self, engine: Any = None, *, model: str | Path | None = None, **engine_config: Any
+    ) -> None:
         if engine is None:
             from radixserve.engine import Engine
 
@@ -183,7 +202,7 @@ class EngineBackend(Backend):
             self._inbox.put(cmd)
             return True
 
-    def _submit(self, ids: list[int], params: SamplingParams) -> tuple[str, "queue.Queue[Any]"]:
+    def _submit(self, ids: list[int], params: SamplingParams) -> tuple[str, queue.Queue[Any]]:
         rid = f"dsl-{next(self._ids)}"
         sink: queue.Queue[Any] = queue.Queue()
         if not self._put(("add", rid, ids, params, sink)):
@@ -198,26 +217,38 @@ class EngineBackend(Backend):
         if self._info is None:
             tok, mc = self.tokenizer, self.engine.model_config
             special = {k: v for k, v in tok.special_tokens_map.items() if isinstance(v, str)}
-            self._info = ModelInfo(model=str(getattr(self.engine, "model_path", "engine")),
-                                   chat_template=getattr(tok, "chat_template", None), special_tokens=special,
-                                   vocab_size=mc.vocab_size, eos_token_ids=tuple(mc.eos_token_ids),
-                                   max_context=getattr(self.engine, "max_total_len", None))
+            self._info = ModelInfo(
+                model=str(getattr(self.engine, "model_path", "engine")),
+                chat_template=getattr(tok, "chat_template", None),
+                special_tokens=special,
+                vocab_size=mc.vocab_size,
+                eos_token_ids=tuple(mc.eos_token_ids),
+                max_context=getattr(self.engine, "max_total_len", None),
+            )
         return self._info
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         with self._tok_lock:
             return [encode_text(self.tokenizer, t) for t in texts]
 
-    def generate(self, prompt: str, params: SamplingParams, *, program_id: str | None = None) -> GenStream:
+    def generate(
+        self, prompt: str, params: SamplingParams, *, program_id: str | None = None
+    ) -> GenStream:
         params = params.validate()
         ids = self.tokenize([prompt])[0]
         rid, sink = self._submit(ids, params)
         return _EngineStream(self, rid, sink, params, ids)
 
-    def score(self, requests: list[ScoreRequest], *, program_id: str | None = None) -> list[ScoreResult]:
-        sinks = [self._submit(list(r.token_ids), SamplingParams(max_tokens=1, temperature=0.0,
-                                                                 prompt_logprobs_start=r.start))
-                 for r in requests]
+    def score(
+        self, requests: list[ScoreRequest], *, program_id: str | None = None
+    ) -> list[ScoreResult]:
+        sinks = [
+            self._submit(
+                list(r.token_ids),
+                SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs_start=r.start),
+            )
+            for r in requests
+        ]
         results = []
         for req, (rid, sink) in zip(requests, sinks):
             logprobs: list[float | None] | None = None
@@ -233,8 +264,12 @@ class EngineBackend(Backend):
                     break
             if o.finish_reason == "error" or logprobs is None:
                 raise BackendError(f"scoring failed: {o.error or 'no prompt logprobs returned'}")
-            results.append(ScoreResult(logprobs=[float(x) for x in logprobs if x is not None],
-                                       usage=usage or CallUsage()))
+            results.append(
+                ScoreResult(
+                    logprobs=[float(x) for x in logprobs if x is not None],
+                    usage=usage or CallUsage(),
+                )
+            )
         return results
 
     def call(self, fn: Callable[[Any], T]) -> T:

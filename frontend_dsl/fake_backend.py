@@ -12,10 +12,18 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from typing import Callable, Iterator, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
-from frontend_dsl.backend import (Backend, CallUsage, GenChunk, GenStream, ModelInfo, ScoreRequest,
-                                  ScoreResult)
+from frontend_dsl.backend import (
+    Backend,
+    CallUsage,
+    GenChunk,
+    GenStream,
+    ModelInfo,
+    ScoreRequest,
+    ScoreResult,
+)
 from radixserve.sampling_params import SamplingParams
 
 __all__ = ["FakeBackend", "FakeCall", "CHATML_TEMPLATE"]
@@ -39,7 +47,9 @@ def _default_responder(prompt: str, params: SamplingParams) -> str:
 
 
 def _default_scorer(context: list[str], token: str) -> float:
-    digest = hashlib.blake2b(f"{context[-1] if context else ''}|{token}".encode(), digest_size=4).digest()
+    digest = hashlib.blake2b(
+        f"{context[-1] if context else ''}|{token}".encode(), digest_size=4
+    ).digest()
     return -0.1 - int.from_bytes(digest, "little") % 1000 / 100.0
 
 
@@ -64,9 +74,14 @@ class FakeBackend(Backend):
     A responder that raises makes the call fail with an error chunk (as an engine error would).
     """
 
-    def __init__(self, responder: Callable[[str, SamplingParams], str] = _default_responder,
-                 scorer: Callable[[list[str], str], float] = _default_scorer, *, page_size: int = 4,
-                 chat_template: str | None = CHATML_TEMPLATE) -> None:
+    def __init__(
+        self,
+        responder: Callable[[str, SamplingParams], str] = _default_responder,
+        scorer: Callable[[list[str], str], float] = _default_scorer,
+        *,
+        page_size: int = 4,
+        chat_template: str | None = CHATML_TEMPLATE,
+    ) -> None:
         self.responder, self.scorer, self.page_size = responder, scorer, page_size
         self.chat_template = chat_template
         self.calls: list[FakeCall] = []
@@ -90,9 +105,13 @@ class FakeBackend(Backend):
         return "".join(self._pieces[i] for i in ids)
 
     def model_info(self) -> ModelInfo:
-        return ModelInfo(model="fake", chat_template=self.chat_template,
-                         special_tokens={"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"},
-                         vocab_size=len(self._pieces), eos_token_ids=(1,))
+        return ModelInfo(
+            model="fake",
+            chat_template=self.chat_template,
+            special_tokens={"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"},
+            vocab_size=len(self._pieces),
+            eos_token_ids=(1,),
+        )
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         return [self._ids(t) for t in texts]
@@ -101,11 +120,15 @@ class FakeBackend(Backend):
     def _page_keys(self, ids: list[int]) -> list[bytes]:
         keys, h = [], b""
         for end in range(self.page_size, len(ids) + 1, self.page_size):
-            h = hashlib.blake2b(h + repr(ids[end - self.page_size:end]).encode(), digest_size=8).digest()
+            h = hashlib.blake2b(
+                h + repr(ids[end - self.page_size : end]).encode(), digest_size=8
+            ).digest()
             keys.append(h)
         return keys
 
-    def _use_cache(self, prompt_ids: list[int], total_ids: list[int], limit: int | None = None) -> int:
+    def _use_cache(
+        self, prompt_ids: list[int], total_ids: list[int], limit: int | None = None
+    ) -> int:
         """Cached prompt tokens (whole pages, at most ``limit``); then cache ``total_ids``."""
         keys = self._page_keys(prompt_ids)
         with self._lock:
@@ -125,7 +148,9 @@ class FakeBackend(Backend):
             self._cached_pages.clear()
 
     # ------------------------------------------------------------- calls
-    def generate(self, prompt: str, params: SamplingParams, *, program_id: str | None = None) -> GenStream:
+    def generate(
+        self, prompt: str, params: SamplingParams, *, program_id: str | None = None
+    ) -> GenStream:
         params.validate()
         with self._lock:
             self.calls.append(FakeCall("generate", prompt, params, program_id))
@@ -145,17 +170,25 @@ class FakeBackend(Backend):
         chunks = [GenChunk(text=piece) for piece in _TOKEN_RE.findall(full)]  # one token per chunk
         n_out = len(self._ids(full)) if full else 0
         cached = self._use_cache(prompt_ids, prompt_ids + self._ids(full))
-        usage = CallUsage(prompt_tokens=len(prompt_ids), cached_tokens=cached, completion_tokens=max(n_out, 1))
+        usage = CallUsage(
+            prompt_tokens=len(prompt_ids), cached_tokens=cached, completion_tokens=max(n_out, 1)
+        )
         chunks.append(GenChunk(finished=True, finish_reason=finish, usage=usage))
         return _FakeStream(chunks)
 
-    def score(self, requests: list[ScoreRequest], *, program_id: str | None = None) -> list[ScoreResult]:
+    def score(
+        self, requests: list[ScoreRequest], *, program_id: str | None = None
+    ) -> list[ScoreResult]:
         results = []
         for req in requests:
             with self._lock:
                 self.calls.append(FakeCall("score", list(req.token_ids), None, program_id))
                 pieces = [self._pieces[i] for i in req.token_ids]
-            logprobs = [self.scorer(pieces[:pos], pieces[pos]) for pos in range(req.start, len(pieces))]
+            logprobs = [
+                self.scorer(pieces[:pos], pieces[pos]) for pos in range(req.start, len(pieces))
+            ]
             cached = self._use_cache(req.token_ids, req.token_ids, limit=req.start - 1)
-            results.append(ScoreResult(logprobs=logprobs, usage=CallUsage(len(req.token_ids), cached, 1)))
+            results.append(
+                ScoreResult(logprobs=logprobs, usage=CallUsage(len(req.token_ids), cached, 1))
+            )
         return results

@@ -8,25 +8,56 @@ state generate in parallel). Expressions are immutable values; ``a + b`` chains 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Union
 
 import msgspec
 
 from radixserve.sampling_params import SamplingParams
 
 __all__ = [
-    "Expr", "Text", "Gen", "Select", "Role", "RoleBegin", "RoleEnd", "Seq",
-    "gen", "gen_bool", "gen_float", "gen_int", "gen_json", "gen_str", "select", "system", "user", "assistant", "role",
+    "Expr",
+    "Text",
+    "Gen",
+    "Select",
+    "Role",
+    "RoleBegin",
+    "RoleEnd",
+    "Seq",
+    "gen",
+    "gen_bool",
+    "gen_float",
+    "gen_int",
+    "gen_json",
+    "gen_str",
+    "select",
+    "system",
+    "user",
+    "assistant",
+    "role",
     "to_expr",
-    "SAMPLING_FIELDS", "normalize_sampling",
+    "SAMPLING_FIELDS",
+    "normalize_sampling",
 ]
 
 # The SamplingParams fields a `gen` call may set (prompt_logprobs_start is select's business).
 SAMPLING_FIELDS = (
-    "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-    "frequency_penalty", "presence_penalty", "seed", "stop", "stop_token_ids", "ignore_eos",
-    "regex", "json_schema",
+    "max_tokens",
+    "min_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "regex",
+    "json_schema",
 )
 
 
@@ -42,7 +73,9 @@ def normalize_sampling(values: Mapping[str, Any]) -> dict[str, Any]:
         out.setdefault("max_tokens", alias)
     unknown = sorted(set(out) - set(SAMPLING_FIELDS))
     if unknown:
-        raise ValueError(f"unknown sampling parameters {unknown}; expected some of {list(SAMPLING_FIELDS)}")
+        raise ValueError(
+            f"unknown sampling parameters {unknown}; expected some of {list(SAMPLING_FIELDS)}"
+        )
     if isinstance(out.get("stop"), str):
         out["stop"] = [out["stop"]]
     if isinstance(out.get("json_schema"), dict):
@@ -60,10 +93,10 @@ def normalize_sampling(values: Mapping[str, Any]) -> dict[str, Any]:
 class Expr:
     """Base of all expressions; ``+`` builds a sequence."""
 
-    def __add__(self, other: "ExprLike") -> "Seq":
+    def __add__(self, other: ExprLike) -> Seq:
         return Seq((self, to_expr(other)))
 
-    def __radd__(self, other: "ExprLike") -> "Seq":
+    def __radd__(self, other: ExprLike) -> Seq:
         return Seq((to_expr(other), self))
 
 
@@ -78,7 +111,9 @@ def to_expr(value: ExprLike | Sequence[ExprLike]) -> Expr:
         return Text(value)
     if isinstance(value, (list, tuple)):
         return Seq(tuple(to_expr(v) for v in value))
-    raise TypeError(f"cannot append {type(value).__name__} to a program state; use str, gen(), select() or a role")
+    raise TypeError(
+        f"cannot append {type(value).__name__} to a program state; use str, gen(), select() or a role"
+    )
 
 
 @dataclass(frozen=True)
@@ -90,7 +125,7 @@ class Text(Expr):
 class Seq(Expr):
     items: tuple[Expr, ...]
 
-    def __add__(self, other: ExprLike) -> "Seq":
+    def __add__(self, other: ExprLike) -> Seq:
         return Seq(self.items + (to_expr(other),))
 
 
@@ -133,14 +168,28 @@ class Role(Expr):
     body: Expr
 
 
-def gen(name: str | None = None, *, max_tokens: int | None = None, stop: str | Sequence[str] | None = None,
-        stop_token_ids: Sequence[int] | None = None, temperature: float | None = None, top_p: float | None = None,
-        top_k: int | None = None, min_p: float | None = None, frequency_penalty: float | None = None,
-        presence_penalty: float | None = None, repetition_penalty: float | None = None, seed: int | None = None,
-        min_tokens: int | None = None, ignore_eos: bool | None = None, regex: str | None = None,
-        json_schema: str | dict[str, Any] | None = None, choices: Sequence[str] | None = None,
-        choices_method: str | Callable[[list[list[float]]], int] = "mean",
-        max_new_tokens: int | None = None) -> Expr:
+def gen(
+    name: str | None = None,
+    *,
+    max_tokens: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    stop_token_ids: Sequence[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    repetition_penalty: float | None = None,
+    seed: int | None = None,
+    min_tokens: int | None = None,
+    ignore_eos: bool | None = None,
+    regex: str | None = None,
+    json_schema: str | dict[str, Any] | None = None,
+    choices: Sequence[str] | None = None,
+    choices_method: str | Callable[[list[list[float]]], int] = "mean",
+    max_new_tokens: int | None = None,
+) -> Expr:
     """Generate text into variable ``name``.
 
     Unset parameters take the run's defaults (``program.run(..., defaults={...})``), then
@@ -152,15 +201,29 @@ def gen(name: str | None = None, *, max_tokens: int | None = None, stop: str | S
     """
     if max_tokens is None:
         max_tokens = max_new_tokens
-    given = dict(max_tokens=max_tokens, min_tokens=min_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                 min_p=min_p, frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                 repetition_penalty=repetition_penalty, seed=seed, ignore_eos=ignore_eos, regex=regex,
-                 json_schema=json_schema, stop=stop,
-                 stop_token_ids=None if stop_token_ids is None else list(stop_token_ids))
+    given = dict(
+        max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+        repetition_penalty=repetition_penalty,
+        seed=seed,
+        ignore_eos=ignore_eos,
+        regex=regex,
+        json_schema=json_schema,
+        stop=stop,
+        stop_token_ids=None if stop_token_ids is None else list(stop_token_ids),
+    )
     sampling = {k: v for k, v in given.items() if v is not None}
     if choices is not None:
         if sampling:  # select scores the choices: it samples nothing these could apply to
-            raise ValueError(f"gen(choices=...) is a select: it takes no sampling parameters, got {sorted(sampling)}")
+            raise ValueError(
+                f"gen(choices=...) is a select: it takes no sampling parameters, got {sorted(sampling)}"
+            )
         return select(name, choices, method=choices_method)
     expr = Gen(name, normalize_sampling(sampling))
     expr.params()  # fail early, in the program's own thread, on invalid values
@@ -180,8 +243,14 @@ _END = r"[ \n,;:)!?]"
 INT_REGEX = r" ?-?[0-9]{1,18}(" + _END[:-1] + r".])?"
 
 
-def gen_int(name: str | None = None, *, max_tokens: int = 16, stop: Sequence[str] | None = None,
-            constrained: bool = True, **kw: Any) -> Expr:
+def gen_int(
+    name: str | None = None,
+    *,
+    max_tokens: int = 16,
+    stop: Sequence[str] | None = None,
+    constrained: bool = True,
+    **kw: Any,
+) -> Expr:
     """Generate an integer into ``name`` (stored as ``int``).
 
     ``constrained``: the engine may only sample an integer (regex ``INT_REGEX``). Stop
@@ -191,7 +260,9 @@ def gen_int(name: str | None = None, *, max_tokens: int = 16, stop: Sequence[str
     """
     if constrained:
         kw.setdefault("regex", INT_REGEX)
-    expr = gen(name, max_tokens=max_tokens, stop=list(stop) if stop is not None else _INT_STOPS, **kw)
+    expr = gen(
+        name, max_tokens=max_tokens, stop=list(stop) if stop is not None else _INT_STOPS, **kw
+    )
     assert isinstance(expr, Gen)
     return Gen(expr.name, expr.sampling, kind="int")
 
@@ -201,8 +272,14 @@ BOOL_REGEX = r" ?(true|false)"
 _FLOAT_STOPS = [s for s in _INT_STOPS if s != "."]
 
 
-def gen_float(name: str | None = None, *, max_tokens: int = 24, stop: Sequence[str] | None = None,
-              constrained: bool = True, **kw: Any) -> Expr:
+def gen_float(
+    name: str | None = None,
+    *,
+    max_tokens: int = 24,
+    stop: Sequence[str] | None = None,
+    constrained: bool = True,
+    **kw: Any,
+) -> Expr:
     """Generate a decimal number into ``name`` (stored as ``float``).
 
     ``constrained``: the engine may only sample a number (regex ``FLOAT_REGEX``); else stop
@@ -210,13 +287,21 @@ def gen_float(name: str | None = None, *, max_tokens: int = 24, stop: Sequence[s
     """
     if constrained:
         kw.setdefault("regex", FLOAT_REGEX)
-    expr = gen(name, max_tokens=max_tokens, stop=list(stop) if stop is not None else _FLOAT_STOPS, **kw)
+    expr = gen(
+        name, max_tokens=max_tokens, stop=list(stop) if stop is not None else _FLOAT_STOPS, **kw
+    )
     assert isinstance(expr, Gen)
     return Gen(expr.name, expr.sampling, kind="float")
 
 
-def gen_bool(name: str | None = None, *, max_tokens: int = 8, stop: Sequence[str] | None = None,
-             constrained: bool = True, **kw: Any) -> Expr:
+def gen_bool(
+    name: str | None = None,
+    *,
+    max_tokens: int = 8,
+    stop: Sequence[str] | None = None,
+    constrained: bool = True,
+    **kw: Any,
+) -> Expr:
     """Generate ``true`` or ``false`` into ``name`` (stored as ``bool``).
 
     ``constrained``: the engine may only sample those (regex ``BOOL_REGEX``); else stop
@@ -233,31 +318,50 @@ def gen_bool(name: str | None = None, *, max_tokens: int = 8, stop: Sequence[str
     return Gen(expr.name, expr.sampling, kind="bool")
 
 
-def gen_str(name: str | None = None, *, max_tokens: int = 64, stop: Sequence[str] | None = None, **kw: Any) -> Expr:
+def gen_str(
+    name: str | None = None, *, max_tokens: int = 64, stop: Sequence[str] | None = None, **kw: Any
+) -> Expr:
     """Generate a short single-line string (ends at a newline or a double quote).
 
     Those stop sequences end it; pass ``regex=`` for a grammar.
     """
-    expr = gen(name, max_tokens=max_tokens, stop=list(stop) if stop is not None else ["\n", '"'], **kw)
+    expr = gen(
+        name, max_tokens=max_tokens, stop=list(stop) if stop is not None else ["\n", '"'], **kw
+    )
     assert isinstance(expr, Gen)
     return Gen(expr.name, expr.sampling, kind="str")
 
 
-def gen_json(name: str | None = None, schema: str | dict[str, Any] | None = None, *, max_tokens: int = 256,
-             stop: Sequence[str] | None = None, **kw: Any) -> Expr:
+def gen_json(
+    name: str | None = None,
+    schema: str | dict[str, Any] | None = None,
+    *,
+    max_tokens: int = 256,
+    stop: Sequence[str] | None = None,
+    **kw: Any,
+) -> Expr:
     """Generate JSON valid against ``schema`` (any JSON object when None); stored parsed.
 
     Needs the engine's grammar-constrained decoding (both backends have it). The grammar
     ends the value: a run's default stop strings do not apply (a "." would cut ``0.5``).
     """
-    expr = gen(name, max_tokens=max_tokens, json_schema=schema if schema is not None else '{"type": "object"}',
-               stop=[] if stop is None else list(stop), **kw)
+    expr = gen(
+        name,
+        max_tokens=max_tokens,
+        json_schema=schema if schema is not None else '{"type": "object"}',
+        stop=[] if stop is None else list(stop),
+        **kw,
+    )
     assert isinstance(expr, Gen)
     return Gen(expr.name, expr.sampling, kind="json")
 
 
-def select(name: str | None = None, choices: Sequence[str] = (), *,
-           method: str | Callable[[list[list[float]]], int] = "mean") -> Expr:
+def select(
+    name: str | None = None,
+    choices: Sequence[str] = (),
+    *,
+    method: str | Callable[[list[list[float]]], int] = "mean",
+) -> Expr:
     """Append the choice the model finds most likely and store it under ``name``.
 
     ``method``: "mean" (length-normalized mean token logprob, the default), "sum" (total
@@ -268,7 +372,9 @@ def select(name: str | None = None, choices: Sequence[str] = (), *,
     if not choices:
         raise ValueError("select() needs at least one choice")
     if isinstance(method, str) and method not in ("mean", "sum", "first"):
-        raise ValueError(f"unknown select method {method!r}; use 'mean', 'sum', 'first' or a callable")
+        raise ValueError(
+            f"unknown select method {method!r}; use 'mean', 'sum', 'first' or a callable"
+        )
     return Select(name, tuple(str(c) for c in choices), method)
 
 

@@ -25,7 +25,8 @@ import functools
 import threading
 import uuid
 import weakref
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from frontend_dsl.backend import Backend
 from frontend_dsl.chat_template import RoleFormat
@@ -33,10 +34,17 @@ from frontend_dsl.ir import normalize_sampling
 from frontend_dsl.state import ProgramState, RunContext
 from frontend_dsl.usage import ProgramUsage, total_usage
 
-__all__ = ["Program", "program", "function", "set_default_backend", "get_default_backend", "batch_usage"]
+__all__ = [
+    "Program",
+    "program",
+    "function",
+    "set_default_backend",
+    "get_default_backend",
+    "batch_usage",
+]
 
 _default_backend: Backend | None = None
-_roles_cache: "weakref.WeakKeyDictionary[Backend, RoleFormat]" = weakref.WeakKeyDictionary()
+_roles_cache: weakref.WeakKeyDictionary[Backend, RoleFormat] = weakref.WeakKeyDictionary()
 _roles_lock = threading.Lock()
 
 
@@ -48,7 +56,9 @@ def set_default_backend(backend: Backend | None) -> None:
 
 def get_default_backend() -> Backend:
     if _default_backend is None:
-        raise RuntimeError("no backend: pass backend=... or call frontend_dsl.set_default_backend(...)")
+        raise RuntimeError(
+            "no backend: pass backend=... or call frontend_dsl.set_default_backend(...)"
+        )
     return _default_backend
 
 
@@ -79,14 +89,21 @@ class Program:
     def __repr__(self) -> str:
         return f"<program {getattr(self.fn, '__qualname__', self.fn)}>"
 
-    def _new_state(self, backend: Backend | None, defaults: Mapping[str, Any] | None,
-                   program_id: str | None) -> ProgramState:
+    def _new_state(
+        self, backend: Backend | None, defaults: Mapping[str, Any] | None, program_id: str | None
+    ) -> ProgramState:
         backend = backend or get_default_backend()
-        ctx = RunContext(backend=backend, program_id=program_id or uuid.uuid4().hex, roles=roles_for(backend),
-                         defaults=normalize_sampling(defaults or {}))
+        ctx = RunContext(
+            backend=backend,
+            program_id=program_id or uuid.uuid4().hex,
+            roles=roles_for(backend),
+            defaults=normalize_sampling(defaults or {}),
+        )
         return ProgramState(ctx)
 
-    def _execute(self, state: ProgramState, args: Sequence[Any], kwargs: Mapping[str, Any]) -> ProgramState:
+    def _execute(
+        self, state: ProgramState, args: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> ProgramState:
         try:
             state.ret_value = self.fn(state, *args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - surfaced on the state
@@ -97,8 +114,15 @@ class Program:
             state._finish()
         return state
 
-    def run(self, *args: Any, backend: Backend | None = None, stream: bool = False,
-            defaults: Mapping[str, Any] | None = None, program_id: str | None = None, **kwargs: Any) -> ProgramState:
+    def run(
+        self,
+        *args: Any,
+        backend: Backend | None = None,
+        stream: bool = False,
+        defaults: Mapping[str, Any] | None = None,
+        program_id: str | None = None,
+        **kwargs: Any,
+    ) -> ProgramState:
         """Run the program once and return its state.
 
         ``defaults``: sampling parameters for every ``gen`` that does not set them (e.g.
@@ -108,16 +132,27 @@ class Program:
         """
         state = self._new_state(backend, defaults, program_id)
         if stream:
-            threading.Thread(target=self._execute, args=(state, args, kwargs), daemon=True,
-                             name=f"dsl-program-{state.program_id[:8]}").start()
+            threading.Thread(
+                target=self._execute,
+                args=(state, args, kwargs),
+                daemon=True,
+                name=f"dsl-program-{state.program_id[:8]}",
+            ).start()
             return state
         return self._execute(state, args, kwargs)
 
     __call__ = run
 
-    def run_batch(self, batch: Sequence[Mapping[str, Any] | Sequence[Any]], *, backend: Backend | None = None,
-                  concurrency: int = 16, progress_bar: bool = False, defaults: Mapping[str, Any] | None = None,
-                  warmup: bool = True) -> list[ProgramState]:
+    def run_batch(
+        self,
+        batch: Sequence[Mapping[str, Any] | Sequence[Any]],
+        *,
+        backend: Backend | None = None,
+        concurrency: int = 16,
+        progress_bar: bool = False,
+        defaults: Mapping[str, Any] | None = None,
+        warmup: bool = True,
+    ) -> list[ProgramState]:
         """Run the program on each item of ``batch`` (a kwargs dict or an args tuple).
 
         At most ``concurrency`` programs run at once (their backend calls batch together in
@@ -127,9 +162,15 @@ class Program:
         """
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-        if any(isinstance(item, (str, bytes)) for item in batch):  # tuple("q1") would be two arguments
-            raise TypeError("run_batch items are kwargs dicts or args tuples; wrap a single argument as (arg,)")
-        items = [(dict(item), ()) if isinstance(item, Mapping) else ({}, tuple(item)) for item in batch]
+        if any(
+            isinstance(item, (str, bytes)) for item in batch
+        ):  # tuple("q1") would be two arguments
+            raise TypeError(
+                "run_batch items are kwargs dicts or args tuples; wrap a single argument as (arg,)"
+            )
+        items = [
+            (dict(item), ()) if isinstance(item, Mapping) else ({}, tuple(item)) for item in batch
+        ]
         states = [self._new_state(backend, defaults, None) for _ in items]
         if not states:
             return []
@@ -138,7 +179,9 @@ class Program:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(states), desc=getattr(self.fn, "__name__", "program"), unit="prog")
-        with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="dsl-batch") as pool:
+        with concurrent.futures.ThreadPoolExecutor(
+            max_workers=concurrency, thread_name_prefix="dsl-batch"
+        ) as pool:
             futures = []
 
             done: list[ProgramState] = []

@@ -18,11 +18,20 @@ import asyncio
 import itertools
 import queue
 import threading
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import Future
-from typing import Any, Coroutine, Iterator, TypeVar
+from typing import Any, TypeVar
 
-from frontend_dsl.backend import (Backend, BackendError, CallUsage, GenChunk, GenStream, ModelInfo, ScoreRequest,
-                                  ScoreResult)
+from frontend_dsl.backend import (
+    Backend,
+    BackendError,
+    CallUsage,
+    GenChunk,
+    GenStream,
+    ModelInfo,
+    ScoreRequest,
+    ScoreResult,
+)
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
 from radixserve.serving.client import DEFAULT_ENDPOINT, AsyncClient
@@ -44,12 +53,18 @@ def _describe(exc: BaseException) -> str:
 class _RemoteStream(GenStream):
     """One streamed request: a task on the backend's loop feeding a queue."""
 
-    def __init__(self, backend: "RemoteBackend", prompt: str, params: SamplingParams, program_id: str | None) -> None:
+    def __init__(
+        self, backend: RemoteBackend, prompt: str, params: SamplingParams, program_id: str | None
+    ) -> None:
         self._chunks: queue.Queue[GenChunk] = queue.Queue()
         self._done = False
-        self._future: Future[None] = backend._spawn(self._pump(backend._pick(), prompt, params, program_id))
+        self._future: Future[None] = backend._spawn(
+            self._pump(backend._pick(), prompt, params, program_id)
+        )
 
-    async def _pump(self, client: AsyncClient, prompt: str, params: SamplingParams, program_id: str | None) -> None:
+    async def _pump(
+        self, client: AsyncClient, prompt: str, params: SamplingParams, program_id: str | None
+    ) -> None:
         streamed = ""
         try:
             async for ev in client.stream(text=prompt, params=params, session_id=program_id):
@@ -59,9 +74,16 @@ class _RemoteStream(GenStream):
                         self._chunks.put(GenChunk(text=ev.text))
                     continue
                 # The final carries the whole text; pass on whatever the chunks did not.
-                tail = ev.text[len(streamed):] if ev.text.startswith(streamed) else ""
-                self._chunks.put(GenChunk(text=tail, finished=True, finish_reason=ev.finish_reason,
-                                          usage=_usage(ev.usage), worker_id=ev.worker_id))
+                tail = ev.text[len(streamed) :] if ev.text.startswith(streamed) else ""
+                self._chunks.put(
+                    GenChunk(
+                        text=tail,
+                        finished=True,
+                        finish_reason=ev.finish_reason,
+                        usage=_usage(ev.usage),
+                        worker_id=ev.worker_id,
+                    )
+                )
         except asyncio.CancelledError:
             self._chunks.put(GenChunk(finished=True, finish_reason="abort"))
             raise
@@ -89,13 +111,21 @@ class RemoteBackend(Backend):
     ``curve``: client keys for a router that requires them (``load_peer_keys("keys/client")``).
     """
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout: float | None = 120.0,
-                 connections: int = 1, curve: PeerKeys | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        *,
+        timeout: float | None = 120.0,
+        connections: int = 1,
+        curve: PeerKeys | None = None,
+    ) -> None:
         if connections < 1:
             raise ValueError(f"connections must be >= 1, got {connections}")
         self.endpoint = endpoint
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="dsl-remote-loop", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="dsl-remote-loop", daemon=True
+        )
         self._thread.start()
         self._closed = False
         self._info: ModelInfo | None = None
@@ -128,25 +158,38 @@ class RemoteBackend(Backend):
     def model_info(self) -> ModelInfo:
         if self._info is None:
             info = self._call(self._pick().model_info())
-            self._info = ModelInfo(model=info.model, chat_template=info.chat_template,
-                                   special_tokens=dict(info.special_tokens), vocab_size=info.vocab_size,
-                                   eos_token_ids=tuple(info.eos_token_ids), max_context=info.context_length)
+            self._info = ModelInfo(
+                model=info.model,
+                chat_template=info.chat_template,
+                special_tokens=dict(info.special_tokens),
+                vocab_size=info.vocab_size,
+                eos_token_ids=tuple(info.eos_token_ids),
+                max_context=info.context_length,
+            )
         return self._info
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         return self._call(self._pick().tokenize(list(texts)))
 
-    def generate(self, prompt: str, params: SamplingParams, *, program_id: str | None = None) -> GenStream:
+    def generate(
+        self, prompt: str, params: SamplingParams, *, program_id: str | None = None
+    ) -> GenStream:
         return _RemoteStream(self, prompt, params.validate(), program_id)
 
-    def score(self, requests: list[ScoreRequest], *, program_id: str | None = None) -> list[ScoreResult]:
+    def score(
+        self, requests: list[ScoreRequest], *, program_id: str | None = None
+    ) -> list[ScoreResult]:
         async def one(req: ScoreRequest) -> ScoreResult:
             params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs_start=req.start)
-            final = await self._pick().generate(input_ids=list(req.token_ids), params=params, session_id=program_id)
+            final = await self._pick().generate(
+                input_ids=list(req.token_ids), params=params, session_id=program_id
+            )
             if final.prompt_logprobs is None:
                 raise BackendError("the router returned no prompt logprobs")
-            return ScoreResult(logprobs=[float(x) for x in final.prompt_logprobs if x is not None],
-                               usage=_usage(final.usage))
+            return ScoreResult(
+                logprobs=[float(x) for x in final.prompt_logprobs if x is not None],
+                usage=_usage(final.usage),
+            )
 
         async def all_of() -> list[ScoreResult]:
             return list(await asyncio.gather(*(one(r) for r in requests)))

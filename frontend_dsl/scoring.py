@@ -19,7 +19,8 @@ find it in the radix cache.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from frontend_dsl.backend import Backend, CallUsage, ScoreRequest, ScoreResult
 from radixserve.prefix import common_prefix_len
@@ -49,12 +50,16 @@ def plan_choice_requests(prompt_ids: list[int], joint_ids: list[list[int]]) -> l
     return [ScoreRequest(token_ids=list(ids), start=start) for ids in joint_ids]
 
 
-def pick(token_logprobs: list[list[float]], method: str | Callable[[list[list[float]]], int]) -> tuple[int, list[float]]:
+def pick(
+    token_logprobs: list[list[float]], method: str | Callable[[list[list[float]]], int]
+) -> tuple[int, list[float]]:
     """Choose an index by ``method``; return it with each choice's score."""
     if callable(method):
         index = int(method(token_logprobs))
         if not 0 <= index < len(token_logprobs):
-            raise ValueError(f"select method returned index {index} for {len(token_logprobs)} choices")
+            raise ValueError(
+                f"select method returned index {index} for {len(token_logprobs)} choices"
+            )
         return index, [float("nan")] * len(token_logprobs)
     if method == "mean":
         scores = [sum(lp) / len(lp) for lp in token_logprobs]
@@ -70,14 +75,22 @@ def pick(token_logprobs: list[list[float]], method: str | Callable[[list[list[fl
 
 
 def _sum_usage(results: Sequence[ScoreResult]) -> CallUsage:
-    return CallUsage(prompt_tokens=sum(r.usage.prompt_tokens for r in results),
-                     cached_tokens=sum(r.usage.cached_tokens for r in results),
-                     completion_tokens=sum(r.usage.completion_tokens for r in results))
+    return CallUsage(
+        prompt_tokens=sum(r.usage.prompt_tokens for r in results),
+        cached_tokens=sum(r.usage.cached_tokens for r in results),
+        completion_tokens=sum(r.usage.completion_tokens for r in results),
+    )
 
 
-def score_choices(backend: Backend, prompt: str, choices: Sequence[str],
-                  method: str | Callable[[list[list[float]]], int] = "mean", *, program_id: str | None = None,
-                  prefix_is_cached: bool = False) -> SelectResult:
+def score_choices(
+    backend: Backend,
+    prompt: str,
+    choices: Sequence[str],
+    method: str | Callable[[list[list[float]]], int] = "mean",
+    *,
+    program_id: str | None = None,
+    prefix_is_cached: bool = False,
+) -> SelectResult:
     """Score ``choices`` as continuations of ``prompt`` and pick one.
 
     ``prefix_is_cached``: the whole prompt was already part of an earlier call, so all
@@ -95,7 +108,15 @@ def score_choices(backend: Backend, prompt: str, choices: Sequence[str],
     token_logprobs = [list(r.logprobs) for r in results]
     for req, lp in zip(requests, token_logprobs):
         if len(lp) != len(req.token_ids) - req.start:
-            raise RuntimeError(f"backend returned {len(lp)} prompt logprobs, expected {len(req.token_ids) - req.start}")
+            raise RuntimeError(
+                f"backend returned {len(lp)} prompt logprobs, expected {len(req.token_ids) - req.start}"
+            )
     index, scores = pick(token_logprobs, method)
-    return SelectResult(index=index, choice=choices[index], scores=scores, token_logprobs=token_logprobs,
-                        boundaries=[r.start for r in requests], usage=_sum_usage(results))
+    return SelectResult(
+        index=index,
+        choice=choices[index],
+        scores=scores,
+        token_logprobs=token_logprobs,
+        boundaries=[r.start for r in requests],
+        usage=_sum_usage(results),
+    )

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from frontend_dsl.calls import RunContext, run_gen, run_select
 from frontend_dsl.ir import Expr, Gen, Role, RoleBegin, RoleEnd, Select, Seq, Text, to_expr
 from frontend_dsl.usage import ProgramUsage
 
 __all__ = ["ForkGroup", "ProgramError", "ProgramState", "RunContext"]
-
 
 
 class ProgramError(RuntimeError):
@@ -78,7 +78,7 @@ def _is_cheap(op: Expr) -> bool:
 class ProgramState:
     """The state of one running program (or of one fork of it)."""
 
-    def __init__(self, ctx: RunContext, parent: "ProgramState | None" = None) -> None:
+    def __init__(self, ctx: RunContext, parent: ProgramState | None = None) -> None:
         self._ctx = ctx
         self._cv = threading.Condition()
         self._queue: collections.deque[Expr] = collections.deque()
@@ -100,14 +100,22 @@ class ProgramState:
             self._open: tuple[str, int] | None = None
             self._sent_upto = 0  # text length covered by the last backend call
         else:
-            self._text, self._vars, self._meta = parent._text, dict(parent._vars), dict(parent._meta)
+            self._text, self._vars, self._meta = (
+                parent._text,
+                dict(parent._vars),
+                dict(parent._meta),
+            )
             self._messages, self._open = [dict(m) for m in parent._messages], parent._open
             self._sent_upto, self._error = parent._sent_upto, parent._error
         # Where this state began (a fork): join("concat") carries over what came after.
-        self._fork_len, self._fork_msgs, self._fork_open = len(self._text), len(self._messages), self._open
+        self._fork_len, self._fork_msgs, self._fork_open = (
+            len(self._text),
+            len(self._messages),
+            self._open,
+        )
 
     # ---------------------------------------------------------------- appending
-    def __iadd__(self, expr: Any) -> "ProgramState":
+    def __iadd__(self, expr: Any) -> ProgramState:
         self._submit(_flatten(to_expr(expr), []))
         return self
 
@@ -132,8 +140,12 @@ class ProgramState:
                     self._cv.notify_all()
                     return
                 if inline and not _is_cheap(self._queue[0]):
-                    threading.Thread(target=self._drain, args=(False,), daemon=True,
-                                     name=f"dsl-{self._ctx.program_id[:8]}").start()
+                    threading.Thread(
+                        target=self._drain,
+                        args=(False,),
+                        daemon=True,
+                        name=f"dsl-{self._ctx.program_id[:8]}",
+                    ).start()
                     return
                 op = self._queue.popleft()
             try:
@@ -176,13 +188,17 @@ class ProgramState:
             self._append(op.text)
         elif isinstance(op, RoleBegin):
             if self._open is not None:
-                raise ValueError(f"cannot open role {op.role!r}: role {self._open[0]!r} is still open")
+                raise ValueError(
+                    f"cannot open role {op.role!r}: role {self._open[0]!r} is still open"
+                )
             self._append(self._ctx.roles.open(op.role, first=not self._text))
             self._open = (op.role, len(self._text))
         elif isinstance(op, RoleEnd):
             if self._open is None or self._open[0] != op.role:
-                raise ValueError(f"cannot close role {op.role!r}: open role is {self._open and self._open[0]!r}")
-            self._messages.append({"role": op.role, "content": self._text[self._open[1]:]})
+                raise ValueError(
+                    f"cannot close role {op.role!r}: open role is {self._open and self._open[0]!r}"
+                )
+            self._messages.append({"role": op.role, "content": self._text[self._open[1] :]})
             self._open = None
             self._append(self._ctx.roles.close(op.role))
         elif isinstance(op, Gen):
@@ -199,7 +215,7 @@ class ProgramState:
             raise TypeError(f"unknown expression {op!r}")
 
     # ---------------------------------------------------------------- reading
-    def sync(self) -> "ProgramState":
+    def sync(self) -> ProgramState:
         """Wait until every queued expression has run (or the state failed)."""
         with self._cv:
             self._cv.wait_for(lambda: not self._busy and not self._queue)
@@ -213,12 +229,19 @@ class ProgramState:
     def __getitem__(self, name: str) -> Any:
         """The value of variable ``name``, waiting for the expression that produces it."""
         with self._cv:
-            self._cv.wait_for(lambda: (name in self._vars and not self._pending[name]) or self._error is not None
-                              or (not self._busy and not self._queue))
+            self._cv.wait_for(
+                lambda: (
+                    (name in self._vars and not self._pending[name])
+                    or self._error is not None
+                    or (not self._busy and not self._queue)
+                )
+            )
             if name in self._vars:
                 return self._vars[name]
             if self._error is not None:
-                raise ProgramError(f"variable {name!r} was not produced: {self._error!r}") from self._error
+                raise ProgramError(
+                    f"variable {name!r} was not produced: {self._error!r}"
+                ) from self._error
         raise KeyError(name)
 
     def get(self, name: str, default: Any = None) -> Any:
@@ -265,9 +288,11 @@ class ProgramState:
     def ok(self) -> bool:
         return self._error is None
 
-    def raise_for_error(self) -> "ProgramState":
+    def raise_for_error(self) -> ProgramState:
         if self._error is not None:
-            raise ProgramError(f"program {self._ctx.program_id} failed: {self._error!r}") from self._error
+            raise ProgramError(
+                f"program {self._ctx.program_id} failed: {self._error!r}"
+            ) from self._error
         return self
 
     @property
@@ -280,21 +305,21 @@ class ProgramState:
         return self._ctx.meter.snapshot()
 
     # ---------------------------------------------------------------- roles as scopes
-    def role(self, name: str) -> "_RoleScope":
+    def role(self, name: str) -> _RoleScope:
         """``with s.role("user"): ...`` — everything appended inside is the message's content."""
         return _RoleScope(self, name)
 
-    def system(self) -> "_RoleScope":
+    def system(self) -> _RoleScope:
         return _RoleScope(self, "system")
 
-    def user(self) -> "_RoleScope":
+    def user(self) -> _RoleScope:
         return _RoleScope(self, "user")
 
-    def assistant(self) -> "_RoleScope":
+    def assistant(self) -> _RoleScope:
         return _RoleScope(self, "assistant")
 
     # ---------------------------------------------------------------- fork / join
-    def fork(self, n: int = 1) -> "ForkGroup":
+    def fork(self, n: int = 1) -> ForkGroup:
         """``n`` states that continue from this one's text; their calls share its cached prefix."""
         if n < 1:
             raise ValueError(f"fork needs n >= 1, got {n}")
@@ -310,7 +335,8 @@ class ProgramState:
         index = 0
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: len(self._events) > index or self._finished)
+                # wait_for calls the predicate before this iteration ends.
+                self._cv.wait_for(lambda: len(self._events) > index or self._finished)  # noqa: B023
                 new, index = self._events[index:], len(self._events)
                 done = self._finished and not new
             for name, text in new:
@@ -384,7 +410,10 @@ class ForkGroup(list):
         else:
             for s in self:
                 if s._open != s._fork_open:
-                    raise ValueError(f"cannot concat a fork whose role {s._open and s._open[0]!r} is still open")
-            self._parent._submit([_Concat(s._text[s._fork_len:], tuple(s._messages[s._fork_msgs:])) for s in self])
+                    raise ValueError(
+                        f"cannot concat a fork whose role {s._open and s._open[0]!r} is still open"
+                    )
+            self._parent._submit(
+                [_Concat(s._text[s._fork_len :], tuple(s._messages[s._fork_msgs :])) for s in self]
+            )
         return self._parent
-

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Iterable
+from collections.abc import Iterable
 
 import msgspec
 
@@ -37,9 +37,13 @@ class ProgramUsage(msgspec.Struct, frozen=True):
         """Fraction of the prompt tokens served from the cache (0 when nothing was sent)."""
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
-    def __add__(self, other: "ProgramUsage") -> "ProgramUsage":
-        return ProgramUsage(self.calls + other.calls, self.prompt_tokens + other.prompt_tokens,
-                            self.cached_tokens + other.cached_tokens, self.completion_tokens + other.completion_tokens)
+    def __add__(self, other: ProgramUsage) -> ProgramUsage:
+        return ProgramUsage(
+            self.calls + other.calls,
+            self.prompt_tokens + other.prompt_tokens,
+            self.cached_tokens + other.cached_tokens,
+            self.completion_tokens + other.completion_tokens,
+        )
 
 
 class UsageMeter:
@@ -51,8 +55,9 @@ class UsageMeter:
 
     def add(self, usage: CallUsage, calls: int = 1) -> None:
         with self._lock:
-            self._usage = self._usage + ProgramUsage(calls, usage.prompt_tokens, usage.cached_tokens,
-                                                     usage.completion_tokens)
+            self._usage = self._usage + ProgramUsage(
+                calls, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens
+            )
 
     def snapshot(self) -> ProgramUsage:
         with self._lock:

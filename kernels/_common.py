@@ -42,12 +42,35 @@ MODE_INT4 = 3
 LOG2E = 1.4426950408889634
 
 __all__ = [
-    "FP8_MAX", "INT4_OFFSET", "INT4_QMAX", "INT8_QMAX", "QUANT_EPS", "LOG2E",
-    "MODE_AUTO", "MODE_FP8", "MODE_INT8", "MODE_INT4",
-    "kv_mode", "interpreting", "dot_in_fp32", "head_block", "check_pool", "AttentionCall", "check_attention_call",
-    "kv_codes", "kv_codes_int4",
-    "fp8_params", "round_to_fp8_grid", "hadamard_block", "hadamard_scale",
-    "kv_tile", "kv_dim_mask", "attn_load_q", "attn_head_scales", "attn_kv_block", "attn_output",
+    "FP8_MAX",
+    "INT4_OFFSET",
+    "INT4_QMAX",
+    "INT8_QMAX",
+    "QUANT_EPS",
+    "LOG2E",
+    "MODE_AUTO",
+    "MODE_FP8",
+    "MODE_INT8",
+    "MODE_INT4",
+    "kv_mode",
+    "interpreting",
+    "dot_in_fp32",
+    "head_block",
+    "check_pool",
+    "AttentionCall",
+    "check_attention_call",
+    "kv_codes",
+    "kv_codes_int4",
+    "fp8_params",
+    "round_to_fp8_grid",
+    "hadamard_block",
+    "hadamard_scale",
+    "kv_tile",
+    "kv_dim_mask",
+    "attn_load_q",
+    "attn_head_scales",
+    "attn_kv_block",
+    "attn_output",
 ]
 
 # fp8 formats as (mantissa bits, smallest normal exponent): the grid round_to_fp8_grid rounds to.
@@ -101,7 +124,9 @@ def check_pool(data: torch.Tensor, fmt: KVFormat) -> tuple[int, int]:
             f"(storage {fmt.storage_dtype}, packed head dim {fmt.packed_head_dim})"
         )
     if data.stride(-1) != 1 or data.stride(0) != data.shape[1] * data.stride(1):
-        raise ValueError("pool tensor must have contiguous slots ([num_pages, page_size] flattenable)")
+        raise ValueError(
+            "pool tensor must have contiguous slots ([num_pages, page_size] flattenable)"
+        )
     return data.stride(1), data.stride(2)
 
 
@@ -116,7 +141,11 @@ class AttentionCall(NamedTuple):
 
 
 def check_attention_call(
-    q: torch.Tensor, k_data: torch.Tensor, v_data: torch.Tensor, fmt: KVFormat, out: torch.Tensor | None
+    q: torch.Tensor,
+    k_data: torch.Tensor,
+    v_data: torch.Tensor,
+    fmt: KVFormat,
+    out: torch.Tensor | None,
 ) -> AttentionCall:
     """Validate an attention call's head counts and pool layouts; give q a unit-stride head dim; allocate out."""
     Hq, Hkv = q.shape[1], k_data.shape[-2]
@@ -223,18 +252,34 @@ def kv_dim_mask(offs_d, D, MODE: tl.constexpr):
 
 
 @triton.jit
-def attn_load_q(q_ptr, row_off, row_mask, offs_d, mask_d, offs_f, D, HSCALE: tl.constexpr, MODE: tl.constexpr,
-                DOT_DTYPE: tl.constexpr):
+def attn_load_q(
+    q_ptr,
+    row_off,
+    row_mask,
+    offs_d,
+    mask_d,
+    offs_f,
+    D,
+    HSCALE: tl.constexpr,
+    MODE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
     """Load query rows (``row_off``: ``[R, 1]`` element offsets from ``q_ptr``) as the pair the score dots take.
 
     int4 rotates q once into the codes' Hadamard coordinates, split into even/odd channels.
     """
     if MODE == 3:  # int4
         q = tl.load(
-            q_ptr + (row_off + offs_f[None, :]), mask=row_mask[:, None] & (offs_f < D)[None, :], other=0.0
+            q_ptr + (row_off + offs_f[None, :]),
+            mask=row_mask[:, None] & (offs_f < D)[None, :],
+            other=0.0,
         ).to(tl.float32)
-        q_a = tl.dot(q, hadamard_block(offs_f, 2 * offs_d, D, HSCALE), input_precision="ieee").to(DOT_DTYPE)
-        q_b = tl.dot(q, hadamard_block(offs_f, 2 * offs_d + 1, D, HSCALE), input_precision="ieee").to(DOT_DTYPE)
+        q_a = tl.dot(q, hadamard_block(offs_f, 2 * offs_d, D, HSCALE), input_precision="ieee").to(
+            DOT_DTYPE
+        )
+        q_b = tl.dot(
+            q, hadamard_block(offs_f, 2 * offs_d + 1, D, HSCALE), input_precision="ieee"
+        ).to(DOT_DTYPE)
     else:
         q_a = tl.load(
             q_ptr + (row_off + offs_d[None, :]), mask=row_mask[:, None] & mask_d[None, :], other=0.0
@@ -256,10 +301,31 @@ def attn_head_scales(qk_scale, ks_ptr, vs_ptr, kvh, MODE: tl.constexpr):
 
 @triton.jit
 def attn_kv_block(
-    q_a, q_b, acc_a, acc_b, m_i, l_i,  # query pair, running output pair, row max, row sum (log2 domain)
-    pos, mask_n, q_pos, qk_scale,  # [N] KV positions, which are in range; [R] row positions (causal) or None
-    pt_row, k_ptr, v_ptr, ks_ptr, vs_ptr, stride_ks, stride_kh, kvh, Hkv, offs_d, mask_d,
-    PAGE_SIZE: tl.constexpr, MODE: tl.constexpr, DOT_DTYPE: tl.constexpr, PREC: tl.constexpr,
+    q_a,
+    q_b,
+    acc_a,
+    acc_b,
+    m_i,
+    l_i,  # query pair, running output pair, row max, row sum (log2 domain)
+    pos,
+    mask_n,
+    q_pos,
+    qk_scale,  # [N] KV positions, which are in range; [R] row positions (causal) or None
+    pt_row,
+    k_ptr,
+    v_ptr,
+    ks_ptr,
+    vs_ptr,
+    stride_ks,
+    stride_kh,
+    kvh,
+    Hkv,
+    offs_d,
+    mask_d,
+    PAGE_SIZE: tl.constexpr,
+    MODE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """Attend to one block of KV positions read through the page table row ``pt_row``.
 
@@ -306,7 +372,9 @@ def attn_output(acc_a, acc_b, offs_d, offs_f, D, HSCALE: tl.constexpr, MODE: tl.
     """
     if MODE == 3:  # int4
         o = tl.dot(acc_a, hadamard_block(2 * offs_d, offs_f, D, HSCALE), input_precision="ieee")
-        o += tl.dot(acc_b, hadamard_block(2 * offs_d + 1, offs_f, D, HSCALE), input_precision="ieee")
+        o += tl.dot(
+            acc_b, hadamard_block(2 * offs_d + 1, offs_f, D, HSCALE), input_precision="ieee"
+        )
         offs_o = offs_f
     else:
         o = acc_a

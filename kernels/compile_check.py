@@ -25,13 +25,21 @@ from typing import Any
 import torch
 
 _TY = {
-    torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.int32: "i32",
-    torch.int64: "i64", torch.uint8: "u8", torch.int8: "i8",
-    torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float32: "fp32",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.uint8: "u8",
+    torch.int8: "i8",
+    torch.float8_e4m3fn: "fp8e4nv",
+    torch.float8_e5m2: "fp8e5",
 }
 
 
-def _signature(fn: Any, args: tuple, kwargs: dict) -> tuple[dict[str, str], dict[str, Any], dict[str, Any]]:
+def _signature(
+    fn: Any, args: tuple, kwargs: dict
+) -> tuple[dict[str, str], dict[str, Any], dict[str, Any]]:
     """Triton signature / constexprs / launch options of one captured launch."""
     names = fn.arg_names
     bound = dict(zip(names, args))
@@ -78,9 +86,9 @@ def _cases(full: bool) -> list[tuple[str, str, torch.dtype, int, int, int]]:
     kv = ["auto", "fp8_e4m3", "fp8_e5m2", "int8", "int4"]
     acts = [torch.float16, torch.bfloat16, torch.float32]
     if full:
-        return [(k, d, a, 9, 3, 64) for k in ("store", "decode", "extend") for d in kv for a in acts] + [
-            ("fused", "auto", a, 9, 3, 64) for a in acts
-        ]
+        return [
+            (k, d, a, 9, 3, 64) for k in ("store", "decode", "extend") for d in kv for a in acts
+        ] + [("fused", "auto", a, 9, 3, 64) for a in acts]
     return [
         ("store", "int4", torch.bfloat16, 9, 3, 64),
         ("store", "fp8_e4m3", torch.float16, 9, 3, 64),
@@ -126,21 +134,43 @@ def _launch(kind: str, kv_dtype: str, act: torch.dtype, hq: int, hkv: int, d: in
         store_kv(k_data, v_data, k_scale, v_scale, x, x, torch.arange(3), fmt)
     elif kind == "decode":
         q = torch.zeros(2, hq, d, dtype=act)
-        paged_decode_attention(q, k_data, v_data, k_scale, v_scale, fmt, pt, lens, ps, 0.1, num_kv_splits=4)
+        paged_decode_attention(
+            q, k_data, v_data, k_scale, v_scale, fmt, pt, lens, ps, 0.1, num_kv_splits=4
+        )
     else:
         q = torch.zeros(7, hq, d, dtype=act)
         ext = torch.tensor([3, 4], dtype=torch.int32)
-        extend_attention(q, k_data, v_data, k_scale, v_scale, fmt, pt, lens, ext, torch.tensor([0, 3], dtype=torch.int32),
-                         ps, 0.1, max_extend_len=4)
+        extend_attention(
+            q,
+            k_data,
+            v_data,
+            k_scale,
+            v_scale,
+            fmt,
+            pt,
+            lens,
+            ext,
+            torch.tensor([0, 3], dtype=torch.int32),
+            ps,
+            0.1,
+            max_extend_len=4,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", type=int, default=90, help="CUDA compute capability as an int (90 = H100/H200)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--arch", type=int, default=90, help="CUDA compute capability as an int (90 = H100/H200)"
+    )
     ap.add_argument("--all", action="store_true", help="every kernel x KV dtype x activation dtype")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        print("compile_check: run with TRITON_INTERPRET=0 (the kernels must be defined for the compiler)", file=sys.stderr)
+        print(
+            "compile_check: run with TRITON_INTERPRET=0 (the kernels must be defined for the compiler)",
+            file=sys.stderr,
+        )
         return 2
     import triton
     from triton.backends.compiler import GPUTarget
@@ -167,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # report which variant failed, then fail
                 print(f"FAIL sm_{args.arch} {fn.__name__} {case}: {e}", file=sys.stderr)
                 return 1
-            print(f"ok   sm_{args.arch} {fn.__name__:22} {case[1]:9} {str(case[2]):15} {time.perf_counter() - t0:5.1f}s")
+            print(
+                f"ok   sm_{args.arch} {fn.__name__:22} {case[1]:9} {str(case[2]):15} {time.perf_counter() - t0:5.1f}s"
+            )
     return 0
 
 

@@ -41,7 +41,6 @@ from radixkernels._common import (
 )
 from radixkernels.kv_format import KVFormat
 
-
 # The page table's row stride is the step's page count, and a batch's decode segment is a
 # slice of the step's rows and metadata (any offset): none of them may pick a compiled variant.
 _VARYING_INTS = ["stride_pt"]
@@ -50,14 +49,26 @@ _VARYING_PTRS = ["q_ptr", "o_ptr", "pt_ptr", "seq_lens_ptr"]
 
 @triton.jit(do_not_specialize=_VARYING_INTS, do_not_specialize_on_alignment=_VARYING_PTRS)
 def _decode_split_kernel(
-    q_ptr, stride_qb, stride_qh,
-    k_ptr, v_ptr, stride_ks, stride_kh,
-    ks_ptr, vs_ptr,
-    pt_ptr, stride_pt,
+    q_ptr,
+    stride_qb,
+    stride_qh,
+    k_ptr,
+    v_ptr,
+    stride_ks,
+    stride_kh,
+    ks_ptr,
+    vs_ptr,
+    pt_ptr,
+    stride_pt,
     seq_lens_ptr,
-    o_ptr, stride_ob, stride_oh,  # final output (NUM_SPLITS == 1) [B, Hq, D]
-    mid_o_ptr, mid_lse_ptr,  # partials [B, Hq, NUM_SPLITS, D] / [B, Hq, NUM_SPLITS] fp32
-    qk_scale, Hkv, D,
+    o_ptr,
+    stride_ob,
+    stride_oh,  # final output (NUM_SPLITS == 1) [B, Hq, D]
+    mid_o_ptr,
+    mid_lse_ptr,  # partials [B, Hq, NUM_SPLITS, D] / [B, Hq, NUM_SPLITS] fp32
+    qk_scale,
+    Hkv,
+    D,
     G: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
@@ -93,7 +104,9 @@ def _decode_split_kernel(
     offs_f = tl.arange(0, BLOCK_DF)
     mask_d = kv_dim_mask(offs_d, D, MODE)
     q_row_off = b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh
-    q_a, q_b = attn_load_q(q_ptr, q_row_off, mask_g, offs_d, mask_d, offs_f, D, HSCALE, MODE, DOT_DTYPE)
+    q_a, q_b = attn_load_q(
+        q_ptr, q_row_off, mask_g, offs_d, mask_d, offs_f, D, HSCALE, MODE, DOT_DTYPE
+    )
     acc_a = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)  # int4's odd channels, else unused
     qk_scale, v_head_scale = attn_head_scales(qk_scale, ks_ptr, vs_ptr, kvh, MODE)
@@ -104,9 +117,31 @@ def _decode_split_kernel(
         pos = n0 + offs_n
         mask_n = pos < end
         acc_a, acc_b, m_i, l_i = attn_kv_block(
-            q_a, q_b, acc_a, acc_b, m_i, l_i, pos, mask_n, None, qk_scale,
-            pt_ptr + b.to(tl.int64) * stride_pt, k_ptr, v_ptr, ks_ptr, vs_ptr, stride_ks, stride_kh, kvh, Hkv,
-            offs_d, mask_d, PAGE_SIZE, MODE, DOT_DTYPE, PREC,
+            q_a,
+            q_b,
+            acc_a,
+            acc_b,
+            m_i,
+            l_i,
+            pos,
+            mask_n,
+            None,
+            qk_scale,
+            pt_ptr + b.to(tl.int64) * stride_pt,
+            k_ptr,
+            v_ptr,
+            ks_ptr,
+            vs_ptr,
+            stride_ks,
+            stride_kh,
+            kvh,
+            Hkv,
+            offs_d,
+            mask_d,
+            PAGE_SIZE,
+            MODE,
+            DOT_DTYPE,
+            PREC,
         )
 
     norm = v_head_scale / l_i
@@ -125,10 +160,14 @@ def _decode_split_kernel(
 
 @triton.jit(do_not_specialize_on_alignment=["o_ptr", "seq_lens_ptr"])
 def _decode_reduce_kernel(
-    mid_o_ptr, mid_lse_ptr,
-    o_ptr, stride_ob, stride_oh,
+    mid_o_ptr,
+    mid_lse_ptr,
+    o_ptr,
+    stride_ob,
+    stride_oh,
     seq_lens_ptr,
-    Hq, D,
+    Hq,
+    D,
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -145,12 +184,20 @@ def _decode_reduce_kernel(
     lse = tl.load(mid_lse_ptr + row, mask=valid, other=float("-inf"))
     w = tl.exp2(lse - tl.max(lse, axis=0))
     w = tl.where(valid, w, 0.0)
-    parts = tl.load(mid_o_ptr + row[:, None] * D + offs_d[None, :], mask=valid[:, None] & (offs_d < D)[None, :], other=0.0)
+    parts = tl.load(
+        mid_o_ptr + row[:, None] * D + offs_d[None, :],
+        mask=valid[:, None] & (offs_d < D)[None, :],
+        other=0.0,
+    )
     o = tl.sum(w[:, None] * parts, axis=0) / tl.sum(w, axis=0)
-    tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, o.to(o_ptr.dtype.element_ty), mask=offs_d < D)
+    tl.store(
+        o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d,
+        o.to(o_ptr.dtype.element_ty),
+        mask=offs_d < D,
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
@@ -230,27 +277,52 @@ def paged_decode_attention(
         mid_o = mid_lse = out  # unused
     dummy = k_data
     _decode_split_kernel[(B, Hkv, splits)](
-        q, q.stride(0), q.stride(1),
-        k_data, v_data, stride_ks, stride_kh,
-        k_scale if k_scale is not None else dummy, v_scale if v_scale is not None else dummy,
-        page_table, page_table.stride(0),
+        q,
+        q.stride(0),
+        q.stride(1),
+        k_data,
+        v_data,
+        stride_ks,
+        stride_kh,
+        k_scale if k_scale is not None else dummy,
+        v_scale if v_scale is not None else dummy,
+        page_table,
+        page_table.stride(0),
         seq_lens,
-        out, out.stride(0), out.stride(1),
-        mid_o, mid_lse,
-        sm_scale * LOG2E, Hkv, D,
-        G=G, PAGE_SIZE=page_size, NUM_SPLITS=splits,
-        BLOCK_G=head_block(G), BLOCK_N=block_n, BLOCK_D=block_d,
-        BLOCK_DF=head_block(D), HSCALE=hadamard_scale(D),
-        MODE=mode, DOT_F32=dot_in_fp32(q.dtype),
-        num_warps=4, num_stages=2,
+        out,
+        out.stride(0),
+        out.stride(1),
+        mid_o,
+        mid_lse,
+        sm_scale * LOG2E,
+        Hkv,
+        D,
+        G=G,
+        PAGE_SIZE=page_size,
+        NUM_SPLITS=splits,
+        BLOCK_G=head_block(G),
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        BLOCK_DF=head_block(D),
+        HSCALE=hadamard_scale(D),
+        MODE=mode,
+        DOT_F32=dot_in_fp32(q.dtype),
+        num_warps=4,
+        num_stages=2,
     )
     if splits > 1:
         _decode_reduce_kernel[(B, Hq)](
-            mid_o, mid_lse,
-            out, out.stride(0), out.stride(1),
+            mid_o,
+            mid_lse,
+            out,
+            out.stride(0),
+            out.stride(1),
             seq_lens,
-            Hq, D,
-            NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), BLOCK_N=block_n,
+            Hq,
+            D,
+            NUM_SPLITS=splits,
+            BLOCK_S=triton.next_power_of_2(splits),
+            BLOCK_N=block_n,
             BLOCK_D=triton.next_power_of_2(D),
             num_warps=4,
         )

@@ -51,13 +51,26 @@ from radixkernels.kv_format import KVFormat
     do_not_specialize_on_alignment=["pt_ptr", "seq_lens_ptr", "ext_lens_ptr", "ext_start_ptr"],
 )
 def _extend_kernel(
-    q_ptr, stride_qt, stride_qh,
-    k_ptr, v_ptr, stride_ks, stride_kh,
-    ks_ptr, vs_ptr,
-    pt_ptr, stride_pt,
-    seq_lens_ptr, ext_lens_ptr, ext_start_ptr,
-    o_ptr, stride_ot, stride_oh,
-    qk_scale, Hkv, D,
+    q_ptr,
+    stride_qt,
+    stride_qh,
+    k_ptr,
+    v_ptr,
+    stride_ks,
+    stride_kh,
+    ks_ptr,
+    vs_ptr,
+    pt_ptr,
+    stride_pt,
+    seq_lens_ptr,
+    ext_lens_ptr,
+    ext_start_ptr,
+    o_ptr,
+    stride_ot,
+    stride_oh,
+    qk_scale,
+    Hkv,
+    D,
     G: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     BLOCK_R: tl.constexpr,  # score rows per program (power of two >= 16), token-major over the G heads
@@ -96,7 +109,9 @@ def _extend_kernel(
     offs_f = tl.arange(0, BLOCK_DF)
     mask_d = kv_dim_mask(offs_d, D, MODE)
     q_row_off = rows[:, None] * stride_qt + heads[:, None] * stride_qh
-    q_a, q_b = attn_load_q(q_ptr, q_row_off, mask_m, offs_d, mask_d, offs_f, D, HSCALE, MODE, DOT_DTYPE)
+    q_a, q_b = attn_load_q(
+        q_ptr, q_row_off, mask_m, offs_d, mask_d, offs_f, D, HSCALE, MODE, DOT_DTYPE
+    )
     acc_a = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)  # int4's odd channels, else unused
     qk_scale, v_head_scale = attn_head_scales(qk_scale, ks_ptr, vs_ptr, kvh, MODE)
@@ -109,9 +124,31 @@ def _extend_kernel(
         pos = n0 + offs_n
         mask_n = pos < kv_end
         acc_a, acc_b, m_i, l_i = attn_kv_block(
-            q_a, q_b, acc_a, acc_b, m_i, l_i, pos, mask_n, q_pos, qk_scale,
-            pt_ptr + b.to(tl.int64) * stride_pt, k_ptr, v_ptr, ks_ptr, vs_ptr, stride_ks, stride_kh, kvh, Hkv,
-            offs_d, mask_d, PAGE_SIZE, MODE, DOT_DTYPE, PREC,
+            q_a,
+            q_b,
+            acc_a,
+            acc_b,
+            m_i,
+            l_i,
+            pos,
+            mask_n,
+            q_pos,
+            qk_scale,
+            pt_ptr + b.to(tl.int64) * stride_pt,
+            k_ptr,
+            v_ptr,
+            ks_ptr,
+            vs_ptr,
+            stride_ks,
+            stride_kh,
+            kvh,
+            Hkv,
+            offs_d,
+            mask_d,
+            PAGE_SIZE,
+            MODE,
+            DOT_DTYPE,
+            PREC,
         )
 
     norm = v_head_scale / l_i
@@ -176,18 +213,37 @@ def extend_attention(
     dummy = k_data
     grid = (B, Hkv, triton.cdiv(max_extend_len, blocks.block_m))
     _extend_kernel[grid](
-        q, q.stride(0), q.stride(1),
-        k_data, v_data, stride_ks, stride_kh,
-        k_scale if k_scale is not None else dummy, v_scale if v_scale is not None else dummy,
-        page_table, page_table.stride(0),
-        seq_lens, extend_lens, extend_start_loc,
-        out, out.stride(0), out.stride(1),
-        sm_scale * LOG2E, Hkv, D,
-        G=G, PAGE_SIZE=page_size,
-        BLOCK_R=blocks.block_r, BLOCK_M=blocks.block_m, BLOCK_N=blocks.block_n,
+        q,
+        q.stride(0),
+        q.stride(1),
+        k_data,
+        v_data,
+        stride_ks,
+        stride_kh,
+        k_scale if k_scale is not None else dummy,
+        v_scale if v_scale is not None else dummy,
+        page_table,
+        page_table.stride(0),
+        seq_lens,
+        extend_lens,
+        extend_start_loc,
+        out,
+        out.stride(0),
+        out.stride(1),
+        sm_scale * LOG2E,
+        Hkv,
+        D,
+        G=G,
+        PAGE_SIZE=page_size,
+        BLOCK_R=blocks.block_r,
+        BLOCK_M=blocks.block_m,
+        BLOCK_N=blocks.block_n,
         BLOCK_D=head_block(D // 2 if mode == MODE_INT4 else D),
-        BLOCK_DF=head_block(D), HSCALE=hadamard_scale(D),
-        MODE=mode, DOT_F32=dot_in_fp32(q.dtype),
-        num_warps=blocks.num_warps, num_stages=2,
+        BLOCK_DF=head_block(D),
+        HSCALE=hadamard_scale(D),
+        MODE=mode,
+        DOT_F32=dot_in_fp32(q.dtype),
+        num_warps=blocks.num_warps,
+        num_stages=2,
     )
     return out

@@ -27,8 +27,15 @@ from radixkernels.kv_format import KVCacheDtype, KVFormat
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, stride_x, res_ptr, stride_r, w_ptr, out_ptr, stride_o,
-    N, eps,
+    x_ptr,
+    stride_x,
+    res_ptr,
+    stride_r,
+    w_ptr,
+    out_ptr,
+    stride_o,
+    N,
+    eps,
     HAS_RESIDUAL: tl.constexpr,
     ROUND_NORMED: tl.constexpr,  # 16-bit activations: round x * rstd before the weight (transformers)
     BLOCK: tl.constexpr,
@@ -39,7 +46,10 @@ def _rms_norm_kernel(
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     ty = x.dtype
     if HAS_RESIDUAL:
-        x = (x.to(tl.float32) + tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)).to(ty)
+        x = (
+            x.to(tl.float32)
+            + tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
+        ).to(ty)
         tl.store(res_ptr + row * stride_r + offs, x, mask=mask)
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
@@ -51,7 +61,10 @@ def _rms_norm_kernel(
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """RMSNorm of the rows of ``x`` ``[T, N]``; with ``residual``, first ``residual += x`` in place
@@ -64,12 +77,24 @@ def rms_norm(
     if T == 0:
         return out
     if residual is not None and (residual.shape != x.shape or residual.stride(-1) != 1):
-        raise ValueError(f"residual {tuple(residual.shape)} must match x {tuple(x.shape)} with unit inner stride")
+        raise ValueError(
+            f"residual {tuple(residual.shape)} must match x {tuple(x.shape)} with unit inner stride"
+        )
     res = residual if residual is not None else x
     _rms_norm_kernel[(T,)](
-        x, x.stride(0), res, res.stride(0), weight, out, out.stride(0), N, eps,
-        HAS_RESIDUAL=residual is not None, ROUND_NORMED=x.dtype != torch.float32,
-        BLOCK=triton.next_power_of_2(N), num_warps=4 if N <= 4096 else 8,
+        x,
+        x.stride(0),
+        res,
+        res.stride(0),
+        weight,
+        out,
+        out.stride(0),
+        N,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        ROUND_NORMED=x.dtype != torch.float32,
+        BLOCK=triton.next_power_of_2(N),
+        num_warps=4 if N <= 4096 else 8,
     )
     return out
 
@@ -83,7 +108,11 @@ def _silu_mul_kernel(gu_ptr, stride_gu, out_ptr, stride_o, N, BLOCK: tl.constexp
     u = tl.load(gu_ptr + row * stride_gu + N + offs, mask=mask, other=0.0)
     gf = g.to(tl.float32)
     s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + offs, (s * u.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + row * stride_o + offs,
+        (s * u.to(tl.float32)).to(out_ptr.dtype.element_ty),
+        mask=mask,
+    )
 
 
 def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -97,17 +126,28 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Te
     if T == 0:
         return out
     block = min(1024, triton.next_power_of_2(N))
-    _silu_mul_kernel[(T, triton.cdiv(N, block))](gate_up, gate_up.stride(0), out, out.stride(0), N, BLOCK=block)
+    _silu_mul_kernel[(T, triton.cdiv(N, block))](
+        gate_up, gate_up.stride(0), out, out.stride(0), N, BLOCK=block
+    )
     return out
 
 
 @triton.jit
 def _rope_store_kv_kernel(
-    qkv_ptr, stride_t, stride_h,  # [T, Hq + 2 * Hkv, D], last dim contiguous
-    cos_ptr, sin_ptr, stride_c,  # [T, D] (any leading view of [T, 1, D])
+    qkv_ptr,
+    stride_t,
+    stride_h,  # [T, Hq + 2 * Hkv, D], last dim contiguous
+    cos_ptr,
+    sin_ptr,
+    stride_c,  # [T, D] (any leading view of [T, 1, D])
     slots_ptr,  # [T] int64
-    k_ptr, v_ptr, stride_ks, stride_kh,  # pool, flat [num_slots, Hkv, D]
-    HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    stride_ks,
+    stride_kh,  # pool, flat [num_slots, Hkv, D]
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,  # >= HQ + HKV
     BLOCK_HALF: tl.constexpr,
 ):
@@ -121,9 +161,13 @@ def _rope_store_kv_kernel(
     x2 = tl.load(row + HALF, mask=mask, other=0.0)
     ty = x1.dtype
     c1 = tl.load(cos_ptr + t * stride_c + offs_c, mask=mask_c, other=0.0).to(tl.float32)[None, :]
-    c2 = tl.load(cos_ptr + t * stride_c + HALF + offs_c, mask=mask_c, other=0.0).to(tl.float32)[None, :]
+    c2 = tl.load(cos_ptr + t * stride_c + HALF + offs_c, mask=mask_c, other=0.0).to(tl.float32)[
+        None, :
+    ]
     s1 = tl.load(sin_ptr + t * stride_c + offs_c, mask=mask_c, other=0.0).to(tl.float32)[None, :]
-    s2 = tl.load(sin_ptr + t * stride_c + HALF + offs_c, mask=mask_c, other=0.0).to(tl.float32)[None, :]
+    s2 = tl.load(sin_ptr + t * stride_c + HALF + offs_c, mask=mask_c, other=0.0).to(tl.float32)[
+        None, :
+    ]
     x1f = x1.to(tl.float32)
     x2f = x2.to(tl.float32)
     # x * cos + cat(-x2, x1) * sin, each product and the sum rounded as torch rounds them.
@@ -148,8 +192,14 @@ def _rope_store_kv_kernel(
 
 
 def rope_store_kv(
-    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_q_heads: int,
-    k_data: torch.Tensor, v_data: torch.Tensor, slots: torch.Tensor, fmt: KVFormat,
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_q_heads: int,
+    k_data: torch.Tensor,
+    v_data: torch.Tensor,
+    slots: torch.Tensor,
+    fmt: KVFormat,
 ) -> torch.Tensor:
     """Rotate the q and k heads of ``qkv`` ``[T, Hq + 2 Hkv, D]`` by ``cos``/``sin`` ``[T, 1, D]``,
     q in place; write rotated k and v to pool ``slots`` ``[T]`` (int64). Returns q ``[T, Hq, D]``
@@ -157,9 +207,13 @@ def rope_store_kv(
     T, H, D = qkv.shape
     hkv = (H - num_q_heads) // 2
     if fmt.kv_dtype != KVCacheDtype.AUTO:
-        raise ValueError("rope_store_kv writes unquantized pools only; use store_kv for quantized KV")
+        raise ValueError(
+            "rope_store_kv writes unquantized pools only; use store_kv for quantized KV"
+        )
     if qkv.stride(-1) != 1 or D % 2 or num_q_heads + 2 * hkv != H or k_data.shape[-2] != hkv:
-        raise ValueError(f"qkv {tuple(qkv.shape)} does not hold {num_q_heads} q heads and {k_data.shape[-2]} KV heads")
+        raise ValueError(
+            f"qkv {tuple(qkv.shape)} does not hold {num_q_heads} q heads and {k_data.shape[-2]} KV heads"
+        )
     stride_ks, stride_kh = check_pool(k_data, fmt)
     if check_pool(v_data, fmt) != (stride_ks, stride_kh):
         raise ValueError("K and V pools must share a layout")
@@ -168,10 +222,21 @@ def rope_store_kv(
         raise ValueError("cos and sin must share one layout with a unit inner stride")
     if T:
         _rope_store_kv_kernel[(T,)](
-            qkv, qkv.stride(0), qkv.stride(1), cos2, sin2, cos2.stride(0),
+            qkv,
+            qkv.stride(0),
+            qkv.stride(1),
+            cos2,
+            sin2,
+            cos2.stride(0),
             slots if slots.dtype == torch.int64 else slots.to(torch.int64),
-            k_data, v_data, stride_ks, stride_kh,
-            HQ=num_q_heads, HKV=hkv, HALF=D // 2,
-            BLOCK_H=triton.next_power_of_2(num_q_heads + hkv), BLOCK_HALF=triton.next_power_of_2(D // 2),
+            k_data,
+            v_data,
+            stride_ks,
+            stride_kh,
+            HQ=num_q_heads,
+            HKV=hkv,
+            HALF=D // 2,
+            BLOCK_H=triton.next_power_of_2(num_q_heads + hkv),
+            BLOCK_HALF=triton.next_power_of_2(D // 2),
         )
     return qkv[:, :num_q_heads]

@@ -11,7 +11,10 @@ from radixkernels.reference import store_kv_ref
 
 
 def rms_norm_ref(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """See :func:`radixkernels.fused.rms_norm` (``residual`` is updated in place)."""
@@ -41,13 +44,27 @@ def rotate_half_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
 
 
 def rope_store_kv_ref(
-    qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_q_heads: int,
-    k_data: torch.Tensor, v_data: torch.Tensor, slots: torch.Tensor, fmt: KVFormat,
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_q_heads: int,
+    k_data: torch.Tensor,
+    v_data: torch.Tensor,
+    slots: torch.Tensor,
+    fmt: KVFormat,
 ) -> torch.Tensor:
     """See :func:`radixkernels.fused.rope_store_kv`."""
     hkv = (qkv.shape[1] - num_q_heads) // 2
     qk = rotate_half_ref(qkv[:, : num_q_heads + hkv], cos, sin)
     qkv[:, : num_q_heads + hkv] = qk
-    store_kv_ref(k_data, v_data, None, None, qkv[:, num_q_heads : num_q_heads + hkv], qkv[:, num_q_heads + hkv :],
-                 slots, fmt)
+    store_kv_ref(
+        k_data,
+        v_data,
+        None,
+        None,
+        qkv[:, num_q_heads : num_q_heads + hkv],
+        qkv[:, num_q_heads + hkv :],
+        slots,
+        fmt,
+    )
     return qkv[:, :num_q_heads]

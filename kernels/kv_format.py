@@ -75,10 +75,12 @@ class KVFormat:
     head_dim: int
 
     @staticmethod
-    def create(kv_dtype: KVCacheDtype | str, act_dtype: torch.dtype, head_dim: int) -> "KVFormat":
+    def create(kv_dtype: KVCacheDtype | str, act_dtype: torch.dtype, head_dim: int) -> KVFormat:
         kd = KVCacheDtype(kv_dtype)
         if kd is KVCacheDtype.INT4 and (head_dim < 2 or head_dim & (head_dim - 1)):
-            raise ValueError(f"int4 KV cache needs a power-of-two head_dim (Hadamard rotation), got {head_dim}")
+            raise ValueError(
+                f"int4 KV cache needs a power-of-two head_dim (Hadamard rotation), got {head_dim}"
+            )
         return KVFormat(kd, act_dtype, head_dim)
 
     @property

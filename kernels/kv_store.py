@@ -32,11 +32,16 @@ from radixkernels.kv_format import KVFormat
 
 @triton.jit
 def _store_kv_kernel(
-    x_ptr, stride_xt, stride_xh,  # new rows [T, H, D] (last dim contiguous)
+    x_ptr,
+    stride_xt,
+    stride_xh,  # new rows [T, H, D] (last dim contiguous)
     slots_ptr,  # [T] int64
-    data_ptr, stride_ds, stride_dh,  # pool, flat [num_slots, H, packed_head_dim]
+    data_ptr,
+    stride_ds,
+    stride_dh,  # pool, flat [num_slots, H, packed_head_dim]
     scale_ptr,  # int8/int4: [num_slots, H] fp32 (written); fp8: [H] fp32 (read); auto: unused
-    H, D,
+    H,
+    D,
     MODE: tl.constexpr,
     QMAX: tl.constexpr,  # 127 (int8), 7 (int4), fp8 range (fp8)
     EPS: tl.constexpr,
@@ -57,7 +62,9 @@ def _store_kv_kernel(
     if MODE == 3:  # int4: rotated channel 2j in the low nibble of byte j, 2j+1 in the high nibble
         mask = mask_h[:, None] & (offs_d < D // 2)[None, :]
         offs_f = tl.arange(0, BLOCK_DF)
-        x = tl.load(x_row + offs_f[None, :], mask=mask_h[:, None] & (offs_f < D)[None, :], other=0.0).to(tl.float32)
+        x = tl.load(
+            x_row + offs_f[None, :], mask=mask_h[:, None] & (offs_f < D)[None, :], other=0.0
+        ).to(tl.float32)
         # Rotate straight into even/odd channels: xe = x @ H[:, 0::2], xo = x @ H[:, 1::2].
         xe = tl.dot(x, hadamard_block(offs_f, 2 * offs_d, D, HSCALE), input_precision="ieee")
         xo = tl.dot(x, hadamard_block(offs_f, 2 * offs_d + 1, D, HSCALE), input_precision="ieee")
@@ -87,15 +94,27 @@ def _store_kv_kernel(
             tl.store(dst, x.to(data_ptr.dtype.element_ty), mask=mask)
 
 
-def _store_one(data: torch.Tensor, scale: torch.Tensor | None, x: torch.Tensor, slots: torch.Tensor, fmt: KVFormat) -> None:
+def _store_one(
+    data: torch.Tensor,
+    scale: torch.Tensor | None,
+    x: torch.Tensor,
+    slots: torch.Tensor,
+    fmt: KVFormat,
+) -> None:
     mode = kv_mode(fmt)
     stride_ds, stride_dh = check_pool(data, fmt)
     T, H, D = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
     if mode in (MODE_INT8, MODE_INT4):
-        if scale is None or not scale.is_contiguous() or scale.numel() != data.shape[0] * data.shape[1] * H:
-            raise ValueError(f"{fmt.kv_dtype.value} KV cache needs contiguous per-token scales [num_pages, page_size, {H}]")
+        if (
+            scale is None
+            or not scale.is_contiguous()
+            or scale.numel() != data.shape[0] * data.shape[1] * H
+        ):
+            raise ValueError(
+                f"{fmt.kv_dtype.value} KV cache needs contiguous per-token scales [num_pages, page_size, {H}]"
+            )
     elif mode == MODE_FP8:
         if scale is None or scale.numel() != H:
             raise ValueError(f"{fmt.kv_dtype.value} KV cache needs per-head scales [{H}]")
@@ -106,13 +125,25 @@ def _store_one(data: torch.Tensor, scale: torch.Tensor | None, x: torch.Tensor, 
     else:
         block_h, block_d, block_df = triton.next_power_of_2(H), triton.next_power_of_2(D), 16
     _store_kv_kernel[(T,)](
-        x, x.stride(0), x.stride(1),
+        x,
+        x.stride(0),
+        x.stride(1),
         slots,
-        data, stride_ds, stride_dh,
+        data,
+        stride_ds,
+        stride_dh,
         scale if scale is not None else data,
-        H, D,
-        MODE=mode, QMAX=qmax, EPS=QUANT_EPS, FP8_MBITS=fp8_mbits, FP8_EMIN=fp8_emin,
-        BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_DF=block_df, HSCALE=hadamard_scale(D),
+        H,
+        D,
+        MODE=mode,
+        QMAX=qmax,
+        EPS=QUANT_EPS,
+        FP8_MBITS=fp8_mbits,
+        FP8_EMIN=fp8_emin,
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        BLOCK_DF=block_df,
+        HSCALE=hadamard_scale(D),
     )
 
 

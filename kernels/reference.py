@@ -70,7 +70,6 @@ def hadamard(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     return _HADAMARD[key]
 
 
-
 def token_scales(x: torch.Tensor, qmax: float) -> torch.Tensor:
     """Per-(token, head) symmetric scales of ``x`` ``[T, H, D]``: ``max(absmax, EPS) / qmax`` (fp32 ``[T, H]``)."""
     return x.float().abs().amax(dim=-1).clamp_min(QUANT_EPS) / qmax
@@ -90,7 +89,10 @@ def quantize_int4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     r = x.float() @ hadamard(x.shape[-1], x.device)
     scale = token_scales(r, INT4_QMAX)
-    q = torch.floor(r / scale[..., None] + 0.5).clamp_(-INT4_QMAX, INT4_QMAX).to(torch.int32) + INT4_OFFSET
+    q = (
+        torch.floor(r / scale[..., None] + 0.5).clamp_(-INT4_QMAX, INT4_QMAX).to(torch.int32)
+        + INT4_OFFSET
+    )
     packed = q[..., 0::2] | (q[..., 1::2] << 4)
     return packed.to(torch.uint8), scale
 
@@ -141,7 +143,9 @@ def dequantize_ref(data: torch.Tensor, scale: torch.Tensor | None, fmt: KVFormat
         return data.float()
     assert scale is not None, f"{kd.value} KV cache needs scales"
     if kd is KVCacheDtype.INT4:  # un-rotate: H is its own inverse
-        return (unpack_int4(data).float() * scale.float()[..., None]) @ hadamard(fmt.head_dim, data.device)
+        return (unpack_int4(data).float() * scale.float()[..., None]) @ hadamard(
+            fmt.head_dim, data.device
+        )
     return data.float() * scale.float()[..., None]
 
 
@@ -321,6 +325,17 @@ def extend_attention_ref(
     hint, ignored here).
     """
     return paged_attention_ref(
-        q, k_data, v_data, k_scale, v_scale, fmt, page_table, seq_lens, extend_lens,
-        extend_start_loc, page_size, sm_scale, out=out,
+        q,
+        k_data,
+        v_data,
+        k_scale,
+        v_scale,
+        fmt,
+        page_table,
+        seq_lens,
+        extend_lens,
+        extend_start_loc,
+        page_size,
+        sm_scale,
+        out=out,
     )

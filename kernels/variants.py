@@ -36,7 +36,12 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
     compute_cache_key = create_function_from_signature = None
 
 # Modules whose jitted kernels the server launches.
-KERNEL_MODULES = ("radixkernels.kv_store", "radixkernels.decode", "radixkernels.extend", "radixkernels.fused")
+KERNEL_MODULES = (
+    "radixkernels.kv_store",
+    "radixkernels.decode",
+    "radixkernels.extend",
+    "radixkernels.fused",
+)
 
 
 class Launch(NamedTuple):
@@ -54,11 +59,15 @@ def launched_kernels() -> list[KernelInterface]:
             mod = importlib.import_module(name)
         except ModuleNotFoundError:
             continue
-        out += [v for k, v in vars(mod).items() if isinstance(v, KernelInterface) and k.endswith("_kernel")]
+        out += [
+            v
+            for k, v in vars(mod).items()
+            if isinstance(v, KernelInterface) and k.endswith("_kernel")
+        ]
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _binder(kernel: KernelInterface) -> Any:
     """Triton's argument binder for ``kernel``, generated for a CUDA (sm_90) backend."""
     from triton.backends.compiler import GPUTarget
@@ -68,9 +77,14 @@ def _binder(kernel: KernelInterface) -> Any:
         jf = kernel
     else:  # InterpretedFunction: same function and specialization options, seen by the JIT
         opts = getattr(kernel, "kwargs", {})
-        jf = JITFunction(kernel.fn, do_not_specialize=opts.get("do_not_specialize"),
-                         do_not_specialize_on_alignment=opts.get("do_not_specialize_on_alignment"))
-    return create_function_from_signature(jf.signature, jf.params, make_backend(GPUTarget("cuda", 90, 32)))
+        jf = JITFunction(
+            kernel.fn,
+            do_not_specialize=opts.get("do_not_specialize"),
+            do_not_specialize_on_alignment=opts.get("do_not_specialize_on_alignment"),
+        )
+    return create_function_from_signature(
+        jf.signature, jf.params, make_backend(GPUTarget("cuda", 90, 32))
+    )
 
 
 def variant_key(kernel: KernelInterface, args: tuple, kwargs: dict[str, Any]) -> str:
@@ -89,9 +103,14 @@ def _restated_key(kernel: KernelInterface, args: tuple, kwargs: dict[str, Any]) 
     constexpr values, pointer dtypes and 16-byte alignment, ints equal to 1 or divisible by 16
     (minus the kernel's ``do_not_specialize*`` names), and the launch options."""
     fn = getattr(kernel, "fn", kernel)
-    opts = getattr(kernel, "kwargs", {}) if not isinstance(kernel, JITFunction) else {
-        "do_not_specialize": kernel.do_not_specialize,
-        "do_not_specialize_on_alignment": kernel.do_not_specialize_on_alignment}
+    opts = (
+        getattr(kernel, "kwargs", {})
+        if not isinstance(kernel, JITFunction)
+        else {
+            "do_not_specialize": kernel.do_not_specialize,
+            "do_not_specialize_on_alignment": kernel.do_not_specialize_on_alignment,
+        }
+    )
     no_spec = set(opts.get("do_not_specialize") or ())
     no_align = set(opts.get("do_not_specialize_on_alignment") or ())
     params = list(inspect.signature(fn).parameters.values())
@@ -128,14 +147,21 @@ class LaunchLog:
         return Counter(launch.kernel for launch in self.launches)
 
     @contextlib.contextmanager
-    def recording(self) -> Iterator["LaunchLog"]:
+    def recording(self) -> Iterator[LaunchLog]:
         """Wrap each kernel's ``run`` so that a launch records its key, then runs as before."""
         kernels = launched_kernels()
         saved = [k.__dict__.get("run") for k in kernels]
         for k in kernels:
             inner = k.run
 
-            def run(*args: Any, _k: KernelInterface = k, _inner: Any = inner, grid: Any, warmup: bool, **kw: Any) -> Any:
+            def run(
+                *args: Any,
+                _k: KernelInterface = k,
+                _inner: Any = inner,
+                grid: Any,
+                warmup: bool,
+                **kw: Any,
+            ) -> Any:
                 self.launches.append(Launch(_k.__name__, variant_key(_k, args, kw)))
                 return _inner(*args, grid=grid, warmup=warmup, **kw)
 

@@ -42,7 +42,9 @@ class Command:
 COMMANDS: dict[str, Command] = {}
 
 
-def register(name: str, help: str, arguments: ArgumentsFn | None = None) -> Callable[[RunFn], RunFn]:
+def register(
+    name: str, help: str, arguments: ArgumentsFn | None = None
+) -> Callable[[RunFn], RunFn]:
     """Decorator: register ``fn(args) -> exit code`` as ``radixserve <name>``."""
 
     def deco(fn: RunFn) -> RunFn:

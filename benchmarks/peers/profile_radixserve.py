@@ -26,21 +26,35 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil  # noqa: E402
-
 import workloads as wl  # noqa: E402
+
 from peers import servers  # noqa: E402
 from peers.openai_load import ReplayConfig, replay, summarize  # noqa: E402
 
 # First matching (substring of a frame, category) wins; frames are scanned leaf -> root.
 CATEGORIES = [
-    ("sdpa", "attention"), ("attention", "attention"), ("paged", "attention"), ("rotary", "attention (rope)"),
+    ("sdpa", "attention"),
+    ("attention", "attention"),
+    ("paged", "attention"),
+    ("rotary", "attention (rope)"),
     ("rope", "attention (rope)"),
-    ("linear", "matmul (linear / lm head)"), ("lm_head", "matmul (linear / lm head)"), ("logits", "matmul (linear / lm head)"),
-    ("mlp", "matmul (linear / lm head)"), ("rms_norm", "norms / elementwise"), ("norm", "norms / elementwise"),
-    ("sampl", "sampling"), ("detok", "detokenize"),
-    ("radix_cache", "radix cache"), ("allocator", "page allocator"), ("scheduler", "scheduler / batch building"),
-    ("forward_batch", "scheduler / batch building"), ("model_runner", "scheduler / batch building"),
-    ("zmq", "ZeroMQ I/O"), ("msgspec", "ZeroMQ I/O"), ("poll", "idle / waiting"), ("wait", "idle / waiting"),
+    ("linear", "matmul (linear / lm head)"),
+    ("lm_head", "matmul (linear / lm head)"),
+    ("logits", "matmul (linear / lm head)"),
+    ("mlp", "matmul (linear / lm head)"),
+    ("rms_norm", "norms / elementwise"),
+    ("norm", "norms / elementwise"),
+    ("sampl", "sampling"),
+    ("detok", "detokenize"),
+    ("radix_cache", "radix cache"),
+    ("allocator", "page allocator"),
+    ("scheduler", "scheduler / batch building"),
+    ("forward_batch", "scheduler / batch building"),
+    ("model_runner", "scheduler / batch building"),
+    ("zmq", "ZeroMQ I/O"),
+    ("msgspec", "ZeroMQ I/O"),
+    ("poll", "idle / waiting"),
+    ("wait", "idle / waiting"),
 ]
 
 
@@ -55,9 +69,15 @@ def categorize(stack: str) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--workload", default="shared_system", choices=list(wl.WORKLOADS))
-    ap.add_argument("--peer", default="radixserve", choices=[p for p in servers.PEERS if p.startswith("radixserve")])
+    ap.add_argument(
+        "--peer",
+        default="radixserve",
+        choices=[p for p in servers.PEERS if p.startswith("radixserve")],
+    )
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--seconds", type=int, default=30)
     ap.add_argument("--requests", type=int, default=32)
@@ -74,19 +94,43 @@ def main() -> int:
     cmd, env = servers.command(spec, model_dir, port, 2.0, 2048, args.concurrency)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = servers.PEERS_ROOT / "logs"  # server log and collapsed stacks stay out of the repository
+    scratch = (
+        servers.PEERS_ROOT / "logs"
+    )  # server log and collapsed stacks stay out of the repository
     scratch.mkdir(parents=True, exist_ok=True)
     srv = servers.ServerProcess(cmd, env, port, scratch / f"{out.stem}.log", spec.ready_path)
     try:
         srv.wait_ready(600)
-        kw = {"requests": args.requests} if args.workload != "multi_turn" else {"conversations": args.requests // 4}
+        kw = (
+            {"requests": args.requests}
+            if args.workload != "multi_turn"
+            else {"conversations": args.requests // 4}
+        )
         w = wl.build(args.workload, tok, salt=4242, **kw)
-        worker = max(psutil.Process(srv.proc.pid).children(recursive=True), key=lambda p: p.memory_info().rss)
+        worker = max(
+            psutil.Process(srv.proc.pid).children(recursive=True), key=lambda p: p.memory_info().rss
+        )
         pyspy = Path(servers.PEERS_ROOT) / "tools" / "bin" / "py-spy"
         raw = scratch / f"{out.stem}.collapsed"
-        prof = subprocess.Popen([str(pyspy), "record", "-p", str(worker.pid), "-d", str(args.seconds), "-r", "50",
-                                 "-f", "raw", "-o", str(raw), "--nonblocking"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.STDOUT)
+        prof = subprocess.Popen(
+            [
+                str(pyspy),
+                "record",
+                "-p",
+                str(worker.pid),
+                "-d",
+                str(args.seconds),
+                "-r",
+                "50",
+                "-f",
+                "raw",
+                "-o",
+                str(raw),
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )
         cfg = ReplayConfig(srv.base_url, "smollm2", extra_body=spec.extra_body)
         result: dict = {}
 
@@ -105,9 +149,11 @@ def main() -> int:
         stack, _, n = line.rpartition(" ")
         counts[categorize(stack)] += int(n)
     total = sum(counts.values()) or 1
-    lines = [f"radixserve worker profile ({args.peer}, {args.workload}, concurrency {args.concurrency}, "
-             f"{args.seconds} s of py-spy at 50 Hz, {total} samples); load: "
-             f"{result.get('output_tok_per_s', 0):.1f} out tok/s over the whole replay"]
+    lines = [
+        f"radixserve worker profile ({args.peer}, {args.workload}, concurrency {args.concurrency}, "
+        f"{args.seconds} s of py-spy at 50 Hz, {total} samples); load: "
+        f"{result.get('output_tok_per_s', 0):.1f} out tok/s over the whole replay"
+    ]
     lines += [f"  {cat:32s} {n / total:6.1%}" for cat, n in counts.most_common()]
     # The heaviest leaf frames, for the notes.
     leaves: collections.Counter[str] = collections.Counter()

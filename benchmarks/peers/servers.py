@@ -30,7 +30,9 @@ from typing import Any
 import httpx
 import psutil
 
-PEERS_ROOT = Path(os.environ.get("RADIXSERVE_PEERS", Path.home() / ".cache" / "radixserve" / "peers"))
+PEERS_ROOT = Path(
+    os.environ.get("RADIXSERVE_PEERS", Path.home() / ".cache" / "radixserve" / "peers")
+)
 THREADS = int(os.environ.get("PEER_THREADS", "2"))
 _NOT_INHERITED = {"PYTHONPATH", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"}
 
@@ -66,35 +68,112 @@ class PeerSpec:
 # ignore_eos where the server has it, so every peer writes exactly max_tokens tokens.
 _IGNORE_EOS = {"ignore_eos": True}
 
-PEERS: dict[str, PeerSpec] = {p.name: p for p in [
-    PeerSpec("radixserve", "radixserve (radix cache)", "http", "fp32", extra_body=_IGNORE_EOS,
-             flush_path="/flush_cache", ready_path="/health"),
-    PeerSpec("radixserve-nocache", "radixserve (cache disabled)", "http", "fp32", extra_body=_IGNORE_EOS,
-             flush_path="/flush_cache", ready_path="/health"),
-    PeerSpec("radixserve-bf16", "radixserve bf16 (radix cache)", "http", "bf16", extra_body=_IGNORE_EOS,
-             flush_path="/flush_cache", ready_path="/health"),
-    # radixserve with OpenMP threads spinning ~1 ms before sleeping: since the `spin` run this
-    # is radixserve's own default (radixserve/__init__.py); before it, PASSIVE alone.
-    PeerSpec("radixserve-spin", "radixserve, GOMP_SPINCOUNT=100000", "http", "fp32", extra_body=_IGNORE_EOS,
-             flush_path="/flush_cache", ready_path="/health"),
-    PeerSpec("vllm-fp32", "vLLM-CPU fp32, block 32, APC", "http", "fp32", extra_body=_IGNORE_EOS, page_size=32),
-    PeerSpec("vllm-bf16", "vLLM-CPU bf16, block 32, APC", "http", "bf16", extra_body=_IGNORE_EOS, page_size=32),
-    PeerSpec("vllm-bf16-b128", "vLLM-CPU bf16, block 128, APC", "http", "bf16", extra_body=_IGNORE_EOS,
-             page_size=128),
-    PeerSpec("vllm-fp32-b128", "vLLM-CPU fp32, block 128, APC", "http", "fp32", extra_body=_IGNORE_EOS,
-             page_size=128),
-    PeerSpec("llamacpp-f32", "llama.cpp server, f32 GGUF", "http", "fp32", extra_body=_IGNORE_EOS,
-             ready_path="/health", page_size=1),
-    PeerSpec("llamacpp-q4_1", "llama.cpp server, Q4_1 GGUF", "http", "q4_1", extra_body=_IGNORE_EOS,
-             ready_path="/health", page_size=1),
-    # No ignore_eos field: a generation_config with eos_token_id -1 (what CB uses for "no EOS";
-    # without it a request falls back to the model config's EOS).
-    PeerSpec("transformers-serve", "transformers serve --continuous-batching", "http", "fp32", mode="text",
-             include_usage=False,
-             extra_body={"generation_config": json.dumps({"do_sample": False, "eos_token_id": -1})},
-             ready_path="/health"),
-    PeerSpec("transformers-cb", "transformers generate_batch (in-process)", "inproc", "fp32"),
-]}
+PEERS: dict[str, PeerSpec] = {
+    p.name: p
+    for p in [
+        PeerSpec(
+            "radixserve",
+            "radixserve (radix cache)",
+            "http",
+            "fp32",
+            extra_body=_IGNORE_EOS,
+            flush_path="/flush_cache",
+            ready_path="/health",
+        ),
+        PeerSpec(
+            "radixserve-nocache",
+            "radixserve (cache disabled)",
+            "http",
+            "fp32",
+            extra_body=_IGNORE_EOS,
+            flush_path="/flush_cache",
+            ready_path="/health",
+        ),
+        PeerSpec(
+            "radixserve-bf16",
+            "radixserve bf16 (radix cache)",
+            "http",
+            "bf16",
+            extra_body=_IGNORE_EOS,
+            flush_path="/flush_cache",
+            ready_path="/health",
+        ),
+        # radixserve with OpenMP threads spinning ~1 ms before sleeping: since the `spin` run this
+        # is radixserve's own default (radixserve/__init__.py); before it, PASSIVE alone.
+        PeerSpec(
+            "radixserve-spin",
+            "radixserve, GOMP_SPINCOUNT=100000",
+            "http",
+            "fp32",
+            extra_body=_IGNORE_EOS,
+            flush_path="/flush_cache",
+            ready_path="/health",
+        ),
+        PeerSpec(
+            "vllm-fp32",
+            "vLLM-CPU fp32, block 32, APC",
+            "http",
+            "fp32",
+            extra_body=_IGNORE_EOS,
+            page_size=32,
+        ),
+        PeerSpec(
+            "vllm-bf16",
+            "vLLM-CPU bf16, block 32, APC",
+            "http",
+            "bf16",
+            extra_body=_IGNORE_EOS,
+            page_size=32,
+        ),
+        PeerSpec(
+            "vllm-bf16-b128",
+            "vLLM-CPU bf16, block 128, APC",
+            "http",
+            "bf16",
+            extra_body=_IGNORE_EOS,
+            page_size=128,
+        ),
+        PeerSpec(
+            "vllm-fp32-b128",
+            "vLLM-CPU fp32, block 128, APC",
+            "http",
+            "fp32",
+            extra_body=_IGNORE_EOS,
+            page_size=128,
+        ),
+        PeerSpec(
+            "llamacpp-f32",
+            "llama.cpp server, f32 GGUF",
+            "http",
+            "fp32",
+            extra_body=_IGNORE_EOS,
+            ready_path="/health",
+            page_size=1,
+        ),
+        PeerSpec(
+            "llamacpp-q4_1",
+            "llama.cpp server, Q4_1 GGUF",
+            "http",
+            "q4_1",
+            extra_body=_IGNORE_EOS,
+            ready_path="/health",
+            page_size=1,
+        ),
+        # No ignore_eos field: a generation_config with eos_token_id -1 (what CB uses for "no EOS";
+        # without it a request falls back to the model config's EOS).
+        PeerSpec(
+            "transformers-serve",
+            "transformers serve --continuous-batching",
+            "http",
+            "fp32",
+            mode="text",
+            include_usage=False,
+            extra_body={"generation_config": json.dumps({"do_sample": False, "eos_token_id": -1})},
+            ready_path="/health",
+        ),
+        PeerSpec("transformers-cb", "transformers generate_batch (in-process)", "inproc", "fp32"),
+    ]
+}
 
 
 def peer_spec(name: str) -> PeerSpec:
@@ -113,31 +192,62 @@ def free_port() -> int:
 def _venv_python(venv: str) -> str:
     py = PEERS_ROOT / venv / "bin" / "python"
     if not py.exists():
-        raise FileNotFoundError(f"{py} missing: run `bash benchmarks/peers/setup_peers.sh {venv}` first")
+        raise FileNotFoundError(
+            f"{py} missing: run `bash benchmarks/peers/setup_peers.sh {venv}` first"
+        )
     return str(py)
 
 
-def command(spec: PeerSpec, model_dir: Path, port: int, kv_budget_gib: float, max_ctx: int,
-            max_running: int) -> tuple[list[str], dict[str, str]]:
+def command(
+    spec: PeerSpec, model_dir: Path, port: int, kv_budget_gib: float, max_ctx: int, max_running: int
+) -> tuple[list[str], dict[str, str]]:
     """The command line and extra environment that serve ``spec`` on ``127.0.0.1:port``."""
     # OpenMP's waiting policy is left to each peer's own default (radixserve: bounded spinning).
-    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(THREADS)}
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": str(THREADS),
+    }
     name = spec.name
     if name.startswith("radixserve"):
+        import torch
+
         from radixserve.memory.planner import kv_bytes_per_token
         from radixserve.model.config import ModelConfig
-
-        import torch
 
         dtype = "bfloat16" if spec.precision == "bf16" else "float32"
         act = torch.bfloat16 if dtype == "bfloat16" else torch.float32
         per_tok = kv_bytes_per_token(ModelConfig.from_pretrained(model_dir), "auto", act)
         pages = int(kv_budget_gib * 2**30 // (int(per_tok) * 16))
-        cmd = [sys.executable, "-m", "radixserve", "serve", "--model", str(model_dir), "--port", "0",
-               "--http-port", str(port), "--workers", "1", "--page-size", "16", "--num-pages", str(pages),
-               "--dtype", dtype, "--num-threads", str(THREADS), "--max-running-requests", str(max_running),
-               "--max-model-len", str(max_ctx), "--served-model-name", "smollm2"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixserve",
+            "serve",
+            "--model",
+            str(model_dir),
+            "--port",
+            "0",
+            "--http-port",
+            str(port),
+            "--workers",
+            "1",
+            "--page-size",
+            "16",
+            "--num-pages",
+            str(pages),
+            "--dtype",
+            dtype,
+            "--num-threads",
+            str(THREADS),
+            "--max-running-requests",
+            str(max_running),
+            "--max-model-len",
+            str(max_ctx),
+            "--served-model-name",
+            "smollm2",
+        ]
         if name == "radixserve-nocache":
             cmd.append("--disable-radix-cache")
         if name == "radixserve-spin":
@@ -145,30 +255,98 @@ def command(spec: PeerSpec, model_dir: Path, port: int, kv_budget_gib: float, ma
         return cmd, env
     if name.startswith("vllm"):
         block = "128" if name.endswith("b128") else "32"  # CPU_ATTN: multiples of 32 only
-        cmd = [_venv_python("vllm"), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-               "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
-               "--enable-prefix-caching", "--block-size", block,
-               "--dtype", "bfloat16" if spec.precision == "bf16" else "float32", "--max-model-len", str(max_ctx),
-               "--max-num-seqs", str(max_running), "--enable-prompt-tokens-details", "--disable-log-stats"]
-        env.update({"VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_budget_gib))),
-                    "VLLM_CPU_OMP_THREADS_BIND": f"0-{THREADS - 1}", "VLLM_TARGET_DEVICE": "cpu",
-                    "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_LOGGING_LEVEL": "WARNING"})
+        cmd = [
+            _venv_python("vllm"),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            "smollm2",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--enforce-eager",
+            "--enable-prefix-caching",
+            "--block-size",
+            block,
+            "--dtype",
+            "bfloat16" if spec.precision == "bf16" else "float32",
+            "--max-model-len",
+            str(max_ctx),
+            "--max-num-seqs",
+            str(max_running),
+            "--enable-prompt-tokens-details",
+            "--disable-log-stats",
+        ]
+        env.update(
+            {
+                "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_budget_gib))),
+                "VLLM_CPU_OMP_THREADS_BIND": f"0-{THREADS - 1}",
+                "VLLM_TARGET_DEVICE": "cpu",
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+                "VLLM_LOGGING_LEVEL": "WARNING",
+            }
+        )
         return cmd, env
     if name.startswith("llamacpp"):
         d = PEERS_ROOT / "llamacpp"
         gguf = d / ("smollm2-135m-f32.gguf" if name == "llamacpp-f32" else "smollm2-135m-q4_1.gguf")
         slots = max_running
-        cmd = [str(d / "build" / "bin" / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-               "-t", str(THREADS), "-tb", str(THREADS), "-np", str(slots), "-c", str(slots * max_ctx),
-               "-b", "2048", "-ub", "512", "--cache-reuse", "16", "-kvu", "--cache-ram", "2048", "--alias", "smollm2",
-               "--no-webui",
-               "--metrics", "--jinja"]
+        cmd = [
+            str(d / "build" / "bin" / "llama-server"),
+            "-m",
+            str(gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-t",
+            str(THREADS),
+            "-tb",
+            str(THREADS),
+            "-np",
+            str(slots),
+            "-c",
+            str(slots * max_ctx),
+            "-b",
+            "2048",
+            "-ub",
+            "512",
+            "--cache-reuse",
+            "16",
+            "-kvu",
+            "--cache-ram",
+            "2048",
+            "--alias",
+            "smollm2",
+            "--no-webui",
+            "--metrics",
+            "--jinja",
+        ]
         return cmd, env
     if name == "transformers-serve":
         py = _venv_python("transformers")
-        cmd = [str(Path(py).parent / "transformers"), "serve", str(model_dir), "--host", "127.0.0.1",
-               "--port", str(port), "--continuous-batching", "--dtype", "float32", "--device", "cpu",
-               "--cb-block-size", "16", "--cb-num-blocks", str(int(kv_budget_gib * 2**30 // (46080 * 16)))]
+        cmd = [
+            str(Path(py).parent / "transformers"),
+            "serve",
+            str(model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--continuous-batching",
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--cb-block-size",
+            "16",
+            "--cb-num-blocks",
+            str(int(kv_budget_gib * 2**30 // (46080 * 16))),
+        ]
         return cmd, env
     raise ValueError(f"{name} is not an HTTP peer")
 
@@ -176,8 +354,14 @@ def command(spec: PeerSpec, model_dir: Path, port: int, kv_budget_gib: float, ma
 class ServerProcess:
     """A peer server in its own process group; ``peak_rss`` covers its whole process tree."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], port: int, log_path: Path,
-                 ready_path: str = "/v1/models") -> None:
+    def __init__(
+        self,
+        cmd: list[str],
+        env: dict[str, str],
+        port: int,
+        log_path: Path,
+        ready_path: str = "/v1/models",
+    ) -> None:
         self.cmd, self.port, self.log_path, self.ready_path = cmd, port, log_path, ready_path
         self.base_url = f"http://127.0.0.1:{port}"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -186,8 +370,15 @@ class ServerProcess:
         self._log.flush()
         # A neutral working directory: `python -m` puts it on sys.path, and the repository's
         # `kernels/` folder would shadow the `kernels` package transformers probes for.
-        self.proc = subprocess.Popen(cmd, env=peer_env(env), stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=str(log_path.parent))
+        self.proc = subprocess.Popen(
+            cmd,
+            env=peer_env(env),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=str(log_path.parent),
+        )
         self.peak_rss = 0
         self._window_peak = 0
         self._stop = threading.Event()
@@ -226,7 +417,9 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} during start-up; see {self.log_path}")
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode} during start-up; see {self.log_path}"
+                )
             try:
                 if httpx.get(self.base_url + self.ready_path, timeout=2.0).status_code == 200:
                     return
@@ -257,7 +450,7 @@ class ServerProcess:
             pass
         self._log.close()
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:

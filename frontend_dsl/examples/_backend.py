@@ -9,12 +9,21 @@ from frontend_dsl import Backend
 
 def parse_args(description: str) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--endpoint", default="tcp://127.0.0.1:5555",
-                    help="router of a running `radixserve serve` (default: %(default)s)")
-    ap.add_argument("--local", action="store_true",
-                    help="run the engine in this process instead of connecting to a server")
-    ap.add_argument("--model", default=None,
-                    help="with --local: a local HF checkpoint dir (default: SmolLM2-135M-Instruct)")
+    ap.add_argument(
+        "--endpoint",
+        default="tcp://127.0.0.1:5555",
+        help="router of a running `radixserve serve` (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--local",
+        action="store_true",
+        help="run the engine in this process instead of connecting to a server",
+    )
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="with --local: a local HF checkpoint dir (default: SmolLM2-135M-Instruct)",
+    )
     return ap.parse_args()
 
 
@@ -31,6 +40,8 @@ def make_backend(args: argparse.Namespace) -> Backend:
         backend.health(timeout=5.0)  # fail fast with a clear message when no server is there
     except Exception as exc:
         backend.close()
-        raise SystemExit(f"cannot reach a radixserve router at {args.endpoint} ({exc}).\n"
-                         "Start one with `radixserve serve`, or run this example with --local.")
+        raise SystemExit(
+            f"cannot reach a radixserve router at {args.endpoint} ({exc}).\n"
+            "Start one with `radixserve serve`, or run this example with --local."
+        )
     return backend

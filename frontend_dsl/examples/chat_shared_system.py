@@ -40,14 +40,23 @@ def main() -> None:
         "Which country has the city of Kyoto?",
     ]
     with make_backend(args) as backend:
-        states = tutor.run_batch([{"question": q} for q in questions], backend=backend, concurrency=8,
-                                 progress_bar=True, defaults={"temperature": 0.0})
+        states = tutor.run_batch(
+            [{"question": q} for q in questions],
+            backend=backend,
+            concurrency=8,
+            progress_bar=True,
+            defaults={"temperature": 0.0},
+        )
         for state in states:
             state.raise_for_error()
-            print(f"\nQ: {state.messages()[1]['content']}\nA: {state['answer'].strip()}\n+ {state['fact'].strip()}")
+            print(
+                f"\nQ: {state.messages()[1]['content']}\nA: {state['answer'].strip()}\n+ {state['fact'].strip()}"
+            )
         usage = batch_usage(states)
-        print(f"\n{usage.calls} calls: {usage.tokens_sent} prompt tokens sent, {usage.tokens_reused} reused "
-              f"from the radix cache ({usage.hit_rate:.0%})")
+        print(
+            f"\n{usage.calls} calls: {usage.tokens_sent} prompt tokens sent, {usage.tokens_reused} reused "
+            f"from the radix cache ({usage.hit_rate:.0%})"
+        )
 
 
 if __name__ == "__main__":

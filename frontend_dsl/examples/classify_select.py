@@ -34,14 +34,18 @@ def main() -> None:
         "An absolute masterpiece.",
     ]
     with make_backend(args) as backend:
-        states = sentiment.run_batch([{"review": r} for r in reviews], backend=backend, concurrency=8)
+        states = sentiment.run_batch(
+            [{"review": r} for r in reviews], backend=backend, concurrency=8
+        )
         for review, state in zip(reviews, states):
             state.raise_for_error()
             scores = state.get_meta("label")["scores"]
             detail = ", ".join(f"{label} {score:.2f}" for label, score in zip(LABELS, scores))
             print(f"{state['label']:>8}  ({detail})  {review}")
         usage = batch_usage(states)
-        print(f"\n{usage.calls} scoring calls, {usage.tokens_reused}/{usage.tokens_sent} prompt tokens reused")
+        print(
+            f"\n{usage.calls} scoring calls, {usage.tokens_reused}/{usage.tokens_sent} prompt tokens reused"
+        )
 
 
 if __name__ == "__main__":

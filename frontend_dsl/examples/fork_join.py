@@ -40,7 +40,9 @@ def main() -> None:
             print(f"{aspect}: {tip.strip()}")
         print(f"\nSummary: {state['summary'].strip()}")
         u = state.usage
-        print(f"\n{u.calls} calls, {u.tokens_reused}/{u.tokens_sent} prompt tokens reused ({u.hit_rate:.0%})")
+        print(
+            f"\n{u.calls} calls, {u.tokens_reused}/{u.tokens_sent} prompt tokens reused ({u.hit_rate:.0%})"
+        )
 
 
 if __name__ == "__main__":

@@ -14,21 +14,45 @@ from typing import Any
 ENGINE_FLAGS: list[tuple[str, Any, str]] = [
     ("page-size", int, "tokens per KV page"),
     ("kv-cache-dtype", str, "auto | fp8_e4m3 | fp8_e5m2 | int8 | int4"),
-    ("attention-backend", str, "torch | triton (default: triton on cuda, torch on cpu; triton on the CPU runs the interpreter, slow)"),
+    (
+        "attention-backend",
+        str,
+        "torch | triton (default: triton on cuda, torch on cpu; triton on the CPU runs the interpreter, slow)",
+    ),
     ("max-num-tokens", int, "per-step token budget (prefill chunk size)"),
     ("max-running-requests", int, "concurrent requests (per worker)"),
     ("num-pages", int, "KV pool size in pages (default: planned from memory)"),
     ("memory-budget", int, "bytes for the KV pool planner"),
-    ("memory-utilization", float, "fraction of the device's memory the planner may use (default 0.9)"),
+    (
+        "memory-utilization",
+        float,
+        "fraction of the device's memory the planner may use (default 0.9)",
+    ),
     ("max-model-len", int, "context length cap"),
     ("schedule-policy", str, "lpm | fcfs"),
     ("dtype", str, "float32 | bfloat16 | float16 (default: bfloat16 on cuda, float32 on cpu)"),
     ("device", str, "cpu | cuda | cuda:N"),
     ("num-threads", int, "CPU threads (per worker; serve's default: cores / workers)"),
-    ("overlap-schedule", str, "auto | on | off: plan the next step while the device runs this one (auto: on with CUDA)"),
-    ("decode-graphs", str, "auto | on | off: decode steps from static padded buffers, CUDA graphs (auto: on with CUDA)"),
-    ("quantization", str, "weight quantization: int8 | int4 | fp8 (fp8: CUDA, compute capability >= 8.9)"),
-    ("quant-group-size", int, "int4 group size: 32 | 64 | 128 | 256 (default: largest dividing; 32 for GGUF)"),
+    (
+        "overlap-schedule",
+        str,
+        "auto | on | off: plan the next step while the device runs this one (auto: on with CUDA)",
+    ),
+    (
+        "decode-graphs",
+        str,
+        "auto | on | off: decode steps from static padded buffers, CUDA graphs (auto: on with CUDA)",
+    ),
+    (
+        "quantization",
+        str,
+        "weight quantization: int8 | int4 | fp8 (fp8: CUDA, compute capability >= 8.9)",
+    ),
+    (
+        "quant-group-size",
+        int,
+        "int4 group size: 32 | 64 | 128 | 256 (default: largest dividing; 32 for GGUF)",
+    ),
 ]
 
 
@@ -37,18 +61,31 @@ def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> N
     g = p.add_argument_group(title)
     for flag, typ, help_ in ENGINE_FLAGS:
         g.add_argument(f"--{flag}", type=typ, default=None, help=help_)
-    g.add_argument("--disable-radix-cache", action="store_true", help="no prefix caching (baseline)")
+    g.add_argument(
+        "--disable-radix-cache", action="store_true", help="no prefix caching (baseline)"
+    )
     g.add_argument(
         "--quantize-embeddings",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="also quantize the embedding and LM head (default: only for models of >= 1 B parameters)",
     )
-    g.add_argument("--enable-hierarchical-cache", action="store_true",
-                   help="keep KV evicted from the pool in host memory (L2) and load it back on a hit")
-    g.add_argument("--hicache-size", type=float, default=None, help="L2 host memory in GiB (default: 2x the KV pool)")
-    g.add_argument("--hicache-storage-dir", default=None,
-                   help="L3: KV page files in this directory, shared across restarts and workers (implies the hierarchy)")
+    g.add_argument(
+        "--enable-hierarchical-cache",
+        action="store_true",
+        help="keep KV evicted from the pool in host memory (L2) and load it back on a hit",
+    )
+    g.add_argument(
+        "--hicache-size",
+        type=float,
+        default=None,
+        help="L2 host memory in GiB (default: 2x the KV pool)",
+    )
+    g.add_argument(
+        "--hicache-storage-dir",
+        default=None,
+        help="L3: KV page files in this directory, shared across restarts and workers (implies the hierarchy)",
+    )
     g.add_argument("--engine-config", default="{}", help="more EngineConfig fields as JSON")
 
 

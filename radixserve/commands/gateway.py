@@ -17,27 +17,59 @@ HTTP_LOGGER = "radixserve.serving.http"
 
 
 def _common_http_arguments(g: Any, *, memory_log_default: float) -> None:
-    g.add_argument("--served-model-name", default=None,
-                   help="model name clients use (default: the router's model name; 'default' always works)")
-    g.add_argument("--memory-log-interval", type=float, default=memory_log_default,
-                   help="seconds between device-memory log lines (0: off)")
-    g.add_argument("--request-timeout", type=float, default=600.0,
-                   help="seconds a request may wait for the router's next message")
-    g.add_argument("--access-log", action="store_true", help="log every HTTP request (uvicorn access log)")
-    g.add_argument("--api-key", action="append", default=None, metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (repeat for several "
-                        "tenants; also RADIXSERVE_API_KEY); each key gets a prefix cache of its own")
-    g.add_argument("--admin-api-key", action="append", default=None, metavar="KEY",
-                   help="the key /flush_cache, /get_server_info and /metrics require instead "
-                        "(also RADIXSERVE_ADMIN_API_KEY)")
-    g.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
-                   help="largest request body (HTTP: 413 above it, refused before it is parsed; 0: no limit)")
-    g.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE,
-                   help="most generations (prompts × n) one HTTP request may start (0: no limit)")
+    g.add_argument(
+        "--served-model-name",
+        default=None,
+        help="model name clients use (default: the router's model name; 'default' always works)",
+    )
+    g.add_argument(
+        "--memory-log-interval",
+        type=float,
+        default=memory_log_default,
+        help="seconds between device-memory log lines (0: off)",
+    )
+    g.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a request may wait for the router's next message",
+    )
+    g.add_argument(
+        "--access-log", action="store_true", help="log every HTTP request (uvicorn access log)"
+    )
+    g.add_argument(
+        "--api-key",
+        action="append",
+        default=None,
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health (repeat for several "
+        "tenants; also RADIXSERVE_API_KEY); each key gets a prefix cache of its own",
+    )
+    g.add_argument(
+        "--admin-api-key",
+        action="append",
+        default=None,
+        metavar="KEY",
+        help="the key /flush_cache, /get_server_info and /metrics require instead "
+        "(also RADIXSERVE_ADMIN_API_KEY)",
+    )
+    g.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        help="largest request body (HTTP: 413 above it, refused before it is parsed; 0: no limit)",
+    )
+    g.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=DEFAULT_MAX_BATCH_SIZE,
+        help="most generations (prompts × n) one HTTP request may start (0: no limit)",
+    )
 
 
 def http_keys(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The API keys and admin API keys from the options and the environment."""
+
     def keys(given: list[str] | None, env: str) -> tuple[str, ...]:
         out = list(given or [])
         if os.environ.get(env):
@@ -46,7 +78,9 @@ def http_keys(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...
             raise ValueError(f"an empty API key is not a key ({env} or its option)")
         return tuple(dict.fromkeys(out))
 
-    return keys(args.api_key, "RADIXSERVE_API_KEY"), keys(args.admin_api_key, "RADIXSERVE_ADMIN_API_KEY")
+    return keys(args.api_key, "RADIXSERVE_API_KEY"), keys(
+        args.admin_api_key, "RADIXSERVE_ADMIN_API_KEY"
+    )
 
 
 def check_http_bind(host: str, api_keys: tuple[str, ...], insecure: bool) -> None:
@@ -60,13 +94,17 @@ def request_limits(args: argparse.Namespace) -> Any:
     """The :class:`~radixserve.serving.limits.RequestLimits` of the command's options."""
     from radixserve.serving.limits import RequestLimits
 
-    return RequestLimits(max_request_bytes=args.max_request_bytes, max_batch_size=args.max_batch_size)
+    return RequestLimits(
+        max_request_bytes=args.max_request_bytes, max_batch_size=args.max_batch_size
+    )
 
 
 def add_http_arguments(p: argparse.ArgumentParser) -> None:
     """The HTTP options of ``radixserve serve`` (no gateway unless ``--http-port`` is given)."""
     g = p.add_argument_group("HTTP gateway (OpenAI-compatible, SGLang-native, /metrics)")
-    g.add_argument("--http-port", type=int, default=None, help="serve HTTP on this port too (0: any free port)")
+    g.add_argument(
+        "--http-port", type=int, default=None, help="serve HTTP on this port too (0: any free port)"
+    )
     g.add_argument("--http-host", default="127.0.0.1", help="HTTP bind address")
     _common_http_arguments(g, memory_log_default=60.0)
 
@@ -80,29 +118,45 @@ def start_http_for_serve(args: argparse.Namespace, server: Any, model: str | Pat
         return None
     try:
         # Behind CURVE, the gateway is one more client: it gets a key of its own.
-        return _start_http(args, server.endpoint, model, server.router.security.mint("clients", "http-gateway"))
+        return _start_http(
+            args, server.endpoint, model, server.router.security.mint("clients", "http-gateway")
+        )
     except BaseException:
         server.close()
         raise
 
 
-def _start_http(args: argparse.Namespace, router_endpoint: str, model: str | Path, router_keys: Any) -> Any:
+def _start_http(
+    args: argparse.Namespace, router_endpoint: str, model: str | Path, router_keys: Any
+) -> Any:
     from radixserve.serving.http.gateway import GatewayConfig
     from radixserve.serving.http.server import HTTPGateway
     from radixserve.serving.prompts import load_tokenizer
 
     logger = logging.getLogger(HTTP_LOGGER)
     if logger.getEffectiveLevel() > logging.INFO:
-        logger.setLevel(logging.INFO)  # the periodic memory line is the point of the interval option
+        logger.setLevel(
+            logging.INFO
+        )  # the periodic memory line is the point of the interval option
     api_keys, admin_keys = http_keys(args)
-    config = GatewayConfig(router=router_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:"),
-                           served_model_name=args.served_model_name,
-                           request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval,
-                           api_keys=api_keys, admin_api_keys=admin_keys, router_keys=router_keys,
-                           limits=request_limits(args))
+    config = GatewayConfig(
+        router=router_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:"),
+        served_model_name=args.served_model_name,
+        request_timeout_s=args.request_timeout,
+        memory_log_interval_s=args.memory_log_interval,
+        api_keys=api_keys,
+        admin_api_keys=admin_keys,
+        router_keys=router_keys,
+        limits=request_limits(args),
+    )
     # Loaded here, not on the first request: the load would block the serving event loop.
-    http = HTTPGateway(config, args.http_host, args.http_port, tokenizer=load_tokenizer(model),
-                       access_log=args.access_log).start()
+    http = HTTPGateway(
+        config,
+        args.http_host,
+        args.http_port,
+        tokenizer=load_tokenizer(model),
+        access_log=args.access_log,
+    ).start()
     print(f"radixserve: HTTP on {http.url} (OpenAI /v1, SGLang /generate, /metrics)", flush=True)
     return http
 
@@ -111,19 +165,32 @@ def _gateway_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--router", default="tcp://127.0.0.1:5555", help="the router's client endpoint")
     p.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
-    p.add_argument("--tokenizer", default=None,
-                   help="model directory (or 'default') whose tokenizer names logprob tokens "
-                        "(default: the default model's, when the router serves it)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="model directory (or 'default') whose tokenizer names logprob tokens "
+        "(default: the default model's, when the router serves it)",
+    )
     p.add_argument("--log-level", default="INFO")
-    p.add_argument("--keys", default=None, help="CURVE key directory of a client (radixserve keys DIR: DIR/client), "
-                   "for a router that requires keys")
-    p.add_argument("--insecure", action="store_true",
-                   help="allow an HTTP address other hosts reach without --api-key")
+    p.add_argument(
+        "--keys",
+        default=None,
+        help="CURVE key directory of a client (radixserve keys DIR: DIR/client), "
+        "for a router that requires keys",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow an HTTP address other hosts reach without --api-key",
+    )
     _common_http_arguments(p, memory_log_default=60.0)
 
 
-@register("gateway", help="HTTP gateway (OpenAI-compatible, SGLang-native, Prometheus /metrics) for a running router",
-          arguments=_gateway_arguments)
+@register(
+    "gateway",
+    help="HTTP gateway (OpenAI-compatible, SGLang-native, Prometheus /metrics) for a running router",
+    arguments=_gateway_arguments,
+)
 def gateway(args: argparse.Namespace) -> int:
     import signal
 
@@ -144,12 +211,24 @@ def gateway(args: argparse.Namespace) -> int:
         from radixserve.serving.prompts import load_tokenizer
 
         tokenizer = load_tokenizer(resolve_model(args.tokenizer))
-    config = GatewayConfig(router=args.router, served_model_name=args.served_model_name,
-                           request_timeout_s=args.request_timeout, memory_log_interval_s=args.memory_log_interval,
-                           api_keys=api_keys, admin_api_keys=admin_keys, router_keys=router_keys,
-                           limits=request_limits(args))
-    http = HTTPGateway(config, args.host, args.port, tokenizer=tokenizer, log_level="warning",
-                       access_log=args.access_log)
+    config = GatewayConfig(
+        router=args.router,
+        served_model_name=args.served_model_name,
+        request_timeout_s=args.request_timeout,
+        memory_log_interval_s=args.memory_log_interval,
+        api_keys=api_keys,
+        admin_api_keys=admin_keys,
+        router_keys=router_keys,
+        limits=request_limits(args),
+    )
+    http = HTTPGateway(
+        config,
+        args.host,
+        args.port,
+        tokenizer=tokenizer,
+        log_level="warning",
+        access_log=args.access_log,
+    )
     signal.signal(signal.SIGINT, http.request_stop)
     signal.signal(signal.SIGTERM, http.request_stop)
     print(f"radixserve: HTTP gateway on {http.url} for router {args.router}", flush=True)

@@ -13,14 +13,23 @@ from typing import Any
 from radixserve.cli import register
 from radixserve.commands.engine_args import add_engine_arguments, engine_config
 
+
 def _model_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF directory")
+    p.add_argument(
+        "--model",
+        default="default",
+        help="'default' (SmolLM2-135M-Instruct) or a local HF directory",
+    )
 
 
 def _generate_arguments(p: argparse.ArgumentParser) -> None:
     _model_argument(p)
     p.add_argument("prompts", nargs="+", help="prompt texts (one request each, run as one batch)")
-    p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="wrap each prompt as a user message in the chat template",
+    )
     p.add_argument("--system", default=None, help="system message (implies --chat)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -32,15 +41,21 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     add_engine_arguments(p)
 
 
-@register("generate", help="offline generation with the engine (no server)", arguments=_generate_arguments)
+@register(
+    "generate", help="offline generation with the engine (no server)", arguments=_generate_arguments
+)
 def generate(args: argparse.Namespace) -> int:
     config = engine_config(args)  # first: it may switch Triton to its interpreter
     from radixserve.engine.engine import Engine
     from radixserve.sampling_params import SamplingParams
 
     params = SamplingParams(
-        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        seed=args.seed, stop=args.stop,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=args.stop,
     ).validate()
     engine = Engine(args.model, **config)
     prompts: list[Any] = list(args.prompts)
@@ -52,14 +67,28 @@ def generate(args: argparse.Namespace) -> int:
     engine.close()  # with --hicache-storage-dir: the next run starts warm
     for prompt, o in zip(args.prompts, outs):
         if args.json:
-            print(json.dumps({"prompt": prompt, "text": o.text, "finish_reason": o.finish_reason,
-                              "usage": {"prompt_tokens": o.usage.prompt_tokens, "cached_tokens": o.usage.cached_tokens,
-                                        "completion_tokens": o.usage.completion_tokens}}))
+            print(
+                json.dumps(
+                    {
+                        "prompt": prompt,
+                        "text": o.text,
+                        "finish_reason": o.finish_reason,
+                        "usage": {
+                            "prompt_tokens": o.usage.prompt_tokens,
+                            "cached_tokens": o.usage.cached_tokens,
+                            "completion_tokens": o.usage.completion_tokens,
+                        },
+                    }
+                )
+            )
         else:
             print(o.text if len(outs) == 1 else f"[{prompt!r}] {o.text}")
     if not args.json:
         gen = sum(o.usage.completion_tokens for o in outs)
-        print(f"# {len(outs)} request(s), {gen} tokens in {dt:.2f} s ({gen / dt:.1f} tok/s)", flush=True)
+        print(
+            f"# {len(outs)} request(s), {gen} tokens in {dt:.2f} s ({gen / dt:.1f} tok/s)",
+            flush=True,
+        )
     return 0
 
 
@@ -98,8 +127,11 @@ def _demo_arguments(p: argparse.ArgumentParser) -> None:
     add_engine_arguments(p)
 
 
-@register("demo", help="a chat-shaped run with a shared system prompt that prints the prefix-reuse figures",
-          arguments=_demo_arguments)
+@register(
+    "demo",
+    help="a chat-shaped run with a shared system prompt that prints the prefix-reuse figures",
+    arguments=_demo_arguments,
+)
 def demo(args: argparse.Namespace) -> int:
     config = engine_config(args)  # first: it may switch Triton to its interpreter
     from radixserve.engine.engine import Engine
@@ -108,8 +140,10 @@ def demo(args: argparse.Namespace) -> int:
     engine = Engine(args.model, **config)
     tok = engine.tokenizer
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    print(f"model {engine.model_path}  |  KV pool {engine.allocator.num_pages} pages x {engine.pool.page_size} tokens"
-          f"  |  radix cache {'off' if engine.config.disable_radix_cache else 'on'}\n")
+    print(
+        f"model {engine.model_path}  |  KV pool {engine.allocator.num_pages} pages x {engine.pool.page_size} tokens"
+        f"  |  radix cache {'off' if engine.config.disable_radix_cache else 'on'}\n"
+    )
 
     rows: list[tuple[str, Any]] = []
     t0 = time.perf_counter()
@@ -136,6 +170,8 @@ def demo(args: argparse.Namespace) -> int:
     gen = sum(o.usage.completion_tokens for _, o in rows)
     s = engine.stats()
     print(f"\nprompt tokens {prompt}, cached (reused) {cached}, hit rate {cached / prompt:.1%}")
-    print(f"computed {s.computed_tokens_total} tokens in {s.steps_total} steps, {dt:.2f} s: "
-          f"{(prompt + gen) / dt:.1f} tok/s processed, {gen / dt:.1f} tok/s generated")
+    print(
+        f"computed {s.computed_tokens_total} tokens in {s.steps_total} steps, {dt:.2f} s: "
+        f"{(prompt + gen) / dt:.1f} tok/s processed, {gen / dt:.1f} tok/s generated"
+    )
     return 0

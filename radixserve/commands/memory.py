@@ -14,7 +14,11 @@ if TYPE_CHECKING:
     from radixserve.model.config import ModelConfig
 
 KV_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
-QUANT_METHODS = ("int8", "int4", "fp8")  # radixserve.model.quant's (not imported: --help stays light)
+QUANT_METHODS = (
+    "int8",
+    "int4",
+    "fp8",
+)  # radixserve.model.quant's (not imported: --help stays light)
 # The article's KV-quantization table, as a fraction of FP16 (see docs/kv-memory.md for why these
 # cannot be byte counts).
 ARTICLE_RATIOS = {"int8": 0.375, "int4": 0.1875}
@@ -30,17 +34,45 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default 4096)")
     p.add_argument("--batch-size", type=int, default=1, help="sequences held at once (default 1)")
     p.add_argument(
-        "--dtype", default=None, help="weights/activation dtype: float32, bfloat16, float16 (default: the config's)"
+        "--dtype",
+        default=None,
+        help="weights/activation dtype: float32, bfloat16, float16 (default: the config's)",
     )
-    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_DTYPES, help="KV-cache dtype for the plan")
+    p.add_argument(
+        "--kv-cache-dtype", default="auto", choices=KV_DTYPES, help="KV-cache dtype for the plan"
+    )
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
-    p.add_argument("--memory-budget", default=None, help="total bytes radixserve may use, e.g. 80GiB, 24GB")
-    p.add_argument("--memory-utilization", type=float, default=0.9, help="fraction of device memory (default 0.9)")
-    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available, else cpu)")
-    p.add_argument("--max-num-tokens", type=int, default=2048, help="rows per forward, for the activation reserve")
+    p.add_argument(
+        "--memory-budget", default=None, help="total bytes radixserve may use, e.g. 80GiB, 24GB"
+    )
+    p.add_argument(
+        "--memory-utilization",
+        type=float,
+        default=0.9,
+        help="fraction of device memory (default 0.9)",
+    )
+    p.add_argument(
+        "--device", default=None, help="cpu or cuda[:N] (default: cuda if available, else cpu)"
+    )
+    p.add_argument(
+        "--max-num-tokens",
+        type=int,
+        default=2048,
+        help="rows per forward, for the activation reserve",
+    )
     p.add_argument("--cache-dir", default=None, help="model cache root for --model default")
-    p.add_argument("--quantization", default=None, choices=QUANT_METHODS, help="weight quantization for the plan")
-    p.add_argument("--quant-group-size", type=int, default=None, help="int4 group size (default: largest dividing)")
+    p.add_argument(
+        "--quantization",
+        default=None,
+        choices=QUANT_METHODS,
+        help="weight quantization for the plan",
+    )
+    p.add_argument(
+        "--quant-group-size",
+        type=int,
+        default=None,
+        help="int4 group size (default: largest dividing)",
+    )
     p.add_argument(
         "--quantize-embeddings",
         action=argparse.BooleanOptionalAction,
@@ -50,7 +82,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
 
 
-def load_config_for(spec: str, cache_dir: str | None = None) -> tuple["ModelConfig", str]:
+def load_config_for(spec: str, cache_dir: str | None = None) -> tuple[ModelConfig, str]:
     """``--model`` -> (ModelConfig, description of where it came from)."""
     from radixserve.model.config import ModelConfig
     from radixserve.model_store import DEFAULT_MODEL_ALIASES, resolve_model
@@ -70,7 +102,7 @@ def load_config_for(spec: str, cache_dir: str | None = None) -> tuple["ModelConf
     )
 
 
-def memory_report(cfg: "ModelConfig", args: argparse.Namespace) -> dict[str, Any]:
+def memory_report(cfg: ModelConfig, args: argparse.Namespace) -> dict[str, Any]:
     """All numbers the command prints, as plain data (also the ``--json`` output)."""
     import torch
 
@@ -83,7 +115,9 @@ def memory_report(cfg: "ModelConfig", args: argparse.Namespace) -> dict[str, Any
     rows = []
     for kd in KV_DTYPES:
         per_token = kv_bytes_per_token(cfg, kd, act)
-        data_bits = {"auto": act.itemsize * 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4}[kd]
+        data_bits = {"auto": act.itemsize * 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "int8": 8, "int4": 4}[
+            kd
+        ]
         data = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * data_bits // 8
         rows.append(
             {
@@ -99,7 +133,15 @@ def memory_report(cfg: "ModelConfig", args: argparse.Namespace) -> dict[str, Any
     from radixserve.model.quant.config import QuantConfig
 
     def plan_for(method: str | None) -> MemoryPlan:
-        qc = QuantConfig(method, args.quant_group_size if method == "int4" else None, args.quantize_embeddings) if method else None
+        qc = (
+            QuantConfig(
+                method,
+                args.quant_group_size if method == "int4" else None,
+                args.quantize_embeddings,
+            )
+            if method
+            else None
+        )
         return plan_memory(
             cfg,
             kv_dtype=args.kv_cache_dtype,
@@ -110,7 +152,9 @@ def memory_report(cfg: "ModelConfig", args: argparse.Namespace) -> dict[str, Any
             device=device,
             max_num_tokens=args.max_num_tokens,
             quantization=method,
-            quant_group_size=qc.resolve_group_size(_in_features(cfg)) if qc and method == "int4" else None,
+            quant_group_size=qc.resolve_group_size(_in_features(cfg))
+            if qc and method == "int4"
+            else None,
             quantize_embeddings=bool(qc and qc.embeddings_quantized(cfg.num_params)),
         )
 
@@ -145,7 +189,9 @@ def memory_report(cfg: "ModelConfig", args: argparse.Namespace) -> dict[str, Any
         "kv_dtypes": rows,
         "quantization": args.quantization,
         "quantize_embeddings": bool(
-            args.quantize_embeddings if args.quantize_embeddings is not None else cfg.num_params >= 1_000_000_000
+            args.quantize_embeddings
+            if args.quantize_embeddings is not None
+            else cfg.num_params >= 1_000_000_000
         ),
         "weight_quantization": weight_rows,
         "plan": plan,
@@ -155,18 +201,22 @@ def memory_report(cfg: "ModelConfig", args: argparse.Namespace) -> dict[str, Any
     }
 
 
-def _in_features(cfg: "ModelConfig") -> list[int]:
+def _in_features(cfg: ModelConfig) -> list[int]:
     """Input sizes of the decoder linears (what an int4 group must divide)."""
     return [cfg.hidden_size, cfg.q_size, cfg.intermediate_size]
 
 
-def render(cfg: "ModelConfig", source: str, r: dict[str, Any]) -> str:
+def render(cfg: ModelConfig, source: str, r: dict[str, Any]) -> str:
     """The human-readable report: every number with the arithmetic that produced it."""
     from radixserve.memory.planner import format_bytes as fb
 
     plan: MemoryPlan = r["plan"]
     L, H, D, B = cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, r["act_bytes"]
-    attn = "MHA" if H == cfg.num_q_heads else ("MQA" if H == 1 else f"GQA, {cfg.num_q_heads // H} query heads per KV head")
+    attn = (
+        "MHA"
+        if H == cfg.num_q_heads
+        else ("MQA" if H == 1 else f"GQA, {cfg.num_q_heads // H} query heads per KV head")
+    )
     out = [
         f"Model: {source}",
         f"  {cfg.architecture}: {L} layers, hidden {cfg.hidden_size}, {cfg.num_q_heads} query heads, "
@@ -185,9 +235,16 @@ def render(cfg: "ModelConfig", source: str, r: dict[str, Any]) -> str:
             f"multi-head attention ({fb(r['mha_kv_bytes_per_sequence'])} per sequence)"
         )
     else:
-        out.append("  MHA: one KV head per query head (GQA/MQA would divide this by the group size)")
-    out += ["", f"KV-cache dtypes (per token; % of a 16-bit cache; per sequence of {r['seq_len']} tokens):"]
-    out.append(f"  {'kv dtype':<16}{'data B':>12}{'+ scales B':>12}{'= B/token':>12}{'% fp16':>9}  {'per seq':>10}  note")
+        out.append(
+            "  MHA: one KV head per query head (GQA/MQA would divide this by the group size)"
+        )
+    out += [
+        "",
+        f"KV-cache dtypes (per token; % of a 16-bit cache; per sequence of {r['seq_len']} tokens):",
+    ]
+    out.append(
+        f"  {'kv dtype':<16}{'data B':>12}{'+ scales B':>12}{'= B/token':>12}{'% fp16':>9}  {'per seq':>10}  note"
+    )
     for row in r["kv_dtypes"]:
         kd = row["kv_dtype"]
         note = ""
@@ -205,8 +262,13 @@ def render(cfg: "ModelConfig", source: str, r: dict[str, Any]) -> str:
         "  (8 bits of 16 is 50%, 4 bits is 25%, before scales: the article's 37.5% / 18.75% are not byte counts; "
         "see docs/kv-memory.md)"
     )
-    out += ["", f"Weight quantization (same budget; sequences of {r['seq_len']} tokens whose KV fits):"]
-    out.append(f"  {'weights':<10}{'bytes':>12}{'B/param':>9}{'KV budget':>12}{'sequences':>11}{'vs none':>9}")
+    out += [
+        "",
+        f"Weight quantization (same budget; sequences of {r['seq_len']} tokens whose KV fits):",
+    ]
+    out.append(
+        f"  {'weights':<10}{'bytes':>12}{'B/param':>9}{'KV budget':>12}{'sequences':>11}{'vs none':>9}"
+    )
     for row in r["weight_quantization"]:
         out.append(
             f"  {row['quantization']:<10}{fb(row['weight_bytes']):>12}{row['bytes_per_param']:>9.2f}"
@@ -221,7 +283,8 @@ def render(cfg: "ModelConfig", source: str, r: dict[str, Any]) -> str:
         "",
         f"Plan on {plan.device} (kv dtype {plan.kv_dtype}, page size {plan.page_size}):",
         f"  budget            {fb(plan.budget_bytes):>12}   {plan.budget_source}",
-        f"  - weights         {fb(plan.weight_bytes):>12}" + (f"   {r['quantization']}" if r["quantization"] else ""),
+        f"  - weights         {fb(plan.weight_bytes):>12}"
+        + (f"   {r['quantization']}" if r["quantization"] else ""),
         f"  - activations     {fb(plan.activation_reserve_bytes):>12}   reserve for one forward of "
         f"{r['max_num_tokens']} rows (--max-num-tokens)",
     ]

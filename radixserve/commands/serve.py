@@ -13,41 +13,95 @@ from radixserve.commands.gateway import add_http_arguments, request_limits, star
 from radixserve.serving.client_common import DEFAULT_ENDPOINT
 from radixserve.serving.dispatch import ROUTING_POLICIES
 
+
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct) or a local HF directory")
+    p.add_argument(
+        "--model",
+        default="default",
+        help="'default' (SmolLM2-135M-Instruct) or a local HF directory",
+    )
     p.add_argument("--host", default="127.0.0.1", help="client endpoint host (tcp)")
-    p.add_argument("--port", type=int, default=5555, help="client endpoint port (tcp; 0: any free port)")
-    p.add_argument("--endpoint", default=None, help="full client endpoint, e.g. ipc:///tmp/radixserve.sock "
-                   "(overrides --host/--port)")
-    p.add_argument("--workers", type=int, default=1, help="local worker processes (0: only remote workers)")
-    p.add_argument("--gpu-ids", default=None,
-                   help="with --device cuda: GPUs for the local workers, one each, e.g. 0,1 (default: every visible GPU)")
-    p.add_argument("--worker-endpoint", default="tcp://127.0.0.1:*",
-                   help="where workers connect (bind e.g. tcp://0.0.0.0:5556 to let remote workers join)")
+    p.add_argument(
+        "--port", type=int, default=5555, help="client endpoint port (tcp; 0: any free port)"
+    )
+    p.add_argument(
+        "--endpoint",
+        default=None,
+        help="full client endpoint, e.g. ipc:///tmp/radixserve.sock (overrides --host/--port)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=1, help="local worker processes (0: only remote workers)"
+    )
+    p.add_argument(
+        "--gpu-ids",
+        default=None,
+        help="with --device cuda: GPUs for the local workers, one each, e.g. 0,1 (default: every visible GPU)",
+    )
+    p.add_argument(
+        "--worker-endpoint",
+        default="tcp://127.0.0.1:*",
+        help="where workers connect (bind e.g. tcp://0.0.0.0:5556 to let remote workers join)",
+    )
     p.add_argument("--routing", choices=ROUTING_POLICIES, default="cache_aware")
-    p.add_argument("--balance-abs-threshold", type=int, default=4,
-                   help="cache-aware: in-flight difference beyond which the least loaded worker wins")
+    p.add_argument(
+        "--balance-abs-threshold",
+        type=int,
+        default=4,
+        help="cache-aware: in-flight difference beyond which the least loaded worker wins",
+    )
     p.add_argument("--balance-rel-threshold", type=float, default=1.5)
-    p.add_argument("--cache-threshold", type=float, default=0.5,
-                   help="cache-aware: fraction of the prompt a worker must hold to win on cache")
-    p.add_argument("--worker-timeout", type=float, default=30.0, help="seconds of worker silence before it is dead")
-    p.add_argument("--tokenizer-workers", type=int, default=2,
-                   help="processes that encode prompts off the router's loop (0: encode on the loop)")
-    p.add_argument("--restart-workers", action=argparse.BooleanOptionalAction, default=True,
-                   help="start a local worker that exited again, with back-off (reaped and logged either way)")
-    p.add_argument("--restart-backoff", type=float, default=1.0,
-                   help="seconds before the first restart; doubles with each exit in a row (at most 30 s)")
+    p.add_argument(
+        "--cache-threshold",
+        type=float,
+        default=0.5,
+        help="cache-aware: fraction of the prompt a worker must hold to win on cache",
+    )
+    p.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=30.0,
+        help="seconds of worker silence before it is dead",
+    )
+    p.add_argument(
+        "--tokenizer-workers",
+        type=int,
+        default=2,
+        help="processes that encode prompts off the router's loop (0: encode on the loop)",
+    )
+    p.add_argument(
+        "--restart-workers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="start a local worker that exited again, with back-off (reaped and logged either way)",
+    )
+    p.add_argument(
+        "--restart-backoff",
+        type=float,
+        default=1.0,
+        help="seconds before the first restart; doubles with each exit in a row (at most 30 s)",
+    )
     p.add_argument("--log-level", default="WARNING")
-    p.add_argument("--keys", default=None, metavar="DIR",
-                   help="CURVE-authenticate and encrypt the client and worker ports with the router keys in DIR "
-                        "(made by 'radixserve keys KEYDIR': KEYDIR/router)")
-    p.add_argument("--insecure", action="store_true",
-                   help="allow ZeroMQ or HTTP addresses other hosts reach without --keys / --api-key")
+    p.add_argument(
+        "--keys",
+        default=None,
+        metavar="DIR",
+        help="CURVE-authenticate and encrypt the client and worker ports with the router keys in DIR "
+        "(made by 'radixserve keys KEYDIR': KEYDIR/router)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow ZeroMQ or HTTP addresses other hosts reach without --keys / --api-key",
+    )
     add_engine_arguments(p, "engine (per worker)")
     add_http_arguments(p)  # --http-port etc. (the HTTP gateway, radixserve.serving.http)
 
 
-@register("serve", help="serve a model over ZeroMQ: a router and N worker processes", arguments=_serve_arguments)
+@register(
+    "serve",
+    help="serve a model over ZeroMQ: a router and N worker processes",
+    arguments=_serve_arguments,
+)
 def serve(args: argparse.Namespace) -> int:
     """Run the router in the foreground until SIGINT/SIGTERM; a clean stop ends the process.
 
@@ -63,10 +117,10 @@ def serve(args: argparse.Namespace) -> int:
 
     import zmq
 
-    from radixserve.model_store import resolve_model
-    from radixserve.engine.devices import parse_gpu_ids
-    from radixserve.serving.launcher import LocalServer
     from radixserve.commands.gateway import check_http_bind, http_keys
+    from radixserve.engine.devices import parse_gpu_ids
+    from radixserve.model_store import resolve_model
+    from radixserve.serving.launcher import LocalServer
     from radixserve.serving.router import RouterConfig
     from radixserve.serving.security import load_router_keys
     from radixserve.serving.security import log as audit_log
@@ -83,18 +137,32 @@ def serve(args: argparse.Namespace) -> int:
     keys = load_router_keys(args.keys) if args.keys is not None else None
     model = resolve_model(args.model)
     config = RouterConfig(
-        endpoint=endpoint, worker_endpoint=args.worker_endpoint, routing=args.routing,
-        worker_timeout_s=args.worker_timeout, balance_abs_threshold=args.balance_abs_threshold,
-        balance_rel_threshold=args.balance_rel_threshold, cache_threshold=args.cache_threshold,
-        keys=keys, insecure=args.insecure,
-        limits=request_limits(args), restart_workers=args.restart_workers, restart_backoff_s=args.restart_backoff,
+        endpoint=endpoint,
+        worker_endpoint=args.worker_endpoint,
+        routing=args.routing,
+        worker_timeout_s=args.worker_timeout,
+        balance_abs_threshold=args.balance_abs_threshold,
+        balance_rel_threshold=args.balance_rel_threshold,
+        cache_threshold=args.cache_threshold,
+        keys=keys,
+        insecure=args.insecure,
+        limits=request_limits(args),
+        restart_workers=args.restart_workers,
+        restart_backoff_s=args.restart_backoff,
         tokenizer_workers=args.tokenizer_workers,
     )
     try:
-        server = LocalServer(model, num_workers=args.workers, config=config, engine_config=engine_overrides,
-                             gpu_ids=parse_gpu_ids(args.gpu_ids))
+        server = LocalServer(
+            model,
+            num_workers=args.workers,
+            config=config,
+            engine_config=engine_overrides,
+            gpu_ids=parse_gpu_ids(args.gpu_ids),
+        )
     except zmq.ZMQError as e:  # e.g. the port is taken: one clear line, not a traceback
-        raise ValueError(f"cannot bind {endpoint} or {args.worker_endpoint}: {e} (try --port or --endpoint)") from e
+        raise ValueError(
+            f"cannot bind {endpoint} or {args.worker_endpoint}: {e} (try --port or --endpoint)"
+        ) from e
     # Everything a signal must stop; the HTTP gateway joins once started, so that it shuts
     # down while the workers do, not after them.
     stoppers: list[Callable[[], None]] = [server.router.stop]
@@ -105,8 +173,11 @@ def serve(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    print(f"radixserve: starting {args.workers} worker(s) for {model}; workers connect at "
-          f"{server.router.worker_endpoint}", flush=True)
+    print(
+        f"radixserve: starting {args.workers} worker(s) for {model}; workers connect at "
+        f"{server.router.worker_endpoint}",
+        flush=True,
+    )
     started = time.monotonic()
     try:
         if not server.wait_ready():
@@ -120,8 +191,11 @@ def serve(args: argparse.Namespace) -> int:
         if server.router.stopping:  # the signal came while the gateway started
             http.request_stop()
     pids = " ".join(str(p.pid) for p in server.procs)
-    print(f"radixserve: serving on {server.endpoint} (routing {args.routing}; worker pids {pids or '-'}); "
-          f"start-up took {time.monotonic() - started:.1f} s (the workers' lines above say where)", flush=True)
+    print(
+        f"radixserve: serving on {server.endpoint} (routing {args.routing}; worker pids {pids or '-'}); "
+        f"start-up took {time.monotonic() - started:.1f} s (the workers' lines above say where)",
+        flush=True,
+    )
     try:
         server.run()
     finally:
@@ -132,46 +206,90 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def _worker_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--connect", required=True, help="the router's worker endpoint, e.g. tcp://ROUTER_HOST:5556")
+    p.add_argument(
+        "--connect", required=True, help="the router's worker endpoint, e.g. tcp://ROUTER_HOST:5556"
+    )
     p.add_argument("--model", default="default")
-    p.add_argument("--worker-id", type=int, default=-1, help="preferred id (-1: the router assigns one)")
+    p.add_argument(
+        "--worker-id", type=int, default=-1, help="preferred id (-1: the router assigns one)"
+    )
     p.add_argument("--log-level", default="WARNING")
-    p.add_argument("--keys", default=None, metavar="DIR",
-                   help="this worker's CURVE keys, for a router that requires them ('radixserve keys KEYDIR': KEYDIR/worker)")
+    p.add_argument(
+        "--keys",
+        default=None,
+        metavar="DIR",
+        help="this worker's CURVE keys, for a router that requires them ('radixserve keys KEYDIR': KEYDIR/worker)",
+    )
     # Set by `serve` for its local workers (serving.workers.worker_command), with --engine-config.
-    p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)  # exit when it dies
-    p.add_argument("--router-timeout", type=float, default=30.0,
-                   help="seconds without a connection to the router before a local worker exits")
+    p.add_argument(
+        "--parent-pid", type=int, default=None, help=argparse.SUPPRESS
+    )  # exit when it dies
+    p.add_argument(
+        "--router-timeout",
+        type=float,
+        default=30.0,
+        help="seconds without a connection to the router before a local worker exits",
+    )
     add_engine_arguments(p, "engine")
 
 
-@register("worker", help="run one worker process that joins a router (e.g. from another host)",
-          arguments=_worker_arguments)
+@register(
+    "worker",
+    help="run one worker process that joins a router (e.g. from another host)",
+    arguments=_worker_arguments,
+)
 def worker(args: argparse.Namespace, engine_factory: Any = None) -> int:
     from radixserve.serving.shutdown import exit_now
     from radixserve.serving.worker import run_worker
 
     config = engine_config(args)
     # A stopped worker skips interpreter finalization (seconds of torch teardown, for no one).
-    exit_now(run_worker(args.connect, model=args.model, worker_id=args.worker_id, engine_config=config,
-                        parent_pid=args.parent_pid, router_timeout_s=args.router_timeout, keys=args.keys,
-                        log_level=args.log_level, engine_factory=engine_factory))
+    exit_now(
+        run_worker(
+            args.connect,
+            model=args.model,
+            worker_id=args.worker_id,
+            engine_config=config,
+            parent_pid=args.parent_pid,
+            router_timeout_s=args.router_timeout,
+            keys=args.keys,
+            log_level=args.log_level,
+            engine_factory=engine_factory,
+        )
+    )
 
 
 def _client_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", nargs="?", default="What is a radix tree?")
     p.add_argument("--endpoint", default=DEFAULT_ENDPOINT)
-    p.add_argument("--raw", action="store_true", help="send the prompt as text, not as a chat message")
+    p.add_argument(
+        "--raw", action="store_true", help="send the prompt as text, not as a chat message"
+    )
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--stats", action="store_true", help="print the router's stats afterwards")
-    p.add_argument("--keys", default=None, metavar="DIR",
-                   help="this client's CURVE keys, for a router that requires them ('radixserve keys KEYDIR': KEYDIR/client)")
+    p.add_argument(
+        "--keys",
+        default=None,
+        metavar="DIR",
+        help="this client's CURVE keys, for a router that requires them ('radixserve keys KEYDIR': KEYDIR/client)",
+    )
 
 
-@register("client", help="send one prompt to a running server and stream the answer", arguments=_client_arguments)
+@register(
+    "client",
+    help="send one prompt to a running server and stream the answer",
+    arguments=_client_arguments,
+)
 def client(args: argparse.Namespace) -> int:
     from radixserve.serving.client import stream_demo
 
-    return stream_demo(args.prompt, endpoint=args.endpoint, raw=args.raw, max_tokens=args.max_tokens,
-                       temperature=args.temperature, stats=args.stats, keys=args.keys)
+    return stream_demo(
+        args.prompt,
+        endpoint=args.endpoint,
+        raw=args.raw,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        stats=args.stats,
+        keys=args.keys,
+    )

@@ -27,8 +27,15 @@ from radixserve.constrained.spec import (
 )
 
 __all__ = [
-    "Constraint", "JSON_OBJECT_SCHEMA", "constraint_errors", "constraint_of",
-    "CompiledGrammar", "GrammarCompiler", "GrammarMatcher", "apply_token_masks", "compiler_for",
+    "Constraint",
+    "JSON_OBJECT_SCHEMA",
+    "constraint_errors",
+    "constraint_of",
+    "CompiledGrammar",
+    "GrammarCompiler",
+    "GrammarMatcher",
+    "apply_token_masks",
+    "compiler_for",
 ]
 
 _LAZY = {

@@ -23,7 +23,8 @@ import re
 import threading
 import weakref
 from collections import OrderedDict
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import xgrammar as xgr
 
@@ -55,8 +56,16 @@ class GrammarCompiler:
     stops waiting at the limit; the constraint is then refused at once if asked again).
     """
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int], *, cache_size: int = 256,
-                 max_threads: int | None = None, compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        stop_token_ids: Sequence[int],
+        *,
+        cache_size: int = 256,
+        max_threads: int | None = None,
+        compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
+    ) -> None:
         self.vocab_size = vocab_size
         self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
         info_kw: dict[str, Any] = {"vocab_size": vocab_size}
@@ -65,14 +74,18 @@ class GrammarCompiler:
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, **info_kw)
         threads = max_threads if max_threads is not None else min(4, os.cpu_count() or 1)
         # Our own LRU below is the cache (it counts hits and bounds entries); xgrammar's is off.
-        self._xgr = xgr.GrammarCompiler(self.tokenizer_info, max_threads=threads, cache_enabled=False)
+        self._xgr = xgr.GrammarCompiler(
+            self.tokenizer_info, max_threads=threads, cache_enabled=False
+        )
         self._cache: OrderedDict[Constraint, CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self._hits = 0
         self._misses = 0
         self.compile_timeout_s = compile_timeout_s
-        self._too_slow: OrderedDict[Constraint, None] = OrderedDict()  # timed out once: refused at once
+        self._too_slow: OrderedDict[Constraint, None] = (
+            OrderedDict()
+        )  # timed out once: refused at once
 
     def compile(self, constraint: Constraint) -> CompiledGrammar:
         """The compiled grammar of ``constraint`` (cached). Raises ``ValueError`` with the
@@ -86,8 +99,9 @@ class GrammarCompiler:
             self._misses += 1
             if constraint in self._too_slow:
                 raise ValueError(self._too_slow_message(constraint))
-        compiled = CompiledGrammar(constraint, self._compile_bounded(constraint), self.vocab_size,
-                                   self.stop_token_ids)
+        compiled = CompiledGrammar(
+            constraint, self._compile_bounded(constraint), self.vocab_size, self.stop_token_ids
+        )
         with self._lock:
             self._cache[constraint] = compiled
             self._cache.move_to_end(constraint)
@@ -104,8 +118,10 @@ class GrammarCompiler:
             return CompilerStats(self._hits, self._misses, len(self._cache))
 
     def _too_slow_message(self, c: Constraint) -> str:
-        return (f"the {c.kind} is too complex: compiling it took longer than the limit of "
-                f"{self.compile_timeout_s:g} s ({c.describe()})")
+        return (
+            f"the {c.kind} is too complex: compiling it took longer than the limit of "
+            f"{self.compile_timeout_s:g} s ({c.describe()})"
+        )
 
     def _compile_bounded(self, c: Constraint) -> Any:
         """:meth:`_compile` with the time limit: past it, ``ValueError`` (the compile thread
@@ -155,8 +171,8 @@ class GrammarCompiler:
 # xgrammar 0.2.9 spells the characters of a length-limited string (minLength/maxLength) as
 # [^"\\\r\n], which lets raw control characters through, and RFC 8259 (and json.loads)
 # reject those; its unlimited strings already exclude \0-\x1f. Same class, minus controls.
-_LOOSE_STRING_CHAR = r'[^\"\\\r\n]'
-_STRICT_STRING_CHAR = r'[^\0-\x1f\"\\\r\n]'
+_LOOSE_STRING_CHAR = r"[^\"\\\r\n]"
+_STRICT_STRING_CHAR = r"[^\0-\x1f\"\\\r\n]"
 
 
 def json_schema_grammar(schema: str) -> Any:
@@ -172,7 +188,7 @@ def json_schema_grammar(schema: str) -> Any:
     return xgr.Grammar.from_ebnf(text.replace(_LOOSE_STRING_CHAR, _STRICT_STRING_CHAR))
 
 
-_compilers: "weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], GrammarCompiler]]" = (
+_compilers: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], GrammarCompiler]] = (
     weakref.WeakKeyDictionary()
 )
 _compilers_lock = threading.Lock()

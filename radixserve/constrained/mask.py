@@ -15,7 +15,7 @@ one; on a GPU its Triton one (the masks are filled on the CPU and copied over on
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import xgrammar as xgr
@@ -23,7 +23,9 @@ import xgrammar as xgr
 from radixserve.constrained.matcher import GrammarMatcher
 
 
-def apply_token_masks(logits: torch.Tensor, rows: Sequence[int], matchers: Sequence[GrammarMatcher]) -> None:
+def apply_token_masks(
+    logits: torch.Tensor, rows: Sequence[int], matchers: Sequence[GrammarMatcher]
+) -> None:
     """Set the logits of tokens the grammar forbids to ``-inf``, in place, for ``rows`` only.
 
     ``logits``: ``[B, vocab]`` float32; ``rows[i]`` is the row of ``matchers[i]``.

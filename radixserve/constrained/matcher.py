@@ -12,7 +12,7 @@ model over prompt + output and samples the next token from the same grammar stat
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -78,8 +78,12 @@ class GrammarMatcher:
             self._can_only_end = True
             return
         self._m.fill_next_token_bitmask(self.next_mask)
-        self._can_only_end = self._m.is_completed() and not np.any(self.next_mask.numpy()[0] & self._not_stop)
+        self._can_only_end = self._m.is_completed() and not np.any(
+            self.next_mask.numpy()[0] & self._not_stop
+        )
 
     def __repr__(self) -> str:
-        return (f"GrammarMatcher({self.compiled.constraint.describe()}, accepted={self.num_accepted}, "
-                f"can_only_end={self._can_only_end})")
+        return (
+            f"GrammarMatcher({self.compiled.constraint.describe()}, accepted={self.num_accepted}, "
+            f"can_only_end={self._can_only_end})"
+        )

@@ -78,7 +78,9 @@ def _size(items: Any, cap: int) -> int:
     return total
 
 
-def constraint_errors(regex: str | None, json_schema: str | None, choices: list[str] | None) -> list[str]:
+def constraint_errors(
+    regex: str | None, json_schema: str | None, choices: list[str] | None
+) -> list[str]:
     """Cheap checks that need no grammar library (the compiler reports the rest).
 
     At most one constraint; a non-empty regex; a schema that is JSON text of an object or
@@ -88,19 +90,28 @@ def constraint_errors(regex: str | None, json_schema: str | None, choices: list[
     named = (("regex", regex), ("json_schema", json_schema), ("choices", choices))
     given = [name for name, v in named if v is not None]
     if len(given) > 1:
-        errors.append(f"at most one of regex, json_schema and choices may be set, got {', '.join(given)}")
+        errors.append(
+            f"at most one of regex, json_schema and choices may be set, got {', '.join(given)}"
+        )
     if regex is not None and not regex:
         errors.append("regex must be non-empty")
-    sizes = (("regex", len(regex or "")), ("json_schema", len(json_schema or "")),
-             ("choices", sum(len(c) for c in choices or ())))
+    sizes = (
+        ("regex", len(regex or "")),
+        ("json_schema", len(json_schema or "")),
+        ("choices", sum(len(c) for c in choices or ())),
+    )
     for name, size in sizes:
         if size > MAX_CONSTRAINT_CHARS:
-            errors.append(f"{name} has {size} characters, more than the limit of {MAX_CONSTRAINT_CHARS}")
+            errors.append(
+                f"{name} has {size} characters, more than the limit of {MAX_CONSTRAINT_CHARS}"
+            )
     if regex and len(regex) <= MAX_CONSTRAINT_CHARS:
         expansion = regex_expansion(regex)
         if expansion is not None and expansion > MAX_REGEX_EXPANSION:
-            errors.append(f"regex is too complex to compile: its bounded repetitions expand to more than "
-                          f"{MAX_REGEX_EXPANSION} positions (use smaller bounds, or * and +)")
+            errors.append(
+                f"regex is too complex to compile: its bounded repetitions expand to more than "
+                f"{MAX_REGEX_EXPANSION} positions (use smaller bounds, or * and +)"
+            )
     if json_schema is not None:
         try:
             schema: Any = json.loads(json_schema)
@@ -110,7 +121,9 @@ def constraint_errors(regex: str | None, json_schema: str | None, choices: list[
             errors.append("json_schema is nested too deeply")
         else:
             if not isinstance(schema, (dict, bool)):
-                errors.append(f"json_schema must be a JSON object (or a boolean), got {type(schema).__name__}")
+                errors.append(
+                    f"json_schema must be a JSON object (or a boolean), got {type(schema).__name__}"
+                )
     if choices is not None:
         if not choices:
             errors.append("choices must list at least one string")
@@ -119,7 +132,9 @@ def constraint_errors(regex: str | None, json_schema: str | None, choices: list[
     return errors
 
 
-def constraint_of(regex: str | None, json_schema: str | None, choices: list[str] | None) -> Constraint | None:
+def constraint_of(
+    regex: str | None, json_schema: str | None, choices: list[str] | None
+) -> Constraint | None:
     """The :class:`Constraint` of already validated parameters, or None when unconstrained."""
     if regex is not None:
         return Constraint("regex", regex)

@@ -45,7 +45,9 @@ class EngineConfig:
 
     page_size: int = 16
     kv_cache_dtype: str = "auto"
-    attention_backend: str | None = None  # "torch" | "triton"; None: the device's default (engine.devices)
+    attention_backend: str | None = (
+        None  # "torch" | "triton"; None: the device's default (engine.devices)
+    )
     max_num_tokens: int = 2048
     max_running_requests: int = 64
     num_pages: int | None = None
@@ -79,7 +81,9 @@ class EngineConfig:
     num_threads: int | None = None  # CPU: torch threads (default: all cores)
     # Weight quantization (vLLM's --quantization): None | "int8" | "int4" | "fp8".
     quantization: str | None = None
-    quant_group_size: int | None = None  # int4 group (32/64/128/256; default: largest dividing, 32 for GGUF)
+    quant_group_size: int | None = (
+        None  # int4 group (32/64/128/256; default: largest dividing, 32 for GGUF)
+    )
     # Quantize the embedding and LM head too (default: only for models of >= 1 B parameters).
     quantize_embeddings: bool | None = None
 
@@ -131,11 +135,17 @@ class EngineConfig:
         if self.num_pages is not None and self.num_pages < 1:
             errors.append(f"num_pages must be >= 1, got {self.num_pages}")
         if self.attention_backend not in ("torch", "triton"):
-            errors.append(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
+            errors.append(
+                f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}"
+            )
         if self.decode_graphs not in ("auto", "on", "off"):
-            errors.append(f"decode_graphs must be 'auto', 'on' or 'off', got {self.decode_graphs!r}")
+            errors.append(
+                f"decode_graphs must be 'auto', 'on' or 'off', got {self.decode_graphs!r}"
+            )
         if self.overlap_schedule not in ("auto", "on", "off"):
-            errors.append(f"overlap_schedule must be 'auto', 'on' or 'off', got {self.overlap_schedule!r}")
+            errors.append(
+                f"overlap_schedule must be 'auto', 'on' or 'off', got {self.overlap_schedule!r}"
+            )
         if self.schedule_policy not in ("lpm", "fcfs"):
             errors.append(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -176,7 +186,7 @@ class EngineConfig:
         assert self.dtype is not None  # resolved in __post_init__
         return parse_dtype(self.dtype)
 
-    def quant_config(self) -> "QuantConfig | None":
+    def quant_config(self) -> QuantConfig | None:
         """The :class:`~radixserve.model.quant.QuantConfig` asked for, or None."""
         if self.quantization is None:
             return None
@@ -190,7 +200,7 @@ class EngineConfig:
         return {name: getattr(self, name) for name in sorted(shared)}
 
     @classmethod
-    def from_kwargs(cls, **kwargs: object) -> "EngineConfig":
+    def from_kwargs(cls, **kwargs: object) -> EngineConfig:
         """Build from keyword arguments, rejecting unknown names with the list of known ones."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known)

@@ -86,7 +86,9 @@ class DecodeGraphs:
                 return b
         return None
 
-    def _batch(self, bucket: int, seq_lens_cpu: list[int], page_lists: list[list[int]]) -> ForwardBatch:
+    def _batch(
+        self, bucket: int, seq_lens_cpu: list[int], page_lists: list[list[int]]
+    ) -> ForwardBatch:
         return ForwardBatch(
             input_ids=self.input_ids[:bucket],
             positions=self.positions[:bucket],
@@ -108,7 +110,9 @@ class DecodeGraphs:
         assert self.capture
         width = self.table.shape[1]
         for bucket in reversed(self.buckets):  # largest first: smaller ones reuse its memory pool
-            batch = self._batch(bucket, [max_seq_len] * bucket, [[self.scratch_page] * width] * bucket)
+            batch = self._batch(
+                bucket, [max_seq_len] * bucket, [[self.scratch_page] * width] * bucket
+            )
             self.attn.init_forward_metadata(batch)
             torch.cuda.synchronize()
             with torch.inference_mode():
@@ -146,6 +150,8 @@ class DecodeGraphs:
             graph.replay()
             return self.logits[bucket][:b]
         pad = bucket - b
-        batch = self._batch(bucket, plan.seq_lens + [1] * pad, plan.page_lists + [[self.scratch_page]] * pad)
+        batch = self._batch(
+            bucket, plan.seq_lens + [1] * pad, plan.page_lists + [[self.scratch_page]] * pad
+        )
         self.attn.init_forward_metadata(batch)
         return self.forward(batch, self.attn)[:b]

@@ -18,7 +18,8 @@ in the worker and reports ``finish_reason="stop"``.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from radixserve.sampling_params import SamplingParams
 
@@ -72,7 +73,9 @@ class IncrementalDetokenizer:
         return self._stopped
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=self._skip_special, clean_up_tokenization_spaces=False)
+        return self._tok.decode(
+            ids, skip_special_tokens=self._skip_special, clean_up_tokenization_spaces=False
+        )
 
     def add(self, token_ids: Sequence[int], final: bool = False) -> DetokDelta:
         """Feed new token ids; return the text that is now final.

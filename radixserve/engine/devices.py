@@ -83,14 +83,17 @@ def parse_gpu_ids(text: str | None) -> list[int] | None:
     try:
         ids = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"--gpu-ids must be comma-separated device numbers, got {text!r}") from None
+        raise ValueError(
+            f"--gpu-ids must be comma-separated device numbers, got {text!r}"
+        ) from None
     if not ids or min(ids) < 0:
         raise ValueError(f"--gpu-ids must list device numbers >= 0, got {text!r}")
     return ids
 
 
-def plan_worker_devices(engine_config: dict[str, Any], num_workers: int,
-                        gpu_ids: list[int] | None = None) -> list[WorkerPlacement]:
+def plan_worker_devices(
+    engine_config: dict[str, Any], num_workers: int, gpu_ids: list[int] | None = None
+) -> list[WorkerPlacement]:
     """One placement per local worker (see the module docstring); raises ``ValueError`` with
     what to change when workers would share a GPU without splitting its memory."""
     device = str(engine_config.get("device", "cpu"))
@@ -120,7 +123,11 @@ def plan_worker_devices(engine_config: dict[str, Any], num_workers: int,
 
 def _check_sharing(engine_config: dict[str, Any], per_gpu: Counter[int]) -> None:
     gpu, n = per_gpu.most_common(1)[0]
-    if n < 2 or engine_config.get("num_pages") is not None or engine_config.get("memory_budget") is not None:
+    if (
+        n < 2
+        or engine_config.get("num_pages") is not None
+        or engine_config.get("memory_budget") is not None
+    ):
         return
     util = float(engine_config.get("memory_utilization", DEFAULT_MEMORY_UTILIZATION))
     if "memory_utilization" in engine_config and util * n <= 1.0:

@@ -21,25 +21,26 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.devices import bind_device
 from radixserve.engine.detokenizer import IncrementalDetokenizer
-from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, TokenLogprob, Usage
+from radixserve.engine.devices import bind_device
 from radixserve.engine.model_runner import ModelRunner, make_attention_backend
+from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, TokenLogprob, Usage
 from radixserve.engine.sampler import Sampler
+from radixserve.engine.startup import StartupClock, describe_startup
+from radixserve.engine.step_loop import StepLoop
 from radixserve.memory import NoPrefixCache, PrefixCache, RadixCache
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.pool import KVPool
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.sampling_params import SamplingInput, SamplingParams, per_prompt
 from radixserve.scheduling.request import Request
-from radixserve.engine.startup import StartupClock, describe_startup
-from radixserve.engine.step_loop import StepLoop
 from radixserve.scheduling.scheduler import RequestOutput, Scheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
@@ -94,22 +95,33 @@ class Engine:
         bind_device(self.device)  # cuda:N: Triton launches and index-less allocations go there
         clock.lap("resolve model")
         self.model = load_model(
-            self.model_path, dtype=cfg.torch_dtype, device=self.device, quantization=cfg.quant_config()
+            self.model_path,
+            dtype=cfg.torch_dtype,
+            device=self.device,
+            quantization=cfg.quant_config(),
         )
         clock.lap("load weights")
         self.model_config = mc = self.model.config
         if cfg.max_model_len is not None and cfg.max_model_len > mc.max_position_embeddings:
             # RoPE past the trained positions extrapolates silently: refuse, as vLLM does.
-            raise ValueError(f"max_model_len {cfg.max_model_len} exceeds the model's max_position_embeddings "
-                             f"({mc.max_position_embeddings})")
+            raise ValueError(
+                f"max_model_len {cfg.max_model_len} exceeds the model's max_position_embeddings "
+                f"({mc.max_position_embeddings})"
+            )
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         clock.lap("tokenizer")
 
         num_pages = cfg.num_pages if cfg.num_pages is not None else self._plan_num_pages()
         # One page past the allocator's: the scratch page padding rows of static decode steps write to.
         pool = KVPool(
-            mc.num_layers, num_pages + 1, cfg.page_size, mc.num_kv_heads, mc.head_dim,
-            kv_dtype=cfg.kv_cache_dtype, act_dtype=cfg.torch_dtype, device=self.device,
+            mc.num_layers,
+            num_pages + 1,
+            cfg.page_size,
+            mc.num_kv_heads,
+            mc.head_dim,
+            kv_dtype=cfg.kv_cache_dtype,
+            act_dtype=cfg.torch_dtype,
+            device=self.device,
         )
         self.allocator = PageAllocator(num_pages)
         self.cache: PrefixCache = self._make_cache(pool)
@@ -118,19 +130,25 @@ class Engine:
             self.enable_kv_events(pool)
         max_model_len = cfg.max_model_len or mc.max_position_embeddings
         self.max_total_len = min(max_model_len, num_pages * cfg.page_size)
-        sched_cfg = SchedulerConfig(**{
-            **cfg.scheduling_fields(),
-            # Every running request decodes one token per step out of the budget.
-            "max_running_requests": min(cfg.max_running_requests, cfg.max_num_tokens),
-            "max_total_len": self.max_total_len,
-        })
+        sched_cfg = SchedulerConfig(
+            **{
+                **cfg.scheduling_fields(),
+                # Every running request decodes one token per step out of the budget.
+                "max_running_requests": min(cfg.max_running_requests, cfg.max_num_tokens),
+                "max_total_len": self.max_total_len,
+            }
+        )
         self.scheduler = Scheduler(sched_cfg, self.cache, self.allocator, mc.eos_token_ids)
         clock.lap("KV pool")
         self.runner = ModelRunner(
-            self.model, pool, make_attention_backend(cfg.attention_backend, pool),
+            self.model,
+            pool,
+            make_attention_backend(cfg.attention_backend, pool),
             Sampler(mc.vocab_size, mc.eos_token_ids, self.device, cfg.seed),
-            max_rows=sched_cfg.max_running_requests, max_pages=self.scheduler.max_pages_per_request,
-            decode_graphs=cfg.use_decode_graphs, scratch_page=num_pages,
+            max_rows=sched_cfg.max_running_requests,
+            max_pages=self.scheduler.max_pages_per_request,
+            decode_graphs=cfg.use_decode_graphs,
+            scratch_page=num_pages,
         )
         clock.lap("attention backend and CPU kernels")
         self.runner.warm_up(self.max_total_len)
@@ -139,8 +157,13 @@ class Engine:
         self.startup_seconds: dict[str, float] = clock.laps
         self.loop = StepLoop(self.scheduler, self.runner, overlap=cfg.use_overlap)
         self._buffered: list[StepOutput] = []  # other requests' outputs seen inside generate()
-        logger.info("engine ready in %s: %s, %s, max_total_len=%d", describe_startup(self.startup_seconds),
-                    self.model_path, self.pool, self.max_total_len)
+        logger.info(
+            "engine ready in %s: %s, %s, max_total_len=%d",
+            describe_startup(self.startup_seconds),
+            self.model_path,
+            self.pool,
+            self.max_total_len,
+        )
 
     def _make_cache(self, pool: KVPool) -> PrefixCache:
         """The prefix cache: none, the radix cache, or the radix cache over L2/L3 tiers."""
@@ -156,9 +179,15 @@ class Engine:
             host_pages = max(1, int(cfg.hicache_size * 2**30) // pool.bytes_per_page)
         else:  # SGLang's default host/device ratio
             host_pages = 2 * self.allocator.num_pages
-        hierarchy = KVHierarchy(pool, host_pages, cfg.hicache_storage_dir, model_identity(self.model_path))
-        logger.info("hierarchical cache: L2 %d pages (%.2f GiB), L3 %s", host_pages,
-                    host_pages * pool.bytes_per_page / 2**30, cfg.hicache_storage_dir or "off")
+        hierarchy = KVHierarchy(
+            pool, host_pages, cfg.hicache_storage_dir, model_identity(self.model_path)
+        )
+        logger.info(
+            "hierarchical cache: L2 %d pages (%.2f GiB), L3 %s",
+            host_pages,
+            host_pages * pool.bytes_per_page / 2**30,
+            cfg.hicache_storage_dir or "off",
+        )
         return HiRadixCache(self.allocator, cfg.page_size, hierarchy)
 
     def enable_kv_events(self, pool: KVPool | None = None) -> None:
@@ -168,9 +197,14 @@ class Engine:
         from radixserve.memory.page_hash import PrefixHasher
 
         hierarchy = getattr(self.cache, "hierarchy", None)
-        hasher = hierarchy.hasher if hierarchy is not None else PrefixHasher(
-            f"{model_identity(self.model_path)}|{pool.layout()}", pool.page_size)
-        self.cache.listener = KVEventRecorder(hasher, "GPU" if self.device.type == "cuda" else "CPU")
+        hasher = (
+            hierarchy.hasher
+            if hierarchy is not None
+            else PrefixHasher(f"{model_identity(self.model_path)}|{pool.layout()}", pool.page_size)
+        )
+        self.cache.listener = KVEventRecorder(
+            hasher, "GPU" if self.device.type == "cuda" else "CPU"
+        )
 
     def drain_kv_events(self) -> Any | None:
         """The KV events (a vLLM-format ``KVEventBatch``) since the last call, or None."""
@@ -183,7 +217,11 @@ class Engine:
         if persist is not None:
             n = persist()
             if n:
-                logger.info("hierarchical cache: wrote %d KV pages to %s", n, self.config.hicache_storage_dir)
+                logger.info(
+                    "hierarchical cache: wrote %d KV pages to %s",
+                    n,
+                    self.config.hicache_storage_dir,
+                )
 
     def _plan_num_pages(self) -> int:
         """Pages from the memory planner. On a CPU without an explicit budget the planner's
@@ -194,12 +232,22 @@ class Engine:
         cfg = self.config
         cap = None
         if self.device.type == "cpu" and cfg.memory_budget is None:
-            per_page = kv_bytes_per_token(self.model_config, cfg.kv_cache_dtype, cfg.torch_dtype) * cfg.page_size
+            per_page = (
+                kv_bytes_per_token(self.model_config, cfg.kv_cache_dtype, cfg.torch_dtype)
+                * cfg.page_size
+            )
             cap = max(1, CPU_DEFAULT_KV_BYTES // per_page)
         plan = plan_memory(
-            self.model_config, kv_dtype=cfg.kv_cache_dtype, page_size=cfg.page_size, act_dtype=cfg.torch_dtype,
-            memory_budget=cfg.memory_budget, memory_utilization=cfg.memory_utilization, device=self.device,
-            max_num_tokens=cfg.max_num_tokens, max_num_pages=cap, **self._quant_plan_args(),
+            self.model_config,
+            kv_dtype=cfg.kv_cache_dtype,
+            page_size=cfg.page_size,
+            act_dtype=cfg.torch_dtype,
+            memory_budget=cfg.memory_budget,
+            memory_utilization=cfg.memory_utilization,
+            device=self.device,
+            max_num_tokens=cfg.max_num_tokens,
+            max_num_pages=cap,
+            **self._quant_plan_args(),
         )
         if plan.num_pages < 1:
             raise ValueError(f"no room for the KV cache: {plan}")
@@ -210,8 +258,11 @@ class Engine:
         report = getattr(self.model, "quant_report", None)
         if report is None:
             return {}
-        return {"quantization": report.method, "quant_group_size": report.group_size,
-                "quantize_embeddings": not report.full_precision}
+        return {
+            "quantization": report.method,
+            "quant_group_size": report.group_size,
+            "quantize_embeddings": not report.full_precision,
+        }
 
     # The runner owns the device state; these name its parts for callers and tests.
     @property
@@ -270,8 +321,16 @@ class Engine:
         rid = request_id if request_id is not None else uuid.uuid4().hex
         gen = self.sampler.new_generator(params.seed) if params.seed is not None else None
         grammar = self._new_grammar_matcher(params)
-        return Request(rid, ids, len(ids), params, self.max_total_len, namespace=namespace, generator=gen,
-                       grammar=grammar)
+        return Request(
+            rid,
+            ids,
+            len(ids),
+            params,
+            self.max_total_len,
+            namespace=namespace,
+            generator=gen,
+            grammar=grammar,
+        )
 
     def _new_grammar_matcher(self, params: SamplingParams) -> Any | None:
         """Compile (cached per tokenizer and constraint) the request's regex / JSON schema /
@@ -282,9 +341,13 @@ class Engine:
         from radixserve.constrained.grammar import compiler_for
 
         mc = self.model_config
-        matcher = compiler_for(self.tokenizer, mc.vocab_size, mc.eos_token_ids).new_matcher(constraint)
+        matcher = compiler_for(self.tokenizer, mc.vocab_size, mc.eos_token_ids).new_matcher(
+            constraint
+        )
         if matcher.can_only_end:
-            raise ValueError(f"the constraint matches only the empty string: {constraint.describe()}")
+            raise ValueError(
+                f"the constraint matches only the empty string: {constraint.describe()}"
+            )
         return matcher
 
     def abort(self, request_id: str) -> None:
@@ -322,7 +385,9 @@ class Engine:
         for req in reqs:
             self.scheduler.add(req)
         rids = [r.request_id for r in reqs]
-        state = {rid: _Collector(self.tokenizer, p, ids) for rid, p, ids in zip(rids, plist, ids_list)}
+        state = {
+            rid: _Collector(self.tokenizer, p, ids) for rid, p, ids in zip(rids, plist, ids_list)
+        }
         remaining = set(rids)
         while remaining:
             for o in self.step():

@@ -25,9 +25,14 @@ from __future__ import annotations
 import torch
 
 from radixserve.engine.decode_graphs import DecodeGraphs
-from radixserve.engine.sampler import Sampler, token_logprobs, unpack_samples
-from radixserve.engine.sampler import SamplingPlan
-from radixserve.engine.staging import PendingRead, Staged, StagingBuffer, StagingLayout, TransferCounter
+from radixserve.engine.sampler import Sampler, SamplingPlan, token_logprobs, unpack_samples
+from radixserve.engine.staging import (
+    PendingRead,
+    Staged,
+    StagingBuffer,
+    StagingLayout,
+    TransferCounter,
+)
 from radixserve.memory.pool import KVPool
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
@@ -94,18 +99,28 @@ class ModelRunner:
         self.device = pool.device
         self.page_size = pool.page_size
         # Row r holds the pages of the request the scheduler gave row r, in order.
-        self.page_table = torch.zeros(max_rows, max(1, max_pages), dtype=torch.int32, device=self.device)
+        self.page_table = torch.zeros(
+            max_rows, max(1, max_pages), dtype=torch.int32, device=self.device
+        )
         self.transfers = TransferCounter()
         self.staging = StagingBuffer(self.device, self.transfers)
         self.scratch_page = scratch_page
-        self._last_tokens: torch.Tensor | None = None  # the last launched step's sampled tokens (device)
+        self._last_tokens: torch.Tensor | None = (
+            None  # the last launched step's sampled tokens (device)
+        )
         self.decode_graphs: DecodeGraphs | None = None
         if decode_graphs:
             if scratch_page is None:
                 raise ValueError("decode_graphs needs a scratch page for the padding rows")
             capture = self.device.type == "cuda" and getattr(attn, "supports_graph_capture", False)
             self.decode_graphs = DecodeGraphs(
-                model.forward, attn, self.page_table, scratch_page, self.page_size, max_rows, capture
+                model.forward,
+                attn,
+                self.page_table,
+                scratch_page,
+                self.page_size,
+                max_rows,
+                capture,
             )
 
     def set_attention_backend(self, attn: AttentionBackend) -> None:
@@ -130,23 +145,39 @@ class ModelRunner:
         scratch = self.scratch_page
         if scratch is None:
             return
+        from radixserve.sampling_params import SamplingParams
         from radixserve.scheduling.plan import StepPlan
         from radixserve.scheduling.request import Request
-        from radixserve.sampling_params import SamplingParams
 
         n = min(self.page_size, 4)
         ps = self.page_size
         row = Request("warm-up", [0] * n, n, SamplingParams(max_tokens=1, temperature=0.0), n + 1)
-        for extend, prefix in ((n, 0), (1, n - 1)):  # a prefill of n tokens, then a decode over them
+        for extend, prefix in (
+            (n, 0),
+            (1, n - 1),
+        ):  # a prefill of n tokens, then a decode over them
             plan = StepPlan(
-                input_ids=[0] * extend, positions=list(range(prefix, prefix + extend)),
-                out_slots=[scratch * ps + p for p in range(prefix, prefix + extend)], table_rows=[0],
-                prefix_lens=[prefix], extend_lens=[extend], seq_lens=[prefix + extend], page_lists=[[scratch]],
-                write_rows=[0], write_cols=[0], write_pages=[scratch], logits_indices=[extend - 1],
-                sample_rows=[row], prompt_targets=[], future_rows=[], future_src=[],
+                input_ids=[0] * extend,
+                positions=list(range(prefix, prefix + extend)),
+                out_slots=[scratch * ps + p for p in range(prefix, prefix + extend)],
+                table_rows=[0],
+                prefix_lens=[prefix],
+                extend_lens=[extend],
+                seq_lens=[prefix + extend],
+                page_lists=[[scratch]],
+                write_rows=[0],
+                write_cols=[0],
+                write_pages=[scratch],
+                logits_indices=[extend - 1],
+                sample_rows=[row],
+                prompt_targets=[],
+                future_rows=[],
+                future_src=[],
             )
             self.execute(plan)
-        self.transfers.h2d = self.transfers.d2h = self.transfers.h2d_bytes = self.transfers.d2h_bytes = 0
+        self.transfers.h2d = self.transfers.d2h = self.transfers.h2d_bytes = (
+            self.transfers.d2h_bytes
+        ) = 0
 
     # ------------------------------------------------------------------ one step
 
@@ -163,18 +194,24 @@ class ModelRunner:
         staged = self.staging.upload(layout)
         graphs = self.decode_graphs
         static = (
-            graphs is not None and plan.is_decode_only and not plan.prompt_targets
+            graphs is not None
+            and plan.is_decode_only
+            and not plan.prompt_targets
             and graphs.bucket_for(plan.batch_size) is not None
         )
         with torch.inference_mode():
             self._patch_page_table(plan, staged)
             input_ids = staged.i("input_ids")
             if plan.future_rows:
-                assert self._last_tokens is not None, "a plan names tokens of a step that sampled none"
+                assert self._last_tokens is not None, (
+                    "a plan names tokens of a step that sampled none"
+                )
                 src = self._last_tokens.index_select(0, staged.i("f_src"))
                 input_ids = input_ids.index_copy(0, staged.i("f_rows"), src)
             if static:
-                assert graphs is not None and len(plan.sample_rows) == plan.batch_size  # every decode row samples
+                assert (
+                    graphs is not None and len(plan.sample_rows) == plan.batch_size
+                )  # every decode row samples
                 logits = graphs.run(plan, staged, input_ids)
             else:
                 batch = self._forward_batch(plan, staged, input_ids)
@@ -219,9 +256,13 @@ class ModelRunner:
 
     def _patch_page_table(self, plan: StepPlan, staged: Staged) -> None:
         if plan.write_rows:
-            self.page_table[staged.i("w_rows"), staged.i("w_cols")] = staged.i("w_pages").to(torch.int32)
+            self.page_table[staged.i("w_rows"), staged.i("w_cols")] = staged.i("w_pages").to(
+                torch.int32
+            )
 
-    def _forward_batch(self, plan: StepPlan, staged: Staged, input_ids: torch.Tensor) -> ForwardBatch:
+    def _forward_batch(
+        self, plan: StepPlan, staged: Staged, input_ids: torch.Tensor
+    ) -> ForwardBatch:
         max_pages = -(-max(plan.seq_lens) // self.page_size)
         i32 = torch.int32
         return ForwardBatch(

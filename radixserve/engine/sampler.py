@@ -29,7 +29,8 @@ The draw uses one uniform number per row, drawn on the host; a request with a se
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -64,7 +65,9 @@ class SamplingPlan(NamedTuple):
     lp_rows: list[int]  # rows that report logprobs
     lp_k: list[int]  # top logprobs each of them wants
     k_max: int  # max(lp_k)
-    penalties: PenaltyStep | None  # rows with a repetition/frequency/presence penalty (None: stage skipped)
+    penalties: (
+        PenaltyStep | None
+    )  # rows with a repetition/frequency/presence penalty (None: stage skipped)
     blocked: int  # (row, token) pairs masked by min_tokens
     constrained: list[int]  # rows with a grammar
     eos_guard_rows: list[int]  # constrained rows with ignore_eos
@@ -85,8 +88,13 @@ class SampleTensors(NamedTuple):
 class Sampler:
     """Samples the next token of each row of a ``[B, vocab]`` logits tensor."""
 
-    def __init__(self, vocab_size: int, eos_token_ids: Sequence[int] = (), device: str | torch.device = "cpu",
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        eos_token_ids: Sequence[int] = (),
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+    ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
         self.device = torch.device(device)
@@ -94,7 +102,9 @@ class Sampler:
         self._generator = torch.Generator(device="cpu")
         self._generator.manual_seed(seed)
         eos = [t for t in self.eos_token_ids if 0 <= t < vocab_size]
-        self._eos = torch.tensor(eos, dtype=torch.int64, device=self.device)  # made once: no per-step copy
+        self._eos = torch.tensor(
+            eos, dtype=torch.int64, device=self.device
+        )  # made once: no per-step copy
         self._staging: StagingBuffer | None = None
         self.penalty_counts = PenaltyCounts(vocab_size, self.device)
 
@@ -169,8 +179,20 @@ class Sampler:
             if any_top_p:
                 layout.floats("s.top_p", [p.top_p for p in params])
             layout.floats("s.u", self._uniforms(rows))
-        return SamplingPlan(n, all_greedy, lp_rows, lp_k, max(lp_k, default=0), pen_step, len(blocked_r),
-                            constrained, eos_guard, top_k_max, any_min_p, any_top_p)
+        return SamplingPlan(
+            n,
+            all_greedy,
+            lp_rows,
+            lp_k,
+            max(lp_k, default=0),
+            pen_step,
+            len(blocked_r),
+            constrained,
+            eos_guard,
+            top_k_max,
+            any_min_p,
+            any_top_p,
+        )
 
     def _uniforms(self, rows: Sequence[SamplingRow]) -> list[float]:
         u = torch.rand(len(rows), generator=self._generator, dtype=torch.float64)
@@ -181,7 +203,9 @@ class Sampler:
 
     # -- device half -----------------------------------------------------------------------
 
-    def sample_staged(self, logits: torch.Tensor, plan: SamplingPlan, staged: Staged) -> SampleTensors:
+    def sample_staged(
+        self, logits: torch.Tensor, plan: SamplingPlan, staged: Staged
+    ) -> SampleTensors:
         """Pick one token per row of ``logits`` (``[B, vocab]``) from the staged inputs (device only)."""
         logits = logits.float()
         raw_lp = None
@@ -193,13 +217,21 @@ class Sampler:
         else:
             chosen = self._draw(logits, plan, staged)
         if plan.penalties is not None:  # next step's tables already hold this step's tokens
-            self.penalty_counts.advance(staged.i("s.pen_slots"), chosen.index_select(0, staged.i("s.pen_rows")))
+            self.penalty_counts.advance(
+                staged.i("s.pen_slots"), chosen.index_select(0, staged.i("s.pen_rows"))
+            )
         dev = logits.device
         if raw_lp is None:
             empty = torch.empty(0, dtype=torch.float32, device=dev)
-            return SampleTensors(chosen, empty, torch.empty(0, 0, dtype=torch.int64, device=dev), empty.view(0, 0))
-        chosen_lp = raw_lp.gather(1, chosen.index_select(0, staged.i("s.lp_rows"))[:, None]).squeeze(1)
-        top_v, top_i = raw_lp.topk(plan.k_max, dim=-1) if plan.k_max else (raw_lp[:, :0], raw_lp[:, :0].long())
+            return SampleTensors(
+                chosen, empty, torch.empty(0, 0, dtype=torch.int64, device=dev), empty.view(0, 0)
+            )
+        chosen_lp = raw_lp.gather(
+            1, chosen.index_select(0, staged.i("s.lp_rows"))[:, None]
+        ).squeeze(1)
+        top_v, top_i = (
+            raw_lp.topk(plan.k_max, dim=-1) if plan.k_max else (raw_lp[:, :0], raw_lp[:, :0].long())
+        )
         return SampleTensors(chosen, chosen_lp, top_i, top_v)
 
     def _processed(self, logits: torch.Tensor, plan: SamplingPlan, staged: Staged) -> torch.Tensor:
@@ -210,9 +242,12 @@ class Sampler:
         if plan.penalties is not None:
             step = plan.penalties
             tables = self.penalty_counts.apply(
-                step, staged.i("s.pen_slots"), staged.i("s.pen_reset") if step.reset else None,
+                step,
+                staged.i("s.pen_slots"),
+                staged.i("s.pen_reset") if step.reset else None,
                 (staged.i("s.pen_add_slot"), staged.i("s.pen_add_tok"), staged.i("s.pen_add_out"))
-                if step.add_slot else None,
+                if step.add_slot
+                else None,
             )
             rows = staged.i("s.pen_rows")
             sub = logits.index_select(0, rows)
@@ -232,7 +267,9 @@ class Sampler:
 
         rows = staged.i("s.mask_rows")
         mask = staged.i("s.mask").to(torch.int32).view(len(plan.constrained), -1)
-        full = torch.full((logits.shape[0], mask.shape[1]), -1, dtype=torch.int32, device=logits.device)
+        full = torch.full(
+            (logits.shape[0], mask.shape[1]), -1, dtype=torch.int32, device=logits.device
+        )
         full.index_copy_(0, rows, mask)  # all ones (everything allowed) on unconstrained rows
         apply_bitmask(logits, full)
         # ignore_eos under a grammar: the end token only where the grammar allows nothing else.
@@ -260,7 +297,9 @@ class Sampler:
         u = staged.f("s.u").float()
         cdf = probs.cumsum(dim=-1)
         target = (u * cdf[:, -1])[:, None]
-        sampled = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=self.vocab_size - 1)
+        sampled = (
+            torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=self.vocab_size - 1)
+        )
         return torch.where(greedy, logits.argmax(dim=-1), sampled)
 
     # -- one-call convenience (tests, benchmarks, code without a runner) --------------------

@@ -24,7 +24,8 @@ entry, a token that was not appended) is rebuilt from them.
 from __future__ import annotations
 
 import weakref
-from typing import Any, NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -41,11 +42,18 @@ def top_p_keep(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     # Masses accumulate in float64 (the float32 terms are read once, as for a float32 sum):
     # a float32 sum over 49k-152k entries errs by ~1e-7, enough to move the boundary token.
     target = top_p.to(torch.float64) * probs.sum(-1, dtype=torch.float64)
-    lo = torch.zeros(probs.shape[0], dtype=torch.int64, device=probs.device)  # mass(p >= lo) >= target
+    lo = torch.zeros(
+        probs.shape[0], dtype=torch.int64, device=probs.device
+    )  # mass(p >= lo) >= target
     hi = bits.max(-1).values.to(torch.int64) + 1  # mass(p >= hi) == 0 < target
     for _ in range(_BISECT_STEPS):
         mid = (lo + hi) // 2
-        ok = torch.where(bits >= mid[:, None].to(torch.int32), probs, 0.0).sum(-1, dtype=torch.float64) >= target
+        ok = (
+            torch.where(bits >= mid[:, None].to(torch.int32), probs, 0.0).sum(
+                -1, dtype=torch.float64
+            )
+            >= target
+        )
         lo = torch.where(ok, mid, lo)
         hi = torch.where(ok, hi, mid)
     return bits >= lo[:, None].to(torch.int32)
@@ -124,13 +132,17 @@ class PenaltyCounts:
             step.add_slot.extend([e.slot] * len(new))
             step.add_tok.extend(new)
             step.add_out.extend(int(e.counted + k >= r.prompt_len) for k in range(len(new)))
-            e.counted = len(ids) + 1  # this step's sampled token, counted on the device by advance()
+            e.counted = (
+                len(ids) + 1
+            )  # this step's sampled token, counted on the device by advance()
             step.slots.append(e.slot)
         return step._replace(capacity=self.capacity)
 
     def _alloc(self, batch: int) -> int:
         if not self._free:
-            if len(self._entries) >= batch:  # evict the least recently used row (not one of this step's)
+            if (
+                len(self._entries) >= batch
+            ):  # evict the least recently used row (not one of this step's)
                 oldest = next(iter(self._entries))
                 self._free.append(self._entries.pop(oldest).slot)
             else:  # one step needs more rows than there are: the device tables grow in apply()
@@ -140,8 +152,13 @@ class PenaltyCounts:
 
     # -- device half -----------------------------------------------------------------------
 
-    def apply(self, step: PenaltyStep, slots: torch.Tensor, reset: torch.Tensor | None,
-              add: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None) -> PenaltyTables:
+    def apply(
+        self,
+        step: PenaltyStep,
+        slots: torch.Tensor,
+        reset: torch.Tensor | None,
+        add: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    ) -> PenaltyTables:
         """Fold the planned tokens in and gather the step's rows. ``slots``/``reset``/``add``
         (slot, token, is-output) are ``step``'s lists as device int64 tensors (staged)."""
         self._ensure(step.capacity)
@@ -160,12 +177,18 @@ class PenaltyCounts:
         assert self._seen is not None and self._counts is not None
         tok = tokens.to(torch.int64)
         self._seen[slots, tok] = True
-        self._counts.index_put_((slots, tok), torch.ones_like(tok, dtype=torch.float32), accumulate=True)
+        self._counts.index_put_(
+            (slots, tok), torch.ones_like(tok, dtype=torch.float32), accumulate=True
+        )
 
     def _ensure(self, capacity: int) -> None:
         if self._seen is None:
-            self._seen = torch.zeros(capacity, self.vocab_size, dtype=torch.bool, device=self.device)
-            self._counts = torch.zeros(capacity, self.vocab_size, dtype=torch.float32, device=self.device)
+            self._seen = torch.zeros(
+                capacity, self.vocab_size, dtype=torch.bool, device=self.device
+            )
+            self._counts = torch.zeros(
+                capacity, self.vocab_size, dtype=torch.float32, device=self.device
+            )
         elif self._seen.shape[0] < capacity:
             assert self._counts is not None
             grow = capacity - self._seen.shape[0]

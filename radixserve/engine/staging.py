@@ -194,7 +194,9 @@ class StagingBuffer:
 class PendingRead:
     """One step's results on their way to the host."""
 
-    def __init__(self, host: torch.Tensor | None, event: torch.cuda.Event | None, sizes: list[int]) -> None:
+    def __init__(
+        self, host: torch.Tensor | None, event: torch.cuda.Event | None, sizes: list[int]
+    ) -> None:
         self._host = host
         self._event = event
         self._sizes = sizes

@@ -55,7 +55,9 @@ class StepLoop:
             return outputs
         try:
             result = self.runner.execute(batch.plan)
-        except Exception as e:  # a failed step (device memory, a device error) must not leak its pages
+        except (
+            Exception
+        ) as e:  # a failed step (device memory, a device error) must not leak its pages
             logger.exception("step failed; finishing %d requests with an error", len(batch.work))
             return outputs + sched.fail(batch, e)
         return outputs + sched.process(batch, result)
@@ -63,7 +65,7 @@ class StepLoop:
     def _step_overlap(self) -> list[RequestOutput]:
         """Plan and launch step N+1, then read step N's results (SGLang's overlap loop)::
 
-            schedule(N+1) -> launch(N+1) -> advance(N+1) -> resolve(N) [waits for N] -> return
+        schedule(N+1) -> launch(N+1) -> advance(N+1) -> resolve(N) [waits for N] -> return
         """
         sched = self.scheduler
         outputs = sched.take_outputs()

@@ -47,7 +47,14 @@ def check_cache_invariants(cache: CacheInternals, private_pages: Iterable[int] =
     protected = 0
     leaves: set[TreeNode] = set()
     for ns, root in cache._roots.items():
-        if root.parent is not None or root.key or root.pages or root.depth or root.lock_ref or root.holders:
+        if (
+            root.parent is not None
+            or root.key
+            or root.pages
+            or root.depth
+            or root.lock_ref
+            or root.holders
+        ):
             _fail(f"root of namespace {ns!r} is not a bare root")
         if root.namespace != ns:
             _fail(f"root registered under {ns!r} says namespace {root.namespace!r}")
@@ -73,7 +80,9 @@ def check_cache_invariants(cache: CacheInternals, private_pages: Iterable[int] =
             if node.last_access > cache._clock:
                 _fail(f"access time from the future: {node!r}")
             if node.parent.parent is not None and node.last_access > node.parent.last_access:
-                _fail(f"node used more recently than its parent (walks touch whole paths): {node!r}")
+                _fail(
+                    f"node used more recently than its parent (walks touch whole paths): {node!r}"
+                )
             tree_pages.extend(node.pages)
             if node.lock_ref > 0:
                 protected += len(node.pages)
@@ -99,10 +108,16 @@ def check_cache_invariants(cache: CacheInternals, private_pages: Iterable[int] =
     if len(newest_entry) != len(leaves):
         _fail("an evictable leaf has no usable heap entry")
 
-    for a, b, what in ((free, tree_set, "free and cached"), (free, private_set, "free and private"), (tree_set, private_set, "cached and private")):
+    for a, b, what in (
+        (free, tree_set, "free and cached"),
+        (free, private_set, "free and private"),
+        (tree_set, private_set, "cached and private"),
+    ):
         if not a.isdisjoint(b):
             _fail(f"pages both {what}: {sorted(a & b)[:8]}")
     in_use = protected + len(private_set)
     evictable = len(tree_pages) - protected
     if len(free) + evictable + in_use != alloc.num_pages:
-        _fail(f"free {len(free)} + evictable {evictable} + in use {in_use} != {alloc.num_pages} pages")
+        _fail(
+            f"free {len(free)} + evictable {evictable} + in use {in_use} != {alloc.num_pages} pages"
+        )

@@ -72,7 +72,9 @@ class PageAllocator:
         """Pages not on the free list (cached in the tree or held privately by requests)."""
         return self._num_pages - len(self._free)
 
-    def set_evictor(self, fn: Callable[[int], int] | None, num_evictable: Callable[[], int] | None = None) -> None:
+    def set_evictor(
+        self, fn: Callable[[int], int] | None, num_evictable: Callable[[], int] | None = None
+    ) -> None:
         """Register ``fn(n_pages) -> freed`` to call when an allocation is short.
 
         ``num_evictable() -> int``, when given, lets ``alloc`` refuse up front (without

@@ -77,7 +77,11 @@ class DiskKVStore:
             os.replace(tmp, path)
         except OSError as e:
             self.enabled = False
-            logger.warning("hierarchical cache: writing %s failed (%s); L3 disk storage is off from now on", path, e)
+            logger.warning(
+                "hierarchical cache: writing %s failed (%s); L3 disk storage is off from now on",
+                path,
+                e,
+            )
             try:
                 tmp.unlink(missing_ok=True)
             except OSError:
@@ -101,10 +105,17 @@ class DiskKVStore:
         if ok:
             magic, version, _, n, stored_key, checksum = _HEADER.unpack_from(data)
             view = memoryview(data)[_HEADER.size :]
-            ok = (magic, version, n, stored_key) == (_MAGIC, _VERSION, sum(sizes), key) and _checksum(view) == checksum
+            ok = (magic, version, n, stored_key) == (
+                _MAGIC,
+                _VERSION,
+                sum(sizes),
+                key,
+            ) and _checksum(view) == checksum
         if not ok:
             self.corrupt += 1
-            logger.warning("hierarchical cache: %s is truncated or corrupt; recomputing that page", path)
+            logger.warning(
+                "hierarchical cache: %s is truncated or corrupt; recomputing that page", path
+            )
             try:
                 path.unlink(missing_ok=True)
             except OSError:

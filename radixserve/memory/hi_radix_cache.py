@@ -35,7 +35,9 @@ class HiRadixCache(RadixCache):
 
     def __init__(self, allocator: PageAllocator, page_size: int, hierarchy: KVHierarchy) -> None:
         if hierarchy.hasher.page_size != page_size:
-            raise ValueError(f"hierarchy page_size {hierarchy.hasher.page_size} != cache page_size {page_size}")
+            raise ValueError(
+                f"hierarchy page_size {hierarchy.hasher.page_size} != cache page_size {page_size}"
+            )
         self.hierarchy = hierarchy
         super().__init__(allocator, page_size)
 
@@ -79,16 +81,24 @@ class HiRadixCache(RadixCache):
             self.record_lookup(len(tokens), m.matched_len)
         return m
 
-    def _load_back(self, tokens: Sequence[int], namespace: Hashable | None, m: MatchResult) -> MatchResult:
+    def _load_back(
+        self, tokens: Sequence[int], namespace: Hashable | None, m: MatchResult
+    ) -> MatchResult:
         ps = self.page_size
         start, end = m.matched_len, len(tokens) // ps * ps
-        prev = self.page_keys(m.node)[-1] if m.node.parent is not None else self.hierarchy.hasher.seed(namespace)
+        prev = (
+            self.page_keys(m.node)[-1]
+            if m.node.parent is not None
+            else self.hierarchy.hasher.seed(namespace)
+        )
         keys = self.hierarchy.hasher.chain(prev, tokens[start:end])
         if self.hierarchy.available(keys[:1]) == 0:
             return m
         self.lock(m.node)  # allocating may evict: never the path we extend
         try:
-            want = min(self.hierarchy.available(keys), self.allocator.num_free + self.num_evictable_pages)
+            want = min(
+                self.hierarchy.available(keys), self.allocator.num_free + self.num_evictable_pages
+            )
             # The evictions that make room demote into L2; they must not push out what we load.
             with self.hierarchy.hold(keys[:want]):
                 pages = self.allocator.alloc(want)
@@ -140,6 +150,12 @@ class HiRadixCache(RadixCache):
             if node.page_keys is not None and len(node.page_keys) == len(node.pages):
                 parent = node.parent
                 assert parent is not None
-                prev = self.page_keys(parent)[-1] if parent.parent is not None else self.hierarchy.hasher.seed(parent.namespace)
+                prev = (
+                    self.page_keys(parent)[-1]
+                    if parent.parent is not None
+                    else self.hierarchy.hasher.seed(parent.namespace)
+                )
                 if self.hierarchy.hasher.chain(prev, node.key) != node.page_keys:
-                    raise AssertionError(f"radix cache invariant broken: stale page keys on {node!r}")
+                    raise AssertionError(
+                        f"radix cache invariant broken: stale page keys on {node!r}"
+                    )

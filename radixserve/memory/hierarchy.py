@@ -54,8 +54,13 @@ class KVHierarchy:
             never match).
     """
 
-    def __init__(self, device_pool: KVPool, host_pages: int, storage_dir: str | os.PathLike[str] | None = None,
-                 model_id: str = "") -> None:
+    def __init__(
+        self,
+        device_pool: KVPool,
+        host_pages: int,
+        storage_dir: str | os.PathLike[str] | None = None,
+        model_id: str = "",
+    ) -> None:
         if host_pages < 1:
             raise ValueError(f"the hierarchical cache needs >= 1 host page, got {host_pages}")
         self.device_pool = device_pool
@@ -63,14 +68,22 @@ class KVHierarchy:
         self.hasher = PrefixHasher(identity, device_pool.page_size)
         self.copier = PageCopier(device_pool.device)
         self.disk = DiskKVStore(storage_dir, identity) if storage_dir is not None else None
-        self.host = HostKVCache(device_pool, host_pages, self.copier, spill=self._spill if self.disk else None)
+        self.host = HostKVCache(
+            device_pool, host_pages, self.copier, spill=self._spill if self.disk else None
+        )
         self._demoted = self._loaded_l2 = self._loaded_l3 = 0
 
     @property
     def stats(self) -> HierarchyStats:
         d = self.disk
-        return HierarchyStats(self._demoted, self._loaded_l2, self._loaded_l3, self.host.evicted,
-                              d.writes if d else 0, d.corrupt if d else 0)
+        return HierarchyStats(
+            self._demoted,
+            self._loaded_l2,
+            self._loaded_l3,
+            self.host.evicted,
+            d.writes if d else 0,
+            d.corrupt if d else 0,
+        )
 
     @property
     def l3_enabled(self) -> bool:
@@ -148,7 +161,9 @@ class KVHierarchy:
         before = disk.writes
         todo = [(p, k) for p, k in zip(pages, keys) if not disk.contains(k)]
         if todo:
-            idx = torch.tensor([p for p, _ in todo], dtype=torch.long, device=self.device_pool.device)
+            idx = torch.tensor(
+                [p for p, _ in todo], dtype=torch.long, device=self.device_pool.device
+            )
             rows = [t.index_select(1, idx).cpu() for t in self.device_pool.page_tensors()]
             for i, (_, k) in enumerate(todo):
                 if not disk.write(k, [r[:, i] for r in rows]):

@@ -40,14 +40,20 @@ class PageCopier:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    def copy(self, src: KVPool, src_pages: Sequence[int], dst: KVPool, dst_pages: Sequence[int]) -> None:
+    def copy(
+        self, src: KVPool, src_pages: Sequence[int], dst: KVPool, dst_pages: Sequence[int]
+    ) -> None:
         """Copy ``src`` pages ``src_pages[i]`` into ``dst`` pages ``dst_pages[i]`` (one batched copy per tensor)."""
         if len(src_pages) != len(dst_pages):
-            raise ValueError(f"{len(src_pages)} source pages for {len(dst_pages)} destination pages")
+            raise ValueError(
+                f"{len(src_pages)} source pages for {len(dst_pages)} destination pages"
+            )
         if not src_pages:
             return
         if src.layout() != dst.layout():
-            raise ValueError(f"page copy between different layouts: {src.layout()} -> {dst.layout()}")
+            raise ValueError(
+                f"page copy between different layouts: {src.layout()} -> {dst.layout()}"
+            )
         if self.stream is None:
             self._copy(src, src_pages, dst, dst_pages)
             return
@@ -86,8 +92,15 @@ class HostKVCache:
     ) -> None:
         self.device_pool = device_pool
         self.pool = KVPool(
-            device_pool.num_layers, num_pages, device_pool.page_size, device_pool.kv_heads, device_pool.head_dim,
-            kv_dtype=device_pool.fmt.kv_dtype, act_dtype=device_pool.fmt.act_dtype, device="cpu", pin_memory=True,
+            device_pool.num_layers,
+            num_pages,
+            device_pool.page_size,
+            device_pool.kv_heads,
+            device_pool.head_dim,
+            kv_dtype=device_pool.fmt.kv_dtype,
+            act_dtype=device_pool.fmt.act_dtype,
+            device="cpu",
+            pin_memory=True,
         )
         self.allocator = PageAllocator(num_pages)
         self.copier = copier
@@ -196,6 +209,10 @@ class HostKVCache:
             raise AssertionError("L2 invariant broken: a slot holds two keys")
         free = self.allocator.free_pages()
         if not free.isdisjoint(slots):
-            raise AssertionError(f"L2 invariant broken: slots both free and cached: {sorted(free & set(slots))[:8]}")
+            raise AssertionError(
+                f"L2 invariant broken: slots both free and cached: {sorted(free & set(slots))[:8]}"
+            )
         if len(free) + len(slots) != self.num_pages:
-            raise AssertionError(f"L2 invariant broken: free {len(free)} + cached {len(slots)} != {self.num_pages}")
+            raise AssertionError(
+                f"L2 invariant broken: free {len(free)} + cached {len(slots)} != {self.num_pages}"
+            )

@@ -89,8 +89,16 @@ class KVEventRecorder:
         parent = node.parent
         assert parent is not None
         parent_keys = node_page_keys(parent, self.hasher) if parent.parent is not None else []
-        self._add(BlockStored(list(keys), parent_keys[-1] if parent_keys else None, list(node.key),
-                              self.hasher.page_size, None, self.medium))
+        self._add(
+            BlockStored(
+                list(keys),
+                parent_keys[-1] if parent_keys else None,
+                list(node.key),
+                self.hasher.page_size,
+                None,
+                self.medium,
+            )
+        )
 
     def removed(self, node: TreeNode, keep: int) -> None:
         """``node.pages[keep:]`` are leaving L1."""

@@ -51,7 +51,9 @@ class NoPrefixCache:
     def stats(self) -> CacheStats:
         return CacheStats(self._queried, self._hit, 0, 0)
 
-    def match_prefix(self, tokens: Sequence[int], namespace: Hashable | None = None, record_stats: bool = True) -> MatchResult:
+    def match_prefix(
+        self, tokens: Sequence[int], namespace: Hashable | None = None, record_stats: bool = True
+    ) -> MatchResult:
         """Always a miss, ending at the (inert) root."""
         if record_stats:
             self.record_lookup(len(tokens), 0)
@@ -72,7 +74,9 @@ class NoPrefixCache:
         if node is not self._root:
             raise RuntimeError(f"unlock() on a node this cache did not hand out: {node!r}")
 
-    def insert(self, tokens: Sequence[int], pages: Sequence[int], namespace: Hashable | None = None) -> int:
+    def insert(
+        self, tokens: Sequence[int], pages: Sequence[int], namespace: Hashable | None = None
+    ) -> int:
         """Free the whole pages the tree would have taken; nothing was cached before (returns 0)."""
         n_full = len(tokens) // self.page_size
         if len(pages) < n_full:
@@ -81,7 +85,11 @@ class NoPrefixCache:
         return 0
 
     def cache_prefix(
-        self, tokens: Sequence[int], pages: Sequence[int], node: TreeNode, namespace: Hashable | None = None,
+        self,
+        tokens: Sequence[int],
+        pages: Sequence[int],
+        node: TreeNode,
+        namespace: Hashable | None = None,
         release: Callable[[list[int]], None] | None = None,
     ) -> CachedPrefix:
         """Every page stays the request's own."""
@@ -99,7 +107,9 @@ class NoPrefixCache:
         private = list(private_pages)
         free = self.allocator.free_pages()
         assert len(set(private)) == len(private), "a private page is held twice"
-        assert free.isdisjoint(private), f"pages both free and private: {sorted(free & set(private))[:8]}"
+        assert free.isdisjoint(private), (
+            f"pages both free and private: {sorted(free & set(private))[:8]}"
+        )
         assert len(free) + len(private) == self.allocator.num_pages, (
             f"free {len(free)} + private {len(private)} != {self.allocator.num_pages} pages"
         )

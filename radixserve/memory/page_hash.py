@@ -49,7 +49,9 @@ class PrefixHasher:
         ps = self.page_size
         out: list[PageKey] = []
         for i in range(0, len(tokens) - ps + 1, ps):
-            prev = hashlib.blake2b(prev + array("q", tokens[i : i + ps]).tobytes(), digest_size=DIGEST_SIZE).digest()
+            prev = hashlib.blake2b(
+                prev + array("q", tokens[i : i + ps]).tobytes(), digest_size=DIGEST_SIZE
+            ).digest()
             out.append(prev)
         return out
 

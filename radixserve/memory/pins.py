@@ -31,8 +31,9 @@ class PinnableCache(Protocol):
     @property
     def reuses_prefixes(self) -> bool: ...
 
-    def match_prefix(self, tokens: Sequence[int], namespace: Hashable | None = None, *,
-                     record_stats: bool = True) -> MatchResult: ...
+    def match_prefix(
+        self, tokens: Sequence[int], namespace: Hashable | None = None, *, record_stats: bool = True
+    ) -> MatchResult: ...
 
     def lock(self, node: TreeNode) -> None: ...
 
@@ -42,7 +43,9 @@ class PinnableCache(Protocol):
 class PinTable:
     """The pins of one cache. ``clock`` (seconds, monotonic) is injectable for tests."""
 
-    def __init__(self, cache: PinnableCache, budget_pages: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, cache: PinnableCache, budget_pages: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if budget_pages < 0:
             raise ValueError(f"pin budget must be >= 0 pages, got {budget_pages}")
         self.cache = cache
@@ -128,7 +131,11 @@ class PinTable:
         pages = 0
         for node in self._pins:
             if not node.alive or node.holders < 1:
-                raise AssertionError(f"pin invariant broken: pinned node evicted or not locked: {node!r}")
+                raise AssertionError(
+                    f"pin invariant broken: pinned node evicted or not locked: {node!r}"
+                )
             pages += node.depth // self.cache.page_size
         if pages != self._pages or pages > self.budget_pages:
-            raise AssertionError(f"pin invariant broken: {self._pages} pages counted, {pages} pinned, budget {self.budget_pages}")
+            raise AssertionError(
+                f"pin invariant broken: {self._pages} pages counted, {pages} pinned, budget {self.budget_pages}"
+            )

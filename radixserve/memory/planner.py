@@ -62,6 +62,7 @@ class ModelConfig(Protocol):
     @property
     def tie_word_embeddings(self) -> bool: ...
 
+
 GiB = 1 << 30
 MiB = 1 << 20
 
@@ -70,7 +71,9 @@ def _dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def kv_format(cfg: ModelConfig, kv_dtype: KVCacheDtype | str = "auto", act_dtype: torch.dtype = torch.float16) -> KVFormat:
+def kv_format(
+    cfg: ModelConfig, kv_dtype: KVCacheDtype | str = "auto", act_dtype: torch.dtype = torch.float16
+) -> KVFormat:
     """The pool's storage format for this model's head_dim."""
     return KVFormat.create(kv_dtype, act_dtype, cfg.head_dim)
 
@@ -83,7 +86,10 @@ def kv_bytes_per_token(
 
 
 def kv_bytes_per_sequence(
-    cfg: ModelConfig, seq_len: int, kv_dtype: KVCacheDtype | str = "auto", act_dtype: torch.dtype = torch.float16
+    cfg: ModelConfig,
+    seq_len: int,
+    kv_dtype: KVCacheDtype | str = "auto",
+    act_dtype: torch.dtype = torch.float16,
 ) -> int:
     """KV bytes of one sequence of ``seq_len`` tokens."""
     return seq_len * kv_bytes_per_token(cfg, kv_dtype, act_dtype)
@@ -130,8 +136,11 @@ def weight_bytes(
 
     act = _dtype_bytes(dtype)
     per_layer = sum(linear(n, k) for n, k in shapes) + 2 * h * act  # + the two norms
-    per_layer += act * ((cfg.q_size + 2 * cfg.kv_size if cfg.attention_bias else 0) + (h if cfg.o_proj_bias else 0)
-                        + (2 * i + h if cfg.mlp_bias else 0))
+    per_layer += act * (
+        (cfg.q_size + 2 * cfg.kv_size if cfg.attention_bias else 0)
+        + (h if cfg.o_proj_bias else 0)
+        + (2 * i + h if cfg.mlp_bias else 0)
+    )
     if quantize_embeddings:
         vocab = v * h + 4 * v + linear(v, h)
     else:
@@ -155,7 +164,9 @@ def device_total_bytes(device: torch.device | str) -> int:
     device = torch.device(device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError("device cuda requested but torch.cuda.is_available() is False (use --device cpu)")
+            raise ValueError(
+                "device cuda requested but torch.cuda.is_available() is False (use --device cpu)"
+            )
         return int(torch.cuda.mem_get_info(device)[1])
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -254,7 +265,9 @@ def plan_memory(
     fmt = kv_format(cfg, kv_dtype, act_dtype)
     per_token = fmt.bytes_per_token(cfg.num_layers, cfg.num_kv_heads)
     per_page = per_token * page_size
-    weights = weight_bytes(cfg, weights_dtype or act_dtype, quantization, quant_group_size, quantize_embeddings)
+    weights = weight_bytes(
+        cfg, weights_dtype or act_dtype, quantization, quant_group_size, quantize_embeddings
+    )
     activations = activation_reserve_bytes(cfg, max_num_tokens, act_dtype)
     fixed = kv_fixed_bytes(cfg, fmt.kv_dtype)
     kv_budget = max(0, budget - weights - activations - fixed)
@@ -271,7 +284,9 @@ def plan_memory(
         kv_budget_bytes=kv_budget,
         bytes_per_token=per_token,
         bytes_per_page=per_page,
-        num_pages=kv_budget // per_page if max_num_pages is None else min(max_num_pages, kv_budget // per_page),
+        num_pages=kv_budget // per_page
+        if max_num_pages is None
+        else min(max_num_pages, kv_budget // per_page),
     )
 
 

@@ -86,13 +86,25 @@ class KVPool:
         self._v_scale: torch.Tensor | None = None
         if kd.has_token_scales:
             sshape = (num_layers, num_pages, page_size, kv_heads)
-            self._k_scale = torch.zeros(sshape, dtype=SCALE_DTYPE, device=self.device, pin_memory=pin)
-            self._v_scale = torch.zeros(sshape, dtype=SCALE_DTYPE, device=self.device, pin_memory=pin)
+            self._k_scale = torch.zeros(
+                sshape, dtype=SCALE_DTYPE, device=self.device, pin_memory=pin
+            )
+            self._v_scale = torch.zeros(
+                sshape, dtype=SCALE_DTYPE, device=self.device, pin_memory=pin
+            )
         elif kd.has_head_scales:
-            self._k_scale = torch.ones((num_layers, kv_heads), dtype=SCALE_DTYPE, device=self.device)
-            self._v_scale = torch.ones((num_layers, kv_heads), dtype=SCALE_DTYPE, device=self.device)
-        self.k_scale: list[torch.Tensor] | None = None if self._k_scale is None else list(self._k_scale.unbind(0))
-        self.v_scale: list[torch.Tensor] | None = None if self._v_scale is None else list(self._v_scale.unbind(0))
+            self._k_scale = torch.ones(
+                (num_layers, kv_heads), dtype=SCALE_DTYPE, device=self.device
+            )
+            self._v_scale = torch.ones(
+                (num_layers, kv_heads), dtype=SCALE_DTYPE, device=self.device
+            )
+        self.k_scale: list[torch.Tensor] | None = (
+            None if self._k_scale is None else list(self._k_scale.unbind(0))
+        )
+        self.v_scale: list[torch.Tensor] | None = (
+            None if self._v_scale is None else list(self._v_scale.unbind(0))
+        )
 
     @property
     def num_slots(self) -> int:
@@ -133,7 +145,9 @@ class KVPool:
         """Reset ``pages`` (all layers, K and V, per-token scales) to the pool's zeroed start state
         (after a warm-up wrote scratch rows into them)."""
         idx = torch.tensor(pages, dtype=torch.int64, device=self.device)
-        for t in (self._k, self._v) + ((self._k_scale, self._v_scale) if self.fmt.kv_dtype.has_token_scales else ()):
+        for t in (self._k, self._v) + (
+            (self._k_scale, self._v_scale) if self.fmt.kv_dtype.has_token_scales else ()
+        ):
             assert t is not None
             # fp8 storage has no fill kernels: zero its bytes (0x00 is +0.0 in both fp8 formats).
             (t.view(torch.uint8) if t.element_size() == 1 else t).index_fill_(1, idx, 0)

@@ -54,7 +54,13 @@ from radixserve.memory.pins import PinTable
 
 if TYPE_CHECKING:
     from radixserve.memory.kv_events import KVEventRecorder
-from radixserve.memory.tree_node import CachedPrefix, CacheStats, MatchResult, TreeNode, common_prefix
+from radixserve.memory.tree_node import (
+    CachedPrefix,
+    CacheStats,
+    MatchResult,
+    TreeNode,
+    common_prefix,
+)
 
 __all__ = ["CacheStats", "CachedPrefix", "MatchResult", "RadixCache"]
 
@@ -136,18 +142,30 @@ class RadixCache:
         ps = self.page_size
         parent = child.parent
         assert parent is not None
-        upper = TreeNode(self._new_id(), child.key[:m], child.pages[: m // ps], parent, parent.depth + m, child.last_access)
+        upper = TreeNode(
+            self._new_id(),
+            child.key[:m],
+            child.pages[: m // ps],
+            parent,
+            parent.depth + m,
+            child.last_access,
+        )
         upper.lock_ref = child.lock_ref
         parent.children[self._child_key(child.key)] = upper
         child.key = child.key[m:]
         child.pages = child.pages[m // ps :]
         if child.page_keys is not None:
-            upper.page_keys, child.page_keys = child.page_keys[: m // ps], child.page_keys[m // ps :]
+            upper.page_keys, child.page_keys = (
+                child.page_keys[: m // ps],
+                child.page_keys[m // ps :],
+            )
         child.parent = upper
         upper.children[self._child_key(child.key)] = child
         return upper
 
-    def _walk(self, root: TreeNode, key: tuple[int, ...], want_node: bool) -> tuple[TreeNode, int, list[int]]:
+    def _walk(
+        self, root: TreeNode, key: tuple[int, ...], want_node: bool
+    ) -> tuple[TreeNode, int, list[int]]:
         """Follow ``key`` (page-aligned) down from ``root``, refreshing access times.
 
         Returns ``(node, matched, pages)``. A match ending inside an edge splits it when a node
@@ -208,7 +226,9 @@ class RadixCache:
             self._lru.add(parent)
 
     # ---------------------------------------------------------------- public API
-    def match_prefix(self, tokens: Sequence[int], namespace: Hashable | None = None, record_stats: bool = True) -> MatchResult:
+    def match_prefix(
+        self, tokens: Sequence[int], namespace: Hashable | None = None, record_stats: bool = True
+    ) -> MatchResult:
         """Longest cached prefix of ``tokens``, rounded down to whole pages.
 
         Mutates the tree: refreshes the access time of every node on the matched path and,
@@ -261,7 +281,9 @@ class RadixCache:
         if node.parent is None:
             return
         if not node.alive:
-            raise RuntimeError("lock() on an evicted node: lock right after match_prefix, before any allocation")
+            raise RuntimeError(
+                "lock() on an evicted node: lock right after match_prefix, before any allocation"
+            )
         node.holders += 1
         while node.parent is not None:
             if node.lock_ref == 0:
@@ -286,7 +308,9 @@ class RadixCache:
                     self._lru.add(node)
             node = node.parent
 
-    def insert(self, tokens: Sequence[int], pages: Sequence[int], namespace: Hashable | None = None) -> int:
+    def insert(
+        self, tokens: Sequence[int], pages: Sequence[int], namespace: Hashable | None = None
+    ) -> int:
         """Insert the whole pages of ``tokens`` backed by ``pages`` (one page per page_size tokens).
 
         Returns how many leading tokens were already cached: the tree keeps its own pages for
@@ -308,7 +332,11 @@ class RadixCache:
         return pos
 
     def cache_prefix(
-        self, tokens: Sequence[int], pages: Sequence[int], node: TreeNode, namespace: Hashable | None = None,
+        self,
+        tokens: Sequence[int],
+        pages: Sequence[int],
+        node: TreeNode,
+        namespace: Hashable | None = None,
         release: Callable[[list[int]], None] | None = None,
     ) -> CachedPrefix:
         """Move a request's finished whole pages into the tree and re-point its lock.
@@ -330,13 +358,17 @@ class RadixCache:
         if len(pages) < n_full:
             raise ValueError(f"{len(tokens)} tokens need {n_full} whole pages, got {len(pages)}")
         if n_full < held:
-            raise ValueError(f"request holds {node.depth} cached tokens but passed only {len(tokens)}")
+            raise ValueError(
+                f"request holds {node.depth} cached tokens but passed only {len(tokens)}"
+            )
         if n_full == held:
             return CachedPrefix(node, list(pages), held * ps)
         key = tuple(tokens[: n_full * ps])
         new_node, pos, tree_pages = self._walk(self._root(namespace), key, want_node=True)
         if pos < node.depth:
-            raise RuntimeError("cache_prefix: tokens do not extend the locked node's prefix (wrong node or namespace?)")
+            raise RuntimeError(
+                "cache_prefix: tokens do not extend the locked node's prefix (wrong node or namespace?)"
+            )
         if pos < len(key):
             tail = list(pages[pos // ps : n_full])
             new_node = self._add_leaf(new_node, key[pos:], tail)
@@ -390,7 +422,9 @@ class RadixCache:
         """Drop every cached prefix and free its pages. Requires no locks held; counters survive."""
         self.pins.clear()
         if self._protected or any(r.lock_ref for r in self._roots.values()):
-            raise RuntimeError(f"reset() with {self._protected} pages still locked by running requests")
+            raise RuntimeError(
+                f"reset() with {self._protected} pages still locked by running requests"
+            )
         stack = list(self._roots.values())
         while stack:
             node = stack.pop()

@@ -23,9 +23,24 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 # Defaults transformers' config classes use when a key is absent, per model_type.
 _DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "tie": False},
-    "mistral": {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 4096 * 32, "tie": False},
-    "qwen2": {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768, "tie": False},
+    "llama": {
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 2048,
+        "tie": False,
+    },
+    "mistral": {
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096 * 32,
+        "tie": False,
+    },
+    "qwen2": {
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 32768,
+        "tie": False,
+    },
 }
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -90,7 +105,7 @@ class ModelConfig:
         return self.num_layers * per_layer + emb + h
 
     @staticmethod
-    def from_pretrained(path_or_config_json: str | Path) -> "ModelConfig":
+    def from_pretrained(path_or_config_json: str | Path) -> ModelConfig:
         """Read a checkpoint directory (its ``config.json`` and ``generation_config.json``)
         or a bare ``config.json`` file."""
         path = Path(path_or_config_json)
@@ -101,11 +116,17 @@ class ModelConfig:
         eos = _as_ids(raw.get("eos_token_id"))
         gen_file = cfg_file.parent / "generation_config.json"
         if path.is_dir() and gen_file.is_file():
-            eos = eos + tuple(t for t in _as_ids(json.loads(gen_file.read_text()).get("eos_token_id")) if t not in eos)
+            eos = eos + tuple(
+                t
+                for t in _as_ids(json.loads(gen_file.read_text()).get("eos_token_id"))
+                if t not in eos
+            )
         return ModelConfig.from_dict(raw, eos_token_ids=eos)
 
     @staticmethod
-    def from_dict(raw: dict[str, Any], eos_token_ids: tuple[int, ...] | None = None) -> "ModelConfig":
+    def from_dict(
+        raw: dict[str, Any], eos_token_ids: tuple[int, ...] | None = None
+    ) -> ModelConfig:
         """Build from the parsed JSON of a ``config.json``."""
         model_type = raw.get("model_type")
         archs = raw.get("architectures") or []
@@ -120,13 +141,17 @@ class ModelConfig:
         n_kv = int(raw.get("num_key_value_heads") or n_q)
         head_dim = int(raw.get("head_dim") or hidden // n_q)
         if n_q % n_kv:
-            raise ValueError(f"num_attention_heads {n_q} is not a multiple of num_key_value_heads {n_kv}")
+            raise ValueError(
+                f"num_attention_heads {n_q} is not a multiple of num_key_value_heads {n_kv}"
+            )
         if raw.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {raw.get('hidden_act')!r} (only silu)")
         rope_theta, rope_scaling = _parse_rope(raw, d["rope_theta"])
         is_qwen2 = model_type == "qwen2"
         dtype_name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
-        window = raw.get("sliding_window") if (not is_qwen2 or raw.get("use_sliding_window")) else None
+        window = (
+            raw.get("sliding_window") if (not is_qwen2 or raw.get("use_sliding_window")) else None
+        )
         return ModelConfig(
             architecture=archs[0] if archs else f"{model_type.capitalize()}ForCausalLM",
             model_type=model_type,
@@ -140,12 +165,16 @@ class ModelConfig:
             rms_norm_eps=float(raw.get("rms_norm_eps", d["rms_norm_eps"])),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            max_position_embeddings=int(raw.get("max_position_embeddings", d["max_position_embeddings"])),
+            max_position_embeddings=int(
+                raw.get("max_position_embeddings", d["max_position_embeddings"])
+            ),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", d["tie"])),
             attention_bias=True if is_qwen2 else bool(raw.get("attention_bias", False)),
             o_proj_bias=False if is_qwen2 else bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)),
-            eos_token_ids=eos_token_ids if eos_token_ids is not None else _as_ids(raw.get("eos_token_id")),
+            eos_token_ids=eos_token_ids
+            if eos_token_ids is not None
+            else _as_ids(raw.get("eos_token_id")),
             torch_dtype=_DTYPES.get(str(dtype_name).replace("torch.", ""), torch.float32),
             sliding_window=int(window) if window else None,
         )
@@ -164,7 +193,12 @@ def _parse_rope(raw: dict[str, Any], default_theta: float) -> tuple[float, RopeS
     (``rope_parameters``) layouts."""
     params = raw.get("rope_parameters") or {}
     scaling = raw.get("rope_scaling") or {}
-    theta = float(raw.get("rope_theta") or params.get("rope_theta") or scaling.get("rope_theta") or default_theta)
+    theta = float(
+        raw.get("rope_theta")
+        or params.get("rope_theta")
+        or scaling.get("rope_theta")
+        or default_theta
+    )
     spec = scaling or params
     rope_type = spec.get("rope_type") or spec.get("type") or "default"
     if rope_type == "default":

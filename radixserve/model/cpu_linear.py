@@ -39,7 +39,9 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features), self.packed, self.bias, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(
+            x.reshape(-1, self.in_features), self.packed, self.bias, "none", [], ""
+        )
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
@@ -48,7 +50,9 @@ class PackedLinear(nn.Module):
 
 def onednn_linear_supported(dtype: torch.dtype) -> bool:
     """Whether this torch build and CPU can run packed oneDNN linears in ``dtype``."""
-    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    if not torch.backends.mkldnn.is_available() or not hasattr(
+        torch.ops.mkldnn, "_linear_pointwise"
+    ):
         return False
     if dtype is torch.float32:
         return True

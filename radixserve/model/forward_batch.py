@@ -37,10 +37,14 @@ class ForwardBatch:
     seq_lens_cpu: list[int]
     extend_lens_cpu: list[int]
     # Paged KV (None for the dense backend).
-    out_cache_loc: torch.Tensor | None = None  # [T] int64, slot (page*page_size+offset) of each new row
+    out_cache_loc: torch.Tensor | None = (
+        None  # [T] int64, slot (page*page_size+offset) of each new row
+    )
     page_table: torch.Tensor | None = None  # [B, max_pages] int32, pages of each sequence in order
     page_size: int = 1
-    page_lists_cpu: list[list[int]] | None = None  # host copy of page_table's rows (at least the used pages)
+    page_lists_cpu: list[list[int]] | None = (
+        None  # host copy of page_table's rows (at least the used pages)
+    )
 
     @property
     def num_tokens(self) -> int:
@@ -57,7 +61,7 @@ class ForwardBatch:
     @staticmethod
     def from_pages(
         pages: list[list[int]], prefix: list[int], extend: list[int], page_size: int
-    ) -> "ForwardBatch":
+    ) -> ForwardBatch:
         """A paged batch from explicit page lists (tests and kernel benchmarks, on the CPU).
 
         Sequence ``b`` holds ``pages[b]`` (enough for its ``prefix[b] + extend[b]`` tokens)
@@ -79,7 +83,9 @@ class ForwardBatch:
             seq_lens=torch.tensor(seq, dtype=torch.int32),
             extend_lens=torch.tensor(extend, dtype=torch.int32),
             prefix_lens=torch.tensor(prefix, dtype=torch.int32),
-            extend_start_loc=torch.tensor([sum(extend[:b]) for b in range(len(seq))], dtype=torch.int32),
+            extend_start_loc=torch.tensor(
+                [sum(extend[:b]) for b in range(len(seq))], dtype=torch.int32
+            ),
             logits_indices=torch.zeros(0, dtype=torch.int64),
             seq_lens_cpu=seq,
             extend_lens_cpu=list(extend),
@@ -92,7 +98,7 @@ class ForwardBatch:
     @staticmethod
     def for_full_sequences(
         sequences: list[list[int]], device: torch.device | str = "cpu", all_logits: bool = False
-    ) -> "ForwardBatch":
+    ) -> ForwardBatch:
         """A batch of whole sequences with nothing cached (prefill from scratch).
 
         ``logits_indices`` selects the last row of each sequence, or every row when
@@ -110,7 +116,9 @@ class ForwardBatch:
         if all_logits:
             logits_idx = torch.arange(total, dtype=torch.int64, device=device)
         else:
-            logits_idx = torch.tensor([s + n - 1 for s, n in zip(starts, lens)], dtype=torch.int64, device=device)
+            logits_idx = torch.tensor(
+                [s + n - 1 for s, n in zip(starts, lens)], dtype=torch.int64, device=device
+            )
         lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
         return ForwardBatch(
             input_ids=ids,

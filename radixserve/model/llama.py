@@ -52,7 +52,9 @@ class RMSNorm(nn.Module):
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
     """Inverse frequencies ``[head_dim // 2]`` (float32, CPU) for the config's RoPE type."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
+    inv = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim)
+    )
     if scaling is None:
         return inv
     if scaling.rope_type == "linear":
@@ -64,7 +66,9 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
         high_wavelen = old_ctx / scaling.high_freq_factor
         wavelen = 2 * math.pi / inv
         scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
-        smooth = (old_ctx / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+        smooth = (old_ctx / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
         smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
         return torch.where(medium, smoothed, scaled)
@@ -81,7 +85,9 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None) -> None:
         super().__init__()
         self.head_dim = head_dim
-        self.inv_freq = rope_inv_freq(head_dim, theta, scaling)  # plain attribute: stays out of state_dict
+        self.inv_freq = rope_inv_freq(
+            head_dim, theta, scaling
+        )  # plain attribute: stays out of state_dict
         self._cos: torch.Tensor | None = None  # [L, head_dim] float32
         self._sin: torch.Tensor | None = None
 
@@ -94,7 +100,9 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self._cos, self._sin = emb.cos(), emb.sin()
 
-    def cos_sin(self, positions: torch.Tensor, max_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, max_len: int, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos, sin`` of each row's position, ``[T, 1, head_dim]`` in ``dtype``; computed once per
         forward and shared by every layer. ``max_len`` bounds the positions (host-side)."""
         self._ensure(max_len, positions.device)
@@ -122,7 +130,9 @@ class LlamaAttention(nn.Module):
         self.head_dim = cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.sm_scale = cfg.head_dim**-0.5
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.qkv_proj = nn.Linear(
+            cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias
+        )
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
 
     def forward(
@@ -136,7 +146,9 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(x).view(t, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim)
         if gpu_ops.enabled(qkv) and getattr(attn, "fuses_rope_store", False):
             # One kernel rotates q and k and writes k and v to the pool (Triton backend).
-            out = attn.forward_qkv(self.layer_id, qkv, cos_sin, self.num_q_heads, batch, self.sm_scale)  # type: ignore[attr-defined]
+            out = attn.forward_qkv(
+                self.layer_id, qkv, cos_sin, self.num_q_heads, batch, self.sm_scale
+            )  # type: ignore[attr-defined]
             return self.o_proj(out.reshape(t, self.q_size))
         n_qk = self.num_q_heads + self.num_kv_heads
         # q and k rotate together: one op for both (in place, one pass, with the CPU kernel).
@@ -258,7 +270,10 @@ class LlamaForCausalLM(nn.Module):
         return [cfg.intermediate_size, cfg.intermediate_size]
 
     def load_weights(
-        self, weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype, device: torch.device | str
+        self,
+        weights: Iterable[tuple[str, torch.Tensor]],
+        dtype: torch.dtype,
+        device: torch.device | str,
     ) -> None:
         """Install checkpoint tensors (HF names) into the parameters.
 
@@ -287,23 +302,37 @@ class LlamaForCausalLM(nn.Module):
             else:
                 fused_param = self.get_parameter(target)
                 if fused_param.is_meta:
-                    self._set_param(target, torch.empty(fused_param.shape, dtype=dtype, device=device))
+                    self._set_param(
+                        target, torch.empty(fused_param.shape, dtype=dtype, device=device)
+                    )
                     fused_param = self.get_parameter(target)
                 sizes = self._shard_sizes(target.rsplit(".", 1)[0])
                 start = sum(sizes[:shard])
                 dst = fused_param.data[start : start + sizes[shard]]
                 if dst.shape != tensor.shape:
-                    raise ValueError(f"shape mismatch for {name}: {tuple(tensor.shape)} vs {tuple(dst.shape)}")
+                    raise ValueError(
+                        f"shape mismatch for {name}: {tuple(tensor.shape)} vs {tuple(dst.shape)}"
+                    )
                 dst.copy_(tensor)
             filled.add(f"{target}#{shard}")
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         missing = [n for n, p in self.named_parameters() if p.is_meta]
         if missing:
-            raise KeyError(f"checkpoint is missing weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+            raise KeyError(
+                f"checkpoint is missing weights for {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+            )
         expected_shards = {
-            f"{n}#{i}" for n in params if n.endswith(("qkv_proj.weight", "qkv_proj.bias")) for i in range(3)
-        } | {f"{n}#{i}" for n in params if n.endswith(("gate_up_proj.weight", "gate_up_proj.bias")) for i in range(2)}
+            f"{n}#{i}"
+            for n in params
+            if n.endswith(("qkv_proj.weight", "qkv_proj.bias"))
+            for i in range(3)
+        } | {
+            f"{n}#{i}"
+            for n in params
+            if n.endswith(("gate_up_proj.weight", "gate_up_proj.bias"))
+            for i in range(2)
+        }
         if not expected_shards <= filled:
             raise KeyError(f"checkpoint is missing shards {sorted(expected_shards - filled)[:5]}")
 
@@ -312,5 +341,7 @@ class LlamaForCausalLM(nn.Module):
         module = self.get_submodule(module_name)
         old = module._parameters[attr]
         if old is not None and tuple(old.shape) != tuple(tensor.shape):
-            raise ValueError(f"shape mismatch for {name}: checkpoint {tuple(tensor.shape)} vs model {tuple(old.shape)}")
+            raise ValueError(
+                f"shape mismatch for {name}: checkpoint {tuple(tensor.shape)} vs model {tuple(old.shape)}"
+            )
         module._parameters[attr] = nn.Parameter(tensor, requires_grad=False)

@@ -46,7 +46,9 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
     try:
         return _DTYPE_NAMES[dtype.lower().replace("torch.", "")]
     except KeyError:
-        raise ValueError(f"unsupported model dtype {dtype!r}; use float32, bfloat16 or float16") from None
+        raise ValueError(
+            f"unsupported model dtype {dtype!r}; use float32, bfloat16 or float16"
+        ) from None
 
 
 def safetensors_files(path: Path) -> list[Path]:
@@ -105,7 +107,9 @@ def load_model(
     device = torch.device(device)
     qcfg = as_quant_config(quantization)
     if dtype is torch.float16 and device.type == "cpu":
-        logger.warning("float16 on CPU is slow and poorly supported by some ops; prefer bfloat16 or float32")
+        logger.warning(
+            "float16 on CPU is slow and poorly supported by some ops; prefer bfloat16 or float32"
+        )
     cfg = ModelConfig.from_pretrained(path)
     if cfg.sliding_window is not None and cfg.sliding_window < cfg.max_position_embeddings:
         logger.warning(
@@ -114,10 +118,15 @@ def load_model(
             path,
             cfg.sliding_window,
         )
-    has_safetensors = (path / "model.safetensors.index.json").is_file() or any(path.glob("*.safetensors"))
+    has_safetensors = (path / "model.safetensors.index.json").is_file() or any(
+        path.glob("*.safetensors")
+    )
     gguf = model_gguf(path) if (qcfg is not None or not has_safetensors) else None
     if gguf is not None and has_safetensors and importlib.util.find_spec("gguf") is None:
-        logger.warning("the `gguf` package is not installed: quantizing %s's float weights instead of its GGUF", path)
+        logger.warning(
+            "the `gguf` package is not installed: quantizing %s's float weights instead of its GGUF",
+            path,
+        )
         gguf = None
     report: QuantReport | None = None
     if gguf is not None:

@@ -100,12 +100,19 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def supported(q_dtype: torch.dtype, kv_dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
+def supported(
+    q_dtype: torch.dtype, kv_dtype: torch.dtype, device: torch.device, head_dim: int
+) -> bool:
     """Whether the attention kernel takes queries and (unquantized) pages of these dtypes and
     head size on ``device``. Head sizes are those of the models served, each compiled
     unrolled: 16 (the tests' tiny models), 32, 64, 80, 96, 128, 256.
     """
-    return device.type == "cpu" and q_dtype in _DTYPES and kv_dtype in _DTYPES and head_dim in _HEAD_DIMS
+    return (
+        device.type == "cpu"
+        and q_dtype in _DTYPES
+        and kv_dtype in _DTYPES
+        and head_dim in _HEAD_DIMS
+    )
 
 
 @dataclass
@@ -129,7 +136,7 @@ class AttentionPlan:
     own_len: torch.Tensor
 
     @staticmethod
-    def build(groups: list[tuple[list["Member"], list[int]]]) -> "AttentionPlan":
+    def build(groups: list[tuple[list[Member], list[int]]]) -> AttentionPlan:
         """``groups``: (members, shared pages) each, a member's own pages following the shared ones."""
         members = [m for ms, _ in groups for m in ms]
 
@@ -179,7 +186,17 @@ def paged_attention(
     :func:`load` first.
     """
     torch.ops.radixserve_cpu.paged_attention(
-        q, k_pages, v_pages, out,
-        plan.q_start, plan.new_len, plan.group_start, plan.shared_pages, plan.shared_start,
-        plan.own_pages, plan.own_start, plan.own_len, sm_scale,
+        q,
+        k_pages,
+        v_pages,
+        out,
+        plan.q_start,
+        plan.new_len,
+        plan.group_start,
+        plan.shared_pages,
+        plan.shared_start,
+        plan.own_pages,
+        plan.own_start,
+        plan.own_len,
+        sm_scale,
     )

@@ -55,23 +55,31 @@ def _on_device(fb: ForwardBatch, device: torch.device) -> ForwardBatch:
 
 
 @torch.inference_mode()
-def warm_up_model(model: torch.nn.Module, attn: AttentionBackend, pool: KVPool, max_batch_size: int) -> WarmupReport:
+def warm_up_model(
+    model: torch.nn.Module, attn: AttentionBackend, pool: KVPool, max_batch_size: int
+) -> WarmupReport:
     """Run ``model`` over the warm-up batches (see the module docstring) with every page free.
 
     ``max_batch_size`` is the most sequences one step can hold (``max_running_requests``).
     Every sequence of a batch shares the scratch pages (their rows overwrite each other:
     the values do not matter, only the launches).
     """
-    decode_sizes = attn.decode_batch_sizes(max_batch_size) if hasattr(attn, "decode_batch_sizes") else [1]
+    decode_sizes = (
+        attn.decode_batch_sizes(max_batch_size) if hasattr(attn, "decode_batch_sizes") else [1]
+    )
     shapes = warmup_shapes(decode_sizes)
     longest = max(p + e for prefix, extend in shapes for p, e in zip(prefix, extend))
     scratch = list(range(math.ceil(longest / pool.page_size)))
     if len(scratch) > pool.num_pages:
-        raise ValueError(f"warm-up needs {len(scratch)} scratch pages, the pool has {pool.num_pages}")
+        raise ValueError(
+            f"warm-up needs {len(scratch)} scratch pages, the pool has {pool.num_pages}"
+        )
     device = pool.device
     for prefix, extend in shapes:
         fb = ForwardBatch.from_pages([scratch] * len(prefix), prefix, extend, pool.page_size)
-        fb = dataclasses.replace(fb, logits_indices=torch.tensor([sum(extend) - 1], dtype=torch.int64))
+        fb = dataclasses.replace(
+            fb, logits_indices=torch.tensor([sum(extend) - 1], dtype=torch.int64)
+        )
         fb = _on_device(fb, device)
         attn.init_forward_metadata(fb)
         model(fb, attn)  # type: ignore[operator]

@@ -75,7 +75,9 @@ class PrefillAdder:
         ps = self.page_size
         tokens = req.token_ids[: req.match_limit]
         # Deciding to defer only peeks: a request passed over must not touch the tree.
-        if self.defer_tokens and self._should_defer(req, self.cache.peek_prefix_len(tokens, req.namespace)):
+        if self.defer_tokens and self._should_defer(
+            req, self.cache.peek_prefix_len(tokens, req.namespace)
+        ):
             return AddResult.DEFERRED
         # The cache's hit counters count admissions, not every step a request waits.
         match = self.cache.match_prefix(tokens, req.namespace, record_stats=False)
@@ -116,6 +118,10 @@ class PrefillAdder:
             return False
         key = req.token_ids[:want]
         for other in self.inflight:
-            if other.namespace == req.namespace and len(other.token_ids) > want and other.token_ids[:want] == key:
+            if (
+                other.namespace == req.namespace
+                and len(other.token_ids) > want
+                and other.token_ids[:want] == key
+            ):
                 return True
         return False

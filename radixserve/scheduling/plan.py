@@ -120,7 +120,9 @@ class ScheduledBatch(NamedTuple):
     prompt_spans: list[tuple[Request, int, int]]
 
 
-def plan_step(work: list[tuple[Request, int]], rows: PageTableRows, page_size: int) -> ScheduledBatch:
+def plan_step(
+    work: list[tuple[Request, int]], rows: PageTableRows, page_size: int
+) -> ScheduledBatch:
     """Lay out ``work`` (request, new tokens) as one flattened step."""
     input_ids: list[int] = []
     positions: list[int] = []
@@ -171,11 +173,22 @@ def plan_step(work: list[tuple[Request, int]], rows: PageTableRows, page_size: i
         t += n
     w_rows, w_cols, w_pages = rows.take_writes()
     plan = StepPlan(
-        input_ids=input_ids, positions=positions, out_slots=slots, table_rows=table_rows,
-        prefix_lens=prefix_lens, extend_lens=ext_lens, seq_lens=seq_lens, page_lists=page_lists,
-        write_rows=w_rows, write_cols=w_cols, write_pages=w_pages,
-        logits_indices=sample_rows + lp_rows, sample_rows=sample_reqs, prompt_targets=lp_targets,
-        future_rows=future_rows, future_src=future_src,
+        input_ids=input_ids,
+        positions=positions,
+        out_slots=slots,
+        table_rows=table_rows,
+        prefix_lens=prefix_lens,
+        extend_lens=ext_lens,
+        seq_lens=seq_lens,
+        page_lists=page_lists,
+        write_rows=w_rows,
+        write_cols=w_cols,
+        write_pages=w_pages,
+        logits_indices=sample_rows + lp_rows,
+        sample_rows=sample_reqs,
+        prompt_targets=lp_targets,
+        future_rows=future_rows,
+        future_src=future_src,
     )
     return ScheduledBatch(work, plan, spans)
 

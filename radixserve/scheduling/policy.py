@@ -14,7 +14,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from radixserve.scheduling.request import Request
 from radixserve.scheduling.types import SchedulerConfig
@@ -38,8 +39,12 @@ class FCFSPolicy(SchedulePolicy):
 class LPMPolicy(SchedulePolicy):
     """Longest cached prefix first, with an aging bound against starvation."""
 
-    def __init__(self, cache: Any, max_bypass: int = SchedulerConfig.lpm_max_bypass,
-                 max_queue: int = SchedulerConfig.lpm_max_queue) -> None:
+    def __init__(
+        self,
+        cache: Any,
+        max_bypass: int = SchedulerConfig.lpm_max_bypass,
+        max_queue: int = SchedulerConfig.lpm_max_queue,
+    ) -> None:
         self.cache = cache
         self.max_bypass = max_bypass
         self.max_queue = max_queue
@@ -61,8 +66,12 @@ class LPMPolicy(SchedulePolicy):
         return aged + [r for _, _, r in scored]
 
 
-def make_policy(name: str, cache: Any, max_bypass: int = SchedulerConfig.lpm_max_bypass,
-                max_queue: int = SchedulerConfig.lpm_max_queue) -> SchedulePolicy:
+def make_policy(
+    name: str,
+    cache: Any,
+    max_bypass: int = SchedulerConfig.lpm_max_bypass,
+    max_queue: int = SchedulerConfig.lpm_max_queue,
+) -> SchedulePolicy:
     """``"lpm"`` or ``"fcfs"``."""
     if name == "lpm":
         return LPMPolicy(cache, max_bypass, max_queue)

@@ -105,7 +105,11 @@ class Request:
     def take_output(self) -> RequestOutput:
         """What this request produced since the last call (tokens, logprobs, finish)."""
         prompt_lps = None
-        if self.prompt_logprobs is not None and not self.prompt_logprobs_sent and (self.new_token_ids or self.finished):
+        if (
+            self.prompt_logprobs is not None
+            and not self.prompt_logprobs_sent
+            and (self.new_token_ids or self.finished)
+        ):
             prompt_lps, self.prompt_logprobs_sent = self.prompt_logprobs, True
         out = RequestOutput(
             request_id=self.request_id,

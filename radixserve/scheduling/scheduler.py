@@ -52,8 +52,15 @@ from radixserve.scheduling.types import RequestOutput, SchedulerConfig, Schedule
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["NeedsSync", "RequestOutput", "ScheduledBatch", "Scheduler", "SchedulerConfig", "SchedulerCounters",
-           "StepResult"]
+__all__ = [
+    "NeedsSync",
+    "RequestOutput",
+    "ScheduledBatch",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerCounters",
+    "StepResult",
+]
 
 
 class NeedsSync(Exception):
@@ -76,7 +83,9 @@ class Scheduler:
         self.allocator = allocator
         self.eos_token_ids = frozenset(eos_token_ids)
         self.page_size = config.page_size
-        self.policy = make_policy(config.schedule_policy, cache, config.lpm_max_bypass, config.lpm_max_queue)
+        self.policy = make_policy(
+            config.schedule_policy, cache, config.lpm_max_bypass, config.lpm_max_queue
+        )
         self.rows = PageTableRows(config.max_running_requests, self.max_pages_per_request)
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -154,7 +163,9 @@ class Scheduler:
             if n > 1:
                 self._cache_computed(req)
         for j, req in enumerate(batch.plan.sample_rows):
-            req.token_ids.append(FUTURE_TOKEN)  # the token this step samples, filled in by resolve()
+            req.token_ids.append(
+                FUTURE_TOKEN
+            )  # the token this step samples, filled in by resolve()
             req.future_index = j
             if req.num_output >= req.params.max_tokens or len(req.token_ids) >= req.max_total_len:
                 req.finishing = True  # a length stop, known now: no further step for it
@@ -169,11 +180,18 @@ class Scheduler:
         and penalties are computed from a request's tokens so far."""
         for r in batch.plan.sample_rows:
             p = r.params
-            if r.grammar is not None or p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty:
+            if (
+                r.grammar is not None
+                or p.repetition_penalty != 1.0
+                or p.frequency_penalty
+                or p.presence_penalty
+            ):
                 return True
         return False
 
-    def fail(self, batch: ScheduledBatch, error: BaseException, advanced: bool = False) -> list[RequestOutput]:
+    def fail(
+        self, batch: ScheduledBatch, error: BaseException, advanced: bool = False
+    ) -> list[RequestOutput]:
         """The runner failed on ``batch`` (``advanced``: after :meth:`advance`, i.e. while reading
         its results): finish its requests with an error, pages given back."""
         if advanced:
@@ -208,13 +226,22 @@ class Scheduler:
         ps = self.page_size
         for r in self.running:
             assert r.status is RequestStatus.RUNNING, r
-            assert len(r.pages) == -(-r.computed_len // ps), f"pages do not cover computed tokens exactly: {r}"
+            assert len(r.pages) == -(-r.computed_len // ps), (
+                f"pages do not cover computed tokens exactly: {r}"
+            )
             assert r.cached_len % ps == 0 and r.cached_len <= r.computed_len, r
             assert r.lock_node is not None, r
-            assert r.lock_node.depth == r.cached_len, f"lock node depth {r.lock_node.depth} != cached_len: {r}"
+            assert r.lock_node.depth == r.cached_len, (
+                f"lock node depth {r.lock_node.depth} != cached_len: {r}"
+            )
             assert 1 <= r.num_pending, r
         for r in self.waiting:
-            assert r.status is RequestStatus.WAITING and not r.pages and r.lock_node is None and r.slot < 0, r
+            assert (
+                r.status is RequestStatus.WAITING
+                and not r.pages
+                and r.lock_node is None
+                and r.slot < 0
+            ), r
         assert len(self.requests) == len(self.running) + len(self.waiting)
         assert self.rows.num_free_rows == self.config.max_running_requests - len(self.running)
         self.cache.check_invariants(self.private_pages())
@@ -255,7 +282,9 @@ class Scheduler:
             if len(self.running) == 1:
                 # Alone and still short: only possible if the pool cannot hold it at all.
                 (r,) = self.running
-                self._finish(r, "error", "request does not fit in the KV pool even after evicting everything")
+                self._finish(
+                    r, "error", "request does not fit in the KV pool even after evicting everything"
+                )
                 self._pending.append(r.take_output())
                 return [], self.config.max_num_tokens
             victim = min(self.running, key=lambda r: (r.num_output, -r.arrival_step))
@@ -263,7 +292,8 @@ class Scheduler:
             retracted = True
         if not retracted:
             self.new_token_ratio = max(
-                self.config.min_new_token_ratio, self.new_token_ratio - self.config.new_token_ratio_decay
+                self.config.min_new_token_ratio,
+                self.new_token_ratio - self.config.new_token_ratio_decay,
             )
         if total:
             pages = self.allocator.alloc(total)
@@ -286,9 +316,15 @@ class Scheduler:
     def _admit(self, budget: int, work: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
         cfg = self.config
         adder = PrefillAdder(
-            cache=self.cache, allocator=self.allocator, rows=self.rows, page_size=self.page_size,
-            token_budget=budget, free_slots=cfg.max_running_requests - len(self.running), running=self.running,
-            inflight=[r for r, n in work if n > 1 or r.num_pending > n], expected_len=self._expected_len,
+            cache=self.cache,
+            allocator=self.allocator,
+            rows=self.rows,
+            page_size=self.page_size,
+            token_budget=budget,
+            free_slots=cfg.max_running_requests - len(self.running),
+            running=self.running,
+            inflight=[r for r, n in work if n > 1 or r.num_pending > n],
+            expected_len=self._expected_len,
             defer_tokens=cfg.defer_shared_prefix_tokens,
         )
         for req in self.policy.order(self.waiting, self.counters.steps):
@@ -339,9 +375,13 @@ class Scheduler:
                 if req.new_logprobs is None:
                     req.new_logprobs = []
                 req.new_logprobs.append(lp)
-            if req.grammar is not None and not req.grammar.accept(tok):  # the mask makes this unreachable
+            if req.grammar is not None and not req.grammar.accept(
+                tok
+            ):  # the mask makes this unreachable
                 self._end_at(req, pos)
-                self._finish(req, "error", f"sampled token {tok} is not allowed by the request's grammar")
+                self._finish(
+                    req, "error", f"sampled token {tok} is not allowed by the request's grammar"
+                )
                 outputs.append(req.take_output())
                 continue
             reason = self._stop_reason(req, tok, pos + 1)
@@ -362,7 +402,9 @@ class Scheduler:
         p = req.params
         if (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
             return "stop"
-        if req.grammar is not None and req.grammar.can_only_end:  # complete, and nothing more may follow
+        if (
+            req.grammar is not None and req.grammar.can_only_end
+        ):  # complete, and nothing more may follow
             return "stop"
         if length - req.prompt_len >= p.max_tokens or length >= req.max_total_len:
             return "length"
@@ -385,8 +427,13 @@ class Scheduler:
 
     def _cache_computed(self, req: Request) -> None:
         """Insert the request's computed whole pages into the tree; re-point its lock."""
-        res = self.cache.cache_prefix(req.token_ids[: req.computed_len], req.pages, req.lock_node, req.namespace,
-                                      release=self._free_pages)
+        res = self.cache.cache_prefix(
+            req.token_ids[: req.computed_len],
+            req.pages,
+            req.lock_node,
+            req.namespace,
+            release=self._free_pages,
+        )
         if res.pages != req.pages:
             self.rows.set_row(req.slot, res.pages)
         req.pages, req.lock_node, req.cached_len = res.pages, res.node, res.cached_len
@@ -426,7 +473,9 @@ class Scheduler:
         elif req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
         if req.params.pin_ttl_s is not None and reason in ("stop", "length"):
-            self.cache.pins.pin(req.token_ids[: req.prompt_len], req.namespace, req.params.pin_ttl_s)
+            self.cache.pins.pin(
+                req.token_ids[: req.prompt_len], req.namespace, req.params.pin_ttl_s
+            )
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.error = error

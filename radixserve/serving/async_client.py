@@ -16,7 +16,13 @@ import zmq.asyncio
 
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
-from radixserve.serving.client_common import DEFAULT_ENDPOINT, Event, RequestIds, ServerError, generate_request
+from radixserve.serving.client_common import (
+    DEFAULT_ENDPOINT,
+    Event,
+    RequestIds,
+    ServerError,
+    generate_request,
+)
 from radixserve.serving.security import PeerKeys
 
 
@@ -24,8 +30,13 @@ class AsyncClient:
     """asyncio client: any number of concurrent requests on one socket (``curve``: as
     :class:`~radixserve.serving.client.Client`'s)."""
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout: float | None = 60.0,
-                 curve: PeerKeys | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        *,
+        timeout: float | None = 60.0,
+        curve: PeerKeys | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
         self._ctx = zmq.asyncio.Context.instance()
@@ -68,7 +79,11 @@ class AsyncClient:
         limit = self.timeout if timeout is None else timeout
         start = time.monotonic()
         while True:
-            wait = None if limit is None else max(0.0, max(start, self._last_rx) + limit - time.monotonic())
+            wait = (
+                None
+                if limit is None
+                else max(0.0, max(start, self._last_rx) + limit - time.monotonic())
+            )
             try:
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
                 # that lands in the same loop turn as a message (it returns the message), and a
@@ -78,7 +93,9 @@ class AsyncClient:
                 break
             except TimeoutError:
                 if limit is not None and time.monotonic() - max(start, self._last_rx) >= limit:
-                    raise TimeoutError(f"no reply from {self.endpoint} for request {rid} within {limit} s") from None
+                    raise TimeoutError(
+                        f"no reply from {self.endpoint} for request {rid} within {limit} s"
+                    ) from None
         if isinstance(msg, p.Error):
             raise ServerError(msg)
         return msg
@@ -91,20 +108,39 @@ class AsyncClient:
         finally:
             self._queues.pop(msg.request_id, None)
 
-    async def stream(self, text: str | None = None, *, input_ids: list[int] | None = None,
-                     messages: list[p.ChatMessage] | list[dict[str, str]] | None = None,
-                     params: SamplingParams | None = None, session_id: str | None = None,
-                     namespace: str | None = None, add_generation_prompt: bool = True,
-                     stream: bool = True, request_id: str | None = None,
-                     timeout: float | None = None, cache_salt: str | None = None) -> AsyncIterator[Event]:
+    async def stream(
+        self,
+        text: str | None = None,
+        *,
+        input_ids: list[int] | None = None,
+        messages: list[p.ChatMessage] | list[dict[str, str]] | None = None,
+        params: SamplingParams | None = None,
+        session_id: str | None = None,
+        namespace: str | None = None,
+        add_generation_prompt: bool = True,
+        stream: bool = True,
+        request_id: str | None = None,
+        timeout: float | None = None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[Event]:
         """Yield chunks then the final; cancelling or closing the iterator early aborts."""
         rid = request_id or self._ids.next()
         q = self._open(rid)
         self._generating.add(rid)
         done = False
         try:
-            req = generate_request(rid, text, input_ids, messages, params, stream, session_id, namespace,
-                                   add_generation_prompt, cache_salt)
+            req = generate_request(
+                rid,
+                text,
+                input_ids,
+                messages,
+                params,
+                stream,
+                session_id,
+                namespace,
+                add_generation_prompt,
+                cache_salt,
+            )
             await self._sock.send(p.encode(req))
             while True:
                 msg = await self._next(rid, q, timeout)
@@ -147,7 +183,11 @@ class AsyncClient:
 
     async def tokenize(self, texts: list[str], timeout: float | None = None) -> list[list[int]]:
         """Token ids of each text, as the router encodes a ``text`` prompt."""
-        return (await self._call(p.TokenizeRequest(request_id=self._ids.next(), texts=list(texts)), timeout)).input_ids
+        return (
+            await self._call(
+                p.TokenizeRequest(request_id=self._ids.next(), texts=list(texts)), timeout
+            )
+        ).input_ids
 
     async def close(self) -> None:
         """Abort unfinished requests, stop the reader, close the socket."""

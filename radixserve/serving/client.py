@@ -25,7 +25,13 @@ import zmq
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
 from radixserve.serving.async_client import AsyncClient
-from radixserve.serving.client_common import DEFAULT_ENDPOINT, Event, RequestIds, ServerError, generate_request
+from radixserve.serving.client_common import (
+    DEFAULT_ENDPOINT,
+    Event,
+    RequestIds,
+    ServerError,
+    generate_request,
+)
 from radixserve.serving.security import PeerKeys
 
 # The public names of both clients, importable from here as before the asyncio one moved out.
@@ -38,8 +44,14 @@ class Client:
     ``curve``: client keys for a router that takes only CURVE-authenticated clients
     (:func:`~radixserve.serving.security.load_peer_keys`)."""
 
-    def __init__(self, endpoint: str = DEFAULT_ENDPOINT, *, timeout: float | None = 60.0,
-                 context: zmq.Context | None = None, curve: PeerKeys | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        *,
+        timeout: float | None = 60.0,
+        context: zmq.Context | None = None,
+        curve: PeerKeys | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
         self._ctx = context or zmq.Context.instance()
@@ -92,7 +104,9 @@ class Client:
                 raise ServerError(self._unclaimed.popleft())
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                raise TimeoutError(f"no reply from {self.endpoint} for request {rid} within {timeout} s")
+                raise TimeoutError(
+                    f"no reply from {self.endpoint} for request {rid} within {timeout} s"
+                )
             if self._pump(left):
                 deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -109,17 +123,36 @@ class Client:
             self._forget(msg.request_id)
 
     # ------------------------------------------------------------------ generation
-    def submit(self, text: str | None = None, *, input_ids: list[int] | None = None,
-               messages: list[p.ChatMessage] | list[dict[str, str]] | None = None,
-               params: SamplingParams | None = None, stream: bool = False, session_id: str | None = None,
-               namespace: str | None = None, add_generation_prompt: bool = True,
-               request_id: str | None = None, cache_salt: str | None = None) -> str:
+    def submit(
+        self,
+        text: str | None = None,
+        *,
+        input_ids: list[int] | None = None,
+        messages: list[p.ChatMessage] | list[dict[str, str]] | None = None,
+        params: SamplingParams | None = None,
+        stream: bool = False,
+        session_id: str | None = None,
+        namespace: str | None = None,
+        add_generation_prompt: bool = True,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> str:
         """Send a generate request and return its id without waiting (see :meth:`events`)."""
         rid = request_id or self._ids.next()
         if rid in self._queues:  # a second waiter would orphan the first
             raise ValueError(f"request id {rid!r} is already in flight on this client")
-        req = generate_request(rid, text, input_ids, messages, params, stream, session_id, namespace,
-                               add_generation_prompt, cache_salt)
+        req = generate_request(
+            rid,
+            text,
+            input_ids,
+            messages,
+            params,
+            stream,
+            session_id,
+            namespace,
+            add_generation_prompt,
+            cache_salt,
+        )
         self._queues[rid] = deque()
         self._generating.add(rid)
         self._send(req)
@@ -182,7 +215,9 @@ class Client:
 
     def tokenize(self, texts: list[str], timeout: float | None = None) -> list[list[int]]:
         """Token ids of each text, as the router encodes a ``text`` prompt."""
-        return self._call(p.TokenizeRequest(request_id=self._ids.next(), texts=list(texts)), timeout).input_ids
+        return self._call(
+            p.TokenizeRequest(request_id=self._ids.next(), texts=list(texts)), timeout
+        ).input_ids
 
     def close(self) -> None:
         """Abort this client's unfinished requests and close the socket."""
@@ -200,8 +235,16 @@ class Client:
         self.close()
 
 
-def stream_demo(prompt: str, *, endpoint: str = DEFAULT_ENDPOINT, raw: bool = False, max_tokens: int = 64,
-                temperature: float = 0.0, stats: bool = False, keys: str | None = None) -> int:
+def stream_demo(
+    prompt: str,
+    *,
+    endpoint: str = DEFAULT_ENDPOINT,
+    raw: bool = False,
+    max_tokens: int = 64,
+    temperature: float = 0.0,
+    stats: bool = False,
+    keys: str | None = None,
+) -> int:
     """Streaming demo (``radixserve client``): print a completion as it arrives, then usage
     and timings (and the router's stats with ``stats``). ``raw`` sends the prompt as text,
     not as a chat message; ``keys``: this client's CURVE key directory."""
@@ -223,9 +266,12 @@ def stream_demo(prompt: str, *, endpoint: str = DEFAULT_ENDPOINT, raw: bool = Fa
                     print(ev.text, end="", flush=True)
                 else:
                     u, t = ev.usage, ev.timings
-                    print(f"\n[{ev.finish_reason}] prompt {u.prompt_tokens} tokens ({u.cached_tokens} cached), "
-                          f"completion {u.completion_tokens}; ttft {t.ttft_s * 1000:.0f} ms, "
-                          f"total {t.total_s * 1000:.0f} ms, worker {ev.worker_id}", file=sys.stderr)
+                    print(
+                        f"\n[{ev.finish_reason}] prompt {u.prompt_tokens} tokens ({u.cached_tokens} cached), "
+                        f"completion {u.completion_tokens}; ttft {t.ttft_s * 1000:.0f} ms, "
+                        f"total {t.total_s * 1000:.0f} ms, worker {ev.worker_id}",
+                        file=sys.stderr,
+                    )
             if stats:
                 import json
 

@@ -42,9 +42,16 @@ def generate_request(
     if messages is not None:
         chat = [m if isinstance(m, p.ChatMessage) else p.ChatMessage(**m) for m in messages]
     return p.GenerateRequest(
-        request_id=request_id, text=text, input_ids=input_ids, messages=chat,
-        add_generation_prompt=add_generation_prompt, params=params or SamplingParams(), stream=stream,
-        session_id=session_id, namespace=namespace, cache_salt=cache_salt,
+        request_id=request_id,
+        text=text,
+        input_ids=input_ids,
+        messages=chat,
+        add_generation_prompt=add_generation_prompt,
+        params=params or SamplingParams(),
+        stream=stream,
+        session_id=session_id,
+        namespace=namespace,
+        cache_salt=cache_salt,
     )
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import msgspec
@@ -39,9 +39,14 @@ class ControlOps:
     builds them), and gives up on a worker after ``timeout_s``.
     """
 
-    def __init__(self, pool: WorkerPool, dispatcher: Dispatcher, timeout_s: float,
-                 send_client: Callable[[bytes, msgspec.Struct], bool],
-                 stats_reply: Callable[[str], p.StatsReply]) -> None:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        dispatcher: Dispatcher,
+        timeout_s: float,
+        send_client: Callable[[bytes, msgspec.Struct], bool],
+        stats_reply: Callable[[str], p.StatsReply],
+    ) -> None:
         self._pool, self._dispatcher, self._timeout_s = pool, dispatcher, timeout_s
         self._send_client, self._stats_reply = send_client, stats_reply
         self._tokens = itertools.count(1)
@@ -53,7 +58,9 @@ class ControlOps:
         op = _Op(kind, client, msg.request_id, set(), time.monotonic() + self._timeout_s)
         self._ops[token] = op
         for w in self._pool.live:
-            out = p.WorkerStatsRequest(token=token) if kind == "stats" else p.WorkerFlush(token=token)
+            out = (
+                p.WorkerStatsRequest(token=token) if kind == "stats" else p.WorkerFlush(token=token)
+            )
             op.waiting.add(w.worker_id)
             if not self._pool.send(w, out):
                 op.waiting.discard(w.worker_id)

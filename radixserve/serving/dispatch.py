@@ -109,7 +109,11 @@ class PrefixTrie:
 
     def _evict(self, target: int) -> None:
         """Drop LRU leaves until at most ``target`` tokens remain (amortized: runs rarely)."""
-        leaves = [(n.last_access, id(n), n) for n in self._nodes() if not n.children and n is not self.root]
+        leaves = [
+            (n.last_access, id(n), n)
+            for n in self._nodes()
+            if not n.children and n is not self.root
+        ]
         heapq.heapify(leaves)
         while self.num_tokens > target and leaves:
             _, _, leaf = heapq.heappop(leaves)
@@ -164,7 +168,9 @@ class Dispatcher:
         max_sessions: int = 100_000,
     ) -> None:
         if policy not in ROUTING_POLICIES:
-            raise ValueError(f"unknown routing policy {policy!r}; expected one of {ROUTING_POLICIES}")
+            raise ValueError(
+                f"unknown routing policy {policy!r}; expected one of {ROUTING_POLICIES}"
+            )
         self.policy = policy
         self.cache_threshold = cache_threshold
         self.min_match_tokens = min_match_tokens
@@ -190,8 +196,13 @@ class Dispatcher:
         for trie in self.tries.values():
             trie.clear()
 
-    def choose(self, tokens: Sequence[int], loads: Mapping[int, int], session_id: str | None = None,
-               namespace: str | None = None) -> Decision:
+    def choose(
+        self,
+        tokens: Sequence[int],
+        loads: Mapping[int, int],
+        session_id: str | None = None,
+        namespace: str | None = None,
+    ) -> Decision:
         """Pick a worker among ``loads``' keys (must be non-empty) and record the prefix there.
 
         A cache ``namespace`` (a tenant's, with its cache salt) shares nothing with other
@@ -213,7 +224,9 @@ class Dispatcher:
                 self._sessions.popitem(last=False)
         return decision
 
-    def _choose(self, tokens: Sequence[int], loads: Mapping[int, int], session_id: str | None) -> Decision:
+    def _choose(
+        self, tokens: Sequence[int], loads: Mapping[int, int], session_id: str | None
+    ) -> Decision:
         ids = sorted(loads)
         if session_id is not None and self._sessions.get(session_id) in loads:
             wid = self._sessions[session_id]
@@ -229,7 +242,10 @@ class Dispatcher:
             m = matches[best]
             if m >= self.min_match_tokens and m >= self.cache_threshold * len(tokens):
                 load = loads[best]
-                if load - min_load <= self.balance_abs_threshold or load <= self.balance_rel_threshold * min_load:
+                if (
+                    load - min_load <= self.balance_abs_threshold
+                    or load <= self.balance_rel_threshold * min_load
+                ):
                     return Decision(best, m, "cache")
                 reason = "balance"
             else:

@@ -26,8 +26,13 @@ class ServingEngine(Protocol):
     @property
     def model_config(self) -> Any: ...
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    namespace: str | None = None) -> str:
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        namespace: str | None = None,
+    ) -> str:
         """Queue a request; a ``ValueError`` (or other exception) says why it is refused."""
         ...
 

@@ -42,8 +42,10 @@ def context_error(n: int, context_length: int | None) -> str | None:
     worker has joined yet to say)."""
     ctx = context_length
     if ctx is not None and n >= ctx:
-        return (f"the prompt has {n} tokens but the model's context is {ctx} tokens "
-                f"(a prompt may use at most {ctx - 1}, leaving room to generate)")
+        return (
+            f"the prompt has {n} tokens but the model's context is {ctx} tokens "
+            f"(a prompt may use at most {ctx - 1}, leaving room to generate)"
+        )
     return None
 
 
@@ -53,8 +55,15 @@ class InFlight:
     ``worker_wait_s``: how long a request may wait for a first worker to join (0: a request
     that finds no worker fails at once, unless local workers are still starting)."""
 
-    def __init__(self, pool: WorkerPool, dispatcher: Dispatcher, *, send: ClientSend, reply_error: ClientError,
-                 worker_wait_s: float) -> None:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        dispatcher: Dispatcher,
+        *,
+        send: ClientSend,
+        reply_error: ClientError,
+        worker_wait_s: float,
+    ) -> None:
         self._pool = pool
         self._dispatcher = dispatcher
         self._send = send
@@ -115,7 +124,11 @@ class InFlight:
         st.worker_id, st.dispatched = w.worker_id, time.monotonic()
         w.inflight.add(st.rid)
         w.requests += 1
-        w.adds.append(p.WorkerRequest(rid=st.rid, input_ids=st.prompt_ids, params=st.params, namespace=st.namespace))
+        w.adds.append(
+            p.WorkerRequest(
+                rid=st.rid, input_ids=st.prompt_ids, params=st.params, namespace=st.namespace
+            )
+        )
 
     # ------------------------------------------------------------------ clients
     def abort(self, client: bytes, client_rid: str) -> None:
@@ -183,7 +196,9 @@ class InFlight:
     def fail(self, st: RouterRequest, code: Any, message: str) -> None:
         """End ``st`` with an error (once)."""
         if self._forget(st):
-            self._reply_error(st.client, p.Error(code=code, message=message, request_id=st.client_rid))
+            self._reply_error(
+                st.client, p.Error(code=code, message=message, request_id=st.client_rid)
+            )
 
     def fail_all(self, code: Any, message: str) -> None:
         """End every request with an error (the router is shutting down)."""
@@ -233,12 +248,18 @@ class InFlight:
                 continue
             if not st.token_ids and st.retries < MAX_RETRIES:
                 st.retries += 1
-                log.warning("worker %d died (%s) before request %s had a token: retrying it", w.worker_id,
-                            reason, rid)
+                log.warning(
+                    "worker %d died (%s) before request %s had a token: retrying it",
+                    w.worker_id,
+                    reason,
+                    rid,
+                )
                 st.worker_id = -1
                 self.dispatch(st)
             else:
-                self.fail(st, "worker_died", f"worker {w.worker_id} died ({reason}); the request was lost")
+                self.fail(
+                    st, "worker_died", f"worker {w.worker_id} died ({reason}); the request was lost"
+                )
 
     # ------------------------------------------------------------------ waiting for a worker
     def dispatch_waiting(self) -> None:

@@ -23,7 +23,9 @@ DEFAULT_TOPIC = "kv-events"
 class KVEventPublisher:
     """Binds ``endpoint`` (``tcp://127.0.0.1:5557``, ``ipc://...``) and publishes batches."""
 
-    def __init__(self, endpoint: str, topic: str = DEFAULT_TOPIC, ctx: zmq.Context | None = None) -> None:
+    def __init__(
+        self, endpoint: str, topic: str = DEFAULT_TOPIC, ctx: zmq.Context | None = None
+    ) -> None:
         self._own_ctx = ctx is None
         self._ctx = ctx or zmq.Context()
         self.sock = self._ctx.socket(zmq.XPUB)

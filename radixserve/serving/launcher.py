@@ -95,16 +95,30 @@ class LocalServer:
 
         def spawn(worker_id: int) -> subprocess.Popen[bytes]:
             place = placements[worker_id]
-            cfg_i = engine_config if "device" not in engine_config else {**engine_config, "device": place.device}
-            cmd = worker_command(router_endpoint, worker_id, model, cfg_i, parent_pid=parent,
-                                 heartbeat_timeout_s=max(30.0, config.worker_timeout_s), program=worker_program)
+            cfg_i = (
+                engine_config
+                if "device" not in engine_config
+                else {**engine_config, "device": place.device}
+            )
+            cmd = worker_command(
+                router_endpoint,
+                worker_id,
+                model,
+                cfg_i,
+                parent_pid=parent,
+                heartbeat_timeout_s=max(30.0, config.worker_timeout_s),
+                program=worker_program,
+            )
             # With CURVE, each local worker gets a key of its own, allowed for as long as the router runs.
             keys = self.router.security.mint("workers", f"local-worker-{worker_id}")
             env = {**(worker_env or {}), **place.env, **(keys.to_env() if keys is not None else {})}
             return spawn_worker(cmd, env or None)
 
-        policy = RestartPolicy(restart=config.restart_workers, backoff_s=config.restart_backoff_s,
-                               backoff_max_s=config.restart_backoff_max_s)
+        policy = RestartPolicy(
+            restart=config.restart_workers,
+            backoff_s=config.restart_backoff_s,
+            backoff_max_s=config.restart_backoff_max_s,
+        )
         self.supervisor = Supervisor(spawn, policy)
         self.router.supervise(self.supervisor)
         # Every process ever started, restarts included (the supervisor appends them): all reaped on close.
@@ -119,14 +133,18 @@ class LocalServer:
         was called meanwhile (e.g. by a signal); raise if a worker died or time ran out."""
         deadline = time.monotonic() + timeout_s
         pool = self.router.tokenizers
-        while len(self.router.live_workers) < self.num_workers or (pool is not None and not pool.ready):
+        while len(self.router.live_workers) < self.num_workers or (
+            pool is not None and not pool.ready
+        ):
             if self.router.stopping:
                 self.close()
                 return False
             dead = [p for p in self.procs if p.poll() is not None]
             if dead:
                 self.close()
-                raise RuntimeError(f"worker process {dead[0].pid} exited with code {dead[0].returncode} at start-up")
+                raise RuntimeError(
+                    f"worker process {dead[0].pid} exited with code {dead[0].returncode} at start-up"
+                )
             if time.monotonic() > deadline:
                 self.close()
                 raise TimeoutError(f"workers did not join within {timeout_s:.0f} s")

@@ -45,8 +45,10 @@ class RequestLimits:
         """Why a prompt of ``chars`` characters is refused without tokenizing it, or ``None``."""
         limit = self.max_prompt_chars(context_length)
         if limit is not None and chars > limit:
-            return (f"the prompt has {chars} characters, more than the {limit} that a context of "
-                    f"{context_length} tokens can hold ({self.chars_per_token} characters per token at most)")
+            return (
+                f"the prompt has {chars} characters, more than the {limit} that a context of "
+                f"{context_length} tokens can hold ({self.chars_per_token} characters per token at most)"
+            )
         return None
 
     def request_bytes_error(self, size: int) -> str | None:
@@ -127,7 +129,7 @@ class _MsgpackWalker:
     def _take(self, n: int) -> bytes:
         if self.pos + n > len(self.data):
             raise _Malformed
-        out = self.data[self.pos:self.pos + n]
+        out = self.data[self.pos : self.pos + n]
         self.pos += n
         return out
 
@@ -163,8 +165,23 @@ class _MsgpackWalker:
                 if bad:
                     return None, bad
             return None, None
-        fixed = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8, 0xCA: 4, 0xCB: 8,
-                 0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17}
+        fixed = {
+            0xCC: 1,
+            0xCD: 2,
+            0xCE: 4,
+            0xCF: 8,
+            0xD0: 1,
+            0xD1: 2,
+            0xD2: 4,
+            0xD3: 8,
+            0xCA: 4,
+            0xCB: 8,
+            0xD4: 2,
+            0xD5: 3,
+            0xD6: 5,
+            0xD7: 9,
+            0xD8: 17,
+        }
         if b in fixed:
             self._take(fixed[b])
             return None, None

@@ -44,7 +44,9 @@ class PromptCodec:
         self.chat_template: str | None = getattr(tokenizer, "chat_template", None)
         # Single-string special tokens by name (bos_token, eos_token, ...) for ModelInfo.
         self.special_tokens: dict[str, str] = {
-            k: v for k, v in (getattr(tokenizer, "special_tokens_map", None) or {}).items() if isinstance(v, str)
+            k: v
+            for k, v in (getattr(tokenizer, "special_tokens_map", None) or {}).items()
+            if isinstance(v, str)
         }
 
     def encode(self, req: p.GenerateRequest) -> list[int]:
@@ -55,7 +57,9 @@ class PromptCodec:
             return encode_text(self.tokenizer, req.text)
         assert req.messages is not None
         if not self.chat_template:
-            raise PromptError("the model has no chat template; send text or input_ids instead of messages")
+            raise PromptError(
+                "the model has no chat template; send text or input_ids instead of messages"
+            )
         conversation = [{"role": m.role, "content": m.content} for m in req.messages]
         try:
             rendered = self.tokenizer.apply_chat_template(

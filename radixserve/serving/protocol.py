@@ -31,19 +31,19 @@ MAX_CACHE_SALT_CHARS = 256
 """Bumped on any incompatible change; a message with another version gets an Error."""
 
 ErrorCode = Literal[
-    "malformed",          # not msgpack / not a map / wrong frame count
-    "unknown_type",       # the "type" tag names no message
-    "version_mismatch",   # the "version" field is not PROTOCOL_VERSION
-    "invalid_message",    # wrong field types, missing or unknown fields
-    "invalid_params",     # values out of range (SamplingParams.validate, token ids, ...)
+    "malformed",  # not msgpack / not a map / wrong frame count
+    "unknown_type",  # the "type" tag names no message
+    "version_mismatch",  # the "version" field is not PROTOCOL_VERSION
+    "invalid_message",  # wrong field types, missing or unknown fields
+    "invalid_params",  # values out of range (SamplingParams.validate, token ids, ...)
     "duplicate_request",  # a request id already in flight on this connection
-    "context_length",     # the prompt does not fit the model's context
+    "context_length",  # the prompt does not fit the model's context
     "request_too_large",  # the frame is larger than the router's request-size limit
-    "no_workers",         # no live worker to run the request
-    "worker_died",        # the worker running the request went away
-    "shutdown",           # the server is stopping
-    "timeout",            # the server gave up waiting (e.g. for workers to answer)
-    "internal",           # a bug; the message says what
+    "no_workers",  # no live worker to run the request
+    "worker_died",  # the worker running the request went away
+    "shutdown",  # the server is stopping
+    "timeout",  # the server gave up waiting (e.g. for workers to answer)
+    "internal",  # a bug; the message says what
 ]
 
 
@@ -151,7 +151,9 @@ class TokenizeRequest(_Msg, tag="tokenize"):
     texts: list[str]
 
 
-ClientMessage = Union[GenerateRequest, Abort, Health, ModelInfoRequest, FlushCache, StatsRequest, TokenizeRequest]
+ClientMessage = Union[
+    GenerateRequest, Abort, Health, ModelInfoRequest, FlushCache, StatsRequest, TokenizeRequest
+]
 
 
 # --------------------------------------------------------------------------- router -> client
@@ -273,7 +275,14 @@ class KeepAlive(_Msg, tag="keepalive"):
 
 
 ServerMessage = Union[
-    GenerateChunk, GenerateFinal, Error, HealthReply, ModelInfo, FlushCacheReply, StatsReply, KeepAlive,
+    GenerateChunk,
+    GenerateFinal,
+    Error,
+    HealthReply,
+    ModelInfo,
+    FlushCacheReply,
+    StatsReply,
+    KeepAlive,
     TokenizeReply,
 ]
 
@@ -327,8 +336,15 @@ class WorkerRejoin(_Msg, tag="w_rejoin"):
     during a very long step) and your requests failed; abort everything and say hello again."""
 
 
-RouterToWorker = Union[WorkerAdd, WorkerAbort, WorkerPing, WorkerStatsRequest, WorkerFlush, WorkerShutdown,
-                       WorkerRejoin]
+RouterToWorker = Union[
+    WorkerAdd,
+    WorkerAbort,
+    WorkerPing,
+    WorkerStatsRequest,
+    WorkerFlush,
+    WorkerShutdown,
+    WorkerRejoin,
+]
 
 
 class WorkerHello(_Msg, tag="w_hello"):
@@ -388,7 +404,12 @@ class WorkerGoodbye(_Msg, tag="w_goodbye"):
 
 
 WorkerToRouter = Union[
-    WorkerHello, WorkerOutputs, WorkerHeartbeat, WorkerStatsReply, WorkerFlushReply, WorkerRejected,
+    WorkerHello,
+    WorkerOutputs,
+    WorkerHeartbeat,
+    WorkerStatsReply,
+    WorkerFlushReply,
+    WorkerRejected,
     WorkerGoodbye,
 ]
 
@@ -458,9 +479,14 @@ def _explain(data: bytes, union: Any, exc: Exception) -> Error:
         )
     bad_text = invalid_utf8_path(data) if "UTF-8" in str(exc) else None
     if bad_text is not None:
-        return Error(code="invalid_params", request_id=rid,
-                     message=f"{bad_text}: not valid Unicode (invalid UTF-8, e.g. a lone surrogate)")
-    return Error(code="invalid_message", message=f"invalid {env.type!r} message: {exc}", request_id=rid)
+        return Error(
+            code="invalid_params",
+            request_id=rid,
+            message=f"{bad_text}: not valid Unicode (invalid UTF-8, e.g. a lone surrogate)",
+        )
+    return Error(
+        code="invalid_message", message=f"invalid {env.type!r} message: {exc}", request_id=rid
+    )
 
 
 def _decode(data: bytes, decoder: msgspec.msgpack.Decoder, union: Any) -> Any:
@@ -484,11 +510,15 @@ def validate_generate(req: GenerateRequest, vocab_size: int | None = None) -> Er
         problems.append("request_id must be non-empty")
     given = [name for name in ("text", "input_ids", "messages") if getattr(req, name) is not None]
     if len(given) != 1:
-        problems.append(f"exactly one of text, input_ids, messages must be given (got {given or 'none'})")
+        problems.append(
+            f"exactly one of text, input_ids, messages must be given (got {given or 'none'})"
+        )
     if req.input_ids is not None:
         if not req.input_ids:
             problems.append("input_ids must be non-empty")
-        elif min(req.input_ids) < 0 or (vocab_size is not None and max(req.input_ids) >= vocab_size):
+        elif min(req.input_ids) < 0 or (
+            vocab_size is not None and max(req.input_ids) >= vocab_size
+        ):
             problems.append(f"input_ids must be token ids in [0, {vocab_size})")
     if req.messages is not None and not req.messages:
         problems.append("messages must be non-empty")
@@ -499,7 +529,9 @@ def validate_generate(req: GenerateRequest, vocab_size: int | None = None) -> Er
     except ValueError as exc:
         problems.append(str(exc))
     if problems:
-        return Error(code="invalid_params", message="; ".join(problems), request_id=req.request_id or None)
+        return Error(
+            code="invalid_params", message="; ".join(problems), request_id=req.request_id or None
+        )
     return None
 
 

@@ -56,9 +56,14 @@ class RouterRequest:
         delta = self.detok.add(out.new_token_ids, final=out.finished)
         chunk = None
         if self.stream and (delta.text or out.new_token_ids):
-            chunk = p.GenerateChunk(request_id=self.client_rid, index=self.chunks, text=delta.text,
-                                    token_ids=out.new_token_ids, logprobs=out.new_logprobs,
-                                    prompt_tokens=None if self.chunks else len(self.prompt_ids))
+            chunk = p.GenerateChunk(
+                request_id=self.client_rid,
+                index=self.chunks,
+                text=delta.text,
+                token_ids=out.new_token_ids,
+                logprobs=out.new_logprobs,
+                prompt_tokens=None if self.chunks else len(self.prompt_ids),
+            )
             self.chunks += 1
         return chunk, delta.stopped
 
@@ -67,10 +72,21 @@ class RouterRequest:
         now = time.monotonic()
         cached = self.usage.cached_tokens if self.usage is not None else 0
         return p.GenerateFinal(
-            request_id=self.client_rid, finish_reason=reason, text=self.detok.text if self.detok is not None else "",
+            request_id=self.client_rid,
+            finish_reason=reason,
+            text=self.detok.text if self.detok is not None else "",
             token_ids=self.token_ids,
-            usage=p.Usage(prompt_tokens=len(self.prompt_ids), cached_tokens=cached,
-                          completion_tokens=len(self.token_ids)),
-            timings=p.Timings(queue_s=(self.dispatched or now) - self.arrival,
-                              ttft_s=(self.first_token or now) - self.arrival, total_s=now - self.arrival),
-            logprobs=self.logprobs, prompt_logprobs=self.prompt_logprobs, worker_id=self.worker_id)
+            usage=p.Usage(
+                prompt_tokens=len(self.prompt_ids),
+                cached_tokens=cached,
+                completion_tokens=len(self.token_ids),
+            ),
+            timings=p.Timings(
+                queue_s=(self.dispatched or now) - self.arrival,
+                ttft_s=(self.first_token or now) - self.arrival,
+                total_s=now - self.arrival,
+            ),
+            logprobs=self.logprobs,
+            prompt_logprobs=self.prompt_logprobs,
+            worker_id=self.worker_id,
+        )

@@ -67,8 +67,13 @@ log = logging.getLogger("radixserve.serving.router")
 def error_code(message: str) -> p.ErrorCode:
     """The error code of an encoding failure: ``internal`` for the tokenizer's own (its message
     says so), else the prompt was invalid (bad chat roles, no template)."""
-    return "internal" if message.startswith("internal") else "shutdown" if message.startswith("shutdown") \
+    return (
+        "internal"
+        if message.startswith("internal")
+        else "shutdown"
+        if message.startswith("shutdown")
         else "invalid_params"
+    )
 
 
 @dataclass(frozen=True)
@@ -79,7 +84,9 @@ class RouterConfig:
     worker_endpoint: str = "tcp://127.0.0.1:*"  # workers connect here (``*``: any free port)
     routing: RoutingPolicy = "cache_aware"
     heartbeat_interval_s: float = 1.0
-    worker_timeout_s: float = 30.0  # a worker silent this long is dead (a long prefill step blocks it)
+    worker_timeout_s: float = (
+        30.0  # a worker silent this long is dead (a long prefill step blocks it)
+    )
     client_probe_interval_s: float = 1.0
     worker_wait_s: float = 300.0  # how long a request may wait for a first worker to join
     control_timeout_s: float = 10.0  # stats / flush replies from workers
@@ -100,8 +107,13 @@ class RouterConfig:
 class Router:
     """Serves clients on ``config.endpoint`` with the workers that join ``worker_endpoint``."""
 
-    def __init__(self, tokenizer: Any, config: RouterConfig = RouterConfig(), *,
-                 context: zmq.Context | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        config: RouterConfig = RouterConfig(),
+        *,
+        context: zmq.Context | None = None,
+    ) -> None:
         self.config = config
         self.codec = PromptCodec(tokenizer)
         # A context of its own (unless given one) is terminated by close(): no zmq I/O thread
@@ -139,20 +151,36 @@ class Router:
         if config.tokenizer_workers > 0:
             try:
                 self.tokenizers = TokenizerPool(tokenizer, config.tokenizer_workers, self._ctx)
-            except (AttributeError, OSError) as exc:  # not a transformers tokenizer we can hand over
-                log.warning("no tokenizer processes (%s): prompts are encoded on the router's loop", exc)
+            except (
+                AttributeError,
+                OSError,
+            ) as exc:  # not a transformers tokenizer we can hand over
+                log.warning(
+                    "no tokenizer processes (%s): prompts are encoded on the router's loop", exc
+                )
         if self.tokenizers is not None:
             self._poller.register(self.tokenizers.socket, zmq.POLLIN)
         self.dispatcher = Dispatcher(
-            config.routing, cache_threshold=config.cache_threshold, min_match_tokens=config.min_match_tokens,
+            config.routing,
+            cache_threshold=config.cache_threshold,
+            min_match_tokens=config.min_match_tokens,
             balance_abs_threshold=config.balance_abs_threshold,
-            balance_rel_threshold=config.balance_rel_threshold, trie_max_tokens=config.trie_max_tokens,
+            balance_rel_threshold=config.balance_rel_threshold,
+            trie_max_tokens=config.trie_max_tokens,
         )
-        self.pool = WorkerPool(self.backend, self.dispatcher, self._on_worker_dead, self._on_worker_joined)
-        self.inflight = InFlight(self.pool, self.dispatcher, send=self.send_client, reply_error=self._reply_error,
-                                 worker_wait_s=config.worker_wait_s)
-        self._control = ControlOps(self.pool, self.dispatcher, config.control_timeout_s, self.send_client,
-                                   self.stats_reply)
+        self.pool = WorkerPool(
+            self.backend, self.dispatcher, self._on_worker_dead, self._on_worker_joined
+        )
+        self.inflight = InFlight(
+            self.pool,
+            self.dispatcher,
+            send=self.send_client,
+            reply_error=self._reply_error,
+            worker_wait_s=config.worker_wait_s,
+        )
+        self._control = ControlOps(
+            self.pool, self.dispatcher, config.control_timeout_s, self.send_client, self.stats_reply
+        )
         self._started = time.monotonic()
         self._next_tick = 0.0
         self._stopping = False
@@ -204,7 +232,11 @@ class Router:
     @property
     def counters(self) -> dict[str, int]:
         """Requests accepted, aborted (by or with their client) and error replies sent."""
-        return {"requests": self.inflight.total, "aborted": self.inflight.aborted, "errors": self._errors}
+        return {
+            "requests": self.inflight.total,
+            "aborted": self.inflight.aborted,
+            "errors": self._errors,
+        }
 
     def stop(self) -> None:
         """Ask :meth:`serve` / :meth:`run` to return (safe from a signal handler or another thread)."""
@@ -238,7 +270,9 @@ class Router:
             self._drain(self.frontend, self._on_client_frames)
         if self.supervisor is not None:
             self._supervise()
-        if self.backend not in events or self._drain(self.backend, self._on_worker_frames, copy=False):
+        if self.backend not in events or self._drain(
+            self.backend, self._on_worker_frames, copy=False
+        ):
             self.pool.settle_gone()  # after reading it all: a gone worker's goodbye comes first
         self.pool.flush_adds()
         if time.monotonic() >= self._next_tick:
@@ -291,8 +325,12 @@ class Router:
             for wid in sup.due(time.monotonic()):
                 self.expect_local(wid, sup.start(wid))
         self.pool.restarting = sup.pending
-        if exits and not self.pool.expected and not self.pool.restarting and not any(
-                w.gone is None for w in self.live_workers):
+        if (
+            exits
+            and not self.pool.expected
+            and not self.pool.restarting
+            and not any(w.gone is None for w in self.live_workers)
+        ):
             self.inflight.fail_waiting("no live worker to run the request (local workers exited)")
 
     def _unwatch(self, pidfd: int) -> None:
@@ -325,8 +363,12 @@ class Router:
                     # Tied to its request where the frame names one: a client fails that
                     # request alone, not everything it has in flight.
                     rid = p.request_id_of(frames[-1]) if len(frames) > 1 else None
-                    self._reply_error(frames[0], p.Error(code="internal", message=f"{type(exc).__name__}: {exc}",
-                                                         request_id=rid))
+                    self._reply_error(
+                        frames[0],
+                        p.Error(
+                            code="internal", message=f"{type(exc).__name__}: {exc}", request_id=rid
+                        ),
+                    )
         return False
 
     # ------------------------------------------------------------------ sending
@@ -345,12 +387,23 @@ class Router:
     def _on_client_frames(self, frames: list[bytes]) -> None:
         client = frames[0]
         if len(frames) != 2:
-            self._reply_error(client, p.Error(code="malformed", message=f"expected 1 frame per message, got {len(frames) - 1}"))
+            self._reply_error(
+                client,
+                p.Error(
+                    code="malformed", message=f"expected 1 frame per message, got {len(frames) - 1}"
+                ),
+            )
             return
         too_large = self.config.limits.request_bytes_error(len(frames[1]))
         if too_large is not None:
-            self._reply_error(client, p.Error(code="request_too_large", message=too_large,
-                                              request_id=p.request_id_of(frames[1])))
+            self._reply_error(
+                client,
+                p.Error(
+                    code="request_too_large",
+                    message=too_large,
+                    request_id=p.request_id_of(frames[1]),
+                ),
+            )
             return
         msg = p.decode_client(frames[1])
         if isinstance(msg, p.Error):
@@ -360,9 +413,15 @@ class Router:
         elif isinstance(msg, p.Abort):
             self.inflight.abort(client, msg.request_id)
         elif isinstance(msg, p.Health):
-            self.send_client(client, p.HealthReply(request_id=msg.request_id, ok=bool(self.live_workers),
-                                                   workers_alive=len(self.live_workers),
-                                                   uptime_s=time.monotonic() - self._started))
+            self.send_client(
+                client,
+                p.HealthReply(
+                    request_id=msg.request_id,
+                    ok=bool(self.live_workers),
+                    workers_alive=len(self.live_workers),
+                    uptime_s=time.monotonic() - self._started,
+                ),
+            )
         elif isinstance(msg, p.ModelInfoRequest):
             self._on_model_info(client, msg.request_id)
         elif isinstance(msg, (p.StatsRequest, p.FlushCache)):
@@ -371,7 +430,10 @@ class Router:
             longest = max((len(t) for t in msg.texts), default=0)
             too_long = self.config.limits.prompt_chars_error(longest, self.context_length())
             if too_long is not None:
-                self._reply_error(client, p.Error(code="context_length", message=too_long, request_id=msg.request_id))
+                self._reply_error(
+                    client,
+                    p.Error(code="context_length", message=too_long, request_id=msg.request_id),
+                )
                 return
             self._tokenize(client, msg)
 
@@ -382,9 +444,13 @@ class Router:
     def _tokenize(self, client: bytes, msg: p.TokenizeRequest) -> None:
         def reply(ids: list[list[int]] | None, err: str | None) -> None:
             if err is not None:
-                self._reply_error(client, p.Error(code=error_code(err), message=err, request_id=msg.request_id))
+                self._reply_error(
+                    client, p.Error(code=error_code(err), message=err, request_id=msg.request_id)
+                )
             else:
-                self.send_client(client, p.TokenizeReply(request_id=msg.request_id, input_ids=ids or []))
+                self.send_client(
+                    client, p.TokenizeReply(request_id=msg.request_id, input_ids=ids or [])
+                )
 
         if self.tokenizers is None or self.tokenizers.broken:
             reply([encode_text(self.codec.tokenizer, t) for t in msg.texts], None)
@@ -393,7 +459,9 @@ class Router:
 
     def _on_generate(self, client: bytes, req: p.GenerateRequest) -> None:
         def error(code: Any, message: str) -> None:
-            self._reply_error(client, p.Error(code=code, message=message, request_id=req.request_id))
+            self._reply_error(
+                client, p.Error(code=code, message=message, request_id=req.request_id)
+            )
 
         if self.inflight.has(client, req.request_id):
             return error("duplicate_request", f"request id {req.request_id!r} is already in flight")
@@ -403,8 +471,18 @@ class Router:
         bad = p.validate_generate(req, vocab_size=self.pool.vocab_size())
         if bad is not None:
             return self._reply_error(client, bad)
-        st = RouterRequest(self.inflight.new_rid(), client, req.request_id, [], req.params, req.stream,
-                           req.session_id, cache_namespace(req.namespace, req.cache_salt), None, time.monotonic())
+        st = RouterRequest(
+            self.inflight.new_rid(),
+            client,
+            req.request_id,
+            [],
+            req.params,
+            req.stream,
+            req.session_id,
+            cache_namespace(req.namespace, req.cache_salt),
+            None,
+            time.monotonic(),
+        )
         # Tracked from now on (an abort, a client leaving or a shutdown finds it), dispatched
         # once its token ids are known.
         self.inflight.track(st)
@@ -415,8 +493,12 @@ class Router:
                 ids, err = [], str(exc)
             self._encoded(st, [ids] if err is None else None, err)
         else:
-            self.tokenizers.submit(lambda ids, err: self._encoded(st, ids, err), text=req.text,
-                                   messages=req.messages, add_generation_prompt=req.add_generation_prompt)
+            self.tokenizers.submit(
+                lambda ids, err: self._encoded(st, ids, err),
+                text=req.text,
+                messages=req.messages,
+                add_generation_prompt=req.add_generation_prompt,
+            )
 
     def _encoded(self, st: RouterRequest, ids: list[list[int]] | None, err: str | None) -> None:
         """The prompt of ``st`` is encoded (or failed to): check its length, dispatch it."""
@@ -441,14 +523,28 @@ class Router:
     def _on_model_info(self, client: bytes, request_id: str) -> None:
         live = self.live_workers
         if not live:
-            self._reply_error(client, p.Error(code="no_workers", message="no live worker yet", request_id=request_id))
+            self._reply_error(
+                client,
+                p.Error(code="no_workers", message="no live worker yet", request_id=request_id),
+            )
             return
         h = live[0].hello
-        self.send_client(client, p.ModelInfo(
-            request_id=request_id, model=h.model, context_length=self.context_length() or h.context_length,
-            vocab_size=h.vocab_size, eos_token_ids=h.eos_token_ids, bos_token_id=h.bos_token_id,
-            chat_template=self.codec.chat_template, page_size=h.page_size, num_workers=len(live),
-            special_tokens=self.codec.special_tokens, model_path=h.model_path))
+        self.send_client(
+            client,
+            p.ModelInfo(
+                request_id=request_id,
+                model=h.model,
+                context_length=self.context_length() or h.context_length,
+                vocab_size=h.vocab_size,
+                eos_token_ids=h.eos_token_ids,
+                bos_token_id=h.bos_token_id,
+                chat_template=self.codec.chat_template,
+                page_size=h.page_size,
+                num_workers=len(live),
+                special_tokens=self.codec.special_tokens,
+                model_path=h.model_path,
+            ),
+        )
 
     # ------------------------------------------------------------------ workers
     def _on_worker_frames(self, frames: list[zmq.Frame]) -> None:
@@ -516,6 +612,12 @@ class Router:
     def stats_reply(self, request_id: str) -> p.StatsReply:
         """A :class:`StatsReply` from what the router knows now."""
         return p.StatsReply(
-            request_id=request_id, routing=self.config.routing, requests=self.inflight.total,
-            active=len(self.inflight), aborted=self.inflight.aborted, errors=self._errors,
-            clients=self.inflight.num_clients, workers=[self.workers[k].stats() for k in sorted(self.workers)])
+            request_id=request_id,
+            routing=self.config.routing,
+            requests=self.inflight.total,
+            active=len(self.inflight),
+            aborted=self.inflight.aborted,
+            errors=self._errors,
+            clients=self.inflight.num_clients,
+            workers=[self.workers[k].stats() for k in sorted(self.workers)],
+        )

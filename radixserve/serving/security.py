@@ -88,12 +88,14 @@ class PeerKeys:
         sock.curve_publickey = self.own.public
         sock.curve_serverkey = self.server_public
 
-
     def to_env(self) -> dict[str, str]:
         """The environment that hands these keys to a child process (:func:`peer_keys_from_env`):
         like its command line, only its user can read it, but unlike it ``ps`` does not show it."""
-        keys = {"public": self.own.public.decode(), "secret": self.own.secret.decode(),
-                "server": self.server_public.decode()}
+        keys = {
+            "public": self.own.public.decode(),
+            "secret": self.own.secret.decode(),
+            "server": self.server_public.decode(),
+        }
         return {KEYS_ENV: json.dumps(keys)}
 
 
@@ -103,7 +105,9 @@ def peer_keys_from_env() -> PeerKeys | None:
     if not raw:
         return None
     keys = json.loads(raw)
-    return PeerKeys(KeyPair(keys["public"].encode(), keys["secret"].encode()), keys["server"].encode())
+    return PeerKeys(
+        KeyPair(keys["public"].encode(), keys["secret"].encode()), keys["server"].encode()
+    )
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,9 @@ def _load_public(path: Path) -> bytes:
 def _one(directory: Path, pattern: str) -> Path:
     found = sorted(directory.glob(pattern))
     if len(found) != 1:
-        raise ValueError(f"expected exactly one {pattern} in {directory}, found {[f.name for f in found] or 'none'}")
+        raise ValueError(
+            f"expected exactly one {pattern} in {directory}, found {[f.name for f in found] or 'none'}"
+        )
     return found[0]
 
 
@@ -139,9 +145,12 @@ def load_router_keys(directory: str | Path) -> RouterKeys:
     if not d.is_dir():
         raise ValueError(f"no key directory {d}")
     allowed: dict[str, dict[bytes, str]] = {
-        dom: {_load_public(f): f.stem for f in sorted((d / dom).glob("*.key"))} for dom in DOMAINS}
+        dom: {_load_public(f): f.stem for f in sorted((d / dom).glob("*.key"))} for dom in DOMAINS
+    }
     if not allowed["workers"] and not allowed["clients"]:
-        raise ValueError(f"{d} lists no allowed keys (expected {d}/workers/*.key and {d}/clients/*.key)")
+        raise ValueError(
+            f"{d} lists no allowed keys (expected {d}/workers/*.key and {d}/clients/*.key)"
+        )
     return RouterKeys(_load_pair(d / "router.key_secret"), allowed)
 
 
@@ -191,7 +200,9 @@ class ZapHandler:
     socket's domain, refuses the rest, and logs each decision with the peer's address."""
 
     def __init__(self, ctx: zmq.Context, keys: RouterKeys) -> None:
-        self._allowed: dict[str, dict[bytes, str]] = {d: dict(keys.allowed.get(d, {})) for d in DOMAINS}
+        self._allowed: dict[str, dict[bytes, str]] = {
+            d: dict(keys.allowed.get(d, {})) for d in DOMAINS
+        }
         self._lock = threading.Lock()
         self._denials: dict[tuple[str, str, bytes], float] = {}
         self._stop = threading.Event()
@@ -219,8 +230,17 @@ class ZapHandler:
                     try:
                         reply = self.decide(request)
                     except Exception:  # a bug refuses one connection; the handler must live on
-                        log.exception("the ZAP handler failed on a request: refusing that connection")
-                        reply = [b"1.0", request[1] if len(request) > 1 else b"", b"500", b"internal error", b"", b""]
+                        log.exception(
+                            "the ZAP handler failed on a request: refusing that connection"
+                        )
+                        reply = [
+                            b"1.0",
+                            request[1] if len(request) > 1 else b"",
+                            b"500",
+                            b"internal error",
+                            b"",
+                            b"",
+                        ]
                     self._sock.send_multipart(reply)
         finally:
             self._sock.close()
@@ -228,10 +248,21 @@ class ZapHandler:
     def decide(self, request: list[bytes]) -> list[bytes]:
         """The ZAP reply to one ZAP request (RFC 27 frames)."""
         if len(request) < 6:
-            return [b"1.0", request[1] if len(request) > 1 else b"", b"400", b"malformed ZAP request", b"", b""]
+            return [
+                b"1.0",
+                request[1] if len(request) > 1 else b"",
+                b"400",
+                b"malformed ZAP request",
+                b"",
+                b"",
+            ]
         version, request_id, domain_b, address_b, _identity, mechanism = request[:6]
         domain, address = domain_b.decode(errors="replace"), address_b.decode(errors="replace")
-        key = z85.encode(request[6]) if mechanism == b"CURVE" and len(request) == 7 and len(request[6]) == 32 else b""
+        key = (
+            z85.encode(request[6])
+            if mechanism == b"CURVE" and len(request) == 7 and len(request[6]) == 32
+            else b""
+        )
         with self._lock:
             name = self._allowed.get(domain, {}).get(key) if key else None
         role = domain.rstrip("s") or "peer"
@@ -243,7 +274,9 @@ class ZapHandler:
         log.info("%s connection from %s accepted (CURVE key %r)", role, address or "?", name)
         return [version, request_id, b"200", b"OK", name.encode(), b""]
 
-    def _log_denial(self, domain: str, address: str, key: bytes, role: str, mechanism: bytes) -> None:
+    def _log_denial(
+        self, domain: str, address: str, key: bytes, role: str, mechanism: bytes
+    ) -> None:
         now = time.monotonic()
         last = self._denials.get((domain, address, key))
         if last is not None and now - last < DENIAL_LOG_INTERVAL_S:
@@ -251,7 +284,11 @@ class ZapHandler:
         if len(self._denials) > 10_000:
             self._denials.clear()
         self._denials[(domain, address, key)] = now
-        what = f"unknown CURVE key {key.decode()}" if key else f"no CURVE key ({mechanism.decode(errors='replace')})"
+        what = (
+            f"unknown CURVE key {key.decode()}"
+            if key
+            else f"no CURVE key ({mechanism.decode(errors='replace')})"
+        )
         log.warning("%s connection from %s refused: %s", role, address or "?", what)
 
 
@@ -284,15 +321,22 @@ def check_bind(endpoint: str, *, secured: bool, insecure: bool, what: str) -> No
         raise InsecureBindError(
             f"refusing to bind the {what} endpoint {endpoint} without authentication: other hosts can reach it. "
             "Generate keys with 'radixserve keys DIR' and pass --keys DIR/router, or bind 127.0.0.1 / ipc://, "
-            "or accept the risk with --insecure")
-    log.warning("the %s endpoint %s is reachable from other hosts WITHOUT authentication (--insecure)", what, endpoint)
+            "or accept the risk with --insecure"
+        )
+    log.warning(
+        "the %s endpoint %s is reachable from other hosts WITHOUT authentication (--insecure)",
+        what,
+        endpoint,
+    )
 
 
 class RouterSecurity:
     """The router's sockets' security: CURVE server keys and the ZAP handler (with ``keys``),
     or plain sockets on addresses :func:`check_bind` accepts."""
 
-    def __init__(self, ctx: zmq.Context, keys: RouterKeys | None, *, insecure: bool = False) -> None:
+    def __init__(
+        self, ctx: zmq.Context, keys: RouterKeys | None, *, insecure: bool = False
+    ) -> None:
         self.keys = keys
         self.insecure = insecure
         self.zap = ZapHandler(ctx, keys) if keys is not None else None
@@ -303,8 +347,12 @@ class RouterSecurity:
 
     def check(self, endpoint: str, domain: Domain) -> None:
         """Raise :class:`InsecureBindError` if ``endpoint`` may not be bound for ``domain``."""
-        check_bind(endpoint, secured=self.keys is not None, insecure=self.insecure,
-                   what="worker" if domain == "workers" else "client")
+        check_bind(
+            endpoint,
+            secured=self.keys is not None,
+            insecure=self.insecure,
+            what="worker" if domain == "workers" else "client",
+        )
 
     def bind(self, sock: zmq.Socket, endpoint: str, domain: Domain) -> None:
         """Bind ``sock`` at ``endpoint``: as a CURVE server with keys, else if the policy allows."""
@@ -346,6 +394,7 @@ class Peer:
 
 def peer_of(frame: zmq.Frame) -> Peer:
     """The peer of a received frame (from its ZeroMQ metadata)."""
+
     def prop(name: str) -> str | None:
         try:
             value = frame.get(name)

@@ -124,8 +124,13 @@ class Supervisor:
             del self._watched[pid]
             ex = WorkerExit(w.worker_id, pid, code, now - w.started)
             self.exits.append(ex)
-            log.warning("worker %d (pid %d) exited after %.1f s: %s", ex.worker_id, pid, ex.ran_s,
-                        describe_exit(code))
+            log.warning(
+                "worker %d (pid %d) exited after %.1f s: %s",
+                ex.worker_id,
+                pid,
+                ex.ran_s,
+                describe_exit(code),
+            )
             self._schedule(ex, now)
             out.append((ex, w.pidfd))
         return out
@@ -133,14 +138,22 @@ class Supervisor:
     def _schedule(self, ex: WorkerExit, now: float) -> None:
         if self.stopped or not self.policy.restart:
             return
-        failures = 1 if ex.ran_s >= self.policy.stable_s else self._failures.get(ex.worker_id, 0) + 1
+        failures = (
+            1 if ex.ran_s >= self.policy.stable_s else self._failures.get(ex.worker_id, 0) + 1
+        )
         self._failures[ex.worker_id] = failures
         if failures > self.policy.max_failures:
-            log.error("worker %d exited %d times in a row: not restarting it again", ex.worker_id, failures)
+            log.error(
+                "worker %d exited %d times in a row: not restarting it again",
+                ex.worker_id,
+                failures,
+            )
             return
         delay = self.policy.delay(failures)
         self._due[ex.worker_id] = now + delay
-        log.warning("restarting worker %d in %.1f s (exit %d in a row)", ex.worker_id, delay, failures)
+        log.warning(
+            "restarting worker %d in %.1f s (exit %d in a row)", ex.worker_id, delay, failures
+        )
 
     def due(self, now: float) -> list[int]:
         """Worker ids whose back-off has passed (taken off the schedule)."""

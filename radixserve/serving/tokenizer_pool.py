@@ -97,7 +97,9 @@ class TokenizerPool:
     run on the router's loop; ``socket`` is registered in its poller.
     """
 
-    def __init__(self, tokenizer: Any, num_procs: int, context: zmq.Context, *, restart_limit: int = 20) -> None:
+    def __init__(
+        self, tokenizer: Any, num_procs: int, context: zmq.Context, *, restart_limit: int = 20
+    ) -> None:
         if num_procs < 1:
             raise ValueError("a tokenizer pool needs at least one process")
         self._tmp = tempfile.mkdtemp(prefix="radixserve-tok-")
@@ -125,12 +127,21 @@ class TokenizerPool:
         if isinstance(path, str) and path and (Path(path) / "tokenizer_config.json").is_file():
             return path
         out = Path(self._tmp) / "tokenizer"
-        tokenizer.save_pretrained(str(out))  # a tokenizer built in memory: the processes load this copy
+        tokenizer.save_pretrained(
+            str(out)
+        )  # a tokenizer built in memory: the processes load this copy
         return str(out)
 
     def _spawn(self, index: int) -> _Proc:
         env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-        cmd = [sys.executable, "-m", "radixserve.serving.tokenizer_pool", self.endpoint, self._dir, str(os.getpid())]
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixserve.serving.tokenizer_pool",
+            self.endpoint,
+            self._dir,
+            str(os.getpid()),
+        ]
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
         return _Proc(index, proc)
 
@@ -144,8 +155,15 @@ class TokenizerPool:
         return [pp.proc.pid for pp in self._procs]
 
     # ------------------------------------------------------------------ jobs
-    def submit(self, done: Done, *, text: str | None = None, messages: list[p.ChatMessage] | None = None,
-               add_generation_prompt: bool = True, texts: list[str] | None = None) -> None:
+    def submit(
+        self,
+        done: Done,
+        *,
+        text: str | None = None,
+        messages: list[p.ChatMessage] | None = None,
+        add_generation_prompt: bool = True,
+        texts: list[str] | None = None,
+    ) -> None:
         """Encode in a pool process; ``done(ids, error)`` runs on the router's loop later."""
         job = EncodeJob(self._next_job, text, messages, add_generation_prompt, texts)
         self._next_job += 1
@@ -199,14 +217,21 @@ class TokenizerPool:
             code = pp.proc.poll()
             if code is None:
                 continue
-            log.error("tokenizer process %d (pid %d) exited with code %s; %d job(s) failed", pp.index,
-                      pp.proc.pid, code, len(pp.outstanding))
+            log.error(
+                "tokenizer process %d (pid %d) exited with code %s; %d job(s) failed",
+                pp.index,
+                pp.proc.pid,
+                code,
+                len(pp.outstanding),
+            )
             for done in pp.outstanding.values():
                 done(None, f"internal: the tokenizer process died (exit code {code})")
             if self._restarts_left <= 0:
                 # Something is wrong with the tokenizer itself: stop the crash loop, and let
                 # the router encode on its own loop rather than serve nothing.
-                log.error("tokenizer processes keep dying: encoding on the router's loop from now on")
+                log.error(
+                    "tokenizer processes keep dying: encoding on the router's loop from now on"
+                )
                 self.broken = True
                 self.fail_all("internal: the tokenizer processes keep dying")
                 return
@@ -215,7 +240,9 @@ class TokenizerPool:
 
     def fail_all(self, message: str) -> None:
         """Fail every queued and outstanding job (the router is shutting down)."""
-        pending = [done for _, done in self._queue] + [d for pp in self._procs for d in pp.outstanding.values()]
+        pending = [done for _, done in self._queue] + [
+            d for pp in self._procs for d in pp.outstanding.values()
+        ]
         self._queue.clear()
         for pp in self._procs:
             pp.outstanding.clear()
@@ -227,7 +254,9 @@ class TokenizerPool:
         for pp in self._procs:
             if pp.identity is not None:
                 try:
-                    self.socket.send_multipart([pp.identity, _encoder.encode(PoolStop())], zmq.NOBLOCK)
+                    self.socket.send_multipart(
+                        [pp.identity, _encoder.encode(PoolStop())], zmq.NOBLOCK
+                    )
                 except zmq.ZMQError:
                     pass
             if pp.proc.poll() is None:
@@ -252,8 +281,12 @@ def _encode(codec: Any, job: EncodeJob) -> Encoded:
     try:
         if job.texts is not None:
             return Encoded(job.job, [encode_text(codec.tokenizer, t) for t in job.texts])
-        req = p.GenerateRequest(request_id="-", text=job.text, messages=job.messages,
-                                add_generation_prompt=job.add_generation_prompt)
+        req = p.GenerateRequest(
+            request_id="-",
+            text=job.text,
+            messages=job.messages,
+            add_generation_prompt=job.add_generation_prompt,
+        )
         return Encoded(job.job, [codec.encode(req)])
     except PromptError as exc:
         return Encoded(job.job, error=str(exc))

@@ -55,21 +55,37 @@ def describe_engine(engine: ServingEngine, worker_id: int, model_name: str) -> p
     cfg = engine.model_config
     econf = getattr(engine, "config", None)
     # The engine's own limit (model context, capped by its KV pool) when it has one.
-    ctx = getattr(engine, "max_total_len", None) or getattr(econf, "max_model_len", None) or cfg.max_position_embeddings
+    ctx = (
+        getattr(engine, "max_total_len", None)
+        or getattr(econf, "max_model_len", None)
+        or cfg.max_position_embeddings
+    )
     tok = getattr(engine, "tokenizer", None)
     return p.WorkerHello(
-        worker_id=worker_id, pid=os.getpid(), model=model_name, context_length=int(ctx),
-        vocab_size=int(cfg.vocab_size), eos_token_ids=[int(t) for t in cfg.eos_token_ids],
-        bos_token_id=getattr(tok, "bos_token_id", None), page_size=int(getattr(econf, "page_size", 1)),
-        load=engine_load(engine), model_path=str(getattr(engine, "model_path", "") or ""),
+        worker_id=worker_id,
+        pid=os.getpid(),
+        model=model_name,
+        context_length=int(ctx),
+        vocab_size=int(cfg.vocab_size),
+        eos_token_ids=[int(t) for t in cfg.eos_token_ids],
+        bos_token_id=getattr(tok, "bos_token_id", None),
+        page_size=int(getattr(econf, "page_size", 1)),
+        load=engine_load(engine),
+        model_path=str(getattr(engine, "model_path", "") or ""),
     )
 
 
 def engine_load(engine: ServingEngine) -> p.WorkerLoad:
     """The engine's load gauges as the router's :class:`WorkerLoad`."""
     s = engine.stats()
-    return p.WorkerLoad(running=s.running, waiting=s.waiting, num_pages=s.num_pages, free_pages=s.pages_free,
-                        evictable_pages=s.pages_evictable, in_use_pages=s.pages_in_use)
+    return p.WorkerLoad(
+        running=s.running,
+        waiting=s.waiting,
+        num_pages=s.num_pages,
+        free_pages=s.pages_free,
+        evictable_pages=s.pages_evictable,
+        in_use_pages=s.pages_in_use,
+    )
 
 
 def engine_memory(engine: ServingEngine) -> dict[str, Any] | None:
@@ -127,9 +143,18 @@ class Worker:
     :meth:`run` returns (after the goodbye left, or its short linger ran out). ``curve``: the
     keys of a router that takes only CURVE-authenticated workers (:mod:`~radixserve.serving.security`)."""
 
-    def __init__(self, engine: ServingEngine, connect: str, worker_id: int = -1, *, model_name: str = "",
-                 parent_pid: int | None = None, router_timeout_s: float = 30.0,
-                 context: zmq.Context | None = None, curve: PeerKeys | None = None) -> None:
+    def __init__(
+        self,
+        engine: ServingEngine,
+        connect: str,
+        worker_id: int = -1,
+        *,
+        model_name: str = "",
+        parent_pid: int | None = None,
+        router_timeout_s: float = 30.0,
+        context: zmq.Context | None = None,
+        curve: PeerKeys | None = None,
+    ) -> None:
         self.engine = engine
         self.worker_id = worker_id
         self.model_name = model_name
@@ -141,14 +166,18 @@ class Worker:
         self.sock.setsockopt(zmq.LINGER, 200)  # the goodbye may find the router gone
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
-        self.sock.setsockopt(zmq.ROUTING_ID, f"w{worker_id}-{os.getpid()}-{os.urandom(2).hex()}".encode())
+        self.sock.setsockopt(
+            zmq.ROUTING_ID, f"w{worker_id}-{os.getpid()}-{os.urandom(2).hex()}".encode()
+        )
         if curve is not None:
             curve.apply(self.sock)
         # ZMTP heartbeats are answered by the router's zmq I/O thread even while its own loop
         # is busy: the connection stays up as long as the router process is there, and drops
         # (a disconnect event on the monitor) when it is gone or unreachable.
         self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(max(2.0, min(router_timeout_s, 10.0)) * 1000))
+        self.sock.setsockopt(
+            zmq.HEARTBEAT_TIMEOUT, int(max(2.0, min(router_timeout_s, 10.0)) * 1000)
+        )
         self._monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._connected = self._ever_connected = False
         self._lost_since: float | None = time.monotonic()  # not connected yet counts as lost
@@ -169,7 +198,9 @@ class Worker:
             return None
         from radixserve.serving.kv_events import KVEventPublisher
 
-        return KVEventPublisher(endpoint.replace("{worker}", str(self.worker_id)), cfg.kv_events_topic, self._ctx)
+        return KVEventPublisher(
+            endpoint.replace("{worker}", str(self.worker_id)), cfg.kv_events_topic, self._ctx
+        )
 
     def _publish_events(self) -> None:
         if self._kv_events is not None:
@@ -245,8 +276,16 @@ class Worker:
             tb = traceback.format_exc()
             log.error("engine step failed:\n%s", tb)
             err = tb.strip().splitlines()[-1]
-            fails = [p.StepOutput(request_id=rid, new_token_ids=[], finished=True, finish_reason="error", error=err)
-                     for rid in self._active]
+            fails = [
+                p.StepOutput(
+                    request_id=rid,
+                    new_token_ids=[],
+                    finished=True,
+                    finish_reason="error",
+                    error=err,
+                )
+                for rid in self._active
+            ]
             self._send(p.WorkerOutputs(outputs=fails, load=p.WorkerLoad()))
             self._goodbye = f"engine step failed: {err}"
             return 1
@@ -291,7 +330,10 @@ class Worker:
                 self.stop()
             return  # a remote worker waits for the router to come back
         if reconnected:  # perhaps another router at the same address: start over with it
-            log.warning("connected to the router again: dropping %d requests and saying hello", len(self._active))
+            log.warning(
+                "connected to the router again: dropping %d requests and saying hello",
+                len(self._active),
+            )
             self._rejoin()
         silent = now - self._last_router
         if silent > self.router_timeout_s and not self._silence_logged:
@@ -338,9 +380,15 @@ class Worker:
         if isinstance(msg, p.WorkerAdd):
             for req in msg.requests:
                 try:
-                    self.engine.add_request(req.input_ids, req.params, request_id=req.rid, namespace=req.namespace)
-                except Exception as exc:  # invalid params, too long, bad constraint, ...: the engine says why
-                    self._send(p.WorkerRejected(rid=req.rid, message=str(exc) or type(exc).__name__))
+                    self.engine.add_request(
+                        req.input_ids, req.params, request_id=req.rid, namespace=req.namespace
+                    )
+                except (
+                    Exception
+                ) as exc:  # invalid params, too long, bad constraint, ...: the engine says why
+                    self._send(
+                        p.WorkerRejected(rid=req.rid, message=str(exc) or type(exc).__name__)
+                    )
                 else:
                     self._active.add(req.rid)
         elif isinstance(msg, p.WorkerAbort):
@@ -349,14 +397,21 @@ class Worker:
         elif isinstance(msg, p.WorkerPing):
             self._send(p.WorkerHeartbeat(load=engine_load(self.engine)))
         elif isinstance(msg, p.WorkerStatsRequest):
-            self._send(p.WorkerStatsReply(token=msg.token, load=engine_load(self.engine),
-                                          engine=worker_stats(self.engine, debug_invariants())))
+            self._send(
+                p.WorkerStatsReply(
+                    token=msg.token,
+                    load=engine_load(self.engine),
+                    engine=worker_stats(self.engine, debug_invariants()),
+                )
+            )
         elif isinstance(msg, p.WorkerFlush):
             self._send(p.WorkerFlushReply(token=msg.token, ok=bool(self.engine.flush_cache())))
             self._publish_events()
         elif isinstance(msg, p.WorkerRejoin):
-            log.warning("the router declared this worker dead: aborting %d requests and joining again",
-                        len(self._active))
+            log.warning(
+                "the router declared this worker dead: aborting %d requests and joining again",
+                len(self._active),
+            )
             self._rejoin()
         elif isinstance(msg, p.WorkerShutdown):
             self._goodbye = "shutdown requested"
@@ -370,10 +425,18 @@ def build_engine(model: str, **config: Any) -> ServingEngine:
     return Engine(model, **config)
 
 
-def run_worker(connect: str, *, model: str | None = None, worker_id: int = -1,
-               engine_config: dict[str, Any] | None = None, parent_pid: int | None = None,
-               router_timeout_s: float = 30.0, keys: str | None = None, log_level: str = "WARNING",
-               engine_factory: EngineFactory | None = None) -> int:
+def run_worker(
+    connect: str,
+    *,
+    model: str | None = None,
+    worker_id: int = -1,
+    engine_config: dict[str, Any] | None = None,
+    parent_pid: int | None = None,
+    router_timeout_s: float = 30.0,
+    keys: str | None = None,
+    log_level: str = "WARNING",
+    engine_factory: EngineFactory | None = None,
+) -> int:
     """Run one worker process until it is stopped; returns its exit code.
 
     ``connect``: the router's worker endpoint. ``model``: a model directory or spec (``None``:
@@ -383,7 +446,9 @@ def run_worker(connect: str, *, model: str | None = None, worker_id: int = -1,
     CURVE key directory. ``engine_factory`` replaces the real engine (tests' fake engine).
     ``radixserve worker`` (and ``radixserve serve`` for its local workers) calls this.
     """
-    logging.basicConfig(level=log_level.upper(), format=f"[worker {worker_id}] %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), format=f"[worker {worker_id}] %(levelname)s %(message)s"
+    )
     # Local workers of a CURVE router get a key minted for them through the environment.
     curve = peer_keys_from_env()
     if keys is not None:
@@ -413,13 +478,22 @@ def run_worker(connect: str, *, model: str | None = None, worker_id: int = -1,
         if startup:  # where start-up went, once, on the terminal `radixserve serve` runs in
             from radixserve.engine.startup import describe_startup
 
-            print(f"radixserve: worker {worker_id} engine ready in {describe_startup(startup)}", flush=True)
+            print(
+                f"radixserve: worker {worker_id} engine ready in {describe_startup(startup)}",
+                flush=True,
+            )
         name = Path(str(model)).name if model else "default"
-        worker = Worker(engine, connect, worker_id, model_name=name, parent_pid=parent_pid,
-                        router_timeout_s=router_timeout_s, curve=curve)
+        worker = Worker(
+            engine,
+            connect,
+            worker_id,
+            model_name=name,
+            parent_pid=parent_pid,
+            router_timeout_s=router_timeout_s,
+            curve=curve,
+        )
         return worker.run()
     except Interrupted:  # stopped before run() (which handles its own) took over
         if worker is not None and not worker.sock.closed:
             worker._close()
         return 0
-

@@ -42,7 +42,9 @@ class WorkerHandle:
     proc: subprocess.Popen[bytes] | None = None
     alive: bool = True
     death: str | None = None
-    gone: str | None = None  # why it seems gone (a send failed, its process exited); see WorkerPool.settle_gone
+    gone: str | None = (
+        None  # why it seems gone (a send failed, its process exited); see WorkerPool.settle_gone
+    )
     rejoin_asked: bool = False  # declared dead, then heard from: told once to join again
     load: p.WorkerLoad = field(default_factory=p.WorkerLoad)
     inflight: set[str] = field(default_factory=set)  # rids not yet reported finished
@@ -59,10 +61,17 @@ class WorkerHandle:
     def stats(self) -> p.WorkerStats:
         """The client-facing summary of this worker."""
         return p.WorkerStats(
-            worker_id=self.worker_id, alive=self.alive, pid=self.pid, inflight=len(self.inflight),
-            requests=self.requests, prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
+            worker_id=self.worker_id,
+            alive=self.alive,
+            pid=self.pid,
+            inflight=len(self.inflight),
+            requests=self.requests,
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=self.cached_tokens,
             hit_rate=self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
-            load=self.load, engine=self.engine, death=self.death,
+            load=self.load,
+            engine=self.engine,
+            death=self.death,
         )
 
 
@@ -74,8 +83,13 @@ class WorkerPool:
     ``on_joined(worker)`` after a worker registered.
     """
 
-    def __init__(self, backend: zmq.Socket, dispatcher: Dispatcher,
-                 on_dead: Callable[[WorkerHandle, str], None], on_joined: Callable[[WorkerHandle], None]) -> None:
+    def __init__(
+        self,
+        backend: zmq.Socket,
+        dispatcher: Dispatcher,
+        on_dead: Callable[[WorkerHandle, str], None],
+        on_joined: Callable[[WorkerHandle], None],
+    ) -> None:
         self.backend = backend
         self.dispatcher = dispatcher
         self._on_dead = on_dead
@@ -96,7 +110,9 @@ class WorkerPool:
     def get(self, identity: bytes) -> WorkerHandle | None:
         return self._by_identity.get(identity)
 
-    def register(self, identity: bytes, hello: p.WorkerHello, peer: Peer | None = None) -> WorkerHandle:
+    def register(
+        self, identity: bytes, hello: p.WorkerHello, peer: Peer | None = None
+    ) -> WorkerHandle:
         """Add a worker that said hello (a known identity re-registering lost its work);
         ``peer`` (its address and CURVE key) goes into the join's audit line."""
         old = self._by_identity.get(identity)
@@ -112,9 +128,16 @@ class WorkerPool:
         self._by_identity[identity] = w
         self.dispatcher.add_worker(wid)
         peer = peer or Peer("?", None)
-        audit_log.info("worker %d joined: identity %s, address %s, key %s, pid %d, model %r, context %d",
-                       wid, printable(identity), peer.address, peer.key or "none (no CURVE)",
-                       hello.pid, hello.model, hello.context_length)
+        audit_log.info(
+            "worker %d joined: identity %s, address %s, key %s, pid %d, model %r, context %d",
+            wid,
+            printable(identity),
+            peer.address,
+            peer.key or "none (no CURVE)",
+            hello.pid,
+            hello.model,
+            hello.context_length,
+        )
         self._on_joined(w)
         return w
 
@@ -224,8 +247,14 @@ def worker_command(
     ``program`` replaces that part, e.g. for a test's fake worker)."""
     cmd = [
         *(program or [sys.executable, "-m", "radixserve", "worker"]),
-        "--connect", connect, "--worker-id", str(worker_id), "--model", str(model),
-        "--engine-config", json.dumps(engine_config or {}),
+        "--connect",
+        connect,
+        "--worker-id",
+        str(worker_id),
+        "--model",
+        str(model),
+        "--engine-config",
+        json.dumps(engine_config or {}),
     ]
     if parent_pid is not None:
         cmd += ["--parent-pid", str(parent_pid)]
@@ -239,7 +268,10 @@ def spawn_worker(cmd: list[str], env: dict[str, str] | None = None) -> subproces
     parent, which then shuts the workers down in order (they also die with the parent)."""
     full_env = dict(os.environ)
     full_env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    for http_only in ("RADIXSERVE_API_KEY", "RADIXSERVE_ADMIN_API_KEY"):  # a worker has no use for them
+    for http_only in (
+        "RADIXSERVE_API_KEY",
+        "RADIXSERVE_ADMIN_API_KEY",
+    ):  # a worker has no use for them
         full_env.pop(http_only, None)
     if env:
         full_env.update(env)

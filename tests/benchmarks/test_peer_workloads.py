@@ -56,8 +56,10 @@ def test_shared_system_structure_and_optimum() -> None:
     assert len(w.requests) == 6 and all(r.max_tokens == 8 for r in w.requests)
     # Brute force: each request reuses its longest common prefix with any earlier one.
     prompts = [r.prompt_ids for r in w.requests]
-    hit = sum(min(max((wl.common_prefix(p, q) for q in prompts[:i]), default=0), len(p) - 1)
-              for i, p in enumerate(prompts))
+    hit = sum(
+        min(max((wl.common_prefix(p, q) for q in prompts[:i]), default=0), len(p) - 1)
+        for i, p in enumerate(prompts)
+    )
     assert w.optimal_hit_rate() == pytest.approx(hit / sum(map(len, prompts)))
     # Two system prompts of >= 300 tokens shared by 3 requests each: most tokens reusable.
     assert 0.5 < w.optimal_hit_rate(16) <= w.optimal_hit_rate(1) < 1.0
@@ -66,8 +68,11 @@ def test_shared_system_structure_and_optimum() -> None:
 def test_workloads_are_seeded_and_salted() -> None:
     tok = CharTokenizer()
     for name in wl.WORKLOADS:
-        small = {"shared_system": {"requests": 4, "system_tokens": 100}, "multi_turn": {"conversations": 2},
-                 "few_shot": {"requests": 4, "example_tokens": 40}}[name]
+        small = {
+            "shared_system": {"requests": 4, "system_tokens": 100},
+            "multi_turn": {"conversations": 2},
+            "few_shot": {"requests": 4, "example_tokens": 40},
+        }[name]
         a = wl.build(name, tok, seed=3, salt=5, **small)
         b = wl.build(name, tok, seed=3, salt=5, **small)
         c = wl.build(name, tok, seed=3, salt=6, **small)
@@ -75,7 +80,12 @@ def test_workloads_are_seeded_and_salted() -> None:
         # Another salt: same lengths and optimum, no shared prefix with the first run beyond the template.
         assert [len(r.prompt_ids) for r in a.requests] == [len(r.prompt_ids) for r in c.requests]
         assert a.optimal_hit_rate() == pytest.approx(c.optimal_hit_rate())
-        assert max(wl.common_prefix(x.prompt_ids, y.prompt_ids) for x in a.requests for y in c.requests) < 20
+        assert (
+            max(
+                wl.common_prefix(x.prompt_ids, y.prompt_ids) for x in a.requests for y in c.requests
+            )
+            < 20
+        )
 
 
 def test_multi_turn_history_is_a_prefix() -> None:

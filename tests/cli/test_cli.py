@@ -20,7 +20,9 @@ def test_help_lists_subcommands() -> None:
 
 def test_help_does_not_import_torch() -> None:
     code = "import sys; from radixserve.cli import build_parser; build_parser(); print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "False"
 
 
@@ -30,7 +32,9 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_register_extends_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
-    @register("hello-test", help="test command", arguments=lambda p: p.add_argument("--name", default="x"))
+    @register(
+        "hello-test", help="test command", arguments=lambda p: p.add_argument("--name", default="x")
+    )
     def hello(args):  # type: ignore[no-untyped-def]
         print(f"hello {args.name}")
         return 0

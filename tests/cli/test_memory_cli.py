@@ -16,7 +16,17 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 
 def test_article_example(capsys: pytest.CaptureFixture[str]) -> None:
-    out = run(capsys, "--model", "llama-2-7b", "--seq-len", "4096", "--batch-size", "1", "--memory-budget", "80GiB")
+    out = run(
+        capsys,
+        "--model",
+        "llama-2-7b",
+        "--seq-len",
+        "4096",
+        "--batch-size",
+        "1",
+        "--memory-budget",
+        "80GiB",
+    )
     assert "= 524,288 B (512.0 KiB)" in out
     assert "per sequence of 4096 tokens = 2,147,483,648 B (2.00 GiB)" in out
     assert "article says 37.5%" in out and "article says 18.75%" in out
@@ -32,14 +42,31 @@ def test_gqa_70b(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_json_and_checkpoint_dir(capsys: pytest.CaptureFixture[str], tiny_llama_dir: Path) -> None:
-    out = run(capsys, "--model", str(tiny_llama_dir), "--json", "--memory-budget", "1GiB", "--seq-len", "100")
+    out = run(
+        capsys,
+        "--model",
+        str(tiny_llama_dir),
+        "--json",
+        "--memory-budget",
+        "1GiB",
+        "--seq-len",
+        "100",
+    )
     data = json.loads(out)
     assert data["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4
     assert data["plan"]["num_pages"] > 0 and data["max_sequences"] == data["plan"]["num_pages"] // 7
 
 
 def test_bare_config_json(capsys: pytest.CaptureFixture[str], tiny_qwen2_dir: Path) -> None:
-    out = run(capsys, "--model", str(tiny_qwen2_dir / "config.json"), "--memory-budget", "1GiB", "--dtype", "bf16")
+    out = run(
+        capsys,
+        "--model",
+        str(tiny_qwen2_dir / "config.json"),
+        "--memory-budget",
+        "1GiB",
+        "--dtype",
+        "bf16",
+    )
     assert "Weights (bfloat16)" in out
 
 
@@ -55,9 +82,26 @@ def test_memory_weight_quantization_rows() -> None:
     import sys as _sys
 
     out = _sp.run(
-        [_sys.executable, "-m", "radixserve", "memory", "--model", "llama-2-7b", "--memory-budget", "24GiB",
-         "--dtype", "float16", "--device", "cpu", "--quantization", "int4", "--json"],
-        capture_output=True, text=True, check=True,
+        [
+            _sys.executable,
+            "-m",
+            "radixserve",
+            "memory",
+            "--model",
+            "llama-2-7b",
+            "--memory-budget",
+            "24GiB",
+            "--dtype",
+            "float16",
+            "--device",
+            "cpu",
+            "--quantization",
+            "int4",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     r = _json.loads(out)
     rows = {row["quantization"]: row for row in r["weight_quantization"]}
@@ -65,5 +109,9 @@ def test_memory_weight_quantization_rows() -> None:
     assert rows["int8"]["weight_bytes"] < 0.51 * rows["none"]["weight_bytes"]
     # 0.5 B + a bf16 scale and zero per group of 128 (0.03 B), the int8 embedding: ~73 % less than fp16
     assert 0.5 < rows["int4"]["bytes_per_param"] < 0.56
-    assert rows["int4"]["max_sequences"] > rows["int8"]["max_sequences"] > rows["none"]["max_sequences"]
+    assert (
+        rows["int4"]["max_sequences"]
+        > rows["int8"]["max_sequences"]
+        > rows["none"]["max_sequences"]
+    )
     assert r["plan"]["weight_bytes"] == rows["int4"]["weight_bytes"]  # the plan uses --quantization

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from constrained_cases import make_tiny_engine
+
 from radixserve.engine.engine import Engine
 
 

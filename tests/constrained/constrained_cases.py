@@ -35,6 +35,8 @@ PERSON_SCHEMA: dict[str, Any] = {
 
 
 def make_tiny_engine(model_dir: Path, **kw: Any) -> Engine:
-    cfg: dict[str, Any] = dict(page_size=4, num_pages=1024, max_num_tokens=512, max_running_requests=64, seed=0)
+    cfg: dict[str, Any] = dict(
+        page_size=4, num_pages=1024, max_num_tokens=512, max_running_requests=64, seed=0
+    )
     cfg.update(kw)
     return Engine(str(model_dir), **cfg)

@@ -5,20 +5,26 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import jsonschema
 import pytest
-
 from constrained_cases import IPV4_REGEX, PERSON_SCHEMA
+
 from frontend_dsl import FakeBackend, gen, gen_bool, gen_float, gen_int, gen_json, program
 from frontend_dsl.engine_backend import EngineBackend
 
 
 @pytest.fixture(scope="module")
 def backend(tiny_llama_dir: Path) -> Iterator[EngineBackend]:
-    b = EngineBackend(model=str(tiny_llama_dir), page_size=4, num_pages=2048, max_num_tokens=1024, max_model_len=1024)
+    b = EngineBackend(
+        model=str(tiny_llama_dir),
+        page_size=4,
+        num_pages=2048,
+        max_num_tokens=1024,
+        max_model_len=1024,
+    )
     yield b
     b.close()
     b.engine.check_invariants()
@@ -28,29 +34,48 @@ def backend(tiny_llama_dir: Path) -> Iterator[EngineBackend]:
 def profile(s, who):  # type: ignore[no-untyped-def]
     s += f"Profile of {who}.\nIP: " + gen("ip", regex=IPV4_REGEX, max_tokens=40)
     s += "\nJSON: " + gen("person", json_schema=PERSON_SCHEMA, max_tokens=400)
-    s += "\nAge: " + gen_int("age") + "\nHeight: " + gen_float("height") + "\nAdmin: " + gen_bool("admin")
-    s += "\nAgain: " + gen_json("again", {"type": "object", "properties": {"ok": {"type": "boolean"}},
-                                          "required": ["ok"]}, max_tokens=40)
+    s += (
+        "\nAge: "
+        + gen_int("age")
+        + "\nHeight: "
+        + gen_float("height")
+        + "\nAdmin: "
+        + gen_bool("admin")
+    )
+    s += "\nAgain: " + gen_json(
+        "again",
+        {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+        max_tokens=40,
+    )
 
 
 def test_typed_and_constrained_gens_parse_under_sampling(backend: EngineBackend) -> None:
     who = ["Ada", "Alan", "Grace", "Edsger", "Barbara", "Donald"]
-    states = profile.run_batch([{"who": w} for w in who], backend=backend,
-                               defaults={"temperature": 1.0, "top_p": 0.95})
+    states = profile.run_batch(
+        [{"who": w} for w in who], backend=backend, defaults={"temperature": 1.0, "top_p": 0.95}
+    )
     for st in states:
         assert st.ok, st.error
         assert re.fullmatch(IPV4_REGEX, st["ip"])
         jsonschema.validate(json.loads(st["person"]), PERSON_SCHEMA)
-        assert isinstance(st["age"], int) and isinstance(st["height"], float) and isinstance(st["admin"], bool)
+        assert (
+            isinstance(st["age"], int)
+            and isinstance(st["height"], float)
+            and isinstance(st["admin"], bool)
+        )
         assert isinstance(st["again"], dict) and isinstance(st["again"]["ok"], bool)
-        assert re.search(rf"\nAdmin: +{str(st['admin']).lower()}\nAgain: ", st.text())  # the parsed value is kept
+        assert re.search(
+            rf"\nAdmin: +{str(st['admin']).lower()}\nAgain: ", st.text()
+        )  # the parsed value is kept
     assert len({(st["ip"], st["age"]) for st in states}) > 1
 
 
 def test_typed_gens_parse_without_a_grammar_backend() -> None:
     # A backend that ignores regex still gets stop sequences and a parse.
     answers = {"Height: ": " 1.75 m", "Admin: ": " True, really"}
-    backend = FakeBackend(responder=lambda prompt, params: next(v for k, v in answers.items() if prompt.endswith(k)))
+    backend = FakeBackend(
+        responder=lambda prompt, params: next(v for k, v in answers.items() if prompt.endswith(k))
+    )
 
     @program
     def typed(s):  # type: ignore[no-untyped-def]

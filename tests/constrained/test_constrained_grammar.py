@@ -46,12 +46,18 @@ def feed(m: GrammarMatcher, tokenizer: Any, text: str) -> None:
 def test_sampling_params_check_constraints_without_a_grammar_library() -> None:
     ok = SamplingParams(json_schema=json.dumps({"type": "object"})).validate()
     assert ok.constraint == Constraint("json_schema", '{"type": "object"}')
-    assert SamplingParams(choices=["a", "b"]).validate().constraint == Constraint("choices", ("a", "b"))
+    assert SamplingParams(choices=["a", "b"]).validate().constraint == Constraint(
+        "choices", ("a", "b")
+    )
     assert SamplingParams().validate().constraint is None
     wire = msgspec.msgpack.encode(SamplingParams(regex="[0-9]+"))
     assert msgspec.msgpack.decode(wire, type=SamplingParams).regex == "[0-9]+"
-    for bad, msg in [(dict(regex="a", json_schema="{}"), "at most one"), (dict(regex=""), "non-empty"),
-                     (dict(json_schema='"str"'), "JSON object"), (dict(choices=["a", ""]), "non-empty strings")]:
+    for bad, msg in [
+        (dict(regex="a", json_schema="{}"), "at most one"),
+        (dict(regex=""), "non-empty"),
+        (dict(json_schema='"str"'), "JSON object"),
+        (dict(choices=["a", ""]), "non-empty strings"),
+    ]:
         with pytest.raises(ValueError, match=msg):
             SamplingParams(**bad).validate()  # type: ignore[arg-type]
 
@@ -69,14 +75,18 @@ def test_cache_hits_and_clear_errors(compiler: GrammarCompiler) -> None:
         compiler.compile(Constraint("json_schema", '{"type": "tuple"}'))
 
 
-def test_mask_is_exactly_the_tokens_that_keep_a_choice_reachable(compiler: GrammarCompiler, tokenizer: Any) -> None:
+def test_mask_is_exactly_the_tokens_that_keep_a_choice_reachable(
+    compiler: GrammarCompiler, tokenizer: Any
+) -> None:
     choices = ("yes", "no", "maybe not")
     m = compiler.new_matcher(Constraint("choices", choices))
     allowed = allowed_ids(m)
     vocab = tokenizer.get_vocab()
     for tok_id in range(len(tokenizer)):
         text = tokenizer.decode([tok_id])
-        prefix_ok = tok_id not in tokenizer.all_special_ids and any(c.startswith(text) for c in choices)
+        prefix_ok = tok_id not in tokenizer.all_special_ids and any(
+            c.startswith(text) for c in choices
+        )
         if tok_id in allowed:
             assert prefix_ok, (tok_id, text)
     assert max(allowed) < len(vocab) and EOS not in allowed
@@ -96,12 +106,22 @@ def test_end_only_where_the_grammar_may_end(compiler: GrammarCompiler, tokenizer
     assert not m.can_only_end
     feed(m, tokenizer, "7")
     assert m.can_only_end and allowed_ids(m) == {EOS}
-    assert not m.accept(tokenizer.encode("1", add_special_tokens=False)[0])  # refused, state unchanged
+    assert not m.accept(
+        tokenizer.encode("1", add_special_tokens=False)[0]
+    )  # refused, state unchanged
     assert m.accept(EOS) and m.is_terminated and allowed_ids(m) == set()
 
 
-def test_length_limited_json_strings_reject_raw_control_characters(compiler: GrammarCompiler, tokenizer: Any) -> None:
-    schema = json.dumps({"type": "object", "properties": {"s": {"type": "string", "maxLength": 4}}, "required": ["s"]})
+def test_length_limited_json_strings_reject_raw_control_characters(
+    compiler: GrammarCompiler, tokenizer: Any
+) -> None:
+    schema = json.dumps(
+        {
+            "type": "object",
+            "properties": {"s": {"type": "string", "maxLength": 4}},
+            "required": ["s"],
+        }
+    )
     m = compiler.new_matcher(Constraint("json_schema", schema))
     feed(m, tokenizer, '{"s": "a')
     ctrl = [t for t in range(len(tokenizer)) if any(ord(ch) < 0x20 for ch in tokenizer.decode([t]))]

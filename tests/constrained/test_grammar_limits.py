@@ -38,13 +38,21 @@ def test_pathological_regex_refused_before_compiling() -> None:
         SamplingParams(choices=["x" * 70_000]).validate()
     SamplingParams(regex="[a-z]{1,200}@[a-z]{1,50}\\.com").validate()
     # Over the wire it is a request error naming the reason, decided by the router's decode.
-    frame = p.encode(p.GenerateRequest(request_id="r", text="hi", params=SamplingParams(regex="((a{1,99}){1,99}){9}")))
+    frame = p.encode(
+        p.GenerateRequest(
+            request_id="r", text="hi", params=SamplingParams(regex="((a{1,99}){1,99}){9}")
+        )
+    )
     err = p.decode_client(frame)
-    assert isinstance(err, p.Error) and err.code == "invalid_params" and "too complex" in err.message
+    assert (
+        isinstance(err, p.Error) and err.code == "invalid_params" and "too complex" in err.message
+    )
 
 
 def test_compile_time_limit(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    compiler = GrammarCompiler(tokenizer, vocab_size=len(tokenizer), stop_token_ids=[2], compile_timeout_s=0.2)
+    compiler = GrammarCompiler(
+        tokenizer, vocab_size=len(tokenizer), stop_token_ids=[2], compile_timeout_s=0.2
+    )
     release = threading.Event()
     real = compiler._compile
 
@@ -55,7 +63,9 @@ def test_compile_time_limit(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(compiler, "_compile", slow)
     t0 = time.monotonic()
-    with pytest.raises(ValueError, match="too complex: compiling it took longer than the limit of 0.2 s"):
+    with pytest.raises(
+        ValueError, match="too complex: compiling it took longer than the limit of 0.2 s"
+    ):
         compiler.compile(Constraint("regex", "slow"))
     assert time.monotonic() - t0 < 10
     t0 = time.monotonic()  # asked again: refused at once, not compiled a second time
@@ -63,6 +73,10 @@ def test_compile_time_limit(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> 
         compiler.compile(Constraint("regex", "slow"))
     assert time.monotonic() - t0 < 0.2
     release.set()
-    assert compiler.compile(Constraint("regex", "[0-9]+")).constraint.value == "[0-9]+"  # others compile as ever
-    with pytest.raises(ValueError, match="invalid regex"):  # the library's own errors still come through
+    assert (
+        compiler.compile(Constraint("regex", "[0-9]+")).constraint.value == "[0-9]+"
+    )  # others compile as ever
+    with pytest.raises(
+        ValueError, match="invalid regex"
+    ):  # the library's own errors still come through
         compiler.compile(Constraint("regex", "(unclosed"))

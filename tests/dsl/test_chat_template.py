@@ -23,8 +23,12 @@ STRICT_ALTERNATION = (
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello!"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Q?"},
-     {"role": "assistant", "content": "A."}, {"role": "user", "content": "More?"}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Q?"},
+        {"role": "assistant", "content": "A."},
+        {"role": "user", "content": "More?"},
+    ],
     [{"role": "assistant", "content": "I speak first."}, {"role": "user", "content": "ok"}],
 ]
 
@@ -59,8 +63,9 @@ def _hf_check(model_dir: Path) -> None:
     fmt = RoleFormat.from_template(tok.chat_template, special)
     for conv in CONVERSATIONS:
         assert _concat(fmt, conv) == tok.apply_chat_template(conv, tokenize=False)
-        assert render_chat_template(tok.chat_template, conv, add_generation_prompt=True, special_tokens=special) == \
-            tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+        assert render_chat_template(
+            tok.chat_template, conv, add_generation_prompt=True, special_tokens=special
+        ) == tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
 
 
 def test_tiny_model_template_matches_transformers(tiny_llama_dir: Path) -> None:
@@ -84,4 +89,6 @@ def test_program_text_equals_template_of_its_messages() -> None:
 
     state = chat.run(backend=backend)
     special = backend.model_info().special_tokens
-    assert state.text() == render_chat_template(LLAMA3_STYLE, state.messages(), special_tokens=special)
+    assert state.text() == render_chat_template(
+        LLAMA3_STYLE, state.messages(), special_tokens=special
+    )

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from frontend_dsl import (BackendError, assistant, batch_usage, gen, gen_int, gen_json, program, select, system,
-                          user)
+from frontend_dsl import (
+    BackendError,
+    assistant,
+    batch_usage,
+    gen,
+    gen_int,
+    gen_json,
+    program,
+    select,
+    system,
+    user,
+)
 from frontend_dsl.engine_backend import EngineBackend
 from radixserve.sampling_params import SamplingParams
 
@@ -18,8 +28,13 @@ GREEDY = {"temperature": 0.0}
 
 @pytest.fixture(scope="module")
 def backend(tiny_llama_dir: Path) -> Iterator[EngineBackend]:
-    b = EngineBackend(model=str(tiny_llama_dir), page_size=PAGE, num_pages=2048, max_num_tokens=1024,
-                      max_model_len=1024)
+    b = EngineBackend(
+        model=str(tiny_llama_dir),
+        page_size=PAGE,
+        num_pages=2048,
+        max_num_tokens=1024,
+        max_model_len=1024,
+    )
     yield b
     b.close()
 
@@ -70,7 +85,9 @@ def test_multi_turn_chat_text_is_the_chat_template_of_messages(backend: EngineBa
     assert state.usage.calls == 2 and state.usage.cached_tokens >= PAGE
 
 
-def _hf_choice_logprobs(model_dir: Path, prompt: str, choices: list[str], tokenizer) -> list[list[float]]:
+def _hf_choice_logprobs(
+    model_dir: Path, prompt: str, choices: list[str], tokenizer
+) -> list[list[float]]:
     """Token logprobs of each choice, from transformers' own model (not the engine), all
     scored from the first position where any choice's tokens leave the prompt's."""
     import torch
@@ -96,8 +113,9 @@ def _hf_choice_logprobs(model_dir: Path, prompt: str, choices: list[str], tokeni
     return out
 
 
-def test_select_picks_highest_mean_logprob_checked_with_transformers(backend: EngineBackend,
-                                                                     tiny_llama_dir: Path) -> None:
+def test_select_picks_highest_mean_logprob_checked_with_transformers(
+    backend: EngineBackend, tiny_llama_dir: Path
+) -> None:
     choices = ["Paris", "London", "the capital of France is Paris", "blue"]
     prompt_tail = "Q: What is the capital of France?\nA: "  # trailing space: the boundary case
 
@@ -120,14 +138,20 @@ def test_select_picks_highest_mean_logprob_checked_with_transformers(backend: En
     # end of the tokenized prompt, so "London" pays for its separate space token too.
     n_prompt = len(backend.tokenize([prompt])[0])
     assert meta["boundaries"] == [n_prompt - 1] * len(choices)
-    assert len(meta["token_logprobs"][1]) == len(backend.tokenize([prompt + "London"])[0]) - (n_prompt - 1)
+    assert len(meta["token_logprobs"][1]) == len(backend.tokenize([prompt + "London"])[0]) - (
+        n_prompt - 1
+    )
     # Batched choices reuse the cached prefix.
     assert meta["usage"].cached_tokens >= (len(choices) - 1) * PAGE
 
 
 def test_integer_and_json_generation_are_constrained(backend: EngineBackend) -> None:
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "blue"]}},
-              "required": ["ok", "color"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "color": {"enum": ["red", "blue"]}},
+        "required": ["ok", "color"],
+        "additionalProperties": False,
+    }
 
     @program
     def typed(s, i):
@@ -138,7 +162,9 @@ def test_integer_and_json_generation_are_constrained(backend: EngineBackend) -> 
 
     # A random model still yields an integer and schema-valid JSON: the engine's grammar
     # constraint allows nothing else.
-    states = typed.run_batch([{"i": i} for i in range(4)], backend=backend, defaults={"temperature": 0.8, "seed": 1})
+    states = typed.run_batch(
+        [{"i": i} for i in range(4)], backend=backend, defaults={"temperature": 0.8, "seed": 1}
+    )
     for state in states:
         assert state.ok, state.error
         assert isinstance(state["n"], int)
@@ -203,7 +229,9 @@ def test_streaming_matches_final_text(backend: EngineBackend) -> None:
 
 
 def test_run_batch_long_system_prompt_hits_near_optimum(backend: EngineBackend) -> None:
-    system_prompt = ("You are a careful assistant for a prefix caching engine. Answer briefly and exactly. " * 6)
+    system_prompt = (
+        "You are a careful assistant for a prefix caching engine. Answer briefly and exactly. " * 6
+    )
 
     @program
     def ask(s, i):
@@ -212,7 +240,9 @@ def test_run_batch_long_system_prompt_hits_near_optimum(backend: EngineBackend) 
         s += assistant(gen("a", max_tokens=4))
 
     assert backend.flush_cache()
-    states = ask.run_batch([{"i": i} for i in range(32)], backend=backend, concurrency=32, defaults=GREEDY)
+    states = ask.run_batch(
+        [{"i": i} for i in range(32)], backend=backend, concurrency=32, defaults=GREEDY
+    )
     assert all(s.ok for s in states), [s.error for s in states if not s.ok]
     usage = batch_usage(states)
     shared = len(backend.tokenize([states[0].text().split("Question")[0]])[0]) // PAGE * PAGE
@@ -231,7 +261,9 @@ def test_engine_errors_surface_on_the_state(backend: EngineBackend) -> None:
 
 
 def test_closing_a_stream_aborts_the_request(backend: EngineBackend) -> None:
-    stream = backend.generate("Once upon a time", SamplingParams(max_tokens=200, temperature=0, ignore_eos=True))
+    stream = backend.generate(
+        "Once upon a time", SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+    )
     chunks = iter(stream)
     next(chunks)
     stream.close()

@@ -7,8 +7,23 @@ import threading
 
 import pytest
 
-from frontend_dsl import (BackendError, FakeBackend, ProgramError, assistant, batch_usage, gen, gen_bool, gen_int,
-                          gen_json, gen_str, program, render_chat_template, select, system, user)
+from frontend_dsl import (
+    BackendError,
+    FakeBackend,
+    ProgramError,
+    assistant,
+    batch_usage,
+    gen,
+    gen_bool,
+    gen_int,
+    gen_json,
+    gen_str,
+    program,
+    render_chat_template,
+    select,
+    system,
+    user,
+)
 from frontend_dsl.fake_backend import CHATML_TEMPLATE
 from frontend_dsl.ir import RoleBegin
 
@@ -59,7 +74,9 @@ def test_multi_turn_chat_messages_match_the_template() -> None:
     assert state.messages() == expected
     assert state.text() == render_chat_template(CHATML_TEMPLATE, expected)
     # Each call's prompt is the text so far, ending in the generation prompt.
-    assert backend.calls[1].prompt.endswith("<|im_start|>user\nCapital of France?<|im_end|>\n<|im_start|>assistant\n")
+    assert backend.calls[1].prompt.endswith(
+        "<|im_start|>user\nCapital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert backend.calls[1].prompt.startswith(backend.calls[0].prompt)
 
 
@@ -120,7 +137,9 @@ def test_select_scores_every_choice_over_the_same_text() -> None:
 
 def test_select_methods_mean_sum_first_and_callable() -> None:
     # "alpha beta gamma": three tokens at -0.5 (mean -0.5, sum -1.5); "delta": one token at -1.0.
-    backend = FakeBackend(scorer=_word_scorer({"alpha": -0.5, "beta": -0.5, "gamma": -0.5, "delta": -1.0}))
+    backend = FakeBackend(
+        scorer=_word_scorer({"alpha": -0.5, "beta": -0.5, "gamma": -0.5, "delta": -1.0})
+    )
     choices = ["alpha beta gamma", "delta"]
 
     @program
@@ -141,18 +160,24 @@ def test_select_warms_the_shared_prefix_then_batches() -> None:
 
     @program
     def prog(s):
-        s += "A long shared question that spans several pages of tokens:" + select("x", choices=["a", "b", "c"])
+        s += "A long shared question that spans several pages of tokens:" + select(
+            "x", choices=["a", "b", "c"]
+        )
 
     state = prog.run(backend=backend)
     assert state.ok
     usage = state.get_meta("x")["usage"]
     # The first choice computes the prefix; the two others find it cached.
-    prefix = len(backend.tokenize(["A long shared question that spans several pages of tokens:"])[0])
+    prefix = len(
+        backend.tokenize(["A long shared question that spans several pages of tokens:"])[0]
+    )
     assert usage.cached_tokens >= 2 * (prefix // 2 * 2 - 2)
 
 
 def test_gen_int_and_gen_str() -> None:
-    backend = FakeBackend(responder=lambda prompt, params: " 42 apples" if prompt.endswith("many? ") else 'Bob", age')
+    backend = FakeBackend(
+        responder=lambda prompt, params: " 42 apples" if prompt.endswith("many? ") else 'Bob", age'
+    )
 
     @program
     def typed(s):
@@ -167,7 +192,8 @@ def test_gen_int_and_gen_str() -> None:
     assert "\n" in backend.calls[0].params.stop and backend.calls[0].params.max_tokens == 16
 
     bad = program(lambda s: s.__iadd__("How many? " + gen_int("n"))).run(
-        backend=FakeBackend(responder=lambda p, sp: "lots"))
+        backend=FakeBackend(responder=lambda p, sp: "lots")
+    )
     assert isinstance(bad.error, ValueError) and "not an integer" in str(bad.error)
 
 
@@ -281,8 +307,11 @@ def test_join_concat_and_fork_errors_reach_the_parent() -> None:
 
     state = chat_concat.run(backend=FakeBackend())
     assert state.ok, state.error
-    expected = [{"role": "user", "content": "Two drafts?"}, {"role": "assistant", "content": "draft 0"},
-                {"role": "assistant", "content": "draft 1"}]
+    expected = [
+        {"role": "user", "content": "Two drafts?"},
+        {"role": "assistant", "content": "draft 0"},
+        {"role": "assistant", "content": "draft 1"},
+    ]
     assert state.messages() == expected  # the forks' messages come along with their text
     assert state.text() == render_chat_template(CHATML_TEMPLATE, expected)
 
@@ -374,8 +403,13 @@ def test_run_batch_order_concurrency_progress_and_defaults() -> None:
     def echo(s, n):
         s += f"Echo {n}:" + gen("out", max_tokens=4)
 
-    states = echo.run_batch([{"n": i} for i in range(20)], backend=backend, concurrency=4, progress_bar=True,
-                            defaults={"temperature": 0.0})
+    states = echo.run_batch(
+        [{"n": i} for i in range(20)],
+        backend=backend,
+        concurrency=4,
+        progress_bar=True,
+        defaults={"temperature": 0.0},
+    )
     assert [s["out"] for s in states] == [f" {i}" for i in range(20)]
     assert 1 < peak[0] <= 4
     assert all(c.params.temperature == 0.0 for c in backend.calls)
@@ -418,7 +452,9 @@ def test_run_batch_isolates_failures() -> None:
         if i == 3:
             raise RuntimeError("item 3 is broken")
 
-    states = maybe_fail.run_batch([{"i": i} for i in range(6)], backend=FakeBackend(), concurrency=3)
+    states = maybe_fail.run_batch(
+        [{"i": i} for i in range(6)], backend=FakeBackend(), concurrency=3
+    )
     assert [s.ok for s in states] == [True, True, True, False, True, True]
     assert "item 3 is broken" in str(states[3].error)
     assert all(s["x"] == "ok" for i, s in enumerate(states) if i != 3)
@@ -428,8 +464,10 @@ def test_the_dsl_and_its_remote_backend_import_without_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, frontend_dsl, frontend_dsl.remote_backend; "
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'")
+    code = (
+        "import sys, frontend_dsl, frontend_dsl.remote_backend; "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
@@ -456,7 +494,9 @@ def test_run_defaults_are_normalized_and_checked() -> None:
 
 
 def test_a_run_default_stop_does_not_cut_typed_constrained_output() -> None:
-    backend = FakeBackend(responder=lambda prompt, params: '{"score": 0.5}' if params.json_schema else " true")
+    backend = FakeBackend(
+        responder=lambda prompt, params: '{"score": 0.5}' if params.json_schema else " true"
+    )
 
     @program
     def typed(s):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -21,8 +21,12 @@ GREEDY = {"temperature": 0.0}
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir: Path) -> Iterator[LocalServer]:
-    config = RouterConfig(endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.2, client_probe_interval_s=0.2)
-    srv = LocalServer(tiny_llama_dir, num_workers=2, config=config, engine_config=dict(ENGINE, num_threads=1))
+    config = RouterConfig(
+        endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.2, client_probe_interval_s=0.2
+    )
+    srv = LocalServer(
+        tiny_llama_dir, num_workers=2, config=config, engine_config=dict(ENGINE, num_threads=1)
+    )
     srv.start(timeout_s=120)
     yield srv
     srv.close()
@@ -57,21 +61,27 @@ def assistant_program(s, question):
     forks.join()
 
 
-def test_same_program_same_results_on_both_backends(remote: RemoteBackend, local: EngineBackend) -> None:
+def test_same_program_same_results_on_both_backends(
+    remote: RemoteBackend, local: EngineBackend
+) -> None:
     there = assistant_program.run("What is the capital of France?", backend=remote, defaults=GREEDY)
     here = assistant_program.run("What is the capital of France?", backend=local, defaults=GREEDY)
     assert there.ok and here.ok, (there.error, here.error)
     assert there.text() == here.text()
     assert there.variables() == here.variables()
     assert there.messages() == here.messages()
-    for a, b in zip(there.get_meta("verdict")["token_logprobs"], here.get_meta("verdict")["token_logprobs"]):
+    for a, b in zip(
+        there.get_meta("verdict")["token_logprobs"], here.get_meta("verdict")["token_logprobs"]
+    ):
         assert a == pytest.approx(b, abs=1e-4)
     assert there.usage.calls == here.usage.calls == 6
     assert there.usage.cached_tokens > 0
 
 
 def test_program_calls_stay_on_one_worker_and_batch_reuses_prefix(remote: RemoteBackend) -> None:
-    system_prompt = "You are a careful assistant for a prefix caching engine. Answer briefly and exactly. " * 6
+    system_prompt = (
+        "You are a careful assistant for a prefix caching engine. Answer briefly and exactly. " * 6
+    )
 
     @program
     def two_turns(s, i):
@@ -82,16 +92,22 @@ def test_program_calls_stay_on_one_worker_and_batch_reuses_prefix(remote: Remote
         s += assistant(gen("b", max_tokens=3))
 
     assert remote.flush_cache()
-    states = two_turns.run_batch([{"i": i} for i in range(32)], backend=remote, concurrency=32, defaults=GREEDY)
+    states = two_turns.run_batch(
+        [{"i": i} for i in range(32)], backend=remote, concurrency=32, defaults=GREEDY
+    )
     assert all(s.ok for s in states), [s.error for s in states if not s.ok][:3]
     for s in states:
         assert s.get_meta("a")["worker_id"] == s.get_meta("b")["worker_id"] is not None
     usage = batch_usage(states)
-    first_prompts = sum(len(remote.tokenize([s.text().split("<|im_start|>assistant")[0]])[0]) for s in states)
+    first_prompts = sum(
+        len(remote.tokenize([s.text().split("<|im_start|>assistant")[0]])[0]) for s in states
+    )
     shared = len(remote.tokenize([states[0].text().split("Question")[0]])[0]) // 4 * 4
     # Lower bound of the best possible reuse: every worker computes the shared system prompt
     # once; every second turn reuses its whole first prompt (page-aligned).
-    optimum = ((32 - 2) * shared + (usage.prompt_tokens - first_prompts) * 0.9) / usage.prompt_tokens
+    optimum = (
+        (32 - 2) * shared + (usage.prompt_tokens - first_prompts) * 0.9
+    ) / usage.prompt_tokens
     assert usage.hit_rate >= 0.9 * optimum, (usage, optimum)
 
 

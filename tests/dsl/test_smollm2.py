@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -42,10 +42,12 @@ def test_select_sentiment_classifier(backend: EngineBackend) -> None:
         s += user(f"Is the following movie review positive or negative?\n\n{review}")
         s += assistant("This review is " + select("label", choices=["positive", "negative"]))
 
-    reviews = {"I loved this movie, it was wonderful and moving!": "positive",
-               "Terrible. Boring plot and awful acting; I walked out.": "negative",
-               "The worst film I have seen this year.": "negative",
-               "An absolute masterpiece.": "positive"}
+    reviews = {
+        "I loved this movie, it was wonderful and moving!": "positive",
+        "Terrible. Boring plot and awful acting; I walked out.": "negative",
+        "The worst film I have seen this year.": "negative",
+        "An absolute masterpiece.": "positive",
+    }
     states = sentiment.run_batch([{"review": r} for r in reviews], backend=backend)
     assert [s["label"] for s in states] == list(reviews.values())
 
@@ -56,6 +58,8 @@ def test_integer_answers(backend: EngineBackend) -> None:
         s += user(question)
         s += assistant("The answer is " + gen_int("n", temperature=0))
 
-    states = arithmetic.run_batch([{"question": "What is 2+3?"}, {"question": "How many legs does a dog have?"}],
-                                  backend=backend)
+    states = arithmetic.run_batch(
+        [{"question": "What is 2+3?"}, {"question": "How many legs does a dog have?"}],
+        backend=backend,
+    )
     assert [s["n"] for s in states] == [5, 4]

@@ -4,8 +4,8 @@ A plain module (not conftest) so test files import it by a name unique in the su
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -38,8 +38,12 @@ def hf_greedy(model_dir: Path, prompt: list[int], n: int) -> list[int]:
             _HF_MODELS[str(model_dir)] = model
         with torch.inference_mode():
             out = model.generate(  # type: ignore[attr-defined]
-                torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                eos_token_id=None, pad_token_id=0,
+                torch.tensor([prompt]),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
             )
         _HF_CACHE[key] = out[0, len(prompt) :].tolist()
     return _HF_CACHE[key]

@@ -10,10 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
 
 from radixserve.engine.decode_graphs import batch_buckets
-
-from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
 
 
 def test_buckets() -> None:
@@ -23,7 +22,9 @@ def test_buckets() -> None:
     assert batch_buckets(200)[-4:] == [128, 160, 192, 200]
 
 
-def _staggered(engine, prompts: list[list[int]], n: int, abort: str | None = None) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
+def _staggered(
+    engine, prompts: list[list[int]], n: int, abort: str | None = None
+) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
     """Arrivals one step apart; optionally abort one request mid-way."""
     queue = list(enumerate(prompts))
     got: dict[str, list[int]] = {}
@@ -42,13 +43,20 @@ def _staggered(engine, prompts: list[list[int]], n: int, abort: str | None = Non
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_greedy_identical_with_static_decode_on_and_off(tiny_llama_dir: Path, make_engine, page_size: int) -> None:
+def test_greedy_identical_with_static_decode_on_and_off(
+    tiny_llama_dir: Path, make_engine, page_size: int
+) -> None:
     prompts = random_prompts([5, 11, 3, 17, 8], seed=50)
     prompts.append(prompts[1][:9] + [7, 8])  # a warm-cache hit on the second prompt
     runs = {}
     for mode in ("off", "on"):
-        engine = make_engine(tiny_llama_dir, page_size=page_size, num_pages=2048 // page_size,
-                             decode_graphs=mode, max_running_requests=6)
+        engine = make_engine(
+            tiny_llama_dir,
+            page_size=page_size,
+            num_pages=2048 // page_size,
+            decode_graphs=mode,
+            max_running_requests=6,
+        )
         runs[mode] = _staggered(engine, prompts, 7, abort="r2")
         graphs = engine.runner.decode_graphs
         assert (graphs is not None and graphs.replays > 0) == (mode == "on")
@@ -62,8 +70,14 @@ def test_greedy_identical_with_static_decode_on_and_off(tiny_llama_dir: Path, ma
 def test_static_decode_with_retraction(tiny_llama_dir: Path, make_engine) -> None:
     """A pool small enough to retract: the recomputes are extends, decodes go static."""
     prompts = random_prompts([9, 12, 7, 10], seed=51)
-    engine = make_engine(tiny_llama_dir, page_size=2, num_pages=30, decode_graphs="on",
-                         init_new_token_ratio=0.0, min_new_token_ratio=0.0)
+    engine = make_engine(
+        tiny_llama_dir,
+        page_size=2,
+        num_pages=30,
+        decode_graphs="on",
+        init_new_token_ratio=0.0,
+        min_new_token_ratio=0.0,
+    )
     ids = [engine.add_request(p, greedy(8)) for p in prompts]
     outs = run_to_completion(engine)
     assert engine.stats().retractions_total > 0 and engine.runner.decode_graphs.replays > 0

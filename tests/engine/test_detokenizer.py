@@ -66,7 +66,9 @@ def test_no_stop_string_before_min_tokens(tokenizer) -> None:  # type: ignore[no
     text = "one two one two three"
     ids = tokenizer.encode(text)
     first = len(tokenizer.encode("one two"))
-    detok = IncrementalDetokenizer(tokenizer, SamplingParams(stop=["two"], min_tokens=first + 1, max_tokens=64))
+    detok = IncrementalDetokenizer(
+        tokenizer, SamplingParams(stop=["two"], min_tokens=first + 1, max_tokens=64)
+    )
     out, stopped_at = "", None
     for i, t in enumerate(ids):
         d = detok.add([t])

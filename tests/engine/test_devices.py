@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.devices import WorkerPlacement, bind_device, parse_gpu_ids, plan_worker_devices
+from radixserve.engine.devices import (
+    WorkerPlacement,
+    bind_device,
+    parse_gpu_ids,
+    plan_worker_devices,
+)
 
 
 @pytest.fixture
@@ -20,10 +25,18 @@ def four_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_defaults_follow_the_device() -> None:
     cpu = EngineConfig()
-    assert (cpu.dtype, cpu.attention_backend, cpu.torch_dtype) == ("float32", "torch", torch.float32)
+    assert (cpu.dtype, cpu.attention_backend, cpu.torch_dtype) == (
+        "float32",
+        "torch",
+        torch.float32,
+    )
     for dev in ("cuda", "cuda:1"):
         gpu = EngineConfig(device=dev)  # resolving defaults needs no GPU
-        assert (gpu.dtype, gpu.attention_backend, gpu.torch_dtype) == ("bfloat16", "triton", torch.bfloat16)
+        assert (gpu.dtype, gpu.attention_backend, gpu.torch_dtype) == (
+            "bfloat16",
+            "triton",
+            torch.bfloat16,
+        )
     explicit = EngineConfig(device="cuda", dtype="float16", attention_backend="torch")
     assert (explicit.dtype, explicit.attention_backend) == ("float16", "torch")
     with pytest.raises(ValueError, match="unknown device"):

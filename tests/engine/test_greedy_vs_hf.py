@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
 
 LENGTHS = [5, 23, 1, 40, 16, 9]
@@ -13,10 +12,17 @@ LENGTHS = [5, 23, 1, 40, 16, 9]
 
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("max_num_tokens", [2048, 7])
-def test_together_cold_and_warm(tiny_llama_dir: Path, make_engine, page_size: int, max_num_tokens: int) -> None:
+def test_together_cold_and_warm(
+    tiny_llama_dir: Path, make_engine, page_size: int, max_num_tokens: int
+) -> None:
     prompts = random_prompts(LENGTHS, seed=1)
     refs = [hf_greedy(tiny_llama_dir, p, 10) for p in prompts]
-    engine = make_engine(tiny_llama_dir, page_size=page_size, num_pages=4096 // page_size, max_num_tokens=max_num_tokens)
+    engine = make_engine(
+        tiny_llama_dir,
+        page_size=page_size,
+        num_pages=4096 // page_size,
+        max_num_tokens=max_num_tokens,
+    )
     for rnd in ("cold", "warm"):
         rids = [engine.add_request(p, greedy()) for p in prompts]
         outs = run_to_completion(engine)
@@ -34,7 +40,9 @@ def test_staggered_with_small_chunks(tiny_llama_dir: Path, make_engine, page_siz
     tails = random_prompts([3, 20, 1, 11, 37], seed=3)
     prompts = [base[:k] + t for k, t in zip([30, 12, 30, 0, 25], tails)]
     refs = [hf_greedy(tiny_llama_dir, p, 10) for p in prompts]
-    engine = make_engine(tiny_llama_dir, page_size=page_size, num_pages=2048 // page_size, max_num_tokens=9)
+    engine = make_engine(
+        tiny_llama_dir, page_size=page_size, num_pages=2048 // page_size, max_num_tokens=9
+    )
     pending = list(enumerate(prompts))
     rids: dict[int, str] = {}
 
@@ -76,7 +84,9 @@ def test_fcfs_and_disabled_cache(tiny_llama_dir: Path, make_engine) -> None:
 
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e4m3", "int4"])
-def test_quantized_kv_cache_runs_cold_and_warm(tiny_llama_dir: Path, make_engine, kv_dtype: str) -> None:
+def test_quantized_kv_cache_runs_cold_and_warm(
+    tiny_llama_dir: Path, make_engine, kv_dtype: str
+) -> None:
     """Quantized pools: same tokens cold and warm (reused pages hold the same codes), close to fp32."""
     prompts = random_prompts([12, 30, 5], seed=6)
     engine = make_engine(tiny_llama_dir, kv_cache_dtype=kv_dtype, max_num_tokens=16)
@@ -85,4 +95,6 @@ def test_quantized_kv_cache_runs_cold_and_warm(tiny_llama_dir: Path, make_engine
     engine.check_invariants()
     assert cold == warm
     refs = [hf_greedy(tiny_llama_dir, p, 10) for p in prompts]
-    assert [c[0] for c in cold] == [r[0] for r in refs]  # the first token survives quantization here
+    assert [c[0] for c in cold] == [
+        r[0] for r in refs
+    ]  # the first token survives quantization here

@@ -7,7 +7,6 @@ import random
 from pathlib import Path
 
 import pytest
-
 from engine_helpers import greedy, random_prompts
 
 from radixserve.engine.engine import Engine
@@ -36,11 +35,19 @@ def _run(engine: Engine, prompts: list[list[int]]) -> tuple[list[list[int]], lis
     return tokens, cached
 
 
-def test_outputs_identical_and_hits_recovered_through_demotion_and_load_back(tiny_llama_dir: Path, make_engine) -> None:
+def test_outputs_identical_and_hits_recovered_through_demotion_and_load_back(
+    tiny_llama_dir: Path, make_engine
+) -> None:
     prompts = _workload()
     # 12 pages of 4 tokens: one system prompt (8 pages) and its request, never two.
     plain = make_engine(tiny_llama_dir, page_size=4, num_pages=12)
-    tiered = make_engine(tiny_llama_dir, page_size=4, num_pages=12, enable_hierarchical_cache=True, hicache_size=0.001)
+    tiered = make_engine(
+        tiny_llama_dir,
+        page_size=4,
+        num_pages=12,
+        enable_hierarchical_cache=True,
+        hicache_size=0.001,
+    )
     ref, plain_cached = _run(plain, prompts)
     got, tiered_cached = _run(tiered, prompts)
     assert got == ref
@@ -51,18 +58,26 @@ def test_outputs_identical_and_hits_recovered_through_demotion_and_load_back(tin
     assert s.pages_in_use == 0
 
 
-def test_restart_with_the_same_storage_dir_serves_from_l3(tiny_llama_dir: Path, make_engine, tmp_path: Path) -> None:
+def test_restart_with_the_same_storage_dir_serves_from_l3(
+    tiny_llama_dir: Path, make_engine, tmp_path: Path
+) -> None:
     prompt = random_prompts([40], seed=42)[0]
-    first = make_engine(tiny_llama_dir, page_size=4, num_pages=64, hicache_storage_dir=str(tmp_path))
+    first = make_engine(
+        tiny_llama_dir, page_size=4, num_pages=64, hicache_storage_dir=str(tmp_path)
+    )
     (cold,) = first.generate([prompt], greedy(N))
     assert cold.usage.cached_tokens == 0
     first.close()
     assert first.stats().storage_written_pages_total >= 40 // 4
 
-    second = make_engine(tiny_llama_dir, page_size=4, num_pages=64, hicache_storage_dir=str(tmp_path))
+    second = make_engine(
+        tiny_llama_dir, page_size=4, num_pages=64, hicache_storage_dir=str(tmp_path)
+    )
     (warm,) = second.generate([prompt], greedy(N))
     assert warm.token_ids == cold.token_ids
-    assert warm.usage.cached_tokens == 40 // 4 * 4 - 4  # whole pages of the prompt but its last token's
+    assert (
+        warm.usage.cached_tokens == 40 // 4 * 4 - 4
+    )  # whole pages of the prompt but its last token's
     assert second.stats().loaded_storage_pages_total == warm.usage.cached_tokens // 4
     second.check_invariants()
 
@@ -71,7 +86,9 @@ def test_restart_with_the_same_storage_dir_serves_from_l3(tiny_llama_dir: Path, 
     files = sorted(tmp_path.rglob("*.kv"))
     for f in files:
         f.write_bytes(f.read_bytes()[:-1])
-    third = make_engine(tiny_llama_dir, page_size=4, num_pages=64, hicache_storage_dir=str(tmp_path))
+    third = make_engine(
+        tiny_llama_dir, page_size=4, num_pages=64, hicache_storage_dir=str(tmp_path)
+    )
     (again,) = third.generate([prompt], greedy(N))
     assert again.token_ids == cold.token_ids and again.usage.cached_tokens == 0
     assert third.stats().storage_corrupt_pages_total == 1  # the first page: the match stops there
@@ -85,16 +102,33 @@ def test_flags_map_to_the_engine_config() -> None:
 
     ap = argparse.ArgumentParser()
     add_engine_arguments(ap)
-    cfg = engine_config(ap.parse_args(["--enable-hierarchical-cache", "--hicache-size", "1.5",
-                                       "--hicache-storage-dir", "/tmp/kv"]))
-    assert cfg == {"enable_hierarchical_cache": True, "hicache_size": 1.5, "hicache_storage_dir": "/tmp/kv"}
-    assert EngineConfig(hicache_storage_dir="/tmp/kv").hierarchical_cache  # a directory implies the hierarchy
+    cfg = engine_config(
+        ap.parse_args(
+            [
+                "--enable-hierarchical-cache",
+                "--hicache-size",
+                "1.5",
+                "--hicache-storage-dir",
+                "/tmp/kv",
+            ]
+        )
+    )
+    assert cfg == {
+        "enable_hierarchical_cache": True,
+        "hicache_size": 1.5,
+        "hicache_storage_dir": "/tmp/kv",
+    }
+    assert EngineConfig(
+        hicache_storage_dir="/tmp/kv"
+    ).hierarchical_cache  # a directory implies the hierarchy
     assert not EngineConfig().hierarchical_cache
     with pytest.raises(ValueError, match="needs the radix cache"):
         EngineConfig(disable_radix_cache=True, enable_hierarchical_cache=True)
 
 
-def test_a_pinned_prompt_survives_pressure_that_evicts_an_unpinned_one(tiny_llama_dir: Path, make_engine) -> None:
+def test_a_pinned_prompt_survives_pressure_that_evicts_an_unpinned_one(
+    tiny_llama_dir: Path, make_engine
+) -> None:
     pinned, unpinned = random_prompts([32, 32], seed=43)
     others = random_prompts([40] * 4, seed=44)
     engine = make_engine(tiny_llama_dir, page_size=4, num_pages=24, pin_budget_fraction=0.5)

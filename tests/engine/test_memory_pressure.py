@@ -5,19 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_tiny_pool_evicts_and_retracts_with_identical_outputs(tiny_llama_dir: Path, make_engine, page_size: int) -> None:
+def test_tiny_pool_evicts_and_retracts_with_identical_outputs(
+    tiny_llama_dir: Path, make_engine, page_size: int
+) -> None:
     system = random_prompts([24], seed=20)[0]
     prompts = [system + q for q in random_prompts([6, 10, 3, 14, 8, 5, 12, 9], seed=21)]
     n = 24
     refs = [hf_greedy(tiny_llama_dir, p, n) for p in prompts]
     engine = make_engine(
-        tiny_llama_dir, page_size=page_size, num_pages=160 // page_size, max_num_tokens=64,
-        init_new_token_ratio=0.0, min_new_token_ratio=0.0,  # admit greedily: decode must retract
+        tiny_llama_dir,
+        page_size=page_size,
+        num_pages=160 // page_size,
+        max_num_tokens=64,
+        init_new_token_ratio=0.0,
+        min_new_token_ratio=0.0,  # admit greedily: decode must retract
     )
     rids = [engine.add_request(p, greedy(n)) for p in prompts]
     outs = run_to_completion(engine)
@@ -44,7 +49,9 @@ def test_prompt_that_can_never_fit_is_rejected(tiny_llama_dir: Path, make_engine
     engine = make_engine(tiny_llama_dir, page_size=4, num_pages=8)  # 32 tokens of KV
     with pytest.raises(ValueError, match="too long"):
         engine.add_request(list(range(3, 35)), greedy())
-    rid = engine.add_request(list(range(3, 30)), greedy(50))  # fits; output stops at the pool's size
+    rid = engine.add_request(
+        list(range(3, 30)), greedy(50)
+    )  # fits; output stops at the pool's size
     outs = run_to_completion(engine)
     assert outs[rid][-1].finish_reason == "length"
     assert outs[rid][-1].usage.completion_tokens == 32 - 27
@@ -102,6 +109,8 @@ def test_failed_forward_finishes_batch_with_error(tiny_llama_dir: Path, make_eng
     assert engine.stats().pages_in_use == 0 and not engine.has_unfinished()
 
 
-def test_max_model_len_past_the_models_positions_is_refused(tiny_llama_dir: Path, make_engine) -> None:
+def test_max_model_len_past_the_models_positions_is_refused(
+    tiny_llama_dir: Path, make_engine
+) -> None:
     with pytest.raises(ValueError, match="max_position_embeddings"):
         make_engine(tiny_llama_dir, max_model_len=4096)  # the tiny model has 2048 positions

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_helpers import greedy, hf_greedy, random_prompts
 
 from radixserve.engine.staging import StagingBuffer, StagingLayout
 from radixserve.sampling_params import SamplingParams
-
-from engine_helpers import greedy, hf_greedy, random_prompts
 
 
 def _mixed_params() -> list[SamplingParams]:
@@ -25,14 +24,26 @@ def _mixed_params() -> list[SamplingParams]:
     return [
         greedy(6),
         SamplingParams(max_tokens=6, temperature=0.8, top_k=5, top_p=0.9, seed=3, ignore_eos=True),
-        SamplingParams(max_tokens=6, temperature=1.0, min_p=0.1, repetition_penalty=1.3, ignore_eos=True),
-        SamplingParams(max_tokens=6, temperature=0.0, frequency_penalty=0.5, presence_penalty=0.2, min_tokens=3,
-                       logprobs=3, prompt_logprobs_start=0, ignore_eos=True),
+        SamplingParams(
+            max_tokens=6, temperature=1.0, min_p=0.1, repetition_penalty=1.3, ignore_eos=True
+        ),
+        SamplingParams(
+            max_tokens=6,
+            temperature=0.0,
+            frequency_penalty=0.5,
+            presence_penalty=0.2,
+            min_tokens=3,
+            logprobs=3,
+            prompt_logprobs_start=0,
+            ignore_eos=True,
+        ),
     ]
 
 
 @pytest.mark.parametrize("overlap", ["off", "on"])
-def test_each_step_is_one_copy_in_and_at_most_one_read_back(tiny_llama_dir: Path, make_engine, overlap: str) -> None:
+def test_each_step_is_one_copy_in_and_at_most_one_read_back(
+    tiny_llama_dir: Path, make_engine, overlap: str
+) -> None:
     engine = make_engine(tiny_llama_dir, page_size=4, max_num_tokens=24, overlap_schedule=overlap)
     counter = engine.runner.transfers
     prompts = random_prompts([30, 9, 17, 5], seed=40)  # 30 tokens: a chunked prefill (budget 24)
@@ -54,7 +65,9 @@ def test_each_step_is_one_copy_in_and_at_most_one_read_back(tiny_llama_dir: Path
     assert engine.stats().pages_in_use == 0
 
 
-def test_a_prefill_chunk_that_samples_nothing_reads_nothing_back(tiny_llama_dir: Path, make_engine) -> None:
+def test_a_prefill_chunk_that_samples_nothing_reads_nothing_back(
+    tiny_llama_dir: Path, make_engine
+) -> None:
     engine = make_engine(tiny_llama_dir, page_size=4, max_num_tokens=8)
     engine.add_request(random_prompts([20], seed=41)[0], greedy(2))
     counter = engine.runner.transfers
@@ -69,7 +82,9 @@ def test_greedy_tokens_unchanged_through_the_runner(tiny_llama_dir: Path, make_e
     assert [o.token_ids for o in outs] == [hf_greedy(tiny_llama_dir, p, 8) for p in prompts]
 
 
-def test_slots_come_from_host_page_lists_not_the_device_table(tiny_llama_dir: Path, make_engine) -> None:
+def test_slots_come_from_host_page_lists_not_the_device_table(
+    tiny_llama_dir: Path, make_engine
+) -> None:
     """The CPU path never reads the device page table: with every patch of it dropped and the
     table zeroed instead, KV slots (from host page lists) and the attention (host lists too)
     are still right, so the greedy tokens still match transformers."""
@@ -98,13 +113,18 @@ def test_staging_views_and_readback_roundtrip() -> None:
     staging.upload(layout)  # the next step's upload must not overwrite this step's views
     assert first.tolist() == [1, 2, 3]
     big = 2**40 + 1  # token ids and the like are exact through the float64 read
-    assert staging.read([torch.tensor([big, 5]), torch.tensor([0.25])]) == [[float(big), 5.0], [0.25]]
+    assert staging.read([torch.tensor([big, 5]), torch.tensor([0.25])]) == [
+        [float(big), 5.0],
+        [0.25],
+    ]
     assert (staging.counter.h2d, staging.counter.d2h) == (2, 1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (benchmarks/gpu_check.sh)")
 @pytest.mark.parametrize("overlap", ["off", "on"])
-def test_cuda_steps_have_no_implicit_sync(tiny_llama_dir: Path, make_engine, monkeypatch, overlap: str) -> None:
+def test_cuda_steps_have_no_implicit_sync(
+    tiny_llama_dir: Path, make_engine, monkeypatch, overlap: str
+) -> None:
     """Every synchronizing call in a step raises, except the one wait the runner means to do
     (the event of its one read back)."""
     from radixserve.engine import staging
@@ -119,8 +139,13 @@ def test_cuda_steps_have_no_implicit_sync(tiny_llama_dir: Path, make_engine, mon
             torch.cuda.set_sync_debug_mode("error")
 
     monkeypatch.setattr(staging.PendingRead, "wait", allowed_wait)
-    engine = make_engine(tiny_llama_dir, page_size=16, device="cuda", attention_backend="triton",
-                         overlap_schedule=overlap)
+    engine = make_engine(
+        tiny_llama_dir,
+        page_size=16,
+        device="cuda",
+        attention_backend="triton",
+        overlap_schedule=overlap,
+    )
     for ids, p in zip(random_prompts([30, 9, 17, 5], seed=44), _mixed_params()):
         engine.add_request(ids, p)
     engine.step()  # first step: lazy initialisations (cuBLAS handles, kernel compiles) may sync

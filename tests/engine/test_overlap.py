@@ -13,10 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
+from engine_helpers import greedy, hf_greedy, random_prompts
 
 from radixserve.sampling_params import SamplingParams
-
-from engine_helpers import greedy, hf_greedy, random_prompts
 
 
 def _run(engine, prompts, params, abort_at: dict[int, str] | None = None):  # type: ignore[no-untyped-def]
@@ -45,17 +44,28 @@ def _run(engine, prompts, params, abort_at: dict[int, str] | None = None):  # ty
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_overlap_greedy_identical_with_stops_and_aborts(tiny_llama_dir: Path, make_engine, page_size: int) -> None:
+def test_overlap_greedy_identical_with_stops_and_aborts(
+    tiny_llama_dir: Path, make_engine, page_size: int
+) -> None:
     prompts = random_prompts([6, 13, 4, 9, 11], seed=60)
     prompts.append(prompts[1][:10] + [5])  # warm cache
     ref = [hf_greedy(tiny_llama_dir, p, 9) for p in prompts]
     params = [greedy(9) for _ in prompts]
-    params[0] = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, stop_token_ids=[ref[0][3]])
-    params[3] = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, stop_token_ids=[ref[3][0]])
+    params[0] = SamplingParams(
+        max_tokens=9, temperature=0.0, ignore_eos=True, stop_token_ids=[ref[0][3]]
+    )
+    params[3] = SamplingParams(
+        max_tokens=9, temperature=0.0, ignore_eos=True, stop_token_ids=[ref[3][0]]
+    )
     results = {}
     for mode in ("off", "on"):
-        engine = make_engine(tiny_llama_dir, page_size=page_size, num_pages=2048 // page_size,
-                             overlap_schedule=mode, decode_graphs=mode)
+        engine = make_engine(
+            tiny_llama_dir,
+            page_size=page_size,
+            num_pages=2048 // page_size,
+            overlap_schedule=mode,
+            decode_graphs=mode,
+        )
         assert engine.loop.overlap == (mode == "on")
         results[mode] = _run(engine, prompts, params, abort_at={5: "r2"})
     # An abort lands between steps: with overlap the token of the step in flight is not out
@@ -74,19 +84,29 @@ def test_overlap_with_retraction(tiny_llama_dir: Path, make_engine) -> None:
     prompts = random_prompts([9, 12, 7, 10, 8], seed=61)
     results = {}
     for mode in ("off", "on"):
-        engine = make_engine(tiny_llama_dir, page_size=2, num_pages=30, overlap_schedule=mode,
-                             init_new_token_ratio=0.0, min_new_token_ratio=0.0)
+        engine = make_engine(
+            tiny_llama_dir,
+            page_size=2,
+            num_pages=30,
+            overlap_schedule=mode,
+            init_new_token_ratio=0.0,
+            min_new_token_ratio=0.0,
+        )
         results[mode] = _run(engine, prompts, [greedy(8) for _ in prompts])
         assert engine.stats().retractions_total > 0
     assert results["on"] == results["off"]
-    assert [results["on"][0][f"r{i}"] for i in range(len(prompts))] == [hf_greedy(tiny_llama_dir, p, 8) for p in prompts]
+    assert [results["on"][0][f"r{i}"] for i in range(len(prompts))] == [
+        hf_greedy(tiny_llama_dir, p, 8) for p in prompts
+    ]
 
 
 def test_overlap_with_constrained_and_penalized_requests(tiny_llama_dir: Path, make_engine) -> None:
     """Grammar masks and penalties need the previous token on the host: those steps resolve
     first. Outputs match the plain loop, the constrained ones still parse."""
     prompts = random_prompts([7, 10, 5, 8], seed=62)
-    schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    schema = json.dumps(
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    )
     params = [
         greedy(8),
         SamplingParams(max_tokens=40, temperature=0.0, json_schema=schema),
@@ -110,7 +130,9 @@ def test_pages_of_an_abort_wait_for_the_step_in_flight(tiny_llama_dir: Path, mak
     free = engine.allocator.num_free + engine.cache.num_evictable_pages
     engine.abort(rid)
     engine.check_invariants()  # the deferred pages are accounted for
-    assert engine.allocator.num_free + engine.cache.num_evictable_pages == free  # not yet: a step may read them
+    assert (
+        engine.allocator.num_free + engine.cache.num_evictable_pages == free
+    )  # not yet: a step may read them
     assert not engine.flush_cache()  # nothing runs or waits, but a step is in flight
     while engine.has_unfinished():
         engine.step()

@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_second_request_computes_only_its_suffix(tiny_llama_dir: Path, make_engine, page_size: int) -> None:
+def test_second_request_computes_only_its_suffix(
+    tiny_llama_dir: Path, make_engine, page_size: int
+) -> None:
     system, q1, q2 = random_prompts([100, 7, 12], seed=10)
     engine = make_engine(tiny_llama_dir, page_size=page_size, num_pages=2048 // page_size)
     first = engine.generate([system + q1], greedy(4))[0]
@@ -51,10 +52,14 @@ def test_concurrent_requests_share_an_uncached_prefix(tiny_llama_dir: Path, make
     assert [o.token_ids for o in outs] == [hf_greedy(tiny_llama_dir, p, 3) for p in prompts]
 
 
-def test_chunks_are_cached_while_the_prompt_is_still_prefilling(tiny_llama_dir: Path, make_engine) -> None:
+def test_chunks_are_cached_while_the_prompt_is_still_prefilling(
+    tiny_llama_dir: Path, make_engine
+) -> None:
     """A long prompt prefilled in chunks: a request arriving mid-way reuses the finished chunks."""
     long_prompt = random_prompts([80], seed=15)[0]
-    engine = make_engine(tiny_llama_dir, page_size=4, num_pages=1024, max_num_tokens=16, defer_shared_prefix_tokens=0)
+    engine = make_engine(
+        tiny_llama_dir, page_size=4, num_pages=1024, max_num_tokens=16, defer_shared_prefix_tokens=0
+    )
     a = engine.add_request(long_prompt, greedy(3))
     for _ in range(3):  # 3 chunks of 16 tokens
         engine.step()

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
+
 from radixserve.sampling_params import SamplingParams
 
 
@@ -68,12 +68,18 @@ def test_stop_token_ids_min_tokens_and_max_tokens(engine, tiny_llama_dir: Path) 
     ref = hf_greedy(tiny_llama_dir, prompt, 10)
     stop_tok = ref[3]
     first = ref.index(stop_tok)
-    out = engine.generate([prompt], SamplingParams(max_tokens=10, temperature=0, stop_token_ids=[stop_tok]))[0]
+    out = engine.generate(
+        [prompt], SamplingParams(max_tokens=10, temperature=0, stop_token_ids=[stop_tok])
+    )[0]
     assert out.token_ids == ref[: first + 1] and out.finish_reason == "stop"
     out = engine.generate([prompt], greedy(10, stop_token_ids=[stop_tok], min_tokens=first + 1))[0]
     assert out.token_ids[first] != stop_tok  # masked while fewer than min_tokens are out
     out = engine.generate([prompt], greedy(4))[0]
-    assert out.token_ids == ref[:4] and out.finish_reason == "length" and out.usage.completion_tokens == 4
+    assert (
+        out.token_ids == ref[:4]
+        and out.finish_reason == "length"
+        and out.usage.completion_tokens == 4
+    )
 
 
 def test_eos_stops_unless_ignored(engine, tiny_llama_dir: Path) -> None:  # type: ignore[no-untyped-def]
@@ -103,11 +109,19 @@ def test_seeded_sampling_is_reproducible_regardless_of_batch(engine) -> None:  #
     p = SamplingParams(max_tokens=12, temperature=1.0, top_k=50, top_p=0.9, seed=1234)
     alone = engine.generate([prompt], p)[0].token_ids
     others = random_prompts([4, 30, 8], seed=34)
-    batch = engine.generate([others[0], prompt, others[1], others[2]],
-                            [SamplingParams(max_tokens=12, temperature=0.8), p,
-                             SamplingParams(max_tokens=5, seed=7), greedy(3)])
+    batch = engine.generate(
+        [others[0], prompt, others[1], others[2]],
+        [
+            SamplingParams(max_tokens=12, temperature=0.8),
+            p,
+            SamplingParams(max_tokens=5, seed=7),
+            greedy(3),
+        ],
+    )
     assert batch[1].token_ids == alone
-    other_seed = engine.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, top_k=50, top_p=0.9, seed=99))[0]
+    other_seed = engine.generate(
+        [prompt], SamplingParams(max_tokens=12, temperature=1.0, top_k=50, top_p=0.9, seed=99)
+    )[0]
     assert other_seed.token_ids != alone
 
 
@@ -142,7 +156,9 @@ def test_prompt_logprobs_from_start_even_when_cached(engine, hf_model, start: in
     got = out.prompt_logprobs
     assert got is not None and len(got) == len(expect)
     assert not got or (got[0] is None) == (start == 0)
-    assert [g for g in got if g is not None] == pytest.approx([e for e in expect if e is not None], abs=1e-4)
+    assert [g for g in got if g is not None] == pytest.approx(
+        [e for e in expect if e is not None], abs=1e-4
+    )
 
 
 def test_prompt_logprobs_across_chunks_and_with_sampling(tiny_llama_dir: Path, hf_model) -> None:  # type: ignore[no-untyped-def]
@@ -150,12 +166,16 @@ def test_prompt_logprobs_across_chunks_and_with_sampling(tiny_llama_dir: Path, h
 
     engine = Engine(str(tiny_llama_dir), page_size=1, num_pages=512, max_num_tokens=6)
     prompt = random_prompts([23], seed=37)[0]
-    rid = engine.add_request(prompt, SamplingParams(max_tokens=3, temperature=0.7, seed=1, prompt_logprobs_start=5))
+    rid = engine.add_request(
+        prompt, SamplingParams(max_tokens=3, temperature=0.7, seed=1, prompt_logprobs_start=5)
+    )
     outs = run_to_completion(engine)[rid]
     assert outs[0].prompt_logprobs is not None and all(o.prompt_logprobs is None for o in outs[1:])
     with torch.inference_mode():
         ref = torch.log_softmax(hf_model(torch.tensor([prompt])).logits[0].float(), dim=-1)
-    assert outs[0].prompt_logprobs == pytest.approx([ref[p - 1, prompt[p]].item() for p in range(5, 23)], abs=1e-4)
+    assert outs[0].prompt_logprobs == pytest.approx(
+        [ref[p - 1, prompt[p]].item() for p in range(5, 23)], abs=1e-4
+    )
     assert len(tokens_of(outs)) == 3
 
 
@@ -165,5 +185,7 @@ def test_penalties_change_greedy_choice(engine, tiny_llama_dir: Path) -> None:  
     assert plain == hf_greedy(tiny_llama_dir, prompt, 8)
     rep = engine.generate([prompt], greedy(8, repetition_penalty=50.0))[0].token_ids
     assert not set(rep) & set(prompt) and len(set(rep)) == len(rep)  # nothing seen is chosen again
-    freq = engine.generate([prompt], greedy(8, frequency_penalty=2.0, presence_penalty=2.0))[0].token_ids
+    freq = engine.generate([prompt], greedy(8, frequency_penalty=2.0, presence_penalty=2.0))[
+        0
+    ].token_ids
     assert freq != plain or len(set(plain)) == len(plain)

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from radixserve.sampling_params import SamplingParams
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.sampling_ops import PenaltyCounts, PenaltyTables, top_p_keep
+from radixserve.sampling_params import SamplingParams
 
 
 def _sorted_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -24,7 +24,9 @@ def _sorted_nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def test_top_p_keep_boundary_on_a_large_vocabulary() -> None:
     """49k-entry rows: the boundary token is decided in float64 (float32 sums err by ~1e-7)."""
-    probs = torch.softmax(torch.randn(64, 49152, generator=torch.Generator().manual_seed(0)) * 3, -1)
+    probs = torch.softmax(
+        torch.randn(64, 49152, generator=torch.Generator().manual_seed(0)) * 3, -1
+    )
     keep = top_p_keep(probs, torch.full((64,), 0.9))
     for i in range(64):
         assert torch.equal(keep[i], _sorted_nucleus(probs[i], 0.9)), f"row {i}"
@@ -50,7 +52,10 @@ def test_sampler_top_p_does_not_sort(monkeypatch: pytest.MonkeyPatch) -> None:
     for owner in (torch, torch.Tensor):
         monkeypatch.setattr(owner, "sort", no_sort)
         monkeypatch.setattr(owner, "argsort", no_sort)
-    rows = [_Row(SamplingParams(top_p=0.8, top_k=50, temperature=0.7)), _Row(SamplingParams(top_p=0.3))]
+    rows = [
+        _Row(SamplingParams(top_p=0.8, top_k=50, temperature=0.7)),
+        _Row(SamplingParams(top_p=0.3)),
+    ]
     res = Sampler(64, seed=1).sample(torch.randn(2, 64), rows)
     assert len(res.token_ids) == 2
 
@@ -77,8 +82,12 @@ def _step(pc: PenaltyCounts, rows: list[_Row]) -> tuple[PenaltyTables, torch.Ten
     st = pc.plan(rows)
     t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
     slots = t(st.slots)
-    tables = pc.apply(st, slots, t(st.reset) if st.reset else None,
-                      (t(st.add_slot), t(st.add_tok), t(st.add_out)) if st.add_slot else None)
+    tables = pc.apply(
+        st,
+        slots,
+        t(st.reset) if st.reset else None,
+        (t(st.add_slot), t(st.add_tok), t(st.add_out)) if st.add_slot else None,
+    )
     return tables, slots
 
 
@@ -91,7 +100,10 @@ def test_penalty_tables_follow_the_rows_without_rebuilding() -> None:
         tables, slots = _step(pc, rows)  # 3 rows > capacity 2: the tables grow
         for j, r in enumerate(rows):
             seen, counts = _expected(r, vocab)
-            assert torch.equal(tables.seen[j], seen) and torch.equal(tables.counts[j], counts), (step, j)
+            assert torch.equal(tables.seen[j], seen) and torch.equal(tables.counts[j], counts), (
+                step,
+                j,
+            )
         sampled = torch.randint(0, vocab, (3,), generator=g)
         pc.advance(slots, sampled)
         for r, tok in zip(rows, sampled.tolist()):
@@ -103,12 +115,17 @@ def test_penalty_tables_follow_the_rows_without_rebuilding() -> None:
     tables, _ = _step(pc, rows[:1])
     assert torch.equal(tables.counts[0], _expected(rows[0], vocab)[1]) and pc.rebuilds == 4
     # More rows than free table rows: the least recently used entries make room.
-    others = [_Row(SamplingParams(presence_penalty=1.0), token_ids=[7] * (i + 2), prompt_len=1) for i in range(4)]
+    others = [
+        _Row(SamplingParams(presence_penalty=1.0), token_ids=[7] * (i + 2), prompt_len=1)
+        for i in range(4)
+    ]
     tables, _ = _step(pc, others)
     assert pc.capacity == 4
     for j, r in enumerate(others):
         assert torch.equal(tables.counts[j], _expected(r, vocab)[1])
-    assert torch.equal(_step(pc, rows[1:2])[0].seen[0], _expected(rows[1], vocab)[0])  # evicted, rebuilt
+    assert torch.equal(
+        _step(pc, rows[1:2])[0].seen[0], _expected(rows[1], vocab)[0]
+    )  # evicted, rebuilt
 
 
 def test_sampler_penalties_across_steps_match_recomputed() -> None:
@@ -116,7 +133,9 @@ def test_sampler_penalties_across_steps_match_recomputed() -> None:
     the token lists; the tables are built once."""
     vocab = 30
     s = Sampler(vocab, seed=3)
-    params = SamplingParams(repetition_penalty=1.5, frequency_penalty=0.4, presence_penalty=0.3, temperature=0.0)
+    params = SamplingParams(
+        repetition_penalty=1.5, frequency_penalty=0.4, presence_penalty=0.3, temperature=0.0
+    )
     row = _Row(params, token_ids=[1, 2, 2], prompt_len=3)
     g = torch.Generator().manual_seed(4)
     for _ in range(6):
@@ -128,6 +147,10 @@ def test_sampler_penalties_across_steps_match_recomputed() -> None:
         assert tok == int(want.argmax())
         row.token_ids.append(tok)
     assert s.penalty_counts.rebuilds == 1
-    torch.testing.assert_close(s.processed_logits(logits, [row]), torch.where(
-        _expected(row, vocab)[0], torch.where(logits > 0, logits / 1.5, logits * 1.5), logits)
-        - (_expected(row, vocab)[1] * 0.4 + (_expected(row, vocab)[1] > 0).float() * 0.3))
+    torch.testing.assert_close(
+        s.processed_logits(logits, [row]),
+        torch.where(
+            _expected(row, vocab)[0], torch.where(logits > 0, logits / 1.5, logits * 1.5), logits
+        )
+        - (_expected(row, vocab)[1] * 0.4 + (_expected(row, vocab)[1] > 0).float() * 0.3),
+    )

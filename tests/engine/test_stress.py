@@ -13,10 +13,9 @@ import random
 from pathlib import Path
 
 import pytest
+from engine_helpers import greedy, hf_greedy, random_prompts
 
 from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
-
-from engine_helpers import greedy, hf_greedy, random_prompts
 
 SEEDS = [0, 1, 2, 3]
 
@@ -31,8 +30,13 @@ def test_random_traffic(tiny_llama_dir: Path, make_engine, seed: int, native_ker
     lengths = [rng.randint(1, 14) for _ in prompts]
     ps = rng.choice([1, 2, 4])
     engine = make_engine(  # a 72-token pool: admission is greedy, so decode must evict and retract
-        tiny_llama_dir, page_size=ps, num_pages=72 // ps, max_num_tokens=rng.choice([5, 16, 64]),
-        max_running_requests=rng.choice([3, 8]), init_new_token_ratio=0.0, min_new_token_ratio=0.0,
+        tiny_llama_dir,
+        page_size=ps,
+        num_pages=72 // ps,
+        max_num_tokens=rng.choice([5, 16, 64]),
+        max_running_requests=rng.choice([3, 8]),
+        init_new_token_ratio=0.0,
+        min_new_token_ratio=0.0,
     )
     if native_kernel and not engine.attn._native:
         pytest.skip("the CPU kernel did not build here")
@@ -68,13 +72,17 @@ def test_random_traffic(tiny_llama_dir: Path, make_engine, seed: int, native_ker
                 finished.add(i)
                 assert (o.finish_reason == "abort") == (i in aborted)
         meta = engine.attn._meta
-        grouped_steps += meta is not None and meta.native is not None and meta.native.shared_pages.numel() > 0
+        grouped_steps += (
+            meta is not None and meta.native is not None and meta.native.shared_pages.numel() > 0
+        )
         engine.check_invariants()
         step += 1
         assert step < 5000
     s = engine.stats()
     assert s.pages_in_use == 0 and s.running == s.waiting == 0
-    assert s.retractions_total > 0 and s.evicted_pages_total > 0  # the pool was small enough to matter
+    assert (
+        s.retractions_total > 0 and s.evicted_pages_total > 0
+    )  # the pool was small enough to matter
     if native_kernel:
         assert grouped_steps > 0  # the kernel's shared-prefix groups were exercised
     else:

@@ -12,15 +12,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from http_helpers import ENGINE_FLAGS, Server, gone, start
 
 
 @pytest.fixture(scope="session")
 def server(tiny_llama_dir: Path) -> Iterator[Server]:
     """``radixserve serve --http-port 0`` on the tiny Llama (memory log every 0.5 s)."""
-    out = start(["serve", "--model", str(tiny_llama_dir), "--workers", "1", "--port", "0", "--http-port", "0",
-                 "--memory-log-interval", "0.5", *ENGINE_FLAGS])
+    out = start(
+        [
+            "serve",
+            "--model",
+            str(tiny_llama_dir),
+            "--workers",
+            "1",
+            "--port",
+            "0",
+            "--http-port",
+            "0",
+            "--memory-log-interval",
+            "0.5",
+            *ENGINE_FLAGS,
+        ]
+    )
     try:
         url = out.wait_for(r"HTTP on (http://\S+)").group(1)
         m = out.wait_for(r"serving on (tcp://\S+) .*worker pids (\d+)")

@@ -17,7 +17,16 @@ from typing import Any
 import httpx
 
 # A pool of 512 pages of 4 tokens: a 2048-token context, so a long stream can be cut mid-way.
-ENGINE_FLAGS = ["--num-pages", "512", "--page-size", "4", "--max-num-tokens", "256", "--num-threads", "1"]
+ENGINE_FLAGS = [
+    "--num-pages",
+    "512",
+    "--page-size",
+    "4",
+    "--max-num-tokens",
+    "256",
+    "--num-threads",
+    "1",
+]
 
 
 @dataclass
@@ -67,8 +76,13 @@ class Proc:
 
 def start(args: list[str]) -> Proc:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "radixserve", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "radixserve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     return Proc(proc)
 
 
@@ -105,8 +119,9 @@ def wait_idle(c: httpx.Client, timeout: float = 30.0) -> dict[str, Any]:
     while True:
         info = c.get("/get_server_info").json()
         engines = [w["engine"] for w in info["workers"] if w["alive"]]
-        if info["active"] == 0 and all(e["running"] == 0 and e["waiting"] == 0 and e["pages_in_use"] == 0
-                                       for e in engines):
+        if info["active"] == 0 and all(
+            e["running"] == 0 and e["waiting"] == 0 and e["pages_in_use"] == 0 for e in engines
+        ):
             return info
         if time.monotonic() > deadline:
             raise AssertionError(f"server not idle after {timeout} s: {info}")

@@ -25,12 +25,16 @@ def qa(s, question):  # type: ignore[no-untyped-def]
 def qa_logprobs(s, question):  # type: ignore[no-untyped-def]
     s += sgl.system("You are terse.")
     s += sgl.user(question)
-    s += sgl.assistant(sgl.gen("answer", max_tokens=8, temperature=0, return_logprob=True, top_logprobs_num=2))
+    s += sgl.assistant(
+        sgl.gen("answer", max_tokens=8, temperature=0, return_logprob=True, top_logprobs_num=2)
+    )
 
 
 @sgl.function
 def at_least(s):  # type: ignore[no-untyped-def]
-    s += "Count to three:" + sgl.gen("c", max_tokens=5, min_tokens=5, temperature=0, stop=[" ", "."])
+    s += "Count to three:" + sgl.gen(
+        "c", max_tokens=5, min_tokens=5, temperature=0, stop=[" ", "."]
+    )
 
 
 @sgl.function
@@ -70,18 +74,33 @@ def main() -> None:
     # Streaming with logprobs: every chunk's meta_info carries the counts and the logprobs so far.
     streamed_lp = qa_logprobs.run(question="What is a radix tree?", stream=True)
     metas = asyncio.run(_metas(streamed_lp, "answer"))
-    out["streamed_lp"] = [{k: m.get(k) for k in ("completion_tokens", "output_token_logprobs",
-                                                 "output_top_logprobs", "output_token_logprobs_length")}
-                          for m in metas]
+    out["streamed_lp"] = [
+        {
+            k: m.get(k)
+            for k in (
+                "completion_tokens",
+                "output_token_logprobs",
+                "output_top_logprobs",
+                "output_token_logprobs_length",
+            )
+        }
+        for m in metas
+    ]
     unstreamed_lp = qa_logprobs.run(question="What is a radix tree?")
-    out["unstreamed_lp"] = {k: v for k, v in (unstreamed_lp.get_meta_info("answer") or {}).items()
-                            if k in ("completion_tokens", "output_token_logprobs")}
+    out["unstreamed_lp"] = {
+        k: v
+        for k, v in (unstreamed_lp.get_meta_info("answer") or {}).items()
+        if k in ("completion_tokens", "output_token_logprobs")
+    }
     out["at_least"] = at_least.run().get_meta_info("c")["completion_tokens"]
     out["batch"] = [st["answer"] for st in qa.run_batch([{"question": "a?"}, {"question": "b?"}])]
     choice = pick.run()
     out["city"] = choice["city"]
-    out["city_meta"] = {k: v for k, v in (choice.get_meta_info("city") or {}).items()
-                        if k in ("normalized_prompt_logprobs",)}
+    out["city_meta"] = {
+        k: v
+        for k, v in (choice.get_meta_info("city") or {}).items()
+        if k in ("normalized_prompt_logprobs",)
+    }
     out["number"] = number.run()["n"]
     out["forked"] = forked.run().text()
     backend.flush_cache()

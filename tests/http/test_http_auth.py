@@ -69,11 +69,16 @@ def test_tenant_salt_is_bound_to_the_key() -> None:
 
 # ---------------------------------------------------------------------------- a gateway with keys
 
+
 @pytest.fixture(scope="module")
 def keyed(server: Any, tokenizer: Any) -> Iterator[str]:
     """A gateway with two tenant keys and an admin key, for the session server's router."""
-    config = GatewayConfig(router=server.endpoint, api_keys=(KEY_A, KEY_B), admin_api_keys=(ADMIN,),
-                           memory_log_interval_s=0)
+    config = GatewayConfig(
+        router=server.endpoint,
+        api_keys=(KEY_A, KEY_B),
+        admin_api_keys=(ADMIN,),
+        memory_log_interval_s=0,
+    )
     http = HTTPGateway(config, "127.0.0.1", 0, tokenizer=tokenizer).start()
     try:
         yield http.url
@@ -87,13 +92,16 @@ def _openai(url: str, key: str) -> openai.OpenAI:
 
 def _prompt() -> list[Any]:
     # Fresh per test: nothing of it is cached before the test runs.
-    return [{"role": "user", "content": f"Tell me about radix trees, case {uuid.uuid4().hex}. " * 3}]
+    return [
+        {"role": "user", "content": f"Tell me about radix trees, case {uuid.uuid4().hex}. " * 3}
+    ]
 
 
 def _cached(client: openai.OpenAI, messages: list[Any], salt: str | None = None) -> int:
     extra = {"cache_salt": salt} if salt is not None else None
-    out = client.chat.completions.create(model="default", messages=messages, max_tokens=1, temperature=0,
-                                         extra_body=extra)
+    out = client.chat.completions.create(
+        model="default", messages=messages, max_tokens=1, temperature=0, extra_body=extra
+    )
     assert out.usage is not None and out.usage.prompt_tokens_details is not None
     return out.usage.prompt_tokens_details.cached_tokens or 0
 
@@ -106,9 +114,15 @@ def test_openai_client_needs_the_key(keyed: str) -> None:
         assert exc.value.status_code == 401
         body = exc.value.response.json()
         assert set(body["error"]) == {"message", "type", "param", "code"}
-        assert body["error"]["code"] == "invalid_api_key" and exc.value.response.headers["www-authenticate"]
+        assert (
+            body["error"]["code"] == "invalid_api_key"
+            and exc.value.response.headers["www-authenticate"]
+        )
     with httpx.Client(base_url=keyed, timeout=30) as c:
-        r = c.post("/v1/chat/completions", json={"model": "default", "messages": _prompt(), "max_tokens": 1})
+        r = c.post(
+            "/v1/chat/completions",
+            json={"model": "default", "messages": _prompt(), "max_tokens": 1},
+        )
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert c.post("/generate", json={"text": "hi"}).status_code == 401
         assert c.get("/v1/models", headers={"Authorization": f"Basic {KEY_A}"}).status_code == 401
@@ -116,21 +130,30 @@ def test_openai_client_needs_the_key(keyed: str) -> None:
     for key in (KEY_A, KEY_B, ADMIN):
         client = _openai(keyed, key)
         assert client.models.list().data
-        out = client.chat.completions.create(model="default", messages=_prompt(), max_tokens=2, temperature=0)
+        out = client.chat.completions.create(
+            model="default", messages=_prompt(), max_tokens=2, temperature=0
+        )
         assert out.choices[0].finish_reason in ("stop", "length")
 
 
 @pytest.mark.slow
 def test_admin_endpoints_need_the_admin_key(keyed: str) -> None:
     with httpx.Client(base_url=keyed, timeout=30) as c:
-        for method, path in (("POST", "/flush_cache"), ("GET", "/get_server_info"), ("GET", "/server_info"),
-                             ("GET", "/metrics")):
+        for method, path in (
+            ("POST", "/flush_cache"),
+            ("GET", "/get_server_info"),
+            ("GET", "/server_info"),
+            ("GET", "/metrics"),
+        ):
             for headers in ({}, {"Authorization": f"Bearer {KEY_A}"}):
                 r = c.request(method, path, headers=headers)
                 assert r.status_code == 401, (path, headers, r.text)
                 assert r.json()["error"]["code"] == "invalid_api_key"
             r = c.request(method, path, headers={"Authorization": f"Bearer {ADMIN}"})
-            assert r.status_code in (200, 400), (path, r.text)  # 400: flush refused while a request runs
+            assert r.status_code in (200, 400), (
+                path,
+                r.text,
+            )  # 400: flush refused while a request runs
         r = c.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
         assert 'radixserve_http_errors_total{status="401"}' in r.text  # refusals are counted
 
@@ -169,7 +192,17 @@ def test_cache_salt_without_keys(server: Any) -> None:
     assert cached[0] == 0 and cached[1] > 0 and cached[2] == 0
     with httpx.Client(base_url=server.url, timeout=60) as c:
         body: dict[str, Any] = {"text": prompt, "sampling_params": {"max_new_tokens": 1}}
-        assert c.post("/generate", json={**body, "cache_salt": "alpha"}).json()["meta_info"]["cached_tokens"] > 0
-        assert c.post("/generate", json={**body, "cache_salt": "delta"}).json()["meta_info"]["cached_tokens"] == 0
+        assert (
+            c.post("/generate", json={**body, "cache_salt": "alpha"}).json()["meta_info"][
+                "cached_tokens"
+            ]
+            > 0
+        )
+        assert (
+            c.post("/generate", json={**body, "cache_salt": "delta"}).json()["meta_info"][
+                "cached_tokens"
+            ]
+            == 0
+        )
         r = c.post("/generate", json={**body, "cache_salt": ""})
         assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"

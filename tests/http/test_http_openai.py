@@ -9,8 +9,10 @@ import pytest
 
 pytestmark = pytest.mark.slow  # a real server process
 
-SYSTEM = ("You are a careful assistant for a radix tree serving engine. You answer briefly, "
-          "you cite the page size, and you never forget the shared system prompt. ") * 2
+SYSTEM = (
+    "You are a careful assistant for a radix tree serving engine. You answer briefly, "
+    "you cite the page size, and you never forget the shared system prompt. "
+) * 2
 
 
 @pytest.fixture(scope="module")
@@ -25,19 +27,31 @@ def test_models(client: openai.OpenAI, server: Any) -> None:
 
 def test_chat_completion_and_stream_agree(client: openai.OpenAI) -> None:
     msgs: Any = [{"role": "user", "content": "Name a data structure."}]
-    out = client.chat.completions.create(model="default", messages=msgs, max_tokens=8, temperature=0)
+    out = client.chat.completions.create(
+        model="default", messages=msgs, max_tokens=8, temperature=0
+    )
     choice = out.choices[0]
     assert out.object == "chat.completion" and choice.message.role == "assistant"
     assert isinstance(choice.message.content, str) and choice.finish_reason in ("stop", "length")
     assert out.usage is not None and out.usage.completion_tokens <= 8
     assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
 
-    chunks = list(client.chat.completions.create(model="default", messages=msgs, max_tokens=8, temperature=0,
-                                                  stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="default",
+            messages=msgs,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == choice.message.content  # greedy: the same tokens either way
-    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finals = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finals == [choice.finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == out.usage.completion_tokens
@@ -45,40 +59,75 @@ def test_chat_completion_and_stream_agree(client: openai.OpenAI) -> None:
 
 def test_stop_string(client: openai.OpenAI) -> None:
     msgs: Any = [{"role": "user", "content": "Count with me."}]
-    full = client.chat.completions.create(model="default", messages=msgs, max_tokens=16, temperature=0,
-                                          extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(
+        model="default",
+        messages=msgs,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     text = full.choices[0].message.content or ""
     # A stop string taken from the middle of the greedy output: the answer ends before it.
-    k = next((i for i in range(2, len(text) - 1) if text[i:i + 2].isascii() and text[i:i + 2].strip()), None)
+    k = next(
+        (
+            i
+            for i in range(2, len(text) - 1)
+            if text[i : i + 2].isascii() and text[i : i + 2].strip()
+        ),
+        None,
+    )
     if k is None:
         pytest.skip(f"no usable stop string in {text!r}")
-    stop = text[k:k + 2]
-    out = client.chat.completions.create(model="default", messages=msgs, max_tokens=16, temperature=0, stop=[stop],
-                                         extra_body={"ignore_eos": True})
+    stop = text[k : k + 2]
+    out = client.chat.completions.create(
+        model="default",
+        messages=msgs,
+        max_tokens=16,
+        temperature=0,
+        stop=[stop],
+        extra_body={"ignore_eos": True},
+    )
     assert out.choices[0].finish_reason == "stop"
-    assert out.choices[0].message.content == text[:text.find(stop)]
+    assert out.choices[0].message.content == text[: text.find(stop)]
 
 
 def test_cached_tokens_on_second_call_with_same_system_prompt(client: openai.OpenAI) -> None:
     def ask(question: str) -> Any:
         return client.chat.completions.create(
-            model="default", max_tokens=4, temperature=0,
-            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}])
+            model="default",
+            max_tokens=4,
+            temperature=0,
+            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}],
+        )
 
     first, second = ask("What is a page?"), ask("What is a prefix?")
     assert second.usage.prompt_tokens_details is not None
     cached = second.usage.prompt_tokens_details.cached_tokens
-    assert cached is not None and cached >= first.usage.prompt_tokens // 2, (first.usage, second.usage)
+    assert cached is not None and cached >= first.usage.prompt_tokens // 2, (
+        first.usage,
+        second.usage,
+    )
     assert cached < second.usage.prompt_tokens
 
 
 def test_n_seed_and_logprobs(client: openai.OpenAI, tokenizer: Any) -> None:
     msgs: Any = [{"role": "user", "content": "Pick a word."}]
-    kw: dict[str, Any] = dict(model="default", messages=msgs, max_tokens=5, temperature=1.0, seed=7, n=3,
-                              logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    kw: dict[str, Any] = dict(
+        model="default",
+        messages=msgs,
+        max_tokens=5,
+        temperature=1.0,
+        seed=7,
+        n=3,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
     a, b = client.chat.completions.create(**kw), client.chat.completions.create(**kw)
     assert [c.index for c in a.choices] == [0, 1, 2]
-    assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]  # seeded
+    assert [c.message.content for c in a.choices] == [
+        c.message.content for c in b.choices
+    ]  # seeded
     for c in a.choices:
         assert c.logprobs is not None and c.logprobs.content
         for entry in c.logprobs.content:
@@ -87,20 +136,34 @@ def test_n_seed_and_logprobs(client: openai.OpenAI, tokenizer: Any) -> None:
         # Each entry's bytes are the token's exact bytes: joined, they are the text (a character
         # split across tokens shows as U+FFFD in each piece's "token" but joins whole here).
         kept = [e for e in c.logprobs.content if e.token not in tokenizer.all_special_tokens]
-        assert b"".join(bytes(e.bytes or []) for e in kept).decode("utf-8", "replace") == c.message.content
+        assert (
+            b"".join(bytes(e.bytes or []) for e in kept).decode("utf-8", "replace")
+            == c.message.content
+        )
     assert a.usage.completion_tokens == sum(len(c.logprobs.content) for c in a.choices)
 
 
 def test_text_completions(client: openai.OpenAI) -> None:
-    out = client.completions.create(model="default", prompt="The radix tree", max_tokens=6, temperature=0,
-                                    logprobs=1, echo=False)
+    out = client.completions.create(
+        model="default",
+        prompt="The radix tree",
+        max_tokens=6,
+        temperature=0,
+        logprobs=1,
+        echo=False,
+    )
     c = out.choices[0]
     assert out.object == "text_completion" and c.logprobs is not None
     assert "".join(c.logprobs.tokens or []) == c.text and len(c.logprobs.token_logprobs or []) == 6
-    stream = list(client.completions.create(model="default", prompt="The radix tree", max_tokens=6, temperature=0,
-                                            stream=True))
+    stream = list(
+        client.completions.create(
+            model="default", prompt="The radix tree", max_tokens=6, temperature=0, stream=True
+        )
+    )
     assert "".join(s.choices[0].text for s in stream if s.choices) == c.text
-    batch = client.completions.create(model="default", prompt=["a b", "c d"], max_tokens=2, temperature=0, echo=True)
+    batch = client.completions.create(
+        model="default", prompt=["a b", "c d"], max_tokens=2, temperature=0, echo=True
+    )
     assert [ch.index for ch in batch.choices] == [0, 1]
     assert batch.choices[0].text.startswith("a b") and batch.choices[1].text.startswith("c d")
 

@@ -12,12 +12,28 @@ import pytest
 
 pytestmark = pytest.mark.slow  # a real server process
 
+
 # What RuntimeEndpoint.generate puts in sampling_params (SglSamplingParams.to_srt_kwargs).
 def srt_params(**over: Any) -> dict[str, Any]:
-    params = {"skip_special_tokens": True, "spaces_between_special_tokens": True, "max_new_tokens": 8,
-              "min_new_tokens": 0, "n": 1, "stop": [], "stop_token_ids": [], "stop_regex": [], "temperature": 0.0,
-              "top_p": 1.0, "top_k": 1 << 30, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-              "ignore_eos": False, "regex": None, "json_schema": None}
+    params = {
+        "skip_special_tokens": True,
+        "spaces_between_special_tokens": True,
+        "max_new_tokens": 8,
+        "min_new_tokens": 0,
+        "n": 1,
+        "stop": [],
+        "stop_token_ids": [],
+        "stop_regex": [],
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 1 << 30,
+        "min_p": 0.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "ignore_eos": False,
+        "regex": None,
+        "json_schema": None,
+    }
     params.update(over)
     return params
 
@@ -34,17 +50,25 @@ def test_model_info_health_and_flush(server: Any) -> None:
         assert r.status_code == 200, r.text
         server_info = c.get("/get_server_info").json()
         assert server_info["model_path"] == server.model_dir.name  # the served name
-        assert server_info["memory"]["0"]["device"] == "cpu" and server_info["memory"]["0"]["pool_bytes"] > 0
+        assert (
+            server_info["memory"]["0"]["device"] == "cpu"
+            and server_info["memory"]["0"]["pool_bytes"] > 0
+        )
         assert c.get("/server_info").json()["workers"][0]["engine"]["num_pages"] == 512
 
 
 def test_generate_like_runtime_endpoint(server: Any) -> None:
     with server.client() as c:
-        data = {"text": "Once upon a time", "sampling_params": srt_params(max_new_tokens=6, ignore_eos=True)}
+        data = {
+            "text": "Once upon a time",
+            "sampling_params": srt_params(max_new_tokens=6, ignore_eos=True),
+        }
         obj = c.post("/generate", json=data).json()
         meta = obj["meta_info"]
         assert meta["finish_reason"] == {"type": "length", "length": 6}
-        assert meta["completion_tokens"] == 6 == len(obj["output_ids"]) and meta["prompt_tokens"] > 0
+        assert (
+            meta["completion_tokens"] == 6 == len(obj["output_ids"]) and meta["prompt_tokens"] > 0
+        )
         assert "cached_tokens" in meta and isinstance(obj["text"], str)
         again = c.post("/generate", json=data).json()
         assert again["text"] == obj["text"] and again["meta_info"]["cached_tokens"] > 0
@@ -66,14 +90,25 @@ def test_generate_like_runtime_endpoint(server: Any) -> None:
 def test_input_ids_batch_and_n(server: Any, tokenizer: Any) -> None:
     ids = tokenizer.encode("Once upon a time")
     with server.client() as c:
-        single = c.post("/generate", json={"input_ids": ids, "sampling_params": srt_params(max_new_tokens=4)}).json()
-        batch = c.post("/generate", json={
-            "input_ids": [ids, ids[:3]], "sampling_params": [srt_params(max_new_tokens=4), srt_params(max_new_tokens=2)],
-        }).json()
+        single = c.post(
+            "/generate", json={"input_ids": ids, "sampling_params": srt_params(max_new_tokens=4)}
+        ).json()
+        batch = c.post(
+            "/generate",
+            json={
+                "input_ids": [ids, ids[:3]],
+                "sampling_params": [srt_params(max_new_tokens=4), srt_params(max_new_tokens=2)],
+            },
+        ).json()
         assert isinstance(batch, list) and len(batch) == 2
         assert batch[0]["output_ids"] == single["output_ids"] and len(batch[1]["output_ids"]) <= 2
-        n = c.post("/generate", json={"text": "abc", "sampling_params": srt_params(n=3, temperature=1.0,
-                                                                                   sampling_seed=1)}).json()
+        n = c.post(
+            "/generate",
+            json={
+                "text": "abc",
+                "sampling_params": srt_params(n=3, temperature=1.0, sampling_seed=1),
+            },
+        ).json()
         assert isinstance(n, list) and len(n) == 3
 
 
@@ -90,16 +125,25 @@ def _hf_logprobs(model: Any, ids: list[int]) -> list[float]:
 def test_select_style_batched_logprob_request(server: Any, tokenizer: Any) -> None:
     """RuntimeEndpoint.select: cache the prefix with max_new_tokens 0, then one batched request
     of prefix+choice texts with return_logprob, return_text_in_logprobs and logprob_start_len."""
-    prefix = "Question: which city is the capital of France, the country with the Eiffel tower? Answer:"
+    prefix = (
+        "Question: which city is the capital of France, the country with the Eiffel tower? Answer:"
+    )
     choices = [" Paris", " London", " a city in Europe"]
     with server.client() as c:
-        obj = c.post("/generate", json={"text": prefix, "sampling_params": {"max_new_tokens": 0}}).json()
+        obj = c.post(
+            "/generate", json={"text": prefix, "sampling_params": {"max_new_tokens": 0}}
+        ).json()
         assert obj["text"] == "" and obj["meta_info"]["completion_tokens"] == 0
         prompt_len = obj["meta_info"]["prompt_tokens"]
         assert prompt_len == len(tokenizer.encode(prefix))
         start = max(prompt_len - 2, 0)
-        data = {"text": [prefix + ch for ch in choices], "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-                "return_logprob": True, "return_text_in_logprobs": True, "logprob_start_len": start}
+        data = {
+            "text": [prefix + ch for ch in choices],
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0},
+            "return_logprob": True,
+            "return_text_in_logprobs": True,
+            "logprob_start_len": start,
+        }
         out = c.post("/generate", json=data).json()
     assert isinstance(out, list) and len(out) == len(choices)
     import torch
@@ -110,7 +154,9 @@ def test_select_style_batched_logprob_request(server: Any, tokenizer: Any) -> No
         ids = tokenizer.encode(prefix + ch)
         inp = r["meta_info"]["input_token_logprobs"]
         assert r["meta_info"]["output_token_logprobs"] == []
-        assert [e[1] for e in inp] == ids[start:]  # [logprob, token_id, text] from logprob_start_len on
+        assert [e[1] for e in inp] == ids[
+            start:
+        ]  # [logprob, token_id, text] from logprob_start_len on
         assert [e[2] for e in inp] == [tokenizer.decode([t]) for t in ids[start:]]
         ref = _hf_logprobs(model, ids)
         for k, (value, _, _) in enumerate(inp):
@@ -124,11 +170,20 @@ def test_select_style_batched_logprob_request(server: Any, tokenizer: Any) -> No
 
 def test_logprobs_of_generated_tokens(server: Any) -> None:
     with server.client() as c:
-        r = c.post("/generate", json={"text": "hello", "sampling_params": srt_params(max_new_tokens=3, ignore_eos=True),
-                                      "return_logprob": True, "top_logprobs_num": 2,
-                                      "return_text_in_logprobs": True}).json()
+        r = c.post(
+            "/generate",
+            json={
+                "text": "hello",
+                "sampling_params": srt_params(max_new_tokens=3, ignore_eos=True),
+                "return_logprob": True,
+                "top_logprobs_num": 2,
+                "return_text_in_logprobs": True,
+            },
+        ).json()
     meta = r["meta_info"]
-    assert meta["input_token_logprobs"] == []  # logprob_start_len absent: outputs only (SGLang's default)
+    assert (
+        meta["input_token_logprobs"] == []
+    )  # logprob_start_len absent: outputs only (SGLang's default)
     out = meta["output_token_logprobs"]
     assert [e[1] for e in out] == r["output_ids"]
     for entry, top in zip(out, meta["output_top_logprobs"]):
@@ -139,41 +194,62 @@ def test_logprobs_of_generated_tokens(server: Any) -> None:
 def test_streamed_logprobs_chunk_by_chunk(server: Any) -> None:
     """Streamed with logprobs: every message has the cumulative ids and counts and the logprobs
     of its new tokens only; concatenated they equal the unstreamed request's."""
-    body = {"text": "hello there", "sampling_params": srt_params(max_new_tokens=6, ignore_eos=True),
-            "return_logprob": True, "top_logprobs_num": 2}
+    body = {
+        "text": "hello there",
+        "sampling_params": srt_params(max_new_tokens=6, ignore_eos=True),
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+    }
     with server.client() as c:
         whole = c.post("/generate", json=body).json()
         with c.stream("POST", "/generate", json={**body, "stream": True}) as r:
             assert r.status_code == 200
-            chunks = [json.loads(line[5:]) for line in r.iter_lines() if line and line != "data: [DONE]"]
+            chunks = [
+                json.loads(line[5:]) for line in r.iter_lines() if line and line != "data: [DONE]"
+            ]
     logprobs, tops, seen = [], [], 0
     for ch in chunks:
         meta = ch["meta_info"]
         new = meta["output_token_logprobs"]
-        assert [e[1] for e in new] == ch["output_ids"][seen:]  # exactly the tokens this message added
-        assert meta["completion_tokens"] == meta["output_token_logprobs_length"] == len(ch["output_ids"])
+        assert [e[1] for e in new] == ch["output_ids"][
+            seen:
+        ]  # exactly the tokens this message added
+        assert (
+            meta["completion_tokens"]
+            == meta["output_token_logprobs_length"]
+            == len(ch["output_ids"])
+        )
         assert meta["prompt_tokens"] == whole["meta_info"]["prompt_tokens"]
         seen = len(ch["output_ids"])
         logprobs += new
         tops += meta["output_top_logprobs"]
     assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
     assert [e[1] for e in logprobs] == whole["output_ids"] == chunks[-1]["output_ids"]
-    assert [e[0] for e in logprobs] == pytest.approx([e[0] for e in whole["meta_info"]["output_token_logprobs"]])
+    assert [e[0] for e in logprobs] == pytest.approx(
+        [e[0] for e in whole["meta_info"]["output_token_logprobs"]]
+    )
     assert len(tops) == len(logprobs) and all(len(t) == 2 for t in tops)
 
 
 def test_sglang_bad_requests(server: Any) -> None:
     with server.client() as c:
-        for body in ({"sampling_params": {"max_new_tokens": 2}},  # no prompt
-                     {"text": "hi", "sampling_params": {"max_new_tokens": 2, "no_such_param": 1}},
-                     {"text": "hi", "sampling_params": {"max_new_tokens": -1}},
-                     {"text": "hi", "sampling_params": {"temperature": "hot"}},
-                     {"text": "hi", "sampling_params": {"ebnf": "root ::= 'a'"}},
-                     {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 1}]},
-                     {"input_ids": [1, 2**64], "sampling_params": {"max_new_tokens": 1}},
-                     {"text": "hi", "sampling_params": {"max_new_tokens": 2**64}},
-                     {"text": "hi", "sampling_params": {"json_schema": "[" * 5000 + "]" * 5000}}):
+        for body in (
+            {"sampling_params": {"max_new_tokens": 2}},  # no prompt
+            {"text": "hi", "sampling_params": {"max_new_tokens": 2, "no_such_param": 1}},
+            {"text": "hi", "sampling_params": {"max_new_tokens": -1}},
+            {"text": "hi", "sampling_params": {"temperature": "hot"}},
+            {"text": "hi", "sampling_params": {"ebnf": "root ::= 'a'"}},
+            {"text": ["a", "b"], "sampling_params": [{"max_new_tokens": 1}]},
+            {"input_ids": [1, 2**64], "sampling_params": {"max_new_tokens": 1}},
+            {"text": "hi", "sampling_params": {"max_new_tokens": 2**64}},
+            {"text": "hi", "sampling_params": {"json_schema": "[" * 5000 + "]" * 5000}},
+        ):
             r = c.post("/generate", json=body)
             assert r.status_code == 400, (body, r.text)
             assert r.json()["error"]["message"]
-        assert c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}}).status_code == 200
+        assert (
+            c.post(
+                "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+            ).status_code
+            == 200
+        )

@@ -39,17 +39,26 @@ def test_sglang_frontend_programs(server: Any, tokenizer: Any) -> None:
     if python is None:
         pytest.skip("no interpreter with sglang (set RADIXSERVE_SGLANG_PYTHON)")
     script = Path(__file__).with_name("sglang_program.py")
-    proc = subprocess.run([python, str(script), server.url], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [python, str(script), server.url], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["model_path"] == str(server.model_dir)  # the loaded path, as SGLang answers
     assert isinstance(out["answer"], str) and out["answer_meta"]["completion_tokens"] <= 8
     assert out["streamed"] == out["answer"]  # greedy, streamed or not
-    assert out["batch"] == [b for b in out["batch"] if isinstance(b, str)] and len(out["batch"]) == 2
+    assert (
+        out["batch"] == [b for b in out["batch"] if isinstance(b, str)] and len(out["batch"]) == 2
+    )
     assert out["city"] in (" Paris", " London", " Berlin")
     scores = out["city_meta"]["normalized_prompt_logprobs"]
-    assert len(scores) == 3 and out["city"] == [" Paris", " London", " Berlin"][scores.index(max(scores))]
-    assert out["number"].isdigit()  # regex-constrained gen through radixserve's constrained decoding
+    assert (
+        len(scores) == 3
+        and out["city"] == [" Paris", " London", " Berlin"][scores.index(max(scores))]
+    )
+    assert out[
+        "number"
+    ].isdigit()  # regex-constrained gen through radixserve's constrained decoding
     assert out["forked"].startswith("Two continuations")
     assert "workers" in out["server_info_keys"]
     # Streamed with logprobs through the frontend's text_async_iter: each piece's meta_info has
@@ -65,5 +74,5 @@ def test_sglang_frontend_programs(server: Any, tokenizer: Any) -> None:
         assert c["output_token_logprobs_length"] == c["completion_tokens"]
         new = [t[1] for t in c["output_token_logprobs"]]
         assert len(new) == len(c["output_top_logprobs"]) <= c["completion_tokens"]
-        assert new == expected[c["completion_tokens"] - len(new):c["completion_tokens"]]
+        assert new == expected[c["completion_tokens"] - len(new) : c["completion_tokens"]]
     assert out["at_least"] == 5  # min_tokens held the stop strings (and EOS) off for 5 tokens

@@ -24,28 +24,71 @@ from radixserve.serving.http.tokens import TokenNames
 
 
 def chat(**kw: Any) -> ChatCompletionRequest:
-    return ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw})
+    return ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}
+    )
 
 
 def test_chat_request_to_sampling_params() -> None:
-    req = chat(max_tokens=7, temperature=0.5, top_p=0.9, stop="END", seed=3, logprobs=True, top_logprobs=4,
-               presence_penalty=0.1, top_k=20, ignore_eos=True)
+    req = chat(
+        max_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        stop="END",
+        seed=3,
+        logprobs=True,
+        top_logprobs=4,
+        presence_penalty=0.1,
+        top_k=20,
+        ignore_eos=True,
+    )
     req.check()
     sp = req.sampling(req.wanted_max_tokens(2048), req.wanted_logprobs(), choice=2)
-    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.stop, sp.seed, sp.logprobs) == (7, 0.5, 0.9, ["END"], 5, 4)
+    assert (sp.max_tokens, sp.temperature, sp.top_p, sp.stop, sp.seed, sp.logprobs) == (
+        7,
+        0.5,
+        0.9,
+        ["END"],
+        5,
+        4,
+    )
     assert (sp.presence_penalty, sp.top_k, sp.ignore_eos) == (0.1, 20, True)
-    assert chat().wanted_max_tokens(2048) == 2048 and chat(max_completion_tokens=3, max_tokens=9).wanted_max_tokens(1) == 3
-    fmt = chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}})
+    assert (
+        chat().wanted_max_tokens(2048) == 2048
+        and chat(max_completion_tokens=3, max_tokens=9).wanted_max_tokens(1) == 3
+    )
+    fmt = chat(
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "object"}},
+        }
+    )
     assert json.loads(fmt.sampling(4, None).json_schema or "") == {"type": "object"}
-    parts = chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+    parts = chat(
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            }
+        ]
+    )
     assert parts.chat() == [{"role": "user", "content": "a\nb"}]
 
 
-@pytest.mark.parametrize("bad", [
-    {"max_tokens": 0}, {"n": 0}, {"temperature": 3.0}, {"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21},
-    {"tools": [{"type": "function"}]}, {"response_format": {"type": "grammar"}}, {"logit_bias": {"1": 2.0}},
-    {"stream_options": {"include_usage": True}},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_tokens": 0},
+        {"n": 0},
+        {"temperature": 3.0},
+        {"top_logprobs": 2},
+        {"logprobs": True, "top_logprobs": 21},
+        {"tools": [{"type": "function"}]},
+        {"response_format": {"type": "grammar"}},
+        {"logit_bias": {"1": 2.0}},
+        {"stream_options": {"include_usage": True}},
+    ],
+)
 def test_chat_request_rejections(bad: dict[str, Any]) -> None:
     with pytest.raises(APIError) as e:
         req = chat(**bad)
@@ -70,21 +113,42 @@ def test_completion_prompts() -> None:
 
 
 def test_sglang_expand_and_params() -> None:
-    req = GenerateReqInput.model_validate({
-        "text": ["a", "b"], "sampling_params": {"max_new_tokens": 0, "n": 2, "top_k": 1 << 30, "sampling_seed": 5},
-        "return_logprob": [True, False], "logprob_start_len": 3, "rid": ["x", "y"]})
+    req = GenerateReqInput.model_validate(
+        {
+            "text": ["a", "b"],
+            "sampling_params": {"max_new_tokens": 0, "n": 2, "top_k": 1 << 30, "sampling_seed": 5},
+            "return_logprob": [True, False],
+            "logprob_start_len": 3,
+            "rid": ["x", "y"],
+        }
+    )
     items, single = expand(req, "r")
     assert not single and [(i.text, i.sample, i.rid, i.return_logprob) for i in items] == [
-        ("a", 0, "x-0", True), ("a", 1, "x-1", True), ("b", 0, "y-0", False), ("b", 1, "y-1", False)]
+        ("a", 0, "x-0", True),
+        ("a", 1, "x-1", True),
+        ("b", 0, "y-0", False),
+        ("b", 1, "y-1", False),
+    ]
     params, drop = items[1].sampling.to_params(2048, 512, 0, 3, items[1].sample)
     assert drop and params.max_tokens == 1 and params.top_k == -1 and params.seed == 6
     assert params.prompt_logprobs_start == 3 and params.logprobs == 0
     one, single = expand(GenerateReqInput.model_validate({"input_ids": [1, 2, 3]}), "r")
-    assert single and one[0].input_ids == [1, 2, 3] and one[0].rid == "r" and one[0].logprob_start_len == -1
-    regex, _ = GenerateReqInput.model_validate({"text": "a", "sampling_params": {"regex": "[0-9]+"}}), None
+    assert (
+        single
+        and one[0].input_ids == [1, 2, 3]
+        and one[0].rid == "r"
+        and one[0].logprob_start_len == -1
+    )
+    regex, _ = (
+        GenerateReqInput.model_validate({"text": "a", "sampling_params": {"regex": "[0-9]+"}}),
+        None,
+    )
     assert expand(regex, "r")[0][0].sampling.to_params(64, 512, None, None, 0)[0].regex == "[0-9]+"
-    for bad in ({"text": "a", "input_ids": [1]}, {"text": "a", "image_data": "x.png"},
-                {"text": ["a", "b"], "rid": ["only-one"]}):
+    for bad in (
+        {"text": "a", "input_ids": [1]},
+        {"text": "a", "image_data": "x.png"},
+        {"text": ["a", "b"], "rid": ["only-one"]},
+    ):
         with pytest.raises(APIError):
             expand(GenerateReqInput.model_validate(bad), "r")
     with pytest.raises(ValidationError):
@@ -97,41 +161,106 @@ def test_router_errors_map_to_http_status() -> None:
 
     assert status("invalid_params") == 400 and status("context_length") == 400
     assert status("no_workers") == 503 and status("timeout") == 504 and status("internal") == 500
-    assert from_server_error(ServerError(p.Error(code="context_length", message="m"))).code == "context_length_exceeded"
+    assert (
+        from_server_error(ServerError(p.Error(code="context_length", message="m"))).code
+        == "context_length_exceeded"
+    )
 
 
 def _stats() -> p.StatsReply:
-    engine = {"running": 1, "waiting": 2, "num_pages": 100, "pages_free": 60, "pages_evictable": 30,
-              "pages_in_use": 10, "cached_tokens": 120, "prompt_tokens_total": 500, "cached_prompt_tokens_total": 200,
-              "generated_tokens_total": 80, "computed_tokens_total": 380, "retractions_total": 1,
-              "evicted_pages_total": 4, "finished_total": 9, "aborted_total": 1, "steps_total": 50, "hit_rate": 0.4,
-              "memory": {"device": "cpu", "allocated_bytes": 5, "reserved_bytes": 6, "total_bytes": 7,
-                         "rss_bytes": 5, "pool_bytes": 3}}
-    workers = [p.WorkerStats(worker_id=i, alive=i == 0, pid=1, inflight=1, requests=3, prompt_tokens=500,
-                             cached_tokens=200, hit_rate=0.4, load=p.WorkerLoad(), engine=engine) for i in (0, 1)]
-    return p.StatsReply(request_id="s", routing="cache_aware", requests=10, active=1, aborted=2, errors=3,
-                        clients=1, workers=workers)
+    engine = {
+        "running": 1,
+        "waiting": 2,
+        "num_pages": 100,
+        "pages_free": 60,
+        "pages_evictable": 30,
+        "pages_in_use": 10,
+        "cached_tokens": 120,
+        "prompt_tokens_total": 500,
+        "cached_prompt_tokens_total": 200,
+        "generated_tokens_total": 80,
+        "computed_tokens_total": 380,
+        "retractions_total": 1,
+        "evicted_pages_total": 4,
+        "finished_total": 9,
+        "aborted_total": 1,
+        "steps_total": 50,
+        "hit_rate": 0.4,
+        "memory": {
+            "device": "cpu",
+            "allocated_bytes": 5,
+            "reserved_bytes": 6,
+            "total_bytes": 7,
+            "rss_bytes": 5,
+            "pool_bytes": 3,
+        },
+    }
+    workers = [
+        p.WorkerStats(
+            worker_id=i,
+            alive=i == 0,
+            pid=1,
+            inflight=1,
+            requests=3,
+            prompt_tokens=500,
+            cached_tokens=200,
+            hit_rate=0.4,
+            load=p.WorkerLoad(),
+            engine=engine,
+        )
+        for i in (0, 1)
+    ]
+    return p.StatsReply(
+        request_id="s",
+        routing="cache_aware",
+        requests=10,
+        active=1,
+        aborted=2,
+        errors=3,
+        clients=1,
+        workers=workers,
+    )
 
 
 def test_metrics_exposition_parses() -> None:
     m = GatewayMetrics()
     m.update(_stats())
-    final = p.GenerateFinal(request_id="r", finish_reason="length", text="", token_ids=[1, 2],
-                            usage=p.Usage(prompt_tokens=5, cached_tokens=4, completion_tokens=2), timings=p.Timings(),
-                            worker_id=0)
+    final = p.GenerateFinal(
+        request_id="r",
+        finish_reason="length",
+        text="",
+        token_ids=[1, 2],
+        usage=p.Usage(prompt_tokens=5, cached_tokens=4, completion_tokens=2),
+        timings=p.Timings(),
+        worker_id=0,
+    )
     m.observe_request(final, 0.02, [0.01], 0.05)
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for fam in text_string_to_metric_families(m.render().decode()) for s in fam.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(m.render().decode())
+        for s in fam.samples
+    }
     w0 = (("worker", "0"),)
     assert samples[("radixserve_kv_usage_ratio", w0)] == pytest.approx(0.1)
     assert samples[("radixserve_prefix_cache_hit_tokens_total", w0)] == 200
     assert samples[("radixserve_prefix_cache_queried_tokens_total", w0)] == 500
-    assert samples[("radixserve_retractions_total", w0)] == 1 and samples[("radixserve_evicted_pages_total", w0)] == 4
+    assert (
+        samples[("radixserve_retractions_total", w0)] == 1
+        and samples[("radixserve_evicted_pages_total", w0)] == 4
+    )
     assert samples[("radixserve_worker_up", (("worker", "1"),))] == 0.0
-    assert ("radixserve_kv_pages_free", (("worker", "1"),)) not in samples  # gauges of live workers only
+    assert (
+        "radixserve_kv_pages_free",
+        (("worker", "1"),),
+    ) not in samples  # gauges of live workers only
     assert samples[("radixserve_memory_pool_bytes", (("device", "cpu"), ("worker", "0")))] == 3
     assert samples[("radixserve_time_to_first_token_seconds_count", w0)] == 1
-    assert samples[("radixserve_requests_finished_total", (("finish_reason", "length"), ("worker", "0")))] == 1
+    assert (
+        samples[
+            ("radixserve_requests_finished_total", (("finish_reason", "length"), ("worker", "0")))
+        ]
+        == 1
+    )
     assert samples[("radixserve_router_requests_total", ())] == 10
     line = memory_line(_stats().workers[0])
     assert line.startswith("memory: worker 0 cpu: ") and "60/30/10 of 100 (10.0% in use)" in line
@@ -140,7 +269,13 @@ def test_metrics_exposition_parses() -> None:
 def test_sse_and_error_shape() -> None:
     assert event({"a": "é"}) == 'data: {"a":"é"}\n\n'.encode() and DONE == b"data: [DONE]\n\n"
     assert APIError(404, "nope", code="model_not_found").body() == {
-        "error": {"message": "nope", "type": "invalid_request_error", "param": None, "code": "model_not_found"}}
+        "error": {
+            "message": "nope",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "model_not_found",
+        }
+    }
 
 
 def test_token_bytes_rejoin_split_characters(tiny_llama_dir: Any) -> None:

@@ -19,7 +19,9 @@ from radixkernels.reference import store_kv_ref
 # Where kernel tests run: the CPU under the Triton interpreter (the default, see
 # tests/conftest.py), or the GPU when benchmarks/gpu_check.sh exports TRITON_INTERPRET=0.
 DEVICE = torch.device(
-    "cuda" if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and torch.cuda.is_available() else "cpu"
+    "cuda"
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0") and torch.cuda.is_available()
+    else "cpu"
 )
 
 
@@ -116,8 +118,15 @@ def build_case(
         page_table[b, :n] = perm[used : used + n].to(torch.int32)
         used += n
     case = PagedCase(
-        fmt, k_data, v_data, k_scale, v_scale, page_table,
-        torch.tensor(seq_lens, dtype=torch.int32), page_size, poison_page,
+        fmt,
+        k_data,
+        v_data,
+        k_scale,
+        v_scale,
+        page_table,
+        torch.tensor(seq_lens, dtype=torch.int32),
+        page_size,
+        poison_page,
     )
     slots = torch.cat([case.slots_of(b, torch.arange(L)) for b, L in enumerate(seq_lens)])
     k = random_kv((len(slots), kv_heads, head_dim), act_dtype, gen)
@@ -135,7 +144,9 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what:
     """Kernel output vs reference with the per-dtype tolerance, and no NaN anywhere."""
     assert not torch.isnan(out).any(), f"{what}: NaN in kernel output (unwritten or poisoned read)"
     atol, rtol = ATTN_TOL[dtype]
-    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(
+        out.float(), ref.float(), atol=atol, rtol=rtol, msg=lambda m: f"{what}: {m}"
+    )
 
 
 def is_quantized(kv_dtype: str) -> bool:

@@ -20,7 +20,10 @@ def test_kernels_compile_for_sm90() -> None:
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
     proc = subprocess.run(
         [sys.executable, "-m", "radixkernels.compile_check", "--arch", "90"],
-        env=env, capture_output=True, text=True, timeout=280,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok ") >= 8, proc.stdout

@@ -8,10 +8,10 @@ splits that the reduce stage must skip; outputs are NaN-poisoned before the call
 
 from __future__ import annotations
 
+import kvcases
 import pytest
 import torch
 
-import kvcases
 from radixkernels import paged_decode_attention
 from radixkernels.reference import paged_decode_attention_ref
 
@@ -34,10 +34,22 @@ def test_paged_decode_matches_reference(
 ) -> None:
     lens = [1, page_size + 1, 3 * page_size - 1, 37]
     case = kvcases.build_case(kv_dtype, act, hkv, head_dim, page_size, lens, seed=hq + head_dim)
-    q = kvcases.dev(kvcases.random_kv((len(lens), hq, head_dim), act, torch.Generator().manual_seed(7)))
+    q = kvcases.dev(
+        kvcases.random_kv((len(lens), hq, head_dim), act, torch.Generator().manual_seed(7))
+    )
     sm_scale = head_dim**-0.5
-    args = (q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table,
-            case.seq_lens, case.page_size, sm_scale)
+    args = (
+        q,
+        case.k_data,
+        case.v_data,
+        case.k_scale,
+        case.v_scale,
+        case.fmt,
+        case.page_table,
+        case.seq_lens,
+        case.page_size,
+        sm_scale,
+    )
     out = torch.full_like(q, float("nan"))
     res = paged_decode_attention(*args, num_kv_splits=splits, out=out)
     assert res is out
@@ -50,7 +62,19 @@ def test_paged_decode_noncontiguous_q_and_default_splits() -> None:
     case = kvcases.build_case("auto", torch.float32, 2, 32, 4, lens, seed=11)
     fused = kvcases.dev(torch.randn(2, 12, 32))
     q = fused[:, 2:6]
-    args = (q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table,
-            case.seq_lens, case.page_size, 0.2)
+    args = (
+        q,
+        case.k_data,
+        case.v_data,
+        case.k_scale,
+        case.v_scale,
+        case.fmt,
+        case.page_table,
+        case.seq_lens,
+        case.page_size,
+        0.2,
+    )
     out = paged_decode_attention(*args)
-    kvcases.assert_close(out, paged_decode_attention_ref(*args), torch.float32, "decode noncontiguous q")
+    kvcases.assert_close(
+        out, paged_decode_attention_ref(*args), torch.float32, "decode noncontiguous q"
+    )

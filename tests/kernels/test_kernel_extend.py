@@ -10,10 +10,10 @@ sequences belong to no one and must stay untouched.
 
 from __future__ import annotations
 
+import kvcases
 import pytest
 import torch
 
-import kvcases
 from radixkernels import extend_attention
 from radixkernels.reference import extend_attention_ref
 
@@ -26,12 +26,21 @@ CASES = [
     ("int4", torch.bfloat16, 4, 4, 128, 4),
     ("fp8_e4m3", torch.float32, 4, 2, 128, 2),
     ("fp8_e5m2", torch.bfloat16, 9, 3, 16, 8),
-    ("auto", torch.float16, 12, 1, 32, 2),  # group of 12: score rows past 2 tokens x 12 heads are masked
+    (
+        "auto",
+        torch.float16,
+        12,
+        1,
+        32,
+        2,
+    ),  # group of 12: score rows past 2 tokens x 12 heads are masked
 ]
 
 
 @pytest.mark.parametrize("kv_dtype,act,hq,hkv,head_dim,page_size", CASES)
-def test_extend_matches_reference(kv_dtype: str, act: torch.dtype, hq: int, hkv: int, head_dim: int, page_size: int) -> None:
+def test_extend_matches_reference(
+    kv_dtype: str, act: torch.dtype, hq: int, hkv: int, head_dim: int, page_size: int
+) -> None:
     lens = [29, 19, 2 * page_size + 3, 34]
     exts = [1, 19, page_size + 2, 21]
     case = kvcases.build_case(kv_dtype, act, hkv, head_dim, page_size, lens, seed=hq * head_dim)
@@ -41,10 +50,20 @@ def test_extend_matches_reference(kv_dtype: str, act: torch.dtype, hq: int, hkv:
         starts.append(row)
         row += e + gap
     q = kvcases.dev(kvcases.random_kv((row, hq, head_dim), act, torch.Generator().manual_seed(5)))
-    args = (q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table,
-            case.seq_lens, kvcases.dev(torch.tensor(exts, dtype=torch.int32)),
-            kvcases.dev(torch.tensor(starts, dtype=torch.int32)),
-            case.page_size, head_dim**-0.5)
+    args = (
+        q,
+        case.k_data,
+        case.v_data,
+        case.k_scale,
+        case.v_scale,
+        case.fmt,
+        case.page_table,
+        case.seq_lens,
+        kvcases.dev(torch.tensor(exts, dtype=torch.int32)),
+        kvcases.dev(torch.tensor(starts, dtype=torch.int32)),
+        case.page_size,
+        head_dim**-0.5,
+    )
     out = torch.full_like(q, float("nan"))
     res = extend_attention(*args, max_extend_len=max(exts), out=out)
     assert res is out
@@ -61,7 +80,20 @@ def test_extend_handles_decode_only_batch_without_max_len() -> None:
     lens = [3, 17, 8]
     case = kvcases.build_case("int8", torch.float32, 2, 32, 4, lens, seed=2)
     q = kvcases.dev(torch.randn(3, 6, 32))
-    args = (q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table,
-            case.seq_lens, kvcases.dev(torch.ones(3, dtype=torch.int32)), kvcases.dev(torch.arange(3, dtype=torch.int32)),
-            case.page_size, 0.17)
-    kvcases.assert_close(extend_attention(*args), extend_attention_ref(*args), torch.float32, "extend decode rows")
+    args = (
+        q,
+        case.k_data,
+        case.v_data,
+        case.k_scale,
+        case.v_scale,
+        case.fmt,
+        case.page_table,
+        case.seq_lens,
+        kvcases.dev(torch.ones(3, dtype=torch.int32)),
+        kvcases.dev(torch.arange(3, dtype=torch.int32)),
+        case.page_size,
+        0.17,
+    )
+    kvcases.assert_close(
+        extend_attention(*args), extend_attention_ref(*args), torch.float32, "extend decode rows"
+    )

@@ -5,10 +5,10 @@ bf16 is compared within two ulps (two roundings in a row)."""
 
 from __future__ import annotations
 
+import kvcases
 import pytest
 import torch
 
-import kvcases
 from radixkernels.fused import rms_norm, rope_store_kv, silu_mul
 from radixkernels.fused_reference import rms_norm_ref, rope_store_kv_ref, silu_mul_ref
 from radixkernels.kv_format import KVFormat
@@ -41,7 +41,9 @@ def test_rms_norm_with_and_without_residual(dtype: torch.dtype, n: int) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_mul(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(1)
-    gate_up = kvcases.dev((3 * torch.randn(4, 2 * 1536 + 2 * 37, generator=g)).to(dtype))  # > one 1024 block, ragged
+    gate_up = kvcases.dev(
+        (3 * torch.randn(4, 2 * 1536 + 2 * 37, generator=g)).to(dtype)
+    )  # > one 1024 block, ragged
     _close(silu_mul(gate_up), silu_mul_ref(gate_up), dtype)
     _close(silu_mul(gate_up[:, :]), silu_mul_ref(gate_up), dtype)
 
@@ -57,7 +59,10 @@ def test_rope_store_kv(dtype: torch.dtype, heads: tuple[int, int], head_dim: int
     cos = kvcases.dev(torch.cat((ang, ang), -1).cos().to(dtype))
     sin = kvcases.dev(torch.cat((ang, ang), -1).sin().to(dtype))
     fmt = KVFormat.create("auto", dtype, head_dim)
-    pools = [kvcases.dev(torch.full((num_pages, page_size, hkv, head_dim), float("nan"), dtype=dtype)) for _ in range(4)]
+    pools = [
+        kvcases.dev(torch.full((num_pages, page_size, hkv, head_dim), float("nan"), dtype=dtype))
+        for _ in range(4)
+    ]
     slots = kvcases.dev(torch.tensor([17, 0, 5, 6, 19, 9], dtype=torch.int64))
     qkv_ref = qkv.clone()
     q = rope_store_kv(qkv, cos, sin, hq, pools[0], pools[1], slots, fmt)
@@ -77,5 +82,13 @@ def test_rope_store_kv_refuses_quantized_pools() -> None:
     fmt = KVFormat.create("int8", torch.float32, 16)
     data = torch.zeros(2, 4, 1, 16, dtype=torch.int8)
     with pytest.raises(ValueError, match="unquantized"):
-        rope_store_kv(torch.zeros(1, 6, 16), torch.ones(1, 1, 16), torch.zeros(1, 1, 16), 4, data, data,
-                      torch.zeros(1, dtype=torch.int64), fmt)
+        rope_store_kv(
+            torch.zeros(1, 6, 16),
+            torch.ones(1, 1, 16),
+            torch.zeros(1, 1, 16),
+            4,
+            data,
+            data,
+            torch.zeros(1, dtype=torch.int64),
+            fmt,
+        )

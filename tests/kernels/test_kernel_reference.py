@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
+import kvcases
 import pytest
 import torch
 
-import kvcases
 from radixkernels.kv_format import KVFormat
 from radixkernels.reference import (
     FP8_MAX,
@@ -23,7 +23,9 @@ from radixkernels.reference import (
 KV_DTYPES = ["auto", "fp8_e4m3", "fp8_e5m2", "int8", "int4"]
 
 
-def naive_attention(case: kvcases.PagedCase, q: torch.Tensor, lens: list[int], exts: list[int], sm_scale: float) -> torch.Tensor:
+def naive_attention(
+    case: kvcases.PagedCase, q: torch.Tensor, lens: list[int], exts: list[int], sm_scale: float
+) -> torch.Tensor:
     """One query row at a time, K/V gathered per position, heads expanded by repeat_interleave."""
     Hq = q.shape[1]
     Hkv = case.k_data.shape[-2]
@@ -31,8 +33,12 @@ def naive_attention(case: kvcases.PagedCase, q: torch.Tensor, lens: list[int], e
     row = 0
     for b, (L, E) in enumerate(zip(lens, exts)):
         slots = case.slots_of(b, torch.arange(L))
-        k = gather_kv_ref(case.k_data, case.k_scale, case.fmt, slots).repeat_interleave(Hq // Hkv, dim=1)
-        v = gather_kv_ref(case.v_data, case.v_scale, case.fmt, slots).repeat_interleave(Hq // Hkv, dim=1)
+        k = gather_kv_ref(case.k_data, case.k_scale, case.fmt, slots).repeat_interleave(
+            Hq // Hkv, dim=1
+        )
+        v = gather_kv_ref(case.v_data, case.v_scale, case.fmt, slots).repeat_interleave(
+            Hq // Hkv, dim=1
+        )
         for j in range(E):
             p = L - E + j
             s = torch.einsum("hd,lhd->hl", q[row].float(), k[: p + 1]) * sm_scale
@@ -44,28 +50,63 @@ def naive_attention(case: kvcases.PagedCase, q: torch.Tensor, lens: list[int], e
 @pytest.mark.parametrize("kv_dtype", ["auto", "int4"])
 def test_paged_attention_ref_matches_naive(kv_dtype: str) -> None:
     lens, exts = [1, 9, 23, 6], [1, 4, 23, 2]
-    case = kvcases.build_case(kv_dtype, torch.float32, kv_heads=3, head_dim=16, page_size=4, seq_lens=lens)
-    q = kvcases.dev(kvcases.random_kv((sum(exts), 9, 16), torch.float32, torch.Generator().manual_seed(1)))
+    case = kvcases.build_case(
+        kv_dtype, torch.float32, kv_heads=3, head_dim=16, page_size=4, seq_lens=lens
+    )
+    q = kvcases.dev(
+        kvcases.random_kv((sum(exts), 9, 16), torch.float32, torch.Generator().manual_seed(1))
+    )
     starts = kvcases.dev(torch.tensor([0, 1, 5, 28], dtype=torch.int32))
     out = paged_attention_ref(
-        q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table,
-        case.seq_lens, kvcases.dev(torch.tensor(exts, dtype=torch.int32)), starts, case.page_size, 0.25,
+        q,
+        case.k_data,
+        case.v_data,
+        case.k_scale,
+        case.v_scale,
+        case.fmt,
+        case.page_table,
+        case.seq_lens,
+        kvcases.dev(torch.tensor(exts, dtype=torch.int32)),
+        starts,
+        case.page_size,
+        0.25,
     )
-    torch.testing.assert_close(out, naive_attention(case, q, lens, exts, 0.25), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        out, naive_attention(case, q, lens, exts, 0.25), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_decode_ref_equals_general_ref() -> None:
     lens = [1, 5, 17, 12]
-    case = kvcases.build_case("int8", torch.float32, kv_heads=2, head_dim=16, page_size=4, seq_lens=lens)
+    case = kvcases.build_case(
+        "int8", torch.float32, kv_heads=2, head_dim=16, page_size=4, seq_lens=lens
+    )
     q = kvcases.dev(torch.randn(4, 4, 16))
     dec = paged_decode_attention_ref(
-        q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table,
-        case.seq_lens, case.page_size, 0.3,
+        q,
+        case.k_data,
+        case.v_data,
+        case.k_scale,
+        case.v_scale,
+        case.fmt,
+        case.page_table,
+        case.seq_lens,
+        case.page_size,
+        0.3,
     )
     gen = paged_attention_ref(
-        q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table,
-        case.seq_lens, kvcases.dev(torch.ones(4, dtype=torch.int32)), kvcases.dev(torch.arange(4, dtype=torch.int32)),
-        case.page_size, 0.3,
+        q,
+        case.k_data,
+        case.v_data,
+        case.k_scale,
+        case.v_scale,
+        case.fmt,
+        case.page_table,
+        case.seq_lens,
+        kvcases.dev(torch.ones(4, dtype=torch.int32)),
+        kvcases.dev(torch.arange(4, dtype=torch.int32)),
+        case.page_size,
+        0.3,
     )
     assert not torch.isnan(dec).any()
     torch.testing.assert_close(dec, gen, atol=1e-5, rtol=1e-5)
@@ -81,7 +122,11 @@ def test_quantize_roundtrip_error_bounds(kv_dtype: str) -> None:
     head_scale = torch.tensor([1.0, 0.5, 2.0])
     data, tok_scale = quantize_ref(x, fmt, head_scale if fmt.kv_dtype.has_head_scales else None)
     assert data.dtype == fmt.storage_dtype and data.shape[-1] == fmt.packed_head_dim
-    scale = tok_scale if fmt.kv_dtype.has_token_scales else (head_scale if fmt.kv_dtype.has_head_scales else None)
+    scale = (
+        tok_scale
+        if fmt.kv_dtype.has_token_scales
+        else (head_scale if fmt.kv_dtype.has_head_scales else None)
+    )
     y = dequantize_ref(data, scale, fmt)
     assert torch.isfinite(y).all() and (y[0] == 0).all()
     err = (y - x).abs()
@@ -96,7 +141,9 @@ def test_quantize_roundtrip_error_bounds(kv_dtype: str) -> None:
         emin = -6 if kv_dtype == "fp8_e4m3" else -14
         xs = (x / head_scale[None, :, None]).abs()
         # half an ulp relative in the normal range, half the subnormal step below it
-        bound = torch.maximum(xs * 2.0 ** (-mbits - 1), torch.full_like(xs, 2.0 ** (emin - mbits - 1)))
+        bound = torch.maximum(
+            xs * 2.0 ** (-mbits - 1), torch.full_like(xs, 2.0 ** (emin - mbits - 1))
+        )
         assert (err / head_scale[None, :, None] <= bound * 1.0001).all()
     else:
         assert (err == 0).all()
@@ -106,7 +153,12 @@ def test_int4_packing_layout() -> None:
     """Rotated channel 2i in the low nibble, 2i+1 in the high nibble, stored as code + 8."""
     r = torch.tensor([[[7.0, -7.0, 0.0, 3.0]]])  # the rotated row: absmax 7 -> scale 1
     H = hadamard(4)
-    assert H.tolist() == [[0.5, 0.5, 0.5, 0.5], [0.5, -0.5, 0.5, -0.5], [0.5, 0.5, -0.5, -0.5], [0.5, -0.5, -0.5, 0.5]]
+    assert H.tolist() == [
+        [0.5, 0.5, 0.5, 0.5],
+        [0.5, -0.5, 0.5, -0.5],
+        [0.5, 0.5, -0.5, -0.5],
+        [0.5, -0.5, -0.5, 0.5],
+    ]
     x = r @ H  # H is its own inverse: x @ H == r
     fmt = KVFormat.create("int4", torch.float32, 4)
     data, scale = quantize_ref(x, fmt)

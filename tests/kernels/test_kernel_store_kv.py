@@ -9,10 +9,10 @@ tie, so codes may differ by one step on at most 1% of the elements.
 
 from __future__ import annotations
 
+import kvcases
 import pytest
 import torch
 
-import kvcases
 from radixkernels import store_kv
 from radixkernels.kv_format import KVFormat
 from radixkernels.reference import FP8_MAX, gather_kv_ref, store_kv_ref
@@ -57,7 +57,9 @@ def _codes(raw: torch.Tensor, kv_dtype: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("kv_dtype,act,heads,head_dim,page_size", CASES)
-def test_store_kv_matches_reference(kv_dtype: str, act: torch.dtype, heads: int, head_dim: int, page_size: int) -> None:
+def test_store_kv_matches_reference(
+    kv_dtype: str, act: torch.dtype, heads: int, head_dim: int, page_size: int
+) -> None:
     fmt = KVFormat.create(kv_dtype, act, head_dim)
     num_pages = 7
     num_slots = num_pages * page_size
@@ -69,7 +71,9 @@ def test_store_kv_matches_reference(kv_dtype: str, act: torch.dtype, heads: int,
     k = fused[:, heads : 2 * heads]
     v = kvcases.random_kv((T, heads, head_dim), act, gen)
     if fmt.kv_dtype.has_head_scales:
-        k[0, 0, :4] = torch.tensor([1e5, -1e5, 3e-4, 2.0**-12], dtype=act)  # clamp + subnormal paths
+        k[0, 0, :4] = torch.tensor(
+            [1e5, -1e5, 3e-4, 2.0**-12], dtype=act
+        )  # clamp + subnormal paths
     v[1, 0] = 0.0  # an all-zero row: finite scale, zero codes
 
     got = _pools(fmt, num_pages, page_size, heads, seed=1)
@@ -102,7 +106,9 @@ def test_store_kv_matches_reference(kv_dtype: str, act: torch.dtype, heads: int,
         assert torch.isfinite(a).all(), f"{name}: non-finite values stored"
         if fmt.kv_dtype.has_token_scales:  # one int step = the row's scale
             assert g_scale is not None and w_scale is not None
-            torch.testing.assert_close(g_scale.view(-1, heads)[slots], w_scale.view(-1, heads)[slots], rtol=1e-6, atol=0)
+            torch.testing.assert_close(
+                g_scale.view(-1, heads)[slots], w_scale.view(-1, heads)[slots], rtol=1e-6, atol=0
+            )
             bound = 1.001 * w_scale.view(-1, heads)[slots][..., None].expand_as(b)
         elif fmt.kv_dtype.has_head_scales:  # one fp8 ulp, relative
             bound = 2.0 ** -(3 if kv_dtype == "fp8_e4m3" else 2) * b.abs()
@@ -115,8 +121,13 @@ def test_store_kv_matches_reference(kv_dtype: str, act: torch.dtype, heads: int,
         g_codes, w_codes = _codes(flat_g[written], kv_dtype), _codes(flat_w[written], kv_dtype)
         assert (g_codes != w_codes).float().mean() <= 0.01, f"{name}: more than 1% of codes differ"
     if fmt.kv_dtype.has_head_scales:
-        kq = gather_kv_ref(got[0], None if got[2] is None else torch.ones_like(got[2]), fmt, slots[:1])
-        assert float(kq[0, 0, 0]) == FP8_MAX[fmt.kv_dtype] and float(kq[0, 0, 1]) == -FP8_MAX[fmt.kv_dtype]
+        kq = gather_kv_ref(
+            got[0], None if got[2] is None else torch.ones_like(got[2]), fmt, slots[:1]
+        )
+        assert (
+            float(kq[0, 0, 0]) == FP8_MAX[fmt.kv_dtype]
+            and float(kq[0, 0, 1]) == -FP8_MAX[fmt.kv_dtype]
+        )
 
 
 def test_store_kv_empty_batch_is_a_no_op() -> None:
@@ -124,5 +135,14 @@ def test_store_kv_empty_batch_is_a_no_op() -> None:
     k_data, v_data, k_scale, v_scale = (kvcases.dev(t) for t in _pools(fmt, 2, 4, 2, seed=0))
     before = k_data.clone()
     empty = kvcases.dev(torch.empty(0, 2, 16))
-    store_kv(k_data, v_data, k_scale, v_scale, empty, empty, kvcases.dev(torch.empty(0, dtype=torch.int64)), fmt)
+    store_kv(
+        k_data,
+        v_data,
+        k_scale,
+        v_scale,
+        empty,
+        empty,
+        kvcases.dev(torch.empty(0, dtype=torch.int64)),
+        fmt,
+    )
     assert torch.equal(k_data, before)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import kvcases
 import pytest
 import torch
 
-import kvcases
 from radixkernels.variants import LaunchLog
 from radixserve.engine.engine import Engine
 from radixserve.sampling_params import SamplingParams
@@ -25,9 +25,18 @@ def _prompts(lengths: list[int], seed: int) -> list[list[int]]:
     return [torch.randint(3, 512, (n,), generator=g).tolist() for n in lengths]
 
 
-def _greedy_tokens(model_dir: Path, prompts: list[list[int]], n: int, rounds: int, **config: object) -> list[list[list[int]]]:
+def _greedy_tokens(
+    model_dir: Path, prompts: list[list[int]], n: int, rounds: int, **config: object
+) -> list[list[list[int]]]:
     # float32 on every device: the two backends must agree token for token (bf16 is the CUDA default).
-    engine = Engine(str(model_dir), num_pages=128, page_size=4, device=str(kvcases.DEVICE), dtype="float32", **config)
+    engine = Engine(
+        str(model_dir),
+        num_pages=128,
+        page_size=4,
+        device=str(kvcases.DEVICE),
+        dtype="float32",
+        **config,
+    )
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     out = []
     for _ in range(rounds):
@@ -72,4 +81,8 @@ def test_fused_gpu_layers_match_torch(tiny_llama_dir: Path, kv_dtype: str) -> No
     counts = log.counts()
     assert counts["_rms_norm_kernel"] and counts["_silu_mul_kernel"]
     # RoPE fuses into the store on an unquantized pool; a quantized one keeps the store kernel.
-    assert bool(counts["_rope_store_kv_kernel"]) == (kv_dtype == "auto") != bool(counts["_store_kv_kernel"])
+    assert (
+        bool(counts["_rope_store_kv_kernel"])
+        == (kv_dtype == "auto")
+        != bool(counts["_store_kv_kernel"])
+    )

@@ -10,20 +10,26 @@ from __future__ import annotations
 
 from typing import Any
 
+import kvcases
 import pytest
 import torch
 
-import kvcases
 from radixkernels.reference import paged_attention_ref, store_kv_ref
 from radixserve.memory.pool import KVPool
-from radixserve.model.attention.triton_paged import RowSplit, TritonPagedAttentionBackend, split_rows
+from radixserve.model.attention.triton_paged import (
+    RowSplit,
+    TritonPagedAttentionBackend,
+    split_rows,
+)
 from radixserve.model.forward_batch import ForwardBatch
 
 
 def test_split_rows() -> None:
     assert split_rows([1, 1, 5, 3, 1]) == RowSplit(2, 4, 5, 5, 11)
     assert split_rows([1, 1, 1]) == RowSplit(3, 3, 0, 3, 3)  # decode-only
-    assert split_rows([7, 1, 2]) == RowSplit(0, 3, 7, 3, 10)  # a 1-row sequence between extends stays there
+    assert split_rows([7, 1, 2]) == RowSplit(
+        0, 3, 7, 3, 10
+    )  # a 1-row sequence between extends stays there
     assert split_rows([4, 1, 1]) == RowSplit(0, 1, 4, 3, 6)  # SGLang's layout: decodes last
     assert split_rows([6]) == RowSplit(0, 1, 6, 1, 6)
 
@@ -57,8 +63,12 @@ LAYOUTS = {
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("heads,page_size,kv_dtype", [((9, 3), 4, "auto"), ((8, 2), 1, "int8")], ids=["gqa9-3", "gqa8-2"])
-def test_rows_go_to_their_kernel(layout: str, heads: tuple[int, int], page_size: int, kv_dtype: str) -> None:
+@pytest.mark.parametrize(
+    "heads,page_size,kv_dtype", [((9, 3), 4, "auto"), ((8, 2), 1, "int8")], ids=["gqa9-3", "gqa8-2"]
+)
+def test_rows_go_to_their_kernel(
+    layout: str, heads: tuple[int, int], page_size: int, kv_dtype: str
+) -> None:
     prefix, extend, want_decode, want_extend = LAYOUTS[layout]
     hq, hkv = heads
     d = 32
@@ -68,12 +78,26 @@ def test_rows_go_to_their_kernel(layout: str, heads: tuple[int, int], page_size:
     ref_pool = KVPool(1, num_pages, page_size, hkv, d, kv_dtype=kv_dtype)
     g = torch.Generator().manual_seed(11)
     # The cached prefixes: the same history in both pools.
-    slots = [int(fb.page_table[b, pos // page_size]) * page_size + pos % page_size
-             for b, n in enumerate(prefix) for pos in range(n)]
-    hist_k, hist_v = torch.randn(len(slots), hkv, d, generator=g), torch.randn(len(slots), hkv, d, generator=g)
+    slots = [
+        int(fb.page_table[b, pos // page_size]) * page_size + pos % page_size
+        for b, n in enumerate(prefix)
+        for pos in range(n)
+    ]
+    hist_k, hist_v = (
+        torch.randn(len(slots), hkv, d, generator=g),
+        torch.randn(len(slots), hkv, d, generator=g),
+    )
     for p in (pool, ref_pool):
-        store_kv_ref(p.k_data[0], p.v_data[0], _s(p.k_scale), _s(p.v_scale), hist_k, hist_v,
-                     torch.tensor(slots, dtype=torch.int64), p.fmt)
+        store_kv_ref(
+            p.k_data[0],
+            p.v_data[0],
+            _s(p.k_scale),
+            _s(p.v_scale),
+            hist_k,
+            hist_v,
+            torch.tensor(slots, dtype=torch.int64),
+            p.fmt,
+        )
     backend = TritonPagedAttentionBackend(pool)
     backend._decode, backend._extend = spy_d, spy_e = _Spy(backend._decode), _Spy(backend._extend)
     t = fb.num_tokens
@@ -82,11 +106,29 @@ def test_rows_go_to_their_kernel(layout: str, heads: tuple[int, int], page_size:
     backend.init_forward_metadata(fb)
     out = backend.forward(0, q, k, v, fb, d**-0.5)
     assert spy_d.calls == want_decode and spy_e.calls == want_extend
-    store_kv_ref(ref_pool.k_data[0], ref_pool.v_data[0], _s(ref_pool.k_scale), _s(ref_pool.v_scale), k, v,
-                 fb.out_cache_loc, ref_pool.fmt)
+    store_kv_ref(
+        ref_pool.k_data[0],
+        ref_pool.v_data[0],
+        _s(ref_pool.k_scale),
+        _s(ref_pool.v_scale),
+        k,
+        v,
+        fb.out_cache_loc,
+        ref_pool.fmt,
+    )
     ref = paged_attention_ref(
-        q, ref_pool.k_data[0], ref_pool.v_data[0], _s(ref_pool.k_scale), _s(ref_pool.v_scale), ref_pool.fmt,
-        fb.page_table, fb.seq_lens, fb.extend_lens, fb.extend_start_loc, page_size, d**-0.5,
+        q,
+        ref_pool.k_data[0],
+        ref_pool.v_data[0],
+        _s(ref_pool.k_scale),
+        _s(ref_pool.v_scale),
+        ref_pool.fmt,
+        fb.page_table,
+        fb.seq_lens,
+        fb.extend_lens,
+        fb.extend_start_loc,
+        page_size,
+        d**-0.5,
     )
     kvcases.assert_close(out, ref, torch.float32, f"{layout} {heads}")
 

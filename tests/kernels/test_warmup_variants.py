@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import kvcases
 import torch
 
-import kvcases
 from radixkernels.decode import SPLIT_BUCKETS
 from radixkernels.variants import LaunchLog, compiled_variants
 from radixserve.engine.engine import Engine
@@ -23,10 +23,19 @@ from radixserve.sampling_params import SamplingParams
 
 
 def test_nothing_compiles_after_warmup(tiny_llama_dir: Path) -> None:
-    engine = Engine(str(tiny_llama_dir), num_pages=64, page_size=4, attention_backend="triton",
-                    max_num_tokens=8, max_running_requests=8, device=str(kvcases.DEVICE))
+    engine = Engine(
+        str(tiny_llama_dir),
+        num_pages=64,
+        page_size=4,
+        attention_backend="triton",
+        max_num_tokens=8,
+        max_running_requests=8,
+        device=str(kvcases.DEVICE),
+    )
     attn = engine.attn
-    attn.num_sms = 4  # 16 programs wanted over 2 KV heads: batch 1 -> 8 splits, 2 -> 4, 3..7 -> 2, 8 -> 1
+    attn.num_sms = (
+        4  # 16 programs wanted over 2 KV heads: batch 1 -> 8 splits, 2 -> 4, 3..7 -> 2, 8 -> 1
+    )
     assert attn.decode_batch_sizes(8) == [1, 2, 3, 8]
     assert {attn.decode_splits(b) for b in range(1, 65)} <= set(SPLIT_BUCKETS)
 
@@ -35,20 +44,26 @@ def test_nothing_compiles_after_warmup(tiny_llama_dir: Path) -> None:
         report = warm_up_model(engine.model, attn, engine.pool, max_batch_size=8)
     assert report.num_forwards == 7
     pages = torch.tensor(report.scratch_pages)
-    assert all(not t[pages].any() for t in engine.pool.k_data + engine.pool.v_data), "scratch pages not zeroed"
+    assert all(not t[pages].any() for t in engine.pool.k_data + engine.pool.v_data), (
+        "scratch pages not zeroed"
+    )
     compiled_after_warmup = compiled_variants()
 
     serve = LaunchLog()
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (13, 5, 1, 9, 3, 7)]
     with serve.recording():
-        outs = engine.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        outs = engine.generate(
+            prompts, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        )
     assert all(len(o.token_ids) == 4 for o in outs)
     engine.check_invariants()
 
     counts = serve.counts()
     # The workload exercised every kernel: stores, extends (chunked prompts), split decodes.
-    assert counts["_store_kv_kernel"] and counts["_extend_kernel"] and counts["_decode_reduce_kernel"]
+    assert (
+        counts["_store_kv_kernel"] and counts["_extend_kernel"] and counts["_decode_reduce_kernel"]
+    )
     new = serve.variants - warm.variants
     assert not new, f"serving launched variants warm-up did not: {sorted(v.kernel for v in new)}"
     assert compiled_variants() == compiled_after_warmup

@@ -77,7 +77,11 @@ def test_l2_spills_to_l3_by_lru_and_loads_from_there(tmp_path: Path) -> None:
     t = Tiered(l1=4, l2=4, storage=tmp_path)
     for seq in (A, B, C):  # A: L1 -> L2; B: L1 -> L2 pushes A to L3
         t.put(seq)
-    assert t.hier.stats.l3_written_pages == 4 and t.hier.disk is not None and t.hier.disk.num_files() == 4
+    assert (
+        t.hier.stats.l3_written_pages == 4
+        and t.hier.disk is not None
+        and t.hier.disk.num_files() == 4
+    )
     n, held = t.match(A)
     assert n == 8 and held == A and t.hier.stats.loaded_l3_pages == 4
 
@@ -96,7 +100,9 @@ def test_restart_over_the_same_directory_is_warm(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
-def test_corrupt_page_files_are_misses_never_served(tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+def test_corrupt_page_files_are_misses_never_served(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
     t = Tiered(l1=8, l2=4, storage=tmp_path)
     t.put(A)
     t.cache.persist()

@@ -52,7 +52,11 @@ def test_slot_addressing_and_layer_views_are_independent() -> None:
 
 def test_starts_zeroed_and_rejects_bad_sizes() -> None:
     pool = KVPool(1, 2, 4, 1, 4, kv_dtype="int8")
-    assert pool.k_data[0].abs().sum() == 0 and pool.k_scale is not None and pool.k_scale[0].abs().sum() == 0
+    assert (
+        pool.k_data[0].abs().sum() == 0
+        and pool.k_scale is not None
+        and pool.k_scale[0].abs().sum() == 0
+    )
     with pytest.raises(ValueError):
         KVPool(1, 0, 4, 1, 4)
     with pytest.raises(ValueError):

@@ -72,7 +72,12 @@ def test_quantized_bytes_include_scales() -> None:
 def test_plan_memory_arithmetic() -> None:
     cfg = preset("llama-2-7b")
     plan = plan_memory(
-        cfg, kv_dtype="auto", page_size=16, act_dtype=torch.float16, memory_budget=80 * GiB, device="cpu"
+        cfg,
+        kv_dtype="auto",
+        page_size=16,
+        act_dtype=torch.float16,
+        memory_budget=80 * GiB,
+        device="cpu",
     )
     assert plan.weight_bytes == weight_bytes(cfg, torch.float16) == 6_738_415_616 * 2
     assert plan.bytes_per_page == 16 * 512 * 1024
@@ -82,7 +87,9 @@ def test_plan_memory_arithmetic() -> None:
     assert plan.pages_per_sequence(4096) == 256 and plan.pages_per_sequence(4097) == 257
     assert plan.max_sequences(4096) == plan.num_pages // 256 == 33
     # Quantized KV holds ~2x the pages in the same budget.
-    int8 = plan_memory(cfg, kv_dtype="int8", page_size=16, act_dtype=torch.float16, memory_budget=80 * GiB)
+    int8 = plan_memory(
+        cfg, kv_dtype="int8", page_size=16, act_dtype=torch.float16, memory_budget=80 * GiB
+    )
     assert int8.num_pages == int8.kv_budget_bytes // (16 * (256 * 1024 + 8192))
     capped = plan_memory(cfg, act_dtype=torch.float16, memory_budget=80 * GiB, max_num_pages=10)
     assert capped.num_pages == 10
@@ -99,7 +106,9 @@ def test_plan_too_small_and_fp8_fixed_bytes() -> None:
 
 
 def test_plan_from_device_memory() -> None:
-    plan = plan_memory(preset("smollm2-135m"), act_dtype=torch.float32, device="cpu", memory_utilization=0.5)
+    plan = plan_memory(
+        preset("smollm2-135m"), act_dtype=torch.float32, device="cpu", memory_utilization=0.5
+    )
     assert 0 < plan.budget_bytes and "cpu" in plan.budget_source
     assert plan.num_pages > 0
 
@@ -107,7 +116,11 @@ def test_plan_from_device_memory() -> None:
 def test_memory_snapshot_cpu() -> None:
     snap = memory_snapshot("cpu", pool_bytes=1234)
     assert isinstance(snap, MemorySnapshot)
-    assert snap.rss_bytes > 10 * 2**20 and snap.total_bytes > snap.rss_bytes and snap.pool_bytes == 1234
+    assert (
+        snap.rss_bytes > 10 * 2**20
+        and snap.total_bytes > snap.rss_bytes
+        and snap.pool_bytes == 1234
+    )
 
 
 def test_bytes_formatting() -> None:

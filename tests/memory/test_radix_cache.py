@@ -7,7 +7,9 @@ import pytest
 from radixserve.memory import NoPrefixCache, OutOfPagesError, PageAllocator, PrefixCache, RadixCache
 
 
-def make(num_pages: int = 64, page_size: int = 1, disabled: bool = False) -> tuple[PageAllocator, PrefixCache]:
+def make(
+    num_pages: int = 64, page_size: int = 1, disabled: bool = False
+) -> tuple[PageAllocator, PrefixCache]:
     alloc = PageAllocator(num_pages)
     return alloc, (NoPrefixCache(alloc, page_size) if disabled else RadixCache(alloc, page_size))
 

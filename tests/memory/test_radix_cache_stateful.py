@@ -27,7 +27,14 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixserve.memory import KVPool, NoPrefixCache, OutOfPagesError, PageAllocator, RadixCache, TreeNode
+from radixserve.memory import (
+    KVPool,
+    NoPrefixCache,
+    OutOfPagesError,
+    PageAllocator,
+    RadixCache,
+    TreeNode,
+)
 from radixserve.memory.hi_radix_cache import HiRadixCache
 from radixserve.memory.hierarchy import KVHierarchy
 
@@ -60,7 +67,9 @@ class CacheMachine(RuleBasedStateMachine):
         tiers=st.sampled_from(["L1", "L1", "L2", "L3"]),
         host_pages=st.integers(1, 24),
     )
-    def setup(self, page_size: int, num_pages: int, disabled: bool, tiers: str, host_pages: int) -> None:
+    def setup(
+        self, page_size: int, num_pages: int, disabled: bool, tiers: str, host_pages: int
+    ) -> None:
         self.ps = page_size
         self.num_pages = num_pages
         self.host_pages = host_pages
@@ -69,7 +78,9 @@ class CacheMachine(RuleBasedStateMachine):
         self.next_rid = 0
         self.key_tokens: dict[bytes, list[int]] = {}  # every page key seen -> its page's tokens
         self.now = 0.0  # the pin table's clock
-        self.storage: str | None = tempfile.mkdtemp(prefix="rs-l3-") if tiers == "L3" and not disabled else None
+        self.storage: str | None = (
+            tempfile.mkdtemp(prefix="rs-l3-") if tiers == "L3" and not disabled else None
+        )
         self.tiered = tiers != "L1" and not disabled
         self._build(disabled)
 
@@ -95,7 +106,9 @@ class CacheMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ helpers
     def _write(self, pages: list[int], start: int, tokens: list[int]) -> None:
-        slots = [pages[i // self.ps] * self.ps + i % self.ps for i in range(start, start + len(tokens))]
+        slots = [
+            pages[i // self.ps] * self.ps + i % self.ps for i in range(start, start + len(tokens))
+        ]
         self.flat[torch.tensor(slots, dtype=torch.long)] = torch.tensor(tokens, dtype=torch.float32)
 
     def _read(self, pages: list[int], n: int) -> list[int]:
@@ -113,12 +126,22 @@ class CacheMachine(RuleBasedStateMachine):
 
     def _grow(self, req: Req, new_tokens: list[int]) -> bool:
         need = -(-(len(req.tokens) + len(new_tokens)) // self.ps) - len(req.pages)
-        free, evictable, cached = self.alloc.num_free, self.cache.num_evictable_pages, self.cache.num_cached_pages
+        free, evictable, cached = (
+            self.alloc.num_free,
+            self.cache.num_evictable_pages,
+            self.cache.num_cached_pages,
+        )
         try:
             got = self.alloc.alloc(need)
         except OutOfPagesError as e:
-            assert need > free + evictable and (e.needed, e.free, e.evictable) == (need, free, evictable)
-            assert self.alloc.num_free == free and self.cache.num_cached_pages == cached  # nothing evicted
+            assert need > free + evictable and (e.needed, e.free, e.evictable) == (
+                need,
+                free,
+                evictable,
+            )
+            assert (
+                self.alloc.num_free == free and self.cache.num_cached_pages == cached
+            )  # nothing evicted
             return False
         assert need <= free + evictable
         req.pages += got
@@ -207,11 +230,18 @@ class CacheMachine(RuleBasedStateMachine):
         assert self.cache.evict(n) == min(n, evictable)
         # LRU: everything evicted (or trimmed) is older than every untouched evictable leaf.
         touched = [(x.last_access, x.id) for x in nodes if not x.alive or len(x.pages) != sizes[x]]
-        kept = [(x.last_access, x.id) for x in leaves_before if x.alive and len(x.pages) == sizes[x]]
+        kept = [
+            (x.last_access, x.id) for x in leaves_before if x.alive and len(x.pages) == sizes[x]
+        ]
         if touched and kept:
             assert max(touched) < min(kept)
 
-    @rule(base=st.integers(0, len(BASES) - 1), cut=st.integers(0, 20), ns=NAMESPACES, ttl=st.floats(0.5, 5.0))
+    @rule(
+        base=st.integers(0, len(BASES) - 1),
+        cut=st.integers(0, 20),
+        ns=NAMESPACES,
+        ttl=st.floats(0.5, 5.0),
+    )
     def pin(self, base: int, cut: int, ns: str | None, ttl: float) -> None:
         tokens = BASES[base][:cut]
         pinned = self.cache.pins.pin(tokens, ns, ttl)
@@ -221,7 +251,11 @@ class CacheMachine(RuleBasedStateMachine):
     def advance_clock(self, dt: float) -> None:
         self.now += dt
         self.cache.pins.expire()
-        assert all(self.cache.pins.expiry(n) > self.now for n in self._nodes() if self.cache.pins.expiry(n) is not None)
+        assert all(
+            self.cache.pins.expiry(n) > self.now
+            for n in self._nodes()
+            if self.cache.pins.expiry(n) is not None
+        )
 
     @rule(roll=st.integers(0, 9))
     def reset(self, roll: int) -> None:

@@ -8,7 +8,11 @@ from radixserve.model.forward_batch import ForwardBatch
 
 
 def shared_batch(
-    trunk_pages: int | list[int], prefix: list[int], extend: list[int], page_size: int, num_pages: int,
+    trunk_pages: int | list[int],
+    prefix: list[int],
+    extend: list[int],
+    page_size: int,
+    num_pages: int,
     trunk_of: list[int] | None = None,
 ) -> ForwardBatch:
     """Sequence ``b`` starts with the pool pages of trunk ``trunk_of[b]`` (default: all trunk 0),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from paged_batches import shared_batch
 
 from radixkernels.reference import paged_attention_ref, store_kv_ref
 from radixserve.memory.pool import KVPool
@@ -18,8 +19,6 @@ from radixserve.model.attention.cascade import (
 )
 from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
-
-from paged_batches import shared_batch
 
 # -- grouping --------------------------------------------------------------------------
 
@@ -35,9 +34,13 @@ def test_groups_follow_shared_leading_pages() -> None:
 
 def test_a_member_that_would_shrink_the_group_too_much_starts_its_own() -> None:
     trunk = list(range(100, 140))
-    rows = [trunk + [i] for i in range(4)] + [trunk[:3] + [200 + i for i in range(38)] for _ in range(1)]
+    rows = [trunk + [i] for i in range(4)] + [
+        trunk[:3] + [200 + i for i in range(38)] for _ in range(1)
+    ]
     groups = shared_prefix_groups(rows, caps=[40] * 5, min_pages=2)
-    assert groups == [SharedGroup([0, 1, 2, 3], 40)]  # joining would cut 37 pages from 4 members to save 3
+    assert groups == [
+        SharedGroup([0, 1, 2, 3], 40)
+    ]  # joining would cut 37 pages from 4 members to save 3
 
 
 def test_caps_bound_the_shared_part() -> None:
@@ -93,7 +96,9 @@ def test_backend_with_shared_pages_matches_reference(
     hk = torch.randn(len(all_slots), hkv, d, generator=g)
     hv = torch.randn(len(all_slots), hkv, d, generator=g)
     for p in (pool, ref_pool):
-        store_kv_ref(p.k_data[0], p.v_data[0], _s(p.k_scale), _s(p.v_scale), hk, hv, all_slots, p.fmt)
+        store_kv_ref(
+            p.k_data[0], p.v_data[0], _s(p.k_scale), _s(p.v_scale), hk, hv, all_slots, p.fmt
+        )
 
     backend = TorchPagedAttentionBackend(pool, native_kernel=native_kernel)
     backend.cascade_min_tokens = 8
@@ -110,20 +115,46 @@ def test_backend_with_shared_pages_matches_reference(
         assert meta.shared[0].pages.numel() == trunk
         assert meta.shared[0].rows.numel() == t  # every row is in the one group
     else:  # the kernel took the whole batch, one group over the trunk
-        assert meta.native.group_start.tolist() == [0, 5] and meta.native.shared_pages.numel() == trunk
+        assert (
+            meta.native.group_start.tolist() == [0, 5] and meta.native.shared_pages.numel() == trunk
+        )
     _check_against_reference(out, q, k, v, fb, ref_pool, page_size, d)
 
 
 def _check_against_reference(
-    out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch, ref_pool: KVPool,
-    page_size: int, d: int,
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    fb: ForwardBatch,
+    ref_pool: KVPool,
+    page_size: int,
+    d: int,
 ) -> None:
     """``out`` equals the reference attention after the reference pool stored the step's K/V."""
-    store_kv_ref(ref_pool.k_data[0], ref_pool.v_data[0], _s(ref_pool.k_scale), _s(ref_pool.v_scale),
-                 k, v, fb.out_cache_loc, ref_pool.fmt)
+    store_kv_ref(
+        ref_pool.k_data[0],
+        ref_pool.v_data[0],
+        _s(ref_pool.k_scale),
+        _s(ref_pool.v_scale),
+        k,
+        v,
+        fb.out_cache_loc,
+        ref_pool.fmt,
+    )
     ref = paged_attention_ref(
-        q, ref_pool.k_data[0], ref_pool.v_data[0], _s(ref_pool.k_scale), _s(ref_pool.v_scale), ref_pool.fmt,
-        fb.page_table, fb.seq_lens, fb.extend_lens, fb.extend_start_loc, page_size, d**-0.5,
+        q,
+        ref_pool.k_data[0],
+        ref_pool.v_data[0],
+        _s(ref_pool.k_scale),
+        _s(ref_pool.v_scale),
+        ref_pool.fmt,
+        fb.page_table,
+        fb.seq_lens,
+        fb.extend_lens,
+        fb.extend_start_loc,
+        page_size,
+        d**-0.5,
     )
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
@@ -142,8 +173,12 @@ def test_groups_of_different_sizes_match_reference(big_extend: int, native_kerne
     ref_pool = KVPool(1, 96, ps, hkv, d)
     g = torch.Generator().manual_seed(5)
     for p in (pool, ref_pool):
-        p.k_data[0].copy_(torch.randn(p.k_data[0].shape, generator=torch.Generator().manual_seed(1)))
-        p.v_data[0].copy_(torch.randn(p.v_data[0].shape, generator=torch.Generator().manual_seed(2)))
+        p.k_data[0].copy_(
+            torch.randn(p.k_data[0].shape, generator=torch.Generator().manual_seed(1))
+        )
+        p.v_data[0].copy_(
+            torch.randn(p.v_data[0].shape, generator=torch.Generator().manual_seed(2))
+        )
     backend = TorchPagedAttentionBackend(pool, native_kernel=native_kernel)
     backend.cascade_min_tokens = 8
     t = fb.num_tokens
@@ -217,4 +252,8 @@ def test_shared_kv_budget_bounds_what_is_kept() -> None:
     q, kv = torch.randn(2, 4, 8), torch.randn(2, 2, 8)
     backend.init_forward_metadata(fb)
     backend.forward(0, q, kv, kv, fb, 0.3)
-    assert backend._shared_kv == {} and backend._meta is not None and backend._meta.shared[0].kv is None
+    assert (
+        backend._shared_kv == {}
+        and backend._meta is not None
+        and backend._meta.shared[0].kv is None
+    )

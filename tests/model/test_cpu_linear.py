@@ -11,7 +11,9 @@ from torch import nn
 from radixserve.model.cpu_linear import PackedLinear, onednn_linear_supported, pack_linears
 from radixserve.model.loader import load_model
 
-pytestmark = pytest.mark.skipif(not onednn_linear_supported(torch.float32), reason="no oneDNN in this torch build")
+pytestmark = pytest.mark.skipif(
+    not onednn_linear_supported(torch.float32), reason="no oneDNN in this torch build"
+)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -23,7 +25,9 @@ def test_packed_linear_matches_linear(bias: bool, rows: int) -> None:
     x = torch.randn(rows, 96)
     with torch.inference_mode():
         torch.testing.assert_close(packed(x), lin(x), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(packed(x.view(1, rows, 96)), lin(x).view(1, rows, 200), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            packed(x.view(1, rows, 96)), lin(x).view(1, rows, 200), atol=1e-5, rtol=1e-5
+        )
 
 
 def test_pack_linears_keeps_parameters_and_ties(tiny_qwen2_dir: Path) -> None:
@@ -32,11 +36,15 @@ def test_pack_linears_keeps_parameters_and_ties(tiny_qwen2_dir: Path) -> None:
     assert any(isinstance(m, PackedLinear) for m in model.modules())
     assert not any(type(m) is nn.Linear for m in model.modules())
     assert model.state_dict().keys() == plain.state_dict().keys()
-    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied head still shares its weight
+    assert (
+        model.lm_head.weight is model.model.embed_tokens.weight
+    )  # tied head still shares its weight
     assert pack_linears(model) == 0  # nothing left to pack
 
 
-@pytest.mark.skipif(not onednn_linear_supported(torch.bfloat16), reason="no bfloat16 oneDNN on this CPU")
+@pytest.mark.skipif(
+    not onednn_linear_supported(torch.bfloat16), reason="no bfloat16 oneDNN on this CPU"
+)
 def test_bfloat16_packed_linear_matches_linear() -> None:
     torch.manual_seed(0)
     lin = nn.Linear(64, 48).to(torch.bfloat16)

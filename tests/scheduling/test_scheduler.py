@@ -62,9 +62,13 @@ class Harness:
 
 
 def make(num_pages: int = 64, page_size: int = 4, **kw: object) -> tuple[Harness, FakeRunner]:
-    cfg = SchedulerConfig(page_size=page_size, max_num_tokens=kw.pop("max_num_tokens", 16),  # type: ignore[arg-type]
-                          max_running_requests=kw.pop("max_running_requests", 8),  # type: ignore[arg-type]
-                          max_total_len=num_pages * page_size, **kw)  # type: ignore[arg-type]
+    cfg = SchedulerConfig(
+        page_size=page_size,
+        max_num_tokens=kw.pop("max_num_tokens", 16),  # type: ignore[arg-type]
+        max_running_requests=kw.pop("max_running_requests", 8),  # type: ignore[arg-type]
+        max_total_len=num_pages * page_size,
+        **kw,
+    )  # type: ignore[arg-type]
     alloc = PageAllocator(num_pages)
     cache = RadixCache(alloc, page_size)
     runner = FakeRunner(page_size)
@@ -72,7 +76,13 @@ def make(num_pages: int = 64, page_size: int = 4, **kw: object) -> tuple[Harness
 
 
 def request(rid: str, prompt: list[int], n: int = 4) -> Request:
-    return Request(rid, list(prompt), len(prompt), SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), 256)
+    return Request(
+        rid,
+        list(prompt),
+        len(prompt),
+        SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True),
+        256,
+    )
 
 
 def drain(s: Harness) -> dict[str, list[int]]:
@@ -124,7 +134,13 @@ def test_aging_bound_admits_a_cold_request_among_hot_ones() -> None:
 
 
 def test_retraction_keeps_output_and_releases_pages() -> None:
-    s, _ = make(num_pages=12, page_size=2, max_num_tokens=64, init_new_token_ratio=0.0, min_new_token_ratio=0.0)
+    s, _ = make(
+        num_pages=12,
+        page_size=2,
+        max_num_tokens=64,
+        init_new_token_ratio=0.0,
+        min_new_token_ratio=0.0,
+    )
     for i in range(3):
         s.add(request(f"r{i}", [i * 10 + 1] * 5, n=8))
     out = drain(s)

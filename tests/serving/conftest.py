@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 import tiny_models
+
 from radixserve.serving.launcher import LocalServer
 from radixserve.serving.router import RouterConfig
 
@@ -17,8 +17,15 @@ HERE = Path(__file__).resolve().parent
 FAKE_WORKER = [sys.executable, str(HERE / "fake_worker.py")]
 
 # Fast liveness for tests: dead workers and vanished clients are noticed within ~0.2 s.
-FAST = dict(endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.1, client_probe_interval_s=0.1, tokenizer_workers=1,
-            worker_timeout_s=20.0, worker_wait_s=30.0, control_timeout_s=10.0)
+FAST = dict(
+    endpoint="tcp://127.0.0.1:*",
+    heartbeat_interval_s=0.1,
+    client_probe_interval_s=0.1,
+    tokenizer_workers=1,
+    worker_timeout_s=20.0,
+    worker_wait_s=30.0,
+    control_timeout_s=10.0,
+)
 
 
 @pytest.fixture(scope="session")
@@ -59,15 +66,25 @@ def fake_worker_cmd() -> list[str]:
 
 
 @pytest.fixture
-def fake_server(tokenizer_dir: Path, tokenizer: Any, alphabet: list[int]) -> Iterator[ServerFactory]:
+def fake_server(
+    tokenizer_dir: Path, tokenizer: Any, alphabet: list[int]
+) -> Iterator[ServerFactory]:
     """Factory: ``fake_server(num_workers=1, router=dict(...), **fake_engine_kwargs)`` -> started server."""
     servers: list[LocalServer] = []
 
-    def make(num_workers: int = 1, router: dict[str, Any] | None = None, **engine: Any) -> LocalServer:
+    def make(
+        num_workers: int = 1, router: dict[str, Any] | None = None, **engine: Any
+    ) -> LocalServer:
         engine.setdefault("alphabet", alphabet)
         engine.setdefault("vocab_size", len(tokenizer))
-        srv = LocalServer(tokenizer_dir, num_workers=num_workers, config=RouterConfig(**{**FAST, **(router or {})}),
-                          engine_config=engine, worker_program=FAKE_WORKER, tokenizer=tokenizer)
+        srv = LocalServer(
+            tokenizer_dir,
+            num_workers=num_workers,
+            config=RouterConfig(**{**FAST, **(router or {})}),
+            engine_config=engine,
+            worker_program=FAKE_WORKER,
+            tokenizer=tokenizer,
+        )
         servers.append(srv)
         return srv.start(timeout_s=60)
 

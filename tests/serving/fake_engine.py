@@ -53,23 +53,45 @@ def fake_token(prompt: list[int], k: int, alphabet: list[int]) -> int:
 
 
 class FakeEngine:
-    def __init__(self, model: str | None = None, *, alphabet: list[int] | None = None, vocab_size: int = 512,
-                 eos_token_id: int = 2, context_length: int = 256, page_size: int = 4, num_pages: int = 4096,
-                 step_delay: float = 0.0, stall_after_steps: int = 0, stall_s: float = 0.0, **_: Any) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        alphabet: list[int] | None = None,
+        vocab_size: int = 512,
+        eos_token_id: int = 2,
+        context_length: int = 256,
+        page_size: int = 4,
+        num_pages: int = 4096,
+        step_delay: float = 0.0,
+        stall_after_steps: int = 0,
+        stall_s: float = 0.0,
+        **_: Any,
+    ) -> None:
         self.alphabet = alphabet or list(range(60, 90))
-        self.model_config = SimpleNamespace(vocab_size=vocab_size, eos_token_ids=(eos_token_id,),
-                                            max_position_embeddings=context_length)
+        self.model_config = SimpleNamespace(
+            vocab_size=vocab_size,
+            eos_token_ids=(eos_token_id,),
+            max_position_embeddings=context_length,
+        )
         self.config = SimpleNamespace(page_size=page_size, max_model_len=context_length)
         self.tokenizer = SimpleNamespace(bos_token_id=1)
         self.page_size, self.num_pages, self.step_delay = page_size, num_pages, step_delay
         # After ``stall_after_steps`` steps (when > 0), every step takes ``stall_s``: a long prefill.
         self.stall_after_steps, self.stall_s, self._steps = stall_after_steps, stall_s, 0
         self._reqs: dict[str, _Req] = {}
-        self._cached: set[tuple[str | None, tuple[int, ...]]] = set()  # (namespace, prefix), as the radix cache
+        self._cached: set[tuple[str | None, tuple[int, ...]]] = (
+            set()
+        )  # (namespace, prefix), as the radix cache
         self._prompt_total = self._hit_total = self._aborted = 0
 
-    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    namespace: str | None = None) -> str:
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        namespace: str | None = None,
+    ) -> str:
         params.validate()
         if len(prompt_token_ids) >= self.config.max_model_len:
             raise ValueError(f"prompt of {len(prompt_token_ids)} tokens exceeds the context")
@@ -81,7 +103,9 @@ class FakeEngine:
             cached = end
         self._prompt_total += len(prompt_token_ids)
         self._hit_total += cached
-        self._reqs[request_id] = _Req(request_id, list(prompt_token_ids), params, cached, namespace=namespace)
+        self._reqs[request_id] = _Req(
+            request_id, list(prompt_token_ids), params, cached, namespace=namespace
+        )
         return request_id
 
     def abort(self, request_id: str) -> None:
@@ -99,9 +123,11 @@ class FakeEngine:
             time.sleep(self.step_delay)  # stands for the model's compute time
         outs = []
         for r in list(self._reqs.values()):
-            usage = lambda: Usage(len(r.prompt), r.cached, len(r.out))  # noqa: E731
+            usage = lambda: Usage(len(r.prompt), r.cached, len(r.out))  # noqa: E731, B023 (called in this iteration)
             if r.aborted:
-                outs.append(StepOutput(r.rid, [], finished=True, finish_reason="abort", usage=usage()))
+                outs.append(
+                    StepOutput(r.rid, [], finished=True, finish_reason="abort", usage=usage())
+                )
                 self._aborted += 1
                 self._finish(r)
                 continue
@@ -110,10 +136,20 @@ class FakeEngine:
             reason = None
             if tok in r.params.stop_token_ids:
                 reason = "stop"
-            elif len(r.out) >= r.params.max_tokens or len(r.prompt) + len(r.out) >= self.config.max_model_len:
+            elif (
+                len(r.out) >= r.params.max_tokens
+                or len(r.prompt) + len(r.out) >= self.config.max_model_len
+            ):
                 reason = "length"
-            outs.append(StepOutput(r.rid, [tok], finished=reason is not None, finish_reason=reason,
-                                   usage=usage() if reason else None))
+            outs.append(
+                StepOutput(
+                    r.rid,
+                    [tok],
+                    finished=reason is not None,
+                    finish_reason=reason,
+                    usage=usage() if reason else None,
+                )
+            )
             if reason:
                 self._finish(r)
         return outs
@@ -124,13 +160,23 @@ class FakeEngine:
             self._cached.add((r.namespace, tuple(r.prompt[:end])))
 
     def stats(self) -> FakeStats:
-        in_use = sum(math.ceil((len(r.prompt) + len(r.out)) / self.page_size) for r in self._reqs.values())
+        in_use = sum(
+            math.ceil((len(r.prompt) + len(r.out)) / self.page_size) for r in self._reqs.values()
+        )
         evictable = len(self._cached)
         return FakeStats(
-            running=len(self._reqs), waiting=0, num_pages=self.num_pages, page_size=self.page_size,
-            pages_free=self.num_pages - in_use - evictable, pages_evictable=evictable, pages_in_use=in_use,
-            prompt_tokens_total=self._prompt_total, cached_prompt_tokens_total=self._hit_total,
-            aborted_total=self._aborted, hit_rate=self._hit_total / max(1, self._prompt_total))
+            running=len(self._reqs),
+            waiting=0,
+            num_pages=self.num_pages,
+            page_size=self.page_size,
+            pages_free=self.num_pages - in_use - evictable,
+            pages_evictable=evictable,
+            pages_in_use=in_use,
+            prompt_tokens_total=self._prompt_total,
+            cached_prompt_tokens_total=self._hit_total,
+            aborted_total=self._aborted,
+            hit_rate=self._hit_total / max(1, self._prompt_total),
+        )
 
     def flush_cache(self) -> bool:
         if self._reqs:

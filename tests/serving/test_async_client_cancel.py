@@ -26,6 +26,7 @@ async def _cancel_as_a_chunk_arrives() -> tuple[bool, p.Abort]:
     port = router.bind_to_random_port("tcp://127.0.0.1")
     client = AsyncClient(f"tcp://127.0.0.1:{port}", timeout=30.0)
     try:
+
         async def consume() -> None:
             async for _ in client.stream("hello", request_id="r1"):
                 pass
@@ -35,7 +36,9 @@ async def _cancel_as_a_chunk_arrives() -> tuple[bool, p.Abort]:
         assert isinstance(p.decode_client(frame), p.GenerateRequest)
         # The consumer sent its request before the router could read it, so it is now
         # waiting for its next message. Deliver one and cancel in the same loop turn.
-        client._queues["r1"].put_nowait(p.GenerateChunk(request_id="r1", index=0, token_ids=[5], text="x"))
+        client._queues["r1"].put_nowait(
+            p.GenerateChunk(request_id="r1", index=0, token_ids=[5], text="x")
+        )
         task.cancel()
         try:
             await asyncio.wait_for(task, 10)

@@ -60,7 +60,9 @@ def _recv(sub: zmq.Socket, decoder: Decoder) -> tuple[bytes, int, KVEventBatch]:
 
 def test_a_subscriber_sees_stored_removed_and_cleared_blocks(tiny_llama_dir: Path) -> None:
     ps = 4
-    engine = Engine(str(tiny_llama_dir), page_size=ps, num_pages=16, kv_events_endpoint="tcp://127.0.0.1:*")
+    engine = Engine(
+        str(tiny_llama_dir), page_size=ps, num_pages=16, kv_events_endpoint="tcp://127.0.0.1:*"
+    )
     ctx = zmq.Context()
     pub = KVEventPublisher("tcp://127.0.0.1:*", ctx=ctx)
     sub = ctx.socket(zmq.SUB)
@@ -80,13 +82,19 @@ def test_a_subscriber_sees_stored_removed_and_cleared_blocks(tiny_llama_dir: Pat
         assert stored and not [e for e in batch.events if not isinstance(e, BlockStored)]
         tokens = [t for e in stored for t in e.token_ids]
         assert tokens == prompt[: len(tokens)] and len(tokens) >= 16
-        assert stored[0].parent_block_hash is None and all(e.block_size == ps and e.medium == "CPU" for e in stored)
-        for a, b in zip(stored, stored[1:]):  # a chain: each leaf hangs under the last block of the one before
+        assert stored[0].parent_block_hash is None and all(
+            e.block_size == ps and e.medium == "CPU" for e in stored
+        )
+        for a, b in zip(
+            stored, stored[1:]
+        ):  # a chain: each leaf hangs under the last block of the one before
             assert b.parent_block_hash == a.block_hashes[-1]
         hashes = [h for e in stored for h in e.block_hashes]
         assert len(set(hashes)) == len(hashes) == len(tokens) // ps
 
-        engine.generate([list(range(100, 161))], params)  # all 16 pages: the first prompt is evicted
+        engine.generate(
+            [list(range(100, 161))], params
+        )  # all 16 pages: the first prompt is evicted
         pub.publish(engine.drain_kv_events())
         _, seq, batch = _recv(sub, decoder)
         assert seq == 1
@@ -112,15 +120,22 @@ def test_a_served_worker_publishes_its_cache_events(tiny_llama_dir: Path, tmp_pa
     from radixserve.serving.launcher import LocalServer
     from radixserve.serving.router import RouterConfig
 
-    engine = dict(num_pages=256, page_size=4, num_threads=1, kv_events_endpoint=f"ipc://{tmp_path}/kv-{{worker}}")
+    engine = dict(
+        num_pages=256,
+        page_size=4,
+        num_threads=1,
+        kv_events_endpoint=f"ipc://{tmp_path}/kv-{{worker}}",
+    )
     cfg = RouterConfig(endpoint="tcp://127.0.0.1:*")
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     decoder = Decoder(type=KVEventBatch)
     params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     try:
-        with LocalServer(tiny_llama_dir, num_workers=1, config=cfg, engine_config=engine) as srv, \
-                Client(srv.endpoint) as client:
+        with (
+            LocalServer(tiny_llama_dir, num_workers=1, config=cfg, engine_config=engine) as srv,
+            Client(srv.endpoint) as client,
+        ):
             sub.connect(f"ipc://{tmp_path}/kv-0")  # worker 0's socket ("{worker}" -> its id)
             sub.setsockopt_string(zmq.SUBSCRIBE, "kv-events")
             # ZeroMQ drops what is published before the subscription reaches the worker: send

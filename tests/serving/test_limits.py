@@ -8,28 +8,40 @@ import json
 import msgspec
 import pytest
 import zmq
+from raw_client import recv_reply
 
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
 from radixserve.serving.client import Client, ServerError
 from radixserve.serving.limits import RequestLimits, invalid_utf8_path, surrogate_path
-from raw_client import recv_reply
 
-LONE = b"\xed\xb2\x80"  # U+DC80 as (CESU-style) UTF-8 bytes: what a lone surrogate becomes on the wire
+LONE = (
+    b"\xed\xb2\x80"  # U+DC80 as (CESU-style) UTF-8 bytes: what a lone surrogate becomes on the wire
+)
 
 
 def test_surrogate_path_names_the_field() -> None:
-    body = json.loads('{"model": "m", "messages": [{"role": "user", "content": "ok"},'
-                      ' {"role": "user", "content": "bad \\udc80"}], "stop": ["\\ud83d\\ude00"]}')
+    body = json.loads(
+        '{"model": "m", "messages": [{"role": "user", "content": "ok"},'
+        ' {"role": "user", "content": "bad \\udc80"}], "stop": ["\\ud83d\\ude00"]}'
+    )
     assert surrogate_path(body) == "messages[1].content"
     assert surrogate_path(json.loads('{"stop": ["a", "\\ud83d\\ude00", "\\ud800x"]}')) == "stop[2]"
-    assert surrogate_path(json.loads('{"text": "fine \\ud83d\\ude00"}')) is None  # a valid pair is one character
+    assert (
+        surrogate_path(json.loads('{"text": "fine \\ud83d\\ude00"}')) is None
+    )  # a valid pair is one character
     assert surrogate_path("\udc80") == "body"
 
 
 def test_invalid_utf8_path_walks_msgpack() -> None:
-    frame = msgspec.msgpack.encode({"type": "generate", "request_id": "r", "text": "X",
-                                    "params": {"stop": ["ok", "Y"], "max_tokens": 3, "temperature": 0.5}})
+    frame = msgspec.msgpack.encode(
+        {
+            "type": "generate",
+            "request_id": "r",
+            "text": "X",
+            "params": {"stop": ["ok", "Y"], "max_tokens": 3, "temperature": 0.5},
+        }
+    )
     assert invalid_utf8_path(frame) is None
     assert invalid_utf8_path(frame.replace(b"\xa1X", b"\xa3" + LONE)) == "text"
     assert invalid_utf8_path(frame.replace(b"\xa1Y", b"\xa3" + LONE)) == "params.stop[1]"
@@ -38,10 +50,14 @@ def test_invalid_utf8_path_walks_msgpack() -> None:
 
 def test_request_limits_arithmetic() -> None:
     lim = RequestLimits(max_request_bytes=100, max_batch_size=4, chars_per_token=8)
-    assert lim.request_bytes_error(100) is None and "101 bytes" in (lim.request_bytes_error(101) or "")
+    assert lim.request_bytes_error(100) is None and "101 bytes" in (
+        lim.request_bytes_error(101) or ""
+    )
     assert lim.batch_error(4) is None and lim.batch_error(5) is not None
     assert lim.max_prompt_chars(None) is None and lim.max_prompt_chars(32) == 256
-    assert lim.prompt_chars_error(256, 32) is None and "257 characters" in (lim.prompt_chars_error(257, 32) or "")
+    assert lim.prompt_chars_error(256, 32) is None and "257 characters" in (
+        lim.prompt_chars_error(257, 32) or ""
+    )
     off = RequestLimits(max_request_bytes=0, max_batch_size=0, chars_per_token=0)
     assert off.request_bytes_error(1 << 40) is None and off.batch_error(1 << 20) is None
     assert off.prompt_chars_error(1 << 30, 32) is None
@@ -56,15 +72,30 @@ def test_router_refuses_oversize_invalid_and_overlong_before_tokenizing(fake_ser
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, 10_000)
     sock.connect(srv.endpoint)
-    good = {"type": "generate", "request_id": "g", "text": "hi", "params": {"max_tokens": 2, "stop": ["zz"]}}
+    good = {
+        "type": "generate",
+        "request_id": "g",
+        "text": "hi",
+        "params": {"max_tokens": 2, "stop": ["zz"]},
+    }
     try:
         sock.send(msgspec.msgpack.encode({**good, "request_id": "big", "text": "x" * (100 << 10)}))
         reply = recv_reply(sock)
-        assert isinstance(reply, p.Error) and reply.code == "request_too_large" and reply.request_id == "big"
-        frame = msgspec.msgpack.encode({**good, "request_id": "s1", "text": "X"}).replace(b"\xa1X", b"\xa3" + LONE)
+        assert (
+            isinstance(reply, p.Error)
+            and reply.code == "request_too_large"
+            and reply.request_id == "big"
+        )
+        frame = msgspec.msgpack.encode({**good, "request_id": "s1", "text": "X"}).replace(
+            b"\xa1X", b"\xa3" + LONE
+        )
         sock.send(frame)
         reply = recv_reply(sock)
-        assert isinstance(reply, p.Error) and reply.code == "invalid_params" and reply.request_id == "s1"
+        assert (
+            isinstance(reply, p.Error)
+            and reply.code == "invalid_params"
+            and reply.request_id == "s1"
+        )
         assert reply.message.startswith("text: not valid Unicode"), reply.message
         frame = msgspec.msgpack.encode({**good, "request_id": "s2", "params": {"stop": ["Q"]}})
         sock.send(frame.replace(b"\xa1Q", b"\xa3" + LONE))
@@ -86,5 +117,7 @@ def test_router_refuses_oversize_invalid_and_overlong_before_tokenizing(fake_ser
         with pytest.raises(ServerError) as exc:
             c.tokenize(["ok", "y" * 300])
         assert exc.value.code == "context_length"
-        assert c.generate("y" * 20, params=SamplingParams(max_tokens=2)).usage.completion_tokens == 2
+        assert (
+            c.generate("y" * 20, params=SamplingParams(max_tokens=2)).usage.completion_tokens == 2
+        )
         assert c.health().workers_alive == 1

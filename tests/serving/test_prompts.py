@@ -17,7 +17,7 @@ class BosTokenizer:
         while text:
             if text.startswith(self.bos_token):
                 ids.append(BOS)
-                text = text[len(self.bos_token):]
+                text = text[len(self.bos_token) :]
             else:
                 ids.append(ord(text[0]))
                 text = text[1:]

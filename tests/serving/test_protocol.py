@@ -18,7 +18,12 @@ def _frame(**fields: object) -> bytes:
 
 def test_round_trip_every_client_message() -> None:
     msgs = [
-        p.GenerateRequest(request_id="r1", text="hi", params=SamplingParams(max_tokens=4, temperature=0), stream=True),
+        p.GenerateRequest(
+            request_id="r1",
+            text="hi",
+            params=SamplingParams(max_tokens=4, temperature=0),
+            stream=True,
+        ),
         p.GenerateRequest(request_id="r2", input_ids=[1, 2, 3], session_id="s", namespace="ns"),
         p.GenerateRequest(request_id="r3", messages=[p.ChatMessage(role="user", content="hello")]),
         p.Abort(request_id="r1"),
@@ -35,23 +40,47 @@ def test_round_trip_server_and_worker_messages() -> None:
     lp = [p.TokenLogprob(5, -0.25, [(5, -0.25), (7, -2.0)])]
     server = [
         p.GenerateChunk(request_id="r", index=0, text="a", token_ids=[5], logprobs=lp),
-        p.GenerateFinal(request_id="r", finish_reason="stop", text="a", token_ids=[5], usage=p.Usage(3, 1, 1),
-                        timings=p.Timings(0.0, 0.1, 0.2), prompt_logprobs=[None, -1.5]),
+        p.GenerateFinal(
+            request_id="r",
+            finish_reason="stop",
+            text="a",
+            token_ids=[5],
+            usage=p.Usage(3, 1, 1),
+            timings=p.Timings(0.0, 0.1, 0.2),
+            prompt_logprobs=[None, -1.5],
+        ),
         p.Error(code="context_length", message="too long", request_id="r"),
         p.KeepAlive(),
     ]
     for msg in server:
         assert p.decode_server(p.encode(msg)) == msg
-    to_worker = [p.WorkerAdd(requests=[p.WorkerRequest(rid="1", input_ids=[1], params=SamplingParams())]),
-                 p.WorkerAbort(rids=["1"]), p.WorkerPing(), p.WorkerStatsRequest(token=3), p.WorkerShutdown(),
-                 p.WorkerRejoin()]
+    to_worker = [
+        p.WorkerAdd(requests=[p.WorkerRequest(rid="1", input_ids=[1], params=SamplingParams())]),
+        p.WorkerAbort(rids=["1"]),
+        p.WorkerPing(),
+        p.WorkerStatsRequest(token=3),
+        p.WorkerShutdown(),
+        p.WorkerRejoin(),
+    ]
     for msg in to_worker:
         assert p.decode_to_worker(p.encode(msg)) == msg
     from_worker = [
-        p.WorkerHello(worker_id=0, pid=1, model="m", context_length=64, vocab_size=10, eos_token_ids=[2]),
-        p.WorkerOutputs(outputs=[p.StepOutput(request_id="1", new_token_ids=[3], new_logprobs=lp, finished=True,
-                                               finish_reason="length", usage=p.Usage(1, 0, 1))],
-                        load=p.WorkerLoad(running=1)),
+        p.WorkerHello(
+            worker_id=0, pid=1, model="m", context_length=64, vocab_size=10, eos_token_ids=[2]
+        ),
+        p.WorkerOutputs(
+            outputs=[
+                p.StepOutput(
+                    request_id="1",
+                    new_token_ids=[3],
+                    new_logprobs=lp,
+                    finished=True,
+                    finish_reason="length",
+                    usage=p.Usage(1, 0, 1),
+                )
+            ],
+            load=p.WorkerLoad(running=1),
+        ),
         p.WorkerStatsReply(token=3, load=p.WorkerLoad(), engine={"hits": 3, "rate": 0.5}),
     ]
     for msg in from_worker:
@@ -70,10 +99,19 @@ def test_round_trip_server_and_worker_messages() -> None:
         (_frame(request_id="x", text="a"), "invalid_message"),
         (_frame(type="generate", request_id="x", text="a", version=999), "version_mismatch"),
         (_frame(type="generate", request_id="x", text="a", extra=1), "invalid_message"),
-        (_frame(type="generate", request_id="x", text="a", params={"max_tokens": 4, "bogus": 1}), "invalid_message"),
+        (
+            _frame(type="generate", request_id="x", text="a", params={"max_tokens": 4, "bogus": 1}),
+            "invalid_message",
+        ),
         (_frame(type="generate", request_id="x", text=5), "invalid_message"),
-        (_frame(type="generate", request_id="x", text="a", params={"temperature": -1.0}), "invalid_params"),
-        (_frame(type="generate", request_id="x", text="a", params={"top_p": 0.0}), "invalid_params"),
+        (
+            _frame(type="generate", request_id="x", text="a", params={"temperature": -1.0}),
+            "invalid_params",
+        ),
+        (
+            _frame(type="generate", request_id="x", text="a", params={"top_p": 0.0}),
+            "invalid_params",
+        ),
         (_frame(type="generate", request_id="x"), "invalid_params"),
         (_frame(type="generate", request_id="x", text="a", input_ids=[1]), "invalid_params"),
         (_frame(type="generate", request_id="x", input_ids=[]), "invalid_params"),
@@ -101,8 +139,14 @@ def test_request_id_of_reads_any_frame() -> None:
 
 
 def test_nested_schema_is_invalid_params() -> None:
-    err = p.decode_client(_frame(type="generate", request_id="x", text="a",
-                                 params={"json_schema": "[" * 5000 + "]" * 5000}))
+    err = p.decode_client(
+        _frame(
+            type="generate",
+            request_id="x",
+            text="a",
+            params={"json_schema": "[" * 5000 + "]" * 5000},
+        )
+    )
     assert isinstance(err, p.Error) and err.code == "invalid_params" and err.request_id == "x"
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from fake_engine import fake_token
+from raw_client import recv_reply
+
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
 from radixserve.serving.client import Client, ServerError
-from raw_client import recv_reply
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]  # starts server processes
 
@@ -48,8 +48,11 @@ def _wait_stats(client: Client, pred, timeout: float = 10.0) -> p.StatsReply:
 
 
 def _idle(st: p.StatsReply) -> bool:
-    return st.active == 0 and all(w.inflight == 0 and w.engine.get("pages_in_use") == 0 and
-                                  w.engine.get("running") == 0 for w in st.workers if w.alive)
+    return st.active == 0 and all(
+        w.inflight == 0 and w.engine.get("pages_in_use") == 0 and w.engine.get("running") == 0
+        for w in st.workers
+        if w.alive
+    )
 
 
 def test_concurrent_clients_with_shared_prefixes(fake_server, tokenizer, alphabet) -> None:
@@ -61,7 +64,9 @@ def test_concurrent_clients_with_shared_prefixes(fake_server, tokenizer, alphabe
     systems = ["You are a helpful assistant. " * 3, "Answer in French, please. " * 3]
     prompts = [systems[i % 2] + f"Question number {i}?" for i in range(24)]
 
-    async def one(client: AsyncClient, text: str, stream: bool) -> tuple[str, p.GenerateFinal, list[int]]:
+    async def one(
+        client: AsyncClient, text: str, stream: bool
+    ) -> tuple[str, p.GenerateFinal, list[int]]:
         streamed: list[int] = []
         final = None
         async for ev in client.stream(text, params=SamplingParams(max_tokens=5), stream=stream):
@@ -77,7 +82,9 @@ def test_concurrent_clients_with_shared_prefixes(fake_server, tokenizer, alphabe
         try:
             for s in systems:  # warm each shared prefix once, then hit it concurrently
                 await clients[0].generate(s, params=SamplingParams(max_tokens=1))
-            return await asyncio.gather(*(one(clients[i % 4], t, i % 3 == 0) for i, t in enumerate(prompts)))
+            return await asyncio.gather(
+                *(one(clients[i % 4], t, i % 3 == 0) for i, t in enumerate(prompts))
+            )
         finally:
             for c in clients:
                 await c.close()
@@ -94,7 +101,9 @@ def test_concurrent_clients_with_shared_prefixes(fake_server, tokenizer, alphabe
         assert _idle(st), st
         assert st.requests == 26 and st.errors == 0
         # Cache-aware: each system prompt stays on one worker, so most prompt tokens hit.
-        assert sum(w.cached_tokens for w in st.workers) > 0.5 * sum(w.prompt_tokens for w in st.workers)
+        assert sum(w.cached_tokens for w in st.workers) > 0.5 * sum(
+            w.prompt_tokens for w in st.workers
+        )
         assert all(w.engine["invariants"] == "ok" for w in st.workers)
 
 
@@ -102,7 +111,9 @@ def test_abort_mid_stream_frees_kv(fake_server) -> None:
     srv = fake_server(step_delay=0.01)
     with Client(srv.endpoint, timeout=20) as c:
         got = []
-        for ev in c.stream("Count to a thousand", params=SamplingParams(max_tokens=10_000, ignore_eos=True)):
+        for ev in c.stream(
+            "Count to a thousand", params=SamplingParams(max_tokens=10_000, ignore_eos=True)
+        ):
             got.append(ev)
             if len(got) == 3:
                 break  # leaving the loop aborts the request
@@ -119,7 +130,10 @@ def test_abort_mid_stream_frees_kv(fake_server) -> None:
         assert isinstance(rest[-1], p.GenerateFinal) and rest[-1].finish_reason == "abort"
         assert _idle(_wait_stats(c, _idle))
         # The server keeps serving.
-        assert c.generate("still there?", params=SamplingParams(max_tokens=2)).usage.completion_tokens == 2
+        assert (
+            c.generate("still there?", params=SamplingParams(max_tokens=2)).usage.completion_tokens
+            == 2
+        )
 
 
 def test_disconnected_client_is_aborted(fake_server) -> None:
@@ -163,11 +177,20 @@ def test_bad_frames_get_errors_and_server_keeps_serving(fake_server) -> None:
         ([msgspec.msgpack.encode({"type": "frobnicate", "request_id": "u"})], "unknown_type"),
         ([msgspec.msgpack.encode({**good, "version": 42})], "version_mismatch"),
         ([msgspec.msgpack.encode({**good, "surprise": 1})], "invalid_message"),
-        ([msgspec.msgpack.encode({**good, "params": {"max_tokens": 2, "temprature": 0.5}})], "invalid_message"),
+        (
+            [msgspec.msgpack.encode({**good, "params": {"max_tokens": 2, "temprature": 0.5}})],
+            "invalid_message",
+        ),
         ([msgspec.msgpack.encode({**good, "params": {"max_tokens": -3}})], "invalid_params"),
-        ([msgspec.msgpack.encode({**good, "params": {"stop_token_ids": [10**9]}})], "invalid_params"),
+        (
+            [msgspec.msgpack.encode({**good, "params": {"stop_token_ids": [10**9]}})],
+            "invalid_params",
+        ),
         ([msgspec.msgpack.encode({**good, "text": None, "input_ids": [10**9]})], "invalid_params"),
-        ([msgspec.msgpack.encode({**good, "text": None, "messages": [{"role": "user"}]})], "invalid_message"),
+        (
+            [msgspec.msgpack.encode({**good, "text": None, "messages": [{"role": "user"}]})],
+            "invalid_message",
+        ),
     ]
     try:
         for frames, code in cases:
@@ -187,13 +210,23 @@ def test_prompt_longer_than_context(fake_server) -> None:
         with pytest.raises(ServerError) as exc:
             c.generate(input_ids=list(range(3, 43)))
         assert exc.value.code == "context_length" and "40 tokens" in exc.value.message
-        assert c.generate(input_ids=list(range(3, 13)), params=SamplingParams(max_tokens=2)).finish_reason == "length"
+        assert (
+            c.generate(
+                input_ids=list(range(3, 13)), params=SamplingParams(max_tokens=2)
+            ).finish_reason
+            == "length"
+        )
 
 
 def test_killed_worker_fails_its_requests_others_continue(fake_server) -> None:
-    srv = fake_server(num_workers=2, step_delay=0.01, router=dict(routing="round_robin", restart_workers=False))
+    srv = fake_server(
+        num_workers=2, step_delay=0.01, router=dict(routing="round_robin", restart_workers=False)
+    )
     with Client(srv.endpoint, timeout=20) as c:
-        rids = [c.submit(f"long job {i}", params=SamplingParams(max_tokens=100_000), stream=True) for i in range(2)]
+        rids = [
+            c.submit(f"long job {i}", params=SamplingParams(max_tokens=100_000), stream=True)
+            for i in range(2)
+        ]
         streams = {rid: c.events(rid) for rid in rids}  # keep them: a dropped iterator aborts
         for rid in rids:
             assert isinstance(next(streams[rid]), p.GenerateChunk)
@@ -212,7 +245,9 @@ def test_killed_worker_fails_its_requests_others_continue(fake_server) -> None:
                         break
             except ServerError as e:
                 errors.append(e)
-        assert len(errors) == 1 and errors[0].code == "worker_died" and "worker 0" in errors[0].message
+        assert (
+            len(errors) == 1 and errors[0].code == "worker_died" and "worker 0" in errors[0].message
+        )
         assert len(finals) == 1
         assert c.health().workers_alive == 1
         for i in range(4):  # new work goes to the survivor
@@ -225,12 +260,19 @@ def test_shared_prefix_lands_on_one_worker_and_hits(fake_server) -> None:
     srv = fake_server(num_workers=2)
     system = "You are a helpful assistant. The quick brown fox jumps over the lazy dog. " * 2
     with Client(srv.endpoint, timeout=20) as c:
-        outs = [c.generate(system + f"Question {i}", params=SamplingParams(max_tokens=2)) for i in range(6)]
+        outs = [
+            c.generate(system + f"Question {i}", params=SamplingParams(max_tokens=2))
+            for i in range(6)
+        ]
         assert len({o.worker_id for o in outs}) == 1
         assert outs[0].usage.cached_tokens == 0
         assert all(o.usage.cached_tokens >= 0.8 * len(system) // 4 for o in outs[1:])
-        other = c.generate("Something entirely different, unrelated to before", params=SamplingParams(max_tokens=2))
-        assert other.worker_id != outs[0].worker_id  # a fresh prefix goes to the idle, emptier worker
+        other = c.generate(
+            "Something entirely different, unrelated to before", params=SamplingParams(max_tokens=2)
+        )
+        assert (
+            other.worker_id != outs[0].worker_id
+        )  # a fresh prefix goes to the idle, emptier worker
         st = c.stats()
         w = st.workers[outs[0].worker_id]
         assert w.requests == 6 and w.hit_rate > 0.5
@@ -253,15 +295,31 @@ def test_sessions_model_info_tokenize_flush_duplicates(fake_server, tokenizer) -
     srv = fake_server(num_workers=2, context_length=128)
     with Client(srv.endpoint, timeout=20) as c:
         info = c.model_info()
-        assert info.context_length == 128 and info.num_workers == 2 and "im_start" in (info.chat_template or "")
+        assert (
+            info.context_length == 128
+            and info.num_workers == 2
+            and "im_start" in (info.chat_template or "")
+        )
         assert info.special_tokens.get("eos_token") == "<|im_end|>"
-        assert c.tokenize(["hello world", "x"]) == [tokenizer.encode("hello world"), tokenizer.encode("x")]
-        w = {c.generate(f"session call {i} " + "z" * i, session_id="prog-1", params=SamplingParams(max_tokens=1)).worker_id
-             for i in range(5)}
+        assert c.tokenize(["hello world", "x"]) == [
+            tokenizer.encode("hello world"),
+            tokenizer.encode("x"),
+        ]
+        w = {
+            c.generate(
+                f"session call {i} " + "z" * i,
+                session_id="prog-1",
+                params=SamplingParams(max_tokens=1),
+            ).worker_id
+            for i in range(5)
+        }
         assert len(w) == 1
-        chat = c.generate(messages=[{"role": "user", "content": "hi"}], params=SamplingParams(max_tokens=1))
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                                 add_generation_prompt=True)
+        chat = c.generate(
+            messages=[{"role": "user", "content": "hi"}], params=SamplingParams(max_tokens=1)
+        )
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+        )
         assert chat.usage.prompt_tokens == len(tokenizer.encode(rendered, add_special_tokens=False))
         assert c.flush_cache() is True
         st = c.stats()
@@ -283,7 +341,9 @@ def test_hung_worker_is_declared_dead_by_heartbeat(fake_server) -> None:
     import os
     import signal
 
-    srv = fake_server(num_workers=2, step_delay=0.01, router=dict(routing="round_robin", worker_timeout_s=1.0))
+    srv = fake_server(
+        num_workers=2, step_delay=0.01, router=dict(routing="round_robin", worker_timeout_s=1.0)
+    )
     with Client(srv.endpoint, timeout=20) as c:
         rid = c.submit("hang on", params=SamplingParams(max_tokens=100_000), stream=True)
         stream = c.events(rid)
@@ -295,7 +355,9 @@ def test_hung_worker_is_declared_dead_by_heartbeat(fake_server) -> None:
                 for _ in stream:
                     pass
             assert exc.value.code == "worker_died" and "no heartbeat" in exc.value.message
-            assert c.generate("served elsewhere", params=SamplingParams(max_tokens=1)).worker_id == 1
+            assert (
+                c.generate("served elsewhere", params=SamplingParams(max_tokens=1)).worker_id == 1
+            )
         finally:
             os.kill(victim.pid, signal.SIGCONT)
         # Once it runs again, the worker finds the router silent toward it and joins again:
@@ -304,24 +366,35 @@ def test_hung_worker_is_declared_dead_by_heartbeat(fake_server) -> None:
         while c.health().workers_alive < 2:
             assert time.monotonic() < deadline, "the resumed worker did not join again"
             time.sleep(0.1)  # polling the router's view; nothing to wait on from outside
-        served = {c.generate(f"both again {i}", params=SamplingParams(max_tokens=1)).worker_id for i in range(4)}
+        served = {
+            c.generate(f"both again {i}", params=SamplingParams(max_tokens=1)).worker_id
+            for i in range(4)
+        }
         assert served == {0, 1}
     assert victim.poll() is None  # the same process, still watched by the router
 
 
-def test_remote_worker_joins_by_endpoint_over_ipc(tokenizer_dir, tokenizer, alphabet, tmp_path, fast_router,
-                                                   fake_worker_cmd) -> None:
+def test_remote_worker_joins_by_endpoint_over_ipc(
+    tokenizer_dir, tokenizer, alphabet, tmp_path, fast_router, fake_worker_cmd
+) -> None:
     import json
     import subprocess
 
     from radixserve.serving.launcher import LocalServer, stop_processes
     from radixserve.serving.router import RouterConfig
 
-    cfg = RouterConfig(**{**fast_router, "endpoint": f"ipc://{tmp_path}/clients.sock",
-                          "worker_endpoint": f"ipc://{tmp_path}/workers.sock"})
+    cfg = RouterConfig(
+        **{
+            **fast_router,
+            "endpoint": f"ipc://{tmp_path}/clients.sock",
+            "worker_endpoint": f"ipc://{tmp_path}/workers.sock",
+        }
+    )
     srv = LocalServer(tokenizer_dir, num_workers=0, config=cfg, tokenizer=tokenizer).start()
     engine = json.dumps({"alphabet": alphabet, "vocab_size": len(tokenizer)})
-    remote = subprocess.Popen([*fake_worker_cmd, "--connect", srv.router.worker_endpoint, "--engine-config", engine])
+    remote = subprocess.Popen(
+        [*fake_worker_cmd, "--connect", srv.router.worker_endpoint, "--engine-config", engine]
+    )
     try:
         with Client(srv.endpoint, timeout=20) as c:
             # Sent before the worker joined: it waits for one.
@@ -339,7 +412,9 @@ def test_keepalives_keep_a_long_unstreamed_request_alive(fake_server) -> None:
 
     from radixserve.serving.client import AsyncClient
 
-    srv = fake_server(step_delay=0.03)  # 20 tokens take ~0.6 s, the clients time out after 0.3 s of silence
+    srv = fake_server(
+        step_delay=0.03
+    )  # 20 tokens take ~0.6 s, the clients time out after 0.3 s of silence
     params = SamplingParams(max_tokens=20)
     with Client(srv.endpoint, timeout=0.3) as c:
         assert c.generate("slow", params=params).usage.completion_tokens == 20

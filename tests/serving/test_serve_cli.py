@@ -18,16 +18,37 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 # ``python -m radixserve.cli`` would run the registry module twice (as __main__ and as itself).
 CLI = [sys.executable, "-c", "import sys; from radixserve.cli import main; sys.exit(main())"]
-ENGINE_FLAGS = ["--num-pages", "128", "--page-size", "4", "--max-num-tokens", "128", "--num-threads", "1"]
+ENGINE_FLAGS = [
+    "--num-pages",
+    "128",
+    "--page-size",
+    "4",
+    "--max-num-tokens",
+    "128",
+    "--num-threads",
+    "1",
+]
 
 
 class Serve:
     """A ``radixserve serve`` subprocess whose stdout lines are read without blocking."""
 
     def __init__(self, model: Path, workers: int, extra: tuple[str, ...] = ()) -> None:
-        cmd = [*CLI, "serve", "--model", str(model), "--workers", str(workers),
-               "--port", "0", *ENGINE_FLAGS, *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        cmd = [
+            *CLI,
+            "serve",
+            "--model",
+            str(model),
+            "--workers",
+            str(workers),
+            "--port",
+            "0",
+            *ENGINE_FLAGS,
+            *extra,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -79,7 +100,9 @@ def test_serve_client_and_clean_shutdown(tiny_llama_dir: Path) -> None:
         endpoint, pids = m.group(1), [int(m.group(2)), int(m.group(3))]
         demo = subprocess.run(
             [*CLI, "client", "--endpoint", endpoint, "Hello", "--max-tokens", "4"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert demo.returncode == 0, demo.stderr
         assert "[length] prompt" in demo.stderr or "[stop] prompt" in demo.stderr

@@ -20,7 +20,9 @@ from radixserve.serving.router import RouterConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
-ENGINE = dict(num_pages=512, page_size=4, max_num_tokens=256, max_running_requests=32, num_threads=1)
+ENGINE = dict(
+    num_pages=512, page_size=4, max_num_tokens=256, max_running_requests=32, num_threads=1
+)
 SYSTEMS = [
     "You are a helpful assistant. The quick brown fox jumps over the lazy dog. ",
     "Prefix caching, continuous batching, paged attention, eviction. Once upon a time ",
@@ -30,8 +32,12 @@ SYSTEMS = [
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir: Path) -> Iterator[LocalServer]:
-    cfg = RouterConfig(endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.2, client_probe_interval_s=0.2,
-                       balance_abs_threshold=8)
+    cfg = RouterConfig(
+        endpoint="tcp://127.0.0.1:*",
+        heartbeat_interval_s=0.2,
+        client_probe_interval_s=0.2,
+        balance_abs_threshold=8,
+    )
     with LocalServer(tiny_llama_dir, num_workers=2, config=cfg, engine_config=ENGINE) as srv:
         yield srv
     assert all(proc.poll() is not None for proc in srv.procs)
@@ -46,8 +52,13 @@ def engine(tiny_llama_dir: Path) -> Any:
 
 def _idle(st: p.StatsReply) -> bool:
     return st.active == 0 and all(
-        w.inflight == 0 and w.engine.get("pages_in_use") == 0 and w.engine.get("running") == 0
-        and w.engine.get("waiting") == 0 for w in st.workers if w.alive)
+        w.inflight == 0
+        and w.engine.get("pages_in_use") == 0
+        and w.engine.get("running") == 0
+        and w.engine.get("waiting") == 0
+        for w in st.workers
+        if w.alive
+    )
 
 
 def _wait_idle(c: Client, timeout: float = 20.0) -> p.StatsReply:
@@ -60,9 +71,14 @@ def _wait_idle(c: Client, timeout: float = 20.0) -> p.StatsReply:
             return st
 
 
-def test_concurrent_clients_match_in_process_engine(server: LocalServer, engine: Any, tokenizer: Any = None) -> None:
+def test_concurrent_clients_match_in_process_engine(
+    server: LocalServer, engine: Any, tokenizer: Any = None
+) -> None:
     prompts = [SYSTEMS[i % 3] + f"question {i}: what comes next?" for i in range(18)]
-    params = [SamplingParams(max_tokens=6 + i % 5, temperature=0.0, ignore_eos=i % 2 == 0) for i in range(18)]
+    params = [
+        SamplingParams(max_tokens=6 + i % 5, temperature=0.0, ignore_eos=i % 2 == 0)
+        for i in range(18)
+    ]
     expected = engine.generate(prompts, params)
 
     async def one(client: AsyncClient, i: int) -> tuple[p.GenerateFinal, list[int], str]:
@@ -99,7 +115,10 @@ def test_concurrent_clients_match_in_process_engine(server: LocalServer, engine:
 def test_shared_prefix_lands_on_one_worker_and_hits(server: LocalServer) -> None:
     system = "Numbers 0123456789 and symbols: + - * / = < > ( ) [ ]. A radix tree over token ids. "
     with Client(server.endpoint, timeout=30) as c:
-        outs = [c.generate(system + f"Item {i}.", params=SamplingParams(max_tokens=2, temperature=0)) for i in range(5)]
+        outs = [
+            c.generate(system + f"Item {i}.", params=SamplingParams(max_tokens=2, temperature=0))
+            for i in range(5)
+        ]
         assert len({o.worker_id for o in outs}) == 1
         assert outs[0].usage.cached_tokens == 0
         n_prefix = len(server.router.codec.tokenizer.encode(system))
@@ -111,19 +130,28 @@ def test_shared_prefix_lands_on_one_worker_and_hits(server: LocalServer) -> None
 
 def test_abort_and_vanished_client_free_kv(server: LocalServer) -> None:
     with Client(server.endpoint, timeout=30) as c:
-        for i, ev in enumerate(c.stream("Once upon a time", params=SamplingParams(max_tokens=2000, ignore_eos=True))):
+        for i, ev in enumerate(
+            c.stream("Once upon a time", params=SamplingParams(max_tokens=2000, ignore_eos=True))
+        ):
             if i == 3:
                 break
         _wait_idle(c)
     other = Client(server.endpoint, timeout=30)
-    rid = other.submit("talk and talk", params=SamplingParams(max_tokens=2000, ignore_eos=True), stream=True)
+    rid = other.submit(
+        "talk and talk", params=SamplingParams(max_tokens=2000, ignore_eos=True), stream=True
+    )
     assert isinstance(other._next(rid, 30), p.GenerateChunk)  # it runs
     with Client(server.endpoint, timeout=30) as c:
         other._sock.close(linger=0)  # vanish without an abort
         st = _wait_idle(c)
         assert st.aborted >= 2
         # ... and the server still answers.
-        assert c.generate("still alive?", params=SamplingParams(max_tokens=2, ignore_eos=True)).usage.completion_tokens == 2
+        assert (
+            c.generate(
+                "still alive?", params=SamplingParams(max_tokens=2, ignore_eos=True)
+            ).usage.completion_tokens
+            == 2
+        )
 
 
 def test_prompt_too_long_and_bad_params(server: LocalServer) -> None:
@@ -141,7 +169,9 @@ def test_prompt_too_long_and_bad_params(server: LocalServer) -> None:
 
 
 def test_logprobs_and_prompt_logprobs_match_engine(server: LocalServer, engine: Any) -> None:
-    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2, prompt_logprobs_start=0)
+    params = SamplingParams(
+        max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=2, prompt_logprobs_start=0
+    )
     text = "Let us count: one two three"
     exp = engine.generate([text], [params])[0]
     with Client(server.endpoint, timeout=30) as c:
@@ -149,8 +179,9 @@ def test_logprobs_and_prompt_logprobs_match_engine(server: LocalServer, engine: 
     final = events[-1]
     assert isinstance(final, p.GenerateFinal) and final.token_ids == exp.token_ids
     assert final.logprobs is not None and exp.logprobs is not None
-    assert [(lp.token_id, round(lp.logprob, 4)) for lp in final.logprobs] == \
-        [(lp.token_id, round(lp.logprob, 4)) for lp in exp.logprobs]
+    assert [(lp.token_id, round(lp.logprob, 4)) for lp in final.logprobs] == [
+        (lp.token_id, round(lp.logprob, 4)) for lp in exp.logprobs
+    ]
     assert all(lp.top is not None and len(lp.top) == 2 for lp in final.logprobs)
     streamed = [lp for ev in events[:-1] for lp in (ev.logprobs or [])]
     assert streamed == final.logprobs

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
 from radixserve.serving.client import Client, ServerError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -43,7 +42,12 @@ def test_huge_prompt_delays_only_itself(fake_server) -> None:
         while c.stats().requests < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         for i in range(3):
-            assert c.generate(f"small {i}", params=SamplingParams(max_tokens=2)).usage.completion_tokens == 2
+            assert (
+                c.generate(
+                    f"small {i}", params=SamplingParams(max_tokens=2)
+                ).usage.completion_tokens
+                == 2
+            )
             order.append("small")
         t.join(60)
     assert order[:3] == ["small"] * 3 and order[3] == "huge", order
@@ -62,7 +66,9 @@ def test_abort_while_encoding(fake_server) -> None:
         # The one tokenizer process finishes the huge job before this one: its result is dropped.
         assert c.generate("next", params=SamplingParams(max_tokens=2)).usage.completion_tokens == 2
         st = c.stats()
-        assert st.requests == 2 and st.workers[0].requests == 1  # the aborted one never reached a worker
+        assert (
+            st.requests == 2 and st.workers[0].requests == 1
+        )  # the aborted one never reached a worker
 
 
 def test_dead_tokenizer_process_fails_its_job_and_is_restarted(fake_server) -> None:

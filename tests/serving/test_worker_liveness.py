@@ -24,13 +24,22 @@ def _recv(sock: zmq.Socket, timeout_s: float = 30.0) -> tuple[bytes, Any]:
     return identity, p.decode_from_worker(data)
 
 
-def test_busy_router_is_waited_for_a_gone_one_is_left(fake_worker_cmd: list[str], alphabet: list[int]) -> None:
+def test_busy_router_is_waited_for_a_gone_one_is_left(
+    fake_worker_cmd: list[str], alphabet: list[int]
+) -> None:
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     port = router.bind_to_random_port("tcp://127.0.0.1")
-    cmd = worker_command(f"tcp://127.0.0.1:{port}", 0, "unused", {"alphabet": alphabet}, parent_pid=os.getpid(),
-                         heartbeat_timeout_s=1.0, program=fake_worker_cmd)
+    cmd = worker_command(
+        f"tcp://127.0.0.1:{port}",
+        0,
+        "unused",
+        {"alphabet": alphabet},
+        parent_pid=os.getpid(),
+        heartbeat_timeout_s=1.0,
+        program=fake_worker_cmd,
+    )
     proc = spawn_worker(cmd)
     try:
         identity, hello = _recv(router)
@@ -53,4 +62,3 @@ def test_busy_router_is_waited_for_a_gone_one_is_left(fake_worker_cmd: list[str]
             proc.kill()
             proc.wait(10)
         ctx.term()
-

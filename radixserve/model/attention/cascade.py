@@ -38,7 +38,9 @@ def _common_pages(a: list[int], b: list[int], limit: int) -> int:
     return n
 
 
-def shared_prefix_groups(tables: list[list[int]], caps: list[int], min_pages: int) -> list[SharedGroup]:
+def shared_prefix_groups(
+    tables: list[list[int]], caps: list[int], min_pages: int
+) -> list[SharedGroup]:
     """Group sequences by shared leading pages.
 
     ``tables[i]`` holds sequence ``i``'s pages in order; ``caps[i]`` is how many of them may
@@ -103,7 +105,9 @@ def attention_with_lse(
         s = s + mask
     if causal:
         m, n = s.shape[-2:]
-        s = s.masked_fill(torch.ones(m, n, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+        s = s.masked_fill(
+            torch.ones(m, n, dtype=torch.bool, device=s.device).triu(1), float("-inf")
+        )
     lse = torch.logsumexp(s, dim=-1)
     out = torch.matmul(torch.exp(s - lse[..., None]), v.float())
     return out.to(q.dtype), lse

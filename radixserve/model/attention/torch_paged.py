@@ -43,7 +43,11 @@ import torch
 
 from radixserve.model import native
 from radixserve.model.attention.base import AttentionBackend
-from radixserve.model.attention.cascade import attention_with_lse, merge_partial, shared_prefix_groups
+from radixserve.model.attention.cascade import (
+    attention_with_lse,
+    merge_partial,
+    shared_prefix_groups,
+)
 from radixserve.model.forward_batch import ForwardBatch
 
 if TYPE_CHECKING:
@@ -54,13 +58,17 @@ if TYPE_CHECKING:
 class _Shared:
     """Shared-prefix groups attended in one call: queries and keys padded to the largest group."""
 
-    q_rows: torch.Tensor  # [G * Rmax] int64 batch rows of each group's new tokens, padded with row 0
+    q_rows: (
+        torch.Tensor
+    )  # [G * Rmax] int64 batch rows of each group's new tokens, padded with row 0
     pages: torch.Tensor  # [G * Smax] int64 each group's shared pages in order, padded with page 0
     mask: torch.Tensor | None  # [G, 1, 1, Smax * page_size] additive key padding (None: no padding)
     rows: torch.Tensor  # [R] int64 the batch rows of every group (each row in one group)
     src: torch.Tensor  # [R] int64 where each of ``rows`` sits in the padded [G * Rmax]
     shape: tuple[int, int]  # (G, Rmax)
-    kv: list[tuple[torch.Tensor, torch.Tensor] | None] | None  # per layer: gathered K/V kept across forwards
+    kv: (
+        list[tuple[torch.Tensor, torch.Tensor] | None] | None
+    )  # per layer: gathered K/V kept across forwards
     key: tuple[int, ...]  # the padded page ids (host), naming the kept K/V
 
 
@@ -77,7 +85,9 @@ class _Extend:
     rows: slice  # rows of this sequence in the batch
     pages: torch.Tensor  # its own pages (after its group's), in order
     length: int  # own keys: the positions those pages hold up to the sequence's end
-    mask: torch.Tensor | None  # [1, 1, n, length] additive; None: the own keys are exactly the new rows (causal)
+    mask: (
+        torch.Tensor | None
+    )  # [1, 1, n, length] additive; None: the own keys are exactly the new rows (causal)
 
 
 @dataclass
@@ -85,7 +95,9 @@ class _BatchMeta:
     decode: _Decode | None
     extends: list[_Extend]
     shared: list[_Shared]
-    native: native.AttentionPlan | None  # the whole batch through the CPU kernel (then the rest is empty)
+    native: (
+        native.AttentionPlan | None
+    )  # the whole batch through the CPU kernel (then the rest is empty)
 
 
 class TorchPagedAttentionBackend(AttentionBackend):
@@ -123,7 +135,9 @@ class TorchPagedAttentionBackend(AttentionBackend):
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Plan the next forward over ``batch`` from its host page lists (no device reads)."""
-        assert batch.page_lists_cpu is not None and batch.out_cache_loc is not None, "paged backend needs a paged batch"
+        assert batch.page_lists_cpu is not None and batch.out_cache_loc is not None, (
+            "paged backend needs a paged batch"
+        )
         self._meta = self._plan(batch)
         self._meta_batch = batch
 
@@ -145,7 +159,10 @@ class TorchPagedAttentionBackend(AttentionBackend):
             for m in g.members:
                 skip[m] = g.num_pages
         groups = [
-            ([r for m in g.members for r in range(starts[m], starts[m] + news[m])], host[g.members[0]][: g.num_pages])
+            (
+                [r for m in g.members for r in range(starts[m], starts[m] + news[m])],
+                host[g.members[0]][: g.num_pages],
+            )
             for g in found
         ]
         shared = [self._prepare_shared(call, ps, dev) for call in _padded_calls(groups)]
@@ -157,14 +174,20 @@ class TorchPagedAttentionBackend(AttentionBackend):
         decode = None
         if decode_idx:
             decode = self._prepare_decode(
-                [own_pages[b] for b in decode_idx], [own_lens[b] for b in decode_idx],
-                [starts[b] for b in decode_idx], ps, dev,
+                [own_pages[b] for b in decode_idx],
+                [own_lens[b] for b in decode_idx],
+                [starts[b] for b in decode_idx],
+                ps,
+                dev,
             )
         extends = []
         for b, n in enumerate(news):
             if n == 1:
                 continue
-            length, before = own_lens[b], own_lens[b] - n  # own keys, and how many precede the new rows
+            length, before = (
+                own_lens[b],
+                own_lens[b] - n,
+            )  # own keys, and how many precede the new rows
             mask = None
             if before > 0:
                 i = torch.arange(n, dtype=torch.int64, device=dev)
@@ -176,7 +199,13 @@ class TorchPagedAttentionBackend(AttentionBackend):
         return _BatchMeta(decode, extends, shared, None)
 
     def _plan_native(
-        self, host: list[list[int]], caps: list[int], lens: list[int], news: list[int], starts: list[int], ps: int
+        self,
+        host: list[list[int]],
+        caps: list[int],
+        lens: list[int],
+        news: list[int],
+        starts: list[int],
+        ps: int,
     ) -> native.AttentionPlan:
         """The kernel's plan for the whole batch: groups by shared pages, the rest alone.
 
@@ -184,13 +213,20 @@ class TorchPagedAttentionBackend(AttentionBackend):
         """
         found = shared_prefix_groups(host, caps, min_pages=1)
         grouped = {m for g in found for m in g.members}
-        parts = [(g.members, g.num_pages) for g in found] + [([b], 0) for b in range(len(lens)) if b not in grouped]
+        parts = [(g.members, g.num_pages) for g in found] + [
+            ([b], 0) for b in range(len(lens)) if b not in grouped
+        ]
 
         def member(b: int, skip: int) -> native.Member:
-            return native.Member(starts[b], news[b], host[b][skip : -(-lens[b] // ps)], lens[b] - skip * ps)
+            return native.Member(
+                starts[b], news[b], host[b][skip : -(-lens[b] // ps)], lens[b] - skip * ps
+            )
 
         return native.AttentionPlan.build(
-            [([member(b, skip) for b in members], host[members[0]][:skip]) for members, skip in parts]
+            [
+                ([member(b, skip) for b in members], host[members[0]][:skip])
+                for members, skip in parts
+            ]
         )
 
     def _prepare_decode(
@@ -208,7 +244,9 @@ class TorchPagedAttentionBackend(AttentionBackend):
             shape=(len(rows), width),
         )
 
-    def _prepare_shared(self, groups: list[tuple[list[int], list[int]]], ps: int, dev: torch.device) -> _Shared:
+    def _prepare_shared(
+        self, groups: list[tuple[list[int], list[int]]], ps: int, dev: torch.device
+    ) -> _Shared:
         """One padded call for ``groups`` (each: its rows, its shared pages)."""
         r_max = max(len(rows) for rows, _ in groups)
         s_max = max(len(pages) for _, pages in groups)
@@ -224,9 +262,14 @@ class TorchPagedAttentionBackend(AttentionBackend):
             pages=torch.tensor(pages, dtype=torch.int64, device=dev),
             key=tuple(pages),
             mask=mask,
-            rows=torch.tensor([r for rows, _ in groups for r in rows], dtype=torch.int64, device=dev),
-            src=torch.tensor([g * r_max + i for g, (rows, _) in enumerate(groups) for i in range(len(rows))],
-                             dtype=torch.int64, device=dev),
+            rows=torch.tensor(
+                [r for rows, _ in groups for r in rows], dtype=torch.int64, device=dev
+            ),
+            src=torch.tensor(
+                [g * r_max + i for g, (rows, _) in enumerate(groups) for i in range(len(rows))],
+                dtype=torch.int64,
+                device=dev,
+            ),
             shape=(len(groups), r_max),
             kv=None,
         )
@@ -244,7 +287,9 @@ class TorchPagedAttentionBackend(AttentionBackend):
         """
         keys = [c.key for c in calls]
         self._shared_kv = {k: v for k, v in self._shared_kv.items() if k in keys}
-        per_token = 2 * self.pool.num_layers * self.pool.k_data[0].shape[-2] * self.pool.fmt.head_dim
+        per_token = (
+            2 * self.pool.num_layers * self.pool.k_data[0].shape[-2] * self.pool.fmt.head_dim
+        )
         per_token *= torch.finfo(self.fmt.act_dtype).bits // 8
         used = sum(len(k) for k in self._shared_kv) * ps * per_token
         for call, key in zip(calls, keys):
@@ -269,16 +314,23 @@ class TorchPagedAttentionBackend(AttentionBackend):
             from radixkernels.reference import store_kv_ref
 
             store_kv_ref(
-                pool.k_data[layer_id], pool.v_data[layer_id],
-                _scale(pool, "k_scale", layer_id), _scale(pool, "v_scale", layer_id),
-                k, v, slots, self.fmt,
+                pool.k_data[layer_id],
+                pool.v_data[layer_id],
+                _scale(pool, "k_scale", layer_id),
+                _scale(pool, "v_scale", layer_id),
+                k,
+                v,
+                slots,
+                self.fmt,
             )
             return
         kd, vd = pool.k_data[layer_id], pool.v_data[layer_id]
         kd.view(-1, kd.shape[-2], kd.shape[-1]).index_copy_(0, slots, k.to(kd.dtype))
         vd.view(-1, vd.shape[-2], vd.shape[-1]).index_copy_(0, slots, v.to(vd.dtype))
 
-    def _gather(self, layer_id: int, pages: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _gather(
+        self, layer_id: int, pages: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of whole ``pages``: ``[len(pages) * page_size, kv_heads, head_dim]`` in ``dtype``."""
         pool = self.pool
         kd, vd = pool.k_data[layer_id], pool.v_data[layer_id]
@@ -303,7 +355,9 @@ class TorchPagedAttentionBackend(AttentionBackend):
         """K and V of ``pages`` cut into ``n`` equal runs (one per sequence or group), heads
         first as attention takes them: ``[n, kv_heads, tokens, head_dim]`` each."""
         k, v = self._gather(layer_id, pages, dtype)
-        return k.view(n, -1, *k.shape[1:]).transpose(1, 2), v.view(n, -1, *v.shape[1:]).transpose(1, 2)
+        return k.view(n, -1, *k.shape[1:]).transpose(1, 2), v.view(n, -1, *v.shape[1:]).transpose(
+            1, 2
+        )
 
     # -- attention -----------------------------------------------------------------------
 
@@ -322,7 +376,14 @@ class TorchPagedAttentionBackend(AttentionBackend):
         self._store(layer_id, k, v, batch.out_cache_loc)  # type: ignore[arg-type]
         out = torch.empty_like(q)
         if meta.native is not None:  # the whole batch, in one call
-            native.paged_attention(q, self.pool.k_data[layer_id], self.pool.v_data[layer_id], out, meta.native, sm_scale)
+            native.paged_attention(
+                q,
+                self.pool.k_data[layer_id],
+                self.pool.v_data[layer_id],
+                out,
+                meta.native,
+                sm_scale,
+            )
             return out
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)  # [T, Hq], own part
         if meta.decode is not None:
@@ -333,7 +394,9 @@ class TorchPagedAttentionBackend(AttentionBackend):
                 q[ext.rows].transpose(0, 1).unsqueeze(0),  # [1, Hq, n, D]
                 kk[:, :, : ext.length],  # [1, Hkv, length, D]
                 vv[:, :, : ext.length],
-                ext.mask, sm_scale, causal=ext.mask is None,
+                ext.mask,
+                sm_scale,
+                causal=ext.mask is None,
             )
             out[ext.rows] = o[0].transpose(0, 1)
             lse[ext.rows] = s[0].transpose(0, 1)
@@ -342,7 +405,13 @@ class TorchPagedAttentionBackend(AttentionBackend):
         return out
 
     def _decode(
-        self, layer_id: int, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dec: _Decode, sm_scale: float
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        dec: _Decode,
+        sm_scale: float,
     ) -> None:
         """Own part of every decode row in one call (heads of a KV head as query rows)."""
         bd, _ = dec.shape
@@ -355,7 +424,13 @@ class TorchPagedAttentionBackend(AttentionBackend):
         lse.index_copy_(0, dec.rows, s.reshape(bd, hq))
 
     def _shared(
-        self, layer_id: int, q: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sh: _Shared, sm_scale: float
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        sh: _Shared,
+        sm_scale: float,
     ) -> None:
         """Every grouped row over its group's shared pages, read once per group; merged into ``out``."""
         g, r_max = sh.shape
@@ -363,21 +438,44 @@ class TorchPagedAttentionBackend(AttentionBackend):
         hkv = self.pool.k_data[layer_id].shape[-2]
         group = hq // hkv
         # A group's rows' query heads of one KV head become that head's query rows: [G, Hkv, Rmax * grp, D].
-        qg = q.index_select(0, sh.q_rows).view(g, r_max, hkv, group, d).transpose(1, 2).reshape(g, hkv, -1, d)
+        qg = (
+            q.index_select(0, sh.q_rows)
+            .view(g, r_max, hkv, group, d)
+            .transpose(1, 2)
+            .reshape(g, hkv, -1, d)
+        )
         kept = sh.kv[layer_id] if sh.kv is not None else None
         if kept is None:
-            ks, vs = self._gather_split(layer_id, sh.pages, g, q.dtype)  # [G, Hkv, Smax * page_size, D]
+            ks, vs = self._gather_split(
+                layer_id, sh.pages, g, q.dtype
+            )  # [G, Hkv, Smax * page_size, D]
             if sh.kv is not None:
                 sh.kv[layer_id] = (ks, vs)
         else:
             ks, vs = kept
         o, s = attention_with_lse(qg, ks, vs, sh.mask, sm_scale)
-        o = o.view(g, hkv, r_max, group, d).transpose(1, 2).reshape(g * r_max, hq, d).index_select(0, sh.src)
-        s = s.view(g, hkv, r_max, group).transpose(1, 2).reshape(g * r_max, hq).index_select(0, sh.src)
-        out.index_copy_(0, sh.rows, merge_partial(out.index_select(0, sh.rows), lse.index_select(0, sh.rows), o, s))
+        o = (
+            o.view(g, hkv, r_max, group, d)
+            .transpose(1, 2)
+            .reshape(g * r_max, hq, d)
+            .index_select(0, sh.src)
+        )
+        s = (
+            s.view(g, hkv, r_max, group)
+            .transpose(1, 2)
+            .reshape(g * r_max, hq)
+            .index_select(0, sh.src)
+        )
+        out.index_copy_(
+            0,
+            sh.rows,
+            merge_partial(out.index_select(0, sh.rows), lse.index_select(0, sh.rows), o, s),
+        )
 
 
-def _padded_calls(groups: list[tuple[list[int], list[int]]]) -> list[list[tuple[list[int], list[int]]]]:
+def _padded_calls(
+    groups: list[tuple[list[int], list[int]]],
+) -> list[list[tuple[list[int], list[int]]]]:
     """Split groups (rows, pages) into calls whose padding at most doubles the work.
 
     Groups go in by decreasing row count; a call takes the next group while its padded

@@ -38,6 +38,7 @@ import torch
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
 
+
 def _triton_interpreted() -> bool | None:
     """None if triton is not imported yet, else whether it was imported for the interpreter."""
     if "triton" not in sys.modules:
@@ -61,7 +62,9 @@ def _ensure_runnable(device: torch.device) -> None:
                 "(e.g. TRITON_INTERPRET=1 radixserve generate --attention-backend triton ...)"
             )
     elif device.type == "cuda" and interpreting:
-        raise RuntimeError("attention_backend 'triton' on CUDA: unset TRITON_INTERPRET to run compiled kernels")
+        raise RuntimeError(
+            "attention_backend 'triton' on CUDA: unset TRITON_INTERPRET to run compiled kernels"
+        )
     elif device.type not in ("cpu", "cuda"):
         raise RuntimeError(f"attention_backend 'triton' does not run on {device.type}")
 
@@ -115,7 +118,11 @@ class TritonPagedAttentionBackend(AttentionBackend):
         """KV splits of a decode launch over ``batch_size`` sequences (a compile-time constant)."""
         from radixkernels.decode import num_kv_splits_for
 
-        return 1 if self.num_sms is None else num_kv_splits_for(batch_size, self.pool.kv_heads, self.num_sms)
+        return (
+            1
+            if self.num_sms is None
+            else num_kv_splits_for(batch_size, self.pool.kv_heads, self.num_sms)
+        )
 
     def decode_batch_sizes(self, max_batch_size: int) -> list[int]:
         """The smallest decode batch size for each split count reachable up to ``max_batch_size``:
@@ -128,7 +135,9 @@ class TritonPagedAttentionBackend(AttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Per-forward facts from host data (which rows go to which kernel), computed once and
         reused by every layer."""
-        assert batch.page_table is not None and batch.out_cache_loc is not None, "paged backend needs a paged batch"
+        assert batch.page_table is not None and batch.out_cache_loc is not None, (
+            "paged backend needs a paged batch"
+        )
         self._split = split_rows(batch.extend_lens_cpu)
         self._meta_batch = batch
 
@@ -149,7 +158,16 @@ class TritonPagedAttentionBackend(AttentionBackend):
         pool = self.pool
         ks = None if pool.k_scale is None else pool.k_scale[layer_id]
         vs = None if pool.v_scale is None else pool.v_scale[layer_id]
-        self._store(pool.k_data[layer_id], pool.v_data[layer_id], ks, vs, k, v, batch.out_cache_loc, self.fmt)
+        self._store(
+            pool.k_data[layer_id],
+            pool.v_data[layer_id],
+            ks,
+            vs,
+            k,
+            v,
+            batch.out_cache_loc,
+            self.fmt,
+        )
         return self._attend(layer_id, q, batch, sm_scale)
 
     @property
@@ -175,11 +193,20 @@ class TritonPagedAttentionBackend(AttentionBackend):
         self._check_prepared(batch)
         pool = self.pool
         assert batch.out_cache_loc is not None
-        q = rope_store_kv(qkv, *cos_sin, num_q_heads, pool.k_data[layer_id], pool.v_data[layer_id],
-                          batch.out_cache_loc, self.fmt)
+        q = rope_store_kv(
+            qkv,
+            *cos_sin,
+            num_q_heads,
+            pool.k_data[layer_id],
+            pool.v_data[layer_id],
+            batch.out_cache_loc,
+            self.fmt,
+        )
         return self._attend(layer_id, q, batch, sm_scale)
 
-    def _attend(self, layer_id: int, q: torch.Tensor, batch: ForwardBatch, sm_scale: float) -> torch.Tensor:
+    def _attend(
+        self, layer_id: int, q: torch.Tensor, batch: ForwardBatch, sm_scale: float
+    ) -> torch.Tensor:
         """Attention of the batch's rows over the pool, each row through its kernel (module docstring)."""
         sp = self._split
         pool = self.pool
@@ -190,21 +217,55 @@ class TritonPagedAttentionBackend(AttentionBackend):
         pt, lens = batch.page_table, batch.seq_lens
         assert pt is not None
         if sp.lead_decodes == sp.num_seqs:  # decode-only: one launch over the whole batch
-            return self._decode(q, *kv, pt, lens, batch.page_size, sm_scale,
-                                num_kv_splits=self.decode_splits(sp.num_seqs))
+            return self._decode(
+                q,
+                *kv,
+                pt,
+                lens,
+                batch.page_size,
+                sm_scale,
+                num_kv_splits=self.decode_splits(sp.num_seqs),
+            )
         out = torch.empty_like(q)
         if sp.lead_decodes:
             a = sp.lead_decodes  # decode sequence b owns row b
-            self._decode(q[:a], *kv, pt[:a], lens[:a], batch.page_size, sm_scale,
-                         num_kv_splits=self.decode_splits(a), out=out[:a])
+            self._decode(
+                q[:a],
+                *kv,
+                pt[:a],
+                lens[:a],
+                batch.page_size,
+                sm_scale,
+                num_kv_splits=self.decode_splits(a),
+                out=out[:a],
+            )
         if sp.extend_end > sp.lead_decodes:
             a, e = sp.lead_decodes, sp.extend_end  # extend_start_loc holds absolute rows of q/out
             self._extend(
-                q, *kv, pt[a:e], lens[a:e], batch.extend_lens[a:e], batch.extend_start_loc[a:e],
-                batch.page_size, sm_scale, max_extend_len=sp.max_extend, out=out,
+                q,
+                *kv,
+                pt[a:e],
+                lens[a:e],
+                batch.extend_lens[a:e],
+                batch.extend_start_loc[a:e],
+                batch.page_size,
+                sm_scale,
+                max_extend_len=sp.max_extend,
+                out=out,
             )
         if sp.num_seqs > sp.extend_end:
-            e, r = sp.extend_end, sp.num_rows - (sp.num_seqs - sp.extend_end)  # trailing decodes own the last rows
-            self._decode(q[r:], *kv, pt[e:], lens[e:], batch.page_size, sm_scale,
-                         num_kv_splits=self.decode_splits(sp.num_seqs - e), out=out[r:])
+            e, r = (
+                sp.extend_end,
+                sp.num_rows - (sp.num_seqs - sp.extend_end),
+            )  # trailing decodes own the last rows
+            self._decode(
+                q[r:],
+                *kv,
+                pt[e:],
+                lens[e:],
+                batch.page_size,
+                sm_scale,
+                num_kv_splits=self.decode_splits(sp.num_seqs - e),
+                out=out[r:],
+            )
         return out

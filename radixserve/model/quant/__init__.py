@@ -12,4 +12,11 @@ from __future__ import annotations
 from radixserve.model.quant.apply import QuantReport, quantize_model, set_reference_mode
 from radixserve.model.quant.config import QUANT_METHODS, QuantConfig, check_device
 
-__all__ = ["QUANT_METHODS", "QuantConfig", "QuantReport", "check_device", "quantize_model", "set_reference_mode"]
+__all__ = [
+    "QUANT_METHODS",
+    "QuantConfig",
+    "QuantReport",
+    "check_device",
+    "quantize_model",
+    "set_reference_mode",
+]

@@ -9,7 +9,14 @@ import torch
 from torch import nn
 
 from radixserve.model.quant.config import QuantConfig, check_device
-from radixserve.model.quant.formats import Fp8Weight, Int4Weight, Int8Weight, quantize_fp8, quantize_int4, quantize_int8
+from radixserve.model.quant.formats import (
+    Fp8Weight,
+    Int4Weight,
+    Int8Weight,
+    quantize_fp8,
+    quantize_int4,
+    quantize_int8,
+)
 from radixserve.model.quant.linear import (
     Fp8Linear,
     Int4Linear,
@@ -28,7 +35,9 @@ class QuantReport:
     group_size: int | None
     layers: list[str] = field(default_factory=list)  # quantized module names
     full_precision: list[str] = field(default_factory=list)  # vocabulary modules left as they were
-    requantized: list[str] = field(default_factory=list)  # GGUF tensors that did not map without loss
+    requantized: list[str] = field(
+        default_factory=list
+    )  # GGUF tensors that did not map without loss
     direct: list[str] = field(default_factory=list)  # GGUF tensors mapped bit-exactly
     source: str = "checkpoint"
     weight_bytes: int = 0  # all weights after quantization (quantized + full precision)
@@ -37,13 +46,17 @@ class QuantReport:
         """One paragraph: method, what is quantized, what is not, the source."""
         how = self.method + (f" (group {self.group_size})" if self.group_size else "")
         kinds = sorted({n.rsplit(".", 1)[-1] for n in self.layers})
-        parts = [f"quantization {how}: {len(self.layers)} layers quantized ({', '.join(kinds)}) from the {self.source}"]
+        parts = [
+            f"quantization {how}: {len(self.layers)} layers quantized ({', '.join(kinds)}) from the {self.source}"
+        ]
         if self.full_precision:
             parts.append(f"kept in full precision: {', '.join(self.full_precision)}")
         if self.direct:
             parts.append(f"{len(self.direct)} GGUF tensors mapped without loss")
         if self.requantized:
-            parts.append(f"{len(self.requantized)} GGUF tensors dequantized and re-quantized ({self._requant_kinds()})")
+            parts.append(
+                f"{len(self.requantized)} GGUF tensors dequantized and re-quantized ({self._requant_kinds()})"
+            )
         parts.append(f"weights {self.weight_bytes / (1 << 20):.1f} MiB")
         return "; ".join(parts)
 
@@ -56,7 +69,10 @@ class QuantReport:
 
 
 def make_quantized_linear(
-    method: str, weight: Int8Weight | Int4Weight | Fp8Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype
+    method: str,
+    weight: Int8Weight | Int4Weight | Fp8Weight,
+    bias: torch.Tensor | None,
+    compute_dtype: torch.dtype,
 ) -> QuantizedLinear:
     """The layer class of ``method`` around an already-quantized weight."""
     if method == "int8":
@@ -69,7 +85,9 @@ def make_quantized_linear(
     return Fp8Linear(weight, bias, compute_dtype)
 
 
-def quantize_weight(method: str, w: torch.Tensor, group_size: int | None, compute_dtype: torch.dtype):
+def quantize_weight(
+    method: str, w: torch.Tensor, group_size: int | None, compute_dtype: torch.dtype
+):
     """Quantize one full-precision ``[N, K]`` weight into ``method``'s format."""
     if method == "int8":
         return quantize_int8(w, scale_dtype=compute_dtype)
@@ -81,7 +99,11 @@ def quantize_weight(method: str, w: torch.Tensor, group_size: int | None, comput
 
 def linear_targets(model: nn.Module, with_head: bool) -> list[str]:
     """Names of the linear layers to quantize: every decoder layer's, plus ``lm_head`` if asked."""
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.startswith("model.layers.")]
+    names = [
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and n.startswith("model.layers.")
+    ]
     return names + (["lm_head"] if with_head else [])
 
 
@@ -95,7 +117,12 @@ def module_weight_bytes(model: nn.Module) -> int:
     """Bytes of every parameter and quantized buffer, shared tensors counted once."""
     seen: set[int] = set()
     total = 0
-    for t in list(model.parameters()) + [b for m in model.modules() if isinstance(m, (QuantizedLinear, Int8Embedding)) for b in m.buffers()]:
+    for t in list(model.parameters()) + [
+        b
+        for m in model.modules()
+        if isinstance(m, (QuantizedLinear, Int8Embedding))
+        for b in m.buffers()
+    ]:
         key = t.untyped_storage().data_ptr() if not t.is_meta else id(t)
         if key in seen:
             continue
@@ -125,10 +152,15 @@ def quantize_model(model: nn.Module, qcfg: QuantConfig) -> QuantReport:
             report.layers.append(name)
         if with_vocab:
             emb = model.model.embed_tokens
-            install(model, "model.embed_tokens", Int8Embedding(quantize_int8(emb.weight), act_dtype))
+            install(
+                model, "model.embed_tokens", Int8Embedding(quantize_int8(emb.weight), act_dtype)
+            )
             report.layers.append("model.embed_tokens")
         else:
-            report.full_precision = ["model.embed_tokens", "lm_head" + (" (tied)" if cfg.tie_word_embeddings else "")]
+            report.full_precision = [
+                "model.embed_tokens",
+                "lm_head" + (" (tied)" if cfg.tie_word_embeddings else ""),
+            ]
     report.weight_bytes = module_weight_bytes(model)
     return report
 

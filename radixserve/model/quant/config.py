@@ -27,12 +27,16 @@ class QuantConfig:
 
     def __post_init__(self) -> None:
         if self.method not in QUANT_METHODS:
-            raise ValueError(f"unknown quantization {self.method!r}; choose one of {', '.join(QUANT_METHODS)}")
+            raise ValueError(
+                f"unknown quantization {self.method!r}; choose one of {', '.join(QUANT_METHODS)}"
+            )
         if self.group_size is not None:
             if self.method != "int4":
                 raise ValueError(f"a group size applies to int4 only, not {self.method}")
             if self.group_size not in INT4_GROUP_SIZES:
-                raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {self.group_size}")
+                raise ValueError(
+                    f"int4 group size must be one of {INT4_GROUP_SIZES}, got {self.group_size}"
+                )
 
     def embeddings_quantized(self, num_params: int) -> bool:
         """Whether the embedding and LM head are quantized for a model of ``num_params``."""
@@ -49,7 +53,9 @@ class QuantConfig:
         for g in (128, 64, 32):
             if all(k % g == 0 for k in in_features):
                 return g
-        raise ValueError(f"no int4 group size in (128, 64, 32) divides every layer input size {sorted(set(in_features))}")
+        raise ValueError(
+            f"no int4 group size in (128, 64, 32) divides every layer input size {sorted(set(in_features))}"
+        )
 
 
 def check_device(method: str, device: torch.device | str) -> None:
@@ -67,5 +73,11 @@ def check_device(method: str, device: torch.device | str) -> None:
                 f"--quantization fp8 needs compute capability >= 8.9 (Ada/Hopper); {device} has {cap}. "
                 "Use --quantization int8 or int4."
             )
-    if method == "int4" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0):
-        raise ValueError("--quantization int4 on CUDA needs compute capability >= 8.0 (torch's tinygemm kernel)")
+    if (
+        method == "int4"
+        and device.type == "cuda"
+        and torch.cuda.get_device_capability(device) < (8, 0)
+    ):
+        raise ValueError(
+            "--quantization int4 on CUDA needs compute capability >= 8.0 (torch's tinygemm kernel)"
+        )

@@ -76,7 +76,9 @@ def check_group_size(in_features: int, group_size: int) -> None:
         )
 
 
-def quantize_int4(w: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.float32) -> Int4Weight:
+def quantize_int4(
+    w: torch.Tensor, group_size: int, scale_dtype: torch.dtype = torch.float32
+) -> Int4Weight:
     """Round-to-nearest asymmetric int4 per group of ``group_size`` inputs (min/max range).
 
     ``scale = (max - min) / 15`` and codes ``round((w - min) / scale)``, as GGUF's Q4_1

@@ -23,7 +23,12 @@ from radixserve.model.quant.apply import (
     quantize_weight,
 )
 from radixserve.model.quant.config import QuantConfig, check_device
-from radixserve.model.quant.formats import INT4_GROUP_SIZES, Int8Weight, check_group_size, quantize_int8
+from radixserve.model.quant.formats import (
+    INT4_GROUP_SIZES,
+    Int8Weight,
+    check_group_size,
+    quantize_int8,
+)
 from radixserve.model.quant.gguf_weights import (
     INT4_DIRECT_TYPES,
     GGUFFile,
@@ -56,7 +61,9 @@ def _concat(parts: list):
     first = parts[0]
     fields = []
     for i, value in enumerate(first):
-        fields.append(torch.cat([p[i] for p in parts], dim=0) if isinstance(value, torch.Tensor) else value)
+        fields.append(
+            torch.cat([p[i] for p in parts], dim=0) if isinstance(value, torch.Tensor) else value
+        )
     return type(first)(*fields)
 
 
@@ -77,7 +84,9 @@ def load_gguf_model(
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
     if qcfg is None:
-        model.load_weights(((n, _float(gg, t)) for n, t in tensors.items()), dtype=dtype, device=device)
+        model.load_weights(
+            ((n, _float(gg, t)) for n, t in tensors.items()), dtype=dtype, device=device
+        )
         return model, None
 
     check_device(qcfg.method, device)
@@ -106,12 +115,21 @@ def load_gguf_model(
                 biases = [f"{prefix}{s}.bias" for s in shards]
                 bias = None
                 if any(b in tensors for b in biases):
-                    bias = torch.cat([_float(gg, tensors[b]) for b in biases]).to(device=device, dtype=dtype)
-                install(model, prefix + fused, make_quantized_linear(method, _to(weight, device), bias, cdt))
+                    bias = torch.cat([_float(gg, tensors[b]) for b in biases]).to(
+                        device=device, dtype=dtype
+                    )
+                install(
+                    model,
+                    prefix + fused,
+                    make_quantized_linear(method, _to(weight, device), bias, cdt),
+                )
                 report.layers.append(prefix + fused)
         head_name = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
         for name, t in tensors.items():
-            if ".layers." in name and name.rsplit(".", 2)[-2] in ("input_layernorm", "post_attention_layernorm"):
+            if ".layers." in name and name.rsplit(".", 2)[-2] in (
+                "input_layernorm",
+                "post_attention_layernorm",
+            ):
                 model._set_param(name, _float(gg, t).to(device=device, dtype=dtype))
             elif name == "model.norm.weight":
                 model._set_param(name, _float(gg, t).to(device=device, dtype=dtype))
@@ -122,15 +140,26 @@ def load_gguf_model(
             if emb.type_name not in _FLOAT_TYPES:
                 report.requantized.append(f"model.embed_tokens.weight {emb.type_name}->int8")
             q = quantize_int8(_float(gg, emb))
-            install(model, "model.embed_tokens", Int8Embedding(Int8Weight(q.qweight.to(device), q.scale.to(device)), dtype))
+            install(
+                model,
+                "model.embed_tokens",
+                Int8Embedding(Int8Weight(q.qweight.to(device), q.scale.to(device)), dtype),
+            )
             report.layers += ["lm_head", "model.embed_tokens"]
         else:
-            model._set_param("model.embed_tokens.weight", _float(gg, emb).to(device=device, dtype=dtype))
+            model._set_param(
+                "model.embed_tokens.weight", _float(gg, emb).to(device=device, dtype=dtype)
+            )
             if head_name == "lm_head.weight" and not cfg.tie_word_embeddings:
-                model._set_param("lm_head.weight", _float(gg, tensors[head_name]).to(device=device, dtype=dtype))
+                model._set_param(
+                    "lm_head.weight", _float(gg, tensors[head_name]).to(device=device, dtype=dtype)
+                )
             else:
                 model.lm_head.weight = model.model.embed_tokens.weight
-            report.full_precision = ["model.embed_tokens", "lm_head" + (" (tied)" if cfg.tie_word_embeddings else "")]
+            report.full_precision = [
+                "model.embed_tokens",
+                "lm_head" + (" (tied)" if cfg.tie_word_embeddings else ""),
+            ]
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
         raise KeyError(f"{gg.path.name} is missing weights for {missing[:5]}")
@@ -142,12 +171,18 @@ def _group_size(qcfg: QuantConfig, model: nn.Module, tensors: dict[str, GGUFTens
     """int4's group: as asked, else 32 when the file's 4-bit blocks can map onto it directly."""
     if qcfg.method != "int4":
         return None
-    in_features = [m.in_features for n, m in model.named_modules() if isinstance(m, nn.Linear) and ".layers." in n]
+    in_features = [
+        m.in_features
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and ".layers." in n
+    ]
     if qcfg.group_size is not None:
         for k in set(in_features):
             check_group_size(k, qcfg.group_size)
         return qcfg.group_size
-    if any(t.type_name in INT4_DIRECT_TYPES for t in tensors.values()) and all(k % 32 == 0 for k in in_features):
+    if any(t.type_name in INT4_DIRECT_TYPES for t in tensors.values()) and all(
+        k % 32 == 0 for k in in_features
+    ):
         return 32
     assert 32 in INT4_GROUP_SIZES
     return qcfg.resolve_group_size(in_features)

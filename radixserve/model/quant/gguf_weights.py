@@ -73,7 +73,9 @@ class GGUFFile:
         arch = self.reader.fields["general.architecture"]
         self.architecture = bytes(arch.parts[arch.data[0]]).decode()
         self.num_heads = self._int(f"{self.architecture}.attention.head_count")
-        self.num_kv_heads = self._int(f"{self.architecture}.attention.head_count_kv") or self.num_heads
+        self.num_kv_heads = (
+            self._int(f"{self.architecture}.attention.head_count_kv") or self.num_heads
+        )
 
     def _int(self, key: str) -> int | None:
         f = self.reader.fields.get(key)
@@ -110,7 +112,9 @@ class GGUFFile:
 
     def unpermute_rows(self, name: str, n: int) -> torch.Tensor | None:
         """Row order that undoes llama.cpp's q/k RoPE permutation (None where there is none)."""
-        if self.architecture != "llama" or not name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")):
+        if self.architecture != "llama" or not name.endswith(
+            ("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")
+        ):
             return None
         heads = self.num_heads if ".q_proj." in name else self.num_kv_heads
         assert heads is not None
@@ -169,7 +173,9 @@ def int4_from_blocks(t: GGUFTensor, scale_dtype: torch.dtype = torch.bfloat16) -
         d = (dd[..., None] * sc).reshape(n, nb * 8)
         lo = -(dmin[..., None] * mn).reshape(n, nb * 8)
         # 128 bytes = 4 chunks of 32 bytes; chunk c holds groups 2c (low nibbles) and 2c+1 (high).
-        qs = b[..., 16:144].reshape(n, nb, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)
+        qs = b[..., 16:144].reshape(n, nb, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(
+            1, 1, 1, 2, 1
+        )
         codes = (qs & 0x0F).reshape(n, nb * 8, 32)
     else:
         raise ValueError(f"{t.name}: {t.type_name} does not map onto int4 directly")

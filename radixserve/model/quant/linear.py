@@ -67,7 +67,13 @@ class QuantizedLinear(nn.Module):
 
     method: ClassVar[str]
 
-    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None, compute_dtype: torch.dtype):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: torch.Tensor | None,
+        compute_dtype: torch.dtype,
+    ):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
@@ -131,7 +137,9 @@ class Int8Linear(QuantizedLinear):
 
     method = "int8"
 
-    def __init__(self, w: Int8Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.bfloat16):
+    def __init__(
+        self, w: Int8Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.bfloat16
+    ):
         n, k = w.qweight.shape
         super().__init__(k, n, bias, compute_dtype)
         self.register_buffer("qweight", w.qweight.contiguous())
@@ -182,7 +190,9 @@ class Int4Linear(QuantizedLinear):
 
     method = "int4"
 
-    def __init__(self, w: Int4Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.bfloat16):
+    def __init__(
+        self, w: Int4Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.bfloat16
+    ):
         n, k = w.codes.shape
         super().__init__(k, n, bias, compute_dtype)
         if n % 16:
@@ -202,14 +212,18 @@ class Int4Linear(QuantizedLinear):
         self.register_buffer("scales_and_zeros", sz)
         # The dense prefill path unpacks the codes itself: only when the layout is the one
         # we know (verified on this very weight), otherwise every row count uses the kernel.
-        self.cpu_layout_known = not self.cuda and torch.equal(unpack_cpu_int4(packed, n, k), w.codes)
+        self.cpu_layout_known = not self.cuda and torch.equal(
+            unpack_cpu_int4(packed, n, k), w.codes
+        )
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self._dense_path(x.shape[0]):
             return F.linear(x, self.dequantize(self.compute_dtype))
         if self.cuda:
             return torch._weight_int4pack_mm(x, self.packed, self.group_size, self.scales_and_zeros)
-        return torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
+        return torch._weight_int4pack_mm_for_cpu(
+            x, self.packed, self.group_size, self.scales_and_zeros
+        )
 
     def _dense_path(self, rows: int) -> bool:
         return self.cpu_layout_known and rows >= DEQUANT_MIN_ROWS
@@ -223,7 +237,10 @@ class Int4Linear(QuantizedLinear):
             # (each output is one product). Slow, used only off the hot path.
             eye = torch.eye(self.in_features, dtype=self.compute_dtype, device=self.packed.device)
             zero_sz = torch.stack(
-                [torch.ones_like(self.scales_and_zeros[..., 0]), torch.full_like(self.scales_and_zeros[..., 0], 8)],
+                [
+                    torch.ones_like(self.scales_and_zeros[..., 0]),
+                    torch.full_like(self.scales_and_zeros[..., 0], 8),
+                ],
                 dim=-1,
             )
             saved, self.scales_and_zeros = self.scales_and_zeros, zero_sz
@@ -244,11 +261,15 @@ class Fp8Linear(QuantizedLinear):
 
     method = "fp8"
 
-    def __init__(self, w: Fp8Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.bfloat16):
+    def __init__(
+        self, w: Fp8Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.bfloat16
+    ):
         n, k = w.qweight.shape
         super().__init__(k, n, bias, compute_dtype)
         if n % 16 or k % 16:
-            raise ValueError(f"fp8 (torch._scaled_mm) needs both dimensions divisible by 16, got [{n}, {k}]")
+            raise ValueError(
+                f"fp8 (torch._scaled_mm) needs both dimensions divisible by 16, got [{n}, {k}]"
+            )
         self.register_buffer("qweight", w.qweight.contiguous())
         self.register_buffer("scale", w.scale.float().contiguous())
         self.register_buffer("scale_row", self.scale.view(1, n))
@@ -269,7 +290,11 @@ class Fp8Linear(QuantizedLinear):
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         xq, xs = fp8_quantize_rows(x.reshape(-1, self.in_features))
-        y = F.linear(xq.float() * xs, self.dequantize(torch.float32)).to(self.compute_dtype).to(x.dtype)
+        y = (
+            F.linear(xq.float() * xs, self.dequantize(torch.float32))
+            .to(self.compute_dtype)
+            .to(x.dtype)
+        )
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.view(*lead, self.out_features)
@@ -292,7 +317,9 @@ class Int8Embedding(nn.Module):
         self.register_buffer("scale", w.scale.float().contiguous())
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return (F.embedding(ids, self.qweight).float() * self.scale[ids].unsqueeze(-1)).to(self.dtype)
+        return (F.embedding(ids, self.qweight).float() * self.scale[ids].unsqueeze(-1)).to(
+            self.dtype
+        )
 
     def weight_bytes(self) -> int:
         return self.qweight.numel() + self.scale.numel() * 4

@@ -74,13 +74,19 @@ def create_app(config: GatewayConfig = GatewayConfig(), tokenizer: Any = None) -
         finally:
             await gateway.close()
 
-    app = FastAPI(title="radixserve", version=__version__, lifespan=lifespan,
-                  description="OpenAI-compatible and SGLang-native HTTP gateway in front of a radixserve router.")
+    app = FastAPI(
+        title="radixserve",
+        version=__version__,
+        lifespan=lifespan,
+        description="OpenAI-compatible and SGLang-native HTTP gateway in front of a radixserve router.",
+    )
     app.state.gateway = gateway
     install_error_handlers(app)
     # Added first, so it runs inside the error counter: refused keys count as 401s.
     app.add_middleware(APIKeyAuth, api_keys=config.api_keys, admin_keys=config.admin_api_keys)
-    app.add_middleware(BodyLimit, limits=config.limits)  # inside _CountErrors: its 413/400s are counted
+    app.add_middleware(
+        BodyLimit, limits=config.limits
+    )  # inside _CountErrors: its 413/400s are counted
     app.add_middleware(_CountErrors, gateway=gateway)
     app.include_router(openai_api.router)
     app.include_router(sglang_api.router)
@@ -92,7 +98,9 @@ def create_app(config: GatewayConfig = GatewayConfig(), tokenizer: Any = None) -
         try:
             await gateway.stats()
         except APIError as exc:
-            log.warning("metrics: router stats unavailable (%s); serving the last snapshot", exc.message)
+            log.warning(
+                "metrics: router stats unavailable (%s); serving the last snapshot", exc.message
+            )
         return Response(gateway.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -30,7 +30,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 # Endpoints that reveal or change server-wide state: cache flushes, per-worker stats and
 # memory, and Prometheus metrics (their per-worker cache-hit counters are an aggregate view
 # of what others' prompts left in the cache; Prometheus sends bearer tokens when scraping).
-ADMIN_PATHS: frozenset[str] = frozenset({"/flush_cache", "/get_server_info", "/server_info", "/metrics"})
+ADMIN_PATHS: frozenset[str] = frozenset(
+    {"/flush_cache", "/get_server_info", "/server_info", "/metrics"}
+)
 # Liveness probes from load balancers and orchestrators, which carry no credentials.
 OPEN_PATHS: frozenset[str] = frozenset({"/health"})
 # The ASGI scope key under which the authenticated key is handed to the handlers.
@@ -74,8 +76,14 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:
 
 def unauthorized_body(message: str) -> dict[str, Any]:
     """OpenAI's 401 body."""
-    return {"error": {"message": message, "type": "invalid_request_error", "param": None,
-                      "code": "invalid_api_key"}}
+    return {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
 
 
 class APIKeyAuth:
@@ -85,7 +93,9 @@ class APIKeyAuth:
     (and, being more privileged, for every other endpoint too). With neither, every request
     passes. The matched key is stored in ``scope[SCOPE_KEY]`` (:func:`request_key`)."""
 
-    def __init__(self, app: ASGIApp, api_keys: Iterable[str] = (), admin_keys: Iterable[str] = ()) -> None:
+    def __init__(
+        self, app: ASGIApp, api_keys: Iterable[str] = (), admin_keys: Iterable[str] = ()
+    ) -> None:
         self.app = app
         self.api_keys = KeyRing(api_keys)
         self.admin_keys = KeyRing(admin_keys)
@@ -121,9 +131,17 @@ class APIKeyAuth:
         key, why = self.check(scope["path"], bearer_token(scope.get("headers", [])))
         if why is not None:
             body = json.dumps(unauthorized_body(why)).encode()
-            await send({"type": "http.response.start", "status": 401,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                    (b"www-authenticate", b'Bearer realm="radixserve"')]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"www-authenticate", b'Bearer realm="radixserve"'),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
             return
         if key is not None:

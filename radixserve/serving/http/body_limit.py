@@ -39,9 +39,17 @@ _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB89a-fA-F][0-9a-fA-F]{2}")
 
 async def _send_error(send: Send, err: APIError) -> None:
     body = json.dumps(err.body()).encode()
-    await send({"type": "http.response.start", "status": err.status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": err.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -54,16 +62,20 @@ async def _drain(receive: Receive) -> None:
             return
         try:
             message = await asyncio.wait_for(receive(), timeout=wait)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return
         if message["type"] != "http.request" or not message.get("more_body", False):
             return
         left -= len(message.get("body", b""))
 
 
-async def _refuse(scope: Scope, receive: Receive, send: Send, err: APIError, *, body_pending: bool) -> None:
+async def _refuse(
+    scope: Scope, receive: Receive, send: Send, err: APIError, *, body_pending: bool
+) -> None:
     """Answer ``err`` (413), after dropping the body still on its way (module doc)."""
-    expects_continue = any(k == b"expect" and v.lower() == b"100-continue" for k, v in scope.get("headers", []))
+    expects_continue = any(
+        k == b"expect" and v.lower() == b"100-continue" for k, v in scope.get("headers", [])
+    )
     if body_pending and not expects_continue:
         await _drain(receive)
     await _send_error(send, err)
@@ -101,8 +113,13 @@ class BodyLimit:
             size += len(chunk)
             bad = self.limits.request_bytes_error(size)
             if bad is not None:
-                await _refuse(scope, receive, send, too_large(f"{bad} (the body was refused before it was complete)"),
-                              body_pending=bool(message.get("more_body", False)))
+                await _refuse(
+                    scope,
+                    receive,
+                    send,
+                    too_large(f"{bad} (the body was refused before it was complete)"),
+                    body_pending=bool(message.get("more_body", False)),
+                )
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -114,9 +131,15 @@ class BodyLimit:
             except ValueError:
                 where = None  # not JSON: the handler's own parse reports it
             if where is not None:
-                await _send_error(send, APIError(
-                    400, f"{where}: not valid Unicode (a lone surrogate such as \\udc80)", param=where,
-                    code="invalid_unicode"))
+                await _send_error(
+                    send,
+                    APIError(
+                        400,
+                        f"{where}: not valid Unicode (a lone surrogate such as \\udc80)",
+                        param=where,
+                        code="invalid_unicode",
+                    ),
+                )
                 return
         replayed = False
 

@@ -50,8 +50,15 @@ _ROUTER_ERRORS: dict[str, tuple[int, str, str | None]] = {
 class APIError(Exception):
     """An HTTP error answered in OpenAI's error shape."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -61,7 +68,14 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         """The JSON body: ``{"error": {...}}``."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status)
@@ -79,7 +93,9 @@ def from_server_error(exc: ServerError) -> APIError:
 
 
 def from_timeout(exc: BaseException) -> APIError:
-    return APIError(504, f"the router did not answer in time: {exc}", type="timeout", code="timeout")
+    return APIError(
+        504, f"the router did not answer in time: {exc}", type="timeout", code="timeout"
+    )
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -99,13 +115,20 @@ def _messages(errors: list[Any]) -> list[Any]:
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
-        return APIError(400, "the request body is not valid JSON: " + "; ".join(
-            str(e.get("msg")) for e in errors), code="json_invalid").response()
+        return APIError(
+            400,
+            "the request body is not valid JSON: " + "; ".join(str(e.get("msg")) for e in errors),
+            code="json_invalid",
+        ).response()
     errors = _messages(errors)
     first = errors[0] if errors else {}
     message = "; ".join(f"{_loc(tuple(e.get('loc', ())))}: {e.get('msg')}" for e in errors[:8])
-    return APIError(400, message or "invalid request", param=_loc(tuple(first.get("loc", ()))) if first else None,
-                    code="invalid_value").response()
+    return APIError(
+        400,
+        message or "invalid request",
+        param=_loc(tuple(first.get("loc", ()))) if first else None,
+        code="invalid_value",
+    ).response()
 
 
 def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

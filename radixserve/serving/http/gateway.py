@@ -27,8 +27,8 @@ from radixserve.serving.client import DEFAULT_ENDPOINT, AsyncClient, ServerError
 from radixserve.serving.http.errors import APIError, from_server_error, from_timeout
 from radixserve.serving.http.metrics import GatewayMetrics
 from radixserve.serving.http.tokens import TokenNames
-from radixserve.serving.security import PeerKeys
 from radixserve.serving.limits import RequestLimits
+from radixserve.serving.security import PeerKeys
 
 log = logging.getLogger("radixserve.serving.http")
 T = TypeVar("T")
@@ -76,13 +76,17 @@ def memory_line(w: p.WorkerStats) -> str:
     in_use = e.get("pages_in_use", w.load.in_use_pages)
     parts = [f"worker {w.worker_id}"]
     if mem:
-        parts.append(f"{mem.get('device', '?')}: allocated {format_bytes(mem.get('allocated_bytes', 0))}, "
-                     f"reserved {format_bytes(mem.get('reserved_bytes', 0))} of {format_bytes(mem.get('total_bytes', 0))}, "
-                     f"rss {format_bytes(mem.get('rss_bytes', 0))}, kv pool {format_bytes(mem.get('pool_bytes', 0))}")
-    parts.append(f"kv pages free/evictable/in-use {e.get('pages_free', w.load.free_pages)}/"
-                 f"{e.get('pages_evictable', w.load.evictable_pages)}/{in_use} of {total} "
-                 f"({100.0 * in_use / total if total else 0.0:.1f}% in use); "
-                 f"running {e.get('running', w.load.running)}, waiting {e.get('waiting', w.load.waiting)}")
+        parts.append(
+            f"{mem.get('device', '?')}: allocated {format_bytes(mem.get('allocated_bytes', 0))}, "
+            f"reserved {format_bytes(mem.get('reserved_bytes', 0))} of {format_bytes(mem.get('total_bytes', 0))}, "
+            f"rss {format_bytes(mem.get('rss_bytes', 0))}, kv pool {format_bytes(mem.get('pool_bytes', 0))}"
+        )
+    parts.append(
+        f"kv pages free/evictable/in-use {e.get('pages_free', w.load.free_pages)}/"
+        f"{e.get('pages_evictable', w.load.evictable_pages)}/{in_use} of {total} "
+        f"({100.0 * in_use / total if total else 0.0:.1f}% in use); "
+        f"running {e.get('running', w.load.running)}, waiting {e.get('waiting', w.load.waiting)}"
+    )
     return f"memory: {parts[0]} " + "; ".join(parts[1:])
 
 
@@ -139,8 +143,9 @@ class Gateway:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         """Connect to the router (inside the serving event loop) and start the memory log."""
-        self.client = AsyncClient(self.config.router, timeout=self.config.request_timeout_s,
-                                  curve=self.config.router_keys)
+        self.client = AsyncClient(
+            self.config.router, timeout=self.config.request_timeout_s, curve=self.config.router_keys
+        )
         if self.config.memory_log_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._memory_log_loop()))
 
@@ -188,16 +193,29 @@ class Gateway:
 
         path: Any = self.config.tokenizer
         if path is None:
-            from radixserve.model_store import DEFAULT_MODEL_ALIASES, default_model_path, is_complete_model_dir
+            from radixserve.model_store import (
+                DEFAULT_MODEL_ALIASES,
+                default_model_path,
+                is_complete_model_dir,
+            )
 
-            if model.lower() not in DEFAULT_MODEL_ALIASES or not is_complete_model_dir(default_model_path()):
-                log.warning("no tokenizer for %r: logprob tokens are shown as token_id:N (see --tokenizer)", model)
+            if model.lower() not in DEFAULT_MODEL_ALIASES or not is_complete_model_dir(
+                default_model_path()
+            ):
+                log.warning(
+                    "no tokenizer for %r: logprob tokens are shown as token_id:N (see --tokenizer)",
+                    model,
+                )
                 return None
             path = default_model_path()
         try:
             return TokenNames(load_tokenizer(path))
         except Exception as exc:  # a bad path must not take the gateway down
-            log.warning("could not load the tokenizer from %s (%s): logprob tokens are shown as token_id:N", path, exc)
+            log.warning(
+                "could not load the tokenizer from %s (%s): logprob tokens are shown as token_id:N",
+                path,
+                exc,
+            )
             return None
 
     async def model_name(self) -> str:
@@ -207,8 +225,12 @@ class Gateway:
         """Accept the served model's name (or ``"default"``); else a 404."""
         served = await self.model_name()
         if name not in (served, "default"):
-            raise APIError(404, f"the model {name!r} does not exist; this server serves {served!r}",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"the model {name!r} does not exist; this server serves {served!r}",
+                param="model",
+                code="model_not_found",
+            )
         return served
 
     def token_text(self, token_id: int) -> str:
@@ -254,18 +276,33 @@ class Gateway:
                     log.info("%s", memory_line(w))
 
     # ------------------------------------------------------------------ generation
-    async def stream(self, *, arrival: float, text: str | None = None, input_ids: list[int] | None = None,
-                     messages: list[dict[str, str]] | None = None, params: SamplingParams,
-                     session_id: str | None = None, cache_salt: str | None = None) -> AsyncIterator[Event]:
+    async def stream(
+        self,
+        *,
+        arrival: float,
+        text: str | None = None,
+        input_ids: list[int] | None = None,
+        messages: list[dict[str, str]] | None = None,
+        params: SamplingParams,
+        session_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[Event]:
         """One generate request: its chunks, then its final message. Router errors become
         :class:`APIError`; closing the iterator early aborts the request. ``cache_salt``:
         the tenant's (:func:`~radixserve.serving.http.auth.tenant_cache_salt`)."""
         first: float | None = None
         last = 0.0
         gaps: list[float] = []
-        events = self._client().stream(text, input_ids=input_ids, messages=messages, params=params,
-                                       session_id=session_id, cache_salt=cache_salt, stream=True,
-                                       timeout=self.config.request_timeout_s)
+        events = self._client().stream(
+            text,
+            input_ids=input_ids,
+            messages=messages,
+            params=params,
+            session_id=session_id,
+            cache_salt=cache_salt,
+            stream=True,
+            timeout=self.config.request_timeout_s,
+        )
         with router_errors():
             # aclosing: leaving early closes the client stream now (it sends the abort), not at GC.
             async with contextlib.aclosing(events):
@@ -280,8 +317,9 @@ class Gateway:
                                 gaps.extend([(now - last) / n] * n)
                             last = now
                     else:
-                        self.metrics.observe_request(ev, None if first is None else first - arrival, gaps,
-                                                     now - arrival)
+                        self.metrics.observe_request(
+                            ev, None if first is None else first - arrival, gaps, now - arrival
+                        )
                     yield ev
 
     async def generate(self, **kwargs: Any) -> p.GenerateFinal:

@@ -32,12 +32,28 @@ E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300
 
 # Engine stats field -> (metric name without _total, help). Monotonic over a worker's life.
 _ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
-    ("prompt_tokens_total", "prefix_cache_queried_tokens", "prompt tokens looked up in the radix cache"),
-    ("cached_prompt_tokens_total", "prefix_cache_hit_tokens", "prompt tokens served from the radix cache"),
+    (
+        "prompt_tokens_total",
+        "prefix_cache_queried_tokens",
+        "prompt tokens looked up in the radix cache",
+    ),
+    (
+        "cached_prompt_tokens_total",
+        "prefix_cache_hit_tokens",
+        "prompt tokens served from the radix cache",
+    ),
     ("prompt_tokens_total", "prompt_tokens", "prompt tokens of admitted requests"),
     ("generated_tokens_total", "generation_tokens", "tokens generated"),
-    ("computed_tokens_total", "computed_tokens", "token rows run through the model (extend + decode)"),
-    ("retractions_total", "retractions", "running requests retracted (KV freed, re-queued) for lack of pages"),
+    (
+        "computed_tokens_total",
+        "computed_tokens",
+        "token rows run through the model (extend + decode)",
+    ),
+    (
+        "retractions_total",
+        "retractions",
+        "running requests retracted (KV freed, re-queued) for lack of pages",
+    ),
     ("evicted_pages_total", "evicted_pages", "radix-cache pages evicted (LRU) to make room"),
     ("finished_total", "engine_requests_finished", "requests the engine finished"),
     ("aborted_total", "engine_requests_aborted", "requests the engine aborted"),
@@ -67,15 +83,34 @@ class WorkerStatsCollector(Collector):
         up = gauge("worker_up", "1 while the worker is alive")
         running = gauge("num_requests_running", "requests running in the worker's batch")
         waiting = gauge("num_requests_waiting", "requests queued in the worker")
-        inflight = gauge("num_requests_inflight", "requests the router has dispatched to the worker and not seen finish")
-        pages = {k: gauge(f"kv_pages_{k}", f"KV cache pages: {k}") for k in ("total", "free", "evictable", "in_use")}
-        usage = gauge("kv_usage_ratio", "fraction of KV pages in use by running requests (in_use / total)")
+        inflight = gauge(
+            "num_requests_inflight",
+            "requests the router has dispatched to the worker and not seen finish",
+        )
+        pages = {
+            k: gauge(f"kv_pages_{k}", f"KV cache pages: {k}")
+            for k in ("total", "free", "evictable", "in_use")
+        }
+        usage = gauge(
+            "kv_usage_ratio", "fraction of KV pages in use by running requests (in_use / total)"
+        )
         cached = gauge("kv_cached_tokens", "tokens held by the radix cache")
-        hit_rate = gauge("prefix_cache_hit_ratio", "cumulative cached / prompt tokens (use the counters for windows)")
-        counters = {name: CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=lw)
-                    for _, name, doc in _ENGINE_COUNTERS}
-        memory = {f: gauge(f"memory_{f}", f"device memory snapshot: {f.replace('_', ' ')}", ["worker", "device"])
-                  for f in _MEMORY_FIELDS}
+        hit_rate = gauge(
+            "prefix_cache_hit_ratio",
+            "cumulative cached / prompt tokens (use the counters for windows)",
+        )
+        counters = {
+            name: CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=lw)
+            for _, name, doc in _ENGINE_COUNTERS
+        }
+        memory = {
+            f: gauge(
+                f"memory_{f}",
+                f"device memory snapshot: {f.replace('_', ' ')}",
+                ["worker", "device"],
+            )
+            for f in _MEMORY_FIELDS
+        }
         for w in st.workers:
             wid = [str(w.worker_id)]
             up.add_metric(wid, 1.0 if w.alive else 0.0)
@@ -93,7 +128,9 @@ class WorkerStatsCollector(Collector):
             in_use = eng.get("pages_in_use", load.in_use_pages)
             pages["total"].add_metric(wid, float(total))
             pages["free"].add_metric(wid, float(eng.get("pages_free", load.free_pages)))
-            pages["evictable"].add_metric(wid, float(eng.get("pages_evictable", load.evictable_pages)))
+            pages["evictable"].add_metric(
+                wid, float(eng.get("pages_evictable", load.evictable_pages))
+            )
             pages["in_use"].add_metric(wid, float(in_use))
             usage.add_metric(wid, in_use / total if total else 0.0)
             if "cached_tokens" in eng:
@@ -104,16 +141,42 @@ class WorkerStatsCollector(Collector):
                 for f in _MEMORY_FIELDS:
                     if f in mem:
                         memory[f].add_metric([*wid, str(mem.get("device", ""))], float(mem[f]))
-        yield from (up, running, waiting, inflight, *pages.values(), usage, cached, hit_rate, *counters.values(),
-                    *memory.values())
+        yield from (
+            up,
+            running,
+            waiting,
+            inflight,
+            *pages.values(),
+            usage,
+            cached,
+            hit_rate,
+            *counters.values(),
+            *memory.values(),
+        )
         router = [
-            CounterMetricFamily(f"{PREFIX}_router_requests", "generate requests accepted by the router", value=st.requests),
-            CounterMetricFamily(f"{PREFIX}_router_requests_aborted", "requests aborted (client abort or gone)",
-                                value=st.aborted),
-            CounterMetricFamily(f"{PREFIX}_router_errors", "error replies sent by the router", value=st.errors),
-            GaugeMetricFamily(f"{PREFIX}_router_requests_active", "requests in flight in the router", value=st.active),
-            GaugeMetricFamily(f"{PREFIX}_router_clients", "client connections with requests in flight",
-                              value=st.clients),
+            CounterMetricFamily(
+                f"{PREFIX}_router_requests",
+                "generate requests accepted by the router",
+                value=st.requests,
+            ),
+            CounterMetricFamily(
+                f"{PREFIX}_router_requests_aborted",
+                "requests aborted (client abort or gone)",
+                value=st.aborted,
+            ),
+            CounterMetricFamily(
+                f"{PREFIX}_router_errors", "error replies sent by the router", value=st.errors
+            ),
+            GaugeMetricFamily(
+                f"{PREFIX}_router_requests_active",
+                "requests in flight in the router",
+                value=st.active,
+            ),
+            GaugeMetricFamily(
+                f"{PREFIX}_router_clients",
+                "client connections with requests in flight",
+                value=st.clients,
+            ),
         ]
         yield from router
 
@@ -124,27 +187,63 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "time from HTTP arrival to the first token",
-                              ["worker"], buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds", "time between successive output tokens",
-                             ["worker"], buckets=ITL_BUCKETS, registry=r)
-        self.e2e = Histogram(f"{PREFIX}_e2e_request_latency_seconds", "time from HTTP arrival to the last token",
-                             ["worker"], buckets=E2E_BUCKETS, registry=r)
-        self.finished = Counter(f"{PREFIX}_requests_finished", "generate requests finished, by reason",
-                                ["worker", "finish_reason"], registry=r)
-        self.request_prompt_tokens = Counter(f"{PREFIX}_request_prompt_tokens", "prompt tokens of finished requests",
-                                             ["worker"], registry=r)
-        self.request_cached_tokens = Counter(f"{PREFIX}_request_cached_tokens",
-                                             "prompt tokens of finished requests served from the radix cache",
-                                             ["worker"], registry=r)
-        self.request_generation_tokens = Counter(f"{PREFIX}_request_generation_tokens",
-                                                 "tokens generated by finished requests", ["worker"], registry=r)
-        self.http_errors = Counter(f"{PREFIX}_http_errors", "HTTP requests answered with an error, by status",
-                                   ["status"], registry=r)
+        self.ttft = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds",
+            "time from HTTP arrival to the first token",
+            ["worker"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            f"{PREFIX}_inter_token_latency_seconds",
+            "time between successive output tokens",
+            ["worker"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            f"{PREFIX}_e2e_request_latency_seconds",
+            "time from HTTP arrival to the last token",
+            ["worker"],
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+        self.finished = Counter(
+            f"{PREFIX}_requests_finished",
+            "generate requests finished, by reason",
+            ["worker", "finish_reason"],
+            registry=r,
+        )
+        self.request_prompt_tokens = Counter(
+            f"{PREFIX}_request_prompt_tokens",
+            "prompt tokens of finished requests",
+            ["worker"],
+            registry=r,
+        )
+        self.request_cached_tokens = Counter(
+            f"{PREFIX}_request_cached_tokens",
+            "prompt tokens of finished requests served from the radix cache",
+            ["worker"],
+            registry=r,
+        )
+        self.request_generation_tokens = Counter(
+            f"{PREFIX}_request_generation_tokens",
+            "tokens generated by finished requests",
+            ["worker"],
+            registry=r,
+        )
+        self.http_errors = Counter(
+            f"{PREFIX}_http_errors",
+            "HTTP requests answered with an error, by status",
+            ["status"],
+            registry=r,
+        )
         self.workers = WorkerStatsCollector()
         r.register(self.workers)
 
-    def observe_request(self, final: p.GenerateFinal, ttft_s: float | None, itl_s: list[float], e2e_s: float) -> None:
+    def observe_request(
+        self, final: p.GenerateFinal, ttft_s: float | None, itl_s: list[float], e2e_s: float
+    ) -> None:
         """Record one finished request (called when its final message arrives)."""
         w = str(final.worker_id)
         if ttft_s is not None:

@@ -38,8 +38,12 @@ def usage(groups: list[list[p.GenerateFinal]]) -> dict[str, Any]:
     prompt = sum(g[0].usage.prompt_tokens for g in groups)
     cached = sum(g[0].usage.cached_tokens for g in groups)
     completion = sum(f.usage.completion_tokens for g in groups for f in g)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 # ---------------------------------------------------------------------------- models
@@ -49,9 +53,19 @@ def usage(groups: list[list[p.GenerateFinal]]) -> dict[str, Any]:
 async def list_models(request: Request) -> dict[str, Any]:
     g = _gw(request)
     name, info = await g.model_name(), await g.info()
-    return {"object": "list", "data": [{"id": name, "object": "model", "created": int(g.started),
-                                        "owned_by": "radixserve", "root": name,
-                                        "max_model_len": info.context_length}]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": name,
+                "object": "model",
+                "created": int(g.started),
+                "owned_by": "radixserve",
+                "root": name,
+                "max_model_len": info.context_length,
+            }
+        ],
+    }
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -67,10 +81,22 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
 def chat_logprobs(g: Gateway, lps: list[p.TokenLogprob] | None) -> list[dict[str, Any]]:
     out = []
     for lp in lps or []:
-        top = [{"token": g.token_text(tid), "logprob": logprob(value), "bytes": list(g.token_bytes(tid))}
-               for tid, value in lp.top or []]
-        out.append({"token": g.token_text(lp.token_id), "logprob": logprob(lp.logprob),
-                    "bytes": list(g.token_bytes(lp.token_id)), "top_logprobs": top})
+        top = [
+            {
+                "token": g.token_text(tid),
+                "logprob": logprob(value),
+                "bytes": list(g.token_bytes(tid)),
+            }
+            for tid, value in lp.top or []
+        ]
+        out.append(
+            {
+                "token": g.token_text(lp.token_id),
+                "logprob": logprob(lp.logprob),
+                "bytes": list(g.token_bytes(lp.token_id)),
+                "top_logprobs": top,
+            }
+        )
     return out
 
 
@@ -85,28 +111,62 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     max_tokens, want_lp = body.wanted_max_tokens(info.context_length), body.wanted_logprobs()
     messages = body.chat()
     salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
-    streams = [g.stream(arrival=arrival, messages=messages, params=body.sampling(max_tokens, want_lp, i),
-                        cache_salt=salt) for i in range(body.n)]
+    streams = [
+        g.stream(
+            arrival=arrival,
+            messages=messages,
+            params=body.sampling(max_tokens, want_lp, i),
+            cache_salt=salt,
+        )
+        for i in range(body.n)
+    ]
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         events = await primed(request, merge(streams))
-        return SSEResponse(_chat_events(g, events, rid, created, model, want_lp is not None, body.include_usage))
+        return SSEResponse(
+            _chat_events(g, events, rid, created, model, want_lp is not None, body.include_usage)
+        )
     results = await finals(request, streams)
-    choices = [{
-        "index": i,
-        "message": {"role": "assistant", "content": f.text},
-        "logprobs": {"content": chat_logprobs(g, f.logprobs)} if want_lp is not None else None,
-        "finish_reason": f.finish_reason,
-    } for i, f in enumerate(results)]
-    return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model,
-                         "choices": choices, "usage": usage([results]), "system_fingerprint": None})
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": f.text},
+            "logprobs": {"content": chat_logprobs(g, f.logprobs)} if want_lp is not None else None,
+            "finish_reason": f.finish_reason,
+        }
+        for i, f in enumerate(results)
+    ]
+    return JSONResponse(
+        {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": usage([results]),
+            "system_fingerprint": None,
+        }
+    )
 
 
-async def _chat_events(g: Gateway, events: AsyncIterator[tuple[int, Any]], rid: str, created: int, model: str,
-                       want_lp: bool, include_usage: bool) -> AsyncIterator[bytes]:
+async def _chat_events(
+    g: Gateway,
+    events: AsyncIterator[tuple[int, Any]],
+    rid: str,
+    created: int,
+    model: str,
+    want_lp: bool,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                "system_fingerprint": None, "choices": choices}
+        body = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
         if include_usage:
             body["usage"] = None
         body.update(extra)
@@ -117,16 +177,35 @@ async def _chat_events(g: Gateway, events: AsyncIterator[tuple[int, Any]], rid: 
     async for i, ev in events:
         if i not in started:
             started.add(i)
-            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                          "finish_reason": None}])
+            yield chunk(
+                [
+                    {
+                        "index": i,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
         if isinstance(ev, p.GenerateChunk):
             if ev.text or (want_lp and ev.logprobs):
-                yield chunk([{"index": i, "delta": {"content": ev.text},
-                              "logprobs": {"content": chat_logprobs(g, ev.logprobs)} if want_lp else None,
-                              "finish_reason": None}])
+                yield chunk(
+                    [
+                        {
+                            "index": i,
+                            "delta": {"content": ev.text},
+                            "logprobs": {"content": chat_logprobs(g, ev.logprobs)}
+                            if want_lp
+                            else None,
+                            "finish_reason": None,
+                        }
+                    ]
+                )
         else:
             done[i] = ev
-            yield chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": ev.finish_reason}])
+            yield chunk(
+                [{"index": i, "delta": {}, "logprobs": None, "finish_reason": ev.finish_reason}]
+            )
     if include_usage:
         yield chunk([], usage=usage([[done[i] for i in sorted(done)]]) if done else None)
     yield DONE
@@ -135,7 +214,9 @@ async def _chat_events(g: Gateway, events: AsyncIterator[tuple[int, Any]], rid: 
 # ---------------------------------------------------------------------------- completions
 
 
-def completion_logprobs(g: Gateway, lps: list[p.TokenLogprob] | None, offset: int) -> dict[str, Any]:
+def completion_logprobs(
+    g: Gateway, lps: list[p.TokenLogprob] | None, offset: int
+) -> dict[str, Any]:
     """Legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
     tokens: list[str] = []
     values: list[float] = []
@@ -148,7 +229,12 @@ def completion_logprobs(g: Gateway, lps: list[p.TokenLogprob] | None, offset: in
         tops.append({g.token_text(tid): logprob(v) for tid, v in lp.top or []})
         offsets.append(offset)
         offset += len(text)
-    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+    return {
+        "tokens": tokens,
+        "token_logprobs": values,
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
 
 
 @router.post("/v1/completions", response_model=None)
@@ -167,8 +253,14 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     for pr in prompts:
         kw: dict[str, Any] = {"text": pr} if isinstance(pr, str) else {"input_ids": pr}
         for j in range(body.n):
-            streams.append(g.stream(arrival=arrival, params=body.sampling(max_tokens, body.logprobs, j),
-                                    cache_salt=salt, **kw))
+            streams.append(
+                g.stream(
+                    arrival=arrival,
+                    params=body.sampling(max_tokens, body.logprobs, j),
+                    cache_salt=salt,
+                    **kw,
+                )
+            )
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         events = await primed(request, merge(streams))
@@ -177,28 +269,58 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     choices = []
     for i, f in enumerate(results):
         echo = echoes[i // body.n]
-        choices.append({
-            "index": i, "text": echo + f.text, "finish_reason": f.finish_reason,
-            "logprobs": completion_logprobs(g, f.logprobs, len(echo)) if body.logprobs is not None else None,
-        })
-    groups = [results[k:k + body.n] for k in range(0, len(results), body.n)]
-    return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": model,
-                         "choices": choices, "usage": usage(groups), "system_fingerprint": None})
+        choices.append(
+            {
+                "index": i,
+                "text": echo + f.text,
+                "finish_reason": f.finish_reason,
+                "logprobs": completion_logprobs(g, f.logprobs, len(echo))
+                if body.logprobs is not None
+                else None,
+            }
+        )
+    groups = [results[k : k + body.n] for k in range(0, len(results), body.n)]
+    return JSONResponse(
+        {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+            "usage": usage(groups),
+            "system_fingerprint": None,
+        }
+    )
 
 
 def _echo_text(g: Gateway, prompt: str | list[int]) -> str:
     if isinstance(prompt, str):
         return prompt
     if not g.tokenizer:
-        raise invalid("echo of a token-id prompt needs the gateway's tokenizer (--tokenizer)", param="echo")
+        raise invalid(
+            "echo of a token-id prompt needs the gateway's tokenizer (--tokenizer)", param="echo"
+        )
     return g.tokenizer.decode(prompt)
 
 
-async def _completion_events(g: Gateway, events: AsyncIterator[tuple[int, Any]], rid: str, created: int,
-                             model: str, body: CompletionRequest, echoes: list[str]) -> AsyncIterator[bytes]:
+async def _completion_events(
+    g: Gateway,
+    events: AsyncIterator[tuple[int, Any]],
+    rid: str,
+    created: int,
+    model: str,
+    body: CompletionRequest,
+    echoes: list[str],
+) -> AsyncIterator[bytes]:
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        out = {"id": rid, "object": "text_completion", "created": created, "model": model,
-               "system_fingerprint": None, "choices": choices}
+        out = {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
         if body.include_usage:
             out["usage"] = None
         out.update(extra)
@@ -220,11 +342,13 @@ async def _completion_events(g: Gateway, events: AsyncIterator[tuple[int, Any]],
                 yield chunk([{"index": i, "text": ev.text, "logprobs": lps, "finish_reason": None}])
         else:
             done[i] = ev
-            yield chunk([{"index": i, "text": "", "logprobs": None, "finish_reason": ev.finish_reason}])
+            yield chunk(
+                [{"index": i, "text": "", "logprobs": None, "finish_reason": ev.finish_reason}]
+            )
     if body.include_usage:
         if len(done) != len(echoes) * body.n:
             raise APIError(500, "a choice ended without a final message", type="internal_error")
         ordered = [done[i] for i in sorted(done)]
-        groups = [ordered[k:k + body.n] for k in range(0, len(ordered), body.n)]
+        groups = [ordered[k : k + body.n] for k in range(0, len(ordered), body.n)]
         yield chunk([], usage=usage(groups))
     yield DONE

@@ -51,8 +51,10 @@ class ChatMessageIn(_Body):
         texts = []
         for part in self.content:
             if part.type != "text" or part.text is None:
-                raise invalid(f"messages[{index}]: only text content parts are supported (got {part.type!r})",
-                              param=f"messages.{index}.content")
+                raise invalid(
+                    f"messages[{index}]: only text content parts are supported (got {part.type!r})",
+                    param=f"messages.{index}.content",
+                )
             texts.append(part.text)
         return "\n".join(texts)
 
@@ -90,22 +92,42 @@ class _SamplingBody(_Body):
         if self.logit_bias:
             raise invalid("logit_bias is not supported", param="logit_bias")
         if self.temperature is not None and not 0.0 <= self.temperature <= 2.0:
-            raise invalid(f"temperature must be in [0, 2], got {self.temperature}", param="temperature")
+            raise invalid(
+                f"temperature must be in [0, 2], got {self.temperature}", param="temperature"
+            )
         if self.stream_options is not None and not self.stream:
-            raise invalid("stream_options is only allowed when stream is true", param="stream_options")
+            raise invalid(
+                "stream_options is only allowed when stream is true", param="stream_options"
+            )
 
     def constraint(self) -> dict[str, Any]:
         """Constrained-decoding fields of :class:`SamplingParams` (none here; chat overrides)."""
         return {}
 
-    def sampling(self, max_tokens: int, logprobs: int | None, choice: int = 0,
-                 prompt_logprobs_start: int | None = None) -> SamplingParams:
+    def sampling(
+        self,
+        max_tokens: int,
+        logprobs: int | None,
+        choice: int = 0,
+        prompt_logprobs_start: int | None = None,
+    ) -> SamplingParams:
         """The :class:`SamplingParams` of choice ``choice`` (seeded choices get seed + choice,
         so ``n`` seeded samples differ yet stay reproducible)."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         kw: dict[str, Any] = {"max_tokens": max_tokens, "stop": stop, "logprobs": logprobs}
-        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "top_k", "min_p",
-                     "repetition_penalty", "min_tokens", "ignore_eos", "skip_special_tokens", "pin_ttl_s"):
+        for name in (
+            "temperature",
+            "top_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "top_k",
+            "min_p",
+            "repetition_penalty",
+            "min_tokens",
+            "ignore_eos",
+            "skip_special_tokens",
+            "pin_ttl_s",
+        ):
             value = getattr(self, name)
             if value is not None:
                 kw[name] = value
@@ -148,7 +170,10 @@ class ChatCompletionRequest(_SamplingBody):
             if not self.logprobs:
                 raise invalid("top_logprobs requires logprobs to be true", param="top_logprobs")
             if not 0 <= self.top_logprobs <= 20:
-                raise invalid(f"top_logprobs must be in [0, 20], got {self.top_logprobs}", param="top_logprobs")
+                raise invalid(
+                    f"top_logprobs must be in [0, 20], got {self.top_logprobs}",
+                    param="top_logprobs",
+                )
 
     def constraint(self) -> dict[str, Any]:
         """``response_format`` as a constraint: ``json_object`` -> any JSON object,
@@ -163,11 +188,15 @@ class ChatCompletionRequest(_SamplingBody):
             spec = fmt.get("json_schema") if fmt else None
             schema = spec.get("schema") if isinstance(spec, dict) else None
             if not isinstance(schema, (dict, bool)):
-                raise invalid("response_format.json_schema.schema must be a JSON schema object",
-                              param="response_format")
+                raise invalid(
+                    "response_format.json_schema.schema must be a JSON schema object",
+                    param="response_format",
+                )
             return {"json_schema": json.dumps(schema)}
-        raise invalid(f"response_format type {kind!r} is not supported (text, json_object, json_schema)",
-                      param="response_format")
+        raise invalid(
+            f"response_format type {kind!r} is not supported (text, json_object, json_schema)",
+            param="response_format",
+        )
 
     def chat(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text(i)} for i, m in enumerate(self.messages)]
@@ -225,4 +254,3 @@ class CompletionRequest(_SamplingBody):
             if isinstance(one, list) and not one:
                 raise invalid(f"prompt[{i}] is an empty token list", param="prompt")
         return out
-

@@ -48,17 +48,31 @@ class _Server(uvicorn.Server):
 class HTTPGateway:
     """The HTTP gateway for the router at ``config.router``, on ``host:port``."""
 
-    def __init__(self, config: GatewayConfig, host: str = "127.0.0.1", port: int = 8000, *,
-                 tokenizer: Any = None, log_level: str = "warning", access_log: bool = False) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        *,
+        tokenizer: Any = None,
+        log_level: str = "warning",
+        access_log: bool = False,
+    ) -> None:
         self.config = config
         self.app = create_app(config, tokenizer)
         self.sock = bind(host, port)
         self.host = host
         self.port = int(self.sock.getsockname()[1])
-        self.server = _Server(uvicorn.Config(
-            self.app, log_level=log_level.lower(), access_log=access_log, lifespan="on",
-            timeout_graceful_shutdown=5, timeout_keep_alive=30,
-        ))
+        self.server = _Server(
+            uvicorn.Config(
+                self.app,
+                log_level=log_level.lower(),
+                access_log=access_log,
+                lifespan="on",
+                timeout_graceful_shutdown=5,
+                timeout_keep_alive=30,
+            )
+        )
         self._thread: threading.Thread | None = None
 
     @property
@@ -96,4 +110,3 @@ class HTTPGateway:
         if self._thread is not None:
             self._thread.join(15.0)
             self._thread = None
-

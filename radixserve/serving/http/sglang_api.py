@@ -47,8 +47,15 @@ def _gw(request: Request) -> Gateway:
 class _Plan:
     """One item's parameters and what its answer needs."""
 
-    def __init__(self, item: Item, params: SamplingParams, drop: bool, text_in_logprobs: bool) -> None:
-        self.item, self.params, self.drop, self.text_in_logprobs = item, params, drop, text_in_logprobs
+    def __init__(
+        self, item: Item, params: SamplingParams, drop: bool, text_in_logprobs: bool
+    ) -> None:
+        self.item, self.params, self.drop, self.text_in_logprobs = (
+            item,
+            params,
+            drop,
+            text_in_logprobs,
+        )
 
 
 def _finish_reason(plan: _Plan, f: p.GenerateFinal, eos: list[int]) -> dict[str, Any]:
@@ -65,8 +72,13 @@ def _finish_reason(plan: _Plan, f: p.GenerateFinal, eos: list[int]) -> dict[str,
     return {"type": "abort", "message": f"request ended: {f.finish_reason}"}
 
 
-def _logprob_meta(g: Gateway, plan: _Plan, outs: list[p.TokenLogprob],
-                  prompt_logprobs: list[float | None] | None, total: int) -> dict[str, Any]:
+def _logprob_meta(
+    g: Gateway,
+    plan: _Plan,
+    outs: list[p.TokenLogprob],
+    prompt_logprobs: list[float | None] | None,
+    total: int,
+) -> dict[str, Any]:
     """The ``meta_info`` logprob fields of one item: ``[logprob, token_id, text-or-None]``
     triples of the prompt (from ``logprob_start_len``) and of the output tokens ``outs``
     (all of them, or a streamed message's new ones); ``total``: output logprobs so far."""
@@ -80,30 +92,44 @@ def _logprob_meta(g: Gateway, plan: _Plan, outs: list[p.TokenLogprob],
             inputs.append([None if value is None else logprob(value), tid, text_of(tid)])
     return {
         "input_token_logprobs": inputs,
-        "output_token_logprobs": [[logprob(lp.logprob), lp.token_id, text_of(lp.token_id)] for lp in outs],
+        "output_token_logprobs": [
+            [logprob(lp.logprob), lp.token_id, text_of(lp.token_id)] for lp in outs
+        ],
         "output_token_logprobs_length": total,
-        "input_top_logprobs": [None] * len(inputs),  # the engine reports the chosen prompt token only
+        "input_top_logprobs": [None]
+        * len(inputs),  # the engine reports the chosen prompt token only
         "output_top_logprobs": [
-            [[logprob(v), tid, text_of(tid)] for tid, v in (lp.top or [])] if it.top_logprobs_num > 0 else None
+            [[logprob(v), tid, text_of(tid)] for tid, v in (lp.top or [])]
+            if it.top_logprobs_num > 0
+            else None
             for lp in outs
         ],
     }
 
 
-def result(g: Gateway, plan: _Plan, f: p.GenerateFinal, eos: list[int], streamed: int = 0) -> dict[str, Any]:
+def result(
+    g: Gateway, plan: _Plan, f: p.GenerateFinal, eos: list[int], streamed: int = 0
+) -> dict[str, Any]:
     """One item's answer in SGLang's shape (``streamed``: output logprobs already sent in
     chunks, left out of the output logprob lists here)."""
     it = plan.item
     completion = 0 if plan.drop else f.usage.completion_tokens
     meta: dict[str, Any] = {
-        "id": it.rid, "finish_reason": _finish_reason(plan, f, eos), "prompt_tokens": f.usage.prompt_tokens,
-        "completion_tokens": completion, "cached_tokens": f.usage.cached_tokens, "e2e_latency": f.timings.total_s,
+        "id": it.rid,
+        "finish_reason": _finish_reason(plan, f, eos),
+        "prompt_tokens": f.usage.prompt_tokens,
+        "completion_tokens": completion,
+        "cached_tokens": f.usage.cached_tokens,
+        "e2e_latency": f.timings.total_s,
     }
     if it.return_logprob:
         outs = [] if plan.drop else (f.logprobs or [])
         meta.update(_logprob_meta(g, plan, outs[streamed:], f.prompt_logprobs, len(outs)))
-    return {"text": "" if plan.drop else f.text, "output_ids": [] if plan.drop else list(f.token_ids),
-            "meta_info": meta}
+    return {
+        "text": "" if plan.drop else f.text,
+        "output_ids": [] if plan.drop else list(f.token_ids),
+        "meta_info": meta,
+    }
 
 
 @router.post("/generate", response_model=None)
@@ -115,19 +141,36 @@ async def generate(body: GenerateReqInput, request: Request) -> Response:
     g.check_batch(len(items))
     # Prompt logprobs come back as numbers per position: their token ids (and texts) are
     # the prompt's, so text prompts are tokenized first, by the router, as it would.
-    need_ids = [it for it in items if it.text is not None and it.return_logprob and it.logprob_start_len >= 0]
+    need_ids = [
+        it
+        for it in items
+        if it.text is not None and it.return_logprob and it.logprob_start_len >= 0
+    ]
     if need_ids:
         for it, ids in zip(need_ids, await g.tokenize([it.text or "" for it in need_ids])):
             it.text, it.input_ids = None, ids
     plans = []
     for it in items:
         params, drop = it.sampling.to_params(
-            info.context_length, info.vocab_size, it.top_logprobs_num if it.return_logprob else None,
-            it.logprob_start_len if it.return_logprob and it.logprob_start_len >= 0 else None, it.sample)
+            info.context_length,
+            info.vocab_size,
+            it.top_logprobs_num if it.return_logprob else None,
+            it.logprob_start_len if it.return_logprob and it.logprob_start_len >= 0 else None,
+            it.sample,
+        )
         plans.append(_Plan(it, params, drop, body.return_text_in_logprobs))
     salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
-    streams = [g.stream(arrival=arrival, text=pl.item.text, input_ids=pl.item.input_ids, params=pl.params,
-                        session_id=body.session_id, cache_salt=salt) for pl in plans]
+    streams = [
+        g.stream(
+            arrival=arrival,
+            text=pl.item.text,
+            input_ids=pl.item.input_ids,
+            params=pl.params,
+            session_id=body.session_id,
+            cache_salt=salt,
+        )
+        for pl in plans
+    ]
     if body.stream:
         events = await primed(request, merge(streams))
         return SSEResponse(_events(g, plans, events, info.eos_token_ids, batched=not single))
@@ -136,15 +179,22 @@ async def generate(body: GenerateReqInput, request: Request) -> Response:
     return JSONResponse(out[0] if single else out)
 
 
-async def _events(g: Gateway, plans: list[_Plan], events: AsyncIterator[tuple[int, Any]], eos: list[int],
-                  batched: bool) -> AsyncIterator[bytes]:
+async def _events(
+    g: Gateway,
+    plans: list[_Plan],
+    events: AsyncIterator[tuple[int, Any]],
+    eos: list[int],
+    batched: bool,
+) -> AsyncIterator[bytes]:
     # As SGLang's frontend reads a stream: every message carries the cumulative text, output ids
     # and counts, and the logprobs of its new output tokens only (the frontend concatenates
     # them); the prompt's logprobs come with the last message.
     texts = [""] * len(plans)
     ids: list[list[int]] = [[] for _ in plans]
     sent = [0] * len(plans)  # output logprobs streamed so far
-    prompt_tokens: list[int | None] = [None if pl.item.input_ids is None else len(pl.item.input_ids) for pl in plans]
+    prompt_tokens: list[int | None] = [
+        None if pl.item.input_ids is None else len(pl.item.input_ids) for pl in plans
+    ]
     async for i, ev in events:
         pl = plans[i]
         if isinstance(ev, p.GenerateChunk):
@@ -154,7 +204,11 @@ async def _events(g: Gateway, plans: list[_Plan], events: AsyncIterator[tuple[in
                 continue
             texts[i] += ev.text
             ids[i].extend(ev.token_ids)
-            meta: dict[str, Any] = {"id": pl.item.rid, "finish_reason": None, "completion_tokens": len(ids[i])}
+            meta: dict[str, Any] = {
+                "id": pl.item.rid,
+                "finish_reason": None,
+                "completion_tokens": len(ids[i]),
+            }
             if prompt_tokens[i] is not None:
                 meta["prompt_tokens"] = prompt_tokens[i]
             if pl.item.return_logprob:
@@ -178,11 +232,23 @@ async def _model_info(request: Request) -> dict[str, Any]:
     info = await g.info()
     # SGLang answers the path the model was loaded from: clients load the tokenizer from it.
     path = info.model_path or await g.model_name()
-    return {"model_path": path, "tokenizer_path": path, "served_model_name": await g.model_name(), "is_generation": True, "preferred_sampling_params": None,
-            "weight_version": "default", "has_image_understanding": False, "has_audio_understanding": False,
-            "model_type": None, "architectures": None, "context_length": info.context_length,
-            "vocab_size": info.vocab_size, "eos_token_ids": info.eos_token_ids, "page_size": info.page_size,
-            "num_workers": info.num_workers}
+    return {
+        "model_path": path,
+        "tokenizer_path": path,
+        "served_model_name": await g.model_name(),
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": None,
+        "architectures": None,
+        "context_length": info.context_length,
+        "vocab_size": info.vocab_size,
+        "eos_token_ids": info.eos_token_ids,
+        "page_size": info.page_size,
+        "num_workers": info.num_workers,
+    }
 
 
 router.add_api_route("/get_model_info", _model_info, methods=["GET"])
@@ -194,7 +260,9 @@ async def flush_cache(request: Request) -> Response:
     ok = await _gw(request).flush_cache()
     if ok:
         return PlainTextResponse("Cache flushed.\n")
-    return PlainTextResponse("Cache not flushed: a worker has requests running or waiting.\n", status_code=400)
+    return PlainTextResponse(
+        "Cache not flushed: a worker has requests running or waiting.\n", status_code=400
+    )
 
 
 @router.get("/health")
@@ -209,7 +277,9 @@ async def health(request: Request) -> Response:
 async def health_generate(request: Request) -> Response:
     """Healthy when a one-token generation goes through a worker."""
     g = _gw(request)
-    await g.generate(arrival=time.monotonic(), text="Hi", params=SamplingParams(max_tokens=1, temperature=0.0))
+    await g.generate(
+        arrival=time.monotonic(), text="Hi", params=SamplingParams(max_tokens=1, temperature=0.0)
+    )
     return Response(status_code=200)
 
 
@@ -219,10 +289,18 @@ async def _server_info(request: Request) -> dict[str, Any]:
     info, st = await g.info(), await g.stats()
     workers = to_builtins(st.workers)
     return {
-        "version": __version__, "model_path": await g.model_name(), "context_length": info.context_length,
-        "page_size": info.page_size, "router_endpoint": g.config.router, "uptime_s": time.time() - g.started,
-        "routing": st.routing, "requests": st.requests, "active": st.active, "aborted": st.aborted,
-        "errors": st.errors, "workers": workers,
+        "version": __version__,
+        "model_path": await g.model_name(),
+        "context_length": info.context_length,
+        "page_size": info.page_size,
+        "router_endpoint": g.config.router,
+        "uptime_s": time.time() - g.started,
+        "routing": st.routing,
+        "requests": st.requests,
+        "active": st.active,
+        "aborted": st.aborted,
+        "errors": st.errors,
+        "workers": workers,
         "memory": {str(w["worker_id"]): w["engine"].get("memory") for w in workers if w["alive"]},
         "internal_states": [w["engine"] for w in workers if w["alive"]],
     }

@@ -61,31 +61,56 @@ class SGLSamplingParams(BaseModel):
     stream_interval: int | None = None
     pin_ttl_s: float | None = None  # radixserve: keep the prompt prefix pinned (see SamplingParams)
 
-    def to_params(self, context_length: int, vocab_size: int, logprobs: int | None,
-                  prompt_logprobs_start: int | None, sample: int) -> tuple[SamplingParams, bool]:
+    def to_params(
+        self,
+        context_length: int,
+        vocab_size: int,
+        logprobs: int | None,
+        prompt_logprobs_start: int | None,
+        sample: int,
+    ) -> tuple[SamplingParams, bool]:
         """Our :class:`SamplingParams`, and whether the output must be dropped (``max_new_tokens`` 0)."""
         for name in _UNSUPPORTED:
             if getattr(self, name):
-                raise invalid(f"sampling_params.{name} is not supported",
-                              param=f"sampling_params.{name}")
+                raise invalid(
+                    f"sampling_params.{name} is not supported", param=f"sampling_params.{name}"
+                )
         if self.stop_regex:
-            raise invalid("sampling_params.stop_regex is not supported", param="sampling_params.stop_regex")
+            raise invalid(
+                "sampling_params.stop_regex is not supported", param="sampling_params.stop_regex"
+            )
         if self.no_stop_trim:
-            raise invalid("sampling_params.no_stop_trim is not supported", param="sampling_params.no_stop_trim")
+            raise invalid(
+                "sampling_params.no_stop_trim is not supported",
+                param="sampling_params.no_stop_trim",
+            )
         max_new = context_length if self.max_new_tokens is None else self.max_new_tokens
         if max_new < 0:
-            raise invalid(f"max_new_tokens must be >= 0, got {max_new}", param="sampling_params.max_new_tokens")
+            raise invalid(
+                f"max_new_tokens must be >= 0, got {max_new}",
+                param="sampling_params.max_new_tokens",
+            )
         seed = self.sampling_seed if self.sampling_seed is not None else self.seed
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         params = SamplingParams(
-            max_tokens=max(1, max_new), min_tokens=self.min_new_tokens if max_new else 0,
-            temperature=self.temperature, top_p=self.top_p,
+            max_tokens=max(1, max_new),
+            min_tokens=self.min_new_tokens if max_new else 0,
+            temperature=self.temperature,
+            top_p=self.top_p,
             top_k=-1 if self.top_k >= vocab_size else self.top_k,  # SGLang's "off" is 1 << 30
-            min_p=self.min_p, repetition_penalty=self.repetition_penalty,
-            frequency_penalty=self.frequency_penalty, presence_penalty=self.presence_penalty,
-            seed=None if seed is None else seed + sample, stop=stop, stop_token_ids=list(self.stop_token_ids or []),
-            ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs_start=prompt_logprobs_start,
-            skip_special_tokens=self.skip_special_tokens, regex=self.regex, json_schema=self.json_schema,
+            min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            seed=None if seed is None else seed + sample,
+            stop=stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+            prompt_logprobs_start=prompt_logprobs_start,
+            skip_special_tokens=self.skip_special_tokens,
+            regex=self.regex,
+            json_schema=self.json_schema,
             pin_ttl_s=self.pin_ttl_s,
         )
         try:
@@ -164,17 +189,29 @@ def expand(req: GenerateReqInput, default_rid: str) -> tuple[list[Item], bool]:
     for i, prompt in enumerate(prompts):
         sp = _pick(req.sampling_params, i, n_prompts, "sampling_params") or SGLSamplingParams()
         if not 1 <= sp.n <= 128:
-            raise invalid(f"sampling_params.n must be in [1, 128], got {sp.n}", param="sampling_params.n")
+            raise invalid(
+                f"sampling_params.n must be in [1, 128], got {sp.n}", param="sampling_params.n"
+            )
         if isinstance(prompt, list) and not prompt:
             raise invalid(f"input_ids[{i}] is empty", param="input_ids")
         ret = bool(_pick(req.return_logprob, i, n_prompts, "return_logprob"))
         start = _pick(req.logprob_start_len, i, n_prompts, "logprob_start_len")
         top = _pick(req.top_logprobs_num, i, n_prompts, "top_logprobs_num")
-        rid = _pick(req.rid, i, n_prompts, "rid") or (default_rid if single else f"{default_rid}-{i}")
+        rid = _pick(req.rid, i, n_prompts, "rid") or (
+            default_rid if single else f"{default_rid}-{i}"
+        )
         for j in range(sp.n):
-            items.append(Item(
-                index=len(items), text=prompt if isinstance(prompt, str) else None,
-                input_ids=list(prompt) if isinstance(prompt, list) else None, sampling=sp, sample=j,
-                return_logprob=ret, logprob_start_len=-1 if start is None else start,
-                top_logprobs_num=0 if top is None else top, rid=rid if sp.n == 1 else f"{rid}-{j}"))
+            items.append(
+                Item(
+                    index=len(items),
+                    text=prompt if isinstance(prompt, str) else None,
+                    input_ids=list(prompt) if isinstance(prompt, list) else None,
+                    sampling=sp,
+                    sample=j,
+                    return_logprob=ret,
+                    logprob_start_len=-1 if start is None else start,
+                    top_logprobs_num=0 if top is None else top,
+                    rid=rid if sp.n == 1 else f"{rid}-{j}",
+                )
+            )
     return items, single and len(items) == 1

@@ -26,7 +26,11 @@ DONE = b"data: [DONE]\n\n"
 
 def event(payload: Any) -> bytes:
     """One SSE event carrying ``payload`` as compact JSON."""
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return (
+        b"data: "
+        + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        + b"\n\n"
+    )
 
 
 async def guard(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -53,8 +57,12 @@ class SSEResponse(StreamingResponse):
     client disconnects mid-stream (Starlette then cancels the send loop)."""
 
     def __init__(self, events: AsyncIterator[bytes], status_code: int = 200) -> None:
-        super().__init__(guard(events), status_code=status_code, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            guard(events),
+            status_code=status_code,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     async def stream_response(self, send: Send) -> None:
         try:

@@ -19,7 +19,11 @@ _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 def _byte_decoder() -> dict[str, int]:
     """GPT-2's byte-level alphabet, inverted: the byte each stand-in character means."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    keep = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars, extra = {b: b for b in keep}, 0
     for b in range(256):
         if b not in chars:
@@ -37,7 +41,9 @@ def is_byte_level(tokenizer: Any) -> bool:
         decoder = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {}
     except Exception:  # a slow (Python) tokenizer has no backend
         return False
-    return decoder.get("type") == "ByteLevel" or any(d.get("type") == "ByteLevel" for d in decoder.get("decoders", []))
+    return decoder.get("type") == "ByteLevel" or any(
+        d.get("type") == "ByteLevel" for d in decoder.get("decoders", [])
+    )
 
 
 class TokenNames:
@@ -54,7 +60,11 @@ class TokenNames:
         """The token decoded alone (a partial character shows as U+FFFD)."""
         text = self._texts.get(token_id)
         if text is None:
-            text = self.tokenizer.decode([token_id]) if self.tokenizer is not None else f"token_id:{token_id}"
+            text = (
+                self.tokenizer.decode([token_id])
+                if self.tokenizer is not None
+                else f"token_id:{token_id}"
+            )
             if len(self._texts) < _CACHE_LIMIT:
                 self._texts[token_id] = text
         return text
