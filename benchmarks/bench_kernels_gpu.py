@@ -37,8 +37,8 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     )
 if not torch.cuda.is_available():
     sys.exit(
-        "bench_kernels_gpu: no CUDA GPU visible to torch (torch %s); this benchmark needs one"
-        % torch.__version__
+        f"bench_kernels_gpu: no CUDA GPU visible to torch (torch {torch.__version__}); "
+        "this benchmark needs one"
     )
 
 import triton  # noqa: E402

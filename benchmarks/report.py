@@ -101,7 +101,7 @@ def markdown(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]]) -> 
         "| hit rate (optimum @page) | peak RSS (GiB) | load |"
     )
     lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for peer, by_c in agg.items():
+    for by_c in agg.values():
         for c in sorted(by_c):
             m = by_c[c]
             if "error" in m:
@@ -203,7 +203,7 @@ def plots(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]], stem: 
         ("ttft_ms", "TTFT p90 (ms)", "ttft", "p90"),
     ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for peer, by_c in agg.items():
+        for by_c in agg.values():
             cs = [c for c in sorted(by_c) if "error" not in by_c[c]]
             ys = [by_c[c][key][q] if q else by_c[c][key] for c in cs]
             if cs and all(y is not None for y in ys):

@@ -19,7 +19,7 @@ the serving layer batches and publishes (``radixserve.serving.kv_events``).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -29,7 +29,7 @@ from radixserve.memory.tree_node import node_page_keys
 if TYPE_CHECKING:
     from radixserve.memory.tree_node import TreeNode
 
-ExternalBlockHash = Union[bytes, int]
+ExternalBlockHash = bytes | int
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]

@@ -17,7 +17,7 @@ values) and never raises: a bad frame becomes an :class:`Error` the caller sends
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import msgspec
 
@@ -151,9 +151,15 @@ class TokenizeRequest(_Msg, tag="tokenize"):
     texts: list[str]
 
 
-ClientMessage = Union[
-    GenerateRequest, Abort, Health, ModelInfoRequest, FlushCache, StatsRequest, TokenizeRequest
-]
+ClientMessage = (
+    GenerateRequest
+    | Abort
+    | Health
+    | ModelInfoRequest
+    | FlushCache
+    | StatsRequest
+    | TokenizeRequest
+)
 
 
 # --------------------------------------------------------------------------- router -> client
@@ -274,17 +280,17 @@ class KeepAlive(_Msg, tag="keepalive"):
     """
 
 
-ServerMessage = Union[
-    GenerateChunk,
-    GenerateFinal,
-    Error,
-    HealthReply,
-    ModelInfo,
-    FlushCacheReply,
-    StatsReply,
-    KeepAlive,
-    TokenizeReply,
-]
+ServerMessage = (
+    GenerateChunk
+    | GenerateFinal
+    | Error
+    | HealthReply
+    | ModelInfo
+    | FlushCacheReply
+    | StatsReply
+    | KeepAlive
+    | TokenizeReply
+)
 
 
 # --------------------------------------------------------------------------- router <-> worker
@@ -336,15 +342,15 @@ class WorkerRejoin(_Msg, tag="w_rejoin"):
     during a very long step) and your requests failed; abort everything and say hello again."""
 
 
-RouterToWorker = Union[
-    WorkerAdd,
-    WorkerAbort,
-    WorkerPing,
-    WorkerStatsRequest,
-    WorkerFlush,
-    WorkerShutdown,
-    WorkerRejoin,
-]
+RouterToWorker = (
+    WorkerAdd
+    | WorkerAbort
+    | WorkerPing
+    | WorkerStatsRequest
+    | WorkerFlush
+    | WorkerShutdown
+    | WorkerRejoin
+)
 
 
 class WorkerHello(_Msg, tag="w_hello"):
@@ -403,15 +409,15 @@ class WorkerGoodbye(_Msg, tag="w_goodbye"):
     reason: str = ""
 
 
-WorkerToRouter = Union[
-    WorkerHello,
-    WorkerOutputs,
-    WorkerHeartbeat,
-    WorkerStatsReply,
-    WorkerFlushReply,
-    WorkerRejected,
-    WorkerGoodbye,
-]
+WorkerToRouter = (
+    WorkerHello
+    | WorkerOutputs
+    | WorkerHeartbeat
+    | WorkerStatsReply
+    | WorkerFlushReply
+    | WorkerRejected
+    | WorkerGoodbye
+)
 
 
 # --------------------------------------------------------------------------- encode / decode

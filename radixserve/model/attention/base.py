@@ -31,7 +31,9 @@ class AttentionBackend(ABC):
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Build whatever every layer of the next forward over ``batch`` shares (host lists
-        only: never read the device). The default has nothing to build."""
+        only: never read the device). The default has nothing to build; backends with
+        per-batch metadata override it (deliberately not abstract)."""
+        return
 
     @abstractmethod
     def forward(
