@@ -313,7 +313,8 @@ class Engine:
         if len(ids) >= self.max_total_len:
             raise ValueError(
                 f"prompt of {len(ids)} tokens is too long: this engine fits at most {self.max_total_len - 1} "
-                f"prompt tokens (max_model_len {self.config.max_model_len or self.model_config.max_position_embeddings}, "
+                "prompt tokens (max_model_len "
+                f"{self.config.max_model_len or self.model_config.max_position_embeddings}, "
                 f"KV pool {self.allocator.num_pages * self.pool.page_size} tokens)"
             )
         if request_id is not None and request_id in self.scheduler.requests:

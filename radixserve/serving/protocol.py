@@ -96,7 +96,8 @@ class GenerateRequest(_Msg, tag="generate"):
     Logprob options live in ``params`` (``logprobs``: top-k, ``prompt_logprobs_start``).
     ``session_id`` keeps a program's calls on one worker (its cache); ``namespace``
     isolates radix-cache sharing, and so does ``cache_salt`` (vLLM's name: a tenant's
-    secret; the router hashes it into the namespace, workers never see it). With ``stream`` the router sends :class:`GenerateChunk`
+    secret; the router hashes it into the namespace, workers never see it).
+    With ``stream`` the router sends :class:`GenerateChunk`
     messages before the :class:`GenerateFinal`; without it only the final.
     """
 

@@ -2,7 +2,8 @@
 
 On the CPU with an unquantized pool the attention of the whole batch is one call per layer
 to the kernel of ``csrc/paged_attention.cpp`` (same two parts as below, read from the
-pages in place; 1.4-1.9x the torch path per layer call here, ``benchmarks/bench_cpu_attention.py``). The torch path below serves quantized pools, other
+pages in place; 1.4-1.9x the torch path per layer call here,
+``benchmarks/bench_cpu_attention.py``). The torch path below serves quantized pools, other
 devices, head sizes the kernel lacks, and machines where it cannot be built; it is also
 the baseline the Triton kernels match.
 
