@@ -445,7 +445,10 @@ _TAGS: dict[str, frozenset[str]] = {}
 def _tags(union: Any) -> frozenset[str]:
     key = repr(union)
     if key not in _TAGS:
-        _TAGS[key] = frozenset(msgspec.inspect.type_info(t).tag for t in union.__args__)
+        infos = [msgspec.inspect.type_info(t) for t in union.__args__]
+        _TAGS[key] = frozenset(
+            str(i.tag) for i in infos if isinstance(i, msgspec.inspect.StructType)
+        )
     return _TAGS[key]
 
 

@@ -65,7 +65,8 @@ def create_app(config: GatewayConfig | None = None, tokenizer: Any = None) -> Fa
     (otherwise loaded from ``config.tokenizer`` or the default model when it is served).
     ``config`` defaults to ``GatewayConfig()``.
     """
-    gateway = Gateway(config if config is not None else GatewayConfig(), tokenizer)
+    config = config if config is not None else GatewayConfig()
+    gateway = Gateway(config, tokenizer)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
