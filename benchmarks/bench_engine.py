@@ -392,7 +392,8 @@ def main() -> None:
         f"({args.systems} system prompts of ~{args.system_tokens} tokens), {args.rounds} interleaved rounds"
     )
     print(
-        f"{'':4} {'tok/s':>8} {'out tok/s':>9} {'TTFT mean':>9} {'p50':>7} {'p90':>7} {'hit':>6} {'GFLOP/s':>8} {'of matmul':>9}"
+        f"{'':4} {'tok/s':>8} {'out tok/s':>9} {'TTFT mean':>9} {'p50':>7} {'p90':>7} "
+        f"{'hit':>6} {'GFLOP/s':>8} {'of matmul':>9}"
     )
     for name in ("on", "off"):
         s = summary[name]

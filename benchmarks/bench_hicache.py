@@ -21,7 +21,8 @@ engine starts over the same directory ("warm") beside one without ("cold"), and 
 alternating; TTFT is the wall time of a one-token generation.
 
     python benchmarks/bench_hicache.py                    # SmolLM2 (fetched on first use), a few minutes
-    python benchmarks/bench_hicache.py --systems 32 --system-tokens 1000 --requests 64 --l1-systems 8   # 32 prompts of ~1000 tokens over an L1 of 8
+    # 32 prompts of ~1000 tokens over an L1 of 8:
+    python benchmarks/bench_hicache.py --systems 32 --system-tokens 1000 --requests 64 --l1-systems 8
 
 Prints a table and writes JSON (``--out``).
 """
@@ -245,12 +246,14 @@ def main() -> None:
 
     l1 = results["L1"]["throughput_tok_s"]
     print(
-        f"\n{'config':<11} {'throughput':>11} {'vs L1':>6} {'hit rate':>9} {'of unbounded':>13} {'L2 loads':>9} {'L3 loads':>9}"
+        f"\n{'config':<11} {'throughput':>11} {'vs L1':>6} {'hit rate':>9} {'of unbounded':>13} "
+        f"{'L2 loads':>9} {'L3 loads':>9}"
     )
     for name, r in results.items():
         print(
             f"{name:<11} {r['throughput_tok_s']:>8.0f} t/s {r['throughput_tok_s'] / l1:>5.2f}x {r['hit_rate']:>8.1%} "
-            f"{r['hit_rate'] / results['unbounded']['hit_rate']:>12.1%} {r['loaded_l2_pages']:>9} {r['loaded_l3_pages']:>9}"
+            f"{r['hit_rate'] / results['unbounded']['hit_rate']:>12.1%} "
+            f"{r['loaded_l2_pages']:>9} {r['loaded_l3_pages']:>9}"
         )
     w, c = statistics.median(restart["warm"]), statistics.median(restart["cold"])
     print(

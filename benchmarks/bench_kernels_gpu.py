@@ -33,12 +33,13 @@ import torch
 
 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     sys.exit(
-        "bench_kernels_gpu: TRITON_INTERPRET is set; unset it (or export TRITON_INTERPRET=0) to benchmark compiled kernels"
+        "bench_kernels_gpu: TRITON_INTERPRET is set; unset it (or export TRITON_INTERPRET=0) "
+        "to benchmark compiled kernels"
     )
 if not torch.cuda.is_available():
     sys.exit(
-        "bench_kernels_gpu: no CUDA GPU visible to torch (torch %s); this benchmark needs one"
-        % torch.__version__
+        f"bench_kernels_gpu: no CUDA GPU visible to torch (torch {torch.__version__}); "
+        "this benchmark needs one"
     )
 
 import triton  # noqa: E402
@@ -232,7 +233,8 @@ def main() -> None:
     copy_bw = copy_bandwidth()
     torch.cuda.empty_cache()
     print(
-        f"device: {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, triton {triton.__version__}"
+        f"device: {props.name} ({props.multi_processor_count} SMs), torch {torch.__version__}, "
+        f"triton {triton.__version__}"
     )
     print(f"copy bandwidth (read+write): {copy_bw / 1e9:.0f} GB/s")
     decode = []
@@ -240,7 +242,8 @@ def main() -> None:
         f"\npaged decode, batch {args.batch} x {args.context} ctx, page {args.page_size}, fp16 activations"
     )
     print(
-        f"{'shape':8} {'kv':9} {'MB':>7} {'splits':>6} {'us':>8} {'GB/s':>7} {'%copy':>6} | {'best':>4} {'us':>8} {'%copy':>6} {'err':>8}"
+        f"{'shape':8} {'kv':9} {'MB':>7} {'splits':>6} {'us':>8} {'GB/s':>7} {'%copy':>6} | "
+        f"{'best':>4} {'us':>8} {'%copy':>6} {'err':>8}"
     )
     for name in SHAPES:
         for kvd in args.kv_dtypes.split(","):
@@ -259,9 +262,15 @@ def main() -> None:
             r = bench_extend(name, batch, prefix, new, args.page_size, with_sdpa=prefix == 0)
             torch.cuda.empty_cache()
             extend.append(r)
-            line = f"{name:8} b{batch} prefix {prefix:5d} new {new:5d}: {r['ms'] * 1e3:9.1f} us {r['tflops']:6.1f} TFLOP/s"
+            line = (
+                f"{name:8} b{batch} prefix {prefix:5d} new {new:5d}: {r['ms'] * 1e3:9.1f} us "
+                f"{r['tflops']:6.1f} TFLOP/s"
+            )
             if "tflops_sdpa" in r:
-                line += f" | SDPA {r['tflops_sdpa']:6.1f} TFLOP/s (kernel/SDPA {r['ratio_vs_sdpa']:.2f}x) err {r['max_abs_err_vs_sdpa']:.1e}"
+                line += (
+                    f" | SDPA {r['tflops_sdpa']:6.1f} TFLOP/s (kernel/SDPA "
+                    f"{r['ratio_vs_sdpa']:.2f}x) err {r['max_abs_err_vs_sdpa']:.1e}"
+                )
             print(line)
     result = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

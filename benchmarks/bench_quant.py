@@ -185,7 +185,8 @@ def main() -> None:
         m, b = med[n], med[base]
         print(
             f"| {n} | {mib:.0f} | {m['single']:.1f} ({m['single'] / b['single']:.2f}x) | "
-            f"{m['c16']:.1f} ({m['c16'] / b['c16']:.2f}x) | {m['shared_c16']:.1f} ({m['shared_c16'] / b['shared_c16']:.2f}x) |"
+            f"{m['c16']:.1f} ({m['c16'] / b['c16']:.2f}x) | {m['shared_c16']:.1f} "
+            f"({m['shared_c16'] / b['shared_c16']:.2f}x) |"
         )
         rows.append({"config": n, "weights_mib": mib, **m, "rounds": results[n]})
     out = {

@@ -194,17 +194,21 @@ def main() -> None:
         results.append(evaluate(name, path, args.new_tokens, args.n_chat, args.n_text))
     for res in results:
         print(
-            f"\n{res['model']}: {res['prompts']} prompts, {res['positions']} positions, {res['new_tokens']} greedy tokens"
+            f"\n{res['model']}: {res['prompts']} prompts, {res['positions']} positions, "
+            f"{res['new_tokens']} greedy tokens"
         )
         print(
-            "| config | weights MiB | max |Δ logprob| | mean |Δ logprob| | mean KL | top-1 agree | PPL (change) | greedy exact | greedy prefix |"
+            "| config | weights MiB | max |Δ logprob| | mean |Δ logprob| | mean KL | top-1 agree "
+            "| PPL (change) | greedy exact | greedy prefix |"
         )
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in res["rows"]:
             g = f" g{r['group_size']}" if r["group_size"] else ""
             print(
-                f"| {r['config']}{g} | {r['weights_mib']:.1f} | {r['max_logprob_err']:.3f} | {r['mean_logprob_err']:.4f} | "
-                f"{r['mean_kl']:.2e} | {100 * r['top1_agreement']:.1f}% | {r['ppl']:.2f} ({r['ppl_change_pct']:+.2f}%) | "
+                f"| {r['config']}{g} | {r['weights_mib']:.1f} | {r['max_logprob_err']:.3f} | "
+                f"{r['mean_logprob_err']:.4f} | "
+                f"{r['mean_kl']:.2e} | {100 * r['top1_agreement']:.1f}% | {r['ppl']:.2f} "
+                f"({r['ppl_change_pct']:+.2f}%) | "
                 f"{100 * r['greedy_exact_match']:.0f}% | {100 * r['greedy_agree_prefix_frac']:.1f}% |"
             )
     args.out.parent.mkdir(parents=True, exist_ok=True)

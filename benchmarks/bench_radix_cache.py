@@ -434,7 +434,8 @@ def main() -> None:
             print(
                 f"{shape:10} {ps:>3} {r['nodes']:>7} {b['tokens_per_s']:>12,.0f} {b['us_per_request']:>7.1f} "
                 f"{b['hit_rate']:>6.3f} {m['tokens_per_s']:>12,.0f} {m['us_per_match']:>8.1f} "
-                f"{d['cpu_us_per_step']:>8.1f} {d['us_per_step']:>8.1f} {d['evicted_pages_per_step']:>10.1f} {e['us_per_page']:>11.2f}",
+                f"{d['cpu_us_per_step']:>8.1f} {d['us_per_step']:>8.1f} "
+                f"{d['evicted_pages_per_step']:>10.1f} {e['us_per_page']:>11.2f}",
                 flush=True,
             )
 

@@ -33,6 +33,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
 import datetime as dt  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import subprocess  # noqa: E402
@@ -244,7 +245,7 @@ def phase_decode_table(ctx: Ctx) -> dict[str, Any]:
             attn = make_attention_backend(ctx.backend, pool)
             attn.init_forward_metadata(fb)  # host facts of this (static) batch, as the runner does
             reps = 3 if ctx.dry else 20
-            eager = _time_steps(ctx, lambda: model(fb, attn), reps)
+            eager = _time_steps(ctx, functools.partial(model, fb, attn), reps)
             row: dict[str, Any] = {
                 "batch": batch,
                 "context": context,

@@ -80,7 +80,10 @@ def markdown(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]]) -> 
     a = doc.get("args", {})
     tag = a.get("tag") or ""
     lines = [f"### Workload `{w}`" + (f" (run `{tag}`)" if tag else ""), ""]
-    cmd = f"python benchmarks/bench_peers.py --workload {w} --concurrency {a.get('concurrency')} --scale {a.get('scale')}"
+    cmd = (
+        f"python benchmarks/bench_peers.py --workload {w} --concurrency "
+        f"{a.get('concurrency')} --scale {a.get('scale')}"
+    )
     if a.get("reps", 1) != 1:
         cmd += f" --reps {a['reps']}"
     if a.get("peers"):
@@ -101,13 +104,16 @@ def markdown(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]]) -> 
         "| hit rate (optimum @page) | peak RSS (GiB) | load |"
     )
     lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for peer, by_c in agg.items():
+    for by_c in agg.values():
         for c in sorted(by_c):
             m = by_c[c]
             if "error" in m:
                 lines.append(f"| {m['label']} | | {c} | | error: {m['error'][:80]} | | | | | | |")
                 continue
-            hit = f"{_f(m['hit_rate'], '{:.3f}')} ({_f(m['optimal_hit_rate_peer'], '{:.3f}')} @{_f(m['page_size'], '{:.0f}')})"
+            hit = (
+                f"{_f(m['hit_rate'], '{:.3f}')} ({_f(m['optimal_hit_rate_peer'], '{:.3f}')} "
+                f"@{_f(m['page_size'], '{:.0f}')})"
+            )
             offline = " (offline)" if m["offline"] else ""
             lines.append(
                 f"| {m['label']}{offline} | {m['precision']} | {c} | {m['requests']} | {_f(m['output_tok_per_s'])} | "
@@ -203,7 +209,7 @@ def plots(doc: dict[str, Any], agg: dict[str, dict[int, dict[str, Any]]], stem: 
         ("ttft_ms", "TTFT p90 (ms)", "ttft", "p90"),
     ):
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for peer, by_c in agg.items():
+        for by_c in agg.values():
             cs = [c for c in sorted(by_c) if "error" not in by_c[c]]
             ys = [by_c[c][key][q] if q else by_c[c][key] for c in cs]
             if cs and all(y is not None for y in ys):

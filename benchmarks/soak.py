@@ -306,7 +306,8 @@ async def drive(
     serve_pid: int,
     kills: list[dict[str, Any]],
 ) -> list[dict[str, Any]]:
-    rng = random.Random(args.seed)
+    # Each request draws from its own generator seeded by its index (see run()), so a run
+    # replays the same requests whatever order they complete in.
     limits = httpx.Limits(
         max_connections=args.concurrency * 2, max_keepalive_connections=args.concurrency
     )

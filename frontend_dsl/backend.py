@@ -146,7 +146,10 @@ class Backend(abc.ABC):
         """
 
     def close(self) -> None:
-        """Release connections / stop background threads. Idempotent."""
+        """Release connections / stop background threads. Idempotent.
+
+        Not abstract: a backend that holds nothing (the fake one) keeps this no-op."""
+        return
 
     def __enter__(self) -> Backend:
         return self

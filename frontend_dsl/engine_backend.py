@@ -250,7 +250,7 @@ class EngineBackend(Backend):
             for r in requests
         ]
         results = []
-        for req, (rid, sink) in zip(requests, sinks):
+        for _req, (_rid, sink) in zip(requests, sinks):
             logprobs: list[float | None] | None = None
             usage: CallUsage | None = None
             while True:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -100,7 +100,7 @@ class Expr:
         return Seq((to_expr(other), self))
 
 
-ExprLike = Union[Expr, str]
+ExprLike = Expr | str
 
 
 def to_expr(value: ExprLike | Sequence[ExprLike]) -> Expr:

@@ -20,7 +20,7 @@ find it in the radix cache.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from frontend_dsl.backend import Backend, CallUsage, ScoreRequest, ScoreResult
 from radixserve.prefix import common_prefix_len
@@ -28,8 +28,11 @@ from radixserve.prefix import common_prefix_len
 __all__ = ["SelectResult", "common_prefix_len", "plan_choice_requests", "pick", "score_choices"]
 
 
-class SelectResult(NamedTuple):
-    """The chosen index and the evidence: per-choice scores and token logprobs."""
+@dataclass(frozen=True)
+class SelectResult:
+    """The chosen index and the evidence: per-choice scores and token logprobs.
+
+    A dataclass, not a NamedTuple: a field named ``index`` would hide ``tuple.index``."""
 
     index: int
     choice: str

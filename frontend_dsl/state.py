@@ -382,7 +382,7 @@ class ForkGroup(list):
         super().__init__(states)
         self._parent = parent
 
-    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+    def __getitem__(self, key: Any) -> Any:
         if isinstance(key, str):
             return [state[key] for state in self]
         return super().__getitem__(key)

@@ -7,7 +7,8 @@ unrelated package on PyPI). Only torch and triton may be imported here.
   ``paged_attention_ref``, ``paged_decode_attention_ref``, ``extend_attention_ref``, quantize math).
 - Triton kernels with the same signatures: ``store_kv``, ``paged_decode_attention``,
   ``extend_attention``; fused layer ops ``rms_norm`` (+ residual add), ``silu_mul``,
-  ``rope_store_kv`` (references in :mod:`radixkernels.fused_reference`). They are imported lazily (on first attribute access) so that the
+  ``rope_store_kv`` (references in :mod:`radixkernels.fused_reference`).
+  They are imported lazily (on first attribute access) so that the
   torch-only paths never import triton, and so that ``TRITON_INTERPRET`` is read when the
   kernels are defined, not when this package is imported.
 """

@@ -118,7 +118,8 @@ def _extend_kernel(
     m_i = tl.full([BLOCK_R], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_R], dtype=tl.float32)
 
-    # Masked rows (token past E, or r past BLOCK_M * G) sit at positions >= L and see all of 0..L-1: no fully masked row, no NaN.
+    # Masked rows (token past E, or r past BLOCK_M * G) sit at positions >= L and see all of
+    # 0..L-1: no fully masked row, no NaN.
     kv_end = tl.minimum(L, P0 + (mb + 1) * BLOCK_M)
     for n0 in range(0, kv_end, BLOCK_N):
         pos = n0 + offs_n

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 
-class KVCacheDtype(str, enum.Enum):
+class KVCacheDtype(enum.StrEnum):
     """The values accepted by ``--kv-cache-dtype``."""
 
     AUTO = "auto"

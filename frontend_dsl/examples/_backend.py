@@ -43,5 +43,5 @@ def make_backend(args: argparse.Namespace) -> Backend:
         raise SystemExit(
             f"cannot reach a radixserve router at {args.endpoint} ({exc}).\n"
             "Start one with `radixserve serve`, or run this example with --local."
-        )
+        ) from exc
     return backend

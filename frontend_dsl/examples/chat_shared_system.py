@@ -4,7 +4,8 @@ Every run starts with the same system prompt: the engine computes it once and ev
 other run (and every later turn of a run) reuses it from the radix cache.
 
     radixserve serve &                         # the default model, on tcp://127.0.0.1:5555
-    python frontend_dsl/examples/chat_shared_system.py      # or: python frontend_dsl/examples/chat_shared_system.py --local
+    python frontend_dsl/examples/chat_shared_system.py
+    python frontend_dsl/examples/chat_shared_system.py --local   # no server: an in-process engine
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ the model's logprobs (length-normalized mean by default) in one batched call tha
 the cached prompt, and appends the best label.
 
     radixserve serve &
-    python frontend_dsl/examples/classify_select.py         # or: python frontend_dsl/examples/classify_select.py --local
+    python frontend_dsl/examples/classify_select.py
+    python frontend_dsl/examples/classify_select.py --local   # no server: an in-process engine
 """
 
 from __future__ import annotations

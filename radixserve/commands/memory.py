@@ -256,7 +256,8 @@ def render(cfg: ModelConfig, source: str, r: dict[str, Any]) -> str:
                 note += f"; article says {row['article_fraction'] * 100:g}%"
         out.append(
             f"  {kd:<16}{row['data_bytes_per_token']:>12,}{row['scale_bytes_per_token']:>12,}"
-            f"{row['bytes_per_token']:>12,}{row['fraction_of_fp16'] * 100:>8.2f}%  {fb(row['bytes_per_sequence']):>10}  {note}"
+            f"{row['bytes_per_token']:>12,}{row['fraction_of_fp16'] * 100:>8.2f}%  "
+            f"{fb(row['bytes_per_sequence']):>10}  {note}"
         )
     out.append(
         "  (8 bits of 16 is 50%, 4 bits is 25%, before scales: the article's 37.5% / 18.75% are not byte counts; "

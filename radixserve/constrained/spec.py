@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import re._parser as _sre_parse  # the stdlib's regex parser: xgrammar's regexes share its syntax
 from typing import Any, Literal, NamedTuple
-
-try:  # the stdlib's regex parser (the syntax xgrammar's regexes share); renamed in 3.11
-    import re._parser as _sre_parse
-except ImportError:  # Python 3.10
-    import sre_parse as _sre_parse  # type: ignore[no-redef]
 
 ConstraintKind = Literal["regex", "json_schema", "choices"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -158,6 +158,7 @@ class EngineConfig:
             errors.append("the hierarchical cache needs the radix cache (drop disable_radix_cache)")
         if not 0.0 < self.memory_utilization <= 1.0:
             errors.append(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
+        assert self.dtype is not None  # resolved above
         try:
             parse_dtype(self.dtype)
         except ValueError as e:
@@ -186,6 +187,12 @@ class EngineConfig:
         assert self.dtype is not None  # resolved in __post_init__
         return parse_dtype(self.dtype)
 
+    @property
+    def resolved_attention_backend(self) -> str:
+        """The attention backend's name, the device's default filled in."""
+        assert self.attention_backend is not None  # resolved in __post_init__
+        return self.attention_backend
+
     def quant_config(self) -> QuantConfig | None:
         """The :class:`~radixserve.model.quant.QuantConfig` asked for, or None."""
         if self.quantization is None:
@@ -194,13 +201,13 @@ class EngineConfig:
 
         return QuantConfig(self.quantization, self.quant_group_size, self.quantize_embeddings)
 
-    def scheduling_fields(self) -> dict[str, object]:
+    def scheduling_fields(self) -> dict[str, Any]:
         """This config's values of the :class:`SchedulerConfig` fields it shares by name."""
         shared = {f.name for f in fields(SchedulerConfig)} & {f.name for f in fields(self)}
         return {name: getattr(self, name) for name in sorted(shared)}
 
     @classmethod
-    def from_kwargs(cls, **kwargs: object) -> EngineConfig:
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
         """Build from keyword arguments, rejecting unknown names with the list of known ones."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(kwargs) - known)
@@ -208,4 +215,4 @@ class EngineConfig:
             raise TypeError(f"unknown engine config option(s) {unknown}; known: {sorted(known)}")
         if isinstance(kwargs.get("dtype"), torch.dtype):
             kwargs["dtype"] = str(kwargs["dtype"]).removeprefix("torch.")
-        return cls(**kwargs)  # type: ignore[arg-type]
+        return cls(**kwargs)

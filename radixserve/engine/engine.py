@@ -143,7 +143,7 @@ class Engine:
         self.runner = ModelRunner(
             self.model,
             pool,
-            make_attention_backend(cfg.attention_backend, pool),
+            make_attention_backend(cfg.resolved_attention_backend, pool),
             Sampler(mc.vocab_size, mc.eos_token_ids, self.device, cfg.seed),
             max_rows=sched_cfg.max_running_requests,
             max_pages=self.scheduler.max_pages_per_request,
@@ -313,7 +313,8 @@ class Engine:
         if len(ids) >= self.max_total_len:
             raise ValueError(
                 f"prompt of {len(ids)} tokens is too long: this engine fits at most {self.max_total_len - 1} "
-                f"prompt tokens (max_model_len {self.config.max_model_len or self.model_config.max_position_embeddings}, "
+                "prompt tokens (max_model_len "
+                f"{self.config.max_model_len or self.model_config.max_position_embeddings}, "
                 f"KV pool {self.allocator.num_pages * self.pool.page_size} tokens)"
             )
         if request_id is not None and request_id in self.scheduler.requests:
@@ -453,8 +454,8 @@ class Engine:
         self.scheduler.check_invariants()
         # The device table, with the entries the next plan will send applied, holds every page list.
         pending: dict[int, dict[int, int]] = {}
-        for row, col, page in self.scheduler.rows.pending():
-            pending.setdefault(row, {})[col] = page
+        for slot, col, page in self.scheduler.rows.pending():
+            pending.setdefault(slot, {})[col] = page
         for r in self.scheduler.running:
             row = self.runner.page_table_row(r.slot, len(r.pages))
             for col, page in pending.get(r.slot, {}).items():
@@ -503,7 +504,7 @@ class _Collector:
             request_id=rid,
             text=self.text,
             token_ids=self.token_ids,
-            finish_reason=reason,  # type: ignore[arg-type]
+            finish_reason=reason,
             usage=Usage(usage.prompt_tokens, usage.cached_tokens, len(self.token_ids)),
             prompt_token_ids=self.prompt_ids,
             logprobs=self.logprobs if self.want_logprobs else None,
@@ -515,10 +516,11 @@ class _Collector:
 def _normalize_prompts(prompts: PromptInput) -> list[str | list[int]]:
     if isinstance(prompts, str):
         return [prompts]
-    items = list(prompts)
+    # The elements' type depends on which of PromptInput's shapes this is, told apart here.
+    items: list[Any] = list(prompts)
     if items and all(isinstance(t, int) for t in items):
-        return [list(items)]  # one prompt given as token ids
-    return [p if isinstance(p, str) else list(p) for p in items]  # type: ignore[arg-type]
+        return [items]  # one prompt given as token ids
+    return [p if isinstance(p, str) else list(p) for p in items]
 
 
 def _to_step_output(o: RequestOutput) -> StepOutput:

@@ -52,7 +52,7 @@ class PendingStep:
     def result(self) -> StepResult:
         host = self._read.wait()
         tokens: list[int] = []
-        logprobs: list = []  # type: ignore[type-arg]
+        logprobs: list = []
         if self._splan is not None:
             sampled = unpack_samples(self._splan, host[:4])
             tokens, logprobs = sampled.token_ids, sampled.logprobs
@@ -66,7 +66,7 @@ def make_attention_backend(name: str, pool: KVPool) -> AttentionBackend:
 
         return TorchPagedAttentionBackend(pool)
     try:
-        from radixserve.model.attention.triton_paged import TritonPagedAttentionBackend  # type: ignore[import-not-found]
+        from radixserve.model.attention.triton_paged import TritonPagedAttentionBackend
     except ImportError as e:
         raise ValueError(f"attention_backend 'triton' is not available: {e}") from e
     return TritonPagedAttentionBackend(pool)

@@ -155,10 +155,12 @@ class Sampler:
             layout.ints("s.block_r", blocked_r)
             layout.ints("s.block_t", blocked_t)
 
-        constrained = [i for i, r in enumerate(rows) if getattr(r, "grammar", None) is not None]
+        grammars = [getattr(r, "grammar", None) for r in rows]
+        constrained = [i for i, g in enumerate(grammars) if g is not None]
         if constrained:
             layout.ints("s.mask_rows", constrained)
-            layout.int_tensor("s.mask", torch.cat([rows[i].grammar.next_mask for i in constrained]))
+            masks = [g.next_mask for g in grammars if g is not None]
+            layout.int_tensor("s.mask", torch.cat(masks))
         eos_guard = [i for i in constrained if params[i].ignore_eos] if len(self._eos) else []
 
         greedy = [p.greedy for p in params]

@@ -19,7 +19,7 @@ the serving layer batches and publishes (``radixserve.serving.kv_events``).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -29,15 +29,15 @@ from radixserve.memory.tree_node import node_page_keys
 if TYPE_CHECKING:
     from radixserve.memory.tree_node import TreeNode
 
-ExternalBlockHash = Union[bytes, int]
+ExternalBlockHash = bytes | int
 
 
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     ts: float
     events: list
 
 
-class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):  # type: ignore[call-arg]
+class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
     """Base class of the KV cache events."""
 
 

@@ -354,12 +354,11 @@ def parse_bytes(text: str) -> int:
         "t": 1 << 40, "g": GiB, "m": MiB, "k": 1024, "b": 1,
     }  # fmt: skip
     lower = s.lower()
-    for unit, mult in units.items():
+    number, mult = lower, 1  # a bare number counts bytes
+    for unit, unit_mult in units.items():
         if lower.endswith(unit):
-            number = lower[: -len(unit)]
+            number, mult = lower[: -len(unit)], unit_mult
             break
-    else:
-        number, mult = lower, 1
     try:
         value = float(number)
     except ValueError:

@@ -239,6 +239,7 @@ class RadixCache:
         """
         root = self._roots.get(namespace)
         n_full = len(tokens) // self.page_size * self.page_size
+        pages: list[int]
         if root is None:
             # An unregistered root: a miss must not leave one empty root behind per namespace
             # (per-request salts would leak). Roots are inert: lock/unlock ignore them.

@@ -124,9 +124,7 @@ class ModelConfig:
         return ModelConfig.from_dict(raw, eos_token_ids=eos)
 
     @staticmethod
-    def from_dict(
-        raw: dict[str, Any], eos_token_ids: tuple[int, ...] | None = None
-    ) -> ModelConfig:
+    def from_dict(raw: dict[str, Any], eos_token_ids: tuple[int, ...] | None = None) -> ModelConfig:
         """Build from the parsed JSON of a ``config.json``."""
         model_type = raw.get("model_type")
         archs = raw.get("architectures") or []

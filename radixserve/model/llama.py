@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -144,11 +145,11 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         t = x.shape[0]
         qkv = self.qkv_proj(x).view(t, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim)
-        if gpu_ops.enabled(qkv) and getattr(attn, "fuses_rope_store", False):
+        if gpu_ops.enabled(qkv) and attn.fuses_rope_store:
             # One kernel rotates q and k and writes k and v to the pool (Triton backend).
             out = attn.forward_qkv(
                 self.layer_id, qkv, cos_sin, self.num_q_heads, batch, self.sm_scale
-            )  # type: ignore[attr-defined]
+            )
             return self.o_proj(out.reshape(t, self.q_size))
         n_qk = self.num_q_heads + self.num_kv_heads
         # q and k rotate together: one op for both (in place, one pass, with the CPU kernel).
@@ -238,6 +239,9 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.model = LlamaModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # What the loader's quantization did (a quant.apply.QuantReport; not imported here:
+        # quant.apply is typed against this module), None when the weights are as loaded.
+        self.quant_report: Any = None
 
     # From the final norm, which no quantization replaces (the embedding may be int8).
     @property

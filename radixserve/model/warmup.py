@@ -82,6 +82,6 @@ def warm_up_model(
         )
         fb = _on_device(fb, device)
         attn.init_forward_metadata(fb)
-        model(fb, attn)  # type: ignore[operator]
+        model(fb, attn)
     pool.zero_pages(scratch)
     return WarmupReport(len(shapes), decode_sizes, scratch)

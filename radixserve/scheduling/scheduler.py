@@ -427,6 +427,7 @@ class Scheduler:
 
     def _cache_computed(self, req: Request) -> None:
         """Insert the request's computed whole pages into the tree; re-point its lock."""
+        assert req.lock_node is not None, f"a running request holds a lock: {req}"
         res = self.cache.cache_prefix(
             req.token_ids[: req.computed_len],
             req.pages,
@@ -449,6 +450,7 @@ class Scheduler:
             # and allocated until it is resolved.
             self._deferred.add(self._launched, private, req.lock_node)
         else:
+            assert req.lock_node is not None  # just re-pointed by _cache_computed
             self.cache.unlock(req.lock_node)
             self.allocator.free(private)
         self.rows.release(req.slot)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import zmq
@@ -122,7 +122,7 @@ class AsyncClient:
         request_id: str | None = None,
         timeout: float | None = None,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         """Yield chunks then the final; cancelling or closing the iterator early aborts."""
         rid = request_id or self._ids.next()
         q = self._open(rid)

@@ -83,7 +83,7 @@ class Client:
             rid = getattr(msg, "request_id", None)
             if isinstance(msg, p.KeepAlive):
                 continue
-            if rid is None:
+            if isinstance(msg, p.Error) and msg.request_id is None:
                 self._unclaimed.append(msg)
             elif rid in self._queues:
                 self._queues[rid].append(msg)

@@ -6,7 +6,8 @@ generate request from its arrival to its last message, indexed by router rid and
 until a first worker joins), folds the worker's outputs into it, and ends it in one of four
 ways: finished (a final message), failed (an error), aborted by its client, or dropped with
 a client that went away. A request whose worker dies before it produced a token is sent
-once more, to another worker (or the next to join, e.g. the dead one restarted). Whenever the worker may still run an ended request, the request
+once more, to another worker (or the next to join, e.g. the dead one restarted).
+Whenever the worker may still run an ended request, the request
 is aborted there, which frees its KV. Keep-alive bookkeeping lives here too: only clients
 with requests in flight are probed.
 

@@ -73,7 +73,7 @@ class LocalServer:
         model: str | Path,
         *,
         num_workers: int = 1,
-        config: RouterConfig = RouterConfig(),
+        config: RouterConfig | None = None,
         engine_config: dict[str, Any] | None = None,
         worker_program: list[str] | None = None,
         worker_env: dict[str, str] | None = None,
@@ -89,6 +89,7 @@ class LocalServer:
             engine_config.setdefault("num_threads", default_threads_per_worker(num_workers))
         # One GPU per worker on CUDA (or an explicit split); refused before anything starts.
         placements = plan_worker_devices(engine_config, num_workers, gpu_ids)
+        config = config if config is not None else RouterConfig()
         self.router = Router(tokenizer if tokenizer is not None else load_tokenizer(model), config)
         self.endpoint = self.router.endpoint
         router_endpoint, parent = self.router.worker_endpoint, os.getpid()

@@ -60,7 +60,10 @@ class RequestLimits:
     def batch_error(self, size: int) -> str | None:
         """Why a batch of ``size`` generations in one request is refused, or ``None``."""
         if self.max_batch_size > 0 and size > self.max_batch_size:
-            return f"the request asks for {size} generations (prompts × n), more than the limit of {self.max_batch_size}"
+            return (
+                f"the request asks for {size} generations (prompts × n), more than the limit "
+                f"of {self.max_batch_size}"
+            )
         return None
 
 

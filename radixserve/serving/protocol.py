@@ -17,7 +17,7 @@ values) and never raises: a bad frame becomes an :class:`Error` the caller sends
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import msgspec
 
@@ -96,7 +96,8 @@ class GenerateRequest(_Msg, tag="generate"):
     Logprob options live in ``params`` (``logprobs``: top-k, ``prompt_logprobs_start``).
     ``session_id`` keeps a program's calls on one worker (its cache); ``namespace``
     isolates radix-cache sharing, and so does ``cache_salt`` (vLLM's name: a tenant's
-    secret; the router hashes it into the namespace, workers never see it). With ``stream`` the router sends :class:`GenerateChunk`
+    secret; the router hashes it into the namespace, workers never see it).
+    With ``stream`` the router sends :class:`GenerateChunk`
     messages before the :class:`GenerateFinal`; without it only the final.
     """
 
@@ -151,9 +152,15 @@ class TokenizeRequest(_Msg, tag="tokenize"):
     texts: list[str]
 
 
-ClientMessage = Union[
-    GenerateRequest, Abort, Health, ModelInfoRequest, FlushCache, StatsRequest, TokenizeRequest
-]
+ClientMessage = (
+    GenerateRequest
+    | Abort
+    | Health
+    | ModelInfoRequest
+    | FlushCache
+    | StatsRequest
+    | TokenizeRequest
+)
 
 
 # --------------------------------------------------------------------------- router -> client
@@ -274,17 +281,17 @@ class KeepAlive(_Msg, tag="keepalive"):
     """
 
 
-ServerMessage = Union[
-    GenerateChunk,
-    GenerateFinal,
-    Error,
-    HealthReply,
-    ModelInfo,
-    FlushCacheReply,
-    StatsReply,
-    KeepAlive,
-    TokenizeReply,
-]
+ServerMessage = (
+    GenerateChunk
+    | GenerateFinal
+    | Error
+    | HealthReply
+    | ModelInfo
+    | FlushCacheReply
+    | StatsReply
+    | KeepAlive
+    | TokenizeReply
+)
 
 
 # --------------------------------------------------------------------------- router <-> worker
@@ -336,15 +343,15 @@ class WorkerRejoin(_Msg, tag="w_rejoin"):
     during a very long step) and your requests failed; abort everything and say hello again."""
 
 
-RouterToWorker = Union[
-    WorkerAdd,
-    WorkerAbort,
-    WorkerPing,
-    WorkerStatsRequest,
-    WorkerFlush,
-    WorkerShutdown,
-    WorkerRejoin,
-]
+RouterToWorker = (
+    WorkerAdd
+    | WorkerAbort
+    | WorkerPing
+    | WorkerStatsRequest
+    | WorkerFlush
+    | WorkerShutdown
+    | WorkerRejoin
+)
 
 
 class WorkerHello(_Msg, tag="w_hello"):
@@ -403,15 +410,15 @@ class WorkerGoodbye(_Msg, tag="w_goodbye"):
     reason: str = ""
 
 
-WorkerToRouter = Union[
-    WorkerHello,
-    WorkerOutputs,
-    WorkerHeartbeat,
-    WorkerStatsReply,
-    WorkerFlushReply,
-    WorkerRejected,
-    WorkerGoodbye,
-]
+WorkerToRouter = (
+    WorkerHello
+    | WorkerOutputs
+    | WorkerHeartbeat
+    | WorkerStatsReply
+    | WorkerFlushReply
+    | WorkerRejected
+    | WorkerGoodbye
+)
 
 
 # --------------------------------------------------------------------------- encode / decode
@@ -438,7 +445,10 @@ _TAGS: dict[str, frozenset[str]] = {}
 def _tags(union: Any) -> frozenset[str]:
     key = repr(union)
     if key not in _TAGS:
-        _TAGS[key] = frozenset(msgspec.inspect.type_info(t).tag for t in union.__args__)
+        infos = [msgspec.inspect.type_info(t) for t in union.__args__]
+        _TAGS[key] = frozenset(
+            str(i.tag) for i in infos if isinstance(i, msgspec.inspect.StructType)
+        )
     return _TAGS[key]
 
 

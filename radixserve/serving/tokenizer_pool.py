@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import zmq
@@ -75,8 +75,8 @@ class Encoded(msgspec.Struct, tag="encoded"):
     error: str | None = None
 
 
-_to_pool = msgspec.msgpack.Decoder(Union[EncodeJob, PoolStop])
-_from_pool = msgspec.msgpack.Decoder(Union[PoolReady, Encoded])
+_to_pool = msgspec.msgpack.Decoder(EncodeJob | PoolStop)
+_from_pool = msgspec.msgpack.Decoder(PoolReady | Encoded)
 _encoder = msgspec.msgpack.Encoder()
 
 Done = Callable[[list[list[int]] | None, str | None], None]  # (ids, error)

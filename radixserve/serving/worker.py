@@ -188,13 +188,17 @@ class Worker:
         self._closing = False  # saying goodbye: an interrupt must not cut that short
         self._goodbye = "shutdown"
         self._last_router = time.monotonic()
+        # KV events are the real engine's, not part of ServingEngine: fakes have none.
+        self._drain_kv_events: Callable[[], Any] | None = getattr(
+            self.engine, "drain_kv_events", None
+        )
         self._kv_events = self._event_publisher()
 
     def _event_publisher(self) -> Any | None:
         """A KV-event publisher when the engine records events (``kv_events_endpoint``)."""
         cfg = getattr(self.engine, "config", None)
         endpoint = getattr(cfg, "kv_events_endpoint", None)
-        if endpoint is None:
+        if cfg is None or endpoint is None or self._drain_kv_events is None:
             return None
         from radixserve.serving.kv_events import KVEventPublisher
 
@@ -203,8 +207,8 @@ class Worker:
         )
 
     def _publish_events(self) -> None:
-        if self._kv_events is not None:
-            self._kv_events.publish(self.engine.drain_kv_events())
+        if self._kv_events is not None and self._drain_kv_events is not None:
+            self._kv_events.publish(self._drain_kv_events())
 
     def stop(self, *_: object) -> None:
         """Finish the current step, then exit the loop (safe from a signal handler)."""
@@ -293,7 +297,7 @@ class Worker:
             for o in outs:
                 if o.finished:
                     self._active.discard(o.request_id)
-            self._send(p.WorkerOutputs(outputs=outs, load=engine_load(self.engine)))
+            self._send(p.WorkerOutputs(outputs=list(outs), load=engine_load(self.engine)))
         self._publish_events()
         return 0
 
@@ -472,8 +476,9 @@ def run_worker(
         if engine_factory is None:
             from radixserve.model_store import resolve_model
 
-            model = str(resolve_model(model))
-        engine = (engine_factory or build_engine)(model, **(engine_config or {}))
+            engine = build_engine(str(resolve_model(model)), **(engine_config or {}))
+        else:
+            engine = engine_factory(model, **(engine_config or {}))
         startup = getattr(engine, "startup_seconds", None)
         if startup:  # where start-up went, once, on the terminal `radixserve serve` runs in
             from radixserve.engine.startup import describe_startup

@@ -70,7 +70,9 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-                raise AssertionError(f"process {self.proc.pid} ignored SIGTERM for {timeout} s")
+                raise AssertionError(
+                    f"process {self.proc.pid} ignored SIGTERM for {timeout} s"
+                ) from None
         return self.proc.returncode
 
 

@@ -7,7 +7,7 @@ them (not imported from radixserve), so the test checks wire compatibility.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import pytest
@@ -18,7 +18,7 @@ from radixserve.engine.engine import Engine
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.kv_events import KVEventPublisher
 
-ExternalBlockHash = Union[bytes, int]
+ExternalBlockHash = bytes | int
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]

@@ -142,7 +142,9 @@ def test_disconnected_client_is_aborted(fake_server) -> None:
 
     srv = fake_server(step_delay=0.01)
     code = (
-        "import sys; from radixserve.serving.client import Client; from radixserve.sampling_params import SamplingParams\n"
+        "import sys\n"
+        "from radixserve.serving.client import Client\n"
+        "from radixserve.sampling_params import SamplingParams\n"
         f"c = Client({srv.endpoint!r})\n"
         "for i, ev in enumerate(c.stream('talk forever', params=SamplingParams(max_tokens=100000))):\n"
         "    if i == 2: print('streaming', flush=True)\n"

@@ -159,7 +159,8 @@ def test_workers_die_with_a_killed_parent() -> None:
     code = (
         "import sys; from radixserve.serving.launcher import LocalServer\n"
         "from radixserve.serving.router import RouterConfig\n"
-        f"srv = LocalServer('unused', num_workers=2, tokenizer=object(), worker_program=[sys.executable, {str(here / 'fake_worker.py')!r}],"
+        "srv = LocalServer('unused', num_workers=2, tokenizer=object(), "
+        f"worker_program=[sys.executable, {str(here / 'fake_worker.py')!r}],"
         " config=RouterConfig(endpoint='tcp://127.0.0.1:*'))\n"
         "srv.wait_ready(60)\n"
         "print('worker pids', *[p.pid for p in srv.procs], flush=True)\n"

@@ -130,7 +130,7 @@ def test_shared_prefix_lands_on_one_worker_and_hits(server: LocalServer) -> None
 
 def test_abort_and_vanished_client_free_kv(server: LocalServer) -> None:
     with Client(server.endpoint, timeout=30) as c:
-        for i, ev in enumerate(
+        for i, _ev in enumerate(
             c.stream("Once upon a time", params=SamplingParams(max_tokens=2000, ignore_eos=True))
         ):
             if i == 3:

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 def _zombie_or_alive(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(f"/proc/{pid}/stat"):
             return True  # still in the process table: running, or a zombie nobody reaped
     except FileNotFoundError:
         return False

@@ -31,7 +31,27 @@ class AttentionBackend(ABC):
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Build whatever every layer of the next forward over ``batch`` shares (host lists
-        only: never read the device). The default has nothing to build."""
+        only: never read the device). The default has nothing to build; backends with
+        per-batch metadata override it (deliberately not abstract)."""
+        return
+
+    @property
+    def fuses_rope_store(self) -> bool:
+        """Whether :meth:`forward_qkv` is available (RoPE fused into the KV store)."""
+        return False
+
+    def forward_qkv(
+        self,
+        layer_id: int,
+        qkv: torch.Tensor,  # [T, Hq + 2 Hkv, head_dim], not yet rotated
+        cos_sin: tuple[torch.Tensor, torch.Tensor],  # [T, 1, head_dim] each
+        num_q_heads: int,
+        batch: ForwardBatch,
+        sm_scale: float,
+    ) -> torch.Tensor:
+        """:meth:`forward` from the unrotated fused projection: rotates q and k, stores k and
+        v, attends. Only where :attr:`fuses_rope_store` says so (the Triton backend)."""
+        raise NotImplementedError(f"{type(self).__name__} does not fuse RoPE into the KV store")
 
     @abstractmethod
     def forward(

@@ -40,8 +40,11 @@ class DenseAttentionBackend(AttentionBackend):
         if len(lens) > 1 and min(lens) == max(lens):
             # Equal lengths: one batched call, [B, H, L, D], no loop at all.
             b, n = len(lens), lens[0]
+            qb, kb, vb = (x.view(b, n, x.shape[1], x.shape[2]).transpose(1, 2) for x in (q, k, v))
             o = F.scaled_dot_product_attention(
-                *(x.view(b, n, x.shape[1], x.shape[2]).transpose(1, 2) for x in (q, k, v)),
+                qb,
+                kb,
+                vb,
                 is_causal=True,
                 scale=sm_scale,
                 enable_gqa=gqa,

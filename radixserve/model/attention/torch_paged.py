@@ -2,7 +2,8 @@
 
 On the CPU with an unquantized pool the attention of the whole batch is one call per layer
 to the kernel of ``csrc/paged_attention.cpp`` (same two parts as below, read from the
-pages in place; 1.4-1.9x the torch path per layer call here, ``benchmarks/bench_cpu_attention.py``). The torch path below serves quantized pools, other
+pages in place; 1.4-1.9x the torch path per layer call here,
+``benchmarks/bench_cpu_attention.py``). The torch path below serves quantized pools, other
 devices, head sizes the kernel lacks, and machines where it cannot be built; it is also
 the baseline the Triton kernels match.
 
@@ -143,7 +144,8 @@ class TorchPagedAttentionBackend(AttentionBackend):
 
     def _plan(self, batch: ForwardBatch) -> _BatchMeta:
         ps = batch.page_size
-        dev = batch.out_cache_loc.device  # type: ignore[union-attr]
+        assert batch.out_cache_loc is not None  # a paged batch (checked by the caller)
+        dev = batch.out_cache_loc.device
         lens, news = batch.seq_lens_cpu, batch.extend_lens_cpu
         n_pages = [-(-n // ps) for n in lens]
         host = batch.page_lists_cpu
@@ -373,7 +375,8 @@ class TorchPagedAttentionBackend(AttentionBackend):
         meta = self._meta
         if meta is None or self._meta_batch is not batch:
             raise RuntimeError("call init_forward_metadata(batch) before the forward over it")
-        self._store(layer_id, k, v, batch.out_cache_loc)  # type: ignore[arg-type]
+        assert batch.out_cache_loc is not None  # a paged batch (init_forward_metadata)
+        self._store(layer_id, k, v, batch.out_cache_loc)
         out = torch.empty_like(q)
         if meta.native is not None:  # the whole batch, in one call
             native.paged_attention(

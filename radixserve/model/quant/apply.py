@@ -4,6 +4,7 @@ LM head) for quantized ones, and describe what was done."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,6 +26,9 @@ from radixserve.model.quant.linear import (
     QuantizedLinear,
     compute_dtype_for,
 )
+
+if TYPE_CHECKING:
+    from radixserve.model.llama import LlamaForCausalLM
 
 
 @dataclass
@@ -131,7 +135,14 @@ def module_weight_bytes(model: nn.Module) -> int:
     return total
 
 
-def quantize_model(model: nn.Module, qcfg: QuantConfig) -> QuantReport:
+def _linear(model: nn.Module, name: str) -> nn.Linear:
+    lin = model.get_submodule(name)
+    if not isinstance(lin, nn.Linear):
+        raise TypeError(f"{name} is a {type(lin).__name__}, not a linear layer to quantize")
+    return lin
+
+
+def quantize_model(model: LlamaForCausalLM, qcfg: QuantConfig) -> QuantReport:
     """Quantize ``model`` (a loaded :class:`~radixserve.model.llama.LlamaForCausalLM`) in place."""
     cfg = model.config
     device = model.model.norm.weight.device
@@ -142,11 +153,11 @@ def quantize_model(model: nn.Module, qcfg: QuantConfig) -> QuantReport:
     names = linear_targets(model, with_vocab)
     group = None
     if qcfg.method == "int4":
-        group = qcfg.resolve_group_size([model.get_submodule(n).in_features for n in names])
+        group = qcfg.resolve_group_size([_linear(model, n).in_features for n in names])
     report = QuantReport(qcfg.method, group)
     with torch.no_grad():
         for name in names:
-            lin = model.get_submodule(name)
+            lin = _linear(model, name)
             q = quantize_weight(qcfg.method, lin.weight, group, cdt)
             install(model, name, make_quantized_linear(qcfg.method, q, lin.bias, cdt))
             report.layers.append(name)

@@ -136,6 +136,9 @@ class Int8Linear(QuantizedLinear):
     """int8 weight-only, per-output-channel scales, ``torch._weight_int8pack_mm``."""
 
     method = "int8"
+    # Buffers (registered in __init__), declared for the type checker.
+    qweight: torch.Tensor
+    scale: torch.Tensor
 
     def __init__(
         self, w: Int8Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.bfloat16
@@ -189,6 +192,8 @@ class Int4Linear(QuantizedLinear):
     (``_weight_int4pack_mm_for_cpu`` on the CPU, ``_weight_int4pack_mm`` on CUDA)."""
 
     method = "int4"
+    packed: torch.Tensor  # buffers (registered in __init__)
+    scales_and_zeros: torch.Tensor
 
     def __init__(
         self, w: Int4Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.bfloat16
@@ -198,8 +203,9 @@ class Int4Linear(QuantizedLinear):
         if n % 16:
             raise ValueError(f"int4 kernels need out_features divisible by 16, got {n}")
         self.group_size = w.group_size
-        self.cuda = w.codes.device.type == "cuda"
-        if self.cuda:
+        # Not `self.cuda`: that would hide nn.Module.cuda() on this layer.
+        self.on_cuda = w.codes.device.type == "cuda"
+        if self.on_cuda:
             if compute_dtype is not torch.bfloat16:
                 raise ValueError("int4 on CUDA multiplies in bfloat16 only")
             nibbles = (w.codes[:, ::2] << 4 | w.codes[:, 1::2]).contiguous()
@@ -212,14 +218,14 @@ class Int4Linear(QuantizedLinear):
         self.register_buffer("scales_and_zeros", sz)
         # The dense prefill path unpacks the codes itself: only when the layout is the one
         # we know (verified on this very weight), otherwise every row count uses the kernel.
-        self.cpu_layout_known = not self.cuda and torch.equal(
+        self.cpu_layout_known = not self.on_cuda and torch.equal(
             unpack_cpu_int4(packed, n, k), w.codes
         )
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self._dense_path(x.shape[0]):
             return F.linear(x, self.dequantize(self.compute_dtype))
-        if self.cuda:
+        if self.on_cuda:
             return torch._weight_int4pack_mm(x, self.packed, self.group_size, self.scales_and_zeros)
         return torch._weight_int4pack_mm_for_cpu(
             x, self.packed, self.group_size, self.scales_and_zeros
@@ -260,6 +266,9 @@ class Fp8Linear(QuantizedLinear):
     activations (per-token scales), through ``torch._scaled_mm`` (Ada/Hopper GPUs)."""
 
     method = "fp8"
+    qweight: torch.Tensor  # buffers (registered in __init__)
+    scale: torch.Tensor
+    scale_row: torch.Tensor
 
     def __init__(
         self, w: Fp8Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.bfloat16
@@ -308,6 +317,9 @@ class Fp8Linear(QuantizedLinear):
 
 class Int8Embedding(nn.Module):
     """An embedding table in int8 with one scale per row (token): gather, then scale."""
+
+    qweight: torch.Tensor  # buffers (registered in __init__)
+    scale: torch.Tensor
 
     def __init__(self, w: Int8Weight, dtype: torch.dtype) -> None:
         super().__init__()

@@ -58,12 +58,14 @@ class _CountErrors:
         await self.app(scope, receive, counting_send)
 
 
-def create_app(config: GatewayConfig = GatewayConfig(), tokenizer: Any = None) -> FastAPI:
+def create_app(config: GatewayConfig | None = None, tokenizer: Any = None) -> FastAPI:
     """The gateway's ASGI app for the router at ``config.router``.
 
     ``tokenizer``: a transformers tokenizer for the token strings of logprob results
     (otherwise loaded from ``config.tokenizer`` or the default model when it is served).
+    ``config`` defaults to ``GatewayConfig()``.
     """
+    config = config if config is not None else GatewayConfig()
     gateway = Gateway(config, tokenizer)
 
     @asynccontextmanager

@@ -20,6 +20,7 @@ envelope, so one shape serves both APIs. Status codes:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -105,11 +106,11 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) if parts else "body"
 
 
-def _messages(errors: list[Any]) -> list[Any]:
+def _messages(errors: Sequence[Any]) -> list[Any]:
     """The errors worth showing: when a union value failed on one member for a real reason
     and on the others only for being of another type, the type mismatches are noise."""
     real = [e for e in errors if not str(e.get("type", "")).endswith("_type")]
-    return real or errors
+    return real or list(errors)
 
 
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -148,6 +149,8 @@ def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     """Make every error of ``app`` answer in OpenAI's error shape."""
     app.add_exception_handler(Exception, _unexpected)
+    # The ignores below: starlette's stub types a handler as taking any Exception, though it
+    # calls each one only with the class it is registered for.
     app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]

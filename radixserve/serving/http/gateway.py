@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -286,7 +286,7 @@ class Gateway:
         params: SamplingParams,
         session_id: str | None = None,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         """One generate request: its chunks, then its final message. Router errors become
         :class:`APIError`; closing the iterator early aborts the request. ``cache_salt``:
         the tenant's (:func:`~radixserve.serving.http.auth.tenant_cache_salt`)."""
@@ -327,28 +327,30 @@ class Gateway:
         return await final_of(self.stream(**kwargs))
 
 
-async def final_of(stream: AsyncIterator[Any]) -> p.GenerateFinal:
+async def final_of(stream: AsyncGenerator[Any, None]) -> p.GenerateFinal:
     """Run a request's event stream to its final message (closing it on the way out)."""
-    async with contextlib.aclosing(stream) as events:  # type: ignore[type-var]
+    async with contextlib.aclosing(stream) as events:
         async for ev in events:
             if isinstance(ev, p.GenerateFinal):
                 return ev
     raise APIError(500, "the router ended a request without a final message", type="internal_error")
 
 
-async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+async def merge(
+    streams: list[AsyncGenerator[T, None]],
+) -> AsyncGenerator[tuple[int, T], None]:
     """Interleave several async iterators as ``(index, item)``; the first error is raised.
     Closing the merged iterator cancels (and so aborts) every stream still running."""
     if len(streams) == 1:
-        async with contextlib.aclosing(streams[0]) as only:  # type: ignore[type-var]
+        async with contextlib.aclosing(streams[0]) as only:
             async for item in only:
                 yield 0, item
         return
     queue: asyncio.Queue[tuple[int, Any, BaseException | None, bool]] = asyncio.Queue()
 
-    async def pump(i: int, it: AsyncIterator[T]) -> None:
+    async def pump(i: int, it: AsyncGenerator[T, None]) -> None:
         try:
-            async with contextlib.aclosing(it) as items:  # type: ignore[type-var]
+            async with contextlib.aclosing(it) as items:
                 async for item in items:
                     await queue.put((i, item, None, False))
         except Exception as exc:  # forwarded to the consumer

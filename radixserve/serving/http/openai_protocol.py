@@ -5,7 +5,8 @@ Types are strict (``"5"`` is not an integer), unknown fields are ignored (client
 :meth:`SamplingParams.validate`, the one place the engine, router and gateways share.
 ``response_format`` ``json_object`` / ``json_schema`` use radixserve's constrained
 decoding. Features radixserve does not have (tools, logit bias, ``suffix``,
-``best_of`` > ``n``, image content) are rejected with a 400 rather than silently ignored. Extensions accepted as vLLM and SGLang do: ``top_k``, ``min_p``,
+``best_of`` > ``n``, image content) are rejected with a 400 rather than silently ignored.
+Extensions accepted as vLLM and SGLang do: ``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
 ``skip_special_tokens``.
 """

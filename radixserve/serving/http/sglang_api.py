@@ -215,7 +215,11 @@ async def _events(
                 new = ev.logprobs or []
                 sent[i] += len(new)
                 meta.update(_logprob_meta(g, pl, new, None, sent[i]))
-            payload = {"text": texts[i], "output_ids": list(ids[i]), "meta_info": meta}
+            payload: dict[str, Any] = {
+                "text": texts[i],
+                "output_ids": list(ids[i]),
+                "meta_info": meta,
+            }
         else:
             payload = result(g, pl, ev, eos, streamed=sent[i])
         if batched:

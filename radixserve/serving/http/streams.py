@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -44,7 +44,9 @@ async def primed(request: Request, it: AsyncIterator[T]) -> AsyncIterator[T]:
     return rest()
 
 
-async def finals(request: Request, streams: list[AsyncIterator[Any]]) -> list[p.GenerateFinal]:
+async def finals(
+    request: Request, streams: list[AsyncGenerator[Any, None]]
+) -> list[p.GenerateFinal]:
     """Run every stream to its final message, concurrently; the first error cancels the
     others (aborting them), and so does the HTTP client going away."""
 
@@ -53,8 +55,9 @@ async def finals(request: Request, streams: list[AsyncIterator[Any]]) -> list[p.
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for t in tasks:  # the error that happened first, not the first in list order
-                if t in done and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
+                exc = t.exception() if t in done else None
+                if exc is not None:
+                    raise exc
             return [t.result() for t in tasks]
         finally:
             for t in tasks:

@@ -9,6 +9,7 @@ give that byte, anything else its decoded text's UTF-8.
 
 from __future__ import annotations
 
+import builtins
 import json
 import re
 from typing import Any
@@ -78,7 +79,7 @@ class TokenNames:
                 self._bytes[token_id] = raw
         return raw
 
-    def _lookup(self, token_id: int) -> bytes:
+    def _lookup(self, token_id: int) -> builtins.bytes:  # `bytes` here is the method above
         if self.tokenizer is None:
             return self.text(token_id).encode()
         piece = self.tokenizer.convert_ids_to_tokens(token_id)
