@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from radixserve.engine import kv_profile
+import radixserve.engine.kv_profile as kv_profile
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.devices import bind_device
