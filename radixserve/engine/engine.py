@@ -246,6 +246,8 @@ class Engine:
         return self._profile_num_pages(mem)
 
     def _profile_num_pages(self, mem: kv_profile.DeviceMemory) -> int:
+        """Pages from a profile run of the largest step on ``mem``'s device; the planner's
+        estimate is kept beside the measured figure (``kv_profile``, ``kv_sizing``)."""
         from radixserve.memory.planner import kv_bytes_per_token, kv_fixed_bytes
 
         cfg, mc = self.config, self.model_config
@@ -273,35 +275,23 @@ class Engine:
             else 0
         )
         per_page = kv_bytes_per_token(mc, cfg.kv_cache_dtype, cfg.torch_dtype) * cfg.page_size
-        fixed = kv_fixed_bytes(mc, cfg.kv_cache_dtype)
-        total = mem.total()
-        pages = kv_profile.kv_pages_from_profile(
-            total=total,
+        try:
+            planner = self._plan_num_pages()
+        except ValueError:  # the estimate found no room; the measured figure decides
+            planner = 0
+        self.kv_profile = kv_profile.ProfiledKV.fit(
+            total=mem.total(),
             utilization=cfg.memory_utilization,
             used=used,
             step_peak=peak,
             graph_reserve=graphs,
-            kv_fixed=fixed,
+            kv_fixed=kv_fixed_bytes(mc, cfg.kv_cache_dtype),
             bytes_per_page=per_page,
-        )
-        try:
-            planner: int | None = self._plan_num_pages()
-        except ValueError:  # the estimate found no room; the measured figure decides
-            planner = 0
-        self.kv_profile = kv_profile.ProfiledKV(
-            total_bytes=total,
-            utilization=cfg.memory_utilization,
-            used_bytes=used,
-            step_peak_bytes=peak,
-            graph_reserve_bytes=graphs,
-            kv_fixed_bytes=fixed,
-            bytes_per_page=per_page,
-            num_pages=pages,
             profiled_rows=cfg.max_num_tokens,
             planner_num_pages=planner,
         )
         self.kv_sizing = self.kv_profile.describe()
-        return pages
+        return self.kv_profile.num_pages
 
     def _plan_num_pages(self) -> int:
         """Pages from the memory planner. On a CPU without an explicit budget the planner's

@@ -132,6 +132,18 @@ class ProfiledKV:
     profiled_rows: int
     planner_num_pages: int | None = None
 
+    @classmethod
+    def fit(
+        cls, profiled_rows: int, planner_num_pages: int | None = None, **figures: Any
+    ) -> ProfiledKV:
+        """The sizing of measured ``figures`` (:func:`kv_pages_from_profile`'s arguments)."""
+        f = figures
+        return cls(
+            f["total"], f["utilization"], f["used"], f["step_peak"], f["graph_reserve"],
+            f["kv_fixed"], f["bytes_per_page"], kv_pages_from_profile(**figures),
+            profiled_rows, planner_num_pages,
+        )  # fmt: skip
+
     @property
     def kv_budget_bytes(self) -> int:
         return (
