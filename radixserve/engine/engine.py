@@ -96,6 +96,11 @@ class Engine:
         self.device = torch.device(cfg.device)
         bind_device(self.device)  # cuda:N: Triton launches and index-less allocations go there
         clock.lap("resolve model")
+        # Free device memory before the weights: the most this engine may take (kv_profile).
+        self._device_memory: kv_profile.DeviceMemory | None = None
+        if cfg.num_pages is None and cfg.memory_budget is None:
+            self._device_memory = kv_profile.device_memory(self.device)
+        self._free_at_start = 0 if self._device_memory is None else self._device_memory.free()
         self.model = load_model(
             self.model_path,
             dtype=cfg.torch_dtype,
@@ -236,8 +241,8 @@ class Engine:
         """Allocator pages: from a profile run where the device has a memory API and no
         ``memory_budget`` is given (:mod:`~radixserve.engine.kv_profile`), else the planner's."""
         cfg = self.config
-        mem = kv_profile.device_memory(self.device)
-        if mem is None or cfg.memory_budget is not None:
+        mem = self._device_memory
+        if mem is None:
             pages = self._plan_num_pages()
             self.kv_sizing = f"KV pool {pages} pages from the memory planner" + (
                 " (--memory-budget)" if cfg.memory_budget is not None else ""
@@ -251,7 +256,7 @@ class Engine:
         from radixserve.memory.planner import kv_bytes_per_token, kv_fixed_bytes
 
         cfg, mc = self.config, self.model_config
-        used = mem.total() - mem.free()
+        used = self._free_at_start - mem.free()
         max_seq_len = min(cfg.max_model_len or mc.max_position_embeddings, cfg.max_num_tokens)
         peak = kv_profile.profile_step_peak(
             self.model,
@@ -282,6 +287,7 @@ class Engine:
         self.kv_profile = kv_profile.ProfiledKV.fit(
             total=mem.total(),
             utilization=cfg.memory_utilization,
+            free_at_start=self._free_at_start,
             used=used,
             step_peak=peak,
             graph_reserve=graphs,

@@ -5,14 +5,19 @@ largest step it will ever schedule (a dummy forward of ``max_num_tokens`` rows, 
 ``profile_run`` / ``determine_num_available_blocks`` does) and sizes the pool from what it
 measured::
 
-    used        = total − free                      (after loading: weights, CUDA context,
-                                                     anything else already on the device)
+    free₀       = free memory when the engine starts, before the weights
+    used        = free₀ − free after loading         (this engine's weights and buffers)
     step peak   = peak allocated during the dummy step − allocated before it
                                                      (activations, logits, sampler, the
                                                      profile's own small KV pool counted too)
     graphs      = step peak × max_running_requests / max_num_tokens   (decode graphs on)
-    kv budget   = total × --memory-utilization − used − step peak − graphs − fixed scale bytes
+    kv budget   = min(total × --memory-utilization, free₀)
+                  − used − step peak − graphs − fixed scale bytes
     num_pages   = kv budget // bytes per page − 1   (the scratch page padding rows write to)
+
+``used`` counts only what this engine added, and ``free₀`` caps the budget, so that workers
+splitting one GPU (``--memory-utilization 0.45`` each, :mod:`~radixserve.engine.devices`)
+do not count each other's memory as their own, and none budgets memory another holds.
 
 The decode graphs hold, per captured bucket and in one shared pool, the intermediates of one
 decode forward of at most ``max_running_requests`` rows; a decode row costs no more than an
@@ -123,7 +128,8 @@ class ProfiledKV:
 
     total_bytes: int
     utilization: float
-    used_bytes: int  # total − free after loading the weights
+    free_at_start_bytes: int  # free before the weights
+    used_bytes: int  # what loading the weights took off the free memory
     step_peak_bytes: int  # transient peak of the dummy max_num_tokens step
     graph_reserve_bytes: int
     kv_fixed_bytes: int
@@ -139,7 +145,7 @@ class ProfiledKV:
         """The sizing of measured ``figures`` (:func:`kv_pages_from_profile`'s arguments)."""
         f = figures
         return cls(
-            f["total"], f["utilization"], f["used"], f["step_peak"], f["graph_reserve"],
+            f["total"], f["utilization"], f["free_at_start"], f["used"], f["step_peak"], f["graph_reserve"],
             f["kv_fixed"], f["bytes_per_page"], kv_pages_from_profile(**figures),
             profiled_rows, planner_num_pages,
         )  # fmt: skip
@@ -147,7 +153,7 @@ class ProfiledKV:
     @property
     def kv_budget_bytes(self) -> int:
         return (
-            int(self.total_bytes * self.utilization)
+            min(int(self.total_bytes * self.utilization), self.free_at_start_bytes)
             - self.used_bytes
             - self.step_peak_bytes
             - self.graph_reserve_bytes
@@ -163,7 +169,8 @@ class ProfiledKV:
         )
         return (
             f"KV pool {self.num_pages} pages (+1 scratch) from a profile run: "
-            f"{format_bytes(self.total_bytes)} × {self.utilization:g} − used {format_bytes(self.used_bytes)}"
+            f"min({format_bytes(self.total_bytes)} × {self.utilization:g}, free at start "
+            f"{format_bytes(self.free_at_start_bytes)}) − weights {format_bytes(self.used_bytes)}"
             f" − peak of a {self.profiled_rows}-row step {format_bytes(self.step_peak_bytes)}"
             f" − decode graphs {format_bytes(self.graph_reserve_bytes)}"
             f" = {format_bytes(max(0, self.kv_budget_bytes))} for KV{planner}"
@@ -174,6 +181,7 @@ def kv_pages_from_profile(
     *,
     total: int,
     utilization: float,
+    free_at_start: int,
     used: int,
     step_peak: int,
     graph_reserve: int,
@@ -184,11 +192,13 @@ def kv_pages_from_profile(
     taken out; raises ``ValueError`` saying what to change when not even one page fits."""
     if not 0.0 < utilization <= 1.0:
         raise ValueError(f"memory_utilization must be in (0, 1], got {utilization}")
-    budget = int(total * utilization) - used - step_peak - graph_reserve - kv_fixed
+    budget = min(int(total * utilization), free_at_start)
+    budget -= used + step_peak + graph_reserve + kv_fixed
     pages = budget // bytes_per_page - 1 if budget > 0 else 0
     if pages < 1:
         raise ValueError(
-            f"no room for the KV cache: {format_bytes(total)} × {utilization:g} leaves "
+            f"no room for the KV cache: min({format_bytes(total)} × {utilization:g}, free at start "
+            f"{format_bytes(free_at_start)}) leaves "
             f"{format_bytes(max(0, budget))} after {format_bytes(used)} in use, a step peak of "
             f"{format_bytes(step_peak)} and {format_bytes(graph_reserve)} for decode graphs; "
             f"2 pages of {format_bytes(bytes_per_page)} are needed (one is the scratch page). "

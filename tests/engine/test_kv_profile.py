@@ -24,8 +24,10 @@ GiB = 1 << 30
 class ScriptedMemory:
     """A device whose allocator reports scripted numbers; records what it was asked."""
 
-    def __init__(self, total: int, used: int, peak_over: int) -> None:
-        self._total, self._used, self._peak_over = total, used, peak_over
+    def __init__(self, total: int, used: int, peak_over: int, other: int = 0) -> None:
+        """``other``: held by other processes from the start; ``used``: what loading the
+        weights takes (after the first :meth:`free`); ``peak_over``: the profiled step's peak."""
+        self._total, self._used, self._peak_over, self._other = total, used, peak_over, other
         self.calls: list[str] = []
 
     def total(self) -> int:
@@ -33,8 +35,9 @@ class ScriptedMemory:
         return self._total
 
     def free(self) -> int:
+        first = "free" not in self.calls
         self.calls.append("free")
-        return self._total - self._used
+        return self._total - self._other - (0 if first else self._used)
 
     def allocated(self) -> int:
         self.calls.append("allocated")
@@ -55,6 +58,7 @@ def test_pages_from_measured_figures() -> None:
     pages = kv_profile.kv_pages_from_profile(
         total=10 * GiB,
         utilization=0.9,
+        free_at_start=10 * GiB,
         used=2 * GiB,
         step_peak=GiB,
         graph_reserve=0,
@@ -66,6 +70,7 @@ def test_pages_from_measured_figures() -> None:
     with_graphs = kv_profile.kv_pages_from_profile(
         total=10 * GiB,
         utilization=0.9,
+        free_at_start=10 * GiB,
         used=2 * GiB,
         step_peak=GiB,
         graph_reserve=kv_profile.graph_reserve_bytes(GiB, 2048, 64),
@@ -74,11 +79,22 @@ def test_pages_from_measured_figures() -> None:
     )
     # 64 of 2048 rows' share of the peak (32 MiB) and the fixed bytes (one more page) come off.
     assert with_graphs == pages - 32 - 1
+    shared = kv_profile.kv_pages_from_profile(
+        total=10 * GiB,
+        utilization=0.9,
+        free_at_start=5 * GiB,  # another worker holds half the device
+        used=2 * GiB,
+        step_peak=GiB,
+        graph_reserve=0,
+        kv_fixed=0,
+        bytes_per_page=MiB,
+    )
+    assert shared == (5 * GiB - 3 * GiB) // MiB - 1
 
 
 def test_budget_below_one_page_is_a_clear_error() -> None:
     args: dict[str, Any] = dict(
-        total=GiB, used=GiB // 2, step_peak=GiB // 4, graph_reserve=0, kv_fixed=0
+        total=GiB, free_at_start=GiB, used=GiB // 2, step_peak=GiB // 4, graph_reserve=0, kv_fixed=0
     )
     left = int(GiB * 0.8) - GiB // 2 - GiB // 4
     assert kv_profile.kv_pages_from_profile(utilization=0.8, bytes_per_page=left // 2, **args) == 1
@@ -149,11 +165,11 @@ def test_engine_sizes_the_pool_from_the_profile(
     monkeypatch: pytest.MonkeyPatch, tiny_llama_dir: Path
 ) -> None:
     total, used, peak = 64 * MiB, 4 * MiB, 2 * MiB
-    mem = ScriptedMemory(total, used, peak)
+    mem = ScriptedMemory(total, used, peak, other=MiB)
     engine = _engine(monkeypatch, tiny_llama_dir, mem, memory_utilization=0.5, decode_graphs="on")
     per_page = kv_bytes_per_token(engine.model_config, "auto", torch.float32) * 4
     graphs = math.ceil(peak * 8 / 64)
-    expected = (int(total * 0.5) - used - peak - graphs) // per_page - 1
+    expected = (min(int(total * 0.5), total - MiB) - used - peak - graphs) // per_page - 1
     assert engine.allocator.num_pages == expected
     assert engine.pool.num_pages == expected + 1  # the scratch page
     assert engine.profiled_rows[0] == 64  # type: ignore[attr-defined]
@@ -164,6 +180,18 @@ def test_engine_sizes_the_pool_from_the_profile(
     out = engine.generate([[5, 6, 7]], {"max_tokens": 3, "temperature": 0.0})
     assert len(out[0].token_ids) == 3
     engine.check_invariants()
+
+
+def test_engine_budgets_only_memory_free_at_start(
+    monkeypatch: pytest.MonkeyPatch, tiny_llama_dir: Path
+) -> None:
+    """A second worker on a GPU split 0.5/0.5 sees the first one's memory as taken, not its own."""
+    total, used, peak = 64 * MiB, 4 * MiB, 2 * MiB
+    mem = ScriptedMemory(total, used, peak, other=40 * MiB)
+    engine = _engine(monkeypatch, tiny_llama_dir, mem, memory_utilization=0.5, decode_graphs="off")
+    per_page = kv_bytes_per_token(engine.model_config, "auto", torch.float32) * 4
+    assert engine.allocator.num_pages == (24 * MiB - used - peak) // per_page - 1
+    assert engine.kv_profile is not None and engine.kv_profile.free_at_start_bytes == 24 * MiB
 
 
 def test_engine_refuses_a_device_without_room(
