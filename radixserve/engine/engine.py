@@ -27,9 +27,11 @@ from typing import Any
 
 import torch
 
+import radixserve.engine.kv_profile as kv_profile
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.devices import bind_device
+from radixserve.engine.kv_profile import ProfiledKV
 from radixserve.engine.model_runner import ModelRunner, make_attention_backend
 from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, TokenLogprob, Usage
 from radixserve.engine.sampler import Sampler
@@ -94,6 +96,11 @@ class Engine:
         self.device = torch.device(cfg.device)
         bind_device(self.device)  # cuda:N: Triton launches and index-less allocations go there
         clock.lap("resolve model")
+        # Free device memory before the weights: the most this engine may take (kv_profile).
+        self._device_memory: kv_profile.DeviceMemory | None = None
+        if cfg.num_pages is None and cfg.memory_budget is None:
+            self._device_memory = kv_profile.device_memory(self.device)
+        self._free_at_start = 0 if self._device_memory is None else self._device_memory.free()
         self.model = load_model(
             self.model_path,
             dtype=cfg.torch_dtype,
@@ -111,18 +118,24 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         clock.lap("tokenizer")
 
-        num_pages = cfg.num_pages if cfg.num_pages is not None else self._plan_num_pages()
+        # The pool's arguments but its size (the profile run builds a small pool of its own).
+        self._pool_args: dict[str, Any] = {
+            "num_layers": mc.num_layers,
+            "page_size": cfg.page_size,
+            "kv_heads": mc.num_kv_heads,
+            "head_dim": mc.head_dim,
+            "kv_dtype": cfg.kv_cache_dtype,
+            "act_dtype": cfg.torch_dtype,
+            "device": self.device,
+        }
+        # How the pool was sized (profile run, planner or given), in words; see kv_profile.
+        self.kv_sizing: str = f"KV pool {cfg.num_pages} pages (num_pages given)"
+        self.kv_profile: ProfiledKV | None = None
+        num_pages = cfg.num_pages if cfg.num_pages is not None else self._size_kv_pool()
+        logger.info("%s", self.kv_sizing)
+        clock.lap("KV sizing")
         # One page past the allocator's: the scratch page padding rows of static decode steps write to.
-        pool = KVPool(
-            mc.num_layers,
-            num_pages + 1,
-            cfg.page_size,
-            mc.num_kv_heads,
-            mc.head_dim,
-            kv_dtype=cfg.kv_cache_dtype,
-            act_dtype=cfg.torch_dtype,
-            device=self.device,
-        )
+        pool = KVPool(num_pages=num_pages + 1, **self._pool_args)
         self.allocator = PageAllocator(num_pages)
         self.cache: PrefixCache = self._make_cache(pool)
         self.cache.pins.budget_pages = int(num_pages * cfg.pin_budget_fraction)
@@ -158,11 +171,12 @@ class Engine:
         self.loop = StepLoop(self.scheduler, self.runner, overlap=cfg.use_overlap)
         self._buffered: list[StepOutput] = []  # other requests' outputs seen inside generate()
         logger.info(
-            "engine ready in %s: %s, %s, max_total_len=%d",
+            "engine ready in %s: %s, %s, max_total_len=%d; %s",
             describe_startup(self.startup_seconds),
             self.model_path,
             self.pool,
             self.max_total_len,
+            self.kv_sizing,
         )
 
     def _make_cache(self, pool: KVPool) -> PrefixCache:
@@ -222,6 +236,68 @@ class Engine:
                     n,
                     self.config.hicache_storage_dir,
                 )
+
+    def _size_kv_pool(self) -> int:
+        """Allocator pages: from a profile run where the device has a memory API and no
+        ``memory_budget`` is given (:mod:`~radixserve.engine.kv_profile`), else the planner's."""
+        cfg = self.config
+        mem = self._device_memory
+        if mem is None:
+            pages = self._plan_num_pages()
+            self.kv_sizing = f"KV pool {pages} pages from the memory planner" + (
+                " (--memory-budget)" if cfg.memory_budget is not None else ""
+            )
+            return pages
+        return self._profile_num_pages(mem)
+
+    def _profile_num_pages(self, mem: kv_profile.DeviceMemory) -> int:
+        """Pages from a profile run of the largest step on ``mem``'s device; the planner's
+        estimate is kept beside the measured figure (``kv_profile``, ``kv_sizing``)."""
+        from radixserve.memory.planner import kv_bytes_per_token, kv_fixed_bytes
+
+        cfg, mc = self.config, self.model_config
+        used = self._free_at_start - mem.free()
+        max_seq_len = min(cfg.max_model_len or mc.max_position_embeddings, cfg.max_num_tokens)
+        peak = kv_profile.profile_step_peak(
+            self.model,
+            mem,
+            make_runner=lambda pool, rows, pages: ModelRunner(
+                self.model,
+                pool,
+                make_attention_backend(cfg.resolved_attention_backend, pool),
+                Sampler(mc.vocab_size, mc.eos_token_ids, self.device, cfg.seed),
+                max_rows=rows,
+                max_pages=pages,
+            ),
+            pool_args=self._pool_args,
+            max_num_tokens=cfg.max_num_tokens,
+            max_seq_len=max_seq_len,
+        )
+        graph_rows = min(cfg.max_running_requests, cfg.max_num_tokens)
+        graphs = (
+            kv_profile.graph_reserve_bytes(peak, cfg.max_num_tokens, graph_rows)
+            if cfg.use_decode_graphs
+            else 0
+        )
+        per_page = kv_bytes_per_token(mc, cfg.kv_cache_dtype, cfg.torch_dtype) * cfg.page_size
+        try:
+            planner = self._plan_num_pages()
+        except ValueError:  # the estimate found no room; the measured figure decides
+            planner = 0
+        self.kv_profile = kv_profile.ProfiledKV.fit(
+            total=mem.total(),
+            utilization=cfg.memory_utilization,
+            free_at_start=self._free_at_start,
+            used=used,
+            step_peak=peak,
+            graph_reserve=graphs,
+            kv_fixed=kv_fixed_bytes(mc, cfg.kv_cache_dtype),
+            bytes_per_page=per_page,
+            profiled_rows=cfg.max_num_tokens,
+            planner_num_pages=planner,
+        )
+        self.kv_sizing = self.kv_profile.describe()
+        return self.kv_profile.num_pages
 
     def _plan_num_pages(self) -> int:
         """Pages from the memory planner. On a CPU without an explicit budget the planner's

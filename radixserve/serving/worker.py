@@ -483,8 +483,10 @@ def run_worker(
         if startup:  # where start-up went, once, on the terminal `radixserve serve` runs in
             from radixserve.engine.startup import describe_startup
 
+            sizing = getattr(engine, "kv_sizing", None)
             print(
-                f"radixserve: worker {worker_id} engine ready in {describe_startup(startup)}",
+                f"radixserve: worker {worker_id} engine ready in {describe_startup(startup)}"
+                + (f"; {sizing}" if sizing else ""),
                 flush=True,
             )
         name = Path(str(model)).name if model else "default"
