@@ -13,8 +13,9 @@ from typing import Any
 import kvcases
 import pytest
 import torch
+from paged_reference import layer0, reference_attention
 
-from radixkernels.reference import paged_attention_ref, store_kv_ref
+from radixkernels.reference import store_kv_ref
 from radixserve.memory.pool import KVPool
 from radixserve.model.attention.triton_paged import (
     RowSplit,
@@ -91,8 +92,8 @@ def test_rows_go_to_their_kernel(
         store_kv_ref(
             p.k_data[0],
             p.v_data[0],
-            _s(p.k_scale),
-            _s(p.v_scale),
+            layer0(p.k_scale),
+            layer0(p.v_scale),
             hist_k,
             hist_v,
             torch.tensor(slots, dtype=torch.int64),
@@ -106,32 +107,5 @@ def test_rows_go_to_their_kernel(
     backend.init_forward_metadata(fb)
     out = backend.forward(0, q, k, v, fb, d**-0.5)
     assert spy_d.calls == want_decode and spy_e.calls == want_extend
-    store_kv_ref(
-        ref_pool.k_data[0],
-        ref_pool.v_data[0],
-        _s(ref_pool.k_scale),
-        _s(ref_pool.v_scale),
-        k,
-        v,
-        fb.out_cache_loc,
-        ref_pool.fmt,
-    )
-    ref = paged_attention_ref(
-        q,
-        ref_pool.k_data[0],
-        ref_pool.v_data[0],
-        _s(ref_pool.k_scale),
-        _s(ref_pool.v_scale),
-        ref_pool.fmt,
-        fb.page_table,
-        fb.seq_lens,
-        fb.extend_lens,
-        fb.extend_start_loc,
-        page_size,
-        d**-0.5,
-    )
+    ref = reference_attention(q, k, v, fb, ref_pool, page_size, d**-0.5)
     kvcases.assert_close(out, ref, torch.float32, f"{layout} {heads}")
-
-
-def _s(scales: list[torch.Tensor] | None) -> torch.Tensor | None:
-    return None if scales is None else scales[0]

@@ -7,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from paged_batches import shared_batch
+from paged_reference import layer0, reference_attention
 
-from radixkernels.reference import paged_attention_ref, store_kv_ref
+from radixkernels.reference import store_kv_ref
 from radixserve.memory.pool import KVPool
 from radixserve.model import native
 from radixserve.model.attention.cascade import (
@@ -97,7 +98,7 @@ def test_backend_with_shared_pages_matches_reference(
     hv = torch.randn(len(all_slots), hkv, d, generator=g)
     for p in (pool, ref_pool):
         store_kv_ref(
-            p.k_data[0], p.v_data[0], _s(p.k_scale), _s(p.v_scale), hk, hv, all_slots, p.fmt
+            p.k_data[0], p.v_data[0], layer0(p.k_scale), layer0(p.v_scale), hk, hv, all_slots, p.fmt
         )
 
     backend = TorchPagedAttentionBackend(pool, native_kernel=native_kernel)
@@ -132,30 +133,7 @@ def _check_against_reference(
     d: int,
 ) -> None:
     """``out`` equals the reference attention after the reference pool stored the step's K/V."""
-    store_kv_ref(
-        ref_pool.k_data[0],
-        ref_pool.v_data[0],
-        _s(ref_pool.k_scale),
-        _s(ref_pool.v_scale),
-        k,
-        v,
-        fb.out_cache_loc,
-        ref_pool.fmt,
-    )
-    ref = paged_attention_ref(
-        q,
-        ref_pool.k_data[0],
-        ref_pool.v_data[0],
-        _s(ref_pool.k_scale),
-        _s(ref_pool.v_scale),
-        ref_pool.fmt,
-        fb.page_table,
-        fb.seq_lens,
-        fb.extend_lens,
-        fb.extend_start_loc,
-        page_size,
-        d**-0.5,
-    )
+    ref = reference_attention(q, k, v, fb, ref_pool, page_size, d**-0.5)
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=1e-4)
 
 
@@ -202,10 +180,6 @@ def test_short_shared_prefix_is_attended_per_sequence() -> None:
     backend.init_forward_metadata(fb)
     backend.forward(0, q, kv, kv, fb, 0.3)
     assert backend._meta is not None and backend._meta.shared == []  # 8 tokens < cascade_min_tokens
-
-
-def _s(scales: list[torch.Tensor] | None) -> torch.Tensor | None:
-    return None if scales is None else scales[0]
 
 
 def test_kept_shared_kv_is_reused_only_by_the_next_forward() -> None:
