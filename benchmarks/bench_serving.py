@@ -129,7 +129,7 @@ def build_workload(
 def ideal_hit_rate(model: Path, workload: list[list[dict[str, str]]], page_size: int) -> float:
     """Hit rate of an unbounded prefix cache seeing the requests in order (whole pages, and
     never a prompt's last token): the ceiling any routing can reach on this workload."""
-    from radixserve.serving.dispatch import common_prefix_len
+    from radixserve.prefix import common_prefix_len
     from radixserve.serving.prompts import load_tokenizer
 
     tok = load_tokenizer(model)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from frontend_dsl import assistant, batch_usage, gen, program, system, user
 from frontend_dsl.engine_backend import EngineBackend
+from radixserve.prefix import common_prefix_len
 
 FEW_SHOT = [
     ("What is the capital of Italy?", "Rome."),
@@ -84,20 +85,11 @@ def ideal_hit_rate(backend: EngineBackend, states: list, page: int) -> float:
     for calls in turns:
         for prompt, answer in calls:
             ids, done = backend.tokenize([prompt, prompt + answer])
-            best = max((_common(ids, s) for s in seen), default=0)
+            best = max((common_prefix_len(ids, s) for s in seen), default=0)
             hit += min(best, len(ids) - 1) // page * page
             sent += len(ids)
             seen.append(done[:-1])
     return hit / sent
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def run_once(backend: EngineBackend, n: int, answer_tokens: int) -> dict[str, float]:

@@ -43,6 +43,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.prefix import common_prefix_len
+
 __all__ = [
     "Request",
     "Workload",
@@ -156,12 +158,7 @@ def optimal_hit_rate(
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the common prefix of two token sequences."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    return common_prefix_len(a, b)
 
 
 # ----------------------------------------------------------------------------- text

@@ -11,9 +11,11 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int], b_start: int = 0) -> i
     """Length of the longest common prefix of ``a`` and ``b[b_start:]``.
 
     Gallops with doubling slice comparisons, then bisects the mismatching chunk: O(log L)
-    Python steps, O(L) element compares in C. ``a`` and ``b`` must be the same sequence type
-    (a tuple slice never equals a list slice).
+    Python steps, O(L) element compares in C. Slices compare equal only between sequences of
+    one type, so mixed types (a list and a tuple) are compared as tuples.
     """
+    if type(a) is not type(b):
+        a, b = tuple(a), tuple(b)
     limit = max(0, min(len(a), len(b) - b_start))
     lo, step = 0, 64  # invariant: a[:lo] == b[b_start:b_start + lo]
     while True:

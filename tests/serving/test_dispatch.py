@@ -35,6 +35,7 @@ def test_common_prefix_len_long_runs_and_offsets() -> None:
             naive += 1
         assert common_prefix_len(a, b, start) == naive
     assert common_prefix_len((1, 2), (1, 2), 5) == 0  # an offset past the end
+    assert common_prefix_len([1, 2, 3], (1, 2, 4)) == 2  # a list and a tuple compare by value
 
 
 def test_trie_match_insert_against_reference() -> None:
