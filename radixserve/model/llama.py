@@ -233,7 +233,7 @@ class LlamaModel(nn.Module):
         self, cfg: ModelConfig, tp: TPGroup | None = None, shard: TPShard | None = None
     ) -> None:
         super().__init__()
-        self.embed_tokens: nn.Module = (
+        self.embed_tokens: nn.Embedding | VocabParallelEmbedding = (
             nn.Embedding(cfg.vocab_size, cfg.hidden_size)
             if shard is None
             else VocabParallelEmbedding(shard, cfg.hidden_size, tp)
@@ -274,7 +274,7 @@ class LlamaForCausalLM(nn.Module):
             self.shard = shard_for_rank(cfg, tp.rank, tp.world_size)
             self.local_config = self.shard.local_config(cfg)
         self.model = LlamaModel(self.local_config, tp, self.shard)
-        self.lm_head: nn.Module = (
+        self.lm_head: nn.Linear | ParallelLMHead = (
             nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
             if self.shard is None
             else ParallelLMHead(self.shard, cfg.hidden_size, cfg.vocab_size, tp)

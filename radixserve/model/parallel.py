@@ -35,7 +35,7 @@ import dataclasses
 import datetime
 import socket
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -205,7 +205,7 @@ def make_gloo(
     store: dist.Store, rank: int, world_size: int, timeout: datetime.timedelta, bind_host: str
 ) -> dist.ProcessGroupGloo:
     """A gloo backend whose sockets listen on ``bind_host`` only (not on every interface)."""
-    opts = dist.ProcessGroupGloo._Options()
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     opts._timeout = timeout
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=bind_host)]
     return dist.ProcessGroupGloo(store, rank, world_size, opts)
@@ -216,7 +216,8 @@ class TPGroup:
     model needs. ``comm_seconds`` accumulates the time spent in them while ``timing`` is on
     (the benchmark's communication share; on CUDA it synchronizes, so it is off by default)."""
 
-    def __init__(self, backend: dist.Backend, rank: int, world_size: int, device: torch.device):
+    def __init__(self, backend: Any, rank: int, world_size: int, device: torch.device) -> None:
+        """``backend``: a ``ProcessGroupGloo`` / ``ProcessGroupNCCL`` of ``world_size`` ranks."""
         self.backend = backend
         self.rank = rank
         self.world_size = world_size
@@ -238,7 +239,7 @@ class TPGroup:
         if device.type == "cuda":
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
-            backend: dist.Backend = dist.ProcessGroupNCCL(store, rank, world_size, opts)
+            backend: Any = dist.ProcessGroupNCCL(store, rank, world_size, opts)
         else:
             backend = make_gloo(store, rank, world_size, timeout, bind_host)
         return TPGroup(backend, rank, world_size, device)
@@ -296,7 +297,10 @@ class ParallelLMHead(nn.Module):
         self.tp = tp
         # Each rank's real width: the gathered chunks are padded to ``pad_to`` and cut back.
         self._widths = [
-            b - a for a, b in (split_range(vocab_size, shard.world_size, r) for r in range(shard.world_size))
+            b - a
+            for a, b in (
+                split_range(vocab_size, shard.world_size, r) for r in range(shard.world_size)
+            )
         ]
         self.weight = nn.Parameter(torch.empty(self.hi - self.lo, hidden_size))
 

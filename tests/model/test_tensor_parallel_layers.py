@@ -88,7 +88,12 @@ def test_two_ranks_match_one(
     tiny_llama_dir: Path, tiny_qwen2_dir: Path, tiny_mqa_dir: Path, tmp_path: Path
 ) -> None:
     nine_over_three = tiny_models.build_tiny_llama(
-        tmp_path / "q9kv3", num_q_heads=9, num_kv_heads=3, head_dim=16, hidden_size=144, vocab_size=509
+        tmp_path / "q9kv3",
+        num_q_heads=9,
+        num_kv_heads=3,
+        head_dim=16,
+        hidden_size=144,
+        vocab_size=509,
     )
     paths = [tiny_llama_dir, tiny_qwen2_dir, tiny_mqa_dir, nine_over_three]
     ctx = mp.get_context("spawn")
