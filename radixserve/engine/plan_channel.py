@@ -15,6 +15,7 @@ so the broadcast is the one channel (see benchmarks/README.md for the figures).
 from __future__ import annotations
 
 import datetime
+import time
 from typing import Any
 
 import torch
@@ -47,6 +48,7 @@ class PlanChannel:
         self._buf = torch.zeros(capacity, dtype=torch.uint8)
         self.messages = 0
         self.bytes = 0
+        self.seconds = 0.0  # spent in send/recv (the benchmark's plan-broadcast figure)
 
     def _broadcast(self, t: torch.Tensor) -> None:
         opts = dist.BroadcastOptions()
@@ -56,6 +58,7 @@ class PlanChannel:
 
     def send(self, msg: step_wire.Message) -> None:
         """Broadcast ``msg`` (rank 0)."""
+        t0 = time.perf_counter()
         data = step_wire.encode(msg)
         n = len(data)
         head = min(n, self.capacity - _HEADER)
@@ -69,6 +72,7 @@ class PlanChannel:
             self._broadcast(torch.frombuffer(bytearray(data[head:]), dtype=torch.uint8))
         self.messages += 1
         self.bytes += n
+        self.seconds += time.perf_counter() - t0
 
     def recv(self) -> step_wire.Message:
         """The next message from rank 0 (the other ranks)."""
