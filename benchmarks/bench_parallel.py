@@ -197,7 +197,9 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--decode", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--quick", action="store_true", help="batch 4, prompt 128, 8 decode steps, 2 rounds")
+    ap.add_argument(
+        "--quick", action="store_true", help="batch 4, prompt 128, 8 decode steps, 2 rounds"
+    )
     ap.add_argument("--channel", action="store_true", help="also time the step channel alone")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of CONFIGS")
     ap.add_argument("--out", default="benchmarks/results/bench_parallel.json")
