@@ -82,6 +82,9 @@ class Engine:
 
     ``model``: ``None``/``"default"`` (SmolLM2-135M-Instruct, fetched on first use) or a
     local Hugging Face checkpoint directory. ``config``: :class:`EngineConfig` fields.
+
+    ``tensor_parallel_size=N`` (N > 1): this process is rank 0 and starts ranks 1..N-1 (on
+    ``nnodes`` hosts, see :mod:`~radixserve.engine.ranks`); call :meth:`close` to stop them.
     """
 
     def __init__(self, model: str | Path | None = None, **config: Any) -> None:
