@@ -101,6 +101,10 @@ def test_killed_rank_fails_the_engine_naming_it(tiny_llama_dir: Path) -> None:
             while engine.has_unfinished():
                 engine.step()
         assert time.monotonic() - t0 < 10  # the dead rank's sockets closed: no timeout wait
+        # The failed step's request ended and gave back its pages before the engine stopped.
+        engine.scheduler.check_invariants()
+        s = engine.stats()
+        assert s.running == s.waiting == 0 and s.pages_in_use == 0
         with pytest.raises(RankFailure, match="rank 1"):
             engine.check_health()
     finally:
