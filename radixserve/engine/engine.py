@@ -38,7 +38,7 @@ from radixserve.engine.ranks import RankGroup, rank_threads
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.startup import StartupClock, describe_startup
 from radixserve.engine.step_loop import StepLoop
-from radixserve.engine.step_wire import RankInit
+from radixserve.engine.step_wire import RankInit, rank_settings
 from radixserve.memory import NoPrefixCache, PrefixCache, RadixCache
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.pool import KVPool
@@ -199,6 +199,7 @@ class Engine:
                     self.scheduler.max_pages_per_request,
                     num_pages,
                     self.max_total_len,
+                    rank_settings(cfg),
                 )
             )
             clock.lap("tensor-parallel ranks ready")
