@@ -96,6 +96,17 @@ class EngineConfig:
     # on with CUDA; off on the CPU, where the device is the host and nothing runs meanwhile.
     overlap_schedule: str = "auto"
 
+    # Tensor parallelism (engine.ranks): this worker's ranks, on `nnodes` hosts meeting at
+    # `dist_init_addr` (HOST:PORT; default a free loopback port, one host); `node_rank` says
+    # which host this process is. A collective that takes longer than `dist_timeout` seconds
+    # fails the worker. `dist_insecure` allows a wildcard rendezvous address.
+    tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    dist_timeout: float = 60.0
+    dist_insecure: bool = False
+
     @property
     def use_overlap(self) -> bool:
         if self.overlap_schedule == "auto":
@@ -179,8 +190,32 @@ class EngineConfig:
                 errors.append(str(e))
         elif self.quant_group_size is not None:
             errors.append("quant_group_size needs quantization='int4'")
+        errors += self._parallel_errors()
         if errors:
             raise ValueError("invalid engine config: " + "; ".join(errors))
+
+    def _parallel_errors(self) -> list[str]:
+        from radixserve.engine.dist_addr import check_dist_addr
+
+        errors: list[str] = []
+        tp, nn = self.tensor_parallel_size, self.nnodes
+        if tp < 1:
+            errors.append(f"tensor_parallel_size must be >= 1, got {tp}")
+        elif nn < 1 or tp % nn:
+            errors.append(f"nnodes ({nn}) must divide tensor_parallel_size ({tp})")
+        elif not 0 <= self.node_rank < nn:
+            errors.append(f"node_rank must be in [0, {nn}), got {self.node_rank}")
+        if nn > 1 and self.dist_init_addr is None:
+            errors.append("several nodes need dist_init_addr (rank 0's host:port)")
+        if self.dist_timeout <= 0:
+            errors.append(f"dist_timeout must be > 0 seconds, got {self.dist_timeout}")
+        if tp > 1 and self.hierarchical_cache:
+            errors.append("the hierarchical cache is not supported with tensor parallelism yet")
+        try:
+            check_dist_addr(self.dist_init_addr, self.dist_insecure)
+        except ValueError as e:
+            errors.append(str(e))
+        return errors
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -22,6 +22,7 @@ from safetensors import safe_open
 from radixserve.model import cpu_linear
 from radixserve.model.config import ModelConfig
 from radixserve.model.llama import LlamaForCausalLM
+from radixserve.model.parallel import TPGroup, TPShard, checkpoint_slice
 from radixserve.model.quant import QuantConfig, QuantReport
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,14 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
         ) from None
 
 
+_SAFETENSORS_DTYPES = {
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F64": torch.float64,
+}
+
+
 def safetensors_files(path: Path) -> list[Path]:
     """The checkpoint's safetensors files (sharded via ``model.safetensors.index.json`` or not)."""
     index = path / "model.safetensors.index.json"
@@ -63,12 +72,29 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
-def iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` for every tensor of the checkpoint, backed by the file's mmap."""
+def iter_safetensors(
+    path: Path, shard: TPShard | None = None, head_dim: int = 0
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` for every tensor of the checkpoint, backed by the file's mmap.
+
+    With a tensor-parallel ``shard`` each tensor is only the rank's part of it, read with
+    ``get_slice`` (only those bytes of the mapped file are touched; no rank copies a whole
+    tensor it does not keep)."""
     for file in safetensors_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                cut = None if shard is None else checkpoint_slice(name, shard, head_dim)
+                if cut is None:
+                    yield name, f.get_tensor(name)
+                    continue
+                part = f.get_slice(name)
+                if cut.zero:
+                    dtype = _SAFETENSORS_DTYPES[part.get_dtype()]
+                    yield name, torch.zeros(part.get_shape(), dtype=dtype)
+                elif cut.dim == 0:
+                    yield name, part[cut.lo : cut.hi]
+                else:
+                    yield name, part[:, cut.lo : cut.hi]
 
 
 def as_quant_config(quantization: QuantConfig | str | None) -> QuantConfig | None:
@@ -85,6 +111,7 @@ def load_model(
     pack_linears: bool = True,
     quantization: QuantConfig | str | None = None,
     announce: bool = True,
+    tp: TPGroup | None = None,
 ) -> LlamaForCausalLM:
     """Build the model of the checkpoint directory ``path`` and load its weights.
 
@@ -99,6 +126,9 @@ def load_model(
     the float32 detour), or when it has no safetensors at all (``--model file.gguf``; then the
     method defaults to the file's nearest one). ``model.quant_report`` says what was done;
     ``announce`` prints it to stderr.
+
+    ``tp`` (two or more ranks): build and load only this rank's tensor-parallel shard, from
+    the same safetensors files every rank maps (GGUF checkpoints are not sharded).
     """
     from radixserve.model_store import model_gguf
 
@@ -121,7 +151,9 @@ def load_model(
     has_safetensors = (path / "model.safetensors.index.json").is_file() or any(
         path.glob("*.safetensors")
     )
-    gguf = model_gguf(path) if (qcfg is not None or not has_safetensors) else None
+    # Tensor parallelism shards the safetensors (quantized after loading, when asked).
+    wants_gguf = qcfg is not None and tp is None
+    gguf = model_gguf(path) if (wants_gguf or not has_safetensors) else None
     if gguf is not None and has_safetensors and importlib.util.find_spec("gguf") is None:
         logger.warning(
             "the `gguf` package is not installed: quantizing %s's float weights instead of its GGUF",
@@ -129,6 +161,11 @@ def load_model(
         )
         gguf = None
     report: QuantReport | None = None
+    if gguf is not None and tp is not None:
+        raise ValueError(
+            f"tensor parallelism loads safetensors shards; {path} has only a GGUF file "
+            "(convert it, or run with --tensor-parallel-size 1)"
+        )
     if gguf is not None:
         from radixserve.model.quant.gguf_loader import load_gguf_model
         from radixserve.model.quant.gguf_weights import GGUFFile
@@ -139,8 +176,10 @@ def load_model(
         model, report = load_gguf_model(str(gguf), cfg, dtype, device, qcfg)
     else:
         with torch.device("meta"):
-            model = LlamaForCausalLM(cfg)
-        model.load_weights(iter_safetensors(path), dtype=dtype, device=device)
+            model = LlamaForCausalLM(cfg, tp)
+        model.load_weights(
+            iter_safetensors(path, model.shard, cfg.head_dim), dtype=dtype, device=device
+        )
         if qcfg is not None:
             from radixserve.model.quant.apply import quantize_model
 
