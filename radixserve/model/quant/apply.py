@@ -19,6 +19,7 @@ from radixserve.model.quant.formats import (
     quantize_int8,
 )
 from radixserve.model.quant.linear import (
+    DEQUANT_MIN_ROWS,
     Fp8Linear,
     Int4Linear,
     Int8Embedding,
@@ -182,5 +183,22 @@ def set_reference_mode(model: nn.Module, on: bool = True) -> int:
     for m in model.modules():
         if isinstance(m, QuantizedLinear):
             m.reference = on
+            n += 1
+    return n
+
+
+def set_dense_min_rows(model: nn.Module, rows: int | None = None) -> int:
+    """Set the row count from which every quantized linear of ``model`` decodes its weight and
+    runs the dense GEMM instead of the packed kernel (``None``: back to ``DEQUANT_MIN_ROWS``).
+
+    A packed kernel computes each row on its own, so with a large ``rows`` the model's
+    output for a token no longer depends on how many rows share its forward: what a
+    reference run that prefills a whole prompt at once needs in order to reproduce a
+    chunked, batched run bit for bit. Returns how many layers were set.
+    """
+    n = 0
+    for m in model.modules():
+        if isinstance(m, QuantizedLinear):
+            m.dense_min_rows = DEQUANT_MIN_ROWS if rows is None else rows
             n += 1
     return n

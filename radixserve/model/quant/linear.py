@@ -79,6 +79,10 @@ class QuantizedLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.compute_dtype = compute_dtype
         self.reference = False
+        # From this many rows on, decode the weight and run the dense GEMM (see the module
+        # docstring); a larger value keeps every row count on the packed kernel, whose rows
+        # do not depend on each other (what an exactly reproducible reference run needs).
+        self.dense_min_rows = DEQUANT_MIN_ROWS
 
     @abstractmethod
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -94,7 +98,7 @@ class QuantizedLinear(nn.Module):
 
     def _dense_path(self, rows: int) -> bool:
         """Whether ``rows`` rows take the decode-then-GEMM path instead of the packed kernel."""
-        return rows >= DEQUANT_MIN_ROWS
+        return rows >= self.dense_min_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.reference:
@@ -232,7 +236,7 @@ class Int4Linear(QuantizedLinear):
         )
 
     def _dense_path(self, rows: int) -> bool:
-        return self.cpu_layout_known and rows >= DEQUANT_MIN_ROWS
+        return self.cpu_layout_known and rows >= self.dense_min_rows
 
     def int4_weight(self) -> Int4Weight:
         """The codes, scales and zeros this layer multiplies with."""
