@@ -50,6 +50,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "int4": {"dtype": "bfloat16", "quantization": "int4"},
     "int8+vocab": {"dtype": "bfloat16", "quantization": "int8", "quantize_embeddings": True},
     "int4+vocab": {"dtype": "bfloat16", "quantization": "int4", "quantize_embeddings": True},
+    # --quant-dense-cache: batches of 4+ rows on a kept bf16 copy (+2 bytes per quantized weight)
+    "int8+cache": {"dtype": "bfloat16", "quantization": "int8", "quant_dense_cache": True},
+    "int4+cache": {"dtype": "bfloat16", "quantization": "int4", "quant_dense_cache": True},
 }
 QUESTIONS = [
     "What is a radix tree?",
