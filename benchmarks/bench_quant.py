@@ -18,6 +18,7 @@ mean anything. The median of the rounds is reported.
 
     python benchmarks/bench_quant.py                       # SmolLM2, ~5 minutes on 2 cores
     python benchmarks/bench_quant.py --configs bf16,int8,int4 --rounds 1   # quick
+    python benchmarks/bench_quant.py --layer-rows 1,4,8,16,32   # one layer's linears per path
 
 Prints a table and writes JSON (``--out``).
 """
@@ -111,6 +112,60 @@ def shared_rate(engine: Engine, system: list[int], questions: list[list[int]], n
     return len(questions) * n / (t1 - t)
 
 
+def layer_times(model: str, rows: list[int], rounds: int) -> None:
+    """Microseconds for one decoder layer's four linears (SmolLM2's shapes, random weights)
+    at each row count: bf16 (oneDNN pre-packed, the bf16 model's path) against int8 / int4 on
+    their packed kernels, on a kept bf16 copy (--quant-dense-cache), and decoded per call."""
+    from radixserve.model.config import ModelConfig
+    from radixserve.model.cpu_linear import PackedLinear
+    from radixserve.model.quant.apply import make_quantized_linear, quantize_weight
+    from radixserve.model_store import resolve_model
+
+    cfg = ModelConfig.from_pretrained(resolve_model(None if model == "default" else model))
+    h, i = cfg.hidden_size, cfg.intermediate_size
+    shapes = [(cfg.q_size + 2 * cfg.kv_size, h), (h, cfg.q_size), (2 * i, h), (h, i)]
+    torch.manual_seed(0)
+    ws = [torch.randn(n, k) * 0.05 for n, k in shapes]
+    layers: dict[str, list[Any]] = {"bf16": []}
+    for w in ws:
+        lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=torch.bfloat16)
+        lin.weight.data.copy_(w)
+        layers["bf16"].append(PackedLinear(lin))
+    for method, group in (("int8", None), ("int4", 32)):
+        for kind in ("kernel", "cached", "per-call"):
+            made = [
+                make_quantized_linear(
+                    method, quantize_weight(method, w, group, torch.bfloat16), None, torch.bfloat16
+                )
+                for w in ws
+            ]
+            for m in made:
+                if kind == "kernel":
+                    m.dense_min_rows = 1 << 30
+                elif kind == "cached":
+                    m.cache_dense_weight(1)
+                else:
+                    m.dense_min_rows = 1
+            layers[f"{method} {kind}"] = made
+    print(f"us per layer (4 linears, {shapes}), median of {rounds} interleaved rounds:")
+    print("| rows | " + " | ".join(layers) + " |")
+    print("| ---: |" + " ---: |" * len(layers))
+    with torch.inference_mode():
+        for m in rows:
+            xs = [torch.randn(m, k, dtype=torch.bfloat16) for _, k in shapes]
+            times: dict[str, list[float]] = {name: [] for name in layers}
+            for r in range(rounds + 1):
+                for name, ls in layers.items():
+                    t = time.perf_counter()
+                    for _ in range(5):
+                        for x, lin in zip(xs, ls):
+                            lin(x)
+                    if r:
+                        times[name].append((time.perf_counter() - t) / 5 * 1e6)
+            meds = [statistics.median(v) for v in times.values()]
+            print(f"| {m} | " + " | ".join(f"{v:.0f}" for v in meds) + " |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -125,7 +180,17 @@ def main() -> None:
     ap.add_argument("--shared-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default="benchmarks/results/bench_quant.json")
+    ap.add_argument(
+        "--layer-rows",
+        default=None,
+        help="instead: time one layer's linears per path at these row counts, e.g. 1,4,8,16,32",
+    )
     args = ap.parse_args()
+    if args.layer_rows:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        layer_times(args.model, [int(r) for r in args.layer_rows.split(",")], args.rounds)
+        return
 
     names = args.configs.split(",")
     engines = {}
