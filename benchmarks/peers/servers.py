@@ -261,6 +261,17 @@ def command(
             "--served-model-name",
             "smollm2",
         ]
+        # The radixserve under test is the one this benchmark imports (a worktree on
+        # PYTHONPATH, or the installed package): its server gets that, not the caller's path.
+        import radixkernels
+        import radixserve
+
+        env["PYTHONPATH"] = os.pathsep.join(
+            dict.fromkeys(
+                str(Path(os.path.abspath(m.__file__)).parents[1])
+                for m in (radixserve, radixkernels)
+            )
+        )
         if spec.precision in ("int8", "int4"):
             cmd += ["--quantization", spec.precision]
         if name == "radixserve-nocache":

@@ -14,12 +14,24 @@ few dozen rows (prefill chunks) decoding the weight once into a bf16 matrix and 
 BLAS GEMM is faster; ``DEQUANT_MIN_ROWS`` is that crossover. Decode batches (the graphs a
 GPU captures) stay on the packed kernels.
 
+Why a 16-row decode batch is slower in int8 than in bf16 on this CPU: the kernels decode
+each weight to float32 and multiply with float32 FMAs, once per activation row (~45 us per
+row per SmolLM2 layer, no reuse of a decoded weight across rows), where oneDNN's bf16 GEMM
+runs bf16 dot-product instructions (twice the multiply rate) over a weight pre-packed once
+and is nearly flat up to 16 rows. Opt-in ``--quant-dense-cache`` (``cache_dense_weight``)
+keeps the weight decoded to bf16 and pre-packed for oneDNN as well, for batches from
+``CACHED_DENSE_MIN_ROWS`` rows: bf16's speed there, at 2 more bytes per quantized weight
+(more memory than the bf16 model itself; a choice for speed, not for memory).
+
 That dense path multiplies by the weight decoded to bf16, one more rounding of every
 weight (at most 2^-9 relative) than the kernels, which decode in float32 inside.
 
 Every layer keeps ``forward_reference``: dequantize-then-matmul in float32 on the same
 bf16 activations for the kernels' row counts (for the dense path's, that path itself): the
-oracle the tests and ``reference=True`` runs compare against.
+oracle the tests and ``reference=True`` runs compare against. The packed kernels compute
+each row on its own, so with every row count on them (``dense_min_rows``) a model's output
+for a token does not depend on the batch or chunk it came in: tests/model/test_quant_exact.py
+holds a batched, chunked engine to a whole-sequence reference bit for bit.
 """
 
 from __future__ import annotations
