@@ -19,6 +19,7 @@ mean anything. The median of the rounds is reported.
     python benchmarks/bench_quant.py                       # SmolLM2, ~5 minutes on 2 cores
     python benchmarks/bench_quant.py --configs bf16,int8,int4 --rounds 1   # quick
     python benchmarks/bench_quant.py --layer-rows 1,4,8,16,32   # one layer's linears per path
+    python benchmarks/bench_quant.py --llamacpp q4_1,f32   # llama-server beside (peers built)
 
 Prints a table and writes JSON (``--out``).
 """
@@ -112,6 +113,62 @@ def shared_rate(engine: Engine, system: list[int], questions: list[list[int]], n
     return len(questions) * n / (t1 - t)
 
 
+class LlamaCppServer:
+    """llama.cpp's ``llama-server`` on a GGUF of the same weights (built by
+    ``benchmarks/peers/setup_peers.sh llamacpp``), measured like the engines: greedy,
+    ``ignore_eos``, the same token-id prompts, streamed over its OpenAI completions API."""
+
+    def __init__(self, kind: str, slots: int = 16) -> None:
+        from peers import servers
+
+        from radixserve.model_store import resolve_model
+
+        spec = servers.peer_spec(f"llamacpp-{kind}")
+        port = servers.free_port()
+        cmd, env = servers.command(spec, resolve_model(None), port, 1.0, 1024, slots)
+        log = servers.PEERS_ROOT / "logs" / f"bench_quant-{spec.name}.log"
+        self.proc = servers.ServerProcess(cmd, servers.peer_env(env), port, log, spec.ready_path)
+        self.proc.wait_ready(spec.startup_timeout_s)
+        self.url = self.proc.base_url + "/v1/completions"
+
+    def _stream(self, prompt: list[int], n: int, stamps: list[float]) -> None:
+        """One streamed request; the arrival time of each token's chunk into ``stamps``."""
+        import httpx
+
+        body = {
+            "prompt": prompt,
+            "max_tokens": n,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        with httpx.stream("POST", self.url, json=body, timeout=600) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choices = json.loads(line[6:]).get("choices") or []
+                if choices and choices[0].get("text"):
+                    stamps.append(time.perf_counter())
+
+    def decode_rate(self, prompts: list[list[int]], n: int) -> float:
+        """Decode tokens per second once every request has its first token (as ``decode_rate``)."""
+        import threading
+
+        stamps: list[list[float]] = [[] for _ in prompts]
+        threads = [
+            threading.Thread(target=self._stream, args=(p, n, s)) for p, s in zip(prompts, stamps)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        t0, t1 = max(s[0] for s in stamps), max(s[-1] for s in stamps)
+        return sum(1 for s in stamps for t in s if t > t0) / (t1 - t0)
+
+    def close(self) -> None:
+        self.proc.stop()
+
+
 def layer_times(model: str, rows: list[int], rounds: int) -> None:
     """Microseconds for one decoder layer's four linears (SmolLM2's shapes, random weights)
     at each row count: bf16 (oneDNN pre-packed, the bf16 model's path) against int8 / int4 on
@@ -181,6 +238,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default="benchmarks/results/bench_quant.json")
     ap.add_argument(
+        "--llamacpp",
+        default="",
+        help="also llama.cpp's llama-server on these GGUFs (q4_1,f32), interleaved in the rounds",
+    )
+    ap.add_argument(
         "--layer-rows",
         default=None,
         help="instead: time one layer's linears per path at these row counts, e.g. 1,4,8,16,32",
@@ -209,6 +271,7 @@ def main() -> None:
             + (f" ({report.weight_bytes / 2**20:.0f} MiB weights)" if report else ""),
             flush=True,
         )
+    servers_ = {f"llama.cpp {k}": LlamaCppServer(k) for k in args.llamacpp.split(",") if k}
     tok = engines[names[0]].tokenizer
     system = tok(
         (
@@ -219,16 +282,23 @@ def main() -> None:
     )["input_ids"][: args.system_tokens]
     questions = [tok(" Question: " + q)["input_ids"] for q in QUESTIONS]
     single_prompt = [tok("Once upon a time, in a small village,")["input_ids"]]
+    every = names + list(servers_)
     results: dict[str, dict[str, list[float]]] = {
-        n: {"single": [], "c16": [], "shared_c16": []} for n in names
+        n: {"single": [], "c16": [], "shared_c16": []} for n in every
     }
     for r in range(args.rounds + 1):  # round 0 warms every engine up and is not counted
-        order = names[r % len(names) :] + names[: r % len(names)]
+        order = every[r % len(every) :] + every[: r % len(every)]
         for name in order:
-            e = engines[name]
-            single = decode_rate(e, single_prompt, args.decode_tokens)
-            c16 = decode_rate(e, questions, args.decode_tokens)
-            shared = shared_rate(e, system, questions, args.shared_tokens)
+            if name in servers_:  # no shared-prompt figure: llama-server's cache is per slot
+                srv = servers_[name]
+                single = srv.decode_rate(single_prompt, args.decode_tokens)
+                c16 = srv.decode_rate(questions, args.decode_tokens)
+                shared = float("nan")
+            else:
+                e = engines[name]
+                single = decode_rate(e, single_prompt, args.decode_tokens)
+                c16 = decode_rate(e, questions, args.decode_tokens)
+                shared = shared_rate(e, system, questions, args.shared_tokens)
             if r:
                 for key, v in (("single", single), ("c16", c16), ("shared_c16", shared)):
                     results[name][key].append(v)
@@ -236,6 +306,8 @@ def main() -> None:
                     f"round {r} {name:>11}: single {single:6.1f}  c16 {c16:6.1f}  shared_c16 {shared:6.1f} tok/s",
                     flush=True,
                 )
+    for srv in servers_.values():
+        srv.close()
     med = {n: {k: statistics.median(v) for k, v in d.items()} for n, d in results.items()}
     base = "fp32" if "fp32" in med else names[0]
     print(
@@ -245,11 +317,14 @@ def main() -> None:
     print("| config | weights MiB | single tok/s | c16 decode tok/s | shared c16 out tok/s |")
     print("| --- | ---: | ---: | ---: | ---: |")
     rows = []
-    for n in names:
-        rep = engines[n].model.quant_report
+    for n in every:
         from radixserve.model.quant.apply import module_weight_bytes
 
-        mib = (rep.weight_bytes if rep else module_weight_bytes(engines[n].model)) / 2**20
+        if n in servers_:
+            mib = float("nan")  # llama.cpp's GGUF: see the file's size
+        else:
+            rep = engines[n].model.quant_report
+            mib = (rep.weight_bytes if rep else module_weight_bytes(engines[n].model)) / 2**20
         m, b = med[n], med[base]
         print(
             f"| {n} | {mib:.0f} | {m['single']:.1f} ({m['single'] / b['single']:.2f}x) | "
