@@ -118,7 +118,7 @@ class LlamaCppServer:
     ``benchmarks/peers/setup_peers.sh llamacpp``), measured like the engines: greedy,
     ``ignore_eos``, the same token-id prompts, streamed over its OpenAI completions API."""
 
-    def __init__(self, kind: str, slots: int = 16) -> None:
+    def __init__(self, kind: str, slots: int = 16, extra_args: tuple[str, ...] = ()) -> None:
         from peers import servers
 
         from radixserve.model_store import resolve_model
@@ -126,6 +126,7 @@ class LlamaCppServer:
         spec = servers.peer_spec(f"llamacpp-{kind}")
         port = servers.free_port()
         cmd, env = servers.command(spec, resolve_model(None), port, 1.0, 1024, slots)
+        cmd = [*cmd, *extra_args]
         log = servers.PEERS_ROOT / "logs" / f"bench_quant-{spec.name}.log"
         self.proc = servers.ServerProcess(cmd, servers.peer_env(env), port, log, spec.ready_path)
         self.proc.wait_ready(spec.startup_timeout_s)
@@ -243,6 +244,12 @@ def main() -> None:
         help="also llama.cpp's llama-server on these GGUFs (q4_1,f32), interleaved in the rounds",
     )
     ap.add_argument(
+        "--llamacpp-args",
+        default="",
+        help="extra llama-server flags, e.g. '--poll 0' (its threads sleep instead of spinning "
+        "while they wait: on a shared machine spinning threads stall each other)",
+    )
+    ap.add_argument(
         "--layer-rows",
         default=None,
         help="instead: time one layer's linears per path at these row counts, e.g. 1,4,8,16,32",
@@ -271,7 +278,10 @@ def main() -> None:
             + (f" ({report.weight_bytes / 2**20:.0f} MiB weights)" if report else ""),
             flush=True,
         )
-    servers_ = {f"llama.cpp {k}": LlamaCppServer(k) for k in args.llamacpp.split(",") if k}
+    extra = tuple(args.llamacpp_args.split())
+    servers_ = {
+        f"llama.cpp {k}": LlamaCppServer(k, extra_args=extra) for k in args.llamacpp.split(",") if k
+    }
     tok = engines[names[0]].tokenizer
     system = tok(
         (
