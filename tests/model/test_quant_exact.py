@@ -126,7 +126,7 @@ def test_gguf_loaded_engine_equals_plain_reference(tiny_llama_dir: Path, tmp_pat
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_dense_path_is_dequantize_then_the_same_gemm(method: str) -> None:
-    """From ``DEQUANT_MIN_ROWS`` rows on, a layer's output is exactly the format's own decode
+    """From its ``dense_min_rows`` rows on, a layer's output is exactly the format's own decode
     of the weight (formats.py, not the layer's packed buffers) in bf16 times the activations
     in bf16 through the same GEMM."""
     torch.manual_seed(3)
@@ -134,7 +134,8 @@ def test_dense_path_is_dequantize_then_the_same_gemm(method: str) -> None:
     q = quantize_weight(method, w, 64 if method == "int4" else None, torch.bfloat16)
     layer = make_quantized_linear(method, q, b, torch.bfloat16)
     decoded = (dequantize_int8 if method == "int8" else dequantize_int4)(q, torch.bfloat16)  # type: ignore[operator]
-    x = torch.randn(DEQUANT_MIN_ROWS + 5, 256)
+    assert layer.dense_min_rows >= DEQUANT_MIN_ROWS
+    x = torch.randn(layer.dense_min_rows + 5, 256)
     with torch.inference_mode():
         want = F.linear(x.to(torch.bfloat16), decoded).to(x.dtype) + b
         assert torch.equal(layer(x), want)

@@ -21,6 +21,7 @@ from radixserve.model.quant.formats import (
 )
 from radixserve.model.quant.linear import (
     DEQUANT_MIN_ROWS,
+    INT4_DEQUANT_MIN_ROWS,
     Int4Linear,
     Int8Embedding,
     QuantizedLinear,
@@ -38,7 +39,7 @@ def _reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize(
     "method,group", [("int8", None), ("int4", 32), ("int4", 64), ("int4", 128), ("fp8", None)]
 )
-@pytest.mark.parametrize("rows", [1, 5, DEQUANT_MIN_ROWS + 3])
+@pytest.mark.parametrize("rows", [1, 5, DEQUANT_MIN_ROWS + 3, INT4_DEQUANT_MIN_ROWS + 3])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_matches_dequantized_matmul(
     method: str, group: int | None, rows: int, bias: bool
@@ -121,14 +122,13 @@ def _logits(model: nn.Module, seq: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("model", ["tiny_llama_dir", "tiny_qwen2_dir"])
-@pytest.mark.parametrize("rows", [6, 40])
+@pytest.mark.parametrize("rows", [6, 40, 260])
 def test_model_logits_equal_reference_path(
     method: str, model: str, rows: int, request: pytest.FixtureRequest
 ) -> None:
-    """Same quantized weights, kernels (6 rows) or the dense prefill path (40 rows) vs the
-    dequantize-then-matmul reference: the same logits up to bf16 output rounding. (Greedy
-    tokens of these random models sit on near-ties, so the greedy comparison runs on
-    SmolLM2: tests/model/test_quant_gguf.py.)"""
+    """Same quantized weights, kernels (6 rows) or the dense prefill path (int8: 40 rows,
+    int4: 260) vs the dequantize-then-matmul reference: the same logits up to bf16 output
+    rounding. (The exact greedy comparison is tests/model/test_quant_exact.py.)"""
     qmodel = load_model(request.getfixturevalue(model), quantization=method, announce=False)
     seq = list(range(3, 3 + rows))
     fast = _logits(qmodel, seq)

@@ -57,6 +57,10 @@ from radixserve.model.quant.formats import (
 # Rows from which decoding the weight and running the dense GEMM beats the packed kernel
 # (CPU; measured crossover 16-64 rows on SmolLM2's shapes).
 DEQUANT_MIN_ROWS = 32
+# int4's decode costs ~4x int8's (nibbles, group scales and zeros; ~6 ms per SmolLM2 layer
+# against the kernel's ~45 us per row): its crossover is near 240 rows
+# (``bench_quant.py --layer-rows``).
+INT4_DEQUANT_MIN_ROWS = 256
 # With a decoded copy kept (``--quant-dense-cache``), rows from which its GEMM beats the
 # packed kernels: the kernels cost ~45 us per row per SmolLM2 layer (float32 FMAs, no weight
 # reuse across rows), the oneDNN bf16 GEMM is nearly flat up to 16 rows (bench_quant.py).
@@ -255,6 +259,7 @@ class Int4Linear(QuantizedLinear):
         if n % 16:
             raise ValueError(f"int4 kernels need out_features divisible by 16, got {n}")
         self.group_size = w.group_size
+        self.dense_min_rows = self.default_dense_min_rows = INT4_DEQUANT_MIN_ROWS
         # Not `self.cuda`: that would hide nn.Module.cuda() on this layer.
         self.on_cuda = w.codes.device.type == "cuda"
         if self.on_cuda:
