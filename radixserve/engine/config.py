@@ -86,6 +86,9 @@ class EngineConfig:
     )
     # Quantize the embedding and LM head too (default: only for models of >= 1 B parameters).
     quantize_embeddings: bool | None = None
+    # int8/int4: also keep each quantized weight decoded to bf16 for batches of a few rows or
+    # more (the weight-only kernels are GEMV-shaped); +2 bytes per quantized weight.
+    quant_dense_cache: bool = False
 
     # Decode-only steps from static buffers padded to batch-size buckets, captured as CUDA
     # graphs where the backend allows: "auto" (on with CUDA, off on the CPU, where padding
@@ -184,12 +187,19 @@ class EngineConfig:
             try:
                 from radixserve.model.quant.config import QuantConfig, check_device
 
-                QuantConfig(self.quantization, self.quant_group_size, self.quantize_embeddings)
+                QuantConfig(
+                    self.quantization,
+                    self.quant_group_size,
+                    self.quantize_embeddings,
+                    self.quant_dense_cache,
+                )
                 check_device(self.quantization, self.device)
             except (ValueError, RuntimeError, AssertionError) as e:
                 errors.append(str(e))
         elif self.quant_group_size is not None:
             errors.append("quant_group_size needs quantization='int4'")
+        elif self.quant_dense_cache:
+            errors.append("quant_dense_cache needs quantization='int8' or 'int4'")
         errors += self._parallel_errors()
         if errors:
             raise ValueError("invalid engine config: " + "; ".join(errors))
@@ -234,7 +244,12 @@ class EngineConfig:
             return None
         from radixserve.model.quant.config import QuantConfig
 
-        return QuantConfig(self.quantization, self.quant_group_size, self.quantize_embeddings)
+        return QuantConfig(
+            self.quantization,
+            self.quant_group_size,
+            self.quantize_embeddings,
+            self.quant_dense_cache,
+        )
 
     def scheduling_fields(self) -> dict[str, Any]:
         """This config's values of the :class:`SchedulerConfig` fields it shares by name."""

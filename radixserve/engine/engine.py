@@ -382,6 +382,7 @@ class Engine:
             "quantization": report.method,
             "quant_group_size": report.group_size,
             "quantize_embeddings": not report.full_precision,
+            "quant_dense_cache": report.dense_cache_bytes > 0,
         }
 
     # The runner owns the device state; these name its parts for callers and tests.

@@ -108,6 +108,7 @@ def weight_bytes(
     quantization: str | None = None,
     group_size: int | None = None,
     quantize_embeddings: bool = False,
+    quant_dense_cache: bool = False,
 ) -> int:
     """Bytes of the model's weights when run in ``dtype`` (tied embeddings counted once).
 
@@ -116,6 +117,7 @@ def weight_bytes(
     ``N K / 2 + 4 N K / group`` (bf16 scale and zero per group), fp8 ``N K + 4 N``. With
     ``quantize_embeddings`` the embedding is int8 rows (``V H + 4 V``) and the LM head a
     quantized linear of its own (also when tied); otherwise both stay in ``dtype``.
+    ``quant_dense_cache`` adds a bf16 copy (``2 N K``) of every int8/int4 decoder linear.
     """
     if quantization is None:
         return cfg.num_params * _dtype_bytes(dtype)
@@ -134,15 +136,18 @@ def weight_bytes(
             return n * k + 4 * n
         raise ValueError(f"unknown quantization {quantization!r}")
 
+    def linear_with_copy(n: int, k: int) -> int:
+        return linear(n, k) + (2 * n * k if quant_dense_cache and quantization != "fp8" else 0)
+
     act = _dtype_bytes(dtype)
-    per_layer = sum(linear(n, k) for n, k in shapes) + 2 * h * act  # + the two norms
+    per_layer = sum(linear_with_copy(n, k) for n, k in shapes) + 2 * h * act  # + the two norms
     per_layer += act * (
         (cfg.q_size + 2 * cfg.kv_size if cfg.attention_bias else 0)
         + (h if cfg.o_proj_bias else 0)
         + (2 * i + h if cfg.mlp_bias else 0)
     )
     if quantize_embeddings:
-        vocab = v * h + 4 * v + linear(v, h)
+        vocab = v * h + 4 * v + linear_with_copy(v, h)
     else:
         vocab = v * h * act * (1 if cfg.tie_word_embeddings else 2)
     return cfg.num_layers * per_layer + vocab + h * act
@@ -233,6 +238,7 @@ def plan_memory(
     quantization: str | None = None,
     quant_group_size: int | None = None,
     quantize_embeddings: bool = False,
+    quant_dense_cache: bool = False,
 ) -> MemoryPlan:
     """Size the KV pool: pages of ``page_size`` tokens that fit after weights and activations.
 
@@ -266,7 +272,12 @@ def plan_memory(
     per_token = fmt.bytes_per_token(cfg.num_layers, cfg.num_kv_heads)
     per_page = per_token * page_size
     weights = weight_bytes(
-        cfg, weights_dtype or act_dtype, quantization, quant_group_size, quantize_embeddings
+        cfg,
+        weights_dtype or act_dtype,
+        quantization,
+        quant_group_size,
+        quantize_embeddings,
+        quant_dense_cache,
     )
     activations = activation_reserve_bytes(cfg, max_num_tokens, act_dtype)
     fixed = kv_fixed_bytes(cfg, fmt.kv_dtype)
