@@ -216,9 +216,10 @@ class Engine:
             if hierarchy is not None
             else PrefixHasher(f"{model_identity(self.model_path)}|{pool.layout()}", pool.page_size)
         )
-        self.cache.listener = KVEventRecorder(
-            hasher, "GPU" if self.device.type == "cuda" else "CPU"
-        )
+        recorder = KVEventRecorder(hasher, "GPU" if self.device.type == "cuda" else "CPU")
+        self.cache.listener = recorder
+        if hierarchy is not None:  # L2/L3 report their pages too, under their own mediums
+            hierarchy.set_listener(recorder)
 
     def drain_kv_events(self) -> Any | None:
         """The KV events (a vLLM-format ``KVEventBatch``) since the last call, or None."""

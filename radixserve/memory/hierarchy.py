@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -30,6 +30,9 @@ from radixserve.memory.disk_store import DiskKVStore
 from radixserve.memory.host_pool import HostKVCache, PageCopier
 from radixserve.memory.page_hash import PageKey, PrefixHasher
 from radixserve.memory.pool import KVPool
+
+if TYPE_CHECKING:
+    from radixserve.memory.kv_events import TierListener
 
 
 class HierarchyStats(NamedTuple):
@@ -84,6 +87,12 @@ class KVHierarchy:
             d.writes if d else 0,
             d.corrupt if d else 0,
         )
+
+    def set_listener(self, listener: TierListener | None) -> None:
+        """Report pages entering and leaving L2 and L3 to ``listener`` (KV events)."""
+        self.host.listener = listener
+        if self.disk is not None:
+            self.disk.listener = listener
 
     @property
     def l3_enabled(self) -> bool:

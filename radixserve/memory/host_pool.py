@@ -18,12 +18,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.page_hash import PageKey
 from radixserve.memory.pool import KVPool
+
+if TYPE_CHECKING:
+    from radixserve.memory.kv_events import TierListener
 
 
 class PageCopier:
@@ -109,6 +113,7 @@ class HostKVCache:
         # Keys a load-back in progress needs: eviction passes over them (see ``hold``).
         self._held: frozenset[PageKey] = frozenset()
         self.evicted = 0
+        self.listener: TierListener | None = None  # KV events (the hierarchy sets it)
 
     @property
     def num_pages(self) -> int:
@@ -157,6 +162,8 @@ class HostKVCache:
         slots = self.allocator.alloc(min(len(keys), self.allocator.num_free))
         for k, s in zip(keys, slots):
             self._index[k] = s
+        if self.listener is not None:
+            self.listener.tier_stored("L2", keys[: len(slots)])
         return slots
 
     def store(self, pages: Sequence[int], keys: Sequence[PageKey]) -> int:
@@ -182,6 +189,7 @@ class HostKVCache:
     def evict(self, n: int) -> int:
         """Free ``n`` slots, least recently used first, spilling each; returns slots freed."""
         freed: list[int] = []
+        gone: list[PageKey] = []
         skipped = 0  # held keys passed over (moved to the MRU end)
         while len(freed) < n and len(self._index) > skipped:
             key, slot = self._index.popitem(last=False)
@@ -192,12 +200,17 @@ class HostKVCache:
             if self.spill is not None:
                 self.spill(key, slot)
             freed.append(slot)
+            gone.append(key)
         self.allocator.free(freed)
+        if self.listener is not None:
+            self.listener.tier_removed("L2", gone)
         self.evicted += len(freed)
         return len(freed)
 
     def clear(self) -> None:
         """Drop every page (no spilling)."""
+        if self.listener is not None:
+            self.listener.tier_removed("L2", list(self._index))
         self._index.clear()
         self.allocator.reset()
 
