@@ -39,6 +39,7 @@ import datetime as dt  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
+import signal  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -277,6 +278,8 @@ def main() -> None:
         res = run_restart(args) if args.one == "restart" else run_config(args.one, args)
         Path(args.result).write_text(json.dumps(res))
         return
+    # A timeout's SIGTERM unwinds (subprocess.run then kills the running configuration).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     names = [c for c in args.configs.split(",") if c]
     st = setup(args)
     probe = Engine(str(st.model), num_pages=1, **st.base)
@@ -305,6 +308,10 @@ def main() -> None:
                     f"hit {res['hit_rate']:.3f}  busy {res['busy_s']:.1f} s",
                     flush=True,
                 )
+                # Keep what is measured so far (a run cut short by a timeout still reports).
+                partial = Path(args.out).with_suffix(".partial.json")
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                partial.write_text(json.dumps({"args": vars(args), "rounds": rounds}, indent=2))
             if "L1+L2+L3" in names and args.restart_requests > 0:
                 restarts.append(_child(args, "restart", storage, page_bytes))
             if "unbounded" in outputs:
