@@ -54,36 +54,54 @@ def convert_pages(
     src: KVPool, src_pages: Sequence[int], dst: KVPool, dst_pages: Sequence[int]
 ) -> None:
     """Write ``src`` pages ``src_pages[i]`` into ``dst`` pages ``dst_pages[i]`` in ``dst``'s
-    format (one gather, one conversion and one scatter per layer and K/V)."""
+    format: one gather, conversion and scatter for K and for V over all layers at once (per
+    layer when either side is fp8, whose scales are per layer)."""
     work = src.device if src.device.type == "cuda" else dst.device
     si = torch.tensor(list(src_pages), dtype=torch.long, device=src.device)
     di = torch.tensor(list(dst_pages), dtype=torch.long, device=dst.device)
-    n, ps, h = len(src_pages), src.page_size, src.kv_heads
+    if src.fmt.kv_dtype.has_head_scales or dst.fmt.kv_dtype.has_head_scales:
+        for layer in range(src.num_layers):
+            for kv in (0, 1):
+                _convert(src, si, dst, di, work, kv, layer)
+    else:
+        for kv in (0, 1):
+            _convert(src, si, dst, di, work, kv, None)
+
+
+def _convert(
+    src: KVPool,
+    si: torch.Tensor,
+    dst: KVPool,
+    di: torch.Tensor,
+    work: torch.device,
+    kv: int,
+    layer: int | None,
+) -> None:
+    """Convert K (``kv`` 0) or V (1) of the indexed pages, of one ``layer`` or of all (None)."""
     sf, df = src.fmt, dst.fmt
-    for layer in range(src.num_layers):
-        for s_data, s_scale, d_data, d_scale in (
-            (src.k_data, src.k_scale, dst.k_data, dst.k_scale),
-            (src.v_data, src.v_scale, dst.v_data, dst.v_scale),
-        ):
-            rows = s_data[layer].index_select(0, si).to(work)  # [n, ps, H, packed]
-            scale = None
-            if sf.kv_dtype.has_token_scales:
-                assert s_scale is not None
-                scale = s_scale[layer].index_select(0, si).to(work)
-            elif sf.kv_dtype.has_head_scales:
-                assert s_scale is not None
-                scale = s_scale[layer].to(work)
-            x = dequantize_ref(rows, scale, sf).reshape(n * ps, h, src.head_dim)
-            head = None
-            if df.kv_dtype.has_head_scales:
-                assert d_scale is not None
-                head = d_scale[layer].to(work)
-            q, tok = quantize_ref(x, df, head)
-            q = q.reshape(n, ps, h, -1).to(dst.device)
-            out = d_data[layer]
-            if q.dtype.is_floating_point and q.element_size() == 1:  # fp8: no index_copy_ on CPU
-                q, out = q.view(torch.uint8), out.view(torch.uint8)
-            out.index_copy_(0, di, q)
-            if tok is not None:
-                assert d_scale is not None
-                d_scale[layer].index_copy_(0, di, tok.reshape(n, ps, h).to(dst.device))
+    s_data, d_data = src.page_tensors()[kv], dst.page_tensors()[kv]  # [L, pages, ps, H, packed]
+    dim = 1 if layer is None else 0
+    if layer is not None:
+        s_data, d_data = s_data[layer], d_data[layer]
+    rows = s_data.index_select(dim, si).to(work)
+    scale = None
+    if sf.kv_dtype.has_token_scales:
+        s_scale = src.page_tensors()[2 + kv]
+        scale = (s_scale if layer is None else s_scale[layer]).index_select(dim, si).to(work)
+    elif sf.kv_dtype.has_head_scales:
+        assert layer is not None
+        scale = (src.k_scale if kv == 0 else src.v_scale)[layer].to(work)  # type: ignore[index]
+    x = dequantize_ref(rows, scale, sf)
+    head = None
+    if df.kv_dtype.has_head_scales:
+        assert layer is not None
+        head = (dst.k_scale if kv == 0 else dst.v_scale)[layer].to(work)  # type: ignore[index]
+    q, tok = quantize_ref(x.reshape(-1, src.kv_heads, src.head_dim), df, head)
+    q = q.reshape(*rows.shape[:-1], -1).to(dst.device)
+    if q.dtype.is_floating_point and q.element_size() == 1:  # fp8: no index_copy_ on CPU
+        q, d_data = q.view(torch.uint8), d_data.view(torch.uint8)
+    d_data.index_copy_(dim, di, q)
+    if tok is not None:
+        d_scale = dst.page_tensors()[2 + kv]
+        d_scale = d_scale if layer is None else d_scale[layer]
+        d_scale.index_copy_(dim, di, tok.reshape(rows.shape[:-1]).to(dst.device))
