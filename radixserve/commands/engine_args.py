@@ -88,6 +88,13 @@ def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> N
         help="L2 host memory in GiB (default: 2x the KV pool)",
     )
     g.add_argument(
+        "--hicache-dtype",
+        choices=("auto", "bfloat16", "fp8_e4m3", "int8"),
+        default=None,
+        help="KV dtype of L2/L3 (default auto: L1's); a smaller one fits more prefixes, "
+        "rounding each page once when it is demoted",
+    )
+    g.add_argument(
         "--hicache-storage-dir",
         default=None,
         help="L3: KV page files in this directory, shared across restarts and workers (implies the hierarchy)",
@@ -162,7 +169,7 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
         cfg["quant_dense_cache"] = True
     if args.enable_hierarchical_cache:
         cfg["enable_hierarchical_cache"] = True
-    for name in ("hicache_size", "hicache_storage_dir"):
+    for name in ("hicache_size", "hicache_storage_dir", "hicache_dtype"):
         if getattr(args, name) is not None:
             cfg[name] = getattr(args, name)
     if cfg.get("attention_backend") == "triton" and str(cfg.get("device", "cpu")).startswith("cpu"):

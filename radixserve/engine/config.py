@@ -61,6 +61,9 @@ class EngineConfig:
     enable_hierarchical_cache: bool = False
     hicache_size: float | None = None
     hicache_storage_dir: str | None = None
+    # L2 (and L3) KV dtype: "auto" (L1's), "bfloat16", "fp8_e4m3" or "int8": a smaller one
+    # fits more prefixes in hicache_size; pages are rounded once, on demotion.
+    hicache_dtype: str = "auto"
     # Record KV cache events (vLLM's BlockStored/BlockRemoved/AllBlocksCleared); a serving
     # worker publishes them on a ZeroMQ XPUB bound here ("{worker}" -> the worker's id).
     kv_events_endpoint: str | None = None
@@ -166,6 +169,11 @@ class EngineConfig:
             errors.append(f"max_model_len must be >= 2, got {self.max_model_len}")
         if not 0.0 <= self.pin_budget_fraction <= 1.0:
             errors.append(f"pin_budget_fraction must be in [0, 1], got {self.pin_budget_fraction}")
+        if self.hicache_dtype not in ("auto", "bfloat16", "fp8_e4m3", "int8"):
+            errors.append(
+                f"unknown hicache_dtype {self.hicache_dtype!r}; "
+                "expected auto, bfloat16, fp8_e4m3 or int8"
+            )
         if self.hicache_size is not None and self.hicache_size <= 0:
             errors.append(f"hicache_size must be > 0 GiB, got {self.hicache_size}")
         if self.disable_radix_cache and self.hierarchical_cache:
