@@ -248,6 +248,8 @@ def command(
             "--served-model-name",
             "smollm2",
         ]
+        if os.environ.get("PYTHONPATH"):  # serve the checkout this benchmark runs from
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         if name == "radixserve-nocache":
             cmd.append("--disable-radix-cache")
         if name == "radixserve-spin":
