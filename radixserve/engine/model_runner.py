@@ -22,6 +22,7 @@ step moves data between host and device or waits for the device.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -39,19 +40,32 @@ from radixserve.engine.staging import (
 from radixserve.memory.pool import KVPool
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
+from radixserve.sampling_params import SamplingParams
 from radixserve.scheduling.plan import StepPlan, StepResult
 
 if TYPE_CHECKING:
     from radixserve.engine.config import EngineConfig
     from radixserve.model.llama import LlamaForCausalLM
 
-__all__ = ["ModelRunner", "PendingStep", "PlanSender", "make_attention_backend"]
+__all__ = [
+    "WARM_PREFILL_LENGTHS",
+    "ModelRunner",
+    "PendingStep",
+    "PlanSender",
+    "make_attention_backend",
+]
 
 
 class PlanSender(Protocol):
     """Where rank 0's runner sends each step for the other tensor-parallel ranks."""
 
     def send(self, msg: step_wire.StepMessage) -> None: ...
+
+
+# Prompt lengths a warm start prefills once: within one page, over several pages, a long
+# prompt's attention and matmul shapes. (On the CPU, once one prefill has run, a new length
+# measured no dearer than a repeated one; the GPU's kernels are built per shape class.)
+WARM_PREFILL_LENGTHS: tuple[int, ...] = (4, 64, 256)
 
 
 class PendingStep:
@@ -169,55 +183,67 @@ class ModelRunner:
         if self.decode_graphs is not None:
             self.decode_graphs.attn = attn
 
-    def warm_up(self, max_seq_len: int) -> None:
+    def warm_up(
+        self, max_seq_len: int, prefill_lengths: Sequence[int] = WARM_PREFILL_LENGTHS
+    ) -> None:
         """Everything a first request would otherwise pay for, before the worker says it is
-        ready: the decode graphs captured (CUDA), and one prefill and one decode step run
-        through the whole path (lazy allocations, library initialisations, the static decode
-        buffers), writing only to the scratch page. A backend with kernel variants chosen at
-        run time (Triton: the decode split count by batch size) first launches every variant
-        (:func:`~radixserve.model.warmup.warm_up_model`, on pool pages no request holds yet)."""
+        ready: the decode graphs captured (CUDA); prefills of ``prefill_lengths`` tokens (those
+        that fit ``max_seq_len``), then one greedy and one sampled decode step, run through the
+        whole path (lazy allocations, library initialisations, new matmul shapes, the sampler's
+        greedy and filtered paths, the static decode buffers), writing only to the scratch page.
+        A backend with kernel variants chosen at run time (Triton: the decode split count by
+        batch size) first launches every variant (:func:`~radixserve.model.warmup.warm_up_model`,
+        on pool pages no request holds yet)."""
         if hasattr(self.attn, "decode_batch_sizes"):
             from radixserve.model.warmup import warm_up_model
 
             warm_up_model(self.model, self.attn, self.pool, max_batch_size=self.page_table.shape[0])
         if self.decode_graphs is not None and self.decode_graphs.capture:
             self.decode_graphs.capture_all(max_seq_len)
-        scratch = self.scratch_page
-        if scratch is None:
+        if self.scratch_page is None:
             return
         from radixserve.sampling_params import SamplingParams
-        from radixserve.scheduling.plan import StepPlan
-        from radixserve.scheduling.request import Request
 
-        n = min(self.page_size, 4)
-        ps = self.page_size
-        row = Request("warm-up", [0] * n, n, SamplingParams(max_tokens=1, temperature=0.0), n + 1)
-        for extend, prefix in (
-            (n, 0),
-            (1, n - 1),
-        ):  # a prefill of n tokens, then a decode over them
-            plan = StepPlan(
-                input_ids=[0] * extend,
-                positions=list(range(prefix, prefix + extend)),
-                out_slots=[scratch * ps + p for p in range(prefix, prefix + extend)],
-                table_rows=[0],
-                prefix_lens=[prefix],
-                extend_lens=[extend],
-                seq_lens=[prefix + extend],
-                page_lists=[[scratch]],
-                write_rows=[0],
-                write_cols=[0],
-                write_pages=[scratch],
-                logits_indices=[extend - 1],
-                sample_rows=[row],
-                prompt_targets=[],
-                future_rows=[],
-                future_src=[],
-            )
-            self.execute(plan)
+        width = self.page_table.shape[1] * self.page_size
+        lengths = sorted({n for n in prefill_lengths if n < min(max_seq_len, width)} | {4})
+        greedy = SamplingParams(max_tokens=2, temperature=0.0)
+        sampled = SamplingParams(max_tokens=2, temperature=0.7, top_k=40, top_p=0.9, min_p=0.01)
+        for n in lengths:
+            self.execute(self._scratch_plan(n, 0, greedy))
+        for params in (greedy, sampled):  # a decode over the shortest prefill
+            self.execute(self._scratch_plan(1, lengths[0], params))
         self.transfers.h2d = self.transfers.d2h = self.transfers.h2d_bytes = (
             self.transfers.d2h_bytes
         ) = 0
+
+    def _scratch_plan(self, extend: int, prefix: int, params: SamplingParams) -> StepPlan:
+        """A one-row step of ``extend`` new tokens after ``prefix`` cached ones whose every
+        K/V slot is on the scratch page (slots repeat when the tokens outnumber the page):
+        shapes and code paths of a real step, state of no request."""
+        from radixserve.scheduling.request import Request
+
+        ps, scratch, total = self.page_size, self.scratch_page, prefix + extend
+        assert scratch is not None
+        pages = [scratch] * -(-total // ps)
+        row = Request("warm-up", [0] * total, total, params, total + 2)
+        return StepPlan(
+            input_ids=[0] * extend,
+            positions=list(range(prefix, total)),
+            out_slots=[scratch * ps + p % ps for p in range(prefix, total)],
+            table_rows=[0],
+            prefix_lens=[prefix],
+            extend_lens=[extend],
+            seq_lens=[total],
+            page_lists=[pages],
+            write_rows=[0] * len(pages),
+            write_cols=list(range(len(pages))),
+            write_pages=pages,
+            logits_indices=[extend - 1],
+            sample_rows=[row],
+            prompt_targets=[],
+            future_rows=[],
+            future_src=[],
+        )
 
     # ------------------------------------------------------------------ one step
 

@@ -8,11 +8,14 @@ template, which already writes its special tokens, so they are encoded without a
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
+
+log = logging.getLogger(__name__)
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -68,6 +71,18 @@ class PromptCodec:
         except Exception as exc:  # jinja raises its own types (e.g. on an unsupported role)
             raise PromptError(f"chat template failed: {exc}") from exc
         return list(self.tokenizer.encode(rendered, add_special_tokens=False))
+
+    def warm_up(self) -> None:
+        """Encode and detokenize once (chat template, the tokenizer's lazy state), so that a
+        server's first request does not pay for it."""
+        chat = [p.ChatMessage(role="user", content="Hello.")]
+        try:
+            ids = self.encode(p.GenerateRequest(request_id="warm-up", text="Hello."))
+            if self.chat_template:
+                ids = self.encode(p.GenerateRequest(request_id="warm-up", messages=chat))
+            self.detokenizer(SamplingParams(), ids[:-2]).add(ids[-2:], final=True)
+        except Exception as exc:  # noqa: BLE001 - only a warm-up: requests report their own errors
+            log.debug("tokenizer warm-up failed: %s", exc)
 
     def detokenizer(self, params: SamplingParams, prompt_ids: list[int]) -> Any:
         """An :class:`~radixserve.engine.detokenizer.IncrementalDetokenizer` for one request."""

@@ -118,6 +118,7 @@ class Router:
     ) -> None:
         self.config = config
         self.codec = PromptCodec(tokenizer)
+        self.codec.warm_up()  # the router detokenizes every stream (and encodes without a pool)
         # A context of its own (unless given one) is terminated by close(): no zmq I/O thread
         # outlives the router, and nothing of it is left for interpreter exit to clean up.
         self._own_ctx = context is None

@@ -308,6 +308,14 @@ def run_tokenizer_process(connect: str, tokenizer_dir: str, parent_pid: int) -> 
     if os.getppid() != parent_pid:
         return 1
     codec = PromptCodec(load_tokenizer(tokenizer_dir))
+    # The first encode builds the chat template and the tokenizer's lazy state: pay for
+    # it before saying ready, not in the first request's time to first token.
+    for warm in (
+        EncodeJob(-1, messages=[p.ChatMessage(role="user", content="Hello.")]),
+        EncodeJob(-1, text="Hello."),
+        EncodeJob(-1, texts=["Hello."]),
+    ):
+        _encode(codec, warm)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)

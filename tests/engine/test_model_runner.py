@@ -156,3 +156,35 @@ def test_cuda_steps_have_no_implicit_sync(
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert engine.stats().pages_in_use == 0
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_warm_start_runs_the_shapes_a_first_request_brings(
+    tiny_llama_dir: Path, make_engine, monkeypatch: pytest.MonkeyPatch, page_size: int
+) -> None:
+    """Before ready: prefills of the typical prompt lengths that fit, a greedy and a sampled
+    decode, all on the scratch page; afterwards nothing is held and outputs are unchanged."""
+    from radixserve.engine.model_runner import WARM_PREFILL_LENGTHS, ModelRunner
+
+    seen: list[tuple[int, int, float]] = []
+    real = ModelRunner.execute
+
+    def spy(self, plan):  # type: ignore[no-untyped-def]
+        seen.append(
+            (plan.extend_lens[0], plan.prefix_lens[0], plan.sample_rows[0].params.temperature)
+        )
+        assert set(plan.page_lists[0]) == {self.scratch_page}
+        return real(self, plan)
+
+    monkeypatch.setattr(ModelRunner, "execute", spy)
+    engine = make_engine(tiny_llama_dir, page_size=page_size, num_pages=512, max_model_len=300)
+    monkeypatch.setattr(ModelRunner, "execute", real)
+    fits = sorted({n for n in WARM_PREFILL_LENGTHS if n < 300} | {4})
+    assert [n for n, prefix, _ in seen if prefix == 0] == fits
+    decodes = [(prefix, t) for n, prefix, t in seen if prefix > 0]
+    assert len(decodes) == 2 and decodes[0][1] == 0.0 and decodes[1][1] > 0.0
+    assert engine.runner.transfers.h2d == 0 and engine.stats().pages_in_use == 0
+    engine.check_invariants()
+    prompts = random_prompts([12, 5], seed=45)
+    outs = engine.generate(prompts, greedy(5))
+    assert [o.token_ids for o in outs] == [hf_greedy(tiny_llama_dir, ids, 5) for ids in prompts]

@@ -39,3 +39,35 @@ def test_a_tokenizer_without_bos_is_left_alone() -> None:
             return [ord(c) for c in text]
 
     assert encode_text(Plain(), "<s>x") == [ord(c) for c in "<s>x"]
+
+
+def test_warm_up_encodes_renders_and_decodes_once() -> None:
+    """The router's codec warms its tokenizer before serving: the chat template (when there
+    is one), an encode and an incremental decode; a tokenizer that fails still serves."""
+    from radixserve.serving.prompts import PromptCodec
+
+    calls: list[str] = []
+
+    class Recording(BosTokenizer):
+        chat_template = "{{ messages }}"
+
+        def apply_chat_template(self, conversation, tokenize, add_generation_prompt):  # type: ignore[no-untyped-def]
+            calls.append("template")
+            return "".join(m["content"] for m in conversation)
+
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            calls.append("encode")
+            return super().encode(text, add_special_tokens)
+
+        def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):  # type: ignore[no-untyped-def]
+            calls.append("decode")
+            return "".join(chr(i) for i in ids if i != BOS)
+
+    PromptCodec(Recording()).warm_up()
+    assert {"template", "encode", "decode"} <= set(calls)
+
+    class Broken(BosTokenizer):
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            raise RuntimeError("no vocabulary")
+
+    PromptCodec(Broken()).warm_up()  # logged, not raised: requests report their own errors
