@@ -86,6 +86,13 @@ def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> N
         default=None,
         help="L3: KV page files in this directory, shared across restarts and workers (implies the hierarchy)",
     )
+    g.add_argument(
+        "--pipeline-parallel-size",
+        "--pp",
+        type=int,
+        default=None,
+        help="split the layers into this many pipeline stages, one rank process each (default 1)",
+    )
     g.add_argument("--engine-config", default="{}", help="more EngineConfig fields as JSON")
 
 
@@ -107,7 +114,7 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
         cfg["quantize_embeddings"] = args.quantize_embeddings
     if args.enable_hierarchical_cache:
         cfg["enable_hierarchical_cache"] = True
-    for name in ("hicache_size", "hicache_storage_dir"):
+    for name in ("hicache_size", "hicache_storage_dir", "pipeline_parallel_size"):
         if getattr(args, name) is not None:
             cfg[name] = getattr(args, name)
     if cfg.get("attention_backend") == "triton" and str(cfg.get("device", "cpu")).startswith("cpu"):

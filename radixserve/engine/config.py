@@ -79,6 +79,9 @@ class EngineConfig:
     device: str = "cpu"
     seed: int = 0
     num_threads: int | None = None  # CPU: torch threads (default: all cores)
+    # Pipeline parallelism: the layers split into this many stages, one rank process each
+    # (rank 0 is this engine's process; radixserve.engine.pipeline).
+    pipeline_parallel_size: int = 1
     # Weight quantization (vLLM's --quantization): None | "int8" | "int4" | "fp8".
     quantization: str | None = None
     quant_group_size: int | None = (
@@ -130,6 +133,8 @@ class EngineConfig:
             errors.append(f"page_size must be >= 1, got {self.page_size}")
         if self.max_num_tokens < 1:
             errors.append(f"max_num_tokens must be >= 1, got {self.max_num_tokens}")
+        if self.pipeline_parallel_size < 1:
+            errors.append(f"pipeline_parallel_size must be >= 1, got {self.pipeline_parallel_size}")
         if self.max_running_requests < 1:
             errors.append(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.num_pages is not None and self.num_pages < 1:

@@ -34,6 +34,7 @@ from radixserve.engine.devices import bind_device
 from radixserve.engine.kv_profile import ProfiledKV
 from radixserve.engine.model_runner import ModelRunner, make_attention_backend
 from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, TokenLogprob, Usage
+from radixserve.engine.pipeline.launch import start_pipeline
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.startup import StartupClock, describe_startup
 from radixserve.engine.step_loop import StepLoop
@@ -96,9 +97,12 @@ class Engine:
         self.device = torch.device(cfg.device)
         bind_device(self.device)  # cuda:N: Triton launches and index-less allocations go there
         clock.lap("resolve model")
+        # Pipeline parallelism: the other stages' ranks start loading now (engine.pipeline).
+        self._pipeline = start_pipeline(cfg, self.model_path, config)
         # Free device memory before the weights: the most this engine may take (kv_profile).
+        # (A pipeline sizes from the planner: a profile run would need every stage.)
         self._device_memory: kv_profile.DeviceMemory | None = None
-        if cfg.num_pages is None and cfg.memory_budget is None:
+        if cfg.num_pages is None and cfg.memory_budget is None and self._pipeline is None:
             self._device_memory = kv_profile.device_memory(self.device)
         self._free_at_start = 0 if self._device_memory is None else self._device_memory.free()
         self.model = load_model(
@@ -106,6 +110,7 @@ class Engine:
             dtype=cfg.torch_dtype,
             device=self.device,
             quantization=cfg.quant_config(),
+            shard=None if self._pipeline is None else self._pipeline.shard,
         )
         clock.lap("load weights")
         self.model_config = mc = self.model.config
@@ -120,7 +125,7 @@ class Engine:
 
         # The pool's arguments but its size (the profile run builds a small pool of its own).
         self._pool_args: dict[str, Any] = {
-            "num_layers": mc.num_layers,
+            "num_layers": getattr(self.model, "num_local_layers", mc.num_layers),
             "page_size": cfg.page_size,
             "kv_heads": mc.num_kv_heads,
             "head_dim": mc.head_dim,
@@ -153,16 +158,29 @@ class Engine:
         )
         self.scheduler = Scheduler(sched_cfg, self.cache, self.allocator, mc.eos_token_ids)
         clock.lap("KV pool")
-        self.runner = ModelRunner(
-            self.model,
-            pool,
-            make_attention_backend(cfg.resolved_attention_backend, pool),
-            Sampler(mc.vocab_size, mc.eos_token_ids, self.device, cfg.seed),
-            max_rows=sched_cfg.max_running_requests,
-            max_pages=self.scheduler.max_pages_per_request,
-            decode_graphs=cfg.use_decode_graphs,
-            scratch_page=num_pages,
-        )
+        sampler = Sampler(mc.vocab_size, mc.eos_token_ids, self.device, cfg.seed)
+        attn_backend = make_attention_backend(cfg.resolved_attention_backend, pool)
+        if self._pipeline is not None:
+            self.runner: ModelRunner = self._pipeline.make_runner(
+                self.model,
+                pool,
+                attn_backend,
+                sampler,
+                num_pages=num_pages,
+                max_rows=sched_cfg.max_running_requests,
+                max_pages=self.scheduler.max_pages_per_request,
+            )
+        else:
+            self.runner = ModelRunner(
+                self.model,
+                pool,
+                attn_backend,
+                sampler,
+                max_rows=sched_cfg.max_running_requests,
+                max_pages=self.scheduler.max_pages_per_request,
+                decode_graphs=cfg.use_decode_graphs,
+                scratch_page=num_pages,
+            )
         clock.lap("attention backend and CPU kernels")
         self.runner.warm_up(self.max_total_len)
         clock.lap("warm-up (graph capture, first forwards)")
@@ -226,7 +244,10 @@ class Engine:
 
     def close(self) -> None:
         """Shut down cleanly: with an L3 directory, write the cached KV there (L1 and L2) so
-        that a restart, or another worker on this host, starts warm. Idempotent."""
+        that a restart, or another worker on this host, starts warm. Idempotent. A pipeline's
+        other ranks are stopped and joined."""
+        if self._pipeline is not None:
+            self._pipeline.close(self.runner)
         persist = getattr(self.cache, "persist", None)
         if persist is not None:
             n = persist()
@@ -313,7 +334,8 @@ class Engine:
                 * cfg.page_size
             )
             cap = max(1, CPU_DEFAULT_KV_BYTES // per_page)
-        plan = plan_memory(
+        plan_fn = plan_memory if self._pipeline is None else self._pipeline.plan_memory
+        plan = plan_fn(
             self.model_config,
             kv_dtype=cfg.kv_cache_dtype,
             page_size=cfg.page_size,

@@ -13,12 +13,13 @@ import importlib.util
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from radixserve.memory.sharding import DeviceShard
 from radixserve.model import cpu_linear
 from radixserve.model.config import ModelConfig
 from radixserve.model.llama import LlamaForCausalLM
@@ -63,12 +64,16 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
-def iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` for every tensor of the checkpoint, backed by the file's mmap."""
+def iter_safetensors(
+    path: Path, keep: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` for every tensor of the checkpoint, backed by the file's mmap;
+    with ``keep``, only the names it accepts (the others are never read: a pipeline stage)."""
     for file in safetensors_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                if keep is None or keep(name):
+                    yield name, f.get_tensor(name)
 
 
 def as_quant_config(quantization: QuantConfig | str | None) -> QuantConfig | None:
@@ -85,6 +90,7 @@ def load_model(
     pack_linears: bool = True,
     quantization: QuantConfig | str | None = None,
     announce: bool = True,
+    shard: DeviceShard | None = None,
 ) -> LlamaForCausalLM:
     """Build the model of the checkpoint directory ``path`` and load its weights.
 
@@ -99,6 +105,10 @@ def load_model(
     the float32 detour), or when it has no safetensors at all (``--model file.gguf``; then the
     method defaults to the file's nearest one). ``model.quant_report`` says what was done;
     ``announce`` prints it to stderr.
+
+    ``shard`` (a pipeline stage, :mod:`radixserve.memory.sharding`) builds and loads only that
+    stage's layers (:class:`~radixserve.model.pipeline_stage.LlamaPipelineStage`), reading none
+    of the other stages' tensors.
     """
     from radixserve.model_store import model_gguf
 
@@ -129,7 +139,21 @@ def load_model(
         )
         gguf = None
     report: QuantReport | None = None
-    if gguf is not None:
+    model: LlamaForCausalLM
+    stage = shard is not None and shard.pp_size > 1
+    if stage and (qcfg is not None or gguf is not None):
+        raise ValueError(
+            "pipeline parallelism loads safetensors checkpoints without weight quantization"
+        )
+    if stage:
+        from radixserve.model.pipeline_stage import LlamaPipelineStage
+
+        assert shard is not None
+        with torch.device("meta"):
+            model = stage_model = LlamaPipelineStage(cfg, shard)
+        stage_weights = iter_safetensors(path, keep=stage_model.keeps)
+        model.load_weights(stage_weights, dtype=dtype, device=device)
+    elif gguf is not None:
         from radixserve.model.quant.gguf_loader import load_gguf_model
         from radixserve.model.quant.gguf_weights import GGUFFile
 

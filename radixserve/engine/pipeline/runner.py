@@ -1,0 +1,230 @@
+"""Model runners of a pipeline-parallel worker: rank 0's (scheduler side) and every other rank's.
+
+Every rank holds one stage (:class:`~radixserve.model.pipeline_stage.LlamaPipelineStage`), a KV
+pool of that stage's layers with the same page count and layout on every rank, and the same
+persistent page table, patched from each plan. One step::
+
+    rank 0      launch(plan): broadcast the plan ─> stage 0 forward ─> send hidden ─┐
+    rank (s,r)  plan ─> recv hidden ─> stage s forward ─> send hidden ──────────────┤
+    last stage  plan ─> recv hidden ─> layers, norm, LM head ─> send logits ─> rank 0 samples
+
+Only the forward part of a plan goes over the wire (:class:`ForwardPlan`); requests and their
+sampling parameters stay on rank 0, which samples from the logits the last stage returns.
+Tokens that the plan takes from the step before (overlap's ``future_rows``) are filled in on
+rank 0's host before the broadcast, so every stage-0 TP rank embeds the same ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+import torch
+
+from radixserve.engine.model_runner import ModelRunner, PendingStep
+from radixserve.engine.pipeline.comm import PipelineComm
+from radixserve.engine.sampler import Sampler, token_logprobs
+from radixserve.engine.staging import Staged
+from radixserve.memory.pool import KVPool
+from radixserve.model.attention.base import AttentionBackend
+from radixserve.model.pipeline_stage import LlamaPipelineStage
+from radixserve.scheduling.plan import StepPlan, StepResult
+
+__all__ = ["ForwardPlan", "PipelineRunner", "StageRunner", "decode_plan", "encode_plan"]
+
+
+class ForwardPlan(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """The part of a :class:`StepPlan` the stages need (no requests, no sampling)."""
+
+    input_ids: list[int]
+    positions: list[int]
+    out_slots: list[int]
+    table_rows: list[int]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    seq_lens: list[int]
+    page_lists: list[list[int]]
+    write_rows: list[int]
+    write_cols: list[int]
+    write_pages: list[int]
+    logits_indices: list[int]
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(ForwardPlan)
+
+
+def encode_plan(plan: StepPlan, input_ids: list[int]) -> bytes:
+    return _encoder.encode(
+        ForwardPlan(
+            input_ids,
+            plan.positions,
+            plan.out_slots,
+            plan.table_rows,
+            plan.prefix_lens,
+            plan.extend_lens,
+            plan.seq_lens,
+            plan.page_lists,
+            plan.write_rows,
+            plan.write_cols,
+            plan.write_pages,
+            plan.logits_indices,
+        )
+    )
+
+
+def decode_plan(payload: bytes) -> StepPlan:
+    """A :class:`StepPlan` with the forward fields of ``payload`` and no sampling."""
+    f = _decoder.decode(payload)
+    return StepPlan(
+        input_ids=f.input_ids,
+        positions=f.positions,
+        out_slots=f.out_slots,
+        table_rows=f.table_rows,
+        prefix_lens=f.prefix_lens,
+        extend_lens=f.extend_lens,
+        seq_lens=f.seq_lens,
+        page_lists=f.page_lists,
+        write_rows=f.write_rows,
+        write_cols=f.write_cols,
+        write_pages=f.write_pages,
+        logits_indices=f.logits_indices,
+        sample_rows=[],
+        prompt_targets=[],
+        future_rows=[],
+        future_src=[],
+    )
+
+
+class _Done(PendingStep):
+    """A step whose results are already on the host (the pipeline waited for its logits)."""
+
+    def __init__(self, result: StepResult) -> None:
+        self._result = result
+
+    def result(self) -> StepResult:
+        return self._result
+
+
+class StageRunner(ModelRunner):
+    """A stage's runner on any rank: stages the plan, patches its page table, runs its layers."""
+
+    model: LlamaPipelineStage
+
+    def __init__(
+        self,
+        model: LlamaPipelineStage,
+        pool: KVPool,
+        attn: AttentionBackend,
+        comm: PipelineComm,
+        max_rows: int,
+        max_pages: int,
+        sampler: Sampler | None = None,
+        scratch_page: int | None = None,
+    ) -> None:
+        # No decode graphs: a stage's forward ends in a send, which a graph cannot capture.
+        super().__init__(
+            model,
+            pool,
+            attn,
+            sampler,  # type: ignore[arg-type]
+            max_rows,
+            max_pages,
+            scratch_page=scratch_page,
+        )
+        self.comm = comm
+        self.hidden_size = model.full_config.hidden_size
+        self.vocab_size = model.full_config.vocab_size
+
+    def run_stage(self, plan: StepPlan, staged: Staged | None = None) -> torch.Tensor:
+        """This stage's forward of ``plan``: receives its input from the previous stage (unless
+        first), sends its output on (unless last); returns the output (logits on the last).
+        ``staged``: the plan already uploaded (rank 0 adds its sampling inputs to the copy)."""
+        if staged is None:
+            staged = self.staging.upload(self._stage(plan))
+        with torch.inference_mode():
+            self._patch_page_table(plan, staged)
+            batch = self._forward_batch(plan, staged, staged.i("input_ids"))
+            hidden = None
+            if not self.comm.is_first_stage:
+                hidden = self.comm.recv_hidden(plan.num_tokens, self.hidden_size, self.model.dtype)
+            self.attn.init_forward_metadata(batch)
+            out = self.model.forward(batch, self.attn, hidden)
+            if not self.comm.is_last_stage:
+                self.comm.send_hidden(out)
+            elif self.comm.rank == self.comm.logits_src and self.comm.rank != 0:
+                self.comm.send_logits(out)
+        return out
+
+    def serve(self) -> None:
+        """A non-zero rank's loop: run every plan rank 0 broadcasts until it says stop."""
+        while True:
+            payload = self.comm.broadcast_bytes(b"")  # the payload is rank 0's
+            if payload is None:
+                break
+            self.run_stage(decode_plan(payload))
+            self.comm.stats.steps += 1
+        self.comm.flush()
+
+
+class PipelineRunner(StageRunner):
+    """Rank 0's runner: the engine's :class:`ModelRunner` for a pipeline of stages.
+
+    :meth:`launch` broadcasts the plan, runs stage 0, waits for the last stage's logits and
+    samples them. One batch is in the pipe at a time: the step's result is complete when
+    ``launch`` returns (the overlap loop then only overlaps the host's bookkeeping).
+    """
+
+    def __init__(
+        self,
+        model: LlamaPipelineStage,
+        pool: KVPool,
+        attn: AttentionBackend,
+        sampler: Sampler,
+        comm: PipelineComm,
+        max_rows: int,
+        max_pages: int,
+        scratch_page: int,
+    ) -> None:
+        """``scratch_page``: the page the warm-up writes (every rank's pool has it)."""
+        super().__init__(model, pool, attn, comm, max_rows, max_pages, sampler, scratch_page)
+        self._last_host_tokens: list[int] = []
+
+    def launch(self, plan: StepPlan) -> PendingStep:
+        """Run ``plan`` through every stage and sample on rank 0 (see the class docstring)."""
+        input_ids = plan.input_ids
+        if plan.future_rows:  # tokens of the step before, which rank 0 has on the host
+            input_ids = list(input_ids)
+            for row, src in zip(plan.future_rows, plan.future_src, strict=True):
+                input_ids[row] = self._last_host_tokens[src]
+        self.comm.broadcast_bytes(encode_plan(plan, input_ids))
+        self.comm.stats.steps += 1
+        fwd = plan if input_ids is plan.input_ids else _with_inputs(plan, input_ids)
+        layout = self._stage(fwd)
+        splan = self.sampler.prepare(plan.sample_rows, layout) if plan.sample_rows else None
+        staged = self.staging.upload(layout)  # one copy: the forward's and the sampler's inputs
+        out = self.run_stage(fwd, staged)
+        if self.comm.pp > 1:
+            out = self.comm.recv_logits(len(plan.logits_indices), self.vocab_size)
+        ns = len(plan.sample_rows)
+        reads: list[torch.Tensor] = []
+        with torch.inference_mode():
+            logits = out.to(self.device)
+            if splan is not None:
+                sampled = self.sampler.sample_staged(logits[:ns], splan, staged)
+                reads += list(sampled)
+            if plan.prompt_targets:
+                reads.append(token_logprobs(logits[ns:], staged.i("lp_targets")))
+        pending = PendingStep(self.staging.read_async(reads), splan, bool(plan.prompt_targets))
+        result = pending.result()
+        self._last_host_tokens = list(result.token_ids)
+        return _Done(result)
+
+    def shutdown(self) -> None:
+        """Tell every other rank to leave its loop."""
+        self.comm.broadcast_bytes(None)
+        self.comm.flush()
+
+
+def _with_inputs(plan: StepPlan, input_ids: list[int]) -> StepPlan:
+    return dataclasses.replace(plan, input_ids=input_ids, future_rows=[], future_src=[])

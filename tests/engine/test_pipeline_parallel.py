@@ -1,0 +1,81 @@
+"""Pipeline parallelism: an engine whose layers run as stages in several rank processes (gloo)
+gives the single-process engine's greedy tokens and logprobs, and keeps its KV accounting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from engine_helpers import random_prompts
+
+from radixserve.engine.engine import Engine
+from radixserve.sampling_params import SamplingParams
+
+CONFIG = {"num_pages": 48, "page_size": 4, "max_num_tokens": 12, "max_running_requests": 4}
+
+
+def _run(
+    engine: Engine, prompts: list[list[int]], prompt_logprobs: bool
+) -> list[tuple[list[int], list[float | None]]]:
+    """Greedy tokens with their logprobs (and the prompt's: every logits row goes to rank 0)."""
+    params = SamplingParams(
+        max_tokens=6,
+        temperature=0.0,
+        logprobs=0,
+        prompt_logprobs_start=1 if prompt_logprobs else None,
+    )
+    outs = engine.generate(prompts, params)
+    engine.check_invariants()
+    return [
+        (o.token_ids, [lp.logprob for lp in o.logprobs or []] + list(o.prompt_logprobs or []))
+        for o in outs
+    ]
+
+
+def _compare(model_dir: Path, pp: int) -> None:
+    # Chunked prefill (12-token budget), a shared prefix (warm cache on the second call).
+    prompts = random_prompts([9, 17, 5])
+    again = [prompts[1][:12] + [7, 8, 9], prompts[0]]
+    single = Engine(str(model_dir), **CONFIG)
+    expected = _run(single, prompts, True), _run(single, again, False)
+    staged = Engine(str(model_dir), **CONFIG, pipeline_parallel_size=pp)
+    try:
+        got = _run(staged, prompts, True), _run(staged, again, False)
+        assert staged.stats().cached_prompt_tokens_total > 0  # the second call hit the cache
+        for want_batch, got_batch in zip(expected, got, strict=True):
+            for (want_ids, want_lp), (got_ids, got_lp) in zip(want_batch, got_batch, strict=True):
+                assert got_ids == want_ids
+                assert got_lp == pytest.approx(want_lp, abs=1e-4)
+        # Every page comes back once the requests are done and the cache is flushed.
+        assert staged.flush_cache()
+        assert staged.allocator.num_free == staged.allocator.num_pages
+        assert staged.pool.num_layers == staged.model.num_local_layers  # type: ignore[attr-defined]
+    finally:
+        staged.close()
+    assert all(p.poll() is not None for p in staged._pipeline.procs)  # type: ignore[union-attr]
+
+
+def test_pp2_llama_equals_single(tiny_llama_dir: Path) -> None:
+    _compare(tiny_llama_dir, 2)
+
+
+def test_pp2_qwen2_tied_equals_single(tiny_qwen2_dir: Path) -> None:
+    _compare(tiny_qwen2_dir, 2)
+
+
+@pytest.mark.slow
+def test_pp3_uneven_stages(tiny_mqa_dir: Path) -> None:
+    _compare(tiny_mqa_dir, 3)  # 3 layers, 1 KV head: one layer per stage
+
+
+def test_dead_rank_fails_the_step_not_hangs(tiny_llama_dir: Path) -> None:
+    engine = Engine(str(tiny_llama_dir), **CONFIG, pipeline_parallel_size=2)
+    try:
+        proc = engine._pipeline.procs[0]  # type: ignore[union-attr]
+        proc.kill()
+        proc.wait()
+        out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0))
+        assert out[0].error and out[0].finish_reason == "error"
+        engine.check_invariants()
+    finally:
+        engine.close()
