@@ -99,6 +99,17 @@ class EngineConfig:
     # on with CUDA; off on the CPU, where the device is the host and nothing runs meanwhile.
     overlap_schedule: str = "auto"
 
+    # Tensor parallelism (engine.ranks): this worker's ranks, on `nnodes` hosts meeting at
+    # `dist_init_addr` (HOST:PORT; default a free loopback port, one host); `node_rank` says
+    # which host this process is. A collective that takes longer than `dist_timeout` seconds
+    # fails the worker. `dist_insecure` allows a wildcard rendezvous address.
+    tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    dist_timeout: float = 60.0
+    dist_insecure: bool = False
+
     @property
     def use_overlap(self) -> bool:
         if self.overlap_schedule == "auto":
@@ -133,8 +144,6 @@ class EngineConfig:
             errors.append(f"page_size must be >= 1, got {self.page_size}")
         if self.max_num_tokens < 1:
             errors.append(f"max_num_tokens must be >= 1, got {self.max_num_tokens}")
-        if self.pipeline_parallel_size < 1:
-            errors.append(f"pipeline_parallel_size must be >= 1, got {self.pipeline_parallel_size}")
         if self.max_running_requests < 1:
             errors.append(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.num_pages is not None and self.num_pages < 1:
@@ -184,8 +193,46 @@ class EngineConfig:
                 errors.append(str(e))
         elif self.quant_group_size is not None:
             errors.append("quant_group_size needs quantization='int4'")
+        errors += self._parallel_errors()
         if errors:
             raise ValueError("invalid engine config: " + "; ".join(errors))
+
+    def _parallel_errors(self) -> list[str]:
+        from radixserve.engine.dist_addr import check_dist_addr
+
+        errors: list[str] = []
+        tp, nn = self.tensor_parallel_size, self.nnodes
+        if tp < 1:
+            errors.append(f"tensor_parallel_size must be >= 1, got {tp}")
+        elif nn < 1 or tp % nn:
+            errors.append(f"nnodes ({nn}) must divide tensor_parallel_size ({tp})")
+        elif not 0 <= self.node_rank < nn:
+            errors.append(f"node_rank must be in [0, {nn}), got {self.node_rank}")
+        if nn > 1 and self.dist_init_addr is None:
+            errors.append("several nodes need dist_init_addr (rank 0's host:port)")
+        if self.dist_timeout <= 0:
+            errors.append(f"dist_timeout must be > 0 seconds, got {self.dist_timeout}")
+        pp = self.pipeline_parallel_size
+        if pp < 1:
+            errors.append(f"pipeline_parallel_size must be >= 1, got {pp}")
+        elif pp > 1:
+            if nn > 1:
+                errors.append("pipeline parallelism runs its ranks on one host (nnodes 1)")
+            if self.quantization is not None:
+                errors.append(
+                    "pipeline parallelism loads unquantized safetensors (no quantization)"
+                )
+            if self.hierarchical_cache:
+                errors.append(
+                    "the hierarchical cache is not supported with pipeline parallelism yet"
+                )
+        if tp > 1 and self.hierarchical_cache:
+            errors.append("the hierarchical cache is not supported with tensor parallelism yet")
+        try:
+            check_dist_addr(self.dist_init_addr, self.dist_insecure)
+        except ValueError as e:
+            errors.append(str(e))
+        return errors
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -34,10 +34,12 @@ from radixserve.engine.devices import bind_device
 from radixserve.engine.kv_profile import ProfiledKV
 from radixserve.engine.model_runner import ModelRunner, make_attention_backend
 from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, TokenLogprob, Usage
-from radixserve.engine.pipeline.launch import start_pipeline
+from radixserve.engine.pipeline.launch import PipelineLaunch
+from radixserve.engine.ranks import RankGroup, rank_threads
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.startup import StartupClock, describe_startup
 from radixserve.engine.step_loop import StepLoop
+from radixserve.engine.step_wire import RankInit
 from radixserve.memory import NoPrefixCache, PrefixCache, RadixCache
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.pool import KVPool
@@ -84,25 +86,54 @@ class Engine:
     """
 
     def __init__(self, model: str | Path | None = None, **config: Any) -> None:
-        from transformers import AutoTokenizer
-
-        from radixserve.model.loader import load_model
         from radixserve.model_store import resolve_model
 
         clock = StartupClock()
         self.config = cfg = EngineConfig.from_kwargs(**config)
-        if torch.device(cfg.device).type == "cpu":
-            setup_cpu_threads(cfg.num_threads)
+        tp_size = cfg.tensor_parallel_size
+        if cfg.node_rank != 0:
+            raise ValueError(
+                "node_rank > 0 runs only rank loops (engine.ranks.run_node), not an Engine"
+            )
         self.model_path = resolve_model(None if model is None else str(model))
-        self.device = torch.device(cfg.device)
+        # Tensor parallelism: this process is rank 0; the other ranks start now and load
+        # their shards while this one loads its own (engine.ranks).
+        self.ranks: RankGroup | None = None
+        # Pipeline parallelism (engine.pipeline): likewise, each stage a tensor-parallel group.
+        self.pipeline: PipelineLaunch | None = None
+        if cfg.pipeline_parallel_size > 1:
+            self.pipeline = PipelineLaunch.from_config(cfg, self.model_path, config)
+        elif tp_size > 1:
+            self.ranks = RankGroup(cfg, self.model_path)
+        try:
+            self._build(cfg, clock)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self, cfg: EngineConfig, clock: StartupClock) -> None:
+        from transformers import AutoTokenizer
+
+        from radixserve.model.loader import load_model
+
+        ranks, pipe = self.ranks, self.pipeline
+        if torch.device(cfg.device).type == "cpu":
+            pc = ranks.pc if ranks is not None else (pipe.pc if pipe is not None else None)
+            setup_cpu_threads(cfg.num_threads if pc is None else rank_threads(cfg, pc))
+        self.device = (
+            ranks.device
+            if ranks is not None
+            else pipe.device
+            if pipe is not None
+            else torch.device(cfg.device)
+        )
         bind_device(self.device)  # cuda:N: Triton launches and index-less allocations go there
         clock.lap("resolve model")
-        # Pipeline parallelism: the other stages' ranks start loading now (engine.pipeline).
-        self._pipeline = start_pipeline(cfg, self.model_path, config)
         # Free device memory before the weights: the most this engine may take (kv_profile).
-        # (A pipeline sizes from the planner: a profile run would need every stage.)
+        # (Tensor parallel: the planner sizes the pool, from rank 0's shard, the largest; a
+        # profile run would need every rank in its forward. Likewise every pipeline stage.)
         self._device_memory: kv_profile.DeviceMemory | None = None
-        if cfg.num_pages is None and cfg.memory_budget is None and self._pipeline is None:
+        if cfg.num_pages is None and cfg.memory_budget is None and ranks is None and pipe is None:
             self._device_memory = kv_profile.device_memory(self.device)
         self._free_at_start = 0 if self._device_memory is None else self._device_memory.free()
         self.model = load_model(
@@ -110,7 +141,8 @@ class Engine:
             dtype=cfg.torch_dtype,
             device=self.device,
             quantization=cfg.quant_config(),
-            shard=None if self._pipeline is None else self._pipeline.shard,
+            tp=ranks.tp if ranks is not None else (pipe.tp_group if pipe is not None else None),
+            stage=None if pipe is None else pipe.stage,
         )
         clock.lap("load weights")
         self.model_config = mc = self.model.config
@@ -123,11 +155,13 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         clock.lap("tokenizer")
 
+        # This rank's share of the model (the whole model without tensor parallelism).
+        self.local_model_config = self.model.local_config
         # The pool's arguments but its size (the profile run builds a small pool of its own).
         self._pool_args: dict[str, Any] = {
             "num_layers": getattr(self.model, "num_local_layers", mc.num_layers),
             "page_size": cfg.page_size,
-            "kv_heads": mc.num_kv_heads,
+            "kv_heads": self.local_model_config.num_kv_heads,
             "head_dim": mc.head_dim,
             "kv_dtype": cfg.kv_cache_dtype,
             "act_dtype": cfg.torch_dtype,
@@ -158,35 +192,48 @@ class Engine:
         )
         self.scheduler = Scheduler(sched_cfg, self.cache, self.allocator, mc.eos_token_ids)
         clock.lap("KV pool")
-        sampler = Sampler(mc.vocab_size, mc.eos_token_ids, self.device, cfg.seed)
-        attn_backend = make_attention_backend(cfg.resolved_attention_backend, pool)
-        if self._pipeline is not None:
-            self.runner: ModelRunner = self._pipeline.make_runner(
+        if pipe is not None:
+            self.runner: ModelRunner = pipe.make_runner(
                 self.model,
                 pool,
-                attn_backend,
-                sampler,
+                make_attention_backend(cfg.resolved_attention_backend, pool),
+                Sampler(mc.vocab_size, mc.eos_token_ids, self.device, cfg.seed),
                 num_pages=num_pages,
                 max_rows=sched_cfg.max_running_requests,
                 max_pages=self.scheduler.max_pages_per_request,
             )
         else:
-            self.runner = ModelRunner(
+            self.runner = ModelRunner.from_config(
                 self.model,
                 pool,
-                attn_backend,
-                sampler,
+                cfg,
                 max_rows=sched_cfg.max_running_requests,
                 max_pages=self.scheduler.max_pages_per_request,
-                decode_graphs=cfg.use_decode_graphs,
                 scratch_page=num_pages,
             )
         clock.lap("attention backend and CPU kernels")
+        if ranks is not None:  # every rank builds the same pool and runner, and warms up with us
+            ranks.start(
+                RankInit(
+                    num_pages + 1,
+                    sched_cfg.max_running_requests,
+                    self.scheduler.max_pages_per_request,
+                    num_pages,
+                    self.max_total_len,
+                )
+            )
         self.runner.warm_up(self.max_total_len)
+        if ranks is not None:
+            self.runner.followers = ranks.channel  # from now on each step goes to every rank
         clock.lap("warm-up (graph capture, first forwards)")
         # Where start-up went, in order (seconds); `radixserve serve` prints it.
         self.startup_seconds: dict[str, float] = clock.laps
-        self.loop = StepLoop(self.scheduler, self.runner, overlap=cfg.use_overlap)
+        self.loop = StepLoop(
+            self.scheduler,
+            self.runner,
+            overlap=cfg.use_overlap,
+            on_error=self._rank_error if ranks is not None or pipe is not None else None,
+        )
         self._buffered: list[StepOutput] = []  # other requests' outputs seen inside generate()
         logger.info(
             "engine ready in %s: %s, %s, max_total_len=%d; %s",
@@ -244,11 +291,13 @@ class Engine:
 
     def close(self) -> None:
         """Shut down cleanly: with an L3 directory, write the cached KV there (L1 and L2) so
-        that a restart, or another worker on this host, starts warm. Idempotent. A pipeline's
-        other ranks are stopped and joined."""
-        if self._pipeline is not None:
-            self._pipeline.close(self.runner)
-        persist = getattr(self.cache, "persist", None)
+        that a restart, or another worker on this host, starts warm; stop the other
+        tensor-parallel ranks or pipeline stages. Idempotent."""
+        if self.ranks is not None:
+            self.ranks.close()
+        if self.pipeline is not None:
+            self.pipeline.close(getattr(self, "runner", None))
+        persist = getattr(getattr(self, "cache", None), "persist", None)
         if persist is not None:
             n = persist()
             if n:
@@ -330,13 +379,13 @@ class Engine:
         cap = None
         if self.device.type == "cpu" and cfg.memory_budget is None:
             per_page = (
-                kv_bytes_per_token(self.model_config, cfg.kv_cache_dtype, cfg.torch_dtype)
+                kv_bytes_per_token(self.local_model_config, cfg.kv_cache_dtype, cfg.torch_dtype)
                 * cfg.page_size
             )
             cap = max(1, CPU_DEFAULT_KV_BYTES // per_page)
-        plan_fn = plan_memory if self._pipeline is None else self._pipeline.plan_memory
+        plan_fn = plan_memory if self.pipeline is None else self.pipeline.plan_memory
         plan = plan_fn(
-            self.model_config,
+            self.local_model_config if self.pipeline is None else self.model_config,
             kv_dtype=cfg.kv_cache_dtype,
             page_size=cfg.page_size,
             act_dtype=cfg.torch_dtype,
@@ -461,6 +510,23 @@ class Engine:
         out.extend(_to_step_output(o) for o in self.loop.step())
         return out
 
+    def _rank_error(self, exc: Exception) -> None:
+        """A step failed under tensor parallelism: the ranks are out of step for good, so the
+        engine stops here, saying which rank died or hung (its requests were failed and their
+        pages given back first)."""
+        group = self.ranks if self.ranks is not None else self.pipeline
+        assert group is not None
+        raise group.explain(exc) from exc
+
+    def check_health(self) -> None:
+        """Raise :class:`~radixserve.engine.ranks.RankFailure` when a tensor-parallel rank has
+        died or does not answer (the serving worker calls this while idle); a no-op with one
+        rank."""
+        if self.pipeline is not None and not self.has_unfinished():
+            self.pipeline.check()
+        if self.ranks is not None and not self.has_unfinished():
+            self.ranks.check()
+
     def has_unfinished(self) -> bool:
         return bool(self._buffered) or self.loop.in_flight or self.scheduler.has_unfinished()
 
@@ -548,8 +614,11 @@ class Engine:
         return self.scheduler.flush_cache()
 
     def check_invariants(self) -> None:
-        """Raise ``AssertionError`` if any KV page or request state is inconsistent."""
+        """Raise ``AssertionError`` if any KV page or request state is inconsistent (with
+        tensor parallelism, also if any rank's pool size or page table differs from rank 0's)."""
         self.scheduler.check_invariants()
+        if self.ranks is not None:
+            self.ranks.audit(self.runner)
         # The device table, with the entries the next plan will send applied, holds every page list.
         pending: dict[int, dict[int, int]] = {}
         for slot, col, page in self.scheduler.rows.pending():

@@ -22,8 +22,11 @@ step moves data between host and device or waits for the device.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 import torch
 
+import radixserve.engine.step_wire as step_wire
 from radixserve.engine.decode_graphs import DecodeGraphs
 from radixserve.engine.sampler import Sampler, SamplingPlan, token_logprobs, unpack_samples
 from radixserve.engine.staging import (
@@ -38,7 +41,17 @@ from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
 from radixserve.scheduling.plan import StepPlan, StepResult
 
-__all__ = ["ModelRunner", "PendingStep", "make_attention_backend"]
+if TYPE_CHECKING:
+    from radixserve.engine.config import EngineConfig
+    from radixserve.model.llama import LlamaForCausalLM
+
+__all__ = ["ModelRunner", "PendingStep", "PlanSender", "make_attention_backend"]
+
+
+class PlanSender(Protocol):
+    """Where rank 0's runner sends each step for the other tensor-parallel ranks."""
+
+    def send(self, msg: step_wire.StepMessage) -> None: ...
 
 
 class PendingStep:
@@ -105,6 +118,9 @@ class ModelRunner:
         self.transfers = TransferCounter()
         self.staging = StagingBuffer(self.device, self.transfers)
         self.scratch_page = scratch_page
+        # The other tensor-parallel ranks (rank 0 only; set after the warm-up, which every
+        # rank runs on its own): each launched plan is sent to them first.
+        self.followers: PlanSender | None = None
         self._last_tokens: torch.Tensor | None = (
             None  # the last launched step's sampled tokens (device)
         )
@@ -122,6 +138,30 @@ class ModelRunner:
                 max_rows,
                 capture,
             )
+
+    @staticmethod
+    def from_config(
+        model: LlamaForCausalLM,
+        pool: KVPool,
+        cfg: EngineConfig,
+        max_rows: int,
+        max_pages: int,
+        scratch_page: int,
+    ) -> ModelRunner:
+        """The engine's runner over ``pool``: the configured attention backend, a sampler
+        seeded with ``cfg.seed``, decode graphs as configured (every tensor-parallel rank
+        builds the same one)."""
+        mc = model.config
+        return ModelRunner(
+            model,
+            pool,
+            make_attention_backend(cfg.resolved_attention_backend, pool),
+            Sampler(mc.vocab_size, mc.eos_token_ids, pool.device, cfg.seed),
+            max_rows=max_rows,
+            max_pages=max_pages,
+            decode_graphs=cfg.use_decode_graphs,
+            scratch_page=scratch_page,
+        )
 
     def set_attention_backend(self, attn: AttentionBackend) -> None:
         """Swap the attention backend (tests compare backends on one engine)."""
@@ -188,9 +228,33 @@ class ModelRunner:
     def launch(self, plan: StepPlan) -> PendingStep:
         """Start ``plan``'s step; its results come with :meth:`PendingStep.result` (on CUDA the
         host is free to plan the next step meanwhile). The next plan may name this step's
-        sampled tokens as inputs (``future_rows``): they are read from the device, not the host."""
+        sampled tokens as inputs (``future_rows``): they are read from the device, not the host.
+
+        With tensor-parallel ``followers`` the plan and the sampler's staged inputs go to the
+        other ranks first (:mod:`~radixserve.engine.step_wire`); they run the same device half."""
         layout = self._stage(plan)
-        splan = self.sampler.prepare(plan.sample_rows, layout) if plan.sample_rows else None
+        sampling: StagingLayout | None = None
+        splan = None
+        if plan.sample_rows:
+            sampling = StagingLayout()
+            splan = self.sampler.prepare(plan.sample_rows, sampling)
+            layout.merge(sampling)
+        if self.followers is not None:
+            self.followers.send(step_wire.step_message(plan, sampling, splan))
+        return self._launch_staged(plan, layout, splan, len(plan.sample_rows))
+
+    def launch_message(self, msg: step_wire.StepMessage) -> PendingStep:
+        """Run a step rank 0 planned (a rank other than 0: the same device half as rank 0)."""
+        plan = step_wire.plan_of(msg)
+        layout = self._stage(plan)
+        if msg.sampling is not None:
+            layout.merge(StagingLayout.from_fields(msg.sampling))
+        return self._launch_staged(plan, layout, msg.sampling_plan, msg.num_sample)
+
+    def _launch_staged(
+        self, plan: StepPlan, layout: StagingLayout, splan: SamplingPlan | None, ns: int
+    ) -> PendingStep:
+        """The device half of a step: one upload, the forward, the sampling, one read back."""
         staged = self.staging.upload(layout)
         graphs = self.decode_graphs
         static = (
@@ -209,15 +273,12 @@ class ModelRunner:
                 src = self._last_tokens.index_select(0, staged.i("f_src"))
                 input_ids = input_ids.index_copy(0, staged.i("f_rows"), src)
             if static:
-                assert (
-                    graphs is not None and len(plan.sample_rows) == plan.batch_size
-                )  # every decode row samples
+                assert graphs is not None and ns == plan.batch_size  # every decode row samples
                 logits = graphs.run(plan, staged, input_ids)
             else:
                 batch = self._forward_batch(plan, staged, input_ids)
                 self.attn.init_forward_metadata(batch)
                 logits = self.model.forward(batch, self.attn)
-            ns = len(plan.sample_rows)
             reads: list[torch.Tensor] = []
             if splan is not None:
                 sampled = self.sampler.sample_staged(logits[:ns], splan, staged)

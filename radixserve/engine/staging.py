@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
 import torch
 
 _INT, _FLOAT = torch.int64, torch.float64
@@ -38,6 +39,16 @@ class TransferCounter:
     d2h: int = 0
     h2d_bytes: int = 0
     d2h_bytes: int = 0
+
+
+class LayoutFields(msgspec.Struct, array_like=True):
+    """A :class:`StagingLayout`'s fields as plain values (sent to the other tensor-parallel ranks)."""
+
+    int_lists: list[tuple[str, int]]
+    ints: list[int]
+    int_tensors: list[tuple[str, list[int]]]
+    float_lists: list[tuple[str, int]]
+    floats: list[float]
 
 
 class StagingLayout:
@@ -63,6 +74,34 @@ class StagingLayout:
         """Add a float64 field."""
         self._float_lists.append((name, len(values)))
         self._floats.extend(values)
+
+    def merge(self, other: StagingLayout) -> None:
+        """Append ``other``'s fields (field names must not repeat)."""
+        self._int_lists += other._int_lists
+        self._ints += other._ints
+        self._int_tensors += other._int_tensors
+        self._float_lists += other._float_lists
+        self._floats += other._floats
+
+    def export(self) -> LayoutFields:
+        """The fields as plain values (:meth:`from_fields` rebuilds an equal layout)."""
+        return LayoutFields(
+            self._int_lists,
+            self._ints,
+            [(name, t.tolist()) for name, t in self._int_tensors],
+            self._float_lists,
+            self._floats,
+        )
+
+    @staticmethod
+    def from_fields(fields: LayoutFields) -> StagingLayout:
+        layout = StagingLayout()
+        layout._int_lists = [tuple(x) for x in fields.int_lists]  # type: ignore[misc]
+        layout._ints = fields.ints
+        layout._int_tensors = [(n, torch.tensor(v, dtype=_INT)) for n, v in fields.int_tensors]
+        layout._float_lists = [tuple(x) for x in fields.float_lists]  # type: ignore[misc]
+        layout._floats = fields.floats
+        return layout
 
     @property
     def num_ints(self) -> int:

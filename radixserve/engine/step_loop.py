@@ -19,6 +19,7 @@ and ``resolve`` do.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from radixserve.engine.model_runner import ModelRunner, PendingStep
 from radixserve.scheduling.plan import ScheduledBatch
@@ -32,10 +33,20 @@ __all__ = ["StepLoop"]
 class StepLoop:
     """Drives one scheduler and one runner, one :meth:`step` at a time."""
 
-    def __init__(self, scheduler: Scheduler, runner: ModelRunner, overlap: bool) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: ModelRunner,
+        overlap: bool,
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> None:
+        """``on_error``: called with a failed step's exception once its requests have been
+        failed and their pages given back; it may raise to stop the engine (a tensor-parallel
+        rank failed: the ranks are out of step, no later step can run)."""
         self.scheduler = scheduler
         self.runner = runner
         self.overlap = overlap
+        self.on_error = on_error
         self._in_flight: tuple[ScheduledBatch, PendingStep] | None = None  # launched, not resolved
 
     @property
@@ -59,8 +70,14 @@ class StepLoop:
             Exception
         ) as e:  # a failed step (device memory, a device error) must not leak its pages
             logger.exception("step failed; finishing %d requests with an error", len(batch.work))
-            return outputs + sched.fail(batch, e)
+            outputs += sched.fail(batch, e)
+            self._failed(e)
+            return outputs
         return outputs + sched.process(batch, result)
+
+    def _failed(self, e: Exception) -> None:
+        if self.on_error is not None:
+            self.on_error(e)
 
     def _step_overlap(self) -> list[RequestOutput]:
         """Plan and launch step N+1, then read step N's results (SGLang's overlap loop)::
@@ -83,7 +100,9 @@ class StepLoop:
         except Exception as e:
             logger.exception("step failed; finishing %d requests with an error", len(batch.work))
             outputs += self._resolve_in_flight()
-            return outputs + sched.fail(batch, e)
+            outputs += sched.fail(batch, e)
+            self._failed(e)
+            return outputs
         sched.advance(batch)
         outputs += self._resolve_in_flight()
         self._in_flight = (batch, pending)
@@ -98,5 +117,7 @@ class StepLoop:
             result = pending.result()
         except Exception as e:
             logger.exception("step failed; finishing %d requests with an error", len(batch.work))
-            return self.scheduler.fail(batch, e, advanced=True)
+            outputs = self.scheduler.fail(batch, e, advanced=True)
+            self._failed(e)
+            return outputs
         return self.scheduler.resolve(batch, result)

@@ -27,6 +27,7 @@ from radixserve.model import gpu_ops, native
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.config import ModelConfig, RopeScaling
 from radixserve.model.forward_batch import ForwardBatch
+from radixserve.model.parallel import ParallelLMHead, TPGroup, TPShard, VocabParallelEmbedding
 
 
 class RMSNorm(nn.Module):
@@ -121,11 +122,15 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class LlamaAttention(nn.Module):
-    """Fused qkv projection, RoPE, the backend's attention, output projection."""
+    """Fused qkv projection, RoPE, the backend's attention, output projection.
 
-    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+    Under tensor parallelism (``tp``) ``cfg`` is the rank's local view (its own heads): qkv is
+    column-parallel, o_proj row-parallel followed by one all-reduce."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.layer_id = layer_id
+        self.tp = tp
         self.num_q_heads = cfg.num_q_heads
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
@@ -150,7 +155,7 @@ class LlamaAttention(nn.Module):
             out = attn.forward_qkv(
                 self.layer_id, qkv, cos_sin, self.num_q_heads, batch, self.sm_scale
             )
-            return self.o_proj(out.reshape(t, self.q_size))
+            return self._out(out.reshape(t, self.q_size))
         n_qk = self.num_q_heads + self.num_kv_heads
         # q and k rotate together: one op for both (in place, one pass, with the CPU kernel).
         if native.enabled(qkv):
@@ -161,19 +166,29 @@ class LlamaAttention(nn.Module):
         q, k = qk[:, : self.num_q_heads], qk[:, self.num_q_heads :]
         v = qkv[:, n_qk:]
         out = attn.forward(self.layer_id, q, k, v, batch, self.sm_scale)
-        return self.o_proj(out.reshape(t, self.q_size))
+        return self._out(out.reshape(t, self.q_size))
+
+    def _out(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.o_proj(x)
+        return out if self.tp is None else self.tp.all_reduce(out)
 
 
 class LlamaMLP(nn.Module):
-    """SiLU-gated MLP with gate and up fused into one matmul."""
+    """SiLU-gated MLP with gate and up fused into one matmul (column-parallel under tensor
+    parallelism, down_proj row-parallel followed by one all-reduce)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TPGroup | None = None) -> None:
         super().__init__()
+        self.tp = tp
         self.intermediate_size = cfg.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._forward(x)
+        return out if self.tp is None else self.tp.all_reduce(out)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if gpu_ops.enabled(gate_up):
             from radixkernels.fused import silu_mul
@@ -189,12 +204,12 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm attention block and pre-norm MLP block, each with a residual add."""
 
-    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, layer_id)
+        self.self_attn = LlamaAttention(cfg, layer_id, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg)
+        self.mlp = LlamaMLP(cfg, tp)
 
     def forward(
         self,
@@ -211,12 +226,19 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers and final norm (no LM head)."""
+    """Embedding, decoder layers and final norm (no LM head). ``cfg`` is the rank's local
+    view under tensor parallelism (then the embedding is vocab-parallel)."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(
+        self, cfg: ModelConfig, tp: TPGroup | None = None, shard: TPShard | None = None
+    ) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.embed_tokens: nn.Embedding | VocabParallelEmbedding = (
+            nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            if shard is None
+            else VocabParallelEmbedding(shard, cfg.hidden_size, tp)
+        )
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
@@ -232,13 +254,31 @@ _STACKED: dict[str, tuple[str, int]] = {
 
 
 class LlamaForCausalLM(nn.Module):
-    """The causal LM: ``forward(batch, attn)`` returns float32 logits of ``batch.logits_indices``."""
+    """The causal LM: ``forward(batch, attn)`` returns float32 logits of ``batch.logits_indices``.
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    With ``tp`` (a :class:`~radixserve.model.parallel.TPGroup` of two or more ranks) the model
+    holds rank ``tp.rank``'s shard (:func:`~radixserve.model.parallel.shard_for_rank`) and
+    every rank's forward returns the full logits. ``config`` stays the whole model's;
+    ``local_config`` is this rank's share (heads, MLP width, vocabulary rows).
+    """
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tp = tp
+        self.shard: TPShard | None = None
+        self.local_config = cfg
+        if tp is not None:
+            from radixserve.model.parallel import shard_for_rank
+
+            self.shard = shard_for_rank(cfg, tp.rank, tp.world_size)
+            self.local_config = self.shard.local_config(cfg)
+        self.model = LlamaModel(self.local_config, tp, self.shard)
+        self.lm_head: nn.Linear | ParallelLMHead = (
+            nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            if self.shard is None
+            else ParallelLMHead(self.shard, cfg.hidden_size, cfg.vocab_size, tp)
+        )
         # What the loader's quantization did (a quant.apply.QuantReport; not imported here:
         # quant.apply is typed against this module), None when the weights are as loaded.
         self.quant_report: Any = None
@@ -268,7 +308,7 @@ class LlamaForCausalLM(nn.Module):
     # -- weights -------------------------------------------------------------------------
 
     def _shard_sizes(self, fused: str) -> list[int]:
-        cfg = self.config
+        cfg = self.local_config
         if fused.endswith("qkv_proj"):
             return [cfg.q_size, cfg.kv_size, cfg.kv_size]
         return [cfg.intermediate_size, cfg.intermediate_size]

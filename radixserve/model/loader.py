@@ -23,6 +23,7 @@ from radixserve.memory.sharding import DeviceShard
 from radixserve.model import cpu_linear
 from radixserve.model.config import ModelConfig
 from radixserve.model.llama import LlamaForCausalLM
+from radixserve.model.parallel import TPGroup, TPShard, checkpoint_slice
 from radixserve.model.quant import QuantConfig, QuantReport
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,14 @@ def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
         ) from None
 
 
+_SAFETENSORS_DTYPES = {
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F64": torch.float64,
+}
+
+
 def safetensors_files(path: Path) -> list[Path]:
     """The checkpoint's safetensors files (sharded via ``model.safetensors.index.json`` or not)."""
     index = path / "model.safetensors.index.json"
@@ -65,15 +74,34 @@ def safetensors_files(path: Path) -> list[Path]:
 
 
 def iter_safetensors(
-    path: Path, keep: Callable[[str], bool] | None = None
+    path: Path,
+    shard: TPShard | None = None,
+    head_dim: int = 0,
+    keep: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` for every tensor of the checkpoint, backed by the file's mmap;
-    with ``keep``, only the names it accepts (the others are never read: a pipeline stage)."""
+    """Yield ``(name, tensor)`` for every tensor of the checkpoint, backed by the file's mmap.
+
+    With a tensor-parallel ``shard`` each tensor is only the rank's part of it, read with
+    ``get_slice`` (only those bytes of the mapped file are touched; no rank copies a whole
+    tensor it does not keep). With ``keep``, only the names it accepts (the others are never
+    read: a pipeline stage)."""
     for file in safetensors_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
-                if keep is None or keep(name):
+                if keep is not None and not keep(name):
+                    continue
+                cut = None if shard is None else checkpoint_slice(name, shard, head_dim)
+                if cut is None:
                     yield name, f.get_tensor(name)
+                    continue
+                part = f.get_slice(name)
+                if cut.zero:
+                    dtype = _SAFETENSORS_DTYPES[part.get_dtype()]
+                    yield name, torch.zeros(part.get_shape(), dtype=dtype)
+                elif cut.dim == 0:
+                    yield name, part[cut.lo : cut.hi]
+                else:
+                    yield name, part[:, cut.lo : cut.hi]
 
 
 def as_quant_config(quantization: QuantConfig | str | None) -> QuantConfig | None:
@@ -90,7 +118,8 @@ def load_model(
     pack_linears: bool = True,
     quantization: QuantConfig | str | None = None,
     announce: bool = True,
-    shard: DeviceShard | None = None,
+    tp: TPGroup | None = None,
+    stage: DeviceShard | None = None,
 ) -> LlamaForCausalLM:
     """Build the model of the checkpoint directory ``path`` and load its weights.
 
@@ -106,9 +135,12 @@ def load_model(
     method defaults to the file's nearest one). ``model.quant_report`` says what was done;
     ``announce`` prints it to stderr.
 
-    ``shard`` (a pipeline stage, :mod:`radixserve.memory.sharding`) builds and loads only that
-    stage's layers (:class:`~radixserve.model.pipeline_stage.LlamaPipelineStage`), reading none
-    of the other stages' tensors.
+    ``tp`` (two or more ranks): build and load only this rank's tensor-parallel shard, from
+    the same safetensors files every rank maps (GGUF checkpoints are not sharded).
+
+    ``stage`` (a pipeline stage, :mod:`radixserve.memory.sharding`) builds and loads only that
+    stage's layers (:class:`~radixserve.model.pipeline_stage.LlamaPipelineStage`, with ``tp``
+    its stage's tensor-parallel share), reading none of the other stages' tensors.
     """
     from radixserve.model_store import model_gguf
 
@@ -131,7 +163,9 @@ def load_model(
     has_safetensors = (path / "model.safetensors.index.json").is_file() or any(
         path.glob("*.safetensors")
     )
-    gguf = model_gguf(path) if (qcfg is not None or not has_safetensors) else None
+    # Tensor parallelism shards the safetensors (quantized after loading, when asked).
+    wants_gguf = qcfg is not None and tp is None
+    gguf = model_gguf(path) if (wants_gguf or not has_safetensors) else None
     if gguf is not None and has_safetensors and importlib.util.find_spec("gguf") is None:
         logger.warning(
             "the `gguf` package is not installed: quantizing %s's float weights instead of its GGUF",
@@ -139,19 +173,26 @@ def load_model(
         )
         gguf = None
     report: QuantReport | None = None
+    if gguf is not None and tp is not None:
+        raise ValueError(
+            f"tensor parallelism loads safetensors shards; {path} has only a GGUF file "
+            "(convert it, or run with --tensor-parallel-size 1)"
+        )
     model: LlamaForCausalLM
-    stage = shard is not None and shard.pp_size > 1
-    if stage and (qcfg is not None or gguf is not None):
+    is_stage = stage is not None and stage.pp_size > 1
+    if is_stage and (qcfg is not None or gguf is not None):
         raise ValueError(
             "pipeline parallelism loads safetensors checkpoints without weight quantization"
         )
-    if stage:
+    if is_stage:
         from radixserve.model.pipeline_stage import LlamaPipelineStage
 
-        assert shard is not None
+        assert stage is not None
         with torch.device("meta"):
-            model = stage_model = LlamaPipelineStage(cfg, shard)
-        stage_weights = iter_safetensors(path, keep=stage_model.keeps)
+            model = stage_model = LlamaPipelineStage(cfg, stage, tp)
+        stage_weights = iter_safetensors(
+            path, stage_model.shard, cfg.head_dim, keep=stage_model.keeps
+        )
         model.load_weights(stage_weights, dtype=dtype, device=device)
     elif gguf is not None:
         from radixserve.model.quant.gguf_loader import load_gguf_model
@@ -163,8 +204,10 @@ def load_model(
         model, report = load_gguf_model(str(gguf), cfg, dtype, device, qcfg)
     else:
         with torch.device("meta"):
-            model = LlamaForCausalLM(cfg)
-        model.load_weights(iter_safetensors(path), dtype=dtype, device=device)
+            model = LlamaForCausalLM(cfg, tp)
+        model.load_weights(
+            iter_safetensors(path, model.shard, cfg.head_dim), dtype=dtype, device=device
+        )
         if qcfg is not None:
             from radixserve.model.quant.apply import quantize_model
 

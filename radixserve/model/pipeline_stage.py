@@ -37,29 +37,48 @@ from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.config import ModelConfig
 from radixserve.model.forward_batch import ForwardBatch
 from radixserve.model.llama import LlamaDecoderLayer, LlamaForCausalLM, RMSNorm, RotaryEmbedding
+from radixserve.model.parallel import (
+    ParallelLMHead,
+    TPGroup,
+    TPShard,
+    VocabParallelEmbedding,
+    shard_for_rank,
+)
 
 _LAYER_PREFIX = "model.layers."
 
 
 class StageBody(nn.Module):
-    """The ``model.`` part of a stage: its embedding (first stage), layers, final norm (last)."""
+    """The ``model.`` part of a stage: its embedding (first stage), layers, final norm (last).
+    ``cfg`` is the rank's local view under tensor parallelism (``tp``, ``tp_shard``)."""
 
-    def __init__(self, cfg: ModelConfig, shard: DeviceShard) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        stage: DeviceShard,
+        tp: TPGroup | None = None,
+        tp_shard: TPShard | None = None,
+    ) -> None:
         super().__init__()
-        start, end = shard.layer_start, shard.layer_end or cfg.num_layers
-        self.embed_tokens = (
-            nn.Embedding(cfg.vocab_size, cfg.hidden_size) if shard.has_embedding else None
-        )
+        start, end = stage.layer_start, stage.layer_end or cfg.num_layers
+        self.embed_tokens: nn.Module | None = None
+        if stage.has_embedding:
+            self.embed_tokens = (
+                nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+                if tp_shard is None
+                else VocabParallelEmbedding(tp_shard, cfg.hidden_size, tp)
+            )
         # Global indices as keys keep the checkpoint's names; local indices address the pool.
         self.layers = nn.ModuleDict(
-            {str(i): LlamaDecoderLayer(cfg, i - start) for i in range(start, end)}
+            {str(i): LlamaDecoderLayer(cfg, i - start, tp) for i in range(start, end)}
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if shard.has_lm_head else None
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if stage.has_lm_head else None
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
 
 class LlamaPipelineStage(LlamaForCausalLM):
-    """Layers ``[shard.layer_start, shard.layer_end)`` of a :class:`LlamaForCausalLM`.
+    """Layers ``[stage.layer_start, stage.layer_end)`` of a :class:`LlamaForCausalLM`; with ``tp``
+    this rank's tensor-parallel share of them (the stage is a TP group).
 
     :meth:`forward` takes the previous stage's hidden states (none on the first stage) and
     returns the next stage's input, or on the last stage the float32 logits of
@@ -68,44 +87,52 @@ class LlamaPipelineStage(LlamaForCausalLM):
     way; ``__init__`` deliberately does not call the parent's, which would build every layer.
     """
 
-    def __init__(self, cfg: ModelConfig, shard: DeviceShard) -> None:
+    def __init__(self, cfg: ModelConfig, stage: DeviceShard, tp: TPGroup | None = None) -> None:
         nn.Module.__init__(self)
-        if shard.tp_size != 1:
+        end = stage.layer_end or cfg.num_layers
+        if not 0 <= stage.layer_start < end <= cfg.num_layers:
             raise ValueError(
-                "LlamaPipelineStage holds whole layers (tensor parallelism: tp_size 1)"
-            )
-        end = shard.layer_end or cfg.num_layers
-        if not 0 <= shard.layer_start < end <= cfg.num_layers:
-            raise ValueError(
-                f"stage layers [{shard.layer_start}, {end}) outside the model's {cfg.num_layers}"
+                f"stage layers [{stage.layer_start}, {end}) outside the model's {cfg.num_layers}"
             )
         self.full_config = cfg
         # The tie applies inside one module only when it holds both ends (pp 1): otherwise the
         # last stage's head is its own copy of the embedding, loaded by name.
+        both_ends = stage.has_embedding and stage.has_lm_head
         self.config = dataclasses.replace(
-            cfg,
-            tie_word_embeddings=cfg.tie_word_embeddings
-            and shard.has_embedding
-            and shard.has_lm_head,
+            cfg, tie_word_embeddings=cfg.tie_word_embeddings and both_ends
         )
-        self.shard = dataclasses.replace(shard, layer_end=end)
-        self.model = StageBody(cfg, self.shard)  # type: ignore[assignment]
-        head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) if shard.has_lm_head else None
+        self.stage = dataclasses.replace(stage, layer_end=end)
+        # Tensor parallelism inside the stage, as LlamaForCausalLM does it for the whole model.
+        self.tp = tp
+        self.shard: TPShard | None = None
+        self.local_config = cfg
+        if tp is not None:
+            self.shard = shard_for_rank(cfg, tp.rank, tp.world_size)
+            self.local_config = self.shard.local_config(cfg)
+        body = StageBody(self.local_config, self.stage, tp, self.shard)
+        self.model = body  # type: ignore[assignment]
+        head: nn.Module | None = None
+        if stage.has_lm_head:
+            head = (
+                nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+                if self.shard is None
+                else ParallelLMHead(self.shard, cfg.hidden_size, cfg.vocab_size, tp)
+            )
         self.lm_head = head  # type: ignore[assignment]
         self.quant_report = None
 
     @property
     def num_local_layers(self) -> int:
         """Decoder layers on this stage (the KV pool's layer count)."""
-        return self.shard.layers(self.full_config.num_layers)
+        return self.stage.layers(self.full_config.num_layers)
 
     @property
     def is_first(self) -> bool:
-        return self.shard.has_embedding
+        return self.stage.has_embedding
 
     @property
     def is_last(self) -> bool:
-        return self.shard.has_lm_head
+        return self.stage.has_lm_head
 
     @property
     def body(self) -> StageBody:
@@ -141,14 +168,14 @@ class LlamaPipelineStage(LlamaForCausalLM):
         if body.embed_tokens is not None:
             h = body.embed_tokens(batch.input_ids)
         elif hidden is None:
-            raise ValueError(f"stage {self.shard.pp_rank} needs the previous stage's hidden states")
+            raise ValueError(f"stage {self.stage.pp_rank} needs the previous stage's hidden states")
         else:
             h = hidden
         rope_dtype = torch.float32 if native.enabled(h) else h.dtype
         cos_sin = body.rotary.cos_sin(batch.positions, max(batch.seq_lens_cpu), rope_dtype)
         for layer in body.layers.values():
             h = layer(h, batch, attn, cos_sin)
-        lm_head = cast(nn.Linear | None, self.lm_head)
+        lm_head = cast(nn.Module | None, self.lm_head)
         if body.norm is None or lm_head is None:
             return h
         h = body.norm(h.index_select(0, batch.logits_indices))
@@ -158,7 +185,7 @@ class LlamaPipelineStage(LlamaForCausalLM):
         """Whether the checkpoint tensor ``name`` belongs to this stage."""
         if name.startswith(_LAYER_PREFIX):
             index = int(name[len(_LAYER_PREFIX) :].split(".", 1)[0])
-            return self.shard.layer_start <= index < (self.shard.layer_end or 0)
+            return self.stage.layer_start <= index < (self.stage.layer_end or 0)
         if name.startswith("model.embed_tokens."):
             return self.is_first
         if name.startswith(("model.norm.", "lm_head.")):

@@ -3,12 +3,14 @@ gives the single-process engine's greedy tokens and logprobs, and keeps its KV a
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from engine_helpers import random_prompts
 
 from radixserve.engine.engine import Engine
+from radixserve.engine.ranks import RankFailure
 from radixserve.sampling_params import SamplingParams
 
 CONFIG = {"num_pages": 48, "page_size": 4, "max_num_tokens": 12, "max_running_requests": 4}
@@ -32,14 +34,15 @@ def _run(
     ]
 
 
-def _compare(model_dir: Path, pp: int) -> None:
+def _compare(model_dir: Path, pp: int, tp: int = 1) -> None:
     # Chunked prefill (12-token budget), a shared prefix (warm cache on the second call).
     prompts = random_prompts([9, 17, 5])
     again = [prompts[1][:12] + [7, 8, 9], prompts[0]]
     single = Engine(str(model_dir), **CONFIG)
     expected = _run(single, prompts, True), _run(single, again, False)
-    staged = Engine(str(model_dir), **CONFIG, pipeline_parallel_size=pp)
+    staged = Engine(str(model_dir), **CONFIG, pipeline_parallel_size=pp, tensor_parallel_size=tp)
     try:
+        assert staged.pipeline is not None and len(staged.pipeline.procs) == tp * pp - 1
         got = _run(staged, prompts, True), _run(staged, again, False)
         assert staged.stats().cached_prompt_tokens_total > 0  # the second call hit the cache
         for want_batch, got_batch in zip(expected, got, strict=True):
@@ -52,7 +55,8 @@ def _compare(model_dir: Path, pp: int) -> None:
         assert staged.pool.num_layers == staged.model.num_local_layers  # type: ignore[attr-defined]
     finally:
         staged.close()
-    assert all(p.poll() is not None for p in staged._pipeline.procs)  # type: ignore[union-attr]
+    assert staged.pipeline is not None
+    assert all(p.poll() is not None for p in staged.pipeline.procs.values())
 
 
 def test_pp2_llama_equals_single(tiny_llama_dir: Path) -> None:
@@ -68,14 +72,28 @@ def test_pp3_uneven_stages(tiny_mqa_dir: Path) -> None:
     _compare(tiny_mqa_dir, 3)  # 3 layers, 1 KV head: one layer per stage
 
 
-def test_dead_rank_fails_the_step_not_hangs(tiny_llama_dir: Path) -> None:
+@pytest.mark.slow
+def test_tp2_pp2_four_ranks_equal_single(tiny_qwen2_dir: Path) -> None:
+    """Each stage a TP group of 2 (4 ranks): q/k/v bias, tied embeddings split by vocabulary."""
+    _compare(tiny_qwen2_dir, 2, tp=2)
+
+
+def test_dead_rank_fails_the_engine_naming_it(tiny_llama_dir: Path) -> None:
     engine = Engine(str(tiny_llama_dir), **CONFIG, pipeline_parallel_size=2)
     try:
-        proc = engine._pipeline.procs[0]  # type: ignore[union-attr]
+        assert engine.pipeline is not None
+        engine.check_health()
+        proc = engine.pipeline.procs[1]
         proc.kill()
         proc.wait()
-        out = engine.generate([[5, 6, 7]], SamplingParams(max_tokens=3, temperature=0.0))
-        assert out[0].error and out[0].finish_reason == "error"
-        engine.check_invariants()
+        engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, temperature=0.0))
+        t0 = time.monotonic()
+        with pytest.raises(RankFailure, match=r"pipeline rank 1 \(pid \d+\) exited with code -9"):
+            while engine.has_unfinished():
+                engine.step()
+        assert time.monotonic() - t0 < 10  # the dead rank's sockets closed: no timeout wait
+        engine.check_invariants()  # the failed request gave its pages back
+        with pytest.raises(RankFailure, match="rank 1"):
+            engine.check_health()
     finally:
         engine.close()

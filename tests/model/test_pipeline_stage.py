@@ -47,7 +47,7 @@ def run_stages(path: Path, pp: int) -> list[torch.Tensor]:
     cfg = ModelConfig.from_pretrained(path)
     stages, backends = [], []
     for shard in stage_shards(cfg.num_layers, 1, pp):
-        stage = load_model(path, torch.float32, pack_linears=False, shard=shard)
+        stage = load_model(path, torch.float32, pack_linears=False, stage=shard)
         assert isinstance(stage, LlamaPipelineStage)
         stages.append(stage)
         # Each stage's pool holds its own layers only, in the same page layout.
@@ -77,7 +77,7 @@ def test_stages_chain_to_whole_model(fixture: str, pp: int, request: pytest.Fixt
 def test_stage_holds_only_its_layers(tiny_qwen2_dir: Path, tiny_mqa_dir: Path) -> None:
     cfg = ModelConfig.from_pretrained(tiny_mqa_dir)  # 3 layers: stages [0, 2) and [2, 3)
     first, last = (
-        load_model(tiny_mqa_dir, torch.float32, pack_linears=False, shard=s)
+        load_model(tiny_mqa_dir, torch.float32, pack_linears=False, stage=s)
         for s in stage_shards(cfg.num_layers, 1, 2)
     )
     names0 = {n for n, _ in first.named_parameters()}
@@ -93,7 +93,7 @@ def test_stage_holds_only_its_layers(tiny_qwen2_dir: Path, tiny_mqa_dir: Path) -
     assert qcfg.tie_word_embeddings
     whole = load_model(tiny_qwen2_dir, torch.float32, pack_linears=False)
     tail = load_model(
-        tiny_qwen2_dir, torch.float32, pack_linears=False, shard=stage_shards(2, 1, 2)[1]
+        tiny_qwen2_dir, torch.float32, pack_linears=False, stage=stage_shards(2, 1, 2)[1]
     )
     assert torch.equal(tail.lm_head.weight, whole.model.embed_tokens.weight)
     with pytest.raises(ValueError, match="hidden states"):

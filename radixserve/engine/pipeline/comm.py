@@ -19,6 +19,7 @@ byte string, broadcast as its length then its bytes.
 
 from __future__ import annotations
 
+import datetime
 import time
 from typing import Any
 
@@ -63,13 +64,16 @@ class PipelineComm:
         cpu_group: Any,
         device_group: Any | None = None,
         device: torch.device | str = "cpu",
+        step_timeout: datetime.timedelta | None = None,
     ) -> None:
+        """``step_timeout``: how long a receive inside a step may wait (a hung peer)."""
         self.rank, self.tp, self.pp = rank, tp, pp
         self.world_size = tp * pp
         self.stage, self.tp_rank = divmod(rank, tp)
         self.cpu_group = cpu_group
         self.device_group = device_group if device_group is not None else cpu_group
         self.device = torch.device(device)
+        self.step_timeout = step_timeout
         self.stats = CommStats()
         self._sends: list[Any] = []  # works of async sends not yet known to be done
 
@@ -143,7 +147,11 @@ class PipelineComm:
         t0 = time.perf_counter()
         buf = torch.empty(shape, dtype=dtype, device=self.device)
         if buf.numel():
-            self.device_group.recv([buf], src, tag).wait()
+            work = self.device_group.recv([buf], src, tag)
+            if self.step_timeout is None:
+                work.wait()
+            else:
+                work.wait(self.step_timeout)
         self.stats.recv_seconds += time.perf_counter() - t0
         return buf
 

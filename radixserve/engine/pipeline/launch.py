@@ -1,49 +1,58 @@
-"""Start the ranks of a pipeline-parallel engine and wire rank 0's engine to them.
+"""Start the ranks of a pipeline-parallel engine (each stage a tensor-parallel group) and wire
+rank 0's engine to them. Built on :mod:`radixserve.engine.ranks` (its rendezvous store bound to
+the given address, gloo groups, the TP group, rank threads and devices, :class:`RankFailure`).
 
 The :class:`~radixserve.engine.engine.Engine` is rank 0: it spawns ranks ``1 … tp·pp − 1`` on
-this host (``spawn`` start method: no forked torch state), serves the rendezvous store on
-``host:port`` (loopback by default), loads stage 0 while the other ranks load theirs, sizes
+this host, serves the rendezvous store, loads stage 0 while the other ranks load theirs, sizes
 the KV pool and broadcasts the sizes, so every rank allocates the same pages::
 
     Engine (rank 0)                          rank r = 1 … world-1 (rank_main)
-    listen on host:port, spawn ranks ──────> join the store, gloo group
-    load stage 0                             load stage r // tp
+    listen on host:port, spawn ranks ──────> join the store: world gloo group (plans, P2P),
+                                             its stage's TP group (ranks s·tp … s·tp+tp−1)
+    load stage 0 (its TP share)              load stage r // tp (its TP share)
     plan pages (smallest stage decides)
     broadcast [pages, rows, cols] ─────────> KVPool, StageRunner
-    PipelineRunner.launch(plan) … ─────────> StageRunner.serve(): one forward per plan
+    warm-up plans ─────────────────────────> StageRunner.serve(): one forward per plan
     close(): broadcast stop, join ─────────> exit
 
-A rank exits when its parent process does (a watchdog thread), so a killed engine never
-leaves ranks behind; a rank that dies makes rank 0's next receive fail instead of hang.
-The store and gloo traffic are unauthenticated (torch.distributed's): they bind to ``host``.
+The ranks are fresh interpreters (``python -m radixserve.engine.pipeline.launch SPEC``), which
+never re-import the caller's ``__main__``; they die with their parent (``PR_SET_PDEATHSIG``)
+and, when rank 0 goes away, see their broadcast fail. A rank that dies makes rank 0's next
+transfer fail (:class:`RankFailure` naming it); one that hangs, its receive time out after
+``dist_timeout``. Pipeline ranks run on one host (``--nnodes`` is for tensor parallelism).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime
 import logging
-import os
+import signal
 import subprocess
 import sys
-import threading
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import msgspec
 import torch
 import torch.distributed as dist
 
+from radixserve.engine.config import EngineConfig
 from radixserve.engine.pipeline.comm import PipelineComm
+from radixserve.engine.ranks import (
+    IDLE_WAIT,
+    STARTUP_TIMEOUT,
+    ParallelConfig,
+    RankFailure,
+    bind_host,
+    rank_device,
+    rank_threads,
+)
+from radixserve.memory.sharding import DeviceShard, stage_shards
+from radixserve.model.parallel import TPGroup, listen_socket, make_gloo, tcp_store
 
 logger = logging.getLogger(__name__)
 
-# Collectives wait this long: a rank idles in its plan broadcast for as long as the engine has
-# nothing to do, so this is no failure detector (a dead peer closes its sockets, which fails
-# the wait at once; a dead parent is noticed by the watchdog).
-GROUP_TIMEOUT = datetime.timedelta(days=1)
-# Every rank must have joined the store within this (a rank that died while starting).
-RENDEZVOUS_TIMEOUT = datetime.timedelta(seconds=300)
+__all__ = ["PipelineLaunch", "RankSpec", "rank_main"]
 
 
 class RankSpec(msgspec.Struct, frozen=True):
@@ -56,78 +65,81 @@ class RankSpec(msgspec.Struct, frozen=True):
     port: int
     model_path: str
     engine_config: dict[str, Any]
-    parent_pid: int
-    num_threads: int
 
 
-def make_groups(
-    store: dist.Store, rank: int, world_size: int, host: str, device: torch.device
-) -> tuple[Any, Any]:
-    """(cpu group, device group): gloo bound to ``host``; NCCL for the activations on CUDA."""
-    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-    opts._timeout = GROUP_TIMEOUT
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-    cpu = dist.ProcessGroupGloo(dist.PrefixStore("pp-cpu", store), rank, world_size, opts)
-    if device.type != "cuda":
-        return cpu, cpu
-    nccl_opts = dist.ProcessGroupNCCL.Options()
-    nccl_opts._timeout = GROUP_TIMEOUT
-    nccl = dist.ProcessGroupNCCL(dist.PrefixStore("pp-nccl", store), rank, world_size, nccl_opts)
-    return cpu, nccl
+class StageGroups(NamedTuple):
+    """One rank's groups: the world's (plans, activations), its stage's TP group."""
+
+    comm: PipelineComm
+    tp: TPGroup | None
+    store: Any
 
 
-def threads_per_rank(world_size: int, num_threads: int | None) -> int:
-    """CPU threads each rank uses: the cores shared out, unless the config says."""
-    if num_threads is not None:
-        return num_threads
-    return max(1, (os.cpu_count() or 1) // world_size)
+def join_groups(
+    pc: ParallelConfig, rank: int, tp: int, pp: int, device: torch.device, listen: Any = None
+) -> StageGroups:
+    """Meet the other ranks at ``pc``'s address: the world's gloo group (plans and, on the CPU,
+    activations; NCCL for the activations on CUDA) and this rank's stage TP group."""
+    world = tp * pp
+    store = tcp_store(pc.host, pc.port, rank, world, STARTUP_TIMEOUT, listen)
+    host = bind_host(pc)
+    cpu = make_gloo(dist.PrefixStore("pp", store), rank, world, IDLE_WAIT, host)
+    dev: Any = cpu
+    if device.type == "cuda":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = IDLE_WAIT
+        dev = dist.ProcessGroupNCCL(dist.PrefixStore("pp-nccl", store), rank, world, opts)
+    stage, tp_rank = divmod(rank, tp)
+    tp_group = None
+    if tp > 1:
+        tp_store = dist.PrefixStore(f"tp{stage}", store)
+        tp_group = TPGroup.create(tp_store, tp_rank, tp, device, pc.timeout, host)
+    comm = PipelineComm(rank, tp, pp, cpu, dev, device, step_timeout=pc.timeout)
+    return StageGroups(comm, tp_group, store)
+
+
+def stage_of(model_path: str | Path, tp: int, pp: int, rank: int) -> DeviceShard:
+    from radixserve.model.config import ModelConfig
+
+    num_layers = ModelConfig.from_pretrained(model_path).num_layers
+    return stage_shards(num_layers, tp, pp)[rank // tp]
 
 
 class PipelineLaunch:
-    """Rank 0's side of the launch: the child processes and rank 0's :class:`PipelineComm`."""
+    """Rank 0's side: the rank processes, rank 0's groups, its stage, start-up and shutdown."""
 
     def __init__(
-        self,
-        tp: int,
-        pp: int,
-        model_path: str,
-        engine_config: dict[str, Any],
-        device: torch.device,
-        host: str = "127.0.0.1",
-        port: int = 0,
+        self, cfg: EngineConfig, model_path: str | Path, engine_kwargs: dict[str, Any]
     ) -> None:
-        self.tp, self.pp, self.world_size = tp, pp, tp * pp
-        self.device = device
-        self.procs: list[Any] = []
-        store = dist.TCPStore(
-            host, port, self.world_size, True, timeout=RENDEZVOUS_TIMEOUT, wait_for_workers=False
-        )
-        threads = threads_per_rank(self.world_size, engine_config.get("num_threads"))
-        for rank in range(1, self.world_size):
-            spec = RankSpec(
-                rank, tp, pp, host, store.port, model_path, engine_config, os.getpid(), threads
-            )
-            # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's
-            # __main__): the spec travels as JSON on the command line.
-            cmd = [
-                sys.executable,
-                "-m",
-                "radixserve.engine.pipeline.launch",
-                msgspec.json.encode(spec).decode(),
-            ]
-            self.procs.append(subprocess.Popen(cmd))
-        try:
-            cpu, dev = make_groups(store, 0, self.world_size, host, device)
-        except Exception:
-            self.terminate()
-            raise
-        self.store = store
-        self.comm = PipelineComm(0, tp, pp, cpu, dev, device)
-        from radixserve.memory.sharding import stage_shards
-        from radixserve.model.config import ModelConfig
-
-        self.shard = stage_shards(ModelConfig.from_pretrained(model_path).num_layers, tp, pp)[0]
+        self.tp, self.pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
+        world = self.tp * self.pp
+        pc = ParallelConfig.from_engine(cfg)._replace(world_size=world)
+        listen = listen_socket(pc.host, pc.port)  # bound before the ranks start: no port race
+        self.pc = pc = pc._replace(port=listen.getsockname()[1])
+        self.device = rank_device(cfg.device, 0)
+        self.stage = stage_of(model_path, self.tp, self.pp, 0)
         self._closed = False
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        for rank in range(1, world):
+            spec = RankSpec(
+                rank, self.tp, self.pp, pc.host, pc.port, str(model_path), engine_kwargs
+            )
+            cmd = [sys.executable, "-m", __name__, msgspec.json.encode(spec).decode()]
+            self.procs[rank] = subprocess.Popen(cmd)
+        try:
+            groups = join_groups(pc, 0, self.tp, self.pp, self.device, listen)
+        except Exception as exc:
+            self.close(None)
+            raise self.explain(exc) from exc
+        self.comm, self.tp_group = groups.comm, groups.tp
+
+    @staticmethod
+    def from_config(
+        cfg: EngineConfig, model_path: str | Path, engine_kwargs: dict[str, Any]
+    ) -> PipelineLaunch:
+        if cfg.nnodes != 1:
+            raise ValueError("pipeline parallelism runs its ranks on one host (nnodes 1)")
+        return PipelineLaunch(cfg, model_path, engine_kwargs)
 
     def plan_memory(self, cfg: Any, **kwargs: Any) -> Any:
         """The planner's arguments -> stage 0's device plan with the page count every stage
@@ -146,120 +158,113 @@ class PipelineLaunch:
         max_rows: int,
         max_pages: int,
     ) -> Any:
-        """Tell the other ranks the sizes, and build rank 0's :class:`PipelineRunner`."""
+        """Tell the other ranks the sizes; rank 0's :class:`PipelineRunner` (its warm-up runs
+        on every rank, so the engine is ready only when all of them are)."""
         from radixserve.engine.pipeline.runner import PipelineRunner
         from radixserve.model.pipeline_stage import LlamaPipelineStage
 
         assert isinstance(model, LlamaPipelineStage)
-        self.broadcast_sizes(num_pages, max_rows, max_pages)
+        sizes = torch.tensor([num_pages, max_rows, max_pages], dtype=torch.int64)
+        try:
+            self.comm.cpu_group.broadcast([sizes], dist.BroadcastOptions()).wait()
+        except Exception as exc:
+            raise self.explain(exc) from exc
         return PipelineRunner(
             model, pool, attn, sampler, self.comm, max_rows, max_pages, scratch_page=num_pages
         )
 
+    def dead_ranks(self) -> list[str]:
+        return [
+            f"pipeline rank {r} (pid {p.pid}) exited with code {p.returncode}"
+            for r, p in self.procs.items()
+            if p.poll() is not None
+        ]
+
+    def explain(self, exc: BaseException) -> RankFailure:
+        """A :class:`RankFailure` naming the rank that died (waiting briefly for its exit),
+        else the failed transfer itself."""
+        deadline = time.monotonic() + 1.0
+        while not self.dead_ranks() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        dead = self.dead_ranks()
+        return RankFailure("; ".join(dead) if dead else f"pipeline transfer failed: {exc}")
+
+    def check(self) -> None:
+        """Between steps: :class:`RankFailure` when a rank process has exited."""
+        dead = self.dead_ranks()
+        if dead:
+            raise RankFailure("; ".join(dead))
+
     def close(self, runner: Any) -> None:
-        """Stop the other ranks (idempotent)."""
+        """Tell the ranks to stop (when they can still hear it), wait, kill what is left."""
         if self._closed:
             return
         self._closed = True
-        try:
-            if not self.dead_ranks():
+        if runner is not None and not self.dead_ranks():
+            try:
                 runner.shutdown()
-        finally:
-            self.join()
-
-    def broadcast_sizes(self, num_pages: int, max_rows: int, max_pages: int) -> None:
-        """Tell the other ranks the pool and page-table sizes rank 0 decided."""
-        sizes = torch.tensor([num_pages, max_rows, max_pages], dtype=torch.int64)
-        self.comm.cpu_group.broadcast([sizes], dist.BroadcastOptions()).wait()
-
-    def join(self, timeout_s: float = 30.0) -> None:
-        """Wait for the ranks to exit (after the stop broadcast); kill any that do not."""
-        deadline = time.monotonic() + timeout_s
-        for proc in self.procs:
+            except Exception:  # a rank is gone: the others see their broadcast fail
+                logger.debug("pipeline shutdown broadcast failed", exc_info=True)
+        deadline = time.monotonic() + 10.0
+        for proc in self.procs.values():
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                pass
-        self.terminate()
-
-    def terminate(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-
-    def dead_ranks(self) -> list[int]:
-        return [i + 1 for i, p in enumerate(self.procs) if p.poll() is not None]
-
-
-def start_pipeline(cfg: Any, model_path: Any, config: dict[str, Any]) -> PipelineLaunch | None:
-    """Rank 0's launch for an engine config with ``pipeline_parallel_size > 1`` (else None);
-    ``config`` is the engine's keyword arguments, which every rank rebuilds its config from."""
-    pp = int(cfg.pipeline_parallel_size)
-    if pp <= 1:
-        return None
-    device = torch.device(cfg.device)
-    if device.type == "cpu":
-        torch.set_num_threads(threads_per_rank(pp, cfg.num_threads))
-    return PipelineLaunch(1, pp, str(model_path), dict(config), device)
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Exit this rank when the engine that spawned it is gone (it was killed, not closed)."""
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent_pid:
-            os._exit(3)
 
 
 def rank_main(spec: RankSpec) -> None:
     """A spawned rank: join, load its stage, allocate its pool, run plans until told to stop."""
-    from radixserve.engine.config import EngineConfig
     from radixserve.engine.model_runner import make_attention_backend
     from radixserve.engine.pipeline.runner import StageRunner
+    from radixserve.engine.ranks import _die_with_parent
     from radixserve.memory.pool import KVPool
-    from radixserve.memory.sharding import stage_shards
-    from radixserve.model.config import ModelConfig
     from radixserve.model.loader import load_model
     from radixserve.model.pipeline_stage import LlamaPipelineStage
 
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches rank 0, which stops us
     logging.basicConfig(
         level=logging.WARNING, format=f"[rank {spec.rank}] %(levelname)s %(message)s"
     )
-    threading.Thread(target=_watch_parent, args=(spec.parent_pid,), daemon=True).start()
     cfg = EngineConfig.from_kwargs(**spec.engine_config)
-    device = torch.device(cfg.device)
-    if device.type == "cuda":
-        device = torch.device("cuda", spec.rank % max(1, torch.cuda.device_count()))
-        torch.cuda.set_device(device)
-        cfg = dataclasses.replace(cfg, device=str(device))
-    else:
-        torch.set_num_threads(spec.num_threads)
-    store = dist.TCPStore(
-        spec.host, spec.port, spec.tp * spec.pp, False, timeout=RENDEZVOUS_TIMEOUT
+    pc = ParallelConfig.from_engine(cfg)._replace(
+        world_size=spec.tp * spec.pp, host=spec.host, port=spec.port
     )
-    cpu, dev = make_groups(store, spec.rank, spec.tp * spec.pp, spec.host, device)
-    comm = PipelineComm(spec.rank, spec.tp, spec.pp, cpu, dev, device)
-    mc = ModelConfig.from_pretrained(spec.model_path)
-    shard = stage_shards(mc.num_layers, spec.tp, spec.pp)[comm.stage]
-    model = load_model(spec.model_path, dtype=cfg.torch_dtype, device=device, shard=shard)
+    device = rank_device(cfg.device, spec.rank)
+    threads = rank_threads(cfg, pc)
+    if device.type == "cpu" and threads is not None:
+        torch.set_num_threads(threads)
+    elif device.type == "cuda":
+        torch.cuda.set_device(device)
+    groups = join_groups(pc, spec.rank, spec.tp, spec.pp, device)
+    stage = stage_of(spec.model_path, spec.tp, spec.pp, spec.rank)
+    model = load_model(
+        spec.model_path, dtype=cfg.torch_dtype, device=device, tp=groups.tp, stage=stage
+    )
     assert isinstance(model, LlamaPipelineStage)
     sizes = torch.zeros(3, dtype=torch.int64)
-    cpu.broadcast([sizes], dist.BroadcastOptions()).wait()
+    groups.comm.cpu_group.broadcast([sizes], dist.BroadcastOptions()).wait()
     num_pages, max_rows, max_pages = (int(x) for x in sizes.tolist())
+    lc = model.local_config
     pool = KVPool(
         num_layers=model.num_local_layers,
         num_pages=num_pages + 1,  # + the scratch page, as on rank 0
         page_size=cfg.page_size,
-        kv_heads=mc.num_kv_heads,
-        head_dim=mc.head_dim,
+        kv_heads=lc.num_kv_heads,
+        head_dim=lc.head_dim,
         kv_dtype=cfg.kv_cache_dtype,
         act_dtype=cfg.torch_dtype,
         device=device,
     )
     attn = make_attention_backend(cfg.resolved_attention_backend, pool)
-    StageRunner(model, pool, attn, comm, max_rows, max_pages).serve()
+    StageRunner(model, pool, attn, groups.comm, max_rows, max_pages).serve()
 
 
 if __name__ == "__main__":
-    rank_main(msgspec.json.decode(sys.argv[1], type=RankSpec))
+    try:
+        rank_main(msgspec.json.decode(sys.argv[1], type=RankSpec))
+    except Exception as exc:  # say which rank and why, then leave with an error code
+        logging.getLogger(__name__).error("pipeline rank failed: %s", exc)
+        sys.exit(1)

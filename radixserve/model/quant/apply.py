@@ -149,7 +149,8 @@ def quantize_model(model: LlamaForCausalLM, qcfg: QuantConfig) -> QuantReport:
     act_dtype = model.model.norm.weight.dtype
     check_device(qcfg.method, device)
     cdt = compute_dtype_for(device, act_dtype)
-    with_vocab = qcfg.embeddings_quantized(cfg.num_params)
+    # A tensor-parallel shard keeps its vocab-parallel embedding and LM head in full precision.
+    with_vocab = qcfg.embeddings_quantized(cfg.num_params) and model.shard is None
     names = linear_targets(model, with_vocab)
     group = None
     if qcfg.method == "int4":

@@ -1,0 +1,108 @@
+"""One worker over two tensor-parallel ranks (gloo, a spawned rank process): greedy outputs
+equal one rank and transformers, cache cold and warm, with chunked prefill and retraction;
+every rank holds the same pool and page table; a killed rank ends the engine with an error
+that names it, and no process is left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
+
+from radixserve.engine.engine import Engine
+from radixserve.engine.ranks import RankFailure
+
+N = 12
+
+
+def _tp_engine(path: Path, **kw: object) -> Engine:
+    return Engine(path, tensor_parallel_size=2, dist_timeout=30.0, **kw)  # type: ignore[arg-type]
+
+
+def _assert_gone(engine: Engine) -> None:
+    assert engine.ranks is not None
+    for proc in engine.ranks.procs.values():
+        assert not proc.is_alive()
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])
+def test_tp2_greedy_equals_transformers_cold_and_warm(
+    fixture: str, request: pytest.FixtureRequest
+) -> None:
+    path = request.getfixturevalue(fixture)
+    system = random_prompts([21], seed=30)[0]
+    prompts = [system + q for q in random_prompts([5, 9, 3], seed=31)]
+    refs = [hf_greedy(path, p, N) for p in prompts]
+    # max_num_tokens 16: the 30-token prompts prefill in chunks.
+    engine = _tp_engine(path, page_size=4, num_pages=96, max_num_tokens=16)
+    try:
+        assert engine.model.local_config.num_kv_heads == 1  # half of the 2 KV heads
+        cached = []
+        for warm in (False, True):
+            rids = [engine.add_request(p, greedy(N)) for p in prompts]
+            outs = run_to_completion(engine)  # check_invariants (rank audit) after every step
+            assert [tokens_of(outs[r]) for r in rids] == refs, f"warm={warm}"
+            cached.append([outs[r][-1].usage.cached_tokens for r in rids])
+        # Warm: every prompt's whole pages come from the cache (cold: only the shared system part).
+        assert all(c >= 20 for c in cached[1]) and sum(cached[1]) > sum(cached[0])
+        s = engine.stats()
+        assert s.pages_in_use == 0 and s.pages_free + s.pages_evictable == s.num_pages
+    finally:
+        engine.close()
+    _assert_gone(engine)
+
+
+def test_tp2_retraction_and_uneven_heads(tmp_path: Path) -> None:
+    import tiny_models
+
+    # 9 query heads over 3 KV heads (SmolLM2's shape): rank 0 keeps 2 KV heads, rank 1 one.
+    path = tiny_models.build_tiny_llama(
+        tmp_path / "q9kv3", num_q_heads=9, num_kv_heads=3, head_dim=16, hidden_size=144
+    )
+    system = random_prompts([24], seed=20)[0]
+    prompts = [system + q for q in random_prompts([6, 10, 3, 14, 8], seed=21)]
+    n = 20
+    refs = [hf_greedy(path, p, n) for p in prompts]
+    engine = _tp_engine(
+        path,
+        page_size=4,
+        num_pages=36,
+        max_num_tokens=64,
+        init_new_token_ratio=0.0,
+        min_new_token_ratio=0.0,  # admit greedily: decode must retract
+    )
+    try:
+        rids = [engine.add_request(p, greedy(n)) for p in prompts]
+        outs = run_to_completion(engine)
+        assert [tokens_of(outs[r]) for r in rids] == refs
+        s = engine.stats()
+        assert s.retractions_total > 0
+        assert s.pages_in_use == 0 and s.pages_free + s.pages_evictable == s.num_pages
+    finally:
+        engine.close()
+    _assert_gone(engine)
+
+
+def test_killed_rank_fails_the_engine_naming_it(tiny_llama_dir: Path) -> None:
+    engine = _tp_engine(tiny_llama_dir, page_size=4, num_pages=64, max_num_tokens=64)
+    try:
+        assert engine.ranks is not None
+        proc = engine.ranks.procs[1]
+        engine.check_health()  # all well: the ping goes round
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(timeout=10)
+        engine.add_request(random_prompts([7])[0], greedy(4))
+        t0 = time.monotonic()
+        with pytest.raises(RankFailure, match=r"rank 1 \(pid \d+\) exited with code -9"):
+            while engine.has_unfinished():
+                engine.step()
+        assert time.monotonic() - t0 < 10  # the dead rank's sockets closed: no timeout wait
+        with pytest.raises(RankFailure, match="rank 1"):
+            engine.check_health()
+    finally:
+        engine.close()
+    _assert_gone(engine)
