@@ -341,7 +341,7 @@ def render(cfg: ModelConfig, source: str, r: dict[str, Any]) -> str:
 def render_parallel(cfg: ModelConfig, r: dict[str, Any]) -> list[str]:
     """The TP × PP section: what each device holds and the page count all of them agree on."""
     from radixserve.memory.planner import format_bytes as fb
-    from radixserve.memory.sharding import kv_heads_per_rank
+    from radixserve.memory.sharding import kv_heads_per_rank, q_heads_per_rank
 
     par: ParallelMemoryPlan = r["parallel"]
     tp, pp = par.tp_size, par.pp_size
@@ -357,7 +357,7 @@ def render_parallel(cfg: ModelConfig, r: dict[str, Any]) -> list[str]:
     out = [
         f"Per device: tensor parallel {tp} x pipeline parallel {pp} = {par.num_devices} devices "
         f"(kv dtype {first.kv_dtype}, page size {first.page_size}, budget {first.budget_source}):",
-        f"  per TP rank: {-(-cfg.num_q_heads // tp)} of {cfg.num_q_heads} query heads, KV heads {kv_note}, "
+        f"  per TP rank: {q_heads_per_rank(cfg.num_q_heads, cfg.num_kv_heads, tp)} of {cfg.num_q_heads} query heads, KV heads {kv_note}, "
         f"{-(-cfg.intermediate_size // tp):,} of {cfg.intermediate_size:,} MLP rows, "
         f"{-(-cfg.vocab_size // tp):,} of {cfg.vocab_size:,} vocabulary rows (embedding / LM head)",
         f"  {'stage':<6}{'layers':<11}{'also holds':<16}{'budget':>11}{'weights':>11}{'activ.':>11}"

@@ -29,7 +29,12 @@ from typing import Protocol
 import torch
 
 from radixkernels.kv_format import SCALE_DTYPE, KVCacheDtype, KVFormat
-from radixserve.memory.sharding import WHOLE_MODEL, DeviceShard, kv_heads_per_rank
+from radixserve.memory.sharding import (
+    WHOLE_MODEL,
+    DeviceShard,
+    kv_heads_per_rank,
+    q_heads_per_rank,
+)
 
 
 class ModelConfig(Protocol):
@@ -140,7 +145,7 @@ def weight_bytes(
         return cfg.num_params * act
     tp = shard.tp_size
     h, v = cfg.hidden_size, math.ceil(cfg.vocab_size / tp)
-    q = math.ceil(cfg.num_q_heads / tp) * cfg.head_dim
+    q = q_heads_per_rank(cfg.num_q_heads, cfg.num_kv_heads, tp) * cfg.head_dim
     kv = kv_heads_per_rank(cfg.num_kv_heads, tp) * cfg.head_dim
     i = math.ceil(cfg.intermediate_size / tp)
     shapes = [(q + 2 * kv, h), (h, q), (2 * i, h), (h, i)]
@@ -190,7 +195,7 @@ def activation_reserve_bytes(
     to the whole vocabulary).
     """
     tp = shard.tp_size
-    q = math.ceil(cfg.num_q_heads / tp) * cfg.head_dim
+    q = q_heads_per_rank(cfg.num_q_heads, cfg.num_kv_heads, tp) * cfg.head_dim
     kv = kv_heads_per_rank(cfg.num_kv_heads, tp) * cfg.head_dim
     per_row = 4 * cfg.hidden_size + 2 * q + 2 * kv + 3 * math.ceil(cfg.intermediate_size / tp)
     logits = cfg.vocab_size * 4 if shard.has_lm_head else 0

@@ -65,6 +65,16 @@ def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     return math.ceil(num_kv_heads / tp)
 
 
+def q_heads_per_rank(num_q_heads: int, num_kv_heads: int, tp: int) -> int:
+    """Query heads the largest TP rank keeps (radixserve.model.parallel's split by GQA group):
+    its KV heads' whole groups, or, with KV heads replicated, its share of one group (largest
+    where the fewest ranks share a head: SmolLM2's 3 KV heads on 4 ranks, rank 2 alone)."""
+    group = num_q_heads // num_kv_heads
+    if num_kv_heads >= tp:
+        return math.ceil(num_kv_heads / tp) * group
+    return math.ceil(group / (tp // num_kv_heads))
+
+
 @dataclass(frozen=True)
 class DeviceShard:
     """The part of a model one device holds: a TP share of the layers ``[layer_start, layer_end)``,

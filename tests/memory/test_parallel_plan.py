@@ -20,6 +20,7 @@ from radixserve.memory.planner import (
 from radixserve.memory.sharding import (
     DeviceShard,
     kv_heads_per_rank,
+    q_heads_per_rank,
     split_sizes,
     stage_layer_ranges,
     stage_shards,
@@ -59,6 +60,11 @@ def test_head_splits() -> None:
     assert kv_heads_per_rank(2, 4) == 1
     assert kv_heads_per_rank(3, 2) == 2  # uneven: the larger share sizes the device
     assert split_sizes(9, 2) == [5, 4] and split_sizes(8, 4) == [2, 2, 2, 2]
+    # Query heads follow their KV head's group (as radixserve.model.parallel splits them).
+    assert q_heads_per_rank(64, 8, 4) == 16
+    assert q_heads_per_rank(9, 3, 2) == 6  # rank 0: KV heads 0-1 and their 6 query heads
+    assert q_heads_per_rank(9, 3, 4) == 3  # ranks 0-1 share KV head 0, rank 2 has head 1 alone
+    assert q_heads_per_rank(9, 3, 8) == 2
 
 
 def test_weights_split_by_tp_and_pp() -> None:
@@ -129,3 +135,18 @@ def test_single_device_unchanged_by_whole_shard() -> None:
     )
     one = plan_parallel_memory(cfg, 1, 1, act_dtype=torch.float16, memory_budget=80 * GiB)
     assert one.num_pages == 33 * 256 + one.num_pages % 256 and one.max_sequences(4096) == 33
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "llama-2-70b", "llama-2-7b"])
+def test_planner_sizes_the_largest_rank_of_the_model_split(name: str) -> None:
+    """The planner's per-device heads are the largest any rank of radixserve.model.parallel holds."""
+    from radixserve.model.parallel import shard_for_rank
+
+    cfg = preset(name)
+    for tp in (1, 2, 3, 4, 8):
+        shards = [shard_for_rank(cfg, r, tp) for r in range(tp)]
+        assert max(s.num_q_heads for s in shards) == q_heads_per_rank(
+            cfg.num_q_heads, cfg.num_kv_heads, tp
+        )
+        assert max(s.num_kv_heads for s in shards) == kv_heads_per_rank(cfg.num_kv_heads, tp)
+        assert max(s.intermediate_size for s in shards) == split_sizes(cfg.intermediate_size, tp)[0]
