@@ -347,6 +347,7 @@ def render_parallel(cfg: ModelConfig, r: dict[str, Any]) -> list[str]:
     tp, pp = par.tp_size, par.pp_size
     first = par.stages[0]
     kvr = kv_heads_per_rank(cfg.num_kv_heads, tp)
+    qr = q_heads_per_rank(cfg.num_q_heads, cfg.num_kv_heads, tp)
     if cfg.num_kv_heads >= tp:
         kv_note = f"{cfg.num_kv_heads} / {tp} = {kvr}" + (
             " (uneven: the first ranks take one more)" if cfg.num_kv_heads % tp else ""
@@ -357,7 +358,7 @@ def render_parallel(cfg: ModelConfig, r: dict[str, Any]) -> list[str]:
     out = [
         f"Per device: tensor parallel {tp} x pipeline parallel {pp} = {par.num_devices} devices "
         f"(kv dtype {first.kv_dtype}, page size {first.page_size}, budget {first.budget_source}):",
-        f"  per TP rank: {q_heads_per_rank(cfg.num_q_heads, cfg.num_kv_heads, tp)} of {cfg.num_q_heads} query heads, KV heads {kv_note}, "
+        f"  per TP rank: {qr} of {cfg.num_q_heads} query heads, KV heads {kv_note}, "
         f"{-(-cfg.intermediate_size // tp):,} of {cfg.intermediate_size:,} MLP rows, "
         f"{-(-cfg.vocab_size // tp):,} of {cfg.vocab_size:,} vocabulary rows (embedding / LM head)",
         f"  {'stage':<6}{'layers':<11}{'also holds':<16}{'budget':>11}{'weights':>11}{'activ.':>11}"
