@@ -94,6 +94,48 @@ def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> N
         help="split the layers into this many pipeline stages, one rank process each (default 1)",
     )
     g.add_argument("--engine-config", default="{}", help="more EngineConfig fields as JSON")
+    add_parallel_arguments(p)
+
+
+def add_parallel_arguments(p: argparse.ArgumentParser) -> None:
+    """Tensor parallelism and multi-node flags (SGLang's names; docs/parallelism.md)."""
+    g = p.add_argument_group("parallelism")
+    g.add_argument(
+        "--tensor-parallel-size",
+        "--tp",
+        dest="tensor_parallel_size",
+        type=int,
+        default=None,
+        help="ranks per worker, each holding a shard of every layer (default 1)",
+    )
+    g.add_argument("--nnodes", type=int, default=None, help="hosts the worker's ranks span")
+    g.add_argument(
+        "--node-rank",
+        type=int,
+        default=None,
+        help="this host's index (0: rank 0, the worker itself; others only run ranks)",
+    )
+    g.add_argument(
+        "--dist-init-addr",
+        default=None,
+        metavar="HOST:PORT",
+        help="rank 0's rendezvous address (default: a free loopback port; unauthenticated, "
+        "keep it on a private network)",
+    )
+    g.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=None,
+        help="seconds a collective may wait for a rank before the worker fails (default 60)",
+    )
+    try:  # serve has --insecure already (router, HTTP): it covers the rendezvous too
+        g.add_argument(
+            "--insecure",
+            action="store_true",
+            help="allow a wildcard --dist-init-addr (unauthenticated on every interface)",
+        )
+    except argparse.ArgumentError:
+        pass
 
 
 def engine_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -110,6 +152,11 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
             cfg[flag.replace("-", "_")] = value
     if args.disable_radix_cache:
         cfg["disable_radix_cache"] = True
+    for name in ("tensor_parallel_size", "nnodes", "node_rank", "dist_init_addr", "dist_timeout"):
+        if getattr(args, name, None) is not None:
+            cfg[name] = getattr(args, name)
+    if getattr(args, "insecure", False) and cfg.get("dist_init_addr"):
+        cfg["dist_insecure"] = True
     if args.quantize_embeddings is not None:
         cfg["quantize_embeddings"] = args.quantize_embeddings
     if args.enable_hierarchical_cache:

@@ -110,6 +110,8 @@ def serve(args: argparse.Namespace) -> int:
     closed; then the process ends with :func:`~radixserve.serving.shutdown.exit_now` rather
     than returning (interpreter finalization would cost seconds of CPU for nothing)."""
     engine_overrides = engine_config(args)  # first: it may switch Triton to its interpreter
+    if engine_overrides.get("node_rank", 0) > 0:  # another host's ranks of worker 0: no router
+        return run_other_node(args.model, engine_overrides)
     import logging
     import signal
     import sys
@@ -205,9 +207,31 @@ def serve(args: argparse.Namespace) -> int:
     exit_now(0)
 
 
+def run_other_node(model: str | None, engine_overrides: dict[str, Any]) -> int:
+    """``--node-rank`` > 0: run this host's tensor-parallel ranks of the worker whose rank 0
+    runs on node 0 (at ``--dist-init-addr``) until it stops them; the exit code."""
+    import logging
+
+    from radixserve.engine.config import EngineConfig
+    from radixserve.engine.ranks import run_node
+    from radixserve.model_store import resolve_model
+    from radixserve.serving.shutdown import exit_now
+
+    logging.basicConfig(level=logging.WARNING, format="[ranks] %(levelname)s %(message)s")
+    cfg = EngineConfig.from_kwargs(**engine_overrides)
+    print(
+        f"radixserve: node {cfg.node_rank} of {cfg.nnodes}: tensor-parallel ranks of the worker "
+        f"at {cfg.dist_init_addr}",
+        flush=True,
+    )
+    exit_now(run_node(cfg, resolve_model(model)))
+
+
 def _worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--connect", required=True, help="the router's worker endpoint, e.g. tcp://ROUTER_HOST:5556"
+        "--connect",
+        default=None,
+        help="the router's worker endpoint, e.g. tcp://ROUTER_HOST:5556 (not with --node-rank > 0)",
     )
     p.add_argument("--model", default="default")
     p.add_argument(
@@ -243,6 +267,10 @@ def worker(args: argparse.Namespace, engine_factory: Any = None) -> int:
     from radixserve.serving.worker import run_worker
 
     config = engine_config(args)
+    if config.get("node_rank", 0) > 0:  # this host only runs ranks; node 0 is the worker
+        return run_other_node(args.model, config)
+    if args.connect is None:
+        raise ValueError("radixserve worker needs --connect (the router's worker endpoint)")
     # A stopped worker skips interpreter finalization (seconds of torch teardown, for no one).
     exit_now(
         run_worker(

@@ -222,6 +222,7 @@ class Engine:
                     self.max_total_len,
                 )
             )
+            clock.lap("tensor-parallel ranks ready")
         self.runner.warm_up(self.max_total_len)
         if ranks is not None:
             self.runner.followers = ranks.channel  # from now on each step goes to every rank

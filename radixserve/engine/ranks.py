@@ -306,12 +306,12 @@ class RankGroup:
             dead = self.dead_ranks()
             if dead:
                 raise RankFailure("; ".join(dead))
-            try:
-                self.rv.store.wait(keys, datetime.timedelta(seconds=1))
+            if self.rv.store.check(keys):
                 return
-            except Exception as exc:  # not all ready yet: check the processes again
-                if time.monotonic() > deadline:
-                    raise RankFailure(f"tensor-parallel ranks not ready in time: {exc}") from exc
+            if time.monotonic() > deadline:
+                raise RankFailure("tensor-parallel ranks not ready in time")
+            # Wake at once if a local rank dies, else look at the store again shortly.
+            wait([p.sentinel for p in self.procs.values()], 0.05)
 
     def dead_ranks(self) -> list[str]:
         """This host's rank processes that have exited, in words."""

@@ -86,7 +86,9 @@ class LocalServer:
         self.num_workers = num_workers
         engine_config = dict(engine_config or {})
         if worker_program is None and engine_config.get("device", "cpu") == "cpu":
-            engine_config.setdefault("num_threads", default_threads_per_worker(num_workers))
+            # Per rank: a tensor-parallel worker's ranks share its cores too.
+            tp = int(engine_config.get("tensor_parallel_size", 1))
+            engine_config.setdefault("num_threads", default_threads_per_worker(num_workers * tp))
         # One GPU per worker on CUDA (or an explicit split); refused before anything starts.
         placements = plan_worker_devices(engine_config, num_workers, gpu_ids)
         config = config if config is not None else RouterConfig()

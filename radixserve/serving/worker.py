@@ -246,6 +246,9 @@ class Worker:
                 if now >= next_check:
                     next_check = now + 0.5
                     self._check_liveness(now)
+                    code = self._check_engine()
+                    if code:
+                        break
         except Interrupted:
             pass  # a signal: the step in progress is abandoned, the process is leaving
         finally:
@@ -271,6 +274,20 @@ class Worker:
                 close()
             except Exception:
                 log.exception("closing the engine failed")
+
+    def _check_engine(self) -> int:
+        """The engine's own health check, where it has one (tensor-parallel ranks answering);
+        a failure ends the worker like a failed step (the router then reports it dead)."""
+        check = getattr(self.engine, "check_health", None)
+        if check is None:
+            return 0
+        try:
+            check()
+        except Exception as exc:
+            log.error("engine health check failed: %s", exc)
+            self._goodbye = f"engine failed: {exc}"
+            return 1
+        return 0
 
     def _step(self) -> int:
         try:

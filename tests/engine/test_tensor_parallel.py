@@ -106,3 +106,28 @@ def test_killed_rank_fails_the_engine_naming_it(tiny_llama_dir: Path) -> None:
     finally:
         engine.close()
     _assert_gone(engine)
+
+
+def test_parallel_flags_and_config_checks() -> None:
+    import argparse
+
+    from radixserve.commands.engine_args import add_engine_arguments, engine_config
+    from radixserve.engine.config import EngineConfig
+
+    p = argparse.ArgumentParser()
+    add_engine_arguments(p)
+    args = p.parse_args(
+        ["--tp", "4", "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.5:29500"]
+    )
+    cfg = EngineConfig.from_kwargs(**engine_config(args))
+    assert (cfg.tensor_parallel_size, cfg.nnodes, cfg.node_rank) == (4, 2, 1)
+    assert cfg.dist_init_addr == "10.0.0.5:29500" and not cfg.dist_insecure
+    # torch.distributed's rendezvous is unauthenticated: no wildcard without --insecure.
+    with pytest.raises(ValueError, match="every interface"):
+        EngineConfig.from_kwargs(tensor_parallel_size=2, dist_init_addr="0.0.0.0:29500")
+    args = p.parse_args(["--tp", "2", "--dist-init-addr", "0.0.0.0:29500", "--insecure"])
+    assert EngineConfig.from_kwargs(**engine_config(args)).dist_insecure
+    with pytest.raises(ValueError, match="must divide"):
+        EngineConfig.from_kwargs(tensor_parallel_size=3, nnodes=2, dist_init_addr="h:1")
+    with pytest.raises(ValueError, match="need dist_init_addr"):
+        EngineConfig.from_kwargs(tensor_parallel_size=2, nnodes=2)
