@@ -86,13 +86,6 @@ def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> N
         default=None,
         help="L3: KV page files in this directory, shared across restarts and workers (implies the hierarchy)",
     )
-    g.add_argument(
-        "--pipeline-parallel-size",
-        "--pp",
-        type=int,
-        default=None,
-        help="split the layers into this many pipeline stages, one rank process each (default 1)",
-    )
     g.add_argument("--engine-config", default="{}", help="more EngineConfig fields as JSON")
     add_parallel_arguments(p)
 
@@ -107,6 +100,15 @@ def add_parallel_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="ranks per worker, each holding a shard of every layer (default 1)",
+    )
+    g.add_argument(
+        "--pipeline-parallel-size",
+        "--pp",
+        dest="pipeline_parallel_size",
+        type=int,
+        default=None,
+        help="pipeline stages per worker (contiguous layer ranges), each a group of "
+        "--tensor-parallel-size ranks (default 1; one host)",
     )
     g.add_argument("--nnodes", type=int, default=None, help="hosts the worker's ranks span")
     g.add_argument(
@@ -152,7 +154,14 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
             cfg[flag.replace("-", "_")] = value
     if args.disable_radix_cache:
         cfg["disable_radix_cache"] = True
-    for name in ("tensor_parallel_size", "nnodes", "node_rank", "dist_init_addr", "dist_timeout"):
+    for name in (
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "nnodes",
+        "node_rank",
+        "dist_init_addr",
+        "dist_timeout",
+    ):
         if getattr(args, name, None) is not None:
             cfg[name] = getattr(args, name)
     if getattr(args, "insecure", False) and cfg.get("dist_init_addr"):
@@ -161,7 +170,7 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
         cfg["quantize_embeddings"] = args.quantize_embeddings
     if args.enable_hierarchical_cache:
         cfg["enable_hierarchical_cache"] = True
-    for name in ("hicache_size", "hicache_storage_dir", "pipeline_parallel_size"):
+    for name in ("hicache_size", "hicache_storage_dir"):
         if getattr(args, name) is not None:
             cfg[name] = getattr(args, name)
     if cfg.get("attention_backend") == "triton" and str(cfg.get("device", "cpu")).startswith("cpu"):
