@@ -97,3 +97,23 @@ def test_dead_rank_fails_the_engine_naming_it(tiny_llama_dir: Path) -> None:
             engine.check_health()
     finally:
         engine.close()
+
+
+def test_stats_account_every_rank(tiny_llama_dir: Path) -> None:
+    """The benchmark's counters: each rank's compute, waits and sends, gathered on rank 0."""
+    engine = Engine(str(tiny_llama_dir), **CONFIG, pipeline_parallel_size=2)
+    try:
+        assert engine.pipeline is not None
+        comm = engine.pipeline.comm
+        comm.gather_stats()  # zeroes them
+        engine.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=4, temperature=0.0))
+        first, last = comm.gather_stats()
+        assert first["steps"] == last["steps"] == 4  # a prefill and three decode steps
+        assert first["compute_seconds"] > 0 and last["compute_seconds"] > 0
+        assert first["plan_seconds"] > 0 and last["recv_seconds"] > 0
+        # Rank 0 sends hidden states [rows, 64] fp32; rank 1 the logits [1, 512] fp32.
+        assert first["bytes_sent"] == (4 + 1 + 1 + 1) * 64 * 4
+        assert last["bytes_sent"] == 4 * 512 * 4
+        assert comm.gather_stats()[1]["steps"] == 0
+    finally:
+        engine.close()

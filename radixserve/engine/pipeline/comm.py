@@ -30,20 +30,43 @@ __all__ = ["PipelineComm", "CommStats"]
 
 _TAG_HIDDEN = 1
 _TAG_LOGITS = 2
+_TAG_STATS = 3
+# Plan-broadcast sizes below zero are control messages, not plans.
+STOP = -1
+REPORT_STATS = -2
 
 
 class CommStats:
-    """Seconds spent waiting in each kind of transfer (the benchmark's send/recv time and bubble)."""
+    """Where one rank's time went (the benchmark's send/recv time and bubble): waiting for plans,
+    sending, waiting for activations or logits, and computing (its stage's forward, and on
+    rank 0 the sampling)."""
+
+    FIELDS = (
+        "plan_seconds",
+        "send_seconds",
+        "recv_seconds",
+        "compute_seconds",
+        "bytes_sent",
+        "steps",
+    )
 
     def __init__(self) -> None:
         self.plan_seconds = 0.0
         self.send_seconds = 0.0
         self.recv_seconds = 0.0  # waiting for the previous stage's activations / the logits
+        self.compute_seconds = 0.0
         self.bytes_sent = 0
         self.steps = 0
 
     def as_dict(self) -> dict[str, float]:
-        return dict(self.__dict__)
+        return {f: getattr(self, f) for f in self.FIELDS}
+
+    def as_tensor(self) -> torch.Tensor:
+        return torch.tensor([float(getattr(self, f)) for f in self.FIELDS], dtype=torch.float64)
+
+    @staticmethod
+    def from_tensor(t: torch.Tensor) -> dict[str, float]:
+        return dict(zip(CommStats.FIELDS, t.tolist(), strict=True))
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
@@ -100,16 +123,18 @@ class PipelineComm:
 
     # -- plans (rank 0 -> all) ----------------------------------------------------------
 
-    def broadcast_bytes(self, payload: bytes | None) -> bytes | None:
-        """Rank 0 passes the payload (None: the stop signal); every rank gets it back."""
+    def broadcast_bytes(self, payload: bytes | int) -> bytes | int:
+        """Rank 0 passes the payload (or a negative control code: :data:`STOP`,
+        :data:`REPORT_STATS`); every rank gets it back."""
         t0 = time.perf_counter()
-        size = torch.tensor([-1 if payload is None else len(payload)], dtype=torch.int64)
+        code = payload if isinstance(payload, int) else len(payload)
+        size = torch.tensor([code], dtype=torch.int64)
         self.cpu_group.broadcast([size], dist.BroadcastOptions()).wait()
         n = int(size.item())
         if n < 0:
-            return None
+            return n
         if self.rank == 0:
-            assert payload is not None
+            assert isinstance(payload, bytes)
             buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         else:
             buf = torch.empty(n, dtype=torch.uint8)
@@ -154,6 +179,24 @@ class PipelineComm:
                 work.wait(self.step_timeout)
         self.stats.recv_seconds += time.perf_counter() - t0
         return buf
+
+    def report_stats(self) -> None:
+        """A non-zero rank's answer to :data:`REPORT_STATS`: its stats to rank 0, then zeroed."""
+        self.cpu_group.send([self.stats.as_tensor()], 0, _TAG_STATS).wait()
+        self.stats.reset()
+
+    def gather_stats(self) -> list[dict[str, float]]:
+        """Rank 0: every rank's stats since the last gather (rank order), all zeroed after."""
+        plan_seconds = self.stats.plan_seconds
+        self.broadcast_bytes(REPORT_STATS)
+        self.stats.plan_seconds = plan_seconds  # the request itself is no step's
+        out = [self.stats.as_dict()]
+        for rank in range(1, self.world_size):
+            buf = torch.zeros(len(CommStats.FIELDS), dtype=torch.float64)
+            self.cpu_group.recv([buf], rank, _TAG_STATS).wait()
+            out.append(CommStats.from_tensor(buf))
+        self.stats.reset()
+        return out
 
     def flush(self, wait: bool = True) -> None:
         """Drop the sends that completed (``wait``: wait for all of them first)."""

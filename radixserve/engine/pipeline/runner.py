@@ -17,12 +17,13 @@ rank 0's host before the broadcast, so every stage-0 TP rank embeds the same ids
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import msgspec
 import torch
 
 from radixserve.engine.model_runner import ModelRunner, PendingStep
-from radixserve.engine.pipeline.comm import PipelineComm
+from radixserve.engine.pipeline.comm import REPORT_STATS, STOP, PipelineComm
 from radixserve.engine.sampler import Sampler, token_logprobs
 from radixserve.engine.staging import Staged
 from radixserve.memory.pool import KVPool
@@ -140,6 +141,7 @@ class StageRunner(ModelRunner):
         """This stage's forward of ``plan``: receives its input from the previous stage (unless
         first), sends its output on (unless last); returns the output (logits on the last).
         ``staged``: the plan already uploaded (rank 0 adds its sampling inputs to the copy)."""
+        t0, recv0 = time.perf_counter(), self.comm.stats.recv_seconds
         if staged is None:
             staged = self.staging.upload(self._stage(plan))
         with torch.inference_mode():
@@ -154,14 +156,20 @@ class StageRunner(ModelRunner):
                 self.comm.send_hidden(out)
             elif self.comm.rank == self.comm.logits_src and self.comm.rank != 0:
                 self.comm.send_logits(out)
+        waited = self.comm.stats.recv_seconds - recv0
+        self.comm.stats.compute_seconds += time.perf_counter() - t0 - waited
         return out
 
     def serve(self) -> None:
         """A non-zero rank's loop: run every plan rank 0 broadcasts until it says stop."""
         while True:
             payload = self.comm.broadcast_bytes(b"")  # the payload is rank 0's
-            if payload is None:
+            if payload == STOP:
                 break
+            if payload == REPORT_STATS:
+                self.comm.report_stats()
+                continue
+            assert isinstance(payload, bytes)
             self.run_stage(decode_plan(payload))
             self.comm.stats.steps += 1
         self.comm.flush()
@@ -206,6 +214,7 @@ class PipelineRunner(StageRunner):
         out = self.run_stage(fwd, staged)
         if self.comm.pp > 1:
             out = self.comm.recv_logits(len(plan.logits_indices), self.vocab_size)
+        t_sample = time.perf_counter()
         ns = len(plan.sample_rows)
         reads: list[torch.Tensor] = []
         with torch.inference_mode():
@@ -217,12 +226,13 @@ class PipelineRunner(StageRunner):
                 reads.append(token_logprobs(logits[ns:], staged.i("lp_targets")))
         pending = PendingStep(self.staging.read_async(reads), splan, bool(plan.prompt_targets))
         result = pending.result()
+        self.comm.stats.compute_seconds += time.perf_counter() - t_sample
         self._last_host_tokens = list(result.token_ids)
         return _Done(result)
 
     def shutdown(self) -> None:
         """Tell every other rank to leave its loop."""
-        self.comm.broadcast_bytes(None)
+        self.comm.broadcast_bytes(STOP)
         self.comm.flush()
 
 
