@@ -5,28 +5,18 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from radixserve.sampling_params import SamplingParams
+# The tensor-parallel serving test's settings and helpers (same worker shape, same checks).
+from test_tensor_parallel_serving import ENGINE, PARAMS, PROMPT, ROUTER, _alive, _wait
+
 from radixserve.serving.client import Client
 from radixserve.serving.launcher import LocalServer
 from radixserve.serving.router import RouterConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
-
-ENGINE = dict(num_pages=128, page_size=4, max_num_tokens=64, max_running_requests=8)
-PROMPT = "The quick brown fox jumps over the lazy dog. Prefix caching"
-PARAMS = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-ROUTER = dict(
-    endpoint="tcp://127.0.0.1:*",
-    heartbeat_interval_s=0.1,
-    client_probe_interval_s=0.1,
-    tokenizer_workers=1,
-    restart_workers=False,
-)
 
 
 def _stage_processes(pid: int) -> list[int]:
@@ -45,23 +35,6 @@ def _stage_processes(pid: int) -> list[int]:
         except FileNotFoundError:
             pass
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _wait(cond, timeout: float) -> bool:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_pp2_worker_serves_then_a_killed_stage_takes_it_down(tiny_llama_dir: Path) -> None:

@@ -8,7 +8,8 @@ persistent page table, patched from each plan. One step::
     rank (s,r)  plan ─> recv hidden ─> stage s forward ─> send hidden ──────────────┤
     last stage  plan ─> recv hidden ─> layers, norm, LM head ─> send logits ─> rank 0 samples
 
-Only the forward part of a plan goes over the wire (:class:`ForwardPlan`); requests and their
+Only the forward part of a plan goes over the wire (the tensor-parallel ranks' ``StepMessage``
+without sampling inputs); requests and their
 sampling parameters stay on rank 0, which samples from the logits the last stage returns.
 Tokens that the plan takes from the step before (overlap's ``future_rows``) are filled in on
 rank 0's host before the broadcast, so every stage-0 TP rank embeds the same ids.
@@ -19,9 +20,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import msgspec
 import torch
 
+import radixserve.engine.step_wire as step_wire
 from radixserve.engine.model_runner import ModelRunner, PendingStep
 from radixserve.engine.pipeline.comm import REPORT_STATS, STOP, PipelineComm
 from radixserve.engine.sampler import Sampler, token_logprobs
@@ -31,70 +32,20 @@ from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.pipeline_stage import LlamaPipelineStage
 from radixserve.scheduling.plan import StepPlan, StepResult
 
-__all__ = ["ForwardPlan", "PipelineRunner", "StageRunner", "decode_plan", "encode_plan"]
+__all__ = ["PipelineRunner", "StageRunner", "decode_plan", "encode_plan"]
 
 
-class ForwardPlan(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
-    """The part of a :class:`StepPlan` the stages need (no requests, no sampling)."""
-
-    input_ids: list[int]
-    positions: list[int]
-    out_slots: list[int]
-    table_rows: list[int]
-    prefix_lens: list[int]
-    extend_lens: list[int]
-    seq_lens: list[int]
-    page_lists: list[list[int]]
-    write_rows: list[int]
-    write_cols: list[int]
-    write_pages: list[int]
-    logits_indices: list[int]
-
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(ForwardPlan)
-
-
-def encode_plan(plan: StepPlan, input_ids: list[int]) -> bytes:
-    return _encoder.encode(
-        ForwardPlan(
-            input_ids,
-            plan.positions,
-            plan.out_slots,
-            plan.table_rows,
-            plan.prefix_lens,
-            plan.extend_lens,
-            plan.seq_lens,
-            plan.page_lists,
-            plan.write_rows,
-            plan.write_cols,
-            plan.write_pages,
-            plan.logits_indices,
-        )
-    )
+def encode_plan(plan: StepPlan) -> bytes:
+    """The forward part of ``plan`` on the wire: the tensor-parallel ranks' message
+    (:mod:`~radixserve.engine.step_wire`) without the sampler's inputs."""
+    return step_wire.encode(step_wire.step_message(plan, None, None))
 
 
 def decode_plan(payload: bytes) -> StepPlan:
     """A :class:`StepPlan` with the forward fields of ``payload`` and no sampling."""
-    f = _decoder.decode(payload)
-    return StepPlan(
-        input_ids=f.input_ids,
-        positions=f.positions,
-        out_slots=f.out_slots,
-        table_rows=f.table_rows,
-        prefix_lens=f.prefix_lens,
-        extend_lens=f.extend_lens,
-        seq_lens=f.seq_lens,
-        page_lists=f.page_lists,
-        write_rows=f.write_rows,
-        write_cols=f.write_cols,
-        write_pages=f.write_pages,
-        logits_indices=f.logits_indices,
-        sample_rows=[],
-        prompt_targets=[],
-        future_rows=[],
-        future_src=[],
-    )
+    msg = step_wire.decode(payload)
+    assert isinstance(msg, step_wire.StepMessage)
+    return step_wire.plan_of(msg)
 
 
 class _Done(PendingStep):
@@ -205,9 +156,9 @@ class PipelineRunner(StageRunner):
             input_ids = list(input_ids)
             for row, src in zip(plan.future_rows, plan.future_src, strict=True):
                 input_ids[row] = self._last_host_tokens[src]
-        self.comm.broadcast_bytes(encode_plan(plan, input_ids))
-        self.comm.stats.steps += 1
         fwd = plan if input_ids is plan.input_ids else _with_inputs(plan, input_ids)
+        self.comm.broadcast_bytes(encode_plan(fwd))
+        self.comm.stats.steps += 1
         layout = self._stage(fwd)
         splan = self.sampler.prepare(plan.sample_rows, layout) if plan.sample_rows else None
         staged = self.staging.upload(layout)  # one copy: the forward's and the sampler's inputs
