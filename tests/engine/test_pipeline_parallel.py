@@ -34,7 +34,7 @@ def _run(
     ]
 
 
-def _compare(model_dir: Path, pp: int, tp: int = 1) -> None:
+def _compare(model_dir: Path, pp: int, tp: int = 1, **extra: str) -> None:
     # Chunked prefill (12-token budget), a shared prefix (warm cache on the second call).
     prompts = random_prompts([9, 17, 5])
     again = [prompts[1][:12] + [7, 8, 9], prompts[0]]
@@ -63,8 +63,10 @@ def test_pp2_llama_equals_single(tiny_llama_dir: Path) -> None:
     _compare(tiny_llama_dir, 2)
 
 
-def test_pp2_qwen2_tied_equals_single(tiny_qwen2_dir: Path) -> None:
-    _compare(tiny_qwen2_dir, 2)
+def test_pp2_qwen2_tied_overlap_equals_single(tiny_qwen2_dir: Path) -> None:
+    # Overlap scheduling: each decode plan names the step before's tokens (future rows),
+    # which rank 0 fills in from its host copy before the broadcast.
+    _compare(tiny_qwen2_dir, 2, overlap_schedule="on")
 
 
 @pytest.mark.slow
