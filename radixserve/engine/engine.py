@@ -32,7 +32,7 @@ from radixserve.engine.config import EngineConfig
 from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.devices import bind_device
 from radixserve.engine.kv_profile import ProfiledKV
-from radixserve.engine.model_runner import ModelRunner, make_attention_backend
+from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, TokenLogprob, Usage
 from radixserve.engine.pipeline.launch import PipelineLaunch
 from radixserve.engine.ranks import RankGroup, rank_threads
@@ -332,13 +332,8 @@ class Engine:
         peak = kv_profile.profile_step_peak(
             self.model,
             mem,
-            make_runner=lambda pool, rows, pages: ModelRunner(
-                self.model,
-                pool,
-                make_attention_backend(cfg.resolved_attention_backend, pool),
-                Sampler(mc.vocab_size, mc.eos_token_ids, self.device, cfg.seed),
-                max_rows=rows,
-                max_pages=pages,
+            make_runner=lambda pool, rows, pages: ModelRunner.from_config(
+                self.model, pool, cfg, rows, pages
             ),
             pool_args=self._pool_args,
             max_num_tokens=cfg.max_num_tokens,

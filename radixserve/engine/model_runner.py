@@ -146,11 +146,11 @@ class ModelRunner:
         cfg: EngineConfig,
         max_rows: int,
         max_pages: int,
-        scratch_page: int,
+        scratch_page: int | None = None,
     ) -> ModelRunner:
         """The engine's runner over ``pool``: the configured attention backend, a sampler
-        seeded with ``cfg.seed``, decode graphs as configured (every tensor-parallel rank
-        builds the same one)."""
+        seeded with ``cfg.seed``, decode graphs as configured when there is a ``scratch_page``
+        (every tensor-parallel rank builds the same one; the memory profile's has none)."""
         mc = model.config
         return ModelRunner(
             model,
@@ -159,7 +159,7 @@ class ModelRunner:
             Sampler(mc.vocab_size, mc.eos_token_ids, pool.device, cfg.seed),
             max_rows=max_rows,
             max_pages=max_pages,
-            decode_graphs=cfg.use_decode_graphs,
+            decode_graphs=cfg.use_decode_graphs and scratch_page is not None,
             scratch_page=scratch_page,
         )
 

@@ -131,3 +131,24 @@ def test_parallel_flags_and_config_checks() -> None:
         EngineConfig.from_kwargs(tensor_parallel_size=3, nnodes=2, dist_init_addr="h:1")
     with pytest.raises(ValueError, match="need dist_init_addr"):
         EngineConfig.from_kwargs(tensor_parallel_size=2, nnodes=2)
+
+
+@pytest.mark.slow
+def test_smollm2_tp2_equals_transformers(smollm2_dir: Path) -> None:
+    """The default model (9 query heads over 3 KV heads: an uneven split) on two ranks."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(smollm2_dir))
+    prompts = [tok.encode(p) for p in ["The capital of France is", "def fibonacci(n):"]]
+    refs = [hf_greedy(smollm2_dir, p, 8) for p in prompts]
+    engine = _tp_engine(smollm2_dir, page_size=16, num_pages=64, max_num_tokens=48)
+    try:
+        assert engine.model.local_config.num_kv_heads == 2  # rank 0: KV heads 0-1
+        for _ in ("cold", "warm"):
+            outs = engine.generate(prompts, greedy(8))
+            engine.check_invariants()
+            assert [o.token_ids for o in outs] == refs
+        assert outs[0].text.strip().startswith("Paris")
+    finally:
+        engine.close()
+    _assert_gone(engine)
