@@ -196,8 +196,7 @@ class Engine:
             self.runner: ModelRunner = pipe.make_runner(
                 self.model,
                 pool,
-                make_attention_backend(cfg.resolved_attention_backend, pool),
-                Sampler(mc.vocab_size, mc.eos_token_ids, self.device, cfg.seed),
+                cfg,
                 num_pages=num_pages,
                 max_rows=sched_cfg.max_running_requests,
                 max_pages=self.scheduler.max_pages_per_request,

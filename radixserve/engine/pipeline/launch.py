@@ -152,18 +152,23 @@ class PipelineLaunch:
         self,
         model: torch.nn.Module,
         pool: Any,
-        attn: Any,
-        sampler: Any,
+        cfg: EngineConfig,
         num_pages: int,
         max_rows: int,
         max_pages: int,
     ) -> Any:
-        """Tell the other ranks the sizes; rank 0's :class:`PipelineRunner` (its warm-up runs
-        on every rank, so the engine is ready only when all of them are)."""
+        """Tell the other ranks the sizes; rank 0's :class:`PipelineRunner` with the configured
+        attention backend and sampler (its warm-up runs on every rank, so the engine is ready
+        only when all of them are)."""
+        from radixserve.engine.model_runner import make_attention_backend
         from radixserve.engine.pipeline.runner import PipelineRunner
+        from radixserve.engine.sampler import Sampler
         from radixserve.model.pipeline_stage import LlamaPipelineStage
 
         assert isinstance(model, LlamaPipelineStage)
+        mc = model.full_config
+        attn = make_attention_backend(cfg.resolved_attention_backend, pool)
+        sampler = Sampler(mc.vocab_size, mc.eos_token_ids, pool.device, cfg.seed)
         sizes = torch.tensor([num_pages, max_rows, max_pages], dtype=torch.int64)
         try:
             self.comm.cpu_group.broadcast([sizes], dist.BroadcastOptions()).wait()
