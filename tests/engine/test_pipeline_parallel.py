@@ -119,3 +119,28 @@ def test_stats_account_every_rank(tiny_llama_dir: Path) -> None:
         assert comm.gather_stats()[1]["steps"] == 0
     finally:
         engine.close()
+
+
+def test_micro_batches_cut_whole_sequences() -> None:
+    from radixserve.engine.pipeline.micro import split_micro_batches
+    from radixserve.scheduling.plan import StepPlan
+
+    def plan(extend: list[int], logits: list[int]) -> StepPlan:
+        n, b = sum(extend), len(extend)
+        return StepPlan(
+            [0] * n, list(range(n)), list(range(n)), list(range(b)), [0] * b, extend,
+            extend, [[0]] * b, [], [], [], logits, [], [], [], [],
+        )  # fmt: skip
+
+    # Decode: 6 one-row sequences in 2 groups of 3 rows; the logits follow their rows.
+    a, b = split_micro_batches(plan([1] * 6, list(range(6))), 2)
+    assert (a.seq_lo, a.seq_hi, a.row_lo, a.row_hi) == (0, 3, 0, 3) and a.logits == [0, 1, 2]
+    assert (b.seq_lo, b.seq_hi, b.row_lo, b.row_hi) == (3, 6, 3, 6) and b.logits == [3, 4, 5]
+    # A long prefill and two decodes: the cut falls after the prefill; prompt-logprob rows
+    # (listed after the sample rows) land in their sequence's group.
+    a, b = split_micro_batches(plan([10, 1, 1], [9, 10, 11, 3]), 2)
+    assert (a.seq_hi, a.row_hi, a.logits) == (1, 10, [0, 3]) and (b.seq_lo, b.logits) == (1, [1, 2])
+    # Never more groups than sequences, never an empty group.
+    assert len(split_micro_batches(plan([5], [4]), 4)) == 1
+    groups = split_micro_batches(plan([1, 1, 30], [0, 1, 31]), 3)
+    assert [(g.seq_lo, g.seq_hi) for g in groups] == [(0, 1), (1, 2), (2, 3)]

@@ -160,6 +160,8 @@ class PipelineComm:
         return self._recv((rows, vocab_size), torch.float32, self.logits_src, _TAG_LOGITS)
 
     def _send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+        if not tensor.numel():
+            return  # the receiver skips empty tensors too (a micro-batch that samples nothing)
         t0 = time.perf_counter()
         tensor = tensor.contiguous()
         # The tensor must outlive the send: keep it with its work until the next wait.

@@ -25,8 +25,9 @@ import torch
 import radixserve.engine.step_wire as step_wire
 from radixserve.engine.model_runner import ModelRunner, PendingStep
 from radixserve.engine.pipeline.comm import REPORT_STATS, STOP, PipelineComm
+from radixserve.engine.pipeline.micro import MicroBatch, split_micro_batches, sub_batch
 from radixserve.engine.sampler import Sampler, token_logprobs
-from radixserve.engine.staging import Staged
+from radixserve.engine.staging import Staged, StagingLayout
 from radixserve.memory.pool import KVPool
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.pipeline_stage import LlamaPipelineStage
@@ -87,29 +88,52 @@ class StageRunner(ModelRunner):
         self.comm = comm
         self.hidden_size = model.full_config.hidden_size
         self.vocab_size = model.full_config.vocab_size
+        # Micro-batches per step: as many as stages, so every stage has work while the others do.
+        self.micro_batches = comm.pp
+        self._micro: list[MicroBatch] = []
 
-    def run_stage(self, plan: StepPlan, staged: Staged | None = None) -> torch.Tensor:
-        """This stage's forward of ``plan``: receives its input from the previous stage (unless
-        first), sends its output on (unless last); returns the output (logits on the last).
+    def run_stage(self, plan: StepPlan, staged: Staged | None = None) -> list[torch.Tensor]:
+        """This stage's forward of ``plan``, micro-batch after micro-batch
+        (:mod:`~radixserve.engine.pipeline.micro`): each receives its input from the previous
+        stage (unless first) and sends its output on (unless last); returns the outputs.
         ``staged``: the plan already uploaded (rank 0 adds its sampling inputs to the copy)."""
         t0, recv0 = time.perf_counter(), self.comm.stats.recv_seconds
         if staged is None:
             staged = self.staging.upload(self._stage(plan))
+        outs = []
         with torch.inference_mode():
             self._patch_page_table(plan, staged)
-            batch = self._forward_batch(plan, staged, staged.i("input_ids"))
-            hidden = None
-            if not self.comm.is_first_stage:
-                hidden = self.comm.recv_hidden(plan.num_tokens, self.hidden_size, self.model.dtype)
-            self.attn.init_forward_metadata(batch)
-            out = self.model.forward(batch, self.attn, hidden)
-            if not self.comm.is_last_stage:
-                self.comm.send_hidden(out)
-            elif self.comm.rank == self.comm.logits_src and self.comm.rank != 0:
-                self.comm.send_logits(out)
+            full = self._forward_batch(plan, staged, staged.i("input_ids"))
+            for k, mb in enumerate(self._micro):
+                batch = full
+                if len(self._micro) > 1:
+                    batch = sub_batch(full, mb, staged.i(f"mb{k}_logits"))
+                hidden = None
+                if not self.comm.is_first_stage:
+                    hidden = self.comm.recv_hidden(mb.num_rows, self.hidden_size, self.model.dtype)
+                self.attn.init_forward_metadata(batch)
+                out = self.model.forward(batch, self.attn, hidden)
+                if not self.comm.is_last_stage:
+                    self.comm.send_hidden(out)
+                elif self.comm.rank == self.comm.logits_src and self.comm.rank != 0:
+                    self.comm.send_logits(out)
+                outs.append(out)
         waited = self.comm.stats.recv_seconds - recv0
         self.comm.stats.compute_seconds += time.perf_counter() - t0 - waited
-        return out
+        return outs
+
+    def _stage(self, plan: StepPlan) -> StagingLayout:
+        """The plan's inputs, and per micro-batch the logits rows it computes (relative to its
+        first row) and where they go in the step's logits (rank 0 reassembles them)."""
+        layout = super()._stage(plan)
+        self._micro = split_micro_batches(plan, self.micro_batches)
+        if len(self._micro) > 1:
+            for k, mb in enumerate(self._micro):
+                layout.ints(
+                    f"mb{k}_logits", [plan.logits_indices[i] - mb.row_lo for i in mb.logits]
+                )
+                layout.ints(f"mb{k}_select", mb.logits)
+        return layout
 
     def serve(self) -> None:
         """A non-zero rank's loop: run every plan rank 0 broadcasts until it says stop."""
@@ -129,9 +153,9 @@ class StageRunner(ModelRunner):
 class PipelineRunner(StageRunner):
     """Rank 0's runner: the engine's :class:`ModelRunner` for a pipeline of stages.
 
-    :meth:`launch` broadcasts the plan, runs stage 0, waits for the last stage's logits and
-    samples them. One batch is in the pipe at a time: the step's result is complete when
-    ``launch`` returns (the overlap loop then only overlaps the host's bookkeeping).
+    :meth:`launch` broadcasts the plan, runs stage 0 micro-batch by micro-batch, waits for the
+    last stage's logits and samples them. One step is in the pipe at a time (its micro-batches
+    overlap across the stages): the step's result is complete when ``launch`` returns.
     """
 
     def __init__(
@@ -162,14 +186,18 @@ class PipelineRunner(StageRunner):
         layout = self._stage(fwd)
         splan = self.sampler.prepare(plan.sample_rows, layout) if plan.sample_rows else None
         staged = self.staging.upload(layout)  # one copy: the forward's and the sampler's inputs
-        out = self.run_stage(fwd, staged)
-        if self.comm.pp > 1:
-            out = self.comm.recv_logits(len(plan.logits_indices), self.vocab_size)
+        self.run_stage(fwd, staged)
+        parts = [self.comm.recv_logits(len(mb.logits), self.vocab_size) for mb in self._micro]
         t_sample = time.perf_counter()
         ns = len(plan.sample_rows)
         reads: list[torch.Tensor] = []
         with torch.inference_mode():
-            logits = out.to(self.device)
+            if len(parts) == 1:
+                logits = parts[0].to(self.device)
+            else:  # back in the plan's order: sample rows first, then prompt-logprob rows
+                logits = torch.empty(len(plan.logits_indices), self.vocab_size, device=self.device)
+                for k, part in enumerate(parts):
+                    logits.index_copy_(0, staged.i(f"mb{k}_select"), part.to(self.device))
             if splan is not None:
                 sampled = self.sampler.sample_staged(logits[:ns], splan, staged)
                 reads += list(sampled)
