@@ -21,7 +21,7 @@ On a 2-core CPU no speed-up is expected: TP 2 runs two 1-thread ranks where TP 1
 
 Pipeline parallelism (``PP 2``, ``TP2xPP2``): ``comm ms`` is rank 0's plan broadcast, its sends
 of the hidden states and its wait for the last stage's logits (which includes the other
-stages' compute: one batch is in the pipe at a time); ``bubble`` is the share of rank 0's
+stages' compute: one step is in the pipe at a time); ``bubble`` is the share of rank 0's
 accounted time (compute + waits) that a rank spent not computing, averaged over the ranks;
 ``pp wait ms`` rank 0's wait for the logits per step (per-rank counters:
 ``engine.pipeline.comm.gather_stats()``).
@@ -54,6 +54,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "TP 1": {},
     "TP 2": {"tensor_parallel_size": 2},
     "PP 2": {"pipeline_parallel_size": 2},
+    "PP 2 mb1": {"pipeline_parallel_size": 2, "pipeline_micro_batches": 1},  # no micro-batches
     "TP2xPP2": {"tensor_parallel_size": 2, "pipeline_parallel_size": 2},
 }
 

@@ -82,6 +82,8 @@ class EngineConfig:
     # Pipeline parallelism: the layers split into this many stages, one rank process each
     # (rank 0 is this engine's process; radixserve.engine.pipeline).
     pipeline_parallel_size: int = 1
+    # Micro-batches a step is cut into down the pipe (None: one per stage; 1: none).
+    pipeline_micro_batches: int | None = None
     # Weight quantization (vLLM's --quantization): None | "int8" | "int4" | "fp8".
     quantization: str | None = None
     quant_group_size: int | None = (
@@ -216,6 +218,10 @@ class EngineConfig:
         if pp < 1:
             errors.append(f"pipeline_parallel_size must be >= 1, got {pp}")
         elif pp > 1:
+            if self.pipeline_micro_batches is not None and self.pipeline_micro_batches < 1:
+                errors.append(
+                    f"pipeline_micro_batches must be >= 1, got {self.pipeline_micro_batches}"
+                )
             if nn > 1:
                 errors.append("pipeline parallelism runs its ranks on one host (nnodes 1)")
             if self.quantization is not None:

@@ -175,7 +175,15 @@ class PipelineLaunch:
         except Exception as exc:
             raise self.explain(exc) from exc
         return PipelineRunner(
-            model, pool, attn, sampler, self.comm, max_rows, max_pages, scratch_page=num_pages
+            model,
+            pool,
+            attn,
+            sampler,
+            self.comm,
+            max_rows,
+            max_pages,
+            scratch_page=num_pages,
+            micro_batches=cfg.pipeline_micro_batches,
         )
 
     def dead_ranks(self) -> list[str]:
@@ -264,7 +272,8 @@ def rank_main(spec: RankSpec) -> None:
         device=device,
     )
     attn = make_attention_backend(cfg.resolved_attention_backend, pool)
-    StageRunner(model, pool, attn, groups.comm, max_rows, max_pages).serve()
+    micro = cfg.pipeline_micro_batches
+    StageRunner(model, pool, attn, groups.comm, max_rows, max_pages, micro_batches=micro).serve()
 
 
 if __name__ == "__main__":

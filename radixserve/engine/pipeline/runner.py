@@ -74,6 +74,7 @@ class StageRunner(ModelRunner):
         max_pages: int,
         sampler: Sampler | None = None,
         scratch_page: int | None = None,
+        micro_batches: int | None = None,
     ) -> None:
         # No decode graphs: a stage's forward ends in a send, which a graph cannot capture.
         super().__init__(
@@ -88,8 +89,9 @@ class StageRunner(ModelRunner):
         self.comm = comm
         self.hidden_size = model.full_config.hidden_size
         self.vocab_size = model.full_config.vocab_size
-        # Micro-batches per step: as many as stages, so every stage has work while the others do.
-        self.micro_batches = comm.pp
+        # Micro-batches per step: by default as many as stages, so that every stage has work
+        # while the others do.
+        self.micro_batches = comm.pp if micro_batches is None else micro_batches
         self._micro: list[MicroBatch] = []
 
     def run_stage(self, plan: StepPlan, staged: Staged | None = None) -> list[torch.Tensor]:
@@ -168,9 +170,12 @@ class PipelineRunner(StageRunner):
         max_rows: int,
         max_pages: int,
         scratch_page: int,
+        micro_batches: int | None = None,
     ) -> None:
         """``scratch_page``: the page the warm-up writes (every rank's pool has it)."""
-        super().__init__(model, pool, attn, comm, max_rows, max_pages, sampler, scratch_page)
+        super().__init__(
+            model, pool, attn, comm, max_rows, max_pages, sampler, scratch_page, micro_batches
+        )
         self._last_host_tokens: list[int] = []
 
     def launch(self, plan: StepPlan) -> PendingStep:
