@@ -135,7 +135,13 @@ def rendezvous(
     store = tcp_store(pc.host, pc.port, rank, pc.world_size, STARTUP_TIMEOUT, listen)
     host = bind_host(pc)
     tp = TPGroup.create(
-        dist.PrefixStore("tp", store), rank, pc.world_size, device, pc.timeout, host
+        dist.PrefixStore("tp", store),
+        rank,
+        pc.world_size,
+        device,
+        pc.timeout,
+        host,
+        connect_timeout=STARTUP_TIMEOUT,
     )
     plan_backend = make_gloo(dist.PrefixStore("plan", store), rank, pc.world_size, IDLE_WAIT, host)
     return Rendezvous(tp, PlanChannel(plan_backend, rank, pc.timeout, IDLE_WAIT), store)
@@ -284,6 +290,7 @@ class RankGroup:
         self.procs = spawn_ranks(cfg, str(model_path), pc, range(1, pc.ranks_per_node))
         self.device = rank_device(cfg.device, 0)
         self._closed = False
+        self.failed = False  # a collective failed: the ranks are out of step for good
         try:
             self.rv = rendezvous(pc, 0, self.device, listen)
         except Exception as exc:
@@ -325,6 +332,7 @@ class RankGroup:
         """A :class:`RankFailure` for a failed collective: which local rank died, when one
         did (waiting briefly: its exit and our failed socket race), else the error itself
         (a remote rank: gloo names its address; a hang: the timeout)."""
+        self.failed = True
         wait([p.sentinel for p in self.procs.values()], 1.0 if self.procs else 0)
         dead = self.dead_ranks()
         if dead:
@@ -336,6 +344,7 @@ class RankGroup:
         a ping (one broadcast and one all-reduce) to every rank fails or times out."""
         dead = self.dead_ranks()
         if dead:
+            self.failed = True
             raise RankFailure("; ".join(dead))
         try:
             self.channel.send(step_wire.Ping())
@@ -354,6 +363,9 @@ class RankGroup:
         if self._closed:
             return
         self._closed = True
+        if self.failed:  # the ranks are out of step (or hung): no message, no grace period
+            stop_ranks(self.procs, timeout=0.0)
+            return
         if hasattr(self, "channel"):
             try:
                 self.channel.send(step_wire.Shutdown(reason))

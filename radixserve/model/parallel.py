@@ -38,6 +38,7 @@ import time
 from typing import Any, NamedTuple
 
 import torch
+import torch._C._distributed_c10d as c10d
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
@@ -216,9 +217,22 @@ class TPGroup:
     model needs. ``comm_seconds`` accumulates the time spent in them while ``timing`` is on
     (the benchmark's communication share; on CUDA it synchronizes, so it is off by default)."""
 
-    def __init__(self, backend: Any, rank: int, world_size: int, device: torch.device) -> None:
-        """``backend``: a ``ProcessGroupGloo`` / ``ProcessGroupNCCL`` of ``world_size`` ranks."""
+    def __init__(
+        self,
+        backend: Any,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        timeout: datetime.timedelta | None = None,
+    ) -> None:
+        """``backend``: a ``ProcessGroupGloo`` / ``ProcessGroupNCCL`` of ``world_size`` ranks;
+        ``timeout``: each collective's (default: the backend's own)."""
         self.backend = backend
+        self._reduce_opts = c10d.AllreduceOptions()
+        self._gather_opts = c10d.AllgatherOptions()
+        if timeout is not None:
+            self._reduce_opts.timeout = timeout
+            self._gather_opts.timeout = timeout
         self.rank = rank
         self.world_size = world_size
         self.device = device
@@ -234,15 +248,18 @@ class TPGroup:
         device: torch.device,
         timeout: datetime.timedelta,
         bind_host: str,
+        connect_timeout: datetime.timedelta | None = None,
     ) -> TPGroup:
-        """Gloo on the CPU, NCCL on CUDA, over ``store`` (a ``TCPStore``/``PrefixStore``)."""
+        """Gloo on the CPU, NCCL on CUDA, over ``store`` (a ``TCPStore``/``PrefixStore``).
+        ``timeout`` bounds every collective; ``connect_timeout`` (default ``timeout``) the
+        wait for the other ranks to join (gloo connects at creation, NCCL at first use)."""
         if device.type == "cuda":
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
             backend: Any = dist.ProcessGroupNCCL(store, rank, world_size, opts)
         else:
-            backend = make_gloo(store, rank, world_size, timeout, bind_host)
-        return TPGroup(backend, rank, world_size, device)
+            backend = make_gloo(store, rank, world_size, connect_timeout or timeout, bind_host)
+        return TPGroup(backend, rank, world_size, device, timeout)
 
     def _timed(self, work: dist.Work) -> None:
         if not self.timing:
@@ -257,13 +274,13 @@ class TPGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum ``x`` over the ranks, in place; returns ``x``."""
-        self._timed(self.backend.allreduce([x]))
+        self._timed(self.backend.allreduce([x], self._reduce_opts))
         return x
 
     def all_gather(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Every rank's ``x`` (all the same shape), in rank order."""
         out = [torch.empty_like(x) for _ in range(self.world_size)]
-        self._timed(self.backend.allgather([out], [x.contiguous()]))
+        self._timed(self.backend.allgather([out], [x.contiguous()], self._gather_opts))
         return out
 
 

@@ -108,6 +108,23 @@ def test_killed_rank_fails_the_engine_naming_it(tiny_llama_dir: Path) -> None:
     _assert_gone(engine)
 
 
+def test_hung_rank_times_out_naming_the_collective(tiny_llama_dir: Path) -> None:
+    engine = Engine(
+        tiny_llama_dir, tensor_parallel_size=2, dist_timeout=2.0, page_size=4, num_pages=64
+    )
+    try:
+        assert engine.ranks is not None
+        proc = engine.ranks.procs[1]
+        os.kill(proc.pid, signal.SIGSTOP)  # alive but answering nothing
+        t0 = time.monotonic()
+        with pytest.raises(RankFailure, match="collective failed.*[Tt]imed out"):
+            engine.check_health()
+        assert time.monotonic() - t0 < 10
+    finally:
+        engine.close()  # kills the stopped rank: no grace period for a failed group
+    _assert_gone(engine)
+
+
 def test_parallel_flags_and_config_checks() -> None:
     import argparse
 
