@@ -3,6 +3,8 @@ gives the single-process engine's greedy tokens and logprobs, and keeps its KV a
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -144,3 +146,21 @@ def test_micro_batches_cut_whole_sequences() -> None:
     assert len(split_micro_batches(plan([5], [4]), 4)) == 1
     groups = split_micro_batches(plan([1, 1, 30], [0, 1, 31]), 3)
     assert [(g.seq_lo, g.seq_hi) for g in groups] == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_hung_rank_fails_the_step_after_the_timeout(tiny_llama_dir: Path) -> None:
+    engine = Engine(str(tiny_llama_dir), **CONFIG, pipeline_parallel_size=2, dist_timeout=2.0)
+    try:
+        assert engine.pipeline is not None
+        proc = engine.pipeline.procs[1]
+        os.kill(proc.pid, signal.SIGSTOP)  # alive but silent: its sockets stay open
+        engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, temperature=0.0))
+        t0 = time.monotonic()
+        with pytest.raises(RankFailure, match="pipeline transfer failed"):
+            while engine.has_unfinished():
+                engine.step()
+        assert 1.5 < time.monotonic() - t0 < 30
+        engine.check_invariants()
+    finally:
+        engine.close()  # kills the stopped rank
+    assert engine.pipeline.procs[1].poll() is not None

@@ -129,7 +129,12 @@ class PipelineComm:
         t0 = time.perf_counter()
         code = payload if isinstance(payload, int) else len(payload)
         size = torch.tensor([code], dtype=torch.int64)
-        self.cpu_group.broadcast([size], dist.BroadcastOptions()).wait()
+        opts = dist.BroadcastOptions()
+        if self.rank == 0 and self.step_timeout is not None:
+            # Rank 0 waits for every rank to take the plan (a hung one fails it); the others
+            # wait through the engine's idle time (the group's own timeout).
+            opts.timeout = self.step_timeout
+        self.cpu_group.broadcast([size], opts).wait()
         n = int(size.item())
         if n < 0:
             return n
@@ -139,7 +144,7 @@ class PipelineComm:
         else:
             buf = torch.empty(n, dtype=torch.uint8)
         if n:
-            self.cpu_group.broadcast([buf], dist.BroadcastOptions()).wait()
+            self.cpu_group.broadcast([buf], opts).wait()
         self.stats.plan_seconds += time.perf_counter() - t0
         return payload if self.rank == 0 else buf.numpy().tobytes()
 

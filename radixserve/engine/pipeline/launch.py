@@ -24,6 +24,7 @@ transfer fail (:class:`RankFailure` naming it); one that hangs, its receive time
 
 from __future__ import annotations
 
+import datetime
 import logging
 import signal
 import subprocess
@@ -131,7 +132,7 @@ class PipelineLaunch:
         except Exception as exc:
             self.close(None)
             raise self.explain(exc) from exc
-        self.comm, self.tp_group = groups.comm, groups.tp
+        self.comm, self.tp_group, self.store = groups.comm, groups.tp, groups.store
 
     @staticmethod
     def from_config(
@@ -174,6 +175,7 @@ class PipelineLaunch:
             self.comm.cpu_group.broadcast([sizes], dist.BroadcastOptions()).wait()
         except Exception as exc:
             raise self.explain(exc) from exc
+        self._wait_ready()
         return PipelineRunner(
             model,
             pool,
@@ -185,6 +187,20 @@ class PipelineLaunch:
             scratch_page=num_pages,
             micro_batches=cfg.pipeline_micro_batches,
         )
+
+    def _wait_ready(self) -> None:
+        """Wait until every rank has built its pool and runner (the start-up may take minutes
+        on a loaded host; each step's ``dist_timeout`` applies only from then on)."""
+        keys = [f"pp-ready/{r}" for r in self.procs]
+        deadline = time.monotonic() + STARTUP_TIMEOUT.total_seconds()
+        while True:
+            self.check()
+            try:
+                self.store.wait(keys, datetime.timedelta(seconds=1))
+                return
+            except Exception as exc:  # not all ready yet: check the processes again
+                if time.monotonic() > deadline:
+                    raise RankFailure(f"pipeline ranks not ready in time: {exc}") from exc
 
     def dead_ranks(self) -> list[str]:
         return [
@@ -273,7 +289,9 @@ def rank_main(spec: RankSpec) -> None:
     )
     attn = make_attention_backend(cfg.resolved_attention_backend, pool)
     micro = cfg.pipeline_micro_batches
-    StageRunner(model, pool, attn, groups.comm, max_rows, max_pages, micro_batches=micro).serve()
+    runner = StageRunner(model, pool, attn, groups.comm, max_rows, max_pages, micro_batches=micro)
+    groups.store.set(f"pp-ready/{spec.rank}", "1")  # rank 0 starts the warm-up after this
+    runner.serve()
 
 
 if __name__ == "__main__":
