@@ -105,6 +105,11 @@ def plan_worker_devices(
             raise ValueError(f"--gpu-ids needs --device cuda, got {device}")
         return [WorkerPlacement(device, {}) for _ in range(num_workers)]
     gpus = visible_gpus()
+    per_worker = int(engine_config.get("tensor_parallel_size", 1)) // int(
+        engine_config.get("nnodes", 1)
+    )
+    if per_worker > 1:
+        return _tensor_parallel_placements(gpus, index, num_workers, per_worker, gpu_ids)
     if index is not None:  # an explicit device: every worker on it
         if gpu_ids is not None:
             raise ValueError("give either --device cuda:N or --gpu-ids, not both")
@@ -119,6 +124,36 @@ def plan_worker_devices(
         raise ValueError(f"GPU {bad[0]} does not exist: this process sees {len(gpus)} GPU(s)")
     _check_sharing(engine_config, Counter(ordinals))
     return [WorkerPlacement("cuda:0", {"CUDA_VISIBLE_DEVICES": gpus[o]}) for o in ordinals]
+
+
+def _tensor_parallel_placements(
+    gpus: list[str], index: int | None, num_workers: int, per_worker: int, gpu_ids: list[int] | None
+) -> list[WorkerPlacement]:
+    """Tensor-parallel workers: ``per_worker`` GPUs each (its ranks on this host use ``cuda:0``,
+    ``cuda:1``, ... of its own ``CUDA_VISIBLE_DEVICES``), never shared between workers."""
+    if index is not None:
+        raise ValueError("with --tp, give --device cuda (and --gpu-ids), not cuda:N")
+    pool = gpu_ids if gpu_ids is not None else list(range(len(gpus)))
+    need = num_workers * per_worker
+    if len(pool) < need:
+        raise ValueError(
+            f"{num_workers} worker(s) x {per_worker} tensor-parallel ranks need {need} GPUs; "
+            f"{len(pool)} available"
+        )
+    bad = [o for o in pool[:need] if o >= len(gpus)]
+    if bad:
+        raise ValueError(f"GPU {bad[0]} does not exist: this process sees {len(gpus)} GPU(s)")
+    return [
+        WorkerPlacement(
+            "cuda:0",
+            {
+                "CUDA_VISIBLE_DEVICES": ",".join(
+                    gpus[o] for o in pool[w * per_worker : (w + 1) * per_worker]
+                )
+            },
+        )
+        for w in range(num_workers)
+    ]
 
 
 def _check_sharing(engine_config: dict[str, Any], per_gpu: Counter[int]) -> None:

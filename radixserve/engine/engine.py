@@ -39,7 +39,7 @@ from radixserve.engine.ranks import RankGroup, rank_threads
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.startup import StartupClock, describe_startup
 from radixserve.engine.step_loop import StepLoop
-from radixserve.engine.step_wire import RankInit
+from radixserve.engine.step_wire import RankInit, rank_settings
 from radixserve.memory import NoPrefixCache, PrefixCache, RadixCache
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.pool import KVPool
@@ -83,6 +83,9 @@ class Engine:
 
     ``model``: ``None``/``"default"`` (SmolLM2-135M-Instruct, fetched on first use) or a
     local Hugging Face checkpoint directory. ``config``: :class:`EngineConfig` fields.
+
+    ``tensor_parallel_size=N`` (N > 1): this process is rank 0 and starts ranks 1..N-1 (on
+    ``nnodes`` hosts, see :mod:`~radixserve.engine.ranks`); call :meth:`close` to stop them.
     """
 
     def __init__(self, model: str | Path | None = None, **config: Any) -> None:
@@ -219,6 +222,7 @@ class Engine:
                     self.scheduler.max_pages_per_request,
                     num_pages,
                     self.max_total_len,
+                    rank_settings(cfg),
                 )
             )
             clock.lap("tensor-parallel ranks ready")

@@ -171,11 +171,8 @@ def _die_with_parent() -> None:
 
 def rank_loop(cfg: EngineConfig, model_path: str | Path, rank: int, pc: ParallelConfig) -> None:
     """Run rank ``rank`` (not 0) until rank 0 says ``Shutdown``: load the shard, build the
-    pool rank 0 sized, warm up, then execute every step rank 0 sends."""
-    from radixserve.engine.model_runner import ModelRunner
-    from radixserve.memory.pool import KVPool
-    from radixserve.model.loader import load_model
-
+    pool rank 0 sized, warm up, then execute every step rank 0 sends. A start-up failure is
+    also written to the store, where rank 0 reads it at once (the rank may be on another host)."""
     device = rank_device(cfg.device, rank - pc.local_ranks.start)
     threads = rank_threads(cfg, pc)
     if device.type == "cpu" and threads is not None:
@@ -183,6 +180,34 @@ def rank_loop(cfg: EngineConfig, model_path: str | Path, rank: int, pc: Parallel
     elif device.type == "cuda":
         torch.cuda.set_device(device)
     rv = rendezvous(pc, rank, device)
+    try:
+        runner, init = _build_rank(cfg, model_path, rank, rv, device)
+    except Exception as exc:
+        rv.store.set(f"failed/{rank}", f"tensor-parallel rank {rank} failed to start: {exc}")
+        raise
+    rv.store.set(f"ready/{rank}", "1")  # rank 0 starts its warm-up (collectives) after this
+    runner.warm_up(init.max_total_len)
+    log.info("rank %d ready (%s)", rank, device)
+    while True:
+        msg = rv.channel.recv()
+        if isinstance(msg, step_wire.Shutdown):
+            return
+        if isinstance(msg, step_wire.StepMessage):
+            runner.launch_message(msg).result()
+        elif isinstance(msg, step_wire.Ping):
+            rv.tp.all_reduce(torch.zeros(1, device=device))
+        elif isinstance(msg, step_wire.Audit):
+            rv.tp.all_gather(state_digest(runner))
+
+
+def _build_rank(
+    cfg: EngineConfig, model_path: str | Path, rank: int, rv: Rendezvous, device: torch.device
+) -> tuple[ModelRunner, step_wire.RankInit]:
+    """Load the shard, take rank 0's start-up message, build the same pool and runner."""
+    from radixserve.engine.model_runner import ModelRunner
+    from radixserve.memory.pool import KVPool
+    from radixserve.model.loader import load_model
+
     model = load_model(
         model_path,
         dtype=cfg.torch_dtype,
@@ -193,7 +218,11 @@ def rank_loop(cfg: EngineConfig, model_path: str | Path, rank: int, pc: Parallel
     )
     init = rv.channel.recv()
     if not isinstance(init, step_wire.RankInit):
-        raise RankFailure(f"rank {rank}: expected the start-up message, got {type(init).__name__}")
+        raise RankFailure(f"expected the start-up message, got {type(init).__name__}")
+    mine = step_wire.rank_settings(cfg)
+    if init.settings != mine:
+        diff = [f"{a} (rank 0) vs {b}" for a, b in zip(init.settings, mine) if a != b]
+        raise RankFailure(f"settings differ from rank 0's: {', '.join(diff)}")
     lc = model.local_config
     pool = KVPool(
         num_pages=init.num_pages,
@@ -208,19 +237,7 @@ def rank_loop(cfg: EngineConfig, model_path: str | Path, rank: int, pc: Parallel
     runner = ModelRunner.from_config(
         model, pool, cfg, init.max_rows, init.max_pages, init.scratch_page
     )
-    rv.store.set(f"ready/{rank}", "1")  # rank 0 starts its warm-up (collectives) after this
-    runner.warm_up(init.max_total_len)
-    log.info("rank %d ready (%s)", rank, device)
-    while True:
-        msg = rv.channel.recv()
-        if isinstance(msg, step_wire.Shutdown):
-            return
-        if isinstance(msg, step_wire.StepMessage):
-            runner.launch_message(msg).result()
-        elif isinstance(msg, step_wire.Ping):
-            rv.tp.all_reduce(torch.zeros(1, device=device))
-        elif isinstance(msg, step_wire.Audit):
-            rv.tp.all_gather(state_digest(runner))
+    return runner, init
 
 
 def state_digest(runner: ModelRunner) -> torch.Tensor:
@@ -313,6 +330,10 @@ class RankGroup:
             dead = self.dead_ranks()
             if dead:
                 raise RankFailure("; ".join(dead))
+            for r in range(1, self.world_size):  # a rank on any host that failed to start
+                if self.rv.store.check([f"failed/{r}"]):
+                    self.failed = True
+                    raise RankFailure(self.rv.store.get(f"failed/{r}").decode())
             if self.rv.store.check(keys):
                 return
             if time.monotonic() > deadline:

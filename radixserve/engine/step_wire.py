@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import msgspec
 
+from radixserve.engine.config import EngineConfig
 from radixserve.engine.sampler import SamplingPlan
 from radixserve.engine.staging import LayoutFields, StagingLayout
 from radixserve.scheduling.plan import StepPlan
@@ -44,6 +45,18 @@ class RankInit(msgspec.Struct, tag="init", array_like=True):
     max_pages: int
     scratch_page: int
     max_total_len: int  # for the warm-up
+    # The settings every rank must share (another host's ranks take theirs from their own
+    # command line): rank_settings(cfg) of rank 0, compared by each rank with its own.
+    settings: list[str] = []
+
+
+def rank_settings(cfg: EngineConfig) -> list[str]:
+    """The engine settings that must be equal on every rank, as ``name=value`` strings."""
+    names = [
+        *("page_size", "kv_cache_dtype", "dtype", "attention_backend", "quantization"),
+        *("quant_group_size", "seed", "decode_graphs", "tensor_parallel_size", "nnodes"),
+    ]
+    return [f"{n}={getattr(cfg, n)}" for n in names]
 
 
 class StepMessage(msgspec.Struct, tag="step", array_like=True):

@@ -52,6 +52,16 @@ def test_one_gpu_per_worker(four_gpus: None) -> None:
     assert plan_worker_devices({"device": "cuda"}, 0) == []  # only remote workers
 
 
+def test_tensor_parallel_workers_get_their_own_gpus(four_gpus: None) -> None:
+    places = plan_worker_devices({"device": "cuda", "tensor_parallel_size": 2}, 2)
+    assert [p.env["CUDA_VISIBLE_DEVICES"] for p in places] == ["0,1", "2,3"]
+    assert {p.device for p in places} == {"cuda:0"}  # rank r: cuda:r of the worker's own list
+    places = plan_worker_devices({"device": "cuda", "tensor_parallel_size": 2}, 1, [3, 1])
+    assert places[0].env["CUDA_VISIBLE_DEVICES"] == "3,1"
+    with pytest.raises(ValueError, match="need 6 GPUs"):
+        plan_worker_devices({"device": "cuda", "tensor_parallel_size": 2}, 3)
+
+
 def test_gpu_ids_map_through_the_parents_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aa,5,7")
     places = plan_worker_devices({"device": "cuda"}, 2, [2, 0])

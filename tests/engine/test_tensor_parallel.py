@@ -101,6 +101,10 @@ def test_killed_rank_fails_the_engine_naming_it(tiny_llama_dir: Path) -> None:
             while engine.has_unfinished():
                 engine.step()
         assert time.monotonic() - t0 < 10  # the dead rank's sockets closed: no timeout wait
+        # The failed step's request ended and gave back its pages before the engine stopped.
+        engine.scheduler.check_invariants()
+        s = engine.stats()
+        assert s.running == s.waiting == 0 and s.pages_in_use == 0
         with pytest.raises(RankFailure, match="rank 1"):
             engine.check_health()
     finally:
@@ -169,3 +173,38 @@ def test_smollm2_tp2_equals_transformers(smollm2_dir: Path) -> None:
     finally:
         engine.close()
     _assert_gone(engine)
+
+
+@pytest.mark.slow
+def test_another_node_with_other_settings_fails_the_start_up(tiny_llama_dir: Path) -> None:
+    """Node 1 (its own command line) asks for another page size: rank 0 says so at once."""
+    import subprocess
+    import sys
+
+    from radixserve.model.parallel import listen_socket
+
+    sock = listen_socket("127.0.0.1", 0)
+    addr = f"127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+    node1 = subprocess.Popen(
+        [sys.executable, "-m", "radixserve", "worker", "--model", str(tiny_llama_dir)]
+        + ["--tp", "2", "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", addr]
+        + ["--page-size", "8", "--num-threads", "1"],
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        with pytest.raises(RankFailure, match=r"page_size=4 \(rank 0\) vs page_size=8"):
+            Engine(
+                tiny_llama_dir,
+                tensor_parallel_size=2,
+                nnodes=2,
+                dist_init_addr=addr,
+                page_size=4,
+                num_pages=64,
+                num_threads=1,
+            )
+        assert node1.wait(timeout=60) == 1
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+            node1.wait(timeout=10)
