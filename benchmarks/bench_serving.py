@@ -2,9 +2,12 @@
 
 Compares, in one run, interleaved round by round (this machine's speed drifts):
 
-* ``1w``         one worker (cache-aware routing is moot),
-* ``2w-cache``   two workers, cache-aware routing,
-* ``2w-rr``      two workers, round-robin routing.
+* ``1w``            one worker (routing is moot),
+* ``2w-cache``      two workers, cache-aware routing (prefix groups kept together: load in
+                    outstanding prompt tokens, in-flight prefixes followed; the default),
+* ``2w-cache-req``  two workers, cache-aware routing as it was before (load in requests in
+                    flight, gap 4, in-flight prefixes not followed),
+* ``2w-rr``         two workers, round-robin routing.
 
 The workload: ``--systems`` long system prompts, each shared by ``--per-system`` chat
 requests with short distinct user questions, shuffled. Every request streams; the client
@@ -19,6 +22,8 @@ the caches first, so each configuration replays the same cold-start workload.
 
     python benchmarks/bench_serving.py                     # SmolLM2, a few minutes on 2 cores
     python benchmarks/bench_serving.py --model /path/to/hf --rounds 1 --per-system 4   # quick
+    python benchmarks/bench_serving.py --systems 4 --per-system 16 --system-words 1100 \
+        --concurrency 16 --kv-tokens 16384 --rounds 1   # issue 20's prefix-group workload
 
 Prints a table and writes JSON (``--out``).
 """
@@ -259,7 +264,9 @@ def main() -> int:
     ap.add_argument("--kv-tokens", type=int, default=2048, help="KV pool per worker, in tokens")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument(
-        "--configs", default="1w,2w-cache,2w-rr", help="comma-separated subset of 1w,2w-cache,2w-rr"
+        "--configs",
+        default="1w,2w-cache,2w-rr",
+        help="comma-separated subset of 1w,2w-cache,2w-cache-req,2w-rr",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/bench_serving.json")
@@ -271,10 +278,14 @@ def main() -> int:
 
     model = resolve_model(None if args.model == "default" else args.model)
     cores = os.cpu_count() or 1
-    layouts = {
-        "1w": (1, "cache_aware"),
-        "2w-cache": (2, "cache_aware"),
-        "2w-rr": (2, "round_robin"),
+    layouts: dict[str, tuple[int, dict[str, Any]]] = {
+        "1w": (1, {}),
+        "2w-cache": (2, {}),
+        "2w-cache-req": (
+            2,
+            {"balance_load": "requests", "balance_abs_threshold": 4, "follow_in_flight": False},
+        ),
+        "2w-rr": (2, {"routing": "round_robin"}),
     }
     names = [c for c in args.configs.split(",") if c]
     engine = dict(
@@ -292,7 +303,7 @@ def main() -> int:
     try:
         for name in names:
             n, routing = layouts[name]
-            cfg = RouterConfig(endpoint="tcp://127.0.0.1:*", routing=routing, worker_timeout_s=300)
+            cfg = RouterConfig(endpoint="tcp://127.0.0.1:*", worker_timeout_s=300, **routing)
             servers[name] = LocalServer(
                 model,
                 num_workers=n,
@@ -338,6 +349,15 @@ def main() -> int:
     for name, s in summary.items():
         if base is not None and name != "1w":
             ratios[f"{name}/1w throughput"] = s["output_tok_per_s"] / base["output_tok_per_s"]
+    for name, s in summary.items():
+        if base is not None and name != "1w":
+            ratios[f"{name}/1w prompt-cache reuse"] = s["hit_rate"] / max(1e-9, base["hit_rate"])
+    if "2w-cache" in summary and "2w-cache-req" in summary:
+        new, old = summary["2w-cache"], summary["2w-cache-req"]
+        ratios["2w-cache/2w-cache-req throughput"] = (
+            new["output_tok_per_s"] / old["output_tok_per_s"]
+        )
+        ratios["2w-cache/2w-cache-req TTFT p90"] = new["ttft_ms"]["p90"] / old["ttft_ms"]["p90"]
     if "2w-cache" in summary and "2w-rr" in summary:
         ratios["2w-cache/2w-rr throughput"] = (
             summary["2w-cache"]["output_tok_per_s"] / summary["2w-rr"]["output_tok_per_s"]

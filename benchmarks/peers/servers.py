@@ -100,6 +100,19 @@ PEERS: dict[str, PeerSpec] = {
         ),
         # radixserve with OpenMP threads spinning ~1 ms before sleeping: since the `spin` run this
         # is radixserve's own default (radixserve/__init__.py); before it, PASSIVE alone.
+        # Weight quantization (bf16 activations; int4 reads the default model's Q4_1 GGUF codes).
+        *(
+            PeerSpec(
+                f"radixserve-{q}",
+                f"radixserve {q} weights, bf16 (radix cache)",
+                "http",
+                q,
+                extra_body=_IGNORE_EOS,
+                flush_path="/flush_cache",
+                ready_path="/health",
+            )
+            for q in ("int8", "int4")
+        ),
         PeerSpec(
             "radixserve-spin",
             "radixserve, GOMP_SPINCOUNT=100000",
@@ -216,7 +229,7 @@ def command(
         from radixserve.memory.planner import kv_bytes_per_token
         from radixserve.model.config import ModelConfig
 
-        dtype = "bfloat16" if spec.precision == "bf16" else "float32"
+        dtype = "float32" if spec.precision == "fp32" else "bfloat16"
         act = torch.bfloat16 if dtype == "bfloat16" else torch.float32
         per_tok = kv_bytes_per_token(ModelConfig.from_pretrained(model_dir), "auto", act)
         pages = int(kv_budget_gib * 2**30 // (int(per_tok) * 16))
@@ -248,6 +261,19 @@ def command(
             "--served-model-name",
             "smollm2",
         ]
+        # The radixserve under test is the one this benchmark imports (a worktree on
+        # PYTHONPATH, or the installed package): its server gets that, not the caller's path.
+        import radixkernels
+        import radixserve
+
+        env["PYTHONPATH"] = os.pathsep.join(
+            dict.fromkeys(
+                str(Path(os.path.abspath(m.__file__)).parents[1])
+                for m in (radixserve, radixkernels)
+            )
+        )
+        if spec.precision in ("int8", "int4"):
+            cmd += ["--quantization", spec.precision]
         if name == "radixserve-nocache":
             cmd.append("--disable-radix-cache")
         if name == "radixserve-spin":

@@ -11,7 +11,7 @@ from radixserve.cli import register
 from radixserve.commands.engine_args import add_engine_arguments, engine_config
 from radixserve.commands.gateway import add_http_arguments, request_limits, start_http_for_serve
 from radixserve.serving.client_common import DEFAULT_ENDPOINT
-from radixserve.serving.dispatch import ROUTING_POLICIES
+from radixserve.serving.dispatch import BALANCE_LOADS, ROUTING_POLICIES
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,10 +44,18 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--routing", choices=ROUTING_POLICIES, default="cache_aware")
     p.add_argument(
+        "--balance-load",
+        choices=BALANCE_LOADS,
+        default="work",
+        help="cache-aware: measure load as outstanding prompt tokens of work (queued prefill "
+        "plus 32 per request in flight) or as requests in flight",
+    )
+    p.add_argument(
         "--balance-abs-threshold",
-        type=int,
-        default=4,
-        help="cache-aware: in-flight difference beyond which the least loaded worker wins",
+        type=float,
+        default=None,
+        help="cache-aware: load gap (in --balance-load's unit) beyond which the least loaded "
+        "worker wins, if the relative threshold is passed too (default: 2048 tokens / 32 requests)",
     )
     p.add_argument("--balance-rel-threshold", type=float, default=1.5)
     p.add_argument(
@@ -143,6 +151,7 @@ def serve(args: argparse.Namespace) -> int:
         worker_endpoint=args.worker_endpoint,
         routing=args.routing,
         worker_timeout_s=args.worker_timeout,
+        balance_load=args.balance_load,
         balance_abs_threshold=args.balance_abs_threshold,
         balance_rel_threshold=args.balance_rel_threshold,
         cache_threshold=args.cache_threshold,

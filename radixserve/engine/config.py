@@ -61,6 +61,9 @@ class EngineConfig:
     enable_hierarchical_cache: bool = False
     hicache_size: float | None = None
     hicache_storage_dir: str | None = None
+    # L2 (and L3) KV dtype: "auto" (L1's), "bfloat16", "fp8_e4m3" or "int8": a smaller one
+    # fits more prefixes in hicache_size; pages are rounded once, on demotion.
+    hicache_dtype: str = "auto"
     # Record KV cache events (vLLM's BlockStored/BlockRemoved/AllBlocksCleared); a serving
     # worker publishes them on a ZeroMQ XPUB bound here ("{worker}" -> the worker's id).
     kv_events_endpoint: str | None = None
@@ -91,6 +94,9 @@ class EngineConfig:
     )
     # Quantize the embedding and LM head too (default: only for models of >= 1 B parameters).
     quantize_embeddings: bool | None = None
+    # int8/int4: also keep each quantized weight decoded to bf16 for batches of a few rows or
+    # more (the weight-only kernels are GEMV-shaped); +2 bytes per quantized weight.
+    quant_dense_cache: bool = False
 
     # Decode-only steps from static buffers padded to batch-size buckets, captured as CUDA
     # graphs where the backend allows: "auto" (on with CUDA, off on the CPU, where padding
@@ -168,6 +174,11 @@ class EngineConfig:
             errors.append(f"max_model_len must be >= 2, got {self.max_model_len}")
         if not 0.0 <= self.pin_budget_fraction <= 1.0:
             errors.append(f"pin_budget_fraction must be in [0, 1], got {self.pin_budget_fraction}")
+        if self.hicache_dtype not in ("auto", "bfloat16", "fp8_e4m3", "int8"):
+            errors.append(
+                f"unknown hicache_dtype {self.hicache_dtype!r}; "
+                "expected auto, bfloat16, fp8_e4m3 or int8"
+            )
         if self.hicache_size is not None and self.hicache_size <= 0:
             errors.append(f"hicache_size must be > 0 GiB, got {self.hicache_size}")
         if self.disable_radix_cache and self.hierarchical_cache:
@@ -189,12 +200,19 @@ class EngineConfig:
             try:
                 from radixserve.model.quant.config import QuantConfig, check_device
 
-                QuantConfig(self.quantization, self.quant_group_size, self.quantize_embeddings)
+                QuantConfig(
+                    self.quantization,
+                    self.quant_group_size,
+                    self.quantize_embeddings,
+                    self.quant_dense_cache,
+                )
                 check_device(self.quantization, self.device)
             except (ValueError, RuntimeError, AssertionError) as e:
                 errors.append(str(e))
         elif self.quant_group_size is not None:
             errors.append("quant_group_size needs quantization='int4'")
+        elif self.quant_dense_cache:
+            errors.append("quant_dense_cache needs quantization='int8' or 'int4'")
         errors += self._parallel_errors()
         if errors:
             raise ValueError("invalid engine config: " + "; ".join(errors))
@@ -257,7 +275,12 @@ class EngineConfig:
             return None
         from radixserve.model.quant.config import QuantConfig
 
-        return QuantConfig(self.quantization, self.quant_group_size, self.quantize_embeddings)
+        return QuantConfig(
+            self.quantization,
+            self.quant_group_size,
+            self.quantize_embeddings,
+            self.quant_dense_cache,
+        )
 
     def scheduling_fields(self) -> dict[str, Any]:
         """This config's values of the :class:`SchedulerConfig` fields it shares by name."""

@@ -255,20 +255,36 @@ class Engine:
             return NoPrefixCache(self.allocator, cfg.page_size)
         if not cfg.hierarchical_cache:
             return RadixCache(self.allocator, cfg.page_size)
+        from radixkernels.kv_format import KVFormat
         from radixserve.memory.hi_radix_cache import HiRadixCache
         from radixserve.memory.hierarchy import KVHierarchy
+        from radixserve.memory.kv_convert import host_format
 
+        kv_dtype, act_dtype = host_format(pool, cfg.hicache_dtype)
+        host_page_bytes = (
+            KVFormat.create(kv_dtype, act_dtype, pool.head_dim).bytes_per_token(
+                pool.num_layers, pool.kv_heads
+            )
+            * pool.page_size
+        )
         if cfg.hicache_size is not None:
-            host_pages = max(1, int(cfg.hicache_size * 2**30) // pool.bytes_per_page)
+            host_pages = max(1, int(cfg.hicache_size * 2**30) // host_page_bytes)
         else:  # SGLang's default host/device ratio
             host_pages = 2 * self.allocator.num_pages
         hierarchy = KVHierarchy(
-            pool, host_pages, cfg.hicache_storage_dir, model_identity(self.model_path)
+            pool,
+            host_pages,
+            cfg.hicache_storage_dir,
+            model_identity(self.model_path),
+            host_dtype=cfg.hicache_dtype,
         )
         logger.info(
-            "hierarchical cache: L2 %d pages (%.2f GiB), L3 %s",
+            "hierarchical cache: L2 %d pages (%.2f GiB, %s), L3 %s",
             host_pages,
-            host_pages * pool.bytes_per_page / 2**30,
+            host_pages * host_page_bytes / 2**30,
+            hierarchy.host.pool.fmt.kv_dtype.value
+            if kv_dtype.is_quantized
+            else str(act_dtype).removeprefix("torch."),
             cfg.hicache_storage_dir or "off",
         )
         return HiRadixCache(self.allocator, cfg.page_size, hierarchy)
@@ -285,9 +301,10 @@ class Engine:
             if hierarchy is not None
             else PrefixHasher(f"{model_identity(self.model_path)}|{pool.layout()}", pool.page_size)
         )
-        self.cache.listener = KVEventRecorder(
-            hasher, "GPU" if self.device.type == "cuda" else "CPU"
-        )
+        recorder = KVEventRecorder(hasher, "GPU" if self.device.type == "cuda" else "CPU")
+        self.cache.listener = recorder
+        if hierarchy is not None:  # L2/L3 report their pages too, under their own mediums
+            hierarchy.set_listener(recorder)
 
     def drain_kv_events(self) -> Any | None:
         """The KV events (a vLLM-format ``KVEventBatch``) since the last call, or None."""
@@ -408,6 +425,7 @@ class Engine:
             "quantization": report.method,
             "quant_group_size": report.group_size,
             "quantize_embeddings": not report.full_precision,
+            "quant_dense_cache": report.dense_cache_bytes > 0,
         }
 
     # The runner owns the device state; these name its parts for callers and tests.

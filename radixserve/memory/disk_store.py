@@ -24,10 +24,14 @@ import logging
 import os
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from radixserve.memory.page_hash import DIGEST_SIZE, PageKey
+
+if TYPE_CHECKING:
+    from radixserve.memory.kv_events import TierListener
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +53,7 @@ class DiskKVStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.enabled = True
         self.writes = self.reads = self.corrupt = 0
+        self.listener: TierListener | None = None  # KV events (the hierarchy sets it)
 
     def path(self, key: PageKey) -> Path:
         h = key.hex()
@@ -88,6 +93,8 @@ class DiskKVStore:
                 pass
             return False
         self.writes += 1
+        if self.listener is not None:
+            self.listener.tier_stored("L3", [key])
         return True
 
     def read(self, key: PageKey, like: list[torch.Tensor]) -> list[torch.Tensor] | None:
@@ -120,6 +127,8 @@ class DiskKVStore:
                 path.unlink(missing_ok=True)
             except OSError:
                 pass
+            if self.listener is not None:
+                self.listener.tier_removed("L3", [key])
             return None
         out: list[torch.Tensor] = []
         buf = torch.frombuffer(bytearray(view), dtype=torch.uint8)

@@ -130,9 +130,10 @@ class HiRadixCache(RadixCache):
         return self.hierarchy.persist(pages, keys)
 
     def reset(self) -> None:
-        """Drop L1 and L2 (L3 is shared storage and stays; delete its directory to clear it)."""
-        super().reset()
+        """Drop L1 and L2 (L3 is shared storage and stays; delete its directory to clear it).
+        L2 first, so that KV events end with L1's AllBlocksCleared."""
         self.hierarchy.clear_host()
+        super().reset()
 
     def _nodes(self) -> Iterable[TreeNode]:
         stack = list(self._roots.values())

@@ -22,14 +22,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import NamedTuple
-
-import torch
+from typing import TYPE_CHECKING, NamedTuple
 
 from radixserve.memory.disk_store import DiskKVStore
 from radixserve.memory.host_pool import HostKVCache, PageCopier
+from radixserve.memory.kv_convert import host_format
 from radixserve.memory.page_hash import PageKey, PrefixHasher
 from radixserve.memory.pool import KVPool
+
+if TYPE_CHECKING:
+    from radixserve.memory.kv_events import TierListener
 
 
 class HierarchyStats(NamedTuple):
@@ -52,6 +54,8 @@ class KVHierarchy:
         storage_dir: the L3 directory, or None for no L3.
         model_id: names the model in page keys (its path or name; pages of another model
             never match).
+        host_dtype: L2's KV format (``kv_convert.HICACHE_DTYPES``; "auto": L1's). L3 files
+            hold L2's format, and their directory is named by it.
     """
 
     def __init__(
@@ -60,6 +64,7 @@ class KVHierarchy:
         host_pages: int,
         storage_dir: str | os.PathLike[str] | None = None,
         model_id: str = "",
+        host_dtype: str = "auto",
     ) -> None:
         if host_pages < 1:
             raise ValueError(f"the hierarchical cache needs >= 1 host page, got {host_pages}")
@@ -67,10 +72,18 @@ class KVHierarchy:
         identity = f"{model_id}|{device_pool.layout()}"
         self.hasher = PrefixHasher(identity, device_pool.page_size)
         self.copier = PageCopier(device_pool.device)
-        self.disk = DiskKVStore(storage_dir, identity) if storage_dir is not None else None
+        kv_dtype, act_dtype = host_format(device_pool, host_dtype)
         self.host = HostKVCache(
-            device_pool, host_pages, self.copier, spill=self._spill if self.disk else None
+            device_pool, host_pages, self.copier, kv_dtype=kv_dtype, act_dtype=act_dtype
         )
+        # Page files hold L2's bytes: a directory per (model, L2 layout).
+        self.disk = (
+            DiskKVStore(storage_dir, f"{model_id}|{self.host.pool.layout()}")
+            if storage_dir is not None
+            else None
+        )
+        if self.disk is not None:
+            self.host.spill = self._spill
         self._demoted = self._loaded_l2 = self._loaded_l3 = 0
 
     @property
@@ -84,6 +97,12 @@ class KVHierarchy:
             d.writes if d else 0,
             d.corrupt if d else 0,
         )
+
+    def set_listener(self, listener: TierListener | None) -> None:
+        """Report pages entering and leaving L2 and L3 to ``listener`` (KV events)."""
+        self.host.listener = listener
+        if self.disk is not None:
+            self.disk.listener = listener
 
     @property
     def l3_enabled(self) -> bool:
@@ -160,14 +179,13 @@ class KVHierarchy:
             return 0
         before = disk.writes
         todo = [(p, k) for p, k in zip(pages, keys) if not disk.contains(k)]
-        if todo:
-            idx = torch.tensor(
-                [p for p, _ in todo], dtype=torch.long, device=self.device_pool.device
-            )
-            rows = [t.index_select(1, idx).cpu() for t in self.device_pool.page_tensors()]
-            for i, (_, k) in enumerate(todo):
-                if not disk.write(k, [r[:, i] for r in rows]):
-                    return disk.writes - before
+        # Through L2, in L2's format: storing a chunk spills what it pushes out to L3.
+        step = self.host.num_pages
+        for i in range(0, len(todo), step):
+            chunk = todo[i : i + step]
+            self.host.store([p for p, _ in chunk], [k for _, k in chunk])
+            if not disk.enabled:
+                return disk.writes - before
         for k in self.host.keys():
             slot = self.host.slot(k)
             assert slot is not None

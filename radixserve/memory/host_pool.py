@@ -9,8 +9,9 @@
                                       (the L3 disk store writes it out), then reuses it
 
 Every slot is in exactly one state: free (its allocator) or holding one key (the index).
-The pool has the L1 pool's format (dtype, layout), so a page moves by a plain copy of its
-rows of every page-indexed tensor (``KVPool.page_tensors``).
+The pool has the L1 pool's format (dtype, layout) by default, so a page moves by a plain
+copy of its rows of every page-indexed tensor (``KVPool.page_tensors``); in a smaller KV
+dtype (``kv_dtype``/``act_dtype``) a page is converted on the way (``kv_convert``).
 """
 
 from __future__ import annotations
@@ -18,12 +19,18 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 
+from radixkernels.kv_format import KVCacheDtype
 from radixserve.memory.allocator import PageAllocator
+from radixserve.memory.kv_convert import convert_pages, same_geometry
 from radixserve.memory.page_hash import PageKey
 from radixserve.memory.pool import KVPool
+
+if TYPE_CHECKING:
+    from radixserve.memory.kv_events import TierListener
 
 
 class PageCopier:
@@ -50,17 +57,18 @@ class PageCopier:
             )
         if not src_pages:
             return
-        if src.layout() != dst.layout():
+        if not same_geometry(src, dst):
             raise ValueError(
                 f"page copy between different layouts: {src.layout()} -> {dst.layout()}"
             )
+        move = self._copy if src.layout() == dst.layout() else convert_pages
         if self.stream is None:
-            self._copy(src, src_pages, dst, dst_pages)
+            move(src, src_pages, dst, dst_pages)
             return
         compute = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(compute)
         with torch.cuda.stream(self.stream):
-            self._copy(src, src_pages, dst, dst_pages)
+            move(src, src_pages, dst, dst_pages)
         compute.wait_stream(self.stream)
         if dst.device.type == "cpu":
             self.stream.synchronize()  # the host reads (or spills) these slots next
@@ -77,7 +85,8 @@ class PageCopier:
 
 
 class HostKVCache:
-    """The L2 tier: ``num_pages`` host pages like ``device_pool``'s, indexed by page key, LRU.
+    """The L2 tier: ``num_pages`` host pages like ``device_pool``'s (or in ``kv_dtype`` /
+    ``act_dtype``: a smaller format, converted on every copy), indexed by page key, LRU.
 
     ``spill(key, slot)`` is called for the least recently used page before its slot is
     reused (the hierarchy writes it to L3 there); without it the page is dropped.
@@ -89,6 +98,8 @@ class HostKVCache:
         num_pages: int,
         copier: PageCopier,
         spill: Callable[[PageKey, int], None] | None = None,
+        kv_dtype: KVCacheDtype | None = None,
+        act_dtype: torch.dtype | None = None,
     ) -> None:
         self.device_pool = device_pool
         self.pool = KVPool(
@@ -97,8 +108,8 @@ class HostKVCache:
             device_pool.page_size,
             device_pool.kv_heads,
             device_pool.head_dim,
-            kv_dtype=device_pool.fmt.kv_dtype,
-            act_dtype=device_pool.fmt.act_dtype,
+            kv_dtype=device_pool.fmt.kv_dtype if kv_dtype is None else kv_dtype,
+            act_dtype=device_pool.fmt.act_dtype if act_dtype is None else act_dtype,
             device="cpu",
             pin_memory=True,
         )
@@ -109,6 +120,7 @@ class HostKVCache:
         # Keys a load-back in progress needs: eviction passes over them (see ``hold``).
         self._held: frozenset[PageKey] = frozenset()
         self.evicted = 0
+        self.listener: TierListener | None = None  # KV events (the hierarchy sets it)
 
     @property
     def num_pages(self) -> int:
@@ -157,6 +169,8 @@ class HostKVCache:
         slots = self.allocator.alloc(min(len(keys), self.allocator.num_free))
         for k, s in zip(keys, slots):
             self._index[k] = s
+        if self.listener is not None:
+            self.listener.tier_stored("L2", keys[: len(slots)])
         return slots
 
     def store(self, pages: Sequence[int], keys: Sequence[PageKey]) -> int:
@@ -182,6 +196,7 @@ class HostKVCache:
     def evict(self, n: int) -> int:
         """Free ``n`` slots, least recently used first, spilling each; returns slots freed."""
         freed: list[int] = []
+        gone: list[PageKey] = []
         skipped = 0  # held keys passed over (moved to the MRU end)
         while len(freed) < n and len(self._index) > skipped:
             key, slot = self._index.popitem(last=False)
@@ -192,12 +207,17 @@ class HostKVCache:
             if self.spill is not None:
                 self.spill(key, slot)
             freed.append(slot)
+            gone.append(key)
         self.allocator.free(freed)
+        if self.listener is not None:
+            self.listener.tier_removed("L2", gone)
         self.evicted += len(freed)
         return len(freed)
 
     def clear(self) -> None:
         """Drop every page (no spilling)."""
+        if self.listener is not None:
+            self.listener.tier_removed("L2", list(self._index))
         self._index.clear()
         self.allocator.reset()
 

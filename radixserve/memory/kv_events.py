@@ -1,12 +1,21 @@
 """KV cache events in vLLM's format (``vllm.distributed.kv_events``), recorded by the radix cache.
 
-What enters and leaves L1, for external cache-aware routers (vLLM's router, llm-d, Dynamo)::
+What enters and leaves each tier, for external cache-aware routers (vLLM's router, llm-d,
+Dynamo)::
 
     BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium)
-        a new leaf: its pages' keys, the key of the page before it (None at the root), the
-        tokens the pages hold
-    BlockRemoved(block_hashes, medium)   pages evicted from L1 (to L2 with the hierarchy)
-    AllBlocksCleared()                   a cache flush
+        L1: a new leaf: its pages' keys, the key of the page before it (None at the root),
+        the tokens the pages hold. L2/L3: pages copied into that tier (demoted to host
+        memory, loaded from disk into L2, written to a page file): keys only, no parent and
+        no tokens, as vLLM's offloading connector reports its CPU blocks
+    BlockRemoved(block_hashes, medium)   pages leaving a tier (L1 eviction, L2 eviction or
+                                         flush, a corrupt page file removed)
+    AllBlocksCleared()                   a cache flush (L1 and L2; L3 files stay, unannounced)
+
+``medium`` names the tier: L1 is "GPU" on CUDA (vLLM's name) or "CPU" for a CPU pool; L2 is
+"CPU" (host memory, vLLM's offloading medium) behind a GPU, "CPU_L2" behind a CPU pool (so
+the two tiers stay apart); L3 is "DISK". Pages already on disk when a worker starts are not
+announced.
 
 A block is one page; its hash is the page key (``page_hash``: chained BLAKE2b of the prefix,
 seeded with model, KV layout and namespace), so block hashes are stable across restarts and
@@ -19,11 +28,12 @@ the serving layer batches and publishes (``radixserve.serving.kv_events``).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
-from radixserve.memory.page_hash import PrefixHasher
+from radixserve.memory.page_hash import PageKey, PrefixHasher
 from radixserve.memory.tree_node import node_page_keys
 
 if TYPE_CHECKING:
@@ -63,15 +73,35 @@ class KVEventBatch(EventBatch):
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
 
 
-class KVEventRecorder:
-    """A radix cache listener that turns L1 changes into events, buffered until :meth:`drain`.
+class TierListener(Protocol):
+    """What the lower tiers (L2 host pages, L3 page files) report as pages come and go."""
 
-    ``medium`` names L1 in the events ("GPU" on CUDA, as vLLM; "CPU" for a CPU pool).
+    def tier_stored(self, tier: str, keys: Sequence[PageKey]) -> None:
+        """Pages ``keys`` entered ``tier`` ("L2" or "L3")."""
+        ...
+
+    def tier_removed(self, tier: str, keys: Sequence[PageKey]) -> None:
+        """Pages ``keys`` left ``tier``."""
+        ...
+
+
+def tier_mediums(l1_medium: str) -> dict[str, str]:
+    """The event medium of each tier when L1 is ``l1_medium`` (see the module doc)."""
+    return {"L1": l1_medium, "L2": "CPU" if l1_medium != "CPU" else "CPU_L2", "L3": "DISK"}
+
+
+class KVEventRecorder:
+    """A radix cache (and hierarchy) listener that turns tier changes into events, buffered
+    until :meth:`drain`.
+
+    ``medium`` names L1 in the events ("GPU" on CUDA, as vLLM; "CPU" for a CPU pool); the
+    lower tiers' names follow from it (:func:`tier_mediums`).
     """
 
     def __init__(self, hasher: PrefixHasher, medium: str, max_buffered: int = 100_000) -> None:
         self.hasher = hasher
         self.medium = medium
+        self.mediums = tier_mediums(medium)
         self.max_buffered = max_buffered
         self._events: list[BlockStored | BlockRemoved | AllBlocksCleared] = []
         self.dropped = 0
@@ -108,6 +138,35 @@ class KVEventRecorder:
 
     def cleared(self) -> None:
         self._add(AllBlocksCleared())
+
+    def tier_stored(self, tier: str, keys: Sequence[PageKey]) -> None:
+        if not keys:
+            return
+        medium = self.mediums[tier]
+        last = self._events[-1] if self._events else None
+        if (  # one page file at a time: runs of them become one event
+            isinstance(last, BlockStored)
+            and last.medium == medium
+            and not last.token_ids
+            and len(last.block_hashes) < 1024
+        ):
+            last.block_hashes.extend(keys)
+            return
+        self._add(BlockStored(list(keys), None, [], self.hasher.page_size, None, medium))
+
+    def tier_removed(self, tier: str, keys: Sequence[PageKey]) -> None:
+        if not keys:
+            return
+        medium = self.mediums[tier]
+        last = self._events[-1] if self._events else None
+        if (
+            isinstance(last, BlockRemoved)
+            and last.medium == medium
+            and len(last.block_hashes) < 1024
+        ):
+            last.block_hashes.extend(keys)
+            return
+        self._add(BlockRemoved(list(keys), medium))
 
     def drain(self) -> KVEventBatch | None:
         """The events since the last drain, as one batch (None when there were none)."""

@@ -125,6 +125,7 @@ def weight_bytes(
     quantization: str | None = None,
     group_size: int | None = None,
     quantize_embeddings: bool = False,
+    quant_dense_cache: bool = False,
     shard: DeviceShard = WHOLE_MODEL,
 ) -> int:
     """Bytes of the model's weights when run in ``dtype`` (tied embeddings counted once).
@@ -134,6 +135,7 @@ def weight_bytes(
     ``N K / 2 + 4 N K / group`` (bf16 scale and zero per group), fp8 ``N K + 4 N``. With
     ``quantize_embeddings`` the embedding is int8 rows (``V H + 4 V``) and the LM head a
     quantized linear of its own (also when tied); otherwise both stay in ``dtype``.
+    ``quant_dense_cache`` adds a bf16 copy (``2 N K``) of every int8/int4 decoder linear.
 
     With ``shard`` (one device of a TP × PP worker, :mod:`radixserve.memory.sharding`): its
     stage's layers, each linear a ``1/tp`` slice (query heads, KV heads or their replica,
@@ -164,8 +166,12 @@ def weight_bytes(
             return n * k + 4 * n
         raise ValueError(f"unknown quantization {quantization!r}")
 
+    def linear_with_copy(n: int, k: int) -> int:
+        dense_copy = quant_dense_cache and quantization not in (None, "fp8")
+        return linear(n, k) + (2 * n * k if dense_copy else 0)
+
     quantize_embeddings = quantize_embeddings and quantization is not None
-    per_layer = sum(linear(n, k) for n, k in shapes) + 2 * h * act  # + the two norms
+    per_layer = sum(linear_with_copy(n, k) for n, k in shapes) + 2 * h * act  # + the two norms
     per_layer += act * (
         (q + 2 * kv if cfg.attention_bias else 0)
         + (h if cfg.o_proj_bias else 0)
@@ -176,7 +182,7 @@ def weight_bytes(
         vocab += v * h + 4 * v if quantize_embeddings else v * h * act
     if shard.has_lm_head:
         if quantize_embeddings:
-            vocab += linear(v, h)
+            vocab += linear_with_copy(v, h)
         elif not (cfg.tie_word_embeddings and shard.has_embedding):
             vocab += v * h * act  # its own head, or with PP the last stage's copy of a tied one
         vocab += h * act  # the final norm
@@ -276,6 +282,7 @@ def plan_memory(
     quantization: str | None = None,
     quant_group_size: int | None = None,
     quantize_embeddings: bool = False,
+    quant_dense_cache: bool = False,
     shard: DeviceShard = WHOLE_MODEL,
     device_total: int | None = None,
 ) -> MemoryPlan:
@@ -316,7 +323,13 @@ def plan_memory(
     per_token = kv_bytes_per_token(cfg, fmt.kv_dtype, act_dtype, shard)
     per_page = per_token * page_size
     weights = weight_bytes(
-        cfg, weights_dtype or act_dtype, quantization, quant_group_size, quantize_embeddings, shard
+        cfg,
+        weights_dtype or act_dtype,
+        quantization,
+        quant_group_size,
+        quantize_embeddings,
+        quant_dense_cache,
+        shard,
     )
     activations = activation_reserve_bytes(cfg, max_num_tokens, act_dtype, shard)
     fixed = kv_fixed_bytes(cfg, fmt.kv_dtype, shard)

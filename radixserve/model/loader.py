@@ -212,6 +212,11 @@ def load_model(
             from radixserve.model.quant.apply import quantize_model
 
             report = quantize_model(model, qcfg)
+    if report is not None and qcfg is not None and qcfg.dense_cache:
+        from radixserve.model.quant.apply import cache_dense_weights, module_weight_bytes
+
+        report.dense_cache_bytes = cache_dense_weights(model)
+        report.weight_bytes = module_weight_bytes(model)
     if pack_linears and device.type == "cpu":
         cpu_linear.pack_linears(model)
     model.quant_report = report

@@ -110,7 +110,7 @@ class InFlight:
     def dispatch(self, st: RouterRequest) -> None:
         """Batch ``st`` for the worker the dispatcher chooses; queue or fail it without one."""
         pool = self._pool
-        loads = {w.worker_id: len(w.inflight) for w in pool.live}
+        loads = {w.worker_id: w.outstanding() for w in pool.live}
         if not loads:
             if pool.expected or pool.restarting or (not pool.workers and self._worker_wait_s > 0):
                 self._waiting.append(st)
@@ -120,10 +120,12 @@ class InFlight:
         too_long = context_error(len(st.prompt_ids), pool.context_length())
         if too_long:
             return self.fail(st, "context_length", too_long)
-        decision = self._dispatcher.choose(st.prompt_ids, loads, st.session_id, st.namespace)
+        decision = self._dispatcher.choose(
+            st.prompt_ids, loads, st.session_id, st.namespace, rid=st.rid
+        )
         w = pool.workers[decision.worker_id]
         st.worker_id, st.dispatched = w.worker_id, time.monotonic()
-        w.inflight.add(st.rid)
+        w.sent(st.rid, max(0, len(st.prompt_ids) - decision.matched_tokens))
         w.requests += 1
         w.adds.append(
             p.WorkerRequest(
@@ -152,7 +154,7 @@ class InFlight:
         if w.alive and st.rid in w.inflight:
             if any(a.rid == st.rid for a in w.adds):  # not sent yet: just don't send it
                 w.adds = [a for a in w.adds if a.rid != st.rid]
-                w.inflight.discard(st.rid)
+                w.settle(st.rid)
             else:
                 self._pool.send(w, p.WorkerAbort(rids=[st.rid]))
 
@@ -181,6 +183,7 @@ class InFlight:
     def _forget(self, st: RouterRequest) -> bool:
         if self._requests.pop(st.rid, None) is None:
             return False
+        self._dispatcher.ended(st.rid)
         rids = self._by_client.get(st.client)
         if rids is not None:
             rids.pop(st.client_rid, None)
@@ -211,8 +214,11 @@ class InFlight:
         """Fold one worker output into its request: stream a chunk, end it on a stop string
         (aborting it in the worker) or when the worker finished it."""
         rid = out.request_id
+        if out.new_token_ids and rid in w.prefill:  # the first token: the prompt is computed
+            w.prefill_done(rid)
+            self._dispatcher.prefilled(rid)
         if out.finished:
-            w.inflight.discard(rid)
+            w.settle(rid)
             if out.usage is not None:
                 w.prompt_tokens += out.usage.prompt_tokens
                 w.cached_tokens += out.usage.cached_tokens
@@ -234,7 +240,7 @@ class InFlight:
 
     def on_rejected(self, w: WorkerHandle, rid: str, message: str) -> None:
         """The worker's engine refused the request (invalid params, too long, ...)."""
-        w.inflight.discard(rid)
+        w.settle(rid)
         st = self._requests.get(rid)
         if st is not None:
             self.fail(st, "invalid_params", f"the engine rejected the request: {message}")

@@ -258,6 +258,7 @@ class WorkerStats(_Part):
     load: WorkerLoad
     engine: dict[str, Any] = {}
     death: str | None = None  # why the router declared it dead
+    prefill_tokens: int = 0  # prompt tokens sent and not yet prefilled (the router's estimate)
 
 
 class StatsReply(_Msg, tag="stats_reply"):

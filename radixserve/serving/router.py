@@ -51,7 +51,7 @@ import zmq
 from radixserve.serving import protocol as p
 from radixserve.serving.client_common import DEFAULT_ENDPOINT
 from radixserve.serving.control import ControlOps
-from radixserve.serving.dispatch import Dispatcher, RoutingPolicy
+from radixserve.serving.dispatch import BalanceLoad, Dispatcher, RoutingPolicy
 from radixserve.serving.inflight import InFlight, context_error
 from radixserve.serving.limits import RequestLimits, prompt_chars
 from radixserve.serving.prompts import PromptCodec, PromptError, encode_text
@@ -92,8 +92,10 @@ class RouterConfig:
     control_timeout_s: float = 10.0  # stats / flush replies from workers
     cache_threshold: float = 0.5
     min_match_tokens: int = 8
-    balance_abs_threshold: int = 4
+    balance_load: BalanceLoad = "work"  # outstanding prompt tokens of work, or "requests"
+    balance_abs_threshold: float | None = None  # in balance_load's unit; None: its default
     balance_rel_threshold: float = 1.5
+    follow_in_flight: bool = True  # a request follows its prefix to where it is being computed
     trie_max_tokens: int = 1 << 20
     keys: RouterKeys | None = None  # CURVE on both sockets (serving.security); None: plain sockets
     insecure: bool = False  # allow plain sockets on addresses other hosts can reach
@@ -164,8 +166,10 @@ class Router:
             config.routing,
             cache_threshold=config.cache_threshold,
             min_match_tokens=config.min_match_tokens,
+            balance_load=config.balance_load,
             balance_abs_threshold=config.balance_abs_threshold,
             balance_rel_threshold=config.balance_rel_threshold,
+            follow_in_flight=config.follow_in_flight,
             trie_max_tokens=config.trie_max_tokens,
         )
         self.pool = WorkerPool(

@@ -24,7 +24,7 @@ import msgspec
 import zmq
 
 from radixserve.serving import protocol as p
-from radixserve.serving.dispatch import Dispatcher
+from radixserve.serving.dispatch import Dispatcher, Outstanding
 from radixserve.serving.security import Peer, printable
 from radixserve.serving.security import log as audit_log
 
@@ -48,11 +48,33 @@ class WorkerHandle:
     rejoin_asked: bool = False  # declared dead, then heard from: told once to join again
     load: p.WorkerLoad = field(default_factory=p.WorkerLoad)
     inflight: set[str] = field(default_factory=set)  # rids not yet reported finished
+    prefill: dict[str, int] = field(default_factory=dict)  # rid -> prompt tokens left to compute
+    prefill_tokens: int = 0  # their sum
     adds: list[p.WorkerRequest] = field(default_factory=list)  # batched per loop turn
     requests: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     engine: dict[str, Any] = field(default_factory=dict)
+
+    def outstanding(self) -> Outstanding:
+        """What this worker has to do, as the dispatcher measures it."""
+        return Outstanding(len(self.inflight), self.prefill_tokens)
+
+    def sent(self, rid: str, uncached_tokens: int) -> None:
+        """Request ``rid`` goes to this worker, which must compute ``uncached_tokens`` of its
+        prompt (the dispatcher's estimate) before its first token."""
+        self.inflight.add(rid)
+        self.prefill[rid] = uncached_tokens
+        self.prefill_tokens += uncached_tokens
+
+    def prefill_done(self, rid: str) -> None:
+        """Request ``rid`` has its first token (or ended): its prompt is no longer queued."""
+        self.prefill_tokens -= self.prefill.pop(rid, 0)
+
+    def settle(self, rid: str) -> None:
+        """Request ``rid`` is over on this worker."""
+        self.inflight.discard(rid)
+        self.prefill_done(rid)
 
     @property
     def pid(self) -> int | None:
@@ -72,6 +94,7 @@ class WorkerHandle:
             load=self.load,
             engine=self.engine,
             death=self.death,
+            prefill_tokens=self.prefill_tokens,
         )
 
 
@@ -186,6 +209,8 @@ class WorkerPool:
         self.dispatcher.remove_worker(w.worker_id)
         self._on_dead(w, reason)
         w.inflight.clear()
+        w.prefill.clear()
+        w.prefill_tokens = 0
         w.adds.clear()
 
     def process_exited(self, worker_id: int, pid: int, reason: str) -> None:

@@ -110,6 +110,8 @@ def test_flags_map_to_the_engine_config() -> None:
                 "1.5",
                 "--hicache-storage-dir",
                 "/tmp/kv",
+                "--hicache-dtype",
+                "fp8_e4m3",
             ]
         )
     )
@@ -117,7 +119,10 @@ def test_flags_map_to_the_engine_config() -> None:
         "enable_hierarchical_cache": True,
         "hicache_size": 1.5,
         "hicache_storage_dir": "/tmp/kv",
+        "hicache_dtype": "fp8_e4m3",
     }
+    with pytest.raises(ValueError, match="hicache_dtype"):
+        EngineConfig(hicache_dtype="int4")
     assert EngineConfig(
         hicache_storage_dir="/tmp/kv"
     ).hierarchical_cache  # a directory implies the hierarchy
@@ -153,3 +158,38 @@ def test_pin_ttl_is_an_api_field() -> None:
     assert body.sampling(16, None).pin_ttl_s == 45.0
     with pytest.raises(Exception, match="pin_ttl_s"):
         CompletionRequest(model="m", prompt="hi", pin_ttl_s=-1.0).sampling(16, None)
+
+
+def test_a_smaller_l2_dtype_keeps_the_hits_and_fits_more_pages(
+    tiny_llama_dir: Path, make_engine
+) -> None:
+    """``hicache_dtype="int8"``: the same GiB holds ~3x the pages of an fp32 L2 and every
+    return of a system prompt is still a hit. The pages loaded back carry exactly the int8
+    reference rounding (tests/memory/test_kv_convert.py), which moves logits slightly: the
+    first token after every prompt is the full-precision hierarchy's, and the sequences
+    agree almost everywhere (a random tiny model has near-ties that a rounding may flip; the
+    accuracy cost on a real model is in benchmarks/README.md)."""
+    prompts = _workload()
+    full = make_engine(
+        tiny_llama_dir,
+        page_size=4,
+        num_pages=12,
+        enable_hierarchical_cache=True,
+        hicache_size=0.001,
+    )
+    small = make_engine(
+        tiny_llama_dir,
+        page_size=4,
+        num_pages=12,
+        enable_hierarchical_cache=True,
+        hicache_size=0.001,
+        hicache_dtype="int8",
+    )
+    assert small.cache.hierarchy.host.num_pages >= 3 * full.cache.hierarchy.host.num_pages
+    ref, ref_cached = _run(full, prompts)
+    got, got_cached = _run(small, prompts)
+    assert got_cached == ref_cached and small.stats().loaded_host_pages_total > 0
+    assert [g[0] for g in got] == [r[0] for r in ref]
+    same = sum(a == b for g, r in zip(got, ref) for a, b in zip(g, r))
+    assert same >= 0.9 * N * len(prompts), (got, ref)
+    small.check_invariants()

@@ -13,7 +13,7 @@ gguf = pytest.importorskip("gguf")
 
 from radixserve.model.config import ModelConfig  # noqa: E402
 from radixserve.model.loader import iter_safetensors, load_model  # noqa: E402
-from radixserve.model.quant import QuantConfig, set_reference_mode  # noqa: E402
+from radixserve.model.quant import QuantConfig  # noqa: E402
 from radixserve.model.quant.formats import dequantize_int4, quantize_int4  # noqa: E402
 from radixserve.model.quant.gguf_loader import load_gguf_model  # noqa: E402
 from radixserve.model.quant.gguf_weights import GGUFFile, dequantize, int4_from_blocks  # noqa: E402
@@ -195,53 +195,6 @@ def test_default_model_gguf_int4_is_its_own_q4_1(smollm2_dir: Path) -> None:
         got = layer.int4_weight()
         assert torch.equal(got.codes, want.codes) and torch.equal(got.scale, want.scale)
         assert torch.equal(got.zero, want.zero)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("method", ["int8", "int4"])
-def test_smollm2_greedy_equals_reference_path(smollm2_dir: Path, method: str) -> None:
-    """SmolLM2 quantized: the engine's greedy tokens equal those of the same quantized weights
-    through the dequantize-then-matmul path (a 40+-token batch prefills on the dense path,
-    the decodes run the packed kernels).
-
-    The two paths round their bf16 outputs in different orders, so a later step may sit on a
-    near-tie: tokens must be identical up to the first position where the reference's top
-    two candidates are within 0.1 nats, and a divergence anywhere else fails."""
-    from radixserve.engine.engine import Engine
-    from radixserve.sampling_params import SamplingParams
-
-    engine = Engine(
-        str(smollm2_dir),
-        num_pages=128,
-        dtype="float32",
-        quantization=method,
-        disable_radix_cache=True,
-    )
-    prompts = [
-        "The capital of France is",
-        "def fibonacci(n):",
-        "Once upon a time, in a small village at the edge of a great forest, there lived a young girl "
-        "who loved to read books about faraway places and dreamed of",
-    ]
-    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=2)
-    fast = engine.generate(prompts, params)
-    set_reference_mode(engine.model, True)
-    ref = engine.generate(prompts, params)
-    agreed = 0
-    for f, r in zip(fast, ref):
-        for i, (a, b) in enumerate(zip(f.token_ids, r.token_ids)):
-            if a != b:
-                top = dict(r.logprobs[i].top)
-                assert a in top and top[b] - top[a] < 0.1, (
-                    i,
-                    f.token_ids,
-                    r.token_ids,
-                    r.logprobs[i].top,
-                )
-                break
-            agreed += 1
-    assert agreed >= 0.6 * sum(len(r.token_ids) for r in ref)
-    engine.check_invariants()
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from radixserve.model.quant.formats import (
 )
 from radixserve.model.quant.linear import (
     DEQUANT_MIN_ROWS,
+    INT4_DEQUANT_MIN_ROWS,
     Int4Linear,
     Int8Embedding,
     QuantizedLinear,
@@ -38,7 +39,7 @@ def _reference(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize(
     "method,group", [("int8", None), ("int4", 32), ("int4", 64), ("int4", 128), ("fp8", None)]
 )
-@pytest.mark.parametrize("rows", [1, 5, DEQUANT_MIN_ROWS + 3])
+@pytest.mark.parametrize("rows", [1, 5, DEQUANT_MIN_ROWS + 3, INT4_DEQUANT_MIN_ROWS + 3])
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_matches_dequantized_matmul(
     method: str, group: int | None, rows: int, bias: bool
@@ -121,14 +122,13 @@ def _logits(model: nn.Module, seq: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("model", ["tiny_llama_dir", "tiny_qwen2_dir"])
-@pytest.mark.parametrize("rows", [6, 40])
+@pytest.mark.parametrize("rows", [6, 40, 260])
 def test_model_logits_equal_reference_path(
     method: str, model: str, rows: int, request: pytest.FixtureRequest
 ) -> None:
-    """Same quantized weights, kernels (6 rows) or the dense prefill path (40 rows) vs the
-    dequantize-then-matmul reference: the same logits up to bf16 output rounding. (Greedy
-    tokens of these random models sit on near-ties, so the greedy comparison runs on
-    SmolLM2: tests/model/test_quant_gguf.py.)"""
+    """Same quantized weights, kernels (6 rows) or the dense prefill path (int8: 40 rows,
+    int4: 260) vs the dequantize-then-matmul reference: the same logits up to bf16 output
+    rounding. (The exact greedy comparison is tests/model/test_quant_exact.py.)"""
     qmodel = load_model(request.getfixturevalue(model), quantization=method, announce=False)
     seq = list(range(3, 3 + rows))
     fast = _logits(qmodel, seq)
@@ -218,3 +218,69 @@ def test_cuda_linear_matches_reference_and_graph_replay(method: str) -> None:
         static_x.copy_(x * 0.5)
         graph.replay()
         torch.testing.assert_close(static_y, layer(x * 0.5))
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_dense_cache_layer(method: str) -> None:
+    """``cache_dense_weight``: batches of CACHED_DENSE_MIN_ROWS rows or more multiply with the
+    kept bf16 copy (close to dequantize-then-matmul), fewer rows stay on the packed kernel
+    bit for bit, and the copy's 2 bytes per weight are counted."""
+    from radixserve.model.quant.linear import CACHED_DENSE_MIN_ROWS
+
+    torch.manual_seed(4)
+    w = torch.randn(192, 256) * 0.05
+    q = quantize_weight(method, w, 64 if method == "int4" else None, torch.bfloat16)
+    plain = make_quantized_linear(method, q, None, torch.bfloat16)
+    cached = make_quantized_linear(method, q, None, torch.bfloat16)
+    assert cached.cache_dense_weight() == 2 * 192 * 256
+    assert cached.weight_bytes() == plain.weight_bytes() + 2 * 192 * 256
+    with torch.inference_mode():
+        few = torch.randn(CACHED_DENSE_MIN_ROWS - 1, 256)
+        assert torch.equal(cached(few), plain(few))
+        many = torch.randn(CACHED_DENSE_MIN_ROWS + 9, 256)
+        want = _reference(plain, many)
+        torch.testing.assert_close(
+            cached(many), want, atol=2e-2 * want.abs().max().item(), rtol=2e-2
+        )
+
+
+def test_dense_cache_engine_and_planner(tiny_llama_dir: Path) -> None:
+    """``quant_dense_cache``: the report and the planner count the bf16 copies; decoding at a
+    batch of several rows gives the tokens of the same engine without them (a random model's
+    near-ties aside, the copies hold the very weights the kernels decode)."""
+    from radixserve.engine.engine import Engine
+    from radixserve.memory.planner import weight_bytes
+    from radixserve.model.config import ModelConfig
+    from radixserve.sampling_params import SamplingParams
+
+    cfg = ModelConfig.from_pretrained(tiny_llama_dir)
+    engines = {
+        cache: Engine(
+            str(tiny_llama_dir), quantization="int8", num_pages=64, quant_dense_cache=cache
+        )
+        for cache in (False, True)
+    }
+    plain, cached = (engines[c].model.quant_report for c in (False, True))
+    linears = sum(
+        m.in_features * m.out_features
+        for m in engines[True].model.modules()
+        if isinstance(m, QuantizedLinear)
+    )
+    assert cached.dense_cache_bytes == 2 * linears and "bf16 copies" in cached.summary()
+    assert cached.weight_bytes == plain.weight_bytes + 2 * linears
+    f32 = torch.float32
+    assert (
+        weight_bytes(cfg, f32, "int8", quant_dense_cache=True)
+        == weight_bytes(cfg, f32, "int8") + 2 * linears
+    )
+    prompts = [[5, 9, 33, 7], [100, 4], [8] * 11, [77, 78, 79], [3, 4, 5, 6, 7]]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0)
+    outs = {c: e.generate(prompts, params) for c, e in engines.items()}
+    for a, b in zip(outs[False], outs[True]):
+        diffs = [abs(x.logprob - y.logprob) for x, y in zip(a.logprobs, b.logprobs)]
+        assert a.token_ids[:1] == b.token_ids[:1] and max(diffs[:1]) < 0.05
+    engines[True].check_invariants()
+    with pytest.raises(ValueError, match="quant_dense_cache needs quantization"):
+        EngineConfig(quant_dense_cache=True)
+    with pytest.raises(ValueError, match="applies to int8 and int4"):
+        QuantConfig("fp8", dense_cache=True)

@@ -162,3 +162,76 @@ def test_a_served_worker_publishes_its_cache_events(tiny_llama_dir: Path, tmp_pa
     finally:
         sub.close(linger=0)
         ctx.term()
+
+
+def test_l2_and_l3_publish_their_blocks_under_their_mediums(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    """With L2 and L3 on, a subscriber that applies every event in order ends with exactly
+    the blocks each tier holds (L1 "CPU", L2 "CPU_L2", L3 "DISK" on a CPU engine): demotion,
+    L2 eviction (spilled to disk), load-back, a corrupt page file, a flush."""
+    import random
+
+    ps = 4
+    engine = Engine(
+        str(tiny_llama_dir),
+        page_size=ps,
+        num_pages=12,
+        hicache_size=10 * 2048 / 2**30,  # 10 pages of this model (2 KiB each in fp32)
+        hicache_storage_dir=str(tmp_path / "l3"),
+        kv_events_endpoint="tcp://127.0.0.1:*",
+    )
+    hierarchy = engine.cache.hierarchy
+    assert hierarchy.host.num_pages == 10
+    decoder = Decoder(type=KVEventBatch)
+    view: dict[str | None, set[ExternalBlockHash]] = {}
+
+    def apply() -> list[Any]:
+        raw = engine.drain_kv_events()
+        events = decoder.decode(msgspec.msgpack.encode(raw)).events if raw is not None else []
+        for e in events:
+            if isinstance(e, BlockStored):
+                view.setdefault(e.medium, set()).update(e.block_hashes)
+                assert e.block_size == ps
+            elif isinstance(e, BlockRemoved):
+                assert set(e.block_hashes) <= view.get(e.medium, set())
+                view[e.medium].difference_update(e.block_hashes)
+            else:
+                view.clear()
+        return events
+
+    def truth() -> dict[str, set[bytes]]:
+        cache = engine.cache
+        return {
+            "CPU": {k for n in cache._nodes() for k in cache.page_keys(n)},
+            "CPU_L2": set(hierarchy.host.keys()),
+            "DISK": {bytes.fromhex(f.stem) for f in hierarchy.disk.dir.glob("*/*.kv")},
+        }
+
+    rng = random.Random(3)
+    systems = [[rng.randrange(5, 200) for _ in range(24)] for _ in range(4)]
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    mediums: set[str | None] = set()
+    for i in range(12):
+        engine.generate([systems[i % 4] + [rng.randrange(5, 200) for _ in range(3)]], params)
+        mediums |= {e.medium for e in apply() if not isinstance(e, AllBlocksCleared)}
+        want = truth()
+        assert {m: view.get(m, set()) for m in want} == want, i
+    assert mediums == {"CPU", "CPU_L2", "DISK"}
+    s = engine.stats()
+    assert s.demoted_pages_total and s.loaded_host_pages_total and s.storage_written_pages_total
+
+    # A corrupt page file is removed when read: a BlockRemoved on "DISK".
+    engine.flush_cache()  # L1 and L2 go (AllBlocksCleared); L3 stays, unannounced
+    assert isinstance(apply()[-1], AllBlocksCleared) and not view
+    bad = sorted(hierarchy.disk.dir.glob("*/*.kv"))
+    for f in bad:
+        f.write_bytes(f.read_bytes()[:-1])
+    view["DISK"] = {bytes.fromhex(f.stem) for f in bad}  # as if the subscriber knew them
+    engine.generate([systems[0] + [7, 7, 7]], params)
+    removed = [e for e in apply() if isinstance(e, BlockRemoved) and e.medium == "DISK"]
+    assert removed and all(
+        not hierarchy.disk.path(h).exists() for e in removed for h in e.block_hashes
+    )
+    want = truth()
+    assert {m: view.get(m, set()) for m in want} == want

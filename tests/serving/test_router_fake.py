@@ -49,7 +49,10 @@ def _wait_stats(client: Client, pred, timeout: float = 10.0) -> p.StatsReply:
 
 def _idle(st: p.StatsReply) -> bool:
     return st.active == 0 and all(
-        w.inflight == 0 and w.engine.get("pages_in_use") == 0 and w.engine.get("running") == 0
+        w.inflight == 0
+        and w.prefill_tokens == 0
+        and w.engine.get("pages_in_use") == 0
+        and w.engine.get("running") == 0
         for w in st.workers
         if w.alive
     )

@@ -36,7 +36,6 @@ def server(tiny_llama_dir: Path) -> Iterator[LocalServer]:
         endpoint="tcp://127.0.0.1:*",
         heartbeat_interval_s=0.2,
         client_probe_interval_s=0.2,
-        balance_abs_threshold=8,
     )
     with LocalServer(tiny_llama_dir, num_workers=2, config=cfg, engine_config=ENGINE) as srv:
         yield srv

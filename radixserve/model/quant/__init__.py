@@ -9,7 +9,12 @@
 
 from __future__ import annotations
 
-from radixserve.model.quant.apply import QuantReport, quantize_model, set_reference_mode
+from radixserve.model.quant.apply import (
+    QuantReport,
+    quantize_model,
+    set_dense_min_rows,
+    set_reference_mode,
+)
 from radixserve.model.quant.config import QUANT_METHODS, QuantConfig, check_device
 
 __all__ = [
@@ -18,5 +23,6 @@ __all__ = [
     "QuantReport",
     "check_device",
     "quantize_model",
+    "set_dense_min_rows",
     "set_reference_mode",
 ]

@@ -19,6 +19,7 @@ from radixserve.model.quant.formats import (
     quantize_int8,
 )
 from radixserve.model.quant.linear import (
+    CACHED_DENSE_MIN_ROWS,
     Fp8Linear,
     Int4Linear,
     Int8Embedding,
@@ -45,6 +46,7 @@ class QuantReport:
     direct: list[str] = field(default_factory=list)  # GGUF tensors mapped bit-exactly
     source: str = "checkpoint"
     weight_bytes: int = 0  # all weights after quantization (quantized + full precision)
+    dense_cache_bytes: int = 0  # of which decoded bf16 copies (--quant-dense-cache)
 
     def summary(self) -> str:
         """One paragraph: method, what is quantized, what is not, the source."""
@@ -62,6 +64,11 @@ class QuantReport:
                 f"{len(self.requantized)} GGUF tensors dequantized and re-quantized ({self._requant_kinds()})"
             )
         parts.append(f"weights {self.weight_bytes / (1 << 20):.1f} MiB")
+        if self.dense_cache_bytes:
+            parts[-1] += (
+                f" (of which {self.dense_cache_bytes / (1 << 20):.1f} MiB bf16 copies for batches of "
+                f">= {CACHED_DENSE_MIN_ROWS} rows, --quant-dense-cache)"
+            )
         return "; ".join(parts)
 
     def _requant_kinds(self) -> str:
@@ -132,7 +139,10 @@ def module_weight_bytes(model: nn.Module) -> int:
             continue
         seen.add(key)
         total += t.untyped_storage().nbytes() if not t.is_meta else 0
-    return total
+    # Decoded copies (--quant-dense-cache) are oneDNN tensors without a plain storage.
+    return total + sum(
+        m.dense_cache_bytes for m in model.modules() if isinstance(m, QuantizedLinear)
+    )
 
 
 def _linear(model: nn.Module, name: str) -> nn.Linear:
@@ -185,3 +195,33 @@ def set_reference_mode(model: nn.Module, on: bool = True) -> int:
             m.reference = on
             n += 1
     return n
+
+
+def set_dense_min_rows(model: nn.Module, rows: int | None = None) -> int:
+    """Set the row count from which every quantized linear of ``model`` decodes its weight and
+    runs the dense GEMM instead of the packed kernel (``None``: back to the layer's default,
+    ``DEQUANT_MIN_ROWS``, or ``CACHED_DENSE_MIN_ROWS`` with a decoded copy).
+
+    A packed kernel computes each row on its own, so with a large ``rows`` the model's
+    output for a token no longer depends on how many rows share its forward: what a
+    reference run that prefills a whole prompt at once needs in order to reproduce a
+    chunked, batched run bit for bit. Returns how many layers were set.
+    """
+    n = 0
+    for m in model.modules():
+        if isinstance(m, QuantizedLinear):
+            m.dense_min_rows = m.default_dense_min_rows if rows is None else rows
+            n += 1
+    return n
+
+
+def cache_dense_weights(model: nn.Module) -> int:
+    """``--quant-dense-cache``: every int8/int4 linear keeps its weight decoded to bf16 too
+    (oneDNN-packed on the CPU) for batches of ``CACHED_DENSE_MIN_ROWS`` rows or more, where
+    the packed weight-only kernels (GEMV-shaped: cost linear in rows) lose to the bf16 GEMM.
+    Costs 2 bytes per quantized weight on top of the quantized ones. Returns those bytes."""
+    return sum(
+        m.cache_dense_weight()
+        for m in model.modules()
+        if isinstance(m, QuantizedLinear) and m.method in ("int8", "int4")
+    )

@@ -19,11 +19,14 @@ SMALL_MODEL_PARAMS = 1_000_000_000
 class QuantConfig:
     """``method``: int8 | int4 | fp8. ``group_size``: int4's group (None: the largest of
     128/64/32 dividing every layer's input). ``quantize_embeddings``: also the token embedding
-    (int8 rows) and the LM head (None: only for models of 1 B parameters or more)."""
+    (int8 rows) and the LM head (None: only for models of 1 B parameters or more).
+    ``dense_cache``: int8/int4 linears also keep their weight decoded to bf16 for batches of
+    several rows (faster there, 2 more bytes per quantized weight; see quant/linear.py)."""
 
     method: str
     group_size: int | None = None
     quantize_embeddings: bool | None = None
+    dense_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in QUANT_METHODS:
@@ -37,6 +40,10 @@ class QuantConfig:
                 raise ValueError(
                     f"int4 group size must be one of {INT4_GROUP_SIZES}, got {self.group_size}"
                 )
+        if self.dense_cache and self.method == "fp8":
+            raise ValueError(
+                "the dense cache applies to int8 and int4 (fp8's _scaled_mm is a GEMM)"
+            )
 
     def embeddings_quantized(self, num_params: int) -> bool:
         """Whether the embedding and LM head are quantized for a model of ``num_params``."""

@@ -14,12 +14,24 @@ few dozen rows (prefill chunks) decoding the weight once into a bf16 matrix and 
 BLAS GEMM is faster; ``DEQUANT_MIN_ROWS`` is that crossover. Decode batches (the graphs a
 GPU captures) stay on the packed kernels.
 
+Why a 16-row decode batch is slower in int8 than in bf16 on this CPU: the kernels decode
+each weight to float32 and multiply with float32 FMAs, once per activation row (~45 us per
+row per SmolLM2 layer, no reuse of a decoded weight across rows), where oneDNN's bf16 GEMM
+runs bf16 dot-product instructions (twice the multiply rate) over a weight pre-packed once
+and is nearly flat up to 16 rows. Opt-in ``--quant-dense-cache`` (``cache_dense_weight``)
+keeps the weight decoded to bf16 and pre-packed for oneDNN as well, for batches from
+``CACHED_DENSE_MIN_ROWS`` rows: bf16's speed there, at 2 more bytes per quantized weight
+(more memory than the bf16 model itself; a choice for speed, not for memory).
+
 That dense path multiplies by the weight decoded to bf16, one more rounding of every
 weight (at most 2^-9 relative) than the kernels, which decode in float32 inside.
 
 Every layer keeps ``forward_reference``: dequantize-then-matmul in float32 on the same
 bf16 activations for the kernels' row counts (for the dense path's, that path itself): the
-oracle the tests and ``reference=True`` runs compare against.
+oracle the tests and ``reference=True`` runs compare against. The packed kernels compute
+each row on its own, so with every row count on them (``dense_min_rows``) a model's output
+for a token does not depend on the batch or chunk it came in: tests/model/test_quant_exact.py
+holds a batched, chunked engine to a whole-sequence reference bit for bit.
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.model.cpu_linear import onednn_linear_supported
 from radixserve.model.quant.formats import (
     Fp8Weight,
     Int4Weight,
@@ -44,6 +57,16 @@ from radixserve.model.quant.formats import (
 # Rows from which decoding the weight and running the dense GEMM beats the packed kernel
 # (CPU; measured crossover 16-64 rows on SmolLM2's shapes).
 DEQUANT_MIN_ROWS = 32
+# int4's decode costs ~4x int8's (nibbles, group scales and zeros; ~6 ms per SmolLM2 layer
+# against the kernel's ~45 us per row): its crossover is near 240 rows
+# (``bench_quant.py --layer-rows``).
+INT4_DEQUANT_MIN_ROWS = 256
+# With a decoded copy kept (``--quant-dense-cache``), rows from which its GEMM beats the
+# packed kernels: the kernels cost ~45 us per row per SmolLM2 layer (float32 FMAs, no weight
+# reuse across rows), the oneDNN bf16 GEMM is nearly flat up to 16 rows (bench_quant.py).
+CACHED_DENSE_MIN_ROWS = 4
+# oneDNN picks its blocking of a pre-packed weight for this many activation rows.
+_ONEDNN_ROWS_HINT = 16
 # The CPU int4 kernel's layout: blocks of this many output rows, byte j of a block's k-th
 # 32-byte slab holds row j (low nibble) and row j + 32 (high nibble); a last block of fewer
 # rows pairs rows 2j and 2j + 1 instead. Checked on every layer's own weight at load.
@@ -79,6 +102,15 @@ class QuantizedLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         self.compute_dtype = compute_dtype
         self.reference = False
+        # From this many rows on, decode the weight and run the dense GEMM (see the module
+        # docstring); a larger value keeps every row count on the packed kernel, whose rows
+        # do not depend on each other (what an exactly reproducible reference run needs).
+        self.dense_min_rows = self.default_dense_min_rows = DEQUANT_MIN_ROWS
+        # Opt-in decoded copy of the weight (cache_dense_weight): None, or the weight in
+        # compute_dtype, oneDNN-packed on the CPU.
+        self.dense_cache: torch.Tensor | None = None
+        self.dense_cache_bytes = 0
+        self._dense_cache_onednn = False
 
     @abstractmethod
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -94,7 +126,29 @@ class QuantizedLinear(nn.Module):
 
     def _dense_path(self, rows: int) -> bool:
         """Whether ``rows`` rows take the decode-then-GEMM path instead of the packed kernel."""
-        return rows >= DEQUANT_MIN_ROWS
+        return rows >= self.dense_min_rows
+
+    def cache_dense_weight(self, min_rows: int = CACHED_DENSE_MIN_ROWS) -> int:
+        """Keep the weight decoded to ``compute_dtype`` (oneDNN-packed on the CPU) and multiply
+        batches of ``min_rows`` rows or more with it; returns the bytes this copy costs."""
+        w = self.dequantize(self.compute_dtype)
+        self._dense_cache_onednn = w.device.type == "cpu" and onednn_linear_supported(w.dtype)
+        self.dense_cache = (
+            torch.ops.mkldnn._reorder_linear_weight(w, _ONEDNN_ROWS_HINT)
+            if self._dense_cache_onednn
+            else w
+        )
+        self.dense_cache_bytes = w.numel() * w.element_size()
+        self.dense_min_rows = self.default_dense_min_rows = min_rows
+        return self.dense_cache_bytes
+
+    def _dense_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """The dense path: the decoded weight's GEMM (the kept copy, or decoded on the spot)."""
+        if self.dense_cache is None:
+            return F.linear(x, self.dequantize(self.compute_dtype))
+        if self._dense_cache_onednn:
+            return torch.ops.mkldnn._linear_pointwise(x, self.dense_cache, None, "none", [], "")
+        return F.linear(x, self.dense_cache)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.reference:
@@ -122,8 +176,8 @@ class QuantizedLinear(nn.Module):
         return F.linear(x, self.dequantize(torch.float32))
 
     def weight_bytes(self) -> int:
-        """Bytes of the quantized weight and its scales (the bias excluded)."""
-        return sum(b.numel() * b.element_size() for b in self.buffers())
+        """Bytes of the quantized weight, its scales and any decoded copy (the bias excluded)."""
+        return sum(b.numel() * b.element_size() for b in self.buffers()) + self.dense_cache_bytes
 
     def extra_repr(self) -> str:
         return (
@@ -150,10 +204,14 @@ class Int8Linear(QuantizedLinear):
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self._dense_path(x.shape[0]):
-            return F.linear(x, self.dequantize(self.compute_dtype))
+            return self._dense_matmul(x)
         return torch._weight_int8pack_mm(x, self.qweight, self.scale)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if dtype == self.scale.dtype == torch.bfloat16:
+            # The dense path's decode, 2-5x faster than through float32 and the same bits: a
+            # code is exact in bf16, and bf16 * bf16 is the exact product rounded once.
+            return self.qweight.to(dtype) * self.scale[:, None]
         return dequantize_int8(Int8Weight(self.qweight, self.scale), dtype)
 
     def _reference_matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -174,16 +232,14 @@ def unpack_cpu_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
     """Codes ``[N, K]`` (uint8) from ``_convert_weight_to_int4pack_for_cpu``'s layout."""
     out = torch.empty(n, k, dtype=torch.uint8, device=packed.device)
     flat = packed.reshape(-1)
-    start = 0
-    for b in range(0, n, _CPU_INT4_BLOCK_N):
-        nb = min(_CPU_INT4_BLOCK_N, n - b)
-        blk = flat[start : start + k * nb // 2].view(k, nb // 2)
-        if nb == _CPU_INT4_BLOCK_N:
-            out[b : b + nb // 2] = (blk & 0xF).t()
-            out[b + nb // 2 : b + nb] = (blk >> 4).t()
-        else:
-            out[b : b + nb] = torch.stack([(blk & 0xF).t(), (blk >> 4).t()], dim=1).reshape(nb, k)
-        start += k * nb // 2
+    full, half = n // _CPU_INT4_BLOCK_N * _CPU_INT4_BLOCK_N, _CPU_INT4_BLOCK_N // 2
+    if full:  # every whole block at once: [blocks, K, 32] bytes -> rows j and j + 32
+        blk = flat[: full * k // 2].view(-1, k, half).transpose(1, 2)
+        out[:full].view(-1, _CPU_INT4_BLOCK_N, k).copy_(torch.cat([blk & 0xF, blk >> 4], dim=1))
+    nb = n - full
+    if nb:  # the last, partial block pairs rows 2j and 2j + 1
+        blk = flat[full * k // 2 : full * k // 2 + k * nb // 2].view(k, nb // 2)
+        out[full:] = torch.stack([(blk & 0xF).t(), (blk >> 4).t()], dim=1).reshape(nb, k)
     return out
 
 
@@ -203,6 +259,7 @@ class Int4Linear(QuantizedLinear):
         if n % 16:
             raise ValueError(f"int4 kernels need out_features divisible by 16, got {n}")
         self.group_size = w.group_size
+        self.dense_min_rows = self.default_dense_min_rows = INT4_DEQUANT_MIN_ROWS
         # Not `self.cuda`: that would hide nn.Module.cuda() on this layer.
         self.on_cuda = w.codes.device.type == "cuda"
         if self.on_cuda:
@@ -224,7 +281,7 @@ class Int4Linear(QuantizedLinear):
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self._dense_path(x.shape[0]):
-            return F.linear(x, self.dequantize(self.compute_dtype))
+            return self._dense_matmul(x)
         if self.on_cuda:
             return torch._weight_int4pack_mm(x, self.packed, self.group_size, self.scales_and_zeros)
         return torch._weight_int4pack_mm_for_cpu(
@@ -232,7 +289,8 @@ class Int4Linear(QuantizedLinear):
         )
 
     def _dense_path(self, rows: int) -> bool:
-        return self.cpu_layout_known and rows >= DEQUANT_MIN_ROWS
+        known = self.cpu_layout_known or self.dense_cache is not None
+        return known and rows >= self.dense_min_rows
 
     def int4_weight(self) -> Int4Weight:
         """The codes, scales and zeros this layer multiplies with."""
