@@ -19,10 +19,14 @@ memory with a semaphore pair (nano-vllm's way; one host only), as round trips.
 On a 2-core CPU no speed-up is expected: TP 2 runs two 1-thread ranks where TP 1 runs one
 2-thread process, and adds the collectives. The point is the communication share.
 
-Pipeline parallelism adds its configuration to ``CONFIGS`` and its own figures (the bubble)
-through ``EXTRA_METRICS`` (name -> function of the engine after a phase, returning a float).
+Pipeline parallelism (``PP 2``, ``TP2xPP2``): ``comm ms`` is rank 0's plan broadcast, its sends
+of the hidden states and its wait for the last stage's logits (which includes the other
+stages' compute: one step is in the pipe at a time); ``bubble`` is the share of rank 0's
+accounted time (compute + waits) that a rank spent not computing, averaged over the ranks;
+``pp wait ms`` rank 0's wait for the logits per step (per-rank counters:
+``engine.pipeline.comm.gather_stats()``).
 
-    flock /work/bench.lock python benchmarks/bench_parallel.py --quick
+    flock /work/bench.lock python benchmarks/bench_parallel.py --quick --configs "TP 1,TP 2,PP 2"
 """
 
 from __future__ import annotations
@@ -49,9 +53,47 @@ from radixserve.sampling_params import SamplingParams  # noqa: E402
 CONFIGS: dict[str, dict[str, Any]] = {
     "TP 1": {},
     "TP 2": {"tensor_parallel_size": 2},
+    "PP 2": {"pipeline_parallel_size": 2},
+    "PP 2 mb1": {"pipeline_parallel_size": 2, "pipeline_micro_batches": 1},  # no micro-batches
+    "TP2xPP2": {"tensor_parallel_size": 2, "pipeline_parallel_size": 2},
 }
-# Extra per-configuration figures: name -> f(engine) read after each phase (e.g. PP's bubble).
-EXTRA_METRICS: dict[str, Callable[[Engine], float | None]] = {}
+
+
+def _pp_stats(engine: Engine) -> list[dict[str, float]] | None:
+    """Every pipeline rank's counters since the last call (gathered once per phase)."""
+    if engine.pipeline is None:
+        return None
+    if id(engine) not in _PP_GATHERED:
+        _PP_GATHERED[id(engine)] = engine.pipeline.comm.gather_stats()
+    return _PP_GATHERED[id(engine)]
+
+
+def _pp_bubble(engine: Engine) -> float | None:
+    """The pipeline's bubble: the share of rank 0's accounted time (its compute and its waits)
+    that a rank did not compute, averaged over the ranks."""
+    stats = _pp_stats(engine)
+    if stats is None:
+        return None
+    r0 = stats[0]
+    total = r0["compute_seconds"] + r0["recv_seconds"] + r0["plan_seconds"] + r0["send_seconds"]
+    return statistics.mean(1 - s["compute_seconds"] / total for s in stats)
+
+
+def _pp_wait_ms(engine: Engine) -> float | None:
+    """Rank 0's wait for the last stage's logits, ms per step (the later stages' turn)."""
+    stats = _pp_stats(engine)
+    _PP_GATHERED.pop(id(engine), None)  # the last metric of a phase: the next one gathers anew
+    if stats is None:
+        return None
+    return 1e3 * stats[0]["recv_seconds"] / max(1.0, stats[0]["steps"])
+
+
+_PP_GATHERED: dict[int, list[dict[str, float]]] = {}
+# Extra per-configuration figures: name -> f(engine) read after each phase, in this order.
+EXTRA_METRICS: dict[str, Callable[[Engine], float | None]] = {
+    "bubble": _pp_bubble,
+    "pp wait ms": _pp_wait_ms,
+}
 
 
 def _tp(engine: Engine) -> Any:
@@ -62,6 +104,7 @@ def _phase(engine: Engine, prompts: list[list[int]], decode: int) -> dict[str, A
     """Prefill ``prompts`` in one step, then ``decode`` steps; per-step figures in ms."""
     tp = _tp(engine)
     chan = None if engine.ranks is None else engine.ranks.channel
+    pp = None if engine.pipeline is None else engine.pipeline.comm.stats
     params = SamplingParams(max_tokens=decode + 1, temperature=0.0, ignore_eos=True)
     for p in prompts:
         engine.add_request(p, params)
@@ -70,16 +113,18 @@ def _phase(engine: Engine, prompts: list[list[int]], decode: int) -> dict[str, A
         if tp is not None:
             tp.timing, tp.comm_seconds = True, 0.0
         plan0 = 0.0 if chan is None else chan.seconds
+        if pp is not None:  # a pipeline's rank 0: plan broadcast, sends, the wait for logits
+            plan0 = pp.plan_seconds
+            comm0 = pp.plan_seconds + pp.send_seconds + pp.recv_seconds
         t0 = time.perf_counter()
         engine.step()
         wall = time.perf_counter() - t0
-        steps.append(
-            {
-                "ms": wall * 1e3,
-                "comm_ms": 0.0 if tp is None else tp.comm_seconds * 1e3,
-                "plan_ms": 0.0 if chan is None else (chan.seconds - plan0) * 1e3,
-            }
-        )
+        comm_ms = 0.0 if tp is None else tp.comm_seconds * 1e3
+        plan_ms = 0.0 if chan is None else (chan.seconds - plan0) * 1e3
+        if pp is not None:
+            comm_ms += (pp.plan_seconds + pp.send_seconds + pp.recv_seconds - comm0) * 1e3
+            plan_ms = (pp.plan_seconds - plan0) * 1e3
+        steps.append({"ms": wall * 1e3, "comm_ms": comm_ms, "plan_ms": plan_ms})
     if tp is not None:
         tp.timing = False
     prefill, decodes = steps[0], steps[1 : 1 + decode]

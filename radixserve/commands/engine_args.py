@@ -114,6 +114,15 @@ def add_parallel_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="ranks per worker, each holding a shard of every layer (default 1)",
     )
+    g.add_argument(
+        "--pipeline-parallel-size",
+        "--pp",
+        dest="pipeline_parallel_size",
+        type=int,
+        default=None,
+        help="pipeline stages per worker (contiguous layer ranges), each a group of "
+        "--tensor-parallel-size ranks (default 1; one host)",
+    )
     g.add_argument("--nnodes", type=int, default=None, help="hosts the worker's ranks span")
     g.add_argument(
         "--node-rank",
@@ -158,7 +167,14 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
             cfg[flag.replace("-", "_")] = value
     if args.disable_radix_cache:
         cfg["disable_radix_cache"] = True
-    for name in ("tensor_parallel_size", "nnodes", "node_rank", "dist_init_addr", "dist_timeout"):
+    for name in (
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "nnodes",
+        "node_rank",
+        "dist_init_addr",
+        "dist_timeout",
+    ):
         if getattr(args, name, None) is not None:
             cfg[name] = getattr(args, name)
     if getattr(args, "insecure", False) and cfg.get("dist_init_addr"):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from radixserve.cli import register
 
 if TYPE_CHECKING:
+    from radixserve.memory.parallel_plan import ParallelMemoryPlan
     from radixserve.memory.planner import MemoryPlan
     from radixserve.model.config import ModelConfig
 
@@ -44,6 +45,26 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=int, default=16, help="tokens per KV page (default 16)")
     p.add_argument(
         "--memory-budget", default=None, help="total bytes radixserve may use, e.g. 80GiB, 24GB"
+    )
+    p.add_argument(
+        "--device-memory",
+        default=None,
+        help="plan for devices of this size (e.g. 80GB) instead of this machine's; "
+        "the budget is this x --memory-utilization",
+    )
+    p.add_argument(
+        "--tensor-parallel-size",
+        "--tp",
+        type=int,
+        default=1,
+        help="tensor-parallel ranks per pipeline stage: show weights and KV per device",
+    )
+    p.add_argument(
+        "--pipeline-parallel-size",
+        "--pp",
+        type=int,
+        default=1,
+        help="pipeline stages (contiguous layer ranges): show weights and KV per device",
     )
     p.add_argument(
         "--memory-utilization",
@@ -106,6 +127,7 @@ def memory_report(cfg: ModelConfig, args: argparse.Namespace) -> dict[str, Any]:
     """All numbers the command prints, as plain data (also the ``--json`` output)."""
     import torch
 
+    from radixserve.memory.parallel_plan import plan_parallel_memory
     from radixserve.memory.planner import kv_bytes_per_token, parse_bytes, plan_memory
     from radixserve.model.loader import parse_dtype
 
@@ -132,7 +154,7 @@ def memory_report(cfg: ModelConfig, args: argparse.Namespace) -> dict[str, Any]:
         )
     from radixserve.model.quant.config import QuantConfig
 
-    def plan_for(method: str | None) -> MemoryPlan:
+    def plan_kwargs(method: str | None) -> dict[str, Any]:
         qc = (
             QuantConfig(
                 method,
@@ -142,12 +164,12 @@ def memory_report(cfg: ModelConfig, args: argparse.Namespace) -> dict[str, Any]:
             if method
             else None
         )
-        return plan_memory(
-            cfg,
+        return dict(
             kv_dtype=args.kv_cache_dtype,
             page_size=args.page_size,
             act_dtype=act,
             memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
+            device_total=parse_bytes(args.device_memory) if args.device_memory else None,
             memory_utilization=args.memory_utilization,
             device=device,
             max_num_tokens=args.max_num_tokens,
@@ -158,8 +180,19 @@ def memory_report(cfg: ModelConfig, args: argparse.Namespace) -> dict[str, Any]:
             quantize_embeddings=bool(qc and qc.embeddings_quantized(cfg.num_params)),
         )
 
+    def plan_for(method: str | None) -> MemoryPlan:
+        return plan_memory(cfg, **plan_kwargs(method))
+
     plan = plan_for(args.quantization)
     base = plan_for(None)
+    parallel = None
+    if args.tensor_parallel_size * args.pipeline_parallel_size > 1:
+        parallel = plan_parallel_memory(
+            cfg,
+            args.tensor_parallel_size,
+            args.pipeline_parallel_size,
+            **plan_kwargs(args.quantization),
+        )
     weight_rows = []
     for method in (None, *QUANT_METHODS):
         p = plan_for(method)
@@ -198,6 +231,7 @@ def memory_report(cfg: ModelConfig, args: argparse.Namespace) -> dict[str, Any]:
         "pages_per_sequence": plan.pages_per_sequence(args.seq_len),
         "max_sequences": plan.max_sequences(args.seq_len),
         "batch_fits": plan.max_sequences(args.seq_len) >= args.batch_size,
+        "parallel": parallel,
     }
 
 
@@ -299,7 +333,58 @@ def render(cfg: ModelConfig, source: str, r: dict[str, Any]) -> str:
         f"({r['pages_per_sequence']} pages each); batch {r['batch_size']} "
         + ("fits" if r["batch_fits"] else "does NOT fit"),
     ]
+    if r["parallel"] is not None:
+        out += ["", *render_parallel(cfg, r)]
     return "\n".join(out)
+
+
+def render_parallel(cfg: ModelConfig, r: dict[str, Any]) -> list[str]:
+    """The TP × PP section: what each device holds and the page count all of them agree on."""
+    from radixserve.memory.planner import format_bytes as fb
+    from radixserve.memory.sharding import kv_heads_per_rank, q_heads_per_rank
+
+    par: ParallelMemoryPlan = r["parallel"]
+    tp, pp = par.tp_size, par.pp_size
+    first = par.stages[0]
+    kvr = kv_heads_per_rank(cfg.num_kv_heads, tp)
+    qr = q_heads_per_rank(cfg.num_q_heads, cfg.num_kv_heads, tp)
+    if cfg.num_kv_heads >= tp:
+        kv_note = f"{cfg.num_kv_heads} / {tp} = {kvr}" + (
+            " (uneven: the first ranks take one more)" if cfg.num_kv_heads % tp else ""
+        )
+    else:
+        replicas = -(-tp // cfg.num_kv_heads)
+        kv_note = f"1 ({cfg.num_kv_heads} KV heads < {tp} ranks: each replicated on up to {replicas} ranks)"
+    out = [
+        f"Per device: tensor parallel {tp} x pipeline parallel {pp} = {par.num_devices} devices "
+        f"(kv dtype {first.kv_dtype}, page size {first.page_size}, budget {first.budget_source}):",
+        f"  per TP rank: {qr} of {cfg.num_q_heads} query heads, KV heads {kv_note}, "
+        f"{-(-cfg.intermediate_size // tp):,} of {cfg.intermediate_size:,} MLP rows, "
+        f"{-(-cfg.vocab_size // tp):,} of {cfg.vocab_size:,} vocabulary rows (embedding / LM head)",
+        f"  {'stage':<6}{'layers':<11}{'also holds':<16}{'budget':>11}{'weights':>11}{'activ.':>11}"
+        f"{'KV B/token':>11}{'own pages':>11}{'used':>11}",
+    ]
+    for s, (shard, plan) in enumerate(zip(par.shards, par.stages, strict=True)):
+        holds = "+".join(
+            x
+            for x, on in (("embedding", shard.has_embedding), ("LM head", shard.has_lm_head))
+            if on
+        )
+        out.append(
+            f"  {s:<6}{f'[{shard.layer_start}, {shard.layer_end})':<11}{holds or '-':<16}"
+            f"{fb(plan.budget_bytes):>11}{fb(plan.weight_bytes):>11}{fb(plan.activation_reserve_bytes):>11}"
+            f"{plan.bytes_per_token:>11,}{plan.num_pages:>11,}{fb(par.device_used_bytes(s)):>11}"
+        )
+    seqs = par.max_sequences(r["seq_len"])
+    out += [
+        f"  = {par.num_pages:,} pages on every device (the smallest stage's count) = "
+        f"{par.max_tokens:,} tokens of KV",
+        f"  -> {seqs:,} sequences of {r['seq_len']} tokens at once; batch {r['batch_size']} "
+        + ("fits" if seqs >= r["batch_size"] else "does NOT fit"),
+        f"  all {par.num_devices} devices: {fb(par.total_used_bytes)} used of a {fb(par.total_budget_bytes)} "
+        f"budget (weights {fb(par.total_weight_bytes)}, KV pool {fb(par.total_kv_bytes)})",
+    ]
+    return out
 
 
 @register(
@@ -310,11 +395,18 @@ def render(cfg: ModelConfig, source: str, r: dict[str, Any]) -> str:
 def memory(args: argparse.Namespace) -> int:
     if args.seq_len < 1 or args.batch_size < 1:
         raise ValueError("--seq-len and --batch-size must be >= 1")
+    if args.tensor_parallel_size < 1 or args.pipeline_parallel_size < 1:
+        raise ValueError("--tensor-parallel-size and --pipeline-parallel-size must be >= 1")
     cfg, source = load_config_for(args.model, args.cache_dir)
     r = memory_report(cfg, args)
     if args.json:
         plan = r.pop("plan")
         r["plan"] = {**plan.__dict__, "max_tokens": plan.max_tokens, "pool_bytes": plan.pool_bytes}
+        if r["parallel"] is not None:
+            r["parallel"] = {
+                **r["parallel"].as_dict(),
+                "max_sequences": r["parallel"].max_sequences(args.seq_len),
+            }
         r["model"] = source
         print(json.dumps(r, indent=2))
     else:

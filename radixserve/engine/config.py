@@ -82,6 +82,11 @@ class EngineConfig:
     device: str = "cpu"
     seed: int = 0
     num_threads: int | None = None  # CPU: torch threads (default: all cores)
+    # Pipeline parallelism: the layers split into this many stages, one rank process each
+    # (rank 0 is this engine's process; radixserve.engine.pipeline).
+    pipeline_parallel_size: int = 1
+    # Micro-batches a step is cut into down the pipe (None: one per stage; 1: none).
+    pipeline_micro_batches: int | None = None
     # Weight quantization (vLLM's --quantization): None | "int8" | "int4" | "fp8".
     quantization: str | None = None
     quant_group_size: int | None = (
@@ -227,6 +232,24 @@ class EngineConfig:
             errors.append("several nodes need dist_init_addr (rank 0's host:port)")
         if self.dist_timeout <= 0:
             errors.append(f"dist_timeout must be > 0 seconds, got {self.dist_timeout}")
+        pp = self.pipeline_parallel_size
+        if pp < 1:
+            errors.append(f"pipeline_parallel_size must be >= 1, got {pp}")
+        elif pp > 1:
+            if self.pipeline_micro_batches is not None and self.pipeline_micro_batches < 1:
+                errors.append(
+                    f"pipeline_micro_batches must be >= 1, got {self.pipeline_micro_batches}"
+                )
+            if nn > 1:
+                errors.append("pipeline parallelism runs its ranks on one host (nnodes 1)")
+            if self.quantization is not None:
+                errors.append(
+                    "pipeline parallelism loads unquantized safetensors (no quantization)"
+                )
+            if self.hierarchical_cache:
+                errors.append(
+                    "the hierarchical cache is not supported with pipeline parallelism yet"
+                )
         if tp > 1 and self.hierarchical_cache:
             errors.append("the hierarchical cache is not supported with tensor parallelism yet")
         try:

@@ -105,8 +105,11 @@ def plan_worker_devices(
             raise ValueError(f"--gpu-ids needs --device cuda, got {device}")
         return [WorkerPlacement(device, {}) for _ in range(num_workers)]
     gpus = visible_gpus()
-    per_worker = int(engine_config.get("tensor_parallel_size", 1)) // int(
-        engine_config.get("nnodes", 1)
+    # A worker's ranks on this host: tp x pp (pipeline ranks run on one host), over the nodes.
+    per_worker = (
+        int(engine_config.get("tensor_parallel_size", 1))
+        * int(engine_config.get("pipeline_parallel_size", 1))
+        // int(engine_config.get("nnodes", 1))
     )
     if per_worker > 1:
         return _tensor_parallel_placements(gpus, index, num_workers, per_worker, gpu_ids)

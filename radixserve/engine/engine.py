@@ -34,6 +34,7 @@ from radixserve.engine.devices import bind_device
 from radixserve.engine.kv_profile import ProfiledKV
 from radixserve.engine.model_runner import ModelRunner
 from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, TokenLogprob, Usage
+from radixserve.engine.pipeline.launch import PipelineLaunch
 from radixserve.engine.ranks import RankGroup, rank_threads
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.startup import StartupClock, describe_startup
@@ -101,7 +102,11 @@ class Engine:
         # Tensor parallelism: this process is rank 0; the other ranks start now and load
         # their shards while this one loads its own (engine.ranks).
         self.ranks: RankGroup | None = None
-        if tp_size > 1:
+        # Pipeline parallelism (engine.pipeline): likewise, each stage a tensor-parallel group.
+        self.pipeline: PipelineLaunch | None = None
+        if cfg.pipeline_parallel_size > 1:
+            self.pipeline = PipelineLaunch.from_config(cfg, self.model_path, config)
+        elif tp_size > 1:
             self.ranks = RankGroup(cfg, self.model_path)
         try:
             self._build(cfg, clock)
@@ -114,17 +119,24 @@ class Engine:
 
         from radixserve.model.loader import load_model
 
-        ranks = self.ranks
+        ranks, pipe = self.ranks, self.pipeline
         if torch.device(cfg.device).type == "cpu":
-            setup_cpu_threads(cfg.num_threads if ranks is None else rank_threads(cfg, ranks.pc))
-        self.device = torch.device(cfg.device) if ranks is None else ranks.device
+            pc = ranks.pc if ranks is not None else (pipe.pc if pipe is not None else None)
+            setup_cpu_threads(cfg.num_threads if pc is None else rank_threads(cfg, pc))
+        self.device = (
+            ranks.device
+            if ranks is not None
+            else pipe.device
+            if pipe is not None
+            else torch.device(cfg.device)
+        )
         bind_device(self.device)  # cuda:N: Triton launches and index-less allocations go there
         clock.lap("resolve model")
         # Free device memory before the weights: the most this engine may take (kv_profile).
         # (Tensor parallel: the planner sizes the pool, from rank 0's shard, the largest; a
-        # profile run would need every rank in its forward.)
+        # profile run would need every rank in its forward. Likewise every pipeline stage.)
         self._device_memory: kv_profile.DeviceMemory | None = None
-        if cfg.num_pages is None and cfg.memory_budget is None and ranks is None:
+        if cfg.num_pages is None and cfg.memory_budget is None and ranks is None and pipe is None:
             self._device_memory = kv_profile.device_memory(self.device)
         self._free_at_start = 0 if self._device_memory is None else self._device_memory.free()
         self.model = load_model(
@@ -132,7 +144,8 @@ class Engine:
             dtype=cfg.torch_dtype,
             device=self.device,
             quantization=cfg.quant_config(),
-            tp=None if ranks is None else ranks.tp,
+            tp=ranks.tp if ranks is not None else (pipe.tp_group if pipe is not None else None),
+            stage=None if pipe is None else pipe.stage,
         )
         clock.lap("load weights")
         self.model_config = mc = self.model.config
@@ -149,7 +162,7 @@ class Engine:
         self.local_model_config = self.model.local_config
         # The pool's arguments but its size (the profile run builds a small pool of its own).
         self._pool_args: dict[str, Any] = {
-            "num_layers": mc.num_layers,
+            "num_layers": getattr(self.model, "num_local_layers", mc.num_layers),
             "page_size": cfg.page_size,
             "kv_heads": self.local_model_config.num_kv_heads,
             "head_dim": mc.head_dim,
@@ -182,14 +195,24 @@ class Engine:
         )
         self.scheduler = Scheduler(sched_cfg, self.cache, self.allocator, mc.eos_token_ids)
         clock.lap("KV pool")
-        self.runner = ModelRunner.from_config(
-            self.model,
-            pool,
-            cfg,
-            max_rows=sched_cfg.max_running_requests,
-            max_pages=self.scheduler.max_pages_per_request,
-            scratch_page=num_pages,
-        )
+        if pipe is not None:
+            self.runner: ModelRunner = pipe.make_runner(
+                self.model,
+                pool,
+                cfg,
+                num_pages=num_pages,
+                max_rows=sched_cfg.max_running_requests,
+                max_pages=self.scheduler.max_pages_per_request,
+            )
+        else:
+            self.runner = ModelRunner.from_config(
+                self.model,
+                pool,
+                cfg,
+                max_rows=sched_cfg.max_running_requests,
+                max_pages=self.scheduler.max_pages_per_request,
+                scratch_page=num_pages,
+            )
         clock.lap("attention backend and CPU kernels")
         if ranks is not None:  # every rank builds the same pool and runner, and warms up with us
             ranks.start(
@@ -213,7 +236,7 @@ class Engine:
             self.scheduler,
             self.runner,
             overlap=cfg.use_overlap,
-            on_error=None if ranks is None else self._rank_error,
+            on_error=self._rank_error if ranks is not None or pipe is not None else None,
         )
         self._buffered: list[StepOutput] = []  # other requests' outputs seen inside generate()
         logger.info(
@@ -290,9 +313,11 @@ class Engine:
     def close(self) -> None:
         """Shut down cleanly: with an L3 directory, write the cached KV there (L1 and L2) so
         that a restart, or another worker on this host, starts warm; stop the other
-        tensor-parallel ranks. Idempotent."""
+        tensor-parallel ranks or pipeline stages. Idempotent."""
         if self.ranks is not None:
             self.ranks.close()
+        if self.pipeline is not None:
+            self.pipeline.close(getattr(self, "runner", None))
         persist = getattr(getattr(self, "cache", None), "persist", None)
         if persist is not None:
             n = persist()
@@ -374,8 +399,9 @@ class Engine:
                 * cfg.page_size
             )
             cap = max(1, CPU_DEFAULT_KV_BYTES // per_page)
-        plan = plan_memory(
-            self.local_model_config,  # per device: this rank's shard, the largest
+        plan_fn = plan_memory if self.pipeline is None else self.pipeline.plan_memory
+        plan = plan_fn(
+            self.local_model_config if self.pipeline is None else self.model_config,
             kv_dtype=cfg.kv_cache_dtype,
             page_size=cfg.page_size,
             act_dtype=cfg.torch_dtype,
@@ -505,13 +531,16 @@ class Engine:
         """A step failed under tensor parallelism: the ranks are out of step for good, so the
         engine stops here, saying which rank died or hung (its requests were failed and their
         pages given back first)."""
-        assert self.ranks is not None
-        raise self.ranks.explain(exc) from exc
+        group = self.ranks if self.ranks is not None else self.pipeline
+        assert group is not None
+        raise group.explain(exc) from exc
 
     def check_health(self) -> None:
         """Raise :class:`~radixserve.engine.ranks.RankFailure` when a tensor-parallel rank has
         died or does not answer (the serving worker calls this while idle); a no-op with one
         rank."""
+        if self.pipeline is not None and not self.has_unfinished():
+            self.pipeline.check()
         if self.ranks is not None and not self.has_unfinished():
             self.ranks.check()
 

@@ -29,6 +29,12 @@ from typing import Protocol
 import torch
 
 from radixkernels.kv_format import SCALE_DTYPE, KVCacheDtype, KVFormat
+from radixserve.memory.sharding import (
+    WHOLE_MODEL,
+    DeviceShard,
+    kv_heads_per_rank,
+    q_heads_per_rank,
+)
 
 
 class ModelConfig(Protocol):
@@ -37,6 +43,8 @@ class ModelConfig(Protocol):
 
     @property
     def num_layers(self) -> int: ...
+    @property
+    def num_q_heads(self) -> int: ...
     @property
     def num_kv_heads(self) -> int: ...
     @property
@@ -79,10 +87,16 @@ def kv_format(
 
 
 def kv_bytes_per_token(
-    cfg: ModelConfig, kv_dtype: KVCacheDtype | str = "auto", act_dtype: torch.dtype = torch.float16
+    cfg: ModelConfig,
+    kv_dtype: KVCacheDtype | str = "auto",
+    act_dtype: torch.dtype = torch.float16,
+    shard: DeviceShard = WHOLE_MODEL,
 ) -> int:
-    """Bytes one token's K and V occupy in the pool, all layers, per-token scales included."""
-    return kv_format(cfg, kv_dtype, act_dtype).bytes_per_token(cfg.num_layers, cfg.num_kv_heads)
+    """Bytes one token's K and V occupy in the pool, per-token scales included: all layers, or
+    with ``shard`` those one device of a TP × PP worker keeps (its layers, its KV heads)."""
+    return kv_format(cfg, kv_dtype, act_dtype).bytes_per_token(
+        shard.layers(cfg.num_layers), kv_heads_per_rank(cfg.num_kv_heads, shard.tp_size)
+    )
 
 
 def kv_bytes_per_sequence(
@@ -95,10 +109,13 @@ def kv_bytes_per_sequence(
     return seq_len * kv_bytes_per_token(cfg, kv_dtype, act_dtype)
 
 
-def kv_fixed_bytes(cfg: ModelConfig, kv_dtype: KVCacheDtype | str = "auto") -> int:
+def kv_fixed_bytes(
+    cfg: ModelConfig, kv_dtype: KVCacheDtype | str = "auto", shard: DeviceShard = WHOLE_MODEL
+) -> int:
     """Bytes of the pool that do not grow with tokens: fp8's static per-(layer, head) scales."""
     if KVCacheDtype(kv_dtype).has_head_scales:
-        return 2 * cfg.num_layers * cfg.num_kv_heads * SCALE_DTYPE.itemsize
+        heads = kv_heads_per_rank(cfg.num_kv_heads, shard.tp_size)
+        return 2 * shard.layers(cfg.num_layers) * heads * SCALE_DTYPE.itemsize
     return 0
 
 
@@ -109,6 +126,7 @@ def weight_bytes(
     group_size: int | None = None,
     quantize_embeddings: bool = False,
     quant_dense_cache: bool = False,
+    shard: DeviceShard = WHOLE_MODEL,
 ) -> int:
     """Bytes of the model's weights when run in ``dtype`` (tied embeddings counted once).
 
@@ -118,15 +136,27 @@ def weight_bytes(
     ``quantize_embeddings`` the embedding is int8 rows (``V H + 4 V``) and the LM head a
     quantized linear of its own (also when tied); otherwise both stay in ``dtype``.
     ``quant_dense_cache`` adds a bf16 copy (``2 N K``) of every int8/int4 decoder linear.
+
+    With ``shard`` (one device of a TP × PP worker, :mod:`radixserve.memory.sharding`): its
+    stage's layers, each linear a ``1/tp`` slice (query heads, KV heads or their replica,
+    intermediate rows), the vocabulary-parallel embedding on the first stage and LM head on
+    the last (a tied head is a copy there when the stages differ), norms whole.
     """
-    if quantization is None:
-        return cfg.num_params * _dtype_bytes(dtype)
-    h, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    shapes = [(cfg.q_size + 2 * cfg.kv_size, h), (h, cfg.q_size), (2 * i, h), (h, i)]
+    act = _dtype_bytes(dtype)
+    if quantization is None and shard.is_whole_model:
+        return cfg.num_params * act
+    tp = shard.tp_size
+    h, v = cfg.hidden_size, math.ceil(cfg.vocab_size / tp)
+    q = q_heads_per_rank(cfg.num_q_heads, cfg.num_kv_heads, tp) * cfg.head_dim
+    kv = kv_heads_per_rank(cfg.num_kv_heads, tp) * cfg.head_dim
+    i = math.ceil(cfg.intermediate_size / tp)
+    shapes = [(q + 2 * kv, h), (h, q), (2 * i, h), (h, i)]
     if quantization == "int4" and group_size is None:
         group_size = next((g for g in (128, 64, 32) if all(k % g == 0 for _, k in shapes)), 32)
 
     def linear(n: int, k: int) -> int:
+        if quantization is None:
+            return n * k * act
         if quantization == "int8":
             return n * k + 2 * n
         if quantization == "int4":
@@ -137,31 +167,45 @@ def weight_bytes(
         raise ValueError(f"unknown quantization {quantization!r}")
 
     def linear_with_copy(n: int, k: int) -> int:
-        return linear(n, k) + (2 * n * k if quant_dense_cache and quantization != "fp8" else 0)
+        dense_copy = quant_dense_cache and quantization not in (None, "fp8")
+        return linear(n, k) + (2 * n * k if dense_copy else 0)
 
-    act = _dtype_bytes(dtype)
+    quantize_embeddings = quantize_embeddings and quantization is not None
     per_layer = sum(linear_with_copy(n, k) for n, k in shapes) + 2 * h * act  # + the two norms
     per_layer += act * (
-        (cfg.q_size + 2 * cfg.kv_size if cfg.attention_bias else 0)
+        (q + 2 * kv if cfg.attention_bias else 0)
         + (h if cfg.o_proj_bias else 0)
         + (2 * i + h if cfg.mlp_bias else 0)
     )
-    if quantize_embeddings:
-        vocab = v * h + 4 * v + linear_with_copy(v, h)
-    else:
-        vocab = v * h * act * (1 if cfg.tie_word_embeddings else 2)
-    return cfg.num_layers * per_layer + vocab + h * act
+    vocab = 0
+    if shard.has_embedding:
+        vocab += v * h + 4 * v if quantize_embeddings else v * h * act
+    if shard.has_lm_head:
+        if quantize_embeddings:
+            vocab += linear_with_copy(v, h)
+        elif not (cfg.tie_word_embeddings and shard.has_embedding):
+            vocab += v * h * act  # its own head, or with PP the last stage's copy of a tied one
+        vocab += h * act  # the final norm
+    return shard.layers(cfg.num_layers) * per_layer + vocab
 
 
-def activation_reserve_bytes(cfg: ModelConfig, max_num_tokens: int, act_dtype: torch.dtype) -> int:
+def activation_reserve_bytes(
+    cfg: ModelConfig, max_num_tokens: int, act_dtype: torch.dtype, shard: DeviceShard = WHOLE_MODEL
+) -> int:
     """A bound on the transient memory of one forward of ``max_num_tokens`` rows.
 
     Per row, the live tensors of one layer at its widest point: residual, normed input,
     q/k/v, attention output, gate/up and the gated product (3 × intermediate), plus float32
-    logits for every row (prompt logprobs may ask for all of them).
+    logits for every row (prompt logprobs may ask for all of them). With ``shard``, the head
+    and intermediate widths are the TP rank's share; logits only on the last stage (gathered
+    to the whole vocabulary).
     """
-    per_row = 4 * cfg.hidden_size + 2 * cfg.q_size + 2 * cfg.kv_size + 3 * cfg.intermediate_size
-    return max_num_tokens * (per_row * _dtype_bytes(act_dtype) + cfg.vocab_size * 4)
+    tp = shard.tp_size
+    q = q_heads_per_rank(cfg.num_q_heads, cfg.num_kv_heads, tp) * cfg.head_dim
+    kv = kv_heads_per_rank(cfg.num_kv_heads, tp) * cfg.head_dim
+    per_row = 4 * cfg.hidden_size + 2 * q + 2 * kv + 3 * math.ceil(cfg.intermediate_size / tp)
+    logits = cfg.vocab_size * 4 if shard.has_lm_head else 0
+    return max_num_tokens * (per_row * _dtype_bytes(act_dtype) + logits)
 
 
 def device_total_bytes(device: torch.device | str) -> int:
@@ -239,6 +283,8 @@ def plan_memory(
     quant_group_size: int | None = None,
     quantize_embeddings: bool = False,
     quant_dense_cache: bool = False,
+    shard: DeviceShard = WHOLE_MODEL,
+    device_total: int | None = None,
 ) -> MemoryPlan:
     """Size the KV pool: pages of ``page_size`` tokens that fit after weights and activations.
 
@@ -249,6 +295,8 @@ def plan_memory(
     than a small model serving a few requests needs (e.g. cap at what
     ``max_running_requests × max_model_len`` tokens take). ``quantization`` and its options
     size quantized weights (:func:`weight_bytes`): what they save goes to KV pages.
+    ``shard`` plans one device of a TP × PP worker (its weights, its layers' and heads' KV);
+    ``device_total`` (bytes) plans for a device other than this machine's (e.g. an 80 GB GPU).
     """
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -259,6 +307,9 @@ def plan_memory(
         if memory_budget < 0:
             raise ValueError(f"memory_budget must be >= 0, got {memory_budget}")
         budget, source = int(memory_budget), "--memory-budget"
+    elif device_total is not None:
+        budget = int(device_total * memory_utilization)
+        source = f"device {format_bytes(device_total)} × utilization {memory_utilization:g}"
     else:
         total = device_total_bytes(dev)
         budget = int(total * memory_utilization)
@@ -269,7 +320,7 @@ def plan_memory(
                 budget = avail
                 source = f"cpu RAM available now ({format_bytes(avail)}; total × {memory_utilization:g} is more)"
     fmt = kv_format(cfg, kv_dtype, act_dtype)
-    per_token = fmt.bytes_per_token(cfg.num_layers, cfg.num_kv_heads)
+    per_token = kv_bytes_per_token(cfg, fmt.kv_dtype, act_dtype, shard)
     per_page = per_token * page_size
     weights = weight_bytes(
         cfg,
@@ -278,9 +329,10 @@ def plan_memory(
         quant_group_size,
         quantize_embeddings,
         quant_dense_cache,
+        shard,
     )
-    activations = activation_reserve_bytes(cfg, max_num_tokens, act_dtype)
-    fixed = kv_fixed_bytes(cfg, fmt.kv_dtype)
+    activations = activation_reserve_bytes(cfg, max_num_tokens, act_dtype, shard)
+    fixed = kv_fixed_bytes(cfg, fmt.kv_dtype, shard)
     kv_budget = max(0, budget - weights - activations - fixed)
     return MemoryPlan(
         device=str(dev),

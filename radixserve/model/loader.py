@@ -13,12 +13,13 @@ import importlib.util
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from radixserve.memory.sharding import DeviceShard
 from radixserve.model import cpu_linear
 from radixserve.model.config import ModelConfig
 from radixserve.model.llama import LlamaForCausalLM
@@ -73,16 +74,22 @@ def safetensors_files(path: Path) -> list[Path]:
 
 
 def iter_safetensors(
-    path: Path, shard: TPShard | None = None, head_dim: int = 0
+    path: Path,
+    shard: TPShard | None = None,
+    head_dim: int = 0,
+    keep: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, tensor)`` for every tensor of the checkpoint, backed by the file's mmap.
 
     With a tensor-parallel ``shard`` each tensor is only the rank's part of it, read with
     ``get_slice`` (only those bytes of the mapped file are touched; no rank copies a whole
-    tensor it does not keep)."""
+    tensor it does not keep). With ``keep``, only the names it accepts (the others are never
+    read: a pipeline stage)."""
     for file in safetensors_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
+                if keep is not None and not keep(name):
+                    continue
                 cut = None if shard is None else checkpoint_slice(name, shard, head_dim)
                 if cut is None:
                     yield name, f.get_tensor(name)
@@ -112,6 +119,7 @@ def load_model(
     quantization: QuantConfig | str | None = None,
     announce: bool = True,
     tp: TPGroup | None = None,
+    stage: DeviceShard | None = None,
 ) -> LlamaForCausalLM:
     """Build the model of the checkpoint directory ``path`` and load its weights.
 
@@ -129,6 +137,10 @@ def load_model(
 
     ``tp`` (two or more ranks): build and load only this rank's tensor-parallel shard, from
     the same safetensors files every rank maps (GGUF checkpoints are not sharded).
+
+    ``stage`` (a pipeline stage, :mod:`radixserve.memory.sharding`) builds and loads only that
+    stage's layers (:class:`~radixserve.model.pipeline_stage.LlamaPipelineStage`, with ``tp``
+    its stage's tensor-parallel share), reading none of the other stages' tensors.
     """
     from radixserve.model_store import model_gguf
 
@@ -166,7 +178,23 @@ def load_model(
             f"tensor parallelism loads safetensors shards; {path} has only a GGUF file "
             "(convert it, or run with --tensor-parallel-size 1)"
         )
-    if gguf is not None:
+    model: LlamaForCausalLM
+    is_stage = stage is not None and stage.pp_size > 1
+    if is_stage and (qcfg is not None or gguf is not None):
+        raise ValueError(
+            "pipeline parallelism loads safetensors checkpoints without weight quantization"
+        )
+    if is_stage:
+        from radixserve.model.pipeline_stage import LlamaPipelineStage
+
+        assert stage is not None
+        with torch.device("meta"):
+            model = stage_model = LlamaPipelineStage(cfg, stage, tp)
+        stage_weights = iter_safetensors(
+            path, stage_model.shard, cfg.head_dim, keep=stage_model.keeps
+        )
+        model.load_weights(stage_weights, dtype=dtype, device=device)
+    elif gguf is not None:
         from radixserve.model.quant.gguf_loader import load_gguf_model
         from radixserve.model.quant.gguf_weights import GGUFFile
 

@@ -86,9 +86,11 @@ class LocalServer:
         self.num_workers = num_workers
         engine_config = dict(engine_config or {})
         if worker_program is None and engine_config.get("device", "cpu") == "cpu":
-            # Per rank: a tensor-parallel worker's ranks share its cores too.
-            tp = int(engine_config.get("tensor_parallel_size", 1))
-            engine_config.setdefault("num_threads", default_threads_per_worker(num_workers * tp))
+            # Per rank: a tensor/pipeline-parallel worker's ranks share its cores too.
+            ranks = int(engine_config.get("tensor_parallel_size", 1)) * int(
+                engine_config.get("pipeline_parallel_size", 1)
+            )
+            engine_config.setdefault("num_threads", default_threads_per_worker(num_workers * ranks))
         # One GPU per worker on CUDA (or an explicit split); refused before anything starts.
         placements = plan_worker_devices(engine_config, num_workers, gpu_ids)
         config = config if config is not None else RouterConfig()

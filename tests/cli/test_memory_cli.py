@@ -115,3 +115,26 @@ def test_memory_weight_quantization_rows() -> None:
         > rows["none"]["max_sequences"]
     )
     assert r["plan"]["weight_bytes"] == rows["int4"]["weight_bytes"]  # the plan uses --quantization
+
+
+def test_article_tp4_pp2_per_device(capsys: pytest.CaptureFixture[str]) -> None:
+    """Llama-2-70B, TP 4 x PP 2 on 8 x 80 GB, fp8 KV, 0.85 utilization, 4096-token sequences."""
+    argv = ["--model", "llama-2-70b", "--tp", "4", "--pp", "2", "--device-memory", "80GB"]
+    argv += ["--memory-utilization", "0.85", "--kv-cache-dtype", "fp8_e4m3", "--dtype", "float16"]
+    argv += ["--seq-len", "4096", "--batch-size", "64"]
+    out = run(capsys, *argv)
+    assert "tensor parallel 4 x pipeline parallel 2 = 8 devices" in out
+    assert "16 of 64 query heads, KV heads 8 / 4 = 2" in out
+    assert "153,355 pages on every device" in out
+    assert "599 sequences of 4096 tokens at once; batch 64 fits" in out
+    data = json.loads(run(capsys, *argv, "--json"))["parallel"]
+    assert data["max_sequences"] == 599 and data["num_devices"] == 8
+    assert [(s["layer_start"], s["layer_end"]) for s in data["stages"]] == [(0, 40), (40, 80)]
+    assert [s["bytes_per_token"] for s in data["stages"]] == [20_480, 20_480]
+
+
+def test_kv_heads_replicated_past_tp(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, "--model", "smollm2-135m", "--tp", "4", "--memory-budget", "1GiB")
+    assert "KV heads 1 (3 KV heads < 4 ranks: each replicated on up to 2 ranks)" in out
+    # 2 (K, V) x 30 layers x 1 KV head x 64 x 2 B (bfloat16) per device, a third of one device's.
+    assert f" {2 * 30 * 1 * 64 * 2:,} " in out and f"= {2 * 30 * 3 * 64 * 2:,} B" in out
