@@ -110,7 +110,7 @@ class InFlight:
     def dispatch(self, st: RouterRequest) -> None:
         """Batch ``st`` for the worker the dispatcher chooses; queue or fail it without one."""
         pool = self._pool
-        loads = {w.worker_id: w.outstanding() for w in pool.live}
+        loads = {w.worker_id: w.outstanding() for w in pool.routable}
         if not loads:
             if pool.expected or pool.restarting or (not pool.workers and self._worker_wait_s > 0):
                 self._waiting.append(st)

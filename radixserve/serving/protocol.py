@@ -248,7 +248,7 @@ class WorkerStats(_Part):
     """One worker as the router sees it, plus the engine's own stats (``engine``)."""
 
     worker_id: int
-    alive: bool
+    alive: bool  # False as soon as it is found gone (its death is settled within EXIT_GRACE_S)
     pid: int | None
     inflight: int
     requests: int

@@ -228,7 +228,8 @@ class Router:
 
     @property
     def live_workers(self) -> list[WorkerHandle]:
-        return self.pool.live
+        """Workers that can take requests (not those whose exit awaits settlement)."""
+        return self.pool.routable
 
     @property
     def stopping(self) -> bool:
@@ -330,12 +331,7 @@ class Router:
             for wid in sup.due(time.monotonic()):
                 self.expect_local(wid, sup.start(wid))
         self.pool.restarting = sup.pending
-        if (
-            exits
-            and not self.pool.expected
-            and not self.pool.restarting
-            and not any(w.gone is None for w in self.live_workers)
-        ):
+        if exits and not self.pool.expected and not self.pool.restarting and not self.live_workers:
             self.inflight.fail_waiting("no live worker to run the request (local workers exited)")
 
     def _unwatch(self, pidfd: int) -> None:

@@ -30,6 +30,13 @@ from radixserve.serving.security import log as audit_log
 
 log = logging.getLogger("radixserve.serving.workers")
 
+# How long a worker whose process exited stays "gone" before it is declared dead: a worker
+# says goodbye (and sends its last outputs) just before it exits, and the reaper can see the
+# exit before this side's I/O thread has read those bytes off the connection. Within the
+# grace, a message from it settles the matter at once (a goodbye marks it dead with its own
+# reason); nothing new is routed to it meanwhile.
+EXIT_GRACE_S = 0.5
+
 
 @dataclass
 class WorkerHandle:
@@ -45,6 +52,7 @@ class WorkerHandle:
     gone: str | None = (
         None  # why it seems gone (a send failed, its process exited); see WorkerPool.settle_gone
     )
+    settle_at: float = 0.0  # when a gone worker may be declared dead (see EXIT_GRACE_S)
     rejoin_asked: bool = False  # declared dead, then heard from: told once to join again
     load: p.WorkerLoad = field(default_factory=p.WorkerLoad)
     inflight: set[str] = field(default_factory=set)  # rids not yet reported finished
@@ -84,7 +92,7 @@ class WorkerHandle:
         """The client-facing summary of this worker."""
         return p.WorkerStats(
             worker_id=self.worker_id,
-            alive=self.alive,
+            alive=self.alive and self.gone is None,
             pid=self.pid,
             inflight=len(self.inflight),
             requests=self.requests,
@@ -142,6 +150,9 @@ class WorkerPool:
         if old is not None:
             self.mark_dead(old, "worker re-registered")
         wid = hello.worker_id
+        held = self.workers.get(wid)
+        if held is not None and held.alive and held.gone is not None:
+            self.mark_dead(held, held.gone)  # its restart is here: the old process is gone
         if wid < 0 or (wid in self.workers and self.workers[wid].alive):
             wid = max([*self.workers, *self.expected, -1]) + 1
         # A worker joining again (declared dead after a long step) keeps its process handle.
@@ -172,19 +183,30 @@ class WorkerPool:
         try:
             self.backend.send_multipart([w.identity, p.encode(msg)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:
-            w.gone = f"unreachable ({exc})"
+            w.gone, w.settle_at = f"unreachable ({exc})", 0.0
             return False
         return True
 
-    def settle_gone(self) -> None:
-        """Declare dead the workers found gone (unreachable, process exited) since the last call.
+    @property
+    def routable(self) -> list[WorkerHandle]:
+        """Live workers new requests may go to (not those found gone, awaiting settlement)."""
+        return [w for w in self.live if w.gone is None]
+
+    def settle_gone(self, now: float | None = None) -> None:
+        """Declare dead the workers found gone: unreachable ones at once, exited ones once
+        :data:`EXIT_GRACE_S` has passed since their exit was seen.
 
         Call it right after reading the worker socket to the end: what a worker sent before
         it went (its goodbye, its last outputs) is still queued on our side after the
         connection closed, and must be read first, or a clean exit would look like a crash."""
+        now = time.monotonic() if now is None else now
         for w in self.live:
-            if w.gone is not None:
+            if w.gone is not None and now >= w.settle_at:
                 self.mark_dead(w, w.gone)
+
+    def _exited(self, w: WorkerHandle, reason: str) -> None:
+        if w.gone is None:
+            w.gone, w.settle_at = reason, time.monotonic() + EXIT_GRACE_S
 
     def send_raw(self, identity: bytes, msg: msgspec.Struct) -> None:
         """Best-effort send to any peer (e.g. a worker already given up on)."""
@@ -223,7 +245,7 @@ class WorkerPool:
             log.error("worker %d failed to start (%s)", worker_id, reason)
         for w in self.live:
             if w.pid == pid:
-                w.gone = w.gone or reason
+                self._exited(w, reason)
 
     def check(self, now: float, timeout_s: float) -> list[str]:
         """Liveness turn: reap exited processes, time out silent workers, ping the rest.
@@ -231,7 +253,9 @@ class WorkerPool:
         for w in self.live:
             code = w.proc.poll() if w.proc is not None else None
             if code is not None:
-                w.gone = w.gone or f"process exited with code {code}"
+                self._exited(w, f"process exited with code {code}")
+            elif w.gone is not None:
+                continue  # settled by settle_gone; nothing to ping
             elif now - w.last_seen > timeout_s:
                 self.mark_dead(w, f"no heartbeat for {now - w.last_seen:.1f} s")
             else:

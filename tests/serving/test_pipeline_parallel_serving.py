@@ -53,7 +53,8 @@ def test_pp2_worker_serves_then_a_killed_stage_takes_it_down(tiny_llama_dir: Pat
             assert len(ranks) == 1  # stage 1 (stage 0 is the worker itself)
             os.kill(ranks[0], signal.SIGKILL)
             # Idle: the worker's health check notices, says why, and exits.
-            assert _wait(lambda: c.health().workers_alive == 0, 20)
+            assert _wait(lambda: c.stats().workers[0].death is not None, 20)
+            assert c.health().workers_alive == 0
             death = c.stats().workers[0].death or ""
             assert "pipeline rank 1" in death and "exited with code -9" in death, death
         assert _wait(lambda: not _alive(worker), 10)

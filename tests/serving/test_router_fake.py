@@ -438,7 +438,7 @@ def test_sigterm_stops_a_worker_cleanly(fake_server) -> None:
     with Client(srv.endpoint, timeout=20) as c:
         srv.procs[1].send_signal(signal.SIGTERM)
         assert srv.procs[1].wait(10) == 0  # a clean exit, not a signal death
-        st = _wait_stats(c, lambda s: not s.workers[1].alive)
+        st = _wait_stats(c, lambda s: s.workers[1].death is not None)  # settled
         assert [w.alive for w in st.workers] == [True, False]
         assert "goodbye" in (st.workers[1].death or "")
         assert c.generate("still served", params=SamplingParams(max_tokens=1)).worker_id == 0

@@ -117,7 +117,8 @@ def test_restart_off_leaves_a_dead_worker_dead_but_reaped(fake_server) -> None:
     with Client(srv.endpoint, timeout=30) as c:
         os.kill(pid, signal.SIGKILL)
         assert _wait(lambda: not _zombie_or_alive(pid), 10)
-        assert _wait(lambda: c.health().workers_alive == 1, 10)
+        assert _wait(lambda: c.stats().workers[1].death is not None, 10)  # settled
+        assert c.health().workers_alive == 1
         st = c.stats()
         assert [w.alive for w in st.workers] == [True, False] and "SIGKILL" in (
             st.workers[1].death or ""
