@@ -11,7 +11,7 @@ import torch
 
 from radixserve.engine import kv_profile
 from radixserve.engine.engine import Engine
-from radixserve.engine.model_runner import ModelRunner, make_attention_backend
+from radixserve.engine.model_runner import WARM_PREFILL_LENGTHS, ModelRunner, make_attention_backend
 from radixserve.engine.sampler import Sampler
 from radixserve.memory.planner import MiB, kv_bytes_per_token
 from radixserve.memory.pool import KVPool
@@ -145,6 +145,12 @@ def test_dummy_plan_shape() -> None:
     assert plan.out_slots == list(range(9))
 
 
+# The profile run's step size in these tests: not one of the warm-up's prefill lengths, so
+# that the steps executed tell the profile run from the warm-up.
+PROFILE_TOKENS = 96
+assert PROFILE_TOKENS not in WARM_PREFILL_LENGTHS
+
+
 def _engine(monkeypatch: pytest.MonkeyPatch, model: Path, mem: ScriptedMemory, **kw: Any) -> Engine:
     monkeypatch.setattr(kv_profile, "device_memory", lambda device: mem)
     rows: list[int] = []
@@ -155,7 +161,8 @@ def _engine(monkeypatch: pytest.MonkeyPatch, model: Path, mem: ScriptedMemory, *
         return execute(self, plan)
 
     monkeypatch.setattr(ModelRunner, "execute", counting)
-    kw = {"page_size": 4, "max_num_tokens": 64, "max_running_requests": 8, **kw}
+    # max_num_tokens: the profile run's step size, none of the warm-up's prefill lengths
+    kw = {"page_size": 4, "max_num_tokens": PROFILE_TOKENS, "max_running_requests": 8, **kw}
     engine = Engine(str(model), **kw)
     engine.profiled_rows = rows  # type: ignore[attr-defined]
     return engine
@@ -168,11 +175,11 @@ def test_engine_sizes_the_pool_from_the_profile(
     mem = ScriptedMemory(total, used, peak, other=MiB)
     engine = _engine(monkeypatch, tiny_llama_dir, mem, memory_utilization=0.5, decode_graphs="on")
     per_page = kv_bytes_per_token(engine.model_config, "auto", torch.float32) * 4
-    graphs = math.ceil(peak * 8 / 64)
+    graphs = math.ceil(peak * 8 / PROFILE_TOKENS)
     expected = (min(int(total * 0.5), total - MiB) - used - peak - graphs) // per_page - 1
     assert engine.allocator.num_pages == expected
     assert engine.pool.num_pages == expected + 1  # the scratch page
-    assert engine.profiled_rows[0] == 64  # type: ignore[attr-defined]
+    assert engine.profiled_rows[0] == PROFILE_TOKENS  # type: ignore[attr-defined]
     prof = engine.kv_profile
     assert prof is not None and prof.graph_reserve_bytes == graphs
     assert prof.planner_num_pages is not None and prof.planner_num_pages > 0
@@ -209,6 +216,6 @@ def test_explicit_sizes_skip_the_profile(
     mem = ScriptedMemory(total=GiB, used=0, peak_over=0)
     engine = _engine(monkeypatch, tiny_llama_dir, mem, **given)
     assert mem.calls == [] and engine.kv_profile is None
-    assert 64 not in engine.profiled_rows  # type: ignore[attr-defined]
+    assert PROFILE_TOKENS not in engine.profiled_rows  # type: ignore[attr-defined]
     if "num_pages" in given:
         assert engine.allocator.num_pages == 40
