@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 # The tensor-parallel serving test's settings and helpers (same worker shape, same checks).
-from test_tensor_parallel_serving import ENGINE, PARAMS, PROMPT, ROUTER, _alive, _wait
+from test_tensor_parallel_serving import (
+    ENGINE,
+    PARAMS,
+    PROMPT,
+    ROUTER,
+    _alive,
+    _wait,
+    child_processes,
+)
 
 from radixserve.serving.client import Client
 from radixserve.serving.launcher import LocalServer
@@ -21,20 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 def _stage_processes(pid: int) -> list[int]:
     """``pid``'s children that are pipeline ranks."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            children = [int(c) for c in f.read().split()]
-    except FileNotFoundError:
-        return []
-    out = []
-    for c in children:
-        try:
-            with open(f"/proc/{c}/cmdline", "rb") as f:
-                if b"radixserve.engine.pipeline.launch" in f.read():
-                    out.append(c)
-        except FileNotFoundError:
-            pass
-    return out
+    return child_processes(pid, b"radixserve.engine.pipeline.launch")
 
 
 def test_pp2_worker_serves_then_a_killed_stage_takes_it_down(tiny_llama_dir: Path) -> None:

@@ -34,9 +34,8 @@ ROUTER = dict(
 )
 
 
-def _rank_processes(pid: int) -> list[int]:
-    """The spawned rank processes among ``pid``'s children (not multiprocessing's resource
-    tracker)."""
+def child_processes(pid: int, marker: bytes) -> list[int]:
+    """``pid``'s children whose command line contains ``marker``."""
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             children = [int(c) for c in f.read().split()]
@@ -46,11 +45,17 @@ def _rank_processes(pid: int) -> list[int]:
     for c in children:
         try:
             with open(f"/proc/{c}/cmdline", "rb") as f:
-                if b"spawn_main" in f.read():
+                if marker in f.read():
                     out.append(c)
         except FileNotFoundError:
             pass
     return out
+
+
+def _rank_processes(pid: int) -> list[int]:
+    """The spawned rank processes among ``pid``'s children (not multiprocessing's resource
+    tracker)."""
+    return child_processes(pid, b"spawn_main")
 
 
 def _alive(pid: int) -> bool:
