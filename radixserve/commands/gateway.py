@@ -99,6 +99,24 @@ def request_limits(args: argparse.Namespace) -> Any:
     )
 
 
+def gateway_config(args: argparse.Namespace, router: str, router_keys: Any) -> Any:
+    """The :class:`~radixserve.serving.http.gateway.GatewayConfig` of the command's HTTP
+    options (keys, limits, timeouts), for a gateway in front of ``router``."""
+    from radixserve.serving.http.gateway import GatewayConfig
+
+    api_keys, admin_keys = http_keys(args)
+    return GatewayConfig(
+        router=router,
+        served_model_name=args.served_model_name,
+        request_timeout_s=args.request_timeout,
+        memory_log_interval_s=args.memory_log_interval,
+        api_keys=api_keys,
+        admin_api_keys=admin_keys,
+        router_keys=router_keys,
+        limits=request_limits(args),
+    )
+
+
 def add_http_arguments(p: argparse.ArgumentParser) -> None:
     """The HTTP options of ``radixserve serve`` (no gateway unless ``--http-port`` is given)."""
     g = p.add_argument_group("HTTP gateway (OpenAI-compatible, SGLang-native, /metrics)")
@@ -129,7 +147,6 @@ def start_http_for_serve(args: argparse.Namespace, server: Any, model: str | Pat
 def _start_http(
     args: argparse.Namespace, router_endpoint: str, model: str | Path, router_keys: Any
 ) -> Any:
-    from radixserve.serving.http.gateway import GatewayConfig
     from radixserve.serving.http.server import HTTPGateway
     from radixserve.serving.prompts import load_tokenizer
 
@@ -138,16 +155,8 @@ def _start_http(
         logger.setLevel(
             logging.INFO
         )  # the periodic memory line is the point of the interval option
-    api_keys, admin_keys = http_keys(args)
-    config = GatewayConfig(
-        router=router_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:"),
-        served_model_name=args.served_model_name,
-        request_timeout_s=args.request_timeout,
-        memory_log_interval_s=args.memory_log_interval,
-        api_keys=api_keys,
-        admin_api_keys=admin_keys,
-        router_keys=router_keys,
-        limits=request_limits(args),
+    config = gateway_config(
+        args, router_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:"), router_keys
     )
     # Loaded here, not on the first request: the load would block the serving event loop.
     http = HTTPGateway(
@@ -194,33 +203,22 @@ def _gateway_arguments(p: argparse.ArgumentParser) -> None:
 def gateway(args: argparse.Namespace) -> int:
     import signal
 
-    from radixserve.serving.http.gateway import GatewayConfig
     from radixserve.serving.http.server import HTTPGateway
 
     logging.basicConfig(level=args.log_level.upper(), format="[gateway] %(levelname)s %(message)s")
-    api_keys, admin_keys = http_keys(args)
-    check_http_bind(args.host, api_keys, args.insecure)
+    check_http_bind(args.host, http_keys(args)[0], args.insecure)
     router_keys = None
     if args.keys is not None:
         from radixserve.serving.security import load_peer_keys
 
         router_keys = load_peer_keys(args.keys)
+    config = gateway_config(args, args.router, router_keys)
     tokenizer = None
     if args.tokenizer is not None:
         from radixserve.model_store import resolve_model
         from radixserve.serving.prompts import load_tokenizer
 
         tokenizer = load_tokenizer(resolve_model(args.tokenizer))
-    config = GatewayConfig(
-        router=args.router,
-        served_model_name=args.served_model_name,
-        request_timeout_s=args.request_timeout,
-        memory_log_interval_s=args.memory_log_interval,
-        api_keys=api_keys,
-        admin_api_keys=admin_keys,
-        router_keys=router_keys,
-        limits=request_limits(args),
-    )
     http = HTTPGateway(
         config,
         args.host,
