@@ -50,38 +50,12 @@ from radixserve.serving.client import AsyncClient
 from radixserve.serving.launcher import LocalServer
 from radixserve.serving.router import RouterConfig
 
-TOPICS = [
-    "astronomy",
-    "cooking",
-    "gardening",
-    "chess",
-    "linear algebra",
-    "medieval history",
-    "sailing",
-    "compilers",
-    "beekeeping",
-    "photography",
-    "volcanoes",
-    "jazz",
-    "origami",
-    "cryptography",
-    "marathon training",
-    "ceramics",
-]
-QUESTIONS = [
-    "What should a beginner learn first?",
-    "Name three common mistakes.",
-    "Explain one key idea simply.",
-    "What tools do I need?",
-    "Give me a short exercise.",
-    "How do experts practice?",
-    "What is a surprising fact?",
-    "Summarize the history in two sentences.",
-    "What is a good first project?",
-    "How do I measure progress?",
-    "Recommend a book.",
-    "What does a typical day look like?",
-]
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # `workloads`, after a PYTHONPATH checkout
+import workloads as wl  # noqa: E402
+
+TOPICS = wl.TOPICS
+# The first twelve questions: the workload the published bench_serving figures were run on.
+QUESTIONS = wl.QUESTIONS[:12]
 
 
 def system_prompt(topic: str, words: int) -> str:
