@@ -32,7 +32,7 @@ from radixserve.engine.config import EngineConfig
 from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.devices import bind_device
 from radixserve.engine.kv_profile import ProfiledKV
-from radixserve.engine.model_runner import ModelRunner
+from radixserve.engine.model_runner import ModelRunner, kv_pool_args
 from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, TokenLogprob, Usage
 from radixserve.engine.pipeline.launch import PipelineLaunch
 from radixserve.engine.ranks import RankGroup, rank_threads
@@ -161,15 +161,7 @@ class Engine:
         # This rank's share of the model (the whole model without tensor parallelism).
         self.local_model_config = self.model.local_config
         # The pool's arguments but its size (the profile run builds a small pool of its own).
-        self._pool_args: dict[str, Any] = {
-            "num_layers": getattr(self.model, "num_local_layers", mc.num_layers),
-            "page_size": cfg.page_size,
-            "kv_heads": self.local_model_config.num_kv_heads,
-            "head_dim": mc.head_dim,
-            "kv_dtype": cfg.kv_cache_dtype,
-            "act_dtype": cfg.torch_dtype,
-            "device": self.device,
-        }
+        self._pool_args: dict[str, Any] = kv_pool_args(self.model, cfg, self.device)
         # How the pool was sized (profile run, planner or given), in words; see kv_profile.
         self.kv_sizing: str = f"KV pool {cfg.num_pages} pages (num_pages given)"
         self.kv_profile: ProfiledKV | None = None

@@ -52,6 +52,7 @@ __all__ = [
     "ModelRunner",
     "PendingStep",
     "PlanSender",
+    "kv_pool_args",
     "make_attention_backend",
 ]
 
@@ -84,6 +85,22 @@ class PendingStep:
             sampled = unpack_samples(self._splan, host[:4])
             tokens, logprobs = sampled.token_ids, sampled.logprobs
         return StepResult(tokens, logprobs, host[-1] if self._has_prompt_lps else [])
+
+
+def kv_pool_args(model: LlamaForCausalLM, cfg: EngineConfig, device: torch.device) -> dict:
+    """A :class:`KVPool`'s arguments but its size, for ``model``'s share of the layers and KV
+    heads on this rank (the whole model without tensor or pipeline parallelism). Every rank
+    builds its pool from these, so the page layout is the same everywhere."""
+    lc = model.local_config
+    return {
+        "num_layers": getattr(model, "num_local_layers", lc.num_layers),
+        "page_size": cfg.page_size,
+        "kv_heads": lc.num_kv_heads,
+        "head_dim": lc.head_dim,
+        "kv_dtype": cfg.kv_cache_dtype,
+        "act_dtype": cfg.torch_dtype,
+        "device": device,
+    }
 
 
 def make_attention_backend(name: str, pool: KVPool) -> AttentionBackend:

@@ -204,7 +204,7 @@ def _build_rank(
     cfg: EngineConfig, model_path: str | Path, rank: int, rv: Rendezvous, device: torch.device
 ) -> tuple[ModelRunner, step_wire.RankInit]:
     """Load the shard, take rank 0's start-up message, build the same pool and runner."""
-    from radixserve.engine.model_runner import ModelRunner
+    from radixserve.engine.model_runner import ModelRunner, kv_pool_args
     from radixserve.memory.pool import KVPool
     from radixserve.model.loader import load_model
 
@@ -223,17 +223,7 @@ def _build_rank(
     if init.settings != mine:
         diff = [f"{a} (rank 0) vs {b}" for a, b in zip(init.settings, mine) if a != b]
         raise RankFailure(f"settings differ from rank 0's: {', '.join(diff)}")
-    lc = model.local_config
-    pool = KVPool(
-        num_pages=init.num_pages,
-        num_layers=lc.num_layers,
-        page_size=cfg.page_size,
-        kv_heads=lc.num_kv_heads,
-        head_dim=lc.head_dim,
-        kv_dtype=cfg.kv_cache_dtype,
-        act_dtype=cfg.torch_dtype,
-        device=device,
-    )
+    pool = KVPool(num_pages=init.num_pages, **kv_pool_args(model, cfg, device))
     runner = ModelRunner.from_config(
         model, pool, cfg, init.max_rows, init.max_pages, init.scratch_page
     )

@@ -245,7 +245,7 @@ class PipelineLaunch:
 
 def rank_main(spec: RankSpec) -> None:
     """A spawned rank: join, load its stage, allocate its pool, run plans until told to stop."""
-    from radixserve.engine.model_runner import make_attention_backend
+    from radixserve.engine.model_runner import kv_pool_args, make_attention_backend
     from radixserve.engine.pipeline.runner import StageRunner
     from radixserve.engine.ranks import _die_with_parent
     from radixserve.memory.pool import KVPool
@@ -276,17 +276,8 @@ def rank_main(spec: RankSpec) -> None:
     sizes = torch.zeros(3, dtype=torch.int64)
     groups.comm.cpu_group.broadcast([sizes], dist.BroadcastOptions()).wait()
     num_pages, max_rows, max_pages = (int(x) for x in sizes.tolist())
-    lc = model.local_config
-    pool = KVPool(
-        num_layers=model.num_local_layers,
-        num_pages=num_pages + 1,  # + the scratch page, as on rank 0
-        page_size=cfg.page_size,
-        kv_heads=lc.num_kv_heads,
-        head_dim=lc.head_dim,
-        kv_dtype=cfg.kv_cache_dtype,
-        act_dtype=cfg.torch_dtype,
-        device=device,
-    )
+    # + the scratch page, as on rank 0
+    pool = KVPool(num_pages=num_pages + 1, **kv_pool_args(model, cfg, device))
     attn = make_attention_backend(cfg.resolved_attention_backend, pool)
     micro = cfg.pipeline_micro_batches
     runner = StageRunner(model, pool, attn, groups.comm, max_rows, max_pages, micro_batches=micro)
