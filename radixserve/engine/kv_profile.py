@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from radixserve.memory.planner import format_bytes
 from radixserve.memory.pool import KVPool
+from radixserve.memory.units import format_bytes
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduling.plan import StepPlan
 from radixserve.scheduling.request import Request

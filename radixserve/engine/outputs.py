@@ -6,9 +6,12 @@ torch; the router, the gateways and the DSL decode these without the model stack
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
+
+if TYPE_CHECKING:
+    from radixserve.scheduling.types import RequestOutput
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -101,3 +104,20 @@ class EngineStats(msgspec.Struct, frozen=True):
     loaded_storage_pages_total: int = 0
     storage_written_pages_total: int = 0
     storage_corrupt_pages_total: int = 0
+
+
+def to_step_output(o: RequestOutput) -> StepOutput:
+    """The scheduler's output of one request in one step, as the engine hands it out."""
+    lps = None
+    if o.new_logprobs is not None:
+        lps = [TokenLogprob(t, lp, top) for t, (lp, top) in zip(o.new_token_ids, o.new_logprobs)]
+    return StepOutput(
+        request_id=o.request_id,
+        new_token_ids=o.new_token_ids,
+        new_logprobs=lps,
+        prompt_logprobs=o.prompt_logprobs,
+        finished=o.finished,
+        finish_reason=o.finish_reason,  # type: ignore[arg-type]
+        error=o.error,
+        usage=Usage(o.prompt_tokens, o.cached_tokens, o.completion_tokens),
+    )

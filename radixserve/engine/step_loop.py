@@ -86,7 +86,7 @@ class StepLoop:
         """
         sched = self.scheduler
         outputs = sched.take_outputs()
-        if self._in_flight is not None and sched.needs_results(self._in_flight[0]):
+        if self._in_flight is not None and self._in_flight[0].needs_results():
             outputs += self._resolve_in_flight()  # grammar masks / penalties need N's tokens
         try:
             batch = sched.schedule()

@@ -30,12 +30,12 @@ _LAZY = {
     # The tiers copy tensors: torch-backed, lazy too.
     "HiRadixCache": "radixserve.memory.hi_radix_cache",
     "KVHierarchy": "radixserve.memory.hierarchy",
-    # The planner imports torch: resolved only when asked for.
-    "kv_bytes_per_token": "radixserve.memory.planner",
+    # The planner and its byte arithmetic import torch: resolved only when asked for.
+    "kv_bytes_per_token": "radixserve.memory.footprint",
     "plan_memory": "radixserve.memory.planner",
     "MemoryPlan": "radixserve.memory.planner",
-    "memory_snapshot": "radixserve.memory.planner",
-    "MemorySnapshot": "radixserve.memory.planner",
+    "memory_snapshot": "radixserve.memory.snapshot",
+    "MemorySnapshot": "radixserve.memory.snapshot",
 }
 
 

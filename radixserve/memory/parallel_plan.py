@@ -12,7 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.memory.planner import MemoryPlan, ModelConfig, plan_memory
+from radixserve.memory.footprint import ModelConfig
+from radixserve.memory.planner import MemoryPlan, plan_memory
 from radixserve.memory.sharding import DeviceShard, stage_shards
 
 

@@ -11,7 +11,7 @@ are expected to need) and, for each waiting request in policy order, decides::
     stop      out of token budget, request slots, or KV headroom: admit no one else
 
 Memory headroom follows SGLang: each running request reserves pages for ``new_token_ratio``
-of its remaining ``max_tokens`` (the scheduler's :meth:`expected_len`); a request is admitted
+of its remaining ``max_tokens`` (:meth:`NewTokenRatio.expected_len`); a request is admitted
 only if, on top of the pages already reserved, its own expected pages fit in free +
 evictable pages (an idle engine admits anything whose first chunk fits).
 """
@@ -25,6 +25,35 @@ from radixserve.memory import PageAllocator, PrefixCache
 from radixserve.memory.allocator import OutOfPagesError
 from radixserve.scheduling.plan import PageTableRows
 from radixserve.scheduling.request import Request, RequestStatus
+from radixserve.scheduling.types import SchedulerConfig
+
+
+class NewTokenRatio:
+    """The fraction of its remaining ``max_tokens`` a running request is expected to still
+    produce (SGLang's ``new_token_ratio``). It decays every step nothing is retracted and
+    jumps back up when something is, so admission tracks how long outputs really are."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.value = config.init_new_token_ratio
+
+    def decay(self) -> None:
+        """A step planned without retracting anything."""
+        self.value = max(
+            self.config.min_new_token_ratio, self.value - self.config.new_token_ratio_decay
+        )
+
+    def bump(self) -> None:
+        """A request was retracted: admission was too optimistic."""
+        self.value = min(1.0, self.value + 0.2)
+
+    def expected_len(self, r: Request) -> int:
+        """Tokens ``r`` is expected to hold at its end: what it has, plus its remaining output
+        (``max_tokens`` less what it already produced, capped) scaled by the ratio, and never
+        past the context it may reach (``max_total_len``)."""
+        remaining_out = min(r.params.max_tokens - r.num_output, self.config.reserve_tokens_cap)
+        future = int(max(0, remaining_out) * self.value)
+        return min(len(r.token_ids) + future, max(r.max_total_len, len(r.token_ids)))
 
 
 class AddResult(enum.Enum):

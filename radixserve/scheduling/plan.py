@@ -119,6 +119,20 @@ class ScheduledBatch(NamedTuple):
     # Prompt logprobs: (request, first position, count); their values follow in order.
     prompt_spans: list[tuple[Request, int, int]]
 
+    def needs_results(self) -> bool:
+        """Whether planning the next step needs this step's tokens on the host: grammar masks
+        and penalties are computed from a request's tokens so far."""
+        for r in self.plan.sample_rows:
+            p = r.params
+            if (
+                r.grammar is not None
+                or p.repetition_penalty != 1.0
+                or p.frequency_penalty
+                or p.presence_penalty
+            ):
+                return True
+        return False
+
 
 def plan_step(
     work: list[tuple[Request, int]], rows: PageTableRows, page_size: int

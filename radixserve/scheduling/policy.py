@@ -78,3 +78,14 @@ def make_policy(
     if name == "fcfs":
         return FCFSPolicy()
     raise ValueError(f"unknown schedule policy {name!r}; expected 'lpm' or 'fcfs'")
+
+
+def count_bypasses(waiting: Sequence[Request], admitted: Sequence[Request]) -> None:
+    """Record, for each request still waiting, how many later arrivals were just admitted
+    ahead of it (the aging bound's count, :attr:`Request.bypassed`)."""
+    if not admitted:
+        return
+    newest_admitted = max(r.arrival_step for r in admitted)
+    for r in waiting:
+        if r.arrival_step < newest_admitted:
+            r.bypassed += sum(1 for a in admitted if a.arrival_step > r.arrival_step)

@@ -161,6 +161,42 @@ class Request:
     def finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
+    def fill_placeholder(self, tok: int, lp: tuple[float, list[tuple[int, float]]] | None) -> int:
+        """The token a resolved step sampled for this request replaces its placeholder; returns
+        its position. (With overlap, a later step in flight may have appended its own
+        placeholder after this one.)"""
+        pos = len(self.token_ids) - 1
+        if self.token_ids[pos] != FUTURE_TOKEN or self.token_ids[pos - 1] == FUTURE_TOKEN:
+            pos -= 1  # a later step in flight appended its own placeholder after this one
+        assert self.token_ids[pos] == FUTURE_TOKEN, self
+        self.token_ids[pos] = tok
+        self.new_token_ids.append(tok)
+        if lp is not None:
+            if self.new_logprobs is None:
+                self.new_logprobs = []
+            self.new_logprobs.append(lp)
+        return pos
+
+    def end_at(self, pos: int) -> None:
+        """This request ends with the token at ``pos``: drop what a later step in flight added
+        (its placeholder; the KV it computes stays private and is freed after it)."""
+        del self.token_ids[pos + 1 :]
+        self.computed_len = min(self.computed_len, pos)
+
+    def stop_reason(self, tok: int, length: int, eos_token_ids: frozenset[int]) -> str | None:
+        """Why this request stops after ``tok``, its tokens then being ``length`` long (None:
+        it goes on)."""
+        p = self.params
+        if (tok in eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
+            return "stop"
+        if (
+            self.grammar is not None and self.grammar.can_only_end
+        ):  # complete, and nothing more may follow
+            return "stop"
+        if length - self.prompt_len >= p.max_tokens or length >= self.max_total_len:
+            return "length"
+        return None
+
     def __repr__(self) -> str:
         return (
             f"Request({self.request_id!r}, {self.status.value}, prompt={self.prompt_len}, out={self.num_output}, "

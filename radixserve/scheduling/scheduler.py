@@ -15,7 +15,8 @@ names as "the token step N sampled" for the runner to fill in on the device), an
 happens after the next step was planned and launched: stop checks are one step late, and
 the token a finished request got in the step after is dropped. Pages given up while a step
 is in flight (a finish, an abort, the cache's duplicate-page swap) are freed only when that
-step has been resolved, i.e. after the last step that can read them has finished.
+step has been resolved, i.e. after the last step that can read them has finished
+(:class:`~radixserve.scheduling.references.KVReferences`).
 
 :meth:`Scheduler.schedule`:
 
@@ -27,15 +28,16 @@ step has been resolved, i.e. after the last step that can read them has finished
                          output kept) until it can.
     2. admission         waiting requests in policy order (LPM with an aging bound, or FCFS)
                          through a :class:`~radixserve.scheduling.admission.PrefillAdder`.
-    3. plan              one StepPlan for everything (mixed extend + decode).
+    3. plan              one StepPlan for everything (mixed extend + decode): plan.plan_step.
 
 :meth:`Scheduler.process`: chunks that were extends go into the cache (so others reuse them at
 once); sampled tokens are appended; stop/length checks; finished requests insert prompt +
 output into the cache and release every reference (stop, length, abort, error, retraction
-all go through :meth:`_release`).
+all go through :meth:`_release`, which :mod:`~radixserve.scheduling.references` carries out).
 
-The admission headroom's ``new_token_ratio`` decays while nothing is retracted and jumps
-back up when something is, so admission tracks how long outputs really are.
+The admission headroom's ``new_token_ratio`` (:class:`~radixserve.scheduling.admission.NewTokenRatio`)
+decays while nothing is retracted and jumps back up when something is, so admission tracks
+how long outputs really are.
 """
 
 from __future__ import annotations
@@ -43,10 +45,10 @@ from __future__ import annotations
 import logging
 
 from radixserve.memory import PageAllocator, PrefixCache
-from radixserve.scheduling.admission import AddResult, PrefillAdder
-from radixserve.scheduling.deferred import DeferredReleases
+from radixserve.scheduling.admission import AddResult, NewTokenRatio, PrefillAdder
 from radixserve.scheduling.plan import PageTableRows, ScheduledBatch, StepResult, plan_step
-from radixserve.scheduling.policy import make_policy
+from radixserve.scheduling.policy import count_bypasses, make_policy
+from radixserve.scheduling.references import KVReferences
 from radixserve.scheduling.request import FUTURE_TOKEN, Request, RequestStatus
 from radixserve.scheduling.types import RequestOutput, SchedulerConfig, SchedulerCounters
 
@@ -91,12 +93,11 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.counters = SchedulerCounters()
-        self.new_token_ratio = config.init_new_token_ratio
+        self.new_token_ratio = NewTokenRatio(config)  # the admission headroom's ratio
         self._pending: list[RequestOutput] = []
         self._arrivals = 0
-        self._launched = 0  # steps advanced (launched) so far
-        self._resolved = 0  # steps resolved so far; a step is in flight while _resolved < _launched
-        self._deferred = DeferredReleases(allocator, cache)  # given up while a step was in flight
+        # Locks, private pages and rows of running requests; steps launched and resolved.
+        self.kv = KVReferences(cache, allocator, self.rows, self.page_size)
 
     # ------------------------------------------------------------------ public API
 
@@ -149,11 +150,11 @@ class Scheduler:
     @property
     def in_flight(self) -> bool:
         """Whether a launched step is not resolved yet."""
-        return self._resolved < self._launched
+        return self.kv.in_flight
 
     def advance(self, batch: ScheduledBatch) -> None:
         """The runner launched ``batch``: account for what is known before its results."""
-        self._launched += 1
+        self.kv.step_launched()
         self.counters.steps += 1
         self.counters.computed_tokens += batch.plan.num_tokens
         for req, lo, count in batch.prompt_spans:
@@ -161,7 +162,7 @@ class Scheduler:
         for req, n in batch.work:
             req.computed_len += n
             if n > 1:
-                self._cache_computed(req)
+                self.kv.cache_computed(req)
         for j, req in enumerate(batch.plan.sample_rows):
             req.token_ids.append(
                 FUTURE_TOKEN
@@ -172,22 +173,8 @@ class Scheduler:
 
     def resolve(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
         """``batch``'s results are read: tokens in, stop checks, pages of finished requests back."""
-        self._resolved += 1
+        self.kv.step_resolved()
         return self._process(batch, result)
-
-    def needs_results(self, batch: ScheduledBatch) -> bool:
-        """Whether planning the next step needs ``batch``'s tokens on the host: grammar masks
-        and penalties are computed from a request's tokens so far."""
-        for r in batch.plan.sample_rows:
-            p = r.params
-            if (
-                r.grammar is not None
-                or p.repetition_penalty != 1.0
-                or p.frequency_penalty
-                or p.presence_penalty
-            ):
-                return True
-        return False
 
     def fail(
         self, batch: ScheduledBatch, error: BaseException, advanced: bool = False
@@ -195,15 +182,15 @@ class Scheduler:
         """The runner failed on ``batch`` (``advanced``: after :meth:`advance`, i.e. while reading
         its results): finish its requests with an error, pages given back."""
         if advanced:
-            self._resolved += 1
+            self.kv.step_resolved()
         outputs = []
         for req, _ in batch.work:
             if req.status is RequestStatus.RUNNING:
                 if req.token_ids[-1] == FUTURE_TOKEN:
-                    self._end_at(req, len(req.token_ids) - 2)
+                    req.end_at(len(req.token_ids) - 2)
                 self._finish(req, "error", f"{type(error).__name__}: {error}")
                 outputs.append(req.take_output())
-        self._free_deferred()
+        self.kv.free_deferred()
         return outputs
 
     def flush_cache(self) -> bool:
@@ -215,9 +202,7 @@ class Scheduler:
 
     def private_pages(self) -> list[int]:
         """Pages running requests hold outside the tree, and pages waiting for a step in flight."""
-        ps = self.page_size
-        deferred = self._deferred.pages()
-        return [p for r in self.running for p in r.pages[r.cached_len // ps :]] + deferred
+        return self.kv.private_pages(self.running)
 
     def check_invariants(self) -> None:
         """Every page accounted for exactly once; every request's KV state consistent.
@@ -291,10 +276,7 @@ class Scheduler:
             self._retract(victim)
             retracted = True
         if not retracted:
-            self.new_token_ratio = max(
-                self.config.min_new_token_ratio,
-                self.new_token_ratio - self.config.new_token_ratio_decay,
-            )
+            self.new_token_ratio.decay()
         if total:
             pages = self.allocator.alloc(total)
             i = 0
@@ -304,14 +286,6 @@ class Scheduler:
                     r.pages += pages[i : i + k]
                     i += k
         return work, budget
-
-    def _expected_len(self, r: Request) -> int:
-        """Tokens ``r`` is expected to hold at its end: what it has, plus its remaining output
-        (``max_tokens`` less what it already produced, capped) scaled by the new-token ratio,
-        and never past the context it may reach (``max_total_len``)."""
-        remaining_out = min(r.params.max_tokens - r.num_output, self.config.reserve_tokens_cap)
-        future = int(max(0, remaining_out) * self.new_token_ratio)
-        return min(len(r.token_ids) + future, max(r.max_total_len, len(r.token_ids)))
 
     def _admit(self, budget: int, work: list[tuple[Request, int]]) -> list[tuple[Request, int]]:
         cfg = self.config
@@ -324,7 +298,7 @@ class Scheduler:
             free_slots=cfg.max_running_requests - len(self.running),
             running=self.running,
             inflight=[r for r, n in work if n > 1 or r.num_pending > n],
-            expected_len=self._expected_len,
+            expected_len=self.new_token_ratio.expected_len,
             defer_tokens=cfg.defer_shared_prefix_tokens,
         )
         for req in self.policy.order(self.waiting, self.counters.steps):
@@ -338,20 +312,13 @@ class Scheduler:
                     req.cached_tokens = min(req.cached_len, req.prompt_len)
                     self.counters.prompt_tokens += req.prompt_len
                     self.counters.cached_prompt_tokens += req.cached_tokens
-        if adder.admitted:
-            self._count_bypasses([r for r, _ in adder.admitted])
+        count_bypasses(self.waiting, [r for r, _ in adder.admitted])
         return adder.admitted
-
-    def _count_bypasses(self, admitted: list[Request]) -> None:
-        newest_admitted = max(r.arrival_step for r in admitted)
-        for r in self.waiting:
-            if r.arrival_step < newest_admitted:
-                r.bypassed += sum(1 for a in admitted if a.arrival_step > r.arrival_step)
 
     # ------------------------------------------------------------------ results
 
     def _process(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
-        self._free_deferred()
+        self.kv.free_deferred()
         prompt_lps = result.prompt_logprobs
         i = 0
         for req, _, count in batch.prompt_spans:
@@ -364,100 +331,33 @@ class Scheduler:
         for req, tok, lp in zip(batch.plan.sample_rows, tokens, logprobs):
             if req.status is not RequestStatus.RUNNING:
                 continue  # finished (or aborted) while this step ran: its token is dropped
-            pos = len(req.token_ids) - 1
-            if req.token_ids[pos] != FUTURE_TOKEN or req.token_ids[pos - 1] == FUTURE_TOKEN:
-                pos -= 1  # a later step in flight appended its own placeholder after this one
-            assert req.token_ids[pos] == FUTURE_TOKEN, req
-            req.token_ids[pos] = tok
+            pos = req.fill_placeholder(tok, lp)
             self.counters.generated_tokens += 1
-            req.new_token_ids.append(tok)
-            if lp is not None:
-                if req.new_logprobs is None:
-                    req.new_logprobs = []
-                req.new_logprobs.append(lp)
             if req.grammar is not None and not req.grammar.accept(
                 tok
             ):  # the mask makes this unreachable
-                self._end_at(req, pos)
+                req.end_at(pos)
                 self._finish(
                     req, "error", f"sampled token {tok} is not allowed by the request's grammar"
                 )
                 outputs.append(req.take_output())
                 continue
-            reason = self._stop_reason(req, tok, pos + 1)
+            reason = req.stop_reason(tok, pos + 1, self.eos_token_ids)
             if reason is not None:
-                self._end_at(req, pos)
+                req.end_at(pos)
                 self._finish(req, reason)
             outputs.append(req.take_output())
         return outputs
 
-    def _end_at(self, req: Request, pos: int) -> None:
-        """``req`` ends with the token at ``pos``: drop what a later step in flight added
-        (its placeholder; the KV it computes stays private and is freed after it)."""
-        del req.token_ids[pos + 1 :]
-        req.computed_len = min(req.computed_len, pos)
-
-    def _stop_reason(self, req: Request, tok: int, length: int) -> str | None:
-        """Why ``req`` stops after ``tok``, its tokens then being ``length`` long (None: it goes on)."""
-        p = req.params
-        if (tok in self.eos_token_ids and not p.ignore_eos) or tok in p.stop_token_ids:
-            return "stop"
-        if (
-            req.grammar is not None and req.grammar.can_only_end
-        ):  # complete, and nothing more may follow
-            return "stop"
-        if length - req.prompt_len >= p.max_tokens or length >= req.max_total_len:
-            return "length"
-        return None
-
-    # ------------------------------------------------------------------ KV references
-
-    def _free_pages(self, pages: list[int]) -> None:
-        """Give pages back now, or, while a step is in flight (it may read them), once it is resolved."""
-        if not pages:
-            return
-        if self.in_flight:
-            self._deferred.add(self._launched, pages)
-        else:
-            self.allocator.free(pages)
-
-    def _free_deferred(self) -> None:
-        """Release what waited for a step that is now resolved."""
-        self._deferred.release(self._resolved)
-
-    def _cache_computed(self, req: Request) -> None:
-        """Insert the request's computed whole pages into the tree; re-point its lock."""
-        assert req.lock_node is not None, f"a running request holds a lock: {req}"
-        res = self.cache.cache_prefix(
-            req.token_ids[: req.computed_len],
-            req.pages,
-            req.lock_node,
-            req.namespace,
-            release=self._free_pages,
-        )
-        if res.pages != req.pages:
-            self.rows.set_row(req.slot, res.pages)
-        req.pages, req.lock_node, req.cached_len = res.pages, res.node, res.cached_len
+    # ------------------------------------------------------------------ leaving the running set
 
     def _release(self, req: Request) -> None:
-        """Give back every reference ``req`` holds: cache its KV, unlock, free its private pages."""
+        """Give back every reference ``req`` holds (:meth:`KVReferences.release`); it leaves
+        the running set."""
         if req.status is not RequestStatus.RUNNING:
             return
-        self._cache_computed(req)
-        private = req.pages[req.cached_len // self.page_size :]
-        if self.in_flight:
-            # The step in flight may read these pages (the tree's ones too): keep them locked
-            # and allocated until it is resolved.
-            self._deferred.add(self._launched, private, req.lock_node)
-        else:
-            assert req.lock_node is not None  # just re-pointed by _cache_computed
-            self.cache.unlock(req.lock_node)
-            self.allocator.free(private)
-        self.rows.release(req.slot)
+        self.kv.release(req)
         self.running.remove(req)
-        req.pages, req.lock_node, req.slot = [], None, -1
-        req.cached_len = req.computed_len = 0
-        req.finishing = False
 
     def _retract(self, req: Request) -> None:
         """Send a running request back to the queue; it keeps its output and is recomputed later."""
@@ -467,7 +367,7 @@ class Scheduler:
         req.num_retractions += 1
         self.counters.retractions += 1
         self.waiting.append(req)
-        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.2)
+        self.new_token_ratio.bump()
 
     def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
         if req.status is RequestStatus.RUNNING:

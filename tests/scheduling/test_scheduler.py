@@ -169,7 +169,7 @@ def test_a_retracted_request_reserves_only_its_remaining_output() -> None:
     s, _ = make(num_pages=64, page_size=4)
     r = request("r", [1] * 8, n=40)
     r.token_ids += [2] * 36  # retracted after 36 of its 40 tokens
-    assert s._expected_len(r) <= len(r.token_ids) + 4
+    assert s.new_token_ratio.expected_len(r) <= len(r.token_ids) + 4
 
 
 def test_a_failing_step_finishes_the_batch_with_an_error() -> None:

@@ -1,0 +1,100 @@
+"""Request intake: check what a caller submits and make the scheduler's :class:`Request`.
+
+Everything that can be wrong with a request is found here, before the scheduler sees it
+(vLLM's input processor does the same): invalid sampling parameters, an empty or
+out-of-vocabulary prompt, one too long to ever fit the pool or the model, a constraint that
+does not compile or matches only the empty string. Each raises ``ValueError`` with a
+message the serving layer returns to the client as it is.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Container, Sequence
+from typing import Any
+
+from radixserve.engine.sampler import Sampler
+from radixserve.model.config import ModelConfig
+from radixserve.sampling_params import SamplingParams
+from radixserve.scheduling.request import Request
+
+
+class RequestIntake:
+    """Validates requests for one engine and builds them.
+
+    ``max_total_len``: prompt + output of one request (the smaller of ``max_model_len`` and
+    the pool); ``max_model_len`` and ``pool_tokens`` only explain it in the error message.
+    """
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        tokenizer: Any,
+        sampler: Sampler,
+        *,
+        max_total_len: int,
+        max_model_len: int,
+        pool_tokens: int,
+    ) -> None:
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.sampler = sampler
+        self.max_total_len = max_total_len
+        self.max_model_len = max_model_len
+        self.pool_tokens = pool_tokens
+
+    def make_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None,
+        request_id: str | None,
+        namespace: str | None,
+        taken_ids: Container[str] = (),
+    ) -> Request:
+        """A new request (a fresh id when ``request_id`` is None); ``taken_ids``: the ids
+        in use, which ``request_id`` must not repeat."""
+        params = (params or SamplingParams()).validate(self.model_config.vocab_size)
+        ids = [int(t) for t in prompt_token_ids]
+        if not ids:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        vocab = self.model_config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(ids) >= self.max_total_len:
+            raise ValueError(
+                f"prompt of {len(ids)} tokens is too long: this engine fits at most {self.max_total_len - 1} "
+                f"prompt tokens (max_model_len {self.max_model_len}, KV pool {self.pool_tokens} tokens)"
+            )
+        if request_id is not None and request_id in taken_ids:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        rid = request_id if request_id is not None else uuid.uuid4().hex
+        gen = self.sampler.new_generator(params.seed) if params.seed is not None else None
+        grammar = self._new_grammar_matcher(params)
+        return Request(
+            rid,
+            ids,
+            len(ids),
+            params,
+            self.max_total_len,
+            namespace=namespace,
+            generator=gen,
+            grammar=grammar,
+        )
+
+    def _new_grammar_matcher(self, params: SamplingParams) -> Any | None:
+        """Compile (cached per tokenizer and constraint) the request's regex / JSON schema /
+        choices and start its matcher; None when unconstrained. ``ValueError`` when invalid."""
+        constraint = params.constraint
+        if constraint is None:
+            return None
+        from radixserve.constrained.grammar import compiler_for
+
+        mc = self.model_config
+        matcher = compiler_for(self.tokenizer, mc.vocab_size, mc.eos_token_ids).new_matcher(
+            constraint
+        )
+        if matcher.can_only_end:
+            raise ValueError(
+                f"the constraint matches only the empty string: {constraint.describe()}"
+            )
+        return matcher

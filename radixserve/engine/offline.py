@@ -1,0 +1,80 @@
+"""The offline API's pieces: the prompt shapes ``Engine.generate`` takes, and the collector
+that turns one request's step outputs into its :class:`GenerateOutput`.
+
+:meth:`Engine.generate <radixserve.engine.engine.Engine.generate>` queues every prompt, steps
+the engine until all have finished and feeds each :class:`StepOutput` to its request's
+:class:`GenerateCollector`, which detokenizes incrementally and watches for stop strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from radixserve.engine.detokenizer import IncrementalDetokenizer
+from radixserve.engine.outputs import GenerateOutput, StepOutput, TokenLogprob, Usage
+from radixserve.sampling_params import SamplingParams
+
+# One text, texts, one prompt as token ids, or prompts as token ids.
+PromptInput = str | Sequence[str] | Sequence[Sequence[int]] | Sequence[int]
+
+
+def normalize_prompts(prompts: PromptInput) -> list[str | list[int]]:
+    """``prompts`` as a list of prompts, each a text or a list of token ids."""
+    if isinstance(prompts, str):
+        return [prompts]
+    # The elements' type depends on which of PromptInput's shapes this is, told apart here.
+    items: list[Any] = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [items]  # one prompt given as token ids
+    return [p if isinstance(p, str) else list(p) for p in items]
+
+
+class GenerateCollector:
+    """Accumulates one request's outputs inside :meth:`Engine.generate`."""
+
+    def __init__(self, tokenizer: Any, params: SamplingParams, prompt_ids: list[int]) -> None:
+        self.detok = IncrementalDetokenizer(tokenizer, params, prompt_ids)
+        self.prompt_ids = prompt_ids
+        self.want_logprobs = params.logprobs is not None
+        self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.prompt_logprobs: list[float | None] | None = None
+        self.text = ""
+        self.stopped = False
+        self.last: StepOutput | None = None
+
+    def add(self, o: StepOutput) -> bool:
+        """Take one output; True when a stop string just matched (the caller stops the request)."""
+        self.last = o
+        if o.prompt_logprobs is not None:
+            self.prompt_logprobs = o.prompt_logprobs
+        if self.stopped:
+            return False
+        self.token_ids += o.new_token_ids
+        if o.new_logprobs:
+            self.logprobs += o.new_logprobs
+        delta = self.detok.add(o.new_token_ids, final=o.finished)
+        self.text += delta.text
+        if delta.stopped:
+            self.stopped = True
+            return not o.finished
+        return False
+
+    def result(self, rid: str) -> GenerateOutput:
+        """The request's result, once its final output was taken."""
+        o = self.last
+        assert o is not None and o.finished
+        reason = "stop" if self.stopped else o.finish_reason
+        usage = o.usage or Usage(len(self.prompt_ids), 0, len(self.token_ids))
+        return GenerateOutput(
+            request_id=rid,
+            text=self.text,
+            token_ids=self.token_ids,
+            finish_reason=reason,
+            usage=Usage(usage.prompt_tokens, usage.cached_tokens, len(self.token_ids)),
+            prompt_token_ids=self.prompt_ids,
+            logprobs=self.logprobs if self.want_logprobs else None,
+            prompt_logprobs=self.prompt_logprobs,
+            error=o.error,
+        )
