@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import msgspec
 from starlette.requests import Request
 
+from radixserve.memory.units import format_bytes
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
 from radixserve.serving.client import DEFAULT_ENDPOINT, AsyncClient, ServerError
@@ -59,14 +60,6 @@ class GatewayConfig:
     admin_api_keys: tuple[str, ...] = field(default=(), repr=False)
     router_keys: PeerKeys | None = field(default=None, repr=False)
     limits: RequestLimits = RequestLimits()
-
-
-def format_bytes(n: float) -> str:
-    """Binary units (kept here: the planner's twin imports torch)."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}" if unit == "GiB" else f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 def memory_line(w: p.WorkerStats) -> str:
