@@ -115,19 +115,22 @@ class KVEventRecorder:
 
     def stored(self, node: TreeNode) -> None:
         """``node`` (a new leaf) entered the tree."""
+        self._add(self._block_stored(node))
+
+    def _block_stored(self, node: TreeNode) -> BlockStored:
+        """The L1 ``BlockStored`` of ``node``: its pages' keys, the key of the page before it
+        (None at a namespace root), its tokens."""
         keys = node_page_keys(node, self.hasher)
         parent = node.parent
         assert parent is not None
         parent_keys = node_page_keys(parent, self.hasher) if parent.parent is not None else []
-        self._add(
-            BlockStored(
-                list(keys),
-                parent_keys[-1] if parent_keys else None,
-                list(node.key),
-                self.hasher.page_size,
-                None,
-                self.medium,
-            )
+        return BlockStored(
+            list(keys),
+            parent_keys[-1] if parent_keys else None,
+            list(node.key),
+            self.hasher.page_size,
+            None,
+            self.medium,
         )
 
     def removed(self, node: TreeNode, keep: int) -> None:
@@ -175,26 +178,7 @@ class KVEventRecorder:
         (``l2_keys``). L3 files are not listed (as at a worker's start). Take it right after a
         :meth:`drain`, so that later batches continue it exactly."""
         events: list[BlockStored | BlockRemoved | AllBlocksCleared] = [AllBlocksCleared()]
-        for node in nodes:
-            keys = node_page_keys(node, self.hasher)
-            if not keys:
-                continue
-            parent = node.parent
-            parent_keys = (
-                node_page_keys(parent, self.hasher)
-                if parent is not None and parent.parent is not None
-                else []
-            )
-            events.append(
-                BlockStored(
-                    list(keys),
-                    parent_keys[-1] if parent_keys else None,
-                    list(node.key),
-                    self.hasher.page_size,
-                    None,
-                    self.medium,
-                )
-            )
+        events += [self._block_stored(node) for node in nodes if node.pages]
         for i in range(0, len(l2_keys), 1024):
             events.append(
                 BlockStored(
