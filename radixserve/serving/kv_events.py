@@ -91,21 +91,20 @@ class RouterEventFeed:
         return callable(getattr(engine, "enable_kv_events", None)) and hasattr(engine, "cache")
 
     def subscribe(self) -> bool:
-        """Start (or restart, after a gap) the feed with a snapshot; drain and send the
-        events recorded before first, so that later batches continue the snapshot exactly.
-        False if the engine records no events (a fake, a cache without prefix caching)."""
+        """Start (or restart, after a gap) the feed with a snapshot. Call it right after the
+        engine's events were drained (and sent), so that later batches continue the snapshot
+        exactly. False if the engine records no events (a fake, no radix cache)."""
         if not self.supported(self.engine):
             return False
         cache = self.engine.cache
+        if not callable(getattr(cache, "nodes", None)):  # no radix tree: nothing is reused
+            return False
         if getattr(cache, "listener", None) is None:
             self.engine.enable_kv_events()
         recorder = cache.listener
-        if recorder is None:  # a cache that records nothing (no prefix caching)
-            return False
         hierarchy = getattr(cache, "hierarchy", None)
         l2 = hierarchy.host.keys() if hierarchy is not None else []
         snap = recorder.snapshot(cache.nodes(), l2)
-        self.active, self.seq = True, 0
         self.send(
             p.WorkerKVEvents(
                 seq=0,
@@ -116,7 +115,7 @@ class RouterEventFeed:
                 medium=recorder.medium,
             )
         )
-        self.seq = 1
+        self.active, self.seq = True, 1
         return True
 
     def publish(self, batch: KVEventBatch | None) -> None:

@@ -295,3 +295,16 @@ def test_router_feed_snapshot_then_batches_keep_a_view_exact(tiny_llama_dir: Pat
         check()
     assert view.match(view.page_keys(prompts[0], None)).tokens >= 16
     assert feed.seq == view.batches  # the snapshot and one batch per generate, none lost
+
+
+def test_router_feed_without_a_radix_cache_declines(tiny_llama_dir: Path) -> None:
+    """No radix cache, nothing to route on: the feed says so and sends nothing (the router
+    then judges the worker by its tree)."""
+    from radixserve.serving.kv_events import RouterEventFeed
+
+    engine = Engine(str(tiny_llama_dir), page_size=4, num_pages=16, disable_radix_cache=True)
+    sent: list[object] = []
+    feed = RouterEventFeed(engine, sent.append)
+    assert not feed.subscribe() and not feed.active and not sent
+    feed.publish(engine.drain_kv_events())
+    assert not sent
