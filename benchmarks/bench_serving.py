@@ -7,7 +7,9 @@ Compares, in one run, interleaved round by round (this machine's speed drifts):
                     outstanding prompt tokens, in-flight prefixes followed; the default),
 * ``2w-cache-req``  two workers, cache-aware routing as it was before (load in requests in
                     flight, gap 4, in-flight prefixes not followed),
-* ``2w-rr``         two workers, round-robin routing.
+* ``2w-rr``         two workers, round-robin routing,
+* ``2w-events``     two workers, cache-aware routing on the workers' KV events
+                    (``--router-prefix-source events``) instead of the router's tries.
 
 The workload: ``--systems`` long system prompts, each shared by ``--per-system`` chat
 requests with short distinct user questions, shuffled. Every request streams; the client
@@ -240,7 +242,7 @@ def main() -> int:
     ap.add_argument(
         "--configs",
         default="1w,2w-cache,2w-rr",
-        help="comma-separated subset of 1w,2w-cache,2w-cache-req,2w-rr",
+        help="comma-separated subset of 1w,2w-cache,2w-cache-req,2w-rr,2w-events",
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/bench_serving.json")
@@ -260,6 +262,7 @@ def main() -> int:
             {"balance_load": "requests", "balance_abs_threshold": 4, "follow_in_flight": False},
         ),
         "2w-rr": (2, {"routing": "round_robin"}),
+        "2w-events": (2, {"prefix_source": "events"}),
     }
     names = [c for c in args.configs.split(",") if c]
     engine = dict(
@@ -339,6 +342,11 @@ def main() -> int:
         ratios["2w-rr/2w-cache TTFT p50"] = (
             summary["2w-rr"]["ttft_ms"]["p50"] / summary["2w-cache"]["ttft_ms"]["p50"]
         )
+    if "2w-cache" in summary and "2w-events" in summary:
+        ev, tr = summary["2w-events"], summary["2w-cache"]
+        ratios["2w-events/2w-cache throughput"] = ev["output_tok_per_s"] / tr["output_tok_per_s"]
+        ratios["2w-events/2w-cache TTFT p90"] = ev["ttft_ms"]["p90"] / tr["ttft_ms"]["p90"]
+        ratios["2w-events/2w-cache prompt-cache reuse"] = ev["hit_rate"] / max(1e-9, tr["hit_rate"])
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}x")
     out = Path(args.out)

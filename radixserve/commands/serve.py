@@ -11,7 +11,7 @@ from radixserve.cli import register
 from radixserve.commands.engine_args import add_engine_arguments, engine_config
 from radixserve.commands.gateway import add_http_arguments, request_limits, start_http_for_serve
 from radixserve.serving.client_common import DEFAULT_ENDPOINT
-from radixserve.serving.dispatch import BALANCE_LOADS, ROUTING_POLICIES
+from radixserve.serving.dispatch import BALANCE_LOADS, PREFIX_SOURCES, ROUTING_POLICIES
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,6 +58,14 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         "worker wins, if the relative threshold is passed too (default: 2048 tokens / 32 requests)",
     )
     p.add_argument("--balance-rel-threshold", type=float, default=1.5)
+    p.add_argument(
+        "--router-prefix-source",
+        choices=PREFIX_SOURCES,
+        default="tries",
+        help="cache-aware: where the router learns what each worker caches: 'tries' (the "
+        "prefixes it sent there, approximate) or 'events' (the workers' KV events over their "
+        "router connection: evictions, restarts, L2/L3 tiers, flushes included)",
+    )
     p.add_argument(
         "--cache-threshold",
         type=float,
@@ -155,6 +163,7 @@ def serve(args: argparse.Namespace) -> int:
         balance_abs_threshold=args.balance_abs_threshold,
         balance_rel_threshold=args.balance_rel_threshold,
         cache_threshold=args.cache_threshold,
+        prefix_source=args.router_prefix_source,
         keys=keys,
         insecure=args.insecure,
         limits=request_limits(args),

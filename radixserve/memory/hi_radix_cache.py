@@ -124,7 +124,7 @@ class HiRadixCache(RadixCache):
         returns the files written."""
         pages: list[int] = []
         keys: list[PageKey] = []
-        for node in self._nodes():
+        for node in self.nodes():
             pages += node.pages
             keys += self.page_keys(node)
         return self.hierarchy.persist(pages, keys)
@@ -135,19 +135,11 @@ class HiRadixCache(RadixCache):
         self.hierarchy.clear_host()
         super().reset()
 
-    def _nodes(self) -> Iterable[TreeNode]:
-        stack = list(self._roots.values())
-        while stack:
-            node = stack.pop()
-            stack.extend(node.children.values())
-            if node.parent is not None:
-                yield node
-
     def check_invariants(self, private_pages: Iterable[int] = ()) -> None:
         """L1 as :meth:`RadixCache.check_invariants`, plus L2's accounting and the tree's page keys."""
         super().check_invariants(private_pages)
         self.hierarchy.check_invariants()
-        for node in self._nodes():
+        for node in self.nodes():
             if node.page_keys is not None and len(node.page_keys) == len(node.pages):
                 parent = node.parent
                 assert parent is not None

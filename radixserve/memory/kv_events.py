@@ -28,7 +28,7 @@ the serving layer batches and publishes (``radixserve.serving.kv_events``).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
@@ -115,19 +115,22 @@ class KVEventRecorder:
 
     def stored(self, node: TreeNode) -> None:
         """``node`` (a new leaf) entered the tree."""
+        self._add(self._block_stored(node))
+
+    def _block_stored(self, node: TreeNode) -> BlockStored:
+        """The L1 ``BlockStored`` of ``node``: its pages' keys, the key of the page before it
+        (None at a namespace root), its tokens."""
         keys = node_page_keys(node, self.hasher)
         parent = node.parent
         assert parent is not None
         parent_keys = node_page_keys(parent, self.hasher) if parent.parent is not None else []
-        self._add(
-            BlockStored(
-                list(keys),
-                parent_keys[-1] if parent_keys else None,
-                list(node.key),
-                self.hasher.page_size,
-                None,
-                self.medium,
-            )
+        return BlockStored(
+            list(keys),
+            parent_keys[-1] if parent_keys else None,
+            list(node.key),
+            self.hasher.page_size,
+            None,
+            self.medium,
         )
 
     def removed(self, node: TreeNode, keep: int) -> None:
@@ -167,6 +170,27 @@ class KVEventRecorder:
             last.block_hashes.extend(keys)
             return
         self._add(BlockRemoved(list(keys), medium))
+
+    def snapshot(self, nodes: Iterable[TreeNode], l2_keys: Sequence[PageKey] = ()) -> KVEventBatch:
+        """What the cache holds now, as events a subscriber can start from: ``AllBlocksCleared``,
+        then a ``BlockStored`` per L1 node (``nodes``: each after its parent, as
+        :meth:`~radixserve.memory.radix_cache.RadixCache.nodes` walks them), then the L2 pages
+        (``l2_keys``). L3 files are not listed (as at a worker's start). Take it right after a
+        :meth:`drain`, so that later batches continue it exactly."""
+        events: list[BlockStored | BlockRemoved | AllBlocksCleared] = [AllBlocksCleared()]
+        events += [self._block_stored(node) for node in nodes if node.pages]
+        for i in range(0, len(l2_keys), 1024):
+            events.append(
+                BlockStored(
+                    list(l2_keys[i : i + 1024]),
+                    None,
+                    [],
+                    self.hasher.page_size,
+                    None,
+                    self.mediums["L2"],
+                )
+            )
+        return KVEventBatch(ts=time.time(), events=events)
 
     def drain(self) -> KVEventBatch | None:
         """The events since the last drain, as one batch (None when there were none)."""

@@ -45,7 +45,7 @@ Complexity (n = nodes, L = query length, d = depth of the matched path in nodes)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from radixserve.memory.allocator import PageAllocator
@@ -415,6 +415,16 @@ class RadixCache:
         """``node.pages[keep:]`` are about to leave L1 (a tiered cache demotes them too)."""
         if self.listener is not None:
             self.listener.removed(node, keep)
+
+    def nodes(self) -> Iterator[TreeNode]:
+        """Every node below the namespace roots, each after its parent (a KV-event snapshot
+        walks them so)."""
+        stack = list(self._roots.values())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if node.parent is not None:
+                yield node
 
     def back_up(self, node: TreeNode) -> None:
         """Hook: copy the path to ``node`` to a lower tier now, if there is one (an expired pin)."""

@@ -23,6 +23,13 @@ chat history) on the worker that holds it:
 does; with its small thresholds a hot group's followers spill onto the other worker).
 A session id keeps one program's calls on one worker.
 
+``prefix_source`` says where the held prefixes come from: ``"tries"`` (above: what was sent,
+approximate), or ``"events"``: the workers' own KV events (:mod:`~radixserve.serving.kv_index`),
+which know of evictions, restarts, demotions to L2/L3 and flushes. With events a match counts
+its L1 pages in full and its L2/L3 pages at a discount (they cost a load), the tries still
+track the prefixes in flight, and a worker whose view is not synced (no snapshot yet, a
+sequence gap, a worker that sends no events) is judged by its tree as before.
+
 Torch-free and process-free: unit-tested directly.
 """
 
@@ -32,6 +39,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
 
+from radixserve.serving.kv_index import WorkerKVView
 from radixserve.serving.prefix_trie import PrefixTrie, TrieMatch, namespace_token
 
 __all__ = [
@@ -40,6 +48,8 @@ __all__ = [
     "Decision",
     "Dispatcher",
     "Outstanding",
+    "PREFIX_SOURCES",
+    "PrefixSource",
     "PrefixTrie",
     "ROUTING_POLICIES",
     "RoutingPolicy",
@@ -50,6 +60,8 @@ RoutingPolicy = Literal["cache_aware", "round_robin", "least_loaded"]
 ROUTING_POLICIES: tuple[str, ...] = ("cache_aware", "round_robin", "least_loaded")
 BalanceLoad = Literal["work", "requests"]
 BALANCE_LOADS: tuple[str, ...] = ("work", "requests")
+PrefixSource = Literal["tries", "events"]
+PREFIX_SOURCES: tuple[str, ...] = ("tries", "events")
 
 # Default ``balance_abs_threshold`` per load measure: in prompt tokens of outstanding work
 # (two 1,000-token prefixes' worth), or in requests (SGLang's router default is 64).
@@ -62,6 +74,15 @@ class Outstanding(NamedTuple):
 
     requests: int
     prefill_tokens: int = 0
+
+
+class _Held(NamedTuple):
+    """What one worker holds of a prompt: ``tokens`` (prompt tokens, for the work estimate),
+    ``worth`` (tokens of recomputation saved: L2/L3 pages count less), ``in_flight``."""
+
+    tokens: int
+    worth: float
+    in_flight: bool
 
 
 class Decision(NamedTuple):
@@ -95,6 +116,7 @@ class Dispatcher:
         follow_in_flight: bool = True,
         trie_max_tokens: int = 1 << 20,
         max_sessions: int = 100_000,
+        prefix_source: PrefixSource = "tries",
     ) -> None:
         if policy not in ROUTING_POLICIES:
             raise ValueError(
@@ -104,7 +126,12 @@ class Dispatcher:
             raise ValueError(
                 f"unknown balance load {balance_load!r}; expected one of {BALANCE_LOADS}"
             )
+        if prefix_source not in PREFIX_SOURCES:
+            raise ValueError(
+                f"unknown prefix source {prefix_source!r}; expected one of {PREFIX_SOURCES}"
+            )
         self.policy = policy
+        self.prefix_source = prefix_source
         self.cache_threshold = cache_threshold
         self.min_match_tokens = min_match_tokens
         self.balance_load = balance_load
@@ -119,16 +146,21 @@ class Dispatcher:
         self.trie_max_tokens = trie_max_tokens
         self.max_sessions = max_sessions
         self.tries: dict[int, PrefixTrie] = {}
+        self.views: dict[int, WorkerKVView] = {}  # prefix_source="events": fed by the router
         self._sessions: OrderedDict[str, int] = OrderedDict()
         self._pending: dict[str, tuple[int, tuple[int, ...]]] = {}  # rid -> (worker, trie key)
         self._rr = 0
 
     def add_worker(self, worker_id: int) -> None:
         self.tries.setdefault(worker_id, PrefixTrie(self.trie_max_tokens))
+        if self.prefix_source == "events":
+            self.views.setdefault(worker_id, WorkerKVView())
 
     def remove_worker(self, worker_id: int) -> None:
-        """Forget a dead worker: its tree, its requests' pending prefixes, its sessions."""
+        """Forget a dead worker: its tree and KV view, its requests' pending prefixes, its
+        sessions (a restarted worker starts with an empty cache and view)."""
         self.tries.pop(worker_id, None)
+        self.views.pop(worker_id, None)
         for rid in [r for r, (w, _) in self._pending.items() if w == worker_id]:
             del self._pending[rid]
         for sid in [s for s, w in self._sessions.items() if w == worker_id]:
@@ -174,14 +206,15 @@ class Dispatcher:
         if not loads:
             raise ValueError("no live worker")
         key = tuple(tokens) if namespace is None else (namespace_token(namespace), *tokens)
-        decision = self._choose(key, {w: self.load(o) for w, o in loads.items()}, session_id)
+        held = _Lookup(self, key, tokens, namespace)
+        decision = self._choose(
+            held, len(tokens), {w: self.load(o) for w, o in loads.items()}, session_id
+        )
         self.add_worker(decision.worker_id)
         if rid is not None:
             self.ended(rid)  # a retry: its earlier worker's record is void
             self._pending[rid] = (decision.worker_id, key)
         self.tries[decision.worker_id].insert(key, pending=rid is not None)
-        if namespace is not None:  # report prompt tokens only, not the sentinel
-            decision = decision._replace(matched_tokens=max(0, decision.matched_tokens - 1))
         if session_id is not None:
             self._sessions[session_id] = decision.worker_id
             self._sessions.move_to_end(session_id)
@@ -202,38 +235,88 @@ class Dispatcher:
             self.tries[entry[0]].abandon(entry[1])
 
     def _choose(
-        self, tokens: tuple[int, ...], loads: Mapping[int, float], session_id: str | None
+        self,
+        held: _Lookup,
+        prompt_len: int,
+        loads: Mapping[int, float],
+        session_id: str | None,
     ) -> Decision:
         ids = sorted(loads)
         if session_id is not None and self._sessions.get(session_id) in loads:
             wid = self._sessions[session_id]
-            return Decision(wid, self._lookup(wid, tokens).tokens, "session")
+            return Decision(wid, held(wid).tokens, "session")
         if self.policy == "round_robin":
             wid = ids[self._rr % len(ids)]
             self._rr += 1
-            return Decision(wid, self._lookup(wid, tokens).tokens, "round_robin")
+            return Decision(wid, held(wid).tokens, "round_robin")
         min_load = min(loads.values())
         reason = "least_loaded"
         if self.policy == "cache_aware":
-            matches = {wid: self._lookup(wid, tokens) for wid in ids}
-            best = max(ids, key=lambda w: (matches[w].tokens, -loads[w]))
+            matches = {wid: held(wid) for wid in ids}
+            best = max(ids, key=lambda w: (matches[w].worth, -loads[w]))
             m = matches[best]
-            if m.tokens >= self.min_match_tokens and m.tokens >= self.cache_threshold * len(tokens):
+            if m.tokens >= self.min_match_tokens and m.worth >= self.cache_threshold * prompt_len:
                 if self.follow_in_flight and m.in_flight:
                     return Decision(best, m.tokens, "in_flight")
                 if not self.imbalanced(loads[best], min_load):
                     return Decision(best, m.tokens, "cache")
                 reason = "balance"
         least = [w for w in ids if loads[w] == min_load]
-        # Ties: the smallest tree has the most room; then rotate so equal workers share work.
+        # Ties: the emptiest cache has the most room; then rotate so equal workers share work.
         self._rr += 1
         wid = min(least, key=lambda w: (self._size(w), (w - self._rr) % (max(ids) + 1)))
-        return Decision(wid, self._lookup(wid, tokens).tokens, reason)
+        return Decision(wid, held(wid).tokens, reason)
 
-    def _lookup(self, wid: int, tokens: Sequence[int]) -> TrieMatch:
-        trie = self.tries.get(wid)
-        return trie.lookup(tokens) if trie is not None else TrieMatch(0, False)
+    def synced_view(self, wid: int) -> WorkerKVView | None:
+        """Worker ``wid``'s KV view when routing on events and it is in sync, else None."""
+        view = self.views.get(wid)
+        return view if view is not None and view.synced else None
 
     def _size(self, wid: int) -> int:
+        view = self.synced_view(wid)
+        if view is not None:
+            return view.l1_tokens
         trie = self.tries.get(wid)
         return trie.num_tokens if trie is not None else 0
+
+
+class _Lookup:
+    """What each worker holds of one prompt, computed on first ask: from its KV view when
+    routing on events and the view is synced (page keys hashed once per distinct hasher),
+    else from its tree. Counts are in prompt tokens (a namespace's sentinel excluded)."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        key: tuple[int, ...],
+        tokens: Sequence[int],
+        namespace: str | None,
+    ) -> None:
+        self.d, self.key, self.tokens, self.namespace = dispatcher, key, tokens, namespace
+        self.skip = 0 if namespace is None else 1  # the sentinel heading ``key``
+        self._memo: dict[int, _Held] = {}
+        self._keys: dict[tuple[str, int], list[bytes]] = {}
+
+    def __call__(self, wid: int) -> _Held:
+        got = self._memo.get(wid)
+        if got is None:
+            got = self._memo[wid] = self._held(wid)
+        return got
+
+    def _held(self, wid: int) -> _Held:
+        trie = self.d.tries.get(wid)
+        view = self.d.synced_view(wid)
+        if view is None:
+            m = trie.lookup(self.key) if trie is not None else TrieMatch(0, False)
+            n = max(0, m.tokens - self.skip)
+            return _Held(n, float(n), m.in_flight)
+        assert view.hasher is not None
+        hk = (view.hasher.identity, view.hasher.page_size)
+        keys = self._keys.get(hk)
+        if keys is None:
+            keys = self._keys[hk] = view.page_keys(self.tokens, self.namespace)
+        km = view.match(keys)
+        pending = max(0, trie.pending_len(self.key) - self.skip) if trie is not None else 0
+        if pending > km.tokens:  # being computed there now: held once its prefill is done
+            return _Held(pending, float(pending), True)
+        return _Held(km.tokens, km.weighted, False)

@@ -87,6 +87,23 @@ class PrefixTrie:
         # ``last`` holds the match's last token; its ancestors were prefilled whenever it was.
         return TrieMatch(pos, pos > 0 and not last.ready and last.pending > 0)
 
+    def pending_len(self, tokens: Sequence[int]) -> int:
+        """Length of the longest prefix of ``tokens`` that some request not yet prefilled
+        carries to this worker (whether or not the tree thinks it was computed before: with
+        KV events the router knows better what the worker still holds)."""
+        tokens = tuple(tokens)
+        node, pos = self.root, 0
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None or not child.pending:
+                break
+            k = common_prefix_len(child.key, tokens, pos)
+            pos += k
+            if k < len(child.key):
+                break
+            node = child
+        return pos
+
     def insert(self, tokens: Sequence[int], pending: bool = False) -> None:
         """Record ``tokens`` as sent; ``pending``: as the prefix of a request not yet prefilled
         (until :meth:`prefilled` or :meth:`abandon`), else as computed. Evicts least recently

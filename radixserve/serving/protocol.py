@@ -344,8 +344,14 @@ class WorkerRejoin(_Msg, tag="w_rejoin"):
     during a very long step) and your requests failed; abort everything and say hello again."""
 
 
+class WorkerKVSubscribe(_Msg, tag="w_kv_subscribe"):
+    """Router -> worker: send your KV events over this connection from now on, starting with
+    a snapshot of what your cache holds (:class:`WorkerKVEvents`); sent again after a gap."""
+
+
 RouterToWorker = (
-    WorkerAdd
+    WorkerKVSubscribe
+    | WorkerAdd
     | WorkerAbort
     | WorkerPing
     | WorkerStatsRequest
@@ -411,8 +417,27 @@ class WorkerGoodbye(_Msg, tag="w_goodbye"):
     reason: str = ""
 
 
+class WorkerKVEvents(_Msg, tag="w_kv_events"):
+    """Worker -> router: one batch of its KV events (after :class:`WorkerKVSubscribe`).
+
+    ``batch`` is the vLLM-format msgpack ``KVEventBatch`` the worker's XPUB publishes, and
+    ``seq`` its number on this connection, from 0 at each snapshot. A snapshot (``snapshot``)
+    begins with ``AllBlocksCleared`` and stores what the cache holds (L1 blocks, L2 blocks),
+    and says how to hash a prompt the worker's way: the page-key ``hash_identity`` (model and
+    KV layout, :class:`~radixserve.memory.page_hash.PrefixHasher`), ``page_size``, and the
+    event ``medium`` of L1."""
+
+    seq: int
+    batch: bytes
+    snapshot: bool = False
+    hash_identity: str = ""
+    page_size: int = 0
+    medium: str = ""
+
+
 WorkerToRouter = (
-    WorkerHello
+    WorkerKVEvents
+    | WorkerHello
     | WorkerOutputs
     | WorkerHeartbeat
     | WorkerStatsReply

@@ -51,8 +51,9 @@ import zmq
 from radixserve.serving import protocol as p
 from radixserve.serving.client_common import DEFAULT_ENDPOINT
 from radixserve.serving.control import ControlOps
-from radixserve.serving.dispatch import BalanceLoad, Dispatcher, RoutingPolicy
+from radixserve.serving.dispatch import BalanceLoad, Dispatcher, PrefixSource, RoutingPolicy
 from radixserve.serving.inflight import InFlight, context_error
+from radixserve.serving.kv_index import decode_batch
 from radixserve.serving.limits import RequestLimits, prompt_chars
 from radixserve.serving.prompts import PromptCodec, PromptError, encode_text
 from radixserve.serving.requests import RouterRequest
@@ -97,6 +98,9 @@ class RouterConfig:
     balance_rel_threshold: float = 1.5
     follow_in_flight: bool = True  # a request follows its prefix to where it is being computed
     trie_max_tokens: int = 1 << 20
+    # Where cache-aware routing learns what each worker holds: "tries" (what was sent to it)
+    # or "events" (the workers' KV events, sent over their connection; see kv_index.py).
+    prefix_source: PrefixSource = "tries"
     keys: RouterKeys | None = None  # CURVE on both sockets (serving.security); None: plain sockets
     insecure: bool = False  # allow plain sockets on addresses other hosts can reach
     limits: RequestLimits = RequestLimits()  # checked before a request is decoded or tokenized
@@ -172,6 +176,7 @@ class Router:
             balance_rel_threshold=config.balance_rel_threshold,
             follow_in_flight=config.follow_in_flight,
             trie_max_tokens=config.trie_max_tokens,
+            prefix_source=config.prefix_source,
         )
         self.pool = WorkerPool(
             self.backend, self.dispatcher, self._on_worker_dead, self._on_worker_joined
@@ -579,6 +584,8 @@ class Router:
                 self.inflight.on_output(w, out)
         elif isinstance(msg, p.WorkerHeartbeat):
             w.load = msg.load
+        elif isinstance(msg, p.WorkerKVEvents):
+            self._on_kv_events(w, msg)
         elif isinstance(msg, (p.WorkerStatsReply, p.WorkerFlushReply)):
             self._control.on_reply(w, msg)
         elif isinstance(msg, p.WorkerRejected):
@@ -587,7 +594,33 @@ class Router:
             self.pool.mark_dead(w, f"worker said goodbye ({msg.reason})")
 
     def _on_worker_joined(self, w: WorkerHandle) -> None:
+        if self.dispatcher.prefix_source == "events":
+            self.pool.send(w, p.WorkerKVSubscribe())  # answered with a snapshot, then batches
         self.inflight.dispatch_waiting()
+
+    def _on_kv_events(self, w: WorkerHandle, msg: p.WorkerKVEvents) -> None:
+        """Fold a worker's KV events into its view; after a gap (or an undecodable batch)
+        the view is dropped and a new snapshot asked for (the tries stand in meanwhile)."""
+        view = self.dispatcher.views.get(w.worker_id)
+        if view is None:
+            return  # not routing on events (or a worker just declared dead)
+        if msg.snapshot:
+            view.reset(msg.hash_identity, msg.page_size, msg.medium)
+        was_synced = view.synced
+        try:
+            ok = view.apply(msg.seq, decode_batch(msg.batch))
+        except msgspec.DecodeError as exc:
+            log.warning("worker %d sent an undecodable KV event batch: %s", w.worker_id, exc)
+            view.desync()
+            ok = False
+        if not ok and was_synced:
+            log.warning(
+                "worker %d: KV event batch %d missing (got %d); asking for a new snapshot",
+                w.worker_id,
+                view.next_seq,
+                msg.seq,
+            )
+            self.pool.send(w, p.WorkerKVSubscribe())
 
     def _on_worker_dead(self, w: WorkerHandle, reason: str) -> None:
         self.inflight.fail_worker_requests(w, reason)

@@ -193,6 +193,9 @@ class Worker:
             self.engine, "drain_kv_events", None
         )
         self._kv_events = self._event_publisher()
+        from radixserve.serving.kv_events import RouterEventFeed
+
+        self._router_events = RouterEventFeed(self.engine, self._send)
 
     def _event_publisher(self) -> Any | None:
         """A KV-event publisher when the engine records events (``kv_events_endpoint``)."""
@@ -207,8 +210,15 @@ class Worker:
         )
 
     def _publish_events(self) -> None:
-        if self._kv_events is not None and self._drain_kv_events is not None:
-            self._kv_events.publish(self._drain_kv_events())
+        """Drain the engine's KV events to the XPUB and, when it subscribed, the router."""
+        if self._drain_kv_events is None or (
+            self._kv_events is None and not self._router_events.active
+        ):
+            return
+        batch = self._drain_kv_events()
+        if self._kv_events is not None:
+            self._kv_events.publish(batch)
+        self._router_events.publish(batch)
 
     def stop(self, *_: object) -> None:
         """Finish the current step, then exit the loop (safe from a signal handler)."""
@@ -428,6 +438,10 @@ class Worker:
         elif isinstance(msg, p.WorkerFlush):
             self._send(p.WorkerFlushReply(token=msg.token, ok=bool(self.engine.flush_cache())))
             self._publish_events()
+        elif isinstance(msg, p.WorkerKVSubscribe):
+            self._publish_events()  # what came before goes out first; the snapshot follows it
+            if not self._router_events.subscribe():
+                log.info("the router asked for KV events; this engine records none")
         elif isinstance(msg, p.WorkerRejoin):
             log.warning(
                 "the router declared this worker dead: aborting %d requests and joining again",

@@ -203,7 +203,7 @@ def test_l2_and_l3_publish_their_blocks_under_their_mediums(
     def truth() -> dict[str, set[bytes]]:
         cache = engine.cache
         return {
-            "CPU": {k for n in cache._nodes() for k in cache.page_keys(n)},
+            "CPU": {k for n in cache.nodes() for k in cache.page_keys(n)},
             "CPU_L2": set(hierarchy.host.keys()),
             "DISK": {bytes.fromhex(f.stem) for f in hierarchy.disk.dir.glob("*/*.kv")},
         }
@@ -235,3 +235,76 @@ def test_l2_and_l3_publish_their_blocks_under_their_mediums(
     )
     want = truth()
     assert {m: view.get(m, set()) for m in want} == want
+
+
+def test_router_feed_snapshot_then_batches_keep_a_view_exact(tiny_llama_dir: Path) -> None:
+    """The router's feed on an engine that recorded no events before: the snapshot lists
+    what the cache (L1 and L2) already holds, later batches continue it, and a view fed with
+    them matches every prompt exactly as far as the engine's own cache does, per namespace."""
+    from radixserve.serving import protocol as p
+    from radixserve.serving.kv_events import RouterEventFeed
+    from radixserve.serving.kv_index import WorkerKVView, decode_batch
+
+    ps = 4
+    engine = Engine(
+        str(tiny_llama_dir),
+        page_size=ps,
+        num_pages=12,
+        enable_hierarchical_cache=True,
+        hicache_size=10 * 2048 / 2**30,  # 10 pages
+    )
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    prompts = [list(range(10 + 40 * i, 34 + 40 * i)) for i in range(4)]
+    engine.generate([prompts[0]], params)
+    engine.generate([prompts[2]], params)  # 12 pages: some of prompt 0's go to L2
+    engine.add_request(prompts[1], params, namespace="tenant")
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.drain_kv_events() is None  # not recording yet
+
+    sent: list[p.WorkerKVEvents] = []
+    feed = RouterEventFeed(engine, sent.append)
+    assert feed.subscribe()
+    view = WorkerKVView()
+
+    def fold() -> None:
+        for msg in sent:
+            if msg.snapshot:
+                view.reset(msg.hash_identity, msg.page_size, msg.medium)
+            assert view.apply(msg.seq, decode_batch(msg.batch))
+        sent.clear()
+
+    host = engine.cache.hierarchy.host
+
+    def check() -> None:
+        for prompt in prompts:
+            for ns in (None, "tenant"):
+                m = view.match(view.page_keys(prompt, ns))
+                assert m.l1_tokens == engine.cache.peek_prefix_len(prompt, ns), (prompt[0], ns)
+        assert {h for h, bits in view.blocks.items() if bits & 2} == set(host.keys())
+
+    assert sent[0].snapshot and sent[0].page_size == ps and sent[0].medium == "CPU"
+    fold()
+    check()
+    assert view.match(view.page_keys(prompts[1], "tenant")).l1_tokens > 0
+    assert host.keys()  # the snapshot listed L2 pages demoted before it
+    for prompt in prompts[3:] + prompts[:1]:  # evicts (demotes to L2) and loads back
+        engine.generate([prompt], params)
+        feed.publish(engine.drain_kv_events())
+        fold()
+        check()
+    assert view.match(view.page_keys(prompts[0], None)).tokens >= 16
+    assert feed.seq == view.batches  # the snapshot and one batch per generate, none lost
+
+
+def test_router_feed_without_a_radix_cache_declines(tiny_llama_dir: Path) -> None:
+    """No radix cache, nothing to route on: the feed says so and sends nothing (the router
+    then judges the worker by its tree)."""
+    from radixserve.serving.kv_events import RouterEventFeed
+
+    engine = Engine(str(tiny_llama_dir), page_size=4, num_pages=16, disable_radix_cache=True)
+    sent: list[object] = []
+    feed = RouterEventFeed(engine, sent.append)
+    assert not feed.subscribe() and not feed.active and not sent
+    feed.publish(engine.drain_kv_events())
+    assert not sent
