@@ -7,8 +7,9 @@ with ``rotate_half``, SiLU-gated MLP), so float32 logits match it to rounding.
 
 CPU-friendly fusions: q/k/v are one ``qkv_proj`` matmul and gate/up one ``gate_up_proj``
 matmul (one large GEMM beats three small ones at 2 threads); RoPE rotates q and k in one op.
-On the CPU, RoPE and SiLU(gate) * up are one-pass kernels (``native.py``, float32 inside,
-rounded once: in bf16 that differs from transformers' op-by-op rounding by an ulp or so).
+On the CPU, RoPE, SiLU(gate) * up and RMSNorm (with its residual add) are one-pass kernels
+(``native.py``, float32 inside, rounded once: in bf16 that differs from transformers'
+op-by-op rounding by an ulp or so).
 The checkpoint's separate tensors are copied into slices of the fused weights by
 :meth:`LlamaForCausalLM.load_weights`.
 """
@@ -44,6 +45,14 @@ class RMSNorm(nn.Module):
             from radixkernels.fused import rms_norm
 
             return rms_norm(x, self.weight, self.eps, residual=residual)
+        if (
+            native.enabled(x)
+            and x.dim() == 2
+            and x.is_contiguous()
+            and self.weight.dtype == x.dtype
+            and (residual is None or residual.is_contiguous())
+        ):  # the add and the norm in one pass (torch's CPU rms_norm is ~6 ops)
+            return native.rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x = residual.add_(x)
         # torch's fused rms_norm: one op instead of five (60 norms per decode step add up on a CPU).
