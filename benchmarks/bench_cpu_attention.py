@@ -8,7 +8,9 @@ pool's pages scattered at random, one call per case timed after warm-up (median 
 - ``extend``: a 25-token user turn after a 1000-token cached system prompt;
 - ``chunk``: the second 512-token chunk of a 1024-token prompt;
 - ``decode``: 16 sequences over 4 shared 1008-token system prompts, ~150 tokens of their
-  own each (the ``shared_system`` workload's decode step).
+  own each (the ``shared_system`` workload's decode step);
+- ``decode1``: one sequence of 80 tokens (a single stream's decode step);
+- ``decode64``: 64 sequences of ~100 tokens each, nothing shared.
 
 The torch path is ``TorchPagedAttentionBackend(native_kernel=False)``: page gathers, ATen's
 CPU flash attention per part, the LSE merge (its batch metadata, built once per forward, is
@@ -59,6 +61,8 @@ def _cases(free: list[int]) -> dict[str, ForwardBatch]:
         "extend": _batch([(take(1025), 1000, 25)]),
         "chunk": _batch([(take(1024), 512, 512)]),
         "decode": _batch(decode),
+        "decode1": _batch([(take(80), 79, 1)]),
+        "decode64": _batch([(take(90 + i), 89 + i, 1) for i in range(64)]),
     }
 
 
@@ -113,11 +117,11 @@ def main() -> int:
         )
     print(f"{args.dtype}, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(
-        f"{'case':8s} {'rows':>5s} {'kernel ms':>10s} {'torch ms':>9s} {'speedup':>8s} {'max |diff|':>11s}"
+        f"{'case':9s} {'rows':>5s} {'kernel ms':>10s} {'torch ms':>9s} {'speedup':>8s} {'max |diff|':>11s}"
     )
     for r in rows:
         print(
-            f"{r['case']:8s} {r['rows']:5d} {r['kernel_ms']:10.2f} {r['torch_ms']:9.2f} {r['speedup']:7.2f}x "
+            f"{r['case']:9s} {r['rows']:5d} {r['kernel_ms']:10.2f} {r['torch_ms']:9.2f} {r['speedup']:7.2f}x "
             f"{r['max_abs_diff']:11.1e}"
         )
     out = Path(args.out)

@@ -1,8 +1,8 @@
 """The CPU kernels of ``csrc/``: build, load, call.
 
 ``paged_attention.cpp``: the attention of a whole batch over the KV pool's pages (see
-``attention/torch_paged.py``); ``elementwise.cpp``: RoPE in place and SiLU(gate) * up, one
-pass each (the model's layers use them on the CPU, see :func:`enabled`).
+``attention/torch_paged.py``); ``elementwise.cpp``: RoPE in place, SiLU(gate) * up and RMSNorm (with the
+residual add before it), one pass each (the model's layers use them on the CPU, see :func:`enabled`).
 
 They are compiled on first use with ``torch.utils.cpp_extension`` (g++ and ninja; the
 build is cached under ``TORCH_EXTENSIONS_DIR``; 15-30 s the first time) for the machine it
@@ -83,7 +83,9 @@ def load() -> bool:
 
 def enabled(x: torch.Tensor) -> bool:
     """Whether the fused elementwise ops apply to ``x``: a CPU tensor, the kernels built."""
-    return x.device.type == "cpu" and x.dtype in _DTYPES and load()
+    # is_cpu, not device.type: this runs ~150 times a decode step, and building a device
+    # object per call was most of its cost.
+    return x.is_cpu and x.dtype in _DTYPES and load()
 
 
 def rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -97,6 +99,17 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` of a contiguous ``[T, 2n]`` ``gate_up`` (gate first): ``[T, n]``."""
     out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
     torch.ops.radixserve_cpu.silu_mul(gate_up, out)
+    return out
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor:
+    """RMSNorm of the rows of ``x`` ``[T, n]`` scaled by ``weight`` (``x``'s dtype), float32
+    inside and rounded once. With ``residual`` (like ``x``), first ``residual += x`` in place
+    (the sum rounded to the dtype, as a torch add would) and the norm is of that sum."""
+    out = torch.empty_like(x)
+    torch.ops.radixserve_cpu.rms_norm(x, weight, eps, residual, out)
     return out
 
 
@@ -178,13 +191,17 @@ def paged_attention(
     out: torch.Tensor,
     plan: AttentionPlan,
     sm_scale: float,
+    store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Write into ``out`` (like ``q``: ``[T, Hq, D]``) the attention of the planned rows.
 
-    ``k_pages``/``v_pages``: one layer's pool, ``[num_pages, page_size, Hkv, D]``, the new
-    tokens' K/V already stored. Rows of ``q`` not in the plan are left as they are. Call
-    :func:`load` first.
+    ``k_pages``/``v_pages``: one layer's pool, ``[num_pages, page_size, Hkv, D]``. The new
+    tokens' K/V are already stored there, or ``store`` = ``(k, v, slots)`` has the kernel
+    store them first (``k``/``v`` ``[len(slots), Hkv, D]`` in ``q``'s dtype, rows of D
+    contiguous; ``slots`` int64 flat slots ``page * page_size + offset``). Rows of ``q`` not
+    in the plan are left as they are. Call :func:`load` first.
     """
+    k_new, v_new, slots = store if store is not None else (None, None, None)
     torch.ops.radixserve_cpu.paged_attention(
         q,
         k_pages,
@@ -199,4 +216,7 @@ def paged_attention(
         plan.own_start,
         plan.own_len,
         sm_scale,
+        k_new,
+        v_new,
+        slots,
     )

@@ -195,3 +195,94 @@ def test_bad_plan_offsets_raise(field: str, values: list[int], message: str) -> 
     setattr(bad, field, torch.tensor(values, dtype=torch.int64))
     with pytest.raises(RuntimeError, match=message):
         native.paged_attention(q, kp, kp, q.clone(), bad, 1.0)
+
+
+def _ragged_batch(
+    page_size: int, news: list[int], before: list[int], hq: int, hkv: int, d: int
+) -> tuple[native.AttentionPlan, torch.Tensor, list[list[int]]]:
+    """Members with ``news[i]`` new tokens after ``before[i]`` older ones, each on its own
+    shuffled pages; the plan (one group each) and the flat slots of the new tokens in row order."""
+    rng = random.Random(page_size)
+    need = [-(-(b + n) // page_size) for b, n in zip(before, news)]
+    free = list(range(1, 1 + sum(need)))
+    rng.shuffle(free)
+    groups, slots, pages_of, row = [], [], [], 0
+    for n, b, p in zip(news, before, need):
+        pages = [free.pop() for _ in range(p)]
+        groups.append(([native.Member(row, n, pages, b + n)], []))
+        slots += [pages[j // page_size] * page_size + j % page_size for j in range(b, b + n)]
+        pages_of.append(pages)
+        row += n
+    return native.AttentionPlan.build(groups), torch.tensor(slots), pages_of
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize(
+    ("act", "kv"),
+    [
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.bfloat16),
+    ],
+)
+def test_store_in_the_call_equals_storing_first(
+    page_size: int, act: torch.dtype, kv: torch.dtype
+) -> None:
+    """The kernel's own store of the new K/V (strided views of a fused qkv, converted to the
+    pool's dtype) writes what index_copy_ writes, and the attention then sees it."""
+    hq, hkv, d = 9, 3, 64
+    plan, slots, _ = _ragged_batch(page_size, [1, 5, 1, 3], [7, 0, 40, 20], hq, hkv, d)
+    t = int(slots.numel())
+    qkv = torch.randn(t, hq + 2 * hkv, d).to(act)
+    q, k, v = qkv[:, :hq], qkv[:, hq : hq + hkv], qkv[:, hq + hkv :]
+    num_pages = 2 + (80 // page_size) * 4
+    kp = torch.randn(num_pages, page_size, hkv, d).to(kv)
+    vp = torch.randn(num_pages, page_size, hkv, d).to(kv)
+    kp_ref, vp_ref = kp.clone(), vp.clone()
+    kp_ref.view(-1, hkv, d).index_copy_(0, slots, k.to(kv))
+    vp_ref.view(-1, hkv, d).index_copy_(0, slots, v.to(kv))
+    want = torch.empty_like(q)
+    native.paged_attention(q, kp_ref, vp_ref, want, plan, d**-0.5)
+    got = torch.empty_like(q)
+    native.paged_attention(q, kp, vp, got, plan, d**-0.5, store=(k, v, slots))
+    assert torch.equal(kp, kp_ref) and torch.equal(vp, vp_ref)
+    assert torch.equal(got, want)
+
+
+def test_threads_give_the_serial_result() -> None:
+    """A batch big enough to be split over the threads gives bit for bit the result of the
+    calling thread alone (small calls run there), and matches the reference."""
+    hq, hkv, d, ps = 9, 3, 64, 16
+    news, before = [1] * 24 + [37], [300 + 7 * i for i in range(24)] + [5]
+    plan, _, pages_of = _ragged_batch(ps, news, before, hq, hkv, d)
+    kp = torch.randn(1 + sum(len(p) for p in pages_of), ps, hkv, d)
+    vp = torch.randn_like(kp)
+    q = torch.randn(sum(news), hq, d)
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            outs.append(torch.empty_like(q))
+            native.paged_attention(q, kp, vp, outs[-1], plan, d**-0.5)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0], outs[1])
+    for i in (0, 23, 24):
+        start, n = int(plan.q_start[i]), news[i]
+        ref = _reference(q[start : start + n], kp, vp, pages_of[i], before[i] + n, d**-0.5)
+        assert (outs[1][start : start + n].double() - ref).abs().max().item() < 2e-5
+
+
+def test_bad_store_arguments_raise() -> None:
+    q, kp = torch.randn(1, 9, 64), torch.randn(4, 16, 3, 64)
+    plan = native.AttentionPlan.build([([native.Member(0, 1, [1], 3)], [])])
+    k = torch.randn(1, 3, 64)
+    with pytest.raises(RuntimeError, match="slot 64 out of range"):
+        native.paged_attention(
+            q, kp, kp.clone(), q.clone(), plan, 1.0, store=(k, k, torch.tensor([64]))
+        )
+    with pytest.raises(RuntimeError, match=r"k_new and v_new must be \[len\(slots\)"):
+        native.paged_attention(
+            q, kp, kp.clone(), q.clone(), plan, 1.0, store=(k, k, torch.tensor([1, 2]))
+        )

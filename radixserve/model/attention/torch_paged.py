@@ -1,8 +1,8 @@
 """Paged attention on the CPU: the C++ kernel of ``native.py``, or plain torch.
 
-On the CPU with an unquantized pool the attention of the whole batch is one call per layer
-to the kernel of ``csrc/paged_attention.cpp`` (same two parts as below, read from the
-pages in place; 1.4-1.9x the torch path per layer call here,
+On the CPU with an unquantized pool the store of the new K/V and the attention of the whole
+batch are one call per layer to the kernel of ``csrc/paged_attention.cpp`` (same two parts
+as below, read from the pages in place; 1.4-1.9x the torch path per layer call here,
 ``benchmarks/bench_cpu_attention.py``). The torch path below serves quantized pools, other
 devices, head sizes the kernel lacks, and machines where it cannot be built; it is also
 the baseline the Triton kernels match.
@@ -376,9 +376,8 @@ class TorchPagedAttentionBackend(AttentionBackend):
         if meta is None or self._meta_batch is not batch:
             raise RuntimeError("call init_forward_metadata(batch) before the forward over it")
         assert batch.out_cache_loc is not None  # a paged batch (init_forward_metadata)
-        self._store(layer_id, k, v, batch.out_cache_loc)
         out = torch.empty_like(q)
-        if meta.native is not None:  # the whole batch, in one call
+        if meta.native is not None:  # the store and the whole batch's attention, in one call
             native.paged_attention(
                 q,
                 self.pool.k_data[layer_id],
@@ -386,8 +385,10 @@ class TorchPagedAttentionBackend(AttentionBackend):
                 out,
                 meta.native,
                 sm_scale,
+                store=(k, v, batch.out_cache_loc),
             )
             return out
+        self._store(layer_id, k, v, batch.out_cache_loc)
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)  # [T, Hq], own part
         if meta.decode is not None:
             self._decode(layer_id, q, out, lse, meta.decode, sm_scale)

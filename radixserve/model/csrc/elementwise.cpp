@@ -1,8 +1,10 @@
-// Fused elementwise ops of the Llama layer for the CPU: RoPE in place, SiLU(gate) * up.
+// Fused elementwise ops of the Llama layer for the CPU: RoPE in place, SiLU(gate) * up, and
+// RMSNorm with the residual add before it.
 //
 // In torch each is several passes over the activations (RoPE: two products, a negation, a
-// concatenation, a sum; the MLP: silu, then a product over strided halves) plus a temporary
-// per pass; here each is one pass, computed in float32 and rounded once.
+// concatenation, a sum; the MLP: silu, then a product over strided halves; RMSNorm: pow,
+// mean, rsqrt, two products, dtype copies, and the residual add) plus a temporary per pass;
+// here each is one pass, computed in float32 and rounded once.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -13,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 
 #include "vec.h"
 
@@ -104,6 +107,83 @@ void silu_mul(const at::Tensor& gate_up, at::Tensor out) {
   }
 }
 
+// One row of RMSNorm: with a residual, residual = round(residual + x) first (the sum rounded
+// to the storage dtype, as transformers' residual stream is) and that is normalised; then
+// out = round(w * (v / sqrt(mean(v^2) + eps))), float32 inside.
+template <typename T>
+inline void rms_norm_row(const T* x, T* res, const T* w, T* out, int64_t n, float eps) {
+  const T* src = x;
+  if (res != nullptr) {
+    int64_t j = 0;
+    for (; j + kLanes <= n; j += kLanes) store_from_vf(res + j, load_as_vf(res + j) + load_as_vf(x + j));
+    for (; j < n; ++j) res[j] = from_float<T>(to_float(res[j]) + to_float(x[j]));
+    src = res;
+  }
+  // Four vectors of partial sums: independent add chains, and a sum order close to torch's
+  // pairwise one over long rows.
+  vf acc[4] = {};
+  int64_t j = 0;
+  for (; j + 4 * kLanes <= n; j += 4 * kLanes) {
+    for (int u = 0; u < 4; ++u) {
+      const vf v = load_as_vf(src + j + u * kLanes);
+      acc[u] += v * v;
+    }
+  }
+  for (; j + kLanes <= n; j += kLanes) {
+    const vf v = load_as_vf(src + j);
+    acc[0] += v * v;
+  }
+  const vf tot = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  float ss = 0.0f;
+  for (int64_t i = 0; i < kLanes; ++i) ss += tot[i];
+  for (; j < n; ++j) ss += to_float(src[j]) * to_float(src[j]);
+  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  j = 0;
+  for (; j + kLanes <= n; j += kLanes) store_from_vf(out + j, load_as_vf(w + j) * (load_as_vf(src + j) * inv));
+  for (; j < n; ++j) out[j] = from_float<T>(to_float(w[j]) * (to_float(src[j]) * inv));
+}
+
+template <typename T>
+void rms_norm_kernel(const at::Tensor& x, const at::Tensor& weight, double eps, T* res, at::Tensor& out) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  const T* in = x.data_ptr<T>();
+  const T* w = weight.data_ptr<T>();
+  T* o = out.data_ptr<T>();
+  // Grain: decode batches (tens of rows) stay on the calling thread.
+  at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / n), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      rms_norm_row<T>(in + r * n, res == nullptr ? nullptr : res + r * n, w, o + r * n, n, static_cast<float>(eps));
+    }
+  });
+}
+
+// out = RMSNorm(x) * weight for ``x`` [T, n]; with ``residual`` (like x), first residual += x
+// in place and out = RMSNorm(residual) * weight.
+void rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, std::optional<at::Tensor> residual,
+              at::Tensor out) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "x must be a contiguous [T, n] CPU tensor");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous() &&
+                  weight.scalar_type() == x.scalar_type(),
+              "weight must be a contiguous [n] tensor of x's dtype");
+  TORCH_CHECK(out.sizes() == x.sizes() && out.is_contiguous() && out.scalar_type() == x.scalar_type(),
+              "out must be a contiguous tensor like x");
+  if (residual.has_value()) {
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->is_contiguous() &&
+                    residual->scalar_type() == x.scalar_type(),
+                "residual must be a contiguous tensor like x");
+  }
+  switch (x.scalar_type()) {
+#define RADIX_NORM_CASE(ST, T)                                                                               \
+  case ST:                                                                                                   \
+    return rms_norm_kernel<T>(x, weight, eps, residual.has_value() ? residual->data_ptr<T>() : nullptr, out);
+    RADIX_NORM_CASE(at::kFloat, float)
+    RADIX_NORM_CASE(at::kBFloat16, c10::BFloat16)
+    RADIX_NORM_CASE(at::kHalf, c10::Half)
+#undef RADIX_NORM_CASE
+    default: TORCH_CHECK(false, "unsupported dtype ", x.scalar_type());
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
@@ -111,4 +191,6 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.impl("rotary_", c10::DispatchKey::CPU, &rotary_);
   m.def("silu_mul(Tensor gate_up, Tensor(a!) out) -> ()");
   m.impl("silu_mul", c10::DispatchKey::CPU, &silu_mul);
+  m.def("rms_norm(Tensor x, Tensor weight, float eps, Tensor(a!)? residual, Tensor(b!) out) -> ()");
+  m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
 }

@@ -33,6 +33,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -51,12 +52,21 @@ constexpr int64_t kRowBlock = kLanes;
 
 // Per-thread scratch for one work item: its rows' pre-scaled queries, softmax state and
 // causal limits, and staging for blocks of half-precision keys/values converted to float.
+// One per thread, kept across calls and grown on demand: at batch 1 a layer's attention is
+// a few microseconds, and allocating (and zeroing) ~40 KB per call was a visible part of it.
 struct Scratch {
   std::vector<float> q, m, l, acc, kf, vf_;
   std::vector<int32_t> limit;
-  explicit Scratch(int64_t d)
-      : q(kRowBlock * d), m(kRowBlock), l(kRowBlock), acc(kRowBlock * d), kf(kBlock * d), vf_(kBlock * d),
-        limit(kRowBlock) {}
+  void reserve(int64_t d) {
+    if (static_cast<int64_t>(q.size()) >= kRowBlock * d) return;
+    q.resize(kRowBlock * d), m.resize(kRowBlock), l.resize(kRowBlock), acc.resize(kRowBlock * d);
+    kf.resize(kBlock * d), vf_.resize(kBlock * d), limit.resize(kRowBlock);
+  }
+  static Scratch& local(int64_t d) {
+    thread_local Scratch sc;
+    sc.reserve(d);
+    return sc;
+  }
 };
 
 // Where a run of keys lives: pages in order, the run's first ``len`` tokens of them.
@@ -258,74 +268,142 @@ struct Item {
   int64_t group, head, row_begin, row_end;  // rows of the group: member by member, token by token, head by head
 };
 
+// Below this many lane-multiply-adds (an item's row vectors x its keys x head_dim, ~10 us
+// on one core) a call runs on the calling thread: forking and joining the OpenMP team costs
+// a few microseconds when the threads are awake, and much more when a busy machine has
+// descheduled one of them, while a batch-1 decode step's attention is ~5 us of work.
+constexpr int64_t kSerialWork = int64_t{1} << 20;
+
+template <typename Q, typename KV>
+struct Kernel {
+  const Layer<KV> L;
+  const Plan& P;
+  const Q* qd;
+  int64_t q_row, q_head;  // q may be a view of the fused qkv projection
+  Q* od;
+  int64_t hq, grp;
+  float scale;
+  AttendFn<KV> attend;
+
+  void run_item(const Item& item, Scratch& sc) const {
+    const int64_t d = L.d;
+    const int64_t h = item.head, rows = item.row_end - item.row_begin;
+    // Members overlapping the block: [first_member, ...), the block's first row within it.
+    int64_t mi = P.group_start[item.group], skip = item.row_begin;
+    while (skip >= P.new_len[mi] * grp) skip -= P.new_len[mi++] * grp;
+    const int64_t first_member = mi, first_skip = skip;
+    for (int64_t r = 0; r < rows; ++r, ++skip) {
+      if (skip == P.new_len[mi] * grp) skip = 0, ++mi;
+      const int64_t t = skip / grp, head = h * grp + skip % grp;
+      const Q* src = qd + (P.q_start[mi] + t) * q_row + head * q_head;
+      for (int64_t j = 0; j < d; ++j) sc.q[r * d + j] = to_float(src[j]) * scale;
+      sc.limit[r] = static_cast<int32_t>(P.own_len[mi] - P.new_len[mi] + t);
+    }
+    std::fill(sc.m.begin(), sc.m.begin() + rows, kNoMax);
+    std::fill(sc.l.begin(), sc.l.begin() + rows, 0.0f);
+    std::fill(sc.acc.begin(), sc.acc.begin() + rows * d, 0.0f);
+    const int64_t g = item.group;
+    const int64_t shared_len = (P.shared_start[g + 1] - P.shared_start[g]) * L.page_size;
+    if (shared_len > 0) {
+      attend(L, h, KeyRun{P.shared_pages + P.shared_start[g], shared_len}, sc.q.data(), rows, nullptr, sc.m.data(),
+             sc.l.data(), sc.acc.data(), sc);
+    }
+    // Each member's rows of the block over its own pages, then out.
+    mi = first_member;
+    skip = first_skip;
+    for (int64_t r = 0; r < rows;) {
+      const int64_t seg = std::min(rows - r, P.new_len[mi] * grp - skip);
+      attend(L, h, KeyRun{P.own_pages + P.own_start[mi], P.own_len[mi]}, sc.q.data() + r * d, seg,
+             sc.limit.data() + r, sc.m.data() + r, sc.l.data() + r, sc.acc.data() + r * d, sc);
+      for (int64_t i = 0; i < seg; ++i) {
+        const int64_t t = (skip + i) / grp, head = h * grp + (skip + i) % grp;
+        Q* dst = od + ((P.q_start[mi] + t) * hq + head) * d;
+        const float inv = 1.0f / sc.l[r + i];
+        const float* ar = sc.acc.data() + (r + i) * d;
+        for (int64_t j = 0; j < d; ++j) dst[j] = from_float<Q>(ar[j] * inv);
+      }
+      r += seg;
+      skip = 0;
+      ++mi;
+    }
+  }
+};
+
 template <typename Q, typename KV>
 void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor& out,
                 const Plan& P, int64_t groups, double sm_scale) {
   const int64_t hq = q.size(1), d = q.size(2);
   const Layer<KV> L{k_pages.data_ptr<KV>(), v_pages.data_ptr<KV>(), k_pages.size(1), k_pages.size(2), d};
   const int64_t grp = hq / L.kv_heads;
-  const Q* qd = q.data_ptr<Q>();
-  const int64_t q_row = q.stride(0), q_head = q.stride(1);  // q may be a view of the fused qkv projection
-  Q* od = out.data_ptr<Q>();
-  const float scale = static_cast<float>(sm_scale) * kLog2e;
-  const auto attend = attend_fn<KV>(d);
+  const Kernel<Q, KV> K{L,      P,  q.data_ptr<Q>(), q.stride(0), q.stride(1), out.data_ptr<Q>(),
+                        hq,     grp, static_cast<float>(sm_scale) * kLog2e, attend_fn<KV>(d)};
 
   std::vector<Item> items;
+  int64_t work = 0;  // lane-multiply-adds, roughly: row vectors x keys x d
   for (int64_t g = 0; g < groups; ++g) {
-    int64_t rows = 0;
-    for (int64_t i = P.group_start[g]; i < P.group_start[g + 1]; ++i) rows += P.new_len[i] * grp;
+    int64_t rows = 0, keys = 0;
+    for (int64_t i = P.group_start[g]; i < P.group_start[g + 1]; ++i) {
+      rows += P.new_len[i] * grp;
+      keys = std::max(keys, P.own_len[i]);
+    }
+    keys += (P.shared_start[g + 1] - P.shared_start[g]) * L.page_size;
     for (int64_t h = 0; h < L.kv_heads; ++h) {
       for (int64_t b = 0; b < rows; b += kRowBlock) items.push_back({g, h, b, std::min(rows, b + kRowBlock)});
     }
+    work += L.kv_heads * ((rows + kLanes - 1) / kLanes) * kLanes * keys * d;
   }
-
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), items.size());
+  if (threads <= 1 || work < kSerialWork) {
+    Scratch& sc = Scratch::local(d);
+    for (const Item& item : items) K.run_item(item, sc);
+    return;
+  }
   // Dynamic schedule: items differ in cost (causal rows late in a prompt see more keys).
-#pragma omp parallel num_threads(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items.size())))
+#pragma omp parallel num_threads(threads)
   {
-    Scratch sc(d);
+    Scratch& sc = Scratch::local(d);
 #pragma omp for schedule(dynamic, 1)
-    for (size_t it = 0; it < items.size(); ++it) {
-      const Item& item = items[it];
-      const int64_t h = item.head, rows = item.row_end - item.row_begin;
-      // Members overlapping the block: [first_member, ...), the block's first row within it.
-      int64_t mi = P.group_start[item.group], skip = item.row_begin;
-      while (skip >= P.new_len[mi] * grp) skip -= P.new_len[mi++] * grp;
-      const int64_t first_member = mi, first_skip = skip;
-      for (int64_t r = 0; r < rows; ++r, ++skip) {
-        if (skip == P.new_len[mi] * grp) skip = 0, ++mi;
-        const int64_t t = skip / grp, head = h * grp + skip % grp;
-        const Q* src = qd + (P.q_start[mi] + t) * q_row + head * q_head;
-        for (int64_t j = 0; j < d; ++j) sc.q[r * d + j] = to_float(src[j]) * scale;
-        sc.limit[r] = static_cast<int32_t>(P.own_len[mi] - P.new_len[mi] + t);
-      }
-      std::fill(sc.m.begin(), sc.m.begin() + rows, kNoMax);
-      std::fill(sc.l.begin(), sc.l.begin() + rows, 0.0f);
-      std::fill(sc.acc.begin(), sc.acc.begin() + rows * d, 0.0f);
-      const int64_t g = item.group;
-      const int64_t shared_len = (P.shared_start[g + 1] - P.shared_start[g]) * L.page_size;
-      if (shared_len > 0) {
-        attend(L, h, KeyRun{P.shared_pages + P.shared_start[g], shared_len}, sc.q.data(), rows, nullptr,
-               sc.m.data(), sc.l.data(), sc.acc.data(), sc);
-      }
-      // Each member's rows of the block over its own pages, then out.
-      mi = first_member;
-      skip = first_skip;
-      for (int64_t r = 0; r < rows;) {
-        const int64_t seg = std::min(rows - r, P.new_len[mi] * grp - skip);
-        attend(L, h, KeyRun{P.own_pages + P.own_start[mi], P.own_len[mi]}, sc.q.data() + r * d, seg,
-               sc.limit.data() + r, sc.m.data() + r, sc.l.data() + r, sc.acc.data() + r * d, sc);
-        for (int64_t i = 0; i < seg; ++i) {
-          const int64_t t = (skip + i) / grp, head = h * grp + (skip + i) % grp;
-          Q* dst = od + ((P.q_start[mi] + t) * hq + head) * d;
-          const float inv = 1.0f / sc.l[r + i];
-          const float* ar = sc.acc.data() + (r + i) * d;
-          for (int64_t j = 0; j < d; ++j) dst[j] = from_float<Q>(ar[j] * inv);
+    for (size_t it = 0; it < items.size(); ++it) K.run_item(items[it], sc);
+  }
+}
+
+// Write the step's new K/V rows into the pool before attending: row i of ``k_new``/``v_new``
+// ([T, Hkv, D], rows of D contiguous) goes to flat slot ``slots[i]`` (page * page_size +
+// offset) of every KV head, converted to the pool's dtype. One pass instead of two
+// index_copy_ calls (and their dtype copies) per layer.
+template <typename Src, typename KV>
+void store_rows(const at::Tensor& k_new, const at::Tensor& v_new, const int64_t* slots, const at::Tensor& k_pages,
+                const at::Tensor& v_pages) {
+  const int64_t rows = k_new.size(0), heads = k_new.size(1), d = k_new.size(2);
+  const Src* ks = k_new.data_ptr<Src>();
+  const Src* vs = v_new.data_ptr<Src>();
+  KV* kd = k_pages.data_ptr<KV>();
+  KV* vd = v_pages.data_ptr<KV>();
+  const int64_t k0 = k_new.stride(0), k1 = k_new.stride(1), v0 = v_new.stride(0), v1 = v_new.stride(1);
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / (heads * d)), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      KV* kdst = kd + slots[r] * heads * d;
+      KV* vdst = vd + slots[r] * heads * d;
+      for (int64_t h = 0; h < heads; ++h) {
+        const Src* kr = ks + r * k0 + h * k1;
+        const Src* vr = vs + r * v0 + h * v1;
+        for (int64_t j = 0; j < d; ++j) {
+          kdst[h * d + j] = from_float<KV>(to_float(kr[j]));
+          vdst[h * d + j] = from_float<KV>(to_float(vr[j]));
         }
-        r += seg;
-        skip = 0;
-        ++mi;
       }
     }
+  });
+}
+
+template <typename Src>
+void store_kv(const at::Tensor& k_new, const at::Tensor& v_new, const int64_t* slots, const at::Tensor& k_pages,
+              const at::Tensor& v_pages) {
+  switch (k_pages.scalar_type()) {
+    case at::kFloat: return store_rows<Src, float>(k_new, v_new, slots, k_pages, v_pages);
+    case at::kBFloat16: return store_rows<Src, c10::BFloat16>(k_new, v_new, slots, k_pages, v_pages);
+    case at::kHalf: return store_rows<Src, c10::Half>(k_new, v_new, slots, k_pages, v_pages);
+    default: TORCH_CHECK(false, "unsupported KV dtype ", k_pages.scalar_type());
   }
 }
 
@@ -338,11 +416,14 @@ void check_index(const at::Tensor& t, const char* name) {
 // tokens at rows q_start[i].. of q; its group g is the one with group_start[g] <= i <
 // group_start[g+1], whose members first read shared_pages[shared_start[g]:shared_start[g+1]];
 // then member i reads the first own_len[i] tokens of own_pages[own_start[i]:own_start[i+1]],
-// whose last new_len[i] keys are its new tokens (stored in the pages before this call).
+// whose last new_len[i] keys are its new tokens: stored in the pages before this call, or
+// by it, from k_new/v_new ([T', Hkv, D]) at flat slots ``slots`` ([T'] int64), when given.
 void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor out,
                      const at::Tensor& q_start, const at::Tensor& new_len, const at::Tensor& group_start,
                      const at::Tensor& shared_pages, const at::Tensor& shared_start, const at::Tensor& own_pages,
-                     const at::Tensor& own_start, const at::Tensor& own_len, double sm_scale) {
+                     const at::Tensor& own_start, const at::Tensor& own_len, double sm_scale,
+                     const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
+                     const std::optional<at::Tensor>& slots) {
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.device().is_cpu(),
               "q must be a [T, Hq, D] CPU tensor with contiguous rows of D");
   TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() && out.is_contiguous(),
@@ -390,6 +471,28 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::T
     }
   }
   const int64_t groups = group_start.size(0) - 1;
+  TORCH_CHECK(k_new.has_value() == v_new.has_value() && k_new.has_value() == slots.has_value(),
+              "k_new, v_new and slots go together");
+  if (slots.has_value()) {
+    check_index(*slots, "slots");
+    const int64_t n = slots->size(0);
+    for (const at::Tensor* t : {&*k_new, &*v_new}) {
+      TORCH_CHECK(t->dim() == 3 && t->size(0) == n && t->size(1) == k_pages.size(2) && t->size(2) == q.size(2) &&
+                      t->stride(2) == 1 && t->scalar_type() == q.scalar_type() && t->device().is_cpu(),
+                  "k_new and v_new must be [len(slots), Hkv, D] CPU tensors of q's dtype with contiguous rows of D");
+    }
+    const int64_t* ids = slots->data_ptr<int64_t>();
+    const int64_t num_slots = k_pages.size(0) * k_pages.size(1);
+    for (int64_t i = 0; i < n; ++i) {
+      TORCH_CHECK(ids[i] >= 0 && ids[i] < num_slots, "slot ", ids[i], " out of range [0, ", num_slots, ")");
+    }
+    switch (q.scalar_type()) {
+      case at::kFloat: store_kv<float>(*k_new, *v_new, ids, k_pages, v_pages); break;
+      case at::kBFloat16: store_kv<c10::BFloat16>(*k_new, *v_new, ids, k_pages, v_pages); break;
+      case at::kHalf: store_kv<c10::Half>(*k_new, *v_new, ids, k_pages, v_pages); break;
+      default: TORCH_CHECK(false, "unsupported query dtype ", q.scalar_type());
+    }
+  }
 
 #define RADIX_DISPATCH_KV(QT)                                                                              \
   switch (k_pages.scalar_type()) {                                                                         \
@@ -411,8 +514,8 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::T
 
 TORCH_LIBRARY(radixserve_cpu, m) {
   m.def(
-      "paged_attention(Tensor q, Tensor k_pages, Tensor v_pages, Tensor(a!) out, Tensor q_start, Tensor new_len, "
+      "paged_attention(Tensor q, Tensor(b!) k_pages, Tensor(c!) v_pages, Tensor(a!) out, Tensor q_start, Tensor new_len, "
       "Tensor group_start, Tensor shared_pages, Tensor shared_start, Tensor own_pages, Tensor own_start, "
-      "Tensor own_len, float sm_scale) -> ()");
+      "Tensor own_len, float sm_scale, Tensor? k_new=None, Tensor? v_new=None, Tensor? slots=None) -> ()");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
 }
