@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.model import cpu_gemv
 from radixserve.model.cpu_linear import onednn_linear_supported
 from radixserve.model.quant.formats import (
     Fp8Weight,
@@ -201,10 +202,18 @@ class Int8Linear(QuantizedLinear):
         super().__init__(k, n, bias, compute_dtype)
         self.register_buffer("qweight", w.qweight.contiguous())
         self.register_buffer("scale", w.scale.to(compute_dtype).contiguous())
+        # On the CPU: cpu_gemv's kernel (the weight decoded once per call for all rows).
+        self.gemv = (
+            w.qweight.device.type == "cpu"
+            and compute_dtype is torch.bfloat16
+            and cpu_gemv.available()
+        )
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self._dense_path(x.shape[0]):
             return self._dense_matmul(x)
+        if self.gemv and x.device.type == "cpu":
+            return cpu_gemv.int8_linear(x.contiguous(), self.qweight, self.scale)
         return torch._weight_int8pack_mm(x, self.qweight, self.scale)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
