@@ -52,6 +52,7 @@ struct F32 {
   const float* w;
   int64_t ldw;
   W load(int64_t n, int64_t k0) const { return _mm512_loadu_ps(w + n * ldw + k0); }
+  const void* at(int64_t n, int64_t k0) const { return w + n * ldw + k0; }
   W load_tail(int64_t n, int64_t k0, int64_t len) const {
     return _mm512_maskz_loadu_ps(tail_mask16(len), w + n * ldw + k0);
   }
@@ -71,6 +72,7 @@ struct BF16 {
   const uint16_t* w;
   int64_t ldw;
   W load(int64_t n, int64_t k0) const { return (__m512bh)_mm512_loadu_si512(w + n * ldw + k0); }
+  const void* at(int64_t n, int64_t k0) const { return w + n * ldw + k0; }
   W load_tail(int64_t n, int64_t k0, int64_t len) const {
     return (__m512bh)_mm512_maskz_loadu_epi16(tail_mask32(len), w + n * ldw + k0);
   }
@@ -94,6 +96,7 @@ struct I8 : BF16 {
   W load(int64_t n, int64_t k0) const {
     return decode(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + n * ldw + k0)));
   }
+  const void* at(int64_t n, int64_t k0) const { return q + n * ldw + k0; }
   W load_tail(int64_t n, int64_t k0, int64_t len) const {
     return decode(_mm256_maskz_loadu_epi8(static_cast<__mmask32>(tail_mask32(len)), q + n * ldw + k0));
   }
@@ -114,7 +117,13 @@ inline void tile(const D& d, const T* x, int64_t ldx, int64_t k, int64_t n0, int
   for (; k0 + D::kVec <= k; k0 += D::kVec) {
     typename D::W w[NT];
 #pragma GCC unroll 4
-    for (int i = 0; i < NT; ++i) w[i] = d.load(n0 + i, k0);
+    for (int i = 0; i < NT; ++i) {
+      // The same place in the next tile's rows: the weight is read once, in order, and the
+      // next tile is in cache when we get there (the hardware prefetcher alone follows the
+      // four short row streams poorly). A prefetch past the end does not fault.
+      if (m0 == 0) _mm_prefetch(static_cast<const char*>(d.at(n0 + i + kNT, k0)), _MM_HINT_T0);
+      w[i] = d.load(n0 + i, k0);
+    }
 #pragma GCC unroll 4
     for (int j = 0; j < MT; ++j) {
       const typename D::X xv = D::load_x(x + (m0 + j) * ldx, k0);
@@ -229,7 +238,7 @@ at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
 }  // namespace
 
 // int4 lives in gemv_int4.cpp; it shares this file's conventions.
-at::Tensor radixserve_gemv_int4(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_and_zeros,
+at::Tensor radixserve_gemv_int4(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros,
                                 int64_t group_size);
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
@@ -238,6 +247,6 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.impl("gemv_dense", c10::DispatchKey::CPU, &gemv_dense);
   m.def("gemv_int8(Tensor x, Tensor q, Tensor scale) -> Tensor");
   m.impl("gemv_int8", c10::DispatchKey::CPU, &gemv_int8);
-  m.def("gemv_int4(Tensor x, Tensor packed, Tensor scales_and_zeros, int group_size) -> Tensor");
+  m.def("gemv_int4(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
   m.impl("gemv_int4", c10::DispatchKey::CPU, &radixserve_gemv_int4);
 }
