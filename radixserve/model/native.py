@@ -28,7 +28,9 @@ import torch
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = [_CSRC / name for name in ("paged_attention.cpp", "elementwise.cpp", "gemv.cpp", "gemv_int4.cpp")]
+_SOURCES = [
+    _CSRC / name for name in ("paged_attention.cpp", "elementwise.cpp", "gemv.cpp", "gemv_int4.cpp")
+]
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
 

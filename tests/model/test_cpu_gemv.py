@@ -15,7 +15,7 @@ from torch import nn
 from radixserve.model import cpu_gemv
 from radixserve.model.cpu_linear import PackedLinear, onednn_linear_supported
 from radixserve.model.quant.formats import dequantize_int4, quantize_int4, quantize_int8
-from radixserve.model.quant.linear import Int4Linear, Int8Linear
+from radixserve.model.quant.linear import Int8Linear
 
 pytestmark = pytest.mark.skipif(
     not cpu_gemv.available(), reason="gemv kernels need AVX-512 bf16 and a compiler"
@@ -25,7 +25,13 @@ ROWS = (1, 2, 3, 4, 5, 9, 16, 17, 40)
 # (out_features N, in_features K): N not a multiple of the 4-output tile, K not a multiple
 # of the 16/32-input vector (dense, int8) or of 64 (int4 chunks), and SmolLM2's gate_up.
 DENSE_SHAPES = ((37, 96), (130, 75), (3072, 576))
-INT4_CASES = (((48, 96), 32), ((132, 160), 32), ((64, 192), 64), ((36, 384), 128), ((3072, 576), 32))
+INT4_CASES = (
+    ((48, 96), 32),
+    ((132, 160), 32),
+    ((64, 192), 64),
+    ((36, 384), 128),
+    ((3072, 576), 32),
+)
 
 
 def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -47,7 +53,9 @@ def test_dense_fp32_and_bf16(shape: tuple[int, int]) -> None:
     for m in ROWS:
         x = torch.randn(m, k)
         # float32: the same sum in another order, ~1e-6 relative.
-        assert _rel_err(cpu_gemv.linear(x, w, b), F.linear(x.double(), w.double(), b.double())) < 1e-5
+        assert (
+            _rel_err(cpu_gemv.linear(x, w, b), F.linear(x.double(), w.double(), b.double())) < 1e-5
+        )
         xb, wb = x.bfloat16(), w.bfloat16()
         # bfloat16: exact products, float32 sums, one rounding to bf16 (2^-8 relative).
         got = cpu_gemv.linear(xb, wb)
