@@ -31,10 +31,12 @@
 
 using namespace radixserve_cpu::gemv;
 
+namespace {
+constexpr int kMaxGroups = 1024;  // K / G per output the tile buffers hold (K up to 32768)
+}  // namespace
+
 #if RADIXSERVE_GEMV
 namespace {
-
-constexpr int kMaxGroups = 1024;  // K / G per output the tile buffers hold (K up to 32768)
 
 struct Int4Args {
   const uint8_t* packed;  // [N, K / 2]
