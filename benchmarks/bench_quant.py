@@ -32,6 +32,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
 import datetime as dt  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
@@ -173,7 +174,9 @@ class LlamaCppServer:
 def layer_times(model: str, rows: list[int], rounds: int) -> None:
     """Microseconds for one decoder layer's four linears (SmolLM2's shapes, random weights)
     at each row count: bf16 (oneDNN pre-packed, the bf16 model's path) against int8 / int4 on
-    their packed kernels, on a kept bf16 copy (--quant-dense-cache), and decoded per call."""
+    their packed kernels, on a kept bf16 copy (--quant-dense-cache), and decoded per call;
+    the bf16 and int8 layers also with the small-batch kernels (cpu_gemv) off and forced on,
+    and cpu_gemv's int4 kernel called directly."""
     from radixserve.model.config import ModelConfig
     from radixserve.model.cpu_linear import PackedLinear
     from radixserve.model.quant.apply import make_quantized_linear, quantize_weight
@@ -184,11 +187,16 @@ def layer_times(model: str, rows: list[int], rounds: int) -> None:
     shapes = [(cfg.q_size + 2 * cfg.kv_size, h), (h, cfg.q_size), (2 * i, h), (h, i)]
     torch.manual_seed(0)
     ws = [torch.randn(n, k) * 0.05 for n, k in shapes]
-    layers: dict[str, list[Any]] = {"bf16": []}
+    from radixserve.model import cpu_gemv
+
+    layers: dict[str, list[Any]] = {"bf16": [], "bf16 oneDNN": [], "bf16 gemv": []}
     for w in ws:
         lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=torch.bfloat16)
         lin.weight.data.copy_(w)
         layers["bf16"].append(PackedLinear(lin))
+        if cpu_gemv.available():
+            layers["bf16 oneDNN"].append(PackedLinear(lin, gemv_max_rows=0))
+            layers["bf16 gemv"].append(PackedLinear(lin, gemv_max_rows=1 << 30))
     for method, group in (("int8", None), ("int4", 32)):
         for kind in ("kernel", "cached", "per-call"):
             made = [
@@ -205,6 +213,26 @@ def layer_times(model: str, rows: list[int], rounds: int) -> None:
                 else:
                     m.dense_min_rows = 1
             layers[f"{method} {kind}"] = made
+        if method == "int8" and cpu_gemv.available():  # torch's _weight_int8pack_mm
+            made = [
+                make_quantized_linear(
+                    method, quantize_weight(method, w, group, torch.bfloat16), None, torch.bfloat16
+                )
+                for w in ws
+            ]
+            for m in made:
+                m.dense_min_rows, m.gemv = 1 << 30, False
+            layers["int8 torch kernel"] = made
+    if cpu_gemv.available():  # the int4 kernel on its own layout (not wired into Int4Linear)
+        for w in ws:
+            q = quantize_weight("int4", w, 32, torch.bfloat16)
+            packed, sz = cpu_gemv.pack_int4(q.codes), cpu_gemv.int4_scales_zeros(q.scale, q.zero)
+            layers.setdefault("int4 gemv", []).append(
+                functools.partial(
+                    cpu_gemv.int4_linear, packed=packed, scales_zeros=sz, group_size=32
+                )
+            )
+    layers = {name: ls for name, ls in layers.items() if ls}
     print(f"us per layer (4 linears, {shapes}), median of {rounds} interleaved rounds:")
     print("| rows | " + " | ".join(layers) + " |")
     print("| ---: |" + " ---: |" * len(layers))

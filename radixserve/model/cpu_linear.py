@@ -8,9 +8,19 @@ its blocked layout; ``mkldnn::_linear_pointwise`` then multiplies against it dir
 this project, SmolLM2's layers at 16 rows ran 1.5-3x faster in float32 and ~1.5x in
 bfloat16 (``benchmarks/bench_engine.py`` measures the end-to-end effect).
 
+At one to a few rows, though, oneDNN's GEMV streams the weight at ~12 GB/s (bf16) to
+~20 GB/s (fp32) here, below what the machine's memory delivers: up to
+``GEMV_MAX_ROWS`` rows the layer runs :mod:`radixserve.model.cpu_gemv`'s kernel instead,
+which reads the plain weight in place (one pass, every row multiplied with each decoded
+vector; bf16 through AVX-512 bf16 dot products). In-cache, single thread, SmolLM2's four
+layer shapes at 1 row: fp32 187 us (oneDNN 240), bf16 123 us (oneDNN 166); at 4 rows
+they tie and at 16 oneDNN is ~2x faster (its blocked layout reuses loaded activations
+across more rows), hence the crossover.
+
 The packed copy lives beside the original weight (which stays the module's parameter,
 so ``state_dict`` and tied embeddings are untouched); for SmolLM2 in float32 that is
-~0.5 GB more resident memory, the price of the faster path.
+~0.5 GB more resident memory. It is still needed: batches above ``GEMV_MAX_ROWS`` rows
+(decode at concurrency, prefill) run on it.
 """
 
 from __future__ import annotations
@@ -20,28 +30,43 @@ import logging
 import torch
 from torch import nn
 
+from radixserve.model import cpu_gemv
+
 logger = logging.getLogger(__name__)
 
 # oneDNN picks its blocking for this many activation rows; any row count works. Decode
 # batches of a few dozen rows are the hot path on CPU.
 _ROWS_HINT = 16
+# Rows up to which the small-batch kernel (cpu_gemv) beats the packed oneDNN GEMM
+# (SmolLM2 shapes on the 2-core AVX-512 VM: faster at 1-2 rows, even at 4, slower at 16).
+GEMV_MAX_ROWS = 4
 
 
 class PackedLinear(nn.Module):
     """``nn.Linear``'s forward over a oneDNN pre-packed copy of the weight."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, gemv_max_rows: int = GEMV_MAX_ROWS) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), _ROWS_HINT)
+        # Rows up to which cpu_gemv serves the layer (0: never; its kernels read the plain
+        # weight, which must then be contiguous).
+        self.gemv_max_rows = (
+            gemv_max_rows if cpu_gemv.available() and linear.weight.is_contiguous() else 0
+        )
+        # Detached views (same storage) for the custom op, made once rather than per call.
+        self._gemv_weight = linear.weight.detach()
+        self._gemv_bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = torch.ops.mkldnn._linear_pointwise(
-            x.reshape(-1, self.in_features), self.packed, self.bias, "none", [], ""
-        )
+        x2 = x.reshape(-1, self.in_features)
+        if x2.shape[0] <= self.gemv_max_rows and x2.dtype == self.weight.dtype:
+            y = cpu_gemv.linear(x2.contiguous(), self._gemv_weight, self._gemv_bias)
+        else:
+            y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
@@ -66,6 +91,11 @@ def pack_linears(model: nn.Module) -> int:
 
     Returns how many were packed (0 when oneDNN cannot serve the model's dtype, in which
     case the model is left as it was).
+
+    The LM head stays on oneDNN at every row count: one path for all rows keeps a token's
+    logits independent of the batch it came in (quantized models' exact reproducibility,
+    tests/model/test_quant_exact.py, relies on it), and at a 16-row decode batch the small-
+    batch kernel over SmolLM2's 113 MB fp32 head measured slower than oneDNN.
     """
     targets = [
         (name, module)
@@ -76,6 +106,7 @@ def pack_linears(model: nn.Module) -> int:
         return 0
     for name, module in targets:
         parent_name, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), attr, PackedLinear(module))
+        rows = 0 if name == "lm_head" else GEMV_MAX_ROWS
+        setattr(model.get_submodule(parent_name), attr, PackedLinear(module, rows))
     logger.debug("packed %d linear layers for oneDNN", len(targets))
     return len(targets)

@@ -1,8 +1,10 @@
 """The CPU kernels of ``csrc/``: build, load, call.
 
 ``paged_attention.cpp``: the attention of a whole batch over the KV pool's pages (see
-``attention/torch_paged.py``); ``elementwise.cpp``: RoPE in place, SiLU(gate) * up and RMSNorm (with the
-residual add before it), one pass each (the model's layers use them on the CPU, see :func:`enabled`).
+``attention/torch_paged.py``); ``elementwise.cpp``: RoPE in place, SiLU(gate) * up and RMSNorm
+(with the residual add before it), one pass each (the model's layers use them on the CPU, see
+:func:`enabled`); ``gemv.cpp`` and ``gemv_int4.cpp``: the linear layers at decode row counts
+(see ``cpu_gemv.py``).
 
 They are compiled on first use with ``torch.utils.cpp_extension`` (g++ and ninja; the
 build is cached under ``TORCH_EXTENSIONS_DIR``; 15-30 s the first time) for the machine it
@@ -27,7 +29,9 @@ import torch
 log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = [_CSRC / "paged_attention.cpp", _CSRC / "elementwise.cpp"]
+_SOURCES = [
+    _CSRC / name for name in ("paged_attention.cpp", "elementwise.cpp", "gemv.cpp", "gemv_int4.cpp")
+]
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
 

@@ -1,36 +1,37 @@
-"""Quantized linear layers over torch's weight-only kernels (int8, int4) and ``_scaled_mm`` (fp8).
+"""Quantized linear layers: int8 and int4 weight-only kernels on the CPU, ``_scaled_mm`` (fp8).
 
-Why these kernels (measured on the project's 2-core AVX-512 VM, SmolLM2 shapes,
-``benchmarks/bench_quant.py``): ``_weight_int8pack_mm`` and ``_weight_int4pack_mm_for_cpu``
-(the kernels torchao's CPU int8/int4 weight-only layouts dispatch to as well, so torchao
-adds no faster kernel here, only a dependency) read 1 or 0.5 byte per weight and beat the
-oneDNN bf16 GEMM 2-10x at one activation row. They are vectorized for bfloat16 activations
-only (float32 falls back to a scalar loop ~30x slower), so the matmul runs on bf16
-activations with fp32 accumulation whatever the model dtype (``compute_dtype``); norms,
-attention and the residual stream keep the model's dtype.
+Which kernels (measured on the project's 2-core AVX-512 VM, SmolLM2 shapes,
+``benchmarks/bench_quant.py --layer-rows``):
 
-Both kernels are GEMV-shaped: their cost grows linearly with the number of rows, and past a
-few dozen rows (prefill chunks) decoding the weight once into a bf16 matrix and calling the
-BLAS GEMM is faster; ``DEQUANT_MIN_ROWS`` is that crossover. Decode batches (the graphs a
-GPU captures) stay on the packed kernels.
+- int8 on the CPU: :mod:`radixserve.model.cpu_gemv`'s kernel (``gemv_int8``), which decodes
+  each vector of codes to bf16 once per call and multiplies it with every activation row in
+  AVX-512 bf16 dot products (float32 sums, the per-channel scale applied after). torch's
+  ``_weight_int8pack_mm`` (what torchao's CPU int8 layout calls too) decodes the weight to
+  float32 again for every row (~45 us per row per SmolLM2 layer): at 1 row both take ~300 us
+  per layer's four linears, at 16 rows cpu_gemv 1034 us against 2014 (2026-12-01, shared
+  VM, one interleaved run). Elsewhere (CUDA, or where cpu_gemv is not built) torch's kernel.
+- int4 stays on torch's tinygemm kernels (``_weight_int4pack_mm_for_cpu``; CUDA
+  ``_weight_int4pack_mm``). cpu_gemv has an int4 kernel (its own nibble layout, bf16 dot
+  products, exact per product), but on SmolLM2's decode step it measured no faster than
+  tinygemm at 1 row and slower at 4-16 rows, so the layer does not use it yet.
 
-Why a 16-row decode batch is slower in int8 than in bf16 on this CPU: the kernels decode
-each weight to float32 and multiply with float32 FMAs, once per activation row (~45 us per
-row per SmolLM2 layer, no reuse of a decoded weight across rows), where oneDNN's bf16 GEMM
-runs bf16 dot-product instructions (twice the multiply rate) over a weight pre-packed once
-and is nearly flat up to 16 rows. Opt-in ``--quant-dense-cache`` (``cache_dense_weight``)
-keeps the weight decoded to bf16 and pre-packed for oneDNN as well, for batches from
-``CACHED_DENSE_MIN_ROWS`` rows: bf16's speed there, at 2 more bytes per quantized weight
-(more memory than the bf16 model itself; a choice for speed, not for memory).
+Both are GEMV-shaped: their cost grows with the number of rows, and past a few dozen rows
+(prefill chunks) decoding the weight once into a bf16 matrix and calling the BLAS GEMM is
+faster; ``DEQUANT_MIN_ROWS`` is that crossover. Decode batches (the graphs a GPU captures)
+stay on the packed kernels. Opt-in ``--quant-dense-cache`` (``cache_dense_weight``) keeps
+the weight decoded to bf16 and pre-packed for oneDNN as well, for batches from
+``CACHED_DENSE_MIN_ROWS`` rows: oneDNN bf16's speed there, at 2 more bytes per quantized
+weight (more memory than the bf16 model itself; a choice for speed, not for memory).
 
 That dense path multiplies by the weight decoded to bf16, one more rounding of every
-weight (at most 2^-9 relative) than the kernels, which decode in float32 inside.
+weight (at most 2^-9 relative) than the kernels, which apply the scales in float32.
 
 Every layer keeps ``forward_reference``: dequantize-then-matmul in float32 on the same
 bf16 activations for the kernels' row counts (for the dense path's, that path itself): the
 oracle the tests and ``reference=True`` runs compare against. The packed kernels compute
-each row on its own, so with every row count on them (``dense_min_rows``) a model's output
-for a token does not depend on the batch or chunk it came in: tests/model/test_quant_exact.py
+each row on its own (cpu_gemv sums each output in an order that does not depend on the
+row count), so with every row count on them (``dense_min_rows``) a model's output for a
+token does not depend on the batch or chunk it came in: tests/model/test_quant_exact.py
 holds a batched, chunked engine to a whole-sequence reference bit for bit.
 """
 
@@ -43,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.model import cpu_gemv
 from radixserve.model.cpu_linear import onednn_linear_supported
 from radixserve.model.quant.formats import (
     Fp8Weight,
@@ -201,10 +203,18 @@ class Int8Linear(QuantizedLinear):
         super().__init__(k, n, bias, compute_dtype)
         self.register_buffer("qweight", w.qweight.contiguous())
         self.register_buffer("scale", w.scale.to(compute_dtype).contiguous())
+        # On the CPU: cpu_gemv's kernel (the weight decoded once per call for all rows).
+        self.gemv = (
+            w.qweight.device.type == "cpu"
+            and compute_dtype is torch.bfloat16
+            and cpu_gemv.available()
+        )
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self._dense_path(x.shape[0]):
             return self._dense_matmul(x)
+        if self.gemv and x.device.type == "cpu":
+            return cpu_gemv.int8_linear(x.contiguous(), self.qweight, self.scale)
         return torch._weight_int8pack_mm(x, self.qweight, self.scale)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -1,0 +1,252 @@
+// Linear layers at decode row counts (a few to a few dozen activation rows) for the CPU:
+// y[m, n] = sum_k x[m, k] * w[n, k], the weight streamed from memory once per call.
+//
+// At one row a linear is a GEMV bound by the bytes of the weight; the BLAS/oneDNN paths
+// reach ~12-20 GB/s there (bf16 and fp32 on the project's 2-core AVX-512 VM) and torch's
+// int8/int4 weight-only kernels decode the weight again for every row. These kernels read
+// the weight in place (row-major [N, K]; int4 in this file's nibble layout, see below),
+// decode a vector of it into registers once and multiply it with every row of the batch:
+//
+//   fp32  x fp32   FMA, float32 accumulation
+//   bf16  x bf16   vdpbf16ps (pairs of exact bf16 products, float32 accumulation)
+//   int8  x bf16   codes -> bf16 exactly (|q| <= 127), vdpbf16ps, per-channel scale after
+//   int4  x bf16   a nibble q OR-ed into 0x4300 is bf16(128 + q) exactly; per group g
+//                  y += s_g * sum(v x) and, once per output, y += sum_g (z_g - 136 s_g) X_g
+//                  with X_g = sum of the row's x over the group (w = (q - 8) s + z).
+//
+// Every output's sum runs in one fixed order (vectors of k in order, one horizontal
+// reduction at the end) that does not depend on how many rows the call has or where a row
+// sits in it: row i of an M-row call equals the 1-row call on row i bit for bit (the
+// quantized engine's exact-reproducibility tests rely on it).
+//
+// Threads: at::parallel_for over blocks of outputs (torch's pool, no oversubscription).
+// Built only where the compiler targets AVX-512 with bf16 dot products (-march=native);
+// elsewhere ``gemv_supported()`` is false and the Python side keeps torch's kernels.
+
+#include <ATen/Parallel.h>
+#include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "gemv.h"
+
+namespace {
+
+using namespace radixserve_cpu::gemv;
+
+bool gemv_supported() { return RADIXSERVE_GEMV; }
+
+#if RADIXSERVE_GEMV
+
+// --- weight decoders: the k-vector v of output n as a register -----------------------------
+
+// fp32 x fp32: 16 k per vector.
+struct F32 {
+  using W = __m512;
+  using X = __m512;
+  static constexpr int64_t kVec = 16;
+  const float* w;
+  int64_t ldw;
+  W load(int64_t n, int64_t k0) const { return _mm512_loadu_ps(w + n * ldw + k0); }
+  const void* at(int64_t n, int64_t k0) const { return w + n * ldw + k0; }
+  W load_tail(int64_t n, int64_t k0, int64_t len) const {
+    return _mm512_maskz_loadu_ps(tail_mask16(len), w + n * ldw + k0);
+  }
+  static X load_x(const float* x, int64_t k0) { return _mm512_loadu_ps(x + k0); }
+  static X load_x_tail(const float* x, int64_t k0, int64_t len) {
+    return _mm512_maskz_loadu_ps(tail_mask16(len), x + k0);
+  }
+  static __m512 dot(__m512 acc, W w, X x) { return _mm512_fmadd_ps(w, x, acc); }
+  float finish(int64_t, float sum) const { return sum; }
+};
+
+// bf16 x bf16: 32 k per vector.
+struct BF16 {
+  using W = __m512bh;
+  using X = __m512bh;
+  static constexpr int64_t kVec = 32;
+  const uint16_t* w;
+  int64_t ldw;
+  W load(int64_t n, int64_t k0) const { return (__m512bh)_mm512_loadu_si512(w + n * ldw + k0); }
+  const void* at(int64_t n, int64_t k0) const { return w + n * ldw + k0; }
+  W load_tail(int64_t n, int64_t k0, int64_t len) const {
+    return (__m512bh)_mm512_maskz_loadu_epi16(tail_mask32(len), w + n * ldw + k0);
+  }
+  static X load_x(const uint16_t* x, int64_t k0) { return (__m512bh)_mm512_loadu_si512(x + k0); }
+  static X load_x_tail(const uint16_t* x, int64_t k0, int64_t len) {
+    return (__m512bh)_mm512_maskz_loadu_epi16(tail_mask32(len), x + k0);
+  }
+  static __m512 dot(__m512 acc, W w, X x) { return _mm512_dpbf16_ps(acc, w, x); }
+  float finish(int64_t, float sum) const { return sum; }
+};
+
+// int8 codes (per-output-channel scale) x bf16: 32 k per vector, decoded exactly to bf16.
+struct I8 : BF16 {
+  const int8_t* q;
+  const uint16_t* scale;  // bf16 [N]
+  static W decode(__m256i bytes) {
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1)));
+    return _mm512_cvtne2ps_pbh(hi, lo);  // lanes 0-15 from lo, 16-31 from hi
+  }
+  W load(int64_t n, int64_t k0) const {
+    return decode(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + n * ldw + k0)));
+  }
+  const void* at(int64_t n, int64_t k0) const { return q + n * ldw + k0; }
+  W load_tail(int64_t n, int64_t k0, int64_t len) const {
+    return decode(_mm256_maskz_loadu_epi8(static_cast<__mmask32>(tail_mask32(len)), q + n * ldw + k0));
+  }
+  float finish(int64_t n, float sum) const { return sum * bf16_to_float(scale[n]); }
+};
+
+// One tile: NT outputs from n0 times MT rows from m0, every k; each (n, m) accumulates in
+// its own register in the same order whatever NT and MT are.
+template <int NT, int MT, typename D, typename T>
+inline void tile(const D& d, const T* x, int64_t ldx, int64_t k, int64_t n0, int64_t m0, float* sums,
+                 int64_t ldsum) {
+  __m512 acc[NT][MT];
+#pragma GCC unroll 4
+  for (int i = 0; i < NT; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < MT; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t k0 = 0;
+  for (; k0 + D::kVec <= k; k0 += D::kVec) {
+    typename D::W w[NT];
+#pragma GCC unroll 4
+    for (int i = 0; i < NT; ++i) {
+      // The same place in the next tile's rows: the weight is read once, in order, and the
+      // next tile is in cache when we get there (the hardware prefetcher alone follows the
+      // four short row streams poorly). A prefetch past the end does not fault.
+      if (m0 == 0) _mm_prefetch(static_cast<const char*>(d.at(n0 + i + kNT, k0)), _MM_HINT_T0);
+      w[i] = d.load(n0 + i, k0);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < MT; ++j) {
+      const typename D::X xv = D::load_x(x + (m0 + j) * ldx, k0);
+#pragma GCC unroll 4
+      for (int i = 0; i < NT; ++i) acc[i][j] = D::dot(acc[i][j], w[i], xv);
+    }
+  }
+  if (k0 < k) {
+    const int64_t len = k - k0;
+    typename D::W w[NT];
+#pragma GCC unroll 4
+    for (int i = 0; i < NT; ++i) w[i] = d.load_tail(n0 + i, k0, len);
+#pragma GCC unroll 4
+    for (int j = 0; j < MT; ++j) {
+      const typename D::X xv = D::load_x_tail(x + (m0 + j) * ldx, k0, len);
+#pragma GCC unroll 4
+      for (int i = 0; i < NT; ++i) acc[i][j] = D::dot(acc[i][j], w[i], xv);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < NT; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < MT; ++j) sums[(m0 + j) * ldsum + i] = d.finish(n0 + i, _mm512_reduce_add_ps(acc[i][j]));
+}
+
+// Run tiles over all outputs and rows; ``store(m, n0, nt, sums)`` writes nt results of row m.
+template <typename D, typename T, typename Store>
+void run_tiles(const D& d, const T* x, int64_t m, int64_t n, int64_t k, double bytes_per_weight,
+               Store&& store) {
+  const int64_t tiles = (n + kNT - 1) / kNT;
+  at::parallel_for(0, tiles, grain_for(k, bytes_per_weight), [&](int64_t begin, int64_t end) {
+    std::vector<float> sums(static_cast<size_t>(m) * kNT);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * kNT;
+      const int nt = static_cast<int>(std::min<int64_t>(kNT, n - n0));
+      for (int64_t m0 = 0; m0 < m; m0 += kMT) {
+        const int mt = static_cast<int>(std::min<int64_t>(kMT, m - m0));
+        dispatch<kMT>(nt, mt, [&](auto NT, auto MT) {
+          tile<decltype(NT)::value, decltype(MT)::value>(d, x, k, k, n0, m0, sums.data(), kNT);
+        });
+      }
+      for (int64_t r = 0; r < m; ++r) store(r, n0, nt, sums.data() + r * kNT);
+    }
+  });
+}
+
+#endif  // RADIXSERVE_GEMV
+
+void check_x(const at::Tensor& x, at::ScalarType dtype, int64_t k) {
+  TORCH_CHECK(gemv_supported(), "radixserve_cpu gemv kernels were not built for this CPU (need AVX-512 bf16)");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && x.scalar_type() == dtype &&
+                  x.size(1) == k,
+              "x must be a contiguous [M, ", k, "] ", dtype, " CPU tensor");
+}
+
+// y = x @ w.T (+ bias) for float32 or bfloat16 x and w [N, K] of the same dtype (row-major,
+// read in place); y in x's dtype, each output summed in float32 and rounded once.
+at::Tensor gemv_dense(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.device().is_cpu(), "w must be a contiguous [N, K] CPU tensor");
+  const int64_t n = w.size(0), k = w.size(1), m = x.size(0);
+  check_x(x, w.scalar_type(), k);
+  TORCH_CHECK(w.scalar_type() == at::kFloat || w.scalar_type() == at::kBFloat16, "w must be float32 or bfloat16");
+  const bool has_bias = bias.has_value() && bias->defined();
+  at::Tensor b;
+  if (has_bias) {
+    b = bias->to(at::kFloat).contiguous();
+    TORCH_CHECK(b.numel() == n, "bias must have N elements");
+  }
+  at::Tensor y = at::empty({m, n}, x.options());
+#if RADIXSERVE_GEMV
+  const float* bp = has_bias ? b.data_ptr<float>() : nullptr;
+  if (w.scalar_type() == at::kFloat) {
+    float* yp = y.data_ptr<float>();
+    run_tiles(F32{w.data_ptr<float>(), k}, x.data_ptr<float>(), m, n, k, 4.0,
+              [&](int64_t r, int64_t n0, int nt, const float* s) {
+                for (int i = 0; i < nt; ++i) yp[r * n + n0 + i] = bp ? s[i] + bp[n0 + i] : s[i];
+              });
+  } else {
+    uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+    run_tiles(BF16{reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), k},
+              reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, n, k, 2.0,
+              [&](int64_t r, int64_t n0, int nt, const float* s) {
+                for (int i = 0; i < nt; ++i) yp[r * n + n0 + i] = float_to_bf16(bp ? s[i] + bp[n0 + i] : s[i]);
+              });
+  }
+#endif
+  return y;
+}
+
+// y = (x @ q.T) * scale for bfloat16 x [M, K], int8 codes q [N, K], bf16 scale [N]: bf16 y.
+at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale) {
+  TORCH_CHECK(q.dim() == 2 && q.is_contiguous() && q.scalar_type() == at::kChar, "q must be contiguous int8 [N, K]");
+  const int64_t n = q.size(0), k = q.size(1), m = x.size(0);
+  check_x(x, at::kBFloat16, k);
+  TORCH_CHECK(scale.is_contiguous() && scale.scalar_type() == at::kBFloat16 && scale.numel() == n,
+              "scale must be contiguous bfloat16 [N]");
+  at::Tensor y = at::empty({m, n}, x.options());
+#if RADIXSERVE_GEMV
+  I8 d;
+  d.ldw = k;
+  d.q = q.data_ptr<int8_t>();
+  d.scale = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
+  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+  run_tiles(d, reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, n, k, 1.0,
+            [&](int64_t r, int64_t n0, int nt, const float* s) {
+              for (int i = 0; i < nt; ++i) yp[r * n + n0 + i] = float_to_bf16(s[i]);
+            });
+#endif
+  return y;
+}
+
+}  // namespace
+
+// int4 lives in gemv_int4.cpp; it shares this file's conventions.
+at::Tensor radixserve_gemv_int4(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros,
+                                int64_t group_size);
+
+TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
+  m.def("gemv_supported() -> bool", &gemv_supported);
+  m.def("gemv_dense(Tensor x, Tensor w, Tensor? bias) -> Tensor");
+  m.impl("gemv_dense", c10::DispatchKey::CPU, &gemv_dense);
+  m.def("gemv_int8(Tensor x, Tensor q, Tensor scale) -> Tensor");
+  m.impl("gemv_int8", c10::DispatchKey::CPU, &gemv_int8);
+  m.def("gemv_int4(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
+  m.impl("gemv_int4", c10::DispatchKey::CPU, &radixserve_gemv_int4);
+}

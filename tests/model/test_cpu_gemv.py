@@ -1,0 +1,153 @@
+"""The small-batch CPU linear kernels (cpu_gemv): each against F.linear / dequantize-then-matmul,
+odd shapes, 1 to 40 rows, rows independent of the batch bit for bit, and the fallback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixserve.model import cpu_gemv
+from radixserve.model.cpu_linear import PackedLinear, onednn_linear_supported
+from radixserve.model.quant.formats import dequantize_int4, quantize_int4, quantize_int8
+from radixserve.model.quant.linear import Int8Linear
+
+pytestmark = pytest.mark.skipif(
+    not cpu_gemv.available(), reason="gemv kernels need AVX-512 bf16 and a compiler"
+)
+
+ROWS = (1, 2, 3, 4, 5, 9, 16, 17, 40)
+# (out_features N, in_features K): N not a multiple of the 4-output tile, K not a multiple
+# of the 16/32-input vector (dense, int8) or of 64 (int4 chunks), and SmolLM2's gate_up.
+DENSE_SHAPES = ((37, 96), (130, 75), (3072, 576))
+INT4_CASES = (
+    ((48, 96), 32),
+    ((132, 160), 32),
+    ((64, 192), 64),
+    ((36, 384), 128),
+    ((3072, 576), 32),
+)
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
+
+
+def _assert_rows_independent(fn, x: torch.Tensor) -> None:  # type: ignore[no-untyped-def]
+    """Row i of the whole call equals the 1-row call on row i, bit for bit."""
+    whole = fn(x)
+    for i in range(x.shape[0]):
+        assert torch.equal(fn(x[i : i + 1].contiguous()), whole[i : i + 1]), i
+
+
+@pytest.mark.parametrize("shape", DENSE_SHAPES)
+def test_dense_fp32_and_bf16(shape: tuple[int, int]) -> None:
+    torch.manual_seed(0)
+    n, k = shape
+    w, b = torch.randn(n, k) * 0.05, torch.randn(n)
+    for m in ROWS:
+        x = torch.randn(m, k)
+        # float32: the same sum in another order, ~1e-6 relative.
+        assert (
+            _rel_err(cpu_gemv.linear(x, w, b), F.linear(x.double(), w.double(), b.double())) < 1e-5
+        )
+        xb, wb = x.bfloat16(), w.bfloat16()
+        # bfloat16: exact products, float32 sums, one rounding to bf16 (2^-8 relative).
+        got = cpu_gemv.linear(xb, wb)
+        assert got.dtype == torch.bfloat16
+        assert _rel_err(got, F.linear(xb.double(), wb.double())) < 2**-8
+    x = torch.randn(17, k)
+    _assert_rows_independent(lambda t: cpu_gemv.linear(t, w, b), x)
+    _assert_rows_independent(lambda t: cpu_gemv.linear(t, w.bfloat16()), x.bfloat16())
+
+
+@pytest.mark.parametrize("shape", DENSE_SHAPES)
+def test_int8(shape: tuple[int, int]) -> None:
+    torch.manual_seed(1)
+    n, k = shape
+    q = quantize_int8(torch.randn(n, k) * 0.05, torch.bfloat16)
+    for m in ROWS:
+        x = torch.randn(m, k, dtype=torch.bfloat16)
+        want = F.linear(x.double(), q.qweight.double()) * q.scale.double()
+        assert _rel_err(cpu_gemv.int8_linear(x, q.qweight, q.scale), want) < 2**-8
+    _assert_rows_independent(
+        lambda t: cpu_gemv.int8_linear(t, q.qweight, q.scale),
+        torch.randn(17, k, dtype=torch.bfloat16),
+    )
+
+
+@pytest.mark.parametrize("shape,group", INT4_CASES)
+def test_int4(shape: tuple[int, int], group: int) -> None:
+    n, k = shape
+    torch.manual_seed(2)
+    q = quantize_int4(torch.randn(n, k) * 0.05, group, torch.bfloat16)
+    packed = cpu_gemv.pack_int4(q.codes)
+    assert packed.shape == (n, k // 2) and torch.equal(cpu_gemv.unpack_int4(packed), q.codes)
+    sz = cpu_gemv.int4_scales_zeros(q.scale, q.zero)
+    w = dequantize_int4(q, torch.float64)
+    for m in ROWS:
+        x = torch.randn(m, k, dtype=torch.bfloat16)
+        got = cpu_gemv.int4_linear(x, packed, sz, group)
+        # bf16 output rounding (2^-9) plus float32 cancellation of the 128-offset (< 2^-10).
+        assert _rel_err(got, F.linear(x.double(), w)) < 2**-8
+    _assert_rows_independent(
+        lambda t: cpu_gemv.int4_linear(t, packed, sz, group),
+        torch.randn(17, k, dtype=torch.bfloat16),
+    )
+
+
+def test_layers_use_the_kernels_and_match_their_references() -> None:
+    """PackedLinear (up to its crossover), Int8Linear and Int4Linear (below their dense rows)."""
+    torch.manual_seed(3)
+    lin = nn.Linear(96, 200)
+    if onednn_linear_supported(torch.float32):
+        packed = PackedLinear(lin)
+        assert packed.gemv_max_rows > 0
+        with torch.inference_mode():
+            for m in (1, packed.gemv_max_rows, packed.gemv_max_rows + 1, 33):
+                x = torch.randn(m, 96)
+                torch.testing.assert_close(packed(x), lin(x), atol=1e-5, rtol=1e-5)
+    w = torch.randn(192, 256) * 0.05
+    int8 = Int8Linear(quantize_int8(w, torch.bfloat16), None)
+    for layer in (int8,):
+        assert layer.gemv
+        with torch.inference_mode():
+            for m in (1, 7, layer.dense_min_rows - 1):
+                x = torch.randn(m, 256)
+                got, ref = layer(x), layer.forward_reference(x)
+                assert _rel_err(got, ref) < 2**-7, (layer.method, m)
+
+
+def test_kernels_off_falls_back_to_torch() -> None:
+    """``RADIXSERVE_CPU_KERNELS=0``: nothing built, every layer on its torch/oneDNN path."""
+    code = (
+        "import torch\n"
+        "from torch import nn\n"
+        "from radixserve.model import cpu_gemv\n"
+        "from radixserve.model.cpu_linear import PackedLinear\n"
+        "from radixserve.model.quant.formats import quantize_int4, quantize_int8\n"
+        "from radixserve.model.quant.linear import Int4Linear, Int8Linear\n"
+        "assert not cpu_gemv.available()\n"
+        "w = torch.randn(64, 128) * 0.05\n"
+        "lin = nn.Linear(128, 64)\n"
+        "layers = [PackedLinear(lin), Int8Linear(quantize_int8(w, torch.bfloat16), None),\n"
+        "          Int4Linear(quantize_int4(w, 32, torch.bfloat16), None)]\n"
+        "assert layers[0].gemv_max_rows == 0 and not layers[1].gemv\n"
+        "x = torch.randn(3, 128)\n"
+        "with torch.inference_mode():\n"
+        "    torch.testing.assert_close(layers[0](x), lin(x), atol=1e-5, rtol=1e-5)\n"
+        "    for layer in layers[1:]:\n"
+        "        ref = layer.forward_reference(x)\n"
+        "        assert ((layer(x) - ref).abs().max() <= 2e-2 * ref.abs().max()).item()\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, RADIXSERVE_CPU_KERNELS="0")
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
