@@ -29,50 +29,35 @@ import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
 
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # `workloads`, after a PYTHONPATH checkout
 
 import workloads as wl  # noqa: E402
+from timing import time_calls  # noqa: E402
 
 import radixserve  # noqa: E402
 from radixserve.engine.engine import Engine  # noqa: E402
 from radixserve.sampling_params import SamplingParams  # noqa: E402
 
 
-def _timed(obj: Any, name: str, key: str, acc: dict[str, float]) -> None:
-    """Wrap ``obj.name`` so that its wall time accumulates in ``acc[key]``."""
-    fn: Callable[..., Any] = getattr(obj, name)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            acc[key] += time.perf_counter() - t
-
-    setattr(obj, name, wrapper)
-
-
 def _instrument(engine: Engine, acc: dict[str, float]) -> None:
     """Time categories of a forward; what this radixserve version lacks is skipped."""
     from radixserve.model.attention import torch_paged
 
-    _timed(engine.model, "forward", "model", acc)
-    _timed(type(engine.attn), "forward", "attention", acc)
-    _timed(type(engine.attn), "_gather", "attention: page gathers", acc)
+    time_calls(engine.model, "forward", "model", acc)
+    time_calls(type(engine.attn), "forward", "attention", acc)
+    time_calls(type(engine.attn), "_gather", "attention: page gathers", acc)
     if hasattr(torch_paged, "attention_with_lse"):
-        _timed(torch_paged, "attention_with_lse", "attention: attention calls", acc)
+        time_calls(torch_paged, "attention_with_lse", "attention: attention calls", acc)
     try:
         from radixserve.model.cpu_linear import PackedLinear
 
-        _timed(PackedLinear, "forward", "linear layers", acc)
+        time_calls(PackedLinear, "forward", "linear layers", acc)
     except ImportError:
         import torch.nn
 
-        _timed(torch.nn.Linear, "forward", "linear layers", acc)
+        time_calls(torch.nn.Linear, "forward", "linear layers", acc)
 
 
 def main() -> int:

@@ -29,28 +29,18 @@ import collections  # noqa: E402
 import datetime as dt  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # `timing`, after a PYTHONPATH checkout
+from timing import time_calls  # noqa: E402
+
 from radixserve.engine.engine import Engine  # noqa: E402
 from radixserve.sampling_params import SamplingParams  # noqa: E402
-
-
-def _wrap(obj: Any, name: str, key: str, acc: dict[str, float]) -> None:
-    fn: Callable[..., Any] = getattr(obj, name)
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            acc[key] += time.perf_counter() - t
-
-    setattr(obj, name, timed)
 
 
 def instrument(engine: Engine, acc: dict[str, float]) -> None:
@@ -60,18 +50,20 @@ def instrument(engine: Engine, acc: dict[str, float]) -> None:
         return
     engine._bench_acc = acc  # type: ignore[attr-defined]
     r, s = engine.runner, engine.scheduler
-    _wrap(s, "schedule", "schedule", acc)
-    _wrap(s, "advance", "process", acc)  # process() = advance + resolve; overlap calls them apart
-    _wrap(s, "resolve", "process", acc)
-    _wrap(r, "_stage", "prepare", acc)
-    _wrap(r.sampler, "prepare", "prepare", acc)
-    _wrap(r.staging, "upload", "prepare", acc)
-    _wrap(r, "_patch_page_table", "prepare", acc)
-    _wrap(r.model, "forward", "forward", acc)
+    time_calls(s, "schedule", "schedule", acc)
+    time_calls(
+        s, "advance", "process", acc
+    )  # process() = advance + resolve; overlap calls them apart
+    time_calls(s, "resolve", "process", acc)
+    time_calls(r, "_stage", "prepare", acc)
+    time_calls(r.sampler, "prepare", "prepare", acc)
+    time_calls(r.staging, "upload", "prepare", acc)
+    time_calls(r, "_patch_page_table", "prepare", acc)
+    time_calls(r.model, "forward", "forward", acc)
     if r.decode_graphs is not None:
         r.decode_graphs.forward = r.model.forward  # the static path calls the timed forward
-    _wrap(r.sampler, "sample_staged", "sample", acc)
-    _wrap(r.staging, "read", "sample", acc)
+    time_calls(r.sampler, "sample_staged", "sample", acc)
+    time_calls(r.staging, "read", "sample", acc)
 
 
 def weight_floor_ms(engine: Engine) -> tuple[float, float]:

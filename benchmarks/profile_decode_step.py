@@ -23,11 +23,14 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # `timing`, after a PYTHONPATH checkout
+from timing import time_calls  # noqa: E402
 
 from radixserve.engine.engine import Engine  # noqa: E402
 from radixserve.model_store import resolve_model  # noqa: E402
@@ -84,20 +87,10 @@ def _split(engine: Engine, steps: int, dtype: str, batch: int) -> int:
     torch.set_num_threads(1)
     acc = {"forward": 0.0, "linear": 0.0}
 
-    def timed(fn: Callable[..., Any], key: str) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            t = time.thread_time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                acc[key] += time.thread_time() - t
-
-        return wrapper
-
     linears = [m for m in engine.model.modules() if hasattr(m, "in_features")]
     for m in linears:
-        m.forward = timed(m.forward, "linear")
-    engine.runner.model.forward = timed(engine.runner.model.forward, "forward")
+        time_calls(m, "forward", "linear", acc, time.thread_time)
+    time_calls(engine.runner.model, "forward", "forward", acc, time.thread_time)
     t = time.thread_time()
     for _ in range(steps):
         engine.step()
