@@ -45,8 +45,8 @@ class ClientSide:
     """Handles the messages of a router's clients (see the module doc).
 
     ``tokenizers``: the router's tokenizer processes, ``None`` to encode on the loop (also
-    used once the pool reports itself ``broken``). ``started``, the router's start time, is
-    what health replies count uptime from."""
+    used once the pool reports itself ``broken``). ``started`` (when it was built, with the
+    router) is what health replies count uptime from."""
 
     def __init__(
         self,
