@@ -282,7 +282,7 @@ def _worker_arguments(p: argparse.ArgumentParser) -> None:
 )
 def worker(args: argparse.Namespace, engine_factory: Any = None) -> int:
     from radixserve.serving.shutdown import exit_now
-    from radixserve.serving.worker import run_worker
+    from radixserve.serving.worker_process import run_worker
 
     config = engine_config(args)
     if config.get("node_rank", 0) > 0:  # this host only runs ranks; node 0 is the worker

@@ -65,7 +65,7 @@ class LocalServer:
 
     ``engine_config`` are EngineConfig fields for every worker (on the CPU, ``num_threads``
     defaults to an even share of the cores). ``worker_program`` replaces
-    ``python -m radixserve.serving.worker`` (tests use a fake worker).
+    ``python -m radixserve worker`` (tests use a fake worker).
     """
 
     def __init__(

@@ -1,8 +1,8 @@
 """The wire protocol: every message that crosses a radixserve socket.
 
 Torch-free on purpose (clients and the DSL import it). All messages are ``msgspec.Struct``
-types in two tagged unions (tag field ``"type"``), encoded as msgpack, one message per
-ZeroMQ frame:
+types in tagged unions (tag field ``"type"``), encoded as msgpack, one message per ZeroMQ
+frame:
 
 * client <-> router: text-level requests and replies (:data:`ClientMessage`,
   :data:`ServerMessage`). Clients use a DEALER socket; every request carries a
@@ -13,11 +13,16 @@ ZeroMQ frame:
 
 Decoding validates (types, unknown fields, the protocol version, sampling parameter
 values) and never raises: a bad frame becomes an :class:`Error` the caller sends back.
+
+This module is the one to import (``from radixserve.serving import protocol as p``): it
+names every message (:mod:`~radixserve.serving.protocol_client` and
+:mod:`~radixserve.serving.protocol_worker` define them, on the bases of
+:mod:`~radixserve.serving.protocol_base`) and holds the encoder and the validating decoders.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -25,427 +30,117 @@ import msgspec
 from radixserve.engine.outputs import FinishReason, StepOutput, TokenLogprob, Usage
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.limits import invalid_utf8_path
+from radixserve.serving.protocol_base import (
+    PROTOCOL_VERSION,
+    ErrorCode,
+    WorkerLoad,
+)
+from radixserve.serving.protocol_client import (
+    Abort,
+    ChatMessage,
+    ClientMessage,
+    Error,
+    FlushCache,
+    FlushCacheReply,
+    GenerateChunk,
+    GenerateFinal,
+    GenerateRequest,
+    Health,
+    HealthReply,
+    KeepAlive,
+    ModelInfo,
+    ModelInfoRequest,
+    ServerMessage,
+    StatsReply,
+    StatsRequest,
+    Timings,
+    TokenizeReply,
+    TokenizeRequest,
+    WorkerStats,
+)
+from radixserve.serving.protocol_worker import (
+    RouterToWorker,
+    WorkerAbort,
+    WorkerAdd,
+    WorkerFlush,
+    WorkerFlushReply,
+    WorkerGoodbye,
+    WorkerHeartbeat,
+    WorkerHello,
+    WorkerKVEvents,
+    WorkerKVSubscribe,
+    WorkerOutputs,
+    WorkerPing,
+    WorkerRejected,
+    WorkerRejoin,
+    WorkerRequest,
+    WorkerShutdown,
+    WorkerStatsReply,
+    WorkerStatsRequest,
+    WorkerToRouter,
+)
 
-PROTOCOL_VERSION = 1
-MAX_CACHE_SALT_CHARS = 256
-"""Bumped on any incompatible change; a message with another version gets an Error."""
-
-ErrorCode = Literal[
-    "malformed",  # not msgpack / not a map / wrong frame count
-    "unknown_type",  # the "type" tag names no message
-    "version_mismatch",  # the "version" field is not PROTOCOL_VERSION
-    "invalid_message",  # wrong field types, missing or unknown fields
-    "invalid_params",  # values out of range (SamplingParams.validate, token ids, ...)
-    "duplicate_request",  # a request id already in flight on this connection
-    "context_length",  # the prompt does not fit the model's context
-    "request_too_large",  # the frame is larger than the router's request-size limit
-    "no_workers",  # no live worker to run the request
-    "worker_died",  # the worker running the request went away
-    "shutdown",  # the server is stopping
-    "timeout",  # the server gave up waiting (e.g. for workers to answer)
-    "internal",  # a bug; the message says what
+# Every message and the parts it carries is ``protocol.<Name>``, whichever module defines it.
+__all__ = [
+    "FinishReason",
+    "StepOutput",
+    "TokenLogprob",
+    "Usage",
+    "SamplingParams",
+    "PROTOCOL_VERSION",
+    "ErrorCode",
+    "WorkerLoad",
+    "ChatMessage",
+    "Timings",
+    "GenerateRequest",
+    "Abort",
+    "Health",
+    "ModelInfoRequest",
+    "FlushCache",
+    "StatsRequest",
+    "TokenizeRequest",
+    "ClientMessage",
+    "GenerateChunk",
+    "GenerateFinal",
+    "Error",
+    "HealthReply",
+    "ModelInfo",
+    "TokenizeReply",
+    "FlushCacheReply",
+    "WorkerStats",
+    "StatsReply",
+    "KeepAlive",
+    "ServerMessage",
+    "WorkerRequest",
+    "WorkerAdd",
+    "WorkerAbort",
+    "WorkerPing",
+    "WorkerStatsRequest",
+    "WorkerFlush",
+    "WorkerShutdown",
+    "WorkerRejoin",
+    "WorkerKVSubscribe",
+    "RouterToWorker",
+    "WorkerHello",
+    "WorkerOutputs",
+    "WorkerHeartbeat",
+    "WorkerStatsReply",
+    "WorkerFlushReply",
+    "WorkerRejected",
+    "WorkerGoodbye",
+    "WorkerKVEvents",
+    "WorkerToRouter",
+    "MAX_CACHE_SALT_CHARS",
+    "decode_client",
+    "decode_from_worker",
+    "decode_server",
+    "decode_to_worker",
+    "encode",
+    "request_id_of",
+    "validate_generate",
 ]
 
-
-class _Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, kw_only=True):
-    """Base of every tagged message. ``version`` is always encoded (no omit_defaults)."""
-
-    version: int = PROTOCOL_VERSION
-
-
-class _Part(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Base of nested (untagged) structs."""
-
-
-# --------------------------------------------------------------------------- shared parts
-
-
-class ChatMessage(_Part):
-    """One chat turn, rendered by the model's chat template in the router."""
-
-    role: str
-    content: str
-
-
-class Timings(_Part):
-    """Seconds measured at the router: queueing until dispatch, first token, whole request."""
-
-    queue_s: float = 0.0
-    ttft_s: float = 0.0
-    total_s: float = 0.0
-
-
-class WorkerLoad(_Part):
-    """A worker's load, piggybacked on its outputs and heartbeats."""
-
-    running: int = 0
-    waiting: int = 0
-    num_pages: int = 0
-    free_pages: int = 0
-    evictable_pages: int = 0
-    in_use_pages: int = 0
-
-
-# --------------------------------------------------------------------------- client -> router
-
-
-class GenerateRequest(_Msg, tag="generate"):
-    """Generate a completion for exactly one of ``text``, ``input_ids`` or ``messages``.
-
-    ``messages`` are rendered with the model's chat template (``add_generation_prompt``).
-    Logprob options live in ``params`` (``logprobs``: top-k, ``prompt_logprobs_start``).
-    ``session_id`` keeps a program's calls on one worker (its cache); ``namespace``
-    isolates radix-cache sharing, and so does ``cache_salt`` (vLLM's name: a tenant's
-    secret; the router hashes it into the namespace, workers never see it).
-    With ``stream`` the router sends :class:`GenerateChunk`
-    messages before the :class:`GenerateFinal`; without it only the final.
-    """
-
-    request_id: str
-    text: str | None = None
-    input_ids: list[int] | None = None
-    messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True
-    params: SamplingParams = msgspec.field(default_factory=SamplingParams)
-    stream: bool = False
-    session_id: str | None = None
-    namespace: str | None = None
-    cache_salt: str | None = None
-
-
-class Abort(_Msg, tag="abort"):
-    """Abort an in-flight request of this connection (its KV is freed in the worker)."""
-
-    request_id: str
-
-
-class Health(_Msg, tag="health"):
-    """Liveness probe; answered by :class:`HealthReply`."""
-
-    request_id: str
-
-
-class ModelInfoRequest(_Msg, tag="model_info"):
-    """Ask for :class:`ModelInfo`."""
-
-    request_id: str
-
-
-class FlushCache(_Msg, tag="flush_cache"):
-    """Drop every worker's unreferenced radix-cache pages; answered by :class:`FlushCacheReply`."""
-
-    request_id: str
-
-
-class StatsRequest(_Msg, tag="stats"):
-    """Ask for :class:`StatsReply`."""
-
-    request_id: str
-
-
-class TokenizeRequest(_Msg, tag="tokenize"):
-    """Token ids of each text, encoded exactly as a ``text`` prompt of :class:`GenerateRequest`
-    is; answered by :class:`TokenizeReply`. (The DSL's ``select`` needs the ids to find where
-    each choice's tokens begin after the prompt's.)"""
-
-    request_id: str
-    texts: list[str]
-
-
-ClientMessage = (
-    GenerateRequest
-    | Abort
-    | Health
-    | ModelInfoRequest
-    | FlushCache
-    | StatsRequest
-    | TokenizeRequest
-)
-
-
-# --------------------------------------------------------------------------- router -> client
-
-
-class GenerateChunk(_Msg, tag="chunk"):
-    """An increment of a streamed request; ``index`` counts chunks from 0 (order check)."""
-
-    request_id: str
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[TokenLogprob] | None = None
-    prompt_tokens: int | None = None  # on the first chunk (index 0): the prompt's length in tokens
-
-
-class GenerateFinal(_Msg, tag="final"):
-    """The last message of a request: full text and tokens, why it ended, usage, timings.
-
-    ``prompt_logprobs`` holds one entry per prompt position from ``prompt_logprobs_start``
-    (``None`` where undefined, i.e. position 0).
-    """
-
-    request_id: str
-    finish_reason: FinishReason
-    text: str
-    token_ids: list[int]
-    usage: Usage
-    timings: Timings
-    logprobs: list[TokenLogprob] | None = None
-    prompt_logprobs: list[float | None] | None = None
-    worker_id: int = -1
-
-
-class Error(_Msg, tag="error"):
-    """A request failed or a frame was bad; ``request_id`` is set when it was known."""
-
-    code: ErrorCode
-    message: str
-    request_id: str | None = None
-
-
-class HealthReply(_Msg, tag="health_reply"):
-    """``ok`` when at least one worker is alive."""
-
-    request_id: str
-    ok: bool
-    workers_alive: int
-    uptime_s: float
-
-
-class ModelInfo(_Msg, tag="model_info_reply"):
-    """What a client needs to know about the served model."""
-
-    request_id: str
-    model: str
-    context_length: int
-    vocab_size: int
-    eos_token_ids: list[int]
-    bos_token_id: int | None = None
-    chat_template: str | None = None
-    page_size: int = 1
-    num_workers: int = 0
-    model_path: str = ""  # the directory the model was loaded from ("" when unknown)
-    # The tokenizer's special tokens by name (bos_token, eos_token, ...): chat templates use
-    # them, and a client rendering roles itself needs the same values as the router.
-    special_tokens: dict[str, str] = {}
-
-
-class TokenizeReply(_Msg, tag="tokenize_reply"):
-    """The token ids of each text of a :class:`TokenizeRequest`, in order."""
-
-    request_id: str
-    input_ids: list[list[int]]
-
-
-class FlushCacheReply(_Msg, tag="flush_cache_reply"):
-    """``ok`` when every live worker flushed (a worker with running requests refuses)."""
-
-    request_id: str
-    ok: bool
-
-
-class WorkerStats(_Part):
-    """One worker as the router sees it, plus the engine's own stats (``engine``)."""
-
-    worker_id: int
-    alive: bool  # False as soon as it is found gone (its death is settled within EXIT_GRACE_S)
-    pid: int | None
-    inflight: int
-    requests: int
-    prompt_tokens: int
-    cached_tokens: int
-    hit_rate: float
-    load: WorkerLoad
-    engine: dict[str, Any] = {}
-    death: str | None = None  # why the router declared it dead
-    prefill_tokens: int = 0  # prompt tokens sent and not yet prefilled (the router's estimate)
-
-
-class StatsReply(_Msg, tag="stats_reply"):
-    """Router counters and one :class:`WorkerStats` per worker ever registered."""
-
-    request_id: str
-    routing: str
-    requests: int
-    active: int
-    aborted: int
-    errors: int
-    clients: int
-    workers: list[WorkerStats]
-
-
-class KeepAlive(_Msg, tag="keepalive"):
-    """Probe the router sends to clients with requests in flight; clients ignore it.
-
-    The ROUTER socket is ``ROUTER_MANDATORY``: sending to a client that went away fails,
-    which is how the router learns to abort its requests.
-    """
-
-
-ServerMessage = (
-    GenerateChunk
-    | GenerateFinal
-    | Error
-    | HealthReply
-    | ModelInfo
-    | FlushCacheReply
-    | StatsReply
-    | KeepAlive
-    | TokenizeReply
-)
-
-
-# --------------------------------------------------------------------------- router <-> worker
-
-
-class WorkerRequest(_Part):
-    """One request for a worker: tokens and parameters, never text. ``rid`` is router-global."""
-
-    rid: str
-    input_ids: list[int]
-    params: SamplingParams
-    namespace: str | None = None
-
-
-class WorkerAdd(_Msg, tag="w_add"):
-    """Router -> worker: start these requests."""
-
-    requests: list[WorkerRequest]
-
-
-class WorkerAbort(_Msg, tag="w_abort"):
-    """Router -> worker: abort these requests (free their KV)."""
-
-    rids: list[str]
-
-
-class WorkerPing(_Msg, tag="w_ping"):
-    """Router -> worker: liveness probe; the worker answers with a heartbeat."""
-
-
-class WorkerStatsRequest(_Msg, tag="w_stats"):
-    """Router -> worker: send :class:`WorkerStatsReply` with this ``token``."""
-
-    token: int
-
-
-class WorkerFlush(_Msg, tag="w_flush"):
-    """Router -> worker: flush the radix cache; answer :class:`WorkerFlushReply`."""
-
-    token: int
-
-
-class WorkerShutdown(_Msg, tag="w_shutdown"):
-    """Router -> worker: abort everything, say goodbye and exit."""
-
-
-class WorkerRejoin(_Msg, tag="w_rejoin"):
-    """Router -> worker: you were declared dead (silent past the heartbeat timeout, e.g.
-    during a very long step) and your requests failed; abort everything and say hello again."""
-
-
-class WorkerKVSubscribe(_Msg, tag="w_kv_subscribe"):
-    """Router -> worker: send your KV events over this connection from now on, starting with
-    a snapshot of what your cache holds (:class:`WorkerKVEvents`); sent again after a gap."""
-
-
-RouterToWorker = (
-    WorkerKVSubscribe
-    | WorkerAdd
-    | WorkerAbort
-    | WorkerPing
-    | WorkerStatsRequest
-    | WorkerFlush
-    | WorkerShutdown
-    | WorkerRejoin
-)
-
-
-class WorkerHello(_Msg, tag="w_hello"):
-    """Worker -> router, first message: who it is and what model it serves."""
-
-    worker_id: int
-    pid: int
-    model: str
-    context_length: int
-    vocab_size: int
-    eos_token_ids: list[int]
-    bos_token_id: int | None = None
-    page_size: int = 1
-    load: WorkerLoad = msgspec.field(default_factory=WorkerLoad)
-    model_path: str = ""  # where the weights and tokenizer were loaded from
-
-
-class WorkerOutputs(_Msg, tag="w_outputs"):
-    """Worker -> router: the outputs of one step, with the load after it."""
-
-    outputs: list[StepOutput]  # the engine's step outputs, as they are
-    load: WorkerLoad
-
-
-class WorkerHeartbeat(_Msg, tag="w_heartbeat"):
-    """Worker -> router: alive, with its load."""
-
-    load: WorkerLoad
-
-
-class WorkerStatsReply(_Msg, tag="w_stats_reply"):
-    """Worker -> router: the engine's stats as a plain map."""
-
-    token: int
-    load: WorkerLoad
-    engine: dict[str, Any]
-
-
-class WorkerFlushReply(_Msg, tag="w_flush_reply"):
-    """Worker -> router: whether the flush happened."""
-
-    token: int
-    ok: bool
-
-
-class WorkerRejected(_Msg, tag="w_rejected"):
-    """Worker -> router: the engine refused a request (its ``add_request`` raised)."""
-
-    rid: str
-    message: str
-
-
-class WorkerGoodbye(_Msg, tag="w_goodbye"):
-    """Worker -> router: exiting; everything it ran is gone."""
-
-    reason: str = ""
-
-
-class WorkerKVEvents(_Msg, tag="w_kv_events"):
-    """Worker -> router: one batch of its KV events (after :class:`WorkerKVSubscribe`).
-
-    ``batch`` is the vLLM-format msgpack ``KVEventBatch`` the worker's XPUB publishes, and
-    ``seq`` its number on this connection, from 0 at each snapshot. A snapshot (``snapshot``)
-    begins with ``AllBlocksCleared`` and stores what the cache holds (L1 blocks, L2 blocks),
-    and says how to hash a prompt the worker's way: the page-key ``hash_identity`` (model and
-    KV layout, :class:`~radixserve.memory.page_hash.PrefixHasher`), ``page_size``, and the
-    event ``medium`` of L1."""
-
-    seq: int
-    batch: bytes
-    snapshot: bool = False
-    hash_identity: str = ""
-    page_size: int = 0
-    medium: str = ""
-
-
-WorkerToRouter = (
-    WorkerKVEvents
-    | WorkerHello
-    | WorkerOutputs
-    | WorkerHeartbeat
-    | WorkerStatsReply
-    | WorkerFlushReply
-    | WorkerRejected
-    | WorkerGoodbye
-)
-
+MAX_CACHE_SALT_CHARS = 256
 
 # --------------------------------------------------------------------------- encode / decode
 

@@ -18,16 +18,18 @@ worker is unreachable. Clients with requests in flight get a :class:`KeepAlive` 
 second so a silent client's departure is noticed too; workers are pinged and must answer
 within ``worker_timeout_s``; local worker processes are also watched with ``poll()``.
 
-The router runs the sockets, the loop and the timers, decodes every message, checks the
-request limits (:mod:`~radixserve.serving.limits`) before anything else, and has a
-:class:`GenerateRequest`'s prompt encoded by the tokenizer processes
-(:class:`~radixserve.serving.tokenizer_pool.TokenizerPool`), off its own loop; the token
-ids are checked against the workers' context. Local worker processes are watched by a
-:class:`~radixserve.serving.supervisor.Supervisor` (reaped at once, restarted). What
-happens to a request after that, its dispatch, its outputs and every way it ends, is
-:class:`~radixserve.serving.inflight.InFlight`'s; the workers' side is
-:class:`~radixserve.serving.workers.WorkerPool`'s; stats and cache flushes that ask every
-worker are :class:`~radixserve.serving.control.ControlOps`'.
+The router runs the sockets, the loop and the timers, and wires the parts that answer one
+question each: what becomes of a client's message, from its limits to its dispatch
+(:class:`~radixserve.serving.client_side.ClientSide`, with prompts encoded off the loop by
+the :class:`~radixserve.serving.tokenizer_pool.TokenizerPool`), and of a worker's
+(:class:`~radixserve.serving.worker_side.WorkerSide`, KV events included); where a request
+is after that, its outputs and every way it ends
+(:class:`~radixserve.serving.inflight.InFlight`); which worker runs it
+(:class:`~radixserve.serving.dispatch.Dispatcher`); the workers' registry and liveness
+(:class:`~radixserve.serving.workers.WorkerPool`); stats and cache flushes that ask every
+worker (:class:`~radixserve.serving.control.ControlOps`). Local worker processes are
+watched by a :class:`~radixserve.serving.supervisor.Supervisor` (reaped at once, restarted).
+Its settings are a :class:`~radixserve.serving.router_config.RouterConfig`.
 
 Stopping: :meth:`Router.stop` (safe from a signal handler or another thread) wakes the
 poll at once through a socket pair. :meth:`Router.shutdown` then fails what is in flight,
@@ -42,72 +44,25 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import zmq
 
 from radixserve.serving import protocol as p
-from radixserve.serving.client_common import DEFAULT_ENDPOINT
+from radixserve.serving.client_side import ClientSide
 from radixserve.serving.control import ControlOps
-from radixserve.serving.dispatch import BalanceLoad, Dispatcher, PrefixSource, RoutingPolicy
-from radixserve.serving.inflight import InFlight, context_error
-from radixserve.serving.kv_index import decode_batch
-from radixserve.serving.limits import RequestLimits, prompt_chars
-from radixserve.serving.prompts import PromptCodec, PromptError, encode_text
-from radixserve.serving.requests import RouterRequest
-from radixserve.serving.security import RouterKeys, RouterSecurity, cache_namespace, peer_of
+from radixserve.serving.dispatch import Dispatcher
+from radixserve.serving.inflight import InFlight
+from radixserve.serving.prompts import PromptCodec
+from radixserve.serving.router_config import RouterConfig
+from radixserve.serving.security import RouterSecurity
 from radixserve.serving.supervisor import Supervisor, describe_exit
 from radixserve.serving.tokenizer_pool import TokenizerPool
+from radixserve.serving.worker_side import WorkerSide
 from radixserve.serving.workers import WorkerHandle, WorkerPool
 
 log = logging.getLogger("radixserve.serving.router")
-
-
-def error_code(message: str) -> p.ErrorCode:
-    """The error code of an encoding failure: ``internal`` for the tokenizer's own (its message
-    says so), else the prompt was invalid (bad chat roles, no template)."""
-    return (
-        "internal"
-        if message.startswith("internal")
-        else "shutdown"
-        if message.startswith("shutdown")
-        else "invalid_params"
-    )
-
-
-@dataclass(frozen=True)
-class RouterConfig:
-    """Endpoints, routing policy and liveness timings of a :class:`Router`."""
-
-    endpoint: str = DEFAULT_ENDPOINT  # clients; tcp://HOST:PORT or ipc://PATH
-    worker_endpoint: str = "tcp://127.0.0.1:*"  # workers connect here (``*``: any free port)
-    routing: RoutingPolicy = "cache_aware"
-    heartbeat_interval_s: float = 1.0
-    worker_timeout_s: float = (
-        30.0  # a worker silent this long is dead (a long prefill step blocks it)
-    )
-    client_probe_interval_s: float = 1.0
-    worker_wait_s: float = 300.0  # how long a request may wait for a first worker to join
-    control_timeout_s: float = 10.0  # stats / flush replies from workers
-    cache_threshold: float = 0.5
-    min_match_tokens: int = 8
-    balance_load: BalanceLoad = "work"  # outstanding prompt tokens of work, or "requests"
-    balance_abs_threshold: float | None = None  # in balance_load's unit; None: its default
-    balance_rel_threshold: float = 1.5
-    follow_in_flight: bool = True  # a request follows its prefix to where it is being computed
-    trie_max_tokens: int = 1 << 20
-    # Where cache-aware routing learns what each worker holds: "tries" (what was sent to it)
-    # or "events" (the workers' KV events, sent over their connection; see kv_index.py).
-    prefix_source: PrefixSource = "tries"
-    keys: RouterKeys | None = None  # CURVE on both sockets (serving.security); None: plain sockets
-    insecure: bool = False  # allow plain sockets on addresses other hosts can reach
-    limits: RequestLimits = RequestLimits()  # checked before a request is decoded or tokenized
-    tokenizer_workers: int = 2  # processes that encode prompts off the loop (0: encode on the loop)
-    restart_workers: bool = True  # local workers that exit are started again (see supervisor.py)
-    restart_backoff_s: float = 1.0  # first restart delay; doubles with each exit in a row
-    restart_backoff_max_s: float = 30.0
 
 
 class Router:
@@ -158,10 +113,7 @@ class Router:
         if config.tokenizer_workers > 0:
             try:
                 self.tokenizers = TokenizerPool(tokenizer, config.tokenizer_workers, self._ctx)
-            except (
-                AttributeError,
-                OSError,
-            ) as exc:  # not a transformers tokenizer we can hand over
+            except (AttributeError, OSError) as exc:  # not a transformers tokenizer to hand over
                 log.warning(
                     "no tokenizer processes (%s): prompts are encoded on the router's loop", exc
                 )
@@ -191,7 +143,17 @@ class Router:
         self._control = ControlOps(
             self.pool, self.dispatcher, config.control_timeout_s, self.send_client, self.stats_reply
         )
-        self._started = time.monotonic()
+        self.client_side = ClientSide(
+            config.limits,
+            self.codec,
+            self.tokenizers,
+            self.pool,
+            self.inflight,
+            self._control,
+            send=self.send_client,
+            reply_error=self._reply_error,
+        )
+        self.worker_side = WorkerSide(self.pool, self.dispatcher, self.inflight, self._control)
         self._next_tick = 0.0
         self._stopping = False
         self._errors = 0
@@ -278,11 +240,11 @@ class Router:
         if self.tokenizers is not None and self.tokenizers.socket in events:
             self._drain(self.tokenizers.socket, self.tokenizers.on_frames)
         if self.frontend in events:
-            self._drain(self.frontend, self._on_client_frames)
+            self._drain(self.frontend, self.client_side.on_frames)
         if self.supervisor is not None:
             self._supervise()
         if self.backend not in events or self._drain(
-            self.backend, self._on_worker_frames, copy=False
+            self.backend, self.worker_side.on_frames, copy=False
         ):
             self.pool.settle_gone()  # after reading it all: a gone worker's goodbye comes first
         self.pool.flush_adds()
@@ -389,238 +351,19 @@ class Router:
         self.inflight.sent_to(client)
         return True
 
-    # ------------------------------------------------------------------ clients
-    def _on_client_frames(self, frames: list[bytes]) -> None:
-        client = frames[0]
-        if len(frames) != 2:
-            self._reply_error(
-                client,
-                p.Error(
-                    code="malformed", message=f"expected 1 frame per message, got {len(frames) - 1}"
-                ),
-            )
-            return
-        too_large = self.config.limits.request_bytes_error(len(frames[1]))
-        if too_large is not None:
-            self._reply_error(
-                client,
-                p.Error(
-                    code="request_too_large",
-                    message=too_large,
-                    request_id=p.request_id_of(frames[1]),
-                ),
-            )
-            return
-        msg = p.decode_client(frames[1])
-        if isinstance(msg, p.Error):
-            self._reply_error(client, msg)
-        elif isinstance(msg, p.GenerateRequest):
-            self._on_generate(client, msg)
-        elif isinstance(msg, p.Abort):
-            self.inflight.abort(client, msg.request_id)
-        elif isinstance(msg, p.Health):
-            self.send_client(
-                client,
-                p.HealthReply(
-                    request_id=msg.request_id,
-                    ok=bool(self.live_workers),
-                    workers_alive=len(self.live_workers),
-                    uptime_s=time.monotonic() - self._started,
-                ),
-            )
-        elif isinstance(msg, p.ModelInfoRequest):
-            self._on_model_info(client, msg.request_id)
-        elif isinstance(msg, (p.StatsRequest, p.FlushCache)):
-            self._control.start(client, msg)
-        elif isinstance(msg, p.TokenizeRequest):
-            longest = max((len(t) for t in msg.texts), default=0)
-            too_long = self.config.limits.prompt_chars_error(longest, self.context_length())
-            if too_long is not None:
-                self._reply_error(
-                    client,
-                    p.Error(code="context_length", message=too_long, request_id=msg.request_id),
-                )
-                return
-            self._tokenize(client, msg)
-
     def _reply_error(self, client: bytes, err: p.Error) -> None:
         self._errors += 1
         self.send_client(client, err)
-
-    def _tokenize(self, client: bytes, msg: p.TokenizeRequest) -> None:
-        def reply(ids: list[list[int]] | None, err: str | None) -> None:
-            if err is not None:
-                self._reply_error(
-                    client, p.Error(code=error_code(err), message=err, request_id=msg.request_id)
-                )
-            else:
-                self.send_client(
-                    client, p.TokenizeReply(request_id=msg.request_id, input_ids=ids or [])
-                )
-
-        if self.tokenizers is None or self.tokenizers.broken:
-            reply([encode_text(self.codec.tokenizer, t) for t in msg.texts], None)
-        else:
-            self.tokenizers.submit(reply, texts=msg.texts)
-
-    def _on_generate(self, client: bytes, req: p.GenerateRequest) -> None:
-        def error(code: Any, message: str) -> None:
-            self._reply_error(
-                client, p.Error(code=code, message=message, request_id=req.request_id)
-            )
-
-        if self.inflight.has(client, req.request_id):
-            return error("duplicate_request", f"request id {req.request_id!r} is already in flight")
-        too_long = self.config.limits.prompt_chars_error(prompt_chars(req), self.context_length())
-        if too_long is not None:
-            return error("context_length", too_long)
-        bad = p.validate_generate(req, vocab_size=self.pool.vocab_size())
-        if bad is not None:
-            return self._reply_error(client, bad)
-        st = RouterRequest(
-            self.inflight.new_rid(),
-            client,
-            req.request_id,
-            [],
-            req.params,
-            req.stream,
-            req.session_id,
-            cache_namespace(req.namespace, req.cache_salt),
-            None,
-            time.monotonic(),
-        )
-        # Tracked from now on (an abort, a client leaving or a shutdown finds it), dispatched
-        # once its token ids are known.
-        self.inflight.track(st)
-        if req.input_ids is not None or self.tokenizers is None or self.tokenizers.broken:
-            try:
-                ids, err = self.codec.encode(req), None
-            except PromptError as exc:
-                ids, err = [], str(exc)
-            self._encoded(st, [ids] if err is None else None, err)
-        else:
-            self.tokenizers.submit(
-                lambda ids, err: self._encoded(st, ids, err),
-                text=req.text,
-                messages=req.messages,
-                add_generation_prompt=req.add_generation_prompt,
-            )
-
-    def _encoded(self, st: RouterRequest, ids: list[list[int]] | None, err: str | None) -> None:
-        """The prompt of ``st`` is encoded (or failed to): check its length, dispatch it."""
-        if self.inflight.get(st.rid) is not st:
-            return  # aborted, or its client left, while it was being encoded
-        if err is not None or not ids:
-            return self.inflight.fail(st, error_code(err or ""), err or "no token ids")
-        prompt = ids[0]
-        if not prompt:
-            return self.inflight.fail(st, "invalid_params", "the prompt encodes to zero tokens")
-        too_long = context_error(len(prompt), self.context_length())
-        if too_long:
-            return self.inflight.fail(st, "context_length", too_long)
-        st.prompt_ids = prompt
-        st.detok = self.codec.detokenizer(st.params, prompt)
-        self.inflight.dispatch(st)
 
     def context_length(self) -> int | None:
         """The smallest context among live workers (``None`` before any joined)."""
         return self.pool.context_length()
 
-    def _on_model_info(self, client: bytes, request_id: str) -> None:
-        live = self.live_workers
-        if not live:
-            self._reply_error(
-                client,
-                p.Error(code="no_workers", message="no live worker yet", request_id=request_id),
-            )
-            return
-        h = live[0].hello
-        self.send_client(
-            client,
-            p.ModelInfo(
-                request_id=request_id,
-                model=h.model,
-                context_length=self.context_length() or h.context_length,
-                vocab_size=h.vocab_size,
-                eos_token_ids=h.eos_token_ids,
-                bos_token_id=h.bos_token_id,
-                chat_template=self.codec.chat_template,
-                page_size=h.page_size,
-                num_workers=len(live),
-                special_tokens=self.codec.special_tokens,
-                model_path=h.model_path,
-            ),
-        )
-
     # ------------------------------------------------------------------ workers
-    def _on_worker_frames(self, frames: list[zmq.Frame]) -> None:
-        if len(frames) != 2:
-            log.warning("worker sent %d frames; ignored", len(frames))
-            return
-        identity, data = frames[0].bytes, frames[1].bytes
-        msg = p.decode_from_worker(data)
-        if isinstance(msg, p.Error):
-            log.warning("bad frame from worker %r: %s", identity, msg.message)
-            return
-        if isinstance(msg, p.WorkerHello):
-            self.pool.register(identity, msg, peer_of(frames[1]))
-            return
-        w = self.pool.get(identity)
-        if w is None or not w.alive:
-            if w is not None and not w.rejoin_asked and not isinstance(msg, p.WorkerGoodbye):
-                # Declared dead but still talking (a step outlasted the heartbeat timeout):
-                # its requests have failed; it may serve again once it has dropped them.
-                w.rejoin_asked = True
-                self.pool.send_raw(identity, p.WorkerRejoin())
-            elif isinstance(msg, p.WorkerOutputs):  # a worker we gave up on: stop its work
-                live = [o.request_id for o in msg.outputs if not o.finished]
-                if live:
-                    self.pool.send_raw(identity, p.WorkerAbort(rids=live))
-            return
-        w.last_seen = time.monotonic()
-        if isinstance(msg, p.WorkerOutputs):
-            w.load = msg.load
-            for out in msg.outputs:
-                self.inflight.on_output(w, out)
-        elif isinstance(msg, p.WorkerHeartbeat):
-            w.load = msg.load
-        elif isinstance(msg, p.WorkerKVEvents):
-            self._on_kv_events(w, msg)
-        elif isinstance(msg, (p.WorkerStatsReply, p.WorkerFlushReply)):
-            self._control.on_reply(w, msg)
-        elif isinstance(msg, p.WorkerRejected):
-            self.inflight.on_rejected(w, msg.rid, msg.message)
-        elif isinstance(msg, p.WorkerGoodbye):
-            self.pool.mark_dead(w, f"worker said goodbye ({msg.reason})")
-
     def _on_worker_joined(self, w: WorkerHandle) -> None:
         if self.dispatcher.prefix_source == "events":
             self.pool.send(w, p.WorkerKVSubscribe())  # answered with a snapshot, then batches
         self.inflight.dispatch_waiting()
-
-    def _on_kv_events(self, w: WorkerHandle, msg: p.WorkerKVEvents) -> None:
-        """Fold a worker's KV events into its view; after a gap (or an undecodable batch)
-        the view is dropped and a new snapshot asked for (the tries stand in meanwhile)."""
-        view = self.dispatcher.views.get(w.worker_id)
-        if view is None:
-            return  # not routing on events (or a worker just declared dead)
-        if msg.snapshot:
-            view.reset(msg.hash_identity, msg.page_size, msg.medium)
-        was_synced = view.synced
-        try:
-            ok = view.apply(msg.seq, decode_batch(msg.batch))
-        except msgspec.DecodeError as exc:
-            log.warning("worker %d sent an undecodable KV event batch: %s", w.worker_id, exc)
-            view.desync()
-            ok = False
-        if not ok and was_synced:
-            log.warning(
-                "worker %d: KV event batch %d missing (got %d); asking for a new snapshot",
-                w.worker_id,
-                view.next_seq,
-                msg.seq,
-            )
-            self.pool.send(w, p.WorkerKVSubscribe())
 
     def _on_worker_dead(self, w: WorkerHandle, reason: str) -> None:
         self.inflight.fail_worker_requests(w, reason)

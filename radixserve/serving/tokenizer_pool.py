@@ -301,9 +301,9 @@ def run_tokenizer_process(connect: str, tokenizer_dir: str, parent_pid: int) -> 
     import signal
 
     from radixserve.serving.prompts import PromptCodec, load_tokenizer
-    from radixserve.serving.worker import _die_with_parent
+    from radixserve.serving.shutdown import die_with_parent
 
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # holds no state worth a clean exit
     if os.getppid() != parent_pid:
         return 1

@@ -10,6 +10,10 @@ Run by ``radixserve serve`` (local workers) or by hand on another host::
 
     radixserve worker --connect tcp://ROUTER_HOST:PORT --model PATH
 
+in a process that :func:`~radixserve.serving.worker_process.run_worker` sets up; what the
+worker reports about its engine (hello, load, stats) is read off it by
+:mod:`~radixserve.serving.worker_reports`.
+
 A local worker (``--parent-pid``) exits when its parent dies (``PR_SET_PDEATHSIG`` and a
 ``getppid`` check) or when its connection to the router is gone for ``--router-timeout``
 seconds. The worker judges that itself: ZMTP heartbeats on its socket are answered by the
@@ -27,14 +31,11 @@ transformers' objects one by one is seconds of CPU on a busy machine, and serves
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
-import signal
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -42,91 +43,17 @@ import zmq
 
 from radixserve.serving import protocol as p
 from radixserve.serving.engine_api import ServingEngine
-from radixserve.serving.security import PeerKeys, peer_keys_from_env
+from radixserve.serving.security import PeerKeys
+from radixserve.serving.worker_reports import (
+    debug_invariants,
+    describe_engine,
+    engine_load,
+    worker_stats,
+)
 
 log = logging.getLogger("radixserve.serving.worker")
 
-EngineFactory = Callable[..., ServingEngine]
 IDLE_POLL_MS = 100
-
-
-def describe_engine(engine: ServingEngine, worker_id: int, model_name: str) -> p.WorkerHello:
-    """The hello message: what this worker serves, read off the engine."""
-    cfg = engine.model_config
-    econf = getattr(engine, "config", None)
-    # The engine's own limit (model context, capped by its KV pool) when it has one.
-    ctx = (
-        getattr(engine, "max_total_len", None)
-        or getattr(econf, "max_model_len", None)
-        or cfg.max_position_embeddings
-    )
-    tok = getattr(engine, "tokenizer", None)
-    return p.WorkerHello(
-        worker_id=worker_id,
-        pid=os.getpid(),
-        model=model_name,
-        context_length=int(ctx),
-        vocab_size=int(cfg.vocab_size),
-        eos_token_ids=[int(t) for t in cfg.eos_token_ids],
-        bos_token_id=getattr(tok, "bos_token_id", None),
-        page_size=int(getattr(econf, "page_size", 1)),
-        load=engine_load(engine),
-        model_path=str(getattr(engine, "model_path", "") or ""),
-    )
-
-
-def engine_load(engine: ServingEngine) -> p.WorkerLoad:
-    """The engine's load gauges as the router's :class:`WorkerLoad`."""
-    s = engine.stats()
-    return p.WorkerLoad(
-        running=s.running,
-        waiting=s.waiting,
-        num_pages=s.num_pages,
-        free_pages=s.pages_free,
-        evictable_pages=s.pages_evictable,
-        in_use_pages=s.pages_in_use,
-    )
-
-
-def engine_memory(engine: ServingEngine) -> dict[str, Any] | None:
-    """The device memory snapshot (planner's ``memory_snapshot``) of the engine's device, with
-    its KV pool's bytes, as a plain map; ``None`` for an engine without a pool (test fakes)."""
-    pool, device = getattr(engine, "pool", None), getattr(engine, "device", None)
-    if pool is None or device is None:
-        return None
-    from radixserve.memory.planner import memory_snapshot
-
-    return msgspec.to_builtins(memory_snapshot(device, int(getattr(pool, "nbytes", 0))))
-
-
-def debug_invariants() -> bool:
-    """``RADIXSERVE_DEBUG_INVARIANTS=1``: every stats request also runs the full KV invariant check."""
-    return os.environ.get("RADIXSERVE_DEBUG_INVARIANTS", "0") not in ("", "0")
-
-
-def worker_stats(engine: ServingEngine, check: bool) -> dict[str, Any]:
-    """The engine's stats for a stats request: O(1) gauges and counters (a Prometheus scrape
-    must not stall decodes). ``check`` adds the full invariant check, O(pool) Python work,
-    as ``"invariants"``: ``"ok"``, ``"violated: ..."``, or ``"unchecked"``."""
-    stats = msgspec.to_builtins(engine.stats())
-    stats["memory"] = engine_memory(engine)  # for the HTTP gateway's server info, metrics, log
-    stats["invariants"] = "unchecked"
-    if check:
-        try:
-            engine.check_invariants()
-            stats["invariants"] = "ok"
-        except Exception as exc:  # report, don't die: the stats are how tests see it
-            stats["invariants"] = f"violated: {exc}"
-    return stats
-
-
-def _die_with_parent() -> None:
-    """Linux: have the kernel send SIGTERM when the parent process dies."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the getppid check in the loop still catches it
 
 
 class Interrupted(BaseException):
@@ -262,10 +189,12 @@ class Worker:
         except Interrupted:
             pass  # a signal: the step in progress is abandoned, the process is leaving
         finally:
-            self._close()
+            self.close()
         return code
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Say goodbye, close the socket (and the context, if the worker's own), close the
+        engine. :meth:`run` ends with it; call it only for a worker that never ran."""
         self._closing = True
         self._send(p.WorkerGoodbye(reason=self._goodbye))
         # When the router asked us to go it is closing too: the goodbye may have no one left to
@@ -451,87 +380,3 @@ class Worker:
         elif isinstance(msg, p.WorkerShutdown):
             self._goodbye = "shutdown requested"
             self.stop()
-
-
-def build_engine(model: str, **config: Any) -> ServingEngine:
-    """The real engine (imports torch; only worker processes pay for it)."""
-    from radixserve.engine.engine import Engine
-
-    return Engine(model, **config)
-
-
-def run_worker(
-    connect: str,
-    *,
-    model: str | None = None,
-    worker_id: int = -1,
-    engine_config: dict[str, Any] | None = None,
-    parent_pid: int | None = None,
-    router_timeout_s: float = 30.0,
-    keys: str | None = None,
-    log_level: str = "WARNING",
-    engine_factory: EngineFactory | None = None,
-) -> int:
-    """Run one worker process until it is stopped; returns its exit code.
-
-    ``connect``: the router's worker endpoint. ``model``: a model directory or spec (``None``:
-    the default model). ``engine_config``: :class:`~radixserve.engine.config.EngineConfig`
-    fields. ``parent_pid``: a local worker exits when that process dies. ``router_timeout_s``:
-    how long a local worker waits without a connection to its router. ``keys``: this worker's
-    CURVE key directory. ``engine_factory`` replaces the real engine (tests' fake engine).
-    ``radixserve worker`` (and ``radixserve serve`` for its local workers) calls this.
-    """
-    logging.basicConfig(
-        level=log_level.upper(), format=f"[worker {worker_id}] %(levelname)s %(message)s"
-    )
-    # Local workers of a CURVE router get a key minted for them through the environment.
-    curve = peer_keys_from_env()
-    if keys is not None:
-        from radixserve.serving.security import load_peer_keys
-
-        curve = load_peer_keys(keys)
-    if parent_pid is not None:
-        _die_with_parent()
-        if os.getppid() != parent_pid:
-            return 1  # the parent is already gone
-    worker: Worker | None = None
-
-    def on_signal(*_: object) -> None:
-        if worker is None:
-            raise Interrupted  # still building the engine: abandon that
-        worker.interrupt()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        if engine_factory is None:
-            from radixserve.model_store import resolve_model
-
-            engine = build_engine(str(resolve_model(model)), **(engine_config or {}))
-        else:
-            engine = engine_factory(model, **(engine_config or {}))
-        startup = getattr(engine, "startup_seconds", None)
-        if startup:  # where start-up went, once, on the terminal `radixserve serve` runs in
-            from radixserve.engine.startup import describe_startup
-
-            sizing = getattr(engine, "kv_sizing", None)
-            print(
-                f"radixserve: worker {worker_id} engine ready in {describe_startup(startup)}"
-                + (f"; {sizing}" if sizing else ""),
-                flush=True,
-            )
-        name = Path(str(model)).name if model else "default"
-        worker = Worker(
-            engine,
-            connect,
-            worker_id,
-            model_name=name,
-            parent_pid=parent_pid,
-            router_timeout_s=router_timeout_s,
-            curve=curve,
-        )
-        return worker.run()
-    except Interrupted:  # stopped before run() (which handles its own) took over
-        if worker is not None and not worker.sock.closed:
-            worker._close()
-        return 0

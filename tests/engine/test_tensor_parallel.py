@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
+from two_nodes import node_one
 
 from radixserve.engine.engine import Engine
 from radixserve.engine.ranks import RankFailure
@@ -178,21 +179,7 @@ def test_smollm2_tp2_equals_transformers(smollm2_dir: Path) -> None:
 @pytest.mark.slow
 def test_another_node_with_other_settings_fails_the_start_up(tiny_llama_dir: Path) -> None:
     """Node 1 (its own command line) asks for another page size: rank 0 says so at once."""
-    import subprocess
-    import sys
-
-    from radixserve.model.parallel import listen_socket
-
-    sock = listen_socket("127.0.0.1", 0)
-    addr = f"127.0.0.1:{sock.getsockname()[1]}"
-    sock.close()
-    node1 = subprocess.Popen(
-        [sys.executable, "-m", "radixserve", "worker", "--model", str(tiny_llama_dir)]
-        + ["--tp", "2", "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", addr]
-        + ["--page-size", "8", "--num-threads", "1"],
-        stdin=subprocess.DEVNULL,
-    )
-    try:
+    with node_one(tiny_llama_dir, "--page-size", "8", "--num-threads", "1") as (addr, node1):
         with pytest.raises(RankFailure, match=r"page_size=4 \(rank 0\) vs page_size=8"):
             Engine(
                 tiny_llama_dir,
@@ -204,7 +191,3 @@ def test_another_node_with_other_settings_fails_the_start_up(tiny_llama_dir: Pat
                 num_threads=1,
             )
         assert node1.wait(timeout=60) == 1
-    finally:
-        if node1.poll() is None:
-            node1.kill()
-            node1.wait(timeout=10)

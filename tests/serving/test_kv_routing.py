@@ -75,13 +75,13 @@ def test_events_route_to_the_worker_that_still_holds_the_prefix(tiny_llama_dir: 
         assert wid == b and final.usage.cached_tokens >= 36
 
         # Events stop (dropped on their way in): the router keeps serving on what it knew.
-        keep = router._on_kv_events
-        router._on_kv_events = lambda w, msg: None  # type: ignore[method-assign]
+        keep = router.worker_side.on_kv_events
+        router.worker_side.on_kv_events = lambda w, msg: None  # type: ignore[method-assign]
         for i in range(4):  # new prompts on both workers: each sends batches that are lost
             served_by(input_ids=list(range(10 + i, 60 + i)), session_id=session[(a, b)[i % 2]])
         # They resume past a gap: each view resynchronises from a new snapshot.
         gaps = {w: v.gaps for w, v in views.items()}
-        router._on_kv_events = keep  # type: ignore[method-assign]
+        router.worker_side.on_kv_events = keep  # type: ignore[method-assign]
         for i in range(4):  # and after it: each worker's next batch shows the gap
             served_by(input_ids=list(range(300 + i, 340 + i)), session_id=session[(a, b)[i % 2]])
         wait_for(lambda: all(v.synced and v.gaps > gaps[w] for w, v in views.items()), "resyncs")

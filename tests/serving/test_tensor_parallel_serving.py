@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from two_nodes import node_one
 
-from radixserve.model.parallel import listen_socket
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.client import Client
 from radixserve.serving.launcher import LocalServer
@@ -104,17 +102,8 @@ def test_tp2_worker_serves_then_a_killed_rank_takes_it_down(tiny_llama_dir: Path
 
 def test_two_node_launch_serves_a_request(tiny_llama_dir: Path) -> None:
     expected = _expected(tiny_llama_dir)
-    sock = listen_socket("127.0.0.1", 0)
-    addr = f"127.0.0.1:{sock.getsockname()[1]}"
-    sock.close()
-    dist = dict(tensor_parallel_size=2, nnodes=2, dist_init_addr=addr)
-    node1 = subprocess.Popen(
-        [sys.executable, "-m", "radixserve", "worker", "--model", str(tiny_llama_dir)]
-        + ["--tp", "2", "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", addr]
-        + ["--num-threads", "1", "--page-size", "4"],
-        stdin=subprocess.DEVNULL,
-    )
-    try:
+    with node_one(tiny_llama_dir, "--num-threads", "1", "--page-size", "4") as (addr, node1):
+        dist = dict(tensor_parallel_size=2, nnodes=2, dist_init_addr=addr)
         cfg = RouterConfig(**ROUTER)
         engine = {**ENGINE, **dist, "node_rank": 0, "num_threads": 1}
         with LocalServer(tiny_llama_dir, num_workers=1, config=cfg, engine_config=engine) as srv:
@@ -123,7 +112,3 @@ def test_two_node_launch_serves_a_request(tiny_llama_dir: Path) -> None:
                 assert c.generate(PROMPT, params=PARAMS).token_ids == expected
         # The worker's shutdown message ends node 1's rank loop.
         assert node1.wait(timeout=30) == 0
-    finally:
-        if node1.poll() is None:
-            node1.kill()
-            node1.wait(timeout=10)
