@@ -1,4 +1,4 @@
-"""The decoder layers as one native call for CPU forwards of a few rows (``csrc/decoder_layers.cpp``).
+"""The decoder layers of a CPU forward as one native call (``csrc/decoder_layers.cpp``).
 
 A batch-1 decode step makes ~300 small calls (per layer: two norms, four linears, RoPE,
 attention, SiLU * up, residual adds). From Python each cost ~15-40 us of interpreter,
@@ -7,12 +7,12 @@ weights take to stream. :class:`DecoderStack` hands the whole stack to one C++ c
 runs the same kernels in the same order, so its output is bit for bit the Python path's.
 
 It applies where every linear layer would, at the forward's row count, run a kernel the C++
-side calls (:func:`linear_spec`): cpu_gemv's small-batch kernels for plain weights (up to
-``GEMV_MAX_ROWS`` rows), its int8 kernel and torch's int4 kernel below their dense
-crossovers, and not in the quantized layers' reference mode. The row limit is read from
-the modules at every forward, so switching a layer's path (reference mode, dense
-crossover) takes effect at once. Larger batches, tensor parallelism, the GPU and quantized
-KV pages keep the per-layer Python path.
+side calls (:func:`linear_spec`): for plain weights cpu_gemv's small-batch kernel up to
+``GEMV_MAX_ROWS`` rows and the oneDNN-packed GEMM above (any row count); for int8 and int4
+their packed kernels below the dense crossover (``dense_min_rows``), and not in the
+quantized layers' reference mode. That row limit is read from the modules at every forward,
+so switching a layer's path takes effect at once. The rest (tensor parallelism, the GPU,
+quantized KV pages, quantized batches past the crossover) keeps the per-layer Python path.
 """
 
 from __future__ import annotations
@@ -47,11 +47,14 @@ class LinearSpec:
 
 
 def linear_spec(module: nn.Module, act_dtype: torch.dtype) -> LinearSpec | None:
-    """The native description of ``module``'s small-batch path, or None if it has none."""
+    """The native description of ``module``'s CPU path, or None if the stack cannot run it."""
     if isinstance(module, PackedLinear):
-        if module.gemv_max_rows == 0 or module.weight.dtype != act_dtype:
+        if module.weight.dtype != act_dtype:
             return None
-        return LinearSpec(KIND_DENSE, module._gemv_weight, None, module._gemv_bias)
+        # cpu_gemv up to its rows (``group``), the oneDNN-packed copy above them.
+        return LinearSpec(
+            KIND_DENSE, module._gemv_weight, module.packed, module._gemv_bias, module.gemv_max_rows
+        )
     bias = getattr(module, "bias", None)
     bias = bias.detach() if isinstance(bias, torch.Tensor) else None
     if isinstance(module, Int8Linear) and module.gemv:
@@ -71,7 +74,7 @@ def native_max_rows(module: nn.Module) -> int:
     """Rows up to which ``module`` runs the kernel its :func:`linear_spec` names (now: its
     reference mode and dense crossover can change at run time)."""
     if isinstance(module, PackedLinear):
-        return module.gemv_max_rows
+        return 1 << 30  # its two paths are both the stack's
     if isinstance(module, (Int8Linear, Int4Linear)):
         if module.reference:
             return 0

@@ -10,9 +10,9 @@
 // test_decoder_layers.py holds both to it): only the per-op overhead goes.
 //
 // Each linear layer is described by a kind and three optional tensors (see ``Kind``); the
-// Python side (native.py, ``DecoderStack``) builds the lists once from the model's modules
-// and only takes this path for row counts at which every linear would run the kernel named
-// here (cpu_gemv's small-batch kernels, torch's int4 kernel below its dense crossover).
+// Python side (``decoder_stack.py``) builds the lists once from the model's modules and only
+// takes this path for row counts at which every linear would run the kernel named here
+// (cpu_gemv's kernels, oneDNN's packed GEMM, torch's int4 kernel below its dense crossover).
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -20,13 +20,14 @@
 
 #include <cstdint>
 #include <optional>
-#include <vector>
+#include <string>
 
 namespace {
 
 // How a linear layer multiplies (its three tensors a, b, bias):
 enum Kind : int64_t {
-  kDense = 0,         // gemv_dense(x, a = weight, bias): fp32/bf16 weight of x's dtype
+  kDense = 0,         // plain weight of x's dtype: up to ``group`` rows gemv_dense(x, a = weight, bias),
+                      // above them oneDNN's linear on b = its pre-packed copy (cpu_linear.PackedLinear)
   kInt8 = 1,          // gemv_int8(x as bf16, a = int8 codes, b = bf16 scales), back to x's dtype, + bias
   kInt4Torch = 2,     // torch's _weight_int4pack_mm_for_cpu(x as bf16, a = packed, group, b = scales/zeros)
   kInt4Gemv = 3,      // gemv_int4(x as bf16, a = packed, b = scales/zeros, group)
@@ -76,10 +77,27 @@ struct Ops {
   }
 };
 
+// torch's mkldnn::_linear_pointwise(x, packed, bias, "none", [], ""): called boxed, its C++
+// signature being torch's internal business.
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const OptT& bias) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  c10::Stack stack;
+  stack.reserve(6);
+  stack.emplace_back(x);
+  stack.emplace_back(packed);
+  stack.emplace_back(bias);
+  stack.emplace_back(std::string("none"));
+  stack.emplace_back(c10::List<std::optional<at::Scalar>>());
+  stack.emplace_back(std::string(""));
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
 // One linear layer, as the model's module would run it at these row counts.
 at::Tensor linear(const Ops& ops, const at::Tensor& x, int64_t kind, const OptT& a, const OptT& b,
                   const OptT& bias, int64_t group) {
-  if (kind == kDense) return ops.gemv_dense.call(x, *a, bias);
+  if (kind == kDense) return x.size(0) <= group ? ops.gemv_dense.call(x, *a, bias) : onednn_linear(x, *b, bias);
   // Quantized layers multiply bf16 activations and come back to x's dtype (QuantizedLinear.forward).
   const at::Tensor xq = x.to(at::kBFloat16);
   at::Tensor y;
@@ -151,4 +169,6 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
       "Tensor cos, Tensor sin, int num_q_heads, int num_kv_heads, Tensor(b!)[] k_pages, Tensor(c!)[] v_pages, "
       "Tensor[] plan, Tensor slots, float sm_scale) -> ()");
   m.impl("decoder_layers", c10::DispatchKey::CPU, &decoder_layers);
+  // The oneDNN-packed weights are MkldnnCPU tensors, which decide the dispatch key.
+  m.impl("decoder_layers", c10::DispatchKey::MkldnnCPU, &decoder_layers);
 }
