@@ -26,13 +26,14 @@ from torch import nn
 
 from radixserve.model.attention.base import NativeLayersPlan
 from radixserve.model.cpu_linear import PackedLinear
-from radixserve.model.quant.linear import Int4Linear, Int8Linear
+from radixserve.model.quant.linear import Int4Linear, Int8Linear, QuantizedLinear
 
 if TYPE_CHECKING:  # llama.py imports this module
     from radixserve.model.llama import LlamaDecoderLayer
 
 # Linear kinds of decoder_layers.cpp (its ``Kind``).
 KIND_DENSE, KIND_INT8, KIND_INT4_TORCH, KIND_INT4_GEMV = 0, 1, 2, 3
+_UNLIMITED = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -70,20 +71,17 @@ def linear_spec(module: nn.Module, act_dtype: torch.dtype) -> LinearSpec | None:
     return None
 
 
-def native_max_rows(module: nn.Module) -> int:
-    """Rows up to which ``module`` runs the kernel its :func:`linear_spec` names (now: its
-    reference mode and dense crossover can change at run time)."""
-    if isinstance(module, PackedLinear):
-        return 1 << 30  # its two paths are both the stack's
-    if isinstance(module, (Int8Linear, Int4Linear)):
-        if module.reference:
-            return 0
-        if isinstance(module, Int4Linear) and not (
-            module.cpu_layout_known or module.dense_cache is not None
-        ):
-            return 1 << 30  # no dense path: every row count takes the kernel
-        return module.dense_min_rows - 1
-    return 0
+def native_max_rows(module: QuantizedLinear) -> int:
+    """Rows up to which a quantized layer runs the packed kernel its :func:`linear_spec`
+    names, read now: its reference mode and dense crossover can change at run time.
+    (Plain layers have no limit: both their paths are the stack's.)"""
+    if module.reference:
+        return 0
+    if isinstance(module, Int4Linear) and not (
+        module.cpu_layout_known or module.dense_cache is not None
+    ):
+        return _UNLIMITED  # no dense path: every row count takes the kernel
+    return module.dense_min_rows - 1
 
 
 class DecoderStack:
@@ -96,7 +94,8 @@ class DecoderStack:
         self.kinds: list[int] = []
         self.groups: list[int] = []
         self.weights: list[torch.Tensor | None] = []
-        self.linears: list[nn.Module] = []
+        # The layers whose row limit can change (the quantized ones), checked every forward.
+        self.quantized: list[QuantizedLinear] = []
         self.complete = True
         self.eps = eps
         first = layers[0]
@@ -118,7 +117,8 @@ class DecoderStack:
                 if spec is None:
                     self.complete = False
                     return
-                self.linears.append(module)
+                if isinstance(module, QuantizedLinear):
+                    self.quantized.append(module)
                 self.kinds.append(spec.kind)
                 self.groups.append(spec.group)
                 self.weights += [spec.a, spec.b, spec.bias]
@@ -128,7 +128,7 @@ class DecoderStack:
         """Rows up to which the native stack serves a forward now (0: not at all)."""
         if not self.complete:
             return 0
-        return min(native_max_rows(m) for m in self.linears)
+        return min((native_max_rows(m) for m in self.quantized), default=_UNLIMITED)
 
     def run(
         self, h: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], attn: NativeLayersPlan
