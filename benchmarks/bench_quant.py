@@ -226,7 +226,7 @@ def layer_times(model: str, rows: list[int], rounds: int) -> None:
     if cpu_gemv.available():  # the int4 kernel on its own layout (not wired into Int4Linear)
         for w in ws:
             q = quantize_weight("int4", w, 32, torch.bfloat16)
-            packed, sz = cpu_gemv.pack_int4(q.codes), cpu_gemv.int4_scales_zeros(q.scale, q.zero)
+            packed, sz = cpu_gemv.pack_int4(q.codes, 32), cpu_gemv.int4_scales_zeros(q.scale, q.zero)
             layers.setdefault("int4 gemv", []).append(
                 functools.partial(
                     cpu_gemv.int4_linear, packed=packed, scales_zeros=sz, group_size=32

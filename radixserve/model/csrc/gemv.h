@@ -68,4 +68,25 @@ inline int64_t grain_for(int64_t k, double bytes_per_weight) {
 
 #endif  // RADIXSERVE_GEMV
 
+// --- int4 (gemv_int4.cpp), for callers that run their own threads (a fused decoder layer) ---
+//
+// The weight in ``pack_int4``'s layout: uint8 [N, K / 2] (N % 4 == 0), tiles of 4 outputs,
+// the inputs in the kernel's block order; scales and zeros bf16 [N, 2, K / G]. A call is
+// int4_prepare once for the activations, then int4_rows over ranges of tiles (any split
+// over threads gives the same bits: each output is summed in one fixed order).
+
+// Floats of int4_prepare's per-row sums (xsum) for K inputs in groups of G.
+int64_t int4_xsum_size(int64_t k, int64_t group);
+
+// bf16 x [M, K] -> xq [M, K] (the same values in the weight's input order) and xsum
+// [M, int4_xsum_size(k, group)] (per block and lane, the sum of the inputs that lane sees).
+void int4_prepare(const uint16_t* x_bf16, int64_t m, int64_t k, int64_t group, uint16_t* xq_bf16, float* xsum);
+
+// out[r, n0:n0 + 4] for r < m and the tiles t in [tile_begin, tile_end) (n0 = 4 t), bf16
+// [M, N] row-major: y = x @ W.T with W = (q - 8) * scale + zero per group; on the calling
+// thread only.
+void int4_rows(const uint16_t* xq_bf16, int64_t m, const uint8_t* packed, const uint16_t* scales_zeros, int64_t n,
+               int64_t k, int64_t group, int64_t tile_begin, int64_t tile_end, uint16_t* out_bf16,
+               const float* xsum);
+
 }  // namespace radixserve_cpu::gemv
