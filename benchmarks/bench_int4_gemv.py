@@ -11,8 +11,6 @@ and zeros (bf16, 4 bytes per group per output), the same for both kernels.
 
 from __future__ import annotations
 
-import radixserve  # noqa: F401  (first: sets OMP_WAIT_POLICY / GOMP_SPINCOUNT before torch)
-
 import argparse  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -20,6 +18,7 @@ from collections.abc import Callable  # noqa: E402
 
 import torch  # noqa: E402
 
+import radixserve  # noqa: F401  (first: sets OMP_WAIT_POLICY / GOMP_SPINCOUNT before torch)
 from radixserve.model import cpu_gemv  # noqa: E402
 from radixserve.model.quant.formats import quantize_int4  # noqa: E402
 
@@ -58,7 +57,9 @@ def _time(fn: Callable[[], None], reps: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--rows", default="1,2,4,8")
     ap.add_argument("--groups", default="32,64")  # 128 does not divide SmolLM2's 576
     ap.add_argument("--threads", default="1,2")
@@ -68,7 +69,9 @@ def main() -> None:
     args = ap.parse_args()
     if not cpu_gemv.available():
         raise SystemExit("cpu_gemv kernels unavailable (need AVX-512 bf16 and a compiler)")
-    print("| group | threads | rows | tinygemm GB/s | gemv GB/s | gemv / tinygemm | bf16 gemv GB/s |")
+    print(
+        "| group | threads | rows | tinygemm GB/s | gemv GB/s | gemv / tinygemm | bf16 gemv GB/s |"
+    )
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     with torch.inference_mode():
         for group in (int(g) for g in args.groups.split(",")):
@@ -81,6 +84,7 @@ def main() -> None:
             for threads in (int(t) for t in args.threads.split(",")):
                 torch.set_num_threads(threads)
                 for m, xm in xs.items():
+
                     def tinygemm() -> None:
                         for (_, k), lay in zip(SHAPES * args.layers, layers):
                             torch._weight_int4pack_mm_for_cpu(xm[k], lay["tg"], group, lay["tg_sz"])
@@ -102,7 +106,10 @@ def main() -> None:
                             t_bf.append(_time(dense, args.reps // 3 or 1))
                     a, b = total / min(t_tg) / 1e9, total / min(t_gv) / 1e9
                     c = f"{dense_bytes / min(t_bf) / 1e9:.1f}" if t_bf else "-"
-                    print(f"| {group} | {threads} | {m} | {a:.1f} | {b:.1f} | {b / a:.2f} | {c} |", flush=True)
+                    print(
+                        f"| {group} | {threads} | {m} | {a:.1f} | {b:.1f} | {b / a:.2f} | {c} |",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

@@ -88,6 +88,7 @@ def test_int4(shape: tuple[int, int], group: int) -> None:
     q = quantize_int4(torch.randn(n, k) * 0.05, group, torch.bfloat16)
     packed = cpu_gemv.pack_int4(q.codes, group)
     assert packed.shape == (n, k // 2) and torch.equal(cpu_gemv.unpack_int4(packed, group), q.codes)
+    assert torch.equal(cpu_gemv.unpack_int4_torch(packed, group), q.codes)
     sz = cpu_gemv.int4_scales_zeros(q.scale, q.zero)
     w = dequantize_int4(q, torch.float64)
     for m in ROWS:

@@ -240,6 +240,7 @@ at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
 // int4 lives in gemv_int4.cpp; it shares this file's conventions.
 at::Tensor radixserve_gemv_int4(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros,
                                 int64_t group_size);
+at::Tensor radixserve_gemv_int4_unpack(const at::Tensor& packed, int64_t group_size);
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def("gemv_supported() -> bool", &gemv_supported);
@@ -249,4 +250,6 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.impl("gemv_int8", c10::DispatchKey::CPU, &gemv_int8);
   m.def("gemv_int4(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
   m.impl("gemv_int4", c10::DispatchKey::CPU, &radixserve_gemv_int4);
+  m.def("gemv_int4_unpack(Tensor packed, int group_size) -> Tensor");
+  m.impl("gemv_int4_unpack", c10::DispatchKey::CPU, &radixserve_gemv_int4_unpack);
 }

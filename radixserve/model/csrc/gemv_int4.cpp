@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "gemv.h"
 
@@ -322,4 +323,64 @@ at::Tensor radixserve_gemv_int4(const at::Tensor& x, const at::Tensor& packed, c
   });
 #endif
   return y;
+}
+
+// The codes uint8 [N, K] (input order) of a weight in this file's layout: the dense prefill
+// path's decode (a scalar pass, ~1 ns a code; torch ops on the nibbles took ~100x longer).
+at::Tensor radixserve_gemv_int4_unpack(const at::Tensor& packed, int64_t group_size) {
+  using namespace radixserve_cpu::gemv;
+  TORCH_CHECK(packed.dim() == 2 && packed.is_contiguous() && packed.scalar_type() == at::kByte &&
+                  packed.device().is_cpu(),
+              "packed must be contiguous uint8 [N, K / 2] on the CPU");
+  const int64_t n = packed.size(0), k = packed.size(1) * 2;
+  TORCH_CHECK(n % 4 == 0 && group_size % 32 == 0 && k % group_size == 0, "not an int4 gemv layout: N ", n,
+              ", K ", k, ", group ", group_size);
+  constexpr int64_t kTile = 4;  // outputs per tile (kNT)
+  // order[p]: the input at stream position p (cpu_gemv.int4_input_order).
+  std::vector<int32_t> order(static_cast<size_t>(k));
+  {
+    int64_t pos = 0;
+    for_each_block(k / group_size, [&](int64_t g0, int b) {
+      const int64_t r = kLanes / b;
+      for (int64_t j = 0; j < group_size * b / 32; ++j)
+        for (int64_t l = 0; l < kLanes; ++l)
+          for (int64_t e = 0; e < 2; ++e)
+            order[pos++] = static_cast<int32_t>((g0 + l / r) * group_size + (j * r + l % r) * 2 + e);
+    });
+  }
+  at::Tensor codes = at::empty({n, k}, packed.options());
+  const uint8_t* src = packed.data_ptr<uint8_t>();
+  uint8_t* dst = codes.data_ptr<uint8_t>();
+  const int64_t chunks = k / 128, has64 = k % 128 >= 64, has32 = k % 64 != 0;
+  at::parallel_for(0, n / kTile, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const uint8_t* tile_bytes = src + t * kTile * (k / 2);
+      for (int64_t i = 0; i < kTile; ++i) {
+        uint8_t* row = dst + (t * kTile + i) * k;
+        for (int64_t c = 0; c < chunks; ++c) {  // 16-bit lane e: element e of vectors 4c .. 4c + 3
+          const uint8_t* b = tile_bytes + (c * kTile + i) * 64;
+          for (int64_t e = 0; e < 32; ++e) {
+            const uint32_t u = b[2 * e] | static_cast<uint32_t>(b[2 * e + 1]) << 8;
+            for (int64_t q = 0; q < 4; ++q) row[order[(4 * c + q) * 32 + e]] = (u >> (4 * q)) & 0xF;
+          }
+        }
+        const uint8_t* tail = tile_bytes + chunks * kTile * 64;
+        int64_t pos = chunks * 128;
+        if (has64) {  // byte e: element e of the two vectors
+          for (int64_t e = 0; e < 32; ++e) {
+            row[order[pos + e]] = tail[i * 32 + e] & 0xF;
+            row[order[pos + 32 + e]] = tail[i * 32 + e] >> 4;
+          }
+          tail += kTile * 32;
+          pos += 64;
+        }
+        if (has32)  // byte e: elements e and e + 16
+          for (int64_t e = 0; e < 16; ++e) {
+            row[order[pos + e]] = tail[i * 16 + e] & 0xF;
+            row[order[pos + 16 + e]] = tail[i * 16 + e] >> 4;
+          }
+      }
+    }
+  });
+  return codes;
 }
