@@ -15,7 +15,7 @@ from torch import nn
 from radixserve.model import cpu_gemv
 from radixserve.model.cpu_linear import PackedLinear, onednn_linear_supported
 from radixserve.model.quant.formats import dequantize_int4, quantize_int4, quantize_int8
-from radixserve.model.quant.linear import Int8Linear
+from radixserve.model.quant.linear import Int4Linear, Int8Linear
 
 pytestmark = pytest.mark.skipif(
     not cpu_gemv.available(), reason="gemv kernels need AVX-512 bf16 and a compiler"
@@ -31,6 +31,15 @@ INT4_CASES = (
     ((64, 192), 64),
     ((36, 384), 128),
     ((3072, 576), 32),
+    # Every block size of the input order (gemv_int4.cpp): K = 32 and 64 alone (only the
+    # 32- and 64-input tails), 31 groups (blocks of 16, 8, 4, 2, 1), 6 groups of 128
+    # (4 + 2), 24 of 64 (16 + 8), group 256.
+    ((16, 32), 32),
+    ((20, 64), 64),
+    ((8, 992), 32),
+    ((12, 768), 128),
+    ((16, 1536), 64),
+    ((8, 4096), 256),
 )
 
 
@@ -102,6 +111,34 @@ def test_int4(shape: tuple[int, int], group: int) -> None:
     )
 
 
+@pytest.mark.parametrize("k,group", [(32, 32), (576, 32), (992, 32), (576, 64), (768, 128)])
+def test_int4_input_order(k: int, group: int) -> None:
+    """A permutation of the inputs that keeps each 32-bit lane on one group, and the plain
+    order for a single group."""
+    order = cpu_gemv.int4_input_order(k, group)
+    assert torch.equal(order.sort().values, torch.arange(k))
+    lanes = order.view(-1, 16, 2)  # [vectors, lanes, the lane's two inputs]
+    assert torch.equal(lanes[..., 1], lanes[..., 0] + 1)
+    assert torch.equal(cpu_gemv.int4_input_order(group, group), torch.arange(group))
+
+
+def test_int4_same_bits_on_any_thread_split() -> None:
+    """The op splits tiles over torch's threads (int4_rows on each range): 1 thread or 2,
+    the same bits."""
+    torch.manual_seed(5)
+    q = quantize_int4(torch.randn(3072, 576) * 0.05, 32, torch.bfloat16)
+    packed, sz = cpu_gemv.pack_int4(q.codes, 32), cpu_gemv.int4_scales_zeros(q.scale, q.zero)
+    x = torch.randn(5, 576, dtype=torch.bfloat16)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_gemv.int4_linear(x, packed, sz, 32)
+        torch.set_num_threads(2)
+        assert torch.equal(cpu_gemv.int4_linear(x, packed, sz, 32), one)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_layers_use_the_kernels_and_match_their_references() -> None:
     """PackedLinear (up to its crossover), Int8Linear and Int4Linear (below their dense rows)."""
     torch.manual_seed(3)
@@ -115,10 +152,11 @@ def test_layers_use_the_kernels_and_match_their_references() -> None:
                 torch.testing.assert_close(packed(x), lin(x), atol=1e-5, rtol=1e-5)
     w = torch.randn(192, 256) * 0.05
     int8 = Int8Linear(quantize_int8(w, torch.bfloat16), None)
-    for layer in (int8,):
+    int4 = Int4Linear(quantize_int4(w, 32, torch.bfloat16), None)
+    for layer in (int8, int4):
         assert layer.gemv
         with torch.inference_mode():
-            for m in (1, 7, layer.dense_min_rows - 1):
+            for m in (1, 2, 3, 4, 7, 8, layer.dense_min_rows - 1):
                 x = torch.randn(m, 256)
                 got, ref = layer(x), layer.forward_reference(x)
                 assert _rel_err(got, ref) < 2**-7, (layer.method, m)
