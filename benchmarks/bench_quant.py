@@ -55,7 +55,28 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # --quant-dense-cache: batches of 4+ rows on a kept bf16 copy (+2 bytes per quantized weight)
     "int8+cache": {"dtype": "bfloat16", "quantization": "int8", "quant_dense_cache": True},
     "int4+cache": {"dtype": "bfloat16", "quantization": "int4", "quant_dense_cache": True},
+    # int4 on torch's tinygemm kernel instead of cpu_gemv's (what served int4 before it)
+    "int4-tinygemm": {"dtype": "bfloat16", "quantization": "int4"},
 }
+
+
+def int4_on_tinygemm(model: torch.nn.Module) -> int:
+    """Rebuild every cpu_gemv Int4Linear of ``model`` on tinygemm (the same weights)."""
+    from radixserve.model.quant.linear import Int4Linear
+
+    n = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, Int4Linear) and child.gemv:
+                new = Int4Linear(child.int4_weight(), child.bias, child.compute_dtype, gemv=False)
+                new.dense_min_rows = new.default_dense_min_rows = child.default_dense_min_rows
+                setattr(parent, name, new)
+                n += 1
+    return n
+
+
+# Applied to a configuration's model once loaded.
+POST_LOAD = {"int4-tinygemm": int4_on_tinygemm}
 QUESTIONS = [
     "What is a radix tree?",
     "Name three planets.",
@@ -299,6 +320,8 @@ def main() -> None:
             num_threads=args.threads,
             **CONFIGS[name],
         )
+        if name in POST_LOAD:
+            print(f"{name}: {POST_LOAD[name](engines[name].model)} layers rebuilt", flush=True)
         report = engines[name].model.quant_report
         print(
             f"loaded {name} in {time.perf_counter() - t:.1f}s"
