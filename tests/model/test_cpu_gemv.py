@@ -122,19 +122,31 @@ def test_int4_input_order(k: int, group: int) -> None:
     assert torch.equal(cpu_gemv.int4_input_order(group, group), torch.arange(group))
 
 
-def test_int4_same_bits_on_any_thread_split() -> None:
-    """The op splits tiles over torch's threads (int4_rows on each range): 1 thread or 2,
-    the same bits."""
+def test_same_bits_on_any_thread_split() -> None:
+    """The ops split tiles over torch's threads (the calling-thread entry points of gemv.h on
+    each range): 1 thread or 2, the same bits, for every kernel."""
     torch.manual_seed(5)
-    q = quantize_int4(torch.randn(3072, 576) * 0.05, 32, torch.bfloat16)
-    packed, sz = cpu_gemv.pack_int4(q.codes, 32), cpu_gemv.int4_scales_zeros(q.scale, q.zero)
-    x = torch.randn(5, 576, dtype=torch.bfloat16)
+    w = torch.randn(3072, 576) * 0.05
+    q8 = quantize_int8(w, torch.bfloat16)
+    q4 = quantize_int4(w, 32, torch.bfloat16)
+    packed, sz = cpu_gemv.pack_int4(q4.codes, 32), cpu_gemv.int4_scales_zeros(q4.scale, q4.zero)
+    x = torch.randn(5, 576)
+    xb = x.bfloat16()
+    calls = [
+        lambda: cpu_gemv.linear(
+            x, w, torch.randn(3072, generator=torch.Generator().manual_seed(0))
+        ),
+        lambda: cpu_gemv.linear(xb, w.bfloat16()),
+        lambda: cpu_gemv.int8_linear(xb, q8.qweight, q8.scale),
+        lambda: cpu_gemv.int4_linear(xb, packed, sz, 32),
+    ]
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = cpu_gemv.int4_linear(x, packed, sz, 32)
+        one = [call() for call in calls]
         torch.set_num_threads(2)
-        assert torch.equal(cpu_gemv.int4_linear(x, packed, sz, 32), one)
+        for call, want in zip(calls, one):
+            assert torch.equal(call(), want)
     finally:
         torch.set_num_threads(threads)
 
