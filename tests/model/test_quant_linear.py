@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from radixserve.engine.config import EngineConfig
+from radixserve.model import cpu_gemv
 from radixserve.model.loader import load_model
 from radixserve.model.quant import QuantConfig, set_reference_mode
 from radixserve.model.quant.apply import make_quantized_linear, quantize_weight
@@ -89,11 +90,14 @@ def test_int4_cpu_layout_round_trip(n: int) -> None:
     assert torch.equal(unpack_cpu_int4(packed, n, 64), codes)
 
 
-def test_int4_layout_agnostic_decode_matches() -> None:
-    """The identity-matmul decode (used when the packed layout is unknown) gives the same weight."""
+@pytest.mark.parametrize("gemv", [False, True])
+def test_int4_layout_agnostic_decode_matches(gemv: bool) -> None:
+    """The identity-matmul decode (used when the packed layout is unknown) gives the same weight,
+    in tinygemm's layout and in cpu_gemv's (where it is built)."""
     torch.manual_seed(2)
     q = quantize_int4(torch.randn(96, 128), 32, scale_dtype=torch.bfloat16)
-    layer = Int4Linear(q, None)
+    layer = Int4Linear(q, None, gemv=gemv)
+    assert layer.gemv == (gemv and cpu_gemv.available())
     known = layer.int4_weight()
     layer.cpu_layout_known = False
     agnostic = layer.int4_weight()
