@@ -9,10 +9,11 @@ runs the same kernels in the same order, so its output is bit for bit the Python
 It applies where every linear layer would, at the forward's row count, run a kernel the C++
 side calls (:func:`linear_spec`): for plain weights cpu_gemv's small-batch kernel up to
 ``GEMV_MAX_ROWS`` rows and the oneDNN-packed GEMM above (any row count); for int8 and int4
-their packed kernels below the dense crossover (``dense_min_rows``), and not in the
-quantized layers' reference mode. That row limit is read from the modules at every forward,
-so switching a layer's path takes effect at once. The rest (tensor parallelism, the GPU,
-quantized KV pages, quantized batches past the crossover) keeps the per-layer Python path.
+their packed kernels (cpu_gemv's; torch's int4 one where cpu_gemv is not built) below the
+dense crossover (``dense_min_rows``), and not in the quantized layers' reference mode. That
+row limit is read from the modules at every forward, so switching a layer's path takes
+effect at once. The rest (tensor parallelism, the GPU, quantized KV pages, quantized
+batches past the crossover) keeps the per-layer Python path.
 """
 
 from __future__ import annotations
@@ -65,9 +66,8 @@ def linear_spec(module: nn.Module, act_dtype: torch.dtype) -> LinearSpec | None:
         and not module.on_cuda
         and module.compute_dtype is torch.bfloat16
     ):
-        return LinearSpec(
-            KIND_INT4_TORCH, module.packed, module.scales_and_zeros, bias, module.group_size
-        )
+        kind = KIND_INT4_GEMV if module.gemv else KIND_INT4_TORCH  # the layout it was packed in
+        return LinearSpec(kind, module.packed, module.scales_and_zeros, bias, module.group_size)
     return None
 
 

@@ -17,7 +17,7 @@ import torch
 
 from radixserve.engine.engine import Engine
 from radixserve.model import cpu_gemv, native
-from radixserve.model.decoder_stack import DecoderStack
+from radixserve.model.decoder_stack import KIND_DENSE, KIND_INT4_GEMV, KIND_INT8, DecoderStack
 from radixserve.model.quant import set_reference_mode
 from radixserve.sampling_params import SamplingParams
 
@@ -87,6 +87,9 @@ def test_stack_equals_per_layer_path(
         results.append(_generate(engine, stack, calls))
         used = calls[0] - before
         assert (used > 0) == stack, used  # the stack served the decode steps, or none
+        if stack:  # each layer's own kernel (cpu_gemv's where built: this test needs it)
+            want = {None: KIND_DENSE, "int8": KIND_INT8, "int4": KIND_INT4_GEMV}[method]
+            assert engine.model._stack is not None and set(engine.model._stack.kinds) == {want}
     assert results[0] == results[1]
 
 
