@@ -26,9 +26,11 @@ Prints a table and writes JSON (``--out``).
 
 from __future__ import annotations
 
-import os
+# Before torch, as the served process does: radixserve sets OMP_WAIT_POLICY=PASSIVE and
+# GOMP_SPINCOUNT, which the OpenMP runtime reads once, when torch loads it.
+import radixserve  # noqa: F401
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# isort: split
 
 import argparse  # noqa: E402
 import datetime as dt  # noqa: E402
