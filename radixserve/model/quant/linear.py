@@ -62,9 +62,10 @@ from radixserve.model.quant.formats import (
 # Rows from which decoding the weight and running the dense GEMM beats the packed kernel
 # (CPU; measured crossover 16-64 rows on SmolLM2's shapes).
 DEQUANT_MIN_ROWS = 32
-# int4's decode costs ~4x int8's (nibbles, group scales and zeros; ~6 ms per SmolLM2 layer
-# against the kernel's ~45 us per row): its crossover is near 240 rows
-# (``bench_quant.py --layer-rows``).
+# int4's decode costs ~4x int8's (nibbles, group scales and zeros; ~6 ms per SmolLM2 layer).
+# Against tinygemm (~45 us per row per layer) the crossover was near 240 rows; cpu_gemv's
+# int4 kernel (~18 us per row) moved it to ~300-380 (2026-12-02, ``bench_quant.py
+# --layer-rows 128,256,384,512``, 4.7 ms against 8.4 at 256 rows, 7.5 against 6.5 at 384).
 INT4_DEQUANT_MIN_ROWS = 256
 # With a decoded copy kept (``--quant-dense-cache``), rows from which its GEMM beats the
 # packed kernels: the kernels cost ~45 us per row per SmolLM2 layer (float32 FMAs, no weight
