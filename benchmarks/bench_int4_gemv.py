@@ -11,16 +11,16 @@ and zeros (bf16, 4 bytes per group per output), the same for both kernels.
 
 from __future__ import annotations
 
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+import radixserve  # noqa: F401  (before torch: it sets OMP_WAIT_POLICY / GOMP_SPINCOUNT)
 
-import torch  # noqa: E402
+# isort: split
+import argparse
 
-import radixserve  # noqa: F401  (first: sets OMP_WAIT_POLICY / GOMP_SPINCOUNT before torch)
-from radixserve.model import cpu_gemv  # noqa: E402
-from radixserve.model.quant.formats import quantize_int4  # noqa: E402
+import torch
+from timing import median_seconds
+
+from radixserve.model import cpu_gemv
+from radixserve.model.quant.formats import quantize_int4
 
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # (N, K): qkv, o, gate_up, down
 
@@ -43,17 +43,6 @@ def _layers(group: int, n_layers: int) -> tuple[list[dict[str, torch.Tensor]], i
             )
             total += n * k // 2 + n * (k // group) * 4
     return out, total
-
-
-def _time(fn: Callable[[], None], reps: int) -> float:
-    """Median seconds of one pass over every layer."""
-    fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def main() -> None:
@@ -100,10 +89,10 @@ def main() -> None:
                     # Interleave the two so drift on a shared machine hits both alike.
                     t_tg, t_gv, t_bf = [], [], []
                     for _ in range(3):
-                        t_tg.append(_time(tinygemm, args.reps // 3 or 1))
-                        t_gv.append(_time(gemv, args.reps // 3 or 1))
+                        t_tg.append(median_seconds(tinygemm, args.reps // 3 or 1))
+                        t_gv.append(median_seconds(gemv, args.reps // 3 or 1))
                         if args.dense:
-                            t_bf.append(_time(dense, args.reps // 3 or 1))
+                            t_bf.append(median_seconds(dense, args.reps // 3 or 1))
                     a, b = total / min(t_tg) / 1e9, total / min(t_gv) / 1e9
                     c = f"{dense_bytes / min(t_bf) / 1e9:.1f}" if t_bf else "-"
                     print(

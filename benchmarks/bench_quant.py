@@ -26,9 +26,11 @@ Prints a table and writes JSON (``--out``).
 
 from __future__ import annotations
 
-import os
+# Before torch, as the served process does: radixserve sets OMP_WAIT_POLICY=PASSIVE and
+# GOMP_SPINCOUNT, which the OpenMP runtime reads once, when torch loads it.
+import radixserve  # noqa: F401
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# isort: split
 
 import argparse  # noqa: E402
 import datetime as dt  # noqa: E402
@@ -57,6 +59,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "int4+cache": {"dtype": "bfloat16", "quantization": "int4", "quant_dense_cache": True},
     # int4 on torch's tinygemm kernel instead of cpu_gemv's (what served int4 before it)
     "int4-tinygemm": {"dtype": "bfloat16", "quantization": "int4"},
+    "int4+vocab-tinygemm": {
+        "dtype": "bfloat16",
+        "quantization": "int4",
+        "quantize_embeddings": True,
+    },
 }
 
 
@@ -76,7 +83,7 @@ def int4_on_tinygemm(model: torch.nn.Module) -> int:
 
 
 # Applied to a configuration's model once loaded.
-POST_LOAD = {"int4-tinygemm": int4_on_tinygemm}
+POST_LOAD = {"int4-tinygemm": int4_on_tinygemm, "int4+vocab-tinygemm": int4_on_tinygemm}
 QUESTIONS = [
     "What is a radix tree?",
     "Name three planets.",

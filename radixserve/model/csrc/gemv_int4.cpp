@@ -48,7 +48,10 @@ namespace radixserve_cpu::gemv {
 namespace {
 
 constexpr int kLanes = 16;      // float lanes of a dot product: groups of a full block
-constexpr int kMaxRowsInt4 = 2;  // rows per tile: 2 accumulators x 4 outputs x rows + y in registers
+// Rows per tile: 2 accumulators x 4 outputs x rows + y in registers. From 2 rows the kernel
+// is bound by its dot products (one vdpbf16ps per 32 codes per row); 4 rows a pass (over 2
+// outputs at a time) measured no faster at 4-16 rows (2-core VM, 2026-12-02).
+constexpr int kMaxRowsInt4 = 2;
 // Tiles ahead the codes (and scales) are prefetched. The stream is sequential, yet software
 // prefetch still helped at 1 row: 23 GB/s without, 26 at 2 tiles, 29 at 4 on one thread over
 // 30 SmolLM2 layers (2-core VM, 2026-12-02; about equal at 2-4 rows).

@@ -62,10 +62,12 @@ from radixserve.model.quant.formats import (
 # Rows from which decoding the weight and running the dense GEMM beats the packed kernel
 # (CPU; measured crossover 16-64 rows on SmolLM2's shapes).
 DEQUANT_MIN_ROWS = 32
-# int4's decode costs ~4x int8's (nibbles, group scales and zeros; ~6 ms per SmolLM2 layer
-# against the kernel's ~45 us per row): its crossover is near 240 rows
-# (``bench_quant.py --layer-rows``).
-INT4_DEQUANT_MIN_ROWS = 256
+# int4's decode costs ~4x int8's (nibbles, group scales and zeros; ~6 ms per SmolLM2 layer).
+# Against tinygemm (~45 us per row per layer) the crossover was near 240 rows; cpu_gemv's
+# int4 kernel (~18 us per row) moved it to ~300-380 (2026-12-02, ``bench_quant.py
+# --layer-rows 128,256,384,512``, 4.7 ms against 8.4 at 256 rows, 7.5 against 6.5 at 384).
+INT4_DEQUANT_MIN_ROWS = 320
+INT4_TINYGEMM_DEQUANT_MIN_ROWS = 256  # where tinygemm serves int4 (cpu_gemv not built)
 # With a decoded copy kept (``--quant-dense-cache``), rows from which its GEMM beats the
 # packed kernels: the kernels cost ~45 us per row per SmolLM2 layer (float32 FMAs, no weight
 # reuse across rows), the oneDNN bf16 GEMM is nearly flat up to 16 rows (bench_quant.py).
@@ -278,11 +280,13 @@ class Int4Linear(QuantizedLinear):
         if n % 16:
             raise ValueError(f"int4 kernels need out_features divisible by 16, got {n}")
         self.group_size = w.group_size
-        self.dense_min_rows = self.default_dense_min_rows = INT4_DEQUANT_MIN_ROWS
         # Not `self.cuda`: that would hide nn.Module.cuda() on this layer.
         self.on_cuda = w.codes.device.type == "cuda"
         usable = not self.on_cuda and compute_dtype is torch.bfloat16 and cpu_gemv.available()
         self.gemv = usable if gemv is None else gemv and usable
+        self.dense_min_rows = self.default_dense_min_rows = (
+            INT4_DEQUANT_MIN_ROWS if self.gemv else INT4_TINYGEMM_DEQUANT_MIN_ROWS
+        )
         if self.on_cuda:
             if compute_dtype is not torch.bfloat16:
                 raise ValueError("int4 on CUDA multiplies in bfloat16 only")
