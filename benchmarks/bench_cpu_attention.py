@@ -26,11 +26,10 @@ import argparse
 import datetime as dt
 import json
 import random
-import statistics
-import time
 from pathlib import Path
 
 import torch
+from timing import median_seconds
 
 from radixserve.memory.pool import KVPool
 from radixserve.model import native
@@ -66,16 +65,6 @@ def _cases(free: list[int]) -> dict[str, ForwardBatch]:
     }
 
 
-def _time(fn, reps: int) -> float:
-    fn()
-    samples = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -103,7 +92,9 @@ def main() -> int:
             backend = TorchPagedAttentionBackend(pool, native_kernel=use)
             backend.init_forward_metadata(fb)  # the metadata, once
             outs[label] = backend.forward(0, q, k, k, fb, D**-0.5)
-            times[label] = _time(lambda: backend.forward(0, q, k, k, fb, D**-0.5), args.reps)
+            times[label] = median_seconds(
+                lambda: backend.forward(0, q, k, k, fb, D**-0.5), args.reps
+            )
         err = (outs["kernel"].float() - outs["torch"].float()).abs().max().item()
         rows.append(
             {

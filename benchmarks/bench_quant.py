@@ -26,13 +26,14 @@ Prints a table and writes JSON (``--out``).
 
 from __future__ import annotations
 
-import os
+# Before torch, as the served process does: radixserve sets OMP_WAIT_POLICY=PASSIVE and
+# GOMP_SPINCOUNT, which the OpenMP runtime reads once, when torch loads it.
+import radixserve  # noqa: F401
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# isort: split
 
 import argparse  # noqa: E402
 import datetime as dt  # noqa: E402
-import functools  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
@@ -56,7 +57,33 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # --quant-dense-cache: batches of 4+ rows on a kept bf16 copy (+2 bytes per quantized weight)
     "int8+cache": {"dtype": "bfloat16", "quantization": "int8", "quant_dense_cache": True},
     "int4+cache": {"dtype": "bfloat16", "quantization": "int4", "quant_dense_cache": True},
+    # int4 on torch's tinygemm kernel instead of cpu_gemv's (what served int4 before it)
+    "int4-tinygemm": {"dtype": "bfloat16", "quantization": "int4"},
+    "int4+vocab-tinygemm": {
+        "dtype": "bfloat16",
+        "quantization": "int4",
+        "quantize_embeddings": True,
+    },
 }
+
+
+def int4_on_tinygemm(model: torch.nn.Module) -> int:
+    """Rebuild every cpu_gemv Int4Linear of ``model`` on tinygemm (the same weights)."""
+    from radixserve.model.quant.linear import Int4Linear
+
+    n = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, Int4Linear) and child.gemv:
+                new = Int4Linear(child.int4_weight(), child.bias, child.compute_dtype, gemv=False)
+                new.dense_min_rows = new.default_dense_min_rows = child.default_dense_min_rows
+                setattr(parent, name, new)
+                n += 1
+    return n
+
+
+# Applied to a configuration's model once loaded.
+POST_LOAD = {"int4-tinygemm": int4_on_tinygemm, "int4+vocab-tinygemm": int4_on_tinygemm}
 QUESTIONS = [
     "What is a radix tree?",
     "Name three planets.",
@@ -176,7 +203,7 @@ def layer_times(model: str, rows: list[int], rounds: int) -> None:
     at each row count: bf16 (oneDNN pre-packed, the bf16 model's path) against int8 / int4 on
     their packed kernels, on a kept bf16 copy (--quant-dense-cache), and decoded per call;
     the bf16 and int8 layers also with the small-batch kernels (cpu_gemv) off and forced on,
-    and cpu_gemv's int4 kernel called directly."""
+    and int4 on torch's tinygemm kernel instead of cpu_gemv's."""
     from radixserve.model.config import ModelConfig
     from radixserve.model.cpu_linear import PackedLinear
     from radixserve.model.quant.apply import make_quantized_linear, quantize_weight
@@ -223,15 +250,15 @@ def layer_times(model: str, rows: list[int], rounds: int) -> None:
             for m in made:
                 m.dense_min_rows, m.gemv = 1 << 30, False
             layers["int8 torch kernel"] = made
-    if cpu_gemv.available():  # the int4 kernel on its own layout (not wired into Int4Linear)
-        for w in ws:
-            q = quantize_weight("int4", w, 32, torch.bfloat16)
-            packed, sz = cpu_gemv.pack_int4(q.codes), cpu_gemv.int4_scales_zeros(q.scale, q.zero)
-            layers.setdefault("int4 gemv", []).append(
-                functools.partial(
-                    cpu_gemv.int4_linear, packed=packed, scales_zeros=sz, group_size=32
-                )
-            )
+    if cpu_gemv.available():  # torch's tinygemm int4 kernel (what Int4Linear ran before)
+        from radixserve.model.quant.linear import Int4Linear
+
+        made = [
+            Int4Linear(quantize_weight("int4", w, 32, torch.bfloat16), None, gemv=False) for w in ws
+        ]
+        for m in made:
+            m.dense_min_rows = 1 << 30
+        layers["int4 tinygemm"] = made
     layers = {name: ls for name, ls in layers.items() if ls}
     print(f"us per layer (4 linears, {shapes}), median of {rounds} interleaved rounds:")
     print("| rows | " + " | ".join(layers) + " |")
@@ -300,6 +327,8 @@ def main() -> None:
             num_threads=args.threads,
             **CONFIGS[name],
         )
+        if name in POST_LOAD:
+            print(f"{name}: {POST_LOAD[name](engines[name].model)} layers rebuilt", flush=True)
         report = engines[name].model.quant_report
         print(
             f"loaded {name} in {time.perf_counter() - t:.1f}s"

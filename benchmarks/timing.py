@@ -3,11 +3,13 @@
 ``time_calls(obj, "forward", "linear layers", acc)`` replaces ``obj.forward`` (an instance's
 or a class's attribute) by a wrapper that adds each call's duration to ``acc["linear
 layers"]``; ``clock`` picks wall time (default) or e.g. ``time.thread_time`` (this thread's
-CPU time, which a loaded machine disturbs far less).
+CPU time, which a loaded machine disturbs far less). ``median_seconds(fn, reps)``: the
+median wall time of ``reps`` calls after one warm-up call.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, MutableMapping
 from typing import Any
@@ -31,3 +33,14 @@ def time_calls(
             acc[key] = acc.get(key, 0.0) + clock() - t
 
     setattr(obj, name, timed)
+
+
+def median_seconds(fn: Callable[[], object], reps: int) -> float:
+    """Median wall seconds of ``reps`` calls of ``fn``, after one warm-up call."""
+    fn()
+    samples = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)

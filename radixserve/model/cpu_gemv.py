@@ -41,8 +41,8 @@ def int4_linear(
     x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, group_size: int
 ) -> torch.Tensor:
     """``x @ W.T`` for bfloat16 ``x`` ``[M, K]`` and ``W = (q - 8) * scale + zero`` group-wise,
-    ``packed`` from :func:`pack_int4`, ``scales_zeros`` from :func:`int4_scales_zeros`:
-    bfloat16 ``[M, N]``."""
+    ``packed`` from :func:`pack_int4` (with the same ``group_size``), ``scales_zeros`` from
+    :func:`int4_scales_zeros`: bfloat16 ``[M, N]``."""
     return torch.ops.radixserve_cpu.gemv_int4(x, packed, scales_zeros, group_size)
 
 
@@ -67,17 +67,40 @@ def _row_segments(k: int) -> list[int]:
     return segs
 
 
-def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 codes ``[N, K]`` (0..15; ``N`` a multiple of 4, ``K`` of 32) -> the kernel's layout,
-    uint8 ``[N, K / 2]``: tiles of 4 outputs one after the other; in a tile, segment by
-    segment, the 4 outputs' bytes. A 128-input chunk is 32 16-bit lanes, lane ``l`` holding
-    inputs ``l``, ``l + 32``, ``l + 64``, ``l + 96`` from its lowest nibble up (little-endian);
-    a last 64 inputs, 32 bytes (byte ``j``: ``j`` low, ``j + 32`` high); a last 32, 16 bytes
-    (``j``, ``j + 16``)."""
+@functools.cache
+def int4_input_order(k: int, group_size: int) -> torch.Tensor:
+    """The kernel's order of the ``k`` inputs (``csrc/gemv_int4.cpp``, "Block order"): position
+    ``i`` of the packed stream holds input ``order[i]``. Blocks of ``B`` groups (16 while 16
+    are left, then 8, 4, 2, 1); in a block, vector ``j`` (32 inputs) lane ``l`` (2 inputs)
+    holds group ``g0 + l // R``'s inputs ``2 (j R + l % R)`` and ``+ 1``, ``R = 16 / B``."""
+    if group_size % 32 or k % group_size:
+        raise ValueError(
+            f"int4 needs a group size multiple of 32 dividing K, got {group_size}, K={k}"
+        )
+    groups, g0, parts = k // group_size, 0, []
+    sizes = [16] * (groups // 16) + [b for b in (8, 4, 2, 1) if groups % 16 & b]
+    lane = torch.arange(16)
+    for b in sizes:
+        r = 16 // b
+        j = torch.arange(group_size * b // 32)[:, None]
+        first = (g0 + lane // r) * group_size + (j * r + lane % r) * 2  # [vectors, 16]
+        parts.append(torch.stack([first, first + 1], dim=-1).reshape(-1))
+        g0 += b
+    return torch.cat(parts)
+
+
+def pack_int4(codes: torch.Tensor, group_size: int) -> torch.Tensor:
+    """uint8 codes ``[N, K]`` (0..15; ``N`` a multiple of 4, ``K`` of ``group_size``, itself a
+    multiple of 32) -> the kernel's layout, uint8 ``[N, K / 2]``: the inputs in
+    :func:`int4_input_order`, then tiles of 4 outputs one after the other; in a tile, segment
+    by segment, the 4 outputs' bytes. A 128-input chunk is 32 16-bit lanes, lane ``l``
+    holding positions ``l``, ``l + 32``, ``l + 64``, ``l + 96`` from its lowest nibble up
+    (little-endian); a last 64, 32 bytes (byte ``j``: ``j`` low, ``j + 32`` high); a last 32,
+    16 bytes (``j``, ``j + 16``)."""
     n, k = codes.shape
-    if k % 32 or n % INT4_TILE:
-        raise ValueError(f"int4 packing needs [N, K] with N % 4 == 0 and K % 32 == 0, got {[n, k]}")
-    c = codes.to(torch.uint8)
+    if n % INT4_TILE:
+        raise ValueError(f"int4 packing needs [N, K] with N % 4 == 0, got {[n, k]}")
+    c = codes.to(torch.uint8)[:, int4_input_order(k, group_size)]
     body, rows = k // 128 * 128, []
     if body:
         q = c[:, :body].reshape(n, -1, 4, 32)
@@ -97,8 +120,16 @@ def pack_int4(codes: torch.Tensor) -> torch.Tensor:
     return torch.cat(tiles, dim=1).reshape(n, k // 2).contiguous()
 
 
-def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """The inverse of :func:`pack_int4`: uint8 codes ``[N, K]``."""
+def unpack_int4(packed: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The inverse of :func:`pack_int4`: uint8 codes ``[N, K]`` in input order (the native
+    kernel where built: the int4 dense path decodes the weight on every call)."""
+    if packed.is_cpu and available():
+        return torch.ops.radixserve_cpu.gemv_int4_unpack(packed, group_size)
+    return unpack_int4_torch(packed, group_size)
+
+
+def unpack_int4_torch(packed: torch.Tensor, group_size: int) -> torch.Tensor:
+    """:func:`unpack_int4` in torch ops (any device; ~100x slower than the native one)."""
     n, k = packed.shape[0], packed.shape[1] * 2
     tiles = packed.reshape(n // INT4_TILE, -1)
     segs = [s * INT4_TILE for s in _row_segments(k)]
@@ -115,4 +146,12 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
             parts.append(torch.stack([lo & 0xF, lo >> 4, hi & 0xF, hi >> 4], dim=1).reshape(n, -1))
         else:
             parts.append(torch.cat([b & 0xF, b >> 4], dim=1))
-    return torch.cat(parts, dim=1).contiguous()
+    # Input i sits at position inverse[i] of the stream (a gather: far faster than a scatter).
+    inverse = _int4_inverse_order(k, group_size).to(packed.device)
+    return torch.cat(parts, dim=1).index_select(1, inverse)
+
+
+@functools.cache
+def _int4_inverse_order(k: int, group_size: int) -> torch.Tensor:
+    """``inverse[int4_input_order(k, group_size)] = arange(k)``."""
+    return torch.argsort(int4_input_order(k, group_size))

@@ -23,15 +23,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from radixserve.model import gpu_ops, native
-from radixserve.model.attention.base import AttentionBackend
+from radixserve.model.attention.base import AttentionBackend, NativeLayersPlan
 from radixserve.model.config import ModelConfig, RopeScaling
+from radixserve.model.decoder_stack import DecoderStack
 from radixserve.model.forward_batch import ForwardBatch
 from radixserve.model.parallel import ParallelLMHead, TPGroup, TPShard, VocabParallelEmbedding
 
@@ -298,6 +299,10 @@ class LlamaForCausalLM(nn.Module):
         # What the loader's quantization did (a quant.apply.QuantReport; not imported here:
         # quant.apply is typed against this module), None when the weights are as loaded.
         self.quant_report: Any = None
+        # Run the decoder layers of small CPU forwards in one native call (decoder_stack.py);
+        # False keeps the per-layer Python path (the tests compare the two).
+        self.native_stack = True
+        self._stack: DecoderStack | None = None
 
     # From the final norm, which no quantization replaces (the embedding may be int8).
     @property
@@ -315,11 +320,30 @@ class LlamaForCausalLM(nn.Module):
         # The CPU kernel's RoPE takes float32 angles (rounding once, after the rotation).
         rope_dtype = torch.float32 if native.enabled(h) else h.dtype
         cos_sin = self.model.rotary.cos_sin(batch.positions, max(batch.seq_lens_cpu), rope_dtype)
-        for layer in self.model.layers:
-            h = layer.forward(h, batch, attn, cos_sin)
+        stack = self._native_stack(h, batch, attn)
+        if stack is not None:  # every layer in one native call (decoder_stack.py)
+            stack[0].run(h, cos_sin, stack[1])
+        else:
+            for layer in self.model.layers:
+                h = layer.forward(h, batch, attn, cos_sin)
         # The final norm is per row: only the rows whose logits are wanted need it.
         h = self.model.norm(h.index_select(0, batch.logits_indices))
         return self.lm_head(h).float()
+
+    def _native_stack(
+        self, h: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend
+    ) -> tuple[DecoderStack, NativeLayersPlan] | None:
+        """The one-call decoder stack and the step's attention plan, where they serve this
+        forward: CPU kernels, one process's whole model, few enough rows, the native attention."""
+        if not self.native_stack or self.tp is not None or not native.enabled(h):
+            return None
+        if self._stack is None:  # described once, after loading and quantization replaced modules
+            layers = cast("list[LlamaDecoderLayer]", list(self.model.layers))
+            self._stack = DecoderStack(layers, self.local_config.rms_norm_eps, h.dtype)
+        if h.shape[0] > self._stack.max_rows():
+            return None
+        plan = attn.native_layers_plan(batch)
+        return None if plan is None else (self._stack, plan)
 
     # -- weights -------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@
 ``attention/torch_paged.py``); ``elementwise.cpp``: RoPE in place, SiLU(gate) * up and RMSNorm
 (with the residual add before it), one pass each (the model's layers use them on the CPU, see
 :func:`enabled`); ``gemv.cpp`` and ``gemv_int4.cpp``: the linear layers at decode row counts
-(see ``cpu_gemv.py``).
+(see ``cpu_gemv.py``); ``decoder_layers.cpp``: all of these for every layer of a forward in
+one call (see ``decoder_stack.py``).
 
 They are compiled on first use with ``torch.utils.cpp_extension`` (g++ and ninja; the
 build is cached under ``TORCH_EXTENSIONS_DIR``; 15-30 s the first time) for the machine it
@@ -30,7 +31,14 @@ log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = [
-    _CSRC / name for name in ("paged_attention.cpp", "elementwise.cpp", "gemv.cpp", "gemv_int4.cpp")
+    _CSRC / name
+    for name in (
+        "paged_attention.cpp",
+        "elementwise.cpp",
+        "gemv.cpp",
+        "gemv_int4.cpp",
+        "decoder_layers.cpp",
+    )
 ]
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
@@ -151,6 +159,19 @@ class AttentionPlan:
     own_pages: torch.Tensor
     own_start: torch.Tensor
     own_len: torch.Tensor
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The eight index tensors in the kernel's argument order."""
+        return [
+            self.q_start,
+            self.new_len,
+            self.group_start,
+            self.shared_pages,
+            self.shared_start,
+            self.own_pages,
+            self.own_start,
+            self.own_len,
+        ]
 
     @staticmethod
     def build(groups: list[tuple[list[Member], list[int]]]) -> AttentionPlan:

@@ -15,7 +15,7 @@ from torch import nn
 from radixserve.model import cpu_gemv
 from radixserve.model.cpu_linear import PackedLinear, onednn_linear_supported
 from radixserve.model.quant.formats import dequantize_int4, quantize_int4, quantize_int8
-from radixserve.model.quant.linear import Int8Linear
+from radixserve.model.quant.linear import Int4Linear, Int8Linear
 
 pytestmark = pytest.mark.skipif(
     not cpu_gemv.available(), reason="gemv kernels need AVX-512 bf16 and a compiler"
@@ -31,6 +31,15 @@ INT4_CASES = (
     ((64, 192), 64),
     ((36, 384), 128),
     ((3072, 576), 32),
+    # Every block size of the input order (gemv_int4.cpp): K = 32 and 64 alone (only the
+    # 32- and 64-input tails), 31 groups (blocks of 16, 8, 4, 2, 1), 6 groups of 128
+    # (4 + 2), 24 of 64 (16 + 8), group 256.
+    ((16, 32), 32),
+    ((20, 64), 64),
+    ((8, 992), 32),
+    ((12, 768), 128),
+    ((16, 1536), 64),
+    ((8, 4096), 256),
 )
 
 
@@ -86,8 +95,9 @@ def test_int4(shape: tuple[int, int], group: int) -> None:
     n, k = shape
     torch.manual_seed(2)
     q = quantize_int4(torch.randn(n, k) * 0.05, group, torch.bfloat16)
-    packed = cpu_gemv.pack_int4(q.codes)
-    assert packed.shape == (n, k // 2) and torch.equal(cpu_gemv.unpack_int4(packed), q.codes)
+    packed = cpu_gemv.pack_int4(q.codes, group)
+    assert packed.shape == (n, k // 2) and torch.equal(cpu_gemv.unpack_int4(packed, group), q.codes)
+    assert torch.equal(cpu_gemv.unpack_int4_torch(packed, group), q.codes)
     sz = cpu_gemv.int4_scales_zeros(q.scale, q.zero)
     w = dequantize_int4(q, torch.float64)
     for m in ROWS:
@@ -99,6 +109,46 @@ def test_int4(shape: tuple[int, int], group: int) -> None:
         lambda t: cpu_gemv.int4_linear(t, packed, sz, group),
         torch.randn(17, k, dtype=torch.bfloat16),
     )
+
+
+@pytest.mark.parametrize("k,group", [(32, 32), (576, 32), (992, 32), (576, 64), (768, 128)])
+def test_int4_input_order(k: int, group: int) -> None:
+    """A permutation of the inputs that keeps each 32-bit lane on one group, and the plain
+    order for a single group."""
+    order = cpu_gemv.int4_input_order(k, group)
+    assert torch.equal(order.sort().values, torch.arange(k))
+    lanes = order.view(-1, 16, 2)  # [vectors, lanes, the lane's two inputs]
+    assert torch.equal(lanes[..., 1], lanes[..., 0] + 1)
+    assert torch.equal(cpu_gemv.int4_input_order(group, group), torch.arange(group))
+
+
+def test_same_bits_on_any_thread_split() -> None:
+    """The ops split tiles over torch's threads (the calling-thread entry points of gemv.h on
+    each range): 1 thread or 2, the same bits, for every kernel."""
+    torch.manual_seed(5)
+    w = torch.randn(3072, 576) * 0.05
+    q8 = quantize_int8(w, torch.bfloat16)
+    q4 = quantize_int4(w, 32, torch.bfloat16)
+    packed, sz = cpu_gemv.pack_int4(q4.codes, 32), cpu_gemv.int4_scales_zeros(q4.scale, q4.zero)
+    x = torch.randn(5, 576)
+    xb = x.bfloat16()
+    calls = [
+        lambda: cpu_gemv.linear(
+            x, w, torch.randn(3072, generator=torch.Generator().manual_seed(0))
+        ),
+        lambda: cpu_gemv.linear(xb, w.bfloat16()),
+        lambda: cpu_gemv.int8_linear(xb, q8.qweight, q8.scale),
+        lambda: cpu_gemv.int4_linear(xb, packed, sz, 32),
+    ]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [call() for call in calls]
+        torch.set_num_threads(2)
+        for call, want in zip(calls, one):
+            assert torch.equal(call(), want)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_layers_use_the_kernels_and_match_their_references() -> None:
@@ -114,10 +164,11 @@ def test_layers_use_the_kernels_and_match_their_references() -> None:
                 torch.testing.assert_close(packed(x), lin(x), atol=1e-5, rtol=1e-5)
     w = torch.randn(192, 256) * 0.05
     int8 = Int8Linear(quantize_int8(w, torch.bfloat16), None)
-    for layer in (int8,):
+    int4 = Int4Linear(quantize_int4(w, 32, torch.bfloat16), None)
+    for layer in (int8, int4):
         assert layer.gemv
         with torch.inference_mode():
-            for m in (1, 7, layer.dense_min_rows - 1):
+            for m in (1, 2, 3, 4, 7, 8, layer.dense_min_rows - 1):
                 x = torch.randn(m, 256)
                 got, ref = layer(x), layer.forward_reference(x)
                 assert _rel_err(got, ref) < 2**-7, (layer.method, m)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from radixserve.engine.config import EngineConfig
+from radixserve.model import cpu_gemv
 from radixserve.model.loader import load_model
 from radixserve.model.quant import QuantConfig, set_reference_mode
 from radixserve.model.quant.apply import make_quantized_linear, quantize_weight
@@ -89,11 +90,14 @@ def test_int4_cpu_layout_round_trip(n: int) -> None:
     assert torch.equal(unpack_cpu_int4(packed, n, 64), codes)
 
 
-def test_int4_layout_agnostic_decode_matches() -> None:
-    """The identity-matmul decode (used when the packed layout is unknown) gives the same weight."""
+@pytest.mark.parametrize("gemv", [False, True])
+def test_int4_layout_agnostic_decode_matches(gemv: bool) -> None:
+    """The identity-matmul decode (used when the packed layout is unknown) gives the same weight,
+    in tinygemm's layout and in cpu_gemv's (where it is built)."""
     torch.manual_seed(2)
     q = quantize_int4(torch.randn(96, 128), 32, scale_dtype=torch.bfloat16)
-    layer = Int4Linear(q, None)
+    layer = Int4Linear(q, None, gemv=gemv)
+    assert layer.gemv == (gemv and cpu_gemv.available())
     known = layer.int4_weight()
     layer.cpu_layout_known = False
     agnostic = layer.int4_weight()
@@ -122,12 +126,12 @@ def _logits(model: nn.Module, seq: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 @pytest.mark.parametrize("model", ["tiny_llama_dir", "tiny_qwen2_dir"])
-@pytest.mark.parametrize("rows", [6, 40, 260])
+@pytest.mark.parametrize("rows", [6, 40, 330])
 def test_model_logits_equal_reference_path(
     method: str, model: str, rows: int, request: pytest.FixtureRequest
 ) -> None:
     """Same quantized weights, kernels (6 rows) or the dense prefill path (int8: 40 rows,
-    int4: 260) vs the dequantize-then-matmul reference: the same logits up to bf16 output
+    int4: 330) vs the dequantize-then-matmul reference: the same logits up to bf16 output
     rounding. (The exact greedy comparison is tests/model/test_quant_exact.py.)"""
     qmodel = load_model(request.getfixturevalue(model), quantization=method, announce=False)
     seq = list(range(3, 3 + rows))

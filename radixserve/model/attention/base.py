@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
 from radixserve.model.forward_batch import ForwardBatch
+from radixserve.model.native import AttentionPlan
+
+
+@dataclass(frozen=True)
+class NativeLayersPlan:
+    """What a forward that runs all its layers in one CPU call needs from the backend: the
+    step's attention plan, each layer's K and V pages, and the rows' KV slots."""
+
+    plan: AttentionPlan
+    k_pages: list[torch.Tensor]
+    v_pages: list[torch.Tensor]
+    slots: torch.Tensor
 
 
 class AttentionBackend(ABC):
@@ -34,6 +47,12 @@ class AttentionBackend(ABC):
         only: never read the device). The default has nothing to build; backends with
         per-batch metadata override it (deliberately not abstract)."""
         return
+
+    def native_layers_plan(self, batch: ForwardBatch) -> NativeLayersPlan | None:
+        """For the CPU's one-call decoder stack (``model/decoder_stack.py``): the plan and pages
+        of ``batch`` when this backend attends through ``native.paged_attention`` with
+        unquantized pages; None (the default) keeps the per-layer forward."""
+        return None
 
     @property
     def fuses_rope_store(self) -> bool:

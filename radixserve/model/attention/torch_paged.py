@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixserve.model import native
-from radixserve.model.attention.base import AttentionBackend
+from radixserve.model.attention.base import AttentionBackend, NativeLayersPlan
 from radixserve.model.attention.cascade import (
     attention_with_lse,
     merge_partial,
@@ -359,6 +359,17 @@ class TorchPagedAttentionBackend(AttentionBackend):
         k, v = self._gather(layer_id, pages, dtype)
         return k.view(n, -1, *k.shape[1:]).transpose(1, 2), v.view(n, -1, *v.shape[1:]).transpose(
             1, 2
+        )
+
+    def native_layers_plan(self, batch: ForwardBatch) -> NativeLayersPlan | None:
+        """The CPU kernel's plan for ``batch`` (prepared by init_forward_metadata) with the
+        pool's per-layer pages, for a forward that runs every layer in one native call."""
+        meta = self._meta
+        if meta is None or meta.native is None or self._meta_batch is not batch:
+            return None
+        assert batch.out_cache_loc is not None  # a paged batch (init_forward_metadata)
+        return NativeLayersPlan(
+            meta.native, self.pool.k_data, self.pool.v_data, batch.out_cache_loc
         )
 
     # -- attention -----------------------------------------------------------------------

@@ -149,28 +149,75 @@ inline void tile(const D& d, const T* x, int64_t ldx, int64_t k, int64_t n0, int
     for (int j = 0; j < MT; ++j) sums[(m0 + j) * ldsum + i] = d.finish(n0 + i, _mm512_reduce_add_ps(acc[i][j]));
 }
 
-// Run tiles over all outputs and rows; ``store(m, n0, nt, sums)`` writes nt results of row m.
+// Tiles [begin, end) of kNT outputs times every row, on the calling thread;
+// ``store(m, n0, nt, sums)`` writes nt results of row m.
 template <typename D, typename T, typename Store>
-void run_tiles(const D& d, const T* x, int64_t m, int64_t n, int64_t k, double bytes_per_weight,
-               Store&& store) {
-  const int64_t tiles = (n + kNT - 1) / kNT;
-  at::parallel_for(0, tiles, grain_for(k, bytes_per_weight), [&](int64_t begin, int64_t end) {
-    std::vector<float> sums(static_cast<size_t>(m) * kNT);
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t n0 = t * kNT;
-      const int nt = static_cast<int>(std::min<int64_t>(kNT, n - n0));
-      for (int64_t m0 = 0; m0 < m; m0 += kMT) {
-        const int mt = static_cast<int>(std::min<int64_t>(kMT, m - m0));
-        dispatch<kMT>(nt, mt, [&](auto NT, auto MT) {
-          tile<decltype(NT)::value, decltype(MT)::value>(d, x, k, k, n0, m0, sums.data(), kNT);
-        });
-      }
-      for (int64_t r = 0; r < m; ++r) store(r, n0, nt, sums.data() + r * kNT);
+void rows_range(const D& d, const T* x, int64_t m, int64_t n, int64_t k, int64_t begin, int64_t end,
+                Store&& store) {
+  std::vector<float> sums(static_cast<size_t>(m) * kNT);
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t n0 = t * kNT;
+    const int nt = static_cast<int>(std::min<int64_t>(kNT, n - n0));
+    for (int64_t m0 = 0; m0 < m; m0 += kMT) {
+      const int mt = static_cast<int>(std::min<int64_t>(kMT, m - m0));
+      dispatch<kMT>(nt, mt, [&](auto NT, auto MT) {
+        tile<decltype(NT)::value, decltype(MT)::value>(d, x, k, k, n0, m0, sums.data(), kNT);
+      });
     }
-  });
+    for (int64_t r = 0; r < m; ++r) store(r, n0, nt, sums.data() + r * kNT);
+  }
 }
 
 #endif  // RADIXSERVE_GEMV
+
+}  // namespace
+
+namespace radixserve_cpu::gemv {
+
+#if RADIXSERVE_GEMV
+void dense_rows_f32(const float* x, int64_t m, const float* w, const float* bias, int64_t n, int64_t k,
+                    int64_t tile_begin, int64_t tile_end, float* out) {
+  rows_range(F32{w, k}, x, m, n, k, tile_begin, tile_end, [&](int64_t r, int64_t n0, int nt, const float* s) {
+    for (int i = 0; i < nt; ++i) out[r * n + n0 + i] = bias ? s[i] + bias[n0 + i] : s[i];
+  });
+}
+
+void dense_rows_bf16(const uint16_t* x, int64_t m, const uint16_t* w, const float* bias, int64_t n, int64_t k,
+                     int64_t tile_begin, int64_t tile_end, uint16_t* out) {
+  rows_range(BF16{w, k}, x, m, n, k, tile_begin, tile_end, [&](int64_t r, int64_t n0, int nt, const float* s) {
+    for (int i = 0; i < nt; ++i) out[r * n + n0 + i] = float_to_bf16(bias ? s[i] + bias[n0 + i] : s[i]);
+  });
+}
+
+void int8_rows(const uint16_t* x, int64_t m, const int8_t* q, const uint16_t* scale, int64_t n, int64_t k,
+               int64_t tile_begin, int64_t tile_end, uint16_t* out) {
+  I8 d;
+  d.ldw = k;
+  d.q = q;
+  d.scale = scale;
+  rows_range(d, x, m, n, k, tile_begin, tile_end, [&](int64_t r, int64_t n0, int nt, const float* s) {
+    for (int i = 0; i < nt; ++i) out[r * n + n0 + i] = float_to_bf16(s[i]);
+  });
+}
+#else
+void dense_rows_f32(const float*, int64_t, const float*, const float*, int64_t, int64_t, int64_t, int64_t, float*) {
+  TORCH_CHECK(false, "radixserve_cpu gemv kernels were not built for this CPU (need AVX-512 bf16)");
+}
+void dense_rows_bf16(const uint16_t*, int64_t, const uint16_t*, const float*, int64_t, int64_t, int64_t, int64_t,
+                     uint16_t*) {
+  TORCH_CHECK(false, "radixserve_cpu gemv kernels were not built for this CPU (need AVX-512 bf16)");
+}
+void int8_rows(const uint16_t*, int64_t, const int8_t*, const uint16_t*, int64_t, int64_t, int64_t, int64_t,
+               uint16_t*) {
+  TORCH_CHECK(false, "radixserve_cpu gemv kernels were not built for this CPU (need AVX-512 bf16)");
+}
+#endif  // RADIXSERVE_GEMV
+
+}  // namespace radixserve_cpu::gemv
+
+namespace {
+
+using namespace radixserve_cpu::gemv;
 
 void check_x(const at::Tensor& x, at::ScalarType dtype, int64_t k) {
   TORCH_CHECK(gemv_supported(), "radixserve_cpu gemv kernels were not built for this CPU (need AVX-512 bf16)");
@@ -195,19 +242,17 @@ at::Tensor gemv_dense(const at::Tensor& x, const at::Tensor& w, const std::optio
   at::Tensor y = at::empty({m, n}, x.options());
 #if RADIXSERVE_GEMV
   const float* bp = has_bias ? b.data_ptr<float>() : nullptr;
+  const int64_t tiles = dense_tiles(n);
   if (w.scalar_type() == at::kFloat) {
-    float* yp = y.data_ptr<float>();
-    run_tiles(F32{w.data_ptr<float>(), k}, x.data_ptr<float>(), m, n, k, 4.0,
-              [&](int64_t r, int64_t n0, int nt, const float* s) {
-                for (int i = 0; i < nt; ++i) yp[r * n + n0 + i] = bp ? s[i] + bp[n0 + i] : s[i];
-              });
+    at::parallel_for(0, tiles, grain_for(k, 4.0), [&](int64_t begin, int64_t end) {
+      dense_rows_f32(x.data_ptr<float>(), m, w.data_ptr<float>(), bp, n, k, begin, end, y.data_ptr<float>());
+    });
   } else {
-    uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-    run_tiles(BF16{reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), k},
-              reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, n, k, 2.0,
-              [&](int64_t r, int64_t n0, int nt, const float* s) {
-                for (int i = 0; i < nt; ++i) yp[r * n + n0 + i] = float_to_bf16(bp ? s[i] + bp[n0 + i] : s[i]);
-              });
+    at::parallel_for(0, tiles, grain_for(k, 2.0), [&](int64_t begin, int64_t end) {
+      dense_rows_bf16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m,
+                      reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), bp, n, k, begin, end,
+                      reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()));
+    });
   }
 #endif
   return y;
@@ -222,15 +267,11 @@ at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
               "scale must be contiguous bfloat16 [N]");
   at::Tensor y = at::empty({m, n}, x.options());
 #if RADIXSERVE_GEMV
-  I8 d;
-  d.ldw = k;
-  d.q = q.data_ptr<int8_t>();
-  d.scale = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
-  uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-  run_tiles(d, reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, n, k, 1.0,
-            [&](int64_t r, int64_t n0, int nt, const float* s) {
-              for (int i = 0; i < nt; ++i) yp[r * n + n0 + i] = float_to_bf16(s[i]);
-            });
+  at::parallel_for(0, dense_tiles(n), grain_for(k, 1.0), [&](int64_t begin, int64_t end) {
+    int8_rows(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, q.data_ptr<int8_t>(),
+              reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>()), n, k, begin, end,
+              reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()));
+  });
 #endif
   return y;
 }
@@ -240,6 +281,7 @@ at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
 // int4 lives in gemv_int4.cpp; it shares this file's conventions.
 at::Tensor radixserve_gemv_int4(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros,
                                 int64_t group_size);
+at::Tensor radixserve_gemv_int4_unpack(const at::Tensor& packed, int64_t group_size);
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def("gemv_supported() -> bool", &gemv_supported);
@@ -249,4 +291,6 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.impl("gemv_int8", c10::DispatchKey::CPU, &gemv_int8);
   m.def("gemv_int4(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
   m.impl("gemv_int4", c10::DispatchKey::CPU, &radixserve_gemv_int4);
+  m.def("gemv_int4_unpack(Tensor packed, int group_size) -> Tensor");
+  m.impl("gemv_int4_unpack", c10::DispatchKey::CPU, &radixserve_gemv_int4_unpack);
 }

@@ -68,4 +68,47 @@ inline int64_t grain_for(int64_t k, double bytes_per_weight) {
 
 #endif  // RADIXSERVE_GEMV
 
+// --- Entry points for callers that run their own threads (a fused decoder layer) -----------
+//
+// Each computes out[r, 4 t : 4 t + 4] for every row r < m and the tiles t in
+// [tile_begin, tile_end) of 4 outputs, on the calling thread only, into a caller-provided
+// row-major [M, N] output: any split of [0, dense_tiles(n)) over threads gives the same bits
+// as the torch ops (which split it over torch's pool). Weights row-major [N, K] in place.
+
+// Tiles of 4 outputs over n outputs (the last may be partial): (n + 3) / 4.
+inline int64_t dense_tiles(int64_t n) { return (n + 3) / 4; }
+
+// float32 x [M, K], w [N, K], optional float32 bias [N] (nullptr: none) -> float32 out.
+void dense_rows_f32(const float* x, int64_t m, const float* w, const float* bias, int64_t n, int64_t k,
+                    int64_t tile_begin, int64_t tile_end, float* out);
+
+// bf16 x [M, K], w [N, K], optional float32 bias [N] -> bf16 out (float32 sums, one rounding).
+void dense_rows_bf16(const uint16_t* x_bf16, int64_t m, const uint16_t* w_bf16, const float* bias, int64_t n,
+                     int64_t k, int64_t tile_begin, int64_t tile_end, uint16_t* out_bf16);
+
+// bf16 x [M, K], int8 codes q [N, K], bf16 per-output scale [N] -> bf16 out = (x @ q.T) * scale.
+void int8_rows(const uint16_t* x_bf16, int64_t m, const int8_t* q, const uint16_t* scale_bf16, int64_t n, int64_t k,
+               int64_t tile_begin, int64_t tile_end, uint16_t* out_bf16);
+
+// --- int4 (gemv_int4.cpp) ----------------------------------------------------------------
+//
+// The weight in ``pack_int4``'s layout: uint8 [N, K / 2] (N % 4 == 0, tiles: N / 4), the
+// inputs in the kernel's block order; scales and zeros bf16 [N, 2, K / G]. A call is
+// int4_prepare once for the activations (a few microseconds), then int4_rows over ranges
+// of tiles.
+
+// Floats of int4_prepare's per-row sums (xsum) for K inputs in groups of G.
+int64_t int4_xsum_size(int64_t k, int64_t group);
+
+// bf16 x [M, K] -> xq [M, K] (the same values in the weight's input order) and xsum
+// [M, int4_xsum_size(k, group)] (per block and lane, the sum of the inputs that lane sees).
+void int4_prepare(const uint16_t* x_bf16, int64_t m, int64_t k, int64_t group, uint16_t* xq_bf16, float* xsum);
+
+// out[r, n0:n0 + 4] for r < m and the tiles t in [tile_begin, tile_end) (n0 = 4 t), bf16
+// [M, N] row-major: y = x @ W.T with W = (q - 8) * scale + zero per group; on the calling
+// thread only.
+void int4_rows(const uint16_t* xq_bf16, int64_t m, const uint8_t* packed, const uint16_t* scales_zeros, int64_t n,
+               int64_t k, int64_t group, int64_t tile_begin, int64_t tile_end, uint16_t* out_bf16,
+               const float* xsum);
+
 }  // namespace radixserve_cpu::gemv

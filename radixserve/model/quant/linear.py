@@ -10,10 +10,13 @@ Which kernels (measured on the project's 2-core AVX-512 VM, SmolLM2 shapes,
   float32 again for every row (~45 us per row per SmolLM2 layer): at 1 row both take ~300 us
   per layer's four linears, at 16 rows cpu_gemv 1034 us against 2014 (2026-12-01, shared
   VM, one interleaved run). Elsewhere (CUDA, or where cpu_gemv is not built) torch's kernel.
-- int4 stays on torch's tinygemm kernels (``_weight_int4pack_mm_for_cpu``; CUDA
-  ``_weight_int4pack_mm``). cpu_gemv has an int4 kernel (its own nibble layout, bf16 dot
-  products, exact per product), but on SmolLM2's decode step it measured no faster than
-  tinygemm at 1 row and slower at 4-16 rows, so the layer does not use it yet.
+- int4 on the CPU: cpu_gemv's int4 kernel (``gemv_int4``, its own layout from ``pack_int4``:
+  nibbles in tiles of 4 outputs, inputs reordered so that each float lane of the bf16 dot
+  products stays on one group and the group scales apply once per 16 groups). At decode row
+  counts it streams the weight faster than torch's tinygemm (``_weight_int4pack_mm_for_cpu``)
+  on SmolLM2's shapes (``benchmarks/bench_int4_gemv.py``; docs/quantization.md has the
+  figures) and, like the int8 kernel, sums each row on its own. Where cpu_gemv is not built,
+  tinygemm; on CUDA ``_weight_int4pack_mm``.
 
 Both are GEMV-shaped: their cost grows with the number of rows, and past a few dozen rows
 (prefill chunks) decoding the weight once into a bf16 matrix and calling the BLAS GEMM is
@@ -59,10 +62,12 @@ from radixserve.model.quant.formats import (
 # Rows from which decoding the weight and running the dense GEMM beats the packed kernel
 # (CPU; measured crossover 16-64 rows on SmolLM2's shapes).
 DEQUANT_MIN_ROWS = 32
-# int4's decode costs ~4x int8's (nibbles, group scales and zeros; ~6 ms per SmolLM2 layer
-# against the kernel's ~45 us per row): its crossover is near 240 rows
-# (``bench_quant.py --layer-rows``).
-INT4_DEQUANT_MIN_ROWS = 256
+# int4's decode costs ~4x int8's (nibbles, group scales and zeros; ~6 ms per SmolLM2 layer).
+# Against tinygemm (~45 us per row per layer) the crossover was near 240 rows; cpu_gemv's
+# int4 kernel (~18 us per row) moved it to ~300-380 (2026-12-02, ``bench_quant.py
+# --layer-rows 128,256,384,512``, 4.7 ms against 8.4 at 256 rows, 7.5 against 6.5 at 384).
+INT4_DEQUANT_MIN_ROWS = 320
+INT4_TINYGEMM_DEQUANT_MIN_ROWS = 256  # where tinygemm serves int4 (cpu_gemv not built)
 # With a decoded copy kept (``--quant-dense-cache``), rows from which its GEMM beats the
 # packed kernels: the kernels cost ~45 us per row per SmolLM2 layer (float32 FMAs, no weight
 # reuse across rows), the oneDNN bf16 GEMM is nearly flat up to 16 rows (bench_quant.py).
@@ -254,44 +259,65 @@ def unpack_cpu_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 
 class Int4Linear(QuantizedLinear):
-    """int4 weight-only, group-wise scale and zero, torch's tinygemm kernels
-    (``_weight_int4pack_mm_for_cpu`` on the CPU, ``_weight_int4pack_mm`` on CUDA)."""
+    """int4 weight-only, group-wise scale and zero. On the CPU :mod:`cpu_gemv`'s int4 kernel
+    (its own layout, ``pack_int4``) where it is built, else torch's tinygemm kernel
+    (``_weight_int4pack_mm_for_cpu``); on CUDA tinygemm's ``_weight_int4pack_mm``."""
 
     method = "int4"
     packed: torch.Tensor  # buffers (registered in __init__)
     scales_and_zeros: torch.Tensor
 
     def __init__(
-        self, w: Int4Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.bfloat16
+        self,
+        w: Int4Weight,
+        bias: torch.Tensor | None,
+        compute_dtype: torch.dtype = torch.bfloat16,
+        gemv: bool | None = None,
     ):
+        """``gemv``: use cpu_gemv's kernel on the CPU (None: wherever it is available)."""
         n, k = w.codes.shape
         super().__init__(k, n, bias, compute_dtype)
         if n % 16:
             raise ValueError(f"int4 kernels need out_features divisible by 16, got {n}")
         self.group_size = w.group_size
-        self.dense_min_rows = self.default_dense_min_rows = INT4_DEQUANT_MIN_ROWS
         # Not `self.cuda`: that would hide nn.Module.cuda() on this layer.
         self.on_cuda = w.codes.device.type == "cuda"
+        usable = not self.on_cuda and compute_dtype is torch.bfloat16 and cpu_gemv.available()
+        self.gemv = usable if gemv is None else gemv and usable
+        self.dense_min_rows = self.default_dense_min_rows = (
+            INT4_DEQUANT_MIN_ROWS if self.gemv else INT4_TINYGEMM_DEQUANT_MIN_ROWS
+        )
         if self.on_cuda:
             if compute_dtype is not torch.bfloat16:
                 raise ValueError("int4 on CUDA multiplies in bfloat16 only")
             nibbles = (w.codes[:, ::2] << 4 | w.codes[:, 1::2]).contiguous()
             packed = torch._convert_weight_to_int4pack(nibbles, _int4_inner_k_tiles(k))
+        elif self.gemv:
+            packed = cpu_gemv.pack_int4(w.codes, w.group_size)
         else:
             packed = torch._convert_weight_to_int4pack_for_cpu(w.codes.to(torch.int32), 1)
         self.register_buffer("packed", packed)
-        # [K / group, N, 2]: the kernels' scales-and-zeros layout.
-        sz = torch.stack([w.scale.t(), w.zero.t()], dim=-1).to(compute_dtype).contiguous()
-        self.register_buffer("scales_and_zeros", sz)
+        # cpu_gemv: [N, 2, K / group]; tinygemm: [K / group, N, 2].
+        self.register_buffer("scales_and_zeros", self._layout_scales_zeros(w.scale, w.zero))
         # The dense prefill path unpacks the codes itself: only when the layout is the one
         # we know (verified on this very weight), otherwise every row count uses the kernel.
-        self.cpu_layout_known = not self.on_cuda and torch.equal(
-            unpack_cpu_int4(packed, n, k), w.codes
+        self.cpu_layout_known = self.gemv or (
+            not self.on_cuda and torch.equal(unpack_cpu_int4(packed, n, k), w.codes)
         )
+
+    def _layout_scales_zeros(self, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+        """Scales and zeros ``[N, K / group]`` each in the kernel's layout and dtype."""
+        if self.gemv:
+            return cpu_gemv.int4_scales_zeros(scale, zero)
+        return torch.stack([scale.t(), zero.t()], dim=-1).to(self.compute_dtype).contiguous()
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self._dense_path(x.shape[0]):
             return self._dense_matmul(x)
+        if self.gemv:
+            return cpu_gemv.int4_linear(
+                x.contiguous(), self.packed, self.scales_and_zeros, self.group_size
+            )
         if self.on_cuda:
             return torch._weight_int4pack_mm(x, self.packed, self.group_size, self.scales_and_zeros)
         return torch._weight_int4pack_mm_for_cpu(
@@ -304,26 +330,24 @@ class Int4Linear(QuantizedLinear):
 
     def int4_weight(self) -> Int4Weight:
         """The codes, scales and zeros this layer multiplies with."""
+        sz = self.scales_and_zeros
+        scale, zero = (sz[:, 0], sz[:, 1]) if self.gemv else (sz[..., 0].t(), sz[..., 1].t())
         if self.cpu_layout_known:
-            codes = unpack_cpu_int4(self.packed, self.out_features, self.in_features)
+            if self.gemv:
+                codes = cpu_gemv.unpack_int4(self.packed, self.group_size)
+            else:
+                codes = unpack_cpu_int4(self.packed, self.out_features, self.in_features)
         else:
             # Layout-agnostic: the kernel applied to the identity recovers W^T exactly
             # (each output is one product). Slow, used only off the hot path.
             eye = torch.eye(self.in_features, dtype=self.compute_dtype, device=self.packed.device)
-            zero_sz = torch.stack(
-                [
-                    torch.ones_like(self.scales_and_zeros[..., 0]),
-                    torch.full_like(self.scales_and_zeros[..., 0], 8),
-                ],
-                dim=-1,
-            )
-            saved, self.scales_and_zeros = self.scales_and_zeros, zero_sz
+            unit = self._layout_scales_zeros(torch.ones_like(scale), torch.full_like(zero, 8))
+            saved, self.scales_and_zeros = self.scales_and_zeros, unit
             try:
                 codes = self._matmul(eye).t().round().to(torch.uint8)  # (q - 8) * 1 + 8 = q
             finally:
                 self.scales_and_zeros = saved
-        sz = self.scales_and_zeros
-        return Int4Weight(codes, sz[..., 0].t(), sz[..., 1].t(), self.group_size)
+        return Int4Weight(codes, scale, zero, self.group_size)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return dequantize_int4(self.int4_weight(), dtype)

@@ -1,0 +1,174 @@
+// The whole decoder stack of a Llama-family model for one CPU forward, in one call.
+//
+// A batch-1 decode step of SmolLM2 is ~300 small operations (per layer: two RMSNorms, four
+// linears, RoPE, the paged attention, SiLU * up, the residual adds). Launched one by one
+// from Python, each paid the interpreter, torch's Python binding and the dispatcher, ~4.6 ms
+// of a step whose weights stream in ~18 ms (fp32), ~3 ms (int4): for quantized weights the
+// overhead was the larger part. Here the layers run in C++, calling the very same kernels in
+// the same order (the project's ops through the dispatcher, torch's int4 kernel through
+// ATen), so the result is bit for bit that of the Python path (tests/model/
+// test_decoder_layers.py holds both to it): only the per-op overhead goes.
+//
+// Each linear layer is described by a kind and three optional tensors (see ``Kind``); the
+// Python side (``decoder_stack.py``) builds the lists once from the model's modules and only
+// takes this path for row counts at which every linear would run the kernel named here
+// (cpu_gemv's kernels, oneDNN's packed GEMM, torch's int4 kernel below its dense crossover).
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace {
+
+// How a linear layer multiplies (its three tensors a, b, bias):
+enum Kind : int64_t {
+  kDense = 0,         // plain weight of x's dtype: up to ``group`` rows gemv_dense(x, a = weight, bias),
+                      // above them oneDNN's linear on b = its pre-packed copy (cpu_linear.PackedLinear)
+  kInt8 = 1,          // gemv_int8(x as bf16, a = int8 codes, b = bf16 scales), back to x's dtype, + bias
+  kInt4Torch = 2,     // torch's _weight_int4pack_mm_for_cpu(x as bf16, a = packed, group, b = scales/zeros)
+  kInt4Gemv = 3,      // gemv_int4(x as bf16, a = packed, b = scales/zeros, group)
+};
+constexpr int64_t kSlots = 3;  // tensors per linear in the weight list: a, b, bias
+constexpr int64_t kLinears = 4;  // qkv, o, gate_up, down
+
+using OptT = std::optional<at::Tensor>;
+
+// The project's kernels, looked up once (they are registered by the other sources of this
+// library; the dispatcher call is ~1 us, the Python one it replaces ~15-40 us).
+struct Ops {
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const OptT&)> gemv_dense;
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> gemv_int8;
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)> gemv_int4;
+  c10::TypedOperatorHandle<void(at::Tensor, const at::Tensor&, const at::Tensor&)> rotary;
+  c10::TypedOperatorHandle<void(const at::Tensor&, at::Tensor)> silu_mul;
+  c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, double, OptT, at::Tensor)> rms_norm;
+  c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor, const at::Tensor&,
+                                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const OptT&,
+                                const OptT&, const OptT&)>
+      paged_attention;
+
+  static const Ops& get() {
+    static const Ops ops = [] {
+      auto& d = c10::Dispatcher::singleton();
+      auto find = [&](const char* name) { return d.findSchemaOrThrow(name, ""); };
+      return Ops{
+          find("radixserve_cpu::gemv_dense").typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptT&)>(),
+          find("radixserve_cpu::gemv_int8")
+              .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>(),
+          find("radixserve_cpu::gemv_int4")
+              .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)>(),
+          find("radixserve_cpu::rotary_").typed<void(at::Tensor, const at::Tensor&, const at::Tensor&)>(),
+          find("radixserve_cpu::silu_mul").typed<void(const at::Tensor&, at::Tensor)>(),
+          find("radixserve_cpu::rms_norm")
+              .typed<void(const at::Tensor&, const at::Tensor&, double, OptT, at::Tensor)>(),
+          find("radixserve_cpu::paged_attention")
+              .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor, const at::Tensor&,
+                          const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                          const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const OptT&,
+                          const OptT&, const OptT&)>(),
+      };
+    }();
+    return ops;
+  }
+};
+
+// torch's mkldnn::_linear_pointwise(x, packed, bias, "none", [], ""): called boxed, its C++
+// signature being torch's internal business.
+at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const OptT& bias) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  c10::Stack stack;
+  stack.reserve(6);
+  stack.emplace_back(x);
+  stack.emplace_back(packed);
+  stack.emplace_back(bias);
+  stack.emplace_back(std::string("none"));
+  stack.emplace_back(c10::List<std::optional<at::Scalar>>());
+  stack.emplace_back(std::string(""));
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+// One linear layer, as the model's module would run it at these row counts.
+at::Tensor linear(const Ops& ops, const at::Tensor& x, int64_t kind, const OptT& a, const OptT& b,
+                  const OptT& bias, int64_t group) {
+  if (kind == kDense) return x.size(0) <= group ? ops.gemv_dense.call(x, *a, bias) : onednn_linear(x, *b, bias);
+  // Quantized layers multiply bf16 activations and come back to x's dtype (QuantizedLinear.forward).
+  const at::Tensor xq = x.to(at::kBFloat16);
+  at::Tensor y;
+  switch (kind) {
+    case kInt8: y = ops.gemv_int8.call(xq.contiguous(), *a, *b); break;
+    case kInt4Torch: y = at::_weight_int4pack_mm_for_cpu(xq, *a, group, *b); break;
+    case kInt4Gemv: y = ops.gemv_int4.call(xq.contiguous(), *a, *b, group); break;
+    default: TORCH_CHECK(false, "unknown linear kind ", kind);
+  }
+  y = y.to(x.scalar_type());
+  return bias.has_value() ? y + bias->to(x.scalar_type()) : y;
+}
+
+// Every layer over the batch's rows, ``h`` ([T, hidden], the embeddings) updated in place to
+// the last layer's output (before the final norm). Per layer l: norms[2l], norms[2l + 1]
+// (input and post-attention RMSNorm weights); linear j (qkv, o, gate_up, down) of layer l has
+// kind kinds[4l + j], group size groups[4l + j] and tensors weights[3(4l + j) ..][a, b, bias];
+// KV pages k_pages[l], v_pages[l]. cos/sin: [T, 1, D] float32; plan: the attention plan's
+// eight index tensors (native.AttentionPlan's fields, in order); slots: where the rows' K/V go.
+void decoder_layers(at::Tensor h, at::TensorList norms, double eps, at::IntArrayRef kinds, at::IntArrayRef groups,
+                    const c10::List<OptT>& weights, const at::Tensor& cos, const at::Tensor& sin,
+                    int64_t num_q_heads, int64_t num_kv_heads, at::TensorList k_pages, at::TensorList v_pages,
+                    at::TensorList plan, const at::Tensor& slots, double sm_scale) {
+  const int64_t layers = static_cast<int64_t>(k_pages.size());
+  TORCH_CHECK(h.dim() == 2 && h.is_contiguous() && h.device().is_cpu(), "h must be a contiguous [T, hidden] CPU tensor");
+  TORCH_CHECK(static_cast<int64_t>(v_pages.size()) == layers && static_cast<int64_t>(norms.size()) == 2 * layers &&
+                  static_cast<int64_t>(kinds.size()) == kLinears * layers &&
+                  static_cast<int64_t>(groups.size()) == kLinears * layers &&
+                  static_cast<int64_t>(weights.size()) == kSlots * kLinears * layers,
+              "per-layer lists must have 2 norms, 4 kinds, 4 group sizes and 12 weights per layer");
+  TORCH_CHECK(plan.size() == 8, "plan must hold the attention plan's 8 index tensors");
+  const Ops& ops = Ops::get();
+  const int64_t t = h.size(0);
+  const int64_t d = k_pages.empty() ? 0 : k_pages[0].size(3);
+  const int64_t n_qk = num_q_heads + num_kv_heads;
+  for (int64_t l = 0; l < layers; ++l) {
+    auto lin = [&](const at::Tensor& x, int64_t j) {
+      const int64_t i = kLinears * l + j;
+      const int64_t w = kSlots * i;
+      return linear(ops, x, kinds[i], weights.get(w), weights.get(w + 1), weights.get(w + 2), groups[i]);
+    };
+    // Attention block: norm, qkv, RoPE on q and k together, store + attend, o_proj.
+    at::Tensor x = at::empty_like(h);
+    ops.rms_norm.call(h, norms[2 * l], eps, std::nullopt, x);
+    const at::Tensor qkv = lin(x, 0).view({t, n_qk + num_kv_heads, d});
+    ops.rotary.call(qkv.narrow(1, 0, n_qk), cos, sin);
+    const at::Tensor q = qkv.narrow(1, 0, num_q_heads);
+    const at::Tensor k = qkv.narrow(1, num_q_heads, num_kv_heads);
+    const at::Tensor v = qkv.narrow(1, n_qk, num_kv_heads);
+    at::Tensor attn = at::empty({t, num_q_heads, d}, h.options());
+    ops.paged_attention.call(q, k_pages[l], v_pages[l], attn, plan[0], plan[1], plan[2], plan[3], plan[4], plan[5],
+                             plan[6], plan[7], sm_scale, k, v, slots);
+    const at::Tensor a = lin(attn.view({t, num_q_heads * d}), 1);
+    // MLP block: h += a and its norm in one pass, gate_up, SiLU(gate) * up, down, h += down.
+    at::Tensor x2 = at::empty_like(a);
+    ops.rms_norm.call(a, norms[2 * l + 1], eps, h, x2);
+    const at::Tensor gate_up = lin(x2, 2);
+    at::Tensor act = at::empty({t, gate_up.size(1) / 2}, gate_up.options());
+    ops.silu_mul.call(gate_up, act);
+    h.add_(lin(act, 3));
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
+  m.def(
+      "decoder_layers(Tensor(a!) h, Tensor[] norms, float eps, int[] kinds, int[] groups, Tensor?[] weights, "
+      "Tensor cos, Tensor sin, int num_q_heads, int num_kv_heads, Tensor(b!)[] k_pages, Tensor(c!)[] v_pages, "
+      "Tensor[] plan, Tensor slots, float sm_scale) -> ()");
+  m.impl("decoder_layers", c10::DispatchKey::CPU, &decoder_layers);
+  // The oneDNN-packed weights are MkldnnCPU tensors, which decide the dispatch key.
+  m.impl("decoder_layers", c10::DispatchKey::MkldnnCPU, &decoder_layers);
+}

@@ -1,0 +1,154 @@
+"""The decoder layers of a CPU forward as one native call (``csrc/decoder_layers.cpp``).
+
+A batch-1 decode step makes ~300 small calls (per layer: two norms, four linears, RoPE,
+attention, SiLU * up, residual adds). From Python each cost ~15-40 us of interpreter,
+binding and dispatch on this project's 2-core CPU, ~4.6 ms a step: more than the int4
+weights take to stream. :class:`DecoderStack` hands the whole stack to one C++ call that
+runs the same kernels in the same order, so its output is bit for bit the Python path's.
+
+It applies where every linear layer would, at the forward's row count, run a kernel the C++
+side calls (:func:`linear_spec`): for plain weights cpu_gemv's small-batch kernel up to
+``GEMV_MAX_ROWS`` rows and the oneDNN-packed GEMM above (any row count); for int8 and int4
+their packed kernels (cpu_gemv's; torch's int4 one where cpu_gemv is not built) below the
+dense crossover (``dense_min_rows``), and not in the quantized layers' reference mode. That
+row limit is read from the modules at every forward, so switching a layer's path takes
+effect at once. The rest (tensor parallelism, the GPU, quantized KV pages, quantized
+batches past the crossover) keeps the per-layer Python path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from radixserve.model.attention.base import NativeLayersPlan
+from radixserve.model.cpu_linear import PackedLinear
+from radixserve.model.quant.linear import Int4Linear, Int8Linear, QuantizedLinear
+
+if TYPE_CHECKING:  # llama.py imports this module
+    from radixserve.model.llama import LlamaDecoderLayer
+
+# Linear kinds of decoder_layers.cpp (its ``Kind``).
+KIND_DENSE, KIND_INT8, KIND_INT4_TORCH, KIND_INT4_GEMV = 0, 1, 2, 3
+_UNLIMITED = 1 << 30
+
+
+@dataclass(frozen=True)
+class LinearSpec:
+    """How the native stack runs one linear layer: its kind, tensors and group size."""
+
+    kind: int
+    a: torch.Tensor
+    b: torch.Tensor | None
+    bias: torch.Tensor | None
+    group: int = 0
+
+
+def linear_spec(module: nn.Module, act_dtype: torch.dtype) -> LinearSpec | None:
+    """The native description of ``module``'s CPU path, or None if the stack cannot run it."""
+    if isinstance(module, PackedLinear):
+        if module.weight.dtype != act_dtype:
+            return None
+        # cpu_gemv up to its rows (``group``), the oneDNN-packed copy above them.
+        return LinearSpec(
+            KIND_DENSE, module._gemv_weight, module.packed, module._gemv_bias, module.gemv_max_rows
+        )
+    bias = getattr(module, "bias", None)
+    bias = bias.detach() if isinstance(bias, torch.Tensor) else None
+    if isinstance(module, Int8Linear) and module.gemv:
+        return LinearSpec(KIND_INT8, module.qweight, module.scale, bias)
+    if (
+        isinstance(module, Int4Linear)
+        and not module.on_cuda
+        and module.compute_dtype is torch.bfloat16
+    ):
+        kind = KIND_INT4_GEMV if module.gemv else KIND_INT4_TORCH  # the layout it was packed in
+        return LinearSpec(kind, module.packed, module.scales_and_zeros, bias, module.group_size)
+    return None
+
+
+def native_max_rows(module: QuantizedLinear) -> int:
+    """Rows up to which a quantized layer runs the packed kernel its :func:`linear_spec`
+    names, read now: its reference mode and dense crossover can change at run time.
+    (Plain layers have no limit: both their paths are the stack's.)"""
+    if module.reference:
+        return 0
+    if isinstance(module, Int4Linear) and not (
+        module.cpu_layout_known or module.dense_cache is not None
+    ):
+        return _UNLIMITED  # no dense path: every row count takes the kernel
+    return module.dense_min_rows - 1
+
+
+class DecoderStack:
+    """One model's decoder layers, described once for ``torch.ops.radixserve_cpu.decoder_layers``."""
+
+    def __init__(
+        self, layers: Sequence[LlamaDecoderLayer], eps: float, act_dtype: torch.dtype
+    ) -> None:
+        self.norms: list[torch.Tensor] = []
+        self.kinds: list[int] = []
+        self.groups: list[int] = []
+        self.weights: list[torch.Tensor | None] = []
+        # The layers whose row limit can change (the quantized ones), checked every forward.
+        self.quantized: list[QuantizedLinear] = []
+        self.complete = True
+        self.eps = eps
+        first = layers[0]
+        self.num_q_heads = first.self_attn.num_q_heads
+        self.num_kv_heads = first.self_attn.num_kv_heads
+        self.sm_scale = first.self_attn.sm_scale
+        for layer in layers:
+            self.norms += [
+                layer.input_layernorm.weight.detach(),
+                layer.post_attention_layernorm.weight.detach(),
+            ]
+            for module in (
+                layer.self_attn.qkv_proj,
+                layer.self_attn.o_proj,
+                layer.mlp.gate_up_proj,
+                layer.mlp.down_proj,
+            ):
+                spec = linear_spec(module, act_dtype)
+                if spec is None:
+                    self.complete = False
+                    return
+                if isinstance(module, QuantizedLinear):
+                    self.quantized.append(module)
+                self.kinds.append(spec.kind)
+                self.groups.append(spec.group)
+                self.weights += [spec.a, spec.b, spec.bias]
+        self.complete = all(n.dtype == act_dtype and n.is_contiguous() for n in self.norms)
+
+    def max_rows(self) -> int:
+        """Rows up to which the native stack serves a forward now (0: not at all)."""
+        if not self.complete:
+            return 0
+        return min((native_max_rows(m) for m in self.quantized), default=_UNLIMITED)
+
+    def run(
+        self, h: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], attn: NativeLayersPlan
+    ) -> None:
+        """Every layer over ``h`` ``[T, hidden]`` (in place), storing the rows' K/V into the
+        pages at ``attn.slots``; ``cos_sin`` float32 ``[T, 1, head_dim]`` each."""
+        torch.ops.radixserve_cpu.decoder_layers(
+            h,
+            self.norms,
+            self.eps,
+            self.kinds,
+            self.groups,
+            self.weights,
+            cos_sin[0],
+            cos_sin[1],
+            self.num_q_heads,
+            self.num_kv_heads,
+            attn.k_pages,
+            attn.v_pages,
+            attn.plan.tensors(),
+            attn.slots,
+            self.sm_scale,
+        )

@@ -1,0 +1,104 @@
+"""The one-call decoder stack (``decoder_stack.py``) is the per-layer Python path, bit for bit.
+
+Both run the same kernels in the same order, so an engine generating with the stack and one
+generating without it must agree exactly: tokens and logprobs, for plain fp32/bf16 weights,
+int8 and int4, q/k/v biases and tied embeddings (Qwen2), GQA and MQA, over staggered
+requests of which up to four decode together, cold and then warm (prefix reuse). The
+stack must also really have served the decode steps, and step aside where a layer's
+kernel changes (reference mode).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixserve.engine.engine import Engine
+from radixserve.model import cpu_gemv, native
+from radixserve.model.decoder_stack import KIND_DENSE, KIND_INT4_GEMV, KIND_INT8, DecoderStack
+from radixserve.model.quant import set_reference_mode
+from radixserve.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.skipif(
+    not (native.load() and cpu_gemv.available()), reason="needs the CPU kernels (AVX-512 bf16)"
+)
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(11)
+    shared = torch.randint(3, vocab, (20,), generator=g).tolist()  # a common prefix for some
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (3, 17, 1, 9)] + [
+        shared + [5, 6],
+        shared + [7],
+    ]
+
+
+def _generate(engine: Engine, stack: bool, calls: list[int]) -> list[tuple[list[int], list[float]]]:
+    engine.model.native_stack = stack
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0)
+    out = []
+    for _ in ("cold", "warm"):
+        for o in engine.generate(_prompts(engine.model.config.vocab_size), params):
+            out.append((o.token_ids, [lp.logprob for lp in o.logprobs]))
+        engine.check_invariants()
+    return out
+
+
+@pytest.mark.parametrize(
+    "model,dtype,method",
+    [
+        ("tiny_llama_dir", "float32", None),
+        ("tiny_llama_dir", "bfloat16", None),
+        ("tiny_qwen2_dir", "float32", None),  # q/k/v bias, tied embeddings
+        ("tiny_mqa_dir", "float32", None),
+        ("tiny_llama_dir", "float32", "int8"),
+        ("tiny_qwen2_dir", "float32", "int4"),
+    ],
+)
+def test_stack_equals_per_layer_path(
+    model: str,
+    dtype: str,
+    method: str | None,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = [0]
+    run = DecoderStack.run
+
+    def counted(self: DecoderStack, *args: object) -> None:
+        calls[0] += 1
+        run(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DecoderStack, "run", counted)
+    results = []
+    for stack in (True, False):
+        engine = Engine(
+            str(request.getfixturevalue(model)),
+            dtype=dtype,
+            quantization=method,
+            page_size=4,
+            num_pages=256,
+            max_running_requests=4,
+            max_num_tokens=16,
+        )
+        before = calls[0]
+        results.append(_generate(engine, stack, calls))
+        used = calls[0] - before
+        assert (used > 0) == stack, used  # the stack served the decode steps, or none
+        if stack:  # each layer's own kernel (cpu_gemv's where built: this test needs it)
+            want = {None: KIND_DENSE, "int8": KIND_INT8, "int4": KIND_INT4_GEMV}[method]
+            assert engine.model._stack is not None and set(engine.model._stack.kinds) == {want}
+    assert results[0] == results[1]
+
+
+def test_stack_steps_aside_for_reference_mode(tiny_llama_dir: Path) -> None:
+    engine = Engine(str(tiny_llama_dir), quantization="int8", num_pages=64)
+    engine.generate([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0))
+    stack = engine.model._stack
+    assert stack is not None and stack.max_rows() > 0
+    set_reference_mode(engine.model, True)
+    assert stack.max_rows() == 0  # the reference path is Python's
+    set_reference_mode(engine.model, False)
+    assert stack.max_rows() > 0
