@@ -6,7 +6,7 @@ layers' worth of distinct random weights so they stream from memory as in a deco
 from cache. GB/s counts the bytes each kernel reads: codes (K / 2 per output) plus its scales
 and zeros (bf16, 4 bytes per group per output), the same for both kernels.
 
-    flock /work/bench.lock python benchmarks/bench_int4_gemv.py --rows 1,2,4,8 --groups 32,64 --dense
+    python benchmarks/bench_int4_gemv.py --rows 1,2,4,8 --groups 32,64 --dense
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ accounted time (compute + waits) that a rank spent not computing, averaged over 
 ``pp wait ms`` rank 0's wait for the logits per step (per-rank counters:
 ``engine.pipeline.comm.gather_stats()``).
 
-    flock /work/bench.lock python benchmarks/bench_parallel.py --quick --configs "TP 1,TP 2,PP 2"
+    python benchmarks/bench_parallel.py --quick --configs "TP 1,TP 2,PP 2"
 """
 
 from __future__ import annotations
