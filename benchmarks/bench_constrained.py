@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import platform
 import statistics
 import time
@@ -38,7 +37,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Before torch: radixserve sets the served process's OpenMP wait policy and spin count
+# (OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT), which the runtime reads once, when torch loads it.
+import radixserve  # noqa: F401
+
+# isort: split
 
 import torch  # noqa: E402
 

@@ -19,9 +19,11 @@ median forward time of each variant.
 
 from __future__ import annotations
 
-import os
+# Before torch: radixserve sets the served process's OpenMP wait policy and spin count
+# (OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT), which the runtime reads once, when torch loads it.
+import radixserve  # noqa: F401
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# isort: split
 
 import argparse  # noqa: E402
 import json  # noqa: E402

@@ -32,7 +32,11 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Before torch: radixserve sets the served process's OpenMP wait policy and spin count
+# (OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT), which the runtime reads once, when torch loads it.
+import radixserve  # noqa: F401
+
+# isort: split
 
 import argparse  # noqa: E402
 import datetime as dt  # noqa: E402

@@ -26,11 +26,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import time
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Before torch: radixserve sets the served process's OpenMP wait policy and spin count
+# (OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT), which the runtime reads once, when torch loads it.
+import radixserve  # noqa: F401
+
+# isort: split
 
 import torch  # noqa: E402
 

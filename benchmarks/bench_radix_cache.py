@@ -45,7 +45,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Before torch: radixserve sets the served process's OpenMP wait policy and spin count
+# (OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT), which the runtime reads once, when torch loads it.
+import radixserve  # noqa: F401
+
+# isort: split
 
 from radixserve.memory import OutOfPagesError, PageAllocator, RadixCache  # noqa: E402  (pure Python: no torch)
 

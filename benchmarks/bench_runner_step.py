@@ -15,14 +15,16 @@ machine's drift hits every configuration alike. For each it reports the median d
     python benchmarks/bench_runner_step.py --batch 1 --dtype bfloat16 --steps 30
 
 The weight-streaming floor (every weight read once at the memory bandwidth this machine
-shows for a large copy, measured in the same run) is printed beside the batch-1 step.
+shows reading a large tensor, measured in the same run) is printed beside the batch-1 step.
 """
 
 from __future__ import annotations
 
-import os
+# Before torch: radixserve sets the served process's OpenMP wait policy and spin count
+# (OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT), which the runtime reads once, when torch loads it.
+import radixserve  # noqa: F401
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# isort: split
 
 import argparse  # noqa: E402
 import collections  # noqa: E402
@@ -67,16 +69,19 @@ def instrument(engine: Engine, acc: dict[str, float]) -> None:
 
 
 def weight_floor_ms(engine: Engine) -> tuple[float, float]:
-    """(ms to stream every weight once, GB/s of a large copy here)."""
+    """(ms to stream every weight once, GB/s this machine reads a large tensor at).
+
+    The bandwidth is that of a reduction over 512 MiB (far past any cache) on the engine's
+    threads: a pure read, as a decode step's weights are. (A copy's bytes read plus written
+    over its time overstates it: ~80 against ~40 GB/s here.)"""
     nbytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
-    src = torch.empty(64 << 20, dtype=torch.uint8)
-    dst = torch.empty_like(src)
+    src = torch.ones(128 << 20, dtype=torch.float32)
     best = float("inf")
     for _ in range(5):
         t = time.perf_counter()
-        dst.copy_(src)
+        src.sum()
         best = min(best, time.perf_counter() - t)
-    gbs = 2 * src.numel() / best / 1e9  # a copy reads and writes
+    gbs = src.numel() * src.element_size() / best / 1e9
     return nbytes / (gbs * 1e9) * 1e3, gbs
 
 
@@ -95,6 +100,13 @@ def ttft_ms(engine: Engine, seed: int) -> float:
     while engine.has_unfinished():
         engine.step()
     return ms
+
+
+def _label(mode: tuple[str, str]) -> str:
+    """``static <g> overlap <o>``, or ``native stack <on|off>``."""
+    if mode[0] == "stack":
+        return f"native stack {mode[1]}"
+    return f"static {mode[0]:3s} overlap {mode[1]:3s}"
 
 
 def run(engine: Engine, batch: int, steps: int) -> dict[str, Any]:
@@ -137,35 +149,48 @@ def main() -> int:
     ap.add_argument(
         "--rounds", type=int, default=3, help="interleaved repetitions per configuration"
     )
+    ap.add_argument(
+        "--native-stack",
+        action="store_true",
+        help="compare the CPU's one-call decoder stack on and off instead (graphs, overlap: defaults)",
+    )
     ap.add_argument("--out", default="benchmarks/results/bench_runner_step.json")
     args = ap.parse_args()
     from radixserve.model_store import resolve_model
 
     path = resolve_model(None if args.model == "default" else args.model)
-    modes = [(g, o) for g in ("off", "on") for o in ("off", "on")]
-    engines = {
-        (g, o): Engine(
+
+    def engine(**kw: Any) -> Engine:
+        return Engine(
             path,
             dtype=args.dtype,
             device=args.device,
             num_pages=args.num_pages,
             max_model_len=2048,
             max_running_requests=max(args.batch),
-            decode_graphs=g,
-            overlap_schedule=o,
+            **kw,
         )
-        for g, o in modes
-    }
+
+    # (static decode, overlap) pairs; with --native-stack, ("stack", on/off) instead.
+    modes: list[tuple[str, str]]
+    if args.native_stack:
+        modes = [("stack", "on"), ("stack", "off")]
+        engines = {m: engine() for m in modes}
+        for (_, on), e in engines.items():
+            e.model.native_stack = on == "on"
+    else:
+        modes = [(g, o) for g in ("off", "on") for o in ("off", "on")]
+        engines = {(g, o): engine(decode_graphs=g, overlap_schedule=o) for g, o in modes}
     # The first request on a fresh engine against a second one of the same shape (warm start).
     first = {m: ttft_ms(e, 1) for m, e in engines.items()}
     second = {m: ttft_ms(e, 2) for m, e in engines.items()}
     for m in modes:
         print(
-            f"static {m[0]:3s} overlap {m[1]:3s}: first request TTFT {first[m]:.1f} ms, second {second[m]:.1f} ms "
+            f"{_label(m)}: first request TTFT {first[m]:.1f} ms, second {second[m]:.1f} ms "
             f"({first[m] / second[m]:.2f}x)",
             flush=True,
         )
-    floor_ms, gbs = weight_floor_ms(engines["off", "off"])
+    floor_ms, gbs = weight_floor_ms(engines[modes[0]])
     results: list[dict[str, Any]] = []
     for batch in args.batch:
         rounds: dict[tuple[str, str], list[dict[str, Any]]] = {m: [] for m in modes}
@@ -181,6 +206,7 @@ def main() -> int:
             results.append(
                 {
                     "batch": batch,
+                    "mode": _label((g, o)),
                     "static_decode": g,
                     "overlap": o,
                     "step_ms_median": med,
@@ -191,21 +217,19 @@ def main() -> int:
             shown = "  ".join(f"{k} {v:5.1f}" for k, v in sorted(parts.items()))
             each = ", ".join(f"{r['step_ms_median']:.1f}" for r in rs)
             print(
-                f"batch {batch:3d} static {g:3s} overlap {o:3s}: step {med:6.1f} ms (median of {args.rounds} "
+                f"batch {batch:3d} {_label((g, o))}: step {med:6.1f} ms (median of {args.rounds} "
                 f"rounds: {each}; {shown})",
                 flush=True,
             )
-    print(f"weight-streaming floor: {floor_ms:.1f} ms per step ({gbs:.1f} GB/s copy bandwidth)")
+    print(f"weight-streaming floor: {floor_ms:.1f} ms per step ({gbs:.1f} GB/s read bandwidth)")
     out = {
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "dtype": args.dtype,
         "device": args.device,
         "weight_floor_ms": floor_ms,
-        "copy_gbs": gbs,
+        "read_gbs": gbs,
         "results": results,
-        "ttft_first_second_ms": {
-            f"static {g} overlap {o}": [first[g, o], second[g, o]] for g, o in modes
-        },
+        "ttft_first_second_ms": {_label(m): [first[m], second[m]] for m in modes},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
