@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -28,9 +27,6 @@ from torch import nn
 from radixserve.model.attention.base import NativeLayersPlan
 from radixserve.model.cpu_linear import PackedLinear
 from radixserve.model.quant.linear import Int4Linear, Int8Linear, QuantizedLinear
-
-if TYPE_CHECKING:  # llama.py imports this module
-    from radixserve.model.llama import LlamaDecoderLayer
 
 # Linear kinds of decoder_layers.cpp (its ``Kind``).
 KIND_DENSE, KIND_INT8, KIND_INT4_TORCH, KIND_INT4_GEMV = 0, 1, 2, 3
@@ -84,11 +80,34 @@ def native_max_rows(module: QuantizedLinear) -> int:
     return module.dense_min_rows - 1
 
 
+@dataclass(frozen=True)
+class LayerParts:
+    """One decoder layer as the stack sees it: its two RMSNorm weights and its four linear
+    layers (qkv, o, gate_up, down), in that order."""
+
+    input_norm: torch.Tensor
+    post_attention_norm: torch.Tensor
+    linears: tuple[nn.Module, nn.Module, nn.Module, nn.Module]
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The attention's head counts and softmax scale (every layer alike)."""
+
+    num_q_heads: int
+    num_kv_heads: int
+    sm_scale: float
+
+
 class DecoderStack:
     """One model's decoder layers, described once for ``torch.ops.radixserve_cpu.decoder_layers``."""
 
     def __init__(
-        self, layers: Sequence[LlamaDecoderLayer], eps: float, act_dtype: torch.dtype
+        self,
+        layers: Sequence[LayerParts],
+        attn: AttentionShape,
+        eps: float,
+        act_dtype: torch.dtype,
     ) -> None:
         self.norms: list[torch.Tensor] = []
         self.kinds: list[int] = []
@@ -98,21 +117,10 @@ class DecoderStack:
         self.quantized: list[QuantizedLinear] = []
         self.complete = True
         self.eps = eps
-        first = layers[0]
-        self.num_q_heads = first.self_attn.num_q_heads
-        self.num_kv_heads = first.self_attn.num_kv_heads
-        self.sm_scale = first.self_attn.sm_scale
+        self.attn = attn
         for layer in layers:
-            self.norms += [
-                layer.input_layernorm.weight.detach(),
-                layer.post_attention_layernorm.weight.detach(),
-            ]
-            for module in (
-                layer.self_attn.qkv_proj,
-                layer.self_attn.o_proj,
-                layer.mlp.gate_up_proj,
-                layer.mlp.down_proj,
-            ):
+            self.norms += [layer.input_norm.detach(), layer.post_attention_norm.detach()]
+            for module in layer.linears:
                 spec = linear_spec(module, act_dtype)
                 if spec is None:
                     self.complete = False
@@ -144,11 +152,11 @@ class DecoderStack:
             self.weights,
             cos_sin[0],
             cos_sin[1],
-            self.num_q_heads,
-            self.num_kv_heads,
+            self.attn.num_q_heads,
+            self.attn.num_kv_heads,
             attn.k_pages,
             attn.v_pages,
             attn.plan.tensors(),
             attn.slots,
-            self.sm_scale,
+            self.attn.sm_scale,
         )

@@ -32,7 +32,7 @@ from torch import nn
 from radixserve.model import gpu_ops, native
 from radixserve.model.attention.base import AttentionBackend, NativeLayersPlan
 from radixserve.model.config import ModelConfig, RopeScaling
-from radixserve.model.decoder_stack import DecoderStack
+from radixserve.model.decoder_stack import AttentionShape, DecoderStack, LayerParts
 from radixserve.model.forward_batch import ForwardBatch
 from radixserve.model.parallel import ParallelLMHead, TPGroup, TPShard, VocabParallelEmbedding
 
@@ -338,12 +338,34 @@ class LlamaForCausalLM(nn.Module):
         if not self.native_stack or self.tp is not None or not native.enabled(h):
             return None
         if self._stack is None:  # described once, after loading and quantization replaced modules
-            layers = cast("list[LlamaDecoderLayer]", list(self.model.layers))
-            self._stack = DecoderStack(layers, self.local_config.rms_norm_eps, h.dtype)
+            self._stack = self._describe_stack(h.dtype)
         if h.shape[0] > self._stack.max_rows():
             return None
         plan = attn.native_layers_plan(batch)
         return None if plan is None else (self._stack, plan)
+
+    def _describe_stack(self, act_dtype: torch.dtype) -> DecoderStack:
+        """This model's layers as :class:`DecoderStack` parts (their modules as they are now)."""
+        layers = cast("list[LlamaDecoderLayer]", list(self.model.layers))
+        attn = layers[0].self_attn
+        return DecoderStack(
+            [
+                LayerParts(
+                    layer.input_layernorm.weight,
+                    layer.post_attention_layernorm.weight,
+                    (
+                        layer.self_attn.qkv_proj,
+                        layer.self_attn.o_proj,
+                        layer.mlp.gate_up_proj,
+                        layer.mlp.down_proj,
+                    ),
+                )
+                for layer in layers
+            ],
+            AttentionShape(attn.num_q_heads, attn.num_kv_heads, attn.sm_scale),
+            self.local_config.rms_norm_eps,
+            act_dtype,
+        )
 
     # -- weights -------------------------------------------------------------------------
 
