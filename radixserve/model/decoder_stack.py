@@ -26,11 +26,15 @@ from torch import nn
 
 from radixserve.model.attention.base import NativeLayersPlan
 from radixserve.model.cpu_linear import PackedLinear
-from radixserve.model.quant.linear import Int4Linear, Int8Linear, QuantizedLinear
+from radixserve.model.quant.linear import (
+    UNLIMITED_ROWS,
+    Int4Linear,
+    Int8Linear,
+    QuantizedLinear,
+)
 
 # Linear kinds of decoder_layers.cpp (its ``Kind``).
 KIND_DENSE, KIND_INT8, KIND_INT4_TORCH, KIND_INT4_GEMV = 0, 1, 2, 3
-_UNLIMITED = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -71,13 +75,7 @@ def native_max_rows(module: QuantizedLinear) -> int:
     """Rows up to which a quantized layer runs the packed kernel its :func:`linear_spec`
     names, read now: its reference mode and dense crossover can change at run time.
     (Plain layers have no limit: both their paths are the stack's.)"""
-    if module.reference:
-        return 0
-    if isinstance(module, Int4Linear) and not (
-        module.cpu_layout_known or module.dense_cache is not None
-    ):
-        return _UNLIMITED  # no dense path: every row count takes the kernel
-    return module.dense_min_rows - 1
+    return 0 if module.reference else module.kernel_max_rows()
 
 
 @dataclass(frozen=True)
@@ -136,7 +134,7 @@ class DecoderStack:
         """Rows up to which the native stack serves a forward now (0: not at all)."""
         if not self.complete:
             return 0
-        return min((native_max_rows(m) for m in self.quantized), default=_UNLIMITED)
+        return min((native_max_rows(m) for m in self.quantized), default=UNLIMITED_ROWS)
 
     def run(
         self, h: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], attn: NativeLayersPlan

@@ -72,6 +72,8 @@ INT4_TINYGEMM_DEQUANT_MIN_ROWS = 256  # where tinygemm serves int4 (cpu_gemv not
 # packed kernels: the kernels cost ~45 us per row per SmolLM2 layer (float32 FMAs, no weight
 # reuse across rows), the oneDNN bf16 GEMM is nearly flat up to 16 rows (bench_quant.py).
 CACHED_DENSE_MIN_ROWS = 4
+# kernel_max_rows of a layer whose packed kernel serves every row count.
+UNLIMITED_ROWS = 1 << 30
 # oneDNN picks its blocking of a pre-packed weight for this many activation rows.
 _ONEDNN_ROWS_HINT = 16
 # The CPU int4 kernel's layout: blocks of this many output rows, byte j of a block's k-th
@@ -131,9 +133,14 @@ class QuantizedLinear(nn.Module):
         """The activation exactly as the kernel sees it."""
         return x.to(self.compute_dtype)
 
+    def kernel_max_rows(self) -> int:
+        """Rows up to which ``_matmul`` runs the packed kernel (more: decode-then-GEMM). Read
+        at call time: ``dense_min_rows`` and a decoded copy can change it."""
+        return self.dense_min_rows - 1
+
     def _dense_path(self, rows: int) -> bool:
         """Whether ``rows`` rows take the decode-then-GEMM path instead of the packed kernel."""
-        return rows >= self.dense_min_rows
+        return rows > self.kernel_max_rows()
 
     def cache_dense_weight(self, min_rows: int = CACHED_DENSE_MIN_ROWS) -> int:
         """Keep the weight decoded to ``compute_dtype`` (oneDNN-packed on the CPU) and multiply
@@ -324,9 +331,10 @@ class Int4Linear(QuantizedLinear):
             x, self.packed, self.group_size, self.scales_and_zeros
         )
 
-    def _dense_path(self, rows: int) -> bool:
-        known = self.cpu_layout_known or self.dense_cache is not None
-        return known and rows >= self.dense_min_rows
+    def kernel_max_rows(self) -> int:
+        if self.cpu_layout_known or self.dense_cache is not None:
+            return self.dense_min_rows - 1
+        return UNLIMITED_ROWS  # no dense path: every row count takes the kernel
 
     def int4_weight(self) -> Int4Weight:
         """The codes, scales and zeros this layer multiplies with."""
@@ -378,8 +386,8 @@ class Fp8Linear(QuantizedLinear):
     def _activation(self, x: torch.Tensor) -> torch.Tensor:
         return x  # quantized per token inside _matmul; the reference below mirrors it
 
-    def _dense_path(self, rows: int) -> bool:
-        return False  # _scaled_mm serves every row count
+    def kernel_max_rows(self) -> int:
+        return UNLIMITED_ROWS  # _scaled_mm serves every row count
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         xq, xs = fp8_quantize_rows(x)
