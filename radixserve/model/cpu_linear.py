@@ -86,16 +86,18 @@ def onednn_linear_supported(dtype: torch.dtype) -> bool:
     return False
 
 
-def pack_linears(model: nn.Module) -> int:
+def pack_linears(model: nn.Module, *, batch_invariant_head: bool = False) -> int:
     """Replace every CPU ``nn.Linear`` of ``model`` by a :class:`PackedLinear`, in place.
 
     Returns how many were packed (0 when oneDNN cannot serve the model's dtype, in which
     case the model is left as it was).
 
-    The LM head stays on oneDNN at every row count: one path for all rows keeps a token's
-    logits independent of the batch it came in (quantized models' exact reproducibility,
-    tests/model/test_quant_exact.py, relies on it), and at a 16-row decode batch the small-
-    batch kernel over SmolLM2's 113 MB fp32 head measured slower than oneDNN.
+    ``batch_invariant_head`` keeps the LM head on oneDNN at every row count: one path for
+    all rows keeps a token's logits independent of the batch it came in, which quantized
+    models promise (their layers' kernels are row-independent too; tests/model/
+    test_quant_exact.py). Otherwise the head switches kernels at ``GEMV_MAX_ROWS`` like
+    every other layer (a plain model's logits already depend on its batch through them):
+    on SmolLM2's 113 MB head at one row cpu_gemv reads ~15-20 % faster than oneDNN.
     """
     targets = [
         (name, module)
@@ -106,7 +108,7 @@ def pack_linears(model: nn.Module) -> int:
         return 0
     for name, module in targets:
         parent_name, _, attr = name.rpartition(".")
-        rows = 0 if name == "lm_head" else GEMV_MAX_ROWS
+        rows = 0 if name == "lm_head" and batch_invariant_head else GEMV_MAX_ROWS
         setattr(model.get_submodule(parent_name), attr, PackedLinear(module, rows))
     logger.debug("packed %d linear layers for oneDNN", len(targets))
     return len(targets)

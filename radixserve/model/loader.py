@@ -218,7 +218,8 @@ def load_model(
         report.dense_cache_bytes = cache_dense_weights(model)
         report.weight_bytes = module_weight_bytes(model)
     if pack_linears and device.type == "cpu":
-        cpu_linear.pack_linears(model)
+        # Quantized models keep every token's logits independent of its batch.
+        cpu_linear.pack_linears(model, batch_invariant_head=report is not None)
     model.quant_report = report
     if report is not None:
         logger.info("%s", report.summary())

@@ -8,7 +8,13 @@ import pytest
 import torch
 from torch import nn
 
-from radixserve.model.cpu_linear import PackedLinear, onednn_linear_supported, pack_linears
+from radixserve.model import cpu_gemv
+from radixserve.model.cpu_linear import (
+    GEMV_MAX_ROWS,
+    PackedLinear,
+    onednn_linear_supported,
+    pack_linears,
+)
 from radixserve.model.loader import load_model
 
 pytestmark = pytest.mark.skipif(
@@ -40,6 +46,17 @@ def test_pack_linears_keeps_parameters_and_ties(tiny_qwen2_dir: Path) -> None:
         model.lm_head.weight is model.model.embed_tokens.weight
     )  # tied head still shares its weight
     assert pack_linears(model) == 0  # nothing left to pack
+
+
+def test_only_quantized_models_keep_the_head_on_one_kernel(tiny_qwen2_dir: Path) -> None:
+    """A quantized model's head runs oneDNN at every row count (its logits must not depend on
+    the batch); a plain model's head takes the small-batch kernel like its other layers."""
+    plain = load_model(tiny_qwen2_dir)
+    assert isinstance(plain.lm_head, PackedLinear)
+    assert plain.lm_head.gemv_max_rows == (GEMV_MAX_ROWS if cpu_gemv.available() else 0)
+    quantized = load_model(tiny_qwen2_dir, quantization="int8", announce=False)
+    assert isinstance(quantized.lm_head, PackedLinear)
+    assert quantized.lm_head.gemv_max_rows == 0
 
 
 @pytest.mark.skipif(

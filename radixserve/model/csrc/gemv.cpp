@@ -103,6 +103,10 @@ struct I8 : BF16 {
   float finish(int64_t n, float sum) const { return sum * bf16_to_float(scale[n]); }
 };
 
+// How far ahead of its reads a one-output tile prefetches: ~4 KB in flight per thread covers
+// the memory latency at this machine's bandwidth (1, 2, 4 and 8 KB measured; 4 KB best).
+constexpr int64_t kStreamAhead = 4096;
+
 // One tile: NT outputs from n0 times MT rows from m0, every k; each (n, m) accumulates in
 // its own register in the same order whatever NT and MT are.
 template <int NT, int MT, typename D, typename T>
@@ -118,10 +122,18 @@ inline void tile(const D& d, const T* x, int64_t ldx, int64_t k, int64_t n0, int
     typename D::W w[NT];
 #pragma GCC unroll 4
     for (int i = 0; i < NT; ++i) {
-      // The same place in the next tile's rows: the weight is read once, in order, and the
-      // next tile is in cache when we get there (the hardware prefetcher alone follows the
-      // four short row streams poorly). A prefetch past the end does not fault.
-      if (m0 == 0) _mm_prefetch(static_cast<const char*>(d.at(n0 + i + kNT, k0)), _MM_HINT_T0);
+      // Prefetch once per weight vector (on the first rows only): a one-output tile reads one
+      // address-ordered stream and fetches kStreamAhead bytes ahead of it (the next row
+      // follows in memory); a wider tile fetches the same place in the next tile's rows, so
+      // that the next tile is in cache when we get there (the hardware prefetcher alone
+      // follows the four short row streams poorly). A prefetch past the end does not fault.
+      if (m0 == 0) {
+        if constexpr (NT == 1) {
+          _mm_prefetch(static_cast<const char*>(d.at(n0, k0)) + kStreamAhead, _MM_HINT_T0);
+        } else {
+          _mm_prefetch(static_cast<const char*>(d.at(n0 + i + kNT, k0)), _MM_HINT_T0);
+        }
+      }
       w[i] = d.load(n0 + i, k0);
     }
 #pragma GCC unroll 4
@@ -158,11 +170,19 @@ void rows_range(const D& d, const T* x, int64_t m, int64_t n, int64_t k, int64_t
   for (int64_t t = begin; t < end; ++t) {
     const int64_t n0 = t * kNT;
     const int nt = static_cast<int>(std::min<int64_t>(kNT, n - n0));
-    for (int64_t m0 = 0; m0 < m; m0 += kMT) {
-      const int mt = static_cast<int>(std::min<int64_t>(kMT, m - m0));
-      dispatch<kMT>(nt, mt, [&](auto NT, auto MT) {
-        tile<decltype(NT)::value, decltype(MT)::value>(d, x, k, k, n0, m0, sums.data(), kNT);
-      });
+    if (m == 1) {
+      // One row: one output after another, so that the weight streams in address order (the
+      // tile's four interleaved row streams read ~10 % slower at batch 1 in fp32). With more
+      // rows the four-output tile wins: each activation vector it loads serves four outputs.
+      // Either way each output sums in the same order (see ``tile``): the same bits.
+      for (int i = 0; i < nt; ++i) tile<1, 1>(d, x, k, k, n0 + i, 0, sums.data() + i, kNT);
+    } else {
+      for (int64_t m0 = 0; m0 < m; m0 += kMT) {
+        const int mt = static_cast<int>(std::min<int64_t>(kMT, m - m0));
+        dispatch<kMT>(nt, mt, [&](auto NT, auto MT) {
+          tile<decltype(NT)::value, decltype(MT)::value>(d, x, k, k, n0, m0, sums.data(), kNT);
+        });
+      }
     }
     for (int64_t r = 0; r < m; ++r) store(r, n0, nt, sums.data() + r * kNT);
   }
