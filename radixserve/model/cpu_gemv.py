@@ -37,6 +37,12 @@ def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> 
     return torch.ops.radixserve_cpu.gemv_int8(x, qweight, scale)
 
 
+def int8_dequantize(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``qweight.to(bfloat16) * scale[:, None]`` (the same bits) in one native pass: int8
+    ``[N, K]``, bfloat16 ``scale`` ``[N]`` -> bfloat16 ``[N, K]``."""
+    return torch.ops.radixserve_cpu.int8_dequantize(qweight, scale)
+
+
 def int4_linear(
     x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tensor, group_size: int
 ) -> torch.Tensor:

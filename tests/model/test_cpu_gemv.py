@@ -88,6 +88,11 @@ def test_int8(shape: tuple[int, int]) -> None:
         lambda t: cpu_gemv.int8_linear(t, q.qweight, q.scale),
         torch.randn(17, k, dtype=torch.bfloat16),
     )
+    # The dense path's native decode: torch's two-pass decode, bit for bit.
+    assert torch.equal(
+        cpu_gemv.int8_dequantize(q.qweight, q.scale),
+        q.qweight.to(torch.bfloat16) * q.scale[:, None],
+    )
 
 
 @pytest.mark.parametrize("shape,group", INT4_CASES)

@@ -4,12 +4,13 @@ Which kernels (measured on the project's 2-core AVX-512 VM, SmolLM2 shapes,
 ``benchmarks/bench_quant.py --layer-rows``):
 
 - int8 on the CPU: :mod:`radixserve.model.cpu_gemv`'s kernel (``gemv_int8``), which decodes
-  each vector of codes to bf16 once per call and multiplies it with every activation row in
-  AVX-512 bf16 dot products (float32 sums, the per-channel scale applied after). torch's
-  ``_weight_int8pack_mm`` (what torchao's CPU int8 layout calls too) decodes the weight to
-  float32 again for every row (~45 us per row per SmolLM2 layer): at 1 row both take ~300 us
-  per layer's four linears, at 16 rows cpu_gemv 1034 us against 2014 (2026-12-01, shared
-  VM, one interleaved run). Elsewhere (CUDA, or where cpu_gemv is not built) torch's kernel.
+  each vector of codes to bf16 once per call (for more than 4 rows, a tile of 4 outputs into
+  an L1 buffer) and multiplies it with every activation row in AVX-512 bf16 dot products
+  (float32 sums, the per-channel scale applied after). torch's ``_weight_int8pack_mm`` (what
+  torchao's CPU int8 layout calls too) decodes the weight to float32 again for every row
+  (~45 us per row per SmolLM2 layer): at 16 rows cpu_gemv 329 us per layer's four linears
+  against 472, level with bf16's oneDNN GEMM (2026-12-02, ``bench_quant.py --layer-rows``).
+  Elsewhere (CUDA, or where cpu_gemv is not built) torch's kernel.
 - int4 on the CPU: cpu_gemv's int4 kernel (``gemv_int4``, its own layout from ``pack_int4``:
   nibbles in tiles of 4 outputs, inputs reordered so that each float lane of the bf16 dot
   products stays on one group and the group scales apply once per 16 groups). At decode row
@@ -18,9 +19,9 @@ Which kernels (measured on the project's 2-core AVX-512 VM, SmolLM2 shapes,
   figures) and, like the int8 kernel, sums each row on its own. Where cpu_gemv is not built,
   tinygemm; on CUDA ``_weight_int4pack_mm``.
 
-Both are GEMV-shaped: their cost grows with the number of rows, and past a few dozen rows
-(prefill chunks) decoding the weight once into a bf16 matrix and calling the BLAS GEMM is
-faster; ``DEQUANT_MIN_ROWS`` is that crossover. Decode batches (the graphs a GPU captures)
+Both are GEMV-shaped: their cost grows with the number of rows, and past ~128 rows (int8)
+or ~320 (int4) (prefill chunks) decoding the weight once into a bf16 matrix and calling the
+BLAS GEMM is faster; ``DEQUANT_MIN_ROWS`` and ``INT4_DEQUANT_MIN_ROWS`` are the crossovers. Decode batches (the graphs a GPU captures)
 stay on the packed kernels. Opt-in ``--quant-dense-cache`` (``cache_dense_weight``) keeps
 the weight decoded to bf16 and pre-packed for oneDNN as well, for batches from
 ``CACHED_DENSE_MIN_ROWS`` rows: oneDNN bf16's speed there, at 2 more bytes per quantized
@@ -60,8 +61,12 @@ from radixserve.model.quant.formats import (
 )
 
 # Rows from which decoding the weight and running the dense GEMM beats the packed kernel
-# (CPU; measured crossover 16-64 rows on SmolLM2's shapes).
-DEQUANT_MIN_ROWS = 32
+# (CPU, int8). The dense path's fixed cost is the GEMM's reorder of an unpacked weight
+# (~600 us per SmolLM2 layer; the native decode itself ~100); the kernel, which decodes each
+# tile once for all rows, costs ~14 us per row per layer: crossover near 128 rows
+# (2026-12-02, ``bench_quant.py --layer-rows 128,160,192,224,256``: 2254 against 2153 us at
+# 128, 4137 against 3523 at 256).
+DEQUANT_MIN_ROWS = 128
 # int4's decode costs ~4x int8's (nibbles, group scales and zeros; ~6 ms per SmolLM2 layer).
 # Against tinygemm (~45 us per row per layer) the crossover was near 240 rows; cpu_gemv's
 # int4 kernel (~18 us per row) moved it to ~300-380 (2026-12-02, ``bench_quant.py
@@ -231,8 +236,11 @@ class Int8Linear(QuantizedLinear):
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         if dtype == self.scale.dtype == torch.bfloat16:
-            # The dense path's decode, 2-5x faster than through float32 and the same bits: a
-            # code is exact in bf16, and bf16 * bf16 is the exact product rounded once.
+            # The dense path's decode, the same bits as through float32: a code is exact in
+            # bf16, and bf16 * bf16 is the exact product rounded once. Natively in one pass
+            # where cpu_gemv is built (~3x torch's two).
+            if self.gemv and self.qweight.device.type == "cpu":
+                return cpu_gemv.int8_dequantize(self.qweight, self.scale)
             return self.qweight.to(dtype) * self.scale[:, None]
         return dequantize_int8(Int8Weight(self.qweight, self.scale), dtype)
 
