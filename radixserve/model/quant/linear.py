@@ -24,9 +24,9 @@ or ~320 (int4) (prefill chunks) decoding the weight once into a bf16 matrix and 
 BLAS GEMM is faster; ``DEQUANT_MIN_ROWS`` and ``INT4_DEQUANT_MIN_ROWS`` are the crossovers.
 Decode batches (the graphs a GPU captures) stay on the packed kernels. Opt-in
 ``--quant-dense-cache`` (``cache_dense_weight``) keeps the weight decoded to bf16 and
-pre-packed for oneDNN as well, for batches from ``CACHED_DENSE_MIN_ROWS`` rows: oneDNN bf16's speed there,
-at 2 more bytes per quantized weight (more memory than the bf16 model itself; a choice for
-speed, not for memory).
+pre-packed for oneDNN as well, for batches from ``CACHED_DENSE_MIN_ROWS`` rows: oneDNN
+bf16's speed there, at 2 more bytes per quantized weight (more memory than the bf16 model
+itself; a choice for speed, not for memory).
 
 That dense path multiplies by the weight decoded to bf16, one more rounding of every
 weight (at most 2^-9 relative) than the kernels, which apply the scales in float32.
