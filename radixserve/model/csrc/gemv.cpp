@@ -19,7 +19,7 @@
 // sits in it: row i of an M-row call equals the 1-row call on row i bit for bit (the
 // quantized engine's exact-reproducibility tests rely on it).
 //
-// Threads: torch's pool (no oversubscription), blocks of outputs taken first come, first served (gemv.h's parallel_tiles).
+// Threads: at::parallel_for over blocks of outputs (torch's pool, no oversubscription).
 // Built only where the compiler targets AVX-512 with bf16 dot products (-march=native);
 // elsewhere ``gemv_supported()`` is false and the Python side keeps torch's kernels.
 
@@ -309,11 +309,11 @@ at::Tensor gemv_dense(const at::Tensor& x, const at::Tensor& w, const std::optio
   const float* bp = has_bias ? b.data_ptr<float>() : nullptr;
   const int64_t tiles = dense_tiles(n);
   if (w.scalar_type() == at::kFloat) {
-    parallel_tiles(tiles, grain_for(k, 4.0), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, tiles, grain_for(k, 4.0), [&](int64_t begin, int64_t end) {
       dense_rows_f32(x.data_ptr<float>(), m, w.data_ptr<float>(), bp, n, k, begin, end, y.data_ptr<float>());
     });
   } else {
-    parallel_tiles(tiles, grain_for(k, 2.0), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, tiles, grain_for(k, 2.0), [&](int64_t begin, int64_t end) {
       dense_rows_bf16(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m,
                       reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), bp, n, k, begin, end,
                       reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()));
@@ -332,7 +332,7 @@ at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
               "scale must be contiguous bfloat16 [N]");
   at::Tensor y = at::empty({m, n}, x.options());
 #if RADIXSERVE_GEMV
-  parallel_tiles(dense_tiles(n), grain_for(k, 1.0), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, dense_tiles(n), grain_for(k, 1.0), [&](int64_t begin, int64_t end) {
     int8_rows(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, q.data_ptr<int8_t>(),
               reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>()), n, k, begin, end,
               reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()));

@@ -5,7 +5,6 @@
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -68,32 +67,6 @@ inline int64_t grain_for(int64_t k, double bytes_per_weight) {
 }
 
 #endif  // RADIXSERVE_GEMV
-
-// Chunks per thread that parallel_tiles cuts a call into.
-constexpr int64_t kChunksPerThread = 8;
-
-// fn(begin, end) over [0, tiles) on torch's threads (as many as at::parallel_for(0, tiles,
-// grain) would wake), in chunks that the threads take first come, first served. A static
-// split makes a call wait for its slowest half: when the OS runs something else on one of
-// the cores (the router, the HTTP gateway and the client share this machine's two), a
-// preempted thread now delays one chunk while the other takes the rest. Any split gives the
-// same bits (the kernels compute each output on its own).
-template <typename Fn>
-inline void parallel_tiles(int64_t tiles, int64_t grain, const Fn& fn) {
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), (tiles + grain - 1) / std::max<int64_t>(grain, 1));
-  if (threads <= 1 || at::in_parallel_region()) {
-    fn(0, tiles);
-    return;
-  }
-  const int64_t chunk = std::max(grain, (tiles + kChunksPerThread * threads - 1) / (kChunksPerThread * threads));
-  const int64_t chunks = (tiles + chunk - 1) / chunk;
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
-         c = next.fetch_add(1, std::memory_order_relaxed))
-      fn(c * chunk, std::min(tiles, (c + 1) * chunk));
-  });
-}
 
 // --- Entry points for callers that run their own threads (a fused decoder layer) -----------
 //

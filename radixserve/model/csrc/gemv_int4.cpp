@@ -322,7 +322,7 @@ at::Tensor radixserve_gemv_int4(const at::Tensor& x, const at::Tensor& packed, c
   auto* out = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   const float* xsp = xsum.data_ptr<float>();
 #if RADIXSERVE_GEMV
-  parallel_tiles(n / kNT, grain_for(k, 0.5), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n / kNT, grain_for(k, 0.5), [&](int64_t begin, int64_t end) {
     int4_rows(xqp, m, pp, szp, n, k, group_size, begin, end, out, xsp);
   });
 #endif
