@@ -114,8 +114,9 @@ struct I8Decoded : BF16 {
   float finish(int64_t n, float sum) const { return sum * bf16_to_float(scale[n_base + n]); }
 };
 
-// How far ahead of its reads a one-output tile prefetches: ~4 KB in flight per thread covers
-// the memory latency at this machine's bandwidth (1, 2, 4 and 8 KB measured; 4 KB best).
+// How far ahead of its reads a stream of ``row_streams`` prefetches: ~4 KB in flight per
+// stream covers the memory latency at this machine's bandwidth (1, 2, 4 and 8 KB measured;
+// 4 KB best).
 constexpr int64_t kStreamAhead = 4096;
 
 // One tile: NT outputs from n0 times MT rows from m0, every k; each (n, m) accumulates in
@@ -133,18 +134,10 @@ inline void tile(const D& d, const T* x, int64_t ldx, int64_t k, int64_t n0, int
     typename D::W w[NT];
 #pragma GCC unroll 4
     for (int i = 0; i < NT; ++i) {
-      // Prefetch once per weight vector (on the first rows only): a one-output tile reads one
-      // address-ordered stream and fetches kStreamAhead bytes ahead of it (the next row
-      // follows in memory); a wider tile fetches the same place in the next tile's rows, so
-      // that the next tile is in cache when we get there (the hardware prefetcher alone
-      // follows the four short row streams poorly). A prefetch past the end does not fault.
-      if (m0 == 0) {
-        if constexpr (NT == 1) {
-          _mm_prefetch(static_cast<const char*>(d.at(n0, k0)) + kStreamAhead, _MM_HINT_T0);
-        } else {
-          _mm_prefetch(static_cast<const char*>(d.at(n0 + i + kNT, k0)), _MM_HINT_T0);
-        }
-      }
+      // The same place in the next tile's rows: the weight is read once, in order, and the
+      // next tile is in cache when we get there (the hardware prefetcher alone follows the
+      // four short row streams poorly). A prefetch past the end does not fault.
+      if (m0 == 0) _mm_prefetch(static_cast<const char*>(d.at(n0 + i + kNT, k0)), _MM_HINT_T0);
       w[i] = d.load(n0 + i, k0);
     }
 #pragma GCC unroll 4
@@ -172,28 +165,69 @@ inline void tile(const D& d, const T* x, int64_t ldx, int64_t k, int64_t n0, int
     for (int j = 0; j < MT; ++j) sums[(m0 + j) * ldsum + i] = d.finish(n0 + i, _mm512_reduce_add_ps(acc[i][j]));
 }
 
+// One activation row times the outputs n[0..S) (far apart: S address-ordered streams, which
+// keep more of the memory's bandwidth busy than one), each output summed exactly as ``tile``
+// sums it (the same loads, dot products, order and reduction): the same bits.
+template <int S, typename D, typename T>
+inline void row_streams(const D& d, const T* x, int64_t k, const int64_t (&n)[S], float (&out)[S]) {
+  __m512 acc[S];
+#pragma GCC unroll 4
+  for (int i = 0; i < S; ++i) acc[i] = _mm512_setzero_ps();
+  int64_t k0 = 0;
+  for (; k0 + D::kVec <= k; k0 += D::kVec) {
+    const typename D::X xv = D::load_x(x, k0);
+#pragma GCC unroll 4
+    for (int i = 0; i < S; ++i) {
+      _mm_prefetch(static_cast<const char*>(d.at(n[i], k0)) + kStreamAhead, _MM_HINT_T0);
+      acc[i] = D::dot(acc[i], d.load(n[i], k0), xv);
+    }
+  }
+  if (k0 < k) {
+    const int64_t len = k - k0;
+    const typename D::X xv = D::load_x_tail(x, k0, len);
+#pragma GCC unroll 4
+    for (int i = 0; i < S; ++i) acc[i] = D::dot(acc[i], d.load_tail(n[i], k0, len), xv);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < S; ++i) out[i] = d.finish(n[i], _mm512_reduce_add_ps(acc[i]));
+}
+
 // Tiles [begin, end) of kNT outputs times every row, on the calling thread;
 // ``store(m, n0, nt, sums)`` writes nt results of row m.
 template <typename D, typename T, typename Store>
 void rows_range(const D& d, const T* x, int64_t m, int64_t n, int64_t k, int64_t begin, int64_t end,
                 Store&& store) {
+  if (m == 1) {
+    // One row: each output on its own, two far-apart outputs at a time, so that the weight is
+    // read as two address-ordered streams (the four-output tile's four interleaved row
+    // streams read ~10 % slower at batch 1 in fp32; one stream ~6 % slower than two in
+    // int8). With more rows the tile wins: each activation vector it loads serves four
+    // outputs.
+    const int64_t first = begin * kNT, last = std::min(n, end * kNT), half = (last - first) / 2;
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t outs[2] = {first + i, first + half + i};
+      float s[2];
+      row_streams<2>(d, x, k, outs, s);
+      store(0, outs[0], 1, &s[0]);
+      store(0, outs[1], 1, &s[1]);
+    }
+    if ((last - first) % 2) {
+      const int64_t outs[1] = {last - 1};
+      float s[1];
+      row_streams<1>(d, x, k, outs, s);
+      store(0, outs[0], 1, s);
+    }
+    return;
+  }
   std::vector<float> sums(static_cast<size_t>(m) * kNT);
   for (int64_t t = begin; t < end; ++t) {
     const int64_t n0 = t * kNT;
     const int nt = static_cast<int>(std::min<int64_t>(kNT, n - n0));
-    if (m == 1) {
-      // One row: one output after another, so that the weight streams in address order (the
-      // tile's four interleaved row streams read ~10 % slower at batch 1 in fp32). With more
-      // rows the four-output tile wins: each activation vector it loads serves four outputs.
-      // Either way each output sums in the same order (see ``tile``): the same bits.
-      for (int i = 0; i < nt; ++i) tile<1, 1>(d, x, k, k, n0 + i, 0, sums.data() + i, kNT);
-    } else {
-      for (int64_t m0 = 0; m0 < m; m0 += kMT) {
-        const int mt = static_cast<int>(std::min<int64_t>(kMT, m - m0));
-        dispatch<kMT>(nt, mt, [&](auto NT, auto MT) {
-          tile<decltype(NT)::value, decltype(MT)::value>(d, x, k, k, n0, m0, sums.data(), kNT);
-        });
-      }
+    for (int64_t m0 = 0; m0 < m; m0 += kMT) {
+      const int mt = static_cast<int>(std::min<int64_t>(kMT, m - m0));
+      dispatch<kMT>(nt, mt, [&](auto NT, auto MT) {
+        tile<decltype(NT)::value, decltype(MT)::value>(d, x, k, k, n0, m0, sums.data(), kNT);
+      });
     }
     for (int64_t r = 0; r < m; ++r) store(r, n0, nt, sums.data() + r * kNT);
   }
