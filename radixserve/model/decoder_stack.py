@@ -8,12 +8,14 @@ runs the same kernels in the same order, so its output is bit for bit the Python
 
 It applies where every linear layer would, at the forward's row count, run a kernel the C++
 side calls (:func:`linear_spec`): for plain weights cpu_gemv's small-batch kernel up to
-``GEMV_MAX_ROWS`` rows and the oneDNN-packed GEMM above (any row count); for int8 and int4
-their packed kernels (cpu_gemv's; torch's int4 one where cpu_gemv is not built) below the
-dense crossover (``dense_min_rows``), and not in the quantized layers' reference mode. That
-row limit is read from the modules at every forward, so switching a layer's path takes
-effect at once. The rest (tensor parallelism, the GPU, quantized KV pages, quantized
-batches past the crossover) keeps the per-layer Python path.
+``GEMV_MAX_ROWS`` rows and the oneDNN-packed GEMM above (any row count); for int8 its
+kernel below the dense crossover (``dense_min_rows``) and its decode-then-GEMM dense path
+above it (any row count, unless a decoded copy is kept); for int4 its packed kernel
+(cpu_gemv's; torch's where cpu_gemv is not built) below the crossover; never in the
+quantized layers' reference mode. Those row limits are read from the modules at every
+forward, so switching a layer's path takes effect at once. The rest (tensor parallelism,
+the GPU, quantized KV pages, int4 batches past the crossover, kept decoded copies) keeps
+the per-layer Python path.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def linear_spec(module: nn.Module, act_dtype: torch.dtype) -> LinearSpec | None:
     bias = getattr(module, "bias", None)
     bias = bias.detach() if isinstance(bias, torch.Tensor) else None
     if isinstance(module, Int8Linear) and module.gemv:
-        return LinearSpec(KIND_INT8, module.qweight, module.scale, bias)
+        # ``group``: the rows up to which the kernel serves, refreshed every forward.
+        return LinearSpec(KIND_INT8, module.qweight, module.scale, bias, module.kernel_max_rows())
     if (
         isinstance(module, Int4Linear)
         and not module.on_cuda
@@ -72,10 +75,15 @@ def linear_spec(module: nn.Module, act_dtype: torch.dtype) -> LinearSpec | None:
 
 
 def native_max_rows(module: QuantizedLinear) -> int:
-    """Rows up to which a quantized layer runs the packed kernel its :func:`linear_spec`
-    names, read now: its reference mode and dense crossover can change at run time.
-    (Plain layers have no limit: both their paths are the stack's.)"""
-    return 0 if module.reference else module.kernel_max_rows()
+    """Rows up to which the stack runs a quantized layer as its :func:`linear_spec` says,
+    read now: its reference mode, dense crossover and decoded copy can change at run time.
+    (Plain layers have no limit: both their paths are the stack's; nor has int8, whose dense
+    path the stack runs too, unless it multiplies with a kept decoded copy.)"""
+    if module.reference:
+        return 0
+    if isinstance(module, Int8Linear) and module.dense_cache is None:
+        return UNLIMITED_ROWS
+    return module.kernel_max_rows()
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,9 @@ class DecoderStack:
         self.weights: list[torch.Tensor | None] = []
         # The layers whose row limit can change (the quantized ones), checked every forward.
         self.quantized: list[QuantizedLinear] = []
+        # (index into ``groups``, layer) of the int8 layers, whose kernel rows are refreshed
+        # there every forward.
+        self.int8: list[tuple[int, Int8Linear]] = []
         self.complete = True
         self.eps = eps
         self.attn = attn
@@ -125,6 +136,9 @@ class DecoderStack:
                     return
                 if isinstance(module, QuantizedLinear):
                     self.quantized.append(module)
+                if spec.kind == KIND_INT8:
+                    assert isinstance(module, Int8Linear)
+                    self.int8.append((len(self.groups), module))
                 self.kinds.append(spec.kind)
                 self.groups.append(spec.group)
                 self.weights += [spec.a, spec.b, spec.bias]
@@ -141,6 +155,8 @@ class DecoderStack:
     ) -> None:
         """Every layer over ``h`` ``[T, hidden]`` (in place), storing the rows' K/V into the
         pages at ``attn.slots``; ``cos_sin`` float32 ``[T, 1, head_dim]`` each."""
+        for i, module in self.int8:
+            self.groups[i] = module.kernel_max_rows()
         torch.ops.radixserve_cpu.decoder_layers(
             h,
             self.norms,

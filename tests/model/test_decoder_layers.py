@@ -4,8 +4,8 @@ Both run the same kernels in the same order, so an engine generating with the st
 generating without it must agree exactly: tokens and logprobs, for plain fp32/bf16 weights,
 int8 and int4, q/k/v biases and tied embeddings (Qwen2), GQA and MQA, over staggered
 requests of which up to four decode together, cold and then warm (prefix reuse). The
-stack must also really have served the decode steps, and step aside where a layer's
-kernel changes (reference mode).
+stack must also really have served the decode steps, run int8's dense path past its
+crossover, and step aside where a layer's kernel changes (reference mode).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import torch
 from radixserve.engine.engine import Engine
 from radixserve.model import cpu_gemv, native
 from radixserve.model.decoder_stack import KIND_DENSE, KIND_INT4_GEMV, KIND_INT8, DecoderStack
-from radixserve.model.quant import set_reference_mode
+from radixserve.model.quant import set_dense_min_rows, set_reference_mode
+from radixserve.model.quant.linear import UNLIMITED_ROWS
 from radixserve.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(
@@ -102,3 +103,38 @@ def test_stack_steps_aside_for_reference_mode(tiny_llama_dir: Path) -> None:
     assert stack.max_rows() == 0  # the reference path is Python's
     set_reference_mode(engine.model, False)
     assert stack.max_rows() > 0
+
+
+def test_stack_runs_the_int8_dense_path(
+    tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past its crossover an int8 layer decodes its weight and calls the GEMM; the stack does
+    the same for those forwards (prefill chunks here), bit for bit."""
+    rows: list[int] = []
+    run = DecoderStack.run
+
+    def counted(self: DecoderStack, h: torch.Tensor, *args: object) -> None:
+        rows.append(h.shape[0])
+        run(self, h, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DecoderStack, "run", counted)
+    results = []
+    for stack in (True, False):
+        engine = Engine(
+            str(tiny_llama_dir),
+            quantization="int8",
+            page_size=4,
+            num_pages=256,
+            max_running_requests=4,
+            max_num_tokens=16,
+        )
+        set_dense_min_rows(engine.model, 3)  # forwards of 3 rows or more: the dense path
+        rows.clear()
+        results.append(_generate(engine, stack, []))
+        if stack:
+            assert engine.model._stack is not None
+            assert engine.model._stack.max_rows() == UNLIMITED_ROWS
+            assert max(rows) >= 3  # the stack ran forwards past the crossover
+        else:
+            assert not rows
+    assert results[0] == results[1]

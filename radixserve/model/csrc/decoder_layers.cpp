@@ -12,7 +12,8 @@
 // Each linear layer is described by a kind and three optional tensors (see ``Kind``); the
 // Python side (``decoder_stack.py``) builds the lists once from the model's modules and only
 // takes this path for row counts at which every linear would run the kernel named here
-// (cpu_gemv's kernels, oneDNN's packed GEMM, torch's int4 kernel below its dense crossover).
+// (cpu_gemv's kernels, oneDNN's packed GEMM, int8's decode-then-GEMM past its crossover,
+// torch's int4 kernel below its dense crossover).
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -28,7 +29,9 @@ namespace {
 enum Kind : int64_t {
   kDense = 0,         // plain weight of x's dtype: up to ``group`` rows gemv_dense(x, a = weight, bias),
                       // above them oneDNN's linear on b = its pre-packed copy (cpu_linear.PackedLinear)
-  kInt8 = 1,          // gemv_int8(x as bf16, a = int8 codes, b = bf16 scales), back to x's dtype, + bias
+  kInt8 = 1,          // up to ``group`` rows gemv_int8(x as bf16, a = int8 codes, b = bf16 scales), above
+                      // them linear(x as bf16, int8_dequantize(a, b)) (Int8Linear's dense path); back
+                      // to x's dtype, + bias
   kInt4Torch = 2,     // torch's _weight_int4pack_mm_for_cpu(x as bf16, a = packed, group, b = scales/zeros)
   kInt4Gemv = 3,      // gemv_int4(x as bf16, a = packed, b = scales/zeros, group)
 };
@@ -42,6 +45,7 @@ using OptT = std::optional<at::Tensor>;
 struct Ops {
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const OptT&)> gemv_dense;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)> gemv_int8;
+  c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&)> int8_dequantize;
   c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)> gemv_int4;
   c10::TypedOperatorHandle<void(at::Tensor, const at::Tensor&, const at::Tensor&)> rotary;
   c10::TypedOperatorHandle<void(const at::Tensor&, at::Tensor)> silu_mul;
@@ -60,6 +64,7 @@ struct Ops {
           find("radixserve_cpu::gemv_dense").typed<at::Tensor(const at::Tensor&, const at::Tensor&, const OptT&)>(),
           find("radixserve_cpu::gemv_int8")
               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>(),
+          find("radixserve_cpu::int8_dequantize").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>(),
           find("radixserve_cpu::gemv_int4")
               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t)>(),
           find("radixserve_cpu::rotary_").typed<void(at::Tensor, const at::Tensor&, const at::Tensor&)>(),
@@ -102,7 +107,10 @@ at::Tensor linear(const Ops& ops, const at::Tensor& x, int64_t kind, const OptT&
   const at::Tensor xq = x.to(at::kBFloat16);
   at::Tensor y;
   switch (kind) {
-    case kInt8: y = ops.gemv_int8.call(xq.contiguous(), *a, *b); break;
+    case kInt8:
+      y = x.size(0) <= group ? ops.gemv_int8.call(xq.contiguous(), *a, *b)
+                             : at::linear(xq, ops.int8_dequantize.call(*a, *b));
+      break;
     case kInt4Torch: y = at::_weight_int4pack_mm_for_cpu(xq, *a, group, *b); break;
     case kInt4Gemv: y = ops.gemv_int4.call(xq.contiguous(), *a, *b, group); break;
     default: TORCH_CHECK(false, "unknown linear kind ", kind);
