@@ -62,9 +62,10 @@ from radixserve.model.quant.formats import (
 )
 
 # Rows from which decoding the weight and running the dense GEMM beats the packed kernel
-# (CPU, int8). The dense path's fixed cost is the GEMM's reorder of an unpacked weight
-# (~600 us per SmolLM2 layer; the native decode itself ~100); the kernel, which decodes each
-# tile once for all rows, costs ~14 us per row per layer: crossover near 128 rows
+# (CPU, int8). The dense path pays the native decode (~100 us per SmolLM2 layer) and a GEMM
+# on an unpacked weight (~500 us more than a pre-packed one at 1 row, ~11 % more at 209); the
+# kernel, which decodes each tile once for all rows, costs ~14 us per row per layer:
+# crossover near 128 rows
 # (2026-12-02, ``bench_quant.py --layer-rows 128,160,192,224,256``: 2254 against 2153 us at
 # 128, 4137 against 3523 at 256).
 DEQUANT_MIN_ROWS = 128
