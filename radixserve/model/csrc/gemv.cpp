@@ -88,9 +88,14 @@ struct BF16 {
 struct I8 : BF16 {
   const int8_t* q;
   const uint16_t* scale;  // bf16 [N]
+  // 32 codes as floats: the first 16 in lo, the last 16 in hi.
+  static void widen(__m256i bytes, __m512& lo, __m512& hi) {
+    lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes)));
+    hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1)));
+  }
   static W decode(__m256i bytes) {
-    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes)));
-    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1)));
+    __m512 lo, hi;
+    widen(bytes, lo, hi);
     return _mm512_cvtne2ps_pbh(hi, lo);  // lanes 0-15 from lo, 16-31 from hi
   }
   W load(int64_t n, int64_t k0) const {
@@ -393,12 +398,10 @@ at::Tensor int8_dequantize(const at::Tensor& q, const at::Tensor& scale) {
   uint16_t* wp = reinterpret_cast<uint16_t*>(w.data_ptr<at::BFloat16>());
   at::parallel_for(0, n, std::max<int64_t>(1, kMinBytesPerThread / std::max<int64_t>(k, 1)),
                    [&](int64_t begin, int64_t end) {
-                     auto decode = [](__m256i b, __m512 s) {
-                       const __m512 lo = _mm512_mul_ps(
-                           _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b))), s);
-                       const __m512 hi = _mm512_mul_ps(
-                           _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1))), s);
-                       return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+                     auto decode = [](__m256i b, __m512 s) {  // I8's codes, times the scale
+                       __m512 lo, hi;
+                       I8::widen(b, lo, hi);
+                       return (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, s), _mm512_mul_ps(lo, s));
                      };
                      for (int64_t r = begin; r < end; ++r) {
                        const __m512 s = _mm512_set1_ps(bf16_to_float(sp[r]));
