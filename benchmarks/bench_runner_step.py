@@ -74,20 +74,14 @@ def weight_bytes(engine: Engine) -> int:
     return sum(p.numel() * p.element_size() for p in engine.model.parameters())
 
 
-_READ_SRC: torch.Tensor | None = None
-
-
-def read_gbs() -> float:
-    """GB/s of one reduction over 512 MiB (far past any cache) on the engine's threads: a
+def read_gbs(src: torch.Tensor) -> float:
+    """GB/s of one reduction over ``src`` (512 MiB: far past any cache) on the engine's threads: a
     pure read, as a decode step's weights are. (A copy's bytes read plus written over its
     time overstates it: ~80 against ~40 GB/s here.) This VM's bandwidth drifts by up to
     1.5x within minutes, so it is sampled between the timed rounds, not once."""
-    global _READ_SRC
-    if _READ_SRC is None:
-        _READ_SRC = torch.ones(128 << 20, dtype=torch.float32)
     t = time.perf_counter()
-    _READ_SRC.sum()
-    return _READ_SRC.numel() * _READ_SRC.element_size() / (time.perf_counter() - t) / 1e9
+    src.sum()
+    return src.numel() * src.element_size() / (time.perf_counter() - t) / 1e9
 
 
 def ttft_ms(engine: Engine, seed: int) -> float:
@@ -195,13 +189,14 @@ def main() -> int:
             f"({first[m] / second[m]:.2f}x)",
             flush=True,
         )
-    read_samples = [read_gbs() for _ in range(3)]
+    read_src = torch.ones(128 << 20, dtype=torch.float32)  # 512 MiB
+    read_samples = [read_gbs(read_src) for _ in range(3)]
     results: list[dict[str, Any]] = []
     for batch in args.batch:
         rounds: dict[tuple[str, str], list[dict[str, Any]]] = {m: [] for m in modes}
         for _ in range(args.rounds):
             for m in modes:  # interleaved, round after round: drift hits every configuration alike
-                read_samples.append(read_gbs())
+                read_samples.append(read_gbs(read_src))
                 rounds[m].append(run(engines[m], batch, args.steps))
         for (g, o), rs in rounds.items():
             med = statistics.median(r["step_ms_median"] for r in rs)
