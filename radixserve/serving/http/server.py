@@ -3,12 +3,18 @@ a background thread next to the router (``radixserve serve --http-port``).
 
 The listening socket is bound (and listening) before uvicorn starts, so the real port is
 known at once (``port=0`` picks a free one) and early clients wait in the backlog.
+
+The loop is uvloop's where it is installed (a dependency on Linux and macOS) and uvicorn
+parses HTTP with httptools: with one SSE event per token per stream, the pure-Python event
+loop and parser were a large share of the gateway's CPU, which on a small CPU host runs on
+the cores the model computes on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import socket
 import threading
 import time
@@ -34,6 +40,15 @@ def bind(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop where it is installed, else asyncio's default."""
+    if importlib.util.find_spec("uvloop") is None:  # e.g. on Windows
+        return asyncio.new_event_loop()
+    import uvloop
+
+    return uvloop.new_event_loop()
 
 
 class _Server(uvicorn.Server):
@@ -83,7 +98,8 @@ class HTTPGateway:
     def run(self) -> None:
         """Serve in this thread until :meth:`stop` (e.g. from a signal handler)."""
         try:
-            asyncio.run(self.server.serve(sockets=[self.sock]))
+            with asyncio.Runner(loop_factory=new_event_loop) as runner:
+                runner.run(self.server.serve(sockets=[self.sock]))
         finally:
             self.sock.close()
 
