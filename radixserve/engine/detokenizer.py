@@ -50,6 +50,10 @@ class IncrementalDetokenizer:
         prompt_token_ids: Sequence[int] | None = None,
     ) -> None:
         self._tok = tokenizer
+        # A fast tokenizer's Rust decoder, called directly: transformers' decode wraps it in
+        # argument conversion that cost more than the decode itself (the router runs this for
+        # every streamed token). Same text: clean-up is off either way.
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._skip_special = params.skip_special_tokens if params is not None else True
         self._stops: tuple[str, ...] = tuple(params.stop) if params is not None else ()
         self._max_stop = max((len(s) for s in self._stops), default=0)
@@ -73,6 +77,8 @@ class IncrementalDetokenizer:
         return self._stopped
 
     def _decode(self, ids: list[int]) -> str:
+        if self._backend is not None:
+            return str(self._backend.decode(ids, skip_special_tokens=self._skip_special))
         return self._tok.decode(
             ids, skip_special_tokens=self._skip_special, clean_up_tokenization_spaces=False
         )

@@ -44,7 +44,7 @@ import logging
 import os
 import socket
 import time
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import zmq
@@ -99,6 +99,11 @@ class Router:
                 self._ctx.term()
             raise
         self.endpoint = self.frontend.getsockopt_string(zmq.LAST_ENDPOINT)
+        # The same client socket, for clients in this process (the HTTP gateway of `serve`):
+        # an inproc pipe skips the loopback TCP hop and both ZeroMQ I/O threads, a thread
+        # wake-up fewer per streamed token on each side. Nothing outside the process reaches it.
+        self.inproc_endpoint = f"inproc://radixserve-router-{os.getpid()}-{id(self):x}"
+        self.frontend.bind(self.inproc_endpoint)
         self.worker_endpoint = self.backend.getsockopt_string(zmq.LAST_ENDPOINT)
         # stop() writes a byte here so the poll returns at once instead of at its timeout.
         self._wake_r, self._wake_w = socket.socketpair()
@@ -199,6 +204,11 @@ class Router:
         return self.pool.routable
 
     @property
+    def context(self) -> zmq.Context:
+        """The ZeroMQ context (a client of :attr:`inproc_endpoint` must use this one)."""
+        return self._ctx
+
+    @property
     def stopping(self) -> bool:
         return self._stopping
 
@@ -241,7 +251,11 @@ class Router:
             self._drain(self.tokenizers.socket, self.tokenizers.on_frames)
         if self.frontend in events:
             self._drain(self.frontend, self.client_side.on_frames)
-        if self.supervisor is not None:
+        # A pidfd (the int keys) is readable once its worker exited; reaping only then keeps
+        # the per-token turn free of a poll() per process.
+        if self.supervisor is not None and self.supervisor.should_reap(
+            time.monotonic(), any(isinstance(k, int) for k in events)
+        ):
             self._supervise()
         if self.backend not in events or self._drain(
             self.backend, self.worker_side.on_frames, copy=False
@@ -319,10 +333,11 @@ class Router:
         """Handle up to ``limit`` queued messages; True if that emptied the queue.
         ``copy=False`` hands ``zmq.Frame`` objects over (their metadata name the peer)."""
         for _ in range(limit):
-            try:
-                frames: list[Any] = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
-            except zmq.Again:
+            # Ask before reading: an empty queue found by a raised zmq.Again cost more than
+            # the rest of a streamed token's turn.
+            if not cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 return True
+            frames: list[Any] = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
             try:
                 handle(frames)
             except Exception as exc:  # a bug must cost one request, not the server

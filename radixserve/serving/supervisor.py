@@ -108,6 +108,14 @@ class Supervisor:
     def pidfds(self) -> list[int]:
         return [w.pidfd for w in self._watched.values() if w.pidfd is not None]
 
+    def should_reap(self, now: float, fd_fired: bool) -> bool:
+        """Whether the router's turn must call :meth:`reap` (and start restarts): a watched
+        pidfd fired, a restart is due, or some process has no pidfd (it is polled every turn)."""
+        if fd_fired or any(w.pidfd is None for w in self._watched.values()):
+            return True
+        due = self.next_due()
+        return due is not None and due <= now
+
     @property
     def pending(self) -> set[int]:
         """Worker ids whose restart is scheduled (requests may wait for them)."""
