@@ -99,9 +99,12 @@ def request_limits(args: argparse.Namespace) -> Any:
     )
 
 
-def gateway_config(args: argparse.Namespace, router: str, router_keys: Any) -> Any:
+def gateway_config(
+    args: argparse.Namespace, router: str, router_keys: Any, context: Any = None
+) -> Any:
     """The :class:`~radixserve.serving.http.gateway.GatewayConfig` of the command's HTTP
-    options (keys, limits, timeouts), for a gateway in front of ``router``."""
+    options (keys, limits, timeouts), for a gateway in front of ``router`` (``context``: the
+    router's ZeroMQ context, for its ``inproc://`` endpoint)."""
     from radixserve.serving.http.gateway import GatewayConfig
 
     api_keys, admin_keys = http_keys(args)
@@ -114,6 +117,7 @@ def gateway_config(args: argparse.Namespace, router: str, router_keys: Any) -> A
         admin_api_keys=admin_keys,
         router_keys=router_keys,
         limits=request_limits(args),
+        context=context,
     )
 
 
@@ -134,10 +138,16 @@ def start_http_for_serve(args: argparse.Namespace, server: Any, model: str | Pat
     start (e.g. the port is taken), the server is closed before the error propagates."""
     if getattr(args, "http_port", None) is None:
         return None
+    router = server.router
     try:
-        # Behind CURVE, the gateway is one more client: it gets a key of its own.
+        # In the router's process, through its inproc endpoint. Behind CURVE the gateway is one
+        # more client with a key of its own (inproc has no handshake; the key then rests unused).
         return _start_http(
-            args, server.endpoint, model, server.router.security.mint("clients", "http-gateway")
+            args,
+            router.inproc_endpoint,
+            model,
+            router.security.mint("clients", "http-gateway"),
+            router.context,
         )
     except BaseException:
         server.close()
@@ -145,7 +155,11 @@ def start_http_for_serve(args: argparse.Namespace, server: Any, model: str | Pat
 
 
 def _start_http(
-    args: argparse.Namespace, router_endpoint: str, model: str | Path, router_keys: Any
+    args: argparse.Namespace,
+    router_endpoint: str,
+    model: str | Path,
+    router_keys: Any,
+    context: Any = None,
 ) -> Any:
     from radixserve.serving.http.server import HTTPGateway
     from radixserve.serving.prompts import load_tokenizer
@@ -156,7 +170,7 @@ def _start_http(
             logging.INFO
         )  # the periodic memory line is the point of the interval option
     config = gateway_config(
-        args, router_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:"), router_keys
+        args, router_endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:"), router_keys, context
     )
     # Loaded here, not on the first request: the load would block the serving event loop.
     http = HTTPGateway(

@@ -178,6 +178,9 @@ def serve(args: argparse.Namespace) -> int:
             config=config,
             engine_config=engine_overrides,
             gpu_ids=parse_gpu_ids(args.gpu_ids),
+            # Shared with the HTTP gateway's client (the router's inproc endpoint), so the
+            # router must not terminate it under the gateway; the process ends with exit_now.
+            context=zmq.Context(),
         )
     except zmq.ZMQError as e:  # e.g. the port is taken: one clear line, not a traceback
         raise ValueError(

@@ -65,7 +65,8 @@ class LocalServer:
 
     ``engine_config`` are EngineConfig fields for every worker (on the CPU, ``num_threads``
     defaults to an even share of the cores). ``worker_program`` replaces
-    ``python -m radixserve worker`` (tests use a fake worker).
+    ``python -m radixserve worker`` (tests use a fake worker). ``context``: the router's ZeroMQ
+    context, when an in-process client shares it (then its owner terminates it, not the router).
     """
 
     def __init__(
@@ -79,6 +80,7 @@ class LocalServer:
         worker_env: dict[str, str] | None = None,
         tokenizer: Any = None,
         gpu_ids: list[int] | None = None,
+        context: Any = None,
     ) -> None:
         from radixserve.serving.prompts import load_tokenizer
 
@@ -94,7 +96,9 @@ class LocalServer:
         # One GPU per worker on CUDA (or an explicit split); refused before anything starts.
         placements = plan_worker_devices(engine_config, num_workers, gpu_ids)
         config = config if config is not None else RouterConfig()
-        self.router = Router(tokenizer if tokenizer is not None else load_tokenizer(model), config)
+        self.router = Router(
+            tokenizer if tokenizer is not None else load_tokenizer(model), config, context=context
+        )
         self.endpoint = self.router.endpoint
         router_endpoint, parent = self.router.worker_endpoint, os.getpid()
 

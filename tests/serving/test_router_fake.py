@@ -81,7 +81,11 @@ def test_concurrent_clients_with_shared_prefixes(fake_server, tokenizer, alphabe
         return text, final, streamed
 
     async def main() -> list[tuple[str, p.GenerateFinal, list[int]]]:
-        clients = [AsyncClient(srv.endpoint, timeout=20) for _ in range(4)]
+        # Two over loopback TCP, two over the router's inproc endpoint (as `serve`'s gateway).
+        clients = [AsyncClient(srv.endpoint, timeout=20) for _ in range(2)] + [
+            AsyncClient(srv.router.inproc_endpoint, timeout=20, context=srv.router.context)
+            for _ in range(2)
+        ]
         try:
             for s in systems:  # warm each shared prefix once, then hit it concurrently
                 await clients[0].generate(s, params=SamplingParams(max_tokens=1))

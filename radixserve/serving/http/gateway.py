@@ -47,7 +47,8 @@ class GatewayConfig:
     ``token_id:N``). ``memory_log_interval_s``: period of the memory log line (0: off).
     ``api_keys`` / ``admin_api_keys``: bearer keys the HTTP clients must send (empty: none;
     see :mod:`~radixserve.serving.http.auth`). ``router_keys``: CURVE keys for a router
-    that takes only authenticated clients.
+    that takes only authenticated clients. ``context``: the router's ZeroMQ context, for a
+    gateway in the router's process that reaches it at its ``inproc://`` endpoint.
     """
 
     router: str = DEFAULT_ENDPOINT
@@ -60,6 +61,7 @@ class GatewayConfig:
     admin_api_keys: tuple[str, ...] = field(default=(), repr=False)
     router_keys: PeerKeys | None = field(default=None, repr=False)
     limits: RequestLimits = RequestLimits()
+    context: Any = field(default=None, repr=False, compare=False)
 
 
 def memory_line(w: p.WorkerStats) -> str:
@@ -137,7 +139,10 @@ class Gateway:
     async def start(self) -> None:
         """Connect to the router (inside the serving event loop) and start the memory log."""
         self.client = AsyncClient(
-            self.config.router, timeout=self.config.request_timeout_s, curve=self.config.router_keys
+            self.config.router,
+            timeout=self.config.request_timeout_s,
+            curve=self.config.router_keys,
+            context=self.config.context,
         )
         if self.config.memory_log_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._memory_log_loop()))
