@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator
-from typing import Any, cast
+from typing import Any
 
 import zmq
 
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
+from radixserve.serving import zmq_events
 from radixserve.serving.client_common import (
     DEFAULT_ENDPOINT,
     Event,
@@ -77,15 +78,15 @@ class AsyncClient:
         """Take every queued message off the socket; wake senders once there is room."""
         sock = self._sock
         while not sock.closed:
-            events = cast(int, sock.getsockopt(zmq.EVENTS))
-            if events & zmq.POLLOUT and self._writable:
+            ready = zmq_events.events(sock)
+            if ready & zmq_events.POLLOUT and self._writable:
                 for fut in self._writable:
                     if not fut.done():
                         fut.set_result(None)
                 self._writable.clear()
-            if not events & zmq.POLLIN:
+            if not ready & zmq_events.POLLIN:
                 return
-            self._dispatch(p.decode_server(sock.recv(zmq.NOBLOCK)))
+            self._dispatch(p.decode_server(sock.recv(zmq_events.NOBLOCK)))
 
     def _dispatch(self, msg: Any) -> None:
         self._last_rx = time.monotonic()
@@ -104,7 +105,7 @@ class AsyncClient:
         data = p.encode(msg)
         while True:
             try:
-                self._sock.send(data, zmq.NOBLOCK)
+                self._sock.send(data, zmq_events.NOBLOCK)
                 break
             except zmq.Again:
                 fut = loop.create_future()
@@ -119,7 +120,7 @@ class AsyncClient:
         for it, a task sends it once there is."""
         loop = self._loop
         try:
-            self._sock.send(p.encode(msg), zmq.NOBLOCK)
+            self._sock.send(p.encode(msg), zmq_events.NOBLOCK)
         except zmq.Again:
             if loop is not None and not loop.is_closed():
                 self._pending.add(task := loop.create_task(self._send(msg)))

@@ -44,12 +44,13 @@ import logging
 import os
 import socket
 import time
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 import zmq
 
 from radixserve.serving import protocol as p
+from radixserve.serving import zmq_events
 from radixserve.serving.client_side import ClientSide
 from radixserve.serving.control import ControlOps
 from radixserve.serving.dispatch import Dispatcher
@@ -335,9 +336,9 @@ class Router:
         for _ in range(limit):
             # Ask before reading: an empty queue found by a raised zmq.Again cost more than
             # the rest of a streamed token's turn.
-            if not cast(int, sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            if not zmq_events.events(sock) & zmq_events.POLLIN:
                 return True
-            frames: list[Any] = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
+            frames: list[Any] = sock.recv_multipart(zmq_events.NOBLOCK, copy=copy)
             try:
                 handle(frames)
             except Exception as exc:  # a bug must cost one request, not the server
@@ -358,7 +359,7 @@ class Router:
     def send_client(self, client: bytes, msg: msgspec.Struct) -> bool:
         """Send to a client; a client that went away has its requests aborted."""
         try:
-            self.frontend.send_multipart([client, p.encode(msg)], zmq.NOBLOCK)
+            self.frontend.send_multipart([client, p.encode(msg)], zmq_events.NOBLOCK)
         except zmq.ZMQError as exc:
             log.info("client %s unreachable (%s): aborting its requests", client.hex(), exc)
             self.inflight.drop_client(client)
