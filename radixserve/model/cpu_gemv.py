@@ -134,6 +134,15 @@ def unpack_int4(packed: torch.Tensor, group_size: int) -> torch.Tensor:
     return unpack_int4_torch(packed, group_size)
 
 
+def int4_dequantize(
+    packed: torch.Tensor, scales_zeros: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """The weight bfloat16 ``[N, K]`` of :func:`pack_int4`'s layout and :func:`int4_scales_zeros`,
+    in input order: ``formats.dequantize_int4``'s bits in one native pass (the int4 dense path
+    decodes the weight on every call)."""
+    return torch.ops.radixserve_cpu.gemv_int4_dequantize(packed, scales_zeros, group_size)
+
+
 def unpack_int4_torch(packed: torch.Tensor, group_size: int) -> torch.Tensor:
     """:func:`unpack_int4` in torch ops (any device; ~100x slower than the native one)."""
     n, k = packed.shape[0], packed.shape[1] * 2

@@ -104,6 +104,11 @@ def test_int4(shape: tuple[int, int], group: int) -> None:
     assert packed.shape == (n, k // 2) and torch.equal(cpu_gemv.unpack_int4(packed, group), q.codes)
     assert torch.equal(cpu_gemv.unpack_int4_torch(packed, group), q.codes)
     sz = cpu_gemv.int4_scales_zeros(q.scale, q.zero)
+    # The dense path's native decode: formats.dequantize_int4's bits.
+    assert torch.equal(
+        cpu_gemv.int4_dequantize(packed, sz, group).view(torch.int16),
+        dequantize_int4(q, torch.bfloat16).view(torch.int16),
+    )
     w = dequantize_int4(q, torch.float64)
     for m in ROWS:
         x = torch.randn(m, k, dtype=torch.bfloat16)

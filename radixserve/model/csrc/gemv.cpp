@@ -428,6 +428,8 @@ at::Tensor int8_dequantize(const at::Tensor& q, const at::Tensor& scale) {
 at::Tensor radixserve_gemv_int4(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros,
                                 int64_t group_size);
 at::Tensor radixserve_gemv_int4_unpack(const at::Tensor& packed, int64_t group_size);
+at::Tensor radixserve_gemv_int4_dequantize(const at::Tensor& packed, const at::Tensor& scales_zeros,
+                                           int64_t group_size);
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def("gemv_supported() -> bool", &gemv_supported);
@@ -441,4 +443,6 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.impl("gemv_int4", c10::DispatchKey::CPU, &radixserve_gemv_int4);
   m.def("gemv_int4_unpack(Tensor packed, int group_size) -> Tensor");
   m.impl("gemv_int4_unpack", c10::DispatchKey::CPU, &radixserve_gemv_int4_unpack);
+  m.def("gemv_int4_dequantize(Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
+  m.impl("gemv_int4_dequantize", c10::DispatchKey::CPU, &radixserve_gemv_int4_dequantize);
 }

@@ -329,62 +329,135 @@ at::Tensor radixserve_gemv_int4(const at::Tensor& x, const at::Tensor& packed, c
   return y;
 }
 
-// The codes uint8 [N, K] (input order) of a weight in this file's layout: the dense prefill
-// path's decode (a scalar pass, ~1 ns a code; torch ops on the nibbles took ~100x longer).
-at::Tensor radixserve_gemv_int4_unpack(const at::Tensor& packed, int64_t group_size) {
-  using namespace radixserve_cpu::gemv;
-  TORCH_CHECK(packed.dim() == 2 && packed.is_contiguous() && packed.scalar_type() == at::kByte &&
-                  packed.device().is_cpu(),
-              "packed must be contiguous uint8 [N, K / 2] on the CPU");
+namespace radixserve_cpu::gemv {
+namespace {
+
+// Visit every code of a weight in this file's layout, two at a time: emit(row n, input index i
+// (even), code of input i, code of input i + 1). Inputs 2l and 2l + 1 are always neighbours in
+// the stream too (a lane of a dot product takes a pair). The rows of a tile are visited by one
+// thread, tiles split over threads; a scalar pass through the stream-order table.
+template <typename Emit>
+void for_each_code_pair(const at::Tensor& packed, int64_t group_size, Emit&& emit) {
   const int64_t n = packed.size(0), k = packed.size(1) * 2;
-  TORCH_CHECK(n % 4 == 0 && group_size % 32 == 0 && k % group_size == 0, "not an int4 gemv layout: N ", n,
-              ", K ", k, ", group ", group_size);
   constexpr int64_t kTile = 4;  // outputs per tile (kNT)
-  // order[p]: the input at stream position p (cpu_gemv.int4_input_order).
-  std::vector<int32_t> order(static_cast<size_t>(k));
+  // order[p]: the input at stream position 2p (cpu_gemv.int4_input_order; 2p + 1 is its neighbour).
+  std::vector<int32_t> order(static_cast<size_t>(k / 2));
   {
     int64_t pos = 0;
     for_each_block(k / group_size, [&](int64_t g0, int b) {
       const int64_t r = kLanes / b;
       for (int64_t j = 0; j < group_size * b / 32; ++j)
         for (int64_t l = 0; l < kLanes; ++l)
-          for (int64_t e = 0; e < 2; ++e)
-            order[pos++] = static_cast<int32_t>((g0 + l / r) * group_size + (j * r + l % r) * 2 + e);
+          order[pos++] = static_cast<int32_t>((g0 + l / r) * group_size + (j * r + l % r) * 2);
     });
   }
-  at::Tensor codes = at::empty({n, k}, packed.options());
   const uint8_t* src = packed.data_ptr<uint8_t>();
-  uint8_t* dst = codes.data_ptr<uint8_t>();
   const int64_t chunks = k / 128, has64 = k % 128 >= 64, has32 = k % 64 != 0;
   at::parallel_for(0, n / kTile, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* tile_bytes = src + t * kTile * (k / 2);
       for (int64_t i = 0; i < kTile; ++i) {
-        uint8_t* row = dst + (t * kTile + i) * k;
+        const int64_t row = t * kTile + i;
         for (int64_t c = 0; c < chunks; ++c) {  // 16-bit lane e: element e of vectors 4c .. 4c + 3
           const uint8_t* b = tile_bytes + (c * kTile + i) * 64;
-          for (int64_t e = 0; e < 32; ++e) {
-            const uint32_t u = b[2 * e] | static_cast<uint32_t>(b[2 * e + 1]) << 8;
-            for (int64_t q = 0; q < 4; ++q) row[order[(4 * c + q) * 32 + e]] = (u >> (4 * q)) & 0xF;
+          for (int64_t e = 0; e < 32; e += 2) {
+            const uint32_t u0 = b[2 * e] | static_cast<uint32_t>(b[2 * e + 1]) << 8;
+            const uint32_t u1 = b[2 * e + 2] | static_cast<uint32_t>(b[2 * e + 3]) << 8;
+            for (int64_t q = 0; q < 4; ++q)
+              emit(row, order[((4 * c + q) * 32 + e) / 2], (u0 >> (4 * q)) & 0xF, (u1 >> (4 * q)) & 0xF);
           }
         }
         const uint8_t* tail = tile_bytes + chunks * kTile * 64;
         int64_t pos = chunks * 128;
         if (has64) {  // byte e: element e of the two vectors
-          for (int64_t e = 0; e < 32; ++e) {
-            row[order[pos + e]] = tail[i * 32 + e] & 0xF;
-            row[order[pos + 32 + e]] = tail[i * 32 + e] >> 4;
+          const uint8_t* t64 = tail + i * 32;
+          for (int64_t e = 0; e < 32; e += 2) {
+            emit(row, order[(pos + e) / 2], t64[e] & 0xF, t64[e + 1] & 0xF);
+            emit(row, order[(pos + 32 + e) / 2], t64[e] >> 4, t64[e + 1] >> 4);
           }
           tail += kTile * 32;
           pos += 64;
         }
-        if (has32)  // byte e: elements e and e + 16
-          for (int64_t e = 0; e < 16; ++e) {
-            row[order[pos + e]] = tail[i * 16 + e] & 0xF;
-            row[order[pos + 16 + e]] = tail[i * 16 + e] >> 4;
+        if (has32) {  // byte e: elements e and e + 16
+          const uint8_t* t32 = tail + i * 16;
+          for (int64_t e = 0; e < 16; e += 2) {
+            emit(row, order[(pos + e) / 2], t32[e] & 0xF, t32[e + 1] & 0xF);
+            emit(row, order[(pos + 16 + e) / 2], t32[e] >> 4, t32[e + 1] >> 4);
           }
+        }
       }
     }
   });
+}
+
+void check_layout(const at::Tensor& packed, int64_t group_size) {
+  TORCH_CHECK(packed.dim() == 2 && packed.is_contiguous() && packed.scalar_type() == at::kByte &&
+                  packed.device().is_cpu(),
+              "packed must be contiguous uint8 [N, K / 2] on the CPU");
+  const int64_t n = packed.size(0), k = packed.size(1) * 2;
+  TORCH_CHECK(n % 4 == 0 && group_size % 32 == 0 && k % group_size == 0, "not an int4 gemv layout: N ", n,
+              ", K ", k, ", group ", group_size);
+}
+
+}  // namespace
+}  // namespace radixserve_cpu::gemv
+
+// The codes uint8 [N, K] (input order) of a weight in this file's layout.
+at::Tensor radixserve_gemv_int4_unpack(const at::Tensor& packed, int64_t group_size) {
+  using namespace radixserve_cpu::gemv;
+  check_layout(packed, group_size);
+  const int64_t k = packed.size(1) * 2;
+  at::Tensor codes = at::empty({packed.size(0), k}, packed.options());
+  uint8_t* dst = codes.data_ptr<uint8_t>();
+  for_each_code_pair(packed, group_size, [&](int64_t row, int32_t idx, uint32_t q0, uint32_t q1) {
+    dst[row * k + idx] = static_cast<uint8_t>(q0);
+    dst[row * k + idx + 1] = static_cast<uint8_t>(q1);
+  });
   return codes;
+}
+
+// The weight bf16 [N, K] (input order): bf16((q - 8) * s + z) per code, from the layout and its
+// scales and zeros (bf16 [N, 2, K / G]), in the same pass as the unpack (the dense prefill path:
+// unpacking, then torch's float32 decode, took ~3x as long). (q - 8) * s is exact in float32 (a
+// 4-bit integer times an 8-bit mantissa), so contracted or not, the sum is rounded once, then
+// once to bf16 (nearest even): the bits of formats.dequantize_int4.
+at::Tensor radixserve_gemv_int4_dequantize(const at::Tensor& packed, const at::Tensor& scales_zeros,
+                                           int64_t group_size) {
+  using namespace radixserve_cpu::gemv;
+  check_layout(packed, group_size);
+  const int64_t n = packed.size(0), k = packed.size(1) * 2, groups = k / group_size;
+  TORCH_CHECK(scales_zeros.is_contiguous() && scales_zeros.scalar_type() == at::kBFloat16 &&
+                  scales_zeros.numel() == groups * n * 2,
+              "scales_zeros must be contiguous bfloat16 [N, 2, K / G]");
+  // Each group's 16 possible values (one vector op per group); the pass then does one table
+  // load per code instead of the arithmetic.
+  at::Tensor table = at::empty({n, groups, 16}, scales_zeros.options());
+  const auto* sz = reinterpret_cast<const at::BFloat16*>(scales_zeros.data_ptr<at::BFloat16>());
+  auto* lut = reinterpret_cast<uint16_t*>(table.data_ptr<at::BFloat16>());
+  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+#if RADIXSERVE_GEMV
+    const __m512 centred = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+#endif
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t g = 0; g < groups; ++g) {
+        const float s = static_cast<float>(sz[(r * 2) * groups + g]);
+        const float z = static_cast<float>(sz[(r * 2 + 1) * groups + g]);
+        uint16_t* out = lut + (r * groups + g) * 16;
+#if RADIXSERVE_GEMV
+        const __m512 v = _mm512_add_ps(_mm512_mul_ps(centred, _mm512_set1_ps(s)), _mm512_set1_ps(z));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+        for (int q = 0; q < 16; ++q) out[q] = at::BFloat16(static_cast<float>(q - 8) * s + z).x;
+#endif
+      }
+  });
+  at::Tensor w = at::empty({n, k}, scales_zeros.options());
+  // Two bf16 a store: the pair's inputs are neighbours (and in one group: G is even).
+  auto* dst = reinterpret_cast<uint32_t*>(w.data_ptr<at::BFloat16>());
+  const int shift = __builtin_ctzll(static_cast<unsigned long long>(group_size));
+  for_each_code_pair(packed, group_size, [&](int64_t row, int32_t idx, uint32_t q0, uint32_t q1) {
+    const uint16_t* g = lut + (row * groups + (idx >> shift)) * 16;
+    dst[(row * k + idx) / 2] = g[q0] | static_cast<uint32_t>(g[q1]) << 16;
+  });
+  return w;
 }

@@ -368,6 +368,8 @@ class Int4Linear(QuantizedLinear):
         return Int4Weight(codes, scale, zero, self.group_size)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if self.gemv and dtype is torch.bfloat16:  # the dense path's: one native pass, same bits
+            return cpu_gemv.int4_dequantize(self.packed, self.scales_and_zeros, self.group_size)
         return dequantize_int4(self.int4_weight(), dtype)
 
 
