@@ -417,47 +417,86 @@ at::Tensor radixserve_gemv_int4_unpack(const at::Tensor& packed, int64_t group_s
 }
 
 // The weight bf16 [N, K] (input order): bf16((q - 8) * s + z) per code, from the layout and its
-// scales and zeros (bf16 [N, 2, K / G]), in the same pass as the unpack (the dense prefill path:
-// unpacking, then torch's float32 decode, took ~3x as long). (q - 8) * s is exact in float32 (a
-// 4-bit integer times an 8-bit mantissa), so contracted or not, the sum is rounded once, then
-// once to bf16 (nearest even): the bits of formats.dequantize_int4.
+// scales and zeros (bf16 [N, 2, K / G]): the dense prefill path's decode (unpacking, then
+// torch's float32 decode, took ~5x as long). Per output, into an L1 buffer in stream order with
+// the kernel's own decode (bf16 128 + q) and per-lane scales, then to input order one 32-bit
+// pair (two neighbouring inputs) at a time by a gather. (q - 8) * s is exact in float32 (a 4-bit
+// integer times an 8-bit mantissa), so the FMA rounds once, like torch's multiply-then-add,
+// then once to bf16 (nearest even): the bits of formats.dequantize_int4.
 at::Tensor radixserve_gemv_int4_dequantize(const at::Tensor& packed, const at::Tensor& scales_zeros,
                                            int64_t group_size) {
   using namespace radixserve_cpu::gemv;
+  TORCH_CHECK(RADIXSERVE_GEMV, "radixserve_cpu gemv kernels were not built for this CPU (need AVX-512 bf16)");
   check_layout(packed, group_size);
   const int64_t n = packed.size(0), k = packed.size(1) * 2, groups = k / group_size;
   TORCH_CHECK(scales_zeros.is_contiguous() && scales_zeros.scalar_type() == at::kBFloat16 &&
                   scales_zeros.numel() == groups * n * 2,
               "scales_zeros must be contiguous bfloat16 [N, 2, K / G]");
-  // Each group's 16 possible values (one vector op per group); the pass then does one table
-  // load per code instead of the arithmetic.
-  at::Tensor table = at::empty({n, groups, 16}, scales_zeros.options());
-  const auto* sz = reinterpret_cast<const at::BFloat16*>(scales_zeros.data_ptr<at::BFloat16>());
-  auto* lut = reinterpret_cast<uint16_t*>(table.data_ptr<at::BFloat16>());
-  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
-#if RADIXSERVE_GEMV
-    const __m512 centred = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-#endif
-    for (int64_t r = begin; r < end; ++r)
-      for (int64_t g = 0; g < groups; ++g) {
-        const float s = static_cast<float>(sz[(r * 2) * groups + g]);
-        const float z = static_cast<float>(sz[(r * 2 + 1) * groups + g]);
-        uint16_t* out = lut + (r * groups + g) * 16;
-#if RADIXSERVE_GEMV
-        const __m512 v = _mm512_add_ps(_mm512_mul_ps(centred, _mm512_set1_ps(s)), _mm512_set1_ps(z));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(v));
-#else
-        for (int q = 0; q < 16; ++q) out[q] = at::BFloat16(static_cast<float>(q - 8) * s + z).x;
-#endif
-      }
-  });
   at::Tensor w = at::empty({n, k}, scales_zeros.options());
-  // Two bf16 a store: the pair's inputs are neighbours (and in one group: G is even).
-  auto* dst = reinterpret_cast<uint32_t*>(w.data_ptr<at::BFloat16>());
-  const int shift = __builtin_ctzll(static_cast<unsigned long long>(group_size));
-  for_each_code_pair(packed, group_size, [&](int64_t row, int32_t idx, uint32_t q0, uint32_t q1) {
-    const uint16_t* g = lut + (row * groups + (idx >> shift)) * 16;
-    dst[(row * k + idx) / 2] = g[q0] | static_cast<uint32_t>(g[q1]) << 16;
+#if RADIXSERVE_GEMV
+  // Per stream vector (32 inputs): its block; per input pair: the stream pair it comes from.
+  const int64_t nvec = k / 32;
+  std::vector<int32_t> vec_block(static_cast<size_t>(nvec)), source(static_cast<size_t>(k / 2));
+  std::vector<std::pair<int64_t, int>> blocks;  // (first group, groups) in stream order
+  {
+    int64_t v = 0;
+    for_each_block(groups, [&](int64_t g0, int b) {
+      for (int64_t j = 0; j < group_size * b / 32; ++j, ++v) {
+        vec_block[v] = static_cast<int32_t>(blocks.size());
+        const int64_t r = kLanes / b;
+        for (int64_t l = 0; l < kLanes; ++l)
+          source[((g0 + l / r) * group_size + (j * r + l % r) * 2) / 2] = static_cast<int32_t>(v * kLanes + l);
+      }
+      blocks.emplace_back(g0, b);
+    });
+  }
+  const uint8_t* src = packed.data_ptr<uint8_t>();
+  const auto* sz = reinterpret_cast<const uint16_t*>(scales_zeros.data_ptr<at::BFloat16>());
+  auto* dst = reinterpret_cast<uint16_t*>(w.data_ptr<at::BFloat16>());
+  const int64_t chunks = k / 128, has64 = k % 128 >= 64, has32 = k % 64 != 0;
+  at::parallel_for(0, n / kNT, 16, [&](int64_t begin, int64_t end) {
+    std::vector<__m512bh> vecs(static_cast<size_t>(nvec));  // one output, stream order
+    std::vector<__m512> lanes(blocks.size() * 2);        // per block: scales, zeros
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    // After cvtne2ps(odd, even): even results in 0..15, odd in 16..31; element order interleaves them.
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i high = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+    const __m512 offset = _mm512_set1_ps(136.0f);  // 128 + q - 136 = q - 8, exactly
+    for (int64_t t = begin; t < end; ++t) {
+      const uint8_t* tile_bytes = src + t * kNT * (k / 2);
+      for (int64_t i = 0; i < kNT; ++i) {
+        const int64_t row = t * kNT + i;
+        const uint16_t* scales = sz + row * 2 * groups;
+        for (size_t b = 0; b < blocks.size(); ++b) {
+          const auto [g0, nb] = blocks[b];
+          const __m512i idx = _mm512_srli_epi32(iota, 4 - log2_int(nb));
+          lanes[2 * b] = spread_bf16(scales + g0, nb, idx);
+          lanes[2 * b + 1] = spread_bf16(scales + groups + g0, nb, idx);
+        }
+        for (int64_t c = 0; c < chunks; ++c) decode128(tile_bytes + (c * kNT + i) * 64, vecs.data() + 4 * c);
+        const uint8_t* tail = tile_bytes + chunks * kNT * 64;
+        if (has64) {
+          decode64(tail + i * 32, vecs.data() + 4 * chunks);
+          tail += kNT * 32;
+        }
+        if (has32) vecs[nvec - 1] = decode32(tail + i * 16);
+        for (int64_t v = 0; v < nvec; ++v) {
+          const __m512i u = (__m512i)vecs[v];
+          const __m512 s = lanes[2 * vec_block[v]], z = lanes[2 * vec_block[v] + 1];
+          const __m512 even = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_slli_epi32(u, 16)), offset);
+          const __m512 odd = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_and_si512(u, high)), offset);
+          vecs[v] = (__m512bh)_mm512_permutexvar_epi16(
+              interleave, (__m512i)_mm512_cvtne2ps_pbh(_mm512_fmadd_ps(odd, s, z), _mm512_fmadd_ps(even, s, z)));
+        }
+        const int* from = reinterpret_cast<const int*>(vecs.data());
+        uint16_t* out = dst + row * k;
+        for (int64_t j = 0; j < k / 2; j += kLanes)
+          _mm512_storeu_si512(out + 2 * j,
+                              _mm512_i32gather_epi32(_mm512_loadu_si512(source.data() + j), from, 4));
+      }
+    }
   });
+#endif
   return w;
 }

@@ -19,8 +19,8 @@ Which kernels (measured on the project's 2-core AVX-512 VM, SmolLM2 shapes,
   figures) and, like the int8 kernel, sums each row on its own. Where cpu_gemv is not built,
   tinygemm; on CUDA ``_weight_int4pack_mm``.
 
-Both are GEMV-shaped: their cost grows with the number of rows, and past ~128 rows (int8)
-or ~320 (int4) (prefill chunks) decoding the weight once into a bf16 matrix and calling the
+Both are GEMV-shaped: their cost grows with the number of rows, and past ~128 rows (both)
+(prefill chunks) decoding the weight once into a bf16 matrix and calling the
 BLAS GEMM is faster; ``DEQUANT_MIN_ROWS`` and ``INT4_DEQUANT_MIN_ROWS`` are the crossovers.
 Decode batches (the graphs a GPU captures) stay on the packed kernels. Opt-in
 ``--quant-dense-cache`` (``cache_dense_weight``) keeps the weight decoded to bf16 and
@@ -69,11 +69,11 @@ from radixserve.model.quant.formats import (
 # (2026-12-02, ``bench_quant.py --layer-rows 128,160,192,224,256``: 2254 against 2153 us at
 # 128, 4137 against 3523 at 256).
 DEQUANT_MIN_ROWS = 128
-# int4's decode costs ~4x int8's (nibbles, group scales and zeros; ~6 ms per SmolLM2 layer).
-# Against tinygemm (~45 us per row per layer) the crossover was near 240 rows; cpu_gemv's
-# int4 kernel (~18 us per row) moved it to ~300-380 (2026-12-02, ``bench_quant.py
-# --layer-rows 128,256,384,512``, 4.7 ms against 8.4 at 256 rows, 7.5 against 6.5 at 384).
-INT4_DEQUANT_MIN_ROWS = 320
+# int4's dense path decodes natively too (``cpu_gemv.int4_dequantize``, ~0.6 ms per SmolLM2
+# layer); against cpu_gemv's int4 kernel (~18 us per row per layer) the crossover is near
+# 112 rows (2026-12-02, ``bench_quant.py --layer-rows 64,96,128,160,192,256 --configs int4``:
+# 1952 against 1840 us at 96 rows, 2306 against 2474 at 128, 3704 against 5527 at 256).
+INT4_DEQUANT_MIN_ROWS = 128
 INT4_TINYGEMM_DEQUANT_MIN_ROWS = 256  # where tinygemm serves int4 (cpu_gemv not built)
 # With a decoded copy kept (``--quant-dense-cache``), rows from which its GEMM beats the
 # packed kernels: the kernels cost ~45 us per row per SmolLM2 layer (float32 FMAs, no weight
