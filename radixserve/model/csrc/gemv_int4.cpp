@@ -418,7 +418,7 @@ at::Tensor radixserve_gemv_int4_unpack(const at::Tensor& packed, int64_t group_s
 
 // The weight bf16 [N, K] (input order): bf16((q - 8) * s + z) per code, from the layout and its
 // scales and zeros (bf16 [N, 2, K / G]): the dense prefill path's decode (unpacking, then
-// torch's float32 decode, took ~5x as long). Per output, into an L1 buffer in stream order with
+// torch's float32 decode, took ~9x as long). Per output, into an L1 buffer in stream order with
 // the kernel's own decode (bf16 128 + q) and per-lane scales, then to input order one 32-bit
 // pair (two neighbouring inputs) at a time by a gather. (q - 8) * s is exact in float32 (a 4-bit
 // integer times an 8-bit mantissa), so the FMA rounds once, like torch's multiply-then-add,
