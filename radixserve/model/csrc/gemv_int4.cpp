@@ -332,6 +332,21 @@ at::Tensor radixserve_gemv_int4(const at::Tensor& x, const at::Tensor& packed, c
 namespace radixserve_cpu::gemv {
 namespace {
 
+// order[p]: the input at stream position 2p of a weight with K inputs in groups of G
+// (cpu_gemv.int4_input_order; 2p + 1 is its neighbour): lane l of vector j of a block of B
+// groups from g0 takes inputs 2 (j R + l % R) and + 1 of group g0 + l / R, R = 16 / B.
+std::vector<int32_t> stream_pair_inputs(int64_t k, int64_t group_size) {
+  std::vector<int32_t> order(static_cast<size_t>(k / 2));
+  int64_t pos = 0;
+  for_each_block(k / group_size, [&](int64_t g0, int b) {
+    const int64_t r = kLanes / b;
+    for (int64_t j = 0; j < group_size * b / 32; ++j)
+      for (int64_t l = 0; l < kLanes; ++l)
+        order[pos++] = static_cast<int32_t>((g0 + l / r) * group_size + (j * r + l % r) * 2);
+  });
+  return order;
+}
+
 // Visit every code of a weight in this file's layout, two at a time: emit(row n, input index i
 // (even), code of input i, code of input i + 1). Inputs 2l and 2l + 1 are always neighbours in
 // the stream too (a lane of a dot product takes a pair). The rows of a tile are visited by one
@@ -340,17 +355,7 @@ template <typename Emit>
 void for_each_code_pair(const at::Tensor& packed, int64_t group_size, Emit&& emit) {
   const int64_t n = packed.size(0), k = packed.size(1) * 2;
   constexpr int64_t kTile = 4;  // outputs per tile (kNT)
-  // order[p]: the input at stream position 2p (cpu_gemv.int4_input_order; 2p + 1 is its neighbour).
-  std::vector<int32_t> order(static_cast<size_t>(k / 2));
-  {
-    int64_t pos = 0;
-    for_each_block(k / group_size, [&](int64_t g0, int b) {
-      const int64_t r = kLanes / b;
-      for (int64_t j = 0; j < group_size * b / 32; ++j)
-        for (int64_t l = 0; l < kLanes; ++l)
-          order[pos++] = static_cast<int32_t>((g0 + l / r) * group_size + (j * r + l % r) * 2);
-    });
-  }
+  const std::vector<int32_t> order = stream_pair_inputs(k, group_size);
   const uint8_t* src = packed.data_ptr<uint8_t>();
   const int64_t chunks = k / 128, has64 = k % 128 >= 64, has32 = k % 64 != 0;
   at::parallel_for(0, n / kTile, 16, [&](int64_t begin, int64_t end) {
@@ -434,19 +439,19 @@ at::Tensor radixserve_gemv_int4_dequantize(const at::Tensor& packed, const at::T
               "scales_zeros must be contiguous bfloat16 [N, 2, K / G]");
   at::Tensor w = at::empty({n, k}, scales_zeros.options());
 #if RADIXSERVE_GEMV
-  // Per stream vector (32 inputs): its block; per input pair: the stream pair it comes from.
+  // Per input pair: the stream pair it comes from (the inverse of stream_pair_inputs); per
+  // stream vector (32 inputs): its block.
   const int64_t nvec = k / 32;
-  std::vector<int32_t> vec_block(static_cast<size_t>(nvec)), source(static_cast<size_t>(k / 2));
+  std::vector<int32_t> source(static_cast<size_t>(k / 2)), vec_block(static_cast<size_t>(nvec));
+  {
+    const std::vector<int32_t> order = stream_pair_inputs(k, group_size);
+    for (int64_t p = 0; p < k / 2; ++p) source[order[p] / 2] = static_cast<int32_t>(p);
+  }
   std::vector<std::pair<int64_t, int>> blocks;  // (first group, groups) in stream order
   {
     int64_t v = 0;
     for_each_block(groups, [&](int64_t g0, int b) {
-      for (int64_t j = 0; j < group_size * b / 32; ++j, ++v) {
-        vec_block[v] = static_cast<int32_t>(blocks.size());
-        const int64_t r = kLanes / b;
-        for (int64_t l = 0; l < kLanes; ++l)
-          source[((g0 + l / r) * group_size + (j * r + l % r) * 2) / 2] = static_cast<int32_t>(v * kLanes + l);
-      }
+      for (int64_t j = 0; j < group_size * b / 32; ++j) vec_block[v++] = static_cast<int32_t>(blocks.size());
       blocks.emplace_back(g0, b);
     });
   }
