@@ -42,6 +42,7 @@ import msgspec
 import zmq
 
 from radixserve.serving import protocol as p
+from radixserve.serving import zmq_events
 from radixserve.serving.engine_api import ServingEngine
 from radixserve.serving.security import PeerKeys
 from radixserve.serving.worker_reports import (
@@ -321,11 +322,9 @@ class Worker:
             pass  # finished in the meantime
 
     def _drain(self) -> None:
-        while True:
-            try:
-                data = self.sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        # Asked, not found by a raised zmq.Again: this runs between steps (the router's _drain too).
+        while zmq_events.events(self.sock) & zmq_events.POLLIN:
+            data = self.sock.recv(zmq_events.NOBLOCK)
             self._last_router = time.monotonic()
             msg = p.decode_to_worker(data)
             if isinstance(msg, p.Error):
