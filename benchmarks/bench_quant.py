@@ -241,14 +241,14 @@ def layer_times(model: str, rows: list[int], rounds: int) -> None:
                     m.dense_min_rows = 1
             layers[f"{method} {kind}"] = made
         if method == "int8" and cpu_gemv.available():  # torch's _weight_int8pack_mm
+            from radixserve.model.quant.linear import Int8Linear
+
             made = [
-                make_quantized_linear(
-                    method, quantize_weight(method, w, group, torch.bfloat16), None, torch.bfloat16
-                )
+                Int8Linear(quantize_weight(method, w, group, torch.bfloat16), None, gemv=False)
                 for w in ws
             ]
             for m in made:
-                m.dense_min_rows, m.gemv = 1 << 30, False
+                m.dense_min_rows = 1 << 30
             layers["int8 torch kernel"] = made
     if cpu_gemv.available():  # torch's tinygemm int4 kernel (what Int4Linear ran before)
         from radixserve.model.quant.linear import Int4Linear

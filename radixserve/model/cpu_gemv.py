@@ -31,16 +31,43 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return torch.ops.radixserve_cpu.gemv_dense(x, weight, bias)
 
 
-def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``(x @ qweight.T) * scale`` for bfloat16 ``x`` ``[M, K]``, int8 ``qweight`` ``[N, K]``
-    and bfloat16 ``scale`` ``[N]``: bfloat16 ``[M, N]``."""
-    return torch.ops.radixserve_cpu.gemv_int8(x, qweight, scale)
+INT8_GROUP = 64  # outputs per group of pack_int8's layout
 
 
-def int8_dequantize(qweight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``qweight.to(bfloat16) * scale[:, None]`` (the same bits) in one native pass: int8
-    ``[N, K]``, bfloat16 ``scale`` ``[N]`` -> bfloat16 ``[N, K]``."""
-    return torch.ops.radixserve_cpu.int8_dequantize(qweight, scale)
+def int8_packable(n: int, k: int) -> bool:
+    """Whether an int8 weight ``[n, k]`` fits :func:`pack_int8`'s layout (pairs of inputs)."""
+    return k % 2 == 0 and n > 0
+
+
+def pack_int8(codes: torch.Tensor) -> torch.Tensor:
+    """int8 codes ``[N, K]`` (K even) -> the int8 kernel's layout ``[ceil(N / 64), K / 2, 64,
+    2]``: ``packed[g, p, i, j] = codes[64 g + i, 2 p + j]``, outputs past N zero
+    (``csrc/gemv_int8.cpp`` says why)."""
+    n, k = codes.shape
+    if not int8_packable(n, k):
+        raise ValueError(f"pack_int8 needs an even number of inputs, got {k}")
+    groups = -(-n // INT8_GROUP)
+    padded = codes.new_zeros(groups * INT8_GROUP, k)
+    padded[:n] = codes
+    return padded.view(groups, INT8_GROUP, k // 2, 2).transpose(1, 2).contiguous()
+
+
+def unpack_int8(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """The codes ``[n, K]`` of :func:`pack_int8`'s layout (torch ops, any device)."""
+    groups, pairs = packed.shape[:2]
+    return packed.transpose(1, 2).reshape(groups * INT8_GROUP, 2 * pairs)[:n].contiguous()
+
+
+def int8_linear(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``(x @ codes.T) * scale`` for bfloat16 ``x`` ``[M, K]``, ``packed`` from
+    :func:`pack_int8` and bfloat16 ``scale`` ``[N]``: bfloat16 ``[M, N]``."""
+    return torch.ops.radixserve_cpu.gemv_int8(x, packed, scale)
+
+
+def int8_dequantize(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``codes.to(bfloat16) * scale[:, None]`` (the same bits) in one native pass from
+    :func:`pack_int8`'s layout: bfloat16 ``[N, K]``."""
+    return torch.ops.radixserve_cpu.int8_dequantize(packed, scale)
 
 
 def int4_linear(

@@ -36,6 +36,7 @@ _SOURCES = [
         "paged_attention.cpp",
         "elementwise.cpp",
         "gemv.cpp",
+        "gemv_int8.cpp",
         "gemv_int4.cpp",
         "decoder_layers.cpp",
     )

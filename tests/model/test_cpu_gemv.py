@@ -75,24 +75,48 @@ def test_dense_fp32_and_bf16(shape: tuple[int, int]) -> None:
     _assert_rows_independent(lambda t: cpu_gemv.linear(t, w.bfloat16()), x.bfloat16())
 
 
-@pytest.mark.parametrize("shape", DENSE_SHAPES)
+# int8's layout pairs the inputs (K even); N not a multiple of its 16-output block,
+# K / 2 not a multiple of the 16 pairs its decode transposes at a time, SmolLM2's gate_up.
+INT8_SHAPES = ((37, 96), (130, 78), (3072, 576))
+
+
+@pytest.mark.parametrize("shape", INT8_SHAPES)
 def test_int8(shape: tuple[int, int]) -> None:
     torch.manual_seed(1)
     n, k = shape
     q = quantize_int8(torch.randn(n, k) * 0.05, torch.bfloat16)
+    packed = cpu_gemv.pack_int8(q.qweight)
+    assert packed.shape == (-(-n // 64), k // 2, 64, 2)
+    assert torch.equal(cpu_gemv.unpack_int8(packed, n), q.qweight)
     for m in ROWS:
         x = torch.randn(m, k, dtype=torch.bfloat16)
         want = F.linear(x.double(), q.qweight.double()) * q.scale.double()
-        assert _rel_err(cpu_gemv.int8_linear(x, q.qweight, q.scale), want) < 2**-8
+        assert _rel_err(cpu_gemv.int8_linear(x, packed, q.scale), want) < 2**-8
+    # Past one block of rows (6) the kernel decodes into a panel; the same bits as in registers.
     _assert_rows_independent(
-        lambda t: cpu_gemv.int8_linear(t, q.qweight, q.scale),
+        lambda t: cpu_gemv.int8_linear(t, packed, q.scale),
         torch.randn(17, k, dtype=torch.bfloat16),
     )
     # The dense path's native decode: torch's two-pass decode, bit for bit.
     assert torch.equal(
-        cpu_gemv.int8_dequantize(q.qweight, q.scale),
+        cpu_gemv.int8_dequantize(packed, q.scale),
         q.qweight.to(torch.bfloat16) * q.scale[:, None],
     )
+
+
+def test_int8_layer_layout() -> None:
+    """An int8 layer keeps its codes in the kernel's layout where it can, torch's otherwise."""
+    torch.manual_seed(3)
+    even = Int8Linear(quantize_int8(torch.randn(40, 64), torch.bfloat16), None)
+    assert even.gemv and even.qweight.shape == (1, 32, 64, 2)
+    odd = Int8Linear(quantize_int8(torch.randn(40, 63), torch.bfloat16), None)
+    assert not odd.gemv and odd.qweight.shape == (40, 63)
+    for layer in (even, odd):
+        x = torch.randn(5, layer.in_features, dtype=torch.bfloat16)
+        want = F.linear(x.double(), layer.codes().double()) * layer.scale.double()
+        assert _rel_err(layer(x), want) < 2**-8
+    with pytest.raises(ValueError, match="even number of inputs"):
+        cpu_gemv.pack_int8(odd.codes())
 
 
 @pytest.mark.parametrize("shape,group", INT4_CASES)
@@ -147,7 +171,7 @@ def test_same_bits_on_any_thread_split() -> None:
             x, w, torch.randn(3072, generator=torch.Generator().manual_seed(0))
         ),
         lambda: cpu_gemv.linear(xb, w.bfloat16()),
-        lambda: cpu_gemv.int8_linear(xb, q8.qweight, q8.scale),
+        lambda: cpu_gemv.int8_linear(xb, cpu_gemv.pack_int8(q8.qweight), q8.scale),
         lambda: cpu_gemv.int4_linear(xb, packed, sz, 32),
     ]
     threads = torch.get_num_threads()

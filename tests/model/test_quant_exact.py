@@ -27,7 +27,7 @@ from radixserve.engine.engine import Engine
 from radixserve.model.quant import set_dense_min_rows
 from radixserve.model.quant.apply import make_quantized_linear, quantize_weight
 from radixserve.model.quant.formats import dequantize_int4, dequantize_int8
-from radixserve.model.quant.linear import DEQUANT_MIN_ROWS
+from radixserve.model.quant.linear import DEQUANT_MIN_ROWS, INT4_DEQUANT_MIN_ROWS
 from radixserve.sampling_params import SamplingParams
 
 TOKENS = 8
@@ -134,7 +134,7 @@ def test_dense_path_is_dequantize_then_the_same_gemm(method: str) -> None:
     q = quantize_weight(method, w, 64 if method == "int4" else None, torch.bfloat16)
     layer = make_quantized_linear(method, q, b, torch.bfloat16)
     decoded = (dequantize_int8 if method == "int8" else dequantize_int4)(q, torch.bfloat16)  # type: ignore[operator]
-    assert layer.dense_min_rows >= DEQUANT_MIN_ROWS
+    assert layer.dense_min_rows == (DEQUANT_MIN_ROWS if method == "int8" else INT4_DEQUANT_MIN_ROWS)
     x = torch.randn(layer.dense_min_rows + 5, 256)
     with torch.inference_mode():
         want = F.linear(x.to(torch.bfloat16), decoded).to(x.dtype) + b

@@ -226,11 +226,16 @@ def test_cuda_linear_matches_reference_and_graph_replay(method: str) -> None:
 
 @pytest.mark.parametrize("method", ["int8", "int4"])
 def test_dense_cache_layer(method: str) -> None:
-    """``cache_dense_weight``: batches of CACHED_DENSE_MIN_ROWS rows or more multiply with the
-    kept bf16 copy (close to dequantize-then-matmul), fewer rows stay on the packed kernel
-    bit for bit, and the copy's 2 bytes per weight are counted."""
-    from radixserve.model.quant.linear import CACHED_DENSE_MIN_ROWS
+    """``cache_dense_weight``: batches of the method's ``cached_dense_min_rows`` rows or more
+    multiply with the kept bf16 copy (close to dequantize-then-matmul), fewer rows stay on the
+    packed kernel bit for bit, and the copy's 2 bytes per weight are counted."""
+    from radixserve.model.quant.linear import (
+        CACHED_DENSE_MIN_ROWS,
+        INT8_CACHED_DENSE_MIN_ROWS,
+        Int8Linear,
+    )
 
+    assert Int8Linear.cached_dense_min_rows == INT8_CACHED_DENSE_MIN_ROWS
     torch.manual_seed(4)
     w = torch.randn(192, 256) * 0.05
     q = quantize_weight(method, w, 64 if method == "int4" else None, torch.bfloat16)
@@ -239,9 +244,14 @@ def test_dense_cache_layer(method: str) -> None:
     assert cached.cache_dense_weight() == 2 * 192 * 256
     assert cached.weight_bytes() == plain.weight_bytes() + 2 * 192 * 256
     with torch.inference_mode():
-        few = torch.randn(CACHED_DENSE_MIN_ROWS - 1, 256)
+        min_rows = cached.cached_dense_min_rows
+        assert min_rows == (
+            INT8_CACHED_DENSE_MIN_ROWS if method == "int8" else CACHED_DENSE_MIN_ROWS
+        )
+        assert cached.dense_min_rows == min_rows
+        few = torch.randn(min_rows - 1, 256)
         assert torch.equal(cached(few), plain(few))
-        many = torch.randn(CACHED_DENSE_MIN_ROWS + 9, 256)
+        many = torch.randn(min_rows + 9, 256)
         want = _reference(plain, many)
         torch.testing.assert_close(
             cached(many), want, atol=2e-2 * want.abs().max().item(), rtol=2e-2
@@ -251,7 +261,8 @@ def test_dense_cache_layer(method: str) -> None:
 def test_dense_cache_engine_and_planner(tiny_llama_dir: Path) -> None:
     """``quant_dense_cache``: the report and the planner count the bf16 copies; decoding at a
     batch of several rows gives the tokens of the same engine without them (a random model's
-    near-ties aside, the copies hold the very weights the kernels decode)."""
+    near-ties aside, the copies hold the very weights the kernels decode). int4, whose copies
+    serve batches from 4 rows (int8's from 128)."""
     from radixserve.engine.engine import Engine
     from radixserve.memory.planner import weight_bytes
     from radixserve.model.config import ModelConfig
@@ -260,7 +271,7 @@ def test_dense_cache_engine_and_planner(tiny_llama_dir: Path) -> None:
     cfg = ModelConfig.from_pretrained(tiny_llama_dir)
     engines = {
         cache: Engine(
-            str(tiny_llama_dir), quantization="int8", num_pages=64, quant_dense_cache=cache
+            str(tiny_llama_dir), quantization="int4", num_pages=64, quant_dense_cache=cache
         )
         for cache in (False, True)
     }
@@ -274,8 +285,8 @@ def test_dense_cache_engine_and_planner(tiny_llama_dir: Path) -> None:
     assert cached.weight_bytes == plain.weight_bytes + 2 * linears
     f32 = torch.float32
     assert (
-        weight_bytes(cfg, f32, "int8", quant_dense_cache=True)
-        == weight_bytes(cfg, f32, "int8") + 2 * linears
+        weight_bytes(cfg, f32, "int4", quant_dense_cache=True)
+        == weight_bytes(cfg, f32, "int4") + 2 * linears
     )
     prompts = [[5, 9, 33, 7], [100, 4], [8] * 11, [77, 78, 79], [3, 4, 5, 6, 7]]
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0)

@@ -9,7 +9,6 @@
 //
 //   fp32  x fp32   FMA, float32 accumulation
 //   bf16  x bf16   vdpbf16ps (pairs of exact bf16 products, float32 accumulation)
-//   int8  x bf16   codes -> bf16 exactly (|q| <= 127), vdpbf16ps, per-channel scale after
 //   int4  x bf16   a nibble q OR-ed into 0x4300 is bf16(128 + q) exactly; per group g
 //                  y += s_g * sum(v x) and, once per output, y += sum_g (z_g - 136 s_g) X_g
 //                  with X_g = sum of the row's x over the group (w = (q - 8) s + z).
@@ -18,6 +17,9 @@
 // reduction at the end) that does not depend on how many rows the call has or where a row
 // sits in it: row i of an M-row call equals the 1-row call on row i bit for bit (the
 // quantized engine's exact-reproducibility tests rely on it).
+//
+// int8 (gemv_int8.cpp) keeps its weight in a block layout and multiplies in the outer-product
+// form instead, at every row count.
 //
 // Threads: at::parallel_for over blocks of outputs (torch's pool, no oversubscription).
 // Built only where the compiler targets AVX-512 with bf16 dot products (-march=native);
@@ -82,41 +84,6 @@ struct BF16 {
   }
   static __m512 dot(__m512 acc, W w, X x) { return _mm512_dpbf16_ps(acc, w, x); }
   float finish(int64_t, float sum) const { return sum; }
-};
-
-// int8 codes (per-output-channel scale) x bf16: 32 k per vector, decoded exactly to bf16.
-struct I8 : BF16 {
-  const int8_t* q;
-  const uint16_t* scale;  // bf16 [N]
-  // 32 codes as floats: the first 16 in lo, the last 16 in hi.
-  static void widen(__m256i bytes, __m512& lo, __m512& hi) {
-    lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes)));
-    hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1)));
-  }
-  static W decode(__m256i bytes) {
-    __m512 lo, hi;
-    widen(bytes, lo, hi);
-    return _mm512_cvtne2ps_pbh(hi, lo);  // lanes 0-15 from lo, 16-31 from hi
-  }
-  W load(int64_t n, int64_t k0) const {
-    return decode(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + n * ldw + k0)));
-  }
-  const void* at(int64_t n, int64_t k0) const { return q + n * ldw + k0; }
-  W load_tail(int64_t n, int64_t k0, int64_t len) const {
-    return decode(_mm256_maskz_loadu_epi8(static_cast<__mmask32>(tail_mask32(len)), q + n * ldw + k0));
-  }
-  float finish(int64_t n, float sum) const { return sum * bf16_to_float(scale[n]); }
-};
-
-// A tile of int8 rows already decoded to bf16 (I8::decode's values, row-major [NT, ldw]):
-// multiplies exactly as I8 does, with the scales of outputs n_base + n.
-struct I8Decoded : BF16 {
-  const uint16_t* scale;  // bf16 [N]
-  const int8_t* q;        // the codes [N, k]: what ``tile`` prefetches (the next tile's)
-  int64_t k;
-  int64_t n_base;
-  const void* at(int64_t n, int64_t k0) const { return q + (n_base + n) * k + k0; }
-  float finish(int64_t n, float sum) const { return sum * bf16_to_float(scale[n_base + n]); }
 };
 
 // How far ahead of its reads a stream of ``row_streams`` prefetches: ~4 KB in flight per
@@ -205,8 +172,7 @@ void rows_range(const D& d, const T* x, int64_t m, int64_t n, int64_t k, int64_t
   if (m == 1) {
     // One row: each output on its own, two far-apart outputs at a time, so that the weight is
     // read as two address-ordered streams (the four-output tile's four interleaved row
-    // streams read ~10 % slower at batch 1 in fp32; one stream ~6 % slower than two in
-    // int8). With more rows the tile wins: each activation vector it loads serves four
+    // streams read ~10 % slower at batch 1 in fp32). With more rows the tile wins: each activation vector it loads serves four
     // outputs.
     const int64_t first = begin * kNT, last = std::min(n, end * kNT), half = (last - first) / 2;
     for (int64_t i = 0; i < half; ++i) {
@@ -259,60 +225,12 @@ void dense_rows_bf16(const uint16_t* x, int64_t m, const uint16_t* w, const floa
   });
 }
 
-void int8_rows(const uint16_t* x, int64_t m, const int8_t* q, const uint16_t* scale, int64_t n, int64_t k,
-               int64_t tile_begin, int64_t tile_end, uint16_t* out) {
-  I8 d;
-  d.ldw = k;
-  d.q = q;
-  d.scale = scale;
-  if (m <= kMT) {  // one block of rows: decode each weight vector in registers, as it streams
-    rows_range(d, x, m, n, k, tile_begin, tile_end, [&](int64_t r, int64_t n0, int nt, const float* s) {
-      for (int i = 0; i < nt; ++i) out[r * n + n0 + i] = float_to_bf16(s[i]);
-    });
-    return;
-  }
-  // Several blocks of rows: decode a tile's codes to bf16 once, into an L1-sized buffer, and
-  // run every block on the decoded tile (decoding it again per block of 4 rows cost more than
-  // the dot products). The values and the order of every sum are I8's: the same bits.
-  const int64_t ldw = (k + I8::kVec - 1) / I8::kVec * I8::kVec;
-  std::vector<uint16_t> decoded(static_cast<size_t>(kNT * ldw));
-  std::vector<float> sums(static_cast<size_t>(m) * kNT);
-  I8Decoded dd;
-  dd.w = decoded.data();
-  dd.ldw = ldw;
-  dd.scale = scale;
-  dd.q = q;
-  dd.k = k;
-  for (int64_t t = tile_begin; t < tile_end; ++t) {
-    const int64_t n0 = t * kNT;
-    const int nt = static_cast<int>(std::min<int64_t>(kNT, n - n0));
-    for (int i = 0; i < nt; ++i) {
-      uint16_t* row = decoded.data() + i * ldw;
-      int64_t k0 = 0;
-      for (; k0 + I8::kVec <= k; k0 += I8::kVec) _mm512_storeu_si512(row + k0, (__m512i)d.load(n0 + i, k0));
-      if (k0 < k) _mm512_storeu_si512(row + k0, (__m512i)d.load_tail(n0 + i, k0, k - k0));
-    }
-    dd.n_base = n0;
-    for (int64_t m0 = 0; m0 < m; m0 += kMT) {
-      const int mt = static_cast<int>(std::min<int64_t>(kMT, m - m0));
-      dispatch<kMT>(nt, mt, [&](auto NT, auto MT) {
-        tile<decltype(NT)::value, decltype(MT)::value>(dd, x, k, k, 0, m0, sums.data(), kNT);
-      });
-    }
-    for (int64_t r = 0; r < m; ++r)
-      for (int i = 0; i < nt; ++i) out[r * n + n0 + i] = float_to_bf16(sums[r * kNT + i]);
-  }
-}
 #else
 void dense_rows_f32(const float*, int64_t, const float*, const float*, int64_t, int64_t, int64_t, int64_t, float*) {
   TORCH_CHECK(false, "radixserve_cpu gemv kernels were not built for this CPU (need AVX-512 bf16)");
 }
 void dense_rows_bf16(const uint16_t*, int64_t, const uint16_t*, const float*, int64_t, int64_t, int64_t, int64_t,
                      uint16_t*) {
-  TORCH_CHECK(false, "radixserve_cpu gemv kernels were not built for this CPU (need AVX-512 bf16)");
-}
-void int8_rows(const uint16_t*, int64_t, const int8_t*, const uint16_t*, int64_t, int64_t, int64_t, int64_t,
-               uint16_t*) {
   TORCH_CHECK(false, "radixserve_cpu gemv kernels were not built for this CPU (need AVX-512 bf16)");
 }
 #endif  // RADIXSERVE_GEMV
@@ -362,69 +280,9 @@ at::Tensor gemv_dense(const at::Tensor& x, const at::Tensor& w, const std::optio
   return y;
 }
 
-// y = (x @ q.T) * scale for bfloat16 x [M, K], int8 codes q [N, K], bf16 scale [N]: bf16 y.
-at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale) {
-  TORCH_CHECK(q.dim() == 2 && q.is_contiguous() && q.scalar_type() == at::kChar, "q must be contiguous int8 [N, K]");
-  const int64_t n = q.size(0), k = q.size(1), m = x.size(0);
-  check_x(x, at::kBFloat16, k);
-  TORCH_CHECK(scale.is_contiguous() && scale.scalar_type() == at::kBFloat16 && scale.numel() == n,
-              "scale must be contiguous bfloat16 [N]");
-  at::Tensor y = at::empty({m, n}, x.options());
-#if RADIXSERVE_GEMV
-  at::parallel_for(0, dense_tiles(n), grain_for(k, 1.0), [&](int64_t begin, int64_t end) {
-    int8_rows(reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), m, q.data_ptr<int8_t>(),
-              reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>()), n, k, begin, end,
-              reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()));
-  });
-#endif
-  return y;
-}
-
-// The dense path's weight: bf16 w[n, k] = bf16(q[n, k] * scale[n]) for int8 codes q [N, K] and
-// bf16 scale [N], in one pass (torch's ``q.to(bf16) * scale`` takes two, ~3x the time). The
-// product of a code and a bf16 scale is exact in float32, so its one rounding to bf16
-// (nearest even) gives torch's bits.
-at::Tensor int8_dequantize(const at::Tensor& q, const at::Tensor& scale) {
-  TORCH_CHECK(gemv_supported(), "radixserve_cpu gemv kernels were not built for this CPU (need AVX-512 bf16)");
-  TORCH_CHECK(q.dim() == 2 && q.is_contiguous() && q.scalar_type() == at::kChar && q.device().is_cpu(),
-              "q must be contiguous int8 [N, K] on the CPU");
-  const int64_t n = q.size(0), k = q.size(1);
-  TORCH_CHECK(scale.is_contiguous() && scale.scalar_type() == at::kBFloat16 && scale.numel() == n,
-              "scale must be contiguous bfloat16 [N]");
-  at::Tensor w = at::empty({n, k}, q.options().dtype(at::kBFloat16));
-#if RADIXSERVE_GEMV
-  const int8_t* qp = q.data_ptr<int8_t>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(scale.data_ptr<at::BFloat16>());
-  uint16_t* wp = reinterpret_cast<uint16_t*>(w.data_ptr<at::BFloat16>());
-  at::parallel_for(0, n, std::max<int64_t>(1, kMinBytesPerThread / std::max<int64_t>(k, 1)),
-                   [&](int64_t begin, int64_t end) {
-                     auto decode = [](__m256i b, __m512 s) {  // I8's codes, times the scale
-                       __m512 lo, hi;
-                       I8::widen(b, lo, hi);
-                       return (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, s), _mm512_mul_ps(lo, s));
-                     };
-                     for (int64_t r = begin; r < end; ++r) {
-                       const __m512 s = _mm512_set1_ps(bf16_to_float(sp[r]));
-                       const int8_t* src = qp + r * k;
-                       uint16_t* dst = wp + r * k;
-                       int64_t k0 = 0;
-                       // Masked stores are slow on this CPU (AMD Zen 4): only the tail's.
-                       for (; k0 + 32 <= k; k0 += 32)
-                         _mm512_storeu_si512(dst + k0,
-                                             decode(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + k0)), s));
-                       if (k0 < k) {
-                         const __mmask32 tail = tail_mask32(k - k0);
-                         _mm512_mask_storeu_epi16(dst + k0, tail, decode(_mm256_maskz_loadu_epi8(tail, src + k0), s));
-                       }
-                     }
-                   });
-#endif
-  return w;
-}
-
 }  // namespace
 
-// int4 lives in gemv_int4.cpp; it shares this file's conventions.
+// int8 and int4 live in gemv_int8.cpp and gemv_int4.cpp (int8 registers its own ops).
 at::Tensor radixserve_gemv_int4(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales_zeros,
                                 int64_t group_size);
 at::Tensor radixserve_gemv_int4_unpack(const at::Tensor& packed, int64_t group_size);
@@ -435,10 +293,6 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def("gemv_supported() -> bool", &gemv_supported);
   m.def("gemv_dense(Tensor x, Tensor w, Tensor? bias) -> Tensor");
   m.impl("gemv_dense", c10::DispatchKey::CPU, &gemv_dense);
-  m.def("gemv_int8(Tensor x, Tensor q, Tensor scale) -> Tensor");
-  m.impl("gemv_int8", c10::DispatchKey::CPU, &gemv_int8);
-  m.def("int8_dequantize(Tensor q, Tensor scale) -> Tensor");
-  m.impl("int8_dequantize", c10::DispatchKey::CPU, &int8_dequantize);
   m.def("gemv_int4(Tensor x, Tensor packed, Tensor scales_zeros, int group_size) -> Tensor");
   m.impl("gemv_int4", c10::DispatchKey::CPU, &radixserve_gemv_int4);
   m.def("gemv_int4_unpack(Tensor packed, int group_size) -> Tensor");

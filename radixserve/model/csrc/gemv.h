@@ -86,9 +86,13 @@ void dense_rows_f32(const float* x, int64_t m, const float* w, const float* bias
 void dense_rows_bf16(const uint16_t* x_bf16, int64_t m, const uint16_t* w_bf16, const float* bias, int64_t n,
                      int64_t k, int64_t tile_begin, int64_t tile_end, uint16_t* out_bf16);
 
-// bf16 x [M, K], int8 codes q [N, K], bf16 per-output scale [N] -> bf16 out = (x @ q.T) * scale.
-void int8_rows(const uint16_t* x_bf16, int64_t m, const int8_t* q, const uint16_t* scale_bf16, int64_t n, int64_t k,
-               int64_t tile_begin, int64_t tile_end, uint16_t* out_bf16);
+// --- int8 (gemv_int8.cpp) ----------------------------------------------------------------
+//
+// bf16 x [M, K] (K even), int8 codes in ``pack_int8``'s block layout ([ceil(N / 64), K / 2,
+// 64, 2]), bf16 per-output scale [N] -> bf16 out [M, N] = (x @ q.T) * scale, for the blocks
+// of 16 outputs in [block_begin, block_end) (the last may be partial), on the calling thread.
+void int8_rows(const uint16_t* x_bf16, int64_t m, const int8_t* packed, const uint16_t* scale_bf16, int64_t n,
+               int64_t k, int64_t block_begin, int64_t block_end, uint16_t* out_bf16);
 
 // --- int4 (gemv_int4.cpp) ----------------------------------------------------------------
 //

@@ -19,7 +19,6 @@ from radixserve.model.quant.formats import (
     quantize_int8,
 )
 from radixserve.model.quant.linear import (
-    CACHED_DENSE_MIN_ROWS,
     Fp8Linear,
     Int4Linear,
     Int8Embedding,
@@ -67,7 +66,7 @@ class QuantReport:
         if self.dense_cache_bytes:
             parts[-1] += (
                 f" (of which {self.dense_cache_bytes / (1 << 20):.1f} MiB bf16 copies for batches of "
-                f">= {CACHED_DENSE_MIN_ROWS} rows, --quant-dense-cache)"
+                f">= {_cached_dense_min_rows(self.method)} rows, --quant-dense-cache)"
             )
         return "; ".join(parts)
 
@@ -197,10 +196,15 @@ def set_reference_mode(model: nn.Module, on: bool = True) -> int:
     return n
 
 
+def _cached_dense_min_rows(method: str) -> int:
+    """Rows from which ``method``'s layers multiply with their kept decoded copies."""
+    return (Int8Linear if method == "int8" else Int4Linear).cached_dense_min_rows
+
+
 def set_dense_min_rows(model: nn.Module, rows: int | None = None) -> int:
     """Set the row count from which every quantized linear of ``model`` decodes its weight and
     runs the dense GEMM instead of the packed kernel (``None``: back to the layer's default,
-    ``DEQUANT_MIN_ROWS``, or ``CACHED_DENSE_MIN_ROWS`` with a decoded copy).
+    ``DEQUANT_MIN_ROWS``, or ``cached_dense_min_rows`` with a decoded copy).
 
     A packed kernel computes each row on its own, so with a large ``rows`` the model's
     output for a token no longer depends on how many rows share its forward: what a
@@ -217,8 +221,8 @@ def set_dense_min_rows(model: nn.Module, rows: int | None = None) -> int:
 
 def cache_dense_weights(model: nn.Module) -> int:
     """``--quant-dense-cache``: every int8/int4 linear keeps its weight decoded to bf16 too
-    (oneDNN-packed on the CPU) for batches of ``CACHED_DENSE_MIN_ROWS`` rows or more, where
-    the packed weight-only kernels (GEMV-shaped: cost linear in rows) lose to the bf16 GEMM.
+    (oneDNN-packed on the CPU) for batches from the method's ``cached_dense_min_rows`` on,
+    where its packed weight-only kernel loses to the bf16 GEMM.
     Costs 2 bytes per quantized weight on top of the quantized ones. Returns those bytes."""
     return sum(
         m.cache_dense_weight()

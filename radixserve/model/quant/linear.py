@@ -3,14 +3,17 @@
 Which kernels (measured on the project's 2-core AVX-512 VM, SmolLM2 shapes,
 ``benchmarks/bench_quant.py --layer-rows``):
 
-- int8 on the CPU: :mod:`radixserve.model.cpu_gemv`'s kernel (``gemv_int8``), which decodes
-  each vector of codes to bf16 once per call (for more than 4 rows, a tile of 4 outputs into
-  an L1 buffer) and multiplies it with every activation row in AVX-512 bf16 dot products
-  (float32 sums, the per-channel scale applied after). torch's ``_weight_int8pack_mm`` (what
+- int8 on the CPU: :mod:`radixserve.model.cpu_gemv`'s kernel (``gemv_int8``), on its own
+  layout (``pack_int8``: codes of 16 outputs x a pair of inputs side by side). It multiplies
+  in a GEMM's outer-product form: each 32 bytes decode exactly to one bf16 vector that serves
+  a register block of up to 6 rows, each row's pair of inputs broadcast, float32 sums, the
+  per-channel scale applied after (past 6 rows from a decoded L1 panel). Against the
+  row-major kernel it replaced, over the 120 int8 linears of SmolLM2 (weights from memory,
+  both in one process, ``bench_quant.py``'s numbers in benchmarks/README.md): level at 1 row,
+  0.77-0.86x the time at 2-16 rows, ~0.7x at 32. torch's ``_weight_int8pack_mm`` (what
   torchao's CPU int8 layout calls too) decodes the weight to float32 again for every row
-  (~45 us per row per SmolLM2 layer): at 16 rows cpu_gemv 329 us per layer's four linears
-  against 472, level with bf16's oneDNN GEMM (2026-12-02, ``bench_quant.py --layer-rows``).
-  Elsewhere (CUDA, or where cpu_gemv is not built) torch's kernel.
+  (~45 us per row per SmolLM2 layer). Elsewhere (CUDA, or where cpu_gemv is not built)
+  torch's kernel.
 - int4 on the CPU: cpu_gemv's int4 kernel (``gemv_int4``, its own layout from ``pack_int4``:
   nibbles in tiles of 4 outputs, inputs reordered so that each float lane of the bf16 dot
   products stays on one group and the group scales apply once per 16 groups). At decode row
@@ -19,12 +22,13 @@ Which kernels (measured on the project's 2-core AVX-512 VM, SmolLM2 shapes,
   figures) and, like the int8 kernel, sums each row on its own. Where cpu_gemv is not built,
   tinygemm; on CUDA ``_weight_int4pack_mm``.
 
-Both are GEMV-shaped: their cost grows with the number of rows, and past ~128 rows (both)
-(prefill chunks) decoding the weight once into a bf16 matrix and calling the
-BLAS GEMM is faster; ``DEQUANT_MIN_ROWS`` and ``INT4_DEQUANT_MIN_ROWS`` are the crossovers.
+The int4 kernel is GEMV-shaped (its cost grows with the rows): past ~128 rows (prefill
+chunks) decoding the weight once into a bf16 matrix and calling the BLAS GEMM is faster;
+int8's kernel stays ahead of that up to ~576 rows. ``INT4_DEQUANT_MIN_ROWS`` and
+``DEQUANT_MIN_ROWS`` are the crossovers.
 Decode batches (the graphs a GPU captures) stay on the packed kernels. Opt-in
 ``--quant-dense-cache`` (``cache_dense_weight``) keeps the weight decoded to bf16 and
-pre-packed for oneDNN as well, for batches from ``CACHED_DENSE_MIN_ROWS`` rows: oneDNN
+pre-packed for oneDNN as well, for batches from ``cached_dense_min_rows`` rows: oneDNN
 bf16's speed there, at 2 more bytes per quantized weight (more memory than the bf16 model
 itself; a choice for speed, not for memory).
 
@@ -62,23 +66,25 @@ from radixserve.model.quant.formats import (
 )
 
 # Rows from which decoding the weight and running the dense GEMM beats the packed kernel
-# (CPU, int8). The dense path pays the native decode (~100 us per SmolLM2 layer) and a GEMM
-# on an unpacked weight (~500 us more than a pre-packed one at 1 row, ~11 % more at 209); the
-# kernel, which decodes each tile once for all rows, costs ~14 us per row per layer:
-# crossover near 128 rows
-# (2026-12-02, ``bench_quant.py --layer-rows 128,160,192,224,256``: 2254 against 2153 us at
-# 128, 4137 against 3523 at 256).
-DEQUANT_MIN_ROWS = 128
+# (CPU, int8). The kernel multiplies in the outer-product form, which reaches ~90 % of
+# oneDNN's bf16 GEMM at a few hundred rows; the dense path pays a native decode (~200 us per
+# SmolLM2 layer, writing 7 MB) and a GEMM on an unpacked weight: crossover near 576 rows
+# (2026-12-02, ``bench_quant.py --layer-rows``: 5404 against 5609 us at 512, 9367 against
+# 8583 at 768).
+DEQUANT_MIN_ROWS = 576
 # int4's dense path decodes natively too (``cpu_gemv.int4_dequantize``, ~0.6 ms per SmolLM2
 # layer); against cpu_gemv's int4 kernel (~18 us per row per layer) the crossover is near
 # 112 rows (2026-12-02, ``bench_quant.py --layer-rows 64,96,128,160,192,256 --configs int4``:
 # 1952 against 1840 us at 96 rows, 2306 against 2474 at 128, 3704 against 5527 at 256).
 INT4_DEQUANT_MIN_ROWS = 128
 INT4_TINYGEMM_DEQUANT_MIN_ROWS = 256  # where tinygemm serves int4 (cpu_gemv not built)
-# With a decoded copy kept (``--quant-dense-cache``), rows from which its GEMM beats the
-# packed kernels: the kernels cost ~45 us per row per SmolLM2 layer (float32 FMAs, no weight
-# reuse across rows), the oneDNN bf16 GEMM is nearly flat up to 16 rows (bench_quant.py).
+# With a decoded copy kept (``--quant-dense-cache``), rows from which its oneDNN bf16 GEMM
+# beats the packed kernel: from 4 rows for int4 (its kernel ~18 us per row per SmolLM2 layer,
+# the GEMM nearly flat up to 16 rows), from ~128 for int8, whose kernel keeps up with the GEMM
+# until then (2026-12-02, ``bench_quant.py --layer-rows``: 726-755 against 760-801 us at 64
+# rows, 1311-1533 against 1271-1468 at 128).
 CACHED_DENSE_MIN_ROWS = 4
+INT8_CACHED_DENSE_MIN_ROWS = 128
 # kernel_max_rows of a layer whose packed kernel serves every row count.
 UNLIMITED_ROWS = 1 << 30
 # oneDNN picks its blocking of a pre-packed weight for this many activation rows.
@@ -105,6 +111,8 @@ class QuantizedLinear(nn.Module):
     """
 
     method: ClassVar[str]
+    # Rows from which a kept decoded copy (cache_dense_weight) multiplies instead of the kernel.
+    cached_dense_min_rows: ClassVar[int] = CACHED_DENSE_MIN_ROWS
 
     def __init__(
         self,
@@ -149,9 +157,12 @@ class QuantizedLinear(nn.Module):
         """Whether ``rows`` rows take the decode-then-GEMM path instead of the packed kernel."""
         return rows > self.kernel_max_rows()
 
-    def cache_dense_weight(self, min_rows: int = CACHED_DENSE_MIN_ROWS) -> int:
+    def cache_dense_weight(self, min_rows: int | None = None) -> int:
         """Keep the weight decoded to ``compute_dtype`` (oneDNN-packed on the CPU) and multiply
-        batches of ``min_rows`` rows or more with it; returns the bytes this copy costs."""
+        batches of ``min_rows`` rows or more with it (None: the method's
+        ``cached_dense_min_rows``); returns the bytes this copy costs."""
+        if min_rows is None:
+            min_rows = self.cached_dense_min_rows
         w = self.dequantize(self.compute_dtype)
         self._dense_cache_onednn = w.device.type == "cpu" and onednn_linear_supported(w.dtype)
         self.dense_cache = (
@@ -208,32 +219,52 @@ class QuantizedLinear(nn.Module):
 
 
 class Int8Linear(QuantizedLinear):
-    """int8 weight-only, per-output-channel scales, ``torch._weight_int8pack_mm``."""
+    """int8 weight-only, per-output-channel scales. On the CPU :mod:`cpu_gemv`'s int8 kernel,
+    the codes in its block layout (``pack_int8``), where it is built; elsewhere torch's
+    ``_weight_int8pack_mm`` on the codes ``[N, K]``."""
 
     method = "int8"
+    cached_dense_min_rows = INT8_CACHED_DENSE_MIN_ROWS
     # Buffers (registered in __init__), declared for the type checker.
-    qweight: torch.Tensor
+    qweight: torch.Tensor  # the codes in the layout the layer's kernel reads (see codes())
     scale: torch.Tensor
 
     def __init__(
-        self, w: Int8Weight, bias: torch.Tensor | None, compute_dtype: torch.dtype = torch.bfloat16
+        self,
+        w: Int8Weight,
+        bias: torch.Tensor | None,
+        compute_dtype: torch.dtype = torch.bfloat16,
+        gemv: bool | None = None,
     ):
+        """``gemv``: use cpu_gemv's kernel on the CPU (None: wherever it is available)."""
         n, k = w.qweight.shape
         super().__init__(k, n, bias, compute_dtype)
-        self.register_buffer("qweight", w.qweight.contiguous())
-        self.register_buffer("scale", w.scale.to(compute_dtype).contiguous())
-        # On the CPU: cpu_gemv's kernel (the weight decoded once per call for all rows).
+        # On the CPU: cpu_gemv's kernel (each vector of codes decoded once per call, for
+        # every row), on its block layout.
         self.gemv = (
-            w.qweight.device.type == "cpu"
+            gemv is not False
+            and w.qweight.device.type == "cpu"
             and compute_dtype is torch.bfloat16
+            and cpu_gemv.int8_packable(n, k)
             and cpu_gemv.available()
         )
+        codes = w.qweight.contiguous()
+        self.register_buffer("qweight", cpu_gemv.pack_int8(codes) if self.gemv else codes)
+        self.register_buffer("scale", w.scale.to(compute_dtype).contiguous())
+
+    def codes(self) -> torch.Tensor:
+        """The int8 codes ``[N, K]`` (``qweight`` itself unless it is in cpu_gemv's layout)."""
+        return cpu_gemv.unpack_int8(self.qweight, self.out_features) if self.gemv else self.qweight
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self._dense_path(x.shape[0]):
             return self._dense_matmul(x)
-        if self.gemv and x.device.type == "cpu":
+        if self.gemv:
             return cpu_gemv.int8_linear(x.contiguous(), self.qweight, self.scale)
+        if x.device.type == "cpu" and self.in_features % 2:
+            # torch's CPU kernel crashes on an odd number of inputs (torch 2.13), which
+            # cpu_gemv's layout does not take either: the reference matmul, slow but right.
+            return self._reference_matmul(x.float()).to(self.compute_dtype)
         return torch._weight_int8pack_mm(x, self.qweight, self.scale)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -241,15 +272,15 @@ class Int8Linear(QuantizedLinear):
             # The dense path's decode, the same bits as through float32: a code is exact in
             # bf16, and bf16 * bf16 is the exact product rounded once. Natively in one pass
             # where cpu_gemv is built (~3x torch's two).
-            if self.gemv and self.qweight.device.type == "cpu":
+            if self.gemv:
                 return cpu_gemv.int8_dequantize(self.qweight, self.scale)
             return self.qweight.to(dtype) * self.scale[:, None]
-        return dequantize_int8(Int8Weight(self.qweight, self.scale), dtype)
+        return dequantize_int8(Int8Weight(self.codes(), self.scale), dtype)
 
     def _reference_matmul(self, x: torch.Tensor) -> torch.Tensor:
         # The per-channel scale factors out of the sum: applying it after the float32 dot
         # products is the same math in the kernel's order, so both round alike.
-        return F.linear(x, self.qweight.float()) * self.scale.float()
+        return F.linear(x, self.codes().float()) * self.scale.float()
 
 
 def _int4_inner_k_tiles(k: int) -> int:
