@@ -96,6 +96,18 @@ inline void finish(__m512 sums, __m512 scales, uint16_t* out, int valid) {
     _mm256_mask_storeu_epi16(out, static_cast<__mmask16>((1u << valid) - 1), y);
 }
 
+// One step of the outer product: acc[i][r] += w[i] . (row r's pair of inputs at x), for
+// the NB decoded vectors of 16 outputs and the MB rows (row r at x + r * ldx).
+template <int NB, int MB>
+inline void outer_step(__m512 (&acc)[NB][MB], const __m512bh (&w)[NB], const uint16_t* x, int64_t ldx) {
+#pragma GCC unroll 8
+  for (int r = 0; r < MB; ++r) {
+    const __m512bh xv = broadcast_pair(x + r * ldx);
+#pragma GCC unroll 8
+    for (int i = 0; i < NB; ++i) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], w[i], xv);
+  }
+}
+
 // Where the weight, the rows and the outputs of one call are.
 struct Call {
   const uint16_t* x;  // bf16 [m, k]
@@ -136,12 +148,7 @@ void register_block(const Call& c, const int64_t (&bs)[NB], int64_t m0) {
         _mm_prefetch(reinterpret_cast<const char*>(src) + kAhead, _MM_HINT_T0);
       w[i] = decode(src);
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < MB; ++r) {
-      const __m512bh xv = broadcast_pair(x + r * ldx + 2 * p);
-#pragma GCC unroll 8
-      for (int i = 0; i < NB; ++i) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], w[i], xv);
-    }
+    outer_step(acc, w, x + 2 * p, ldx);
   }
 #pragma GCC unroll 8
   for (int i = 0; i < NB; ++i) {
@@ -175,12 +182,7 @@ void panel_block(const Call& c, const uint16_t* panel, int64_t p0, int64_t pairs
     __m512bh w[NB];
 #pragma GCC unroll 8
     for (int i = 0; i < NB; ++i) w[i] = (__m512bh)_mm512_loadu_si512(panel + (i * kChunk + p) * 2 * kB);
-#pragma GCC unroll 8
-    for (int r = 0; r < MB; ++r) {
-      const __m512bh xv = broadcast_pair(x + r * ldx + 2 * p);
-#pragma GCC unroll 8
-      for (int i = 0; i < NB; ++i) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], w[i], xv);
-    }
+    outer_step(acc, w, x + 2 * p, ldx);
   }
 #pragma GCC unroll 8
   for (int i = 0; i < NB; ++i)
