@@ -9,8 +9,8 @@ Which kernels (measured on the project's 2-core AVX-512 VM, SmolLM2 shapes,
   a register block of up to 6 rows, each row's pair of inputs broadcast, float32 sums, the
   per-channel scale applied after (past 6 rows from a decoded L1 panel). Against the
   row-major kernel it replaced, over the 120 int8 linears of SmolLM2 (weights from memory,
-  both in one process, ``bench_quant.py``'s numbers in benchmarks/README.md): level at 1 row,
-  0.77-0.86x the time at 2-16 rows, ~0.7x at 32. torch's ``_weight_int8pack_mm`` (what
+  both in one process, ``bench_int8_kernel.py``; benchmarks/README.md): 1.02-1.27x the time at
+  1 row, 0.77-0.91x at 2-16 rows, ~0.7x at 32. torch's ``_weight_int8pack_mm`` (what
   torchao's CPU int8 layout calls too) decodes the weight to float32 again for every row
   (~45 us per row per SmolLM2 layer). Elsewhere (CUDA, or where cpu_gemv is not built)
   torch's kernel.
