@@ -172,8 +172,8 @@ void rows_range(const D& d, const T* x, int64_t m, int64_t n, int64_t k, int64_t
   if (m == 1) {
     // One row: each output on its own, two far-apart outputs at a time, so that the weight is
     // read as two address-ordered streams (the four-output tile's four interleaved row
-    // streams read ~10 % slower at batch 1 in fp32). With more rows the tile wins: each activation vector it loads serves four
-    // outputs.
+    // streams read ~10 % slower at batch 1 in fp32). With more rows the tile wins: each
+    // activation vector it loads serves four outputs.
     const int64_t first = begin * kNT, last = std::min(n, end * kNT), half = (last - first) / 2;
     for (int64_t i = 0; i < half; ++i) {
       const int64_t outs[2] = {first + i, first + half + i};

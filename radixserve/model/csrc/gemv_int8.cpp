@@ -6,9 +6,9 @@
 //
 //   packed[g, p, i, j] = q[64 g + i, 2 p + j]          ([ceil(N / 64), K / 2, 64, 2] int8)
 //
-// Each 32 bytes (a block of 16 outputs x one pair of inputs) decode (exactly: |q| <= 127) to one vector of 16 outputs x 2 inputs in the
-// operand order of the AVX-512 bf16 dot product (vdpbf16ps): lane i multiplies output i's
-// two codes with the same two inputs of a row, broadcast to every lane. A vector of
+// Each 32 bytes (a block of 16 outputs x one pair of inputs) decode exactly (|q| <= 127) to
+// one vector in the operand order of the AVX-512 bf16 dot product (vdpbf16ps): lane i
+// multiplies output i's two codes with the same two inputs of a row, broadcast to every lane. A vector of
 // accumulators then holds 16 outputs of one row; nothing is summed across lanes. That
 // outer-product form is what a GEMM does: each decoded weight vector serves every row of a
 // register block (4 blocks x 6 rows: 24 accumulators), each broadcast input every output of
@@ -18,12 +18,12 @@
 //
 // Up to kMB rows the codes are decoded in registers as they stream from memory; with more,
 // each chunk of a group of blocks is decoded once into an L1-sized panel that every block of
-// rows then reads. Either way output n of row m is the float32 sum
-//   ((x[m,0] q[n,0] + x[m,1] q[n,1]) + (x[m,2] q[n,2] + x[m,3] q[n,3])) + ...
-// accumulated pair by pair in input order from zero (the panel path stores and reloads the
-// exact float32 partial sums between chunks), times the scale, rounded once to bf16: the
-// same bits whatever the number of rows or the block sizes, so a row's result does not
-// depend on the batch it came in (the quantized engine's exactness tests rely on it).
+// rows then reads. Either way output n of row m is one float32 accumulator that starts at
+// zero and takes the inputs pair by pair in input order (one vdpbf16ps per pair; the panel
+// path stores and reloads the exact float32 partial sums between chunks), times the scale,
+// rounded once to bf16: the same bits whatever the number of rows or the block sizes, so a
+// row's result does not depend on the batch it came in (the quantized engine's exactness
+// tests rely on it).
 //
 // A group's four blocks are interleaved pair by pair so that at one row, where the kernel
 // streams four blocks at a time, a thread reads one sequential stream (four separate
@@ -47,16 +47,17 @@ namespace {
 
 using namespace radixserve_cpu::gemv;
 
-#if RADIXSERVE_GEMV
-
 constexpr int kB = 16;            // outputs per block
 constexpr int kPairBytes = 32;    // one pair of inputs for a block's 16 outputs
 constexpr int kGroup = 4;         // blocks interleaved pair by pair in the layout (64 outputs)
 constexpr int64_t kGroupPairBytes = kGroup * kPairBytes;  // one pair of inputs for a group
+
+#if RADIXSERVE_GEMV
+
 constexpr int kNB = 4;            // blocks per register block (64 outputs)
 constexpr int kMB = 6;            // rows per register block: kNB * kMB = 24 accumulators
 constexpr int64_t kChunk = 64;    // pairs per panel chunk: 4 blocks x 64 pairs x 64 B = 16 KB
-// How far ahead of its reads a block's stream prefetches (as gemv.cpp's row streams).
+// How far ahead of its reads a thread's stream prefetches (as gemv.cpp's row streams).
 constexpr int64_t kAhead = 4096;
 
 // 32 codes (16 outputs x 2 inputs) as floats: bytes 0-15 in lo, 16-31 in hi.
@@ -123,7 +124,7 @@ struct Call {
   int valid(int64_t b) const { return static_cast<int>(std::min<int64_t>(kB, n - b * kB)); }
 };
 
-// NB blocks from b0 x MB rows from m0, every pair, the codes decoded in registers as they
+// The NB blocks ``bs`` x MB rows from m0, every pair, the codes decoded in registers as they
 // stream; then the outputs written.
 template <int NB, int MB>
 void register_block(const Call& c, const int64_t (&bs)[NB], int64_t m0) {
@@ -281,7 +282,8 @@ std::pair<int64_t, int64_t> check_packed(const at::Tensor& packed, const at::Ten
                   packed.device().is_cpu() && packed.size(2) == kGroup * kB && packed.size(3) == 2,
               "packed must be a contiguous int8 [N / 64, K / 2, 64, 2] CPU tensor (cpu_gemv.pack_int8)");
   const int64_t n = scale.numel(), k = packed.size(1) * 2;
-  TORCH_CHECK(scale.is_contiguous() && scale.scalar_type() == at::kBFloat16 && packed.size(0) == (n + kGroup * kB - 1) / (kGroup * kB),
+  const int64_t groups = (n + kGroup * kB - 1) / (kGroup * kB);
+  TORCH_CHECK(scale.is_contiguous() && scale.scalar_type() == at::kBFloat16 && packed.size(0) == groups,
               "scale must be contiguous bfloat16 [N], N / 64 rounded up the packed groups");
   return {n, k};
 }
