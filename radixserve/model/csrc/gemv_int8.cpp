@@ -124,10 +124,10 @@ struct Call {
   int valid(int64_t b) const { return static_cast<int>(std::min<int64_t>(kB, n - b * kB)); }
 };
 
-// The NB blocks ``bs`` x MB rows from m0, every pair, the codes decoded in registers as they
-// stream; then the outputs written.
+// The NB blocks ``bs`` x the call's MB rows, every pair, the codes decoded in registers as
+// they stream; then the outputs written.
 template <int NB, int MB>
-void register_block(const Call& c, const int64_t (&bs)[NB], int64_t m0) {
+void register_block(const Call& c, const int64_t (&bs)[NB]) {
   __m512 acc[NB][MB];
 #pragma GCC unroll 8
   for (int i = 0; i < NB; ++i)
@@ -137,7 +137,7 @@ void register_block(const Call& c, const int64_t (&bs)[NB], int64_t m0) {
 #pragma GCC unroll 8
   for (int i = 0; i < NB; ++i) blk[i] = c.block(bs[i]);
   const int64_t ldx = c.k, pairs = c.pairs();  // locals: kept in registers over the loop
-  const uint16_t* x = c.x + m0 * ldx;
+  const uint16_t* x = c.x;
   for (int64_t p = 0; p < pairs; ++p) {
     __m512bh w[NB];
 #pragma GCC unroll 8
@@ -156,7 +156,7 @@ void register_block(const Call& c, const int64_t (&bs)[NB], int64_t m0) {
     const int64_t b = bs[i];
     const __m512 s = load_scales(c.scale + b * kB, c.valid(b));
 #pragma GCC unroll 8
-    for (int r = 0; r < MB; ++r) finish(acc[i][r], s, c.out + (m0 + r) * c.n + b * kB, c.valid(b));
+    for (int r = 0; r < MB; ++r) finish(acc[i][r], s, c.out + r * c.n + b * kB, c.valid(b));
   }
 }
 
@@ -204,13 +204,14 @@ void with_rows(int64_t rows, Fn&& fn) {
   }
 }
 
-// Every row times the NB blocks from b0.
+// Every row times the NB blocks from b0, which lie in one group of the layout (int8_rows
+// only passes such runs): the panel path reads their codes as one address-ordered stream.
 template <int NB>
 void blocks(const Call& c, int64_t b0, std::vector<uint16_t>& panel, std::vector<float>& sums) {
   if (c.m <= kMB) {
     int64_t bs[NB];
     for (int i = 0; i < NB; ++i) bs[i] = b0 + i;
-    with_rows(c.m, [&](auto R) { register_block<NB, decltype(R)::value>(c, bs, 0); });
+    with_rows(c.m, [&](auto R) { register_block<NB, decltype(R)::value>(c, bs); });
     return;
   }
   constexpr int64_t ld = NB * kB;
