@@ -286,3 +286,42 @@ def test_bad_store_arguments_raise() -> None:
         native.paged_attention(
             q, kp, kp.clone(), q.clone(), plan, 1.0, store=(k, k, torch.tensor([1, 2]))
         )
+
+
+@pytest.mark.parametrize("shared_pages", [0, 3])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_decode_rows_equal_prefill_rows_over_many_chunks(page_size: int, shared_pages: int) -> None:
+    """A long context's decode row spreads its key chunks over the threads and merges them
+    afterwards; the prefill row of the same position computes and merges the same chunks on
+    one thread: the two agree bit for bit, with one thread or two, and match the reference."""
+    hq, hkv, d, n = 9, 3, 64, 700  # 700 keys: past the serial threshold, several chunks per head
+    shared = list(range(1, 1 + shared_pages))
+    s_len = shared_pages * page_size
+    own = list(range(1 + shared_pages, 1 + shared_pages + -(-n // page_size)))
+    random.Random(page_size).shuffle(own)
+    kp = torch.randn(1 + shared_pages + len(own), page_size, hkv, d)
+    vp = torch.randn_like(kp)
+    q = torch.randn(n, hq, d)
+    scale = d**-0.5
+    prefill = torch.empty_like(q)
+    native.paged_attention(
+        q,
+        kp,
+        vp,
+        prefill,
+        native.AttentionPlan.build([([native.Member(0, n, own, n)], shared)]),
+        scale,
+    )
+    threads = torch.get_num_threads()
+    try:
+        for nthreads in (1, 2):
+            torch.set_num_threads(nthreads)
+            for pos in (n - 1, 400, 130):  # chunk boundaries fall inside, at, and just past
+                out = torch.empty_like(q[:1])
+                plan = native.AttentionPlan.build([([native.Member(0, 1, own, pos + 1)], shared)])
+                native.paged_attention(q[pos : pos + 1], kp, vp, out, plan, scale)
+                assert torch.equal(out[0], prefill[pos]), (nthreads, pos)
+    finally:
+        torch.set_num_threads(threads)
+    ref = _reference(q, kp, vp, shared + own, s_len + n, scale)
+    assert (prefill.double() - ref).abs().max().item() < 2e-5

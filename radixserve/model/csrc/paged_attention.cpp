@@ -20,6 +20,15 @@
 //      new token i sees its own keys up to and including its own position;
 //   3. out = acc / l.
 //
+// Keys are taken in chunks of kChunk from the start of each run (the shared pages, then a
+// member's own pages): every chunk's softmax state starts from nothing and the chunks' states
+// are merged in key order (m = max(m1, m2), l and acc rescaled by 2^(m1 - m), 2^(m2 - m)).
+// That fixes every row's summation order whatever runs where: a batch-1 decode step, whose
+// few items (one per KV head) would leave a thread idle, spreads its chunks over the
+// threads and merges them afterwards (flash-decoding), while a prefill row computes and
+// merges the same chunks one after the other, so that a decode row and the prefill row of
+// the same position still agree bit for bit.
+//
 // Softmax runs in base 2 (queries pre-scaled by sm_scale * log2 e) with a polynomial exp2
 // that the compiler vectorises.
 
@@ -35,6 +44,7 @@
 #include <cstring>
 #include <optional>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "vec.h"
@@ -49,17 +59,22 @@ constexpr float kNoMax = -1e30f;  // finite "minus infinity": keeps exp2 arithme
 // a long shared prefix still spread over the threads (the second item re-reads its keys
 // from the shared L3).
 constexpr int64_t kRowBlock = kLanes;
+// Keys per chunk (a multiple of kBlock): the unit of the merge order above, and of the work a
+// decode step spreads over the threads (a 545-key context is 5 chunks per KV head).
+constexpr int64_t kChunk = 2 * kBlock;
 
 // Per-thread scratch for one work item: its rows' pre-scaled queries, softmax state and
 // causal limits, and staging for blocks of half-precision keys/values converted to float.
 // One per thread, kept across calls and grown on demand: at batch 1 a layer's attention is
 // a few microseconds, and allocating (and zeroing) ~40 KB per call was a visible part of it.
+// ``m2``, ``l2``, ``acc2``: one chunk's state, before it is merged into ``m``, ``l``, ``acc``.
 struct Scratch {
-  std::vector<float> q, m, l, acc, kf, vf_;
+  std::vector<float> q, m, l, acc, m2, l2, acc2, kf, vf_;
   std::vector<int32_t> limit;
   void reserve(int64_t d) {
     if (static_cast<int64_t>(q.size()) >= kRowBlock * d) return;
     q.resize(kRowBlock * d), m.resize(kRowBlock), l.resize(kRowBlock), acc.resize(kRowBlock * d);
+    m2.resize(kRowBlock), l2.resize(kRowBlock), acc2.resize(kRowBlock * d);
     kf.resize(kBlock * d), vf_.resize(kBlock * d), limit.resize(kRowBlock);
   }
   static Scratch& local(int64_t d) {
@@ -123,17 +138,18 @@ inline void accumulate_pv(float* __restrict acc, int64_t r, const vf alpha, cons
   }
 }
 
-// Attend ``rows`` query rows (``q``: [rows, d], pre-scaled, base 2) over the keys of ``run``,
-// updating the online-softmax state rows ``m``, ``l``, ``acc``; ``kLanes`` rows at a time.
+// Attend ``rows`` query rows (``q``: [rows, d], pre-scaled, base 2) over keys [key_begin,
+// key_end) of ``run`` (key_begin a multiple of kBlock), updating the online-softmax state
+// rows ``m``, ``l``, ``acc``; ``kLanes`` rows at a time.
 // The rows ride in the lanes of a vector (vec.h): scores of all of them against one key are
 // D broadcast-FMAs, with no transposition of the keys and no horizontal sums; the
 // statistics m and l are vectors too.
 // ``limit``: per row, the last key of the run it may see (causal), or null: all of them.
 // ``NC``: head_dim / kLanes, fixed at compile time so the inner loops unroll into registers.
 template <int NC, typename KV>
-void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, const float* __restrict q, int64_t rows,
-                const int32_t* limit, float* __restrict m, float* __restrict l, float* __restrict acc,
-                Scratch& sc) {
+void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, int64_t key_end,
+                const float* __restrict q, int64_t rows, const int32_t* limit, float* __restrict m,
+                float* __restrict l, float* __restrict acc, Scratch& sc) {
   constexpr int64_t d = NC * kLanes;
   const KV* krow[kBlock];
   const KV* vrow[kBlock];
@@ -156,7 +172,7 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, const float* __restri
     }
     vf vm = load_vf(mv), vl = load_vf(lv);
     // Keys up to lim_min are seen by every lane; past lim_max by none.
-    int64_t keys = run.len, lim_min = run.len - 1;
+    int64_t keys = key_end, lim_min = key_end - 1;
     vi vlim{};
     if (limit != nullptr) {
       int32_t lim[kLanes];
@@ -167,7 +183,7 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, const float* __restri
       lim_min = *lo;
       keys = std::min<int64_t>(keys, *hi + 1);
     }
-    for (int64_t start = 0; start < keys; start += kBlock) {
+    for (int64_t start = key_begin; start < keys; start += kBlock) {
       const int64_t n = std::min(kBlock, keys - start);
       const bool masked = start + n - 1 > lim_min;
       for (int64_t t = 0; t < n; ++t) {
@@ -241,8 +257,8 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, const float* __restri
 }
 
 template <typename KV>
-using AttendFn = void (*)(const Layer<KV>&, int64_t, KeyRun, const float*, int64_t, const int32_t*, float*, float*,
-                          float*, Scratch&);
+using AttendFn = void (*)(const Layer<KV>&, int64_t, KeyRun, int64_t, int64_t, const float*, int64_t, const int32_t*,
+                          float*, float*, float*, Scratch&);
 
 // The head sizes of the models served (16 .. 256; 16 for the tests' tiny models).
 template <typename KV>
@@ -268,6 +284,42 @@ struct Item {
   int64_t group, head, row_begin, row_end;  // rows of the group: member by member, token by token, head by head
 };
 
+// One item's softmax state for its rows: ``m``, ``l`` [rows], ``acc`` [rows, d].
+struct State {
+  float* m;
+  float* l;
+  float* acc;
+};
+
+// Merge the state of a later chunk (``b``) into ``a``, row by row: the one order in which
+// every path combines chunks. A row that saw no key of ``b`` (m = kNoMax, l = 0, acc = 0)
+// keeps ``a`` exactly (its own factor is 2^0 = 1), and merging into a state that saw nothing
+// yet gives ``b`` exactly, so skipping such merges changes no bit.
+// Not inlined: one compiled body for both callers, so that no call site contracts or
+// vectorises the arithmetic differently from the other.
+__attribute__((noinline)) void merge_state(State a, State b, int64_t rows, int64_t d) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
+    const int64_t lanes = std::min(kLanes, rows - r0);
+    float am[kLanes], bm[kLanes], al[kLanes], bl[kLanes];
+    for (int64_t r = 0; r < kLanes; ++r) {
+      am[r] = r < lanes ? a.m[r0 + r] : 0.0f;
+      bm[r] = r < lanes ? b.m[r0 + r] : 0.0f;
+      al[r] = r < lanes ? a.l[r0 + r] : 0.0f;
+      bl[r] = r < lanes ? b.l[r0 + r] : 0.0f;
+    }
+    const vf ma = load_vf(am), mb = load_vf(bm), mx = vmax(ma, mb);
+    const vf fa = exp2v(ma - mx), fb = exp2v(mb - mx);
+    const vf l = load_vf(al) * fa + load_vf(bl) * fb;
+    for (int64_t r = 0; r < lanes; ++r) {
+      a.m[r0 + r] = mx[r];
+      a.l[r0 + r] = l[r];
+      float* x = a.acc + (r0 + r) * d;
+      const float* y = b.acc + (r0 + r) * d;
+      for (int64_t j = 0; j < d; ++j) x[j] = x[j] * fa[r] + y[j] * fb[r];
+    }
+  }
+}
+
 // Below this many lane-multiply-adds (an item's row vectors x its keys x head_dim, ~10 us
 // on one core) a call runs on the calling thread: forking and joining the OpenMP team costs
 // a few microseconds when the threads are awake, and much more when a busy machine has
@@ -285,13 +337,34 @@ struct Kernel {
   float scale;
   AttendFn<KV> attend;
 
-  void run_item(const Item& item, Scratch& sc) const {
-    const int64_t d = L.d;
-    const int64_t h = item.head, rows = item.row_end - item.row_begin;
-    // Members overlapping the block: [first_member, ...), the block's first row within it.
+  int64_t shared_len(const Item& item) const {
+    return (P.shared_start[item.group + 1] - P.shared_start[item.group]) * L.page_size;
+  }
+
+  // The item's first member and the row of that member's block where the item starts.
+  std::pair<int64_t, int64_t> first_member(const Item& item) const {
     int64_t mi = P.group_start[item.group], skip = item.row_begin;
     while (skip >= P.new_len[mi] * grp) skip -= P.new_len[mi++] * grp;
-    const int64_t first_member = mi, first_skip = skip;
+    return {mi, skip};
+  }
+
+  // Chunks of the item's keys: the shared run's, then those of the longest own run among
+  // its members (a member whose own run is shorter sees nothing in the last ones).
+  int64_t chunks(const Item& item) const {
+    auto [mi, skip] = first_member(item);
+    int64_t own = 0;
+    for (int64_t r = item.row_begin; r < item.row_end; ++mi) {
+      own = std::max(own, P.own_len[mi]);
+      r += P.new_len[mi] * grp - skip;
+      skip = 0;
+    }
+    return (shared_len(item) + kChunk - 1) / kChunk + (own + kChunk - 1) / kChunk;
+  }
+
+  // The item's query rows (pre-scaled) and causal limits into ``sc``.
+  void load_rows(const Item& item, Scratch& sc) const {
+    const int64_t d = L.d, h = item.head, rows = item.row_end - item.row_begin;
+    auto [mi, skip] = first_member(item);
     for (int64_t r = 0; r < rows; ++r, ++skip) {
       if (skip == P.new_len[mi] * grp) skip = 0, ++mi;
       const int64_t t = skip / grp, head = h * grp + skip % grp;
@@ -299,33 +372,60 @@ struct Kernel {
       for (int64_t j = 0; j < d; ++j) sc.q[r * d + j] = to_float(src[j]) * scale;
       sc.limit[r] = static_cast<int32_t>(P.own_len[mi] - P.new_len[mi] + t);
     }
-    std::fill(sc.m.begin(), sc.m.begin() + rows, kNoMax);
-    std::fill(sc.l.begin(), sc.l.begin() + rows, 0.0f);
-    std::fill(sc.acc.begin(), sc.acc.begin() + rows * d, 0.0f);
-    const int64_t g = item.group;
-    const int64_t shared_len = (P.shared_start[g + 1] - P.shared_start[g]) * L.page_size;
-    if (shared_len > 0) {
-      attend(L, h, KeyRun{P.shared_pages + P.shared_start[g], shared_len}, sc.q.data(), rows, nullptr, sc.m.data(),
-             sc.l.data(), sc.acc.data(), sc);
+  }
+
+  // Chunk ``c`` of the item's keys for its rows (in ``sc`` from load_rows), from nothing, into ``s``.
+  void chunk_state(const Item& item, int64_t c, State s, Scratch& sc) const {
+    const int64_t d = L.d, h = item.head, rows = item.row_end - item.row_begin;
+    std::fill(s.m, s.m + rows, kNoMax);
+    std::fill(s.l, s.l + rows, 0.0f);
+    std::fill(s.acc, s.acc + rows * d, 0.0f);
+    const int64_t shared = shared_len(item), shared_chunks = (shared + kChunk - 1) / kChunk;
+    if (c < shared_chunks) {  // the group's shared pages: no mask
+      const KeyRun run{P.shared_pages + P.shared_start[item.group], shared};
+      attend(L, h, run, c * kChunk, std::min(shared, (c + 1) * kChunk), sc.q.data(), rows, nullptr, s.m, s.l,
+             s.acc, sc);
+      return;
     }
-    // Each member's rows of the block over its own pages, then out.
-    mi = first_member;
-    skip = first_skip;
-    for (int64_t r = 0; r < rows;) {
+    const int64_t begin = (c - shared_chunks) * kChunk;
+    auto [mi, skip] = first_member(item);
+    for (int64_t r = 0; r < rows; ++mi) {  // each member's rows over its own pages, causally
       const int64_t seg = std::min(rows - r, P.new_len[mi] * grp - skip);
-      attend(L, h, KeyRun{P.own_pages + P.own_start[mi], P.own_len[mi]}, sc.q.data() + r * d, seg,
-             sc.limit.data() + r, sc.m.data() + r, sc.l.data() + r, sc.acc.data() + r * d, sc);
-      for (int64_t i = 0; i < seg; ++i) {
-        const int64_t t = (skip + i) / grp, head = h * grp + (skip + i) % grp;
-        Q* dst = od + ((P.q_start[mi] + t) * hq + head) * d;
-        const float inv = 1.0f / sc.l[r + i];
-        const float* ar = sc.acc.data() + (r + i) * d;
-        for (int64_t j = 0; j < d; ++j) dst[j] = from_float<Q>(ar[j] * inv);
+      if (begin < P.own_len[mi]) {
+        const KeyRun run{P.own_pages + P.own_start[mi], P.own_len[mi]};
+        attend(L, h, run, begin, std::min(P.own_len[mi], begin + kChunk), sc.q.data() + r * d, seg,
+               sc.limit.data() + r, s.m + r, s.l + r, s.acc + r * d, sc);
       }
       r += seg;
       skip = 0;
-      ++mi;
     }
+  }
+
+  // out = acc / l for the item's rows.
+  void write_out(const Item& item, State s) const {
+    const int64_t d = L.d, h = item.head, rows = item.row_end - item.row_begin;
+    auto [mi, skip] = first_member(item);
+    for (int64_t r = 0; r < rows; ++r, ++skip) {
+      if (skip == P.new_len[mi] * grp) skip = 0, ++mi;
+      const int64_t t = skip / grp, head = h * grp + skip % grp;
+      Q* dst = od + ((P.q_start[mi] + t) * hq + head) * d;
+      const float inv = 1.0f / s.l[r];
+      const float* ar = s.acc + r * d;
+      for (int64_t j = 0; j < d; ++j) dst[j] = from_float<Q>(ar[j] * inv);
+    }
+  }
+
+  // The whole item on this thread: its chunks one after the other, each merged as it comes.
+  void run_item(const Item& item, Scratch& sc) const {
+    load_rows(item, sc);
+    const State s{sc.m.data(), sc.l.data(), sc.acc.data()}, t{sc.m2.data(), sc.l2.data(), sc.acc2.data()};
+    const int64_t n = chunks(item), rows = item.row_end - item.row_begin;
+    chunk_state(item, 0, s, sc);  // = merging it into nothing
+    for (int64_t c = 1; c < n; ++c) {
+      chunk_state(item, c, t, sc);
+      merge_state(s, t, rows, L.d);
+    }
+    write_out(item, s);
   }
 };
 
@@ -352,18 +452,67 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
     }
     work += L.kv_heads * ((rows + kLanes - 1) / kLanes) * kLanes * keys * d;
   }
-  const int64_t threads = std::min<int64_t>(at::get_num_threads(), items.size());
-  if (threads <= 1 || work < kSerialWork) {
+  const int64_t max_threads = at::get_num_threads();
+  if (max_threads <= 1 || work < kSerialWork) {
     Scratch& sc = Scratch::local(d);
     for (const Item& item : items) K.run_item(item, sc);
     return;
   }
-  // Dynamic schedule: items differ in cost (causal rows late in a prompt see more keys).
+  if (static_cast<int64_t>(items.size()) >= 4 * max_threads) {
+    // Enough items to keep every thread busy: each runs whole items. Dynamic schedule: items
+    // differ in cost (causal rows late in a prompt see more keys).
+#pragma omp parallel num_threads(max_threads)
+    {
+      Scratch& sc = Scratch::local(d);
+#pragma omp for schedule(dynamic, 1)
+      for (size_t it = 0; it < items.size(); ++it) K.run_item(items[it], sc);
+    }
+    return;
+  }
+  // Few items over many keys (a decode step of a few sequences): every chunk is a task of its
+  // own, its state kept in ``states``; then each item merges its chunks in order.
+  struct Task {
+    int64_t item, chunk;
+    float* state;  // m [rows], l [rows], acc [rows, d]
+  };
+  std::vector<int64_t> first_task(items.size() + 1, 0);
+  std::vector<Task> tasks;
+  int64_t floats = 0;
+  for (size_t it = 0; it < items.size(); ++it) {
+    const int64_t rows = items[it].row_end - items[it].row_begin, n = K.chunks(items[it]);
+    for (int64_t c = 0; c < n; ++c) {
+      tasks.push_back({static_cast<int64_t>(it), c, nullptr});
+    }
+    first_task[it + 1] = static_cast<int64_t>(tasks.size());
+    floats += n * rows * (d + 2);
+  }
+  std::vector<float> states(floats);
+  float* next = states.data();
+  for (Task& task : tasks) {
+    task.state = next;
+    next += (items[task.item].row_end - items[task.item].row_begin) * (d + 2);
+  }
+  auto state_of = [&](const Task& task) {
+    const int64_t rows = items[task.item].row_end - items[task.item].row_begin;
+    return State{task.state, task.state + rows, task.state + 2 * rows};
+  };
+  const int64_t threads = std::min<int64_t>(max_threads, tasks.size());
 #pragma omp parallel num_threads(threads)
   {
     Scratch& sc = Scratch::local(d);
 #pragma omp for schedule(dynamic, 1)
-    for (size_t it = 0; it < items.size(); ++it) K.run_item(items[it], sc);
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      const Item& item = items[tasks[i].item];
+      K.load_rows(item, sc);
+      K.chunk_state(item, tasks[i].chunk, state_of(tasks[i]), sc);
+    }
+#pragma omp for schedule(static, 1)
+    for (size_t it = 0; it < items.size(); ++it) {
+      const int64_t rows = items[it].row_end - items[it].row_begin;
+      const State s = state_of(tasks[first_task[it]]);
+      for (int64_t i = first_task[it] + 1; i < first_task[it + 1]; ++i) merge_state(s, state_of(tasks[i]), rows, d);
+      K.write_out(items[it], s);
+    }
   }
 }
 
