@@ -30,6 +30,7 @@ import xgrammar as xgr
 
 from radixserve.constrained.matcher import GrammarMatcher
 from radixserve.constrained.spec import CompiledGrammar, Constraint
+from radixserve.constrained.utf8 import SurrogateGuard
 
 #: The longest one grammar compilation may take (see :class:`GrammarCompiler`); the
 #: worker's loop waits for it, so it bounds how long one request can stall the others.
@@ -72,6 +73,7 @@ class GrammarCompiler:
         if self.stop_token_ids:
             info_kw["stop_token_ids"] = list(self.stop_token_ids)
         self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, **info_kw)
+        self.guard = SurrogateGuard.from_vocab(self.tokenizer_info.decoded_vocab, vocab_size)
         threads = max_threads if max_threads is not None else min(4, os.cpu_count() or 1)
         # Our own LRU below is the cache (it counts hits and bounds entries); xgrammar's is off.
         self._xgr = xgr.GrammarCompiler(
@@ -100,7 +102,11 @@ class GrammarCompiler:
             if constraint in self._too_slow:
                 raise ValueError(self._too_slow_message(constraint))
         compiled = CompiledGrammar(
-            constraint, self._compile_bounded(constraint), self.vocab_size, self.stop_token_ids
+            constraint,
+            self._compile_bounded(constraint),
+            self.vocab_size,
+            self.stop_token_ids,
+            self.guard,
         )
         with self._lock:
             self._cache[constraint] = compiled

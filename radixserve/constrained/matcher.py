@@ -6,6 +6,9 @@ Filling it right away costs nothing extra (the next step needs it anyway) and te
 before the next forward, whether the grammar can only end here: then the request finishes
 at once with "stop" instead of spending a decode step to sample the end-of-sequence token.
 
+The mask also leaves out the tokens that would encode a UTF-16 surrogate, which xgrammar
+lets through (:mod:`radixserve.constrained.utf8`).
+
 Retraction keeps a request's tokens, so it keeps its matcher: the recompute re-runs the
 model over prompt + output and samples the next token from the same grammar state.
 """
@@ -42,6 +45,7 @@ class GrammarMatcher:
         self._not_stop = not_stop.view(np.int32)
         self.num_accepted = 0
         self._can_only_end = False
+        self._ends_in_lead = False  # the output's last byte is ED (utf8.SurrogateGuard)
         self._refresh()
 
     @property
@@ -64,6 +68,8 @@ class GrammarMatcher:
         when the grammar does not allow ``token_id`` here."""
         if not self._m.accept_token(int(token_id)):
             return False
+        if self.compiled.guard is not None:
+            self._ends_in_lead = self.compiled.guard.after(self._ends_in_lead, int(token_id))
         self.num_accepted += 1
         self._refresh()
         return True
@@ -78,6 +84,8 @@ class GrammarMatcher:
             self._can_only_end = True
             return
         self._m.fill_next_token_bitmask(self.next_mask)
+        if self.compiled.guard is not None:  # xgrammar admits surrogate encodings (utf8.py)
+            self.compiled.guard.apply(self.next_mask.numpy()[0], self._ends_in_lead)
         self._can_only_end = self._m.is_completed() and not np.any(
             self.next_mask.numpy()[0] & self._not_stop
         )

@@ -148,3 +148,4 @@ class CompiledGrammar(NamedTuple):
     grammar: Any  # xgr.CompiledGrammar
     vocab_size: int
     stop_token_ids: tuple[int, ...]
+    guard: Any = None  # utf8.SurrogateGuard of the tokenizer (None: no guard, e.g. test fakes)

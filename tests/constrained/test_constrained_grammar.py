@@ -142,3 +142,49 @@ def test_masks_touch_only_the_constrained_rows(compiler: GrammarCompiler, tokeni
         finite = set(torch.isfinite(logits[row]).nonzero().flatten().tolist())
         assert finite == allowed_ids(m)
         assert torch.equal(logits[row][list(finite)], before[row][list(finite)])
+
+
+def _byte_token(compiler: GrammarCompiler, byte: int) -> int:
+    """The byte-level BPE token of one byte (the tiny tokenizer has all 256)."""
+    return int(compiler.tokenizer_info.decoded_vocab.index(bytes([byte])))
+
+
+@pytest.mark.parametrize(
+    "constraint",
+    [
+        Constraint("json_schema", json.dumps({"type": "string", "maxLength": 8})),
+        Constraint("json_schema", json.dumps({"type": "string"})),
+        Constraint("regex", "a.b"),
+    ],
+    ids=["bounded-string", "string", "regex-dot"],
+)
+def test_no_surrogate_code_point_can_be_sampled(
+    compiler: GrammarCompiler, tokenizer: Any, constraint: Constraint
+) -> None:
+    """xgrammar accepts ED A0 80 (U+D800, not UTF-8) as a character; after a token ending in
+    ED the mask keeps the continuations of U+D000-U+D7FF and drops those of the surrogates,
+    so the text never decodes to U+FFFD (a maxLength: 8 string came out 10 long)."""
+    m = compiler.new_matcher(constraint)
+    feed(m, tokenizer, '"a' if constraint.kind == "json_schema" else "a")
+    ed, a0, bf, x9f = (_byte_token(compiler, b) for b in (0xED, 0xA0, 0xBF, 0x9F))
+    assert ed in allowed_ids(m)
+    assert m.accept(ed)
+    allowed = allowed_ids(m)
+    assert x9f in allowed  # ED 9F .. = U+D7C0-U+D7FF: real characters
+    assert a0 not in allowed and bf not in allowed
+    # Without the guard xgrammar itself would take it: the mask is what keeps it out.
+    assert m._m.accept_token(a0)
+
+
+def test_surrogate_guard_masks_tokens_that_hold_the_pair() -> None:
+    from radixserve.constrained.utf8 import SurrogateGuard
+
+    vocab = [b"", b"ab", b"x\xed\xa0", b"\xed", b"\xa5q", b"\x9f", b"\xed\x9f"]
+    g = SurrogateGuard.from_vocab(vocab, vocab_size=40)
+    bits = lambda w: set(np.flatnonzero(np.unpackbits(w.view(np.uint8), bitorder="little")))  # noqa: E731
+    assert 2 not in bits(g.always) and {0, 1, 3, 4, 5, 6} <= bits(g.always)
+    assert 4 not in bits(g.after_lead) and {0, 1, 2, 3, 5, 6} <= bits(g.after_lead)
+    assert g.after(False, 3) and not g.after(True, 1) and g.after(True, 0)  # no bytes: unchanged
+    mask = np.full(2, -1, dtype=np.int32)
+    g.apply(mask, ends_in_lead=True)
+    assert 2 not in bits(mask) and 4 not in bits(mask) and 5 in bits(mask)
