@@ -33,6 +33,9 @@ from peers.openai_load import ReplayConfig, replay, summarize  # noqa: E402
 
 # First matching (substring of a frame, category) wins; frames are scanned leaf -> root.
 CATEGORIES = [
+    # The CPU's one-call decoder stack: every layer's linears, attention and norms in one op,
+    # which py-spy's Python frames cannot split (bench_runner_step.py times its parts).
+    ("decoder_stack", "native decoder stack (all layers)"),
     ("sdpa", "attention"),
     ("attention", "attention"),
     ("paged", "attention"),
