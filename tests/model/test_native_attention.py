@@ -316,7 +316,8 @@ def test_decode_rows_equal_prefill_rows_over_many_chunks(page_size: int, shared_
     try:
         for nthreads in (1, 2):
             torch.set_num_threads(nthreads)
-            for pos in (n - 1, 400, 130):  # chunk boundaries fall inside, at, and just past
+            # The row's own keys end inside a chunk, exactly at a chunk's end, 3 keys past one.
+            for pos in (n - 1, 383, 130):
                 out = torch.empty_like(q[:1])
                 plan = native.AttentionPlan.build([([native.Member(0, 1, own, pos + 1)], shared)])
                 native.paged_attention(q[pos : pos + 1], kp, vp, out, plan, scale)
