@@ -473,28 +473,23 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   // own, its state kept in ``states``; then each item merges its chunks in order.
   struct Task {
     int64_t item, chunk;
-    float* state;  // m [rows], l [rows], acc [rows, d]
+    int64_t offset;  // of its state in ``states``: m [rows], l [rows], acc [rows, d]
   };
   std::vector<int64_t> first_task(items.size() + 1, 0);
   std::vector<Task> tasks;
   int64_t floats = 0;
   for (size_t it = 0; it < items.size(); ++it) {
     const int64_t rows = items[it].row_end - items[it].row_begin, n = K.chunks(items[it]);
-    for (int64_t c = 0; c < n; ++c) {
-      tasks.push_back({static_cast<int64_t>(it), c, nullptr});
+    for (int64_t c = 0; c < n; ++c, floats += rows * (d + 2)) {
+      tasks.push_back({static_cast<int64_t>(it), c, floats});
     }
     first_task[it + 1] = static_cast<int64_t>(tasks.size());
-    floats += n * rows * (d + 2);
   }
   std::vector<float> states(floats);
-  float* next = states.data();
-  for (Task& task : tasks) {
-    task.state = next;
-    next += (items[task.item].row_end - items[task.item].row_begin) * (d + 2);
-  }
   auto state_of = [&](const Task& task) {
     const int64_t rows = items[task.item].row_end - items[task.item].row_begin;
-    return State{task.state, task.state + rows, task.state + 2 * rows};
+    float* base = states.data() + task.offset;
+    return State{base, base + rows, base + 2 * rows};
   };
   const int64_t threads = std::min<int64_t>(max_threads, tasks.size());
 #pragma omp parallel num_threads(threads)
