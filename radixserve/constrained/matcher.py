@@ -15,7 +15,7 @@ model over prompt + output and samples the next token from the same grammar stat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -29,6 +29,14 @@ def bitmask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
+def all_tokens_but(words: int, tokens: Iterable[int]) -> np.ndarray:
+    """An int32 bitmask row of ``words`` words with every bit set except those of ``tokens``."""
+    mask = np.full(words, 0xFFFFFFFF, dtype=np.uint32)
+    for t in tokens:
+        mask[t // 32] &= ~np.uint32(1 << (t % 32))
+    return mask.view(np.int32)
+
+
 class GrammarMatcher:
     """Accepts a request's sampled tokens and says which tokens may come next."""
 
@@ -38,11 +46,9 @@ class GrammarMatcher:
         words = bitmask_words(compiled.vocab_size)
         self.next_mask = torch.empty(1, words, dtype=torch.int32)  # filled by _refresh
         # Every bit set except the stop tokens': ANDed with the mask, zero means "only stop may follow".
-        not_stop = np.full(words, 0xFFFFFFFF, dtype=np.uint32)
-        for t in compiled.stop_token_ids:
-            if 0 <= t < compiled.vocab_size:
-                not_stop[t // 32] &= ~np.uint32(1 << (t % 32))
-        self._not_stop = not_stop.view(np.int32)
+        self._not_stop = all_tokens_but(
+            words, (t for t in compiled.stop_token_ids if 0 <= t < compiled.vocab_size)
+        )
         self.num_accepted = 0
         self._can_only_end = False
         self._ends_in_lead = False  # the output's last byte is ED (utf8.SurrogateGuard)
@@ -84,11 +90,10 @@ class GrammarMatcher:
             self._can_only_end = True
             return
         self._m.fill_next_token_bitmask(self.next_mask)
+        row = self.next_mask.numpy()[0]  # a view: edits land in the mask
         if self.compiled.guard is not None:  # xgrammar admits surrogate encodings (utf8.py)
-            self.compiled.guard.apply(self.next_mask.numpy()[0], self._ends_in_lead)
-        self._can_only_end = self._m.is_completed() and not np.any(
-            self.next_mask.numpy()[0] & self._not_stop
-        )
+            self.compiled.guard.apply(row, self._ends_in_lead)
+        self._can_only_end = self._m.is_completed() and not np.any(row & self._not_stop)
 
     def __repr__(self) -> str:
         return (

@@ -21,16 +21,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from radixserve.constrained.matcher import all_tokens_but, bitmask_words
+
 _LEAD = 0xED  # the lead byte of U+D000..U+DFFF
 _SURROGATE_SECOND = range(0xA0, 0xC0)  # after ED: U+D800..U+DFFF
-
-
-def _clear_bits(words: int, tokens: Sequence[int]) -> np.ndarray:
-    """An int32 bitmask row with every bit set except those of ``tokens``."""
-    mask = np.full(words, 0xFFFFFFFF, dtype=np.uint32)
-    for t in tokens:
-        mask[t // 32] &= ~np.uint32(1 << (t % 32))
-    return mask.view(np.int32)
 
 
 class SurrogateGuard(NamedTuple):
@@ -45,7 +39,7 @@ class SurrogateGuard(NamedTuple):
     def from_vocab(cls, decoded: Sequence[bytes], vocab_size: int) -> SurrogateGuard:
         """From each token id's bytes (``xgr.TokenizerInfo.decoded_vocab``); ids past the
         tokenizer's own vocabulary (logits padding) are never allowed anyway."""
-        words = (vocab_size + 31) // 32
+        words = bitmask_words(vocab_size)
         holds, starts, ends, empty = [], [], [], []
         for t, b in enumerate(decoded[:vocab_size]):
             if not b:
@@ -58,7 +52,10 @@ class SurrogateGuard(NamedTuple):
             if b[-1] == _LEAD:
                 ends.append(t)
         return cls(
-            _clear_bits(words, holds), _clear_bits(words, starts), frozenset(ends), frozenset(empty)
+            all_tokens_but(words, holds),
+            all_tokens_but(words, starts),
+            frozenset(ends),
+            frozenset(empty),
         )
 
     def after(self, ends_in_lead: bool, token_id: int) -> bool:
