@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from radixserve.memory import hugepages
 from radixserve.memory.sharding import DeviceShard
 from radixserve.model import cpu_linear
 from radixserve.model.config import ModelConfig
@@ -217,6 +218,9 @@ def load_model(
 
         report.dense_cache_bytes = cache_dense_weights(model)
         report.weight_bytes = module_weight_bytes(model)
+    if device.type == "cpu":
+        # Before packing: the packed layers keep views of the weights they are given.
+        hugepages.move_to_hugepages(model)
     if pack_linears and device.type == "cpu":
         # Quantized models keep every token's logits independent of its batch.
         cpu_linear.pack_linears(model, batch_invariant_head=report is not None)

@@ -1,0 +1,95 @@
+"""A CPU model's weights moved onto transparent huge pages.
+
+A decode step streams every weight once, in ~120 separate 0.7-3.5 MB matrices for SmolLM2.
+On 4 KB pages each matrix spans hundreds of pages, and the page walks of the kernels'
+streams and prefetches cost bandwidth: on the project's 2-core VM the layers' GEMVs read
+their bf16 weights at 0.85-0.89 of what ``torch.sum`` reads from the same memory, and at
+0.97 once the same bytes sit on 2 MB pages. torch's own
+``THP_MEM_ALLOC_ENABLE`` only covers single allocations of 2 MB and more, and weights
+loaded from a safetensors memory map are file pages, so :func:`move_to_hugepages` copies
+them into one anonymous mapping advised ``MADV_HUGEPAGE`` (honoured where the kernel's
+``transparent_hugepage/enabled`` is ``madvise`` or ``always``; elsewhere it is plain
+memory and nothing is lost but the copy).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+HUGE_PAGE = 2 << 20
+_ALIGN = 64  # each storage starts on a cache line
+
+
+def _dense_cpu_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
+    """Every strided CPU parameter and buffer of ``module`` (each object once)."""
+    seen: set[int] = set()
+    tensors = [p for p in module.parameters()] + [b for b in module.buffers()]
+    for t in tensors:
+        if id(t) in seen or t.device.type != "cpu" or t.layout is not torch.strided:
+            continue
+        seen.add(id(t))
+        yield t
+
+
+def hugepage_buffer(nbytes: int) -> torch.Tensor | None:
+    """A zero-filled uint8 tensor of ``nbytes`` on memory advised ``MADV_HUGEPAGE``, starting
+    on a 2 MB boundary, or None where the platform has no such advice."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is None:
+        return None
+    # Private: a shared anonymous mapping is shmem, which THP's anon setting does not cover.
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=flags)  # not yet touched
+    whole = torch.frombuffer(mapping, dtype=torch.uint8)  # holds the mapping alive
+    start = -whole.data_ptr() % HUGE_PAGE
+    try:
+        mapping.madvise(advice, start, nbytes)
+    except OSError as e:  # a kernel built without THP
+        logger.debug("MADV_HUGEPAGE refused: %s", e)
+        return None
+    return whole[start : start + nbytes]
+
+
+def move_to_hugepages(module: nn.Module) -> int:
+    """Copy ``module``'s CPU parameters and buffers into one huge-page buffer, in place.
+
+    Tensors sharing a storage (tied embeddings, views such as a fused weight's slices) keep
+    sharing it: each storage is copied once and every tensor becomes the same view of the
+    copy (through ``.data``, so the parameter objects and anything holding them stay valid;
+    tensors made from them earlier, e.g. ``.detach()`` views, do not follow: call this
+    before deriving any). Returns the bytes moved (0 where huge pages are unavailable).
+    """
+    groups: dict[int, list[torch.Tensor]] = {}
+    storages: dict[int, torch.UntypedStorage] = {}
+    for t in _dense_cpu_tensors(module):
+        s = t.untyped_storage()
+        groups.setdefault(s.data_ptr(), []).append(t)
+        storages[s.data_ptr()] = s
+    offsets, total = {}, 0
+    for key, s in storages.items():
+        offsets[key] = total
+        total += -(-s.nbytes() // _ALIGN) * _ALIGN
+    arena = hugepage_buffer(total) if total else None
+    if arena is None:
+        return 0
+    base = arena.storage_offset()  # bytes into the mapping: a multiple of 4096
+    shared = arena.untyped_storage()
+    for key, tensors in groups.items():
+        src = storages.pop(key)
+        start = base + offsets[key]
+        arena[offsets[key] : offsets[key] + src.nbytes()].copy_(
+            torch.empty(0, dtype=torch.uint8).set_(src)
+        )
+        for t in tensors:
+            # Same sizes, strides and element offset, now counted from the copy's start.
+            offset = start // t.element_size() + t.storage_offset()
+            t.data = torch.empty(0, dtype=t.dtype).set_(shared, offset, t.shape, t.stride())
+    logger.debug("moved %d MB of weights onto huge pages", total >> 20)
+    return total
