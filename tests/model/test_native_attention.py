@@ -326,3 +326,32 @@ def test_decode_rows_equal_prefill_rows_over_many_chunks(page_size: int, shared_
         torch.set_num_threads(threads)
     ref = _reference(q, kp, vp, shared + own, s_len + n, scale)
     assert (prefill.double() - ref).abs().max().item() < 2e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("d", [64, 80, 128])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 4), (9, 3), (8, 2), (10, 2)], ids=str)
+def test_few_row_blocks_equal_wide_ones(heads: tuple[int, int], d: int, dtype: torch.dtype) -> None:
+    """A decode row's few query rows per KV head (1 to 4 here; 5 takes the wide path) score
+    their keys with the keys in the vector lanes, a prefill's 16 rows with the rows in them:
+    the same arithmetic in the same order, so a decode row equals the prefill row of its
+    position bit for bit, for every query group size, head size and KV dtype (float and bf16
+    keys are read in place, float16 ones converted first)."""
+    hq, hkv = heads
+    n, page_size = 300, 16  # two full chunks and a partial one
+    pages = list(range(1, 1 + -(-n // page_size)))
+    random.Random(d).shuffle(pages)
+    kp = torch.randn(1 + len(pages), page_size, hkv, d).to(dtype)
+    vp = torch.randn_like(kp)
+    q = torch.randn(n, hq, d).to(dtype)
+    prefill = torch.empty_like(q)
+    plan = native.AttentionPlan.build([([native.Member(0, n, pages, n)], [])])
+    native.paged_attention(q, kp, vp, prefill, plan, d**-0.5)
+    for pos in (n - 1, 255, 200, 64):
+        out = torch.empty_like(q[:1])
+        plan = native.AttentionPlan.build([([native.Member(0, 1, pages, pos + 1)], [])])
+        native.paged_attention(q[pos : pos + 1], kp, vp, out, plan, d**-0.5)
+        assert torch.equal(out[0], prefill[pos]), pos
+    ref = _reference(q.float(), kp.float(), vp.float(), pages, n, d**-0.5)
+    tol = 2e-5 if dtype is torch.float32 else 2e-2
+    assert (prefill.double() - ref).abs().max().item() < tol

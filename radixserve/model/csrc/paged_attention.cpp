@@ -49,6 +49,10 @@
 
 #include "vec.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace {
 
 using namespace radixserve_cpu;
@@ -69,13 +73,15 @@ constexpr int64_t kChunk = 2 * kBlock;
 // a few microseconds, and allocating (and zeroing) ~40 KB per call was a visible part of it.
 // ``m2``, ``l2``, ``acc2``: one chunk's state, before it is merged into ``m``, ``l``, ``acc``.
 struct Scratch {
-  std::vector<float> q, m, l, acc, m2, l2, acc2, kf, vf_;
+  // ``kt``, ``ps``: a narrow block's transposed keys and probabilities (narrow_block).
+  std::vector<float> q, m, l, acc, m2, l2, acc2, kf, vf_, kt, ps;
   std::vector<int32_t> limit;
   void reserve(int64_t d) {
     if (static_cast<int64_t>(q.size()) >= kRowBlock * d) return;
     q.resize(kRowBlock * d), m.resize(kRowBlock), l.resize(kRowBlock), acc.resize(kRowBlock * d);
     m2.resize(kRowBlock), l2.resize(kRowBlock), acc2.resize(kRowBlock * d);
     kf.resize(kBlock * d), vf_.resize(kBlock * d), limit.resize(kRowBlock);
+    kt.resize(kBlock * d), ps.resize(kRowBlock * kBlock);
   }
   static Scratch& local(int64_t d) {
     thread_local Scratch sc;
@@ -97,6 +103,16 @@ struct Layer {
   int64_t page_size, kv_heads, d;
   // Offset of token ``t`` of ``page`` for KV head ``h``, in elements.
   int64_t at(int64_t page, int64_t t, int64_t h) const { return ((page * page_size + t) * kv_heads + h) * d; }
+  // put(i, offset) for the keys pos .. pos + n - 1 of a run in ``pages``, KV head ``h`` (one
+  // division for the run, not one per key).
+  template <typename Put>
+  void offsets(const int64_t* pages, int64_t h, int64_t pos, int64_t n, Put&& put) const {
+    int64_t page = pos / page_size, t = pos % page_size;
+    for (int64_t i = 0; i < n; ++i) {
+      put(i, at(pages[page], t, h));
+      if (++t == page_size) t = 0, ++page;
+    }
+  }
 };
 
 // Prefetch one token's K and V rows (``off`` in elements) into the cache.
@@ -117,10 +133,12 @@ const float* block_rows(const KV* const* src, int64_t n, int64_t d, float* buf) 
   return buf;
 }
 
-// acc rows ``r``.. (``R`` of them) = acc * alpha + sum_t p[t][r] * v[t]: NC vectors of columns
-// per row, R rows together, so R * NC independent FMA chains hide the FMA latency.
-template <int NC, int R>
-inline void accumulate_pv(float* __restrict acc, int64_t r, const vf alpha, const vf* p, const float* const* vr,
+// acc rows ``r``.. (``R`` of them) = acc * alpha + sum_t prob(t, r) * v[t]: NC vectors of
+// columns per row, R rows together, so R * NC independent FMA chains hide the FMA latency.
+// ``prob(t, r)``: the probability of key t for row r, wherever the caller keeps it; ``vr``:
+// the value rows, float or a dtype load_as_vf widens (exactly) as it goes.
+template <int NC, int R, typename Prob, typename V>
+inline void accumulate_pv(float* __restrict acc, int64_t r, const vf alpha, Prob&& prob, const V* const* vr,
                           int64_t n) {
   constexpr int64_t d = NC * kLanes;
   vf x[R][NC];
@@ -129,14 +147,154 @@ inline void accumulate_pv(float* __restrict acc, int64_t r, const vf alpha, cons
   }
   for (int64_t t = 0; t < n; ++t) {
     for (int c = 0; c < NC; ++c) {
-      const vf v = load_vf(vr[t] + c * kLanes);
-      for (int i = 0; i < R; ++i) x[i][c] += p[t][r + i] * v;
+      const vf v = load_as_vf(vr[t] + c * kLanes);
+      for (int i = 0; i < R; ++i) x[i][c] += prob(t, r + i) * v;
     }
   }
   for (int i = 0; i < R; ++i) {
     for (int c = 0; c < NC; ++c) store_vf(acc + (r + i) * d + c * kLanes, x[i][c]);
   }
 }
+
+// acc += the block's probabilities times its values, for rows [0, lanes): two rows at a time
+// where the registers allow, then one (the arithmetic of a row is the same either way).
+template <int NC, typename Prob, typename V>
+inline void accumulate_rows(float* acc, int64_t lanes, const vf alpha, Prob&& prob, const V* const* vr, int64_t n) {
+  int64_t r = 0;
+  if constexpr (NC <= 8) {
+    for (; r + 2 <= lanes; r += 2) accumulate_pv<NC, 2>(acc, r, alpha, prob, vr, n);
+  }
+  for (; r < lanes; ++r) accumulate_pv<NC, 1>(acc, r, alpha, prob, vr, n);
+}
+
+// Whether a block's keys must be converted to float rows before narrow_block (which reads
+// float and bf16 keys itself).
+// Whether narrow_block multiplies a block's values as they lie in the pages (float, and bf16
+// where a vector widens it), rather than converted rows.
+template <typename KV>
+constexpr bool narrow_widens = std::is_same_v<KV, float> || (std::is_same_v<KV, c10::BFloat16> && RADIXSERVE_VEC_BF16);
+template <int NC, typename KV>
+constexpr bool narrow_reads_rows = !(std::is_same_v<KV, float> || (std::is_same_v<KV, c10::BFloat16> && NC % 2 == 0));
+
+#if defined(__AVX512F__)
+// Blocks of up to this many rows (a decode token's query heads of one KV head: 1 for MHA,
+// 3 for SmolLM2's GQA) take narrow_block below.
+constexpr int64_t kNarrowRows = 4;
+
+// out[j] lane i = src[i][col + j] for i, j < 16: sixteen rows' 16 words from ``col`` on,
+// transposed in registers (pairs of words, then pairs of pairs, then 128- and 256-bit
+// quarters change places). Words are moved, not read as numbers: bf16 pairs pass too.
+inline void transpose16(const float* const* src, int64_t col, __m512 (&out)[16]) {
+  __m512 a[16], b[16];
+  for (int i = 0; i < 16; ++i) a[i] = _mm512_loadu_ps(src[i] + col);
+  for (int i = 0; i < 16; i += 2) {
+    b[i] = _mm512_unpacklo_ps(a[i], a[i + 1]);
+    b[i + 1] = _mm512_unpackhi_ps(a[i], a[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    for (int u = 0; u < 2; ++u) {
+      const __m512d x = _mm512_castps_pd(b[i + u]), y = _mm512_castps_pd(b[i + u + 2]);
+      a[i + 2 * u] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
+      a[i + 2 * u + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
+    }
+  }
+  for (int i = 0; i < 16; i += 8) {
+    for (int u = 0; u < 4; ++u) {
+      b[i + u] = _mm512_shuffle_f32x4(a[i + u], a[i + u + 4], 0x88);
+      b[i + u + 4] = _mm512_shuffle_f32x4(a[i + u], a[i + u + 4], 0xdd);
+    }
+  }
+  for (int u = 0; u < 8; ++u) {
+    out[u] = _mm512_shuffle_f32x4(b[u], b[u + 8], 0x88);
+    out[u + 8] = _mm512_shuffle_f32x4(b[u], b[u + 8], 0xdd);
+  }
+}
+
+// kt[j * kBlock + t] = dimension j of key t (as float) for the 16 keys from ``t0`` of the
+// block. float keys are transposed in place; bf16 keys as pairs of dimensions in one 32-bit
+// word (half the shuffles, and the widening is a shift or a mask of the transposed word);
+// other dtypes from ``kr``, the rows already converted to float.
+template <int NC, typename KV>
+inline void transpose_keys(const KV* const* krow, const float* const* kr, int64_t t0, float* __restrict kt) {
+  __m512 w[16];
+  if constexpr (std::is_same_v<KV, c10::BFloat16> && NC % 2 == 0) {
+    const float* words[16];
+    for (int i = 0; i < 16; ++i) words[i] = reinterpret_cast<const float*>(krow[t0 + i]);
+    for (int c = 0; c < NC / 2; ++c) {
+      transpose16(words, c * kLanes, w);
+      for (int j = 0; j < 16; ++j) {  // word j: dimensions 2 (16 c + j) and the one after
+        const __m512i x = _mm512_castps_si512(w[j]);
+        float* even = kt + (2 * (c * kLanes + j)) * kBlock + t0;
+        _mm512_storeu_ps(even, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
+        _mm512_storeu_ps(even + kBlock, _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(-65536))));
+      }
+    }
+  } else {
+    const float* const* rows = kr + t0;
+    if constexpr (std::is_same_v<KV, float>) rows = krow + t0;
+    for (int c = 0; c < NC; ++c) {
+      transpose16(rows, c * kLanes, w);
+      for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kt + (c * kLanes + j) * kBlock + t0, w[j]);
+    }
+  }
+}
+
+// One full, unmasked block of kBlock keys for R <= kNarrowRows rows: the scores with the keys
+// in the lanes (R x kBlock / kLanes vectors of FMAs per dimension, over a transposed copy of
+// the block's keys in ``kt``) rather than the rows, which would leave most lanes idle and cost
+// a vector FMA per key and dimension. Every row's score is the same FMA chain over the
+// dimensions, from zero, as attend_run's; its maximum, probabilities (``ps``, row-major),
+// their sum (key by key, in order), the rescaled state and the values' products are the same
+// operations in the same order too, so a row gets the same bits on either path (a decode row
+// here, the prefill row of the same position there). ``ahead(t)``: prefetch the next block's
+// key t, called for every t while the keys are transposed.
+template <int NC, int R, typename KV, typename V, typename Ahead>
+void narrow_block(const KV* const* krow, const float* const* kr, const V* const* vr, const float* __restrict q,
+                  vf& vm, vf& vl, float* __restrict acc, float* __restrict kt, float* __restrict ps, Ahead&& ahead) {
+  constexpr int64_t d = NC * kLanes, G = kBlock / kLanes;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t t = g * kLanes; t < (g + 1) * kLanes; ++t) ahead(t);
+    transpose_keys<NC>(krow, kr, g * kLanes, kt);
+  }
+  vf sc[R][G];
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < G; ++g) sc[r][g] = vf{};
+  }
+  for (int64_t j = 0; j < d; ++j) {
+    vf k[G];
+    for (int g = 0; g < G; ++g) k[g] = load_vf(kt + j * kBlock + g * kLanes);
+    for (int r = 0; r < R; ++r) {
+      const vf qj = splat(q[r * d + j]);
+      for (int g = 0; g < G; ++g) sc[r][g] += qj * k[g];
+    }
+  }
+  float mx[kLanes], sum[kLanes] = {};
+  store_vf(mx, vm);
+  for (int r = 0; r < R; ++r) {
+    vf m = sc[r][0];
+    for (int g = 1; g < G; ++g) m = vmax(m, sc[r][g]);
+    for (int64_t i = 0; i < kLanes; ++i) mx[r] = mx[r] > m[i] ? mx[r] : m[i];
+    const vf row_max = splat(mx[r]);
+    for (int g = 0; g < G; ++g) store_vf(ps + r * kBlock + g * kLanes, exp2v(sc[r][g] - row_max));
+  }
+  // Each row's sum key by key (the rows' chains interleaved, so their latencies overlap).
+  for (int64_t t = 0; t < kBlock; ++t) {
+    for (int r = 0; r < R; ++r) sum[r] += ps[r * kBlock + t];
+  }
+  const vf vmx = load_vf(mx);
+  const vf alpha = exp2v(vm - vmx);
+  vm = vmx;
+  vl = vl * alpha + load_vf(sum);
+  auto prob = [&](int64_t t, int64_t r) { return ps[r * kBlock + t]; };
+  if constexpr (R * NC <= 16) {  // every row in one pass over the values: R * NC accumulators
+    accumulate_pv<NC, R>(acc, 0, alpha, prob, vr, kBlock);
+  } else {
+    accumulate_rows<NC>(acc, R, alpha, prob, vr, kBlock);
+  }
+}
+#else
+constexpr int64_t kNarrowRows = 0;  // the rows-in-lanes path everywhere
+#endif
 
 // Attend ``rows`` query rows (``q``: [rows, d], pre-scaled, base 2) over keys [key_begin,
 // key_end) of ``run`` (key_begin a multiple of kBlock), updating the online-softmax state
@@ -160,11 +318,17 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
   vf p[kBlock];       // scores, then probabilities: p[t] lane r
   for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
     const int64_t lanes = std::min(kLanes, rows - r0);
-    for (int64_t j = 0; j < d; ++j) {
-      float col[kLanes] = {};
-      for (int64_t r = 0; r < lanes; ++r) col[r] = q[(r0 + r) * d + j];
-      qt[j] = load_vf(col);
-    }
+    // Built when a block first needs it: narrow blocks do not, and building it is ~1,500
+    // cycles (a vector load over fresh scalar stores per dimension), the cost of ~15 keys.
+    bool have_qt = false;
+    auto transpose_q = [&] {
+      for (int64_t j = 0; j < d; ++j) {
+        float col[kLanes] = {};
+        for (int64_t r = 0; r < lanes; ++r) col[r] = q[(r0 + r) * d + j];
+        qt[j] = load_vf(col);
+      }
+      have_qt = true;
+    };
     float mv[kLanes], lv[kLanes];
     for (int64_t r = 0; r < kLanes; ++r) {
       mv[r] = r < lanes ? m[r0 + r] : kNoMax;
@@ -183,35 +347,60 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       lim_min = *lo;
       keys = std::min<int64_t>(keys, *hi + 1);
     }
+    if (r0 == 0) {
+      // The first block's rows: the loop below prefetches each next block while it computes one.
+      L.offsets(run.pages, h, key_begin, std::min(kBlock, keys - key_begin),
+                [&](int64_t, int64_t off) { prefetch_row(L, off); });
+    }
     for (int64_t start = key_begin; start < keys; start += kBlock) {
       const int64_t n = std::min(kBlock, keys - start);
       const bool masked = start + n - 1 > lim_min;
-      for (int64_t t = 0; t < n; ++t) {
-        const int64_t pos = start + t;
-        const int64_t off = L.at(run.pages[pos / L.page_size], pos % L.page_size, h);
+      L.offsets(run.pages, h, start, n, [&](int64_t t, int64_t off) {
         krow[t] = L.k + off;
         vrow[t] = L.v + off;
-      }
+      });
       // The next block's rows are prefetched a key at a time while this block's scores are
       // computed: pages lie scattered, so the hardware prefetcher loses the stream at every
       // page, and a burst of prefetches would overflow the miss queues and be dropped. The
       // low-locality hint (prefetcht2) measured ~20 % faster here than prefetching into L1.
       const int64_t next_n = std::min(kBlock, keys - start - n);
-      for (int64_t t = 0; t < next_n; ++t) {
-        const int64_t pos = start + n + t;
-        next[t] = L.at(run.pages[pos / L.page_size], pos % L.page_size, h);
-      }
+      L.offsets(run.pages, h, start + n, next_n, [&](int64_t t, int64_t off) { next[t] = off; });
+      const bool narrow = lanes <= kNarrowRows && n == kBlock && !masked;
       if constexpr (std::is_same_v<KV, float>) {
         std::copy(krow, krow + n, kr);
         std::copy(vrow, vrow + n, vr);
       } else {
-        const float* kb = block_rows(krow, n, d, sc.kf.data());
-        const float* vb = block_rows(vrow, n, d, sc.vf_.data());
-        for (int64_t t = 0; t < n; ++t) {
-          kr[t] = kb + t * d;
-          vr[t] = vb + t * d;
+        if (!narrow || narrow_reads_rows<NC, KV>) {
+          const float* kb = block_rows(krow, n, d, sc.kf.data());
+          for (int64_t t = 0; t < n; ++t) kr[t] = kb + t * d;
+        }
+        if (!narrow || !narrow_widens<KV>) {
+          const float* vb = block_rows(vrow, n, d, sc.vf_.data());
+          for (int64_t t = 0; t < n; ++t) vr[t] = vb + t * d;
         }
       }
+#if defined(__AVX512F__)
+      if (narrow) {
+        auto ahead = [&](int64_t t) {
+          if (t < next_n) prefetch_row(L, next[t]);
+        };
+        float* acc0 = acc + r0 * d;
+        const float* q0 = q + r0 * d;
+        // The values as they lie where the products widen them (float, bf16), else converted.
+        const auto values = [&] {
+          if constexpr (narrow_widens<KV>) return vrow;
+          else return static_cast<const float* const*>(vr);
+        }();
+        switch (lanes) {
+          case 1: narrow_block<NC, 1>(krow, kr, values, q0, vm, vl, acc0, sc.kt.data(), sc.ps.data(), ahead); break;
+          case 2: narrow_block<NC, 2>(krow, kr, values, q0, vm, vl, acc0, sc.kt.data(), sc.ps.data(), ahead); break;
+          case 3: narrow_block<NC, 3>(krow, kr, values, q0, vm, vl, acc0, sc.kt.data(), sc.ps.data(), ahead); break;
+          default: narrow_block<NC, 4>(krow, kr, values, q0, vm, vl, acc0, sc.kt.data(), sc.ps.data(), ahead); break;
+        }
+        continue;
+      }
+#endif
+      if (!have_qt) transpose_q();
       // Scores, eight keys at a time: eight independent FMA chains.
       int64_t t = 0;
       for (; t + 8 <= n; t += 8) {
@@ -242,12 +431,7 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       }
       vm = mx;
       vl = vl * alpha + sum;
-      float* acc0 = acc + r0 * d;
-      int64_t r = 0;
-      if constexpr (NC <= 8) {
-        for (; r + 2 <= lanes; r += 2) accumulate_pv<NC, 2>(acc0, r, alpha, p, vr, n);
-      }
-      for (; r < lanes; ++r) accumulate_pv<NC, 1>(acc0, r, alpha, p, vr, n);
+      accumulate_rows<NC>(acc + r0 * d, lanes, alpha, [&](int64_t t, int64_t r) { return p[t][r]; }, vr, n);
     }
     for (int64_t r = 0; r < lanes; ++r) {
       m[r0 + r] = vm[r];

@@ -1,0 +1,149 @@
+"""One decode row's CPU attention over every layer, against the same kernel at another commit.
+
+Shapes of SmolLM2-135M (9 query heads over 3 KV heads, head_dim 64, 16-token pages, 30
+layers), one sequence of ``--contexts`` tokens whose pages lie scattered in each layer's pool:
+the kernel call a batch-1 decode step makes per layer. Two timings per context and KV dtype:
+
+- ``cold``: the 30 layers one after the other after reading 256 MB (the KV evicted, as the
+  weights streamed through a step evict it), per layer;
+- ``hot``: one layer's call repeated (its pages in the caches), per call.
+
+With ``--baseline REV`` the kernel source at that git revision is built beside the current
+one (its operator library renamed) and both are timed alternately, call for call, and their
+outputs compared: equal bits are expected whenever the revisions compute the same arithmetic.
+
+    python benchmarks/bench_decode_attention.py
+    python benchmarks/bench_decode_attention.py --baseline f98d7bc --contexts 600,1000
+"""
+
+from __future__ import annotations
+
+# Before torch: radixserve sets the process's OpenMP wait policy (see bench_runner_step.py).
+import radixserve  # noqa: F401
+
+# isort: split
+
+import argparse  # noqa: E402
+import datetime as dt  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from radixserve.model import native  # noqa: E402
+
+HQ, HKV, D, PS, LAYERS = 9, 3, 64, 16, 30
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = "radixserve/model/csrc/paged_attention.cpp"
+
+Op = Callable[..., None]
+
+
+def baseline_op(rev: str) -> Op:
+    """The attention op as of git revision ``rev``, built under the library name ``attn_base``."""
+    text = subprocess.run(
+        ["git", "show", f"{rev}:{SOURCE}"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
+    text = text.replace("TORCH_LIBRARY(radixserve_cpu, m)", "TORCH_LIBRARY(attn_base, m)")
+    from torch.utils import cpp_extension
+
+    build = Path(tempfile.mkdtemp(prefix="attn_base_"))
+    (build / "paged_attention.cpp").write_text(text)
+    for header in (ROOT / SOURCE).parent.glob("*.h"):  # its headers as they are now
+        (build / header.name).write_text(header.read_text())
+    cpp_extension.load(
+        name=f"attn_base_{rev}",
+        sources=[str(build / "paged_attention.cpp")],
+        extra_cflags=["-O3", "-march=native", "-fopenmp"],
+        extra_ldflags=["-fopenmp"],
+        is_python_module=False,
+    )
+    return torch.ops.attn_base.paged_attention
+
+
+def layers_for(ctx: int, dtype: torch.dtype) -> list[tuple[torch.Tensor, ...]]:
+    """Per layer: its K and V pools and the plan's index tensors, pages in a random order."""
+    pages = -(-ctx // PS)
+    out = []
+    for layer in range(LAYERS):
+        k = torch.randn(pages + 1, PS, HKV, D).to(dtype)
+        order = list(range(1, pages + 1))
+        random.Random(layer).shuffle(order)
+        plan = native.AttentionPlan.build([([native.Member(0, 1, order, ctx)], [])])
+        out.append((k, torch.randn_like(k), *plan.tensors()))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--contexts", default="256,600,1000,2000")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--baseline", help="git revision whose kernel to time alongside")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--out", default="benchmarks/results/bench_decode_attention.json")
+    args = ap.parse_args()
+    if not native.load():
+        raise SystemExit("the CPU kernels did not build here")
+    ops: dict[str, Op] = {"current": torch.ops.radixserve_cpu.paged_attention}
+    if args.baseline:
+        ops[args.baseline] = baseline_op(args.baseline)
+    evict = torch.ones(64 << 20)
+    results = []
+    for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
+        for ctx in (int(c) for c in args.contexts.split(",")):
+            layers = layers_for(ctx, dtype)
+            q = torch.randn(1, HQ, D).to(dtype)
+            outs = {name: torch.empty_like(q) for name in ops}
+
+            def call(name: str, layer: tuple[torch.Tensor, ...]) -> None:
+                k, v, *plan = layer
+                ops[name](q, k, v, outs[name], *plan, D**-0.5, None, None, None)
+
+            samples: dict[str, list[float]] = {}
+            for rep in range(args.reps):
+                names = list(ops) if rep % 2 == 0 else list(ops)[::-1]
+                for name in names:
+                    evict.sum()
+                    t = time.perf_counter()
+                    for layer in layers:
+                        call(name, layer)
+                    samples.setdefault(f"{name} cold", []).append(
+                        (time.perf_counter() - t) / LAYERS
+                    )
+                    call(name, layers[0])
+                    t = time.perf_counter()
+                    for _ in range(LAYERS):
+                        call(name, layers[0])
+                    samples.setdefault(f"{name} hot", []).append((time.perf_counter() - t) / LAYERS)
+            same = all(torch.equal(o, outs["current"]) for o in outs.values())
+            row = {
+                "dtype": str(dtype).removeprefix("torch."),
+                "context": ctx,
+                "us_per_layer": {
+                    k: round(statistics.median(v) * 1e6, 1) for k, v in samples.items()
+                },
+                "kv_mb_per_layer": round(2 * ctx * HKV * D * q.element_size() / 1e6, 3),
+                "outputs_equal": same,
+            }
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    record = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="minutes"),
+        "threads": torch.get_num_threads(),
+        "baseline": args.baseline,
+        "results": results,
+    }
+    Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
