@@ -347,11 +347,6 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       lim_min = *lo;
       keys = std::min<int64_t>(keys, *hi + 1);
     }
-    if (r0 == 0) {
-      // The first block's rows: the loop below prefetches each next block while it computes one.
-      L.offsets(run.pages, h, key_begin, std::min(kBlock, keys - key_begin),
-                [&](int64_t, int64_t off) { prefetch_row(L, off); });
-    }
     for (int64_t start = key_begin; start < keys; start += kBlock) {
       const int64_t n = std::min(kBlock, keys - start);
       const bool masked = start + n - 1 > lim_min;
@@ -504,11 +499,15 @@ __attribute__((noinline)) void merge_state(State a, State b, int64_t rows, int64
   }
 }
 
-// Below this many lane-multiply-adds (an item's row vectors x its keys x head_dim, ~10 us
-// on one core) a call runs on the calling thread: forking and joining the OpenMP team costs
-// a few microseconds when the threads are awake, and much more when a busy machine has
-// descheduled one of them, while a batch-1 decode step's attention is ~5 us of work.
-constexpr int64_t kSerialWork = int64_t{1} << 20;
+// Below this many lane-multiply-adds (an item's row vectors x its keys x head_dim; a decode
+// row of SmolLM2 over ~85 keys, ~10 us) a call runs on the calling thread: forking and
+// joining the OpenMP team costs a few microseconds when the threads are awake, and much more
+// when a busy machine has descheduled one of them. Above it two threads win even for a short
+// context, because a decode step's keys come from memory (the weights streamed since the
+// layer last read them): two threads keep twice the misses in flight. On the 2-core VM, a
+// decode row over 160-340 keys took 20-42 % less time split than on one thread
+// (benchmarks/bench_decode_attention.py); at 32 keys splitting lost.
+constexpr int64_t kSerialWork = int64_t{1} << 18;
 
 template <typename Q, typename KV>
 struct Kernel {
