@@ -2,14 +2,14 @@
 
 A decode step streams every weight once, in ~120 separate 0.7-3.5 MB matrices for SmolLM2.
 On 4 KB pages each matrix spans hundreds of pages, and the page walks of the kernels'
-streams and prefetches cost bandwidth: on the project's 2-core VM the layers' GEMVs read
-their bf16 weights at 0.85-0.89 of what ``torch.sum`` reads from the same memory, and at
-0.97 once the same bytes sit on 2 MB pages. torch's own
-``THP_MEM_ALLOC_ENABLE`` only covers single allocations of 2 MB and more, and weights
-loaded from a safetensors memory map are file pages, so :func:`move_to_hugepages` copies
-them into one anonymous mapping advised ``MADV_HUGEPAGE`` (honoured where the kernel's
-``transparent_hugepage/enabled`` is ``madvise`` or ``always``; elsewhere it is plain
-memory and nothing is lost but the copy).
+streams cost bandwidth, the more so the faster the memory: on the project's 2-core VM the
+layers' GEMVs read 3-9 % faster and a batch-1 step takes 2-5 % less time once the weights
+sit on 2 MB pages, when the memory reads ~50 GB/s, and about the same at ~35 GB/s
+(``benchmarks/bench_hugepages.py``). torch's own ``THP_MEM_ALLOC_ENABLE`` only covers
+single allocations of 2 MB and more, and weights loaded from a safetensors memory map are
+file pages, so :func:`move_to_hugepages` copies them into one anonymous mapping advised
+``MADV_HUGEPAGE`` (honoured where the kernel's ``transparent_hugepage/enabled`` is
+``madvise`` or ``always``; elsewhere it is plain memory and nothing is lost but the copy).
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ _ALIGN = 64  # each storage starts on a cache line
 def _dense_cpu_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
     """Every strided CPU parameter and buffer of ``module`` (each object once)."""
     seen: set[int] = set()
-    tensors = [p for p in module.parameters()] + [b for b in module.buffers()]
-    for t in tensors:
+    for t in [*module.parameters(), *module.buffers()]:
         if id(t) in seen or t.device.type != "cpu" or t.layout is not torch.strided:
             continue
         seen.add(id(t))

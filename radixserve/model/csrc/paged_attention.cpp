@@ -167,12 +167,12 @@ inline void accumulate_rows(float* acc, int64_t lanes, const vf alpha, Prob&& pr
   for (; r < lanes; ++r) accumulate_pv<NC, 1>(acc, r, alpha, prob, vr, n);
 }
 
-// Whether a block's keys must be converted to float rows before narrow_block (which reads
-// float and bf16 keys itself).
 // Whether narrow_block multiplies a block's values as they lie in the pages (float, and bf16
 // where a vector widens it), rather than converted rows.
 template <typename KV>
 constexpr bool narrow_widens = std::is_same_v<KV, float> || (std::is_same_v<KV, c10::BFloat16> && RADIXSERVE_VEC_BF16);
+// Whether a block's keys must be converted to float rows before narrow_block (which
+// transposes float keys, and bf16 keys of an even number of vectors, itself).
 template <int NC, typename KV>
 constexpr bool narrow_reads_rows = !(std::is_same_v<KV, float> || (std::is_same_v<KV, c10::BFloat16> && NC % 2 == 0));
 
