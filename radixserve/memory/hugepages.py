@@ -37,6 +37,22 @@ def _dense_cpu_tensors(module: nn.Module) -> Iterator[torch.Tensor]:
         yield t
 
 
+def _span(tensors: list[torch.Tensor]) -> tuple[int, int]:
+    """The bytes [lo, hi) of their common storage that ``tensors`` view, ``lo`` rounded down
+    to a multiple of 8 (any element size divides it: every tensor keeps a whole-element offset)."""
+    lo: int | None = None
+    hi = 0
+    for t in tensors:
+        if not t.numel():
+            continue
+        es = t.element_size()
+        first = int(t.storage_offset()) * es
+        last_element = sum((int(n) - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+        lo = first if lo is None else min(lo, first)
+        hi = max(hi, first + (last_element + 1) * es)
+    return (0, 0) if lo is None else (lo - lo % 8, hi)
+
+
 def hugepage_buffer(nbytes: int) -> torch.Tensor | None:
     """A zero-filled uint8 tensor of ``nbytes`` on memory advised ``MADV_HUGEPAGE``, starting
     on a 2 MB boundary, or None where the platform has no such advice."""
@@ -66,28 +82,26 @@ def move_to_hugepages(module: nn.Module) -> int:
     before deriving any). Returns the bytes moved (0 where huge pages are unavailable).
     """
     groups: dict[int, list[torch.Tensor]] = {}
-    storages: dict[int, torch.UntypedStorage] = {}
     for t in _dense_cpu_tensors(module):
-        s = t.untyped_storage()
-        groups.setdefault(s.data_ptr(), []).append(t)
-        storages[s.data_ptr()] = s
+        groups.setdefault(t.untyped_storage().data_ptr(), []).append(t)
+    # Per storage, the bytes its tensors use (a storage may hold more than they view).
+    spans = {key: _span(tensors) for key, tensors in groups.items()}
     offsets, total = {}, 0
-    for key, s in storages.items():
+    for key, (lo, hi) in spans.items():
         offsets[key] = total
-        total += -(-s.nbytes() // _ALIGN) * _ALIGN
+        total += -(-(hi - lo) // _ALIGN) * _ALIGN
     arena = hugepage_buffer(total) if total else None
     if arena is None:
         return 0
     base = arena.storage_offset()  # bytes into the mapping: a multiple of 4096
     shared = arena.untyped_storage()
     for key, tensors in groups.items():
-        src = storages.pop(key)
-        start = base + offsets[key]
-        arena[offsets[key] : offsets[key] + src.nbytes()].copy_(
-            torch.empty(0, dtype=torch.uint8).set_(src)
-        )
+        lo, hi = spans[key]
+        src = torch.empty(0, dtype=torch.uint8).set_(tensors[0].untyped_storage())
+        arena[offsets[key] : offsets[key] + hi - lo].copy_(src[lo:hi])
+        start = base + offsets[key] - lo  # where byte 0 of the old storage would lie
         for t in tensors:
-            # Same sizes, strides and element offset, now counted from the copy's start.
+            # Same sizes, strides and element offset, now counted from the copy.
             offset = start // t.element_size() + t.storage_offset()
             t.data = torch.empty(0, dtype=t.dtype).set_(shared, offset, t.shape, t.stride())
     logger.debug("moved %d MB of weights onto huge pages", total >> 20)

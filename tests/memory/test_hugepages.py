@@ -58,6 +58,22 @@ def test_values_ties_and_views_survive() -> None:
     assert min(t.data_ptr() for t in after.values()) % hugepages.HUGE_PAGE == 0
 
 
+@needs_advice
+def test_only_the_viewed_bytes_move() -> None:
+    """A weight that views part of a bigger storage (the rest referenced by nothing of the
+    module) moves alone: the arena holds what the module uses, not whole storages."""
+    m = nn.Module()
+    big = torch.randn(1000, 64)
+    m.w = nn.Parameter(big[100:110], requires_grad=False)
+    m.register_buffer("col", torch.arange(40, dtype=torch.int16).view(8, 5)[2:, 3])
+    want_w, want_col = m.w.clone(), m.col.clone()
+    moved = hugepages.move_to_hugepages(m)
+    assert moved == 10 * 64 * 4 + 64  # the 10 rows; the column's 6 int16 within 64 bytes
+    assert torch.equal(m.w, want_w) and torch.equal(m.col, want_col)
+    assert m.w.untyped_storage().data_ptr() == m.col.untyped_storage().data_ptr()
+    assert m.w.untyped_storage().data_ptr() != big.untyped_storage().data_ptr()
+
+
 def test_without_the_advice_nothing_moves(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delattr(mmap, "MADV_HUGEPAGE", raising=False)
     m = _module()
