@@ -354,10 +354,11 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
         krow[t] = L.k + off;
         vrow[t] = L.v + off;
       });
-      // The next block's rows are prefetched a key at a time while this block's scores are
-      // computed: pages lie scattered, so the hardware prefetcher loses the stream at every
-      // page, and a burst of prefetches would overflow the miss queues and be dropped. The
-      // low-locality hint (prefetcht2) measured ~20 % faster here than prefetching into L1.
+      // The next block's rows are prefetched a key at a time while this block's keys are
+      // scored (or, in narrow_block, transposed): a burst would overflow the miss queues.
+      // Worth 2-4 % on the 2-core VM with the keys coming from memory; prefetching into L1
+      // instead of L2, or twice as far ahead, measured the same (benchmarks/README.md,
+      // "Weights on huge pages, decode attention with the keys in the lanes").
       const int64_t next_n = std::min(kBlock, keys - start - n);
       L.offsets(run.pages, h, start + n, next_n, [&](int64_t t, int64_t off) { next[t] = off; });
       const bool narrow = lanes <= kNarrowRows && n == kBlock && !masked;
