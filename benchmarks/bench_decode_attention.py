@@ -53,17 +53,18 @@ def baseline_op(rev: str) -> Op:
     text = text.replace("TORCH_LIBRARY(radixserve_cpu, m)", "TORCH_LIBRARY(attn_base, m)")
     from torch.utils import cpp_extension
 
-    build = Path(tempfile.mkdtemp(prefix="attn_base_"))
-    (build / "paged_attention.cpp").write_text(text)
-    for header in (ROOT / SOURCE).parent.glob("*.h"):  # its headers as they are now
-        (build / header.name).write_text(header.read_text())
-    cpp_extension.load(
-        name=f"attn_base_{rev}",
-        sources=[str(build / "paged_attention.cpp")],
-        extra_cflags=["-O3", "-march=native", "-fopenmp"],
-        extra_ldflags=["-fopenmp"],
-        is_python_module=False,
-    )
+    with tempfile.TemporaryDirectory(prefix="attn_base_") as tmp:
+        build = Path(tmp)
+        (build / "paged_attention.cpp").write_text(text)
+        for header in (ROOT / SOURCE).parent.glob("*.h"):  # its headers as they are now
+            (build / header.name).write_text(header.read_text())
+        cpp_extension.load(
+            name=f"attn_base_{rev}",
+            sources=[str(build / "paged_attention.cpp")],
+            extra_cflags=native.CFLAGS,
+            extra_ldflags=native.LDFLAGS,
+            is_python_module=False,
+        )
     return torch.ops.attn_base.paged_attention
 
 

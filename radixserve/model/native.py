@@ -41,6 +41,9 @@ _SOURCES = [
         "decoder_layers.cpp",
     )
 ]
+#: The compiler and linker flags of the build (benchmarks build other revisions' kernels with them).
+CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+LDFLAGS = ["-fopenmp"]
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
 
@@ -83,8 +86,8 @@ def load() -> bool:
         cpp_extension.load(
             name=_build_name(),
             sources=[str(src) for src in _SOURCES],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
+            extra_cflags=CFLAGS,
+            extra_ldflags=LDFLAGS,
             is_python_module=False,
             verbose=False,
         )
