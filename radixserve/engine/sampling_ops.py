@@ -34,6 +34,14 @@ from radixserve.sampling_params import SamplingParams
 _BISECT_STEPS = 31  # bit patterns of non-negative float32 values lie in [0, 2**31)
 
 
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """Per row of ``[B, vocab]`` logits, the index of the largest value (the first of ties;
+    a NaN counts as the largest): ``argmax(dim=-1)``, through ``max``, whose CPU kernel took a
+    third to a half of argmax's time on the 49k-entry rows of SmolLM2 (torch 2.13: 23 against
+    63 us a row at batch 1, 165 against 505 us at 16; ``max`` returns argmax's index)."""
+    return logits.max(dim=-1).indices
+
+
 def top_p_keep(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Which entries of ``probs`` ``[B, V]`` (non-negative float32, rows need not sum to 1) are in
     each row's nucleus of mass ``top_p`` ``[B]`` (of the row's total). Rows with ``top_p >= 1``

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from radixserve.engine.sampler import Sampler
-from radixserve.engine.sampling_ops import PenaltyCounts, PenaltyTables, top_p_keep
+from radixserve.engine.sampling_ops import PenaltyCounts, PenaltyTables, greedy, top_p_keep
 from radixserve.sampling_params import SamplingParams
 
 
@@ -154,3 +154,15 @@ def test_sampler_penalties_across_steps_match_recomputed() -> None:
         )
         - (_expected(row, vocab)[1] * 0.4 + (_expected(row, vocab)[1] > 0).float() * 0.3),
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_is_argmax(dtype: torch.dtype) -> None:
+    """First index among ties, NaN as the largest, all -inf rows: exactly argmax's answers."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randint(-3, 4, (64, 1000), generator=g).to(dtype)  # many ties per row
+    logits[5, 17] = float("nan")
+    logits[6] = float("-inf")
+    logits[7, 999] = float("inf")
+    assert torch.equal(greedy(logits), logits.argmax(dim=-1))
+    assert greedy(logits)[5] == 17 and greedy(logits)[6] == 0
