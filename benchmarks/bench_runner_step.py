@@ -13,6 +13,7 @@ machine's drift hits every configuration alike. For each it reports the median d
 
     python benchmarks/bench_runner_step.py                         # SmolLM2 fp32, batch 1/16/64
     python benchmarks/bench_runner_step.py --batch 1 --dtype bfloat16 --steps 30
+    python benchmarks/bench_runner_step.py --native-stack --batch 1 --prompt-tokens 540
 
 The weight-streaming floor (every weight read once at the memory bandwidth this machine
 shows reading a large tensor, sampled between the timed rounds of the same run) is printed
@@ -109,11 +110,12 @@ def _label(mode: tuple[str, str]) -> str:
     return f"static {mode[0]:3s} overlap {mode[1]:3s}"
 
 
-def run(engine: Engine, batch: int, steps: int) -> dict[str, Any]:
+def run(engine: Engine, batch: int, steps: int, prompt_tokens: int = 32) -> dict[str, Any]:
     params = SamplingParams(max_tokens=steps + 2, temperature=0.0, ignore_eos=True)
     g = torch.Generator().manual_seed(batch)
     for _ in range(batch):
-        engine.add_request(torch.randint(100, 20000, (32,), generator=g).tolist(), params)
+        prompt = torch.randint(100, 20000, (prompt_tokens,), generator=g).tolist()
+        engine.add_request(prompt, params)
     while any(r.num_pending > 1 for r in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()  # prefills
     engine.step()  # (overlap: the last prefill's results come with the next step)
@@ -146,6 +148,12 @@ def main() -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--num-pages", type=int, default=1024)
+    ap.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=32,
+        help="each request's prompt: the decode steps attend over this many tokens and more",
+    )
     ap.add_argument(
         "--rounds", type=int, default=3, help="interleaved repetitions per configuration"
     )
@@ -198,7 +206,7 @@ def main() -> int:
         for _ in range(args.rounds):
             for m in modes:  # interleaved, round after round: drift hits every configuration alike
                 read_samples.append(read_gbs(read_src))
-                rounds[m].append(run(engines[m], batch, args.steps))
+                rounds[m].append(run(engines[m], batch, args.steps, args.prompt_tokens))
                 rounds[m][-1]["read_gbs_before"] = read_samples[-1]
         for (g, o), rs in rounds.items():
             med = statistics.median(r["step_ms_median"] for r in rs)
@@ -256,6 +264,7 @@ def main() -> int:
         "date": dt.datetime.now().isoformat(timespec="seconds"),
         "dtype": args.dtype,
         "device": args.device,
+        "prompt_tokens": args.prompt_tokens,
         "weight_bytes": nbytes,
         "weight_floor_ms": floor_ms,
         "read_gbs": gbs,
