@@ -274,6 +274,34 @@ def test_threads_give_the_serial_result() -> None:
         assert (outs[1][start : start + n].double() - ref).abs().max().item() < 2e-5
 
 
+@pytest.mark.parametrize("kv", [torch.float32, torch.bfloat16])
+def test_decode_chunks_over_any_thread_count(kv: torch.dtype) -> None:
+    """A few decode rows over contexts of different lengths (different chunk counts per KV
+    head): every thread owns a run of the chunk-major task order and takes the rest of the
+    others' from their ends; with 1, 2, 3 or 5 threads (more than the cores: a preempted
+    thread's run is finished by the others) the result is the same bits, and the reference's."""
+    hq, hkv, d, ps = 9, 3, 64, 16
+    news, before = [1, 1], [699, 332]  # 6 items: too few to hand out whole, even at 2 threads
+    plan, _, pages_of = _ragged_batch(ps, news, before, hq, hkv, d)
+    kp = torch.randn(1 + sum(len(p) for p in pages_of), ps, hkv, d).to(kv)
+    vp = torch.randn_like(kp)
+    q = torch.randn(sum(news), hq, d)
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2, 3, 5):
+            torch.set_num_threads(n)
+            for _ in range(3):
+                outs.append(torch.empty_like(q))
+                native.paged_attention(q, kp, vp, outs[-1], plan, d**-0.5)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    for i in range(2):
+        ref = _reference(q[i : i + 1], kp.float(), vp.float(), pages_of[i], before[i] + 1, d**-0.5)
+        assert (outs[0][i : i + 1].double() - ref).abs().max().item() < 2e-5
+
+
 def test_bad_store_arguments_raise() -> None:
     q, kp = torch.randn(1, 9, 64), torch.randn(4, 16, 3, 64)
     plan = native.AttentionPlan.build([([native.Member(0, 1, [1], 3)], [])])
