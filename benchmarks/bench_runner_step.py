@@ -42,6 +42,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # `timing`, after a PYTHONPATH checkout
+from floor import read_gbs, read_source  # noqa: E402
 from timing import time_calls  # noqa: E402
 
 from radixserve.engine.engine import Engine  # noqa: E402
@@ -74,16 +75,6 @@ def instrument(engine: Engine, acc: dict[str, float]) -> None:
 def weight_bytes(engine: Engine) -> int:
     """Bytes of every weight a decode step reads once (a tied head counted once)."""
     return sum(p.numel() * p.element_size() for p in engine.model.parameters())
-
-
-def read_gbs(src: torch.Tensor) -> float:
-    """GB/s of one reduction over ``src`` (512 MiB: far past any cache) on the engine's threads: a
-    pure read, as a decode step's weights are. (A copy's bytes read plus written over its
-    time overstates it: ~80 against ~40 GB/s here.) This VM's bandwidth drifts by up to
-    1.5x within minutes, so it is sampled between the timed rounds, not once."""
-    t = time.perf_counter()
-    src.sum()
-    return src.numel() * src.element_size() / (time.perf_counter() - t) / 1e9
 
 
 def ttft_ms(engine: Engine, seed: int) -> float:
@@ -198,7 +189,7 @@ def main() -> int:
             f"({first[m] / second[m]:.2f}x)",
             flush=True,
         )
-    read_src = torch.ones(128 << 20, dtype=torch.float32)  # 512 MiB
+    read_src = read_source()
     read_samples = [read_gbs(read_src) for _ in range(3)]
     results: list[dict[str, Any]] = []
     for batch in args.batch:

@@ -1,4 +1,5 @@
-"""CPU time per streamed token of each process (and its busiest threads) of ``radixserve serve``.
+"""CPU time per streamed token of each process (and its busiest threads) of ``radixserve serve``,
+and its time per output token against the weight-streaming floor.
 
     python benchmarks/peers/serving_cpu.py                      # 8 requests x 128 tokens, c=1
     python benchmarks/peers/serving_cpu.py --dtype bfloat16 --requests 16
@@ -8,6 +9,11 @@ process, tokenizer pool, one worker), replays the ``shared_system`` workload one
 a time, and reads ``/proc`` CPU times (``psutil``) of every process and thread before and
 after: on a machine whose cores the worker's compute threads keep busy, the router process's
 CPU per token is time taken from the step.
+
+The weight-streaming floor (``benchmarks/floor.py``: the served dtype's weights read once at
+the bandwidth a 512 MiB read shows) is sampled in this process while the server idles, three
+reads before the replay and three after; the inter-token latency's median over it is the
+issue's "within 1.2x of the floor, through HTTP".
 """
 
 from __future__ import annotations
@@ -20,8 +26,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# Before torch: radixserve sets the process's OpenMP wait policy (see bench_runner_step.py).
+import radixserve  # noqa: E402, F401
+
+# isort: split
+
 import psutil  # noqa: E402
+import torch  # noqa: E402
 import workloads as wl  # noqa: E402
+from floor import checkpoint_weight_bytes, read_gbs, read_source  # noqa: E402
 
 from peers import servers  # noqa: E402
 from peers.openai_load import ReplayConfig, replay, summarize  # noqa: E402
@@ -67,17 +80,31 @@ def main() -> int:
             max_tokens=args.max_tokens,
         )
         cfg = ReplayConfig(srv.base_url, "smollm2", extra_body=spec.extra_body)
+        torch.set_num_threads(
+            servers.THREADS
+        )  # the worker's threads: the floor's read uses as many
+        src = read_source()
+        reads = [read_gbs(src) for _ in range(3)]
         before = {p.pid: _thread_times(p) for p in procs}
         results, wall = asyncio.run(replay(cfg, work.sessions, 1, tok))
         after = {p.pid: _thread_times(p) for p in procs}
+        reads += [read_gbs(src) for _ in range(3)]
+        del src
     finally:
         srv.stop()
     stats = summarize([r for session in results for r in session], wall)
     tokens = stats["output_tokens"]
+    gbs = sorted(reads)[len(reads) // 2]
+    nbytes = checkpoint_weight_bytes(model_dir, getattr(torch, args.dtype))
+    floor_ms = nbytes / gbs / 1e6
     summary: dict[str, object] = {
         "dtype": args.dtype,
         "output_tokens": tokens,
         "itl_p50_ms": round(stats["itl_ms"]["p50"], 2),
+        "weight_bytes": nbytes,
+        "read_gbs": [round(g, 1) for g in reads],
+        "floor_ms": round(floor_ms, 2),
+        "itl_over_floor": round(stats["itl_ms"]["p50"] / floor_ms, 3),
         "processes": [],
     }
     for p in procs:
@@ -94,6 +121,10 @@ def main() -> int:
             f"{row['command']:40s} {row['ms_per_token']:8.3f} ms/token  threads {row['busiest_threads_ms_per_token']}"
         )
     print(f"{tokens} tokens, ITL p50 {summary['itl_p50_ms']} ms")
+    print(
+        f"weight-streaming floor {floor_ms:.1f} ms ({nbytes / 1e6:.0f} MB at {gbs:.1f} GB/s, the "
+        f"median of {len(reads)} reads around the replay): ITL p50 {summary['itl_over_floor']}x"
+    )
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
     return 0

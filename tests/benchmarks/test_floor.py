@@ -1,0 +1,34 @@
+"""The weight-streaming floor's byte count: a checkpoint's weights at the served dtype, a tied
+head once, as the engine holds them."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixserve.engine.engine import Engine
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "floor.py"
+_spec = importlib.util.spec_from_file_location("bench_floor", _PATH)
+floor = importlib.util.module_from_spec(_spec)
+sys.modules["bench_floor"] = floor
+_spec.loader.exec_module(floor)
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])  # untied, tied head
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_checkpoint_bytes_are_the_engines_weights(
+    fixture: str, dtype: torch.dtype, request: pytest.FixtureRequest
+) -> None:
+    model_dir = request.getfixturevalue(fixture)
+    engine = Engine(model_dir, dtype=dtype, device="cpu", num_pages=64)
+    held = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    assert floor.checkpoint_weight_bytes(model_dir, dtype) == held
+
+
+def test_read_gbs_is_a_rate() -> None:
+    assert floor.read_gbs(torch.ones(1 << 20)) > 0
