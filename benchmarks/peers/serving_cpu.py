@@ -13,7 +13,7 @@ CPU per token is time taken from the step.
 The weight-streaming floor (``benchmarks/floor.py``: the served dtype's weights read once at
 the bandwidth a 512 MiB read shows) is sampled in this process while the server idles, three
 reads before the replay and three after; the inter-token latency's median over it is the
-issue's "within 1.2x of the floor, through HTTP".
+model runner's "within 1.2x of the floor, through HTTP" target.
 """
 
 from __future__ import annotations
