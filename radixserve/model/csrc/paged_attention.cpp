@@ -592,7 +592,11 @@ struct Kernel {
       for (const KV* pool : {L.k, L.v}) {
         for (int64_t pg = first; pg <= last; ++pg) {
           const char* base = reinterpret_cast<const char*>(pool) + pages[pg] * page_bytes;
-          for (int64_t b = 0; b < page_bytes; b += 64) sum ^= *reinterpret_cast<const uint64_t*>(base + b);
+          for (int64_t b = 0; b < page_bytes; b += 64) {
+            uint64_t word;
+            std::memcpy(&word, base + b, sizeof word);  // one load; no type-punned pointer
+            sum ^= word;
+          }
         }
       }
     };
