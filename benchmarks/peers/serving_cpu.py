@@ -80,9 +80,8 @@ def main() -> int:
             max_tokens=args.max_tokens,
         )
         cfg = ReplayConfig(srv.base_url, "smollm2", extra_body=spec.extra_body)
-        torch.set_num_threads(
-            servers.THREADS
-        )  # the worker's threads: the floor's read uses as many
+        # As many threads as the worker computes on: the floor's read takes them while it idles.
+        torch.set_num_threads(servers.THREADS)
         src = read_source()
         reads = [read_gbs(src) for _ in range(3)]
         before = {p.pid: _thread_times(p) for p in procs}
