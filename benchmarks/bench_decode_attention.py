@@ -1,8 +1,9 @@
-"""One decode row's CPU attention over every layer, against the same kernel at another commit.
+"""Decode rows' CPU attention over every layer, against the same kernel at another commit.
 
 Shapes of SmolLM2-135M (9 query heads over 3 KV heads, head_dim 64, 16-token pages, 30
-layers), one sequence of ``--contexts`` tokens whose pages lie scattered in each layer's pool:
-the kernel call a batch-1 decode step makes per layer. Two timings per context and KV dtype:
+layers), one sequence of ``--contexts`` tokens (``--batch N``: N of them, each on its own
+pages) whose pages lie scattered in each layer's pool: the kernel call a batch-1 (batch-N)
+decode step makes per layer. Two timings per context and KV dtype:
 
 - ``cold``: the 30 layers one after the other after reading 256 MB (the KV evicted, as the
   weights streamed through a step evict it), per layer;
@@ -14,6 +15,7 @@ outputs compared: equal bits are expected whenever the revisions compute the sam
 
     python benchmarks/bench_decode_attention.py
     python benchmarks/bench_decode_attention.py --baseline f98d7bc --contexts 600,1000
+    python benchmarks/bench_decode_attention.py --baseline f98d7bc --batch 8 --contexts 600
 """
 
 from __future__ import annotations
@@ -68,15 +70,20 @@ def baseline_op(rev: str) -> Op:
     return torch.ops.attn_base.paged_attention
 
 
-def layers_for(ctx: int, dtype: torch.dtype) -> list[tuple[torch.Tensor, ...]]:
-    """Per layer: its K and V pools and the plan's index tensors, pages in a random order."""
+def layers_for(ctx: int, dtype: torch.dtype, batch: int = 1) -> list[tuple[torch.Tensor, ...]]:
+    """Per layer: its K and V pools and the plan's index tensors for ``batch`` sequences of
+    ``ctx`` tokens, each on its own pages, all pages in a random order."""
     pages = -(-ctx // PS)
     out = []
     for layer in range(LAYERS):
-        k = torch.randn(pages + 1, PS, HKV, D).to(dtype)
-        order = list(range(1, pages + 1))
+        k = torch.randn(batch * pages + 1, PS, HKV, D).to(dtype)
+        order = list(range(1, batch * pages + 1))
         random.Random(layer).shuffle(order)
-        plan = native.AttentionPlan.build([([native.Member(0, 1, order, ctx)], [])])
+        groups = [
+            ([native.Member(b, 1, order[b * pages : (b + 1) * pages], ctx)], [])
+            for b in range(batch)
+        ]
+        plan = native.AttentionPlan.build(groups)
         out.append((k, torch.randn_like(k), *plan.tensors()))
     return out
 
@@ -89,6 +96,9 @@ def main() -> int:
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--baseline", help="git revision whose kernel to time alongside")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument(
+        "--batch", type=int, default=1, help="decode rows, each over its own pages (a batch-N step)"
+    )
     ap.add_argument("--out", default="benchmarks/results/bench_decode_attention.json")
     args = ap.parse_args()
     if not native.load():
@@ -100,8 +110,8 @@ def main() -> int:
     results = []
     for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
         for ctx in (int(c) for c in args.contexts.split(",")):
-            layers = layers_for(ctx, dtype)
-            q = torch.randn(1, HQ, D).to(dtype)
+            layers = layers_for(ctx, dtype, args.batch)
+            q = torch.randn(args.batch, HQ, D).to(dtype)
             outs = {name: torch.empty_like(q) for name in ops}
 
             def call(name: str, layer: tuple[torch.Tensor, ...]) -> None:
@@ -131,7 +141,10 @@ def main() -> int:
                 "us_per_layer": {
                     k: round(statistics.median(v) * 1e6, 1) for k, v in samples.items()
                 },
-                "kv_mb_per_layer": round(2 * ctx * HKV * D * q.element_size() / 1e6, 3),
+                "batch": args.batch,
+                "kv_mb_per_layer": round(
+                    2 * args.batch * ctx * HKV * D * q.element_size() / 1e6, 3
+                ),
                 "outputs_equal": same,
             }
             results.append(row)

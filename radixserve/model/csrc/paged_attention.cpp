@@ -528,6 +528,20 @@ int64_t l2_bytes() {
 // compiler cannot prove unused.
 std::atomic<uint64_t> touch_sink{0};
 
+// Work [0, n) split over a team of ``nt`` threads, as thread ``t`` (0 <= t < nt) visits it:
+// work(i, true) for its own run [n t / nt, n (t + 1) / nt), in order, then work(i, false) for
+// the others' runs, each from its end. Every thread visits every index: the caller claims
+// each (an atomic flag) so that it runs once, and a thread held up (preempted, on a busy
+// machine) delays the team by what it holds, not by its whole run.
+template <typename Work>
+void for_runs(int64_t n, int64_t t, int64_t nt, Work&& work) {
+  for (int64_t i = n * t / nt; i < n * (t + 1) / nt; ++i) work(i, true);
+  for (int64_t o = 1; o < nt; ++o) {
+    const int64_t u = (t + o) % nt;
+    for (int64_t i = n * (u + 1) / nt - 1; i >= n * u / nt; --i) work(i, false);
+  }
+}
+
 template <typename Q, typename KV>
 struct Kernel {
   const Layer<KV> L;
@@ -576,40 +590,54 @@ struct Kernel {
     }
   }
 
-  // Read the whole pages (every KV head's rows, K then V) that chunk ``c`` of the item's
-  // keys lie on, a word per cache line, and return the words combined (the caller keeps
-  // them, so that the loads stay); with ``count_only``, their bytes instead.
-  uint64_t touch_chunk(const Item& item, int64_t c, bool count_only) const {
+  // Read the whole pages (every KV head's rows, K then V) that keys [begin, end) of a run in
+  // ``pages`` lie on, a word per cache line, combining the words into ``acc`` (the caller
+  // keeps them, so that the loads stay); with ``count_only``, add their bytes to it instead.
+  void touch_keys(const int64_t* pages, int64_t begin, int64_t end, bool count_only, uint64_t& acc) const {
+    if (end <= begin) return;
     const int64_t page_bytes = L.page_size * L.kv_heads * L.d * static_cast<int64_t>(sizeof(KV));
-    uint64_t sum = 0;
-    auto touch = [&](const int64_t* pages, int64_t begin, int64_t end) {
-      if (end <= begin) return;
-      const int64_t first = begin / L.page_size, last = (end - 1) / L.page_size;
-      if (count_only) {
-        sum += 2 * (last - first + 1) * page_bytes;
-        return;
-      }
-      for (const KV* pool : {L.k, L.v}) {
-        for (int64_t pg = first; pg <= last; ++pg) {
-          const char* base = reinterpret_cast<const char*>(pool) + pages[pg] * page_bytes;
-          for (int64_t b = 0; b < page_bytes; b += 64) {
-            uint64_t word;
-            std::memcpy(&word, base + b, sizeof word);  // one load; no type-punned pointer
-            sum ^= word;
-          }
+    const int64_t first = begin / L.page_size, last = (end - 1) / L.page_size;
+    if (count_only) {
+      acc += 2 * (last - first + 1) * page_bytes;
+      return;
+    }
+    for (const KV* pool : {L.k, L.v}) {
+      for (int64_t pg = first; pg <= last; ++pg) {
+        const char* base = reinterpret_cast<const char*>(pool) + pages[pg] * page_bytes;
+        for (int64_t b = 0; b < page_bytes; b += 64) {
+          uint64_t word;
+          std::memcpy(&word, base + b, sizeof word);  // one load; no type-punned pointer
+          acc ^= word;
         }
       }
-    };
+    }
+  }
+
+  // touch_keys over the pages chunk ``c`` of the item's keys lies on (every member's).
+  uint64_t touch_chunk(const Item& item, int64_t c, bool count_only) const {
+    uint64_t acc = 0;
     const int64_t shared = shared_len(item), shared_chunks = (shared + kChunk - 1) / kChunk;
     if (c < shared_chunks) {
-      touch(P.shared_pages + P.shared_start[item.group], c * kChunk, std::min(shared, (c + 1) * kChunk));
-      return sum;
+      touch_keys(P.shared_pages + P.shared_start[item.group], c * kChunk, std::min(shared, (c + 1) * kChunk),
+                 count_only, acc);
+      return acc;
     }
     const int64_t begin = (c - shared_chunks) * kChunk;
     for (int64_t mi = P.group_start[item.group]; mi < P.group_start[item.group + 1]; ++mi) {
-      touch(P.own_pages + P.own_start[mi], begin, std::min(P.own_len[mi], begin + kChunk));
+      touch_keys(P.own_pages + P.own_start[mi], begin, std::min(P.own_len[mi], begin + kChunk), count_only, acc);
     }
-    return sum;
+    return acc;
+  }
+
+  // touch_keys over every page group ``g`` attends to: its shared pages, its members' own.
+  uint64_t touch_group(int64_t g, bool count_only) const {
+    uint64_t acc = 0;
+    const int64_t shared = (P.shared_start[g + 1] - P.shared_start[g]) * L.page_size;
+    touch_keys(P.shared_pages + P.shared_start[g], 0, shared, count_only, acc);
+    for (int64_t mi = P.group_start[g]; mi < P.group_start[g + 1]; ++mi) {
+      touch_keys(P.own_pages + P.own_start[mi], 0, P.own_len[mi], count_only, acc);
+    }
+    return acc;
   }
 
   // Chunk ``c`` of the item's keys for its rows (in ``sc`` from load_rows), from nothing, into ``s``.
@@ -677,6 +705,9 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
                         hq,     grp, static_cast<float>(sm_scale) * kLog2e, attend_fn<KV>(d)};
 
   std::vector<Item> items;
+  // Per group: whether one item per KV head holds all its rows (a decode row, a few): each
+  // page is then read once, by arithmetic too light to hide its misses (see below).
+  std::vector<char> one_block(groups);
   int64_t work = 0;  // lane-multiply-adds, roughly: row vectors x keys x d
   for (int64_t g = 0; g < groups; ++g) {
     int64_t rows = 0, keys = 0;
@@ -684,6 +715,7 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
       rows += P.new_len[i] * grp;
       keys = std::max(keys, P.own_len[i]);
     }
+    one_block[g] = rows <= kRowBlock;
     keys += (P.shared_start[g + 1] - P.shared_start[g]) * L.page_size;
     for (int64_t h = 0; h < L.kv_heads; ++h) {
       for (int64_t b = 0; b < rows; b += kRowBlock) items.push_back({g, h, b, std::min(rows, b + kRowBlock)});
@@ -697,13 +729,33 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
     return;
   }
   if (static_cast<int64_t>(items.size()) >= 4 * max_threads) {
-    // Enough items to keep every thread busy: each runs whole items. Dynamic schedule: items
-    // differ in cost (causal rows late in a prompt see more keys).
+    // Enough items to keep every thread busy: each runs whole items, a run of them in order
+    // (a group's KV heads, then the next group's: their pages are the same) and then what is
+    // left of the others' runs from their ends, so that items of different costs (causal rows
+    // late in a prompt see more keys) still end together. Before a group's first item of its
+    // run, a thread reads the group's pages, when one item per KV head holds its rows and the
+    // pages fit in half its L2 (see below): decode rows of 4-16 sequences at 300-600 keys,
+    // 26-35 % less time with bf16 pages from memory, 8-19 % with float32 (2-core Xeon VM,
+    // bench_decode_attention.py --batch); bigger groups (prefill chunks, many rows over a
+    // shared prefix) read each page for several items, with more arithmetic per key.
+    const int64_t n_items = static_cast<int64_t>(items.size());
+    std::unique_ptr<std::atomic<bool>[]> claimed(new std::atomic<bool>[n_items]());
 #pragma omp parallel num_threads(max_threads)
     {
       Scratch& sc = Scratch::local(d);
-#pragma omp for schedule(dynamic, 1)
-      for (size_t it = 0; it < items.size(); ++it) K.run_item(items[it], sc);
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      int64_t touched = -1;
+      for_runs(n_items, t, nt, [&](int64_t i, bool own) {
+        if (claimed[i].exchange(true, std::memory_order_relaxed)) return;
+        const int64_t g = items[i].group;
+        if (own && g != touched && one_block[g]) {
+          touched = g;
+          if (static_cast<int64_t>(K.touch_group(g, true)) <= l2_bytes() / 2) {
+            touch_sink.fetch_xor(K.touch_group(g, false), std::memory_order_relaxed);
+          }
+        }
+        K.run_item(items[i], sc);
+      });
     }
     return;
   }
@@ -733,11 +785,9 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   // The tasks run chunk by chunk, every KV head's task of a chunk after the other: those
   // read the same pages (a token's heads lie side by side), so the hardware prefetcher, which
   // streams whole pages, brings the next heads' rows in while the first head's are read.
-  // Thread t owns the run of that order [n t / threads, n (t + 1) / threads) (whole chunks'
-  // pages); done with it, it takes what is left of the others' runs from their ends (each
-  // task claimed once, by a flag), so that a thread held up (preempted, on a busy machine)
-  // delays the call by its current task, not by its run. Against one task at a time to
-  // whichever thread asked, head by head (OpenMP's dynamic schedule), on a 2-core Xeon VM:
+  // Each thread runs a run of that order (whole chunks' pages), then what is left of the
+  // others' (for_runs). Against one task at a time to whichever thread asked, head by head
+  // (OpenMP's dynamic schedule), on a 2-core Xeon VM:
   // 4-11 % less time at 600-2000 keys with the pages coming from memory, up to 18 % from the
   // caches (benchmarks/bench_decode_attention.py; same bits).
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
@@ -782,11 +832,7 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
     if (static_cast<int64_t>(touch_run(true)) <= l2_bytes() / 2) {
       touch_sink.fetch_xor(touch_run(false), std::memory_order_relaxed);
     }
-    for (int64_t i = n_tasks * t / nt; i < n_tasks * (t + 1) / nt; ++i) run_task(i, sc);
-    for (int64_t o = 1; o < nt; ++o) {
-      const int64_t u = (t + o) % nt;
-      for (int64_t i = n_tasks * (u + 1) / nt - 1; i >= n_tasks * u / nt; --i) run_task(i, sc);
-    }
+    for_runs(n_tasks, t, nt, [&](int64_t j, bool) { run_task(j, sc); });
 #pragma omp barrier
 #pragma omp for schedule(static, 1)
     for (size_t it = 0; it < items.size(); ++it) {
