@@ -249,6 +249,28 @@ def test_store_in_the_call_equals_storing_first(
     assert torch.equal(got, want)
 
 
+def _over_thread_counts(
+    q: torch.Tensor,
+    kp: torch.Tensor,
+    vp: torch.Tensor,
+    plan: native.AttentionPlan,
+    repeats: int,
+) -> list[torch.Tensor]:
+    """The call's outputs with torch's pool at 1, 2, 3 and 5 threads, ``repeats`` calls each
+    (more threads than cores: some are preempted, and the others take what they own)."""
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2, 3, 5):
+            torch.set_num_threads(n)
+            for _ in range(repeats):
+                outs.append(torch.empty_like(q))
+                native.paged_attention(q, kp, vp, outs[-1], plan, q.size(2) ** -0.5)
+    finally:
+        torch.set_num_threads(threads)
+    return outs
+
+
 def test_threads_give_the_serial_result() -> None:
     """A batch big enough to be split over the threads gives bit for bit the result of the
     calling thread alone (small calls run there), and matches the reference: with 2 threads,
@@ -260,15 +282,7 @@ def test_threads_give_the_serial_result() -> None:
     kp = torch.randn(1 + sum(len(p) for p in pages_of), ps, hkv, d)
     vp = torch.randn_like(kp)
     q = torch.randn(sum(news), hq, d)
-    threads = torch.get_num_threads()
-    outs = []
-    try:
-        for n in (1, 2, 3, 5):
-            torch.set_num_threads(n)
-            outs.append(torch.empty_like(q))
-            native.paged_attention(q, kp, vp, outs[-1], plan, d**-0.5)
-    finally:
-        torch.set_num_threads(threads)
+    outs = _over_thread_counts(q, kp, vp, plan, repeats=1)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
     for i in (0, 23, 24):
         start, n = int(plan.q_start[i]), news[i]
@@ -288,16 +302,7 @@ def test_decode_chunks_over_any_thread_count(kv: torch.dtype) -> None:
     kp = torch.randn(1 + sum(len(p) for p in pages_of), ps, hkv, d).to(kv)
     vp = torch.randn_like(kp)
     q = torch.randn(sum(news), hq, d)
-    threads = torch.get_num_threads()
-    outs = []
-    try:
-        for n in (1, 2, 3, 5):
-            torch.set_num_threads(n)
-            for _ in range(3):
-                outs.append(torch.empty_like(q))
-                native.paged_attention(q, kp, vp, outs[-1], plan, d**-0.5)
-    finally:
-        torch.set_num_threads(threads)
+    outs = _over_thread_counts(q, kp, vp, plan, repeats=3)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
     for i in range(2):
         ref = _reference(q[i : i + 1], kp.float(), vp.float(), pages_of[i], before[i] + 1, d**-0.5)
