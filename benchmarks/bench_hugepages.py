@@ -24,11 +24,15 @@ import argparse  # noqa: E402
 import datetime as dt  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from unittest import mock  # noqa: E402
 
 import torch  # noqa: E402
+
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # `floor`, after a PYTHONPATH checkout
+from floor import read_gbs, read_source  # noqa: E402
 
 from radixserve.engine.engine import Engine  # noqa: E402
 from radixserve.memory import hugepages  # noqa: E402
@@ -86,7 +90,7 @@ def main() -> int:
         k: torch.randn(1, k).to(getattr(torch, args.dtype))
         for k in {w.shape[1] for w in weights["huge pages"]}
     }
-    read = torch.ones(128 << 20)
+    read = read_source()
     rng = torch.Generator().manual_seed(0)
     for e in engines.values():
         prompt = torch.randint(100, 20000, (args.context,), generator=rng).tolist()
@@ -96,11 +100,7 @@ def main() -> int:
         e.step()
     samples: dict[str, list[float]] = {}
     for rnd in range(args.rounds):
-        t = time.perf_counter()
-        read.sum()
-        samples.setdefault("torch.sum GB/s", []).append(
-            read.numel() * 4 / (time.perf_counter() - t) / 1e9
-        )
+        samples.setdefault("torch.sum GB/s", []).append(read_gbs(read))
         order = list(engines) if rnd % 2 == 0 else list(engines)[::-1]
         for name in order:
             t = time.perf_counter()
