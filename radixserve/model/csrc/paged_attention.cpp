@@ -524,8 +524,8 @@ int64_t l2_bytes() {
   return bytes;
 }
 
-// Where the pages read ahead of a decode step's attention land (run_kernel): a sink the
-// compiler cannot prove unused.
+// Where the pages read ahead of attending land (Kernel::read_first): a sink the compiler
+// cannot prove unused.
 std::atomic<uint64_t> touch_sink{0};
 
 // Work [0, n) split over a team of ``nt`` threads, as thread ``t`` (0 <= t < nt) visits it:
@@ -590,54 +590,58 @@ struct Kernel {
     }
   }
 
-  // Read the whole pages (every KV head's rows, K then V) that keys [begin, end) of a run in
-  // ``pages`` lie on, a word per cache line, combining the words into ``acc`` (the caller
-  // keeps them, so that the loads stay); with ``count_only``, add their bytes to it instead.
-  void touch_keys(const int64_t* pages, int64_t begin, int64_t end, bool count_only, uint64_t& acc) const {
-    if (end <= begin) return;
-    const int64_t page_bytes = L.page_size * L.kv_heads * L.d * static_cast<int64_t>(sizeof(KV));
-    const int64_t first = begin / L.page_size, last = (end - 1) / L.page_size;
-    if (count_only) {
-      acc += 2 * (last - first + 1) * page_bytes;
-      return;
-    }
-    for (const KV* pool : {L.k, L.v}) {
-      for (int64_t pg = first; pg <= last; ++pg) {
-        const char* base = reinterpret_cast<const char*>(pool) + pages[pg] * page_bytes;
-        for (int64_t b = 0; b < page_bytes; b += 64) {
-          uint64_t word;
-          std::memcpy(&word, base + b, sizeof word);  // one load; no type-punned pointer
-          acc ^= word;
-        }
-      }
-    }
-  }
-
-  // touch_keys over the pages chunk ``c`` of the item's keys lies on (every member's).
-  uint64_t touch_chunk(const Item& item, int64_t c, bool count_only) const {
-    uint64_t acc = 0;
+  // f(pages, first, last) for the pages pages[first..last] that chunk ``c`` of the item's keys
+  // lie on: the group's shared run's, or every member's own run's.
+  template <typename F>
+  void chunk_pages(const Item& item, int64_t c, F&& f) const {
+    auto keys = [&](const int64_t* pages, int64_t begin, int64_t end) {
+      if (end > begin) f(pages, begin / L.page_size, (end - 1) / L.page_size);
+    };
     const int64_t shared = shared_len(item), shared_chunks = (shared + kChunk - 1) / kChunk;
     if (c < shared_chunks) {
-      touch_keys(P.shared_pages + P.shared_start[item.group], c * kChunk, std::min(shared, (c + 1) * kChunk),
-                 count_only, acc);
-      return acc;
+      keys(P.shared_pages + P.shared_start[item.group], c * kChunk, std::min(shared, (c + 1) * kChunk));
+      return;
     }
     const int64_t begin = (c - shared_chunks) * kChunk;
     for (int64_t mi = P.group_start[item.group]; mi < P.group_start[item.group + 1]; ++mi) {
-      touch_keys(P.own_pages + P.own_start[mi], begin, std::min(P.own_len[mi], begin + kChunk), count_only, acc);
+      keys(P.own_pages + P.own_start[mi], begin, std::min(P.own_len[mi], begin + kChunk));
     }
-    return acc;
   }
 
-  // touch_keys over every page group ``g`` attends to: its shared pages, its members' own.
-  uint64_t touch_group(int64_t g, bool count_only) const {
-    uint64_t acc = 0;
-    const int64_t shared = (P.shared_start[g + 1] - P.shared_start[g]) * L.page_size;
-    touch_keys(P.shared_pages + P.shared_start[g], 0, shared, count_only, acc);
+  // f(pages, first, last) for every page group ``g`` attends to: its shared run, its members'.
+  template <typename F>
+  void group_pages(int64_t g, F&& f) const {
+    const int64_t shared_pages = P.shared_start[g + 1] - P.shared_start[g];
+    if (shared_pages > 0) f(P.shared_pages + P.shared_start[g], 0, shared_pages - 1);
     for (int64_t mi = P.group_start[g]; mi < P.group_start[g + 1]; ++mi) {
-      touch_keys(P.own_pages + P.own_start[mi], 0, P.own_len[mi], count_only, acc);
+      if (P.own_len[mi] > 0) f(P.own_pages + P.own_start[mi], 0, (P.own_len[mi] - 1) / L.page_size);
     }
-    return acc;
+  }
+
+  // Read the pages that ``visit`` names (visit(f) calls f(pages, first, last) for runs of
+  // them), K then V, a word per cache line, when they fit in half this core's L2 (else they
+  // would not stay until their turn). The kernel's own loads come amid its arithmetic, too
+  // few at a time to keep the memory busy; a plain pass streams at the core's read rate.
+  template <typename Visit>
+  void read_first(Visit&& visit) const {
+    const int64_t page_bytes = L.page_size * L.kv_heads * L.d * static_cast<int64_t>(sizeof(KV));
+    int64_t bytes = 0;
+    visit([&](const int64_t*, int64_t first, int64_t last) { bytes += 2 * (last - first + 1) * page_bytes; });
+    if (bytes > l2_bytes() / 2) return;
+    uint64_t acc = 0;
+    visit([&](const int64_t* pages, int64_t first, int64_t last) {
+      for (const KV* pool : {L.k, L.v}) {
+        for (int64_t pg = first; pg <= last; ++pg) {
+          const char* base = reinterpret_cast<const char*>(pool) + pages[pg] * page_bytes;
+          for (int64_t b = 0; b < page_bytes; b += 64) {
+            uint64_t word;
+            std::memcpy(&word, base + b, sizeof word);  // one load; no type-punned pointer
+            acc ^= word;
+          }
+        }
+      }
+    });
+    touch_sink.fetch_xor(acc, std::memory_order_relaxed);  // kept: the loads stay
   }
 
   // Chunk ``c`` of the item's keys for its rows (in ``sc`` from load_rows), from nothing, into ``s``.
@@ -750,9 +754,7 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
         const int64_t g = items[i].group;
         if (own && g != touched && one_block[g]) {
           touched = g;
-          if (static_cast<int64_t>(K.touch_group(g, true)) <= l2_bytes() / 2) {
-            touch_sink.fetch_xor(K.touch_group(g, false), std::memory_order_relaxed);
-          }
+          K.read_first([&](auto&& f) { K.group_pages(g, f); });
         }
         K.run_item(items[i], sc);
       });
@@ -810,28 +812,20 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   {
     Scratch& sc = Scratch::local(d);
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    // First read the pages of the run's chunks, at the pace of a plain read. The kernel's
-    // own loads come amid its arithmetic, too few at a time to keep the memory busy, and a
-    // decode step (whose KV the weights streamed since have evicted) waited on them: bf16
-    // pages, 256-2000 keys, 19-25 % less time; float32 pages (twice the bytes for the same
-    // arithmetic) the same time within 3 % (2-core Xeon VM, bench_decode_attention.py).
-    // Not when the pages would not stay in this core's L2 until their turn.
-    auto touch_run = [&](bool count_only) {
-      uint64_t sum = 0;
+    // First read the pages of the run's chunks (read_first): a decode step's KV, evicted by
+    // the weights streamed since, was waited on. bf16 pages, 256-2000 keys, 19-25 % less
+    // time; float32 pages (twice the bytes for the same arithmetic) the same time within 3 %
+    // (2-core Xeon VM, bench_decode_attention.py).
+    K.read_first([&](auto&& f) {
       int64_t last_group = -1, last_chunk = -1;
       for (int64_t j = n_tasks * t / nt; j < n_tasks * (t + 1) / nt; ++j) {
         const Task& task = tasks[order[j]];
         const Item& item = items[task.item];
         if (item.group == last_group && task.chunk == last_chunk) continue;  // its other KV heads
         last_group = item.group, last_chunk = task.chunk;
-        const uint64_t x = K.touch_chunk(item, task.chunk, count_only);
-        sum = count_only ? sum + x : sum ^ x;
+        K.chunk_pages(item, task.chunk, f);
       }
-      return sum;
-    };
-    if (static_cast<int64_t>(touch_run(true)) <= l2_bytes() / 2) {
-      touch_sink.fetch_xor(touch_run(false), std::memory_order_relaxed);
-    }
+    });
     for_runs(n_tasks, t, nt, [&](int64_t j, bool) { run_task(j, sc); });
 #pragma omp barrier
 #pragma omp for schedule(static, 1)
