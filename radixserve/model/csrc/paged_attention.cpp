@@ -29,8 +29,9 @@
 // merges the same chunks one after the other, so that a decode row and the prefill row of
 // the same position still agree bit for bit.
 //
-// Softmax runs in base 2 (queries pre-scaled by sm_scale * log2 e) with a polynomial exp2
-// that the compiler vectorises.
+// Softmax runs in base 2 (scores scaled by sm_scale * log2 e) with a polynomial exp2 that the
+// compiler vectorises. float queries are pre-scaled; bf16 queries over bf16 keys are scored
+// by pairs of dimensions (pair_scores_for below) and their scores scaled after.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -109,13 +110,20 @@ struct Layer {
   // Offset of token ``t`` of ``page`` for KV head ``h``, in elements.
   int64_t at(int64_t page, int64_t t, int64_t h) const { return ((page * page_size + t) * kv_heads + h) * d; }
   // put(i, offset) for the keys pos .. pos + n - 1 of a run in ``pages``, KV head ``h`` (one
-  // division for the run, not one per key).
+  // division for the run and one offset per page, not per key: a key is the one before it
+  // plus a token's stride).
   template <typename Put>
   void offsets(const int64_t* pages, int64_t h, int64_t pos, int64_t n, Put&& put) const {
-    int64_t page = pos / page_size, t = pos % page_size;
+    if (n <= 0) return;
+    const int64_t stride = kv_heads * d;
+    int64_t page = pos / page_size, t = pos % page_size, off = at(pages[page], t, h);
     for (int64_t i = 0; i < n; ++i) {
-      put(i, at(pages[page], t, h));
-      if (++t == page_size) t = 0, ++page;
+      put(i, off);
+      if (++t < page_size) {
+        off += stride;
+      } else if (i + 1 < n) {  // the next page: read its id only when a key lies on it
+        t = 0, off = at(pages[++page], 0, h);
+      }
     }
   }
 };
@@ -181,6 +189,20 @@ constexpr bool narrow_widens = std::is_same_v<KV, float> || (std::is_same_v<KV, 
 template <int NC, typename KV>
 constexpr bool narrow_reads_rows = !(std::is_same_v<KV, float> || (std::is_same_v<KV, c10::BFloat16> && NC % 2 == 0));
 
+// Whether bf16 queries score bf16 keys of head_dim d by pairs of dimensions: vdpbf16ps adds a
+// pair's two exact products to a float sum, the odd dimension's and then the even one's, each
+// rounded once (the FMAs fma(q_2i, k_2i, fma(q_2i+1, k_2i+1, s)), checked bit for bit on
+// AVX-512 bf16 hardware), half the instructions of a float FMA per dimension and no widening
+// of the keys. Every path then runs that order: a decode row's narrow blocks with the
+// instruction, a prefill's rows-in-lanes blocks with the FMAs, so they still agree bit for bit.
+// The queries are used unscaled (the bf16 values themselves), the score scaled after.
+// Even numbers of key vectors only: the keys are transposed as pairs of vectors (NC even).
+template <typename Q, typename KV>
+constexpr bool pair_scores_for(int64_t d) {
+  return RADIXSERVE_VEC_BF16 && std::is_same_v<Q, c10::BFloat16> && std::is_same_v<KV, c10::BFloat16> &&
+         d % (2 * kLanes) == 0;
+}
+
 #if defined(__AVX512F__)
 // Blocks of up to this many rows (a decode token's query heads of one KV head: 1 for MHA,
 // 3 for SmolLM2's GQA) take narrow_block below.
@@ -219,10 +241,19 @@ inline void transpose16(const float* const* src, int64_t col, __m512 (&out)[16])
 // block. float keys are transposed in place; bf16 keys as pairs of dimensions in one 32-bit
 // word (half the shuffles, and the widening is a shift or a mask of the transposed word);
 // other dtypes from ``kr``, the rows already converted to float.
-template <int NC, typename KV>
+// With ``Pairs`` (pair_scores_for), bf16 keys stay pairs: kt word j * kBlock + t holds
+// dimensions 2j and 2j + 1 of key t.
+template <int NC, typename KV, bool Pairs>
 inline void transpose_keys(const KV* const* krow, const float* const* kr, int64_t t0, float* __restrict kt) {
   __m512 w[16];
-  if constexpr (std::is_same_v<KV, c10::BFloat16> && NC % 2 == 0) {
+  if constexpr (Pairs) {
+    const float* words[16];
+    for (int i = 0; i < 16; ++i) words[i] = reinterpret_cast<const float*>(krow[t0 + i]);
+    for (int c = 0; c < NC / 2; ++c) {
+      transpose16(words, c * kLanes, w);
+      for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kt + (c * kLanes + j) * kBlock + t0, w[j]);
+    }
+  } else if constexpr (std::is_same_v<KV, c10::BFloat16> && NC % 2 == 0) {
     const float* words[16];
     for (int i = 0; i < 16; ++i) words[i] = reinterpret_cast<const float*>(krow[t0 + i]);
     for (int c = 0; c < NC / 2; ++c) {
@@ -252,25 +283,47 @@ inline void transpose_keys(const KV* const* krow, const float* const* kr, int64_
 // their sum (key by key, in order), the rescaled state and the values' products are the same
 // operations in the same order too, so a row gets the same bits on either path (a decode row
 // here, the prefill row of the same position there). ``ahead(t)``: prefetch the next block's
-// key t, called for every t while the keys are transposed.
-template <int NC, int R, typename KV, typename V, typename Ahead>
+// key t, called for every t while the keys are transposed. With ``Pairs`` the rows' queries
+// are ``qw`` (R rows of d / 2 bf16 pairs) and the scores are scaled by ``scale`` after.
+template <int NC, int R, bool Pairs, typename KV, typename V, typename Ahead>
 void narrow_block(const KV* const* krow, const float* const* kr, const V* const* vr, const float* __restrict q,
-                  vf& vm, vf& vl, float* __restrict acc, float* __restrict kt, float* __restrict ps, Ahead&& ahead) {
+                  const uint32_t* __restrict qw, float scale, vf& vm, vf& vl, float* __restrict acc,
+                  float* __restrict kt, float* __restrict ps, Ahead&& ahead) {
   constexpr int64_t d = NC * kLanes, G = kBlock / kLanes;
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t t = g * kLanes; t < (g + 1) * kLanes; ++t) ahead(t);
-    transpose_keys<NC>(krow, kr, g * kLanes, kt);
+    transpose_keys<NC, KV, Pairs>(krow, kr, g * kLanes, kt);
   }
   vf sc[R][G];
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < G; ++g) sc[r][g] = vf{};
   }
-  for (int64_t j = 0; j < d; ++j) {
-    vf k[G];
-    for (int g = 0; g < G; ++g) k[g] = load_vf(kt + j * kBlock + g * kLanes);
+  if constexpr (Pairs) {
+#if RADIXSERVE_VEC_BF16
+    __m512 dot[R][G];
     for (int r = 0; r < R; ++r) {
-      const vf qj = splat(q[r * d + j]);
-      for (int g = 0; g < G; ++g) sc[r][g] += qj * k[g];
+      for (int g = 0; g < G; ++g) dot[r][g] = _mm512_setzero_ps();
+    }
+    for (int64_t j = 0; j < d / 2; ++j) {
+      __m512bh k[G];
+      for (int g = 0; g < G; ++g) k[g] = (__m512bh)_mm512_loadu_si512(kt + j * kBlock + g * kLanes);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh qj = (__m512bh)_mm512_set1_epi32(static_cast<int>(qw[r * (d / 2) + j]));
+        for (int g = 0; g < G; ++g) dot[r][g] = _mm512_dpbf16_ps(dot[r][g], qj, k[g]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int g = 0; g < G; ++g) sc[r][g] = static_cast<vf>(dot[r][g]) * scale;
+    }
+#endif
+  } else {
+    for (int64_t j = 0; j < d; ++j) {
+      vf k[G];
+      for (int g = 0; g < G; ++g) k[g] = load_vf(kt + j * kBlock + g * kLanes);
+      for (int r = 0; r < R; ++r) {
+        const vf qj = splat(q[r * d + j]);
+        for (int g = 0; g < G; ++g) sc[r][g] += qj * k[g];
+      }
     }
   }
   float mx[kLanes], sum[kLanes] = {};
@@ -301,17 +354,18 @@ void narrow_block(const KV* const* krow, const float* const* kr, const V* const*
 constexpr int64_t kNarrowRows = 0;  // the rows-in-lanes path everywhere
 #endif
 
-// Attend ``rows`` query rows (``q``: [rows, d], pre-scaled, base 2) over keys [key_begin,
-// key_end) of ``run`` (key_begin a multiple of kBlock), updating the online-softmax state
-// rows ``m``, ``l``, ``acc``; ``kLanes`` rows at a time.
+// Attend ``rows`` query rows (``q``: [rows, d]; pre-scaled, base 2, or with ``Pairs`` bf16
+// values whose scores are scaled by ``scale``) over keys [key_begin, key_end) of ``run``
+// (key_begin a multiple of kBlock), updating the online-softmax state rows ``m``, ``l``,
+// ``acc``; ``kLanes`` rows at a time.
 // The rows ride in the lanes of a vector (vec.h): scores of all of them against one key are
 // D broadcast-FMAs, with no transposition of the keys and no horizontal sums; the
 // statistics m and l are vectors too.
 // ``limit``: per row, the last key of the run it may see (causal), or null: all of them.
 // ``NC``: head_dim / kLanes, fixed at compile time so the inner loops unroll into registers.
-template <int NC, typename KV>
+template <int NC, typename KV, bool Pairs>
 void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, int64_t key_end,
-                const float* __restrict q, int64_t rows, const int32_t* limit, float* __restrict m,
+                const float* __restrict q, float scale, int64_t rows, const int32_t* limit, float* __restrict m,
                 float* __restrict l, float* __restrict acc, Scratch& sc) {
   constexpr int64_t d = NC * kLanes;
   const KV* krow[kBlock];
@@ -333,6 +387,21 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
         qt[j] = load_vf(col);
       }
       have_qt = true;
+    };
+    // With Pairs, a narrow block's rows as bf16 pairs (the floats are bf16 values: the top
+    // halves of their bits are the bf16 words), built when first needed.
+    uint32_t qw[Pairs ? kNarrowRows * d / 2 : 1];
+    bool have_qw = false;
+    auto pair_q = [&] {
+      for (int64_t r = 0; r < lanes; ++r) {
+        for (int64_t j = 0; j < d / 2; ++j) {
+          uint32_t even, odd;
+          std::memcpy(&even, q + (r0 + r) * d + 2 * j, sizeof even);
+          std::memcpy(&odd, q + (r0 + r) * d + 2 * j + 1, sizeof odd);
+          qw[r * (d / 2) + j] = (odd & 0xffff0000u) | (even >> 16);
+        }
+      }
+      have_qw = true;
     };
     float mv[kLanes], lv[kLanes];
     for (int64_t r = 0; r < kLanes; ++r) {
@@ -387,16 +456,29 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
         };
         float* acc0 = acc + r0 * d;
         const float* q0 = q + r0 * d;
+        if (Pairs && !have_qw) pair_q();
         // The values as they lie where the products widen them (float, bf16), else converted.
         const auto values = [&] {
           if constexpr (narrow_widens<KV>) return vrow;
           else return static_cast<const float* const*>(vr);
         }();
         switch (lanes) {
-          case 1: narrow_block<NC, 1>(krow, kr, values, q0, vm, vl, acc0, sc.kt.data(), sc.ps.data(), ahead); break;
-          case 2: narrow_block<NC, 2>(krow, kr, values, q0, vm, vl, acc0, sc.kt.data(), sc.ps.data(), ahead); break;
-          case 3: narrow_block<NC, 3>(krow, kr, values, q0, vm, vl, acc0, sc.kt.data(), sc.ps.data(), ahead); break;
-          default: narrow_block<NC, 4>(krow, kr, values, q0, vm, vl, acc0, sc.kt.data(), sc.ps.data(), ahead); break;
+          case 1:
+            narrow_block<NC, 1, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0, sc.kt.data(), sc.ps.data(),
+                                        ahead);
+            break;
+          case 2:
+            narrow_block<NC, 2, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0, sc.kt.data(), sc.ps.data(),
+                                        ahead);
+            break;
+          case 3:
+            narrow_block<NC, 3, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0, sc.kt.data(), sc.ps.data(),
+                                        ahead);
+            break;
+          default:
+            narrow_block<NC, 4, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0, sc.kt.data(), sc.ps.data(),
+                                        ahead);
+            break;
         }
         continue;
       }
@@ -407,16 +489,32 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       for (; t + 8 <= n; t += 8) {
         for (int64_t u = t; u < std::min(t + 8, next_n); ++u) prefetch_row(L, next[u]);
         vf a[8] = {};
-        for (int64_t j = 0; j < d; ++j) {
-          for (int u = 0; u < 8; ++u) a[u] += qt[j] * kr[t + u][j];
+        if constexpr (Pairs) {  // pair_scores_for's order: each pair's odd dimension, then its even one
+          for (int64_t j = 0; j < d; j += 2) {
+            for (int u = 0; u < 8; ++u) a[u] += qt[j + 1] * kr[t + u][j + 1];
+            for (int u = 0; u < 8; ++u) a[u] += qt[j] * kr[t + u][j];
+          }
+          for (int u = 0; u < 8; ++u) p[t + u] = a[u] * scale;
+        } else {
+          for (int64_t j = 0; j < d; ++j) {
+            for (int u = 0; u < 8; ++u) a[u] += qt[j] * kr[t + u][j];
+          }
+          for (int u = 0; u < 8; ++u) p[t + u] = a[u];
         }
-        for (int u = 0; u < 8; ++u) p[t + u] = a[u];
       }
       for (; t < n; ++t) {
         if (t < next_n) prefetch_row(L, next[t]);
         vf a{};
-        for (int64_t j = 0; j < d; ++j) a += qt[j] * kr[t][j];
-        p[t] = a;
+        if constexpr (Pairs) {
+          for (int64_t j = 0; j < d; j += 2) {
+            a += qt[j + 1] * kr[t][j + 1];
+            a += qt[j] * kr[t][j];
+          }
+          p[t] = a * scale;
+        } else {
+          for (int64_t j = 0; j < d; ++j) a += qt[j] * kr[t][j];
+          p[t] = a;
+        }
       }
       if (masked) {
         for (t = 0; t < n; ++t) p[t] = (vi{} + static_cast<int32_t>(start + t)) <= vlim ? p[t] : splat(kNoMax);
@@ -442,20 +540,21 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
 }
 
 template <typename KV>
-using AttendFn = void (*)(const Layer<KV>&, int64_t, KeyRun, int64_t, int64_t, const float*, int64_t, const int32_t*,
-                          float*, float*, float*, Scratch&);
+using AttendFn = void (*)(const Layer<KV>&, int64_t, KeyRun, int64_t, int64_t, const float*, float, int64_t,
+                          const int32_t*, float*, float*, float*, Scratch&);
 
-// The head sizes of the models served (16 .. 256; 16 for the tests' tiny models).
-template <typename KV>
+// The head sizes of the models served (16 .. 256; 16 for the tests' tiny models), for
+// queries of dtype Q.
+template <typename Q, typename KV>
 AttendFn<KV> attend_fn(int64_t d) {
   switch (d) {
-    case 16: return attend_run<1, KV>;
-    case 32: return attend_run<2, KV>;
-    case 64: return attend_run<4, KV>;
-    case 80: return attend_run<5, KV>;
-    case 96: return attend_run<6, KV>;
-    case 128: return attend_run<8, KV>;
-    case 256: return attend_run<16, KV>;
+    case 16: return attend_run<1, KV, pair_scores_for<Q, KV>(16)>;
+    case 32: return attend_run<2, KV, pair_scores_for<Q, KV>(32)>;
+    case 64: return attend_run<4, KV, pair_scores_for<Q, KV>(64)>;
+    case 80: return attend_run<5, KV, pair_scores_for<Q, KV>(80)>;
+    case 96: return attend_run<6, KV, pair_scores_for<Q, KV>(96)>;
+    case 128: return attend_run<8, KV, pair_scores_for<Q, KV>(128)>;
+    case 256: return attend_run<16, KV, pair_scores_for<Q, KV>(256)>;
     default: return nullptr;
   }
 }
@@ -577,7 +676,8 @@ struct Kernel {
     return (shared_len(item) + kChunk - 1) / kChunk + (own + kChunk - 1) / kChunk;
   }
 
-  // The item's query rows (pre-scaled) and causal limits into ``sc``.
+  // The item's query rows (pre-scaled, or as they are where pair_scores_for scales the scores
+  // after) and causal limits into ``sc``.
   void load_rows(const Item& item, Scratch& sc) const {
     const int64_t d = L.d, h = item.head, rows = item.row_end - item.row_begin;
     auto [mi, skip] = first_member(item);
@@ -585,7 +685,11 @@ struct Kernel {
       if (skip == P.new_len[mi] * grp) skip = 0, ++mi;
       const int64_t t = skip / grp, head = h * grp + skip % grp;
       const Q* src = qd + (P.q_start[mi] + t) * q_row + head * q_head;
-      for (int64_t j = 0; j < d; ++j) sc.q[r * d + j] = to_float(src[j]) * scale;
+      if (pair_scores_for<Q, KV>(d)) {
+        for (int64_t j = 0; j < d; ++j) sc.q[r * d + j] = to_float(src[j]);
+      } else {
+        for (int64_t j = 0; j < d; ++j) sc.q[r * d + j] = to_float(src[j]) * scale;
+      }
       sc.limit[r] = static_cast<int32_t>(P.own_len[mi] - P.new_len[mi] + t);
     }
   }
@@ -653,8 +757,8 @@ struct Kernel {
     const int64_t shared = shared_len(item), shared_chunks = (shared + kChunk - 1) / kChunk;
     if (c < shared_chunks) {  // the group's shared pages: no mask
       const KeyRun run{P.shared_pages + P.shared_start[item.group], shared};
-      attend(L, h, run, c * kChunk, std::min(shared, (c + 1) * kChunk), sc.q.data(), rows, nullptr, s.m, s.l,
-             s.acc, sc);
+      attend(L, h, run, c * kChunk, std::min(shared, (c + 1) * kChunk), sc.q.data(), scale, rows, nullptr, s.m,
+             s.l, s.acc, sc);
       return;
     }
     const int64_t begin = (c - shared_chunks) * kChunk;
@@ -663,7 +767,7 @@ struct Kernel {
       const int64_t seg = std::min(rows - r, P.new_len[mi] * grp - skip);
       if (begin < P.own_len[mi]) {
         const KeyRun run{P.own_pages + P.own_start[mi], P.own_len[mi]};
-        attend(L, h, run, begin, std::min(P.own_len[mi], begin + kChunk), sc.q.data() + r * d, seg,
+        attend(L, h, run, begin, std::min(P.own_len[mi], begin + kChunk), sc.q.data() + r * d, scale, seg,
                sc.limit.data() + r, s.m + r, s.l + r, s.acc + r * d, sc);
       }
       r += seg;
@@ -706,7 +810,7 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   const Layer<KV> L{k_pages.data_ptr<KV>(), v_pages.data_ptr<KV>(), k_pages.size(1), k_pages.size(2), d};
   const int64_t grp = hq / L.kv_heads;
   const Kernel<Q, KV> K{L,      P,  q.data_ptr<Q>(), q.stride(0), q.stride(1), out.data_ptr<Q>(),
-                        hq,     grp, static_cast<float>(sm_scale) * kLog2e, attend_fn<KV>(d)};
+                        hq,     grp, static_cast<float>(sm_scale) * kLog2e, attend_fn<Q, KV>(d)};
 
   std::vector<Item> items;
   // Per group: whether one item per KV head holds all its rows (a decode row, a few): each
@@ -903,7 +1007,7 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::T
                   v_pages.scalar_type() == k_pages.scalar_type() && v_pages.is_contiguous(),
               "k_pages and v_pages must be contiguous [num_pages, page_size, Hkv, D] tensors of one dtype");
   TORCH_CHECK(k_pages.size(3) == q.size(2), "head_dim of q and the pages differ");
-  TORCH_CHECK(attend_fn<float>(q.size(2)) != nullptr, "head_dim must be one of 16, 32, 64, 80, 96, 128, 256, got ",
+  TORCH_CHECK((attend_fn<float, float>(q.size(2)) != nullptr), "head_dim must be one of 16, 32, 64, 80, 96, 128, 256, got ",
               q.size(2));
   TORCH_CHECK(q.size(1) % k_pages.size(2) == 0, "query heads must be a multiple of KV heads");
   for (auto [t, name] : {std::pair{&q_start, "q_start"}, {&new_len, "new_len"}, {&group_start, "group_start"},
