@@ -462,23 +462,15 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
           if constexpr (narrow_widens<KV>) return vrow;
           else return static_cast<const float* const*>(vr);
         }();
+        auto block = [&](auto rows_c) {
+          narrow_block<NC, decltype(rows_c)::value, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0,
+                                                           sc.kt.data(), sc.ps.data(), ahead);
+        };
         switch (lanes) {
-          case 1:
-            narrow_block<NC, 1, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0, sc.kt.data(), sc.ps.data(),
-                                        ahead);
-            break;
-          case 2:
-            narrow_block<NC, 2, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0, sc.kt.data(), sc.ps.data(),
-                                        ahead);
-            break;
-          case 3:
-            narrow_block<NC, 3, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0, sc.kt.data(), sc.ps.data(),
-                                        ahead);
-            break;
-          default:
-            narrow_block<NC, 4, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0, sc.kt.data(), sc.ps.data(),
-                                        ahead);
-            break;
+          case 1: block(std::integral_constant<int, 1>{}); break;
+          case 2: block(std::integral_constant<int, 2>{}); break;
+          case 3: block(std::integral_constant<int, 3>{}); break;
+          default: block(std::integral_constant<int, 4>{}); break;
         }
         continue;
       }
