@@ -246,23 +246,20 @@ inline void transpose16(const float* const* src, int64_t col, __m512 (&out)[16])
 template <int NC, typename KV, bool Pairs>
 inline void transpose_keys(const KV* const* krow, const float* const* kr, int64_t t0, float* __restrict kt) {
   __m512 w[16];
-  if constexpr (Pairs) {
-    const float* words[16];
-    for (int i = 0; i < 16; ++i) words[i] = reinterpret_cast<const float*>(krow[t0 + i]);
-    for (int c = 0; c < NC / 2; ++c) {
-      transpose16(words, c * kLanes, w);
-      for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kt + (c * kLanes + j) * kBlock + t0, w[j]);
-    }
-  } else if constexpr (std::is_same_v<KV, c10::BFloat16> && NC % 2 == 0) {
+  if constexpr (std::is_same_v<KV, c10::BFloat16> && NC % 2 == 0) {
     const float* words[16];
     for (int i = 0; i < 16; ++i) words[i] = reinterpret_cast<const float*>(krow[t0 + i]);
     for (int c = 0; c < NC / 2; ++c) {
       transpose16(words, c * kLanes, w);
       for (int j = 0; j < 16; ++j) {  // word j: dimensions 2 (16 c + j) and the one after
-        const __m512i x = _mm512_castps_si512(w[j]);
-        float* even = kt + (2 * (c * kLanes + j)) * kBlock + t0;
-        _mm512_storeu_ps(even, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
-        _mm512_storeu_ps(even + kBlock, _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(-65536))));
+        if constexpr (Pairs) {
+          _mm512_storeu_ps(kt + (c * kLanes + j) * kBlock + t0, w[j]);
+        } else {
+          const __m512i x = _mm512_castps_si512(w[j]);
+          float* even = kt + (2 * (c * kLanes + j)) * kBlock + t0;
+          _mm512_storeu_ps(even, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
+          _mm512_storeu_ps(even + kBlock, _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(-65536))));
+        }
       }
     }
   } else {
@@ -476,37 +473,29 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       }
 #endif
       if (!have_qt) transpose_q();
+      // The i-th dimension a score adds (with Pairs, pair_scores_for's order: each pair's odd
+      // dimension, then its even one), and the score as the softmax takes it.
+      auto dim = [](int64_t i) { return Pairs ? i ^ 1 : i; };
+      auto scaled = [&](vf a) {
+        if constexpr (Pairs) return a * scale;
+        else return a;
+      };
       // Scores, eight keys at a time: eight independent FMA chains.
       int64_t t = 0;
       for (; t + 8 <= n; t += 8) {
         for (int64_t u = t; u < std::min(t + 8, next_n); ++u) prefetch_row(L, next[u]);
         vf a[8] = {};
-        if constexpr (Pairs) {  // pair_scores_for's order: each pair's odd dimension, then its even one
-          for (int64_t j = 0; j < d; j += 2) {
-            for (int u = 0; u < 8; ++u) a[u] += qt[j + 1] * kr[t + u][j + 1];
-            for (int u = 0; u < 8; ++u) a[u] += qt[j] * kr[t + u][j];
-          }
-          for (int u = 0; u < 8; ++u) p[t + u] = a[u] * scale;
-        } else {
-          for (int64_t j = 0; j < d; ++j) {
-            for (int u = 0; u < 8; ++u) a[u] += qt[j] * kr[t + u][j];
-          }
-          for (int u = 0; u < 8; ++u) p[t + u] = a[u];
+        for (int64_t i = 0; i < d; ++i) {
+          const int64_t j = dim(i);
+          for (int u = 0; u < 8; ++u) a[u] += qt[j] * kr[t + u][j];
         }
+        for (int u = 0; u < 8; ++u) p[t + u] = scaled(a[u]);
       }
       for (; t < n; ++t) {
         if (t < next_n) prefetch_row(L, next[t]);
         vf a{};
-        if constexpr (Pairs) {
-          for (int64_t j = 0; j < d; j += 2) {
-            a += qt[j + 1] * kr[t][j + 1];
-            a += qt[j] * kr[t][j];
-          }
-          p[t] = a * scale;
-        } else {
-          for (int64_t j = 0; j < d; ++j) a += qt[j] * kr[t][j];
-          p[t] = a;
-        }
+        for (int64_t i = 0; i < d; ++i) a += qt[dim(i)] * kr[t][dim(i)];
+        p[t] = scaled(a);
       }
       if (masked) {
         for (t = 0; t < n; ++t) p[t] = (vi{} + static_cast<int32_t>(start + t)) <= vlim ? p[t] : splat(kNoMax);
@@ -672,16 +661,13 @@ struct Kernel {
   // after) and causal limits into ``sc``.
   void load_rows(const Item& item, Scratch& sc) const {
     const int64_t d = L.d, h = item.head, rows = item.row_end - item.row_begin;
+    const bool unscaled = pair_scores_for<Q, KV>(d);
     auto [mi, skip] = first_member(item);
     for (int64_t r = 0; r < rows; ++r, ++skip) {
       if (skip == P.new_len[mi] * grp) skip = 0, ++mi;
       const int64_t t = skip / grp, head = h * grp + skip % grp;
       const Q* src = qd + (P.q_start[mi] + t) * q_row + head * q_head;
-      if (pair_scores_for<Q, KV>(d)) {
-        for (int64_t j = 0; j < d; ++j) sc.q[r * d + j] = to_float(src[j]);
-      } else {
-        for (int64_t j = 0; j < d; ++j) sc.q[r * d + j] = to_float(src[j]) * scale;
-      }
+      for (int64_t j = 0; j < d; ++j) sc.q[r * d + j] = unscaled ? to_float(src[j]) : to_float(src[j]) * scale;
       sc.limit[r] = static_cast<int32_t>(P.own_len[mi] - P.new_len[mi] + t);
     }
   }
