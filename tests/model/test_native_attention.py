@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,6 +117,7 @@ def test_extends_and_decodes_match_reference(heads: tuple[int, int], page_size: 
         (torch.float16, torch.float16, 2e-3),
         (torch.float32, torch.bfloat16, 2e-5),
     ],
+    ids=["bfloat16", "float16", "float32-over-bfloat16"],
 )
 def test_half_precisions_match_reference(
     q_dtype: torch.dtype, kv_dtype: torch.dtype, tol: float
@@ -323,20 +328,30 @@ def test_bad_store_arguments_raise() -> None:
         )
 
 
+@pytest.mark.parametrize(
+    ("dtype", "d"),
+    [(torch.float32, 64), (torch.bfloat16, 64), (torch.bfloat16, 256)],
+    ids=["float32", "bfloat16", "bfloat16-d256"],
+)
 @pytest.mark.parametrize("shared_pages", [0, 3])
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_decode_rows_equal_prefill_rows_over_many_chunks(page_size: int, shared_pages: int) -> None:
+@pytest.mark.parametrize("page_size", [1, 5, 16])
+def test_decode_rows_equal_prefill_rows_over_many_chunks(
+    page_size: int, shared_pages: int, dtype: torch.dtype, d: int
+) -> None:
     """A long context's decode row spreads its key chunks over the threads and merges them
     afterwards; the prefill row of the same position computes and merges the same chunks on
-    one thread: the two agree bit for bit, with one thread or two, and match the reference."""
-    hq, hkv, d, n = 9, 3, 64, 700  # 700 keys: past the serial threshold, several chunks per head
+    one thread: the two agree bit for bit, with one thread or two, and match the reference.
+    bf16 queries over bf16 keys take AMX tiles where the CPU has them: keys read in place
+    (16-token pages) or copied (pages of 1 and 5 tokens), partial blocks padded, head sizes
+    up to 256 (eight 32-dimension steps)."""
+    hq, hkv, n = 9, 3, 700  # 700 keys: past the serial threshold, several chunks per head
     shared = list(range(1, 1 + shared_pages))
     s_len = shared_pages * page_size
     own = list(range(1 + shared_pages, 1 + shared_pages + -(-n // page_size)))
     random.Random(page_size).shuffle(own)
-    kp = torch.randn(1 + shared_pages + len(own), page_size, hkv, d)
+    kp = torch.randn(1 + shared_pages + len(own), page_size, hkv, d).to(dtype)
     vp = torch.randn_like(kp)
-    q = torch.randn(n, hq, d)
+    q = torch.randn(n, hq, d).to(dtype)
     scale = d**-0.5
     prefill = torch.empty_like(q)
     native.paged_attention(
@@ -359,8 +374,8 @@ def test_decode_rows_equal_prefill_rows_over_many_chunks(page_size: int, shared_
                 assert torch.equal(out[0], prefill[pos]), (nthreads, pos)
     finally:
         torch.set_num_threads(threads)
-    ref = _reference(q, kp, vp, shared + own, s_len + n, scale)
-    assert (prefill.double() - ref).abs().max().item() < 2e-5
+    ref = _reference(q.float(), kp.float(), vp.float(), shared + own, s_len + n, scale)
+    assert (prefill.double() - ref).abs().max().item() < (2e-5 if dtype is torch.float32 else 2e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
@@ -391,3 +406,28 @@ def test_few_row_blocks_equal_wide_ones(heads: tuple[int, int], d: int, dtype: t
     ref = _reference(q.float(), kp.float(), vp.float(), pages, n, d**-0.5)
     tol = 2e-5 if dtype is torch.float32 else 2e-2
     assert (prefill.double() - ref).abs().max().item() < tol
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@pytest.mark.skipif(
+    "amx_bf16" not in _cpu_flags(), reason="no AMX here: the AVX-512 path is the only bf16 one"
+)
+def test_bf16_tests_pass_without_amx() -> None:
+    """Where the CPU has AMX, bf16 queries over bf16 keys take its tiles, and the tests above
+    test those; other CPUs take the AVX-512 pair scores. RADIXSERVE_CPU_AMX=0 declines the
+    tiles (read once per process: a child pytest), and the same bf16 tests pass on that path."""
+    env = {**os.environ, "RADIXSERVE_CPU_AMX": "0"}
+    tests = "bfloat16 and (few_row or over_many_chunks or half_precisions)"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", tests]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert " passed" in result.stdout and " deselected" in result.stdout

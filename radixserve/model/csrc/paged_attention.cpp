@@ -31,7 +31,8 @@
 //
 // Softmax runs in base 2 (scores scaled by sm_scale * log2 e) with a polynomial exp2 that the
 // compiler vectorises. float queries are pre-scaled; bf16 queries over bf16 keys are scored
-// by pairs of dimensions (pair_scores_for below) and their scores scaled after.
+// by pairs of dimensions (pair_scores_for below) and their scores scaled after, on AMX tiles
+// where the CPU has them (amx_attend), with AVX-512 instructions elsewhere.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -53,6 +54,7 @@
 
 #include <unistd.h>
 
+#include "amx.h"
 #include "vec.h"
 
 #if defined(__AVX512F__)
@@ -82,12 +84,21 @@ struct Scratch {
   // ``kt``, ``ps``: a narrow block's transposed keys and probabilities (narrow_block).
   std::vector<float> q, m, l, acc, m2, l2, acc2, kf, vf_, kt, ps;
   std::vector<int32_t> limit;
+  // amx_attend's tile operands: the rows' queries as pairs (``tq``), keys copied where a
+  // tile cannot read them in place (``tk``), a block's scores (``ts``), probabilities
+  // (``tp``) and values as pairs of keys (``tv``).
+  std::vector<uint32_t> tq;
+  std::vector<uint16_t> tk, tp, tv;
+  std::vector<float> ts;
+  int64_t tile_rows = 0;  // the rows of the tile configuration loaded on this thread, 0: none
   void reserve(int64_t d) {
     if (static_cast<int64_t>(q.size()) >= kRowBlock * d) return;
     q.resize(kRowBlock * d), m.resize(kRowBlock), l.resize(kRowBlock), acc.resize(kRowBlock * d);
     m2.resize(kRowBlock), l2.resize(kRowBlock), acc2.resize(kRowBlock * d);
     kf.resize(kBlock * d), vf_.resize(kBlock * d), limit.resize(kRowBlock);
     kt.resize(kBlock * d), ps.resize(kRowBlock * kBlock);
+    tq.resize(kLanes * d / 2), tk.resize(kBlock * d), tp.resize(kRowBlock * kBlock), tv.resize(kBlock * d);
+    ts.resize(kBlock * kLanes);
   }
   static Scratch& local(int64_t d) {
     thread_local Scratch sc;
@@ -351,6 +362,217 @@ void narrow_block(const KV* const* krow, const float* const* kr, const V* const*
 constexpr int64_t kNarrowRows = 0;  // the rows-in-lanes path everywhere
 #endif
 
+#if RADIXSERVE_AMX
+// bf16 queries over bf16 keys on AMX tiles (pair_scores_for's case, where the process may use
+// them; amx.h). Every block takes this one path, whatever its number of rows, so a decode row
+// still equals the prefill row of its position bit for bit: a tile product's value for one
+// row and key depends on neither the tile's other rows nor its shape (checked on the 2-core
+// Xeon VM). Per block of kBlock keys and up to 16 rows:
+//
+//   scores   tile S (16 keys x 16 rows) = K (16 keys x 32 dimensions, read in place from a
+//            page, where a token's keys lie a stride apart) . Q (16 pairs of dimensions x 16
+//            rows), over the head's 32-dimension steps; scaled after, as pair_scores_for's;
+//   softmax  a row's scores with the keys in the lanes (the S tiles transposed), masked,
+//            exponentiated in base 2; the row's state rescaled as attend_run's;
+//   values   acc (rows x 16 dimensions) += P (rows x 32 keys: the probabilities rounded to
+//            bf16, as GPU FlashAttention rounds them) . V (16 pairs of keys x 16 dimensions,
+//            interleaved here), for every 16 dimensions and both halves of the block.
+//
+// Keys past the run's end are zero rows with probability zero, and the value tiles run over
+// them as over masked keys: a partial block gives the bits of a masked full one.
+//
+// The tiles, by number: GCC's tile intrinsics paste the number into their assembly, so these
+// are macros of plain literals (undefined after amx_attend). Two of each of the scores and the
+// output tiles, so that two chains of products are in flight at a time.
+#define TILE_S0 0  // scores: 16 keys x 16 rows, float (S1: the next 16 keys)
+#define TILE_S1 1
+#define TILE_K 2   // keys: 16 keys x 32 dimensions, bf16; then values: 16 pairs of keys x 16 dimensions
+#define TILE_Q 3   // queries: 16 pairs of dimensions x 16 rows, bf16 pairs; then values too
+#define TILE_P0 4  // probabilities: rows x the block's first 32 keys, bf16
+#define TILE_P1 5  // ... and its last 32
+#define TILE_O0 6  // output: rows x 16 dimensions, float (O1: the next 16)
+#define TILE_O1 7
+
+alignas(64) constexpr uint16_t kZeroRow[256] = {};  // a padded key's or value's row (d <= 256)
+
+template <int NC>
+void amx_attend(const Layer<c10::BFloat16>& L, int64_t h, KeyRun run, int64_t key_begin, int64_t key_end,
+                const float* __restrict q, float scale, int64_t rows, const int32_t* limit, float* __restrict m,
+                float* __restrict l, float* __restrict acc, Scratch& sc) {
+  constexpr int64_t d = NC * kLanes, steps = d / 32, G = kBlock / kLanes;
+  const int64_t stride = L.kv_heads * d;  // from a token's row to the next one's, in elements
+  const auto* kbase = reinterpret_cast<const uint16_t*>(L.k);
+  const auto* vbase = reinterpret_cast<const uint16_t*>(L.v);
+  uint32_t* const tq = sc.tq.data();
+  uint16_t *const tk = sc.tk.data(), *const tp = sc.tp.data(), *const tv = sc.tv.data();
+  float* const ts = sc.ts.data();
+  const uint16_t* krow[kBlock];
+  const uint16_t* vrow[kBlock];
+  int64_t next[kBlock];
+  // Word w of a value tile's row: dimension w / 2 of the pair's first key (w even) or of its
+  // second (the index's bit 5 picks permutex2var's second operand).
+  uint16_t lo[32], hi[32];
+  for (int w = 0; w < 32; ++w) lo[w] = static_cast<uint16_t>(w / 2 + (w % 2) * 32), hi[w] = lo[w] + 16;
+  const __m512i pick_lo = _mm512_loadu_si512(lo), pick_hi = _mm512_loadu_si512(hi);
+  vi iota;
+  for (int i = 0; i < kLanes; ++i) iota[i] = i;
+
+  for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
+    const int64_t lanes = std::min(kLanes, rows - r0);
+    // Tile Q's columns: word j * 16 + r = dimensions 2j and 2j + 1 of row r (the floats are
+    // bf16 values: their top halves are the bf16 words), zero for rows past ``lanes``.
+    std::fill(tq, tq + steps * kLanes * kLanes, 0u);
+    for (int64_t r = 0; r < lanes; ++r) {
+      for (int64_t j = 0; j < d / 2; ++j) {
+        uint32_t even, odd;
+        std::memcpy(&even, q + (r0 + r) * d + 2 * j, sizeof even);
+        std::memcpy(&odd, q + (r0 + r) * d + 2 * j + 1, sizeof odd);
+        tq[j * kLanes + r] = (odd & 0xffff0000u) | (even >> 16);
+      }
+    }
+    if (sc.tile_rows != lanes) {  // configured once per row count and thread (release_tiles)
+      TileConfig cfg;
+      for (int t : {TILE_S0, TILE_S1, TILE_K, TILE_Q}) cfg.set(t, kLanes, 64);
+      for (int t : {TILE_P0, TILE_P1, TILE_O0, TILE_O1}) cfg.set(t, static_cast<int>(lanes), 64);
+      _tile_loadconfig(&cfg);
+      sc.tile_rows = lanes;
+    }
+    float mv[kLanes], lv[kLanes];
+    int64_t lim[kLanes], keys = key_end;  // lim: the last key of the run a row may see (causal)
+    for (int64_t r = 0; r < lanes; ++r) {
+      mv[r] = m[r0 + r], lv[r] = l[r0 + r];
+      lim[r] = limit != nullptr ? limit[r0 + r] : key_end - 1;
+    }
+    if (limit != nullptr) keys = std::min(keys, *std::max_element(lim, lim + lanes) + 1);
+    for (int64_t start = key_begin; start < keys; start += kBlock) {
+      const int64_t n = std::min(kBlock, keys - start), groups = (n + kLanes - 1) / kLanes;
+      L.offsets(run.pages, h, start, n, [&](int64_t t, int64_t off) {
+        krow[t] = kbase + off;
+        vrow[t] = vbase + off;
+      });
+      std::fill(krow + n, krow + kBlock, kZeroRow);
+      std::fill(vrow + n, vrow + kBlock, kZeroRow);
+      const int64_t next_n = std::min(kBlock, keys - start - n);
+      L.offsets(run.pages, h, start + n, next_n, [&](int64_t t, int64_t off) { next[t] = off; });
+
+      // Scores, 32 keys at a time: ts row t = key t's score for each row.
+      const uint16_t* keys_at[G];
+      int64_t ld[G];
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint16_t* const* kg = krow + g * kLanes;
+        bool in_place = true;  // 16 keys a token's stride apart (on one page)
+        for (int64_t i = 1; i < kLanes; ++i) in_place = in_place && kg[i] == kg[0] + i * stride;
+        keys_at[g] = kg[0], ld[g] = stride * sizeof(uint16_t);
+        if (!in_place) {
+          uint16_t* copy = tk + g * kLanes * d;
+          for (int64_t i = 0; i < kLanes; ++i) std::memcpy(copy + i * d, kg[i], d * sizeof(uint16_t));
+          keys_at[g] = copy, ld[g] = d * sizeof(uint16_t);
+        }
+      }
+      for (int64_t g = 0; g < groups; g += 2) {
+        const bool two = g + 1 < groups;
+        _tile_zero(TILE_S0);
+        _tile_zero(TILE_S1);
+        for (int64_t s = 0; s < steps; ++s) {
+          _tile_loadd(TILE_Q, tq + s * kLanes * kLanes, 64);
+          _tile_loadd(TILE_K, keys_at[g] + 32 * s, ld[g]);
+          _tile_dpbf16ps(TILE_S0, TILE_K, TILE_Q);
+          if (two) {
+            _tile_loadd(TILE_K, keys_at[g + 1] + 32 * s, ld[g + 1]);
+            _tile_dpbf16ps(TILE_S1, TILE_K, TILE_Q);
+          }
+        }
+        _tile_stored(TILE_S0, ts + g * kLanes * kLanes, 64);
+        if (two) _tile_stored(TILE_S1, ts + (g + 1) * kLanes * kLanes, 64);
+      }
+
+      float sr[kLanes][kBlock];  // sr[r][t]: row r's score of key t
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* src[kLanes];
+        for (int64_t i = 0; i < kLanes; ++i) src[i] = ts + (g * kLanes + i) * kLanes;
+        __m512 col[kLanes];
+        transpose16(src, 0, col);
+        for (int64_t r = 0; r < lanes; ++r) _mm512_storeu_ps(sr[r] + g * kLanes, col[r]);
+      }
+      for (int64_t r = 0; r < lanes; ++r) {  // softmax, row by row
+        const int64_t seen = std::min(n, lim[r] - start + 1);  // keys [0, seen) of the block
+        vf x[G];
+        float mx = mv[r];
+        for (int64_t g = 0; g < G; ++g) {
+          const vf score = g < groups ? load_vf(sr[r] + g * kLanes) * scale : splat(kNoMax);
+          x[g] = iota + static_cast<int32_t>(g * kLanes) < static_cast<int32_t>(seen) ? score : splat(kNoMax);
+          mx = std::max(mx, _mm512_reduce_max_ps(static_cast<__m512>(x[g])));
+        }
+        const vf vmx = splat(mx);
+        vf sum{};
+        for (int64_t g = 0; g < G; ++g) {
+          const vf p = iota + static_cast<int32_t>(g * kLanes) < static_cast<int32_t>(seen) ? exp2v(x[g] - vmx) : vf{};
+          sum += p;
+          const __m256bh b = _mm512_cvtneps_pbh(static_cast<__m512>(p));
+          std::memcpy(tp + r * kBlock + g * kLanes, &b, sizeof b);
+        }
+        const float alpha = exp2v(splat(mv[r]) - vmx)[0];
+        mv[r] = mx;
+        lv[r] = lv[r] * alpha + _mm512_reduce_add_ps(static_cast<__m512>(sum));
+        float* a = acc + (r0 + r) * d;
+        for (int64_t c = 0; c < NC; ++c) store_vf(a + c * kLanes, load_vf(a + c * kLanes) * alpha);
+      }
+
+      // Values as pairs of keys: row i % 16 of half i / 16's tile for dimensions 16c.. holds
+      // keys 2i and 2i + 1 of the block, dimension by dimension. The next block's rows are
+      // prefetched meanwhile, a key at a time (a burst would overflow the miss queues).
+      for (int64_t i = 0; i < kBlock / 2; ++i) {
+        for (int64_t t : {2 * i, 2 * i + 1}) {
+          if (t < next_n) prefetch_row(L, next[t]);
+        }
+        uint16_t* row = tv + ((i / kLanes) * (d / kLanes) * kLanes + i % kLanes) * 32;
+        for (int64_t c = 0; c < d / 32; ++c) {
+          const __m512i x = _mm512_loadu_si512(vrow[2 * i] + 32 * c), y = _mm512_loadu_si512(vrow[2 * i + 1] + 32 * c);
+          _mm512_storeu_si512(row + (2 * c) * kLanes * 32, _mm512_permutex2var_epi16(x, pick_lo, y));
+          _mm512_storeu_si512(row + (2 * c + 1) * kLanes * 32, _mm512_permutex2var_epi16(x, pick_hi, y));
+        }
+      }
+      _tile_loadd(TILE_P0, tp, kBlock * sizeof(uint16_t));
+      _tile_loadd(TILE_P1, tp + kBlock / 2, kBlock * sizeof(uint16_t));
+      const uint16_t* v_half[2] = {tv, tv + (d / kLanes) * kLanes * 32};  // the block's halves' value tiles
+      for (int64_t c = 0; c < d / kLanes; c += 2) {  // 32 dimensions at a time (d % 32 == 0)
+        float* o = acc + r0 * d + c * kLanes;
+        _tile_loadd(TILE_O0, o, d * sizeof(float));
+        _tile_loadd(TILE_O1, o + kLanes, d * sizeof(float));
+        _tile_loadd(TILE_K, v_half[0] + c * kLanes * 32, 64);
+        _tile_dpbf16ps(TILE_O0, TILE_P0, TILE_K);
+        _tile_loadd(TILE_Q, v_half[0] + (c + 1) * kLanes * 32, 64);
+        _tile_dpbf16ps(TILE_O1, TILE_P0, TILE_Q);
+        _tile_loadd(TILE_K, v_half[1] + c * kLanes * 32, 64);
+        _tile_dpbf16ps(TILE_O0, TILE_P1, TILE_K);
+        _tile_loadd(TILE_Q, v_half[1] + (c + 1) * kLanes * 32, 64);
+        _tile_dpbf16ps(TILE_O1, TILE_P1, TILE_Q);
+        _tile_stored(TILE_O0, o, d * sizeof(float));
+        _tile_stored(TILE_O1, o + kLanes, d * sizeof(float));
+      }
+    }
+    for (int64_t r = 0; r < lanes; ++r) m[r0 + r] = mv[r], l[r0 + r] = lv[r];
+  }
+}
+#undef TILE_S0
+#undef TILE_S1
+#undef TILE_K
+#undef TILE_Q
+#undef TILE_P0
+#undef TILE_P1
+#undef TILE_O0
+#undef TILE_O1
+#endif
+
+// After a thread's last amx_attend of a kernel call: the tile state back to its initial one
+// (nothing for a context switch to save, and no configuration left for other code to meet).
+inline void release_tiles([[maybe_unused]] Scratch& sc) {
+#if RADIXSERVE_AMX
+  if (sc.tile_rows != 0) _tile_release();
+  sc.tile_rows = 0;
+#endif
+}
+
 // Attend ``rows`` query rows (``q``: [rows, d]; pre-scaled, base 2, or with ``Pairs`` bf16
 // values whose scores are scaled by ``scale``) over keys [key_begin, key_end) of ``run``
 // (key_begin a multiple of kBlock), updating the online-softmax state rows ``m``, ``l``,
@@ -364,6 +586,11 @@ template <int NC, typename KV, bool Pairs>
 void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, int64_t key_end,
                 const float* __restrict q, float scale, int64_t rows, const int32_t* limit, float* __restrict m,
                 float* __restrict l, float* __restrict acc, Scratch& sc) {
+#if RADIXSERVE_AMX
+  if constexpr (Pairs) {
+    if (amx_usable()) return amx_attend<NC>(L, h, run, key_begin, key_end, q, scale, rows, limit, m, l, acc, sc);
+  }
+#endif
   constexpr int64_t d = NC * kLanes;
   const KV* krow[kBlock];
   const KV* vrow[kBlock];
@@ -812,6 +1039,7 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   if (max_threads <= 1 || work < kSerialWork) {
     Scratch& sc = Scratch::local(d);
     for (const Item& item : items) K.run_item(item, sc);
+    release_tiles(sc);
     return;
   }
   if (static_cast<int64_t>(items.size()) >= 4 * max_threads) {
@@ -840,6 +1068,7 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
         }
         K.run_item(items[i], sc);
       });
+      release_tiles(sc);
     }
     return;
   }
@@ -909,6 +1138,7 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
       }
     });
     for_runs(n_tasks, t, nt, [&](int64_t j, bool) { run_task(j, sc); });
+    release_tiles(sc);
 #pragma omp barrier
 #pragma omp for schedule(static, 1)
     for (size_t it = 0; it < items.size(); ++it) {
