@@ -416,6 +416,7 @@ void amx_attend(const Layer<c10::BFloat16>& L, int64_t h, KeyRun run, int64_t ke
   const __m512i pick_lo = _mm512_loadu_si512(lo), pick_hi = _mm512_loadu_si512(hi);
   vi iota;
   for (int i = 0; i < kLanes; ++i) iota[i] = i;
+  const __m512i column = _mm512_mullo_epi32((__m512i)iota, _mm512_set1_epi32(kLanes));  // ts's rows, a lane each
 
   for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
     const int64_t lanes = std::min(kLanes, rows - r0);
@@ -486,23 +487,32 @@ void amx_attend(const Layer<c10::BFloat16>& L, int64_t h, KeyRun run, int64_t ke
         if (two) _tile_stored(TILE_S1, ts + (g + 1) * kLanes * kLanes, 64);
       }
 
-      float sr[kLanes][kBlock];  // sr[r][t]: row r's score of key t
+      // sr[r][t]: row r's score of key t. A few rows (a decode token's query heads) gather
+      // their columns of ts; more transpose it 16 x 16 (the same words either way).
+      float sr[kLanes][kBlock];
       for (int64_t g = 0; g < groups; ++g) {
+        const float* tile = ts + g * kLanes * kLanes;
+        if (lanes <= kNarrowRows) {
+          for (int64_t r = 0; r < lanes; ++r) {
+            _mm512_storeu_ps(sr[r] + g * kLanes, _mm512_i32gather_ps(column, tile + r, sizeof(float)));
+          }
+          continue;
+        }
         const float* src[kLanes];
-        for (int64_t i = 0; i < kLanes; ++i) src[i] = ts + (g * kLanes + i) * kLanes;
+        for (int64_t i = 0; i < kLanes; ++i) src[i] = tile + i * kLanes;
         __m512 col[kLanes];
         transpose16(src, 0, col);
         for (int64_t r = 0; r < lanes; ++r) _mm512_storeu_ps(sr[r] + g * kLanes, col[r]);
       }
       for (int64_t r = 0; r < lanes; ++r) {  // softmax, row by row
         const int64_t seen = std::min(n, lim[r] - start + 1);  // keys [0, seen) of the block
-        vf x[G];
-        float mx = mv[r];
+        vf x[G], top = splat(mv[r]);
         for (int64_t g = 0; g < G; ++g) {
           const vf score = g < groups ? load_vf(sr[r] + g * kLanes) * scale : splat(kNoMax);
           x[g] = iota + static_cast<int32_t>(g * kLanes) < static_cast<int32_t>(seen) ? score : splat(kNoMax);
-          mx = std::max(mx, _mm512_reduce_max_ps(static_cast<__m512>(x[g])));
+          top = vmax(top, x[g]);
         }
+        const float mx = _mm512_reduce_max_ps(static_cast<__m512>(top));
         const vf vmx = splat(mx);
         vf sum{};
         for (int64_t g = 0; g < G; ++g) {
