@@ -3,7 +3,8 @@
 Shapes of SmolLM2-135M (9 query heads over 3 KV heads, head_dim 64, 16-token pages, 30
 layers), one sequence of ``--contexts`` tokens (``--batch N``: N of them, each on its own
 pages) whose pages lie scattered in each layer's pool: the kernel call a batch-1 (batch-N)
-decode step makes per layer. Two timings per context and KV dtype:
+decode step makes per layer (``--prefill``: every token of the sequences a new row, causally,
+the call a cold prompt's prefill makes). Two timings per context and KV dtype:
 
 - ``cold``: the 30 layers one after the other after reading 256 MB (the KV evicted, as the
   weights streamed through a step evict it), per layer;
@@ -16,6 +17,7 @@ outputs compared: equal bits are expected whenever the revisions compute the sam
     python benchmarks/bench_decode_attention.py
     python benchmarks/bench_decode_attention.py --baseline f98d7bc --contexts 600,1000
     python benchmarks/bench_decode_attention.py --baseline f98d7bc --batch 8 --contexts 600
+    python benchmarks/bench_decode_attention.py --baseline f98d7bc --prefill --reps 3 --contexts 512
 """
 
 from __future__ import annotations
@@ -70,9 +72,13 @@ def baseline_op(rev: str) -> Op:
     return torch.ops.attn_base.paged_attention
 
 
-def layers_for(ctx: int, dtype: torch.dtype, batch: int = 1) -> list[tuple[torch.Tensor, ...]]:
+def layers_for(
+    ctx: int, dtype: torch.dtype, batch: int = 1, prefill: bool = False
+) -> list[tuple[torch.Tensor, ...]]:
     """Per layer: its K and V pools and the plan's index tensors for ``batch`` sequences of
-    ``ctx`` tokens, each on its own pages, all pages in a random order."""
+    ``ctx`` tokens, each on its own pages, all pages in a random order; each sequence's last
+    token is its new row (``prefill``: all of them, causally)."""
+    new = ctx if prefill else 1
     pages = -(-ctx // PS)
     out = []
     for layer in range(LAYERS):
@@ -80,7 +86,7 @@ def layers_for(ctx: int, dtype: torch.dtype, batch: int = 1) -> list[tuple[torch
         order = list(range(1, batch * pages + 1))
         random.Random(layer).shuffle(order)
         groups = [
-            ([native.Member(b, 1, order[b * pages : (b + 1) * pages], ctx)], [])
+            ([native.Member(b * new, new, order[b * pages : (b + 1) * pages], ctx)], [])
             for b in range(batch)
         ]
         plan = native.AttentionPlan.build(groups)
@@ -99,6 +105,11 @@ def main() -> int:
     ap.add_argument(
         "--batch", type=int, default=1, help="decode rows, each over its own pages (a batch-N step)"
     )
+    ap.add_argument(
+        "--prefill",
+        action="store_true",
+        help="every token of each sequence a new row (a prompt's prefill) instead of the last",
+    )
     ap.add_argument("--out", default="benchmarks/results/bench_decode_attention.json")
     args = ap.parse_args()
     if not native.load():
@@ -110,8 +121,8 @@ def main() -> int:
     results = []
     for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
         for ctx in (int(c) for c in args.contexts.split(",")):
-            layers = layers_for(ctx, dtype, args.batch)
-            q = torch.randn(args.batch, HQ, D).to(dtype)
+            layers = layers_for(ctx, dtype, args.batch, args.prefill)
+            q = torch.randn(args.batch * (ctx if args.prefill else 1), HQ, D).to(dtype)
             outs = {name: torch.empty_like(q) for name in ops}
 
             def call(name: str, layer: tuple[torch.Tensor, ...]) -> None:
@@ -142,6 +153,7 @@ def main() -> int:
                     k: round(statistics.median(v) * 1e6, 1) for k, v in samples.items()
                 },
                 "batch": args.batch,
+                "prefill": args.prefill,
                 "kv_mb_per_layer": round(
                     2 * args.batch * ctx * HKV * D * q.element_size() / 1e6, 3
                 ),

@@ -33,6 +33,7 @@ import argparse  # noqa: E402
 import collections  # noqa: E402
 import datetime as dt  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -77,11 +78,11 @@ def weight_bytes(engine: Engine) -> int:
     return sum(p.numel() * p.element_size() for p in engine.model.parameters())
 
 
-def ttft_ms(engine: Engine, seed: int) -> float:
-    """Time to the first token of one 32-token prompt (prefill + first sample), alone."""
+def ttft_ms(engine: Engine, seed: int, tokens: int = 32) -> float:
+    """Time to the first token of one ``tokens``-token prompt (prefill + first sample), alone."""
     g = torch.Generator().manual_seed(seed)
     rid = engine.add_request(
-        torch.randint(100, 20000, (32,), generator=g).tolist(),
+        torch.randint(100, 20000, (tokens,), generator=g).tolist(),
         SamplingParams(max_tokens=1, temperature=0.0),
     )
     t = time.perf_counter()
@@ -149,6 +150,12 @@ def main() -> int:
         "--rounds", type=int, default=3, help="interleaved repetitions per configuration"
     )
     ap.add_argument(
+        "--ttft-tokens",
+        type=int,
+        default=32,
+        help="the prompt of the first and second requests timed alone (a cold prefill)",
+    )
+    ap.add_argument(
         "--native-stack",
         action="store_true",
         help="compare the CPU's one-call decoder stack on and off instead (graphs, overlap: defaults)",
@@ -165,7 +172,7 @@ def main() -> int:
             dtype=args.dtype,
             device=args.device,
             num_pages=args.num_pages,
-            max_model_len=2048,
+            max_model_len=max(2048, args.ttft_tokens + 1, args.prompt_tokens + args.steps + 2),
             max_running_requests=max(args.batch),
             **kw,
         )
@@ -181,8 +188,8 @@ def main() -> int:
         modes = [(g, o) for g in ("off", "on") for o in ("off", "on")]
         engines = {(g, o): engine(decode_graphs=g, overlap_schedule=o) for g, o in modes}
     # The first request on a fresh engine against a second one of the same shape (warm start).
-    first = {m: ttft_ms(e, 1) for m, e in engines.items()}
-    second = {m: ttft_ms(e, 2) for m, e in engines.items()}
+    first = {m: ttft_ms(e, 1, args.ttft_tokens) for m, e in engines.items()}
+    second = {m: ttft_ms(e, 2, args.ttft_tokens) for m, e in engines.items()}
     for m in modes:
         print(
             f"{_label(m)}: first request TTFT {first[m]:.1f} ms, second {second[m]:.1f} ms "
@@ -262,7 +269,9 @@ def main() -> int:
         "weight_floor_ms_best_read": best_floor_ms,
         "read_gbs_samples": read_samples,
         "results": results,
+        "ttft_tokens": args.ttft_tokens,
         "ttft_first_second_ms": {_label(m): [first[m], second[m]] for m in modes},
+        "cpu_amx": os.environ.get("RADIXSERVE_CPU_AMX", "1") != "0",
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
