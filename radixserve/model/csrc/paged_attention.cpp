@@ -393,7 +393,26 @@ constexpr int64_t kNarrowRows = 0;  // the rows-in-lanes path everywhere
 #define TILE_O0 6  // output: rows x 16 dimensions, float (O1: the next 16)
 #define TILE_O1 7
 
-alignas(64) constexpr uint16_t kZeroRow[256] = {};  // a padded key's or value's row (d <= 256)
+alignas(64) constexpr uint16_t kZeroRow[256] = {};
+
+// The sum of a vector's lanes in one fixed order: lane j and j + 8 first, then those sums' j
+// and j + 4, then j and j + 2, then the last two (lanes_sum below: the same for each lane of
+// 16 vectors, so rows in the lanes and a row's keys in the lanes sum alike).
+inline float lane_sum(vf s) {
+  const vf h = s + __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15, 0, 0, 0, 0, 0, 0, 0, 0);
+  const vf q = h + __builtin_shufflevector(h, h, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  const vf e = q + __builtin_shufflevector(q, q, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  return e[0] + e[1];
+}
+
+// lane_sum of every lane r of the vectors s[i] (i the summed index): a vector of 16 sums.
+inline vf lanes_sum(const vf (&s)[kLanes]) {
+  vf h[8], q[4], e[2];
+  for (int j = 0; j < 8; ++j) h[j] = s[j] + s[j + 8];
+  for (int j = 0; j < 4; ++j) q[j] = h[j] + h[j + 4];
+  for (int j = 0; j < 2; ++j) e[j] = q[j] + q[j + 2];
+  return e[0] + e[1];
+}  // a padded key's or value's row (d <= 256)
 
 template <int NC>
 void amx_attend(const Layer<c10::BFloat16>& L, int64_t h, KeyRun run, int64_t key_begin, int64_t key_end,
@@ -417,6 +436,11 @@ void amx_attend(const Layer<c10::BFloat16>& L, int64_t h, KeyRun run, int64_t ke
   vi iota;
   for (int i = 0; i < kLanes; ++i) iota[i] = i;
   const __m512i column = _mm512_mullo_epi32((__m512i)iota, _mm512_set1_epi32(kLanes));  // ts's rows, a lane each
+  // Word w of a probability pair vector: row w / 2's probability of the first key (w even, the
+  // low half of cvtne2ps's result) or of the second.
+  uint16_t rows_idx[32];
+  for (int w = 0; w < 32; ++w) rows_idx[w] = static_cast<uint16_t>(w / 2 + (w % 2) * 16);
+  const __m512i pick_rows = _mm512_loadu_si512(rows_idx);
 
   for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
     const int64_t lanes = std::min(kLanes, rows - r0);
@@ -487,45 +511,76 @@ void amx_attend(const Layer<c10::BFloat16>& L, int64_t h, KeyRun run, int64_t ke
         if (two) _tile_stored(TILE_S1, ts + (g + 1) * kLanes * kLanes, 64);
       }
 
-      // sr[r][t]: row r's score of key t. A few rows (a decode token's query heads) gather
-      // their columns of ts; more transpose it 16 x 16 (the same words either way).
-      float sr[kLanes][kBlock];
-      for (int64_t g = 0; g < groups; ++g) {
-        const float* tile = ts + g * kLanes * kLanes;
-        if (lanes <= kNarrowRows) {
-          for (int64_t r = 0; r < lanes; ++r) {
-            _mm512_storeu_ps(sr[r] + g * kLanes, _mm512_i32gather_ps(column, tile + r, sizeof(float)));
+      if (lanes <= kNarrowRows) {
+        // A decode token's few query rows: each row's scores gathered from ts with the keys in
+        // the lanes (four vectors a row, not 64 with most lanes idle).
+        for (int64_t r = 0; r < lanes; ++r) {
+          const int64_t seen = std::min(n, lim[r] - start + 1);  // keys [0, seen) of the block
+          vf x[G], top = splat(mv[r]);
+          for (int64_t g = 0; g < G; ++g) {
+            const vf score =
+                g < groups ? static_cast<vf>(_mm512_i32gather_ps(column, ts + g * kLanes * kLanes + r, sizeof(float))) * scale
+                           : splat(kNoMax);
+            x[g] = iota + static_cast<int32_t>(g * kLanes) < static_cast<int32_t>(seen) ? score : splat(kNoMax);
+            top = vmax(top, x[g]);
           }
-          continue;
+          const float mx = _mm512_reduce_max_ps(static_cast<__m512>(top));
+          const vf vmx = splat(mx);
+          vf sum{};
+          for (int64_t g = 0; g < G; ++g) {
+            const vf p = iota + static_cast<int32_t>(g * kLanes) < static_cast<int32_t>(seen) ? exp2v(x[g] - vmx) : vf{};
+            sum += p;
+            const __m256bh b = _mm512_cvtneps_pbh(static_cast<__m512>(p));
+            std::memcpy(tp + r * kBlock + g * kLanes, &b, sizeof b);
+          }
+          const float alpha = exp2v(splat(mv[r]) - vmx)[0];
+          mv[r] = mx;
+          lv[r] = lv[r] * alpha + lane_sum(sum);
+          float* a = acc + (r0 + r) * d;
+          for (int64_t c = 0; c < NC; ++c) store_vf(a + c * kLanes, load_vf(a + c * kLanes) * alpha);
         }
-        const float* src[kLanes];
-        for (int64_t i = 0; i < kLanes; ++i) src[i] = tile + i * kLanes;
-        __m512 col[kLanes];
-        transpose16(src, 0, col);
-        for (int64_t r = 0; r < lanes; ++r) _mm512_storeu_ps(sr[r] + g * kLanes, col[r]);
-      }
-      for (int64_t r = 0; r < lanes; ++r) {  // softmax, row by row
-        const int64_t seen = std::min(n, lim[r] - start + 1);  // keys [0, seen) of the block
-        vf x[G], top = splat(mv[r]);
-        for (int64_t g = 0; g < G; ++g) {
-          const vf score = g < groups ? load_vf(sr[r] + g * kLanes) * scale : splat(kNoMax);
-          x[g] = iota + static_cast<int32_t>(g * kLanes) < static_cast<int32_t>(seen) ? score : splat(kNoMax);
-          top = vmax(top, x[g]);
+      } else {
+        // More rows (a prefill's): the rows in the lanes, ts row t being key t's scores, and
+        // the same operations per row and key as above: the maximum, exp2, the sum in
+        // lane_sum's order (key i's, 16 + i's, 32 + i's and 48 + i's added first, as a row's
+        // four vectors are above), the bf16 probabilities (transposed into tp's rows).
+        vi seen;
+        vf vm, vl;
+        for (int64_t r = 0; r < kLanes; ++r) {
+          seen[r] = r < lanes ? static_cast<int32_t>(std::min(n, lim[r] - start + 1)) : 0;
+          vm[r] = r < lanes ? mv[r] : kNoMax;
+          vl[r] = r < lanes ? lv[r] : 0.0f;
         }
-        const float mx = _mm512_reduce_max_ps(static_cast<__m512>(top));
-        const vf vmx = splat(mx);
-        vf sum{};
-        for (int64_t g = 0; g < G; ++g) {
-          const vf p = iota + static_cast<int32_t>(g * kLanes) < static_cast<int32_t>(seen) ? exp2v(x[g] - vmx) : vf{};
-          sum += p;
-          const __m256bh b = _mm512_cvtneps_pbh(static_cast<__m512>(p));
-          std::memcpy(tp + r * kBlock + g * kLanes, &b, sizeof b);
+        vf p[kBlock], top = vm;
+        for (int64_t t = 0; t < kBlock; ++t) {
+          const vf score = t < groups * kLanes ? load_vf(ts + t * kLanes) * scale : splat(kNoMax);
+          p[t] = vi{} + static_cast<int32_t>(t) < seen ? score : splat(kNoMax);
+          top = vmax(top, p[t]);
         }
-        const float alpha = exp2v(splat(mv[r]) - vmx)[0];
-        mv[r] = mx;
-        lv[r] = lv[r] * alpha + _mm512_reduce_add_ps(static_cast<__m512>(sum));
-        float* a = acc + (r0 + r) * d;
-        for (int64_t c = 0; c < NC; ++c) store_vf(a + c * kLanes, load_vf(a + c * kLanes) * alpha);
+        for (int64_t t = 0; t < kBlock; ++t) p[t] = vi{} + static_cast<int32_t>(t) < seen ? exp2v(p[t] - top) : vf{};
+        vf part[kLanes];
+        for (int64_t i = 0; i < kLanes; ++i) part[i] = ((p[i] + p[kLanes + i]) + p[2 * kLanes + i]) + p[3 * kLanes + i];
+        const vf alpha = exp2v(vm - top);
+        vl = vl * alpha + lanes_sum(part);
+        for (int64_t r = 0; r < lanes; ++r) {
+          mv[r] = top[r], lv[r] = vl[r];
+          float* a = acc + (r0 + r) * d;
+          for (int64_t c = 0; c < NC; ++c) store_vf(a + c * kLanes, load_vf(a + c * kLanes) * alpha[r]);
+        }
+        // Word r of pairs[j]: row r's probabilities of keys 2j and 2j + 1, as bf16; transposed,
+        // a row's 32 words are its 64 keys in order.
+        alignas(64) uint32_t pairs[kBlock / 2][kLanes];
+        for (int64_t j = 0; j < kBlock / 2; ++j) {
+          const __m512bh two = _mm512_cvtne2ps_pbh(static_cast<__m512>(p[2 * j + 1]), static_cast<__m512>(p[2 * j]));
+          _mm512_store_si512(pairs[j], _mm512_permutexvar_epi16(pick_rows, (__m512i)two));
+        }
+        for (int64_t half = 0; half < 2; ++half) {
+          const float* src[kLanes];
+          for (int64_t i = 0; i < kLanes; ++i) src[i] = reinterpret_cast<const float*>(pairs[half * kLanes + i]);
+          __m512 rows_words[kLanes];
+          transpose16(src, 0, rows_words);
+          for (int64_t r = 0; r < lanes; ++r) _mm512_storeu_ps(reinterpret_cast<float*>(tp + r * kBlock + half * 32), rows_words[r]);
+        }
       }
 
       // Values as pairs of keys: row i % 16 of half i / 16's tile for dimensions 16c.. holds
