@@ -379,7 +379,7 @@ def test_decode_rows_equal_prefill_rows_over_many_chunks(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("d", [32, 64, 80, 128])
+@pytest.mark.parametrize("d", [32, 64, 80, 96, 128])
 @pytest.mark.parametrize("heads", [(4, 4), (8, 4), (9, 3), (8, 2), (10, 2)], ids=str)
 def test_few_row_blocks_equal_wide_ones(heads: tuple[int, int], d: int, dtype: torch.dtype) -> None:
     """A decode row's few query rows per KV head (1 to 4 here; 5 takes the wide path) score
@@ -387,7 +387,8 @@ def test_few_row_blocks_equal_wide_ones(heads: tuple[int, int], d: int, dtype: t
     the same arithmetic in the same order, so a decode row equals the prefill row of its
     position bit for bit, for every query group size, head size and KV dtype (float and bf16
     keys are read in place, float16 ones converted first; bf16 queries over bf16 keys of an
-    even number of vectors, d = 32, 64, 128, score by pairs of dimensions on both paths)."""
+    even number of vectors, d = 32, 64, 96, 128, score by pairs of dimensions on both paths,
+    on AMX tiles where the CPU has them)."""
     hq, hkv = heads
     n, page_size = 300, 16  # two full chunks and a partial one
     pages = list(range(1, 1 + -(-n // page_size)))
