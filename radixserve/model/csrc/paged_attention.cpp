@@ -394,7 +394,7 @@ constexpr int64_t kNarrowRows = 0;  // the rows-in-lanes path everywhere
 #define TILE_O0 6  // output: rows x 16 dimensions, float (O1: the next 16)
 #define TILE_O1 7
 
-alignas(64) constexpr uint16_t kZeroRow[256] = {};
+alignas(64) constexpr uint16_t kZeroRow[256] = {};  // a padded key's or value's row (d <= 256)
 
 // The sum of a vector's lanes in one fixed order: lane j and j + 8 first, then those sums' j
 // and j + 4, then j and j + 2, then the last two (lanes_sum below: the same for each lane of
@@ -413,7 +413,7 @@ inline vf lanes_sum(const vf (&s)[kLanes]) {
   for (int j = 0; j < 4; ++j) q[j] = h[j] + h[j + 4];
   for (int j = 0; j < 2; ++j) e[j] = q[j] + q[j + 2];
   return e[0] + e[1];
-}  // a padded key's or value's row (d <= 256)
+}
 
 // One row block's tile work in amx_attend: its constant operands (permutation indices), and a
 // method per stage of a block of kBlock keys. ``lanes``: the block's rows (<= 16); ``n``:
