@@ -33,6 +33,7 @@ from radixserve.serving.http.auth import APIKeyAuth
 from radixserve.serving.http.body_limit import BodyLimit
 from radixserve.serving.http.errors import APIError, install_error_handlers
 from radixserve.serving.http.gateway import Gateway, GatewayConfig
+from radixserve.serving.http.sse import warm_streaming
 
 log = logging.getLogger("radixserve.serving.http")
 
@@ -71,6 +72,7 @@ def create_app(config: GatewayConfig | None = None, tokenizer: Any = None) -> Fa
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
+        await warm_streaming()
         try:
             yield
         finally:

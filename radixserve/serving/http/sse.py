@@ -49,6 +49,18 @@ async def guard(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             await aclose()
 
 
+async def warm_streaming() -> None:
+    """Run once, before the first request, what a first streamed response would do for the
+    first time: anyio (under Starlette's StreamingResponse: a task group, memory streams)
+    imports its stream and socket modules on first use, ~5 ms of the first request's time to
+    first token otherwise (``PYTHONPROFILEIMPORTTIME`` during a first request)."""
+    async with anyio.create_task_group():
+        pass
+    send, receive = anyio.create_memory_object_stream[bytes](1)
+    send.close()
+    receive.close()
+
+
 class SSEResponse(StreamingResponse):
     """A ``text/event-stream`` response whose generator is always closed, even when the
     client disconnects mid-stream (Starlette then cancels the send loop)."""
