@@ -128,6 +128,13 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
         "--http-port", type=int, default=None, help="serve HTTP on this port too (0: any free port)"
     )
     g.add_argument("--http-host", default="127.0.0.1", help="HTTP bind address")
+    g.add_argument(
+        "--no-warm-up-request",
+        dest="warm_up_request",
+        action="store_false",
+        help="do not send one short request through HTTP, router and worker before serving "
+        "(it takes what a first request pays once; its prompt is cached like any other)",
+    )
     _common_http_arguments(g, memory_log_default=60.0)
 
 
@@ -152,6 +159,63 @@ def start_http_for_serve(args: argparse.Namespace, server: Any, model: str | Pat
     except BaseException:
         server.close()
         raise
+
+
+def warm_up_http(server: Any, http: Any, api_keys: tuple[str, ...], timeout_s: float = 60.0) -> str:
+    """Send one short streamed completion through the gateway, the router and a worker of a
+    started ``serve`` before it says it is serving, running the router's loop in this thread
+    meanwhile (the router's thread is this one until ``serve`` runs it for good).
+
+    A first request pays costs no later one does, in every layer on its path (first calls of
+    code paths, lazy allocations and imports: 5-25 ms on a 2-core VM, benchmarks/README.md);
+    this one pays them instead, as SGLang's start-up request does. Its prompt is cached like
+    any other. /health answers 503 until it is done. Returns a line for the log; a failure
+    (e.g. a worker that refuses it) is reported there and does not stop the server."""
+    import json
+    import threading
+    import time
+    import urllib.request
+
+    base = http.url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
+    headers = {"Content-Type": "application/json"}
+    if api_keys:
+        headers["Authorization"] = f"Bearer {api_keys[0]}"
+    outcome: dict[str, str] = {}
+    done = threading.Event()
+
+    def send() -> None:
+        try:
+            with urllib.request.urlopen(
+                urllib.request.Request(f"{base}/v1/models", headers=headers), timeout=timeout_s
+            ) as r:
+                model = json.load(r)["data"][0]["id"]
+            body = {"model": model, "prompt": "Hello", "max_tokens": 2, "temperature": 0.0}
+            req = urllib.request.Request(
+                f"{base}/v1/completions", json.dumps({**body, "stream": True}).encode(), headers
+            )
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+                for _ in r:  # the whole stream, to [DONE]
+                    pass
+        except Exception as exc:  # noqa: BLE001 -- reported, never fatal
+            outcome["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            done.set()
+
+    started = time.monotonic()
+    gateway = http.app.state.gateway
+    gateway.warming_up = True  # /health: 503 meanwhile
+    try:
+        threading.Thread(target=send, name="radixserve-warm-up", daemon=True).start()
+        while not done.is_set() and not server.router.stopping:
+            if time.monotonic() - started > timeout_s:
+                return f"warm-up request: no answer within {timeout_s:.0f} s (serving anyway)"
+            server.router.run_once(0.01)
+    finally:
+        gateway.warming_up = False
+    ms = (time.monotonic() - started) * 1e3
+    if "error" in outcome:
+        return f"warm-up request failed after {ms:.0f} ms (serving anyway): {outcome['error']}"
+    return f"warm-up request through HTTP, router and worker: {ms:.0f} ms"
 
 
 def _start_http(

@@ -135,7 +135,7 @@ def serve(args: argparse.Namespace) -> int:
 
     import zmq
 
-    from radixserve.commands.gateway import check_http_bind, http_keys
+    from radixserve.commands.gateway import check_http_bind, http_keys, warm_up_http
     from radixserve.engine.devices import parse_gpu_ids
     from radixserve.model_store import resolve_model
     from radixserve.serving.launcher import LocalServer
@@ -213,6 +213,8 @@ def serve(args: argparse.Namespace) -> int:
         stoppers.append(http.request_stop)
         if server.router.stopping:  # the signal came while the gateway started
             http.request_stop()
+        elif args.warm_up_request:
+            print(f"radixserve: {warm_up_http(server, http, http_keys(args)[0])}", flush=True)
     pids = " ".join(str(p.pid) for p in server.procs)
     print(
         f"radixserve: serving on {server.endpoint} (routing {args.routing}; worker pids {pids or '-'}); "

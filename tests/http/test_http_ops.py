@@ -5,6 +5,7 @@ and a client that disconnects mid-stream aborting its request (KV freed)."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from typing import Any
@@ -268,3 +269,13 @@ def test_disconnect_mid_stream_aborts_and_frees_kv(server: Any, route: str) -> N
         engine_after["generated_tokens_total"] - engine_before["generated_tokens_total"] < 1500
     ), why
     assert engine_after["invariants"] == "ok"
+
+
+def test_serve_sends_a_warm_up_request_before_serving(server: Any) -> None:
+    """Before ``serve`` prints that it is serving, one short streamed completion has gone
+    through the gateway, the router and the worker, to its end (what a first request pays
+    once, it pays instead)."""
+    log = "".join(server.out.seen)
+    m = re.search(r"warm-up request through HTTP, router and worker: (\d+) ms", log)
+    assert m is not None, log
+    assert log.index(m.group(0)) < log.index("serving on")

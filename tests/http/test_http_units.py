@@ -332,3 +332,19 @@ def test_warm_streaming_loads_what_a_first_stream_would() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_health_says_503_while_serve_warms_up() -> None:
+    """/health is not ready while ``serve`` sends its warm-up request (Gateway.warming_up):
+    a client that waits for it sends its first request after the warm-up."""
+    from fastapi.testclient import TestClient
+
+    from radixserve.serving.http.app import create_app
+    from radixserve.serving.http.gateway import GatewayConfig
+
+    app = create_app(GatewayConfig(router="tcp://127.0.0.1:9"))
+    with TestClient(app) as c:
+        app.state.gateway.warming_up = True
+        r = c.get("/health")
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == "warming_up"

@@ -129,6 +129,9 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.client: AsyncClient | None = None
         self.started = time.time()
+        # True while ``serve`` sends its warm-up request (commands/gateway.py): /health says
+        # 503 until then, so that "ready" means the first request's one-off costs are paid.
+        self.warming_up = False
         self._info: p.ModelInfo | None = None
         self.tokens = TokenNames(tokenizer)
         self._tokenizer_looked_up = tokenizer is not None

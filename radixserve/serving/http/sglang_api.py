@@ -271,6 +271,8 @@ async def flush_cache(request: Request) -> Response:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
+    if _gw(request).warming_up:
+        raise APIError(503, "warming up", type="service_unavailable", code="warming_up")
     h = await _gw(request).health()
     if not h.ok:
         raise APIError(503, "no live worker", type="service_unavailable", code="no_workers")
