@@ -182,10 +182,11 @@ def warm_up_http(server: Any, http: Any, api_keys: tuple[str, ...], timeout_s: f
         headers["Authorization"] = f"Bearer {api_keys[0]}"
     outcome: dict[str, str] = {}
     done = threading.Event()
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
 
     def send() -> None:
         try:
-            with urllib.request.urlopen(
+            with direct.open(
                 urllib.request.Request(f"{base}/v1/models", headers=headers), timeout=timeout_s
             ) as r:
                 model = json.load(r)["data"][0]["id"]
@@ -193,7 +194,7 @@ def warm_up_http(server: Any, http: Any, api_keys: tuple[str, ...], timeout_s: f
             req = urllib.request.Request(
                 f"{base}/v1/completions", json.dumps({**body, "stream": True}).encode(), headers
             )
-            with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            with direct.open(req, timeout=timeout_s) as r:
                 for _ in r:  # the whole stream, to [DONE]
                     pass
         except Exception as exc:  # noqa: BLE001 -- reported, never fatal

@@ -213,7 +213,7 @@ def serve(args: argparse.Namespace) -> int:
         stoppers.append(http.request_stop)
         if server.router.stopping:  # the signal came while the gateway started
             http.request_stop()
-        elif args.warm_up_request:
+        elif args.warm_up_request and server.router.live_workers:  # none yet: nothing to warm
             print(f"radixserve: {warm_up_http(server, http, http_keys(args)[0])}", flush=True)
     pids = " ".join(str(p.pid) for p in server.procs)
     print(
