@@ -214,6 +214,16 @@ constexpr bool pair_scores_for(int64_t d) {
          d % (2 * kLanes) == 0;
 }
 
+// A pair of bf16 values held as floats (their top halves are the bf16 words) as one 32-bit
+// word of two bf16: x[0] in the low half, x[1] in the high one (vdpbf16ps's and the tiles'
+// operand order).
+inline uint32_t bf16_pair(const float* x) {
+  uint32_t even, odd;
+  std::memcpy(&even, x, sizeof even);
+  std::memcpy(&odd, x + 1, sizeof odd);
+  return (odd & 0xffff0000u) | (even >> 16);
+}
+
 #if defined(__AVX512F__)
 // Blocks of up to this many rows (a decode token's query heads of one KV head: 1 for MHA,
 // 3 for SmolLM2's GQA) take narrow_block below.
@@ -440,17 +450,17 @@ struct AmxBlocks {
     column = _mm512_mullo_epi32((__m512i)iota, _mm512_set1_epi32(kLanes));
   }
 
+  // An output row's running sum times the rescaling factor of its softmax state.
+  static void scale_row(float* row, float alpha) {
+    for (int64_t c = 0; c < NC; ++c) store_vf(row + c * kLanes, load_vf(row + c * kLanes) * alpha);
+  }
+
   // Tile Q's columns: word j * 16 + r = dimensions 2j and 2j + 1 of row r of ``q`` (the floats
   // are bf16 values: their top halves are the bf16 words), zero for rows past ``lanes``.
   static void pair_queries(const float* q, int64_t lanes, uint32_t* tq) {
     std::fill(tq, tq + steps * kLanes * kLanes, 0u);
     for (int64_t r = 0; r < lanes; ++r) {
-      for (int64_t j = 0; j < d / 2; ++j) {
-        uint32_t even, odd;
-        std::memcpy(&even, q + r * d + 2 * j, sizeof even);
-        std::memcpy(&odd, q + r * d + 2 * j + 1, sizeof odd);
-        tq[j * kLanes + r] = (odd & 0xffff0000u) | (even >> 16);
-      }
+      for (int64_t j = 0; j < d / 2; ++j) tq[j * kLanes + r] = bf16_pair(q + r * d + 2 * j);
     }
   }
 
@@ -519,7 +529,7 @@ struct AmxBlocks {
       const float alpha = exp2v(splat(mv[r]) - vmx)[0];
       mv[r] = mx;
       lv[r] = lv[r] * alpha + lane_sum(sum);
-      for (int64_t c = 0; c < NC; ++c) store_vf(acc + r * d + c * kLanes, load_vf(acc + r * d + c * kLanes) * alpha);
+      scale_row(acc + r * d, alpha);
     }
   }
 
@@ -551,7 +561,7 @@ struct AmxBlocks {
     vl = vl * alpha + lanes_sum(part);
     for (int64_t r = 0; r < lanes; ++r) {
       mv[r] = top[r], lv[r] = vl[r];
-      for (int64_t c = 0; c < NC; ++c) store_vf(acc + r * d + c * kLanes, load_vf(acc + r * d + c * kLanes) * alpha[r]);
+      scale_row(acc + r * d, alpha[r]);
     }
     // Word r of pairs[j]: row r's probabilities of keys 2j and 2j + 1, as bf16; transposed, a
     // row's 32 words are its 64 keys in order.
@@ -723,12 +733,7 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
     bool have_qw = false;
     auto pair_q = [&] {
       for (int64_t r = 0; r < lanes; ++r) {
-        for (int64_t j = 0; j < d / 2; ++j) {
-          uint32_t even, odd;
-          std::memcpy(&even, q + (r0 + r) * d + 2 * j, sizeof even);
-          std::memcpy(&odd, q + (r0 + r) * d + 2 * j + 1, sizeof odd);
-          qw[r * (d / 2) + j] = (odd & 0xffff0000u) | (even >> 16);
-        }
+        for (int64_t j = 0; j < d / 2; ++j) qw[r * (d / 2) + j] = bf16_pair(q + (r0 + r) * d + 2 * j);
       }
       have_qw = true;
     };
