@@ -203,7 +203,7 @@ class Engine:
                 )
             )
             clock.lap("tensor-parallel ranks ready")
-        self.runner.warm_up(self.max_total_len)
+        self.runner.warm_up(self.max_total_len, max_step_tokens=cfg.max_num_tokens)
         if ranks is not None:
             self.runner.followers = ranks.channel  # from now on each step goes to every rank
         clock.lap("warm-up (graph capture, first forwards)")

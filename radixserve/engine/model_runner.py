@@ -201,7 +201,10 @@ class ModelRunner:
             self.decode_graphs.attn = attn
 
     def warm_up(
-        self, max_seq_len: int, prefill_lengths: Sequence[int] = WARM_PREFILL_LENGTHS
+        self,
+        max_seq_len: int,
+        prefill_lengths: Sequence[int] = WARM_PREFILL_LENGTHS,
+        max_step_tokens: int = 0,
     ) -> None:
         """Everything a first request would otherwise pay for, before the worker says it is
         ready: the decode graphs captured (CUDA); prefills of ``prefill_lengths`` tokens (those
@@ -210,7 +213,13 @@ class ModelRunner:
         greedy and filtered paths, the static decode buffers), writing only to the scratch page.
         A backend with kernel variants chosen at run time (Triton: the decode split count by
         batch size) first launches every variant (:func:`~radixserve.model.warmup.warm_up_model`,
-        on pool pages no request holds yet)."""
+        on pool pages no request holds yet). On the CPU, oneDNN's kernel for every padded row
+        count of a step of up to ``max_step_tokens`` tokens (the LM head's: of up to one row per
+        running request) is built (:func:`~radixserve.model.cpu_linear.warm_onednn`; 0: none)."""
+        if max_step_tokens and self.pool.device.type == "cpu":
+            from radixserve.model.cpu_linear import warm_onednn
+
+            warm_onednn(self.model, max_step_tokens, head_rows=self.page_table.shape[0])
         if hasattr(self.attn, "decode_batch_sizes"):
             from radixserve.model.warmup import warm_up_model
 

@@ -186,7 +186,7 @@ def rank_loop(cfg: EngineConfig, model_path: str | Path, rank: int, pc: Parallel
         rv.store.set(f"failed/{rank}", f"tensor-parallel rank {rank} failed to start: {exc}")
         raise
     rv.store.set(f"ready/{rank}", "1")  # rank 0 starts its warm-up (collectives) after this
-    runner.warm_up(init.max_total_len)
+    runner.warm_up(init.max_total_len, max_step_tokens=cfg.max_num_tokens)
     log.info("rank %d ready (%s)", rank, device)
     while True:
         msg = rv.channel.recv()

@@ -17,6 +17,13 @@ layer shapes at 1 row: fp32 187 us (oneDNN 240), bf16 123 us (oneDNN 166); at 4 
 they tie and at 16 oneDNN is ~2x faster (its blocked layout reuses loaded activations
 across more rows), hence the crossover.
 
+oneDNN builds (JIT-compiles) a kernel for every new row count it meets, ~2 ms per layer
+shape here: each prefill of a new length paid ~10 ms for SmolLM2, and with more distinct
+counts than its primitive cache holds (1024) it would keep paying. So the rows are padded
+with zeros to one of 16 counts per power of two (:func:`onednn_rows`: at most 1/16 more rows,
+or 7 below 128; none at powers of two), and the worker's warm-up builds every count a step can reach
+(:func:`warm_onednn`).
+
 The packed copy lives beside the original weight (which stays the module's parameter,
 so ``state_dict`` and tied embeddings are untouched); for SmolLM2 in float32 that is
 ~0.5 GB more resident memory. It is still needed: batches above ``GEMV_MAX_ROWS`` rows
@@ -40,6 +47,51 @@ _ROWS_HINT = 16
 # Rows up to which the small-batch kernel (cpu_gemv) beats the packed oneDNN GEMM
 # (SmolLM2 shapes on the 2-core AVX-512 VM: faster at 1-2 rows, even at 4, slower at 16).
 GEMV_MAX_ROWS = 4
+
+
+def onednn_rows(m: int) -> int:
+    """The rows a oneDNN GEMM of ``m`` rows runs at: ``m`` rounded up to a multiple of 8, or
+    of 1/16 of the largest power of two under ``m`` where that is more (the C++ decoder stack
+    pads alike: ``radixserve_cpu::onednn_rows``)."""
+    below = 1 << max(0, (m - 1).bit_length() - 1)  # the largest power of two under m
+    step = max(8, below // 16)
+    return -(-m // step) * step
+
+
+def onednn_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` for a 2-D ``x`` against ``W`` pre-packed by
+    ``mkldnn._reorder_linear_weight``, its rows padded to :func:`onednn_rows`."""
+    m = x.shape[0]
+    rows = onednn_rows(m)
+    if rows != m:
+        x = torch.cat([x, x.new_zeros(rows - m, x.shape[1])])
+    y = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return y if rows == m else y[:m]
+
+
+def warm_onednn(model: nn.Module, max_rows: int, head_rows: int) -> int:
+    """Multiply each shape of oneDNN-packed weight in ``model`` (its modules'
+    ``onednn_weight()``) once at every padded row count up to ``max_rows`` rows, the LM head's
+    up to ``head_rows`` (logits are computed for the rows that sample: one per sequence), so
+    that no request builds a oneDNN kernel (see :func:`onednn_rows`); returns the calls made."""
+    head = getattr(model, "lm_head", None)
+    weights: dict[tuple, tuple[torch.Tensor, torch.Tensor | None, int]] = {}
+    for module in model.modules():
+        packed = getattr(module, "onednn_weight", lambda: None)()
+        if packed is not None:
+            w, bias = packed
+            rows = head_rows if module is head else max_rows
+            key = (module.in_features, module.out_features, w.dtype, bias is None, rows)
+            weights.setdefault(key, (w, bias, rows))
+    calls = 0
+    with torch.inference_mode():
+        for (in_features, _, dtype, _, _), (w, bias, most) in weights.items():
+            for rows in sorted({onednn_rows(m) for m in range(1, most + 1)}):
+                onednn_linear(torch.zeros(rows, in_features, dtype=dtype), w, bias)
+                calls += 1
+    return calls
 
 
 class PackedLinear(nn.Module):
@@ -66,8 +118,12 @@ class PackedLinear(nn.Module):
         if x2.shape[0] <= self.gemv_max_rows and x2.dtype == self.weight.dtype:
             y = cpu_gemv.linear(x2.contiguous(), self._gemv_weight, self._gemv_bias)
         else:
-            y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
+            y = onednn_linear(x2, self.packed, self.bias)
         return y.view(*lead, self.out_features)
+
+    def onednn_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The packed weight and the bias oneDNN multiplies with (for :func:`warm_onednn`)."""
+        return self.packed, self.bias
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, onednn"

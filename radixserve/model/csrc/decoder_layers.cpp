@@ -82,6 +82,16 @@ struct Ops {
   }
 };
 
+// The rows a oneDNN GEMM of ``m`` rows runs at: cpu_linear.onednn_rows (tests hold the two
+// equal). oneDNN builds a kernel for every new row count (~2 ms per layer shape here, ~10 ms
+// a prefill of SmolLM2), so the rows are padded to one of 16 counts per power of two.
+int64_t onednn_rows(int64_t m) {
+  int64_t below = 1;  // the largest power of two under m
+  while (below * 2 < m) below *= 2;
+  const int64_t step = std::max<int64_t>(8, below / 16);
+  return (m + step - 1) / step * step;
+}
+
 // torch's mkldnn::_linear_pointwise(x, packed, bias, "none", [], ""): called boxed, its C++
 // signature being torch's internal business.
 at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const OptT& bias) {
@@ -99,17 +109,23 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const Op
   return stack[0].toTensor();
 }
 
-// One linear layer, as the model's module would run it at these row counts.
-at::Tensor linear(const Ops& ops, const at::Tensor& x, int64_t kind, const OptT& a, const OptT& b,
+// One linear layer over the first ``t`` rows of ``x``, as the model's module would run it at
+// that row count; ``t`` rows out. oneDNN multiplies all of ``x``'s rows: onednn_rows(t), the
+// rows past ``t`` zero (see decoder_layers: the inputs are allocated so, not copied).
+at::Tensor linear(const Ops& ops, const at::Tensor& x, int64_t t, int64_t kind, const OptT& a, const OptT& b,
                   const OptT& bias, int64_t group) {
-  if (kind == kDense) return x.size(0) <= group ? ops.gemv_dense.call(x, *a, bias) : onednn_linear(x, *b, bias);
+  const at::Tensor xt = x.narrow(0, 0, t);
+  if (kind == kDense) {
+    if (t <= group) return ops.gemv_dense.call(xt, *a, bias);
+    TORCH_CHECK(x.size(0) == onednn_rows(t), "a oneDNN linear's input must have onednn_rows(t) rows");
+    return onednn_linear(x, *b, bias).narrow(0, 0, t);
+  }
   // Quantized layers multiply bf16 activations and come back to x's dtype (QuantizedLinear.forward).
-  const at::Tensor xq = x.to(at::kBFloat16);
+  const at::Tensor xq = xt.to(at::kBFloat16);
   at::Tensor y;
   switch (kind) {
     case kInt8:
-      y = x.size(0) <= group ? ops.gemv_int8.call(xq.contiguous(), *a, *b)
-                             : at::linear(xq, ops.int8_dequantize.call(*a, *b));
+      y = t <= group ? ops.gemv_int8.call(xq.contiguous(), *a, *b) : at::linear(xq, ops.int8_dequantize.call(*a, *b));
       break;
     case kInt4Torch: y = at::_weight_int4pack_mm_for_cpu(xq, *a, group, *b); break;
     case kInt4Gemv: y = ops.gemv_int4.call(xq.contiguous(), *a, *b, group); break;
@@ -141,30 +157,41 @@ void decoder_layers(at::Tensor h, at::TensorList norms, double eps, at::IntArray
   const int64_t t = h.size(0);
   const int64_t d = k_pages.empty() ? 0 : k_pages[0].size(3);
   const int64_t n_qk = num_q_heads + num_kv_heads;
+  // The linears' inputs, one buffer each for all layers (each layer overwrites its first t
+  // rows). Where a dense layer multiplies through oneDNN they have onednn_rows(t) rows, the
+  // rest zero: padding by copying each input cost ~4 ms of a 300-token bf16 prefill.
+  bool onednn = false;
+  for (int64_t i = 0; i < kLinears * layers; ++i) onednn |= kinds[i] == kDense && t > groups[i];
+  const int64_t rows = onednn ? onednn_rows(t) : t;
+  auto buffer = [&](int64_t cols) {
+    at::Tensor buf = at::empty({rows, cols}, h.options());
+    if (rows > t) buf.narrow(0, t, rows - t).zero_();
+    return buf;
+  };
+  at::Tensor x = buffer(h.size(1));  // each RMSNorm's output
+  at::Tensor attn = buffer(num_q_heads * d);
+  at::Tensor act;  // SiLU(gate) * up, sized by the first gate_up
   for (int64_t l = 0; l < layers; ++l) {
-    auto lin = [&](const at::Tensor& x, int64_t j) {
+    auto lin = [&](const at::Tensor& in, int64_t j) {
       const int64_t i = kLinears * l + j;
       const int64_t w = kSlots * i;
-      return linear(ops, x, kinds[i], weights.get(w), weights.get(w + 1), weights.get(w + 2), groups[i]);
+      return linear(ops, in, t, kinds[i], weights.get(w), weights.get(w + 1), weights.get(w + 2), groups[i]);
     };
     // Attention block: norm, qkv, RoPE on q and k together, store + attend, o_proj.
-    at::Tensor x = at::empty_like(h);
-    ops.rms_norm.call(h, norms[2 * l], eps, std::nullopt, x);
+    ops.rms_norm.call(h, norms[2 * l], eps, std::nullopt, x.narrow(0, 0, t));
     const at::Tensor qkv = lin(x, 0).view({t, n_qk + num_kv_heads, d});
     ops.rotary.call(qkv.narrow(1, 0, n_qk), cos, sin);
     const at::Tensor q = qkv.narrow(1, 0, num_q_heads);
     const at::Tensor k = qkv.narrow(1, num_q_heads, num_kv_heads);
     const at::Tensor v = qkv.narrow(1, n_qk, num_kv_heads);
-    at::Tensor attn = at::empty({t, num_q_heads, d}, h.options());
-    ops.paged_attention.call(q, k_pages[l], v_pages[l], attn, plan[0], plan[1], plan[2], plan[3], plan[4], plan[5],
-                             plan[6], plan[7], sm_scale, k, v, slots);
-    const at::Tensor a = lin(attn.view({t, num_q_heads * d}), 1);
+    ops.paged_attention.call(q, k_pages[l], v_pages[l], attn.narrow(0, 0, t).view({t, num_q_heads, d}), plan[0],
+                             plan[1], plan[2], plan[3], plan[4], plan[5], plan[6], plan[7], sm_scale, k, v, slots);
+    const at::Tensor a = lin(attn, 1);
     // MLP block: h += a and its norm in one pass, gate_up, SiLU(gate) * up, down, h += down.
-    at::Tensor x2 = at::empty_like(a);
-    ops.rms_norm.call(a, norms[2 * l + 1], eps, h, x2);
-    const at::Tensor gate_up = lin(x2, 2);
-    at::Tensor act = at::empty({t, gate_up.size(1) / 2}, gate_up.options());
-    ops.silu_mul.call(gate_up, act);
+    ops.rms_norm.call(a, norms[2 * l + 1], eps, h, x.narrow(0, 0, t));
+    const at::Tensor gate_up = lin(x, 2);
+    if (!act.defined() || act.size(1) != gate_up.size(1) / 2) act = buffer(gate_up.size(1) / 2);
+    ops.silu_mul.call(gate_up, act.narrow(0, 0, t));
     h.add_(lin(act, 3));
   }
 }
@@ -179,4 +206,5 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.impl("decoder_layers", c10::DispatchKey::CPU, &decoder_layers);
   // The oneDNN-packed weights are MkldnnCPU tensors, which decide the dispatch key.
   m.impl("decoder_layers", c10::DispatchKey::MkldnnCPU, &decoder_layers);
+  m.def("onednn_rows(int m) -> int", &onednn_rows);
 }

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.model import cpu_gemv
-from radixserve.model.cpu_linear import onednn_linear_supported
+from radixserve.model.cpu_linear import onednn_linear, onednn_linear_supported
 from radixserve.model.quant.formats import (
     Fp8Weight,
     Int4Weight,
@@ -174,12 +174,18 @@ class QuantizedLinear(nn.Module):
         self.dense_min_rows = self.default_dense_min_rows = min_rows
         return self.dense_cache_bytes
 
+    def onednn_weight(self) -> tuple[torch.Tensor, None] | None:
+        """The oneDNN-packed decoded weight, where one is kept (for ``cpu_linear.warm_onednn``)."""
+        if self.dense_cache is None or not self._dense_cache_onednn:
+            return None
+        return self.dense_cache, None
+
     def _dense_matmul(self, x: torch.Tensor) -> torch.Tensor:
         """The dense path: the decoded weight's GEMM (the kept copy, or decoded on the spot)."""
         if self.dense_cache is None:
             return F.linear(x, self.dequantize(self.compute_dtype))
         if self._dense_cache_onednn:
-            return torch.ops.mkldnn._linear_pointwise(x, self.dense_cache, None, "none", [], "")
+            return onednn_linear(x, self.dense_cache)
         return F.linear(x, self.dense_cache)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
