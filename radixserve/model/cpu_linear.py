@@ -20,9 +20,9 @@ across more rows), hence the crossover.
 oneDNN builds (JIT-compiles) a kernel for every new row count it meets, ~2 ms per layer
 shape here: each prefill of a new length paid ~10 ms for SmolLM2, and with more distinct
 counts than its primitive cache holds (1024) it would keep paying. So the rows are padded
-with zeros to one of 16 counts per power of two (:func:`onednn_rows`: at most 1/16 more rows,
-or 7 below 128; none at powers of two), and the worker's warm-up builds every count a step can reach
-(:func:`warm_onednn`).
+with zeros to at most 16 counts per power of two (:func:`onednn_rows`: at most 1/16 more
+rows, or 7 below 128; none at powers of two), and the worker's warm-up builds every count a
+step can reach (:func:`warm_onednn`).
 
 The packed copy lives beside the original weight (which stays the module's parameter,
 so ``state_dict`` and tied embeddings are untouched); for SmolLM2 in float32 that is
