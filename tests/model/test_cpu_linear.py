@@ -74,7 +74,7 @@ def test_bfloat16_packed_linear_matches_linear() -> None:
 
 
 def test_onednn_rows_pad_little_to_few_counts() -> None:
-    """Every row count runs at one of 16 counts per power of two, at most 1/16 (or 7 rows)
+    """Every row count runs at one of at most 16 counts per power of two, at most 1/16 (or 7 rows)
     above it; powers of two from 8 up are not padded."""
     padded = [onednn_rows(m) for m in range(1, 8193)]
     for m, rows in enumerate(padded, start=1):

@@ -84,7 +84,7 @@ struct Ops {
 
 // The rows a oneDNN GEMM of ``m`` rows runs at: cpu_linear.onednn_rows (tests hold the two
 // equal). oneDNN builds a kernel for every new row count (~2 ms per layer shape here, ~10 ms
-// a prefill of SmolLM2), so the rows are padded to one of 16 counts per power of two.
+// a prefill of SmolLM2), so the rows are padded to at most 16 counts per power of two.
 int64_t onednn_rows(int64_t m) {
   int64_t below = 1;  // the largest power of two under m
   while (below * 2 < m) below *= 2;
