@@ -8,7 +8,8 @@ Starts radixserve exactly as ``bench_peers.py`` does (HTTP gateway and router in
 process, tokenizer pool, one worker), replays the ``shared_system`` workload one request at
 a time, and reads ``/proc`` CPU times (``psutil``) of every process and thread before and
 after: on a machine whose cores the worker's compute threads keep busy, the router process's
-CPU per token is time taken from the step.
+CPU per token is time taken from the step. The client's (this process's, the load client of
+``peers/openai_load.py``) is printed too: it runs on the same cores.
 
 The weight-streaming floor (``benchmarks/floor.py``: the served dtype's weights read once at
 the bandwidth a 512 MiB read shows) is sampled in this process while the server idles, three
@@ -85,7 +86,9 @@ def main() -> int:
         src = read_source()
         reads = [read_gbs(src) for _ in range(3)]
         before = {p.pid: _thread_times(p) for p in procs}
+        client0 = psutil.Process().cpu_times()
         results, wall = asyncio.run(replay(cfg, work.sessions, 1, tok))
+        client1 = psutil.Process().cpu_times()
         after = {p.pid: _thread_times(p) for p in procs}
         reads += [read_gbs(src) for _ in range(3)]
         del src
@@ -119,6 +122,9 @@ def main() -> int:
         print(
             f"{row['command']:40s} {row['ms_per_token']:8.3f} ms/token  threads {row['busiest_threads_ms_per_token']}"
         )
+    client_ms = (client1.user + client1.system - client0.user - client0.system) / tokens * 1e3
+    summary["client_ms_per_token"] = round(client_ms, 3)
+    print(f"{'client (this process)':40s} {client_ms:8.3f} ms/token")
     print(f"{tokens} tokens, ITL p50 {summary['itl_p50_ms']} ms")
     print(
         f"weight-streaming floor {floor_ms:.1f} ms ({nbytes / 1e6:.0f} MB at {gbs:.1f} GB/s, the "
