@@ -109,12 +109,11 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& packed, const Op
   return stack[0].toTensor();
 }
 
-// One linear layer over the first ``t`` rows of ``x``, as the model's module would run it at
-// that row count; ``t`` rows out. oneDNN multiplies all of ``x``'s rows: onednn_rows(t), the
-// rows past ``t`` zero (see decoder_layers: the inputs are allocated so, not copied).
-at::Tensor linear(const Ops& ops, const at::Tensor& x, int64_t t, int64_t kind, const OptT& a, const OptT& b,
-                  const OptT& bias, int64_t group) {
-  const at::Tensor xt = x.narrow(0, 0, t);
+// One linear layer over ``xt``, the first ``t`` rows of ``x``, as the model's module would run
+// it at that row count; ``t`` rows out. oneDNN multiplies all of ``x``'s rows: onednn_rows(t),
+// the rows past ``t`` zero (see decoder_layers: the inputs are allocated so, not copied).
+at::Tensor linear(const Ops& ops, const at::Tensor& x, const at::Tensor& xt, int64_t t, int64_t kind, const OptT& a,
+                  const OptT& b, const OptT& bias, int64_t group) {
   if (kind == kDense) {
     if (t <= group) return ops.gemv_dense.call(xt, *a, bias);
     TORCH_CHECK(x.size(0) == onednn_rows(t), "a oneDNN linear's input must have onednn_rows(t) rows");
@@ -133,6 +132,14 @@ at::Tensor linear(const Ops& ops, const at::Tensor& x, int64_t t, int64_t kind, 
   }
   y = y.to(x.scalar_type());
   return bias.has_value() ? y + bias->to(x.scalar_type()) : y;
+}
+
+// Heads [first, first + n) of a contiguous [t, heads, d] tensor: the view qkv.narrow(1, first,
+// n) is, made in one dispatched call instead of narrow's three (narrow, slice, as_strided).
+// A batch-1 step makes four such views in each of SmolLM2's 30 layers.
+at::Tensor heads(const at::Tensor& qkv, int64_t first, int64_t n) {
+  const int64_t d = qkv.size(2);
+  return qkv.as_strided({qkv.size(0), n, d}, {qkv.stride(0), d, 1}, qkv.storage_offset() + first * d);
 }
 
 // Every layer over the batch's rows, ``h`` ([T, hidden], the embeddings) updated in place to
@@ -168,32 +175,48 @@ void decoder_layers(at::Tensor h, at::TensorList norms, double eps, at::IntArray
     if (rows > t) buf.narrow(0, t, rows - t).zero_();
     return buf;
   };
-  at::Tensor x = buffer(h.size(1));  // each RMSNorm's output
-  at::Tensor attn = buffer(num_q_heads * d);
-  at::Tensor act;  // SiLU(gate) * up, sized by the first gate_up
+  // The buffers' first t rows (the buffers themselves where they have no more): views made
+  // once, not per layer. Each narrow is three dispatched calls; these, the heads() views and
+  // the residual add folded into the next norm make a layer ~3 us shorter (a 30-layer model
+  // with weights in cache: 0.89-0.91 against 0.96-1.00 ms a bf16 batch-1 step).
+  auto first_rows = [&](const at::Tensor& buf) { return rows > t ? buf.narrow(0, 0, t) : buf; };
+  const at::Tensor x = buffer(h.size(1));  // each RMSNorm's output
+  const at::Tensor xt = first_rows(x);
+  const at::Tensor attn = buffer(num_q_heads * d);
+  const at::Tensor attn_t = first_rows(attn);
+  const at::Tensor attn_heads = attn_t.view({t, num_q_heads, d});
+  at::Tensor act, act_t;  // SiLU(gate) * up, sized by the first gate_up
+  at::Tensor down;  // the previous layer's MLP output, not yet added to h
   for (int64_t l = 0; l < layers; ++l) {
-    auto lin = [&](const at::Tensor& in, int64_t j) {
+    auto lin = [&](const at::Tensor& in, const at::Tensor& in_t, int64_t j) {
       const int64_t i = kLinears * l + j;
       const int64_t w = kSlots * i;
-      return linear(ops, in, t, kinds[i], weights.get(w), weights.get(w + 1), weights.get(w + 2), groups[i]);
+      return linear(ops, in, in_t, t, kinds[i], weights.get(w), weights.get(w + 1), weights.get(w + 2), groups[i]);
     };
-    // Attention block: norm, qkv, RoPE on q and k together, store + attend, o_proj.
-    ops.rms_norm.call(h, norms[2 * l], eps, std::nullopt, x.narrow(0, 0, t));
-    const at::Tensor qkv = lin(x, 0).view({t, n_qk + num_kv_heads, d});
-    ops.rotary.call(qkv.narrow(1, 0, n_qk), cos, sin);
-    const at::Tensor q = qkv.narrow(1, 0, num_q_heads);
-    const at::Tensor k = qkv.narrow(1, num_q_heads, num_kv_heads);
-    const at::Tensor v = qkv.narrow(1, n_qk, num_kv_heads);
-    ops.paged_attention.call(q, k_pages[l], v_pages[l], attn.narrow(0, 0, t).view({t, num_q_heads, d}), plan[0],
-                             plan[1], plan[2], plan[3], plan[4], plan[5], plan[6], plan[7], sm_scale, k, v, slots);
-    const at::Tensor a = lin(attn, 1);
-    // MLP block: h += a and its norm in one pass, gate_up, SiLU(gate) * up, down, h += down.
-    ops.rms_norm.call(a, norms[2 * l + 1], eps, h, x.narrow(0, 0, t));
-    const at::Tensor gate_up = lin(x, 2);
-    if (!act.defined() || act.size(1) != gate_up.size(1) / 2) act = buffer(gate_up.size(1) / 2);
-    ops.silu_mul.call(gate_up, act.narrow(0, 0, t));
-    h.add_(lin(act, 3));
+    // Attention block: norm (h += the previous layer's MLP output first, in the same pass: the
+    // bits of h.add_ then the norm), qkv, RoPE on q and k together, store + attend, o_proj.
+    if (down.defined()) {
+      ops.rms_norm.call(down, norms[2 * l], eps, h, xt);
+    } else {
+      ops.rms_norm.call(h, norms[2 * l], eps, std::nullopt, xt);
+    }
+    const at::Tensor qkv = lin(x, xt, 0).view({t, n_qk + num_kv_heads, d});
+    ops.rotary.call(heads(qkv, 0, n_qk), cos, sin);
+    ops.paged_attention.call(heads(qkv, 0, num_q_heads), k_pages[l], v_pages[l], attn_heads, plan[0], plan[1],
+                             plan[2], plan[3], plan[4], plan[5], plan[6], plan[7], sm_scale,
+                             heads(qkv, num_q_heads, num_kv_heads), heads(qkv, n_qk, num_kv_heads), slots);
+    const at::Tensor a = lin(attn, attn_t, 1);
+    // MLP block: h += a and its norm in one pass, gate_up, SiLU(gate) * up, down.
+    ops.rms_norm.call(a, norms[2 * l + 1], eps, h, xt);
+    const at::Tensor gate_up = lin(x, xt, 2);
+    if (!act.defined() || act.size(1) != gate_up.size(1) / 2) {
+      act = buffer(gate_up.size(1) / 2);
+      act_t = first_rows(act);
+    }
+    ops.silu_mul.call(gate_up, act_t);
+    down = lin(act, act_t, 3);
   }
+  if (down.defined()) h.add_(down);  // the last layer's MLP output (the final norm is the caller's)
 }
 
 }  // namespace
