@@ -12,9 +12,10 @@ CPU per token is time taken from the step. The client's (this process's, the loa
 ``peers/openai_load.py``) is printed too: it runs on the same cores.
 
 The weight-streaming floor (``benchmarks/floor.py``: the served dtype's weights read once at
-the bandwidth a 512 MiB read shows, on huge pages as the worker's weights are) is sampled in this process while the server idles, three
-reads before the replay and three after; the inter-token latency's median over it is the
-model runner's "within 1.2x of the floor, through HTTP" target.
+the bandwidth a 512 MiB read shows, on huge pages as the worker's weights are) is sampled in
+this process while the server idles, three reads before the replay and three after; the
+inter-token latency's median over it is the model runner's "within 1.2x of the floor,
+through HTTP" target.
 """
 
 from __future__ import annotations
