@@ -3,20 +3,15 @@ head once, as the engine holds them."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
+import bench_modules
 import pytest
 import torch
 
 from radixserve.engine.engine import Engine
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "floor.py"
-_spec = importlib.util.spec_from_file_location("bench_floor", _PATH)
-floor = importlib.util.module_from_spec(_spec)
-sys.modules["bench_floor"] = floor
-_spec.loader.exec_module(floor)
+floor = bench_modules.load("floor.py", "bench_floor")
 
 
 @pytest.mark.parametrize("fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])  # untied, tied head

@@ -8,22 +8,15 @@ records the request body and answers with the events the test gives it.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import bench_modules
 from aiohttp import web
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "peers" / "openai_load.py"
-_spec = importlib.util.spec_from_file_location("peer_openai_load", _PATH)
-assert _spec is not None and _spec.loader is not None
-ol = importlib.util.module_from_spec(_spec)
-sys.modules["peer_openai_load"] = ol
-_spec.loader.exec_module(ol)
+ol = bench_modules.load("peers/openai_load.py", "peer_openai_load")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

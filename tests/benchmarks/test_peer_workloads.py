@@ -6,17 +6,10 @@ prefix cache reuses, page-aligned, never the last prompt token.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import bench_modules
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "workloads.py"
-_spec = importlib.util.spec_from_file_location("peer_workloads", _PATH)
-wl = importlib.util.module_from_spec(_spec)
-sys.modules["peer_workloads"] = wl
-_spec.loader.exec_module(wl)
+wl = bench_modules.load("workloads.py", "peer_workloads")
 
 
 class CharTokenizer:
