@@ -293,7 +293,7 @@ def main() -> int:
             order = names[r % len(names) :] + names[: r % len(names)]  # rotate who goes first
             for name in order:
                 srv = servers[name]
-                asyncio.run(_flush(srv.endpoint))
+                _flush(srv)
                 res = asyncio.run(
                     replay(
                         srv.endpoint, workload, params, args.concurrency, args.rate, args.seed + r
@@ -376,13 +376,11 @@ def main() -> int:
     return 0
 
 
-async def _flush(endpoint: str) -> None:
-    client = AsyncClient(endpoint, timeout=60)
-    try:
-        if not await client.flush_cache():
+def _flush(srv: LocalServer) -> None:
+    # A keyless router takes a flush only from its own process: the inproc client.
+    with srv.own_client(timeout=60) as client:
+        if not client.flush_cache():
             raise RuntimeError("flush_cache refused (requests still running?)")
-    finally:
-        await client.close()
 
 
 def _median(rs: list[dict[str, Any]]) -> dict[str, Any]:

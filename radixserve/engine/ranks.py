@@ -32,6 +32,7 @@ import datetime
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import socket
 import time
@@ -46,7 +47,13 @@ import radixserve.engine.step_wire as step_wire
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.dist_addr import WILDCARDS, split_addr
 from radixserve.engine.plan_channel import PlanChannel
-from radixserve.model.parallel import TPGroup, listen_socket, make_gloo, tcp_store
+from radixserve.model.parallel import (
+    TPGroup,
+    listen_socket,
+    make_gloo,
+    private_store_path,
+    rendezvous_store,
+)
 
 if TYPE_CHECKING:
     from radixserve.engine.model_runner import ModelRunner
@@ -83,6 +90,9 @@ class ParallelConfig(NamedTuple):
     host: str
     port: int  # 0: rank 0 picks a free one (single node only)
     timeout: datetime.timedelta
+    # One host, no --dist-init-addr: the ranks meet at a file store only this user can
+    # open instead of a TCPStore any local process reaches (see rendezvous_store).
+    store_path: str | None = None
 
     @staticmethod
     def from_engine(cfg: EngineConfig) -> ParallelConfig:
@@ -132,7 +142,9 @@ def rendezvous(
     pc: ParallelConfig, rank: int, device: torch.device, listen: socket.socket | None = None
 ) -> Rendezvous:
     """Meet the other ranks at ``pc``'s address (rank 0 serves the store on ``listen``)."""
-    store = tcp_store(pc.host, pc.port, rank, pc.world_size, STARTUP_TIMEOUT, listen)
+    store = rendezvous_store(
+        pc.host, pc.port, rank, pc.world_size, STARTUP_TIMEOUT, listen, pc.store_path
+    )
     host = bind_host(pc)
     tp = TPGroup.create(
         dist.PrefixStore("tp", store),
@@ -145,6 +157,20 @@ def rendezvous(
     )
     plan_backend = make_gloo(dist.PrefixStore("plan", store), rank, pc.world_size, IDLE_WAIT, host)
     return Rendezvous(tp, PlanChannel(plan_backend, rank, pc.timeout, IDLE_WAIT), store)
+
+
+def private_rendezvous(pc: ParallelConfig, cfg: EngineConfig) -> ParallelConfig:
+    """``pc`` with a private file store when every rank runs on this host and no
+    ``--dist-init-addr`` was given: rank 0 makes it before it starts the others."""
+    if pc.nnodes == 1 and cfg.dist_init_addr is None:
+        return pc._replace(store_path=private_store_path())
+    return pc
+
+
+def remove_private_store(pc: ParallelConfig) -> None:
+    """Remove the directory of ``pc``'s private store, if it has one (rank 0, at close)."""
+    if pc.store_path is not None:
+        shutil.rmtree(os.path.dirname(pc.store_path), ignore_errors=True)
 
 
 def rank_device(device: str, local_rank: int) -> torch.device:
@@ -290,10 +316,12 @@ class RankGroup:
 
     def __init__(self, cfg: EngineConfig, model_path: str | Path) -> None:
         """Start this host's other ranks and meet every rank (rank 0 serves the rendezvous)."""
-        self.pc = pc = ParallelConfig.from_engine(cfg)
-        listen = listen_socket(pc.host, pc.port)  # bound before the ranks start: no port race
-        if pc.port == 0:
-            pc = self.pc = pc._replace(port=listen.getsockname()[1])
+        self.pc = pc = private_rendezvous(ParallelConfig.from_engine(cfg), cfg)
+        listen = None
+        if pc.store_path is None:
+            listen = listen_socket(pc.host, pc.port)  # bound before the ranks start: no race
+            if pc.port == 0:
+                pc = self.pc = pc._replace(port=listen.getsockname()[1])
         self.procs = spawn_ranks(cfg, str(model_path), pc, range(1, pc.ranks_per_node))
         self.device = rank_device(cfg.device, 0)
         self._closed = False
@@ -376,13 +404,14 @@ class RankGroup:
         self._closed = True
         if self.failed:  # the ranks are out of step (or hung): no message, no grace period
             stop_ranks(self.procs, timeout=0.0)
-            return
-        if hasattr(self, "channel"):
-            try:
-                self.channel.send(step_wire.Shutdown(reason))
-            except Exception:  # a rank is already gone: the others see their broadcast fail
-                log.debug("shutdown broadcast failed", exc_info=True)
-        stop_ranks(self.procs)
+        else:
+            if hasattr(self, "channel"):
+                try:
+                    self.channel.send(step_wire.Shutdown(reason))
+                except Exception:  # a rank is already gone: the others see their broadcast fail
+                    log.debug("shutdown broadcast failed", exc_info=True)
+            stop_ranks(self.procs)
+        remove_private_store(self.pc)
 
 
 def run_node(cfg: EngineConfig, model_path: str | Path) -> int:

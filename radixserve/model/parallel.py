@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import socket
+import tempfile
 import time
 from typing import Any, NamedTuple
 
@@ -200,6 +202,30 @@ def tcp_store(
             master_listen_fd=listen.detach(),
         )
     return dist.TCPStore(host, port, world_size, False, timeout=timeout)
+
+
+def rendezvous_store(
+    host: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    timeout: datetime.timedelta,
+    listen: socket.socket | None = None,
+    path: str | None = None,
+) -> dist.Store:
+    """Where the ranks meet: with ``path`` (ranks on one host), a file store in a directory
+    only this user can open (:func:`private_store_path`), so no other local process can read
+    the ranks' addresses or write keys into it; else the :func:`tcp_store` at ``host:port``."""
+    if path is None:
+        return tcp_store(host, port, rank, world_size, timeout, listen)
+    store = dist.FileStore(path, world_size)
+    store.set_timeout(timeout)
+    return store
+
+
+def private_store_path() -> str:
+    """A fresh file-store path in a new directory of mode 0700 (remove it with its directory)."""
+    return os.path.join(tempfile.mkdtemp(prefix="radixserve-ranks-"), "store")
 
 
 def make_gloo(

@@ -15,7 +15,9 @@ client is gone.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from radixserve.serving import protocol as p
@@ -27,6 +29,8 @@ from radixserve.serving.requests import RouterRequest
 from radixserve.serving.security import cache_namespace
 from radixserve.serving.tokenizer_pool import TokenizerPool
 from radixserve.serving.workers import WorkerPool
+
+log = logging.getLogger("radixserve.security")  # refusals go to the audit log
 
 
 def error_code(message: str) -> p.ErrorCode:
@@ -59,14 +63,18 @@ class ClientSide:
         *,
         send: ClientSend,
         reply_error: ClientError,
+        trusted: Callable[[Any], bool],
     ) -> None:
         self._limits, self._codec, self._tokenizers = limits, codec, tokenizers
+        self._trusted = trusted
         self._pool, self._inflight, self._control = pool, inflight, control
         self._send, self._reply_error = send, reply_error
         self.started = time.monotonic()
 
-    def on_frames(self, frames: list[bytes]) -> None:
-        """Handle one message from a client: ``[identity, frame]``."""
+    def on_frames(self, raw: list[Any]) -> None:
+        """Handle one message from a client: ``[identity, frame]`` as ``zmq.Frame`` objects
+        (the last one's metadata says whether the client may flush the cache)."""
+        frames: list[bytes] = [f.bytes for f in raw]
         client = frames[0]
         if len(frames) != 2:
             self._reply_error(
@@ -106,6 +114,19 @@ class ClientSide:
             )
         elif isinstance(msg, p.ModelInfoRequest):
             self._on_model_info(client, msg.request_id)
+        elif isinstance(msg, p.FlushCache) and not self._trusted(raw[-1]):
+            # Every tenant's cached prefixes at once: only this process's clients (the HTTP
+            # gateway, whose admin key guards /flush_cache) or a keyed client may ask.
+            log.warning("cache flush from client %s refused: not authenticated", client.hex())
+            self._reply_error(
+                client,
+                p.Error(
+                    code="forbidden",
+                    message="flushing the cache needs an authenticated client (the server's "
+                    "--keys, or its own HTTP gateway with an admin key)",
+                    request_id=msg.request_id,
+                ),
+            )
         elif isinstance(msg, (p.StatsRequest, p.FlushCache)):
             self._control.start(client, msg)
         elif isinstance(msg, p.TokenizeRequest):

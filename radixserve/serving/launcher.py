@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.engine.devices import plan_worker_devices
+from radixserve.serving.client import Client
 from radixserve.serving.router import Router, RouterConfig
 from radixserve.serving.supervisor import RestartPolicy, Supervisor
 from radixserve.serving.workers import spawn_worker, worker_command
@@ -159,6 +160,12 @@ class LocalServer:
                 raise TimeoutError(f"workers did not join within {timeout_s:.0f} s")
             self.router.run_once(0.05)
         return True
+
+    def own_client(self, timeout: float | None = 60.0) -> Client:
+        """A client in this process, on the router's inproc endpoint: the one kind a keyless
+        router takes privileged messages from (a cache flush), since no other process can
+        reach that endpoint. Close it (``with``) before the server."""
+        return Client(self.router.inproc_endpoint, timeout=timeout, context=self.router.context)
 
     def run(self) -> None:
         """Serve in this thread until :meth:`Router.stop` (e.g. from a signal handler); then stop all."""

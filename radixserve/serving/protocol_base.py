@@ -20,6 +20,7 @@ ErrorCode = Literal[
     "version_mismatch",  # the "version" field is not PROTOCOL_VERSION
     "invalid_message",  # wrong field types, missing or unknown fields
     "invalid_params",  # values out of range (SamplingParams.validate, token ids, ...)
+    "forbidden",  # the client may not send this message (e.g. a cache flush, unauthenticated)
     "duplicate_request",  # a request id already in flight on this connection
     "context_length",  # the prompt does not fit the model's context
     "request_too_large",  # the frame is larger than the router's request-size limit

@@ -57,7 +57,7 @@ from radixserve.serving.dispatch import Dispatcher
 from radixserve.serving.inflight import InFlight
 from radixserve.serving.prompts import PromptCodec
 from radixserve.serving.router_config import RouterConfig
-from radixserve.serving.security import RouterSecurity
+from radixserve.serving.security import HandshakeWatch, RouterSecurity
 from radixserve.serving.supervisor import Supervisor, describe_exit
 from radixserve.serving.tokenizer_pool import TokenizerPool
 from radixserve.serving.worker_side import WorkerSide
@@ -114,6 +114,9 @@ class Router:
         self._poller.register(self.frontend, zmq.POLLIN)
         self._poller.register(self.backend, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
+        # Workers without a key fail the CURVE handshake before ZAP hears of them: logged here.
+        self._handshakes = HandshakeWatch(self.backend, "worker")
+        self._poller.register(self._handshakes.socket, zmq.POLLIN)
         # Prompts are encoded in processes of their own: a huge one delays only itself.
         self.tokenizers: TokenizerPool | None = None
         if config.tokenizer_workers > 0:
@@ -158,6 +161,7 @@ class Router:
             self._control,
             send=self.send_client,
             reply_error=self._reply_error,
+            trusted=self.security.trusted_client,
         )
         self.worker_side = WorkerSide(self.pool, self.dispatcher, self.inflight, self._control)
         self._next_tick = 0.0
@@ -248,10 +252,12 @@ class Router:
         events = dict(self._poller.poll(int(wait * 1000)))
         if self._wake_r in events:
             self._drain_wakeups()
+        if self._handshakes.socket in events:
+            self._handshakes.on_events()
         if self.tokenizers is not None and self.tokenizers.socket in events:
             self._drain(self.tokenizers.socket, self.tokenizers.on_frames)
         if self.frontend in events:
-            self._drain(self.frontend, self.client_side.on_frames)
+            self._drain(self.frontend, self.client_side.on_frames, copy=False)
         # A pidfd (the int keys) is readable once its worker exited; reaping only then keeps
         # the per-token turn free of a poll() per process.
         if self.supervisor is not None and self.supervisor.should_reap(
@@ -291,6 +297,7 @@ class Router:
         self.shutdown(shutdown_workers=shutdown_workers)
         if self.backend.closed:
             return
+        self._handshakes.close()
         self.backend.close(linger=500)  # let shutdown messages to live workers leave
         if self.tokenizers is not None:
             self.tokenizers.close()
@@ -346,9 +353,10 @@ class Router:
                 if sock is self.frontend:
                     # Tied to its request where the frame names one: a client fails that
                     # request alone, not everything it has in flight.
-                    rid = p.request_id_of(frames[-1]) if len(frames) > 1 else None
+                    raw = [f if isinstance(f, bytes) else f.bytes for f in frames]
+                    rid = p.request_id_of(raw[-1]) if len(raw) > 1 else None
                     self._reply_error(
-                        frames[0],
+                        raw[0],
                         p.Error(
                             code="internal", message=f"{type(exc).__name__}: {exc}", request_id=rid
                         ),

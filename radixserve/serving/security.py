@@ -13,9 +13,16 @@ Keys and key files (``radixserve keys DIR``) are :mod:`~radixserve.serving.curve
 (:func:`generate_keys`, :func:`load_router_keys`, :func:`load_peer_keys`); their names are
 importable from here too.
 
-Bind policy (:func:`check_bind`): ipc and loopback tcp work without keys (what reaches
-them is this host); a tcp address reachable from other hosts is refused without keys
-unless the operator says ``insecure``.
+Local workers prove they are the router's own with no configuration: without operator keys
+the router makes a CURVE pair for itself at start-up and mints one key per worker it starts,
+handed over through the child's environment (readable only by its user, removed once read),
+so a process that merely reaches the worker port cannot join (see :class:`RouterSecurity`).
+
+Bind policy (:func:`check_bind`): ipc and loopback tcp work without operator keys (what
+reaches them is this host); a tcp address reachable from other hosts is refused without keys
+unless the operator says ``insecure``. Without keys the client socket stays plain, like an
+HTTP port without an API key, but its privileged messages (a cache flush) are taken only from
+the router's own process.
 
 Tenancy (:func:`cache_namespace`): a request's ``cache_salt`` is hashed into its cache
 namespace, so requests share cached KV only within one salt.
@@ -26,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -53,6 +61,7 @@ __all__ = [
     "KEYS_ENV",
     "ZAP_ENDPOINT",
     "Domain",
+    "HandshakeWatch",
     "InsecureBindError",
     "KeyPair",
     "Peer",
@@ -90,6 +99,7 @@ class ZapHandler:
     socket's domain, refuses the rest, and logs each decision with the peer's address."""
 
     def __init__(self, ctx: zmq.Context, keys: RouterKeys) -> None:
+        self.server = keys.server
         self._allowed: dict[str, dict[bytes, str]] = {
             d: dict(keys.allowed.get(d, {})) for d in DOMAINS
         }
@@ -106,6 +116,11 @@ class ZapHandler:
         """Accept ``public`` (Z85) on ``domain`` from now on."""
         with self._lock:
             self._allowed[domain][public] = name
+
+    def revoke(self, domain: Domain, public: bytes) -> None:
+        """Refuse ``public`` on ``domain`` from now on (connections made before stay)."""
+        with self._lock:
+            self._allowed[domain].pop(public, None)
 
     def close(self) -> None:
         """Stop the handler thread (it closes its socket: the context can then terminate)."""
@@ -221,22 +236,39 @@ def check_bind(endpoint: str, *, secured: bool, insecure: bool, what: str) -> No
 
 
 class RouterSecurity:
-    """The router's sockets' security: CURVE server keys and the ZAP handler (with ``keys``),
-    or plain sockets on addresses :func:`check_bind` accepts."""
+    """The router's sockets' security.
+
+    The worker socket is always a CURVE server. With the operator's ``keys`` it uses their
+    server pair and accepts the workers they list; without them it uses a pair made for this
+    router alone, so the only workers that can join are those it minted a key for (the ones
+    its launcher starts, :meth:`mint`): a process that merely reaches the port (every user of
+    a shared host reaches 127.0.0.1) fails the handshake and never sees a prompt. The client
+    socket is a CURVE server only with ``keys``; without them it is plain, on an address
+    :func:`check_bind` accepts, and its privileged messages (:meth:`trusted_client`) are
+    taken only from this process's own clients."""
 
     def __init__(
         self, ctx: zmq.Context, keys: RouterKeys | None, *, insecure: bool = False
     ) -> None:
         self.keys = keys
         self.insecure = insecure
-        self.zap = ZapHandler(ctx, keys) if keys is not None else None
+        # A pair of its own when the operator gave none: the workers' handshake needs one.
+        self.zap = ZapHandler(ctx, keys if keys is not None else RouterKeys(KeyPair.new()))
+        self.server = keys.server if keys is not None else self.zap.server
+        self._minted: dict[tuple[Domain, str], bytes] = {}
 
     @property
     def enabled(self) -> bool:
+        """Whether the operator's keys secure the client socket too."""
         return self.keys is not None
 
+    def curve(self, domain: Domain) -> bool:
+        """Whether ``domain``'s socket is a CURVE server (workers: always)."""
+        return domain == "workers" or self.keys is not None
+
     def check(self, endpoint: str, domain: Domain) -> None:
-        """Raise :class:`InsecureBindError` if ``endpoint`` may not be bound for ``domain``."""
+        """Raise :class:`InsecureBindError` if ``endpoint`` may not be bound for ``domain``.
+        Only the operator's keys count here: a remote peer can hold no minted key."""
         check_bind(
             endpoint,
             secured=self.keys is not None,
@@ -245,27 +277,119 @@ class RouterSecurity:
         )
 
     def bind(self, sock: zmq.Socket, endpoint: str, domain: Domain) -> None:
-        """Bind ``sock`` at ``endpoint``: as a CURVE server with keys, else if the policy allows."""
+        """Bind ``sock`` at ``endpoint``: as a CURVE server where :meth:`curve` says so."""
         self.check(endpoint, domain)
-        sock.setsockopt(zmq.ZAP_DOMAIN, domain.encode())
-        if self.keys is not None:
+        if self.curve(domain):
+            # Only a CURVE socket asks the ZAP handler: on a plain one it would refuse everyone.
+            sock.setsockopt(zmq.ZAP_DOMAIN, domain.encode())
             sock.curve_server = True
-            sock.curve_secretkey = self.keys.server.secret
-            sock.curve_publickey = self.keys.server.public
+            sock.curve_secretkey = self.server.secret
+            sock.curve_publickey = self.server.public
         sock.bind(endpoint)
 
     def mint(self, domain: Domain, name: str) -> PeerKeys | None:
-        """A fresh key pair allowed on ``domain`` (for local workers and the in-process
-        gateway, which hold no key files); ``None`` without keys."""
-        if self.keys is None or self.zap is None:
+        """A fresh key pair allowed on ``domain`` under ``name`` (for local workers and the
+        in-process gateway, which hold no key files); it replaces the key last minted under
+        that name, so a restarted worker's predecessor's key stops working. ``None`` for a
+        plain socket."""
+        if not self.curve(domain):
             return None
         pair = KeyPair.new()
+        old = self._minted.get((domain, name))
+        if old is not None:
+            self.zap.revoke(domain, old)
+        self._minted[(domain, name)] = pair.public
         self.zap.allow(domain, pair.public, name)
-        return PeerKeys(pair, self.keys.server.public)
+        return PeerKeys(pair, self.server.public)
+
+    def trusted_client(self, frame: zmq.Frame) -> bool:
+        """Whether the client that sent ``frame`` may send privileged messages (a cache flush):
+        one in this process (inproc carries no connection metadata), one of this user on an
+        ipc endpoint (the kernel names the peer's uid), or, with the operator's keys, any
+        client whose listed key the handshake checked. A plain tcp client never is: every
+        user of the host reaches 127.0.0.1."""
+        try:
+            address = str(frame.get("Peer-Address"))
+        except zmq.ZMQError:
+            return True  # inproc: only this process reaches it
+        return self.keys is not None or ipc_peer_uid(address) == os.getuid()
 
     def close(self) -> None:
-        if self.zap is not None:
-            self.zap.close()
+        self.zap.close()
+
+
+class HandshakeWatch:
+    """Logs connections that fail a CURVE socket's handshake before its ZAP handler sees them
+    (a peer with no key at all: a mechanism mismatch), which ZAP cannot log.
+
+    Reads the socket's monitor on the owner's thread (:attr:`socket` goes in its poller,
+    :meth:`on_events` when it is readable). The peer's address comes from the accepted
+    connection's descriptor, read when its event is handled: a connection already closed
+    by then is named by the listening endpoint only."""
+
+    EVENTS = (
+        zmq.EVENT_ACCEPTED
+        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    )
+
+    def __init__(self, sock: zmq.Socket, role: str) -> None:
+        self.role = role
+        self.socket: zmq.Socket = sock.get_monitor_socket(self.EVENTS)
+        self._watched = sock
+        self._last_peer: str | None = None
+        self._logged: dict[str, float] = {}
+
+    def on_events(self) -> None:
+        """Handle every queued monitor event."""
+        from zmq.utils.monitor import parse_monitor_message
+
+        while self.socket.poll(0):
+            event = parse_monitor_message(self.socket.recv_multipart())
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self._last_peer = _peer_address(int(event["value"]))
+            else:
+                where = self._last_peer or f"a local process on {event['endpoint'].decode()}"
+                self._log(where, int(event["value"]))
+
+    def _log(self, where: str, code: int) -> None:
+        now = time.monotonic()
+        if now - self._logged.get(where, -DENIAL_LOG_INTERVAL_S) < DENIAL_LOG_INTERVAL_S:
+            return
+        if len(self._logged) > 10_000:
+            self._logged.clear()
+        self._logged[where] = now
+        why = (
+            "no CURVE key (it offered no CURVE handshake)"
+            if code == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+            else f"a failed handshake (ZMTP error {code:#x})"
+        )
+        log.warning("%s connection from %s refused: %s", self.role, where, why)
+
+    def close(self) -> None:
+        self._watched.disable_monitor()
+        self.socket.close(linger=0)
+
+
+def ipc_peer_uid(address: str) -> int | None:
+    """The uid in an ipc connection's ``Peer-Address`` (``localhost:UID:GID:PID``, from the
+    kernel's SO_PEERCRED), or ``None`` for any other address."""
+    parts = address.split(":")
+    if len(parts) != 4 or parts[0] != "localhost" or not parts[1].isdigit():
+        return None
+    return int(parts[1])
+
+
+def _peer_address(fd: int) -> str | None:
+    """The remote address of an accepted connection's descriptor, or ``None`` once closed."""
+    import socket
+
+    try:
+        with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as sock:
+            peer = sock.getpeername()
+    except OSError:
+        return None
+    return str(peer[0]) if isinstance(peer, tuple) else None
 
 
 def printable(raw: bytes) -> str:

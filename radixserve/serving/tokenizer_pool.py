@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -62,9 +63,11 @@ class PoolStop(msgspec.Struct, tag="stop"):
 
 
 class PoolReady(msgspec.Struct, tag="ready"):
-    """A tokenizer process is loaded and takes jobs."""
+    """A tokenizer process is loaded and takes jobs; ``secret`` proves it is the pool's own
+    child (handed to it at spawn, see :data:`SECRET_ENV`)."""
 
     pid: int
+    secret: str
 
 
 class Encoded(msgspec.Struct, tag="encoded"):
@@ -74,6 +77,8 @@ class Encoded(msgspec.Struct, tag="encoded"):
     ids: list[list[int]] = []
     error: str | None = None
 
+
+SECRET_ENV = "RADIXSERVE_POOL_SECRET"  # a pool process's proof, read and removed at its start
 
 _to_pool = msgspec.msgpack.Decoder(EncodeJob | PoolStop)
 _from_pool = msgspec.msgpack.Decoder(PoolReady | Encoded)
@@ -86,6 +91,7 @@ Done = Callable[[list[list[int]] | None, str | None], None]  # (ids, error)
 class _Proc:
     index: int
     proc: subprocess.Popen[bytes]
+    secret: str  # what its PoolReady must carry
     identity: bytes | None = None  # set by its PoolReady
     outstanding: dict[int, Done] = field(default_factory=dict)
 
@@ -102,6 +108,8 @@ class TokenizerPool:
     ) -> None:
         if num_procs < 1:
             raise ValueError("a tokenizer pool needs at least one process")
+        # mkdtemp's directory is its owner's alone (0700): no other user reaches the socket;
+        # a process of the same user that does still cannot pass for a pool process (secrets).
         self._tmp = tempfile.mkdtemp(prefix="radixserve-tok-")
         try:
             self._dir = self._tokenizer_dir(tokenizer)
@@ -133,7 +141,8 @@ class TokenizerPool:
         return str(out)
 
     def _spawn(self, index: int) -> _Proc:
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+        secret = secrets.token_hex(16)
+        env = dict(os.environ, TOKENIZERS_PARALLELISM="false", **{SECRET_ENV: secret})
         cmd = [
             sys.executable,
             "-m",
@@ -143,7 +152,7 @@ class TokenizerPool:
             str(os.getpid()),
         ]
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
-        return _Proc(index, proc)
+        return _Proc(index, proc, secret)
 
     @property
     def ready(self) -> bool:
@@ -197,16 +206,29 @@ class TokenizerPool:
             log.error("bad frame from a tokenizer process: %s", exc)
             return
         if isinstance(msg, PoolReady):
-            for pp in self._procs:
-                if pp.proc.pid == msg.pid:
-                    pp.identity = identity
-            self._send_queued()
+            self._on_ready(identity, msg)
             return
-        for pp in self._procs:
-            done = pp.outstanding.pop(msg.job, None)
-            if done is not None:
-                done(msg.ids if msg.error is None else None, msg.error)
-                break
+        # Only the process the job was sent to may answer it.
+        pp = next((pp for pp in self._procs if pp.identity == identity), None)
+        done = pp.outstanding.pop(msg.job, None) if pp is not None else None
+        if done is None:
+            log.warning(
+                "an answer for job %d from an unknown peer %s ignored", msg.job, identity.hex()
+            )
+            return
+        done(msg.ids if msg.error is None else None, msg.error)
+        self._send_queued()
+
+    def _on_ready(self, identity: bytes, msg: PoolReady) -> None:
+        pp = next((pp for pp in self._procs if pp.proc.pid == msg.pid), None)
+        if pp is None or not secrets.compare_digest(pp.secret, msg.secret):
+            log.warning(
+                "a tokenizer-pool hello from peer %s (claimed pid %d) refused: not a pool process",
+                identity.hex(),
+                msg.pid,
+            )
+            return
+        pp.identity = identity
         self._send_queued()
 
     def check(self) -> None:
@@ -303,6 +325,7 @@ def run_tokenizer_process(connect: str, tokenizer_dir: str, parent_pid: int) -> 
     from radixserve.serving.prompts import PromptCodec, load_tokenizer
     from radixserve.serving.shutdown import die_with_parent
 
+    secret = os.environ.pop(SECRET_ENV, "")
     die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # holds no state worth a clean exit
     if os.getppid() != parent_pid:
@@ -322,7 +345,7 @@ def run_tokenizer_process(connect: str, tokenizer_dir: str, parent_pid: int) -> 
     sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.connect(connect)
-    sock.send(_encoder.encode(PoolReady(os.getpid())))
+    sock.send(_encoder.encode(PoolReady(os.getpid(), secret)))
     while True:
         if not sock.poll(1000):
             if os.getppid() != parent_pid:

@@ -20,9 +20,12 @@ GREEDY = {"temperature": 0.0}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama_dir: Path) -> Iterator[LocalServer]:
+def server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
+    # On ipc: the kernel names a client's user there, so this user's programs may flush the
+    # cache (a keyless router refuses that to plain tcp clients, whom every user can be).
+    sock = tmp_path_factory.mktemp("dsl-remote") / "clients.sock"
     config = RouterConfig(
-        endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.2, client_probe_interval_s=0.2
+        endpoint=f"ipc://{sock}", heartbeat_interval_s=0.2, client_probe_interval_s=0.2
     )
     srv = LocalServer(
         tiny_llama_dir, num_workers=2, config=config, engine_config=dict(ENGINE, num_threads=1)

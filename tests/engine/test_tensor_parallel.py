@@ -40,6 +40,9 @@ def test_tp2_greedy_equals_transformers_cold_and_warm(
     refs = [hf_greedy(path, p, N) for p in prompts]
     # max_num_tokens 16: the 30-token prompts prefill in chunks.
     engine = _tp_engine(path, page_size=4, num_pages=96, max_num_tokens=16)
+    assert engine.ranks is not None
+    store = engine.ranks.pc.store_path  # one host: no TCPStore any local process could reach
+    assert store is not None and os.stat(os.path.dirname(store)).st_mode & 0o777 == 0o700
     try:
         assert engine.model.local_config.num_kv_heads == 1  # half of the 2 KV heads
         cached = []
@@ -55,6 +58,7 @@ def test_tp2_greedy_equals_transformers_cold_and_warm(
     finally:
         engine.close()
     _assert_gone(engine)
+    assert not os.path.exists(os.path.dirname(store))
 
 
 def test_tp2_retraction_and_uneven_heads(tmp_path: Path) -> None:

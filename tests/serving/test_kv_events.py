@@ -116,7 +116,6 @@ def test_a_subscriber_sees_stored_removed_and_cleared_blocks(tiny_llama_dir: Pat
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_served_worker_publishes_its_cache_events(tiny_llama_dir: Path, tmp_path: Path) -> None:
-    from radixserve.serving.client import Client
     from radixserve.serving.launcher import LocalServer
     from radixserve.serving.router import RouterConfig
 
@@ -134,7 +133,7 @@ def test_a_served_worker_publishes_its_cache_events(tiny_llama_dir: Path, tmp_pa
     try:
         with (
             LocalServer(tiny_llama_dir, num_workers=1, config=cfg, engine_config=engine) as srv,
-            Client(srv.endpoint) as client,
+            srv.own_client() as client,  # it flushes the cache below: the server's own client
         ):
             sub.connect(f"ipc://{tmp_path}/kv-0")  # worker 0's socket ("{worker}" -> its id)
             sub.setsockopt_string(zmq.SUBSCRIBE, "kv-events")

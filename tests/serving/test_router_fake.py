@@ -330,7 +330,9 @@ def test_sessions_model_info_tokenize_flush_duplicates(fake_server, tokenizer) -
             [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
         )
         assert chat.usage.prompt_tokens == len(tokenizer.encode(rendered, add_special_tokens=False))
-        assert c.flush_cache() is True
+        # A flush is taken from the server's own process only (test_local_join.py).
+        with Client(srv.router.inproc_endpoint, timeout=20, context=srv.router.context) as own:
+            assert own.flush_cache() is True
         st = c.stats()
         assert all(w.engine["pages_evictable"] == 0 for w in st.workers)
         rid = c.submit("dup", params=SamplingParams(max_tokens=3), request_id="same")
@@ -387,6 +389,7 @@ def test_remote_worker_joins_by_endpoint_over_ipc(
     tokenizer_dir, tokenizer, alphabet, tmp_path, fast_router, fake_worker_cmd
 ) -> None:
     import json
+    import os
     import subprocess
 
     from radixserve.serving.launcher import LocalServer, stop_processes
@@ -401,8 +404,12 @@ def test_remote_worker_joins_by_endpoint_over_ipc(
     )
     srv = LocalServer(tokenizer_dir, num_workers=0, config=cfg, tokenizer=tokenizer).start()
     engine = json.dumps({"alphabet": alphabet, "vocab_size": len(tokenizer)})
+    # A worker the server did not start needs a key the router lists: here one minted for it
+    # (a library user's way; `radixserve worker --keys` is the command line's).
+    keys = srv.router.security.mint("workers", "remote-worker")
     remote = subprocess.Popen(
-        [*fake_worker_cmd, "--connect", srv.router.worker_endpoint, "--engine-config", engine]
+        [*fake_worker_cmd, "--connect", srv.router.worker_endpoint, "--engine-config", engine],
+        env={**os.environ, **keys.to_env()},
     )
     try:
         with Client(srv.endpoint, timeout=20) as c:

@@ -241,24 +241,6 @@ SECRET = "the secret prompt of a user"
 
 @pytest.mark.slow
 @pytest.mark.timeout(90)
-def test_control_without_keys_a_fake_worker_joins(
-    fake_server: Any, tokenizer: Any, zctx: zmq.Context
-) -> None:
-    """The attack works on a keyless router (why tcp beyond loopback needs keys): the fake
-    worker is registered and is sent a user's prompt."""
-    srv = fake_server(num_workers=1, router=dict(routing="round_robin"))
-    fake = zctx.socket(zmq.DEALER)
-    _fake_workers(srv, tokenizer, [fake])
-    assert _wait(lambda: len(srv.router.live_workers) == 2)
-    with Client(srv.endpoint, timeout=20) as c:
-        for _ in range(2):  # round robin: one of them goes to the fake worker
-            c.submit(SECRET, params=SamplingParams(max_tokens=2))
-        adds = [m for m in _received([fake], 1.0) if isinstance(m, p.WorkerAdd)]
-    assert [r.input_ids for m in adds for r in m.requests] == [tokenizer.encode(SECRET)]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(90)
 def test_fake_worker_without_the_key_cannot_join(
     fake_server: Any,
     tokenizer: Any,

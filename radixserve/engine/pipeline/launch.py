@@ -45,11 +45,13 @@ from radixserve.engine.ranks import (
     ParallelConfig,
     RankFailure,
     bind_host,
+    private_rendezvous,
     rank_device,
     rank_threads,
+    remove_private_store,
 )
 from radixserve.memory.sharding import DeviceShard, stage_shards
-from radixserve.model.parallel import TPGroup, listen_socket, make_gloo, tcp_store
+from radixserve.model.parallel import TPGroup, listen_socket, make_gloo, rendezvous_store
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ class RankSpec(msgspec.Struct, frozen=True):
     port: int
     model_path: str
     engine_config: dict[str, Any]
+    store_path: str | None = None  # rank 0's private file store (one host), else host:port
 
 
 class StageGroups(NamedTuple):
@@ -82,7 +85,7 @@ def join_groups(
     """Meet the other ranks at ``pc``'s address: the world's gloo group (plans and, on the CPU,
     activations; NCCL for the activations on CUDA) and this rank's stage TP group."""
     world = tp * pp
-    store = tcp_store(pc.host, pc.port, rank, world, STARTUP_TIMEOUT, listen)
+    store = rendezvous_store(pc.host, pc.port, rank, world, STARTUP_TIMEOUT, listen, pc.store_path)
     host = bind_host(pc)
     cpu = make_gloo(dist.PrefixStore("pp", store), rank, world, IDLE_WAIT, host)
     dev: Any = cpu
@@ -114,16 +117,26 @@ class PipelineLaunch:
     ) -> None:
         self.tp, self.pp = cfg.tensor_parallel_size, cfg.pipeline_parallel_size
         world = self.tp * self.pp
-        pc = ParallelConfig.from_engine(cfg)._replace(world_size=world)
-        listen = listen_socket(pc.host, pc.port)  # bound before the ranks start: no port race
-        self.pc = pc = pc._replace(port=listen.getsockname()[1])
+        pc = private_rendezvous(ParallelConfig.from_engine(cfg)._replace(world_size=world), cfg)
+        listen = None
+        if pc.store_path is None:
+            listen = listen_socket(pc.host, pc.port)  # bound before the ranks start: no race
+            pc = pc._replace(port=listen.getsockname()[1])
+        self.pc = pc
         self.device = rank_device(cfg.device, 0)
         self.stage = stage_of(model_path, self.tp, self.pp, 0)
         self._closed = False
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         for rank in range(1, world):
             spec = RankSpec(
-                rank, self.tp, self.pp, pc.host, pc.port, str(model_path), engine_kwargs
+                rank,
+                self.tp,
+                self.pp,
+                pc.host,
+                pc.port,
+                str(model_path),
+                engine_kwargs,
+                pc.store_path,
             )
             cmd = [sys.executable, "-m", __name__, msgspec.json.encode(spec).decode()]
             self.procs[rank] = subprocess.Popen(cmd)
@@ -241,6 +254,7 @@ class PipelineLaunch:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        remove_private_store(self.pc)
 
 
 def rank_main(spec: RankSpec) -> None:
@@ -259,7 +273,7 @@ def rank_main(spec: RankSpec) -> None:
     )
     cfg = EngineConfig.from_kwargs(**spec.engine_config)
     pc = ParallelConfig.from_engine(cfg)._replace(
-        world_size=spec.tp * spec.pp, host=spec.host, port=spec.port
+        world_size=spec.tp * spec.pp, host=spec.host, port=spec.port, store_path=spec.store_path
     )
     device = rank_device(cfg.device, spec.rank)
     threads = rank_threads(cfg, pc)

@@ -40,6 +40,7 @@ _ROUTER_ERRORS: dict[str, tuple[int, str, str | None]] = {
     "context_length": (400, "invalid_request_error", "context_length_exceeded"),
     "request_too_large": (413, "invalid_request_error", "request_too_large"),
     "duplicate_request": (400, "invalid_request_error", "duplicate_request"),
+    "forbidden": (403, "permission_error", "forbidden"),
     "no_workers": (503, "service_unavailable", "no_workers"),
     "worker_died": (503, "service_unavailable", "worker_died"),
     "shutdown": (503, "service_unavailable", "shutdown"),
