@@ -47,10 +47,10 @@ from typing import Any
 import numpy as np
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
 from radixserve.serving.client import AsyncClient
-from radixserve.serving.launcher import LocalServer
-from radixserve.serving.router import RouterConfig
+from radixserve.serving.router.launcher import LocalServer
+from radixserve.serving.router.router import RouterConfig
+from radixserve.serving.wire import protocol as p
 
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # `workloads`, after a PYTHONPATH checkout
 import workloads as wl  # noqa: E402

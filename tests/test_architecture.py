@@ -127,7 +127,7 @@ def test_the_cycle_finder_finds_cycles() -> None:
 def test_clients_import_without_torch() -> None:
     code = (
         "import sys; import radixserve, frontend_dsl, frontend_dsl.remote_backend, "
-        "radixserve.serving.client, radixserve.serving.async_client, radixserve.serving.protocol; "
+        "radixserve.serving.client, radixserve.serving.client.async_client, radixserve.serving.wire.protocol; "
         "bad = sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules); "
         "assert not bad, bad"
     )

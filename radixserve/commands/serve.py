@@ -10,8 +10,8 @@ from typing import Any
 from radixserve.cli import register
 from radixserve.commands.engine_args import add_engine_arguments, engine_config
 from radixserve.commands.gateway import add_http_arguments, request_limits, start_http_for_serve
-from radixserve.serving.client_common import DEFAULT_ENDPOINT
-from radixserve.serving.dispatch import BALANCE_LOADS, PREFIX_SOURCES, ROUTING_POLICIES
+from radixserve.serving.client.common import DEFAULT_ENDPOINT
+from radixserve.serving.router.dispatch import BALANCE_LOADS, PREFIX_SOURCES, ROUTING_POLICIES
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -138,11 +138,11 @@ def serve(args: argparse.Namespace) -> int:
     from radixserve.commands.gateway import check_http_bind, http_keys, warm_up_http
     from radixserve.engine.devices import parse_gpu_ids
     from radixserve.model_store import resolve_model
-    from radixserve.serving.launcher import LocalServer
-    from radixserve.serving.router import RouterConfig
-    from radixserve.serving.security import load_router_keys
-    from radixserve.serving.security import log as audit_log
+    from radixserve.serving.router.launcher import LocalServer
+    from radixserve.serving.router.router import RouterConfig
     from radixserve.serving.shutdown import exit_now
+    from radixserve.serving.wire.security import load_router_keys
+    from radixserve.serving.wire.security import log as audit_log
 
     logging.basicConfig(level=args.log_level.upper(), format="[router] %(levelname)s %(message)s")
     if audit_log.getEffectiveLevel() > logging.INFO:
@@ -287,7 +287,7 @@ def _worker_arguments(p: argparse.ArgumentParser) -> None:
 )
 def worker(args: argparse.Namespace, engine_factory: Any = None) -> int:
     from radixserve.serving.shutdown import exit_now
-    from radixserve.serving.worker_process import run_worker
+    from radixserve.serving.worker.process import run_worker
 
     config = engine_config(args)
     if config.get("node_rank", 0) > 0:  # this host only runs ranks; node 0 is the worker

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import tiny_models
 
-from radixserve.serving.launcher import LocalServer
-from radixserve.serving.router import RouterConfig
+from radixserve.serving.router.launcher import LocalServer
+from radixserve.serving.router.router import RouterConfig
 
 HERE = Path(__file__).resolve().parent
 FAKE_WORKER = [sys.executable, str(HERE / "fake_worker.py")]

@@ -14,8 +14,8 @@ from typing import Any
 
 import zmq
 
-from radixserve.serving import protocol as p
-from radixserve.serving.async_client import AsyncClient
+from radixserve.serving.client.async_client import AsyncClient
+from radixserve.serving.wire import protocol as p
 
 
 class _TinyPipes(zmq.Context):

@@ -15,8 +15,8 @@ import asyncio
 import zmq
 import zmq.asyncio
 
-from radixserve.serving import protocol as p
-from radixserve.serving.async_client import AsyncClient
+from radixserve.serving.client.async_client import AsyncClient
+from radixserve.serving.wire import protocol as p
 
 
 async def _cancel_as_a_chunk_arrives() -> tuple[bool, p.Abort]:

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from radixserve.prefix import common_prefix_len
-from radixserve.serving.dispatch import Dispatcher, Outstanding, PrefixTrie
+from radixserve.serving.router.dispatch import Dispatcher, Outstanding, PrefixTrie
 
 
 def test_common_prefix_len_matches_naive() -> None:

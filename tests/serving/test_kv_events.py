@@ -16,7 +16,7 @@ from msgspec.msgpack import Decoder
 
 from radixserve.engine.engine import Engine
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving.kv_events import KVEventPublisher
+from radixserve.serving.worker.kv_events import KVEventPublisher
 
 ExternalBlockHash = bytes | int
 
@@ -117,8 +117,8 @@ def test_a_subscriber_sees_stored_removed_and_cleared_blocks(tiny_llama_dir: Pat
 @pytest.mark.timeout(120)
 def test_a_served_worker_publishes_its_cache_events(tiny_llama_dir: Path, tmp_path: Path) -> None:
     from radixserve.serving.client import Client
-    from radixserve.serving.launcher import LocalServer
-    from radixserve.serving.router import RouterConfig
+    from radixserve.serving.router.launcher import LocalServer
+    from radixserve.serving.router.router import RouterConfig
 
     engine = dict(
         num_pages=256,
@@ -241,9 +241,9 @@ def test_router_feed_snapshot_then_batches_keep_a_view_exact(tiny_llama_dir: Pat
     """The router's feed on an engine that recorded no events before: the snapshot lists
     what the cache (L1 and L2) already holds, later batches continue it, and a view fed with
     them matches every prompt exactly as far as the engine's own cache does, per namespace."""
-    from radixserve.serving import protocol as p
-    from radixserve.serving.kv_events import RouterEventFeed
-    from radixserve.serving.kv_index import WorkerKVView, decode_batch
+    from radixserve.serving.router.kv_index import WorkerKVView, decode_batch
+    from radixserve.serving.wire import protocol as p
+    from radixserve.serving.worker.kv_events import RouterEventFeed
 
     ps = 4
     engine = Engine(
@@ -300,7 +300,7 @@ def test_router_feed_snapshot_then_batches_keep_a_view_exact(tiny_llama_dir: Pat
 def test_router_feed_without_a_radix_cache_declines(tiny_llama_dir: Path) -> None:
     """No radix cache, nothing to route on: the feed says so and sends nothing (the router
     then judges the worker by its tree)."""
-    from radixserve.serving.kv_events import RouterEventFeed
+    from radixserve.serving.worker.kv_events import RouterEventFeed
 
     engine = Engine(str(tiny_llama_dir), page_size=4, num_pages=16, disable_radix_cache=True)
     sent: list[object] = []

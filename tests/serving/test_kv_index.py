@@ -7,8 +7,8 @@ import pytest
 
 from radixserve.memory.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from radixserve.memory.page_hash import PrefixHasher
-from radixserve.serving.dispatch import Dispatcher, Outstanding
-from radixserve.serving.kv_index import WorkerKVView, decode_batch, tier_of_medium
+from radixserve.serving.router.dispatch import Dispatcher, Outstanding
+from radixserve.serving.router.kv_index import WorkerKVView, decode_batch, tier_of_medium
 
 IDENTITY, PS = "model-x|layout-y", 4
 HASHER = PrefixHasher(IDENTITY, PS)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
 from radixserve.serving.client import Client
-from radixserve.serving.launcher import LocalServer
-from radixserve.serving.router import RouterConfig
+from radixserve.serving.router.launcher import LocalServer
+from radixserve.serving.router.router import RouterConfig
+from radixserve.serving.wire import protocol as p
 
 PARAMS = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
 

@@ -11,9 +11,9 @@ import zmq
 from raw_client import recv_reply
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
 from radixserve.serving.client import Client, ServerError
-from radixserve.serving.limits import RequestLimits, invalid_utf8_path, surrogate_path
+from radixserve.serving.wire import protocol as p
+from radixserve.serving.wire.limits import RequestLimits, invalid_utf8_path, surrogate_path
 
 LONE = (
     b"\xed\xb2\x80"  # U+DC80 as (CESU-style) UTF-8 bytes: what a lone surrogate becomes on the wire

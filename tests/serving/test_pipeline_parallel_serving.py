@@ -21,8 +21,8 @@ from test_tensor_parallel_serving import (
 )
 
 from radixserve.serving.client import Client
-from radixserve.serving.launcher import LocalServer
-from radixserve.serving.router import RouterConfig
+from radixserve.serving.router.launcher import LocalServer
+from radixserve.serving.router.router import RouterConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
+from radixserve.serving.wire import protocol as p
 
 
 def _frame(**fields: object) -> bytes:
@@ -159,7 +159,7 @@ def test_vocab_check() -> None:
 
 def test_protocol_and_client_import_without_torch() -> None:
     code = (
-        "import sys, radixserve.serving, radixserve.serving.protocol, radixserve.serving.client;"
+        "import sys, radixserve.serving, radixserve.serving.wire.protocol, radixserve.serving.client;"
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

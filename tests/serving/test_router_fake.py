@@ -13,8 +13,8 @@ from fake_engine import fake_token
 from raw_client import recv_reply
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
 from radixserve.serving.client import Client, ServerError
+from radixserve.serving.wire import protocol as p
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]  # starts server processes
 
@@ -389,8 +389,8 @@ def test_remote_worker_joins_by_endpoint_over_ipc(
     import json
     import subprocess
 
-    from radixserve.serving.launcher import LocalServer, stop_processes
-    from radixserve.serving.router import RouterConfig
+    from radixserve.serving.router.launcher import LocalServer, stop_processes
+    from radixserve.serving.router.router import RouterConfig
 
     cfg = RouterConfig(
         **{

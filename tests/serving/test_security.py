@@ -20,11 +20,12 @@ import zmq
 from zmq.utils import z85
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
 from radixserve.serving.client import Client
-from radixserve.serving.launcher import stop_processes
-from radixserve.serving.router import Router, RouterConfig
-from radixserve.serving.security import (
+from radixserve.serving.router.launcher import stop_processes
+from radixserve.serving.router.router import Router, RouterConfig
+from radixserve.serving.router.worker_pool import spawn_worker, worker_command
+from radixserve.serving.wire import protocol as p
+from radixserve.serving.wire.security import (
     InsecureBindError,
     KeyPair,
     PeerKeys,
@@ -38,7 +39,6 @@ from radixserve.serving.security import (
     load_router_keys,
     printable,
 )
-from radixserve.serving.workers import spawn_worker, worker_command
 
 # ---------------------------------------------------------------------------- units
 

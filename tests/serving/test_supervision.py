@@ -11,9 +11,9 @@ import time
 import pytest
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
 from radixserve.serving.client import Client, ServerError
-from radixserve.serving.supervisor import RestartPolicy, describe_exit
+from radixserve.serving.router.supervisor import RestartPolicy, describe_exit
+from radixserve.serving.wire import protocol as p
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import zmq
 
-from radixserve.serving import protocol as p
-from radixserve.serving.workers import spawn_worker, worker_command
+from radixserve.serving.router.worker_pool import spawn_worker, worker_command
+from radixserve.serving.wire import protocol as p
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

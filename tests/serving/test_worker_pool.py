@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import time
 
-import radixserve.serving.protocol as p
-from radixserve.serving.dispatch import Dispatcher
-from radixserve.serving.workers import EXIT_GRACE_S, WorkerHandle, WorkerPool
+import radixserve.serving.wire.protocol as p
+from radixserve.serving.router.dispatch import Dispatcher
+from radixserve.serving.router.worker_pool import EXIT_GRACE_S, WorkerHandle, WorkerPool
 
 
 class _Backend:
