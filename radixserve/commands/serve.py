@@ -10,8 +10,8 @@ from typing import Any
 from radixserve.cli import register
 from radixserve.commands.engine_args import add_engine_arguments, engine_config
 from radixserve.commands.gateway import add_http_arguments, request_limits, start_http_for_serve
-from radixserve.serving.client.common import DEFAULT_ENDPOINT
 from radixserve.serving.router.dispatch import BALANCE_LOADS, PREFIX_SOURCES, ROUTING_POLICIES
+from radixserve.serving.wire.base import DEFAULT_ENDPOINT
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:

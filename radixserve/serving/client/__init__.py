@@ -13,7 +13,8 @@ Client``); the classes live in :mod:`.sync_client`, :mod:`.async_client` and
 from __future__ import annotations
 
 from radixserve.serving.client.async_client import AsyncClient
-from radixserve.serving.client.common import DEFAULT_ENDPOINT, Event, ServerError
+from radixserve.serving.client.common import Event, ServerError
 from radixserve.serving.client.sync_client import Client, stream_demo
+from radixserve.serving.wire.base import DEFAULT_ENDPOINT
 
 __all__ = ["DEFAULT_ENDPOINT", "AsyncClient", "Client", "Event", "ServerError", "stream_demo"]

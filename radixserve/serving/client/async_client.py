@@ -18,20 +18,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import Any, Unpack
 
 import zmq
 
-from radixserve.sampling_params import SamplingParams
 from radixserve.serving.client.common import (
-    DEFAULT_ENDPOINT,
     Event,
+    GenerateOptions,
     RequestIds,
     ServerError,
     generate_request,
 )
 from radixserve.serving.wire import protocol as p
 from radixserve.serving.wire import zmq_events
+from radixserve.serving.wire.base import DEFAULT_ENDPOINT
 from radixserve.serving.wire.security import PeerKeys
 
 
@@ -176,16 +176,10 @@ class AsyncClient:
         self,
         text: str | None = None,
         *,
-        input_ids: list[int] | None = None,
-        messages: list[p.ChatMessage] | list[dict[str, str]] | None = None,
-        params: SamplingParams | None = None,
-        session_id: str | None = None,
-        namespace: str | None = None,
-        add_generation_prompt: bool = True,
         stream: bool = True,
         request_id: str | None = None,
         timeout: float | None = None,
-        cache_salt: str | None = None,
+        **options: Unpack[GenerateOptions],
     ) -> AsyncGenerator[Event, None]:
         """Yield chunks then the final; cancelling or closing the iterator early aborts."""
         rid = request_id or self._ids.next()
@@ -193,18 +187,7 @@ class AsyncClient:
         self._generating.add(rid)
         done = False
         try:
-            req = generate_request(
-                rid,
-                text,
-                input_ids,
-                messages,
-                params,
-                stream,
-                session_id,
-                namespace,
-                add_generation_prompt,
-                cache_salt,
-            )
+            req = generate_request(rid, text, stream, options)
             await self._send(req)
             while True:
                 msg = await self._next(rid, q, timeout)

@@ -1,4 +1,5 @@
-"""What the synchronous and the asyncio clients share: the error type, request building, ids.
+"""What the synchronous and the asyncio clients share: the error type, the one request
+builder (and the options it takes), ids.
 
 Torch-free (msgspec only, through the protocol module).
 """
@@ -7,11 +8,11 @@ from __future__ import annotations
 
 import itertools
 import os
+from typing import TypedDict
 
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.wire import protocol as p
 
-DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 Event = p.GenerateChunk | p.GenerateFinal
 
 
@@ -25,33 +26,43 @@ class ServerError(RuntimeError):
         self.request_id = error.request_id
 
 
+class GenerateOptions(TypedDict, total=False):
+    """What a generate request carries besides its prompt text, its id and ``stream``: the
+    keyword arguments both clients' generate methods take (``Client.submit``,
+    ``AsyncClient.stream`` and the methods built on them), declared once here."""
+
+    input_ids: list[int] | None
+    messages: list[p.ChatMessage] | list[dict[str, str]] | None
+    params: SamplingParams | None
+    session_id: str | None
+    namespace: str | None
+    add_generation_prompt: bool
+    cache_salt: str | None
+
+
 def generate_request(
-    request_id: str,
-    text: str | None,
-    input_ids: list[int] | None,
-    messages: list[p.ChatMessage] | list[dict[str, str]] | None,
-    params: SamplingParams | None,
-    stream: bool,
-    session_id: str | None,
-    namespace: str | None,
-    add_generation_prompt: bool,
-    cache_salt: str | None = None,
+    request_id: str, text: str | None, stream: bool, options: GenerateOptions
 ) -> p.GenerateRequest:
-    """The :class:`GenerateRequest` both clients send (chat messages given as dicts are converted)."""
+    """The :class:`GenerateRequest` both clients send (chat messages given as dicts are
+    converted). A keyword neither client knows is a :class:`TypeError`, as for any call."""
+    unknown = options.keys() - GenerateOptions.__optional_keys__
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+    messages = options.get("messages")
     chat = None
     if messages is not None:
         chat = [m if isinstance(m, p.ChatMessage) else p.ChatMessage(**m) for m in messages]
     return p.GenerateRequest(
         request_id=request_id,
         text=text,
-        input_ids=input_ids,
+        input_ids=options.get("input_ids"),
         messages=chat,
-        add_generation_prompt=add_generation_prompt,
-        params=params or SamplingParams(),
+        add_generation_prompt=options.get("add_generation_prompt", True),
+        params=options.get("params") or SamplingParams(),
         stream=stream,
-        session_id=session_id,
-        namespace=namespace,
-        cache_salt=cache_salt,
+        session_id=options.get("session_id"),
+        namespace=options.get("namespace"),
+        cache_salt=options.get("cache_salt"),
     )
 
 

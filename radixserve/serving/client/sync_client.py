@@ -1,12 +1,13 @@
-"""Python clients of the radixserve router: synchronous :class:`Client`, asyncio :class:`AsyncClient`.
+"""The synchronous client of the radixserve router: :class:`Client`.
 
 Torch-free (pyzmq + msgspec only). Each client owns one DEALER socket; every request gets
 a client-side ``request_id`` that the router echoes, so many requests multiplex on one
 socket. A ZeroMQ socket is not thread-safe: use one :class:`Client` per thread, or one
 :class:`AsyncClient` for any number of concurrent requests in an event loop.
 
-:class:`AsyncClient` lives in :mod:`radixserve.serving.client.async_client`, what both share in
-:mod:`radixserve.serving.client.common`; both are importable from here.
+:class:`~radixserve.serving.client.async_client.AsyncClient` is the asyncio one; what both
+share is in :mod:`radixserve.serving.client.common`; both are importable from
+:mod:`radixserve.serving.client`.
 
 Run ``radixserve client --endpoint tcp://127.0.0.1:5555 "Hello"`` for a
 streaming demo.
@@ -18,24 +19,21 @@ import sys
 import time
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Unpack
 
 import zmq
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving.client.async_client import AsyncClient
 from radixserve.serving.client.common import (
-    DEFAULT_ENDPOINT,
     Event,
+    GenerateOptions,
     RequestIds,
     ServerError,
     generate_request,
 )
 from radixserve.serving.wire import protocol as p
+from radixserve.serving.wire.base import DEFAULT_ENDPOINT
 from radixserve.serving.wire.security import PeerKeys
-
-# The public names of both clients, importable from here as before the asyncio one moved out.
-__all__ = ["DEFAULT_ENDPOINT", "AsyncClient", "Client", "Event", "ServerError", "stream_demo"]
 
 
 class Client:
@@ -127,32 +125,15 @@ class Client:
         self,
         text: str | None = None,
         *,
-        input_ids: list[int] | None = None,
-        messages: list[p.ChatMessage] | list[dict[str, str]] | None = None,
-        params: SamplingParams | None = None,
         stream: bool = False,
-        session_id: str | None = None,
-        namespace: str | None = None,
-        add_generation_prompt: bool = True,
         request_id: str | None = None,
-        cache_salt: str | None = None,
+        **options: Unpack[GenerateOptions],
     ) -> str:
         """Send a generate request and return its id without waiting (see :meth:`events`)."""
         rid = request_id or self._ids.next()
         if rid in self._queues:  # a second waiter would orphan the first
             raise ValueError(f"request id {rid!r} is already in flight on this client")
-        req = generate_request(
-            rid,
-            text,
-            input_ids,
-            messages,
-            params,
-            stream,
-            session_id,
-            namespace,
-            add_generation_prompt,
-            cache_salt,
-        )
+        req = generate_request(rid, text, stream, options)
         self._queues[rid] = deque()
         self._generating.add(rid)
         self._send(req)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixserve.serving.client.common import DEFAULT_ENDPOINT
 from radixserve.serving.router.dispatch import BalanceLoad, PrefixSource, RoutingPolicy
+from radixserve.serving.wire.base import DEFAULT_ENDPOINT
 from radixserve.serving.wire.limits import RequestLimits
 from radixserve.serving.wire.security import RouterKeys
 

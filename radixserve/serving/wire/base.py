@@ -14,6 +14,9 @@ import msgspec
 PROTOCOL_VERSION = 1
 """Bumped on any incompatible change; a message with another version gets an Error."""
 
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+"""Where the router takes clients unless told otherwise (loopback), and where clients look."""
+
 ErrorCode = Literal[
     "malformed",  # not msgpack / not a map / wrong frame count
     "unknown_type",  # the "type" tag names no message
