@@ -157,7 +157,7 @@ def _channel_bench(batch: int, iters: int) -> dict[str, float]:
 
 
 def _decode_message(batch: int) -> Any:
-    from radixserve.engine import step_wire
+    from radixserve.distributed import step_wire
 
     ctx = 2048
     pages = [list(range(i * 64, i * 64 + ctx // 16)) for i in range(batch)]
@@ -184,8 +184,8 @@ def _channel_peer(batch: int, iters: int, q: Any) -> None:
     import multiprocessing as mp
     from multiprocessing import shared_memory
 
-    from radixserve.engine import step_wire
-    from radixserve.engine.ranks import ParallelConfig, rendezvous
+    from radixserve.distributed import step_wire
+    from radixserve.distributed.ranks import ParallelConfig, rendezvous
     from radixserve.model.parallel import listen_socket
 
     ctx = mp.get_context("spawn")
@@ -221,8 +221,8 @@ def _channel_peer(batch: int, iters: int, q: Any) -> None:
 def _channel_child(pc: Any, shm_name: str, sems: Any, iters: int) -> None:
     from multiprocessing import shared_memory
 
-    from radixserve.engine import step_wire
-    from radixserve.engine.ranks import rendezvous
+    from radixserve.distributed import step_wire
+    from radixserve.distributed.ranks import rendezvous
 
     rv = rendezvous(pc, 1, torch.device("cpu"))
     ack = torch.zeros(1)

@@ -235,8 +235,8 @@ def run_other_node(model: str | None, engine_overrides: dict[str, Any]) -> int:
     runs on node 0 (at ``--dist-init-addr``) until it stops them; the exit code."""
     import logging
 
+    from radixserve.distributed.ranks import run_node
     from radixserve.engine.config import EngineConfig
-    from radixserve.engine.ranks import run_node
     from radixserve.model_store import resolve_model
     from radixserve.serving.shutdown import exit_now
 

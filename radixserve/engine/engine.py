@@ -30,6 +30,9 @@ from typing import Any
 
 import torch
 
+from radixserve.distributed.pipeline.launch import PipelineLaunch
+from radixserve.distributed.ranks import RankGroup, rank_threads
+from radixserve.distributed.step_wire import RankInit, rank_settings
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.devices import bind_device
 from radixserve.engine.intake import RequestIntake
@@ -38,18 +41,15 @@ from radixserve.engine.kv_sizing import KVSizer
 from radixserve.engine.model_runner import ModelRunner, kv_pool_args
 from radixserve.engine.offline import GenerateCollector, PromptInput, normalize_prompts
 from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, to_step_output
-from radixserve.engine.pipeline.launch import PipelineLaunch
 from radixserve.engine.prefix_cache import (
     attach_kv_events,
     hicache_stats,
     make_prefix_cache,
     persist_prefix_cache,
 )
-from radixserve.engine.ranks import RankGroup, rank_threads
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.startup import StartupClock, describe_startup
 from radixserve.engine.step_loop import StepLoop
-from radixserve.engine.step_wire import RankInit, rank_settings
 from radixserve.memory import PrefixCache
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.pool import KVPool
@@ -75,7 +75,7 @@ class Engine:
     local Hugging Face checkpoint directory. ``config``: :class:`EngineConfig` fields.
 
     ``tensor_parallel_size=N`` (N > 1): this process is rank 0 and starts ranks 1..N-1 (on
-    ``nnodes`` hosts, see :mod:`~radixserve.engine.ranks`); call :meth:`close` to stop them.
+    ``nnodes`` hosts, see :mod:`~radixserve.distributed.ranks`); call :meth:`close` to stop them.
     """
 
     def __init__(self, model: str | Path | None = None, **config: Any) -> None:
@@ -307,7 +307,7 @@ class Engine:
         raise group.explain(exc) from exc
 
     def check_health(self) -> None:
-        """Raise :class:`~radixserve.engine.ranks.RankFailure` when a tensor-parallel rank has
+        """Raise :class:`~radixserve.distributed.ranks.RankFailure` when a tensor-parallel rank has
         died or does not answer (the serving worker calls this while idle); a no-op with one
         rank."""
         if self.pipeline is not None and not self.has_unfinished():

@@ -25,7 +25,7 @@ from radixserve.engine.model_runner import ModelRunner
 from radixserve.memory.planner import kv_bytes_per_token, kv_fixed_bytes, plan_memory
 
 if TYPE_CHECKING:
-    from radixserve.engine.pipeline.launch import PipelineLaunch
+    from radixserve.distributed.pipeline.launch import PipelineLaunch
     from radixserve.model.llama import LlamaForCausalLM
 
 # Default KV pool on a CPU when neither num_pages nor memory_budget is given.

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from engine_helpers import random_prompts
 
+from radixserve.distributed.ranks import RankFailure
 from radixserve.engine.engine import Engine
-from radixserve.engine.ranks import RankFailure
 from radixserve.sampling_params import SamplingParams
 
 CONFIG = {"num_pages": 48, "page_size": 4, "max_num_tokens": 12, "max_running_requests": 4}
@@ -124,7 +124,7 @@ def test_stats_account_every_rank(tiny_llama_dir: Path) -> None:
 
 
 def test_micro_batches_cut_whole_sequences() -> None:
-    from radixserve.engine.pipeline.micro import split_micro_batches
+    from radixserve.distributed.pipeline.micro import split_micro_batches
     from radixserve.scheduling.plan import StepPlan
 
     def plan(extend: list[int], logits: list[int]) -> StepPlan:

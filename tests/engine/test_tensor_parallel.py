@@ -14,8 +14,8 @@ import pytest
 from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
 from two_nodes import node_one
 
+from radixserve.distributed.ranks import RankFailure
 from radixserve.engine.engine import Engine
-from radixserve.engine.ranks import RankFailure
 
 N = 12
 

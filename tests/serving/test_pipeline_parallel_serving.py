@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 def _stage_processes(pid: int) -> list[int]:
     """``pid``'s children that are pipeline ranks."""
-    return child_processes(pid, b"radixserve.engine.pipeline.launch")
+    return child_processes(pid, b"radixserve.distributed.pipeline.launch")
 
 
 def test_pp2_worker_serves_then_a_killed_stage_takes_it_down(tiny_llama_dir: Path) -> None:

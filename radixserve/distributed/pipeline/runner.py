@@ -22,10 +22,10 @@ import time
 
 import torch
 
-import radixserve.engine.step_wire as step_wire
+import radixserve.distributed.step_wire as step_wire
+from radixserve.distributed.pipeline.comm import REPORT_STATS, STOP, PipelineComm
+from radixserve.distributed.pipeline.micro import MicroBatch, split_micro_batches, sub_batch
 from radixserve.engine.model_runner import ModelRunner, PendingStep
-from radixserve.engine.pipeline.comm import REPORT_STATS, STOP, PipelineComm
-from radixserve.engine.pipeline.micro import MicroBatch, split_micro_batches, sub_batch
 from radixserve.engine.sampler import Sampler, token_logprobs
 from radixserve.engine.staging import Staged, StagingLayout
 from radixserve.memory.pool import KVPool
@@ -38,7 +38,7 @@ __all__ = ["PipelineRunner", "StageRunner", "decode_plan", "encode_plan"]
 
 def encode_plan(plan: StepPlan) -> bytes:
     """The forward part of ``plan`` on the wire: the tensor-parallel ranks' message
-    (:mod:`~radixserve.engine.step_wire`) without the sampler's inputs."""
+    (:mod:`~radixserve.distributed.step_wire`) without the sampler's inputs."""
     return step_wire.encode(step_wire.step_message(plan, None, None))
 
 
@@ -96,7 +96,7 @@ class StageRunner(ModelRunner):
 
     def run_stage(self, plan: StepPlan, staged: Staged | None = None) -> list[torch.Tensor]:
         """This stage's forward of ``plan``, micro-batch after micro-batch
-        (:mod:`~radixserve.engine.pipeline.micro`): each receives its input from the previous
+        (:mod:`~radixserve.distributed.pipeline.micro`): each receives its input from the previous
         stage (unless first) and sends its output on (unless last); returns the outputs.
         ``staged``: the plan already uploaded (rank 0 adds its sampling inputs to the copy)."""
         t0, recv0 = time.perf_counter(), self.comm.stats.recv_seconds

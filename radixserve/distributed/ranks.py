@@ -2,7 +2,7 @@
 
 One worker = ``N`` ranks. Rank 0 is the worker itself (the process that holds the Engine, its
 scheduler and radix cache, and talks to the router); ranks ``1..N-1`` run :func:`rank_loop`:
-receive a step from rank 0 (:class:`~radixserve.engine.plan_channel.PlanChannel`), execute it
+receive a step from rank 0 (:class:`~radixserve.distributed.plan_channel.PlanChannel`), execute it
 on their shard, repeat, until a ``Shutdown``::
 
     node 0:  rank 0 (Engine, scheduler)   ranks 1..n-1 (spawned here)
@@ -10,7 +10,7 @@ on their shard, repeat, until a ``Shutdown``::
              all of them meet at --dist-init-addr HOST:PORT (rank 0's TCPStore, bound there)
 
 Start-up: every rank loads its shard; rank 0 sizes the KV pool from its own shard (the
-largest) and broadcasts a :class:`~radixserve.engine.step_wire.RankInit`; every rank builds
+largest) and broadcasts a :class:`~radixserve.distributed.step_wire.RankInit`; every rank builds
 the same pool (its own heads) and runner and warms up (the warm-up's collectives keep them in
 step); only then does rank 0 start sending steps.
 
@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 import torch.distributed as dist
 
-import radixserve.engine.step_wire as step_wire
+import radixserve.distributed.step_wire as step_wire
+from radixserve.distributed.dist_addr import WILDCARDS, split_addr
+from radixserve.distributed.plan_channel import PlanChannel
 from radixserve.engine.config import EngineConfig
-from radixserve.engine.dist_addr import WILDCARDS, split_addr
-from radixserve.engine.plan_channel import PlanChannel
 from radixserve.model.parallel import TPGroup, listen_socket, make_gloo, tcp_store
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import radixserve.engine.step_wire as step_wire
+import radixserve.distributed.step_wire as step_wire
 
 __all__ = ["PlanChannel"]
 
@@ -30,7 +30,7 @@ _HEADER = 8
 
 
 class PlanChannel:
-    """Sends (rank 0) or receives (the others) :mod:`~radixserve.engine.step_wire` messages."""
+    """Sends (rank 0) or receives (the others) :mod:`~radixserve.distributed.step_wire` messages."""
 
     def __init__(
         self,

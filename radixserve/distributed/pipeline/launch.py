@@ -1,5 +1,5 @@
 """Start the ranks of a pipeline-parallel engine (each stage a tensor-parallel group) and wire
-rank 0's engine to them. Built on :mod:`radixserve.engine.ranks` (its rendezvous store bound to
+rank 0's engine to them. Built on :mod:`radixserve.distributed.ranks` (its rendezvous store bound to
 the given address, gloo groups, the TP group, rank threads and devices, :class:`RankFailure`).
 
 The :class:`~radixserve.engine.engine.Engine` is rank 0: it spawns ranks ``1 … tp·pp − 1`` on
@@ -15,7 +15,7 @@ the KV pool and broadcasts the sizes, so every rank allocates the same pages::
     warm-up plans ─────────────────────────> StageRunner.serve(): one forward per plan
     close(): broadcast stop, join ─────────> exit
 
-The ranks are fresh interpreters (``python -m radixserve.engine.pipeline.launch SPEC``), which
+The ranks are fresh interpreters (``python -m radixserve.distributed.pipeline.launch SPEC``), which
 never re-import the caller's ``__main__``; they die with their parent (``PR_SET_PDEATHSIG``)
 and, when rank 0 goes away, see their broadcast fail. A rank that dies makes rank 0's next
 transfer fail (:class:`RankFailure` naming it); one that hangs, its receive time out after
@@ -37,9 +37,8 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from radixserve.engine.config import EngineConfig
-from radixserve.engine.pipeline.comm import PipelineComm
-from radixserve.engine.ranks import (
+from radixserve.distributed.pipeline.comm import PipelineComm
+from radixserve.distributed.ranks import (
     IDLE_WAIT,
     STARTUP_TIMEOUT,
     ParallelConfig,
@@ -48,6 +47,7 @@ from radixserve.engine.ranks import (
     rank_device,
     rank_threads,
 )
+from radixserve.engine.config import EngineConfig
 from radixserve.memory.sharding import DeviceShard, stage_shards
 from radixserve.model.parallel import TPGroup, listen_socket, make_gloo, tcp_store
 
@@ -161,8 +161,8 @@ class PipelineLaunch:
         """Tell the other ranks the sizes; rank 0's :class:`PipelineRunner` with the configured
         attention backend and sampler (its warm-up runs on every rank, so the engine is ready
         only when all of them are)."""
+        from radixserve.distributed.pipeline.runner import PipelineRunner
         from radixserve.engine.model_runner import make_attention_backend
-        from radixserve.engine.pipeline.runner import PipelineRunner
         from radixserve.engine.sampler import Sampler
         from radixserve.model.pipeline_stage import LlamaPipelineStage
 
@@ -245,9 +245,9 @@ class PipelineLaunch:
 
 def rank_main(spec: RankSpec) -> None:
     """A spawned rank: join, load its stage, allocate its pool, run plans until told to stop."""
+    from radixserve.distributed.pipeline.runner import StageRunner
+    from radixserve.distributed.ranks import _die_with_parent
     from radixserve.engine.model_runner import kv_pool_args, make_attention_backend
-    from radixserve.engine.pipeline.runner import StageRunner
-    from radixserve.engine.ranks import _die_with_parent
     from radixserve.memory.pool import KVPool
     from radixserve.model.loader import load_model
     from radixserve.model.pipeline_stage import LlamaPipelineStage
