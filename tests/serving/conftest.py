@@ -14,6 +14,9 @@ from radixserve.serving.router.launcher import LocalServer
 from radixserve.serving.router.router import RouterConfig
 
 HERE = Path(__file__).resolve().parent
+# The tests mirror serving/'s folders (wire/, router/, worker/, client/); the helpers they
+# share (raw_client, fake_engine, fake_worker) stay here, importable from every subfolder.
+sys.path.insert(0, str(HERE))
 FAKE_WORKER = [sys.executable, str(HERE / "fake_worker.py")]
 
 # Fast liveness for tests: dead workers and vanished clients are noticed within ~0.2 s.
