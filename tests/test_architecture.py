@@ -20,7 +20,10 @@ PACKAGES = {
     "radixkernels": ROOT / "kernels",
 }
 # radixserve's runtime layers, bottom-up: a module imports only from its layer or those under it.
+# distributed/ stands beside engine/: it runs the engine's runner on the other ranks, and the
+# engine reaches it only through its topology factory (tests/distributed/test_topology.py).
 LAYERS = ["memory", "model", "scheduling", "engine", "serving", "commands"]
+SAME_LAYER = {"distributed": "engine"}
 # serving/'s folders and which of the others each may import. "" is serving/'s own modules,
 # shared by several processes (text handling, process exit). The router talks to workers
 # and clients over sockets, never through their code; what crosses a socket is the wire's.
@@ -114,11 +117,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def _layer(module: str) -> int | None:
     parts = module.split(".")
-    return (
-        LAYERS.index(parts[1])
-        if parts[0] == "radixserve" and len(parts) > 1 and parts[1] in LAYERS
-        else None
-    )
+    if parts[0] != "radixserve" or len(parts) < 2:
+        return None
+    name = SAME_LAYER.get(parts[1], parts[1])
+    return LAYERS.index(name) if name in LAYERS else None
 
 
 def _serving_folder(module: str) -> str | None:

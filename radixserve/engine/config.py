@@ -107,7 +107,7 @@ class EngineConfig:
     # on with CUDA; off on the CPU, where the device is the host and nothing runs meanwhile.
     overlap_schedule: str = "auto"
 
-    # Tensor parallelism (engine.ranks): this worker's ranks, on `nnodes` hosts meeting at
+    # Tensor parallelism (distributed.ranks): this worker's ranks, on `nnodes` hosts meeting at
     # `dist_init_addr` (HOST:PORT; default a free loopback port, one host); `node_rank` says
     # which host this process is. A collective that takes longer than `dist_timeout` seconds
     # fails the worker. `dist_insecure` allows a wildcard rendezvous address.
