@@ -83,6 +83,17 @@ class Router:
         # outlives the router, and nothing of it is left for interpreter exit to clean up.
         self._own_ctx = context is None
         self._ctx = context if context is not None else zmq.Context()
+        self._open_sockets(config)
+        self._start_tokenizers(tokenizer, config)
+        self._build_parts(config)
+        self._next_tick = 0.0
+        self._stopping = False
+        self._errors = 0
+        self.supervisor: Supervisor | None = None
+
+    def _open_sockets(self, config: RouterConfig) -> None:
+        """The client and worker sockets (checked against the bind policy, then bound), the
+        in-process client endpoint, and the poller with its wake-up pipe."""
         self.security = RouterSecurity(self._ctx, config.keys, insecure=config.insecure)
         try:
             # Both addresses are checked before either is bound: a refusal leaves nothing open.
@@ -114,6 +125,8 @@ class Router:
         self._poller.register(self.frontend, zmq.POLLIN)
         self._poller.register(self.backend, zmq.POLLIN)
         self._poller.register(self._wake_r, zmq.POLLIN)
+
+    def _start_tokenizers(self, tokenizer: Any, config: RouterConfig) -> None:
         # Prompts are encoded in processes of their own: a huge one delays only itself.
         self.tokenizers: TokenizerPool | None = None
         if config.tokenizer_workers > 0:
@@ -125,6 +138,10 @@ class Router:
                 )
         if self.tokenizers is not None:
             self._poller.register(self.tokenizers.socket, zmq.POLLIN)
+
+    def _build_parts(self, config: RouterConfig) -> None:
+        """The router's parts: the choice of worker, the workers, the requests in flight, the
+        fan-out operations, and the two sides that turn each socket's messages into calls."""
         self.dispatcher = Dispatcher(
             config.routing,
             cache_threshold=config.cache_threshold,
@@ -160,10 +177,6 @@ class Router:
             reply_error=self._reply_error,
         )
         self.worker_side = WorkerSide(self.pool, self.dispatcher, self.inflight, self._control)
-        self._next_tick = 0.0
-        self._stopping = False
-        self._errors = 0
-        self.supervisor: Supervisor | None = None
 
     def _bind(self, endpoint: str, client_side: bool) -> zmq.Socket:
         sock = self._ctx.socket(zmq.ROUTER)
