@@ -33,12 +33,17 @@ sys.path.insert(0, str(ROOT / "tests" / "serving"))
 import tiny_models  # noqa: E402
 
 from radixserve.sampling_params import SamplingParams  # noqa: E402
-from radixserve.serving import protocol as p  # noqa: E402
 from radixserve.serving.client import Client  # noqa: E402
-from radixserve.serving.launcher import LocalServer  # noqa: E402
 from radixserve.serving.prompts import load_tokenizer  # noqa: E402
-from radixserve.serving.router import RouterConfig  # noqa: E402
-from radixserve.serving.security import PeerKeys, generate_keys, load_peer_keys, load_router_keys  # noqa: E402
+from radixserve.serving.router.launcher import LocalServer  # noqa: E402
+from radixserve.serving.router.router import RouterConfig  # noqa: E402
+from radixserve.serving.wire import protocol as p  # noqa: E402
+from radixserve.serving.wire.security import (  # noqa: E402
+    PeerKeys,
+    generate_keys,
+    load_peer_keys,
+    load_router_keys,
+)
 
 FAKE_WORKER = [sys.executable, str(ROOT / "tests" / "serving" / "fake_worker.py")]
 

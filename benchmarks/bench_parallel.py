@@ -24,7 +24,7 @@ of the hidden states and its wait for the last stage's logits (which includes th
 stages' compute: one step is in the pipe at a time); ``bubble`` is the share of rank 0's
 accounted time (compute + waits) that a rank spent not computing, averaged over the ranks;
 ``pp wait ms`` rank 0's wait for the logits per step (per-rank counters:
-``engine.pipeline.comm.gather_stats()``).
+``engine.topology.launch.comm.gather_stats()``).
 
     python benchmarks/bench_parallel.py --quick --configs "TP 1,TP 2,PP 2"
 """
@@ -50,6 +50,7 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
+from radixserve.distributed.topology import PipelineParallel, TensorParallel  # noqa: E402
 from radixserve.engine.engine import Engine  # noqa: E402
 from radixserve.sampling_params import SamplingParams  # noqa: E402
 
@@ -65,10 +66,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 def _pp_stats(engine: Engine) -> list[dict[str, float]] | None:
     """Every pipeline rank's counters since the last call (gathered once per phase)."""
-    if engine.pipeline is None:
+    if not isinstance(engine.topology, PipelineParallel):
         return None
     if id(engine) not in _PP_GATHERED:
-        _PP_GATHERED[id(engine)] = engine.pipeline.comm.gather_stats()
+        _PP_GATHERED[id(engine)] = engine.topology.launch.comm.gather_stats()
     return _PP_GATHERED[id(engine)]
 
 
@@ -101,14 +102,20 @@ EXTRA_METRICS: dict[str, Callable[[Engine], float | None]] = {
 
 
 def _tp(engine: Engine) -> Any:
-    return None if engine.ranks is None else engine.ranks.tp
+    topo = engine.topology
+    return topo.ranks.tp if isinstance(topo, TensorParallel) else None
 
 
 def _phase(engine: Engine, prompts: list[list[int]], decode: int) -> dict[str, Any]:
     """Prefill ``prompts`` in one step, then ``decode`` steps; per-step figures in ms."""
     tp = _tp(engine)
-    chan = None if engine.ranks is None else engine.ranks.channel
-    pp = None if engine.pipeline is None else engine.pipeline.comm.stats
+    topo = engine.topology
+    chan = topo.ranks.channel if isinstance(topo, TensorParallel) else None
+    pp = (
+        None
+        if not isinstance(engine.topology, PipelineParallel)
+        else engine.topology.launch.comm.stats
+    )
     params = SamplingParams(max_tokens=decode + 1, temperature=0.0, ignore_eos=True)
     for p in prompts:
         engine.add_request(p, params)
@@ -157,7 +164,7 @@ def _channel_bench(batch: int, iters: int) -> dict[str, float]:
 
 
 def _decode_message(batch: int) -> Any:
-    from radixserve.engine import step_wire
+    from radixserve.distributed import step_wire
 
     ctx = 2048
     pages = [list(range(i * 64, i * 64 + ctx // 16)) for i in range(batch)]
@@ -184,8 +191,8 @@ def _channel_peer(batch: int, iters: int, q: Any) -> None:
     import multiprocessing as mp
     from multiprocessing import shared_memory
 
-    from radixserve.engine import step_wire
-    from radixserve.engine.ranks import ParallelConfig, rendezvous
+    from radixserve.distributed import step_wire
+    from radixserve.distributed.ranks import ParallelConfig, rendezvous
     from radixserve.model.parallel import listen_socket
 
     ctx = mp.get_context("spawn")
@@ -221,8 +228,8 @@ def _channel_peer(batch: int, iters: int, q: Any) -> None:
 def _channel_child(pc: Any, shm_name: str, sems: Any, iters: int) -> None:
     from multiprocessing import shared_memory
 
-    from radixserve.engine import step_wire
-    from radixserve.engine.ranks import rendezvous
+    from radixserve.distributed import step_wire
+    from radixserve.distributed.ranks import rendezvous
 
     rv = rendezvous(pc, 1, torch.device("cpu"))
     ack = torch.zeros(1)

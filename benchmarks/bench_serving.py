@@ -47,10 +47,10 @@ from typing import Any
 import numpy as np
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
-from radixserve.serving.client import AsyncClient
-from radixserve.serving.launcher import LocalServer
-from radixserve.serving.router import RouterConfig
+from radixserve.serving.client import AsyncClient, Client
+from radixserve.serving.router.launcher import LocalServer
+from radixserve.serving.router.router import RouterConfig
+from radixserve.serving.wire import protocol as p
 
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # `workloads`, after a PYTHONPATH checkout
 import workloads as wl  # noqa: E402
@@ -377,8 +377,8 @@ def main() -> int:
 
 
 def _flush(srv: LocalServer) -> None:
-    # A keyless router takes a flush only from its own process: the inproc client.
-    with srv.own_client(timeout=60) as client:
+    # A keyless router takes a flush only from its own process: a client over inproc.
+    with Client(srv.router.inproc_endpoint, timeout=60, context=srv.router.context) as client:
         if not client.flush_cache():
             raise RuntimeError("flush_cache refused (requests still running?)")
 

@@ -33,9 +33,9 @@ from frontend_dsl.backend import (
     ScoreResult,
 )
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
 from radixserve.serving.client import DEFAULT_ENDPOINT, AsyncClient
-from radixserve.serving.security import PeerKeys
+from radixserve.serving.wire import protocol as p
+from radixserve.serving.wire.security import PeerKeys
 
 __all__ = ["RemoteBackend"]
 

@@ -1,5 +1,6 @@
 """The map in code: no import cycles, each runtime layer imports only the layers under it,
-and the clients' side (the prompt DSL, the ZeroMQ clients) imports without torch.
+``serving/``'s folders (one per process) import only what their process may know of the
+others, and the clients' side (the prompt DSL, the ZeroMQ clients) imports without torch.
 
 Imports are read from the source (``ast``), module-level, function-level and
 ``TYPE_CHECKING`` ones alike: a cycle hidden behind a lazy import is still a cycle.
@@ -19,7 +20,25 @@ PACKAGES = {
     "radixkernels": ROOT / "kernels",
 }
 # radixserve's runtime layers, bottom-up: a module imports only from its layer or those under it.
+# distributed/ stands beside engine/: it runs the engine's runner on the other ranks, and the
+# engine reaches it only through its topology factory (tests/distributed/test_topology.py).
 LAYERS = ["memory", "model", "scheduling", "engine", "serving", "commands"]
+SAME_LAYER = {"distributed": "engine"}
+# serving/'s folders and which of the others each may import. "" is serving/'s own modules,
+# shared by several processes (text handling, process exit). The router talks to workers
+# and clients over sockets, never through their code; what crosses a socket is the wire's.
+SERVING_MAY_IMPORT: dict[str, set[str]] = {
+    "wire": set(),
+    "": {"wire"},
+    "client": {"wire"},
+    "router": {"wire", ""},
+    "worker": {"wire", ""},
+    "http": {"wire", "", "client"},
+}
+# The longest chain of imports inside one serving folder (a module that imports nothing of its
+# folder is level 1; the router's is prefix_trie < dispatch < worker_pool < inflight <
+# from_workers < router < launcher). A folder past this limit is asking to be split.
+MAX_FOLDER_LEVELS = 7
 
 
 def _modules() -> dict[str, Path]:
@@ -98,11 +117,32 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def _layer(module: str) -> int | None:
     parts = module.split(".")
-    return (
-        LAYERS.index(parts[1])
-        if parts[0] == "radixserve" and len(parts) > 1 and parts[1] in LAYERS
-        else None
-    )
+    if parts[0] != "radixserve" or len(parts) < 2:
+        return None
+    name = SAME_LAYER.get(parts[1], parts[1])
+    return LAYERS.index(name) if name in LAYERS else None
+
+
+def _serving_folder(module: str) -> str | None:
+    """The serving folder of a module of radixserve.serving ("" for serving's own modules)."""
+    parts = module.split(".")
+    if parts[:2] != ["radixserve", "serving"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in SERVING_MAY_IMPORT else ""
+
+
+def _folder_levels(graph: dict[str, set[str]], folder: str) -> dict[str, int]:
+    inside = {m for m in graph if _serving_folder(m) == folder and m.count(".") > 2}
+    levels: dict[str, int] = {}
+
+    def level(m: str) -> int:
+        if m not in levels:
+            levels[m] = 1 + max((level(t) for t in graph[m] if t in inside), default=0)
+        return levels[m]
+
+    for m in inside:
+        level(m)
+    return levels
 
 
 def test_no_import_cycles() -> None:
@@ -120,6 +160,58 @@ def test_layers_import_only_downward() -> None:
     assert upward == []
 
 
+def _forbidden_crossings(graph: dict[str, set[str]]) -> list[str]:
+    crossing = []
+    for mod, targets in graph.items():
+        here = _serving_folder(mod)
+        if here is None:
+            continue
+        for t in targets:
+            there = _serving_folder(t)
+            if there is not None and there != here and there not in SERVING_MAY_IMPORT[here]:
+                crossing.append(f"{mod} -> {t}")
+    return sorted(crossing)
+
+
+def test_serving_folders_import_only_what_their_process_may_know() -> None:
+    """wire/ imports nothing of the others; router/ and worker/ never import each other or the
+    clients; client/ only the wire (so it installs light); http/ the clients, not the router."""
+    folders = {p.name for p in (ROOT / "radixserve" / "serving").iterdir() if p.is_dir()}
+    assert set(SERVING_MAY_IMPORT) - {""} == folders - {"__pycache__"}
+    assert _forbidden_crossings(_import_graph()) == []
+
+
+def test_the_folder_rules_catch_a_crossing() -> None:
+    graph = {
+        "radixserve.serving.router.a": {"radixserve.serving.worker.b", "radixserve.serving.wire.c"},
+        "radixserve.serving.client.d": {
+            "radixserve.serving.router.a",
+            "radixserve.serving.prompts",
+        },
+        "radixserve.serving.wire.c": {"radixserve.serving.shutdown"},
+        "radixserve.serving.http.e": {"radixserve.serving.client.d", "radixserve.engine.f"},
+    }
+    assert _forbidden_crossings(graph) == [
+        "radixserve.serving.client.d -> radixserve.serving.prompts",
+        "radixserve.serving.client.d -> radixserve.serving.router.a",
+        "radixserve.serving.router.a -> radixserve.serving.worker.b",
+        "radixserve.serving.wire.c -> radixserve.serving.shutdown",
+    ]
+    assert _folder_levels(graph, "router") == {"radixserve.serving.router.a": 1}
+
+
+def test_serving_is_not_one_flat_folder() -> None:
+    """Every module of serving/ lives in its process's folder, except the few that several
+    processes run; each folder's import chains stay short."""
+    graph = _import_graph()
+    shared = sorted(m for m in graph if _serving_folder(m) == "" and m != "radixserve.serving")
+    assert shared == ["radixserve.serving.prompts", "radixserve.serving.shutdown"]
+    for folder in SERVING_MAY_IMPORT:
+        if folder:
+            deepest = max(_folder_levels(graph, folder).values())
+            assert deepest <= MAX_FOLDER_LEVELS, (folder, deepest)
+
+
 def test_the_cycle_finder_finds_cycles() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -127,7 +219,7 @@ def test_the_cycle_finder_finds_cycles() -> None:
 def test_clients_import_without_torch() -> None:
     code = (
         "import sys; import radixserve, frontend_dsl, frontend_dsl.remote_backend, "
-        "radixserve.serving.client, radixserve.serving.async_client, radixserve.serving.protocol; "
+        "radixserve.serving.client, radixserve.serving.wire.protocol; "
         "bad = sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules); "
         "assert not bad, bad"
     )

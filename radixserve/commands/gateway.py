@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.cli import register
-from radixserve.serving.limits import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_REQUEST_BYTES
+from radixserve.serving.wire.limits import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_REQUEST_BYTES
 
 HTTP_LOGGER = "radixserve.serving.http"
 
@@ -85,14 +85,14 @@ def http_keys(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...
 
 def check_http_bind(host: str, api_keys: tuple[str, ...], insecure: bool) -> None:
     """Refuse an HTTP address other hosts reach without an API key, unless ``insecure``."""
-    from radixserve.serving.security import check_bind
+    from radixserve.serving.wire.security import check_bind
 
     check_bind(f"tcp://{host}:0", secured=bool(api_keys), insecure=insecure, what="HTTP")
 
 
 def request_limits(args: argparse.Namespace) -> Any:
-    """The :class:`~radixserve.serving.limits.RequestLimits` of the command's options."""
-    from radixserve.serving.limits import RequestLimits
+    """The :class:`~radixserve.serving.wire.limits.RequestLimits` of the command's options."""
+    from radixserve.serving.wire.limits import RequestLimits
 
     return RequestLimits(
         max_request_bytes=args.max_request_bytes, max_batch_size=args.max_batch_size
@@ -140,7 +140,7 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
 
 def start_http_for_serve(args: argparse.Namespace, server: Any, model: str | Path) -> Any:
     """Start the gateway thread for ``radixserve serve`` (``server``: its started
-    :class:`~radixserve.serving.launcher.LocalServer`) when ``--http-port`` was given; returns
+    :class:`~radixserve.serving.router.launcher.LocalServer`) when ``--http-port`` was given; returns
     it, or ``None``. The caller stops it after the router returns. If the gateway cannot
     start (e.g. the port is taken), the server is closed before the error propagates."""
     if getattr(args, "http_port", None) is None:
@@ -288,7 +288,7 @@ def gateway(args: argparse.Namespace) -> int:
     check_http_bind(args.host, http_keys(args)[0], args.insecure)
     router_keys = None
     if args.keys is not None:
-        from radixserve.serving.security import load_peer_keys
+        from radixserve.serving.wire.security import load_peer_keys
 
         router_keys = load_peer_keys(args.keys)
     config = gateway_config(args, args.router, router_keys)

@@ -20,7 +20,7 @@ def _keys_arguments(p: argparse.ArgumentParser) -> None:
     arguments=_keys_arguments,
 )
 def keys(args: argparse.Namespace) -> int:
-    from radixserve.serving.security import generate_keys
+    from radixserve.serving.wire.security import generate_keys
 
     try:
         roles = generate_keys(args.directory, force=args.force)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from radixserve.cli import register
 
 if TYPE_CHECKING:
+    import torch
+
     from radixserve.memory.parallel_plan import ParallelMemoryPlan
     from radixserve.memory.planner import MemoryPlan
     from radixserve.model.config import ModelConfig
@@ -128,11 +131,59 @@ def memory_report(cfg: ModelConfig, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from radixserve.memory.parallel_plan import plan_parallel_memory
-    from radixserve.memory.planner import kv_bytes_per_token, parse_bytes, plan_memory
+    from radixserve.memory.planner import plan_memory
     from radixserve.model.loader import parse_dtype
 
     act = parse_dtype(args.dtype) if args.dtype else cfg.torch_dtype
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    def plan_for(method: str | None) -> MemoryPlan:
+        return plan_memory(cfg, **_plan_kwargs(cfg, args, act, device, method))
+
+    plan = plan_for(args.quantization)
+    parallel = None
+    if args.tensor_parallel_size * args.pipeline_parallel_size > 1:
+        parallel = plan_parallel_memory(
+            cfg,
+            args.tensor_parallel_size,
+            args.pipeline_parallel_size,
+            **_plan_kwargs(cfg, args, act, device, args.quantization),
+        )
+    per_token = plan.bytes_per_token
+    mha_per_token = per_token // cfg.num_kv_heads * cfg.num_q_heads
+    return {
+        "act_dtype": str(act).replace("torch.", ""),
+        "act_bytes": act.itemsize,
+        "num_params": cfg.num_params,
+        "seq_len": args.seq_len,
+        "max_num_tokens": args.max_num_tokens,
+        "batch_size": args.batch_size,
+        "kv_bytes_per_token": per_token,
+        "kv_bytes_per_sequence": per_token * args.seq_len,
+        "kv_bytes_batch": per_token * args.seq_len * args.batch_size,
+        "mha_kv_bytes_per_sequence": mha_per_token * args.seq_len,
+        "kv_dtypes": _kv_dtype_rows(cfg, act, args.seq_len),
+        "quantization": args.quantization,
+        "quantize_embeddings": bool(
+            args.quantize_embeddings
+            if args.quantize_embeddings is not None
+            else cfg.num_params >= 1_000_000_000
+        ),
+        "weight_quantization": _weight_rows(cfg, args.seq_len, plan_for),
+        "plan": plan,
+        "pages_per_sequence": plan.pages_per_sequence(args.seq_len),
+        "max_sequences": plan.max_sequences(args.seq_len),
+        "batch_fits": plan.max_sequences(args.seq_len) >= args.batch_size,
+        "parallel": parallel,
+    }
+
+
+def _kv_dtype_rows(cfg: ModelConfig, act: torch.dtype, seq_len: int) -> list[dict[str, Any]]:
+    """One row per KV dtype: bytes per token (data and scales), against fp16 and the article."""
+    import torch
+
+    from radixserve.memory.planner import kv_bytes_per_token
+
     fp16 = kv_bytes_per_token(cfg, "auto", torch.float16)
     rows = []
     for kd in KV_DTYPES:
@@ -149,90 +200,64 @@ def memory_report(cfg: ModelConfig, args: argparse.Namespace) -> dict[str, Any]:
                 "bytes_per_token": per_token,
                 "fraction_of_fp16": per_token / fp16,
                 "article_fraction": ARTICLE_RATIOS.get(kd),
-                "bytes_per_sequence": per_token * args.seq_len,
+                "bytes_per_sequence": per_token * seq_len,
             }
         )
+    return rows
+
+
+def _plan_kwargs(
+    cfg: ModelConfig, args: argparse.Namespace, act: torch.dtype, device: str, method: str | None
+) -> dict[str, Any]:
+    """The planner's arguments from the command's flags, for weights quantized by ``method``."""
+    from radixserve.memory.planner import parse_bytes
     from radixserve.model.quant.config import QuantConfig
 
-    def plan_kwargs(method: str | None) -> dict[str, Any]:
-        qc = (
-            QuantConfig(
-                method,
-                args.quant_group_size if method == "int4" else None,
-                args.quantize_embeddings,
-            )
-            if method
-            else None
+    qc = (
+        QuantConfig(
+            method,
+            args.quant_group_size if method == "int4" else None,
+            args.quantize_embeddings,
         )
-        return dict(
-            kv_dtype=args.kv_cache_dtype,
-            page_size=args.page_size,
-            act_dtype=act,
-            memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
-            device_total=parse_bytes(args.device_memory) if args.device_memory else None,
-            memory_utilization=args.memory_utilization,
-            device=device,
-            max_num_tokens=args.max_num_tokens,
-            quantization=method,
-            quant_group_size=qc.resolve_group_size(_in_features(cfg))
-            if qc and method == "int4"
-            else None,
-            quantize_embeddings=bool(qc and qc.embeddings_quantized(cfg.num_params)),
-        )
+        if method
+        else None
+    )
+    return dict(
+        kv_dtype=args.kv_cache_dtype,
+        page_size=args.page_size,
+        act_dtype=act,
+        memory_budget=parse_bytes(args.memory_budget) if args.memory_budget else None,
+        device_total=parse_bytes(args.device_memory) if args.device_memory else None,
+        memory_utilization=args.memory_utilization,
+        device=device,
+        max_num_tokens=args.max_num_tokens,
+        quantization=method,
+        quant_group_size=qc.resolve_group_size(_in_features(cfg))
+        if qc and method == "int4"
+        else None,
+        quantize_embeddings=bool(qc and qc.embeddings_quantized(cfg.num_params)),
+    )
 
-    def plan_for(method: str | None) -> MemoryPlan:
-        return plan_memory(cfg, **plan_kwargs(method))
 
-    plan = plan_for(args.quantization)
+def _weight_rows(
+    cfg: ModelConfig, seq_len: int, plan_for: Callable[[str | None], MemoryPlan]
+) -> list[dict[str, Any]]:
+    """One row per weight quantization: weight bytes, the KV budget left, sequences that fit."""
     base = plan_for(None)
-    parallel = None
-    if args.tensor_parallel_size * args.pipeline_parallel_size > 1:
-        parallel = plan_parallel_memory(
-            cfg,
-            args.tensor_parallel_size,
-            args.pipeline_parallel_size,
-            **plan_kwargs(args.quantization),
-        )
-    weight_rows = []
+    rows = []
     for method in (None, *QUANT_METHODS):
         p = plan_for(method)
-        weight_rows.append(
+        rows.append(
             {
                 "quantization": method or "none",
                 "weight_bytes": p.weight_bytes,
                 "bytes_per_param": p.weight_bytes / cfg.num_params,
                 "kv_budget_bytes": p.kv_budget_bytes,
-                "max_sequences": p.max_sequences(args.seq_len),
-                "extra_sequences": p.max_sequences(args.seq_len) - base.max_sequences(args.seq_len),
+                "max_sequences": p.max_sequences(seq_len),
+                "extra_sequences": p.max_sequences(seq_len) - base.max_sequences(seq_len),
             }
         )
-    per_token = plan.bytes_per_token
-    mha_per_token = per_token // cfg.num_kv_heads * cfg.num_q_heads
-    return {
-        "act_dtype": str(act).replace("torch.", ""),
-        "act_bytes": act.itemsize,
-        "num_params": cfg.num_params,
-        "seq_len": args.seq_len,
-        "max_num_tokens": args.max_num_tokens,
-        "batch_size": args.batch_size,
-        "kv_bytes_per_token": per_token,
-        "kv_bytes_per_sequence": per_token * args.seq_len,
-        "kv_bytes_batch": per_token * args.seq_len * args.batch_size,
-        "mha_kv_bytes_per_sequence": mha_per_token * args.seq_len,
-        "kv_dtypes": rows,
-        "quantization": args.quantization,
-        "quantize_embeddings": bool(
-            args.quantize_embeddings
-            if args.quantize_embeddings is not None
-            else cfg.num_params >= 1_000_000_000
-        ),
-        "weight_quantization": weight_rows,
-        "plan": plan,
-        "pages_per_sequence": plan.pages_per_sequence(args.seq_len),
-        "max_sequences": plan.max_sequences(args.seq_len),
-        "batch_fits": plan.max_sequences(args.seq_len) >= args.batch_size,
-        "parallel": parallel,
-    }
+    return rows
 
 
 def _in_features(cfg: ModelConfig) -> list[int]:

@@ -5,16 +5,31 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from radixserve.cli import register
 from radixserve.commands.engine_args import add_engine_arguments, engine_config
 from radixserve.commands.gateway import add_http_arguments, request_limits, start_http_for_serve
-from radixserve.serving.client_common import DEFAULT_ENDPOINT
-from radixserve.serving.dispatch import BALANCE_LOADS, PREFIX_SOURCES, ROUTING_POLICIES
+from radixserve.serving.router.dispatch import BALANCE_LOADS, PREFIX_SOURCES, ROUTING_POLICIES
+from radixserve.serving.wire.base import DEFAULT_ENDPOINT
+
+if TYPE_CHECKING:
+    from radixserve.serving.router.launcher import LocalServer
+    from radixserve.serving.router.router import RouterConfig
 
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
+    _endpoint_arguments(p)
+    _routing_arguments(p)
+    _liveness_arguments(p)
+    _security_arguments(p)
+    add_engine_arguments(p, "engine (per worker)")
+    add_http_arguments(p)  # --http-port etc. (the HTTP gateway, radixserve.serving.http)
+
+
+def _endpoint_arguments(p: argparse.ArgumentParser) -> None:
+    """The model, where clients and workers connect, the local workers."""
     p.add_argument(
         "--model",
         default="default",
@@ -42,6 +57,10 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         default="tcp://127.0.0.1:*",
         help="where workers connect (bind e.g. tcp://0.0.0.0:5556 to let remote workers join)",
     )
+
+
+def _routing_arguments(p: argparse.ArgumentParser) -> None:
+    """How the router chooses a worker (docs/serving.md#routing-and-failures)."""
     p.add_argument("--routing", choices=ROUTING_POLICIES, default="cache_aware")
     p.add_argument(
         "--balance-load",
@@ -72,6 +91,10 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         default=0.5,
         help="cache-aware: fraction of the prompt a worker must hold to win on cache",
     )
+
+
+def _liveness_arguments(p: argparse.ArgumentParser) -> None:
+    """Worker liveness and restarts, the tokenizer processes."""
     p.add_argument(
         "--worker-timeout",
         type=float,
@@ -96,6 +119,10 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="seconds before the first restart; doubles with each exit in a row (at most 30 s)",
     )
+
+
+def _security_arguments(p: argparse.ArgumentParser) -> None:
+    """Logging, CURVE keys, and the switch for addresses other hosts reach."""
     p.add_argument("--log-level", default="WARNING")
     p.add_argument(
         "--keys",
@@ -109,8 +136,6 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="allow ZeroMQ or HTTP addresses other hosts reach without --keys / --api-key",
     )
-    add_engine_arguments(p, "engine (per worker)")
-    add_http_arguments(p)  # --http-port etc. (the HTTP gateway, radixserve.serving.http)
 
 
 @register(
@@ -133,16 +158,10 @@ def serve(args: argparse.Namespace) -> int:
     import sys
     from collections.abc import Callable
 
-    import zmq
-
     from radixserve.commands.gateway import check_http_bind, http_keys, warm_up_http
-    from radixserve.engine.devices import parse_gpu_ids
     from radixserve.model_store import resolve_model
-    from radixserve.serving.launcher import LocalServer
-    from radixserve.serving.router import RouterConfig
-    from radixserve.serving.security import load_router_keys
-    from radixserve.serving.security import log as audit_log
     from radixserve.serving.shutdown import exit_now
+    from radixserve.serving.wire.security import log as audit_log
 
     logging.basicConfig(level=args.log_level.upper(), format="[router] %(levelname)s %(message)s")
     if audit_log.getEffectiveLevel() > logging.INFO:
@@ -152,40 +171,8 @@ def serve(args: argparse.Namespace) -> int:
     endpoint = args.endpoint or f"tcp://{args.host}:{args.port if args.port else '*'}"
     if args.http_port is not None:  # before any worker starts: a refused address fails fast
         check_http_bind(args.http_host, http_keys(args)[0], args.insecure)
-    keys = load_router_keys(args.keys) if args.keys is not None else None
     model = resolve_model(args.model)
-    config = RouterConfig(
-        endpoint=endpoint,
-        worker_endpoint=args.worker_endpoint,
-        routing=args.routing,
-        worker_timeout_s=args.worker_timeout,
-        balance_load=args.balance_load,
-        balance_abs_threshold=args.balance_abs_threshold,
-        balance_rel_threshold=args.balance_rel_threshold,
-        cache_threshold=args.cache_threshold,
-        prefix_source=args.router_prefix_source,
-        keys=keys,
-        insecure=args.insecure,
-        limits=request_limits(args),
-        restart_workers=args.restart_workers,
-        restart_backoff_s=args.restart_backoff,
-        tokenizer_workers=args.tokenizer_workers,
-    )
-    try:
-        server = LocalServer(
-            model,
-            num_workers=args.workers,
-            config=config,
-            engine_config=engine_overrides,
-            gpu_ids=parse_gpu_ids(args.gpu_ids),
-            # Shared with the HTTP gateway's client (the router's inproc endpoint), so the
-            # router must not terminate it under the gateway; the process ends with exit_now.
-            context=zmq.Context(),
-        )
-    except zmq.ZMQError as e:  # e.g. the port is taken: one clear line, not a traceback
-        raise ValueError(
-            f"cannot bind {endpoint} or {args.worker_endpoint}: {e} (try --port or --endpoint)"
-        ) from e
+    server = _start_local_server(args, model, endpoint, engine_overrides)
     # Everything a signal must stop; the HTTP gateway joins once started, so that it shuts
     # down while the workers do, not after them.
     stoppers: list[Callable[[], None]] = [server.router.stop]
@@ -230,13 +217,63 @@ def serve(args: argparse.Namespace) -> int:
     exit_now(0)
 
 
+def router_config(args: argparse.Namespace, endpoint: str) -> RouterConfig:
+    """The router's configuration from ``serve``'s flags (docs/configuration.md)."""
+    from radixserve.serving.router.router import RouterConfig
+    from radixserve.serving.wire.security import load_router_keys
+
+    return RouterConfig(
+        endpoint=endpoint,
+        worker_endpoint=args.worker_endpoint,
+        routing=args.routing,
+        worker_timeout_s=args.worker_timeout,
+        balance_load=args.balance_load,
+        balance_abs_threshold=args.balance_abs_threshold,
+        balance_rel_threshold=args.balance_rel_threshold,
+        cache_threshold=args.cache_threshold,
+        prefix_source=args.router_prefix_source,
+        keys=load_router_keys(args.keys) if args.keys is not None else None,
+        insecure=args.insecure,
+        limits=request_limits(args),
+        restart_workers=args.restart_workers,
+        restart_backoff_s=args.restart_backoff,
+        tokenizer_workers=args.tokenizer_workers,
+    )
+
+
+def _start_local_server(
+    args: argparse.Namespace, model: Path, endpoint: str, engine_overrides: dict[str, Any]
+) -> LocalServer:
+    """Bind the router and start the local workers (a taken port is one clear error line)."""
+    import zmq
+
+    from radixserve.engine.devices import parse_gpu_ids
+    from radixserve.serving.router.launcher import LocalServer
+
+    try:
+        return LocalServer(
+            model,
+            num_workers=args.workers,
+            config=router_config(args, endpoint),
+            engine_config=engine_overrides,
+            gpu_ids=parse_gpu_ids(args.gpu_ids),
+            # Shared with the HTTP gateway's client (the router's inproc endpoint), so the
+            # router must not terminate it under the gateway; the process ends with exit_now.
+            context=zmq.Context(),
+        )
+    except zmq.ZMQError as e:  # e.g. the port is taken: one clear line, not a traceback
+        raise ValueError(
+            f"cannot bind {endpoint} or {args.worker_endpoint}: {e} (try --port or --endpoint)"
+        ) from e
+
+
 def run_other_node(model: str | None, engine_overrides: dict[str, Any]) -> int:
     """``--node-rank`` > 0: run this host's tensor-parallel ranks of the worker whose rank 0
     runs on node 0 (at ``--dist-init-addr``) until it stops them; the exit code."""
     import logging
 
+    from radixserve.distributed.ranks import run_node
     from radixserve.engine.config import EngineConfig
-    from radixserve.engine.ranks import run_node
     from radixserve.model_store import resolve_model
     from radixserve.serving.shutdown import exit_now
 
@@ -287,7 +324,7 @@ def _worker_arguments(p: argparse.ArgumentParser) -> None:
 )
 def worker(args: argparse.Namespace, engine_factory: Any = None) -> int:
     from radixserve.serving.shutdown import exit_now
-    from radixserve.serving.worker_process import run_worker
+    from radixserve.serving.worker.process import run_worker
 
     config = engine_config(args)
     if config.get("node_rank", 0) > 0:  # this host only runs ranks; node 0 is the worker

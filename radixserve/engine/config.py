@@ -83,7 +83,7 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None  # CPU: torch threads (default: all cores)
     # Pipeline parallelism: the layers split into this many stages, one rank process each
-    # (rank 0 is this engine's process; radixserve.engine.pipeline).
+    # (rank 0 is this engine's process; radixserve.distributed.pipeline).
     pipeline_parallel_size: int = 1
     # Micro-batches a step is cut into down the pipe (None: one per stage; 1: none).
     pipeline_micro_batches: int | None = None
@@ -107,7 +107,7 @@ class EngineConfig:
     # on with CUDA; off on the CPU, where the device is the host and nothing runs meanwhile.
     overlap_schedule: str = "auto"
 
-    # Tensor parallelism (engine.ranks): this worker's ranks, on `nnodes` hosts meeting at
+    # Tensor parallelism (distributed.ranks): this worker's ranks, on `nnodes` hosts meeting at
     # `dist_init_addr` (HOST:PORT; default a free loopback port, one host); `node_rank` says
     # which host this process is. A collective that takes longer than `dist_timeout` seconds
     # fails the worker. `dist_insecure` allows a wildcard rendezvous address.
@@ -218,7 +218,7 @@ class EngineConfig:
             raise ValueError("invalid engine config: " + "; ".join(errors))
 
     def _parallel_errors(self) -> list[str]:
-        from radixserve.engine.dist_addr import check_dist_addr
+        from radixserve.distributed.dist_addr import check_dist_addr
 
         errors: list[str] = []
         tp, nn = self.tensor_parallel_size, self.nnodes

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from radixserve.distributed.topology import RunnerShape, Topology, make_topology
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.devices import bind_device
 from radixserve.engine.intake import RequestIntake
@@ -38,18 +39,15 @@ from radixserve.engine.kv_sizing import KVSizer
 from radixserve.engine.model_runner import ModelRunner, kv_pool_args
 from radixserve.engine.offline import GenerateCollector, PromptInput, normalize_prompts
 from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, to_step_output
-from radixserve.engine.pipeline.launch import PipelineLaunch
 from radixserve.engine.prefix_cache import (
     attach_kv_events,
     hicache_stats,
     make_prefix_cache,
     persist_prefix_cache,
 )
-from radixserve.engine.ranks import RankGroup, rank_threads
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.startup import StartupClock, describe_startup
 from radixserve.engine.step_loop import StepLoop
-from radixserve.engine.step_wire import RankInit, rank_settings
 from radixserve.memory import PrefixCache
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.pool import KVPool
@@ -75,7 +73,7 @@ class Engine:
     local Hugging Face checkpoint directory. ``config``: :class:`EngineConfig` fields.
 
     ``tensor_parallel_size=N`` (N > 1): this process is rank 0 and starts ranks 1..N-1 (on
-    ``nnodes`` hosts, see :mod:`~radixserve.engine.ranks`); call :meth:`close` to stop them.
+    ``nnodes`` hosts, see :mod:`~radixserve.distributed.ranks`); call :meth:`close` to stop them.
     """
 
     def __init__(self, model: str | Path | None = None, **config: Any) -> None:
@@ -83,21 +81,10 @@ class Engine:
 
         clock = StartupClock()
         self.config = cfg = EngineConfig.from_kwargs(**config)
-        tp_size = cfg.tensor_parallel_size
-        if cfg.node_rank != 0:
-            raise ValueError(
-                "node_rank > 0 runs only rank loops (engine.ranks.run_node), not an Engine"
-            )
         self.model_path = resolve_model(None if model is None else str(model))
-        # Tensor parallelism: this process is rank 0; the other ranks start now and load
-        # their shards while this one loads its own (engine.ranks).
-        self.ranks: RankGroup | None = None
-        # Pipeline parallelism (engine.pipeline): likewise, each stage a tensor-parallel group.
-        self.pipeline: PipelineLaunch | None = None
-        if cfg.pipeline_parallel_size > 1:
-            self.pipeline = PipelineLaunch.from_config(cfg, self.model_path, config)
-        elif tp_size > 1:
-            self.ranks = RankGroup(cfg, self.model_path)
+        # One process, or rank 0 of tensor-parallel ranks or pipeline stages: the other ranks
+        # start now and load their shards while this one loads its own (distributed.topology).
+        self.topology: Topology = make_topology(cfg, self.model_path, config)
         try:
             self._build(cfg, clock)
         except BaseException:
@@ -105,32 +92,73 @@ class Engine:
             raise
 
     def _build(self, cfg: EngineConfig, clock: StartupClock) -> None:
+        """Start-up, in its steps; ``clock`` times each (``startup_seconds``)."""
+        topo = self.topology
+        if torch.device(cfg.device).type == "cpu":
+            setup_cpu_threads(topo.threads())
+        self.device = topo.device
+        bind_device(self.device)  # cuda:N: Triton launches and index-less allocations go there
+        clock.lap("resolve model")
+        # Before the weights: a profile run budgets only the memory free now (kv_sizing).
+        sizer = KVSizer(cfg, self.device, parallel=topo.parallel)
+        self._load_model(cfg, clock)
+        pool_args = kv_pool_args(self.model, cfg, self.device)
+        sizing = sizer.size(self.model, pool_args, topo.plan_memory)
+        num_pages = sizing.num_pages
+        # How the pool was sized (profile run, planner or given), in words; see kv_sizing.
+        self.kv_sizing: str = sizing.description
+        self.kv_profile: ProfiledKV | None = sizing.profile
+        logger.info("%s", self.kv_sizing)
+        clock.lap("KV sizing")
+        pool = self._build_cache(cfg, num_pages, pool_args)
+        clock.lap("KV pool")
+        shape = RunnerShape(
+            num_pages,
+            self.scheduler.config.max_running_requests,
+            self.scheduler.max_pages_per_request,
+            self.max_total_len,
+        )
+        self.runner: ModelRunner = topo.make_runner(self.model, pool, shape)
+        clock.lap("attention backend and CPU kernels")
+        topo.start(shape, clock)  # every rank builds the same pool and runner, and warms up with us
+        self.runner.warm_up(self.max_total_len, max_step_tokens=cfg.max_num_tokens)
+        topo.warmed_up(self.runner)  # from now on each step goes to every rank
+        clock.lap("warm-up (graph capture, first forwards)")
+        # Where start-up went, in order (seconds); `radixserve serve` prints it.
+        self.startup_seconds: dict[str, float] = clock.laps
+        self.loop = StepLoop(
+            self.scheduler, self.runner, overlap=cfg.use_overlap, on_error=topo.on_step_error
+        )
+        self._buffered: list[StepOutput] = []  # other requests' outputs seen inside generate()
+        self.intake = RequestIntake(
+            self.model_config,
+            self.tokenizer,
+            self.runner.sampler,
+            max_total_len=self.max_total_len,
+            max_model_len=self.max_model_len,
+            pool_tokens=num_pages * pool.page_size,
+        )
+        logger.info(
+            "engine ready in %s: %s, %s, max_total_len=%d; %s",
+            describe_startup(self.startup_seconds),
+            self.model_path,
+            self.pool,
+            self.max_total_len,
+            self.kv_sizing,
+        )
+
+    def _load_model(self, cfg: EngineConfig, clock: StartupClock) -> None:
+        """This rank's share of the weights, and the tokenizer."""
         from transformers import AutoTokenizer
 
         from radixserve.model.loader import load_model
 
-        ranks, pipe = self.ranks, self.pipeline
-        if torch.device(cfg.device).type == "cpu":
-            pc = ranks.pc if ranks is not None else (pipe.pc if pipe is not None else None)
-            setup_cpu_threads(cfg.num_threads if pc is None else rank_threads(cfg, pc))
-        self.device = (
-            ranks.device
-            if ranks is not None
-            else pipe.device
-            if pipe is not None
-            else torch.device(cfg.device)
-        )
-        bind_device(self.device)  # cuda:N: Triton launches and index-less allocations go there
-        clock.lap("resolve model")
-        # Before the weights: a profile run budgets only the memory free now (kv_sizing).
-        sizer = KVSizer(cfg, self.device, parallel=ranks is not None or pipe is not None)
         self.model = load_model(
             self.model_path,
             dtype=cfg.torch_dtype,
             device=self.device,
             quantization=cfg.quant_config(),
-            tp=ranks.tp if ranks is not None else (pipe.tp_group if pipe is not None else None),
-            stage=None if pipe is None else pipe.stage,
+            **self.topology.load_args(),
         )
         clock.lap("load weights")
         self.model_config = mc = self.model.config
@@ -142,17 +170,11 @@ class Engine:
             )
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_path))
         clock.lap("tokenizer")
-
         # This rank's share of the model (the whole model without tensor parallelism).
         self.local_model_config = self.model.local_config
-        pool_args = kv_pool_args(self.model, cfg, self.device)
-        sizing = sizer.size(self.model, pool_args, pipe)
-        num_pages = sizing.num_pages
-        # How the pool was sized (profile run, planner or given), in words; see kv_sizing.
-        self.kv_sizing: str = sizing.description
-        self.kv_profile: ProfiledKV | None = sizing.profile
-        logger.info("%s", self.kv_sizing)
-        clock.lap("KV sizing")
+
+    def _build_cache(self, cfg: EngineConfig, num_pages: int, pool_args: dict[str, Any]) -> KVPool:
+        """The KV pool, its allocator and prefix cache, and the scheduler over them."""
         # One page past the allocator's: the scratch page padding rows of static decode steps write to.
         pool = KVPool(num_pages=num_pages + 1, **pool_args)
         self.allocator = PageAllocator(num_pages)
@@ -160,8 +182,8 @@ class Engine:
         self.cache.pins.budget_pages = int(num_pages * cfg.pin_budget_fraction)
         if cfg.kv_events_endpoint is not None:
             self.enable_kv_events(pool)
-        max_model_len = cfg.max_model_len or mc.max_position_embeddings
-        self.max_total_len = min(max_model_len, num_pages * cfg.page_size)
+        self.max_model_len = cfg.max_model_len or self.model_config.max_position_embeddings
+        self.max_total_len = min(self.max_model_len, num_pages * cfg.page_size)
         sched_cfg = SchedulerConfig(
             **{
                 **cfg.scheduling_fields(),
@@ -170,68 +192,10 @@ class Engine:
                 "max_total_len": self.max_total_len,
             }
         )
-        self.scheduler = Scheduler(sched_cfg, self.cache, self.allocator, mc.eos_token_ids)
-        clock.lap("KV pool")
-        if pipe is not None:
-            self.runner: ModelRunner = pipe.make_runner(
-                self.model,
-                pool,
-                cfg,
-                num_pages=num_pages,
-                max_rows=sched_cfg.max_running_requests,
-                max_pages=self.scheduler.max_pages_per_request,
-            )
-        else:
-            self.runner = ModelRunner.from_config(
-                self.model,
-                pool,
-                cfg,
-                max_rows=sched_cfg.max_running_requests,
-                max_pages=self.scheduler.max_pages_per_request,
-                scratch_page=num_pages,
-            )
-        clock.lap("attention backend and CPU kernels")
-        if ranks is not None:  # every rank builds the same pool and runner, and warms up with us
-            ranks.start(
-                RankInit(
-                    num_pages + 1,
-                    sched_cfg.max_running_requests,
-                    self.scheduler.max_pages_per_request,
-                    num_pages,
-                    self.max_total_len,
-                    rank_settings(cfg),
-                )
-            )
-            clock.lap("tensor-parallel ranks ready")
-        self.runner.warm_up(self.max_total_len, max_step_tokens=cfg.max_num_tokens)
-        if ranks is not None:
-            self.runner.followers = ranks.channel  # from now on each step goes to every rank
-        clock.lap("warm-up (graph capture, first forwards)")
-        # Where start-up went, in order (seconds); `radixserve serve` prints it.
-        self.startup_seconds: dict[str, float] = clock.laps
-        self.loop = StepLoop(
-            self.scheduler,
-            self.runner,
-            overlap=cfg.use_overlap,
-            on_error=self._rank_error if ranks is not None or pipe is not None else None,
+        self.scheduler = Scheduler(
+            sched_cfg, self.cache, self.allocator, self.model_config.eos_token_ids
         )
-        self._buffered: list[StepOutput] = []  # other requests' outputs seen inside generate()
-        self.intake = RequestIntake(
-            mc,
-            self.tokenizer,
-            self.runner.sampler,
-            max_total_len=self.max_total_len,
-            max_model_len=max_model_len,
-            pool_tokens=num_pages * pool.page_size,
-        )
-        logger.info(
-            "engine ready in %s: %s, %s, max_total_len=%d; %s",
-            describe_startup(self.startup_seconds),
-            self.model_path,
-            self.pool,
-            self.max_total_len,
-            self.kv_sizing,
-        )
+        return pool
 
     def enable_kv_events(self, pool: KVPool | None = None) -> None:
         """Record KV cache events from now on (see :meth:`drain_kv_events`)."""
@@ -246,10 +210,8 @@ class Engine:
         """Shut down cleanly: with an L3 directory, write the cached KV there (L1 and L2) so
         that a restart, or another worker on this host, starts warm; stop the other
         tensor-parallel ranks or pipeline stages. Idempotent."""
-        if self.ranks is not None:
-            self.ranks.close()
-        if self.pipeline is not None:
-            self.pipeline.close(getattr(self, "runner", None))
+        if hasattr(self, "topology"):
+            self.topology.close(getattr(self, "runner", None))
         persist_prefix_cache(getattr(self, "cache", None), self.config.hicache_storage_dir)
 
     # The runner owns the device state; these name its parts for callers and tests.
@@ -298,22 +260,12 @@ class Engine:
         out.extend(to_step_output(o) for o in self.loop.step())
         return out
 
-    def _rank_error(self, exc: Exception) -> None:
-        """A step failed under tensor parallelism: the ranks are out of step for good, so the
-        engine stops here, saying which rank died or hung (its requests were failed and their
-        pages given back first)."""
-        group = self.ranks if self.ranks is not None else self.pipeline
-        assert group is not None
-        raise group.explain(exc) from exc
-
     def check_health(self) -> None:
-        """Raise :class:`~radixserve.engine.ranks.RankFailure` when a tensor-parallel rank has
+        """Raise :class:`~radixserve.distributed.ranks.RankFailure` when a tensor-parallel rank has
         died or does not answer (the serving worker calls this while idle); a no-op with one
         rank."""
-        if self.pipeline is not None and not self.has_unfinished():
-            self.pipeline.check()
-        if self.ranks is not None and not self.has_unfinished():
-            self.ranks.check()
+        if not self.has_unfinished():
+            self.topology.check()
 
     def has_unfinished(self) -> bool:
         return bool(self._buffered) or self.loop.in_flight or self.scheduler.has_unfinished()
@@ -392,8 +344,7 @@ class Engine:
         """Raise ``AssertionError`` if any KV page or request state is inconsistent (with
         tensor parallelism, also if any rank's pool size or page table differs from rank 0's)."""
         self.scheduler.check_invariants()
-        if self.ranks is not None:
-            self.ranks.audit(self.runner)
+        self.topology.audit(self.runner)
         # The device table, with the entries the next plan will send applied, holds every page list.
         pending: dict[int, dict[int, int]] = {}
         for slot, col, page in self.scheduler.rows.pending():

@@ -14,6 +14,7 @@ that was free then (another worker's share of the device stays that worker's).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -25,8 +26,18 @@ from radixserve.engine.model_runner import ModelRunner
 from radixserve.memory.planner import kv_bytes_per_token, kv_fixed_bytes, plan_memory
 
 if TYPE_CHECKING:
-    from radixserve.engine.pipeline.launch import PipelineLaunch
+    from radixserve.memory.planner import MemoryPlan
     from radixserve.model.llama import LlamaForCausalLM
+
+# The memory planner for this rank's share of a model (the topology's: one process plans
+# from its own shard, pipeline stages from the whole model, so every stage fits).
+PlanFn = Callable[..., "MemoryPlan"]
+
+
+def plan_local(model: LlamaForCausalLM, **kwargs: Any) -> MemoryPlan:
+    """One process's (or one tensor-parallel rank's) plan: from its share of the model."""
+    return plan_memory(model.local_config, **kwargs)
+
 
 # Default KV pool on a CPU when neither num_pages nor memory_budget is given.
 CPU_DEFAULT_KV_BYTES = 1 << 30
@@ -60,7 +71,7 @@ class KVSizer:
         self,
         model: LlamaForCausalLM,
         pool_args: dict[str, Any],
-        pipeline: PipelineLaunch | None = None,
+        plan_fn: PlanFn = plan_local,
     ) -> KVSizing:
         """The pool's size for ``model``, loaded since this sizer was made. ``pool_args``: the
         pool's arguments but its size (the profile run builds a small pool of its own)."""
@@ -68,12 +79,12 @@ class KVSizer:
         if cfg.num_pages is not None:
             return KVSizing(cfg.num_pages, f"KV pool {cfg.num_pages} pages (num_pages given)", None)
         if self.memory is None:
-            pages = self._plan_num_pages(model, pipeline)
+            pages = self._plan_num_pages(model, plan_fn)
             how = f"KV pool {pages} pages from the memory planner" + (
                 " (--memory-budget)" if cfg.memory_budget is not None else ""
             )
             return KVSizing(pages, how, None)
-        profile = self._profile(model, self.memory, pool_args, pipeline)
+        profile = self._profile(model, self.memory, pool_args, plan_fn)
         return KVSizing(profile.num_pages, profile.describe(), profile)
 
     def _profile(
@@ -81,7 +92,7 @@ class KVSizer:
         model: LlamaForCausalLM,
         mem: kv_profile.DeviceMemory,
         pool_args: dict[str, Any],
-        pipeline: PipelineLaunch | None,
+        plan_fn: PlanFn,
     ) -> ProfiledKV:
         """Pages from a profile run of the largest step on ``mem``'s device; the planner's
         estimate is kept beside the measured figure."""
@@ -106,7 +117,7 @@ class KVSizer:
         )
         per_page = kv_bytes_per_token(mc, cfg.kv_cache_dtype, cfg.torch_dtype) * cfg.page_size
         try:
-            planner = self._plan_num_pages(model, pipeline)
+            planner = self._plan_num_pages(model, plan_fn)
         except ValueError:  # the estimate found no room; the measured figure decides
             planner = 0
         return kv_profile.ProfiledKV.fit(
@@ -122,7 +133,7 @@ class KVSizer:
             planner_num_pages=planner,
         )
 
-    def _plan_num_pages(self, model: LlamaForCausalLM, pipeline: PipelineLaunch | None) -> int:
+    def _plan_num_pages(self, model: LlamaForCausalLM, plan_fn: PlanFn) -> int:
         """Pages from the memory planner. On a CPU without an explicit budget the planner's
         budget is the machine's RAM (shared with everything else), so the pool is capped at
         ``CPU_DEFAULT_KV_BYTES`` of KV."""
@@ -136,9 +147,8 @@ class KVSizer:
                 * cfg.page_size
             )
             cap = max(1, CPU_DEFAULT_KV_BYTES // per_page)
-        plan_fn = plan_memory if pipeline is None else pipeline.plan_memory
         plan = plan_fn(
-            local_config if pipeline is None else model.config,
+            model,
             kv_dtype=cfg.kv_cache_dtype,
             page_size=cfg.page_size,
             act_dtype=cfg.torch_dtype,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-import radixserve.engine.step_wire as step_wire
+import radixserve.distributed.step_wire as step_wire
 from radixserve.engine.decode_graphs import DecodeGraphs
 from radixserve.engine.sampler import Sampler, SamplingPlan, token_logprobs, unpack_samples
 from radixserve.engine.staging import (
@@ -283,7 +283,7 @@ class ModelRunner:
         sampled tokens as inputs (``future_rows``): they are read from the device, not the host.
 
         With tensor-parallel ``followers`` the plan and the sampler's staged inputs go to the
-        other ranks first (:mod:`~radixserve.engine.step_wire`); they run the same device half."""
+        other ranks first (:mod:`~radixserve.distributed.step_wire`); they run the same device half."""
         layout = self._stage(plan)
         sampling: StagingLayout | None = None
         splan = None

@@ -14,11 +14,9 @@ from typing import TYPE_CHECKING, Any
 from radixserve.memory.allocator import OutOfPagesError, PageAllocator
 from radixserve.memory.no_cache import NoPrefixCache
 from radixserve.memory.page_hash import PageKey, PrefixHasher
+from radixserve.memory.prefix_cache import PrefixCache
 from radixserve.memory.radix_cache import CachedPrefix, CacheStats, MatchResult, RadixCache
 from radixserve.memory.tree_node import TreeNode
-
-# What the scheduler holds: the radix tree, or the cache that caches nothing (same interface).
-PrefixCache = RadixCache | NoPrefixCache
 
 if TYPE_CHECKING:
     from radixserve.memory.hi_radix_cache import HiRadixCache

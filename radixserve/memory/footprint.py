@@ -31,7 +31,7 @@ from radixserve.memory.sharding import (
 )
 
 
-class ModelConfig(Protocol):
+class ModelDims(Protocol):
     """The model dimensions the planner sizes memory from. Memory sits below the model layer,
     so this names what it reads; ``radixserve.model.config.ModelConfig`` provides it."""
 
@@ -70,14 +70,14 @@ def _dtype_bytes(dtype: torch.dtype) -> int:
 
 
 def kv_format(
-    cfg: ModelConfig, kv_dtype: KVCacheDtype | str = "auto", act_dtype: torch.dtype = torch.float16
+    cfg: ModelDims, kv_dtype: KVCacheDtype | str = "auto", act_dtype: torch.dtype = torch.float16
 ) -> KVFormat:
     """The pool's storage format for this model's head_dim."""
     return KVFormat.create(kv_dtype, act_dtype, cfg.head_dim)
 
 
 def kv_bytes_per_token(
-    cfg: ModelConfig,
+    cfg: ModelDims,
     kv_dtype: KVCacheDtype | str = "auto",
     act_dtype: torch.dtype = torch.float16,
     shard: DeviceShard = WHOLE_MODEL,
@@ -90,7 +90,7 @@ def kv_bytes_per_token(
 
 
 def kv_bytes_per_sequence(
-    cfg: ModelConfig,
+    cfg: ModelDims,
     seq_len: int,
     kv_dtype: KVCacheDtype | str = "auto",
     act_dtype: torch.dtype = torch.float16,
@@ -100,7 +100,7 @@ def kv_bytes_per_sequence(
 
 
 def kv_fixed_bytes(
-    cfg: ModelConfig, kv_dtype: KVCacheDtype | str = "auto", shard: DeviceShard = WHOLE_MODEL
+    cfg: ModelDims, kv_dtype: KVCacheDtype | str = "auto", shard: DeviceShard = WHOLE_MODEL
 ) -> int:
     """Bytes of the pool that do not grow with tokens: fp8's static per-(layer, head) scales."""
     if KVCacheDtype(kv_dtype).has_head_scales:
@@ -110,7 +110,7 @@ def kv_fixed_bytes(
 
 
 def weight_bytes(
-    cfg: ModelConfig,
+    cfg: ModelDims,
     dtype: torch.dtype,
     quantization: str | None = None,
     group_size: int | None = None,
@@ -180,7 +180,7 @@ def weight_bytes(
 
 
 def activation_reserve_bytes(
-    cfg: ModelConfig, max_num_tokens: int, act_dtype: torch.dtype, shard: DeviceShard = WHOLE_MODEL
+    cfg: ModelDims, max_num_tokens: int, act_dtype: torch.dtype, shard: DeviceShard = WHOLE_MODEL
 ) -> int:
     """A bound on the transient memory of one forward of ``max_num_tokens`` rows.
 

@@ -22,7 +22,7 @@ seeded with model, KV layout and namespace), so block hashes are stable across r
 equal on every worker serving the same model. Routers that hash tokens themselves use
 ``token_ids``. Structs are msgspec ``array_like`` tagged unions exactly like vLLM's, so its
 decoder (``msgspec.msgpack.Decoder(KVEventBatch)``) reads ours. The recorder only collects;
-the serving layer batches and publishes (``radixserve.serving.kv_events``).
+the serving layer batches and publishes (``radixserve.serving.worker.kv_events``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The prefix cache that caches nothing: :class:`RadixCache`'s interface, no reuse.
+"""The prefix cache that caches nothing: the :class:`PrefixCache` interface, no reuse.
 
 ``disable_radix_cache`` builds this instead of a radix tree, so the scheduler never asks
 "is the cache on?": it calls the same methods and gets the answers of a cache that is
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.pins import PinTable
+from radixserve.memory.prefix_cache import PrefixCache
 from radixserve.memory.tree_node import CachedPrefix, CacheStats, MatchResult, TreeNode
 
 if TYPE_CHECKING:
@@ -24,8 +25,8 @@ if TYPE_CHECKING:
 __all__ = ["NoPrefixCache"]
 
 
-class NoPrefixCache:
-    """A cache with :class:`~radixserve.memory.radix_cache.RadixCache`'s interface that never holds a page."""
+class NoPrefixCache(PrefixCache):
+    """A :class:`~radixserve.memory.prefix_cache.PrefixCache` that never holds a page."""
 
     reuses_prefixes = False
 

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.memory.footprint import ModelConfig
+from radixserve.memory.footprint import ModelDims
 from radixserve.memory.planner import MemoryPlan, plan_memory
 from radixserve.memory.sharding import DeviceShard, stage_shards
 
@@ -98,7 +98,7 @@ class ParallelMemoryPlan:
 
 
 def plan_parallel_memory(
-    cfg: ModelConfig, tp: int = 1, pp: int = 1, **plan_kwargs: Any
+    cfg: ModelDims, tp: int = 1, pp: int = 1, **plan_kwargs: Any
 ) -> ParallelMemoryPlan:
     """Plan every stage's devices of a ``tp × pp`` worker; ``plan_kwargs`` go to
     :func:`~radixserve.memory.planner.plan_memory` (budget, dtypes, page size, device memory...),

@@ -24,7 +24,7 @@ import torch
 
 from radixkernels.kv_format import KVCacheDtype
 from radixserve.memory.footprint import (
-    ModelConfig,
+    ModelDims,
     activation_reserve_bytes,
     kv_bytes_per_sequence,
     kv_bytes_per_token,
@@ -47,7 +47,7 @@ __all__ = [
     "MemoryPlan",
     "MemorySnapshot",
     "MiB",
-    "ModelConfig",
+    "ModelDims",
     "activation_reserve_bytes",
     "cpu_available_bytes",
     "device_total_bytes",
@@ -100,7 +100,7 @@ class MemoryPlan:
 
 
 def plan_memory(
-    cfg: ModelConfig,
+    cfg: ModelDims,
     *,
     kv_dtype: KVCacheDtype | str = "auto",
     page_size: int = 16,

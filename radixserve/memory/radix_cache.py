@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.lru import EvictableLeaves
 from radixserve.memory.pins import PinTable
+from radixserve.memory.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
     from radixserve.memory.kv_events import KVEventRecorder
@@ -65,7 +66,7 @@ from radixserve.memory.tree_node import (
 __all__ = ["CacheStats", "CachedPrefix", "MatchResult", "RadixCache"]
 
 
-class RadixCache:
+class RadixCache(PrefixCache):
     """Radix tree of cached token prefixes over the KV pages of one pool.
 
     Registers itself as ``allocator``'s evictor. With the cache turned off the engine builds

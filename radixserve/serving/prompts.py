@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
+from radixserve.serving.wire import protocol as p
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ import pytest
 from constrained_cases import IPV4_REGEX, PERSON_SCHEMA
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
 from radixserve.serving.client import Client, ServerError
-from radixserve.serving.launcher import LocalServer
-from radixserve.serving.router import RouterConfig
+from radixserve.serving.router.launcher import LocalServer
+from radixserve.serving.router.router import RouterConfig
+from radixserve.serving.wire import protocol as p
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

@@ -15,7 +15,7 @@ from radixserve.constrained import Constraint
 from radixserve.constrained.grammar import GrammarCompiler
 from radixserve.constrained.spec import MAX_REGEX_EXPANSION, regex_expansion
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
+from radixserve.serving.wire import protocol as p
 
 
 @pytest.fixture(scope="module")

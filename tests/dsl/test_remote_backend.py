@@ -10,8 +10,8 @@ import pytest
 from frontend_dsl import BackendError, assistant, batch_usage, gen, program, select, system, user
 from frontend_dsl.engine_backend import EngineBackend
 from frontend_dsl.remote_backend import RemoteBackend
-from radixserve.serving.launcher import LocalServer
-from radixserve.serving.router import RouterConfig
+from radixserve.serving.router.launcher import LocalServer
+from radixserve.serving.router.router import RouterConfig
 
 pytestmark = pytest.mark.slow
 

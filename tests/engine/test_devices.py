@@ -112,7 +112,7 @@ class _Engine:
 
 
 def test_stats_skip_the_invariant_check_unless_debugging() -> None:
-    from radixserve.serving.worker import worker_stats
+    from radixserve.serving.worker.worker import worker_stats
 
     engine = _Engine()
     assert worker_stats(engine, check=False)["invariants"] == "unchecked" and engine.checks == 0

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from engine_helpers import random_prompts
 
+from radixserve.distributed.ranks import RankFailure
+from radixserve.distributed.topology import PipelineParallel
 from radixserve.engine.engine import Engine
-from radixserve.engine.ranks import RankFailure
 from radixserve.sampling_params import SamplingParams
 
 CONFIG = {"num_pages": 48, "page_size": 4, "max_num_tokens": 12, "max_running_requests": 4}
@@ -44,7 +45,10 @@ def _compare(model_dir: Path, pp: int, tp: int = 1, **extra: str) -> None:
     expected = _run(single, prompts, True), _run(single, again, False)
     staged = Engine(str(model_dir), **CONFIG, pipeline_parallel_size=pp, tensor_parallel_size=tp)
     try:
-        assert staged.pipeline is not None and len(staged.pipeline.procs) == tp * pp - 1
+        assert (
+            isinstance(staged.topology, PipelineParallel)
+            and len(staged.topology.launch.procs) == tp * pp - 1
+        )
         got = _run(staged, prompts, True), _run(staged, again, False)
         assert staged.stats().cached_prompt_tokens_total > 0  # the second call hit the cache
         for want_batch, got_batch in zip(expected, got, strict=True):
@@ -57,8 +61,8 @@ def _compare(model_dir: Path, pp: int, tp: int = 1, **extra: str) -> None:
         assert staged.pool.num_layers == staged.model.num_local_layers  # type: ignore[attr-defined]
     finally:
         staged.close()
-    assert staged.pipeline is not None
-    assert all(p.poll() is not None for p in staged.pipeline.procs.values())
+    assert isinstance(staged.topology, PipelineParallel)
+    assert all(p.poll() is not None for p in staged.topology.launch.procs.values())
 
 
 def test_pp2_llama_equals_single(tiny_llama_dir: Path) -> None:
@@ -85,9 +89,9 @@ def test_tp2_pp2_four_ranks_equal_single(tiny_qwen2_dir: Path) -> None:
 def test_dead_rank_fails_the_engine_naming_it(tiny_llama_dir: Path) -> None:
     engine = Engine(str(tiny_llama_dir), **CONFIG, pipeline_parallel_size=2)
     try:
-        assert engine.pipeline is not None
+        assert isinstance(engine.topology, PipelineParallel)
         engine.check_health()
-        proc = engine.pipeline.procs[1]
+        proc = engine.topology.launch.procs[1]
         proc.kill()
         proc.wait()
         engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, temperature=0.0))
@@ -107,8 +111,8 @@ def test_stats_account_every_rank(tiny_llama_dir: Path) -> None:
     """The benchmark's counters: each rank's compute, waits and sends, gathered on rank 0."""
     engine = Engine(str(tiny_llama_dir), **CONFIG, pipeline_parallel_size=2)
     try:
-        assert engine.pipeline is not None
-        comm = engine.pipeline.comm
+        assert isinstance(engine.topology, PipelineParallel)
+        comm = engine.topology.launch.comm
         comm.gather_stats()  # zeroes them
         engine.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=4, temperature=0.0))
         first, last = comm.gather_stats()
@@ -124,7 +128,7 @@ def test_stats_account_every_rank(tiny_llama_dir: Path) -> None:
 
 
 def test_micro_batches_cut_whole_sequences() -> None:
-    from radixserve.engine.pipeline.micro import split_micro_batches
+    from radixserve.distributed.pipeline.micro import split_micro_batches
     from radixserve.scheduling.plan import StepPlan
 
     def plan(extend: list[int], logits: list[int]) -> StepPlan:
@@ -151,8 +155,8 @@ def test_micro_batches_cut_whole_sequences() -> None:
 def test_hung_rank_fails_the_step_after_the_timeout(tiny_llama_dir: Path) -> None:
     engine = Engine(str(tiny_llama_dir), **CONFIG, pipeline_parallel_size=2, dist_timeout=2.0)
     try:
-        assert engine.pipeline is not None
-        proc = engine.pipeline.procs[1]
+        assert isinstance(engine.topology, PipelineParallel)
+        proc = engine.topology.launch.procs[1]
         os.kill(proc.pid, signal.SIGSTOP)  # alive but silent: its sockets stay open
         engine.add_request([5, 6, 7], SamplingParams(max_tokens=3, temperature=0.0))
         t0 = time.monotonic()
@@ -163,4 +167,4 @@ def test_hung_rank_fails_the_step_after_the_timeout(tiny_llama_dir: Path) -> Non
         engine.check_invariants()
     finally:
         engine.close()  # kills the stopped rank
-    assert engine.pipeline.procs[1].poll() is not None
+    assert engine.topology.launch.procs[1].poll() is not None

@@ -14,8 +14,9 @@ import pytest
 from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
 from two_nodes import node_one
 
+from radixserve.distributed.ranks import RankFailure
+from radixserve.distributed.topology import TensorParallel
 from radixserve.engine.engine import Engine
-from radixserve.engine.ranks import RankFailure
 
 N = 12
 
@@ -25,8 +26,8 @@ def _tp_engine(path: Path, **kw: object) -> Engine:
 
 
 def _assert_gone(engine: Engine) -> None:
-    assert engine.ranks is not None
-    for proc in engine.ranks.procs.values():
+    assert isinstance(engine.topology, TensorParallel)
+    for proc in engine.topology.ranks.procs.values():
         assert not proc.is_alive()
 
 
@@ -40,8 +41,10 @@ def test_tp2_greedy_equals_transformers_cold_and_warm(
     refs = [hf_greedy(path, p, N) for p in prompts]
     # max_num_tokens 16: the 30-token prompts prefill in chunks.
     engine = _tp_engine(path, page_size=4, num_pages=96, max_num_tokens=16)
-    assert engine.ranks is not None
-    store = engine.ranks.pc.store_path  # one host: no TCPStore any local process could reach
+    assert isinstance(engine.topology, TensorParallel)
+    store = (
+        engine.topology.ranks.pc.store_path
+    )  # one host: no TCPStore any local process could reach
     assert store is not None and os.stat(os.path.dirname(store)).st_mode & 0o777 == 0o700
     try:
         assert engine.model.local_config.num_kv_heads == 1  # half of the 2 KV heads
@@ -95,8 +98,8 @@ def test_tp2_retraction_and_uneven_heads(tmp_path: Path) -> None:
 def test_killed_rank_fails_the_engine_naming_it(tiny_llama_dir: Path) -> None:
     engine = _tp_engine(tiny_llama_dir, page_size=4, num_pages=64, max_num_tokens=64)
     try:
-        assert engine.ranks is not None
-        proc = engine.ranks.procs[1]
+        assert isinstance(engine.topology, TensorParallel)
+        proc = engine.topology.ranks.procs[1]
         engine.check_health()  # all well: the ping goes round
         os.kill(proc.pid, signal.SIGKILL)
         proc.join(timeout=10)
@@ -122,8 +125,8 @@ def test_hung_rank_times_out_naming_the_collective(tiny_llama_dir: Path) -> None
         tiny_llama_dir, tensor_parallel_size=2, dist_timeout=2.0, page_size=4, num_pages=64
     )
     try:
-        assert engine.ranks is not None
-        proc = engine.ranks.procs[1]
+        assert isinstance(engine.topology, TensorParallel)
+        proc = engine.topology.ranks.procs[1]
         os.kill(proc.pid, signal.SIGSTOP)  # alive but answering nothing
         t0 = time.monotonic()
         with pytest.raises(RankFailure, match="collective failed.*[Tt]imed out"):

@@ -11,7 +11,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
-from radixserve.serving import protocol as p
 from radixserve.serving.client import ServerError
 from radixserve.serving.http.errors import APIError, from_server_error
 from radixserve.serving.http.gateway import memory_line
@@ -21,6 +20,7 @@ from radixserve.serving.http.sglang_protocol import GenerateReqInput, expand
 from radixserve.serving.http.sse import DONE, event
 from radixserve.serving.http.streams import finals
 from radixserve.serving.http.tokens import TokenNames
+from radixserve.serving.wire import protocol as p
 
 
 def chat(**kw: Any) -> ChatCompletionRequest:

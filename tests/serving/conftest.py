@@ -10,10 +10,13 @@ from typing import Any
 import pytest
 import tiny_models
 
-from radixserve.serving.launcher import LocalServer
-from radixserve.serving.router import RouterConfig
+from radixserve.serving.router.launcher import LocalServer
+from radixserve.serving.router.router import RouterConfig
 
 HERE = Path(__file__).resolve().parent
+# The tests mirror serving/'s folders (wire/, router/, worker/, client/); the helpers they
+# share (raw_client, fake_engine, fake_worker) stay here, importable from every subfolder.
+sys.path.insert(0, str(HERE))
 FAKE_WORKER = [sys.executable, str(HERE / "fake_worker.py")]
 
 # Fast liveness for tests: dead workers and vanished clients are noticed within ~0.2 s.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.serving import protocol as p
+from radixserve.serving.wire import protocol as p
 
 
 def recv_reply(sock: Any) -> Any:

@@ -15,7 +15,7 @@ import pytest
 
 from radixserve.serving.http.gateway import GatewayConfig
 from radixserve.serving.http.server import HTTPGateway
-from radixserve.serving.limits import RequestLimits
+from radixserve.serving.wire.limits import RequestLimits
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 

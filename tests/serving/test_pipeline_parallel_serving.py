@@ -21,15 +21,15 @@ from test_tensor_parallel_serving import (
 )
 
 from radixserve.serving.client import Client
-from radixserve.serving.launcher import LocalServer
-from radixserve.serving.router import RouterConfig
+from radixserve.serving.router.launcher import LocalServer
+from radixserve.serving.router.router import RouterConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def _stage_processes(pid: int) -> list[int]:
     """``pid``'s children that are pipeline ranks."""
-    return child_processes(pid, b"radixserve.engine.pipeline.launch")
+    return child_processes(pid, b"radixserve.distributed.pipeline.launch")
 
 
 def test_pp2_worker_serves_then_a_killed_stage_takes_it_down(tiny_llama_dir: Path) -> None:

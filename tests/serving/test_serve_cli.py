@@ -118,8 +118,8 @@ def test_sigterm_stops_serve_quickly_mid_stream(tiny_llama_dir: Path) -> None:
     """SIGTERM while a request streams (HTTP gateway on too): serve exits 0 within a few
     seconds, the client gets a shutdown error, and serve reaped its worker before exiting."""
     from radixserve.sampling_params import SamplingParams
-    from radixserve.serving import protocol as p
     from radixserve.serving.client import Client, ServerError
+    from radixserve.serving.wire import protocol as p
 
     # 512 pages of 4 tokens: room for a stream far longer than the test.
     srv = Serve(tiny_llama_dir, workers=1, extra=("--http-port", "0", "--num-pages", "512"))
@@ -157,8 +157,8 @@ def test_workers_die_with_a_killed_parent() -> None:
     Uses the model-free fake worker, so it costs no model start-up."""
     here = Path(__file__).resolve().parent
     code = (
-        "import sys; from radixserve.serving.launcher import LocalServer\n"
-        "from radixserve.serving.router import RouterConfig\n"
+        "import sys; from radixserve.serving.router.launcher import LocalServer\n"
+        "from radixserve.serving.router.router import RouterConfig\n"
         "srv = LocalServer('unused', num_workers=2, tokenizer=object(), "
         f"worker_program=[sys.executable, {str(here / 'fake_worker.py')!r}],"
         " config=RouterConfig(endpoint='tcp://127.0.0.1:*'))\n"

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
 from radixserve.serving.client import AsyncClient, Client
-from radixserve.serving.launcher import LocalServer
-from radixserve.serving.router import RouterConfig
+from radixserve.serving.router.launcher import LocalServer
+from radixserve.serving.router.router import RouterConfig
+from radixserve.serving.wire import protocol as p
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -15,8 +15,8 @@ from two_nodes import node_one
 
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.client import Client
-from radixserve.serving.launcher import LocalServer
-from radixserve.serving.router import RouterConfig
+from radixserve.serving.router.launcher import LocalServer
+from radixserve.serving.router.router import RouterConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

@@ -27,7 +27,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve.serving.http.errors import APIError
-from radixserve.serving.limits import RequestLimits, surrogate_path
+from radixserve.serving.wire.limits import RequestLimits, surrogate_path
 
 DRAIN_BYTES = 64 << 20
 DRAIN_S = 10.0

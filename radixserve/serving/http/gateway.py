@@ -23,13 +23,13 @@ from starlette.requests import Request
 
 from radixserve.memory.units import format_bytes
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
 from radixserve.serving.client import DEFAULT_ENDPOINT, AsyncClient, ServerError
 from radixserve.serving.http.errors import APIError, from_server_error, from_timeout
 from radixserve.serving.http.metrics import GatewayMetrics
 from radixserve.serving.http.tokens import TokenNames
-from radixserve.serving.limits import RequestLimits
-from radixserve.serving.security import PeerKeys
+from radixserve.serving.wire import protocol as p
+from radixserve.serving.wire.limits import RequestLimits
+from radixserve.serving.wire.security import PeerKeys
 
 log = logging.getLogger("radixserve.serving.http")
 T = TypeVar("T")

@@ -8,7 +8,7 @@ Two sources:
 * Engine gauges and counters (requests running/waiting, KV pages free/evictable/in use,
   prefix-cache queried/hit tokens, retractions, evictions, prompt/generation tokens,
   device memory) live in the workers. They are mirrored from the router's
-  :class:`~radixserve.serving.protocol.StatsReply`, fetched at scrape time, by a custom
+  :class:`~radixserve.serving.wire.protocol.StatsReply`, fetched at scrape time, by a custom
   collector: the engine's monotonic ``*_total`` counts are exposed as Prometheus counters,
   so any window's prefix-cache hit rate is
   ``rate(radixserve_prefix_cache_hit_tokens_total[5m]) / rate(radixserve_prefix_cache_queried_tokens_total[5m])``.
@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from radixserve.serving import protocol as p
+from radixserve.serving.wire import protocol as p
 
 PREFIX = "radixserve"
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -63,7 +63,7 @@ _MEMORY_FIELDS = ("allocated_bytes", "reserved_bytes", "total_bytes", "rss_bytes
 
 
 class WorkerStatsCollector(Collector):
-    """Exposes the latest :class:`~radixserve.serving.protocol.StatsReply` as metric families."""
+    """Exposes the latest :class:`~radixserve.serving.wire.protocol.StatsReply` as metric families."""
 
     def __init__(self) -> None:
         self.stats: p.StatsReply | None = None

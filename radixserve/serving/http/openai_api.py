@@ -18,13 +18,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixserve.serving import protocol as p
 from radixserve.serving.http.auth import request_key, tenant_cache_salt
 from radixserve.serving.http.errors import APIError, invalid
 from radixserve.serving.http.gateway import Gateway, merge
 from radixserve.serving.http.openai_protocol import ChatCompletionRequest, CompletionRequest
 from radixserve.serving.http.sse import DONE, SSEResponse, event
 from radixserve.serving.http.streams import finals, logprob, primed
+from radixserve.serving.wire import protocol as p
 
 router = APIRouter()
 

@@ -29,13 +29,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from radixserve import __version__
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving import protocol as p
 from radixserve.serving.http.auth import request_key, tenant_cache_salt
 from radixserve.serving.http.errors import APIError
 from radixserve.serving.http.gateway import Gateway, merge, to_builtins
 from radixserve.serving.http.sglang_protocol import GenerateReqInput, Item, expand
 from radixserve.serving.http.sse import DONE, SSEResponse, event
 from radixserve.serving.http.streams import finals, logprob, primed
+from radixserve.serving.wire import protocol as p
 
 router = APIRouter()
 

@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from radixserve.serving import protocol as p
 from radixserve.serving.http.gateway import final_of, until_disconnected
+from radixserve.serving.wire import protocol as p
 
 T = TypeVar("T")
 _NOTHING: Any = object()

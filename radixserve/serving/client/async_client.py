@@ -1,0 +1,258 @@
+"""The asyncio client of the radixserve router: any number of concurrent requests on one socket.
+
+Torch-free (pyzmq + msgspec only). The event loop watches the DEALER socket's file
+descriptor; when it fires, every queued message is taken off and handed to the queue of
+its request (by the ``request_id`` the router echoes).
+
+The socket is a plain (blocking-API) pyzmq socket read with ``NOBLOCK``, not a
+``zmq.asyncio`` one: the HTTP gateway streams every token of every request through here,
+and pyzmq's asyncio layer costs a future, several callbacks and a dozen flag-enum
+operations per message, which measured as a sixth of the gateway's CPU per token.
+ZeroMQ's descriptor is edge-triggered ("look at ``zmq.EVENTS``"), and any operation on the
+socket, a send included, may consume the edge; so the reader drains until ``EVENTS`` says
+nothing is left, and runs again after every send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator
+from typing import Any, Unpack
+
+import zmq
+
+from radixserve.serving.client.common import (
+    Event,
+    GenerateOptions,
+    RequestIds,
+    ServerError,
+    generate_request,
+)
+from radixserve.serving.wire import protocol as p
+from radixserve.serving.wire import zmq_events
+from radixserve.serving.wire.base import DEFAULT_ENDPOINT
+from radixserve.serving.wire.security import PeerKeys
+
+
+class AsyncClient:
+    """asyncio client: any number of concurrent requests on one socket (``curve``: as
+    :class:`~radixserve.serving.client.Client`'s). ``context``: the ZeroMQ context to use
+    (default: the process's shared one); an ``inproc://`` endpoint needs its router's."""
+
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        *,
+        timeout: float | None = 60.0,
+        curve: PeerKeys | None = None,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._ctx = context if context is not None else zmq.Context.instance()
+        self._sock: zmq.Socket = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.apply(self._sock)
+        self._sock.connect(endpoint)
+        self._ids = RequestIds()
+        self._queues: dict[str, asyncio.Queue[Any]] = {}
+        self._generating: set[str] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop watching the socket
+        self._writable: list[asyncio.Future[None]] = []  # senders waiting for room (rare)
+        self._pending: set[asyncio.Task[None]] = set()  # sends that could not wait (aborts)
+        self._last_rx = 0.0  # when the router last sent anything
+
+    def _watch(self) -> asyncio.AbstractEventLoop:
+        """Have the running loop call :meth:`_on_events` when the socket's descriptor fires."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._sock.FD)
+            self._loop = loop
+            loop.add_reader(self._sock.FD, self._on_events)
+        return loop
+
+    def _on_events(self) -> None:
+        """Take every queued message off the socket; wake senders once there is room."""
+        sock = self._sock
+        while not sock.closed:
+            ready = zmq_events.events(sock)
+            if ready & zmq_events.POLLOUT and self._writable:
+                for fut in self._writable:
+                    if not fut.done():
+                        fut.set_result(None)
+                self._writable.clear()
+            if not ready & zmq_events.POLLIN:
+                return
+            self._dispatch(p.decode_server(sock.recv(zmq_events.NOBLOCK)))
+
+    def _dispatch(self, msg: Any) -> None:
+        self._last_rx = time.monotonic()
+        if isinstance(msg, p.KeepAlive):
+            return
+        rid = getattr(msg, "request_id", None)
+        targets = [self._queues[rid]] if rid in self._queues else []
+        if rid is None:  # cannot be tied to a request: fail every waiter
+            targets = list(self._queues.values())
+        for q in targets:
+            q.put_nowait(msg)
+
+    async def _send(self, msg: Any) -> None:
+        """Queue ``msg`` for the router, waiting while ZeroMQ has no room for it."""
+        loop = self._watch()
+        data = p.encode(msg)
+        while True:
+            try:
+                self._sock.send(data, zmq_events.NOBLOCK)
+                break
+            except zmq.Again:
+                fut = loop.create_future()
+                self._writable.append(fut)
+                loop.call_soon(self._on_events)  # room may have come before we watched
+                await fut
+        # The send may have consumed the descriptor's edge for messages that arrived meanwhile.
+        loop.call_soon(self._on_events)
+
+    def _send_nowait(self, msg: Any) -> None:
+        """Send ``msg`` now, from code that cannot wait (a closing generator); with no room
+        for it, a task sends it once there is."""
+        loop = self._loop
+        try:
+            self._sock.send(p.encode(msg), zmq_events.NOBLOCK)
+        except zmq.Again:
+            if loop is not None and not loop.is_closed():
+                self._pending.add(task := loop.create_task(self._send(msg)))
+                task.add_done_callback(self._pending.discard)
+            return
+        if loop is not None and not loop.is_closed():
+            loop.call_soon(self._on_events)
+
+    def _open(self, rid: str) -> asyncio.Queue[Any]:
+        if rid in self._queues:  # a second waiter would orphan the first
+            raise ValueError(f"request id {rid!r} is already in flight on this client")
+        self._watch()
+        q: asyncio.Queue[Any] = asyncio.Queue()
+        self._queues[rid] = q
+        return q
+
+    async def _next(self, rid: str, q: asyncio.Queue[Any], timeout: float | None) -> Any:
+        """The next message for ``rid``; times out after ``timeout`` s without *any* message
+        from the router (its keep-alives count: a long non-streamed request is not a dead router)."""
+        limit = self.timeout if timeout is None else timeout
+        start = time.monotonic()
+        while True:
+            wait = (
+                None
+                if limit is None
+                else max(0.0, max(start, self._last_rx) + limit - time.monotonic())
+            )
+            try:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+                # that lands in the same loop turn as a message (it returns the message), and a
+                # gateway whose HTTP client left would then run the request to its end.
+                async with asyncio.timeout(wait):
+                    msg = await q.get()
+                break
+            except TimeoutError:
+                if limit is not None and time.monotonic() - max(start, self._last_rx) >= limit:
+                    raise TimeoutError(
+                        f"no reply from {self.endpoint} for request {rid} within {limit} s"
+                    ) from None
+        if isinstance(msg, p.Error):
+            raise ServerError(msg)
+        return msg
+
+    async def _call(self, msg: Any, timeout: float | None) -> Any:
+        q = self._open(msg.request_id)
+        try:
+            await self._send(msg)
+            return await self._next(msg.request_id, q, timeout)
+        finally:
+            self._queues.pop(msg.request_id, None)
+
+    async def stream(
+        self,
+        text: str | None = None,
+        *,
+        stream: bool = True,
+        request_id: str | None = None,
+        timeout: float | None = None,
+        **options: Unpack[GenerateOptions],
+    ) -> AsyncGenerator[Event, None]:
+        """Yield chunks then the final; cancelling or closing the iterator early aborts."""
+        rid = request_id or self._ids.next()
+        q = self._open(rid)
+        self._generating.add(rid)
+        done = False
+        try:
+            req = generate_request(rid, text, stream, options)
+            await self._send(req)
+            while True:
+                msg = await self._next(rid, q, timeout)
+                if isinstance(msg, p.GenerateFinal):
+                    done = True
+                yield msg
+                if done:
+                    return
+        except ServerError:
+            done = True
+            raise
+        finally:
+            self._queues.pop(rid, None)
+            self._generating.discard(rid)
+            if not done and not self._sock.closed:
+                self._send_nowait(p.Abort(request_id=rid))
+
+    async def generate(self, text: str | None = None, **kwargs: Any) -> p.GenerateFinal:
+        """Generate and wait for the final message."""
+        kwargs["stream"] = False
+        async for ev in self.stream(text, **kwargs):
+            if isinstance(ev, p.GenerateFinal):
+                return ev
+        raise AssertionError("unreachable")
+
+    async def abort(self, request_id: str) -> None:
+        await self._send(p.Abort(request_id=request_id))
+
+    async def health(self, timeout: float | None = None) -> p.HealthReply:
+        return await self._call(p.Health(request_id=self._ids.next()), timeout)
+
+    async def stats(self, timeout: float | None = None) -> p.StatsReply:
+        return await self._call(p.StatsRequest(request_id=self._ids.next()), timeout)
+
+    async def model_info(self, timeout: float | None = None) -> p.ModelInfo:
+        return await self._call(p.ModelInfoRequest(request_id=self._ids.next()), timeout)
+
+    async def flush_cache(self, timeout: float | None = None) -> bool:
+        return (await self._call(p.FlushCache(request_id=self._ids.next()), timeout)).ok
+
+    async def tokenize(self, texts: list[str], timeout: float | None = None) -> list[list[int]]:
+        """Token ids of each text, as the router encodes a ``text`` prompt."""
+        return (
+            await self._call(
+                p.TokenizeRequest(request_id=self._ids.next(), texts=list(texts)), timeout
+            )
+        ).input_ids
+
+    async def close(self) -> None:
+        """Abort unfinished requests, stop the reader, close the socket."""
+        if self._sock.closed:
+            return
+        for rid in list(self._generating):
+            await self._send(p.Abort(request_id=rid))
+        self._generating.clear()
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._sock.FD)
+        self._loop = None
+        for fut in self._writable:
+            fut.cancel()
+        self._writable.clear()
+        self._sock.close(linger=200)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

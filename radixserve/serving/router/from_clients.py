@@ -1,0 +1,240 @@
+"""The router's client side: what becomes of each message a client sends.
+
+A frame is checked against the request limits (:mod:`~radixserve.serving.wire.limits`) before
+it is decoded; then a :class:`GenerateRequest` is tracked by
+:class:`~radixserve.serving.router.inflight.InFlight` at once (an abort or a client leaving finds
+it), its prompt is encoded by the tokenizer processes
+(:class:`~radixserve.serving.router.tokenizer_pool.TokenizerPool`, off the router's loop; on the
+loop where there are none) and, once its token ids fit the workers' context, dispatched.
+Health, model info and tokenize requests are answered here; stats and cache flushes go to
+:class:`~radixserve.serving.router.control.ControlOps`, aborts to ``InFlight``.
+
+Sending stays with the router (``send`` and ``reply_error``): a failed send means the
+client is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from radixserve.serving.prompts import PromptCodec, PromptError, encode_text
+from radixserve.serving.router.control import ControlOps
+from radixserve.serving.router.inflight import ClientError, ClientSend, InFlight, context_error
+from radixserve.serving.router.requests import RouterRequest
+from radixserve.serving.router.tokenizer_pool import TokenizerPool
+from radixserve.serving.router.worker_pool import WorkerPool
+from radixserve.serving.wire import protocol as p
+from radixserve.serving.wire.limits import RequestLimits, prompt_chars
+from radixserve.serving.wire.security import cache_namespace
+
+log = logging.getLogger("radixserve.security")  # refusals go to the audit log
+
+
+def error_code(message: str) -> p.ErrorCode:
+    """The error code of an encoding failure: ``internal`` for the tokenizer's own (its message
+    says so), else the prompt was invalid (bad chat roles, no template)."""
+    return (
+        "internal"
+        if message.startswith("internal")
+        else "shutdown"
+        if message.startswith("shutdown")
+        else "invalid_params"
+    )
+
+
+class ClientSide:
+    """Handles the messages of a router's clients (see the module doc).
+
+    ``tokenizers``: the router's tokenizer processes, ``None`` to encode on the loop (also
+    used once the pool reports itself ``broken``). ``started`` (when it was built, with the
+    router) is what health replies count uptime from."""
+
+    def __init__(
+        self,
+        limits: RequestLimits,
+        codec: PromptCodec,
+        tokenizers: TokenizerPool | None,
+        pool: WorkerPool,
+        inflight: InFlight,
+        control: ControlOps,
+        *,
+        send: ClientSend,
+        reply_error: ClientError,
+        trusted: Callable[[Any], bool],
+    ) -> None:
+        self._limits, self._codec, self._tokenizers = limits, codec, tokenizers
+        self._trusted = trusted
+        self._pool, self._inflight, self._control = pool, inflight, control
+        self._send, self._reply_error = send, reply_error
+        self.started = time.monotonic()
+
+    def on_frames(self, raw: list[Any]) -> None:
+        """Handle one message from a client: ``[identity, frame]`` as ``zmq.Frame`` objects
+        (the last one's metadata says whether the client may flush the cache)."""
+        frames: list[bytes] = [f.bytes for f in raw]
+        client = frames[0]
+        if len(frames) != 2:
+            self._reply_error(
+                client,
+                p.Error(
+                    code="malformed", message=f"expected 1 frame per message, got {len(frames) - 1}"
+                ),
+            )
+            return
+        too_large = self._limits.request_bytes_error(len(frames[1]))
+        if too_large is not None:
+            self._reply_error(
+                client,
+                p.Error(
+                    code="request_too_large",
+                    message=too_large,
+                    request_id=p.request_id_of(frames[1]),
+                ),
+            )
+            return
+        msg = p.decode_client(frames[1])
+        if isinstance(msg, p.Error):
+            self._reply_error(client, msg)
+        elif isinstance(msg, p.GenerateRequest):
+            self._on_generate(client, msg)
+        elif isinstance(msg, p.Abort):
+            self._inflight.abort(client, msg.request_id)
+        elif isinstance(msg, p.Health):
+            self._send(
+                client,
+                p.HealthReply(
+                    request_id=msg.request_id,
+                    ok=bool(self._pool.routable),
+                    workers_alive=len(self._pool.routable),
+                    uptime_s=time.monotonic() - self.started,
+                ),
+            )
+        elif isinstance(msg, p.ModelInfoRequest):
+            self._on_model_info(client, msg.request_id)
+        elif isinstance(msg, p.FlushCache) and not self._trusted(raw[-1]):
+            # Every tenant's cached prefixes at once: only this process's clients (the HTTP
+            # gateway, whose admin key guards /flush_cache) or a keyed client may ask.
+            log.warning("cache flush from client %s refused: not authenticated", client.hex())
+            self._reply_error(
+                client,
+                p.Error(
+                    code="forbidden",
+                    message="flushing the cache needs an authenticated client (the server's "
+                    "--keys, or its own HTTP gateway with an admin key)",
+                    request_id=msg.request_id,
+                ),
+            )
+        elif isinstance(msg, (p.StatsRequest, p.FlushCache)):
+            self._control.start(client, msg)
+        elif isinstance(msg, p.TokenizeRequest):
+            longest = max((len(t) for t in msg.texts), default=0)
+            too_long = self._limits.prompt_chars_error(longest, self._pool.context_length())
+            if too_long is not None:
+                self._reply_error(
+                    client,
+                    p.Error(code="context_length", message=too_long, request_id=msg.request_id),
+                )
+                return
+            self._tokenize(client, msg)
+
+    def _tokenize(self, client: bytes, msg: p.TokenizeRequest) -> None:
+        def reply(ids: list[list[int]] | None, err: str | None) -> None:
+            if err is not None:
+                self._reply_error(
+                    client, p.Error(code=error_code(err), message=err, request_id=msg.request_id)
+                )
+            else:
+                self._send(client, p.TokenizeReply(request_id=msg.request_id, input_ids=ids or []))
+
+        if self._tokenizers is None or self._tokenizers.broken:
+            reply([encode_text(self._codec.tokenizer, t) for t in msg.texts], None)
+        else:
+            self._tokenizers.submit(reply, texts=msg.texts)
+
+    def _on_generate(self, client: bytes, req: p.GenerateRequest) -> None:
+        def error(code: Any, message: str) -> None:
+            self._reply_error(
+                client, p.Error(code=code, message=message, request_id=req.request_id)
+            )
+
+        if self._inflight.has(client, req.request_id):
+            return error("duplicate_request", f"request id {req.request_id!r} is already in flight")
+        too_long = self._limits.prompt_chars_error(prompt_chars(req), self._pool.context_length())
+        if too_long is not None:
+            return error("context_length", too_long)
+        bad = p.validate_generate(req, vocab_size=self._pool.vocab_size())
+        if bad is not None:
+            return self._reply_error(client, bad)
+        st = RouterRequest(
+            self._inflight.new_rid(),
+            client,
+            req.request_id,
+            [],
+            req.params,
+            req.stream,
+            req.session_id,
+            cache_namespace(req.namespace, req.cache_salt),
+            None,
+            time.monotonic(),
+        )
+        # Tracked from now on (an abort, a client leaving or a shutdown finds it), dispatched
+        # once its token ids are known.
+        self._inflight.track(st)
+        if req.input_ids is not None or self._tokenizers is None or self._tokenizers.broken:
+            try:
+                ids, err = self._codec.encode(req), None
+            except PromptError as exc:
+                ids, err = [], str(exc)
+            self._encoded(st, [ids] if err is None else None, err)
+        else:
+            self._tokenizers.submit(
+                lambda ids, err: self._encoded(st, ids, err),
+                text=req.text,
+                messages=req.messages,
+                add_generation_prompt=req.add_generation_prompt,
+            )
+
+    def _encoded(self, st: RouterRequest, ids: list[list[int]] | None, err: str | None) -> None:
+        """The prompt of ``st`` is encoded (or failed to): check its length, dispatch it."""
+        if self._inflight.get(st.rid) is not st:
+            return  # aborted, or its client left, while it was being encoded
+        if err is not None or not ids:
+            return self._inflight.fail(st, error_code(err or ""), err or "no token ids")
+        prompt = ids[0]
+        if not prompt:
+            return self._inflight.fail(st, "invalid_params", "the prompt encodes to zero tokens")
+        too_long = context_error(len(prompt), self._pool.context_length())
+        if too_long:
+            return self._inflight.fail(st, "context_length", too_long)
+        st.prompt_ids = prompt
+        st.detok = self._codec.detokenizer(st.params, prompt)
+        self._inflight.dispatch(st)
+
+    def _on_model_info(self, client: bytes, request_id: str) -> None:
+        live = self._pool.routable
+        if not live:
+            self._reply_error(
+                client,
+                p.Error(code="no_workers", message="no live worker yet", request_id=request_id),
+            )
+            return
+        h = live[0].hello
+        self._send(
+            client,
+            p.ModelInfo(
+                request_id=request_id,
+                model=h.model,
+                context_length=self._pool.context_length() or h.context_length,
+                vocab_size=h.vocab_size,
+                eos_token_ids=h.eos_token_ids,
+                bos_token_id=h.bos_token_id,
+                chat_template=self._codec.chat_template,
+                page_size=h.page_size,
+                num_workers=len(live),
+                special_tokens=self._codec.special_tokens,
+                model_path=h.model_path,
+            ),
+        )

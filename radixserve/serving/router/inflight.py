@@ -1,0 +1,288 @@
+"""The router's requests in flight: where each one is, and every way it ends.
+
+:class:`InFlight` holds the :class:`~radixserve.serving.router.requests.RouterRequest` of every
+generate request from its arrival to its last message, indexed by router rid and by
+(client, client rid). It sends a request to the worker the dispatcher chooses (or queues it
+until a first worker joins), folds the worker's outputs into it, and ends it in one of four
+ways: finished (a final message), failed (an error), aborted by its client, or dropped with
+a client that went away. A request whose worker dies before it produced a token is sent
+once more, to another worker (or the next to join, e.g. the dead one restarted).
+Whenever the worker may still run an ended request, the request
+is aborted there, which frees its KV. Keep-alive bookkeeping lives here too: only clients
+with requests in flight are probed.
+
+Sending to clients stays with the router (``send`` and ``reply_error`` callbacks): a failed
+send means the client is gone, and the router calls :meth:`InFlight.drop_client`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from radixserve.serving.router.dispatch import Dispatcher
+from radixserve.serving.router.requests import RouterRequest
+from radixserve.serving.router.worker_pool import WorkerHandle, WorkerPool
+from radixserve.serving.wire import protocol as p
+
+log = logging.getLogger("radixserve.serving.inflight")
+
+MAX_RETRIES = 1  # a request that lost its worker before its first token is sent again once
+
+ClientSend = Callable[[bytes, msgspec.Struct], bool]
+ClientError = Callable[[bytes, p.Error], None]
+
+
+def context_error(n: int, context_length: int | None) -> str | None:
+    """Why a prompt of ``n`` tokens does not fit ``context_length`` (``None``: it fits, or no
+    worker has joined yet to say)."""
+    ctx = context_length
+    if ctx is not None and n >= ctx:
+        return (
+            f"the prompt has {n} tokens but the model's context is {ctx} tokens "
+            f"(a prompt may use at most {ctx - 1}, leaving room to generate)"
+        )
+    return None
+
+
+class InFlight:
+    """Every generate request between its arrival and its last message (see the module doc).
+
+    ``worker_wait_s``: how long a request may wait for a first worker to join (0: a request
+    that finds no worker fails at once, unless local workers are still starting)."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        dispatcher: Dispatcher,
+        *,
+        send: ClientSend,
+        reply_error: ClientError,
+        worker_wait_s: float,
+    ) -> None:
+        self._pool = pool
+        self._dispatcher = dispatcher
+        self._send = send
+        self._reply_error = reply_error
+        self._worker_wait_s = worker_wait_s
+        self._requests: dict[str, RouterRequest] = {}
+        self._by_client: dict[bytes, dict[str, str]] = {}  # client -> client rid -> rid
+        self._last_sent: dict[bytes, float] = {}
+        self._waiting: deque[RouterRequest] = deque()  # no worker yet
+        self._next_rid = 0
+        self.total = 0  # requests accepted
+        self.aborted = 0  # by their client, or with a client that went away
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    @property
+    def num_clients(self) -> int:
+        """Clients with requests in flight."""
+        return len(self._by_client)
+
+    def get(self, rid: str) -> RouterRequest | None:
+        return self._requests.get(rid)
+
+    def has(self, client: bytes, client_rid: str) -> bool:
+        """Whether ``client`` has a request ``client_rid`` in flight."""
+        return client_rid in self._by_client.get(client, {})
+
+    def new_rid(self) -> str:
+        """A fresh router-global request id (counts the request as accepted)."""
+        rid = str(self._next_rid)
+        self._next_rid += 1
+        self.total += 1
+        return rid
+
+    def track(self, st: RouterRequest) -> None:
+        """Track a new request; :meth:`dispatch` sends it once its prompt is encoded. Meanwhile
+        an abort, its client leaving or a shutdown ends it like any other."""
+        self._by_client.setdefault(st.client, {})[st.client_rid] = st.rid
+        self._requests[st.rid] = st
+        self._last_sent.setdefault(st.client, st.arrival)
+
+    def dispatch(self, st: RouterRequest) -> None:
+        """Batch ``st`` for the worker the dispatcher chooses; queue or fail it without one."""
+        pool = self._pool
+        loads = {w.worker_id: w.outstanding() for w in pool.routable}
+        if not loads:
+            if pool.expected or pool.restarting or (not pool.workers and self._worker_wait_s > 0):
+                self._waiting.append(st)
+            else:
+                self.fail(st, "no_workers", "no live worker to run the request")
+            return
+        too_long = context_error(len(st.prompt_ids), pool.context_length())
+        if too_long:
+            return self.fail(st, "context_length", too_long)
+        decision = self._dispatcher.choose(
+            st.prompt_ids, loads, st.session_id, st.namespace, rid=st.rid
+        )
+        w = pool.workers[decision.worker_id]
+        st.worker_id, st.dispatched = w.worker_id, time.monotonic()
+        w.sent(st.rid, max(0, len(st.prompt_ids) - decision.matched_tokens))
+        w.requests += 1
+        w.adds.append(
+            p.WorkerRequest(
+                rid=st.rid, input_ids=st.prompt_ids, params=st.params, namespace=st.namespace
+            )
+        )
+
+    # ------------------------------------------------------------------ clients
+    def abort(self, client: bytes, client_rid: str) -> None:
+        """The client aborts one of its requests (a no-op if it already ended)."""
+        rid = self._by_client.get(client, {}).get(client_rid)
+        st = self._requests.get(rid) if rid is not None else None
+        if st is None:
+            return  # already finished: the abort crossed the final message
+        self.abort_in_worker(st)
+        self.aborted += 1
+        self.finish(st, "abort")
+
+    def abort_in_worker(self, st: RouterRequest) -> None:
+        """Make sure the worker stops ``st`` (or never gets it), freeing its KV."""
+        w = self._pool.workers.get(st.worker_id)
+        if w is None:
+            if st in self._waiting:
+                self._waiting.remove(st)
+            return
+        if w.alive and st.rid in w.inflight:
+            if any(a.rid == st.rid for a in w.adds):  # not sent yet: just don't send it
+                w.adds = [a for a in w.adds if a.rid != st.rid]
+                w.settle(st.rid)
+            else:
+                self._pool.send(w, p.WorkerAbort(rids=[st.rid]))
+
+    def drop_client(self, client: bytes) -> None:
+        """The client is gone: abort its requests in the workers, forget it."""
+        for rid in list(self._by_client.pop(client, {}).values()):
+            st = self._requests.pop(rid, None)
+            if st is not None:
+                self.aborted += 1
+                self.abort_in_worker(st)
+        self._last_sent.pop(client, None)
+
+    def sent_to(self, client: bytes) -> None:
+        """Something reached ``client``: it needs no keep-alive for a while."""
+        if client in self._by_client:  # only clients with requests in flight are probed
+            self._last_sent[client] = time.monotonic()
+
+    def probe_clients(self, now: float, interval_s: float) -> None:
+        """A :class:`KeepAlive` to each client with requests in flight that heard nothing for
+        ``interval_s`` (a failed send reveals a client that left)."""
+        for client in list(self._by_client):
+            if now - self._last_sent.get(client, 0.0) >= interval_s:
+                self._send(client, p.KeepAlive())
+
+    # ------------------------------------------------------------------ ending
+    def _forget(self, st: RouterRequest) -> bool:
+        if self._requests.pop(st.rid, None) is None:
+            return False
+        self._dispatcher.ended(st.rid)
+        rids = self._by_client.get(st.client)
+        if rids is not None:
+            rids.pop(st.client_rid, None)
+            if not rids:
+                del self._by_client[st.client]
+                self._last_sent.pop(st.client, None)
+        return True
+
+    def finish(self, st: RouterRequest, reason: p.FinishReason) -> None:
+        """End ``st`` with its final message (once)."""
+        if self._forget(st):
+            self._send(st.client, st.final(reason))
+
+    def fail(self, st: RouterRequest, code: Any, message: str) -> None:
+        """End ``st`` with an error (once)."""
+        if self._forget(st):
+            self._reply_error(
+                st.client, p.Error(code=code, message=message, request_id=st.client_rid)
+            )
+
+    def fail_all(self, code: Any, message: str) -> None:
+        """End every request with an error (the router is shutting down)."""
+        for st in list(self._requests.values()):
+            self.fail(st, code, message)
+
+    # ------------------------------------------------------------------ workers
+    def on_output(self, w: WorkerHandle, out: p.StepOutput) -> None:
+        """Fold one worker output into its request: stream a chunk, end it on a stop string
+        (aborting it in the worker) or when the worker finished it."""
+        rid = out.request_id
+        if out.new_token_ids and rid in w.prefill:  # the first token: the prompt is computed
+            w.prefill_done(rid)
+            self._dispatcher.prefilled(rid)
+        if out.finished:
+            w.settle(rid)
+            if out.usage is not None:
+                w.prompt_tokens += out.usage.prompt_tokens
+                w.cached_tokens += out.usage.cached_tokens
+        st = self._requests.get(rid)
+        if st is None:
+            return  # finished here already (stop string, abort): the worker's abort is on its way
+        if out.error is not None or out.finish_reason == "error":
+            self.fail(st, "internal", f"worker {w.worker_id} failed the request: {out.error}")
+            return
+        chunk, stopped = st.apply(out)
+        if chunk is not None and not self._send(st.client, chunk):
+            return  # the client is gone (its requests were aborted)
+        if stopped:
+            if not out.finished:
+                self.abort_in_worker(st)
+            self.finish(st, "stop")
+        elif out.finished:
+            self.finish(st, out.finish_reason or "stop")
+
+    def on_rejected(self, w: WorkerHandle, rid: str, message: str) -> None:
+        """The worker's engine refused the request (invalid params, too long, ...)."""
+        w.settle(rid)
+        st = self._requests.get(rid)
+        if st is not None:
+            self.fail(st, "invalid_params", f"the engine rejected the request: {message}")
+
+    def fail_worker_requests(self, w: WorkerHandle, reason: str) -> None:
+        """``w`` died: retry, once, each of its requests that had no token yet (nothing was
+        streamed, so a client cannot tell), on another worker or the next to join; fail the
+        others with ``worker_died``."""
+        for rid in list(w.inflight):
+            st = self._requests.get(rid)
+            if st is None:
+                continue
+            if not st.token_ids and st.retries < MAX_RETRIES:
+                st.retries += 1
+                log.warning(
+                    "worker %d died (%s) before request %s had a token: retrying it",
+                    w.worker_id,
+                    reason,
+                    rid,
+                )
+                st.worker_id = -1
+                self.dispatch(st)
+            else:
+                self.fail(
+                    st, "worker_died", f"worker {w.worker_id} died ({reason}); the request was lost"
+                )
+
+    # ------------------------------------------------------------------ waiting for a worker
+    def dispatch_waiting(self) -> None:
+        """A worker joined: dispatch the requests that waited for one."""
+        waiting, self._waiting = self._waiting, deque()
+        for st in waiting:
+            self.dispatch(st)
+
+    def fail_waiting(self, message: str) -> None:
+        """No worker will come: fail the requests waiting for one."""
+        waiting, self._waiting = self._waiting, deque()
+        for st in waiting:
+            self.fail(st, "no_workers", message)
+
+    def expire_waiting(self, now: float) -> None:
+        """Fail the requests that waited longer than ``worker_wait_s`` for a worker."""
+        while self._waiting and now - self._waiting[0].arrival > self._worker_wait_s:
+            st = self._waiting.popleft()
+            self.fail(st, "no_workers", f"no worker joined within {self._worker_wait_s:.0f} s")

@@ -1,0 +1,92 @@
+"""Router-side state of one generate request, and how worker outputs become client messages.
+
+The worker sends token ids; the router folds them in here: accumulates tokens, logprobs
+and usage, detokenizes incrementally (stop strings are found here, on text), and builds the
+:class:`~radixserve.serving.wire.protocol.GenerateChunk` to stream and the final message.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixserve.sampling_params import SamplingParams
+from radixserve.serving.wire import protocol as p
+
+
+@dataclass(slots=True, eq=False)
+class RouterRequest:
+    """One request in flight at the router (``rid`` is router-global, ``client_rid`` the client's)."""
+
+    rid: str
+    client: bytes
+    client_rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    session_id: str | None
+    namespace: str | None
+    detok: Any  # radixserve.engine.detokenizer.IncrementalDetokenizer (None while the prompt is encoded)
+    arrival: float
+    worker_id: int = -1
+    dispatched: float = 0.0
+    first_token: float = 0.0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[p.TokenLogprob] | None = None
+    prompt_logprobs: list[float | None] | None = None
+    usage: p.Usage | None = None
+    chunks: int = 0
+    retries: int = 0  # times sent to another worker after its worker died (before a first token)
+
+    def apply(self, out: p.StepOutput) -> tuple[p.GenerateChunk | None, bool]:
+        """Fold in one worker output. Returns the chunk to stream (``None`` when not
+        streaming or nothing new) and whether a stop string matched (the request is over)."""
+        if out.new_token_ids:
+            self.first_token = self.first_token or time.monotonic()
+            self.token_ids.extend(out.new_token_ids)
+            if out.new_logprobs is not None:
+                if self.logprobs is None:
+                    self.logprobs = []
+                self.logprobs.extend(out.new_logprobs)
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
+        if out.usage is not None:
+            self.usage = out.usage
+        delta = self.detok.add(out.new_token_ids, final=out.finished)
+        chunk = None
+        if self.stream and (delta.text or out.new_token_ids):
+            chunk = p.GenerateChunk(
+                request_id=self.client_rid,
+                index=self.chunks,
+                text=delta.text,
+                token_ids=out.new_token_ids,
+                logprobs=out.new_logprobs,
+                prompt_tokens=None if self.chunks else len(self.prompt_ids),
+            )
+            self.chunks += 1
+        return chunk, delta.stopped
+
+    def final(self, reason: p.FinishReason) -> p.GenerateFinal:
+        """The last message: full text and tokens, usage and router-side timings."""
+        now = time.monotonic()
+        cached = self.usage.cached_tokens if self.usage is not None else 0
+        return p.GenerateFinal(
+            request_id=self.client_rid,
+            finish_reason=reason,
+            text=self.detok.text if self.detok is not None else "",
+            token_ids=self.token_ids,
+            usage=p.Usage(
+                prompt_tokens=len(self.prompt_ids),
+                cached_tokens=cached,
+                completion_tokens=len(self.token_ids),
+            ),
+            timings=p.Timings(
+                queue_s=(self.dispatched or now) - self.arrival,
+                ttft_s=(self.first_token or now) - self.arrival,
+                total_s=now - self.arrival,
+            ),
+            logprobs=self.logprobs,
+            prompt_logprobs=self.prompt_logprobs,
+            worker_id=self.worker_id,
+        )

@@ -1,0 +1,243 @@
+"""Client <-> router messages: text-level requests and replies.
+
+Clients use a DEALER socket; every request carries a client-chosen ``request_id`` that the
+replies echo, so many requests multiplex on one socket. :data:`ClientMessage` is the union a
+client sends, :data:`ServerMessage` the one the router answers with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+# The engine's outputs are torch-free Structs: token-level results travel as they are.
+from radixserve.engine.outputs import FinishReason, TokenLogprob, Usage
+from radixserve.sampling_params import SamplingParams
+from radixserve.serving.wire.base import ErrorCode, Msg, Part, WorkerLoad
+
+# --------------------------------------------------------------------------- parts
+
+
+class ChatMessage(Part):
+    """One chat turn, rendered by the model's chat template in the router."""
+
+    role: str
+    content: str
+
+
+class Timings(Part):
+    """Seconds measured at the router: queueing until dispatch, first token, whole request."""
+
+    queue_s: float = 0.0
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+
+
+# --------------------------------------------------------------------------- client -> router
+
+
+class GenerateRequest(Msg, tag="generate"):
+    """Generate a completion for exactly one of ``text``, ``input_ids`` or ``messages``.
+
+    ``messages`` are rendered with the model's chat template (``add_generation_prompt``).
+    Logprob options live in ``params`` (``logprobs``: top-k, ``prompt_logprobs_start``).
+    ``session_id`` keeps a program's calls on one worker (its cache); ``namespace``
+    isolates radix-cache sharing, and so does ``cache_salt`` (vLLM's name: a tenant's
+    secret; the router hashes it into the namespace, workers never see it).
+    With ``stream`` the router sends :class:`GenerateChunk`
+    messages before the :class:`GenerateFinal`; without it only the final.
+    """
+
+    request_id: str
+    text: str | None = None
+    input_ids: list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+    params: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    stream: bool = False
+    session_id: str | None = None
+    namespace: str | None = None
+    cache_salt: str | None = None
+
+
+class Abort(Msg, tag="abort"):
+    """Abort an in-flight request of this connection (its KV is freed in the worker)."""
+
+    request_id: str
+
+
+class Health(Msg, tag="health"):
+    """Liveness probe; answered by :class:`HealthReply`."""
+
+    request_id: str
+
+
+class ModelInfoRequest(Msg, tag="model_info"):
+    """Ask for :class:`ModelInfo`."""
+
+    request_id: str
+
+
+class FlushCache(Msg, tag="flush_cache"):
+    """Drop every worker's unreferenced radix-cache pages; answered by :class:`FlushCacheReply`."""
+
+    request_id: str
+
+
+class StatsRequest(Msg, tag="stats"):
+    """Ask for :class:`StatsReply`."""
+
+    request_id: str
+
+
+class TokenizeRequest(Msg, tag="tokenize"):
+    """Token ids of each text, encoded exactly as a ``text`` prompt of :class:`GenerateRequest`
+    is; answered by :class:`TokenizeReply`. (The DSL's ``select`` needs the ids to find where
+    each choice's tokens begin after the prompt's.)"""
+
+    request_id: str
+    texts: list[str]
+
+
+ClientMessage = (
+    GenerateRequest
+    | Abort
+    | Health
+    | ModelInfoRequest
+    | FlushCache
+    | StatsRequest
+    | TokenizeRequest
+)
+
+
+# --------------------------------------------------------------------------- router -> client
+
+
+class GenerateChunk(Msg, tag="chunk"):
+    """An increment of a streamed request; ``index`` counts chunks from 0 (order check)."""
+
+    request_id: str
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+    prompt_tokens: int | None = None  # on the first chunk (index 0): the prompt's length in tokens
+
+
+class GenerateFinal(Msg, tag="final"):
+    """The last message of a request: full text and tokens, why it ended, usage, timings.
+
+    ``prompt_logprobs`` holds one entry per prompt position from ``prompt_logprobs_start``
+    (``None`` where undefined, i.e. position 0).
+    """
+
+    request_id: str
+    finish_reason: FinishReason
+    text: str
+    token_ids: list[int]
+    usage: Usage
+    timings: Timings
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[float | None] | None = None
+    worker_id: int = -1
+
+
+class Error(Msg, tag="error"):
+    """A request failed or a frame was bad; ``request_id`` is set when it was known."""
+
+    code: ErrorCode
+    message: str
+    request_id: str | None = None
+
+
+class HealthReply(Msg, tag="health_reply"):
+    """``ok`` when at least one worker is alive."""
+
+    request_id: str
+    ok: bool
+    workers_alive: int
+    uptime_s: float
+
+
+class ModelInfo(Msg, tag="model_info_reply"):
+    """What a client needs to know about the served model."""
+
+    request_id: str
+    model: str
+    context_length: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    bos_token_id: int | None = None
+    chat_template: str | None = None
+    page_size: int = 1
+    num_workers: int = 0
+    model_path: str = ""  # the directory the model was loaded from ("" when unknown)
+    # The tokenizer's special tokens by name (bos_token, eos_token, ...): chat templates use
+    # them, and a client rendering roles itself needs the same values as the router.
+    special_tokens: dict[str, str] = {}
+
+
+class TokenizeReply(Msg, tag="tokenize_reply"):
+    """The token ids of each text of a :class:`TokenizeRequest`, in order."""
+
+    request_id: str
+    input_ids: list[list[int]]
+
+
+class FlushCacheReply(Msg, tag="flush_cache_reply"):
+    """``ok`` when every live worker flushed (a worker with running requests refuses)."""
+
+    request_id: str
+    ok: bool
+
+
+class WorkerStats(Part):
+    """One worker as the router sees it, plus the engine's own stats (``engine``)."""
+
+    worker_id: int
+    alive: bool  # False as soon as it is found gone (its death is settled within EXIT_GRACE_S)
+    pid: int | None
+    inflight: int
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    hit_rate: float
+    load: WorkerLoad
+    engine: dict[str, Any] = {}
+    death: str | None = None  # why the router declared it dead
+    prefill_tokens: int = 0  # prompt tokens sent and not yet prefilled (the router's estimate)
+
+
+class StatsReply(Msg, tag="stats_reply"):
+    """Router counters and one :class:`WorkerStats` per worker ever registered."""
+
+    request_id: str
+    routing: str
+    requests: int
+    active: int
+    aborted: int
+    errors: int
+    clients: int
+    workers: list[WorkerStats]
+
+
+class KeepAlive(Msg, tag="keepalive"):
+    """Probe the router sends to clients with requests in flight; clients ignore it.
+
+    The ROUTER socket is ``ROUTER_MANDATORY``: sending to a client that went away fails,
+    which is how the router learns to abort its requests.
+    """
+
+
+ServerMessage = (
+    GenerateChunk
+    | GenerateFinal
+    | Error
+    | HealthReply
+    | ModelInfo
+    | FlushCacheReply
+    | StatsReply
+    | KeepAlive
+    | TokenizeReply
+)

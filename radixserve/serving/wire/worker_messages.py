@@ -1,0 +1,166 @@
+"""Router <-> worker messages: token-level only, a worker never sees text.
+
+:data:`RouterToWorker` is the union the router sends, :data:`WorkerToRouter` the one a
+worker answers with; a worker's first message is its :class:`WorkerHello`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from radixserve.engine.outputs import StepOutput
+from radixserve.sampling_params import SamplingParams
+from radixserve.serving.wire.base import Msg, Part, WorkerLoad
+
+# --------------------------------------------------------------------------- router <-> worker
+
+
+class WorkerRequest(Part):
+    """One request for a worker: tokens and parameters, never text. ``rid`` is router-global."""
+
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    namespace: str | None = None
+
+
+class WorkerAdd(Msg, tag="w_add"):
+    """Router -> worker: start these requests."""
+
+    requests: list[WorkerRequest]
+
+
+class WorkerAbort(Msg, tag="w_abort"):
+    """Router -> worker: abort these requests (free their KV)."""
+
+    rids: list[str]
+
+
+class WorkerPing(Msg, tag="w_ping"):
+    """Router -> worker: liveness probe; the worker answers with a heartbeat."""
+
+
+class WorkerStatsRequest(Msg, tag="w_stats"):
+    """Router -> worker: send :class:`WorkerStatsReply` with this ``token``."""
+
+    token: int
+
+
+class WorkerFlush(Msg, tag="w_flush"):
+    """Router -> worker: flush the radix cache; answer :class:`WorkerFlushReply`."""
+
+    token: int
+
+
+class WorkerShutdown(Msg, tag="w_shutdown"):
+    """Router -> worker: abort everything, say goodbye and exit."""
+
+
+class WorkerRejoin(Msg, tag="w_rejoin"):
+    """Router -> worker: you were declared dead (silent past the heartbeat timeout, e.g.
+    during a very long step) and your requests failed; abort everything and say hello again."""
+
+
+class WorkerKVSubscribe(Msg, tag="w_kv_subscribe"):
+    """Router -> worker: send your KV events over this connection from now on, starting with
+    a snapshot of what your cache holds (:class:`WorkerKVEvents`); sent again after a gap."""
+
+
+RouterToWorker = (
+    WorkerKVSubscribe
+    | WorkerAdd
+    | WorkerAbort
+    | WorkerPing
+    | WorkerStatsRequest
+    | WorkerFlush
+    | WorkerShutdown
+    | WorkerRejoin
+)
+
+
+class WorkerHello(Msg, tag="w_hello"):
+    """Worker -> router, first message: who it is and what model it serves."""
+
+    worker_id: int
+    pid: int
+    model: str
+    context_length: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    bos_token_id: int | None = None
+    page_size: int = 1
+    load: WorkerLoad = msgspec.field(default_factory=WorkerLoad)
+    model_path: str = ""  # where the weights and tokenizer were loaded from
+
+
+class WorkerOutputs(Msg, tag="w_outputs"):
+    """Worker -> router: the outputs of one step, with the load after it."""
+
+    outputs: list[StepOutput]  # the engine's step outputs, as they are
+    load: WorkerLoad
+
+
+class WorkerHeartbeat(Msg, tag="w_heartbeat"):
+    """Worker -> router: alive, with its load."""
+
+    load: WorkerLoad
+
+
+class WorkerStatsReply(Msg, tag="w_stats_reply"):
+    """Worker -> router: the engine's stats as a plain map."""
+
+    token: int
+    load: WorkerLoad
+    engine: dict[str, Any]
+
+
+class WorkerFlushReply(Msg, tag="w_flush_reply"):
+    """Worker -> router: whether the flush happened."""
+
+    token: int
+    ok: bool
+
+
+class WorkerRejected(Msg, tag="w_rejected"):
+    """Worker -> router: the engine refused a request (its ``add_request`` raised)."""
+
+    rid: str
+    message: str
+
+
+class WorkerGoodbye(Msg, tag="w_goodbye"):
+    """Worker -> router: exiting; everything it ran is gone."""
+
+    reason: str = ""
+
+
+class WorkerKVEvents(Msg, tag="w_kv_events"):
+    """Worker -> router: one batch of its KV events (after :class:`WorkerKVSubscribe`).
+
+    ``batch`` is the vLLM-format msgpack ``KVEventBatch`` the worker's XPUB publishes, and
+    ``seq`` its number on this connection, from 0 at each snapshot. A snapshot (``snapshot``)
+    begins with ``AllBlocksCleared`` and stores what the cache holds (L1 blocks, L2 blocks),
+    and says how to hash a prompt the worker's way: the page-key ``hash_identity`` (model and
+    KV layout, :class:`~radixserve.memory.page_hash.PrefixHasher`), ``page_size``, and the
+    event ``medium`` of L1."""
+
+    seq: int
+    batch: bytes
+    snapshot: bool = False
+    hash_identity: str = ""
+    page_size: int = 0
+    medium: str = ""
+
+
+WorkerToRouter = (
+    WorkerKVEvents
+    | WorkerHello
+    | WorkerOutputs
+    | WorkerHeartbeat
+    | WorkerStatsReply
+    | WorkerFlushReply
+    | WorkerRejected
+    | WorkerGoodbye
+)

@@ -1,0 +1,381 @@
+"""A worker process: one Engine, driven by the router over a DEALER socket.
+
+The loop never blocks the engine on I/O: while requests run it polls the socket with a
+zero timeout between steps; when idle it blocks in ``poll`` (bounded, to run its checks).
+It receives token ids and sampling parameters and sends back token ids, logprobs and
+finish reasons, one :class:`~radixserve.serving.wire.protocol.WorkerOutputs` per step. It
+never sees text.
+
+Run by ``radixserve serve`` (local workers) or by hand on another host::
+
+    radixserve worker --connect tcp://ROUTER_HOST:PORT --model PATH
+
+in a process that :func:`~radixserve.serving.worker.process.run_worker` sets up; what the
+worker reports about its engine (hello, load, stats) is read off it by
+:mod:`~radixserve.serving.worker.reports`.
+
+A local worker (``--parent-pid``) exits when its parent dies (``PR_SET_PDEATHSIG`` and a
+``getppid`` check) or when its connection to the router is gone for ``--router-timeout``
+seconds. The worker judges that itself: ZMTP heartbeats on its socket are answered by the
+router's zmq I/O thread even while the router's loop is busy, so a busy router keeps the
+connection (the worker waits for it), and a router that is gone loses it. A remote worker
+waits for the router to come back; when the connection is made again it aborts its
+requests and says hello again.
+
+SIGINT/SIGTERM stop it at once: the handler raises :class:`Interrupted`, which abandons a
+poll, an engine step (a long prefill can take seconds on a CPU) or the engine's start-up;
+the worker still says goodbye and closes its socket. The process then ends with
+``os._exit`` (:func:`~radixserve.serving.shutdown.exit_now`): tearing down torch's and
+transformers' objects one by one is seconds of CPU on a busy machine, and serves no one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import zmq
+
+from radixserve.serving.wire import protocol as p
+from radixserve.serving.wire import zmq_events
+from radixserve.serving.wire.security import PeerKeys
+from radixserve.serving.worker.engine_api import ServingEngine
+from radixserve.serving.worker.reports import (
+    debug_invariants,
+    describe_engine,
+    engine_load,
+    worker_stats,
+)
+
+log = logging.getLogger("radixserve.serving.worker")
+
+IDLE_POLL_MS = 100
+
+
+class Interrupted(BaseException):
+    """Raised by :meth:`Worker.interrupt` (a signal handler) to abandon the work in progress.
+
+    A ``BaseException``, like ``KeyboardInterrupt``: the engine-step guard that turns an
+    ``Exception`` into failed requests must not catch it."""
+
+
+class Worker:
+    """Runs ``engine`` for the router at ``connect``.
+
+    Without a ``context`` the worker uses a zmq context of its own and terminates it when
+    :meth:`run` returns (after the goodbye left, or its short linger ran out). ``curve``: the
+    keys of a router that takes only CURVE-authenticated workers (:mod:`~radixserve.serving.wire.security`)."""
+
+    def __init__(
+        self,
+        engine: ServingEngine,
+        connect: str,
+        worker_id: int = -1,
+        *,
+        model_name: str = "",
+        parent_pid: int | None = None,
+        router_timeout_s: float = 30.0,
+        context: zmq.Context | None = None,
+        curve: PeerKeys | None = None,
+    ) -> None:
+        self.engine = engine
+        self.worker_id = worker_id
+        self.model_name = model_name
+        self.parent_pid = parent_pid
+        self.router_timeout_s = router_timeout_s
+        self._own_ctx = context is None
+        self._ctx = context if context is not None else zmq.Context()
+        self.sock = self._ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 200)  # the goodbye may find the router gone
+        self.sock.setsockopt(zmq.SNDHWM, 0)
+        self.sock.setsockopt(zmq.RCVHWM, 0)
+        self.sock.setsockopt(
+            zmq.ROUTING_ID, f"w{worker_id}-{os.getpid()}-{os.urandom(2).hex()}".encode()
+        )
+        if curve is not None:
+            curve.apply(self.sock)
+        # ZMTP heartbeats are answered by the router's zmq I/O thread even while its own loop
+        # is busy: the connection stays up as long as the router process is there, and drops
+        # (a disconnect event on the monitor) when it is gone or unreachable.
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        self.sock.setsockopt(
+            zmq.HEARTBEAT_TIMEOUT, int(max(2.0, min(router_timeout_s, 10.0)) * 1000)
+        )
+        self._monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self._connected = self._ever_connected = False
+        self._lost_since: float | None = time.monotonic()  # not connected yet counts as lost
+        self._silence_logged = False
+        self.sock.connect(connect)
+        self._active: set[str] = set()  # rids added and not reported finished
+        self._stopping = False
+        self._closing = False  # saying goodbye: an interrupt must not cut that short
+        self._goodbye = "shutdown"
+        self._last_router = time.monotonic()
+        # KV events are the real engine's, not part of ServingEngine: fakes have none.
+        self._drain_kv_events: Callable[[], Any] | None = getattr(
+            self.engine, "drain_kv_events", None
+        )
+        self._kv_events = self._event_publisher()
+        from radixserve.serving.worker.kv_events import RouterEventFeed
+
+        self._router_events = RouterEventFeed(self.engine, self._send)
+
+    def _event_publisher(self) -> Any | None:
+        """A KV-event publisher when the engine records events (``kv_events_endpoint``)."""
+        cfg = getattr(self.engine, "config", None)
+        endpoint = getattr(cfg, "kv_events_endpoint", None)
+        if cfg is None or endpoint is None or self._drain_kv_events is None:
+            return None
+        from radixserve.serving.worker.kv_events import KVEventPublisher
+
+        return KVEventPublisher(
+            endpoint.replace("{worker}", str(self.worker_id)), cfg.kv_events_topic, self._ctx
+        )
+
+    def _publish_events(self) -> None:
+        """Drain the engine's KV events to the XPUB and, when it subscribed, the router."""
+        if self._drain_kv_events is None or (
+            self._kv_events is None and not self._router_events.active
+        ):
+            return
+        batch = self._drain_kv_events()
+        if self._kv_events is not None:
+            self._kv_events.publish(batch)
+        self._router_events.publish(batch)
+
+    def stop(self, *_: object) -> None:
+        """Finish the current step, then exit the loop (safe from a signal handler)."""
+        self._stopping = True
+
+    def interrupt(self, *_: object) -> None:
+        """Stop now, for a SIGTERM/SIGINT handler: raises :class:`Interrupted` to abandon the
+        poll or engine step in progress (:meth:`run` then says goodbye), unless the worker is
+        already closing."""
+        self._stopping = True
+        if not self._closing:
+            self._goodbye = "stopped by a signal"
+            raise Interrupted
+
+    def _send(self, msg: msgspec.Struct) -> None:
+        self.sock.send(p.encode(msg))
+
+    def run(self) -> int:
+        """Serve until stopped; returns the process exit code."""
+        code = 0
+        next_check = 0.0
+        try:
+            self._hello()
+            while not self._stopping:
+                busy = self.engine.has_unfinished()
+                if self.sock.poll(0 if busy else IDLE_POLL_MS):
+                    self._drain()
+                if self._stopping:
+                    break
+                if self.engine.has_unfinished():
+                    code = self._step()
+                    if code:
+                        break
+                now = time.monotonic()
+                if now >= next_check:
+                    next_check = now + 0.5
+                    self._check_liveness(now)
+                    code = self._check_engine()
+                    if code:
+                        break
+        except Interrupted:
+            pass  # a signal: the step in progress is abandoned, the process is leaving
+        finally:
+            self.close()
+        return code
+
+    def close(self) -> None:
+        """Say goodbye, close the socket (and the context, if the worker's own), close the
+        engine. :meth:`run` ends with it; call it only for a worker that never ran."""
+        self._closing = True
+        self._send(p.WorkerGoodbye(reason=self._goodbye))
+        # When the router asked us to go it is closing too: the goodbye may have no one left to
+        # reach, so don't wait for it. Otherwise (a signal, the engine failed, the parent died)
+        # the router may still be there, and failed requests or the goodbye must reach it.
+        self.sock.disable_monitor()
+        self._monitor.close(linger=0)
+        self.sock.close(linger=0 if self._goodbye == "shutdown requested" else 200)
+        if self._kv_events is not None:
+            self._kv_events.close()
+        if self._own_ctx:
+            self._ctx.term()
+        close = getattr(self.engine, "close", None)  # e.g. writes the KV hierarchy to disk
+        if callable(close):
+            try:
+                close()
+            except Exception:
+                log.exception("closing the engine failed")
+
+    def _check_engine(self) -> int:
+        """The engine's own health check, where it has one (tensor-parallel ranks answering);
+        a failure ends the worker like a failed step (the router then reports it dead)."""
+        check = getattr(self.engine, "check_health", None)
+        if check is None:
+            return 0
+        try:
+            check()
+        except Exception as exc:
+            log.error("engine health check failed: %s", exc)
+            self._goodbye = f"engine failed: {exc}"
+            return 1
+        return 0
+
+    def _step(self) -> int:
+        try:
+            outs = self.engine.step()
+        except Exception:
+            # The engine's state can't be trusted after a bug: fail everything, leave.
+            tb = traceback.format_exc()
+            log.error("engine step failed:\n%s", tb)
+            err = tb.strip().splitlines()[-1]
+            fails = [
+                p.StepOutput(
+                    request_id=rid,
+                    new_token_ids=[],
+                    finished=True,
+                    finish_reason="error",
+                    error=err,
+                )
+                for rid in self._active
+            ]
+            self._send(p.WorkerOutputs(outputs=fails, load=p.WorkerLoad()))
+            self._goodbye = f"engine step failed: {err}"
+            return 1
+        if outs:
+            for o in outs:
+                if o.finished:
+                    self._active.discard(o.request_id)
+            self._send(p.WorkerOutputs(outputs=list(outs), load=engine_load(self.engine)))
+        self._publish_events()
+        return 0
+
+    def _read_monitor(self, now: float) -> bool:
+        """Fold the connection events in; True if the connection came back after a loss."""
+        from zmq.utils.monitor import recv_monitor_message
+
+        came_back = False
+        while self._monitor.poll(0):
+            event = recv_monitor_message(self._monitor)["event"]
+            if event == zmq.EVENT_CONNECTED:
+                came_back = came_back or self._ever_connected
+                self._connected, self._ever_connected, self._lost_since = True, True, None
+            elif event == zmq.EVENT_DISCONNECTED and self._connected:
+                self._connected, self._lost_since = False, now
+                log.warning("lost the connection to the router")
+        return came_back
+
+    def _check_liveness(self, now: float) -> None:
+        """Judge the router's liveness here, by the connection, not by its silence alone.
+
+        A router that is silent but connected (its zmq I/O thread answers heartbeats) is
+        busy: wait for it. One whose connection is gone for ``router_timeout_s`` is gone: a
+        local worker exits, a remote one keeps trying; when the connection comes back (a
+        router restarted), a remote worker drops its requests and says hello again."""
+        reconnected = self._read_monitor(now)
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            self._goodbye = "parent process died"
+            self.stop()
+            return
+        if self._lost_since is not None and now - self._lost_since > self.router_timeout_s:
+            if self.parent_pid is not None:  # a local worker without its router has no purpose
+                self._goodbye = f"router gone (no connection for {now - self._lost_since:.0f} s)"
+                self.stop()
+            return  # a remote worker waits for the router to come back
+        if reconnected:  # perhaps another router at the same address: start over with it
+            log.warning(
+                "connected to the router again: dropping %d requests and saying hello",
+                len(self._active),
+            )
+            self._rejoin()
+        silent = now - self._last_router
+        if silent > self.router_timeout_s and not self._silence_logged:
+            self._silence_logged = True
+            log.warning("router silent for %.0f s but connected: busy, waiting for it", silent)
+        elif silent <= self.router_timeout_s:
+            self._silence_logged = False
+
+    def _hello(self) -> None:
+        self._send(describe_engine(self.engine, self.worker_id, self.model_name))
+
+    def _rejoin(self) -> None:
+        """Start over with the router: drop every request it may no longer know, say hello."""
+        self._abort_all()
+        self._hello()
+
+    def _abort_all(self) -> None:
+        for rid in list(self._active):
+            self._abort(rid)
+
+    def _abort(self, rid: str) -> None:
+        try:
+            self.engine.abort(rid)
+        except (KeyError, ValueError):
+            pass  # finished in the meantime
+
+    def _drain(self) -> None:
+        # Asked, not found by a raised zmq.Again: this runs between steps (the router's _drain too).
+        while zmq_events.events(self.sock) & zmq_events.POLLIN:
+            data = self.sock.recv(zmq_events.NOBLOCK)
+            self._last_router = time.monotonic()
+            msg = p.decode_to_worker(data)
+            if isinstance(msg, p.Error):
+                log.warning("bad frame from the router: %s", msg.message)
+                continue
+            try:
+                self._handle(msg)
+            except Exception:  # one failed control message must not take the worker down
+                log.exception("handling %s failed", type(msg).__name__)
+
+    def _handle(self, msg: p.RouterToWorker) -> None:
+        if isinstance(msg, p.WorkerAdd):
+            for req in msg.requests:
+                try:
+                    self.engine.add_request(
+                        req.input_ids, req.params, request_id=req.rid, namespace=req.namespace
+                    )
+                except (
+                    Exception
+                ) as exc:  # invalid params, too long, bad constraint, ...: the engine says why
+                    self._send(
+                        p.WorkerRejected(rid=req.rid, message=str(exc) or type(exc).__name__)
+                    )
+                else:
+                    self._active.add(req.rid)
+        elif isinstance(msg, p.WorkerAbort):
+            for rid in msg.rids:
+                self._abort(rid)
+        elif isinstance(msg, p.WorkerPing):
+            self._send(p.WorkerHeartbeat(load=engine_load(self.engine)))
+        elif isinstance(msg, p.WorkerStatsRequest):
+            self._send(
+                p.WorkerStatsReply(
+                    token=msg.token,
+                    load=engine_load(self.engine),
+                    engine=worker_stats(self.engine, debug_invariants()),
+                )
+            )
+        elif isinstance(msg, p.WorkerFlush):
+            self._send(p.WorkerFlushReply(token=msg.token, ok=bool(self.engine.flush_cache())))
+            self._publish_events()
+        elif isinstance(msg, p.WorkerKVSubscribe):
+            self._publish_events()  # what came before goes out first; the snapshot follows it
+            if not self._router_events.subscribe():
+                log.info("the router asked for KV events; this engine records none")
+        elif isinstance(msg, p.WorkerRejoin):
+            log.warning(
+                "the router declared this worker dead: aborting %d requests and joining again",
+                len(self._active),
+            )
+            self._rejoin()
+        elif isinstance(msg, p.WorkerShutdown):
+            self._goodbye = "shutdown requested"
+            self.stop()

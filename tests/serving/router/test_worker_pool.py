@@ -1,0 +1,74 @@
+"""WorkerPool's settlement of a worker whose process exited: its goodbye, read after the exit
+was seen, still names the cause; without one it is declared dead after the grace period."""
+
+from __future__ import annotations
+
+import time
+
+import radixserve.serving.wire.protocol as p
+from radixserve.serving.router.dispatch import Dispatcher
+from radixserve.serving.router.worker_pool import EXIT_GRACE_S, WorkerHandle, WorkerPool
+
+
+class _Backend:
+    def __init__(self) -> None:
+        self.sent: list[list[bytes]] = []
+
+    def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
+        self.sent.append(frames)
+
+
+def _pool() -> tuple[WorkerPool, list[tuple[int, str]]]:
+    dead: list[tuple[int, str]] = []
+    pool = WorkerPool(
+        _Backend(),  # type: ignore[arg-type]
+        Dispatcher(),
+        on_dead=lambda w, reason: dead.append((w.worker_id, reason)),
+        on_joined=lambda w: None,
+    )
+    for wid in (0, 1):
+        pool.register(b"w%d" % wid, p.WorkerHello(wid, 1000 + wid, "m", 64, 32, [0]))
+    return pool, dead
+
+
+def _worker(pool: WorkerPool, wid: int) -> WorkerHandle:
+    return pool.workers[wid]
+
+
+def test_an_exited_worker_is_not_routable_but_waits_for_its_goodbye() -> None:
+    pool, dead = _pool()
+    pool.process_exited(1, 1001, "process exited with code 0")
+    pool.settle_gone()  # the goodbye may still be on its way: not settled yet
+    assert dead == [] and _worker(pool, 1).alive
+    assert [w.worker_id for w in pool.routable] == [0]
+    pool.mark_dead(_worker(pool, 1), "worker said goodbye (stopped by a signal)")  # it arrives
+    pool.settle_gone(time.monotonic() + 2 * EXIT_GRACE_S)
+    assert dead == [(1, "worker said goodbye (stopped by a signal)")]
+
+
+def test_an_exited_worker_without_goodbye_is_declared_dead_after_the_grace() -> None:
+    pool, dead = _pool()
+    pool.process_exited(0, 1000, "process killed by SIGKILL")
+    exited_at = time.monotonic()
+    pool.settle_gone(exited_at)
+    assert dead == []
+    pool.settle_gone(exited_at + EXIT_GRACE_S + 0.01)
+    assert dead == [(0, "process killed by SIGKILL")]
+    assert [w.worker_id for w in pool.live] == [1]
+
+
+def test_an_unreachable_worker_is_declared_dead_at_once() -> None:
+    pool, dead = _pool()
+    w = _worker(pool, 0)
+    w.gone = "unreachable (host unreachable)"  # what a failed send records (settle_at 0)
+    pool.settle_gone()
+    assert dead == [(0, "unreachable (host unreachable)")]
+
+
+def test_a_restarted_worker_settles_its_predecessor_and_keeps_its_id() -> None:
+    pool, dead = _pool()
+    pool.process_exited(0, 1000, "process killed by SIGKILL")
+    assert not _worker(pool, 0).stats().alive  # reported gone while the grace runs
+    new = pool.register(b"w0-new", p.WorkerHello(0, 2000, "m", 64, 32, [0]))
+    assert dead == [(0, "process killed by SIGKILL")]
+    assert new.worker_id == 0 and _worker(pool, 0).hello.pid == 2000

@@ -1,0 +1,64 @@
+"""A worker judges its router's liveness by the connection, not by silence: a router that
+is busy (silent, but its zmq I/O thread still answers heartbeats) is waited for; a router
+that is gone makes a local worker exit."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+import zmq
+
+from radixserve.serving.router.worker_pool import spawn_worker, worker_command
+from radixserve.serving.wire import protocol as p
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
+
+
+def _recv(sock: zmq.Socket, timeout_s: float = 30.0) -> tuple[bytes, Any]:
+    """(sender identity, message) of the next message from the worker."""
+    assert sock.poll(int(timeout_s * 1000)), "the worker sent nothing"
+    identity, data = sock.recv_multipart()
+    return identity, p.decode_from_worker(data)
+
+
+def test_busy_router_is_waited_for_a_gone_one_is_left(
+    fake_worker_cmd: list[str], alphabet: list[int]
+) -> None:
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    cmd = worker_command(
+        f"tcp://127.0.0.1:{port}",
+        0,
+        "unused",
+        {"alphabet": alphabet},
+        parent_pid=os.getpid(),
+        heartbeat_timeout_s=1.0,
+        program=fake_worker_cmd,
+    )
+    proc = spawn_worker(cmd)
+    try:
+        identity, hello = _recv(router)
+        assert isinstance(hello, p.WorkerHello)
+        # Busy: the router's loop sends nothing for 4x the worker's timeout (its I/O thread
+        # still answers the ZMTP heartbeats). The worker stays.
+        time.sleep(4.0)  # the silence under test, not a synchronization
+        assert proc.poll() is None, "the worker left a router that was only busy"
+        # Still serving: a ping after the silence gets its heartbeat.
+        router.send_multipart([identity, p.encode(p.WorkerPing())])
+        assert isinstance(_recv(router)[1], p.WorkerHeartbeat)
+        # Gone: the router's socket closes. The connection is lost; after the timeout the
+        # local worker says goodbye to no one and exits.
+        router.close(linger=0)
+        t0 = time.monotonic()
+        assert proc.wait(20) == 0
+        assert time.monotonic() - t0 < 15
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        ctx.term()
