@@ -72,7 +72,11 @@ class ModelConfig:
     mlp_bias: bool
     eos_token_ids: tuple[int, ...]
     torch_dtype: torch.dtype  # dtype the checkpoint was saved in (not necessarily the run dtype)
-    sliding_window: int | None = None  # Mistral-style window; recorded, not applied (see llama.py)
+    sliding_window: int | None = (
+        None  # the window of the layers that slide (all, without layer_types)
+    )
+    # Per layer "sliding_attention" | "full_attention" (Gemma 2/3 interleave them); None: all alike.
+    layer_types: tuple[str, ...] | None = None
     qk_norm: str | None = None  # "head" (Qwen3: per head) | "proj" (OLMo 2: whole projection)
     norm_layout: str = "pre"  # "pre" (Llama) | "post" (OLMo 2: norms on the blocks' outputs)
     partial_rotary_factor: float = 1.0  # the rotated fraction of each head (Phi-4-mini 0.75)
@@ -82,11 +86,23 @@ class ModelConfig:
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
 
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of decoder layer ``layer`` (None: it attends over everything)."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
+
     @property
     def llama_shaped(self) -> bool:
-        """Whether the layers are Llama's (what the one-call CPU decoder stack runs)."""
+        """Whether the layers are Llama's (what the one-call CPU decoder stack runs): no q/k
+        norm, pre-norms, full rotary, no window (the stack's kernel attends over everything)."""
         return (
-            self.qk_norm is None and self.norm_layout == "pre" and self.rotary_dim == self.head_dim
+            self.qk_norm is None
+            and self.norm_layout == "pre"
+            and self.rotary_dim == self.head_dim
+            and self.sliding_window is None
         )
 
     @property
@@ -162,6 +178,9 @@ class ModelConfig:
         rope_theta, rope_scaling = _parse_rope(raw, d["rope_theta"], max_pos)
         dtype_name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
         window = quirks.pop("sliding_window", None)
+        layer_types = quirks.pop("layer_types", None) or raw.get("layer_types")
+        if layer_types is not None and len(layer_types) != int(raw["num_hidden_layers"]):
+            raise ValueError("layer_types must name every layer")
         return ModelConfig(
             architecture=archs[0] if archs else f"{model_type.capitalize()}ForCausalLM",
             model_type=model_type,
@@ -185,6 +204,7 @@ class ModelConfig:
             else _as_ids(raw.get("eos_token_id")),
             torch_dtype=_DTYPES.get(str(dtype_name).replace("torch.", ""), torch.float32),
             sliding_window=int(window) if window else None,
+            layer_types=tuple(layer_types) if window and layer_types else None,
             partial_rotary_factor=_partial_rotary_factor(raw),
             **quirks,
         )

@@ -45,6 +45,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
         },
         True,
     ),
+    # Mistral with its sliding window far shorter than the prompts (up to 46 tokens).
+    "mistral_window": ("mistral", {"sliding_window": 8}, False),
     # Phi-4-mini's partial rotary (half of each head here).
     "phi3_partial": ("phi3", {"partial_rotary_factor": 0.5}, False),
 }

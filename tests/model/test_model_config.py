@@ -137,3 +137,26 @@ def test_unsupported_architecture() -> None:
 def test_missing_config(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         ModelConfig.from_pretrained(tmp_path)
+
+
+def test_layer_windows() -> None:
+    """Which layers slide: all (Mistral), those layer_types marks, Qwen's from max_window_layers."""
+    base = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 4,
+        "vocab_size": 100,
+    }
+    mistral = ModelConfig.from_dict({**base, "model_type": "mistral", "sliding_window": 8})
+    assert [mistral.layer_window(i) for i in range(4)] == [8] * 4 and not mistral.llama_shaped
+    types = ["sliding_attention", "full_attention"] * 2
+    mixed = ModelConfig.from_dict(
+        {**base, "model_type": "mistral", "sliding_window": 8, "layer_types": types}
+    )
+    assert [mixed.layer_window(i) for i in range(4)] == [8, None, 8, None]
+    qwen = {**base, "model_type": "qwen3", "sliding_window": 8, "max_window_layers": 3}
+    assert ModelConfig.from_dict(qwen).sliding_window is None  # without use_sliding_window
+    on = ModelConfig.from_dict({**qwen, "use_sliding_window": True})
+    assert [on.layer_window(i) for i in range(4)] == [None, None, None, 8]
+    assert ModelConfig.from_dict({**base, "model_type": "llama"}).llama_shaped

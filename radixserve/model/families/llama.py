@@ -2,14 +2,14 @@
 
 Qwen2 puts a bias on q/k/v (never on the output); Llama's ``attention_bias`` puts one on all
 four projections. Mistral's and Qwen2's sliding window (Qwen2 only with
-``use_sliding_window``) is recorded in ``sliding_window``.
+``use_sliding_window``) is applied per layer (``ModelConfig.layer_window``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from radixserve.model.families.base import Family
+from radixserve.model.families.base import Family, qwen_window
 
 _TIED = {"tie": False}
 
@@ -24,8 +24,7 @@ def _llama(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _qwen2(raw: dict[str, Any]) -> dict[str, Any]:
-    window = raw.get("sliding_window") if raw.get("use_sliding_window") else None
-    return {"attention_bias": True, "o_proj_bias": False, "sliding_window": window}
+    return {"attention_bias": True, "o_proj_bias": False, **qwen_window(raw)}
 
 
 FAMILIES = (

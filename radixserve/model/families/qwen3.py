@@ -10,17 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.model.families.base import Family
+from radixserve.model.families.base import Family, qwen_window
 
 
 def _fields(raw: dict[str, Any]) -> dict[str, Any]:
     bias = bool(raw.get("attention_bias", False))
-    window = raw.get("sliding_window") if raw.get("use_sliding_window") else None
     return {
         "attention_bias": bias,
         "o_proj_bias": bias,
         "qk_norm": "head",
-        "sliding_window": window,
+        **qwen_window(raw),
         "head_dim_default": 128,
     }
 

@@ -7,7 +7,8 @@ Options a family turns on through its :class:`~radixserve.model.config.ModelConf
   ``attention_bias`` sets both);
 - ``qk_norm``: ``"head"`` normalizes each head of q and k over ``head_dim`` (Qwen3, OLMoE),
   ``"proj"`` the whole q and k projections (OLMo 2); both before RoPE;
-- ``rotary_dim`` below ``head_dim``: only the leading lanes rotate (Phi-4-mini).
+- ``rotary_dim`` below ``head_dim``: only the leading lanes rotate (Phi-4-mini);
+- the layer's sliding window (``ModelConfig.layer_window``), passed to the backend.
 
 The q/k norms write back into the fused projection, so everything after them (the CPU's
 in-place RoPE, the GPU's fused RoPE-and-store kernel) runs as it does for Llama.
@@ -43,6 +44,7 @@ class Attention(nn.Module):
         self.sm_scale = cfg.head_dim**-0.5
         self.rotary_dim = cfg.rotary_dim
         self.qk_norm = cfg.qk_norm
+        self.window = cfg.layer_window(layer_id)
         self.qkv_proj = nn.Linear(
             cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias
         )
@@ -67,7 +69,8 @@ class Attention(nn.Module):
             self._norm_qk(flat)
         qkv = flat.view(t, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim)
         full_rotary = self.rotary_dim == self.head_dim
-        if full_rotary and gpu_ops.enabled(qkv) and attn.fuses_rope_store:
+        plain = self.window is None
+        if plain and full_rotary and gpu_ops.enabled(qkv) and attn.fuses_rope_store:
             # One kernel rotates q and k and writes k and v to the pool (Triton backend).
             out = attn.forward_qkv(
                 self.layer_id, qkv, cos_sin, self.num_q_heads, batch, self.sm_scale
@@ -82,7 +85,10 @@ class Attention(nn.Module):
             qk = apply_rotary(qkv[:, :n_qk], *cos_sin)
         q, k = qk[:, : self.num_q_heads], qk[:, self.num_q_heads :]
         v = qkv[:, n_qk:]
-        out = attn.forward(self.layer_id, q, k, v, batch, self.sm_scale)
+        if plain:
+            out = attn.forward(self.layer_id, q, k, v, batch, self.sm_scale)
+        else:
+            out = attn.forward(self.layer_id, q, k, v, batch, self.sm_scale, window=self.window)
         return self._out(out.reshape(t, self.q_size))
 
     def _norm_qk(self, flat: torch.Tensor) -> None:
