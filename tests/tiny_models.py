@@ -198,3 +198,50 @@ def _randomize_norms(model, seed: int) -> None:
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+
+
+def build_tiny_family(
+    out_dir: str | Path,
+    model_type: str,
+    *,
+    seed: int = 3,
+    tokenizer: bool = False,
+    **overrides: object,
+) -> Path:
+    """A random checkpoint of any family transformers knows by ``model_type`` (its own config
+    and model class), tiny and GQA like :func:`build_tiny_llama`; ``overrides`` set the
+    family's quirks (``rope_parameters``, ``partial_rotary_factor``, ``sliding_window``...).
+    Every norm weight (q/k norms included) is perturbed, every bias made non-zero."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    kwargs: dict[str, object] = {
+        "vocab_size": TOKENIZER_VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "max_position_embeddings": 2048,
+        "initializer_range": 0.1,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": EOS_TOKEN_ID,
+        "pad_token_id": EOS_TOKEN_ID,
+    }
+    kwargs.update(overrides)
+    cfg = AutoConfig.for_model(model_type, **kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(".bias"):
+                p.normal_(0.0, 0.2)
+    _randomize_norms(model, seed)
+    _save_model(model, out)
+    if tokenizer:
+        build_tokenizer(out)
+    return out

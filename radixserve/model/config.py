@@ -17,49 +17,41 @@ from typing import Any
 
 import torch
 
-# model_type -> the architecture family the one implementation in llama.py covers.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+from radixserve.model.families import family_of, supported_model_types
 
-# Defaults transformers' config classes use when a key is absent, per model_type.
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": {
-        "rope_theta": 10000.0,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 2048,
-        "tie": False,
-    },
-    "mistral": {
-        "rope_theta": 10000.0,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 4096 * 32,
-        "tie": False,
-    },
-    "qwen2": {
-        "rope_theta": 10000.0,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 32768,
-        "tie": False,
-    },
-}
+# model_type -> its family module under model/families/ (config defaults and quirks).
+SUPPORTED_MODEL_TYPES = supported_model_types()
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE frequency scaling (``rope_type`` ``"linear"`` or ``"llama3"``)."""
+    """RoPE frequency scaling (``rope_type`` ``linear``, ``llama3``, ``yarn`` or ``longrope``;
+    the fields each type reads are as in transformers' ``rope_parameters``)."""
 
     rope_type: str
     factor: float
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    original_max_position_embeddings: int = 8192  # llama3, yarn, longrope
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    mscale: float | None = None  # yarn
+    mscale_all_dim: float | None = None  # yarn
+    truncate: bool = True  # yarn
+    attention_factor: float | None = None  # yarn, longrope: cos/sin scale (None: derived)
+    short_factor: tuple[float, ...] = ()  # longrope
+    long_factor: tuple[float, ...] = ()  # longrope
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture facts of one Llama-family checkpoint (Llama, SmolLM2, Mistral, Qwen2)."""
+    """Architecture facts of one checkpoint of a supported family (``model/families/``).
+
+    The fields after ``torch_dtype`` are the families' quirks, each off (Llama's layout)
+    by default; the shared layers in ``model/layers/`` read them."""
 
     architecture: str
     model_type: str
@@ -80,7 +72,38 @@ class ModelConfig:
     mlp_bias: bool
     eos_token_ids: tuple[int, ...]
     torch_dtype: torch.dtype  # dtype the checkpoint was saved in (not necessarily the run dtype)
-    sliding_window: int | None = None  # Mistral-style window; recorded, not applied (see llama.py)
+    sliding_window: int | None = (
+        None  # the window of the layers that slide (all, without layer_types)
+    )
+    # Per layer "sliding_attention" | "full_attention" (Gemma 2/3 interleave them); None: all alike.
+    layer_types: tuple[str, ...] | None = None
+    qk_norm: str | None = None  # "head" (Qwen3: per head) | "proj" (OLMo 2: whole projection)
+    norm_layout: str = "pre"  # "pre" (Llama) | "post" (OLMo 2: norms on the blocks' outputs)
+    partial_rotary_factor: float = 1.0  # the rotated fraction of each head (Phi-4-mini 0.75)
+    fused_checkpoint: bool = False  # q/k/v and gate/up stored fused (Phi-3)
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of decoder layer ``layer`` (None: it attends over everything)."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None or self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    @property
+    def llama_shaped(self) -> bool:
+        """Whether the layers are Llama's (what the one-call CPU decoder stack runs): no q/k
+        norm, pre-norms, full rotary, no window (the stack's kernel attends over everything)."""
+        return (
+            self.qk_norm is None
+            and self.norm_layout == "pre"
+            and self.rotary_dim == self.head_dim
+            and self.sliding_window is None
+        )
 
     @property
     def q_size(self) -> int:
@@ -99,6 +122,10 @@ class ModelConfig:
             attn += self.q_size + 2 * self.kv_size
         if self.o_proj_bias:
             attn += h
+        if self.qk_norm == "head":
+            attn += 2 * self.head_dim
+        elif self.qk_norm == "proj":
+            attn += self.q_size + self.kv_size
         mlp = 3 * h * i + (2 * i + h if self.mlp_bias else 0)
         per_layer = attn + mlp + 2 * h
         emb = v * h * (1 if self.tie_word_embeddings else 2)
@@ -128,28 +155,32 @@ class ModelConfig:
         """Build from the parsed JSON of a ``config.json``."""
         model_type = raw.get("model_type")
         archs = raw.get("architectures") or []
-        if model_type not in SUPPORTED_MODEL_TYPES:
+        family = family_of(model_type)
+        if family is None or not isinstance(model_type, str):
             raise ValueError(
                 f"unsupported model_type {model_type!r} (architectures {archs}); "
                 f"radixserve implements {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
-        d = _DEFAULTS[model_type]
+        d = family.defaults
+        quirks = dict(family.fields(raw))
         hidden = int(raw["hidden_size"])
         n_q = int(raw["num_attention_heads"])
         n_kv = int(raw.get("num_key_value_heads") or n_q)
-        head_dim = int(raw.get("head_dim") or hidden // n_q)
+        head_dim = int(raw.get("head_dim") or quirks.pop("head_dim_default", 0) or hidden // n_q)
+        quirks.pop("head_dim_default", None)
         if n_q % n_kv:
             raise ValueError(
                 f"num_attention_heads {n_q} is not a multiple of num_key_value_heads {n_kv}"
             )
         if raw.get("hidden_act", "silu") != "silu":
             raise ValueError(f"unsupported hidden_act {raw.get('hidden_act')!r} (only silu)")
-        rope_theta, rope_scaling = _parse_rope(raw, d["rope_theta"])
-        is_qwen2 = model_type == "qwen2"
+        max_pos = int(raw.get("max_position_embeddings", d["max_position_embeddings"]))
+        rope_theta, rope_scaling = _parse_rope(raw, d["rope_theta"], max_pos)
         dtype_name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
-        window = (
-            raw.get("sliding_window") if (not is_qwen2 or raw.get("use_sliding_window")) else None
-        )
+        window = quirks.pop("sliding_window", None)
+        layer_types = quirks.pop("layer_types", None) or raw.get("layer_types")
+        if layer_types is not None and len(layer_types) != int(raw["num_hidden_layers"]):
+            raise ValueError("layer_types must name every layer")
         return ModelConfig(
             architecture=archs[0] if archs else f"{model_type.capitalize()}ForCausalLM",
             model_type=model_type,
@@ -163,18 +194,19 @@ class ModelConfig:
             rms_norm_eps=float(raw.get("rms_norm_eps", d["rms_norm_eps"])),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            max_position_embeddings=int(
-                raw.get("max_position_embeddings", d["max_position_embeddings"])
-            ),
+            max_position_embeddings=max_pos,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", d["tie"])),
-            attention_bias=True if is_qwen2 else bool(raw.get("attention_bias", False)),
-            o_proj_bias=False if is_qwen2 else bool(raw.get("attention_bias", False)),
+            attention_bias=bool(quirks.pop("attention_bias")),
+            o_proj_bias=bool(quirks.pop("o_proj_bias")),
             mlp_bias=bool(raw.get("mlp_bias", False)),
             eos_token_ids=eos_token_ids
             if eos_token_ids is not None
             else _as_ids(raw.get("eos_token_id")),
             torch_dtype=_DTYPES.get(str(dtype_name).replace("torch.", ""), torch.float32),
             sliding_window=int(window) if window else None,
+            layer_types=tuple(layer_types) if window and layer_types else None,
+            partial_rotary_factor=_partial_rotary_factor(raw),
+            **quirks,
         )
 
 
@@ -186,7 +218,18 @@ def _as_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def _parse_rope(raw: dict[str, Any], default_theta: float) -> tuple[float, RopeScaling | None]:
+def _partial_rotary_factor(raw: dict[str, Any]) -> float:
+    params = raw.get("rope_parameters") or {}
+    value = raw.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0
+    factor = float(value)
+    if not 0 < factor <= 1:
+        raise ValueError(f"partial_rotary_factor must be in (0, 1], got {factor}")
+    return factor
+
+
+def _parse_rope(
+    raw: dict[str, Any], default_theta: float, max_pos: int
+) -> tuple[float, RopeScaling | None]:
     """Accept both the legacy (``rope_theta`` + ``rope_scaling``) and the transformers v5
     (``rope_parameters``) layouts."""
     params = raw.get("rope_parameters") or {}
@@ -205,11 +248,42 @@ def _parse_rope(raw: dict[str, Any], default_theta: float) -> tuple[float, RopeS
         raise ValueError(
             f"unsupported rope scaling type {rope_type!r}; radixserve supports {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
-    factor = float(spec["factor"])
+    # Phi-3 keeps the pretraining length outside rope_scaling; transformers prefers it there.
+    orig = int(
+        raw.get("original_max_position_embeddings")
+        or spec.get("original_max_position_embeddings")
+        or (max_pos if rope_type in ("yarn", "longrope") else 8192)
+    )
+    raw_factor = spec.get("factor")
+    if raw_factor is None and rope_type in ("yarn", "longrope"):
+        raw_factor = max_pos / orig  # as transformers derives it
+    factor = float(raw_factor) if raw_factor is not None else float("nan")
     if not math.isfinite(factor) or factor <= 0:
-        raise ValueError(f"rope scaling factor must be positive, got {factor}")
+        raise ValueError(f"rope scaling factor must be positive, got {raw_factor}")
     if rope_type == "linear":
         return theta, RopeScaling("linear", factor)
+    attention_factor = spec.get("attention_factor")
+    if rope_type == "yarn":
+        return theta, RopeScaling(
+            "yarn",
+            factor,
+            original_max_position_embeddings=orig,
+            beta_fast=float(spec.get("beta_fast") or 32.0),
+            beta_slow=float(spec.get("beta_slow") or 1.0),
+            mscale=spec.get("mscale"),
+            mscale_all_dim=spec.get("mscale_all_dim"),
+            truncate=bool(spec.get("truncate", True)),
+            attention_factor=None if attention_factor is None else float(attention_factor),
+        )
+    if rope_type == "longrope":
+        return theta, RopeScaling(
+            "longrope",
+            factor,
+            original_max_position_embeddings=orig,
+            attention_factor=None if attention_factor is None else float(attention_factor),
+            short_factor=tuple(float(f) for f in spec["short_factor"]),
+            long_factor=tuple(float(f) for f in spec["long_factor"]),
+        )
     return theta, RopeScaling(
         "llama3",
         factor,

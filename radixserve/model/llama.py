@@ -1,4 +1,6 @@
-"""One Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2) over a flattened ragged batch.
+"""The causal LM every supported family runs (Llama, SmolLM2, Mistral, Qwen2, Qwen3, OLMo 2,
+Phi-3/4) over a flattened ragged batch; the layers are composed from ``model/layers/`` by the
+family's config (``model/families/``).
 
 Every sequence's new rows are concatenated into ``T`` rows (no padding); each row carries its
 own position, so RoPE and the attention backend need no per-sequence loops here. Numerics
@@ -11,7 +13,11 @@ On the CPU, RoPE, SiLU(gate) * up and RMSNorm (with its residual add) are one-pa
 (``native.py``, float32 inside, rounded once: in bf16 that differs from transformers'
 op-by-op rounding by an ulp or so).
 The checkpoint's separate tensors are copied into slices of the fused weights by
-:meth:`LlamaForCausalLM.load_weights`.
+:meth:`LlamaForCausalLM.load_weights` (Phi-3's checkpoints store them fused already).
+
+Llama-shaped families (``ModelConfig.llama_shaped``: pre-norm, no q/k norm, full rotary)
+run the CPU's one-call decoder stack; the others (Qwen3, OLMo 2, partial-rotary Phi) take
+the per-layer path, which :attr:`LlamaForCausalLM.native_stack_reason` says.
 
 Inside a forward the layers call their submodules' ``forward`` directly, not through
 ``nn.Module.__call__``: its hook bookkeeping costs ~1.4 us a call here, and a batch-1 decode
@@ -21,225 +27,43 @@ do not run; nothing in radixserve registers any.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from radixserve.model import gpu_ops, native
+from radixserve.model import native
 from radixserve.model.attention.base import AttentionBackend, NativeLayersPlan
-from radixserve.model.config import ModelConfig, RopeScaling
+from radixserve.model.config import ModelConfig
 from radixserve.model.decoder_stack import AttentionShape, DecoderStack, LayerParts
 from radixserve.model.forward_batch import ForwardBatch
+from radixserve.model.layers.attention import Attention
+from radixserve.model.layers.decoder import DecoderLayer, PreNormDecoderLayer, decoder_layer
+from radixserve.model.layers.mlp import GatedMLP
+from radixserve.model.layers.norm import RMSNorm
+from radixserve.model.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
 from radixserve.model.parallel import ParallelLMHead, TPGroup, TPShard, VocabParallelEmbedding
 
+__all__ = [
+    "Attention",
+    "DecoderLayer",
+    "GatedMLP",
+    "LlamaAttention",
+    "LlamaDecoderLayer",
+    "LlamaForCausalLM",
+    "LlamaMLP",
+    "LlamaModel",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "apply_rotary",
+    "rope_inv_freq",
+]
 
-class RMSNorm(nn.Module):
-    """RMSNorm computed in float32 and cast back, as transformers does."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """Normalize ``x``; with ``residual``, first ``residual += x`` (in place) and normalize that."""
-        if gpu_ops.enabled(x):  # one Triton pass, the residual add included
-            from radixkernels.fused import rms_norm
-
-            return rms_norm(x, self.weight, self.eps, residual=residual)
-        if (
-            native.enabled(x)
-            and x.dim() == 2
-            and x.is_contiguous()
-            and self.weight.dtype == x.dtype
-            and (residual is None or residual.is_contiguous())
-        ):  # the add and the norm in one pass (torch's CPU rms_norm is ~6 ops)
-            return native.rms_norm(x, self.weight, self.eps, residual)
-        if residual is not None:
-            x = residual.add_(x)
-        # torch's fused rms_norm: one op instead of five (60 norms per decode step add up on a CPU).
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
-
-
-def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
-    """Inverse frequencies ``[head_dim // 2]`` (float32, CPU) for the config's RoPE type."""
-    inv = 1.0 / (
-        theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim)
-    )
-    if scaling is None:
-        return inv
-    if scaling.rope_type == "linear":
-        return inv / scaling.factor
-    if scaling.rope_type == "llama3":
-        # Llama 3.1: long wavelengths are slowed by ``factor``, short ones kept, a smooth ramp between.
-        old_ctx = scaling.original_max_position_embeddings
-        low_wavelen = old_ctx / scaling.low_freq_factor
-        high_wavelen = old_ctx / scaling.high_freq_factor
-        wavelen = 2 * math.pi / inv
-        scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
-        smooth = (old_ctx / wavelen - scaling.low_freq_factor) / (
-            scaling.high_freq_factor - scaling.low_freq_factor
-        )
-        smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
-        return torch.where(medium, smoothed, scaled)
-    raise ValueError(f"unsupported rope scaling type {scaling.rope_type!r}")
-
-
-class RotaryEmbedding(nn.Module):
-    """Rotary position embedding: a cos/sin table indexed by each row's position.
-
-    The table grows on demand (doubling), sized from the batch's host-side sequence lengths,
-    so a forward never syncs the device to learn the largest position.
-    """
-
-    def __init__(self, head_dim: int, theta: float, scaling: RopeScaling | None) -> None:
-        super().__init__()
-        self.head_dim = head_dim
-        self.inv_freq = rope_inv_freq(
-            head_dim, theta, scaling
-        )  # plain attribute: stays out of state_dict
-        self._cos: torch.Tensor | None = None  # [L, head_dim] float32
-        self._sin: torch.Tensor | None = None
-
-    def _ensure(self, length: int, device: torch.device) -> None:
-        if self._cos is not None and self._cos.shape[0] >= length and self._cos.device == device:
-            return
-        n = max(4096, 1 << max(0, length - 1).bit_length())
-        inv = self.inv_freq.to(device)
-        freqs = torch.outer(torch.arange(n, dtype=torch.float32, device=device), inv)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self._cos, self._sin = emb.cos(), emb.sin()
-
-    def cos_sin(
-        self, positions: torch.Tensor, max_len: int, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos, sin`` of each row's position, ``[T, 1, head_dim]`` in ``dtype``; computed once per
-        forward and shared by every layer. ``max_len`` bounds the positions (host-side)."""
-        self._ensure(max_len, positions.device)
-        assert self._cos is not None and self._sin is not None
-        cos = self._cos.index_select(0, positions).unsqueeze(1).to(dtype)
-        sin = self._sin.index_select(0, positions).unsqueeze(1).to(dtype)
-        return cos, sin
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[T, heads, head_dim]`` (transformers' ``rotate_half`` convention)."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
-
-
-class LlamaAttention(nn.Module):
-    """Fused qkv projection, RoPE, the backend's attention, output projection.
-
-    Under tensor parallelism (``tp``) ``cfg`` is the rank's local view (its own heads): qkv is
-    column-parallel, o_proj row-parallel followed by one all-reduce."""
-
-    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup | None = None) -> None:
-        super().__init__()
-        self.layer_id = layer_id
-        self.tp = tp
-        self.num_q_heads = cfg.num_q_heads
-        self.num_kv_heads = cfg.num_kv_heads
-        self.head_dim = cfg.head_dim
-        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
-        self.sm_scale = cfg.head_dim**-0.5
-        self.qkv_proj = nn.Linear(
-            cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias
-        )
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        batch: ForwardBatch,
-        attn: AttentionBackend,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
-    ) -> torch.Tensor:
-        t = x.shape[0]
-        qkv = self.qkv_proj.forward(x).view(
-            t, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim
-        )
-        if gpu_ops.enabled(qkv) and attn.fuses_rope_store:
-            # One kernel rotates q and k and writes k and v to the pool (Triton backend).
-            out = attn.forward_qkv(
-                self.layer_id, qkv, cos_sin, self.num_q_heads, batch, self.sm_scale
-            )
-            return self._out(out.reshape(t, self.q_size))
-        n_qk = self.num_q_heads + self.num_kv_heads
-        # q and k rotate together: one op for both (in place, one pass, with the CPU kernel).
-        if native.enabled(qkv):
-            qk = qkv[:, :n_qk]
-            native.rotary_(qk, *cos_sin)
-        else:
-            qk = apply_rotary(qkv[:, :n_qk], *cos_sin)
-        q, k = qk[:, : self.num_q_heads], qk[:, self.num_q_heads :]
-        v = qkv[:, n_qk:]
-        out = attn.forward(self.layer_id, q, k, v, batch, self.sm_scale)
-        return self._out(out.reshape(t, self.q_size))
-
-    def _out(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.o_proj.forward(x)
-        return out if self.tp is None else self.tp.all_reduce(out)
-
-
-class LlamaMLP(nn.Module):
-    """SiLU-gated MLP with gate and up fused into one matmul (column-parallel under tensor
-    parallelism, down_proj row-parallel followed by one all-reduce)."""
-
-    def __init__(self, cfg: ModelConfig, tp: TPGroup | None = None) -> None:
-        super().__init__()
-        self.tp = tp
-        self.intermediate_size = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._forward(x)
-        return out if self.tp is None else self.tp.all_reduce(out)
-
-    def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj.forward(x)
-        if gpu_ops.enabled(gate_up):
-            from radixkernels.fused import silu_mul
-
-            return self.down_proj.forward(silu_mul(gate_up))
-        if native.enabled(gate_up):  # one pass over gate and up
-            return self.down_proj.forward(native.silu_mul(gate_up))
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        # In place into silu's fresh output: one allocation less (2.9 -> 2.0 ms at 2048 rows here).
-        return self.down_proj.forward(F.silu(gate).mul_(up))
-
-
-class LlamaDecoderLayer(nn.Module):
-    """Pre-norm attention block and pre-norm MLP block, each with a residual add."""
-
-    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup | None = None) -> None:
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, layer_id, tp)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg, tp)
-
-    def forward(
-        self,
-        h: torch.Tensor,
-        batch: ForwardBatch,
-        attn: AttentionBackend,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
-    ) -> torch.Tensor:
-        # Residual adds in place: ``h`` is this forward's own activation (the embedding's
-        # output at layer 0), and in-place adds skip a row-sized allocation per block.
-        a = self.self_attn.forward(self.input_layernorm.forward(h), batch, attn, cos_sin)
-        # h += a and the norm of the sum in one pass (one kernel on the GPU).
-        return h.add_(self.mlp.forward(self.post_attention_layernorm.forward(a, residual=h)))
+# The shared pieces under the names this module has always exported.
+LlamaAttention = Attention
+LlamaMLP = GatedMLP
+LlamaDecoderLayer = PreNormDecoderLayer
 
 
 class LlamaModel(nn.Module):
@@ -255,9 +79,11 @@ class LlamaModel(nn.Module):
             if shard is None
             else VocabParallelEmbedding(shard, cfg.hidden_size, tp)
         )
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(decoder_layer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(
+            cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rotary_dim
+        )
 
 
 # checkpoint suffix -> (fused parameter suffix, shard index); shards are laid out in this order.
@@ -281,6 +107,15 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, cfg: ModelConfig, tp: TPGroup | None = None) -> None:
         super().__init__()
+        if tp is not None:
+            from radixserve.model.families import family_of
+
+            family = family_of(cfg.model_type)
+            if family is not None and family.tensor_parallel is not None:
+                raise ValueError(
+                    f"tensor parallelism is not supported for {cfg.model_type}: "
+                    f"{family.tensor_parallel}"
+                )
         self.config = cfg
         self.tp = tp
         self.shard: TPShard | None = None
@@ -330,12 +165,27 @@ class LlamaForCausalLM(nn.Module):
         h = self.model.norm(h.index_select(0, batch.logits_indices))
         return self.lm_head(h).float()
 
+    @property
+    def native_stack_reason(self) -> str | None:
+        """Why the one-call CPU decoder stack never runs this model (None: it can, where the
+        forward is on the CPU and its linears are ones the stack runs)."""
+        if not self.native_stack:
+            return "turned off (native_stack = False)"
+        if self.tp is not None:
+            return "tensor parallelism (each layer all-reduces)"
+        if not self.config.llama_shaped:
+            return (
+                f"{self.config.model_type}'s layers are not Llama-shaped (q/k norm, post-norms "
+                "or partial rotary): the per-layer path runs them"
+            )
+        return None
+
     def _native_stack(
         self, h: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend
     ) -> tuple[DecoderStack, NativeLayersPlan] | None:
         """The one-call decoder stack and the step's attention plan, where they serve this
         forward: CPU kernels, one process's whole model, few enough rows, the native attention."""
-        if not self.native_stack or self.tp is not None or not native.enabled(h):
+        if self.native_stack_reason is not None or not native.enabled(h):
             return None
         if self._stack is None:  # described once, after loading and quantization replaced modules
             self._stack = self._describe_stack(h.dtype)
@@ -405,6 +255,10 @@ class LlamaForCausalLM(nn.Module):
                 raise KeyError(f"unexpected weight {name!r} in checkpoint")
             if shard is None:
                 self._set_param(target, tensor.to(device=device, dtype=dtype))
+                if target.rsplit(".", 2)[-2] in ("qkv_proj", "gate_up_proj"):
+                    # Stored fused (Phi-3): every shard at once, in radixserve's order.
+                    filled.update(f"{target}#{i}" for i in range(3))
+                    continue
             else:
                 fused_param = self.get_parameter(target)
                 if fused_param.is_meta:

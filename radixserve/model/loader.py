@@ -154,10 +154,10 @@ def load_model(
             "float16 on CPU is slow and poorly supported by some ops; prefer bfloat16 or float32"
         )
     cfg = ModelConfig.from_pretrained(path)
-    if cfg.sliding_window is not None and cfg.sliding_window < cfg.max_position_embeddings:
+    if cfg.sliding_window is not None and device.type == "cuda":
         logger.warning(
-            "%s has sliding_window=%d: radixserve attends over the full context, so sequences "
-            "longer than the window differ from the reference model",
+            "%s has sliding_window=%d: its windowed layers need --attention-backend torch "
+            "(the Triton kernels take no window yet)",
             path,
             cfg.sliding_window,
         )

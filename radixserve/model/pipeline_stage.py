@@ -36,6 +36,7 @@ from radixserve.model import native
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.config import ModelConfig
 from radixserve.model.forward_batch import ForwardBatch
+from radixserve.model.layers.decoder import decoder_layer
 from radixserve.model.llama import LlamaDecoderLayer, LlamaForCausalLM, RMSNorm, RotaryEmbedding
 from radixserve.model.parallel import (
     ParallelLMHead,
@@ -70,10 +71,12 @@ class StageBody(nn.Module):
             )
         # Global indices as keys keep the checkpoint's names; local indices address the pool.
         self.layers = nn.ModuleDict(
-            {str(i): LlamaDecoderLayer(cfg, i - start, tp) for i in range(start, end)}
+            {str(i): decoder_layer(cfg, i - start, tp) for i in range(start, end)}
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if stage.has_lm_head else None
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(
+            cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rotary_dim
+        )
 
 
 class LlamaPipelineStage(LlamaForCausalLM):

@@ -91,11 +91,42 @@ def test_linear_scaling_and_legacy_type_key() -> None:
     assert cfg.rope_scaling == RopeScaling("linear", 2.0)
 
 
-@pytest.mark.parametrize("rope_type", ["yarn", "dynamic", "longrope"])
+@pytest.mark.parametrize("rope_type", ["dynamic", "ntk"])
 def test_unsupported_rope_type_is_a_clear_error(rope_type: str) -> None:
     raw = {**LEGACY_LLAMA31, "rope_scaling": {"rope_type": rope_type, "factor": 4.0}}
     with pytest.raises(ValueError, match=f"unsupported rope scaling type '{rope_type}'"):
         ModelConfig.from_dict(raw)
+
+
+def test_yarn_and_longrope_are_read() -> None:
+    yarn = ModelConfig.from_dict(
+        {
+            **LEGACY_LLAMA31,
+            "rope_scaling": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 32768,
+            },
+        }
+    )
+    assert yarn.rope_scaling == RopeScaling("yarn", 4.0, original_max_position_embeddings=32768)
+    # Phi-3 keeps the pretraining length outside rope_scaling; the factor is then derived.
+    phi = ModelConfig.from_dict(
+        {
+            **LEGACY_LLAMA31,
+            "model_type": "phi3",
+            "max_position_embeddings": 131072,
+            "original_max_position_embeddings": 4096,
+            "rope_scaling": {
+                "type": "longrope",
+                "short_factor": [1.0] * 64,
+                "long_factor": [2.0] * 64,
+            },
+        }
+    )
+    assert phi.rope_scaling is not None and phi.rope_scaling.factor == 32.0
+    assert phi.rope_scaling.original_max_position_embeddings == 4096
+    assert phi.rope_scaling.long_factor == (2.0,) * 64 and phi.fused_checkpoint
 
 
 def test_unsupported_architecture() -> None:
@@ -106,3 +137,26 @@ def test_unsupported_architecture() -> None:
 def test_missing_config(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         ModelConfig.from_pretrained(tmp_path)
+
+
+def test_layer_windows() -> None:
+    """Which layers slide: all (Mistral), those layer_types marks, Qwen's from max_window_layers."""
+    base = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 4,
+        "vocab_size": 100,
+    }
+    mistral = ModelConfig.from_dict({**base, "model_type": "mistral", "sliding_window": 8})
+    assert [mistral.layer_window(i) for i in range(4)] == [8] * 4 and not mistral.llama_shaped
+    types = ["sliding_attention", "full_attention"] * 2
+    mixed = ModelConfig.from_dict(
+        {**base, "model_type": "mistral", "sliding_window": 8, "layer_types": types}
+    )
+    assert [mixed.layer_window(i) for i in range(4)] == [8, None, 8, None]
+    qwen = {**base, "model_type": "qwen3", "sliding_window": 8, "max_window_layers": 3}
+    assert ModelConfig.from_dict(qwen).sliding_window is None  # without use_sliding_window
+    on = ModelConfig.from_dict({**qwen, "use_sliding_window": True})
+    assert [on.layer_window(i) for i in range(4)] == [None, None, None, 8]
+    assert ModelConfig.from_dict({**base, "model_type": "llama"}).llama_shaped

@@ -81,5 +81,12 @@ class AttentionBackend(ABC):
         v: torch.Tensor,  # [T, num_kv_heads, head_dim]
         batch: ForwardBatch,
         sm_scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        """Return the attention output, ``[T, num_q_heads, head_dim]`` in ``q``'s dtype."""
+        """Return the attention output, ``[T, num_q_heads, head_dim]`` in ``q``'s dtype.
+
+        ``window``: the layer's sliding window (a row sees only the last ``window``
+        positions, its own included); ``softcap``: scores become ``softcap * tanh(s /
+        softcap)`` before the softmax (see ``windowed.py``). A backend that cannot honour
+        either raises rather than attend over the full context."""

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from radixserve.model.attention.base import AttentionBackend
+from radixserve.model.attention.windowed import masked_attention
 from radixserve.model.forward_batch import ForwardBatch
 
 
@@ -32,9 +33,13 @@ class DenseAttentionBackend(AttentionBackend):
         v: torch.Tensor,
         batch: ForwardBatch,
         sm_scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         if batch.extend_lens_cpu != batch.seq_lens_cpu:
             raise ValueError("DenseAttentionBackend only runs full sequences (no cached prefix)")
+        if window is not None or softcap is not None:
+            return self._masked(q, k, v, batch, sm_scale, window, softcap)
         gqa = q.shape[1] != k.shape[1]
         lens = batch.extend_lens_cpu
         if len(lens) > 1 and min(lens) == max(lens):
@@ -65,4 +70,24 @@ class DenseAttentionBackend(AttentionBackend):
             )
             out[start:end] = o.transpose(0, 1)
             start = end
+        return out
+
+    @staticmethod
+    def _masked(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+        sm_scale: float,
+        window: int | None,
+        softcap: float | None,
+    ) -> torch.Tensor:
+        """Per sequence, with a sliding window and/or a soft-cap (``windowed.py``)."""
+        out = torch.empty_like(q)
+        start = 0
+        for n in batch.extend_lens_cpu:
+            pos = torch.arange(n, device=q.device)
+            sl = slice(start, start + n)
+            out[sl] = masked_attention(q[sl], k[sl], v[sl], pos, pos, sm_scale, window, softcap)
+            start += n
         return out

@@ -49,6 +49,7 @@ from radixserve.model.attention.cascade import (
     merge_partial,
     shared_prefix_groups,
 )
+from radixserve.model.attention.windowed import masked_attention, window_start
 from radixserve.model.forward_batch import ForwardBatch
 
 if TYPE_CHECKING:
@@ -382,11 +383,15 @@ class TorchPagedAttentionBackend(AttentionBackend):
         v: torch.Tensor,
         batch: ForwardBatch,
         sm_scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         meta = self._meta
         if meta is None or self._meta_batch is not batch:
             raise RuntimeError("call init_forward_metadata(batch) before the forward over it")
         assert batch.out_cache_loc is not None  # a paged batch (init_forward_metadata)
+        if window is not None or softcap is not None:
+            return self._masked(layer_id, q, k, v, batch, sm_scale, window, softcap)
         out = torch.empty_like(q)
         if meta.native is not None:  # the store and the whole batch's attention, in one call
             native.paged_attention(
@@ -417,6 +422,47 @@ class TorchPagedAttentionBackend(AttentionBackend):
             lse[ext.rows] = s[0].transpose(0, 1)
         for call in meta.shared:
             self._shared(layer_id, q, out, lse, call, sm_scale)
+        return out
+
+    def _masked(
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+        sm_scale: float,
+        window: int | None,
+        softcap: float | None,
+    ) -> torch.Tensor:
+        """A sliding-window or soft-capped layer: per sequence, over the pages its new rows'
+        windows reach (``windowed.py``); neither the C++ kernel nor the cascade split takes
+        a window yet."""
+        assert batch.out_cache_loc is not None and batch.page_lists_cpu is not None
+        self._store(layer_id, k, v, batch.out_cache_loc)
+        ps, dev = batch.page_size, q.device
+        out = torch.empty_like(q)
+        start = 0
+        for b, (length, n) in enumerate(zip(batch.seq_lens_cpu, batch.extend_lens_cpu)):
+            first = window_start(length - n, window) // ps  # the first page any new row sees
+            pages = torch.tensor(
+                batch.page_lists_cpu[b][first : -(-length // ps)], dtype=torch.int64, device=dev
+            )
+            kk, vv = self._gather_split(layer_id, pages, 1, q.dtype)  # [1, Hkv, P * ps, D]
+            k_pos = torch.arange(first * ps, length, device=dev)
+            keys = k_pos.numel()
+            rows = slice(start, start + n)
+            out[rows] = masked_attention(
+                q[rows],
+                kk[0, :, :keys].transpose(0, 1),
+                vv[0, :, :keys].transpose(0, 1),
+                torch.arange(length - n, length, device=dev),
+                k_pos,
+                sm_scale,
+                window,
+                softcap,
+            )
+            start += n
         return out
 
     def _decode(

@@ -153,7 +153,14 @@ class TritonPagedAttentionBackend(AttentionBackend):
         v: torch.Tensor,
         batch: ForwardBatch,
         sm_scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
+        if window is not None or softcap is not None:
+            raise NotImplementedError(
+                "the Triton kernels take no sliding window or attention soft-cap yet: run "
+                "this model with --attention-backend torch"
+            )
         self._check_prepared(batch)
         pool = self.pool
         ks = None if pool.k_scale is None else pool.k_scale[layer_id]

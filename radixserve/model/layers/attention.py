@@ -1,0 +1,106 @@
+"""The attention block: fused qkv projection, the family's q/k norm, RoPE, the backend's
+attention, output projection.
+
+Options a family turns on through its :class:`~radixserve.model.config.ModelConfig`:
+
+- ``attention_bias`` / ``o_proj_bias``: biases on q/k/v (Qwen2) and on the output (Llama's
+  ``attention_bias`` sets both);
+- ``qk_norm``: ``"head"`` normalizes each head of q and k over ``head_dim`` (Qwen3, OLMoE),
+  ``"proj"`` the whole q and k projections (OLMo 2); both before RoPE;
+- ``rotary_dim`` below ``head_dim``: only the leading lanes rotate (Phi-4-mini);
+- the layer's sliding window (``ModelConfig.layer_window``), passed to the backend.
+
+The q/k norms write back into the fused projection, so everything after them (the CPU's
+in-place RoPE, the GPU's fused RoPE-and-store kernel) runs as it does for Llama.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from radixserve.model import gpu_ops, native
+from radixserve.model.attention.base import AttentionBackend
+from radixserve.model.config import ModelConfig
+from radixserve.model.forward_batch import ForwardBatch
+from radixserve.model.layers.norm import RMSNorm
+from radixserve.model.layers.rotary import apply_rotary
+from radixserve.model.parallel import TPGroup
+
+
+class Attention(nn.Module):
+    """Self-attention of one layer. Under tensor parallelism (``tp``) ``cfg`` is the rank's
+    local view (its own heads): qkv is column-parallel, o_proj row-parallel followed by one
+    all-reduce."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup | None = None) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.tp = tp
+        self.num_q_heads = cfg.num_q_heads
+        self.num_kv_heads = cfg.num_kv_heads
+        self.head_dim = cfg.head_dim
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
+        self.sm_scale = cfg.head_dim**-0.5
+        self.rotary_dim = cfg.rotary_dim
+        self.qk_norm = cfg.qk_norm
+        self.window = cfg.layer_window(layer_id)
+        self.qkv_proj = nn.Linear(
+            cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+        if cfg.qk_norm == "head":
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        elif cfg.qk_norm == "proj":
+            self.q_norm = RMSNorm(self.q_size, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.kv_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        flat = self.qkv_proj.forward(x)
+        if self.qk_norm is not None:
+            self._norm_qk(flat)
+        qkv = flat.view(t, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim)
+        full_rotary = self.rotary_dim == self.head_dim
+        plain = self.window is None
+        if plain and full_rotary and gpu_ops.enabled(qkv) and attn.fuses_rope_store:
+            # One kernel rotates q and k and writes k and v to the pool (Triton backend).
+            out = attn.forward_qkv(
+                self.layer_id, qkv, cos_sin, self.num_q_heads, batch, self.sm_scale
+            )
+            return self._out(out.reshape(t, self.q_size))
+        n_qk = self.num_q_heads + self.num_kv_heads
+        # q and k rotate together: one op for both (in place, one pass, with the CPU kernel).
+        if full_rotary and native.enabled(qkv):
+            qk = qkv[:, :n_qk]
+            native.rotary_(qk, *cos_sin)
+        else:
+            qk = apply_rotary(qkv[:, :n_qk], *cos_sin)
+        q, k = qk[:, : self.num_q_heads], qk[:, self.num_q_heads :]
+        v = qkv[:, n_qk:]
+        if plain:
+            out = attn.forward(self.layer_id, q, k, v, batch, self.sm_scale)
+        else:
+            out = attn.forward(self.layer_id, q, k, v, batch, self.sm_scale, window=self.window)
+        return self._out(out.reshape(t, self.q_size))
+
+    def _norm_qk(self, flat: torch.Tensor) -> None:
+        """The family's q/k norm, in place in the fused projection ``[T, q + 2 kv]``."""
+        q, k = flat[:, : self.q_size], flat[:, self.q_size : self.q_size + self.kv_size]
+        if self.qk_norm == "head":
+            t = flat.shape[0]
+            q = q.view(t, self.num_q_heads, self.head_dim)
+            k = k.view(t, self.num_kv_heads, self.head_dim)
+        q.copy_(self.q_norm.forward(q))
+        k.copy_(self.k_norm.forward(k))
+
+    def _out(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.o_proj.forward(x)
+        return out if self.tp is None else self.tp.all_reduce(out)

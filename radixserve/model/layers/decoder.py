@@ -1,0 +1,78 @@
+"""Decoder layers: where the norms sit around the attention and MLP blocks.
+
+- :class:`PreNormDecoderLayer` (Llama, Qwen, Mistral, Phi-3): ``h += attn(norm(h))``,
+  ``h += mlp(norm(h))``; the only layout the CPU's one-call decoder stack runs.
+- :class:`PostNormDecoderLayer` (OLMo 2): the norms on the blocks' outputs,
+  ``h += norm(attn(h))``, ``h += norm(mlp(h))``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from radixserve.model.attention.base import AttentionBackend
+from radixserve.model.config import ModelConfig
+from radixserve.model.forward_batch import ForwardBatch
+from radixserve.model.layers.attention import Attention
+from radixserve.model.layers.mlp import GatedMLP
+from radixserve.model.layers.norm import RMSNorm
+from radixserve.model.parallel import TPGroup
+
+
+class PreNormDecoderLayer(nn.Module):
+    """Pre-norm attention block and pre-norm MLP block, each with a residual add."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup | None = None) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, layer_id, tp)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        # Residual adds in place: ``h`` is this forward's own activation (the embedding's
+        # output at layer 0), and in-place adds skip a row-sized allocation per block.
+        a = self.self_attn.forward(self.input_layernorm.forward(h), batch, attn, cos_sin)
+        # h += a and the norm of the sum in one pass (one kernel on the GPU).
+        return h.add_(self.mlp.forward(self.post_attention_layernorm.forward(a, residual=h)))
+
+
+class PostNormDecoderLayer(nn.Module):
+    """Attention and MLP blocks whose outputs are normalized before the residual add (OLMo 2;
+    the checkpoint names the norms ``post_attention_layernorm`` and
+    ``post_feedforward_layernorm``)."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup | None = None) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_id, tp)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp)
+        self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        a = self.self_attn.forward(h, batch, attn, cos_sin)
+        h = h.add_(self.post_attention_layernorm.forward(a))
+        return h.add_(self.post_feedforward_layernorm.forward(self.mlp.forward(h)))
+
+
+DecoderLayer = PreNormDecoderLayer | PostNormDecoderLayer
+
+
+def decoder_layer(cfg: ModelConfig, layer_id: int, tp: TPGroup | None = None) -> DecoderLayer:
+    """The decoder layer of ``cfg``'s family (its ``norm_layout``)."""
+    if cfg.norm_layout == "post":
+        return PostNormDecoderLayer(cfg, layer_id, tp)
+    return PreNormDecoderLayer(cfg, layer_id, tp)

@@ -1,0 +1,52 @@
+"""The family checkpoints the family tests build: each with its quirks active.
+
+``name -> (model_type, transformers config overrides, runs the native decoder stack)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Phi-3 longrope: sequences in the tests stay below the original context (64), where
+# transformers rotates with the short factors too (see model/layers/rotary.py).
+_LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 10000.0,
+    "short_factor": [1.0 + 0.1 * i for i in range(8)],
+    "long_factor": [2.0 + 0.5 * i for i in range(8)],
+}
+
+FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
+    # Per-head q/k RMSNorms.
+    "qwen3": ("qwen3", {}, False),
+    # yarn with a short original context: the ramp and the attention factor (1.14) both bite.
+    "qwen3_yarn": (
+        "qwen3",
+        {
+            "max_position_embeddings": 64,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "rope_theta": 10000.0,
+            },
+        },
+        False,
+    ),
+    # Post-norms and whole-projection q/k norms.
+    "olmo2": ("olmo2", {}, False),
+    # Fused qkv / gate_up in the checkpoint, longrope (attention factor 1.15, short factors != 1).
+    "phi3_longrope": (
+        "phi3",
+        {
+            "max_position_embeddings": 256,
+            "original_max_position_embeddings": 64,
+            "rope_parameters": _LONGROPE,
+        },
+        True,
+    ),
+    # Mistral with its sliding window far shorter than the prompts (up to 46 tokens).
+    "mistral_window": ("mistral", {"sliding_window": 8}, False),
+    # Phi-4-mini's partial rotary (half of each head here).
+    "phi3_partial": ("phi3", {"partial_rotary_factor": 0.5}, False),
+}
