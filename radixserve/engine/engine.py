@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.cpu_kernels import build_cpu_kernels
 from radixserve.engine.devices import bind_device
 from radixserve.engine.intake import RequestIntake
 from radixserve.engine.kv_profile import ProfiledKV
@@ -122,6 +123,8 @@ class Engine:
         )
         bind_device(self.device)  # cuda:N: Triton launches and index-less allocations go there
         clock.lap("resolve model")
+        if self.device.type == "cpu":  # its own phase: a first build is not "load weights"
+            clock.lap(build_cpu_kernels().phase)
         # Before the weights: a profile run budgets only the memory free now (kv_sizing).
         sizer = KVSizer(cfg, self.device, parallel=ranks is not None or pipe is not None)
         self.model = load_model(
