@@ -135,9 +135,9 @@ def _prose_lines(text: str) -> list[tuple[int, str]]:
         if line.startswith("```"):
             fence = not fence
             continue
-        if line.startswith("<!-- table:"):
+        if line.startswith(("<!-- table:", "<!-- cli-reference -->")):  # generated blocks
             table = True
-        elif line.startswith("<!-- /table:"):
+        elif line.startswith(("<!-- /table:", "<!-- /cli-reference -->")):
             table = False
         elif not fence and not table:
             out.append((i, line))
