@@ -52,7 +52,7 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--device-memory",
         default=None,
-        help="plan for devices of this size (e.g. 80GB) instead of this machine's; "
+        help="plan for devices of this size (e.g. 80GB) instead of the local device's; "
         "the budget is this x --memory-utilization",
     )
     p.add_argument(

@@ -32,6 +32,7 @@ import torch
 
 from radixserve.distributed.topology import RunnerShape, Topology, make_topology
 from radixserve.engine.config import EngineConfig
+from radixserve.engine.cpu_kernels import build_cpu_kernels
 from radixserve.engine.devices import bind_device
 from radixserve.engine.intake import RequestIntake
 from radixserve.engine.kv_profile import ProfiledKV
@@ -99,6 +100,8 @@ class Engine:
         self.device = topo.device
         bind_device(self.device)  # cuda:N: Triton launches and index-less allocations go there
         clock.lap("resolve model")
+        if self.device.type == "cpu":  # its own phase: a first build is not "load weights"
+            clock.lap(build_cpu_kernels().phase)
         # Before the weights: a profile run budgets only the memory free now (kv_sizing).
         sizer = KVSizer(cfg, self.device, parallel=topo.parallel)
         self._load_model(cfg, clock)

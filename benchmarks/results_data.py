@@ -1,0 +1,185 @@
+"""The result files behind the pages and the figures computed from them (see summary.py).
+
+Readers of each benchmark's JSON, ``spread`` (median and range over every repetition), and
+``figures()``: every figure quoted in prose, by name, with the files it comes from.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+PAGES = (
+    "README.md",
+    "benchmarks/README.md",
+    *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")),
+)
+
+
+class Figure(NamedTuple):
+    """One quoted figure: its text as the pages write it and the result files it comes from."""
+
+    text: str
+    files: tuple[str, ...]
+
+
+def load(name: str) -> Any:
+    return json.loads((RESULTS / name).read_text())
+
+
+def index() -> dict[str, dict[str, str]]:
+    data: dict[str, dict[str, str]] = load("index.json")["results"]
+    return data
+
+
+def spread(values: Iterable[float], unit: str = "x", digits: int = 2) -> str:
+    """``median 1.22x (1.15-1.28x, 8 runs)``: the median and range of every repetition."""
+    vals = sorted(values)
+    f = f"{{:.{digits}f}}"
+    if len(vals) == 1:
+        return f"{f.format(vals[0])}{unit} (1 run)"
+    med, lo, hi = statistics.median(vals), vals[0], vals[-1]
+    return f"median {f.format(med)}{unit} ({f.format(lo)}-{f.format(hi)}{unit}, {len(vals)} runs)"
+
+
+# --- per-benchmark readers ---------------------------------------------------------------
+
+
+def serving_floor(names: list[str]) -> list[float]:
+    """peers/serving_cpu.py: time per output token through HTTP over the weight-streaming floor."""
+    return [float(load(n)["itl_over_floor"]) for n in names]
+
+
+def peer_itl(name: str, peer: str) -> dict[int, float]:
+    """bench_peers.py: ITL p50 (ms) per repetition of one peer at concurrency 1."""
+    return {
+        c["rep"]: c["itl_ms"]["p50"]
+        for c in load(name)["cells"]
+        if c["peer"] == peer and "itl_ms" in c
+    }
+
+
+def itl_ratio(name: str, ours: str, theirs: str) -> list[float]:
+    """Our ITL over the peer's, repetition by repetition (the runs alternate the two)."""
+    a, b = peer_itl(name, ours), peer_itl(name, theirs)
+    return [a[r] / b[r] for r in sorted(a) if r in b]
+
+
+def peer_out_tok(name: str, peer: str, concurrency: int) -> list[float]:
+    cells = load(name)["cells"]
+    return [
+        c["output_tok_per_s"]
+        for c in sorted(cells, key=lambda c: c["rep"])
+        if c["peer"] == peer and c["concurrency"] == concurrency and "output_tok_per_s" in c
+    ]
+
+
+def quant_ratio(name: str, num: str, den: str, key: str) -> float:
+    """bench_quant.py: one run's tok/s ratio of two configs (each the median of the run's rounds)."""
+    rows = {r["config"]: r for r in load(name)["results"]}
+    return float(rows[num][key] / rows[den][key])
+
+
+S18_BF16 = [f"serving_cpu_s18_bf16_{i}.json" for i in range(4, 12)]
+S18_BF16_SLOW = [f"serving_cpu_s18_bf16_{i}.json" for i in (1, 2, 3)]
+S18_FP32 = ["serving_cpu_s18_fp32_2.json", "serving_cpu_s18_fp32_3.json"]
+S18_FP32_SLOW = ["serving_cpu_s18_fp32_1.json"]
+LLAMACPP_F32_RUNS = [
+    f"peers_shared_system_{t}.json"
+    for t in ("s10c1", "s10abba", "s11abba", "s12abba", "s13abba", "s14abba", "s18c1")
+]
+QUANT_SHARED = [
+    "bench_quant_s11.json",
+    "bench_quant_s11_confirm.json",
+    "bench_quant_s11_confirm2.json",
+]
+HICACHE = [
+    "bench_hicache_1000.json",
+    "bench_hicache_1000_quiet.json",
+    "bench_hicache_1000_quiet_l1_l2.json",
+]
+
+
+def figures() -> dict[str, Figure]:
+    """Every figure quoted in prose, by name."""
+    figs: dict[str, Figure] = {}
+
+    def add(name: str, text: str, files: Iterable[str]) -> None:
+        figs[name] = Figure(text, tuple(files))
+
+    add("floor_bf16", spread(serving_floor(S18_BF16)), S18_BF16)
+    add("floor_bf16_slow", spread(serving_floor(S18_BF16_SLOW)), S18_BF16_SLOW)
+    add("floor_fp32", spread(serving_floor(S18_FP32)), S18_FP32)
+    add("floor_fp32_slow", spread(serving_floor(S18_FP32_SLOW)), S18_FP32_SLOW)
+    s18c1 = "peers_shared_system_s18c1.json"
+    add("vllm_fp32_itl", spread(itl_ratio(s18c1, "radixserve", "vllm-fp32")), [s18c1])
+    add("vllm_bf16_itl", spread(itl_ratio(s18c1, "radixserve-bf16", "vllm-bf16")), [s18c1])
+    s18c16 = "peers_shared_system_s18c16.json"
+    ours, theirs = (
+        peer_out_tok(s18c16, "radixserve-bf16", 16),
+        peer_out_tok(s18c16, "vllm-bf16", 16),
+    )
+    add("c16_bf16_vs_vllm", spread(a / b for a, b in zip(ours, theirs, strict=True)), [s18c16])
+    first = "bench_first_request_s17_bf16.json"
+    ratios = [r["ratio"] for r in load(first)["runs"]]
+    add("first_request", f"{spread(ratios)}, worst {max(ratios):.2f}x", [first])
+    s10c1 = "peers_shared_system_s10c1.json"
+    int4 = itl_ratio(s10c1, "radixserve-int4", "llamacpp-q4_1")
+    add("int4_vs_llamacpp_q4_1_http", f"{int4[0]:.2f}x (1 run)", [s10c1])
+    add(
+        "int8_vs_fp32_single",
+        spread([quant_ratio("bench_quant_s11.json", "int8", "fp32", "single")]),
+        ["bench_quant_s11.json"],
+    )
+    add(
+        "int4_vs_fp32_single",
+        spread([quant_ratio("bench_quant_s11.json", "int4", "fp32", "single")]),
+        ["bench_quant_s11.json"],
+    )
+    add(
+        "int8_vs_bf16_shared_c16",
+        spread(quant_ratio(n, "int8", "bf16", "shared_c16") for n in QUANT_SHARED),
+        QUANT_SHARED,
+    )
+    restart = [load(n)["restart"] for n in HICACHE[:2]]
+    add(
+        "hicache_restart_ttft",
+        spread(r["median_cold_s"] / r["median_warm_s"] for r in restart),
+        HICACHE[:2],
+    )
+    tp = {r["config"]: r for r in load("bench_parallel.json")["results"]}
+    add(
+        "tp2_decode_slowdown",
+        f"{tp['TP 2']['decode']['ms'] / tp['TP 1']['decode']['ms']:.2f}x slower (1 run), "
+        f"collectives {100 * tp['TP 2']['decode']['comm_share']:.0f} % of it",
+        ["bench_parallel.json"],
+    )
+    ch = load("bench_parallel.json")["channel"]
+    add(
+        "tp_channel",
+        f"{ch['gloo_broadcast_us']:.0f} µs over the gloo broadcast and "
+        f"{ch['shared_memory_us']:.0f} µs over shared memory (1 run)",
+        ["bench_parallel.json"],
+    )
+    dec = tp["TP 2"]["decode"]
+    add(
+        "tp2_plan_share",
+        f"{100 * dec['plan_ms'] / dec['ms']:.1f} % of a TP 2 decode step (1 run)",
+        ["bench_parallel.json"],
+    )
+    c16 = "peers_shared_system_c16check.json"
+    r, v = peer_out_tok(c16, "radixserve", 16), peer_out_tok(c16, "vllm-fp32", 16)
+    add(
+        "c16check_fp32",
+        f"{r[0]:.1f} against {v[0]:.1f} output tok/s, {r[0] / v[0]:.2f}x (1 run)",
+        [c16],
+    )
+    return figs
+
+
+# --- tables ------------------------------------------------------------------------------

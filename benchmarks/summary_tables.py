@@ -1,0 +1,210 @@
+"""The generated tables of the pages, one function each (see summary.py): every repetition shown."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Callable, Iterable
+
+from results_data import (
+    HICACHE,
+    LLAMACPP_F32_RUNS,
+    QUANT_SHARED,
+    ROOT,
+    S18_BF16,
+    S18_BF16_SLOW,
+    S18_FP32,
+    S18_FP32_SLOW,
+    index,
+    itl_ratio,
+    load,
+    peer_itl,
+    peer_out_tok,
+    serving_floor,
+)
+
+
+def _machine(name: str) -> str:
+    e = index()[name]
+    return f"{e['cpu']}, {e['date'][:10]}"
+
+
+def _row(*cells: object) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _head(*names: str, align: str) -> list[str]:
+    """A table's header and its alignment row (``align``: one of ``l``/``r`` per column)."""
+    return [_row(*names), _row(*("---:" if a == "r" else "---" for a in align))]
+
+
+def _list(values: Iterable[float], fmt: str = "{:.2f}") -> str:
+    return ", ".join("n/a" if v != v else fmt.format(v) for v in values)
+
+
+def table_floor() -> str:
+    out = _head(
+        "dtype",
+        "runs (ITL over floor)",
+        "median",
+        "target 1.2x",
+        "date (UTC)",
+        "results",
+        align="llrlll",
+    )
+    for dtype, names in (
+        ("bf16", S18_BF16),
+        ("bf16", S18_BF16_SLOW),
+        ("fp32", S18_FP32),
+        ("fp32", S18_FP32_SLOW),
+    ):
+        vals = serving_floor(names)
+        med = statistics.median(vals)
+        date = index()[names[0]]["date"][:16].replace("T", " ")
+        files = ", ".join(n.removesuffix(".json").removeprefix("serving_cpu_") for n in names)
+        out.append(
+            _row(dtype, _list(vals), f"{med:.2f}x", "met" if med <= 1.2 else "missed", date, files)
+        )
+    return "\n".join(out)
+
+
+def table_llamacpp_f32() -> str:
+    out = _head(
+        "result file",
+        "machine, date",
+        "pairs",
+        "radixserve / llama.cpp ITL p50, per pair",
+        "median",
+        "target 0.9x",
+        align="llrlrl",
+    )
+    for name in LLAMACPP_F32_RUNS:
+        vals = itl_ratio(name, "radixserve", "llamacpp-f32")
+        med = statistics.median(vals)
+        verdict = "met" if med <= 0.9 else "missed"
+        out.append(_row(name, _machine(name), len(vals), _list(vals), f"{med:.2f}x", verdict))
+    return "\n".join(out)
+
+
+def table_peers_c1() -> str:
+    out = _head(
+        "result file",
+        "machine, date",
+        "server",
+        "ITL p50 per repetition (ms)",
+        "output tok/s per repetition",
+        align="lllll",
+    )
+    for name in ("peers_shared_system_s18c1.json", "peers_shared_system_s10c1.json"):
+        for peer in load(name)["args"]["peers"].split(","):
+            itl = peer_itl(name, peer)
+            tok = peer_out_tok(name, peer, 1)
+            out.append(
+                _row(
+                    name,
+                    _machine(name),
+                    peer,
+                    _list(itl[r] for r in sorted(itl)),
+                    _list(tok, "{:.1f}"),
+                )
+            )
+    return "\n".join(out)
+
+
+def table_headline() -> str:
+    """bench_peers.py's ``full`` run at c=16, medians over its repetitions (report.aggregate)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import report
+
+    doc = load("peers_shared_system_full.json")
+    agg = report.aggregate(doc)
+    out = _head(
+        "server (c=16)",
+        "precision",
+        "output tok/s, per repetition",
+        "TTFT p50 / p90 (median)",
+        "prompt-cache hit rate (optimum)",
+        align="lllrr",
+    )
+    for peer in doc["args"]["peers"].split(","):
+        a = agg[peer].get(16)
+        if a is None or "error" in a:
+            continue
+        hit = (
+            "0" if not a["hit_rate"] else f"{a['hit_rate']:.3f} ({a['optimal_hit_rate_peer']:.3f})"
+        )
+        ttft = f"{a['ttft_ms']['p50'] / 1000:.2f} / {a['ttft_ms']['p90'] / 1000:.2f} s"
+        out.append(
+            _row(a["label"], a["precision"], _list(a["output_tok_per_s_all"], "{:.1f}"), ttft, hit)
+        )
+    return "\n".join(out)
+
+
+def table_quant() -> str:
+    out = _head(
+        "result file",
+        "machine, date",
+        "config",
+        "weights",
+        "single stream tok/s (rounds)",
+        "16 streams",
+        "16 on a shared system prompt",
+        align="lllrlll",
+    )
+    for name in QUANT_SHARED:
+        for r in load(name)["results"]:
+            rounds = [_list(r["rounds"][k], "{:.0f}") for k in ("single", "c16", "shared_c16")]
+            mib = "n/a" if r["weights_mib"] != r["weights_mib"] else f"{r['weights_mib']:.0f} MiB"
+            out.append(_row(name, _machine(name), r["config"], mib, *rounds))
+    return "\n".join(out)
+
+
+def table_hicache() -> str:
+    out = _head(
+        "result file",
+        "date (UTC)",
+        "command's differing flags",
+        "L1 tok/s",
+        "L1+L2 tok/s",
+        "L1+L2 / L1",
+        "hit rate L1, L1+L2 (unbounded)",
+        "first TTFT after a restart, no disk tier / with it",
+        align="lllrrrlr",
+    )
+    for name in HICACHE:
+        d = load(name)
+        res, a = d["results"], d["args"]
+        flags = "(as printed)"
+        if a["rounds"] != 1:
+            flags = f"`--rounds {a['rounds']} --configs {a['configs']} --restart-requests {a['restart_requests']}`"
+        l1 = _list((x["throughput_tok_s"] for x in d["rounds"]["L1"]), "{:.0f}")
+        l2 = _list((x["throughput_tok_s"] for x in d["rounds"]["L1+L2"]), "{:.0f}")
+        ratio = res["L1+L2"]["throughput_tok_s"] / res["L1"]["throughput_tok_s"]
+        unb = res.get("unbounded", {}).get("hit_rate")
+        hit = f"{res['L1']['hit_rate']:.3f}, {res['L1+L2']['hit_rate']:.3f}"
+        hit += f" ({unb:.3f})" if unb is not None else ""
+        rs = d.get("restart") or {}
+        ttft = f"{rs['median_cold_s'] / rs['median_warm_s']:.1f}x" if rs else "not run"
+        date = d["date"][:16].replace("T", " ")
+        out.append(_row(name, date, flags, l1, l2, f"{ratio:.2f}x", hit, ttft))
+    return "\n".join(out)
+
+
+def table_index() -> str:
+    out = _head("result file", "command", "date", "commit", "machine", align="lllll")
+    for name, e in sorted(index().items()):
+        out.append(
+            _row(name, f"`{e['command']}`", e["date"][:16].replace("T", " "), e["commit"], e["cpu"])
+        )
+    return "\n".join(out)
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "headline": table_headline,
+    "floor": table_floor,
+    "peers_c1": table_peers_c1,
+    "llamacpp_f32": table_llamacpp_f32,
+    "quant": table_quant,
+    "hicache": table_hicache,
+    "index": table_index,
+}
