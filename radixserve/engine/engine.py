@@ -42,6 +42,8 @@ from radixserve.engine.pipeline.launch import PipelineLaunch
 from radixserve.engine.prefix_cache import (
     attach_kv_events,
     hicache_stats,
+    lease_config,
+    lease_stats,
     make_prefix_cache,
     persist_prefix_cache,
 )
@@ -158,6 +160,7 @@ class Engine:
         self.allocator = PageAllocator(num_pages)
         self.cache: PrefixCache = make_prefix_cache(cfg, self.allocator, pool, self.model_path)
         self.cache.pins.budget_pages = int(num_pages * cfg.pin_budget_fraction)
+        self.cache.leases.config = lease_config(cfg)
         if cfg.kv_events_endpoint is not None:
             self.enable_kv_events(pool)
         max_model_len = cfg.max_model_len or mc.max_position_embeddings
@@ -277,11 +280,20 @@ class Engine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         namespace: str | None = None,
+        session_id: str | None = None,
+        priority: int = 0,
     ) -> str:
         """Queue a request; returns its id. Raises ``ValueError`` for invalid parameters,
-        an empty or out-of-vocabulary prompt, one too long to ever fit, or a duplicate id."""
+        an empty or out-of-vocabulary prompt, one too long to ever fit, or a duplicate id.
+        ``session_id``: the session it is a turn of (its path is leased when it ends)."""
         req = self.intake.make_request(
-            prompt_token_ids, params, request_id, namespace, self.scheduler.requests
+            prompt_token_ids,
+            params,
+            request_id,
+            namespace,
+            self.scheduler.requests,
+            session_id=session_id,
+            priority=priority,
         )
         self.scheduler.add(req)
         return req.request_id
@@ -382,6 +394,7 @@ class Engine:
             aborted_total=c.aborted,
             hit_rate=c.cached_prompt_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
             **hicache_stats(self.cache),
+            **lease_stats(self.cache),
         )
 
     def flush_cache(self) -> bool:

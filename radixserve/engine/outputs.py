@@ -104,6 +104,18 @@ class EngineStats(msgspec.Struct, frozen=True):
     loaded_storage_pages_total: int = 0
     storage_written_pages_total: int = 0
     storage_corrupt_pages_total: int = 0
+    # Session leases (memory.leases): pages on leased paths and leases held now; leases
+    # granted, turns that found their lease, leases run out, yielded to memory pressure;
+    # unkeyed chats adopted as sessions; prompt tokens a returning turn recomputed that its
+    # lost lease had held (what a longer lease would have saved).
+    leased_pages: int = 0
+    leases_active: int = 0
+    leases_granted_total: int = 0
+    lease_hits_total: int = 0
+    lease_expired_total: int = 0
+    lease_yielded_total: int = 0
+    sessions_adopted_total: int = 0
+    lease_lost_tokens_total: int = 0
 
 
 def to_step_output(o: RequestOutput) -> StepOutput:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from radixserve.memory.allocator import PageAllocator
+from radixserve.memory.leases import LeaseTable
 from radixserve.memory.pins import PinTable
 from radixserve.memory.tree_node import CachedPrefix, CacheStats, MatchResult, TreeNode
 
@@ -39,12 +40,14 @@ class NoPrefixCache:
         self._root = TreeNode(0, (), [], None, 0, 0, None)
         allocator.set_evictor(None, lambda: 0)
         self.pins = PinTable(self, budget_pages=0)  # never holds a pin: nothing is cached
+        self.leases = LeaseTable(None)  # nor a lease
         self.listener: KVEventRecorder | None = None  # nothing to report either
 
     # Gauges: nothing is ever cached.
     num_cached_pages = 0
     num_evictable_pages = 0
     num_protected_pages = 0
+    num_leased_pages = 0
     total_cached_tokens = 0
 
     @property

@@ -49,6 +49,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from radixserve.memory.allocator import PageAllocator
+from radixserve.memory.leases import LeaseTable
 from radixserve.memory.lru import EvictableLeaves
 from radixserve.memory.pins import PinTable
 
@@ -84,12 +85,15 @@ class RadixCache:
         self._clock = 0
         self._init_tree()
         self.pins = PinTable(self, budget_pages=0)  # the engine sets the budget
+        self.leases = LeaseTable(self)  # session leases (the engine sets their config)
         self.listener: KVEventRecorder | None = None  # KV events (the engine sets one when asked)
         allocator.set_evictor(self.evict, lambda: self.num_evictable_pages)
 
     def _init_tree(self) -> None:
         self._roots: dict[Hashable | None, TreeNode] = {}
-        self._lru = EvictableLeaves()  # unreferenced leaves: exactly the evictable ones
+        self._lru = EvictableLeaves()  # unreferenced, unleased leaves: evicted first
+        self._leased_lru = EvictableLeaves()  # unreferenced leased leaves (memory.leases)
+        self._leased_pages = 0  # pages on some leased path
         self._tree_pages = 0
         self._protected = 0
         self._root(None)
@@ -109,6 +113,11 @@ class RadixCache:
     def num_protected_pages(self) -> int:
         """Tree pages on some locked path (in use)."""
         return self._protected
+
+    @property
+    def num_leased_pages(self) -> int:
+        """Tree pages on some session's leased path (evicted only after every unleased one)."""
+        return self._leased_pages
 
     @property
     def total_cached_tokens(self) -> int:
@@ -151,6 +160,7 @@ class RadixCache:
             child.last_access,
         )
         upper.lock_ref = child.lock_ref
+        upper.lease_ref = child.lease_ref
         parent.children[self._child_key(child.key)] = upper
         child.key = child.key[m:]
         child.pages = child.pages[m // ps :]
@@ -200,7 +210,7 @@ class RadixCache:
 
     def _add_leaf(self, parent: TreeNode, key: tuple[int, ...], pages: list[int]) -> TreeNode:
         if parent.parent is not None and parent.lock_ref == 0 and not parent.children:
-            self._lru.discard(parent)  # its heap entry goes stale
+            self._unindex(parent)  # its heap entry goes stale
         leaf = TreeNode(self._new_id(), key, pages, parent, parent.depth + len(key), self._clock)
         parent.children[self._child_key(key)] = leaf
         self._tree_pages += len(pages)
@@ -214,7 +224,7 @@ class RadixCache:
         parent = node.parent
         assert parent is not None
         del parent.children[self._child_key(node.key)]
-        self._lru.discard(node)
+        self._unindex(node)
         node.alive = False
         self._tree_pages -= len(node.pages)
         self._before_evict(node, 0)
@@ -223,7 +233,15 @@ class RadixCache:
             if not parent.children and parent.namespace is not None:
                 del self._roots[parent.namespace]  # don't keep one empty root per past tenant
         elif not parent.children and parent.lock_ref == 0:
-            self._lru.add(parent)
+            self._index(parent)
+
+    def _index(self, leaf: TreeNode) -> None:
+        """``leaf`` just became an unreferenced leaf: into the leased or the unleased index."""
+        (self._leased_lru if leaf.lease_ref else self._lru).add(leaf)
+
+    def _unindex(self, node: TreeNode) -> None:
+        self._lru.discard(node)
+        self._leased_lru.discard(node)
 
     # ---------------------------------------------------------------- public API
     def match_prefix(
@@ -290,7 +308,7 @@ class RadixCache:
             if node.lock_ref == 0:
                 self._protected += len(node.pages)
                 if not node.children:
-                    self._lru.discard(node)
+                    self._unindex(node)
             node.lock_ref += 1
             node = node.parent
 
@@ -306,7 +324,7 @@ class RadixCache:
             if node.lock_ref == 0:
                 self._protected -= len(node.pages)
                 if not node.children:
-                    self._lru.add(node)
+                    self._index(node)
             node = node.parent
 
     def insert(
@@ -392,6 +410,8 @@ class RadixCache:
         while freed < n_pages:
             node = self._lru.peek_lru()
             if node is None:
+                if self.leases.yield_one():  # unleased pages are gone: the oldest lease yields
+                    continue
                 break
             need = n_pages - freed
             if len(node.pages) > need:
@@ -410,6 +430,33 @@ class RadixCache:
             self._remove_leaf(node)
         self._evicted += freed
         return freed
+
+    def add_lease(self, node: TreeNode) -> None:
+        """One more session lease on the path root..``node`` (:mod:`~radixserve.memory.leases`).
+
+        O(depth). A leased unreferenced leaf moves to the leased index: eviction takes it
+        only after every unleased leaf (and only once its lease yields)."""
+        if node.parent is None or not node.alive:
+            raise RuntimeError(f"add_lease() on a root or an evicted node: {node!r}")
+        while node.parent is not None:
+            if node.lease_ref == 0:
+                self._leased_pages += len(node.pages)
+                if node.lock_ref == 0 and not node.children:
+                    self._lru.discard(node)
+                    self._leased_lru.add(node)
+            node.lease_ref += 1
+            node = node.parent
+
+    def drop_lease(self, node: TreeNode) -> None:
+        """Drop one lease taken by :meth:`add_lease`; the path's pages become ordinary cache."""
+        while node.parent is not None:
+            node.lease_ref -= 1
+            if node.lease_ref == 0:
+                self._leased_pages -= len(node.pages)
+                if node.lock_ref == 0 and not node.children:
+                    self._leased_lru.discard(node)
+                    self._lru.add(node)
+            node = node.parent
 
     def _before_evict(self, node: TreeNode, keep: int) -> None:
         """``node.pages[keep:]`` are about to leave L1 (a tiered cache demotes them too)."""
@@ -432,6 +479,7 @@ class RadixCache:
     def reset(self) -> None:
         """Drop every cached prefix and free its pages. Requires no locks held; counters survive."""
         self.pins.clear()
+        self.leases.clear()
         if self._protected or any(r.lock_ref for r in self._roots.values()):
             raise RuntimeError(
                 f"reset() with {self._protected} pages still locked by running requests"
@@ -457,6 +505,7 @@ class RadixCache:
 
         check_cache_invariants(self, private_pages)
         self.pins.check_invariants()
+        self.leases.check_invariants(self.nodes())
 
     def __repr__(self) -> str:
         return (

@@ -53,6 +53,10 @@ class Request:
     params: SamplingParams
     max_total_len: int  # stop with "length" when len(token_ids) reaches this
     namespace: str | None = None
+    # The session this request is a turn of (router session id, DSL program id, or adopted
+    # from the tree: memory.leases); its priority (higher leaves the cache last).
+    session_id: str | None = None
+    priority: int = 0
     arrival_step: int = 0
     generator: torch.Generator | None = None
     # Constrained decoding: the request's GrammarMatcher (radixserve.constrained), advanced

@@ -38,6 +38,7 @@ class RouterRequest:
     usage: p.Usage | None = None
     chunks: int = 0
     retries: int = 0  # times sent to another worker after its worker died (before a first token)
+    priority: int = 0  # the client's priority (the worker's cache keeps higher ones longer)
 
     def apply(self, out: p.StepOutput) -> tuple[p.GenerateChunk | None, bool]:
         """Fold in one worker output. Returns the chunk to stream (``None`` when not

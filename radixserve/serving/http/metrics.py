@@ -55,6 +55,20 @@ _ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
         "running requests retracted (KV freed, re-queued) for lack of pages",
     ),
     ("evicted_pages_total", "evicted_pages", "radix-cache pages evicted (LRU) to make room"),
+    ("leases_granted_total", "session_leases_granted", "session leases granted at turn ends"),
+    ("lease_hits_total", "session_lease_hits", "session turns that found their lease held"),
+    ("lease_expired_total", "session_lease_expiries", "session leases that ran out"),
+    (
+        "lease_yielded_total",
+        "session_lease_yields",
+        "session leases released early under memory pressure",
+    ),
+    ("sessions_adopted_total", "sessions_adopted", "unkeyed chats adopted as sessions"),
+    (
+        "lease_lost_tokens_total",
+        "session_lease_lost_tokens",
+        "prompt tokens recomputed that a session's lost lease had held",
+    ),
     ("finished_total", "engine_requests_finished", "requests the engine finished"),
     ("aborted_total", "engine_requests_aborted", "requests the engine aborted"),
     ("steps_total", "engine_steps", "scheduler steps"),
@@ -95,6 +109,9 @@ class WorkerStatsCollector(Collector):
             "kv_usage_ratio", "fraction of KV pages in use by running requests (in_use / total)"
         )
         cached = gauge("kv_cached_tokens", "tokens held by the radix cache")
+        leased = gauge(
+            "kv_leased_pages", "radix-cache pages on a session's leased path (evicted last)"
+        )
         hit_rate = gauge(
             "prefix_cache_hit_ratio",
             "cumulative cached / prompt tokens (use the counters for windows)",
@@ -135,6 +152,8 @@ class WorkerStatsCollector(Collector):
             usage.add_metric(wid, in_use / total if total else 0.0)
             if "cached_tokens" in eng:
                 cached.add_metric(wid, float(eng["cached_tokens"]))
+            if "leased_pages" in eng:
+                leased.add_metric(wid, float(eng["leased_pages"]))
             hit_rate.add_metric(wid, float(eng.get("hit_rate", w.hit_rate)))
             mem = eng.get("memory")
             if isinstance(mem, dict):
@@ -149,6 +168,7 @@ class WorkerStatsCollector(Collector):
             *pages.values(),
             usage,
             cached,
+            leased,
             hit_rate,
             *counters.values(),
             *memory.values(),
