@@ -30,6 +30,7 @@ ENGINE_FLAGS: list[tuple[str, Any, str]] = [
     ),
     ("max-model-len", int, "context length cap"),
     ("schedule-policy", str, "lpm | fcfs"),
+    ("eviction-policy", str, "lru | lfu | slru | priority | adaptive (least measured regret)"),
     (
         "session-leases",
         str,

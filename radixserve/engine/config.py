@@ -74,6 +74,9 @@ class EngineConfig:
     # everything unleased, for a time learned from the session's own pauses (a default
     # before any was seen, at most the cap). "off": plain LRU.
     session_leases: str = "on"
+    # Which evictable leaves go first: lru | lfu | slru | priority | adaptive (memory.eviction;
+    # adaptive follows the candidate with the least regret on shadow caches).
+    eviction_policy: str = "lru"
     session_lease_default_s: float = 30.0
     session_lease_cap_s: float = 600.0
     # The scheduling knobs: their defaults and meaning are SchedulerConfig's (one source).
@@ -178,6 +181,8 @@ class EngineConfig:
             errors.append(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             errors.append(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.eviction_policy not in ("lru", "lfu", "slru", "priority", "adaptive"):
+            errors.append(f"unknown eviction_policy {self.eviction_policy!r}")
         if self.session_leases not in ("on", "off"):
             errors.append(f"session_leases must be on or off, got {self.session_leases!r}")
         if not 0 < self.session_lease_default_s <= self.session_lease_cap_s:

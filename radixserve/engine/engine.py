@@ -161,6 +161,7 @@ class Engine:
         self.cache: PrefixCache = make_prefix_cache(cfg, self.allocator, pool, self.model_path)
         self.cache.pins.budget_pages = int(num_pages * cfg.pin_budget_fraction)
         self.cache.leases.config = lease_config(cfg)
+        self.cache.eviction.set_policy(cfg.eviction_policy)
         if cfg.kv_events_endpoint is not None:
             self.enable_kv_events(pool)
         max_model_len = cfg.max_model_len or mc.max_position_embeddings
@@ -395,6 +396,7 @@ class Engine:
             hit_rate=c.cached_prompt_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
             **hicache_stats(self.cache),
             **lease_stats(self.cache),
+            **self.cache.eviction.stats(),
         )
 
     def flush_cache(self) -> bool:

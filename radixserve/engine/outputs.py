@@ -116,6 +116,13 @@ class EngineStats(msgspec.Struct, frozen=True):
     lease_yielded_total: int = 0
     sessions_adopted_total: int = 0
     lease_lost_tokens_total: int = 0
+    # Eviction policy (memory.eviction): the configured one, the one followed now (adaptive's
+    # choice), adaptive's switches, and each candidate's regret on its shadow cache (tokens
+    # recomputed within the horizon of their eviction; adaptive only).
+    eviction_policy: str = "lru"
+    eviction_policy_active: str = "lru"
+    eviction_switches_total: int = 0
+    eviction_regret_tokens: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 def to_step_output(o: RequestOutput) -> StepOutput:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -105,7 +105,7 @@ def attach_kv_events(
         hierarchy.set_listener(recorder)
 
 
-def hicache_stats(cache: PrefixCache) -> dict[str, int]:
+def hicache_stats(cache: PrefixCache) -> dict[str, Any]:
     """The L2/L3 tiers' counters, as :class:`~radixserve.engine.outputs.EngineStats` fields
     (none without a hierarchy)."""
     hierarchy = getattr(cache, "hierarchy", None)
@@ -141,7 +141,7 @@ def lease_config(cfg: EngineConfig) -> LeaseConfig:
     )
 
 
-def lease_stats(cache: PrefixCache) -> dict[str, int]:
+def lease_stats(cache: PrefixCache) -> dict[str, Any]:
     """Session-lease gauges and counters, as :class:`~radixserve.engine.outputs.EngineStats`
     fields."""
     c = cache.leases.counters

@@ -110,11 +110,11 @@ def check_cache_invariants(cache: CacheInternals, private_pages: Iterable[int] =
         if want != indexed:
             _fail(f"evictable leaf set is off by {len(want ^ indexed)} nodes")
         newest_entry: dict[int, int] = {}
-        for last_access, node_id, node in index.heap_entries():
+        for stored, node_id, node in index.heap_entries():
             if node.id != node_id:
                 _fail("heap entry id does not match its node")
-            if node in want and last_access <= node.last_access:
-                newest_entry[node_id] = last_access
+            if node in want and stored <= index.key(node):
+                newest_entry[node_id] = stored
         if len(newest_entry) != len(want):
             _fail("an evictable leaf has no usable heap entry")
     leaves |= leased_leaves

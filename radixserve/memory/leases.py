@@ -22,9 +22,10 @@ which its pages leave by LRU order, only as many as are needed.
 The lease's length is learned per session: a high quantile of that session's own observed
 pauses (gap between the end of one turn and the admission of the next), times a margin,
 within ``[min_s, cap_s]``; ``default_s`` before it has any. A request without a session key
-joins one when its prompt extends an earlier request's prompt + answer: every finished turn
-marks the node that ends its path, and a later match passing through that node adopts the
-earlier turn's session (a chat re-sending its history).
+joins one when its prompt extends an earlier request's prompt + answer: every finished
+unkeyed turn marks the chained page hash of its path's end (its pages may be evicted
+since: the mark is a hash, not a node), and a later prompt whose page hashes pass through a
+mark adopts that turn's session (a chat re-sending its history).
 
 Sessions are keyed by ``(namespace, session_id)``: a tenant's sessions lease only its own
 namespace's paths and never collide with another tenant's ids.
@@ -36,10 +37,11 @@ import heapq
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from radixserve.memory.eviction.shadow import page_keys
 from radixserve.memory.tree_node import TreeNode
 
 __all__ = ["Lease", "LeaseConfig", "LeaseCounters", "LeaseTable", "SessionKey"]
@@ -148,7 +150,7 @@ class LeaseTable:
         self._by_age: list[tuple[float, int, int, Lease]] = []  # yield order
         self._live = 0
         self._seq = 0
-        self._turn_marks: OrderedDict[TreeNode, str] = OrderedDict()
+        self._turn_marks: OrderedDict[int, str] = OrderedDict()  # path-end page hash -> session
         self._auto = 0
 
     @property
@@ -183,18 +185,17 @@ class LeaseTable:
         s = self._sessions.get((namespace, session))
         return None if s is None else s.lease
 
-    def adopt(self, node: TreeNode) -> str | None:
-        """The session of an earlier turn whose path (prompt + answer) the match ending at
-        ``node`` passes through whole, if any: a chat re-sending its history. O(depth)."""
+    def adopt(self, prompt: Sequence[int], namespace: Hashable | None = None) -> str | None:
+        """The session of the latest earlier turn whose whole-page path (prompt + answer)
+        ``prompt`` extends, if any: a chat re-sending its history. O(len(prompt))."""
         if not self.enabled or not self._turn_marks:
             return None
-        n: TreeNode | None = node
-        while n is not None and n.parent is not None:
-            sid = self._turn_marks.get(n)
+        assert self.cache is not None
+        for key in reversed(page_keys(prompt, namespace, self.cache.page_size)):
+            sid = self._turn_marks.get(key)
             if sid is not None:
                 self.counters.adopted += 1
                 return sid
-            n = n.parent
         return None
 
     def turn_admitted(
@@ -225,11 +226,19 @@ class LeaseTable:
         lease), or, without a session, remember ``node`` so that a continuation adopts it."""
         if not self.enabled or node.parent is None:
             return
+        assert self.cache is not None
         if session is None:
             self._auto += 1
+            path: list[tuple[int, ...]] = []
+            n: TreeNode | None = node
+            while n is not None and n.parent is not None:
+                path.append(n.key)
+                n = n.parent
+            tokens = [t for key in reversed(path) for t in key]
+            mark = page_keys(tokens, namespace, self.cache.page_size)[-1]
             marks = self._turn_marks
-            marks[node] = f"auto-{self._auto}"
-            marks.move_to_end(node)
+            marks[mark] = f"auto-{self._auto}"
+            marks.move_to_end(mark)
             while len(marks) > self.config.max_turn_marks:
                 marks.popitem(last=False)
             return
@@ -238,7 +247,6 @@ class LeaseTable:
         s = self._session(key)
         if s.lease is not None:
             self._drop(s.lease)
-        assert self.cache is not None
         self.cache.add_lease(node)
         self._seq += 1
         lease = Lease(key, node, self.clock(), ttl, node.depth // self.cache.page_size, self._seq)
@@ -247,7 +255,6 @@ class LeaseTable:
         self.counters.granted += 1
         heapq.heappush(self._by_expiry, (lease.expires_at, lease.seq, lease))
         heapq.heappush(self._by_age, (lease.granted_at, -lease.pages, lease.seq, lease))
-        self._marks_forget_stale()
 
     def release(self, session: str, namespace: Hashable | None = None) -> bool:
         """The session closed: drop its lease and forget it. Returns whether it held one."""
@@ -314,14 +321,6 @@ class LeaseTable:
         if len(self._by_age) > 2 * self._live + 1024:
             self._by_age = [e for e in self._by_age if e[3].alive]
             heapq.heapify(self._by_age)
-
-    def _marks_forget_stale(self) -> None:
-        marks = self._turn_marks
-        while marks:
-            node = next(iter(marks))
-            if node.alive:
-                break
-            del marks[node]
 
     # ------------------------------------------------------------------ checks
     def check_invariants(self, nodes: Iterable[TreeNode]) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from radixserve.memory.allocator import PageAllocator
+from radixserve.memory.eviction.control import EvictionControl
 from radixserve.memory.leases import LeaseTable
 from radixserve.memory.pins import PinTable
 from radixserve.memory.tree_node import CachedPrefix, CacheStats, MatchResult, TreeNode
@@ -41,6 +42,7 @@ class NoPrefixCache:
         allocator.set_evictor(None, lambda: 0)
         self.pins = PinTable(self, budget_pages=0)  # never holds a pin: nothing is cached
         self.leases = LeaseTable(None)  # nor a lease
+        self.eviction = EvictionControl(None, 0, page_size)  # nor evicts
         self.listener: KVEventRecorder | None = None  # nothing to report either
 
     # Gauges: nothing is ever cached.

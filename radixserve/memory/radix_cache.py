@@ -34,6 +34,9 @@ Eviction takes least recently used unreferenced leaves first (``lru.EvictableLea
 set plus a heap with lazy invalidation, maintained incrementally, never a tree scan);
 removing a leaf may make its parent an unreferenced leaf, which joins the index then.
 Access times come from a monotonic counter (not wall time), so ties are deterministic.
+Leased leaves (a session's path between its turns, :mod:`~radixserve.memory.leases`) sit in
+a second index and go only when nothing unleased is left, after their lease yields; other
+orders than LRU (``--eviction-policy``, :mod:`~radixserve.memory.eviction`) re-key both.
 
 Complexity (n = nodes, L = query length, d = depth of the matched path in nodes):
     match_prefix / insert / cache_prefix  O(d) dict lookups + O(L) token compares in C slices
@@ -46,9 +49,10 @@ Complexity (n = nodes, L = query length, d = depth of the matched path in nodes)
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from radixserve.memory.allocator import PageAllocator
+from radixserve.memory.eviction.control import EvictionControl
 from radixserve.memory.leases import LeaseTable
 from radixserve.memory.lru import EvictableLeaves
 from radixserve.memory.pins import PinTable
@@ -83,6 +87,8 @@ class RadixCache:
         self._queried = self._hit = self._evicted = self._inserted = 0
         self._next_id = 0
         self._clock = 0
+        # The order of eviction (lru by default; memory.eviction): set before the indexes exist.
+        self.eviction = EvictionControl(self._rekey, allocator.num_pages, page_size)
         self._init_tree()
         self.pins = PinTable(self, budget_pages=0)  # the engine sets the budget
         self.leases = LeaseTable(self)  # session leases (the engine sets their config)
@@ -91,8 +97,9 @@ class RadixCache:
 
     def _init_tree(self) -> None:
         self._roots: dict[Hashable | None, TreeNode] = {}
-        self._lru = EvictableLeaves()  # unreferenced, unleased leaves: evicted first
-        self._leased_lru = EvictableLeaves()  # unreferenced leased leaves (memory.leases)
+        key = self.eviction.key
+        self._lru = EvictableLeaves(key)  # unreferenced, unleased leaves: evicted first
+        self._leased_lru = EvictableLeaves(key)  # unreferenced leased leaves (memory.leases)
         self._leased_pages = 0  # pages on some leased path
         self._tree_pages = 0
         self._protected = 0
@@ -161,6 +168,7 @@ class RadixCache:
         )
         upper.lock_ref = child.lock_ref
         upper.lease_ref = child.lease_ref
+        upper.hits, upper.priority = child.hits, child.priority
         parent.children[self._child_key(child.key)] = upper
         child.key = child.key[m:]
         child.pages = child.pages[m // ps :]
@@ -192,6 +200,7 @@ class RadixCache:
             if child is None:
                 break
             child.last_access = tick
+            child.hits += 1
             edge = child.key
             if key[pos : pos + len(edge)] == edge:
                 pages += child.pages
@@ -234,6 +243,11 @@ class RadixCache:
                 del self._roots[parent.namespace]  # don't keep one empty root per past tenant
         elif not parent.children and parent.lock_ref == 0:
             self._index(parent)
+
+    def _rekey(self, key: Callable[[TreeNode], Any]) -> None:
+        """The eviction policy changed: both leaf indexes follow ``key`` (O(leaves), once)."""
+        self._lru.rekey(key)
+        self._leased_lru.rekey(key)
 
     def _index(self, leaf: TreeNode) -> None:
         """``leaf`` just became an unreferenced leaf: into the leased or the unleased index."""

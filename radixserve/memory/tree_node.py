@@ -39,6 +39,8 @@ class TreeNode:
         "lock_ref",
         "holders",
         "lease_ref",
+        "hits",
+        "priority",
         "last_access",
         "alive",
         "namespace",
@@ -67,6 +69,10 @@ class TreeNode:
         # Session leases (memory.leases) whose path passes through this node; like lock_ref,
         # but a leased page stays evictable, only after every unleased one.
         self.lease_ref = 0
+        # Eviction policies other than LRU (memory.eviction): matches that passed through this
+        # node, and the highest priority of a request whose path it is on.
+        self.hits = 1
+        self.priority = 0
         self.last_access = last_access
         self.alive = True
         self.namespace = namespace  # only meaningful on roots

@@ -87,3 +87,38 @@ def test_a_running_request_takes_every_leased_page(tiny_llama_dir: Path, make_en
     s = engine.stats()
     assert s.lease_yielded_total >= 3 and s.retractions_total == 0
     engine.check_invariants()
+
+
+def test_priority_policy_keeps_the_high_priority_prefix(tiny_llama_dir: Path, make_engine) -> None:
+    """--eviction-policy priority: a priority-5 request's prefix outlives churn that LRU
+    would let push it out; the request's priority travels with it into the tree."""
+    system = random_prompts([48], seed=70)[0]
+    for policy, want in (("lru", 0), ("priority", 48)):
+        engine = make_engine(
+            tiny_llama_dir,
+            num_pages=POOL_PAGES,
+            page_size=PAGE,
+            session_leases="off",
+            eviction_policy=policy,
+        )
+        rid = engine.add_request(system + [7], greedy(4), priority=5)
+        run_to_completion(engine)
+        for p in random_prompts([56] * 6, seed=71):
+            _turn(engine, p, None)
+        cached, _ = _turn(engine, system + [9, 9, 9], None)
+        assert cached == want, (policy, rid)
+        assert engine.stats().eviction_policy == policy
+
+
+def test_adaptive_policy_reports_every_candidates_regret(tiny_llama_dir: Path, make_engine) -> None:
+    engine = make_engine(
+        tiny_llama_dir, num_pages=POOL_PAGES, page_size=PAGE, eviction_policy="adaptive"
+    )
+    hot = random_prompts([32], seed=80)[0]
+    for i, p in enumerate(random_prompts([56] * 6, seed=81)):
+        _turn(engine, hot + [i + 3], None, n=2)
+        _turn(engine, p, None, n=2)
+    s = engine.stats()
+    assert set(s.eviction_regret_tokens) == {"lru", "lfu", "slru", "priority"}
+    assert s.eviction_policy == "adaptive" and s.eviction_policy_active in s.eviction_regret_tokens
+    engine.check_invariants()

@@ -48,7 +48,7 @@ def turn(
     m = cache.match_prefix(list(tokens[:-1]), ns)
     cache.lock(m.node)
     if session is None:
-        session = cache.leases.adopt(m.node)
+        session = cache.leases.adopt(tokens, ns)
     if session is not None:
         cache.leases.turn_admitted(session, ns, len(tokens), m.matched_len)
     pages = m.pages + cache.allocator.alloc(len(tokens) // cache.page_size - len(m.pages))

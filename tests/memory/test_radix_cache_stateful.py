@@ -191,7 +191,7 @@ class CacheMachine(RuleBasedStateMachine):
         assert m.node.depth == m.matched_len
         self.cache.lock(m.node)
         if session is None:
-            session = self.cache.leases.adopt(m.node)
+            session = self.cache.leases.adopt(prompt, ns)
         if session is not None:
             self.cache.leases.turn_admitted(session, ns, len(prompt), m.matched_len)
         self.reqs[self.next_rid] = Req(
