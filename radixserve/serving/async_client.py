@@ -186,6 +186,7 @@ class AsyncClient:
         request_id: str | None = None,
         timeout: float | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> AsyncGenerator[Event, None]:
         """Yield chunks then the final; cancelling or closing the iterator early aborts."""
         rid = request_id or self._ids.next()
@@ -204,6 +205,7 @@ class AsyncClient:
                 namespace,
                 add_generation_prompt,
                 cache_salt,
+                priority,
             )
             await self._send(req)
             while True:

@@ -136,6 +136,7 @@ class Client:
         add_generation_prompt: bool = True,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> str:
         """Send a generate request and return its id without waiting (see :meth:`events`)."""
         rid = request_id or self._ids.next()
@@ -152,6 +153,7 @@ class Client:
             namespace,
             add_generation_prompt,
             cache_salt,
+            priority,
         )
         self._queues[rid] = deque()
         self._generating.add(rid)

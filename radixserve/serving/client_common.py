@@ -36,6 +36,7 @@ def generate_request(
     namespace: str | None,
     add_generation_prompt: bool,
     cache_salt: str | None = None,
+    priority: int = 0,
 ) -> p.GenerateRequest:
     """The :class:`GenerateRequest` both clients send (chat messages given as dicts are converted)."""
     chat = None
@@ -52,6 +53,7 @@ def generate_request(
         session_id=session_id,
         namespace=namespace,
         cache_salt=cache_salt,
+        priority=priority,
     )
 
 

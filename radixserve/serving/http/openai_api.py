@@ -117,6 +117,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             messages=messages,
             params=body.sampling(max_tokens, want_lp, i),
             cache_salt=salt,
+            priority=body.priority,
         )
         for i in range(body.n)
     ]
@@ -258,6 +259,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                     arrival=arrival,
                     params=body.sampling(max_tokens, body.logprobs, j),
                     cache_salt=salt,
+                    priority=body.priority,
                     **kw,
                 )
             )
