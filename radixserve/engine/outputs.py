@@ -38,6 +38,10 @@ class Usage(msgspec.Struct, frozen=True):
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    # Of ``cached_tokens``, those loaded back from the hierarchical cache's host memory (L2)
+    # and disk (L3); the rest were in device memory (L1).
+    cached_host_tokens: int = 0
+    cached_disk_tokens: int = 0
 
 
 class StepOutput(msgspec.Struct, frozen=True):
@@ -138,5 +142,11 @@ def to_step_output(o: RequestOutput) -> StepOutput:
         finished=o.finished,
         finish_reason=o.finish_reason,  # type: ignore[arg-type]
         error=o.error,
-        usage=Usage(o.prompt_tokens, o.cached_tokens, o.completion_tokens),
+        usage=Usage(
+            o.prompt_tokens,
+            o.cached_tokens,
+            o.completion_tokens,
+            o.cached_host_tokens,
+            o.cached_disk_tokens,
+        ),
     )

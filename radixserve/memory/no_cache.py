@@ -64,6 +64,9 @@ class NoPrefixCache:
             self.record_lookup(len(tokens), 0)
         return MatchResult([], 0, self._root)
 
+    def take_loaded(self, node: TreeNode) -> tuple[int, int]:
+        return (0, 0)
+
     def record_lookup(self, queried: int, hit: int) -> None:
         self._queried += queried
         self._hit += hit

@@ -169,6 +169,11 @@ class RadixCache:
         upper.lock_ref = child.lock_ref
         upper.lease_ref = child.lease_ref
         upper.hits, upper.priority = child.hits, child.priority
+        if child.loaded != (0, 0):  # pages loaded from L2 / L3: the leading ones go up
+            l2, l3 = child.loaded
+            up2 = min(l2, m // ps)
+            up3 = min(l3, m // ps - up2)
+            upper.loaded, child.loaded = (up2, up3), (l2 - up2, l3 - up3)
         parent.children[self._child_key(child.key)] = upper
         child.key = child.key[m:]
         child.pages = child.pages[m // ps :]
@@ -284,6 +289,21 @@ class RadixCache:
         if record_stats:
             self.record_lookup(len(tokens), matched)
         return MatchResult(pages, matched, node)
+
+    def take_loaded(self, node: TreeNode) -> tuple[int, int]:
+        """Pages on the path root..``node`` that a lower tier (L2, L3) loaded and no request
+        has used since; they count as used now (usage says where cached tokens came from)."""
+        l2 = l3 = 0
+        while node.parent is not None:
+            if node.loaded != (0, 0):
+                a, b = node.loaded
+                l2, l3 = (
+                    l2 + min(a, len(node.pages)),
+                    l3 + min(b, len(node.pages) - min(a, len(node.pages))),
+                )
+                node.loaded = (0, 0)
+            node = node.parent
+        return l2, l3
 
     def record_lookup(self, queried: int, hit: int) -> None:
         """Count one look-up of ``queried`` tokens of which ``hit`` were cached (for a caller

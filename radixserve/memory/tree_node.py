@@ -41,6 +41,7 @@ class TreeNode:
         "lease_ref",
         "hits",
         "priority",
+        "loaded",
         "last_access",
         "alive",
         "namespace",
@@ -73,6 +74,9 @@ class TreeNode:
         # node, and the highest priority of a request whose path it is on.
         self.hits = 1
         self.priority = 0
+        # Pages (from L2, from L3) a hierarchical cache loaded into this node and no request
+        # has used yet (usage: where cached tokens came from).
+        self.loaded = (0, 0)
         self.last_access = last_access
         self.alive = True
         self.namespace = namespace  # only meaningful on roots

@@ -52,3 +52,27 @@ def test_session_and_priority_cross_the_wire() -> None:
     got = p.decode_to_worker(p.encode(wreq))
     assert isinstance(got, p.WorkerAdd)
     assert (got.requests[0].session_id, got.requests[0].priority) == ("agent-1", 4)
+
+
+def test_usage_says_which_tier_the_cached_tokens_came_from() -> None:
+    from radixserve.serving.http.openai_api import usage
+
+    final = p.GenerateFinal(
+        request_id="r",
+        finish_reason="stop",
+        text="",
+        token_ids=[1],
+        usage=p.Usage(
+            prompt_tokens=100,
+            cached_tokens=80,
+            completion_tokens=1,
+            cached_host_tokens=30,
+            cached_disk_tokens=10,
+        ),
+        timings=p.Timings(),
+    )
+    details = usage([[final]])["prompt_tokens_details"]
+    assert details == {
+        "cached_tokens": 80,
+        "cached_tokens_by_tier": {"device": 40, "host": 30, "disk": 10},
+    }
