@@ -16,7 +16,9 @@ anything else would fail the data checks of the requests and matches that use it
 
 Session leases ride along: a finished request leases its path to its session (or marks it
 for adoption when it has none), the clock runs leases out, sessions close; eviction must
-take every unleased page before any leased one, and pages still always add up.
+take every unleased page before any leased one, and pages still always add up. Each
+example draws an eviction policy (lru, lfu, slru, priority, adaptive, which re-keys the
+leaf indexes when it switches); the LRU-order check applies to lru.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from radixserve.memory import (
     RadixCache,
     TreeNode,
 )
+from radixserve.memory.eviction.control import mark_priority
 from radixserve.memory.hi_radix_cache import HiRadixCache
 from radixserve.memory.hierarchy import KVHierarchy
 from radixserve.memory.leases import LeaseConfig
@@ -73,10 +76,18 @@ class CacheMachine(RuleBasedStateMachine):
         disabled=st.sampled_from([False, False, False, True]),
         tiers=st.sampled_from(["L1", "L1", "L2", "L3"]),
         host_pages=st.integers(1, 24),
+        policy=st.sampled_from(["lru", "lru", "lfu", "slru", "priority", "adaptive"]),
     )
     def setup(
-        self, page_size: int, num_pages: int, disabled: bool, tiers: str, host_pages: int
+        self,
+        page_size: int,
+        num_pages: int,
+        disabled: bool,
+        tiers: str,
+        host_pages: int,
+        policy: str,
     ) -> None:
+        self.policy = policy
         self.ps = page_size
         self.num_pages = num_pages
         self.host_pages = host_pages
@@ -108,6 +119,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache.pins.clock = lambda: self.now
         self.cache.leases.clock = lambda: self.now
         self.cache.leases.config = LeaseConfig(default_s=2.0, min_s=0.5, cap_s=6.0)
+        self.cache.eviction.clock = lambda: self.now
+        self.cache.eviction.set_policy(self.policy, window=4)
 
     def teardown(self) -> None:
         if getattr(self, "storage", None):
@@ -194,6 +207,9 @@ class CacheMachine(RuleBasedStateMachine):
             session = self.cache.leases.adopt(prompt, ns)
         if session is not None:
             self.cache.leases.turn_admitted(session, ns, len(prompt), m.matched_len)
+        self.cache.eviction.observe(prompt, ns, base)  # adaptive may switch (re-key) here
+        if base and not m.node.is_root:
+            mark_priority(m.node, base)
         self.reqs[self.next_rid] = Req(
             prompt, ns, prompt[: m.matched_len], list(m.pages), m.node, session
         )
@@ -265,7 +281,7 @@ class CacheMachine(RuleBasedStateMachine):
         kept = [
             (x.last_access, x.id) for x in leaves_before if x.alive and len(x.pages) == sizes[x]
         ]
-        if touched and kept:
+        if touched and kept and self.policy == "lru":
             assert max(touched) < min(kept)
 
     @rule(
