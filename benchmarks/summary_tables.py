@@ -190,6 +190,40 @@ def table_hicache() -> str:
     return "\n".join(out)
 
 
+SESSIONS = ("bench_sessions.json", "bench_sessions_unkeyed.json", "bench_sessions_long_pauses.json")
+
+
+def table_sessions() -> str:
+    """Agents through tool pauses (bench_sessions.py): counts over simulated time, per config."""
+    out = _head(
+        "result file",
+        "agents keyed, pool x context, pauses (s)",
+        "config",
+        "returning turns' previous context cached: mean",
+        "p10",
+        "turns >= 95 %",
+        "agent tokens computed",
+        align="lllrrrr",
+    )
+    for name in SESSIONS:
+        d = load(name)
+        a = d["args"]
+        shape = f"{a['keyed']}, {a['pool_x']}x, {a['pause_min']:g}-{a['pause_max']:g}"
+        for config, r in d["results"].items():
+            out.append(
+                _row(
+                    name,
+                    shape,
+                    config,
+                    f"{r['cached_fraction_mean']:.3f}",
+                    f"{r['cached_fraction_p10']:.3f}",
+                    f"{r['turns_at_least_95pct']:.3f}",
+                    r["agent_tokens_computed"],
+                )
+            )
+    return "\n".join(out)
+
+
 def table_index() -> str:
     out = _head("result file", "command", "date", "commit", "machine", align="lllll")
     for name, e in sorted(index().items()):
@@ -206,5 +240,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "llamacpp_f32": table_llamacpp_f32,
     "quant": table_quant,
     "hicache": table_hicache,
+    "sessions": table_sessions,
     "index": table_index,
 }

@@ -70,6 +70,15 @@ class EngineConfig:
     kv_events_topic: str = "kv-events"
     # At most this fraction of the KV pool may be pinned by requests' pin_ttl_s.
     pin_budget_fraction: float = 0.25
+    # Session leases (memory.leases): a finished turn's path stays cached, evicted after
+    # everything unleased, for a time learned from the session's own pauses (a default
+    # before any was seen, at most the cap). "off": plain LRU.
+    session_leases: str = "on"
+    # Which evictable leaves go first: lru | lfu | slru | priority | adaptive (memory.eviction;
+    # adaptive follows the candidate with the least regret on shadow caches).
+    eviction_policy: str = "lru"
+    session_lease_default_s: float = 30.0
+    session_lease_cap_s: float = 600.0
     # The scheduling knobs: their defaults and meaning are SchedulerConfig's (one source).
     schedule_policy: str = SchedulerConfig.schedule_policy  # "lpm" | "fcfs"
     lpm_max_bypass: int = SchedulerConfig.lpm_max_bypass
@@ -172,6 +181,12 @@ class EngineConfig:
             errors.append(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             errors.append(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.eviction_policy not in ("lru", "lfu", "slru", "priority", "adaptive"):
+            errors.append(f"unknown eviction_policy {self.eviction_policy!r}")
+        if self.session_leases not in ("on", "off"):
+            errors.append(f"session_leases must be on or off, got {self.session_leases!r}")
+        if not 0 < self.session_lease_default_s <= self.session_lease_cap_s:
+            errors.append("session leases need 0 < session_lease_default_s <= session_lease_cap_s")
         if not 0.0 <= self.pin_budget_fraction <= 1.0:
             errors.append(f"pin_budget_fraction must be in [0, 1], got {self.pin_budget_fraction}")
         if self.hicache_dtype not in ("auto", "bfloat16", "fp8_e4m3", "int8"):

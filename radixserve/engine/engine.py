@@ -43,6 +43,8 @@ from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, t
 from radixserve.engine.prefix_cache import (
     attach_kv_events,
     hicache_stats,
+    lease_config,
+    lease_stats,
     make_prefix_cache,
     persist_prefix_cache,
 )
@@ -183,6 +185,8 @@ class Engine:
         self.allocator = PageAllocator(num_pages)
         self.cache: PrefixCache = make_prefix_cache(cfg, self.allocator, pool, self.model_path)
         self.cache.pins.budget_pages = int(num_pages * cfg.pin_budget_fraction)
+        self.cache.leases.config = lease_config(cfg)
+        self.cache.eviction.set_policy(cfg.eviction_policy)
         if cfg.kv_events_endpoint is not None:
             self.enable_kv_events(pool)
         self.max_model_len = cfg.max_model_len or self.model_config.max_position_embeddings
@@ -242,11 +246,20 @@ class Engine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         namespace: str | None = None,
+        session_id: str | None = None,
+        priority: int = 0,
     ) -> str:
         """Queue a request; returns its id. Raises ``ValueError`` for invalid parameters,
-        an empty or out-of-vocabulary prompt, one too long to ever fit, or a duplicate id."""
+        an empty or out-of-vocabulary prompt, one too long to ever fit, or a duplicate id.
+        ``session_id``: the session it is a turn of (its path is leased when it ends)."""
         req = self.intake.make_request(
-            prompt_token_ids, params, request_id, namespace, self.scheduler.requests
+            prompt_token_ids,
+            params,
+            request_id,
+            namespace,
+            self.scheduler.requests,
+            session_id=session_id,
+            priority=priority,
         )
         self.scheduler.add(req)
         return req.request_id
@@ -337,6 +350,8 @@ class Engine:
             aborted_total=c.aborted,
             hit_rate=c.cached_prompt_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
             **hicache_stats(self.cache),
+            **lease_stats(self.cache),
+            **self.cache.eviction.stats(),
         )
 
     def flush_cache(self) -> bool:

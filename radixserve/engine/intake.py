@@ -50,6 +50,8 @@ class RequestIntake:
         request_id: str | None,
         namespace: str | None,
         taken_ids: Container[str] = (),
+        session_id: str | None = None,
+        priority: int = 0,
     ) -> Request:
         """A new request (a fresh id when ``request_id`` is None); ``taken_ids``: the ids
         in use, which ``request_id`` must not repeat."""
@@ -77,6 +79,8 @@ class RequestIntake:
             params,
             self.max_total_len,
             namespace=namespace,
+            session_id=session_id,
+            priority=priority,
             generator=gen,
             grammar=grammar,
         )

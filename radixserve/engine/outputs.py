@@ -38,6 +38,10 @@ class Usage(msgspec.Struct, frozen=True):
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    # Of ``cached_tokens``, those loaded back from the hierarchical cache's host memory (L2)
+    # and disk (L3); the rest were in device memory (L1).
+    cached_host_tokens: int = 0
+    cached_disk_tokens: int = 0
 
 
 class StepOutput(msgspec.Struct, frozen=True):
@@ -104,6 +108,25 @@ class EngineStats(msgspec.Struct, frozen=True):
     loaded_storage_pages_total: int = 0
     storage_written_pages_total: int = 0
     storage_corrupt_pages_total: int = 0
+    # Session leases (memory.leases): pages on leased paths and leases held now; leases
+    # granted, turns that found their lease, leases run out, yielded to memory pressure;
+    # unkeyed chats adopted as sessions; prompt tokens a returning turn recomputed that its
+    # lost lease had held (what a longer lease would have saved).
+    leased_pages: int = 0
+    leases_active: int = 0
+    leases_granted_total: int = 0
+    lease_hits_total: int = 0
+    lease_expired_total: int = 0
+    lease_yielded_total: int = 0
+    sessions_adopted_total: int = 0
+    lease_lost_tokens_total: int = 0
+    # Eviction policy (memory.eviction): the configured one, the one followed now (adaptive's
+    # choice), adaptive's switches, and each candidate's regret on its shadow cache (tokens
+    # recomputed within the horizon of their eviction; adaptive only).
+    eviction_policy: str = "lru"
+    eviction_policy_active: str = "lru"
+    eviction_switches_total: int = 0
+    eviction_regret_tokens: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 def to_step_output(o: RequestOutput) -> StepOutput:
@@ -119,5 +142,11 @@ def to_step_output(o: RequestOutput) -> StepOutput:
         finished=o.finished,
         finish_reason=o.finish_reason,  # type: ignore[arg-type]
         error=o.error,
-        usage=Usage(o.prompt_tokens, o.cached_tokens, o.completion_tokens),
+        usage=Usage(
+            o.prompt_tokens,
+            o.cached_tokens,
+            o.completion_tokens,
+            o.cached_host_tokens,
+            o.cached_disk_tokens,
+        ),
     )

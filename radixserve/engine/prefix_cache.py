@@ -15,12 +15,13 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from radixserve.engine.config import EngineConfig
 from radixserve.memory import NoPrefixCache, PageAllocator, PrefixCache, RadixCache
+from radixserve.memory.leases import LeaseConfig
 
 if TYPE_CHECKING:
     from radixserve.memory.pool import KVPool
@@ -104,7 +105,7 @@ def attach_kv_events(
         hierarchy.set_listener(recorder)
 
 
-def hicache_stats(cache: PrefixCache) -> dict[str, int]:
+def hicache_stats(cache: PrefixCache) -> dict[str, Any]:
     """The L2/L3 tiers' counters, as :class:`~radixserve.engine.outputs.EngineStats` fields
     (none without a hierarchy)."""
     hierarchy = getattr(cache, "hierarchy", None)
@@ -129,3 +130,28 @@ def persist_prefix_cache(cache: PrefixCache | None, storage_dir: str | None) -> 
         n = persist()
         if n:
             logger.info("hierarchical cache: wrote %d KV pages to %s", n, storage_dir)
+
+
+def lease_config(cfg: EngineConfig) -> LeaseConfig:
+    """The session leases the engine's flags ask for (memory.leases)."""
+    return LeaseConfig(
+        enabled=cfg.session_leases == "on",
+        default_s=cfg.session_lease_default_s,
+        cap_s=cfg.session_lease_cap_s,
+    )
+
+
+def lease_stats(cache: PrefixCache) -> dict[str, Any]:
+    """Session-lease gauges and counters, as :class:`~radixserve.engine.outputs.EngineStats`
+    fields."""
+    c = cache.leases.counters
+    return {
+        "leased_pages": cache.num_leased_pages,
+        "leases_active": len(cache.leases),
+        "leases_granted_total": c.granted,
+        "lease_hits_total": c.hits,
+        "lease_expired_total": c.expired,
+        "lease_yielded_total": c.yielded,
+        "sessions_adopted_total": c.adopted,
+        "lease_lost_tokens_total": c.lost_tokens,
+    }

@@ -22,6 +22,8 @@ class CacheInternals(Protocol):
     _clock: int
     _roots: dict[Hashable | None, TreeNode]
     _lru: EvictableLeaves
+    _leased_lru: EvictableLeaves
+    _leased_pages: int
     _tree_pages: int
     _protected: int
 
@@ -44,8 +46,9 @@ def check_cache_invariants(cache: CacheInternals, private_pages: Iterable[int] =
         _fail("a private page is held twice")
 
     tree_pages: list[int] = []
-    protected = 0
+    protected = leased = 0
     leaves: set[TreeNode] = set()
+    leased_leaves: set[TreeNode] = set()
     for ns, root in cache._roots.items():
         if (
             root.parent is not None
@@ -84,10 +87,14 @@ def check_cache_invariants(cache: CacheInternals, private_pages: Iterable[int] =
                     f"node used more recently than its parent (walks touch whole paths): {node!r}"
                 )
             tree_pages.extend(node.pages)
+            if node.lease_ref < max((c.lease_ref for c in node.children.values()), default=0):
+                _fail(f"a leased node under an unleased one: {node!r}")
+            if node.lease_ref > 0:
+                leased += len(node.pages)
             if node.lock_ref > 0:
                 protected += len(node.pages)
             elif not node.children:
-                leaves.add(node)
+                (leased_leaves if node.lease_ref > 0 else leaves).add(node)
 
     tree_set = set(tree_pages)
     if len(tree_set) != len(tree_pages):
@@ -96,17 +103,21 @@ def check_cache_invariants(cache: CacheInternals, private_pages: Iterable[int] =
         _fail(f"cached page gauge {cache._tree_pages} != {len(tree_pages)} pages in the tree")
     if protected != cache._protected:
         _fail(f"protected gauge {cache._protected} != {protected}")
-    indexed = set(cache._lru)
-    if leaves != indexed:
-        _fail(f"evictable leaf set is off by {len(leaves ^ indexed)} nodes")
-    newest_entry: dict[int, int] = {}
-    for last_access, node_id, node in cache._lru.heap_entries():
-        if node.id != node_id:
-            _fail("heap entry id does not match its node")
-        if node in leaves and last_access <= node.last_access:
-            newest_entry[node_id] = last_access
-    if len(newest_entry) != len(leaves):
-        _fail("an evictable leaf has no usable heap entry")
+    if leased != cache._leased_pages:
+        _fail(f"leased page gauge {cache._leased_pages} != {leased}")
+    for want, index in ((leaves, cache._lru), (leased_leaves, cache._leased_lru)):
+        indexed = set(index)
+        if want != indexed:
+            _fail(f"evictable leaf set is off by {len(want ^ indexed)} nodes")
+        newest_entry: dict[int, int] = {}
+        for stored, node_id, node in index.heap_entries():
+            if node.id != node_id:
+                _fail("heap entry id does not match its node")
+            if node in want and stored <= index.key(node):
+                newest_entry[node_id] = stored
+        if len(newest_entry) != len(want):
+            _fail("an evictable leaf has no usable heap entry")
+    leaves |= leased_leaves
 
     for a, b, what in (
         (free, tree_set, "free and cached"),

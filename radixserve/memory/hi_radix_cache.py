@@ -76,7 +76,14 @@ class HiRadixCache(RadixCache):
         """
         m = super().match_prefix(tokens, namespace, record_stats=False)
         if len(tokens) - m.matched_len >= self.page_size:
+            before = self.hierarchy.stats
             m = self._load_back(tokens, namespace, m)
+            after = self.hierarchy.stats
+            if m.node.parent is not None:  # the new leaf remembers where its pages came from
+                m.node.loaded = (
+                    after.loaded_l2_pages - before.loaded_l2_pages,
+                    after.loaded_l3_pages - before.loaded_l3_pages,
+                )
         if record_stats:
             self.record_lookup(len(tokens), m.matched_len)
         return m

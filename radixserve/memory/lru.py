@@ -1,7 +1,9 @@
-"""The radix cache's eviction index: its unreferenced leaves, least recently used first.
+"""The radix cache's eviction index: its unreferenced leaves, least recently used first
+(or in another eviction policy's order: ``key``, see :mod:`radixserve.memory.eviction`).
 
 A set says which nodes are evictable leaves right now; a heap of
-``(last_access, node_id, node)`` entries orders them, with lazy invalidation:
+``(key(node), node_id, node)`` entries orders them, with lazy invalidation (a policy's key
+only ever grows while a node lives: access time, hit count, priority):
 
 * a node that stops being an evictable leaf (locked, got a child, evicted) only leaves the
   set; its heap entries go stale and are dropped when they reach the top;
@@ -17,19 +19,25 @@ entries outnumber live ones, so it stays O(evictable leaves) and the rebuild is 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from radixserve.memory.tree_node import TreeNode
 
 
+def lru_key(node: TreeNode) -> Any:
+    return node.last_access
+
+
 class EvictableLeaves:
-    """Unreferenced leaves of a radix tree, ordered by (last_access, node id)."""
+    """Unreferenced leaves of a radix tree, ordered by (``key(node)``, node id); LRU by default."""
 
-    __slots__ = ("_set", "_heap")
+    __slots__ = ("_set", "_heap", "key")
 
-    def __init__(self) -> None:
+    def __init__(self, key: Callable[[TreeNode], Any] = lru_key) -> None:
         self._set: set[TreeNode] = set()
-        self._heap: list[tuple[int, int, TreeNode]] = []
+        self._heap: list[tuple[Any, int, TreeNode]] = []
+        self.key = key
 
     def __len__(self) -> int:
         return len(self._set)
@@ -43,10 +51,15 @@ class EvictableLeaves:
     def add(self, node: TreeNode) -> None:
         """``node`` just became an unreferenced leaf."""
         self._set.add(node)
-        heapq.heappush(self._heap, (node.last_access, node.id, node))
+        heapq.heappush(self._heap, (self.key(node), node.id, node))
         if len(self._heap) > 2 * len(self._set) + 1024:
-            self._heap = [(n.last_access, n.id, n) for n in self._set]
-            heapq.heapify(self._heap)
+            self.rekey(self.key)
+
+    def rekey(self, key: Callable[[TreeNode], Any]) -> None:
+        """Order by ``key`` from now on (a policy switch): O(n) once."""
+        self.key = key
+        self._heap = [(key(n), n.id, n) for n in self._set]
+        heapq.heapify(self._heap)
 
     def discard(self, node: TreeNode) -> None:
         """``node`` is no longer an unreferenced leaf (its heap entries go stale)."""
@@ -54,17 +67,17 @@ class EvictableLeaves:
 
     def peek_lru(self) -> TreeNode | None:
         """The least recently used evictable leaf, or None. Drops stale entries on the way."""
-        heap, live = self._heap, self._set
+        heap, live, key = self._heap, self._set, self.key
         while heap:
-            last_access, _, node = heap[0]
+            stored, _, node = heap[0]
             if node not in live:
                 heapq.heappop(heap)
-            elif last_access != node.last_access:
-                heapq.heapreplace(heap, (node.last_access, node.id, node))
+            elif stored != (now := key(node)):
+                heapq.heapreplace(heap, (now, node.id, node))
             else:
                 return node
         return None
 
-    def heap_entries(self) -> list[tuple[int, int, TreeNode]]:
+    def heap_entries(self) -> list[tuple[Any, int, TreeNode]]:
         """The raw heap (for invariant checks)."""
         return list(self._heap)

@@ -15,6 +15,8 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from radixserve.memory.allocator import PageAllocator
+from radixserve.memory.eviction.control import EvictionControl
+from radixserve.memory.leases import LeaseTable
 from radixserve.memory.pins import PinTable
 from radixserve.memory.prefix_cache import PrefixCache
 from radixserve.memory.tree_node import CachedPrefix, CacheStats, MatchResult, TreeNode
@@ -40,12 +42,19 @@ class NoPrefixCache(PrefixCache):
         self._root = TreeNode(0, (), [], None, 0, 0, None)
         allocator.set_evictor(None, lambda: 0)
         self.pins = PinTable(self, budget_pages=0)  # never holds a pin: nothing is cached
+        self.leases = LeaseTable(None)  # nor a lease
+        self.eviction = EvictionControl(None, 0, page_size)  # nor evicts
         self.listener: KVEventRecorder | None = None  # nothing to report either
 
     # Gauges: nothing is ever cached.
     num_cached_pages = 0
     num_evictable_pages = 0
     num_protected_pages = 0
+
+    @property
+    def num_leased_pages(self) -> int:
+        return 0  # nothing is cached, so nothing is leased
+
     total_cached_tokens = 0
 
     @property
@@ -59,6 +68,9 @@ class NoPrefixCache(PrefixCache):
         if record_stats:
             self.record_lookup(len(tokens), 0)
         return MatchResult([], 0, self._root)
+
+    def take_loaded(self, node: TreeNode) -> tuple[int, int]:
+        return (0, 0)
 
     def record_lookup(self, queried: int, hit: int) -> None:
         self._queried += queried

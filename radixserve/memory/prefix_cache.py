@@ -30,7 +30,9 @@ from radixserve.memory.tree_node import CachedPrefix, CacheStats, MatchResult, T
 
 if TYPE_CHECKING:
     from radixserve.memory.allocator import PageAllocator
+    from radixserve.memory.eviction.control import EvictionControl
     from radixserve.memory.kv_events import KVEventRecorder
+    from radixserve.memory.leases import LeaseTable
     from radixserve.memory.pins import PinTable
 
 __all__ = ["PrefixCache"]
@@ -46,6 +48,10 @@ class PrefixCache(ABC):
     page_size: int
     #: Prefixes held against eviction (``/pin``); the engine sets the page budget.
     pins: PinTable
+    #: Sessions' leased paths, kept through their pauses (``memory.leases``).
+    leases: LeaseTable
+    #: The eviction policy and its regret accounting (``memory.eviction``).
+    eviction: EvictionControl
     #: Where KV cache events go, when the engine records them.
     listener: KVEventRecorder | None
 
@@ -54,6 +60,11 @@ class PrefixCache(ABC):
     @abstractmethod
     def num_cached_pages(self) -> int:
         """Pages the cache holds (evictable + protected)."""
+
+    @property
+    @abstractmethod
+    def num_leased_pages(self) -> int:
+        """Cached pages on some session's leased path (evicted only after every unleased one)."""
 
     @property
     @abstractmethod
@@ -82,6 +93,11 @@ class PrefixCache(ABC):
     ) -> MatchResult:
         """Longest cached prefix of ``tokens`` in ``namespace``, rounded down to whole pages.
         May refresh access times and split an edge; does not lock (call :meth:`lock`)."""
+
+    @abstractmethod
+    def take_loaded(self, node: TreeNode) -> tuple[int, int]:
+        """Pages on the path root..``node`` that a lower tier (L2, L3) loaded and no request
+        used since, as (L2, L3); they count as used from now on (usage by tier)."""
 
     @abstractmethod
     def record_lookup(self, queried: int, hit: int) -> None:

@@ -34,6 +34,9 @@ Eviction takes least recently used unreferenced leaves first (``lru.EvictableLea
 set plus a heap with lazy invalidation, maintained incrementally, never a tree scan);
 removing a leaf may make its parent an unreferenced leaf, which joins the index then.
 Access times come from a monotonic counter (not wall time), so ties are deterministic.
+Leased leaves (a session's path between its turns, :mod:`~radixserve.memory.leases`) sit in
+a second index and go only when nothing unleased is left, after their lease yields; other
+orders than LRU (``--eviction-policy``, :mod:`~radixserve.memory.eviction`) re-key both.
 
 Complexity (n = nodes, L = query length, d = depth of the matched path in nodes):
     match_prefix / insert / cache_prefix  O(d) dict lookups + O(L) token compares in C slices
@@ -46,9 +49,11 @@ Complexity (n = nodes, L = query length, d = depth of the matched path in nodes)
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from radixserve.memory.allocator import PageAllocator
+from radixserve.memory.eviction.control import EvictionControl
+from radixserve.memory.leases import LeaseTable
 from radixserve.memory.lru import EvictableLeaves
 from radixserve.memory.pins import PinTable
 from radixserve.memory.prefix_cache import PrefixCache
@@ -83,14 +88,20 @@ class RadixCache(PrefixCache):
         self._queried = self._hit = self._evicted = self._inserted = 0
         self._next_id = 0
         self._clock = 0
+        # The order of eviction (lru by default; memory.eviction): set before the indexes exist.
+        self.eviction = EvictionControl(self._rekey, allocator.num_pages, page_size)
         self._init_tree()
         self.pins = PinTable(self, budget_pages=0)  # the engine sets the budget
+        self.leases = LeaseTable(self)  # session leases (the engine sets their config)
         self.listener: KVEventRecorder | None = None  # KV events (the engine sets one when asked)
         allocator.set_evictor(self.evict, lambda: self.num_evictable_pages)
 
     def _init_tree(self) -> None:
         self._roots: dict[Hashable | None, TreeNode] = {}
-        self._lru = EvictableLeaves()  # unreferenced leaves: exactly the evictable ones
+        key = self.eviction.key
+        self._lru = EvictableLeaves(key)  # unreferenced, unleased leaves: evicted first
+        self._leased_lru = EvictableLeaves(key)  # unreferenced leased leaves (memory.leases)
+        self._leased_pages = 0  # pages on some leased path
         self._tree_pages = 0
         self._protected = 0
         self._root(None)
@@ -110,6 +121,11 @@ class RadixCache(PrefixCache):
     def num_protected_pages(self) -> int:
         """Tree pages on some locked path (in use)."""
         return self._protected
+
+    @property
+    def num_leased_pages(self) -> int:
+        """Tree pages on some session's leased path (evicted only after every unleased one)."""
+        return self._leased_pages
 
     @property
     def total_cached_tokens(self) -> int:
@@ -152,6 +168,13 @@ class RadixCache(PrefixCache):
             child.last_access,
         )
         upper.lock_ref = child.lock_ref
+        upper.lease_ref = child.lease_ref
+        upper.hits, upper.priority = child.hits, child.priority
+        if child.loaded != (0, 0):  # pages loaded from L2 / L3: the leading ones go up
+            l2, l3 = child.loaded
+            up2 = min(l2, m // ps)
+            up3 = min(l3, m // ps - up2)
+            upper.loaded, child.loaded = (up2, up3), (l2 - up2, l3 - up3)
         parent.children[self._child_key(child.key)] = upper
         child.key = child.key[m:]
         child.pages = child.pages[m // ps :]
@@ -183,6 +206,7 @@ class RadixCache(PrefixCache):
             if child is None:
                 break
             child.last_access = tick
+            child.hits += 1
             edge = child.key
             if key[pos : pos + len(edge)] == edge:
                 pages += child.pages
@@ -201,7 +225,7 @@ class RadixCache(PrefixCache):
 
     def _add_leaf(self, parent: TreeNode, key: tuple[int, ...], pages: list[int]) -> TreeNode:
         if parent.parent is not None and parent.lock_ref == 0 and not parent.children:
-            self._lru.discard(parent)  # its heap entry goes stale
+            self._unindex(parent)  # its heap entry goes stale
         leaf = TreeNode(self._new_id(), key, pages, parent, parent.depth + len(key), self._clock)
         parent.children[self._child_key(key)] = leaf
         self._tree_pages += len(pages)
@@ -215,7 +239,7 @@ class RadixCache(PrefixCache):
         parent = node.parent
         assert parent is not None
         del parent.children[self._child_key(node.key)]
-        self._lru.discard(node)
+        self._unindex(node)
         node.alive = False
         self._tree_pages -= len(node.pages)
         self._before_evict(node, 0)
@@ -224,7 +248,20 @@ class RadixCache(PrefixCache):
             if not parent.children and parent.namespace is not None:
                 del self._roots[parent.namespace]  # don't keep one empty root per past tenant
         elif not parent.children and parent.lock_ref == 0:
-            self._lru.add(parent)
+            self._index(parent)
+
+    def _rekey(self, key: Callable[[TreeNode], Any]) -> None:
+        """The eviction policy changed: both leaf indexes follow ``key`` (O(leaves), once)."""
+        self._lru.rekey(key)
+        self._leased_lru.rekey(key)
+
+    def _index(self, leaf: TreeNode) -> None:
+        """``leaf`` just became an unreferenced leaf: into the leased or the unleased index."""
+        (self._leased_lru if leaf.lease_ref else self._lru).add(leaf)
+
+    def _unindex(self, node: TreeNode) -> None:
+        self._lru.discard(node)
+        self._leased_lru.discard(node)
 
     # ---------------------------------------------------------------- public API
     def match_prefix(
@@ -253,6 +290,21 @@ class RadixCache(PrefixCache):
         if record_stats:
             self.record_lookup(len(tokens), matched)
         return MatchResult(pages, matched, node)
+
+    def take_loaded(self, node: TreeNode) -> tuple[int, int]:
+        """Pages on the path root..``node`` that a lower tier (L2, L3) loaded and no request
+        has used since; they count as used now (usage says where cached tokens came from)."""
+        l2 = l3 = 0
+        while node.parent is not None:
+            if node.loaded != (0, 0):
+                a, b = node.loaded
+                l2, l3 = (
+                    l2 + min(a, len(node.pages)),
+                    l3 + min(b, len(node.pages) - min(a, len(node.pages))),
+                )
+                node.loaded = (0, 0)
+            node = node.parent
+        return l2, l3
 
     def record_lookup(self, queried: int, hit: int) -> None:
         """Count one look-up of ``queried`` tokens of which ``hit`` were cached (for a caller
@@ -291,7 +343,7 @@ class RadixCache(PrefixCache):
             if node.lock_ref == 0:
                 self._protected += len(node.pages)
                 if not node.children:
-                    self._lru.discard(node)
+                    self._unindex(node)
             node.lock_ref += 1
             node = node.parent
 
@@ -307,7 +359,7 @@ class RadixCache(PrefixCache):
             if node.lock_ref == 0:
                 self._protected -= len(node.pages)
                 if not node.children:
-                    self._lru.add(node)
+                    self._index(node)
             node = node.parent
 
     def insert(
@@ -393,6 +445,8 @@ class RadixCache(PrefixCache):
         while freed < n_pages:
             node = self._lru.peek_lru()
             if node is None:
+                if self.leases.yield_one():  # unleased pages are gone: the oldest lease yields
+                    continue
                 break
             need = n_pages - freed
             if len(node.pages) > need:
@@ -411,6 +465,33 @@ class RadixCache(PrefixCache):
             self._remove_leaf(node)
         self._evicted += freed
         return freed
+
+    def add_lease(self, node: TreeNode) -> None:
+        """One more session lease on the path root..``node`` (:mod:`~radixserve.memory.leases`).
+
+        O(depth). A leased unreferenced leaf moves to the leased index: eviction takes it
+        only after every unleased leaf (and only once its lease yields)."""
+        if node.parent is None or not node.alive:
+            raise RuntimeError(f"add_lease() on a root or an evicted node: {node!r}")
+        while node.parent is not None:
+            if node.lease_ref == 0:
+                self._leased_pages += len(node.pages)
+                if node.lock_ref == 0 and not node.children:
+                    self._lru.discard(node)
+                    self._leased_lru.add(node)
+            node.lease_ref += 1
+            node = node.parent
+
+    def drop_lease(self, node: TreeNode) -> None:
+        """Drop one lease taken by :meth:`add_lease`; the path's pages become ordinary cache."""
+        while node.parent is not None:
+            node.lease_ref -= 1
+            if node.lease_ref == 0:
+                self._leased_pages -= len(node.pages)
+                if node.lock_ref == 0 and not node.children:
+                    self._leased_lru.discard(node)
+                    self._lru.add(node)
+            node = node.parent
 
     def _before_evict(self, node: TreeNode, keep: int) -> None:
         """``node.pages[keep:]`` are about to leave L1 (a tiered cache demotes them too)."""
@@ -433,6 +514,7 @@ class RadixCache(PrefixCache):
     def reset(self) -> None:
         """Drop every cached prefix and free its pages. Requires no locks held; counters survive."""
         self.pins.clear()
+        self.leases.clear()
         if self._protected or any(r.lock_ref for r in self._roots.values()):
             raise RuntimeError(
                 f"reset() with {self._protected} pages still locked by running requests"
@@ -458,6 +540,7 @@ class RadixCache(PrefixCache):
 
         check_cache_invariants(self, private_pages)
         self.pins.check_invariants()
+        self.leases.check_invariants(self.nodes())
 
     def __repr__(self) -> str:
         return (

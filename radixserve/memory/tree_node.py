@@ -38,6 +38,10 @@ class TreeNode:
         "depth",
         "lock_ref",
         "holders",
+        "lease_ref",
+        "hits",
+        "priority",
+        "loaded",
         "last_access",
         "alive",
         "namespace",
@@ -63,6 +67,16 @@ class TreeNode:
         self.depth = depth
         self.lock_ref = 0
         self.holders = 0
+        # Session leases (memory.leases) whose path passes through this node; like lock_ref,
+        # but a leased page stays evictable, only after every unleased one.
+        self.lease_ref = 0
+        # Eviction policies other than LRU (memory.eviction): matches that passed through this
+        # node, and the highest priority of a request whose path it is on.
+        self.hits = 1
+        self.priority = 0
+        # Pages (from L2, from L3) a hierarchical cache loaded into this node and no request
+        # has used yet (usage: where cached tokens came from).
+        self.loaded = (0, 0)
         self.last_access = last_access
         self.alive = True
         self.namespace = namespace  # only meaningful on roots
@@ -82,7 +96,8 @@ class TreeNode:
         kind = "root" if self.parent is None else ("leaf" if not self.children else "node")
         return (
             f"TreeNode({kind} id={self.id}, tokens={len(self.key)}, pages={len(self.pages)}, depth={self.depth}, "
-            f"lock_ref={self.lock_ref}, holders={self.holders}, last_access={self.last_access}, alive={self.alive})"
+            f"lock_ref={self.lock_ref}, holders={self.holders}, lease_ref={self.lease_ref}, "
+            f"last_access={self.last_access}, alive={self.alive})"
         )
 
 

@@ -130,6 +130,8 @@ class PrefillAdder:
         req.lock_node = match.node
         req.pages = match.pages + new_pages
         req.cached_len = req.computed_len = m
+        if req.cached_tokens is None:  # usage counts the first admission only
+            req.loaded_pages, req.page_size_hint = self.cache.take_loaded(match.node), ps
         req.slot = self.rows.acquire()
         self.rows.set_row(req.slot, req.pages)
         self.admitted.append((req, n))

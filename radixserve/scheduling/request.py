@@ -53,6 +53,10 @@ class Request:
     params: SamplingParams
     max_total_len: int  # stop with "length" when len(token_ids) reaches this
     namespace: str | None = None
+    # The session this request is a turn of (router session id, DSL program id, or adopted
+    # from the tree: memory.leases); its priority (higher leaves the cache last).
+    session_id: str | None = None
+    priority: int = 0
     arrival_step: int = 0
     generator: torch.Generator | None = None
     # Constrained decoding: the request's GrammarMatcher (radixserve.constrained), advanced
@@ -66,8 +70,10 @@ class Request:
     cached_len: int = 0
     computed_len: int = 0
     slot: int = -1  # row of the scheduler's page table while running
+    page_size_hint: int = 1  # the pool's page size (set at admission; usage arithmetic)
     # Accounting.
     cached_tokens: int | None = None  # prompt tokens reused at first admission (usage)
+    loaded_pages: tuple[int, int] = (0, 0)  # of those, pages loaded from L2, L3 (last admission)
     num_retractions: int = 0
     bypassed: int = 0  # times a later arrival was admitted first (LPM aging)
     # Prompt logprobs: positions whose logits are still needed, and the values so far.
@@ -122,10 +128,22 @@ class Request:
             prompt_tokens=self.prompt_len,
             cached_tokens=self.cached_tokens or 0,
             completion_tokens=self.num_output_known,
+            cached_host_tokens=self.cached_host_tokens,
+            cached_disk_tokens=self.cached_disk_tokens,
         )
         self.new_token_ids = []
         self.new_logprobs = None
         return out
+
+    @property
+    def cached_host_tokens(self) -> int:
+        """Usage: cached prompt tokens that came from host memory (L2) at first admission."""
+        return min(self.loaded_pages[0] * self.page_size_hint, self.cached_tokens or 0)
+
+    @property
+    def cached_disk_tokens(self) -> int:
+        host = self.cached_host_tokens
+        return min(self.loaded_pages[1] * self.page_size_hint, (self.cached_tokens or 0) - host)
 
     @property
     def output_ids(self) -> list[int]:

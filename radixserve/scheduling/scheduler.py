@@ -50,6 +50,7 @@ from radixserve.scheduling.plan import PageTableRows, ScheduledBatch, StepResult
 from radixserve.scheduling.policy import count_bypasses, make_policy
 from radixserve.scheduling.references import KVReferences
 from radixserve.scheduling.request import FUTURE_TOKEN, Request, RequestStatus
+from radixserve.scheduling.sessions import turn_admitted, turn_ended
 from radixserve.scheduling.types import RequestOutput, SchedulerConfig, SchedulerCounters
 
 logger = logging.getLogger(__name__)
@@ -235,6 +236,7 @@ class Scheduler:
 
     def _schedule(self) -> list[tuple[Request, int]]:
         self.cache.pins.expire()
+        self.cache.leases.expire()
         work, budget = self._plan_running()
         if budget > 0 and self.waiting and len(self.running) < self.config.max_running_requests:
             work += self._admit(budget, work)
@@ -312,6 +314,7 @@ class Scheduler:
                     req.cached_tokens = min(req.cached_len, req.prompt_len)
                     self.counters.prompt_tokens += req.prompt_len
                     self.counters.cached_prompt_tokens += req.cached_tokens
+                    turn_admitted(self.cache, req)
         count_bypasses(self.waiting, [r for r, _ in adder.admitted])
         return adder.admitted
 
@@ -371,6 +374,7 @@ class Scheduler:
 
     def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
         if req.status is RequestStatus.RUNNING:
+            turn_ended(self.cache, self.kv, req, reason)  # its path leased to its session
             self._release(req)
         elif req.status is RequestStatus.WAITING:
             self.waiting.remove(req)

@@ -44,6 +44,8 @@ class RequestOutput(NamedTuple):
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    cached_host_tokens: int = 0  # of cached_tokens, loaded back from L2 / L3
+    cached_disk_tokens: int = 0
 
 
 @dataclass

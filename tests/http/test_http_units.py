@@ -186,6 +186,12 @@ def _stats() -> p.StatsReply:
         "aborted_total": 1,
         "steps_total": 50,
         "hit_rate": 0.4,
+        "leased_pages": 12,
+        "lease_hits_total": 3,
+        "lease_lost_tokens_total": 40,
+        "eviction_policy": "adaptive",
+        "eviction_policy_active": "lfu",
+        "eviction_regret_tokens": {"lru": 64, "lfu": 8},
         "memory": {
             "device": "cpu",
             "allocated_bytes": 5,
@@ -249,6 +255,15 @@ def test_metrics_exposition_parses() -> None:
         and samples[("radixserve_evicted_pages_total", w0)] == 4
     )
     assert samples[("radixserve_worker_up", (("worker", "1"),))] == 0.0
+    assert samples[("radixserve_kv_leased_pages", w0)] == 12  # session leases
+    assert samples[("radixserve_session_lease_hits_total", w0)] == 3
+    assert samples[("radixserve_session_lease_lost_tokens_total", w0)] == 40
+    active = (("configured", "adaptive"), ("policy", "lfu"), ("worker", "0"))
+    assert samples[("radixserve_eviction_policy_active", active)] == 1
+    assert (
+        samples[("radixserve_eviction_regret_tokens_total", (("policy", "lru"), ("worker", "0")))]
+        == 64
+    )
     assert (
         "radixserve_kv_pages_free",
         (("worker", "1"),),

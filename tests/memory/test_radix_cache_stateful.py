@@ -13,6 +13,12 @@ L2, corrupt or truncate page files, and restart the whole cache over the same di
 After every step the L2 accounting is checked and every L2 page must hold the tokens of the
 prefix its key names; a rule reads every L3 file back the same way. A loaded page that held
 anything else would fail the data checks of the requests and matches that use it.
+
+Session leases ride along: a finished request leases its path to its session (or marks it
+for adoption when it has none), the clock runs leases out, sessions close; eviction must
+take every unleased page before any leased one, and pages still always add up. Each
+example draws an eviction policy (lru, lfu, slru, priority, adaptive, which re-keys the
+leaf indexes when it switches); the LRU-order check applies to lru.
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ from radixserve.memory import (
     RadixCache,
     TreeNode,
 )
+from radixserve.memory.eviction.control import mark_priority
 from radixserve.memory.hi_radix_cache import HiRadixCache
 from radixserve.memory.hierarchy import KVHierarchy
+from radixserve.memory.leases import LeaseConfig
 
 # Prompts share prefixes: three of them start alike, one is different.
 BASES = [
@@ -48,6 +56,7 @@ BASES = [
 NAMESPACES = st.sampled_from([None, None, None, "t1"])
 TAILS = st.lists(st.integers(0, 3), max_size=6)
 MAX_REQUESTS = 5
+SESSIONS = st.sampled_from([None, "s1", "s2", "s3"])
 
 
 @dataclass
@@ -57,6 +66,7 @@ class Req:
     tokens: list[int]  # tokens whose KV is written, in order
     pages: list[int]  # one page per page_size tokens of `tokens`
     node: TreeNode  # the node this request holds locked
+    session: str | None = None
 
 
 class CacheMachine(RuleBasedStateMachine):
@@ -66,10 +76,18 @@ class CacheMachine(RuleBasedStateMachine):
         disabled=st.sampled_from([False, False, False, True]),
         tiers=st.sampled_from(["L1", "L1", "L2", "L3"]),
         host_pages=st.integers(1, 24),
+        policy=st.sampled_from(["lru", "lru", "lfu", "slru", "priority", "adaptive"]),
     )
     def setup(
-        self, page_size: int, num_pages: int, disabled: bool, tiers: str, host_pages: int
+        self,
+        page_size: int,
+        num_pages: int,
+        disabled: bool,
+        tiers: str,
+        host_pages: int,
+        policy: str,
     ) -> None:
+        self.policy = policy
         self.ps = page_size
         self.num_pages = num_pages
         self.host_pages = host_pages
@@ -99,6 +117,10 @@ class CacheMachine(RuleBasedStateMachine):
             self.cache = RadixCache(self.alloc, self.ps)
         self.cache.pins.budget_pages = self.num_pages // 2
         self.cache.pins.clock = lambda: self.now
+        self.cache.leases.clock = lambda: self.now
+        self.cache.leases.config = LeaseConfig(default_s=2.0, min_s=0.5, cap_s=6.0)
+        self.cache.eviction.clock = lambda: self.now
+        self.cache.eviction.set_policy(self.policy, window=4)
 
     def teardown(self) -> None:
         if getattr(self, "storage", None):
@@ -164,8 +186,16 @@ class CacheMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ rules
     @precondition(lambda self: len(self.reqs) < MAX_REQUESTS)
-    @rule(base=st.integers(0, len(BASES) - 1), cut=st.integers(0, 20), tail=TAILS, ns=NAMESPACES)
-    def new_request(self, base: int, cut: int, tail: list[int], ns: str | None) -> None:
+    @rule(
+        base=st.integers(0, len(BASES) - 1),
+        cut=st.integers(0, 20),
+        tail=TAILS,
+        ns=NAMESPACES,
+        session=SESSIONS,
+    )
+    def new_request(
+        self, base: int, cut: int, tail: list[int], ns: str | None, session: str | None
+    ) -> None:
         prompt = BASES[base][:cut] + tail
         if not prompt:
             prompt = [1]
@@ -173,7 +203,16 @@ class CacheMachine(RuleBasedStateMachine):
         assert m.matched_len % self.ps == 0 and len(m.pages) * self.ps == m.matched_len
         assert m.node.depth == m.matched_len
         self.cache.lock(m.node)
-        self.reqs[self.next_rid] = Req(prompt, ns, prompt[: m.matched_len], list(m.pages), m.node)
+        if session is None:
+            session = self.cache.leases.adopt(prompt, ns)
+        if session is not None:
+            self.cache.leases.turn_admitted(session, ns, len(prompt), m.matched_len)
+        self.cache.eviction.observe(prompt, ns, base)  # adaptive may switch (re-key) here
+        if base and not m.node.is_root:
+            mark_priority(m.node, base)
+        self.reqs[self.next_rid] = Req(
+            prompt, ns, prompt[: m.matched_len], list(m.pages), m.node, session
+        )
         self.next_rid += 1
 
     @precondition(lambda self: self.reqs)
@@ -197,6 +236,7 @@ class CacheMachine(RuleBasedStateMachine):
         req = self.reqs.pop(self._pick(data))
         if cache_it:
             self._cache(req)
+            self.cache.leases.turn_ended(req.session, req.ns, req.node)
         self.cache.unlock(req.node)
         self.alloc.free(req.pages[req.node.depth // self.ps :])
 
@@ -227,13 +267,21 @@ class CacheMachine(RuleBasedStateMachine):
         nodes = self._nodes()
         sizes = {node: len(node.pages) for node in nodes}
         leaves_before = set() if self.disabled else set(self.cache._lru)
+        unleased = sum(len(x.pages) for x in nodes if x.lock_ref == 0 and x.lease_ref == 0)
+        yielded = self.cache.leases.counters.yielded
         assert self.cache.evict(n) == min(n, evictable)
+        if (
+            self.cache.leases.counters.yielded > yielded
+        ):  # leases yield only once nothing else is left
+            assert n > unleased
+        if n <= unleased:  # and every leased page is still there
+            assert all(x.alive for x in nodes if x.lease_ref > 0)
         # LRU: everything evicted (or trimmed) is older than every untouched evictable leaf.
         touched = [(x.last_access, x.id) for x in nodes if not x.alive or len(x.pages) != sizes[x]]
         kept = [
             (x.last_access, x.id) for x in leaves_before if x.alive and len(x.pages) == sizes[x]
         ]
-        if touched and kept:
+        if touched and kept and self.policy == "lru":
             assert max(touched) < min(kept)
 
     @rule(
@@ -251,11 +299,22 @@ class CacheMachine(RuleBasedStateMachine):
     def advance_clock(self, dt: float) -> None:
         self.now += dt
         self.cache.pins.expire()
+        self.cache.leases.expire()
+        for r in {"s1", "s2", "s3"}:
+            for ns in (None, "t1"):
+                lease = self.cache.leases.lease_of(r, ns)
+                assert lease is None or lease.expires_at > self.now
         assert all(
             self.cache.pins.expiry(n) > self.now
             for n in self._nodes()
             if self.cache.pins.expiry(n) is not None
         )
+
+    @rule(session=SESSIONS, ns=NAMESPACES)
+    def close_session(self, session: str | None, ns: str | None) -> None:
+        if session is not None:
+            self.cache.leases.release(session, ns)
+            assert self.cache.leases.lease_of(session, ns) is None
 
     @rule(roll=st.integers(0, 9))
     def reset(self, roll: int) -> None:

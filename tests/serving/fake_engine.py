@@ -84,6 +84,7 @@ class FakeEngine:
             set()
         )  # (namespace, prefix), as the radix cache
         self._prompt_total = self._hit_total = self._aborted = 0
+        self.sessions_seen: list[str | None] = []  # each request's session id, in order
 
     def add_request(
         self,
@@ -91,8 +92,11 @@ class FakeEngine:
         params: SamplingParams,
         request_id: str | None = None,
         namespace: str | None = None,
+        session_id: str | None = None,
+        priority: int = 0,
     ) -> str:
         params.validate()
+        self.sessions_seen.append(session_id)
         if len(prompt_token_ids) >= self.config.max_model_len:
             raise ValueError(f"prompt of {len(prompt_token_ids)} tokens exceeds the context")
         assert request_id is not None and request_id not in self._reqs

@@ -38,6 +38,7 @@ class GenerateOptions(TypedDict, total=False):
     namespace: str | None
     add_generation_prompt: bool
     cache_salt: str | None
+    priority: int
 
 
 def generate_request(
@@ -63,6 +64,7 @@ def generate_request(
         session_id=options.get("session_id"),
         namespace=options.get("namespace"),
         cache_salt=options.get("cache_salt"),
+        priority=options.get("priority", 0),
     )
 
 

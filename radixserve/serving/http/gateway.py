@@ -287,6 +287,7 @@ class Gateway:
         params: SamplingParams,
         session_id: str | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> AsyncGenerator[Event, None]:
         """One generate request: its chunks, then its final message. Router errors become
         :class:`APIError`; closing the iterator early aborts the request. ``cache_salt``:
@@ -301,6 +302,7 @@ class Gateway:
             params=params,
             session_id=session_id,
             cache_salt=cache_salt,
+            priority=priority,
             stream=True,
             timeout=self.config.request_timeout_s,
         )

@@ -55,6 +55,25 @@ _ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
         "running requests retracted (KV freed, re-queued) for lack of pages",
     ),
     ("evicted_pages_total", "evicted_pages", "radix-cache pages evicted (LRU) to make room"),
+    ("leases_granted_total", "session_leases_granted", "session leases granted at turn ends"),
+    ("lease_hits_total", "session_lease_hits", "session turns that found their lease held"),
+    ("lease_expired_total", "session_lease_expiries", "session leases that ran out"),
+    (
+        "lease_yielded_total",
+        "session_lease_yields",
+        "session leases released early under memory pressure",
+    ),
+    ("sessions_adopted_total", "sessions_adopted", "unkeyed chats adopted as sessions"),
+    (
+        "lease_lost_tokens_total",
+        "session_lease_lost_tokens",
+        "prompt tokens recomputed that a session's lost lease had held",
+    ),
+    (
+        "eviction_switches_total",
+        "eviction_policy_switches",
+        "times the adaptive eviction policy changed what it follows",
+    ),
     ("finished_total", "engine_requests_finished", "requests the engine finished"),
     ("aborted_total", "engine_requests_aborted", "requests the engine aborted"),
     ("steps_total", "engine_steps", "scheduler steps"),
@@ -95,6 +114,20 @@ class WorkerStatsCollector(Collector):
             "kv_usage_ratio", "fraction of KV pages in use by running requests (in_use / total)"
         )
         cached = gauge("kv_cached_tokens", "tokens held by the radix cache")
+        policy = gauge(
+            "eviction_policy_active",
+            "1 for the eviction policy a worker follows now (adaptive: its current choice)",
+            ["worker", "policy", "configured"],
+        )
+        regret = CounterMetricFamily(
+            f"{PREFIX}_eviction_regret_tokens",
+            "tokens each candidate policy recomputed within the horizon of evicting them "
+            "(shadow caches; adaptive only)",
+            labels=["worker", "policy"],
+        )
+        leased = gauge(
+            "kv_leased_pages", "radix-cache pages on a session's leased path (evicted last)"
+        )
         hit_rate = gauge(
             "prefix_cache_hit_ratio",
             "cumulative cached / prompt tokens (use the counters for windows)",
@@ -135,6 +168,15 @@ class WorkerStatsCollector(Collector):
             usage.add_metric(wid, in_use / total if total else 0.0)
             if "cached_tokens" in eng:
                 cached.add_metric(wid, float(eng["cached_tokens"]))
+            if "eviction_policy_active" in eng:
+                policy.add_metric(
+                    [*wid, str(eng["eviction_policy_active"]), str(eng.get("eviction_policy", ""))],
+                    1.0,
+                )
+            for name, tokens in (eng.get("eviction_regret_tokens") or {}).items():
+                regret.add_metric([*wid, str(name)], float(tokens))
+            if "leased_pages" in eng:
+                leased.add_metric(wid, float(eng["leased_pages"]))
             hit_rate.add_metric(wid, float(eng.get("hit_rate", w.hit_rate)))
             mem = eng.get("memory")
             if isinstance(mem, dict):
@@ -149,6 +191,9 @@ class WorkerStatsCollector(Collector):
             *pages.values(),
             usage,
             cached,
+            leased,
+            policy,
+            regret,
             hit_rate,
             *counters.values(),
             *memory.values(),

@@ -37,12 +37,18 @@ def usage(groups: list[list[p.GenerateFinal]]) -> dict[str, Any]:
     """OpenAI usage over prompt groups (the ``n`` finals of one prompt each)."""
     prompt = sum(g[0].usage.prompt_tokens for g in groups)
     cached = sum(g[0].usage.cached_tokens for g in groups)
+    host = sum(g[0].usage.cached_host_tokens for g in groups)
+    disk = sum(g[0].usage.cached_disk_tokens for g in groups)
     completion = sum(f.usage.completion_tokens for g in groups for f in g)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": {
+            "cached_tokens": cached,
+            # radixserve: where the cached tokens came from (hierarchical cache tiers)
+            "cached_tokens_by_tier": {"device": cached - host - disk, "host": host, "disk": disk},
+        },
     }
 
 
@@ -117,6 +123,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             messages=messages,
             params=body.sampling(max_tokens, want_lp, i),
             cache_salt=salt,
+            priority=body.priority,
         )
         for i in range(body.n)
     ]
@@ -258,6 +265,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                     arrival=arrival,
                     params=body.sampling(max_tokens, body.logprobs, j),
                     cache_salt=salt,
+                    priority=body.priority,
                     **kw,
                 )
             )

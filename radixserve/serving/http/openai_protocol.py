@@ -14,6 +14,7 @@ Extensions accepted as vLLM and SGLang do: ``top_k``, ``min_p``,
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -86,6 +87,11 @@ class _SamplingBody(_Body):
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool | None = None
     pin_ttl_s: float | None = None  # radixserve: keep the prompt prefix pinned (see SamplingParams)
+    # Cache controls: higher priority leaves the cache later (--eviction-policy priority);
+    # OpenAI's prompt_cache_retention: "in_memory" (the default: LRU and session leases) or a
+    # time such as "24h", which pins the prompt prefix that long (within the pin budget).
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    prompt_cache_retention: str | None = Field(default=None, max_length=16)
 
     def check_common(self) -> None:
         if not 1 <= self.n <= 128:
@@ -132,6 +138,10 @@ class _SamplingBody(_Body):
             value = getattr(self, name)
             if value is not None:
                 kw[name] = value
+        if self.pin_ttl_s is None and self.prompt_cache_retention is not None:
+            ttl = retention_seconds(self.prompt_cache_retention)
+            if ttl is not None:
+                kw["pin_ttl_s"] = ttl
         if self.stop_token_ids:
             kw["stop_token_ids"] = list(self.stop_token_ids)
         if self.seed is not None:
@@ -255,3 +265,17 @@ class CompletionRequest(_SamplingBody):
             if isinstance(one, list) and not one:
                 raise invalid(f"prompt[{i}] is an empty token list", param="prompt")
         return out
+
+
+def retention_seconds(value: str) -> float | None:
+    """OpenAI's ``prompt_cache_retention``: None for ``in_memory`` (no pin), else seconds
+    ("24h", "90m", "3600s")."""
+    if value == "in_memory":
+        return None
+    m = re.fullmatch(r"(\d{1,6})([smh])", value)
+    if m is None or int(m.group(1)) == 0:
+        raise invalid(
+            f"prompt_cache_retention must be in_memory or a time like 24h, got {value!r}",
+            param="prompt_cache_retention",
+        )
+    return float(int(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)])

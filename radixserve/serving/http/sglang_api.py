@@ -168,6 +168,7 @@ async def generate(body: GenerateReqInput, request: Request) -> Response:
             params=pl.params,
             session_id=body.session_id,
             cache_salt=salt,
+            priority=body.priority,
         )
         for pl in plans
     ]

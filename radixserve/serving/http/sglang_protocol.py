@@ -135,6 +135,7 @@ class GenerateReqInput(BaseModel):
     stream: bool = False
     rid: str | list[str] | None = None
     session_id: str | None = None
+    priority: int = Field(default=0, ge=-1000, le=1000)  # higher leaves the cache later
     # As vLLM's: requests share cached prefixes only with requests of the same salt.
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     image_data: Any = None

@@ -244,7 +244,10 @@ class Dispatcher:
         ids = sorted(loads)
         if session_id is not None and self._sessions.get(session_id) in loads:
             wid = self._sessions[session_id]
-            return Decision(wid, held(wid).tokens, "session")
+            # A session stays with the worker that holds its KV (its lease) unless that worker
+            # is overloaded beyond the balance thresholds; then it moves like any request.
+            if not self.imbalanced(loads[wid], min(loads.values())):
+                return Decision(wid, held(wid).tokens, "session")
         if self.policy == "round_robin":
             wid = ids[self._rr % len(ids)]
             self._rr += 1

@@ -179,6 +179,7 @@ class ClientSide:
             cache_namespace(req.namespace, req.cache_salt),
             None,
             time.monotonic(),
+            priority=req.priority,
         )
         # Tracked from now on (an abort, a client leaving or a shutdown finds it), dispatched
         # once its token ids are known.

@@ -129,7 +129,12 @@ class InFlight:
         w.requests += 1
         w.adds.append(
             p.WorkerRequest(
-                rid=st.rid, input_ids=st.prompt_ids, params=st.params, namespace=st.namespace
+                rid=st.rid,
+                input_ids=st.prompt_ids,
+                params=st.params,
+                namespace=st.namespace,
+                session_id=st.session_id,
+                priority=st.priority,
             )
         )
 

@@ -38,6 +38,7 @@ class RouterRequest:
     usage: p.Usage | None = None
     chunks: int = 0
     retries: int = 0  # times sent to another worker after its worker died (before a first token)
+    priority: int = 0  # the client's priority (the worker's cache keeps higher ones longer)
 
     def apply(self, out: p.StepOutput) -> tuple[p.GenerateChunk | None, bool]:
         """Fold in one worker output. Returns the chunk to stream (``None`` when not
@@ -71,6 +72,8 @@ class RouterRequest:
         """The last message: full text and tokens, usage and router-side timings."""
         now = time.monotonic()
         cached = self.usage.cached_tokens if self.usage is not None else 0
+        host = self.usage.cached_host_tokens if self.usage is not None else 0
+        disk = self.usage.cached_disk_tokens if self.usage is not None else 0
         return p.GenerateFinal(
             request_id=self.client_rid,
             finish_reason=reason,
@@ -80,6 +83,8 @@ class RouterRequest:
                 prompt_tokens=len(self.prompt_ids),
                 cached_tokens=cached,
                 completion_tokens=len(self.token_ids),
+                cached_host_tokens=host,
+                cached_disk_tokens=disk,
             ),
             timings=p.Timings(
                 queue_s=(self.dispatched or now) - self.arrival,

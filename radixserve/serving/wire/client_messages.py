@@ -59,6 +59,7 @@ class GenerateRequest(Msg, tag="generate"):
     session_id: str | None = None
     namespace: str | None = None
     cache_salt: str | None = None
+    priority: int = 0  # higher: its cached prefixes leave the worker's cache later
 
 
 class Abort(Msg, tag="abort"):

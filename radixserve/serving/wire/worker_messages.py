@@ -24,6 +24,8 @@ class WorkerRequest(Part):
     input_ids: list[int]
     params: SamplingParams
     namespace: str | None = None
+    session_id: str | None = None  # the router's session (its KV is leased between turns)
+    priority: int = 0
 
 
 class WorkerAdd(Msg, tag="w_add"):

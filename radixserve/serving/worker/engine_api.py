@@ -32,8 +32,11 @@ class ServingEngine(Protocol):
         params: SamplingParams,
         request_id: str | None = None,
         namespace: str | None = None,
+        session_id: str | None = None,
+        priority: int = 0,
     ) -> str:
-        """Queue a request; a ``ValueError`` (or other exception) says why it is refused."""
+        """Queue a request; a ``ValueError`` (or other exception) says why it is refused.
+        ``session_id``: the session it is a turn of; ``priority``: higher stays cached longer."""
         ...
 
     def abort(self, request_id: str) -> None:

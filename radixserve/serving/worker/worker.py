@@ -340,7 +340,12 @@ class Worker:
             for req in msg.requests:
                 try:
                     self.engine.add_request(
-                        req.input_ids, req.params, request_id=req.rid, namespace=req.namespace
+                        req.input_ids,
+                        req.params,
+                        request_id=req.rid,
+                        namespace=req.namespace,
+                        session_id=req.session_id,
+                        priority=req.priority,
                     )
                 except (
                     Exception

@@ -99,8 +99,12 @@ def test_round_robin_and_sessions() -> None:
     wid = s.choose([1, 2, 3], {0: 5, 1: 0}, session_id="prog").worker_id
     assert wid == 1
     assert s.choose([9, 9, 9], {0: 0, 1: 50}, session_id="prog") == (1, 0, "session")
-    s.remove_worker(1)
-    assert s.choose([9, 9, 9], {0: 0}, session_id="prog").worker_id == 0
+    # Overloaded beyond both balance thresholds (2048 work units, 1.5x): the session moves.
+    moved = s.choose([9, 9, 9], {0: 0, 1: 5000}, session_id="prog")
+    assert moved.worker_id == 0 and moved.reason != "session"
+    assert s.choose([9, 9, 9], {0: 40, 1: 0}, session_id="prog") == (0, 3, "session")
+    s.remove_worker(0)
+    assert s.choose([9, 9, 9], {1: 0}, session_id="prog").worker_id == 1
 
 
 def test_errors() -> None:

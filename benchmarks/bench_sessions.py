@@ -1,0 +1,247 @@
+"""Agents pausing between turns while other traffic churns the pool: how much of each
+returning turn's previous context is still cached, under LRU, session leases and adaptive.
+
+The workload (seeded; simulated time, no sleeps, no model: the radix cache's own page
+accounting, driven through the scheduler's calls, so the counts do not depend on the load
+of the machine)::
+
+    agents   --agents agents share one tool-description system prompt (--system tokens);
+             each turn re-sends the whole history + a tool result (--tool tokens) and
+             answers (--answer tokens); between turns it pauses --pause-min..--pause-max s
+    churn    unrelated single-turn requests (--churn-prompt + --answer tokens, no session)
+             arriving at a rate that passes --churn-x times the pool through during the
+             shortest pause
+    pool     --pool-x times the agents' combined context at their last turn
+
+For each returning turn: the fraction of its previous turn's context (prompt + answer, the
+whole pages that had KV) found cached. Reported per configuration: mean, p10, minimum, and
+the share of returning turns that found >= 95 %; plus the churn's tokens computed (the
+other traffic's work, which leases must not inflate).
+
+    python benchmarks/bench_sessions.py            # a few seconds
+    python benchmarks/bench_sessions.py --out ''   # print only
+
+Writes JSON to ``benchmarks/results/bench_sessions.json`` (date, commit, CPU model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import heapq
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from radixserve.memory import PageAllocator, RadixCache
+from radixserve.memory.leases import LeaseConfig
+
+CONFIGS = {
+    "lru": dict(leases=False, policy="lru"),
+    "leases": dict(leases=True, policy="lru"),
+    "adaptive": dict(leases=False, policy="adaptive"),
+    "leases+adaptive": dict(leases=True, policy="adaptive"),
+}
+
+
+@dataclass
+class Agent:
+    name: str
+    history: list[int]
+    turns_left: int
+    prev_kv: int = 0  # tokens of the previous turn's context that had KV (whole pages)
+
+
+@dataclass
+class Result:
+    fractions: list[float] = field(default_factory=list)
+    churn_computed: int = 0
+    churn_requests: int = 0
+    agent_computed: int = 0
+    pool_tokens: int = 0
+    combined_context: int = 0
+    churn_tokens_per_min_pause: float = 0.0
+
+
+class Sim:
+    def __init__(self, args: argparse.Namespace, num_pages: int, leases: bool, policy: str) -> None:
+        self.ps = args.page_size
+        self.cache = RadixCache(PageAllocator(num_pages), self.ps)
+        self.now = 0.0
+        self.cache.leases.clock = lambda: self.now
+        self.cache.leases.config = LeaseConfig(enabled=leases)
+        self.cache.eviction.clock = lambda: self.now
+        self.cache.eviction.set_policy(policy)
+
+    def request(self, tokens: list[int], session: str | None) -> int:
+        """One request, as the scheduler runs it (prompt ``tokens[:-answer]`` computed, answer
+        decoded: all of ``tokens`` but the last get KV). Returns the prompt tokens cached."""
+        c = self.cache
+        m = c.match_prefix(tokens[:-1])
+        c.lock(m.node)
+        c.eviction.observe(tokens, None, 0)
+        if session is None:
+            session = c.leases.adopt(tokens, None)
+        if session is not None:
+            c.leases.turn_admitted(session, None, len(tokens), m.matched_len)
+        kv = len(tokens) - 1
+        pages = m.pages + c.allocator.alloc(-(-kv // self.ps) - len(m.pages))
+        done = c.cache_prefix(tokens[:kv], pages, m.node)
+        c.leases.turn_ended(session, None, done.node)
+        c.unlock(done.node)
+        c.allocator.free(done.pages[done.cached_len // self.ps :])
+        return m.matched_len
+
+
+def run(args: argparse.Namespace, name: str, leases: bool, policy: str) -> Result:
+    rng = random.Random(args.seed)
+    system = [rng.randrange(1, 50_000) for _ in range(args.system)]
+    turn_tokens = args.tool + args.answer
+    final_ctx = args.system + args.turns * turn_tokens
+    combined = args.system + args.agents * (final_ctx - args.system)
+    num_pages = int(args.pool_x * combined) // args.page_size
+    sim = Sim(args, num_pages, leases, policy)
+    pool_tokens = num_pages * args.page_size
+    churn_len = args.churn_prompt + args.answer
+    # Churn tokens per second so that the shortest pause sees churn_x pools go through.
+    churn_rate = args.churn_x * pool_tokens / args.pause_min / churn_len  # requests / s
+    agents = [Agent(f"agent-{i}", list(system), args.turns) for i in range(args.agents)]
+    events: list[tuple[float, int, str, int]] = []  # (time, seq, kind, agent index)
+    seq = 0
+    for i in range(args.agents):
+        heapq.heappush(events, (rng.uniform(0, args.pause_min), seq, "agent", i))
+        seq += 1
+    heapq.heappush(events, (0.0, seq, "churn", -1))
+    res = Result()
+    res.pool_tokens = pool_tokens
+    res.combined_context = combined
+    res.churn_tokens_per_min_pause = churn_rate * args.pause_min * churn_len
+    next_unique = 1_000_000
+    live = args.agents
+    while events and live:
+        t, _, kind, i = heapq.heappop(events)
+        sim.now = t
+        seq += 1
+        if kind == "churn":
+            prompt = list(range(next_unique, next_unique + churn_len))
+            next_unique += churn_len + 1
+            cached = sim.request(prompt, None)
+            res.churn_computed += len(prompt) - cached
+            res.churn_requests += 1
+            heapq.heappush(events, (t + rng.expovariate(churn_rate), seq, "churn", -1))
+            continue
+        a = agents[i]
+        a.history += [rng.randrange(1, 50_000) for _ in range(args.tool)]  # the tool's result
+        tokens = a.history + [rng.randrange(1, 50_000) for _ in range(args.answer)]
+        cached = sim.request(tokens, a.name if args.keyed else None)
+        if a.prev_kv:
+            res.fractions.append(min(cached, a.prev_kv) / a.prev_kv)
+        res.agent_computed += len(tokens) - cached
+        a.history = tokens
+        a.prev_kv = (len(tokens) - 1) // args.page_size * args.page_size
+        a.turns_left -= 1
+        if a.turns_left:
+            heapq.heappush(
+                events, (t + rng.uniform(args.pause_min, args.pause_max), seq, "agent", i)
+            )
+        else:
+            live -= 1
+    sim.cache.check_invariants()
+    return res
+
+
+def summarize(r: Result) -> dict[str, float | int]:
+    f = sorted(r.fractions)
+    return {
+        "returning_turns": len(f),
+        "cached_fraction_mean": round(statistics.fmean(f), 4),
+        "cached_fraction_p10": round(f[len(f) // 10], 4),
+        "cached_fraction_min": round(f[0], 4),
+        "turns_at_least_95pct": round(sum(x >= 0.95 for x in f) / len(f), 4),
+        "agent_tokens_computed": r.agent_computed,
+        "churn_requests": r.churn_requests,
+        "churn_tokens_computed": r.churn_computed,
+        "pool_tokens": r.pool_tokens,
+        "agents_combined_context": r.combined_context,
+        "churn_tokens_per_shortest_pause": round(r.churn_tokens_per_min_pause),
+    }
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--agents", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=8)
+    ap.add_argument(
+        "--system", type=int, default=1500, help="tool-description system prompt tokens"
+    )
+    ap.add_argument("--tool", type=int, default=200, help="tool-result tokens per turn")
+    ap.add_argument("--answer", type=int, default=120, help="answer tokens per request")
+    ap.add_argument("--churn-prompt", type=int, default=600)
+    ap.add_argument("--pause-min", type=float, default=3.0)
+    ap.add_argument("--pause-max", type=float, default=9.0)
+    ap.add_argument("--pool-x", type=float, default=1.3, help="pool / agents' combined context")
+    ap.add_argument("--churn-x", type=float, default=2.0, help="pools of churn per shortest pause")
+    ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--unkeyed", dest="keyed", action="store_false", help="agents send no session id (adoption)"
+    )
+    ap.add_argument("--out", default="benchmarks/results/bench_sessions.json")
+    args = ap.parse_args(argv)
+    if not 1.2 <= args.pool_x <= 1.5 or args.churn_x < 2.0:
+        ap.error("the workload's shape: 1.2 <= --pool-x <= 1.5 and --churn-x >= 2")
+    return args
+
+
+def main() -> None:
+    args = parse()
+    results = {}
+    for name, cfg in CONFIGS.items():
+        results[name] = summarize(run(args, name, bool(cfg["leases"]), str(cfg["policy"])))
+    print(
+        f"{'config':<16} {'mean':>6} {'p10':>6} {'min':>6} {'>=95%':>6} {'agent tok':>10} {'churn tok':>10}"
+    )
+    for name, r in results.items():
+        print(
+            f"{name:<16} {r['cached_fraction_mean']:>6.3f} {r['cached_fraction_p10']:>6.3f} "
+            f"{r['cached_fraction_min']:>6.3f} {r['turns_at_least_95pct']:>6.3f} "
+            f"{r['agent_tokens_computed']:>10} {r['churn_tokens_computed']:>10}"
+        )
+    if args.out:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        doc = {
+            "benchmark": "bench_sessions",
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "commit": commit,
+            "cpu_model": cpu_model(),
+            "cpus": os.cpu_count(),
+            "note": "counts from simulated time over the radix cache's page accounting: independent of CPU load",
+            "args": vars(args),
+            "results": results,
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

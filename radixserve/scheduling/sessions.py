@@ -1,0 +1,52 @@
+"""The scheduler's side of session leases (memory.leases) and eviction policies
+(memory.eviction): where a session's turn begins and ends.
+
+::
+
+    admitted (first time)   the eviction policy sees the prompt (adaptive's key stream) and
+                            the request's priority is marked on its matched path;
+                            no session id? adopt one from the tree (a chat re-sending an
+                            earlier request's prompt + answer); learn the pause since the
+                            session's last turn; count a lease hit or what a lost lease cost
+    finished (stop/length)  its computed KV goes into the tree, then the path it holds
+                            (prompt + answer) gets its priority and is leased to its session before it unlocks;
+                            an unkeyed request only marks its path for adoption
+    every step              leases whose time is up are dropped
+
+Aborts, errors and retractions end no turn: a session's lease stays as it was.
+"""
+
+from __future__ import annotations
+
+from radixserve.memory import PrefixCache
+from radixserve.memory.eviction.control import mark_priority
+from radixserve.scheduling.references import KVReferences
+from radixserve.scheduling.request import Request
+
+# Finish reasons that end a turn (a tool call finishes with "stop" at this level).
+TURN_ENDS = frozenset({"stop", "length"})
+
+
+def turn_admitted(cache: PrefixCache, req: Request) -> None:
+    """``req`` was admitted for the first time, holding its matched prefix locked."""
+    cache.eviction.observe(req.token_ids[: req.prompt_len], req.namespace, req.priority)
+    if req.priority and req.lock_node is not None:
+        mark_priority(req.lock_node, req.priority)
+    leases = cache.leases
+    if not leases.enabled:
+        return
+    if req.session_id is None:
+        req.session_id = leases.adopt(req.token_ids[: req.prompt_len], req.namespace)
+    if req.session_id is not None:
+        leases.turn_admitted(req.session_id, req.namespace, req.prompt_len, req.cached_len)
+
+
+def turn_ended(cache: PrefixCache, kv: KVReferences, req: Request, reason: str) -> None:
+    """Running ``req`` finishes with ``reason``: lease its path (before its references go)."""
+    if reason not in TURN_ENDS or not (cache.leases.enabled or req.priority):
+        return
+    kv.cache_computed(req)
+    assert req.lock_node is not None
+    if req.priority:
+        mark_priority(req.lock_node, req.priority)
+    cache.leases.turn_ended(req.session_id, req.namespace, req.lock_node)
