@@ -19,7 +19,7 @@ PACKAGES = {
     "radixkernels": ROOT / "kernels",
 }
 # radixserve's runtime layers, bottom-up: a module imports only from its layer or those under it.
-LAYERS = ["memory", "model", "scheduling", "engine", "serving", "commands"]
+LAYERS = ["memory", "model", "scheduling", "engine", "agents", "serving", "commands"]
 
 
 def _modules() -> dict[str, Path]:

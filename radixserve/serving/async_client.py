@@ -186,6 +186,8 @@ class AsyncClient:
         request_id: str | None = None,
         timeout: float | None = None,
         cache_salt: str | None = None,
+        tools: str | None = None,
+        chat_template_kwargs: str | None = None,
     ) -> AsyncGenerator[Event, None]:
         """Yield chunks then the final; cancelling or closing the iterator early aborts."""
         rid = request_id or self._ids.next()
@@ -204,6 +206,8 @@ class AsyncClient:
                 namespace,
                 add_generation_prompt,
                 cache_salt,
+                tools,
+                chat_template_kwargs,
             )
             await self._send(req)
             while True:

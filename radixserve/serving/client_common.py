@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 import os
 
+import msgspec
+
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving import protocol as p
 
@@ -36,17 +38,24 @@ def generate_request(
     namespace: str | None,
     add_generation_prompt: bool,
     cache_salt: str | None = None,
+    tools: str | None = None,
+    chat_template_kwargs: str | None = None,
 ) -> p.GenerateRequest:
     """The :class:`GenerateRequest` both clients send (chat messages given as dicts are converted)."""
     chat = None
     if messages is not None:
-        chat = [m if isinstance(m, p.ChatMessage) else p.ChatMessage(**m) for m in messages]
+        chat = [
+            m if isinstance(m, p.ChatMessage) else msgspec.convert(m, p.ChatMessage)
+            for m in messages
+        ]
     return p.GenerateRequest(
         request_id=request_id,
         text=text,
         input_ids=input_ids,
         messages=chat,
         add_generation_prompt=add_generation_prompt,
+        tools=tools,
+        chat_template_kwargs=chat_template_kwargs,
         params=params or SamplingParams(),
         stream=stream,
         session_id=session_id,

@@ -56,6 +56,7 @@ from radixserve.serving.protocol_client import (
     Timings,
     TokenizeReply,
     TokenizeRequest,
+    ToolCallPart,
     WorkerStats,
 )
 from radixserve.serving.protocol_worker import (
@@ -91,6 +92,7 @@ __all__ = [
     "ErrorCode",
     "WorkerLoad",
     "ChatMessage",
+    "ToolCallPart",
     "Timings",
     "GenerateRequest",
     "Abort",

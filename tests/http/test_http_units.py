@@ -72,7 +72,7 @@ def test_chat_request_to_sampling_params() -> None:
             }
         ]
     )
-    assert parts.chat() == [{"role": "user", "content": "a\nb"}]
+    assert [(m.role, m.content) for m in parts.chat()] == [("user", "a\nb")]
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,6 @@ def test_chat_request_to_sampling_params() -> None:
         {"temperature": 3.0},
         {"top_logprobs": 2},
         {"logprobs": True, "top_logprobs": 21},
-        {"tools": [{"type": "function"}]},
         {"response_format": {"type": "grammar"}},
         {"logit_bias": {"1": 2.0}},
         {"stream_options": {"include_usage": True}},
@@ -98,7 +97,13 @@ def test_chat_request_rejections(bad: dict[str, Any]) -> None:
 
 
 def test_strict_types() -> None:
-    for bad in ({"max_tokens": "5"}, {"n": True}, {"messages": "hi"}, {"stop": 5}):
+    for bad in (
+        {"max_tokens": "5"},
+        {"n": True},
+        {"messages": "hi"},
+        {"stop": 5},
+        {"tools": [{"type": "function"}]},  # no function: the app answers 400
+    ):
         with pytest.raises(ValidationError):
             chat(**bad)
 
