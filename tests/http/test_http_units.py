@@ -86,6 +86,10 @@ def test_chat_request_to_sampling_params() -> None:
         {"response_format": {"type": "grammar"}},
         {"logit_bias": {"1": 2.0}},
         {"stream_options": {"include_usage": True}},
+        {"functions": [{"name": "f"}]},
+        {"guided_json": {"type": "object"}},
+        {"modalities": ["text", "audio"]},
+        {"reasoning_effort": "high"},
     ],
 )
 def test_chat_request_rejections(bad: dict[str, Any]) -> None:
@@ -94,6 +98,22 @@ def test_chat_request_rejections(bad: dict[str, Any]) -> None:
         req.check()
         req.sampling(req.wanted_max_tokens(16), req.wanted_logprobs())
     assert e.value.status == 400 and e.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_fields_openai_ignores_are_accepted() -> None:
+    req = chat(
+        user="u",
+        metadata={"k": "v"},
+        store=False,
+        service_tier="auto",
+        modalities=["text"],
+        prompt_cache_key="conv-1",
+        parallel_tool_calls=True,
+        max_completion_tokens=3,
+    )
+    req.check()
+    assert req.session == "conv-1" and req.wanted_max_tokens(16) == 3
+    assert chat(session_id="s").session == "s"
 
 
 def test_strict_types() -> None:

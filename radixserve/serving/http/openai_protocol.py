@@ -89,8 +89,29 @@ class ChatMessageIn(_Body):
         return "\n".join(texts)
 
 
+# Fields of OpenAI's (and vLLM's) requests that would change the output and that radixserve
+# does not implement: a 400 naming the field, rather than an answer that silently ignores
+# it. Everything else unknown is ignored, as OpenAI ignores what it does not use.
+UNSUPPORTED_FIELDS = {
+    "audio": "audio output is not supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "functions": "the legacy functions field is not supported; send tools",
+    "function_call": "the legacy function_call field is not supported; send tool_choice",
+    "reasoning_effort": "reasoning_effort is not supported; send chat_template_kwargs",
+    "verbosity": "verbosity is not supported",
+    "guided_json": "guided_json is not supported; send response_format",
+    "guided_regex": "guided_regex is not supported; send response_format or use /generate",
+    "guided_choice": "guided_choice is not supported; use /generate's choices",
+    "guided_grammar": "grammars are not supported",
+    "structured_outputs": "structured_outputs is not supported; send response_format",
+}
+
+
 class _SamplingBody(_Body):
     """Fields shared by chat and text completions."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
 
     model: str
     temperature: float | None = None
@@ -117,6 +138,14 @@ class _SamplingBody(_Body):
     pin_ttl_s: float | None = None  # radixserve: keep the prompt prefix pinned (see SamplingParams)
 
     def check_common(self) -> None:
+        for name in self.model_extra or {}:
+            if name in UNSUPPORTED_FIELDS:
+                raise invalid(UNSUPPORTED_FIELDS[name], param=name)
+        modalities = (self.model_extra or {}).get("modalities")
+        if modalities not in (None, ["text"]):
+            raise invalid(
+                "only text output is supported (modalities: ['text'])", param="modalities"
+            )
         if not 1 <= self.n <= 128:
             raise invalid(f"n must be in [1, 128], got {self.n}", param="n")
         if self.logit_bias:
