@@ -7,7 +7,7 @@ the forced call come back as ``message.tool_calls`` (and as streamed ``delta.too
 with arguments valid against the schema, then sends the tool result and gets the next
 turn. The prefix property is measured with ``cached_tokens``: turn N+1's prompt starts
 with turn N's prompt, and how much of turn N's answer the cache also covers is reported
-per template (tests/http/README of the numbers: docs/agents.md).
+per template (the numbers are in docs/agents.md).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 import openai
 import pytest
+from bench_modules import load
 from http_helpers import ENGINE_FLAGS, Server, gone, start
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
@@ -261,3 +262,19 @@ def test_default_template_without_tools_is_an_informative_400(server: Server) ->
         model="default", messages=msgs, tools=TOOLS, tool_choice="none", max_tokens=2
     )
     assert r.choices[0].message.tool_calls is None
+
+
+def test_agent_loop_benchmark_script(tool_server: tuple[str, Server]) -> None:
+    """benchmarks/bench_agent_loop.py runs against the Qwen3 server (2 agents, 2 tool turns):
+    every turn after the first has the previous turn's prompt cached."""
+    name, srv = tool_server
+    if name != "qwen3.jinja":
+        pytest.skip("one template is enough for the script")
+    bench = load("bench_agent_loop.py", "bench_agent_loop")
+    records = bench.run(srv.url, agents=2, turns=2)
+    assert [(r["agent"], r["turn"]) for r in records] == [(a, t) for a in (0, 1) for t in (1, 2, 3)]
+    for prev, r in zip(records, records[1:], strict=False):
+        if r["turn"] > 1:
+            assert r["call"] is not None or r["turn"] == 3
+            assert r["cached_tokens"] >= prev["prompt_tokens"] - 2 * PAGE
+    assert records[3]["cached_tokens"] > 0  # agent 1 starts from the shared system prompt
