@@ -61,6 +61,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     regex: str | None = None
     json_schema: str | None = None
     choices: list[str] | None = None
+    # JSON text ``{"begin": str, "schema": {...}, "end": str}``: the output is ``begin``, a
+    # JSON value valid against ``schema``, then ``end`` (a tool call in a model's own markup).
+    tagged_json: str | None = None
     # Keep this request's prompt prefix pinned in the KV cache for this many seconds after
     # it finishes, refreshed by every hit (within the server's pin budget; None: no pin).
     pin_ttl_s: float | None = None
@@ -72,7 +75,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     @property
     def constraint(self) -> Constraint | None:
         """The grammar constraint of these parameters, or None (call after ``validate``)."""
-        return constraint_of(self.regex, self.json_schema, self.choices)
+        return constraint_of(self.regex, self.json_schema, self.choices, self.tagged_json)
 
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         """Raise ``ValueError`` with a clear message for any invalid value; return self."""
@@ -128,7 +131,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             )
         if self.prompt_logprobs_start is not None and self.prompt_logprobs_start < 0:
             errors.append(f"prompt_logprobs_start must be >= 0, got {self.prompt_logprobs_start}")
-        errors += constraint_errors(self.regex, self.json_schema, self.choices)
+        errors += constraint_errors(self.regex, self.json_schema, self.choices, self.tagged_json)
         bad_ids = [t for t in self.stop_token_ids if not 0 <= t < TOKEN_ID_LIMIT]
         if bad_ids:
             errors.append(f"stop_token_ids must be token ids in [0, 2**31), got {bad_ids[:8]}")

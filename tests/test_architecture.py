@@ -22,7 +22,7 @@ PACKAGES = {
 # radixserve's runtime layers, bottom-up: a module imports only from its layer or those under it.
 # distributed/ stands beside engine/: it runs the engine's runner on the other ranks, and the
 # engine reaches it only through its topology factory (tests/distributed/test_topology.py).
-LAYERS = ["memory", "model", "scheduling", "engine", "serving", "commands"]
+LAYERS = ["memory", "model", "scheduling", "engine", "agents", "serving", "commands"]
 SAME_LAYER = {"distributed": "engine"}
 # serving/'s folders and which of the others each may import. "" is serving/'s own modules,
 # shared by several processes (text handling, process exit). The router talks to workers

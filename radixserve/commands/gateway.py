@@ -65,6 +65,24 @@ def _common_http_arguments(g: Any, *, memory_log_default: float) -> None:
         default=DEFAULT_MAX_BATCH_SIZE,
         help="most generations (prompts × n) one HTTP request may start (0: no limit)",
     )
+    _agent_arguments(g)
+
+
+def _agent_arguments(g: Any) -> None:
+    from radixserve.agents.registry import REASONING_FORMATS, TOOL_FORMATS
+
+    g.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=sorted(TOOL_FORMATS),
+        help="the format tool calls are read in (default: guessed from the chat template)",
+    )
+    g.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=sorted(REASONING_FORMATS),
+        help="split <think> reasoning out of answers into reasoning_content",
+    )
 
 
 def http_keys(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -117,6 +135,8 @@ def gateway_config(
         admin_api_keys=admin_keys,
         router_keys=router_keys,
         limits=request_limits(args),
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         context=context,
     )
 

@@ -163,6 +163,9 @@ class GrammarCompiler:
             if c.kind == "json_schema":
                 assert isinstance(c.value, str)
                 return self._xgr.compile_grammar(json_schema_grammar(c.value))
+            if c.kind == "tagged_json":
+                assert isinstance(c.value, str)
+                return self._xgr.compile_grammar(tagged_json_grammar(c.value))
             if c.kind == "choices":
                 # A grammar of string literals (JSON escapes are EBNF escapes), not a regex:
                 # no character of a choice needs regex escaping.
@@ -192,6 +195,22 @@ def json_schema_grammar(schema: str) -> Any:
     if _LOOSE_STRING_CHAR not in text:
         return grammar
     return xgr.Grammar.from_ebnf(text.replace(_LOOSE_STRING_CHAR, _STRICT_STRING_CHAR))
+
+
+def tagged_json_grammar(spec: str) -> Any:
+    """``begin`` + a JSON value of ``schema`` (as :func:`json_schema_grammar` spells it) +
+    ``end``: a tool call forced into the markup of the model's own format."""
+    parsed = json.loads(spec)
+    parts = []
+    for key in ("begin", "end"):
+        text = parsed.get(key, "")
+        if text:
+            parts.append((key, xgr.Grammar.from_ebnf("root ::= " + json.dumps(text))))
+    body = json_schema_grammar(json.dumps(parsed["schema"]))
+    begin = [g for k, g in parts if k == "begin"]
+    end = [g for k, g in parts if k == "end"]
+    grammars = [*begin, body, *end]
+    return grammars[0] if len(grammars) == 1 else xgr.Grammar.concat(*grammars)
 
 
 _compilers: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], GrammarCompiler]] = (

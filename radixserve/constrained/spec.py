@@ -11,7 +11,7 @@ import re
 import re._parser as _sre_parse  # the stdlib's regex parser: xgrammar's regexes share its syntax
 from typing import Any, Literal, NamedTuple
 
-ConstraintKind = Literal["regex", "json_schema", "choices"]
+ConstraintKind = Literal["regex", "json_schema", "choices", "tagged_json"]
 
 #: The most characters a regex, a JSON schema or all choices together may have.
 MAX_CONSTRAINT_CHARS = 64 << 10
@@ -75,7 +75,10 @@ def _size(items: Any, cap: int) -> int:
 
 
 def constraint_errors(
-    regex: str | None, json_schema: str | None, choices: list[str] | None
+    regex: str | None,
+    json_schema: str | None,
+    choices: list[str] | None,
+    tagged_json: str | None = None,
 ) -> list[str]:
     """Cheap checks that need no grammar library (the compiler reports the rest).
 
@@ -83,7 +86,12 @@ def constraint_errors(
     a boolean; a non-empty list of non-empty choices.
     """
     errors: list[str] = []
-    named = (("regex", regex), ("json_schema", json_schema), ("choices", choices))
+    named = (
+        ("regex", regex),
+        ("json_schema", json_schema),
+        ("choices", choices),
+        ("tagged_json", tagged_json),
+    )
     given = [name for name, v in named if v is not None]
     if len(given) > 1:
         errors.append(
@@ -95,6 +103,7 @@ def constraint_errors(
         ("regex", len(regex or "")),
         ("json_schema", len(json_schema or "")),
         ("choices", sum(len(c) for c in choices or ())),
+        ("tagged_json", len(tagged_json or "")),
     )
     for name, size in sizes:
         if size > MAX_CONSTRAINT_CHARS:
@@ -120,6 +129,8 @@ def constraint_errors(
                 errors.append(
                     f"json_schema must be a JSON object (or a boolean), got {type(schema).__name__}"
                 )
+    if tagged_json is not None and len(tagged_json) <= MAX_CONSTRAINT_CHARS:
+        errors += _tagged_json_errors(tagged_json)
     if choices is not None:
         if not choices:
             errors.append("choices must list at least one string")
@@ -128,8 +139,26 @@ def constraint_errors(
     return errors
 
 
+def _tagged_json_errors(text: str) -> list[str]:
+    try:
+        spec: Any = json.loads(text)
+    except (ValueError, RecursionError):
+        return ["tagged_json is not valid JSON text"]
+    if (
+        not isinstance(spec, dict)
+        or not isinstance(spec.get("begin", ""), str)
+        or not isinstance(spec.get("end", ""), str)
+        or not isinstance(spec.get("schema"), (dict, bool))
+    ):
+        return ['tagged_json must be {"begin": str, "schema": object, "end": str}']
+    return []
+
+
 def constraint_of(
-    regex: str | None, json_schema: str | None, choices: list[str] | None
+    regex: str | None,
+    json_schema: str | None,
+    choices: list[str] | None,
+    tagged_json: str | None = None,
 ) -> Constraint | None:
     """The :class:`Constraint` of already validated parameters, or None when unconstrained."""
     if regex is not None:
@@ -138,6 +167,8 @@ def constraint_of(
         return Constraint("json_schema", json_schema)
     if choices is not None:
         return Constraint("choices", tuple(choices))
+    if tagged_json is not None:
+        return Constraint("tagged_json", tagged_json)
     return None
 
 

@@ -8,6 +8,7 @@ template, which already writes its special tokens, so they are encoded without a
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,60 @@ def load_tokenizer(model_path: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
 
 
+# Template variables a request may not set through chat_template_kwargs: the ones the
+# rendering itself passes (a request that set them would change what is rendered).
+_RESERVED_TEMPLATE_VARS = frozenset(
+    {"messages", "conversation", "tools", "documents", "add_generation_prompt", "tokenize"}
+)
+
+
+def chat_turn(m: p.ChatMessage) -> dict[str, Any]:
+    """One message as chat templates read it: OpenAI's shape, with each call's arguments
+    as an object where they parse (templates write them with ``tojson``)."""
+    turn: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        calls = []
+        for c in m.tool_calls:
+            try:
+                args: Any = json.loads(c.arguments)
+            except ValueError:
+                args = c.arguments
+            calls.append(
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": args}}
+            )
+        turn["tool_calls"] = calls
+    if m.tool_call_id is not None:
+        turn["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        turn["name"] = m.name
+    if m.reasoning_content is not None:
+        turn["reasoning_content"] = m.reasoning_content
+    return turn
+
+
+def template_inputs(tools: str | None, kwargs: str | None) -> dict[str, Any]:
+    """``tools`` and the request's extra template variables, as ``apply_chat_template``
+    keywords (both arrive as JSON text; the gateway checked their shape and size)."""
+    out: dict[str, Any] = {}
+    if kwargs:
+        try:
+            extra = json.loads(kwargs)
+        except ValueError as exc:
+            raise PromptError(f"chat_template_kwargs is not JSON: {exc}") from exc
+        if not isinstance(extra, dict):
+            raise PromptError("chat_template_kwargs must be a JSON object")
+        bad = sorted(_RESERVED_TEMPLATE_VARS & set(extra))
+        if bad:
+            raise PromptError(f"chat_template_kwargs may not set {', '.join(bad)}")
+        out.update(extra)
+    if tools:
+        try:
+            out["tools"] = json.loads(tools)
+        except ValueError as exc:
+            raise PromptError(f"tools is not JSON: {exc}") from exc
+    return out
+
+
 class PromptCodec:
     """Encodes generate requests to token ids and makes per-request incremental detokenizers."""
 
@@ -63,10 +118,14 @@ class PromptCodec:
             raise PromptError(
                 "the model has no chat template; send text or input_ids instead of messages"
             )
-        conversation = [{"role": m.role, "content": m.content} for m in req.messages]
+        conversation = [chat_turn(m) for m in req.messages]
+        extra = template_inputs(req.tools, req.chat_template_kwargs)
         try:
             rendered = self.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=req.add_generation_prompt
+                conversation,
+                tokenize=False,
+                add_generation_prompt=req.add_generation_prompt,
+                **extra,
             )
         except Exception as exc:  # jinja raises its own types (e.g. on an unsupported role)
             raise PromptError(f"chat template failed: {exc}") from exc

@@ -72,7 +72,7 @@ def test_chat_request_to_sampling_params() -> None:
             }
         ]
     )
-    assert parts.chat() == [{"role": "user", "content": "a\nb"}]
+    assert [(m.role, m.content) for m in parts.chat()] == [("user", "a\nb")]
 
 
 @pytest.mark.parametrize(
@@ -83,10 +83,13 @@ def test_chat_request_to_sampling_params() -> None:
         {"temperature": 3.0},
         {"top_logprobs": 2},
         {"logprobs": True, "top_logprobs": 21},
-        {"tools": [{"type": "function"}]},
         {"response_format": {"type": "grammar"}},
         {"logit_bias": {"1": 2.0}},
         {"stream_options": {"include_usage": True}},
+        {"functions": [{"name": "f"}]},
+        {"guided_json": {"type": "object"}},
+        {"modalities": ["text", "audio"]},
+        {"reasoning_effort": "high"},
     ],
 )
 def test_chat_request_rejections(bad: dict[str, Any]) -> None:
@@ -97,8 +100,30 @@ def test_chat_request_rejections(bad: dict[str, Any]) -> None:
     assert e.value.status == 400 and e.value.body()["error"]["type"] == "invalid_request_error"
 
 
+def test_fields_openai_ignores_are_accepted() -> None:
+    req = chat(
+        user="u",
+        metadata={"k": "v"},
+        store=False,
+        service_tier="auto",
+        modalities=["text"],
+        prompt_cache_key="conv-1",
+        parallel_tool_calls=True,
+        max_completion_tokens=3,
+    )
+    req.check()
+    assert req.session == "conv-1" and req.wanted_max_tokens(16) == 3
+    assert chat(session_id="s").session == "s"
+
+
 def test_strict_types() -> None:
-    for bad in ({"max_tokens": "5"}, {"n": True}, {"messages": "hi"}, {"stop": 5}):
+    for bad in (
+        {"max_tokens": "5"},
+        {"n": True},
+        {"messages": "hi"},
+        {"stop": 5},
+        {"tools": [{"type": "function"}]},  # no function: the app answers 400
+    ):
         with pytest.raises(ValidationError):
             chat(**bad)
 

@@ -10,6 +10,8 @@ import itertools
 import os
 from typing import TypedDict
 
+import msgspec
+
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.wire import protocol as p
 
@@ -39,6 +41,8 @@ class GenerateOptions(TypedDict, total=False):
     add_generation_prompt: bool
     cache_salt: str | None
     priority: int
+    tools: str | None  # JSON of the request's tool list, rendered by the chat template
+    chat_template_kwargs: str | None  # JSON of extra template variables
 
 
 def generate_request(
@@ -52,7 +56,10 @@ def generate_request(
     messages = options.get("messages")
     chat = None
     if messages is not None:
-        chat = [m if isinstance(m, p.ChatMessage) else p.ChatMessage(**m) for m in messages]
+        chat = [
+            m if isinstance(m, p.ChatMessage) else msgspec.convert(m, p.ChatMessage)
+            for m in messages
+        ]
     return p.GenerateRequest(
         request_id=request_id,
         text=text,
@@ -65,6 +72,8 @@ def generate_request(
         namespace=options.get("namespace"),
         cache_salt=options.get("cache_salt"),
         priority=options.get("priority", 0),
+        tools=options.get("tools"),
+        chat_template_kwargs=options.get("chat_template_kwargs"),
     )
 
 

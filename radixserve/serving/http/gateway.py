@@ -47,7 +47,9 @@ class GatewayConfig:
     ``token_id:N``). ``memory_log_interval_s``: period of the memory log line (0: off).
     ``api_keys`` / ``admin_api_keys``: bearer keys the HTTP clients must send (empty: none;
     see :mod:`~radixserve.serving.http.auth`). ``router_keys``: CURVE keys for a router
-    that takes only authenticated clients. ``context``: the router's ZeroMQ context, for a
+    that takes only authenticated clients. ``tool_call_parser`` / ``reasoning_parser``:
+    how answers are split into calls and reasoning (see
+    :mod:`~radixserve.serving.http.chat_tools`). ``context``: the router's ZeroMQ context, for a
     gateway in the router's process that reaches it at its ``inproc://`` endpoint.
     """
 
@@ -61,6 +63,8 @@ class GatewayConfig:
     admin_api_keys: tuple[str, ...] = field(default=(), repr=False)
     router_keys: PeerKeys | None = field(default=None, repr=False)
     limits: RequestLimits = RequestLimits()
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     context: Any = field(default=None, repr=False, compare=False)
 
 
@@ -283,11 +287,13 @@ class Gateway:
         arrival: float,
         text: str | None = None,
         input_ids: list[int] | None = None,
-        messages: list[dict[str, str]] | None = None,
+        messages: list[p.ChatMessage] | list[dict[str, str]] | None = None,
         params: SamplingParams,
         session_id: str | None = None,
         cache_salt: str | None = None,
         priority: int = 0,
+        tools: str | None = None,
+        chat_template_kwargs: str | None = None,
     ) -> AsyncGenerator[Event, None]:
         """One generate request: its chunks, then its final message. Router errors become
         :class:`APIError`; closing the iterator early aborts the request. ``cache_salt``:
@@ -305,6 +311,8 @@ class Gateway:
             priority=priority,
             stream=True,
             timeout=self.config.request_timeout_s,
+            tools=tools,
+            chat_template_kwargs=chat_template_kwargs,
         )
         with router_errors():
             # aclosing: leaving early closes the client stream now (it sends the abort), not at GC.

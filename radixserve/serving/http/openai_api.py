@@ -15,9 +15,11 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from radixserve.serving.http import chat_tools
 from radixserve.serving.http.auth import request_key, tenant_cache_salt
 from radixserve.serving.http.errors import APIError, invalid
 from radixserve.serving.http.gateway import Gateway, merge
@@ -115,15 +117,32 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     info = await g.info()
     g.check_batch(body.n)
     max_tokens, want_lp = body.wanted_max_tokens(info.context_length), body.wanted_logprobs()
+    tools = chat_tools.plan(
+        body.tools,
+        body.tool_choice,
+        info.chat_template,
+        g.config.tool_call_parser,
+        g.config.reasoning_parser,
+        bool(body.constraint()),
+    )
+    kwargs = chat_tools.template_kwargs(body.chat_template_kwargs)
     messages = body.chat()
     salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
+
+    def params(i: int) -> Any:
+        sp = body.sampling(max_tokens, want_lp, i)
+        return sp if tools.forced is None else msgspec.structs.replace(sp, tagged_json=tools.forced)
+
     streams = [
         g.stream(
             arrival=arrival,
             messages=messages,
-            params=body.sampling(max_tokens, want_lp, i),
+            params=params(i),
             cache_salt=salt,
             priority=body.priority,
+            session_id=body.session,
+            tools=tools.tools_json,
+            chat_template_kwargs=kwargs,
         )
         for i in range(body.n)
     ]
@@ -131,18 +150,24 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if body.stream:
         events = await primed(request, merge(streams))
         return SSEResponse(
-            _chat_events(g, events, rid, created, model, want_lp is not None, body.include_usage)
+            _chat_events(
+                g, events, rid, created, model, want_lp is not None, body.include_usage, tools
+            )
         )
     results = await finals(request, streams)
-    choices = [
-        {
-            "index": i,
-            "message": {"role": "assistant", "content": f.text},
-            "logprobs": {"content": chat_logprobs(g, f.logprobs)} if want_lp is not None else None,
-            "finish_reason": f.finish_reason,
-        }
-        for i, f in enumerate(results)
-    ]
+    choices = []
+    for i, f in enumerate(results):
+        msg, finish_reason = chat_tools.message(tools, f.text, f.finish_reason)
+        choices.append(
+            {
+                "index": i,
+                "message": msg,
+                "logprobs": {"content": chat_logprobs(g, f.logprobs)}
+                if want_lp is not None
+                else None,
+                "finish_reason": finish_reason,
+            }
+        )
     return JSONResponse(
         {
             "id": rid,
@@ -164,6 +189,7 @@ async def _chat_events(
     model: str,
     want_lp: bool,
     include_usage: bool,
+    tools: chat_tools.ToolPlan,
 ) -> AsyncIterator[bytes]:
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         body = {
@@ -181,9 +207,11 @@ async def _chat_events(
 
     started: set[int] = set()
     done: dict[int, p.GenerateFinal] = {}
+    parsers: dict[int, Any] = {}
     async for i, ev in events:
         if i not in started:
             started.add(i)
+            parsers[i] = chat_tools.output_parser(tools)
             yield chunk(
                 [
                     {
@@ -194,13 +222,17 @@ async def _chat_events(
                     }
                 ]
             )
+        parser = parsers[i]
         if isinstance(ev, p.GenerateChunk):
-            if ev.text or (want_lp and ev.logprobs):
+            delta: dict[str, Any] = {"content": ev.text}
+            if parser is not None:
+                delta = chat_tools.stream_delta(parser.feed(ev.text))
+            if delta or (want_lp and ev.logprobs):
                 yield chunk(
                     [
                         {
                             "index": i,
-                            "delta": {"content": ev.text},
+                            "delta": delta,
                             "logprobs": {"content": chat_logprobs(g, ev.logprobs)}
                             if want_lp
                             else None,
@@ -210,8 +242,17 @@ async def _chat_events(
                 )
         else:
             done[i] = ev
+            finish_reason: Any = ev.finish_reason
+            if parser is not None:
+                rest = chat_tools.stream_delta(parser.finish())
+                if rest:
+                    yield chunk(
+                        [{"index": i, "delta": rest, "logprobs": None, "finish_reason": None}]
+                    )
+                if parser.calls and finish_reason == "stop":
+                    finish_reason = "tool_calls"
             yield chunk(
-                [{"index": i, "delta": {}, "logprobs": None, "finish_reason": ev.finish_reason}]
+                [{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish_reason}]
             )
     if include_usage:
         yield chunk([], usage=usage([[done[i] for i in sorted(done)]]) if done else None)

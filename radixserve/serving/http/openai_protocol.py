@@ -4,7 +4,8 @@ Types are strict (``"5"`` is not an integer), unknown fields are ignored (client
 ``user``, ``store``, ``metadata``, ...), and values are checked by
 :meth:`SamplingParams.validate`, the one place the engine, router and gateways share.
 ``response_format`` ``json_object`` / ``json_schema`` use radixserve's constrained
-decoding. Features radixserve does not have (tools, logit bias, ``suffix``,
+decoding. Tools and reasoning are planned in :mod:`.chat_tools`. Features radixserve does not
+have (logit bias, ``suffix``,
 ``best_of`` > ``n``, image content) are rejected with a 400 rather than silently ignored.
 Extensions accepted as vLLM and SGLang do: ``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
@@ -20,7 +21,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixserve.sampling_params import TOKEN_ID_LIMIT, SamplingParams
+from radixserve.serving.http.chat_tools import MAX_MESSAGES, CallIn, ToolIn
 from radixserve.serving.http.errors import invalid
+from radixserve.serving.wire import protocol as p
 
 # A token id in a request body: bounded here, so that an absurd integer is a 400, not a
 # failure to encode the request for the router.
@@ -44,6 +47,32 @@ class ChatMessageIn(_Body):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[CallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+    def wire(self, index: int) -> p.ChatMessage:
+        """This turn as the router renders it (``developer`` is OpenAI's new ``system``)."""
+        calls = None
+        if self.tool_calls:
+            calls = []
+            for j, c in enumerate(self.tool_calls):
+                name, args = c.function.get("name"), c.function.get("arguments", "{}")
+                if not isinstance(name, str) or not isinstance(args, str):
+                    raise invalid(
+                        f"messages[{index}].tool_calls[{j}].function needs a string name "
+                        "and string arguments",
+                        param=f"messages.{index}.tool_calls",
+                    )
+                calls.append(p.ToolCallPart(id=c.id, name=name, arguments=args))
+        return p.ChatMessage(
+            role="system" if self.role == "developer" else self.role,
+            content=self.text(index),
+            tool_calls=calls,
+            tool_call_id=self.tool_call_id,
+            name=self.name,
+            reasoning_content=self.reasoning_content,
+        )
 
     def text(self, index: int) -> str:
         if self.content is None:
@@ -61,8 +90,29 @@ class ChatMessageIn(_Body):
         return "\n".join(texts)
 
 
+# Fields of OpenAI's (and vLLM's) requests that would change the output and that radixserve
+# does not implement: a 400 naming the field, rather than an answer that silently ignores
+# it. Everything else unknown is ignored, as OpenAI ignores what it does not use.
+UNSUPPORTED_FIELDS = {
+    "audio": "audio output is not supported",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not supported",
+    "functions": "the legacy functions field is not supported; send tools",
+    "function_call": "the legacy function_call field is not supported; send tool_choice",
+    "reasoning_effort": "reasoning_effort is not supported; send chat_template_kwargs",
+    "verbosity": "verbosity is not supported",
+    "guided_json": "guided_json is not supported; send response_format",
+    "guided_regex": "guided_regex is not supported; send response_format or use /generate",
+    "guided_choice": "guided_choice is not supported; use /generate's choices",
+    "guided_grammar": "grammars are not supported",
+    "structured_outputs": "structured_outputs is not supported; send response_format",
+}
+
+
 class _SamplingBody(_Body):
     """Fields shared by chat and text completions."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
 
     model: str
     temperature: float | None = None
@@ -94,6 +144,14 @@ class _SamplingBody(_Body):
     prompt_cache_retention: str | None = Field(default=None, max_length=16)
 
     def check_common(self) -> None:
+        for name in self.model_extra or {}:
+            if name in UNSUPPORTED_FIELDS:
+                raise invalid(UNSUPPORTED_FIELDS[name], param=name)
+        modalities = (self.model_extra or {}).get("modalities")
+        if modalities not in (None, ["text"]):
+            raise invalid(
+                "only text output is supported (modalities: ['text'])", param="modalities"
+            )
         if not 1 <= self.n <= 128:
             raise invalid(f"n must be in [1, 128], got {self.n}", param="n")
         if self.logit_bias:
@@ -168,14 +226,24 @@ class ChatCompletionRequest(_SamplingBody):
     logprobs: bool = False
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolIn] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    # The conversation's key (OpenAI's prompt_cache_key; SGLang's session_id): handed to
+    # the router as the request's session, so that one conversation's turns meet its cache.
+    prompt_cache_key: str | None = Field(default=None, max_length=256)
+    session_id: str | None = Field(default=None, max_length=256)
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
 
     def check(self) -> None:
         self.check_common()
-        if self.tools:
-            raise invalid("tools are not supported", param="tools")
+        if len(self.messages) > MAX_MESSAGES:
+            raise invalid(
+                f"at most {MAX_MESSAGES} messages, got {len(self.messages)}", param="messages"
+            )
         self.constraint()  # a bad response_format fails before anything runs
         if self.top_logprobs is not None:
             if not self.logprobs:
@@ -209,8 +277,12 @@ class ChatCompletionRequest(_SamplingBody):
             param="response_format",
         )
 
-    def chat(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text(i)} for i, m in enumerate(self.messages)]
+    def chat(self) -> list[p.ChatMessage]:
+        return [m.wire(i) for i, m in enumerate(self.messages)]
+
+    @property
+    def session(self) -> str | None:
+        return self.prompt_cache_key or self.session_id
 
     def wanted_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

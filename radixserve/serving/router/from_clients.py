@@ -196,6 +196,8 @@ class ClientSide:
                 text=req.text,
                 messages=req.messages,
                 add_generation_prompt=req.add_generation_prompt,
+                tools=req.tools,
+                chat_template_kwargs=req.chat_template_kwargs,
             )
 
     def _encoded(self, st: RouterRequest, ids: list[list[int]] | None, err: str | None) -> None:

@@ -56,6 +56,8 @@ class EncodeJob(msgspec.Struct, tag="encode", forbid_unknown_fields=True):
     messages: list[p.ChatMessage] | None = None
     add_generation_prompt: bool = True
     texts: list[str] | None = None
+    tools: str | None = None
+    chat_template_kwargs: str | None = None
 
 
 class PoolStop(msgspec.Struct, tag="stop"):
@@ -172,9 +174,19 @@ class TokenizerPool:
         messages: list[p.ChatMessage] | None = None,
         add_generation_prompt: bool = True,
         texts: list[str] | None = None,
+        tools: str | None = None,
+        chat_template_kwargs: str | None = None,
     ) -> None:
         """Encode in a pool process; ``done(ids, error)`` runs on the router's loop later."""
-        job = EncodeJob(self._next_job, text, messages, add_generation_prompt, texts)
+        job = EncodeJob(
+            self._next_job,
+            text,
+            messages,
+            add_generation_prompt,
+            texts,
+            tools,
+            chat_template_kwargs,
+        )
         self._next_job += 1
         self.jobs += 1
         self._queue.append((job, done))
@@ -308,6 +320,8 @@ def _encode(codec: Any, job: EncodeJob) -> Encoded:
             text=job.text,
             messages=job.messages,
             add_generation_prompt=job.add_generation_prompt,
+            tools=job.tools,
+            chat_template_kwargs=job.chat_template_kwargs,
         )
         return Encoded(job.job, [codec.encode(req)])
     except PromptError as exc:

@@ -19,11 +19,25 @@ from radixserve.serving.wire.base import ErrorCode, Msg, Part, WorkerLoad
 # --------------------------------------------------------------------------- parts
 
 
+class ToolCallPart(Part):
+    """A tool call of an earlier assistant turn (``arguments``: JSON text, as OpenAI's)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 class ChatMessage(Part):
-    """One chat turn, rendered by the model's chat template in the router."""
+    """One chat turn, rendered by the model's chat template in the router. An assistant
+    turn may carry ``tool_calls`` (and its ``reasoning_content``); a ``tool`` turn names
+    the call it answers (``tool_call_id``) and maybe the function (``name``)."""
 
     role: str
     content: str
+    tool_calls: list[ToolCallPart] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
 
 
 class Timings(Part):
@@ -40,7 +54,9 @@ class Timings(Part):
 class GenerateRequest(Msg, tag="generate"):
     """Generate a completion for exactly one of ``text``, ``input_ids`` or ``messages``.
 
-    ``messages`` are rendered with the model's chat template (``add_generation_prompt``).
+    ``messages`` are rendered with the model's chat template (``add_generation_prompt``),
+    with ``tools`` (JSON text of OpenAI's tool list) and ``chat_template_kwargs`` (JSON
+    text of an object: extra template variables, e.g. ``enable_thinking``) when given.
     Logprob options live in ``params`` (``logprobs``: top-k, ``prompt_logprobs_start``).
     ``session_id`` keeps a program's calls on one worker (its cache); ``namespace``
     isolates radix-cache sharing, and so does ``cache_salt`` (vLLM's name: a tenant's
@@ -54,6 +70,8 @@ class GenerateRequest(Msg, tag="generate"):
     input_ids: list[int] | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
+    tools: str | None = None
+    chat_template_kwargs: str | None = None
     params: SamplingParams = msgspec.field(default_factory=SamplingParams)
     stream: bool = False
     session_id: str | None = None

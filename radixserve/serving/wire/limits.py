@@ -73,7 +73,14 @@ def prompt_chars(req: Any) -> int:
     if req.text is not None:
         return len(req.text)
     if req.messages is not None:
-        return sum(len(m.content) + len(m.role) for m in req.messages)
+        extra = len(req.tools or "") + len(req.chat_template_kwargs or "")
+        return extra + sum(
+            len(m.content)
+            + len(m.role)
+            + len(m.reasoning_content or "")
+            + sum(len(c.name) + len(c.arguments) for c in m.tool_calls or ())
+            for m in req.messages
+        )
     return 0
 
 

@@ -55,6 +55,7 @@ from radixserve.serving.wire.client_messages import (
     Timings,
     TokenizeReply,
     TokenizeRequest,
+    ToolCallPart,
     WorkerStats,
 )
 from radixserve.serving.wire.limits import invalid_utf8_path
@@ -91,6 +92,7 @@ __all__ = [
     "ErrorCode",
     "WorkerLoad",
     "ChatMessage",
+    "ToolCallPart",
     "Timings",
     "GenerateRequest",
     "Abort",

@@ -1,0 +1,54 @@
+"""Reasoning split from the answer: ``<think>...</think>`` as Qwen3 and DeepSeek-R1 write it.
+
+``qwen3``: reasoning only when the answer starts with ``<think>`` (with
+``enable_thinking: false`` the template closes an empty think block in the prompt and the
+answer is plain). ``deepseek-r1``: its template opens ``<think>`` in the prompt, so the
+answer starts inside the reasoning and only ``</think>`` appears (an opening tag, when the
+model writes one anyway, is dropped); an answer that never closes it is all reasoning.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from radixserve.agents.types import held_marker_prefix
+
+START, END = "<think>", "</think>"
+
+
+class ReasoningSplit(NamedTuple):
+    reasoning: str
+    content: str
+
+
+class ThinkFormat(NamedTuple):
+    """One reasoning format: its name and whether answers start inside the reasoning."""
+
+    name: str
+    starts_inside: bool
+
+
+QWEN3 = ThinkFormat("qwen3", starts_inside=False)
+DEEPSEEK_R1 = ThinkFormat("deepseek-r1", starts_inside=True)
+FORMATS = {f.name: f for f in (QWEN3, DEEPSEEK_R1)}
+
+
+def split(fmt: ThinkFormat, text: str, final: bool) -> ReasoningSplit:
+    """Reasoning and content of ``text``; when not ``final``, a trailing piece that may be
+    a tag still arriving is held back from both."""
+    lead = len(text) - len(text.lstrip())
+    body = text[lead:]
+    if body.startswith(START):
+        body = body[len(START) :]
+    elif not fmt.starts_inside:
+        if not final and START.startswith(body):
+            return ReasoningSplit("", "")  # maybe the opening tag, still arriving
+        return ReasoningSplit("", text)
+    elif not final and body and START.startswith(body):
+        return ReasoningSplit("", "")
+    end = body.find(END)
+    if end < 0:
+        hold = 0 if final else held_marker_prefix(body, (END,))
+        return ReasoningSplit(body[: len(body) - hold], "")
+    # The newlines templates put after the closing tag are not part of the answer.
+    return ReasoningSplit(body[:end], body[end + len(END) :].lstrip("\n"))

@@ -1,0 +1,78 @@
+"""Parsers by name, and the tool-call format a chat template implies.
+
+A template names its format by the markup it writes (``<tool_call>``, ``[TOOL_CALLS]``,
+Llama's ``ipython`` role); ``--tool-call-parser`` overrides the guess.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from radixserve.agents import hermes, llama3, mistral
+from radixserve.agents import reasoning as think
+from radixserve.agents.stream import ToolScan
+
+
+class ToolFormat(NamedTuple):
+    """A tool-call format: its parser, and the markup a forced call is wrapped in."""
+
+    name: str
+    scan: ToolScan
+    begin: str  # text before the call JSON
+    end: str  # text after it
+    args_key: str  # the member holding the arguments
+    array: bool  # the calls are a JSON array (Mistral)
+
+
+HERMES = ToolFormat(hermes.NAME, hermes.scan, "<tool_call>\n", "\n</tool_call>", "arguments", False)
+LLAMA3_JSON = ToolFormat(llama3.NAME, llama3.scan, "", "", "parameters", False)
+MISTRAL = ToolFormat(mistral.NAME, mistral.scan, mistral.MARKER + " ", "", "arguments", True)
+
+TOOL_FORMATS: dict[str, ToolFormat] = {
+    "hermes": HERMES,
+    "qwen": HERMES,
+    "qwen25": HERMES,
+    "qwen3": HERMES,
+    "llama3_json": LLAMA3_JSON,
+    "llama3": LLAMA3_JSON,
+    "mistral": MISTRAL,
+}
+REASONING_FORMATS: dict[str, think.ThinkFormat] = dict(think.FORMATS)
+
+
+def tool_format(name: str) -> ToolFormat:
+    """The format called ``name``; ``ValueError`` naming the known ones otherwise."""
+    try:
+        return TOOL_FORMATS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown tool-call parser {name!r} (known: {', '.join(sorted(TOOL_FORMATS))})"
+        ) from None
+
+
+def reasoning_format(name: str) -> think.ThinkFormat:
+    try:
+        return REASONING_FORMATS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown reasoning parser {name!r} (known: {', '.join(sorted(REASONING_FORMATS))})"
+        ) from None
+
+
+def renders_tools(template: str | None) -> bool:
+    """Whether a chat template does anything with a ``tools`` list."""
+    return bool(template) and "tools" in (template or "")
+
+
+def guess_tool_format(template: str | None) -> ToolFormat | None:
+    """The format a chat template writes tool calls in, or ``None`` (no tool support)."""
+    if not renders_tools(template):
+        return None
+    assert template is not None
+    if "<tool_call>" in template:
+        return HERMES
+    if "[TOOL_CALLS]" in template:
+        return MISTRAL
+    if "ipython" in template or "<|python_tag|>" in template:
+        return LLAMA3_JSON
+    return None

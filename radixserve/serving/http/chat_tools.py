@@ -1,0 +1,256 @@
+"""Tools and reasoning in the OpenAI chat API: what a request asks for, checked and planned.
+
+The request's ``tools`` go into the model's chat template (rendered in the router, with
+the history's ``tool_calls`` and ``tool`` turns); the answer is read back by the tool
+parser of the template's format (``--tool-call-parser`` overrides the guess) and by the
+server's reasoning parser (``--reasoning-parser``). ``tool_choice``:
+
+- ``"auto"`` (the default with tools): the model may write calls; they are parsed out.
+- ``"none"``: tools are still rendered (the prompt, and so its cached prefix, stays the
+  same across turns), nothing is parsed as a call.
+- ``"required"`` / a named function: one call is forced with a ``tagged_json``
+  constraint in the format's own markup (:mod:`radixserve.agents.tool_grammar`), its
+  arguments valid against the function's schema.
+
+A chat template that does not render tools (the default SmolLM2's) gets a 400 for any
+``tool_choice`` but ``"none"`` (which then drops the tools): a tool list the model never
+sees would only look supported. Sizes are checked before anything proportional to them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from radixserve.agents import reasoning as think
+from radixserve.agents.registry import (
+    ToolFormat,
+    guess_tool_format,
+    reasoning_format,
+    renders_tools,
+    tool_format,
+)
+from radixserve.agents.stream import OutputParser
+from radixserve.agents.tool_grammar import forced_call
+from radixserve.constrained.spec import MAX_CONSTRAINT_CHARS
+from radixserve.serving.http.errors import invalid
+
+#: OpenAI's own limit on the tools of one request.
+MAX_TOOLS = 128
+#: The most characters of all tools together, as JSON (each schema is also bounded by the
+#: constraint limit when it is forced).
+MAX_TOOLS_CHARS = 256 << 10
+#: The most messages of one chat request (a long agent history is hundreds).
+MAX_MESSAGES = 4096
+#: The most characters of ``chat_template_kwargs`` as JSON.
+MAX_TEMPLATE_KWARGS_CHARS = 4096
+_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class FunctionIn(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolIn(_Strict):
+    type: str = "function"
+    function: FunctionIn
+
+
+class FunctionRef(_Strict):
+    name: str
+
+
+class CallIn(_Strict):
+    """An earlier assistant turn's call, as the client sends it back."""
+
+    id: str = Field(max_length=256)
+    type: str = "function"
+    function: dict[str, Any]
+
+
+class ToolPlan(NamedTuple):
+    """How one chat request treats tools and reasoning."""
+
+    tools_json: str | None  # rendered into the template
+    parse_with: ToolFormat | None  # tool parser of the answer (None: all content)
+    forced: str | None  # tagged_json constraint forcing a call
+    think: think.ThinkFormat | None
+
+
+def _functions(tools: list[ToolIn]) -> list[dict[str, Any]]:
+    out = []
+    for i, t in enumerate(tools):
+        if t.type != "function":
+            raise invalid(
+                f"tools[{i}].type {t.type!r} is not supported (only 'function')", param="tools"
+            )
+        if not _NAME.match(t.function.name):
+            raise invalid(
+                f"tools[{i}].function.name must be 1-64 letters, digits, '_', '-', '.' or ':'",
+                param="tools",
+            )
+        out.append(t.function.model_dump(exclude_none=True))
+    return out
+
+
+def plan(
+    tools: list[ToolIn] | None,
+    tool_choice: str | dict[str, Any] | None,
+    template: str | None,
+    tool_parser: str | None,
+    reasoning_parser: str | None,
+    has_constraint: bool,
+) -> ToolPlan:
+    """Check the request's tool fields against the model and server; raise a 400 on any
+    that cannot be honoured."""
+    fmt = think_fmt = None
+    if reasoning_parser:
+        think_fmt = reasoning_format(reasoning_parser)
+    if not tools:
+        if tool_choice not in (None, "none", "auto"):
+            raise invalid("tool_choice needs tools", param="tool_choice")
+        return ToolPlan(None, None, None, think_fmt)
+    if len(tools) > MAX_TOOLS:
+        raise invalid(f"at most {MAX_TOOLS} tools, got {len(tools)}", param="tools")
+    functions = _functions(tools)
+    names = [f["name"] for f in functions]
+    if len(set(names)) != len(names):
+        raise invalid("tool names must be unique", param="tools")
+    tools_json = json.dumps([{"type": "function", "function": f} for f in functions])
+    if len(tools_json) > MAX_TOOLS_CHARS:
+        raise invalid(
+            f"tools take {len(tools_json)} characters as JSON, more than {MAX_TOOLS_CHARS}",
+            param="tools",
+        )
+    choice = "auto" if tool_choice is None else tool_choice
+    named: str | None = None
+    if isinstance(choice, dict):
+        try:
+            named = FunctionRef.model_validate(choice.get("function")).name
+        except Exception:  # noqa: BLE001 - any shape error is the same 400
+            named = None
+        if choice.get("type", "function") != "function" or named is None:
+            raise invalid(
+                'tool_choice must be "none", "auto", "required" or '
+                '{"type": "function", "function": {"name": ...}}',
+                param="tool_choice",
+            )
+        if named not in names:
+            raise invalid(
+                f"tool_choice names {named!r}, which is not in tools", param="tool_choice"
+            )
+    elif choice not in ("none", "auto", "required"):
+        raise invalid(
+            f'tool_choice must be "none", "auto", "required" or a function, got {choice!r}',
+            param="tool_choice",
+        )
+    if not renders_tools(template):
+        if choice == "none":
+            return ToolPlan(None, None, None, think_fmt)
+        raise invalid(
+            "the served model's chat template does not render tools, so the model would never "
+            "see them; serve a model whose template does (Qwen2.5/Qwen3, Llama 3.1, Mistral), "
+            'or send tool_choice "none"',
+            param="tools",
+        )
+    fmt = tool_format(tool_parser) if tool_parser else guess_tool_format(template)
+    if fmt is None:
+        raise invalid(
+            "no tool-call parser matches the served model's chat template; start the server "
+            "with --tool-call-parser (hermes, llama3_json or mistral)",
+            param="tools",
+        )
+    if choice == "none":
+        return ToolPlan(tools_json, None, None, think_fmt)
+    forced = None
+    if choice == "required" or named is not None:
+        if has_constraint:
+            raise invalid(
+                "response_format cannot be combined with a required tool call", param="tool_choice"
+            )
+        allowed = [f for f in functions if named is None or f["name"] == named]
+        forced = forced_call(fmt, allowed)
+        if len(forced) > MAX_CONSTRAINT_CHARS:
+            raise invalid(
+                f"the schemas of the allowed tools are too large to force a call "
+                f"({len(forced)} characters, limit {MAX_CONSTRAINT_CHARS})",
+                param="tools",
+            )
+    return ToolPlan(tools_json, fmt, forced, think_fmt)
+
+
+def template_kwargs(kwargs: dict[str, Any] | None) -> str | None:
+    """``chat_template_kwargs`` as the JSON text the router renders with (size-checked)."""
+    if not kwargs:
+        return None
+    text = json.dumps(kwargs)
+    if len(text) > MAX_TEMPLATE_KWARGS_CHARS:
+        raise invalid(
+            f"chat_template_kwargs take {len(text)} characters, more than "
+            f"{MAX_TEMPLATE_KWARGS_CHARS}",
+            param="chat_template_kwargs",
+        )
+    return text
+
+
+def output_parser(tp: ToolPlan) -> OutputParser | None:
+    """A parser for one choice's answer, or ``None`` when the answer is all content."""
+    if tp.parse_with is None and tp.think is None:
+        return None
+    return OutputParser(tp.parse_with.scan if tp.parse_with else None, tp.think)
+
+
+def message(tp: ToolPlan, text: str, finish_reason: str | None) -> tuple[dict[str, Any], Any]:
+    """The non-streamed ``message`` of one choice, and its finish reason."""
+    parser = output_parser(tp)
+    if parser is None:
+        return {"role": "assistant", "content": text}, finish_reason
+    parser.parse(text)
+    out: dict[str, Any] = {"role": "assistant", "content": parser.content}
+    if tp.think is not None:
+        out["reasoning_content"] = parser.reasoning or None
+    if parser.calls:
+        out["content"] = parser.content or None
+        out["tool_calls"] = [call_json(c.id, c.name, c.arguments) for c in parser.calls]
+        if finish_reason == "stop":
+            finish_reason = "tool_calls"
+    return out, finish_reason
+
+
+def call_json(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def stream_delta(d: Any) -> dict[str, Any]:
+    """An :class:`~radixserve.agents.types.OutputDelta` as an OpenAI ``delta`` (empty: {})."""
+    out: dict[str, Any] = {}
+    if d.reasoning:
+        out["reasoning_content"] = d.reasoning
+    if d.content:
+        out["content"] = d.content
+    if d.tool_calls:
+        calls = []
+        for c in d.tool_calls:
+            if c.id is not None:
+                calls.append(
+                    {
+                        "index": c.index,
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": c.arguments},
+                    }
+                )
+            else:
+                calls.append({"index": c.index, "function": {"arguments": c.arguments}})
+        out["tool_calls"] = calls
+    return out

@@ -1,0 +1,190 @@
+"""Each tool-call and reasoning parser on outputs in its model's real format.
+
+The outputs are the examples the model makers publish for their formats (sources beside
+each), fed whole and split into every pair of chunks, plus malformed variants: a parse
+never raises, malformed calls come back as content, and streamed deltas add up to the
+non-streamed result.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radixserve.agents import hermes, llama3, mistral
+from radixserve.agents import reasoning as think
+from radixserve.agents.registry import guess_tool_format, tool_format
+from radixserve.agents.stream import OutputParser, ToolScan
+
+# Qwen2.5 function-calling guide (qwen.readthedocs.io, "Function Calling", Hermes-style
+# template), two parallel calls as Qwen2.5-7B-Instruct answered there.
+QWEN_PARALLEL = (
+    '<tool_call>\n{"name": "get_current_temperature", "arguments": {"location": '
+    '"San Francisco, CA, USA"}}\n</tool_call>\n<tool_call>\n{"name": "get_temperature_date", '
+    '"arguments": {"location": "San Francisco, CA, USA", "date": "2024-10-01"}}\n</tool_call>'
+)
+# Qwen3 model card (thinking mode), reasoning then a call, in the format Qwen3 writes.
+QWEN3_THINK_CALL = (
+    "<think>\nThe user asks for the weather in Paris; I should call get_weather.\n</think>\n\n"
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
+# Llama 3.1 model card (JSON-based tool calling, "Model response" example).
+LLAMA_CALL = (
+    '{"name": "get_current_conditions", "parameters": {"location": "San Francisco, CA", '
+    '"unit": "Fahrenheit"}}'
+)
+# mistral-common / Mistral-7B-Instruct-v0.3 function-calling example.
+MISTRAL_CALL = (
+    '[TOOL_CALLS] [{"name": "get_current_weather", "arguments": {"location": "Paris, France", '
+    '"format": "celsius"}}]'
+)
+# DeepSeek-R1: the template opens <think> in the prompt; the answer starts inside it.
+R1_ANSWER = "Okay, 2 + 2 is basic arithmetic.\n</think>\n\nThe answer is 4."
+
+
+def run(scan: ToolScan | None, fmt: think.ThinkFormat | None, pieces: list[str]) -> dict:
+    p = OutputParser(scan, fmt)
+    content, reasoning, calls = "", "", {}
+    for d in [*(p.feed(x) for x in pieces), p.finish()]:
+        content += d.content
+        reasoning += d.reasoning
+        for c in d.tool_calls:
+            if c.id is not None:
+                assert c.index == len(calls) and c.name
+                calls[c.index] = [c.id, c.name, ""]
+            calls[c.index][2] += c.arguments
+    streamed = [tuple(v) for _, v in sorted(calls.items())]
+    assert streamed == [tuple(c) for c in p.calls], "streamed calls differ from the final ones"
+    assert content == p.content and reasoning == p.reasoning
+    return {"content": content, "reasoning": reasoning, "calls": [(n, a) for _, n, a in streamed]}
+
+
+def whole(scan: ToolScan | None, fmt: think.ThinkFormat | None, text: str) -> dict:
+    p = OutputParser(scan, fmt)
+    p.parse(text)
+    return {"content": p.content, "reasoning": p.reasoning, "calls": [c[1:] for c in p.calls]}
+
+
+def splits(text: str) -> list[list[str]]:
+    out = [[text], list(text)]
+    out += [[text[:i], text[i:]] for i in range(1, len(text))]
+    return out
+
+
+@pytest.mark.parametrize(
+    "scan,text,calls,content",
+    [
+        (
+            hermes.scan,
+            QWEN_PARALLEL,
+            [
+                ("get_current_temperature", '{"location": "San Francisco, CA, USA"}'),
+                (
+                    "get_temperature_date",
+                    '{"location": "San Francisco, CA, USA", "date": "2024-10-01"}',
+                ),
+            ],
+            "\n",
+        ),
+        (
+            llama3.scan,
+            LLAMA_CALL,
+            [("get_current_conditions", '{"location": "San Francisco, CA", "unit": "Fahrenheit"}')],
+            "",
+        ),
+        (
+            mistral.scan,
+            MISTRAL_CALL,
+            [("get_current_weather", '{"location": "Paris, France", "format": "celsius"}')],
+            "",
+        ),
+    ],
+)
+def test_calls_whole_and_split_anywhere(
+    scan: ToolScan, text: str, calls: list[tuple[str, str]], content: str
+) -> None:
+    for pieces in splits(text):
+        got = run(scan, None, pieces)
+        assert got == whole(scan, None, text)
+        assert got["calls"] == calls, pieces
+        assert got["content"] == content, pieces
+        for _, args in got["calls"]:
+            json.loads(args)
+
+
+def test_content_before_a_call_and_no_markup_leaks() -> None:
+    text = "Let me check.\n" + QWEN_PARALLEL
+    for pieces in splits(text):
+        got = run(hermes.scan, None, pieces)
+        assert got["content"] == "Let me check.\n\n"
+        assert "<tool" not in got["content"] and len(got["calls"]) == 2
+
+
+@pytest.mark.parametrize(
+    "scan,text",
+    [
+        (hermes.scan, "<tool_call>\nnot json at all\n</tool_call>"),
+        (hermes.scan, '<tool_call>\n{"arguments": {}}\n</tool_call>'),  # no name
+        (hermes.scan, '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>'),
+        (hermes.scan, '<tool_call>\n{"name": "f", "argu'),  # cut off
+        (llama3.scan, '{"name": "f", "parameters": {"a": 1}'),  # unclosed
+        (llama3.scan, '{"not": "a call"}'),
+        (mistral.scan, "[TOOL_CALLS] [oops]"),
+        (mistral.scan, '[TOOL_CALLS] [{"name": "f", "arguments": {"a": '),
+    ],
+)
+def test_malformed_calls_are_content(scan: ToolScan, text: str) -> None:
+    assert whole(scan, None, text) == {"content": text, "reasoning": "", "calls": []}
+    for pieces in splits(text):
+        got = run(scan, None, pieces)  # never raises; a call announced stays a call
+        assert got["content"] == ("" if got["calls"] else text)
+
+
+def test_plain_answers_stay_content() -> None:
+    for scan in (hermes.scan, llama3.scan, mistral.scan):
+        for pieces in splits("The weather is < 20 C [ok]"):
+            assert run(scan, None, pieces) == {
+                "content": "The weather is < 20 C [ok]",
+                "reasoning": "",
+                "calls": [],
+            }
+
+
+def test_arguments_stream_before_the_call_ends() -> None:
+    p = OutputParser(hermes.scan, None)
+    first = p.feed('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa')
+    assert [(c.index, c.name, c.arguments) for c in first.tool_calls] == [
+        (0, "get_weather", '{"city": "Pa')
+    ]
+    assert first.tool_calls[0].id and first.content == ""
+    second = p.feed('ris"}}\n</tool_call>')
+    assert [(c.id, c.name, c.arguments) for c in second.tool_calls] == [(None, None, 'ris"}')]
+
+
+def test_reasoning_then_call_qwen3() -> None:
+    for pieces in splits(QWEN3_THINK_CALL)[:40]:
+        got = run(hermes.scan, think.QWEN3, pieces)
+        assert got["reasoning"] == (
+            "\nThe user asks for the weather in Paris; I should call get_weather.\n"
+        )
+        assert got["content"] == "" and got["calls"] == [("get_weather", '{"city": "Paris"}')]
+
+
+def test_reasoning_deepseek_r1_starts_inside() -> None:
+    for pieces in splits(R1_ANSWER):
+        got = run(None, think.DEEPSEEK_R1, pieces)
+        assert got["reasoning"] == "Okay, 2 + 2 is basic arithmetic.\n"
+        assert got["content"] == "The answer is 4."
+    # Never closed: all reasoning (R1); Qwen3 without <think>: all content.
+    assert run(None, think.DEEPSEEK_R1, ["still thinking"])["reasoning"] == "still thinking"
+    assert run(None, think.QWEN3, ["plain answer"])["content"] == "plain answer"
+
+
+def test_template_guess_and_names() -> None:
+    assert guess_tool_format("{{ tools }} <tool_call>") is not None
+    assert guess_tool_format("{{ tools }} [TOOL_CALLS]") == tool_format("mistral")
+    assert guess_tool_format("{{ tools }} ipython") == tool_format("llama3_json")
+    assert guess_tool_format("{{ messages }}") is None
+    with pytest.raises(ValueError, match="known"):
+        tool_format("nope")

@@ -1,0 +1,91 @@
+"""The prefix property at the text level, per chat template of tests/fixtures/chat_templates:
+turn N's prompt plus the answer the model wrote (a forced call, exactly as the grammar of
+its format writes it) is a prefix of turn N+1's prompt, or the test names where the
+template re-serializes. Token-level reuse is measured through the server in
+tests/http/test_http_tools.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from radixserve.agents.registry import TOOL_FORMATS, guess_tool_format
+from radixserve.serving.prompts import chat_turn, template_inputs
+from radixserve.serving.wire import protocol as p
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+# What each model ends its turn with (its EOS), which the template writes back (Mistral's
+# template writes the tokenizer's eos_token: the tiny tokenizer's is <|im_end|>).
+END_OF_TURN = {
+    "qwen3.jinja": "<|im_end|>",
+    "llama3_1.jinja": "<|eot_id|>",
+    "mistral.jinja": "<|im_end|>",
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import tiny_models
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return tiny_models.build_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def render(tok: Any, template: str, msgs: list[p.ChatMessage]) -> str:
+    tok.chat_template = (TEMPLATES / template).read_text()
+    out: str = tok.apply_chat_template(
+        [chat_turn(m) for m in msgs],
+        tokenize=False,
+        add_generation_prompt=True,
+        **template_inputs(json.dumps(TOOLS), None),
+    )
+    return out
+
+
+@pytest.mark.parametrize("template", sorted(END_OF_TURN))
+def test_turn_n_plus_answer_prefixes_turn_n_plus_1(tokenizer: Any, template: str) -> None:
+    fmt = guess_tool_format((TEMPLATES / template).read_text())
+    assert fmt is not None and fmt in TOOL_FORMATS.values()
+    call = {"name": "get_weather", fmt.args_key: {"city": "Paris"}}
+    answer = fmt.begin + json.dumps([call] if fmt.array else call) + fmt.end
+    eos = END_OF_TURN[template]
+    turn1 = [
+        p.ChatMessage(role="system", content="Be brief."),
+        p.ChatMessage(role="user", content="Weather in Paris?"),
+    ]
+    prompt1 = render(tokenizer, template, turn1)
+    tc = p.ToolCallPart(id="abcdefghi", name="get_weather", arguments='{"city": "Paris"}')
+    turn2 = [
+        *turn1,
+        p.ChatMessage(role="assistant", content="", tool_calls=[tc]),
+        p.ChatMessage(role="tool", content="18 C", tool_call_id="abcdefghi"),
+    ]
+    prompt2 = render(tokenizer, template, turn2)
+    assert prompt2.startswith(prompt1)
+    written = prompt1 + answer + eos
+    if template == "mistral.jinja":
+        # Mistral's template re-serializes the call: it adds the call's id inside the
+        # object, so the cache reuses the answer only up to the end of the arguments.
+        common = os.path.commonprefix([written, prompt2])
+        assert written[len(common) :].startswith("}]") and prompt2[len(common) :].startswith(
+            ', "id": "abcdefghi"}]'
+        )
+    else:
+        assert prompt2.startswith(written)

@@ -1,0 +1,280 @@
+"""Tool calling and reasoning through the real ``openai`` SDK against ``radixserve serve``.
+
+One server per chat template of tests/fixtures/chat_templates (Qwen3, Llama 3.1 and
+Mistral formats) over the tiny random Llama. A random model does not call tools on its
+own, so calls are forced (``tool_choice: "required"`` / a named function): the test sees
+the forced call come back as ``message.tool_calls`` (and as streamed ``delta.tool_calls``),
+with arguments valid against the schema, then sends the tool result and gets the next
+turn. The prefix property is measured with ``cached_tokens``: turn N+1's prompt starts
+with turn N's prompt, and how much of turn N's answer the cache also covers is reported
+per template (the numbers are in docs/agents.md).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from bench_modules import load
+from http_helpers import ENGINE_FLAGS, Server, gone, start
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
+PAGE = 4  # ENGINE_FLAGS' page size
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Current time in a time zone",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+        },
+    },
+}
+TOOLS: list[Any] = [WEATHER, TIME]
+
+
+def model_with_template(src: Path, dst: Path, template: str) -> Path:
+    """A copy of the tiny model whose tokenizer carries ``template`` as its chat template."""
+    shutil.copytree(src, dst)
+    cfg_path = dst / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = (TEMPLATES / template).read_text()
+    cfg_path.write_text(json.dumps(cfg))
+    (dst / "chat_template.jinja").unlink(missing_ok=True)
+    return dst
+
+
+def serve(model: Path, *extra: str) -> Server:
+    out = start(
+        ["serve", "--model", str(model), "--workers", "1", "--port", "0", "--http-port", "0"]
+        + ["--memory-log-interval", "0", *ENGINE_FLAGS, *extra]
+    )
+    try:  # a loaded 2-core machine can take minutes to start a server
+        url = out.wait_for(r"HTTP on (http://\S+)", timeout=400).group(1)
+        m = out.wait_for(r"serving on (tcp://\S+) .*worker pids (\d+)", timeout=60)
+    except BaseException:
+        out.stop()
+        raise
+    srv = Server(url, m.group(1), model, out, [int(m.group(2))])
+    with srv.client() as c:
+        assert c.get("/health").status_code == 200
+    return srv
+
+
+def stop(srv: Server) -> None:
+    assert srv.out.stop() == 0, "".join(srv.out.seen)
+    assert all(gone(pid) for pid in srv.worker_pids)
+
+
+@pytest.fixture(scope="module", params=["qwen3.jinja", "llama3_1.jinja", "mistral.jinja"])
+def tool_server(
+    request: pytest.FixtureRequest, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Server]]:
+    name = request.param
+    model = model_with_template(tiny_llama_dir, tmp_path_factory.mktemp("tools") / "model", name)
+    extra = ["--reasoning-parser", "qwen3"] if name == "qwen3.jinja" else []
+    srv = serve(model, *extra)
+    yield name, srv
+    stop(srv)
+
+
+def sdk(srv: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+
+
+def check_call(call: Any, name: str) -> dict[str, Any]:
+    assert call.type == "function" and call.id and call.function.name == name
+    args = json.loads(call.function.arguments)
+    if name == "get_weather":
+        assert set(args) == {"city"} and isinstance(args["city"], str) and len(args["city"]) <= 12
+    else:
+        assert args == {"zone": args["zone"]} and args["zone"] in ("UTC", "CET")
+    return args
+
+
+def test_tool_loop_forced_calls_and_prefix_reuse(tool_server: tuple[str, Server]) -> None:
+    """Turn 1 forces a call, turn 2 sends the result and forces another, turn 3 answers:
+    each turn's prompt is cached from the previous one's prompt on."""
+    name, srv = tool_server
+    client = sdk(srv)
+    messages: list[Any] = [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is the weather in Paris?"},
+    ]
+    prompts: list[int] = []
+    answers: list[int] = []
+    cached: list[int] = []
+    for turn, choice in enumerate(
+        ["required", {"type": "function", "function": {"name": "get_time"}}, "none"]
+    ):
+        r = client.chat.completions.create(
+            model="default",
+            messages=messages,
+            tools=TOOLS,
+            tool_choice=choice,
+            max_tokens=200,
+            temperature=0,
+        )
+        c = r.choices[0]
+        assert r.usage is not None and r.usage.prompt_tokens_details is not None
+        prompts.append(r.usage.prompt_tokens)
+        answers.append(r.usage.completion_tokens)
+        cached.append(r.usage.prompt_tokens_details.cached_tokens or 0)
+        if turn < 2:
+            assert c.finish_reason == "tool_calls", c
+            assert c.message.tool_calls and len(c.message.tool_calls) == 1
+            call = c.message.tool_calls[0]
+            want = "get_time" if turn == 1 else call.function.name
+            check_call(call, want)
+            assert not c.message.content  # no markup leaks into the content
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [call.model_dump()],
+                }
+            )
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"})
+        else:
+            assert c.message.tool_calls is None and c.finish_reason in ("stop", "length")
+    # Turn N+1's prompt starts with turn N's whole prompt (the cache holds it, whole pages).
+    for n in (1, 2):
+        assert cached[n] >= (prompts[n - 1] // PAGE) * PAGE - PAGE, (name, prompts, cached)
+    # And how much of turn N's answer was reused too (the template re-renders the call).
+    reused = [cached[n] - prompts[n - 1] for n in (1, 2)]
+    print(f"\n{name}: prompts {prompts} answers {answers} cached {cached} answer-reuse {reused}")
+
+
+def test_streamed_required_call_in_openai_shape(tool_server: tuple[str, Server]) -> None:
+    _, srv = tool_server
+    stream = sdk(srv).chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Time in Berlin?"}],
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=200,
+        temperature=0,
+        stream=True,
+    )
+    ids, names, args, content, finish = [], [], "", "", None
+    for chunk in stream:
+        for ch in chunk.choices:
+            d = ch.delta
+            content += d.content or ""
+            for tc in d.tool_calls or []:
+                assert tc.index == 0
+                if tc.id:
+                    ids.append(tc.id)
+                    names.append(tc.function.name)
+                args += tc.function.arguments or ""
+            finish = ch.finish_reason or finish
+    assert len(ids) == 1 and names == ["get_time"], (ids, names)
+    assert json.loads(args)["zone"] in ("UTC", "CET")
+    assert content == "" and finish == "tool_calls"
+
+
+def test_auto_answers_without_calls_stay_content(tool_server: tuple[str, Server]) -> None:
+    name, srv = tool_server
+    r = sdk(srv).chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Hello"}],
+        tools=TOOLS,
+        max_tokens=8,
+        temperature=0,
+        n=2,
+        seed=3,
+        stop=["zzz"],
+    )
+    for c in r.choices:  # a random model writes no call: its text is the content
+        assert c.message.tool_calls is None and isinstance(c.message.content, str)
+        assert c.finish_reason in ("stop", "length")
+
+
+def test_bad_tool_requests_are_400(tool_server: tuple[str, Server]) -> None:
+    _, srv = tool_server
+    client = sdk(srv)
+    base: dict[str, Any] = {"model": "default", "messages": [{"role": "user", "content": "x"}]}
+    cases: list[dict[str, Any]] = [
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        {"tools": TOOLS, "tool_choice": "sometimes"},
+        {"tool_choice": "required"},
+        {"tools": [WEATHER] * 2},
+        {"tools": [WEATHER] * 129},
+        {"tools": [{"type": "function", "function": {"name": "bad name!"}}]},
+        {"extra_body": {"chat_template_kwargs": {"tools": []}}, "tools": TOOLS},
+        {"extra_body": {"chat_template_kwargs": {"k": "v" * 5000}}},
+    ]
+    for extra in cases:
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(**base, **extra, max_tokens=2)
+
+
+def test_reasoning_split_with_thinking_template(tool_server: tuple[str, Server]) -> None:
+    """Qwen3 server (--reasoning-parser qwen3): with enable_thinking false the template
+    closes the think block in the prompt, the answer is all content and
+    reasoning_content is null; the kwargs reach the template (the prompt grows)."""
+    name, srv = tool_server
+    if name != "qwen3.jinja":
+        pytest.skip("the reasoning parser runs on the Qwen3 server")
+    client = sdk(srv)
+    msgs = [{"role": "user", "content": "Hi"}]
+    on = client.chat.completions.create(model="default", messages=msgs, max_tokens=4, temperature=0)
+    off = client.chat.completions.create(
+        model="default",
+        messages=msgs,
+        max_tokens=4,
+        temperature=0,
+        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )
+    assert on.usage and off.usage and off.usage.prompt_tokens > on.usage.prompt_tokens
+    assert isinstance(off.choices[0].message.content, str)
+    assert getattr(off.choices[0].message, "reasoning_content", None) is None
+
+
+def test_default_template_without_tools_is_an_informative_400(server: Server) -> None:
+    """The plain ChatML template (SmolLM2's shape) renders no tools: a 400 that says so;
+    tool_choice "none" drops them and answers."""
+    client = sdk(server)
+    msgs: Any = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.BadRequestError, match="does not render tools"):
+        client.chat.completions.create(model="default", messages=msgs, tools=TOOLS, max_tokens=2)
+    r = client.chat.completions.create(
+        model="default", messages=msgs, tools=TOOLS, tool_choice="none", max_tokens=2
+    )
+    assert r.choices[0].message.tool_calls is None
+
+
+def test_agent_loop_benchmark_script(tool_server: tuple[str, Server]) -> None:
+    """benchmarks/bench_agent_loop.py runs against the Qwen3 server (2 agents, 2 tool turns):
+    every turn after the first has the previous turn's prompt cached."""
+    name, srv = tool_server
+    if name != "qwen3.jinja":
+        pytest.skip("one template is enough for the script")
+    bench = load("bench_agent_loop.py", "bench_agent_loop")
+    records = bench.run(srv.url, agents=2, turns=2)
+    assert [(r["agent"], r["turn"]) for r in records] == [(a, t) for a in (0, 1) for t in (1, 2, 3)]
+    for prev, r in zip(records, records[1:], strict=False):
+        if r["turn"] > 1:
+            assert r["call"] is not None or r["turn"] == 3
+            assert r["cached_tokens"] >= prev["prompt_tokens"] - 2 * PAGE
+    assert records[3]["cached_tokens"] > 0  # agent 1 starts from the shared system prompt
