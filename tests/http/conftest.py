@@ -16,8 +16,11 @@ from http_helpers import ENGINE_FLAGS, Server, gone, start
 
 
 @pytest.fixture(scope="session")
-def server(tiny_llama_dir: Path) -> Iterator[Server]:
-    """``radixserve serve --http-port 0`` on the tiny Llama (memory log every 0.5 s)."""
+def server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """``radixserve serve --http-port 0`` on the tiny Llama (memory log every 0.5 s). Its
+    ZeroMQ clients connect over ipc: the kernel names their user there, so the gateways the
+    tests start in this process (the same user) may flush the cache (docs/security.md)."""
+    sock = tmp_path_factory.mktemp("http-server") / "clients.sock"
     out = start(
         [
             "serve",
@@ -25,8 +28,8 @@ def server(tiny_llama_dir: Path) -> Iterator[Server]:
             str(tiny_llama_dir),
             "--workers",
             "1",
-            "--port",
-            "0",
+            "--endpoint",
+            f"ipc://{sock}",
             "--http-port",
             "0",
             "--memory-log-interval",
@@ -36,7 +39,7 @@ def server(tiny_llama_dir: Path) -> Iterator[Server]:
     )
     try:
         url = out.wait_for(r"HTTP on (http://\S+)").group(1)
-        m = out.wait_for(r"serving on (tcp://\S+) .*worker pids (\d+)")
+        m = out.wait_for(r"serving on (ipc://\S+) .*worker pids (\d+)")
     except BaseException:
         out.stop()
         raise

@@ -359,11 +359,14 @@ class HandshakeWatch:
         if len(self._logged) > 10_000:
             self._logged.clear()
         self._logged[where] = now
-        why = (
-            "no CURVE key (it offered no CURVE handshake)"
+        # Before ZAP: the peer did not complete a CURVE handshake (it offered another
+        # mechanism, or left once it saw CURVE: then the value is an errno).
+        detail = (
+            "it offered another mechanism"
             if code == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
-            else f"a failed handshake (ZMTP error {code:#x})"
+            else f"code {code:#x}"
         )
+        why = f"no CURVE key (no CURVE handshake: {detail})"
         log.warning("%s connection from %s refused: %s", self.role, where, why)
 
     def close(self) -> None:

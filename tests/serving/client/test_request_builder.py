@@ -66,4 +66,7 @@ def test_both_clients_take_the_same_options() -> None:
         "namespace",
         "add_generation_prompt",
         "cache_salt",
+        "priority",
+        "tools",
+        "chat_template_kwargs",
     }
