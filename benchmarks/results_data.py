@@ -152,6 +152,8 @@ def figures() -> dict[str, Figure]:
         spread(r["median_cold_s"] / r["median_warm_s"] for r in restart),
         HICACHE[:2],
     )
+    startup = load("bench_startup.json")["start_ratio_head_over_baseline"]
+    add("startup_curve_workers", spread(startup), ["bench_startup.json"])
     tp = {r["config"]: r for r in load("bench_parallel.json")["results"]}
     add(
         "tp2_decode_slowdown",
