@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import tiny_models
+import zmq
 
 from radixserve.serving.router.launcher import LocalServer
 from radixserve.serving.router.router import RouterConfig
@@ -95,3 +96,11 @@ def fake_server(
     for srv in servers:
         srv.close()
         assert all(p.poll() is not None for p in srv.procs), "a worker process outlived its server"
+
+
+@pytest.fixture
+def zctx() -> Iterator[zmq.Context]:
+    """A ZeroMQ context for a test's own sockets (a foreign peer's), destroyed after it."""
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)

@@ -10,66 +10,21 @@ from __future__ import annotations
 
 import logging
 import signal
-import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import zmq
+from foreign_peers import received, say_hello, wait_until
 from zmq.utils import z85
 
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.client import Client, ServerError
 from radixserve.serving.router.tokenizer_pool import Encoded, PoolReady, _encoder
-from radixserve.serving.wire import protocol as p
 from radixserve.serving.wire.security import KeyPair, PeerKeys
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 SECRET = "the secret prompt of a user"
-
-
-def _wait(pred: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-@pytest.fixture
-def zctx() -> Iterator[zmq.Context]:
-    ctx = zmq.Context()
-    yield ctx
-    ctx.destroy(linger=0)
-
-
-def _received(sockets: list[zmq.Socket], seconds: float) -> list[bytes]:
-    """Every frame the sockets get within ``seconds`` (the router pings workers every 0.1 s)."""
-    got: list[bytes] = []
-    poller = zmq.Poller()
-    for s in sockets:
-        poller.register(s, zmq.POLLIN)
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        for s, _ in poller.poll(int(left * 1000)):
-            got.append(s.recv())
-    return got
-
-
-def _hello(tokenizer: Any) -> bytes:
-    return p.encode(
-        p.WorkerHello(
-            worker_id=-1,
-            pid=4242,
-            model="fake",
-            context_length=256,
-            vocab_size=len(tokenizer),
-            eos_token_ids=[2],
-            page_size=4,
-        )
-    )
 
 
 def _refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -87,11 +42,8 @@ def test_a_foreign_worker_cannot_join_a_keyless_server(
     guessing = zctx.socket(zmq.DEALER)
     PeerKeys(KeyPair.new(), srv.router.security.server.public).apply(guessing)
     fakes = [plain, guessing]
-    for s in fakes:
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(srv.router.worker_endpoint)
-        s.send(_hello(tokenizer))
-    assert _wait(lambda: len(_refusals(caplog)) >= 2), _refusals(caplog)
+    say_hello(srv, tokenizer, fakes)
+    assert wait_until(lambda: len(_refusals(caplog)) >= 2), _refusals(caplog)
     assert any(
         "worker connection from 127.0.0.1 refused: no CURVE key" in m for m in _refusals(caplog)
     )
@@ -102,7 +54,7 @@ def test_a_foreign_worker_cannot_join_a_keyless_server(
     with Client(srv.endpoint, timeout=20) as c:  # the client port stays open on loopback
         outs = [c.generate(SECRET, params=SamplingParams(max_tokens=2)) for _ in range(4)]
     assert {o.worker_id for o in outs} == {0}
-    assert _received(fakes, 0.5) == []  # five ping intervals: not a ping, not a prompt
+    assert received(fakes, 0.5) == []  # five ping intervals: not a ping, not a prompt
     assert [w.hello.pid for w in srv.router.live_workers] == [srv.procs[0].pid]
     joins = [r.getMessage() for r in caplog.records if "joined" in r.getMessage()]
     assert len(joins) == 1 and "key local-worker-0" in joins[0], joins
@@ -122,7 +74,7 @@ def test_a_restarted_worker_rejoins_and_its_predecessors_key_is_revoked(
     old_key = srv.router.security._minted[("workers", "local-worker-0")]
     assert zap.decide(_zap_request(old_key))[2] == b"200"
     first.send_signal(signal.SIGKILL)
-    assert _wait(
+    assert wait_until(
         lambda: (
             [w.hello.pid for w in srv.router.live_workers] == [srv.procs[-1].pid]
             and srv.procs[-1] is not first
@@ -169,14 +121,14 @@ def test_the_tokenizer_pool_takes_only_its_own_processes(
     foreign.connect(pool.endpoint)
     # Claims the real process's pid; then answers the next jobs with forged token ids.
     foreign.send(_encoder.encode(PoolReady(real_pid, "guessed")))
-    assert _wait(lambda: any("tokenizer-pool hello" in m for m in _refusals(caplog)))
+    assert wait_until(lambda: any("tokenizer-pool hello" in m for m in _refusals(caplog)))
     for job in range(4):
         foreign.send(_encoder.encode(Encoded(job, [[7, 7, 7]])))
     with Client(srv.endpoint, timeout=20) as c:
         outs = [c.generate(SECRET, params=SamplingParams(max_tokens=2)) for _ in range(3)]
     real = len(tokenizer.encode(SECRET))
     assert [o.usage.prompt_tokens for o in outs] == [real] * 3
-    assert _received([foreign], 0.3) == []  # never sent a job, so never a prompt
+    assert received([foreign], 0.3) == []  # never sent a job, so never a prompt
 
 
 def test_a_client_of_the_same_user_on_ipc_may_flush(

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import logging
 import stat
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq
+from foreign_peers import received, say_hello, wait_until
 from zmq.utils import z85
 
 from radixserve.sampling_params import SamplingParams
@@ -188,54 +187,6 @@ def keys(tmp_path: Path) -> dict[str, Path]:
     return generate_keys(tmp_path / "keys")
 
 
-def _wait(pred: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-@pytest.fixture
-def zctx() -> Iterator[zmq.Context]:
-    ctx = zmq.Context()
-    yield ctx
-    ctx.destroy(linger=0)
-
-
-def _fake_workers(srv: Any, tokenizer: Any, sockets: list[zmq.Socket]) -> None:
-    """Connect each DEALER to the worker port and say hello as a worker would."""
-    hello = p.encode(
-        p.WorkerHello(
-            worker_id=-1,
-            pid=4242,
-            model="fake",
-            context_length=256,
-            vocab_size=len(tokenizer),
-            eos_token_ids=[2],
-            page_size=4,
-        )
-    )
-    for s in sockets:
-        s.setsockopt(zmq.LINGER, 0)
-        s.connect(srv.router.worker_endpoint)
-        s.send(hello)
-
-
-def _received(sockets: list[zmq.Socket], seconds: float) -> list[p.RouterToWorker]:
-    """What the fake workers get within ``seconds`` (the router pings its workers every 0.1 s)."""
-    got: list[Any] = []
-    poller = zmq.Poller()
-    for s in sockets:
-        poller.register(s, zmq.POLLIN)
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        for s, _ in poller.poll(int(left * 1000)):
-            got.append(p.decode_to_worker(s.recv()))
-    return got
-
-
 SECRET = "the secret prompt of a user"
 
 
@@ -259,12 +210,14 @@ def test_fake_worker_without_the_key_cannot_join(
     client_as_worker = zctx.socket(zmq.DEALER)
     load_peer_keys(keys["client"]).apply(client_as_worker)  # a client key is no worker key
     fakes = [no_key, wrong_key, client_as_worker]
-    _fake_workers(srv, tokenizer, fakes)
+    say_hello(srv, tokenizer, fakes)
 
     def refused() -> list[str]:
         return [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
 
-    assert _wait(lambda: len(refused()) >= 2), refused()  # both keyed fakes got to the ZAP check
+    assert wait_until(lambda: len(refused()) >= 2), (
+        refused()
+    )  # both keyed fakes got to the ZAP check
     assert any(
         "worker connection from 127.0.0.1 refused: unknown CURVE key" in m for m in refused()
     ), refused()
@@ -272,7 +225,7 @@ def test_fake_worker_without_the_key_cannot_join(
         outs = [c.generate(SECRET, params=SamplingParams(max_tokens=2)) for _ in range(4)]
         assert c.health().workers_alive == 1
     assert {o.worker_id for o in outs} == {0} and all(o.usage.completion_tokens == 2 for o in outs)
-    assert _received(fakes, 0.5) == []  # five ping intervals: not even a ping
+    assert received(fakes, 0.5) == []  # five ping intervals: not even a ping
     assert [w.hello.pid for w in srv.router.live_workers] == [srv.procs[0].pid]
     joins = [r.getMessage() for r in caplog.records if "joined" in r.getMessage()]
     assert len(joins) == 1 and "address 127.0.0.1, key local-worker-0" in joins[0], joins
@@ -322,7 +275,7 @@ def test_remote_worker_with_the_key_joins_and_serves(
     ) + ["--keys", str(keys["worker"])]
     proc = spawn_worker(cmd)
     try:
-        assert _wait(lambda: len(srv.router.live_workers) == 1, 30), (
+        assert wait_until(lambda: len(srv.router.live_workers) == 1, 30), (
             "the keyed remote worker did not join"
         )
         with Client(srv.endpoint, timeout=20, curve=load_peer_keys(keys["client"])) as c:
