@@ -24,6 +24,7 @@ import msgspec
 import zmq
 
 from radixserve.serving.router.dispatch import Dispatcher, Outstanding
+from radixserve.serving.router.supervisor import describe_exit
 from radixserve.serving.wire import protocol as p
 from radixserve.serving.wire.security import Peer, printable
 from radixserve.serving.wire.security import log as audit_log
@@ -253,7 +254,9 @@ class WorkerPool:
         for w in self.live:
             code = w.proc.poll() if w.proc is not None else None
             if code is not None:
-                self._exited(w, f"process exited with code {code}")
+                # Worded as the supervisor's reap words it: whichever sees the exit first,
+                # the death reads the same.
+                self._exited(w, f"process {describe_exit(code)}")
             elif w.gone is not None:
                 continue  # settled by settle_gone; nothing to ping
             elif now - w.last_seen > timeout_s:
