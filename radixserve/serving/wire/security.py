@@ -254,7 +254,7 @@ class RouterSecurity:
         self.insecure = insecure
         # A pair of its own when the operator gave none: the workers' handshake needs one.
         self.zap = ZapHandler(ctx, keys if keys is not None else RouterKeys(KeyPair.new()))
-        self.server = keys.server if keys is not None else self.zap.server
+        self.server = self.zap.server  # the operator's pair, or the one made above
         self._minted: dict[tuple[Domain, str], bytes] = {}
 
     @property
