@@ -7,16 +7,23 @@ machine's drift hits every configuration alike. For each it reports the median d
 
     schedule   Scheduler.schedule: batch decision, page allocation, the StepPlan's host lists
     prepare    packing the plan and the sampling inputs, the one host->device copy, page-table patch
-    forward    the model forward (a graph replay on CUDA)
+    forward    the model forward; a static decode step's DecodeGraphs.run (its buffer
+               fills and, on CUDA, the graph replay)
     sample     the sampler on the device and the one read back
     process    Scheduler.process: tokens appended, stop checks, cache inserts, outputs
+
+On CUDA the launches return at once, so the split comes from as many steps again with a
+device synchronize around every part (each part then holds its own device time; those
+steps lose the overlap, the timed ones keep it). ``--model DIR`` serves a local checkpoint
+(gpu_check passes a SmolLM2-shaped random one: nothing is fetched).
 
     python benchmarks/bench_runner_step.py                         # SmolLM2 fp32, batch 1/16/64
     python benchmarks/bench_runner_step.py --batch 1 --dtype bfloat16 --steps 30
     python benchmarks/bench_runner_step.py --native-stack --batch 1 --prompt-tokens 540
 
 The weight-streaming floor (every weight read once at the memory bandwidth this machine
-shows reading a large tensor, sampled between the timed rounds of the same run) is printed
+shows reading a large tensor in the weights' memory, host RAM or the GPU's HBM, sampled
+between the timed rounds of the same run) is printed
 with the batch-1 step's ratio to it: the median step against the median read, and each round
 against the read taken just before it (the median of those paired ratios drifts least).
 """
@@ -50,27 +57,52 @@ from radixserve.engine.engine import Engine  # noqa: E402
 from radixserve.sampling_params import SamplingParams  # noqa: E402
 
 
-def instrument(engine: Engine, acc: dict[str, float]) -> None:
-    """Time the step's parts (instance attributes: only this engine is affected). Idempotent."""
+class SplitClock:
+    """The parts' clock: plain wall time, or (``syncing``, on CUDA) wall time after a device
+    synchronize, so that each part holds its own device work rather than the launches
+    alone (the split's steps are then not the timed steps: they lose the overlap)."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.syncing = False
+
+    def __call__(self) -> float:
+        if self.syncing:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+def instrument(engine: Engine, acc: dict[str, float], clock: SplitClock | None = None) -> None:
+    """Time the step's parts (instance attributes: only this engine is affected). Idempotent.
+
+    A decode step from the static buffers (a CUDA graph replay, which never calls the
+    model's forward) is timed as ``forward`` at ``DecodeGraphs.run``: its buffer fills and
+    the replay."""
     if getattr(engine, "_bench_acc", None) is not None:
         engine._bench_acc.clear()  # type: ignore[attr-defined]
         return
     engine._bench_acc = acc  # type: ignore[attr-defined]
+    clock = clock or SplitClock(cuda=False)
+    engine._bench_clock = clock  # type: ignore[attr-defined]
     r, s = engine.runner, engine.scheduler
-    time_calls(s, "schedule", "schedule", acc)
-    time_calls(
-        s, "advance", "process", acc
-    )  # process() = advance + resolve; overlap calls them apart
-    time_calls(s, "resolve", "process", acc)
-    time_calls(r, "_stage", "prepare", acc)
-    time_calls(r.sampler, "prepare", "prepare", acc)
-    time_calls(r.staging, "upload", "prepare", acc)
-    time_calls(r, "_patch_page_table", "prepare", acc)
-    time_calls(r.model, "forward", "forward", acc)
+
+    def tc(obj: Any, name: str, key: str) -> None:
+        time_calls(obj, name, key, acc, clock)
+
+    tc(s, "schedule", "schedule")
+    tc(s, "advance", "process")  # process() = advance + resolve; overlap calls them apart
+    tc(s, "resolve", "process")
+    tc(r, "_stage", "prepare")
+    tc(r.sampler, "prepare", "prepare")
+    tc(r.staging, "upload", "prepare")
+    tc(r, "_patch_page_table", "prepare")
+    # The eager path's forward; the static path's run (it calls the forward it was built
+    # with, untimed, or replays a graph): each step counted once.
+    tc(r.model, "forward", "forward")
     if r.decode_graphs is not None:
-        r.decode_graphs.forward = r.model.forward  # the static path calls the timed forward
-    time_calls(r.sampler, "sample_staged", "sample", acc)
-    time_calls(r.staging, "read", "sample", acc)
+        tc(r.decode_graphs, "run", "forward")
+    tc(r.sampler, "sample_staged", "sample")
+    tc(r.staging, "read", "sample")
 
 
 def weight_bytes(engine: Engine) -> int:
@@ -78,11 +110,17 @@ def weight_bytes(engine: Engine) -> int:
     return sum(p.numel() * p.element_size() for p in engine.model.parameters())
 
 
+def token_range(engine: Engine) -> tuple[int, int]:
+    """Prompt token ids drawn from [100, 20000), within the vocabulary (a tiny checkpoint's)."""
+    vocab = engine.model.config.vocab_size
+    return (100, 20000) if vocab > 20000 else (3, vocab)
+
+
 def ttft_ms(engine: Engine, seed: int, tokens: int = 32) -> float:
     """Time to the first token of one ``tokens``-token prompt (prefill + first sample), alone."""
     g = torch.Generator().manual_seed(seed)
     rid = engine.add_request(
-        torch.randint(100, 20000, (tokens,), generator=g).tolist(),
+        torch.randint(*token_range(engine), (tokens,), generator=g).tolist(),
         SamplingParams(max_tokens=1, temperature=0.0),
     )
     t = time.perf_counter()
@@ -103,26 +141,41 @@ def _label(mode: tuple[str, str]) -> str:
 
 
 def run(engine: Engine, batch: int, steps: int, prompt_tokens: int = 32) -> dict[str, Any]:
-    params = SamplingParams(max_tokens=steps + 2, temperature=0.0, ignore_eos=True)
+    """Median step of ``steps`` decode steps of ``batch`` requests, and its split (on CUDA
+    from ``steps`` more steps with the syncing clock: the timed ones keep their overlap)."""
+    cuda = engine.runner.device.type == "cuda"
+    params = SamplingParams(
+        max_tokens=steps * (2 if cuda else 1) + 2, temperature=0.0, ignore_eos=True
+    )
     g = torch.Generator().manual_seed(batch)
     for _ in range(batch):
-        prompt = torch.randint(100, 20000, (prompt_tokens,), generator=g).tolist()
+        prompt = torch.randint(*token_range(engine), (prompt_tokens,), generator=g).tolist()
         engine.add_request(prompt, params)
     while any(r.num_pending > 1 for r in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()  # prefills
     engine.step()  # (overlap: the last prefill's results come with the next step)
     acc: dict[str, float] = getattr(engine, "_bench_acc", None) or collections.defaultdict(float)
-    instrument(engine, acc)
+    instrument(engine, acc, SplitClock(cuda))
     times = []
     for _ in range(steps):
         t = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - t)
+    split_total = sum(times)
+    if cuda:  # the split from steps of their own, each part synchronized
+        clock: SplitClock = engine._bench_clock  # type: ignore[attr-defined]
+        acc.clear()
+        clock.syncing = True
+        t = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        split_total = time.perf_counter() - t
+        clock.syncing = False
     parts = {k: v / steps * 1e3 for k, v in acc.items()}  # before the tail steps add to acc
     while engine.has_unfinished():
         engine.step()
     total = sum(times)
-    parts["other"] = total / steps * 1e3 - sum(parts.values())
+    parts["other"] = split_total / steps * 1e3 - sum(parts.values())
     return {
         "step_ms_median": statistics.median(times) * 1e3,
         "step_ms_mean": total / steps * 1e3,
@@ -196,7 +249,7 @@ def main() -> int:
             f"({first[m] / second[m]:.2f}x)",
             flush=True,
         )
-    read_src = read_source()
+    read_src = read_source(args.device)  # the weights' memory: host RAM, or the GPU's HBM
     read_samples = [read_gbs(read_src) for _ in range(3)]
     results: list[dict[str, Any]] = []
     for batch in args.batch:

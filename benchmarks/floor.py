@@ -20,24 +20,31 @@ from safetensors import safe_open
 
 
 def read_gbs(src: torch.Tensor) -> float:
-    """GB/s of one reduction over ``src`` (512 MiB: far past any cache) on the process's
+    """GB/s of one reduction over ``src`` (512 MiB: far past any cache; on a GPU, synchronized) on the process's
     torch threads: a pure read, as a decode step's weights are. (A copy's bytes read plus
     written over its time overstates it: ~80 against ~40 GB/s on the 2-core VM.) A VM's
     bandwidth drifts by up to 1.5x within minutes: sample it beside what it is compared
     with, not once."""
+    sync = torch.cuda.synchronize if src.is_cuda else (lambda: None)
+    src.sum()  # a GPU's first reduction pays for its kernel's load
+    sync()
     t = time.perf_counter()
     src.sum()
+    sync()
     return src.numel() * src.element_size() / (time.perf_counter() - t) / 1e9
 
 
-def read_source() -> torch.Tensor:
+def read_source(device: torch.device | str = "cpu") -> torch.Tensor:
     """The 512 MiB tensor :func:`read_gbs` reads: on transparent huge pages where the kernel
     grants them, as a CPU engine holds its weights (``radixserve.memory.hugepages``).
 
     On 4 KB pages the rate depends on where the allocation lands: on the 2-core VM, four such
     tensors in one process read at 20, 22, 23 and 25 GB/s, each the same in every round,
     while four on huge pages read at 26.6-27.6 GB/s, and an engine's own weights (read in
-    place) at 28.6-29.1: a 4 KB-page source could put the floor up to ~1.4x too high."""
+    place) at 28.6-29.1: a 4 KB-page source could put the floor up to ~1.4x too high.
+    On a CUDA ``device`` the weights stream from HBM: the source is a device tensor there."""
+    if torch.device(device).type == "cuda":  # HBM: 1 GiB, far past the L2 cache
+        return torch.ones(1 << 28, dtype=torch.float32, device=device)
     from radixserve.memory.hugepages import hugepage_buffer
 
     nbytes = 512 << 20
