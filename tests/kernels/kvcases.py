@@ -8,6 +8,7 @@ reads one slot too many produces NaN instead of a silently plausible number.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ import torch
 
 from radixkernels.kv_format import KVCacheDtype, KVFormat
 from radixkernels.reference import store_kv_ref
+from radixserve.model.forward_batch import ForwardBatch
 
 # Where kernel tests run: the CPU under the Triton interpreter (the default, see
 # tests/conftest.py), or the GPU when benchmarks/gpu_check.sh exports TRITON_INTERPRET=0.
@@ -28,6 +30,16 @@ DEVICE = torch.device(
 def dev(t: torch.Tensor) -> torch.Tensor:
     """Move a test tensor (built on the CPU for reproducibility) to the kernel test device."""
     return t.to(DEVICE)
+
+
+def dev_batch(fb: ForwardBatch) -> ForwardBatch:
+    """``fb`` with its tensors on the kernel test device (its host lists kept)."""
+    moved = {
+        f.name: getattr(fb, f.name).to(DEVICE)
+        for f in dataclasses.fields(fb)
+        if isinstance(getattr(fb, f.name), torch.Tensor)
+    }
+    return dataclasses.replace(fb, **moved)
 
 
 # Kernel-vs-reference tolerances on attention outputs, per activation dtype. Both sides

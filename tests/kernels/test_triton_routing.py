@@ -75,7 +75,9 @@ def test_rows_go_to_their_kernel(
     d = 32
     num_pages = 64 // page_size + 16
     fb = _batch(prefix, extend, page_size, num_pages)
-    pool = KVPool(1, num_pages, page_size, hkv, d, kv_dtype=kv_dtype)
+    # The kernels' pool and batch on the device under test (the GPU under gpu_check.sh, where
+    # the backend refuses CPU tensors once triton is compiled); the reference stays on the CPU.
+    pool = KVPool(1, num_pages, page_size, hkv, d, kv_dtype=kv_dtype, device=kvcases.DEVICE)
     ref_pool = KVPool(1, num_pages, page_size, hkv, d, kv_dtype=kv_dtype)
     g = torch.Generator().manual_seed(11)
     # The cached prefixes: the same history in both pools.
@@ -94,9 +96,9 @@ def test_rows_go_to_their_kernel(
             p.v_data[0],
             layer0(p.k_scale),
             layer0(p.v_scale),
-            hist_k,
-            hist_v,
-            torch.tensor(slots, dtype=torch.int64),
+            hist_k.to(p.device),
+            hist_v.to(p.device),
+            torch.tensor(slots, dtype=torch.int64, device=p.device),
             p.fmt,
         )
     backend = TritonPagedAttentionBackend(pool)
@@ -104,8 +106,10 @@ def test_rows_go_to_their_kernel(
     t = fb.num_tokens
     q = torch.randn(t, hq, d, generator=g)
     k, v = torch.randn(t, hkv, d, generator=g), torch.randn(t, hkv, d, generator=g)
-    backend.init_forward_metadata(fb)
-    out = backend.forward(0, q, k, v, fb, d**-0.5)
+    fb_dev = kvcases.dev_batch(fb)
+    assert fb_dev.page_table.device.type == pool.device.type == kvcases.DEVICE.type
+    backend.init_forward_metadata(fb_dev)
+    out = backend.forward(0, *map(kvcases.dev, (q, k, v)), fb_dev, d**-0.5)
     assert spy_d.calls == want_decode and spy_e.calls == want_extend
     ref = reference_attention(q, k, v, fb, ref_pool, page_size, d**-0.5)
-    kvcases.assert_close(out, ref, torch.float32, f"{layout} {heads}")
+    kvcases.assert_close(out.cpu(), ref, torch.float32, f"{layout} {heads}")

@@ -13,16 +13,33 @@ from __future__ import annotations
 from pathlib import Path
 
 import kvcases
+import pytest
 import torch
 
+import radixkernels.decode
 from radixkernels.decode import SPLIT_BUCKETS
 from radixkernels.variants import LaunchLog, compiled_variants
 from radixserve.engine.engine import Engine
+from radixserve.model import gpu_ops
 from radixserve.model.warmup import warm_up_model
 from radixserve.sampling_params import SamplingParams
 
 
-def test_nothing_compiles_after_warmup(tiny_llama_dir: Path) -> None:
+@pytest.mark.parametrize("cuda_layers", [False, True], ids=["torch-layers", "cuda-layers"])
+def test_nothing_compiles_after_warmup(
+    tiny_llama_dir: Path, cuda_layers: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cuda-layers``: the layer path CUDA takes (fused RMSNorm, SiLU * up, RoPE + store:
+    ``rope_store_kv`` replaces ``store_kv`` on this unquantized pool), forced on the CPU."""
+    # The split policy is set before the engine exists: its warm-up (and, on CUDA, the graph
+    # capture) already runs with it. 16 programs wanted over 2 KV heads: batch 1 -> 8 splits,
+    # 2 -> 4, 3..7 -> 2, 8 -> 1.
+    monkeypatch.setattr(radixkernels.decode, "device_num_sms", lambda device: 4)
+    with gpu_ops.forced(cuda_layers):
+        _check_warmup_covers_serving(tiny_llama_dir, cuda_layers)
+
+
+def _check_warmup_covers_serving(tiny_llama_dir: Path, cuda_layers: bool) -> None:
     engine = Engine(
         str(tiny_llama_dir),
         num_pages=64,
@@ -33,9 +50,7 @@ def test_nothing_compiles_after_warmup(tiny_llama_dir: Path) -> None:
         device=str(kvcases.DEVICE),
     )
     attn = engine.attn
-    attn.num_sms = (
-        4  # 16 programs wanted over 2 KV heads: batch 1 -> 8 splits, 2 -> 4, 3..7 -> 2, 8 -> 1
-    )
+    assert attn.num_sms == 4
     assert attn.decode_batch_sizes(8) == [1, 2, 3, 8]
     assert {attn.decode_splits(b) for b in range(1, 65)} <= set(SPLIT_BUCKETS)
 
@@ -60,10 +75,13 @@ def test_nothing_compiles_after_warmup(tiny_llama_dir: Path) -> None:
     engine.check_invariants()
 
     counts = serve.counts()
-    # The workload exercised every kernel: stores, extends (chunked prompts), split decodes.
-    assert (
-        counts["_store_kv_kernel"] and counts["_extend_kernel"] and counts["_decode_reduce_kernel"]
-    )
+    # The workload exercised every kernel: stores, extends (chunked prompts), split decodes
+    # (on CUDA decode-only steps replay graphs; the mixed steps still launch them).
+    store = "_rope_store_kv_kernel" if cuda_layers else "_store_kv_kernel"
+    assert counts[store] and counts["_extend_kernel"] and counts["_decode_reduce_kernel"]
+    if cuda_layers:
+        assert counts["_rms_norm_kernel"] and counts["_silu_mul_kernel"]
+        assert not counts["_store_kv_kernel"]
     new = serve.variants - warm.variants
     assert not new, f"serving launched variants warm-up did not: {sorted(v.kernel for v in new)}"
     assert compiled_variants() == compiled_after_warmup
