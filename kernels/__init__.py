@@ -7,7 +7,8 @@ unrelated package on PyPI). Only torch and triton may be imported here.
   ``paged_attention_ref``, ``paged_decode_attention_ref``, ``extend_attention_ref``, quantize math).
 - Triton kernels with the same signatures: ``store_kv``, ``paged_decode_attention``,
   ``extend_attention``; fused layer ops ``rms_norm`` (+ residual add), ``silu_mul``,
-  ``rope_store_kv`` (references in :mod:`radixkernels.fused_reference`).
+  ``rope_store_kv`` (references in :mod:`radixkernels.fused_reference`); ``int8_linear``
+  (int8 weight-only GEMV, :mod:`radixkernels.int8_gemv`).
   They are imported lazily (on first attribute access) so that the
   torch-only paths never import triton, and so that ``TRITON_INTERPRET`` is read when the
   kernels are defined, not when this package is imported.
@@ -27,6 +28,7 @@ _LAZY = {
     "rms_norm": "radixkernels.fused",
     "silu_mul": "radixkernels.fused",
     "rope_store_kv": "radixkernels.fused",
+    "int8_linear": "radixkernels.int8_gemv",
 }
 
 __all__ = ["KVCacheDtype", "KVFormat", *_LAZY]

@@ -12,8 +12,10 @@ Which kernels (measured on the project's 2-core AVX-512 VM, SmolLM2 shapes,
   both in one process, ``bench_int8_kernel.py``; benchmarks/README.md): 1.02-1.27x the time at
   1 row, 0.77-0.91x at 2-16 rows, ~0.7x at 32. torch's ``_weight_int8pack_mm`` (what
   torchao's CPU int8 layout calls too) decodes the weight to float32 again for every row
-  (~45 us per row per SmolLM2 layer). Elsewhere (CUDA, or where cpu_gemv is not built)
-  torch's kernel.
+  (~45 us per row per SmolLM2 layer). On CUDA (where torch's int8pack is a slow path at
+  batch 1) a Triton GEMV that dequantizes in registers (``radixkernels.int8_gemv``) up to
+  ``CUDA_INT8_GEMV_MAX_ROWS`` rows, or with ``--quant-dense-cache`` the decoded weight for
+  every row count; where cpu_gemv is not built, torch's kernel.
 - int4 on the CPU: cpu_gemv's int4 kernel (``gemv_int4``, its own layout from ``pack_int4``:
   nibbles in tiles of 4 outputs, inputs reordered so that each float lane of the bf16 dot
   products stays on one group and the group scales apply once per 16 groups). At decode row
@@ -53,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixserve.model import cpu_gemv
+from radixserve.model import cpu_gemv, gpu_ops
 from radixserve.model.cpu_linear import onednn_linear, onednn_linear_supported
 from radixserve.model.quant.formats import (
     Fp8Weight,
@@ -85,6 +87,11 @@ INT4_TINYGEMM_DEQUANT_MIN_ROWS = 256  # where tinygemm serves int4 (cpu_gemv not
 # rows, 1311-1533 against 1271-1468 at 128).
 CACHED_DENSE_MIN_ROWS = 4
 INT8_CACHED_DENSE_MIN_ROWS = 128
+# int8 on CUDA: rows up to which the Triton GEMV (radixkernels.int8_gemv) serves; more rows
+# decode the weight and run the GEMM (both untimed until the GPU check has run).
+CUDA_INT8_GEMV_MAX_ROWS = 16
+# What fp8's row-wise scaled GEMM writes (CUDA accepts nothing else with row-wise scales).
+FP8_OUT_DTYPE = torch.bfloat16
 # kernel_max_rows of a layer whose packed kernel serves every row count.
 UNLIMITED_ROWS = 1 << 30
 # oneDNN picks its blocking of a pre-packed weight for this many activation rows.
@@ -257,6 +264,16 @@ class Int8Linear(QuantizedLinear):
         codes = w.qweight.contiguous()
         self.register_buffer("qweight", cpu_gemv.pack_int8(codes) if self.gemv else codes)
         self.register_buffer("scale", w.scale.to(compute_dtype).contiguous())
+        if codes.is_cuda:  # decode rows: the Triton GEMV; more rows: decode, then the GEMM
+            self.dense_min_rows = self.default_dense_min_rows = CUDA_INT8_GEMV_MAX_ROWS + 1
+
+    def cache_dense_weight(self, min_rows: int | None = None) -> int:
+        """On CUDA the kept decoded weight serves every row count (``--quant-dense-cache``:
+        the dequantized-weights alternative to the Triton GEMV, bf16's speed for 2 bytes more
+        per weight)."""
+        if min_rows is None and self.qweight.is_cuda:
+            min_rows = 1
+        return super().cache_dense_weight(min_rows)
 
     def codes(self) -> torch.Tensor:
         """The int8 codes ``[N, K]`` (``qweight`` itself unless it is in cpu_gemv's layout)."""
@@ -267,6 +284,10 @@ class Int8Linear(QuantizedLinear):
             return self._dense_matmul(x)
         if self.gemv:
             return cpu_gemv.int8_linear(x.contiguous(), self.qweight, self.scale)
+        if gpu_ops.enabled(x):  # CUDA: torch's int8pack is a slow path at decode batch sizes
+            from radixkernels.int8_gemv import int8_linear
+
+            return int8_linear(x, self.qweight, self.scale)
         if x.device.type == "cpu" and self.in_features % 2:
             # torch's CPU kernel crashes on an odd number of inputs (torch 2.13), which
             # cpu_gemv's layout does not take either: the reference matmul, slow but right.
@@ -441,18 +462,16 @@ class Fp8Linear(QuantizedLinear):
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         xq, xs = fp8_quantize_rows(x)
         # Row-wise scaling (per-token x per-channel) folds both scales into the GEMM epilogue.
+        # CUDA's row-wise _scaled_mm writes bf16 only: fp16 (or fp32) activations get its bf16
+        # output cast back by forward().
         return torch._scaled_mm(
-            xq, self.qweight.t(), scale_a=xs, scale_b=self.scale_row, out_dtype=self.compute_dtype
+            xq, self.qweight.t(), scale_a=xs, scale_b=self.scale_row, out_dtype=FP8_OUT_DTYPE
         )
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         xq, xs = fp8_quantize_rows(x.reshape(-1, self.in_features))
-        y = (
-            F.linear(xq.float() * xs, self.dequantize(torch.float32))
-            .to(self.compute_dtype)
-            .to(x.dtype)
-        )
+        y = F.linear(xq.float() * xs, self.dequantize(torch.float32)).to(FP8_OUT_DTYPE).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.view(*lead, self.out_features)
