@@ -186,6 +186,7 @@ class KVHierarchy:
             self.host.store([p for p, _ in chunk], [k for _, k in chunk])
             if not disk.enabled:
                 return disk.writes - before
+        self.copier.finish()  # deferred demotions land in their L2 slots before they are read
         for k in self.host.keys():
             slot = self.host.slot(k)
             assert slot is not None

@@ -16,6 +16,7 @@ dtype (``kv_dtype``/``act_dtype``) a page is converted on the way (``kv_convert`
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from radixkernels.kv_format import KVCacheDtype
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.kv_convert import convert_pages, same_geometry
 from radixserve.memory.page_hash import PageKey
+from radixserve.memory.pinned_staging import PendingScatter, PinnedStaging, record_event
 from radixserve.memory.pool import KVPool
 
 if TYPE_CHECKING:
@@ -39,18 +41,32 @@ class PageCopier:
     On CUDA the copies run on a copy stream of their own that first waits for the compute
     stream (whose kernels wrote the pages), and the compute stream then waits for the copy,
     so a load-back is ordered before the extend that reads it and a demoted page is read
-    before anything overwrites it; host-side readers (the L3 writer) synchronize. On the CPU
-    the copies are plain synchronous ``index_copy_``.
+    before anything overwrites it. Host memory is reached through pinned staging buffers
+    (:mod:`~radixserve.memory.pinned_staging`) with ``non_blocking`` copies, so neither the
+    host nor the compute stream waits for a copy: a demotion's host scatter into the L2
+    slots is deferred until something reads or reuses L2 (:meth:`finish`, which the host
+    cache calls first). On the CPU the copies are plain synchronous ``index_copy_`` unless
+    ``staged`` asks for the staging path (tests: the same logic with events complete at once).
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, staged: bool | None = None) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.staged = self.stream is not None if staged is None else staged
+        self.staging = PinnedStaging(pin=self.stream is not None)
+        self.pending: list[PendingScatter] = []  # demotions whose host scatter is deferred
 
     def copy(
-        self, src: KVPool, src_pages: Sequence[int], dst: KVPool, dst_pages: Sequence[int]
+        self,
+        src: KVPool,
+        src_pages: Sequence[int],
+        dst: KVPool,
+        dst_pages: Sequence[int],
+        to_host: bool | None = None,
     ) -> None:
-        """Copy ``src`` pages ``src_pages[i]`` into ``dst`` pages ``dst_pages[i]`` (one batched copy per tensor)."""
+        """Copy ``src`` pages ``src_pages[i]`` into ``dst`` pages ``dst_pages[i]`` (one batched
+        copy per tensor). ``to_host``: whether ``dst`` is the host pool (None: ``dst`` is on
+        the CPU and ``src`` is not); a staged demotion's host scatter waits for :meth:`finish`."""
         if len(src_pages) != len(dst_pages):
             raise ValueError(
                 f"{len(src_pages)} source pages for {len(dst_pages)} destination pages"
@@ -61,7 +77,17 @@ class PageCopier:
             raise ValueError(
                 f"page copy between different layouts: {src.layout()} -> {dst.layout()}"
             )
-        move = self._copy if src.layout() == dst.layout() else convert_pages
+        if to_host is None:
+            to_host = dst.device.type == "cpu" and src.device.type != "cpu"
+        if not to_host:
+            self.finish()  # earlier demotions land first: this copy may read their slots
+        same = src.layout() == dst.layout()
+        staged = self.staged and same
+        move: Callable[[KVPool, Sequence[int], KVPool, Sequence[int]], None]
+        if staged:
+            move = functools.partial(self._staged_copy, to_host=to_host)
+        else:
+            move = self._copy if same else convert_pages
         if self.stream is None:
             move(src, src_pages, dst, dst_pages)
             return
@@ -70,8 +96,46 @@ class PageCopier:
         with torch.cuda.stream(self.stream):
             move(src, src_pages, dst, dst_pages)
         compute.wait_stream(self.stream)
-        if dst.device.type == "cpu":
+        if dst.device.type == "cpu" and not staged:
             self.stream.synchronize()  # the host reads (or spills) these slots next
+
+    def finish(self) -> None:
+        """Complete every deferred demotion: wait for its copy, scatter into the L2 slots."""
+        pending, self.pending = self.pending, []
+        for p in pending:
+            p.finish(self.staging)
+
+    def _staged_copy(
+        self,
+        src: KVPool,
+        src_pages: Sequence[int],
+        dst: KVPool,
+        dst_pages: Sequence[int],
+        to_host: bool,
+    ) -> None:
+        """Through pinned staging: host memory is only ever copied from or to a pinned buffer."""
+        si = torch.tensor(list(src_pages), dtype=torch.long, device=src.device)
+        di = torch.tensor(list(dst_pages), dtype=torch.long, device=dst.device)
+        if to_host:  # demotion: device gather, async D2H, host scatter at finish()
+            staged = []
+            for s in src.page_tensors():
+                rows = s.index_select(1, si)
+                buf = self.staging.take(tuple(rows.shape), rows.dtype)
+                buf.copy_(rows, non_blocking=True)
+                staged.append(buf)
+            event = record_event(self.stream)
+            self.pending.append(PendingScatter(event, staged, list(dst.page_tensors()), di))
+            return
+        bufs = []  # load-back: host gather into staging, async H2D, device scatter
+        for s, d in zip(src.page_tensors(), dst.page_tensors()):
+            shape = (s.shape[0], len(src_pages), *s.shape[2:])
+            buf = self.staging.take(shape, s.dtype)
+            torch.index_select(s, 1, si, out=buf)
+            d.index_copy_(1, di, buf.to(d.device, non_blocking=True))
+            bufs.append(buf)
+        event = record_event(self.stream)
+        for buf in bufs:
+            self.staging.release(buf, event)
 
     @staticmethod
     def _copy(src: KVPool, src_pages: Sequence[int], dst: KVPool, dst_pages: Sequence[int]) -> None:
@@ -184,17 +248,19 @@ class HostKVCache:
         if not new:
             return 0
         slots = self.reserve([k for _, k in new])
-        self.copier.copy(self.device_pool, [p for p, _ in new[: len(slots)]], self.pool, slots)
+        pages_ = [p for p, _ in new[: len(slots)]]
+        self.copier.copy(self.device_pool, pages_, self.pool, slots, to_host=True)
         return len(slots)
 
     def load(self, keys: Sequence[PageKey], pages: Sequence[int]) -> None:
         """Copy the cached ``keys`` into L1 ``pages`` (every key must be cached)."""
         slots = [self._index[k] for k in keys]
         self.touch(keys)
-        self.copier.copy(self.pool, slots, self.device_pool, pages)
+        self.copier.copy(self.pool, slots, self.device_pool, pages, to_host=False)
 
     def evict(self, n: int) -> int:
         """Free ``n`` slots, least recently used first, spilling each; returns slots freed."""
+        self.copier.finish()  # deferred demotions land before a slot is spilled or reused
         freed: list[int] = []
         gone: list[PageKey] = []
         skipped = 0  # held keys passed over (moved to the MRU end)
@@ -216,6 +282,7 @@ class HostKVCache:
 
     def clear(self) -> None:
         """Drop every page (no spilling)."""
+        self.copier.finish()
         if self.listener is not None:
             self.listener.tier_removed("L2", list(self._index))
         self._index.clear()
