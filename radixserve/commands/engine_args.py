@@ -82,7 +82,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> N
         "--quant-dense-cache",
         action="store_true",
         help="int8/int4: also keep each quantized weight decoded to bf16 for batches of 4+ rows "
-        "(faster at concurrency on the CPU; +2 bytes per quantized weight)",
+        "(faster at concurrency on the CPU; on CUDA int8's dequantized-weights path for every "
+        "batch, instead of the Triton GEMV; +2 bytes per quantized weight)",
     )
     g.add_argument(
         "--enable-hierarchical-cache",
@@ -151,6 +152,12 @@ def add_parallel_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="seconds a collective may wait for a rank before the worker fails (default 60)",
     )
+    g.add_argument(
+        "--tp-graph-capture",
+        action="store_true",
+        help="capture CUDA decode graphs with tensor parallelism too, all-reduces inside "
+        "(untried; default: those steps run eagerly)",
+    )
     try:  # serve has --insecure already (router, HTTP): it covers the rendezvous too
         g.add_argument(
             "--insecure",
@@ -185,6 +192,8 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
     ):
         if getattr(args, name, None) is not None:
             cfg[name] = getattr(args, name)
+    if getattr(args, "tp_graph_capture", False):
+        cfg["tp_graph_capture"] = True
     if getattr(args, "insecure", False) and cfg.get("dist_init_addr"):
         cfg["dist_insecure"] = True
     if args.quantize_embeddings is not None:

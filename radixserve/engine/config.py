@@ -126,6 +126,10 @@ class EngineConfig:
     dist_init_addr: str | None = None
     dist_timeout: float = 60.0
     dist_insecure: bool = False
+    # Capture the decode graphs with tensor parallelism too (their all-reduces inside the
+    # graph): off by default, decode steps then run the static buffers eagerly. c10d's NCCL
+    # collectives inside CUDA graphs are untried here (it needs two GPUs to try).
+    tp_graph_capture: bool = False
 
     @property
     def use_overlap(self) -> bool:
@@ -138,6 +142,12 @@ class EngineConfig:
         if self.decode_graphs == "auto":
             return torch.device(self.device).type == "cuda"
         return self.decode_graphs == "on"
+
+    @property
+    def capture_decode_graphs(self) -> bool:
+        """Whether the decode graphs may be captured (where the device and backend allow):
+        not around tensor-parallel collectives unless ``tp_graph_capture`` asks for it."""
+        return self.tensor_parallel_size == 1 or self.tp_graph_capture
 
     @property
     def hierarchical_cache(self) -> bool:

@@ -129,13 +129,15 @@ class ModelRunner:
         max_pages: int,
         decode_graphs: bool = False,
         scratch_page: int | None = None,
+        capture_graphs: bool = True,
     ) -> None:
         """``max_rows``: running requests at most (page-table rows); ``max_pages``: pages of
         the longest context (page-table width). ``decode_graphs``: decode-only steps run from
         static buffers padded to batch-size buckets (:mod:`~radixserve.engine.decode_graphs`),
         their padding rows (and the warm-up) writing to ``scratch_page`` (a pool page no request
         may hold);
-        captured as CUDA graphs by :meth:`warm_up` where the device and backend allow."""
+        captured as CUDA graphs by :meth:`warm_up` where the device and backend allow and
+        ``capture_graphs`` (tensor parallelism: only with ``tp_graph_capture``)."""
         self.model = model
         self.pool = pool
         self.attn = attn
@@ -159,7 +161,11 @@ class ModelRunner:
         if decode_graphs:
             if scratch_page is None:
                 raise ValueError("decode_graphs needs a scratch page for the padding rows")
-            capture = self.device.type == "cuda" and getattr(attn, "supports_graph_capture", False)
+            capture = (
+                capture_graphs
+                and self.device.type == "cuda"
+                and getattr(attn, "supports_graph_capture", False)
+            )
             self.decode_graphs = DecodeGraphs(
                 model.forward,
                 attn,
@@ -192,6 +198,7 @@ class ModelRunner:
             max_pages=max_pages,
             decode_graphs=cfg.use_decode_graphs and scratch_page is not None,
             scratch_page=scratch_page,
+            capture_graphs=cfg.capture_decode_graphs,
         )
 
     def set_attention_backend(self, attn: AttentionBackend) -> None:

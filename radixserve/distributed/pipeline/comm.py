@@ -36,6 +36,21 @@ STOP = -1
 REPORT_STATS = -2
 
 
+def wait_for_transfer(work: Any, device: torch.device, timeout: datetime.timedelta | None) -> None:
+    """Order what follows after a point-to-point transfer.
+
+    NCCL (CUDA): ``Work.wait()`` without a timeout makes the current stream wait for the
+    transfer and returns at once; with a timeout it blocks the host thread, polling until the
+    transfer is done, which would stall every pipeline hop on the host. So on CUDA the stream
+    waits and a hung peer is left to the process group's own timeout (its watchdog). gloo
+    (the CPU): the host waits, bounded by ``timeout``.
+    """
+    if device.type == "cuda" or timeout is None:
+        work.wait()
+    else:
+        work.wait(timeout)
+
+
 class CommStats:
     """Where one rank's time went (the benchmark's send/recv time and bubble): waiting for plans,
     sending, waiting for activations or logits, and computing (its stage's forward, and on
@@ -179,12 +194,10 @@ class PipelineComm:
         t0 = time.perf_counter()
         buf = torch.empty(shape, dtype=dtype, device=self.device)
         if buf.numel():
-            work = self.device_group.recv([buf], src, tag)
-            if self.step_timeout is None:
-                work.wait()
-            else:
-                work.wait(self.step_timeout)
-        self.stats.recv_seconds += time.perf_counter() - t0
+            wait_for_transfer(
+                self.device_group.recv([buf], src, tag), self.device, self.step_timeout
+            )
+        self.stats.recv_seconds += time.perf_counter() - t0  # on CUDA: the host's part only
         return buf
 
     def report_stats(self) -> None:
