@@ -88,7 +88,7 @@ def _cases(full: bool) -> list[tuple[str, str, torch.dtype, int, int, int]]:
     if full:
         return [
             (k, d, a, 9, 3, 64) for k in ("store", "decode", "extend") for d in kv for a in acts
-        ] + [("fused", "auto", a, 9, 3, 64) for a in acts]
+        ] + [(k, "auto", a, 9, 3, 64) for k in ("fused", "int8_gemv") for a in acts]
     return [
         ("store", "int4", torch.bfloat16, 9, 3, 64),
         ("store", "fp8_e4m3", torch.float16, 9, 3, 64),
@@ -100,6 +100,7 @@ def _cases(full: bool) -> list[tuple[str, str, torch.dtype, int, int, int]]:
         ("extend", "int4", torch.float32, 4, 1, 16),
         ("fused", "auto", torch.bfloat16, 9, 3, 64),
         ("fused", "auto", torch.float32, 4, 1, 16),
+        ("int8_gemv", "auto", torch.bfloat16, 9, 3, 64),
     ]
 
 
@@ -119,7 +120,13 @@ def _launch(kind: str, kv_dtype: str, act: torch.dtype, hq: int, hkv: int, d: in
         k_scale = v_scale = None
     pt = torch.arange(pages, dtype=torch.int32).view(2, 2)
     lens = torch.tensor([20, 30], dtype=torch.int32)
-    if kind == "fused":
+    if kind == "int8_gemv":  # one row (BLOCK_M 1) and five (BLOCK_M 4), SmolLM2's down_proj
+        from radixkernels.int8_gemv import int8_linear
+
+        codes = torch.zeros(576, 1536, dtype=torch.int8)
+        for rows in (1, 5):
+            int8_linear(torch.zeros(rows, 1536, dtype=act), codes, torch.ones(576, dtype=act))
+    elif kind == "fused":
         from radixkernels.fused import rms_norm, rope_store_kv, silu_mul
 
         x = torch.zeros(3, 576, dtype=act)

@@ -22,7 +22,9 @@ BLOCK_N = 16
 BLOCK_K = 128
 
 
-@triton.jit
+# M (the step's rows) is not specialized: a variant per BLOCK_M (1, 2, 4) and layer shape,
+# all launched by the warm-up's and the graph capture's batch sizes.
+@triton.jit(do_not_specialize=["M"])
 def _int8_gemv_kernel(
     x_ptr,
     w_ptr,

@@ -41,6 +41,7 @@ KERNEL_MODULES = (
     "radixkernels.decode",
     "radixkernels.extend",
     "radixkernels.fused",
+    "radixkernels.int8_gemv",
 )
 
 
