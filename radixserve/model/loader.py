@@ -196,7 +196,7 @@ def load_model(
         )
         model.load_weights(stage_weights, dtype=dtype, device=device)
     elif gguf is not None:
-        from radixserve.model.quant.gguf_loader import load_gguf_model
+        from radixserve.model.gguf_loader import load_gguf_model
         from radixserve.model.quant.gguf_weights import GGUFFile
 
         if qcfg is None:
@@ -210,7 +210,7 @@ def load_model(
             iter_safetensors(path, model.shard, cfg.head_dim), dtype=dtype, device=device
         )
         if qcfg is not None:
-            from radixserve.model.quant.apply import quantize_model
+            from radixserve.model.quantize import quantize_model
 
             report = quantize_model(model, qcfg)
     if report is not None and qcfg is not None and qcfg.dense_cache:
