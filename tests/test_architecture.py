@@ -289,3 +289,34 @@ def test_clients_import_without_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+# The longest function of radixserve/ in lines, from ``def`` to its last line, docstring
+# included: one a reader takes in at once. A longer one is cut where its steps are. No
+# function is excepted.
+MAX_FUNCTION_LINES = 95
+
+
+def _long_functions(root: Path, limit: int) -> list[str]:
+    found = []
+    for f in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > limit:
+                    found.append(f"{f.relative_to(root)}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_is_longer_than_the_limit() -> None:
+    assert _long_functions(ROOT / "radixserve", MAX_FUNCTION_LINES) == []
+
+
+def test_the_length_rule_finds_a_long_function(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "m.py").write_text(
+        f"def short() -> None:\n    pass\n\n\ndef long() -> None:\n{body}"
+    )
+    assert _long_functions(tmp_path, MAX_FUNCTION_LINES) == [
+        f"m.py:5 long ({MAX_FUNCTION_LINES + 1} lines)"
+    ]
