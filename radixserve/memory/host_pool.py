@@ -32,7 +32,7 @@ from radixserve.memory.pinned_staging import PendingScatter, PinnedStaging, reco
 from radixserve.memory.pool import KVPool
 
 if TYPE_CHECKING:
-    from radixserve.memory.kv_events import TierListener
+    from radixserve.memory.interfaces import TierListener
 
 
 class PageCopier:
