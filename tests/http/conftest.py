@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from http_helpers import ENGINE_FLAGS, Server, gone, start
+from http_helpers import (
+    AGENT_KEYS,
+    ENGINE_FLAGS,
+    Server,
+    gone,
+    model_with_template,
+    serve,
+    start,
+    stop,
+)
 
 
 @pytest.fixture(scope="session")
@@ -56,3 +65,20 @@ def tokenizer(tiny_llama_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+
+
+@pytest.fixture(scope="session")
+def agent_server(
+    tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """``serve`` on the tiny Llama with Qwen3's chat template (tools rendered, the hermes
+    parser), the qwen3 reasoning parser and two API keys (two tenants): the server of the
+    Responses, Messages and agent-framework tests."""
+    model = model_with_template(
+        tiny_llama_dir, tmp_path_factory.mktemp("agents") / "model", "qwen3.jinja"
+    )
+    srv = serve(
+        model, "--reasoning-parser", "qwen3", "--api-key", AGENT_KEYS[0], "--api-key", AGENT_KEYS[1]
+    )
+    yield srv
+    stop(srv)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+# The API keys of the agent_server fixture: two tenants.
+AGENT_KEYS = ("tenant-a-key", "tenant-b-key")
+TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
 
 # A pool of 512 pages of 4 tokens: a 2048-token context, so a long stream can be cut mid-way.
 ENGINE_FLAGS = [
@@ -128,3 +134,36 @@ def wait_idle(c: httpx.Client, timeout: float = 30.0) -> dict[str, Any]:
         if time.monotonic() > deadline:
             raise AssertionError(f"server not idle after {timeout} s: {info}")
         time.sleep(0.05)
+
+
+def model_with_template(src: Path, dst: Path, template: str) -> Path:
+    """A copy of the tiny model whose tokenizer carries ``template`` as its chat template."""
+    shutil.copytree(src, dst)
+    cfg_path = dst / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = (TEMPLATES / template).read_text()
+    cfg_path.write_text(json.dumps(cfg))
+    (dst / "chat_template.jinja").unlink(missing_ok=True)
+    return dst
+
+
+def serve(model: Path, *extra: str) -> Server:
+    out = start(
+        ["serve", "--model", str(model), "--workers", "1", "--port", "0", "--http-port", "0"]
+        + ["--memory-log-interval", "0", *ENGINE_FLAGS, *extra]
+    )
+    try:  # a loaded 2-core machine can take minutes to start a server
+        url = out.wait_for(r"HTTP on (http://\S+)", timeout=400).group(1)
+        m = out.wait_for(r"serving on (tcp://\S+) .*worker pids (\d+)", timeout=60)
+    except BaseException:
+        out.stop()
+        raise
+    srv = Server(url, m.group(1), model, out, [int(m.group(2))])
+    with srv.client() as c:
+        assert c.get("/health").status_code == 200
+    return srv
+
+
+def stop(srv: Server) -> None:
+    assert srv.out.stop() == 0, "".join(srv.out.seen)
+    assert all(gone(pid) for pid in srv.worker_pids)

@@ -13,7 +13,6 @@ per template (the numbers are in docs/agents.md).
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,8 @@ from typing import Any
 import openai
 import pytest
 from bench_modules import load
-from http_helpers import ENGINE_FLAGS, Server, gone, start
+from http_helpers import Server, model_with_template, serve, stop
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates"
 PAGE = 4  # ENGINE_FLAGS' page size
 
 WEATHER = {
@@ -51,39 +49,6 @@ TIME = {
     },
 }
 TOOLS: list[Any] = [WEATHER, TIME]
-
-
-def model_with_template(src: Path, dst: Path, template: str) -> Path:
-    """A copy of the tiny model whose tokenizer carries ``template`` as its chat template."""
-    shutil.copytree(src, dst)
-    cfg_path = dst / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["chat_template"] = (TEMPLATES / template).read_text()
-    cfg_path.write_text(json.dumps(cfg))
-    (dst / "chat_template.jinja").unlink(missing_ok=True)
-    return dst
-
-
-def serve(model: Path, *extra: str) -> Server:
-    out = start(
-        ["serve", "--model", str(model), "--workers", "1", "--port", "0", "--http-port", "0"]
-        + ["--memory-log-interval", "0", *ENGINE_FLAGS, *extra]
-    )
-    try:  # a loaded 2-core machine can take minutes to start a server
-        url = out.wait_for(r"HTTP on (http://\S+)", timeout=400).group(1)
-        m = out.wait_for(r"serving on (tcp://\S+) .*worker pids (\d+)", timeout=60)
-    except BaseException:
-        out.stop()
-        raise
-    srv = Server(url, m.group(1), model, out, [int(m.group(2))])
-    with srv.client() as c:
-        assert c.get("/health").status_code == 200
-    return srv
-
-
-def stop(srv: Server) -> None:
-    assert srv.out.stop() == 0, "".join(srv.out.seen)
-    assert all(gone(pid) for pid in srv.worker_pids)
 
 
 @pytest.fixture(scope="module", params=["qwen3.jinja", "llama3_1.jinja", "mistral.jinja"])

@@ -3,7 +3,9 @@
 ``create_app(GatewayConfig(router="tcp://127.0.0.1:5555"))`` gives an ASGI app with:
 
 * OpenAI-compatible ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``
-  (:mod:`~radixserve.serving.http.openai_api`);
+  (:mod:`~radixserve.serving.http.openai_api`), ``/v1/responses``
+  (:mod:`~radixserve.serving.http.responses`);
+* Anthropic-compatible ``/v1/messages`` (:mod:`~radixserve.serving.http.messages`);
 * SGLang-native ``/generate``, ``/get_model_info``, ``/flush_cache``, ``/health``,
   ``/health_generate``, ``/get_server_info`` (:mod:`~radixserve.serving.http.sglang_api`);
 * ``/metrics`` in Prometheus text format (:mod:`~radixserve.serving.http.metrics`);
@@ -28,7 +30,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve import __version__
-from radixserve.serving.http import openai_api, sglang_api
+from radixserve.serving.http import messages, openai_api, responses, sglang_api
+from radixserve.serving.http.anthropic_errors import AnthropicErrors
 from radixserve.serving.http.auth import APIKeyAuth
 from radixserve.serving.http.body_limit import BodyLimit
 from radixserve.serving.http.errors import APIError, install_error_handlers
@@ -91,9 +94,12 @@ def create_app(config: GatewayConfig | None = None, tokenizer: Any = None) -> Fa
     app.add_middleware(
         BodyLimit, limits=config.limits
     )  # inside _CountErrors: its 413/400s are counted
+    app.add_middleware(AnthropicErrors)  # around the two above: their errors on /v1/messages too
     app.add_middleware(_CountErrors, gateway=gateway)
     app.include_router(openai_api.router)
     app.include_router(sglang_api.router)
+    app.include_router(responses.router)
+    app.include_router(messages.router)
 
     @app.get("/metrics")
     async def metrics() -> Response:

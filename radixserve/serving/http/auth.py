@@ -2,9 +2,10 @@
 
 With API keys configured (``--api-key``, ``RADIXSERVE_API_KEY``), every request but
 ``GET /health`` must carry ``Authorization: Bearer <key>``, as the OpenAI clients send
-it. Admin endpoints (:data:`ADMIN_PATHS`) take an admin key when admin keys are
-configured (``--admin-api-key``), else any API key. A request that fails gets a 401 in
-OpenAI's error shape (``code="invalid_api_key"``) with ``WWW-Authenticate: Bearer``.
+it (or ``x-api-key: <key>``, as the Anthropic clients send it). Admin endpoints
+(:data:`ADMIN_PATHS`) take an admin key when admin keys are configured
+(``--admin-api-key``), else any API key. A request that fails gets a 401 in OpenAI's
+error shape (``code="invalid_api_key"``) with ``WWW-Authenticate: Bearer``.
 
 Keys are compared in constant time: the SHA-256 digest of what was sent against the
 digest of every configured key, without stopping at the first match, so neither the time
@@ -74,6 +75,14 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
+def x_api_key(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The key of an ``x-api-key`` header, as the Anthropic clients send it."""
+    for name, value in headers:
+        if name.lower() == b"x-api-key":
+            return value.decode("latin-1").strip() or None
+    return None
+
+
 def unauthorized_body(message: str) -> dict[str, Any]:
     """OpenAI's 401 body."""
     return {
@@ -128,7 +137,8 @@ class APIKeyAuth:
         if scope["type"] != "http" or not self.enabled:
             await self.app(scope, receive, send)
             return
-        key, why = self.check(scope["path"], bearer_token(scope.get("headers", [])))
+        headers = scope.get("headers", [])
+        key, why = self.check(scope["path"], bearer_token(headers) or x_api_key(headers))
         if why is not None:
             body = json.dumps(unauthorized_body(why)).encode()
             await send(

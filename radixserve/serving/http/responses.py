@@ -1,0 +1,247 @@
+"""``POST /v1/responses``: OpenAI's Responses API on the same engine and cache.
+
+The request's items (after the conversation stored under ``previous_response_id``, if
+any) become chat turns (:mod:`.responses_items`) and go through the chat path shared with
+``/v1/chat/completions`` (:mod:`.chat_request`): the model's template renders them and
+the tools, the template's parser reads calls back as ``function_call`` items, the
+reasoning parser's thinking becomes a ``reasoning`` item. Streams follow OpenAI's event
+sequence (:mod:`.responses_stream`).
+
+``previous_response_id`` continues a stored conversation (:mod:`.responses_store`, per
+tenant, bounded) and is the router's session key for the whole chain (the first
+response's id; ``prompt_cache_key`` overrides it), so every turn of one conversation
+meets its cached prefix on the same worker.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from radixserve.serving.http import responses_items as items_
+from radixserve.serving.http.auth import request_key
+from radixserve.serving.http.chat_request import (
+    ChatCall,
+    check_messages,
+    open_stream,
+    plan_tools,
+    read_answer,
+    sampling,
+)
+from radixserve.serving.http.chat_tools import template_kwargs
+from radixserve.serving.http.errors import APIError, invalid
+from radixserve.serving.http.gateway import Gateway
+from radixserve.serving.http.responses_store import ResponseStore, tenant_of
+from radixserve.serving.http.responses_stream import events
+from radixserve.serving.http.sse import SSEResponse
+from radixserve.serving.http.streams import finals, primed
+from radixserve.serving.wire import protocol as p
+
+router = APIRouter()
+
+# Fields of OpenAI's Responses requests that would change the output and are not
+# implemented: a 400 naming the field. Other unknown fields are ignored, as OpenAI does.
+UNSUPPORTED = {
+    "background": "background responses are not supported",
+    "conversation": "the Conversations API is not supported; use previous_response_id",
+    "prompt": "stored prompt templates are not supported; send instructions and input",
+    "max_tool_calls": "max_tool_calls is not supported",
+    "top_logprobs": "logprobs are not supported on /v1/responses; use /v1/chat/completions",
+    "context_management": "context_management is not supported",
+}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class ResponsesRequest(_Body):
+    """``POST /v1/responses`` (the fields radixserve reads)."""
+
+    model: str
+    input: str | list[Any] = []
+    instructions: str | None = None
+    previous_response_id: str | None = Field(default=None, max_length=256)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = None
+    stream: bool = False
+    store: bool = True
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    user: str | None = Field(default=None, max_length=256)
+    prompt_cache_key: str | None = Field(default=None, max_length=256)
+    reasoning: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+    truncation: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # radixserve / vLLM extension
+
+    def check(self) -> None:
+        for name in self.model_extra or {}:
+            if name in UNSUPPORTED and (self.model_extra or {})[name] not in (None, False):
+                raise invalid(UNSUPPORTED[name], param=name)
+        if self.truncation not in (None, "disabled"):
+            raise invalid('only truncation "disabled" is supported', param="truncation")
+        if self.reasoning and self.reasoning.get("effort") is not None:
+            raise invalid(
+                "reasoning.effort is not supported; send chat_template_kwargs (for example "
+                '{"enable_thinking": false})',
+                param="reasoning",
+            )
+        if not self.input and self.previous_response_id is None:
+            raise invalid("input must not be empty", param="input")
+
+    def constraint(self) -> str | None:
+        """``text.format`` as a JSON schema constraint (``json_schema`` / ``json_object``)."""
+        fmt = (self.text or {}).get("format") or {"type": "text"}
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return json.dumps({"type": "object"})
+        if kind == "json_schema" and isinstance(fmt.get("schema"), (dict, bool)):
+            return json.dumps(fmt["schema"])
+        raise invalid(
+            "text.format must be text, json_object or json_schema with a schema", param="text"
+        )
+
+
+def store_of(request: Request) -> ResponseStore:
+    """The app's response store (made on first use)."""
+    state = request.app.state
+    if getattr(state, "responses", None) is None:
+        state.responses = ResponseStore()
+    return state.responses
+
+
+class Turn:
+    """One Responses request being answered: what the stream and the final body need."""
+
+    def __init__(self, body: ResponsesRequest, model: str, history: list[dict[str, Any]]) -> None:
+        self.body = body
+        self.model = model
+        self.history = history  # stored items before + this request's input items
+        self.id = items_.new_id("resp")
+        self.created = int(time.time())
+        self.session = ""
+
+    def response(
+        self,
+        status: str,
+        output: list[dict[str, Any]],
+        final: p.GenerateFinal | None = None,
+    ) -> dict[str, Any]:
+        """The Response object (``status`` in_progress / completed / incomplete / failed)."""
+        b = self.body
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"}
+            if status == "incomplete"
+            else None,
+            "instructions": b.instructions,
+            "max_output_tokens": b.max_output_tokens,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": b.parallel_tool_calls is not False,
+            "previous_response_id": b.previous_response_id,
+            "reasoning": {"effort": None, "summary": None},
+            "store": b.store,
+            "temperature": b.temperature,
+            "text": b.text or {"format": {"type": "text"}},
+            "tool_choice": b.tool_choice if b.tool_choice is not None else "auto",
+            "tools": b.tools or [],
+            "top_p": b.top_p,
+            "truncation": "disabled",
+            "usage": usage(final) if final is not None else None,
+            "user": b.user,
+            "metadata": b.metadata or {},
+            "prompt_cache_key": b.prompt_cache_key,
+        }
+
+
+def usage(final: p.GenerateFinal) -> dict[str, Any]:
+    """Responses usage: ``input_tokens_details.cached_tokens`` = prompt tokens served from
+    the radix cache (cache writes and reasoning tokens are not counted separately: 0)."""
+    u = final.usage
+    return {
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": u.cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+    }
+
+
+async def prepare(body: ResponsesRequest, request: Request) -> tuple[Turn, ChatCall]:
+    """Check the request and turn it into the chat call (400s before any work)."""
+    g: Gateway = request.app.state.gateway
+    body.check()
+    model = await g.check_model(body.model)
+    info = await g.info()
+    new_items = items_.parse_items(body.input)
+    tenant = tenant_of(request_key(request.scope))
+    history, session = [], None
+    if body.previous_response_id is not None:
+        stored = store_of(request).get(tenant, body.previous_response_id)
+        if stored is None:
+            raise APIError(
+                400,
+                f"Previous response with id {body.previous_response_id!r} not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        history, session = list(stored.items), stored.session
+    turn = Turn(body, model, history + new_items)
+    messages = items_.to_messages(turn.history, body.instructions)
+    check_messages(messages, "input")
+    constraint = body.constraint()
+    tools, choice = items_.chat_tools_of(body.tools), items_.chat_tool_choice(body.tool_choice)
+    plan = await plan_tools(g, tools, choice)
+    if plan.forced is not None:
+        constraint = None  # text.format shapes a message; a forced turn writes a call instead
+    # The chain's session key: the client's, else the first stored response's id (a
+    # response nobody can continue gets none).
+    turn.session = body.prompt_cache_key or session or (turn.id if body.store else "")
+    params = sampling(
+        max_tokens=body.max_output_tokens or max(1, info.context_length),
+        temperature=body.temperature,
+        top_p=body.top_p,
+        json_schema=constraint,
+    )
+    kwargs = template_kwargs(body.chat_template_kwargs)
+    call = ChatCall(messages, params, plan, turn.session or None, kwargs)
+    return turn, call
+
+
+def remember(request: Request, turn: Turn, output: list[dict[str, Any]]) -> None:
+    """Store the conversation through this response (unless ``store: false``)."""
+    if turn.body.store:
+        tenant = tenant_of(request_key(request.scope))
+        store_of(request).put(tenant, turn.id, turn.history + output, turn.session)
+
+
+@router.post("/v1/responses", response_model=None)
+async def create_response(body: ResponsesRequest, request: Request) -> Response:
+    g: Gateway = request.app.state.gateway
+    turn, call = await prepare(body, request)
+    stream = open_stream(g, request, call)
+    if body.stream:
+        first = await primed(request, stream)
+        return SSEResponse(events(turn, call.plan, first, lambda out: remember(request, turn, out)))
+    (final,) = await finals(request, [stream])
+    answer = read_answer(call.plan, final.text, final.finish_reason)
+    incomplete = final.finish_reason == "length"
+    output = items_.output_items(answer.content, answer.reasoning, answer.calls, incomplete)
+    remember(request, turn, output)
+    return JSONResponse(turn.response("incomplete" if incomplete else "completed", output, final))

@@ -1,0 +1,262 @@
+"""Responses API items <-> chat turns, and its flat tools in the chat API's form.
+
+Input items (OpenAI's shapes): messages (``{"role", "content"}``, with or without
+``"type": "message"``; content a string or ``input_text`` / ``output_text`` parts),
+``function_call`` (a call of an earlier turn), ``function_call_output`` (its result) and
+``reasoning``. Consecutive assistant-side items (reasoning, an assistant message, function
+calls) are one assistant turn, the way the model wrote them in one answer, so a
+conversation resent as items renders the same prompt as one continued with
+``previous_response_id`` (which replays the stored items through this same function). A
+malformed item or one of an unsupported type is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from radixserve.agents.types import ToolCall
+from radixserve.serving.http.chat_tools import FunctionIn, ToolIn
+from radixserve.serving.http.errors import invalid
+from radixserve.serving.wire import protocol as p
+
+
+class _Item(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class _Part(_Item):
+    type: str
+    text: str | None = None
+
+
+class MessageItem(_Item):
+    role: str
+    content: str | list[_Part]
+
+
+class CallItem(_Item):
+    call_id: str = Field(min_length=1, max_length=256)
+    name: str = Field(min_length=1, max_length=64)
+    arguments: str
+
+
+class CallOutputItem(_Item):
+    call_id: str = Field(min_length=1, max_length=256)
+    output: str | list[_Part]
+
+
+class ReasoningItem(_Item):
+    summary: list[_Part] = []
+    content: list[_Part] | None = None
+
+
+_ITEMS: dict[str, type[_Item]] = {
+    "message": MessageItem,
+    "function_call": CallItem,
+    "function_call_output": CallOutputItem,
+    "reasoning": ReasoningItem,
+}
+_ROLES = ("user", "assistant", "system", "developer")
+_TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _text(parts: str | list[_Part], where: str) -> str:
+    if isinstance(parts, str):
+        return parts
+    texts = []
+    for j, part in enumerate(parts):
+        if part.type not in _TEXT_PARTS or part.text is None:
+            raise invalid(
+                f"{where}.content[{j}]: only text parts are supported (got {part.type!r})",
+                param=where,
+            )
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def parse_items(raw: str | list[Any], where: str = "input") -> list[dict[str, Any]]:
+    """The request's ``input`` as checked items (a string is one user message), each a
+    plain dict with its ``type`` (what the store keeps)."""
+    if isinstance(raw, str):
+        return [{"type": "message", "role": "user", "content": raw}]
+    out = []
+    for i, item in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(item, dict):
+            raise invalid(f"{at} must be an object", param=at)
+        kind = item.get("type", "message")
+        model = _ITEMS.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            raise invalid(
+                f"{at}.type {kind!r} is not supported (message, function_call, "
+                "function_call_output, reasoning)",
+                param=at,
+            )
+        try:
+            checked = model.model_validate(item)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(x) for x in first.get("loc", ()))
+            raise invalid(f"{at}.{loc}: {first.get('msg')}", param=at) from None
+        if isinstance(checked, MessageItem) and checked.role not in _ROLES:
+            raise invalid(f"{at}.role must be one of {', '.join(_ROLES)}", param=at)
+        if isinstance(checked, CallItem) and not _is_object(checked.arguments):
+            raise invalid(f"{at}.arguments must be a JSON object as text", param=at)
+        out.append({"type": kind, **checked.model_dump(exclude_none=True)})
+    return out
+
+
+def _is_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def to_messages(items: list[dict[str, Any]], instructions: str | None) -> list[p.ChatMessage]:
+    """Chat turns of checked items (see the module doc), after the instructions."""
+    out = [p.ChatMessage(role="system", content=instructions)] if instructions else []
+    names: dict[str, str] = {}
+    turn: dict[str, Any] | None = None  # the assistant turn being gathered
+
+    def close() -> None:
+        nonlocal turn
+        if turn is not None:
+            out.append(
+                p.ChatMessage(
+                    role="assistant",
+                    content=turn["content"],
+                    tool_calls=turn["calls"] or None,
+                    reasoning_content=turn["reasoning"] or None,
+                )
+            )
+            turn = None
+
+    for i, item in enumerate(items):
+        kind = item["type"]
+        if kind == "message" and item["role"] != "assistant":
+            close()
+            role = "system" if item["role"] == "developer" else item["role"]
+            out.append(p.ChatMessage(role=role, content=_text(_parts(item), f"input[{i}]")))
+        elif kind == "function_call_output":
+            close()
+            cid = item["call_id"]
+            content = _text(_parts(item, "output"), f"input[{i}]")
+            out.append(
+                p.ChatMessage(role="tool", content=content, tool_call_id=cid, name=names.get(cid))
+            )
+        else:
+            if turn is None:
+                turn = {"content": "", "calls": [], "reasoning": ""}
+            if kind == "message":
+                turn["content"] += _text(_parts(item), f"input[{i}]")
+            elif kind == "reasoning":
+                parts = item.get("content") or item.get("summary") or []
+                turn["reasoning"] += _text(_parts({"content": parts}), f"input[{i}]")
+            else:
+                names[item["call_id"]] = item["name"]
+                turn["calls"].append(
+                    p.ToolCallPart(
+                        id=item["call_id"], name=item["name"], arguments=item["arguments"]
+                    )
+                )
+    close()
+    return out
+
+
+def _parts(item: dict[str, Any], key: str = "content") -> str | list[_Part]:
+    value = item[key]
+    return value if isinstance(value, str) else [_Part.model_validate(v) for v in value]
+
+
+def output_items(
+    content: str, reasoning: str, calls: list[ToolCall], incomplete: bool
+) -> list[dict[str, Any]]:
+    """A finished answer as Responses output items: reasoning, the message, the calls."""
+    status = "incomplete" if incomplete else "completed"
+    items: list[dict[str, Any]] = []
+    if reasoning:
+        items.append(reasoning_item(new_id("rs"), reasoning, status))
+    if content or not calls:
+        items.append(message_item(new_id("msg"), content, status))
+    items.extend(call_item(new_id("fc"), c.id, c.name, c.arguments, "completed") for c in calls)
+    return items
+
+
+def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}] if text else []
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+
+
+def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [output_text(text)]
+    return {
+        "id": item_id,
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": content,
+    }
+
+
+def output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def chat_tools_of(tools: list[dict[str, Any]] | None) -> list[ToolIn] | None:
+    """Responses' flat function tools (``{"type": "function", "name", "parameters", ...}``)
+    as the chat API's; any other tool type (web search, file search, MCP, ...) is a 400."""
+    if tools is None:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type")
+        if kind != "function":
+            raise invalid(
+                f"tools[{i}].type {kind!r} is not supported (only function tools)",
+                param=f"tools[{i}]",
+            )
+        try:
+            fn = FunctionIn.model_validate({k: v for k, v in tool.items() if k != "type"})
+        except ValidationError as exc:
+            raise invalid(
+                f"tools[{i}]: {exc.errors()[0].get('msg')}", param=f"tools[{i}]"
+            ) from None
+        out.append(ToolIn(type="function", function=fn))
+    return out
+
+
+def chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """Responses' ``tool_choice`` in the chat API's form (``{"type": "function", "name"}``
+    -> ``{"type": "function", "function": {"name"}}``)."""
+    if isinstance(choice, dict):
+        if choice.get("type") != "function" or not isinstance(choice.get("name"), str):
+            raise invalid(
+                'tool_choice must be "none", "auto", "required" or '
+                '{"type": "function", "name": ...}',
+                param="tool_choice",
+            )
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice

@@ -1,0 +1,186 @@
+"""The Responses and Messages APIs' pure parts, without a server: item conversion, the
+response store's bounds and tenancy, and the streamed events of answers a random model
+cannot write (reasoning, then a call) built from text deltas as the parsers read them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from radixserve.agents import reasoning
+from radixserve.agents.registry import HERMES
+from radixserve.serving.http.anthropic_errors import error_body
+from radixserve.serving.http.chat_request import read_answer
+from radixserve.serving.http.chat_tools import ToolPlan, output_parser
+from radixserve.serving.http.errors import APIError
+from radixserve.serving.http.messages_protocol import MessagesRequest
+from radixserve.serving.http.messages_stream import Blocks
+from radixserve.serving.http.responses_items import output_items, parse_items, to_messages
+from radixserve.serving.http.responses_store import ResponseStore, tenant_of
+from radixserve.serving.http.responses_stream import OutputItems, Writer
+
+PLAN = ToolPlan("[]", HERMES, None, reasoning.QWEN3)
+ANSWER = (
+    "<think>Need the weather.</think>Let me check."
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
+
+
+def pieces(text: str, size: int = 3) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def sse(raw: list[bytes]) -> list[dict[str, Any]]:
+    out = []
+    for b in raw:
+        head, data = b.decode().strip().split("\n")
+        assert head == "event: " + json.loads(data[len("data: ") :])["type"]
+        out.append(json.loads(data[len("data: ") :]))
+    return out
+
+
+def test_items_render_one_assistant_turn_per_answer() -> None:
+    """reasoning + message + calls are one assistant turn; outputs name their function."""
+    answer = read_answer(PLAN, ANSWER, "stop")
+    items = parse_items([{"role": "user", "content": "Paris?"}])
+    items += output_items(answer.content, answer.reasoning, answer.calls, incomplete=False)
+    assert [i["type"] for i in items] == ["message", "reasoning", "message", "function_call"]
+    call_id = items[-1]["call_id"]
+    items += parse_items([{"type": "function_call_output", "call_id": call_id, "output": "18 C"}])
+    msgs = to_messages(items, "Be brief.")
+    assert [m.role for m in msgs] == ["system", "user", "assistant", "tool"]
+    turn = msgs[2]
+    assert turn.content == "Let me check." and turn.reasoning_content == "Need the weather."
+    assert turn.tool_calls is not None and turn.tool_calls[0].name == "get_weather"
+    assert json.loads(turn.tool_calls[0].arguments) == {"city": "Paris"}
+    assert msgs[3].tool_call_id == call_id and msgs[3].name == "get_weather"
+
+
+def test_response_stream_events_for_reasoning_then_a_call() -> None:
+    parser = output_parser(PLAN)
+    assert parser is not None
+    items = OutputItems(Writer())
+    raw: list[bytes] = []
+    for piece in pieces(ANSWER):
+        raw += items.apply(parser.feed(piece))
+    raw += items.apply(parser.finish()) + items.finish(incomplete=False)
+    evs = sse(raw)
+    assert [e["sequence_number"] for e in evs] == list(range(len(evs)))
+    added = [e["item"]["type"] for e in evs if e["type"] == "response.output_item.added"]
+    assert added == ["reasoning", "message", "function_call"]
+    text = "".join(e["delta"] for e in evs if e["type"] == "response.reasoning_text.delta")
+    content = "".join(e["delta"] for e in evs if e["type"] == "response.output_text.delta")
+    args = "".join(e["delta"] for e in evs if e["type"] == "response.function_call_arguments.delta")
+    assert (text, content, json.loads(args)) == (
+        "Need the weather.",
+        "Let me check.",
+        {"city": "Paris"},
+    )
+    done = [e["item"] for e in evs if e["type"] == "response.output_item.done"]
+    assert done == items.done and done[0]["content"][0]["text"] == text
+    assert done[2]["arguments"] == args and done[2]["status"] == "completed"
+
+
+def test_messages_stream_blocks_for_reasoning_then_a_call() -> None:
+    parser = output_parser(PLAN)
+    assert parser is not None
+    blocks = Blocks()
+    raw: list[bytes] = []
+    for piece in pieces(ANSWER, 5):
+        raw += blocks.apply(parser.feed(piece))
+    raw += blocks.apply(parser.finish()) + blocks.close()
+    evs = sse(raw)
+    starts = [e["content_block"]["type"] for e in evs if e["type"] == "content_block_start"]
+    assert starts == ["thinking", "text", "tool_use"] and blocks.calls == 1
+    kinds = {e["delta"]["type"] for e in evs if e["type"] == "content_block_delta"}
+    assert kinds == {"thinking_delta", "text_delta", "input_json_delta"}
+    partial = "".join(
+        e["delta"].get("partial_json", "") for e in evs if e["type"] == "content_block_delta"
+    )
+    assert json.loads(partial) == {"city": "Paris"}
+    assert [e["index"] for e in evs if e["type"] == "content_block_stop"] == [0, 1, 2]
+
+
+def test_messages_blocks_convert_to_chat_turns() -> None:
+    body = MessagesRequest.model_validate(
+        {
+            "model": "m",
+            "max_tokens": 4,
+            "system": [{"type": "text", "text": "Sys"}],
+            "messages": [
+                {"role": "user", "content": "Paris?"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "hm", "signature": ""},
+                        {
+                            "type": "tool_use",
+                            "id": "t1",
+                            "name": "get_weather",
+                            "input": {"city": "P"},
+                        },
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [{"type": "text", "text": "18 C"}],
+                        },
+                        {"type": "text", "text": "And?"},
+                    ],
+                },
+            ],
+            "tool_choice": {"type": "any"},
+            "thinking": {"type": "disabled"},
+        }
+    )
+    msgs = body.chat()
+    assert [m.role for m in msgs] == ["system", "user", "assistant", "tool", "user"]
+    assert msgs[2].reasoning_content == "hm" and msgs[2].tool_calls is not None
+    assert msgs[3].content == "18 C" and msgs[3].name == "get_weather"
+    assert body.chat_tool_choice() == "required"
+    assert body.template_kwargs() == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        [{"type": "image", "source": {}}],
+        [{"type": "tool_use", "id": "x", "name": "f"}],  # a user turn cannot call
+        [{"type": "tool_result"}],  # no tool_use_id
+    ],
+)
+def test_malformed_message_blocks_are_400(content: Any) -> None:
+    body = MessagesRequest.model_validate(
+        {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": content}]}
+    )
+    with pytest.raises(APIError) as err:
+        body.chat()
+    assert err.value.status == 400
+
+
+def test_store_bounds_ttl_and_tenants() -> None:
+    now = [0.0]
+    store = ResponseStore(max_entries=3, max_chars=300, ttl_s=10.0, clock=lambda: now[0])
+    a, b = tenant_of("key-a"), tenant_of("key-b")
+    assert a != b and tenant_of(None) == ""
+    item = [{"type": "message", "role": "user", "content": "x" * 20}]
+    for i in range(4):
+        assert store.put(a, f"r{i}", item, "s")
+    assert len(store) == 3 and store.get(a, "r0") is None  # count bound: oldest out
+    assert store.get(b, "r1") is None and store.get(a, "r1") is not None  # per tenant
+    assert not store.put(a, "huge", [{"content": "y" * 500}], "s")  # alone over the size
+    store.put(a, "r4", [{"content": "z" * 150}], "s")  # size bound evicts the least recent
+    assert store.chars <= 300 and store.get(a, "r1") is not None and store.get(a, "r4") is not None
+    now[0] = 100.0
+    assert store.get(a, "r4") is None and len(store) == 0 and store.chars == 0  # TTL
+
+
+def test_anthropic_error_shape() -> None:
+    assert error_body(401, "no")["error"]["type"] == "authentication_error"
+    assert error_body(502, "x") == {"type": "error", "error": {"type": "api_error", "message": "x"}}

@@ -1,0 +1,196 @@
+"""``/v1/responses`` through the real ``openai`` SDK against ``radixserve serve``.
+
+The server (``agent_server``) runs the tiny random Llama with Qwen3's chat template, so a
+call is forced with ``tool_choice`` (a random model writes none on its own). Checked: the
+tool loop (function_call -> function_call_output -> answer) continued with
+``previous_response_id``, its ``cached_tokens`` covering the previous turn's prompt; the
+same conversation resent as items renders the same prompt; the streamed event sequence
+through the SDK's own stream reader; the store's tenancy and ``store: false``; malformed
+items and unsupported fields answered with a 400 (never a 500), and the body limit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from http_helpers import AGENT_KEYS, Server
+
+PAGE = 4  # ENGINE_FLAGS' page size
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather of a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+    },
+}
+TIME = {
+    "type": "function",
+    "name": "get_time",
+    "description": "Current time in a time zone",
+    "parameters": {
+        "type": "object",
+        "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+        "required": ["zone"],
+    },
+}
+TOOLS: Any = [WEATHER, TIME]
+INSTRUCTIONS = "You are a helpful assistant. Use the tools."
+
+
+def sdk(srv: Server, key: str = AGENT_KEYS[0]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0)
+
+
+def args_of(call: Any) -> dict[str, Any]:
+    args = json.loads(call.arguments)
+    if call.name == "get_weather":
+        assert set(args) == {"city"} and len(args["city"]) <= 12
+    else:
+        assert call.name == "get_time" and args["zone"] in ("UTC", "CET")
+    return args
+
+
+def test_tool_loop_continued_by_previous_response_id(agent_server: Server) -> None:
+    client = sdk(agent_server)
+    common: Any = {
+        "model": "default",
+        "instructions": INSTRUCTIONS,
+        "tools": TOOLS,
+        "temperature": 0,
+    }
+    r1 = client.responses.create(
+        **common, input="Weather in Paris?", tool_choice="required", max_output_tokens=200
+    )
+    assert r1.status == "completed" and r1.id.startswith("resp_")
+    (call,) = [o for o in r1.output if o.type == "function_call"]
+    args_of(call)
+    assert not r1.output_text  # no markup leaks into a message
+    assert r1.usage is not None and r1.usage.input_tokens > 0
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "18 C, sunny"}
+    r2 = client.responses.create(
+        **common,
+        previous_response_id=r1.id,
+        input=[result],
+        tool_choice="none",
+        max_output_tokens=6,
+    )
+    assert r2.status in ("completed", "incomplete") and r2.previous_response_id == r1.id
+    assert [o.type for o in r2.output] == ["message"] and isinstance(r2.output_text, str)
+    assert r2.usage is not None
+    cached = r2.usage.input_tokens_details.cached_tokens
+    # The continued prompt starts with the whole previous prompt (whole pages of it cached).
+    assert cached >= (r1.usage.input_tokens // PAGE) * PAGE - PAGE, (r1.usage, r2.usage)
+    assert r2.usage.input_tokens > r1.usage.input_tokens
+    # The same conversation resent as items (no server state) renders the same prompt.
+    items: Any = [{"role": "user", "content": "Weather in Paris?"}]
+    items += [o.model_dump(exclude_none=True) for o in r1.output] + [result]
+    r3 = client.responses.create(
+        **common, input=items, tool_choice="none", max_output_tokens=1, store=False
+    )
+    assert r3.usage is not None and r3.usage.input_tokens == r2.usage.input_tokens
+    assert r3.usage.input_tokens_details.cached_tokens >= cached
+
+
+def test_streamed_call_through_the_sdk_stream_reader(agent_server: Server) -> None:
+    client = sdk(agent_server)
+    with client.responses.stream(
+        model="default",
+        input="Time in Berlin?",
+        tools=TOOLS,
+        tool_choice={"type": "function", "name": "get_time"},
+        max_output_tokens=200,
+        temperature=0,
+    ) as stream:
+        seen = [ev for ev in stream]
+        final = stream.get_final_response()
+    kinds = [ev.type for ev in seen]
+    assert [ev.sequence_number for ev in seen] == list(range(len(seen)))
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert kinds[-3:] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    deltas = [ev.delta for ev in seen if ev.type == "response.function_call_arguments.delta"]
+    (call,) = final.output
+    assert call.type == "function_call" and call.name == "get_time"
+    assert "".join(deltas) == call.arguments and args_of(call)
+    assert final.usage is not None and final.usage.output_tokens > 0
+
+
+def test_streamed_text_and_incomplete_status(agent_server: Server) -> None:
+    events = list(
+        sdk(agent_server).responses.create(
+            model="default", input="Hello", max_output_tokens=5, temperature=0, stream=True
+        )
+    )
+    kinds = [ev.type for ev in events]
+    text = "".join(ev.delta for ev in events if ev.type == "response.output_text.delta")
+    last: Any = events[-1]
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    assert "response.content_part.added" in kinds and "response.output_text.done" in kinds
+    assert last.response.output[0].content[0].text == text
+    if last.response.usage.output_tokens == 5:
+        assert last.type == "response.incomplete"
+        assert last.response.incomplete_details.reason == "max_output_tokens"
+
+
+def test_store_is_per_tenant_and_store_false_keeps_nothing(agent_server: Server) -> None:
+    a, b = sdk(agent_server, AGENT_KEYS[0]), sdk(agent_server, AGENT_KEYS[1])
+    kept = a.responses.create(model="default", input="Hi", max_output_tokens=1)
+    gone = a.responses.create(model="default", input="Hi", max_output_tokens=1, store=False)
+    a.responses.create(
+        model="default", input="Again", previous_response_id=kept.id, max_output_tokens=1
+    )
+    for client, rid in [(b, kept.id), (a, gone.id), (a, "resp_unknown")]:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.responses.create(
+                model="default", input="x", previous_response_id=rid, max_output_tokens=1
+            )
+        assert err.value.code == "previous_response_not_found"
+
+
+BAD: list[tuple[str, Any]] = [
+    ("input", [{"type": "function_call", "name": "get_time"}]),  # no call_id / arguments
+    ("input", [{"type": "function_call", "call_id": "c", "name": "x", "arguments": "[1]"}]),
+    ("input", [{"type": "function_call_output", "output": "x"}]),
+    ("input", [{"type": "input_image", "image_url": "http://x"}]),
+    ("input", [{"role": "robot", "content": "x"}]),
+    ("input", [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+    ("input", [1]),
+    ("input", 5),
+    ("input", []),
+    ("tools", [{"type": "web_search"}]),
+    ("tools", [{"type": "function", "name": "bad name!"}]),
+    ("tool_choice", {"type": "allowed_tools", "tools": []}),
+    ("text", {"format": {"type": "grammar"}}),
+    ("reasoning", {"effort": "high"}),
+    ("background", True),
+    ("truncation", "auto"),
+    ("max_output_tokens", 0),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), BAD)
+def test_malformed_requests_are_400(agent_server: Server, field: str, value: Any) -> None:
+    body = {"model": "default", "input": "x", "max_output_tokens": 1, field: value}
+    with agent_server.client(headers={"Authorization": f"Bearer {AGENT_KEYS[0]}"}) as c:
+        r = c.post("/v1/responses", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"]
+
+
+def test_request_size_limit_checked_before_work(agent_server: Server) -> None:
+    big = {"model": "default", "input": "x" * (5 << 20)}
+    with agent_server.client(headers={"Authorization": f"Bearer {AGENT_KEYS[0]}"}) as c:
+        r = c.post("/v1/responses", json=big)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    with httpx.Client(base_url=agent_server.url) as c:  # no key: refused before parsing
+        assert c.post("/v1/responses", json={"model": "default"}).status_code == 401
