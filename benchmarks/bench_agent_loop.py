@@ -59,6 +59,7 @@ def stream_turn(client: Any, messages: list[Any], choice: Any, max_tokens: int) 
         messages=messages,
         tools=TOOLS,
         tool_choice=choice,
+        parallel_tool_calls=False,  # one call a turn: the history keeps what the model wrote
         max_tokens=max_tokens,
         temperature=0,
         stream=True,

@@ -43,6 +43,7 @@ from frontend_dsl.ir import (
     role,
     select,
     system,
+    tool_result,
     user,
 )
 from frontend_dsl.program import (
@@ -54,6 +55,7 @@ from frontend_dsl.program import (
     set_default_backend,
 )
 from frontend_dsl.state import ForkGroup, ProgramError, ProgramState
+from frontend_dsl.tools import ToolReply, tool
 from frontend_dsl.usage import ProgramUsage
 
 __all__ = [
@@ -78,6 +80,9 @@ __all__ = [
     "role",
     "select",
     "system",
+    "tool",
+    "tool_result",
+    "ToolReply",
     "user",
     "Program",
     "batch_usage",

@@ -15,13 +15,16 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import msgspec
+
 from frontend_dsl.backend import Backend, BackendError
 from frontend_dsl.chat_template import RoleFormat
 from frontend_dsl.ir import Gen, Select
 from frontend_dsl.scoring import score_choices
+from frontend_dsl.tools import ToolMarkers, tool_markers
 from frontend_dsl.usage import UsageMeter
 
-__all__ = ["CallSite", "RunContext", "run_gen", "run_select"]
+__all__ = ["CallSite", "RunContext", "markers_of", "run_gen", "run_select"]
 
 
 @dataclass
@@ -83,10 +86,22 @@ def _parse(op: Gen, text: str) -> tuple[Any, str | None]:
     return text, None
 
 
+def markers_of(ctx: RunContext, tools: str) -> ToolMarkers:
+    """The text around declared ``tools`` and tool results, from the backend's template."""
+    info = ctx.backend.model_info()
+    return tool_markers(info.chat_template, tools, tuple(sorted(info.special_tokens.items())))
+
+
 def run_gen(state: CallSite, op: Gen) -> None:
     """Generate from the state's text; stream text kinds into the state as they arrive."""
     ctx = state._ctx
     params = op.params(ctx.defaults)
+    fmt = None
+    if op.tools is not None:  # the call's constraint, in the template's tool format
+        fmt = op.tools.format(ctx.backend.model_info().chat_template)
+        extra = op.tools.constraint(fmt)
+        if extra:
+            params = msgspec.structs.replace(params, **extra)
     live = op.kind not in _TYPED
     pieces: list[str] = []
     last = None
@@ -111,7 +126,10 @@ def run_gen(state: CallSite, op: Gen) -> None:
             f"generation of {op.name!r} ended with finish_reason={last.finish_reason!r}"
         )
     text = "".join(pieces)
-    value, parsed = _parse(op, text)
+    if op.tools is not None and fmt is not None:
+        value, parsed = op.tools.read(fmt, text), None
+    else:
+        value, parsed = _parse(op, text)
     if parsed is not None:
         state._append(parsed, op.name)
     state._sent_upto = len(state._text)

@@ -60,14 +60,18 @@ def _compile(template: str) -> Any:
 
 def render_chat_template(
     template: str,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     *,
     add_generation_prompt: bool = False,
     special_tokens: Mapping[str, str] | None = None,
+    tools: list[Any] | None = None,
 ) -> str:
     """Render ``messages`` with a Hugging Face chat template, as ``apply_chat_template(tokenize=False)`` does."""
+    extra: dict[str, Any] = dict(special_tokens or {})
+    if tools is not None:  # absent, not None: as transformers renders a call without tools
+        extra["tools"] = tools
     return _compile(template).render(
-        messages=messages, add_generation_prompt=add_generation_prompt, **dict(special_tokens or {})
+        messages=messages, add_generation_prompt=add_generation_prompt, **extra
     )
 
 

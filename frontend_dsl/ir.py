@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+from frontend_dsl.tools import ToolUse, tools_json
+from radixserve import logit_bias as bias_rules
 from radixserve.sampling_params import SamplingParams
 
 __all__ = [
@@ -36,6 +38,8 @@ __all__ = [
     "user",
     "assistant",
     "role",
+    "tool_result",
+    "ToolResult",
     "to_expr",
     "SAMPLING_FIELDS",
     "normalize_sampling",
@@ -58,6 +62,7 @@ SAMPLING_FIELDS = (
     "ignore_eos",
     "regex",
     "json_schema",
+    "logit_bias",
 )
 
 
@@ -84,8 +89,10 @@ def normalize_sampling(values: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(out.get(name), tuple):
             out[name] = list(out[name])
     try:
+        if out.get("logit_bias") is not None:  # token ids as ints or decimal strings
+            out["logit_bias"] = bias_rules.from_json(out["logit_bias"])
         msgspec.convert(out, SamplingParams)
-    except msgspec.ValidationError as exc:
+    except (msgspec.ValidationError, ValueError) as exc:
         raise ValueError(f"invalid sampling parameters: {exc}") from None
     return out
 
@@ -135,7 +142,8 @@ class Gen(Expr):
 
     name: str | None
     sampling: dict[str, Any] = field(default_factory=dict)  # only the fields the caller set
-    kind: str = "text"  # "text" | "int" | "float" | "bool" | "str" | "json"
+    kind: str = "text"  # "text" | "int" | "float" | "bool" | "str" | "json" | "tools"
+    tools: ToolUse | None = None  # kind "tools": the tools it may call (frontend_dsl.tools)
 
     def params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
         """The SamplingParams of this call: program-run defaults overridden by the call's own
@@ -155,17 +163,29 @@ class Select(Expr):
 @dataclass(frozen=True)
 class RoleBegin(Expr):
     role: str
+    tools: str | None = None  # a system turn declaring tools (their JSON text)
 
 
 @dataclass(frozen=True)
 class RoleEnd(Expr):
     role: str
+    tools: str | None = None
 
 
 @dataclass(frozen=True)
 class Role(Expr):
     role: str
     body: Expr
+    tools: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolResult(Expr):
+    """A tool's result, appended as the chat template writes a ``tool`` turn."""
+
+    content: str
+    call_id: str | None = None
+    name: str | None = None
 
 
 def gen(
@@ -189,6 +209,11 @@ def gen(
     choices: Sequence[str] | None = None,
     choices_method: str | Callable[[list[list[float]]], int] = "mean",
     max_new_tokens: int | None = None,
+    logit_bias: Mapping[int | str, float] | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    tool_choice: str = "auto",
+    parallel_tool_calls: bool = True,
+    tool_parser: str | None = None,
 ) -> Expr:
     """Generate text into variable ``name``.
 
@@ -197,7 +222,13 @@ def gen(
     ``regex`` / ``json_schema`` (a dict or JSON text) constrain the output with the
     engine's grammar-constrained decoding. With ``choices``, this is
     ``select(name, choices, method=choices_method)`` (scored by logprobs, not constrained).
-    ``max_new_tokens`` is accepted as an alias of ``max_tokens``.
+    ``max_new_tokens`` is accepted as an alias of ``max_tokens``. ``logit_bias``: token id
+    -> bias in [-100, 100] added to the logits before the draw (OpenAI's semantics).
+
+    ``tools`` (see :mod:`frontend_dsl.tools`): the model may call them; the variable holds a
+    :class:`~frontend_dsl.tools.ToolReply`. ``tool_choice``: ``"auto"``, ``"required"`` or
+    a function's name (forced); ``parallel_tool_calls=False``: one call at most;
+    ``tool_parser`` overrides the format guessed from the chat template.
     """
     if max_tokens is None:
         max_tokens = max_new_tokens
@@ -217,6 +248,7 @@ def gen(
         json_schema=json_schema,
         stop=stop,
         stop_token_ids=None if stop_token_ids is None else list(stop_token_ids),
+        logit_bias=None if logit_bias is None else dict(logit_bias),
     )
     sampling = {k: v for k, v in given.items() if v is not None}
     if choices is not None:
@@ -225,7 +257,15 @@ def gen(
                 f"gen(choices=...) is a select: it takes no sampling parameters, got {sorted(sampling)}"
             )
         return select(name, choices, method=choices_method)
-    expr = Gen(name, normalize_sampling(sampling))
+    if tools is not None:
+        use = ToolUse(tools_json(tools), tool_choice, parallel_tool_calls, tool_parser)
+        if tool_choice not in ("auto", "required") and tool_choice not in {
+            f["name"] for f in use.functions()
+        }:
+            raise ValueError(f"tool_choice {tool_choice!r} is not one of the tools")
+        expr = Gen(name, normalize_sampling(sampling), kind="tools", tools=use)
+    else:
+        expr = Gen(name, normalize_sampling(sampling))
     expr.params()  # fail early, in the program's own thread, on invalid values
     return expr
 
@@ -384,9 +424,20 @@ def role(name: str, *content: ExprLike) -> Expr:
     return Role(name, body)
 
 
-def system(*content: ExprLike) -> Expr:
-    """A system message (prefix and suffix from the model's chat template)."""
-    return role("system", *content)
+def system(*content: ExprLike, tools: Sequence[Mapping[str, Any]] | None = None) -> Expr:
+    """A system message (prefix and suffix from the model's chat template); with ``tools``,
+    the template's rendering of them around it (see :mod:`frontend_dsl.tools`)."""
+    if tools is None:
+        return role("system", *content)
+    return Role("system", to_expr(list(content)), tools_json(tools))
+
+
+def tool_result(call: Any, content: str | Mapping[str, Any] | Sequence[Any]) -> Expr:
+    """A tool's result for ``call`` (a :class:`~radixserve.agents.types.ToolCall`, or its
+    id), as a ``tool`` turn; a non-string ``content`` is sent as JSON."""
+    text = content if isinstance(content, str) else json.dumps(content)
+    call_id = getattr(call, "id", call if isinstance(call, str) else None)
+    return ToolResult(text, call_id, getattr(call, "name", None))
 
 
 def user(*content: ExprLike) -> Expr:

@@ -23,8 +23,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from frontend_dsl.calls import RunContext, run_gen, run_select
-from frontend_dsl.ir import Expr, Gen, Role, RoleBegin, RoleEnd, Select, Seq, Text, to_expr
+from frontend_dsl.calls import RunContext, markers_of, run_gen, run_select
+from frontend_dsl.ir import (
+    Expr,
+    Gen,
+    Role,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    Seq,
+    Text,
+    ToolResult,
+    to_expr,
+)
 from frontend_dsl.usage import ProgramUsage
 
 __all__ = ["ForkGroup", "ProgramError", "ProgramState", "RunContext"]
@@ -54,9 +65,9 @@ def _flatten(expr: Expr, out: list[Expr]) -> list[Expr]:
         for item in expr.items:
             _flatten(item, out)
     elif isinstance(expr, Role):
-        out.append(RoleBegin(expr.role))
+        out.append(RoleBegin(expr.role, expr.tools))
         _flatten(expr.body, out)
-        out.append(RoleEnd(expr.role))
+        out.append(RoleEnd(expr.role, expr.tools))
     else:
         out.append(expr)
     return out
@@ -99,6 +110,7 @@ class ProgramState:
             self._messages: list[dict[str, str]] = []
             self._open: tuple[str, int] | None = None
             self._sent_upto = 0  # text length covered by the last backend call
+            self._tools: str | None = None  # the tools a system turn declared (JSON text)
         else:
             self._text, self._vars, self._meta = (
                 parent._text,
@@ -107,6 +119,7 @@ class ProgramState:
             )
             self._messages, self._open = [dict(m) for m in parent._messages], parent._open
             self._sent_upto, self._error = parent._sent_upto, parent._error
+            self._tools = parent._tools
         # Where this state began (a fork): join("concat") carries over what came after.
         self._fork_len, self._fork_msgs, self._fork_open = (
             len(self._text),
@@ -191,7 +204,11 @@ class ProgramState:
                 raise ValueError(
                     f"cannot open role {op.role!r}: role {self._open[0]!r} is still open"
                 )
-            self._append(self._ctx.roles.open(op.role, first=not self._text))
+            if op.tools is not None:
+                self._tools = op.tools
+                self._append(markers_of(self._ctx, op.tools).system_prefix)
+            else:
+                self._append(self._ctx.roles.open(op.role, first=not self._text))
             self._open = (op.role, len(self._text))
         elif isinstance(op, RoleEnd):
             if self._open is None or self._open[0] != op.role:
@@ -200,7 +217,12 @@ class ProgramState:
                 )
             self._messages.append({"role": op.role, "content": self._text[self._open[1] :]})
             self._open = None
-            self._append(self._ctx.roles.close(op.role))
+            if op.tools is not None:
+                self._append(markers_of(self._ctx, op.tools).system_suffix)
+            else:
+                self._append(self._ctx.roles.close(op.role))
+        elif isinstance(op, ToolResult):
+            self._append_tool_result(op)
         elif isinstance(op, Gen):
             run_gen(self, op)
         elif isinstance(op, Select):
@@ -213,6 +235,18 @@ class ProgramState:
             self._messages.extend(dict(m) for m in op.messages)
         else:
             raise TypeError(f"unknown expression {op!r}")
+
+    def _append_tool_result(self, op: ToolResult) -> None:
+        if self._open is not None:
+            raise ValueError(f"cannot append a tool result: role {self._open[0]!r} is open")
+        if self._tools is None:
+            raise ValueError("a tool result needs tools declared first: system(..., tools=[...])")
+        marks = markers_of(self._ctx, self._tools)
+        self._append(marks.result_prefix + op.content + marks.result_suffix)
+        msg = {"role": "tool", "content": op.content}
+        if op.call_id is not None:
+            msg["tool_call_id"] = op.call_id
+        self._messages.append(msg)
 
     # ---------------------------------------------------------------- reading
     def sync(self) -> ProgramState:

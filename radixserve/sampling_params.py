@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from radixserve import logit_bias as bias_rules
 from radixserve.constrained.spec import Constraint, constraint_errors, constraint_of
 
 # Temperatures below this sample greedily: dividing logits by a smaller one overflows float32
@@ -64,6 +65,13 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # JSON text ``{"begin": str, "schema": {...}, "end": str}``: the output is ``begin``, a
     # JSON value valid against ``schema``, then ``end`` (a tool call in a model's own markup).
     tagged_json: str | None = None
+    # JSON text of an xgrammar structural tag (``{"type": "structural_tag", "format": ...}``):
+    # free text with tool calls whose arguments follow their schemas (strict tools, and
+    # several forced calls); see radixserve.agents.tool_tags.
+    structural_tag: str | None = None
+    # OpenAI's logit_bias: token id -> bias in [-100, 100] added to the logits before the
+    # draw (see radixserve.logit_bias); at most 300 entries.
+    logit_bias: dict[int, float] | None = None
     # Keep this request's prompt prefix pinned in the KV cache for this many seconds after
     # it finishes, refreshed by every hit (within the server's pin budget; None: no pin).
     pin_ttl_s: float | None = None
@@ -75,7 +83,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     @property
     def constraint(self) -> Constraint | None:
         """The grammar constraint of these parameters, or None (call after ``validate``)."""
-        return constraint_of(self.regex, self.json_schema, self.choices, self.tagged_json)
+        return constraint_of(
+            self.regex, self.json_schema, self.choices, self.tagged_json, self.structural_tag
+        )
 
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         """Raise ``ValueError`` with a clear message for any invalid value; return self."""
@@ -131,7 +141,10 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             )
         if self.prompt_logprobs_start is not None and self.prompt_logprobs_start < 0:
             errors.append(f"prompt_logprobs_start must be >= 0, got {self.prompt_logprobs_start}")
-        errors += constraint_errors(self.regex, self.json_schema, self.choices, self.tagged_json)
+        errors += constraint_errors(
+            self.regex, self.json_schema, self.choices, self.tagged_json, self.structural_tag
+        )
+        errors += bias_rules.errors(self.logit_bias, vocab_size, TOKEN_ID_LIMIT)
         bad_ids = [t for t in self.stop_token_ids if not 0 <= t < TOKEN_ID_LIMIT]
         if bad_ids:
             errors.append(f"stop_token_ids must be token ids in [0, 2**31), got {bad_ids[:8]}")
@@ -171,8 +184,10 @@ def to_sampling_params(value: SamplingInput) -> SamplingParams:
                 raise ValueError(f"sampling params give both {alias!r} and {name!r}")
             fields[name] = fields.pop(alias)
     try:
+        if "logit_bias" in fields:  # JSON spells token ids as strings
+            fields["logit_bias"] = bias_rules.from_json(fields["logit_bias"])
         return msgspec.convert(fields, SamplingParams)
-    except msgspec.ValidationError as exc:
+    except (msgspec.ValidationError, ValueError) as exc:
         raise ValueError(f"invalid sampling params: {exc}") from None
 
 

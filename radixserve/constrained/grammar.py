@@ -166,12 +166,15 @@ class GrammarCompiler:
             if c.kind == "tagged_json":
                 assert isinstance(c.value, str)
                 return self._xgr.compile_grammar(tagged_json_grammar(c.value))
+            if c.kind == "structural_tag":
+                assert isinstance(c.value, str)
+                return self._xgr.compile_grammar(structural_tag_grammar(c.value))
             if c.kind == "choices":
                 # A grammar of string literals (JSON escapes are EBNF escapes), not a regex:
                 # no character of a choice needs regex escaping.
                 ebnf = "root ::= " + " | ".join(json.dumps(s, ensure_ascii=True) for s in c.value)
                 return self._xgr.compile_grammar(ebnf)
-        except (RuntimeError, ValueError, TypeError) as e:
+        except (RuntimeError, ValueError, TypeError, xgr.InvalidStructuralTagError) as e:
             reason = _CPP_PREFIX.sub("", str(e).strip()).strip()
             raise ValueError(f"invalid {c.kind}: {reason} ({c.describe()})") from None
         raise ValueError(f"unknown constraint kind {c.kind!r}")
@@ -211,6 +214,25 @@ def tagged_json_grammar(spec: str) -> Any:
     end = [g for k, g in parts if k == "end"]
     grammars = [*begin, body, *end]
     return grammars[0] if len(grammars) == 1 else xgr.Grammar.concat(*grammars)
+
+
+def structural_tag_grammar(spec: str) -> Any:
+    """The xgrammar ``Grammar`` of a structural tag, each ``json_schema`` content spelled as
+    :func:`json_schema_grammar` spells it (compact, no raw control characters), so a call's
+    arguments look the same forced, strict or unforced."""
+    parsed = json.loads(spec)
+    return xgr.Grammar.from_structural_tag(json.dumps(_compact_contents(parsed)))
+
+
+def _compact_contents(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_compact_contents(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "json_schema" and node.get("style", "json") == "json":
+        grammar = json_schema_grammar(json.dumps(node.get("json_schema", True)))
+        return {"type": "grammar", "grammar": str(grammar)}
+    return {k: _compact_contents(v) for k, v in node.items()}
 
 
 _compilers: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], GrammarCompiler]] = (

@@ -11,7 +11,7 @@ import re
 import re._parser as _sre_parse  # the stdlib's regex parser: xgrammar's regexes share its syntax
 from typing import Any, Literal, NamedTuple
 
-ConstraintKind = Literal["regex", "json_schema", "choices", "tagged_json"]
+ConstraintKind = Literal["regex", "json_schema", "choices", "tagged_json", "structural_tag"]
 
 #: The most characters a regex, a JSON schema or all choices together may have.
 MAX_CONSTRAINT_CHARS = 64 << 10
@@ -79,6 +79,7 @@ def constraint_errors(
     json_schema: str | None,
     choices: list[str] | None,
     tagged_json: str | None = None,
+    structural_tag: str | None = None,
 ) -> list[str]:
     """Cheap checks that need no grammar library (the compiler reports the rest).
 
@@ -91,11 +92,13 @@ def constraint_errors(
         ("json_schema", json_schema),
         ("choices", choices),
         ("tagged_json", tagged_json),
+        ("structural_tag", structural_tag),
     )
     given = [name for name, v in named if v is not None]
     if len(given) > 1:
         errors.append(
-            f"at most one of regex, json_schema and choices may be set, got {', '.join(given)}"
+            "at most one of regex, json_schema, choices, tagged_json and structural_tag may "
+            f"be set, got {', '.join(given)}"
         )
     if regex is not None and not regex:
         errors.append("regex must be non-empty")
@@ -104,6 +107,7 @@ def constraint_errors(
         ("json_schema", len(json_schema or "")),
         ("choices", sum(len(c) for c in choices or ())),
         ("tagged_json", len(tagged_json or "")),
+        ("structural_tag", len(structural_tag or "")),
     )
     for name, size in sizes:
         if size > MAX_CONSTRAINT_CHARS:
@@ -131,6 +135,8 @@ def constraint_errors(
                 )
     if tagged_json is not None and len(tagged_json) <= MAX_CONSTRAINT_CHARS:
         errors += _tagged_json_errors(tagged_json)
+    if structural_tag is not None and len(structural_tag) <= MAX_CONSTRAINT_CHARS:
+        errors += _structural_tag_errors(structural_tag)
     if choices is not None:
         if not choices:
             errors.append("choices must list at least one string")
@@ -154,11 +160,22 @@ def _tagged_json_errors(text: str) -> list[str]:
     return []
 
 
+def _structural_tag_errors(text: str) -> list[str]:
+    try:
+        spec: Any = json.loads(text)
+    except (ValueError, RecursionError):
+        return ["structural_tag is not valid JSON text"]
+    if not isinstance(spec, dict) or not isinstance(spec.get("format"), dict):
+        return ['structural_tag must be {"type": "structural_tag", "format": {...}} (xgrammar\'s)']
+    return []
+
+
 def constraint_of(
     regex: str | None,
     json_schema: str | None,
     choices: list[str] | None,
     tagged_json: str | None = None,
+    structural_tag: str | None = None,
 ) -> Constraint | None:
     """The :class:`Constraint` of already validated parameters, or None when unconstrained."""
     if regex is not None:
@@ -169,6 +186,8 @@ def constraint_of(
         return Constraint("choices", tuple(choices))
     if tagged_json is not None:
         return Constraint("tagged_json", tagged_json)
+    if structural_tag is not None:
+        return Constraint("structural_tag", structural_tag)
     return None
 
 

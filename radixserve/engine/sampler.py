@@ -8,6 +8,7 @@ Order of operations, per row (each stage runs only when some row in the batch us
          ├─ frequency / presence penalties (output tokens, OpenAI style); the seen/count tables
          │  stay on the device between steps (sampling_ops.PenaltyCounts)
          ├─ min_tokens: EOS and stop ids masked until enough tokens are out
+         ├─ logit_bias: (row, token) += bias, before temperature/top-k/p and the grammar mask
          ├─ grammar: tokens a constrained row's grammar forbids -> -inf (those rows only)
          ├─ greedy rows: argmax (through max, faster on the CPU)
          └─ other rows: / temperature -> top-k -> softmax -> min-p -> top-p -> inverse-CDF draw
@@ -34,6 +35,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
+from radixserve.engine.logit_bias import apply_bias, stage_bias
 from radixserve.engine.sampling_ops import (
     PenaltyCounts,
     PenaltyStep,
@@ -80,6 +82,7 @@ class SamplingPlan(NamedTuple):
     top_k_max: int  # 0: no row uses top-k
     any_min_p: bool
     any_top_p: bool
+    biased: int = 0  # (row, token) pairs with a logit_bias
 
 
 class SampleTensors(NamedTuple):
@@ -161,6 +164,8 @@ class Sampler:
             layout.ints("s.block_r", blocked_r)
             layout.ints("s.block_t", blocked_t)
 
+        biased = stage_bias(params, layout, self.vocab_size)
+
         grammars = [getattr(r, "grammar", None) for r in rows]
         constrained = [i for i, g in enumerate(grammars) if g is not None]
         if constrained:
@@ -200,6 +205,7 @@ class Sampler:
             top_k_max,
             any_min_p,
             any_top_p,
+            biased,
         )
 
     def _uniforms(self, rows: Sequence[SamplingRow]) -> list[float]:
@@ -243,8 +249,9 @@ class Sampler:
         return SampleTensors(chosen, chosen_lp, top_i, top_v)
 
     def _processed(self, logits: torch.Tensor, plan: SamplingPlan, staged: Staged) -> torch.Tensor:
-        """Penalties, min_tokens and grammar masks applied (a copy when any applies)."""
-        if not (plan.penalties is not None or plan.blocked or plan.constrained):
+        """Penalties, min_tokens blocks, logit biases and grammar masks applied (a copy when
+        any applies)."""
+        if not (plan.penalties is not None or plan.blocked or plan.constrained or plan.biased):
             return logits
         logits = logits.clone()  # the caller's logits stay the model's
         if plan.penalties is not None:
@@ -266,6 +273,8 @@ class Sampler:
             logits.index_copy_(0, rows, sub - (tables.counts * f + (tables.counts > 0).float() * p))
         if plan.blocked:
             logits[staged.i("s.block_r"), staged.i("s.block_t")] = float("-inf")
+        if plan.biased:
+            apply_bias(logits, staged)
         if plan.constrained:
             self._apply_grammar(logits, plan, staged)
         return logits
@@ -321,7 +330,8 @@ class Sampler:
         return unpack_samples(plan, staging.read(list(tensors)))
 
     def processed_logits(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-        """``logits`` after penalties, min_tokens blocks and grammar masks (what the draw sees)."""
+        """``logits`` after penalties, min_tokens blocks, biases and grammar masks (what the
+        draw sees)."""
         staging = self._own_staging(logits.device)
         layout = StagingLayout()
         plan = self.prepare(rows, layout)

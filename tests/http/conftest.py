@@ -47,7 +47,7 @@ def server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         ]
     )
     try:
-        url = out.wait_for(r"HTTP on (http://\S+)").group(1)
+        url = out.wait_for(r"HTTP on (http://\S+)", timeout=400).group(1)  # a loaded machine
         m = out.wait_for(r"serving on (ipc://\S+) .*worker pids (\d+)")
     except BaseException:
         out.stop()

@@ -97,6 +97,7 @@ def test_tool_loop_forced_calls_and_prefix_reuse(tool_server: tuple[str, Server]
             messages=messages,
             tools=TOOLS,
             tool_choice=choice,
+            parallel_tool_calls=False,  # one call a turn (the default allows several)
             max_tokens=200,
             temperature=0,
         )
@@ -156,6 +157,62 @@ def test_streamed_required_call_in_openai_shape(tool_server: tuple[str, Server])
     assert len(ids) == 1 and names == ["get_time"], (ids, names)
     assert json.loads(args)["zone"] in ("UTC", "CET")
     assert content == "" and finish == "tool_calls"
+
+
+def test_required_parallel_calls_with_n_seed_and_stop(tool_server: tuple[str, Server]) -> None:
+    """``required`` with parallel calls off: exactly one valid call per choice; on (OpenAI's
+    default): one or more, each valid (a random model picks how many). ``n``, ``seed`` and
+    ``stop`` keep working: seeded choices repeat across requests."""
+    name, srv = tool_server
+    client = sdk(srv)
+    kw: dict[str, Any] = dict(
+        model="default",
+        messages=[{"role": "user", "content": "Weather and time?"}],
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=300,
+        temperature=1.0,
+        seed=11,
+        n=3,
+        stop=["zzz"],
+    )
+    one = client.chat.completions.create(**kw, parallel_tool_calls=False)
+    again = client.chat.completions.create(**kw, parallel_tool_calls=False)
+    for c in one.choices:
+        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls or []) == 1, c
+        check_call(c.message.tool_calls[0], c.message.tool_calls[0].function.name)  # type: ignore[index]
+    assert [c.message.tool_calls[0].function.arguments for c in one.choices] == [  # type: ignore[index]
+        c.message.tool_calls[0].function.arguments
+        for c in again.choices  # type: ignore[index]
+    ]
+    several = client.chat.completions.create(**kw)
+    counts = []
+    for c in several.choices:
+        assert c.message.tool_calls, c
+        for call in c.message.tool_calls:
+            check_call(call, call.function.name)
+        counts.append(len(c.message.tool_calls))
+    print(f"\n{name}: calls per choice with parallel_tool_calls on: {counts}")
+
+
+def test_strict_tool_under_auto_is_served(tool_server: tuple[str, Server]) -> None:
+    """A ``strict`` tool under ``auto`` constrains an opened call (tests/constrained/
+    test_tool_tags.py checks the grammar); here: it is accepted and a random model's
+    answer, which opens no call, stays content."""
+    _, srv = tool_server
+    strict = {"type": "function", "function": {**TIME["function"], "strict": True}}
+    r = sdk(srv).chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Hello"}],
+        tools=[WEATHER, strict],
+        parallel_tool_calls=False,
+        max_tokens=8,
+        temperature=0,
+    )
+    c = r.choices[0]
+    assert c.finish_reason in ("stop", "length", "tool_calls")
+    for call in c.message.tool_calls or []:
+        check_call(call, call.function.name)
 
 
 def test_auto_answers_without_calls_stay_content(tool_server: tuple[str, Server]) -> None:

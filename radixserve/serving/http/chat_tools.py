@@ -10,7 +10,14 @@ server's reasoning parser (``--reasoning-parser``). ``tool_choice``:
   same across turns), nothing is parsed as a call.
 - ``"required"`` / a named function: one call is forced with a ``tagged_json``
   constraint in the format's own markup (:mod:`radixserve.agents.tool_grammar`), its
-  arguments valid against the function's schema.
+  arguments valid against the function's schema. ``"required"`` with
+  ``parallel_tool_calls`` (OpenAI's default) allows several calls instead, through a
+  structural tag (:mod:`radixserve.agents.tool_tags`).
+- ``strict: true`` tools under ``"auto"``, or ``parallel_tool_calls: false``: a structural
+  tag leaves the text free but, once the model opens a call, holds it to a known tool
+  with a strict tool's arguments valid against its schema, and ends generation after
+  the first call when parallel calls are off. (With ``response_format`` also set, that
+  constraint wins and the structural tag is not applied.)
 
 A chat template that does not render tools (the default SmolLM2's) gets a 400 for any
 ``tool_choice`` but ``"none"`` (which then drops the tools): a tool list the model never
@@ -23,9 +30,11 @@ import json
 import re
 from typing import Any, NamedTuple
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixserve.agents import reasoning as think
+from radixserve.agents import tool_tags
 from radixserve.agents.registry import (
     ToolFormat,
     guess_tool_format,
@@ -36,6 +45,7 @@ from radixserve.agents.registry import (
 from radixserve.agents.stream import OutputParser
 from radixserve.agents.tool_grammar import forced_call
 from radixserve.constrained.spec import MAX_CONSTRAINT_CHARS
+from radixserve.sampling_params import SamplingParams
 from radixserve.serving.http.errors import invalid
 
 #: OpenAI's own limit on the tools of one request.
@@ -83,8 +93,11 @@ class ToolPlan(NamedTuple):
 
     tools_json: str | None  # rendered into the template
     parse_with: ToolFormat | None  # tool parser of the answer (None: all content)
-    forced: str | None  # tagged_json constraint forcing a call
+    forced: str | None  # tagged_json constraint forcing one call
     think: think.ThinkFormat | None
+    # Structural tag (see tool_tags): strict arguments under auto, several forced calls,
+    # one call at most; applied instead of ``forced`` when set (see :func:`constrain`).
+    structural_tag: str | None = None
 
 
 def _functions(tools: list[ToolIn]) -> list[dict[str, Any]]:
@@ -110,9 +123,10 @@ def plan(
     tool_parser: str | None,
     reasoning_parser: str | None,
     has_constraint: bool,
+    parallel_tool_calls: bool | None = None,
 ) -> ToolPlan:
     """Check the request's tool fields against the model and server; raise a 400 on any
-    that cannot be honoured."""
+    that cannot be honoured. ``parallel_tool_calls``: ``None`` is OpenAI's default (on)."""
     fmt = think_fmt = None
     if reasoning_parser:
         think_fmt = reasoning_format(reasoning_parser)
@@ -172,21 +186,39 @@ def plan(
         )
     if choice == "none":
         return ToolPlan(tools_json, None, None, think_fmt)
-    forced = None
+    parallel = parallel_tool_calls is not False
+    forced = tag = None
     if choice == "required" or named is not None:
         if has_constraint:
             raise invalid(
                 "response_format cannot be combined with a required tool call", param="tool_choice"
             )
         allowed = [f for f in functions if named is None or f["name"] == named]
-        forced = forced_call(fmt, allowed)
-        if len(forced) > MAX_CONSTRAINT_CHARS:
-            raise invalid(
-                f"the schemas of the allowed tools are too large to force a call "
-                f"({len(forced)} characters, limit {MAX_CONSTRAINT_CHARS})",
-                param="tools",
-            )
-    return ToolPlan(tools_json, fmt, forced, think_fmt)
+        forced = _bounded(forced_call(fmt, allowed), "force a call")
+        if named is None and parallel:
+            tag = _bounded(tool_tags.required_calls(fmt, allowed, parallel), "force calls")
+    elif not has_constraint and (not parallel or any(f.get("strict") for f in functions)):
+        tag = _bounded(tool_tags.auto_calls(fmt, functions, parallel), "enforce strict tools")
+    return ToolPlan(tools_json, fmt, forced, think_fmt, tag)
+
+
+def _bounded(constraint: str, purpose: str) -> str:
+    if len(constraint) > MAX_CONSTRAINT_CHARS:
+        raise invalid(
+            f"the schemas of the tools are too large to {purpose} "
+            f"({len(constraint)} characters, limit {MAX_CONSTRAINT_CHARS})",
+            param="tools",
+        )
+    return constraint
+
+
+def constrain(params: SamplingParams, tp: ToolPlan) -> SamplingParams:
+    """``params`` with the plan's tool constraint, if it has one."""
+    if tp.structural_tag is not None:
+        return msgspec.structs.replace(params, structural_tag=tp.structural_tag)
+    if tp.forced is not None:
+        return msgspec.structs.replace(params, tagged_json=tp.forced)
+    return params
 
 
 def template_kwargs(kwargs: dict[str, Any] | None) -> str | None:

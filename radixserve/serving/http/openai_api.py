@@ -15,7 +15,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -124,14 +123,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         g.config.tool_call_parser,
         g.config.reasoning_parser,
         bool(body.constraint()),
+        body.parallel_tool_calls,
     )
     kwargs = chat_tools.template_kwargs(body.chat_template_kwargs)
     messages = body.chat()
     salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
 
     def params(i: int) -> Any:
-        sp = body.sampling(max_tokens, want_lp, i)
-        return sp if tools.forced is None else msgspec.structs.replace(sp, tagged_json=tools.forced)
+        return chat_tools.constrain(body.sampling(max_tokens, want_lp, i), tools)
 
     streams = [
         g.stream(

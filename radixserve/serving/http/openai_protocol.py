@@ -5,11 +5,12 @@ Types are strict (``"5"`` is not an integer), unknown fields are ignored (client
 :meth:`SamplingParams.validate`, the one place the engine, router and gateways share.
 ``response_format`` ``json_object`` / ``json_schema`` use radixserve's constrained
 decoding. Tools and reasoning are planned in :mod:`.chat_tools`. Features radixserve does not
-have (logit bias, ``suffix``,
+have (``suffix``,
 ``best_of`` > ``n``, image content) are rejected with a 400 rather than silently ignored.
 Extensions accepted as vLLM and SGLang do: ``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
-``skip_special_tokens``.
+``skip_special_tokens``. ``logit_bias`` has OpenAI's semantics (token id strings to
+biases in [-100, 100], at most 300; see :mod:`radixserve.logit_bias`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from radixserve import logit_bias as bias_rules
 from radixserve.sampling_params import TOKEN_ID_LIMIT, SamplingParams
 from radixserve.serving.http.chat_tools import MAX_MESSAGES, CallIn, ToolIn
 from radixserve.serving.http.errors import invalid
@@ -154,8 +156,7 @@ class _SamplingBody(_Body):
             )
         if not 1 <= self.n <= 128:
             raise invalid(f"n must be in [1, 128], got {self.n}", param="n")
-        if self.logit_bias:
-            raise invalid("logit_bias is not supported", param="logit_bias")
+        self.bias()  # a bad logit_bias fails before anything runs
         if self.temperature is not None and not 0.0 <= self.temperature <= 2.0:
             raise invalid(
                 f"temperature must be in [0, 2], got {self.temperature}", param="temperature"
@@ -164,6 +165,13 @@ class _SamplingBody(_Body):
             raise invalid(
                 "stream_options is only allowed when stream is true", param="stream_options"
             )
+
+    def bias(self) -> dict[int, float] | None:
+        """``logit_bias`` with integer token ids (a 400 naming the bad entry)."""
+        try:
+            return bias_rules.from_json(self.logit_bias) or None
+        except ValueError as exc:
+            raise invalid(str(exc), param="logit_bias") from exc
 
     def constraint(self) -> dict[str, Any]:
         """Constrained-decoding fields of :class:`SamplingParams` (none here; chat overrides)."""
@@ -204,6 +212,8 @@ class _SamplingBody(_Body):
             kw["stop_token_ids"] = list(self.stop_token_ids)
         if self.seed is not None:
             kw["seed"] = self.seed + choice
+        if self.logit_bias:
+            kw["logit_bias"] = self.bias()
         if prompt_logprobs_start is not None:
             kw["prompt_logprobs_start"] = prompt_logprobs_start
         kw.update(self.constraint())

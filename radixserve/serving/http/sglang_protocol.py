@@ -9,8 +9,9 @@ What SGLang's frontend (``sglang.lang``'s ``RuntimeEndpoint``) sends, and how it
   ``select``) runs one token through the engine and reports none.
 * ``logprob_start_len`` -1 / absent: no prompt logprobs (SGLang's default).
 * ``regex`` and ``json_schema`` constrain the output (radixserve's constrained decoding,
-  so ``gen(regex=...)`` and typed ``gen`` work); ``ebnf``, ``structural_tag``,
-  ``stop_regex``, ``logit_bias`` and images are not supported: a request that sets them
+  so ``gen(regex=...)`` and typed ``gen`` work); ``logit_bias`` (token id strings to
+  biases in [-100, 100]) is added to the logits; ``ebnf``, ``structural_tag``,
+  ``stop_regex`` and images are not supported: a request that sets them
   gets a 400 instead of silently wrong output.
 """
 
@@ -21,11 +22,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from radixserve import logit_bias as bias_rules
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.http.errors import invalid
 from radixserve.serving.http.openai_protocol import TokenId
 
-_UNSUPPORTED = ("ebnf", "structural_tag", "logit_bias")
+_UNSUPPORTED = ("ebnf", "structural_tag")
 
 
 class SGLSamplingParams(BaseModel):
@@ -92,6 +94,10 @@ class SGLSamplingParams(BaseModel):
             )
         seed = self.sampling_seed if self.sampling_seed is not None else self.seed
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        try:
+            bias = bias_rules.from_json(self.logit_bias)
+        except ValueError as exc:
+            raise invalid(str(exc), param="sampling_params.logit_bias") from exc
         params = SamplingParams(
             max_tokens=max(1, max_new),
             min_tokens=self.min_new_tokens if max_new else 0,
@@ -112,6 +118,7 @@ class SGLSamplingParams(BaseModel):
             regex=self.regex,
             json_schema=self.json_schema,
             pin_ttl_s=self.pin_ttl_s,
+            logit_bias=bias or None,
         )
         try:
             params.validate(vocab_size)
