@@ -154,13 +154,6 @@ def load_model(
             "float16 on CPU is slow and poorly supported by some ops; prefer bfloat16 or float32"
         )
     cfg = ModelConfig.from_pretrained(path)
-    if cfg.sliding_window is not None and device.type == "cuda":
-        logger.warning(
-            "%s has sliding_window=%d: its windowed layers need --attention-backend torch "
-            "(the Triton kernels take no window yet)",
-            path,
-            cfg.sliding_window,
-        )
     has_safetensors = (path / "model.safetensors.index.json").is_file() or any(
         path.glob("*.safetensors")
     )
