@@ -33,6 +33,10 @@
 // compiler vectorises. float queries are pre-scaled; bf16 queries over bf16 keys are scored
 // by pairs of dimensions (pair_scores_for below) and their scores scaled after, on AMX tiles
 // where the CPU has them (amx_attend), with AVX-512 instructions elsewhere.
+//
+// Its parts: paged_attention.h (shared types and helpers), paged_attention_narrow.h (AVX-512
+// blocks of a few rows), paged_attention_amx.h (AMX tiles), store_kv.cpp (the new rows into
+// the pages); this file holds the rows-in-lanes path, the work plan and the op.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -55,6 +59,10 @@
 #include <unistd.h>
 
 #include "amx.h"
+#include "paged_attention.h"
+#include "paged_attention_amx.h"
+#include "paged_attention_narrow.h"
+#include "store_kv.h"
 #include "vec.h"
 
 #if defined(__AVX512F__)
@@ -64,629 +72,7 @@
 namespace {
 
 using namespace radixserve_cpu;
-
-constexpr int64_t kBlock = 64;  // keys per online-softmax block
-constexpr float kNoMax = -1e30f;  // finite "minus infinity": keeps exp2 arithmetic NaN-free
-// Rows per work item: one vector's worth, so that the few dozen decode rows of a group over
-// a long shared prefix still spread over the threads (the second item re-reads its keys
-// from the shared L3).
-constexpr int64_t kRowBlock = kLanes;
-// Keys per chunk (a multiple of kBlock): the unit of the merge order above, and of the work a
-// decode step spreads over the threads (a 545-key context is 5 chunks per KV head).
-constexpr int64_t kChunk = 2 * kBlock;
-
-// Per-thread scratch for one work item: its rows' pre-scaled queries, softmax state and
-// causal limits, and staging for blocks of half-precision keys/values converted to float.
-// One per thread, kept across calls and grown on demand: at batch 1 a layer's attention is
-// a few microseconds, and allocating (and zeroing) ~40 KB per call was a visible part of it.
-// ``m2``, ``l2``, ``acc2``: one chunk's state, before it is merged into ``m``, ``l``, ``acc``.
-struct Scratch {
-  // ``kt``, ``ps``: a narrow block's transposed keys and probabilities (narrow_block).
-  std::vector<float> q, m, l, acc, m2, l2, acc2, kf, vf_, kt, ps;
-  std::vector<int32_t> limit, first;  // per row: the last key it sees (causal), the first (window)
-  // amx_attend's tile operands: the rows' queries as pairs (``tq``), keys copied where a
-  // tile cannot read them in place (``tk``), a block's scores (``ts``), probabilities
-  // (``tp``) and values as pairs of keys (``tv``).
-  std::vector<uint32_t> tq;
-  std::vector<uint16_t> tk, tp, tv;
-  std::vector<float> ts;
-  int64_t tile_rows = 0;  // the rows of the tile configuration loaded on this thread, 0: none
-  void reserve(int64_t d) {
-    if (static_cast<int64_t>(q.size()) >= kRowBlock * d) return;
-    q.resize(kRowBlock * d), m.resize(kRowBlock), l.resize(kRowBlock), acc.resize(kRowBlock * d);
-    m2.resize(kRowBlock), l2.resize(kRowBlock), acc2.resize(kRowBlock * d);
-    kf.resize(kBlock * d), vf_.resize(kBlock * d), limit.resize(kRowBlock), first.resize(kRowBlock);
-    kt.resize(kBlock * d), ps.resize(kRowBlock * kBlock);
-    tq.resize(kLanes * d / 2), tk.resize(kBlock * d), tp.resize(kRowBlock * kBlock), tv.resize(kBlock * d);
-    ts.resize(kBlock * kLanes);
-  }
-  static Scratch& local(int64_t d) {
-    thread_local Scratch sc;
-    sc.reserve(d);
-    return sc;
-  }
-};
-
-// Where a run of keys lives: pages in order, the run's first ``len`` tokens of them.
-struct KeyRun {
-  const int64_t* pages;
-  int64_t len;
-};
-
-template <typename KV>
-struct Layer {
-  const KV* k;
-  const KV* v;
-  int64_t page_size, kv_heads, d;
-  // Offset of token ``t`` of ``page`` for KV head ``h``, in elements.
-  int64_t at(int64_t page, int64_t t, int64_t h) const { return ((page * page_size + t) * kv_heads + h) * d; }
-  // put(i, offset) for the keys pos .. pos + n - 1 of a run in ``pages``, KV head ``h`` (one
-  // division for the run and one offset per page, not per key: a key is the one before it
-  // plus a token's stride).
-  template <typename Put>
-  void offsets(const int64_t* pages, int64_t h, int64_t pos, int64_t n, Put&& put) const {
-    if (n <= 0) return;
-    const int64_t stride = kv_heads * d;
-    int64_t page = pos / page_size, t = pos % page_size, off = at(pages[page], t, h);
-    for (int64_t i = 0; i < n; ++i) {
-      put(i, off);
-      if (++t < page_size) {
-        off += stride;
-      } else if (i + 1 < n) {  // the next page: read its id only when a key lies on it
-        t = 0, off = at(pages[++page], 0, h);
-      }
-    }
-  }
-};
-
-// Prefetch one token's K and V rows (``off`` in elements) into the cache.
-template <typename KV>
-inline void prefetch_row(const Layer<KV>& L, int64_t off) {
-  for (int64_t b = 0; b < L.d * static_cast<int64_t>(sizeof(KV)); b += 64) {
-    __builtin_prefetch(reinterpret_cast<const char*>(L.k + off) + b, 0, 1);
-    __builtin_prefetch(reinterpret_cast<const char*>(L.v + off) + b, 0, 1);
-  }
-}
-
-// Rows of one block of keys: float pages are read in place, others converted into ``buf``.
-template <typename KV>
-const float* block_rows(const KV* const* src, int64_t n, int64_t d, float* buf) {
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t j = 0; j < d; ++j) buf[t * d + j] = to_float(src[t][j]);
-  }
-  return buf;
-}
-
-// acc rows ``r``.. (``R`` of them) = acc * alpha + sum_t prob(t, r) * v[t]: NC vectors of
-// columns per row, R rows together, so R * NC independent FMA chains hide the FMA latency.
-// ``prob(t, r)``: the probability of key t for row r, wherever the caller keeps it; ``vr``:
-// the value rows, float or a dtype load_as_vf widens (exactly) as it goes.
-template <int NC, int R, typename Prob, typename V>
-inline void accumulate_pv(float* __restrict acc, int64_t r, const vf alpha, Prob&& prob, const V* const* vr,
-                          int64_t n) {
-  constexpr int64_t d = NC * kLanes;
-  vf x[R][NC];
-  for (int i = 0; i < R; ++i) {
-    for (int c = 0; c < NC; ++c) x[i][c] = load_vf(acc + (r + i) * d + c * kLanes) * alpha[r + i];
-  }
-  for (int64_t t = 0; t < n; ++t) {
-    for (int c = 0; c < NC; ++c) {
-      const vf v = load_as_vf(vr[t] + c * kLanes);
-      for (int i = 0; i < R; ++i) x[i][c] += prob(t, r + i) * v;
-    }
-  }
-  for (int i = 0; i < R; ++i) {
-    for (int c = 0; c < NC; ++c) store_vf(acc + (r + i) * d + c * kLanes, x[i][c]);
-  }
-}
-
-// acc += the block's probabilities times its values, for rows [0, lanes): two rows at a time
-// where the registers allow, then one (the arithmetic of a row is the same either way).
-template <int NC, typename Prob, typename V>
-inline void accumulate_rows(float* acc, int64_t lanes, const vf alpha, Prob&& prob, const V* const* vr, int64_t n) {
-  int64_t r = 0;
-  if constexpr (NC <= 8) {
-    for (; r + 2 <= lanes; r += 2) accumulate_pv<NC, 2>(acc, r, alpha, prob, vr, n);
-  }
-  for (; r < lanes; ++r) accumulate_pv<NC, 1>(acc, r, alpha, prob, vr, n);
-}
-
-// Whether narrow_block multiplies a block's values as they lie in the pages (float, and bf16
-// where a vector widens it), rather than converted rows.
-template <typename KV>
-constexpr bool narrow_widens = std::is_same_v<KV, float> || (std::is_same_v<KV, c10::BFloat16> && RADIXSERVE_VEC_BF16);
-// Whether a block's keys must be converted to float rows before narrow_block (which
-// transposes float keys, and bf16 keys of an even number of vectors, itself).
-template <int NC, typename KV>
-constexpr bool narrow_reads_rows = !(std::is_same_v<KV, float> || (std::is_same_v<KV, c10::BFloat16> && NC % 2 == 0));
-
-// Whether bf16 queries score bf16 keys of head_dim d by pairs of dimensions: vdpbf16ps adds a
-// pair's two exact products to a float sum, the odd dimension's and then the even one's, each
-// rounded once (the FMAs fma(q_2i, k_2i, fma(q_2i+1, k_2i+1, s)), checked bit for bit on
-// AVX-512 bf16 hardware), half the instructions of a float FMA per dimension and no widening
-// of the keys. Every path then runs that order: a decode row's narrow blocks with the
-// instruction, a prefill's rows-in-lanes blocks with the FMAs, so they still agree bit for bit.
-// The queries are used unscaled (the bf16 values themselves), the score scaled after.
-// Even numbers of key vectors only: the keys are transposed as pairs of vectors (NC even).
-template <typename Q, typename KV>
-constexpr bool pair_scores_for(int64_t d) {
-  return RADIXSERVE_VEC_BF16 && std::is_same_v<Q, c10::BFloat16> && std::is_same_v<KV, c10::BFloat16> &&
-         d % (2 * kLanes) == 0;
-}
-
-// A pair of bf16 values held as floats (their top halves are the bf16 words) as one 32-bit
-// word of two bf16: x[0] in the low half, x[1] in the high one (vdpbf16ps's and the tiles'
-// operand order).
-inline uint32_t bf16_pair(const float* x) {
-  uint32_t even, odd;
-  std::memcpy(&even, x, sizeof even);
-  std::memcpy(&odd, x + 1, sizeof odd);
-  return (odd & 0xffff0000u) | (even >> 16);
-}
-
-#if defined(__AVX512F__)
-// Blocks of up to this many rows (a decode token's query heads of one KV head: 1 for MHA,
-// 3 for SmolLM2's GQA) take narrow_block below.
-constexpr int64_t kNarrowRows = 4;
-
-// out[j] lane i = src[i][col + j] for i, j < 16: sixteen rows' 16 words from ``col`` on,
-// transposed in registers (pairs of words, then pairs of pairs, then 128- and 256-bit
-// quarters change places). Words are moved, not read as numbers: bf16 pairs pass too.
-inline void transpose16(const float* const* src, int64_t col, __m512 (&out)[16]) {
-  __m512 a[16], b[16];
-  for (int i = 0; i < 16; ++i) a[i] = _mm512_loadu_ps(src[i] + col);
-  for (int i = 0; i < 16; i += 2) {
-    b[i] = _mm512_unpacklo_ps(a[i], a[i + 1]);
-    b[i + 1] = _mm512_unpackhi_ps(a[i], a[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    for (int u = 0; u < 2; ++u) {
-      const __m512d x = _mm512_castps_pd(b[i + u]), y = _mm512_castps_pd(b[i + u + 2]);
-      a[i + 2 * u] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
-      a[i + 2 * u + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
-    }
-  }
-  for (int i = 0; i < 16; i += 8) {
-    for (int u = 0; u < 4; ++u) {
-      b[i + u] = _mm512_shuffle_f32x4(a[i + u], a[i + u + 4], 0x88);
-      b[i + u + 4] = _mm512_shuffle_f32x4(a[i + u], a[i + u + 4], 0xdd);
-    }
-  }
-  for (int u = 0; u < 8; ++u) {
-    out[u] = _mm512_shuffle_f32x4(b[u], b[u + 8], 0x88);
-    out[u + 8] = _mm512_shuffle_f32x4(b[u], b[u + 8], 0xdd);
-  }
-}
-
-// kt[j * kBlock + t] = dimension j of key t (as float) for the 16 keys from ``t0`` of the
-// block. float keys are transposed in place; bf16 keys as pairs of dimensions in one 32-bit
-// word (half the shuffles, and the widening is a shift or a mask of the transposed word);
-// other dtypes from ``kr``, the rows already converted to float.
-// With ``Pairs`` (pair_scores_for), bf16 keys stay pairs: kt word j * kBlock + t holds
-// dimensions 2j and 2j + 1 of key t.
-template <int NC, typename KV, bool Pairs>
-inline void transpose_keys(const KV* const* krow, const float* const* kr, int64_t t0, float* __restrict kt) {
-  __m512 w[16];
-  if constexpr (std::is_same_v<KV, c10::BFloat16> && NC % 2 == 0) {
-    const float* words[16];
-    for (int i = 0; i < 16; ++i) words[i] = reinterpret_cast<const float*>(krow[t0 + i]);
-    for (int c = 0; c < NC / 2; ++c) {
-      transpose16(words, c * kLanes, w);
-      for (int j = 0; j < 16; ++j) {  // word j: dimensions 2 (16 c + j) and the one after
-        if constexpr (Pairs) {
-          _mm512_storeu_ps(kt + (c * kLanes + j) * kBlock + t0, w[j]);
-        } else {
-          const __m512i x = _mm512_castps_si512(w[j]);
-          float* even = kt + (2 * (c * kLanes + j)) * kBlock + t0;
-          _mm512_storeu_ps(even, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
-          _mm512_storeu_ps(even + kBlock, _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(-65536))));
-        }
-      }
-    }
-  } else {
-    const float* const* rows = kr + t0;
-    if constexpr (std::is_same_v<KV, float>) rows = krow + t0;
-    for (int c = 0; c < NC; ++c) {
-      transpose16(rows, c * kLanes, w);
-      for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kt + (c * kLanes + j) * kBlock + t0, w[j]);
-    }
-  }
-}
-
-// One full, unmasked block of kBlock keys for R <= kNarrowRows rows: the scores with the keys
-// in the lanes (R x kBlock / kLanes vectors of FMAs per dimension, over a transposed copy of
-// the block's keys in ``kt``) rather than the rows, which would leave most lanes idle and cost
-// a vector FMA per key and dimension. Every row's score is the same FMA chain over the
-// dimensions, from zero, as attend_run's; its maximum, probabilities (``ps``, row-major),
-// their sum (key by key, in order), the rescaled state and the values' products are the same
-// operations in the same order too, so a row gets the same bits on either path (a decode row
-// here, the prefill row of the same position there). ``ahead(t)``: prefetch the next block's
-// key t, called for every t while the keys are transposed. With ``Pairs`` the rows' queries
-// are ``qw`` (R rows of d / 2 bf16 pairs) and the scores are scaled by ``scale`` after.
-template <int NC, int R, bool Pairs, typename KV, typename V, typename Ahead>
-void narrow_block(const KV* const* krow, const float* const* kr, const V* const* vr, const float* __restrict q,
-                  const uint32_t* __restrict qw, float scale, vf& vm, vf& vl, float* __restrict acc,
-                  float* __restrict kt, float* __restrict ps, Ahead&& ahead) {
-  constexpr int64_t d = NC * kLanes, G = kBlock / kLanes;
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t t = g * kLanes; t < (g + 1) * kLanes; ++t) ahead(t);
-    transpose_keys<NC, KV, Pairs>(krow, kr, g * kLanes, kt);
-  }
-  vf sc[R][G];
-  for (int r = 0; r < R; ++r) {
-    for (int g = 0; g < G; ++g) sc[r][g] = vf{};
-  }
-  if constexpr (Pairs) {
-#if RADIXSERVE_VEC_BF16
-    __m512 dot[R][G];
-    for (int r = 0; r < R; ++r) {
-      for (int g = 0; g < G; ++g) dot[r][g] = _mm512_setzero_ps();
-    }
-    for (int64_t j = 0; j < d / 2; ++j) {
-      __m512bh k[G];
-      for (int g = 0; g < G; ++g) k[g] = (__m512bh)_mm512_loadu_si512(kt + j * kBlock + g * kLanes);
-      for (int r = 0; r < R; ++r) {
-        const __m512bh qj = (__m512bh)_mm512_set1_epi32(static_cast<int>(qw[r * (d / 2) + j]));
-        for (int g = 0; g < G; ++g) dot[r][g] = _mm512_dpbf16_ps(dot[r][g], qj, k[g]);
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      for (int g = 0; g < G; ++g) sc[r][g] = static_cast<vf>(dot[r][g]) * scale;
-    }
-#endif
-  } else {
-    for (int64_t j = 0; j < d; ++j) {
-      vf k[G];
-      for (int g = 0; g < G; ++g) k[g] = load_vf(kt + j * kBlock + g * kLanes);
-      for (int r = 0; r < R; ++r) {
-        const vf qj = splat(q[r * d + j]);
-        for (int g = 0; g < G; ++g) sc[r][g] += qj * k[g];
-      }
-    }
-  }
-  float mx[kLanes], sum[kLanes] = {};
-  store_vf(mx, vm);
-  for (int r = 0; r < R; ++r) {
-    vf m = sc[r][0];
-    for (int g = 1; g < G; ++g) m = vmax(m, sc[r][g]);
-    for (int64_t i = 0; i < kLanes; ++i) mx[r] = mx[r] > m[i] ? mx[r] : m[i];
-    const vf row_max = splat(mx[r]);
-    for (int g = 0; g < G; ++g) store_vf(ps + r * kBlock + g * kLanes, exp2v(sc[r][g] - row_max));
-  }
-  // Each row's sum key by key (the rows' chains interleaved, so their latencies overlap).
-  for (int64_t t = 0; t < kBlock; ++t) {
-    for (int r = 0; r < R; ++r) sum[r] += ps[r * kBlock + t];
-  }
-  const vf vmx = load_vf(mx);
-  const vf alpha = exp2v(vm - vmx);
-  vm = vmx;
-  vl = vl * alpha + load_vf(sum);
-  auto prob = [&](int64_t t, int64_t r) { return ps[r * kBlock + t]; };
-  if constexpr (R * NC <= 16) {  // every row in one pass over the values: R * NC accumulators
-    accumulate_pv<NC, R>(acc, 0, alpha, prob, vr, kBlock);
-  } else {
-    accumulate_rows<NC>(acc, R, alpha, prob, vr, kBlock);
-  }
-}
-#else
-constexpr int64_t kNarrowRows = 0;  // the rows-in-lanes path everywhere
-#endif
-
-#if RADIXSERVE_AMX
-// bf16 queries over bf16 keys on AMX tiles (pair_scores_for's case, where the process may use
-// them; amx.h). Every block takes this one path, whatever its number of rows, so a decode row
-// still equals the prefill row of its position bit for bit: a tile product's value for one
-// row and key depends on neither the tile's other rows nor its shape (checked on the 2-core
-// Xeon VM). Per block of kBlock keys and up to 16 rows:
-//
-//   scores   tile S (16 keys x 16 rows) = K (16 keys x 32 dimensions, read in place from a
-//            page, where a token's keys lie a stride apart) . Q (16 pairs of dimensions x 16
-//            rows), over the head's 32-dimension steps; scaled after, as pair_scores_for's;
-//   softmax  masked, exponentiated in base 2, the rows' state rescaled as attend_run's: a
-//            decode token's few rows with the keys in the lanes (gathered from S), a
-//            prefill's 16 with the rows in them (S's rows as they are), in one order;
-//   values   acc (rows x 16 dimensions) += P (rows x 32 keys: the probabilities rounded to
-//            bf16, as GPU FlashAttention rounds them) . V (16 pairs of keys x 16 dimensions,
-//            interleaved here), for every 16 dimensions and both halves of the block.
-//
-// Keys past the run's end are zero rows with probability zero, and the value tiles run over
-// them as over masked keys: a partial block gives the bits of a masked full one.
-//
-// The tiles, by number: GCC's tile intrinsics paste the number into their assembly, so these
-// are macros of plain literals (undefined after amx_attend). Two of each of the scores and the
-// output tiles, so that two chains of products are in flight at a time.
-#define TILE_S0 0  // scores: 16 keys x 16 rows, float (S1: the next 16 keys)
-#define TILE_S1 1
-#define TILE_K 2   // keys: 16 keys x 32 dimensions, bf16; then values: 16 pairs of keys x 16 dimensions
-#define TILE_Q 3   // queries: 16 pairs of dimensions x 16 rows, bf16 pairs; then values too
-#define TILE_P0 4  // probabilities: rows x the block's first 32 keys, bf16
-#define TILE_P1 5  // ... and its last 32
-#define TILE_O0 6  // output: rows x 16 dimensions, float (O1: the next 16)
-#define TILE_O1 7
-
-alignas(64) constexpr uint16_t kZeroRow[256] = {};  // a padded key's or value's row (d <= 256)
-
-// The sum of a vector's lanes in one fixed order: lane j and j + 8 first, then those sums' j
-// and j + 4, then j and j + 2, then the last two (lanes_sum below: the same for each lane of
-// 16 vectors, so rows in the lanes and a row's keys in the lanes sum alike).
-inline float lane_sum(vf s) {
-  const vf h = s + __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15, 0, 0, 0, 0, 0, 0, 0, 0);
-  const vf q = h + __builtin_shufflevector(h, h, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  const vf e = q + __builtin_shufflevector(q, q, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  return e[0] + e[1];
-}
-
-// lane_sum of every lane r of the vectors s[i] (i the summed index): a vector of 16 sums.
-inline vf lanes_sum(const vf (&s)[kLanes]) {
-  vf h[8], q[4], e[2];
-  for (int j = 0; j < 8; ++j) h[j] = s[j] + s[j + 8];
-  for (int j = 0; j < 4; ++j) q[j] = h[j] + h[j + 4];
-  for (int j = 0; j < 2; ++j) e[j] = q[j] + q[j + 2];
-  return e[0] + e[1];
-}
-
-// One row block's tile work in amx_attend: its constant operands (permutation indices), and a
-// method per stage of a block of kBlock keys. ``lanes``: the block's rows (<= 16); ``n``:
-// the block's keys (<= kBlock; the rest padded with zero rows); ``seen(r)``: row r's keys of
-// the block, [0, seen); ``mv``, ``lv``: the rows' running max and sum; ``acc``: their rows.
-template <int NC>
-struct AmxBlocks {
-  static constexpr int64_t d = NC * kLanes, steps = d / 32, G = kBlock / kLanes;
-  __m512i pick_lo, pick_hi;  // a value tile row's words from two keys' rows (values)
-  __m512i column;            // lanes 16 i: row i of the score tile, one lane each (few_rows)
-  __m512i pick_rows;         // a probability pair vector's words by row (many_rows)
-  vi iota;
-
-  AmxBlocks() {
-    // Word w of a value tile's row: dimension w / 2 of the pair's first key (w even) or of its
-    // second (the index's bit 5 picks permutex2var's second operand).
-    uint16_t lo[32], hi[32], by_row[32];
-    for (int w = 0; w < 32; ++w) lo[w] = static_cast<uint16_t>(w / 2 + (w % 2) * 32), hi[w] = lo[w] + 16;
-    // Word w of a probability pair vector: row w / 2's probability of the first key (w even,
-    // the low half of cvtne2ps's result) or of the second.
-    for (int w = 0; w < 32; ++w) by_row[w] = static_cast<uint16_t>(w / 2 + (w % 2) * 16);
-    pick_lo = _mm512_loadu_si512(lo), pick_hi = _mm512_loadu_si512(hi), pick_rows = _mm512_loadu_si512(by_row);
-    for (int i = 0; i < kLanes; ++i) iota[i] = i;
-    column = _mm512_mullo_epi32((__m512i)iota, _mm512_set1_epi32(kLanes));
-  }
-
-  // An output row's running sum times the rescaling factor of its softmax state.
-  static void scale_row(float* row, float alpha) {
-    for (int64_t c = 0; c < NC; ++c) store_vf(row + c * kLanes, load_vf(row + c * kLanes) * alpha);
-  }
-
-  // Tile Q's columns: word j * 16 + r = dimensions 2j and 2j + 1 of row r of ``q`` (the floats
-  // are bf16 values: their top halves are the bf16 words), zero for rows past ``lanes``.
-  static void pair_queries(const float* q, int64_t lanes, uint32_t* tq) {
-    std::fill(tq, tq + steps * kLanes * kLanes, 0u);
-    for (int64_t r = 0; r < lanes; ++r) {
-      for (int64_t j = 0; j < d / 2; ++j) tq[j * kLanes + r] = bf16_pair(q + r * d + 2 * j);
-    }
-  }
-
-  // Scores, 32 keys at a time: ts row t = key t's score for each of the 16 rows (unscaled).
-  // ``stride``: from a token's row to the next one's in the pages, in elements.
-  static void scores(const uint16_t* const* krow, int64_t n, int64_t stride, const uint32_t* tq, uint16_t* tk,
-                     float* ts) {
-    const int64_t groups = (n + kLanes - 1) / kLanes;
-    const uint16_t* keys_at[G];
-    int64_t ld[G];
-    for (int64_t g = 0; g < groups; ++g) {
-      const uint16_t* const* kg = krow + g * kLanes;
-      bool in_place = true;  // 16 keys a token's stride apart (on one page)
-      for (int64_t i = 1; i < kLanes; ++i) in_place = in_place && kg[i] == kg[0] + i * stride;
-      keys_at[g] = kg[0], ld[g] = stride * sizeof(uint16_t);
-      if (!in_place) {
-        uint16_t* copy = tk + g * kLanes * d;
-        for (int64_t i = 0; i < kLanes; ++i) std::memcpy(copy + i * d, kg[i], d * sizeof(uint16_t));
-        keys_at[g] = copy, ld[g] = d * sizeof(uint16_t);
-      }
-    }
-    for (int64_t g = 0; g < groups; g += 2) {
-      const bool two = g + 1 < groups;
-      _tile_zero(TILE_S0);
-      _tile_zero(TILE_S1);
-      for (int64_t s = 0; s < steps; ++s) {
-        _tile_loadd(TILE_Q, tq + s * kLanes * kLanes, 64);
-        _tile_loadd(TILE_K, keys_at[g] + 32 * s, ld[g]);
-        _tile_dpbf16ps(TILE_S0, TILE_K, TILE_Q);
-        if (two) {
-          _tile_loadd(TILE_K, keys_at[g + 1] + 32 * s, ld[g + 1]);
-          _tile_dpbf16ps(TILE_S1, TILE_K, TILE_Q);
-        }
-      }
-      _tile_stored(TILE_S0, ts + g * kLanes * kLanes, 64);
-      if (two) _tile_stored(TILE_S1, ts + (g + 1) * kLanes * kLanes, 64);
-    }
-  }
-
-  // The softmax of a decode token's few rows (lanes <= kNarrowRows): each row's scores
-  // gathered from ts with the keys in the lanes (four vectors a row, not 64 mostly idle ones);
-  // tp row r: its bf16 probabilities.
-  template <typename Seen>
-  void few_rows(const float* ts, int64_t n, int64_t lanes, Seen&& seen, float scale, float* mv, float* lv,
-                float* acc, uint16_t* tp) const {
-    const int64_t groups = (n + kLanes - 1) / kLanes;
-    for (int64_t r = 0; r < lanes; ++r) {
-      const int32_t keys = static_cast<int32_t>(seen(r));
-      vf x[G], top = splat(mv[r]);
-      for (int64_t g = 0; g < G; ++g) {
-        const vf score =
-            g < groups ? static_cast<vf>(_mm512_i32gather_ps(column, ts + g * kLanes * kLanes + r, sizeof(float))) * scale
-                       : splat(kNoMax);
-        x[g] = iota + static_cast<int32_t>(g * kLanes) < keys ? score : splat(kNoMax);
-        top = vmax(top, x[g]);
-      }
-      const float mx = _mm512_reduce_max_ps(static_cast<__m512>(top));
-      const vf vmx = splat(mx);
-      vf sum{};
-      for (int64_t g = 0; g < G; ++g) {
-        const vf p = iota + static_cast<int32_t>(g * kLanes) < keys ? exp2v(x[g] - vmx) : vf{};
-        sum += p;
-        const __m256bh b = _mm512_cvtneps_pbh(static_cast<__m512>(p));
-        std::memcpy(tp + r * kBlock + g * kLanes, &b, sizeof b);
-      }
-      const float alpha = exp2v(splat(mv[r]) - vmx)[0];
-      mv[r] = mx;
-      lv[r] = lv[r] * alpha + lane_sum(sum);
-      scale_row(acc + r * d, alpha);
-    }
-  }
-
-  // The softmax of more rows (a prefill's): the rows in the lanes, ts row t being key t's
-  // scores, and per row and key the operations of few_rows: the maximum, exp2, the sum in
-  // lane_sum's order (keys i, 16 + i, 32 + i and 48 + i added first, as few_rows adds a row's
-  // four vectors), the bf16 probabilities (transposed into tp's rows).
-  template <typename Seen>
-  void many_rows(const float* ts, int64_t n, int64_t lanes, Seen&& seen, float scale, float* mv, float* lv,
-                 float* acc, uint16_t* tp) const {
-    const int64_t groups = (n + kLanes - 1) / kLanes;
-    vi keys;
-    vf vm, vl;
-    for (int64_t r = 0; r < kLanes; ++r) {
-      keys[r] = r < lanes ? static_cast<int32_t>(seen(r)) : 0;
-      vm[r] = r < lanes ? mv[r] : kNoMax;
-      vl[r] = r < lanes ? lv[r] : 0.0f;
-    }
-    vf p[kBlock], top = vm;
-    for (int64_t t = 0; t < kBlock; ++t) {
-      const vf score = t < groups * kLanes ? load_vf(ts + t * kLanes) * scale : splat(kNoMax);
-      p[t] = vi{} + static_cast<int32_t>(t) < keys ? score : splat(kNoMax);
-      top = vmax(top, p[t]);
-    }
-    for (int64_t t = 0; t < kBlock; ++t) p[t] = vi{} + static_cast<int32_t>(t) < keys ? exp2v(p[t] - top) : vf{};
-    vf part[kLanes];
-    for (int64_t i = 0; i < kLanes; ++i) part[i] = ((p[i] + p[kLanes + i]) + p[2 * kLanes + i]) + p[3 * kLanes + i];
-    const vf alpha = exp2v(vm - top);
-    vl = vl * alpha + lanes_sum(part);
-    for (int64_t r = 0; r < lanes; ++r) {
-      mv[r] = top[r], lv[r] = vl[r];
-      scale_row(acc + r * d, alpha[r]);
-    }
-    // Word r of pairs[j]: row r's probabilities of keys 2j and 2j + 1, as bf16; transposed, a
-    // row's 32 words are its 64 keys in order.
-    alignas(64) uint32_t pairs[kBlock / 2][kLanes];
-    for (int64_t j = 0; j < kBlock / 2; ++j) {
-      const __m512bh two = _mm512_cvtne2ps_pbh(static_cast<__m512>(p[2 * j + 1]), static_cast<__m512>(p[2 * j]));
-      _mm512_store_si512(pairs[j], _mm512_permutexvar_epi16(pick_rows, (__m512i)two));
-    }
-    for (int64_t half = 0; half < 2; ++half) {
-      const float* src[kLanes];
-      for (int64_t i = 0; i < kLanes; ++i) src[i] = reinterpret_cast<const float*>(pairs[half * kLanes + i]);
-      __m512 words[kLanes];
-      transpose16(src, 0, words);
-      for (int64_t r = 0; r < lanes; ++r) _mm512_storeu_ps(reinterpret_cast<float*>(tp + r * kBlock + half * 32), words[r]);
-    }
-  }
-
-  // acc += P . V: the values as pairs of keys (row i % 16 of half i / 16's tile for dimensions
-  // 16c.. holds keys 2i and 2i + 1, dimension by dimension), then two output tiles at a time.
-  // ``ahead(t)``: prefetch the next block's key t, a key at a time (a burst would overflow the
-  // miss queues).
-  template <typename Ahead>
-  void values(const uint16_t* const* vrow, const uint16_t* tp, uint16_t* tv, float* acc, Ahead&& ahead) const {
-    for (int64_t i = 0; i < kBlock / 2; ++i) {
-      ahead(2 * i), ahead(2 * i + 1);
-      uint16_t* row = tv + ((i / kLanes) * (d / kLanes) * kLanes + i % kLanes) * 32;
-      for (int64_t c = 0; c < d / 32; ++c) {
-        const __m512i x = _mm512_loadu_si512(vrow[2 * i] + 32 * c), y = _mm512_loadu_si512(vrow[2 * i + 1] + 32 * c);
-        _mm512_storeu_si512(row + (2 * c) * kLanes * 32, _mm512_permutex2var_epi16(x, pick_lo, y));
-        _mm512_storeu_si512(row + (2 * c + 1) * kLanes * 32, _mm512_permutex2var_epi16(x, pick_hi, y));
-      }
-    }
-    _tile_loadd(TILE_P0, tp, kBlock * sizeof(uint16_t));
-    _tile_loadd(TILE_P1, tp + kBlock / 2, kBlock * sizeof(uint16_t));
-    const uint16_t* v_half[2] = {tv, tv + (d / kLanes) * kLanes * 32};  // the block's halves' value tiles
-    for (int64_t c = 0; c < d / kLanes; c += 2) {  // 32 dimensions at a time (d % 32 == 0)
-      float* o = acc + c * kLanes;
-      _tile_loadd(TILE_O0, o, d * sizeof(float));
-      _tile_loadd(TILE_O1, o + kLanes, d * sizeof(float));
-      _tile_loadd(TILE_K, v_half[0] + c * kLanes * 32, 64);
-      _tile_dpbf16ps(TILE_O0, TILE_P0, TILE_K);
-      _tile_loadd(TILE_Q, v_half[0] + (c + 1) * kLanes * 32, 64);
-      _tile_dpbf16ps(TILE_O1, TILE_P0, TILE_Q);
-      _tile_loadd(TILE_K, v_half[1] + c * kLanes * 32, 64);
-      _tile_dpbf16ps(TILE_O0, TILE_P1, TILE_K);
-      _tile_loadd(TILE_Q, v_half[1] + (c + 1) * kLanes * 32, 64);
-      _tile_dpbf16ps(TILE_O1, TILE_P1, TILE_Q);
-      _tile_stored(TILE_O0, o, d * sizeof(float));
-      _tile_stored(TILE_O1, o + kLanes, d * sizeof(float));
-    }
-  }
-};
-
-template <int NC>
-void amx_attend(const Layer<c10::BFloat16>& L, int64_t h, KeyRun run, int64_t key_begin, int64_t key_end,
-                const float* __restrict q, float scale, int64_t rows, const int32_t* limit, float* __restrict m,
-                float* __restrict l, float* __restrict acc, Scratch& sc) {
-  using B = AmxBlocks<NC>;
-  constexpr int64_t d = B::d;
-  static const B blocks;
-  const auto* kbase = reinterpret_cast<const uint16_t*>(L.k);
-  const auto* vbase = reinterpret_cast<const uint16_t*>(L.v);
-  const uint16_t* krow[kBlock];
-  const uint16_t* vrow[kBlock];
-  int64_t next[kBlock];
-  for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
-    const int64_t lanes = std::min(kLanes, rows - r0);
-    B::pair_queries(q + r0 * d, lanes, sc.tq.data());
-    if (sc.tile_rows != lanes) {  // configured once per row count and thread (release_tiles)
-      TileConfig cfg;
-      for (int t : {TILE_S0, TILE_S1, TILE_K, TILE_Q}) cfg.set(t, kLanes, 64);
-      for (int t : {TILE_P0, TILE_P1, TILE_O0, TILE_O1}) cfg.set(t, static_cast<int>(lanes), 64);
-      _tile_loadconfig(&cfg);
-      sc.tile_rows = lanes;
-    }
-    float mv[kLanes], lv[kLanes];
-    int64_t lim[kLanes], keys = key_end;  // lim: the last key of the run a row may see (causal)
-    for (int64_t r = 0; r < lanes; ++r) {
-      mv[r] = m[r0 + r], lv[r] = l[r0 + r];
-      lim[r] = limit != nullptr ? limit[r0 + r] : key_end - 1;
-    }
-    if (limit != nullptr) keys = std::min(keys, *std::max_element(lim, lim + lanes) + 1);
-    for (int64_t start = key_begin; start < keys; start += kBlock) {
-      const int64_t n = std::min(kBlock, keys - start);
-      L.offsets(run.pages, h, start, n, [&](int64_t t, int64_t off) {
-        krow[t] = kbase + off;
-        vrow[t] = vbase + off;
-      });
-      std::fill(krow + n, krow + kBlock, kZeroRow);
-      std::fill(vrow + n, vrow + kBlock, kZeroRow);
-      const int64_t next_n = std::min(kBlock, keys - start - n);
-      L.offsets(run.pages, h, start + n, next_n, [&](int64_t t, int64_t off) { next[t] = off; });
-      B::scores(krow, n, L.kv_heads * d, sc.tq.data(), sc.tk.data(), sc.ts.data());
-      auto seen = [&](int64_t r) { return std::min(n, lim[r] - start + 1); };
-      float* rows_acc = acc + r0 * d;
-      if (lanes <= kNarrowRows) {
-        blocks.few_rows(sc.ts.data(), n, lanes, seen, scale, mv, lv, rows_acc, sc.tp.data());
-      } else {
-        blocks.many_rows(sc.ts.data(), n, lanes, seen, scale, mv, lv, rows_acc, sc.tp.data());
-      }
-      blocks.values(vrow, sc.tp.data(), sc.tv.data(), rows_acc, [&](int64_t t) {
-        if (t < next_n) prefetch_row(L, next[t]);
-      });
-    }
-    for (int64_t r = 0; r < lanes; ++r) m[r0 + r] = mv[r], l[r0 + r] = lv[r];
-  }
-}
-#undef TILE_S0
-#undef TILE_S1
-#undef TILE_K
-#undef TILE_Q
-#undef TILE_P0
-#undef TILE_P1
-#undef TILE_O0
-#undef TILE_O1
-#endif
-
-// After a thread's last amx_attend of a kernel call: the tile state back to its initial one
-// (nothing for a context switch to save, and no configuration left for other code to meet).
-inline void release_tiles([[maybe_unused]] Scratch& sc) {
-#if RADIXSERVE_AMX
-  if (sc.tile_rows != 0) _tile_release();
-  sc.tile_rows = 0;
-#endif
-}
+using namespace radixserve_cpu::paged;
 
 // Attend ``rows`` query rows (``q``: [rows, d]; pre-scaled, base 2, or with ``Pairs`` bf16
 // values whose scores are scaled by ``scale``) over keys [key_begin, key_end) of ``run``
@@ -697,15 +83,26 @@ inline void release_tiles([[maybe_unused]] Scratch& sc) {
 // statistics m and l are vectors too.
 // ``limit``: per row, the last key of the run it may see (causal), or null: all of them.
 // ``first``: per row, the first key it may see (a sliding window), or null: from the run's
-// start; blocks wholly before every row's first key are not read (AMX takes no window).
+// start; blocks wholly before every row's first key are not read.
+// ``cap2`` > 0: scores become cap2 * tanh(score / cap2) (Gemma 2's soft-cap, in the log2
+// domain). The AMX tiles and the narrow blocks take neither quirk: such calls score here.
 // ``NC``: head_dim / kLanes, fixed at compile time so the inner loops unroll into registers.
+// cap * tanh(x / cap) over the lanes, tanh from exp2v (odd; the exponent is never positive).
+inline vf soft_cap(vf x, float cap) {
+  const vf y = x / cap;
+  const auto neg = y < vf{};
+  const vf e = exp2v((neg ? y : -y) * (2.0f * kLog2e));
+  const vf t = (1.0f - e) / (1.0f + e);
+  return (neg ? -t : t) * cap;
+}
+
 template <int NC, typename KV, bool Pairs>
 void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, int64_t key_end,
                 const float* __restrict q, float scale, int64_t rows, const int32_t* limit, const int32_t* first,
-                float* __restrict m, float* __restrict l, float* __restrict acc, Scratch& sc) {
+                float cap2, float* __restrict m, float* __restrict l, float* __restrict acc, Scratch& sc) {
 #if RADIXSERVE_AMX
   if constexpr (Pairs) {
-    if (amx_usable() && first == nullptr) {
+    if (amx_usable() && first == nullptr && cap2 == 0.0f) {
       return amx_attend<NC>(L, h, run, key_begin, key_end, q, scale, rows, limit, m, l, acc, sc);
     }
   }
@@ -789,7 +186,7 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       // "Weights on huge pages, decode attention with the keys in the lanes").
       const int64_t next_n = std::min(kBlock, keys - start - n);
       L.offsets(run.pages, h, start + n, next_n, [&](int64_t t, int64_t off) { next[t] = off; });
-      const bool narrow = lanes <= kNarrowRows && n == kBlock && !masked;
+      const bool narrow = lanes <= kNarrowRows && n == kBlock && !masked && cap2 == 0.0f;
       if constexpr (std::is_same_v<KV, float>) {
         std::copy(krow, krow + n, kr);
         std::copy(vrow, vrow + n, vr);
@@ -854,6 +251,9 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
         for (int64_t i = 0; i < d; ++i) a += qt[dim(i)] * kr[t][dim(i)];
         p[t] = scaled(a);
       }
+      if (cap2 != 0.0f) {
+        for (t = 0; t < n; ++t) p[t] = soft_cap(p[t], cap2);
+      }
       if (masked) {
         for (t = 0; t < n; ++t) p[t] = seen(start + t) ? p[t] : splat(kNoMax);
       }
@@ -879,7 +279,7 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
 
 template <typename KV>
 using AttendFn = void (*)(const Layer<KV>&, int64_t, KeyRun, int64_t, int64_t, const float*, float, int64_t,
-                          const int32_t*, const int32_t*, float*, float*, float*, Scratch&);
+                          const int32_t*, const int32_t*, float, float*, float*, float*, Scratch&);
 
 // The head sizes of the models served (16 .. 256; 16 for the tests' tiny models), for
 // queries of dtype Q.
@@ -990,6 +390,7 @@ struct Kernel {
   float scale;
   AttendFn<KV> attend;
   int64_t window;  // the layer's sliding window (0: none)
+  float cap2;      // the scores' soft-cap in the log2 domain (0: none)
 
   int64_t shared_len(const Item& item) const {
     return (P.shared_start[item.group + 1] - P.shared_start[item.group]) * L.page_size;
@@ -1095,7 +496,7 @@ struct Kernel {
     if (c < shared_chunks) {  // the group's shared pages: no mask
       const KeyRun run{P.shared_pages + P.shared_start[item.group], shared};
       attend(L, h, run, c * kChunk, std::min(shared, (c + 1) * kChunk), sc.q.data(), scale, rows, nullptr,
-             nullptr, s.m, s.l, s.acc, sc);
+             nullptr, cap2, s.m, s.l, s.acc, sc);
       return;
     }
     const int64_t begin = (c - shared_chunks) * kChunk;
@@ -1105,8 +506,8 @@ struct Kernel {
       if (begin < P.own_len[mi]) {
         const KeyRun run{P.own_pages + P.own_start[mi], P.own_len[mi]};
         attend(L, h, run, begin, std::min(P.own_len[mi], begin + kChunk), sc.q.data() + r * d, scale, seg,
-               sc.limit.data() + r, window > 0 ? sc.first.data() + r : nullptr, s.m + r, s.l + r, s.acc + r * d,
-               sc);
+               sc.limit.data() + r, window > 0 ? sc.first.data() + r : nullptr, cap2, s.m + r, s.l + r,
+               s.acc + r * d, sc);
       }
       r += seg;
       skip = 0;
@@ -1143,12 +544,13 @@ struct Kernel {
 
 template <typename Q, typename KV>
 void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor& out,
-                const Plan& P, int64_t groups, double sm_scale, int64_t window) {
+                const Plan& P, int64_t groups, double sm_scale, int64_t window, double softcap) {
   const int64_t hq = q.size(1), d = q.size(2);
   const Layer<KV> L{k_pages.data_ptr<KV>(), v_pages.data_ptr<KV>(), k_pages.size(1), k_pages.size(2), d};
   const int64_t grp = hq / L.kv_heads;
   const Kernel<Q, KV> K{L,      P,  q.data_ptr<Q>(), q.stride(0), q.stride(1), out.data_ptr<Q>(),
-                        hq,     grp, static_cast<float>(sm_scale) * kLog2e, attend_fn<Q, KV>(d), window};
+                        hq,     grp, static_cast<float>(sm_scale) * kLog2e, attend_fn<Q, KV>(d),
+                        window, static_cast<float>(softcap) * kLog2e};
 
   std::vector<Item> items;
   // Per group: whether one item per KV head holds all its rows (a decode row, a few): each
@@ -1282,47 +684,6 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
     }
   }
 }
-
-// Write the step's new K/V rows into the pool before attending: row i of ``k_new``/``v_new``
-// ([T, Hkv, D], rows of D contiguous) goes to flat slot ``slots[i]`` (page * page_size +
-// offset) of every KV head, converted to the pool's dtype. One pass instead of two
-// index_copy_ calls (and their dtype copies) per layer.
-template <typename Src, typename KV>
-void store_rows(const at::Tensor& k_new, const at::Tensor& v_new, const int64_t* slots, const at::Tensor& k_pages,
-                const at::Tensor& v_pages) {
-  const int64_t rows = k_new.size(0), heads = k_new.size(1), d = k_new.size(2);
-  const Src* ks = k_new.data_ptr<Src>();
-  const Src* vs = v_new.data_ptr<Src>();
-  KV* kd = k_pages.data_ptr<KV>();
-  KV* vd = v_pages.data_ptr<KV>();
-  const int64_t k0 = k_new.stride(0), k1 = k_new.stride(1), v0 = v_new.stride(0), v1 = v_new.stride(1);
-  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / (heads * d)), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      KV* kdst = kd + slots[r] * heads * d;
-      KV* vdst = vd + slots[r] * heads * d;
-      for (int64_t h = 0; h < heads; ++h) {
-        const Src* kr = ks + r * k0 + h * k1;
-        const Src* vr = vs + r * v0 + h * v1;
-        for (int64_t j = 0; j < d; ++j) {
-          kdst[h * d + j] = from_float<KV>(to_float(kr[j]));
-          vdst[h * d + j] = from_float<KV>(to_float(vr[j]));
-        }
-      }
-    }
-  });
-}
-
-template <typename Src>
-void store_kv(const at::Tensor& k_new, const at::Tensor& v_new, const int64_t* slots, const at::Tensor& k_pages,
-              const at::Tensor& v_pages) {
-  switch (k_pages.scalar_type()) {
-    case at::kFloat: return store_rows<Src, float>(k_new, v_new, slots, k_pages, v_pages);
-    case at::kBFloat16: return store_rows<Src, c10::BFloat16>(k_new, v_new, slots, k_pages, v_pages);
-    case at::kHalf: return store_rows<Src, c10::Half>(k_new, v_new, slots, k_pages, v_pages);
-    default: TORCH_CHECK(false, "unsupported KV dtype ", k_pages.scalar_type());
-  }
-}
-
 void check_index(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 1 && t.scalar_type() == at::kLong && t.is_contiguous() && t.device().is_cpu(), name,
               " must be a contiguous 1-D int64 CPU tensor");
@@ -1336,14 +697,15 @@ void check_index(const at::Tensor& t, const char* name) {
 // by it, from k_new/v_new ([T', Hkv, D]) at flat slots ``slots`` ([T'] int64), when given.
 // ``window`` > 0: each row sees only the last ``window`` keys up to its own (a sliding
 // window; the plan then shares no pages, and may start a member's own pages at the first
-// page its first row's window reaches).
+// page its first row's window reaches). ``softcap`` > 0: scores become
+// softcap * tanh(score / softcap) before the softmax (Gemma 2).
 void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor out,
                      const at::Tensor& q_start, const at::Tensor& new_len, const at::Tensor& group_start,
                      const at::Tensor& shared_pages, const at::Tensor& shared_start, const at::Tensor& own_pages,
                      const at::Tensor& own_start, const at::Tensor& own_len, double sm_scale,
                      const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
-                     const std::optional<at::Tensor>& slots, int64_t window) {
-  TORCH_CHECK(window >= 0, "window must be >= 0 (0: none)");
+                     const std::optional<at::Tensor>& slots, int64_t window, double softcap) {
+  TORCH_CHECK(window >= 0 && softcap >= 0.0, "window and softcap must be >= 0 (0: none)");
   TORCH_CHECK(window == 0 || shared_pages.size(0) == 0, "a plan with a window shares no pages");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.device().is_cpu(),
               "q must be a [T, Hq, D] CPU tensor with contiguous rows of D");
@@ -1407,20 +769,15 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::T
     for (int64_t i = 0; i < n; ++i) {
       TORCH_CHECK(ids[i] >= 0 && ids[i] < num_slots, "slot ", ids[i], " out of range [0, ", num_slots, ")");
     }
-    switch (q.scalar_type()) {
-      case at::kFloat: store_kv<float>(*k_new, *v_new, ids, k_pages, v_pages); break;
-      case at::kBFloat16: store_kv<c10::BFloat16>(*k_new, *v_new, ids, k_pages, v_pages); break;
-      case at::kHalf: store_kv<c10::Half>(*k_new, *v_new, ids, k_pages, v_pages); break;
-      default: TORCH_CHECK(false, "unsupported query dtype ", q.scalar_type());
-    }
+    store_kv(*k_new, *v_new, ids, k_pages, v_pages);
   }
 
 #define RADIX_DISPATCH_KV(QT)                                                                              \
   switch (k_pages.scalar_type()) {                                                                         \
-    case at::kFloat: return run_kernel<QT, float>(q, k_pages, v_pages, out, P, groups, sm_scale, window);     \
-    case at::kBFloat16:                                                                                      \
-      return run_kernel<QT, c10::BFloat16>(q, k_pages, v_pages, out, P, groups, sm_scale, window);          \
-    case at::kHalf: return run_kernel<QT, c10::Half>(q, k_pages, v_pages, out, P, groups, sm_scale, window);  \
+    case at::kFloat: return run_kernel<QT, float>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap); \
+    case at::kBFloat16:                                                                                            \
+      return run_kernel<QT, c10::BFloat16>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap);       \
+    case at::kHalf: return run_kernel<QT, c10::Half>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap); \
     default: TORCH_CHECK(false, "unsupported KV dtype ", k_pages.scalar_type());                          \
   }
   switch (q.scalar_type()) {
@@ -1438,6 +795,7 @@ TORCH_LIBRARY(radixserve_cpu, m) {
   m.def(
       "paged_attention(Tensor q, Tensor(b!) k_pages, Tensor(c!) v_pages, Tensor(a!) out, Tensor q_start, Tensor new_len, "
       "Tensor group_start, Tensor shared_pages, Tensor shared_start, Tensor own_pages, Tensor own_start, "
-      "Tensor own_len, float sm_scale, Tensor? k_new=None, Tensor? v_new=None, Tensor? slots=None, int window=0) -> ()");
+      "Tensor own_len, float sm_scale, Tensor? k_new=None, Tensor? v_new=None, Tensor? slots=None, int window=0, "
+      "float softcap=0.0) -> ()");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
 }
