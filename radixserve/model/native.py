@@ -224,6 +224,7 @@ def paged_attention(
     sm_scale: float,
     store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Write into ``out`` (like ``q``: ``[T, Hq, D]``) the attention of the planned rows.
 
@@ -234,7 +235,8 @@ def paged_attention(
     in the plan are left as they are. ``window``: each row sees only the last ``window``
     keys up to its own (the plan must share no pages; ``attention/torch_paged.py`` builds
     one per window, each member's pages from the first its window reaches). Call
-    :func:`load` first.
+    :func:`load` first. ``softcap``: scores become ``softcap * tanh(score / softcap)``
+    before the softmax (Gemma 2).
     """
     k_new, v_new, slots = store if store is not None else (None, None, None)
     torch.ops.radixserve_cpu.paged_attention(
@@ -248,4 +250,5 @@ def paged_attention(
         v_new,
         slots,
         window or 0,
+        softcap or 0.0,
     )

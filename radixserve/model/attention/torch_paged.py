@@ -408,20 +408,22 @@ class TorchPagedAttentionBackend(AttentionBackend):
         if meta is None or self._meta_batch is not batch:
             raise RuntimeError("call init_forward_metadata(batch) before the forward over it")
         assert batch.out_cache_loc is not None  # a paged batch (init_forward_metadata)
-        if window is not None and softcap is None and meta.native is not None:
-            out = torch.empty_like(q)  # the kernel takes the window (not a soft-cap)
+        quirks = window is not None or softcap is not None
+        if quirks and meta.native is not None:  # the kernel takes both
+            out = torch.empty_like(q)
             native.paged_attention(
                 q,
                 self.pool.k_data[layer_id],
                 self.pool.v_data[layer_id],
                 out,
-                self._window_plan(batch, window),
+                meta.native if window is None else self._window_plan(batch, window),
                 sm_scale,
                 store=(k, v, batch.out_cache_loc),
                 window=window,
+                softcap=softcap,
             )
             return out
-        if window is not None or softcap is not None:
+        if quirks:
             return self._masked(layer_id, q, k, v, batch, sm_scale, window, softcap)
         out = torch.empty_like(q)
         if meta.native is not None:  # the store and the whole batch's attention, in one call
@@ -466,9 +468,9 @@ class TorchPagedAttentionBackend(AttentionBackend):
         window: int | None,
         softcap: float | None,
     ) -> torch.Tensor:
-        """A soft-capped layer (or a windowed one without the CPU kernel): per sequence, over
-        the pages its new rows' windows reach (``windowed.py``); neither the C++ kernel nor
-        the cascade split takes a soft-cap."""
+        """A windowed or soft-capped layer without the CPU kernel: per sequence, over the
+        pages its new rows' windows reach (``windowed.py``); the cascade split takes
+        neither."""
         assert batch.out_cache_loc is not None and batch.page_lists_cpu is not None
         self._store(layer_id, k, v, batch.out_cache_loc)
         ps, dev = batch.page_size, q.device
