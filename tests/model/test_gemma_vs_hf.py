@@ -96,8 +96,11 @@ def test_ragged_logits_match_transformers(gemma: Path) -> None:
     model = load_model(gemma)
     seqs = _seqs((7, 1, 23, 12), seed=0)
     ours = model(ForwardBatch.for_full_sequences(seqs, all_logits=True), DenseAttentionBackend())
+    hf = _hf(gemma)
+    # `radixserve memory`'s parameter count (the config's arithmetic) is transformers' own.
+    assert model.config.num_params == sum(p.numel() for p in hf.parameters())
     with torch.no_grad():
-        ref = torch.cat([_hf(gemma)(torch.tensor([s])).logits[0] for s in seqs])
+        ref = torch.cat([hf(torch.tensor([s])).logits[0] for s in seqs])
     assert ref.abs().max() > 1.5  # the final cap (2.0) bites
     torch.testing.assert_close(ours, ref, atol=ATOL, rtol=RTOL)
 
