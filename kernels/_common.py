@@ -289,6 +289,15 @@ def attn_load_q(
 
 
 @triton.jit
+def tanh(x):
+    """tanh from exp2 (no libdevice, so the interpreter runs it too): odd, and exact to
+    ~1e-7 absolute, without overflow (the exponent is never positive)."""
+    e = tl.exp2(-2.0 * 1.4426950408889634 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
 def attn_head_scales(qk_scale, ks_ptr, vs_ptr, kvh, MODE: tl.constexpr):
     """(score scale, output scale) of one KV head: fp8's static per-head scales fold in here."""
     if MODE == 1:  # fp8
@@ -311,6 +320,8 @@ def attn_kv_block(
     mask_n,
     q_pos,
     qk_scale,  # [N] KV positions, which are in range; [R] row positions (causal) or None
+    q_lo,  # [R] the position before each row's window (a window; else None)
+    softcap2,  # the soft-cap in the log2 domain (cap * log2(e)), used when SOFTCAP
     pt_row,
     k_ptr,
     v_ptr,
@@ -326,14 +337,17 @@ def attn_kv_block(
     MODE: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PREC: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     """Attend to one block of KV positions read through the page table row ``pt_row``.
 
     Looks up each position's slot (any page_size), loads and dequantizes K, takes the scores
     (``qk_scale`` includes log2(e)), updates the online softmax and adds P @ V to the rescaled
     accumulator. Per-token int8/int4 scales multiply score columns and P columns outside the
-    dots. Returns the new ``(acc_a, acc_b, m_i, l_i)``; rows must have one allowed score
-    somewhere in the sequence (a row masked everywhere would give NaN).
+    dots. With ``SOFTCAP`` the scores become ``cap * tanh(score / cap)`` (Gemma 2; in the
+    log2 domain, where the cap is ``softcap2``); with ``q_lo`` a row sees only positions
+    above it (its sliding window). Returns the new ``(acc_a, acc_b, m_i, l_i)``; rows must
+    have one allowed score somewhere in the sequence (a row masked everywhere would give NaN).
     """
     page = tl.load(pt_row + pos // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
     slot = page * PAGE_SIZE + pos % PAGE_SIZE
@@ -349,7 +363,12 @@ def attn_kv_block(
         allowed = mask_n[None, :]
     else:
         allowed = mask_n[None, :] & (pos[None, :] <= q_pos[:, None])
-    s = tl.where(allowed, s * qk_scale, float("-inf"))
+    if q_lo is not None:
+        allowed = allowed & (pos[None, :] > q_lo[:, None])
+    s = s * qk_scale
+    if SOFTCAP:
+        s = softcap2 * tanh(s / softcap2)
+    s = tl.where(allowed, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])

@@ -43,7 +43,7 @@ from radixkernels.kv_format import KVFormat
 
 # The page table's row stride is the step's page count, and a batch's decode segment is a
 # slice of the step's rows and metadata (any offset): none of them may pick a compiled variant.
-_VARYING_INTS = ["stride_pt"]
+_VARYING_INTS = ["stride_pt", "window"]
 _VARYING_PTRS = ["q_ptr", "o_ptr", "pt_ptr", "seq_lens_ptr"]
 
 
@@ -67,6 +67,8 @@ def _decode_split_kernel(
     mid_o_ptr,
     mid_lse_ptr,  # partials [B, Hq, NUM_SPLITS, D] / [B, Hq, NUM_SPLITS] fp32
     qk_scale,
+    window,  # the sliding window (0: none): only the last ``window`` positions are read
+    softcap2,  # the scores' soft-cap in the log2 domain (used when SOFTCAP)
     Hkv,
     D,
     G: tl.constexpr,
@@ -79,13 +81,15 @@ def _decode_split_kernel(
     HSCALE: tl.constexpr,  # int4: 1 / sqrt(head_dim)
     MODE: tl.constexpr,
     DOT_F32: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     L = tl.load(seq_lens_ptr + b)
-    split_len = tl.cdiv(tl.cdiv(L, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * split_len
+    lo = _window_start(L, window)  # the splits cut [lo, L): the window, or everything
+    split_len = tl.cdiv(tl.cdiv(L - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * split_len
     end = tl.minimum(start + split_len, L)
     if start >= end:
         return  # an empty split: stage 2 skips it by the same arithmetic
@@ -127,6 +131,8 @@ def _decode_split_kernel(
             mask_n,
             None,
             qk_scale,
+            None,
+            softcap2,
             pt_ptr + b.to(tl.int64) * stride_pt,
             k_ptr,
             v_ptr,
@@ -142,6 +148,7 @@ def _decode_split_kernel(
             MODE,
             DOT_DTYPE,
             PREC,
+            SOFTCAP,
         )
 
     norm = v_head_scale / l_i
@@ -158,7 +165,13 @@ def _decode_split_kernel(
     tl.store(base + offs_o[None, :], (o * norm[:, None]).to(ty), mask=out_mask)
 
 
-@triton.jit(do_not_specialize_on_alignment=["o_ptr", "seq_lens_ptr"])
+@triton.jit
+def _window_start(L, window):
+    """The first position the decode row at ``L - 1`` sees (0 without a window)."""
+    return tl.where(window > 0, tl.maximum(L - window, 0), 0)
+
+
+@triton.jit(do_not_specialize=["window"], do_not_specialize_on_alignment=["o_ptr", "seq_lens_ptr"])
 def _decode_reduce_kernel(
     mid_o_ptr,
     mid_lse_ptr,
@@ -166,6 +179,7 @@ def _decode_reduce_kernel(
     stride_ob,
     stride_oh,
     seq_lens_ptr,
+    window,
     Hq,
     D,
     NUM_SPLITS: tl.constexpr,
@@ -176,10 +190,11 @@ def _decode_reduce_kernel(
     b = tl.program_id(0)
     h = tl.program_id(1)
     L = tl.load(seq_lens_ptr + b)
-    split_len = tl.cdiv(tl.cdiv(L, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    span = L - _window_start(L, window)  # the splits' arithmetic as in stage 1
+    split_len = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    valid = (offs_s < NUM_SPLITS) & (offs_s * split_len < L)
+    valid = (offs_s < NUM_SPLITS) & (offs_s * split_len < span)
     row = (b.to(tl.int64) * Hq + h) * NUM_SPLITS + offs_s
     lse = tl.load(mid_lse_ptr + row, mask=valid, other=float("-inf"))
     w = tl.exp2(lse - tl.max(lse, axis=0))
@@ -250,6 +265,8 @@ def paged_decode_attention(
     max_seq_len: int | None = None,
     num_kv_splits: int | None = None,
     out: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Decode attention of ``q`` ``[B, Hq, D]`` (one row per sequence) over each sequence's pages.
 
@@ -257,7 +274,9 @@ def paged_decode_attention(
     ``seq_lens`` ``[B]`` must be >= 1, ``page_table`` ``[B, max_pages]`` int32/int64.
     ``max_seq_len`` is unused (kept for signature parity). ``num_kv_splits`` defaults to
     :func:`default_num_kv_splits` (always a :data:`SPLIT_BUCKETS` value, so warm-up covers it);
-    an explicit count is taken as given. Returns ``out`` (``[B, Hq, D]``, ``q``'s dtype).
+    an explicit count is taken as given. ``window``: read only the last ``window`` positions
+    (the splits cut those); ``softcap``: scores ``cap * tanh(s / cap)``. Returns ``out``
+    (``[B, Hq, D]``, ``q``'s dtype).
     """
     del max_seq_len
     B, Hq, D = q.shape
@@ -295,6 +314,8 @@ def paged_decode_attention(
         mid_o,
         mid_lse,
         sm_scale * LOG2E,
+        window or 0,
+        (softcap or 1.0) * LOG2E,
         Hkv,
         D,
         G=G,
@@ -307,6 +328,7 @@ def paged_decode_attention(
         HSCALE=hadamard_scale(D),
         MODE=mode,
         DOT_F32=dot_in_fp32(q.dtype),
+        SOFTCAP=softcap is not None,
         num_warps=4,
         num_stages=2,
     )
@@ -318,6 +340,7 @@ def paged_decode_attention(
             out.stride(0),
             out.stride(1),
             seq_lens,
+            window or 0,
             Hq,
             D,
             NUM_SPLITS=splits,

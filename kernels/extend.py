@@ -47,7 +47,7 @@ from radixkernels.kv_format import KVFormat
 @triton.jit(
     # Sliced per-step metadata (a batch's extend segment) starts at any int32 offset, and the
     # page table's row stride is the step's page count: neither may pick a compiled variant.
-    do_not_specialize=["stride_pt"],
+    do_not_specialize=["stride_pt", "window"],
     do_not_specialize_on_alignment=["pt_ptr", "seq_lens_ptr", "ext_lens_ptr", "ext_start_ptr"],
 )
 def _extend_kernel(
@@ -69,6 +69,8 @@ def _extend_kernel(
     stride_ot,
     stride_oh,
     qk_scale,
+    window,  # the sliding window (0: none): a row sees the last ``window`` positions
+    softcap2,  # the scores' soft-cap in the log2 domain (used when SOFTCAP)
     Hkv,
     D,
     G: tl.constexpr,
@@ -81,6 +83,7 @@ def _extend_kernel(
     HSCALE: tl.constexpr,  # int4: 1 / sqrt(head_dim)
     MODE: tl.constexpr,
     DOT_F32: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -121,7 +124,12 @@ def _extend_kernel(
     # Masked rows (token past E, or r past BLOCK_M * G) sit at positions >= L and see all of
     # 0..L-1: no fully masked row, no NaN.
     kv_end = tl.minimum(L, P0 + (mb + 1) * BLOCK_M)
-    for n0 in range(0, kv_end, BLOCK_N):
+    # With a window, the blocks start at the first position the block's first row sees, and
+    # each row sees only positions above its q_lo; masked rows clamp to the last position
+    # read, so they still see one (no fully masked row).
+    kv_start = tl.where(window > 0, tl.maximum(P0 + mb * BLOCK_M - window + 1, 0), 0)
+    q_lo = tl.minimum(q_pos, kv_end - 1) - tl.where(window > 0, window, kv_end + 1)
+    for n0 in range(kv_start, kv_end, BLOCK_N):
         pos = n0 + offs_n
         mask_n = pos < kv_end
         acc_a, acc_b, m_i, l_i = attn_kv_block(
@@ -135,6 +143,8 @@ def _extend_kernel(
             mask_n,
             q_pos,
             qk_scale,
+            q_lo,
+            softcap2,
             pt_ptr + b.to(tl.int64) * stride_pt,
             k_ptr,
             v_ptr,
@@ -150,6 +160,7 @@ def _extend_kernel(
             MODE,
             DOT_DTYPE,
             PREC,
+            SOFTCAP,
         )
 
     norm = v_head_scale / l_i
@@ -194,12 +205,16 @@ def extend_attention(
     *,
     max_extend_len: int | None = None,
     out: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Prefix-extend attention of ``q`` ``[T, Hq, D]`` over each sequence's pages.
 
     Same signature and semantics as :func:`radixkernels.reference.extend_attention_ref`.
     ``max_extend_len`` (max of ``extend_lens``) sizes the grid; pass it from host data to
-    avoid a device sync. Works for decode rows too (extend length 1).
+    avoid a device sync. Works for decode rows too (extend length 1). ``window``: a row
+    sees only the last ``window`` positions, its own included (blocks wholly before every
+    row's window are not read); ``softcap``: scores ``cap * tanh(s / cap)``.
     """
     T, Hq, D = q.shape
     q, out, Hkv, stride_ks, stride_kh = check_attention_call(q, k_data, v_data, fmt, out)
@@ -232,6 +247,8 @@ def extend_attention(
         out.stride(0),
         out.stride(1),
         sm_scale * LOG2E,
+        window or 0,
+        (softcap or 1.0) * LOG2E,
         Hkv,
         D,
         G=G,
@@ -244,6 +261,7 @@ def extend_attention(
         HSCALE=hadamard_scale(D),
         MODE=mode,
         DOT_F32=dot_in_fp32(q.dtype),
+        SOFTCAP=softcap is not None,
         num_warps=blocks.num_warps,
         num_stages=2,
     )

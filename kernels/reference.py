@@ -223,12 +223,16 @@ def paged_attention_ref(
     seq_lens_cpu: Sequence[int] | None = None,
     extend_lens_cpu: Sequence[int] | None = None,
     out: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """General paged attention (extend and decode) reading all K/V from the pool.
 
     ``q`` ``[T, Hq, D]``; returns ``[T, Hq, D]`` in ``q``'s dtype (written into ``out`` when
     given). ``seq_lens_cpu``/``extend_lens_cpu`` are optional host copies that save a
-    device sync. One gather + two batched matmuls per sequence, fp32 math.
+    device sync. One gather + two batched matmuls per sequence, fp32 math. ``window``: a
+    row at position p sees only positions p - window < j <= p; ``softcap``: scores become
+    ``softcap * tanh(score / softcap)`` before the mask (Gemma).
     """
     T, Hq, D = q.shape
     Hkv = k_data.shape[-2]
@@ -246,9 +250,10 @@ def paged_attention_ref(
         v = gather_kv_ref(v_data, v_scale, fmt, slots)
         # [E, Hq, D] -> [Hkv, G*E, D], rows ordered (g, e).
         qh = q[s0 : s0 + E].float().view(E, Hkv, G, D).permute(1, 2, 0, 3).reshape(Hkv, G * E, D)
-        scores = torch.bmm(qh, k.permute(1, 2, 0)) * sm_scale  # [Hkv, G*E, L]
+        scores = _cap(torch.bmm(qh, k.permute(1, 2, 0)) * sm_scale, softcap)  # [Hkv, G*E, L]
         q_pos = (L - E) + torch.arange(E, device=q.device)
-        causal = torch.arange(L, device=q.device)[None, :] > q_pos[:, None]  # [E, L]
+        dist = q_pos[:, None] - torch.arange(L, device=q.device)[None, :]  # [E, L]
+        causal = (dist < 0) if window is None else (dist < 0) | (dist >= window)
         scores = scores.view(Hkv, G, E, L).masked_fill_(causal, float("-inf")).view(Hkv, G * E, L)
         o = torch.bmm(torch.softmax(scores, dim=-1), v.permute(1, 0, 2))  # [Hkv, G*E, D]
         out[s0 : s0 + E] = o.view(Hkv, G, E, D).permute(2, 0, 1, 3).reshape(E, Hq, D).to(out.dtype)
@@ -270,8 +275,11 @@ def paged_decode_attention_ref(
     max_seq_len: int | None = None,
     num_kv_splits: int | None = None,
     out: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Decode attention: one query row per sequence, ``q`` ``[B, Hq, D]`` over its whole history.
+    """Decode attention: one query row per sequence, ``q`` ``[B, Hq, D]`` over its whole history
+    (its last ``window`` positions with a window; ``softcap`` as in :func:`paged_attention_ref`).
 
     Batched over sequences by padding to ``max_seq_len`` (computed when not given) with a
     length mask; ``num_kv_splits`` is accepted for signature parity with the kernel and
@@ -286,7 +294,8 @@ def paged_decode_attention_ref(
         return out
     Lmax = int(seq_lens.max().item()) if max_seq_len is None else int(max_seq_len)
     pos = torch.arange(Lmax, device=q.device)
-    valid = pos[None, :] < seq_lens.to(q.device).long()[:, None]  # [B, Lmax]
+    lens = seq_lens.to(q.device).long()[:, None]
+    valid = pos[None, :] < lens  # [B, Lmax]
     page_idx = (pos // page_size).clamp_max(page_table.shape[1] - 1)
     slots = page_table[:, page_idx].long() * page_size + pos % page_size
     slots = torch.where(valid, slots, torch.zeros_like(slots))
@@ -295,8 +304,9 @@ def paged_decode_attention_ref(
     # a masked probability of 0 times NaN would still poison the output.
     v = gather_kv_ref(v_data, v_scale, fmt, slots).masked_fill_(~valid[:, :, None, None], 0.0)
     qh = q.float().view(B, Hkv, G, D)
-    scores = torch.einsum("bhgd,blhd->bhgl", qh, k) * sm_scale
-    scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
+    scores = _cap(torch.einsum("bhgd,blhd->bhgl", qh, k) * sm_scale, softcap)
+    seen = valid if window is None else valid & (pos[None, :] >= lens - window)
+    scores.masked_fill_(~seen[:, None, None, :], float("-inf"))
     o = torch.einsum("bhgl,blhd->bhgd", torch.softmax(scores, dim=-1), v)
     out.copy_(o.reshape(B, Hq, D))
     return out
@@ -318,6 +328,8 @@ def extend_attention_ref(
     *,
     max_extend_len: int | None = None,
     out: torch.Tensor | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Prefix-extend attention: the signature of :func:`radixkernels.extend_attention`.
 
@@ -338,4 +350,10 @@ def extend_attention_ref(
         page_size,
         sm_scale,
         out=out,
+        window=window,
+        softcap=softcap,
     )
+
+
+def _cap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    return scores if softcap is None else torch.tanh(scores / softcap) * softcap

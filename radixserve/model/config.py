@@ -22,6 +22,7 @@ from radixserve.model.families import family_of, supported_model_types
 # model_type -> its family module under model/families/ (config defaults and quirks).
 SUPPORTED_MODEL_TYPES = supported_model_types()
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -78,9 +79,18 @@ class ModelConfig:
     # Per layer "sliding_attention" | "full_attention" (Gemma 2/3 interleave them); None: all alike.
     layer_types: tuple[str, ...] | None = None
     qk_norm: str | None = None  # "head" (Qwen3: per head) | "proj" (OLMo 2: whole projection)
-    norm_layout: str = "pre"  # "pre" (Llama) | "post" (OLMo 2: norms on the blocks' outputs)
+    # "pre" (Llama) | "post" (OLMo 2: norms on the blocks' outputs) | "sandwich" (Gemma: both)
+    norm_layout: str = "pre"
     partial_rotary_factor: float = 1.0  # the rotated fraction of each head (Phi-4-mini 0.75)
     fused_checkpoint: bool = False  # q/k/v and gate/up stored fused (Phi-3)
+    # Gemma 2/3 (``families/gemma.py``); each off for every other family.
+    hidden_act: str = "silu"  # the MLP's gate activation: "silu" | "gelu_pytorch_tanh"
+    norm_plus_one: bool = False  # RMSNorms scale by (1 + weight) (Gemma)
+    embed_scale: bool = False  # embeddings multiplied by sqrt(hidden_size) (Gemma)
+    query_pre_attn_scalar: float | None = None  # scores scale by its -1/2, not head_dim's
+    attn_softcap: float | None = None  # attention scores: cap * tanh(s / cap) (Gemma 2)
+    final_softcap: float | None = None  # logits: cap * tanh(l / cap) (Gemma 2, some Gemma 3)
+    local_rope_theta: float | None = None  # the sliding layers' own RoPE base (Gemma 3)
 
     @property
     def rotary_dim(self) -> int:
@@ -95,14 +105,24 @@ class ModelConfig:
         return None
 
     @property
+    def sm_scale(self) -> float:
+        """The attention scores' scale (``head_dim ** -0.5`` unless the family says otherwise)."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
     def llama_shaped(self) -> bool:
         """Whether the layers are Llama's (what the one-call CPU decoder stack runs): no q/k
-        norm, pre-norms, full rotary, no window (the stack's kernel attends over everything)."""
+        norm, pre-norms, full rotary, no window (the stack's kernel attends over everything),
+        none of Gemma's quirks."""
         return (
             self.qk_norm is None
             and self.norm_layout == "pre"
             and self.rotary_dim == self.head_dim
             and self.sliding_window is None
+            and self.hidden_act == "silu"
+            and not self.norm_plus_one
+            and self.query_pre_attn_scalar is None
+            and self.attn_softcap is None
         )
 
     @property
@@ -127,7 +147,7 @@ class ModelConfig:
         elif self.qk_norm == "proj":
             attn += self.q_size + self.kv_size
         mlp = 3 * h * i + (2 * i + h if self.mlp_bias else 0)
-        per_layer = attn + mlp + 2 * h
+        per_layer = attn + mlp + (4 if self.norm_layout == "sandwich" else 2) * h
         emb = v * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + emb + h
 
@@ -172,10 +192,13 @@ class ModelConfig:
             raise ValueError(
                 f"num_attention_heads {n_q} is not a multiple of num_key_value_heads {n_kv}"
             )
-        if raw.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported hidden_act {raw.get('hidden_act')!r} (only silu)")
+        act = quirks.pop("hidden_act", None) or raw.get("hidden_act", "silu")
+        if act not in _ACTIVATIONS:
+            raise ValueError(f"unsupported hidden_act {act!r} (only {', '.join(_ACTIVATIONS)})")
         max_pos = int(raw.get("max_position_embeddings", d["max_position_embeddings"]))
-        rope_theta, rope_scaling = _parse_rope(raw, d["rope_theta"], max_pos)
+        # A family whose layers differ in RoPE (Gemma 3) hands over the global layers' part.
+        rope_raw = quirks.pop("rope_raw", None) or raw
+        rope_theta, rope_scaling = _parse_rope(rope_raw, d["rope_theta"], max_pos)
         dtype_name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
         window = quirks.pop("sliding_window", None)
         layer_types = quirks.pop("layer_types", None) or raw.get("layer_types")
@@ -206,6 +229,7 @@ class ModelConfig:
             sliding_window=int(window) if window else None,
             layer_types=tuple(layer_types) if window and layer_types else None,
             partial_rotary_factor=_partial_rotary_factor(raw),
+            hidden_act=act,
             **quirks,
         )
 

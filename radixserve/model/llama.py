@@ -1,5 +1,5 @@
 """The causal LM every supported family runs (Llama, SmolLM2, Mistral, Qwen2, Qwen3, OLMo 2,
-Phi-3/4) over a flattened ragged batch; the layers are composed from ``model/layers/`` by the
+Phi-3/4, Gemma 2/3) over a flattened ragged batch; the layers are composed from ``model/layers/`` by the
 family's config (``model/families/``).
 
 Every sequence's new rows are concatenated into ``T`` rows (no padding); each row carries its
@@ -27,6 +27,7 @@ do not run; nothing in radixserve registers any.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import cast
 
@@ -41,7 +42,7 @@ from radixserve.model.forward_batch import ForwardBatch
 from radixserve.model.layers.attention import Attention
 from radixserve.model.layers.decoder import DecoderLayer, PreNormDecoderLayer, decoder_layer
 from radixserve.model.layers.mlp import GatedMLP
-from radixserve.model.layers.norm import RMSNorm
+from radixserve.model.layers.norm import RMSNorm, rms_norm
 from radixserve.model.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
 from radixserve.model.parallel import ParallelLMHead, TPGroup, TPShard, VocabParallelEmbedding
 from radixserve.model.quant.apply import QuantReport
@@ -81,10 +82,23 @@ class LlamaModel(nn.Module):
             else VocabParallelEmbedding(shard, cfg.hidden_size, tp)
         )
         self.layers = nn.ModuleList(decoder_layer(cfg, i, tp) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = rms_norm(cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one)
         self.rotary = RotaryEmbedding(
             cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rotary_dim
         )
+        # Gemma 3's sliding layers rotate with a base of their own, unscaled.
+        self.local_rotary = (
+            None
+            if cfg.local_rope_theta is None
+            else RotaryEmbedding(cfg.head_dim, cfg.local_rope_theta, None, cfg.rotary_dim)
+        )
+        # Gemma: embeddings times sqrt(hidden), that factor rounded to the run dtype first.
+        self.embed_scale = math.sqrt(cfg.hidden_size) if cfg.embed_scale else None
+
+
+def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """``cap * tanh(x / cap)`` (Gemma's final logits), or ``x`` when there is no cap."""
+    return x if cap is None else torch.tanh(x / cap).mul_(cap)
 
 
 # checkpoint suffix -> (fused parameter suffix, shard index); shards are laid out in this order.
@@ -152,18 +166,26 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, batch: ForwardBatch, attn: AttentionBackend) -> torch.Tensor:
         """Run every layer over the batch's ``T`` rows; logits ``[len(logits_indices), vocab]`` float32."""
         h = self.model.embed_tokens(batch.input_ids)
+        if self.model.embed_scale is not None:
+            h = h * torch.tensor(self.model.embed_scale, dtype=h.dtype)
         # The CPU kernel's RoPE takes float32 angles (rounding once, after the rotation).
         rope_dtype = torch.float32 if native.enabled(h) else h.dtype
-        cos_sin = self.model.rotary.cos_sin(batch.positions, max(batch.seq_lens_cpu), rope_dtype)
+        max_len = max(batch.seq_lens_cpu)
+        cos_sin = self.model.rotary.cos_sin(batch.positions, max_len, rope_dtype)
+        local = self.model.local_rotary
+        local_cos_sin = (
+            cos_sin if local is None else local.cos_sin(batch.positions, max_len, rope_dtype)
+        )
         stack = self._native_stack(h, batch, attn)
         if stack is not None:  # every layer in one native call (decoder_stack.py)
             stack[0].run(h, cos_sin, stack[1])
         else:
-            for layer in self.model.layers:
-                h = layer.forward(h, batch, attn, cos_sin)
+            for layer in cast("list[DecoderLayer]", self.model.layers):
+                windowed = layer.self_attn.window is not None
+                h = layer.forward(h, batch, attn, local_cos_sin if windowed else cos_sin)
         # The final norm is per row: only the rows whose logits are wanted need it.
         h = self.model.norm(h.index_select(0, batch.logits_indices))
-        return self.lm_head(h).float()
+        return soft_cap(self.lm_head(h).float(), self.config.final_softcap)
 
     @property
     def native_stack_reason(self) -> str | None:

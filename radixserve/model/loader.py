@@ -180,15 +180,7 @@ def _read_config(path: Path, dtype: torch.dtype, device: torch.device) -> ModelC
         logger.warning(
             "float16 on CPU is slow and poorly supported by some ops; prefer bfloat16 or float32"
         )
-    cfg = ModelConfig.from_pretrained(path)
-    if cfg.sliding_window is not None and device.type == "cuda":
-        logger.warning(
-            "%s has sliding_window=%d: its windowed layers need --attention-backend torch "
-            "(the Triton kernels take no window yet)",
-            path,
-            cfg.sliding_window,
-        )
-    return cfg
+    return ModelConfig.from_pretrained(path)
 
 
 def _gguf_source(

@@ -223,6 +223,8 @@ def paged_attention(
     plan: AttentionPlan,
     sm_scale: float,
     store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """Write into ``out`` (like ``q``: ``[T, Hq, D]``) the attention of the planned rows.
 
@@ -230,7 +232,11 @@ def paged_attention(
     tokens' K/V are already stored there, or ``store`` = ``(k, v, slots)`` has the kernel
     store them first (``k``/``v`` ``[len(slots), Hkv, D]`` in ``q``'s dtype, rows of D
     contiguous; ``slots`` int64 flat slots ``page * page_size + offset``). Rows of ``q`` not
-    in the plan are left as they are. Call :func:`load` first.
+    in the plan are left as they are. ``window``: each row sees only the last ``window``
+    keys up to its own (the plan must share no pages; ``attention/torch_paged.py`` builds
+    one per window, each member's pages from the first its window reaches). Call
+    :func:`load` first. ``softcap``: scores become ``softcap * tanh(score / softcap)``
+    before the softmax (Gemma 2).
     """
     k_new, v_new, slots = store if store is not None else (None, None, None)
     torch.ops.radixserve_cpu.paged_attention(
@@ -243,4 +249,6 @@ def paged_attention(
         k_new,
         v_new,
         slots,
+        window or 0,
+        softcap or 0.0,
     )

@@ -131,6 +131,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
         )
         self._meta_batch: ForwardBatch | None = None
         self._meta: _BatchMeta | None = None
+        self._window_plans: dict[int, native.AttentionPlan] = {}  # per window, for this batch
         self._shared_kv: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
 
     # -- per-forward metadata ------------------------------------------------------------
@@ -142,6 +143,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
         )
         self._meta = self._plan(batch)
         self._meta_batch = batch
+        self._window_plans = {}
 
     def _plan(self, batch: ForwardBatch) -> _BatchMeta:
         ps = batch.page_size
@@ -231,6 +233,22 @@ class TorchPagedAttentionBackend(AttentionBackend):
                 for members, skip in parts
             ]
         )
+
+    def _window_plan(self, batch: ForwardBatch, window: int) -> native.AttentionPlan:
+        """The CPU kernel's plan for the layers with ``window``: every sequence alone (no
+        shared pages), its pages from the first one its first new row's window reaches."""
+        plan = self._window_plans.get(window)
+        if plan is None:
+            ps, host = batch.page_size, batch.page_lists_cpu
+            assert host is not None
+            starts = _starts(batch.extend_lens_cpu)
+            parts: list[tuple[list[native.Member], list[int]]] = []
+            for b, (length, n) in enumerate(zip(batch.seq_lens_cpu, batch.extend_lens_cpu)):
+                skip = window_start(length - n, window) // ps
+                pages = host[b][skip : -(-length // ps)]
+                parts.append(([native.Member(starts[b], n, pages, length - skip * ps)], []))
+            plan = self._window_plans[window] = native.AttentionPlan.build(parts)
+        return plan
 
     def _prepare_decode(
         self, pages: list[list[int]], lens: list[int], rows: list[int], ps: int, dev: torch.device
@@ -390,7 +408,22 @@ class TorchPagedAttentionBackend(AttentionBackend):
         if meta is None or self._meta_batch is not batch:
             raise RuntimeError("call init_forward_metadata(batch) before the forward over it")
         assert batch.out_cache_loc is not None  # a paged batch (init_forward_metadata)
-        if window is not None or softcap is not None:
+        quirks = window is not None or softcap is not None
+        if quirks and meta.native is not None:  # the kernel takes both
+            out = torch.empty_like(q)
+            native.paged_attention(
+                q,
+                self.pool.k_data[layer_id],
+                self.pool.v_data[layer_id],
+                out,
+                meta.native if window is None else self._window_plan(batch, window),
+                sm_scale,
+                store=(k, v, batch.out_cache_loc),
+                window=window,
+                softcap=softcap,
+            )
+            return out
+        if quirks:
             return self._masked(layer_id, q, k, v, batch, sm_scale, window, softcap)
         out = torch.empty_like(q)
         if meta.native is not None:  # the store and the whole batch's attention, in one call
@@ -435,9 +468,9 @@ class TorchPagedAttentionBackend(AttentionBackend):
         window: int | None,
         softcap: float | None,
     ) -> torch.Tensor:
-        """A sliding-window or soft-capped layer: per sequence, over the pages its new rows'
-        windows reach (``windowed.py``); neither the C++ kernel nor the cascade split takes
-        a window yet."""
+        """A windowed or soft-capped layer without the CPU kernel: per sequence, over the
+        pages its new rows' windows reach (``windowed.py``); the cascade split takes
+        neither."""
         assert batch.out_cache_loc is not None and batch.page_lists_cpu is not None
         self._store(layer_id, k, v, batch.out_cache_loc)
         ps, dev = batch.page_size, q.device

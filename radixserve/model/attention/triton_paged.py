@@ -14,7 +14,9 @@ Every segment is a view (rows of q/out, rows of the page table and lengths): no 
 kernels read each KV head once for its whole group of query heads (GQA), any group size.
 A run of 1-row sequences in the middle of the extend segment stays there (correct either way).
 
-Both read every position, the new ones included, back from the pool, so the quantized
+A layer's sliding window and attention soft-cap (Gemma, Mistral) go to both kernels, which
+read only the blocks some row's window reaches. Both read every position, the new ones
+included, back from the pool, so the quantized
 cache changes the attention exactly as it will for later steps. Same semantics as
 :class:`~radixserve.model.attention.torch_paged.TorchPagedAttentionBackend`.
 
@@ -156,11 +158,6 @@ class TritonPagedAttentionBackend(AttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
     ) -> torch.Tensor:
-        if window is not None or softcap is not None:
-            raise NotImplementedError(
-                "the Triton kernels take no sliding window or attention soft-cap yet: run "
-                "this model with --attention-backend torch"
-            )
         self._check_prepared(batch)
         pool = self.pool
         ks = None if pool.k_scale is None else pool.k_scale[layer_id]
@@ -175,7 +172,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
             batch.out_cache_loc,
             self.fmt,
         )
-        return self._attend(layer_id, q, batch, sm_scale)
+        return self._attend(layer_id, q, batch, sm_scale, window, softcap)
 
     @property
     def fuses_rope_store(self) -> bool:
@@ -212,9 +209,17 @@ class TritonPagedAttentionBackend(AttentionBackend):
         return self._attend(layer_id, q, batch, sm_scale)
 
     def _attend(
-        self, layer_id: int, q: torch.Tensor, batch: ForwardBatch, sm_scale: float
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        batch: ForwardBatch,
+        sm_scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        """Attention of the batch's rows over the pool, each row through its kernel (module docstring)."""
+        """Attention of the batch's rows over the pool, each row through its kernel (module
+        docstring); both kernels take the layer's sliding window and soft-cap."""
+        quirks: dict[str, Any] = {"window": window, "softcap": softcap}
         sp = self._split
         pool = self.pool
         kd, vd = pool.k_data[layer_id], pool.v_data[layer_id]
@@ -232,6 +237,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
                 batch.page_size,
                 sm_scale,
                 num_kv_splits=self.decode_splits(sp.num_seqs),
+                **quirks,
             )
         out = torch.empty_like(q)
         if sp.lead_decodes:
@@ -245,6 +251,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
                 sm_scale,
                 num_kv_splits=self.decode_splits(a),
                 out=out[:a],
+                **quirks,
             )
         if sp.extend_end > sp.lead_decodes:
             a, e = sp.lead_decodes, sp.extend_end  # extend_start_loc holds absolute rows of q/out
@@ -259,6 +266,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
                 sm_scale,
                 max_extend_len=sp.max_extend,
                 out=out,
+                **quirks,
             )
         if sp.num_seqs > sp.extend_end:
             e, r = (
@@ -274,5 +282,6 @@ class TritonPagedAttentionBackend(AttentionBackend):
                 sm_scale,
                 num_kv_splits=self.decode_splits(sp.num_seqs - e),
                 out=out[r:],
+                **quirks,
             )
         return out

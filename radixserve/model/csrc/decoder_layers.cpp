@@ -53,7 +53,7 @@ struct Ops {
   c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor, const at::Tensor&,
                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const OptT&,
-                                const OptT&, const OptT&)>
+                                const OptT&, const OptT&, int64_t, double)>
       paged_attention;
 
   static const Ops& get() {
@@ -75,7 +75,7 @@ struct Ops {
               .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor, const at::Tensor&,
                           const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                           const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const OptT&,
-                          const OptT&, const OptT&)>(),
+                          const OptT&, const OptT&, int64_t, double)>(),
       };
     }();
     return ops;
@@ -204,7 +204,8 @@ void decoder_layers(at::Tensor h, at::TensorList norms, double eps, at::IntArray
     ops.rotary.call(heads(qkv, 0, n_qk), cos, sin);
     ops.paged_attention.call(heads(qkv, 0, num_q_heads), k_pages[l], v_pages[l], attn_heads, plan[0], plan[1],
                              plan[2], plan[3], plan[4], plan[5], plan[6], plan[7], sm_scale,
-                             heads(qkv, num_q_heads, num_kv_heads), heads(qkv, n_qk, num_kv_heads), slots);
+                             heads(qkv, num_q_heads, num_kv_heads), heads(qkv, n_qk, num_kv_heads), slots,
+                             /*window=*/0, /*softcap=*/0.0);
     const at::Tensor a = lin(attn, attn_t, 1);
     // MLP block: h += a and its norm in one pass, gate_up, SiLU(gate) * up, down.
     ops.rms_norm.call(a, norms[2 * l + 1], eps, h, xt);

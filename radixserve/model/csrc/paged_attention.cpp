@@ -82,14 +82,29 @@ using namespace radixserve_cpu::paged;
 // D broadcast-FMAs, with no transposition of the keys and no horizontal sums; the
 // statistics m and l are vectors too.
 // ``limit``: per row, the last key of the run it may see (causal), or null: all of them.
+// ``first``: per row, the first key it may see (a sliding window), or null: from the run's
+// start; blocks wholly before every row's first key are not read.
+// ``cap2`` > 0: scores become cap2 * tanh(score / cap2) (Gemma 2's soft-cap, in the log2
+// domain). The AMX tiles and the narrow blocks take neither quirk: such calls score here.
 // ``NC``: head_dim / kLanes, fixed at compile time so the inner loops unroll into registers.
+// cap * tanh(x / cap) over the lanes, tanh from exp2v (odd; the exponent is never positive).
+inline vf soft_cap(vf x, float cap) {
+  const vf y = x / cap;
+  const auto neg = y < vf{};
+  const vf e = exp2v((neg ? y : -y) * (2.0f * kLog2e));
+  const vf t = (1.0f - e) / (1.0f + e);
+  return (neg ? -t : t) * cap;
+}
+
 template <int NC, typename KV, bool Pairs>
 void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, int64_t key_end,
-                const float* __restrict q, float scale, int64_t rows, const int32_t* limit, float* __restrict m,
-                float* __restrict l, float* __restrict acc, Scratch& sc) {
+                const float* __restrict q, float scale, int64_t rows, const int32_t* limit, const int32_t* first,
+                float cap2, float* __restrict m, float* __restrict l, float* __restrict acc, Scratch& sc) {
 #if RADIXSERVE_AMX
   if constexpr (Pairs) {
-    if (amx_usable()) return amx_attend<NC>(L, h, run, key_begin, key_end, q, scale, rows, limit, m, l, acc, sc);
+    if (amx_usable() && first == nullptr && cap2 == 0.0f) {
+      return amx_attend<NC>(L, h, run, key_begin, key_end, q, scale, rows, limit, m, l, acc, sc);
+    }
   }
 #endif
   constexpr int64_t d = NC * kLanes;
@@ -131,7 +146,7 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
     vf vm = load_vf(mv), vl = load_vf(lv);
     // Keys up to lim_min are seen by every lane; past lim_max by none.
     int64_t keys = key_end, lim_min = key_end - 1;
-    vi vlim{};
+    vi vlim = vi{} + static_cast<int32_t>(key_end - 1);
     if (limit != nullptr) {
       int32_t lim[kLanes];
       const int32_t* lo = std::min_element(limit + r0, limit + r0 + lanes);
@@ -141,9 +156,25 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       lim_min = *lo;
       keys = std::min<int64_t>(keys, *hi + 1);
     }
-    for (int64_t start = key_begin; start < keys; start += kBlock) {
+    // Keys from first_max on are seen by every lane (as far as limit allows); before
+    // first_min by none, and those are not read.
+    int64_t first_min = key_begin, first_max = key_begin;
+    vi vfirst{};
+    if (first != nullptr) {
+      int32_t fs[kLanes];
+      const int32_t* lo = std::min_element(first + r0, first + r0 + lanes);
+      for (int64_t r = 0; r < kLanes; ++r) fs[r] = r < lanes ? first[r0 + r] : *lo;
+      std::memcpy(&vfirst, fs, sizeof vfirst);
+      first_min = std::max<int64_t>(key_begin, *lo);
+      first_max = *std::max_element(first + r0, first + r0 + lanes);
+    }
+    auto seen = [&](int64_t key) {
+      const vi k = vi{} + static_cast<int32_t>(key);
+      return (k <= vlim) & (k >= vfirst);
+    };
+    for (int64_t start = first_min; start < keys; start += kBlock) {
       const int64_t n = std::min(kBlock, keys - start);
-      const bool masked = start + n - 1 > lim_min;
+      const bool masked = start + n - 1 > lim_min || start < first_max;
       L.offsets(run.pages, h, start, n, [&](int64_t t, int64_t off) {
         krow[t] = L.k + off;
         vrow[t] = L.v + off;
@@ -155,7 +186,7 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       // "Weights on huge pages, decode attention with the keys in the lanes").
       const int64_t next_n = std::min(kBlock, keys - start - n);
       L.offsets(run.pages, h, start + n, next_n, [&](int64_t t, int64_t off) { next[t] = off; });
-      const bool narrow = lanes <= kNarrowRows && n == kBlock && !masked;
+      const bool narrow = lanes <= kNarrowRows && n == kBlock && !masked && cap2 == 0.0f;
       if constexpr (std::is_same_v<KV, float>) {
         std::copy(krow, krow + n, kr);
         std::copy(vrow, vrow + n, vr);
@@ -220,8 +251,11 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
         for (int64_t i = 0; i < d; ++i) a += qt[dim(i)] * kr[t][dim(i)];
         p[t] = scaled(a);
       }
+      if (cap2 != 0.0f) {
+        for (t = 0; t < n; ++t) p[t] = soft_cap(p[t], cap2);
+      }
       if (masked) {
-        for (t = 0; t < n; ++t) p[t] = (vi{} + static_cast<int32_t>(start + t)) <= vlim ? p[t] : splat(kNoMax);
+        for (t = 0; t < n; ++t) p[t] = seen(start + t) ? p[t] : splat(kNoMax);
       }
       vf mx = vm;
       for (t = 0; t < n; ++t) mx = vmax(mx, p[t]);
@@ -229,7 +263,7 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       vf sum{};
       for (t = 0; t < n; ++t) {
         p[t] = exp2v(p[t] - mx);
-        if (masked) p[t] = (vi{} + static_cast<int32_t>(start + t)) <= vlim ? p[t] : vf{};
+        if (masked) p[t] = seen(start + t) ? p[t] : vf{};
         sum += p[t];
       }
       vm = mx;
@@ -245,7 +279,7 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
 
 template <typename KV>
 using AttendFn = void (*)(const Layer<KV>&, int64_t, KeyRun, int64_t, int64_t, const float*, float, int64_t,
-                          const int32_t*, float*, float*, float*, Scratch&);
+                          const int32_t*, const int32_t*, float, float*, float*, float*, Scratch&);
 
 // The head sizes of the models served (16 .. 256; 16 for the tests' tiny models), for
 // queries of dtype Q.
@@ -355,6 +389,8 @@ struct Kernel {
   int64_t hq, grp;
   float scale;
   AttendFn<KV> attend;
+  int64_t window;  // the layer's sliding window (0: none)
+  float cap2;      // the scores' soft-cap in the log2 domain (0: none)
 
   int64_t shared_len(const Item& item) const {
     return (P.shared_start[item.group + 1] - P.shared_start[item.group]) * L.page_size;
@@ -392,6 +428,7 @@ struct Kernel {
       const Q* src = qd + (P.q_start[mi] + t) * q_row + head * q_head;
       for (int64_t j = 0; j < d; ++j) sc.q[r * d + j] = unscaled ? to_float(src[j]) : to_float(src[j]) * scale;
       sc.limit[r] = static_cast<int32_t>(P.own_len[mi] - P.new_len[mi] + t);
+      sc.first[r] = window > 0 ? std::max<int32_t>(0, sc.limit[r] - static_cast<int32_t>(window) + 1) : 0;
     }
   }
 
@@ -458,8 +495,8 @@ struct Kernel {
     const int64_t shared = shared_len(item), shared_chunks = (shared + kChunk - 1) / kChunk;
     if (c < shared_chunks) {  // the group's shared pages: no mask
       const KeyRun run{P.shared_pages + P.shared_start[item.group], shared};
-      attend(L, h, run, c * kChunk, std::min(shared, (c + 1) * kChunk), sc.q.data(), scale, rows, nullptr, s.m,
-             s.l, s.acc, sc);
+      attend(L, h, run, c * kChunk, std::min(shared, (c + 1) * kChunk), sc.q.data(), scale, rows, nullptr,
+             nullptr, cap2, s.m, s.l, s.acc, sc);
       return;
     }
     const int64_t begin = (c - shared_chunks) * kChunk;
@@ -469,7 +506,8 @@ struct Kernel {
       if (begin < P.own_len[mi]) {
         const KeyRun run{P.own_pages + P.own_start[mi], P.own_len[mi]};
         attend(L, h, run, begin, std::min(P.own_len[mi], begin + kChunk), sc.q.data() + r * d, scale, seg,
-               sc.limit.data() + r, s.m + r, s.l + r, s.acc + r * d, sc);
+               sc.limit.data() + r, window > 0 ? sc.first.data() + r : nullptr, cap2, s.m + r, s.l + r,
+               s.acc + r * d, sc);
       }
       r += seg;
       skip = 0;
@@ -506,12 +544,13 @@ struct Kernel {
 
 template <typename Q, typename KV>
 void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor& out,
-                const Plan& P, int64_t groups, double sm_scale) {
+                const Plan& P, int64_t groups, double sm_scale, int64_t window, double softcap) {
   const int64_t hq = q.size(1), d = q.size(2);
   const Layer<KV> L{k_pages.data_ptr<KV>(), v_pages.data_ptr<KV>(), k_pages.size(1), k_pages.size(2), d};
   const int64_t grp = hq / L.kv_heads;
   const Kernel<Q, KV> K{L,      P,  q.data_ptr<Q>(), q.stride(0), q.stride(1), out.data_ptr<Q>(),
-                        hq,     grp, static_cast<float>(sm_scale) * kLog2e, attend_fn<Q, KV>(d)};
+                        hq,     grp, static_cast<float>(sm_scale) * kLog2e, attend_fn<Q, KV>(d),
+                        window, static_cast<float>(softcap) * kLog2e};
 
   std::vector<Item> items;
   // Per group: whether one item per KV head holds all its rows (a decode row, a few): each
@@ -656,12 +695,18 @@ void check_index(const at::Tensor& t, const char* name) {
 // then member i reads the first own_len[i] tokens of own_pages[own_start[i]:own_start[i+1]],
 // whose last new_len[i] keys are its new tokens: stored in the pages before this call, or
 // by it, from k_new/v_new ([T', Hkv, D]) at flat slots ``slots`` ([T'] int64), when given.
+// ``window`` > 0: each row sees only the last ``window`` keys up to its own (a sliding
+// window; the plan then shares no pages, and may start a member's own pages at the first
+// page its first row's window reaches). ``softcap`` > 0: scores become
+// softcap * tanh(score / softcap) before the softmax (Gemma 2).
 void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor out,
                      const at::Tensor& q_start, const at::Tensor& new_len, const at::Tensor& group_start,
                      const at::Tensor& shared_pages, const at::Tensor& shared_start, const at::Tensor& own_pages,
                      const at::Tensor& own_start, const at::Tensor& own_len, double sm_scale,
                      const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
-                     const std::optional<at::Tensor>& slots) {
+                     const std::optional<at::Tensor>& slots, int64_t window, double softcap) {
+  TORCH_CHECK(window >= 0 && softcap >= 0.0, "window and softcap must be >= 0 (0: none)");
+  TORCH_CHECK(window == 0 || shared_pages.size(0) == 0, "a plan with a window shares no pages");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.device().is_cpu(),
               "q must be a [T, Hq, D] CPU tensor with contiguous rows of D");
   TORCH_CHECK(out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type() && out.is_contiguous(),
@@ -729,9 +774,10 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::T
 
 #define RADIX_DISPATCH_KV(QT)                                                                              \
   switch (k_pages.scalar_type()) {                                                                         \
-    case at::kFloat: return run_kernel<QT, float>(q, k_pages, v_pages, out, P, groups, sm_scale);            \
-    case at::kBFloat16: return run_kernel<QT, c10::BFloat16>(q, k_pages, v_pages, out, P, groups, sm_scale); \
-    case at::kHalf: return run_kernel<QT, c10::Half>(q, k_pages, v_pages, out, P, groups, sm_scale);         \
+    case at::kFloat: return run_kernel<QT, float>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap); \
+    case at::kBFloat16:                                                                                            \
+      return run_kernel<QT, c10::BFloat16>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap);       \
+    case at::kHalf: return run_kernel<QT, c10::Half>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap); \
     default: TORCH_CHECK(false, "unsupported KV dtype ", k_pages.scalar_type());                          \
   }
   switch (q.scalar_type()) {
@@ -749,6 +795,7 @@ TORCH_LIBRARY(radixserve_cpu, m) {
   m.def(
       "paged_attention(Tensor q, Tensor(b!) k_pages, Tensor(c!) v_pages, Tensor(a!) out, Tensor q_start, Tensor new_len, "
       "Tensor group_start, Tensor shared_pages, Tensor shared_start, Tensor own_pages, Tensor own_start, "
-      "Tensor own_len, float sm_scale, Tensor? k_new=None, Tensor? v_new=None, Tensor? slots=None) -> ()");
+      "Tensor own_len, float sm_scale, Tensor? k_new=None, Tensor? v_new=None, Tensor? slots=None, int window=0, "
+      "float softcap=0.0) -> ()");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
 }

@@ -35,7 +35,7 @@ constexpr int64_t kChunk = 2 * kBlock;
 struct Scratch {
   // ``kt``, ``ps``: a narrow block's transposed keys and probabilities (narrow_block).
   std::vector<float> q, m, l, acc, m2, l2, acc2, kf, vf_, kt, ps;
-  std::vector<int32_t> limit;
+  std::vector<int32_t> limit, first;  // per row: the last key it sees (causal), the first (window)
   // amx_attend's tile operands: the rows' queries as pairs (``tq``), keys copied where a
   // tile cannot read them in place (``tk``), a block's scores (``ts``), probabilities
   // (``tp``) and values as pairs of keys (``tv``).
@@ -47,7 +47,7 @@ struct Scratch {
     if (static_cast<int64_t>(q.size()) >= kRowBlock * d) return;
     q.resize(kRowBlock * d), m.resize(kRowBlock), l.resize(kRowBlock), acc.resize(kRowBlock * d);
     m2.resize(kRowBlock), l2.resize(kRowBlock), acc2.resize(kRowBlock * d);
-    kf.resize(kBlock * d), vf_.resize(kBlock * d), limit.resize(kRowBlock);
+    kf.resize(kBlock * d), vf_.resize(kBlock * d), limit.resize(kRowBlock), first.resize(kRowBlock);
     kt.resize(kBlock * d), ps.resize(kRowBlock * kBlock);
     tq.resize(kLanes * d / 2), tk.resize(kBlock * d), tp.resize(kRowBlock * kBlock), tv.resize(kBlock * d);
     ts.resize(kBlock * kLanes);

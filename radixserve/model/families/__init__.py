@@ -3,7 +3,7 @@
 A family module says how its checkpoints differ from Llama's: its config defaults (what
 transformers' config class assumes when a key is absent) and :class:`Family.fields`, the
 :class:`~radixserve.model.config.ModelConfig` fields its quirks set (biases, q/k norms, norm
-layout, a fused checkpoint layout, a sliding window, partial rotary). The model is then
+layout, a fused checkpoint layout, a sliding window, partial rotary, Gemma's soft-caps). The model is then
 composed from the shared pieces in ``model/layers/`` by those fields. Adding a dense family
 is one module here and a test against transformers.
 
@@ -12,7 +12,7 @@ These modules import nothing heavy: ``radixserve memory`` reads configs through 
 
 from __future__ import annotations
 
-from radixserve.model.families import llama, olmo2, phi3, qwen3
+from radixserve.model.families import gemma, llama, olmo2, phi3, qwen3
 from radixserve.model.families.base import Family
 
 __all__ = ["Family", "family_of", "supported_model_types"]
@@ -20,7 +20,7 @@ __all__ = ["Family", "family_of", "supported_model_types"]
 
 def _registry() -> dict[str, Family]:
     out: dict[str, Family] = {}
-    for module in (llama, qwen3, olmo2, phi3):
+    for module in (llama, qwen3, olmo2, phi3, gemma):
         for fam in module.FAMILIES:
             for model_type in fam.model_types:
                 out[model_type] = fam

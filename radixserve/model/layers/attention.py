@@ -8,7 +8,9 @@ Options a family turns on through its :class:`~radixserve.model.config.ModelConf
 - ``qk_norm``: ``"head"`` normalizes each head of q and k over ``head_dim`` (Qwen3, OLMoE),
   ``"proj"`` the whole q and k projections (OLMo 2); both before RoPE;
 - ``rotary_dim`` below ``head_dim``: only the leading lanes rotate (Phi-4-mini);
-- the layer's sliding window (``ModelConfig.layer_window``), passed to the backend.
+- the layer's sliding window (``ModelConfig.layer_window``) and the scores' soft-cap
+  (``attn_softcap``, Gemma 2), passed to the backend; the scores' scale
+  (``ModelConfig.sm_scale``: Gemma's ``query_pre_attn_scalar``).
 
 The q/k norms write back into the fused projection, so everything after them (the CPU's
 in-place RoPE, the GPU's fused RoPE-and-store kernel) runs as it does for Llama.
@@ -23,7 +25,7 @@ from radixserve.model import gpu_ops, native
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.config import ModelConfig
 from radixserve.model.forward_batch import ForwardBatch
-from radixserve.model.layers.norm import RMSNorm
+from radixserve.model.layers.norm import rms_norm
 from radixserve.model.layers.rotary import apply_rotary
 from radixserve.model.parallel import TPGroup
 
@@ -41,20 +43,19 @@ class Attention(nn.Module):
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
-        self.sm_scale = cfg.head_dim**-0.5
+        self.sm_scale = cfg.sm_scale
         self.rotary_dim = cfg.rotary_dim
         self.qk_norm = cfg.qk_norm
         self.window = cfg.layer_window(layer_id)
+        self.softcap = cfg.attn_softcap
         self.qkv_proj = nn.Linear(
             cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias
         )
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
-        if cfg.qk_norm == "head":
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        elif cfg.qk_norm == "proj":
-            self.q_norm = RMSNorm(self.q_size, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(self.kv_size, cfg.rms_norm_eps)
+        if cfg.qk_norm is not None:
+            width = cfg.head_dim if cfg.qk_norm == "head" else None
+            self.q_norm = rms_norm(width or self.q_size, cfg.rms_norm_eps, cfg.norm_plus_one)
+            self.k_norm = rms_norm(width or self.kv_size, cfg.rms_norm_eps, cfg.norm_plus_one)
 
     def forward(
         self,
@@ -69,7 +70,7 @@ class Attention(nn.Module):
             self._norm_qk(flat)
         qkv = flat.view(t, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim)
         full_rotary = self.rotary_dim == self.head_dim
-        plain = self.window is None
+        plain = self.window is None and self.softcap is None
         if plain and full_rotary and gpu_ops.enabled(qkv) and attn.fuses_rope_store:
             # One kernel rotates q and k and writes k and v to the pool (Triton backend).
             out = attn.forward_qkv(
@@ -88,7 +89,9 @@ class Attention(nn.Module):
         if plain:
             out = attn.forward(self.layer_id, q, k, v, batch, self.sm_scale)
         else:
-            out = attn.forward(self.layer_id, q, k, v, batch, self.sm_scale, window=self.window)
+            out = attn.forward(
+                self.layer_id, q, k, v, batch, self.sm_scale, self.window, self.softcap
+            )
         return self._out(out.reshape(t, self.q_size))
 
     def _norm_qk(self, flat: torch.Tensor) -> None:

@@ -4,6 +4,8 @@
   ``h += mlp(norm(h))``; the only layout the CPU's one-call decoder stack runs.
 - :class:`PostNormDecoderLayer` (OLMo 2): the norms on the blocks' outputs,
   ``h += norm(attn(h))``, ``h += norm(mlp(h))``.
+- :class:`SandwichDecoderLayer` (Gemma 2/3): both, ``h += norm(attn(norm(h)))``,
+  ``h += norm(mlp(norm(h)))``, with Gemma's ``1 + weight`` norms and GELU MLP.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from radixserve.model.config import ModelConfig
 from radixserve.model.forward_batch import ForwardBatch
 from radixserve.model.layers.attention import Attention
 from radixserve.model.layers.mlp import GatedMLP
-from radixserve.model.layers.norm import RMSNorm
+from radixserve.model.layers.norm import RMSNorm, rms_norm
 from radixserve.model.parallel import TPGroup
 
 
@@ -68,11 +70,39 @@ class PostNormDecoderLayer(nn.Module):
         return h.add_(self.post_feedforward_layernorm.forward(self.mlp.forward(h)))
 
 
-DecoderLayer = PreNormDecoderLayer | PostNormDecoderLayer
+class SandwichDecoderLayer(nn.Module):
+    """Norms before and after each block (Gemma), the checkpoint's four norm names."""
+
+    def __init__(self, cfg: ModelConfig, layer_id: int, tp: TPGroup | None = None) -> None:
+        super().__init__()
+        h, eps, plus_one = cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_plus_one
+        self.input_layernorm = rms_norm(h, eps, plus_one)
+        self.self_attn = Attention(cfg, layer_id, tp)
+        self.post_attention_layernorm = rms_norm(h, eps, plus_one)
+        self.pre_feedforward_layernorm = rms_norm(h, eps, plus_one)
+        self.mlp = GatedMLP(h, cfg.intermediate_size, cfg.mlp_bias, tp, cfg.hidden_act)
+        self.post_feedforward_layernorm = rms_norm(h, eps, plus_one)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        batch: ForwardBatch,
+        attn: AttentionBackend,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        a = self.self_attn.forward(self.input_layernorm.forward(h), batch, attn, cos_sin)
+        h = h.add_(self.post_attention_layernorm.forward(a))
+        m = self.mlp.forward(self.pre_feedforward_layernorm.forward(h))
+        return h.add_(self.post_feedforward_layernorm.forward(m))
+
+
+DecoderLayer = PreNormDecoderLayer | PostNormDecoderLayer | SandwichDecoderLayer
 
 
 def decoder_layer(cfg: ModelConfig, layer_id: int, tp: TPGroup | None = None) -> DecoderLayer:
     """The decoder layer of ``cfg``'s family (its ``norm_layout``)."""
     if cfg.norm_layout == "post":
         return PostNormDecoderLayer(cfg, layer_id, tp)
+    if cfg.norm_layout == "sandwich":
+        return SandwichDecoderLayer(cfg, layer_id, tp)
     return PreNormDecoderLayer(cfg, layer_id, tp)

@@ -1,4 +1,5 @@
-"""The SiLU-gated MLP (Llama, Qwen, Phi, OLMo, Mistral and each expert of their MoE kin)."""
+"""The gated MLP: SiLU gate (Llama, Qwen, Phi, OLMo, Mistral and each expert of their MoE
+kin) or GELU-tanh gate (Gemma)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,21 @@ from radixserve.model.parallel import TPGroup
 
 
 class GatedMLP(nn.Module):
-    """``down(silu(gate(x)) * up(x))`` with gate and up fused into one matmul (column-parallel
-    under tensor parallelism, down_proj row-parallel followed by one all-reduce)."""
+    """``down(act(gate(x)) * up(x))`` with gate and up fused into one matmul (column-parallel
+    under tensor parallelism, down_proj row-parallel followed by one all-reduce); ``act`` is
+    SiLU, or ``gelu_pytorch_tanh`` (GELU with the tanh approximation, Gemma)."""
 
     def __init__(
-        self, hidden_size: int, intermediate_size: int, bias: bool, tp: TPGroup | None = None
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool,
+        tp: TPGroup | None = None,
+        act: str = "silu",
     ) -> None:
         super().__init__()
         self.tp = tp
+        self.act = act
         self.intermediate_size = intermediate_size
         self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
@@ -29,6 +37,9 @@ class GatedMLP(nn.Module):
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj.forward(x)
+        if self.act != "silu":  # the fused kernels below are SiLU's
+            gate, up = gate_up.split(self.intermediate_size, dim=-1)
+            return self.down_proj.forward(F.gelu(gate, approximate="tanh").mul_(up))
         if gpu_ops.enabled(gate_up):
             from radixkernels.fused import silu_mul
 

@@ -42,3 +42,20 @@ class RMSNorm(nn.Module):
         if x.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return self.weight * F.rms_norm(x.float(), self.weight.shape, None, self.eps).to(x.dtype)
+
+
+class OffsetRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: scales by ``1 + weight`` (the checkpoint stores the offset from 1),
+    float32 inside as transformers computes it. ``1 + weight`` is formed in float32 at each
+    call, not stored: in bf16 it would round to 8 mantissa bits around 1."""
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if residual is not None:
+            x = residual.add_(x)
+        scale = 1.0 + self.weight.float()
+        return F.rms_norm(x.float(), self.weight.shape, scale, self.eps).to(x.dtype)
+
+
+def rms_norm(size: int, eps: float, plus_one: bool = False) -> RMSNorm:
+    """The family's RMSNorm over ``size`` lanes (``plus_one``: Gemma's ``1 + weight``)."""
+    return OffsetRMSNorm(size, eps) if plus_one else RMSNorm(size, eps)
