@@ -25,7 +25,10 @@ def mooncake_or_skip() -> Path:
         import mooncake
         from mooncake.store import MooncakeDistributedStore  # noqa: F401
     except ImportError as e:
-        pytest.skip(f"the Mooncake wheel is not importable here: {e}")
+        pytest.skip(
+            f"the Mooncake wheel is not importable here: {e} "
+            "(pip install 'radixserve[mooncake]'; Debian: apt-get install libibverbs1)"
+        )
     return Path(mooncake.__file__).parent / "mooncake_master"
 
 

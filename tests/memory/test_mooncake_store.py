@@ -51,6 +51,18 @@ def test_config_file_in_mooncakes_format_and_overrides(tmp_path: Path) -> None:
         MooncakeStoreConfig.create(protocol="tcp")
 
 
+def test_engine_config_names_the_backend_and_needs_a_master() -> None:
+    from radixserve.engine.config import EngineConfig
+    from radixserve.engine.prefix_cache import l3_factory
+
+    with pytest.raises(ValueError, match="hicache_storage_backend"):
+        EngineConfig(hicache_storage_backend="s3")
+    cfg = EngineConfig(hicache_storage_backend="mooncake")
+    assert cfg.hierarchical_cache and l3_factory(EngineConfig()) is None
+    with pytest.raises(ValueError, match="master_server_address"):
+        l3_factory(cfg)
+
+
 def test_pages_round_trip_between_clients_and_a_corrupt_record_is_a_miss(master: Master) -> None:
     a, b = _store(master), _store(master)
     try:
