@@ -108,6 +108,25 @@ def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> N
         default=None,
         help="L3: KV page files in this directory, shared across restarts and workers (implies the hierarchy)",
     )
+    g.add_argument(
+        "--hicache-storage-backend",
+        choices=("file", "mooncake"),
+        default=None,
+        help="L3 backend: file (--hicache-storage-dir) or mooncake (a Mooncake Store shared by "
+        "every worker of the cluster; implies the hierarchy). Default file",
+    )
+    g.add_argument(
+        "--hicache-storage-backend-config",
+        default=None,
+        help="the Mooncake config file (JSON: master_server_address, metadata_server, "
+        "protocol, device_name, global_segment_size, local_buffer_size, ...)",
+    )
+    g.add_argument(
+        "--hicache-storage-backend-extra-config",
+        default=None,
+        help="the same fields as a JSON object, over the file's (e.g. "
+        '\'{"master_server_address": "mooncake-master:50051"}\')',
+    )
     g.add_argument("--engine-config", default="{}", help="more EngineConfig fields as JSON")
     add_parallel_arguments(p)
 
@@ -202,7 +221,14 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
         cfg["quant_dense_cache"] = True
     if args.enable_hierarchical_cache:
         cfg["enable_hierarchical_cache"] = True
-    for name in ("hicache_size", "hicache_storage_dir", "hicache_dtype"):
+    for name in (
+        "hicache_size",
+        "hicache_storage_dir",
+        "hicache_dtype",
+        "hicache_storage_backend",
+        "hicache_storage_backend_config",
+        "hicache_storage_backend_extra_config",
+    ):
         if getattr(args, name) is not None:
             cfg[name] = getattr(args, name)
     if cfg.get("attention_backend") == "triton" and str(cfg.get("device", "cpu")).startswith("cpu"):

@@ -64,6 +64,12 @@ class EngineConfig:
     # L2 (and L3) KV dtype: "auto" (L1's), "bfloat16", "fp8_e4m3" or "int8": a smaller one
     # fits more prefixes in hicache_size; pages are rounded once, on demotion.
     hicache_dtype: str = "auto"
+    # L3's backend: "file" (page files in hicache_storage_dir) or "mooncake" (a Mooncake Store
+    # cluster, shared by workers on every host; memory.mooncake_store). Its settings: a config
+    # file in Mooncake's format and/or a JSON object of the same fields (which wins).
+    hicache_storage_backend: str = "file"
+    hicache_storage_backend_config: str | None = None
+    hicache_storage_backend_extra_config: str | None = None
     # Record KV cache events (vLLM's BlockStored/BlockRemoved/AllBlocksCleared); a serving
     # worker publishes them on a ZeroMQ XPUB bound here ("{worker}" -> the worker's id).
     kv_events_endpoint: str | None = None
@@ -152,7 +158,11 @@ class EngineConfig:
     @property
     def hierarchical_cache(self) -> bool:
         """Whether L2/L3 are on (asked for, or implied by a storage directory)."""
-        return self.enable_hierarchical_cache or self.hicache_storage_dir is not None
+        return (
+            self.enable_hierarchical_cache
+            or self.hicache_storage_dir is not None
+            or self.hicache_storage_backend == "mooncake"
+        )
 
     def __post_init__(self) -> None:
         from radixserve.engine.devices import device_defaults
@@ -203,6 +213,10 @@ class EngineConfig:
             errors.append(
                 f"unknown hicache_dtype {self.hicache_dtype!r}; "
                 "expected auto, bfloat16, fp8_e4m3 or int8"
+            )
+        if self.hicache_storage_backend not in ("file", "mooncake"):
+            errors.append(
+                f"hicache_storage_backend must be file or mooncake, got {self.hicache_storage_backend!r}"
             )
         if self.hicache_size is not None and self.hicache_size <= 0:
             errors.append(f"hicache_size must be > 0 GiB, got {self.hicache_size}")

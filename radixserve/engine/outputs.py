@@ -108,6 +108,14 @@ class EngineStats(msgspec.Struct, frozen=True):
     loaded_storage_pages_total: int = 0
     storage_written_pages_total: int = 0
     storage_corrupt_pages_total: int = 0
+    # L3 page reads that found a verified page / did not (absent, corrupt, too slow, store
+    # gone); reads that ran out of time; bytes read and written; seconds spent reading.
+    storage_hits_total: int = 0
+    storage_misses_total: int = 0
+    storage_timeouts_total: int = 0
+    storage_read_bytes_total: int = 0
+    storage_written_bytes_total: int = 0
+    storage_read_seconds_total: float = 0.0
     # Session leases (memory.leases): pages on leased paths and leases held now; leases
     # granted, turns that found their lease, leases run out, yielded to memory pressure;
     # unkeyed chats adopted as sessions; prompt tokens a returning turn recomputed that its

@@ -4,7 +4,8 @@
 
     disable_radix_cache        NoPrefixCache (same interface, caches nothing)
     default                    RadixCache over the device pool (L1)
-    hierarchical_cache         HiRadixCache: L1 pages ⇄ L2 host pool ⇄ L3 page files
+    hierarchical_cache         HiRadixCache: L1 pages ⇄ L2 host pool ⇄ L3 (page files, or
+                               a Mooncake Store: hicache_storage_backend)
 
 KV page keys (L3 files, KV events) name the checkpoint by :func:`model_identity`, so pages
 written for other weights are never read back as this model's.
@@ -13,7 +14,9 @@ written for other weights are never read back as this model's.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +24,7 @@ import torch
 
 from radixserve.engine.config import EngineConfig
 from radixserve.memory import NoPrefixCache, PageAllocator, PrefixCache, RadixCache
+from radixserve.memory.kv_storage import KVStorage, StorageMetrics
 from radixserve.memory.leases import LeaseConfig
 
 if TYPE_CHECKING:
@@ -73,6 +77,7 @@ def make_prefix_cache(
         cfg.hicache_storage_dir,
         model_identity(model_path),
         host_dtype=cfg.hicache_dtype,
+        storage=l3_factory(cfg),
     )
     logger.info(
         "hierarchical cache: L2 %d pages (%.2f GiB, %s), L3 %s",
@@ -81,9 +86,26 @@ def make_prefix_cache(
         hierarchy.host.pool.fmt.kv_dtype.value
         if kv_dtype.is_quantized
         else str(act_dtype).removeprefix("torch."),
-        cfg.hicache_storage_dir or "off",
+        cfg.hicache_storage_dir
+        or ("mooncake" if cfg.hicache_storage_backend == "mooncake" else "off"),
     )
     return HiRadixCache(allocator, cfg.page_size, hierarchy)
+
+
+def l3_factory(cfg: EngineConfig) -> Callable[[str], KVStorage] | None:
+    """The L3 builder for a non-file backend (None: page files in hicache_storage_dir, if any)."""
+    if cfg.hicache_storage_backend != "mooncake":
+        return None
+    from radixserve.memory.mooncake_store import MooncakeKVStore, MooncakeStoreConfig
+
+    extra = json.loads(cfg.hicache_storage_backend_extra_config or "{}")
+    path = cfg.hicache_storage_backend_config
+    mc = (
+        MooncakeStoreConfig.from_file(path, **extra)
+        if path
+        else MooncakeStoreConfig.create(**extra)
+    )
+    return lambda identity: MooncakeKVStore(mc, identity)
 
 
 def attach_kv_events(
@@ -112,7 +134,14 @@ def hicache_stats(cache: PrefixCache) -> dict[str, Any]:
     if hierarchy is None:
         return {}
     h = hierarchy.stats
+    m = hierarchy.disk.metrics() if hierarchy.disk is not None else StorageMetrics()
     return {
+        "storage_hits_total": m.hits,
+        "storage_misses_total": m.misses,
+        "storage_timeouts_total": m.timeouts,
+        "storage_read_bytes_total": m.read_bytes,
+        "storage_written_bytes_total": m.written_bytes,
+        "storage_read_seconds_total": m.read_seconds,
         "host_cached_pages": hierarchy.host.num_cached,
         "demoted_pages_total": h.demoted_pages,
         "loaded_host_pages_total": h.loaded_l2_pages,
@@ -130,6 +159,7 @@ def persist_prefix_cache(cache: PrefixCache | None, storage_dir: str | None) -> 
         n = persist()
         if n:
             logger.info("hierarchical cache: wrote %d KV pages to %s", n, storage_dir)
+        cache.hierarchy.close()  # type: ignore[union-attr]
 
 
 def lease_config(cfg: EngineConfig) -> LeaseConfig:

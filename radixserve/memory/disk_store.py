@@ -4,9 +4,7 @@
 
     <storage_dir>/<layout digest>/<key[:2] hex>/<key hex>.kv
 
-    file = header | payload
-    header  magic "RSKV", version u16, reserved u16, payload bytes u64, key 16 B, BLAKE2b-16 of payload
-    payload the page's rows of every page-indexed pool tensor (K, V, per-token scales), raw bytes
+    file = one page record (``kv_storage``: header with a checksum | payload)
 
 The directory level named after the layout (model + KV layout digest) keeps pools of
 different shapes apart even before the key (which also folds them in) is compared. Files
@@ -22,29 +20,22 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import struct
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.memory.page_hash import DIGEST_SIZE, PageKey
+from radixserve.memory.kv_storage import KVStorage, StorageMetrics, pack_page, unpack_page
+from radixserve.memory.page_hash import PageKey
 
 if TYPE_CHECKING:
     from radixserve.memory.interfaces import TierListener
 
 logger = logging.getLogger(__name__)
 
-_HEADER = struct.Struct("<4sHHQ16s16s")
-_MAGIC = b"RSKV"
-_VERSION = 1
 
-
-def _checksum(payload: bytes | memoryview) -> bytes:
-    return hashlib.blake2b(payload, digest_size=DIGEST_SIZE).digest()
-
-
-class DiskKVStore:
+class DiskKVStore(KVStorage):
     """Page files for one model and KV layout (``identity``) under ``root``."""
 
     def __init__(self, root: str | os.PathLike[str], identity: str) -> None:
@@ -54,6 +45,10 @@ class DiskKVStore:
         self.enabled = True
         self.writes = self.reads = self.corrupt = 0
         self.listener: TierListener | None = None  # KV events (the hierarchy sets it)
+        self._m = StorageMetrics()
+
+    def metrics(self) -> StorageMetrics:
+        return self._m
 
     def path(self, key: PageKey) -> Path:
         h = key.hex()
@@ -71,14 +66,12 @@ class DiskKVStore:
         path = self.path(key)
         if path.is_file():
             return True
-        payload = b"".join(r.contiguous().view(torch.uint8).numpy().tobytes() for r in rows)
-        header = _HEADER.pack(_MAGIC, _VERSION, 0, len(payload), key, _checksum(payload))
+        record = pack_page(key, rows)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             path.parent.mkdir(exist_ok=True)
             with open(tmp, "wb") as f:
-                f.write(header)
-                f.write(payload)
+                f.write(record)
             os.replace(tmp, path)
         except OSError as e:
             self.enabled = False
@@ -93,6 +86,7 @@ class DiskKVStore:
                 pass
             return False
         self.writes += 1
+        self._m = self._m._replace(written_bytes=self._m.written_bytes + len(record))
         if self.listener is not None:
             self.listener.tier_stored("L3", [key])
         return True
@@ -103,22 +97,21 @@ class DiskKVStore:
         if not self.enabled:
             return None
         path = self.path(key)
+        t0 = time.perf_counter()
         try:
             data = path.read_bytes()
         except OSError:
+            self._m = self._m._replace(misses=self._m.misses + 1)
             return None
-        sizes = [t.numel() * t.element_size() for t in like]
-        ok = len(data) == _HEADER.size + sum(sizes)
-        if ok:
-            magic, version, _, n, stored_key, checksum = _HEADER.unpack_from(data)
-            view = memoryview(data)[_HEADER.size :]
-            ok = (magic, version, n, stored_key) == (
-                _MAGIC,
-                _VERSION,
-                sum(sizes),
-                key,
-            ) and _checksum(view) == checksum
-        if not ok:
+        out = unpack_page(key, data, like)
+        m = self._m
+        self._m = m._replace(
+            hits=m.hits + (out is not None),
+            misses=m.misses + (out is None),
+            read_bytes=m.read_bytes + len(data),
+            read_seconds=m.read_seconds + time.perf_counter() - t0,
+        )
+        if out is None:
             self.corrupt += 1
             logger.warning(
                 "hierarchical cache: %s is truncated or corrupt; recomputing that page", path
@@ -130,12 +123,6 @@ class DiskKVStore:
             if self.listener is not None:
                 self.listener.tier_removed("L3", [key])
             return None
-        out: list[torch.Tensor] = []
-        buf = torch.frombuffer(bytearray(view), dtype=torch.uint8)
-        off = 0
-        for t, size in zip(like, sizes):
-            out.append(buf[off : off + size].view(t.dtype).view(t.shape))
-            off += size
         self.reads += 1
         return out
 

@@ -41,6 +41,13 @@ class HiRadixCache(RadixCache):
         self.hierarchy = hierarchy
         super().__init__(allocator, page_size)
 
+    def _add_leaf(self, parent: TreeNode, key: tuple[int, ...], pages: list[int]) -> TreeNode:
+        """As :meth:`RadixCache._add_leaf`; a shared L3 gets the new pages at once."""
+        leaf = super()._add_leaf(parent, key, pages)
+        if self.hierarchy.disk is not None and self.hierarchy.disk.write_through:
+            self.hierarchy.write_through(leaf.pages, self.page_keys(leaf))
+        return leaf
+
     # ------------------------------------------------------------------ keys and tiers
     def page_keys(self, node: TreeNode) -> list[PageKey]:
         """The key of each page of ``node`` (computed once per node, up the path as needed)."""
@@ -121,7 +128,8 @@ class HiRadixCache(RadixCache):
             return m
         # A namespace root may have been dropped by the evictions (or never registered).
         parent = m.node if m.node.parent is not None else self._root(namespace)
-        leaf = self._add_leaf(parent, tuple(tokens[start : start + n * ps]), pages[:n])
+        # Not self._add_leaf: these pages came from L2/L3 and need no writing through.
+        leaf = RadixCache._add_leaf(self, parent, tuple(tokens[start : start + n * ps]), pages[:n])
         leaf.page_keys = keys[:n]
         return MatchResult(m.pages + pages[:n], start + n * ps, leaf)
 

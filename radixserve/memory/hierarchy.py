@@ -8,7 +8,10 @@
     L2 HostKVCache   LRU; evicting a slot spills it to L3
         │
         ▼
-    L3 DiskKVStore   files, survive restarts, shared by workers of one host
+    L3 KVStorage     DiskKVStore: files, survive restarts, shared by workers of one host;
+                     MooncakeKVStore: a Mooncake Store cluster, shared by every host. A
+                     shared store is also written through: pages entering the tree go to
+                     L3 at once, so other workers find them while they are still hot here
 
 L2 and L3 are indexed by page key (``page_hash``): a chained hash of the whole token
 prefix a page ends, seeded with the model, the KV layout and the namespace. So a page found
@@ -20,13 +23,14 @@ this class only moves pages and keeps the tiers' own accounting.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NamedTuple
 
 from radixserve.memory.disk_store import DiskKVStore
 from radixserve.memory.host_pool import HostKVCache, PageCopier
 from radixserve.memory.kv_convert import host_format
+from radixserve.memory.kv_storage import KVStorage
 from radixserve.memory.page_hash import PageKey, PrefixHasher
 from radixserve.memory.pool import KVPool
 
@@ -56,6 +60,8 @@ class KVHierarchy:
             never match).
         host_dtype: L2's KV format (``kv_convert.HICACHE_DTYPES``; "auto": L1's). L3 files
             hold L2's format, and their directory is named by it.
+        storage: builds another L3 (``KVStorage``) from the identity of L2's layout, instead
+            of the page files of ``storage_dir``.
     """
 
     def __init__(
@@ -65,6 +71,7 @@ class KVHierarchy:
         storage_dir: str | os.PathLike[str] | None = None,
         model_id: str = "",
         host_dtype: str = "auto",
+        storage: Callable[[str], KVStorage] | None = None,
     ) -> None:
         if host_pages < 1:
             raise ValueError(f"the hierarchical cache needs >= 1 host page, got {host_pages}")
@@ -76,9 +83,12 @@ class KVHierarchy:
         self.host = HostKVCache(
             device_pool, host_pages, self.copier, kv_dtype=kv_dtype, act_dtype=act_dtype
         )
-        # Page files hold L2's bytes: a directory per (model, L2 layout).
-        self.disk = (
-            DiskKVStore(storage_dir, f"{model_id}|{self.host.pool.layout()}")
+        # L3 records hold L2's bytes: named per (model, L2 layout).
+        l3_identity = f"{model_id}|{self.host.pool.layout()}"
+        self.disk: KVStorage | None = (
+            storage(l3_identity)
+            if storage is not None
+            else DiskKVStore(storage_dir, l3_identity)
             if storage_dir is not None
             else None
         )
@@ -167,6 +177,22 @@ class KVHierarchy:
         with self.host.hold(keys):
             yield
 
+    def write_through(self, pages: Sequence[int], keys: Sequence[PageKey]) -> int:
+        """With a shared L3 (``KVStorage.write_through``): copy L1 ``pages`` to L2 and hand
+        them to L3 now, so other workers can use them. Returns pages handed over."""
+        store = self.disk
+        if store is None or not store.write_through or not store.enabled:
+            return 0
+        self.host.store(pages, keys)
+        n = 0
+        for k in keys:
+            slot = self.host.slot(k)
+            if slot is not None and store.write(
+                k, [t[:, slot] for t in self.host.pool.page_tensors()]
+            ):
+                n += 1
+        return n
+
     def _spill(self, key: PageKey, slot: int) -> None:
         assert self.disk is not None
         self.disk.write(key, [t[:, slot] for t in self.host.pool.page_tensors()])
@@ -175,7 +201,7 @@ class KVHierarchy:
         """Write L1 ``pages`` and every L2 page to L3 (for a restart or another worker);
         returns the files written. A no-op without L3."""
         disk = self.disk
-        if disk is None:
+        if disk is None or disk.write_through:  # a shared store has every page already
             return 0
         before = disk.writes
         todo = [(p, k) for p, k in zip(pages, keys) if not disk.contains(k)]
@@ -192,7 +218,13 @@ class KVHierarchy:
             assert slot is not None
             if not disk.contains(k):
                 self._spill(k, slot)
+        disk.flush(None)
         return disk.writes - before
+
+    def close(self) -> None:
+        """Release L3's connections (after :meth:`persist`, at shutdown)."""
+        if self.disk is not None:
+            self.disk.close()
 
     def clear_host(self) -> None:
         """Drop L2 (L3 is storage shared with other processes: it stays)."""
