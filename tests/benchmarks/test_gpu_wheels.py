@@ -1,6 +1,7 @@
 """The GPU machine's wheels (benchmarks/gpu_wheels.txt) install offline for CPython 3.12.
 
-Downloads them from PyPI (``network``: CI reaches it; about 20 MB, a few seconds) exactly
+Downloads them from PyPI (``network``: run with ``RADIXSERVE_NETWORK_TESTS=1``; about 20 MB,
+a few seconds; the suite itself stays on loopback) exactly
 as ``gpu_check.sh --download-wheels`` does, then resolves the set with
 ``pip install --dry-run --no-index --find-links wheels --python-version 3.12
 --only-binary=:all: --target ...`` beside empty stand-ins of the image's packages
