@@ -58,7 +58,12 @@ def test_agent_loop_with_a_function_tool(agent_server: Server) -> None:
                 tools=[get_weather],
                 output_type=Report,
                 model=OpenAIResponsesModel(model="default", openai_client=client),
-                model_settings=ModelSettings(tool_choice="required", max_tokens=300, temperature=0),
+                model_settings=ModelSettings(
+                    tool_choice="required",
+                    parallel_tool_calls=False,  # one call: a random model would call on
+                    max_tokens=300,
+                    temperature=0,
+                ),
             )
             return await Runner.run(
                 agent, "Weather in Paris?", max_turns=4, auto_previous_response_id=True

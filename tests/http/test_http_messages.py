@@ -64,7 +64,7 @@ def test_tool_use_then_tool_result(agent_server: Server) -> None:
         system=SYSTEM,
         messages=messages,
         tools=TOOLS,
-        tool_choice={"type": "any"},
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},  # exactly one call
         max_tokens=200,
         extra_body=GREEDY,
     )

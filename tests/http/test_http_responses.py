@@ -66,7 +66,11 @@ def test_tool_loop_continued_by_previous_response_id(agent_server: Server) -> No
         "temperature": 0,
     }
     r1 = client.responses.create(
-        **common, input="Weather in Paris?", tool_choice="required", max_output_tokens=200
+        **common,
+        input="Weather in Paris?",
+        tool_choice="required",
+        parallel_tool_calls=False,  # exactly one call (the structural tag's single-call form)
+        max_output_tokens=200,
     )
     assert r1.status == "completed" and r1.id.startswith("resp_")
     (call,) = [o for o in r1.output if o.type == "function_call"]
@@ -96,6 +100,28 @@ def test_tool_loop_continued_by_previous_response_id(agent_server: Server) -> No
     )
     assert r3.usage is not None and r3.usage.input_tokens == r2.usage.input_tokens
     assert r3.usage.input_tokens_details.cached_tokens >= cached
+
+
+def test_required_with_parallel_calls_gives_valid_calls(agent_server: Server) -> None:
+    """``required`` with parallel calls on (the default): one or more calls, each a known
+    tool with schema-valid arguments, the same constraint as chat completions apply."""
+    r = sdk(agent_server).responses.create(
+        model="default",
+        instructions=INSTRUCTIONS,
+        tools=TOOLS,
+        temperature=0,
+        input="Weather in Paris and the time in CET?",
+        tool_choice="required",
+        max_output_tokens=300,
+    )
+    calls = [o for o in r.output if o.type == "function_call"]
+    # A random model may keep calling until max_output_tokens ("incomplete"): every call it
+    # finished is still a known tool with valid arguments.
+    assert r.status in ("completed", "incomplete") and calls, r.output
+    if r.status == "completed":
+        assert not r.output_text
+    for call in calls:
+        args_of(call)
 
 
 def test_streamed_call_through_the_sdk_stream_reader(agent_server: Server) -> None:

@@ -17,7 +17,6 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any, NamedTuple
 
-import msgspec
 from fastapi import Request
 
 from radixserve.agents.types import ToolCall
@@ -65,6 +64,7 @@ async def plan_tools(
     tools: list[ToolIn] | None,
     tool_choice: str | dict[str, Any] | None,
     has_constraint: bool = False,
+    parallel_tool_calls: bool | None = None,
 ) -> ToolPlan:
     """:func:`chat_tools.plan` against the served model's template and the server's parsers."""
     info = await g.info()
@@ -75,19 +75,18 @@ async def plan_tools(
         g.config.tool_call_parser,
         g.config.reasoning_parser,
         has_constraint,
+        parallel_tool_calls,
     )
 
 
 def open_stream(g: Gateway, request: Request, call: ChatCall) -> AsyncGenerator[Event, None]:
-    """The router stream of ``call`` (a forced call's constraint applied, the tenant's cache
-    salt derived from the request's API key)."""
-    params = call.params
-    if call.plan.forced is not None:
-        params = msgspec.structs.replace(params, tagged_json=call.plan.forced)
+    """The router stream of ``call`` (the plan's tool constraint applied, as chat completions
+    apply it: forced calls, several required calls, strict tools under auto; the tenant's
+    cache salt derived from the request's API key)."""
     return g.stream(
         arrival=time.monotonic(),
         messages=call.messages,
-        params=params,
+        params=chat_tools.constrain(call.params, call.plan),
         cache_salt=tenant_cache_salt(request_key(request.scope), call.cache_salt),
         session_id=call.session,
         tools=call.plan.tools_json,

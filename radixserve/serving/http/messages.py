@@ -70,7 +70,13 @@ async def prepare(body: MessagesRequest, request: Request) -> tuple[Reply, ChatC
     messages = body.chat()
     check_messages(messages, "messages")
     constraint = body.constraint()
-    plan = await plan_tools(g, body.chat_tools(), body.chat_tool_choice(), constraint is not None)
+    plan = await plan_tools(
+        g,
+        body.chat_tools(),
+        body.chat_tool_choice(),
+        constraint is not None,
+        body.parallel_tool_calls(),
+    )
     stops = list(body.stop_sequences or [])
     params = sampling(
         max_tokens=body.max_tokens,

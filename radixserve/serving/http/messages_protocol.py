@@ -129,6 +129,12 @@ class MessagesRequest(BaseModel):
             param="tool_choice",
         )
 
+    def parallel_tool_calls(self) -> bool | None:
+        """Anthropic's ``tool_choice.disable_parallel_tool_use`` as the chat API's
+        ``parallel_tool_calls`` (None: the default, several calls allowed)."""
+        tc = self.tool_choice or {}
+        return False if tc.get("disable_parallel_tool_use") is True else None
+
     def template_kwargs(self) -> dict[str, Any] | None:
         """``chat_template_kwargs``, with ``thinking`` as the ``enable_thinking`` switch
         that thinking templates (Qwen3's) read."""

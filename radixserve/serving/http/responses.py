@@ -207,9 +207,11 @@ async def prepare(body: ResponsesRequest, request: Request) -> tuple[Turn, ChatC
     check_messages(messages, "input")
     constraint = body.constraint()
     tools, choice = items_.chat_tools_of(body.tools), items_.chat_tool_choice(body.tool_choice)
-    plan = await plan_tools(g, tools, choice)
-    if plan.forced is not None:
-        constraint = None  # text.format shapes a message; a forced turn writes a call instead
+    # text.format shapes a message; a forced turn writes a call instead, so it drops the format.
+    forcing = choice == "required" or isinstance(choice, dict)
+    if forcing:
+        constraint = None
+    plan = await plan_tools(g, tools, choice, constraint is not None, body.parallel_tool_calls)
     # The chain's session key: the client's, else the first stored response's id (a
     # response nobody can continue gets none).
     turn.session = body.prompt_cache_key or session or (turn.id if body.store else "")
