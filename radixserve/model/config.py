@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from radixserve.model.families import family_of, supported_model_types
+from radixserve.model.families.moe import MoEConfig
 
 # model_type -> its family module under model/families/ (config defaults and quirks).
 SUPPORTED_MODEL_TYPES = supported_model_types()
@@ -81,6 +82,8 @@ class ModelConfig:
     norm_layout: str = "pre"  # "pre" (Llama) | "post" (OLMo 2: norms on the blocks' outputs)
     partial_rotary_factor: float = 1.0  # the rotated fraction of each head (Phi-4-mini 0.75)
     fused_checkpoint: bool = False  # q/k/v and gate/up stored fused (Phi-3)
+    clip_qkv: float | None = None  # q, k, v clamped to [-clip, clip] after the q/k norms (OLMoE)
+    moe: MoEConfig | None = None  # mixture-of-experts MLPs (Qwen3-MoE, Mixtral, OLMoE)
 
     @property
     def rotary_dim(self) -> int:
@@ -97,12 +100,15 @@ class ModelConfig:
     @property
     def llama_shaped(self) -> bool:
         """Whether the layers are Llama's (what the one-call CPU decoder stack runs): no q/k
-        norm, pre-norms, full rotary, no window (the stack's kernel attends over everything)."""
+        norm, pre-norms, full rotary, no window (the stack's kernel attends over everything),
+        dense MLPs."""
         return (
             self.qk_norm is None
             and self.norm_layout == "pre"
             and self.rotary_dim == self.head_dim
             and self.sliding_window is None
+            and self.moe is None
+            and self.clip_qkv is None
         )
 
     @property
@@ -115,8 +121,18 @@ class ModelConfig:
 
     @property
     def num_params(self) -> int:
-        """Parameter count (embeddings counted once when tied)."""
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        """Parameter count (embeddings counted once when tied; every expert counted)."""
+        attn = self._attn_params()
+        return self._count_params(attn, active=False)
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token's forward reads: with experts, only its ``top_k`` of each
+        sparse layer's (and the router); equal to :attr:`num_params` for dense models."""
+        return self._count_params(self._attn_params(), active=True)
+
+    def _attn_params(self) -> int:
+        h = self.hidden_size
         attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
         if self.attention_bias:
             attn += self.q_size + 2 * self.kv_size
@@ -126,10 +142,23 @@ class ModelConfig:
             attn += 2 * self.head_dim
         elif self.qk_norm == "proj":
             attn += self.q_size + self.kv_size
-        mlp = 3 * h * i + (2 * i + h if self.mlp_bias else 0)
-        per_layer = attn + mlp + 2 * h
+        return attn
+
+    def _count_params(self, attn: int, active: bool) -> int:
+        h, v = self.hidden_size, self.vocab_size
+
+        def mlp(i: int) -> int:
+            return 3 * h * i + (2 * i + h if self.mlp_bias else 0)
+
+        total = 0
+        for layer in range(self.num_layers):
+            if self.moe is not None and self.moe.is_sparse(layer):
+                experts = self.moe.top_k if active else self.moe.num_experts
+                total += experts * mlp(self.moe.intermediate_size) + self.moe.num_experts * h
+            else:
+                total += mlp(self.intermediate_size)
         emb = v * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + emb + h
+        return self.num_layers * (attn + 2 * h) + total + emb + h
 
     @staticmethod
     def from_pretrained(path_or_config_json: str | Path) -> ModelConfig:
