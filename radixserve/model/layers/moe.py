@@ -18,8 +18,13 @@ The grouped path (every forward outside CUDA-graph capture)::
 The per-expert matmuls are the expert's own linears (``GatedMLP``), so the weight
 quantization (``model/quant``: int8/int4 linears) and the CPU's packed oneDNN linears apply to
 experts as to any dense MLP. Which experts got rows is read on the host (one small
-``bincount`` read per block); under CUDA-graph capture, where no host read is allowed, every
-expert runs over every slot and the weights of the slots not routed to it are zero.
+``bincount`` read per block).
+
+On CUDA (``gpu_ops.enabled``) float experts run the fused Triton kernel
+(:mod:`radixkernels.moe`): the same grouping done on the device, one grouped GEMM per
+projection, no host read (CUDA graphs capture it). Quantized experts on CUDA take the grouped
+path, and under CUDA-graph capture, where no host read is allowed, every expert runs over
+every row with the weights of the rows not routed to it zero.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.model import gpu_ops
 from radixserve.model.families.moe import MoEConfig
 from radixserve.model.layers.mlp import GatedMLP
 from radixserve.model.parallel import TPGroup
@@ -75,12 +81,41 @@ class SparseMoeBlock(nn.Module):
         self.experts = nn.ModuleList(
             GatedMLP(hidden_size, moe.intermediate_size, bias) for _ in range(moe.num_experts)
         )
+        # The Triton kernel's stacked weights (CUDA), made at the first forward that uses them.
+        self._w13: torch.Tensor | None = None
+        self._w2: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate.forward(x)
+        if gpu_ops.enabled(x) and self._plain_experts():
+            from radixkernels.moe import fused_moe
+
+            return fused_moe(x, *self._stacked_weights(), weights, ids)
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return self._forward_every_expert(x, weights, ids)
         return self._forward_grouped(x, weights, ids)
+
+    def _plain_experts(self) -> bool:
+        """Whether every expert's projections are bias-free float linears (what the Triton
+        kernel reads; quantized experts take the grouped torch path)."""
+        return all(
+            type(proj) is nn.Linear and proj.bias is None
+            for mlp in cast("list[GatedMLP]", list(self.experts))
+            for proj in (mlp.gate_up_proj, mlp.down_proj)
+        )
+
+    def _stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The experts' weights as ``w13 [E, 2I, H]`` and ``w2 [E, H, I]`` for the Triton
+        kernel, stacked once (at the first forward, during warm-up); each expert's linears are
+        then views into them, so the weights are held once."""
+        if self._w13 is None or self._w2 is None:
+            experts = cast("list[GatedMLP]", list(self.experts))
+            self._w13 = torch.stack([m.gate_up_proj.weight.detach() for m in experts])
+            self._w2 = torch.stack([m.down_proj.weight.detach() for m in experts])
+            for e, m in enumerate(experts):
+                m.gate_up_proj.weight = nn.Parameter(self._w13[e], requires_grad=False)
+                m.down_proj.weight = nn.Parameter(self._w2[e], requires_grad=False)
+        return self._w13, self._w2
 
     def _forward_grouped(
         self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
