@@ -155,6 +155,7 @@ def memory_report(cfg: ModelConfig, args: argparse.Namespace) -> dict[str, Any]:
         "act_dtype": str(act).replace("torch.", ""),
         "act_bytes": act.itemsize,
         "num_params": cfg.num_params,
+        "num_active_params": cfg.num_active_params,
         "seq_len": args.seq_len,
         "max_num_tokens": args.max_num_tokens,
         "batch_size": args.batch_size,
@@ -262,7 +263,8 @@ def _weight_rows(
 
 def _in_features(cfg: ModelConfig) -> list[int]:
     """Input sizes of the decoder linears (what an int4 group must divide)."""
-    return [cfg.hidden_size, cfg.q_size, cfg.intermediate_size]
+    widths = [cfg.hidden_size, cfg.q_size, cfg.intermediate_size]
+    return widths + ([cfg.moe.intermediate_size] if cfg.moe is not None else [])
 
 
 def render(cfg: ModelConfig, source: str, r: dict[str, Any]) -> str:
@@ -298,6 +300,7 @@ def _render_model(cfg: ModelConfig, source: str, r: dict[str, Any]) -> list[str]
         f"{H} KV heads ({attn}), head_dim {D}, {cfg.num_params / 1e9:.2f} B parameters",
         f"Weights ({r['act_dtype']}): {cfg.num_params:,} params x {B} B = {fb(cfg.num_params * B)}"
         + (f"; {r['quantization']}: {fb(plan.weight_bytes)}" if r["quantization"] else ""),
+        *_moe_lines(cfg, B),
         "",
         f"KV cache per token = 2 (K,V) x {L} layers x {H} KV heads x {D} head_dim x {B} B "
         f"= {r['kv_bytes_per_token']:,} B ({fb(r['kv_bytes_per_token'])})",
@@ -395,6 +398,23 @@ def _render_plan(r: dict[str, Any]) -> list[str]:
         + ("fits" if r["batch_fits"] else "does NOT fit"),
     ]
     return out
+
+
+def _moe_lines(cfg: ModelConfig, act_bytes: int) -> list[str]:
+    """Total against active parameters of a mixture-of-experts model (none for a dense one)."""
+    from radixserve.memory.planner import format_bytes as fb
+
+    moe = cfg.moe
+    if moe is None:
+        return []
+    sparse = cfg.num_layers - len(moe.dense_layers)
+    active = cfg.num_active_params
+    return [
+        f"  Mixture of experts: {moe.num_experts} experts, {moe.top_k} per token, in {sparse} of "
+        f"{cfg.num_layers} layers (expert width {moe.intermediate_size}): all {cfg.num_params:,} "
+        f"params are held, {active:,} active per token ({active / cfg.num_params:.1%}; "
+        f"{fb(active * act_bytes)} of weights read per decode step of one sequence)"
+    ]
 
 
 def render_parallel(cfg: ModelConfig, r: dict[str, Any]) -> list[str]:

@@ -107,8 +107,12 @@ def weight_bytes(
     kv = kv_heads_per_rank(cfg.num_kv_heads, tp) * cfg.head_dim
     i = math.ceil(cfg.intermediate_size / tp)
     shapes = [(q + 2 * kv, h), (h, q), (2 * i, h), (h, i)]
+    # Mixture of experts (ModelConfig.moe; not part of ModelDims, which dense models satisfy).
+    moe = getattr(cfg, "moe", None)
+    mi = math.ceil(moe.intermediate_size / tp) if moe is not None else i
     if quantization == "int4" and group_size is None:
-        group_size = next((g for g in (128, 64, 32) if all(k % g == 0 for _, k in shapes)), 32)
+        ks = [k for _, k in shapes] + [mi]
+        group_size = next((g for g in (128, 64, 32) if all(k % g == 0 for k in ks)), 32)
 
     def linear(n: int, k: int) -> int:
         if quantization is None:
@@ -127,12 +131,23 @@ def weight_bytes(
         return linear(n, k) + (2 * n * k if dense_copy else 0)
 
     quantize_embeddings = quantize_embeddings and quantization is not None
-    per_layer = sum(linear_with_copy(n, k) for n, k in shapes) + 2 * h * act  # + the two norms
-    per_layer += act * (
-        (q + 2 * kv if cfg.attention_bias else 0)
-        + (h if cfg.o_proj_bias else 0)
-        + (2 * i + h if cfg.mlp_bias else 0)
-    )
+    attn = sum(linear_with_copy(n, k) for n, k in shapes[:2]) + 2 * h * act  # + the two norms
+    attn += act * ((q + 2 * kv if cfg.attention_bias else 0) + (h if cfg.o_proj_bias else 0))
+
+    def mlp(width: int) -> int:
+        bias = act * (2 * width + h if cfg.mlp_bias else 0)
+        return linear_with_copy(2 * width, h) + linear_with_copy(h, width) + bias
+
+    if moe is None:
+        per_layer = attn + mlp(i)
+    else:  # every expert of a sparse layer is held, plus its router (never quantized)
+        mlps = sum(
+            moe.num_experts * mlp(mi) + moe.num_experts * h * act
+            if moe.is_sparse(layer)
+            else mlp(i)
+            for layer in range(cfg.num_layers)
+        )
+        per_layer = attn + mlps // cfg.num_layers  # the layers' mean (exact when all alike)
     vocab = 0
     if shard.has_embedding:
         vocab += v * h + 4 * v if quantize_embeddings else v * h * act

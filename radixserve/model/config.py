@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from radixserve.model.families import family_of, supported_model_types
+from radixserve.model.families.moe import MoEConfig
 
 # model_type -> its family module under model/families/ (config defaults and quirks).
 SUPPORTED_MODEL_TYPES = supported_model_types()
@@ -91,6 +92,8 @@ class ModelConfig:
     attn_softcap: float | None = None  # attention scores: cap * tanh(s / cap) (Gemma 2)
     final_softcap: float | None = None  # logits: cap * tanh(l / cap) (Gemma 2, some Gemma 3)
     local_rope_theta: float | None = None  # the sliding layers' own RoPE base (Gemma 3)
+    clip_qkv: float | None = None  # q, k, v clamped to [-clip, clip] after the q/k norms (OLMoE)
+    moe: MoEConfig | None = None  # mixture-of-experts MLPs (Qwen3-MoE, Mixtral, OLMoE)
 
     @property
     def rotary_dim(self) -> int:
@@ -113,7 +116,7 @@ class ModelConfig:
     def llama_shaped(self) -> bool:
         """Whether the layers are Llama's (what the one-call CPU decoder stack runs): no q/k
         norm, pre-norms, full rotary, no window (the stack's kernel attends over everything),
-        none of Gemma's quirks."""
+        none of Gemma's quirks, dense MLPs."""
         return (
             self.qk_norm is None
             and self.norm_layout == "pre"
@@ -123,6 +126,8 @@ class ModelConfig:
             and not self.norm_plus_one
             and self.query_pre_attn_scalar is None
             and self.attn_softcap is None
+            and self.moe is None
+            and self.clip_qkv is None
         )
 
     @property
@@ -135,8 +140,18 @@ class ModelConfig:
 
     @property
     def num_params(self) -> int:
-        """Parameter count (embeddings counted once when tied)."""
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        """Parameter count (embeddings counted once when tied; every expert counted)."""
+        attn = self._attn_params()
+        return self._count_params(attn, active=False)
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token's forward reads: with experts, only its ``top_k`` of each
+        sparse layer's (and the router); equal to :attr:`num_params` for dense models."""
+        return self._count_params(self._attn_params(), active=True)
+
+    def _attn_params(self) -> int:
+        h = self.hidden_size
         attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
         if self.attention_bias:
             attn += self.q_size + 2 * self.kv_size
@@ -146,10 +161,24 @@ class ModelConfig:
             attn += 2 * self.head_dim
         elif self.qk_norm == "proj":
             attn += self.q_size + self.kv_size
-        mlp = 3 * h * i + (2 * i + h if self.mlp_bias else 0)
-        per_layer = attn + mlp + (4 if self.norm_layout == "sandwich" else 2) * h
+        return attn
+
+    def _count_params(self, attn: int, active: bool) -> int:
+        h, v = self.hidden_size, self.vocab_size
+
+        def mlp(i: int) -> int:
+            return 3 * h * i + (2 * i + h if self.mlp_bias else 0)
+
+        total = 0
+        for layer in range(self.num_layers):
+            if self.moe is not None and self.moe.is_sparse(layer):
+                experts = self.moe.top_k if active else self.moe.num_experts
+                total += experts * mlp(self.moe.intermediate_size) + self.moe.num_experts * h
+            else:
+                total += mlp(self.intermediate_size)
         emb = v * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + emb + h
+        norms = (4 if self.norm_layout == "sandwich" else 2) * h  # Gemma: pre and post norms
+        return self.num_layers * (attn + norms) + total + emb + h
 
     @staticmethod
     def from_pretrained(path_or_config_json: str | Path) -> ModelConfig:

@@ -42,6 +42,7 @@ from radixserve.model.forward_batch import ForwardBatch
 from radixserve.model.layers.attention import Attention
 from radixserve.model.layers.decoder import DecoderLayer, PreNormDecoderLayer, decoder_layer
 from radixserve.model.layers.mlp import GatedMLP
+from radixserve.model.layers.moe import expert_checkpoint_names
 from radixserve.model.layers.norm import RMSNorm, rms_norm
 from radixserve.model.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
 from radixserve.model.parallel import ParallelLMHead, TPGroup, TPShard, VocabParallelEmbedding
@@ -101,14 +102,24 @@ def soft_cap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
     return x if cap is None else torch.tanh(x / cap).mul_(cap)
 
 
-# checkpoint suffix -> (fused parameter suffix, shard index); shards are laid out in this order.
+# checkpoint projection -> (fused projection, shard index); shards are laid out in this order.
+# Matched on the module's own name, so experts' ``experts.{e}.gate_proj`` fuse as ``mlp.gate_proj``.
 _STACKED: dict[str, tuple[str, int]] = {
-    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
-    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
-    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
-    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
-    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
 }
+
+
+def _stacked_target(name: str) -> tuple[str, int | None]:
+    """``(parameter name, shard)`` of checkpoint tensor ``name`` (shard None: unfused)."""
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-2] in _STACKED:
+        fused, idx = _STACKED[parts[-2]]
+        return ".".join([*parts[:-2], fused, parts[-1]]), idx
+    return name, None
 
 
 class LlamaForCausalLM(nn.Module):
@@ -197,8 +208,8 @@ class LlamaForCausalLM(nn.Module):
             return "tensor parallelism (each layer all-reduces)"
         if not self.config.llama_shaped:
             return (
-                f"{self.config.model_type}'s layers are not Llama-shaped (q/k norm, post-norms "
-                "or partial rotary): the per-layer path runs them"
+                f"{self.config.model_type}'s layers are not Llama-shaped (q/k norm, post-norms, "
+                "partial rotary, window or experts): the per-layer path runs them"
             )
         return None
 
@@ -228,8 +239,8 @@ class LlamaForCausalLM(nn.Module):
                     (
                         layer.self_attn.qkv_proj,
                         layer.self_attn.o_proj,
-                        layer.mlp.gate_up_proj,
-                        layer.mlp.down_proj,
+                        cast("GatedMLP", layer.mlp).gate_up_proj,
+                        cast("GatedMLP", layer.mlp).down_proj,
                     ),
                 )
                 for layer in layers
@@ -245,7 +256,9 @@ class LlamaForCausalLM(nn.Module):
         cfg = self.local_config
         if fused.endswith("qkv_proj"):
             return [cfg.q_size, cfg.kv_size, cfg.kv_size]
-        return [cfg.intermediate_size, cfg.intermediate_size]
+        # A dense MLP's or an expert's width: half the fused gate_up rows.
+        width = cast("nn.Linear", self.get_submodule(fused)).weight.shape[0] // 2
+        return [width, width]
 
     def load_weights(
         self,
@@ -263,16 +276,12 @@ class LlamaForCausalLM(nn.Module):
         device = torch.device(device)
         params = dict(self.named_parameters(remove_duplicate=False))
         filled: set[str] = set()
-        for name, tensor in weights:
+        for name, tensor in expert_checkpoint_names(weights):
             if "rotary_emb" in name:
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue  # some checkpoints store the tied head anyway; the embedding is the one used
-            target, shard = name, None
-            for suffix, (fused, idx) in _STACKED.items():
-                if f".{suffix}." in name:
-                    target, shard = name.replace(suffix, fused), idx
-                    break
+            target, shard = _stacked_target(name)
             if target not in params:
                 raise KeyError(f"unexpected weight {name!r} in checkpoint")
             if shard is None:

@@ -49,4 +49,23 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
     "mistral_window": ("mistral", {"sliding_window": 8}, False),
     # Phi-4-mini's partial rotary (half of each head here).
     "phi3_partial": ("phi3", {"partial_rotary_factor": 0.5}, False),
+    # Mixture of experts (8 experts, uneven routing on random weights; test_moe.py covers an
+    # expert with no row, both checkpoint layouts and quantized experts):
+    # Qwen3-MoE with renormalised top-2 and a dense layer between two sparse ones.
+    "qwen3_moe": (
+        "qwen3_moe",
+        {
+            "num_hidden_layers": 3,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "norm_topk_prob": True,
+            "mlp_only_layers": [1],
+        },
+        False,
+    ),
+    # Mixtral: block_sparse_moe / w1 w3 w2 names, top-2 always renormalised.
+    "mixtral": ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 2}, False),
+    # OLMoE: pre-norm, whole-projection q/k norms, clip_qkv that bites, top-3 not renormalised.
+    "olmoe": ("olmoe", {"num_experts": 8, "num_experts_per_tok": 3, "clip_qkv": 1.5}, False),
 }

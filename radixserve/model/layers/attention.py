@@ -7,6 +7,7 @@ Options a family turns on through its :class:`~radixserve.model.config.ModelConf
   ``attention_bias`` sets both);
 - ``qk_norm``: ``"head"`` normalizes each head of q and k over ``head_dim`` (Qwen3, OLMoE),
   ``"proj"`` the whole q and k projections (OLMo 2); both before RoPE;
+- ``clip_qkv``: q, k and v clamped after the norms (OLMoE);
 - ``rotary_dim`` below ``head_dim``: only the leading lanes rotate (Phi-4-mini);
 - the layer's sliding window (``ModelConfig.layer_window``) and the scores' soft-cap
   (``attn_softcap``, Gemma 2), passed to the backend; the scores' scale
@@ -46,6 +47,7 @@ class Attention(nn.Module):
         self.sm_scale = cfg.sm_scale
         self.rotary_dim = cfg.rotary_dim
         self.qk_norm = cfg.qk_norm
+        self.clip_qkv = cfg.clip_qkv
         self.window = cfg.layer_window(layer_id)
         self.softcap = cfg.attn_softcap
         self.qkv_proj = nn.Linear(
@@ -68,6 +70,8 @@ class Attention(nn.Module):
         flat = self.qkv_proj.forward(x)
         if self.qk_norm is not None:
             self._norm_qk(flat)
+        if self.clip_qkv is not None:  # OLMoE: after the norms, before RoPE
+            flat.clamp_(-self.clip_qkv, self.clip_qkv)
         qkv = flat.view(t, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim)
         full_rotary = self.rotary_dim == self.head_dim
         plain = self.window is None and self.softcap is None

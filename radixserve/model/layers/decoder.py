@@ -2,6 +2,8 @@
 
 - :class:`PreNormDecoderLayer` (Llama, Qwen, Mistral, Phi-3): ``h += attn(norm(h))``,
   ``h += mlp(norm(h))``; the only layout the CPU's one-call decoder stack runs.
+- the MLP block is the dense :class:`GatedMLP` or, in a mixture-of-experts layer,
+  :class:`SparseMoeBlock` (:func:`mlp_block`);
 - :class:`PostNormDecoderLayer` (OLMo 2): the norms on the blocks' outputs,
   ``h += norm(attn(h))``, ``h += norm(mlp(h))``.
 - :class:`SandwichDecoderLayer` (Gemma 2/3): both, ``h += norm(attn(norm(h)))``,
@@ -18,8 +20,17 @@ from radixserve.model.config import ModelConfig
 from radixserve.model.forward_batch import ForwardBatch
 from radixserve.model.layers.attention import Attention
 from radixserve.model.layers.mlp import GatedMLP
+from radixserve.model.layers.moe import SparseMoeBlock
 from radixserve.model.layers.norm import RMSNorm, rms_norm
 from radixserve.model.parallel import TPGroup
+
+
+def mlp_block(cfg: ModelConfig, layer_id: int, tp: TPGroup | None) -> GatedMLP | SparseMoeBlock:
+    """Layer ``layer_id``'s MLP: the expert block where the config has experts for it, else
+    the dense gated MLP (the config's gate activation)."""
+    if cfg.moe is not None and cfg.moe.is_sparse(layer_id):
+        return SparseMoeBlock(cfg.hidden_size, cfg.moe, cfg.mlp_bias, tp)
+    return GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp, cfg.hidden_act)
 
 
 class PreNormDecoderLayer(nn.Module):
@@ -30,7 +41,7 @@ class PreNormDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, layer_id, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp)
+        self.mlp = mlp_block(cfg, layer_id, tp)
 
     def forward(
         self,

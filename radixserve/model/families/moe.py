@@ -1,0 +1,51 @@
+"""What a mixture-of-experts checkpoint adds to its family's config: :class:`MoEConfig`, read
+from ``config.json`` by :func:`moe_config` (the keys differ between families)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The mixture-of-experts MLPs of a checkpoint (``model/layers/moe.py`` runs them).
+
+    Routing is ``softmax`` over the router's logits, then the ``top_k`` largest, renormalised
+    to sum to one when ``norm_topk_prob`` (Mixtral always, Qwen3-MoE and OLMoE per config).
+    ``dense_layers``: layers whose MLP is a plain dense one of the model's ``intermediate_size``
+    (Qwen3-MoE's ``mlp_only_layers`` and the layers ``decoder_sparse_step`` skips)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # each expert's MLP width
+    norm_topk_prob: bool
+    dense_layers: tuple[int, ...] = ()
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether decoder layer ``layer``'s MLP is the expert block."""
+        return layer not in self.dense_layers
+
+
+def moe_config(
+    raw: dict[str, Any],
+    *,
+    experts_default: int,
+    top_k_default: int,
+    norm_topk_prob: bool | None = None,
+    expert_width_key: str = "intermediate_size",
+) -> MoEConfig:
+    """The :class:`MoEConfig` of a raw ``config.json``. ``num_experts`` and
+    ``num_local_experts`` are both accepted (transformers maps one onto the other);
+    ``norm_topk_prob`` given here is the family's fixed choice (Mixtral), else the config's.
+    Qwen3-MoE's ``decoder_sparse_step`` / ``mlp_only_layers`` make some layers dense."""
+    experts = int(raw.get("num_experts") or raw.get("num_local_experts") or experts_default)
+    top_k = int(raw.get("num_experts_per_tok") or top_k_default)
+    if not 0 < top_k <= experts:
+        raise ValueError(f"num_experts_per_tok {top_k} must be in [1, num_experts={experts}]")
+    n = int(raw["num_hidden_layers"])
+    step = int(raw.get("decoder_sparse_step") or 1)
+    mlp_only = set(raw.get("mlp_only_layers") or ())
+    dense = tuple(i for i in range(n) if i in mlp_only or (i + 1) % step != 0)
+    norm = bool(raw.get("norm_topk_prob", False)) if norm_topk_prob is None else norm_topk_prob
+    return MoEConfig(experts, top_k, int(raw[expert_width_key]), norm, dense)

@@ -1,0 +1,188 @@
+"""The mixture-of-experts MLP block (Qwen3-MoE, Mixtral, OLMoE): a router picks ``top_k`` of
+``num_experts`` SiLU-gated MLPs for each row; the row's output is their weighted sum.
+
+Routing, as transformers computes it for all three families: ``softmax`` (float32) over the
+router's logits, the ``top_k`` largest probabilities, renormalised to sum to one when the
+family says so (``MoEConfig.norm_topk_prob``: Mixtral always, Qwen3-MoE and OLMoE per config).
+
+The grouped path (every forward outside CUDA-graph capture)::
+
+    rows x [T, H] --route--> (expert, weight) for each of T*k slots
+    slots sorted by expert id (stable):  | e0 e0 e0 | e2 | e3 e3 | ...   (e1 got no row)
+    x.index_select(0, row of each sorted slot) -> one contiguous run of rows per expert
+    each expert that got rows: one gate_up and one down matmul over its run
+        (its weights are read once for the step, however many rows it got; experts that got
+        no row are skipped)
+    runs scaled by their routing weights, then index_add_ back into their rows -> [T, H]
+
+The per-expert matmuls are the expert's own linears (``GatedMLP``), so the weight
+quantization (``model/quant``: int8/int4 linears) and the CPU's packed oneDNN linears apply to
+experts as to any dense MLP. Which experts got rows is read on the host (one small
+``bincount`` read per block).
+
+On CUDA (``gpu_ops.enabled``) float experts run the fused Triton kernel
+(:mod:`radixkernels.moe`): the same grouping done on the device, one grouped GEMM per
+projection, no host read (CUDA graphs capture it). Quantized experts on CUDA take the grouped
+path, and under CUDA-graph capture, where no host read is allowed, every expert runs over
+every row with the weights of the rows not routed to it zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixserve.model import gpu_ops
+from radixserve.model.families.moe import MoEConfig
+from radixserve.model.layers.mlp import GatedMLP
+from radixserve.model.parallel import TPGroup
+
+
+class TopKRouter(nn.Module):
+    """The router: a bias-free ``[num_experts, hidden]`` projection (a parameter, not an
+    ``nn.Linear``, so weight quantization leaves it in full precision as vLLM and SGLang do)."""
+
+    def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size))
+        self.top_k = moe.top_k
+        self.norm_topk_prob = moe.norm_topk_prob
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(weights [T, k] in x's dtype, expert ids [T, k] int64)`` for each row of ``x``."""
+        logits = F.linear(x, self.weight)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        top, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return top.to(x.dtype), ids
+
+
+class SparseMoeBlock(nn.Module):
+    """Router and experts of one layer, called like :class:`GatedMLP` (``[T, H] -> [T, H]``).
+
+    The parameter names are the checkpoints' (``gate.weight``, ``experts.{e}.*``), with each
+    expert's gate and up fused into ``gate_up_proj`` as the dense MLP's are.
+    """
+
+    def __init__(
+        self, hidden_size: int, moe: MoEConfig, bias: bool, tp: TPGroup | None = None
+    ) -> None:
+        super().__init__()
+        if tp is not None:
+            raise ValueError("the mixture-of-experts block does not run tensor parallel yet")
+        self.num_experts = moe.num_experts
+        self.top_k = moe.top_k
+        self.gate = TopKRouter(hidden_size, moe)
+        self.experts = nn.ModuleList(
+            GatedMLP(hidden_size, moe.intermediate_size, bias) for _ in range(moe.num_experts)
+        )
+        # The Triton kernel's stacked weights (CUDA), made at the first forward that uses them.
+        self._w13: torch.Tensor | None = None
+        self._w2: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate.forward(x)
+        if gpu_ops.enabled(x) and self._plain_experts():
+            from radixkernels.moe import fused_moe
+
+            return fused_moe(x, *self._stacked_weights(), weights, ids)
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return self._forward_every_expert(x, weights, ids)
+        return self._forward_grouped(x, weights, ids)
+
+    def _plain_experts(self) -> bool:
+        """Whether every expert's projections are bias-free float linears (what the Triton
+        kernel reads; quantized experts take the grouped torch path)."""
+        return all(
+            type(proj) is nn.Linear and proj.bias is None
+            for mlp in cast("list[GatedMLP]", list(self.experts))
+            for proj in (mlp.gate_up_proj, mlp.down_proj)
+        )
+
+    def _stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The experts' weights as ``w13 [E, 2I, H]`` and ``w2 [E, H, I]`` for the Triton
+        kernel, stacked once (at the first forward, during warm-up); each expert's linears are
+        then views into them, so the weights are held once."""
+        if self._w13 is None or self._w2 is None:
+            experts = cast("list[GatedMLP]", list(self.experts))
+            self._w13 = torch.stack([m.gate_up_proj.weight.detach() for m in experts])
+            self._w2 = torch.stack([m.down_proj.weight.detach() for m in experts])
+            for e, m in enumerate(experts):
+                m.gate_up_proj.weight = nn.Parameter(self._w13[e], requires_grad=False)
+                m.down_proj.weight = nn.Parameter(self._w2[e], requires_grad=False)
+        return self._w13, self._w2
+
+    def _forward_grouped(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Rows grouped by expert; each expert that got rows runs once over its run (module
+        docstring). Summation per row in ascending expert order, as transformers adds them."""
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)
+        rows = torch.div(order, self.top_k, rounding_mode="floor")
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        grouped = x.index_select(0, rows)
+        out = torch.empty_like(grouped)
+        experts = cast("list[GatedMLP]", list(self.experts))
+        start = 0
+        for expert, n in enumerate(counts):
+            if n:
+                run = slice(start, start + n)
+                out[run] = experts[expert].forward(grouped[run])
+                start += n
+        out.mul_(weights.flatten().index_select(0, order).unsqueeze(1))
+        return torch.zeros_like(x).index_add_(0, rows, out)
+
+    def _forward_every_expert(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """No host read (CUDA-graph capture): every expert over every row, weighted by the
+        row's routing weight for that expert (zero where the row was not routed to it)."""
+        dense = torch.zeros(x.shape[0], self.num_experts, dtype=weights.dtype, device=x.device)
+        dense.scatter_(1, ids, weights)
+        out = torch.zeros_like(x)
+        for expert, mlp in enumerate(cast("list[GatedMLP]", list(self.experts))):
+            out.add_(mlp.forward(x) * dense[:, expert : expert + 1])
+        return out
+
+    def expert_counts(self, x: torch.Tensor) -> torch.Tensor:
+        """How many of ``x``'s rows each expert receives (``[num_experts]``; for tests and
+        reports)."""
+        _, ids = self.gate.forward(x)
+        return torch.bincount(ids.flatten(), minlength=self.num_experts)
+
+
+# Mixtral's checkpoint names -> the names radixserve's (and Qwen3-MoE's, OLMoE's) use.
+_MIXTRAL_EXPERT = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def expert_checkpoint_names(
+    weights: Iterable[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's expert tensors under per-expert names, whichever layout it was saved in:
+
+    - per expert, as every released checkpoint is: ``mlp.experts.{e}.gate_proj.weight`` ...
+      (passed through), or Mixtral's ``block_sparse_moe.experts.{e}.w1|w3|w2.weight`` (renamed);
+    - stacked, as transformers 5 holds them in memory: ``mlp.experts.gate_up_proj``
+      ``[E, 2I, H]`` (gate rows then up rows, radixserve's fused order) and
+      ``mlp.experts.down_proj`` ``[E, H, I]`` (split into one view per expert).
+    """
+    for name, tensor in weights:
+        name = name.replace(".block_sparse_moe.", ".mlp.")
+        parts = name.split(".")
+        if len(parts) >= 3 and parts[-3].isdigit() and parts[-4:-3] == ["experts"]:
+            parts[-2] = _MIXTRAL_EXPERT.get(parts[-2], parts[-2])
+            yield ".".join(parts), tensor
+            continue
+        stem = name.removesuffix(".weight")
+        if stem.endswith((".experts.gate_up_proj", ".experts.down_proj")) and tensor.dim() == 3:
+            prefix, _, proj = stem.rpartition(".")
+            for expert in range(tensor.shape[0]):
+                yield f"{prefix}.{expert}.{proj}.weight", tensor[expert]
+            continue
+        yield name, tensor
