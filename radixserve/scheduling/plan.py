@@ -195,38 +195,24 @@ def plan_step(
             future_rows.append(t + n - 1)
             future_src.append(req.future_index)
             input_ids[-1] = 0
-        if one_row_kernel_rows:
-            alone = n <= one_row_kernel_rows  # the kernel its rows would run alone
-            (gemv_rows if alone else onednn_rows).extend(range(t, t + n + len(req.drafts)))
-        if req.drafts:  # a decode's last token, then its drafts: every row samples
-            k = len(req.drafts)
-            input_ids += req.drafts
-            positions += range(c, c + n + k)
-            slots += [pages[p // ps] * ps + p % ps for p in range(c, c + n + k)]
-            table_rows.append(req.slot)
-            prefix_lens.append(c)
-            ext_lens.append(n + k)
-            seq_lens.append(c + n + k)
-            page_lists.append(pages[: -(-(c + n + k) // ps)])
-            sample_rows += range(t, t + n + k)
-            sample_reqs += [req] * (n + k)
-            drafted.append((req, req.drafts))
-            t += n + k
-            continue
-        positions += range(c, c + n)
-        if n == 1:
+        input_ids += req.drafts  # a decode's drafts (speculative decoding) follow its token
+        m = n + len(req.drafts)  # rows
+        if one_row_kernel_rows:  # the kernel its rows would run alone
+            (gemv_rows if n <= one_row_kernel_rows else onednn_rows).extend(range(t, t + m))
+        positions += range(c, c + m)
+        if m == 1:
             slots.append(pages[c // ps] * ps + c % ps)
         else:
-            slots += [pages[p // ps] * ps + p % ps for p in range(c, c + n)]
+            slots += [pages[p // ps] * ps + p % ps for p in range(c, c + m)]
         table_rows.append(req.slot)
         prefix_lens.append(c)
-        ext_lens.append(n)
-        seq_lens.append(c + n)
-        page_lists.append(pages[: -(-(c + n) // ps)])
-        if c + n == len(req.token_ids):
-            sample_rows.append(t + n - 1)
-            sample_reqs.append(req)
-            drafted.append((req, []))
+        ext_lens.append(m)
+        seq_lens.append(c + m)
+        page_lists.append(pages[: -(-(c + m) // ps)])
+        if c + n == len(req.token_ids):  # every verify row samples
+            sample_rows += range(t + n - 1, t + m)
+            sample_reqs += [req] * (m - n + 1)
+            drafted.append((req, req.drafts))
         if req.wants_prompt_logprobs:
             lo = max(c, req.prompt_lp_next)
             hi = min(c + n, req.prompt_len - 1)
@@ -234,7 +220,7 @@ def plan_step(
                 lp_rows += range(t + lo - c, t + hi - c)
                 lp_targets += req.token_ids[lo + 1 : hi + 1]
                 spans.append((req, lo, hi - lo))
-        t += n
+        t += m
     w_rows, w_cols, w_pages = rows.take_writes()
     plan = StepPlan(
         input_ids=input_ids,
