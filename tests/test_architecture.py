@@ -23,7 +23,7 @@ PACKAGES = {
 # distributed/ stands beside engine/: it runs the engine's runner on the other ranks, and the
 # engine reaches it only through its topology factory (tests/distributed/test_topology.py).
 LAYERS = ["memory", "model", "scheduling", "engine", "agents", "serving", "commands"]
-SAME_LAYER = {"distributed": "engine"}
+SAME_LAYER = {"distributed": "engine", "speculative": "scheduling"}
 # serving/'s folders and which of the others each may import. "" is serving/'s own modules,
 # shared by several processes (text handling, process exit). The router talks to workers
 # and clients over sockets, never through their code; what crosses a socket is the wire's.

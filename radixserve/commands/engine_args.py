@@ -57,6 +57,17 @@ ENGINE_FLAGS: list[tuple[str, Any, str]] = [
         "weight quantization: int8 | int4 | fp8 (fp8: CUDA, compute capability >= 8.9)",
     ),
     (
+        "speculative-algorithm",
+        str,
+        "speculative decoding drafter: ngram (prompt lookup) | radix (continuations from the "
+        "cache's sequences, per namespace); greedy requests, CPU (docs/speculative.md)",
+    ),
+    (
+        "speculative-num-tokens",
+        int,
+        "most tokens a request drafts per step, adapted per request from its acceptance (default 4)",
+    ),
+    (
         "quant-group-size",
         int,
         "int4 group size: 32 | 64 | 128 | 256 (default: largest dividing; 32 for GGUF)",

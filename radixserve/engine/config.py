@@ -137,6 +137,12 @@ class EngineConfig:
     # collectives inside CUDA graphs are untried here (it needs two GPUs to try).
     tp_graph_capture: bool = False
 
+    # Speculative decoding (radixserve.speculative): "ngram" (prompt lookup) or "radix" (what
+    # followed in the cache's sequences, per namespace); None: off. At most
+    # `speculative_num_tokens` drafted per request and step (adapted per request).
+    speculative_algorithm: str | None = None
+    speculative_num_tokens: int = 4
+
     @property
     def use_overlap(self) -> bool:
         if self.overlap_schedule == "auto":
@@ -253,8 +259,44 @@ class EngineConfig:
         elif self.quant_dense_cache:
             errors.append("quant_dense_cache needs quantization='int8' or 'int4'")
         errors += self._parallel_errors()
+        errors += self._speculative_errors()
         if errors:
             raise ValueError("invalid engine config: " + "; ".join(errors))
+
+    def _speculative_errors(self) -> list[str]:
+        """What speculative decoding does not run with yet (docs/speculative.md)."""
+        if self.speculative_algorithm is None:
+            return []
+        from radixserve.speculative import ALGORITHMS
+
+        if self.speculative_algorithm not in ALGORITHMS:
+            return [
+                f"unknown speculative_algorithm {self.speculative_algorithm!r}; "
+                f"expected one of {', '.join(ALGORITHMS)}"
+            ]
+        errors: list[str] = []
+        if not 1 <= self.speculative_num_tokens <= 16:
+            errors.append(
+                f"speculative_num_tokens must be in [1, 16], got {self.speculative_num_tokens}"
+            )
+        why = "speculative decoding does not support {} yet"
+        if torch.device(self.device).type != "cpu":
+            errors.append(why.format(f"the {self.device} device (it runs on the CPU)"))
+        if self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1:
+            errors.append(why.format("tensor or pipeline parallelism"))
+        if self.quantization is not None:
+            errors.append(why.format("quantized weights"))
+        if self.kv_cache_dtype != "auto":
+            errors.append(why.format("a quantized KV cache"))
+        if self.overlap_schedule == "on":
+            errors.append(why.format("overlap scheduling"))
+        if self.attention_backend != "torch":
+            errors.append(why.format(f"the {self.attention_backend} attention backend"))
+        if self.speculative_algorithm == "radix" and self.disable_radix_cache:
+            errors.append(
+                "speculative_algorithm 'radix' drafts from the radix cache (drop disable_radix_cache)"
+            )
+        return errors
 
     def _parallel_errors(self) -> list[str]:
         from radixserve.distributed.dist_addr import check_dist_addr

@@ -114,6 +114,21 @@ class IncrementalDetokenizer:
         self._emitted = max(self._emitted, end)
         return DetokDelta(out, False, None)
 
+    def add_each(self, token_ids: Sequence[int], final: bool = False) -> tuple[DetokDelta, int]:
+        """:meth:`add` as if the ids came one per call (speculative decoding delivers several
+        at once): the text, and how many of ``token_ids`` are the request's, i.e. up to the
+        one that completed a stop string (all of them when none did), as a request decoded
+        one token per step would have ended."""
+        if not self._stops or len(token_ids) <= 1:
+            return self.add(token_ids, final), len(token_ids)
+        texts: list[str] = []
+        for i, t in enumerate(token_ids):
+            delta = self.add([t], final=final and i == len(token_ids) - 1)
+            texts.append(delta.text)
+            if delta.stopped:
+                return DetokDelta("".join(texts), True, "stop"), i + 1
+        return DetokDelta("".join(texts), False, None), len(token_ids)
+
     def flush(self) -> str:
         """Release everything held back (the stream ended without a stop string)."""
         return self.add((), final=True).text

@@ -124,6 +124,9 @@ class Engine:
             self.max_total_len,
         )
         self.runner: ModelRunner = topo.make_runner(self.model, pool, shape)
+        problem = self.runner.row_invariance_problem()
+        if cfg.speculative_algorithm is not None and problem is not None:
+            raise ValueError(f"speculative decoding needs row-invariant logits; not with {problem}")
         clock.lap("attention backend and CPU kernels")
         topo.start(shape, clock)  # every rank builds the same pool and runner, and warms up with us
         self.runner.warm_up(self.max_total_len, max_step_tokens=cfg.max_num_tokens)
@@ -349,6 +352,9 @@ class Engine:
             finished_total=c.finished,
             aborted_total=c.aborted,
             hit_rate=c.cached_prompt_tokens / c.prompt_tokens if c.prompt_tokens else 0.0,
+            spec_verifies_total=c.spec_verifies,
+            spec_drafted_tokens_total=c.spec_drafted_tokens,
+            spec_accepted_tokens_total=c.spec_accepted_tokens,
             **hicache_stats(self.cache),
             **lease_stats(self.cache),
             **self.cache.eviction.stats(),

@@ -39,6 +39,7 @@ from radixserve.engine.staging import (
 )
 from radixserve.memory.pool import KVPool
 from radixserve.model.attention.base import AttentionBackend
+from radixserve.model.cpu_linear import RowInvariantLinears
 from radixserve.model.forward_batch import ForwardBatch
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduling.plan import StepPlan, StepResult
@@ -157,6 +158,11 @@ class ModelRunner:
         self._last_tokens: torch.Tensor | None = (
             None  # the last launched step's sampled tokens (device)
         )
+        # Steps whose plan names each row's linear kernel (plan.row_paths: speculative
+        # decoding; cpu_linear.RowInvariantLinears); None off the CPU.
+        self.row_invariant: RowInvariantLinears | None = None
+        if self.device.type == "cpu":
+            self.row_invariant = RowInvariantLinears(model)
         self.decode_graphs: DecodeGraphs | None = None
         if decode_graphs:
             if scratch_page is None:
@@ -337,7 +343,7 @@ class ModelRunner:
             else:
                 batch = self._forward_batch(plan, staged, input_ids)
                 self.attn.init_forward_metadata(batch)
-                logits = self.model.forward(batch, self.attn)
+                logits = self._forward(batch, plan, staged)
             reads: list[torch.Tensor] = []
             if splan is not None:
                 sampled = self.sampler.sample_staged(logits[:ns], splan, staged)
@@ -347,6 +353,34 @@ class ModelRunner:
                 reads.append(token_logprobs(logits[ns:], staged.i("lp_targets")))
             pending = self.staging.read_async(reads)
         return PendingStep(pending, splan, bool(plan.prompt_targets))
+
+    def row_invariance_problem(self) -> str | None:
+        """Why verify rows' logits could differ from one-row decode steps' here (None: they
+        cannot; speculative decoding relies on it)."""
+        if self.row_invariant is None:
+            return f"the {self.device.type} device (row-invariant paths exist on the CPU only)"
+        if not self.row_invariant.complete:
+            return "linear layers without the CPU GEMV kernel (not built, quantized, or a oneDNN-only head)"
+        if not getattr(self.attn, "row_exact", False):
+            return "an attention path whose rows depend on the batch (the native CPU kernel is not in use)"
+        return None
+
+    def _forward(self, batch: ForwardBatch, plan: StepPlan, staged: Staged) -> torch.Tensor:
+        """The model's forward; where the plan names each row's linear kernel (speculative
+        decoding), on those kernels, so that no row's logits depend on the others."""
+        inv = self.row_invariant if plan.row_paths is not None else None
+        if inv is None:
+            return self.model.forward(batch, self.attn)
+        assert plan.row_paths is not None
+        gemv, onednn = plan.row_paths
+        if gemv and onednn:
+            inv.on((staged.i("rp_gemv"), staged.i("rp_onednn")))
+        else:
+            inv.on("gemv" if gemv else "onednn")
+        try:
+            return self.model.forward(batch, self.attn)
+        finally:
+            inv.off()
 
     def _stage(self, plan: StepPlan) -> StagingLayout:
         layout = StagingLayout()
@@ -372,6 +406,9 @@ class ModelRunner:
         if plan.future_rows:
             layout.ints("f_rows", plan.future_rows)
             layout.ints("f_src", plan.future_src)
+        if plan.row_paths is not None and plan.row_paths[0] and plan.row_paths[1]:
+            layout.ints("rp_gemv", plan.row_paths[0])
+            layout.ints("rp_onednn", plan.row_paths[1])
         return layout
 
     def _patch_page_table(self, plan: StepPlan, staged: Staged) -> None:

@@ -51,10 +51,11 @@ class GenerateCollector:
             self.prompt_logprobs = o.prompt_logprobs
         if self.stopped:
             return False
-        self.token_ids += o.new_token_ids
+        # Several tokens at once (speculative decoding): only those up to a stop string's.
+        delta, taken = self.detok.add_each(o.new_token_ids, final=o.finished)
+        self.token_ids += o.new_token_ids[:taken]
         if o.new_logprobs:
-            self.logprobs += o.new_logprobs
-        delta = self.detok.add(o.new_token_ids, final=o.finished)
+            self.logprobs += o.new_logprobs[:taken]
         self.text += delta.text
         if delta.stopped:
             self.stopped = True
@@ -78,6 +79,8 @@ class GenerateCollector:
                 len(self.token_ids),
                 usage.cached_host_tokens,
                 usage.cached_disk_tokens,
+                usage.spec_drafted_tokens,
+                usage.spec_accepted_tokens,
             ),
             prompt_token_ids=self.prompt_ids,
             logprobs=self.logprobs if self.want_logprobs else None,

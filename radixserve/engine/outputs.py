@@ -42,6 +42,10 @@ class Usage(msgspec.Struct, frozen=True):
     # and disk (L3); the rest were in device memory (L1).
     cached_host_tokens: int = 0
     cached_disk_tokens: int = 0
+    # Speculative decoding: tokens drafted for this request, and of those accepted (each
+    # accepted draft is an output token that cost no forward of its own).
+    spec_drafted_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 class StepOutput(msgspec.Struct, frozen=True):
@@ -135,6 +139,12 @@ class EngineStats(msgspec.Struct, frozen=True):
     eviction_policy_active: str = "lru"
     eviction_switches_total: int = 0
     eviction_regret_tokens: dict[str, int] = msgspec.field(default_factory=dict)
+    # Speculative decoding (zero when off): requests' verifications, tokens drafted, drafts
+    # accepted (acceptance rate = accepted / drafted; mean accepted length = 1 + accepted /
+    # verifies tokens per verify row group).
+    spec_verifies_total: int = 0
+    spec_drafted_tokens_total: int = 0
+    spec_accepted_tokens_total: int = 0
 
 
 def to_step_output(o: RequestOutput) -> StepOutput:
@@ -156,5 +166,7 @@ def to_step_output(o: RequestOutput) -> StepOutput:
             o.completion_tokens,
             o.cached_host_tokens,
             o.cached_disk_tokens,
+            o.spec_drafted_tokens,
+            o.spec_accepted_tokens,
         ),
     )

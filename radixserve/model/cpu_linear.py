@@ -111,15 +111,31 @@ class PackedLinear(nn.Module):
         # Detached views (same storage) for the custom op, made once rather than per call.
         self._gemv_weight = linear.weight.detach()
         self._gemv_bias = None if linear.bias is None else linear.bias.detach()
+        # One forward's rows for cpu_gemv and for oneDNN (RowInvariantLinears), or None.
+        self.row_split: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        if self.row_split is not None:
+            return self._split(x2).view(*lead, self.out_features)
         if x2.shape[0] <= self.gemv_max_rows and x2.dtype == self.weight.dtype:
             y = cpu_gemv.linear(x2.contiguous(), self._gemv_weight, self._gemv_bias)
         else:
             y = onednn_linear(x2, self.packed, self.bias)
         return y.view(*lead, self.out_features)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        """``row_split``'s rows through cpu_gemv and oneDNN, each result in its rows' places."""
+        assert self.row_split is not None
+        gemv_rows, onednn_rows = self.row_split
+        y = x.new_empty(x.shape[0], self.out_features)
+        xg = x.index_select(0, gemv_rows)
+        y.index_copy_(0, gemv_rows, cpu_gemv.linear(xg, self._gemv_weight, self._gemv_bias))
+        y.index_copy_(
+            0, onednn_rows, onednn_linear(x.index_select(0, onednn_rows), self.packed, self.bias)
+        )
+        return y
 
     def onednn_weight(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The packed weight and the bias oneDNN multiplies with (for :func:`warm_onednn`)."""
@@ -127,6 +143,56 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, onednn"
+
+
+# Rows past any step's: a layer set to this runs cpu_gemv at every row count.
+ROW_INVARIANT_ROWS = 1 << 30
+
+
+class RowInvariantLinears:
+    """Runs each row of one forward on the linear kernel named for it, not the one its row
+    count would pick.
+
+    Both kernels are row-invariant on their own: cpu_gemv sums each output in one fixed
+    order whatever the number of rows, and oneDNN's packed GEMM gave the same bits for a row
+    at every row count tried (5 to 300). Only the switch between them at ``GEMV_MAX_ROWS``
+    makes a row's logits depend on its batch. Speculative decoding verifies ``1 + k`` rows
+    of a request in one forward and needs each to equal a one-row decode step's (cpu_gemv's);
+    a prefill chunk in the same step should stay on the kernel it would run alone. So the
+    caller names the rows for each kernel (:meth:`on`): the decoder layers then run cpu_gemv
+    on ``gemv_rows`` and oneDNN on ``onednn_rows`` (one weight pass each; the native decoder
+    stack steps aside for a split forward), and the LM head, whose rows all sample, runs
+    cpu_gemv on all of them. :meth:`off` restores the layers. Layers that never run cpu_gemv
+    (no kernel, a batch-invariant head kept on oneDNN) make the model unfit:
+    :attr:`complete` is False.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        head = getattr(model, "lm_head", None)
+        packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+        self.head = head if isinstance(head, PackedLinear) else None
+        self._layers = [m for m in packed if m is not head]
+        self._rows = {m: m.gemv_max_rows for m in packed}
+        self.complete = bool(packed) and all(rows > 0 for rows in self._rows.values())
+
+    def on(self, rows: str | tuple[torch.Tensor, torch.Tensor]) -> None:
+        """The next forward's decoder-layer rows: all on ``"gemv"``, all on ``"onednn"``, or
+        (cpu_gemv's rows, oneDNN's rows)."""
+        for m in self._layers:
+            if rows == "gemv":
+                m.gemv_max_rows = ROW_INVARIANT_ROWS
+            elif rows == "onednn":
+                m.gemv_max_rows = 0
+            else:
+                assert isinstance(rows, tuple)
+                m.row_split = rows
+        if self.head is not None:
+            self.head.gemv_max_rows = ROW_INVARIANT_ROWS
+
+    def off(self) -> None:
+        for m, rows in self._rows.items():
+            m.gemv_max_rows = rows
+            m.row_split = None
 
 
 def onednn_linear_supported(dtype: torch.dtype) -> bool:

@@ -124,6 +124,9 @@ class DecoderStack:
         # (index into ``groups``, layer) of the int8 layers, whose kernel rows are refreshed
         # there every forward.
         self.int8: list[tuple[int, Int8Linear]] = []
+        # (index into ``groups``, layer) of the plain layers, whose cpu_gemv rows can change
+        # (cpu_linear.RowInvariantLinears), also refreshed every forward.
+        self.dense: list[tuple[int, PackedLinear]] = []
         self.complete = True
         self.eps = eps
         self.attn = attn
@@ -136,6 +139,8 @@ class DecoderStack:
                     return
                 if isinstance(module, QuantizedLinear):
                     self.quantized.append(module)
+                if isinstance(module, PackedLinear):
+                    self.dense.append((len(self.groups), module))
                 if spec.kind == KIND_INT8:
                     assert isinstance(module, Int8Linear)
                     self.int8.append((len(self.groups), module))
@@ -146,8 +151,8 @@ class DecoderStack:
 
     def max_rows(self) -> int:
         """Rows up to which the native stack serves a forward now (0: not at all)."""
-        if not self.complete:
-            return 0
+        if not self.complete or any(m.row_split is not None for _, m in self.dense[:1]):
+            return 0  # a forward split between two kernels (cpu_linear.RowInvariantLinears)
         return min((native_max_rows(m) for m in self.quantized), default=UNLIMITED_ROWS)
 
     def run(
@@ -157,6 +162,8 @@ class DecoderStack:
         pages at ``attn.slots``; ``cos_sin`` float32 ``[T, 1, head_dim]`` each."""
         for i, module in self.int8:
             self.groups[i] = module.kernel_max_rows()
+        for i, dense in self.dense:
+            self.groups[i] = dense.gemv_max_rows
         torch.ops.radixserve_cpu.decoder_layers(
             h,
             self.norms,

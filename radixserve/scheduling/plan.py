@@ -13,6 +13,19 @@ copy::
 request whose tokens are now all computed (it samples), then the prompt rows whose
 logprobs were asked for.
 
+A decode that drafted ``k`` tokens (speculative decoding, ``req.drafts``) is laid out as
+``1 + k`` rows, its last token and the drafts, and every one of them samples (the request
+appears ``1 + k`` times in ``sample_rows``). While requests speculate, a plan names the
+linear kernel of every row (``row_paths``): each request's rows take the kernel they would
+take if it ran alone (decode and verify rows the one-row kernel, a prefill chunk the kernel
+of its size), so no row's logits depend on the rows around it and each verify row's are
+those a one-row decode step of the same position would get::
+
+    work:        (req0, 1) with drafts d1 d2      (req1, 1)
+    rows:        0 1 2                            3
+    input_ids:   t0 d1 d2                         t1
+    sample rows: 0 1 2                            3
+
 :class:`PageTableRows` is the host side of the runner's persistent device page table
 (``[max_running, max_pages]``, one row per running request): the scheduler acquires and
 releases rows and records the entries that changed; each plan carries the changes since
@@ -97,6 +110,10 @@ class StepPlan:
     # host yet; the runner takes it from that step's device output), and its row there.
     future_rows: list[int]
     future_src: list[int]
+    # Speculative decoding: the rows whose linears run the one-row kernel (cpu_gemv) and
+    # those that run oneDNN, whatever the step's row count (model.cpu_linear.
+    # RowInvariantLinears); None: the row count decides, as usual.
+    row_paths: tuple[list[int], list[int]] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -118,10 +135,16 @@ class ScheduledBatch(NamedTuple):
     plan: StepPlan
     # Prompt logprobs: (request, first position, count); their values follow in order.
     prompt_spans: list[tuple[Request, int, int]]
+    # Speculative decoding: each sampled request with the drafts it verifies (its rows in
+    # ``plan.sample_rows`` follow in order, ``1 + len(drafts)`` of them); None: no drafts.
+    drafted: list[tuple[Request, list[int]]] | None = None
 
     def needs_results(self) -> bool:
         """Whether planning the next step needs this step's tokens on the host: grammar masks
-        and penalties are computed from a request's tokens so far."""
+        and penalties are computed from a request's tokens so far, and how many drafts stood
+        decides the next step's rows."""
+        if self.drafted is not None:
+            return True
         for r in self.plan.sample_rows:
             p = r.params
             if (
@@ -135,9 +158,14 @@ class ScheduledBatch(NamedTuple):
 
 
 def plan_step(
-    work: list[tuple[Request, int]], rows: PageTableRows, page_size: int
+    work: list[tuple[Request, int]],
+    rows: PageTableRows,
+    page_size: int,
+    one_row_kernel_rows: int = 0,
 ) -> ScheduledBatch:
-    """Lay out ``work`` (request, new tokens) as one flattened step."""
+    """Lay out ``work`` (request, new tokens) as one flattened step. ``one_row_kernel_rows``
+    (speculative decoding): name each row's linear kernel (``row_paths``), a chunk of up to
+    this many rows and every decode and verify row taking the one-row kernel (0: do not)."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -153,6 +181,9 @@ def plan_step(
     spans: list[tuple[Request, int, int]] = []
     future_rows: list[int] = []
     future_src: list[int] = []
+    drafted: list[tuple[Request, list[int]]] = []
+    gemv_rows: list[int] = []
+    onednn_rows: list[int] = []
     ps = page_size
     t = 0
     for req, n in work:
@@ -164,19 +195,24 @@ def plan_step(
             future_rows.append(t + n - 1)
             future_src.append(req.future_index)
             input_ids[-1] = 0
-        positions += range(c, c + n)
-        if n == 1:
+        input_ids += req.drafts  # a decode's drafts (speculative decoding) follow its token
+        m = n + len(req.drafts)  # rows
+        if one_row_kernel_rows:  # the kernel its rows would run alone
+            (gemv_rows if n <= one_row_kernel_rows else onednn_rows).extend(range(t, t + m))
+        positions += range(c, c + m)
+        if m == 1:
             slots.append(pages[c // ps] * ps + c % ps)
         else:
-            slots += [pages[p // ps] * ps + p % ps for p in range(c, c + n)]
+            slots += [pages[p // ps] * ps + p % ps for p in range(c, c + m)]
         table_rows.append(req.slot)
         prefix_lens.append(c)
-        ext_lens.append(n)
-        seq_lens.append(c + n)
-        page_lists.append(pages[: -(-(c + n) // ps)])
-        if c + n == len(req.token_ids):
-            sample_rows.append(t + n - 1)
-            sample_reqs.append(req)
+        ext_lens.append(m)
+        seq_lens.append(c + m)
+        page_lists.append(pages[: -(-(c + m) // ps)])
+        if c + n == len(req.token_ids):  # every verify row samples
+            sample_rows += range(t + n - 1, t + m)
+            sample_reqs += [req] * (m - n + 1)
+            drafted.append((req, req.drafts))
         if req.wants_prompt_logprobs:
             lo = max(c, req.prompt_lp_next)
             hi = min(c + n, req.prompt_len - 1)
@@ -184,7 +220,7 @@ def plan_step(
                 lp_rows += range(t + lo - c, t + hi - c)
                 lp_targets += req.token_ids[lo + 1 : hi + 1]
                 spans.append((req, lo, hi - lo))
-        t += n
+        t += m
     w_rows, w_cols, w_pages = rows.take_writes()
     plan = StepPlan(
         input_ids=input_ids,
@@ -203,8 +239,10 @@ def plan_step(
         prompt_targets=lp_targets,
         future_rows=future_rows,
         future_src=future_src,
+        row_paths=(gemv_rows, onednn_rows) if one_row_kernel_rows else None,
     )
-    return ScheduledBatch(work, plan, spans)
+    verifies = len(sample_reqs) > len(drafted)  # some request drafted
+    return ScheduledBatch(work, plan, spans, drafted if verifies else None)
 
 
 class StepResult(NamedTuple):

@@ -30,6 +30,7 @@ from radixserve.scheduling.types import RequestOutput
 
 if TYPE_CHECKING:
     from radixserve.memory.tree_node import TreeNode
+    from radixserve.speculative.adaptive import AdaptiveK
 
 
 # The placeholder for a token a launched step samples, until its results are read
@@ -89,6 +90,13 @@ class Request:
     # and whether that step's token is certain to be its last (a length stop).
     future_index: int = -1
     finishing: bool = False
+    # Speculative decoding (scheduling.speculation): the tokens drafted for the step being
+    # planned or run (they follow ``token_ids``, and are not part of it), this request's
+    # adaptive draft length, and its drafted / accepted counts (usage).
+    drafts: list[int] = field(default_factory=list)
+    spec: AdaptiveK | None = None
+    spec_drafted: int = 0
+    spec_accepted: int = 0
 
     def __post_init__(self) -> None:
         start = self.params.prompt_logprobs_start
@@ -130,6 +138,8 @@ class Request:
             completion_tokens=self.num_output_known,
             cached_host_tokens=self.cached_host_tokens,
             cached_disk_tokens=self.cached_disk_tokens,
+            spec_drafted_tokens=self.spec_drafted,
+            spec_accepted_tokens=self.spec_accepted,
         )
         self.new_token_ids = []
         self.new_logprobs = None

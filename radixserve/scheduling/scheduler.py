@@ -51,6 +51,7 @@ from radixserve.scheduling.policy import count_bypasses, make_policy
 from radixserve.scheduling.references import KVReferences
 from radixserve.scheduling.request import FUTURE_TOKEN, Request, RequestStatus
 from radixserve.scheduling.sessions import turn_admitted, turn_ended
+from radixserve.scheduling.speculation import Speculation
 from radixserve.scheduling.types import RequestOutput, SchedulerConfig, SchedulerCounters
 
 logger = logging.getLogger(__name__)
@@ -99,6 +100,12 @@ class Scheduler:
         self._arrivals = 0
         # Locks, private pages and rows of running requests; steps launched and resolved.
         self.kv = KVReferences(cache, allocator, self.rows, self.page_size)
+        # Speculative decoding (scheduling.speculation): None when off.
+        self.speculation: Speculation | None = None
+        if config.speculative_algorithm is not None:
+            self.speculation = Speculation(
+                config.speculative_algorithm, config.speculative_num_tokens, self.counters
+            )
 
     # ------------------------------------------------------------------ public API
 
@@ -141,7 +148,10 @@ class Scheduler:
         work = self._schedule()
         if not work:
             return None
-        return plan_step(work, self.rows, self.page_size)
+        kernel_rows = 0
+        if self.speculation is not None and self.speculation.row_invariant(work):
+            kernel_rows = self.speculation.one_row_kernel_rows
+        return plan_step(work, self.rows, self.page_size, kernel_rows)
 
     def process(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
         """Apply what the runner computed for ``batch``; report every request that progressed."""
@@ -165,6 +175,8 @@ class Scheduler:
             if n > 1:
                 self.kv.cache_computed(req)
         for j, req in enumerate(batch.plan.sample_rows):
+            if req.drafts and req.token_ids[-1] == FUTURE_TOKEN:
+                continue  # a verify row after the request's first: one placeholder for them all
             req.token_ids.append(
                 FUTURE_TOKEN
             )  # the token this step samples, filled in by resolve()
@@ -246,22 +258,30 @@ class Scheduler:
         """Work for the running requests this step, with pages allocated (retracting if needed)."""
         ps = self.page_size
         retracted = False
+        drafting = self.speculation is not None
         while True:
             budget = self.config.max_num_tokens
             work: list[tuple[Request, int]] = []
             for r in self.running:  # decodes first: they are what users are waiting on
+                r.drafts = []
                 if budget and r.num_pending == 1 and not r.finishing:
                     work.append((r, 1))
                     budget -= 1
+            if drafting:  # then their drafts (speculative decoding)
+                assert self.speculation is not None
+                budget -= self.speculation.draft([r for r, _ in work], budget, self.counters.steps)
             for r in self.running:
                 if budget and r.num_pending > 1 and not r.finishing:
                     n = min(r.num_pending, budget)
                     work.append((r, n))
                     budget -= n
-            needs = [-(-(r.computed_len + n) // ps) - len(r.pages) for r, n in work]
+            needs = [-(-(r.computed_len + n + len(r.drafts)) // ps) - len(r.pages) for r, n in work]
             total = sum(needs)
             if total == 0 or self.allocator.can_alloc(total):
                 break
+            if drafting:  # short of pages: drop the drafts before retracting anyone
+                drafting = False
+                continue
             if self.in_flight:
                 # Retracting now would free pages the step in flight reads (and its results
                 # are not in yet): the caller resolves it first.
@@ -331,26 +351,70 @@ class Scheduler:
             i += count
         outputs: list[RequestOutput] = []
         tokens, logprobs = result.token_ids, result.logprobs
-        for req, tok, lp in zip(batch.plan.sample_rows, tokens, logprobs):
-            if req.status is not RequestStatus.RUNNING:
-                continue  # finished (or aborted) while this step ran: its token is dropped
-            pos = req.fill_placeholder(tok, lp)
-            self.counters.generated_tokens += 1
-            if req.grammar is not None and not req.grammar.accept(
-                tok
-            ):  # the mask makes this unreachable
-                req.end_at(pos)
-                self._finish(
-                    req, "error", f"sampled token {tok} is not allowed by the request's grammar"
-                )
+        if batch.drafted is None:  # one row per sampled request
+            for req, tok, lp in zip(batch.plan.sample_rows, tokens, logprobs):
+                if req.status is not RequestStatus.RUNNING:
+                    continue  # finished (or aborted) while this step ran: its token is dropped
+                self._take_token(req, tok, lp)
                 outputs.append(req.take_output())
+            return outputs
+        i = 0
+        for req, drafts in batch.drafted:  # 1 + len(drafts) rows each
+            rows = slice(i, i + 1 + len(drafts))
+            i = rows.stop
+            if req.status is not RequestStatus.RUNNING:
                 continue
-            reason = req.stop_reason(tok, pos + 1, self.eos_token_ids)
-            if reason is not None:
-                req.end_at(pos)
-                self._finish(req, reason)
-            outputs.append(req.take_output())
+            outputs.append(self._take_verified(req, drafts, tokens[rows], logprobs[rows]))
         return outputs
+
+    def _take_token(
+        self, req: Request, tok: int, lp: tuple[float, list[tuple[int, float]]] | None
+    ) -> bool:
+        """``tok`` fills ``req``'s placeholder; stop checks. Returns whether it goes on."""
+        pos = req.fill_placeholder(tok, lp)
+        self.counters.generated_tokens += 1
+        if req.grammar is not None and not req.grammar.accept(
+            tok
+        ):  # the mask makes this unreachable
+            req.end_at(pos)
+            self._finish(
+                req, "error", f"sampled token {tok} is not allowed by the request's grammar"
+            )
+            return False
+        reason = req.stop_reason(tok, pos + 1, self.eos_token_ids)
+        if reason is not None:
+            req.end_at(pos)
+            self._finish(req, reason)
+            return False
+        return True
+
+    def _take_verified(
+        self,
+        req: Request,
+        drafts: list[int],
+        tokens: list[int],
+        logprobs: list[tuple[float, list[tuple[int, float]]] | None],
+    ) -> RequestOutput:
+        """A request's verify rows are read: the model's token after its last token, then,
+        for each draft that stood, the model's token after it (each through the stop checks,
+        so a stop or ``max_tokens`` inside the drafts ends it there); the pages that only the
+        rejected drafts' KV used are freed now."""
+        req.drafts = []
+        n = 1
+        if drafts:
+            assert self.speculation is not None
+            n += self.speculation.verified(req, drafts, tokens)
+        for j in range(n):
+            if j:  # draft j stood: its KV (computed this step) is the token's, the next follows
+                req.computed_len += 1
+                req.token_ids.append(FUTURE_TOKEN)
+            if not self._take_token(req, tokens[j], logprobs[j]):
+                return req.take_output()
+        keep = -(-req.computed_len // self.page_size)
+        if len(req.pages) > keep:  # pages only rejected drafts wrote to
+            self.kv.free_pages(req.pages[keep:])
+            req.pages = req.pages[:keep]
+        return req.take_output()
 
     # ------------------------------------------------------------------ leaving the running set
 
@@ -373,6 +437,8 @@ class Scheduler:
         self.new_token_ratio.bump()
 
     def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
+        if self.speculation is not None:
+            self.speculation.finished(req)
         if req.status is RequestStatus.RUNNING:
             turn_ended(self.cache, self.kv, req, reason)  # its path leased to its session
             self._release(req)

@@ -29,6 +29,10 @@ class SchedulerConfig:
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.002
     reserve_tokens_cap: int = 4096  # at most this much of a request's max_tokens is reserved
+    # Speculative decoding (radixserve.speculative): the drafter ("ngram" | "radix"; None: off)
+    # and the most tokens a request drafts per step.
+    speculative_algorithm: str | None = None
+    speculative_num_tokens: int = 4
 
 
 class RequestOutput(NamedTuple):
@@ -46,6 +50,8 @@ class RequestOutput(NamedTuple):
     completion_tokens: int
     cached_host_tokens: int = 0  # of cached_tokens, loaded back from L2 / L3
     cached_disk_tokens: int = 0
+    spec_drafted_tokens: int = 0  # speculative decoding: tokens drafted, and of those accepted
+    spec_accepted_tokens: int = 0
 
 
 @dataclass
@@ -60,3 +66,8 @@ class SchedulerCounters:
     retractions: int = 0
     finished: int = 0
     aborted: int = 0
+    # Speculative decoding: requests' verifications (one per request per verify step), the
+    # tokens they drafted and the drafts accepted.
+    spec_verifies: int = 0
+    spec_drafted_tokens: int = 0
+    spec_accepted_tokens: int = 0

@@ -134,6 +134,12 @@ class TorchPagedAttentionBackend(AttentionBackend):
         self._window_plans: dict[int, native.AttentionPlan] = {}  # per window, for this batch
         self._shared_kv: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
 
+    @property
+    def row_exact(self) -> bool:
+        """Whether a row's attention output is the same bits whatever else the step holds
+        (a decode row equals the prefill row of its position): the native kernel's promise."""
+        return self._native
+
     # -- per-forward metadata ------------------------------------------------------------
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:

@@ -77,6 +77,17 @@ _ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("finished_total", "engine_requests_finished", "requests the engine finished"),
     ("aborted_total", "engine_requests_aborted", "requests the engine aborted"),
     ("steps_total", "engine_steps", "scheduler steps"),
+    (
+        "spec_verifies_total",
+        "spec_verifies",
+        "speculative decoding: requests' draft verifications (one per request per verify step)",
+    ),
+    ("spec_drafted_tokens_total", "spec_draft_tokens", "speculative decoding: tokens drafted"),
+    (
+        "spec_accepted_tokens_total",
+        "spec_accepted_tokens",
+        "speculative decoding: drafted tokens the model accepted",
+    ),
 )
 _MEMORY_FIELDS = ("allocated_bytes", "reserved_bytes", "total_bytes", "rss_bytes", "pool_bytes")
 

@@ -41,7 +41,7 @@ def usage(groups: list[list[p.GenerateFinal]]) -> dict[str, Any]:
     host = sum(g[0].usage.cached_host_tokens for g in groups)
     disk = sum(g[0].usage.cached_disk_tokens for g in groups)
     completion = sum(f.usage.completion_tokens for g in groups for f in g)
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
@@ -51,6 +51,14 @@ def usage(groups: list[list[p.GenerateFinal]]) -> dict[str, Any]:
             "cached_tokens_by_tier": {"device": cached - host - disk, "host": host, "disk": disk},
         },
     }
+    drafted = sum(f.usage.spec_drafted_tokens for g in groups for f in g)
+    if drafted:  # speculative decoding's drafts (OpenAI's predicted-output fields), if any
+        accepted = sum(f.usage.spec_accepted_tokens for g in groups for f in g)
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": drafted - accepted,
+        }
+    return out
 
 
 # ---------------------------------------------------------------------------- models

@@ -43,26 +43,29 @@ class RouterRequest:
     def apply(self, out: p.StepOutput) -> tuple[p.GenerateChunk | None, bool]:
         """Fold in one worker output. Returns the chunk to stream (``None`` when not
         streaming or nothing new) and whether a stop string matched (the request is over)."""
-        if out.new_token_ids:
+        # Several tokens at once (speculative decoding): only those up to a stop string's.
+        delta, taken = self.detok.add_each(out.new_token_ids, final=out.finished)
+        new_ids = out.new_token_ids[:taken]
+        new_lps = None if out.new_logprobs is None else out.new_logprobs[:taken]
+        if new_ids:
             self.first_token = self.first_token or time.monotonic()
-            self.token_ids.extend(out.new_token_ids)
-            if out.new_logprobs is not None:
+            self.token_ids.extend(new_ids)
+            if new_lps is not None:
                 if self.logprobs is None:
                     self.logprobs = []
-                self.logprobs.extend(out.new_logprobs)
+                self.logprobs.extend(new_lps)
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
         if out.usage is not None:
             self.usage = out.usage
-        delta = self.detok.add(out.new_token_ids, final=out.finished)
         chunk = None
-        if self.stream and (delta.text or out.new_token_ids):
+        if self.stream and (delta.text or new_ids):
             chunk = p.GenerateChunk(
                 request_id=self.client_rid,
                 index=self.chunks,
                 text=delta.text,
-                token_ids=out.new_token_ids,
-                logprobs=out.new_logprobs,
+                token_ids=new_ids,
+                logprobs=new_lps,
                 prompt_tokens=None if self.chunks else len(self.prompt_ids),
             )
             self.chunks += 1
@@ -74,6 +77,8 @@ class RouterRequest:
         cached = self.usage.cached_tokens if self.usage is not None else 0
         host = self.usage.cached_host_tokens if self.usage is not None else 0
         disk = self.usage.cached_disk_tokens if self.usage is not None else 0
+        drafted = self.usage.spec_drafted_tokens if self.usage is not None else 0
+        accepted = self.usage.spec_accepted_tokens if self.usage is not None else 0
         return p.GenerateFinal(
             request_id=self.client_rid,
             finish_reason=reason,
@@ -85,6 +90,8 @@ class RouterRequest:
                 completion_tokens=len(self.token_ids),
                 cached_host_tokens=host,
                 cached_disk_tokens=disk,
+                spec_drafted_tokens=drafted,
+                spec_accepted_tokens=accepted,
             ),
             timings=p.Timings(
                 queue_s=(self.dispatched or now) - self.arrival,

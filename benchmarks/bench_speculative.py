@@ -1,0 +1,222 @@
+"""Speculative decoding through HTTP: acceptance and tokens/s per drafter and workload.
+
+Starts one ``radixserve serve --http-port 0`` per configuration (no speculation, and each
+``--speculative-algorithm`` asked for), then replays seeded workloads one request at a time
+through ``/v1/completions``, the configurations interleaved request by request (this
+machine's speed drifts: only same-run ratios mean anything)::
+
+    copy      answer by quoting a long document, and edit code (rename, reformat): the
+              answer repeats the prompt
+    chat      multi-turn chat whose later answers repeat earlier turns' text
+    nocopy    creative writing at temperature 0.8: nothing to copy; sampled requests run
+              without speculation in this slice (only greedy requests draft)
+
+Per configuration and workload: requests, output tokens, tokens/s (sum of tokens over sum
+of wall time), drafted and accepted tokens (usage's completion_tokens_details), acceptance
+rate and mean accepted length per verification (1 + accepted / verify steps is the
+engine's figure; here accepted / drafted and tokens per forward are from usage alone).
+
+    python benchmarks/bench_speculative.py --configs off,ngram,radix --per-workload 4
+    python benchmarks/bench_speculative.py --model /path/to/hf --max-tokens 16 --out ''
+
+Writes JSON (``--out``); results go into benchmarks/README.md through the results flow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+WORDS = (
+    "cache page prefix token tree request model batch decode prefill memory evict lock "
+    "worker router stream kernel thread layer weight budget queue tenant session"
+).split()
+
+
+def _sentence(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
+
+
+def copy_workload(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    """Prompts whose answers quote them: a document to quote, code to edit."""
+    out = []
+    for i in range(n):
+        if i % 2 == 0:
+            doc = " ".join(_sentence(rng, rng.randint(8, 14)) for _ in range(12))
+            prompt = f"Document:\n{doc}\n\nQuote the document's first three sentences exactly.\n"
+        else:
+            body = "\n".join(f"    total += item_{j} * weight_{j}" for j in range(12))
+            code = f"def score(items):\n    total = 0\n{body}\n    return total\n"
+            prompt = f"{code}\nRewrite this function with `total` renamed to `acc`:\n"
+        out.append({"prompt": prompt, "temperature": 0.0})
+    return out
+
+
+def chat_workload(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    """Multi-turn chats: the last turn asks to repeat an earlier answer."""
+    out = []
+    for _ in range(n):
+        turns = []
+        for _ in range(3):
+            turns.append(f"User: {_sentence(rng, 6)}\nAssistant: {_sentence(rng, 20)}")
+        prompt = "\n".join(turns) + "\nUser: Repeat your first answer word for word.\nAssistant:"
+        out.append({"prompt": prompt, "temperature": 0.0})
+    return out
+
+
+def nocopy_workload(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    """Creative writing, sampled: nothing to copy."""
+    topics = ["a lighthouse", "a city at night", "an old map", "the first snow", "a robot"]
+    return [
+        {"prompt": f"Write a short poem about {rng.choice(topics)}.\n", "temperature": 0.8}
+        for _ in range(n)
+    ]
+
+
+WORKLOADS = {"copy": copy_workload, "chat": chat_workload, "nocopy": nocopy_workload}
+
+
+def build(per_workload: int, seed: int) -> dict[str, list[dict[str, Any]]]:
+    """Every workload's requests, seeded (the same for every configuration)."""
+    return {
+        name: make(random.Random(f"{seed}-{name}"), per_workload)
+        for name, make in WORKLOADS.items()
+    }
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, float]:
+    """Totals and ratios over one configuration's results on one workload."""
+    tokens = sum(r["tokens"] for r in results)
+    seconds = sum(r["seconds"] for r in results)
+    drafted = sum(r["drafted"] for r in results)
+    accepted = sum(r["accepted"] for r in results)
+    return {
+        "requests": len(results),
+        "tokens": tokens,
+        "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+    }
+
+
+def one_request(client: Any, req: dict[str, Any], max_tokens: int, seed: int) -> dict[str, Any]:
+    body = {
+        "model": "default",
+        "prompt": req["prompt"],
+        "max_tokens": max_tokens,
+        "temperature": req["temperature"],
+        "seed": seed,
+    }
+    t0 = time.perf_counter()
+    r = client.post("/v1/completions", json=body)
+    r.raise_for_status()
+    seconds = time.perf_counter() - t0
+    usage = r.json()["usage"]
+    details = usage.get("completion_tokens_details") or {}
+    accepted = details.get("accepted_prediction_tokens", 0)
+    return {
+        "tokens": usage["completion_tokens"],
+        "seconds": seconds,
+        "accepted": accepted,
+        "drafted": accepted + details.get("rejected_prediction_tokens", 0),
+    }
+
+
+class Server:
+    """``radixserve serve --http-port 0`` in a subprocess, stopped with SIGTERM."""
+
+    def __init__(self, model: str, extra: list[str]) -> None:
+        cmd = [sys.executable, "-m", "radixserve", "serve", "--workers", "1", "--http-port", "0"]
+        cmd += ["--endpoint", "tcp://127.0.0.1:*"] + (["--model", model] if model else []) + extra
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_WAIT_POLICY="PASSIVE")
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        self.url = ""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            m = re.search(r"HTTP on (http://\S+)", line)
+            if m:
+                self.url = m.group(1)
+                break
+        if not self.url:
+            self.stop()
+            raise RuntimeError("the server did not start")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(60)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+
+    configs = [c for c in args.configs.split(",") if c]
+    common = ["--num-threads", str(args.threads), "--dtype", args.dtype]
+    servers: dict[str, Server] = {}
+    try:
+        for c in configs:
+            spec = [] if c == "off" else ["--speculative-algorithm", c]
+            spec += ["--speculative-num-tokens", str(args.k)] if spec else []
+            servers[c] = Server(args.model, common + spec)
+        work = build(args.per_workload, args.seed)
+        results: dict[str, dict[str, list[dict[str, Any]]]] = {c: {} for c in configs}
+        clients = {c: httpx.Client(base_url=s.url, timeout=600) for c, s in servers.items()}
+        for name, reqs in work.items():
+            for i, req in enumerate(reqs):
+                order = configs[i % len(configs) :] + configs[: i % len(configs)]  # interleave
+                for c in order:
+                    r = one_request(clients[c], req, args.max_tokens, args.seed + i)
+                    results[c].setdefault(name, []).append(r)
+        for cl in clients.values():
+            cl.close()
+    finally:
+        for s in servers.values():
+            s.stop()
+    table = {c: {w: summarize(rs) for w, rs in per.items()} for c, per in results.items()}
+    if "off" in table:
+        for per in table.values():
+            for w, row in per.items():
+                base = table["off"][w]["tokens_per_s"]
+                row["speedup_vs_off"] = row["tokens_per_s"] / base if base else 0.0
+    return {"args": vars(args), "results": table}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--model", default="", help="a local HF dir (default: the default model)")
+    ap.add_argument("--configs", default="off,ngram,radix")
+    ap.add_argument("--per-workload", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--k", type=int, default=8, help="--speculative-num-tokens")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="benchmarks/results/bench_speculative.json")
+    return ap.parse_args(argv)
+
+
+def main() -> None:
+    args = parse()
+    out = run(args)
+    for c, per in out["results"].items():
+        for w, row in per.items():
+            print(c, w, json.dumps(row))
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

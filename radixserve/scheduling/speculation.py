@@ -1,0 +1,106 @@
+"""The scheduler's side of speculative decoding: who drafts, how much, and what stood.
+
+Each step, after the running requests' decodes are listed, every greedy decoding request
+that may draft asks the drafter (:mod:`radixserve.speculative`) for up to its adaptive ``k``
+tokens (:class:`~radixserve.speculative.adaptive.AdaptiveK`); they go into ``req.drafts``
+and :func:`~radixserve.scheduling.plan.plan_step` lays the request out as ``1 + k`` rows, each
+sampling. When the step's tokens are read, :meth:`Speculation.verified` records how many
+drafts stood (:func:`~radixserve.speculative.verify.accepted_length`); the scheduler appends
+the accepted tokens one by one through its usual stop checks and frees the pages the
+rejected drafts' KV took.
+
+Who may draft: greedy requests without a grammar, penalties or a pending ``min_tokens``
+(their next-token choice depends on the tokens before it in ways the verify rows, sampled
+together, would not see), whose last token is known on the host, while at most
+``MAX_DECODES`` requests decode (past that a step is compute-bound on the CPU, and a verify
+row costs about what a decode row does: SGLang and vLLM turn speculation off at large
+batches alike).
+
+Exactness: every step holding a decode that may draft (whether it drafted or not) names
+each row's linear kernel (``plan.row_paths``; :meth:`Speculation.row_invariant`), so a
+speculating request's rows always get the logits of the request decoded alone, one row per
+step, and a prefill chunk in the same step the kernel of its own size.
+"""
+
+from __future__ import annotations
+
+from radixserve.model.cpu_linear import GEMV_MAX_ROWS
+from radixserve.scheduling.request import FUTURE_TOKEN, Request
+from radixserve.scheduling.types import SchedulerCounters
+from radixserve.speculative import AdaptiveK, accepted_length, make_drafter
+
+__all__ = ["MAX_DECODES", "Speculation", "may_draft"]
+
+MAX_DECODES = 8  # no drafting while more requests than this decode
+
+
+def may_draft(req: Request) -> bool:
+    """Whether verifying drafts of ``req`` in one forward gives the tokens decoding would."""
+    p = req.params
+    return (
+        p.greedy
+        and req.grammar is None
+        and p.repetition_penalty == 1.0
+        and not p.frequency_penalty
+        and not p.presence_penalty
+        and req.num_output >= p.min_tokens
+        and req.token_ids[-1] != FUTURE_TOKEN
+    )
+
+
+class Speculation:
+    """One scheduler's drafter and the per-request draft lengths."""
+
+    def __init__(self, algorithm: str, k_max: int, counters: SchedulerCounters) -> None:
+        self.drafter = make_drafter(algorithm)
+        self.k_max = k_max
+        self.counters = counters
+
+    # Rows up to which a prefill chunk runs the one-row kernel when alone (plan.row_paths).
+    one_row_kernel_rows = GEMV_MAX_ROWS
+
+    def row_invariant(self, work: list[tuple[Request, int]]) -> bool:
+        """Whether this step's rows must each take their own kernel: some decode in it may
+        draft (its logits must be the one-row step's whether it drafted now or not)."""
+        decodes = [r for r, n in work if n == 1 and r.num_pending == 1]
+        return len(decodes) <= MAX_DECODES and any(r.drafts or may_draft(r) for r in decodes)
+
+    def draft(self, decodes: list[Request], budget: int, step: int) -> int:
+        """Fill ``req.drafts`` of the ``decodes`` that may draft, within ``budget`` tokens;
+        returns the tokens drafted."""
+        if len(decodes) > MAX_DECODES:
+            return 0
+        used = 0
+        for req in decodes:
+            if used >= budget or not may_draft(req):
+                continue
+            if req.spec is None:  # its first decode: the prompt is computed and cached
+                req.spec = AdaptiveK(self.k_max)
+                self.drafter.prompt_cached(req)
+            remaining = min(
+                req.params.max_tokens - req.num_output, req.max_total_len - len(req.token_ids)
+            )
+            k = min(req.spec.budget(step), budget - used, remaining - 1)
+            if k > 0:
+                req.drafts = self.drafter.propose(req, k)
+                used += len(req.drafts)
+        return used
+
+    def verified(self, req: Request, drafts: list[int], tokens: list[int]) -> int:
+        """``req``'s ``drafts`` were verified against the model's ``tokens`` (one per row):
+        record it; returns how many drafts stood."""
+        accepted = accepted_length(drafts, tokens)
+        req.spec_drafted += len(drafts)
+        req.spec_accepted += accepted
+        c = self.counters
+        c.spec_verifies += 1
+        c.spec_drafted_tokens += len(drafts)
+        c.spec_accepted_tokens += accepted
+        if req.spec is not None:
+            req.spec.update(len(drafts), accepted, c.steps)
+        return accepted
+
+    def finished(self, req: Request) -> None:
+        """``req`` left the scheduler (every path)."""
+        self.drafter.finished(req)
+        req.drafts = []

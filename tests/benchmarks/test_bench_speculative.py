@@ -1,0 +1,50 @@
+"""benchmarks/bench_speculative.py: seeded workloads of the right shape, and a tiny run
+through two real HTTP servers (tiny Llama: no speculation, and ngram) that reports usage's
+drafted/accepted counts (slow: two server processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from bench_modules import load
+
+bench = load("bench_speculative.py", "bench_speculative")
+
+
+def test_workloads_are_seeded_and_copy_heavy_where_they_say() -> None:
+    a, b = bench.build(3, seed=1), bench.build(3, seed=1)
+    assert a == b and a != bench.build(3, seed=2)
+    doc = a["copy"][0]["prompt"]
+    assert "Quote the document" in doc and all(r["temperature"] == 0.0 for r in a["copy"])
+    assert all("Repeat your first answer" in r["prompt"] for r in a["chat"])
+    assert all(r["temperature"] == 0.8 for r in a["nocopy"])
+
+
+@pytest.mark.slow
+def test_tiny_run_through_http(tiny_llama_dir: Path) -> None:
+    args = bench.parse(
+        [
+            "--model",
+            str(tiny_llama_dir),
+            "--configs",
+            "off,ngram",
+            "--per-workload",
+            "1",
+            "--max-tokens",
+            "12",
+            "--threads",
+            "1",
+            "--dtype",
+            "float32",
+            "--out",
+            "",
+        ]
+    )
+    out = bench.run(args)["results"]
+    assert set(out) == {"off", "ngram"}
+    for per in out.values():
+        assert set(per) == {"copy", "chat", "nocopy"}
+        assert all(row["tokens"] > 0 for row in per.values())
+    assert out["off"]["copy"]["drafted"] == 0
+    assert out["ngram"]["nocopy"]["drafted"] == 0  # sampled: no speculation
