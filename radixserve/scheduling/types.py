@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ class RequestOutput(NamedTuple):
     completion_tokens: int
     cached_host_tokens: int = 0  # of cached_tokens, loaded back from L2 / L3
     cached_disk_tokens: int = 0
+    cache_report: Any = None  # a memory.miss_report.Divergence, once, when one was asked
 
 
 @dataclass

@@ -28,7 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve import __version__
-from radixserve.serving.http import openai_api, sglang_api
+from radixserve.serving.http import cache_report, openai_api, sessions_api, sglang_api
 from radixserve.serving.http.auth import APIKeyAuth
 from radixserve.serving.http.body_limit import BodyLimit
 from radixserve.serving.http.errors import APIError, install_error_handlers
@@ -94,6 +94,8 @@ def create_app(config: GatewayConfig | None = None, tokenizer: Any = None) -> Fa
     app.add_middleware(_CountErrors, gateway=gateway)
     app.include_router(openai_api.router)
     app.include_router(sglang_api.router)
+    app.include_router(cache_report.router)
+    app.include_router(sessions_api.router)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from radixserve.serving.wire import protocol as p
@@ -128,6 +128,22 @@ class WorkerStatsCollector(Collector):
         leased = gauge(
             "kv_leased_pages", "radix-cache pages on a session's leased path (evicted last)"
         )
+        divergence = HistogramMetricFamily(
+            f"{PREFIX}_cache_divergence_position",
+            "token index where reported prompts left the longest cached path "
+            "(return_cache_report / --cache-report; fully cached prompts are not counted)",
+            labels=lw,
+        )
+        top_positions = gauge(
+            "cache_divergence_top",
+            "reports that diverged at each of the most frequent positions (the top 10)",
+            ["worker", "position"],
+        )
+        reasons = CounterMetricFamily(
+            f"{PREFIX}_cache_miss_reasons",
+            "reported prompts by why the rest of the prompt was not cached",
+            labels=["worker", "reason"],
+        )
         hit_rate = gauge(
             "prefix_cache_hit_ratio",
             "cumulative cached / prompt tokens (use the counters for windows)",
@@ -177,6 +193,17 @@ class WorkerStatsCollector(Collector):
                 regret.add_metric([*wid, str(name)], float(tokens))
             if "leased_pages" in eng:
                 leased.add_metric(wid, float(eng["leased_pages"]))
+            buckets = eng.get("cache_divergence_buckets") or {}
+            if buckets:
+                divergence.add_metric(
+                    wid,
+                    [(le, float(n)) for le, n in buckets.items()],
+                    float(eng.get("cache_divergence_position_sum", 0)),
+                )
+            for e in (eng.get("cache_divergence_top") or [])[:10]:
+                top_positions.add_metric([*wid, str(e["index"])], float(e["count"]))
+            for reason, n in (eng.get("cache_miss_reasons") or {}).items():
+                reasons.add_metric([*wid, str(reason)], float(n))
             hit_rate.add_metric(wid, float(eng.get("hit_rate", w.hit_rate)))
             mem = eng.get("memory")
             if isinstance(mem, dict):
@@ -194,6 +221,9 @@ class WorkerStatsCollector(Collector):
             leased,
             policy,
             regret,
+            divergence,
+            top_positions,
+            reasons,
             hit_rate,
             *counters.values(),
             *memory.values(),

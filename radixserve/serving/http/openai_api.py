@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 
 from radixserve.serving.http import chat_tools
 from radixserve.serving.http.auth import request_key, tenant_cache_salt
+from radixserve.serving.http.cache_report import report_json
 from radixserve.serving.http.errors import APIError, invalid
 from radixserve.serving.http.gateway import Gateway, merge
 from radixserve.serving.http.openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -35,22 +36,29 @@ def _gw(request: Request) -> Gateway:
     return request.app.state.gateway
 
 
-def usage(groups: list[list[p.GenerateFinal]]) -> dict[str, Any]:
-    """OpenAI usage over prompt groups (the ``n`` finals of one prompt each)."""
-    prompt = sum(g[0].usage.prompt_tokens for g in groups)
-    cached = sum(g[0].usage.cached_tokens for g in groups)
-    host = sum(g[0].usage.cached_host_tokens for g in groups)
-    disk = sum(g[0].usage.cached_disk_tokens for g in groups)
-    completion = sum(f.usage.completion_tokens for g in groups for f in g)
+def usage(groups: list[list[p.GenerateFinal]], g: Gateway | None = None) -> dict[str, Any]:
+    """OpenAI usage over prompt groups (the ``n`` finals of one prompt each), with the
+    first prompt's cache report when it asked for one (decoded by ``g``)."""
+    prompt = sum(grp[0].usage.prompt_tokens for grp in groups)
+    cached = sum(grp[0].usage.cached_tokens for grp in groups)
+    host = sum(grp[0].usage.cached_host_tokens for grp in groups)
+    disk = sum(grp[0].usage.cached_disk_tokens for grp in groups)
+    completion = sum(f.usage.completion_tokens for group in groups for f in group)
+    details: dict[str, Any] = {
+        "cached_tokens": cached,
+        # radixserve: where the cached tokens came from (hierarchical cache tiers)
+        "cached_tokens_by_tier": {"device": cached - host - disk, "host": host, "disk": disk},
+    }
+    reports = [grp[0].usage.cache_report for grp in groups]
+    if g is not None and any(r is not msgspec.UNSET for r in reports):
+        # radixserve: where each prompt left the cached path, and why (return_cache_report)
+        js = [None if r is msgspec.UNSET else report_json(g, r) for r in reports]
+        details["cache_report"] = js[0] if len(js) == 1 else js
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {
-            "cached_tokens": cached,
-            # radixserve: where the cached tokens came from (hierarchical cache tiers)
-            "cached_tokens_by_tier": {"device": cached - host - disk, "host": host, "disk": disk},
-        },
+        "prompt_tokens_details": details,
     }
 
 
@@ -175,7 +183,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             "created": created,
             "model": model,
             "choices": choices,
-            "usage": usage([results]),
+            "usage": usage([results], g),
             "system_fingerprint": None,
         }
     )
@@ -255,7 +263,7 @@ async def _chat_events(
                 [{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish_reason}]
             )
     if include_usage:
-        yield chunk([], usage=usage([[done[i] for i in sorted(done)]]) if done else None)
+        yield chunk([], usage=usage([[done[i] for i in sorted(done)]], g) if done else None)
     yield DONE
 
 
@@ -336,7 +344,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             "created": created,
             "model": model,
             "choices": choices,
-            "usage": usage(groups),
+            "usage": usage(groups, g),
             "system_fingerprint": None,
         }
     )
@@ -399,5 +407,5 @@ async def _completion_events(
             raise APIError(500, "a choice ended without a final message", type="internal_error")
         ordered = [done[i] for i in sorted(done)]
         groups = [ordered[k : k + body.n] for k in range(0, len(ordered), body.n)]
-        yield chunk([], usage=usage(groups))
+        yield chunk([], usage=usage(groups, g))
     yield DONE

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.wire import protocol as p
 
@@ -39,6 +41,8 @@ class RouterRequest:
     chunks: int = 0
     retries: int = 0  # times sent to another worker after its worker died (before a first token)
     priority: int = 0  # the client's priority (the worker's cache keeps higher ones longer)
+    # Where the prompt left the cached path (the worker sends it once, when asked).
+    cache_report: p.CacheReport | msgspec.UnsetType = msgspec.UNSET
 
     def apply(self, out: p.StepOutput) -> tuple[p.GenerateChunk | None, bool]:
         """Fold in one worker output. Returns the chunk to stream (``None`` when not
@@ -54,6 +58,8 @@ class RouterRequest:
             self.prompt_logprobs = out.prompt_logprobs
         if out.usage is not None:
             self.usage = out.usage
+            if out.usage.cache_report is not msgspec.UNSET:
+                self.cache_report = out.usage.cache_report
         delta = self.detok.add(out.new_token_ids, final=out.finished)
         chunk = None
         if self.stream and (delta.text or out.new_token_ids):
@@ -85,6 +91,7 @@ class RouterRequest:
                 completion_tokens=len(self.token_ids),
                 cached_host_tokens=host,
                 cached_disk_tokens=disk,
+                cache_report=self.cache_report,
             ),
             timings=p.Timings(
                 queue_s=(self.dispatched or now) - self.arrival,
