@@ -51,20 +51,39 @@ Op = Callable[..., None]
 
 def baseline_op(rev: str) -> Op:
     """The attention op as of git revision ``rev``, built under the library name ``attn_base``."""
-    text = subprocess.run(
-        ["git", "show", f"{rev}:{SOURCE}"], cwd=ROOT, check=True, capture_output=True, text=True
-    ).stdout
-    text = text.replace("TORCH_LIBRARY(radixserve_cpu, m)", "TORCH_LIBRARY(attn_base, m)")
+
+    def show(path: str) -> str:
+        return subprocess.run(
+            ["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True
+        ).stdout
+
+    csrc = str(Path(SOURCE).parent)
+    listed = subprocess.run(
+        ["git", "ls-tree", "--name-only", rev, f"{csrc}/"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     from torch.utils import cpp_extension
 
     with tempfile.TemporaryDirectory(prefix="attn_base_") as tmp:
         build = Path(tmp)
-        (build / "paged_attention.cpp").write_text(text)
-        for header in (ROOT / SOURCE).parent.glob("*.h"):  # its headers as they are now
+        for header in (ROOT / SOURCE).parent.glob("*.h"):  # headers as they are now, then
             (build / header.name).write_text(header.read_text())
+        for path in listed:  # the revision's own sources and headers over them
+            if path.endswith((".h", ".cpp")):
+                (build / Path(path).name).write_text(show(path))
+        text = (build / "paged_attention.cpp").read_text()
+        text = text.replace("TORCH_LIBRARY(radixserve_cpu, m)", "TORCH_LIBRARY(attn_base, m)")
+        (build / "paged_attention.cpp").write_text(text)
+        # The attention op's own sources: since the split, store_kv.cpp writes the new rows.
+        sources = [
+            build / n for n in ("paged_attention.cpp", "store_kv.cpp") if (build / n).exists()
+        ]
         cpp_extension.load(
             name=f"attn_base_{rev}",
-            sources=[str(build / "paged_attention.cpp")],
+            sources=[str(p) for p in sources],
             extra_cflags=native.CFLAGS,
             extra_ldflags=native.LDFLAGS,
             is_python_module=False,

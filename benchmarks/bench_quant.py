@@ -52,6 +52,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "bf16": {"dtype": "bfloat16"},
     "int8": {"dtype": "bfloat16", "quantization": "int8"},
     "int4": {"dtype": "bfloat16", "quantization": "int4"},
+    # the same weights with float32 activations (what `--quantization int8` alone gives)
+    "int8-fp32": {"dtype": "float32", "quantization": "int8"},
+    "int4-fp32": {"dtype": "float32", "quantization": "int4"},
     "int8+vocab": {"dtype": "bfloat16", "quantization": "int8", "quantize_embeddings": True},
     "int4+vocab": {"dtype": "bfloat16", "quantization": "int4", "quantize_embeddings": True},
     # --quant-dense-cache: batches of 4+ rows on a kept bf16 copy (+2 bytes per quantized weight)

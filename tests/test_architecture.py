@@ -35,6 +35,26 @@ SERVING_MAY_IMPORT: dict[str, set[str]] = {
     "worker": {"wire", ""},
     "http": {"wire", "", "client"},
 }
+# model/'s own levels, bottom-up: a module of model/ imports only from its level or those under
+# it. quant/ (formats, quantized linears) stands with the kernels because the decoder layers use
+# its linears; what walks a built model (quantize it, build it from GGUF, load it) stands above
+# the model. A new module of model/ is placed here (test_every_model_module_has_a_level).
+MODEL_LEVELS: list[set[str]] = [
+    {
+        "native",
+        "gpu_ops",
+        "cpu_gemv",
+        "cpu_linear",
+        "quant",
+        "config",
+        "families",
+        "forward_batch",
+        "parallel",
+    },
+    {"attention", "layers"},
+    {"decoder_stack", "llama", "pipeline_stage"},
+    {"loader", "quantize", "gguf_loader", "warmup"},
+]
 # The longest chain of imports inside one serving folder (a module that imports nothing of its
 # folder is level 1; the router's is prefix_trie < dispatch < worker_pool < inflight <
 # from_workers < router < launcher). A folder past this limit is asking to be split.
@@ -123,6 +143,24 @@ def _layer(module: str) -> int | None:
     return LAYERS.index(name) if name in LAYERS else None
 
 
+def _model_level(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[:2] != ["radixserve", "model"] or len(parts) < 3:
+        return None
+    return next((i for i, names in enumerate(MODEL_LEVELS) if parts[2] in names), None)
+
+
+def _model_upward(graph: dict[str, set[str]]) -> list[str]:
+    upward = []
+    for mod, targets in graph.items():
+        here = _model_level(mod)
+        for t in targets:
+            there = _model_level(t)
+            if here is not None and there is not None and there > here:
+                upward.append(f"{mod} -> {t}")
+    return sorted(upward)
+
+
 def _serving_folder(module: str) -> str | None:
     """The serving folder of a module of radixserve.serving ("" for serving's own modules)."""
     parts = module.split(".")
@@ -158,6 +196,32 @@ def test_layers_import_only_downward() -> None:
             if here is not None and there is not None and there > here:
                 upward.append(f"{mod} -> {t}")
     assert upward == []
+
+
+def test_model_levels_import_only_downward() -> None:
+    """quant/ imports nothing of the model it serves; the model, nothing of its loader."""
+    assert _model_upward(_import_graph()) == []
+
+
+def test_every_model_module_has_a_level() -> None:
+    unplaced = sorted(
+        m
+        for m in _import_graph()
+        if m.count(".") >= 2 and m.startswith("radixserve.model.") and _model_level(m) is None
+    )
+    assert unplaced == [], "place these in MODEL_LEVELS"
+
+
+def test_the_model_levels_catch_an_upward_import() -> None:
+    graph = {
+        "radixserve.model.quant.apply": {"radixserve.model.llama", "radixserve.model.quant.linear"},
+        "radixserve.model.llama": {"radixserve.model.decoder_stack", "radixserve.model.quantize"},
+        "radixserve.model.quantize": {"radixserve.model.llama"},
+    }
+    assert _model_upward(graph) == [
+        "radixserve.model.llama -> radixserve.model.quantize",
+        "radixserve.model.quant.apply -> radixserve.model.llama",
+    ]
 
 
 def _forbidden_crossings(graph: dict[str, set[str]]) -> list[str]:
@@ -225,3 +289,34 @@ def test_clients_import_without_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+# The longest function of radixserve/ in lines, from ``def`` to its last line, docstring
+# included: one a reader takes in at once. A longer one is cut where its steps are. No
+# function is excepted.
+MAX_FUNCTION_LINES = 95
+
+
+def _long_functions(root: Path, limit: int) -> list[str]:
+    found = []
+    for f in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > limit:
+                    found.append(f"{f.relative_to(root)}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_is_longer_than_the_limit() -> None:
+    assert _long_functions(ROOT / "radixserve", MAX_FUNCTION_LINES) == []
+
+
+def test_the_length_rule_finds_a_long_function(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "m.py").write_text(
+        f"def short() -> None:\n    pass\n\n\ndef long() -> None:\n{body}"
+    )
+    assert _long_functions(tmp_path, MAX_FUNCTION_LINES) == [
+        f"m.py:5 long ({MAX_FUNCTION_LINES + 1} lines)"
+    ]

@@ -138,6 +138,17 @@ PEERS: dict[str, PeerSpec] = {
             extra_body=_IGNORE_EOS,
             page_size=32,
         ),
+        *(
+            PeerSpec(
+                f"vllm-{precision}-compile",
+                f"vLLM-CPU {precision}, block 32, APC, torch.compile",
+                "http",
+                precision,
+                extra_body=_IGNORE_EOS,
+                page_size=32,
+            )
+            for precision in ("fp32", "bf16")
+        ),
         PeerSpec(
             "vllm-bf16-b128",
             "vLLM-CPU bf16, block 128, APC",
@@ -293,7 +304,6 @@ def command(
             "127.0.0.1",
             "--port",
             str(port),
-            "--enforce-eager",
             "--enable-prefix-caching",
             "--block-size",
             block,
@@ -306,6 +316,8 @@ def command(
             "--enable-prompt-tokens-details",
             "--disable-log-stats",
         ]
+        if not name.endswith("-compile"):  # eager unless asked: its compile takes minutes here
+            cmd.append("--enforce-eager")
         env.update(
             {
                 "VLLM_CPU_KVCACHE_SPACE": str(max(1, round(kv_budget_gib))),

@@ -267,6 +267,22 @@ def _in_features(cfg: ModelConfig) -> list[int]:
 
 def render(cfg: ModelConfig, source: str, r: dict[str, Any]) -> str:
     """The human-readable report: every number with the arithmetic that produced it."""
+    out = [
+        *_render_model(cfg, source, r),
+        "",
+        *_render_kv_dtypes(cfg, r),
+        "",
+        *_render_weight_quantization(r),
+        "",
+        *_render_plan(r),
+    ]
+    if r["parallel"] is not None:
+        out += ["", *render_parallel(cfg, r)]
+    return "\n".join(out)
+
+
+def _render_model(cfg: ModelConfig, source: str, r: dict[str, Any]) -> list[str]:
+    """The model, its weights and its KV cache per token and per sequence."""
     from radixserve.memory.planner import format_bytes as fb
 
     plan: MemoryPlan = r["plan"]
@@ -297,8 +313,15 @@ def render(cfg: ModelConfig, source: str, r: dict[str, Any]) -> str:
         out.append(
             "  MHA: one KV head per query head (GQA/MQA would divide this by the group size)"
         )
-    out += [
-        "",
+    return out
+
+
+def _render_kv_dtypes(cfg: ModelConfig, r: dict[str, Any]) -> list[str]:
+    """What each KV-cache dtype costs per token and per sequence."""
+    from radixserve.memory.planner import format_bytes as fb
+
+    L, H = cfg.num_layers, cfg.num_kv_heads
+    out = [
         f"KV-cache dtypes (per token; % of a 16-bit cache; per sequence of {r['seq_len']} tokens):",
     ]
     out.append(
@@ -322,8 +345,14 @@ def render(cfg: ModelConfig, source: str, r: dict[str, Any]) -> str:
         "  (8 bits of 16 is 50%, 4 bits is 25%, before scales: the article's 37.5% / 18.75% are not byte counts; "
         "see docs/kv-memory.md)"
     )
-    out += [
-        "",
+    return out
+
+
+def _render_weight_quantization(r: dict[str, Any]) -> list[str]:
+    """How many more sequences each weight quantization leaves room for."""
+    from radixserve.memory.planner import format_bytes as fb
+
+    out = [
         f"Weight quantization (same budget; sequences of {r['seq_len']} tokens whose KV fits):",
     ]
     out.append(
@@ -339,8 +368,15 @@ def render(cfg: ModelConfig, source: str, r: dict[str, Any]) -> str:
         "fp32 scale per channel; embeddings/LM head "
         + ("quantized too)" if r["quantize_embeddings"] else "kept in the activation dtype)")
     )
-    out += [
-        "",
+    return out
+
+
+def _render_plan(r: dict[str, Any]) -> list[str]:
+    """The budget, subtracted down to pages and sequences."""
+    from radixserve.memory.planner import format_bytes as fb
+
+    plan: MemoryPlan = r["plan"]
+    out = [
         f"Plan on {plan.device} (kv dtype {plan.kv_dtype}, page size {plan.page_size}):",
         f"  budget            {fb(plan.budget_bytes):>12}   {plan.budget_source}",
         f"  - weights         {fb(plan.weight_bytes):>12}"
@@ -358,9 +394,7 @@ def render(cfg: ModelConfig, source: str, r: dict[str, Any]) -> str:
         f"({r['pages_per_sequence']} pages each); batch {r['batch_size']} "
         + ("fits" if r["batch_fits"] else "does NOT fit"),
     ]
-    if r["parallel"] is not None:
-        out += ["", *render_parallel(cfg, r)]
-    return "\n".join(out)
+    return out
 
 
 def render_parallel(cfg: ModelConfig, r: dict[str, Any]) -> list[str]:

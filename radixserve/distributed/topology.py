@@ -15,7 +15,7 @@ path, and asks its :class:`Topology` at each point where they differ::
 :class:`TensorParallel` holds a :class:`~radixserve.distributed.ranks.RankGroup`,
 :class:`PipelineParallel` a :class:`~radixserve.distributed.pipeline.launch.PipelineLaunch`.
 No other module tests ``tensor_parallel_size`` or ``pipeline_parallel_size`` to decide how
-to build or drive an engine (``tests/engine/test_topology.py`` checks).
+to build or drive an engine (``tests/distributed/test_topology.py`` checks).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import torch
 from radixserve.memory.page_hash import DIGEST_SIZE, PageKey
 
 if TYPE_CHECKING:
-    from radixserve.memory.kv_events import TierListener
+    from radixserve.memory.interfaces import TierListener
 
 logger = logging.getLogger(__name__)
 

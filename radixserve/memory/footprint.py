@@ -18,51 +18,17 @@ TP × PP worker holds. :mod:`radixserve.memory.planner` adds them up against a b
 from __future__ import annotations
 
 import math
-from typing import Protocol
 
 import torch
 
 from radixkernels.kv_format import SCALE_DTYPE, KVCacheDtype, KVFormat
+from radixserve.memory.interfaces import ModelDims
 from radixserve.memory.sharding import (
     WHOLE_MODEL,
     DeviceShard,
     kv_heads_per_rank,
     q_heads_per_rank,
 )
-
-
-class ModelDims(Protocol):
-    """The model dimensions the planner sizes memory from. Memory sits below the model layer,
-    so this names what it reads; ``radixserve.model.config.ModelConfig`` provides it."""
-
-    @property
-    def num_layers(self) -> int: ...
-    @property
-    def num_q_heads(self) -> int: ...
-    @property
-    def num_kv_heads(self) -> int: ...
-    @property
-    def head_dim(self) -> int: ...
-    @property
-    def hidden_size(self) -> int: ...
-    @property
-    def intermediate_size(self) -> int: ...
-    @property
-    def vocab_size(self) -> int: ...
-    @property
-    def q_size(self) -> int: ...
-    @property
-    def kv_size(self) -> int: ...
-    @property
-    def num_params(self) -> int: ...
-    @property
-    def attention_bias(self) -> bool: ...
-    @property
-    def o_proj_bias(self) -> bool: ...
-    @property
-    def mlp_bias(self) -> bool: ...
-    @property
-    def tie_word_embeddings(self) -> bool: ...
 
 
 def _dtype_bytes(dtype: torch.dtype) -> int:

@@ -31,7 +31,7 @@ from radixserve.memory.page_hash import PageKey, PrefixHasher
 from radixserve.memory.pool import KVPool
 
 if TYPE_CHECKING:
-    from radixserve.memory.kv_events import TierListener
+    from radixserve.memory.interfaces import TierListener
 
 
 class HierarchyStats(NamedTuple):

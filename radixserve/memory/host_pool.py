@@ -30,7 +30,7 @@ from radixserve.memory.page_hash import PageKey
 from radixserve.memory.pool import KVPool
 
 if TYPE_CHECKING:
-    from radixserve.memory.kv_events import TierListener
+    from radixserve.memory.interfaces import TierListener
 
 
 class PageCopier:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import mmap
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -106,3 +107,20 @@ def move_to_hugepages(module: nn.Module) -> int:
             t.data = torch.empty(0, dtype=t.dtype).set_(shared, offset, t.shape, t.stride())
     logger.debug("moved %d MB of weights onto huge pages", total >> 20)
     return total
+
+
+def vm_flags(address: int) -> list[str]:
+    """The ``VmFlags`` of this process's mapping that holds ``address`` (``hg``: advised
+    ``MADV_HUGEPAGE``), from ``/proc/self/smaps``; empty where there is none."""
+    smaps = Path("/proc/self/smaps")
+    if not smaps.exists():
+        return []
+    inside = False
+    for line in smaps.read_text().splitlines():
+        head = line.split()[0] if line else ""
+        if "-" in head and ":" not in head:  # a mapping's first line: "start-end perms ..."
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    return []

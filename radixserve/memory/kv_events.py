@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -71,18 +71,6 @@ class AllBlocksCleared(KVCacheEvent):
 
 class KVEventBatch(EventBatch):
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
-
-
-class TierListener(Protocol):
-    """What the lower tiers (L2 host pages, L3 page files) report as pages come and go."""
-
-    def tier_stored(self, tier: str, keys: Sequence[PageKey]) -> None:
-        """Pages ``keys`` entered ``tier`` ("L2" or "L3")."""
-        ...
-
-    def tier_removed(self, tier: str, keys: Sequence[PageKey]) -> None:
-        """Pages ``keys`` left ``tier``."""
-        ...
 
 
 def tier_mediums(l1_medium: str) -> dict[str, str]:

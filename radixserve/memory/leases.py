@@ -39,24 +39,14 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 from radixserve.memory.eviction.shadow import page_keys
+from radixserve.memory.interfaces import LeasableCache
 from radixserve.memory.tree_node import TreeNode
 
 __all__ = ["Lease", "LeaseConfig", "LeaseCounters", "LeaseTable", "SessionKey"]
 
 SessionKey = tuple[Hashable | None, str]  # (namespace, session id)
-
-
-class LeasableCache(Protocol):
-    """What leases need of the radix cache: page size and the lease references on a path."""
-
-    page_size: int
-
-    def add_lease(self, node: TreeNode) -> None: ...
-
-    def drop_lease(self, node: TreeNode) -> None: ...
 
 
 @dataclass(frozen=True)

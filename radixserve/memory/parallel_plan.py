@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.memory.footprint import ModelDims
+from radixserve.memory.interfaces import ModelDims
 from radixserve.memory.planner import MemoryPlan, plan_memory
 from radixserve.memory.sharding import DeviceShard, stage_shards
 

@@ -17,27 +17,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import Protocol
 
-from radixserve.memory.tree_node import MatchResult, TreeNode
-
-
-class PinnableCache(Protocol):
-    """What pinning needs of its cache (:class:`~radixserve.memory.radix_cache.RadixCache`,
-    or :class:`~radixserve.memory.no_cache.NoPrefixCache`, which reuses nothing)."""
-
-    page_size: int
-
-    @property
-    def reuses_prefixes(self) -> bool: ...
-
-    def match_prefix(
-        self, tokens: Sequence[int], namespace: Hashable | None = None, *, record_stats: bool = True
-    ) -> MatchResult: ...
-
-    def lock(self, node: TreeNode) -> None: ...
-
-    def unlock(self, node: TreeNode) -> None: ...
+from radixserve.memory.interfaces import PinnableCache
+from radixserve.memory.tree_node import TreeNode
 
 
 class PinTable:

@@ -24,7 +24,6 @@ import torch
 
 from radixkernels.kv_format import KVCacheDtype
 from radixserve.memory.footprint import (
-    ModelDims,
     activation_reserve_bytes,
     kv_bytes_per_sequence,
     kv_bytes_per_token,
@@ -32,6 +31,7 @@ from radixserve.memory.footprint import (
     kv_format,
     weight_bytes,
 )
+from radixserve.memory.interfaces import ModelDims
 from radixserve.memory.sharding import WHOLE_MODEL, DeviceShard
 from radixserve.memory.snapshot import (
     MemorySnapshot,
@@ -47,7 +47,6 @@ __all__ = [
     "MemoryPlan",
     "MemorySnapshot",
     "MiB",
-    "ModelDims",
     "activation_reserve_bytes",
     "cpu_available_bytes",
     "device_total_bytes",

@@ -28,7 +28,7 @@ do not run; nothing in radixserve registers any.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import cast
 
 import torch
 from torch import nn
@@ -44,6 +44,7 @@ from radixserve.model.layers.mlp import GatedMLP
 from radixserve.model.layers.norm import RMSNorm
 from radixserve.model.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
 from radixserve.model.parallel import ParallelLMHead, TPGroup, TPShard, VocabParallelEmbedding
+from radixserve.model.quant.apply import QuantReport
 
 __all__ = [
     "Attention",
@@ -131,9 +132,8 @@ class LlamaForCausalLM(nn.Module):
             if self.shard is None
             else ParallelLMHead(self.shard, cfg.hidden_size, cfg.vocab_size, tp)
         )
-        # What the loader's quantization did (a quant.apply.QuantReport; not imported here:
-        # quant.apply is typed against this module), None when the weights are as loaded.
-        self.quant_report: Any = None
+        # What the loader's quantization did, None when the weights are as loaded.
+        self.quant_report: QuantReport | None = None
         # Run the decoder layers of small CPU forwards in one native call (decoder_stack.py);
         # False keeps the per-layer Python path (the tests compare the two).
         self.native_stack = True

@@ -143,12 +143,39 @@ def load_model(
     stage's layers (:class:`~radixserve.model.pipeline_stage.LlamaPipelineStage`, with ``tp``
     its stage's tensor-parallel share), reading none of the other stages' tensors.
     """
-    from radixserve.model_store import model_gguf
-
     path = Path(path)
     dtype = parse_dtype(dtype)
     device = torch.device(device)
     qcfg = as_quant_config(quantization)
+    cfg = _read_config(path, dtype, device)
+    gguf = _gguf_source(path, qcfg, tp, stage)
+    model: LlamaForCausalLM
+    report: QuantReport | None = None
+    if stage is not None and stage.pp_size > 1:
+        model = _load_stage(path, cfg, stage, tp, dtype, device)
+    elif gguf is not None:
+        model, report, qcfg = _load_gguf(gguf, cfg, dtype, device, qcfg)
+    else:
+        with torch.device("meta"):
+            model = LlamaForCausalLM(cfg, tp)
+        model.load_weights(
+            iter_safetensors(path, model.shard, cfg.head_dim), dtype=dtype, device=device
+        )
+        if qcfg is not None:
+            from radixserve.model.quantize import quantize_model
+
+            report = quantize_model(model, qcfg)
+    _place_weights(model, report, qcfg, device, pack_linears)
+    model.quant_report = report
+    if report is not None:
+        logger.info("%s", report.summary())
+        if announce:
+            print(f"[radixserve] {report.summary()}", file=sys.stderr, flush=True)
+    return model.eval()
+
+
+def _read_config(path: Path, dtype: torch.dtype, device: torch.device) -> ModelConfig:
+    """The checkpoint's config, with a warning for the combinations that run poorly."""
     if dtype is torch.float16 and device.type == "cpu":
         logger.warning(
             "float16 on CPU is slow and poorly supported by some ops; prefer bfloat16 or float32"
@@ -161,6 +188,16 @@ def load_model(
             path,
             cfg.sliding_window,
         )
+    return cfg
+
+
+def _gguf_source(
+    path: Path, qcfg: QuantConfig | None, tp: TPGroup | None, stage: DeviceShard | None
+) -> Path | None:
+    """The GGUF file to load the weights from, or None for the safetensors; refuses the
+    parallel layouts a GGUF file cannot feed."""
+    from radixserve.model_store import model_gguf
+
     has_safetensors = (path / "model.safetensors.index.json").is_file() or any(
         path.glob("*.safetensors")
     )
@@ -173,46 +210,66 @@ def load_model(
             path,
         )
         gguf = None
-    report: QuantReport | None = None
     if gguf is not None and tp is not None:
         raise ValueError(
             f"tensor parallelism loads safetensors shards; {path} has only a GGUF file "
             "(convert it, or run with --tensor-parallel-size 1)"
         )
-    model: LlamaForCausalLM
-    is_stage = stage is not None and stage.pp_size > 1
-    if is_stage and (qcfg is not None or gguf is not None):
+    if stage is not None and stage.pp_size > 1 and (qcfg is not None or gguf is not None):
         raise ValueError(
             "pipeline parallelism loads safetensors checkpoints without weight quantization"
         )
-    if is_stage:
-        from radixserve.model.pipeline_stage import LlamaPipelineStage
+    return gguf
 
-        assert stage is not None
-        with torch.device("meta"):
-            model = stage_model = LlamaPipelineStage(cfg, stage, tp)
-        stage_weights = iter_safetensors(
-            path, stage_model.shard, cfg.head_dim, keep=stage_model.keeps
-        )
-        model.load_weights(stage_weights, dtype=dtype, device=device)
-    elif gguf is not None:
-        from radixserve.model.quant.gguf_loader import load_gguf_model
-        from radixserve.model.quant.gguf_weights import GGUFFile
 
-        if qcfg is None:
-            method = GGUFFile(gguf).nearest_method()
-            qcfg = QuantConfig(method) if method else None
-        model, report = load_gguf_model(str(gguf), cfg, dtype, device, qcfg)
-    else:
-        with torch.device("meta"):
-            model = LlamaForCausalLM(cfg, tp)
-        model.load_weights(
-            iter_safetensors(path, model.shard, cfg.head_dim), dtype=dtype, device=device
-        )
-        if qcfg is not None:
-            from radixserve.model.quant.apply import quantize_model
+def _load_stage(
+    path: Path,
+    cfg: ModelConfig,
+    stage: DeviceShard,
+    tp: TPGroup | None,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> LlamaForCausalLM:
+    """One pipeline stage's layers, reading none of the other stages' tensors."""
+    from radixserve.model.pipeline_stage import LlamaPipelineStage
 
-            report = quantize_model(model, qcfg)
+    with torch.device("meta"):
+        model = LlamaPipelineStage(cfg, stage, tp)
+    model.load_weights(
+        iter_safetensors(path, model.shard, cfg.head_dim, keep=model.keeps),
+        dtype=dtype,
+        device=device,
+    )
+    return model
+
+
+def _load_gguf(
+    gguf: Path,
+    cfg: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    qcfg: QuantConfig | None,
+) -> tuple[LlamaForCausalLM, QuantReport | None, QuantConfig | None]:
+    """The model built from a GGUF file; without a method asked, in the file's nearest one."""
+    from radixserve.model.gguf_loader import load_gguf_model
+    from radixserve.model.quant.gguf_weights import GGUFFile
+
+    if qcfg is None:
+        method = GGUFFile(gguf).nearest_method()
+        qcfg = QuantConfig(method) if method else None
+    model, report = load_gguf_model(str(gguf), cfg, dtype, device, qcfg)
+    return model, report, qcfg
+
+
+def _place_weights(
+    model: LlamaForCausalLM,
+    report: QuantReport | None,
+    qcfg: QuantConfig | None,
+    device: torch.device,
+    pack_linears: bool,
+) -> None:
+    """The loaded weights' last form: decoded copies (--quant-dense-cache), huge pages and
+    oneDNN-packed linears on the CPU."""
     if report is not None and qcfg is not None and qcfg.dense_cache:
         from radixserve.model.quant.apply import cache_dense_weights, module_weight_bytes
 
@@ -224,9 +281,3 @@ def load_model(
     if pack_linears and device.type == "cpu":
         # Quantized models keep every token's logits independent of its batch.
         cpu_linear.pack_linears(model, batch_invariant_head=report is not None)
-    model.quant_report = report
-    if report is not None:
-        logger.info("%s", report.summary())
-        if announce:
-            print(f"[radixserve] {report.summary()}", file=sys.stderr, flush=True)
-    return model.eval()

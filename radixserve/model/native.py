@@ -1,6 +1,7 @@
 """The CPU kernels of ``csrc/``: build, load, call.
 
-``paged_attention.cpp``: the attention of a whole batch over the KV pool's pages (see
+``paged_attention.cpp`` (its paths in ``paged_attention*.h``, ``store_kv.cpp`` writing the
+new rows): the attention of a whole batch over the KV pool's pages (see
 ``attention/torch_paged.py``); ``elementwise.cpp``: RoPE in place, SiLU(gate) * up and RMSNorm
 (with the residual add before it), one pass each (the model's layers use them on the CPU, see
 :func:`enabled`); ``gemv.cpp`` and ``gemv_int4.cpp``: the linear layers at decode row counts
@@ -34,6 +35,7 @@ _SOURCES = [
     _CSRC / name
     for name in (
         "paged_attention.cpp",
+        "store_kv.cpp",
         "elementwise.cpp",
         "gemv.cpp",
         "gemv_int8.cpp",

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from radixserve.engine.engine import Engine
+from radixserve.memory import hugepages
 
 floor = bench_modules.load("floor.py", "bench_floor")
 
@@ -29,19 +30,6 @@ def test_read_gbs_is_a_rate() -> None:
     assert floor.read_gbs(torch.ones(1 << 20)) > 0
 
 
-def _vm_flags(address: int) -> list[str]:
-    """The ``VmFlags`` of this process's mapping that holds ``address``."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0] if line else ""
-        if "-" in head and ":" not in head:  # a mapping's first line: "start-end perms ..."
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and line.startswith("VmFlags:"):
-            return line.split()[1:]
-    return []
-
-
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's smaps")
 def test_read_source_sits_on_huge_pages_like_the_weights() -> None:
     src = floor.read_source()
@@ -50,4 +38,4 @@ def test_read_source_sits_on_huge_pages_like_the_weights() -> None:
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if thp.exists() and "[never]" not in thp.read_text():
         # "hg": advised MADV_HUGEPAGE, as the engine's weight arena is.
-        assert "hg" in _vm_flags(src.data_ptr())
+        assert "hg" in hugepages.vm_flags(src.data_ptr())

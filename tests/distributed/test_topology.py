@@ -4,7 +4,7 @@
 it asks its :class:`~radixserve.distributed.topology.Topology` where they differ. These tests
 check that nothing in ``engine/`` tests the parallel sizes or reaches for the rank machinery
 itself, and that the one-process topology builds and drives a real engine. (The parallel
-topologies are exercised end to end by tests/engine/test_tensor_parallel.py and
+topologies are exercised end to end by tests/distributed/test_tensor_parallel.py and
 test_pipeline_parallel.py.)
 """
 

@@ -1,4 +1,4 @@
-"""Engine test fixtures (helpers live in ``engine_helpers``)."""
+"""Engine test fixtures (helpers live in ``tests/engine_helpers.py``)."""
 
 from __future__ import annotations
 

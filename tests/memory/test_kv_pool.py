@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from radixkernels.kv_format import KVFormat
-from radixserve.memory import KVPool
+from radixserve.memory import KVPool, hugepages
 
 
 @pytest.mark.parametrize("page_size", [1, 16, 64])
@@ -61,3 +63,28 @@ def test_starts_zeroed_and_rejects_bad_sizes() -> None:
         KVPool(1, 0, 4, 1, 4)
     with pytest.raises(ValueError):
         KVPool(1, 2, 4, 1, 5, kv_dtype="int4")  # int4 packs two per byte
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux's smaps")
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8_e4m3", "int8", "int4"])
+@pytest.mark.parametrize("env", ["1", "0"])
+def test_a_cpu_pool_sits_on_huge_pages(
+    kv_dtype: str, env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """K and V of a pool of 2 MB or more are advised MADV_HUGEPAGE (unless
+    RADIXSERVE_KV_HUGEPAGES=0), start zeroed and take what is stored."""
+    monkeypatch.setenv("RADIXSERVE_KV_HUGEPAGES", env)
+    pool = KVPool(2, 512, 16, 4, 64, kv_dtype=kv_dtype, act_dtype=torch.bfloat16)
+    for t in (pool.k_data[1], pool.v_data[0]):
+        assert t.is_contiguous() and int(t.view(torch.uint8).abs().sum()) == 0
+    pool.k_flat(1)[7].view(torch.uint8).fill_(3)
+    assert int(pool.k_data[1].view(torch.uint8).sum()) == 3 * pool.k_flat(1)[7].nbytes
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists() and "[never]" not in thp.read_text():
+        advised = "hg" in hugepages.vm_flags(pool.k_data[0].data_ptr())
+        assert advised == (env == "1")
+
+
+def test_a_small_pool_stays_a_plain_allocation() -> None:
+    pool = KVPool(1, 4, 16, 1, 8)
+    assert "hg" not in hugepages.vm_flags(pool.k_data[0].data_ptr())

@@ -12,10 +12,10 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from radixserve.model.config import ModelConfig  # noqa: E402
+from radixserve.model.gguf_loader import load_gguf_model  # noqa: E402
 from radixserve.model.loader import iter_safetensors, load_model  # noqa: E402
 from radixserve.model.quant import QuantConfig  # noqa: E402
 from radixserve.model.quant.formats import dequantize_int4, quantize_int4  # noqa: E402
-from radixserve.model.quant.gguf_loader import load_gguf_model  # noqa: E402
 from radixserve.model.quant.gguf_weights import GGUFFile, dequantize, int4_from_blocks  # noqa: E402
 from radixserve.model.quant.linear import Int4Linear, Int8Linear  # noqa: E402
 

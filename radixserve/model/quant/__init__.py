@@ -3,15 +3,19 @@
 - :mod:`.formats`: the formats and their plain-torch quantize/dequantize references.
 - :mod:`.linear`: the layers, over torch's packed weight-only kernels and ``_scaled_mm``.
 - :mod:`.config`: ``--quantization`` and its options, checked against the device.
-- :mod:`.apply`: quantize a loaded model in place; :class:`QuantReport` says what was done.
-- :mod:`.gguf_weights` / :mod:`.gguf_loader`: GGUF blocks into these formats.
+- :mod:`.apply`: make, install and count quantized layers; :class:`QuantReport` says what was done.
+- :mod:`.gguf_weights`: GGUF blocks into these formats.
+
+This package stands under the model (the decoder layers use its linears) and imports nothing
+of it above ``cpu_linear`` / ``cpu_gemv``. What walks a built model stands above it, beside the
+loader: :mod:`radixserve.model.quantize` (quantize a loaded model) and
+:mod:`radixserve.model.gguf_loader` (build one from a GGUF file).
 """
 
 from __future__ import annotations
 
 from radixserve.model.quant.apply import (
     QuantReport,
-    quantize_model,
     set_dense_min_rows,
     set_reference_mode,
 )
@@ -22,7 +26,6 @@ __all__ = [
     "QuantConfig",
     "QuantReport",
     "check_device",
-    "quantize_model",
     "set_dense_min_rows",
     "set_reference_mode",
 ]

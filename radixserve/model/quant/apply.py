@@ -1,15 +1,14 @@
-"""Quantize a loaded model in place: swap its linear layers (and optionally the embedding and
-LM head) for quantized ones, and describe what was done."""
+"""The tools that quantize a model's layers in place (make a quantized linear, install it, count
+the weights) and :class:`QuantReport`, what was done. They take any ``nn.Module``: walking one
+model family's modules is :mod:`radixserve.model.quantize`'s, above the model."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from radixserve.model.quant.config import QuantConfig, check_device
 from radixserve.model.quant.formats import (
     Fp8Weight,
     Int4Weight,
@@ -24,16 +23,12 @@ from radixserve.model.quant.linear import (
     Int8Embedding,
     Int8Linear,
     QuantizedLinear,
-    compute_dtype_for,
 )
-
-if TYPE_CHECKING:
-    from radixserve.model.llama import LlamaForCausalLM
 
 
 @dataclass
 class QuantReport:
-    """What :func:`quantize_model` (or the GGUF loader) did, for the start-up line."""
+    """What :func:`~radixserve.model.quantize.quantize_model` (or the GGUF loader) did, for the start-up line."""
 
     method: str
     group_size: int | None
@@ -142,48 +137,6 @@ def module_weight_bytes(model: nn.Module) -> int:
     return total + sum(
         m.dense_cache_bytes for m in model.modules() if isinstance(m, QuantizedLinear)
     )
-
-
-def _linear(model: nn.Module, name: str) -> nn.Linear:
-    lin = model.get_submodule(name)
-    if not isinstance(lin, nn.Linear):
-        raise TypeError(f"{name} is a {type(lin).__name__}, not a linear layer to quantize")
-    return lin
-
-
-def quantize_model(model: LlamaForCausalLM, qcfg: QuantConfig) -> QuantReport:
-    """Quantize ``model`` (a loaded :class:`~radixserve.model.llama.LlamaForCausalLM`) in place."""
-    cfg = model.config
-    device = model.model.norm.weight.device
-    act_dtype = model.model.norm.weight.dtype
-    check_device(qcfg.method, device)
-    cdt = compute_dtype_for(device, act_dtype)
-    # A tensor-parallel shard keeps its vocab-parallel embedding and LM head in full precision.
-    with_vocab = qcfg.embeddings_quantized(cfg.num_params) and model.shard is None
-    names = linear_targets(model, with_vocab)
-    group = None
-    if qcfg.method == "int4":
-        group = qcfg.resolve_group_size([_linear(model, n).in_features for n in names])
-    report = QuantReport(qcfg.method, group)
-    with torch.no_grad():
-        for name in names:
-            lin = _linear(model, name)
-            q = quantize_weight(qcfg.method, lin.weight, group, cdt)
-            install(model, name, make_quantized_linear(qcfg.method, q, lin.bias, cdt))
-            report.layers.append(name)
-        if with_vocab:
-            emb = model.model.embed_tokens
-            install(
-                model, "model.embed_tokens", Int8Embedding(quantize_int8(emb.weight), act_dtype)
-            )
-            report.layers.append("model.embed_tokens")
-        else:
-            report.full_precision = [
-                "model.embed_tokens",
-                "lm_head" + (" (tied)" if cfg.tie_word_embeddings else ""),
-            ]
-    report.weight_bytes = module_weight_bytes(model)
-    return report
 
 
 def set_reference_mode(model: nn.Module, on: bool = True) -> int:

@@ -94,166 +94,187 @@ class WorkerStatsCollector(Collector):
         st = self.stats
         if st is None:
             return
-        lw = ["worker"]
+        families = _WorkerFamilies()
+        for w in st.workers:
+            families.add(w)
+        yield from families.all()
+        yield from _router_families(st)
 
-        def gauge(name: str, doc: str, labels: list[str] = lw) -> GaugeMetricFamily:
-            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=labels)
 
-        up = gauge("worker_up", "1 while the worker is alive")
-        running = gauge("num_requests_running", "requests running in the worker's batch")
-        waiting = gauge("num_requests_waiting", "requests queued in the worker")
-        inflight = gauge(
+def _gauge(name: str, doc: str, labels: tuple[str, ...] = ("worker",)) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
+
+
+class _WorkerFamilies:
+    """One scrape's per-worker metric families, filled worker by worker."""
+
+    def __init__(self) -> None:
+        self.up = _gauge("worker_up", "1 while the worker is alive")
+        self.running = _gauge("num_requests_running", "requests running in the worker's batch")
+        self.waiting = _gauge("num_requests_waiting", "requests queued in the worker")
+        self.inflight = _gauge(
             "num_requests_inflight",
             "requests the router has dispatched to the worker and not seen finish",
         )
-        pages = {
-            k: gauge(f"kv_pages_{k}", f"KV cache pages: {k}")
+        self.pages = {
+            k: _gauge(f"kv_pages_{k}", f"KV cache pages: {k}")
             for k in ("total", "free", "evictable", "in_use")
         }
-        usage = gauge(
+        self.usage = _gauge(
             "kv_usage_ratio", "fraction of KV pages in use by running requests (in_use / total)"
         )
-        cached = gauge("kv_cached_tokens", "tokens held by the radix cache")
-        policy = gauge(
+        self.cached = _gauge("kv_cached_tokens", "tokens held by the radix cache")
+        self.policy = _gauge(
             "eviction_policy_active",
             "1 for the eviction policy a worker follows now (adaptive: its current choice)",
-            ["worker", "policy", "configured"],
+            ("worker", "policy", "configured"),
         )
-        regret = CounterMetricFamily(
+        self.regret = CounterMetricFamily(
             f"{PREFIX}_eviction_regret_tokens",
             "tokens each candidate policy recomputed within the horizon of evicting them "
             "(shadow caches; adaptive only)",
             labels=["worker", "policy"],
         )
-        leased = gauge(
+        self.leased = _gauge(
             "kv_leased_pages", "radix-cache pages on a session's leased path (evicted last)"
         )
-        divergence = HistogramMetricFamily(
+        self.divergence = HistogramMetricFamily(
             f"{PREFIX}_cache_divergence_position",
             "token index where reported prompts left the longest cached path "
             "(return_cache_report / --cache-report; fully cached prompts are not counted)",
-            labels=lw,
+            labels=["worker"],
         )
-        top_positions = gauge(
+        self.top_positions = _gauge(
             "cache_divergence_top",
             "reports that diverged at each of the most frequent positions (the top 10)",
-            ["worker", "position"],
+            ("worker", "position"),
         )
-        reasons = CounterMetricFamily(
+        self.reasons = CounterMetricFamily(
             f"{PREFIX}_cache_miss_reasons",
             "reported prompts by why the rest of the prompt was not cached",
             labels=["worker", "reason"],
         )
-        hit_rate = gauge(
+        self.hit_rate = _gauge(
             "prefix_cache_hit_ratio",
             "cumulative cached / prompt tokens (use the counters for windows)",
         )
-        counters = {
-            name: CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=lw)
+        self.counters = {
+            name: CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=["worker"])
             for _, name, doc in _ENGINE_COUNTERS
         }
-        memory = {
-            f: gauge(
+        self.memory = {
+            f: _gauge(
                 f"memory_{f}",
                 f"device memory snapshot: {f.replace('_', ' ')}",
-                ["worker", "device"],
+                ("worker", "device"),
             )
             for f in _MEMORY_FIELDS
         }
-        for w in st.workers:
-            wid = [str(w.worker_id)]
-            up.add_metric(wid, 1.0 if w.alive else 0.0)
-            eng = w.engine
-            for field, name, _ in _ENGINE_COUNTERS:
-                if field in eng:
-                    counters[name].add_metric(wid, float(eng[field]))
-            if not w.alive:
-                continue
-            load = w.load
-            inflight.add_metric(wid, float(w.inflight))
-            running.add_metric(wid, float(eng.get("running", load.running)))
-            waiting.add_metric(wid, float(eng.get("waiting", load.waiting)))
-            total = eng.get("num_pages", load.num_pages)
-            in_use = eng.get("pages_in_use", load.in_use_pages)
-            pages["total"].add_metric(wid, float(total))
-            pages["free"].add_metric(wid, float(eng.get("pages_free", load.free_pages)))
-            pages["evictable"].add_metric(
-                wid, float(eng.get("pages_evictable", load.evictable_pages))
-            )
-            pages["in_use"].add_metric(wid, float(in_use))
-            usage.add_metric(wid, in_use / total if total else 0.0)
-            if "cached_tokens" in eng:
-                cached.add_metric(wid, float(eng["cached_tokens"]))
-            if "eviction_policy_active" in eng:
-                policy.add_metric(
-                    [*wid, str(eng["eviction_policy_active"]), str(eng.get("eviction_policy", ""))],
-                    1.0,
-                )
-            for name, tokens in (eng.get("eviction_regret_tokens") or {}).items():
-                regret.add_metric([*wid, str(name)], float(tokens))
-            if "leased_pages" in eng:
-                leased.add_metric(wid, float(eng["leased_pages"]))
-            buckets = eng.get("cache_divergence_buckets") or {}
-            if buckets:
-                divergence.add_metric(
-                    wid,
-                    [(le, float(n)) for le, n in buckets.items()],
-                    float(eng.get("cache_divergence_position_sum", 0)),
-                )
-            for e in (eng.get("cache_divergence_top") or [])[:10]:
-                top_positions.add_metric([*wid, str(e["index"])], float(e["count"]))
-            for reason, n in (eng.get("cache_miss_reasons") or {}).items():
-                reasons.add_metric([*wid, str(reason)], float(n))
-            hit_rate.add_metric(wid, float(eng.get("hit_rate", w.hit_rate)))
-            mem = eng.get("memory")
-            if isinstance(mem, dict):
-                for f in _MEMORY_FIELDS:
-                    if f in mem:
-                        memory[f].add_metric([*wid, str(mem.get("device", ""))], float(mem[f]))
-        yield from (
-            up,
-            running,
-            waiting,
-            inflight,
-            *pages.values(),
-            usage,
-            cached,
-            leased,
-            policy,
-            regret,
-            divergence,
-            top_positions,
-            reasons,
-            hit_rate,
-            *counters.values(),
-            *memory.values(),
+
+    def add(self, w: p.WorkerStats) -> None:
+        """One worker's sample of every family (a dead worker: only up and its counters)."""
+        wid = [str(w.worker_id)]
+        self.up.add_metric(wid, 1.0 if w.alive else 0.0)
+        eng = w.engine
+        for field, name, _ in _ENGINE_COUNTERS:
+            if field in eng:
+                self.counters[name].add_metric(wid, float(eng[field]))
+        if not w.alive:
+            return
+        load = w.load
+        self.inflight.add_metric(wid, float(w.inflight))
+        self.running.add_metric(wid, float(eng.get("running", load.running)))
+        self.waiting.add_metric(wid, float(eng.get("waiting", load.waiting)))
+        total = eng.get("num_pages", load.num_pages)
+        in_use = eng.get("pages_in_use", load.in_use_pages)
+        self.pages["total"].add_metric(wid, float(total))
+        self.pages["free"].add_metric(wid, float(eng.get("pages_free", load.free_pages)))
+        self.pages["evictable"].add_metric(
+            wid, float(eng.get("pages_evictable", load.evictable_pages))
         )
-        router = [
-            CounterMetricFamily(
-                f"{PREFIX}_router_requests",
-                "generate requests accepted by the router",
-                value=st.requests,
-            ),
-            CounterMetricFamily(
-                f"{PREFIX}_router_requests_aborted",
-                "requests aborted (client abort or gone)",
-                value=st.aborted,
-            ),
-            CounterMetricFamily(
-                f"{PREFIX}_router_errors", "error replies sent by the router", value=st.errors
-            ),
-            GaugeMetricFamily(
-                f"{PREFIX}_router_requests_active",
-                "requests in flight in the router",
-                value=st.active,
-            ),
-            GaugeMetricFamily(
-                f"{PREFIX}_router_clients",
-                "client connections with requests in flight",
-                value=st.clients,
-            ),
-        ]
-        yield from router
+        self.pages["in_use"].add_metric(wid, float(in_use))
+        self.usage.add_metric(wid, in_use / total if total else 0.0)
+        if "cached_tokens" in eng:
+            self.cached.add_metric(wid, float(eng["cached_tokens"]))
+        if "eviction_policy_active" in eng:
+            self.policy.add_metric(
+                [*wid, str(eng["eviction_policy_active"]), str(eng.get("eviction_policy", ""))],
+                1.0,
+            )
+        for name, tokens in (eng.get("eviction_regret_tokens") or {}).items():
+            self.regret.add_metric([*wid, str(name)], float(tokens))
+        if "leased_pages" in eng:
+            self.leased.add_metric(wid, float(eng["leased_pages"]))
+        self._add_misses(wid, eng)
+        self.hit_rate.add_metric(wid, float(eng.get("hit_rate", w.hit_rate)))
+        mem = eng.get("memory")
+        if isinstance(mem, dict):
+            for f in _MEMORY_FIELDS:
+                if f in mem:
+                    self.memory[f].add_metric([*wid, str(mem.get("device", ""))], float(mem[f]))
+
+    def _add_misses(self, wid: list[str], eng: dict[str, Any]) -> None:
+        """The worker's miss reports (memory.miss_report): divergence histogram, top
+        positions, reasons."""
+        buckets = eng.get("cache_divergence_buckets") or {}
+        if buckets:
+            self.divergence.add_metric(
+                wid,
+                [(le, float(n)) for le, n in buckets.items()],
+                float(eng.get("cache_divergence_position_sum", 0)),
+            )
+        for e in (eng.get("cache_divergence_top") or [])[:10]:
+            self.top_positions.add_metric([*wid, str(e["index"])], float(e["count"]))
+        for reason, n in (eng.get("cache_miss_reasons") or {}).items():
+            self.reasons.add_metric([*wid, str(reason)], float(n))
+
+    def all(self) -> tuple[Any, ...]:
+        return (
+            self.up,
+            self.running,
+            self.waiting,
+            self.inflight,
+            *self.pages.values(),
+            self.usage,
+            self.cached,
+            self.leased,
+            self.policy,
+            self.regret,
+            self.divergence,
+            self.top_positions,
+            self.reasons,
+            self.hit_rate,
+            *self.counters.values(),
+            *self.memory.values(),
+        )
+
+
+def _router_families(st: p.StatsReply) -> list[Any]:
+    return [
+        CounterMetricFamily(
+            f"{PREFIX}_router_requests",
+            "generate requests accepted by the router",
+            value=st.requests,
+        ),
+        CounterMetricFamily(
+            f"{PREFIX}_router_requests_aborted",
+            "requests aborted (client abort or gone)",
+            value=st.aborted,
+        ),
+        CounterMetricFamily(
+            f"{PREFIX}_router_errors", "error replies sent by the router", value=st.errors
+        ),
+        GaugeMetricFamily(
+            f"{PREFIX}_router_requests_active",
+            "requests in flight in the router",
+            value=st.active,
+        ),
+        GaugeMetricFamily(
+            f"{PREFIX}_router_clients",
+            "client connections with requests in flight",
+            value=st.clients,
+        ),
+    ]
 
 
 class GatewayMetrics:

@@ -1,0 +1,179 @@
+// The paged-attention kernel's shared pieces: constants, the per-thread scratch, where a run
+// of keys lives (Layer, KeyRun), and the small helpers every path uses. Included by
+// paged_attention.cpp (the kernel) and the paths of its own files: paged_attention_narrow.h
+// (AVX-512 blocks of a few rows) and paged_attention_amx.h (AMX tiles).
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "vec.h"
+
+namespace radixserve_cpu::paged {
+
+constexpr int64_t kBlock = 64;  // keys per online-softmax block
+constexpr float kNoMax = -1e30f;  // finite "minus infinity": keeps exp2 arithmetic NaN-free
+// Rows per work item: one vector's worth, so that the few dozen decode rows of a group over
+// a long shared prefix still spread over the threads (the second item re-reads its keys
+// from the shared L3).
+constexpr int64_t kRowBlock = kLanes;
+// Keys per chunk (a multiple of kBlock): the unit of the merge order above, and of the work a
+// decode step spreads over the threads (a 545-key context is 5 chunks per KV head).
+constexpr int64_t kChunk = 2 * kBlock;
+
+// Per-thread scratch for one work item: its rows' pre-scaled queries, softmax state and
+// causal limits, and staging for blocks of half-precision keys/values converted to float.
+// One per thread, kept across calls and grown on demand: at batch 1 a layer's attention is
+// a few microseconds, and allocating (and zeroing) ~40 KB per call was a visible part of it.
+// ``m2``, ``l2``, ``acc2``: one chunk's state, before it is merged into ``m``, ``l``, ``acc``.
+struct Scratch {
+  // ``kt``, ``ps``: a narrow block's transposed keys and probabilities (narrow_block).
+  std::vector<float> q, m, l, acc, m2, l2, acc2, kf, vf_, kt, ps;
+  std::vector<int32_t> limit;
+  // amx_attend's tile operands: the rows' queries as pairs (``tq``), keys copied where a
+  // tile cannot read them in place (``tk``), a block's scores (``ts``), probabilities
+  // (``tp``) and values as pairs of keys (``tv``).
+  std::vector<uint32_t> tq;
+  std::vector<uint16_t> tk, tp, tv;
+  std::vector<float> ts;
+  int64_t tile_rows = 0;  // the rows of the tile configuration loaded on this thread, 0: none
+  void reserve(int64_t d) {
+    if (static_cast<int64_t>(q.size()) >= kRowBlock * d) return;
+    q.resize(kRowBlock * d), m.resize(kRowBlock), l.resize(kRowBlock), acc.resize(kRowBlock * d);
+    m2.resize(kRowBlock), l2.resize(kRowBlock), acc2.resize(kRowBlock * d);
+    kf.resize(kBlock * d), vf_.resize(kBlock * d), limit.resize(kRowBlock);
+    kt.resize(kBlock * d), ps.resize(kRowBlock * kBlock);
+    tq.resize(kLanes * d / 2), tk.resize(kBlock * d), tp.resize(kRowBlock * kBlock), tv.resize(kBlock * d);
+    ts.resize(kBlock * kLanes);
+  }
+  static Scratch& local(int64_t d) {
+    thread_local Scratch sc;
+    sc.reserve(d);
+    return sc;
+  }
+};
+
+// Where a run of keys lives: pages in order, the run's first ``len`` tokens of them.
+struct KeyRun {
+  const int64_t* pages;
+  int64_t len;
+};
+
+template <typename KV>
+struct Layer {
+  const KV* k;
+  const KV* v;
+  int64_t page_size, kv_heads, d;
+  // Offset of token ``t`` of ``page`` for KV head ``h``, in elements.
+  int64_t at(int64_t page, int64_t t, int64_t h) const { return ((page * page_size + t) * kv_heads + h) * d; }
+  // put(i, offset) for the keys pos .. pos + n - 1 of a run in ``pages``, KV head ``h`` (one
+  // division for the run and one offset per page, not per key: a key is the one before it
+  // plus a token's stride).
+  template <typename Put>
+  void offsets(const int64_t* pages, int64_t h, int64_t pos, int64_t n, Put&& put) const {
+    if (n <= 0) return;
+    const int64_t stride = kv_heads * d;
+    int64_t page = pos / page_size, t = pos % page_size, off = at(pages[page], t, h);
+    for (int64_t i = 0; i < n; ++i) {
+      put(i, off);
+      if (++t < page_size) {
+        off += stride;
+      } else if (i + 1 < n) {  // the next page: read its id only when a key lies on it
+        t = 0, off = at(pages[++page], 0, h);
+      }
+    }
+  }
+};
+
+// Prefetch one token's K and V rows (``off`` in elements) into the cache.
+template <typename KV>
+inline void prefetch_row(const Layer<KV>& L, int64_t off) {
+  for (int64_t b = 0; b < L.d * static_cast<int64_t>(sizeof(KV)); b += 64) {
+    __builtin_prefetch(reinterpret_cast<const char*>(L.k + off) + b, 0, 1);
+    __builtin_prefetch(reinterpret_cast<const char*>(L.v + off) + b, 0, 1);
+  }
+}
+
+// Rows of one block of keys: float pages are read in place, others converted into ``buf``.
+template <typename KV>
+const float* block_rows(const KV* const* src, int64_t n, int64_t d, float* buf) {
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < d; ++j) buf[t * d + j] = to_float(src[t][j]);
+  }
+  return buf;
+}
+
+// acc rows ``r``.. (``R`` of them) = acc * alpha + sum_t prob(t, r) * v[t]: NC vectors of
+// columns per row, R rows together, so R * NC independent FMA chains hide the FMA latency.
+// ``prob(t, r)``: the probability of key t for row r, wherever the caller keeps it; ``vr``:
+// the value rows, float or a dtype load_as_vf widens (exactly) as it goes.
+template <int NC, int R, typename Prob, typename V>
+inline void accumulate_pv(float* __restrict acc, int64_t r, const vf alpha, Prob&& prob, const V* const* vr,
+                          int64_t n) {
+  constexpr int64_t d = NC * kLanes;
+  vf x[R][NC];
+  for (int i = 0; i < R; ++i) {
+    for (int c = 0; c < NC; ++c) x[i][c] = load_vf(acc + (r + i) * d + c * kLanes) * alpha[r + i];
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    for (int c = 0; c < NC; ++c) {
+      const vf v = load_as_vf(vr[t] + c * kLanes);
+      for (int i = 0; i < R; ++i) x[i][c] += prob(t, r + i) * v;
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    for (int c = 0; c < NC; ++c) store_vf(acc + (r + i) * d + c * kLanes, x[i][c]);
+  }
+}
+
+// acc += the block's probabilities times its values, for rows [0, lanes): two rows at a time
+// where the registers allow, then one (the arithmetic of a row is the same either way).
+template <int NC, typename Prob, typename V>
+inline void accumulate_rows(float* acc, int64_t lanes, const vf alpha, Prob&& prob, const V* const* vr, int64_t n) {
+  int64_t r = 0;
+  if constexpr (NC <= 8) {
+    for (; r + 2 <= lanes; r += 2) accumulate_pv<NC, 2>(acc, r, alpha, prob, vr, n);
+  }
+  for (; r < lanes; ++r) accumulate_pv<NC, 1>(acc, r, alpha, prob, vr, n);
+}
+
+// Whether narrow_block multiplies a block's values as they lie in the pages (float, and bf16
+// where a vector widens it), rather than converted rows.
+template <typename KV>
+constexpr bool narrow_widens = std::is_same_v<KV, float> || (std::is_same_v<KV, c10::BFloat16> && RADIXSERVE_VEC_BF16);
+// Whether a block's keys must be converted to float rows before narrow_block (which
+// transposes float keys, and bf16 keys of an even number of vectors, itself).
+template <int NC, typename KV>
+constexpr bool narrow_reads_rows = !(std::is_same_v<KV, float> || (std::is_same_v<KV, c10::BFloat16> && NC % 2 == 0));
+
+// Whether bf16 queries score bf16 keys of head_dim d by pairs of dimensions: vdpbf16ps adds a
+// pair's two exact products to a float sum, the odd dimension's and then the even one's, each
+// rounded once (the FMAs fma(q_2i, k_2i, fma(q_2i+1, k_2i+1, s)), checked bit for bit on
+// AVX-512 bf16 hardware), half the instructions of a float FMA per dimension and no widening
+// of the keys. Every path then runs that order: a decode row's narrow blocks with the
+// instruction, a prefill's rows-in-lanes blocks with the FMAs, so they still agree bit for bit.
+// The queries are used unscaled (the bf16 values themselves), the score scaled after.
+// Even numbers of key vectors only: the keys are transposed as pairs of vectors (NC even).
+template <typename Q, typename KV>
+constexpr bool pair_scores_for(int64_t d) {
+  return RADIXSERVE_VEC_BF16 && std::is_same_v<Q, c10::BFloat16> && std::is_same_v<KV, c10::BFloat16> &&
+         d % (2 * kLanes) == 0;
+}
+
+// A pair of bf16 values held as floats (their top halves are the bf16 words) as one 32-bit
+// word of two bf16: x[0] in the low half, x[1] in the high one (vdpbf16ps's and the tiles'
+// operand order).
+inline uint32_t bf16_pair(const float* x) {
+  uint32_t even, odd;
+  std::memcpy(&even, x, sizeof even);
+  std::memcpy(&odd, x + 1, sizeof odd);
+  return (odd & 0xffff0000u) | (even >> 16);
+}
+
+}  // namespace radixserve_cpu::paged

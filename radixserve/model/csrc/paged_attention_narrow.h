@@ -1,0 +1,165 @@
+// The paged-attention kernel's narrow blocks on AVX-512: a decode token's few query rows
+// (kNarrowRows) scored against keys transposed into the lanes. kNarrowRows is 0 without
+// AVX-512 (every block takes the rows-in-lanes path of attend_run).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "paged_attention.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace radixserve_cpu::paged {
+
+#if defined(__AVX512F__)
+// Blocks of up to this many rows (a decode token's query heads of one KV head: 1 for MHA,
+// 3 for SmolLM2's GQA) take narrow_block below.
+constexpr int64_t kNarrowRows = 4;
+
+// out[j] lane i = src[i][col + j] for i, j < 16: sixteen rows' 16 words from ``col`` on,
+// transposed in registers (pairs of words, then pairs of pairs, then 128- and 256-bit
+// quarters change places). Words are moved, not read as numbers: bf16 pairs pass too.
+inline void transpose16(const float* const* src, int64_t col, __m512 (&out)[16]) {
+  __m512 a[16], b[16];
+  for (int i = 0; i < 16; ++i) a[i] = _mm512_loadu_ps(src[i] + col);
+  for (int i = 0; i < 16; i += 2) {
+    b[i] = _mm512_unpacklo_ps(a[i], a[i + 1]);
+    b[i + 1] = _mm512_unpackhi_ps(a[i], a[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    for (int u = 0; u < 2; ++u) {
+      const __m512d x = _mm512_castps_pd(b[i + u]), y = _mm512_castps_pd(b[i + u + 2]);
+      a[i + 2 * u] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
+      a[i + 2 * u + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
+    }
+  }
+  for (int i = 0; i < 16; i += 8) {
+    for (int u = 0; u < 4; ++u) {
+      b[i + u] = _mm512_shuffle_f32x4(a[i + u], a[i + u + 4], 0x88);
+      b[i + u + 4] = _mm512_shuffle_f32x4(a[i + u], a[i + u + 4], 0xdd);
+    }
+  }
+  for (int u = 0; u < 8; ++u) {
+    out[u] = _mm512_shuffle_f32x4(b[u], b[u + 8], 0x88);
+    out[u + 8] = _mm512_shuffle_f32x4(b[u], b[u + 8], 0xdd);
+  }
+}
+
+// kt[j * kBlock + t] = dimension j of key t (as float) for the 16 keys from ``t0`` of the
+// block. float keys are transposed in place; bf16 keys as pairs of dimensions in one 32-bit
+// word (half the shuffles, and the widening is a shift or a mask of the transposed word);
+// other dtypes from ``kr``, the rows already converted to float.
+// With ``Pairs`` (pair_scores_for), bf16 keys stay pairs: kt word j * kBlock + t holds
+// dimensions 2j and 2j + 1 of key t.
+template <int NC, typename KV, bool Pairs>
+inline void transpose_keys(const KV* const* krow, const float* const* kr, int64_t t0, float* __restrict kt) {
+  __m512 w[16];
+  if constexpr (std::is_same_v<KV, c10::BFloat16> && NC % 2 == 0) {
+    const float* words[16];
+    for (int i = 0; i < 16; ++i) words[i] = reinterpret_cast<const float*>(krow[t0 + i]);
+    for (int c = 0; c < NC / 2; ++c) {
+      transpose16(words, c * kLanes, w);
+      for (int j = 0; j < 16; ++j) {  // word j: dimensions 2 (16 c + j) and the one after
+        if constexpr (Pairs) {
+          _mm512_storeu_ps(kt + (c * kLanes + j) * kBlock + t0, w[j]);
+        } else {
+          const __m512i x = _mm512_castps_si512(w[j]);
+          float* even = kt + (2 * (c * kLanes + j)) * kBlock + t0;
+          _mm512_storeu_ps(even, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
+          _mm512_storeu_ps(even + kBlock, _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(-65536))));
+        }
+      }
+    }
+  } else {
+    const float* const* rows = kr + t0;
+    if constexpr (std::is_same_v<KV, float>) rows = krow + t0;
+    for (int c = 0; c < NC; ++c) {
+      transpose16(rows, c * kLanes, w);
+      for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kt + (c * kLanes + j) * kBlock + t0, w[j]);
+    }
+  }
+}
+
+// One full, unmasked block of kBlock keys for R <= kNarrowRows rows: the scores with the keys
+// in the lanes (R x kBlock / kLanes vectors of FMAs per dimension, over a transposed copy of
+// the block's keys in ``kt``) rather than the rows, which would leave most lanes idle and cost
+// a vector FMA per key and dimension. Every row's score is the same FMA chain over the
+// dimensions, from zero, as attend_run's; its maximum, probabilities (``ps``, row-major),
+// their sum (key by key, in order), the rescaled state and the values' products are the same
+// operations in the same order too, so a row gets the same bits on either path (a decode row
+// here, the prefill row of the same position there). ``ahead(t)``: prefetch the next block's
+// key t, called for every t while the keys are transposed. With ``Pairs`` the rows' queries
+// are ``qw`` (R rows of d / 2 bf16 pairs) and the scores are scaled by ``scale`` after.
+template <int NC, int R, bool Pairs, typename KV, typename V, typename Ahead>
+void narrow_block(const KV* const* krow, const float* const* kr, const V* const* vr, const float* __restrict q,
+                  const uint32_t* __restrict qw, float scale, vf& vm, vf& vl, float* __restrict acc,
+                  float* __restrict kt, float* __restrict ps, Ahead&& ahead) {
+  constexpr int64_t d = NC * kLanes, G = kBlock / kLanes;
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t t = g * kLanes; t < (g + 1) * kLanes; ++t) ahead(t);
+    transpose_keys<NC, KV, Pairs>(krow, kr, g * kLanes, kt);
+  }
+  vf sc[R][G];
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < G; ++g) sc[r][g] = vf{};
+  }
+  if constexpr (Pairs) {
+#if RADIXSERVE_VEC_BF16
+    __m512 dot[R][G];
+    for (int r = 0; r < R; ++r) {
+      for (int g = 0; g < G; ++g) dot[r][g] = _mm512_setzero_ps();
+    }
+    for (int64_t j = 0; j < d / 2; ++j) {
+      __m512bh k[G];
+      for (int g = 0; g < G; ++g) k[g] = (__m512bh)_mm512_loadu_si512(kt + j * kBlock + g * kLanes);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh qj = (__m512bh)_mm512_set1_epi32(static_cast<int>(qw[r * (d / 2) + j]));
+        for (int g = 0; g < G; ++g) dot[r][g] = _mm512_dpbf16_ps(dot[r][g], qj, k[g]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int g = 0; g < G; ++g) sc[r][g] = static_cast<vf>(dot[r][g]) * scale;
+    }
+#endif
+  } else {
+    for (int64_t j = 0; j < d; ++j) {
+      vf k[G];
+      for (int g = 0; g < G; ++g) k[g] = load_vf(kt + j * kBlock + g * kLanes);
+      for (int r = 0; r < R; ++r) {
+        const vf qj = splat(q[r * d + j]);
+        for (int g = 0; g < G; ++g) sc[r][g] += qj * k[g];
+      }
+    }
+  }
+  float mx[kLanes], sum[kLanes] = {};
+  store_vf(mx, vm);
+  for (int r = 0; r < R; ++r) {
+    vf m = sc[r][0];
+    for (int g = 1; g < G; ++g) m = vmax(m, sc[r][g]);
+    for (int64_t i = 0; i < kLanes; ++i) mx[r] = mx[r] > m[i] ? mx[r] : m[i];
+    const vf row_max = splat(mx[r]);
+    for (int g = 0; g < G; ++g) store_vf(ps + r * kBlock + g * kLanes, exp2v(sc[r][g] - row_max));
+  }
+  // Each row's sum key by key (the rows' chains interleaved, so their latencies overlap).
+  for (int64_t t = 0; t < kBlock; ++t) {
+    for (int r = 0; r < R; ++r) sum[r] += ps[r * kBlock + t];
+  }
+  const vf vmx = load_vf(mx);
+  const vf alpha = exp2v(vm - vmx);
+  vm = vmx;
+  vl = vl * alpha + load_vf(sum);
+  auto prob = [&](int64_t t, int64_t r) { return ps[r * kBlock + t]; };
+  if constexpr (R * NC <= 16) {  // every row in one pass over the values: R * NC accumulators
+    accumulate_pv<NC, R>(acc, 0, alpha, prob, vr, kBlock);
+  } else {
+    accumulate_rows<NC>(acc, R, alpha, prob, vr, kBlock);
+  }
+}
+#else
+constexpr int64_t kNarrowRows = 0;  // the rows-in-lanes path everywhere
+#endif
+
+}  // namespace radixserve_cpu::paged
