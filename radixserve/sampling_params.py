@@ -75,6 +75,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # Keep this request's prompt prefix pinned in the KV cache for this many seconds after
     # it finishes, refreshed by every hit (within the server's pin budget; None: no pin).
     pin_ttl_s: float | None = None
+    # Report where the prompt left the longest cached path and why (usage.cache_report;
+    # radixserve.memory.miss_report). Not about sampling: it rides here to reach the worker.
+    return_cache_report: bool = False
 
     @property
     def greedy(self) -> bool:

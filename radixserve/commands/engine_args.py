@@ -138,6 +138,12 @@ def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> N
         help="the same fields as a JSON object, over the file's (e.g. "
         '\'{"master_server_address": "mooncake-master:50051"}\')',
     )
+    g.add_argument(
+        "--cache-report",
+        action="store_true",
+        help="every request's usage says where its prompt left the cached path and why "
+        "(not only those asking with return_cache_report); feeds /metrics and cache-report",
+    )
     g.add_argument("--engine-config", default="{}", help="more EngineConfig fields as JSON")
     add_parallel_arguments(p)
 
@@ -232,6 +238,8 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
         cfg["quant_dense_cache"] = True
     if args.enable_hierarchical_cache:
         cfg["enable_hierarchical_cache"] = True
+    if getattr(args, "cache_report", False):
+        cfg["cache_report"] = True
     for name in (
         "hicache_size",
         "hicache_storage_dir",

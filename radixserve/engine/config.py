@@ -85,6 +85,9 @@ class EngineConfig:
     eviction_policy: str = "lru"
     session_lease_default_s: float = 30.0
     session_lease_cap_s: float = 600.0
+    # Every request gets a cache report (where its prompt left the cached path, and why:
+    # memory.miss_report), not only those that ask with return_cache_report.
+    cache_report: bool = False
     # The scheduling knobs: their defaults and meaning are SchedulerConfig's (one source).
     schedule_policy: str = SchedulerConfig.schedule_policy  # "lpm" | "fcfs"
     lpm_max_bypass: int = SchedulerConfig.lpm_max_bypass

@@ -46,6 +46,7 @@ from radixserve.engine.prefix_cache import (
     lease_config,
     lease_stats,
     make_prefix_cache,
+    miss_stats,
     persist_prefix_cache,
 )
 from radixserve.engine.sampler import Sampler
@@ -190,6 +191,8 @@ class Engine:
         self.cache.pins.budget_pages = int(num_pages * cfg.pin_budget_fraction)
         self.cache.leases.config = lease_config(cfg)
         self.cache.eviction.set_policy(cfg.eviction_policy)
+        if self.cache.misses is not None:
+            self.cache.misses.report_all = cfg.cache_report
         if cfg.kv_events_endpoint is not None:
             self.enable_kv_events(pool)
         self.max_model_len = cfg.max_model_len or self.model_config.max_position_embeddings
@@ -357,8 +360,14 @@ class Engine:
             spec_accepted_tokens_total=c.spec_accepted_tokens,
             **hicache_stats(self.cache),
             **lease_stats(self.cache),
+            **miss_stats(self.cache),
             **self.cache.eviction.stats(),
         )
+
+    def close_session(self, session_id: str, namespace: str | None = None) -> bool:
+        """The session ended: release its lease (its path becomes ordinary cache) and forget
+        its learned pauses. Returns whether it held a lease."""
+        return self.cache.leases.release(session_id, namespace)
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix. Only when no request is waiting or running (else False)."""

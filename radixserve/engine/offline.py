@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.outputs import GenerateOutput, StepOutput, TokenLogprob, Usage
 from radixserve.sampling_params import SamplingParams
@@ -43,10 +45,13 @@ class GenerateCollector:
         self.text = ""
         self.stopped = False
         self.last: StepOutput | None = None
+        self.cache_report: Any = msgspec.UNSET  # sent once, with an early output
 
     def add(self, o: StepOutput) -> bool:
         """Take one output; True when a stop string just matched (the caller stops the request)."""
         self.last = o
+        if o.usage is not None and o.usage.cache_report is not msgspec.UNSET:
+            self.cache_report = o.usage.cache_report
         if o.prompt_logprobs is not None:
             self.prompt_logprobs = o.prompt_logprobs
         if self.stopped:
@@ -81,6 +86,7 @@ class GenerateCollector:
                 usage.cached_disk_tokens,
                 usage.spec_drafted_tokens,
                 usage.spec_accepted_tokens,
+                self.cache_report,
             ),
             prompt_token_ids=self.prompt_ids,
             logprobs=self.logprobs if self.want_logprobs else None,

@@ -6,7 +6,7 @@ torch; the router, the gateways and the DSL decode these without the model stack
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -28,11 +28,33 @@ class TokenLogprob(msgspec.Struct, array_like=True, frozen=True):
     top: list[tuple[int, float]] = []
 
 
+class CacheReport(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Where a prompt left the longest cached path and why the rest was not there
+    (:mod:`radixserve.memory.miss_report`; asked with ``return_cache_report``).
+
+    ``reason``: fully_cached | never_cached | evicted | lease_expired | lease_yielded |
+    other_namespace | no_cache. ``diverged_at``: the first prompt token on no cached path
+    (absent when every whole page is cached); ``before`` / ``after``: prompt token ids
+    around it; ``cached_after``: what the cached path holds there instead, when one goes
+    on; ``evicted_by`` / ``evicted_s_ago``: the policy that evicted it, and when.
+    """
+
+    reason: str
+    cached_tokens: int
+    diverged_at: int | None = None
+    before: list[int] = []
+    after: list[int] = []
+    cached_after: list[int] = []
+    evicted_by: str | None = None
+    evicted_s_ago: float | None = None
+
+
 class Usage(msgspec.Struct, frozen=True):
     """Per-request token counts.
 
     ``cached_tokens`` is how many prompt tokens were reused from the radix cache instead
-    of computed (counted at the request's first admission).
+    of computed (counted at the request's first admission). ``cache_report`` is absent
+    (unset, not even encoded) unless the request asked for one.
     """
 
     prompt_tokens: int
@@ -46,6 +68,7 @@ class Usage(msgspec.Struct, frozen=True):
     # accepted draft is an output token that cost no forward of its own).
     spec_drafted_tokens: int = 0
     spec_accepted_tokens: int = 0
+    cache_report: CacheReport | msgspec.UnsetType = msgspec.UNSET
 
 
 class StepOutput(msgspec.Struct, frozen=True):
@@ -145,6 +168,14 @@ class EngineStats(msgspec.Struct, frozen=True):
     spec_verifies_total: int = 0
     spec_drafted_tokens_total: int = 0
     spec_accepted_tokens_total: int = 0
+    # Miss reports (memory.miss_report; requests that asked, or all with --cache-report):
+    # how many, their reasons, a cumulative histogram of divergence positions (bucket upper
+    # bound in tokens -> reports), and the most frequent positions with their context.
+    cache_reports_total: int = 0
+    cache_miss_reasons: dict[str, int] = msgspec.field(default_factory=dict)
+    cache_divergence_buckets: dict[str, int] = msgspec.field(default_factory=dict)
+    cache_divergence_position_sum: int = 0
+    cache_divergence_top: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
 
 def to_step_output(o: RequestOutput) -> StepOutput:
@@ -168,5 +199,22 @@ def to_step_output(o: RequestOutput) -> StepOutput:
             o.cached_disk_tokens,
             o.spec_drafted_tokens,
             o.spec_accepted_tokens,
+            msgspec.UNSET if o.cache_report is None else cache_report(o.cache_report),
         ),
+    )
+
+
+def cache_report(d: Any) -> CacheReport:
+    """A :class:`~radixserve.memory.miss_report.Divergence` (or ``"no_cache"``) on the wire."""
+    if isinstance(d, str):
+        return CacheReport(reason=d, cached_tokens=0)
+    return CacheReport(
+        reason=d.reason,
+        cached_tokens=d.cached_tokens,
+        diverged_at=d.at,
+        before=d.before,
+        after=d.after,
+        cached_after=d.cached_after,
+        evicted_by=d.policy,
+        evicted_s_ago=None if d.evicted_s_ago is None else round(d.evicted_s_ago, 3),
     )

@@ -185,3 +185,9 @@ def lease_stats(cache: PrefixCache) -> dict[str, Any]:
         "sessions_adopted_total": c.adopted,
         "lease_lost_tokens_total": c.lost_tokens,
     }
+
+
+def miss_stats(cache: PrefixCache) -> dict[str, Any]:
+    """What the cache's miss reports add up to (memory.miss_report), as
+    :class:`~radixserve.engine.outputs.EngineStats` fields (none without a radix cache)."""
+    return {} if cache.misses is None else cache.misses.stats.as_dict()

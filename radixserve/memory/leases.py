@@ -175,6 +175,14 @@ class LeaseTable:
         s = self._sessions.get((namespace, session))
         return None if s is None else s.lease
 
+    def lost(self, session: str, namespace: Hashable | None = None) -> tuple[str, int] | None:
+        """How ``session``'s last lease ended early (``"expired"`` / ``"yielded"``) and the
+        tokens it covered, until its next turn is admitted; None when it did not."""
+        s = self._sessions.get((namespace, session))
+        if s is None or s.lost is None:
+            return None
+        return s.lost, s.last_tokens
+
     def adopt(self, prompt: Sequence[int], namespace: Hashable | None = None) -> str | None:
         """The session of the latest earlier turn whose whole-page path (prompt + answer)
         ``prompt`` extends, if any: a chat re-sending its history. O(len(prompt))."""

@@ -45,6 +45,7 @@ class NoPrefixCache(PrefixCache):
         self.leases = LeaseTable(None)  # nor a lease
         self.eviction = EvictionControl(None, 0, page_size)  # nor evicts
         self.listener: KVEventRecorder | None = None  # nothing to report either
+        self.misses = None  # no miss to explain: nothing is ever cached
 
     # Gauges: nothing is ever cached.
     num_cached_pages = 0

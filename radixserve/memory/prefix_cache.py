@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from radixserve.memory.eviction.control import EvictionControl
     from radixserve.memory.kv_events import KVEventRecorder
     from radixserve.memory.leases import LeaseTable
+    from radixserve.memory.miss_report import MissLog
     from radixserve.memory.pins import PinTable
 
 __all__ = ["PrefixCache"]
@@ -54,6 +55,9 @@ class PrefixCache(ABC):
     eviction: EvictionControl
     #: Where KV cache events go, when the engine records them.
     listener: KVEventRecorder | None
+    #: Eviction records and miss reports (``memory.miss_report``); None: a cache that
+    #: caches nothing (every miss is the same: no cache).
+    misses: MissLog | None
 
     # ---------------------------------------------------------------- gauges
     @property

@@ -55,6 +55,7 @@ from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.eviction.control import EvictionControl
 from radixserve.memory.leases import LeaseTable
 from radixserve.memory.lru import EvictableLeaves
+from radixserve.memory.miss_report import MissLog
 from radixserve.memory.pins import PinTable
 from radixserve.memory.prefix_cache import PrefixCache
 
@@ -94,6 +95,7 @@ class RadixCache(PrefixCache):
         self.pins = PinTable(self, budget_pages=0)  # the engine sets the budget
         self.leases = LeaseTable(self)  # session leases (the engine sets their config)
         self.listener: KVEventRecorder | None = None  # KV events (the engine sets one when asked)
+        self.misses: MissLog | None = MissLog(self)  # eviction records, miss reports
         allocator.set_evictor(self.evict, lambda: self.num_evictable_pages)
 
     def _init_tree(self) -> None:
@@ -457,6 +459,7 @@ class RadixCache(PrefixCache):
                     del node.page_keys[-need:]
                 node.key = node.key[: -need * ps]
                 node.depth -= need * ps
+                node.path_hash = None
                 self._tree_pages -= need
                 self.allocator.free(drop)
                 freed += need
@@ -495,6 +498,8 @@ class RadixCache(PrefixCache):
 
     def _before_evict(self, node: TreeNode, keep: int) -> None:
         """``node.pages[keep:]`` are about to leave L1 (a tiered cache demotes them too)."""
+        if self.misses is not None:
+            self.misses.evicted(node, keep)
         if self.listener is not None:
             self.listener.removed(node, keep)
 
@@ -515,6 +520,8 @@ class RadixCache(PrefixCache):
         """Drop every cached prefix and free its pages. Requires no locks held; counters survive."""
         self.pins.clear()
         self.leases.clear()
+        if self.misses is not None:
+            self.misses.clear()
         if self._protected or any(r.lock_ref for r in self._roots.values()):
             raise RuntimeError(
                 f"reset() with {self._protected} pages still locked by running requests"

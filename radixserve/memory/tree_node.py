@@ -46,6 +46,7 @@ class TreeNode:
         "alive",
         "namespace",
         "page_keys",
+        "path_hash",
     )
 
     def __init__(
@@ -83,6 +84,9 @@ class TreeNode:
         # Prefix-hash key of each page (page_hash), computed on demand by a cache with lower
         # tiers; None until then. Splits and trims keep it aligned with ``pages``.
         self.page_keys: list[bytes] | None = None
+        # The chained page key (eviction.shadow.page_keys) at the end of this edge, computed on
+        # demand by the miss log (memory.miss_report); None until then, and after a trim.
+        self.path_hash: int | None = None
 
     @property
     def is_root(self) -> bool:

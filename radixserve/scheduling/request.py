@@ -75,6 +75,9 @@ class Request:
     # Accounting.
     cached_tokens: int | None = None  # prompt tokens reused at first admission (usage)
     loaded_pages: tuple[int, int] = (0, 0)  # of those, pages loaded from L2, L3 (last admission)
+    # Where its prompt left the cached path and why (memory.miss_report.Divergence, or
+    # "no_cache"), made at first admission when asked; sent with the next output, once.
+    cache_report: Any = None
     num_retractions: int = 0
     bypassed: int = 0  # times a later arrival was admitted first (LPM aging)
     # Prompt logprobs: positions whose logits are still needed, and the values so far.
@@ -140,7 +143,9 @@ class Request:
             cached_disk_tokens=self.cached_disk_tokens,
             spec_drafted_tokens=self.spec_drafted,
             spec_accepted_tokens=self.spec_accepted,
+            cache_report=self.cache_report,
         )
+        self.cache_report = None
         self.new_token_ids = []
         self.new_logprobs = None
         return out

@@ -7,7 +7,9 @@
                             the request's priority is marked on its matched path;
                             no session id? adopt one from the tree (a chat re-sending an
                             earlier request's prompt + answer); learn the pause since the
-                            session's last turn; count a lease hit or what a lost lease cost
+                            session's last turn; count a lease hit or what a lost lease cost;
+                            when asked, explain where its prompt left the cached path
+                            (memory.miss_report: before the turn resets a lost lease)
     finished (stop/length)  its computed KV goes into the tree, then the path it holds
                             (prompt + answer) gets its priority and is leased to its session before it unlocks;
                             an unkeyed request only marks its path for adoption
@@ -33,12 +35,28 @@ def turn_admitted(cache: PrefixCache, req: Request) -> None:
     if req.priority and req.lock_node is not None:
         mark_priority(req.lock_node, req.priority)
     leases = cache.leases
+    if leases.enabled and req.session_id is None:
+        req.session_id = leases.adopt(req.token_ids[: req.prompt_len], req.namespace)
+    explain_miss(cache, req)  # before the turn is counted: it still knows a lost lease
     if not leases.enabled:
         return
-    if req.session_id is None:
-        req.session_id = leases.adopt(req.token_ids[: req.prompt_len], req.namespace)
     if req.session_id is not None:
         leases.turn_admitted(req.session_id, req.namespace, req.prompt_len, req.cached_len)
+
+
+def explain_miss(cache: PrefixCache, req: Request) -> None:
+    """When asked (the request, or ``--cache-report``), where ``req``'s prompt left the
+    longest cached path and why (memory.miss_report): sent once with its next output."""
+    misses = cache.misses
+    if not (req.params.return_cache_report or (misses is not None and misses.report_all)):
+        return
+    if misses is None:
+        req.cache_report = "no_cache"
+        return
+    lost = None
+    if req.session_id is not None and cache.leases.enabled:
+        lost = cache.leases.lost(req.session_id, req.namespace)
+    req.cache_report = misses.explain(req.token_ids[: req.prompt_len], req.namespace, lost)
 
 
 def turn_ended(cache: PrefixCache, kv: KVReferences, req: Request, reason: str) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ class RequestOutput(NamedTuple):
     cached_disk_tokens: int = 0
     spec_drafted_tokens: int = 0  # speculative decoding: tokens drafted, and of those accepted
     spec_accepted_tokens: int = 0
+    cache_report: Any = None  # a memory.miss_report.Divergence, once, when one was asked
 
 
 @dataclass

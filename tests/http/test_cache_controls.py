@@ -4,6 +4,7 @@ from client to router to worker."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from radixserve.serving.client.common import generate_request
@@ -76,3 +77,21 @@ def test_usage_says_which_tier_the_cached_tokens_came_from() -> None:
         "cached_tokens": 80,
         "cached_tokens_by_tier": {"device": 40, "host": 30, "disk": 10},
     }
+
+
+def test_cache_report_is_absent_unless_asked_and_crosses_the_wire() -> None:
+    plain = p.Usage(prompt_tokens=3, cached_tokens=0, completion_tokens=1)
+    assert b"cache_report" not in p.encode(
+        p.StepOutput(request_id="r", new_token_ids=[1], usage=plain)
+    )
+    rep = p.CacheReport(reason="evicted", cached_tokens=8, diverged_at=9, evicted_by="lru")
+    out = p.StepOutput(
+        request_id="r", new_token_ids=[1], usage=msgspec.structs.replace(plain, cache_report=rep)
+    )
+    back = p.decode_from_worker(p.encode(p.WorkerOutputs(outputs=[out], load=p.WorkerLoad())))
+    assert isinstance(back, p.WorkerOutputs) and back.outputs[0].usage is not None
+    assert back.outputs[0].usage.cache_report == rep
+    close = p.decode_client(p.encode(p.CloseSession(request_id="c", session_id="s")))
+    assert isinstance(close, p.CloseSession) and close.session_id == "s"
+    assert _chat(return_cache_report=True).sampling(8, None).return_cache_report
+    assert GenerateReqInput.model_validate({"text": "x", "return_cache_report": True})

@@ -42,6 +42,7 @@ from radixserve.memory import (
     TreeNode,
 )
 from radixserve.memory.eviction.control import mark_priority
+from radixserve.memory.eviction.shadow import page_keys
 from radixserve.memory.hi_radix_cache import HiRadixCache
 from radixserve.memory.hierarchy import KVHierarchy
 from radixserve.memory.leases import LeaseConfig
@@ -121,6 +122,9 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache.leases.config = LeaseConfig(default_s=2.0, min_s=0.5, cap_s=6.0)
         self.cache.eviction.clock = lambda: self.now
         self.cache.eviction.set_policy(self.policy, window=4)
+        if self.cache.misses is not None:
+            self.cache.misses.clock = lambda: self.now
+            self.cache.misses.max_records = 16  # small: the bound is exercised
 
     def teardown(self) -> None:
         if getattr(self, "storage", None):
@@ -246,6 +250,22 @@ class CacheMachine(RuleBasedStateMachine):
         m = self.cache.match_prefix(query, ns)
         assert m.matched_len == len(m.pages) * self.ps <= len(query)
         assert self._read(m.pages, m.matched_len) == query[: m.matched_len]
+
+    @rule(base=st.integers(0, len(BASES) - 1), cut=st.integers(0, 20), tail=TAILS, ns=NAMESPACES)
+    def explain_miss(self, base: int, cut: int, tail: list[int], ns: str | None) -> None:
+        """A miss report agrees with the tree: it matched what a peek matches, and the
+        divergence lies in the first page the tree does not hold."""
+        if self.cache.misses is None:
+            return
+        query = BASES[base][:cut] + tail
+        d = self.cache.misses.explain(query, ns)
+        assert d.cached_tokens == self.cache.peek_prefix_len(query, ns)
+        if d.at is None:
+            assert d.cached_tokens == len(query) // self.ps * self.ps
+        else:
+            assert d.cached_tokens <= d.at < d.cached_tokens + self.ps
+            assert d.after == query[d.at : d.at + 4]
+        assert len(self.cache.misses) <= 16
 
     @rule(base=st.integers(0, len(BASES) - 1), cut=st.integers(0, 20), tail=TAILS, ns=NAMESPACES)
     def raw_insert(self, base: int, cut: int, tail: list[int], ns: str | None) -> None:
@@ -409,6 +429,13 @@ class CacheMachine(RuleBasedStateMachine):
             assert node.holders == holders.pop(id(node), 0) + pinned
             assert self._read(node.pages, len(node.key)) == list(node.key)
         assert not holders
+        for node in self._nodes():  # a kept path key names the path's tokens (splits, trims)
+            if node.path_hash is not None:
+                path, n = [], node
+                while not n.is_root:
+                    path[:0] = list(n.key)
+                    n = n.parent
+                assert node.path_hash == page_keys(path, n.namespace, self.ps)[-1]
         if self.tiered:  # every L2 page holds the tokens of the prefix its key names
             host = self.hier.host
             data = host.pool.k_data[0].view(-1)

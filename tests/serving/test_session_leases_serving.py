@@ -1,6 +1,6 @@
 """A leased session across two real engine workers: the router sends its next turn to the
 worker that holds its lease, and that worker still has the turn's KV after unkeyed traffic
-passed more than twice its pool through both workers."""
+passed more than twice its pool through both workers; closing the session releases it."""
 
 from __future__ import annotations
 
@@ -51,4 +51,10 @@ def test_leased_session_returns_to_its_worker_with_its_kv(tiny_llama_dir: Path) 
             assert eng["leased_pages"] == (len(history) + 8 - 1) // PAGE
             assert eng["evicted_pages_total"] > 0
             assert eng["invariants"] == "ok"
+            # Closed from the API: the worker that held it releases the lease, and the router
+            # forgets where the session ran; a second close finds nothing to release.
+            assert c.close_session("agent-7") is True
+            assert c.close_session("agent-7") is False
+            eng = c.stats().workers[home].engine
+            assert eng["leases_active"] == 0 and eng["leased_pages"] == 0
     assert all(proc.poll() is not None for proc in srv.procs)

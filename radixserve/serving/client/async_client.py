@@ -228,6 +228,23 @@ class AsyncClient:
     async def flush_cache(self, timeout: float | None = None) -> bool:
         return (await self._call(p.FlushCache(request_id=self._ids.next()), timeout)).ok
 
+    async def close_session(
+        self,
+        session_id: str,
+        *,
+        namespace: str | None = None,
+        cache_salt: str | None = None,
+        timeout: float | None = None,
+    ) -> bool:
+        """End a session: its lease is released on every worker. Returns whether one held it."""
+        msg = p.CloseSession(
+            request_id=self._ids.next(),
+            session_id=session_id,
+            namespace=namespace,
+            cache_salt=cache_salt,
+        )
+        return (await self._call(msg, timeout)).released
+
     async def tokenize(self, texts: list[str], timeout: float | None = None) -> list[list[int]]:
         """Token ids of each text, as the router encodes a ``text`` prompt."""
         return (

@@ -194,6 +194,23 @@ class Client:
     def flush_cache(self, timeout: float | None = None) -> bool:
         return self._call(p.FlushCache(request_id=self._ids.next()), timeout).ok
 
+    def close_session(
+        self,
+        session_id: str,
+        *,
+        namespace: str | None = None,
+        cache_salt: str | None = None,
+        timeout: float | None = None,
+    ) -> bool:
+        """End a session: its lease is released on every worker. Returns whether one held it."""
+        msg = p.CloseSession(
+            request_id=self._ids.next(),
+            session_id=session_id,
+            namespace=namespace,
+            cache_salt=cache_salt,
+        )
+        return bool(self._call(msg, timeout).released)
+
     def tokenize(self, texts: list[str], timeout: float | None = None) -> list[list[int]]:
         """Token ids of each text, as the router encodes a ``text`` prompt."""
         return self._call(

@@ -30,7 +30,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from radixserve import __version__
-from radixserve.serving.http import messages, openai_api, responses, sglang_api
+from radixserve.serving.http import (
+    cache_report,
+    messages,
+    openai_api,
+    responses,
+    sessions_api,
+    sglang_api,
+)
 from radixserve.serving.http.anthropic_errors import AnthropicErrors
 from radixserve.serving.http.auth import APIKeyAuth
 from radixserve.serving.http.body_limit import BodyLimit
@@ -100,6 +107,8 @@ def create_app(config: GatewayConfig | None = None, tokenizer: Any = None) -> Fa
     app.include_router(sglang_api.router)
     app.include_router(responses.router)
     app.include_router(messages.router)
+    app.include_router(cache_report.router)
+    app.include_router(sessions_api.router)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -32,7 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 # memory, and Prometheus metrics (their per-worker cache-hit counters are an aggregate view
 # of what others' prompts left in the cache; Prometheus sends bearer tokens when scraping).
 ADMIN_PATHS: frozenset[str] = frozenset(
-    {"/flush_cache", "/get_server_info", "/server_info", "/metrics"}
+    {"/flush_cache", "/get_server_info", "/server_info", "/metrics", "/cache_report"}
 )
 # Liveness probes from load balancers and orchestrators, which carry no credentials.
 OPEN_PATHS: frozenset[str] = frozenset({"/health"})

@@ -263,6 +263,14 @@ class Gateway:
         with router_errors():
             return await self._client().flush_cache(timeout=self.config.control_timeout_s)
 
+    async def close_session(self, session_id: str, cache_salt: str | None) -> bool:
+        """Release ``session_id``'s lease in the tenant's namespace (``cache_salt``: the
+        tenant's, :func:`~radixserve.serving.http.auth.tenant_cache_salt`)."""
+        with router_errors():
+            return await self._client().close_session(
+                session_id, cache_salt=cache_salt, timeout=self.config.control_timeout_s
+            )
+
     async def tokenize(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text, exactly as the router encodes a text prompt."""
         with router_errors():

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from radixserve.serving.wire import protocol as p
@@ -149,6 +149,22 @@ class _WorkerFamilies:
         self.leased = _gauge(
             "kv_leased_pages", "radix-cache pages on a session's leased path (evicted last)"
         )
+        self.divergence = HistogramMetricFamily(
+            f"{PREFIX}_cache_divergence_position",
+            "token index where reported prompts left the longest cached path "
+            "(return_cache_report / --cache-report; fully cached prompts are not counted)",
+            labels=["worker"],
+        )
+        self.top_positions = _gauge(
+            "cache_divergence_top",
+            "reports that diverged at each of the most frequent positions (the top 10)",
+            ("worker", "position"),
+        )
+        self.reasons = CounterMetricFamily(
+            f"{PREFIX}_cache_miss_reasons",
+            "reported prompts by why the rest of the prompt was not cached",
+            labels=["worker", "reason"],
+        )
         self.hit_rate = _gauge(
             "prefix_cache_hit_ratio",
             "cumulative cached / prompt tokens (use the counters for windows)",
@@ -200,12 +216,28 @@ class _WorkerFamilies:
             self.regret.add_metric([*wid, str(name)], float(tokens))
         if "leased_pages" in eng:
             self.leased.add_metric(wid, float(eng["leased_pages"]))
+        self._add_misses(wid, eng)
         self.hit_rate.add_metric(wid, float(eng.get("hit_rate", w.hit_rate)))
         mem = eng.get("memory")
         if isinstance(mem, dict):
             for f in _MEMORY_FIELDS:
                 if f in mem:
                     self.memory[f].add_metric([*wid, str(mem.get("device", ""))], float(mem[f]))
+
+    def _add_misses(self, wid: list[str], eng: dict[str, Any]) -> None:
+        """The worker's miss reports (memory.miss_report): divergence histogram, top
+        positions, reasons."""
+        buckets = eng.get("cache_divergence_buckets") or {}
+        if buckets:
+            self.divergence.add_metric(
+                wid,
+                [(le, float(n)) for le, n in buckets.items()],
+                float(eng.get("cache_divergence_position_sum", 0)),
+            )
+        for e in (eng.get("cache_divergence_top") or [])[:10]:
+            self.top_positions.add_metric([*wid, str(e["index"])], float(e["count"]))
+        for reason, n in (eng.get("cache_miss_reasons") or {}).items():
+            self.reasons.add_metric([*wid, str(reason)], float(n))
 
     def all(self) -> tuple[Any, ...]:
         return (
@@ -219,6 +251,9 @@ class _WorkerFamilies:
             self.leased,
             self.policy,
             self.regret,
+            self.divergence,
+            self.top_positions,
+            self.reasons,
             self.hit_rate,
             *self.counters.values(),
             *self.memory.values(),

@@ -15,11 +15,13 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.serving.http import chat_tools
 from radixserve.serving.http.auth import request_key, tenant_cache_salt
+from radixserve.serving.http.cache_report import report_json
 from radixserve.serving.http.errors import APIError, invalid
 from radixserve.serving.http.gateway import Gateway, merge
 from radixserve.serving.http.openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -34,26 +36,33 @@ def _gw(request: Request) -> Gateway:
     return request.app.state.gateway
 
 
-def usage(groups: list[list[p.GenerateFinal]]) -> dict[str, Any]:
-    """OpenAI usage over prompt groups (the ``n`` finals of one prompt each)."""
-    prompt = sum(g[0].usage.prompt_tokens for g in groups)
-    cached = sum(g[0].usage.cached_tokens for g in groups)
-    host = sum(g[0].usage.cached_host_tokens for g in groups)
-    disk = sum(g[0].usage.cached_disk_tokens for g in groups)
-    completion = sum(f.usage.completion_tokens for g in groups for f in g)
+def usage(groups: list[list[p.GenerateFinal]], g: Gateway | None = None) -> dict[str, Any]:
+    """OpenAI usage over prompt groups (the ``n`` finals of one prompt each), with the
+    first prompt's cache report when it asked for one (decoded by ``g``)."""
+    prompt = sum(grp[0].usage.prompt_tokens for grp in groups)
+    cached = sum(grp[0].usage.cached_tokens for grp in groups)
+    host = sum(grp[0].usage.cached_host_tokens for grp in groups)
+    disk = sum(grp[0].usage.cached_disk_tokens for grp in groups)
+    completion = sum(f.usage.completion_tokens for group in groups for f in group)
+    details: dict[str, Any] = {
+        "cached_tokens": cached,
+        # radixserve: where the cached tokens came from (hierarchical cache tiers)
+        "cached_tokens_by_tier": {"device": cached - host - disk, "host": host, "disk": disk},
+    }
+    reports = [grp[0].usage.cache_report for grp in groups]
+    if g is not None and any(r is not msgspec.UNSET for r in reports):
+        # radixserve: where each prompt left the cached path, and why (return_cache_report)
+        js = [None if r is msgspec.UNSET else report_json(g, r) for r in reports]
+        details["cache_report"] = js[0] if len(js) == 1 else js
     out: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {
-            "cached_tokens": cached,
-            # radixserve: where the cached tokens came from (hierarchical cache tiers)
-            "cached_tokens_by_tier": {"device": cached - host - disk, "host": host, "disk": disk},
-        },
+        "prompt_tokens_details": details,
     }
-    drafted = sum(f.usage.spec_drafted_tokens for g in groups for f in g)
+    drafted = sum(f.usage.spec_drafted_tokens for group in groups for f in group)
     if drafted:  # speculative decoding's drafts (OpenAI's predicted-output fields), if any
-        accepted = sum(f.usage.spec_accepted_tokens for g in groups for f in g)
+        accepted = sum(f.usage.spec_accepted_tokens for group in groups for f in group)
         out["completion_tokens_details"] = {
             "accepted_prediction_tokens": accepted,
             "rejected_prediction_tokens": drafted - accepted,
@@ -182,7 +191,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             "created": created,
             "model": model,
             "choices": choices,
-            "usage": usage([results]),
+            "usage": usage([results], g),
             "system_fingerprint": None,
         }
     )
@@ -262,7 +271,7 @@ async def _chat_events(
                 [{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish_reason}]
             )
     if include_usage:
-        yield chunk([], usage=usage([[done[i] for i in sorted(done)]]) if done else None)
+        yield chunk([], usage=usage([[done[i] for i in sorted(done)]], g) if done else None)
     yield DONE
 
 
@@ -343,7 +352,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             "created": created,
             "model": model,
             "choices": choices,
-            "usage": usage(groups),
+            "usage": usage(groups, g),
             "system_fingerprint": None,
         }
     )
@@ -406,5 +415,5 @@ async def _completion_events(
             raise APIError(500, "a choice ended without a final message", type="internal_error")
         ordered = [done[i] for i in sorted(done)]
         groups = [ordered[k : k + body.n] for k in range(0, len(ordered), body.n)]
-        yield chunk([], usage=usage(groups))
+        yield chunk([], usage=usage(groups, g))
     yield DONE

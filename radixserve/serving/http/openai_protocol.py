@@ -144,6 +144,9 @@ class _SamplingBody(_Body):
     # time such as "24h", which pins the prompt prefix that long (within the pin budget).
     priority: int = Field(default=0, ge=-1000, le=1000)
     prompt_cache_retention: str | None = Field(default=None, max_length=16)
+    # radixserve: usage.prompt_tokens_details.cache_report says where the prompt left the
+    # longest cached path and why the rest was not cached (docs/http-api.md).
+    return_cache_report: bool = False
 
     def check_common(self) -> None:
         for name in self.model_extra or {}:
@@ -210,6 +213,8 @@ class _SamplingBody(_Body):
                 kw["pin_ttl_s"] = ttl
         if self.stop_token_ids:
             kw["stop_token_ids"] = list(self.stop_token_ids)
+        if self.return_cache_report:
+            kw["return_cache_report"] = True
         if self.seed is not None:
             kw["seed"] = self.seed + choice
         if self.logit_bias:

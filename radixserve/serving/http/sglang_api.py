@@ -24,12 +24,14 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from radixserve import __version__
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.http.auth import request_key, tenant_cache_salt
+from radixserve.serving.http.cache_report import report_json
 from radixserve.serving.http.errors import APIError
 from radixserve.serving.http.gateway import Gateway, merge, to_builtins
 from radixserve.serving.http.sglang_protocol import GenerateReqInput, Item, expand
@@ -122,6 +124,8 @@ def result(
         "cached_tokens": f.usage.cached_tokens,
         "e2e_latency": f.timings.total_s,
     }
+    if f.usage.cache_report is not msgspec.UNSET:
+        meta["cache_report"] = report_json(g, f.usage.cache_report)
     if it.return_logprob:
         outs = [] if plan.drop else (f.logprobs or [])
         meta.update(_logprob_meta(g, plan, outs[streamed:], f.prompt_logprobs, len(outs)))
@@ -158,6 +162,8 @@ async def generate(body: GenerateReqInput, request: Request) -> Response:
             it.logprob_start_len if it.return_logprob and it.logprob_start_len >= 0 else None,
             it.sample,
         )
+        if body.return_cache_report:
+            params = msgspec.structs.replace(params, return_cache_report=True)
         plans.append(_Plan(it, params, drop, body.return_text_in_logprobs))
     salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
     streams = [

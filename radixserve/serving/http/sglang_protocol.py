@@ -143,6 +143,8 @@ class GenerateReqInput(BaseModel):
     rid: str | list[str] | None = None
     session_id: str | None = None
     priority: int = Field(default=0, ge=-1000, le=1000)  # higher leaves the cache later
+    # radixserve: meta_info.cache_report, where the prompt left the cached path and why.
+    return_cache_report: bool = False
     # As vLLM's: requests share cached prefixes only with requests of the same salt.
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     image_data: Any = None

@@ -1,6 +1,7 @@
-"""Router control operations that ask every worker and answer once: stats and cache flush.
+"""Router control operations that ask every worker and answer once: stats, cache flush,
+session close.
 
-A client's :class:`StatsRequest` / :class:`FlushCache` fans out to the live workers with a
+A client's :class:`StatsRequest` / :class:`FlushCache` / :class:`CloseSession` fans out to the live workers with a
 token; the reply goes back when every one of them answered, died, or the timeout passed
 (then with what arrived). Stats therefore reflect the workers' state *after* every message
 the router sent them before, e.g. the aborts of a client that left.
@@ -19,11 +20,14 @@ import msgspec
 from radixserve.serving.router.dispatch import Dispatcher
 from radixserve.serving.router.worker_pool import WorkerHandle, WorkerPool
 from radixserve.serving.wire import protocol as p
+from radixserve.serving.wire.security import cache_namespace
+
+Kind = Literal["stats", "flush", "close"]
 
 
 @dataclass(eq=False)
 class _Op:
-    kind: Literal["stats", "flush"]
+    kind: Kind
     client: bytes
     request_id: str
     waiting: set[int]
@@ -52,15 +56,31 @@ class ControlOps:
         self._tokens = itertools.count(1)
         self._ops: dict[int, _Op] = {}
 
-    def start(self, client: bytes, msg: p.StatsRequest | p.FlushCache) -> None:
-        kind: Literal["stats", "flush"] = "stats" if isinstance(msg, p.StatsRequest) else "flush"
+    def start(self, client: bytes, msg: p.StatsRequest | p.FlushCache | p.CloseSession) -> None:
+        kind: Kind = (
+            "stats"
+            if isinstance(msg, p.StatsRequest)
+            else "flush"
+            if isinstance(msg, p.FlushCache)
+            else "close"
+        )
         token = next(self._tokens)
         op = _Op(kind, client, msg.request_id, set(), time.monotonic() + self._timeout_s)
+        out: p.WorkerStatsRequest | p.WorkerFlush | p.WorkerCloseSession
+        if isinstance(msg, p.CloseSession):
+            op.ok = False  # "released": some worker held the session's lease
+            self._dispatcher.forget_session(msg.session_id)
+            out = p.WorkerCloseSession(
+                token=token,
+                session_id=msg.session_id,
+                namespace=cache_namespace(msg.namespace, msg.cache_salt),
+            )
+        elif kind == "stats":
+            out = p.WorkerStatsRequest(token=token)
+        else:
+            out = p.WorkerFlush(token=token)
         self._ops[token] = op
         for w in self._pool.live:
-            out = (
-                p.WorkerStatsRequest(token=token) if kind == "stats" else p.WorkerFlush(token=token)
-            )
             op.waiting.add(w.worker_id)
             if not self._pool.send(w, out):
                 op.waiting.discard(w.worker_id)
@@ -68,9 +88,16 @@ class ControlOps:
             op.ok = False
         self._maybe_done(token)
 
-    def on_reply(self, w: WorkerHandle, msg: p.WorkerStatsReply | p.WorkerFlushReply) -> None:
+    def on_reply(
+        self,
+        w: WorkerHandle,
+        msg: p.WorkerStatsReply | p.WorkerFlushReply | p.WorkerCloseSessionReply,
+    ) -> None:
         op = self._ops.get(msg.token)
-        if isinstance(msg, p.WorkerStatsReply):
+        if isinstance(msg, p.WorkerCloseSessionReply):
+            if op is not None and msg.released:
+                op.ok = True
+        elif isinstance(msg, p.WorkerStatsReply):
             w.engine, w.load = msg.engine, msg.load
         elif msg.ok:
             tree = self._dispatcher.tries.get(w.worker_id)
@@ -94,7 +121,7 @@ class ControlOps:
     def expire(self, now: float) -> None:
         for token, op in list(self._ops.items()):
             if now >= op.deadline:
-                op.ok = False
+                op.ok = op.ok and op.kind == "close"  # a release that happened stays so
                 op.waiting.clear()
                 self._maybe_done(token)
 
@@ -105,5 +132,9 @@ class ControlOps:
         del self._ops[token]
         if op.kind == "stats":
             self._send_client(op.client, self._stats_reply(op.request_id))
+        elif op.kind == "close":
+            self._send_client(
+                op.client, p.CloseSessionReply(request_id=op.request_id, released=op.ok)
+            )
         else:
             self._send_client(op.client, p.FlushCacheReply(request_id=op.request_id, ok=op.ok))

@@ -166,6 +166,10 @@ class Dispatcher:
         for sid in [s for s, w in self._sessions.items() if w == worker_id]:
             del self._sessions[sid]
 
+    def forget_session(self, session_id: str) -> None:
+        """The session closed: its next request (if any) is routed like a new one."""
+        self._sessions.pop(session_id, None)
+
     def flush(self) -> None:
         """The workers' caches were flushed: forget every prefix."""
         for trie in self.tries.values():

@@ -129,6 +129,19 @@ class ClientSide:
             )
         elif isinstance(msg, (p.StatsRequest, p.FlushCache)):
             self._control.start(client, msg)
+        elif isinstance(msg, p.CloseSession):
+            if len(msg.session_id) > 256 or len(msg.cache_salt or "") > p.MAX_CACHE_SALT_CHARS:
+                self._reply_error(
+                    client,
+                    p.Error(
+                        code="invalid_params",
+                        message="session_id is at most 256 characters, cache_salt "
+                        f"{p.MAX_CACHE_SALT_CHARS}",
+                        request_id=msg.request_id,
+                    ),
+                )
+                return
+            self._control.start(client, msg)
         elif isinstance(msg, p.TokenizeRequest):
             longest = max((len(t) for t in msg.texts), default=0)
             too_long = self._limits.prompt_chars_error(longest, self._pool.context_length())

@@ -75,7 +75,7 @@ class WorkerSide:
             w.load = msg.load
         elif isinstance(msg, p.WorkerKVEvents):
             self.on_kv_events(w, msg)
-        elif isinstance(msg, (p.WorkerStatsReply, p.WorkerFlushReply)):
+        elif isinstance(msg, (p.WorkerStatsReply, p.WorkerFlushReply, p.WorkerCloseSessionReply)):
             self._control.on_reply(w, msg)
         elif isinstance(msg, p.WorkerRejected):
             self._inflight.on_rejected(w, msg.rid, msg.message)

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.wire import protocol as p
 
@@ -39,6 +41,8 @@ class RouterRequest:
     chunks: int = 0
     retries: int = 0  # times sent to another worker after its worker died (before a first token)
     priority: int = 0  # the client's priority (the worker's cache keeps higher ones longer)
+    # Where the prompt left the cached path (the worker sends it once, when asked).
+    cache_report: p.CacheReport | msgspec.UnsetType = msgspec.UNSET
 
     def apply(self, out: p.StepOutput) -> tuple[p.GenerateChunk | None, bool]:
         """Fold in one worker output. Returns the chunk to stream (``None`` when not
@@ -58,6 +62,8 @@ class RouterRequest:
             self.prompt_logprobs = out.prompt_logprobs
         if out.usage is not None:
             self.usage = out.usage
+            if out.usage.cache_report is not msgspec.UNSET:
+                self.cache_report = out.usage.cache_report
         chunk = None
         if self.stream and (delta.text or new_ids):
             chunk = p.GenerateChunk(
@@ -92,6 +98,7 @@ class RouterRequest:
                 cached_disk_tokens=disk,
                 spec_drafted_tokens=drafted,
                 spec_accepted_tokens=accepted,
+                cache_report=self.cache_report,
             ),
             timings=p.Timings(
                 queue_s=(self.dispatched or now) - self.arrival,

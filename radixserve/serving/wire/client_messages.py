@@ -104,6 +104,17 @@ class FlushCache(Msg, tag="flush_cache"):
     request_id: str
 
 
+class CloseSession(Msg, tag="close_session"):
+    """The session ended: every worker releases its lease (its cached path becomes ordinary
+    cache) and the router forgets where it ran; answered by :class:`CloseSessionReply`.
+    ``namespace`` / ``cache_salt`` name the tenant's namespace, as on a generate request."""
+
+    request_id: str
+    session_id: str
+    namespace: str | None = None
+    cache_salt: str | None = None
+
+
 class StatsRequest(Msg, tag="stats"):
     """Ask for :class:`StatsReply`."""
 
@@ -125,6 +136,7 @@ ClientMessage = (
     | Health
     | ModelInfoRequest
     | FlushCache
+    | CloseSession
     | StatsRequest
     | TokenizeRequest
 )
@@ -204,6 +216,13 @@ class TokenizeReply(Msg, tag="tokenize_reply"):
     input_ids: list[list[int]]
 
 
+class CloseSessionReply(Msg, tag="close_session_reply"):
+    """``released``: some worker held a lease for the session and released it."""
+
+    request_id: str
+    released: bool
+
+
 class FlushCacheReply(Msg, tag="flush_cache_reply"):
     """``ok`` when every live worker flushed (a worker with running requests refuses)."""
 
@@ -256,6 +275,7 @@ ServerMessage = (
     | HealthReply
     | ModelInfo
     | FlushCacheReply
+    | CloseSessionReply
     | StatsReply
     | KeepAlive
     | TokenizeReply

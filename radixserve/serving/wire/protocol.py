@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 # The engine's outputs are torch-free Structs: token-level results travel as they are.
-from radixserve.engine.outputs import FinishReason, StepOutput, TokenLogprob, Usage
+from radixserve.engine.outputs import CacheReport, FinishReason, StepOutput, TokenLogprob, Usage
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.wire.base import (
     PROTOCOL_VERSION,
@@ -38,6 +38,8 @@ from radixserve.serving.wire.client_messages import (
     Abort,
     ChatMessage,
     ClientMessage,
+    CloseSession,
+    CloseSessionReply,
     Error,
     FlushCache,
     FlushCacheReply,
@@ -63,6 +65,8 @@ from radixserve.serving.wire.worker_messages import (
     RouterToWorker,
     WorkerAbort,
     WorkerAdd,
+    WorkerCloseSession,
+    WorkerCloseSessionReply,
     WorkerFlush,
     WorkerFlushReply,
     WorkerGoodbye,
@@ -83,6 +87,7 @@ from radixserve.serving.wire.worker_messages import (
 
 # Every message and the parts it carries is ``protocol.<Name>``, whichever module defines it.
 __all__ = [
+    "CacheReport",
     "FinishReason",
     "StepOutput",
     "TokenLogprob",
@@ -99,6 +104,7 @@ __all__ = [
     "Health",
     "ModelInfoRequest",
     "FlushCache",
+    "CloseSession",
     "StatsRequest",
     "TokenizeRequest",
     "ClientMessage",
@@ -109,6 +115,7 @@ __all__ = [
     "ModelInfo",
     "TokenizeReply",
     "FlushCacheReply",
+    "CloseSessionReply",
     "WorkerStats",
     "StatsReply",
     "KeepAlive",
@@ -119,6 +126,7 @@ __all__ = [
     "WorkerPing",
     "WorkerStatsRequest",
     "WorkerFlush",
+    "WorkerCloseSession",
     "WorkerShutdown",
     "WorkerRejoin",
     "WorkerKVSubscribe",
@@ -128,6 +136,7 @@ __all__ = [
     "WorkerHeartbeat",
     "WorkerStatsReply",
     "WorkerFlushReply",
+    "WorkerCloseSessionReply",
     "WorkerRejected",
     "WorkerGoodbye",
     "WorkerKVEvents",

@@ -56,6 +56,14 @@ class WorkerFlush(Msg, tag="w_flush"):
     token: int
 
 
+class WorkerCloseSession(Msg, tag="w_close_session"):
+    """Router -> worker: release this session's lease; answer :class:`WorkerCloseSessionReply`."""
+
+    token: int
+    session_id: str
+    namespace: str | None = None
+
+
 class WorkerShutdown(Msg, tag="w_shutdown"):
     """Router -> worker: abort everything, say goodbye and exit."""
 
@@ -77,6 +85,7 @@ RouterToWorker = (
     | WorkerPing
     | WorkerStatsRequest
     | WorkerFlush
+    | WorkerCloseSession
     | WorkerShutdown
     | WorkerRejoin
 )
@@ -125,6 +134,13 @@ class WorkerFlushReply(Msg, tag="w_flush_reply"):
     ok: bool
 
 
+class WorkerCloseSessionReply(Msg, tag="w_close_session_reply"):
+    """Worker -> router: whether it held a lease for the session (now released)."""
+
+    token: int
+    released: bool
+
+
 class WorkerRejected(Msg, tag="w_rejected"):
     """Worker -> router: the engine refused a request (its ``add_request`` raised)."""
 
@@ -163,6 +179,7 @@ WorkerToRouter = (
     | WorkerHeartbeat
     | WorkerStatsReply
     | WorkerFlushReply
+    | WorkerCloseSessionReply
     | WorkerRejected
     | WorkerGoodbye
 )

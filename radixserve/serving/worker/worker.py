@@ -371,6 +371,11 @@ class Worker:
         elif isinstance(msg, p.WorkerFlush):
             self._send(p.WorkerFlushReply(token=msg.token, ok=bool(self.engine.flush_cache())))
             self._publish_events()
+        elif isinstance(msg, p.WorkerCloseSession):
+            # Leases are the real engine's, not part of ServingEngine: fakes hold none.
+            close = getattr(self.engine, "close_session", None)
+            released = bool(close(msg.session_id, msg.namespace)) if close else False
+            self._send(p.WorkerCloseSessionReply(token=msg.token, released=released))
         elif isinstance(msg, p.WorkerKVSubscribe):
             self._publish_events()  # what came before goes out first; the snapshot follows it
             if not self._router_events.subscribe():
