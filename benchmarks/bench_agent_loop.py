@@ -10,15 +10,18 @@ it (its ``cached_tokens`` on a warm server). Prints one line per turn and writes
     radixserve serve --model <a model whose template renders tools> --http-port 8000
     python benchmarks/bench_agent_loop.py --url http://127.0.0.1:8000 --agents 4 --turns 5
 
-TTFT per turn is measured (streamed, first content or tool-call delta) and written, but on a
-shared machine it is not a number to quote.
+TTFT per turn is measured (streamed, first content or tool-call delta) and written; on a
+shared machine it is not a number to quote. The JSON holds the date, the arguments, the
+server's ``/get_model_info`` and one record per turn.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import time
+import urllib.request
 from typing import Any
 
 SYSTEM = (
@@ -138,6 +141,13 @@ def run(url: str, agents: int, turns: int, max_tokens: int = 200) -> list[dict[s
     return records
 
 
+def model_info(url: str) -> dict[str, Any]:
+    """The server's ``/get_model_info`` (which model, page size): recorded beside the turns."""
+    with urllib.request.urlopen(url + "/get_model_info", timeout=30) as r:
+        info: dict[str, Any] = json.load(r)
+    return info
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", default="http://127.0.0.1:8000")
@@ -154,8 +164,14 @@ def main() -> None:
             f"cached {r['cached_tokens']} ideal {r['ideal_cached']} ({ratio:.2f}) "
             f"answer {r['completion_tokens']}"
         )
+    report = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "args": vars(args),
+        "model": model_info(args.url),
+        "records": records,
+    }
     with open(args.out, "w") as f:
-        json.dump(records, f, indent=1)
+        json.dump(report, f, indent=1)
     print(f"wrote {args.out}")
 
 
