@@ -224,6 +224,39 @@ def table_sessions() -> str:
     return "\n".join(out)
 
 
+AGENT_LOOP = "agent_loop_smollm2_qwen3tpl.json"
+
+
+def table_agent_loop() -> str:
+    """Agents through the OpenAI chat API (bench_agent_loop.py): per turn, over the agents,
+    cached tokens against the ideal (the previous turn's prompt and answer) and TTFT."""
+    records = load(AGENT_LOOP)["records"]
+    out = _head(
+        "turn",
+        "agents",
+        "prompt tokens (median)",
+        "cached / ideal, per agent",
+        "TTFT s, per agent",
+        align="rrrll",
+    )
+    for turn in sorted({r["turn"] for r in records}):
+        rows = [r for r in records if r["turn"] == turn]
+        ratios = [
+            r["cached_tokens"] / r["ideal_cached"] if r["ideal_cached"] else float("nan")
+            for r in rows
+        ]
+        out.append(
+            _row(
+                turn,
+                len(rows),
+                int(statistics.median(r["prompt_tokens"] for r in rows)),
+                _list(ratios),
+                _list((r["ttft_s"] for r in rows), "{:.3f}"),
+            )
+        )
+    return "\n".join(out)
+
+
 def table_index() -> str:
     out = _head("result file", "command", "date", "commit", "machine", align="lllll")
     for name, e in sorted(index().items()):
@@ -241,5 +274,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "quant": table_quant,
     "hicache": table_hicache,
     "sessions": table_sessions,
+    "agent_loop": table_agent_loop,
     "index": table_index,
 }
