@@ -112,6 +112,15 @@ def figures() -> dict[str, Figure]:
     def add(name: str, text: str, files: Iterable[str]) -> None:
         figs[name] = Figure(text, tuple(files))
 
+    compiled = ["peers_shared_system_s20compile.json"]
+    ours, eager, comp = (
+        peer_out_tok(compiled[0], peer, 16)
+        for peer in ("radixserve-bf16", "vllm-bf16", "vllm-bf16-compile")
+    )
+    add("vllm_compile_vs_eager", spread(c / e for c, e in zip(comp, eager, strict=True)), compiled)
+    add(
+        "c16_bf16_vs_vllm_compile", spread(o / c for o, c in zip(ours, comp, strict=True)), compiled
+    )
     add("floor_bf16", spread(serving_floor(S18_BF16)), S18_BF16)
     add("floor_bf16_slow", spread(serving_floor(S18_BF16_SLOW)), S18_BF16_SLOW)
     add("floor_fp32", spread(serving_floor(S18_FP32)), S18_FP32)

@@ -113,10 +113,19 @@ def table_peers_c1() -> str:
 
 def table_headline() -> str:
     """bench_peers.py's ``full`` run at c=16, medians over its repetitions (report.aggregate)."""
+    return _peers_c16("peers_shared_system_full.json")
+
+
+def table_vllm_compile() -> str:
+    """vLLM-CPU eager against torch.compile, radixserve beside them, c=16 (same run)."""
+    return _peers_c16("peers_shared_system_s20compile.json")
+
+
+def _peers_c16(name: str) -> str:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import report
 
-    doc = load("peers_shared_system_full.json")
+    doc = load(name)
     agg = report.aggregate(doc)
     out = _head(
         "server (c=16)",
@@ -268,6 +277,7 @@ def table_index() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "headline": table_headline,
+    "vllm_compile": table_vllm_compile,
     "floor": table_floor,
     "peers_c1": table_peers_c1,
     "llamacpp_f32": table_llamacpp_f32,
