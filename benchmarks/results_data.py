@@ -85,6 +85,13 @@ def quant_ratio(name: str, num: str, den: str, key: str) -> float:
     return float(rows[num][key] / rows[den][key])
 
 
+def quant_round_ratios(name: str, num: str, den: str, key: str) -> list[float]:
+    """bench_quant.py: the tok/s ratio of two configs round by round (rounds interleave them)."""
+    rows = {r["config"]: r for r in load(name)["results"]}
+    pairs = zip(rows[num]["rounds"][key], rows[den]["rounds"][key], strict=True)
+    return [a / b for a, b in pairs]
+
+
 S18_BF16 = [f"serving_cpu_s18_bf16_{i}.json" for i in range(4, 12)]
 S18_BF16_SLOW = [f"serving_cpu_s18_bf16_{i}.json" for i in (1, 2, 3)]
 S18_FP32 = ["serving_cpu_s18_fp32_2.json", "serving_cpu_s18_fp32_3.json"]
@@ -121,6 +128,10 @@ def figures() -> dict[str, Figure]:
     add(
         "c16_bf16_vs_vllm_compile", spread(o / c for o, c in zip(ours, comp, strict=True)), compiled
     )
+    xeon = "bench_quant_s20.json"
+    for cfg in ("int8", "int8-fp32", "int4"):
+        ratios = quant_round_ratios(xeon, cfg, "fp32", "single")
+        add(f"{cfg.replace('-', '_')}_vs_fp32_single_xeon", spread(ratios), [xeon])
     add("floor_bf16", spread(serving_floor(S18_BF16)), S18_BF16)
     add("floor_bf16_slow", spread(serving_floor(S18_BF16_SLOW)), S18_BF16_SLOW)
     add("floor_fp32", spread(serving_floor(S18_FP32)), S18_FP32)
