@@ -128,6 +128,21 @@ def figures() -> dict[str, Figure]:
     add(
         "c16_bf16_vs_vllm_compile", spread(o / c for o, c in zip(ours, comp, strict=True)), compiled
     )
+    compiled32 = ["peers_shared_system_s20compile_fp32.json"]
+    ours, eager, comp = (
+        peer_out_tok(compiled32[0], peer, 16)
+        for peer in ("radixserve", "vllm-fp32", "vllm-fp32-compile")
+    )
+    add(
+        "vllm_fp32_compile_vs_eager",
+        spread(c / e for c, e in zip(comp, eager, strict=True)),
+        compiled32,
+    )
+    add(
+        "c16_fp32_vs_vllm_compile",
+        spread(o / c for o, c in zip(ours, comp, strict=True)),
+        compiled32,
+    )
     xeon = "bench_quant_s20.json"
     for cfg in ("int8", "int8-fp32", "int4"):
         ratios = quant_round_ratios(xeon, cfg, "fp32", "single")
