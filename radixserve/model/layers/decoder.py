@@ -66,7 +66,7 @@ class PostNormDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = Attention(cfg, layer_id, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp)
+        self.mlp = mlp_block(cfg, layer_id, tp)
         self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(
@@ -91,7 +91,7 @@ class SandwichDecoderLayer(nn.Module):
         self.self_attn = Attention(cfg, layer_id, tp)
         self.post_attention_layernorm = rms_norm(h, eps, plus_one)
         self.pre_feedforward_layernorm = rms_norm(h, eps, plus_one)
-        self.mlp = GatedMLP(h, cfg.intermediate_size, cfg.mlp_bias, tp, cfg.hidden_act)
+        self.mlp = mlp_block(cfg, layer_id, tp)
         self.post_feedforward_layernorm = rms_norm(h, eps, plus_one)
 
     def forward(
