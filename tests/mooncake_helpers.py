@@ -107,7 +107,8 @@ def run_master(log: Path) -> Iterator[Master]:
 
 def worker_main(conn: Connection, model_dir: str, engine_kw: dict[str, Any]) -> None:
     """A worker process: an Engine with the Mooncake L3; answers ("run", prompt, namespace)
-    with (tokens, cached tokens, stats) until ("stop",)."""
+        with (tokens, cached tokens, stats) and ("flush",) with "flushed" (once every write handed
+    to the store so far has landed) until ("stop",)."""
     from engine_helpers import greedy, run_to_completion, tokens_of
 
     from radixserve.engine.engine import Engine
@@ -118,6 +119,10 @@ def worker_main(conn: Connection, model_dir: str, engine_kw: dict[str, Any]) -> 
         msg = conn.recv()
         if msg[0] == "stop":
             break
+        if msg[0] == "flush":  # the store's writes are asynchronous: wait until they land
+            engine.cache.hierarchy.disk.flush(None)  # type: ignore[attr-defined]
+            conn.send("flushed")
+            continue
         _, prompt, namespace, n = msg
         rid = engine.add_request(prompt, greedy(n), namespace=namespace)
         outs = run_to_completion(engine)[rid]

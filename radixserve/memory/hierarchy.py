@@ -201,7 +201,10 @@ class KVHierarchy:
         """Write L1 ``pages`` and every L2 page to L3 (for a restart or another worker);
         returns the files written. A no-op without L3."""
         disk = self.disk
-        if disk is None or disk.write_through:  # a shared store has every page already
+        if disk is None:
+            return 0
+        if disk.write_through:  # a shared store has every page once its writes land
+            disk.flush(None)
             return 0
         before = disk.writes
         todo = [(p, k) for p, k in zip(pages, keys) if not disk.contains(k)]

@@ -50,6 +50,11 @@ class _Worker:
         out: tuple[list[int], int, Any] = self.conn.recv()
         return out
 
+    def flush(self) -> None:
+        """Until every page this worker handed to the store has landed there."""
+        self.conn.send(("flush",))
+        assert self.conn.poll(60) and self.conn.recv() == "flushed"
+
     def stop(self) -> None:
         if self.proc.is_alive():
             self.conn.send(("stop",))
@@ -73,8 +78,10 @@ def test_two_workers_share_a_prefix_and_tenants_do_not(
         _, cached, _ = a.run(system + q1)
         assert cached == 0
         a.run(system + q1, "tenant-a")
-        # A's pages went to the store as its tree took them (write-through): B, which never
-        # saw this prompt, loads the 32 system tokens from L3.
+        # A's pages went to the store as its tree took them (write-through, on a writer
+        # thread: the flush waits for them to land). B, which never saw this prompt, loads
+        # the 32 system tokens from L3.
+        a.flush()
         tokens, cached, stats = b.run(system + q2)
         assert cached == 32
         assert stats.loaded_storage_pages_total == 8 and stats.storage_hits_total == 8
