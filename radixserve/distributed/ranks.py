@@ -303,6 +303,8 @@ def spawn_ranks(
 
 def stop_ranks(procs: dict[int, mp.process.BaseProcess], timeout: float = 10.0) -> None:
     """Join ``procs`` (they were told to stop), killing any still there after ``timeout``."""
+    if not procs:  # wait() on no objects sleeps the whole timeout
+        return
     wait([p.sentinel for p in procs.values()], timeout)
     for p in procs.values():
         if p.is_alive():

@@ -197,4 +197,4 @@ def test_another_node_with_other_settings_fails_the_start_up(tiny_llama_dir: Pat
                 num_pages=64,
                 num_threads=1,
             )
-        assert node1.wait(timeout=60) == 1
+        assert node1.wait(timeout=60) == 1  # at once: no local ranks to join (test_stop_ranks)
