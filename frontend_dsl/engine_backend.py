@@ -33,6 +33,7 @@ from frontend_dsl.backend import (
     GenChunk,
     GenStream,
     ModelInfo,
+    OpenSessions,
     ScoreRequest,
     ScoreResult,
 )
@@ -132,6 +133,7 @@ class EngineBackend(Backend):
         # command, where the driver (gone by then) would never answer it.
         self._gate = threading.Lock()
         self._info: ModelInfo | None = None
+        self._sessions = OpenSessions()
         self._driver = threading.Thread(target=self._drive, name="dsl-engine-driver", daemon=True)
         self._driver.start()
 
@@ -169,9 +171,9 @@ class EngineBackend(Backend):
 
     def _handle(self, cmd: tuple[Any, ...]) -> None:
         if cmd[0] == "add":
-            _, rid, ids, params, sink = cmd
+            _, rid, ids, params, sink, session = cmd
             try:
-                self.engine.add_request(ids, params, request_id=rid)
+                self.engine.add_request(ids, params, request_id=rid, session_id=session)
             except Exception as exc:  # noqa: BLE001 - invalid params, prompt too long, ...
                 sink.put(exc)
                 return
@@ -202,11 +204,14 @@ class EngineBackend(Backend):
             self._inbox.put(cmd)
             return True
 
-    def _submit(self, ids: list[int], params: SamplingParams) -> tuple[str, queue.Queue[Any]]:
+    def _submit(
+        self, ids: list[int], params: SamplingParams, session: str | None
+    ) -> tuple[str, queue.Queue[Any]]:
         rid = f"dsl-{next(self._ids)}"
         sink: queue.Queue[Any] = queue.Queue()
-        if not self._put(("add", rid, ids, params, sink)):
+        if not self._put(("add", rid, ids, params, sink, session)):
             raise BackendError("the engine backend is closed")
+        self._sessions.add(session)
         return rid, sink
 
     def _abort(self, rid: str) -> None:
@@ -236,7 +241,7 @@ class EngineBackend(Backend):
     ) -> GenStream:
         params = params.validate()
         ids = self.tokenize([prompt])[0]
-        rid, sink = self._submit(ids, params)
+        rid, sink = self._submit(ids, params, program_id)
         return _EngineStream(self, rid, sink, params, ids)
 
     def score(
@@ -246,6 +251,7 @@ class EngineBackend(Backend):
             self._submit(
                 list(r.token_ids),
                 SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs_start=r.start),
+                program_id,
             )
             for r in requests
         ]
@@ -283,6 +289,12 @@ class EngineBackend(Backend):
             raise BackendError("the engine backend is closed")
         return future.result()
 
+    def close_session(self, program_id: str) -> bool:
+        """Release the program's session lease in the engine (between two steps)."""
+        if not self._sessions.discard(program_id):
+            return False  # this backend sent nothing for it, or closed it already
+        return bool(self.call(lambda engine: engine.close_session(program_id)))
+
     def flush_cache(self) -> bool:
         """Drop the engine's cached prefixes (False while requests are running)."""
         return self.call(lambda engine: engine.flush_cache())
@@ -292,7 +304,14 @@ class EngineBackend(Backend):
         return self.call(lambda engine: engine.stats())
 
     def close(self) -> None:
-        """Stop the driver thread (unfinished calls fail); the engine itself stays usable."""
+        """Close the sessions still open, stop the driver thread (unfinished calls fail);
+        the engine itself stays usable."""
+        open_ids = self._sessions.drain()  # runs that never reached their end
+        if open_ids:
+            try:
+                self.call(lambda engine: [engine.close_session(pid) for pid in open_ids])
+            except BackendError:
+                pass  # closed meanwhile by another thread
         with self._gate:
             if self._closed:
                 return

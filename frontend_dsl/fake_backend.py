@@ -85,6 +85,7 @@ class FakeBackend(Backend):
         self.responder, self.scorer, self.page_size = responder, scorer, page_size
         self.chat_template = chat_template
         self.calls: list[FakeCall] = []
+        self.closed_sessions: list[str] = []  # close_session calls, in order
         self._lock = threading.Lock()
         self._vocab: dict[str, int] = {"<|im_start|>": 0, "<|im_end|>": 1}
         self._pieces: list[str] = ["<|im_start|>", "<|im_end|>"]
@@ -146,6 +147,11 @@ class FakeBackend(Backend):
     def flush_cache(self) -> None:
         with self._lock:
             self._cached_pages.clear()
+
+    def close_session(self, program_id: str) -> bool:
+        with self._lock:
+            self.closed_sessions.append(program_id)
+        return False
 
     # ------------------------------------------------------------- calls
     def generate(

@@ -12,10 +12,14 @@ state["answer"], state.usage.hit_rate
 states = qa.run_batch([{"question": q} for q in questions], concurrency=16, progress_bar=True)
 ```
 
-Each run gets a fresh program id (shared by its forks) that its backend calls carry, so
-a router keeps the run on one worker. ``run_batch`` lets the first program's first call
-reach the engine before starting the others, so the prefix they share (a system prompt,
-few-shot examples) is computed once and found in the radix cache by everyone else.
+Each run gets a fresh program id (shared by its forks) that its backend calls carry as
+their session, so a router keeps the run on one worker and the engine keeps the run's
+context leased between its calls; the run's end closes that session (releases the lease).
+A run given ``program_id=`` leaves its session open for a later run with the same id:
+``backend.close_session(id)`` ends it, and closing the backend ends every one still open.
+``run_batch`` lets the first program's first call reach the engine before starting the
+others, so the prefix they share (a system prompt, few-shot examples) is computed once and
+found in the radix cache by everyone else.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from frontend_dsl.backend import Backend
+from frontend_dsl.backend import Backend, BackendError
 from frontend_dsl.chat_template import RoleFormat
 from frontend_dsl.ir import normalize_sampling
 from frontend_dsl.state import ProgramState, RunContext
@@ -98,6 +102,7 @@ class Program:
             program_id=program_id or uuid.uuid4().hex,
             roles=roles_for(backend),
             defaults=normalize_sampling(defaults or {}),
+            owns_session=program_id is None,
         )
         return ProgramState(ctx)
 
@@ -111,6 +116,7 @@ class Program:
         finally:
             state._sync_tree()
             state._ctx.first_output.set()
+            _end_session(state)
             state._finish()
         return state
 
@@ -211,6 +217,18 @@ class Program:
         if bar is not None:
             bar.close()
         return states
+
+
+def _end_session(state: ProgramState) -> None:
+    """The run is over: release its session's lease now rather than when it runs out (a
+    failure to reach the backend leaves the lease to expire; the run's result stands)."""
+    ctx = state._ctx
+    if not ctx.owns_session:
+        return
+    try:
+        ctx.backend.close_session(ctx.program_id)
+    except BackendError:
+        pass
 
 
 def program(fn: Callable[..., Any]) -> Program:

@@ -7,7 +7,9 @@ runner reads; closing the stream cancels the task, which aborts the request in t
 router (and frees its KV in the worker).
 
 Every call carries the program id as the request's ``session_id``: the router keeps a
-program's calls — and its forks' — on one worker, where their shared prefix is cached.
+program's calls — and its forks' — on one worker, where their shared prefix is cached and
+leased between calls; ``close_session`` (a program's end, or this backend's close for the
+sessions still open) releases the lease on every worker.
 Prompts go as ``text`` (the router tokenizes them exactly as ``EngineBackend`` does);
 ``select`` scoring sends token ids with ``prompt_logprobs_start``. Torch-free.
 """
@@ -29,6 +31,7 @@ from frontend_dsl.backend import (
     GenChunk,
     GenStream,
     ModelInfo,
+    OpenSessions,
     ScoreRequest,
     ScoreResult,
 )
@@ -129,6 +132,7 @@ class RemoteBackend(Backend):
         self._thread.start()
         self._closed = False
         self._info: ModelInfo | None = None
+        self._sessions = OpenSessions()
 
         async def connect() -> list[AsyncClient]:
             return [AsyncClient(endpoint, timeout=timeout, curve=curve) for _ in range(connections)]
@@ -174,7 +178,9 @@ class RemoteBackend(Backend):
     def generate(
         self, prompt: str, params: SamplingParams, *, program_id: str | None = None
     ) -> GenStream:
-        return _RemoteStream(self, prompt, params.validate(), program_id)
+        stream = _RemoteStream(self, prompt, params.validate(), program_id)
+        self._sessions.add(program_id)
+        return stream
 
     def score(
         self, requests: list[ScoreRequest], *, program_id: str | None = None
@@ -194,7 +200,14 @@ class RemoteBackend(Backend):
         async def all_of() -> list[ScoreResult]:
             return list(await asyncio.gather(*(one(r) for r in requests)))
 
+        self._sessions.add(program_id)
         return self._call(all_of())
+
+    def close_session(self, program_id: str) -> bool:
+        """Release the program's session lease on every worker (a round trip to the router)."""
+        if not self._sessions.discard(program_id):
+            return False  # this backend sent nothing for it, or closed it already
+        return bool(self._call(self._pick().close_session(program_id)))
 
     def health(self, timeout: float = 5.0) -> p.HealthReply:
         """Ask the router whether it is up (``BackendError`` when it does not answer in ``timeout`` s)."""
@@ -209,11 +222,17 @@ class RemoteBackend(Backend):
         return self._call(self._pick().flush_cache())
 
     def close(self) -> None:
-        """Abort unfinished calls, close the sockets, stop the loop thread. Idempotent."""
+        """Close the sessions still open, abort unfinished calls, close the sockets, stop the
+        loop thread. Idempotent."""
         if self._closed:
             return
 
         async def shutdown() -> None:
+            for program_id in self._sessions.drain():  # runs that never reached their end
+                try:
+                    await self._clients[0].close_session(program_id, timeout=5.0)
+                except Exception:  # noqa: BLE001 - the router may be gone already
+                    break
             for client in self._clients:
                 await client.close()
 

@@ -3,8 +3,9 @@
 Prints the top divergence positions (where prompts left the longest cached path, with the
 decoded tokens around each) and how many misses had each reason. It reads
 ``GET /cache_report`` (an admin path: ``--api-key`` takes the admin key when the server has
-one). The counts cover the requests that asked for a report (``return_cache_report``), or
-every request on a server started with ``--cache-report``.
+one). Divergence positions count every admitted prompt; reasons count the requests that
+asked for a report (``return_cache_report``), or every request on a server started with
+``--cache-report``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,10 @@ def fetch(url: str, api_key: str | None, top: int, timeout_s: float) -> dict[str
 
 def render(report: dict[str, Any]) -> str:
     """The report as text: the top positions with their context, then the reasons."""
-    lines = [f"cache reports: {report['reports']}"]
+    lines = [
+        f"prompts: {report.get('prompts', 0)}  explained (reasons): {report['reports']}"
+        f"  flushes: {report.get('flushes', 0)} ({report.get('flushed_pages', 0)} pages)"
+    ]
     top = report.get("top_divergence") or []
     if top:
         lines.append("top divergence positions (token index, prompts, ...before | after...):")

@@ -168,10 +168,14 @@ class EngineStats(msgspec.Struct, frozen=True):
     spec_verifies_total: int = 0
     spec_drafted_tokens_total: int = 0
     spec_accepted_tokens_total: int = 0
-    # Miss reports (memory.miss_report; requests that asked, or all with --cache-report):
-    # how many, their reasons, a cumulative histogram of divergence positions (bucket upper
-    # bound in tokens -> reports), and the most frequent positions with their context.
+    # Miss reports (memory.miss_report). Reasons: requests that asked, or all with
+    # --cache-report. Divergence positions: every admitted prompt (a cumulative histogram,
+    # bucket upper bound in tokens -> prompts, and the most frequent positions with their
+    # context). Flushes and the pages they dropped (their own reason, no policy's regret).
     cache_reports_total: int = 0
+    cache_divergence_prompts_total: int = 0
+    cache_flushes_total: int = 0
+    cache_flushed_pages_total: int = 0
     cache_miss_reasons: dict[str, int] = msgspec.field(default_factory=dict)
     cache_divergence_buckets: dict[str, int] = msgspec.field(default_factory=dict)
     cache_divergence_position_sum: int = 0

@@ -14,7 +14,15 @@ prompt's own continuation is missing::
              lease_expired   it was on this session's leased path; the lease ran out first
              lease_yielded   ... the lease yielded to memory pressure first
              other_namespace another namespace (tenant, cache salt) holds it
+             flushed         it was, and a cache flush (``/flush_cache``, a reset) dropped it
              fully_cached    every whole page of the prompt is cached (only the tail computes)
+
+Two costs, two scopes. The divergence *position* of every admitted prompt is counted
+(:meth:`MissLog.locate`: the walk goes on from the node its match ended at, so it costs a
+dict step and a look at that node's children, not a second match), so ``/metrics`` and
+``radixserve cache-report`` show template drift server-wide. The *reason* (hashing the
+prompt's pages, looking up eviction records and other namespaces) and the decoded context
+go only to the requests that ask (:meth:`MissLog.explain`).
 
 What makes this cheap and bounded:
 
@@ -25,9 +33,11 @@ What makes this cheap and bounded:
 - A report walks the prompt once (the same dict steps as a match, nothing refreshed) and
   hashes its pages up to the divergence: O(prompt). Other namespaces are looked at only
   when nothing was evicted there, at most ``max_namespaces`` of them.
+- A flush records every page it drops as ``flushed`` (no policy): a later miss on them
+  says so, and no policy's regret is charged for them (the shadow caches flush too).
 - The aggregate (:class:`MissStats`: reasons, a histogram of divergence positions, the top
-  positions with their context) is bounded: top positions by Space-Saving over
-  ``max_positions`` counters.
+  positions with their context) is bounded: fixed buckets, and top positions by
+  Space-Saving over ``max_positions`` counters.
 """
 
 from __future__ import annotations
@@ -43,7 +53,15 @@ from radixserve.memory.eviction.shadow import page_keys
 from radixserve.memory.tree_node import TreeNode
 from radixserve.prefix import common_prefix_len
 
-__all__ = ["POSITION_BUCKETS", "REASONS", "Divergence", "MissLog", "MissStats"]
+__all__ = [
+    "FLUSHED",
+    "POSITION_BUCKETS",
+    "REASONS",
+    "Divergence",
+    "MissLog",
+    "MissStats",
+    "Position",
+]
 
 REASONS = (
     "fully_cached",
@@ -52,7 +70,9 @@ REASONS = (
     "lease_expired",
     "lease_yielded",
     "other_namespace",
+    "flushed",
 )
+FLUSHED = "flushed"  # the "policy" of a record left by a flush: no policy evicted it
 # Upper bounds (tokens) of the divergence-position histogram's buckets; then +Inf.
 POSITION_BUCKETS = (0, 16, 64, 256, 1024, 4096, 16384, 65536)
 
@@ -66,6 +86,16 @@ class ExplainedCache(Protocol):
     _roots: dict[Hashable | None, TreeNode]
 
     def peek_prefix_len(self, tokens: Sequence[int], namespace: Hashable | None = None) -> int: ...
+
+
+class Position(NamedTuple):
+    """Where one prompt left the longest cached path, without the why (every request)."""
+
+    cached_tokens: int  # page-aligned prompt tokens on the longest cached path
+    at: int | None  # the first prompt token on no cached path (None: every whole page cached)
+    before: list[int]
+    after: list[int]
+    cached_after: list[int]
 
 
 class Divergence(NamedTuple):
@@ -85,7 +115,7 @@ class Divergence(NamedTuple):
 class _Top:
     __slots__ = ("count", "before", "after", "cached_after")
 
-    def __init__(self, count: int, d: Divergence) -> None:
+    def __init__(self, count: int, d: Position | Divergence) -> None:
         self.count = count
         self.before, self.after, self.cached_after = d.before, d.after, d.cached_after
 
@@ -95,15 +125,23 @@ class MissStats:
 
     def __init__(self, max_positions: int = 128) -> None:
         self.max_positions = max_positions
-        self.reports = 0
+        self.reports = 0  # prompts explained (asked, or --cache-report)
+        self.located = 0  # prompts whose divergence position was counted (every one)
+        self.flushes = 0
+        self.flushed_pages = 0
         self.reasons: Counter[str] = Counter()
         self.buckets = [0] * (len(POSITION_BUCKETS) + 1)
         self.position_sum = 0
         self._top: dict[int, _Top] = {}
 
     def add(self, d: Divergence) -> None:
+        """One explained prompt: its reason (its position is counted by :meth:`position`)."""
         self.reports += 1
         self.reasons[d.reason] += 1
+
+    def position(self, d: Position | Divergence) -> None:
+        """One admitted prompt's divergence position (histogram and top positions)."""
+        self.located += 1
         if d.at is None:
             return
         i = 0
@@ -144,6 +182,9 @@ class MissStats:
             cumulative[bound] = running
         return {
             "cache_reports_total": self.reports,
+            "cache_divergence_prompts_total": self.located,
+            "cache_flushes_total": self.flushes,
+            "cache_flushed_pages_total": self.flushed_pages,
             "cache_miss_reasons": {r: self.reasons.get(r, 0) for r in REASONS},
             "cache_divergence_buckets": cumulative,
             "cache_divergence_position_sum": self.position_sum,
@@ -215,13 +256,18 @@ class MissLog:
 
     # ------------------------------------------------------------------ reports
     def _walk(
-        self, key: tuple[int, ...], namespace: Hashable | None
+        self, key: tuple[int, ...], namespace: Hashable | None, start: TreeNode | None = None
     ) -> tuple[int, int | None, list[int]]:
         """(page-aligned tokens matched, first token on no cached path, what the cached path
-        holds there). Touches nothing."""
+        holds there). Touches nothing. ``start``: a live node known to be on ``key``'s path
+        (the node its match ended at), where the walk goes on instead of at the root."""
         cache, ps, ctx = self.cache, self.cache.page_size, self.context
-        node = cache._roots.get(namespace)
         pos, n = 0, len(key)
+        node: TreeNode | None
+        if start is not None and start.parent is not None and start.alive and start.depth <= n:
+            node, pos = start, start.depth
+        else:
+            node = cache._roots.get(namespace)
         while node is not None and pos < n:
             child = node.children.get(key[pos] if ps == 1 else key[pos : pos + ps])
             if child is None:  # the nearest sibling: the one sharing most tokens, then newest
@@ -251,10 +297,10 @@ class MissLog:
 
         ``lost_lease``: (``"expired"`` | ``"yielded"``, tokens it covered) when the request's
         session lost its last lease early. O(len(tokens)); counts into :attr:`stats`."""
-        ps, ctx = self.cache.page_size, self.context
-        n_full = len(tokens) // ps * ps
-        key = tuple(tokens[:n_full])
-        cached, index, cached_after = self._walk(key, namespace)
+        ps = self.cache.page_size
+        key = tuple(tokens[: len(tokens) // ps * ps])
+        where = self._locate(tokens, key, namespace, None)
+        cached, index = where.cached_tokens, where.at
         policy: str | None = None
         ago: float | None = None
         if index is None:
@@ -262,7 +308,9 @@ class MissLog:
         else:
             page = page_keys(key[: cached + ps], namespace, ps)[-1]
             record = self._records.get(page)
-            if record is not None:  # this very content was cached, then evicted
+            if record is not None and record[0] == FLUSHED:
+                reason = FLUSHED
+            elif record is not None:  # this very content was cached, then evicted
                 lease = lost_lease is not None and cached < lost_lease[1]
                 reason = f"lease_{lost_lease[0]}" if lost_lease and lease else "evicted"
             elif self._elsewhere(tokens, namespace, cached):
@@ -270,20 +318,40 @@ class MissLog:
             else:
                 reason = "never_cached"
             if record is not None:
-                policy, ago = record[0], max(0.0, self.clock() - record[1])
-        i = cached if index is None else index
-        d = Divergence(
-            cached_tokens=cached,
-            at=index,
-            reason=reason,
-            before=list(tokens[max(0, i - ctx) : i]),
-            after=list(tokens[i : i + ctx]),
-            cached_after=cached_after,
-            policy=policy,
-            evicted_s_ago=ago,
-        )
+                policy = None if record[0] == FLUSHED else record[0]
+                ago = max(0.0, self.clock() - record[1])
+        d = Divergence(*where[:2], reason, *where[2:], policy=policy, evicted_s_ago=ago)
         self.stats.add(d)
         return d
+
+    def locate(
+        self, tokens: Sequence[int], namespace: Hashable | None = None, node: TreeNode | None = None
+    ) -> Position:
+        """Where ``tokens`` leave the longest cached path, without the why: counted for every
+        admitted prompt. ``node``: the node the prompt's match ended at (locked), so the walk
+        starts there; O(page size x that node's children, at most 64) then, not O(prompt)."""
+        ps = self.cache.page_size
+        return self._locate(tokens, tuple(tokens[: len(tokens) // ps * ps]), namespace, node)
+
+    def _locate(
+        self,
+        tokens: Sequence[int],
+        key: tuple[int, ...],
+        namespace: Hashable | None,
+        node: TreeNode | None,
+    ) -> Position:
+        cached, index, cached_after = self._walk(key, namespace, node)
+        ctx = self.context
+        i = cached if index is None else index
+        where = Position(
+            cached,
+            index,
+            list(tokens[max(0, i - ctx) : i]),
+            list(tokens[i : i + ctx]),
+            cached_after,
+        )
+        self.stats.position(where)
+        return where
 
     def _elsewhere(self, tokens: Sequence[int], namespace: Hashable | None, cached: int) -> bool:
         """Whether another namespace caches more of ``tokens`` than ``namespace`` does."""
@@ -294,6 +362,28 @@ class MissLog:
             for ns in islice(others, self.max_namespaces)
         )
 
-    def clear(self) -> None:
-        """A flush: the records go (a flushed page was not evicted by a policy)."""
-        self._records.clear()
+    def flushed(self) -> None:
+        """The whole tree is about to be dropped (a flush): record each of its pages as
+        ``flushed``, so a later miss on them says so rather than blaming a policy. O(pages),
+        as the flush itself; the newest ``max_records`` records stay."""
+        self.stats.flushes += 1
+        ps = self.cache.page_size
+        record = (FLUSHED, self.clock())
+        records = self._records
+        stack = [
+            (child, hash(("radixserve-ns", ns)))
+            for ns, root in self.cache._roots.items()
+            for child in root.children.values()
+        ]
+        while stack:
+            node, h = stack.pop()
+            key = node.key
+            for i in range(0, len(key), ps):
+                h = hash((h, key[i : i + ps]))
+                if self.max_records > 0:
+                    records[h] = record
+                    records.move_to_end(h)
+            self.stats.flushed_pages += len(node.pages)
+            stack.extend((c, h) for c in node.children.values())
+        while len(records) > self.max_records:
+            records.popitem(last=False)

@@ -520,12 +520,13 @@ class RadixCache(PrefixCache):
         """Drop every cached prefix and free its pages. Requires no locks held; counters survive."""
         self.pins.clear()
         self.leases.clear()
-        if self.misses is not None:
-            self.misses.clear()
         if self._protected or any(r.lock_ref for r in self._roots.values()):
             raise RuntimeError(
                 f"reset() with {self._protected} pages still locked by running requests"
             )
+        if self.misses is not None:  # a flush is no policy's eviction: recorded as flushed
+            self.misses.flushed()
+        self.eviction.flushed()
         stack = list(self._roots.values())
         while stack:
             node = stack.pop()

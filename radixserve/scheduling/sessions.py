@@ -8,8 +8,9 @@
                             no session id? adopt one from the tree (a chat re-sending an
                             earlier request's prompt + answer); learn the pause since the
                             session's last turn; count a lease hit or what a lost lease cost;
-                            when asked, explain where its prompt left the cached path
-                            (memory.miss_report: before the turn resets a lost lease)
+                            count where its prompt left the cached path, and when asked
+                            explain why (memory.miss_report: before the turn resets a
+                            lost lease)
     finished (stop/length)  its computed KV goes into the tree, then the path it holds
                             (prompt + answer) gets its priority and is leased to its session before it unlocks;
                             an unkeyed request only marks its path for adoption
@@ -45,13 +46,18 @@ def turn_admitted(cache: PrefixCache, req: Request) -> None:
 
 
 def explain_miss(cache: PrefixCache, req: Request) -> None:
-    """When asked (the request, or ``--cache-report``), where ``req``'s prompt left the
-    longest cached path and why (memory.miss_report): sent once with its next output."""
+    """Where ``req``'s prompt left the longest cached path (memory.miss_report): counted
+    for every request (server-wide divergence positions, cheap: from its matched node on);
+    when asked (the request, or ``--cache-report``), also why, sent once with its next
+    output."""
     misses = cache.misses
-    if not (req.params.return_cache_report or (misses is not None and misses.report_all)):
-        return
+    asked = req.params.return_cache_report or (misses is not None and misses.report_all)
     if misses is None:
-        req.cache_report = "no_cache"
+        if asked:
+            req.cache_report = "no_cache"
+        return
+    if not asked:
+        misses.locate(req.token_ids[: req.prompt_len], req.namespace, req.lock_node)
         return
     lost = None
     if req.session_id is not None and cache.leases.enabled:

@@ -3,6 +3,8 @@ keep the returning turns' context that LRU loses (cache accounting only, no mode
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from bench_modules import load
 
 bench = load("bench_sessions.py", "bench_sessions")
@@ -21,3 +23,83 @@ def test_small_run_has_the_shape_and_leases_keep_the_context() -> None:
     assert leases["churn_tokens_computed"] == lru["churn_tokens_computed"]
     again = bench.summarize(bench.run(args, "lru", False, "lru"))
     assert again == lru  # seeded
+
+
+def test_the_http_mode_sends_the_workload_and_reads_what_the_server_cached(
+    tiny_llama_dir: Path,
+) -> None:
+    """``--peer``'s driver against a scripted OpenAI server on loopback (a perfect prefix
+    cache: cached = the longest page-aligned prefix it saw before): each turn extends the
+    agent's previous prompt under its ``prompt_cache_key``, churn is unkeyed, and every
+    returning turn reads as fully cached. The server commands size both pools alike."""
+    import asyncio
+    import json
+    import sys
+
+    from aiohttp import web
+    from bench_modules import BENCHMARKS
+
+    sys.path.insert(0, str(BENCHMARKS))
+    from peers import sessions_http as sh
+
+    args = bench.parse(
+        "--peer radixserve --agents 2 --turns 3 --system 40 --tool 20 --answer 3 "
+        "--churn-prompt 30 --pause-min 0.02 --pause-max 0.04 --out ''".split()
+    )
+    plan = sh.make_plan(args, vocab=1000, page_size=16)
+    assert all(0 < t < 1000 for t in plan.system + plan.churn[0])
+    assert plan.churn_rate * args.pause_min * (30 + 3) >= 2 * plan.pool_tokens - 1
+    seen: list[list[int]] = []
+    bodies: list[dict] = []
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        prompt = body["prompt"]
+        cached = max((_common(prompt, p) for p in seen), default=0) // 16 * 16
+        seen.append(prompt)
+        bodies.append(body)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": 3}
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        for ev in ({"choices": [{"text": "abc", "finish_reason": "length"}]}, {"usage": usage}):
+            await resp.write(f"data: {json.dumps(ev)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def main() -> sh.HttpResult:
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            return await sh.run_http(f"http://127.0.0.1:{port}", plan, args, 16, keyed=True)
+        finally:
+            await runner.cleanup()
+
+    out = sh.summarize_http(asyncio.run(main()), plan, args)
+    assert out["errors"] == 0 and out["returning_turns"] == 2 * 2
+    assert out["cached_fraction_min"] == 1.0 and out["churn_requests"] > 0
+    turns = [b for b in bodies if "prompt_cache_key" in b]
+    assert len(turns) == 6 and len(bodies) == 6 + out["churn_requests"]
+    for key in ("agent-0", "agent-1"):
+        mine = [b["prompt"] for b in turns if b["prompt_cache_key"] == key]
+        assert all(mine[i + 1][: len(mine[i])] == mine[i] for i in range(2))
+    assert all(b["ignore_eos"] and b["max_tokens"] == 3 for b in bodies)
+
+    cfg = {"leases": True, "policy": "lru"}
+    cmd, _, _ = sh.serve_command("radixserve", cfg, tiny_llama_dir, 1, plan, 16)
+    assert int(cmd[cmd.index("--num-pages") + 1]) * 16 == plan.pool_tokens
+    assert cmd[cmd.index("--session-leases") + 1] == "on"
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

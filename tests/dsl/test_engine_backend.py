@@ -297,3 +297,35 @@ def test_a_closed_backend_refuses_work_instead_of_hanging(backend: EngineBackend
     assert not t.is_alive(), "a call queued behind close() was never answered"
     with pytest.raises(BackendError, match="closed"):
         other.generate("x", SamplingParams(max_tokens=1))
+
+
+def test_a_program_leases_its_context_between_calls_and_releases_it_at_its_end(
+    backend: EngineBackend,
+) -> None:
+    """The program id is the engine session: its first call's path is leased while the
+    program runs, and the run's end releases it; a run with its own id keeps its lease
+    until ``close_session`` ends it."""
+    base = backend.stats()
+    seen: list[int] = []
+
+    @program
+    def two_calls(s):
+        s += system("You keep notes.") + user("first")
+        s += assistant(gen("a", max_tokens=2, temperature=0))
+        s["a"]  # the first call has finished: its turn is leased
+        seen.append(backend.stats().leases_active)
+        s += user("second") + assistant(gen("b", max_tokens=2, temperature=0))
+
+    state = two_calls.run(backend=backend)
+    assert state.ok, state.error
+    stats = backend.stats()
+    assert seen == [base.leases_active + 1]
+    assert stats.leases_granted_total == base.leases_granted_total + 2
+    assert (
+        stats.leases_active == base.leases_active and stats.lease_hits_total > base.lease_hits_total
+    )
+
+    assert two_calls.run(backend=backend, program_id="kept-1").ok
+    assert backend.stats().leases_active == base.leases_active + 1
+    assert backend.close_session("kept-1") and not backend.close_session("kept-1")
+    assert backend.stats().leases_active == base.leases_active

@@ -505,3 +505,28 @@ def test_a_run_default_stop_does_not_cut_typed_constrained_output() -> None:
     state = typed.run(backend=backend, defaults={"stop": ["."]})
     assert state.ok, state.error
     assert state["j"] == {"score": 0.5} and state["b"] is True
+
+
+def test_a_run_closes_its_session_when_it_ends() -> None:
+    """A run's program id is its session: the run's end closes it (after its last call,
+    also when it failed); a run given its own ``program_id`` leaves it open."""
+    backend = FakeBackend()
+
+    @program
+    def two_calls(s, fail=False):
+        s += user("hi") + assistant(gen("a", max_tokens=2))
+        s += user("again") + assistant(gen("b", max_tokens=2))
+        if fail:
+            raise ValueError("the program's own error")
+
+    state = two_calls.run(backend=backend)
+    assert backend.closed_sessions == [state.program_id]
+    assert {c.program_id for c in backend.calls} == {state.program_id}
+    failed = two_calls.run(fail=True, backend=backend)
+    assert not failed.ok and backend.closed_sessions[-1] == failed.program_id
+    kept = two_calls.run(backend=backend, program_id="agent-7")
+    assert kept.ok and "agent-7" not in backend.closed_sessions
+    states = two_calls.run_batch([{}, {}, {}], backend=backend)
+    assert backend.closed_sessions[-3:] and set(backend.closed_sessions[-3:]) == {
+        s.program_id for s in states
+    }

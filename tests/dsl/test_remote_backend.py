@@ -132,3 +132,26 @@ def test_router_errors_surface_on_the_state(remote: RemoteBackend) -> None:
 
     state = too_long.run(backend=remote)
     assert isinstance(state.error, BackendError) and "context_length" in str(state.error)
+
+
+def _leases(remote: RemoteBackend) -> int:
+    return sum(int(w.engine.get("leases_active", 0)) for w in remote.stats().workers if w.alive)
+
+
+def test_a_program_closes_its_session_on_the_router(server: LocalServer) -> None:
+    """Over the router: a run's end releases its session's lease on its worker; a run with
+    its own program id keeps it until the backend that sent it closes."""
+
+    @program
+    def one_call(s):
+        s += user("Say something.") + assistant(gen("a", max_tokens=2, temperature=0))
+
+    with RemoteBackend(server.endpoint, timeout=60) as first:
+        base = _leases(first)
+        assert one_call.run(backend=first).ok
+        assert _leases(first) == base
+        second = RemoteBackend(server.endpoint, timeout=60)
+        assert one_call.run(backend=second, program_id="kept-remote").ok
+        assert _leases(first) == base + 1
+        second.close()  # its open session goes with it
+        assert _leases(first) == base

@@ -1,6 +1,7 @@
 """Miss reports through the real engine (tiny Llama): asked per request
 (``return_cache_report``) or for all (``cache_report``), sent once in usage, counted in
-the engine's stats; a session closed from the API releases its lease."""
+the engine's stats (divergence positions for every prompt; a flush as its own reason); a
+session closed from the API releases its lease."""
 
 from __future__ import annotations
 
@@ -27,7 +28,18 @@ def test_a_request_that_asks_gets_where_its_prompt_diverged(
     assert out.usage.cached_tokens == 28
     stats = engine.stats()
     assert stats.cache_reports_total == 1 and stats.cache_miss_reasons["never_cached"] == 1
-    assert stats.cache_divergence_top[0]["index"] == 30
+    assert {e["index"]: e["count"] for e in stats.cache_divergence_top} == {0: 1, 30: 1}
+    # Positions count every prompt (the first, not asked, diverged at 0 in an empty tree).
+    assert stats.cache_divergence_prompts_total == 2
+    assert stats.cache_divergence_buckets["0"] == 1 and stats.cache_divergence_buckets["64"] == 2
+    # A flush is its own reason, not an eviction.
+    assert engine.flush_cache()
+    again = engine.generate([head + b], greedy(2, return_cache_report=True))[0]
+    rep = again.usage.cache_report
+    assert isinstance(rep, CacheReport) and rep.reason == "flushed" and rep.evicted_by is None
+    stats = engine.stats()
+    assert stats.cache_flushes_total == 1 and stats.cache_flushed_pages_total > 0
+    assert stats.evicted_pages_total == 0
 
 
 def test_cache_report_for_every_request_and_session_close(

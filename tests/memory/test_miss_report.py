@@ -117,6 +117,51 @@ def test_eviction_records_are_bounded() -> None:
     cache.misses.max_records = 8
     for i in range(10):
         turn(cache, list(range(100 * i, 100 * i + 12)))
-    assert cache.num_cached_pages <= 16 and len(cache.misses) == 8
+    held = cache.num_cached_pages
+    assert held <= 16 and len(cache.misses) == 8
+    cache.reset()  # the flush's records replace the oldest, within the bound
+    assert len(cache.misses) == 8 and cache.misses.stats.flushed_pages == held
+
+
+def test_every_prompt_is_located_from_its_matched_node() -> None:
+    """The cheap per-request count (from the node the match ended at) finds the same
+    position as the full walk of an explained report, at page sizes 1 and 4."""
+    import random
+
+    for page_size in (1, 4):
+        cache, _ = make(4096, page_size)
+        assert cache.misses is not None
+        rng = random.Random(page_size)
+        stems = [[rng.randrange(50) for _ in range(rng.randrange(1, 40))] for _ in range(6)]
+        for i in range(40):
+            stem = rng.choice(stems)
+            prompt = stem[: rng.randrange(len(stem) + 1)] + [rng.randrange(50) for _ in range(9)]
+            m = cache.match_prefix(prompt[:-1])
+            fast = cache.misses.locate(prompt, None, m.node)
+            assert fast == cache.misses.locate(prompt, None, None), (page_size, i)
+            assert fast.at == cache.misses.explain(prompt).at
+            turn(cache, prompt)
+        stats = cache.misses.stats
+        assert stats.located == 3 * 40 + 40 and stats.reports == 2 * 40  # turn explains too
+
+
+def test_a_flush_is_its_own_reason_and_no_policys_regret() -> None:
+    """A flushed prefix is reported as ``flushed`` (no policy), and under ``adaptive`` what
+    the shadows evicted before the flush is not charged as regret when it returns."""
+    cache, clock = make(24)
+    cache.eviction.clock = clock
+    cache.eviction.set_policy("adaptive")
+    a, b = list(range(1, 21)), list(range(100, 120))
+    for prompt in (a, b):  # the shadows (24 pages) evict most of a: it is in their ghosts
+        cache.eviction.observe(prompt)
+        turn(cache, prompt)
     cache.reset()
-    assert len(cache.misses) == 0
+    clock.now += 1.0
+    cache.eviction.observe(a)
+    d = turn(cache, a)
+    assert d.reason == "flushed" and d.policy is None and d.evicted_s_ago == 1.0
+    assert d.at == 0 and d.cached_tokens == 0
+    assert cache.eviction.tracker is not None
+    assert set(cache.eviction.tracker.regret_tokens.values()) == {0}
+    stats = cache.misses.stats.as_dict() if cache.misses else {}
+    assert stats["cache_flushes_total"] == 1 and stats["cache_miss_reasons"]["flushed"] == 1

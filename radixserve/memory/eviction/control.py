@@ -74,6 +74,12 @@ class EvictionControl:
         if choice != self.active:
             self._follow(choice)
 
+    def flushed(self) -> None:
+        """The cache was flushed: so are the shadow caches, ghosts included (what comes
+        back after a flush is no policy's regret)."""
+        if self.tracker is not None:
+            self.tracker.flush()
+
     def stats(self) -> dict[str, Any]:
         """The policy, what it follows, and each candidate's regret (tokens, monotonic)."""
         t = self.tracker

@@ -89,6 +89,12 @@ class ShadowCache:
         self._evict(now)
         return hit, regret
 
+    def flush(self) -> None:
+        """Empty, with no ghosts: a flush evicts nothing by this policy's order."""
+        self.items.clear()
+        self.ghosts.clear()
+        self._heap = []
+
     def _evict(self, now: float) -> None:
         items, heap = self.items, self._heap
         while len(items) > self.capacity:
@@ -135,6 +141,12 @@ class RegretTracker:
         self.current = initial if initial in self.shadows else candidates[0]
         self.switches = 0
         self.requests = 0
+
+    def flush(self) -> None:
+        """The real cache was flushed: every shadow empties, its ghosts too, so nothing
+        that returns afterwards counts as any policy's regret."""
+        for shadow in self.shadows.values():
+            shadow.flush()
 
     def window_regret(self) -> dict[str, int]:
         """Each policy's regret (tokens) over the last ``window`` requests."""

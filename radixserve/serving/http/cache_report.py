@@ -48,19 +48,25 @@ def report_json(g: Gateway, r: p.CacheReport) -> dict[str, Any]:
             out.update(cached_after=decode(g, r.cached_after), cached_after_ids=r.cached_after)
     if r.evicted_by is not None:
         out.update(evicted_by=r.evicted_by, evicted_seconds_ago=r.evicted_s_ago)
+    elif r.reason == "flushed" and r.evicted_s_ago is not None:
+        out.update(flushed_seconds_ago=r.evicted_s_ago)
     return out
 
 
 def server_report(g: Gateway, st: p.StatsReply, top: int = 10) -> dict[str, Any]:
-    """Every live worker's reports added up: reasons, the divergence histogram, and the
-    most frequent divergence positions with decoded context."""
+    """Every live worker's counts added up: the divergence histogram and the most frequent
+    divergence positions with decoded context (every prompt), reasons (the reported ones),
+    flushes."""
     reasons: dict[str, int] = {}
     buckets: dict[str, int] = {}
     positions: dict[int, dict[str, Any]] = {}
-    reports = 0
+    reports = prompts = flushes = flushed_pages = 0
     for w in st.workers:
         eng = w.engine
         reports += int(eng.get("cache_reports_total", 0))
+        prompts += int(eng.get("cache_divergence_prompts_total", 0))
+        flushes += int(eng.get("cache_flushes_total", 0))
+        flushed_pages += int(eng.get("cache_flushed_pages_total", 0))
         for k, v in (eng.get("cache_miss_reasons") or {}).items():
             reasons[k] = reasons.get(k, 0) + int(v)
         for k, v in (eng.get("cache_divergence_buckets") or {}).items():
@@ -75,6 +81,9 @@ def server_report(g: Gateway, st: p.StatsReply, top: int = 10) -> dict[str, Any]
     best = sorted(positions.values(), key=lambda e: (-e["count"], e["index"]))[:top]
     return {
         "reports": reports,
+        "prompts": prompts,
+        "flushes": flushes,
+        "flushed_pages": flushed_pages,
         "reasons": reasons,
         "divergence_buckets": buckets,
         "top_divergence": [

@@ -55,6 +55,17 @@ _ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
         "running requests retracted (KV freed, re-queued) for lack of pages",
     ),
     ("evicted_pages_total", "evicted_pages", "radix-cache pages evicted (LRU) to make room"),
+    ("cache_flushes_total", "cache_flushes", "radix-cache flushes (/flush_cache, resets)"),
+    (
+        "cache_flushed_pages_total",
+        "cache_flushed_pages",
+        "radix-cache pages dropped by flushes (not evictions: no policy's regret)",
+    ),
+    (
+        "cache_divergence_prompts_total",
+        "cache_divergence_prompts",
+        "admitted prompts whose divergence position was counted (all of them)",
+    ),
     ("leases_granted_total", "session_leases_granted", "session leases granted at turn ends"),
     ("lease_hits_total", "session_lease_hits", "session turns that found their lease held"),
     ("lease_expired_total", "session_lease_expiries", "session leases that ran out"),
@@ -151,18 +162,19 @@ class _WorkerFamilies:
         )
         self.divergence = HistogramMetricFamily(
             f"{PREFIX}_cache_divergence_position",
-            "token index where reported prompts left the longest cached path "
-            "(return_cache_report / --cache-report; fully cached prompts are not counted)",
+            "token index where admitted prompts left the longest cached path "
+            "(every request; fully cached prompts are not counted)",
             labels=["worker"],
         )
         self.top_positions = _gauge(
             "cache_divergence_top",
-            "reports that diverged at each of the most frequent positions (the top 10)",
+            "prompts that diverged at each of the most frequent positions (the top 10)",
             ("worker", "position"),
         )
         self.reasons = CounterMetricFamily(
             f"{PREFIX}_cache_miss_reasons",
-            "reported prompts by why the rest of the prompt was not cached",
+            "reported prompts (return_cache_report / --cache-report) by why the rest of "
+            "the prompt was not cached",
             labels=["worker", "reason"],
         )
         self.hit_rate = _gauge(
