@@ -8,8 +8,8 @@ machine's speed drifts: only same-run ratios mean anything)::
     copy      answer by quoting a long document, and edit code (rename, reformat): the
               answer repeats the prompt
     chat      multi-turn chat whose later answers repeat earlier turns' text
-    nocopy    creative writing at temperature 0.8: nothing to copy; sampled requests run
-              without speculation in this slice (only greedy requests draft)
+    nocopy    creative writing at temperature 0.8: nothing to copy; sampled requests
+              speculate by rejection sampling, adaptive k turning their drafts off
 
 Per configuration and workload: requests, output tokens, tokens/s (sum of tokens over sum
 of wall time), drafted and accepted tokens (usage's completion_tokens_details), acceptance

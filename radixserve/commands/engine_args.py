@@ -60,7 +60,7 @@ ENGINE_FLAGS: list[tuple[str, Any, str]] = [
         "speculative-algorithm",
         str,
         "speculative decoding drafter: ngram (prompt lookup) | radix (continuations from the "
-        "cache's sequences, per namespace); greedy requests, CPU (docs/speculative.md)",
+        "cache's sequences, per namespace); greedy and sampled requests, CPU (docs/speculative.md)",
     ),
     (
         "speculative-num-tokens",

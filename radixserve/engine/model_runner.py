@@ -302,7 +302,7 @@ class ModelRunner:
         splan = None
         if plan.sample_rows:
             sampling = StagingLayout()
-            splan = self.sampler.prepare(plan.sample_rows, sampling)
+            splan = self.sampler.prepare(plan.sample_rows, sampling, plan.sample_drafts)
             layout.merge(sampling)
         if self.followers is not None:
             self.followers.send(step_wire.step_message(plan, sampling, splan))

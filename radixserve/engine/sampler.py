@@ -26,6 +26,11 @@ Split in two halves so that a step has one host-to-device copy and one read back
 
 The draw uses one uniform number per row, drawn on the host; a request with a seed owns a
 ``torch.Generator`` so its samples do not depend on what else is in the batch.
+
+Speculative decoding: a sampled row that verifies a draft (``drafts``, one per row) draws a
+second uniform, for the accept test, and its token comes from rejection sampling
+(:func:`~radixserve.speculative.rejection.rejection_sample`): the draft if it stands, else a
+draw from the residual. Greedy rows take the argmax, drafts or not.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from radixserve.engine.sampling_ops import (
 )
 from radixserve.engine.staging import Staged, StagingBuffer, StagingLayout
 from radixserve.sampling_params import SamplingParams
+from radixserve.speculative.rejection import NO_DRAFT, inverse_cdf, rejection_sample
 
 
 class SamplingRow(Protocol):
@@ -83,6 +89,7 @@ class SamplingPlan(NamedTuple):
     any_min_p: bool
     any_top_p: bool
     biased: int = 0  # (row, token) pairs with a logit_bias
+    verifies: bool = False  # some sampled row verifies a draft (rejection sampling)
 
 
 class SampleTensors(NamedTuple):
@@ -125,8 +132,15 @@ class Sampler:
 
     # -- host half -------------------------------------------------------------------------
 
-    def prepare(self, rows: Sequence[SamplingRow], layout: StagingLayout) -> SamplingPlan:
-        """Stage every per-row input of this step's sampling into ``layout`` (host only)."""
+    def prepare(
+        self,
+        rows: Sequence[SamplingRow],
+        layout: StagingLayout,
+        drafts: Sequence[int] | None = None,
+    ) -> SamplingPlan:
+        """Stage every per-row input of this step's sampling into ``layout`` (host only).
+        ``drafts``: per row, the drafted token it verifies or ``NO_DRAFT`` (speculative
+        decoding); None: no row verifies one."""
         params = [r.params for r in rows]
         n = len(rows)
         lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
@@ -177,7 +191,7 @@ class Sampler:
         greedy = [p.greedy for p in params]
         all_greedy = all(greedy)
         top_k_max = 0
-        any_min_p = any_top_p = False
+        any_min_p = any_top_p = verifies = False
         if not all_greedy:
             layout.ints("s.greedy", [int(g) for g in greedy])
             layout.floats("s.temp", [1.0 if p.greedy else p.temperature for p in params])
@@ -192,6 +206,7 @@ class Sampler:
             if any_top_p:
                 layout.floats("s.top_p", [p.top_p for p in params])
             layout.floats("s.u", self._uniforms(rows))
+            verifies = self._stage_drafts(rows, drafts, layout)
         return SamplingPlan(
             n,
             all_greedy,
@@ -206,7 +221,28 @@ class Sampler:
             any_min_p,
             any_top_p,
             biased,
+            verifies,
         )
+
+    def _stage_drafts(
+        self, rows: Sequence[SamplingRow], drafts: Sequence[int] | None, layout: StagingLayout
+    ) -> bool:
+        """Stage the drafts that sampled rows verify and their accept-test uniforms (a seeded
+        row draws its own, after its draw's); whether there is any."""
+        if drafts is None:
+            return False
+        verify = [
+            d if d != NO_DRAFT and not r.params.greedy else NO_DRAFT for r, d in zip(rows, drafts)
+        ]
+        if all(d == NO_DRAFT for d in verify):
+            return False
+        u = torch.rand(len(rows), generator=self._generator, dtype=torch.float64)
+        for i, (r, d) in enumerate(zip(rows, verify)):
+            if d != NO_DRAFT and r.generator is not None:
+                u[i] = torch.rand((), generator=r.generator)
+        layout.ints("s.draft", verify)
+        layout.floats("s.u_accept", u.tolist())
+        return True
 
     def _uniforms(self, rows: Sequence[SamplingRow]) -> list[float]:
         u = torch.rand(len(rows), generator=self._generator, dtype=torch.float64)
@@ -218,9 +254,15 @@ class Sampler:
     # -- device half -----------------------------------------------------------------------
 
     def sample_staged(
-        self, logits: torch.Tensor, plan: SamplingPlan, staged: Staged
+        self,
+        logits: torch.Tensor,
+        plan: SamplingPlan,
+        staged: Staged,
+        draft_probs: torch.Tensor | None = None,
     ) -> SampleTensors:
-        """Pick one token per row of ``logits`` (``[B, vocab]``) from the staged inputs (device only)."""
+        """Pick one token per row of ``logits`` (``[B, vocab]``) from the staged inputs (device
+        only). ``draft_probs`` ``[B, vocab]``: the drafter's distribution of each row that
+        verifies a draft (a draft model's); None: the drafts are point masses."""
         logits = logits.float()
         raw_lp = None
         if plan.lp_rows:
@@ -229,7 +271,7 @@ class Sampler:
         if plan.all_greedy:
             chosen = greedy(logits)
         else:
-            chosen = self._draw(logits, plan, staged)
+            chosen = self._draw(logits, plan, staged, draft_probs)
         if plan.penalties is not None:  # next step's tables already hold this step's tokens
             self.penalty_counts.advance(
                 staged.i("s.pen_slots"), chosen.index_select(0, staged.i("s.pen_rows"))
@@ -296,7 +338,13 @@ class Sampler:
             eos_logits = logits[i].index_select(0, self._eos)
             logits[i].index_copy_(0, self._eos, torch.where(others, float("-inf"), eos_logits))
 
-    def _draw(self, logits: torch.Tensor, plan: SamplingPlan, staged: Staged) -> torch.Tensor:
+    def _draw(
+        self,
+        logits: torch.Tensor,
+        plan: SamplingPlan,
+        staged: Staged,
+        draft_probs: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         greedy_rows = staged.i("s.greedy").bool()
         scaled = logits / staged.f("s.temp").float()[:, None]
         if plan.top_k_max:
@@ -312,21 +360,28 @@ class Sampler:
         if plan.any_top_p:  # rows at top_p 1 keep every nonzero entry
             probs = probs.masked_fill(~top_p_keep(probs, staged.f("s.top_p")), 0.0)
         u = staged.f("s.u").float()
-        cdf = probs.cumsum(dim=-1)
-        target = (u * cdf[:, -1])[:, None]
-        sampled = (
-            torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=self.vocab_size - 1)
-        )
+        if plan.verifies:
+            drafts, u_accept = staged.i("s.draft"), staged.f("s.u_accept").float()
+            sampled = rejection_sample(probs, drafts, u_accept, u, draft_probs)
+        else:
+            sampled = inverse_cdf(probs, u)
         return torch.where(greedy_rows, greedy(logits), sampled)
 
     # -- one-call convenience (tests, benchmarks, code without a runner) --------------------
 
-    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
-        """Prepare, stage, sample and read back in one call (``logits``: ``[len(rows), vocab]``)."""
+    def sample(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[SamplingRow],
+        drafts: Sequence[int] | None = None,
+        draft_probs: torch.Tensor | None = None,
+    ) -> SampleResult:
+        """Prepare, stage, sample and read back in one call (``logits``: ``[len(rows), vocab]``;
+        ``drafts``, ``draft_probs``: as for :meth:`prepare` and :meth:`sample_staged`)."""
         staging = self._own_staging(logits.device)
         layout = StagingLayout()
-        plan = self.prepare(rows, layout)
-        tensors = self.sample_staged(logits, plan, staging.upload(layout))
+        plan = self.prepare(rows, layout, drafts)
+        tensors = self.sample_staged(logits, plan, staging.upload(layout), draft_probs)
         return unpack_samples(plan, staging.read(list(tensors)))
 
     def processed_logits(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:

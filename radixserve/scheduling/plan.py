@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from radixserve.scheduling.request import FUTURE_TOKEN, Request
+from radixserve.speculative.verify import NO_DRAFT
 
 
 class PageTableRows:
@@ -114,6 +115,9 @@ class StepPlan:
     # those that run oneDNN, whatever the step's row count (model.cpu_linear.
     # RowInvariantLinears); None: the row count decides, as usual.
     row_paths: tuple[list[int], list[int]] | None = None
+    # Speculative decoding: per sample row, the drafted token it verifies (NO_DRAFT: none;
+    # a sampled request's rows go through rejection sampling); None: no row verifies one.
+    sample_drafts: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -182,6 +186,7 @@ def plan_step(
     future_rows: list[int] = []
     future_src: list[int] = []
     drafted: list[tuple[Request, list[int]]] = []
+    verified: list[int] = []
     gemv_rows: list[int] = []
     onednn_rows: list[int] = []
     ps = page_size
@@ -213,6 +218,7 @@ def plan_step(
             sample_rows += range(t + n - 1, t + m)
             sample_reqs += [req] * (m - n + 1)
             drafted.append((req, req.drafts))
+            verified += req.drafts + [NO_DRAFT]  # row i verifies draft i; the last, none
         if req.wants_prompt_logprobs:
             lo = max(c, req.prompt_lp_next)
             hi = min(c + n, req.prompt_len - 1)
@@ -242,6 +248,8 @@ def plan_step(
         row_paths=(gemv_rows, onednn_rows) if one_row_kernel_rows else None,
     )
     verifies = len(sample_reqs) > len(drafted)  # some request drafted
+    if verifies:
+        plan.sample_drafts = verified
     return ScheduledBatch(work, plan, spans, drafted if verifies else None)
 
 

@@ -1,7 +1,7 @@
 """The scheduler's side of speculative decoding: who drafts, how much, and what stood.
 
-Each step, after the running requests' decodes are listed, every greedy decoding request
-that may draft asks the drafter (:mod:`radixserve.speculative`) for up to its adaptive ``k``
+Each step, after the running requests' decodes are listed, every decoding request that may
+draft asks the drafter (:mod:`radixserve.speculative`) for up to its adaptive ``k``
 tokens (:class:`~radixserve.speculative.adaptive.AdaptiveK`); they go into ``req.drafts``
 and :func:`~radixserve.scheduling.plan.plan_step` lays the request out as ``1 + k`` rows, each
 sampling. When the step's tokens are read, :meth:`Speculation.verified` records how many
@@ -9,14 +9,16 @@ drafts stood (:func:`~radixserve.speculative.verify.accepted_length`); the sched
 the accepted tokens one by one through its usual stop checks and frees the pages the
 rejected drafts' KV took.
 
-Who may draft: greedy requests without a grammar, penalties or a pending ``min_tokens``
-(their next-token choice depends on the tokens before it in ways the verify rows, sampled
-together, would not see), whose last token is known on the host, while at most
+Who may draft: greedy and sampled requests without a grammar, penalties or a pending
+``min_tokens`` (their next-token choice depends on the tokens before it in ways the verify
+rows, sampled together, would not see), whose last token is known on the host, while at most
 ``MAX_DECODES`` requests decode (past that a step is compute-bound on the CPU, and a verify
 row costs about what a decode row does: SGLang and vLLM turn speculation off at large
-batches alike).
+batches alike). A sampled request's verify rows go through rejection sampling in the
+sampler (:mod:`radixserve.speculative.rejection`): its output has the distribution of plain
+sampling, though not the same draws for the same seed.
 
-Exactness: every step holding a decode that may draft (whether it drafted or not) names
+Exactness: every step holding a greedy decode that may draft (whether it drafted or not) names
 each row's linear kernel (``plan.row_paths``; :meth:`Speculation.row_invariant`), so a
 speculating request's rows always get the logits of the request decoded alone, one row per
 step, and a prefill chunk in the same step the kernel of its own size.
@@ -38,8 +40,7 @@ def may_draft(req: Request) -> bool:
     """Whether verifying drafts of ``req`` in one forward gives the tokens decoding would."""
     p = req.params
     return (
-        p.greedy
-        and req.grammar is None
+        req.grammar is None
         and p.repetition_penalty == 1.0
         and not p.frequency_penalty
         and not p.presence_penalty
@@ -60,10 +61,13 @@ class Speculation:
     one_row_kernel_rows = GEMV_MAX_ROWS
 
     def row_invariant(self, work: list[tuple[Request, int]]) -> bool:
-        """Whether this step's rows must each take their own kernel: some decode in it may
-        draft (its logits must be the one-row step's whether it drafted now or not)."""
+        """Whether this step's rows must each take their own kernel: some greedy decode in it
+        may draft (its logits must be the one-row step's whether it drafted now or not; a
+        sampled request's rejection sampling needs no such bits)."""
         decodes = [r for r, n in work if n == 1 and r.num_pending == 1]
-        return len(decodes) <= MAX_DECODES and any(r.drafts or may_draft(r) for r in decodes)
+        return len(decodes) <= MAX_DECODES and any(
+            r.params.greedy and (r.drafts or may_draft(r)) for r in decodes
+        )
 
     def draft(self, decodes: list[Request], budget: int, step: int) -> int:
         """Fill ``req.drafts`` of the ``decodes`` that may draft, within ``budget`` tokens;

@@ -1,9 +1,12 @@
 """Speculative decoding: drafters that guess a request's next tokens, and how much to guess.
 
-A drafter proposes up to ``k`` tokens to follow a greedy request's context; the scheduler
-runs them through the model in one forward after the request's last token (``k + 1`` rows,
-inside the normal continuous batch) and keeps the longest prefix the model agrees with,
-plus the model's own next token (:func:`~radixserve.speculative.verify.accepted_length`).
+A drafter proposes up to ``k`` tokens to follow a request's context; the scheduler runs them
+through the model in one forward after the request's last token (``k + 1`` rows, inside the
+normal continuous batch) and keeps the longest prefix the model agrees with, plus the
+model's own next token (:func:`~radixserve.speculative.verify.accepted_length`). A sampled
+request's rows agree or not by rejection sampling
+(:func:`~radixserve.speculative.rejection.rejection_sample`), so its output keeps the
+distribution of plain sampling.
 
 - ``ngram`` (:class:`~radixserve.speculative.ngram.NgramDrafter`): prompt lookup, as vLLM's
   n-gram proposer: the last tokens of the context matched earlier in the request's own
@@ -15,7 +18,7 @@ plus the model's own next token (:func:`~radixserve.speculative.verify.accepted_
 How many tokens a request drafts is set per request from its acceptance so far
 (:class:`~radixserve.speculative.adaptive.AdaptiveK`), down to none for a while when its
 drafts keep failing. This package sits at the scheduling layer: the scheduler calls it
-with host lists; nothing here touches a tensor.
+with host lists; only :mod:`.rejection` touches tensors (the sampler calls it on the device).
 """
 
 from __future__ import annotations

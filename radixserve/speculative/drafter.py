@@ -22,7 +22,7 @@ class DraftSource(Protocol):
 class Drafter(abc.ABC):
     """Proposes the tokens most likely to follow a request's context.
 
-    The scheduler calls :meth:`propose` for each greedy decoding request it lets draft,
+    The scheduler calls :meth:`propose` for each decoding request it lets draft,
     :meth:`prompt_cached` once a request's prompt has been computed (and so inserted into the
     radix cache), and :meth:`finished` when the request leaves (every path: stop, length,
     abort, error), after which the drafter keeps no state of it."""

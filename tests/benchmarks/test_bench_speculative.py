@@ -47,4 +47,5 @@ def test_tiny_run_through_http(tiny_llama_dir: Path) -> None:
         assert set(per) == {"copy", "chat", "nocopy"}
         assert all(row["tokens"] > 0 for row in per.values())
     assert out["off"]["copy"]["drafted"] == 0
-    assert out["ngram"]["nocopy"]["drafted"] == 0  # sampled: no speculation
+    nocopy = out["ngram"]["nocopy"]  # sampled: rejection sampling where drafts exist
+    assert nocopy["accepted"] <= nocopy["drafted"]

@@ -96,7 +96,8 @@ def test_mixed_batch_with_chunked_prefill_and_sampling(
     engines: dict[str, Engine], tiny_llama_hd64_dir: Path
 ) -> None:
     """A speculating request keeps its solo output while another prefills in chunks beside
-    it and a sampled request (never speculating) decodes in the same steps."""
+    it and a sampled request (speculating too, by rejection sampling, where its drafts find a
+    match) decodes in the same steps."""
     base = engines["base"]
     dtype = base.config.dtype
     assert dtype is not None
@@ -125,7 +126,7 @@ def test_mixed_batch_with_chunked_prefill_and_sampling(
         assert tokens_of(got[b]) == tokens_of(want_b)
         usage_a, usage_c = got[a][-1].usage, got[c][-1].usage
         assert usage_a is not None and usage_a.spec_accepted_tokens > 0
-        assert usage_c is not None and usage_c.spec_drafted_tokens == 0  # sampled: no drafts
+        assert usage_c is not None and usage_c.spec_accepted_tokens <= usage_c.spec_drafted_tokens
         assert len(tokens_of(got[c])) == 12
         _all_pages_back(spec)
     finally:

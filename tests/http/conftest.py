@@ -72,13 +72,23 @@ def agent_server(
     tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Server]:
     """``serve`` on the tiny Llama with Qwen3's chat template (tools rendered, the hermes
-    parser), the qwen3 reasoning parser and two API keys (two tenants): the server of the
-    Responses, Messages and agent-framework tests."""
+    parser), the qwen3 reasoning parser, two API keys (two tenants) and speculative decoding
+    (ngram drafter): the server of the Responses, Messages, agent-framework and speculative
+    HTTP tests (greedy output is the same with speculation; constrained requests never
+    draft)."""
     model = model_with_template(
         tiny_llama_dir, tmp_path_factory.mktemp("agents") / "model", "qwen3.jinja"
     )
     srv = serve(
-        model, "--reasoning-parser", "qwen3", "--api-key", AGENT_KEYS[0], "--api-key", AGENT_KEYS[1]
+        model,
+        "--reasoning-parser",
+        "qwen3",
+        "--api-key",
+        AGENT_KEYS[0],
+        "--api-key",
+        AGENT_KEYS[1],
+        "--speculative-algorithm",
+        "ngram",
     )
     yield srv
     stop(srv)
