@@ -2,8 +2,8 @@
 output and logprobs identical to decoding without speculation; with the target itself as
 draft every draft is accepted (the draft's KV, positions, catch-up and rollback are right);
 a draft of other dims (its own pool) in a mixed batch with chunked prefill and a sampled
-request; the draft's KV in its own radix cache, per namespace, all given back; the invariants
-(the draft pool's included) after every step; start-up refusals."""
+request; the draft's KV in its own radix cache, per namespace, all given back, kept through a
+retraction; the invariants (the draft pool's included) after every step; start-up refusals."""
 
 from __future__ import annotations
 
@@ -282,3 +282,32 @@ def test_unsupported_combinations_refused_at_start(
 
     with pytest.raises(ValueError, match=message):
         EngineConfig(**options)  # type: ignore[arg-type]
+
+
+def test_retraction_and_a_full_draft_pool(base: Engine, tiny_llama_hd64_dir: Path) -> None:
+    """Both pools too small for every request at once: requests are retracted and resumed
+    (keeping their draft KV), drafts are skipped while the draft pool is short; outputs
+    exact, every page of both pools back at the end."""
+    spec = Engine(
+        str(tiny_llama_hd64_dir),
+        dtype="float32",
+        num_threads=1,
+        num_pages=24,
+        page_size=4,
+        speculative_algorithm="draft",
+        speculative_draft_model=str(tiny_llama_hd64_dir),
+        speculative_num_tokens=8,
+    )
+    try:
+        want = [_solo(base, p, _params(24)) for p in PROMPTS]
+        rids = [spec.add_request(p, _params(24)) for p in PROMPTS]
+        got = run_to_completion(spec)
+        for rid, ref in zip(rids, want):
+            assert tokens_of(got[rid]) == tokens_of(ref)
+        stats = spec.stats()
+        assert stats.retractions_total > 0
+        # The target as draft: its KV kept through the retraction is still right.
+        assert 0 < stats.spec_accepted_tokens_total == stats.spec_drafted_tokens_total
+        _all_back(spec)
+    finally:
+        spec.close()
