@@ -11,12 +11,18 @@ machine's speed drifts: only same-run ratios mean anything)::
     nocopy    creative writing at temperature 0.8: nothing to copy; sampled requests
               speculate by rejection sampling, adaptive k turning their drafts off
 
+Configuration ``draft`` runs ``--speculative-algorithm draft`` with ``--draft-model DIR``, or,
+without one, a truncated-layer draft of the model made on the fly (its first
+``--draft-layers`` layers, embeddings, norm and head: ``radixserve.speculative.make_draft``;
+no distilled draft of the default model exists, and this is not one).
+
 Per configuration and workload: requests, output tokens, tokens/s (sum of tokens over sum
 of wall time), drafted and accepted tokens (usage's completion_tokens_details), acceptance
 rate and mean accepted length per verification (1 + accepted / verify steps is the
 engine's figure; here accepted / drafted and tokens per forward are from usage alone).
 
     python benchmarks/bench_speculative.py --configs off,ngram,radix --per-workload 4
+    python benchmarks/bench_speculative.py --configs off,draft --draft-layers 6
     python benchmarks/bench_speculative.py --model /path/to/hf --max-tokens 16 --out ''
 
 Writes JSON (``--out``); results go into benchmarks/README.md through the results flow.
@@ -158,15 +164,37 @@ class Server:
             self.proc.wait(60)
 
 
+def draft_flags(args: argparse.Namespace, workdir: Path) -> list[str]:
+    """The ``draft`` configuration's flags: ``--draft-model``, or a truncated-layer draft of the
+    model (its first ``--draft-layers`` layers, a fifth of them by default) made in ``workdir``."""
+    path = args.draft_model
+    if not path:
+        from radixserve.model_store import resolve_model
+        from radixserve.speculative.make_draft import make_truncated_draft
+
+        model = resolve_model(args.model or None)
+        layers = args.draft_layers
+        if layers is None:
+            total = json.loads((Path(model) / "config.json").read_text())["num_hidden_layers"]
+            layers = max(1, total // 5)
+        path = str(make_truncated_draft(model, workdir / f"draft-{layers}", layers))
+    return ["--speculative-algorithm", "draft", "--speculative-draft-model", path]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import tempfile
+
     import httpx
 
     configs = [c for c in args.configs.split(",") if c]
     common = ["--num-threads", str(args.threads), "--dtype", args.dtype]
     servers: dict[str, Server] = {}
+    workdir = tempfile.TemporaryDirectory(prefix="bench_speculative_")
     try:
         for c in configs:
             spec = [] if c == "off" else ["--speculative-algorithm", c]
+            if c == "draft":
+                spec = draft_flags(args, Path(workdir.name))
             spec += ["--speculative-num-tokens", str(args.k)] if spec else []
             servers[c] = Server(args.model, common + spec)
         work = build(args.per_workload, args.seed)
@@ -183,6 +211,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for s in servers.values():
             s.stop()
+        workdir.cleanup()
     table = {c: {w: summarize(rs) for w, rs in per.items()} for c, per in results.items()}
     if "off" in table:
         for per in table.values():
@@ -197,7 +226,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--model", default="", help="a local HF dir (default: the default model)")
-    ap.add_argument("--configs", default="off,ngram,radix")
+    ap.add_argument("--configs", default="off,ngram,radix", help="off, ngram, radix, draft")
+    ap.add_argument("--draft-model", default="", help="draft's checkpoint (default: truncated)")
+    ap.add_argument(
+        "--draft-layers", type=int, default=None, help="truncated draft's layers (default: 1/5)"
+    )
     ap.add_argument("--per-workload", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=8, help="--speculative-num-tokens")

@@ -60,7 +60,15 @@ ENGINE_FLAGS: list[tuple[str, Any, str]] = [
         "speculative-algorithm",
         str,
         "speculative decoding drafter: ngram (prompt lookup) | radix (continuations from the "
-        "cache's sequences, per namespace); greedy and sampled requests, CPU (docs/speculative.md)",
+        "cache's sequences, per namespace) | draft (a smaller model of the same vocabulary, "
+        "--speculative-draft-model); greedy and sampled requests, CPU (docs/speculative.md)",
+    ),
+    (
+        "speculative-draft-model",
+        str,
+        "the draft model's checkpoint directory, for --speculative-algorithm draft (same "
+        "tokenizer and vocabulary as the model; python -m radixserve.speculative.make_draft "
+        "makes a truncated-layer one)",
     ),
     (
         "speculative-num-tokens",

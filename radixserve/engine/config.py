@@ -140,11 +140,13 @@ class EngineConfig:
     # collectives inside CUDA graphs are untried here (it needs two GPUs to try).
     tp_graph_capture: bool = False
 
-    # Speculative decoding (radixserve.speculative): "ngram" (prompt lookup) or "radix" (what
-    # followed in the cache's sequences, per namespace); None: off. At most
+    # Speculative decoding (radixserve.speculative): "ngram" (prompt lookup), "radix" (what
+    # followed in the cache's sequences, per namespace) or "draft" (the smaller model of the
+    # same vocabulary at `speculative_draft_model`); None: off. At most
     # `speculative_num_tokens` drafted per request and step (adapted per request).
     speculative_algorithm: str | None = None
     speculative_num_tokens: int = 4
+    speculative_draft_model: str | None = None
 
     @property
     def use_overlap(self) -> bool:
@@ -268,6 +270,8 @@ class EngineConfig:
 
     def _speculative_errors(self) -> list[str]:
         """What speculative decoding does not run with yet (docs/speculative.md)."""
+        if (self.speculative_algorithm == "draft") != (self.speculative_draft_model is not None):
+            return ["speculative_algorithm 'draft' and speculative_draft_model go together"]
         if self.speculative_algorithm is None:
             return []
         from radixserve.speculative import ALGORITHMS

@@ -205,8 +205,15 @@ class Engine:
                 "max_total_len": self.max_total_len,
             }
         )
+        drafter = None
+        if cfg.speculative_algorithm == "draft":  # a draft model, on KV of its own
+            from radixserve.engine.draft_setup import make_draft_drafter
+
+            drafter = make_draft_drafter(
+                cfg, self.model_config, self.tokenizer, num_pages, self.max_model_len, self.device
+            )
         self.scheduler = Scheduler(
-            sched_cfg, self.cache, self.allocator, self.model_config.eos_token_ids
+            sched_cfg, self.cache, self.allocator, self.model_config.eos_token_ids, drafter
         )
         return pool
 

@@ -53,6 +53,7 @@ from radixserve.scheduling.request import FUTURE_TOKEN, Request, RequestStatus
 from radixserve.scheduling.sessions import turn_admitted, turn_ended
 from radixserve.scheduling.speculation import Speculation
 from radixserve.scheduling.types import RequestOutput, SchedulerConfig, SchedulerCounters
+from radixserve.speculative import Drafter
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,9 @@ class Scheduler:
         cache: PrefixCache,
         allocator: PageAllocator,
         eos_token_ids: tuple[int, ...] = (),
+        drafter: Drafter | None = None,
     ) -> None:
+        """``drafter``: speculative decoding's, when the engine builds it (a draft model)."""
         self.config = config
         self.cache = cache
         self.allocator = allocator
@@ -104,7 +107,7 @@ class Scheduler:
         self.speculation: Speculation | None = None
         if config.speculative_algorithm is not None:
             self.speculation = Speculation(
-                config.speculative_algorithm, config.speculative_num_tokens, self.counters
+                config.speculative_algorithm, config.speculative_num_tokens, self.counters, drafter
             )
 
     # ------------------------------------------------------------------ public API
@@ -211,6 +214,8 @@ class Scheduler:
         if self.running or self.waiting or self.in_flight:
             return False
         self.cache.reset()
+        if self.speculation is not None:
+            self.speculation.drafter.reset()
         return True
 
     def private_pages(self) -> list[int]:
@@ -243,6 +248,8 @@ class Scheduler:
         assert len(self.requests) == len(self.running) + len(self.waiting)
         assert self.rows.num_free_rows == self.config.max_running_requests - len(self.running)
         self.cache.check_invariants(self.private_pages())
+        if self.speculation is not None:
+            self.speculation.drafter.check_invariants(self.requests)
 
     # ------------------------------------------------------------------ scheduling
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from radixserve.model.cpu_linear import GEMV_MAX_ROWS
 from radixserve.scheduling.request import FUTURE_TOKEN, Request
 from radixserve.scheduling.types import SchedulerCounters
-from radixserve.speculative import AdaptiveK, accepted_length, make_drafter
+from radixserve.speculative import AdaptiveK, Drafter, accepted_length, make_drafter
 
 __all__ = ["MAX_DECODES", "Speculation", "may_draft"]
 
@@ -52,8 +52,15 @@ def may_draft(req: Request) -> bool:
 class Speculation:
     """One scheduler's drafter and the per-request draft lengths."""
 
-    def __init__(self, algorithm: str, k_max: int, counters: SchedulerCounters) -> None:
-        self.drafter = make_drafter(algorithm)
+    def __init__(
+        self,
+        algorithm: str,
+        k_max: int,
+        counters: SchedulerCounters,
+        drafter: Drafter | None = None,
+    ) -> None:
+        """``drafter``: one built by the caller (the ``draft`` model's); else the algorithm's."""
+        self.drafter = drafter if drafter is not None else make_drafter(algorithm)
         self.k_max = k_max
         self.counters = counters
 

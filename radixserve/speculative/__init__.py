@@ -15,10 +15,16 @@ distribution of plain sampling.
   context's last tokens in the sequences the radix cache was given (earlier requests'
   prompts and outputs, this request's prompt), within the request's own cache namespace.
 
+- ``draft`` (:class:`~radixserve.speculative.draft_model.DraftModelDrafter`): a smaller model
+  of the same vocabulary drafts greedily, on KV of its own
+  (:class:`~radixserve.speculative.draft_kv.DraftKV`); the engine loads it
+  (``engine.draft_setup``); ``make_draft`` makes a truncated-layer draft of a checkpoint.
+
 How many tokens a request drafts is set per request from its acceptance so far
 (:class:`~radixserve.speculative.adaptive.AdaptiveK`), down to none for a while when its
 drafts keep failing. This package sits at the scheduling layer: the scheduler calls it
-with host lists; only :mod:`.rejection` touches tensors (the sampler calls it on the device).
+with host lists; only :mod:`.rejection` (the sampler calls it on the device) and the draft
+model's drafter (its own model and pool) touch tensors.
 """
 
 from __future__ import annotations

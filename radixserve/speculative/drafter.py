@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable
 from typing import Protocol
 
 __all__ = ["ALGORITHMS", "DraftSource", "Drafter"]
 
-ALGORITHMS = ("ngram", "radix")
+ALGORITHMS = ("ngram", "radix", "draft")
 
 
 class DraftSource(Protocol):
@@ -39,4 +40,14 @@ class Drafter(abc.ABC):
 
     def finished(self, req: DraftSource) -> None:
         """``req`` left; its prompt and output (``token_ids``) went into the cache."""
+        return None
+
+    def reset(self) -> None:
+        """The cache was flushed (no request running): drop any cached state of the drafter's
+        own that mirrors it (the draft model's KV cache)."""
+        return None
+
+    def check_invariants(self, live: Iterable[str]) -> None:
+        """Raise ``AssertionError`` if the drafter's own state is inconsistent, or holds
+        anything for a request not in ``live`` (the scheduler's requests)."""
         return None

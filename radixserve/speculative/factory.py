@@ -15,4 +15,8 @@ def make_drafter(algorithm: str) -> Drafter:
         return NgramDrafter()
     if algorithm == "radix":
         return RadixDrafter()
+    if algorithm == "draft":  # a model to load: the engine builds it (engine.draft_setup)
+        raise ValueError(
+            "speculative algorithm 'draft' needs its drafter built with the draft model"
+        )
     raise ValueError(f"unknown speculative algorithm {algorithm!r}; expected one of {ALGORITHMS}")

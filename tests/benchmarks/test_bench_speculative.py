@@ -4,6 +4,7 @@ drafted/accepted counts (slow: two server processes)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,14 @@ def test_workloads_are_seeded_and_copy_heavy_where_they_say() -> None:
     assert "Quote the document" in doc and all(r["temperature"] == 0.0 for r in a["copy"])
     assert all("Repeat your first answer" in r["prompt"] for r in a["chat"])
     assert all(r["temperature"] == 0.8 for r in a["nocopy"])
+
+
+def test_draft_config_makes_a_truncated_draft(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    args = bench.parse(["--model", str(tiny_llama_dir), "--configs", "off,draft"])
+    flags = bench.draft_flags(args, tmp_path)
+    assert flags[:3] == ["--speculative-algorithm", "draft", "--speculative-draft-model"]
+    config = json.loads((Path(flags[3]) / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1  # a fifth of 2 layers, at least one
 
 
 @pytest.mark.slow
