@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from alloc_peak import peak_bytes
 
 from radixkernels.reference import paged_attention_ref
 from radixserve.memory.pool import KVPool
 from radixserve.model import native
+from radixserve.model.attention import blocked, torch_paged
 from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
 from radixserve.model.forward_batch import ForwardBatch
 
@@ -136,3 +138,59 @@ def test_batch_from_pages_rejects_too_few_pages() -> None:
     assert fb.out_cache_loc.tolist() == [5, 6] and fb.positions.tolist() == [5, 6]
     with pytest.raises(ValueError, match="cannot hold"):
         ForwardBatch.from_pages([[3]], [3], [2], 4)
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8", "int4", "fp8_e4m3"])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_key_blocks_merge_into_the_whole(
+    monkeypatch: pytest.MonkeyPatch, kv_dtype: str, page_size: int
+) -> None:
+    """Histories cut into many key blocks (8 positions, or one 16-token page): decode rows of
+    different lengths drop out of the later blocks, extends merge their prefix blocks with
+    their causal part; the result is the reference's, within the same tolerance."""
+    calls = 0
+    inner = torch_paged.attention_with_lse
+
+    def counted(*args: object, **kw: object) -> tuple[torch.Tensor, torch.Tensor]:
+        nonlocal calls
+        calls += 1
+        return inner(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(blocked, "KV_BLOCK_TOKENS", 8)
+    monkeypatch.setattr(torch_paged, "attention_with_lse", counted)
+    test_matches_reference((9, 3), page_size, kv_dtype, native_kernel=False)
+    # Unblocked, each layer makes 6 calls: one for the decodes, one for the fresh prefill,
+    # two (prefix, then causal) for each of the two extends over a prefix.
+    assert calls > 2 * 6
+
+
+def test_transient_memory_does_not_grow_with_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer call on an int8 pool (the torch path), counted with torch's allocator events:
+    a 64-row chunk over 4,096 cached tokens allocates at its peak what it does over 1,024,
+    and so do two decode rows; before the key blocks, the chunk's mask and the dequantized
+    history grew with the context."""
+    monkeypatch.setattr(blocked, "KV_BLOCK_TOKENS", 256)
+    hq, hkv, d, ps = 8, 2, 64, 16
+
+    def peak(context: int, new: list[int]) -> int:
+        prefix = [context] * len(new)
+        num_pages = len(new) * (context + 64) // ps + 8
+        fb = make_batch(prefix, new, ps, num_pages, seed=0)
+        pool = KVPool(1, num_pages, ps, hkv, d, kv_dtype="int8")
+        pool.k_data[0].random_(-127, 127)
+        pool.v_data[0].random_(-127, 127)
+        assert pool.k_scale is not None and pool.v_scale is not None
+        pool.k_scale[0].fill_(0.01)
+        pool.v_scale[0].fill_(0.01)
+        backend = TorchPagedAttentionBackend(pool, native_kernel=False)
+        t = fb.num_tokens
+        q, k, v = torch.randn(t, hq, d), torch.randn(t, hkv, d), torch.randn(t, hkv, d)
+        backend.init_forward_metadata(fb)
+        return peak_bytes(lambda: backend.forward(0, q, k, v, fb, d**-0.5))
+
+    for rows in ([64], [1, 1]):
+        short, long = peak(1024, rows), peak(4096, rows)
+        assert long <= short * 1.01, (rows, short, long)
+        # 4x the context's int8 history dequantized to float32 would add more than this
+        dequantized = 2 * 4096 * hkv * d * 4 * len(rows)
+        assert long < dequantized, (rows, long)
