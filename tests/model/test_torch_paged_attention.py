@@ -194,3 +194,62 @@ def test_transient_memory_does_not_grow_with_context(monkeypatch: pytest.MonkeyP
         # 4x the context's int8 history dequantized to float32 would add more than this
         dequantized = 2 * 4096 * hkv * d * 4 * len(rows)
         assert long < dequantized, (rows, long)
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_key_blocks_accumulate_bfloat16_in_float32(
+    monkeypatch: pytest.MonkeyPatch, kv_dtype: str
+) -> None:
+    """bfloat16 activations over 10 key blocks: the running output stays float32 between
+    blocks and is rounded once, so the blocked result is as close to the float32 reference
+    as the single call is (bf16 tolerance), not ten roundings away."""
+    hq, hkv, d, ps = 9, 3, 32, 4
+    prefix, extend = [75, 80, 3], [5, 1, 1]  # an extend over a prefix and two decodes
+    num_pages = 64
+    fb = make_batch(prefix, extend, ps, num_pages, seed=3)
+    g = torch.Generator().manual_seed(4)
+    hist_k = torch.randn(num_pages * ps, hkv, d, generator=g)
+    hist_v = torch.randn(num_pages * ps, hkv, d, generator=g)
+    t = fb.num_tokens
+    q, k, v = (torch.randn(t, h, d, generator=g) for h in (hq, hkv, hkv))
+
+    def run(block: int, dtype: torch.dtype) -> tuple[torch.Tensor, KVPool]:
+        monkeypatch.setattr(blocked, "KV_BLOCK_TOKENS", block)
+        pool = KVPool(1, num_pages, ps, hkv, d, kv_dtype=kv_dtype, act_dtype=dtype)
+        from radixkernels.reference import store_kv_ref
+
+        slots = torch.arange(num_pages * ps)
+        store_kv_ref(
+            pool.k_data[0],
+            pool.v_data[0],
+            _s(pool.k_scale, 0),
+            _s(pool.v_scale, 0),
+            hist_k,
+            hist_v,
+            slots,
+            pool.fmt,
+        )
+        backend = TorchPagedAttentionBackend(pool, native_kernel=False)
+        backend.init_forward_metadata(fb)
+        out = backend.forward(0, q.to(dtype), k.to(dtype), v.to(dtype), fb, d**-0.5)
+        return out, pool
+
+    whole, pool = run(2048, torch.bfloat16)
+    parts, _ = run(8, torch.bfloat16)
+    ref = paged_attention_ref(
+        q,
+        pool.k_data[0],
+        pool.v_data[0],
+        _s(pool.k_scale, 0),
+        _s(pool.v_scale, 0),
+        pool.fmt,
+        fb.page_table,
+        fb.seq_lens,
+        fb.extend_lens,
+        fb.extend_start_loc,
+        ps,
+        d**-0.5,
+    )
+    err_whole = (whole.float() - ref).abs().max().item()
+    err_parts = (parts.float() - ref).abs().max().item()
+    assert err_parts <= 1.5 * err_whole + 1e-3, (err_whole, err_parts)
