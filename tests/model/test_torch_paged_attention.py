@@ -11,6 +11,7 @@ from radixserve.memory.pool import KVPool
 from radixserve.model import native
 from radixserve.model.attention import blocked, torch_paged
 from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
+from radixserve.model.attention.windowed import masked_attention
 from radixserve.model.forward_batch import ForwardBatch
 
 
@@ -253,3 +254,22 @@ def test_key_blocks_accumulate_bfloat16_in_float32(
     err_whole = (whole.float() - ref).abs().max().item()
     err_parts = (parts.float() - ref).abs().max().item()
     assert err_parts <= 1.5 * err_whole + 1e-3, (err_whole, err_parts)
+
+
+@pytest.mark.parametrize("window,softcap", [(None, 2.0), (70, None), (9, 2.0), (1, None)], ids=str)
+def test_windowed_and_capped_attention_in_key_blocks(
+    monkeypatch: pytest.MonkeyPatch, window: int | None, softcap: float | None
+) -> None:
+    """The torch path's windowed / soft-capped attention over 16-key blocks (an online
+    softmax of its own: ATen's flash attention takes neither) equals the one-call
+    ``masked_attention``; rows whose window starts past a block see nothing there."""
+    g = torch.Generator().manual_seed(9)
+    n, keys, hq, hkv, d = 20, 100, 6, 2, 16
+    q = torch.randn(n, hq, d, generator=g) * 3  # scores well past the cap of 2
+    k, v = torch.randn(keys, hkv, d, generator=g), torch.randn(keys, hkv, d, generator=g)
+    k_pos = torch.arange(7, 7 + keys)
+    q_pos = k_pos[-n:]
+    whole = masked_attention(q, k, v, q_pos, k_pos, 0.25, window, softcap)
+    monkeypatch.setattr(blocked, "KV_BLOCK_TOKENS", 16)
+    parts = blocked.masked_attention_blocks(q, k, v, q_pos, k_pos, 0.25, window, softcap)
+    torch.testing.assert_close(parts, whole, atol=2e-6, rtol=1e-5)

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 
 from radixserve.model.attention.cascade import merge_partial
+from radixserve.model.attention.windowed import masked_attention
 
 # Key positions of one sequence per block. A block's dequantized K/V take
 # 2 * KV_BLOCK_TOKENS * kv_heads * head_dim * 4 bytes per row of the call (3 MiB for
@@ -88,3 +89,46 @@ def attend_blocks(
     if out is None or lse is None:
         raise ValueError("attention over no keys")
     return out.to(q.dtype), lse
+
+
+def masked_attention_blocks(
+    q: torch.Tensor,  # [n, Hq, D], queries at positions q_pos
+    k: torch.Tensor,  # [L, Hkv, D], keys at positions k_pos
+    v: torch.Tensor,  # [L, Hkv, D]
+    q_pos: torch.Tensor,  # [n] int64
+    k_pos: torch.Tensor,  # [L] int64
+    sm_scale: float,
+    window: int | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """:func:`~radixserve.model.attention.windowed.masked_attention` (a window and/or a
+    soft-cap, which ATen's flash attention lacks) over ``KV_BLOCK_TOKENS`` keys at a time
+    with an online softmax, so its float32 scores are ``[Hq, n, block]``, not ``[Hq, n, L]``
+    (a soft-capped global layer's history is the whole context). One block: that function,
+    bit for bit. Every row sees at least its own key, so no row ends with an empty softmax."""
+    if k.shape[0] <= KV_BLOCK_TOKENS:
+        return masked_attention(q, k, v, q_pos, k_pos, sm_scale, window, softcap)
+    group = q.shape[1] // k.shape[1]
+    qf = q.float().transpose(0, 1)  # [Hq, n, D]
+    top = torch.full(qf.shape[:2], float("-inf"), device=q.device)  # running max per row
+    total = torch.zeros(qf.shape[:2], device=q.device)  # running sum of exp(score - top)
+    acc = torch.zeros_like(qf)
+    for s in range(0, k.shape[0], KV_BLOCK_TOKENS):
+        kf = k[s : s + KV_BLOCK_TOKENS].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        vf = v[s : s + KV_BLOCK_TOKENS].float().repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = torch.matmul(qf, kf.transpose(1, 2)) * sm_scale  # [Hq, n, block]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        dist = q_pos[:, None] - k_pos[None, s : s + KV_BLOCK_TOKENS]
+        hidden = dist < 0
+        if window is not None:
+            hidden |= dist >= window
+        scores.masked_fill_(hidden[None], float("-inf"))
+        new_top = torch.maximum(top, scores.amax(dim=-1))
+        base = torch.where(torch.isinf(new_top), 0.0, new_top)  # rows that saw nothing yet
+        p = torch.exp(scores - base[..., None])
+        rescale = torch.exp(top - base)
+        total = total * rescale + p.sum(dim=-1)
+        acc = acc * rescale[..., None] + torch.matmul(p, vf)
+        top = new_top
+    return (acc / total[..., None]).transpose(0, 1).to(q.dtype)

@@ -52,6 +52,7 @@ from radixserve.model.attention.blocked import (
     KVBlock,
     attend_blocks,
     block_spans,
+    masked_attention_blocks,
     rows_with_keys,
 )
 from radixserve.model.attention.cascade import (
@@ -59,7 +60,7 @@ from radixserve.model.attention.cascade import (
     merge_partial,
     shared_prefix_groups,
 )
-from radixserve.model.attention.windowed import masked_attention, window_start
+from radixserve.model.attention.windowed import window_start
 from radixserve.model.forward_batch import ForwardBatch
 
 if TYPE_CHECKING:
@@ -511,7 +512,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
             k_pos = torch.arange(first * ps, length, device=dev)
             keys = k_pos.numel()
             rows = slice(start, start + n)
-            out[rows] = masked_attention(
+            out[rows] = masked_attention_blocks(
                 q[rows],
                 kk[0, :, :keys].transpose(0, 1),
                 vv[0, :, :keys].transpose(0, 1),
