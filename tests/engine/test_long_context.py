@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import engine_helpers
 import pytest
 import torch
 from alloc_peak import peak_bytes
@@ -49,7 +50,10 @@ def prompt() -> list[int]:
 
 @pytest.fixture(scope="module")
 def reference(yarn_llama: Path, prompt: list[int]) -> list[int]:
-    return hf_greedy(yarn_llama, prompt, TOKENS)  # float32, attn_implementation "sdpa"
+    tokens = hf_greedy(yarn_llama, prompt, TOKENS)  # float32
+    # transformers' default here: SDPA, memory-efficient at 32k (no [32k, 32k] scores)
+    assert engine_helpers._HF_MODELS[str(yarn_llama)].config._attn_implementation == "sdpa"
+    return tokens
 
 
 def _serve(engine: Engine, prompt: list[int]) -> tuple[list[int], dict[int, int]]:
