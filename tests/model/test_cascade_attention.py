@@ -12,6 +12,7 @@ from paged_reference import layer0, reference_attention
 from radixkernels.reference import store_kv_ref
 from radixserve.memory.pool import KVPool
 from radixserve.model import native
+from radixserve.model.attention import blocked
 from radixserve.model.attention.cascade import (
     SharedGroup,
     attention_with_lse,
@@ -231,3 +232,14 @@ def test_shared_kv_budget_bounds_what_is_kept() -> None:
         and backend._meta is not None
         and backend._meta.shared[0].kv is None
     )
+
+
+def test_shared_parts_in_key_blocks_match_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shared trunks (24 and 32 tokens, padded into one call) and the members' own parts cut
+    into blocks of 8 positions: groups whose trunk ends drop out of the later blocks; the
+    kept blocks serve the next forward."""
+    monkeypatch.setattr(blocked, "KV_BLOCK_TOKENS", 8)
+    test_groups_of_different_sizes_match_reference(1, native_kernel=False)
+    test_groups_of_different_sizes_match_reference(40, native_kernel=False)
+    test_backend_with_shared_pages_matches_reference((9, 3), "int8", 4, native_kernel=False)
+    test_kept_shared_kv_is_reused_only_by_the_next_forward()

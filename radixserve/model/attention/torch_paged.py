@@ -19,14 +19,17 @@ Each sequence's keys split in two parts (cascade attention, see ``cascade.py``):
                   system prompt, few-shot examples, a forked trunk). Every member's new
                   rows attend to them in one call, the pages read once per group.
     own part:     the rest of its history, new rows included.
-                  decode sequences (1 new row): one batched call over a [B, pages * page_size]
-                    gather of whole pages, positions past each sequence's end masked; the
+                  decode sequences (1 new row): batched calls over [B, pages * page_size]
+                    gathers of whole pages, positions past each sequence's end masked; the
                     query heads of one KV head ride in the query-length axis
-                  extend sequences (n new rows): one call per sequence, rows at positions
-                    prefix..prefix+n-1 see keys up to their own (causal with an offset)
+                  extend sequences (n new rows): per sequence, the rows over the keys
+                    before them (no mask), then causally over their own n keys, merged
 
 Each part returns its output and its scores' log-sum-exp; the two merge exactly. A
 sequence in no group has an empty shared part and its own part is its whole history.
+Every history read goes block by block (``blocked.py``): at most ``KV_BLOCK_TOKENS`` keys
+per sequence gathered and dequantized at a time, merged by log-sum-exp, so a layer call's
+transient memory is bounded by the chunk and the block, whatever the context.
 
 Everything that depends only on the batch (groups, slot indices, masks) is computed once
 per forward, from the batch's host page lists, by :meth:`init_forward_metadata` (the model
@@ -37,6 +40,7 @@ reference store / dequantize of ``radixkernels.reference``; the unquantized case
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,12 +48,19 @@ import torch
 
 from radixserve.model import native
 from radixserve.model.attention.base import AttentionBackend, NativeLayersPlan
+from radixserve.model.attention.blocked import (
+    KVBlock,
+    attend_blocks,
+    block_spans,
+    masked_attention_blocks,
+    rows_with_keys,
+)
 from radixserve.model.attention.cascade import (
     attention_with_lse,
     merge_partial,
     shared_prefix_groups,
 )
-from radixserve.model.attention.windowed import masked_attention, window_start
+from radixserve.model.attention.windowed import window_start
 from radixserve.model.forward_batch import ForwardBatch
 
 if TYPE_CHECKING:
@@ -63,33 +74,29 @@ class _Shared:
     q_rows: (
         torch.Tensor
     )  # [G * Rmax] int64 batch rows of each group's new tokens, padded with row 0
-    pages: torch.Tensor  # [G * Smax] int64 each group's shared pages in order, padded with page 0
+    pages: torch.Tensor  # [G, Smax] int64 each group's shared pages in order, padded with page 0
+    keys: list[int]  # each group's shared keys (groups ordered by them, most first)
     mask: torch.Tensor | None  # [G, 1, 1, Smax * page_size] additive key padding (None: no padding)
     rows: torch.Tensor  # [R] int64 the batch rows of every group (each row in one group)
     src: torch.Tensor  # [R] int64 where each of ``rows`` sits in the padded [G * Rmax]
     shape: tuple[int, int]  # (G, Rmax)
-    kv: (
-        list[tuple[torch.Tensor, torch.Tensor] | None] | None
-    )  # per layer: gathered K/V kept across forwards
+    kv: list[list[KVBlock] | None] | None  # per layer: gathered K/V blocks kept across forwards
     key: tuple[int, ...]  # the padded page ids (host), naming the kept K/V
 
 
 @dataclass
 class _Decode:
-    rows: torch.Tensor  # [Bd] int64 rows of the decode sequences in the batch
-    pages: torch.Tensor  # [Bd * P] int64 each sequence's own pages, padded with page 0
+    rows: torch.Tensor  # [Bd] int64 rows of the decode sequences in the batch, most keys first
+    pages: torch.Tensor  # [Bd, P] int64 each sequence's own pages, padded with page 0
+    lens: list[int]  # each sequence's own keys (descending)
     mask: torch.Tensor  # [Bd, 1, 1, P * page_size] additive: 0 attended, -inf padding
-    shape: tuple[int, int]  # (Bd, P)
 
 
 @dataclass
 class _Extend:
     rows: slice  # rows of this sequence in the batch
     pages: torch.Tensor  # its own pages (after its group's), in order
-    length: int  # own keys: the positions those pages hold up to the sequence's end
-    mask: (
-        torch.Tensor | None
-    )  # [1, 1, n, length] additive; None: the own keys are exactly the new rows (causal)
+    before: int  # own keys before the new rows (then the n new rows' own keys)
 
 
 @dataclass
@@ -132,7 +139,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
         self._meta_batch: ForwardBatch | None = None
         self._meta: _BatchMeta | None = None
         self._window_plans: dict[int, native.AttentionPlan] = {}  # per window, for this batch
-        self._shared_kv: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor] | None]] = {}
+        self._shared_kv: dict[tuple[int, ...], list[list[KVBlock] | None]] = {}
 
     @property
     def row_exact(self) -> bool:
@@ -195,17 +202,8 @@ class TorchPagedAttentionBackend(AttentionBackend):
         for b, n in enumerate(news):
             if n == 1:
                 continue
-            length, before = (
-                own_lens[b],
-                own_lens[b] - n,
-            )  # own keys, and how many precede the new rows
-            mask = None
-            if before > 0:
-                i = torch.arange(n, dtype=torch.int64, device=dev)
-                j = torch.arange(length, dtype=torch.int64, device=dev)
-                mask = self._additive(j[None, :] > (before + i)[:, None])[None, None]
             pages = torch.tensor(own_pages[b], dtype=torch.int64, device=dev)
-            extends.append(_Extend(slice(starts[b], starts[b] + n), pages, length, mask))
+            extends.append(_Extend(slice(starts[b], starts[b] + n), pages, own_lens[b] - n))
 
         return _BatchMeta(decode, extends, shared, None)
 
@@ -259,22 +257,31 @@ class TorchPagedAttentionBackend(AttentionBackend):
     def _prepare_decode(
         self, pages: list[list[int]], lens: list[int], rows: list[int], ps: int, dev: torch.device
     ) -> _Decode:
-        """Decode metadata: each sequence's own pages padded to a common width, and the padding mask."""
+        """Decode metadata: each sequence's own pages padded to a common width, and the padding
+        mask, the sequences ordered by their keys, most first (``blocked.py``)."""
+        order = sorted(range(len(lens)), key=lambda i: -lens[i])
+        pages, lens, rows = (
+            [pages[i] for i in order],
+            [lens[i] for i in order],
+            [rows[i] for i in order],
+        )
         width = max(len(p) for p in pages)
         padded = [p + [0] * (width - len(p)) for p in pages]
         j = torch.arange(width * ps, dtype=torch.int64, device=dev)
         padding = j[None, :] >= torch.tensor(lens, dtype=torch.int64, device=dev)[:, None]
         return _Decode(
             rows=torch.tensor(rows, dtype=torch.int64, device=dev),
-            pages=torch.tensor(padded, dtype=torch.int64, device=dev).reshape(-1),
+            pages=torch.tensor(padded, dtype=torch.int64, device=dev),
+            lens=lens,
             mask=self._additive(padding)[:, None, None, :],
-            shape=(len(rows), width),
         )
 
     def _prepare_shared(
         self, groups: list[tuple[list[int], list[int]]], ps: int, dev: torch.device
     ) -> _Shared:
-        """One padded call for ``groups`` (each: its rows, its shared pages)."""
+        """One padded call for ``groups`` (each: its rows, its shared pages), the groups with
+        the most shared pages first (``blocked.py``)."""
+        groups = sorted(groups, key=lambda grp: -len(grp[1]))
         r_max = max(len(rows) for rows, _ in groups)
         s_max = max(len(pages) for _, pages in groups)
         q_rows = [r for rows, _ in groups for r in rows + [0] * (r_max - len(rows))]
@@ -286,7 +293,8 @@ class TorchPagedAttentionBackend(AttentionBackend):
             mask = self._additive(j[None, :] >= keys[:, None])[:, None, None, :]
         return _Shared(
             q_rows=torch.tensor(q_rows, dtype=torch.int64, device=dev),
-            pages=torch.tensor(pages, dtype=torch.int64, device=dev),
+            pages=torch.tensor(pages, dtype=torch.int64, device=dev).view(len(groups), s_max),
+            keys=[len(pg) * ps for _, pg in groups],
             key=tuple(pages),
             mask=mask,
             rows=torch.tensor(
@@ -386,6 +394,27 @@ class TorchPagedAttentionBackend(AttentionBackend):
             1, 2
         )
 
+    def _blocks(
+        self,
+        layer_id: int,
+        pages: torch.Tensor,
+        key_lens: list[int],
+        mask: torch.Tensor | None,
+        dtype: torch.dtype,
+    ) -> Iterator[KVBlock]:
+        """K/V of ``pages`` ``[B, P]`` (row ``i`` sees its first ``key_lens[i]`` positions,
+        longest first; ``mask`` ``[B, 1, 1, P * page_size]`` hides the rest), one block of
+        pages at a time, each block trimmed to the rows and positions anyone sees in it."""
+        ps = self.pool.page_size
+        for start, end in block_spans(pages.shape[1], ps):
+            rows = rows_with_keys(key_lens, start * ps)
+            if rows == 0:
+                return
+            k, v = self._gather_split(layer_id, pages[:rows, start:end].reshape(-1), rows, dtype)
+            keys = min(end * ps, key_lens[0]) - start * ps
+            part = None if mask is None else mask[:rows, :, :, start * ps : start * ps + keys]
+            yield KVBlock(rows, k[:, :, :keys], v[:, :, :keys], part)
+
     def native_layers_plan(self, batch: ForwardBatch) -> NativeLayersPlan | None:
         """The CPU kernel's plan for ``batch`` (prepared by init_forward_metadata) with the
         pool's per-layer pages, for a forward that runs every layer in one native call."""
@@ -448,15 +477,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
         if meta.decode is not None:
             self._decode(layer_id, q, out, lse, meta.decode, sm_scale)
         for ext in meta.extends:
-            kk, vv = self._gather_split(layer_id, ext.pages, 1, q.dtype)
-            o, s = attention_with_lse(
-                q[ext.rows].transpose(0, 1).unsqueeze(0),  # [1, Hq, n, D]
-                kk[:, :, : ext.length],  # [1, Hkv, length, D]
-                vv[:, :, : ext.length],
-                ext.mask,
-                sm_scale,
-                causal=ext.mask is None,
-            )
+            o, s = self._extend(layer_id, q[ext.rows].transpose(0, 1).unsqueeze(0), ext, sm_scale)
             out[ext.rows] = o[0].transpose(0, 1)
             lse[ext.rows] = s[0].transpose(0, 1)
         for call in meta.shared:
@@ -491,7 +512,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
             k_pos = torch.arange(first * ps, length, device=dev)
             keys = k_pos.numel()
             rows = slice(start, start + n)
-            out[rows] = masked_attention(
+            out[rows] = masked_attention_blocks(
                 q[rows],
                 kk[0, :, :keys].transpose(0, 1),
                 vv[0, :, :keys].transpose(0, 1),
@@ -513,15 +534,35 @@ class TorchPagedAttentionBackend(AttentionBackend):
         dec: _Decode,
         sm_scale: float,
     ) -> None:
-        """Own part of every decode row in one call (heads of a KV head as query rows)."""
-        bd, _ = dec.shape
+        """Own part of every decode row, one call per key block (heads of a KV head as query rows)."""
+        bd = len(dec.lens)
         hq, d = q.shape[1], q.shape[2]
         hkv = self.pool.k_data[layer_id].shape[-2]
-        kk, vv = self._gather_split(layer_id, dec.pages, bd, q.dtype)  # [Bd, Hkv, P * page_size, D]
         qq = q.index_select(0, dec.rows).view(bd, hkv, hq // hkv, d)
-        o, s = attention_with_lse(qq, kk, vv, dec.mask, sm_scale)
+        blocks = self._blocks(layer_id, dec.pages, dec.lens, dec.mask, q.dtype)
+        o, s = attend_blocks(qq, blocks, sm_scale, attention_with_lse)
         out.index_copy_(0, dec.rows, o.reshape(bd, hq, d))
         lse.index_copy_(0, dec.rows, s.reshape(bd, hq))
+
+    def _extend(
+        self, layer_id: int, q: torch.Tensor, ext: _Extend, sm_scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's new rows ``q`` ``[1, Hq, n, D]`` over its own keys: causally over
+        the n new ones, then over the ``before`` keys that precede them (every one seen, no
+        mask), block by block, merged."""
+        ps, n = self.pool.page_size, q.shape[2]
+        first = ext.before // ps  # the page of the first new row
+        kk, vv = self._gather_split(layer_id, ext.pages[first:], 1, q.dtype)
+        at = ext.before - first * ps
+        o, s = attention_with_lse(
+            q, kk[:, :, at : at + n], vv[:, :, at : at + n], None, sm_scale, causal=True
+        )
+        if ext.before == 0:
+            return o, s
+        prefix = ext.pages[: -(-ext.before // ps)][None]
+        blocks = self._blocks(layer_id, prefix, [ext.before], None, q.dtype)
+        o2, s2 = attend_blocks(q, blocks, sm_scale, attention_with_lse)
+        return merge_partial(o, s, o2, s2), torch.logaddexp(s, s2)
 
     def _shared(
         self,
@@ -544,16 +585,12 @@ class TorchPagedAttentionBackend(AttentionBackend):
             .transpose(1, 2)
             .reshape(g, hkv, -1, d)
         )
-        kept = sh.kv[layer_id] if sh.kv is not None else None
-        if kept is None:
-            ks, vs = self._gather_split(
-                layer_id, sh.pages, g, q.dtype
-            )  # [G, Hkv, Smax * page_size, D]
+        blocks: Iterable[KVBlock] | None = sh.kv[layer_id] if sh.kv is not None else None
+        if blocks is None:
+            blocks = self._blocks(layer_id, sh.pages, sh.keys, sh.mask, q.dtype)
             if sh.kv is not None:
-                sh.kv[layer_id] = (ks, vs)
-        else:
-            ks, vs = kept
-        o, s = attention_with_lse(qg, ks, vs, sh.mask, sm_scale)
+                blocks = sh.kv[layer_id] = list(blocks)
+        o, s = attend_blocks(qg, blocks, sm_scale, attention_with_lse)
         o = (
             o.view(g, hkv, r_max, group, d)
             .transpose(1, 2)
