@@ -297,6 +297,27 @@ def test_gemma3_engine_tp2_equals_one_process(case_dirs: dict[str, Path]) -> Non
         assert not proc.is_alive()
 
 
+def test_planned_weight_bytes_are_rank_zeros_shard(case_dirs: dict[str, Path]) -> None:
+    """``radixserve memory --tp 2``'s weight bytes per device (the planner's formula) are rank
+    0's shard as built, for every family (Gemma's four norms a layer, q/k norms per head or
+    over the rank's slice of the projection, fused tensors, experts cut on their width)."""
+    from radixserve.memory.footprint import weight_bytes
+    from radixserve.memory.sharding import DeviceShard
+    from radixserve.model.llama import LlamaForCausalLM
+
+    for name, path in case_dirs.items():
+        cfg = ModelConfig.from_pretrained(path)
+        with torch.device("meta"):  # the tie is made at load: count the head once
+            rank0 = LlamaForCausalLM(cfg, TPGroup(None, 0, 2, torch.device("cpu")))
+        held = sum(
+            p.numel()
+            for n, p in rank0.named_parameters()
+            if not (cfg.tie_word_embeddings and n == "lm_head.weight")
+        )
+        planned = weight_bytes(cfg, torch.float32, shard=DeviceShard(tp_size=2))
+        assert abs(planned - 4 * held) <= 3, name  # the MoE layers' mean, rounded
+
+
 def test_checkpoint_slices_of_the_new_layouts() -> None:
     """Phi-3's fused tensors, experts (per expert, Mixtral's names, stacked) and whole-projection
     q/k norms: what rank 1 of 2 reads of each."""
