@@ -15,7 +15,8 @@ quirks that tensor parallelism could break active:
 - Qwen3-MoE (an odd expert width, 25: 13 + 12 rows per rank; a dense layer between sparse
   ones), Mixtral (``w1``/``w3``/``w2``) and OLMoE (top-3 not renormalised): every expert cut
   on its MLP width, the router whole on each rank. Separately, one expert block whose router
-  sends every row to expert 0 and none to expert 5 gives the unsharded block's rows.
+  sends every row to expert 0 and none to expert 5 gives the unsharded block's rows; and
+  the Qwen3-MoE checkpoint re-saved with stacked experts (transformers 5's layout).
 
 Tolerance (float32, as ``tests/model/test_tensor_parallel_layers.py``): logits within 2e-5
 abs + 2e-5 rel of one rank's; logprobs within 1e-4 (``test_pipeline_parallel.py``); greedy
@@ -198,12 +199,31 @@ def _rank(rank: int, port: int, paths: dict[str, Path], out: mp.Queue) -> None:
         out.put(("uneven_block", (block.numpy(), counts)))
 
 
+# Qwen3-MoE's checkpoint re-saved in transformers 5's stacked expert layout
+# (``experts.gate_up_proj [E, 2I, H]``: each rank reads its rows of gate and of up).
+STACKED = "qwen3_moe_stacked"
+
+
+def _save_stacked(src: Path, out: Path) -> Path:
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file(state, str(out / "model.safetensors"))
+    (out / "config.json").write_text((src / "config.json").read_text())
+    return out
+
+
 @pytest.fixture(scope="module")
 def case_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return {
+    dirs = {
         name: tiny_models.build_tiny_family(tmp_path_factory.mktemp(name), model_type, **extra)
         for name, (model_type, extra) in CASES.items()
     }
+    dirs[STACKED] = _save_stacked(dirs["qwen3_moe"], tmp_path_factory.mktemp(STACKED))
+    return dirs
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +259,7 @@ def tp2_results(case_dirs: dict[str, Path]) -> tuple[dict[str, Any], dict[str, A
     return got, want
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", [*CASES, STACKED])
 def test_tp2_equals_one_rank(name: str, tp2_results: tuple[dict[str, Any], dict[str, Any]]) -> None:
     got, want = tp2_results[0][name], tp2_results[1][name]
     assert want["logits"].abs().max() > 1.0
@@ -305,7 +325,8 @@ def test_planned_weight_bytes_are_rank_zeros_shard(case_dirs: dict[str, Path]) -
     from radixserve.memory.sharding import DeviceShard
     from radixserve.model.llama import LlamaForCausalLM
 
-    for name, path in case_dirs.items():
+    for name in CASES:
+        path = case_dirs[name]
         cfg = ModelConfig.from_pretrained(path)
         with torch.device("meta"):  # the tie is made at load: count the head once
             rank0 = LlamaForCausalLM(cfg, TPGroup(None, 0, 2, torch.device("cpu")))
