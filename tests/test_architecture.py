@@ -50,6 +50,7 @@ MODEL_LEVELS: list[set[str]] = [
         "families",
         "forward_batch",
         "parallel",
+        "tp_shard",
     },
     {"attention", "layers"},
     {"decoder_stack", "llama", "pipeline_stage"},

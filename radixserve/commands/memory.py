@@ -417,6 +417,17 @@ def _moe_lines(cfg: ModelConfig, act_bytes: int) -> list[str]:
     ]
 
 
+def _expert_note(cfg: ModelConfig, tp: int) -> list[str]:
+    """How a TP rank holds a MoE model's experts (each cut on its MLP width), or nothing."""
+    if cfg.moe is None or tp == 1:
+        return []
+    width = cfg.moe.intermediate_size
+    return [
+        f"  experts: all {cfg.moe.num_experts} on every rank, each cut on its MLP width: "
+        f"{-(-width // tp):,} of {width:,} rows (the router whole on every rank)"
+    ]
+
+
 def render_parallel(cfg: ModelConfig, r: dict[str, Any]) -> list[str]:
     """The TP × PP section: what each device holds and the page count all of them agree on."""
     from radixserve.memory.planner import format_bytes as fb
@@ -440,6 +451,7 @@ def render_parallel(cfg: ModelConfig, r: dict[str, Any]) -> list[str]:
         f"  per TP rank: {qr} of {cfg.num_q_heads} query heads, KV heads {kv_note}, "
         f"{-(-cfg.intermediate_size // tp):,} of {cfg.intermediate_size:,} MLP rows, "
         f"{-(-cfg.vocab_size // tp):,} of {cfg.vocab_size:,} vocabulary rows (embedding / LM head)",
+        *_expert_note(cfg, tp),
         f"  {'stage':<6}{'layers':<11}{'also holds':<16}{'budget':>11}{'weights':>11}{'activ.':>11}"
         f"{'KV B/token':>11}{'own pages':>11}{'used':>11}",
     ]

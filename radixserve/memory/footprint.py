@@ -131,7 +131,12 @@ def weight_bytes(
         return linear(n, k) + (2 * n * k if dense_copy else 0)
 
     quantize_embeddings = quantize_embeddings and quantization is not None
-    attn = sum(linear_with_copy(n, k) for n, k in shapes[:2]) + 2 * h * act  # + the two norms
+    # + the layer's norms: two, or four in Gemma's sandwich layout; q/k norms per head, or
+    # over the (rank's slice of the) projection (ModelConfig fields; ModelDims lacks them).
+    norms = 4 if getattr(cfg, "norm_layout", "pre") == "sandwich" else 2
+    qk_norm = getattr(cfg, "qk_norm", None)
+    qk = {"head": 2 * cfg.head_dim, "proj": q + kv}.get(qk_norm or "", 0)
+    attn = sum(linear_with_copy(n, k) for n, k in shapes[:2]) + (norms * h + qk) * act
     attn += act * ((q + 2 * kv if cfg.attention_bias else 0) + (h if cfg.o_proj_bias else 0))
 
     def mlp(width: int) -> int:

@@ -93,6 +93,10 @@ class ModelConfig:
     final_softcap: float | None = None  # logits: cap * tanh(l / cap) (Gemma 2, some Gemma 3)
     local_rope_theta: float | None = None  # the sliding layers' own RoPE base (Gemma 3)
     clip_qkv: float | None = None  # q, k, v clamped to [-clip, clip] after the q/k norms (OLMoE)
+    # A tensor-parallel rank's view (``TPShard.local_config``) of a "proj" q/k norm: the whole
+    # q and k widths it averages over, and whether this rank's k lanes count in the ranks' sum
+    # (not on the second and later ranks sharing a replicated KV head). None: one rank.
+    qk_norm_tp: tuple[int, int, bool] | None = None
     moe: MoEConfig | None = None  # mixture-of-experts MLPs (Qwen3-MoE, Mixtral, OLMoE)
 
     @property

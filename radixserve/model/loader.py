@@ -15,6 +15,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -24,7 +25,7 @@ from radixserve.memory.sharding import DeviceShard
 from radixserve.model import cpu_linear
 from radixserve.model.config import ModelConfig
 from radixserve.model.llama import LlamaForCausalLM
-from radixserve.model.parallel import TPGroup, TPShard, checkpoint_slice
+from radixserve.model.parallel import TensorSlice, TPGroup, TPShard, checkpoint_slice
 from radixserve.model.quant import QuantConfig, QuantReport
 
 logger = logging.getLogger(__name__)
@@ -99,10 +100,15 @@ def iter_safetensors(
                 if cut.zero:
                     dtype = _SAFETENSORS_DTYPES[part.get_dtype()]
                     yield name, torch.zeros(part.get_shape(), dtype=dtype)
-                elif cut.dim == 0:
-                    yield name, part[cut.lo : cut.hi]
                 else:
-                    yield name, part[:, cut.lo : cut.hi]
+                    yield name, _read_ranges(part, cut)
+
+
+def _read_ranges(part: Any, cut: TensorSlice) -> torch.Tensor:
+    """The ranges of ``cut`` read from a safetensors slice, concatenated along ``cut.dim``."""
+    lead = (slice(None),) * cut.dim
+    pieces = [part[(*lead, slice(lo, hi))] for lo, hi in cut.ranges]
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=cut.dim)
 
 
 def as_quant_config(quantization: QuantConfig | str | None) -> QuantConfig | None:

@@ -23,6 +23,17 @@ Rank 0 always has the largest shard, so sizing memory from rank 0's shard bounds
 Uneven splits (9 heads on 2 ranks) are allowed, unlike vLLM/SGLang which require divisibility:
 the row-parallel all-reduce sums partial products of any widths.
 
+The split rules and each rank's checkpoint slices are ``model/tp_shard.py``'s (re-exported
+here). The new families' parts (docs/parallelism.md):
+
+- Phi-3's fused ``qkv_proj`` / ``gate_up_proj`` in the checkpoint: the rank's rows of each
+  part (q, k, v; gate, up), read as separate ranges and concatenated (:class:`TensorSlice`);
+- a "proj" q/k norm (OLMo 2, OLMoE) over the whole projection: its weight cut like the
+  heads; the rank's sum of squares all-reduced (``Attention``, ``ModelConfig.qk_norm_tp``);
+- mixture-of-experts blocks: every expert tensor-parallel on its own MLP width (rank r holds
+  rows ``expert_intermediate`` of every expert), the router replicated; the block's partial
+  output is summed by one all-reduce, as a dense MLP's.
+
 The communication is :class:`TPGroup`, a thin wrapper over one torch.distributed backend
 (gloo on the CPU, NCCL on CUDA) made from a ``TCPStore`` without touching torch.distributed's
 global default group, so several engines (and tests) can live in one process. With one rank no
@@ -31,13 +42,12 @@ group exists and the model is exactly the single-device code.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import os
 import socket
 import tempfile
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch._C._distributed_c10d as c10d
@@ -45,7 +55,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from radixserve.model.config import ModelConfig
+from radixserve.model.tp_shard import (
+    TensorSlice,
+    TPShard,
+    checkpoint_slice,
+    shard_for_rank,
+    split_range,
+)
 
 __all__ = [
     "TPGroup",
@@ -58,112 +74,6 @@ __all__ = [
     "shard_for_rank",
     "split_range",
 ]
-
-
-def split_range(n: int, parts: int, i: int) -> tuple[int, int]:
-    """Part ``i`` of ``range(n)`` cut into ``parts`` contiguous runs, the larger runs first."""
-    base, extra = divmod(n, parts)
-    lo = i * base + min(i, extra)
-    return lo, lo + base + (1 if i < extra else 0)
-
-
-class TPShard(NamedTuple):
-    """What rank ``rank`` of ``world_size`` holds of a model (half-open ranges, global indices)."""
-
-    rank: int
-    world_size: int
-    q_heads: tuple[int, int]
-    kv_heads: tuple[int, int]
-    intermediate: tuple[int, int]
-    vocab: tuple[int, int]
-    vocab_shard_max: int  # the largest rank's vocab rows (the all-gather's equal-size chunks)
-
-    @property
-    def num_q_heads(self) -> int:
-        return self.q_heads[1] - self.q_heads[0]
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.kv_heads[1] - self.kv_heads[0]
-
-    @property
-    def intermediate_size(self) -> int:
-        return self.intermediate[1] - self.intermediate[0]
-
-    def local_config(self, cfg: ModelConfig) -> ModelConfig:
-        """``cfg`` as this rank sees it: its heads, MLP width and vocabulary rows (for sizing
-        weights and the KV pool per device; the sampler keeps the full vocabulary)."""
-        return dataclasses.replace(
-            cfg,
-            num_q_heads=self.num_q_heads,
-            num_kv_heads=self.num_kv_heads,
-            intermediate_size=self.intermediate_size,
-            vocab_size=self.vocab[1] - self.vocab[0],
-        )
-
-
-def shard_for_rank(cfg: ModelConfig, rank: int, world_size: int) -> TPShard:
-    """Rank ``rank``'s shard of ``cfg`` (see the module docstring for the head split)."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} outside a world of {world_size}")
-    q, k = cfg.num_q_heads, cfg.num_kv_heads
-    g = q // k
-    if k >= world_size:
-        kv = split_range(k, world_size, rank)
-        qh = (kv[0] * g, kv[1] * g)
-    else:
-        head = rank * k // world_size
-        sharers = [r for r in range(world_size) if r * k // world_size == head]
-        if g < len(sharers):
-            raise ValueError(
-                f"tensor parallel size {world_size} is too large for {q} query heads over {k} "
-                f"KV heads: {len(sharers)} ranks would share a group of {g} query heads"
-            )
-        lo, hi = split_range(g, len(sharers), sharers.index(rank))
-        kv = (head, head + 1)
-        qh = (head * g + lo, head * g + hi)
-    if cfg.intermediate_size < world_size or cfg.vocab_size < world_size:
-        raise ValueError(f"tensor parallel size {world_size} exceeds the model's MLP or vocabulary")
-    return TPShard(
-        rank=rank,
-        world_size=world_size,
-        q_heads=qh,
-        kv_heads=kv,
-        intermediate=split_range(cfg.intermediate_size, world_size, rank),
-        vocab=split_range(cfg.vocab_size, world_size, rank),
-        vocab_shard_max=-(-cfg.vocab_size // world_size),
-    )
-
-
-class TensorSlice(NamedTuple):
-    """The part of one checkpoint tensor a rank loads: rows (``dim`` 0) or columns (``dim`` 1)
-    ``[lo, hi)``; ``zero``: the rank loads zeros of the tensor's shape (a row-parallel bias,
-    added once, by rank 0, since the all-reduce sums every rank's output)."""
-
-    dim: int
-    lo: int
-    hi: int
-    zero: bool = False
-
-
-def checkpoint_slice(name: str, shard: TPShard, head_dim: int) -> TensorSlice | None:
-    """What ``shard`` takes of the Hugging Face tensor ``name`` (None: the whole tensor)."""
-    q = (shard.q_heads[0] * head_dim, shard.q_heads[1] * head_dim)
-    kv = (shard.kv_heads[0] * head_dim, shard.kv_heads[1] * head_dim)
-    is_bias = name.endswith(".bias")
-    if ".q_proj." in name:
-        return TensorSlice(0, *q)
-    if ".k_proj." in name or ".v_proj." in name:
-        return TensorSlice(0, *kv)
-    if ".gate_proj." in name or ".up_proj." in name:
-        return TensorSlice(0, *shard.intermediate)
-    if ".o_proj." in name or ".down_proj." in name:
-        if is_bias:
-            return None if shard.rank == 0 else TensorSlice(0, 0, 0, zero=True)
-        return TensorSlice(1, *(q if ".o_proj." in name else shard.intermediate))
-    if name.endswith(("embed_tokens.weight", "lm_head.weight")):
-        return TensorSlice(0, *shard.vocab)
-    return None  # norms: replicated
 
 
 def listen_socket(host: str, port: int) -> socket.socket:

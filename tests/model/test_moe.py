@@ -7,7 +7,8 @@ prefill, mixed batch, for ``qwen3_moe``, ``mixtral`` and ``olmoe`` checkpoints):
 - the grouped path against the every-expert path (CUDA-graph capture's);
 - both checkpoint layouts (per-expert tensors, transformers 5's stacked ``gate_up_proj``);
 - int8/int4 experts against their dequantized reference;
-- parameter counts (total and active) against transformers' models, and ``radixserve memory``.
+- parameter counts (total and active) against transformers' models, and ``radixserve memory``
+  (with ``--tp 2`` too).
 
 Tolerance (float32): block outputs and logits within 1e-5 + 1e-4 relative (measured ~2e-6).
 """
@@ -233,19 +234,36 @@ def test_memory_reports_total_and_active(
     assert "8 experts, 2 per token" in out
 
 
-def test_tensor_parallel_is_refused_for_moe(qwen3_moe_dir: Path) -> None:
-    from radixserve.model.families import family_of
+def test_tp2_weight_bytes_are_rank_zeros_shard(
+    qwen3_moe_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With ``--tp 2`` every expert is cut on its MLP width (the router whole on each rank):
+    the planner's per-device weight bytes are rank 0's shard as built (on ``meta``), up to the
+    per-layer mean's rounding, and ``radixserve memory --tp 2`` says how the experts are held.
+    (tests/distributed/test_tp_families.py runs the shards.)"""
+    from radixserve.memory.footprint import weight_bytes
+    from radixserve.memory.sharding import DeviceShard
+    from radixserve.model.llama import LlamaForCausalLM
+    from radixserve.model.parallel import TPGroup
 
-    for model_type in ("qwen3_moe", "mixtral", "olmoe"):
-        family = family_of(model_type)
-        assert family is not None and family.tensor_parallel is not None
+    cfg = ModelConfig.from_pretrained(qwen3_moe_dir)
+    with torch.device("meta"):
+        rank0 = LlamaForCausalLM(cfg, TPGroup(None, 0, 2, torch.device("cpu")))
+    held = sum(p.numel() for p in rank0.parameters()) * 4
+    planned = weight_bytes(cfg, torch.float32, shard=DeviceShard(tp_size=2))
+    assert abs(planned - held) <= 3 and planned < 0.6 * weight_bytes(cfg, torch.float32)
+    argv = ["memory", "--model", str(qwen3_moe_dir), "--memory-budget", "1GiB", "--tp", "2"]
+    assert main(argv) == 0
+    assert "experts: all 8 on every rank, each cut on its MLP width: 16 of 32 rows" in (
+        capsys.readouterr().out
+    )
 
 
 @pytest.mark.parametrize("method", [None, "int8", "int4"])
 def test_planner_weight_bytes_hold_every_expert(qwen3_moe_dir: Path, method: str | None) -> None:
     """The memory planner's weight bytes for a MoE model (experts quantized, the router not)
-    equal the loaded model's parameters and quantized buffers, up to the q/k norm weights the
-    quantized formula leaves out (384 B here) and the per-layer mean's rounding."""
+    equal the loaded model's parameters and quantized buffers, up to the per-layer mean's
+    rounding."""
     from radixserve.memory.footprint import weight_bytes
     from radixserve.model.quant.linear import QuantizedLinear
 
@@ -258,4 +276,4 @@ def test_planner_weight_bytes_hold_every_expert(qwen3_moe_dir: Path, method: str
         if isinstance(m, QuantizedLinear)
         for b in m.buffers()
     )
-    assert abs(weight_bytes(cfg, torch.float32, method) - held) <= 384 + 3
+    assert abs(weight_bytes(cfg, torch.float32, method) - held) <= 3

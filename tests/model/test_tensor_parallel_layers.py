@@ -46,8 +46,8 @@ def _rank(rank: int, port: int, paths: list[Path], out: mp.Queue) -> None:
     tp = TPGroup.create(store, rank, 2, torch.device("cpu"), TIMEOUT, "127.0.0.1")
     for path in paths:
         logits = _logits(path, tp)
-        if rank == 0:
-            out.put((str(path), logits))
+        if rank == 0:  # by value: a shared tensor's descriptor dies with this process
+            out.put((str(path), logits.numpy()))
 
 
 def test_shard_split_rules() -> None:
@@ -108,7 +108,7 @@ def test_two_ranks_match_one(
         got = {}
         for _ in paths:
             name, logits = out.get(timeout=180)
-            got[name] = logits
+            got[name] = torch.from_numpy(logits)
         for p in procs:
             p.join(timeout=60)
             assert p.exitcode == 0

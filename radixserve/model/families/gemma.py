@@ -17,7 +17,9 @@ What sets them apart from Llama, as transformers implements them:
   sliding layers the local base (``rope_local_base_freq``, 10 000) unscaled. Both the
   legacy keys and transformers v5's per-layer-type ``rope_parameters`` are read.
 
-Tensor and pipeline parallelism are refused (not verified yet), so is bidirectional
+Tensor parallelism runs as Llama's (every quirk is per head, per row or after the logits'
+gather); pipeline parallelism is refused (the stage body has no embedding scale, soft-cap or
+local RoPE), so is bidirectional
 attention (``use_bidirectional_attention``, an embedding-model variant). The multimodal ``gemma3`` checkpoints
 (vision tower, ``language_model.`` weight names) are not registered: their text model needs its own weight mapping.
 """
@@ -95,15 +97,12 @@ def _gemma3(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-_TP = "Gemma has not been verified against one rank under tensor parallelism yet"
-
 FAMILIES = (
     Family(
         "gemma2",
         ("gemma2",),
         {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 8192, "tie": True},
         _gemma2,
-        tensor_parallel=_TP,
     ),
     Family(
         "gemma3",
@@ -115,6 +114,5 @@ FAMILIES = (
             "tie": True,
         },
         _gemma3,
-        tensor_parallel=_TP,
     ),
 )

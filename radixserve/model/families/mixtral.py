@@ -3,7 +3,8 @@
 softmax over the router's logits, top-k, always renormalised to sum to one. The sliding
 window, where a config sets one, is applied as Mistral's.
 
-Runs the per-layer path (experts). Tensor parallelism is refused for now.
+Runs the per-layer path (experts). Under tensor parallelism each expert is cut on its MLP
+width (``model/layers/moe.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Any
 
 from radixserve.model.families.base import Family
 from radixserve.model.families.moe import moe_config
-from radixserve.model.families.qwen3_moe import MOE_TENSOR_PARALLEL
 
 
 def _fields(raw: dict[str, Any]) -> dict[str, Any]:
@@ -35,6 +35,5 @@ FAMILIES = (
             "tie": False,
         },
         _fields,
-        tensor_parallel=MOE_TENSOR_PARALLEL,
     ),
 )

@@ -3,8 +3,8 @@ and ``post_feedforward_layernorm`` on the MLP's, each before the residual add; n
 norm) and RMSNorms over the whole q and k projections (not per head) before RoPE.
 
 The one-call CPU decoder stack is pre-norm only: OLMo 2 takes the per-layer path. Its q/k
-norms span every head, so a tensor-parallel rank (holding some heads) cannot compute them
-alone: tensor parallelism is refused.
+norms span every head: under tensor parallelism the ranks all-reduce their sums of squares
+(``model/layers/attention.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,5 @@ FAMILIES = (
             "tie": False,
         },
         _fields,
-        tensor_parallel="OLMo 2's q/k norms span all heads (one rank holds only some)",
     ),
 )

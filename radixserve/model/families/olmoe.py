@@ -3,8 +3,9 @@ projections before RoPE (as OLMo 2), an optional ``clip_qkv`` clamp of q, k and 
 them, and an expert block per layer whose top-k weights are renormalised only with
 ``norm_topk_prob`` (false in OLMoE-1B-7B).
 
-Runs the per-layer path (q/k norms, experts). Tensor parallelism is refused (the q/k norms
-span every head, and the experts are not split).
+Runs the per-layer path (q/k norms, experts). Under tensor parallelism the q/k norms' sums
+of squares are all-reduced (as OLMo 2's) and each expert is cut on its MLP width
+(``model/layers/moe.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,5 @@ FAMILIES = (
             "tie": False,
         },
         _fields,
-        tensor_parallel="OLMoE's q/k norms span all heads and its experts are not split",
     ),
 )

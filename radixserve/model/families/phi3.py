@@ -5,8 +5,8 @@ so they load as they are), RoPE ``longrope`` on the long-context checkpoints
 ``partial_rotary_factor`` (only the leading lanes of each head rotate).
 
 Full-rotary Phi-3 runs the one-call CPU decoder stack like Llama; partial rotary takes the
-per-layer path. The checkpoint's fused tensors are not cut per rank: tensor parallelism is
-refused.
+per-layer path. Under tensor parallelism each rank reads its rows of every part of the
+fused tensors (``model/parallel.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,5 @@ FAMILIES = (
             "tie": False,
         },
         _fields,
-        tensor_parallel="Phi-3's checkpoint stores q/k/v and gate/up fused (not cut per rank yet)",
     ),
 )

@@ -3,8 +3,8 @@ of ``moe_intermediate_size``; ``norm_topk_prob`` (true in the released checkpoin
 the top-k routing weights; ``decoder_sparse_step`` and ``mlp_only_layers`` leave some layers
 with a dense MLP of ``intermediate_size``.
 
-Runs the per-layer path (q/k norms, experts). Tensor parallelism is refused for now: the
-experts' weights are not cut per rank.
+Runs the per-layer path (q/k norms, experts). Under tensor parallelism each expert is cut on
+its MLP width (``model/layers/moe.py``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from typing import Any
 
 from radixserve.model.families.base import Family, qwen_window
 from radixserve.model.families.moe import moe_config
-
-MOE_TENSOR_PARALLEL = "expert weights are not split across ranks yet (run MoE with tp 1)"
 
 
 def _fields(raw: dict[str, Any]) -> dict[str, Any]:
@@ -42,6 +40,5 @@ FAMILIES = (
             "tie": False,
         },
         _fields,
-        tensor_parallel=MOE_TENSOR_PARALLEL,
     ),
 )

@@ -14,7 +14,11 @@ Options a family turns on through its :class:`~radixserve.model.config.ModelConf
   (``ModelConfig.sm_scale``: Gemma's ``query_pre_attn_scalar``).
 
 The q/k norms write back into the fused projection, so everything after them (the CPU's
-in-place RoPE, the GPU's fused RoPE-and-store kernel) runs as it does for Llama.
+in-place RoPE, the GPU's fused RoPE-and-store kernel) runs as it does for Llama. Under tensor
+parallelism a "proj" norm spans heads of every rank: each rank's float32 sums of squares of
+its q and k lanes are all-reduced (one ``[T, 2]`` all-reduce per layer; gathering the
+projections instead would move ``q + k`` values per row), then every lane scales by the whole
+width's RMS.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from radixserve.model import gpu_ops, native
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.config import ModelConfig
 from radixserve.model.forward_batch import ForwardBatch
-from radixserve.model.layers.norm import rms_norm
+from radixserve.model.layers.norm import rms_norm, scale_normed
 from radixserve.model.layers.rotary import apply_rotary
 from radixserve.model.parallel import TPGroup
 
@@ -48,6 +52,7 @@ class Attention(nn.Module):
         self.rotary_dim = cfg.rotary_dim
         self.qk_norm = cfg.qk_norm
         self.clip_qkv = cfg.clip_qkv
+        self.qk_norm_tp = cfg.qk_norm_tp if tp is not None else None
         self.window = cfg.layer_window(layer_id)
         self.softcap = cfg.attn_softcap
         self.qkv_proj = nn.Linear(
@@ -105,8 +110,26 @@ class Attention(nn.Module):
             t = flat.shape[0]
             q = q.view(t, self.num_q_heads, self.head_dim)
             k = k.view(t, self.num_kv_heads, self.head_dim)
+        elif self.qk_norm_tp is not None:
+            self._norm_qk_over_ranks(q, k)
+            return
         q.copy_(self.q_norm.forward(q))
         k.copy_(self.k_norm.forward(k))
+
+    def _norm_qk_over_ranks(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        """A "proj" q/k norm of this rank's lanes, the RMS taken over every rank's (module
+        docstring); a rank sharing a replicated KV head with an earlier one adds no k sum."""
+        assert self.tp is not None and self.qk_norm_tp is not None
+        q_width, k_width, counts_k = self.qk_norm_tp
+        qf, kf = q.float(), k.float()
+        sums = torch.stack((qf.square().sum(-1), kf.square().sum(-1)), dim=-1)
+        if not counts_k:
+            sums[:, 1] = 0.0
+        self.tp.all_reduce(sums)
+        widths = torch.tensor([q_width, k_width], dtype=torch.float32, device=sums.device)
+        inv = torch.rsqrt(sums / widths + self.q_norm.eps)
+        q.copy_(scale_normed(self.q_norm, qf * inv[:, :1], q.dtype))
+        k.copy_(scale_normed(self.k_norm, kf * inv[:, 1:], k.dtype))
 
     def _out(self, x: torch.Tensor) -> torch.Tensor:
         out = self.o_proj.forward(x)

@@ -25,6 +25,12 @@ On CUDA (``gpu_ops.enabled``) float experts run the fused Triton kernel
 projection, no host read (CUDA graphs capture it). Quantized experts on CUDA take the grouped
 path, and under CUDA-graph capture, where no host read is allowed, every expert runs over
 every row with the weights of the rows not routed to it zero.
+
+Under tensor parallelism (``tp``) every expert is cut on its MLP width as a dense MLP is
+(``moe.intermediate_size`` is the rank's share), the router is whole on every rank (each
+computes the same routing), and the block's partial output is summed by one all-reduce: the
+same paths above run unchanged on each rank, and every rank does the same work whatever the
+routing (docs/parallelism.md says why this rather than experts spread over the ranks).
 """
 
 from __future__ import annotations
@@ -73,8 +79,7 @@ class SparseMoeBlock(nn.Module):
         self, hidden_size: int, moe: MoEConfig, bias: bool, tp: TPGroup | None = None
     ) -> None:
         super().__init__()
-        if tp is not None:
-            raise ValueError("the mixture-of-experts block does not run tensor parallel yet")
+        self.tp = tp
         self.num_experts = moe.num_experts
         self.top_k = moe.top_k
         self.gate = TopKRouter(hidden_size, moe)
@@ -86,6 +91,10 @@ class SparseMoeBlock(nn.Module):
         self._w2: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._forward(x)
+        return out if self.tp is None else self.tp.all_reduce(out)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate.forward(x)
         if gpu_ops.enabled(x) and self._plain_experts():
             from radixkernels.moe import fused_moe

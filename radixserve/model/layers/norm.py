@@ -59,3 +59,13 @@ class OffsetRMSNorm(RMSNorm):
 def rms_norm(size: int, eps: float, plus_one: bool = False) -> RMSNorm:
     """The family's RMSNorm over ``size`` lanes (``plus_one``: Gemma's ``1 + weight``)."""
     return OffsetRMSNorm(size, eps) if plus_one else RMSNorm(size, eps)
+
+
+def scale_normed(norm: RMSNorm, normed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``normed`` (float32, already divided by its RMS) scaled by ``norm``'s weight and cast to
+    ``dtype`` as ``norm.forward`` does (a norm whose RMS was summed over tensor-parallel ranks)."""
+    if isinstance(norm, OffsetRMSNorm):
+        return (normed * (1.0 + norm.weight.float())).to(dtype)
+    if dtype == torch.float32:
+        return normed * norm.weight
+    return norm.weight * normed.to(dtype)

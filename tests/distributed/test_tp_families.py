@@ -1,0 +1,395 @@
+"""Tensor parallelism 2 for every family beyond Llama/Qwen2 (``model/families/``): two gloo
+ranks (spawned once for all families) give one rank's logits, greedy tokens and logprobs.
+
+Each family's tiny random checkpoint (transformers' own config and model class) has the
+quirks that tensor parallelism could break active:
+
+- Qwen3 and Gemma 3: per-head q/k norms; Gemma 2/3: a window (6) shorter than the prompts,
+  soft-caps that bite, ``query_pre_attn_scalar``, the embedding scale, Gemma 3's two RoPE
+  bases, tied embeddings (a vocabulary-parallel tied head);
+- Phi-3: ``qkv_proj`` / ``gate_up_proj`` stored fused (each rank reads its rows of every
+  part), longrope;
+- OLMo 2 (2 KV heads: one per rank) and OLMoE (1 KV head: replicated on both ranks, so only
+  rank 0 adds its k lanes): q/k norms over the whole projection, whose sums of squares the
+  ranks all-reduce; OLMoE's ``clip_qkv``;
+- Qwen3-MoE (an odd expert width, 25: 13 + 12 rows per rank; a dense layer between sparse
+  ones), Mixtral (``w1``/``w3``/``w2``) and OLMoE (top-3 not renormalised): every expert cut
+  on its MLP width, the router whole on each rank. Separately, one expert block whose router
+  sends every row to expert 0 and none to expert 5 gives the unsharded block's rows; and
+  the Qwen3-MoE checkpoint re-saved with stacked experts (transformers 5's layout).
+
+Tolerance (float32, as ``tests/model/test_tensor_parallel_layers.py``): logits within 2e-5
+abs + 2e-5 rel of one rank's; logprobs within 1e-4 (``test_pipeline_parallel.py``); greedy
+tokens identical. One rank's results are in turn transformers' (``tests/model/``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tiny_models
+import torch
+import torch.multiprocessing as mp
+
+from radixserve.distributed.topology import TensorParallel
+from radixserve.engine.engine import Engine
+from radixserve.model.attention.dense import DenseAttentionBackend
+from radixserve.model.config import ModelConfig
+from radixserve.model.families.moe import MoEConfig
+from radixserve.model.forward_batch import ForwardBatch
+from radixserve.model.layers.moe import SparseMoeBlock
+from radixserve.model.loader import load_model
+from radixserve.model.parallel import (
+    TPGroup,
+    checkpoint_slice,
+    listen_socket,
+    shard_for_rank,
+    tcp_store,
+)
+from radixserve.sampling_params import SamplingParams
+
+TIMEOUT = datetime.timedelta(seconds=60)
+ATOL = RTOL = 2e-5
+LOGPROB_ATOL = 1e-4
+NEW_TOKENS = 6
+_MOE = {"num_experts_per_tok": 2}
+_GEMMA = {
+    "num_hidden_layers": 3,
+    "sliding_window": 6,
+    "query_pre_attn_scalar": 24,
+    "final_logit_softcapping": 2.0,
+    "tie_word_embeddings": True,
+}
+
+# name -> (model_type, transformers config overrides)
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3": ("qwen3", {}),
+    "gemma2": ("gemma2", {**_GEMMA, "attn_logit_softcapping": 1.0}),
+    "gemma3": (
+        "gemma3_text",
+        {
+            **_GEMMA,
+            "sliding_window_pattern": 2,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            },
+        },
+    ),
+    "phi3": (
+        "phi3",
+        {
+            "max_position_embeddings": 256,
+            "original_max_position_embeddings": 64,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "short_factor": [1.0 + 0.1 * i for i in range(8)],
+                "long_factor": [2.0 + 0.5 * i for i in range(8)],
+            },
+        },
+    ),
+    "olmo2": ("olmo2", {}),
+    "qwen3_moe": (
+        "qwen3_moe",
+        {
+            **_MOE,
+            "num_hidden_layers": 3,
+            "num_experts": 8,
+            "moe_intermediate_size": 25,
+            "norm_topk_prob": True,
+            "mlp_only_layers": [1],
+        },
+    ),
+    "mixtral": ("mixtral", {**_MOE, "num_local_experts": 8, "intermediate_size": 48}),
+    "olmoe": (
+        "olmoe",
+        {
+            "num_experts": 8,
+            "num_experts_per_tok": 3,
+            "intermediate_size": 32,
+            "clip_qkv": 1.5,
+            "num_key_value_heads": 1,
+        },
+    ),
+}
+
+
+def _seqs(lengths: tuple[int, ...], seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randint(3, tiny_models.TOKENIZER_VOCAB, (n,), generator=g).tolist() for n in lengths
+    ]
+
+
+def _run_family(path: Path, tp: TPGroup | None) -> dict[str, Any]:
+    """Ragged all-row logits, then greedy decoding (the whole sequences again every step:
+    the model's sharding is what is checked, not the paged backends) with each token's logprob."""
+    model = load_model(path, tp=tp)
+    attn = DenseAttentionBackend()
+    logits = model(ForwardBatch.for_full_sequences(_seqs((7, 1, 23, 12), 0), all_logits=True), attn)
+    seqs = _seqs((9, 17, 3), 1)
+    tokens: list[list[int]] = [[] for _ in seqs]
+    logprobs: list[list[float]] = [[] for _ in seqs]
+    for _ in range(NEW_TOKENS):
+        last = torch.log_softmax(model(ForwardBatch.for_full_sequences(seqs), attn), dim=-1)
+        for i, row in enumerate(last):
+            tok = int(row.argmax())
+            tokens[i].append(tok)
+            logprobs[i].append(float(row[tok]))
+            seqs[i] = seqs[i] + [tok]
+    return {"logits": logits, "tokens": tokens, "logprobs": logprobs}
+
+
+def _uneven_block(tp: TPGroup | None) -> tuple[torch.Tensor, list[int]]:
+    """One expert block (8 experts, top-2, width 25) whose router sends every row to expert
+    0 and none to expert 5 (``tests/model/test_moe.py``'s construction), each rank holding its
+    rows of every expert; returns its output and the experts' row counts."""
+    hidden, width, experts = 64, 25, 8
+    g = torch.Generator().manual_seed(5)
+    router = torch.randn(experts, hidden, generator=g) * 0.2
+    router[:, 0] = 0.0
+    router[0, 0], router[5, 0] = 20.0, -20.0
+    gate_up = torch.randn(experts, 2 * width, hidden, generator=g) * 0.2
+    down = torch.randn(experts, hidden, width, generator=g) * 0.2
+    x = torch.randn(37, hidden, generator=g)
+    x[:, 0] = x[:, 0].abs() + 0.5
+    lo, hi = 0, width
+    if tp is not None:
+        cfg = ModelConfig.from_dict(
+            {
+                "model_type": "qwen3_moe",
+                "hidden_size": hidden,
+                "intermediate_size": 128,
+                "moe_intermediate_size": width,
+                "num_experts": experts,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "num_hidden_layers": 1,
+                "vocab_size": 512,
+            }
+        )
+        lo, hi = shard_for_rank(cfg, tp.rank, tp.world_size).expert_intermediate
+    block = SparseMoeBlock(hidden, MoEConfig(experts, 2, hi - lo, True), bias=False, tp=tp)
+    with torch.no_grad():
+        block.gate.weight.copy_(router)
+        for e, mlp in enumerate(block.experts):
+            rows = torch.cat([gate_up[e, lo:hi], gate_up[e, width + lo : width + hi]])
+            mlp.gate_up_proj.weight.copy_(rows)
+            mlp.down_proj.weight.copy_(down[e, :, lo:hi])
+        return block(x), block.expert_counts(x).tolist()
+
+
+def _rank(rank: int, port: int, paths: dict[str, Path], out: mp.Queue) -> None:
+    torch.set_num_threads(1)
+    store = tcp_store("127.0.0.1", port, rank, 2, TIMEOUT)
+    tp = TPGroup.create(store, rank, 2, torch.device("cpu"), TIMEOUT, "127.0.0.1")
+    # Tensors go as numpy arrays (pickled by value: a torch tensor would be shared through a
+    # file descriptor that dies with this process).
+    for name, path in paths.items():
+        result = _run_family(path, tp)
+        if rank == 0:
+            out.put((name, {**result, "logits": result["logits"].numpy()}))
+    block, counts = _uneven_block(tp)
+    if rank == 0:
+        out.put(("uneven_block", (block.numpy(), counts)))
+
+
+# Qwen3-MoE's checkpoint re-saved in transformers 5's stacked expert layout
+# (``experts.gate_up_proj [E, 2I, H]``: each rank reads its rows of gate and of up).
+STACKED = "qwen3_moe_stacked"
+
+
+def _save_stacked(src: Path, out: Path) -> Path:
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    save_file(state, str(out / "model.safetensors"))
+    (out / "config.json").write_text((src / "config.json").read_text())
+    return out
+
+
+@pytest.fixture(scope="module")
+def case_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    dirs = {
+        name: tiny_models.build_tiny_family(tmp_path_factory.mktemp(name), model_type, **extra)
+        for name, (model_type, extra) in CASES.items()
+    }
+    dirs[STACKED] = _save_stacked(dirs["qwen3_moe"], tmp_path_factory.mktemp(STACKED))
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def tp2_results(case_dirs: dict[str, Path]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(two ranks' results, one rank's) for every case, from one spawn of two ranks; one
+    rank's are computed here while the ranks run."""
+    paths = case_dirs
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()
+    sock = listen_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    sock.close()
+    procs = [ctx.Process(target=_rank, args=(r, port, paths, out)) for r in range(2)]
+    got: dict[str, Any] = {}
+    try:
+        for p in procs:
+            p.start()
+        want: dict[str, Any] = {name: _run_family(path, None) for name, path in paths.items()}
+        want["uneven_block"] = _uneven_block(None)
+        for _ in range(len(paths) + 1):
+            name, result = out.get(timeout=180)
+            got[name] = result
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+    except queue.Empty:
+        pytest.fail(f"ranks gave no result; exit codes {[p.exitcode for p in procs]}")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=10)
+    return got, want
+
+
+@pytest.mark.parametrize("name", [*CASES, STACKED])
+def test_tp2_equals_one_rank(name: str, tp2_results: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    got, want = tp2_results[0][name], tp2_results[1][name]
+    assert want["logits"].abs().max() > 1.0
+    torch.testing.assert_close(
+        torch.from_numpy(got["logits"]), want["logits"], atol=ATOL, rtol=RTOL
+    )
+    assert got["tokens"] == want["tokens"]
+    torch.testing.assert_close(
+        torch.tensor(got["logprobs"]), torch.tensor(want["logprobs"]), atol=LOGPROB_ATOL, rtol=0
+    )
+
+
+def test_tp2_expert_block_with_uneven_routing(
+    tp2_results: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    (got, got_counts), (want, want_counts) = (r["uneven_block"] for r in tp2_results)
+    assert got_counts == want_counts  # the same routing on every rank
+    assert want_counts[0] == 37 and want_counts[5] == 0 and len(set(want_counts)) > 2
+    torch.testing.assert_close(torch.from_numpy(got), want, atol=ATOL, rtol=RTOL)
+
+
+def _engine_run(engine: Engine, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0)
+    outs = engine.generate(prompts, params)
+    engine.check_invariants()
+    return [(o.token_ids, [lp.logprob for lp in o.logprobs or []]) for o in outs]
+
+
+def test_gemma3_engine_tp2_equals_one_process(case_dirs: dict[str, Path]) -> None:
+    """The whole serving path at TP 2 (paged CPU attention with the window on each rank's
+    heads, prefill in chunks of 16, a batch of mixed lengths, cold then warm) for Gemma 3,
+    the family with the most quirks: one process's greedy tokens and logprobs."""
+    path = case_dirs["gemma3"]
+    base = _seqs((20,), 2)[0]
+    prompts = [base + t for t in _seqs((3, 17, 9), 3)] + _seqs((1,), 4)
+    config = {"page_size": 4, "num_pages": 96, "max_num_tokens": 16}
+    single = Engine(str(path), **config)  # type: ignore[arg-type]
+    try:
+        want = [_engine_run(single, prompts) for _ in ("cold", "warm")]
+    finally:
+        single.close()
+    engine = Engine(str(path), tensor_parallel_size=2, dist_timeout=30.0, **config)  # type: ignore[arg-type]
+    try:
+        assert isinstance(engine.topology, TensorParallel)
+        for rnd, expected in zip(("cold", "warm"), want, strict=True):
+            for (ids, lps), (want_ids, want_lps) in zip(
+                _engine_run(engine, prompts), expected, strict=True
+            ):
+                assert ids == want_ids, rnd
+                assert lps == pytest.approx(want_lps, abs=LOGPROB_ATOL), rnd
+        assert engine.stats().cached_prompt_tokens_total >= 3 * 20  # the warm round hit
+    finally:
+        engine.close()
+    for proc in engine.topology.ranks.procs.values():
+        assert not proc.is_alive()
+
+
+def test_planned_weight_bytes_are_rank_zeros_shard(case_dirs: dict[str, Path]) -> None:
+    """``radixserve memory --tp 2``'s weight bytes per device (the planner's formula) are rank
+    0's shard as built, for every family (Gemma's four norms a layer, q/k norms per head or
+    over the rank's slice of the projection, fused tensors, experts cut on their width)."""
+    from radixserve.memory.footprint import weight_bytes
+    from radixserve.memory.sharding import DeviceShard
+    from radixserve.model.llama import LlamaForCausalLM
+
+    for name in CASES:
+        path = case_dirs[name]
+        cfg = ModelConfig.from_pretrained(path)
+        with torch.device("meta"):  # the tie is made at load: count the head once
+            rank0 = LlamaForCausalLM(cfg, TPGroup(None, 0, 2, torch.device("cpu")))
+        held = sum(
+            p.numel()
+            for n, p in rank0.named_parameters()
+            if not (cfg.tie_word_embeddings and n == "lm_head.weight")
+        )
+        planned = weight_bytes(cfg, torch.float32, shard=DeviceShard(tp_size=2))
+        assert abs(planned - 4 * held) <= 3, name  # the MoE layers' mean, rounded
+
+
+def test_checkpoint_slices_of_the_new_layouts() -> None:
+    """Phi-3's fused tensors, experts (per expert, Mixtral's names, stacked) and whole-projection
+    q/k norms: what rank 1 of 2 reads of each."""
+    base = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_hidden_layers": 2,
+        "vocab_size": 512,
+    }
+    phi = shard_for_rank(ModelConfig.from_dict({**base, "model_type": "phi3"}), 1, 2)
+    qkv = checkpoint_slice("model.layers.0.self_attn.qkv_proj.weight", phi, 16)
+    # q rows 32-63 of 64, then k rows 16-31 and v rows 16-31 of 32 each (after q's 64).
+    assert qkv is not None and qkv.ranges == ((32, 64), (80, 96), (112, 128))
+    gate_up = checkpoint_slice("model.layers.0.mlp.gate_up_proj.weight", phi, 16)
+    assert gate_up is not None and gate_up.ranges == ((64, 128), (192, 256))
+    moe = ModelConfig.from_dict(
+        {
+            **base,
+            "model_type": "olmoe",
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "num_key_value_heads": 1,
+        }
+    )
+    one, two = (shard_for_rank(moe, r, 2) for r in range(2))
+    assert one.kv_owner and not two.kv_owner  # the shared KV head's k lanes count once
+    assert two.local_config(moe).qk_norm_tp == (64, 16, False)
+    assert two.local_config(moe).moe == MoEConfig(4, 2, 64, False)
+    cuts = {
+        n: checkpoint_slice(f"model.layers.0.{n}", two, 16)
+        for n in (
+            "mlp.experts.3.gate_proj.weight",
+            "block_sparse_moe.experts.3.w2.weight",
+            "mlp.experts.gate_up_proj",
+            "mlp.experts.down_proj",
+            "mlp.gate.weight",
+            "self_attn.q_norm.weight",
+            "self_attn.k_norm.weight",
+        )
+    }
+    assert [c and (c.dim, c.ranges) for c in cuts.values()] == [
+        (0, ((64, 128),)),
+        (1, ((64, 128),)),
+        (1, ((64, 128), (192, 256))),
+        (2, ((64, 128),)),
+        None,  # the router: whole on every rank
+        (0, ((32, 64),)),
+        (0, ((0, 16),)),  # the replicated KV head's norm weights
+    ]
+    qwen3 = shard_for_rank(ModelConfig.from_dict({**base, "model_type": "qwen3"}), 1, 2)
+    assert checkpoint_slice("model.layers.0.self_attn.q_norm.weight", qwen3, 16) is None
