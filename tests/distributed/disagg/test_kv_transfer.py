@@ -87,3 +87,17 @@ def test_a_peer_that_is_gone_is_a_transfer_error(pair: tuple[KVTransfer, KVTrans
     with pytest.raises(TransferError):
         a.write_pages(gone, [0, 1], [0, 1])
     assert a.stats().failures == 1 and a.stats().bytes == 0
+
+
+def test_the_cli_flags_reach_the_engine_config() -> None:
+    from radixserve.cli import build_parser
+    from radixserve.commands.engine_args import engine_config
+    from radixserve.engine.config import EngineConfig
+
+    argv = ["serve", "--disaggregation-mode", "decode", "--disaggregation-ib-device", "mlx5_0"]
+    cfg = engine_config(build_parser().parse_args(argv))
+    assert cfg["disaggregation_mode"] == "decode"
+    assert (cfg["disaggregation_protocol"], cfg["disaggregation_ib_device"]) == ("rdma", "mlx5_0")
+    assert "disaggregation_mode" not in engine_config(build_parser().parse_args(["serve"]))
+    with pytest.raises(ValueError, match="disaggregation_mode must be"):
+        EngineConfig.from_kwargs(disaggregation_mode="both")
