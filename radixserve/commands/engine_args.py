@@ -147,6 +147,20 @@ def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> N
         '\'{"master_server_address": "mooncake-master:50051"}\')',
     )
     g.add_argument(
+        "--disaggregation-mode",
+        choices=("prefill", "decode"),
+        default=None,
+        help="prefill/decode disaggregation: this worker computes prompts and writes their KV "
+        "to a decode worker (prefill), or receives it and decodes (decode); Mooncake's "
+        "transfer engine moves the pages",
+    )
+    g.add_argument(
+        "--disaggregation-ib-device",
+        default=None,
+        help="with --disaggregation-mode: the RDMA NICs for the transfer engine (e.g. "
+        "mlx5_0,mlx5_1); unset: tcp",
+    )
+    g.add_argument(
         "--cache-report",
         action="store_true",
         help="every request's usage says where its prompt left the cached path and why "
@@ -255,9 +269,13 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
         "hicache_storage_backend",
         "hicache_storage_backend_config",
         "hicache_storage_backend_extra_config",
+        "disaggregation_mode",
     ):
         if getattr(args, name) is not None:
             cfg[name] = getattr(args, name)
+    if getattr(args, "disaggregation_ib_device", None):
+        cfg["disaggregation_ib_device"] = args.disaggregation_ib_device
+        cfg["disaggregation_protocol"] = "rdma"
     if cfg.get("attention_backend") == "triton" and str(cfg.get("device", "cpu")).startswith("cpu"):
         os.environ.setdefault("TRITON_INTERPRET", "1")
     return cfg

@@ -70,6 +70,13 @@ class EngineConfig:
     hicache_storage_backend: str = "file"
     hicache_storage_backend_config: str | None = None
     hicache_storage_backend_extra_config: str | None = None
+    # Prefill/decode disaggregation (distributed.disagg): "prefill" computes prompts and
+    # writes their KV into a decode engine's pool; "decode" receives it and decodes. The
+    # transfer engine listens on this host (tcp; "rdma" with the NICs in _ib_device).
+    disaggregation_mode: str | None = None
+    disaggregation_hostname: str = "127.0.0.1"
+    disaggregation_protocol: str = "tcp"
+    disaggregation_ib_device: str = ""
     # Record KV cache events (vLLM's BlockStored/BlockRemoved/AllBlocksCleared); a serving
     # worker publishes them on a ZeroMQ XPUB bound here ("{worker}" -> the worker's id).
     kv_events_endpoint: str | None = None
@@ -264,9 +271,14 @@ class EngineConfig:
         elif self.quant_dense_cache:
             errors.append("quant_dense_cache needs quantization='int8' or 'int4'")
         errors += self._parallel_errors()
-        errors += self._speculative_errors()
+        errors += self._speculative_errors() + self._disaggregation_errors()
         if errors:
             raise ValueError("invalid engine config: " + "; ".join(errors))
+
+    def _disaggregation_errors(self) -> list[str]:
+        if self.disaggregation_mode in (None, "prefill", "decode"):
+            return []
+        return [f"disaggregation_mode must be prefill or decode, got {self.disaggregation_mode!r}"]
 
     def _speculative_errors(self) -> list[str]:
         """What speculative decoding does not run with yet (docs/speculative.md)."""

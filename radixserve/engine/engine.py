@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from radixserve.distributed.disagg.roles import DecodeRole, PrefillRole, make_role
 from radixserve.distributed.topology import RunnerShape, Topology, make_topology
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.cpu_kernels import build_cpu_kernels
@@ -147,6 +148,10 @@ class Engine:
             max_model_len=self.max_model_len,
             pool_tokens=num_pages * pool.page_size,
         )
+        # Prefill/decode disaggregation (distributed.disagg): None unless disaggregation_mode.
+        self.disagg: PrefillRole | DecodeRole | None = make_role(
+            cfg, self.scheduler, self.intake, pool
+        )
         logger.info(
             "engine ready in %s: %s, %s, max_total_len=%d; %s",
             describe_startup(self.startup_seconds),
@@ -230,6 +235,10 @@ class Engine:
         """Shut down cleanly: with an L3 directory, write the cached KV there (L1 and L2) so
         that a restart, or another worker on this host, starts warm; stop the other
         tensor-parallel ranks or pipeline stages. Idempotent."""
+        role = getattr(self, "disagg", None)
+        if role is not None:
+            role.close()
+            self.disagg = None
         if hasattr(self, "topology"):
             self.topology.close(getattr(self, "runner", None))
         persist_prefix_cache(getattr(self, "cache", None), self.config.hicache_storage_dir)

@@ -43,11 +43,13 @@ how long outputs really are.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from radixserve.memory import PageAllocator, PrefixCache
 from radixserve.scheduling.admission import AddResult, NewTokenRatio, PrefillAdder
 from radixserve.scheduling.plan import PageTableRows, ScheduledBatch, StepResult, plan_step
 from radixserve.scheduling.policy import count_bypasses, make_policy
+from radixserve.scheduling.prefilled import Reservations
 from radixserve.scheduling.references import KVReferences
 from radixserve.scheduling.request import FUTURE_TOKEN, Request, RequestStatus
 from radixserve.scheduling.sessions import turn_admitted, turn_ended
@@ -103,6 +105,10 @@ class Scheduler:
         self._arrivals = 0
         # Locks, private pages and rows of running requests; steps launched and resolved.
         self.kv = KVReferences(cache, allocator, self.rows, self.page_size)
+        # Disaggregation: requests whose prompt another engine computes (decode side), and
+        # a call made as any request finishes, before its pages are released (prefill side).
+        self.prefilled = Reservations(cache, allocator, self.rows, self.page_size)
+        self.on_finish: Callable[[Request, str], None] | None = None
         # Speculative decoding (scheduling.speculation): None when off.
         self.speculation: Speculation | None = None
         if config.speculative_algorithm is not None:
@@ -132,6 +138,20 @@ class Scheduler:
         self._finish(req, reason)
         self._pending.append(req.take_output())
         return True
+
+    def admit_prefilled(self, request_id: str, first_token: int) -> None:
+        """A reserved request's prompt KV has landed (:mod:`.prefilled`): it runs from here,
+        ``first_token`` (the prefill engine's) its first output, reported with the next step."""
+        req = self.prefilled.admit(request_id)
+        req.arrival_step = self._arrivals
+        self._arrivals += 1
+        self.requests[req.request_id] = req
+        self.running.append(req)
+        self.counters.prompt_tokens += req.prompt_len
+        self.counters.cached_prompt_tokens += req.cached_tokens or 0
+        turn_admitted(self.cache, req)
+        self._take_token(req, first_token, None)
+        self._pending.append(req.take_output())
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running or self._pending)
@@ -220,7 +240,7 @@ class Scheduler:
 
     def private_pages(self) -> list[int]:
         """Pages running requests hold outside the tree, and pages waiting for a step in flight."""
-        return self.kv.private_pages(self.running)
+        return self.kv.private_pages(self.running) + self.prefilled.pages()
 
     def check_invariants(self) -> None:
         """Every page accounted for exactly once; every request's KV state consistent.
@@ -246,7 +266,9 @@ class Scheduler:
                 and r.slot < 0
             ), r
         assert len(self.requests) == len(self.running) + len(self.waiting)
-        assert self.rows.num_free_rows == self.config.max_running_requests - len(self.running)
+        assert self.rows.num_free_rows == self.config.max_running_requests - len(
+            self.running
+        ) - len(self.prefilled)
         self.cache.check_invariants(self.private_pages())
         if self.speculation is not None:
             self.speculation.drafter.check_invariants(self.requests)
@@ -257,7 +279,7 @@ class Scheduler:
         self.cache.pins.expire()
         self.cache.leases.expire()
         work, budget = self._plan_running()
-        if budget > 0 and self.waiting and len(self.running) < self.config.max_running_requests:
+        if budget > 0 and self.waiting and self.rows.num_free_rows > 0:
             work += self._admit(budget, work)
         return work
 
@@ -324,7 +346,7 @@ class Scheduler:
             rows=self.rows,
             page_size=self.page_size,
             token_budget=budget,
-            free_slots=cfg.max_running_requests - len(self.running),
+            free_slots=self.rows.num_free_rows,  # reservations hold rows too
             running=self.running,
             inflight=[r for r, n in work if n > 1 or r.num_pending > n],
             expected_len=self.new_token_ratio.expected_len,
@@ -444,6 +466,8 @@ class Scheduler:
         self.new_token_ratio.bump()
 
     def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
+        if self.on_finish is not None:
+            self.on_finish(req, reason)
         if self.speculation is not None:
             self.speculation.finished(req)
         if req.status is RequestStatus.RUNNING:

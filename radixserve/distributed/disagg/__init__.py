@@ -1,0 +1,10 @@
+"""Prefill/decode disaggregation: a prompt's KV computed by one engine (prefill) and written
+into another engine's pool (decode) by Mooncake's transfer engine, which then decodes.
+
+Runs in both engines' processes (a worker, or an offline ``Engine`` with
+``disaggregation_mode``): :mod:`.kv_transfer` registers a pool with a ``TransferEngine`` and
+writes page ranges to a peer's pool; :mod:`.roles` holds each side's part of the handshake
+(the decode side reserves pages and admits the prefilled request; the prefill side computes
+the prompt and writes the pages). The messages that cross between them are the msgspec
+structs of :mod:`.kv_transfer` and :mod:`.roles`. Stands beside :mod:`radixserve.engine`.
+"""

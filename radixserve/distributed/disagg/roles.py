@@ -1,0 +1,231 @@
+"""Each engine's part of a prefilled request: the decode side reserves pages and admits, the
+prefill side computes the prompt and writes the missing pages.
+
+One request, between a decode engine D and a prefill engine P (the caller carries the
+messages: a test, or the router between two workers)::
+
+    D.disagg.reserve(prompt)  ──PrefillTicket(rid, D's pool, pages to fill, held_len)──>
+                                             P.disagg.prefill(prompt, params, ticket)
+                                             P.step() ... the prompt runs (max_tokens=1);
+                                             as it finishes, before its pages are released,
+                                             the KV of tokens [held_len, prompt_len) is
+                                             written into D's pages (one batch per request)
+    D.disagg.finish(result)   <──PrefillResult(rid, first token | error, bytes)──
+    D.step() ... decodes from the first token on; no prompt token is computed on D
+
+The prefix D already holds (``held_len``, page-aligned, matched in D's own cache under the
+request's namespace) is not transferred. D frees a reservation only on P's answer (the
+pages were written, or P will never write them: aborted, failed), or when P is known to be
+gone, because a write may still be landing until then.
+
+Where radixserve differs from SGLang's Mooncake disaggregation: the transfer is synchronous
+on P's step thread (SGLang queues it to a transfer thread pool and polls), pages move as
+runs of whole pages per layer (SGLang also slices heads for differing TP sizes; here a
+differing layout is refused), and the first token travels in the answer rather than in an
+auxiliary-data buffer written by the transfer engine.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import msgspec
+
+from radixserve.distributed.disagg.kv_transfer import (
+    KVTransfer,
+    PoolDescriptor,
+    TransferError,
+    TransferStats,
+)
+from radixserve.engine.config import EngineConfig
+from radixserve.engine.intake import RequestIntake
+from radixserve.memory.pool import KVPool
+from radixserve.sampling_params import SamplingParams
+from radixserve.scheduling.request import Request, RequestStatus
+from radixserve.scheduling.scheduler import Scheduler
+
+__all__ = [
+    "DecodeRole",
+    "DisaggStats",
+    "PrefillResult",
+    "PrefillRole",
+    "PrefillTicket",
+    "make_role",
+]
+
+
+class PrefillTicket(msgspec.Struct, frozen=True):
+    """What the decode engine tells the prefill engine: where the prompt's KV goes."""
+
+    request_id: str
+    pool: PoolDescriptor
+    fill_pages: list[int]  # decode pages for tokens [held_len, prompt_len), in order
+    held_len: int  # leading tokens the decode engine already holds: not transferred
+
+
+class PrefillResult(msgspec.Struct, frozen=True):
+    """What the prefill engine answers: the first token, or why there is none."""
+
+    request_id: str
+    first_token: int | None
+    bytes: int = 0
+    error: str | None = None  # "abort", or what failed (nothing usable was written)
+
+
+class DisaggStats(NamedTuple):
+    """A role's counters: its transfer engine's, and the prompt tokens it moved or received."""
+
+    transfer: TransferStats
+    requests: int  # prefilled (prefill side) / admitted (decode side)
+    cancelled: int  # reservations given back unused (decode side) / results with an error
+    held_tokens: int  # decode side: prompt tokens its own cache already held
+    moved_tokens: int  # prompt tokens whose KV was written (prefill) or received (decode)
+
+
+class _Role:
+    def __init__(self, scheduler: Scheduler, intake: RequestIntake, transfer: KVTransfer) -> None:
+        self.scheduler = scheduler
+        self.intake = intake
+        self.transfer = transfer
+        self._requests = self._cancelled = self._held = self._moved = 0
+
+    def stats(self) -> DisaggStats:
+        return DisaggStats(
+            self.transfer.stats(), self._requests, self._cancelled, self._held, self._moved
+        )
+
+    def close(self) -> None:
+        self.transfer.close()
+
+    def _make(
+        self, prompt: list[int], params: SamplingParams, rid: str | None, namespace: str | None
+    ) -> Request:
+        req = self.intake.make_request(prompt, params, rid, namespace, self.scheduler.requests)
+        if (
+            req.grammar is not None
+            or params.logprobs is not None
+            or req.prompt_logprobs is not None
+        ):
+            raise ValueError("disaggregated requests take no grammar and no logprobs (yet)")
+        return req
+
+
+class DecodeRole(_Role):
+    """The decode engine's side: reserve pages, admit the prefilled request, or cancel."""
+
+    def reserve(
+        self,
+        prompt: list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        namespace: str | None = None,
+    ) -> PrefillTicket | None:
+        """Hold this cache's prefix of ``prompt`` and pages for the rest; None when no row or
+        pages are free now. ``ValueError`` for what ``Engine.add_request`` refuses."""
+        req = self._make(prompt, params or SamplingParams(), request_id, namespace)
+        res = self.scheduler.prefilled.reserve(req)
+        if res is None:
+            return None
+        return PrefillTicket(
+            req.request_id, self.transfer.descriptor(), res.fill_pages, res.held_len
+        )
+
+    def finish(self, result: PrefillResult) -> bool:
+        """Apply the prefill engine's answer: admit (its first token comes with the next step)
+        or give the reservation back. Returns whether the request now runs here."""
+        if result.request_id not in self.scheduler.prefilled:
+            return False  # cancelled meanwhile
+        if result.first_token is None:
+            self.cancel(result.request_id)
+            return False
+        res = self.scheduler.prefilled.get(result.request_id)
+        self._held += res.held_len
+        self._moved += res.request.prompt_len - res.held_len
+        self._requests += 1
+        self.scheduler.admit_prefilled(result.request_id, result.first_token)
+        return True
+
+    def cancel(self, request_id: str) -> bool:
+        """Give back a reservation (only once the prefill engine will not write into it)."""
+        done = self.scheduler.prefilled.cancel(request_id)
+        self._cancelled += done
+        return done
+
+
+class PrefillRole(_Role):
+    """The prefill engine's side: run prompts for tickets, write their pages, answer."""
+
+    def __init__(self, scheduler: Scheduler, intake: RequestIntake, transfer: KVTransfer) -> None:
+        super().__init__(scheduler, intake, transfer)
+        self._tickets: dict[str, PrefillTicket] = {}
+        self._results: list[PrefillResult] = []
+        scheduler.on_finish = self._on_finish
+
+    def prefill(
+        self,
+        prompt: list[int],
+        params: SamplingParams | None,
+        ticket: PrefillTicket,
+        namespace: str | None = None,
+    ) -> str:
+        """Queue ``prompt`` to be computed for ``ticket``; its answer comes from
+        :meth:`take_results` after the step that finishes it."""
+        p = params or SamplingParams()
+        one = msgspec.structs.replace(p, max_tokens=1, min_tokens=min(p.min_tokens, 1))
+        req = self._make(prompt, one, ticket.request_id, namespace)
+        if len(ticket.fill_pages) != -(-len(prompt) // self.transfer.pool.page_size) - (
+            ticket.held_len // self.transfer.pool.page_size
+        ):
+            raise ValueError("the ticket's pages do not cover the prompt past its held prefix")
+        self._tickets[req.request_id] = ticket
+        self.scheduler.add(req)
+        return req.request_id
+
+    def take_results(self) -> list[PrefillResult]:
+        """Answers of the prompts finished since the last call."""
+        out, self._results = self._results, []
+        return out
+
+    def _on_finish(self, req: Request, reason: str) -> None:
+        """A request finishes (before its pages are released): write its prompt's missing
+        pages into the decode pool and answer with its first token, or answer why not."""
+        ticket = self._tickets.pop(req.request_id, None)
+        if ticket is None:
+            return
+        rid = req.request_id
+        if req.status is not RequestStatus.RUNNING or reason not in ("stop", "length"):
+            self._answer(PrefillResult(rid, None, 0, reason))
+            return
+        ps = self.transfer.pool.page_size
+        src = req.pages[ticket.held_len // ps : -(-req.prompt_len // ps)]
+        try:
+            written = self.transfer.write_pages(ticket.pool, src, ticket.fill_pages)
+        except (TransferError, ValueError) as e:
+            self._answer(PrefillResult(rid, None, 0, f"{type(e).__name__}: {e}"))
+            return
+        self._moved += req.prompt_len - ticket.held_len
+        self._requests += 1
+        self._answer(PrefillResult(rid, req.token_ids[req.prompt_len], written))
+
+    def _answer(self, result: PrefillResult) -> None:
+        self._cancelled += result.error is not None
+        self._results.append(result)
+
+
+def make_role(
+    cfg: EngineConfig, scheduler: Scheduler, intake: RequestIntake, pool: KVPool
+) -> PrefillRole | DecodeRole | None:
+    """The engine's disaggregation role (None without ``disaggregation_mode``): its pool
+    registered with a transfer engine listening on ``disaggregation_hostname``."""
+    if cfg.disaggregation_mode is None:
+        return None
+    if pool.device.type != "cpu":
+        raise ValueError("disaggregation moves host pools only here (the non-CUDA Mooncake wheel)")
+    transfer = KVTransfer(
+        pool,
+        cfg.disaggregation_hostname,
+        cfg.disaggregation_protocol,
+        cfg.disaggregation_ib_device,
+    )
+    role = PrefillRole if cfg.disaggregation_mode == "prefill" else DecodeRole
+    return role(scheduler, intake, transfer)
