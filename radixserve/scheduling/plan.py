@@ -114,6 +114,9 @@ class StepPlan:
     # those that run oneDNN, whatever the step's row count (model.cpu_linear.
     # RowInvariantLinears); None: the row count decides, as usual.
     row_paths: tuple[list[int], list[int]] | None = None
+    # A sliding-window model's window pool (memory.window_pool): the global-page -> window-page
+    # map entries changed since the last plan (window page -1: none any more).
+    window_writes: tuple[list[int], list[int]] | None = None
 
     @property
     def num_tokens(self) -> int:
