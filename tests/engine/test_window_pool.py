@@ -56,9 +56,14 @@ def _seq(n: int, seed: int) -> list[int]:
     return torch.randint(3, tiny_models.TOKENIZER_VOCAB, (n,), generator=g).tolist()
 
 
-def _engine(path: Path, num_pages: int, ratio: float = 0.5) -> Engine:
+def _engine(path: Path, num_pages: int, ratio: float = 0.5, overlap: str = "off") -> Engine:
     return Engine(
-        str(path), page_size=PAGE, num_pages=num_pages, max_num_tokens=12, window_kv_ratio=ratio
+        str(path),
+        page_size=PAGE,
+        num_pages=num_pages,
+        max_num_tokens=12,
+        window_kv_ratio=ratio,
+        overlap_schedule=overlap,
     )
 
 
@@ -182,17 +187,18 @@ def test_window_pool_off_keeps_full_kv(gemma3: Path) -> None:
         engine.close()
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "triton", "overlap"])
 def test_other_attention_paths_read_the_window_pool(gemma3: Path, hf: Any, backend: str) -> None:
     """The plain torch path and the Triton kernels (interpreted on the CPU) read the window
-    layers' KV through the window view too: a prompt of 3 windows, exact."""
-    engine = _engine(gemma3, num_pages=32)
+    layers' KV through the window view too, and overlap scheduling (window pages released
+    while a step is in flight wait for it): a prompt of 3 windows, exact."""
+    engine = _engine(gemma3, num_pages=32, overlap="on" if backend == "overlap" else "off")
     try:
         if backend == "torch":
             from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
 
             engine.attn = TorchPagedAttentionBackend(engine.pool, native_kernel=False)
-        else:
+        elif backend == "triton":
             from radixserve.model.attention.triton_paged import TritonPagedAttentionBackend
 
             engine.attn = TritonPagedAttentionBackend(engine.pool)
