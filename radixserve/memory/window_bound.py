@@ -7,9 +7,18 @@ or page it is writing; :mod:`radixserve.memory.window_pool`). Arithmetic, not a 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
-from radixserve.model.config import ModelConfig
+
+class WindowedDims(Protocol):
+    """What the bound reads of a model (``radixserve.model.config.ModelConfig`` provides it;
+    memory sits below the model layer)."""
+
+    @property
+    def num_layers(self) -> int: ...
+
+    def layer_window(self, layer: int) -> int | None: ...
+
 
 __all__ = ["WindowBound", "window_bound"]
 
@@ -41,7 +50,7 @@ class WindowBound(NamedTuple):
 
 
 def window_bound(
-    cfg: ModelConfig, bytes_per_token: int, seq_len: int, chunk: int
+    cfg: WindowedDims, bytes_per_token: int, seq_len: int, chunk: int
 ) -> WindowBound | None:
     """The bound for ``cfg`` (None: no sliding-window layer). ``bytes_per_token``: all layers'."""
     windows = [cfg.layer_window(i) for i in range(cfg.num_layers)]
