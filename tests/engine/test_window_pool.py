@@ -179,8 +179,14 @@ def test_hit_after_window_eviction_is_cut_back_and_exact(gemma3: Path, hf: Any) 
         engine.close()
 
 
-def test_window_pool_off_keeps_full_kv(gemma3: Path) -> None:
-    engine = _engine(gemma3, num_pages=16, ratio=0.0)
+@pytest.mark.parametrize("why", ["ratio 0", "hierarchical cache"])
+def test_window_pool_off_keeps_full_kv(gemma3: Path, why: str) -> None:
+    """``window_kv_ratio`` 0, and the hierarchical cache (its tiers copy whole pages of every
+    layer), keep every token's KV in every layer, as before."""
+    if why == "ratio 0":
+        engine = _engine(gemma3, num_pages=16, ratio=0.0)
+    else:
+        engine = Engine(str(gemma3), page_size=PAGE, num_pages=16, enable_hierarchical_cache=True)
     try:
         assert not engine.pool.window_layers and not isinstance(engine.cache, SWARadixCache)
     finally:
