@@ -105,6 +105,13 @@ def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> N
         "batch, instead of the Triton GEMV; +2 bytes per quantized weight)",
     )
     g.add_argument(
+        "--window-kv-ratio",
+        type=float,
+        default=None,
+        help="sliding-window models: window layers' KV pool size per global page (default 0.5; "
+        "0: full KV for every layer); their pages are freed as requests move past the window",
+    )
+    g.add_argument(
         "--enable-hierarchical-cache",
         action="store_true",
         help="keep KV evicted from the pool in host memory (L2) and load it back on a hit",
@@ -263,6 +270,7 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "cache_report", False):
         cfg["cache_report"] = True
     for name in (
+        "window_kv_ratio",
         "hicache_size",
         "hicache_storage_dir",
         "hicache_dtype",

@@ -132,6 +132,7 @@ def memory_report(cfg: ModelConfig, args: argparse.Namespace) -> dict[str, Any]:
 
     from radixserve.memory.parallel_plan import plan_parallel_memory
     from radixserve.memory.planner import plan_memory
+    from radixserve.memory.window_bound import window_bound
     from radixserve.model.loader import parse_dtype
 
     act = parse_dtype(args.dtype) if args.dtype else cfg.torch_dtype
@@ -176,6 +177,7 @@ def memory_report(cfg: ModelConfig, args: argparse.Namespace) -> dict[str, Any]:
         "max_sequences": plan.max_sequences(args.seq_len),
         "batch_fits": plan.max_sequences(args.seq_len) >= args.batch_size,
         "parallel": parallel,
+        "sliding_window": window_bound(cfg, per_token, args.seq_len, args.max_num_tokens),
     }
 
 
@@ -307,6 +309,8 @@ def _render_model(cfg: ModelConfig, source: str, r: dict[str, Any]) -> list[str]
         f"KV cache per sequence of {r['seq_len']} tokens = {r['kv_bytes_per_sequence']:,} B "
         f"({fb(r['kv_bytes_per_sequence'])}); batch {r['batch_size']}: {fb(r['kv_bytes_batch'])}",
     ]
+    if r.get("sliding_window") is not None:
+        out.append(r["sliding_window"].describe())
     if H < cfg.num_q_heads:
         out.append(
             f"  {attn}: {H} KV heads instead of {cfg.num_q_heads} -> {cfg.num_q_heads // H}x smaller than "
@@ -498,6 +502,8 @@ def memory(args: argparse.Namespace) -> int:
                 **r["parallel"].as_dict(),
                 "max_sequences": r["parallel"].max_sequences(args.seq_len),
             }
+        if r["sliding_window"] is not None:
+            r["sliding_window"] = r["sliding_window"]._asdict()
         r["model"] = source
         print(json.dumps(r, indent=2))
     else:

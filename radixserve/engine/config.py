@@ -55,6 +55,10 @@ class EngineConfig:
     memory_utilization: float = 0.9
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     disable_radix_cache: bool = False
+    # Sliding-window models (Gemma 2/3, Mistral, windowed Qwen): the window layers' KV in a
+    # pool of its own of this many pages per global page (memory.window_pool), freed as
+    # requests move past it; 0: every layer keeps every token's KV, as a global layer does.
+    window_kv_ratio: float = 0.5
     # Hierarchical cache: L1 evictions move to host memory (L2) and, with a storage dir, to
     # page files (L3) that survive restarts; a match loads them back. ``hicache_size`` is
     # L2's size in GiB (default: twice the L1 pool); a storage dir turns the hierarchy on.
@@ -238,6 +242,8 @@ class EngineConfig:
             )
         if self.hicache_size is not None and self.hicache_size <= 0:
             errors.append(f"hicache_size must be > 0 GiB, got {self.hicache_size}")
+        if not 0.0 <= self.window_kv_ratio <= 1.0:
+            errors.append(f"window_kv_ratio must be in [0, 1], got {self.window_kv_ratio}")
         if self.disable_radix_cache and self.hierarchical_cache:
             errors.append("the hierarchical cache needs the radix cache (drop disable_radix_cache)")
         if not 0.0 < self.memory_utilization <= 1.0:

@@ -53,9 +53,12 @@ from radixserve.engine.prefix_cache import (
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.startup import StartupClock, describe_startup
 from radixserve.engine.step_loop import StepLoop
+from radixserve.engine.window_setup import plan_window_pool
+from radixserve.engine.window_view import check_window_map
 from radixserve.memory import PrefixCache
 from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.pool import KVPool
+from radixserve.memory.window_pool import WindowedPageAllocator, WindowPages
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.sampling_params import SamplingInput, SamplingParams, per_prompt
 from radixserve.scheduling.scheduler import Scheduler, SchedulerConfig
@@ -117,6 +120,11 @@ class Engine:
         self.kv_profile: ProfiledKV | None = sizing.profile
         logger.info("%s", self.kv_sizing)
         clock.lap("KV sizing")
+        self.window_pool = plan_window_pool(cfg, self.model_config, num_pages)
+        if self.window_pool is not None:
+            num_pages = self.window_pool.num_pages
+            pool_args["window_layers"] = self.window_pool.layers
+            pool_args["num_window_pages"] = self.window_pool.num_window_pages + 1  # + scratch
         pool = self._build_cache(cfg, num_pages, pool_args)
         clock.lap("KV pool")
         shape = RunnerShape(
@@ -126,6 +134,8 @@ class Engine:
             self.max_total_len,
         )
         self.runner: ModelRunner = topo.make_runner(self.model, pool, shape)
+        if self.window_pool is not None:
+            self.runner.use_window_pool(self.window_pool.window)
         problem = self.runner.row_invariance_problem()
         if cfg.speculative_algorithm is not None and problem is not None:
             raise ValueError(f"speculative decoding needs row-invariant logits; not with {problem}")
@@ -191,7 +201,14 @@ class Engine:
         """The KV pool, its allocator and prefix cache, and the scheduler over them."""
         # One page past the allocator's: the scratch page padding rows of static decode steps write to.
         pool = KVPool(num_pages=num_pages + 1, **pool_args)
-        self.allocator = PageAllocator(num_pages)
+        wp = self.window_pool
+        self.allocator = (
+            PageAllocator(num_pages)
+            if wp is None
+            else WindowedPageAllocator(
+                num_pages, WindowPages(num_pages, wp.num_window_pages, wp.window, cfg.page_size)
+            )
+        )
         self.cache: PrefixCache = make_prefix_cache(cfg, self.allocator, pool, self.model_path)
         self.cache.pins.budget_pages = int(num_pages * cfg.pin_budget_fraction)
         self.cache.leases.config = lease_config(cfg)
@@ -404,3 +421,7 @@ class Engine:
                 if col < len(row):
                     row[col] = page
             assert row == r.pages, f"page table row out of date: {r}"
+        if isinstance(self.allocator, WindowedPageAllocator):
+            runner = self.runner
+            scratch = runner.pool.num_window_pages - 1
+            check_window_map(runner.window_map, runner._window_host, scratch, self.allocator.window)

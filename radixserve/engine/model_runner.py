@@ -37,6 +37,7 @@ from radixserve.engine.staging import (
     StagingLayout,
     TransferCounter,
 )
+from radixserve.engine.window_view import patch_window_host, window_view
 from radixserve.memory.pool import KVPool
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.cpu_linear import RowInvariantLinears
@@ -163,6 +164,10 @@ class ModelRunner:
         self.row_invariant: RowInvariantLinears | None = None
         if self.device.type == "cpu":
             self.row_invariant = RowInvariantLinears(model)
+        # A window pool (memory.window_pool): use_window_pool sets these.
+        self.window_map: torch.Tensor | None = None
+        self._window_host: list[int] = []
+        self._window = 0
         self.decode_graphs: DecodeGraphs | None = None
         if decode_graphs:
             if scratch_page is None:
@@ -181,6 +186,18 @@ class ModelRunner:
                 max_rows,
                 capture,
             )
+
+    def use_window_pool(self, window: int) -> None:
+        """The pool keeps its window layers' KV in a window pool: keep the device map from
+        global to window pages (patched from each plan's ``window_writes``) and give each
+        forward a window view (:mod:`radixserve.engine.window_view`)."""
+        assert self.pool.window_layers
+        self.decode_graphs = None  # their static buffers hold no window map: eager decode steps
+        scratch = self.pool.num_window_pages - 1  # the window pool's scratch page
+        n = self.pool.num_pages
+        self.window_map = torch.full((n,), scratch, dtype=torch.int64, device=self.device)
+        self._window_host = [scratch] * n
+        self._window = window
 
     @staticmethod
     def from_config(
@@ -409,9 +426,16 @@ class ModelRunner:
         if plan.row_paths is not None and plan.row_paths[0] and plan.row_paths[1]:
             layout.ints("rp_gemv", plan.row_paths[0])
             layout.ints("rp_onednn", plan.row_paths[1])
+        if plan.window_writes is not None and plan.window_writes[0]:
+            g, w = plan.window_writes
+            w = patch_window_host(self._window_host, g, w, self.pool.num_window_pages - 1)
+            layout.ints("ww_g", g)
+            layout.ints("ww_w", w)
         return layout
 
     def _patch_page_table(self, plan: StepPlan, staged: Staged) -> None:
+        if self.window_map is not None and "ww_g" in staged:
+            self.window_map[staged.i("ww_g")] = staged.i("ww_w")
         if plan.write_rows:
             self.page_table[staged.i("w_rows"), staged.i("w_cols")] = staged.i("w_pages").to(
                 torch.int32
@@ -422,7 +446,7 @@ class ModelRunner:
     ) -> ForwardBatch:
         max_pages = -(-max(plan.seq_lens) // self.page_size)
         i32 = torch.int32
-        return ForwardBatch(
+        batch = ForwardBatch(
             input_ids=input_ids,
             positions=staged.i("positions"),
             seq_lens=staged.i("seq_lens").to(i32),
@@ -437,6 +461,11 @@ class ModelRunner:
             page_size=self.page_size,
             page_lists_cpu=plan.page_lists,
         )
+        if self.window_map is not None:
+            batch.window_view = window_view(
+                batch, plan, self.window_map, self._window_host, self._window
+            )
+        return batch
 
     # ------------------------------------------------------------------ checks
 

@@ -26,6 +26,8 @@ from radixserve.engine.config import EngineConfig
 from radixserve.memory import NoPrefixCache, PageAllocator, PrefixCache, RadixCache
 from radixserve.memory.kv_storage import KVStorage, StorageMetrics
 from radixserve.memory.leases import LeaseConfig
+from radixserve.memory.swa_cache import SWARadixCache
+from radixserve.memory.window_pool import WindowedPageAllocator
 
 if TYPE_CHECKING:
     from radixserve.memory.pool import KVPool
@@ -53,6 +55,8 @@ def make_prefix_cache(
     """The prefix cache: none, the radix cache, or the radix cache over L2/L3 tiers."""
     if cfg.disable_radix_cache:
         return NoPrefixCache(allocator, cfg.page_size)
+    if isinstance(allocator, WindowedPageAllocator):  # engine.window_setup: never with tiers
+        return SWARadixCache(allocator, cfg.page_size)
     if not cfg.hierarchical_cache:
         return RadixCache(allocator, cfg.page_size)
     from radixkernels.kv_format import KVFormat

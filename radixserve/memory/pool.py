@@ -84,7 +84,12 @@ class KVPool:
         act_dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         pin_memory: bool = False,
+        window_layers: frozenset[int] = frozenset(),
+        num_window_pages: int = 0,
     ) -> None:
+        """``window_layers`` (a sliding-window model with its own window pool,
+        :mod:`~radixserve.memory.window_pool`): those layers' K and V live in a second
+        allocation of ``num_window_pages`` pages, addressed by window page ids."""
         for name, value in (
             ("num_layers", num_layers),
             ("num_pages", num_pages),
@@ -102,17 +107,36 @@ class KVPool:
         self.head_dim = head_dim
         self.device = torch.device(device)
 
-        shape = (num_layers, num_pages, page_size, kv_heads, self.fmt.packed_head_dim)
+        self.window_layers = frozenset(window_layers) if num_window_pages else frozenset()
+        self.num_window_pages = num_window_pages if self.window_layers else 0
+        if self.window_layers and (
+            min(self.window_layers) < 0 or max(self.window_layers) >= num_layers
+        ):
+            raise ValueError(f"window layers {sorted(self.window_layers)} out of range")
+        shape = (
+            num_layers - len(self.window_layers),
+            num_pages,
+            page_size,
+            kv_heads,
+            self.fmt.packed_head_dim,
+        )
         dtype = self.fmt.storage_dtype
         # Pinned host memory (the L2 tier on CUDA) lets page copies to and from the GPU run
         # asynchronously on a copy stream.
         pin = pin_memory and self.device.type == "cpu" and torch.cuda.is_available()
         self._k = zeroed_storage(shape, dtype, self.device, pin)
         self._v = zeroed_storage(shape, dtype, self.device, pin)
-        self.k_data: list[torch.Tensor] = list(self._k.unbind(0))
-        self.v_data: list[torch.Tensor] = list(self._v.unbind(0))
+        self._kw = self._vw = None
+        if self.window_layers:
+            wshape = (len(self.window_layers), num_window_pages, *shape[2:])
+            self._kw = zeroed_storage(wshape, dtype, self.device, pin)
+            self._vw = zeroed_storage(wshape, dtype, self.device, pin)
+        self.k_data: list[torch.Tensor] = self._per_layer(self._k, self._kw)
+        self.v_data: list[torch.Tensor] = self._per_layer(self._v, self._vw)
 
         kd = self.fmt.kv_dtype
+        if kd.has_token_scales and self.window_layers:
+            raise ValueError("a window pool with int8/int4 KV (per-token scales) is not supported")
         self._k_scale: torch.Tensor | None = None
         self._v_scale: torch.Tensor | None = None
         if kd.has_token_scales:
@@ -137,6 +161,14 @@ class KVPool:
             None if self._v_scale is None else list(self._v_scale.unbind(0))
         )
 
+    def _per_layer(self, full: torch.Tensor, window: torch.Tensor | None) -> list[torch.Tensor]:
+        """Per-layer views in layer order: global layers from ``full``, window layers from
+        ``window``."""
+        fulls, wins = iter(full.unbind(0)), iter(() if window is None else window.unbind(0))
+        return [
+            next(wins) if i in self.window_layers else next(fulls) for i in range(self.num_layers)
+        ]
+
     @property
     def num_slots(self) -> int:
         """Token slots per layer: ``num_pages * page_size``."""
@@ -146,6 +178,8 @@ class KVPool:
     def nbytes(self) -> int:
         """Bytes the pool occupies on its device, scales included."""
         total = self._k.nbytes + self._v.nbytes
+        if self._kw is not None and self._vw is not None:
+            total += self._kw.nbytes + self._vw.nbytes
         if self._k_scale is not None and self._v_scale is not None:
             total += self._k_scale.nbytes + self._v_scale.nbytes
         return total
@@ -159,6 +193,8 @@ class KVPool:
         """Every tensor indexed by page, as ``[num_layers, num_pages, ...]``: K and V data and,
         for int8/int4, their per-token scales. Copying a page means copying index ``page`` of
         dimension 1 of each (fp8's per-head scales are not per page and never move)."""
+        if self.window_layers:
+            raise RuntimeError("a pool with window layers has no single page layout to copy")
         out = [self._k, self._v]
         if self.fmt.kv_dtype.has_token_scales:
             assert self._k_scale is not None and self._v_scale is not None
@@ -176,20 +212,26 @@ class KVPool:
         """Reset ``pages`` (all layers, K and V, per-token scales) to the pool's zeroed start state
         (after a warm-up wrote scratch rows into them)."""
         idx = torch.tensor(pages, dtype=torch.int64, device=self.device)
-        for t in (self._k, self._v) + (
+        windows = () if self._kw is None else (self._kw, self._vw)
+        for t in (self._k, self._v, *windows) + (
             (self._k_scale, self._v_scale) if self.fmt.kv_dtype.has_token_scales else ()
         ):
             assert t is not None
+            if any(t is x for x in windows):  # window page ids: zero those that exist
+                widx = idx[idx < t.shape[1]]
+                (t.view(torch.uint8) if t.element_size() == 1 else t).index_fill_(1, widx, 0)
+                continue
             # fp8 storage has no fill kernels: zero its bytes (0x00 is +0.0 in both fp8 formats).
             (t.view(torch.uint8) if t.element_size() == 1 else t).index_fill_(1, idx, 0)
 
     def k_flat(self, layer: int) -> torch.Tensor:
-        """Layer ``layer``'s K as ``[num_slots, kv_heads, packed_head_dim]`` (a view)."""
-        return self.k_data[layer].view(self.num_slots, self.kv_heads, self.fmt.packed_head_dim)
+        """Layer ``layer``'s K as ``[slots, kv_heads, packed_head_dim]`` (a view; a window
+        layer's slots are its window pool's)."""
+        return self.k_data[layer].view(-1, self.kv_heads, self.fmt.packed_head_dim)
 
     def v_flat(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s V as ``[num_slots, kv_heads, packed_head_dim]`` (a view)."""
-        return self.v_data[layer].view(self.num_slots, self.kv_heads, self.fmt.packed_head_dim)
+        return self.v_data[layer].view(-1, self.kv_heads, self.fmt.packed_head_dim)
 
     def __repr__(self) -> str:
         return (

@@ -45,6 +45,9 @@ class ForwardBatch:
     page_lists_cpu: list[list[int]] | None = (
         None  # host copy of page_table's rows (at least the used pages)
     )
+    # A sliding-window model with a window pool (memory.window_pool): the same batch with the
+    # window layers' page table, page lists and slots (window page ids); None otherwise.
+    window_view: ForwardBatch | None = None
 
     @property
     def num_tokens(self) -> int:

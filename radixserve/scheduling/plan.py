@@ -118,6 +118,9 @@ class StepPlan:
     # Speculative decoding: per sample row, the drafted token it verifies (NO_DRAFT: none;
     # a sampled request's rows go through rejection sampling); None: no row verifies one.
     sample_drafts: list[int] | None = None
+    # A sliding-window model's window pool (memory.window_pool): the global-page -> window-page
+    # map entries changed since the last plan (window page -1: none any more).
+    window_writes: tuple[list[int], list[int]] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -17,6 +17,7 @@ resolved.
 from __future__ import annotations
 
 from radixserve.memory import PageAllocator, PrefixCache
+from radixserve.memory.window_pool import WindowedPageAllocator, WindowPages, first_window_page
 from radixserve.scheduling.deferred import DeferredReleases
 from radixserve.scheduling.plan import PageTableRows
 from radixserve.scheduling.request import Request
@@ -37,6 +38,10 @@ class KVReferences:
         self._launched = 0  # steps advanced (launched) so far
         self._resolved = 0  # steps resolved so far; a step is in flight while _resolved < _launched
         self._deferred = DeferredReleases(allocator, cache)  # given up while a step was in flight
+        # A sliding-window model's window pool (memory.window_pool), None otherwise.
+        self.window: WindowPages | None = (
+            allocator.window if isinstance(allocator, WindowedPageAllocator) else None
+        )
 
     @property
     def in_flight(self) -> bool:
@@ -53,7 +58,22 @@ class KVReferences:
 
     def free_deferred(self) -> None:
         """Release what waited for a step that is now resolved."""
+        if self.window is not None:  # first: a global page freed below frees its window page
+            self.window.free_deferred(self._resolved)
         self._deferred.release(self._resolved)
+
+    def release_window(self, req: Request) -> None:
+        """A window pool: give back the window pages of ``req``'s private pages that end
+        before its next row's window (their global pages stay; tree pages are unreferenced
+        when its lock moves on, by the cache)."""
+        w = self.window
+        if w is None:
+            return
+        lo = max(req.cached_len // self.page_size, req.window_lo)
+        hi = first_window_page(req.computed_len, w.window, self.page_size)
+        if hi > lo:
+            w.release_private(req.pages[lo:hi], self._launched if self.in_flight else None)
+            req.window_lo = hi
 
     def free_pages(self, pages: list[int]) -> None:
         """Give pages back now, or, while a step is in flight (it may read them), once it is resolved."""
@@ -93,7 +113,7 @@ class KVReferences:
             self.allocator.free(private)
         self.rows.release(req.slot)
         req.pages, req.lock_node, req.slot = [], None, -1
-        req.cached_len = req.computed_len = 0
+        req.cached_len = req.computed_len = req.window_lo = 0
         req.finishing = False
 
     def private_pages(self, running: list[Request]) -> list[int]:

@@ -71,6 +71,9 @@ class Request:
     cached_len: int = 0
     computed_len: int = 0
     slot: int = -1  # row of the scheduler's page table while running
+    # A window pool (memory.window_pool): its private pages before this one have given
+    # their window pages back (its window has passed them).
+    window_lo: int = 0
     page_size_hint: int = 1  # the pool's page size (set at admission; usage arithmetic)
     # Accounting.
     cached_tokens: int | None = None  # prompt tokens reused at first admission (usage)

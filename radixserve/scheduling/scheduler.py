@@ -174,7 +174,10 @@ class Scheduler:
         kernel_rows = 0
         if self.speculation is not None and self.speculation.row_invariant(work):
             kernel_rows = self.speculation.one_row_kernel_rows
-        return plan_step(work, self.rows, self.page_size, kernel_rows)
+        batch = plan_step(work, self.rows, self.page_size, kernel_rows)
+        if self.kv.window is not None:
+            batch.plan.window_writes = self.kv.window.take_writes()
+        return batch
 
     def process(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
         """Apply what the runner computed for ``batch``; report every request that progressed."""
@@ -197,6 +200,7 @@ class Scheduler:
             req.computed_len += n
             if n > 1:
                 self.kv.cache_computed(req)
+            self.kv.release_window(req)
         for j, req in enumerate(batch.plan.sample_rows):
             if req.drafts and req.token_ids[-1] == FUTURE_TOKEN:
                 continue  # a verify row after the request's first: one placeholder for them all

@@ -138,3 +138,33 @@ def test_kv_heads_replicated_past_tp(capsys: pytest.CaptureFixture[str]) -> None
     assert "KV heads 1 (3 KV heads < 4 ranks: each replicated on up to 2 ranks)" in out
     # 2 (K, V) x 30 layers x 1 KV head x 64 x 2 B (bfloat16) per device, a third of one device's.
     assert f" {2 * 30 * 1 * 64 * 2:,} " in out and f"= {2 * 30 * 3 * 64 * 2:,} B" in out
+
+
+def test_sliding_window_bound(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A Gemma-3-shaped config (5 of 6 layers sliding, window 1024) at 32k tokens keeps about
+    a fifth of full KV with the window pool: the arithmetic the command prints."""
+    cfg = {
+        "model_type": "gemma3_text",
+        "architectures": ["Gemma3ForCausalLM"],
+        "vocab_size": 1000,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "max_position_embeddings": 40000,
+        "sliding_window": 1024,
+        "sliding_window_pattern": 6,
+        "rope_theta": 1e6,
+        "rope_local_base_freq": 10000.0,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    argv = ["--model", str(tmp_path / "config.json"), "--memory-budget", "1GiB"]
+    argv += ["--seq-len", "32768", "--max-num-tokens", "2048"]
+    out = run(capsys, *argv)
+    rows = 32768 + 5 * (1024 + 2048)
+    assert "Sliding window 1024 on 5 of 6 layers" in out and f"= {rows:,} layer-token rows" in out
+    data = json.loads(run(capsys, *argv, "--json"))["sliding_window"]
+    assert data["bytes_per_sequence"] * 6 == rows * data["full_bytes_per_sequence"] // 32768
+    assert 0.2 < data["bytes_per_sequence"] / data["full_bytes_per_sequence"] < 0.25

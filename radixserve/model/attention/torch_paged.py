@@ -440,7 +440,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
         softcap: float | None = None,
     ) -> torch.Tensor:
         meta = self._meta
-        if meta is None or self._meta_batch is not batch:
+        if meta is None or not _prepared_for(self._meta_batch, batch):
             raise RuntimeError("call init_forward_metadata(batch) before the forward over it")
         assert batch.out_cache_loc is not None  # a paged batch (init_forward_metadata)
         quirks = window is not None or softcap is not None
@@ -633,6 +633,12 @@ def _padded_calls(
         calls.append([grp])
         work = len(rows) * len(pages)
     return calls
+
+
+def _prepared_for(prepared: ForwardBatch | None, batch: ForwardBatch) -> bool:
+    """Whether ``batch`` is the prepared one or its window layers' view (the window view
+    differs only in page ids, which every windowed path reads from the batch it is given)."""
+    return prepared is not None and (batch is prepared or batch is prepared.window_view)
 
 
 def _starts(lens: list[int]) -> list[int]:

@@ -144,7 +144,8 @@ class TritonPagedAttentionBackend(AttentionBackend):
         self._meta_batch = batch
 
     def _check_prepared(self, batch: ForwardBatch) -> None:
-        if self._meta_batch is not batch:
+        prepared = self._meta_batch
+        if prepared is None or (batch is not prepared and batch is not prepared.window_view):
             raise RuntimeError("call init_forward_metadata(batch) before the forward over it")
 
     def forward(

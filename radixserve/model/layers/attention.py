@@ -98,6 +98,8 @@ class Attention(nn.Module):
         if plain:
             out = attn.forward(self.layer_id, q, k, v, batch, self.sm_scale)
         else:
+            if self.window is not None and batch.window_view is not None:
+                batch = batch.window_view  # this layer's KV is in the window pool
             out = attn.forward(
                 self.layer_id, q, k, v, batch, self.sm_scale, self.window, self.softcap
             )

@@ -1,0 +1,70 @@
+"""Whether a sliding-window model gets a window pool, and how the KV budget splits.
+
+A model with sliding-window layers keeps their KV in a pool of its own
+(:mod:`radixserve.memory.window_pool`), freed as requests move past the window, when
+``window_kv_ratio > 0`` and nothing needs every layer's pages in one layout: the
+hierarchical cache (it copies whole pages of every layer to host memory and disk),
+tensor or pipeline parallelism (the followers' plans do not carry the window map yet), and
+int8/int4 KV (per-token scales live per page of every layer). Those keep full KV for every
+layer, as before, and the start-up log says why.
+
+The budget: with ``num_pages`` sized for full KV of every layer (``L`` layers, ``Lw`` of
+them windowed) and ratio ``r`` window pages per global page, the same bytes hold
+``G = num_pages * L / (L - Lw + r * Lw)`` global pages and ``ceil(r * G)`` window pages.
+A ``--num-pages`` given by hand is the global page count as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import NamedTuple
+
+from radixkernels.kv_format import KVCacheDtype
+from radixserve.engine.config import EngineConfig
+from radixserve.model.config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["WindowPoolPlan", "plan_window_pool"]
+
+
+class WindowPoolPlan(NamedTuple):
+    layers: frozenset[int]  # the sliding-window layers
+    window: int
+    num_pages: int  # global pages (the allocator's; the pool has one more, the scratch page)
+    num_window_pages: int  # window pages (likewise)
+
+
+def window_pool_refusal(cfg: EngineConfig, mc: ModelConfig) -> str | None:
+    """Why this engine keeps full KV for the window layers (None: it gets a window pool)."""
+    if cfg.window_kv_ratio <= 0:
+        return "window_kv_ratio is 0"
+    if cfg.hierarchical_cache:
+        return "the hierarchical cache copies whole pages of every layer"
+    if cfg.tensor_parallel_size > 1 or cfg.pipeline_parallel_size > 1:
+        return "tensor/pipeline parallelism does not carry the window map yet"
+    if KVCacheDtype(cfg.kv_cache_dtype).has_token_scales:
+        return "int8/int4 KV keeps per-token scales per page of every layer"
+    windows = {mc.layer_window(i) for i in range(mc.num_layers)} - {None}
+    if len(windows) > 1:
+        return f"layers with different windows {sorted(w for w in windows if w)}"
+    return None
+
+
+def plan_window_pool(cfg: EngineConfig, mc: ModelConfig, num_pages: int) -> WindowPoolPlan | None:
+    """The window pool of a sliding-window model, or None (no window layer, or refused)."""
+    layers = frozenset(i for i in range(mc.num_layers) if mc.layer_window(i) is not None)
+    if not layers:
+        return None
+    refusal = window_pool_refusal(cfg, mc)
+    if refusal is not None:
+        logger.info("sliding-window layers keep every token's KV: %s", refusal)
+        return None
+    window = mc.layer_window(min(layers))
+    assert window is not None
+    r = cfg.window_kv_ratio
+    if cfg.num_pages is None:  # sized for full KV of every layer: the same bytes, split
+        n_layers = mc.num_layers
+        num_pages = int(num_pages * n_layers / (n_layers - len(layers) + r * len(layers)))
+    return WindowPoolPlan(layers, window, num_pages, max(1, math.ceil(r * num_pages)))

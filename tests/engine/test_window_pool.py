@@ -1,0 +1,215 @@
+"""A Gemma-3-shaped model's window layers keep their KV in a pool of their own, freed as
+requests move past the window (memory.window_pool, memory.swa_cache), and hits stay exact.
+
+The tiny checkpoint (transformers' own Gemma 3 text classes, random weights): 3 layers, two
+sliding (window 8) and one global, page size 4, prompts of 40-56 tokens (5-7 windows),
+prefill in chunks of at most 12 tokens. Every run compares greedy tokens and per-token
+logprobs with transformers' (float32, within 1e-4) and checks every page invariant (both
+pools, the device window map) after every engine step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tiny_models
+import torch
+
+from radixserve.engine.engine import Engine
+from radixserve.memory.swa_cache import SWARadixCache
+from radixserve.sampling_params import SamplingParams
+
+WINDOW = 8
+PAGE = 4
+LOGPROB_ATOL = 1e-4
+GEMMA3: dict[str, Any] = {
+    "num_hidden_layers": 3,
+    "sliding_window": WINDOW,
+    "sliding_window_pattern": 3,  # sliding, sliding, global
+    "query_pre_attn_scalar": 24,
+    "final_logit_softcapping": 2.0,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_models.build_tiny_family(
+        tmp_path_factory.mktemp("gemma3_swa"), "gemma3_text", tokenizer=True, **GEMMA3
+    )
+
+
+@pytest.fixture(scope="module")
+def hf(gemma3: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(gemma3), dtype=torch.float32).eval()
+
+
+def _seq(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, tiny_models.TOKENIZER_VOCAB, (n,), generator=g).tolist()
+
+
+def _engine(path: Path, num_pages: int, ratio: float = 0.5, overlap: str = "off") -> Engine:
+    return Engine(
+        str(path),
+        page_size=PAGE,
+        num_pages=num_pages,
+        max_num_tokens=12,
+        window_kv_ratio=ratio,
+        overlap_schedule=overlap,
+    )
+
+
+def _run(
+    engine: Engine,
+    prompts: list[list[int]],
+    max_tokens: int,
+    trace: list[tuple[int, int]] | None = None,
+) -> list[tuple[list[int], list[float], int]]:
+    """Run ``prompts`` to the end one engine step at a time, checking every invariant after
+    each step; returns (tokens, logprobs, cached prompt tokens) per prompt. ``trace`` gets
+    (window pages in use, global pages held by running requests) after every step."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=0)
+    ids = [engine.add_request(p, params) for p in prompts]
+    toks: dict[str, list[int]] = {i: [] for i in ids}
+    lps: dict[str, list[float]] = {i: [] for i in ids}
+    cached: dict[str, int] = {}
+    cache = engine.cache
+    assert isinstance(cache, SWARadixCache)
+    while engine.has_unfinished():
+        for o in engine.step():
+            toks[o.request_id] += o.new_token_ids
+            lps[o.request_id] += [lp.logprob for lp in o.new_logprobs or []]
+            if o.usage is not None:
+                cached[o.request_id] = o.usage.cached_tokens
+        engine.check_invariants()
+        if trace is not None:
+            held = sum(len(r.pages) for r in engine.scheduler.running)
+            trace.append((cache.num_window_in_use, held))
+    return [(toks[i], lps[i], cached[i]) for i in ids]
+
+
+def _check_vs_hf(hf: Any, prompt: list[int], tokens: list[int], logprobs: list[float]) -> None:
+    seq = prompt + tokens
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([seq])).logits[0].float(), dim=-1)
+    rows = ref[len(prompt) - 1 : len(seq) - 1]
+    assert tokens == rows.argmax(-1).tolist()
+    want = rows.gather(1, torch.tensor(tokens)[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(logprobs), want, atol=LOGPROB_ATOL, rtol=0)
+
+
+def test_window_pages_are_freed_as_requests_advance(gemma3: Path, hf: Any) -> None:
+    """Two requests of 40 and 44 prompt tokens decoding 24 more: the global pages they hold
+    grow to 16 and 17, while the window pages in use stay within a few windows' worth."""
+    engine = _engine(gemma3, num_pages=64)
+    try:
+        pool = engine.pool
+        assert pool.window_layers == frozenset({0, 1}) and pool.num_window_pages == 32 + 1
+        # Two sliding layers of three live in 33 pages instead of 65: the pool's bytes.
+        full = pool.bytes_per_page * 65
+        assert pool.nbytes == full // 3 + 2 * full // 3 * 33 // 65
+        prompts = [_seq(40, 1), _seq(44, 2)]
+        trace: list[tuple[int, int]] = []
+        outs = _run(engine, prompts, 24, trace)
+        for p, (t, lp, _) in zip(prompts, outs):
+            _check_vs_hf(hf, p, t, lp)
+        peak_held = max(h for _, h in trace)
+        assert peak_held >= 32  # the requests' global pages
+        # Each request: its lock's last window (3 pages) + its own window and next page.
+        assert max(w for w, _ in trace) <= 2 * (3 + 4)
+        decoding = [w for w, h in trace if h >= 24]  # both past their prompts
+        assert decoding and max(decoding) <= 2 * (3 + 4)
+        cache = engine.cache
+        assert isinstance(cache, SWARadixCache)
+        assert cache.num_window_in_use == 0  # all finished: only evictable window pages left
+        # Their decoded tails' window pages went while they ran: tombstones from the start.
+        assert cache.window.num_evictable < cache.num_cached_pages
+    finally:
+        engine.close()
+
+
+def test_hit_after_window_eviction_is_cut_back_and_exact(gemma3: Path, hf: Any) -> None:
+    """Window-pool pressure tombstones every cached window page (the global pages stay); a
+    request recomputing the first 24 tokens hands its window pages to the tree's tombstones
+    there; the 48-token prompt's continuation then reuses exactly those 24 tokens (the
+    longest prefix whose last window is whole), and its tokens and logprobs equal a cold
+    run's and transformers'."""
+    a, b = _seq(48, 3), _seq(48, 4)
+    follow = a + _seq(9, 5)
+    cold = _engine(gemma3, num_pages=64)
+    try:
+        want = _run(cold, [follow], 6)[0]
+    finally:
+        cold.close()
+    _check_vs_hf(hf, follow, want[0], want[1])
+    engine = _engine(gemma3, num_pages=48, ratio=0.34)  # 17 window pages
+    try:
+        cache = engine.cache
+        assert isinstance(cache, SWARadixCache)
+        _run(engine, [a], 2)
+        _run(engine, [b], 2)  # takes window pages a's prefix held: tombstones there
+        assert cache.window_evicted_pages > 0
+        # Pressure: an allocation of every window page evicts all unreferenced ones.
+        w = cache.window
+        taken = w.allocator.alloc(w.allocator.num_free + w.num_evictable)
+        w.allocator.free(taken)
+        engine.check_invariants()
+        assert w.num_evictable == 0 and cache.peek_prefix_len(follow) == 48  # globals stay
+        ((_, _, hit0),) = _run(engine, [a[:24] + _seq(8, 6)], 2)
+        assert hit0 == 0  # no prefix of a has its last window
+        cut_before = cache.window_cut_tokens
+        ((tokens, logprobs, hit),) = _run(engine, [follow], 6)
+        assert hit == 24 and cache.window_cut_tokens - cut_before == 48 - 24
+        assert tokens == want[0]
+        torch.testing.assert_close(
+            torch.tensor(logprobs), torch.tensor(want[1]), atol=LOGPROB_ATOL, rtol=0
+        )
+        # Recomputed, the prompt's windows are whole again: its next run reuses all of it.
+        ((tokens2, _, hit2),) = _run(engine, [follow], 6)
+        assert hit2 == (len(follow) - 1) // PAGE * PAGE and tokens2 == want[0]
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("why", ["ratio 0", "hierarchical cache"])
+def test_window_pool_off_keeps_full_kv(gemma3: Path, why: str) -> None:
+    """``window_kv_ratio`` 0, and the hierarchical cache (its tiers copy whole pages of every
+    layer), keep every token's KV in every layer, as before."""
+    if why == "ratio 0":
+        engine = _engine(gemma3, num_pages=16, ratio=0.0)
+    else:
+        engine = Engine(str(gemma3), page_size=PAGE, num_pages=16, enable_hierarchical_cache=True)
+    try:
+        assert not engine.pool.window_layers and not isinstance(engine.cache, SWARadixCache)
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton", "overlap"])
+def test_other_attention_paths_read_the_window_pool(gemma3: Path, hf: Any, backend: str) -> None:
+    """The plain torch path and the Triton kernels (interpreted on the CPU) read the window
+    layers' KV through the window view too, and overlap scheduling (window pages released
+    while a step is in flight wait for it): a prompt of 3 windows, exact."""
+    engine = _engine(gemma3, num_pages=32, overlap="on" if backend == "overlap" else "off")
+    try:
+        if backend == "torch":
+            from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
+
+            engine.attn = TorchPagedAttentionBackend(engine.pool, native_kernel=False)
+        elif backend == "triton":
+            from radixserve.model.attention.triton_paged import TritonPagedAttentionBackend
+
+            engine.attn = TritonPagedAttentionBackend(engine.pool)
+        prompt = _seq(26, 7)
+        ((tokens, logprobs, _),) = _run(engine, [prompt], 10)
+        _check_vs_hf(hf, prompt, tokens, logprobs)
+    finally:
+        engine.close()
