@@ -162,7 +162,9 @@ def test_mixed_batch_with_chunked_prefill_and_sampling(
         usage_a, usage_c = got[a][-1].usage, got[c][-1].usage
         assert usage_a is not None and usage_a.spec_drafted_tokens > 0
         assert usage_a.spec_accepted_tokens == usage_a.spec_drafted_tokens
-        assert usage_c is not None and usage_c.spec_drafted_tokens == 0
+        # The sampled request drafts too (rejection sampling, the greedy proposal taken as
+        # a point mass): its drafts are accepted only as its own distribution allows.
+        assert usage_c is not None and usage_c.spec_accepted_tokens <= usage_c.spec_drafted_tokens
         _all_back(spec)
     finally:
         spec.close()
