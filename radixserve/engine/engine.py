@@ -120,7 +120,7 @@ class Engine:
         self.kv_profile: ProfiledKV | None = sizing.profile
         logger.info("%s", self.kv_sizing)
         clock.lap("KV sizing")
-        self.window_pool = plan_window_pool(cfg, self.model_config, num_pages)
+        self.window_pool = plan_window_pool(cfg, self.model_config, num_pages, topo.parallel)
         if self.window_pool is not None:
             num_pages = self.window_pool.num_pages
             pool_args["window_layers"] = self.window_pool.layers

@@ -36,13 +36,14 @@ class WindowPoolPlan(NamedTuple):
     num_window_pages: int  # window pages (likewise)
 
 
-def window_pool_refusal(cfg: EngineConfig, mc: ModelConfig) -> str | None:
-    """Why this engine keeps full KV for the window layers (None: it gets a window pool)."""
+def window_pool_refusal(cfg: EngineConfig, mc: ModelConfig, parallel: bool) -> str | None:
+    """Why this engine keeps full KV for the window layers (None: it gets a window pool).
+    ``parallel``: the engine's topology has more than one rank (Topology.parallel)."""
     if cfg.window_kv_ratio <= 0:
         return "window_kv_ratio is 0"
     if cfg.hierarchical_cache:
         return "the hierarchical cache copies whole pages of every layer"
-    if cfg.tensor_parallel_size > 1 or cfg.pipeline_parallel_size > 1:
+    if parallel:
         return "tensor/pipeline parallelism does not carry the window map yet"
     if KVCacheDtype(cfg.kv_cache_dtype).has_token_scales:
         return "int8/int4 KV keeps per-token scales per page of every layer"
@@ -52,12 +53,15 @@ def window_pool_refusal(cfg: EngineConfig, mc: ModelConfig) -> str | None:
     return None
 
 
-def plan_window_pool(cfg: EngineConfig, mc: ModelConfig, num_pages: int) -> WindowPoolPlan | None:
-    """The window pool of a sliding-window model, or None (no window layer, or refused)."""
+def plan_window_pool(
+    cfg: EngineConfig, mc: ModelConfig, num_pages: int, parallel: bool
+) -> WindowPoolPlan | None:
+    """The window pool of a sliding-window model, or None (no window layer, or refused);
+    ``parallel`` as :func:`window_pool_refusal`'s."""
     layers = frozenset(i for i in range(mc.num_layers) if mc.layer_window(i) is not None)
     if not layers:
         return None
-    refusal = window_pool_refusal(cfg, mc)
+    refusal = window_pool_refusal(cfg, mc, parallel)
     if refusal is not None:
         logger.info("sliding-window layers keep every token's KV: %s", refusal)
         return None

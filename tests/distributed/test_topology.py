@@ -39,6 +39,9 @@ ENGINE_MAY_IMPORT = {
     "radixserve.distributed.topology",
     "radixserve.distributed.step_wire",
     "radixserve.distributed.dist_addr",
+    # Prefill/decode disaggregation: the engine asks make_role for its role (or None) and
+    # talks to it through the role's methods, never to the transfer engine itself.
+    "radixserve.distributed.disagg.roles",
 }
 
 
