@@ -26,7 +26,6 @@ tokens identical. One rank's results are in turn transformers' (``tests/model/``
 from __future__ import annotations
 
 import datetime
-import queue
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ import pytest
 import tiny_models
 import torch
 import torch.multiprocessing as mp
+from tp_ranks import run_two_ranks
 
 from radixserve.distributed.topology import TensorParallel
 from radixserve.engine.engine import Engine
@@ -46,7 +46,6 @@ from radixserve.model.loader import load_model
 from radixserve.model.parallel import (
     TPGroup,
     checkpoint_slice,
-    listen_socket,
     shard_for_rank,
     tcp_store,
 )
@@ -231,32 +230,14 @@ def tp2_results(case_dirs: dict[str, Path]) -> tuple[dict[str, Any], dict[str, A
     """(two ranks' results, one rank's) for every case, from one spawn of two ranks; one
     rank's are computed here while the ranks run."""
     paths = case_dirs
-    ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()
-    sock = listen_socket("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    sock.close()
-    procs = [ctx.Process(target=_rank, args=(r, port, paths, out)) for r in range(2)]
-    got: dict[str, Any] = {}
-    try:
-        for p in procs:
-            p.start()
+
+    def one_rank() -> dict[str, Any]:
         want: dict[str, Any] = {name: _run_family(path, None) for name, path in paths.items()}
         want["uneven_block"] = _uneven_block(None)
-        for _ in range(len(paths) + 1):
-            name, result = out.get(timeout=180)
-            got[name] = result
-        for p in procs:
-            p.join(timeout=60)
-            assert p.exitcode == 0
-    except queue.Empty:
-        pytest.fail(f"ranks gave no result; exit codes {[p.exitcode for p in procs]}")
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=10)
-    return got, want
+        return want
+
+    pairs, want = run_two_ranks(_rank, (paths,), len(paths) + 1, one_rank)
+    return dict(pairs), want
 
 
 @pytest.mark.parametrize("name", [*CASES, STACKED])

@@ -5,13 +5,13 @@ as one rank, for tiny Llama/Qwen2 models with 4 query over 2 KV heads, an uneven
 from __future__ import annotations
 
 import datetime
-import queue
 from pathlib import Path
 
 import pytest
 import tiny_models
 import torch
 import torch.multiprocessing as mp
+from tp_ranks import run_two_ranks
 
 from radixserve.model.attention.dense import DenseAttentionBackend
 from radixserve.model.config import ModelConfig
@@ -20,7 +20,6 @@ from radixserve.model.loader import load_model
 from radixserve.model.parallel import (
     TPGroup,
     checkpoint_slice,
-    listen_socket,
     shard_for_rank,
     tcp_store,
 )
@@ -96,29 +95,8 @@ def test_two_ranks_match_one(
         vocab_size=509,
     )
     paths = [tiny_llama_dir, tiny_qwen2_dir, tiny_mqa_dir, nine_over_three]
-    ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()
-    sock = listen_socket("127.0.0.1", 0)  # held by the parent: no race for the port
-    port = sock.getsockname()[1]
-    sock.close()
-    procs = [ctx.Process(target=_rank, args=(r, port, paths, out)) for r in range(2)]
-    try:
-        for p in procs:
-            p.start()
-        got = {}
-        for _ in paths:
-            name, logits = out.get(timeout=180)
-            got[name] = torch.from_numpy(logits)
-        for p in procs:
-            p.join(timeout=60)
-            assert p.exitcode == 0
-    except queue.Empty:
-        pytest.fail(f"ranks gave no result; exit codes {[p.exitcode for p in procs]}")
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=10)
+    pairs, _ = run_two_ranks(_rank, (paths,), len(paths))
+    got = {name: torch.from_numpy(logits) for name, logits in pairs}
     for path in paths:
         ref = _logits(path, None)
         assert ref.abs().max() > 1.0
