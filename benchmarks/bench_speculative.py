@@ -8,8 +8,16 @@ machine's speed drifts: only same-run ratios mean anything)::
     copy      answer by quoting a long document, and edit code (rename, reformat): the
               answer repeats the prompt
     chat      multi-turn chat whose later answers repeat earlier turns' text
+    fork      a prompt program forked into branches over one document (a DSL ``fork``):
+              later branches can draft from what earlier ones answered
     nocopy    creative writing at temperature 0.8: nothing to copy; sampled requests
               speculate by rejection sampling, adaptive k turning their drafts off
+
+Then ``--concurrency`` (16) requests at a time on the peers benchmark's shared-system chats
+(benchmarks/workloads.py), per configuration in rotated rounds. Before and after, the
+per-token weight-streaming floor (benchmarks/floor.py: the checkpoint's weight bytes over
+the read bandwidth sampled then), against which one request's time per token is set.
+Every request's record is kept in the JSON, in the order it ran.
 
 Configuration ``draft`` runs ``--speculative-algorithm draft`` with ``--draft-model DIR``, or,
 without one, a truncated-layer draft of the model made on the fly (its first
@@ -87,7 +95,28 @@ def nocopy_workload(rng: random.Random, n: int) -> list[dict[str, Any]]:
     ]
 
 
-WORKLOADS = {"copy": copy_workload, "chat": chat_workload, "nocopy": nocopy_workload}
+def fork_workload(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    """A prompt program forked into branches (what a DSL ``fork`` sends): one shared document,
+    then each branch's own instruction; later branches can draft from earlier ones' answers."""
+    doc = " ".join(_sentence(rng, rng.randint(8, 14)) for _ in range(10))
+    asks = (
+        "Quote the second sentence exactly.",
+        "Repeat the document's first two sentences.",
+        "Copy the last sentence word for word.",
+        "Write out the first sentence again.",
+    )
+    return [
+        {"prompt": f"Document:\n{doc}\n\n{asks[i % len(asks)]}\n", "temperature": 0.0}
+        for i in range(n)
+    ]
+
+
+WORKLOADS = {
+    "copy": copy_workload,
+    "chat": chat_workload,
+    "fork": fork_workload,
+    "nocopy": nocopy_workload,
+}
 
 
 def build(per_workload: int, seed: int) -> dict[str, list[dict[str, Any]]]:
@@ -181,44 +210,174 @@ def draft_flags(args: argparse.Namespace, workdir: Path) -> list[str]:
     return ["--speculative-algorithm", "draft", "--speculative-draft-model", path]
 
 
+def start_servers(args: argparse.Namespace, configs: list[str], workdir: Path) -> dict[str, Server]:
+    """One server per configuration, alike but for the speculative flags."""
+    common = ["--num-threads", str(args.threads), "--dtype", args.dtype]
+    servers: dict[str, Server] = {}
+    for c in configs:
+        spec = [] if c == "off" else ["--speculative-algorithm", c]
+        if c == "draft":
+            spec = draft_flags(args, workdir)
+        spec += ["--speculative-num-tokens", str(args.k)] if spec else []
+        servers[c] = Server(args.model, common + spec)
+    return servers
+
+
+def one_at_a_time(
+    args: argparse.Namespace, clients: dict[str, Any], configs: list[str]
+) -> list[dict[str, Any]]:
+    """Every workload's requests, one at a time, the configurations' order rotated per request
+    (A-B-C, B-C-A, ...: drift in the machine's speed falls on all alike). Every request's
+    record is kept, in the order it ran."""
+    records = []
+    for name, reqs in build(args.per_workload, args.seed).items():
+        for i, req in enumerate(reqs):
+            order = configs[i % len(configs) :] + configs[: i % len(configs)]
+            for c in order:
+                r = one_request(clients[c], req, args.max_tokens, args.seed + i)
+                records.append({"config": c, "workload": name, "request": i, **r})
+    return records
+
+
+def shared_system_concurrent(
+    args: argparse.Namespace, servers: dict[str, Server], configs: list[str]
+) -> dict[str, Any]:
+    """``--concurrency`` requests at a time on benchmarks/workloads.py's shared-system chats
+    (the peers benchmark's workload), per configuration in rotated rounds: output tokens/s,
+    and what was drafted and accepted (many decoding at once: drafting stops above 8)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+    from transformers import AutoTokenizer
+
+    from radixserve.model_store import resolve_model
+
+    sys.path.insert(1, str(Path(__file__).resolve().parent))
+    import workloads
+
+    tok = AutoTokenizer.from_pretrained(resolve_model(args.model or None))
+    wl = workloads.shared_system(
+        tok,
+        seed=args.seed,
+        requests=args.concurrent_requests,
+        system_tokens=500,
+        max_tokens=args.max_tokens,
+    )
+    bodies = [
+        {
+            "model": "default",
+            "messages": list(s[0].messages),
+            "max_tokens": args.max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+        }
+        for s in wl.sessions
+    ]
+
+    def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+        with httpx.Client(base_url=url, timeout=600) as cl:
+            r = cl.post("/v1/chat/completions", json=body)
+            r.raise_for_status()
+            usage = r.json()["usage"]
+        details = usage.get("completion_tokens_details") or {}
+        acc = details.get("accepted_prediction_tokens", 0)
+        return {
+            "tokens": usage["completion_tokens"],
+            "accepted": acc,
+            "drafted": acc + details.get("rejected_prediction_tokens", 0),
+        }
+
+    rounds: list[dict[str, Any]] = []
+    for r in range(args.concurrent_rounds):
+        order = configs[r % len(configs) :] + configs[: r % len(configs)]
+        for c in order:
+            url = servers[c].url
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(args.concurrency) as pool:
+                done = list(pool.map(lambda b: post(url, b), bodies))
+            wall = time.perf_counter() - t0
+            tokens = sum(d["tokens"] for d in done)
+            rounds.append(
+                {
+                    "config": c,
+                    "round": r,
+                    "tokens": tokens,
+                    "wall_s": wall,
+                    "tokens_per_s": tokens / wall,
+                    "drafted": sum(d["drafted"] for d in done),
+                    "accepted": sum(d["accepted"] for d in done),
+                }
+            )
+    return {"concurrency": args.concurrency, "requests": len(bodies), "rounds": rounds}
+
+
+def weight_floor_ms(args: argparse.Namespace) -> dict[str, float]:
+    """The per-token weight-streaming floor of one request's decode step: the served
+    checkpoint's weight bytes over the read bandwidth sampled now (benchmarks/floor.py)."""
+    import torch
+
+    sys.path.insert(1, str(Path(__file__).resolve().parent))
+    from floor import checkpoint_weight_bytes, read_gbs, read_source
+
+    from radixserve.model_store import resolve_model
+
+    torch.set_num_threads(args.threads)
+    src = read_source()
+    gbs = sorted(read_gbs(src) for _ in range(5))[2]
+    del src
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    nbytes = checkpoint_weight_bytes(resolve_model(args.model or None), dtype)
+    return {"read_gbs_median": gbs, "weight_bytes": nbytes, "floor_ms": nbytes / gbs / 1e6}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import tempfile
 
     import httpx
 
     configs = [c for c in args.configs.split(",") if c]
-    common = ["--num-threads", str(args.threads), "--dtype", args.dtype]
-    servers: dict[str, Server] = {}
     workdir = tempfile.TemporaryDirectory(prefix="bench_speculative_")
+    servers: dict[str, Server] = {}
     try:
-        for c in configs:
-            spec = [] if c == "off" else ["--speculative-algorithm", c]
-            if c == "draft":
-                spec = draft_flags(args, Path(workdir.name))
-            spec += ["--speculative-num-tokens", str(args.k)] if spec else []
-            servers[c] = Server(args.model, common + spec)
-        work = build(args.per_workload, args.seed)
-        results: dict[str, dict[str, list[dict[str, Any]]]] = {c: {} for c in configs}
+        servers = start_servers(args, configs, Path(workdir.name))
+        floor_before = weight_floor_ms(args)
         clients = {c: httpx.Client(base_url=s.url, timeout=600) for c, s in servers.items()}
-        for name, reqs in work.items():
-            for i, req in enumerate(reqs):
-                order = configs[i % len(configs) :] + configs[: i % len(configs)]  # interleave
-                for c in order:
-                    r = one_request(clients[c], req, args.max_tokens, args.seed + i)
-                    results[c].setdefault(name, []).append(r)
+        records = one_at_a_time(args, clients, configs)
         for cl in clients.values():
             cl.close()
+        concurrent = (
+            shared_system_concurrent(args, servers, configs) if args.concurrency > 1 else None
+        )
+        floor_after = weight_floor_ms(args)
     finally:
         for s in servers.values():
             s.stop()
         workdir.cleanup()
-    table = {c: {w: summarize(rs) for w, rs in per.items()} for c, per in results.items()}
+    table = summarize_records(records, configs)
+    return {
+        "args": vars(args),
+        "results": table,
+        "requests": records,
+        "floor": {"before": floor_before, "after": floor_after},
+        "concurrent": concurrent,
+    }
+
+
+def summarize_records(records: list[dict[str, Any]], configs: list[str]) -> dict[str, Any]:
+    """Per configuration and workload: totals, acceptance and the speed-up over ``off``."""
+    table: dict[str, dict[str, Any]] = {}
+    for c in configs:
+        per: dict[str, list[dict[str, Any]]] = {}
+        for r in records:
+            if r["config"] == c:
+                per.setdefault(r["workload"], []).append(r)
+        table[c] = {w: summarize(rs) for w, rs in per.items()}
     if "off" in table:
-        for per in table.values():
-            for w, row in per.items():
+        for per_w in table.values():
+            for w, row in per_w.items():
                 base = table["off"][w]["tokens_per_s"]
                 row["speedup_vs_off"] = row["tokens_per_s"] / base if base else 0.0
-    return {"args": vars(args), "results": table}
+    return table
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -237,13 +396,21 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--concurrency", type=int, default=16, help="the shared-system phase (1: skip it)"
+    )
+    ap.add_argument("--concurrent-requests", type=int, default=32)
+    ap.add_argument("--concurrent-rounds", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/bench_speculative.json")
     return ap.parse_args(argv)
 
 
 def main() -> None:
     args = parse()
-    out = run(args)
+    sys.path.insert(1, str(Path(__file__).resolve().parent))
+    from provenance import header
+
+    out = {**header("bench_speculative"), **run(args)}
     for c, per in out["results"].items():
         for w, row in per.items():
             print(c, w, json.dumps(row))

@@ -37,7 +37,6 @@ import radixserve  # noqa: F401
 import argparse  # noqa: E402
 import datetime as dt  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -50,6 +49,7 @@ import torch  # noqa: E402
 
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # `floor`, after a PYTHONPATH checkout
 from floor import read_gbs, read_source  # noqa: E402
+from provenance import machine  # noqa: E402
 
 from radixserve.engine.engine import Engine  # noqa: E402
 from radixserve.model_store import resolve_model  # noqa: E402
@@ -220,25 +220,6 @@ class Profiler:
             "per_layer_profiled_ms_per_step": split,
             "per_layer_top_ops": top_ops(prof),
         }
-
-
-def machine() -> dict[str, Any]:
-    """The CPU this ran on: model name, cores, the flags that change the kernels' paths."""
-    name, flags = platform.processor(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    wanted = ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni")
-    return {
-        "cpu": name,
-        "cores": torch.get_num_threads(),
-        "flags": sorted(f for f in wanted if f in flags),
-    }
 
 
 def main() -> int:
