@@ -21,7 +21,10 @@ which its pages leave by LRU order, only as many as are needed.
 
 The lease's length is learned per session: a high quantile of that session's own observed
 pauses (gap between the end of one turn and the admission of the next), times a margin,
-within ``[min_s, cap_s]``; ``default_s`` before it has any. A request without a session key
+within ``[min_s, cap_s]``. A session that has not paused yet (its first lease) gets the same
+quantile of every session's recent pauses (the server's agents tend to call the same tools),
+or ``default_s`` while no session has returned; such a lease is re-judged when it runs out,
+so one granted before any pause was seen lasts as long as the pauses seen since say. A request without a session key
 joins one when its prompt extends an earlier request's prompt + answer: every finished
 unkeyed turn marks the chained page hash of its path's end (its pages may be evicted
 since: the mark is a hash, not a node), and a later prompt whose page hashes pass through a
@@ -60,6 +63,8 @@ class LeaseConfig:
     quantile: float = 0.9  # of the session's observed pauses
     margin: float = 1.5  # the lease outlasts that quantile by this factor
     history: int = 32  # pauses remembered per session
+    prior_history: int = 256  # every session's latest pauses: a first lease's length
+    prior_min: int = 4  # pauses seen before they replace default_s for first leases
     max_sessions: int = 65536  # sessions remembered (least recently active forgotten)
     max_turn_marks: int = 4096  # finished unkeyed turns remembered for adoption
 
@@ -142,6 +147,7 @@ class LeaseTable:
         self._seq = 0
         self._turn_marks: OrderedDict[int, str] = OrderedDict()  # path-end page hash -> session
         self._auto = 0
+        self._prior: deque[float] = deque(maxlen=self.config.prior_history)  # all sessions'
 
     @property
     def enabled(self) -> bool:
@@ -167,9 +173,12 @@ class LeaseTable:
         """How long ``session``'s next lease lasts, learned from its own pauses."""
         cfg = self.config
         s = self._sessions.get((namespace, session))
-        if s is None or not s.gaps:
+        gaps: Iterable[float] | None = s.gaps if s is not None and s.gaps else None
+        if gaps is None and len(self._prior) >= cfg.prior_min:
+            gaps = self._prior  # a first lease: what every session's pauses say
+        if gaps is None:
             return min(cfg.cap_s, max(cfg.min_s, cfg.default_s))
-        return min(cfg.cap_s, max(cfg.min_s, quantile(s.gaps, cfg.quantile) * cfg.margin))
+        return min(cfg.cap_s, max(cfg.min_s, quantile(gaps, cfg.quantile) * cfg.margin))
 
     def lease_of(self, session: str, namespace: Hashable | None = None) -> Lease | None:
         s = self._sessions.get((namespace, session))
@@ -212,6 +221,7 @@ class LeaseTable:
         s = self._session((namespace, session))
         if s.last_end is not None:
             s.gaps.append(max(0.0, now - s.last_end))
+            self._prior.append(s.gaps[-1])
         if s.lease is not None:
             self.counters.hits += 1
         elif s.lost is not None:
@@ -272,11 +282,24 @@ class LeaseTable:
         heap, n = self._by_expiry, 0
         while heap and (not heap[0][2].alive or heap[0][0] <= now):
             _, _, lease = heapq.heappop(heap)
-            if lease.alive:
+            if lease.alive and not self._extended(lease, now):
                 self._lose(lease, "expired")
                 self.counters.expired += 1
                 n += 1
         return n
+
+    def _extended(self, lease: Lease, now: float) -> bool:
+        """A first lease (its session has not paused yet) whose time is up is re-judged by
+        the pauses seen since it was granted: kept, with its new expiry, if they say longer."""
+        s = self._sessions.get(lease.session)
+        if s is None or s.gaps:
+            return False
+        expires = lease.granted_at + self.ttl(lease.session[1], lease.session[0])
+        if expires <= now:
+            return False
+        lease.expires_at = expires
+        heapq.heappush(self._by_expiry, (expires, lease.seq, lease))
+        return True
 
     def yield_one(self) -> bool:
         """Memory pressure and nothing unleased is left to evict: release the oldest lease

@@ -106,6 +106,38 @@ def test_lease_length_is_learned_from_each_sessions_own_pauses() -> None:
     assert lease is not None and lease.expires_at - lease.granted_at == pytest.approx(slow)
 
 
+def test_a_first_lease_lasts_what_every_sessions_pauses_say() -> None:
+    """A session that has not paused yet: its lease is the quantile of all sessions' recent
+    pauses (x margin), not the fixed default, once ``prior_min`` pauses were seen."""
+    cache, clock = make(4096, default_s=30.0, cap_s=600.0, prior_min=2)
+    for name in ("a", "b"):  # two agents whose tools take 40 s
+        start = 100 if name == "a" else 200
+        turn(cache, list(range(start, start + 4)), name)
+        clock.now += 40.0
+        turn(cache, list(range(start, start + 6)), name)
+    assert cache.leases.ttl("newcomer") == pytest.approx(40.0 * 1.5)
+    assert cache.leases.ttl("a") == pytest.approx(40.0 * 1.5)  # its own pauses first
+
+
+def test_a_first_lease_is_rejudged_when_it_runs_out() -> None:
+    """Granted before anyone paused (the default), a first lease is kept at its end when
+    the pauses seen since say it should last longer; without them it expires as before."""
+    cache, clock = make(4096, default_s=30.0, cap_s=600.0, prior_min=1)
+    turn(cache, list(range(1, 5)), "early")  # granted now: default 30 s
+    turn(cache, list(range(100, 104)), "other")
+    clock.now += 25.0
+    turn(cache, list(range(100, 106)), "other")  # "other" paused 25 s: prior 37.5 s
+    clock.now += 5.0  # "early"'s default lease ends now
+    assert cache.leases.expire() == 0
+    lease = cache.leases.lease_of("early")
+    assert lease is not None and lease.expires_at - lease.granted_at == pytest.approx(37.5)
+    clock.now += 7.5
+    assert cache.leases.expire() == 1  # other's lease (37.5 s from its refresh) still holds
+    assert cache.leases.lease_of("early") is None
+    assert cache.leases.lease_of("other") is not None
+    cache.check_invariants()
+
+
 def test_the_cap_bounds_a_lease() -> None:
     cache, clock = make(256, cap_s=10.0)
     turn(cache, [1, 2, 3], "s")
