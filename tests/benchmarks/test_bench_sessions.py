@@ -35,6 +35,9 @@ def test_the_shape_is_checked_on_the_run_as_it_went() -> None:
     s = bench.shape(args, r.pool_tokens, r.combined_context, r.pauses, r.churn, r.span_s)
     assert s["pool_ok"] and 1.2 <= s["pool_over_context"] <= 1.5
     assert s["pauses"] == 2 and s["churn_ok"] and s["churn_pools_per_pause_min"] >= 2.0
+    assert s["leases_fit"] and s["running_churn_tokens"] == 64 + 8  # one churn request at once
+    crowded = bench.shape(args, r.pool_tokens, r.combined_context, r.pauses, r.churn, 1.0, None, 4)
+    assert not crowded["leases_fit"]  # 4 churn requests running leave no room for the leases
     in_pause = [
         sum(n for t, n in r.churn if a <= t < b) / r.pool_tokens for a, b in r.pauses
     ]  # the same count, the slow way
