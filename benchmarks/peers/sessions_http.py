@@ -66,6 +66,7 @@ class Plan:
     churn_rate: float  # requests / s
     pool_tokens: int
     max_ctx: int
+    combined_context: int = 0  # the agents' context at their last turn (system prompt once)
 
 
 def make_plan(args: argparse.Namespace, vocab: int, page_size: int) -> Plan:
@@ -94,7 +95,17 @@ def make_plan(args: argparse.Namespace, vocab: int, page_size: int) -> Plan:
     gaps = [rng.expovariate(churn_rate) for _ in range(n_churn)]
     max_ctx = math.ceil((final_ctx + 16) / VLLM_BLOCK) * VLLM_BLOCK
     return Plan(
-        system, tools, answers, pauses, starts, churn, gaps, churn_rate, pool_tokens, max_ctx
+        system,
+        tools,
+        answers,
+        pauses,
+        starts,
+        churn,
+        gaps,
+        churn_rate,
+        pool_tokens,
+        max_ctx,
+        combined,
     )
 
 
@@ -106,6 +117,9 @@ class HttpResult:
     churn: list[RequestResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    # Each agent's pauses (perf_counter s: its turn's end, its next turn's start); a churn
+    # request's KV enters the pool at start + ttft (bench_sessions.shape counts per pause).
+    pauses: list[tuple[float, float]] = field(default_factory=list)
 
 
 async def run_http(
@@ -135,7 +149,9 @@ async def run_http(
             prev = len(prompt) // page_size * page_size
             history = prompt + plan.answers[i][t]
             if t + 1 < args.turns:
+                paused = time.perf_counter()
                 await asyncio.sleep(plan.pauses[i][t])
+                res.pauses.append((paused, time.perf_counter()))
 
     async def churn(client: aiohttp.ClientSession) -> None:
         cfg = ReplayConfig(base_url, "smollm2", mode="ids", extra_body=body)

@@ -177,6 +177,9 @@ class EngineStats(msgspec.Struct, frozen=True):
     cache_flushes_total: int = 0
     cache_flushed_pages_total: int = 0
     cache_miss_reasons: dict[str, int] = msgspec.field(default_factory=dict)
+    # Tokens recomputed within the horizon of their eviction, by the policy that evicted them
+    # (the live cache, whatever its policy; eviction_regret_tokens: adaptive's shadows).
+    cache_regret_tokens: dict[str, int] = msgspec.field(default_factory=dict)
     cache_divergence_buckets: dict[str, int] = msgspec.field(default_factory=dict)
     cache_divergence_position_sum: int = 0
     cache_divergence_top: list[dict[str, Any]] = msgspec.field(default_factory=list)

@@ -130,6 +130,9 @@ class MissStats:
         self.flushes = 0
         self.flushed_pages = 0
         self.reasons: Counter[str] = Counter()
+        # Tokens the live cache recomputed within the horizon of evicting them, by the policy
+        # that evicted them (every policy, not only adaptive's shadows): :meth:`MissLog.regret`.
+        self.regret: Counter[str] = Counter()
         self.buckets = [0] * (len(POSITION_BUCKETS) + 1)
         self.position_sum = 0
         self._top: dict[int, _Top] = {}
@@ -186,6 +189,7 @@ class MissStats:
             "cache_flushes_total": self.flushes,
             "cache_flushed_pages_total": self.flushed_pages,
             "cache_miss_reasons": {r: self.reasons.get(r, 0) for r in REASONS},
+            "cache_regret_tokens": dict(self.regret),
             "cache_divergence_buckets": cumulative,
             "cache_divergence_position_sum": self.position_sum,
             "cache_divergence_top": self.top(n_top),
@@ -253,6 +257,33 @@ class MissLog:
                 records.move_to_end(h)
         while len(records) > self.max_records:
             records.popitem(last=False)
+
+    def regret(
+        self, tokens: Sequence[int], namespace: Hashable | None, node: TreeNode | None
+    ) -> int:
+        """The whole pages of ``tokens`` (a prompt) right after its match, which ended at
+        ``node``, that this cache's policy evicted less than ``eviction.horizon_s`` ago:
+        the request recomputes them, and they count as that policy's regret
+        (``stats.regret``), whatever the policy (``adaptive``'s shadows measure the
+        candidates; this measures the cache as it runs). A flush is no policy's regret.
+        O(pages recomputed because evicted) hashes, one when the rest was not evicted."""
+        if not self._records:
+            return 0
+        ps = self.cache.page_size
+        if node is None or node.parent is None or not node.alive:
+            start, h = 0, hash(("radixserve-ns", namespace))
+        else:
+            start, h = node.depth, self._end_key(node)
+        now, horizon = self.clock(), self.cache.eviction.horizon_s
+        total = 0
+        for i in range(start, len(tokens) // ps * ps, ps):
+            h = hash((h, tuple(tokens[i : i + ps])))
+            record = self._records.get(h)
+            if record is None or record[0] == FLUSHED or now - record[1] > horizon:
+                break
+            self.stats.regret[record[0]] += ps
+            total += ps
+        return total
 
     # ------------------------------------------------------------------ reports
     def _walk(

@@ -47,7 +47,8 @@ def turn_admitted(cache: PrefixCache, req: Request) -> None:
 
 def explain_miss(cache: PrefixCache, req: Request) -> None:
     """Where ``req``'s prompt left the longest cached path (memory.miss_report): counted
-    for every request (server-wide divergence positions, cheap: from its matched node on);
+    for every request (server-wide divergence positions, cheap: from its matched node on;
+    and the live policy's regret: the pages right after its match that it evicted lately);
     when asked (the request, or ``--cache-report``), also why, sent once with its next
     output."""
     misses = cache.misses
@@ -56,6 +57,7 @@ def explain_miss(cache: PrefixCache, req: Request) -> None:
         if asked:
             req.cache_report = "no_cache"
         return
+    misses.regret(req.token_ids[: req.prompt_len], req.namespace, req.lock_node)
     if not asked:
         misses.locate(req.token_ids[: req.prompt_len], req.namespace, req.lock_node)
         return

@@ -25,6 +25,29 @@ def test_small_run_has_the_shape_and_leases_keep_the_context() -> None:
     assert again == lru  # seeded
 
 
+def test_the_shape_is_checked_on_the_run_as_it_went() -> None:
+    """``shape``: the pool against the agents' context, and the churn that arrived within
+    each actual pause, in pools (a run whose pauses saw less than two pools says so)."""
+    args = bench.parse(
+        "--agents 2 --turns 2 --system 200 --tool 40 --answer 8 --churn-prompt 64 --out ''".split()
+    )
+    r = bench.run(args, "lru", False, "lru")
+    s = bench.shape(args, r.pool_tokens, r.combined_context, r.pauses, r.churn, r.span_s)
+    assert s["pool_ok"] and 1.2 <= s["pool_over_context"] <= 1.5
+    assert s["pauses"] == 2 and s["churn_ok"] and s["churn_pools_per_pause_min"] >= 2.0
+    assert s["leases_fit"] and s["running_churn_tokens"] == 64 + 8  # one churn request at once
+    crowded = bench.shape(args, r.pool_tokens, r.combined_context, r.pauses, r.churn, 1.0, None, 4)
+    assert not crowded["leases_fit"]  # 4 churn requests running leave no room for the leases
+    in_pause = [
+        sum(n for t, n in r.churn if a <= t < b) / r.pool_tokens for a, b in r.pauses
+    ]  # the same count, the slow way
+    assert s["churn_pools_per_pause_min"] == round(min(in_pause), 3)
+    thin = bench.shape(args, r.pool_tokens, r.combined_context, r.pauses, r.churn[::4], r.span_s)
+    assert not thin["churn_ok"]  # a quarter of the churn: under two pools per pause
+    big = bench.shape(args, 2 * r.combined_context, r.combined_context, [], [], 1.0)
+    assert not big["pool_ok"] and not big["churn_ok"]
+
+
 def test_the_http_mode_sends_the_workload_and_reads_what_the_server_cached(
     tiny_llama_dir: Path,
 ) -> None:
@@ -80,8 +103,11 @@ def test_the_http_mode_sends_the_workload_and_reads_what_the_server_cached(
         finally:
             await runner.cleanup()
 
-    out = sh.summarize_http(asyncio.run(main()), plan, args)
+    measured = asyncio.run(main())
+    out = sh.summarize_http(measured, plan, args)
     assert out["errors"] == 0 and out["returning_turns"] == 2 * 2
+    assert len(measured.pauses) == 2 * 2 and all(a < b for a, b in measured.pauses)
+    assert plan.combined_context == 40 + 2 * 3 * (20 + 3)
     assert out["cached_fraction_min"] == 1.0 and out["churn_requests"] > 0
     turns = [b for b in bodies if "prompt_cache_key" in b]
     assert len(turns) == 6 and len(bodies) == 6 + out["churn_requests"]

@@ -107,7 +107,10 @@ def test_priority_policy_keeps_the_high_priority_prefix(tiny_llama_dir: Path, ma
             _turn(engine, p, None)
         cached, _ = _turn(engine, system + [9, 9, 9], None)
         assert cached == want, (policy, rid)
-        assert engine.stats().eviction_policy == policy
+        s = engine.stats()
+        assert s.eviction_policy == policy
+        # The live cache's regret: LRU evicted the 48-token prefix that came back.
+        assert s.cache_regret_tokens == ({"lru": 48} if policy == "lru" else {})
 
 
 def test_adaptive_policy_reports_every_candidates_regret(tiny_llama_dir: Path, make_engine) -> None:

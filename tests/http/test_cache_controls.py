@@ -31,6 +31,24 @@ def test_prompt_cache_retention_pins_the_prompt_for_that_long() -> None:
             _chat(prompt_cache_retention=bad).sampling(8, None)
 
 
+def test_the_responses_api_takes_the_same_cache_controls() -> None:
+    from radixserve.serving.http.responses import ResponsesRequest
+
+    def body(**kw: object) -> ResponsesRequest:
+        r = ResponsesRequest.model_validate({"model": "m", "input": "hi", **kw})
+        r.check()
+        return r
+
+    assert body(prompt_cache_retention="24h").pin_ttl_s() == 86400.0
+    assert body(prompt_cache_retention="in_memory").pin_ttl_s() is None
+    assert body().pin_ttl_s() is None and body().priority == 0
+    assert body(priority=5).priority == 5
+    with pytest.raises(APIError):
+        body(prompt_cache_retention="forever")
+    with pytest.raises(ValueError):
+        body(priority=10**6)
+
+
 def test_priority_fields_are_bounded() -> None:
     assert _chat(priority=7).priority == 7 and _chat().priority == 0
     with pytest.raises(ValueError):

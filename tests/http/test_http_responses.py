@@ -3,7 +3,8 @@
 The server (``agent_server``) runs the tiny random Llama with Qwen3's chat template, so a
 call is forced with ``tool_choice`` (a random model writes none on its own). Checked: the
 tool loop (function_call -> function_call_output -> answer) continued with
-``previous_response_id``, its ``cached_tokens`` covering the previous turn's prompt; the
+``previous_response_id``, its ``cached_tokens`` covering the previous turn's prompt and
+its turn finding the previous one's session lease (the chain's session key); the
 same conversation resent as items renders the same prompt; the streamed event sequence
 through the SDK's own stream reader; the store's tenancy and ``store: false``; malformed
 items and unsupported fields answered with a 400 (never a 500), and the body limit.
@@ -57,6 +58,14 @@ def args_of(call: Any) -> dict[str, Any]:
     return args
 
 
+def _lease_hits(srv: Server) -> int:
+    """Session-lease hits summed over the workers (a turn that found its session's lease)."""
+    r = httpx.get(
+        srv.url + "/get_server_info", headers={"Authorization": f"Bearer {AGENT_KEYS[0]}"}
+    )
+    return sum(w["engine"]["lease_hits_total"] for w in r.json()["workers"] if w["alive"])
+
+
 def test_tool_loop_continued_by_previous_response_id(agent_server: Server) -> None:
     client = sdk(agent_server)
     common: Any = {
@@ -78,6 +87,7 @@ def test_tool_loop_continued_by_previous_response_id(agent_server: Server) -> No
     assert not r1.output_text  # no markup leaks into a message
     assert r1.usage is not None and r1.usage.input_tokens > 0
     result = {"type": "function_call_output", "call_id": call.call_id, "output": "18 C, sunny"}
+    hits = _lease_hits(agent_server)
     r2 = client.responses.create(
         **common,
         previous_response_id=r1.id,
@@ -92,6 +102,8 @@ def test_tool_loop_continued_by_previous_response_id(agent_server: Server) -> No
     # The continued prompt starts with the whole previous prompt (whole pages of it cached).
     assert cached >= (r1.usage.input_tokens // PAGE) * PAGE - PAGE, (r1.usage, r2.usage)
     assert r2.usage.input_tokens > r1.usage.input_tokens
+    # previous_response_id is the session key (r1's id): r1's turn leased its path, r2 found it.
+    assert _lease_hits(agent_server) == hits + 1
     # The same conversation resent as items (no server state) renders the same prompt.
     items: Any = [{"role": "user", "content": "Weather in Paris?"}]
     items += [o.model_dump(exclude_none=True) for o in r1.output] + [result]

@@ -219,6 +219,7 @@ def _stats() -> p.StatsReply:
         "eviction_policy": "adaptive",
         "eviction_policy_active": "lfu",
         "eviction_regret_tokens": {"lru": 64, "lfu": 8},
+        "cache_regret_tokens": {"lfu": 16},
         "memory": {
             "device": "cpu",
             "allocated_bytes": 5,
@@ -291,6 +292,8 @@ def test_metrics_exposition_parses() -> None:
         samples[("radixserve_eviction_regret_tokens_total", (("policy", "lru"), ("worker", "0")))]
         == 64
     )
+    live = (("policy", "lfu"), ("worker", "0"))  # the live cache's own regret
+    assert samples[("radixserve_cache_regret_tokens_total", live)] == 16
     assert (
         "radixserve_kv_pages_free",
         (("worker", "1"),),

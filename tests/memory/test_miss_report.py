@@ -87,6 +87,31 @@ def test_an_evicted_prefix_names_the_policy_and_when() -> None:
     assert d.at == d.cached_tokens < 20
 
 
+def test_the_live_cache_counts_its_own_policys_regret() -> None:
+    """Whatever the policy (not only adaptive's shadows): the pages right after a prompt's
+    match that the policy evicted within the horizon are its regret; past the horizon, never
+    cached, or flushed, they are not."""
+    cache, clock = make(12, page_size=4)
+    assert cache.misses is not None
+    cache.eviction.set_policy("slru", horizon_s=60.0)
+    first = list(range(1, 21))  # 5 pages
+    turn(cache, first)
+    clock.now += 1.0
+    turn(cache, list(range(100, 140)))  # 10 pages: slru evicts 3 of first's tail
+    clock.now += 2.0
+    m = cache.match_prefix(first)
+    assert m.matched_len == 8
+    assert cache.misses.regret(first, None, m.node) == 12
+    assert cache.misses.stats.as_dict()["cache_regret_tokens"] == {"slru": 12}
+    assert cache.misses.regret(list(range(900, 920)), None, None) == 0  # never cached
+    clock.now += 100.0  # past the horizon: evicted long enough ago
+    assert cache.misses.regret(first, None, m.node) == 0
+    clock.now -= 100.0
+    cache.reset()  # a flush is no policy's regret
+    assert cache.misses.regret(list(range(100, 140)), None, None) == 0
+    assert cache.misses.stats.regret == {"slru": 12}
+
+
 def test_a_lost_lease_is_named_as_the_reason() -> None:
     cache, clock = make(40)
     cache.leases.config = LeaseConfig(default_s=3.0, min_s=1.0, cap_s=10.0)

@@ -40,11 +40,15 @@ class EvictionControl:
         self.active = "lru"  # what the indexes follow now (adaptive's current choice)
         self.key = policy_key("lru")
         self.tracker: RegretTracker | None = None
+        # Regret's horizon: a page recomputed this soon after its eviction was evicted too
+        # early (the shadows' and the live cache's regret, memory.miss_report).
+        self.horizon_s = 120.0
 
     def set_policy(self, name: str, window: int = 32, horizon_s: float = 120.0) -> None:
         if name not in POLICIES:
             raise ValueError(f"unknown eviction policy {name!r}: one of {', '.join(POLICIES)}")
         self.policy = name
+        self.horizon_s = horizon_s
         if name == "adaptive" and self._rekey is not None:
             self.tracker = RegretTracker(
                 max(1, self.capacity),

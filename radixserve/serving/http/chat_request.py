@@ -38,6 +38,7 @@ class ChatCall(NamedTuple):
     session: str | None = None
     template_kwargs: str | None = None
     cache_salt: str | None = None  # the client's; the tenant's key is folded in by open_stream
+    priority: int = 0  # cache priority (--eviction-policy priority), as the chat API's field
 
 
 class Answer(NamedTuple):
@@ -89,6 +90,7 @@ def open_stream(g: Gateway, request: Request, call: ChatCall) -> AsyncGenerator[
         params=chat_tools.constrain(call.params, call.plan),
         cache_salt=tenant_cache_salt(request_key(request.scope), call.cache_salt),
         session_id=call.session,
+        priority=call.priority,
         tools=call.plan.tools_json,
         chat_template_kwargs=call.template_kwargs,
     )

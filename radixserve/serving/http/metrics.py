@@ -157,6 +157,12 @@ class _WorkerFamilies:
             "(shadow caches; adaptive only)",
             labels=["worker", "policy"],
         )
+        self.live_regret = CounterMetricFamily(
+            f"{PREFIX}_cache_regret_tokens",
+            "tokens the cache recomputed within the horizon of evicting them, by the policy "
+            "that evicted them (the live cache, every policy)",
+            labels=["worker", "policy"],
+        )
         self.leased = _gauge(
             "kv_leased_pages", "radix-cache pages on a session's leased path (evicted last)"
         )
@@ -250,6 +256,8 @@ class _WorkerFamilies:
             self.top_positions.add_metric([*wid, str(e["index"])], float(e["count"]))
         for reason, n in (eng.get("cache_miss_reasons") or {}).items():
             self.reasons.add_metric([*wid, str(reason)], float(n))
+        for name, tokens in (eng.get("cache_regret_tokens") or {}).items():
+            self.live_regret.add_metric([*wid, str(name)], float(tokens))
 
     def all(self) -> tuple[Any, ...]:
         return (
@@ -263,6 +271,7 @@ class _WorkerFamilies:
             self.leased,
             self.policy,
             self.regret,
+            self.live_regret,
             self.divergence,
             self.top_positions,
             self.reasons,

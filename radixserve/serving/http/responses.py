@@ -36,6 +36,7 @@ from radixserve.serving.http.chat_request import (
 from radixserve.serving.http.chat_tools import template_kwargs
 from radixserve.serving.http.errors import APIError, invalid
 from radixserve.serving.http.gateway import Gateway
+from radixserve.serving.http.openai_protocol import retention_seconds
 from radixserve.serving.http.responses_store import ResponseStore, tenant_of
 from radixserve.serving.http.responses_stream import events
 from radixserve.serving.http.sse import SSEResponse
@@ -78,6 +79,10 @@ class ResponsesRequest(_Body):
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     user: str | None = Field(default=None, max_length=256)
     prompt_cache_key: str | None = Field(default=None, max_length=256)
+    # The chat API's cache controls: OpenAI's prompt_cache_retention ("in_memory", or a time
+    # such as "24h": the prompt prefix pinned that long, within the pin budget) and priority.
+    prompt_cache_retention: str | None = Field(default=None, max_length=16)
+    priority: int = Field(default=0, ge=-1000, le=1000)
     reasoning: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
     truncation: str | None = None
@@ -97,6 +102,12 @@ class ResponsesRequest(_Body):
             )
         if not self.input and self.previous_response_id is None:
             raise invalid("input must not be empty", param="input")
+        self.pin_ttl_s()  # a bad prompt_cache_retention fails before anything runs
+
+    def pin_ttl_s(self) -> float | None:
+        """``prompt_cache_retention`` as the prompt prefix's pin (None: no pin)."""
+        retention = self.prompt_cache_retention
+        return None if retention is None else retention_seconds(retention)
 
     def constraint(self) -> str | None:
         """``text.format`` as a JSON schema constraint (``json_schema`` / ``json_object``)."""
@@ -220,9 +231,10 @@ async def prepare(body: ResponsesRequest, request: Request) -> tuple[Turn, ChatC
         temperature=body.temperature,
         top_p=body.top_p,
         json_schema=constraint,
+        pin_ttl_s=body.pin_ttl_s(),
     )
     kwargs = template_kwargs(body.chat_template_kwargs)
-    call = ChatCall(messages, params, plan, turn.session or None, kwargs)
+    call = ChatCall(messages, params, plan, turn.session or None, kwargs, priority=body.priority)
     return turn, call
 
 

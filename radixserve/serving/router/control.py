@@ -69,12 +69,9 @@ class ControlOps:
         out: p.WorkerStatsRequest | p.WorkerFlush | p.WorkerCloseSession
         if isinstance(msg, p.CloseSession):
             op.ok = False  # "released": some worker held the session's lease
-            self._dispatcher.forget_session(msg.session_id)
-            out = p.WorkerCloseSession(
-                token=token,
-                session_id=msg.session_id,
-                namespace=cache_namespace(msg.namespace, msg.cache_salt),
-            )
+            namespace = cache_namespace(msg.namespace, msg.cache_salt)
+            self._dispatcher.forget_session(msg.session_id, namespace)
+            out = p.WorkerCloseSession(token=token, session_id=msg.session_id, namespace=namespace)
         elif kind == "stats":
             out = p.WorkerStatsRequest(token=token)
         else:

@@ -147,7 +147,8 @@ class Dispatcher:
         self.max_sessions = max_sessions
         self.tries: dict[int, PrefixTrie] = {}
         self.views: dict[int, WorkerKVView] = {}  # prefix_source="events": fed by the router
-        self._sessions: OrderedDict[str, int] = OrderedDict()
+        # (cache namespace, session id) -> worker: a tenant's session ids never meet another's.
+        self._sessions: OrderedDict[tuple[str | None, str], int] = OrderedDict()
         self._pending: dict[str, tuple[int, tuple[int, ...]]] = {}  # rid -> (worker, trie key)
         self._rr = 0
 
@@ -166,9 +167,10 @@ class Dispatcher:
         for sid in [s for s, w in self._sessions.items() if w == worker_id]:
             del self._sessions[sid]
 
-    def forget_session(self, session_id: str) -> None:
-        """The session closed: its next request (if any) is routed like a new one."""
-        self._sessions.pop(session_id, None)
+    def forget_session(self, session_id: str, namespace: str | None = None) -> None:
+        """The session closed (in ``namespace``, its tenant's): its next request (if any) is
+        routed like a new one."""
+        self._sessions.pop((namespace, session_id), None)
 
     def flush(self) -> None:
         """The workers' caches were flushed: forget every prefix."""
@@ -211,17 +213,18 @@ class Dispatcher:
             raise ValueError("no live worker")
         key = tuple(tokens) if namespace is None else (namespace_token(namespace), *tokens)
         held = _Lookup(self, key, tokens, namespace)
+        skey = None if session_id is None else (namespace, session_id)
         decision = self._choose(
-            held, len(tokens), {w: self.load(o) for w, o in loads.items()}, session_id
+            held, len(tokens), {w: self.load(o) for w, o in loads.items()}, skey
         )
         self.add_worker(decision.worker_id)
         if rid is not None:
             self.ended(rid)  # a retry: its earlier worker's record is void
             self._pending[rid] = (decision.worker_id, key)
         self.tries[decision.worker_id].insert(key, pending=rid is not None)
-        if session_id is not None:
-            self._sessions[session_id] = decision.worker_id
-            self._sessions.move_to_end(session_id)
+        if skey is not None:
+            self._sessions[skey] = decision.worker_id
+            self._sessions.move_to_end(skey)
             while len(self._sessions) > self.max_sessions:
                 self._sessions.popitem(last=False)
         return decision
@@ -243,11 +246,11 @@ class Dispatcher:
         held: _Lookup,
         prompt_len: int,
         loads: Mapping[int, float],
-        session_id: str | None,
+        session: tuple[str | None, str] | None,
     ) -> Decision:
         ids = sorted(loads)
-        if session_id is not None and self._sessions.get(session_id) in loads:
-            wid = self._sessions[session_id]
+        if session is not None and self._sessions.get(session) in loads:
+            wid = self._sessions[session]
             # A session stays with the worker that holds its KV (its lease) unless that worker
             # is overloaded beyond the balance thresholds; then it moves like any request.
             if not self.imbalanced(loads[wid], min(loads.values())):

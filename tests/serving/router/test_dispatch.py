@@ -107,6 +107,20 @@ def test_round_robin_and_sessions() -> None:
     assert s.choose([9, 9, 9], {1: 0}, session_id="prog").worker_id == 1
 
 
+def test_sessions_are_per_tenant_namespace() -> None:
+    """Two tenants using the same session id keep their own workers, and closing one
+    tenant's session forgets only its route."""
+    d = Dispatcher("cache_aware")
+    a = d.choose([1, 2, 3], {0: 0, 1: 50}, session_id="s", namespace="tenant-a").worker_id
+    b = d.choose([4, 5, 6], {0: 50, 1: 0}, session_id="s", namespace="tenant-b").worker_id
+    assert (a, b) == (0, 1)
+    assert d.choose([7], {0: 40, 1: 0}, session_id="s", namespace="tenant-a").reason == "session"
+    assert d.choose([7], {0: 0, 1: 40}, session_id="s", namespace="tenant-b").worker_id == 1
+    d.forget_session("s", "tenant-a")
+    assert d.choose([8], {0: 40, 1: 0}, session_id="s", namespace="tenant-a").reason != "session"
+    assert d.choose([8], {0: 0, 1: 40}, session_id="s", namespace="tenant-b").reason == "session"
+
+
 def test_errors() -> None:
     with pytest.raises(ValueError):
         Dispatcher("nope")  # type: ignore[arg-type]
