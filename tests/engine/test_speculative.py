@@ -188,7 +188,10 @@ def test_stop_string_inside_a_draft(engines: dict[str, Engine]) -> None:
             "speculative_num_tokens must be in",
         ),
         ({"speculative_algorithm": "ngram", "overlap_schedule": "on"}, "overlap scheduling"),
-        ({"speculative_algorithm": "ngram", "quantization": "int8"}, "quantized weights"),
+        (
+            {"speculative_algorithm": "ngram", "quantization": "int8", "quant_dense_cache": True},
+            "quant_dense_cache",
+        ),
         ({"speculative_algorithm": "ngram", "kv_cache_dtype": "int8"}, "quantized KV cache"),
         ({"speculative_algorithm": "radix", "disable_radix_cache": True}, "radix cache"),
         ({"speculative_algorithm": "ngram", "tensor_parallel_size": 2}, "parallelism"),
