@@ -307,8 +307,10 @@ class EngineConfig:
         why = "speculative decoding does not support {} yet"
         if torch.device(self.device).type != "cpu":
             errors.append(why.format(f"the {self.device} device (it runs on the CPU)"))
-        if self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1:
-            errors.append(why.format("tensor or pipeline parallelism"))
+        if self.pipeline_parallel_size > 1:
+            errors.append(why.format("pipeline parallelism"))
+        if self.tensor_parallel_size > 1 and self.speculative_algorithm == "draft":
+            errors.append(why.format("tensor parallelism with a draft model"))
         if self.quantization not in (None, "int8", "int4"):
             errors.append(why.format(f"{self.quantization} weights (int8 and int4 only)"))
         if self.quantization is not None and self.quant_dense_cache:

@@ -194,7 +194,7 @@ def test_stop_string_inside_a_draft(engines: dict[str, Engine]) -> None:
         ),
         ({"speculative_algorithm": "ngram", "kv_cache_dtype": "int8"}, "quantized KV cache"),
         ({"speculative_algorithm": "radix", "disable_radix_cache": True}, "radix cache"),
-        ({"speculative_algorithm": "ngram", "tensor_parallel_size": 2}, "parallelism"),
+        ({"speculative_algorithm": "ngram", "pipeline_parallel_size": 2}, "pipeline parallelism"),
     ],
 )
 def test_unsupported_combinations_refused_at_start(
