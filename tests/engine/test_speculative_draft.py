@@ -308,6 +308,10 @@ def test_retraction_and_a_full_draft_pool(base: Engine, tiny_llama_hd64_dir: Pat
             assert tokens_of(got[rid]) == tokens_of(ref)
         stats = spec.stats()
         assert stats.retractions_total > 0
+        # The draft pool in the stats: as many pages as the model's, every one back.
+        assert stats.spec_draft_pages == spec.allocator.num_pages
+        assert stats.spec_draft_pages_free + stats.spec_draft_pages_evictable == 24
+        assert stats.spec_draft_pool_bytes > 0
         # The target as draft: its KV kept through the retraction is still right.
         assert 0 < stats.spec_accepted_tokens_total == stats.spec_drafted_tokens_total
         _all_back(spec)
