@@ -2,7 +2,8 @@
 (tiny random Llama, bfloat16, greedy): a grammar (regex, JSON schema), penalties and a
 pending ``min_tokens``. Output tokens and logprobs identical to decoding without
 speculation; a draft is cut at the first token the grammar forbids, and the matcher ends at
-exactly the tokens that stood (invariants after every step, every page back)."""
+exactly the tokens that stood (invariants after every step, every page back). Sampled
+requests under a grammar draft too, their outputs valid."""
 
 from __future__ import annotations
 
@@ -196,3 +197,24 @@ def test_min_tokens_block_lifts_inside_a_verify_run(engines: dict[str, Engine]) 
                 assert last.finish_reason == "stop"
                 return
     raise AssertionError("no min_tokens boundary fell inside a verify run")
+
+
+def test_sampled_requests_under_a_grammar_draft_and_stay_valid(
+    engines: dict[str, Engine],
+) -> None:
+    """Sampled constrained requests draft too (rejection sampling over the masked rows):
+    every output matches its schema, and drafts were verified and some stood."""
+    spec = engines["spec"]
+    assert spec.flush_cache()
+    params = [
+        SamplingParams(max_tokens=60, temperature=0.5, seed=s, json_schema=ARRAY_SCHEMA)
+        for s in range(6)
+    ]
+    outs = spec.generate([PROMPTS[i % 2] for i in range(6)], params)
+    spec.check_invariants()
+    for o in outs:
+        if o.finish_reason == "stop":
+            assert set(json.loads(o.text)) <= {"red", "green", "blue"}, o.text
+        else:
+            assert o.text.startswith("[") and o.finish_reason == "length"
+    assert sum(o.usage.spec_accepted_tokens for o in outs) > 0
