@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_helpers import random_prompts, run_to_completion, tokens_of
+from engine_helpers import logprobs_of, random_prompts, solo, tokens_of
 
 from radixserve.engine.engine import Engine
 from radixserve.engine.outputs import StepOutput
@@ -52,23 +52,12 @@ def engines(tiny_llama_hd64_dir: Path) -> Iterator[dict[str, Engine]]:
         e.close()
 
 
-def _solo(engine: Engine, prompt: list[int], params: SamplingParams) -> list[StepOutput]:
-    """``prompt`` decoded alone from an empty cache (as test_speculative's)."""
-    assert engine.flush_cache()
-    rid = engine.add_request(prompt, params)
-    return run_to_completion(engine)[rid]
-
-
-def _lps(outs: list[StepOutput]) -> list[object]:
-    return [lp for o in outs for lp in (o.new_logprobs or [])]
-
-
 def _same_output(engines: dict[str, Engine], prompt: list[int], params: SamplingParams) -> int:
     """The speculating engine's output equals the plain one's; returns the drafts accepted."""
-    want = _solo(engines["base"], prompt, params)
-    got = _solo(engines["spec"], prompt, params)
+    want = solo(engines["base"], prompt, params)
+    got = solo(engines["spec"], prompt, params)
     assert tokens_of(got) == tokens_of(want)
-    assert _lps(got) == _lps(want)
+    assert logprobs_of(got) == logprobs_of(want)
     assert got[-1].finish_reason == want[-1].finish_reason
     usage = got[-1].usage
     assert usage is not None and usage.spec_accepted_tokens <= usage.spec_drafted_tokens
@@ -127,18 +116,18 @@ def _with_oracle(
     """``prompt`` through the speculating engine with an :class:`_Oracle` of the plain
     engine's output as drafter: tokens and logprobs identical; the oracle and the last
     output back."""
-    want = _solo(engines["base"], prompt, params)
+    want = solo(engines["base"], prompt, params)
     speculation = engines["spec"].scheduler.speculation
     assert isinstance(speculation, Speculation)
     ngram = speculation.drafter
     oracle = _Oracle(tokens_of(want), len(prompt), **kw)  # type: ignore[arg-type]
     speculation.drafter = oracle
     try:
-        got = _solo(engines["spec"], prompt, params)
+        got = solo(engines["spec"], prompt, params)
     finally:
         speculation.drafter = ngram
     assert tokens_of(got) == tokens_of(want)
-    assert _lps(got) == _lps(want)
+    assert logprobs_of(got) == logprobs_of(want)
     assert got[-1].finish_reason == want[-1].finish_reason
     return oracle, got[-1]
 
@@ -186,11 +175,11 @@ def test_min_tokens_block_lifts_inside_a_verify_run(engines: dict[str, Engine]) 
     count (drafts before it included) reaches ``min_tokens``: a request that stops at the
     first position it may, inside a run of drafts, stops there with drafts too."""
     prompt = PROMPTS[1]
-    free = tokens_of(_solo(engines["base"], prompt, _params(40)))
+    free = tokens_of(solo(engines["base"], prompt, _params(40)))
     for stop in sorted(set(free[4:]), key=free[4:].count, reverse=True)[:3]:
         for m in range(6, 24):
             params = _params(40, stop_token_ids=[stop], min_tokens=m)
-            if len(tokens_of(_solo(engines["base"], prompt, params))) != m + 1:
+            if len(tokens_of(solo(engines["base"], prompt, params))) != m + 1:
                 continue  # it does not stop at the first position it may
             oracle, last = _with_oracle(engines, prompt, params, wrong=[])
             if any(done < m <= done + len(p) for done, p in oracle.proposals):

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_helpers import random_prompts, run_to_completion, tokens_of
+from engine_helpers import logprobs_of, random_prompts, run_to_completion, solo, tokens_of
 
 from radixserve.engine.engine import Engine
 from radixserve.engine.outputs import StepOutput
@@ -56,25 +56,15 @@ def engines(request: pytest.FixtureRequest, tiny_llama_hd64_dir: Path) -> Iterat
     spec.close()
 
 
-def _solo(engine: Engine, prompt: list[int], params: SamplingParams) -> list[StepOutput]:
-    assert engine.flush_cache()
-    rid = engine.add_request(prompt, params)
-    return run_to_completion(engine)[rid]
-
-
-def _lps(outs: list[StepOutput]) -> list[object]:
-    return [lp for o in outs for lp in (o.new_logprobs or [])]
-
-
 def test_quantized_greedy_identical_alone_and_beside_a_dense_chunk(
     engines: list[Engine],
 ) -> None:
     base, spec = engines
     accepted = 0
     for prompt in PROMPTS + PROMPTS:  # the second round drafts the first round's outputs
-        want, got = _solo(base, prompt, _params()), _solo(spec, prompt, _params())
+        want, got = solo(base, prompt, _params()), solo(spec, prompt, _params())
         assert tokens_of(got) == tokens_of(want)
-        assert _lps(got) == _lps(want)
+        assert logprobs_of(got) == logprobs_of(want)
         usage = got[-1].usage
         assert usage is not None
         accepted += usage.spec_accepted_tokens
@@ -83,7 +73,7 @@ def test_quantized_greedy_identical_alone_and_beside_a_dense_chunk(
     # a's drafts (its solo run's output) stand, so its verify rows (up to 9: past DENSE_FROM)
     # take the packed kernel beside the chunk's dense rows in one forward.
     long_prompt = random_prompts([70], seed=7)[0]
-    want_a, want_b = _solo(base, PROMPTS[0], _params()), _solo(base, long_prompt, _params(8))
+    want_a, want_b = solo(base, PROMPTS[0], _params()), solo(base, long_prompt, _params(8))
     assert spec.flush_cache()
     a = spec.add_request(PROMPTS[0], _params())
     got: dict[str, list[StepOutput]] = {}
@@ -93,7 +83,7 @@ def test_quantized_greedy_identical_alone_and_beside_a_dense_chunk(
     b = spec.add_request(long_prompt, _params(8))
     for rid, outs in run_to_completion(spec).items():
         got.setdefault(rid, []).extend(outs)
-    assert tokens_of(got[a]) == tokens_of(want_a) and _lps(got[a]) == _lps(want_a)
+    assert tokens_of(got[a]) == tokens_of(want_a) and logprobs_of(got[a]) == logprobs_of(want_a)
     # (b's chunks are cut otherwise than alone: tokens, as test_speculative's mixed batch.)
     assert tokens_of(got[b]) == tokens_of(want_b)
     usage = got[a][-1].usage
