@@ -71,3 +71,47 @@ def run_to_completion(
 
 def tokens_of(outs: list[StepOutput]) -> list[int]:
     return [t for o in outs for t in o.new_token_ids]
+
+
+def solo(engine: Engine, prompt: list[int], params: SamplingParams) -> list[StepOutput]:
+    """``prompt`` decoded alone from an empty cache (a cached prompt's last row would be
+    computed in a one-row step, on another kernel than the whole prompt's)."""
+    assert engine.flush_cache()
+    rid = engine.add_request(prompt, params)
+    return run_to_completion(engine)[rid]
+
+
+def logprobs_of(outs: list[StepOutput]) -> list[object]:
+    return [lp for o in outs for lp in (o.new_logprobs or [])]
+
+
+def speculative_mixed_batch(
+    base: Engine, spec: Engine, prompt: list[int], greedy_params: Callable[[int], SamplingParams]
+) -> dict[str, list[StepOutput]]:
+    """The speculative tests' mixed batch (a shared driver): ``prompt`` (greedy, 30 tokens)
+    prefills alone on ``spec``, then decodes, speculating, while a 70-token prompt (greedy,
+    12 tokens) prefills in chunks beside it and a sampled request (temperature 0.8, 12
+    tokens) decodes in the same steps; invariants after every step. Checks what holds for
+    every drafter: ``a`` has its solo output on ``base`` (tokens and logprobs), ``b`` its
+    tokens, ``c`` its length and no more accepted than drafted. Returns the outputs by
+    name (``a``, ``b``, ``c``) for the caller's own checks."""
+    long_prompt = random_prompts([70], seed=7)[0]
+    sampled = SamplingParams(max_tokens=12, temperature=0.8, seed=3, ignore_eos=True)
+    want_a = solo(base, prompt, greedy_params(30))
+    want_b = solo(base, long_prompt, greedy_params(12))
+    assert spec.flush_cache()
+    a = spec.add_request(prompt, greedy_params(30))
+    got: dict[str, list[StepOutput]] = {}
+    for o in spec.step():  # a's prefill alone, as in its solo run
+        got.setdefault(o.request_id, []).append(o)
+    b = spec.add_request(long_prompt, greedy_params(12))
+    c = spec.add_request(random_prompts([5], seed=9)[0], sampled)
+    for rid, outs in run_to_completion(spec).items():
+        got.setdefault(rid, []).extend(outs)
+    assert tokens_of(got[a]) == tokens_of(want_a)
+    assert logprobs_of(got[a]) == logprobs_of(want_a)
+    assert tokens_of(got[b]) == tokens_of(want_b)
+    assert len(tokens_of(got[c])) == 12
+    usage_c = got[c][-1].usage
+    assert usage_c is not None and usage_c.spec_accepted_tokens <= usage_c.spec_drafted_tokens
+    return {"a": got[a], "b": got[b], "c": got[c]}

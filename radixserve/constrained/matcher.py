@@ -11,6 +11,16 @@ lets through (:mod:`radixserve.constrained.utf8`).
 
 Retraction keeps a request's tokens, so it keeps its matcher: the recompute re-runs the
 model over prompt + output and samples the next token from the same grammar state.
+
+Speculative decoding (:meth:`GrammarMatcher.lookahead`): a draft is walked through the
+grammar before it is verified, cut at the first token the mask forbids, and the mask after
+each drafted token kept for the verify row that follows it (:meth:`GrammarMatcher.mask_at`);
+xgrammar's rollback then puts the matcher back where it was, so the scheduler advances it
+through the tokens that stood, one by one, exactly as without speculation::
+
+    matcher at t_last ── d1 ok ── d2 ok ── d3 forbidden: cut      draft = d1 d2
+    verify rows:  t_last  d1    d2
+    masks:        next    m(d1) m(d1 d2)                          (rolled back: state at t_last)
 """
 
 from __future__ import annotations
@@ -37,6 +47,11 @@ def all_tokens_but(words: int, tokens: Iterable[int]) -> np.ndarray:
     return mask.view(np.int32)
 
 
+def _allows(mask: torch.Tensor, token_id: int) -> bool:
+    """Whether bit ``token_id`` of a ``[1, words]`` int32 bitmask is set."""
+    return bool((int(mask[0, token_id // 32]) >> (token_id % 32)) & 1)
+
+
 class GrammarMatcher:
     """Accepts a request's sampled tokens and says which tokens may come next."""
 
@@ -52,6 +67,7 @@ class GrammarMatcher:
         self.num_accepted = 0
         self._can_only_end = False
         self._ends_in_lead = False  # the output's last byte is ED (utf8.SurrogateGuard)
+        self._ahead: list[torch.Tensor] = []  # masks after each drafted token (lookahead)
         self._refresh()
 
     @property
@@ -74,6 +90,7 @@ class GrammarMatcher:
         when the grammar does not allow ``token_id`` here."""
         if not self._m.accept_token(int(token_id)):
             return False
+        self._ahead = []
         if self.compiled.guard is not None:
             self._ends_in_lead = self.compiled.guard.after(self._ends_in_lead, int(token_id))
         self.num_accepted += 1
@@ -83,6 +100,45 @@ class GrammarMatcher:
     def replay(self, token_ids: Sequence[int]) -> bool:
         """Accept several tokens (a recreated matcher catching up with kept output)."""
         return all(self.accept(t) for t in token_ids)
+
+    def lookahead(self, draft: Sequence[int]) -> int:
+        """How many leading tokens of ``draft`` (speculative decoding) may follow here, one after
+        another; the mask after each of them is kept for :meth:`mask_at` until the next
+        :meth:`accept`. The matcher's state is left as it was.
+
+        The draft is cut before the first token the mask forbids, before a stop token (no row
+        follows a stop: the draft would end the request anyway, and a terminated grammar's
+        mask allows nothing), and after a token past which no token at all is allowed."""
+        saved = (self.next_mask.clone(), self._can_only_end, self._ends_in_lead)
+        stops = self.compiled.stop_token_ids
+        masks: list[torch.Tensor] = []
+        for t in draft:
+            t = int(t)
+            if (
+                self._can_only_end
+                or t in stops
+                or not 0 <= t < self.compiled.vocab_size
+                or not _allows(self.next_mask, t)
+                or not self._m.accept_token(t)
+            ):
+                break
+            if self.compiled.guard is not None:
+                self._ends_in_lead = self.compiled.guard.after(self._ends_in_lead, t)
+            self._refresh()
+            masks.append(self.next_mask.clone())
+            if not bool(self.next_mask.any()):
+                break
+        if masks:
+            self._m.rollback(len(masks))
+        self.next_mask.copy_(saved[0])
+        self._can_only_end, self._ends_in_lead = saved[1], saved[2]
+        self._ahead = masks
+        return len(masks)
+
+    def mask_at(self, j: int) -> torch.Tensor:
+        """The ``[1, words]`` mask of the row ``j`` tokens into the last :meth:`lookahead`
+        (0: :attr:`next_mask`, the mask after the tokens accepted so far)."""
+        return self.next_mask if j == 0 else self._ahead[j - 1]
 
     def _refresh(self) -> None:
         if self._m.is_terminated():

@@ -307,12 +307,21 @@ class EngineConfig:
         why = "speculative decoding does not support {} yet"
         if torch.device(self.device).type != "cpu":
             errors.append(why.format(f"the {self.device} device (it runs on the CPU)"))
-        if self.tensor_parallel_size > 1 or self.pipeline_parallel_size > 1:
-            errors.append(why.format("tensor or pipeline parallelism"))
-        if self.quantization is not None:
-            errors.append(why.format("quantized weights"))
+        if self.pipeline_parallel_size > 1:
+            errors.append(why.format("pipeline parallelism"))
+        if self.tensor_parallel_size > 1 and self.speculative_algorithm == "draft":
+            errors.append(why.format("tensor parallelism with a draft model"))
+        if self.quantization not in (None, "int8", "int4"):
+            errors.append(why.format(f"{self.quantization} weights (int8 and int4 only)"))
+        if self.quantization is not None and self.quant_dense_cache:
+            # Its decoded copy takes over from 4 rows (int4): a 4-row prefill chunk beside a
+            # verify row would not get the kernel it runs alone.
+            errors.append(why.format("quant_dense_cache"))
         if self.kv_cache_dtype != "auto":
-            errors.append(why.format("a quantized KV cache"))
+            # Its pages are read by the torch attention path, whose rows' sums depend on the
+            # batch (the native kernel, row-exact, reads unquantized pages only): verify rows
+            # would not get a decode row's bits.
+            errors.append(why.format("a quantized KV cache (its attention path is not row-exact)"))
         if self.overlap_schedule == "on":
             errors.append(why.format("overlap scheduling"))
         if self.attention_backend != "torch":

@@ -391,6 +391,7 @@ class Engine:
             spec_verifies_total=c.spec_verifies,
             spec_drafted_tokens_total=c.spec_drafted_tokens,
             spec_accepted_tokens_total=c.spec_accepted_tokens,
+            **(s.speculation.drafter.pool_stats() if s.speculation is not None else {}),
             **hicache_stats(self.cache),
             **lease_stats(self.cache),
             **miss_stats(self.cache),

@@ -168,6 +168,13 @@ class EngineStats(msgspec.Struct, frozen=True):
     spec_verifies_total: int = 0
     spec_drafted_tokens_total: int = 0
     spec_accepted_tokens_total: int = 0
+    # The draft model's own KV pool (``--speculative-algorithm draft``; zero otherwise): its
+    # pages (total, free, cached and evictable) and bytes. It is allocated beside the model's
+    # pool, outside the memory planner's budget (docs/speculative.md).
+    spec_draft_pages: int = 0
+    spec_draft_pages_free: int = 0
+    spec_draft_pages_evictable: int = 0
+    spec_draft_pool_bytes: int = 0
     # Miss reports (memory.miss_report). Reasons: requests that asked, or all with
     # --cache-report. Divergence positions: every admitted prompt (a cumulative histogram,
     # bucket upper bound in tokens -> prompts, and the most frequent positions with their

@@ -143,6 +143,7 @@ class Sampler:
         decoding); None: no row verifies one."""
         params = [r.params for r in rows]
         n = len(rows)
+        ahead = drafts_before(rows, drafts)
         lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         lp_k = [params[i].logprobs or 0 for i in lp_rows]
         if lp_rows:
@@ -151,7 +152,7 @@ class Sampler:
         pen = [i for i, p in enumerate(params) if has_penalties(p)]
         pen_step = None
         if pen:  # the tables live on the device: only their row numbers and new tokens travel
-            pen_step = self.penalty_counts.plan([rows[i] for i in pen])
+            pen_step = self.penalty_counts.plan([rows[i] for i in pen], [ahead[i] for i in pen])
             layout.ints("s.pen_rows", pen)
             layout.ints("s.pen_slots", pen_step.slots)
             if pen_step.reset:
@@ -160,23 +161,16 @@ class Sampler:
                 layout.ints("s.pen_add_slot", pen_step.add_slot)
                 layout.ints("s.pen_add_tok", pen_step.add_tok)
                 layout.ints("s.pen_add_out", pen_step.add_out)
+            if pen_step.ahead_row:
+                layout.ints("s.pen_ahead_row", pen_step.ahead_row)
+                layout.ints("s.pen_ahead_tok", pen_step.ahead_tok)
+            if pen_step.advance and len(pen_step.advance) < len(pen):
+                layout.ints("s.pen_adv", pen_step.advance)
             layout.floats("s.rep_pen", [params[i].repetition_penalty for i in pen])
             layout.floats("s.freq_f", [params[i].frequency_penalty for i in pen])
             layout.floats("s.freq_p", [params[i].presence_penalty for i in pen])
 
-        blocked_r: list[int] = []
-        blocked_t: list[int] = []
-        for i, r in enumerate(rows):
-            p = r.params
-            if p.min_tokens and len(r.token_ids) - r.prompt_len < p.min_tokens:
-                ids = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
-                for t in ids:
-                    if 0 <= t < self.vocab_size:
-                        blocked_r.append(i)
-                        blocked_t.append(t)
-        if blocked_r:
-            layout.ints("s.block_r", blocked_r)
-            layout.ints("s.block_t", blocked_t)
+        blocked = self._stage_min_tokens(rows, ahead, layout)
 
         biased = stage_bias(params, layout, self.vocab_size)
 
@@ -184,7 +178,10 @@ class Sampler:
         constrained = [i for i, g in enumerate(grammars) if g is not None]
         if constrained:
             layout.ints("s.mask_rows", constrained)
-            masks = [g.next_mask for g in grammars if g is not None]
+            # A verify row's mask is the grammar's after the drafts before it (lookahead).
+            masks = [
+                g.mask_at(len(ahead[i] or ())) for i, g in enumerate(grammars) if g is not None
+            ]
             layout.int_tensor("s.mask", torch.cat(masks))
         eos_guard = [i for i in constrained if params[i].ignore_eos] if len(self._eos) else []
 
@@ -214,7 +211,7 @@ class Sampler:
             lp_k,
             max(lp_k, default=0),
             pen_step,
-            len(blocked_r),
+            blocked,
             constrained,
             eos_guard,
             top_k_max,
@@ -223,6 +220,27 @@ class Sampler:
             biased,
             verifies,
         )
+
+    def _stage_min_tokens(
+        self, rows: Sequence[SamplingRow], ahead: list[list[int] | None], layout: StagingLayout
+    ) -> int:
+        """Stage the (row, token) pairs ``min_tokens`` blocks (EOS and stop ids while the
+        output, drafts before a verify row included, is short); returns how many."""
+        blocked_r: list[int] = []
+        blocked_t: list[int] = []
+        for i, r in enumerate(rows):
+            p = r.params
+            out = len(r.token_ids) - r.prompt_len + len(ahead[i] or ())
+            if p.min_tokens and out < p.min_tokens:
+                ids = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
+                for t in ids:
+                    if 0 <= t < self.vocab_size:
+                        blocked_r.append(i)
+                        blocked_t.append(t)
+        if blocked_r:
+            layout.ints("s.block_r", blocked_r)
+            layout.ints("s.block_t", blocked_t)
+        return len(blocked_r)
 
     def _stage_drafts(
         self, rows: Sequence[SamplingRow], drafts: Sequence[int] | None, layout: StagingLayout
@@ -273,9 +291,7 @@ class Sampler:
         else:
             chosen = self._draw(logits, plan, staged, draft_probs)
         if plan.penalties is not None:  # next step's tables already hold this step's tokens
-            self.penalty_counts.advance(
-                staged.i("s.pen_slots"), chosen.index_select(0, staged.i("s.pen_rows"))
-            )
+            self._advance_penalties(plan.penalties, staged, chosen)
         dev = logits.device
         if raw_lp is None:
             empty = torch.empty(0, dtype=torch.float32, device=dev)
@@ -289,6 +305,15 @@ class Sampler:
             raw_lp.topk(plan.k_max, dim=-1) if plan.k_max else (raw_lp[:, :0], raw_lp[:, :0].long())
         )
         return SampleTensors(chosen, chosen_lp, top_i, top_v)
+
+    def _advance_penalties(self, step: PenaltyStep, staged: Staged, chosen: torch.Tensor) -> None:
+        slots, rows = staged.i("s.pen_slots"), staged.i("s.pen_rows")
+        if not step.advance:  # every penalized row verifies drafts
+            return
+        if len(step.advance) < len(step.slots):
+            adv = staged.i("s.pen_adv")
+            slots, rows = slots.index_select(0, adv), rows.index_select(0, adv)
+        self.penalty_counts.advance(slots, chosen.index_select(0, rows))
 
     def _processed(self, logits: torch.Tensor, plan: SamplingPlan, staged: Staged) -> torch.Tensor:
         """Penalties, min_tokens blocks, logit biases and grammar masks applied (a copy when
@@ -304,6 +329,9 @@ class Sampler:
                 staged.i("s.pen_reset") if step.reset else None,
                 (staged.i("s.pen_add_slot"), staged.i("s.pen_add_tok"), staged.i("s.pen_add_out"))
                 if step.add_slot
+                else None,
+                (staged.i("s.pen_ahead_row"), staged.i("s.pen_ahead_tok"))
+                if step.ahead_row
                 else None,
             )
             rows = staged.i("s.pen_rows")
@@ -396,6 +424,34 @@ class Sampler:
         if self._staging is None or self._staging.device != device:
             self._staging = StagingBuffer(device)
         return self._staging
+
+
+def drafts_before(
+    rows: Sequence[SamplingRow], drafts: Sequence[int] | None
+) -> list[list[int] | None]:
+    """Per row, the drafted tokens that come before it in its request's verify rows (``[]``
+    for the row of the request's last token), or None for a row that verifies nothing (a
+    request that did not draft). A verify row's grammar mask, ``min_tokens`` block and
+    penalty counts are those of the request's tokens followed by these drafts.
+
+    ``drafts``: per row, the draft it verifies (``NO_DRAFT``: none); a request's ``1 + k``
+    rows follow each other, so the drafts before row ``j`` are the ``drafts`` of its ``j``
+    rows before."""
+    n = len(rows)
+    if drafts is None:
+        return [None] * n
+    out: list[list[int] | None] = []
+    i = 0
+    while i < n:
+        j = i + 1
+        while j < n and rows[j] is rows[i]:
+            j += 1
+        if j == i + 1 and drafts[i] == NO_DRAFT:
+            out.append(None)
+        else:
+            out += [list(drafts[i:m]) for m in range(i, j)]
+        i = j
+    return out
 
 
 def unpack_samples(plan: SamplingPlan, host: Sequence[list[float]]) -> SampleResult:

@@ -88,6 +88,13 @@ class PenaltyStep(NamedTuple):
     add_tok: list[int]  #   the token,
     add_out: list[int]  #   1 when it is an output token (counted for frequency/presence)
     capacity: int  # table rows the device tables need
+    # Speculative decoding: a verify row's drafts before it, counted as output tokens in the
+    # step's gathered rows only (position in ``slots``, token); never in the tables.
+    ahead_row: list[int]
+    ahead_tok: list[int]
+    # Positions in ``slots`` whose sampled token advance() counts (a verifying request's rows
+    # are not: its accepted tokens are folded in from its token list next step).
+    advance: list[int]
 
 
 class _Entry:
@@ -118,11 +125,24 @@ class PenaltyCounts:
 
     # -- host half -------------------------------------------------------------------------
 
-    def plan(self, rows: Sequence[Any]) -> PenaltyStep:
+    def plan(
+        self, rows: Sequence[Any], ahead: Sequence[list[int] | None] | None = None
+    ) -> PenaltyStep:
         """Table rows of ``rows`` (each with ``token_ids`` and ``prompt_len``) and what is new to
-        them; counts each row's next sampled token as already folded in (see :meth:`advance`)."""
-        step = PenaltyStep([], [], [], [], [], 0)
-        for r in rows:
+        them; counts each row's next sampled token as already folded in (see :meth:`advance`).
+
+        ``ahead`` (speculative decoding): per row, the drafts before it among its request's
+        verify rows (``[]`` for the first; None: not a verify row). A request's later verify
+        rows read its table row plus their drafts; none of its rows advances the table, so
+        the tokens that stood are folded in from its token list at its next step."""
+        step = PenaltyStep([], [], [], [], [], 0, [], [], [])
+        for i, r in enumerate(rows):
+            a = ahead[i] if ahead is not None else None
+            if a:  # a later verify row of the request planned just before
+                step.ahead_row.extend([len(step.slots)] * len(a))
+                step.ahead_tok.extend(a)
+                step.slots.append(step.slots[-1])
+                continue
             e = self._entries.pop(id(r), None)
             if e is not None and e.row() is not r:  # a dead row's id reused
                 self._free.append(e.slot)
@@ -140,9 +160,11 @@ class PenaltyCounts:
             step.add_slot.extend([e.slot] * len(new))
             step.add_tok.extend(new)
             step.add_out.extend(int(e.counted + k >= r.prompt_len) for k in range(len(new)))
-            e.counted = (
-                len(ids) + 1
-            )  # this step's sampled token, counted on the device by advance()
+            if a is None:  # this step's sampled token, counted on the device by advance()
+                e.counted = len(ids) + 1
+                step.advance.append(len(step.slots))
+            else:
+                e.counted = len(ids)
             step.slots.append(e.slot)
         return step._replace(capacity=self.capacity)
 
@@ -166,9 +188,11 @@ class PenaltyCounts:
         slots: torch.Tensor,
         reset: torch.Tensor | None,
         add: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+        ahead: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> PenaltyTables:
         """Fold the planned tokens in and gather the step's rows. ``slots``/``reset``/``add``
-        (slot, token, is-output) are ``step``'s lists as device int64 tensors (staged)."""
+        (slot, token, is-output)/``ahead`` (row, draft) are ``step``'s lists as device int64
+        tensors (staged)."""
         self._ensure(step.capacity)
         assert self._seen is not None and self._counts is not None
         if reset is not None:
@@ -178,7 +202,14 @@ class PenaltyCounts:
             a_slot, a_tok, a_out = add
             self._seen[a_slot, a_tok] = True
             self._counts.index_put_((a_slot, a_tok), a_out.to(torch.float32), accumulate=True)
-        return PenaltyTables(self._seen.index_select(0, slots), self._counts.index_select(0, slots))
+        seen, counts = self._seen.index_select(0, slots), self._counts.index_select(0, slots)
+        if ahead is not None:  # verify rows: their drafts count as output, in this copy only
+            h_row, h_tok = ahead
+            seen[h_row, h_tok] = True
+            counts.index_put_(
+                (h_row, h_tok), torch.ones_like(h_tok, dtype=torch.float32), accumulate=True
+            )
+        return PenaltyTables(seen, counts)
 
     def advance(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
         """Count this step's sampled ``tokens`` (one per planned row, device) as output tokens."""

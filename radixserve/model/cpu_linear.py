@@ -33,6 +33,7 @@ so ``state_dict`` and tied embeddings are untouched); for SmolLM2 in float32 tha
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from torch import nn
@@ -163,8 +164,14 @@ class RowInvariantLinears:
     on ``gemv_rows`` and oneDNN on ``onednn_rows`` (one weight pass each; the native decoder
     stack steps aside for a split forward), and the LM head, whose rows all sample, runs
     cpu_gemv on all of them. :meth:`off` restores the layers. Layers that never run cpu_gemv
-    (no kernel, a batch-invariant head kept on oneDNN) make the model unfit:
-    :attr:`complete` is False.
+    (no kernel, a batch-invariant head kept on oneDNN in a model without quantized layers)
+    make the model unfit: :attr:`complete` is False.
+
+    Quantized layers (int8/int4 on cpu_gemv's kernels, which compute each row on its own):
+    the one-row rows run the packed kernel at any count, the others the path their count
+    picks (packed, or decode-then-GEMM past ``dense_min_rows``), as alone. A quantized
+    model's head stays on oneDNN at every row count (``batch_invariant_head``), with or
+    without speculation.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -173,7 +180,18 @@ class RowInvariantLinears:
         self.head = head if isinstance(head, PackedLinear) else None
         self._layers = [m for m in packed if m is not head]
         self._rows = {m: m.gemv_max_rows for m in packed}
-        self.complete = bool(packed) and all(rows > 0 for rows in self._rows.values())
+        # Quantized linears (quant.linear.QuantizedLinear, which imports this module): by the
+        # attributes this class sets.
+        self._quant: list[Any] = [m for m in model.modules() if hasattr(m, "dense_min_rows")]
+        self._dense_rows: dict[nn.Module, int] = {}
+        self._head_fixed = (
+            bool(self._quant) and self.head is not None and self._rows[self.head] == 0
+        )
+        self.complete = (
+            bool(packed or self._quant)
+            and all(r > 0 for m, r in self._rows.items() if not (self._head_fixed and m is head))
+            and all(getattr(q, "gemv", False) and not q.reference for q in self._quant)
+        )
 
     def on(self, rows: str | tuple[torch.Tensor, torch.Tensor]) -> None:
         """The next forward's decoder-layer rows: all on ``"gemv"``, all on ``"onednn"``, or
@@ -186,13 +204,24 @@ class RowInvariantLinears:
             else:
                 assert isinstance(rows, tuple)
                 m.row_split = rows
-        if self.head is not None:
+        for q in self._quant:
+            if rows == "gemv":  # the native decoder stack reads it too
+                self._dense_rows[q] = q.dense_min_rows
+                q.dense_min_rows = ROW_INVARIANT_ROWS
+            elif rows != "onednn":
+                assert isinstance(rows, tuple)
+                q.row_split = rows
+        if self.head is not None and not self._head_fixed:
             self.head.gemv_max_rows = ROW_INVARIANT_ROWS
 
     def off(self) -> None:
         for m, rows in self._rows.items():
             m.gemv_max_rows = rows
             m.row_split = None
+        for q in self._quant:
+            q.row_split = None
+            if q in self._dense_rows:
+                q.dense_min_rows = self._dense_rows.pop(q)
 
 
 def onednn_linear_supported(dtype: torch.dtype) -> bool:

@@ -151,7 +151,11 @@ class DecoderStack:
 
     def max_rows(self) -> int:
         """Rows up to which the native stack serves a forward now (0: not at all)."""
-        if not self.complete or any(m.row_split is not None for _, m in self.dense[:1]):
+        if (
+            not self.complete
+            or any(m.row_split is not None for _, m in self.dense[:1])
+            or any(m.row_split is not None for m in self.quantized[:1])
+        ):
             return 0  # a forward split between two kernels (cpu_linear.RowInvariantLinears)
         return min((native_max_rows(m) for m in self.quantized), default=UNLIMITED_ROWS)
 

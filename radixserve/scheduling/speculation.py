@@ -9,14 +9,21 @@ drafts stood (:func:`~radixserve.speculative.verify.accepted_length`); the sched
 the accepted tokens one by one through its usual stop checks and frees the pages the
 rejected drafts' KV took.
 
-Who may draft: greedy and sampled requests without a grammar, penalties or a pending
-``min_tokens`` (their next-token choice depends on the tokens before it in ways the verify
-rows, sampled together, would not see), whose last token is known on the host, while at most
-``MAX_DECODES`` requests decode (past that a step is compute-bound on the CPU, and a verify
+Who may draft: every greedy and sampled request whose last token is known on the host,
+while at most ``MAX_DECODES`` requests decode (past that a step is compute-bound on the CPU, and a verify
 row costs about what a decode row does: SGLang and vLLM turn speculation off at large
 batches alike). A sampled request's verify rows go through rejection sampling in the
 sampler (:mod:`radixserve.speculative.rejection`): its output has the distribution of plain
 sampling, though not the same draws for the same seed.
+
+A request with a grammar drafts too: its draft is walked through its grammar matcher before
+verification and cut at the first token the grammar forbids
+(:meth:`~radixserve.constrained.matcher.GrammarMatcher.lookahead`, which keeps the mask
+after each drafted token for the verify row that follows it and rolls the matcher back);
+the scheduler then advances the matcher through the tokens that stood, one at a time.
+Penalties and a pending ``min_tokens`` depend on the tokens before a row as well: the
+sampler gives each verify row the counts (and the output length) of the request's tokens
+followed by the drafts before it (:func:`~radixserve.engine.sampler.drafts_before`).
 
 Exactness: every step holding a greedy decode that may draft (whether it drafted or not) names
 each row's linear kernel (``plan.row_paths``; :meth:`Speculation.row_invariant`), so a
@@ -37,16 +44,9 @@ MAX_DECODES = 8  # no drafting while more requests than this decode
 
 
 def may_draft(req: Request) -> bool:
-    """Whether verifying drafts of ``req`` in one forward gives the tokens decoding would."""
-    p = req.params
-    return (
-        req.grammar is None
-        and p.repetition_penalty == 1.0
-        and not p.frequency_penalty
-        and not p.presence_penalty
-        and req.num_output >= p.min_tokens
-        and req.token_ids[-1] != FUTURE_TOKEN
-    )
+    """Whether ``req`` may draft this step: its last token is known on the host (the drafter
+    reads it). Grammars, penalties and ``min_tokens`` are followed row by row (see above)."""
+    return req.token_ids[-1] != FUTURE_TOKEN
 
 
 class Speculation:
@@ -94,6 +94,8 @@ class Speculation:
             k = min(req.spec.budget(step), budget - used, remaining - 1)
             if k > 0:
                 req.drafts = self.drafter.propose(req, k)
+                if req.grammar is not None and req.drafts:  # cut where the grammar says no
+                    req.drafts = req.drafts[: req.grammar.lookahead(req.drafts)]
                 used += len(req.drafts)
         return used
 

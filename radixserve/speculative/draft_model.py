@@ -26,7 +26,7 @@ several requests into one forward per draft token is a later step.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -128,6 +128,15 @@ class DraftModelDrafter(Drafter):
         """The target's cache was flushed (no request is running): drop the draft's too."""
         assert not self.kv.seqs, "reset while requests hold draft KV"
         self.kv.cache.reset()
+
+    def pool_stats(self) -> dict[str, Any]:
+        alloc = self.kv.allocator
+        return {
+            "spec_draft_pages": alloc.num_pages,
+            "spec_draft_pages_free": alloc.num_free,
+            "spec_draft_pages_evictable": self.kv.cache.num_evictable_pages,
+            "spec_draft_pool_bytes": self.pool.nbytes,
+        }
 
     def check_invariants(self, live: Iterable[str]) -> None:
         self.kv.check_invariants(live)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["ALGORITHMS", "DraftSource", "Drafter"]
 
@@ -46,6 +46,10 @@ class Drafter(abc.ABC):
         """The cache was flushed (no request running): drop any cached state of the drafter's
         own that mirrors it (the draft model's KV cache)."""
         return None
+
+    def pool_stats(self) -> dict[str, Any]:
+        """Gauges of the drafter's own KV pool, as ``EngineStats`` fields (none: no pool)."""
+        return {}
 
     def check_invariants(self, live: Iterable[str]) -> None:
         """Raise ``AssertionError`` if the drafter's own state is inconsistent, or holds

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_helpers import random_prompts, run_to_completion, tokens_of
+from engine_helpers import random_prompts, run_to_completion, speculative_mixed_batch, tokens_of
 
 from radixserve.engine.engine import Engine
 from radixserve.engine.outputs import StepOutput
@@ -109,25 +109,9 @@ def test_mixed_batch_with_chunked_prefill_and_sampling(
         max_num_tokens=16,  # the long prompt goes in chunks beside the verify rows
     )
     try:
-        long_prompt = random_prompts([70], seed=7)[0]
-        sampled = SamplingParams(max_tokens=12, temperature=0.8, seed=3, ignore_eos=True)
-        want_a = _solo(base, PROMPTS[0], _params(30))
-        want_b = _solo(base, long_prompt, _params(12))
-        a = spec.add_request(PROMPTS[0], _params(30))
-        got = {}
-        for o in spec.step():  # a's prefill alone, as in its solo run
-            got.setdefault(o.request_id, []).append(o)
-        b = spec.add_request(long_prompt, _params(12))
-        c = spec.add_request(random_prompts([5], seed=9)[0], sampled)
-        for rid, outs in run_to_completion(spec).items():
-            got.setdefault(rid, []).extend(outs)
-        assert tokens_of(got[a]) == tokens_of(want_a)
-        assert _lps(got[a]) == _lps(want_a)
-        assert tokens_of(got[b]) == tokens_of(want_b)
-        usage_a, usage_c = got[a][-1].usage, got[c][-1].usage
+        got = speculative_mixed_batch(base, spec, PROMPTS[0], _params)
+        usage_a = got["a"][-1].usage
         assert usage_a is not None and usage_a.spec_accepted_tokens > 0
-        assert usage_c is not None and usage_c.spec_accepted_tokens <= usage_c.spec_drafted_tokens
-        assert len(tokens_of(got[c])) == 12
         _all_pages_back(spec)
     finally:
         spec.close()
@@ -188,10 +172,13 @@ def test_stop_string_inside_a_draft(engines: dict[str, Engine]) -> None:
             "speculative_num_tokens must be in",
         ),
         ({"speculative_algorithm": "ngram", "overlap_schedule": "on"}, "overlap scheduling"),
-        ({"speculative_algorithm": "ngram", "quantization": "int8"}, "quantized weights"),
+        (
+            {"speculative_algorithm": "ngram", "quantization": "int8", "quant_dense_cache": True},
+            "quant_dense_cache",
+        ),
         ({"speculative_algorithm": "ngram", "kv_cache_dtype": "int8"}, "quantized KV cache"),
         ({"speculative_algorithm": "radix", "disable_radix_cache": True}, "radix cache"),
-        ({"speculative_algorithm": "ngram", "tensor_parallel_size": 2}, "parallelism"),
+        ({"speculative_algorithm": "ngram", "pipeline_parallel_size": 2}, "pipeline parallelism"),
     ],
 )
 def test_unsupported_combinations_refused_at_start(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import tiny_models
-from engine_helpers import random_prompts, run_to_completion, tokens_of
+from engine_helpers import random_prompts, run_to_completion, speculative_mixed_batch, tokens_of
 
 from radixserve.engine.engine import Engine
 from radixserve.engine.outputs import StepOutput
@@ -144,27 +144,12 @@ def test_mixed_batch_with_chunked_prefill_and_sampling(
     request prefills in chunks beside it and a sampled one decodes in the same steps."""
     spec = _engine(tiny_llama_hd64_dir, draft=tiny_llama_hd64_dir, max_num_tokens=16)
     try:
-        long_prompt = random_prompts([70], seed=7)[0]
-        sampled = SamplingParams(max_tokens=12, temperature=0.8, seed=3, ignore_eos=True)
-        want_a = _solo(base, PROMPTS[0], _params(30))
-        want_b = _solo(base, long_prompt, _params(12))
-        a = spec.add_request(PROMPTS[0], _params(30))
-        got: dict[str, list[StepOutput]] = {}
-        for o in spec.step():  # a's prefill alone, as in its solo run
-            got.setdefault(o.request_id, []).append(o)
-        b = spec.add_request(long_prompt, _params(12))
-        c = spec.add_request(random_prompts([5], seed=9)[0], sampled)
-        for rid, outs in run_to_completion(spec).items():
-            got.setdefault(rid, []).extend(outs)
-        assert tokens_of(got[a]) == tokens_of(want_a)
-        assert _lps(got[a]) == _lps(want_a)
-        assert tokens_of(got[b]) == tokens_of(want_b)
-        usage_a, usage_c = got[a][-1].usage, got[c][-1].usage
+        got = speculative_mixed_batch(base, spec, PROMPTS[0], _params)
+        usage_a = got["a"][-1].usage
         assert usage_a is not None and usage_a.spec_drafted_tokens > 0
         assert usage_a.spec_accepted_tokens == usage_a.spec_drafted_tokens
-        # The sampled request drafts too (rejection sampling, the greedy proposal taken as
-        # a point mass): its drafts are accepted only as its own distribution allows.
-        assert usage_c is not None and usage_c.spec_accepted_tokens <= usage_c.spec_drafted_tokens
+        # (The sampled request drafts too: rejection sampling, the greedy proposal taken as
+        # a point mass; the driver checks no more is accepted than drafted.)
         _all_back(spec)
     finally:
         spec.close()
@@ -308,6 +293,10 @@ def test_retraction_and_a_full_draft_pool(base: Engine, tiny_llama_hd64_dir: Pat
             assert tokens_of(got[rid]) == tokens_of(ref)
         stats = spec.stats()
         assert stats.retractions_total > 0
+        # The draft pool in the stats: as many pages as the model's, every one back.
+        assert stats.spec_draft_pages == spec.allocator.num_pages
+        assert stats.spec_draft_pages_free + stats.spec_draft_pages_evictable == 24
+        assert stats.spec_draft_pool_bytes > 0
         # The target as draft: its KV kept through the retraction is still right.
         assert 0 < stats.spec_accepted_tokens_total == stats.spec_drafted_tokens_total
         _all_back(spec)

@@ -220,6 +220,10 @@ def _stats() -> p.StatsReply:
         "eviction_policy_active": "lfu",
         "eviction_regret_tokens": {"lru": 64, "lfu": 8},
         "cache_regret_tokens": {"lfu": 16},
+        "spec_draft_pages": 24,
+        "spec_draft_pages_free": 20,
+        "spec_draft_pages_evictable": 3,
+        "spec_draft_pool_bytes": 4096,
         "memory": {
             "device": "cpu",
             "allocated_bytes": 5,
@@ -299,6 +303,11 @@ def test_metrics_exposition_parses() -> None:
         (("worker", "1"),),
     ) not in samples  # gauges of live workers only
     assert samples[("radixserve_memory_pool_bytes", (("device", "cpu"), ("worker", "0")))] == 3
+    # The draft model's KV pool (speculative decoding), beside the model's.
+    assert samples[("radixserve_spec_draft_kv_pages", w0)] == 24
+    assert samples[("radixserve_spec_draft_kv_pages_free", w0)] == 20
+    assert samples[("radixserve_spec_draft_kv_pages_evictable", w0)] == 3
+    assert samples[("radixserve_spec_draft_kv_pool_bytes", w0)] == 4096
     assert samples[("radixserve_time_to_first_token_seconds_count", w0)] == 1
     assert (
         samples[

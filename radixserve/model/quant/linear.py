@@ -142,6 +142,9 @@ class QuantizedLinear(nn.Module):
         self.dense_cache: torch.Tensor | None = None
         self.dense_cache_bytes = 0
         self._dense_cache_onednn = False
+        # Speculative decoding (cpu_linear.RowInvariantLinears): one forward's rows for the
+        # packed kernel at any count, and rows whose count picks the path; or None.
+        self.row_split: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @abstractmethod
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -199,10 +202,26 @@ class QuantizedLinear(nn.Module):
         if self.reference:
             return self.forward_reference(x)
         lead = x.shape[:-1]
-        y = self._matmul(self._activation(x.reshape(-1, self.in_features))).to(x.dtype)
+        x2 = self._activation(x.reshape(-1, self.in_features))
+        y = (self._matmul(x2) if self.row_split is None else self._split(x2)).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(x.dtype)
         return y.view(*lead, self.out_features)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        """``row_split``'s first rows on the packed kernel whatever their count (it computes
+        each row on its own: a verify row gets a one-row decode's bits), the others on the
+        path their own count picks (a prefill chunk's, as alone)."""
+        assert self.row_split is not None
+        kernel_rows, other_rows = self.row_split
+        y = x.new_empty(x.shape[0], self.out_features)
+        saved, self.dense_min_rows = self.dense_min_rows, UNLIMITED_ROWS
+        try:
+            y.index_copy_(0, kernel_rows, self._matmul(x.index_select(0, kernel_rows)))
+        finally:
+            self.dense_min_rows = saved
+        y.index_copy_(0, other_rows, self._matmul(x.index_select(0, other_rows)))
+        return y
 
     def forward_reference(self, x: torch.Tensor) -> torch.Tensor:
         """Dequantize-then-matmul in float32 on the kernel's activations, rounded like its output."""

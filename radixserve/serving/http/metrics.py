@@ -183,6 +183,17 @@ class _WorkerFamilies:
             "the prompt was not cached",
             labels=["worker", "reason"],
         )
+        self.draft_pages = {
+            state: _gauge(
+                "spec_draft_kv_pages" + ("" if state == "total" else f"_{state}"),
+                f"speculative decoding's draft-model KV pool: {state} pages",
+            )
+            for state in ("total", "free", "evictable")
+        }
+        self.draft_bytes = _gauge(
+            "spec_draft_kv_pool_bytes",
+            "speculative decoding's draft-model KV pool bytes (outside the planner's budget)",
+        )
         self.hit_rate = _gauge(
             "prefix_cache_hit_ratio",
             "cumulative cached / prompt tokens (use the counters for windows)",
@@ -235,6 +246,10 @@ class _WorkerFamilies:
         if "leased_pages" in eng:
             self.leased.add_metric(wid, float(eng["leased_pages"]))
         self._add_misses(wid, eng)
+        if eng.get("spec_draft_pages"):
+            for state, key in (("total", ""), ("free", "_free"), ("evictable", "_evictable")):
+                self.draft_pages[state].add_metric(wid, float(eng[f"spec_draft_pages{key}"]))
+            self.draft_bytes.add_metric(wid, float(eng["spec_draft_pool_bytes"]))
         self.hit_rate.add_metric(wid, float(eng.get("hit_rate", w.hit_rate)))
         mem = eng.get("memory")
         if isinstance(mem, dict):
@@ -276,6 +291,8 @@ class _WorkerFamilies:
             self.top_positions,
             self.reasons,
             self.hit_rate,
+            *self.draft_pages.values(),
+            self.draft_bytes,
             *self.counters.values(),
             *self.memory.values(),
         )
