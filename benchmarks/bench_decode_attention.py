@@ -10,6 +10,14 @@ the call a cold prompt's prefill makes). Two timings per context and KV dtype:
   weights streamed through a step evict it), per layer;
 - ``hot``: one layer's call repeated (its pages in the caches), per call.
 
+``--clock cpu`` times with the process's CPU seconds (every thread's) instead of the wall
+clock: on a machine loaded by other jobs a thread preempted mid-call stretches the wall time
+by whole time slices, while CPU time counts only what ran. Run it with ``GOMP_SPINCOUNT=0``
+(waiting threads then sleep at once, not spin on the clock):
+
+    GOMP_SPINCOUNT=0 python benchmarks/bench_decode_attention.py --baseline HEAD --clock cpu \
+        --dtypes bfloat16 --contexts 1000,2000,3000,4000,5000,6000,7000,7500,8000
+
 With ``--baseline REV`` the kernel source at that git revision is built beside the current
 one (its operator library renamed) and both are timed alternately, call for call, and their
 outputs compared: equal bits are expected whenever the revisions compute the same arithmetic.
@@ -30,6 +38,7 @@ import radixserve  # noqa: F401
 import argparse  # noqa: E402
 import datetime as dt  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import random  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
@@ -129,8 +138,17 @@ def main() -> int:
         action="store_true",
         help="every token of each sequence a new row (a prompt's prefill) instead of the last",
     )
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: the process's CPU seconds, all threads (a loaded machine; GOMP_SPINCOUNT=0)",
+    )
     ap.add_argument("--out", default="benchmarks/results/bench_decode_attention.json")
     args = ap.parse_args()
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.clock == "cpu" and os.environ.get("GOMP_SPINCOUNT") != "0":
+        print("--clock cpu: set GOMP_SPINCOUNT=0, or spinning threads count as work", flush=True)
     if not native.load():
         raise SystemExit("the CPU kernels did not build here")
     ops: dict[str, Op] = {"current": torch.ops.radixserve_cpu.paged_attention}
@@ -153,17 +171,15 @@ def main() -> int:
                 names = list(ops) if rep % 2 == 0 else list(ops)[::-1]
                 for name in names:
                     evict.sum()
-                    t = time.perf_counter()
+                    t = clock()
                     for layer in layers:
                         call(name, layer)
-                    samples.setdefault(f"{name} cold", []).append(
-                        (time.perf_counter() - t) / LAYERS
-                    )
+                    samples.setdefault(f"{name} cold", []).append((clock() - t) / LAYERS)
                     call(name, layers[0])
-                    t = time.perf_counter()
+                    t = clock()
                     for _ in range(LAYERS):
                         call(name, layers[0])
-                    samples.setdefault(f"{name} hot", []).append((time.perf_counter() - t) / LAYERS)
+                    samples.setdefault(f"{name} hot", []).append((clock() - t) / LAYERS)
             same = all(torch.equal(o, outs["current"]) for o in outs.values())
             row = {
                 "dtype": str(dtype).removeprefix("torch."),
@@ -183,6 +199,7 @@ def main() -> int:
     record = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="minutes"),
         "threads": torch.get_num_threads(),
+        "clock": args.clock,
         "baseline": args.baseline,
         "results": results,
     }

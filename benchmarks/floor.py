@@ -63,3 +63,19 @@ def checkpoint_weight_bytes(model_dir: str | Path, dtype: torch.dtype) -> int:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 total += math.prod(f.get_slice(name).get_shape())
     return total * size
+
+
+def checkpoint_matmul_weights(model_dir: str | Path) -> int:
+    """Multiply-adds per prompt token in a checkpoint's linear layers: the elements of every
+    2-D ``*_proj.weight`` (attention and MLP projections; not the embedding, and not the head,
+    which a prefill runs on its last row only). Two FLOPs each per token: the linear part of a
+    prefill's compute floor (``profile_long_context.py`` counts its engine's modules instead:
+    the same weights)."""
+    total = 0
+    for file in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                shape = f.get_slice(name).get_shape()
+                if name.endswith("_proj.weight") and len(shape) == 2:
+                    total += math.prod(shape)
+    return total

@@ -96,6 +96,14 @@ def matrix_tflops(rows: int, k: int, n: int, dtype: torch.dtype, reps: int = 5) 
     return 2 * rows * k * n / statistics.median(times) / 1e12
 
 
+def attention_flops(layers: int, q_heads: int, head_dim: int, start: int, rows: int) -> float:
+    """Causal attention FLOPs of ``rows`` new tokens after ``start`` cached ones: QK^T and PV,
+    2 FLOPs per multiply-add each, over the keys each row sees (``bench_long_context.py``
+    imports it for its compute floor)."""
+    keys = rows * start + rows * (rows + 1) / 2
+    return 4 * layers * q_heads * head_dim * keys
+
+
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of every parameter and weight buffer a decode step reads, each storage once."""
     seen: set[int] = set()
@@ -168,8 +176,7 @@ class Profiler:
 
     def attention_flops(self, start: int, rows: int) -> float:
         """Causal attention FLOPs of ``rows`` new tokens after ``start`` cached ones."""
-        keys = rows * start + rows * (rows + 1) / 2
-        return 4 * self.layers * self.q_heads * self.head_dim * keys
+        return attention_flops(self.layers, self.q_heads, self.head_dim, start, rows)
 
     def prefill(self, n: int, tflops: float) -> dict[str, Any]:
         prompt = self.prompt(n)

@@ -200,12 +200,18 @@ def main(argv: list[str] | None = None) -> int:
             seen.add(key)
             t0 = time.perf_counter()
             try:
-                triton.compile(ASTSource(fn, sig, consts), target=target, options=options)
+                compiled = triton.compile(
+                    ASTSource(fn, sig, consts), target=target, options=options
+                )
             except Exception as e:  # report which variant failed, then fail
                 print(f"FAIL sm_{args.arch} {fn.__name__} {case}: {e}", file=sys.stderr)
                 return 1
+            # Shared memory per program as the compiler laid it out (tiles x pipeline stages):
+            # what limits the programs resident on one SM (228 KB per SM on Hopper).
+            smem = getattr(compiled.metadata, "shared", 0)
             print(
-                f"ok   sm_{args.arch} {fn.__name__:22} {case[1]:9} {str(case[2]):15} {time.perf_counter() - t0:5.1f}s"
+                f"ok   sm_{args.arch} {fn.__name__:22} {case[1]:9} {str(case[2]):15} "
+                f"d{case[5]:<3} smem {smem / 1024:5.1f} KiB {time.perf_counter() - t0:5.1f}s"
             )
     return 0
 

@@ -180,11 +180,23 @@ class ExtendBlocks(NamedTuple):
 
 
 def extend_blocks(group: int, head_dim: int) -> ExtendBlocks:
-    """Geometry for ``group`` query heads per KV head: small under the interpreter so tests cross block edges."""
+    """Geometry for ``group`` query heads per KV head: small under the interpreter so tests
+    cross block edges.
+
+    On a GPU, 128 score rows a program for every head size: a long prompt's chunk re-reads
+    its whole prefix once per program, so the rows a program holds divide the prefix's
+    reads (64 rows for d128 read it twice as often). The KV step is 128 keys for d <= 64
+    and 64 for d128, FlashAttention-2's and Triton's Hopper tutorial's choices: the
+    float32 score tile (128 x BLOCK_N) and the output (128 x d) stay within 8 warps'
+    registers. Shared memory per program on sm_90, from the compiler
+    (``python -m radixkernels.compile_check`` prints it; two pipeline stages): 32 KiB for
+    d64 (128 x 128), 48 KiB for d128 (128 x 64), so four programs fit the 228 KB of a
+    Hopper SM by shared memory (registers bind first) and any GPU since sm_80 takes the
+    tile. Untimed: no GPU has run it (docs/kernels.md)."""
     if interpreting():
         rows, block_n, warps = 32, 16, 4
     else:
-        rows, block_n, warps = (128, 64, 8) if head_dim <= 64 else (64, 64, 4)
+        rows, block_n, warps = (128, 128, 8) if head_dim <= 64 else (128, 64, 8)
     rows = max(rows, triton.next_power_of_2(group))
     return ExtendBlocks(rows, rows // group, block_n, warps)
 

@@ -142,11 +142,14 @@ def dequantize_ref(data: torch.Tensor, scale: torch.Tensor | None, fmt: KVFormat
     if kd is KVCacheDtype.AUTO:
         return data.float()
     assert scale is not None, f"{kd.value} KV cache needs scales"
+    # The scale multiplies the float copy in place: the same products as ``x.float() * s``,
+    # one float32 tensor fewer to allocate and write (the torch backend dequantizes a long
+    # context's history block by block through here on every decode step).
     if kd is KVCacheDtype.INT4:  # un-rotate: H is its own inverse
-        return (unpack_int4(data).float() * scale.float()[..., None]) @ hadamard(
+        return unpack_int4(data).float().mul_(scale.float()[..., None]) @ hadamard(
             fmt.head_dim, data.device
         )
-    return data.float() * scale.float()[..., None]
+    return data.float().mul_(scale.float()[..., None])
 
 
 # ----------------------------------------------------------------------------- KV store

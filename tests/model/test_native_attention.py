@@ -295,14 +295,17 @@ def test_threads_give_the_serial_result() -> None:
         assert (outs[1][start : start + n].double() - ref).abs().max().item() < 2e-5
 
 
+@pytest.mark.parametrize("first", [699, 4099], ids=["short", "past-l2"])
 @pytest.mark.parametrize("kv", [torch.float32, torch.bfloat16])
-def test_decode_chunks_over_any_thread_count(kv: torch.dtype) -> None:
+def test_decode_chunks_over_any_thread_count(kv: torch.dtype, first: int) -> None:
     """A few decode rows over contexts of different lengths (different chunk counts per KV
     head): every thread owns a run of the chunk-major task order and takes the rest of the
     others' from their ends; with 1, 2, 3 or 5 threads (more than the cores: a preempted
-    thread's run is finished by the others) the result is the same bits, and the reference's."""
+    thread's run is finished by the others) the result is the same bits, and the reference's.
+    ``past-l2``: a thread's run of pages (3.4 MB in float32 at 2 threads) is more than half
+    its L2, so it is not read ahead of attending (the other path of the same arithmetic)."""
     hq, hkv, d, ps = 9, 3, 64, 16
-    news, before = [1, 1], [699, 332]  # 6 items: too few to hand out whole, even at 2 threads
+    news, before = [1, 1], [first, 332]  # 6 items: too few to hand out whole, even at 2 threads
     plan, _, pages_of = _ragged_batch(ps, news, before, hq, hkv, d)
     kp = torch.randn(1 + sum(len(p) for p in pages_of), ps, hkv, d).to(kv)
     vp = torch.randn_like(kp)

@@ -623,10 +623,18 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
     }
     first_task[it + 1] = static_cast<int64_t>(tasks.size());
   }
-  std::vector<float> states(floats);
+  // Every task writes its whole state before any merge reads it: the buffer is kept across
+  // calls on the calling thread and never zeroed. A fresh zeroed vector per call was ~140 KB
+  // per layer at 7,500 keys (3 KV heads x 59 chunks x 3 rows x 66 floats), past glibc's
+  // default mmap threshold (128 KiB) from ~7,000 keys of SmolLM2's shape on. (A pointer, not
+  // the thread_local itself, goes into the team: in another thread the name would be that
+  // thread's own buffer.)
+  thread_local std::vector<float> states_buf;
+  if (static_cast<int64_t>(states_buf.size()) < floats) states_buf.resize(floats);
+  float* const states = states_buf.data();
   auto state_of = [&](const Task& task) {
     const int64_t rows = items[task.item].row_end - items[task.item].row_begin;
-    float* base = states.data() + task.offset;
+    float* base = states + task.offset;
     return State{base, base + rows, base + 2 * rows};
   };
   const int64_t threads = std::min<int64_t>(max_threads, tasks.size());

