@@ -145,9 +145,9 @@ def weight_bytes(
 
     if moe is None:
         per_layer = attn + mlp(i)
-    else:  # every expert of a sparse layer is held, plus its router (never quantized)
+    else:  # every expert held (all, or a rank's own), plus the whole router (never quantized)
         mlps = sum(
-            moe.num_experts * mlp(mi) + moe.num_experts * h * act
+            moe.num_held_experts * mlp(mi) + moe.num_experts * h * act
             if moe.is_sparse(layer)
             else mlp(i)
             for layer in range(cfg.num_layers)
