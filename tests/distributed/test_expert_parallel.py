@@ -15,6 +15,7 @@ and a whole rank, receiving no row). Here:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +197,38 @@ def test_loader_reads_only_its_own_experts(case_dirs: dict[str, Path]) -> None:
     held = dict(rank1.named_parameters())
     assert sum(p.numel() for n, p in held.items() if ".experts." in n) == 2 * 4 * 3 * 64 * 48
     assert rank1.local_config.num_params == sum(p.numel() for p in held.values())
+
+
+def test_memory_plan_sizes_whole_experts_per_rank(
+    case_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``radixserve memory --tp 2 --expert-parallel``: the planner's per-device weight bytes are
+    rank 0's expert-parallel shard as built (4 whole experts of 8), and the report says so;
+    an expert count the ranks do not divide is refused there too."""
+    from radixserve.cli import main
+    from radixserve.memory.footprint import weight_bytes
+    from radixserve.memory.sharding import DeviceShard
+    from radixserve.model.llama import LlamaForCausalLM
+
+    path = case_dirs["mixtral"]
+    cfg = ModelConfig.from_pretrained(path)
+    with torch.device("meta"):
+        rank0 = LlamaForCausalLM(
+            cfg, TPGroup(None, 0, 2, torch.device("cpu")), expert_parallel=True
+        )
+    held = sum(p.numel() for p in rank0.parameters()) * 4
+    assert (
+        weight_bytes(cfg, torch.float32, shard=DeviceShard(tp_size=2, expert_parallel=True)) == held
+    )
+    # The command on a config alone (expert width 64: its int4 lines need a group dividing it).
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    raw = json.loads((path / "config.json").read_text()) | {"intermediate_size": 64}
+    (wide / "config.json").write_text(json.dumps(raw))
+    argv = ["memory", "--model", str(wide), "--memory-budget", "1GiB", "--tp", "2"]
+    assert main([*argv, "--expert-parallel"]) == 0
+    assert "experts (expert parallel): 4 of 8 whole experts per rank, width 64" in (
+        capsys.readouterr().out
+    )
+    assert main(["memory", "--model", str(wide), "--tp", "3", "--expert-parallel"]) == 1
+    assert "num_experts % tp" in capsys.readouterr().err
