@@ -14,6 +14,11 @@ The number of blocks is bounded without reading the counts (``T * top_k // BLOCK
 blocks at most); the unused ones exit at once. Padding slots carry the sentinel
 ``T * top_k`` and are neither read nor written.
 
+Expert parallelism (``first_expert``): ``w13``/``w2`` hold only a rank's experts
+``[first, first + E)``; the slots routed elsewhere are sent to a sentinel expert ``E`` whose
+blocks are marked ``-1`` (vLLM's ``expert_map`` to -1), so they are neither computed nor
+written, and their rows of the output stay zero.
+
 The projections run in float32 accumulators; operands are upcast before ``tl.dot`` (the
 interpreter multiplies bf16 wrongly, ARCHITECTURE.md). The routed weight multiplies the down
 projection's rows; the ``top_k`` rows of each token are summed after it.
@@ -117,9 +122,11 @@ def _grouped_gemm(
     a_div: int,
     weights: torch.Tensor | None,
     block_m: int,
+    zeroed: bool = False,
 ) -> torch.Tensor:
     _, n, k = w.shape
-    out = torch.empty(num_slots, n, dtype=a.dtype, device=a.device)
+    alloc = torch.zeros if zeroed else torch.empty
+    out = alloc(num_slots, n, dtype=a.dtype, device=a.device)
     block_n = min(64, triton.next_power_of_2(n))
     block_k = min(64, max(16, triton.next_power_of_2(k)))
     grid = (block_expert.numel(), triton.cdiv(n, block_n))
@@ -153,21 +160,36 @@ def fused_moe(
     weights: torch.Tensor,
     ids: torch.Tensor,
     block_m: int = 16,
+    first_expert: int | None = None,
 ) -> torch.Tensor:
     """The MoE MLP of rows ``x [T, H]``: experts' fused gate/up ``w13 [E, 2I, H]`` and down
-    ``w2 [E, H, I]``, routing ``weights``/``ids`` ``[T, k]``. Returns ``[T, H]`` in x's dtype."""
+    ``w2 [E, H, I]``, routing ``weights``/``ids`` ``[T, k]``. Returns ``[T, H]`` in x's dtype.
+    ``first_expert`` (expert parallelism): the weights are global experts
+    ``[first_expert, first_expert + E)``; slots routed to other experts add nothing."""
     t, h = x.shape
     top_k = ids.shape[1]
     num_slots = t * top_k
     if t == 0:
         return torch.zeros_like(x)
     x = x.contiguous()
-    slots, block_expert = align_slots(ids, w13.shape[0], block_m)
+    num_experts = w13.shape[0]
+    if first_expert is None:
+        slots, block_expert = align_slots(ids, num_experts, block_m)
+    else:
+        local = ids - first_expert
+        held = (local >= 0) & (local < num_experts)
+        local = torch.where(held, local, torch.full_like(local, num_experts))
+        slots, block_expert = align_slots(local, num_experts + 1, block_m)
+        block_expert = torch.where(
+            block_expert == num_experts, torch.full_like(block_expert, -1), block_expert
+        )
     gate_up = _grouped_gemm(x, w13, slots, block_expert, num_slots, top_k, None, block_m)
     inter = w13.shape[1] // 2
     act = F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:]).contiguous()
     flat_w = weights.flatten().to(torch.float32).contiguous()
-    down = _grouped_gemm(act, w2, slots, block_expert, num_slots, 1, flat_w, block_m)
+    down = _grouped_gemm(
+        act, w2, slots, block_expert, num_slots, 1, flat_w, block_m, first_expert is not None
+    )
     return down.view(t, top_k, h).sum(dim=1)
 
 
@@ -177,6 +199,7 @@ def fused_moe_ref(
     w2: torch.Tensor,
     weights: torch.Tensor,
     ids: torch.Tensor,
+    first_expert: int | None = None,
 ) -> torch.Tensor:
     """Plain torch, one (row, slot) at a time in float32: the kernel's semantics."""
     t, top_k = ids.shape
@@ -184,7 +207,9 @@ def fused_moe_ref(
     out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
     for row in range(t):
         for j in range(top_k):
-            e = int(ids[row, j])
+            e = int(ids[row, j]) - (first_expert or 0)
+            if not 0 <= e < w13.shape[0]:
+                continue
             gu = w13[e].float() @ x[row].float()
             act = F.silu(gu[:inter]) * gu[inter:]
             out[row] += float(weights[row, j]) * (w2[e].float() @ act)

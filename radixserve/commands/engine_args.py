@@ -223,6 +223,14 @@ def add_parallel_arguments(p: argparse.ArgumentParser) -> None:
         help="capture CUDA decode graphs with tensor parallelism too, all-reduces inside "
         "(untried; default: those steps run eagerly)",
     )
+    g.add_argument(
+        "--expert-parallel",
+        "--enable-expert-parallel",
+        dest="expert_parallel",
+        action="store_true",
+        help="MoE models: spread whole experts over the tensor-parallel ranks (num_experts / "
+        "tp each) instead of cutting every expert on its width",
+    )
     try:  # serve has --insecure already (router, HTTP): it covers the rendezvous too
         g.add_argument(
             "--insecure",
@@ -259,6 +267,8 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
             cfg[name] = getattr(args, name)
     if getattr(args, "tp_graph_capture", False):
         cfg["tp_graph_capture"] = True
+    if getattr(args, "expert_parallel", False):
+        cfg["expert_parallel"] = True
     if getattr(args, "insecure", False) and cfg.get("dist_init_addr"):
         cfg["dist_insecure"] = True
     if args.quantize_embeddings is not None:

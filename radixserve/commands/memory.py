@@ -70,6 +70,11 @@ def _arguments(p: argparse.ArgumentParser) -> None:
         help="pipeline stages (contiguous layer ranges): show weights and KV per device",
     )
     p.add_argument(
+        "--expert-parallel",
+        action="store_true",
+        help="MoE models with --tp: whole experts spread over the ranks (num_experts / tp each)",
+    )
+    p.add_argument(
         "--memory-utilization",
         type=float,
         default=0.9,
@@ -148,6 +153,7 @@ def memory_report(cfg: ModelConfig, args: argparse.Namespace) -> dict[str, Any]:
             cfg,
             args.tensor_parallel_size,
             args.pipeline_parallel_size,
+            expert_parallel=getattr(args, "expert_parallel", False),
             **_plan_kwargs(cfg, args, act, device, args.quantization),
         )
     per_token = plan.bytes_per_token
@@ -421,11 +427,17 @@ def _moe_lines(cfg: ModelConfig, act_bytes: int) -> list[str]:
     ]
 
 
-def _expert_note(cfg: ModelConfig, tp: int) -> list[str]:
-    """How a TP rank holds a MoE model's experts (each cut on its MLP width), or nothing."""
+def _expert_note(cfg: ModelConfig, tp: int, expert_parallel: bool = False) -> list[str]:
+    """How a TP rank holds a MoE model's experts (each cut on its MLP width, or whole ones
+    with expert parallelism), or nothing."""
     if cfg.moe is None or tp == 1:
         return []
     width = cfg.moe.intermediate_size
+    if expert_parallel:
+        return [
+            f"  experts (expert parallel): {cfg.moe.num_experts // tp} of {cfg.moe.num_experts} "
+            f"whole experts per rank, width {width:,} (the router whole on every rank)"
+        ]
     return [
         f"  experts: all {cfg.moe.num_experts} on every rank, each cut on its MLP width: "
         f"{-(-width // tp):,} of {width:,} rows (the router whole on every rank)"
@@ -455,7 +467,7 @@ def render_parallel(cfg: ModelConfig, r: dict[str, Any]) -> list[str]:
         f"  per TP rank: {qr} of {cfg.num_q_heads} query heads, KV heads {kv_note}, "
         f"{-(-cfg.intermediate_size // tp):,} of {cfg.intermediate_size:,} MLP rows, "
         f"{-(-cfg.vocab_size // tp):,} of {cfg.vocab_size:,} vocabulary rows (embedding / LM head)",
-        *_expert_note(cfg, tp),
+        *_expert_note(cfg, tp, par.shards[0].expert_parallel),
         f"  {'stage':<6}{'layers':<11}{'also holds':<16}{'budget':>11}{'weights':>11}{'activ.':>11}"
         f"{'KV B/token':>11}{'own pages':>11}{'used':>11}",
     ]
@@ -493,6 +505,15 @@ def memory(args: argparse.Namespace) -> int:
     if args.tensor_parallel_size < 1 or args.pipeline_parallel_size < 1:
         raise ValueError("--tensor-parallel-size and --pipeline-parallel-size must be >= 1")
     cfg, source = load_config_for(args.model, args.cache_dir)
+    if args.expert_parallel and cfg.moe is not None:
+        tp = args.tensor_parallel_size
+        if args.pipeline_parallel_size > 1:
+            raise ValueError("expert parallelism is not supported with pipeline parallelism")
+        if cfg.moe.num_experts % tp:
+            raise ValueError(
+                f"expert parallelism needs the {cfg.moe.num_experts} experts to divide evenly "
+                f"over the {tp} tensor-parallel ranks (num_experts % tp == 0)"
+            )
     r = memory_report(cfg, args)
     if args.json:
         plan = r.pop("plan")

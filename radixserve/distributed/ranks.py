@@ -241,6 +241,7 @@ def _build_rank(
         quantization=cfg.quant_config(),
         announce=False,
         tp=rv.tp,
+        expert_parallel=cfg.expert_parallel,
     )
     init = rv.channel.recv()
     if not isinstance(init, step_wire.RankInit):

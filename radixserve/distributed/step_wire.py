@@ -55,7 +55,7 @@ def rank_settings(cfg: EngineConfig) -> list[str]:
     names = [
         *("page_size", "kv_cache_dtype", "dtype", "attention_backend", "quantization"),
         *("quant_group_size", "seed", "decode_graphs", "tensor_parallel_size", "nnodes"),
-        "tp_graph_capture",
+        *("tp_graph_capture", "expert_parallel"),
     ]
     return [f"{n}={getattr(cfg, n)}" for n in names]
 

@@ -131,7 +131,7 @@ class TensorParallel(Topology):
         return rank_threads(self.cfg, self.ranks.pc)
 
     def load_args(self) -> dict[str, Any]:
-        return {"tp": self.ranks.tp, "stage": None}
+        return {"tp": self.ranks.tp, "stage": None, "expert_parallel": self.cfg.expert_parallel}
 
     def start(self, shape: RunnerShape, clock: StartupClock) -> None:
         self.ranks.start(

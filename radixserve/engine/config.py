@@ -150,6 +150,10 @@ class EngineConfig:
     # graph): off by default, decode steps then run the static buffers eagerly. c10d's NCCL
     # collectives inside CUDA graphs are untried here (it needs two GPUs to try).
     tp_graph_capture: bool = False
+    # Expert parallelism (MoE models): each tensor-parallel rank holds num_experts / N whole
+    # experts instead of every expert cut on its width; the routed rows' partial outputs are
+    # summed by the same all-reduce. num_experts must divide by tensor_parallel_size.
+    expert_parallel: bool = False
 
     # Speculative decoding (radixserve.speculative): "ngram" (prompt lookup), "radix" (what
     # followed in the cache's sequences, per namespace) or "draft" (the smaller model of the
@@ -357,6 +361,8 @@ class EngineConfig:
                 )
             if nn > 1:
                 errors.append("pipeline parallelism runs its ranks on one host (nnodes 1)")
+            if self.expert_parallel:
+                errors.append("expert parallelism is not supported with pipeline parallelism")
             if self.quantization is not None:
                 errors.append(
                     "pipeline parallelism loads unquantized safetensors (no quantization)"

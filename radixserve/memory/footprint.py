@@ -110,6 +110,9 @@ def weight_bytes(
     # Mixture of experts (ModelConfig.moe; not part of ModelDims, which dense models satisfy).
     moe = getattr(cfg, "moe", None)
     mi = math.ceil(moe.intermediate_size / tp) if moe is not None else i
+    held = moe.num_held_experts if moe is not None else 0
+    if moe is not None and shard.expert_parallel:  # whole experts, E / tp of them
+        mi, held = moe.intermediate_size, held // tp
     if quantization == "int4" and group_size is None:
         ks = [k for _, k in shapes] + [mi]
         group_size = next((g for g in (128, 64, 32) if all(k % g == 0 for k in ks)), 32)
@@ -145,11 +148,9 @@ def weight_bytes(
 
     if moe is None:
         per_layer = attn + mlp(i)
-    else:  # every expert of a sparse layer is held, plus its router (never quantized)
+    else:  # every expert held (all, or a rank's own), plus the whole router (never quantized)
         mlps = sum(
-            moe.num_experts * mlp(mi) + moe.num_experts * h * act
-            if moe.is_sparse(layer)
-            else mlp(i)
+            held * mlp(mi) + moe.num_experts * h * act if moe.is_sparse(layer) else mlp(i)
             for layer in range(cfg.num_layers)
         )
         per_layer = attn + mlps // cfg.num_layers  # the layers' mean (exact when all alike)

@@ -98,11 +98,12 @@ class ParallelMemoryPlan:
 
 
 def plan_parallel_memory(
-    cfg: ModelDims, tp: int = 1, pp: int = 1, **plan_kwargs: Any
+    cfg: ModelDims, tp: int = 1, pp: int = 1, expert_parallel: bool = False, **plan_kwargs: Any
 ) -> ParallelMemoryPlan:
     """Plan every stage's devices of a ``tp × pp`` worker; ``plan_kwargs`` go to
     :func:`~radixserve.memory.planner.plan_memory` (budget, dtypes, page size, device memory...),
-    and are per device (``memory_budget`` is one device's)."""
-    shards = tuple(stage_shards(cfg.num_layers, tp, pp))
+    and are per device (``memory_budget`` is one device's). ``expert_parallel``: a MoE
+    model's experts whole, ``E / tp`` per rank."""
+    shards = tuple(stage_shards(cfg.num_layers, tp, pp, expert_parallel))
     stages = tuple(plan_memory(cfg, shard=shard, **plan_kwargs) for shard in shards)
     return ParallelMemoryPlan(tp_size=tp, pp_size=pp, shards=shards, stages=stages)

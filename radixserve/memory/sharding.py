@@ -87,6 +87,9 @@ class DeviceShard:
     layer_end: int | None = None  # None: to the last layer
     has_embedding: bool = True
     has_lm_head: bool = True
+    # Expert parallelism: a MoE model's experts spread whole over the TP ranks (E / tp each)
+    # instead of every expert cut on its width.
+    expert_parallel: bool = False
 
     def layers(self, num_layers: int) -> int:
         """How many decoder layers this device runs."""
@@ -114,7 +117,9 @@ class DeviceShard:
 WHOLE_MODEL = DeviceShard()
 
 
-def stage_shards(num_layers: int, tp: int = 1, pp: int = 1) -> list[DeviceShard]:
+def stage_shards(
+    num_layers: int, tp: int = 1, pp: int = 1, expert_parallel: bool = False
+) -> list[DeviceShard]:
     """One :class:`DeviceShard` per pipeline stage (every TP rank of a stage holds the same shape)."""
     if tp < 1:
         raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
@@ -128,6 +133,7 @@ def stage_shards(num_layers: int, tp: int = 1, pp: int = 1) -> list[DeviceShard]
             layer_end=end,
             has_embedding=s == 0,
             has_lm_head=s == pp - 1,
+            expert_parallel=expert_parallel,
         )
         for s, (start, end) in enumerate(ranges)
     ]

@@ -144,7 +144,8 @@ class ModelConfig:
 
     @property
     def num_params(self) -> int:
-        """Parameter count (embeddings counted once when tied; every expert counted)."""
+        """Parameter count (embeddings counted once when tied; every expert held counted:
+        all of them, or a rank's own under expert parallelism)."""
         attn = self._attn_params()
         return self._count_params(attn, active=False)
 
@@ -176,7 +177,7 @@ class ModelConfig:
         total = 0
         for layer in range(self.num_layers):
             if self.moe is not None and self.moe.is_sparse(layer):
-                experts = self.moe.top_k if active else self.moe.num_experts
+                experts = self.moe.top_k if active else self.moe.num_held_experts
                 total += experts * mlp(self.moe.intermediate_size) + self.moe.num_experts * h
             else:
                 total += mlp(self.intermediate_size)

@@ -128,10 +128,13 @@ class LlamaForCausalLM(nn.Module):
     With ``tp`` (a :class:`~radixserve.model.parallel.TPGroup` of two or more ranks) the model
     holds rank ``tp.rank``'s shard (:func:`~radixserve.model.parallel.shard_for_rank`) and
     every rank's forward returns the full logits. ``config`` stays the whole model's;
-    ``local_config`` is this rank's share (heads, MLP width, vocabulary rows).
+    ``local_config`` is this rank's share (heads, MLP width, vocabulary rows; with
+    ``expert_parallel``, a MoE model's own whole experts instead of every expert's rows).
     """
 
-    def __init__(self, cfg: ModelConfig, tp: TPGroup | None = None) -> None:
+    def __init__(
+        self, cfg: ModelConfig, tp: TPGroup | None = None, expert_parallel: bool = False
+    ) -> None:
         super().__init__()
         if tp is not None:
             from radixserve.model.families import family_of
@@ -149,7 +152,7 @@ class LlamaForCausalLM(nn.Module):
         if tp is not None:
             from radixserve.model.parallel import shard_for_rank
 
-            self.shard = shard_for_rank(cfg, tp.rank, tp.world_size)
+            self.shard = shard_for_rank(cfg, tp.rank, tp.world_size, expert_parallel)
             self.local_config = self.shard.local_config(cfg)
         self.model = LlamaModel(self.local_config, tp, self.shard)
         self.lm_head: nn.Linear | ParallelLMHead = (

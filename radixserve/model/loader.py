@@ -25,7 +25,13 @@ from radixserve.memory.sharding import DeviceShard
 from radixserve.model import cpu_linear
 from radixserve.model.config import ModelConfig
 from radixserve.model.llama import LlamaForCausalLM
-from radixserve.model.parallel import TensorSlice, TPGroup, TPShard, checkpoint_slice
+from radixserve.model.parallel import (
+    TensorSlice,
+    TPGroup,
+    TPShard,
+    checkpoint_slice,
+    local_tensor_name,
+)
 from radixserve.model.quant import QuantConfig, QuantReport
 
 logger = logging.getLogger(__name__)
@@ -85,23 +91,27 @@ def iter_safetensors(
 
     With a tensor-parallel ``shard`` each tensor is only the rank's part of it, read with
     ``get_slice`` (only those bytes of the mapped file are touched; no rank copies a whole
-    tensor it does not keep). With ``keep``, only the names it accepts (the others are never
-    read: a pipeline stage)."""
+    tensor it does not keep; under expert parallelism the other ranks' experts are skipped
+    unread and the rank's own renamed to its local index, ``tp_shard.local_tensor_name``).
+    With ``keep``, only the names it accepts (the others are never read: a pipeline stage)."""
     for file in safetensors_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():
                 if keep is not None and not keep(name):
                     continue
+                local = name if shard is None else local_tensor_name(name, shard)
+                if local is None:
+                    continue
                 cut = None if shard is None else checkpoint_slice(name, shard, head_dim)
                 if cut is None:
-                    yield name, f.get_tensor(name)
+                    yield local, f.get_tensor(name)
                     continue
                 part = f.get_slice(name)
                 if cut.zero:
                     dtype = _SAFETENSORS_DTYPES[part.get_dtype()]
-                    yield name, torch.zeros(part.get_shape(), dtype=dtype)
+                    yield local, torch.zeros(part.get_shape(), dtype=dtype)
                 else:
-                    yield name, _read_ranges(part, cut)
+                    yield local, _read_ranges(part, cut)
 
 
 def _read_ranges(part: Any, cut: TensorSlice) -> torch.Tensor:
@@ -127,6 +137,7 @@ def load_model(
     announce: bool = True,
     tp: TPGroup | None = None,
     stage: DeviceShard | None = None,
+    expert_parallel: bool = False,
 ) -> LlamaForCausalLM:
     """Build the model of the checkpoint directory ``path`` and load its weights.
 
@@ -143,7 +154,9 @@ def load_model(
     ``announce`` prints it to stderr.
 
     ``tp`` (two or more ranks): build and load only this rank's tensor-parallel shard, from
-    the same safetensors files every rank maps (GGUF checkpoints are not sharded).
+    the same safetensors files every rank maps (GGUF checkpoints are not sharded);
+    ``expert_parallel``: a MoE model's experts spread whole over the ranks instead of each
+    cut on its width (refused with ``stage``).
 
     ``stage`` (a pipeline stage, :mod:`radixserve.memory.sharding`) builds and loads only that
     stage's layers (:class:`~radixserve.model.pipeline_stage.LlamaPipelineStage`, with ``tp``
@@ -158,12 +171,14 @@ def load_model(
     model: LlamaForCausalLM
     report: QuantReport | None = None
     if stage is not None and stage.pp_size > 1:
+        if expert_parallel:
+            raise ValueError("expert parallelism is not supported with pipeline parallelism")
         model = _load_stage(path, cfg, stage, tp, dtype, device)
     elif gguf is not None:
         model, report, qcfg = _load_gguf(gguf, cfg, dtype, device, qcfg)
     else:
         with torch.device("meta"):
-            model = LlamaForCausalLM(cfg, tp)
+            model = LlamaForCausalLM(cfg, tp, expert_parallel=expert_parallel)
         model.load_weights(
             iter_safetensors(path, model.shard, cfg.head_dim), dtype=dtype, device=device
         )

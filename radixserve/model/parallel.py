@@ -59,6 +59,7 @@ from radixserve.model.tp_shard import (
     TensorSlice,
     TPShard,
     checkpoint_slice,
+    local_tensor_name,
     shard_for_rank,
     split_range,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "TPShard",
     "TensorSlice",
     "checkpoint_slice",
+    "local_tensor_name",
     "VocabParallelEmbedding",
     "ParallelLMHead",
     "make_gloo",

@@ -6,18 +6,29 @@ no rank reads a whole tensor it does not keep).
 Column-parallel projections are cut on their rows, row-parallel ones on their columns (a
 row-parallel bias is loaded by rank 0 only), the embedding and LM head on their vocabulary
 rows; fused tensors (Phi-3's ``qkv_proj`` / ``gate_up_proj``, transformers 5's stacked
-experts) are cut part by part; every expert on its own MLP width; norms are whole except a
-q/k norm over the whole projection (OLMo 2, OLMoE), cut like the heads.
+experts) are cut part by part; every expert on its own MLP width, or under expert
+parallelism each rank holds ``num_experts / N`` whole experts (:func:`local_tensor_name`
+renames a checkpoint's expert to the rank's own index and drops the other ranks' experts
+before they are read); norms are whole except a q/k norm over the whole projection (OLMo 2,
+OLMoE), cut like the heads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import NamedTuple
 
 from radixserve.model.config import ModelConfig
 
-__all__ = ["TPShard", "TensorSlice", "checkpoint_slice", "shard_for_rank", "split_range"]
+__all__ = [
+    "TPShard",
+    "TensorSlice",
+    "checkpoint_slice",
+    "local_tensor_name",
+    "shard_for_rank",
+    "split_range",
+]
 
 
 def split_range(n: int, parts: int, i: int) -> tuple[int, int]:
@@ -48,6 +59,9 @@ class TPShard(NamedTuple):
     # a replicated head): only the first counts them in a sum over ranks.
     kv_owner: bool = True
     proj_qk_norm: bool = False  # the q/k norm weights span the projection: cut like the heads
+    # Expert parallelism: the whole experts [lo, hi) this rank holds (each expert then keeps
+    # its whole MLP width: ``expert_intermediate`` is (0, width)); None: every expert, cut.
+    experts: tuple[int, int] | None = None
 
     @property
     def num_q_heads(self) -> int:
@@ -67,7 +81,7 @@ class TPShard(NamedTuple):
         moe = cfg.moe
         if moe is not None:
             lo, hi = self.expert_intermediate
-            moe = dataclasses.replace(moe, intermediate_size=hi - lo)
+            moe = dataclasses.replace(moe, intermediate_size=hi - lo, expert_range=self.experts)
         norm_tp = None
         if cfg.qk_norm == "proj":
             norm_tp = (cfg.q_size, cfg.kv_size, self.kv_owner)
@@ -82,10 +96,25 @@ class TPShard(NamedTuple):
         )
 
 
-def shard_for_rank(cfg: ModelConfig, rank: int, world_size: int) -> TPShard:
-    """Rank ``rank``'s shard of ``cfg`` (see the module docstring for the head split)."""
+def shard_for_rank(
+    cfg: ModelConfig, rank: int, world_size: int, expert_parallel: bool = False
+) -> TPShard:
+    """Rank ``rank``'s shard of ``cfg`` (see the module docstring for the head split).
+    ``expert_parallel``: a MoE model's experts are spread whole over the ranks (``num_experts``
+    must divide by ``world_size``) instead of each being cut on its width; no effect on a
+    dense model."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside a world of {world_size}")
+    experts = None
+    if expert_parallel and cfg.moe is not None:
+        n = cfg.moe.num_experts
+        if n % world_size:
+            raise ValueError(
+                f"expert parallelism needs the {n} experts to divide evenly over the "
+                f"{world_size} tensor-parallel ranks (num_experts % tp == 0); drop "
+                "--expert-parallel to cut every expert on its width instead"
+            )
+        experts = (rank * n // world_size, (rank + 1) * n // world_size)
     q, k = cfg.num_q_heads, cfg.num_kv_heads
     g = q // k
     owner = True
@@ -105,6 +134,7 @@ def shard_for_rank(cfg: ModelConfig, rank: int, world_size: int) -> TPShard:
         kv = (head, head + 1)
         qh = (head * g + lo, head * g + hi)
     expert_width = cfg.moe.intermediate_size if cfg.moe is not None else world_size
+    expert_rows = (0, expert_width) if experts is not None else None
     if min(cfg.intermediate_size, cfg.vocab_size, expert_width) < world_size:
         raise ValueError(f"tensor parallel size {world_size} exceeds the model's MLP or vocabulary")
     return TPShard(
@@ -118,12 +148,13 @@ def shard_for_rank(cfg: ModelConfig, rank: int, world_size: int) -> TPShard:
         q_heads_total=q,
         kv_heads_total=k,
         intermediate_total=cfg.intermediate_size,
-        expert_intermediate=split_range(expert_width, world_size, rank)
+        expert_intermediate=expert_rows or split_range(expert_width, world_size, rank)
         if cfg.moe is not None
         else (0, 0),
         expert_intermediate_total=expert_width if cfg.moe is not None else 0,
         kv_owner=owner,
         proj_qk_norm=cfg.qk_norm == "proj",
+        experts=experts,
     )
 
 
@@ -153,12 +184,35 @@ def _parts(cut: tuple[int, int], starts: tuple[int, ...], dim: int = 0) -> Tenso
     )
 
 
+_EXPERT_INDEX = re.compile(r"\.experts\.(\d+)\.")
+
+
+def local_tensor_name(name: str, shard: TPShard) -> str | None:
+    """Checkpoint tensor ``name`` as this rank's model names it, or None when the rank holds
+    none of it (another rank's expert, never read). Only expert parallelism renames: the
+    rank's experts ``[lo, hi)`` are its modules ``experts.0 .. experts.{hi - lo - 1}``."""
+    if shard.experts is None:
+        return name
+    found = _EXPERT_INDEX.search(name)
+    if found is None:
+        return name
+    lo, hi = shard.experts
+    expert = int(found.group(1))
+    if not lo <= expert < hi:
+        return None
+    return f"{name[: found.start()]}.experts.{expert - lo}.{name[found.end() :]}"
+
+
 def _expert_slice(name: str, shard: TPShard) -> TensorSlice | None:
     """An expert's tensor (per expert, ``experts.{e}.gate_proj`` or Mixtral's ``w1``/``w3``/
     ``w2``; or stacked ``experts.gate_up_proj [E, 2I, H]`` / ``experts.down_proj [E, H, I]``):
-    this rank's rows of the expert's MLP width."""
-    cut, width = shard.expert_intermediate, shard.expert_intermediate_total
+    this rank's rows of the expert's MLP width, or under expert parallelism its own experts
+    whole (a per-expert tensor of another rank's expert is dropped by the loader first)."""
     stem = name.removesuffix(".weight")
+    if shard.experts is not None:
+        stacked = stem.endswith((".experts.gate_up_proj", ".experts.down_proj"))
+        return TensorSlice(0, *shard.experts) if stacked else None
+    cut, width = shard.expert_intermediate, shard.expert_intermediate_total
     if stem.endswith(".experts.gate_up_proj"):
         return _parts(cut, (0, width), dim=1)
     if stem.endswith(".experts.down_proj"):

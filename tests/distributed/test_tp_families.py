@@ -17,6 +17,11 @@ quirks that tensor parallelism could break active:
   on its MLP width, the router whole on each rank. Separately, one expert block whose router
   sends every row to expert 0 and none to expert 5 gives the unsharded block's rows; and
   the Qwen3-MoE checkpoint re-saved with stacked experts (transformers 5's layout).
+- The three MoE families again under expert parallelism (``--expert-parallel``: each rank
+  holds 4 of the 8 experts whole, computes the slots routed to them, one all-reduce sums the
+  halves; random routers, so decode steps leave experts of either rank without a row), and
+  the expert block under it twice: every row to expert 0 (rank 0's) and none to expert 5
+  (rank 1's); every row to experts 0 and 1 only, so rank 1 receives no token at all.
 
 Tolerance (float32, as ``tests/model/test_tensor_parallel_layers.py``): logits within 2e-5
 abs + 2e-5 rel of one rank's; logprobs within 1e-4 (``test_pipeline_parallel.py``); greedy
@@ -125,10 +130,13 @@ def _seqs(lengths: tuple[int, ...], seed: int) -> list[list[int]]:
     ]
 
 
-def _run_family(path: Path, tp: TPGroup | None) -> dict[str, Any]:
+def _run_family(path: Path, tp: TPGroup | None, expert_parallel: bool = False) -> dict[str, Any]:
     """Ragged all-row logits, then greedy decoding (the whole sequences again every step:
     the model's sharding is what is checked, not the paged backends) with each token's logprob."""
-    model = load_model(path, tp=tp)
+    model = load_model(path, tp=tp, expert_parallel=expert_parallel)
+    if expert_parallel and tp is not None:  # each rank holds 4 of the 8 experts whole
+        held = model.local_config.moe.expert_range if model.local_config.moe else None
+        assert held == (4 * tp.rank, 4 * tp.rank + 4), held
     attn = DenseAttentionBackend()
     logits = model(ForwardBatch.for_full_sequences(_seqs((7, 1, 23, 12), 0), all_logits=True), attn)
     seqs = _seqs((9, 17, 3), 1)
@@ -144,21 +152,39 @@ def _run_family(path: Path, tp: TPGroup | None) -> dict[str, Any]:
     return {"logits": logits, "tokens": tokens, "logprobs": logprobs}
 
 
-def _uneven_block(tp: TPGroup | None) -> tuple[torch.Tensor, list[int]]:
-    """One expert block (8 experts, top-2, width 25) whose router sends every row to expert
-    0 and none to expert 5 (``tests/model/test_moe.py``'s construction), each rank holding its
-    rows of every expert; returns its output and the experts' row counts."""
+# The expert parallel runs: name -> the one-rank result they must equal.
+EP_CASES = {f"{name}_ep": name for name in ("qwen3_moe", "mixtral", "olmoe")}
+# Uneven expert blocks: name -> (expert parallel, the experts every row is routed to).
+BLOCKS: dict[str, tuple[bool, tuple[int, ...]]] = {
+    "uneven_block": (False, (0,)),
+    "uneven_block_ep": (True, (0,)),
+    "empty_rank_block_ep": (True, (0, 1)),
+}
+
+
+def _uneven_block(
+    tp: TPGroup | None, expert_parallel: bool = False, favourite: tuple[int, ...] = (0,)
+) -> tuple[torch.Tensor, list[int]]:
+    """One expert block (8 experts, top-2, width 25) whose router sends every row to the
+    ``favourite`` experts and none to expert 5 (``tests/model/test_moe.py``'s construction),
+    each rank holding its rows of every expert, or with ``expert_parallel`` its 4 whole
+    experts; returns its output and the experts' row counts."""
     hidden, width, experts = 64, 25, 8
     g = torch.Generator().manual_seed(5)
     router = torch.randn(experts, hidden, generator=g) * 0.2
     router[:, 0] = 0.0
-    router[0, 0], router[5, 0] = 20.0, -20.0
+    for e in favourite:
+        router[e, 0] = 20.0
+    router[5, 0] = -20.0
     gate_up = torch.randn(experts, 2 * width, hidden, generator=g) * 0.2
     down = torch.randn(experts, hidden, width, generator=g) * 0.2
     x = torch.randn(37, hidden, generator=g)
     x[:, 0] = x[:, 0].abs() + 0.5
     lo, hi = 0, width
-    if tp is not None:
+    held = None
+    if tp is not None and expert_parallel:
+        held = (4 * tp.rank, 4 * tp.rank + 4)
+    elif tp is not None:
         cfg = ModelConfig.from_dict(
             {
                 "model_type": "qwen3_moe",
@@ -173,10 +199,12 @@ def _uneven_block(tp: TPGroup | None) -> tuple[torch.Tensor, list[int]]:
             }
         )
         lo, hi = shard_for_rank(cfg, tp.rank, tp.world_size).expert_intermediate
-    block = SparseMoeBlock(hidden, MoEConfig(experts, 2, hi - lo, True), bias=False, tp=tp)
+    moe = MoEConfig(experts, 2, hi - lo, True, expert_range=held)
+    block = SparseMoeBlock(hidden, moe, bias=False, tp=tp)
     with torch.no_grad():
         block.gate.weight.copy_(router)
-        for e, mlp in enumerate(block.experts):
+        for i, mlp in enumerate(block.experts):
+            e = block.first_expert + i
             rows = torch.cat([gate_up[e, lo:hi], gate_up[e, width + lo : width + hi]])
             mlp.gate_up_proj.weight.copy_(rows)
             mlp.down_proj.weight.copy_(down[e, :, lo:hi])
@@ -193,9 +221,14 @@ def _rank(rank: int, port: int, paths: dict[str, Path], out: mp.Queue) -> None:
         result = _run_family(path, tp)
         if rank == 0:
             out.put((name, {**result, "logits": result["logits"].numpy()}))
-    block, counts = _uneven_block(tp)
-    if rank == 0:
-        out.put(("uneven_block", (block.numpy(), counts)))
+    for name, family in EP_CASES.items():
+        result = _run_family(paths[family], tp, expert_parallel=True)
+        if rank == 0:
+            out.put((name, {**result, "logits": result["logits"].numpy()}))
+    for name, (expert_parallel, favourite) in BLOCKS.items():
+        block, counts = _uneven_block(tp, expert_parallel, favourite)
+        if rank == 0:
+            out.put((name, (block.numpy(), counts)))
 
 
 # Qwen3-MoE's checkpoint re-saved in transformers 5's stacked expert layout
@@ -233,16 +266,18 @@ def tp2_results(case_dirs: dict[str, Path]) -> tuple[dict[str, Any], dict[str, A
 
     def one_rank() -> dict[str, Any]:
         want: dict[str, Any] = {name: _run_family(path, None) for name, path in paths.items()}
-        want["uneven_block"] = _uneven_block(None)
+        for name, (_, favourite) in BLOCKS.items():
+            want[name] = _uneven_block(None, False, favourite)
         return want
 
-    pairs, want = run_two_ranks(_rank, (paths,), len(paths) + 1, one_rank)
+    results = len(paths) + len(EP_CASES) + len(BLOCKS)
+    pairs, want = run_two_ranks(_rank, (paths,), results, one_rank)
     return dict(pairs), want
 
 
-@pytest.mark.parametrize("name", [*CASES, STACKED])
+@pytest.mark.parametrize("name", [*CASES, STACKED, *EP_CASES])
 def test_tp2_equals_one_rank(name: str, tp2_results: tuple[dict[str, Any], dict[str, Any]]) -> None:
-    got, want = tp2_results[0][name], tp2_results[1][name]
+    got, want = tp2_results[0][name], tp2_results[1][EP_CASES.get(name, name)]
     assert want["logits"].abs().max() > 1.0
     torch.testing.assert_close(
         torch.from_numpy(got["logits"]), want["logits"], atol=ATOL, rtol=RTOL
@@ -253,12 +288,17 @@ def test_tp2_equals_one_rank(name: str, tp2_results: tuple[dict[str, Any], dict[
     )
 
 
+@pytest.mark.parametrize("name", list(BLOCKS))
 def test_tp2_expert_block_with_uneven_routing(
-    tp2_results: tuple[dict[str, Any], dict[str, Any]],
+    name: str, tp2_results: tuple[dict[str, Any], dict[str, Any]]
 ) -> None:
-    (got, got_counts), (want, want_counts) = (r["uneven_block"] for r in tp2_results)
+    (got, got_counts), (want, want_counts) = (r[name] for r in tp2_results)
     assert got_counts == want_counts  # the same routing on every rank
-    assert want_counts[0] == 37 and want_counts[5] == 0 and len(set(want_counts)) > 2
+    assert want_counts[0] == 37 and want_counts[5] == 0
+    if name == "empty_rank_block_ep":  # experts 4-7, rank 1's, receive no row
+        assert want_counts[:2] == [37, 37] and sum(want_counts[4:]) == 0
+    else:
+        assert len(set(want_counts)) > 2
     torch.testing.assert_close(torch.from_numpy(got), want, atol=ATOL, rtol=RTOL)
 
 

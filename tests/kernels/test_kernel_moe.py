@@ -49,6 +49,26 @@ def test_fused_moe_matches_reference(t: int, e: int, k: int, h: int, i: int) -> 
     )
 
 
+def test_fused_moe_expert_parallel_slices_sum_to_the_whole() -> None:
+    """Expert parallelism: each rank's kernel over its own experts ``[first, first + E/2)``
+    (the other slots skipped, their rows zero) equals the reference restricted to them, and
+    the two ranks' outputs add up to the whole layer's (what the all-reduce does). Rank 1's
+    experts include the one no row chose."""
+    x, w13, w2, weights, ids = _case(23, 8, 2, 48, 40, seed=3)
+    half = []
+    for first in (0, 4):
+        w13_r, w2_r = w13[first : first + 4], w2[first : first + 4]
+        got = fused_moe(
+            *(kvcases.dev(v) for v in (x, w13_r, w2_r, weights, ids)), first_expert=first
+        ).cpu()
+        ref = fused_moe_ref(x, w13_r, w2_r, weights, ids, first_expert=first)
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-4)
+        half.append(got)
+    torch.testing.assert_close(
+        half[0] + half[1], fused_moe_ref(x, w13, w2, weights, ids), atol=1e-5, rtol=1e-4
+    )
+
+
 def test_fused_moe_matches_the_cpu_block() -> None:
     """The block's grouped torch path (what the CPU runs) and the kernel agree on one layer."""
     torch.manual_seed(0)

@@ -14,17 +14,31 @@ class MoEConfig:
     Routing is ``softmax`` over the router's logits, then the ``top_k`` largest, renormalised
     to sum to one when ``norm_topk_prob`` (Mixtral always, Qwen3-MoE and OLMoE per config).
     ``dense_layers``: layers whose MLP is a plain dense one of the model's ``intermediate_size``
-    (Qwen3-MoE's ``mlp_only_layers`` and the layers ``decoder_sparse_step`` skips)."""
+    (Qwen3-MoE's ``mlp_only_layers`` and the layers ``decoder_sparse_step`` skips).
+    ``expert_range``: under expert parallelism, the experts ``[lo, hi)`` this rank holds
+    whole (``TPShard.local_config``); None: every expert (one process, or each expert cut on
+    its width)."""
 
     num_experts: int
     top_k: int
     intermediate_size: int  # each expert's MLP width
     norm_topk_prob: bool
     dense_layers: tuple[int, ...] = ()
+    expert_range: tuple[int, int] | None = None
 
     def is_sparse(self, layer: int) -> bool:
         """Whether decoder layer ``layer``'s MLP is the expert block."""
         return layer not in self.dense_layers
+
+    @property
+    def held_experts(self) -> tuple[int, int]:
+        """The experts ``[lo, hi)`` whose weights this model (or rank) holds."""
+        return self.expert_range or (0, self.num_experts)
+
+    @property
+    def num_held_experts(self) -> int:
+        lo, hi = self.held_experts
+        return hi - lo
 
 
 def moe_config(

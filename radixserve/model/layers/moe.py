@@ -30,7 +30,14 @@ Under tensor parallelism (``tp``) every expert is cut on its MLP width as a dens
 (``moe.intermediate_size`` is the rank's share), the router is whole on every rank (each
 computes the same routing), and the block's partial output is summed by one all-reduce: the
 same paths above run unchanged on each rank, and every rank does the same work whatever the
-routing (docs/parallelism.md says why this rather than experts spread over the ranks).
+routing (docs/parallelism.md says why this is the default).
+
+Under expert parallelism (``moe.expert_range``, ``--expert-parallel``) each rank holds
+``num_experts / N`` whole experts ``[lo, hi)`` (its modules ``experts.0 ..``), routes every
+row with the whole router, and computes only the (row, expert) slots routed to its own
+experts: in the grouped path those are one contiguous run of the expert-sorted slots, and a
+rank whose experts got no row adds zeros. The same one all-reduce then sums each row's
+experts across the ranks (vLLM's and SGLang's expert parallelism over the TP group).
 """
 
 from __future__ import annotations
@@ -83,8 +90,12 @@ class SparseMoeBlock(nn.Module):
         self.num_experts = moe.num_experts
         self.top_k = moe.top_k
         self.gate = TopKRouter(hidden_size, moe)
+        # The experts held here (all, or this rank's [lo, hi) under expert parallelism):
+        # module ``experts.{e - lo}`` is global expert e.
+        self.first_expert, last = moe.held_experts
         self.experts = nn.ModuleList(
-            GatedMLP(hidden_size, moe.intermediate_size, bias) for _ in range(moe.num_experts)
+            GatedMLP(hidden_size, moe.intermediate_size, bias)
+            for _ in range(last - self.first_expert)
         )
         # The Triton kernel's stacked weights (CUDA), made at the first forward that uses them.
         self._w13: torch.Tensor | None = None
@@ -99,7 +110,8 @@ class SparseMoeBlock(nn.Module):
         if gpu_ops.enabled(x) and self._plain_experts():
             from radixkernels.moe import fused_moe
 
-            return fused_moe(x, *self._stacked_weights(), weights, ids)
+            first = self.first_expert if len(self.experts) < self.num_experts else None
+            return fused_moe(x, *self._stacked_weights(), weights, ids, first_expert=first)
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             return self._forward_every_expert(x, weights, ids)
         return self._forward_grouped(x, weights, ids)
@@ -129,17 +141,24 @@ class SparseMoeBlock(nn.Module):
     def _forward_grouped(
         self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
-        """Rows grouped by expert; each expert that got rows runs once over its run (module
-        docstring). Summation per row in ascending expert order, as transformers adds them."""
+        """Rows grouped by expert; each expert held here that got rows runs once over its run
+        (module docstring). Summation per row in ascending expert order, as transformers adds
+        them. Under expert parallelism only the slots of this rank's experts, one contiguous
+        run of the sorted slots, are gathered."""
         flat = ids.flatten()
         order = torch.argsort(flat, stable=True)
-        rows = torch.div(order, self.top_k, rounding_mode="floor")
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        experts = cast("list[GatedMLP]", list(self.experts))
+        lo = self.first_expert
+        start = sum(counts[:lo])
+        mine = counts[lo : lo + len(experts)]
+        if len(experts) < self.num_experts:
+            order = order[start : start + sum(mine)]
+        rows = torch.div(order, self.top_k, rounding_mode="floor")
         grouped = x.index_select(0, rows)
         out = torch.empty_like(grouped)
-        experts = cast("list[GatedMLP]", list(self.experts))
         start = 0
-        for expert, n in enumerate(counts):
+        for expert, n in enumerate(mine):
             if n:
                 run = slice(start, start + n)
                 out[run] = experts[expert].forward(grouped[run])
@@ -156,7 +175,8 @@ class SparseMoeBlock(nn.Module):
         dense.scatter_(1, ids, weights)
         out = torch.zeros_like(x)
         for expert, mlp in enumerate(cast("list[GatedMLP]", list(self.experts))):
-            out.add_(mlp.forward(x) * dense[:, expert : expert + 1])
+            e = self.first_expert + expert
+            out.add_(mlp.forward(x) * dense[:, e : e + 1])
         return out
 
     def expert_counts(self, x: torch.Tensor) -> torch.Tensor:
