@@ -81,6 +81,8 @@ class DisaggLink:
         elif isinstance(msg, p.WorkerAdmit) and isinstance(role, DecodeRole):
             if role.finish(_result_decoder.decode(msg.result)):
                 self._active.add(msg.rid)
+            else:  # its lease ran out first (the pages are gone): the request fails here
+                self._fail(msg.rid, "its reservation lapsed before the KV was admitted")
         elif isinstance(msg, p.WorkerRelease) and isinstance(role, DecodeRole):
             self._waiting = deque(m for m in self._waiting if m.request.rid != msg.rid)
             role.cancel(msg.rid)
@@ -148,6 +150,12 @@ class DisaggLink:
                     error=res.error,
                 )
             )
+
+    def _fail(self, rid: str, why: str) -> None:
+        out = StepOutput(
+            request_id=rid, new_token_ids=[], finished=True, finish_reason="error", error=why
+        )
+        self._send(p.WorkerOutputs(outputs=[out], load=p.WorkerLoad()))
 
     def expire(self) -> None:
         """Decode side: give back reservations whose lease ran out, and say so."""
