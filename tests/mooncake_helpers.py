@@ -8,7 +8,6 @@ plane. Tests skip (saying why) where the Mooncake wheel is not importable: it ne
 
 from __future__ import annotations
 
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,35 +31,6 @@ def mooncake_or_skip() -> Path:
     return Path(mooncake.__file__).parent / "mooncake_master"
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    """Until ``port`` accepts a connection (connect retries are the wait: no sleeps)."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mooncake_master exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            try:  # paces the retries, and notices the master dying meanwhile
-                proc.wait(0.05)
-            except subprocess.TimeoutExpired:
-                pass
-    raise RuntimeError(f"mooncake_master did not listen on {port}")
-
-
 class Master(NamedTuple):
     proc: subprocess.Popen[bytes]
     config: dict[str, Any]  # MooncakeStoreConfig fields pointing at this master
@@ -68,41 +38,22 @@ class Master(NamedTuple):
 
 @contextmanager
 def run_master(log: Path) -> Iterator[Master]:
-    """A master (RPC + HTTP metadata) on free loopback ports; stopped (and reaped) on exit."""
-    exe = mooncake_or_skip()
-    rpc, http, metrics = _free_ports(3)
-    argv = [
-        str(exe),
-        f"--rpc_port={rpc}",
-        "--rpc_address=127.0.0.1",
-        "--enable_http_metadata_server=true",
-        "--http_metadata_server_host=127.0.0.1",
-        f"--http_metadata_server_port={http}",
-        "--metrics_host=127.0.0.1",
-        f"--metrics_port={metrics}",
-    ]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        _wait_listening(rpc, proc)
-        _wait_listening(http, proc)
+    """A master (RPC + HTTP metadata) on free loopback ports; stopped (and reaped) on exit
+    (radixserve.distributed.mooncake_master.LocalMaster, what `serve` starts)."""
+    mooncake_or_skip()
+    from radixserve.distributed.mooncake_master import LocalMaster
+
+    with LocalMaster(log) as m:
         yield Master(
-            proc,
+            m.proc,
             {
-                "master_server_address": f"127.0.0.1:{rpc}",
-                "metadata_server": f"http://127.0.0.1:{http}/metadata",
-                "local_hostname": "127.0.0.1",
-                "protocol": "tcp",
+                **m.config,
                 "global_segment_size": "32mb",
                 "local_buffer_size": "16mb",
                 "timeout_s": 2.0,
                 "close_timeout_s": 2.0,
             },
         )
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(30)
 
 
 def worker_main(conn: Connection, model_dir: str, engine_kw: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
     _endpoint_arguments(p)
     _routing_arguments(p)
+    _disaggregation_arguments(p)
     _liveness_arguments(p)
     _security_arguments(p)
     add_engine_arguments(p, "engine (per worker)")
@@ -90,6 +91,26 @@ def _routing_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.5,
         help="cache-aware: fraction of the prompt a worker must hold to win on cache",
+    )
+
+
+def _disaggregation_arguments(p: argparse.ArgumentParser) -> None:
+    """Prefill/decode disaggregation over the local workers (docs/disaggregation.md)."""
+    p.add_argument(
+        "--disaggregation",
+        default=None,
+        metavar="prefill:N,decode:M",
+        help="split the local workers into N prefill and M decode workers (--workers N+M): a "
+        "request's prompt is computed on a prefill worker chosen by prefix cache, its KV "
+        "written into a decode worker chosen by load (Mooncake's transfer engine), which "
+        "streams the tokens",
+    )
+    p.add_argument(
+        "--disaggregation-timeout",
+        type=float,
+        default=60.0,
+        help="with --disaggregation: seconds a decode worker holds pages for a prompt's KV "
+        "before it gives them back and the request fails",
     )
 
 
@@ -172,6 +193,7 @@ def serve(args: argparse.Namespace) -> int:
     if args.http_port is not None:  # before any worker starts: a refused address fails fast
         check_http_bind(args.http_host, http_keys(args)[0], args.insecure)
     model = resolve_model(args.model)
+    start_local_master(engine_overrides)  # only for a Mooncake L3 without a master address
     server = _start_local_server(args, model, endpoint, engine_overrides)
     # Everything a signal must stop; the HTTP gateway joins once started, so that it shuts
     # down while the workers do, not after them.
@@ -238,6 +260,8 @@ def router_config(args: argparse.Namespace, endpoint: str) -> RouterConfig:
         restart_workers=args.restart_workers,
         restart_backoff_s=args.restart_backoff,
         tokenizer_workers=args.tokenizer_workers,
+        disaggregation=args.disaggregation is not None,
+        disaggregation_timeout_s=args.disaggregation_timeout,
     )
 
 
@@ -250,10 +274,12 @@ def _start_local_server(
     from radixserve.engine.devices import parse_gpu_ids
     from radixserve.serving.router.launcher import LocalServer
 
+    overrides = disaggregation_overrides(args)
     try:
         return LocalServer(
             model,
             num_workers=args.workers,
+            worker_overrides=overrides,
             config=router_config(args, endpoint),
             engine_config=engine_overrides,
             gpu_ids=parse_gpu_ids(args.gpu_ids),
@@ -265,6 +291,53 @@ def _start_local_server(
         raise ValueError(
             f"cannot bind {endpoint} or {args.worker_endpoint}: {e} (try --port or --endpoint)"
         ) from e
+
+
+def start_local_master(engine_overrides: dict[str, Any]) -> Any:
+    """A single-host trial of the Mooncake L3 (``--hicache-storage-backend mooncake`` with no
+    ``master_server_address`` in its config): start a ``mooncake_master`` (with its HTTP
+    metadata server) on loopback, point the workers' store config at it, and return it (it
+    dies with this process). None when a master is given or the backend is not Mooncake.
+    Prefill/decode disaggregation alone needs none: its transfer engines meet peer to peer."""
+    if engine_overrides.get("hicache_storage_backend") != "mooncake":
+        return None
+    import json
+    import tempfile
+
+    extra = json.loads(engine_overrides.get("hicache_storage_backend_extra_config") or "{}")
+    path = engine_overrides.get("hicache_storage_backend_config")
+    given = json.loads(Path(path).read_text()) if path else {}
+    if extra.get("master_server_address") or given.get("master_server_address"):
+        return None
+    from radixserve.distributed.mooncake_master import LocalMaster
+
+    log = Path(tempfile.mkdtemp(prefix="radixserve-mooncake-")) / "master.log"
+    master = LocalMaster(log, die_with_parent=True)
+    engine_overrides["hicache_storage_backend_extra_config"] = json.dumps(
+        {**master.config, **extra}
+    )
+    print(
+        f"radixserve: started a local mooncake_master at {master.config['master_server_address']} "
+        f"(pid {master.proc.pid}, log {log}); in a cluster give its address instead",
+        flush=True,
+    )
+    return master
+
+
+def disaggregation_overrides(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """Each local worker's disaggregation mode from ``--disaggregation`` (None without it);
+    ``--workers`` becomes N + M (given otherwise, it must say the same)."""
+    if getattr(args, "disaggregation", None) is None:
+        return None
+    from radixserve.serving.router.disagg_dispatch import parse_roles
+
+    roles = parse_roles(args.disaggregation)
+    if args.workers == 0:  # remote workers only: they say their mode when they join
+        return None
+    if args.workers not in (1, len(roles)):
+        raise ValueError(f"--workers {args.workers} but --disaggregation {args.disaggregation}")
+    args.workers = len(roles)
+    return [{"disaggregation_mode": r} for r in roles]
 
 
 def run_other_node(model: str | None, engine_overrides: dict[str, Any]) -> int:

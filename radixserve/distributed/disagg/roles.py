@@ -27,6 +27,7 @@ auxiliary-data buffer written by the transfer engine.
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple
 
 import msgspec
@@ -61,6 +62,9 @@ class PrefillTicket(msgspec.Struct, frozen=True):
     pool: PoolDescriptor
     fill_pages: list[int]  # decode pages for tokens [held_len, prompt_len), in order
     held_len: int  # leading tokens the decode engine already holds: not transferred
+    # The reservation's lease (unix time; 0: none): the prefill engine starts no write after
+    # it, and the decode engine gives the pages back RELEASE_GRACE_S later (see expire).
+    write_by: float = 0.0
 
 
 class PrefillResult(msgspec.Struct, frozen=True):
@@ -110,8 +114,18 @@ class _Role:
         return req
 
 
+# A write the prefill engine started before the lease's end must land before the decode
+# engine reuses the pages: this long after ``write_by`` (a lease of T seconds gets max(this,
+# T / 2)); clocks of the two hosts are assumed to agree within it.
+RELEASE_GRACE_S = 2.0
+
+
 class DecodeRole(_Role):
     """The decode engine's side: reserve pages, admit the prefilled request, or cancel."""
+
+    def __init__(self, scheduler: Scheduler, intake: RequestIntake, transfer: KVTransfer) -> None:
+        super().__init__(scheduler, intake, transfer)
+        self._release_at: dict[str, float] = {}  # leased reservations: when they lapse
 
     def reserve(
         self,
@@ -119,16 +133,31 @@ class DecodeRole(_Role):
         params: SamplingParams | None = None,
         request_id: str | None = None,
         namespace: str | None = None,
+        timeout_s: float | None = None,
     ) -> PrefillTicket | None:
         """Hold this cache's prefix of ``prompt`` and pages for the rest; None when no row or
-        pages are free now. ``ValueError`` for what ``Engine.add_request`` refuses."""
+        pages are free now. ``ValueError`` for what ``Engine.add_request`` refuses.
+        ``timeout_s``: the lease; past it :meth:`expire` gives the pages back."""
         req = self._make(prompt, params or SamplingParams(), request_id, namespace)
         res = self.scheduler.prefilled.reserve(req)
         if res is None:
             return None
+        write_by = 0.0
+        if timeout_s is not None:
+            write_by = time.time() + timeout_s
+            self._release_at[req.request_id] = write_by + max(RELEASE_GRACE_S, timeout_s / 2)
         return PrefillTicket(
-            req.request_id, self.transfer.descriptor(), res.fill_pages, res.held_len
+            req.request_id, self.transfer.descriptor(), res.fill_pages, res.held_len, write_by
         )
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Give back the reservations whose lease ran out (the prefill side will not write
+        after ``write_by``); their request ids."""
+        now = time.time() if now is None else now
+        gone = [rid for rid, t in self._release_at.items() if t <= now]
+        for rid in gone:
+            self.cancel(rid)
+        return gone
 
     def finish(self, result: PrefillResult) -> bool:
         """Apply the prefill engine's answer: admit (its first token comes with the next step)
@@ -138,6 +167,7 @@ class DecodeRole(_Role):
         if result.first_token is None:
             self.cancel(result.request_id)
             return False
+        self._release_at.pop(result.request_id, None)
         res = self.scheduler.prefilled.get(result.request_id)
         self._held += res.held_len
         self._moved += res.request.prompt_len - res.held_len
@@ -147,6 +177,7 @@ class DecodeRole(_Role):
 
     def cancel(self, request_id: str) -> bool:
         """Give back a reservation (only once the prefill engine will not write into it)."""
+        self._release_at.pop(request_id, None)
         done = self.scheduler.prefilled.cancel(request_id)
         self._cancelled += done
         return done
@@ -195,6 +226,9 @@ class PrefillRole(_Role):
         rid = req.request_id
         if req.status is not RequestStatus.RUNNING or reason not in ("stop", "length"):
             self._answer(PrefillResult(rid, None, 0, reason))
+            return
+        if ticket.write_by and time.time() > ticket.write_by:
+            self._answer(PrefillResult(rid, None, 0, "the decode side's reservation expired"))
             return
         ps = self.transfer.pool.page_size
         src = req.pages[ticket.held_len // ps : -(-req.prompt_len // ps)]

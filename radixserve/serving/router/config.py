@@ -45,3 +45,7 @@ class RouterConfig:
     restart_workers: bool = True  # local workers that exit are started again (see supervisor.py)
     restart_backoff_s: float = 1.0  # first restart delay; doubles with each exit in a row
     restart_backoff_max_s: float = 30.0
+    # Prefill/decode disaggregation (disagg_dispatch.py): requests go to a prefill worker and
+    # a decode worker; a decode reservation's lease (seconds for its KV to arrive).
+    disaggregation: bool = False
+    disaggregation_timeout_s: float = 60.0

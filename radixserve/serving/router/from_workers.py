@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import msgspec
 import zmq
@@ -27,6 +28,8 @@ from radixserve.serving.router.worker_pool import WorkerHandle, WorkerPool
 from radixserve.serving.wire import protocol as p
 from radixserve.serving.wire.security import peer_of
 
+DisaggReply = p.WorkerReserved | p.WorkerPrefilled | p.WorkerReleased
+
 # The router's logger: these are the router's messages, wherever its code lives.
 log = logging.getLogger("radixserve.serving.router")
 
@@ -35,10 +38,16 @@ class WorkerSide:
     """Handles the messages of a router's workers (see the module doc)."""
 
     def __init__(
-        self, pool: WorkerPool, dispatcher: Dispatcher, inflight: InFlight, control: ControlOps
+        self,
+        pool: WorkerPool,
+        dispatcher: Dispatcher,
+        inflight: InFlight,
+        control: ControlOps,
+        on_disagg: Callable[[WorkerHandle, DisaggReply], None] | None = None,
     ) -> None:
         self._pool, self._dispatcher = pool, dispatcher
         self._inflight, self._control = inflight, control
+        self._on_disagg = on_disagg  # prefill/decode pairs' replies (disagg_dispatch.py)
 
     def on_frames(self, frames: list[zmq.Frame]) -> None:
         """Handle one message from a worker: ``[identity, frame]`` as ``zmq.Frame`` objects (the
@@ -81,6 +90,9 @@ class WorkerSide:
             self._inflight.on_rejected(w, msg.rid, msg.message)
         elif isinstance(msg, p.WorkerGoodbye):
             self._pool.mark_dead(w, f"worker said goodbye ({msg.reason})")
+        elif isinstance(msg, (p.WorkerReserved, p.WorkerPrefilled, p.WorkerReleased)):
+            if self._on_disagg is not None:
+                self._on_disagg(w, msg)
 
     def on_kv_events(self, w: WorkerHandle, msg: p.WorkerKVEvents) -> None:
         """Fold a worker's KV events into its view; after a gap (or an undecodable batch)

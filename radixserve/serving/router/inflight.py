@@ -21,7 +21,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -50,6 +50,21 @@ def context_error(n: int, context_length: int | None) -> str | None:
     return None
 
 
+class SplitDispatch(Protocol):
+    """Prefill/decode disaggregation's dispatch (``disagg_dispatch.DisaggDispatch``): where a
+    request goes to a pair of workers instead of one."""
+
+    def usable(self, loads: dict[int, Any]) -> dict[int, Any]:
+        """``loads`` if a pair can be formed now, else nothing."""
+        ...
+
+    def dispatch(self, st: RouterRequest) -> None: ...
+
+    def abort(self, st: RouterRequest) -> bool:
+        """Stop ``st``'s pair; False when it has none (it runs on one worker)."""
+        ...
+
+
 class InFlight:
     """Every generate request between its arrival and its last message (see the module doc).
 
@@ -75,6 +90,7 @@ class InFlight:
         self._last_sent: dict[bytes, float] = {}
         self._waiting: deque[RouterRequest] = deque()  # no worker yet
         self._next_rid = 0
+        self.split: SplitDispatch | None = None  # set by the router with --disaggregation
         self.total = 0  # requests accepted
         self.aborted = 0  # by their client, or with a client that went away
 
@@ -111,6 +127,8 @@ class InFlight:
         """Batch ``st`` for the worker the dispatcher chooses; queue or fail it without one."""
         pool = self._pool
         loads = {w.worker_id: w.outstanding() for w in pool.routable}
+        if self.split is not None:
+            loads = self.split.usable(loads)
         if not loads:
             if pool.expected or pool.restarting or (not pool.workers and self._worker_wait_s > 0):
                 self._waiting.append(st)
@@ -120,6 +138,8 @@ class InFlight:
         too_long = context_error(len(st.prompt_ids), pool.context_length())
         if too_long:
             return self.fail(st, "context_length", too_long)
+        if self.split is not None:
+            return self.split.dispatch(st)
         decision = self._dispatcher.choose(
             st.prompt_ids, loads, st.session_id, st.namespace, rid=st.rid
         )
@@ -151,6 +171,8 @@ class InFlight:
 
     def abort_in_worker(self, st: RouterRequest) -> None:
         """Make sure the worker stops ``st`` (or never gets it), freeing its KV."""
+        if self.split is not None and self.split.abort(st):
+            return
         w = self._pool.workers.get(st.worker_id)
         if w is None:
             if st in self._waiting:

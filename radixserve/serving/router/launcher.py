@@ -67,6 +67,7 @@ class LocalServer:
     defaults to an even share of the cores). ``worker_program`` replaces
     ``python -m radixserve worker`` (tests use a fake worker). ``context``: the router's ZeroMQ
     context, when an in-process client shares it (then its owner terminates it, not the router).
+    ``worker_overrides``: EngineConfig fields for worker i alone (e.g. its disaggregation mode).
     """
 
     def __init__(
@@ -81,6 +82,7 @@ class LocalServer:
         tokenizer: Any = None,
         gpu_ids: list[int] | None = None,
         context: Any = None,
+        worker_overrides: list[dict[str, Any]] | None = None,
     ) -> None:
         from radixserve.serving.prompts import load_tokenizer
 
@@ -109,6 +111,8 @@ class LocalServer:
                 if "device" not in engine_config
                 else {**engine_config, "device": place.device}
             )
+            if worker_overrides is not None:
+                cfg_i = {**cfg_i, **worker_overrides[worker_id]}
             cmd = worker_command(
                 router_endpoint,
                 worker_id,

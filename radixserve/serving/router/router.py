@@ -52,6 +52,7 @@ import zmq
 from radixserve.serving.prompts import PromptCodec
 from radixserve.serving.router.config import RouterConfig
 from radixserve.serving.router.control import ControlOps
+from radixserve.serving.router.disagg_dispatch import DisaggDispatch
 from radixserve.serving.router.dispatch import Dispatcher
 from radixserve.serving.router.from_clients import ClientSide
 from radixserve.serving.router.from_workers import WorkerSide
@@ -180,7 +181,19 @@ class Router:
             reply_error=self._reply_error,
             trusted=self.security.trusted_client,
         )
-        self.worker_side = WorkerSide(self.pool, self.dispatcher, self.inflight, self._control)
+        self.split: DisaggDispatch | None = None  # prefill/decode pairs (--disaggregation)
+        if config.disaggregation:
+            self.split = DisaggDispatch(
+                self.pool, self.dispatcher, self.inflight, config.disaggregation_timeout_s
+            )
+            self.inflight.split = self.split
+        self.worker_side = WorkerSide(
+            self.pool,
+            self.dispatcher,
+            self.inflight,
+            self._control,
+            on_disagg=self.split.on_message if self.split is not None else None,
+        )
 
     def _bind(self, endpoint: str, client_side: bool) -> zmq.Socket:
         sock = self._ctx.socket(zmq.ROUTER)
@@ -403,6 +416,8 @@ class Router:
         self.inflight.dispatch_waiting()
 
     def _on_worker_dead(self, w: WorkerHandle, reason: str) -> None:
+        if self.split is not None:  # first: its pairs are settled before its requests
+            self.split.worker_dead(w, reason)
         self.inflight.fail_worker_requests(w, reason)
         self._control.on_worker_dead(w)
         if not self.live_workers and not self.pool.expected and not self.pool.restarting:

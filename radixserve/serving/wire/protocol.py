@@ -60,9 +60,20 @@ from radixserve.serving.wire.client_messages import (
     ToolCallPart,
     WorkerStats,
 )
+from radixserve.serving.wire.disagg_messages import (
+    WorkerAdmit,
+    WorkerPrefill,
+    WorkerPrefilled,
+    WorkerRelease,
+    WorkerReleased,
+    WorkerReserve,
+    WorkerReserved,
+)
 from radixserve.serving.wire.limits import invalid_utf8_path
 from radixserve.serving.wire.worker_messages import (
-    RouterToWorker,
+    RouterToWorker as _RouterToWorker,
+)
+from radixserve.serving.wire.worker_messages import (
     WorkerAbort,
     WorkerAdd,
     WorkerCloseSession,
@@ -82,8 +93,12 @@ from radixserve.serving.wire.worker_messages import (
     WorkerShutdown,
     WorkerStatsReply,
     WorkerStatsRequest,
-    WorkerToRouter,
 )
+from radixserve.serving.wire.worker_messages import WorkerToRouter as _WorkerToRouter
+
+# Prefill/decode disaggregation's messages (disagg_messages.py) join the worker unions here.
+RouterToWorker = _RouterToWorker | WorkerReserve | WorkerPrefill | WorkerAdmit | WorkerRelease
+WorkerToRouter = _WorkerToRouter | WorkerReserved | WorkerPrefilled | WorkerReleased
 
 # Every message and the parts it carries is ``protocol.<Name>``, whichever module defines it.
 __all__ = [
@@ -141,6 +156,13 @@ __all__ = [
     "WorkerGoodbye",
     "WorkerKVEvents",
     "WorkerToRouter",
+    "WorkerReserve",
+    "WorkerPrefill",
+    "WorkerAdmit",
+    "WorkerRelease",
+    "WorkerReserved",
+    "WorkerPrefilled",
+    "WorkerReleased",
     "MAX_CACHE_SALT_CHARS",
     "decode_client",
     "decode_from_worker",

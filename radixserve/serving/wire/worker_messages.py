@@ -104,6 +104,9 @@ class WorkerHello(Msg, tag="w_hello"):
     page_size: int = 1
     load: WorkerLoad = msgspec.field(default_factory=WorkerLoad)
     model_path: str = ""  # where the weights and tokenizer were loaded from
+    disaggregation_mode: str = (
+        ""  # "prefill" / "decode" (serving.wire.disagg_messages); "": colocated
+    )
 
 
 class WorkerOutputs(Msg, tag="w_outputs"):

@@ -38,6 +38,7 @@ def describe_engine(engine: ServingEngine, worker_id: int, model_name: str) -> p
         page_size=int(getattr(econf, "page_size", 1)),
         load=engine_load(engine),
         model_path=str(getattr(engine, "model_path", "") or ""),
+        disaggregation_mode=str(getattr(econf, "disaggregation_mode", None) or ""),
     )
 
 
@@ -77,6 +78,11 @@ def worker_stats(engine: ServingEngine, check: bool) -> dict[str, Any]:
     stats = msgspec.to_builtins(engine.stats())
     stats["memory"] = engine_memory(engine)  # for the HTTP gateway's server info, metrics, log
     stats["invariants"] = "unchecked"
+    role = getattr(engine, "disagg", None)  # prefill/decode disaggregation's counters
+    if role is not None:
+        d = role.stats()
+        mode = getattr(getattr(engine, "config", None), "disaggregation_mode", None)
+        stats["disaggregation"] = {**d._asdict(), "transfer": d.transfer._asdict(), "mode": mode}
     if check:
         try:
             engine.check_invariants()

@@ -124,6 +124,10 @@ class Worker:
         from radixserve.serving.worker.kv_events import RouterEventFeed
 
         self._router_events = RouterEventFeed(self.engine, self._send)
+        from radixserve.serving.worker.disagg import DisaggLink
+
+        # Prefill/decode disaggregation: None for a colocated engine.
+        self._disagg = DisaggLink.of(self.engine, self._send, self._active)
 
     def _event_publisher(self) -> Any | None:
         """A KV-event publisher when the engine records events (``kv_events_endpoint``)."""
@@ -184,6 +188,8 @@ class Worker:
                 if now >= next_check:
                     next_check = now + 0.5
                     self._check_liveness(now)
+                    if self._disagg is not None:
+                        self._disagg.expire()
                     code = self._check_engine()
                     if code:
                         break
@@ -250,6 +256,9 @@ class Worker:
             self._send(p.WorkerOutputs(outputs=fails, load=p.WorkerLoad()))
             self._goodbye = f"engine step failed: {err}"
             return 1
+        if self._disagg is not None:
+            outs = self._disagg.filter_outputs(outs)
+            self._disagg.send_answers()
         if outs:
             for o in outs:
                 if o.finished:
@@ -314,6 +323,8 @@ class Worker:
     def _abort_all(self) -> None:
         for rid in list(self._active):
             self._abort(rid)
+        if self._disagg is not None:
+            self._disagg.drop_all()
 
     def _abort(self, rid: str) -> None:
         try:
@@ -358,6 +369,13 @@ class Worker:
         elif isinstance(msg, p.WorkerAbort):
             for rid in msg.rids:
                 self._abort(rid)
+            if self._disagg is not None:
+                self._disagg.send_answers()  # a prefill run aborted: its answer goes now
+        elif isinstance(msg, (p.WorkerReserve, p.WorkerPrefill, p.WorkerAdmit, p.WorkerRelease)):
+            if self._disagg is None:
+                log.warning("%s to a colocated worker: ignored", type(msg).__name__)
+            else:
+                self._disagg.handle(msg)
         elif isinstance(msg, p.WorkerPing):
             self._send(p.WorkerHeartbeat(load=engine_load(self.engine)))
         elif isinstance(msg, p.WorkerStatsRequest):
