@@ -90,7 +90,11 @@ def nocopy_workload(rng: random.Random, n: int) -> list[dict[str, Any]]:
     """Creative writing, sampled: nothing to copy."""
     topics = ["a lighthouse", "a city at night", "an old map", "the first snow", "a robot"]
     return [
-        {"prompt": f"Write a short poem about {rng.choice(topics)}.\n", "temperature": 0.8}
+        {
+            "prompt": f"Write a short poem about {rng.choice(topics)}.\n",
+            "temperature": 0.8,
+            "ignore_eos": True,  # sampled lengths differ per run: time the same count
+        }
         for _ in range(n)
     ]
 
@@ -150,6 +154,7 @@ def one_request(client: Any, req: dict[str, Any], max_tokens: int, seed: int) ->
         "max_tokens": max_tokens,
         "temperature": req["temperature"],
         "seed": seed,
+        "ignore_eos": req.get("ignore_eos", False),
     }
     t0 = time.perf_counter()
     r = client.post("/v1/completions", json=body)
