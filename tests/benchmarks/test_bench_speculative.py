@@ -46,14 +46,25 @@ def test_tiny_run_through_http(tiny_llama_dir: Path) -> None:
             "1",
             "--dtype",
             "float32",
+            "--concurrency",
+            "2",
+            "--concurrent-requests",
+            "2",
+            "--concurrent-rounds",
+            "1",
             "--out",
             "",
         ]
     )
-    out = bench.run(args)["results"]
+    run = bench.run(args)
+    out = run["results"]
     assert set(out) == {"off", "ngram"}
+    assert len(run["requests"]) == 2 * 4  # every request's record: 2 configs x 4 workloads
+    assert [r["config"] for r in run["concurrent"]["rounds"]] == ["off", "ngram"]
+    assert all(r["tokens"] > 0 for r in run["concurrent"]["rounds"])
+    assert run["floor"]["before"]["floor_ms"] > 0
     for per in out.values():
-        assert set(per) == {"copy", "chat", "nocopy"}
+        assert set(per) == {"copy", "chat", "fork", "nocopy"}
         assert all(row["tokens"] > 0 for row in per.values())
     assert out["off"]["copy"]["drafted"] == 0
     nocopy = out["ngram"]["nocopy"]  # sampled: rejection sampling where drafts exist
