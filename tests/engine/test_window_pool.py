@@ -162,7 +162,8 @@ def test_hit_after_window_eviction_is_cut_back_and_exact(gemma3: Path, hf: Any) 
         taken = w.allocator.alloc(w.allocator.num_free + w.num_evictable)
         w.allocator.free(taken)
         engine.check_invariants()
-        assert w.num_evictable == 0 and cache.peek_prefix_len(follow) == 48  # globals stay
+        assert w.num_evictable == 0 and cache.total_cached_tokens >= 96  # globals stay
+        assert cache.peek_prefix_len(follow) == 0  # scoring sees the cut-back too
         ((_, _, hit0),) = _run(engine, [a[:24] + _seq(8, 6)], 2)
         assert hit0 == 0  # no prefix of a has its last window
         cut_before = cache.window_cut_tokens

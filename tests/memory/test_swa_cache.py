@@ -83,7 +83,39 @@ def test_a_tombstoned_tail_cuts_the_match_back_to_a_whole_window() -> None:
     assert [w.table[g] >= 0 for g in pages] == [True] * 6 + [False] * 4
     m = cache.match_prefix(a + [1])
     assert m.matched_len == 24 and m.node.depth == 24 and cache.window_cut_tokens == 16
-    assert cache.peek_prefix_len(a) == 40  # the global pages are all still there
+    assert cache.total_cached_tokens == 56  # the global pages are all still there
+    cache.check_invariants()
+
+
+def test_peek_is_cut_back_as_the_match_is_and_lpm_ranks_by_it() -> None:
+    """A scoring peek sees the hit the request will get: a 40-token prefix whose last window
+    is tombstoned peeks as 24 (not the 40 its global pages hold), without touching the tree,
+    so LPM ranks a whole 32-token hit before it."""
+    from radixserve.sampling_params import SamplingParams
+    from radixserve.scheduling.policy import LPMPolicy
+    from radixserve.scheduling.request import Request
+
+    cache = _cache(num_pages=40, window_pages=24)
+    w = cache.window
+    a, c = list(range(100, 140)), list(range(300, 332))
+    pages = _insert(cache, a)
+    _insert(cache, a[:24] + list(range(200, 216)))
+    _insert(cache, c)
+    for g in pages[6:]:  # a's tail [24, 40) tombstoned, as window-pool pressure does
+        w.allocator.free([w.unmap(g)])
+        w.num_evictable -= 1
+    cache.check_invariants()
+    before = (cache.stats, [n.last_access for n in cache.nodes()])
+    assert cache.peek_prefix_len(a + [1]) == 24 and cache.peek_prefix_len(c + [1]) == 32
+    assert (cache.stats, [n.last_access for n in cache.nodes()]) == before  # untouched
+    reqs = []
+    for i, prompt in enumerate([a + [1, 2], c + [1, 2]]):
+        r = Request(f"r{i}", prompt, len(prompt), SamplingParams(), 1000)
+        r.arrival_step = i
+        reqs.append(r)
+    assert [r.request_id for r in LPMPolicy(cache).order(reqs, 0)] == ["r1", "r0"]
+    assert cache.match_prefix(a + [1]).matched_len == 24
+    assert cache.match_prefix(c + [1]).matched_len == 32
     cache.check_invariants()
 
 
@@ -115,7 +147,9 @@ def test_random_requests_keep_every_invariant(rng: random.Random) -> None:
         tokens = rng.choice(prefixes)[: rng.randrange(4, 21)] + [
             rng.randrange(3, 50) for _ in range(rng.randrange(1, 30))
         ]
+        peeked = cache.peek_prefix_len(tokens)
         m = cache.match_prefix(tokens)
+        assert m.matched_len == peeked  # scoring sees the hit admission gets
         cache.lock(m.node)
         node, pages, done, window_lo = m.node, list(m.pages), m.matched_len, 0
         try:
