@@ -113,13 +113,20 @@ class SWARadixCache(RadixCache):
         self, tokens: Sequence[int], namespace: Hashable | None = None, record_stats: bool = True
     ) -> MatchResult:
         """:meth:`RadixCache.match_prefix`, cut back to where the last window is whole."""
-        m = super().match_prefix(tokens, namespace, record_stats=False)
+        m = self._cut_back(tokens, namespace, super().match_prefix(tokens, namespace, False))
+        if record_stats:
+            self.record_lookup(len(tokens), m.matched_len)
+        return m
+
+    def _cut_back(
+        self, tokens: Sequence[int], namespace: Hashable | None, m: MatchResult
+    ) -> MatchResult:
+        """``m`` cut back to where its last window is whole (re-matched there, so the node
+        ends at the cut; ``m`` is a plain L1 match of ``tokens``, or one extended from L2)."""
         usable = self._whole_window_len(m.pages, m.matched_len)
         if usable < m.matched_len:
             self.window_cut_tokens += m.matched_len - usable
-            m = super().match_prefix(tokens[:usable], namespace, record_stats=False)
-        if record_stats:
-            self.record_lookup(len(tokens), m.matched_len)
+            m = RadixCache.match_prefix(self, tokens[:usable], namespace, record_stats=False)
         return m
 
     def peek_prefix_len(self, tokens: Sequence[int], namespace: Hashable | None = None) -> int:

@@ -172,3 +172,54 @@ def test_random_requests_keep_every_invariant(rng: random.Random) -> None:
         if rng.random() < 0.2:
             cache.evict(rng.randrange(1, 8))
             cache.check_invariants()
+
+
+def test_l2_carries_window_kv_and_loads_tombstones_where_it_was_gone() -> None:
+    """The hierarchical cache over a window pool (memory.window_host, memory.swa_hi_cache):
+    a page demoted with its window page comes back with its window layer's KV, one demoted
+    as a tombstone comes back as one, and the hit is cut back where a window is incomplete.
+    Pages hold their own token ids in both layers (layer 0 global, layer 1 windowed)."""
+    import torch
+
+    from radixserve.memory import KVPool
+    from radixserve.memory.hierarchy import KVHierarchy
+    from radixserve.memory.swa_hi_cache import SWAHiRadixCache
+
+    pool = KVPool(2, 10, PS, 1, 1, window_layers=frozenset({1}), num_window_pages=10)
+    win = WindowPages(10, 10, WINDOW, PS)
+    alloc = WindowedPageAllocator(10, win)
+    cache = SWAHiRadixCache(alloc, PS, KVHierarchy(pool, 20, window=win))
+    glob, wind = pool.k_data[0], pool.k_data[1]
+
+    def put(tokens: list[int]) -> list[int]:
+        pages = alloc.alloc(len(tokens) // PS)
+        for i, t in enumerate(tokens):
+            glob[pages[i // PS], i % PS] = t
+            wind[win.table[pages[i // PS]], i % PS] = t
+        cached = cache.insert(tokens, pages)
+        alloc.free(pages[: cached // PS])
+        cache.check_invariants()
+        return pages
+
+    a, b = list(range(100, 140)), list(range(200, 240))
+    pages = put(a)  # 10 pages
+    for g in pages[2:5]:  # a's pages 2-4 lose their window KV (window-pool pressure)
+        win.allocator.free([win.unmap(g)])
+        win.num_evictable -= 1
+    cache.check_invariants()
+    put(b)  # L1 holds 10 pages: all of a goes to L2
+    assert cache.hierarchy.stats.demoted_pages == 10 and cache.peek_prefix_len(a + [1]) == 0
+    m = cache.match_prefix(a + [1])  # all 10 pages load back; every window is whole again
+    cache.check_invariants()
+    assert cache.hierarchy.stats.loaded_l2_pages == 10 and m.matched_len == 40
+    got = m.pages
+    assert [int(glob[g, 0]) for g in got] == a[::PS]
+    have = [win.table[g] >= 0 for g in got]
+    assert have == [True, True, False, False, False] + [True] * 5
+    assert [int(wind[win.table[g], 0]) for g in got if win.table[g] >= 0] == [
+        a[i * PS] for i in range(10) if have[i]
+    ]
+    # A prefix whose last window reaches the tombstones is cut back: 20 tokens need 3, 4.
+    assert cache.match_prefix(a[:20] + [1]).matched_len == 8
+    assert torch.equal(glob[got[0]].view(-1), torch.tensor([100.0, 101.0, 102.0, 103.0]))
+    cache.check_invariants()
