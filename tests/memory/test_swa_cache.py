@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -174,21 +175,27 @@ def test_random_requests_keep_every_invariant(rng: random.Random) -> None:
             cache.check_invariants()
 
 
-def test_l2_carries_window_kv_and_loads_tombstones_where_it_was_gone() -> None:
+@pytest.mark.parametrize("staged", [False, True])
+def test_l2_carries_window_kv_and_loads_tombstones_where_it_was_gone(staged: bool) -> None:
     """The hierarchical cache over a window pool (memory.window_host, memory.swa_hi_cache):
     a page demoted with its window page comes back with its window layer's KV, one demoted
     as a tombstone comes back as one, and the hit is cut back where a window is incomplete.
-    Pages hold their own token ids in both layers (layer 0 global, layer 1 windowed)."""
+    Pages hold their own token ids in both layers (layer 0 global, layer 1 windowed).
+    ``staged``: through the pinned-staging copies CUDA uses (deferred host scatters)."""
     import torch
 
     from radixserve.memory import KVPool
     from radixserve.memory.hierarchy import KVHierarchy
+    from radixserve.memory.host_pool import PageCopier
     from radixserve.memory.swa_hi_cache import SWAHiRadixCache
 
     pool = KVPool(2, 10, PS, 1, 1, window_layers=frozenset({1}), num_window_pages=10)
     win = WindowPages(10, 10, WINDOW, PS)
     alloc = WindowedPageAllocator(10, win)
-    cache = SWAHiRadixCache(alloc, PS, KVHierarchy(pool, 20, window=win))
+    hier = KVHierarchy(pool, 20, window=win)
+    if staged:
+        hier.copier = hier.host.copier = PageCopier(pool.device, staged=True)
+    cache = SWAHiRadixCache(alloc, PS, hier)
     glob, wind = pool.k_data[0], pool.k_data[1]
 
     def put(tokens: list[int]) -> list[int]:
