@@ -55,9 +55,9 @@ def make_prefix_cache(
     """The prefix cache: none, the radix cache, or the radix cache over L2/L3 tiers."""
     if cfg.disable_radix_cache:
         return NoPrefixCache(allocator, cfg.page_size)
-    if isinstance(allocator, WindowedPageAllocator):  # engine.window_setup: never with tiers
-        return SWARadixCache(allocator, cfg.page_size)
     if not cfg.hierarchical_cache:
+        if isinstance(allocator, WindowedPageAllocator):
+            return SWARadixCache(allocator, cfg.page_size)
         return RadixCache(allocator, cfg.page_size)
     from radixkernels.kv_format import KVFormat
     from radixserve.memory.hi_radix_cache import HiRadixCache
@@ -82,6 +82,8 @@ def make_prefix_cache(
         model_identity(model_path),
         host_dtype=cfg.hicache_dtype,
         storage=l3_factory(cfg),
+        # engine.window_setup: a window pool only with an L2 alone, in L1's format
+        window=allocator.window if isinstance(allocator, WindowedPageAllocator) else None,
     )
     logger.info(
         "hierarchical cache: L2 %d pages (%.2f GiB, %s), L3 %s",
@@ -93,6 +95,10 @@ def make_prefix_cache(
         cfg.hicache_storage_dir
         or ("mooncake" if cfg.hicache_storage_backend == "mooncake" else "off"),
     )
+    if isinstance(allocator, WindowedPageAllocator):
+        from radixserve.memory.swa_hi_cache import SWAHiRadixCache
+
+        return SWAHiRadixCache(allocator, cfg.page_size, hierarchy)
     return HiRadixCache(allocator, cfg.page_size, hierarchy)
 
 

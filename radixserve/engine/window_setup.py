@@ -3,10 +3,11 @@
 A model with sliding-window layers keeps their KV in a pool of its own
 (:mod:`radixserve.memory.window_pool`), freed as requests move past the window, when
 ``window_kv_ratio > 0`` and nothing needs every layer's pages in one layout: the
-hierarchical cache (it copies whole pages of every layer to host memory and disk),
-tensor or pipeline parallelism (the followers' plans do not carry the window map yet), and
-int8/int4 KV (per-token scales live per page of every layer). Those keep full KV for every
-layer, as before, and the start-up log says why.
+hierarchical cache's L3 (page files and shared stores hold whole pages) or an L2 in another
+KV dtype (``hicache_dtype``), and tensor or pipeline parallelism (the followers' plans do
+not carry the window map yet). Those keep full KV for every layer, as before, and the
+start-up log says why. int8/int4 KV works (the window layers' per-token scales are paged in
+the window pool with their data), and so does an L2 alone (:mod:`radixserve.memory.window_host`).
 
 The budget: with ``num_pages`` sized for full KV of every layer (``L`` layers, ``Lw`` of
 them windowed) and ratio ``r`` window pages per global page, the same bytes hold
@@ -20,7 +21,6 @@ import logging
 import math
 from typing import NamedTuple
 
-from radixkernels.kv_format import KVCacheDtype
 from radixserve.engine.config import EngineConfig
 from radixserve.model.config import ModelConfig
 
@@ -41,12 +41,16 @@ def window_pool_refusal(cfg: EngineConfig, mc: ModelConfig, parallel: bool) -> s
     ``parallel``: the engine's topology has more than one rank (Topology.parallel)."""
     if cfg.window_kv_ratio <= 0:
         return "window_kv_ratio is 0"
-    if cfg.hierarchical_cache:
-        return "the hierarchical cache copies whole pages of every layer"
+    if cfg.hierarchical_cache and (
+        cfg.hicache_storage_dir is not None
+        or cfg.hicache_storage_backend == "mooncake"
+        or cfg.hicache_dtype != "auto"
+    ):
+        return (
+            "the hierarchical cache's L3 and converted L2 formats take whole pages of every layer"
+        )
     if parallel:
         return "tensor/pipeline parallelism does not carry the window map yet"
-    if KVCacheDtype(cfg.kv_cache_dtype).has_token_scales:
-        return "int8/int4 KV keeps per-token scales per page of every layer"
     windows = {mc.layer_window(i) for i in range(mc.num_layers)} - {None}
     if len(windows) > 1:
         return f"layers with different windows {sorted(w for w in windows if w)}"

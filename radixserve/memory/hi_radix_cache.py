@@ -81,7 +81,7 @@ class HiRadixCache(RadixCache):
         Otherwise as :meth:`RadixCache.match_prefix`: mutates the tree and does NOT lock;
         lock the returned node before any allocation.
         """
-        m = super().match_prefix(tokens, namespace, record_stats=False)
+        m = self._match_l1(tokens, namespace)
         if len(tokens) - m.matched_len >= self.page_size:
             before = self.hierarchy.stats
             m = self._load_back(tokens, namespace, m)
@@ -91,9 +91,27 @@ class HiRadixCache(RadixCache):
                     after.loaded_l2_pages - before.loaded_l2_pages,
                     after.loaded_l3_pages - before.loaded_l3_pages,
                 )
+        m = self._usable(tokens, namespace, m)
         if record_stats:
             self.record_lookup(len(tokens), m.matched_len)
         return m
+
+    def _match_l1(self, tokens: Sequence[int], namespace: Hashable | None) -> MatchResult:
+        """The L1 part of a match: the whole cached path (the load-back goes on from its end)."""
+        return super().match_prefix(tokens, namespace, record_stats=False)
+
+    def _usable(
+        self, tokens: Sequence[int], namespace: Hashable | None, m: MatchResult
+    ) -> MatchResult:
+        """What of the L1 + loaded match a request may use (all of it here)."""
+        return m
+
+    def _add_loaded_leaf(
+        self, parent: TreeNode, key: tuple[int, ...], pages: list[int]
+    ) -> TreeNode:
+        """The leaf of pages loaded from L2/L3: not :meth:`_add_leaf`, which would write them
+        through to L3 again."""
+        return RadixCache._add_leaf(self, parent, key, pages)
 
     def _load_back(
         self, tokens: Sequence[int], namespace: Hashable | None, m: MatchResult
@@ -128,8 +146,7 @@ class HiRadixCache(RadixCache):
             return m
         # A namespace root may have been dropped by the evictions (or never registered).
         parent = m.node if m.node.parent is not None else self._root(namespace)
-        # Not self._add_leaf: these pages came from L2/L3 and need no writing through.
-        leaf = RadixCache._add_leaf(self, parent, tuple(tokens[start : start + n * ps]), pages[:n])
+        leaf = self._add_loaded_leaf(parent, tuple(tokens[start : start + n * ps]), pages[:n])
         leaf.page_keys = keys[:n]
         return MatchResult(m.pages + pages[:n], start + n * ps, leaf)
 

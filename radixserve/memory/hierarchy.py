@@ -33,6 +33,8 @@ from radixserve.memory.kv_convert import host_format
 from radixserve.memory.kv_storage import KVStorage
 from radixserve.memory.page_hash import PageKey, PrefixHasher
 from radixserve.memory.pool import KVPool
+from radixserve.memory.window_host import WindowHostKVCache
+from radixserve.memory.window_pool import WindowPages
 
 if TYPE_CHECKING:
     from radixserve.memory.interfaces import TierListener
@@ -62,6 +64,8 @@ class KVHierarchy:
             hold L2's format, and their directory is named by it.
         storage: builds another L3 (``KVStorage``) from the identity of L2's layout, instead
             of the page files of ``storage_dir``.
+        window: the window pool of a sliding-window model's L1 (``memory.window_host``: L2
+            carries a page's window-layer KV when it still has it; no L3, L2 in L1's format).
     """
 
     def __init__(
@@ -72,16 +76,23 @@ class KVHierarchy:
         model_id: str = "",
         host_dtype: str = "auto",
         storage: Callable[[str], KVStorage] | None = None,
+        window: WindowPages | None = None,
     ) -> None:
         if host_pages < 1:
             raise ValueError(f"the hierarchical cache needs >= 1 host page, got {host_pages}")
+        if window is not None and (storage or storage_dir or host_dtype != "auto"):
+            raise ValueError("a window pool's L2 has no L3 and keeps L1's KV format")
         self.device_pool = device_pool
         identity = f"{model_id}|{device_pool.layout()}"
         self.hasher = PrefixHasher(identity, device_pool.page_size)
         self.copier = PageCopier(device_pool.device)
         kv_dtype, act_dtype = host_format(device_pool, host_dtype)
-        self.host = HostKVCache(
-            device_pool, host_pages, self.copier, kv_dtype=kv_dtype, act_dtype=act_dtype
+        self.host = (
+            HostKVCache(
+                device_pool, host_pages, self.copier, kv_dtype=kv_dtype, act_dtype=act_dtype
+            )
+            if window is None
+            else WindowHostKVCache(device_pool, host_pages, self.copier, window)
         )
         # L3 records hold L2's bytes: named per (model, L2 layout).
         l3_identity = f"{model_id}|{self.host.pool.layout()}"
@@ -151,7 +162,7 @@ class KVHierarchy:
         """
         keys = list(keys[: min(len(pages), self.host.num_pages)])
         self.host.touch(keys)
-        like = [t[:, 0] for t in self.host.pool.page_tensors()]
+        like = [t[:, 0] for t in self.host.pool.page_tensors()] if self.disk is not None else []
         n = from_disk = 0
         for k in keys:
             if k not in self.host:

@@ -63,10 +63,13 @@ class PageCopier:
         dst: KVPool,
         dst_pages: Sequence[int],
         to_host: bool | None = None,
+        part: bool | None = None,
     ) -> None:
         """Copy ``src`` pages ``src_pages[i]`` into ``dst`` pages ``dst_pages[i]`` (one batched
         copy per tensor). ``to_host``: whether ``dst`` is the host pool (None: ``dst`` is on
-        the CPU and ``src`` is not); a staged demotion's host scatter waits for :meth:`finish`."""
+        the CPU and ``src`` is not); a staged demotion's host scatter waits for :meth:`finish`.
+        ``part``: pools with window layers copy one part at a time (``KVPool.part_tensors``:
+        False the global layers', True the window layers', the page ids of that part)."""
         if len(src_pages) != len(dst_pages):
             raise ValueError(
                 f"{len(src_pages)} source pages for {len(dst_pages)} destination pages"
@@ -82,12 +85,14 @@ class PageCopier:
         if not to_host:
             self.finish()  # earlier demotions land first: this copy may read their slots
         same = src.layout() == dst.layout()
+        if part is not None and not same:
+            raise ValueError("window-pool pages move only between pools of one format")
         staged = self.staged and same
         move: Callable[[KVPool, Sequence[int], KVPool, Sequence[int]], None]
         if staged:
-            move = functools.partial(self._staged_copy, to_host=to_host)
+            move = functools.partial(self._staged_copy, to_host=to_host, part=part)
         else:
-            move = self._copy if same else convert_pages
+            move = functools.partial(self._copy, part=part) if same else convert_pages
         if self.stream is None:
             move(src, src_pages, dst, dst_pages)
             return
@@ -112,22 +117,23 @@ class PageCopier:
         dst: KVPool,
         dst_pages: Sequence[int],
         to_host: bool,
+        part: bool | None,
     ) -> None:
         """Through pinned staging: host memory is only ever copied from or to a pinned buffer."""
         si = torch.tensor(list(src_pages), dtype=torch.long, device=src.device)
         di = torch.tensor(list(dst_pages), dtype=torch.long, device=dst.device)
         if to_host:  # demotion: device gather, async D2H, host scatter at finish()
             staged = []
-            for s in src.page_tensors():
+            for s in _tensors(src, part):
                 rows = s.index_select(1, si)
                 buf = self.staging.take(tuple(rows.shape), rows.dtype)
                 buf.copy_(rows, non_blocking=True)
                 staged.append(buf)
             event = record_event(self.stream)
-            self.pending.append(PendingScatter(event, staged, list(dst.page_tensors()), di))
+            self.pending.append(PendingScatter(event, staged, _tensors(dst, part), di))
             return
         bufs = []  # load-back: host gather into staging, async H2D, device scatter
-        for s, d in zip(src.page_tensors(), dst.page_tensors()):
+        for s, d in zip(_tensors(src, part), _tensors(dst, part)):
             shape = (s.shape[0], len(src_pages), *s.shape[2:])
             buf = self.staging.take(shape, s.dtype)
             torch.index_select(s, 1, si, out=buf)
@@ -138,14 +144,24 @@ class PageCopier:
             self.staging.release(buf, event)
 
     @staticmethod
-    def _copy(src: KVPool, src_pages: Sequence[int], dst: KVPool, dst_pages: Sequence[int]) -> None:
+    def _copy(
+        src: KVPool,
+        src_pages: Sequence[int],
+        dst: KVPool,
+        dst_pages: Sequence[int],
+        part: bool | None = None,
+    ) -> None:
         si = torch.tensor(list(src_pages), dtype=torch.long, device=src.device)
         di = torch.tensor(list(dst_pages), dtype=torch.long, device=dst.device)
-        for s, d in zip(src.page_tensors(), dst.page_tensors()):
+        for s, d in zip(_tensors(src, part), _tensors(dst, part)):
             rows = s.index_select(1, si)
             if rows.device != d.device:
                 rows = rows.to(d.device, non_blocking=d.device.type == "cuda")
             d.index_copy_(1, di, rows)
+
+
+def _tensors(pool: KVPool, part: bool | None) -> list[torch.Tensor]:
+    return pool.page_tensors() if part is None else pool.part_tensors(part)
 
 
 class HostKVCache:
@@ -176,6 +192,9 @@ class HostKVCache:
             act_dtype=device_pool.fmt.act_dtype if act_dtype is None else act_dtype,
             device="cpu",
             pin_memory=True,
+            # Behind a window pool (memory.window_host): slot s's window layers at window page s.
+            window_layers=device_pool.window_layers,
+            num_window_pages=num_pages if device_pool.window_layers else 0,
         )
         self.allocator = PageAllocator(num_pages)
         self.copier = copier
@@ -248,15 +267,22 @@ class HostKVCache:
         if not new:
             return 0
         slots = self.reserve([k for _, k in new])
-        pages_ = [p for p, _ in new[: len(slots)]]
-        self.copier.copy(self.device_pool, pages_, self.pool, slots, to_host=True)
+        self._copy_in([p for p, _ in new[: len(slots)]], slots)
         return len(slots)
+
+    def _copy_in(self, pages: list[int], slots: list[int]) -> None:
+        """L1 ``pages`` into L2 ``slots``."""
+        self.copier.copy(self.device_pool, pages, self.pool, slots, to_host=True)
+
+    def _copy_out(self, slots: list[int], pages: Sequence[int]) -> None:
+        """L2 ``slots`` into L1 ``pages``."""
+        self.copier.copy(self.pool, slots, self.device_pool, pages, to_host=False)
 
     def load(self, keys: Sequence[PageKey], pages: Sequence[int]) -> None:
         """Copy the cached ``keys`` into L1 ``pages`` (every key must be cached)."""
         slots = [self._index[k] for k in keys]
         self.touch(keys)
-        self.copier.copy(self.pool, slots, self.device_pool, pages, to_host=False)
+        self._copy_out(slots, pages)
 
     def evict(self, n: int) -> int:
         """Free ``n`` slots, least recently used first, spilling each; returns slots freed."""

@@ -16,6 +16,7 @@ kernels and the memory planner)::
 
     k_scale[layer], v_scale[layer]  (float32, None for kv_dtype "auto")
         int8 / int4   [num_pages, page_size, kv_heads]  per token and head, written by store_kv
+                      (a window layer's: [num_window_pages, ...], paged like its data)
         fp8_e4m3/e5m2 [kv_heads]                        static per head, 1.0 unless calibrated
 
 Per-token scales sit in their own tensor indexed exactly like the data (same page, same
@@ -134,32 +135,34 @@ class KVPool:
         self.k_data: list[torch.Tensor] = self._per_layer(self._k, self._kw)
         self.v_data: list[torch.Tensor] = self._per_layer(self._v, self._vw)
 
-        kd = self.fmt.kv_dtype
-        if kd.has_token_scales and self.window_layers:
-            raise ValueError("a window pool with int8/int4 KV (per-token scales) is not supported")
-        self._k_scale: torch.Tensor | None = None
-        self._v_scale: torch.Tensor | None = None
-        if kd.has_token_scales:
-            sshape = (num_layers, num_pages, page_size, kv_heads)
-            self._k_scale = torch.zeros(
-                sshape, dtype=SCALE_DTYPE, device=self.device, pin_memory=pin
-            )
-            self._v_scale = torch.zeros(
-                sshape, dtype=SCALE_DTYPE, device=self.device, pin_memory=pin
-            )
-        elif kd.has_head_scales:
-            self._k_scale = torch.ones(
-                (num_layers, kv_heads), dtype=SCALE_DTYPE, device=self.device
-            )
-            self._v_scale = torch.ones(
-                (num_layers, kv_heads), dtype=SCALE_DTYPE, device=self.device
-            )
-        self.k_scale: list[torch.Tensor] | None = (
-            None if self._k_scale is None else list(self._k_scale.unbind(0))
+        self._k_scale, self._kw_scale = self._scales(shape[0], pin)
+        self._v_scale, self._vw_scale = self._scales(shape[0], pin)
+        self.k_scale: list[torch.Tensor] | None = None
+        self.v_scale: list[torch.Tensor] | None = None
+        if self._k_scale is not None and self._v_scale is not None:
+            if self.fmt.kv_dtype.has_token_scales:
+                self.k_scale = self._per_layer(self._k_scale, self._kw_scale)
+                self.v_scale = self._per_layer(self._v_scale, self._vw_scale)
+            else:
+                self.k_scale = list(self._k_scale.unbind(0))
+                self.v_scale = list(self._v_scale.unbind(0))
+
+    def _scales(self, global_layers: int, pin: bool) -> tuple[torch.Tensor | None, ...]:
+        """K's (or V's) scales: (the global layers' or all layers', the window layers' or None).
+        Per-token scales are paged like the data, a window layer's in the window pool; per-head
+        scales (fp8) are one row per layer, not paged."""
+        kd, ps, h, dev = self.fmt.kv_dtype, self.page_size, self.kv_heads, self.device
+        if kd.has_head_scales:
+            return torch.ones((self.num_layers, h), dtype=SCALE_DTYPE, device=dev), None
+        if not kd.has_token_scales:
+            return None, None
+        full = torch.zeros(
+            (global_layers, self.num_pages, ps, h), dtype=SCALE_DTYPE, device=dev, pin_memory=pin
         )
-        self.v_scale: list[torch.Tensor] | None = (
-            None if self._v_scale is None else list(self._v_scale.unbind(0))
-        )
+        if not self.window_layers:
+            return full, None
+        wshape = (len(self.window_layers), self.num_window_pages, ps, h)
+        return full, torch.zeros(wshape, dtype=SCALE_DTYPE, device=dev, pin_memory=pin)
 
     def _per_layer(self, full: torch.Tensor, window: torch.Tensor | None) -> list[torch.Tensor]:
         """Per-layer views in layer order: global layers from ``full``, window layers from
@@ -182,6 +185,8 @@ class KVPool:
             total += self._kw.nbytes + self._vw.nbytes
         if self._k_scale is not None and self._v_scale is not None:
             total += self._k_scale.nbytes + self._v_scale.nbytes
+        if self._kw_scale is not None and self._vw_scale is not None:
+            total += self._kw_scale.nbytes + self._vw_scale.nbytes
         return total
 
     @property
@@ -201,18 +206,38 @@ class KVPool:
             out += [self._k_scale, self._v_scale]
         return out
 
+    def part_tensors(self, window: bool) -> list[torch.Tensor]:
+        """A window pool's page-indexed tensors of one part, as ``[layers, pages, ...]``: the
+        global layers' (indexed by global page id) or the window layers' (by window page id),
+        K, V and their per-token scales. A page of every layer is one index into each part."""
+        if not self.window_layers:
+            raise RuntimeError("a pool without window layers has one part: page_tensors()")
+        parts = (self._kw, self._vw, self._kw_scale, self._vw_scale)
+        if not window:
+            parts = (self._k, self._v, self._k_scale, self._v_scale)
+        n = 4 if self.fmt.kv_dtype.has_token_scales else 2
+        return [t for t in parts[:n] if t is not None]
+
     def layout(self) -> str:
         """A string that differs whenever a page's bytes would mean something else."""
+        windows = (
+            f"-W{','.join(map(str, sorted(self.window_layers)))}" if self.window_layers else ""
+        )
         return (
             f"L{self.num_layers}-P{self.page_size}-H{self.kv_heads}-D{self.head_dim}-"
             f"{self.fmt.kv_dtype.value}-{str(self.fmt.storage_dtype).removeprefix('torch.')}"
+            f"{windows}"
         )
 
     def zero_pages(self, pages: list[int]) -> None:
         """Reset ``pages`` (all layers, K and V, per-token scales) to the pool's zeroed start state
         (after a warm-up wrote scratch rows into them)."""
         idx = torch.tensor(pages, dtype=torch.int64, device=self.device)
-        windows = () if self._kw is None else (self._kw, self._vw)
+        windows: tuple[torch.Tensor | None, ...] = ()
+        if self._kw is not None:
+            windows = (self._kw, self._vw)
+            if self._kw_scale is not None:
+                windows += (self._kw_scale, self._vw_scale)
         for t in (self._k, self._v, *windows) + (
             (self._k_scale, self._v_scale) if self.fmt.kv_dtype.has_token_scales else ()
         ):

@@ -316,6 +316,13 @@ class RadixCache(PrefixCache):
 
     def peek_prefix_len(self, tokens: Sequence[int], namespace: Hashable | None = None) -> int:
         """Length of the cached page-aligned prefix of ``tokens``, without touching the tree."""
+        return self._peek(tokens, namespace, None)
+
+    def _peek(
+        self, tokens: Sequence[int], namespace: Hashable | None, pages: list[int] | None
+    ) -> int:
+        """:meth:`peek_prefix_len`'s walk; appends the matched pages to ``pages`` if given
+        (a subclass that judges a match by its pages, as the sliding-window cache does)."""
         root = self._roots.get(namespace)
         ps = self.page_size
         n = len(tokens) // ps * ps
@@ -327,7 +334,12 @@ class RadixCache(PrefixCache):
             if child is None:
                 break
             if key[pos : pos + len(child.key)] != child.key:
-                return pos + common_prefix(child.key, key, pos, ps)
+                m = common_prefix(child.key, key, pos, ps)
+                if pages is not None:
+                    pages += child.pages[: m // ps]
+                return pos + m
+            if pages is not None:
+                pages += child.pages
             pos += len(child.key)
             node = child
         return pos

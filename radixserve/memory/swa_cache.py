@@ -13,6 +13,7 @@ What this cache adds::
     match_prefix     a hit of m tokens is cut back to the longest m' <= m whose last window
                      is whole (every window page of [m' - window + 1, m') present), so the
                      first new row always finds the KV its window needs: hits are never wrong.
+                     peek_prefix_len (policy scoring) applies the same cut-back.
     cache_prefix     when the tree's copy of a request's freshly computed pages is a
                      tombstone, the request's window pages move onto the tree's pages.
 
@@ -72,7 +73,9 @@ class SWARadixCache(RadixCache):
         return out
 
     def _whole_window_len(self, pages: list[int], matched: int) -> int:
-        """The longest page-aligned m' <= ``matched`` whose last window's pages are all present."""
+        """The longest page-aligned m' <= ``matched`` whose last window's pages are all present:
+        the one cut-back rule, which both :meth:`match_prefix` and :meth:`peek_prefix_len`
+        apply (a policy ranking requests by their peeked hit must see the hit they will get)."""
         ps, w, table = self.page_size, self.window.window, self.window.table
         k = matched // ps
         while k > 0:
@@ -110,14 +113,27 @@ class SWARadixCache(RadixCache):
         self, tokens: Sequence[int], namespace: Hashable | None = None, record_stats: bool = True
     ) -> MatchResult:
         """:meth:`RadixCache.match_prefix`, cut back to where the last window is whole."""
-        m = super().match_prefix(tokens, namespace, record_stats=False)
-        usable = self._whole_window_len(m.pages, m.matched_len)
-        if usable < m.matched_len:
-            self.window_cut_tokens += m.matched_len - usable
-            m = super().match_prefix(tokens[:usable], namespace, record_stats=False)
+        m = self._cut_back(tokens, namespace, super().match_prefix(tokens, namespace, False))
         if record_stats:
             self.record_lookup(len(tokens), m.matched_len)
         return m
+
+    def _cut_back(
+        self, tokens: Sequence[int], namespace: Hashable | None, m: MatchResult
+    ) -> MatchResult:
+        """``m`` cut back to where its last window is whole (re-matched there, so the node
+        ends at the cut; ``m`` is a plain L1 match of ``tokens``, or one extended from L2)."""
+        usable = self._whole_window_len(m.pages, m.matched_len)
+        if usable < m.matched_len:
+            self.window_cut_tokens += m.matched_len - usable
+            m = RadixCache.match_prefix(self, tokens[:usable], namespace, record_stats=False)
+        return m
+
+    def peek_prefix_len(self, tokens: Sequence[int], namespace: Hashable | None = None) -> int:
+        """:meth:`RadixCache.peek_prefix_len`, cut back as :meth:`match_prefix` cuts it."""
+        pages: list[int] = []
+        matched = self._peek(tokens, namespace, pages)
+        return self._whole_window_len(pages, matched)
 
     def lock(self, node: TreeNode) -> None:
         super().lock(node)

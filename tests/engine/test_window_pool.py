@@ -56,7 +56,9 @@ def _seq(n: int, seed: int) -> list[int]:
     return torch.randint(3, tiny_models.TOKENIZER_VOCAB, (n,), generator=g).tolist()
 
 
-def _engine(path: Path, num_pages: int, ratio: float = 0.5, overlap: str = "off") -> Engine:
+def _engine(
+    path: Path, num_pages: int, ratio: float = 0.5, overlap: str = "off", kv: str = "auto"
+) -> Engine:
     return Engine(
         str(path),
         page_size=PAGE,
@@ -64,6 +66,7 @@ def _engine(path: Path, num_pages: int, ratio: float = 0.5, overlap: str = "off"
         max_num_tokens=12,
         window_kv_ratio=ratio,
         overlap_schedule=overlap,
+        kv_cache_dtype=kv,
     )
 
 
@@ -82,7 +85,7 @@ def _run(
     lps: dict[str, list[float]] = {i: [] for i in ids}
     cached: dict[str, int] = {}
     cache = engine.cache
-    assert isinstance(cache, SWARadixCache)
+    assert trace is None or isinstance(cache, SWARadixCache)
     while engine.has_unfinished():
         for o in engine.step():
             toks[o.request_id] += o.new_token_ids
@@ -91,6 +94,7 @@ def _run(
                 cached[o.request_id] = o.usage.cached_tokens
         engine.check_invariants()
         if trace is not None:
+            assert isinstance(cache, SWARadixCache)
             held = sum(len(r.pages) for r in engine.scheduler.running)
             trace.append((cache.num_window_in_use, held))
     return [(toks[i], lps[i], cached[i]) for i in ids]
@@ -162,7 +166,8 @@ def test_hit_after_window_eviction_is_cut_back_and_exact(gemma3: Path, hf: Any) 
         taken = w.allocator.alloc(w.allocator.num_free + w.num_evictable)
         w.allocator.free(taken)
         engine.check_invariants()
-        assert w.num_evictable == 0 and cache.peek_prefix_len(follow) == 48  # globals stay
+        assert w.num_evictable == 0 and cache.total_cached_tokens >= 96  # globals stay
+        assert cache.peek_prefix_len(follow) == 0  # scoring sees the cut-back too
         ((_, _, hit0),) = _run(engine, [a[:24] + _seq(8, 6)], 2)
         assert hit0 == 0  # no prefix of a has its last window
         cut_before = cache.window_cut_tokens
@@ -179,14 +184,97 @@ def test_hit_after_window_eviction_is_cut_back_and_exact(gemma3: Path, hf: Any) 
         engine.close()
 
 
-@pytest.mark.parametrize("why", ["ratio 0", "hierarchical cache"])
-def test_window_pool_off_keeps_full_kv(gemma3: Path, why: str) -> None:
-    """``window_kv_ratio`` 0, and the hierarchical cache (its tiers copy whole pages of every
-    layer), keep every token's KV in every layer, as before."""
+@pytest.mark.parametrize("kv", ["int8", "int4"])
+def test_quantized_kv_scales_live_in_the_window_pool(gemma3: Path, kv: str) -> None:
+    """int8/int4 KV: the window layers' per-token scales are paged in the window pool with
+    their data. Two prompts of 5 windows (one sharing the other's first 24 tokens, so the
+    second is a hit) give the same tokens and logprobs as the same model keeping full KV, and
+    the window pages in use stay within a few windows while the requests' pages grow."""
+    prompts = [_seq(40, 8), _seq(24, 8) + _seq(16, 9)]
+    full = _engine(gemma3, num_pages=48, ratio=0.0, kv=kv)
+    try:
+        assert not full.pool.window_layers
+        want = [_run(full, [p], 12)[0] for p in prompts]
+    finally:
+        full.close()
+    engine = _engine(gemma3, num_pages=48, kv=kv)
+    try:
+        pool = engine.pool
+        assert pool.window_layers == frozenset({0, 1}) and pool.k_scale is not None
+        wpages = pool.num_window_pages
+        assert [tuple(s.shape[:1]) for s in pool.k_scale] == [(wpages,), (wpages,), (48 + 1,)]
+        trace: list[tuple[int, int]] = []
+        got = [_run(engine, [p], 12, trace)[0] for p in prompts]
+        assert got[1][2] == 24  # the second prompt's hit
+        for (t, lp, _), (wt, wlp, _) in zip(got, want):
+            assert t == wt
+            torch.testing.assert_close(
+                torch.tensor(lp), torch.tensor(wlp), atol=LOGPROB_ATOL, rtol=0
+            )
+        assert max(h for _, h in trace) >= 13  # 52 tokens of global pages held at the end
+        assert max(w for w, _ in trace) <= 3 + 4  # its lock's last window + its own window
+        cache = engine.cache
+        assert isinstance(cache, SWARadixCache)
+        assert cache.window.num_evictable < cache.num_cached_pages  # tails went as they ran
+    finally:
+        engine.close()
+
+
+def test_l2_carries_window_kv_and_hits_from_it_stay_exact(gemma3: Path) -> None:
+    """The hierarchical cache (L2 alone) over a window pool: a 48-token prompt pushed out of
+    L1 by two others goes to L2 with its window KV; its continuation loads it back, reuses
+    all 48 tokens, and its tokens and logprobs equal a cold run's; every invariant (both
+    pools, L2) after every step. (Tombstones through L2: tests/memory/test_swa_cache.py.)"""
+    a = _seq(48, 10)
+    follow = a + _seq(9, 11)
+    cold = _engine(gemma3, num_pages=64)
+    try:
+        want = _run(cold, [follow], 6)[0]
+    finally:
+        cold.close()
+    engine = Engine(
+        str(gemma3),
+        page_size=PAGE,
+        num_pages=24,
+        max_num_tokens=12,
+        window_kv_ratio=1.0,  # no window-pool pressure: a's pages keep their window KV
+        enable_hierarchical_cache=True,
+    )
+    try:
+        from radixserve.memory.swa_hi_cache import SWAHiRadixCache
+
+        cache = engine.cache
+        assert isinstance(cache, SWAHiRadixCache) and engine.pool.window_layers
+        _run(engine, [a], 2)
+        _run(engine, [_seq(48, 12)], 2)
+        _run(engine, [_seq(48, 13)], 2)
+        h = cache.hierarchy
+        assert h.stats.demoted_pages >= 12 and cache.peek_prefix_len(follow) < 48
+        loaded = h.stats.loaded_l2_pages
+        ((tokens, logprobs, hit),) = _run(engine, [follow], 6)
+        assert h.stats.loaded_l2_pages > loaded and hit == 48
+        assert tokens == want[0]
+        torch.testing.assert_close(
+            torch.tensor(logprobs), torch.tensor(want[1]), atol=LOGPROB_ATOL, rtol=0
+        )
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("why", ["ratio 0", "hierarchical cache's L3"])
+def test_window_pool_off_keeps_full_kv(gemma3: Path, why: str, tmp_path: Path) -> None:
+    """``window_kv_ratio`` 0, and the hierarchical cache with an L3 (page files hold whole
+    pages of every layer), keep every token's KV in every layer, as before."""
     if why == "ratio 0":
         engine = _engine(gemma3, num_pages=16, ratio=0.0)
     else:
-        engine = Engine(str(gemma3), page_size=PAGE, num_pages=16, enable_hierarchical_cache=True)
+        engine = Engine(
+            str(gemma3),
+            page_size=PAGE,
+            num_pages=16,
+            enable_hierarchical_cache=True,
+            hicache_storage_dir=str(tmp_path),
+        )
     try:
         assert not engine.pool.window_layers and not isinstance(engine.cache, SWARadixCache)
     finally:

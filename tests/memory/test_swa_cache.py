@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -83,7 +84,39 @@ def test_a_tombstoned_tail_cuts_the_match_back_to_a_whole_window() -> None:
     assert [w.table[g] >= 0 for g in pages] == [True] * 6 + [False] * 4
     m = cache.match_prefix(a + [1])
     assert m.matched_len == 24 and m.node.depth == 24 and cache.window_cut_tokens == 16
-    assert cache.peek_prefix_len(a) == 40  # the global pages are all still there
+    assert cache.total_cached_tokens == 56  # the global pages are all still there
+    cache.check_invariants()
+
+
+def test_peek_is_cut_back_as_the_match_is_and_lpm_ranks_by_it() -> None:
+    """A scoring peek sees the hit the request will get: a 40-token prefix whose last window
+    is tombstoned peeks as 24 (not the 40 its global pages hold), without touching the tree,
+    so LPM ranks a whole 32-token hit before it."""
+    from radixserve.sampling_params import SamplingParams
+    from radixserve.scheduling.policy import LPMPolicy
+    from radixserve.scheduling.request import Request
+
+    cache = _cache(num_pages=40, window_pages=24)
+    w = cache.window
+    a, c = list(range(100, 140)), list(range(300, 332))
+    pages = _insert(cache, a)
+    _insert(cache, a[:24] + list(range(200, 216)))
+    _insert(cache, c)
+    for g in pages[6:]:  # a's tail [24, 40) tombstoned, as window-pool pressure does
+        w.allocator.free([w.unmap(g)])
+        w.num_evictable -= 1
+    cache.check_invariants()
+    before = (cache.stats, [n.last_access for n in cache.nodes()])
+    assert cache.peek_prefix_len(a + [1]) == 24 and cache.peek_prefix_len(c + [1]) == 32
+    assert (cache.stats, [n.last_access for n in cache.nodes()]) == before  # untouched
+    reqs = []
+    for i, prompt in enumerate([a + [1, 2], c + [1, 2]]):
+        r = Request(f"r{i}", prompt, len(prompt), SamplingParams(), 1000)
+        r.arrival_step = i
+        reqs.append(r)
+    assert [r.request_id for r in LPMPolicy(cache).order(reqs, 0)] == ["r1", "r0"]
+    assert cache.match_prefix(a + [1]).matched_len == 24
+    assert cache.match_prefix(c + [1]).matched_len == 32
     cache.check_invariants()
 
 
@@ -115,7 +148,9 @@ def test_random_requests_keep_every_invariant(rng: random.Random) -> None:
         tokens = rng.choice(prefixes)[: rng.randrange(4, 21)] + [
             rng.randrange(3, 50) for _ in range(rng.randrange(1, 30))
         ]
+        peeked = cache.peek_prefix_len(tokens)
         m = cache.match_prefix(tokens)
+        assert m.matched_len == peeked  # scoring sees the hit admission gets
         cache.lock(m.node)
         node, pages, done, window_lo = m.node, list(m.pages), m.matched_len, 0
         try:
@@ -138,3 +173,60 @@ def test_random_requests_keep_every_invariant(rng: random.Random) -> None:
         if rng.random() < 0.2:
             cache.evict(rng.randrange(1, 8))
             cache.check_invariants()
+
+
+@pytest.mark.parametrize("staged", [False, True])
+def test_l2_carries_window_kv_and_loads_tombstones_where_it_was_gone(staged: bool) -> None:
+    """The hierarchical cache over a window pool (memory.window_host, memory.swa_hi_cache):
+    a page demoted with its window page comes back with its window layer's KV, one demoted
+    as a tombstone comes back as one, and the hit is cut back where a window is incomplete.
+    Pages hold their own token ids in both layers (layer 0 global, layer 1 windowed).
+    ``staged``: through the pinned-staging copies CUDA uses (deferred host scatters)."""
+    import torch
+
+    from radixserve.memory import KVPool
+    from radixserve.memory.hierarchy import KVHierarchy
+    from radixserve.memory.host_pool import PageCopier
+    from radixserve.memory.swa_hi_cache import SWAHiRadixCache
+
+    pool = KVPool(2, 10, PS, 1, 1, window_layers=frozenset({1}), num_window_pages=10)
+    win = WindowPages(10, 10, WINDOW, PS)
+    alloc = WindowedPageAllocator(10, win)
+    hier = KVHierarchy(pool, 20, window=win)
+    if staged:
+        hier.copier = hier.host.copier = PageCopier(pool.device, staged=True)
+    cache = SWAHiRadixCache(alloc, PS, hier)
+    glob, wind = pool.k_data[0], pool.k_data[1]
+
+    def put(tokens: list[int]) -> list[int]:
+        pages = alloc.alloc(len(tokens) // PS)
+        for i, t in enumerate(tokens):
+            glob[pages[i // PS], i % PS] = t
+            wind[win.table[pages[i // PS]], i % PS] = t
+        cached = cache.insert(tokens, pages)
+        alloc.free(pages[: cached // PS])
+        cache.check_invariants()
+        return pages
+
+    a, b = list(range(100, 140)), list(range(200, 240))
+    pages = put(a)  # 10 pages
+    for g in pages[2:5]:  # a's pages 2-4 lose their window KV (window-pool pressure)
+        win.allocator.free([win.unmap(g)])
+        win.num_evictable -= 1
+    cache.check_invariants()
+    put(b)  # L1 holds 10 pages: all of a goes to L2
+    assert cache.hierarchy.stats.demoted_pages == 10 and cache.peek_prefix_len(a + [1]) == 0
+    m = cache.match_prefix(a + [1])  # all 10 pages load back; every window is whole again
+    cache.check_invariants()
+    assert cache.hierarchy.stats.loaded_l2_pages == 10 and m.matched_len == 40
+    got = m.pages
+    assert [int(glob[g, 0]) for g in got] == a[::PS]
+    have = [win.table[g] >= 0 for g in got]
+    assert have == [True, True, False, False, False] + [True] * 5
+    assert [int(wind[win.table[g], 0]) for g in got if win.table[g] >= 0] == [
+        a[i * PS] for i in range(10) if have[i]
+    ]
+    # A prefix whose last window reaches the tombstones is cut back: 20 tokens need 3, 4.
+    assert cache.match_prefix(a[:20] + [1]).matched_len == 8
+    assert torch.equal(glob[got[0]].view(-1), torch.tensor([100.0, 101.0, 102.0, 103.0]))
+    cache.check_invariants()
