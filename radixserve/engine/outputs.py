@@ -153,6 +153,7 @@ class EngineStats(msgspec.Struct, frozen=True):
     lease_hits_total: int = 0
     lease_expired_total: int = 0
     lease_yielded_total: int = 0
+    lease_trimmed_pages_total: int = 0
     sessions_adopted_total: int = 0
     lease_lost_tokens_total: int = 0
     # Eviction policy (memory.eviction): the configured one, the one followed now (adaptive's

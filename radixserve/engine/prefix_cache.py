@@ -192,6 +192,7 @@ def lease_stats(cache: PrefixCache) -> dict[str, Any]:
         "lease_hits_total": c.hits,
         "lease_expired_total": c.expired,
         "lease_yielded_total": c.yielded,
+        "lease_trimmed_pages_total": c.trimmed_pages,
         "sessions_adopted_total": c.adopted,
         "lease_lost_tokens_total": c.lost_tokens,
     }

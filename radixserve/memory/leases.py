@@ -10,14 +10,18 @@ last turn (prompt + answer) cached across the pause::
     next turn admitted <───── pause ──────────┤  (a leased leaf sits in a second index)
       (gap observed)                          ├─ expiry: now > granted + ttl(session)
                                               ├─ yield: memory pressure, oldest lease first,
-                                              │  then the largest (released, then evicted
-                                              │  like any page: with L2, demoted there)
+                                              │  then the largest: its tail pages go, only
+                                              │  as many as needed, and the lease holds the
+                                              │  rest (with L2, the pages are demoted there)
                                               └─ release: the session closes
 
 A lease is not a lock: leased pages stay evictable, so a running request never fails to
 allocate because of one; the cache's evictor takes every unleased leaf first and only then
-asks :meth:`LeaseTable.yield_one` to release the oldest lease (O(log leases + depth)), after
-which its pages leave by LRU order, only as many as are needed.
+takes pages from the tail of the oldest lease's path (:meth:`LeaseTable.oldest`), only as
+many as it needs, the lease keeping what is left. Releasing the whole lease instead would
+doom it: its pages would be the oldest unleased ones, so the traffic that caused the pressure
+would take all of them before the session returned. A lease whose last node another request
+holds (locked, extended, or leased too) is released whole (:meth:`LeaseTable.yield_one`).
 
 The lease's length is learned per session: a high quantile of that session's own observed
 pauses (gap between the end of one turn and the admission of the next), times a margin,
@@ -77,6 +81,7 @@ class LeaseCounters:
     hits: int = 0  # a session's turn admitted while its lease held
     expired: int = 0
     yielded: int = 0  # released early under memory pressure
+    trimmed_pages: int = 0  # leased pages taken from a lease's tail under memory pressure
     released: int = 0  # the session closed
     adopted: int = 0  # unkeyed turns found to continue an earlier request (auto sessions)
     lost_tokens: int = 0  # tokens a returning turn recomputed that its lost lease had held
@@ -300,6 +305,28 @@ class LeaseTable:
         lease.expires_at = expires
         heapq.heappush(self._by_expiry, (expires, lease.seq, lease))
         return True
+
+    def oldest(self) -> Lease | None:
+        """The lease that yields first (the oldest; ties: the largest), left in place."""
+        heap = self._by_age
+        while heap and not heap[0][3].alive:
+            heapq.heappop(heap)
+        return heap[0][3] if heap else None
+
+    def trimmed(self, lease: Lease, pages: int, node: TreeNode | None) -> None:
+        """Memory pressure took ``pages`` pages from ``lease``'s tail; ``node``: the last node
+        of what it still holds (its old one, shorter, or that one's parent), None when nothing
+        is left, which ends it as a yield."""
+        self.counters.trimmed_pages += pages
+        if node is not None and node.parent is not None:
+            lease.node = node
+            return
+        lease.alive = False  # no path left: nothing to drop in the cache
+        self._live -= 1
+        self.counters.yielded += 1
+        s = self._sessions.get(lease.session)
+        if s is not None and s.lease is lease:
+            s.lease, s.lost = None, "yielded"
 
     def yield_one(self) -> bool:
         """Memory pressure and nothing unleased is left to evict: release the oldest lease

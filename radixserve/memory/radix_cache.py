@@ -454,32 +454,62 @@ class RadixCache(PrefixCache):
         A leaf with more pages than still needed loses only its tail pages (it stays cached,
         shorter). Returns the pages freed: ``min(n_pages, num_evictable_pages)``.
         """
-        ps = self.page_size
         freed = 0
         while freed < n_pages:
+            need = n_pages - freed
             node = self._lru.peek_lru()
-            if node is None:
-                if self.leases.yield_one():  # unleased pages are gone: the oldest lease yields
+            if node is None:  # unleased pages are gone: the oldest lease yields its tail
+                got = self._trim_oldest_lease(need)
+                if got:
+                    freed += got
+                    continue
+                if self.leases.yield_one():  # its last node is shared: released whole
                     continue
                 break
-            need = n_pages - freed
             if len(node.pages) > need:
-                self._before_evict(node, len(node.pages) - need)
-                drop = node.pages[-need:]
-                del node.pages[-need:]
-                if node.page_keys is not None:
-                    del node.page_keys[-need:]
-                node.key = node.key[: -need * ps]
-                node.depth -= need * ps
-                node.path_hash = None
-                self._tree_pages -= need
-                self.allocator.free(drop)
+                self._drop_tail(node, need)
                 freed += need
                 break
             freed += len(node.pages)
             self._remove_leaf(node)
         self._evicted += freed
         return freed
+
+    def _drop_tail(self, node: TreeNode, n: int) -> None:
+        """Free the last ``n`` of leaf ``node``'s pages (fewer than it has): it stays, shorter."""
+        ps = self.page_size
+        self._before_evict(node, len(node.pages) - n)
+        drop = node.pages[-n:]
+        del node.pages[-n:]
+        if node.page_keys is not None:
+            del node.page_keys[-n:]
+        node.key = node.key[: -n * ps]
+        node.depth -= n * ps
+        node.path_hash = None
+        self._tree_pages -= n
+        if node.lease_ref:
+            self._leased_pages -= n
+        self.allocator.free(drop)
+
+    def _trim_oldest_lease(self, need: int) -> int:
+        """Take up to ``need`` pages from the tail of the oldest lease's path, when its last
+        node is its own (unlocked, no children, no other lease); the lease keeps the rest.
+        Returns the pages freed (0: that lease must yield whole, or there is none)."""
+        lease = self.leases.oldest()
+        if lease is None:
+            return 0
+        node = lease.node
+        if node.lock_ref or node.children or node.lease_ref != 1 or not node.alive:
+            return 0
+        if len(node.pages) > need:
+            self._drop_tail(node, need)
+            self.leases.trimmed(lease, need, node)
+            return need
+        n, parent = len(node.pages), node.parent
+        self._leased_pages -= n
+        self._remove_leaf(node)
+        self.leases.trimmed(lease, n, parent)
+        return n
 
     def add_lease(self, node: TreeNode) -> None:
         """One more session lease on the path root..``node`` (:mod:`~radixserve.memory.leases`).

@@ -181,9 +181,34 @@ def test_leases_yield_oldest_first_then_largest() -> None:
     assert cache.peek_prefix_len(a) == 0  # the oldest went first, all 10 of its pages
     assert cache.peek_prefix_len(c) == 10  # then the largest of the younger two: only 2 pages
     assert cache.peek_prefix_len(b) == 6
-    assert cache.leases.lease_of("a") is None and cache.leases.lease_of("c") is None
+    assert cache.leases.lease_of("a") is None  # nothing left of it: the lease ended
+    kept = cache.leases.lease_of("c")  # lost its tail, holds the rest
+    assert kept is not None and kept.tokens == 10
     assert cache.leases.lease_of("b") is not None
-    assert cache.leases.counters.yielded == 2
+    assert cache.leases.counters.yielded == 1 and cache.leases.counters.trimmed_pages == 12
+
+
+def test_a_trimmed_lease_keeps_the_rest_through_later_traffic() -> None:
+    """Pressure takes only what it needs from the oldest lease's tail; the traffic after it
+    evicts its own unleased pages, not the rest of that session's context (a lease released
+    whole would have been the oldest unleased path, and gone first)."""
+    cache, clock = make(48)
+    agent = list(range(1, 33))  # 32 tokens leased
+    turn(cache, agent, "agent")
+    clock.now += 1.0
+    big = list(range(1000, 1020))  # 20 tokens at once: 4 more than are free
+    m = cache.match_prefix(big)
+    cache.lock(m.node)
+    pages = cache.allocator.alloc(20)
+    assert cache.peek_prefix_len(agent) == 28  # 4 pages from the lease's tail
+    c = cache.cache_prefix(big, pages, m.node)
+    cache.unlock(c.node)
+    churn(cache, 10_000, 6, 12)  # later traffic, within what its own pages free
+    cache.check_invariants()
+    assert cache.peek_prefix_len(agent) == 28
+    lease = cache.leases.lease_of("agent")
+    assert lease is not None and lease.tokens == 28
+    assert cache.leases.counters.trimmed_pages == 4 and cache.leases.counters.yielded == 0
 
 
 def test_clock_ties_yield_the_largest_first() -> None:
@@ -192,7 +217,9 @@ def test_clock_ties_yield_the_largest_first() -> None:
     turn(cache, list(range(100, 110)), "large")
     cache.evict(3)
     cache.check_invariants()
-    assert cache.leases.lease_of("large") is None and cache.leases.lease_of("small") is not None
+    large = cache.leases.lease_of("large")  # its tail went, not the small one's
+    assert large is not None and large.tokens == 7
+    assert cache.peek_prefix_len(list(range(1, 5))) == 4
 
 
 def test_a_running_request_never_fails_to_allocate_because_of_leases() -> None:

@@ -74,6 +74,11 @@ _ENGINE_COUNTERS: tuple[tuple[str, str, str], ...] = (
         "session_lease_yields",
         "session leases released early under memory pressure",
     ),
+    (
+        "lease_trimmed_pages_total",
+        "session_lease_trimmed_pages",
+        "leased pages taken from the tail of the oldest lease under memory pressure",
+    ),
     ("sessions_adopted_total", "sessions_adopted", "unkeyed chats adopted as sessions"),
     (
         "lease_lost_tokens_total",
