@@ -32,7 +32,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -122,13 +121,11 @@ def run(args: argparse.Namespace, model: str, disagg: bool) -> dict[str, Any]:
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    """The CPU's model name (benchmarks/provenance.py)."""
+    sys.path.insert(1, str(Path(__file__).resolve().parent))
+    from provenance import machine
+
+    return str(machine()["cpu"])
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -55,7 +55,6 @@ import datetime as dt
 import heapq
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -267,13 +266,11 @@ def check_shape(name: str, s: dict[str, Any]) -> None:
 
 
 def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    """The CPU's model name (benchmarks/provenance.py)."""
+    sys.path.insert(1, str(Path(__file__).resolve().parent))
+    from provenance import machine
+
+    return str(machine()["cpu"])
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -305,6 +302,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     http.add_argument("--model", default="default", help="checkpoint (default: SmolLM2-135M)")
     http.add_argument("--churn-inflight", type=int, default=4, help="churn requests at once")
+    http.add_argument(
+        "--precision", choices=("fp32", "bf16"), default="fp32", help="every server's weights/KV"
+    )
     http.add_argument("--request-timeout", type=float, default=600.0)
     http.add_argument("--log-dir", default="benchmarks/results/logs", help="server logs")
     args = ap.parse_args(argv)
@@ -337,7 +337,9 @@ def run_peer(args: argparse.Namespace) -> dict[str, Any]:
         if args.peer == "radixserve" and not cfg:
             raise SystemExit(f"unknown configuration {name!r}: one of {', '.join(CONFIGS)}")
         port = servers.free_port()
-        cmd, env, ready = serve_command(args.peer, cfg, model_dir, port, plan, page_size)
+        cmd, env, ready = serve_command(
+            args.peer, cfg, model_dir, port, plan, page_size, args.precision
+        )
         log = Path(args.log_dir).resolve() / f"bench_sessions_{name}.log"
         with servers.ServerProcess(cmd, env, port, log, ready) as srv:
             srv.wait_ready(900.0)

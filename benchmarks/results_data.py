@@ -17,6 +17,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 PAGES = (
     "README.md",
     "benchmarks/README.md",
+    "benchmarks/agents.md",
     "benchmarks/results/README.md",
     *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")),
 )

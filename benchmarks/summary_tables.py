@@ -22,6 +22,11 @@ from results_data import (
     peer_out_tok,
     serving_floor,
 )
+from summary_tables_s22 import (
+    table_sessions_http,
+    table_speculative,
+    table_speculative_concurrent,
+)
 
 
 def _machine(name: str) -> str:
@@ -285,5 +290,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "hicache": table_hicache,
     "sessions": table_sessions,
     "agent_loop": table_agent_loop,
+    "sessions_http": table_sessions_http,
+    "speculative": table_speculative,
+    "speculative_concurrent": table_speculative_concurrent,
     "index": table_index,
 }

@@ -233,19 +233,27 @@ def summarize_http(r: HttpResult, plan: Plan, args: argparse.Namespace) -> dict[
 
 
 def serve_command(
-    peer: str, config: dict[str, Any], model_dir: Path, port: int, plan: Plan, page_size: int
+    peer: str,
+    config: dict[str, Any],
+    model_dir: Path,
+    port: int,
+    plan: Plan,
+    page_size: int,
+    precision: str = "fp32",
 ) -> tuple[list[str], dict[str, str], str]:
-    """(command, extra environment, readiness path) of one server sized to ``plan``."""
+    """(command, extra environment, readiness path) of one server sized to ``plan``, its
+    weights and KV in ``precision`` (fp32 / bf16, the same on every server)."""
     running = 16
+    bf16 = precision == "bf16"
     if peer == "vllm":
-        spec = servers.peer_spec("vllm-fp32")
+        spec = servers.peer_spec("vllm-bf16" if bf16 else "vllm-fp32")
         cmd, env = servers.command(spec, model_dir, port, 1.0, plan.max_ctx, running)
         blocks = plan.pool_tokens // VLLM_BLOCK + 1  # + its null block, never allocated
         cmd += ["--num-gpu-blocks-override", str(blocks)]
-        gib = math.ceil(blocks * VLLM_BLOCK * KV_BYTES_PER_TOKEN_FP32 / 2**30)
+        gib = math.ceil(blocks * VLLM_BLOCK * KV_BYTES_PER_TOKEN_FP32 / (2 if bf16 else 1) / 2**30)
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, gib))
         return cmd, env, spec.ready_path
-    spec = servers.peer_spec("radixserve")
+    spec = servers.peer_spec("radixserve-bf16" if bf16 else "radixserve")
     cmd, env = servers.command(spec, model_dir, port, 1.0, plan.max_ctx, running)
     cmd[cmd.index("--num-pages") + 1] = str(plan.pool_tokens // page_size)
     cmd[cmd.index("--page-size") + 1] = str(page_size)
