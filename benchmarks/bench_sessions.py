@@ -265,6 +265,20 @@ def check_shape(name: str, s: dict[str, Any]) -> None:
         )
 
 
+def server_counters(base_url: str) -> dict[str, float]:
+    """The server's own lease and cache counters at the end of a run (its /metrics): how
+    many leases were granted, hit, expired, yielded or trimmed, and the tokens lost."""
+    import httpx
+
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(("radixserve_session_lease", "radixserve_sessions_")) and " " in line:
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
 def cpu_model() -> str:
     """The CPU's model name (benchmarks/provenance.py)."""
     sys.path.insert(1, str(Path(__file__).resolve().parent))
@@ -345,7 +359,9 @@ def run_peer(args: argparse.Namespace) -> dict[str, Any]:
             srv.wait_ready(900.0)
             keyed = args.keyed and args.peer == "radixserve"
             measured = asyncio.run(run_http(srv.base_url, plan, args, page_size, keyed))
+            counters = server_counters(srv.base_url) if args.peer == "radixserve" else {}
         results[name] = summarize_http(measured, plan, args)
+        results[name]["server_counters"] = counters
         results[name]["shape"] = shape(
             args,
             plan.pool_tokens,

@@ -142,3 +142,45 @@ def table_speculative_concurrent() -> str:
             )
         )
     return "\n".join(out)
+
+
+LONG_CONTEXT = "bench_long_context_s22.json"
+
+
+def table_long_context() -> str:
+    """bench_long_context.py: per server and context, TTFT and time per output token of every
+    repetition, and their medians over the floors measured in the same run."""
+    d = load(LONG_CONTEXT)
+    floors: dict[int, list[dict[str, Any]]] = {}
+    for f in d["floors"]:
+        floors.setdefault(f["context"], []).append(f)
+    cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for c in d["cells"]:
+        if c.get("error") is None:
+            cells.setdefault((c["server"], c["context"]), []).append(c)
+    out = _head(
+        "server",
+        "context",
+        "TTFT s, per repetition",
+        "over the compute floor",
+        "ms per output token, per repetition",
+        "over the read floor (bf16 KV)",
+        align="lrlrlr",
+    )
+    for (server, ctx), rows in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        fl = floors[ctx]
+        compute = statistics.median(f["compute_floor_s"] for f in fl)
+        read = statistics.median(f["decode_floor_ms"]["auto"] for f in fl)
+        ttft = [c["ttft_s"] for c in rows]
+        tpot = [c["tpot_ms"] for c in rows]
+        out.append(
+            _row(
+                server,
+                ctx,
+                ", ".join(f"{x:.2f}" for x in ttft),
+                f"{statistics.median(ttft) / compute:.1f}",
+                ", ".join(f"{x:.1f}" for x in tpot),
+                f"{statistics.median(tpot) / read:.2f}",
+            )
+        )
+    return "\n".join(out)

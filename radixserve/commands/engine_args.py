@@ -36,7 +36,7 @@ ENGINE_FLAGS: list[tuple[str, Any, str]] = [
         str,
         "on | off: keep a session's last turn cached through its pause (default on)",
     ),
-    ("session-lease-default-s", float, "a session's lease before any pause was seen (30)"),
+    ("session-lease-default-s", float, "a first lease while no session has paused yet (60)"),
     ("session-lease-cap-s", float, "longest session lease, seconds (600)"),
     ("dtype", str, "float32 | bfloat16 | float16 (default: bfloat16 on cuda, float32 on cpu)"),
     ("device", str, "cpu | cuda | cuda:N"),

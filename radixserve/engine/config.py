@@ -94,7 +94,7 @@ class EngineConfig:
     # Which evictable leaves go first: lru | lfu | slru | priority | adaptive (memory.eviction;
     # adaptive follows the candidate with the least regret on shadow caches).
     eviction_policy: str = "lru"
-    session_lease_default_s: float = 30.0
+    session_lease_default_s: float = 60.0
     session_lease_cap_s: float = 600.0
     # Every request gets a cache report (where its prompt left the cached path, and why:
     # memory.miss_report), not only those that ask with return_cache_report.

@@ -61,14 +61,14 @@ class LeaseConfig:
     """How long leases last. ``enabled`` False: no leases (the cache is plain LRU)."""
 
     enabled: bool = True
-    default_s: float = 30.0  # a session's first lease, before any pause was observed
+    default_s: float = 60.0  # a first lease while no session has paused yet
     min_s: float = 1.0
     cap_s: float = 600.0
     quantile: float = 0.9  # of the session's observed pauses
     margin: float = 1.5  # the lease outlasts that quantile by this factor
     history: int = 32  # pauses remembered per session
     prior_history: int = 256  # every session's latest pauses: a first lease's length
-    prior_min: int = 4  # pauses seen before they replace default_s for first leases
+    prior_min: int = 1  # pauses seen before they replace default_s for first leases
     max_sessions: int = 65536  # sessions remembered (least recently active forgotten)
     max_turn_marks: int = 4096  # finished unkeyed turns remembered for adoption
 
