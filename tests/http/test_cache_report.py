@@ -105,3 +105,17 @@ def test_sessions_close_from_the_api_in_their_tenants_namespace(server: Any) -> 
         # ``user`` is a tenant hint, not a session: no lease for it.
         _chat(c, 8, user="alice")
         assert c.post("/close_session", json={"session_id": "alice"}).json()["released"] is False
+
+
+def test_text_completions_carry_the_session_key_too(server: Any) -> None:
+    """``/v1/completions`` takes ``prompt_cache_key`` / ``session_id`` as the chat API does:
+    a keyed turn leases its path to that session (an agent framework sending token ids)."""
+    with server.client() as c:
+        base = _leases(c)
+        for key in ("prompt_cache_key", "session_id"):
+            body = {"model": "default", "prompt": [5, 6, 7, 8] * 6, "max_tokens": 2, key: key}
+            assert c.post("/v1/completions", json=body).status_code == 200
+        assert _leases(c) == base + 2
+        for key in ("prompt_cache_key", "session_id"):
+            assert c.post("/close_session", json={"session_id": key}).json()["released"] is True
+        assert _leases(c) == base

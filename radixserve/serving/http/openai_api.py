@@ -323,6 +323,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                     params=body.sampling(max_tokens, body.logprobs, j),
                     cache_salt=salt,
                     priority=body.priority,
+                    session_id=body.session,
                     **kw,
                 )
             )

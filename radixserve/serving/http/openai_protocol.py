@@ -116,6 +116,16 @@ class _SamplingBody(_Body):
 
     model_config = ConfigDict(strict=True, extra="allow")
 
+    # The conversation's key (OpenAI's prompt_cache_key; SGLang's session_id): handed to
+    # the router as the request's session, so that one conversation's turns meet its cache
+    # (and, on the worker, its session lease: memory.leases).
+    prompt_cache_key: str | None = Field(default=None, max_length=256)
+    session_id: str | None = Field(default=None, max_length=256)
+
+    @property
+    def session(self) -> str | None:
+        return self.prompt_cache_key or self.session_id
+
     model: str
     temperature: float | None = None
     top_p: float | None = None
@@ -246,10 +256,6 @@ class ChatCompletionRequest(_SamplingBody):
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
-    # The conversation's key (OpenAI's prompt_cache_key; SGLang's session_id): handed to
-    # the router as the request's session, so that one conversation's turns meet its cache.
-    prompt_cache_key: str | None = Field(default=None, max_length=256)
-    session_id: str | None = Field(default=None, max_length=256)
     metadata: dict[str, str] | None = None
     store: bool | None = None
 
@@ -294,10 +300,6 @@ class ChatCompletionRequest(_SamplingBody):
 
     def chat(self) -> list[p.ChatMessage]:
         return [m.wire(i) for i, m in enumerate(self.messages)]
-
-    @property
-    def session(self) -> str | None:
-        return self.prompt_cache_key or self.session_id
 
     def wanted_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
