@@ -38,8 +38,9 @@ def table_sessions_http() -> str:
         "returning TTFT p50 ms",
         "p90 ms",
         "churn tok/s",
+        "lease hits / granted (expired, yielded, pages trimmed)",
         "errors",
-        align="lrrrrrrrrr",
+        align="lrrrrrrrrlr",
     )
     for name in SESSIONS_HTTP:
         d = load(name)
@@ -56,10 +57,25 @@ def table_sessions_http() -> str:
                     _ms(r["returning_ttft_ms_p50"]),
                     _ms(r["returning_ttft_ms_p90"]),
                     f"{r['churn_tokens_per_s']:.0f}",
+                    _lease_counters(r.get("server_counters") or {}),
                     r["errors"],
                 )
             )
     return "\n".join(out)
+
+
+def _lease_counters(c: dict[str, float]) -> str:
+    """The server's lease counters at the end of a run (radixserve's /metrics), one cell."""
+
+    def get(name: str) -> int:
+        return int(sum(v for k, v in c.items() if k.startswith(f"radixserve_session_{name}")))
+
+    if not c:
+        return "n/a"
+    return (
+        f"{get('lease_hits')} / {get('leases_granted')} ({get('lease_expiries')}, "
+        f"{get('lease_yields')}, {get('lease_trimmed_pages')})"
+    )
 
 
 def _per_request_ms(d: dict[str, Any], config: str, workload: str) -> float:

@@ -28,11 +28,12 @@ pauses (gap between the end of one turn and the admission of the next), times a 
 within ``[min_s, cap_s]``. A session that has not paused yet (its first lease) gets the same
 quantile of every session's recent pauses (the server's agents tend to call the same tools),
 or ``default_s`` while no session has returned; such a lease is re-judged when it runs out,
-so one granted before any pause was seen lasts as long as the pauses seen since say. A request without a session key
-joins one when its prompt extends an earlier request's prompt + answer: every finished
-unkeyed turn marks the chained page hash of its path's end (its pages may be evicted
-since: the mark is a hash, not a node), and a later prompt whose page hashes pass through a
-mark adopts that turn's session (a chat re-sending its history).
+so one granted before any pause was seen lasts as long as the pauses seen since say.
+
+A request without a session key joins one when its prompt extends an earlier request's
+prompt + answer: every finished unkeyed turn marks the chained page hash of its path's end
+(its pages may be evicted since: the mark is a hash, not a node), and a later prompt whose
+page hashes pass through a mark adopts that turn's session (a chat re-sending its history).
 
 Sessions are keyed by ``(namespace, session_id)``: a tenant's sessions lease only its own
 namespace's paths and never collide with another tenant's ids.
