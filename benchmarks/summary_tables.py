@@ -23,6 +23,7 @@ from results_data import (
     serving_floor,
 )
 from summary_tables_s22 import (
+    table_moe,
     table_sessions_http,
     table_speculative,
     table_speculative_concurrent,
@@ -293,5 +294,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "sessions_http": table_sessions_http,
     "speculative": table_speculative,
     "speculative_concurrent": table_speculative_concurrent,
+    "moe": table_moe,
     "index": table_index,
 }

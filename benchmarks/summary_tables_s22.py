@@ -1,5 +1,5 @@
 """The generated tables of the sections added 2026-12-04 (agent sessions over HTTP,
-speculative decoding, MoE and disaggregation), one function each; summary_tables.TABLES
+speculative decoding, the MoE decode step), one function each; summary_tables.TABLES
 lists them with the others."""
 
 from __future__ import annotations
@@ -160,43 +160,34 @@ def table_speculative_concurrent() -> str:
     return "\n".join(out)
 
 
-LONG_CONTEXT = "bench_long_context_s22.json"
+MOE = "bench_moe_s22.json"
 
 
-def table_long_context() -> str:
-    """bench_long_context.py: per server and context, TTFT and time per output token of every
-    repetition, and their medians over the floors measured in the same run."""
-    d = load(LONG_CONTEXT)
-    floors: dict[int, list[dict[str, Any]]] = {}
-    for f in d["floors"]:
-        floors.setdefault(f["context"], []).append(f)
-    cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for c in d["cells"]:
-        if c.get("error") is None:
-            cells.setdefault((c["server"], c["context"]), []).append(c)
+def table_moe() -> str:
+    """bench_moe.py: the MoE decode step against the dense model of the same active size, per
+    batch: every round's step, the median over its weight-reading floor, experts touched."""
+    d = load(MOE)
     out = _head(
-        "server",
-        "context",
-        "TTFT s, per repetition",
-        "over the compute floor",
-        "ms per output token, per repetition",
-        "over the read floor (bf16 KV)",
-        align="lrlrlr",
+        "batch",
+        "model",
+        "ms per step, per round",
+        "over its floor",
+        "experts touched a layer (of total)",
+        "MoE over dense (median)",
+        align="rlllrr",
     )
-    for (server, ctx), rows in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-        fl = floors[ctx]
-        compute = statistics.median(f["compute_floor_s"] for f in fl)
-        read = statistics.median(f["decode_floor_ms"]["auto"] for f in fl)
-        ttft = [c["ttft_s"] for c in rows]
-        tpot = [c["tpot_ms"] for c in rows]
-        out.append(
-            _row(
-                server,
-                ctx,
-                ", ".join(f"{x:.2f}" for x in ttft),
-                f"{statistics.median(ttft) / compute:.1f}",
-                ", ".join(f"{x:.1f}" for x in tpot),
-                f"{statistics.median(tpot) / read:.2f}",
+    experts = d["moe_config"]["num_experts"]
+    for r in d["results"]:
+        for model in ("moe", "dense"):
+            m = r[model]
+            out.append(
+                _row(
+                    r["batch"],
+                    f"{d['family'] if model == 'moe' else d['dense_family']}",
+                    ", ".join(f"{x:.1f}" for x in m["rounds_step_ms"]),
+                    f"{m['floor_ratio_median']:.2f}",
+                    f"{m['experts_touched_mean']:.1f} ({experts})" if model == "moe" else "dense",
+                    f"{r['moe_over_dense_median']:.2f}" if model == "moe" else "",
+                )
             )
-        )
     return "\n".join(out)

@@ -154,7 +154,12 @@ def test_radixserve_commands_parse() -> None:
 
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-DOC_FILES = [README, REPO / "benchmarks" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOC_FILES = [
+    README,
+    REPO / "benchmarks" / "README.md",
+    REPO / "benchmarks" / "agents.md",
+    *sorted((REPO / "docs").glob("*.md")),
+]
 
 
 @pytest.mark.parametrize("doc", DOC_FILES, ids=lambda p: str(p.relative_to(REPO)))
