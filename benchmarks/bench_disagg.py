@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # provenance
+from provenance import machine as provenance_machine  # noqa: E402
 
 from radixserve.sampling_params import SamplingParams  # noqa: E402
 from radixserve.serving.client import Client  # noqa: E402
@@ -120,14 +122,6 @@ def run(args: argparse.Namespace, model: str, disagg: bool) -> dict[str, Any]:
     return out
 
 
-def cpu_model() -> str:
-    """The CPU's model name (benchmarks/provenance.py)."""
-    sys.path.insert(1, str(Path(__file__).resolve().parent))
-    from provenance import machine
-
-    return str(machine()["cpu"])
-
-
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -172,7 +166,7 @@ def main() -> None:
         "benchmark": "bench_disagg",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "commit": commit,
-        "cpu_model": cpu_model(),
+        "cpu_model": provenance_machine()["cpu"],
         "cpus": os.cpu_count(),
         "note": "two worker processes on the same cores in both configurations",
         "args": vars(args),

@@ -63,6 +63,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # provenance, peers, workloads
+from provenance import machine as provenance_machine  # noqa: E402
+
 from radixserve.memory import PageAllocator, RadixCache
 from radixserve.memory.leases import LeaseConfig
 
@@ -279,14 +282,6 @@ def server_counters(base_url: str) -> dict[str, float]:
     return out
 
 
-def cpu_model() -> str:
-    """The CPU's model name (benchmarks/provenance.py)."""
-    sys.path.insert(1, str(Path(__file__).resolve().parent))
-    from provenance import machine
-
-    return str(machine()["cpu"])
-
-
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -431,7 +426,7 @@ def write(args: argparse.Namespace, results: dict[str, Any], note: str) -> None:
         "benchmark": "bench_sessions" + (f"_{args.peer}" if args.peer else ""),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "commit": commit,
-        "cpu_model": cpu_model(),
+        "cpu_model": provenance_machine()["cpu"],
         "cpus": os.cpu_count(),
         "note": note,
         "args": vars(args),
