@@ -18,6 +18,8 @@ PAGES = (
     "README.md",
     "benchmarks/README.md",
     "benchmarks/agents.md",
+    "benchmarks/cluster.md",
+    "benchmarks/long_context.md",
     "benchmarks/results/README.md",
     *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")),
 )

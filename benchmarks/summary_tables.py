@@ -28,6 +28,12 @@ from summary_tables_s22 import (
     table_speculative,
     table_speculative_concurrent,
 )
+from summary_tables_s23 import (
+    table_disagg,
+    table_long_context,
+    table_long_context_profile,
+    table_long_context_targets,
+)
 
 
 def _machine(name: str) -> str:
@@ -295,5 +301,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "speculative": table_speculative,
     "speculative_concurrent": table_speculative_concurrent,
     "moe": table_moe,
+    "long_context": table_long_context,
+    "long_context_targets": table_long_context_targets,
+    "long_context_profile": table_long_context_profile,
+    "disagg": table_disagg,
     "index": table_index,
 }

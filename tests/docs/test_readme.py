@@ -158,6 +158,8 @@ DOC_FILES = [
     README,
     REPO / "benchmarks" / "README.md",
     REPO / "benchmarks" / "agents.md",
+    REPO / "benchmarks" / "cluster.md",
+    REPO / "benchmarks" / "long_context.md",
     *sorted((REPO / "docs").glob("*.md")),
 ]
 
