@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "paged_attention.h"
 #include "vec.h"
@@ -67,6 +68,45 @@ inline vf codes_as_vf(const uint8_t* p, Codes codes) {
   return (vf)bits;
 }
 
+#if RADIXSERVE_VEC_BF16 && defined(__AVX512BW__)
+// fp8 codes to bf16 by a table: every fp8 e4m3 / e5m2 value is a bf16 value (3 or 2 mantissa
+// bits of bf16's 7, an exponent within its range), so with a scale of 1.0 (fp8's default)
+// the torch path's float32 product rounded to bf16 is the code's bf16 value itself. The
+// table holds the bf16 words of codes 0..127 (the sign is the code's top bit), in four
+// registers of 32 words; 32 codes take two word permutes, a blend and the sign.
+struct Fp8Bf16 {
+  __m512i w[4];
+  explicit Fp8Bf16(Codes codes) {
+    alignas(64) uint16_t words[128];
+    for (int c = 0; c < 128; c += kLanes) {
+      uint8_t b[kLanes];
+      for (int i = 0; i < kLanes; ++i) b[i] = static_cast<uint8_t>(c + i);
+      const vf f = codes_as_vf(b, codes);
+      for (int i = 0; i < kLanes; ++i) {
+        uint32_t bits;
+        const float x = f[i];
+        std::memcpy(&bits, &x, sizeof bits);
+        words[c + i] = static_cast<uint16_t>(bits >> 16);  // exact: the low half is zero
+      }
+    }
+    for (int i = 0; i < 4; ++i) w[i] = _mm512_load_si512(words + 32 * i);
+  }
+  // 32 codes from ``src`` as bf16 words into ``dst``.
+  void row32(const uint8_t* src, c10::BFloat16* dst) const {
+    const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+    const __m512i low = _mm512_permutex2var_epi16(w[0], x, w[1]);   // codes & 63 from words 0..63
+    const __m512i high = _mm512_permutex2var_epi16(w[2], x, w[3]);  // ... from words 64..127
+    const __m512i mag = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40)), low, high);
+    const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
+    _mm512_storeu_si512(dst, _mm512_or_si512(mag, sign));
+  }
+  static const Fp8Bf16& of(Codes codes) {
+    static const Fp8Bf16 e4m3(Codes::kFp8E4M3), e5m2(Codes::kFp8E5M2);
+    return codes == Codes::kFp8E4M3 ? e4m3 : e5m2;
+  }
+};
+#endif
+
 // Keys [lo, hi) of ``run`` for KV head ``h``, decoded into rows ``dk``/``dv`` ([kChunk, d]),
 // key i at row i - base. ``geo``: the pages' geometry (its k/v unused).
 template <typename T, typename G>
@@ -74,6 +114,26 @@ void decode_keys(const Layer<G>& geo, const QuantPages& qp, int64_t h, KeyRun ru
                  int64_t hi, T* __restrict dk, T* __restrict dv) {
   const int64_t d = geo.d;
   const bool token_scales = qp.codes == Codes::kInt8;
+#if RADIXSERVE_VEC_BF16 && defined(__AVX512BW__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (!token_scales && qp.k_scale[h] == 1.0f && qp.v_scale[h] == 1.0f) {  // fp8 at scale 1: the table
+      const Fp8Bf16& table = Fp8Bf16::of(qp.codes);
+      geo.offsets(run.pages, h, lo, hi - lo, [&](int64_t i, int64_t off) {
+        const int64_t row = (lo + i - base) * d;
+        int64_t j = 0;
+        for (; j + 32 <= d; j += 32) {
+          table.row32(qp.k + off + j, dk + row + j);
+          table.row32(qp.v + off + j, dv + row + j);
+        }
+        for (; j < d; j += kLanes) {  // a last 16 (head_dim 16, 80)
+          store_from_vf(dk + row + j, codes_as_vf(qp.k + off + j, qp.codes));
+          store_from_vf(dv + row + j, codes_as_vf(qp.v + off + j, qp.codes));
+        }
+      });
+      return;
+    }
+  }
+#endif
   geo.offsets(run.pages, h, lo, hi - lo, [&](int64_t i, int64_t off) {
     const int64_t row = (lo + i - base) * d;
     const float ks = token_scales ? qp.k_scale[off / d] : qp.k_scale[h];
