@@ -47,6 +47,9 @@ _SOURCES = [
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: Quantized page dtypes the attention kernel reads (``paged_attention_quant``): int8 codes
+#: with per-token scales, fp8 codes with per-head scales (int4 is not read yet).
+QUANT_PAGE_DTYPES = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)
 _HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
 
 
@@ -146,6 +149,19 @@ def supported(
     )
 
 
+def supported_quantized(
+    q_dtype: torch.dtype, page_dtype: torch.dtype, device: torch.device, head_dim: int
+) -> bool:
+    """Whether the attention kernel reads quantized pages of ``page_dtype`` (int8, fp8; see
+    :data:`QUANT_PAGE_DTYPES`) for queries of ``q_dtype`` and this head size on ``device``."""
+    return (
+        device.type == "cpu"
+        and q_dtype in _DTYPES
+        and page_dtype in QUANT_PAGE_DTYPES
+        and head_dim in _HEAD_DIMS
+    )
+
+
 @dataclass
 class AttentionPlan:
     """Which rows attend to which pages, in the kernel's index layout (int64 CPU tensors).
@@ -225,6 +241,7 @@ def paged_attention(
     store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Write into ``out`` (like ``q``: ``[T, Hq, D]``) the attention of the planned rows.
 
@@ -236,9 +253,31 @@ def paged_attention(
     keys up to its own (the plan must share no pages; ``attention/torch_paged.py`` builds
     one per window, each member's pages from the first its window reaches). Call
     :func:`load` first. ``softcap``: scores become ``softcap * tanh(score / softcap)``
-    before the softmax (Gemma 2).
+    before the softmax (Gemma 2). ``scales`` = ``(k_scale, v_scale)``: the pages are
+    quantized (int8 codes with per-token scales ``[num_pages, page_size, Hkv]``, or fp8 codes
+    with per-head scales ``[Hkv]``, float32; ``radixkernels/kv_format.py``): ``store``'s rows
+    are quantized as ``store_kv_ref`` does, bit for bit (int8 writing their scales), and each
+    chunk of keys is decoded to ``q``'s dtype as the torch path's dequantize does
+    (``x.float() * s``, rounded once) and attended as such pages are.
     """
     k_new, v_new, slots = store if store is not None else (None, None, None)
+    if scales is not None:  # quantized pages
+        torch.ops.radixserve_cpu.paged_attention_quant(
+            q,
+            k_pages,
+            v_pages,
+            out,
+            *plan.tensors(),
+            sm_scale,
+            scales[0],
+            scales[1],
+            k_new,
+            v_new,
+            slots,
+            window or 0,
+            softcap or 0.0,
+        )
+        return
     torch.ops.radixserve_cpu.paged_attention(
         q,
         k_pages,

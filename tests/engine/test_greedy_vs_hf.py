@@ -85,12 +85,28 @@ def test_fcfs_and_disabled_cache(tiny_llama_dir: Path, make_engine) -> None:
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e4m3", "int4"])
 def test_quantized_kv_cache_runs_cold_and_warm(
-    tiny_llama_dir: Path, make_engine, kv_dtype: str
+    tiny_llama_dir: Path, make_engine, kv_dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Quantized pools: same tokens cold and warm (reused pages hold the same codes), close to fp32."""
+    """Quantized pools: same tokens cold and warm (reused pages hold the same codes), close to
+    fp32. int8 and fp8 attend through the CPU kernel over their codes (every layer call of
+    every step), int4 through the torch path."""
+    from radixserve.model import native
+
+    kernel_calls = 0
+    kernel = native.paged_attention
+
+    def counted(*args: object, **kw: object) -> None:
+        nonlocal kernel_calls
+        kernel_calls += kw.get("scales") is not None
+        kernel(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(native, "paged_attention", counted)
     prompts = random_prompts([12, 30, 5], seed=6)
     engine = make_engine(tiny_llama_dir, kv_cache_dtype=kv_dtype, max_num_tokens=16)
+    on_kernel = kv_dtype != "int4" and native.load()
+    assert getattr(engine.runner.attn, "row_exact", False) == on_kernel
     cold = [o.token_ids for o in engine.generate(prompts, greedy())]
+    assert (kernel_calls > 0) == on_kernel
     warm = [o.token_ids for o in engine.generate(prompts, greedy())]
     engine.check_invariants()
     assert cold == warm

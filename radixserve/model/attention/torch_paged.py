@@ -3,7 +3,10 @@
 On the CPU with an unquantized pool the store of the new K/V and the attention of the whole
 batch are one call per layer to the kernel of ``csrc/paged_attention.cpp`` (same two parts
 as below, read from the pages in place; 1.4-1.9x the torch path per layer call here,
-``benchmarks/bench_cpu_attention.py``). The torch path below serves quantized pools, other
+``benchmarks/bench_cpu_attention.py``). int8 and fp8 pools take the same kernel over their
+codes (``csrc/paged_attention_quant.h``: each chunk of keys decoded as ``_gather`` below
+dequantizes; their new rows quantized in the same call as ``store_kv_ref`` does, bit for
+bit). The torch path below serves int4 pools, other
 devices, head sizes the kernel lacks, and machines where it cannot be built; it is also
 the baseline the Triton kernels match.
 
@@ -125,15 +128,16 @@ class TorchPagedAttentionBackend(AttentionBackend):
 
     def __init__(self, pool: KVPool, native_kernel: bool = True) -> None:
         """``native_kernel``: attend through the CPU kernel of ``native.py`` where it applies
-        (CPU, unquantized pages, a supported head size, the kernel built); False: in torch."""
+        (CPU, unquantized, int8 or fp8 pages, a supported head size, the kernel built); False:
+        in torch."""
         self.pool = pool
         self.fmt = pool.fmt
         self._quantized = self.fmt.kv_dtype.is_quantized
         pages = pool.k_data[0]
+        fits = native.supported_quantized if self._quantized else native.supported
         self._native = (
             native_kernel
-            and not self._quantized
-            and native.supported(self.fmt.act_dtype, pages.dtype, pages.device, self.fmt.head_dim)
+            and fits(self.fmt.act_dtype, pages.dtype, pages.device, self.fmt.head_dim)
             and native.load()
         )
         self._meta_batch: ForwardBatch | None = None
@@ -421,6 +425,8 @@ class TorchPagedAttentionBackend(AttentionBackend):
         meta = self._meta
         if meta is None or meta.native is None or self._meta_batch is not batch:
             return None
+        if self._quantized:  # the one-call forward stores unquantized rows only
+            return None
         assert batch.out_cache_loc is not None  # a paged batch (init_forward_metadata)
         return NativeLayersPlan(
             meta.native, self.pool.k_data, self.pool.v_data, batch.out_cache_loc
@@ -444,34 +450,11 @@ class TorchPagedAttentionBackend(AttentionBackend):
             raise RuntimeError("call init_forward_metadata(batch) before the forward over it")
         assert batch.out_cache_loc is not None  # a paged batch (init_forward_metadata)
         quirks = window is not None or softcap is not None
-        if quirks and meta.native is not None:  # the kernel takes both
-            out = torch.empty_like(q)
-            native.paged_attention(
-                q,
-                self.pool.k_data[layer_id],
-                self.pool.v_data[layer_id],
-                out,
-                meta.native if window is None else self._window_plan(batch, window),
-                sm_scale,
-                store=(k, v, batch.out_cache_loc),
-                window=window,
-                softcap=softcap,
-            )
-            return out
+        if meta.native is not None:  # the store and the whole batch's attention, in one call
+            return self._native_forward(layer_id, q, k, v, batch, sm_scale, window, softcap)
         if quirks:
             return self._masked(layer_id, q, k, v, batch, sm_scale, window, softcap)
         out = torch.empty_like(q)
-        if meta.native is not None:  # the store and the whole batch's attention, in one call
-            native.paged_attention(
-                q,
-                self.pool.k_data[layer_id],
-                self.pool.v_data[layer_id],
-                out,
-                meta.native,
-                sm_scale,
-                store=(k, v, batch.out_cache_loc),
-            )
-            return out
         self._store(layer_id, k, v, batch.out_cache_loc)
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)  # [T, Hq], own part
         if meta.decode is not None:
@@ -482,6 +465,42 @@ class TorchPagedAttentionBackend(AttentionBackend):
             lse[ext.rows] = s[0].transpose(0, 1)
         for call in meta.shared:
             self._shared(layer_id, q, out, lse, call, sm_scale)
+        return out
+
+    def _native_forward(
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+        sm_scale: float,
+        window: int | None,
+        softcap: float | None,
+    ) -> torch.Tensor:
+        """The layer through the CPU kernel (it takes windows and soft-caps too): the new rows'
+        store (int8/fp8: quantized as ``_store`` does, bit for bit) and the attention."""
+        assert self._meta is not None and self._meta.native is not None
+        assert batch.out_cache_loc is not None
+        out = torch.empty_like(q)
+        plan = self._meta.native if window is None else self._window_plan(batch, window)
+        scales = None
+        if self._quantized:
+            ks, vs = _scale(self.pool, "k_scale", layer_id), _scale(self.pool, "v_scale", layer_id)
+            assert ks is not None and vs is not None
+            scales = (ks, vs)
+        native.paged_attention(
+            q,
+            self.pool.k_data[layer_id],
+            self.pool.v_data[layer_id],
+            out,
+            plan,
+            sm_scale,
+            store=(k, v, batch.out_cache_loc),
+            window=window,
+            softcap=softcap,
+            scales=scales,
+        )
         return out
 
     def _masked(

@@ -62,6 +62,7 @@
 #include "paged_attention.h"
 #include "paged_attention_amx.h"
 #include "paged_attention_narrow.h"
+#include "paged_attention_quant.h"
 #include "store_kv.h"
 #include "vec.h"
 
@@ -391,6 +392,9 @@ struct Kernel {
   AttendFn<KV> attend;
   int64_t window;  // the layer's sliding window (0: none)
   float cap2;      // the scores' soft-cap in the log2 domain (0: none)
+  // Quantized pages (then ``L`` holds only their geometry and KV is the queries' dtype, the
+  // dtype they are decoded to), or null.
+  const QuantPages* quant = nullptr;
 
   int64_t shared_len(const Item& item) const {
     return (P.shared_start[item.group + 1] - P.shared_start[item.group]) * L.page_size;
@@ -466,13 +470,16 @@ struct Kernel {
   // few at a time to keep the memory busy; a plain pass streams at the core's read rate.
   template <typename Visit>
   void read_first(Visit&& visit) const {
-    const int64_t page_bytes = L.page_size * L.kv_heads * L.d * static_cast<int64_t>(sizeof(KV));
+    const int64_t elem = quant != nullptr ? 1 : static_cast<int64_t>(sizeof(KV));
+    const int64_t page_bytes = L.page_size * L.kv_heads * L.d * elem;
     int64_t bytes = 0;
     visit([&](const int64_t*, int64_t first, int64_t last) { bytes += 2 * (last - first + 1) * page_bytes; });
     if (bytes > l2_bytes() / 2) return;
     uint64_t acc = 0;
     visit([&](const int64_t* pages, int64_t first, int64_t last) {
-      for (const KV* pool : {L.k, L.v}) {
+      const void* pools[2] = {L.k, L.v};
+      if (quant != nullptr) pools[0] = quant->k, pools[1] = quant->v;
+      for (const void* pool : pools) {
         for (int64_t pg = first; pg <= last; ++pg) {
           const char* base = reinterpret_cast<const char*>(pool) + pages[pg] * page_bytes;
           for (int64_t b = 0; b < page_bytes; b += 64) {
@@ -486,6 +493,28 @@ struct Kernel {
     touch_sink.fetch_xor(acc, std::memory_order_relaxed);  // kept: the loads stay
   }
 
+  // ``rows`` rows over keys [begin, end) of ``run`` (one chunk: begin a multiple of kChunk):
+  // over the pages in place, or, quantized, over the chunk's keys decoded into ``sc`` (only
+  // those some row sees), a tile that poses as a page of kChunk tokens and one KV head.
+  void attend_keys(int64_t h, KeyRun run, int64_t begin, int64_t end, const float* q, int64_t rows,
+                   const int32_t* limit, const int32_t* first, float* m, float* l, float* acc, Scratch& sc) const {
+    if (quant == nullptr) {
+      attend(L, h, run, begin, end, q, scale, rows, limit, first, cap2, m, l, acc, sc);
+      return;
+    }
+    int64_t lo = begin, hi = end;
+    if (limit != nullptr) hi = std::min<int64_t>(hi, *std::max_element(limit, limit + rows) + 1);
+    if (first != nullptr) lo = std::max<int64_t>(lo, *std::min_element(first, first + rows));
+    KV* dk = reinterpret_cast<KV*>(sc.dk.data());
+    KV* dv = reinterpret_cast<KV*>(sc.dv.data());
+    if (lo < hi) decode_keys(L, *quant, h, run, begin, lo, hi, dk, dv);
+    const int64_t page = begin / kChunk;
+    if (static_cast<int64_t>(sc.zero_pages.size()) <= page) sc.zero_pages.resize(page + 1, 0);
+    const Layer<KV> tile{dk, dv, kChunk, 1, L.d};
+    attend(tile, 0, KeyRun{sc.zero_pages.data(), run.len}, begin, end, q, scale, rows, limit, first, cap2, m, l,
+           acc, sc);
+  }
+
   // Chunk ``c`` of the item's keys for its rows (in ``sc`` from load_rows), from nothing, into ``s``.
   void chunk_state(const Item& item, int64_t c, State s, Scratch& sc) const {
     const int64_t d = L.d, h = item.head, rows = item.row_end - item.row_begin;
@@ -495,8 +524,8 @@ struct Kernel {
     const int64_t shared = shared_len(item), shared_chunks = (shared + kChunk - 1) / kChunk;
     if (c < shared_chunks) {  // the group's shared pages: no mask
       const KeyRun run{P.shared_pages + P.shared_start[item.group], shared};
-      attend(L, h, run, c * kChunk, std::min(shared, (c + 1) * kChunk), sc.q.data(), scale, rows, nullptr,
-             nullptr, cap2, s.m, s.l, s.acc, sc);
+      attend_keys(h, run, c * kChunk, std::min(shared, (c + 1) * kChunk), sc.q.data(), rows, nullptr, nullptr, s.m,
+                  s.l, s.acc, sc);
       return;
     }
     const int64_t begin = (c - shared_chunks) * kChunk;
@@ -505,9 +534,9 @@ struct Kernel {
       const int64_t seg = std::min(rows - r, P.new_len[mi] * grp - skip);
       if (begin < P.own_len[mi]) {
         const KeyRun run{P.own_pages + P.own_start[mi], P.own_len[mi]};
-        attend(L, h, run, begin, std::min(P.own_len[mi], begin + kChunk), sc.q.data() + r * d, scale, seg,
-               sc.limit.data() + r, window > 0 ? sc.first.data() + r : nullptr, cap2, s.m + r, s.l + r,
-               s.acc + r * d, sc);
+        attend_keys(h, run, begin, std::min(P.own_len[mi], begin + kChunk), sc.q.data() + r * d, seg,
+                    sc.limit.data() + r, window > 0 ? sc.first.data() + r : nullptr, s.m + r, s.l + r, s.acc + r * d,
+                    sc);
       }
       r += seg;
       skip = 0;
@@ -544,13 +573,17 @@ struct Kernel {
 
 template <typename Q, typename KV>
 void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor& out,
-                const Plan& P, int64_t groups, double sm_scale, int64_t window, double softcap) {
+                const Plan& P, int64_t groups, double sm_scale, int64_t window, double softcap,
+                const QuantPages* quant = nullptr) {
   const int64_t hq = q.size(1), d = q.size(2);
-  const Layer<KV> L{k_pages.data_ptr<KV>(), v_pages.data_ptr<KV>(), k_pages.size(1), k_pages.size(2), d};
+  // Quantized pages: only their geometry here (KV is the dtype they are decoded to).
+  const KV* kp = quant != nullptr ? nullptr : k_pages.data_ptr<KV>();
+  const KV* vp = quant != nullptr ? nullptr : v_pages.data_ptr<KV>();
+  const Layer<KV> L{kp, vp, k_pages.size(1), k_pages.size(2), d};
   const int64_t grp = hq / L.kv_heads;
   const Kernel<Q, KV> K{L,      P,  q.data_ptr<Q>(), q.stride(0), q.stride(1), out.data_ptr<Q>(),
                         hq,     grp, static_cast<float>(sm_scale) * kLog2e, attend_fn<Q, KV>(d),
-                        window, static_cast<float>(softcap) * kLog2e};
+                        window, static_cast<float>(softcap) * kLog2e, quant};
 
   std::vector<Item> items;
   // Per group: whether one item per KV head holds all its rows (a decode row, a few): each
@@ -697,22 +730,11 @@ void check_index(const at::Tensor& t, const char* name) {
               " must be a contiguous 1-D int64 CPU tensor");
 }
 
-// Attention of every planned row of q into out. Member i (a sequence) has new_len[i] new
-// tokens at rows q_start[i].. of q; its group g is the one with group_start[g] <= i <
-// group_start[g+1], whose members first read shared_pages[shared_start[g]:shared_start[g+1]];
-// then member i reads the first own_len[i] tokens of own_pages[own_start[i]:own_start[i+1]],
-// whose last new_len[i] keys are its new tokens: stored in the pages before this call, or
-// by it, from k_new/v_new ([T', Hkv, D]) at flat slots ``slots`` ([T'] int64), when given.
-// ``window`` > 0: each row sees only the last ``window`` keys up to its own (a sliding
-// window; the plan then shares no pages, and may start a member's own pages at the first
-// page its first row's window reaches). ``softcap`` > 0: scores become
-// softcap * tanh(score / softcap) before the softmax (Gemma 2).
-void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor out,
-                     const at::Tensor& q_start, const at::Tensor& new_len, const at::Tensor& group_start,
-                     const at::Tensor& shared_pages, const at::Tensor& shared_start, const at::Tensor& own_pages,
-                     const at::Tensor& own_start, const at::Tensor& own_len, double sm_scale,
-                     const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
-                     const std::optional<at::Tensor>& slots, int64_t window, double softcap) {
+// The checks every op makes of its arguments (see paged_attention below), and its plan.
+Plan checked_plan(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, const at::Tensor& out,
+                  const at::Tensor& q_start, const at::Tensor& new_len, const at::Tensor& group_start,
+                  const at::Tensor& shared_pages, const at::Tensor& shared_start, const at::Tensor& own_pages,
+                  const at::Tensor& own_start, const at::Tensor& own_len, int64_t window, double softcap) {
   TORCH_CHECK(window >= 0 && softcap >= 0.0, "window and softcap must be >= 0 (0: none)");
   TORCH_CHECK(window == 0 || shared_pages.size(0) == 0, "a plan with a window shares no pages");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.device().is_cpu(),
@@ -761,24 +783,50 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::T
       TORCH_CHECK(ids[i] >= 0 && ids[i] < num_pages, "page id ", ids[i], " out of range [0, ", num_pages, ")");
     }
   }
-  const int64_t groups = group_start.size(0) - 1;
+  return P;
+}
+
+// The new rows' flat slots, checked with the rows (see paged_attention), or null: none given.
+const int64_t* checked_slots(const at::Tensor& q, const at::Tensor& k_pages, const std::optional<at::Tensor>& k_new,
+                             const std::optional<at::Tensor>& v_new, const std::optional<at::Tensor>& slots) {
   TORCH_CHECK(k_new.has_value() == v_new.has_value() && k_new.has_value() == slots.has_value(),
               "k_new, v_new and slots go together");
-  if (slots.has_value()) {
-    check_index(*slots, "slots");
-    const int64_t n = slots->size(0);
-    for (const at::Tensor* t : {&*k_new, &*v_new}) {
-      TORCH_CHECK(t->dim() == 3 && t->size(0) == n && t->size(1) == k_pages.size(2) && t->size(2) == q.size(2) &&
-                      t->stride(2) == 1 && t->scalar_type() == q.scalar_type() && t->device().is_cpu(),
-                  "k_new and v_new must be [len(slots), Hkv, D] CPU tensors of q's dtype with contiguous rows of D");
-    }
-    const int64_t* ids = slots->data_ptr<int64_t>();
-    const int64_t num_slots = k_pages.size(0) * k_pages.size(1);
-    for (int64_t i = 0; i < n; ++i) {
-      TORCH_CHECK(ids[i] >= 0 && ids[i] < num_slots, "slot ", ids[i], " out of range [0, ", num_slots, ")");
-    }
-    store_kv(*k_new, *v_new, ids, k_pages, v_pages);
+  if (!slots.has_value()) return nullptr;
+  check_index(*slots, "slots");
+  const int64_t n = slots->size(0);
+  for (const at::Tensor* t : {&*k_new, &*v_new}) {
+    TORCH_CHECK(t->dim() == 3 && t->size(0) == n && t->size(1) == k_pages.size(2) && t->size(2) == q.size(2) &&
+                    t->stride(2) == 1 && t->scalar_type() == q.scalar_type() && t->device().is_cpu(),
+                "k_new and v_new must be [len(slots), Hkv, D] CPU tensors of q's dtype with contiguous rows of D");
   }
+  const int64_t* ids = slots->data_ptr<int64_t>();
+  const int64_t num_slots = k_pages.size(0) * k_pages.size(1);
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(ids[i] >= 0 && ids[i] < num_slots, "slot ", ids[i], " out of range [0, ", num_slots, ")");
+  }
+  return ids;
+}
+
+// Attention of every planned row of q into out. Member i (a sequence) has new_len[i] new
+// tokens at rows q_start[i].. of q; its group g is the one with group_start[g] <= i <
+// group_start[g+1], whose members first read shared_pages[shared_start[g]:shared_start[g+1]];
+// then member i reads the first own_len[i] tokens of own_pages[own_start[i]:own_start[i+1]],
+// whose last new_len[i] keys are its new tokens: stored in the pages before this call, or
+// by it, from k_new/v_new ([T', Hkv, D]) at flat slots ``slots`` ([T'] int64), when given.
+// ``window`` > 0: each row sees only the last ``window`` keys up to its own (a sliding
+// window; the plan then shares no pages, and may start a member's own pages at the first
+// page its first row's window reaches). ``softcap`` > 0: scores become
+// softcap * tanh(score / softcap) before the softmax (Gemma 2).
+void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor out,
+                     const at::Tensor& q_start, const at::Tensor& new_len, const at::Tensor& group_start,
+                     const at::Tensor& shared_pages, const at::Tensor& shared_start, const at::Tensor& own_pages,
+                     const at::Tensor& own_start, const at::Tensor& own_len, double sm_scale,
+                     const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
+                     const std::optional<at::Tensor>& slots, int64_t window, double softcap) {
+  const Plan P = checked_plan(q, k_pages, v_pages, out, q_start, new_len, group_start, shared_pages, shared_start,
+                              own_pages, own_start, own_len, window, softcap);
+  const int64_t groups = group_start.size(0) - 1;
+  if (const int64_t* ids = checked_slots(q, k_pages, k_new, v_new, slots)) store_kv(*k_new, *v_new, ids, k_pages, v_pages);
 
 #define RADIX_DISPATCH_KV(QT)                                                                              \
   switch (k_pages.scalar_type()) {                                                                         \
@@ -797,6 +845,49 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::T
 #undef RADIX_DISPATCH_KV
 }
 
+// paged_attention over quantized pages (paged_attention_quant.h), their new rows stored
+// first from k_new/v_new at ``slots`` when given (quantized as store_kv_quant says): int8 codes (kChar) with ``k_scale``/``v_scale`` per token and KV head
+// ([num_pages, page_size, Hkv] float32), or fp8 e4m3 / e5m2 codes with one scale per KV head
+// ([Hkv] float32). Each chunk of keys is decoded to q's dtype and attended as unquantized
+// pages of that dtype are.
+void paged_attention_quant(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor out,
+                           const at::Tensor& q_start, const at::Tensor& new_len, const at::Tensor& group_start,
+                           const at::Tensor& shared_pages, const at::Tensor& shared_start,
+                           const at::Tensor& own_pages, const at::Tensor& own_start, const at::Tensor& own_len,
+                           double sm_scale, const at::Tensor& k_scale, const at::Tensor& v_scale,
+                           const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
+                           const std::optional<at::Tensor>& slots, int64_t window, double softcap) {
+  const Plan P = checked_plan(q, k_pages, v_pages, out, q_start, new_len, group_start, shared_pages, shared_start,
+                              own_pages, own_start, own_len, window, softcap);
+  Codes codes;
+  switch (k_pages.scalar_type()) {
+    case at::kChar: codes = Codes::kInt8; break;
+    case at::kFloat8_e4m3fn: codes = Codes::kFp8E4M3; break;
+    case at::kFloat8_e5m2: codes = Codes::kFp8E5M2; break;
+    default: TORCH_CHECK(false, "quantized pages must be int8, float8_e4m3fn or float8_e5m2, not ", k_pages.scalar_type());
+  }
+  const auto scale_shape = codes == Codes::kInt8 ? k_pages.sizes().slice(0, 3) : k_pages.sizes().slice(2, 1);
+  for (const at::Tensor* t : {&k_scale, &v_scale}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->device().is_cpu() && t->sizes() == scale_shape,
+                "scales must be contiguous float32 CPU tensors of shape ", scale_shape);
+  }
+  if (const int64_t* ids = checked_slots(q, k_pages, k_new, v_new, slots)) {
+    store_kv_quant(*k_new, *v_new, ids, k_pages, v_pages, k_scale, v_scale);
+  }
+  const QuantPages quant{static_cast<const uint8_t*>(k_pages.data_ptr()), static_cast<const uint8_t*>(v_pages.data_ptr()),
+                         k_scale.data_ptr<float>(), v_scale.data_ptr<float>(), codes};
+  const int64_t groups = group_start.size(0) - 1;
+  switch (q.scalar_type()) {
+    case at::kFloat: return run_kernel<float, float>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap, &quant);
+    case at::kBFloat16:
+      return run_kernel<c10::BFloat16, c10::BFloat16>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap,
+                                                      &quant);
+    case at::kHalf:
+      return run_kernel<c10::Half, c10::Half>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap, &quant);
+    default: TORCH_CHECK(false, "unsupported query dtype ", q.scalar_type());
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY(radixserve_cpu, m) {
@@ -806,4 +897,10 @@ TORCH_LIBRARY(radixserve_cpu, m) {
       "Tensor own_len, float sm_scale, Tensor? k_new=None, Tensor? v_new=None, Tensor? slots=None, int window=0, "
       "float softcap=0.0) -> ()");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
+  m.def(
+      "paged_attention_quant(Tensor q, Tensor(b!) k_pages, Tensor(c!) v_pages, Tensor(a!) out, Tensor q_start, "
+      "Tensor new_len, Tensor group_start, Tensor shared_pages, Tensor shared_start, Tensor own_pages, "
+      "Tensor own_start, Tensor own_len, float sm_scale, Tensor(d!) k_scale, Tensor(e!) v_scale, Tensor? k_new=None, "
+      "Tensor? v_new=None, Tensor? slots=None, int window=0, float softcap=0.0) -> ()");
+  m.impl("paged_attention_quant", c10::DispatchKey::CPU, &paged_attention_quant);
 }

@@ -42,6 +42,11 @@ struct Scratch {
   std::vector<uint32_t> tq;
   std::vector<uint16_t> tk, tp, tv;
   std::vector<float> ts;
+  // A quantized run's chunk of keys and values decoded (paged_attention_quant.h): kChunk
+  // rows of d values of the queries' dtype each (float-sized room), and the page ids of the
+  // tile posing as a page (zeros, as many as a run has chunks).
+  std::vector<float> dk, dv;
+  std::vector<int64_t> zero_pages;
   int64_t tile_rows = 0;  // the rows of the tile configuration loaded on this thread, 0: none
   void reserve(int64_t d) {
     if (static_cast<int64_t>(q.size()) >= kRowBlock * d) return;
@@ -51,6 +56,7 @@ struct Scratch {
     kt.resize(kBlock * d), ps.resize(kRowBlock * kBlock);
     tq.resize(kLanes * d / 2), tk.resize(kBlock * d), tp.resize(kRowBlock * kBlock), tv.resize(kBlock * d);
     ts.resize(kBlock * kLanes);
+    dk.resize(kChunk * d), dv.resize(kChunk * d);
   }
   static Scratch& local(int64_t d) {
     thread_local Scratch sc;

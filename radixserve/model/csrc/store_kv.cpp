@@ -3,9 +3,13 @@
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 
 #include "vec.h"
 
@@ -52,7 +56,75 @@ void store_as(const at::Tensor& k_new, const at::Tensor& v_new, const int64_t* s
   }
 }
 
+// One row of d values into int8 codes and its scale (quantize_int8 of the reference).
+template <typename Src>
+void int8_row(const Src* x, int64_t d, int8_t* codes, float* scale) {
+  float absmax = 0.0f;
+  for (int64_t j = 0; j < d; ++j) absmax = std::max(absmax, std::fabs(to_float(x[j])));
+  const float s = std::max(absmax, 1e-8f) / 127.0f;
+  *scale = s;
+  for (int64_t j = 0; j < d; ++j) {
+    const float y = std::floor(to_float(x[j]) / s + 0.5f);
+    codes[j] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, y)));
+  }
+}
+
+// One row of d values into fp8 codes of x / s (quantize_fp8 of the reference).
+template <typename F8, typename Src>
+void fp8_row(const Src* x, int64_t d, float s, float fmax, uint8_t* codes) {
+  for (int64_t j = 0; j < d; ++j) {
+    const float y = std::min(fmax, std::max(-fmax, to_float(x[j]) / s));
+    codes[j] = F8(y).x;
+  }
+}
+
+template <typename Src>
+void store_quant_rows(const at::Tensor& k_new, const at::Tensor& v_new, const int64_t* slots, const at::Tensor& k_pages,
+                      const at::Tensor& v_pages, const at::Tensor& k_scale, const at::Tensor& v_scale) {
+  const int64_t rows = k_new.size(0), heads = k_new.size(1), d = k_new.size(2);
+  const auto type = k_pages.scalar_type();
+  struct Side {
+    const Src* src;
+    int64_t s0, s1;
+    uint8_t* codes;
+    float* scale;
+  };
+  const Side sides[2] = {
+      {k_new.data_ptr<Src>(), k_new.stride(0), k_new.stride(1), static_cast<uint8_t*>(k_pages.data_ptr()),
+       k_scale.data_ptr<float>()},
+      {v_new.data_ptr<Src>(), v_new.stride(0), v_new.stride(1), static_cast<uint8_t*>(v_pages.data_ptr()),
+       v_scale.data_ptr<float>()}};
+  at::parallel_for(0, rows, std::max<int64_t>(1, 4096 / (heads * d)), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (const Side& side : sides) {
+        for (int64_t h = 0; h < heads; ++h) {
+          const Src* x = side.src + r * side.s0 + h * side.s1;
+          uint8_t* codes = side.codes + (slots[r] * heads + h) * d;
+          if (type == at::kChar) {
+            int8_row(x, d, reinterpret_cast<int8_t*>(codes), side.scale + slots[r] * heads + h);
+          } else if (type == at::kFloat8_e4m3fn) {
+            fp8_row<c10::Float8_e4m3fn>(x, d, side.scale[h], 448.0f, codes);
+          } else {
+            fp8_row<c10::Float8_e5m2>(x, d, side.scale[h], 57344.0f, codes);
+          }
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
+
+void store_kv_quant(const at::Tensor& k_new, const at::Tensor& v_new, const int64_t* slots, const at::Tensor& k_pages,
+                    const at::Tensor& v_pages, const at::Tensor& k_scale, const at::Tensor& v_scale) {
+  switch (k_new.scalar_type()) {
+    case at::kFloat: return store_quant_rows<float>(k_new, v_new, slots, k_pages, v_pages, k_scale, v_scale);
+    case at::kBFloat16:
+      return store_quant_rows<c10::BFloat16>(k_new, v_new, slots, k_pages, v_pages, k_scale, v_scale);
+    case at::kHalf: return store_quant_rows<c10::Half>(k_new, v_new, slots, k_pages, v_pages, k_scale, v_scale);
+    default: TORCH_CHECK(false, "unsupported K/V dtype ", k_new.scalar_type());
+  }
+}
 
 void store_kv(const at::Tensor& k_new, const at::Tensor& v_new, const int64_t* slots, const at::Tensor& k_pages,
               const at::Tensor& v_pages) {

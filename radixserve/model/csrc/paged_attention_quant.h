@@ -1,0 +1,148 @@
+// The paged-attention kernel over quantized pages (int8 codes with a scale per token and KV
+// head; fp8 e4m3 / e5m2 codes with a static scale per KV head; the layout of
+// radixkernels/kv_format.py): a run's keys and values are decoded a chunk at a time into a
+// per-thread tile of the queries' dtype, and the unquantized kernel attends over that tile
+// as over a page of its own (so AMX, the narrow blocks and the chunk order all apply).
+//
+// The decoding is the torch path's, value for value: code -> float32, times the scale in
+// float32 (dequantize_ref's ``x.float().mul_(s)``), rounded once to the queries' dtype (its
+// ``.to(q.dtype)``). A decode step thus reads one byte per element from memory, not two.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "paged_attention.h"
+#include "vec.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace radixserve_cpu::paged {
+
+enum class Codes { kInt8, kFp8E4M3, kFp8E5M2 };
+
+// A layer's quantized pages: codes [num_pages, page_size, kv_heads, d] of one byte each, and
+// scales: per (slot, KV head) for int8 ([num_pages, page_size, kv_heads]), per KV head for fp8.
+struct QuantPages {
+  const uint8_t* k;
+  const uint8_t* v;
+  const float* k_scale;
+  const float* v_scale;
+  Codes codes;
+};
+
+// kLanes codes from ``p`` as floats (exact: every code is a float).
+inline vf codes_as_vf(const uint8_t* p, Codes codes) {
+  vi x;
+#if defined(__AVX512F__)
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  if (codes == Codes::kInt8) {
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+    vf out;
+    std::memcpy(&out, &f, sizeof out);
+    return out;
+  }
+  const __m512i wide = _mm512_cvtepu8_epi32(bytes);
+  std::memcpy(&x, &wide, sizeof x);
+#else
+  for (int64_t i = 0; i < kLanes; ++i) x[i] = codes == Codes::kInt8 ? static_cast<int8_t>(p[i]) : p[i];
+  if (codes == Codes::kInt8) return __builtin_convertvector(x, vf);
+#endif
+  const vi sign = (x & 0x80) << 24;
+  // fp8 as float bits: the exponent re-biased, the mantissa moved up; subnormal codes
+  // (exponent 0) are mantissa x 2^(1 - bias - mantissa bits); all-ones exponents are NaN
+  // (e4m3: only with mantissa 7; e5m2: infinities with mantissa 0).
+  const bool e4 = codes == Codes::kFp8E4M3;
+  const int mbits = e4 ? 3 : 2, bias = e4 ? 7 : 15, emax = e4 ? 15 : 31;
+  const vi e = (x >> mbits) & emax, m = x & ((1 << mbits) - 1);
+  const vi normal = sign | ((e + (127 - bias)) << 23) | (m << (23 - mbits));
+  const vf sub = __builtin_convertvector(m, vf) * (e4 ? 0x1p-9f : 0x1p-16f);
+  const vi subnormal = sign | (vi)sub;
+  const vi nan = vi{} + 0x7fc00000;
+  const vi inf = sign | 0x7f800000;
+  const vi special = e4 ? (m == 7 ? nan : normal) : (m == 0 ? inf : nan);
+  const vi bits = e == 0 ? subnormal : (e == emax ? special : normal);
+  return (vf)bits;
+}
+
+#if RADIXSERVE_VEC_BF16 && defined(__AVX512BW__)
+// fp8 codes to bf16 by a table: every fp8 e4m3 / e5m2 value is a bf16 value (3 or 2 mantissa
+// bits of bf16's 7, an exponent within its range), so with a scale of 1.0 (fp8's default)
+// the torch path's float32 product rounded to bf16 is the code's bf16 value itself. The
+// table holds the bf16 words of codes 0..127 (the sign is the code's top bit), in four
+// registers of 32 words; 32 codes take two word permutes, a blend and the sign.
+struct Fp8Bf16 {
+  __m512i w[4];
+  explicit Fp8Bf16(Codes codes) {
+    alignas(64) uint16_t words[128];
+    for (int c = 0; c < 128; c += kLanes) {
+      uint8_t b[kLanes];
+      for (int i = 0; i < kLanes; ++i) b[i] = static_cast<uint8_t>(c + i);
+      const vf f = codes_as_vf(b, codes);
+      for (int i = 0; i < kLanes; ++i) {
+        uint32_t bits;
+        const float x = f[i];
+        std::memcpy(&bits, &x, sizeof bits);
+        words[c + i] = static_cast<uint16_t>(bits >> 16);  // exact: the low half is zero
+      }
+    }
+    for (int i = 0; i < 4; ++i) w[i] = _mm512_load_si512(words + 32 * i);
+  }
+  // 32 codes from ``src`` as bf16 words into ``dst``.
+  void row32(const uint8_t* src, c10::BFloat16* dst) const {
+    const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+    const __m512i low = _mm512_permutex2var_epi16(w[0], x, w[1]);   // codes & 63 from words 0..63
+    const __m512i high = _mm512_permutex2var_epi16(w[2], x, w[3]);  // ... from words 64..127
+    const __m512i mag = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40)), low, high);
+    const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
+    _mm512_storeu_si512(dst, _mm512_or_si512(mag, sign));
+  }
+  static const Fp8Bf16& of(Codes codes) {
+    static const Fp8Bf16 e4m3(Codes::kFp8E4M3), e5m2(Codes::kFp8E5M2);
+    return codes == Codes::kFp8E4M3 ? e4m3 : e5m2;
+  }
+};
+#endif
+
+// Keys [lo, hi) of ``run`` for KV head ``h``, decoded into rows ``dk``/``dv`` ([kChunk, d]),
+// key i at row i - base. ``geo``: the pages' geometry (its k/v unused).
+template <typename T, typename G>
+void decode_keys(const Layer<G>& geo, const QuantPages& qp, int64_t h, KeyRun run, int64_t base, int64_t lo,
+                 int64_t hi, T* __restrict dk, T* __restrict dv) {
+  const int64_t d = geo.d;
+  const bool token_scales = qp.codes == Codes::kInt8;
+#if RADIXSERVE_VEC_BF16 && defined(__AVX512BW__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (!token_scales && qp.k_scale[h] == 1.0f && qp.v_scale[h] == 1.0f) {  // fp8 at scale 1: the table
+      const Fp8Bf16& table = Fp8Bf16::of(qp.codes);
+      geo.offsets(run.pages, h, lo, hi - lo, [&](int64_t i, int64_t off) {
+        const int64_t row = (lo + i - base) * d;
+        int64_t j = 0;
+        for (; j + 32 <= d; j += 32) {
+          table.row32(qp.k + off + j, dk + row + j);
+          table.row32(qp.v + off + j, dv + row + j);
+        }
+        for (; j < d; j += kLanes) {  // a last 16 (head_dim 16, 80)
+          store_from_vf(dk + row + j, codes_as_vf(qp.k + off + j, qp.codes));
+          store_from_vf(dv + row + j, codes_as_vf(qp.v + off + j, qp.codes));
+        }
+      });
+      return;
+    }
+  }
+#endif
+  geo.offsets(run.pages, h, lo, hi - lo, [&](int64_t i, int64_t off) {
+    const int64_t row = (lo + i - base) * d;
+    const float ks = token_scales ? qp.k_scale[off / d] : qp.k_scale[h];
+    const float vs = token_scales ? qp.v_scale[off / d] : qp.v_scale[h];
+    for (int64_t j = 0; j < d; j += kLanes) {
+      store_from_vf(dk + row + j, codes_as_vf(qp.k + off + j, qp.codes) * ks);
+      store_from_vf(dv + row + j, codes_as_vf(qp.v + off + j, qp.codes) * vs);
+    }
+  });
+}
+
+}  // namespace radixserve_cpu::paged

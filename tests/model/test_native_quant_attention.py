@@ -1,0 +1,152 @@
+"""The CPU attention kernel over int8 and fp8 pages against the torch path on the same codes.
+
+Both read the same stored codes and decode them alike (``code.float() * scale``, rounded to
+the activations' dtype), so they differ only in how the attention sums: float32 within 2e-5
+(a float32 sum over thousands of keys in another order), bf16 within 2e-2 (one bf16 step at 2-4).
+Lengths cross pages, the kernel's 64-key blocks and 128-key chunks, and reach past 7,000
+keys; rows are decodes and extends (over a cached prefix, and a fresh prefill) beside each
+other, on a 9/3 GQA head layout.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from radixkernels.reference import store_kv_ref
+from radixserve.memory.pool import KVPool
+from radixserve.model import native
+from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
+from radixserve.model.forward_batch import ForwardBatch
+
+pytestmark = pytest.mark.skipif(
+    not native.load(), reason="the CPU kernel did not build here (see the log)"
+)
+
+QUANT = ["int8", "fp8_e4m3", "fp8_e5m2"]
+HQ, HKV, D = 9, 3, 64
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+def _pool(kv_dtype: str, act: torch.dtype, page_size: int, num_pages: int) -> KVPool:
+    """A one-layer pool; fp8's per-head scales set apart from their default 1.0."""
+    pool = KVPool(1, num_pages, page_size, HKV, D, kv_dtype=kv_dtype, act_dtype=act)
+    if pool.fmt.kv_dtype.has_head_scales:
+        assert pool.k_scale is not None and pool.v_scale is not None
+        pool.k_scale[0].copy_(torch.tensor([0.5, 1.0, 2.0]))
+        pool.v_scale[0].copy_(torch.tensor([0.25, 1.0, 4.0]))
+    return pool
+
+
+def _batch(prefix: list[int], extend: list[int], ps: int, seed: int) -> ForwardBatch:
+    """Sequences on scattered pages of a pool of just enough pages (plus a spare)."""
+    need = [-(-(p + e) // ps) for p, e in zip(prefix, extend)]
+    perm = torch.randperm(sum(need) + 1, generator=torch.Generator().manual_seed(seed)).tolist()
+    pages = [[perm.pop() for _ in range(n)] for n in need]
+    return ForwardBatch.from_pages(pages, prefix, extend, ps)
+
+
+def _fill_history(pool: KVPool, fb: ForwardBatch, prefix: list[int], seed: int) -> None:
+    """Store every sequence's cached prefix, quantized through the torch store."""
+    assert fb.page_lists_cpu is not None
+    ps = pool.page_size
+    slots = [
+        fb.page_lists_cpu[b][pos // ps] * ps + pos % ps
+        for b, n in enumerate(prefix)
+        for pos in range(n)
+    ]
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(len(slots), HKV, D, generator=g) * 2
+    v = torch.randn(len(slots), HKV, D, generator=g)
+    scales = (pool.k_scale, pool.v_scale)
+    store_kv_ref(
+        pool.k_data[0],
+        pool.v_data[0],
+        None if scales[0] is None else scales[0][0],
+        None if scales[1] is None else scales[1][0],
+        k.to(pool.fmt.act_dtype),
+        v.to(pool.fmt.act_dtype),
+        torch.tensor(slots, dtype=torch.int64),
+        pool.fmt,
+    )
+
+
+def _both_paths(
+    kv_dtype: str, act: torch.dtype, prefix: list[int], extend: list[int], ps: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer call on the kernel and on the torch path, each on its own copy of one pool."""
+    fb = _batch(prefix, extend, ps, seed)
+    num_pages = max(p for pages in fb.page_lists_cpu or [] for p in pages) + 2
+    outs, pools = [], []
+    g = torch.Generator().manual_seed(seed + 1)
+    t = fb.num_tokens
+    q, k, v = (torch.randn(t, h, D, generator=g).to(act) for h in (HQ, HKV, HKV))
+    for kernel in (True, False):
+        pool = _pool(kv_dtype, act, ps, num_pages)
+        _fill_history(pool, fb, prefix, seed)
+        backend = TorchPagedAttentionBackend(pool, native_kernel=kernel)
+        assert backend._native == kernel  # the path under test is the one taken
+        backend.init_forward_metadata(fb)
+        outs.append(backend.forward(0, q, k, v, fb, D**-0.5))
+        pools.append(pool)
+    # The kernel's store quantizes the new rows as the torch store does, bit for bit.
+    for name in ("k_data", "v_data", "k_scale", "v_scale"):
+        a, b = (getattr(p, name)[0] for p in pools)
+        assert (
+            torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+            if a.element_size() == 1
+            else torch.equal(a, b)
+        )
+    return outs[0], outs[1]
+
+
+@pytest.mark.parametrize("kv_dtype", QUANT)
+@pytest.mark.parametrize("act", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("ps", [1, 16])
+def test_kernel_equals_torch_path_on_mixed_batches(
+    kv_dtype: str, act: torch.dtype, ps: int
+) -> None:
+    # decodes over 1, 64 (a block), 128 (a chunk), 129, 16 (a page) and 18 keys; an extend
+    # of 37 rows over 200 cached keys (mid-page, mid-block); a fresh 40-row prefill
+    prefix = [0, 63, 127, 128, 15, 17, 200, 0]
+    extend = [1, 1, 1, 1, 1, 1, 37, 40]
+    kernel, torch_path = _both_paths(kv_dtype, act, prefix, extend, ps, seed=3)
+    tol = TOL[act]
+    torch.testing.assert_close(kernel.float(), torch_path.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e4m3"])
+def test_kernel_equals_torch_path_past_7000_keys(kv_dtype: str) -> None:
+    """Two decode rows past 7,000 keys (one ending a page, one a key past it: the decode is
+    split over the threads, chunk by chunk) beside a 24-row extend over 7,100 cached keys."""
+    prefix, extend = [7167, 7168, 7100], [1, 1, 24]
+    kernel, torch_path = _both_paths(kv_dtype, torch.float32, prefix, extend, 16, seed=5)
+    torch.testing.assert_close(kernel, torch_path, atol=2e-5, rtol=2e-5)
+    kernel, torch_path = _both_paths(kv_dtype, torch.bfloat16, prefix, extend, 16, seed=6)
+    torch.testing.assert_close(kernel.float(), torch_path.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("act", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_decode_row_equals_prefill_row(kv_dtype: str, act: torch.dtype) -> None:
+    """A prompt's prefill, then the decode step of its last position over the pages the
+    prefill wrote: the decode row's output is the prefill row's, bit for bit."""
+    n, ps = 300, 16  # three chunks: the decode step splits them over the threads
+    pool = _pool(kv_dtype, act, ps, -(-n // ps) + 1)
+    backend = TorchPagedAttentionBackend(pool)
+    assert backend._native and backend.row_exact
+    pages = list(range(-(-n // ps)))
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(n, h, D, generator=g).to(act) for h in (HQ, HKV, HKV))
+    prefill = ForwardBatch.from_pages([pages], [0], [n], ps)
+    backend.init_forward_metadata(prefill)
+    full = backend.forward(0, q, k, v, prefill, D**-0.5)
+    decode = ForwardBatch.from_pages([pages], [n - 1], [1], ps)
+    backend.init_forward_metadata(decode)
+    last = backend.forward(0, q[-1:], k[-1:], v[-1:], decode, D**-0.5)
+    assert torch.equal(last[0], full[-1])
+
+
+def test_int4_stays_on_the_torch_path() -> None:
+    pool = _pool("int4", torch.float32, 16, 4)
+    assert not TorchPagedAttentionBackend(pool)._native
