@@ -244,13 +244,30 @@ struct AmxBlocks {
       vm[r] = r < lanes ? mv[r] : kNoMax;
       vl[r] = r < lanes ? lv[r] : 0.0f;
     }
-    vf p[kBlock], top = vm;
-    for (int64_t t = 0; t < kBlock; ++t) {
-      const vf score = t < groups * kLanes ? load_vf(ts + t * kLanes) * scale : splat(kNoMax);
-      p[t] = vi{} + static_cast<int32_t>(t) < keys ? score : splat(kNoMax);
-      top = vmax(top, p[t]);
+    // Every row sees every key of a full block (all but a causal diagonal's): no masks there.
+    // The maximum in four chains, not one of 64 dependent steps (a maximum is one value in
+    // any order: few_rows takes its own order too).
+    bool full = n == kBlock;
+    for (int64_t r = 0; r < lanes && full; ++r) full = keys[r] >= kBlock;
+    vf p[kBlock], tops[4] = {vm, splat(kNoMax), splat(kNoMax), splat(kNoMax)};
+    if (full) {
+      for (int64_t t = 0; t < kBlock; ++t) {
+        p[t] = load_vf(ts + t * kLanes) * scale;
+        tops[t % 4] = vmax(tops[t % 4], p[t]);
+      }
+    } else {
+      for (int64_t t = 0; t < kBlock; ++t) {
+        const vf score = t < groups * kLanes ? load_vf(ts + t * kLanes) * scale : splat(kNoMax);
+        p[t] = vi{} + static_cast<int32_t>(t) < keys ? score : splat(kNoMax);
+        tops[t % 4] = vmax(tops[t % 4], p[t]);
+      }
     }
-    for (int64_t t = 0; t < kBlock; ++t) p[t] = vi{} + static_cast<int32_t>(t) < keys ? exp2_nonpositive(p[t] - top) : vf{};
+    const vf top = vmax(vmax(tops[0], tops[1]), vmax(tops[2], tops[3]));
+    if (full) {
+      for (int64_t t = 0; t < kBlock; ++t) p[t] = exp2_nonpositive(p[t] - top);
+    } else {
+      for (int64_t t = 0; t < kBlock; ++t) p[t] = vi{} + static_cast<int32_t>(t) < keys ? exp2_nonpositive(p[t] - top) : vf{};
+    }
     vf part[kLanes];
     for (int64_t i = 0; i < kLanes; ++i) part[i] = ((p[i] + p[kLanes + i]) + p[2 * kLanes + i]) + p[3 * kLanes + i];
     const vf alpha = exp2_nonpositive(vm - top);
