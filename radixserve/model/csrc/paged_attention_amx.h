@@ -67,8 +67,8 @@ inline vf exp2_nonpositive(vf x) {
 
 // A thread's value tiles of full blocks (values' layout, kBlock keys each), kept from one row
 // block to the next: a prefill's rows are many blocks of 16 over the same keys of one KV
-// head, and rebuilding a block's tiles for every 16 rows was a quarter of its attention's
-// time (2,048 rows over 4,096 keys, SmolLM2's shape). Tagged by the layer's value pool, the
+// head, and rebuilding a block's tiles for every 16 rows was a large part of its attention's
+// time. Tagged by the layer's value pool, the
 // run's page list and the KV head; valid within one kernel call only (release_tiles, which
 // every thread runs after its last amx_attend of a call, forgets it: the next call may have
 // stored into the pages). Only full blocks are kept, so a kept tile is the bits a rebuild gives.
