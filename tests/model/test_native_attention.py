@@ -435,3 +435,28 @@ def test_bf16_tests_pass_without_amx() -> None:
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:]
     assert " passed" in result.stdout and " deselected" in result.stdout
+
+
+def test_values_stored_between_calls_are_read_anew() -> None:
+    """A prefill's blocks of rows reuse the value tiles a thread built for the blocks before
+    them (AMX, bf16), within one call only: values stored into the same pages between two
+    calls of the same plan are read anew, by one thread or two."""
+    hq, hkv, d, ps, n = 9, 3, 64, 16, 300
+    pages = list(range(1, 1 + -(-n // ps)))
+    random.Random(3).shuffle(pages)
+    kp = torch.randn(1 + len(pages), ps, hkv, d).bfloat16()
+    vp = torch.randn_like(kp)
+    q = torch.randn(n, hq, d).bfloat16()
+    plan = native.AttentionPlan.build([([native.Member(0, n, pages, n)], [])])
+    threads = torch.get_num_threads()
+    try:
+        for nthreads in (1, 2):
+            torch.set_num_threads(nthreads)
+            for _ in range(2):
+                vp.copy_(torch.randn_like(vp))  # new values, same pages, same plan
+                out = torch.empty_like(q)
+                native.paged_attention(q, kp, vp, out, plan, d**-0.5)
+                ref = _reference(q.float(), kp.float(), vp.float(), pages, n, d**-0.5)
+                assert (out.double() - ref).abs().max().item() < 2e-2
+    finally:
+        torch.set_num_threads(threads)

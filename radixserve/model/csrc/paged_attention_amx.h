@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "amx.h"
 #include "paged_attention.h"
@@ -44,6 +45,62 @@ namespace radixserve_cpu::paged {
 #define TILE_O1 7
 
 alignas(64) constexpr uint16_t kZeroRow[256] = {};  // a padded key's or value's row (d <= 256)
+
+// 2^x for x <= 0, the bits of exp2v (vec.h) in fewer instructions: no upper clamp (never
+// reached: the softmax exponentiates differences from a maximum), the rounding to an integer
+// by one roundscale (to nearest even, as exp2v's add and subtract of 1.5 * 2^23), and 2^n
+// applied by scalef (p * 2^n, rounded once, as exp2v's multiply by the exponent bits).
+// Every softmax of the tiles takes it, the few rows' and the many rows' alike.
+inline vf exp2_nonpositive(vf x) {
+  x = vmax(x, splat(-126.0f));
+  const vf n = static_cast<vf>(_mm512_roundscale_ps(static_cast<__m512>(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const vf f = x - n;
+  vf p = splat(1.535336188319500e-4f);
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.0f;
+  return static_cast<vf>(_mm512_scalef_ps(static_cast<__m512>(p), static_cast<__m512>(n)));
+}
+
+// A thread's value tiles of full blocks (values' layout, kBlock keys each), kept from one row
+// block to the next: a prefill's rows are many blocks of 16 over the same keys of one KV
+// head, and rebuilding a block's tiles for every 16 rows was a large part of its attention's
+// time. Tagged by the layer's value pool, the
+// run's page list and the KV head; valid within one kernel call only (release_tiles, which
+// every thread runs after its last amx_attend of a call, forgets it: the next call may have
+// stored into the pages). Only full blocks are kept, so a kept tile is the bits a rebuild gives.
+struct ValueTiles {
+  const void* pool = nullptr;
+  const int64_t* pages = nullptr;
+  int64_t head = -1;
+  std::vector<uint16_t> tiles;
+  std::vector<char> ready;  // per block of the run: its tiles are built
+  static constexpr int64_t kMaxElems = int64_t{8} << 20;  // 16 MB a thread at most; past it, none kept
+
+  // The tiles of block ``b`` (keys b * kBlock..) of ``pages``' run of ``len`` keys, and
+  // whether they are built already; null where the run is too long to keep.
+  uint16_t* find(const void* v, const int64_t* run_pages, int64_t len, int64_t h, int64_t d, int64_t b, bool& built) {
+    const int64_t blocks = (len + kBlock - 1) / kBlock;
+    if (blocks * kBlock * d > kMaxElems) return nullptr;
+    if (v != pool || run_pages != pages || h != head) {
+      pool = v, pages = run_pages, head = h;
+      std::fill(ready.begin(), ready.end(), 0);
+    }
+    if (static_cast<int64_t>(ready.size()) < blocks) ready.resize(blocks, 0);
+    if (static_cast<int64_t>(tiles.size()) < blocks * kBlock * d) tiles.resize(blocks * kBlock * d);
+    built = ready[b] != 0;
+    ready[b] = 1;
+    return tiles.data() + b * kBlock * d;
+  }
+  void forget() { pool = nullptr, pages = nullptr, head = -1; }
+  static ValueTiles& local() {
+    thread_local ValueTiles kept;
+    return kept;
+  }
+};
 
 // The sum of a vector's lanes in one fixed order: lane j and j + 8 first, then those sums' j
 // and j + 4, then j and j + 2, then the last two (lanes_sum below: the same for each lane of
@@ -160,12 +217,12 @@ struct AmxBlocks {
       const vf vmx = splat(mx);
       vf sum{};
       for (int64_t g = 0; g < G; ++g) {
-        const vf p = iota + static_cast<int32_t>(g * kLanes) < keys ? exp2v(x[g] - vmx) : vf{};
+        const vf p = iota + static_cast<int32_t>(g * kLanes) < keys ? exp2_nonpositive(x[g] - vmx) : vf{};
         sum += p;
         const __m256bh b = _mm512_cvtneps_pbh(static_cast<__m512>(p));
         std::memcpy(tp + r * kBlock + g * kLanes, &b, sizeof b);
       }
-      const float alpha = exp2v(splat(mv[r]) - vmx)[0];
+      const float alpha = exp2_nonpositive(splat(mv[r]) - vmx)[0];
       mv[r] = mx;
       lv[r] = lv[r] * alpha + lane_sum(sum);
       scale_row(acc + r * d, alpha);
@@ -187,16 +244,33 @@ struct AmxBlocks {
       vm[r] = r < lanes ? mv[r] : kNoMax;
       vl[r] = r < lanes ? lv[r] : 0.0f;
     }
-    vf p[kBlock], top = vm;
-    for (int64_t t = 0; t < kBlock; ++t) {
-      const vf score = t < groups * kLanes ? load_vf(ts + t * kLanes) * scale : splat(kNoMax);
-      p[t] = vi{} + static_cast<int32_t>(t) < keys ? score : splat(kNoMax);
-      top = vmax(top, p[t]);
+    // Every row sees every key of a full block (all but a causal diagonal's): no masks there.
+    // The maximum in four chains, not one of 64 dependent steps (a maximum is one value in
+    // any order: few_rows takes its own order too).
+    bool full = n == kBlock;
+    for (int64_t r = 0; r < lanes && full; ++r) full = keys[r] >= kBlock;
+    vf p[kBlock], tops[4] = {vm, splat(kNoMax), splat(kNoMax), splat(kNoMax)};
+    if (full) {
+      for (int64_t t = 0; t < kBlock; ++t) {
+        p[t] = load_vf(ts + t * kLanes) * scale;
+        tops[t % 4] = vmax(tops[t % 4], p[t]);
+      }
+    } else {
+      for (int64_t t = 0; t < kBlock; ++t) {
+        const vf score = t < groups * kLanes ? load_vf(ts + t * kLanes) * scale : splat(kNoMax);
+        p[t] = vi{} + static_cast<int32_t>(t) < keys ? score : splat(kNoMax);
+        tops[t % 4] = vmax(tops[t % 4], p[t]);
+      }
     }
-    for (int64_t t = 0; t < kBlock; ++t) p[t] = vi{} + static_cast<int32_t>(t) < keys ? exp2v(p[t] - top) : vf{};
+    const vf top = vmax(vmax(tops[0], tops[1]), vmax(tops[2], tops[3]));
+    if (full) {
+      for (int64_t t = 0; t < kBlock; ++t) p[t] = exp2_nonpositive(p[t] - top);
+    } else {
+      for (int64_t t = 0; t < kBlock; ++t) p[t] = vi{} + static_cast<int32_t>(t) < keys ? exp2_nonpositive(p[t] - top) : vf{};
+    }
     vf part[kLanes];
     for (int64_t i = 0; i < kLanes; ++i) part[i] = ((p[i] + p[kLanes + i]) + p[2 * kLanes + i]) + p[3 * kLanes + i];
-    const vf alpha = exp2v(vm - top);
+    const vf alpha = exp2_nonpositive(vm - top);
     vl = vl * alpha + lanes_sum(part);
     for (int64_t r = 0; r < lanes; ++r) {
       mv[r] = top[r], lv[r] = vl[r];
@@ -219,12 +293,14 @@ struct AmxBlocks {
   }
 
   // acc += P . V: the values as pairs of keys (row i % 16 of half i / 16's tile for dimensions
-  // 16c.. holds keys 2i and 2i + 1, dimension by dimension), then two output tiles at a time.
+  // 16c.. holds keys 2i and 2i + 1, dimension by dimension; into ``tv`` unless ``built``
+  // there already), then two output tiles at a time.
   // ``ahead(t)``: prefetch the next block's key t, a key at a time (a burst would overflow the
   // miss queues).
   template <typename Ahead>
-  void values(const uint16_t* const* vrow, const uint16_t* tp, uint16_t* tv, float* acc, Ahead&& ahead) const {
-    for (int64_t i = 0; i < kBlock / 2; ++i) {
+  void values(const uint16_t* const* vrow, const uint16_t* tp, uint16_t* tv, bool built, float* acc,
+              Ahead&& ahead) const {
+    for (int64_t i = 0; i < kBlock / 2 && !built; ++i) {
       ahead(2 * i), ahead(2 * i + 1);
       uint16_t* row = tv + ((i / kLanes) * (d / kLanes) * kLanes + i % kLanes) * 32;
       for (int64_t c = 0; c < d / 32; ++c) {
@@ -301,7 +377,13 @@ void amx_attend(const Layer<c10::BFloat16>& L, int64_t h, KeyRun run, int64_t ke
       } else {
         blocks.many_rows(sc.ts.data(), n, lanes, seen, scale, mv, lv, rows_acc, sc.tp.data());
       }
-      blocks.values(vrow, sc.tp.data(), sc.tv.data(), rows_acc, [&](int64_t t) {
+      // A prefill's full blocks: the value tiles this thread built for earlier rows, if any.
+      bool built = false;
+      uint16_t* tv = lanes > kNarrowRows && n == kBlock
+                         ? ValueTiles::local().find(L.v, run.pages, run.len, h, d, start / kBlock, built)
+                         : nullptr;
+      if (tv == nullptr) tv = sc.tv.data(), built = false;
+      blocks.values(vrow, sc.tp.data(), tv, built, rows_acc, [&](int64_t t) {
         if (t < next_n) prefetch_row(L, next[t]);
       });
     }
@@ -324,6 +406,7 @@ inline void release_tiles([[maybe_unused]] Scratch& sc) {
 #if RADIXSERVE_AMX
   if (sc.tile_rows != 0) _tile_release();
   sc.tile_rows = 0;
+  ValueTiles::local().forget();
 #endif
 }
 
