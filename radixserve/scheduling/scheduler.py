@@ -139,7 +139,12 @@ class Scheduler:
         self._pending.append(req.take_output())
         return True
 
-    def admit_prefilled(self, request_id: str, first_token: int) -> None:
+    def admit_prefilled(
+        self,
+        request_id: str,
+        first_token: int,
+        first_logprob: tuple[float, list[tuple[int, float]]] | None = None,
+    ) -> None:
         """A reserved request's prompt KV has landed (:mod:`.prefilled`): it runs from here,
         ``first_token`` (the prefill engine's) its first output, reported with the next step."""
         req = self.prefilled.admit(request_id)
@@ -150,7 +155,7 @@ class Scheduler:
         self.counters.prompt_tokens += req.prompt_len
         self.counters.cached_prompt_tokens += req.cached_tokens or 0
         turn_admitted(self.cache, req)
-        self._take_token(req, first_token, None)
+        self._take_token(req, first_token, first_logprob)
         self._pending.append(req.take_output())
 
     def has_unfinished(self) -> bool:

@@ -137,3 +137,49 @@ def test_prefill_decode_pair_streams_colocated_tokens_and_ends_cleanly(
                 list(stream)
             assert err.value.code == "worker_died", err.value
             assert _until(lambda: _balanced(c, ("prefill",)))
+
+
+@pytest.mark.timeout(600)  # three worker processes start on a shared 2-core machine
+def test_a_prefill_worker_killed_mid_prefill_is_retried_on_another(tiny_llama_dir: Path) -> None:
+    """Two prefill workers, one decode worker: the prefill worker computing a long prompt
+    (chunked, 8 tokens a step) is killed (SIGKILL) while it computes; the router gives the
+    decode worker's reservation back and sends the request to the other prefill worker; the
+    client gets the colocated tokens, and both survivors end with no page in use."""
+    from radixserve.engine.engine import Engine
+
+    engine = {**ENGINE, "num_pages": 512}
+    long_prompt = " ".join([PROMPT] * 40)
+    colocated = Engine(tiny_llama_dir, **engine)
+    (want,) = colocated.generate([long_prompt], PARAMS)
+    colocated.close()
+    chunked = {"disaggregation_mode": "prefill", "max_num_tokens": 8}
+    with LocalServer(
+        tiny_llama_dir,
+        num_workers=3,
+        config=RouterConfig(**{**ROUTER, "disaggregation_timeout_s": 120.0}),
+        engine_config=engine,
+        worker_overrides=[chunked, chunked, {"disaggregation_mode": "decode"}],
+        worker_env={"RADIXSERVE_DEBUG_INVARIANTS": "1"},
+    ) as srv:
+        split = srv.router.split
+        assert split is not None
+        with Client(srv.endpoint, timeout=120) as c:
+            rid = c.submit(long_prompt, stream=True, params=PARAMS)
+            pair: Any = None
+
+            def computing() -> bool:  # the pair's prefill went out (the router's own state)
+                nonlocal pair
+                pairs = list(split._pairs.values())
+                pair = pairs[0] if pairs else None
+                return pair is not None and pair.stage == "prefill"
+
+            assert _until(computing, timeout=60)
+            srv.procs[pair.prefill].kill()
+            events = list(c.events(rid))
+            final = events[-1]
+            assert isinstance(final, p.GenerateFinal), final
+            assert final.token_ids == want.token_ids
+            s = split.stats()
+            assert (s.prefilled, s.failed) == (1, 1)  # the killed try, then the retry
+            assert _until(lambda: _balanced(c))  # no page left on the decode side
+            assert _engines(c)["decode"]["computed_tokens_total"] == PARAMS.max_tokens - 1

@@ -74,6 +74,9 @@ class PrefillResult(msgspec.Struct, frozen=True):
     first_token: int | None
     bytes: int = 0
     error: str | None = None  # "abort", or what failed (nothing usable was written)
+    # The first token's logprob and top alternatives, when the request asked for logprobs
+    # (SGLang's PD likewise returns the first token's logprobs from the prefill side).
+    first_logprob: tuple[float, list[tuple[int, float]]] | None = None
 
 
 class DisaggStats(NamedTuple):
@@ -105,12 +108,8 @@ class _Role:
         self, prompt: list[int], params: SamplingParams, rid: str | None, namespace: str | None
     ) -> Request:
         req = self.intake.make_request(prompt, params, rid, namespace, self.scheduler.requests)
-        if (
-            req.grammar is not None
-            or params.logprobs is not None
-            or req.prompt_logprobs is not None
-        ):
-            raise ValueError("disaggregated requests take no grammar and no logprobs (yet)")
+        if req.prompt_logprobs is not None:
+            raise ValueError("disaggregated requests take no prompt logprobs (yet)")
         return req
 
 
@@ -172,7 +171,7 @@ class DecodeRole(_Role):
         self._held += res.held_len
         self._moved += res.request.prompt_len - res.held_len
         self._requests += 1
-        self.scheduler.admit_prefilled(result.request_id, result.first_token)
+        self.scheduler.admit_prefilled(result.request_id, result.first_token, result.first_logprob)
         return True
 
     def cancel(self, request_id: str) -> bool:
@@ -239,7 +238,8 @@ class PrefillRole(_Role):
             return
         self._moved += req.prompt_len - ticket.held_len
         self._requests += 1
-        self._answer(PrefillResult(rid, req.token_ids[req.prompt_len], written))
+        lp = req.new_logprobs[-1] if req.new_logprobs else None  # its one sampled token's
+        self._answer(PrefillResult(rid, req.token_ids[req.prompt_len], written, None, lp))
 
     def _answer(self, result: PrefillResult) -> None:
         self._cancelled += result.error is not None

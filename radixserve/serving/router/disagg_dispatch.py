@@ -31,6 +31,7 @@ by itself and says so; a prefill worker starts no write after the lease's ``writ
 from __future__ import annotations
 
 import logging
+import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -42,6 +43,11 @@ from radixserve.serving.router.worker_pool import WorkerHandle, WorkerPool
 from radixserve.serving.wire import protocol as p
 
 log = logging.getLogger("radixserve.serving.router")
+
+# A local prefill worker found unreachable (its connection closed) is waited for this long
+# to exit before its reservation may be given back and its request retried (see
+# _process_gone); one still running then may yet write, and its request fails instead.
+EXIT_WAIT_S = 2.0
 
 DisaggReply = p.WorkerReserved | p.WorkerPrefilled | p.WorkerReleased
 
@@ -194,6 +200,7 @@ class DisaggDispatch:
 
     def worker_dead(self, w: WorkerHandle, reason: str) -> None:
         """``w`` died: settle the pairs it was part of (before InFlight handles its requests)."""
+        gone: bool | None = None  # whether w's process has exited: asked once, if needed
         for pair in list(self._pairs.values()):
             if pair.decode == w.worker_id:  # InFlight retries or fails it, as w's request
                 self._abort_prefill(pair)
@@ -202,12 +209,14 @@ class DisaggDispatch:
             elif pair.prefill == w.worker_id and pair.stage == "prefill":
                 w.inflight.discard(pair.st.rid)  # ours to settle, not InFlight's
                 d = self._pool.workers.get(pair.decode)
-                if d is not None and _process_gone(w):  # it will write nothing more
+                if gone is None:
+                    gone = _process_gone(w, EXIT_WAIT_S if reason.startswith("unreachable") else 0)
+                if d is not None and gone:  # it will write nothing more
                     self._pool.send(d, p.WorkerRelease(rid=pair.st.rid))
                 self._failed += 1  # else the lease frees the pages, D tells us, we ignore it
                 if pair.orphan:
                     self._end(pair, d)
-                elif _process_gone(w):
+                elif gone:
                     self._retry_or_fail(pair, f"prefill worker {w.worker_id} died ({reason})")
                 else:  # its reservation stays until the lease ends: no retry under its rid
                     self._end(pair, d)
@@ -252,10 +261,21 @@ def _request(st: RouterRequest) -> p.WorkerRequest:
     )
 
 
-def _process_gone(w: WorkerHandle) -> bool:
-    """Whether ``w``'s process has exited (a remote worker's cannot be known: False)."""
+def _process_gone(w: WorkerHandle, wait_s: float = 0.0) -> bool:
+    """Whether ``w``'s process has exited (a remote worker's cannot be known: False), waiting
+    up to ``wait_s`` for it: a killed process's connection closes a moment before the kernel
+    reports its exit, so a local worker found unreachable is given that moment."""
     proc: Any = w.proc
-    return proc is not None and proc.poll() is not None
+    if proc is None:
+        return False
+    if proc.poll() is not None:
+        return True
+    if wait_s > 0:
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            return False
+    return proc.poll() is not None
 
 
 def parse_roles(spec: str) -> list[str]:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 from disagg_helpers import disagg_generate, prefill_once, roles
-from engine_helpers import greedy, random_prompts, run_to_completion
+from engine_helpers import greedy, random_prompts, run_to_completion, tokens_of
 
+from radixserve.distributed.disagg.roles import PrefillResult
 from radixserve.engine.engine import Engine
 
 pytest.importorskip("mooncake.engine", reason="Mooncake wheel (and libibverbs1) not importable")
@@ -109,3 +111,44 @@ def _fields(s: object) -> dict[str, object]:
     import msgspec
 
     return msgspec.structs.asdict(s)  # type: ignore[call-overload,no-any-return]
+
+
+@pytest.mark.parametrize("regex", [None, r"[0-9]{2,5}"])
+def test_logprobs_of_a_prefilled_request_equal_colocated(
+    tiny_llama_dir: Path, regex: str | None
+) -> None:
+    """The first token's logprobs come from the prefill side, the rest from the decode side:
+    tokens and logprobs (with top alternatives) equal a colocated engine's; with a grammar,
+    the prefill side samples the first token under its mask and the decode side's grammar
+    takes it, so the constrained output is the colocated one too."""
+    (prompt,) = random_prompts([21], seed=49)
+    params = greedy(N, logprobs=2, regex=regex)
+    colocated = _engine(tiny_llama_dir, None)
+    rid = colocated.add_request(prompt, params)
+    want = run_to_completion(colocated)[rid]
+    colocated.close()
+    prefill, decode = _engine(tiny_llama_dir, "prefill"), _engine(tiny_llama_dir, "decode")
+    try:
+        p, d = roles(prefill, decode)
+        ticket = d.reserve(prompt, params)
+        assert ticket is not None
+        p.prefill(prompt, params, ticket)
+        run_to_completion(prefill)
+        (result,) = p.take_results()
+        assert result.first_logprob is not None
+        wire = msgspec.msgpack.encode(result)  # the worker's answer travels as msgpack
+        assert msgspec.msgpack.decode(wire, type=PrefillResult) == result
+        d.finish(result)
+        got = run_to_completion(decode)[ticket.request_id]
+        assert tokens_of(got) == tokens_of(want)
+        lps = [lp for o in got for lp in o.new_logprobs or []]
+        ref = [lp for o in want for lp in o.new_logprobs or []]
+        assert len(lps) == len(ref) == len(tokens_of(want)) > 1
+        for a, b in zip(lps, ref, strict=True):  # same kernels, same rows: to rounding
+            assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-4
+            assert [t for t, _ in a.top] == [t for t, _ in b.top] and len(a.top) == 2
+        _idle(prefill)
+        _idle(decode)
+    finally:
+        prefill.close()
+        decode.close()
