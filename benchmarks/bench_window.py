@@ -173,8 +173,10 @@ def run(engine: Engine, wl: workloads.Workload) -> dict[str, Any]:
     out = sum(len(t) for t in toks.values())
     return {
         "peak_running": peak,
-        "peak_pages_held_by_running": held,  # global pages (all pages without a window)
-        "peak_window_pages_in_use": in_window,  # window model: what running requests need
+        # Summed over running requests (a page two requests share counts twice): global
+        # pages (every page without a window), and window pages running requests need.
+        "peak_pages_held_by_running": held,
+        "peak_window_pages_in_use": in_window,
         "prompt_tokens": prompt,
         "cached_prompt_tokens": sum(cached.values()),
         "hit_rate": sum(cached.values()) / prompt,
