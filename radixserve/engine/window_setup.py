@@ -5,9 +5,10 @@ A model with sliding-window layers keeps their KV in a pool of its own
 ``window_kv_ratio > 0`` and nothing needs every layer's pages in one layout: the
 hierarchical cache's L3 (page files and shared stores hold whole pages) or an L2 in another
 KV dtype (``hicache_dtype``), and tensor or pipeline parallelism (the followers' plans do
-not carry the window map yet). Those keep full KV for every layer, as before, and the
-start-up log says why. int8/int4 KV works (the window layers' per-token scales are paged in
-the window pool with their data), and so does an L2 alone (:mod:`radixserve.memory.window_host`).
+not carry the window map yet). Those keep full KV for every layer, as before (exact, but
+without the window's memory saving), and a start-up warning says why. int8/int4 KV works
+(the window layers' per-token scales are paged in the window pool with their data), and so
+does an L2 alone (:mod:`radixserve.memory.window_host`).
 
 The budget: with ``num_pages`` sized for full KV of every layer (``L`` layers, ``Lw`` of
 them windowed) and ratio ``r`` window pages per global page, the same bytes hold
@@ -67,7 +68,10 @@ def plan_window_pool(
         return None
     refusal = window_pool_refusal(cfg, mc, parallel)
     if refusal is not None:
-        logger.info("sliding-window layers keep every token's KV: %s", refusal)
+        # A warning unless asked for (ratio 0): the pool the user expects is not there, and
+        # the KV sized for it holds fewer sequences (the model itself stays exact).
+        log = logger.info if cfg.window_kv_ratio <= 0 else logger.warning
+        log("no window pool: sliding-window layers keep every token's KV (%s)", refusal)
         return None
     window = mc.layer_window(min(layers))
     assert window is not None

@@ -62,6 +62,8 @@ class WindowPages:
         self.wref = [0] * num_pages
         self.in_tree = bytearray(num_pages)
         self.num_evictable = 0
+        # Window pages released by running requests whose window passed them (monotonic).
+        self.released_pages = 0
         # Device map entries changed since the last take_writes (global page -> window page).
         self._writes: dict[int, int] = {}
         # Window pages released while a step in flight may still read them, tagged with the
@@ -134,6 +136,7 @@ class WindowPages:
                 out.append(w)
         if not out:
             return 0
+        self.released_pages += len(out)
         if in_flight_step is not None:
             self.deferred.append((in_flight_step, out))
         else:

@@ -10,6 +10,7 @@ pools, the device window map) after every engine step.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -262,9 +263,13 @@ def test_l2_carries_window_kv_and_hits_from_it_stay_exact(gemma3: Path) -> None:
 
 
 @pytest.mark.parametrize("why", ["ratio 0", "hierarchical cache's L3"])
-def test_window_pool_off_keeps_full_kv(gemma3: Path, why: str, tmp_path: Path) -> None:
+def test_window_pool_off_keeps_full_kv(
+    gemma3: Path, why: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """``window_kv_ratio`` 0, and the hierarchical cache with an L3 (page files hold whole
-    pages of every layer), keep every token's KV in every layer, as before."""
+    pages of every layer), keep every token's KV in every layer, as before; the L3 case is
+    refused with a start-up warning naming why (ratio 0 was asked for: no warning)."""
+    caplog.set_level(logging.INFO, logger="radixserve.engine.window_setup")
     if why == "ratio 0":
         engine = _engine(gemma3, num_pages=16, ratio=0.0)
     else:
@@ -279,6 +284,11 @@ def test_window_pool_off_keeps_full_kv(gemma3: Path, why: str, tmp_path: Path) -
         assert not engine.pool.window_layers and not isinstance(engine.cache, SWARadixCache)
     finally:
         engine.close()
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if why == "ratio 0":
+        assert not warned
+    else:
+        assert [m for m in warned if "no window pool" in m and "L3" in m]
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton", "overlap"])
