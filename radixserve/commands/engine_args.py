@@ -68,7 +68,7 @@ ENGINE_FLAGS: list[tuple[str, Any, str]] = [
         str,
         "the draft model's checkpoint directory, for --speculative-algorithm draft (same "
         "tokenizer and vocabulary as the model; python -m radixserve.speculative.make_draft "
-        "makes a truncated-layer one)",
+        "makes a layer-subset one)",
     ),
     (
         "speculative-num-tokens",

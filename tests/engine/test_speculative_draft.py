@@ -213,6 +213,32 @@ def test_truncated_draft_checkpoint(tiny_llama_hd64_dir: Path, tmp_path: Path) -
     assert (out / "tokenizer.json").is_file()
 
 
+def test_layer_subset_draft_checkpoint(tiny_llama_hd64_dir: Path, tmp_path: Path) -> None:
+    """``keep``: the chosen layers, renumbered from 0, their tensors unchanged."""
+    from safetensors import safe_open
+
+    from radixserve.speculative.make_draft import make_truncated_draft
+
+    out = make_truncated_draft(tiny_llama_hd64_dir, tmp_path / "draft", keep=[1])
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 1
+    src = next(tiny_llama_hd64_dir.glob("*.safetensors"))
+    with (
+        safe_open(str(out / "model.safetensors"), framework="pt") as st,
+        safe_open(str(src), framework="pt") as full,
+    ):
+        names = set(st.keys())  # noqa: SIM118
+        assert {n for n in names if n.startswith("model.layers.")} == {
+            n.replace("layers.1.", "layers.0.")
+            for n in full.keys()  # noqa: SIM118
+            if ".layers.1." in n
+        }
+        for n in names:
+            assert st.get_tensor(n).equal(full.get_tensor(n.replace("layers.0.", "layers.1.")))
+    for bad in ([], [1, 0], [0, 2]):
+        with pytest.raises(ValueError, match="keep"):
+            make_truncated_draft(tiny_llama_hd64_dir, tmp_path / "bad", keep=bad)
+
+
 def test_vocabulary_mismatch_refused(tiny_llama_hd64_dir: Path, tmp_path: Path) -> None:
     other = tiny_models.build_tiny_llama(tmp_path / "v600", vocab_size=600, num_layers=1)
     with pytest.raises(ValueError, match="vocabulary"):
