@@ -511,6 +511,7 @@ struct Kernel {
     const int64_t page = begin / kChunk;
     if (static_cast<int64_t>(sc.zero_pages.size()) <= page) sc.zero_pages.resize(page + 1, 0);
     const Layer<KV> tile{dk, dv, kChunk, 1, L.d};
+    forget_kept_values();  // the tile holds this chunk now, whatever it held before
     attend(tile, 0, KeyRun{sc.zero_pages.data(), run.len}, begin, end, q, scale, rows, limit, first, cap2, m, l,
            acc, sc);
   }

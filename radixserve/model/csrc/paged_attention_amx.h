@@ -400,6 +400,15 @@ void amx_attend(const Layer<c10::BFloat16>& L, int64_t h, KeyRun run, int64_t ke
 #undef TILE_O1
 #endif
 
+// Before amx_attend over keys that are not a pool's pages as they stand for the whole call (a
+// quantized chunk decoded into a per-thread tile: the same tile holds another chunk, head or
+// sequence at each call): forget the value tiles kept for the earlier contents.
+inline void forget_kept_values() {
+#if RADIXSERVE_AMX
+  ValueTiles::local().forget();
+#endif
+}
+
 // After a thread's last amx_attend of a kernel call: the tile state back to its initial one
 // (nothing for a context switch to save, and no configuration left for other code to meet).
 inline void release_tiles([[maybe_unused]] Scratch& sc) {
