@@ -6,18 +6,26 @@ largest step it will ever schedule (a dummy forward of ``max_num_tokens`` rows, 
 measured::
 
     free₀       = free memory when the engine starts, before the weights
-    used        = free₀ − free after loading         (this engine's weights and buffers)
+    used        = free₀ − free after the profile step (this engine's weights and buffers, and
+                                                     what the step left outside torch's
+                                                     allocator: cuBLAS workspaces, loaded
+                                                     kernel modules)
     step peak   = peak allocated during the dummy step − allocated before it
                                                      (activations, logits, sampler, the
                                                      profile's own small KV pool counted too)
     graphs      = step peak × max_running_requests / max_num_tokens   (decode graphs on)
-    kv budget   = min(total × --memory-utilization, free₀)
+    headroom    = 1 % of total                       (what libraries take after sizing)
+    kv budget   = min(total × --memory-utilization, free₀ − headroom)
                   − used − step peak − graphs − fixed scale bytes
     num_pages   = kv budget // bytes per page − 1   (the scratch page padding rows write to)
 
 ``used`` counts only what this engine added, and ``free₀`` caps the budget, so that workers
 splitting one GPU (``--memory-utilization 0.45`` each, :mod:`~radixserve.engine.devices`)
-do not count each other's memory as their own, and none budgets memory another holds.
+do not count each other's memory as their own, and none budgets memory another holds. Where
+free₀ is the cap (another process holds more than ``1 − utilization`` of the device), the
+headroom is what is left for allocations after sizing; without it the first GPU run (a
+worker beside a 15 GiB process on an H200) sized K and V to the last 150 MiB and could not
+allocate V.
 
 The decode graphs hold, per captured bucket and in one shared pool, the intermediates of one
 decode forward of at most ``max_running_requests`` rows; a decode row costs no more than an
@@ -48,7 +56,12 @@ from radixserve.scheduling.request import Request
 if TYPE_CHECKING:
     from radixserve.engine.model_runner import ModelRunner
 
+#: Share of the device's memory kept free below free₀: allocations made outside torch's
+#: allocator after sizing (cuBLAS workspaces of new streams, graph capture's own buffers).
+FREE_HEADROOM = 0.01
+
 __all__ = [
+    "FREE_HEADROOM",
     "CudaMemory",
     "DeviceMemory",
     "ProfiledKV",
@@ -129,7 +142,7 @@ class ProfiledKV:
     total_bytes: int
     utilization: float
     free_at_start_bytes: int  # free before the weights
-    used_bytes: int  # what loading the weights took off the free memory
+    used_bytes: int  # free₀ − free after the profile step: weights and persistent buffers
     step_peak_bytes: int  # transient peak of the dummy max_num_tokens step
     graph_reserve_bytes: int
     kv_fixed_bytes: int
@@ -153,7 +166,7 @@ class ProfiledKV:
     @property
     def kv_budget_bytes(self) -> int:
         return (
-            min(int(self.total_bytes * self.utilization), self.free_at_start_bytes)
+            budget_cap(self.total_bytes, self.utilization, self.free_at_start_bytes)
             - self.used_bytes
             - self.step_peak_bytes
             - self.graph_reserve_bytes
@@ -170,7 +183,8 @@ class ProfiledKV:
         return (
             f"KV pool {self.num_pages} pages (+1 scratch) from a profile run: "
             f"min({format_bytes(self.total_bytes)} × {self.utilization:g}, free at start "
-            f"{format_bytes(self.free_at_start_bytes)}) − weights {format_bytes(self.used_bytes)}"
+            f"{format_bytes(self.free_at_start_bytes)} − 1 % headroom) − weights and buffers "
+            f"{format_bytes(self.used_bytes)}"
             f" − peak of a {self.profiled_rows}-row step {format_bytes(self.step_peak_bytes)}"
             f" − decode graphs {format_bytes(self.graph_reserve_bytes)}"
             f" = {format_bytes(max(0, self.kv_budget_bytes))} for KV{planner}"
@@ -192,7 +206,7 @@ def kv_pages_from_profile(
     taken out; raises ``ValueError`` saying what to change when not even one page fits."""
     if not 0.0 < utilization <= 1.0:
         raise ValueError(f"memory_utilization must be in (0, 1], got {utilization}")
-    budget = min(int(total * utilization), free_at_start)
+    budget = budget_cap(total, utilization, free_at_start)
     budget -= used + step_peak + graph_reserve + kv_fixed
     pages = budget // bytes_per_page - 1 if budget > 0 else 0
     if pages < 1:
@@ -205,6 +219,12 @@ def kv_pages_from_profile(
             "Raise --memory-utilization, lower --max-num-tokens, or free the device"
         )
     return int(pages)
+
+
+def budget_cap(total: int, utilization: float, free_at_start: int) -> int:
+    """The most this engine may hold: its share of the device, never more than was free at
+    start less :data:`FREE_HEADROOM` (module docstring)."""
+    return min(int(total * utilization), free_at_start - int(total * FREE_HEADROOM))
 
 
 def graph_reserve_bytes(step_peak: int, max_num_tokens: int, graph_rows: int) -> int:

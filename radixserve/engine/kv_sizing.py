@@ -97,7 +97,6 @@ class KVSizer:
         """Pages from a profile run of the largest step on ``mem``'s device; the planner's
         estimate is kept beside the measured figure."""
         cfg, mc = self.cfg, model.config
-        used = self.free_at_start - mem.free()
         max_seq_len = min(cfg.max_model_len or mc.max_position_embeddings, cfg.max_num_tokens)
         peak = kv_profile.profile_step_peak(
             model,
@@ -109,6 +108,9 @@ class KVSizer:
             max_num_tokens=cfg.max_num_tokens,
             max_seq_len=max_seq_len,
         )
+        # After the step (its tensors released): the weights, and what the step left outside
+        # torch's allocator (cuBLAS workspaces, kernel modules), which the peak does not see.
+        used = self.free_at_start - mem.free()
         graph_rows = min(cfg.max_running_requests, cfg.max_num_tokens)
         graphs = (
             kv_profile.graph_reserve_bytes(peak, cfg.max_num_tokens, graph_rows)

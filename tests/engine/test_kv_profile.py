@@ -24,10 +24,15 @@ GiB = 1 << 30
 class ScriptedMemory:
     """A device whose allocator reports scripted numbers; records what it was asked."""
 
-    def __init__(self, total: int, used: int, peak_over: int, other: int = 0) -> None:
+    def __init__(
+        self, total: int, used: int, peak_over: int, other: int = 0, non_torch: int = 0
+    ) -> None:
         """``other``: held by other processes from the start; ``used``: what loading the
-        weights takes (after the first :meth:`free`); ``peak_over``: the profiled step's peak."""
+        weights takes (after the first :meth:`free`); ``peak_over``: the profiled step's peak;
+        ``non_torch``: what the step leaves held outside torch's allocator (after
+        :meth:`release`: cuBLAS workspaces, kernel modules), which :meth:`peak` never sees."""
         self._total, self._used, self._peak_over, self._other = total, used, peak_over, other
+        self._non_torch = non_torch
         self.calls: list[str] = []
 
     def total(self) -> int:
@@ -37,7 +42,9 @@ class ScriptedMemory:
     def free(self) -> int:
         first = "free" not in self.calls
         self.calls.append("free")
-        return self._total - self._other - (0 if first else self._used)
+        if first:
+            return self._total - self._other
+        return self._total - self._other - self._used - ("release" in self.calls) * self._non_torch
 
     def allocated(self) -> int:
         self.calls.append("allocated")
@@ -65,7 +72,8 @@ def test_pages_from_measured_figures() -> None:
         kv_fixed=0,
         bytes_per_page=MiB,
     )
-    # int(10 GiB x 0.9) - 3 GiB = 3 GiB of 1 MiB pages, one of them the scratch page.
+    # int(10 GiB x 0.9) - 3 GiB = 3 GiB of 1 MiB pages, one of them the scratch page (the
+    # headroom below free₀ does not bind: free₀ is the whole device).
     assert pages == (int(10 * GiB * 0.9) - 3 * GiB) // MiB - 1
     with_graphs = kv_profile.kv_pages_from_profile(
         total=10 * GiB,
@@ -89,7 +97,8 @@ def test_pages_from_measured_figures() -> None:
         kv_fixed=0,
         bytes_per_page=MiB,
     )
-    assert shared == (5 * GiB - 3 * GiB) // MiB - 1
+    # free₀ binds, less the 1 % of the device kept for allocations made after sizing.
+    assert shared == (5 * GiB - int(10 * GiB * kv_profile.FREE_HEADROOM) - 3 * GiB) // MiB - 1
 
 
 def test_budget_below_one_page_is_a_clear_error() -> None:
@@ -171,12 +180,13 @@ def _engine(monkeypatch: pytest.MonkeyPatch, model: Path, mem: ScriptedMemory, *
 def test_engine_sizes_the_pool_from_the_profile(
     monkeypatch: pytest.MonkeyPatch, tiny_llama_dir: Path
 ) -> None:
-    total, used, peak = 64 * MiB, 4 * MiB, 2 * MiB
-    mem = ScriptedMemory(total, used, peak, other=MiB)
+    total, used, peak, non_torch = 64 * MiB, 4 * MiB, 2 * MiB, 3 * MiB
+    mem = ScriptedMemory(total, used, peak, other=MiB, non_torch=non_torch)
     engine = _engine(monkeypatch, tiny_llama_dir, mem, memory_utilization=0.5, decode_graphs="on")
     per_page = kv_bytes_per_token(engine.model_config, "auto", torch.float32) * 4
     graphs = math.ceil(peak * 8 / PROFILE_TOKENS)
-    expected = (min(int(total * 0.5), total - MiB) - used - peak - graphs) // per_page - 1
+    # What the step left outside the allocator counts as used, as the weights do.
+    expected = (int(total * 0.5) - used - non_torch - peak - graphs) // per_page - 1
     assert engine.allocator.num_pages == expected
     assert engine.pool.num_pages == expected + 1  # the scratch page
     assert engine.profiled_rows[0] == PROFILE_TOKENS  # type: ignore[attr-defined]
@@ -197,7 +207,8 @@ def test_engine_budgets_only_memory_free_at_start(
     mem = ScriptedMemory(total, used, peak, other=40 * MiB)
     engine = _engine(monkeypatch, tiny_llama_dir, mem, memory_utilization=0.5, decode_graphs="off")
     per_page = kv_bytes_per_token(engine.model_config, "auto", torch.float32) * 4
-    assert engine.allocator.num_pages == (24 * MiB - used - peak) // per_page - 1
+    headroom = int(total * kv_profile.FREE_HEADROOM)
+    assert engine.allocator.num_pages == (24 * MiB - headroom - used - peak) // per_page - 1
     assert engine.kv_profile is not None and engine.kv_profile.free_at_start_bytes == 24 * MiB
 
 
