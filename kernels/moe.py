@@ -20,7 +20,11 @@ blocks are marked ``-1`` (vLLM's ``expert_map`` to -1), so they are neither comp
 written, and their rows of the output stay zero.
 
 The projections run in float32 accumulators; operands are upcast before ``tl.dot`` (the
-interpreter multiplies bf16 wrongly, ARCHITECTURE.md). The routed weight multiplies the down
+interpreter multiplies bf16 wrongly, ARCHITECTURE.md). ``tl.dot`` of float32 operands is TF32
+on the GPU unless told otherwise, and the interpreter is always exact: float32 rows take
+``ieee`` (on the first GPU run, 2026-12-04 on an H200, the default TF32 put the kernel up to
+0.025 off the reference where the interpreter had matched it to 1e-5); 16-bit rows keep TF32,
+which holds a bf16 or fp16 value exactly. The routed weight multiplies the down
 projection's rows; the ``top_k`` rows of each token are summed after it.
 """
 
@@ -79,6 +83,7 @@ def _grouped_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PREC: tl.constexpr,  # "ieee" for float32 rows, "tf32" for 16-bit ones (module docstring)
 ):
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block)
@@ -103,7 +108,7 @@ def _grouped_gemm_kernel(
             mask=(offs_n[None, :] < N) & (offs_k[:, None] < K),
             other=0.0,
         ).to(tl.float32)
-        acc += tl.dot(a, w)
+        acc += tl.dot(a, w, input_precision=PREC)
     if MUL_WEIGHT:
         acc *= tl.load(weights_ptr + slot, mask=valid, other=0.0).to(tl.float32)[:, None]
     tl.store(
@@ -149,6 +154,7 @@ def _grouped_gemm(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
+        PREC="ieee" if torch.float32 in (a.dtype, w.dtype) else "tf32",
     )
     return out
 
