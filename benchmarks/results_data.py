@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -220,7 +220,32 @@ def figures() -> dict[str, Figure]:
         f"{r[0]:.1f} against {v[0]:.1f} output tok/s, {r[0] / v[0]:.2f}x (1 run)",
         [c16],
     )
+    gpu_figures(add)
     return figs
+
+
+def gpu_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
+    """The first GPU run's headline figures (docs/kernels.md#first-run-2026-12-04-one-h200)."""
+    first = "gpu_check_s24_1.json"  # the invocation that ran these phases
+    bw = load(first)["phases"]["decode_bandwidth"]
+    cell = next(c for c in bw["decode"] if c["shape"] == "smollm2" and c["kv_dtype"] == "auto")
+    add(
+        "gpu_decode_bw_smollm2",
+        f"{100 * cell['frac_copy_bw_default']:.1f} % of the copy bandwidth at the default split "
+        f"count and {100 * cell['frac_copy_bw_best']:.1f} % at the best (1 run)",
+        [first],
+    )
+    rows = load(first)["phases"]["decode_table"]["rows"]
+    graphs = {r["batch"]: r["graph_speedup"] for r in rows if r["context"] == 1024}
+    add("gpu_graph_speedup_b1", spread([graphs[1]], digits=1), [first])
+    add("gpu_graph_speedup_b64", spread([graphs[64]], digits=1), [first])
+    shared = load(first)["phases"]["shared_system"]
+    add(
+        "gpu_shared_system",
+        f"{shared['cache_on']['output_tok_s']:.0f} against {shared['cache_off']['output_tok_s']:.0f}"
+        f" output tok/s with the radix cache off, {shared['speedup']:.2f}x (1 run)",
+        [first],
+    )
 
 
 # --- tables ------------------------------------------------------------------------------

@@ -34,6 +34,15 @@ from summary_tables_s23 import (
     table_long_context_profile,
     table_long_context_targets,
 )
+from summary_tables_s24 import (
+    table_gpu_check,
+    table_gpu_decode_kernel,
+    table_gpu_decode_steps,
+    table_gpu_extend,
+    table_gpu_int8,
+    table_gpu_runner,
+    table_gpu_serving,
+)
 
 
 def _machine(name: str) -> str:
@@ -305,5 +314,12 @@ TABLES: dict[str, Callable[[], str]] = {
     "long_context_targets": table_long_context_targets,
     "long_context_profile": table_long_context_profile,
     "disagg": table_disagg,
+    "gpu_check": table_gpu_check,
+    "gpu_decode_kernel": table_gpu_decode_kernel,
+    "gpu_extend": table_gpu_extend,
+    "gpu_decode_steps": table_gpu_decode_steps,
+    "gpu_runner": table_gpu_runner,
+    "gpu_serving": table_gpu_serving,
+    "gpu_int8": table_gpu_int8,
     "index": table_index,
 }

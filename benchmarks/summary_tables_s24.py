@@ -1,0 +1,247 @@
+"""The generated tables of the first GPU run (benchmarks/gpu_check.sh on one H200,
+2026-12-04), one function each; summary_tables.TABLES lists them with the others.
+
+The check ran as three invocations inside the session's 15 minutes of device time (each
+with ``--phases``): the first found a KV-sizing bug in ``serve_http``, which the second
+re-ran after the fix; the third ran ``kernel_tests``, for which the second's budget had no
+room. A phase is shown from the last invocation that ran it; the earlier failure is a row of
+its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from results_data import load
+from summary_tables_s22 import _head, _row
+
+GPU_CHECK = ("gpu_check_s24_1.json", "gpu_check_s24_2.json", "gpu_check_s24_3.json")
+
+
+def _phases() -> list[tuple[str, str, dict[str, Any]]]:
+    """(result file, phase, its record) for every phase of every invocation, in run order."""
+    out = []
+    for name in GPU_CHECK:
+        d = load(name)
+        for phase in d["runs"][-1]["phases"]:
+            out.append((name, phase, d["phases"][phase]))
+    return out
+
+
+def _latest(phase: str) -> dict[str, Any]:
+    return [r for _, p, r in _phases() if p == phase][-1]
+
+
+def _status(r: dict[str, Any]) -> str:
+    if not r["ok"]:
+        return "FAILED"
+    return "skipped" if "skipped" in r else "ok"
+
+
+def _what(phase: str, r: dict[str, Any]) -> str:
+    """One cell: the phase's outcome in words (the failure's first line where it failed)."""
+    if "skipped" in r:
+        return r["skipped"]
+    if not r["ok"]:
+        err = r["error"]
+        if "OutOfMemoryError" in err:
+            return "worker start-up: CUDA out of memory allocating the V pool (KV sizing)"
+        return err.strip().splitlines()[-1][:160]
+    if phase == "greedy_vs_hf":
+        return ", ".join(
+            f"{k}: " + ("identical" if v["identical"] else f"{v['token_agreement']:.3f} agree")
+            for k, v in r.items()
+            if isinstance(v, dict)
+        )
+    if phase in ("quant_linear", "model_runner"):
+        return r.get("tests") or r.get("test", "")
+    return {
+        "decode_bandwidth": "paged decode and extend kernels (tables below)",
+        "decode_table": "decode steps eager and graphed (table below)",
+        "shared_system": "64 chats over 4 shared system prompts, cache on and off (below)",
+        "serve_http": "radixserve serve --device cuda, 64 concurrent chats (below)",
+    }.get(phase, "")
+
+
+def table_gpu_check() -> str:
+    """Every phase of the three invocations: status, measured and estimated seconds."""
+    out = _head("phase", "result file", "status", "measured s", "estimated s", "outcome", align="lllrrl")
+    for name, phase, r in _phases():
+        out.append(
+            _row(
+                phase,
+                name,
+                _status(r),
+                f"{r['elapsed_s']:.1f}",
+                f"{r['estimated_s']:.0f}",
+                _what(phase, r),
+            )
+        )
+    return "\n".join(out)
+
+
+def table_gpu_decode_kernel() -> str:
+    """bench_kernels_gpu.py (decode_bandwidth): the paged decode kernel against the device's
+    copy bandwidth, batch 64 x 4096 tokens of context, page 16, fp16 queries."""
+    d = _latest("decode_bandwidth")
+    out = _head(
+        "shape",
+        "KV dtype",
+        "KV MB read",
+        "default splits",
+        "µs",
+        "GB/s",
+        "of copy bandwidth",
+        "best splits",
+        "µs",
+        "of copy bandwidth",
+        "max abs error",
+        align="llrrrrrrrrr",
+    )
+    for c in d["decode"]:
+        out.append(
+            _row(
+                c["shape"],
+                c["kv_dtype"],
+                f"{c['bytes'] / 1e6:.1f}",
+                c["default_splits"],
+                f"{c['ms_default'] * 1e3:.1f}",
+                f"{c['gbps_default']:.0f}",
+                f"{c['frac_copy_bw_default']:.1%}",
+                c["best_splits"],
+                f"{c['ms_best'] * 1e3:.1f}",
+                f"{c['frac_copy_bw_best']:.1%}",
+                f"{c['max_abs_err_vs_ref']:.1e}",
+            )
+        )
+    out.append("")
+    out.append(
+        f"Copy bandwidth (reads plus writes, 2 GiB): {d['copy_bandwidth_gbps']:.0f} GB/s; "
+        f"{d['device']}, {d['sms']} SMs, torch {d['torch']}, triton {d['triton']}."
+    )
+    return "\n".join(out)
+
+
+def table_gpu_extend() -> str:
+    """bench_kernels_gpu.py (decode_bandwidth): the prefix-extend kernel, fp16, page 16,
+    batch 8, beside dense causal SDPA of the same new tokens (no prefix)."""
+    d = _latest("decode_bandwidth")
+    out = _head(
+        "shape", "cached prefix", "new tokens", "ms", "TFLOP/s", "SDPA TFLOP/s", "kernel / SDPA",
+        align="lrrrrrr",
+    )  # fmt: skip
+    for c in d["extend"]:
+        sdpa = c.get("tflops_sdpa")
+        out.append(
+            _row(
+                c["shape"],
+                c["prefix"],
+                c["new_tokens"],
+                f"{c['ms']:.3f}",
+                f"{c['tflops']:.0f}",
+                "n/a" if sdpa is None else f"{sdpa:.0f}",
+                "n/a" if sdpa is None else f"{c['ratio_vs_sdpa']:.2f}",
+            )
+        )
+    return "\n".join(out)
+
+
+def table_gpu_decode_steps() -> str:
+    """decode_table: decode steps of a SmolLM2-shaped random model (bf16, Triton), eager and
+    captured in CUDA graphs; one round each."""
+    d = _latest("decode_table")
+    out = _head(
+        "batch", "context", "eager ms", "graphed ms", "graphed tok/s", "graph speed-up",
+        align="rrrrrr",
+    )  # fmt: skip
+    for c in d["rows"]:
+        out.append(
+            _row(
+                c["batch"],
+                c["context"],
+                f"{c['eager_ms']:.2f}",
+                f"{c['graph_ms']:.2f}",
+                f"{c['graph_tok_s']:.0f}",
+                f"{c['graph_speedup']:.1f}",
+            )
+        )
+    return "\n".join(out)
+
+
+def table_gpu_runner() -> str:
+    """model_runner: bench_runner_step.py on the SmolLM2-shaped checkpoint, the engine's
+    whole step (schedule to process) per batch and mode, against the weight-reading floor
+    from an HBM read sampled between rounds."""
+    b = _latest("model_runner")["bench"]
+    out = _head(
+        "batch", "mode", "step ms (median of rounds)", "forward ms", "x the weight floor",
+        align="rlrrr",
+    )  # fmt: skip
+    for c in b["results"]:
+        out.append(
+            _row(
+                c["batch"],
+                c["mode"].strip(),
+                f"{c['step_ms_median']:.2f}",
+                f"{c['parts_ms']['forward']:.2f}",
+                f"{c['paired_floor_ratio_median']:.1f}",
+            )
+        )
+    out.append("")
+    out.append(
+        f"Weight floor: {b['weight_bytes'] / 1e6:.0f} MB at {b['read_gbs']:.0f} GB/s "
+        f"= {b['weight_floor_ms']:.3f} ms a step (the median read)."
+    )
+    return "\n".join(out)
+
+
+def table_gpu_serving() -> str:
+    """shared_system (in-process engine) and serve_http (the server over HTTP), each one run."""
+    s = _latest("shared_system")
+    h = _latest("serve_http")
+    out = _head("run", "wall s", "output tok/s", "hit rate", "tokens computed", align="lrrrr")
+    for key in ("cache_on", "cache_off"):
+        c = s[key]
+        out.append(
+            _row(
+                f"engine, {s['requests']} chats x {s['systems']} system prompts of "
+                f"{s['system_tokens']} tokens, radix cache {key.removeprefix('cache_')}",
+                f"{c['wall_s']:.2f}",
+                f"{c['output_tok_s']:.0f}",
+                f"{c['hit_rate']:.1%}",
+                c["computed_tokens"],
+            )
+        )
+    out.append(
+        _row(
+            f"HTTP, {h['chats']} concurrent chats, shared system prompt, tiny checkpoint "
+            f"(p50 latency {h['latency_p50_s'] * 1e3:.0f} ms)",
+            f"{h['wall_s']:.2f}",
+            f"{h['output_tok_s']:.0f}",
+            "n/a",
+            "n/a",
+        )
+    )
+    return "\n".join(out)
+
+
+def table_gpu_int8() -> str:
+    """quant_linear: batch-1 and 16-row int8 linears on CUDA, per path (ms, one median each)."""
+    rows = _latest("quant_linear")["int8_paths"]
+    out = _head(
+        "layer", "rows", "bf16 ms", "Triton GEMV ms", "dequantized ms", "int8pack ms", "fastest int8",
+        align="lrrrrrl",
+    )  # fmt: skip
+    for c in rows:
+        out.append(
+            _row(
+                c["layer"],
+                c["rows"],
+                f"{c['bf16_ms']:.4f}",
+                f"{c['triton_ms']:.4f}",
+                f"{c['dequant_ms']:.4f}",
+                f"{c['int8pack_ms']:.4f}",
+                c["fastest_int8"],
+            )
+        )
+    return "\n".join(out)
