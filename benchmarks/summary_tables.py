@@ -42,6 +42,8 @@ from summary_tables_s24 import (
     table_gpu_int8,
     table_gpu_runner,
     table_gpu_serving,
+    table_store,
+    table_window,
 )
 
 
@@ -314,6 +316,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "long_context_targets": table_long_context_targets,
     "long_context_profile": table_long_context_profile,
     "disagg": table_disagg,
+    "store": table_store,
+    "window": table_window,
     "gpu_check": table_gpu_check,
     "gpu_decode_kernel": table_gpu_decode_kernel,
     "gpu_extend": table_gpu_extend,

@@ -65,7 +65,9 @@ def _what(phase: str, r: dict[str, Any]) -> str:
 
 def table_gpu_check() -> str:
     """Every phase of the three invocations: status, measured and estimated seconds."""
-    out = _head("phase", "result file", "status", "measured s", "estimated s", "outcome", align="lllrrl")
+    out = _head(
+        "phase", "result file", "status", "measured s", "estimated s", "outcome", align="lllrrl"
+    )
     for name, phase, r in _phases():
         out.append(
             _row(
@@ -244,4 +246,75 @@ def table_gpu_int8() -> str:
                 c["fastest_int8"],
             )
         )
+    return "\n".join(out)
+
+
+STORE = ("bench_store_s24_1.json", "bench_store_s24_2.json")
+
+
+def table_store() -> str:
+    """bench_store.py: two workers, shared system prompts arriving at both (round-robin), per
+    run and configuration: hit rate beside the cluster-wide optimum, L3 traffic, TTFT."""
+    out = _head(
+        "result file", "configuration", "prompt tokens cached", "optimum (each prompt computed once)",
+        "L3 page hits", "misses", "MB read from L3", "TTFT p50 ms", "requests/s",
+        align="llrrrrrrr",
+    )  # fmt: skip
+    for name in STORE:
+        d = load(name)
+        a = d["args"]
+        for config, r in d["results"].items():
+            if not isinstance(r, dict):
+                continue
+            once = a["systems"] * a["system"]  # every system prompt's first computation
+            optimum = (a["systems"] * a["system"] * a["rounds"] - once) / r["prompt_tokens"]
+            out.append(
+                _row(
+                    name,
+                    config,
+                    f"{r['hit_rate']:.1%}",
+                    f"{optimum:.1%}",
+                    r["hits"],
+                    r["misses"],
+                    f"{r['read_bytes'] / 1e6:.0f}",
+                    f"{r['ttft_p50_ms']:.0f}",
+                    f"{r['requests_per_s']:.2f}",
+                )
+            )
+    return "\n".join(out)
+
+
+WINDOW = ("bench_window_s24_1.json", "bench_window_s24_2.json")
+
+
+def table_window() -> str:
+    """bench_window.py: a Gemma-3-shaped model with its window pool against the same weights
+    with the window disabled, same KV bytes, per run, workload and model."""
+    out = _head(
+        "result file", "workload", "model", "sequences at once (peak)",
+        "the pool allows / radixserve memory predicts", "hit rate", "optimum", "output tok/s",
+        "window / full throughput", "window pages tombstoned",
+        align="lllrrrrrrr",
+    )  # fmt: skip
+    for name in WINDOW:
+        d = load(name)
+        allows, predicts = d["pool_allows"], d["radixserve_memory"]
+        for wname, r in d["results"].items():
+            for model in ("window", "full"):
+                c = r[model]
+                predicted = predicts[f"sequences_{model}"]
+                out.append(
+                    _row(
+                        name,
+                        wname,
+                        model,
+                        c["peak_running"],
+                        f"{allows[model]} / {predicted}" if wname == "distinct" else "n/a",
+                        f"{c['hit_rate']:.3f}",
+                        f"{r['workload']['optimal_hit_rate_page16']:.3f}",
+                        f"{c['output_tokens_per_s']:.0f}",
+                        f"{r['window_over_full_throughput']:.2f}" if model == "window" else "",
+                        c.get("window_pages_tombstoned", ""),
+                    )
+                )
     return "\n".join(out)

@@ -112,7 +112,9 @@ def test_backend_with_shared_pages_matches_reference(
     out = backend.forward(0, q, k, v, fb, d**-0.5)
     meta = backend._meta
     # The kernel reads bf16/fp32 pages and int8/fp8 pages alike (int4 takes the torch path).
-    assert (meta.native is not None) == (native_kernel and kv_dtype in ("auto", "int8") and native.load())
+    assert (meta.native is not None) == (
+        native_kernel and kv_dtype in ("auto", "int8") and native.load()
+    )
     if meta.native is None:
         assert len(meta.shared) == 1 and meta.shared[0].shape[0] == 1  # one group
         assert meta.shared[0].pages.numel() == trunk
