@@ -271,10 +271,13 @@ def _start_local_server(
     """Bind the router and start the local workers (a taken port is one clear error line)."""
     import zmq
 
+    from radixserve.engine.config import EngineConfig
     from radixserve.engine.devices import parse_gpu_ids
     from radixserve.serving.router.launcher import LocalServer
 
     overrides = disaggregation_overrides(args)
+    for worker in overrides or []:  # a refused combination: one line before any worker starts
+        EngineConfig.from_kwargs(**{**engine_overrides, **worker})
     try:
         return LocalServer(
             model,

@@ -286,9 +286,17 @@ class EngineConfig:
             raise ValueError("invalid engine config: " + "; ".join(errors))
 
     def _disaggregation_errors(self) -> list[str]:
-        if self.disaggregation_mode in (None, "prefill", "decode"):
-            return []
-        return [f"disaggregation_mode must be prefill or decode, got {self.disaggregation_mode!r}"]
+        mode = self.disaggregation_mode
+        if mode not in (None, "prefill", "decode"):
+            return [f"disaggregation_mode must be prefill or decode, got {mode!r}"]
+        if mode is not None and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            # Each rank holds a slice of the KV (heads or layers); the transfer moves one
+            # pool, rank 0's, so the other slices would never reach the decode side.
+            return [
+                f"disaggregation_mode={mode} runs with one rank only (tensor and pipeline "
+                "parallel size 1): the KV transfer moves one pool, not each rank's slice"
+            ]
+        return []
 
     def _speculative_errors(self) -> list[str]:
         """What speculative decoding does not run with yet (docs/speculative.md)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -101,3 +102,24 @@ def test_the_cli_flags_reach_the_engine_config() -> None:
     assert "disaggregation_mode" not in engine_config(build_parser().parse_args(["serve"]))
     with pytest.raises(ValueError, match="disaggregation_mode must be"):
         EngineConfig.from_kwargs(disaggregation_mode="both")
+
+
+@pytest.mark.parametrize("parallel", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}])
+def test_disaggregation_refuses_several_ranks(parallel: dict[str, int]) -> None:
+    """Each rank holds a slice of the KV and the transfer moves one pool: refused, not wrong."""
+    from radixserve.engine.config import EngineConfig
+
+    for mode in ("prefill", "decode"):
+        with pytest.raises(ValueError, match="runs with one rank only"):
+            EngineConfig.from_kwargs(disaggregation_mode=mode, **parallel)
+
+
+def test_serve_refuses_disaggregation_with_tensor_parallelism(
+    tiny_llama_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`serve --disaggregation ... --tp 2` stops with the reason before any worker starts."""
+    from radixserve.cli import main
+
+    argv = ["serve", "--model", str(tiny_llama_dir), "--disaggregation", "prefill:1,decode:1"]
+    assert main([*argv, "--tp", "2", "--port", "0"]) != 0
+    assert "runs with one rank only" in capsys.readouterr().err
