@@ -35,6 +35,7 @@ from summary_tables_s23 import (
     table_long_context_targets,
 )
 from summary_tables_s24 import (
+    table_families,
     table_gpu_check,
     table_gpu_decode_kernel,
     table_gpu_decode_steps,
@@ -320,6 +321,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "long_context_after": table_long_context_after,
     "long_context_after_targets": table_long_context_after_targets,
     "disagg": table_disagg,
+    "families": table_families,
     "store": table_store,
     "window": table_window,
     "gpu_check": table_gpu_check,

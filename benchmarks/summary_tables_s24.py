@@ -333,3 +333,33 @@ def table_long_context_after() -> str:
 def table_long_context_after_targets() -> str:
     """The same run against the targets (table_long_context_targets)."""
     return table_long_context_targets(LONG_CONTEXT_AFTER)
+
+
+FAMILIES_BEFORE = ("bench_families_s24_before_1.json", "bench_families_s24_before_2.json")
+FAMILIES_AFTER = ("bench_families_s24_1.json", "bench_families_s24_2.json")
+
+
+def table_families() -> str:
+    """bench_families.py: per family, the batch-1 bf16 decode step and its ratio to the weight
+    floor in every run, before and after Qwen3's q/k norm joined the one-call stack."""
+    out = _head(
+        "family", "what its layers add", "path (now)", "ms a step, per run (before)",
+        "ms a step, per run (now)", "over the weight floor, per run (now)", "over Llama's step (now)",
+        align="lllllll",
+    )  # fmt: skip
+    before = [load(n)["results"] for n in FAMILIES_BEFORE]
+    after = [load(n)["results"] for n in FAMILIES_AFTER]
+    for family, r in after[0].items():
+        reason = r["native_stack_reason"]
+        out.append(
+            _row(
+                family,
+                r["layers"],
+                "one-call stack" if reason is None else "per layer",
+                ", ".join(f"{b[family]['step_ms_median']:.1f}" for b in before),
+                ", ".join(f"{a[family]['step_ms_median']:.1f}" for a in after),
+                ", ".join(f"{a[family]['floor_ratio_median']:.2f}" for a in after),
+                ", ".join(f"{a[family]['step_over_llama']:.2f}" for a in after),
+            )
+        )
+    return "\n".join(out)

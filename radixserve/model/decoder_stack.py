@@ -88,12 +88,14 @@ def native_max_rows(module: QuantizedLinear) -> int:
 
 @dataclass(frozen=True)
 class LayerParts:
-    """One decoder layer as the stack sees it: its two RMSNorm weights and its four linear
-    layers (qkv, o, gate_up, down), in that order."""
+    """One decoder layer as the stack sees it: its two RMSNorm weights, its four linear
+    layers (qkv, o, gate_up, down), in that order, and Qwen3's per-head q and k norm weights
+    (None: no q/k norm)."""
 
     input_norm: torch.Tensor
     post_attention_norm: torch.Tensor
     linears: tuple[nn.Module, nn.Module, nn.Module, nn.Module]
+    head_norms: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class DecoderStack:
         act_dtype: torch.dtype,
     ) -> None:
         self.norms: list[torch.Tensor] = []
+        self.qk_norms: list[torch.Tensor] = []  # q, k per layer, or empty
         self.kinds: list[int] = []
         self.groups: list[int] = []
         self.weights: list[torch.Tensor | None] = []
@@ -130,8 +133,13 @@ class DecoderStack:
         self.complete = True
         self.eps = eps
         self.attn = attn
+        if len({layer.head_norms is None for layer in layers}) > 1:
+            self.complete = False  # every layer normalizes q/k, or none does
+            return
         for layer in layers:
             self.norms += [layer.input_norm.detach(), layer.post_attention_norm.detach()]
+            if layer.head_norms is not None:
+                self.qk_norms += [w.detach() for w in layer.head_norms]
             for module in layer.linears:
                 spec = linear_spec(module, act_dtype)
                 if spec is None:
@@ -171,6 +179,7 @@ class DecoderStack:
         torch.ops.radixserve_cpu.decoder_layers(
             h,
             self.norms,
+            self.qk_norms,
             self.eps,
             self.kinds,
             self.groups,

@@ -15,9 +15,10 @@ op-by-op rounding by an ulp or so).
 The checkpoint's separate tensors are copied into slices of the fused weights by
 :meth:`LlamaForCausalLM.load_weights` (Phi-3's checkpoints store them fused already).
 
-Llama-shaped families (``ModelConfig.llama_shaped``: pre-norm, no q/k norm, full rotary)
-run the CPU's one-call decoder stack; the others (Qwen3, OLMo 2, partial-rotary Phi) take
-the per-layer path, which :attr:`LlamaForCausalLM.native_stack_reason` says.
+Llama-shaped families, and Qwen3 with its per-head q/k norm (``ModelConfig.stack_shaped``:
+pre-norm, full rotary, no window) run the CPU's one-call decoder stack; the others (OLMo 2,
+Gemma, Mistral's window, partial-rotary Phi) take the per-layer path, which
+:attr:`LlamaForCausalLM.native_stack_reason` says.
 
 Inside a forward the layers call their submodules' ``forward`` directly, not through
 ``nn.Module.__call__``: its hook bookkeeping costs ~1.4 us a call here, and a batch-1 decode
@@ -111,6 +112,13 @@ _STACKED: dict[str, tuple[str, int]] = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
+
+
+def _head_norms(attn: Attention) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A layer's per-head q and k norm weights for the one-call stack (None: no q/k norm)."""
+    if attn.qk_norm != "head":
+        return None
+    return attn.q_norm.weight, attn.k_norm.weight
 
 
 def _stacked_target(name: str) -> tuple[str, int | None]:
@@ -209,10 +217,10 @@ class LlamaForCausalLM(nn.Module):
             return "turned off (native_stack = False)"
         if self.tp is not None:
             return "tensor parallelism (each layer all-reduces)"
-        if not self.config.llama_shaped:
+        if not self.config.stack_shaped:
             return (
-                f"{self.config.model_type}'s layers are not Llama-shaped (q/k norm, post-norms, "
-                "partial rotary, window or experts): the per-layer path runs them"
+                f"{self.config.model_type}'s layers are not Llama-shaped (post-norms, a q/k norm "
+                "over all heads, partial rotary, window or experts): the per-layer path runs them"
             )
         return None
 
@@ -245,6 +253,7 @@ class LlamaForCausalLM(nn.Module):
                         cast("GatedMLP", layer.mlp).gate_up_proj,
                         cast("GatedMLP", layer.mlp).down_proj,
                     ),
+                    _head_norms(layer.self_attn),
                 )
                 for layer in layers
             ],

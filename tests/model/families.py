@@ -17,8 +17,8 @@ _LONGROPE = {
 }
 
 FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
-    # Per-head q/k RMSNorms.
-    "qwen3": ("qwen3", {}, False),
+    # Per-head q/k RMSNorms (in the one-call stack too).
+    "qwen3": ("qwen3", {}, True),
     # yarn with a short original context: the ramp and the attention factor (1.14) both bite.
     "qwen3_yarn": (
         "qwen3",
@@ -31,7 +31,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
                 "rope_theta": 10000.0,
             },
         },
-        False,
+        True,
     ),
     # Post-norms and whole-projection q/k norms.
     "olmo2": ("olmo2", {}, False),

@@ -2,7 +2,8 @@
 
 Both run the same kernels in the same order, so an engine generating with the stack and one
 generating without it must agree exactly: tokens and logprobs, for plain fp32/bf16 weights,
-int8 and int4, q/k/v biases and tied embeddings (Qwen2), GQA and MQA, over staggered
+int8 and int4, q/k/v biases and tied embeddings (Qwen2), per-head q/k norms (Qwen3), GQA
+and MQA, over staggered
 requests of which up to four decode together, cold and then warm (prefix reuse). The
 stack must also really have served the decode steps, run int8's dense path past its
 crossover, and step aside where a layer's kernel changes (reference mode).
@@ -25,6 +26,16 @@ from radixserve.sampling_params import SamplingParams
 pytestmark = pytest.mark.skipif(
     not (native.load() and cpu_gemv.available()), reason="needs the CPU kernels (AVX-512 bf16)"
 )
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen3 (q/k RMSNorm per head, weights perturbed from ones)."""
+    import tiny_models
+
+    return tiny_models.build_tiny_family(
+        tmp_path_factory.mktemp("qwen3"), "qwen3", tokenizer=True, head_dim=16
+    )
 
 
 def _prompts(vocab: int) -> list[list[int]]:
@@ -56,6 +67,8 @@ def _generate(engine: Engine, stack: bool, calls: list[int]) -> list[tuple[list[
         ("tiny_mqa_dir", "float32", None),
         ("tiny_llama_dir", "float32", "int8"),
         ("tiny_qwen2_dir", "float32", "int4"),
+        ("tiny_qwen3_dir", "float32", None),  # per-head q/k norms, in the stack too
+        ("tiny_qwen3_dir", "bfloat16", None),
     ],
 )
 def test_stack_equals_per_layer_path(

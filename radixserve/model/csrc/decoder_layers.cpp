@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 #include <string>
 
 namespace {
@@ -142,14 +143,28 @@ at::Tensor heads(const at::Tensor& qkv, int64_t first, int64_t n) {
   return qkv.as_strided({qkv.size(0), n, d}, {qkv.stride(0), d, 1}, qkv.storage_offset() + first * d);
 }
 
+// Qwen3's per-head RMSNorm of q or k (``x``: a [t, heads, d] view into the fused projection),
+// written back in place: RMSNorm.forward's torch path for a view (layers/norm.py), op for op,
+// so the bits are the per-layer path's: float32 input through at::rms_norm with the weight;
+// 16-bit input normalized in float32, cast back, then scaled by the weight.
+void head_norm_(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const std::vector<int64_t> shape{weight.size(0)};
+  if (x.scalar_type() == at::kFloat) {
+    x.copy_(at::rms_norm(x, shape, weight, eps));
+  } else {
+    x.copy_(weight * at::rms_norm(x.to(at::kFloat), shape, std::nullopt, eps).to(x.scalar_type()));
+  }
+}
+
 // Every layer over the batch's rows, ``h`` ([T, hidden], the embeddings) updated in place to
 // the last layer's output (before the final norm). Per layer l: norms[2l], norms[2l + 1]
 // (input and post-attention RMSNorm weights); linear j (qkv, o, gate_up, down) of layer l has
 // kind kinds[4l + j], group size groups[4l + j] and tensors weights[3(4l + j) ..][a, b, bias];
 // KV pages k_pages[l], v_pages[l]. cos/sin: [T, 1, D] float32; plan: the attention plan's
 // eight index tensors (native.AttentionPlan's fields, in order); slots: where the rows' K/V go.
-void decoder_layers(at::Tensor h, at::TensorList norms, double eps, at::IntArrayRef kinds, at::IntArrayRef groups,
-                    const c10::List<OptT>& weights, const at::Tensor& cos, const at::Tensor& sin,
+// qk_norms: empty, or per layer the q and k head-norm weights (Qwen3), applied before RoPE.
+void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms, double eps, at::IntArrayRef kinds,
+                    at::IntArrayRef groups, const c10::List<OptT>& weights, const at::Tensor& cos, const at::Tensor& sin,
                     int64_t num_q_heads, int64_t num_kv_heads, at::TensorList k_pages, at::TensorList v_pages,
                     at::TensorList plan, const at::Tensor& slots, double sm_scale) {
   const int64_t layers = static_cast<int64_t>(k_pages.size());
@@ -160,6 +175,8 @@ void decoder_layers(at::Tensor h, at::TensorList norms, double eps, at::IntArray
                   static_cast<int64_t>(weights.size()) == kSlots * kLinears * layers,
               "per-layer lists must have 2 norms, 4 kinds, 4 group sizes and 12 weights per layer");
   TORCH_CHECK(plan.size() == 8, "plan must hold the attention plan's 8 index tensors");
+  TORCH_CHECK(qk_norms.empty() || static_cast<int64_t>(qk_norms.size()) == 2 * layers,
+              "qk_norms must be empty or hold a q and a k norm weight per layer");
   const Ops& ops = Ops::get();
   const int64_t t = h.size(0);
   const int64_t d = k_pages.empty() ? 0 : k_pages[0].size(3);
@@ -201,6 +218,10 @@ void decoder_layers(at::Tensor h, at::TensorList norms, double eps, at::IntArray
       ops.rms_norm.call(h, norms[2 * l], eps, std::nullopt, xt);
     }
     const at::Tensor qkv = lin(x, xt, 0).view({t, n_qk + num_kv_heads, d});
+    if (!qk_norms.empty()) {
+      head_norm_(heads(qkv, 0, num_q_heads), qk_norms[2 * l], eps);
+      head_norm_(heads(qkv, num_q_heads, num_kv_heads), qk_norms[2 * l + 1], eps);
+    }
     ops.rotary.call(heads(qkv, 0, n_qk), cos, sin);
     ops.paged_attention.call(heads(qkv, 0, num_q_heads), k_pages[l], v_pages[l], attn_heads, plan[0], plan[1],
                              plan[2], plan[3], plan[4], plan[5], plan[6], plan[7], sm_scale,
@@ -224,7 +245,7 @@ void decoder_layers(at::Tensor h, at::TensorList norms, double eps, at::IntArray
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def(
-      "decoder_layers(Tensor(a!) h, Tensor[] norms, float eps, int[] kinds, int[] groups, Tensor?[] weights, "
+      "decoder_layers(Tensor(a!) h, Tensor[] norms, Tensor[] qk_norms, float eps, int[] kinds, int[] groups, Tensor?[] weights, "
       "Tensor cos, Tensor sin, int num_q_heads, int num_kv_heads, Tensor(b!)[] k_pages, Tensor(c!)[] v_pages, "
       "Tensor[] plan, Tensor slots, float sm_scale) -> ()");
   m.impl("decoder_layers", c10::DispatchKey::CPU, &decoder_layers);
