@@ -37,6 +37,8 @@ from radixserve.model.quant.linear import (
 
 # Linear kinds of decoder_layers.cpp (its ``Kind``).
 KIND_DENSE, KIND_INT8, KIND_INT4_TORCH, KIND_INT4_GEMV = 0, 1, 2, 3
+# Its q/k norm modes, by ModelConfig.qk_norm: none, per head (Qwen3), whole projection (OLMo 2).
+QK_NORM_MODES = {None: 0, "head": 1, "proj": 2}
 
 
 @dataclass(frozen=True)
@@ -88,9 +90,10 @@ def native_max_rows(module: QuantizedLinear) -> int:
 
 @dataclass(frozen=True)
 class LayerParts:
-    """One decoder layer as the stack sees it: its two RMSNorm weights, its four linear
-    layers (qkv, o, gate_up, down), in that order, and Qwen3's per-head q and k norm weights
-    (None: no q/k norm)."""
+    """One decoder layer as the stack sees it: its two RMSNorm weights (pre-norm layout: the
+    input and post-attention norms; post-norm layout: the post-attention and post-feedforward
+    norms), its four linear layers (qkv, o, gate_up, down), in that order, and its q and k
+    norm weights (None: no q/k norm)."""
 
     input_norm: torch.Tensor
     post_attention_norm: torch.Tensor
@@ -100,11 +103,14 @@ class LayerParts:
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """The attention's head counts and softmax scale (every layer alike)."""
+    """The attention's head counts and softmax scale, its q/k norm and the layers' norm
+    layout (every layer alike)."""
 
     num_q_heads: int
     num_kv_heads: int
     sm_scale: float
+    qk_norm: str | None = None  # ModelConfig.qk_norm: None, "head" or "proj"
+    post_norms: bool = False  # OLMo 2's layout: the blocks' outputs normalized
 
 
 class DecoderStack:
@@ -133,8 +139,8 @@ class DecoderStack:
         self.complete = True
         self.eps = eps
         self.attn = attn
-        if len({layer.head_norms is None for layer in layers}) > 1:
-            self.complete = False  # every layer normalizes q/k, or none does
+        if any((layer.head_norms is None) != (attn.qk_norm is None) for layer in layers):
+            self.complete = False  # every layer normalizes q/k as the attention says, or none
             return
         for layer in layers:
             self.norms += [layer.input_norm.detach(), layer.post_attention_norm.detach()]
@@ -180,6 +186,8 @@ class DecoderStack:
             h,
             self.norms,
             self.qk_norms,
+            QK_NORM_MODES[self.attn.qk_norm],
+            self.attn.post_norms,
             self.eps,
             self.kinds,
             self.groups,

@@ -15,10 +15,10 @@ op-by-op rounding by an ulp or so).
 The checkpoint's separate tensors are copied into slices of the fused weights by
 :meth:`LlamaForCausalLM.load_weights` (Phi-3's checkpoints store them fused already).
 
-Llama-shaped families, and Qwen3 with its per-head q/k norm (``ModelConfig.stack_shaped``:
-pre-norm, full rotary, no window) run the CPU's one-call decoder stack; the others (OLMo 2,
-Gemma, Mistral's window, partial-rotary Phi) take the per-layer path, which
-:attr:`LlamaForCausalLM.native_stack_reason` says.
+Llama-shaped families, Qwen3 with its per-head q/k norm and OLMo 2 with its post-norms and
+whole-projection q/k norm (``ModelConfig.stack_shaped``: full rotary, no window) run the
+CPU's one-call decoder stack; the others (Gemma, Mistral's window, partial-rotary Phi, MoE)
+take the per-layer path, which :attr:`LlamaForCausalLM.native_stack_reason` says.
 
 Inside a forward the layers call their submodules' ``forward`` directly, not through
 ``nn.Module.__call__``: its hook bookkeeping costs ~1.4 us a call here, and a batch-1 decode
@@ -41,7 +41,12 @@ from radixserve.model.config import ModelConfig
 from radixserve.model.decoder_stack import AttentionShape, DecoderStack, LayerParts
 from radixserve.model.forward_batch import ForwardBatch
 from radixserve.model.layers.attention import Attention
-from radixserve.model.layers.decoder import DecoderLayer, PreNormDecoderLayer, decoder_layer
+from radixserve.model.layers.decoder import (
+    DecoderLayer,
+    PostNormDecoderLayer,
+    PreNormDecoderLayer,
+    decoder_layer,
+)
 from radixserve.model.layers.mlp import GatedMLP
 from radixserve.model.layers.moe import expert_checkpoint_names
 from radixserve.model.layers.norm import RMSNorm, rms_norm
@@ -115,10 +120,23 @@ _STACKED: dict[str, tuple[str, int]] = {
 
 
 def _head_norms(attn: Attention) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """A layer's per-head q and k norm weights for the one-call stack (None: no q/k norm)."""
-    if attn.qk_norm != "head":
+    """A layer's q and k norm weights for the one-call stack (None: no q/k norm)."""
+    if attn.qk_norm is None:
         return None
     return attn.q_norm.weight, attn.k_norm.weight
+
+
+def _stack_parts(layer: DecoderLayer) -> LayerParts:
+    """A pre- or post-norm decoder layer as the one-call stack's parts."""
+    mlp = cast("GatedMLP", layer.mlp)
+    linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    heads = _head_norms(layer.self_attn)
+    if isinstance(layer, PostNormDecoderLayer):
+        first, second = layer.post_attention_layernorm, layer.post_feedforward_layernorm
+    else:
+        pre = cast("PreNormDecoderLayer", layer)
+        first, second = pre.input_layernorm, pre.post_attention_layernorm
+    return LayerParts(first.weight, second.weight, linears, heads)
 
 
 def _stacked_target(name: str) -> tuple[str, int | None]:
@@ -219,8 +237,8 @@ class LlamaForCausalLM(nn.Module):
             return "tensor parallelism (each layer all-reduces)"
         if not self.config.stack_shaped:
             return (
-                f"{self.config.model_type}'s layers are not Llama-shaped (post-norms, a q/k norm "
-                "over all heads, partial rotary, window or experts): the per-layer path runs them"
+                f"{self.config.model_type}'s layers are not the one-call stack's (sandwich "
+                "norms, partial rotary, window, soft-caps or experts): the per-layer path runs them"
             )
         return None
 
@@ -240,24 +258,17 @@ class LlamaForCausalLM(nn.Module):
 
     def _describe_stack(self, act_dtype: torch.dtype) -> DecoderStack:
         """This model's layers as :class:`DecoderStack` parts (their modules as they are now)."""
-        layers = cast("list[LlamaDecoderLayer]", list(self.model.layers))
+        layers = cast("list[DecoderLayer]", list(self.model.layers))
         attn = layers[0].self_attn
         return DecoderStack(
-            [
-                LayerParts(
-                    layer.input_layernorm.weight,
-                    layer.post_attention_layernorm.weight,
-                    (
-                        layer.self_attn.qkv_proj,
-                        layer.self_attn.o_proj,
-                        cast("GatedMLP", layer.mlp).gate_up_proj,
-                        cast("GatedMLP", layer.mlp).down_proj,
-                    ),
-                    _head_norms(layer.self_attn),
-                )
-                for layer in layers
-            ],
-            AttentionShape(attn.num_q_heads, attn.num_kv_heads, attn.sm_scale),
+            [_stack_parts(layer) for layer in layers],
+            AttentionShape(
+                attn.num_q_heads,
+                attn.num_kv_heads,
+                attn.sm_scale,
+                attn.qk_norm,
+                post_norms=self.config.norm_layout == "post",
+            ),
             self.local_config.rms_norm_eps,
             act_dtype,
         )

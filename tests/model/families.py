@@ -33,8 +33,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
         },
         True,
     ),
-    # Post-norms and whole-projection q/k norms.
-    "olmo2": ("olmo2", {}, False),
+    # Post-norms and whole-projection q/k norms (in the one-call stack too).
+    "olmo2": ("olmo2", {}, True),
     # Fused qkv / gate_up in the checkpoint, longrope (attention factor 1.15, short factors != 1).
     "phi3_longrope": (
         "phi3",

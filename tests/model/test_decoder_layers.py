@@ -2,8 +2,8 @@
 
 Both run the same kernels in the same order, so an engine generating with the stack and one
 generating without it must agree exactly: tokens and logprobs, for plain fp32/bf16 weights,
-int8 and int4, q/k/v biases and tied embeddings (Qwen2), per-head q/k norms (Qwen3), GQA
-and MQA, over staggered
+int8 and int4, q/k/v biases and tied embeddings (Qwen2), per-head q/k norms (Qwen3),
+post-norms and whole-projection q/k norms (OLMo 2), GQA and MQA, over staggered
 requests of which up to four decode together, cold and then warm (prefix reuse). The
 stack must also really have served the decode steps, run int8's dense path past its
 crossover, and step aside where a layer's kernel changes (reference mode).
@@ -38,6 +38,16 @@ def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+@pytest.fixture(scope="module")
+def tiny_olmo2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random OLMo 2 (post-norms, q/k RMSNorm over the whole projections)."""
+    import tiny_models
+
+    return tiny_models.build_tiny_family(
+        tmp_path_factory.mktemp("olmo2"), "olmo2", tokenizer=True, head_dim=16
+    )
+
+
 def _prompts(vocab: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(11)
     shared = torch.randint(3, vocab, (20,), generator=g).tolist()  # a common prefix for some
@@ -69,6 +79,8 @@ def _generate(engine: Engine, stack: bool, calls: list[int]) -> list[tuple[list[
         ("tiny_qwen2_dir", "float32", "int4"),
         ("tiny_qwen3_dir", "float32", None),  # per-head q/k norms, in the stack too
         ("tiny_qwen3_dir", "bfloat16", None),
+        ("tiny_olmo2_dir", "float32", None),  # post-norms, whole-projection q/k norms
+        ("tiny_olmo2_dir", "bfloat16", None),
     ],
 )
 def test_stack_equals_per_layer_path(

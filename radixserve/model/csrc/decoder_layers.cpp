@@ -143,11 +143,20 @@ at::Tensor heads(const at::Tensor& qkv, int64_t first, int64_t n) {
   return qkv.as_strided({qkv.size(0), n, d}, {qkv.stride(0), d, 1}, qkv.storage_offset() + first * d);
 }
 
-// Qwen3's per-head RMSNorm of q or k (``x``: a [t, heads, d] view into the fused projection),
-// written back in place: RMSNorm.forward's torch path for a view (layers/norm.py), op for op,
-// so the bits are the per-layer path's: float32 input through at::rms_norm with the weight;
-// 16-bit input normalized in float32, cast back, then scaled by the weight.
-void head_norm_(const at::Tensor& x, const at::Tensor& weight, double eps) {
+// A q or k RMSNorm written back in place into the fused projection (Attention._norm_qk's
+// ``x.copy_(norm.forward(x))``), op for op as RMSNorm.forward (layers/norm.py) runs on that
+// view, so the bits are the per-layer path's: a 2-D contiguous view of the weight's dtype
+// (OLMo 2's whole-projection norm of a single row) through the project's rms_norm kernel;
+// any other view (Qwen3's [t, heads, d], OLMo 2's rows of a wider projection) through torch:
+// float32 input through at::rms_norm with the weight; 16-bit input normalized in float32,
+// cast back, then scaled by the weight.
+void qk_norm_(const Ops& ops, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (x.dim() == 2 && x.is_contiguous() && x.scalar_type() == weight.scalar_type()) {
+    at::Tensor out = at::empty_like(x);
+    ops.rms_norm.call(x, weight, eps, std::nullopt, out);
+    x.copy_(out);
+    return;
+  }
   const std::vector<int64_t> shape{weight.size(0)};
   if (x.scalar_type() == at::kFloat) {
     x.copy_(at::rms_norm(x, shape, weight, eps));
@@ -162,8 +171,13 @@ void head_norm_(const at::Tensor& x, const at::Tensor& weight, double eps) {
 // kind kinds[4l + j], group size groups[4l + j] and tensors weights[3(4l + j) ..][a, b, bias];
 // KV pages k_pages[l], v_pages[l]. cos/sin: [T, 1, D] float32; plan: the attention plan's
 // eight index tensors (native.AttentionPlan's fields, in order); slots: where the rows' K/V go.
-// qk_norms: empty, or per layer the q and k head-norm weights (Qwen3), applied before RoPE.
-void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms, double eps, at::IntArrayRef kinds,
+// qk_norms: empty, or per layer the q and k norm weights, applied before RoPE: over each head
+// (qk_norm_mode 1, Qwen3) or over the whole q and k projections (2, OLMo 2).
+// post_norms: OLMo 2's layout (PostNormDecoderLayer): no input norm, the blocks' outputs
+// normalized before each residual add; norms[2l], norms[2l + 1] are then the post-attention
+// and post-feedforward norms.
+void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms, int64_t qk_norm_mode, bool post_norms,
+                    double eps, at::IntArrayRef kinds,
                     at::IntArrayRef groups, const c10::List<OptT>& weights, const at::Tensor& cos, const at::Tensor& sin,
                     int64_t num_q_heads, int64_t num_kv_heads, at::TensorList k_pages, at::TensorList v_pages,
                     at::TensorList plan, const at::Tensor& slots, double sm_scale) {
@@ -175,8 +189,9 @@ void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms,
                   static_cast<int64_t>(weights.size()) == kSlots * kLinears * layers,
               "per-layer lists must have 2 norms, 4 kinds, 4 group sizes and 12 weights per layer");
   TORCH_CHECK(plan.size() == 8, "plan must hold the attention plan's 8 index tensors");
-  TORCH_CHECK(qk_norms.empty() || static_cast<int64_t>(qk_norms.size()) == 2 * layers,
-              "qk_norms must be empty or hold a q and a k norm weight per layer");
+  TORCH_CHECK(qk_norm_mode >= 0 && qk_norm_mode <= 2, "qk_norm_mode must be 0 (none), 1 (heads) or 2 (projection)");
+  TORCH_CHECK(static_cast<int64_t>(qk_norms.size()) == (qk_norm_mode == 0 ? 0 : 2 * layers),
+              "qk_norms must hold a q and a k norm weight per layer, and only with a qk_norm_mode");
   const Ops& ops = Ops::get();
   const int64_t t = h.size(0);
   const int64_t d = k_pages.empty() ? 0 : k_pages[0].size(3);
@@ -197,46 +212,70 @@ void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms,
   // the residual add folded into the next norm make a layer ~3 us shorter (a 30-layer model
   // with weights in cache: 0.89-0.91 against 0.96-1.00 ms a bf16 batch-1 step).
   auto first_rows = [&](const at::Tensor& buf) { return rows > t ? buf.narrow(0, 0, t) : buf; };
-  const at::Tensor x = buffer(h.size(1));  // each RMSNorm's output
+  const at::Tensor x = buffer(h.size(1));  // each block's input: a norm's output, or h (post-norms)
   const at::Tensor xt = first_rows(x);
   const at::Tensor attn = buffer(num_q_heads * d);
   const at::Tensor attn_t = first_rows(attn);
   const at::Tensor attn_heads = attn_t.view({t, num_q_heads, d});
   at::Tensor act, act_t;  // SiLU(gate) * up, sized by the first gate_up
-  at::Tensor down;  // the previous layer's MLP output, not yet added to h
+  at::Tensor down;  // the previous layer's MLP output, not yet added to h (pre-norm layout)
+  // A block's output normalized into a new tensor (RMSNorm.forward of it, no residual).
+  auto normed = [&](const at::Tensor& y, const at::Tensor& weight) {
+    at::Tensor out = at::empty_like(y);
+    ops.rms_norm.call(y, weight, eps, std::nullopt, out);
+    return out;
+  };
   for (int64_t l = 0; l < layers; ++l) {
     auto lin = [&](const at::Tensor& in, const at::Tensor& in_t, int64_t j) {
       const int64_t i = kLinears * l + j;
       const int64_t w = kSlots * i;
       return linear(ops, in, in_t, t, kinds[i], weights.get(w), weights.get(w + 1), weights.get(w + 2), groups[i]);
     };
-    // Attention block: norm (h += the previous layer's MLP output first, in the same pass: the
-    // bits of h.add_ then the norm), qkv, RoPE on q and k together, store + attend, o_proj.
+    // Attention over xt: qkv, the q/k norms, RoPE on q and k together, store + attend, o_proj.
+    auto attention = [&] {
+      const at::Tensor qkv = lin(x, xt, 0).view({t, n_qk + num_kv_heads, d});
+      if (qk_norm_mode == 1) {
+        qk_norm_(ops, heads(qkv, 0, num_q_heads), qk_norms[2 * l], eps);
+        qk_norm_(ops, heads(qkv, num_q_heads, num_kv_heads), qk_norms[2 * l + 1], eps);
+      } else if (qk_norm_mode == 2) {
+        const at::Tensor flat = qkv.view({t, (n_qk + num_kv_heads) * d});
+        qk_norm_(ops, flat.narrow(1, 0, num_q_heads * d), qk_norms[2 * l], eps);
+        qk_norm_(ops, flat.narrow(1, num_q_heads * d, num_kv_heads * d), qk_norms[2 * l + 1], eps);
+      }
+      ops.rotary.call(heads(qkv, 0, n_qk), cos, sin);
+      ops.paged_attention.call(heads(qkv, 0, num_q_heads), k_pages[l], v_pages[l], attn_heads, plan[0], plan[1],
+                               plan[2], plan[3], plan[4], plan[5], plan[6], plan[7], sm_scale,
+                               heads(qkv, num_q_heads, num_kv_heads), heads(qkv, n_qk, num_kv_heads), slots,
+                               /*window=*/0, /*softcap=*/0.0);
+      return lin(attn, attn_t, 1);
+    };
+    // The MLP over xt: gate_up, SiLU(gate) * up, down.
+    auto mlp = [&] {
+      const at::Tensor gate_up = lin(x, xt, 2);
+      if (!act.defined() || act.size(1) != gate_up.size(1) / 2) {
+        act = buffer(gate_up.size(1) / 2);
+        act_t = first_rows(act);
+      }
+      ops.silu_mul.call(gate_up, act_t);
+      return lin(act, act_t, 3);
+    };
+    if (post_norms) {  // h += norm(attn(h)); h += norm(mlp(h))
+      xt.copy_(h);
+      h.add_(normed(attention(), norms[2 * l]));
+      xt.copy_(h);
+      h.add_(normed(mlp(), norms[2 * l + 1]));
+      continue;
+    }
+    // Pre-norm: the input norm (h += the previous layer's MLP output first, in the same pass:
+    // the bits of h.add_ then the norm), attention; h += a and its norm in one pass, the MLP.
     if (down.defined()) {
       ops.rms_norm.call(down, norms[2 * l], eps, h, xt);
     } else {
       ops.rms_norm.call(h, norms[2 * l], eps, std::nullopt, xt);
     }
-    const at::Tensor qkv = lin(x, xt, 0).view({t, n_qk + num_kv_heads, d});
-    if (!qk_norms.empty()) {
-      head_norm_(heads(qkv, 0, num_q_heads), qk_norms[2 * l], eps);
-      head_norm_(heads(qkv, num_q_heads, num_kv_heads), qk_norms[2 * l + 1], eps);
-    }
-    ops.rotary.call(heads(qkv, 0, n_qk), cos, sin);
-    ops.paged_attention.call(heads(qkv, 0, num_q_heads), k_pages[l], v_pages[l], attn_heads, plan[0], plan[1],
-                             plan[2], plan[3], plan[4], plan[5], plan[6], plan[7], sm_scale,
-                             heads(qkv, num_q_heads, num_kv_heads), heads(qkv, n_qk, num_kv_heads), slots,
-                             /*window=*/0, /*softcap=*/0.0);
-    const at::Tensor a = lin(attn, attn_t, 1);
-    // MLP block: h += a and its norm in one pass, gate_up, SiLU(gate) * up, down.
+    const at::Tensor a = attention();
     ops.rms_norm.call(a, norms[2 * l + 1], eps, h, xt);
-    const at::Tensor gate_up = lin(x, xt, 2);
-    if (!act.defined() || act.size(1) != gate_up.size(1) / 2) {
-      act = buffer(gate_up.size(1) / 2);
-      act_t = first_rows(act);
-    }
-    ops.silu_mul.call(gate_up, act_t);
-    down = lin(act, act_t, 3);
+    down = mlp();
   }
   if (down.defined()) h.add_(down);  // the last layer's MLP output (the final norm is the caller's)
 }
@@ -245,7 +284,7 @@ void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms,
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def(
-      "decoder_layers(Tensor(a!) h, Tensor[] norms, Tensor[] qk_norms, float eps, int[] kinds, int[] groups, Tensor?[] weights, "
+      "decoder_layers(Tensor(a!) h, Tensor[] norms, Tensor[] qk_norms, int qk_norm_mode, bool post_norms, float eps, int[] kinds, int[] groups, Tensor?[] weights, "
       "Tensor cos, Tensor sin, int num_q_heads, int num_kv_heads, Tensor(b!)[] k_pages, Tensor(c!)[] v_pages, "
       "Tensor[] plan, Tensor slots, float sm_scale) -> ()");
   m.impl("decoder_layers", c10::DispatchKey::CPU, &decoder_layers);

@@ -1,7 +1,7 @@
 """Decoder layers: where the norms sit around the attention and MLP blocks.
 
 - :class:`PreNormDecoderLayer` (Llama, Qwen, Mistral, Phi-3): ``h += attn(norm(h))``,
-  ``h += mlp(norm(h))``; the only layout the CPU's one-call decoder stack runs.
+  ``h += mlp(norm(h))``; the CPU's one-call decoder stack runs it and the post-norm one.
 - the MLP block is the dense :class:`GatedMLP` or, in a mixture-of-experts layer,
   :class:`SparseMoeBlock` (:func:`mlp_block`);
 - :class:`PostNormDecoderLayer` (OLMo 2): the norms on the blocks' outputs,
