@@ -21,8 +21,8 @@
 
 #include <cstdint>
 #include <optional>
-#include <vector>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -167,7 +167,7 @@ void qk_norm_(const Ops& ops, const at::Tensor& x, const at::Tensor& weight, dou
 
 // Every layer over the batch's rows, ``h`` ([T, hidden], the embeddings) updated in place to
 // the last layer's output (before the final norm). Per layer l: norms[2l], norms[2l + 1]
-// (input and post-attention RMSNorm weights); linear j (qkv, o, gate_up, down) of layer l has
+// (input and post-attention RMSNorm weights; see post_norms); linear j (qkv, o, gate_up, down) of layer l has
 // kind kinds[4l + j], group size groups[4l + j] and tensors weights[3(4l + j) ..][a, b, bias];
 // KV pages k_pages[l], v_pages[l]. cos/sin: [T, 1, D] float32; plan: the attention plan's
 // eight index tensors (native.AttentionPlan's fields, in order); slots: where the rows' K/V go.
