@@ -88,7 +88,8 @@ INT4_TINYGEMM_DEQUANT_MIN_ROWS = 256  # where tinygemm serves int4 (cpu_gemv not
 CACHED_DENSE_MIN_ROWS = 4
 INT8_CACHED_DENSE_MIN_ROWS = 128
 # int8 on CUDA: rows up to which the Triton GEMV (radixkernels.int8_gemv) serves; more rows
-# decode the weight and run the GEMM (both untimed until the GPU check has run).
+# decode the weight and run the GEMM. The first GPU run (docs/kernels.md, one H200) timed the
+# GEMV slower than bf16 at 1 row and far slower at 16; --quant-dense-cache ran as bf16 did.
 CUDA_INT8_GEMV_MAX_ROWS = 16
 # What fp8's row-wise scaled GEMM writes (CUDA accepts nothing else with row-wise scales).
 FP8_OUT_DTYPE = torch.bfloat16
