@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixkernels.reference import store_kv_ref
+from radixkernels.reference import dequantize_ref, store_kv_ref
 from radixserve.memory.pool import KVPool
 from radixserve.model import native
 from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
@@ -150,3 +150,86 @@ def test_decode_row_equals_prefill_row(kv_dtype: str, act: torch.dtype) -> None:
 def test_int4_stays_on_the_torch_path() -> None:
     pool = _pool("int4", torch.float32, 16, 4)
     assert not TorchPagedAttentionBackend(pool)._native
+
+
+def _decoded_pages(pool: KVPool, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pool's pages decoded as the torch path decodes them: code.float() * scale, rounded once."""
+    assert pool.k_scale is not None and pool.v_scale is not None
+    k = dequantize_ref(pool.k_data[0], pool.k_scale[0], pool.fmt).to(act)
+    v = dequantize_ref(pool.v_data[0], pool.v_scale[0], pool.fmt).to(act)
+    return k, v
+
+
+def _random_pool(
+    kv_dtype: str, act: torch.dtype, hq: int, hkv: int, num_pages: int, seed: int
+) -> KVPool:
+    """A one-layer pool of 16-token pages, every slot holding random rows stored (quantized)
+    through the torch store; fp8's per-head scales set apart from 1.0 but for the first head
+    (its 1.0 takes the fp8-to-bf16 table)."""
+    ps = 16
+    pool = KVPool(1, num_pages, ps, hkv, D, kv_dtype=kv_dtype, act_dtype=act)
+    if pool.fmt.kv_dtype.has_head_scales:
+        assert pool.k_scale is not None and pool.v_scale is not None
+        pool.k_scale[0].copy_(torch.tensor([1.0, 0.5, 2.0][:hkv]))
+        pool.v_scale[0].copy_(torch.tensor([1.0, 4.0, 0.25][:hkv]))
+    g = torch.Generator().manual_seed(seed)
+    slots = torch.arange(num_pages * ps, dtype=torch.int64)
+    k = (torch.randn(len(slots), hkv, D, generator=g) * 2).to(act)
+    v = torch.randn(len(slots), hkv, D, generator=g).to(act)
+    ks, vs = pool.k_scale, pool.v_scale
+    assert ks is not None and vs is not None
+    store_kv_ref(pool.k_data[0], pool.v_data[0], ks[0], vs[0], k, v, slots, pool.fmt)
+    return pool
+
+
+@pytest.mark.parametrize("kv_dtype", QUANT)
+@pytest.mark.parametrize("act", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("heads", [(9, 3), (8, 2)], ids=["9-3", "8-2"])
+def test_quantized_pages_equal_their_decoded_values_bit_for_bit(
+    kv_dtype: str, act: torch.dtype, heads: tuple[int, int]
+) -> None:
+    """The kernel over quantized pages gives the bits of the kernel over unquantized pages that
+    hold the codes' decoded values, whichever way it decodes them: a chunk at a time for
+    decode rows and short extends, each run whole once per call for the many rows of long
+    extends and prefills (their own runs, and a group's shared run). 9/3 heads spread the rows
+    over many work items; 8/2 with one 8-token extend leaves few (the split over chunks)."""
+    hq, hkv = heads
+    num_pages = 260
+    pool = _random_pool(kv_dtype, act, hq, hkv, num_pages, seed=11)
+    perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(12)).tolist()
+
+    def take(n: int) -> list[int]:
+        return [perm.pop() for _ in range(n)]
+
+    rows = 0
+
+    def member(new: int, keys: int, have_pages: int = 0) -> native.Member:
+        nonlocal rows
+        m = native.Member(rows, new, take(-(-keys // 16) - have_pages), keys - have_pages * 16)
+        rows += new
+        return m
+
+    if heads == (9, 3):
+        shared = take(10)  # 160 keys read by a decode row, a 5-token and a 40-token extend
+        groups = [
+            ([member(1, 160 + 37), member(5, 160 + 70), member(40, 160 + 300)], shared),
+            ([member(300, 300)], []),  # a fresh prefill
+            ([member(1, 700)], []),  # a decode row
+            ([member(8, 500)], []),  # a short extend: a chunk at a time
+            ([member(30, 1100)], []),  # a long extend over a cached prefix
+        ]
+    else:
+        groups = [([member(8, 1000)], [])]
+    plan = native.AttentionPlan.build(groups)
+    g = torch.Generator().manual_seed(13)
+    q = torch.randn(rows, hq, D, generator=g).to(act)
+    quantized, decoded = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    ks, vs = pool.k_scale, pool.v_scale
+    assert ks is not None and vs is not None
+    native.paged_attention(
+        q, pool.k_data[0], pool.v_data[0], quantized, plan, D**-0.5, scales=(ks[0], vs[0])
+    )
+    k_dec, v_dec = _decoded_pages(pool, act)
+    native.paged_attention(q, k_dec, v_dec, decoded, plan, D**-0.5)
+    assert not decoded.isnan().any()
+    assert torch.equal(quantized, decoded)

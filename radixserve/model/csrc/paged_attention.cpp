@@ -395,6 +395,11 @@ struct Kernel {
   // Quantized pages (then ``L`` holds only their geometry and KV is the queries' dtype, the
   // dtype they are decoded to), or null.
   const QuantPages* quant = nullptr;
+  // Quantized runs decoded whole for this call (WholeRuns), and each run's index among them:
+  // per group its shared run's, per member its own run's; -1 (or null arrays): a chunk at a time.
+  const WholeRuns<KV>* whole = nullptr;
+  const int64_t* shared_whole = nullptr;
+  const int64_t* own_whole = nullptr;
 
   int64_t shared_len(const Item& item) const {
     return (P.shared_start[item.group + 1] - P.shared_start[item.group]) * L.page_size;
@@ -494,12 +499,21 @@ struct Kernel {
   }
 
   // ``rows`` rows over keys [begin, end) of ``run`` (one chunk: begin a multiple of kChunk):
-  // over the pages in place, or, quantized, over the chunk's keys decoded into ``sc`` (only
-  // those some row sees), a tile that poses as a page of kChunk tokens and one KV head.
-  void attend_keys(int64_t h, KeyRun run, int64_t begin, int64_t end, const float* q, int64_t rows,
-                   const int32_t* limit, const int32_t* first, float* m, float* l, float* acc, Scratch& sc) const {
+  // over the pages in place; quantized, over the run decoded whole (``whole_run`` >= 0: its
+  // index in ``whole``), a buffer that poses as one page of run.len tokens and one KV head,
+  // or else over the chunk's keys decoded into ``sc`` (only those some row sees), a tile
+  // that poses as a page of kChunk tokens and one KV head.
+  void attend_keys(int64_t h, KeyRun run, int64_t whole_run, int64_t begin, int64_t end, const float* q,
+                   int64_t rows, const int32_t* limit, const int32_t* first, float* m, float* l, float* acc,
+                   Scratch& sc) const {
     if (quant == nullptr) {
       attend(L, h, run, begin, end, q, scale, rows, limit, first, cap2, m, l, acc, sc);
+      return;
+    }
+    if (whole_run >= 0) {
+      static constexpr int64_t kOnePage[1] = {0};
+      const Layer<KV> one{whole->keys(whole_run, h), whole->values(whole_run, h), run.len, 1, L.d};
+      attend(one, 0, KeyRun{kOnePage, run.len}, begin, end, q, scale, rows, limit, first, cap2, m, l, acc, sc);
       return;
     }
     int64_t lo = begin, hi = end;
@@ -525,8 +539,9 @@ struct Kernel {
     const int64_t shared = shared_len(item), shared_chunks = (shared + kChunk - 1) / kChunk;
     if (c < shared_chunks) {  // the group's shared pages: no mask
       const KeyRun run{P.shared_pages + P.shared_start[item.group], shared};
-      attend_keys(h, run, c * kChunk, std::min(shared, (c + 1) * kChunk), sc.q.data(), rows, nullptr, nullptr, s.m,
-                  s.l, s.acc, sc);
+      const int64_t w = shared_whole != nullptr ? shared_whole[item.group] : -1;
+      attend_keys(h, run, w, c * kChunk, std::min(shared, (c + 1) * kChunk), sc.q.data(), rows, nullptr, nullptr,
+                  s.m, s.l, s.acc, sc);
       return;
     }
     const int64_t begin = (c - shared_chunks) * kChunk;
@@ -535,7 +550,8 @@ struct Kernel {
       const int64_t seg = std::min(rows - r, P.new_len[mi] * grp - skip);
       if (begin < P.own_len[mi]) {
         const KeyRun run{P.own_pages + P.own_start[mi], P.own_len[mi]};
-        attend_keys(h, run, begin, std::min(P.own_len[mi], begin + kChunk), sc.q.data() + r * d, seg,
+        const int64_t w = own_whole != nullptr ? own_whole[mi] : -1;
+        attend_keys(h, run, w, begin, std::min(P.own_len[mi], begin + kChunk), sc.q.data() + r * d, seg,
                     sc.limit.data() + r, window > 0 ? sc.first.data() + r : nullptr, s.m + r, s.l + r, s.acc + r * d,
                     sc);
       }
@@ -572,6 +588,35 @@ struct Kernel {
   }
 };
 
+// Rows of one KV head that read a quantized run, from which it is decoded whole for the call
+// (WholeRuns) rather than a chunk at a time for each block of kRowBlock rows: two blocks, so
+// that a run decoded whole saves at least one decoding of each key. On the 2-core Xeon VM
+// (SmolLM2's shape, bf16 queries, one extend over 6,000 cached keys, int8 and fp8 pages),
+// 33 and 48 rows took less time decoded whole, 18 and 24 rows about the same or more; over
+// 500 keys 33 and 48 rows took about the same either way.
+constexpr int64_t kWholeRunRows = 2 * kRowBlock;
+
+// The plan's quantized runs that kWholeRunRows rows or more of one KV head read, taken into
+// ``whole`` (up to its bound); their indices into ``shared_whole`` (per group) and
+// ``own_whole`` (per member), -1 for the others. None with a window: its rows read only the
+// last ``window`` keys each, and a long run decoded whole would be mostly keys no row sees.
+template <typename KV>
+void plan_whole_runs(const Plan& P, int64_t groups, int64_t grp, int64_t page_size, int64_t window,
+                     WholeRuns<KV>& whole, std::vector<int64_t>& shared_whole, std::vector<int64_t>& own_whole) {
+  shared_whole.assign(groups, -1);
+  own_whole.assign(P.group_start[groups], -1);
+  if (window > 0) return;
+  for (int64_t g = 0; g < groups; ++g) {
+    int64_t rows = 0;
+    for (int64_t mi = P.group_start[g]; mi < P.group_start[g + 1]; ++mi) {
+      rows += P.new_len[mi] * grp;
+      if (P.new_len[mi] * grp >= kWholeRunRows) own_whole[mi] = whole.add({P.own_pages + P.own_start[mi], P.own_len[mi]});
+    }
+    const int64_t shared = (P.shared_start[g + 1] - P.shared_start[g]) * page_size;
+    if (shared > 0 && rows >= kWholeRunRows) shared_whole[g] = whole.add({P.shared_pages + P.shared_start[g], shared});
+  }
+}
+
 template <typename Q, typename KV>
 void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor& out,
                 const Plan& P, int64_t groups, double sm_scale, int64_t window, double softcap,
@@ -582,9 +627,26 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   const KV* vp = quant != nullptr ? nullptr : v_pages.data_ptr<KV>();
   const Layer<KV> L{kp, vp, k_pages.size(1), k_pages.size(2), d};
   const int64_t grp = hq / L.kv_heads;
-  const Kernel<Q, KV> K{L,      P,  q.data_ptr<Q>(), q.stride(0), q.stride(1), out.data_ptr<Q>(),
-                        hq,     grp, static_cast<float>(sm_scale) * kLog2e, attend_fn<Q, KV>(d),
-                        window, static_cast<float>(softcap) * kLog2e, quant};
+  WholeRuns<KV> whole(L.kv_heads, d);
+  std::vector<int64_t> shared_whole, own_whole;
+  if (quant != nullptr) plan_whole_runs(P, groups, grp, L.page_size, window, whole, shared_whole, own_whole);
+  const bool any_whole = !whole.empty();
+  const Kernel<Q, KV> K{L,
+                        P,
+                        q.data_ptr<Q>(),
+                        q.stride(0),
+                        q.stride(1),
+                        out.data_ptr<Q>(),
+                        hq,
+                        grp,
+                        static_cast<float>(sm_scale) * kLog2e,
+                        attend_fn<Q, KV>(d),
+                        window,
+                        static_cast<float>(softcap) * kLog2e,
+                        quant,
+                        any_whole ? &whole : nullptr,
+                        any_whole ? shared_whole.data() : nullptr,
+                        any_whole ? own_whole.data() : nullptr};
 
   std::vector<Item> items;
   // Per group: whether one item per KV head holds all its rows (a decode row, a few): each
@@ -605,7 +667,17 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
     work += L.kv_heads * ((rows + kLanes - 1) / kLanes) * kLanes * keys * d;
   }
   const int64_t max_threads = at::get_num_threads();
+  if (any_whole) whole.prepare();
+  // Every thread of a team decodes its share of the whole runs, then waits for the others.
+  auto decode_whole = [&](int64_t t, int64_t nt) {
+    if (!any_whole) return;
+    whole.decode_share(L, *quant, t, nt);
+    if (nt > 1) {
+#pragma omp barrier
+    }
+  };
   if (max_threads <= 1 || work < kSerialWork) {
+    decode_whole(0, 1);
     Scratch& sc = Scratch::local(d);
     for (const Item& item : items) K.run_item(item, sc);
     release_tiles(sc);
@@ -627,6 +699,7 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
     {
       Scratch& sc = Scratch::local(d);
       const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      decode_whole(t, nt);
       int64_t touched = -1;
       for_runs(n_items, t, nt, [&](int64_t i, bool own) {
         if (claimed[i].exchange(true, std::memory_order_relaxed)) return;
@@ -700,6 +773,7 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   {
     Scratch& sc = Scratch::local(d);
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    decode_whole(t, nt);
     // First read the pages of the run's chunks (read_first): a decode step's KV, evicted by
     // the weights streamed since, was waited on. bf16 pages, 256-2000 keys, 19-25 % less
     // time; float32 pages (twice the bytes for the same arithmetic) the same time within 3 %

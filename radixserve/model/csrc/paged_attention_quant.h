@@ -7,11 +7,15 @@
 // The decoding is the torch path's, value for value: code -> float32, times the scale in
 // float32 (dequantize_ref's ``x.float().mul_(s)``), rounded once to the queries' dtype (its
 // ``.to(q.dtype)``). A decode step thus reads one byte per element from memory, not two.
+// A prefill's or an extend's many rows instead take their runs decoded whole, once per call
+// (WholeRuns below), and attend over those as over unquantized pages.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "paged_attention.h"
 #include "vec.h"
@@ -144,5 +148,86 @@ void decode_keys(const Layer<G>& geo, const QuantPages& qp, int64_t h, KeyRun ru
     }
   });
 }
+
+// Quantized runs decoded whole, once per kernel call, for the many rows of a prefill or an
+// extend. Decoded a chunk at a time, every block of kRowBlock query rows decodes every key it
+// sees again (a 2,048-token chunk of SmolLM2 is 384 blocks per KV head over the same keys),
+// and the per-thread tile cannot keep AMX value tiles (it holds another chunk at each call).
+// A run decoded here lies still for the whole call: its rows attend over it as over a pool of
+// one page, kept value tiles and all (ValueTiles keys them by this buffer's address, valid
+// within the call, as for a pool's pages). The values are decode_keys' own, so the outputs
+// are the per-chunk path's bit for bit.
+//
+// Memory: one buffer on the calling thread, kept across calls and grown on demand (never
+// past kMaxBytes): a run that would take it past that bound is decoded a chunk at a time.
+template <typename T>
+class WholeRuns {
+ public:
+  // Keys and values of every run, together, at most this many bytes (64 MiB: SmolLM2's 3 KV
+  // heads of 64 dimensions at 7,500 keys, bf16, are 5.8 MB a layer call).
+  static constexpr int64_t kMaxBytes = int64_t{64} << 20;
+
+  WholeRuns(int64_t kv_heads, int64_t d) : kv_heads_(kv_heads), d_(d) {}
+
+  // Take ``run`` (its first run.len keys) to be decoded whole: its index, or -1 where it would
+  // pass the bound (the caller decodes it a chunk at a time).
+  int64_t add(KeyRun run) {
+    const int64_t elems = 2 * kv_heads_ * run.len * d_;
+    if (run.len <= 0 || (elems_ + elems) * static_cast<int64_t>(sizeof(T)) > kMaxBytes) return -1;
+    runs_.push_back({run, elems_});
+    elems_ += elems;
+    return static_cast<int64_t>(runs_.size()) - 1;
+  }
+  bool empty() const { return runs_.empty(); }
+
+  // Make room for every run taken and list the decoding's tasks (kChunk keys of one KV head
+  // each), on the calling thread, before any decode_share.
+  void prepare() {
+    thread_local std::vector<T> buf;  // the calling thread's; see above
+    if (static_cast<int64_t>(buf.size()) < elems_) buf.resize(elems_);
+    base_ = buf.data();
+    tasks_.clear();
+    for (int64_t i = 0; i < static_cast<int64_t>(runs_.size()); ++i) {
+      for (int64_t h = 0; h < kv_heads_; ++h) {
+        for (int64_t lo = 0; lo < runs_[i].run.len; lo += kChunk) tasks_.push_back({i, h, lo});
+      }
+    }
+  }
+
+  // Thread ``t`` of a team of ``nt``: its share of the tasks (every thread of the team calls
+  // it, then waits for the others before any row reads a run). Inside the kernel's own
+  // parallel region: a team of its own would cost another fork and join per call.
+  template <typename G>
+  void decode_share(const Layer<G>& geo, const QuantPages& qp, int64_t t, int64_t nt) const {
+    const int64_t n = static_cast<int64_t>(tasks_.size());
+    for (int64_t j = n * t / nt; j < n * (t + 1) / nt; ++j) {
+      const Task& task = tasks_[j];
+      const Entry& e = runs_[task.run];
+      const int64_t len = e.run.len, hi = std::min(len, task.lo + kChunk);
+      T* k = base_ + e.offset + task.head * len * d_;
+      decode_keys(geo, qp, task.head, e.run, 0, task.lo, hi, k, k + kv_heads_ * len * d_);
+    }
+  }
+
+  // Run ``i``'s keys of KV head ``h`` ([len, d]); its values follow kv_heads * len * d later.
+  const T* keys(int64_t i, int64_t h) const {
+    const Entry& e = runs_[i];
+    return base_ + e.offset + h * e.run.len * d_;
+  }
+  const T* values(int64_t i, int64_t h) const { return keys(i, h) + kv_heads_ * runs_[i].run.len * d_; }
+
+ private:
+  struct Entry {
+    KeyRun run;
+    int64_t offset;  // of its keys in the buffer, in elements: [kv_heads, len, d], then values alike
+  };
+  struct Task {
+    int64_t run, head, lo;
+  };
+  int64_t kv_heads_, d_, elems_ = 0;
+  std::vector<Entry> runs_;
+  std::vector<Task> tasks_;
+  T* base_ = nullptr;
+};
 
 }  // namespace radixserve_cpu::paged
