@@ -336,12 +336,12 @@ def table_long_context_after_targets() -> str:
 
 
 FAMILIES_BEFORE = ("bench_families_s24_before_1.json", "bench_families_s24_before_2.json")
-FAMILIES_AFTER = ("bench_families_s24_1.json", "bench_families_s24_2.json")
+FAMILIES_AFTER = ("bench_families_s24c_1.json", "bench_families_s24c_2.json")
 
 
 def table_families() -> str:
     """bench_families.py: per family, the batch-1 bf16 decode step and its ratio to the weight
-    floor in every run, before and after Qwen3's q/k norm joined the one-call stack."""
+    floor in every run, before and after Qwen3's and OLMo 2's layers joined the one-call stack."""
     out = _head(
         "family", "what its layers add", "path (now)", "ms a step, per run (before)",
         "ms a step, per run (now)", "over the weight floor, per run (now)", "over Llama's step (now)",
