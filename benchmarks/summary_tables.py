@@ -45,6 +45,8 @@ from summary_tables_s24 import (
     table_gpu_serving,
     table_long_context_after,
     table_long_context_after_targets,
+    table_long_context_whole_runs,
+    table_long_context_whole_runs_targets,
     table_store,
     table_window,
 )
@@ -320,6 +322,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "long_context_profile": table_long_context_profile,
     "long_context_after": table_long_context_after,
     "long_context_after_targets": table_long_context_after_targets,
+    "long_context_whole_runs": table_long_context_whole_runs,
+    "long_context_whole_runs_targets": table_long_context_whole_runs_targets,
     "disagg": table_disagg,
     "families": table_families,
     "store": table_store,

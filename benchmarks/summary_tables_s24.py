@@ -363,3 +363,17 @@ def table_families() -> str:
             )
         )
     return "\n".join(out)
+
+
+LONG_CONTEXT_WHOLE_RUNS = "bench_long_context_s24b.json"
+
+
+def table_long_context_whole_runs() -> str:
+    """bench_long_context.py after the quantized kernel decodes whole runs for many rows:
+    bf16, int8 and fp8 KV against vLLM-CPU in one run (table_long_context)."""
+    return table_long_context(LONG_CONTEXT_WHOLE_RUNS)
+
+
+def table_long_context_whole_runs_targets() -> str:
+    """The same run against the targets (table_long_context_targets)."""
+    return table_long_context_targets(LONG_CONTEXT_WHOLE_RUNS)
