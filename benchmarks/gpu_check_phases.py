@@ -109,7 +109,9 @@ def smollm2_shaped(ctx: Ctx) -> Path:
 # ------------------------------------------------------------------------------- part 1
 def phase_kernel_tests(ctx: Ctx) -> dict[str, Any]:
     # The sm_90 compile-only check is redundant where the kernels really compile and run.
-    cmd = pytest_cmd("tests/kernels", "--ignore=tests/kernels/test_kernel_compile.py")
+    # One line per failure (--tb=line): the report keeps the output's tail, and on the first
+    # GPU run the long tracebacks of six failures pushed the seventh's reason out of it.
+    cmd = pytest_cmd("tests/kernels", "--ignore=tests/kernels/test_kernel_compile.py", "--tb=line")
     if ctx.dry:
         return gpu_only([cmd])
     tail = ctx.run(cmd).splitlines()
