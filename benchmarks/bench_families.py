@@ -27,25 +27,21 @@ import radixserve  # noqa: F401
 # isort: split
 
 import argparse  # noqa: E402
-import hashlib  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
-
-import torch  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(1, str(HERE))  # `floor`, `provenance`
 sys.path.insert(1, str(HERE.parent / "tests"))  # `tiny_models`: transformers' random checkpoints
+from bench_moe import build, drain, median_step_ms, start_decodes  # noqa: E402
 from floor import read_gbs, read_source  # noqa: E402
 from provenance import header  # noqa: E402
 
 from radixserve.engine.engine import Engine  # noqa: E402
-from radixserve.sampling_params import SamplingParams  # noqa: E402
 
 #: transformers model_type -> what its layers add to Llama's (transformers' defaults keep
 #: each family's quirks: Mistral's and Gemma 3's windows, Gemma 3's 5:1 layer pattern).
@@ -75,18 +71,6 @@ def shape(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def build(workdir: Path, model_type: str, overrides: dict[str, Any]) -> Path:
-    """The random checkpoint of ``model_type`` with these overrides, built once."""
-    import tiny_models
-
-    key = json.dumps(overrides, sort_keys=True).encode()
-    out = workdir / f"{model_type}-{hashlib.sha256(key).hexdigest()[:12]}"
-    if not (out / "config.json").exists():
-        print(f"building a random {model_type} checkpoint in {out} ...", flush=True)
-        tiny_models.build_tiny_family(out, model_type, tokenizer=True, **overrides)
-    return out
-
-
 def weight_bytes(engine: Engine) -> int:
     """Bytes of every weight the engine holds (a tied embedding counted once)."""
     seen: set[int] = set()
@@ -100,22 +84,10 @@ def weight_bytes(engine: Engine) -> int:
 
 def run(engine: Engine, batch: int, steps: int, prompt_tokens: int) -> float:
     """The median of ``steps`` decode steps of ``batch`` requests after their prefills (ms)."""
-    params = SamplingParams(max_tokens=steps + 4, temperature=0.0, ignore_eos=True)
-    g = torch.Generator().manual_seed(batch)
-    vocab = engine.model.config.vocab_size
-    for _ in range(batch):
-        engine.add_request(torch.randint(3, vocab, (prompt_tokens,), generator=g).tolist(), params)
-    while any(r.num_pending > 1 for r in engine.scheduler.running) or engine.scheduler.waiting:
-        engine.step()  # prefills
-    engine.step()
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - t)
-    while engine.has_unfinished():
-        engine.step()
-    return statistics.median(times) * 1e3
+    start_decodes(engine, batch, steps, prompt_tokens)
+    step_ms = median_step_ms(engine, steps)
+    drain(engine)
+    return step_ms
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

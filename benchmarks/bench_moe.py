@@ -128,9 +128,9 @@ def experts_touched(engine: Engine) -> float:
     return statistics.mean(seen) if seen else 0.0
 
 
-def run(engine: Engine, batch: int, steps: int, prompt_tokens: int) -> dict[str, Any]:
-    """``steps`` decode steps of ``batch`` requests after their prefills: the median step,
-    and the experts one more step touched (MoE)."""
+def start_decodes(engine: Engine, batch: int, steps: int, prompt_tokens: int) -> None:
+    """``batch`` requests of ``prompt_tokens`` random tokens, prefilled, one decode step taken:
+    from here each step decodes every request (at least ``steps`` more of them)."""
     params = SamplingParams(max_tokens=steps + 4, temperature=0.0, ignore_eos=True)
     g = torch.Generator().manual_seed(batch)
     vocab = engine.model.config.vocab_size
@@ -139,15 +139,32 @@ def run(engine: Engine, batch: int, steps: int, prompt_tokens: int) -> dict[str,
     while any(r.num_pending > 1 for r in engine.scheduler.running) or engine.scheduler.waiting:
         engine.step()  # prefills
     engine.step()
+
+
+def median_step_ms(engine: Engine, steps: int) -> float:
+    """The median of ``steps`` engine steps, in ms."""
     times = []
     for _ in range(steps):
         t = time.perf_counter()
         engine.step()
         times.append(time.perf_counter() - t)
-    touched = experts_touched(engine)
+    return statistics.median(times) * 1e3
+
+
+def drain(engine: Engine) -> None:
+    """Run the engine's requests to their end."""
     while engine.has_unfinished():
         engine.step()
-    return {"step_ms": statistics.median(times) * 1e3, "experts_touched": touched}
+
+
+def run(engine: Engine, batch: int, steps: int, prompt_tokens: int) -> dict[str, Any]:
+    """``steps`` decode steps of ``batch`` requests after their prefills: the median step,
+    and the experts one more step touched (MoE)."""
+    start_decodes(engine, batch, steps, prompt_tokens)
+    step_ms = median_step_ms(engine, steps)
+    touched = experts_touched(engine)
+    drain(engine)
+    return {"step_ms": step_ms, "experts_touched": touched}
 
 
 def parse_args() -> argparse.Namespace:
