@@ -10,7 +10,9 @@ pool's pages scattered at random, one call per case timed after warm-up (median 
 - ``decode``: 16 sequences over 4 shared 1008-token system prompts, ~150 tokens of their
   own each (the ``shared_system`` workload's decode step);
 - ``decode1``: one sequence of 80 tokens (a single stream's decode step);
-- ``decode64``: 64 sequences of ~100 tokens each, nothing shared.
+- ``decode64``: 64 sequences of ~100 tokens each, nothing shared;
+- ``long``: the last 2048-token chunk of a 7,500-token prompt (5,452 tokens before it:
+  the long-context prefill's largest call, ``benchmarks/long_context.md``).
 
 The torch path is ``TorchPagedAttentionBackend(native_kernel=False)``: page gathers, ATen's
 CPU flash attention per part, the LSE merge (its batch metadata, built once per forward, is
@@ -62,6 +64,7 @@ def _cases(free: list[int]) -> dict[str, ForwardBatch]:
         "decode": _batch(decode),
         "decode1": _batch([(take(80), 79, 1)]),
         "decode64": _batch([(take(90 + i), 89 + i, 1) for i in range(64)]),
+        "long": _batch([(take(7500), 5452, 2048)]),
     }
 
 
@@ -72,19 +75,23 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default="benchmarks/results/bench_cpu_attention.json")
+    ap.add_argument("--cases", default=None, help="comma-separated cases (default: all)")
     args = ap.parse_args()
     if not native.load():
         print("the CPU kernel did not build here: nothing to compare")
         return 1
     dtype = getattr(torch, args.dtype)
-    pool = KVPool(1, 1200, PS, HKV, D, kv_dtype="auto", act_dtype=dtype)
+    pool = KVPool(1, 2000, PS, HKV, D, kv_dtype="auto", act_dtype=dtype)
     gen = torch.Generator().manual_seed(0)
     pool.k_data[0].copy_(torch.randn(pool.k_data[0].shape, generator=gen))
     pool.v_data[0].copy_(torch.randn(pool.v_data[0].shape, generator=gen))
-    free = list(range(1200))
+    free = list(range(2000))
     random.Random(0).shuffle(free)
     rows = []
+    wanted = set(args.cases.split(",")) if args.cases else None
     for name, fb in _cases(free).items():
+        if wanted is not None and name not in wanted:
+            continue
         q = torch.randn(fb.num_tokens, HQ, D, generator=gen).to(dtype)
         k = torch.randn(fb.num_tokens, HKV, D, generator=gen).to(dtype)
         times, outs = {}, {}

@@ -97,6 +97,64 @@ inline vf soft_cap(vf x, float cap) {
   return (neg ? -t : t) * cap;
 }
 
+// Scores of ``n`` keys (float rows ``kr``) for the rows in the lanes (``qt``: the queries
+// transposed, pre-scaled), eight keys at a time: eight independent FMA chains over the
+// dimensions in order. ``ahead(t)``: prefetch the next block's key t.
+template <int NC, typename Ahead>
+inline void score_rows(const vf* qt, const float* const* kr, int64_t n, vf* p, Ahead&& ahead) {
+  constexpr int64_t d = NC * kLanes;
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    for (int64_t u = t; u < t + 8; ++u) ahead(u);
+    vf a[8] = {};
+    for (int64_t j = 0; j < d; ++j) {
+      for (int u = 0; u < 8; ++u) a[u] += qt[j] * kr[t + u][j];
+    }
+    for (int u = 0; u < 8; ++u) p[t + u] = a[u];
+  }
+  for (; t < n; ++t) {
+    ahead(t);
+    vf a{};
+    for (int64_t j = 0; j < d; ++j) a += qt[j] * kr[t][j];
+    p[t] = a;
+  }
+}
+
+#if RADIXSERVE_VEC_BF16
+// pair_scores_for's scores of ``n`` bf16 keys as they lie in the pages (``kw``: each key's
+// d / 2 words of two dimensions) for the rows in the lanes (``qp[j]`` lane r: row r's pair
+// j), scaled after: one vdpbf16ps per pair of dimensions, the key's pair broadcast from the
+// page, the same instruction and order as narrow_block's (so a decode row's narrow block and
+// the prefill row of its position still agree bit for bit), eight keys at a time. Half the
+// instructions of two float FMAs per pair, and the keys are never converted to float.
+template <int NC, typename Ahead>
+inline void score_pairs(const __m512i* qp, const uint32_t* const* kw, int64_t n, float scale, vf* p,
+                        Ahead&& ahead) {
+  constexpr int64_t pairs = NC * kLanes / 2;
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) {
+    for (int64_t u = t; u < t + 8; ++u) ahead(u);
+    __m512 a[8];
+    for (int u = 0; u < 8; ++u) a[u] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < pairs; ++j) {
+      const __m512bh qj = (__m512bh)qp[j];
+      for (int u = 0; u < 8; ++u) {
+        a[u] = _mm512_dpbf16_ps(a[u], (__m512bh)_mm512_set1_epi32(static_cast<int>(kw[t + u][j])), qj);
+      }
+    }
+    for (int u = 0; u < 8; ++u) p[t + u] = static_cast<vf>(a[u]) * scale;
+  }
+  for (; t < n; ++t) {
+    ahead(t);
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t j = 0; j < pairs; ++j) {
+      a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_set1_epi32(static_cast<int>(kw[t][j])), (__m512bh)qp[j]);
+    }
+    p[t] = static_cast<vf>(a) * scale;
+  }
+}
+#endif
+
 template <int NC, typename KV, bool Pairs>
 void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, int64_t key_end,
                 const float* __restrict q, float scale, int64_t rows, const int32_t* limit, const int32_t* first,
@@ -139,6 +197,20 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       }
       have_qw = true;
     };
+#if RADIXSERVE_VEC_BF16
+    // With Pairs, the rows' queries as pairs with the rows in the lanes (qp[j] lane r: row
+    // r's pair j; zero past ``lanes``), for the other blocks, built when first needed.
+    __m512i qp[Pairs ? d / 2 : 1];
+    bool have_qp = false;
+    auto pair_rows = [&] {
+      for (int64_t j = 0; j < d / 2; ++j) {
+        alignas(64) uint32_t col[kLanes] = {};
+        for (int64_t r = 0; r < lanes; ++r) col[r] = bf16_pair(q + (r0 + r) * d + 2 * j);
+        qp[j] = _mm512_load_si512(col);
+      }
+      have_qp = true;
+    };
+#endif
     float mv[kLanes], lv[kLanes];
     for (int64_t r = 0; r < kLanes; ++r) {
       mv[r] = r < lanes ? m[r0 + r] : kNoMax;
@@ -192,15 +264,23 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
         std::copy(krow, krow + n, kr);
         std::copy(vrow, vrow + n, vr);
       } else {
-        if (!narrow || narrow_reads_rows<NC, KV>) {
+        // Keys as float rows unless they are read as they lie (narrow blocks of bf16 keys;
+        // rows-in-lanes blocks scoring bf16 pairs natively); values likewise, unless the
+        // products widen them (narrow_widens) on either path.
+        if (narrow ? narrow_reads_rows<NC, KV> : !Pairs) {
           const float* kb = block_rows(krow, n, d, sc.kf.data());
           for (int64_t t = 0; t < n; ++t) kr[t] = kb + t * d;
         }
-        if (!narrow || !narrow_widens<KV>) {
+        if (!narrow_widens<KV>) {
           const float* vb = block_rows(vrow, n, d, sc.vf_.data());
           for (int64_t t = 0; t < n; ++t) vr[t] = vb + t * d;
         }
       }
+      // The values as they lie where the products widen them (float, bf16), else converted.
+      const auto values = [&] {
+        if constexpr (narrow_widens<KV>) return static_cast<const KV* const*>(vrow);
+        else return static_cast<const float* const*>(vr);
+      }();
 #if defined(__AVX512F__)
       if (narrow) {
         auto ahead = [&](int64_t t) {
@@ -209,11 +289,6 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
         float* acc0 = acc + r0 * d;
         const float* q0 = q + r0 * d;
         if (Pairs && !have_qw) pair_q();
-        // The values as they lie where the products widen them (float, bf16), else converted.
-        const auto values = [&] {
-          if constexpr (narrow_widens<KV>) return vrow;
-          else return static_cast<const float* const*>(vr);
-        }();
         auto block = [&](auto rows_c) {
           narrow_block<NC, decltype(rows_c)::value, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0,
                                                            sc.kt.data(), sc.ps.data(), ahead);
@@ -227,31 +302,19 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
         continue;
       }
 #endif
-      if (!have_qt) transpose_q();
-      // The i-th dimension a score adds (with Pairs, pair_scores_for's order: each pair's odd
-      // dimension, then its even one), and the score as the softmax takes it.
-      auto dim = [](int64_t i) { return Pairs ? i ^ 1 : i; };
-      auto scaled = [&](vf a) {
-        if constexpr (Pairs) return a * scale;
-        else return a;
-      };
-      // Scores, eight keys at a time: eight independent FMA chains.
-      int64_t t = 0;
-      for (; t + 8 <= n; t += 8) {
-        for (int64_t u = t; u < std::min(t + 8, next_n); ++u) prefetch_row(L, next[u]);
-        vf a[8] = {};
-        for (int64_t i = 0; i < d; ++i) {
-          const int64_t j = dim(i);
-          for (int u = 0; u < 8; ++u) a[u] += qt[j] * kr[t + u][j];
-        }
-        for (int u = 0; u < 8; ++u) p[t + u] = scaled(a[u]);
-      }
-      for (; t < n; ++t) {
+      auto ahead = [&](int64_t t) {
         if (t < next_n) prefetch_row(L, next[t]);
-        vf a{};
-        for (int64_t i = 0; i < d; ++i) a += qt[dim(i)] * kr[t][dim(i)];
-        p[t] = scaled(a);
+      };
+      if constexpr (Pairs) {
+#if RADIXSERVE_VEC_BF16
+        if (!have_qp) pair_rows();
+        score_pairs<NC>(qp, reinterpret_cast<const uint32_t* const*>(krow), n, scale, p, ahead);
+#endif
+      } else {
+        if (!have_qt) transpose_q();
+        score_rows<NC>(qt, kr, n, p, ahead);
       }
+      int64_t t = 0;
       if (cap2 != 0.0f) {
         for (t = 0; t < n; ++t) p[t] = soft_cap(p[t], cap2);
       }
@@ -269,7 +332,7 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       }
       vm = mx;
       vl = vl * alpha + sum;
-      accumulate_rows<NC>(acc + r0 * d, lanes, alpha, [&](int64_t t, int64_t r) { return p[t][r]; }, vr, n);
+      accumulate_rows<NC>(acc + r0 * d, lanes, alpha, [&](int64_t t, int64_t r) { return p[t][r]; }, values, n);
     }
     for (int64_t r = 0; r < lanes; ++r) {
       m[r0 + r] = vm[r];

@@ -162,8 +162,9 @@ constexpr bool narrow_reads_rows = !(std::is_same_v<KV, float> || (std::is_same_
 // pair's two exact products to a float sum, the odd dimension's and then the even one's, each
 // rounded once (the FMAs fma(q_2i, k_2i, fma(q_2i+1, k_2i+1, s)), checked bit for bit on
 // AVX-512 bf16 hardware), half the instructions of a float FMA per dimension and no widening
-// of the keys. Every path then runs that order: a decode row's narrow blocks with the
-// instruction, a prefill's rows-in-lanes blocks with the FMAs, so they still agree bit for bit.
+// of the keys. Every path runs that instruction: a decode row's narrow blocks with a query
+// pair broadcast over keys in the lanes, a prefill's rows-in-lanes blocks with a key pair
+// broadcast (from the page, never converted) over rows in the lanes, so they agree bit for bit.
 // The queries are used unscaled (the bf16 values themselves), the score scaled after.
 // Even numbers of key vectors only: the keys are transposed as pairs of vectors (NC even).
 template <typename Q, typename KV>
