@@ -290,8 +290,8 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
         const float* q0 = q + r0 * d;
         if (Pairs && !have_qw) pair_q();
         auto block = [&](auto rows_c) {
-          narrow_block<NC, decltype(rows_c)::value, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0,
-                                                           sc.kt.data(), sc.ps.data(), ahead);
+          narrow_block<NC, decltype(rows_c)::value, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0, sc,
+                                                           ahead);
         };
         switch (lanes) {
           case 1: block(std::integral_constant<int, 1>{}); break;
@@ -332,6 +332,14 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       }
       vm = mx;
       vl = vl * alpha + sum;
+#if RADIXSERVE_VEC_BF16
+      if constexpr (Pairs) {
+        value_pairs<NC>(reinterpret_cast<const uint16_t* const*>(vrow), n, sc.pv.data(), [](int64_t) {});
+        prob_pairs_rows(p, n, sc.pw.data());
+        accumulate_pair_rows<NC>(acc + r0 * d, lanes, alpha, sc.pw.data(), sc.pv.data(), (n + 1) / 2);
+        continue;
+      }
+#endif
       accumulate_rows<NC>(acc + r0 * d, lanes, alpha, [&](int64_t t, int64_t r) { return p[t][r]; }, values, n);
     }
     for (int64_t r = 0; r < lanes; ++r) {

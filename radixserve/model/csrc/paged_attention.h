@@ -42,6 +42,8 @@ struct Scratch {
   std::vector<uint32_t> tq;
   std::vector<uint16_t> tk, tp, tv;
   std::vector<float> ts;
+  // A block's probabilities and values as bf16 pairs of keys (paged_attention_pairs.h).
+  std::vector<uint32_t> pw, pv;
   // A quantized run's chunk of keys and values decoded (paged_attention_quant.h): kChunk
   // rows of d values of the queries' dtype each (float-sized room), and the page ids of the
   // tile posing as a page (zeros, as many as a run has chunks).
@@ -56,6 +58,7 @@ struct Scratch {
     kt.resize(kBlock * d), ps.resize(kRowBlock * kBlock);
     tq.resize(kLanes * d / 2), tk.resize(kBlock * d), tp.resize(kRowBlock * kBlock), tv.resize(kBlock * d);
     ts.resize(kBlock * kLanes);
+    pw.resize(kBlock / 2 * kLanes), pv.resize(kBlock / 2 * d);
     dk.resize(kChunk * d), dv.resize(kChunk * d);
   }
   static Scratch& local(int64_t d) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "paged_attention.h"
+#include "paged_attention_pairs.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -92,12 +93,15 @@ inline void transpose_keys(const KV* const* krow, const float* const* kr, int64_
 // operations in the same order too, so a row gets the same bits on either path (a decode row
 // here, the prefill row of the same position there). ``ahead(t)``: prefetch the next block's
 // key t, called for every t while the keys are transposed. With ``Pairs`` the rows' queries
-// are ``qw`` (R rows of d / 2 bf16 pairs) and the scores are scaled by ``scale`` after.
+// are ``qw`` (R rows of d / 2 bf16 pairs), the scores are scaled by ``scale`` after, and the
+// probabilities times the values are paged_attention_pairs.h's. Staging in ``scratch``.
 template <int NC, int R, bool Pairs, typename KV, typename V, typename Ahead>
 void narrow_block(const KV* const* krow, const float* const* kr, const V* const* vr, const float* __restrict q,
-                  const uint32_t* __restrict qw, float scale, vf& vm, vf& vl, float* __restrict acc,
-                  float* __restrict kt, float* __restrict ps, Ahead&& ahead) {
+                  const uint32_t* __restrict qw, float scale, vf& vm, vf& vl, float* __restrict acc, Scratch& scratch,
+                  Ahead&& ahead) {
   constexpr int64_t d = NC * kLanes, G = kBlock / kLanes;
+  float* __restrict kt = scratch.kt.data();
+  float* __restrict ps = scratch.ps.data();
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t t = g * kLanes; t < (g + 1) * kLanes; ++t) ahead(t);
     transpose_keys<NC, KV, Pairs>(krow, kr, g * kLanes, kt);
@@ -151,6 +155,14 @@ void narrow_block(const KV* const* krow, const float* const* kr, const V* const*
   const vf alpha = exp2v(vm - vmx);
   vm = vmx;
   vl = vl * alpha + load_vf(sum);
+#if RADIXSERVE_VEC_BF16
+  if constexpr (Pairs) {
+    value_pairs<NC>(reinterpret_cast<const uint16_t* const*>(vr), kBlock, scratch.pv.data(), [](int64_t) {});
+    prob_pairs_narrow<R>(ps, scratch.pw.data());
+    accumulate_pair_rows<NC>(acc, R, alpha, scratch.pw.data(), scratch.pv.data(), kBlock / 2);
+    return;
+  }
+#endif
   auto prob = [&](int64_t t, int64_t r) { return ps[r * kBlock + t]; };
   if constexpr (R * NC <= 16) {  // every row in one pass over the values: R * NC accumulators
     accumulate_pv<NC, R>(acc, 0, alpha, prob, vr, kBlock);

@@ -1,0 +1,117 @@
+// The paged-attention kernel's bf16 products of probabilities and values on AVX-512 BF16
+// (without AMX): where the queries and keys are bf16 pairs (pair_scores_for), a block's
+// probabilities are rounded to bf16, as GPU FlashAttention and the AMX tiles round them, and
+// multiplied with the values by vdpbf16ps, two keys per instruction: half the instructions of
+// the float FMAs, and the values are never widened to float (they were, once per row pair).
+//
+// One order for every path: a row's output columns, from acc * alpha, take the block's keys
+// by pairs (2j, 2j + 1) in order, each pair as vdpbf16ps adds it (key 2j + 1's product, then
+// key 2j's, each rounded once). A decode row's narrow block and the prefill row of the same
+// position (its block in the lanes) thus agree bit for bit; keys a row does not see have
+// probability zero and add exactly nothing.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "paged_attention.h"
+
+#if RADIXSERVE_VEC_BF16
+#include <immintrin.h>
+
+namespace radixserve_cpu::paged {
+
+// The values of keys [0, n) of a block as pairs of keys: word i of tv[(j * NC + c) * 16 ..]
+// holds dimension 16 c + i of key 2j (low half) and of key 2j + 1 (high half). A key past
+// ``n`` (an odd block's last pair) is zeros. ``ahead(t)``: prefetch the next block's key t.
+template <int NC, typename Ahead>
+inline void value_pairs(const uint16_t* const* vrow, int64_t n, uint32_t* __restrict tv, Ahead&& ahead) {
+  alignas(64) static constexpr uint16_t kZeros[NC * kLanes] = {};
+  // Word w of a pair's 32 dimensions: dimension w / 2 of the first key (w even) or of the
+  // second (bit 5 of the index picks permutex2var's second operand).
+  alignas(64) static constexpr uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i lo = _mm512_load_si512(kLo), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int64_t j = 0; 2 * j < n; ++j) {
+    ahead(2 * j), ahead(2 * j + 1);
+    const uint16_t* a = vrow[2 * j];
+    const uint16_t* b = 2 * j + 1 < n ? vrow[2 * j + 1] : kZeros;
+    for (int64_t c = 0; c < NC; c += 2) {  // 32 dimensions at a time (NC even)
+      const __m512i x = _mm512_loadu_si512(a + c * kLanes), y = _mm512_loadu_si512(b + c * kLanes);
+      _mm512_storeu_si512(tv + (j * NC + c) * kLanes, _mm512_permutex2var_epi16(x, lo, y));
+      _mm512_storeu_si512(tv + (j * NC + c + 1) * kLanes, _mm512_permutex2var_epi16(x, hi, y));
+    }
+  }
+}
+
+// Rows-in-lanes probabilities ``p[t]`` (lane r: row r's probability of key t) as pairs: word
+// r of pw[j * 16 ..] holds row r's probabilities of keys 2j (low half) and 2j + 1, rounded
+// to bf16. ``n``: the block's keys; an odd block's last pair takes probability zero for the
+// key past it.
+inline void prob_pairs_rows(const vf* p, int64_t n, uint32_t* __restrict pw) {
+  // Word w of the pair vector: row w / 2's probability of the first key (w even: the low
+  // half of cvtne2ps's result) or of the second.
+  alignas(64) static constexpr uint16_t kByRow[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i by_row = _mm512_load_si512(kByRow);
+  for (int64_t j = 0; 2 * j < n; ++j) {
+    const vf second = 2 * j + 1 < n ? p[2 * j + 1] : vf{};
+    const __m512bh two = _mm512_cvtne2ps_pbh(static_cast<__m512>(second), static_cast<__m512>(p[2 * j]));
+    _mm512_storeu_si512(pw + j * kLanes, _mm512_permutexvar_epi16(by_row, (__m512i)two));
+  }
+}
+
+// Row-major probabilities (``ps[r * kBlock + t]``, R rows of a full block) as the same pairs.
+template <int R>
+inline void prob_pairs_narrow(const float* ps, uint32_t* __restrict pw) {
+  alignas(64) uint16_t row[kBlock];
+  for (int r = 0; r < R; ++r) {
+    for (int64_t g = 0; g < kBlock / kLanes; ++g) {
+      const __m256bh b = _mm512_cvtneps_pbh(_mm512_loadu_ps(ps + r * kBlock + g * kLanes));
+      std::memcpy(row + g * kLanes, &b, sizeof b);
+    }
+    for (int64_t j = 0; j < kBlock / 2; ++j) std::memcpy(pw + j * kLanes + r, row + 2 * j, sizeof(uint32_t));
+  }
+}
+
+// acc rows [r, r + R) = acc * alpha + the block's probabilities (``pw``, prob_pairs_*) times
+// its values (``tv``, value_pairs), over ``pairs`` pairs of keys: R * NC accumulators, the
+// rows' probability pair broadcast, each pair's value vectors loaded once for the R rows.
+template <int NC, int R>
+inline void accumulate_pairs(float* __restrict acc, int64_t r, const vf alpha, const uint32_t* pw,
+                             const uint32_t* tv, int64_t pairs) {
+  constexpr int64_t d = NC * kLanes;
+  __m512 x[R][NC];
+  for (int i = 0; i < R; ++i) {
+    for (int c = 0; c < NC; ++c) x[i][c] = static_cast<__m512>(load_vf(acc + (r + i) * d + c * kLanes) * alpha[r + i]);
+  }
+  for (int64_t j = 0; j < pairs; ++j) {
+    __m512bh v[NC];
+    for (int c = 0; c < NC; ++c) v[c] = (__m512bh)_mm512_loadu_si512(tv + (j * NC + c) * kLanes);
+    for (int i = 0; i < R; ++i) {
+      const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pw[j * kLanes + r + i]));
+      for (int c = 0; c < NC; ++c) x[i][c] = _mm512_dpbf16_ps(x[i][c], w, v[c]);
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc + (r + i) * d + c * kLanes, x[i][c]);
+  }
+}
+
+// accumulate_pairs for rows [0, lanes): four rows at a time where the registers allow, then
+// fewer (the arithmetic of a row is the same either way).
+template <int NC>
+inline void accumulate_pair_rows(float* acc, int64_t lanes, const vf alpha, const uint32_t* pw, const uint32_t* tv,
+                                 int64_t pairs) {
+  int64_t r = 0;
+  if constexpr (NC <= 4) {
+    for (; r + 4 <= lanes; r += 4) accumulate_pairs<NC, 4>(acc, r, alpha, pw, tv, pairs);
+  }
+  if constexpr (NC <= 8) {
+    for (; r + 2 <= lanes; r += 2) accumulate_pairs<NC, 2>(acc, r, alpha, pw, tv, pairs);
+  }
+  for (; r < lanes; ++r) accumulate_pairs<NC, 1>(acc, r, alpha, pw, tv, pairs);
+}
+
+}  // namespace radixserve_cpu::paged
+#endif
