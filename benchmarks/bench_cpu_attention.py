@@ -12,7 +12,8 @@ pool's pages scattered at random, one call per case timed after warm-up (median 
 - ``decode1``: one sequence of 80 tokens (a single stream's decode step);
 - ``decode64``: 64 sequences of ~100 tokens each, nothing shared;
 - ``long``: the last 2048-token chunk of a 7,500-token prompt (5,452 tokens before it:
-  the long-context prefill's largest call, ``benchmarks/long_context.md``).
+  the long-context prefill's largest call, ``benchmarks/long_context.md``);
+- ``decode_long``: one sequence's decode step after that prompt.
 
 The torch path is ``TorchPagedAttentionBackend(native_kernel=False)``: page gathers, ATen's
 CPU flash attention per part, the LSE merge (its batch metadata, built once per forward, is
@@ -65,6 +66,7 @@ def _cases(free: list[int]) -> dict[str, ForwardBatch]:
         "decode1": _batch([(take(80), 79, 1)]),
         "decode64": _batch([(take(90 + i), 89 + i, 1) for i in range(64)]),
         "long": _batch([(take(7500), 5452, 2048)]),
+        "decode_long": _batch([(take(7500), 7499, 1)]),
     }
 
 
@@ -81,11 +83,11 @@ def main() -> int:
         print("the CPU kernel did not build here: nothing to compare")
         return 1
     dtype = getattr(torch, args.dtype)
-    pool = KVPool(1, 2000, PS, HKV, D, kv_dtype="auto", act_dtype=dtype)
+    pool = KVPool(1, 2600, PS, HKV, D, kv_dtype="auto", act_dtype=dtype)
     gen = torch.Generator().manual_seed(0)
     pool.k_data[0].copy_(torch.randn(pool.k_data[0].shape, generator=gen))
     pool.v_data[0].copy_(torch.randn(pool.v_data[0].shape, generator=gen))
-    free = list(range(2000))
+    free = list(range(2600))
     random.Random(0).shuffle(free)
     rows = []
     wanted = set(args.cases.split(",")) if args.cases else None
