@@ -323,10 +323,10 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       }
       vf mx = vm;
       for (t = 0; t < n; ++t) mx = vmax(mx, p[t]);
-      const vf alpha = exp2v(vm - mx);
+      const vf alpha = exp2_nonpositive(vm - mx);
       vf sum{};
       for (t = 0; t < n; ++t) {
-        p[t] = exp2v(p[t] - mx);
+        p[t] = exp2_nonpositive(p[t] - mx);
         if (masked) p[t] = seen(start + t) ? p[t] : vf{};
         sum += p[t];
       }
@@ -544,13 +544,25 @@ struct Kernel {
   // them), K then V, a word per cache line, when they fit in half this core's L2 (else they
   // would not stay until their turn). The kernel's own loads come amid its arithmetic, too
   // few at a time to keep the memory busy; a plain pass streams at the core's read rate.
+  // Whether it read them.
   template <typename Visit>
-  void read_first(Visit&& visit) const {
-    const int64_t elem = quant != nullptr ? 1 : static_cast<int64_t>(sizeof(KV));
-    const int64_t page_bytes = L.page_size * L.kv_heads * L.d * elem;
+  bool read_first(Visit&& visit) const {
     int64_t bytes = 0;
-    visit([&](const int64_t*, int64_t first, int64_t last) { bytes += 2 * (last - first + 1) * page_bytes; });
-    if (bytes > l2_bytes() / 2) return;
+    visit([&](const int64_t*, int64_t first, int64_t last) { bytes += 2 * (last - first + 1) * page_bytes(); });
+    if (bytes > l2_bytes() / 2) return false;
+    read_pages(visit);
+    return true;
+  }
+
+  int64_t page_bytes() const {
+    const int64_t elem = quant != nullptr ? 1 : static_cast<int64_t>(sizeof(KV));
+    return L.page_size * L.kv_heads * L.d * elem;
+  }
+
+  // read_first's pass, whatever the size.
+  template <typename Visit>
+  void read_pages(Visit&& visit) const {
+    const int64_t page_bytes = this->page_bytes();
     uint64_t acc = 0;
     visit([&](const int64_t* pages, int64_t first, int64_t last) {
       const void* pools[2] = {L.k, L.v};
@@ -849,7 +861,7 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
     // the weights streamed since, was waited on. bf16 pages, 256-2000 keys, 19-25 % less
     // time; float32 pages (twice the bytes for the same arithmetic) the same time within 3 %
     // (2-core Xeon VM, bench_decode_attention.py).
-    K.read_first([&](auto&& f) {
+    const bool read_all = K.read_first([&](auto&& f) {
       int64_t last_group = -1, last_chunk = -1;
       for (int64_t j = n_tasks * t / nt; j < n_tasks * (t + 1) / nt; ++j) {
         const Task& task = tasks[order[j]];
@@ -859,7 +871,20 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
         K.chunk_pages(item, task.chunk, f);
       }
     });
-    for_runs(n_tasks, t, nt, [&](int64_t j, bool) { run_task(j, sc); });
+    // Too many to stay in L2 until their turn (a long context): each chunk's pages, every KV
+    // head's, read as the thread comes to the chunk's first task, so that its tasks find them
+    // in L2 rather than wait on a miss at a time.
+    int64_t read_group = -1, read_chunk = -1;
+    for_runs(n_tasks, t, nt, [&](int64_t j, bool) {
+      const Task& task = tasks[order[j]];
+      const Item& item = items[task.item];
+      if (!read_all && !claimed[j].load(std::memory_order_relaxed) &&
+          (item.group != read_group || task.chunk != read_chunk)) {
+        read_group = item.group, read_chunk = task.chunk;
+        K.read_pages([&](auto&& f) { K.chunk_pages(item, task.chunk, f); });
+      }
+      run_task(j, sc);
+    });
     release_tiles(sc);
 #pragma omp barrier
 #pragma omp for schedule(static, 1)

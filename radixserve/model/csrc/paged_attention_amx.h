@@ -46,25 +46,6 @@ namespace radixserve_cpu::paged {
 
 alignas(64) constexpr uint16_t kZeroRow[256] = {};  // a padded key's or value's row (d <= 256)
 
-// 2^x for x <= 0, the bits of exp2v (vec.h) in fewer instructions: no upper clamp (never
-// reached: the softmax exponentiates differences from a maximum), the rounding to an integer
-// by one roundscale (to nearest even, as exp2v's add and subtract of 1.5 * 2^23), and 2^n
-// applied by scalef (p * 2^n, rounded once, as exp2v's multiply by the exponent bits).
-// Every softmax of the tiles takes it, the few rows' and the many rows' alike.
-inline vf exp2_nonpositive(vf x) {
-  x = vmax(x, splat(-126.0f));
-  const vf n = static_cast<vf>(_mm512_roundscale_ps(static_cast<__m512>(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  const vf f = x - n;
-  vf p = splat(1.535336188319500e-4f);
-  p = p * f + 1.339887440266574e-3f;
-  p = p * f + 9.618437357674640e-3f;
-  p = p * f + 5.550332471162809e-2f;
-  p = p * f + 2.402264791363012e-1f;
-  p = p * f + 6.931472028550421e-1f;
-  p = p * f + 1.0f;
-  return static_cast<vf>(_mm512_scalef_ps(static_cast<__m512>(p), static_cast<__m512>(n)));
-}
-
 // A thread's value tiles of full blocks (values' layout, kBlock keys each), kept from one row
 // block to the next: a prefill's rows are many blocks of 16 over the same keys of one KV
 // head, and rebuilding a block's tiles for every 16 rows was a large part of its attention's

@@ -145,14 +145,14 @@ void narrow_block(const KV* const* krow, const float* const* kr, const V* const*
     for (int g = 1; g < G; ++g) m = vmax(m, sc[r][g]);
     for (int64_t i = 0; i < kLanes; ++i) mx[r] = mx[r] > m[i] ? mx[r] : m[i];
     const vf row_max = splat(mx[r]);
-    for (int g = 0; g < G; ++g) store_vf(ps + r * kBlock + g * kLanes, exp2v(sc[r][g] - row_max));
+    for (int g = 0; g < G; ++g) store_vf(ps + r * kBlock + g * kLanes, exp2_nonpositive(sc[r][g] - row_max));
   }
   // Each row's sum key by key (the rows' chains interleaved, so their latencies overlap).
   for (int64_t t = 0; t < kBlock; ++t) {
     for (int r = 0; r < R; ++r) sum[r] += ps[r * kBlock + t];
   }
   const vf vmx = load_vf(mx);
-  const vf alpha = exp2v(vm - vmx);
+  const vf alpha = exp2_nonpositive(vm - vmx);
   vm = vmx;
   vl = vl * alpha + load_vf(sum);
 #if RADIXSERVE_VEC_BF16

@@ -11,8 +11,10 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512VL__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512VL__)
 #define RADIXSERVE_VEC_BF16 1
 #else
 #define RADIXSERVE_VEC_BF16 0
@@ -52,6 +54,29 @@ inline vf exp2v(vf x) {
   p = p * f + 1.0f;
   const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
   return p * (vf)bits;  // a vector cast reinterprets the bits
+}
+
+// exp2v's bits for x <= 0 (a softmax's differences from its maximum) in fewer instructions:
+// no upper clamp (never reached), the rounding to an integer by one roundscale (to nearest
+// even, as exp2v's add and subtract of 1.5 * 2^23), and 2^n applied by scalef (p * 2^n,
+// rounded once, as exp2v's multiply by the exponent bits). Every attention softmax takes it,
+// so every path computes the same bits; without AVX-512 it is exp2v itself.
+inline vf exp2_nonpositive(vf x) {
+#if defined(__AVX512F__)
+  x = vmax(x, splat(-126.0f));
+  const vf n = static_cast<vf>(_mm512_roundscale_ps(static_cast<__m512>(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const vf f = x - n;
+  vf p = splat(1.535336188319500e-4f);
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.0f;
+  return static_cast<vf>(_mm512_scalef_ps(static_cast<__m512>(p), static_cast<__m512>(n)));
+#else
+  return exp2v(x);
+#endif
 }
 
 inline float to_float(float x) { return x; }
