@@ -118,21 +118,25 @@ class ModelConfig:
 
     @property
     def llama_shaped(self) -> bool:
-        """Whether the layers are Llama's: pre-norms, no q/k norm, and everything else
-        :attr:`stack_shaped` asks."""
-        return self.qk_norm is None and self.norm_layout == "pre" and self.stack_shaped
+        """Whether the layers are Llama's: pre-norms, no q/k norm, no window, and everything
+        else :attr:`stack_shaped` asks."""
+        return (
+            self.qk_norm is None
+            and self.norm_layout == "pre"
+            and self.sliding_window is None
+            and self.stack_shaped
+        )
 
     @property
     def stack_shaped(self) -> bool:
         """Whether the one-call CPU decoder stack runs these layers: Llama's, with Qwen3's
-        per-head or OLMo 2's whole-projection q/k norm, pre-norms or OLMo 2's post-norms; full
-        rotary, no window (the stack's kernel attends over everything), none of Gemma's quirks,
-        dense MLPs."""
+        per-head or OLMo 2's whole-projection q/k norm, pre-norms or OLMo 2's post-norms,
+        sliding windows on any layers (Mistral's: the stack gives each layer its window's
+        plan); full rotary, none of Gemma's quirks, dense MLPs."""
         return (
             self.qk_norm in (None, "head", "proj")
             and self.norm_layout in ("pre", "post")
             and self.rotary_dim == self.head_dim
-            and self.sliding_window is None
             and self.hidden_act == "silu"
             and not self.norm_plus_one
             and self.query_pre_attn_scalar is None

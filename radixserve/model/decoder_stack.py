@@ -92,13 +92,14 @@ def native_max_rows(module: QuantizedLinear) -> int:
 class LayerParts:
     """One decoder layer as the stack sees it: its two RMSNorm weights (pre-norm layout: the
     input and post-attention norms; post-norm layout: the post-attention and post-feedforward
-    norms), its four linear layers (qkv, o, gate_up, down), in that order, and its q and k
-    norm weights (None: no q/k norm)."""
+    norms), its four linear layers (qkv, o, gate_up, down), in that order, its q and k
+    norm weights (None: no q/k norm) and its sliding window (None: it attends over all keys)."""
 
     input_norm: torch.Tensor
     post_attention_norm: torch.Tensor
     linears: tuple[nn.Module, nn.Module, nn.Module, nn.Module]
     head_norms: tuple[torch.Tensor, torch.Tensor] | None = None
+    window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,10 @@ class DecoderStack:
         self.complete = True
         self.eps = eps
         self.attn = attn
+        # Each layer's sliding window (None: global), for the backend's plans, and as the
+        # kernel takes it (0: none).
+        self.windows: tuple[int | None, ...] = tuple(layer.window for layer in layers)
+        self._windows = [w or 0 for w in self.windows]
         if any((layer.head_norms is None) != (attn.qk_norm is None) for layer in layers):
             self.complete = False  # every layer normalizes q/k as the attention says, or none
             return
@@ -198,7 +203,9 @@ class DecoderStack:
             self.attn.num_kv_heads,
             attn.k_pages,
             attn.v_pages,
-            attn.plan.tensors(),
+            [t for plan in attn.plans for t in plan.tensors()],
             attn.slots,
+            attn.layer_plans,
+            self._windows,
             self.attn.sm_scale,
         )

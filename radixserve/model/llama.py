@@ -15,9 +15,9 @@ op-by-op rounding by an ulp or so).
 The checkpoint's separate tensors are copied into slices of the fused weights by
 :meth:`LlamaForCausalLM.load_weights` (Phi-3's checkpoints store them fused already).
 
-Llama-shaped families, Qwen3 with its per-head q/k norm and OLMo 2 with its post-norms and
-whole-projection q/k norm (``ModelConfig.stack_shaped``: full rotary, no window) run the
-CPU's one-call decoder stack; the others (Gemma, Mistral's window, partial-rotary Phi, MoE)
+Llama-shaped families, Mistral with its sliding window, Qwen3 with its per-head q/k norm and
+OLMo 2 with its post-norms and whole-projection q/k norm (``ModelConfig.stack_shaped``: full
+rotary) run the CPU's one-call decoder stack; the others (Gemma, partial-rotary Phi, MoE)
 take the per-layer path, which :attr:`LlamaForCausalLM.native_stack_reason` says.
 
 Inside a forward the layers call their submodules' ``forward`` directly, not through
@@ -136,7 +136,7 @@ def _stack_parts(layer: DecoderLayer) -> LayerParts:
     else:
         pre = cast("PreNormDecoderLayer", layer)
         first, second = pre.input_layernorm, pre.post_attention_layernorm
-    return LayerParts(first.weight, second.weight, linears, heads)
+    return LayerParts(first.weight, second.weight, linears, heads, layer.self_attn.window)
 
 
 def _stacked_target(name: str) -> tuple[str, int | None]:
@@ -238,7 +238,7 @@ class LlamaForCausalLM(nn.Module):
         if not self.config.stack_shaped:
             return (
                 f"{self.config.model_type}'s layers are not the one-call stack's (sandwich "
-                "norms, partial rotary, window, soft-caps or experts): the per-layer path runs them"
+                "norms, partial rotary, soft-caps or experts): the per-layer path runs them"
             )
         return None
 
@@ -253,7 +253,7 @@ class LlamaForCausalLM(nn.Module):
             self._stack = self._describe_stack(h.dtype)
         if h.shape[0] > self._stack.max_rows():
             return None
-        plan = attn.native_layers_plan(batch)
+        plan = attn.native_layers_plan(batch, self._stack.windows)
         return None if plan is None else (self._stack, plan)
 
     def _describe_stack(self, act_dtype: torch.dtype) -> DecoderStack:

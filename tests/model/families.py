@@ -45,8 +45,9 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
         },
         True,
     ),
-    # Mistral with its sliding window far shorter than the prompts (up to 46 tokens).
-    "mistral_window": ("mistral", {"sliding_window": 8}, False),
+    # Mistral with its sliding window far shorter than the prompts (up to 46 tokens); in the
+    # one-call stack too (each layer through its window's plan).
+    "mistral_window": ("mistral", {"sliding_window": 8}, True),
     # Phi-4-mini's partial rotary (half of each head here).
     "phi3_partial": ("phi3", {"partial_rotary_factor": 0.5}, False),
     # Mixture of experts (8 experts, uneven routing on random weights; test_moe.py covers an

@@ -169,8 +169,13 @@ void qk_norm_(const Ops& ops, const at::Tensor& x, const at::Tensor& weight, dou
 // the last layer's output (before the final norm). Per layer l: norms[2l], norms[2l + 1]
 // (input and post-attention RMSNorm weights; see post_norms); linear j (qkv, o, gate_up, down) of layer l has
 // kind kinds[4l + j], group size groups[4l + j] and tensors weights[3(4l + j) ..][a, b, bias];
-// KV pages k_pages[l], v_pages[l]. cos/sin: [T, 1, D] float32; plan: the attention plan's
-// eight index tensors (native.AttentionPlan's fields, in order); slots: where the rows' K/V go.
+// KV pages k_pages[l], v_pages[l]. cos/sin: [T, 1, D] float32. plans: attention plans, eight
+// index tensors each (native.AttentionPlan's fields, in order), and slots[p], where plan p's
+// layers store the rows' K/V; layer l attends through plan layer_plans[l] over its last
+// windows[l] keys (0: all of them). The global layers share one plan; each sliding window
+// has its own (no shared pages, each sequence's pages from the first its window reaches),
+// with the window pool's slots where its layers' KV lives there (engine/window_view.py).
+// Empty layer_plans and windows: every layer plan 0, no window.
 // qk_norms: empty, or per layer the q and k norm weights, applied before RoPE: over each head
 // (qk_norm_mode 1, Qwen3) or over the whole q and k projections (2, OLMo 2).
 // post_norms: OLMo 2's layout (PostNormDecoderLayer): no input norm, the blocks' outputs
@@ -180,7 +185,8 @@ void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms,
                     double eps, at::IntArrayRef kinds,
                     at::IntArrayRef groups, const c10::List<OptT>& weights, const at::Tensor& cos, const at::Tensor& sin,
                     int64_t num_q_heads, int64_t num_kv_heads, at::TensorList k_pages, at::TensorList v_pages,
-                    at::TensorList plan, const at::Tensor& slots, double sm_scale) {
+                    at::TensorList plans, at::TensorList slots, at::IntArrayRef layer_plans, at::IntArrayRef windows,
+                    double sm_scale) {
   const int64_t layers = static_cast<int64_t>(k_pages.size());
   TORCH_CHECK(h.dim() == 2 && h.is_contiguous() && h.device().is_cpu(), "h must be a contiguous [T, hidden] CPU tensor");
   TORCH_CHECK(static_cast<int64_t>(v_pages.size()) == layers && static_cast<int64_t>(norms.size()) == 2 * layers &&
@@ -188,7 +194,14 @@ void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms,
                   static_cast<int64_t>(groups.size()) == kLinears * layers &&
                   static_cast<int64_t>(weights.size()) == kSlots * kLinears * layers,
               "per-layer lists must have 2 norms, 4 kinds, 4 group sizes and 12 weights per layer");
-  TORCH_CHECK(plan.size() == 8, "plan must hold the attention plan's 8 index tensors");
+  const int64_t num_plans = static_cast<int64_t>(slots.size());
+  TORCH_CHECK(num_plans >= 1 && static_cast<int64_t>(plans.size()) == 8 * num_plans,
+              "plans must hold 8 index tensors for each of the slots' plans");
+  TORCH_CHECK(layer_plans.empty() || static_cast<int64_t>(layer_plans.size()) == layers,
+              "layer_plans must name every layer's plan, or be empty");
+  TORCH_CHECK(windows.empty() || static_cast<int64_t>(windows.size()) == layers,
+              "windows must give every layer's window, or be empty");
+  for (const int64_t p : layer_plans) TORCH_CHECK(p >= 0 && p < num_plans, "layer plan ", p, " out of range");
   TORCH_CHECK(qk_norm_mode >= 0 && qk_norm_mode <= 2, "qk_norm_mode must be 0 (none), 1 (heads) or 2 (projection)");
   TORCH_CHECK(static_cast<int64_t>(qk_norms.size()) == (qk_norm_mode == 0 ? 0 : 2 * layers),
               "qk_norms must hold a q and a k norm weight per layer, and only with a qk_norm_mode");
@@ -243,10 +256,12 @@ void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms,
         qk_norm_(ops, flat.narrow(1, num_q_heads * d, num_kv_heads * d), qk_norms[2 * l + 1], eps);
       }
       ops.rotary.call(heads(qkv, 0, n_qk), cos, sin);
+      const int64_t p = layer_plans.empty() ? 0 : layer_plans[l];
+      const at::TensorList plan = plans.slice(8 * p, 8);
       ops.paged_attention.call(heads(qkv, 0, num_q_heads), k_pages[l], v_pages[l], attn_heads, plan[0], plan[1],
                                plan[2], plan[3], plan[4], plan[5], plan[6], plan[7], sm_scale,
-                               heads(qkv, num_q_heads, num_kv_heads), heads(qkv, n_qk, num_kv_heads), slots,
-                               /*window=*/0, /*softcap=*/0.0);
+                               heads(qkv, num_q_heads, num_kv_heads), heads(qkv, n_qk, num_kv_heads), slots[p],
+                               windows.empty() ? 0 : windows[l], /*softcap=*/0.0);
       return lin(attn, attn_t, 1);
     };
     // The MLP over xt: gate_up, SiLU(gate) * up, down.
@@ -286,7 +301,7 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def(
       "decoder_layers(Tensor(a!) h, Tensor[] norms, Tensor[] qk_norms, int qk_norm_mode, bool post_norms, float eps, int[] kinds, int[] groups, Tensor?[] weights, "
       "Tensor cos, Tensor sin, int num_q_heads, int num_kv_heads, Tensor(b!)[] k_pages, Tensor(c!)[] v_pages, "
-      "Tensor[] plan, Tensor slots, float sm_scale) -> ()");
+      "Tensor[] plans, Tensor[] slots, int[] layer_plans, int[] windows, float sm_scale) -> ()");
   m.impl("decoder_layers", c10::DispatchKey::CPU, &decoder_layers);
   // The oneDNN-packed weights are MkldnnCPU tensors, which decide the dispatch key.
   m.impl("decoder_layers", c10::DispatchKey::MkldnnCPU, &decoder_layers);
