@@ -4,7 +4,8 @@ Both run the same kernels in the same order, so an engine generating with the st
 generating without it must agree exactly: tokens and logprobs, for plain fp32/bf16 weights,
 int8 and int4, q/k/v biases and tied embeddings (Qwen2), per-head q/k norms (Qwen3),
 post-norms and whole-projection q/k norms (OLMo 2), sliding windows with and without a
-window pool (Mistral), GQA and MQA, over staggered
+window pool (Mistral), Gemma 2 and 3's sandwich norms, GELU, soft-cap, interleaved windows
+and local RoPE, GQA and MQA, over staggered
 requests of which up to four decode together, cold and then warm (prefix reuse). The
 stack must also really have served the decode steps, run int8's dense path past its
 crossover, and step aside where a layer's kernel changes (reference mode).
@@ -103,6 +104,40 @@ def test_stack_equals_per_layer_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _stack_and_per_layer_agree(request.getfixturevalue(model), dtype, method, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "name,dtype,ratio,method",
+    [
+        ("gemma3", "float32", 0.5, None),
+        ("gemma3", "bfloat16", 0.5, None),
+        ("gemma3", "float32", 0.0, None),
+        ("gemma3", "float32", 0.5, "int8"),  # the GELU product into a quantized down_proj
+        ("gemma2", "float32", 0.5, None),
+        ("gemma2", "bfloat16", 0.5, None),
+    ],
+)
+def test_stack_equals_per_layer_path_for_gemma(
+    name: str,
+    dtype: str,
+    ratio: float,
+    method: str | None,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Gemma in the stack (``families.GEMMAS``): sandwich norms scaling by 1 + weight, GELU
+    gates, query_pre_attn_scalar, windowed layers (6) between global ones, with and without
+    the window pool; Gemma 3's per-head q/k norms and its sliding layers' own RoPE base,
+    Gemma 2's attention soft-cap (the final one is the caller's, after the stack)."""
+    import tiny_models
+    from families import GEMMAS
+
+    model_type, overrides, _ = GEMMAS[name]
+    path = tiny_models.build_tiny_family(
+        tmp_path_factory.mktemp(name), model_type, tokenizer=True, **overrides
+    )
+    engines = _stack_and_per_layer_agree(path, dtype, method, monkeypatch, window_kv_ratio=ratio)
+    assert bool(engines[0].pool.window_layers) == (ratio > 0)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
