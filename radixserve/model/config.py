@@ -118,25 +118,33 @@ class ModelConfig:
 
     @property
     def llama_shaped(self) -> bool:
-        """Whether the layers are Llama's: pre-norms, no q/k norm, and everything else
-        :attr:`stack_shaped` asks."""
-        return self.qk_norm is None and self.norm_layout == "pre" and self.stack_shaped
-
-    @property
-    def stack_shaped(self) -> bool:
-        """Whether the one-call CPU decoder stack runs these layers: Llama's, with Qwen3's
-        per-head or OLMo 2's whole-projection q/k norm, pre-norms or OLMo 2's post-norms; full
-        rotary, no window (the stack's kernel attends over everything), none of Gemma's quirks,
-        dense MLPs."""
+        """Whether the layers are Llama's: pre-norms, no q/k norm, no window, SiLU, plain
+        norms and scores, and everything else :attr:`stack_shaped` asks."""
         return (
-            self.qk_norm in (None, "head", "proj")
-            and self.norm_layout in ("pre", "post")
-            and self.rotary_dim == self.head_dim
+            self.qk_norm is None
+            and self.norm_layout == "pre"
             and self.sliding_window is None
             and self.hidden_act == "silu"
             and not self.norm_plus_one
             and self.query_pre_attn_scalar is None
             and self.attn_softcap is None
+            and self.stack_shaped
+        )
+
+    @property
+    def stack_shaped(self) -> bool:
+        """Whether the one-call CPU decoder stack runs these layers: Llama's, with Qwen3's
+        per-head or OLMo 2's whole-projection q/k norm, pre-norms, OLMo 2's post-norms or
+        Gemma's sandwich norms (Gemma's ``1 + weight`` norms only there), sliding windows on
+        any layers (the stack gives each layer its window's plan and, Gemma 3, its RoPE base),
+        SiLU or GELU-tanh gates, Gemma's scores' scale and soft-cap; full rotary, dense MLPs,
+        no clipped q/k/v."""
+        return (
+            self.qk_norm in (None, "head", "proj")
+            and self.norm_layout in ("pre", "post", "sandwich")
+            and (not self.norm_plus_one or self.norm_layout == "sandwich")
+            and self.rotary_dim == self.head_dim
+            and self.hidden_act in ("silu", "gelu_pytorch_tanh")
             and self.moe is None
             and self.clip_qkv is None
         )

@@ -39,6 +39,9 @@ from radixserve.model.quant.linear import (
 KIND_DENSE, KIND_INT8, KIND_INT4_TORCH, KIND_INT4_GEMV = 0, 1, 2, 3
 # Its q/k norm modes, by ModelConfig.qk_norm: none, per head (Qwen3), whole projection (OLMo 2).
 QK_NORM_MODES = {None: 0, "head": 1, "proj": 2}
+# Its norm layouts (``NormLayout``), by ModelConfig.norm_layout, and MLP gates (``Act``).
+NORM_LAYOUTS = {"pre": 0, "post": 1, "sandwich": 2}
+ACTS = {"silu": 0, "gelu_pytorch_tanh": 1}
 
 
 @dataclass(frozen=True)
@@ -90,27 +93,32 @@ def native_max_rows(module: QuantizedLinear) -> int:
 
 @dataclass(frozen=True)
 class LayerParts:
-    """One decoder layer as the stack sees it: its two RMSNorm weights (pre-norm layout: the
-    input and post-attention norms; post-norm layout: the post-attention and post-feedforward
-    norms), its four linear layers (qkv, o, gate_up, down), in that order, and its q and k
-    norm weights (None: no q/k norm)."""
+    """One decoder layer as the stack sees it: its RMSNorm weights in its layout's order
+    (pre-norm: the input and post-attention norms; post-norm: the post-attention and
+    post-feedforward norms; sandwich: input, post-attention, pre- and post-feedforward), its
+    four linear layers (qkv, o, gate_up, down), in that order, its q and k norm weights (None:
+    no q/k norm) and its sliding window (None: it attends over all keys). Gemma's norms are
+    given as the float32 ``1 + weight`` they scale by (``layers/norm.py`` ``stack_weight``)."""
 
-    input_norm: torch.Tensor
-    post_attention_norm: torch.Tensor
+    norms: tuple[torch.Tensor, ...]
     linears: tuple[nn.Module, nn.Module, nn.Module, nn.Module]
     head_norms: tuple[torch.Tensor, torch.Tensor] | None = None
+    window: int | None = None
 
 
 @dataclass(frozen=True)
-class AttentionShape:
-    """The attention's head counts and softmax scale, its q/k norm and the layers' norm
-    layout (every layer alike)."""
+class StackShape:
+    """What every layer shares: the attention's head counts, softmax scale, q/k norm and
+    scores' soft-cap, the norms' layout and kind, the MLP's gate activation."""
 
     num_q_heads: int
     num_kv_heads: int
     sm_scale: float
     qk_norm: str | None = None  # ModelConfig.qk_norm: None, "head" or "proj"
-    post_norms: bool = False  # OLMo 2's layout: the blocks' outputs normalized
+    norm_layout: str = "pre"  # ModelConfig.norm_layout: "pre", "post" (OLMo 2) or "sandwich"
+    norm_plus_one: bool = False  # Gemma's 1 + weight norms (only sandwiched)
+    act: str = "silu"  # ModelConfig.hidden_act: "silu" or "gelu_pytorch_tanh" (Gemma)
+    softcap: float | None = None  # ModelConfig.attn_softcap (Gemma 2)
 
 
 class DecoderStack:
@@ -119,7 +127,7 @@ class DecoderStack:
     def __init__(
         self,
         layers: Sequence[LayerParts],
-        attn: AttentionShape,
+        attn: StackShape,
         eps: float,
         act_dtype: torch.dtype,
     ) -> None:
@@ -139,11 +147,24 @@ class DecoderStack:
         self.complete = True
         self.eps = eps
         self.attn = attn
-        if any((layer.head_norms is None) != (attn.qk_norm is None) for layer in layers):
-            self.complete = False  # every layer normalizes q/k as the attention says, or none
+        # Each layer's sliding window (None: global), for the backend's plans, and as the
+        # kernel takes it (0: none).
+        self.windows: tuple[int | None, ...] = tuple(layer.window for layer in layers)
+        self._windows = [w or 0 for w in self.windows]
+        norms_per_layer = 4 if attn.norm_layout == "sandwich" else 2
+        if (
+            any((layer.head_norms is None) != (attn.qk_norm is None) for layer in layers)
+            or any(len(layer.norms) != norms_per_layer for layer in layers)
+            or (attn.norm_plus_one and attn.norm_layout != "sandwich")
+            or attn.norm_layout not in NORM_LAYOUTS
+            or attn.act not in ACTS
+        ):
+            # every layer normalizes q/k as the attention says, or none; the layout's norms;
+            # Gemma's norms only in Gemma's layout (the kernel's pre-norm adds fuse RMSNorm's)
+            self.complete = False
             return
         for layer in layers:
-            self.norms += [layer.input_norm.detach(), layer.post_attention_norm.detach()]
+            self.norms += [w.detach() for w in layer.norms]
             if layer.head_norms is not None:
                 self.qk_norms += [w.detach() for w in layer.head_norms]
             for module in layer.linears:
@@ -161,7 +182,8 @@ class DecoderStack:
                 self.kinds.append(spec.kind)
                 self.groups.append(spec.group)
                 self.weights += [spec.a, spec.b, spec.bias]
-        self.complete = all(n.dtype == act_dtype and n.is_contiguous() for n in self.norms)
+        norm_dtype = torch.float32 if attn.norm_plus_one else act_dtype
+        self.complete = all(n.dtype == norm_dtype and n.is_contiguous() for n in self.norms)
 
     def max_rows(self) -> int:
         """Rows up to which the native stack serves a forward now (0: not at all)."""
@@ -174,10 +196,16 @@ class DecoderStack:
         return min((native_max_rows(m) for m in self.quantized), default=UNLIMITED_ROWS)
 
     def run(
-        self, h: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], attn: NativeLayersPlan
+        self,
+        h: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        attn: NativeLayersPlan,
+        local_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         """Every layer over ``h`` ``[T, hidden]`` (in place), storing the rows' K/V into the
-        pages at ``attn.slots``; ``cos_sin`` float32 ``[T, 1, head_dim]`` each."""
+        pages at ``attn.slots``; ``cos_sin`` float32 ``[T, 1, head_dim]`` each, and
+        ``local_cos_sin`` those of the windowed layers where they rotate with a base of their
+        own (Gemma 3)."""
         for i, module in self.int8:
             self.groups[i] = module.kernel_max_rows()
         for i, dense in self.dense:
@@ -187,18 +215,22 @@ class DecoderStack:
             self.norms,
             self.qk_norms,
             QK_NORM_MODES[self.attn.qk_norm],
-            self.attn.post_norms,
+            NORM_LAYOUTS[self.attn.norm_layout],
+            self.attn.norm_plus_one,
             self.eps,
             self.kinds,
             self.groups,
             self.weights,
-            cos_sin[0],
-            cos_sin[1],
+            [*cos_sin, *(local_cos_sin or ())],
+            ACTS[self.attn.act],
             self.attn.num_q_heads,
             self.attn.num_kv_heads,
             attn.k_pages,
             attn.v_pages,
-            attn.plan.tensors(),
+            [t for plan in attn.plans for t in plan.tensors()],
             attn.slots,
+            attn.layer_plans,
+            self._windows,
             self.attn.sm_scale,
+            self.attn.softcap or 0.0,
         )

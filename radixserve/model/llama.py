@@ -15,10 +15,11 @@ op-by-op rounding by an ulp or so).
 The checkpoint's separate tensors are copied into slices of the fused weights by
 :meth:`LlamaForCausalLM.load_weights` (Phi-3's checkpoints store them fused already).
 
-Llama-shaped families, Qwen3 with its per-head q/k norm and OLMo 2 with its post-norms and
-whole-projection q/k norm (``ModelConfig.stack_shaped``: full rotary, no window) run the
-CPU's one-call decoder stack; the others (Gemma, Mistral's window, partial-rotary Phi, MoE)
-take the per-layer path, which :attr:`LlamaForCausalLM.native_stack_reason` says.
+Llama-shaped families, Mistral with its sliding window, Qwen3 with its per-head q/k norm,
+OLMo 2 with its post-norms and whole-projection q/k norm, Gemma 2 and 3 with their sandwich
+norms, windows, soft-caps and local RoPE (``ModelConfig.stack_shaped``: full rotary, dense
+MLPs) run the CPU's one-call decoder stack; the others (partial-rotary Phi, MoE, OLMoE's
+clipped q/k/v) take the per-layer path, which :attr:`LlamaForCausalLM.native_stack_reason` says.
 
 Inside a forward the layers call their submodules' ``forward`` directly, not through
 ``nn.Module.__call__``: its hook bookkeeping costs ~1.4 us a call here, and a batch-1 decode
@@ -38,18 +39,19 @@ from torch import nn
 from radixserve.model import native
 from radixserve.model.attention.base import AttentionBackend, NativeLayersPlan
 from radixserve.model.config import ModelConfig
-from radixserve.model.decoder_stack import AttentionShape, DecoderStack, LayerParts
+from radixserve.model.decoder_stack import DecoderStack, LayerParts, StackShape
 from radixserve.model.forward_batch import ForwardBatch
 from radixserve.model.layers.attention import Attention
 from radixserve.model.layers.decoder import (
     DecoderLayer,
     PostNormDecoderLayer,
     PreNormDecoderLayer,
+    SandwichDecoderLayer,
     decoder_layer,
 )
 from radixserve.model.layers.mlp import GatedMLP
 from radixserve.model.layers.moe import expert_checkpoint_names
-from radixserve.model.layers.norm import RMSNorm, rms_norm
+from radixserve.model.layers.norm import RMSNorm, rms_norm, stack_weight
 from radixserve.model.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
 from radixserve.model.parallel import ParallelLMHead, TPGroup, TPShard, VocabParallelEmbedding
 from radixserve.model.quant.apply import QuantReport
@@ -123,20 +125,29 @@ def _head_norms(attn: Attention) -> tuple[torch.Tensor, torch.Tensor] | None:
     """A layer's q and k norm weights for the one-call stack (None: no q/k norm)."""
     if attn.qk_norm is None:
         return None
-    return attn.q_norm.weight, attn.k_norm.weight
+    return stack_weight(attn.q_norm), stack_weight(attn.k_norm)
+
+
+def _layer_norms(layer: DecoderLayer) -> tuple[RMSNorm, ...]:
+    """A decoder layer's norms in its layout's order (``decoder_stack.LayerParts``)."""
+    if isinstance(layer, PostNormDecoderLayer):
+        return layer.post_attention_layernorm, layer.post_feedforward_layernorm
+    if isinstance(layer, SandwichDecoderLayer):
+        return (
+            layer.input_layernorm,
+            layer.post_attention_layernorm,
+            layer.pre_feedforward_layernorm,
+            layer.post_feedforward_layernorm,
+        )
+    return layer.input_layernorm, layer.post_attention_layernorm
 
 
 def _stack_parts(layer: DecoderLayer) -> LayerParts:
-    """A pre- or post-norm decoder layer as the one-call stack's parts."""
+    """A decoder layer as the one-call stack's parts."""
     mlp = cast("GatedMLP", layer.mlp)
     linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-    heads = _head_norms(layer.self_attn)
-    if isinstance(layer, PostNormDecoderLayer):
-        first, second = layer.post_attention_layernorm, layer.post_feedforward_layernorm
-    else:
-        pre = cast("PreNormDecoderLayer", layer)
-        first, second = pre.input_layernorm, pre.post_attention_layernorm
-    return LayerParts(first.weight, second.weight, linears, heads)
+    norms = tuple(stack_weight(norm) for norm in _layer_norms(layer))
+    return LayerParts(norms, linears, _head_norms(layer.self_attn), layer.self_attn.window)
 
 
 def _stacked_target(name: str) -> tuple[str, int | None]:
@@ -218,7 +229,7 @@ class LlamaForCausalLM(nn.Module):
         )
         stack = self._native_stack(h, batch, attn)
         if stack is not None:  # every layer in one native call (decoder_stack.py)
-            stack[0].run(h, cos_sin, stack[1])
+            stack[0].run(h, cos_sin, stack[1], None if local is None else local_cos_sin)
         else:
             for layer in cast("list[DecoderLayer]", self.model.layers):
                 windowed = layer.self_attn.window is not None
@@ -237,8 +248,8 @@ class LlamaForCausalLM(nn.Module):
             return "tensor parallelism (each layer all-reduces)"
         if not self.config.stack_shaped:
             return (
-                f"{self.config.model_type}'s layers are not the one-call stack's (sandwich "
-                "norms, partial rotary, window, soft-caps or experts): the per-layer path runs them"
+                f"{self.config.model_type}'s layers are not the one-call stack's (partial "
+                "rotary, experts or clipped q/k/v): the per-layer path runs them"
             )
         return None
 
@@ -253,21 +264,24 @@ class LlamaForCausalLM(nn.Module):
             self._stack = self._describe_stack(h.dtype)
         if h.shape[0] > self._stack.max_rows():
             return None
-        plan = attn.native_layers_plan(batch)
+        plan = attn.native_layers_plan(batch, self._stack.windows)
         return None if plan is None else (self._stack, plan)
 
     def _describe_stack(self, act_dtype: torch.dtype) -> DecoderStack:
         """This model's layers as :class:`DecoderStack` parts (their modules as they are now)."""
         layers = cast("list[DecoderLayer]", list(self.model.layers))
-        attn = layers[0].self_attn
+        attn, cfg = layers[0].self_attn, self.config
         return DecoderStack(
             [_stack_parts(layer) for layer in layers],
-            AttentionShape(
+            StackShape(
                 attn.num_q_heads,
                 attn.num_kv_heads,
                 attn.sm_scale,
                 attn.qk_norm,
-                post_norms=self.config.norm_layout == "post",
+                cfg.norm_layout,
+                cfg.norm_plus_one,
+                cfg.hidden_act,
+                attn.softcap,
             ),
             self.local_config.rms_norm_eps,
             act_dtype,

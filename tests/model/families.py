@@ -1,6 +1,8 @@
 """The family checkpoints the family tests build: each with its quirks active.
 
-``name -> (model_type, transformers config overrides, runs the native decoder stack)``.
+``name -> (model_type, transformers config overrides, runs the native decoder stack)``:
+``FAMILIES`` for test_families_vs_hf.py, ``GEMMAS`` for test_gemma_vs_hf.py (and both for
+test_decoder_layers.py's stack-against-per-layer checks).
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
         },
         True,
     ),
-    # Mistral with its sliding window far shorter than the prompts (up to 46 tokens).
-    "mistral_window": ("mistral", {"sliding_window": 8}, False),
+    # Mistral with its sliding window far shorter than the prompts (up to 46 tokens); in the
+    # one-call stack too (each layer through its window's plan).
+    "mistral_window": ("mistral", {"sliding_window": 8}, True),
     # Phi-4-mini's partial rotary (half of each head here).
     "phi3_partial": ("phi3", {"partial_rotary_factor": 0.5}, False),
     # Mixture of experts (8 experts, uneven routing on random weights; test_moe.py covers an
@@ -68,4 +71,31 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
     "mixtral": ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 2}, False),
     # OLMoE: pre-norm, whole-projection q/k norms, clip_qkv that bites, top-3 not renormalised.
     "olmoe": ("olmoe", {"num_experts": 8, "num_experts_per_tok": 3, "clip_qkv": 1.5}, False),
+}
+
+# Gemma 2 and 3 with every quirk biting (test_gemma_vs_hf.py says how): a window far shorter
+# than the prompts, soft-caps that bite, query_pre_attn_scalar 24 (head_dim 16), Gemma 3's
+# two RoPE bases (local 100; global 1e6 with linear x4) and its sliding_window_pattern 2, so
+# both layer kinds recur. Both run in the one-call stack (sandwich norms, windows, soft-caps).
+GEMMA_WINDOW = 6
+_GEMMA: dict[str, Any] = {
+    "num_hidden_layers": 3,
+    "sliding_window": GEMMA_WINDOW,
+    "query_pre_attn_scalar": 24,
+    "final_logit_softcapping": 2.0,
+}
+GEMMAS: dict[str, tuple[str, dict[str, Any], bool]] = {
+    "gemma2": ("gemma2", {**_GEMMA, "attn_logit_softcapping": 1.0}, True),
+    "gemma3": (
+        "gemma3_text",
+        {
+            **_GEMMA,
+            "sliding_window_pattern": 2,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            },
+        },
+        True,
+    ),
 }

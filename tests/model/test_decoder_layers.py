@@ -3,7 +3,9 @@
 Both run the same kernels in the same order, so an engine generating with the stack and one
 generating without it must agree exactly: tokens and logprobs, for plain fp32/bf16 weights,
 int8 and int4, q/k/v biases and tied embeddings (Qwen2), per-head q/k norms (Qwen3),
-post-norms and whole-projection q/k norms (OLMo 2), GQA and MQA, over staggered
+post-norms and whole-projection q/k norms (OLMo 2), sliding windows with and without a
+window pool (Mistral), Gemma 2 and 3's sandwich norms, GELU, soft-cap, interleaved windows
+and local RoPE, GQA and MQA, over staggered
 requests of which up to four decode together, cold and then warm (prefix reuse). The
 stack must also really have served the decode steps, run int8's dense path past its
 crossover, and step aside where a layer's kernel changes (reference mode).
@@ -45,6 +47,17 @@ def tiny_olmo2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     return tiny_models.build_tiny_family(
         tmp_path_factory.mktemp("olmo2"), "olmo2", tokenizer=True, head_dim=16
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_mistral_window_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Mistral whose sliding window (6, not a whole number of 4-token pages)
+    is far shorter than the prompts and their continuations."""
+    import tiny_models
+
+    return tiny_models.build_tiny_family(
+        tmp_path_factory.mktemp("mistral"), "mistral", tokenizer=True, sliding_window=6
     )
 
 
@@ -90,6 +103,68 @@ def test_stack_equals_per_layer_path(
     request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    _stack_and_per_layer_agree(request.getfixturevalue(model), dtype, method, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "name,dtype,ratio,method",
+    [
+        ("gemma3", "float32", 0.5, None),
+        ("gemma3", "bfloat16", 0.5, None),
+        ("gemma3", "float32", 0.0, None),
+        ("gemma3", "float32", 0.5, "int8"),  # the GELU product into a quantized down_proj
+        ("gemma2", "float32", 0.5, None),
+        ("gemma2", "bfloat16", 0.5, None),
+    ],
+)
+def test_stack_equals_per_layer_path_for_gemma(
+    name: str,
+    dtype: str,
+    ratio: float,
+    method: str | None,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Gemma in the stack (``families.GEMMAS``): sandwich norms scaling by 1 + weight, GELU
+    gates, query_pre_attn_scalar, windowed layers (6) between global ones, with and without
+    the window pool; Gemma 3's per-head q/k norms and its sliding layers' own RoPE base,
+    Gemma 2's attention soft-cap (the final one is the caller's, after the stack)."""
+    import tiny_models
+    from families import GEMMAS
+
+    model_type, overrides, _ = GEMMAS[name]
+    path = tiny_models.build_tiny_family(
+        tmp_path_factory.mktemp(name), model_type, tokenizer=True, **overrides
+    )
+    engines = _stack_and_per_layer_agree(path, dtype, method, monkeypatch, window_kv_ratio=ratio)
+    assert bool(engines[0].pool.window_layers) == (ratio > 0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("ratio", [0.5, 0.0])
+def test_stack_equals_per_layer_path_with_window(
+    tiny_mistral_window_dir: Path, dtype: str, ratio: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mistral's sliding window (6, prompts up to 22 tokens and 6 more decoded) in the
+    stack: each layer attends through its window's plan, over the window pool's pages and
+    slots (ratio 0.5, the default) or the global pages (ratio 0: no window pool)."""
+    engines = _stack_and_per_layer_agree(
+        tiny_mistral_window_dir, dtype, None, monkeypatch, window_kv_ratio=ratio
+    )
+    for engine in engines:
+        assert bool(engine.pool.window_layers) == (ratio > 0)
+
+
+def _stack_and_per_layer_agree(
+    path: Path,
+    dtype: str,
+    method: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+    **engine_kw: object,
+) -> list[Engine]:
+    """Generate with the stack and without it (one fresh engine each): the same tokens and
+    logprobs, the stack serving every decode step of the first and none of the second.
+    Returns the two engines."""
     calls = [0]
     run = DecoderStack.run
 
@@ -98,17 +173,19 @@ def test_stack_equals_per_layer_path(
         run(self, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(DecoderStack, "run", counted)
-    results = []
+    results, engines = [], []
     for stack in (True, False):
         engine = Engine(
-            str(request.getfixturevalue(model)),
+            str(path),
             dtype=dtype,
             quantization=method,
             page_size=4,
             num_pages=256,
             max_running_requests=4,
             max_num_tokens=16,
+            **engine_kw,
         )
+        engines.append(engine)
         before = calls[0]
         results.append(_generate(engine, stack, calls))
         used = calls[0] - before
@@ -117,6 +194,7 @@ def test_stack_equals_per_layer_path(
             want = {None: KIND_DENSE, "int8": KIND_INT8, "int4": KIND_INT4_GEMV}[method]
             assert engine.model._stack is not None and set(engine.model._stack.kinds) == {want}
     assert results[0] == results[1]
+    return engines
 
 
 def test_stack_steps_aside_for_reference_mode(tiny_llama_dir: Path) -> None:

@@ -1,5 +1,6 @@
 """Gemma 2 and Gemma 3 (text) against transformers' own implementation, on tiny random
-checkpoints saved by transformers' config and model classes with every quirk biting:
+checkpoints (``families.GEMMAS``) saved by transformers' config and model classes with every
+quirk biting:
 
 - a sliding window (6) far shorter than the prompts (up to 40 tokens), interleaved with
   global layers (Gemma 3 with ``sliding_window_pattern`` 2 here, so both kinds recur);
@@ -13,17 +14,18 @@ checkpoints saved by transformers' config and model classes with every quirk bit
 Tolerance (float32): logits |ours - hf| <= 1e-4 + 1e-4 |hf| (measured ~7e-6 on logits up to
 ~2); per-token logprobs within 1e-4; greedy tokens identical. The engine runs are cold, then
 warm (the prompts' cached prefixes reused), with prefill in chunks of at most 16 tokens and a
-batch of mixed lengths, on the CPU's paged attention.
+batch of mixed lengths, on the CPU's paged attention, the layers in the one-call native stack.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import tiny_models
 import torch
+from families import GEMMA_WINDOW as WINDOW
+from families import GEMMAS
 
 from radixserve.engine.engine import Engine
 from radixserve.model.attention.dense import DenseAttentionBackend
@@ -34,33 +36,11 @@ from radixserve.sampling_params import SamplingParams
 ATOL = RTOL = 1e-4
 LOGPROB_ATOL = 1e-4
 NEW_TOKENS = 6
-WINDOW = 6
-
-_COMMON: dict[str, Any] = {
-    "num_hidden_layers": 3,
-    "sliding_window": WINDOW,
-    "query_pre_attn_scalar": 24,
-    "final_logit_softcapping": 2.0,
-}
-GEMMAS: dict[str, tuple[str, dict[str, Any]]] = {
-    "gemma2": ("gemma2", {**_COMMON, "attn_logit_softcapping": 1.0}),
-    "gemma3": (
-        "gemma3_text",
-        {
-            **_COMMON,
-            "sliding_window_pattern": 2,
-            "rope_parameters": {
-                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-            },
-        },
-    ),
-}
 
 
 @pytest.fixture(scope="module", params=sorted(GEMMAS))
 def gemma(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    model_type, overrides = GEMMAS[request.param]
+    model_type, overrides, _ = GEMMAS[request.param]
     return tiny_models.build_tiny_family(
         tmp_path_factory.mktemp(request.param), model_type, tokenizer=True, **overrides
     )
@@ -80,7 +60,9 @@ def _seqs(lengths: tuple[int, ...], seed: int) -> list[list[int]]:
 
 
 def test_config_reads_the_quirks(gemma: Path) -> None:
-    cfg = load_model(gemma).config
+    model = load_model(gemma)
+    cfg = model.config
+    assert model.native_stack_reason is None  # the one-call CPU stack runs every quirk
     kinds = cfg.layer_types
     assert kinds is not None and set(kinds) == {"sliding_attention", "full_attention"}
     assert [cfg.layer_window(i) for i in range(3)] == [WINDOW, None, WINDOW]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -14,12 +15,15 @@ from radixserve.model.native import AttentionPlan
 @dataclass(frozen=True)
 class NativeLayersPlan:
     """What a forward that runs all its layers in one CPU call needs from the backend: the
-    step's attention plan, each layer's K and V pages, and the rows' KV slots."""
+    step's attention plans (the global layers' first, then one per sliding window), each
+    plan's KV slots for the rows (a window pool's where its layers' KV lives there), the
+    plan each layer attends through, and each layer's K and V pages."""
 
-    plan: AttentionPlan
+    plans: list[AttentionPlan]
+    slots: list[torch.Tensor]
+    layer_plans: list[int]
     k_pages: list[torch.Tensor]
     v_pages: list[torch.Tensor]
-    slots: torch.Tensor
 
 
 class AttentionBackend(ABC):
@@ -48,9 +52,12 @@ class AttentionBackend(ABC):
         per-batch metadata override it (deliberately not abstract)."""
         return
 
-    def native_layers_plan(self, batch: ForwardBatch) -> NativeLayersPlan | None:
-        """For the CPU's one-call decoder stack (``model/decoder_stack.py``): the plan and pages
-        of ``batch`` when this backend attends through ``native.paged_attention`` with
+    def native_layers_plan(
+        self, batch: ForwardBatch, windows: Sequence[int | None]
+    ) -> NativeLayersPlan | None:
+        """For the CPU's one-call decoder stack (``model/decoder_stack.py``): the plans and
+        pages of ``batch`` for layers with ``windows`` (each layer's sliding window, None:
+        global) when this backend attends through ``native.paged_attention`` with
         unquantized pages; None (the default) keeps the per-layer forward."""
         return None
 

@@ -43,7 +43,7 @@ reference store / dequantize of ``radixkernels.reference``; the unquantized case
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -419,18 +419,31 @@ class TorchPagedAttentionBackend(AttentionBackend):
             part = None if mask is None else mask[:rows, :, :, start * ps : start * ps + keys]
             yield KVBlock(rows, k[:, :, :keys], v[:, :, :keys], part)
 
-    def native_layers_plan(self, batch: ForwardBatch) -> NativeLayersPlan | None:
-        """The CPU kernel's plan for ``batch`` (prepared by init_forward_metadata) with the
-        pool's per-layer pages, for a forward that runs every layer in one native call."""
+    def native_layers_plan(
+        self, batch: ForwardBatch, windows: Sequence[int | None]
+    ) -> NativeLayersPlan | None:
+        """The CPU kernel's plans for ``batch`` (prepared by init_forward_metadata) with the
+        pool's per-layer pages, for a forward that runs every layer in one native call: each
+        windowed layer gets the plan and slots ``_native_forward`` would give it (its window's
+        plan, over the window view's pages and slots where the window pool holds its KV)."""
         meta = self._meta
         if meta is None or meta.native is None or self._meta_batch is not batch:
             return None
         if self._quantized:  # the one-call forward stores unquantized rows only
             return None
         assert batch.out_cache_loc is not None  # a paged batch (init_forward_metadata)
-        return NativeLayersPlan(
-            meta.native, self.pool.k_data, self.pool.v_data, batch.out_cache_loc
-        )
+        view = batch if batch.window_view is None else batch.window_view
+        assert view.out_cache_loc is not None
+        plans, slots = [meta.native], [batch.out_cache_loc]
+        index: dict[int, int] = {}  # window -> its plan's index
+        layer_plans = []
+        for window in windows:
+            if window is not None and window not in index:
+                index[window] = len(plans)
+                plans.append(self._window_plan(view, window))
+                slots.append(view.out_cache_loc)
+            layer_plans.append(0 if window is None else index[window])
+        return NativeLayersPlan(plans, slots, layer_plans, self.pool.k_data, self.pool.v_data)
 
     # -- attention -----------------------------------------------------------------------
 

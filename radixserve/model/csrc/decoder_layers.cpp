@@ -1,4 +1,7 @@
-// The whole decoder stack of a Llama-family model for one CPU forward, in one call.
+// The whole decoder stack of a Llama-family model for one CPU forward, in one call, with its
+// kin's quirks (ModelConfig.stack_shaped): Qwen3's and OLMo 2's q/k norms, OLMo 2's post-norms,
+// sliding windows (Mistral; Gemma's interleaved with global layers, with or without a window
+// pool), Gemma 2/3's sandwich norms of 1 + weight, GELU gates, soft-cap and local RoPE base.
 //
 // A batch-1 decode step of SmolLM2 is ~300 small operations (per layer: two RMSNorms, four
 // linears, RoPE, the paged attention, SiLU * up, the residual adds). Launched one by one
@@ -38,6 +41,12 @@ enum Kind : int64_t {
 };
 constexpr int64_t kSlots = 3;  // tensors per linear in the weight list: a, b, bias
 constexpr int64_t kLinears = 4;  // qkv, o, gate_up, down
+
+// Where the norms sit (layers/decoder.py): before each block (Llama), on each block's output
+// (OLMo 2), or both (Gemma's sandwich, four norms a layer).
+enum NormLayout : int64_t { kPreNorm = 0, kPostNorm = 1, kSandwich = 2 };
+// The MLP's gate activation (GatedMLP.act).
+enum Act : int64_t { kSilu = 0, kGeluTanh = 1 };
 
 using OptT = std::optional<at::Tensor>;
 
@@ -143,14 +152,24 @@ at::Tensor heads(const at::Tensor& qkv, int64_t first, int64_t n) {
   return qkv.as_strided({qkv.size(0), n, d}, {qkv.stride(0), d, 1}, qkv.storage_offset() + first * d);
 }
 
+// Gemma's RMSNorm of ``x`` (OffsetRMSNorm.forward): normalized in float32 and scaled there by
+// ``scale`` (float32 1 + weight, formed as that forward forms it), then cast back.
+at::Tensor offset_norm(const at::Tensor& x, const at::Tensor& scale, double eps) {
+  return at::rms_norm(x.to(at::kFloat), {scale.size(0)}, scale, eps).to(x.scalar_type());
+}
+
 // A q or k RMSNorm written back in place into the fused projection (Attention._norm_qk's
-// ``x.copy_(norm.forward(x))``), op for op as RMSNorm.forward (layers/norm.py) runs on that
-// view, so the bits are the per-layer path's: a 2-D contiguous view of the weight's dtype
-// (OLMo 2's whole-projection norm of a single row) through the project's rms_norm kernel;
-// any other view (Qwen3's [t, heads, d], OLMo 2's rows of a wider projection) through torch:
-// float32 input through at::rms_norm with the weight; 16-bit input normalized in float32,
-// cast back, then scaled by the weight.
-void qk_norm_(const Ops& ops, const at::Tensor& x, const at::Tensor& weight, double eps) {
+// ``x.copy_(norm.forward(x))``), op for op as the norm's forward (layers/norm.py) runs on that
+// view, so the bits are the per-layer path's. Gemma's (``plus_one``): offset_norm. Otherwise as
+// RMSNorm.forward: a 2-D contiguous view of the weight's dtype (OLMo 2's whole-projection norm
+// of a single row) through the project's rms_norm kernel; any other view (Qwen3's [t, heads,
+// d], OLMo 2's rows of a wider projection) through torch: float32 input through at::rms_norm
+// with the weight; 16-bit input normalized in float32, cast back, then scaled by the weight.
+void qk_norm_(const Ops& ops, const at::Tensor& x, const at::Tensor& weight, double eps, bool plus_one) {
+  if (plus_one) {
+    x.copy_(offset_norm(x, weight, eps));
+    return;
+  }
   if (x.dim() == 2 && x.is_contiguous() && x.scalar_type() == weight.scalar_type()) {
     at::Tensor out = at::empty_like(x);
     ops.rms_norm.call(x, weight, eps, std::nullopt, out);
@@ -167,28 +186,53 @@ void qk_norm_(const Ops& ops, const at::Tensor& x, const at::Tensor& weight, dou
 
 // Every layer over the batch's rows, ``h`` ([T, hidden], the embeddings) updated in place to
 // the last layer's output (before the final norm). Per layer l: norms[2l], norms[2l + 1]
-// (input and post-attention RMSNorm weights; see post_norms); linear j (qkv, o, gate_up, down) of layer l has
+// (input and post-attention RMSNorm weights; see norm_layout); linear j (qkv, o, gate_up, down) of layer l has
 // kind kinds[4l + j], group size groups[4l + j] and tensors weights[3(4l + j) ..][a, b, bias];
-// KV pages k_pages[l], v_pages[l]. cos/sin: [T, 1, D] float32; plan: the attention plan's
-// eight index tensors (native.AttentionPlan's fields, in order); slots: where the rows' K/V go.
+// KV pages k_pages[l], v_pages[l]. rope: cos, sin ([T, 1, D] float32), then, where the
+// sliding layers rotate with a base of their own (Gemma 3), their cos and sin: windowed layers
+// take those. act: the MLP's gate activation (Act). plans: attention plans, eight
+// index tensors each (native.AttentionPlan's fields, in order), and slots[p], where plan p's
+// layers store the rows' K/V; layer l attends through plan layer_plans[l] over its last
+// windows[l] keys (0: all of them). The global layers share one plan; each sliding window
+// has its own (no shared pages, each sequence's pages from the first its window reaches),
+// with the window pool's slots where its layers' KV lives there (engine/window_view.py).
+// Empty layer_plans and windows: every layer plan 0, no window. softcap: the attention
+// scores' soft-cap (Gemma 2; 0: none), every layer's.
 // qk_norms: empty, or per layer the q and k norm weights, applied before RoPE: over each head
-// (qk_norm_mode 1, Qwen3) or over the whole q and k projections (2, OLMo 2).
-// post_norms: OLMo 2's layout (PostNormDecoderLayer): no input norm, the blocks' outputs
+// (qk_norm_mode 1, Qwen3, Gemma 3) or over the whole q and k projections (2, OLMo 2).
+// norm_layout kPostNorm: OLMo 2's (PostNormDecoderLayer): no input norm, the blocks' outputs
 // normalized before each residual add; norms[2l], norms[2l + 1] are then the post-attention
-// and post-feedforward norms.
-void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms, int64_t qk_norm_mode, bool post_norms,
-                    double eps, at::IntArrayRef kinds,
-                    at::IntArrayRef groups, const c10::List<OptT>& weights, const at::Tensor& cos, const at::Tensor& sin,
+// and post-feedforward norms. kSandwich: Gemma's (SandwichDecoderLayer), four norms a layer:
+// norms[4l ..] the input, post-attention, pre-feedforward and post-feedforward norms.
+// norm_plus_one: every norm (q/k norms too) is Gemma's, its weight given as float32 1 + weight
+// (offset_norm); only with the sandwich layout.
+void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms, int64_t qk_norm_mode,
+                    int64_t norm_layout, bool norm_plus_one, double eps, at::IntArrayRef kinds,
+                    at::IntArrayRef groups, const c10::List<OptT>& weights, at::TensorList rope, int64_t act_kind,
                     int64_t num_q_heads, int64_t num_kv_heads, at::TensorList k_pages, at::TensorList v_pages,
-                    at::TensorList plan, const at::Tensor& slots, double sm_scale) {
+                    at::TensorList plans, at::TensorList slots, at::IntArrayRef layer_plans, at::IntArrayRef windows,
+                    double sm_scale, double softcap) {
   const int64_t layers = static_cast<int64_t>(k_pages.size());
+  TORCH_CHECK(norm_layout >= kPreNorm && norm_layout <= kSandwich, "norm_layout must be 0 (pre), 1 (post) or 2 (sandwich)");
+  TORCH_CHECK(!norm_plus_one || norm_layout == kSandwich, "1 + weight norms only in the sandwich layout");
+  TORCH_CHECK(act_kind == kSilu || act_kind == kGeluTanh, "act must be 0 (SiLU) or 1 (GELU, tanh)");
+  TORCH_CHECK(rope.size() == 2 || rope.size() == 4, "rope must hold cos and sin, then optionally the local ones");
+  const int64_t norms_per_layer = norm_layout == kSandwich ? 4 : 2;
   TORCH_CHECK(h.dim() == 2 && h.is_contiguous() && h.device().is_cpu(), "h must be a contiguous [T, hidden] CPU tensor");
-  TORCH_CHECK(static_cast<int64_t>(v_pages.size()) == layers && static_cast<int64_t>(norms.size()) == 2 * layers &&
+  TORCH_CHECK(static_cast<int64_t>(v_pages.size()) == layers &&
+                  static_cast<int64_t>(norms.size()) == norms_per_layer * layers &&
                   static_cast<int64_t>(kinds.size()) == kLinears * layers &&
                   static_cast<int64_t>(groups.size()) == kLinears * layers &&
                   static_cast<int64_t>(weights.size()) == kSlots * kLinears * layers,
-              "per-layer lists must have 2 norms, 4 kinds, 4 group sizes and 12 weights per layer");
-  TORCH_CHECK(plan.size() == 8, "plan must hold the attention plan's 8 index tensors");
+              "per-layer lists must have the layout's 2 or 4 norms, 4 kinds, 4 group sizes and 12 weights per layer");
+  const int64_t num_plans = static_cast<int64_t>(slots.size());
+  TORCH_CHECK(num_plans >= 1 && static_cast<int64_t>(plans.size()) == 8 * num_plans,
+              "plans must hold 8 index tensors for each of the slots' plans");
+  TORCH_CHECK(layer_plans.empty() || static_cast<int64_t>(layer_plans.size()) == layers,
+              "layer_plans must name every layer's plan, or be empty");
+  TORCH_CHECK(windows.empty() || static_cast<int64_t>(windows.size()) == layers,
+              "windows must give every layer's window, or be empty");
+  for (const int64_t p : layer_plans) TORCH_CHECK(p >= 0 && p < num_plans, "layer plan ", p, " out of range");
   TORCH_CHECK(qk_norm_mode >= 0 && qk_norm_mode <= 2, "qk_norm_mode must be 0 (none), 1 (heads) or 2 (projection)");
   TORCH_CHECK(static_cast<int64_t>(qk_norms.size()) == (qk_norm_mode == 0 ? 0 : 2 * layers),
               "qk_norms must hold a q and a k norm weight per layer, and only with a qk_norm_mode");
@@ -217,10 +261,12 @@ void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms,
   const at::Tensor attn = buffer(num_q_heads * d);
   const at::Tensor attn_t = first_rows(attn);
   const at::Tensor attn_heads = attn_t.view({t, num_q_heads, d});
-  at::Tensor act, act_t;  // SiLU(gate) * up, sized by the first gate_up
+  at::Tensor act, act_t;  // act(gate) * up, sized by the first gate_up
   at::Tensor down;  // the previous layer's MLP output, not yet added to h (pre-norm layout)
-  // A block's output normalized into a new tensor (RMSNorm.forward of it, no residual).
+  // A block's input or output normalized into a new tensor (the norm's forward of it, no
+  // residual): Gemma's through torch, RMSNorm's through the project's kernel.
   auto normed = [&](const at::Tensor& y, const at::Tensor& weight) {
+    if (norm_plus_one) return offset_norm(y, weight, eps);
     at::Tensor out = at::empty_like(y);
     ops.rms_norm.call(y, weight, eps, std::nullopt, out);
     return out;
@@ -235,31 +281,49 @@ void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms,
     auto attention = [&] {
       const at::Tensor qkv = lin(x, xt, 0).view({t, n_qk + num_kv_heads, d});
       if (qk_norm_mode == 1) {
-        qk_norm_(ops, heads(qkv, 0, num_q_heads), qk_norms[2 * l], eps);
-        qk_norm_(ops, heads(qkv, num_q_heads, num_kv_heads), qk_norms[2 * l + 1], eps);
+        qk_norm_(ops, heads(qkv, 0, num_q_heads), qk_norms[2 * l], eps, norm_plus_one);
+        qk_norm_(ops, heads(qkv, num_q_heads, num_kv_heads), qk_norms[2 * l + 1], eps, norm_plus_one);
       } else if (qk_norm_mode == 2) {
         const at::Tensor flat = qkv.view({t, (n_qk + num_kv_heads) * d});
-        qk_norm_(ops, flat.narrow(1, 0, num_q_heads * d), qk_norms[2 * l], eps);
-        qk_norm_(ops, flat.narrow(1, num_q_heads * d, num_kv_heads * d), qk_norms[2 * l + 1], eps);
+        qk_norm_(ops, flat.narrow(1, 0, num_q_heads * d), qk_norms[2 * l], eps, norm_plus_one);
+        qk_norm_(ops, flat.narrow(1, num_q_heads * d, num_kv_heads * d), qk_norms[2 * l + 1], eps, norm_plus_one);
       }
-      ops.rotary.call(heads(qkv, 0, n_qk), cos, sin);
+      const int64_t window = windows.empty() ? 0 : windows[l];
+      const int64_t r = window > 0 && rope.size() == 4 ? 2 : 0;  // the sliding layers' own RoPE
+      ops.rotary.call(heads(qkv, 0, n_qk), rope[r], rope[r + 1]);
+      const int64_t p = layer_plans.empty() ? 0 : layer_plans[l];
+      const at::TensorList plan = plans.slice(8 * p, 8);
       ops.paged_attention.call(heads(qkv, 0, num_q_heads), k_pages[l], v_pages[l], attn_heads, plan[0], plan[1],
                                plan[2], plan[3], plan[4], plan[5], plan[6], plan[7], sm_scale,
-                               heads(qkv, num_q_heads, num_kv_heads), heads(qkv, n_qk, num_kv_heads), slots,
-                               /*window=*/0, /*softcap=*/0.0);
+                               heads(qkv, num_q_heads, num_kv_heads), heads(qkv, n_qk, num_kv_heads), slots[p],
+                               window, softcap);
       return lin(attn, attn_t, 1);
     };
-    // The MLP over xt: gate_up, SiLU(gate) * up, down.
+    // The MLP over xt: gate_up, act(gate) * up, down. GELU as GatedMLP runs it (torch's gelu
+    // of the gate's view, times up in place), written straight into the down input.
     auto mlp = [&] {
       const at::Tensor gate_up = lin(x, xt, 2);
-      if (!act.defined() || act.size(1) != gate_up.size(1) / 2) {
-        act = buffer(gate_up.size(1) / 2);
+      const int64_t n = gate_up.size(1) / 2;
+      if (!act.defined() || act.size(1) != n) {
+        act = buffer(n);
         act_t = first_rows(act);
       }
-      ops.silu_mul.call(gate_up, act_t);
+      if (act_kind == kGeluTanh) {
+        at::gelu_out(act_t, gate_up.narrow(1, 0, n), "tanh");
+        act_t.mul_(gate_up.narrow(1, n, n));
+      } else {
+        ops.silu_mul.call(gate_up, act_t);
+      }
       return lin(act, act_t, 3);
     };
-    if (post_norms) {  // h += norm(attn(h)); h += norm(mlp(h))
+    if (norm_layout == kSandwich) {  // h += norm(attn(norm(h))); h += norm(mlp(norm(h)))
+      xt.copy_(normed(h, norms[4 * l]));
+      h.add_(normed(attention(), norms[4 * l + 1]));
+      xt.copy_(normed(h, norms[4 * l + 2]));
+      h.add_(normed(mlp(), norms[4 * l + 3]));
+      continue;
+    }
+    if (norm_layout == kPostNorm) {  // h += norm(attn(h)); h += norm(mlp(h))
       xt.copy_(h);
       h.add_(normed(attention(), norms[2 * l]));
       xt.copy_(h);
@@ -284,9 +348,10 @@ void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms,
 
 TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
   m.def(
-      "decoder_layers(Tensor(a!) h, Tensor[] norms, Tensor[] qk_norms, int qk_norm_mode, bool post_norms, float eps, int[] kinds, int[] groups, Tensor?[] weights, "
-      "Tensor cos, Tensor sin, int num_q_heads, int num_kv_heads, Tensor(b!)[] k_pages, Tensor(c!)[] v_pages, "
-      "Tensor[] plan, Tensor slots, float sm_scale) -> ()");
+      "decoder_layers(Tensor(a!) h, Tensor[] norms, Tensor[] qk_norms, int qk_norm_mode, int norm_layout, "
+      "bool norm_plus_one, float eps, int[] kinds, int[] groups, Tensor?[] weights, Tensor[] rope, int act, "
+      "int num_q_heads, int num_kv_heads, Tensor(b!)[] k_pages, Tensor(c!)[] v_pages, "
+      "Tensor[] plans, Tensor[] slots, int[] layer_plans, int[] windows, float sm_scale, float softcap) -> ()");
   m.impl("decoder_layers", c10::DispatchKey::CPU, &decoder_layers);
   // The oneDNN-packed weights are MkldnnCPU tensors, which decide the dispatch key.
   m.impl("decoder_layers", c10::DispatchKey::MkldnnCPU, &decoder_layers);

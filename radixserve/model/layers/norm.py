@@ -61,6 +61,15 @@ def rms_norm(size: int, eps: float, plus_one: bool = False) -> RMSNorm:
     return OffsetRMSNorm(size, eps) if plus_one else RMSNorm(size, eps)
 
 
+def stack_weight(norm: RMSNorm) -> torch.Tensor:
+    """What the one-call CPU decoder stack scales ``norm``'s output by: Gemma's float32
+    ``1 + weight``, formed as :meth:`OffsetRMSNorm.forward` forms it (the same bits, once,
+    not per call), or the weight itself."""
+    if isinstance(norm, OffsetRMSNorm):
+        return 1.0 + norm.weight.detach().float()
+    return norm.weight.detach()
+
+
 def scale_normed(norm: RMSNorm, normed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``normed`` (float32, already divided by its RMS) scaled by ``norm``'s weight and cast to
     ``dtype`` as ``norm.forward`` does (a norm whose RMS was summed over tensor-parallel ranks)."""
