@@ -50,6 +50,10 @@ from summary_tables_s24 import (
     table_store,
     table_window,
 )
+from summary_tables_s25 import (
+    table_long_context_amd,
+    table_long_context_amd_targets,
+)
 
 
 def _machine(name: str) -> str:
@@ -324,6 +328,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "long_context_after_targets": table_long_context_after_targets,
     "long_context_whole_runs": table_long_context_whole_runs,
     "long_context_whole_runs_targets": table_long_context_whole_runs_targets,
+    "long_context_amd": table_long_context_amd,
+    "long_context_amd_targets": table_long_context_amd_targets,
     "disagg": table_disagg,
     "families": table_families,
     "store": table_store,
