@@ -147,22 +147,22 @@ def test_the_cli_flags_reach_the_engine_config() -> None:
         EngineConfig.from_kwargs(disaggregation_mode="both")
 
 
-@pytest.mark.parametrize("parallel", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}])
-def test_disaggregation_refuses_several_ranks(parallel: dict[str, int]) -> None:
-    """Each rank holds a slice of the KV and the transfer moves one pool: refused, not wrong."""
+def test_disaggregation_refuses_pipeline_parallelism() -> None:
+    """Each stage holds some layers in a process of its own: refused, not wrong."""
     from radixserve.engine.config import EngineConfig
 
     for mode in ("prefill", "decode"):
-        with pytest.raises(ValueError, match="runs with one rank only"):
-            EngineConfig.from_kwargs(disaggregation_mode=mode, **parallel)
+        with pytest.raises(ValueError, match="does not run with pipeline parallelism"):
+            EngineConfig.from_kwargs(disaggregation_mode=mode, pipeline_parallel_size=2)
+        EngineConfig.from_kwargs(disaggregation_mode=mode, tensor_parallel_size=2)  # runs
 
 
-def test_serve_refuses_disaggregation_with_tensor_parallelism(
+def test_serve_refuses_disaggregation_with_pipeline_parallelism(
     tiny_llama_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`serve --disaggregation ... --tp 2` stops with the reason before any worker starts."""
+    """`serve --disaggregation ... --pp 2` stops with the reason before any worker starts."""
     from radixserve.cli import main
 
     argv = ["serve", "--model", str(tiny_llama_dir), "--disaggregation", "prefill:1,decode:1"]
-    assert main([*argv, "--tp", "2", "--port", "0"]) != 0
-    assert "runs with one rank only" in capsys.readouterr().err
+    assert main([*argv, "--pp", "2", "--port", "0"]) != 0
+    assert "does not run with pipeline parallelism" in capsys.readouterr().err
