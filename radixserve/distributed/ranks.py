@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 import radixserve.distributed.step_wire as step_wire
+from radixserve.distributed.disagg.rank_transfer import answer_write, follower_transfer
 from radixserve.distributed.dist_addr import WILDCARDS, split_addr
 from radixserve.distributed.plan_channel import PlanChannel
 from radixserve.engine.config import EngineConfig
@@ -56,6 +57,7 @@ from radixserve.model.parallel import (
 )
 
 if TYPE_CHECKING:
+    from radixserve.distributed.disagg.kv_transfer import KVTransfer
     from radixserve.engine.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -208,12 +210,25 @@ def rank_loop(cfg: EngineConfig, model_path: str | Path, rank: int, pc: Parallel
     rv = rendezvous(pc, rank, device)
     try:
         runner, init = _build_rank(cfg, model_path, rank, rv, device)
+        # Prefill/decode disaggregation: this rank's pool registered, its address published.
+        kv = follower_transfer(cfg, runner.pool, runner.model, rv.store, rank)
     except Exception as exc:
         rv.store.set(f"failed/{rank}", f"tensor-parallel rank {rank} failed to start: {exc}")
         raise
     rv.store.set(f"ready/{rank}", "1")  # rank 0 starts its warm-up (collectives) after this
     runner.warm_up(init.max_total_len, max_step_tokens=cfg.max_num_tokens)
     log.info("rank %d ready (%s)", rank, device)
+    try:
+        _serve_steps(runner, rv, rank, device, kv)
+    finally:
+        if kv is not None:
+            kv.close()
+
+
+def _serve_steps(
+    runner: ModelRunner, rv: Rendezvous, rank: int, device: torch.device, kv: KVTransfer | None
+) -> None:
+    """Execute rank 0's messages until its ``Shutdown``."""
     while True:
         msg = rv.channel.recv()
         if isinstance(msg, step_wire.Shutdown):
@@ -224,6 +239,8 @@ def rank_loop(cfg: EngineConfig, model_path: str | Path, rank: int, pc: Parallel
             rv.tp.all_reduce(torch.zeros(1, device=device))
         elif isinstance(msg, step_wire.Audit):
             rv.tp.all_gather(state_digest(runner))
+        elif isinstance(msg, step_wire.KVWrite):
+            answer_write(kv, msg, rank, rv.tp.all_gather, device)
 
 
 def _build_rank(

@@ -12,13 +12,15 @@ sampled tokens (each rank keeps them for overlap scheduling's device-side inputs
     ranks 1..N-1: StepMessage -> device half (forward, sample) -> result dropped
 
 ``RankInit`` is the first message (the KV pool rank 0 sized, the runner's shape), ``Shutdown``
-the last.
+the last. ``KVWrite`` (prefill/decode disaggregation) has every rank write its share of a
+prompt's KV into the decode engine's pools (:mod:`radixserve.distributed.disagg.rank_transfer`).
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from radixserve.distributed.disagg.kv_layout import PoolDescriptor, Segment
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.sampler import SamplingPlan
 from radixserve.engine.staging import LayoutFields, StagingLayout
@@ -26,6 +28,7 @@ from radixserve.scheduling.plan import StepPlan
 
 __all__ = [
     "Audit",
+    "KVWrite",
     "Ping",
     "RankInit",
     "Shutdown",
@@ -98,7 +101,18 @@ class Audit(msgspec.Struct, tag="audit", array_like=True):
     all-gather (rank 0 asserts they agree)."""
 
 
-Message = RankInit | StepMessage | Shutdown | Ping | Audit
+class KVWrite(msgspec.Struct, tag="kv_write", array_like=True):
+    """Every rank writes ``shares[its rank]`` of pages ``src`` of its pool into pages ``dst``
+    of the decode ranks' pools ``peers``, then all ranks all-gather the bytes each wrote
+    (-1: its write failed)."""
+
+    peers: list[PoolDescriptor]
+    shares: list[list[Segment]]  # per prefill rank: heads into which decode rank
+    src: list[int]
+    dst: list[int]
+
+
+Message = RankInit | StepMessage | Shutdown | Ping | Audit | KVWrite
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -9,6 +9,7 @@ path, and asks its :class:`Topology` at each point where they differ::
                            start                         (the other ranks build the same pool and runner)
                            warmed_up                     (from now on each step goes to every rank)
                            on_step_error, check, audit   (a rank died or hung; every rank agrees)
+                           rank_link                     (disaggregation: every rank's KV transfer)
                            close                         (stop the other ranks)
 
 :class:`Topology` itself is one process: nothing to start, check or stop.
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import torch
 
+from radixserve.distributed.disagg.rank_transfer import GroupLink, RankLink
 from radixserve.distributed.ranks import RankGroup, rank_threads
 from radixserve.distributed.step_wire import RankInit, rank_settings
 from radixserve.engine.config import EngineConfig
@@ -109,6 +111,10 @@ class Topology:
     def audit(self, runner: ModelRunner) -> None:
         """Assert that every rank holds the same KV state as ``runner``."""
 
+    def rank_link(self) -> RankLink | None:
+        """Rank 0's line to the other ranks' KV transfers (disaggregation); None: no others."""
+        return None
+
     def close(self, runner: ModelRunner | None) -> None:
         """Stop the other ranks. Idempotent."""
 
@@ -162,6 +168,9 @@ class TensorParallel(Topology):
 
     def audit(self, runner: ModelRunner) -> None:
         self.ranks.audit(runner)
+
+    def rank_link(self) -> RankLink:
+        return GroupLink(self.ranks)
 
     def close(self, runner: ModelRunner | None) -> None:
         self.ranks.close()

@@ -293,12 +293,13 @@ class EngineConfig:
         mode = self.disaggregation_mode
         if mode not in (None, "prefill", "decode"):
             return [f"disaggregation_mode must be prefill or decode, got {mode!r}"]
-        if mode is not None and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
-            # Each rank holds a slice of the KV (heads or layers); the transfer moves one
-            # pool, rank 0's, so the other slices would never reach the decode side.
+        if mode is not None and self.pipeline_parallel_size > 1:
+            # Each stage holds some layers in a process of its own, reached only through the
+            # activations' channel; the transfer moves the tensor-parallel ranks' pools only.
             return [
-                f"disaggregation_mode={mode} runs with one rank only (tensor and pipeline "
-                "parallel size 1): the KV transfer moves one pool, not each rank's slice"
+                f"disaggregation_mode={mode} does not run with pipeline parallelism "
+                f"(pipeline_parallel_size={self.pipeline_parallel_size}): the KV transfer moves "
+                "each tensor-parallel rank's pool, not each stage's layers"
             ]
         return []
 

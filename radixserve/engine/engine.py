@@ -160,7 +160,7 @@ class Engine:
         )
         # Prefill/decode disaggregation (distributed.disagg): None unless disaggregation_mode.
         self.disagg: PrefillRole | DecodeRole | None = make_role(
-            cfg, self.scheduler, self.intake, pool
+            cfg, self.scheduler, self.intake, pool, self.model, topo.rank_link()
         )
         logger.info(
             "engine ready in %s: %s, %s, max_total_len=%d; %s",

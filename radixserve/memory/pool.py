@@ -218,13 +218,16 @@ class KVPool:
         n = 4 if self.fmt.kv_dtype.has_token_scales else 2
         return [t for t in parts[:n] if t is not None]
 
-    def layout(self) -> str:
-        """A string that differs whenever a page's bytes would mean something else."""
+    def layout(self, heads: bool = True) -> str:
+        """A string that differs whenever a page's bytes would mean something else.
+        ``heads=False``: without the KV head count, for pools that hold different head slices
+        of one model (tensor-parallel ranks) and exchange them head by head."""
         windows = (
             f"-W{','.join(map(str, sorted(self.window_layers)))}" if self.window_layers else ""
         )
+        h = f"H{self.kv_heads}-" if heads else ""
         return (
-            f"L{self.num_layers}-P{self.page_size}-H{self.kv_heads}-D{self.head_dim}-"
+            f"L{self.num_layers}-P{self.page_size}-{h}D{self.head_dim}-"
             f"{self.fmt.kv_dtype.value}-{str(self.fmt.storage_dtype).removeprefix('torch.')}"
             f"{windows}"
         )

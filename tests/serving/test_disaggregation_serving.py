@@ -3,7 +3,8 @@ real Mooncake transfer engines on 127.0.0.1 tcp): streamed tokens identical to a
 engine, the prompt's KV moved (pages x page bytes) and no prompt token computed on the decode
 side, a prefix the decode side holds not moved again; a client abort, a reservation whose
 KV never comes (the prefill worker stopped: the lease runs out) and a decode worker killed
-mid-stream each end cleanly, with every page back on both sides."""
+mid-stream each end cleanly, with every page back on both sides; a prefill worker of two
+tensor-parallel ranks feeds a decode worker of one."""
 
 from __future__ import annotations
 
@@ -183,3 +184,37 @@ def test_a_prefill_worker_killed_mid_prefill_is_retried_on_another(tiny_llama_di
             assert (s.prefilled, s.failed) == (1, 1)  # the killed try, then the retry
             assert _until(lambda: _balanced(c))  # no page left on the decode side
             assert _engines(c)["decode"]["computed_tokens_total"] == PARAMS.max_tokens - 1
+
+
+def test_a_tensor_parallel_prefill_worker_feeds_a_one_rank_decode_worker(
+    tiny_llama_dir: Path,
+) -> None:
+    """Prefill worker at TP 2 (each rank one of the 2 KV heads), decode worker at TP 1: each
+    prefill rank writes its head into every token of the decode pool's pages; the ticket's
+    pool list and the answer cross the router as for one rank."""
+    from radixserve.engine.engine import Engine
+
+    colocated = Engine(tiny_llama_dir, **ENGINE)
+    (want,) = colocated.generate([PROMPT], PARAMS)
+    page_bytes = colocated.pool.bytes_per_page
+    colocated.close()
+    overrides = [
+        {"disaggregation_mode": "prefill", "tensor_parallel_size": 2, "dist_timeout": 30.0},
+        {"disaggregation_mode": "decode"},
+    ]
+    with LocalServer(
+        tiny_llama_dir,
+        num_workers=2,
+        config=RouterConfig(**ROUTER),
+        engine_config=ENGINE,
+        worker_overrides=overrides,
+        worker_env={"RADIXSERVE_DEBUG_INVARIANTS": "1"},
+    ) as srv:
+        with Client(srv.endpoint, timeout=60) as c:
+            final = c.generate(PROMPT, params=PARAMS)
+            assert final.token_ids == want.token_ids
+            e = _engines(c)
+            moved = e["prefill"]["disaggregation"]["transfer"]["bytes"]
+            assert moved == -(-final.usage.prompt_tokens // 4) * page_bytes  # both ranks' halves
+            assert e["decode"]["computed_tokens_total"] == PARAMS.max_tokens - 1  # decode only
+            assert _balanced(c)

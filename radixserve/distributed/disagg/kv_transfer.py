@@ -12,13 +12,16 @@ Each of the pool's page tensors (:meth:`KVPool.page_tensors`) is one allocation 
 ``base + (l * num_pages + p) * page_bytes``. Both sides register those allocations once; a
 transfer is one ``batch_transfer_sync_write`` of ``(src address, dst address, length)``
 entries, one per tensor, layer and run of pages consecutive on both sides (a prompt's pages
-are often allocated in runs, so a run costs one entry per layer, not one per page).
+are often allocated in runs, so a run costs one entry per layer, not one per page); when the
+two pools hold different KV heads (different tensor-parallel sizes) one entry per token's
+slice of heads instead (:mod:`.kv_layout`).
 
 The peer is named by its transfer-engine session (``host:rpc_port``); the engines find each
 other by Mooncake's P2P handshake (``P2PHANDSHAKE``: no metadata server) as SGLang's
 disaggregation does. A :class:`PoolDescriptor` is what the decode side sends so the prefill
-side can address its pool; a pool whose layout differs (layers, page size, KV heads, head
-dim, KV dtype: e.g. a different tensor-parallel size) is refused, never written.
+side can address its pool; a pool whose layout differs (model, layers, page size, head dim,
+KV dtype, total KV heads) is refused, never written. One ``KVTransfer`` moves one pool: with
+tensor parallelism each rank has its own (:mod:`.rank_transfer`).
 """
 
 from __future__ import annotations
@@ -27,26 +30,28 @@ import threading
 import time
 from typing import Any, NamedTuple
 
-import msgspec
-
+from radixserve.distributed.disagg.kv_layout import (
+    PoolDescriptor,
+    Segment,
+    check_peer,
+    head_sources,
+    page_runs,
+    transfer_entries,
+)
 from radixserve.memory.pool import KVPool
 
-__all__ = ["KVTransfer", "PoolDescriptor", "TransferError", "TransferStats", "page_runs"]
+__all__ = [
+    "KVTransfer",
+    "PoolDescriptor",
+    "TransferError",
+    "TransferStats",
+    "head_sources",
+    "page_runs",
+]
 
 
 class TransferError(RuntimeError):
     """A transfer the engine refused or could not finish (peer gone, unregistered range)."""
-
-
-class PoolDescriptor(msgspec.Struct, frozen=True):
-    """Where a pool's pages live in its process, as its peer needs to write them."""
-
-    session: str  # the transfer engine's "host:rpc_port"
-    layout: str  # KVPool.layout(): equal on both sides, or no transfer
-    num_layers: int
-    num_pages: int
-    bases: list[int]  # address of each page tensor (K, V[, K scales, V scales])
-    page_bytes: list[int]  # bytes of one page of one layer, per tensor
 
 
 class TransferStats(NamedTuple):
@@ -58,17 +63,17 @@ class TransferStats(NamedTuple):
     bytes: int
     seconds: float
 
-
-def page_runs(src: list[int], dst: list[int]) -> list[tuple[int, int, int]]:
-    """``(src start, dst start, length)`` for runs of pages consecutive on both sides."""
-    runs: list[tuple[int, int, int]] = []
-    for s, d in zip(src, dst):
-        if runs and runs[-1][0] + runs[-1][2] == s and runs[-1][1] + runs[-1][2] == d:
-            a, b, n = runs[-1]
-            runs[-1] = (a, b, n + 1)
-        else:
-            runs.append((s, d, 1))
-    return runs
+    def counted(self, ok: bool, pages: int, nbytes: int, seconds: float) -> TransferStats:
+        """These counters with one more transfer (its pages and bytes count only if ``ok``)."""
+        if not ok:
+            return self._replace(failures=self.failures + 1, seconds=self.seconds + seconds)
+        return TransferStats(
+            self.transfers + 1,
+            self.failures,
+            self.pages + pages,
+            self.bytes + nbytes,
+            self.seconds + seconds,
+        )
 
 
 def _new_engine(hostname: str, protocol: str, device_name: str) -> Any:
@@ -86,7 +91,10 @@ def _new_engine(hostname: str, protocol: str, device_name: str) -> Any:
 
 
 class KVTransfer:
-    """One pool registered with one transfer engine; writes its pages into peers' pools."""
+    """One pool registered with one transfer engine; writes its pages into peers' pools.
+
+    ``heads``: the global KV heads ``[lo, hi)`` this pool holds, of ``total_heads`` (a
+    tensor-parallel rank's shard; default: all of the pool's heads)."""
 
     def __init__(
         self,
@@ -94,8 +102,14 @@ class KVTransfer:
         hostname: str = "127.0.0.1",
         protocol: str = "tcp",
         device_name: str = "",
+        heads: tuple[int, int] | None = None,
+        total_heads: int | None = None,
     ) -> None:
         self.pool = pool
+        self.heads = heads or (0, pool.kv_heads)
+        self.total_heads = total_heads or pool.kv_heads
+        if self.heads[1] - self.heads[0] != pool.kv_heads:
+            raise ValueError(f"heads {self.heads} for a pool of {pool.kv_heads} KV heads")
         self._engine = _new_engine(hostname, protocol, device_name)
         self.session = f"{hostname}:{self._engine.get_rpc_port()}"
         self._tensors = pool.page_tensors()
@@ -110,70 +124,47 @@ class KVTransfer:
         n = self.pool.num_pages
         return PoolDescriptor(
             session=self.session,
-            layout=self.pool.layout(),
+            layout=self.pool.layout(heads=False),
             num_layers=self.pool.num_layers,
             num_pages=n,
             bases=[t.data_ptr() for t in self._tensors],
             page_bytes=[t.nbytes // (t.shape[0] * n) for t in self._tensors],
+            page_size=self.pool.page_size,
+            heads=self.heads,
+            total_heads=self.total_heads,
         )
 
     def stats(self) -> TransferStats:
         return self._stats
 
-    def write_pages(self, peer: PoolDescriptor, src: list[int], dst: list[int]) -> int:
-        """Copy pages ``src`` of this pool (every layer, K, V and per-token scales) into
-        pages ``dst`` of ``peer``'s pool; returns the bytes written. Raises
-        :class:`TransferError` when the engine fails, ``ValueError`` for a layout mismatch or
-        page ids out of range (nothing written then)."""
+    def write_pages(
+        self,
+        peer: PoolDescriptor,
+        src: list[int],
+        dst: list[int],
+        heads: tuple[int, int] | None = None,
+    ) -> int:
+        """Copy heads ``heads`` (default: every head both pools hold) of pages ``src`` of this
+        pool (every layer, K, V and per-token scales) into pages ``dst`` of ``peer``'s pool;
+        returns the bytes written. Raises :class:`TransferError` when the engine fails,
+        ``ValueError`` for a layout mismatch or page ids out of range (nothing written then)."""
         mine = self.descriptor()
-        if peer.layout != mine.layout or peer.page_bytes != mine.page_bytes:
-            raise ValueError(
-                f"KV layouts differ: this pool {mine.layout}, the peer's {peer.layout} "
-                "(tensor-parallel sizes, KV dtype, page size and model must match)"
-            )
-        if len(src) != len(dst):
-            raise ValueError(f"{len(src)} source pages for {len(dst)} destination pages")
-        if any(not 0 <= p < mine.num_pages for p in src) or any(
-            not 0 <= p < peer.num_pages for p in dst
-        ):
-            raise ValueError("page id out of range")
+        check_peer(mine, peer, src, dst)
+        lo, hi = heads or (max(mine.heads[0], peer.heads[0]), min(mine.heads[1], peer.heads[1]))
+        if not (max(mine.heads[0], peer.heads[0]) <= lo < hi <= min(mine.heads[1], peer.heads[1])):
+            raise ValueError(f"heads [{lo}, {hi}) are not held by both pools")
         if not src:
             return 0
-        srcs, dsts, lengths = self._entries(mine, peer, page_runs(src, dst))
+        srcs, dsts, lengths = transfer_entries(mine, peer, src, dst, Segment(0, lo, hi))
         start = time.perf_counter()
         rc = self._engine.batch_transfer_sync_write(peer.session, srcs, dsts, lengths)
         elapsed = time.perf_counter() - start
         total = sum(lengths)
         with self._lock:
-            s = self._stats
-            if rc != 0:
-                self._stats = s._replace(failures=s.failures + 1, seconds=s.seconds + elapsed)
-                raise TransferError(f"transfer of {len(src)} pages to {peer.session} failed")
-            self._stats = TransferStats(
-                s.transfers + 1,
-                s.failures,
-                s.pages + len(src),
-                s.bytes + total,
-                s.seconds + elapsed,
-            )
+            self._stats = self._stats.counted(rc == 0, len(src), total, elapsed)
+        if rc != 0:
+            raise TransferError(f"transfer of {len(src)} pages to {peer.session} failed")
         return total
-
-    @staticmethod
-    def _entries(
-        mine: PoolDescriptor, peer: PoolDescriptor, runs: list[tuple[int, int, int]]
-    ) -> tuple[list[int], list[int], list[int]]:
-        srcs: list[int] = []
-        dsts: list[int] = []
-        lengths: list[int] = []
-        for i, pb in enumerate(mine.page_bytes):
-            for layer in range(mine.num_layers):
-                src_layer = mine.bases[i] + layer * mine.num_pages * pb
-                dst_layer = peer.bases[i] + layer * peer.num_pages * pb
-                for s, d, n in runs:
-                    srcs.append(src_layer + s * pb)
-                    dsts.append(dst_layer + d * pb)
-                    lengths.append(n * pb)
-        return srcs, dsts, lengths
 
     def close(self) -> None:
         """Unregister the pool (the engine itself stops when it is collected)."""

@@ -19,25 +19,26 @@ pages were written, or P will never write them: aborted, failed), or when P is k
 gone, because a write may still be landing until then.
 
 Where radixserve differs from SGLang's Mooncake disaggregation: the transfer is synchronous
-on P's step thread (SGLang queues it to a transfer thread pool and polls), pages move as
-runs of whole pages per layer (SGLang also slices heads for differing TP sizes; here a
-differing layout is refused), and the first token travels in the answer rather than in an
-auxiliary-data buffer written by the transfer engine.
+on P's step thread (SGLang queues it to a transfer thread pool and polls), and the first
+token travels in the answer rather than in an auxiliary-data buffer written by the transfer
+engine. As in SGLang, each tensor-parallel rank writes its own pool's slice, whole pages rank
+to rank for equal TP sizes and heads sliced per token for differing ones
+(:mod:`.rank_transfer`); the ticket carries one pool descriptor per decode rank.
 """
 
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
 from radixserve.distributed.disagg.kv_transfer import (
-    KVTransfer,
     PoolDescriptor,
     TransferError,
     TransferStats,
 )
+from radixserve.distributed.disagg.rank_transfer import RankedTransfer, RankLink, open_transfer
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.intake import RequestIntake
 from radixserve.memory.pool import KVPool
@@ -59,7 +60,7 @@ class PrefillTicket(msgspec.Struct, frozen=True):
     """What the decode engine tells the prefill engine: where the prompt's KV goes."""
 
     request_id: str
-    pool: PoolDescriptor
+    pools: list[PoolDescriptor]  # the decode engine's, one per tensor-parallel rank
     fill_pages: list[int]  # decode pages for tokens [held_len, prompt_len), in order
     held_len: int  # leading tokens the decode engine already holds: not transferred
     # The reservation's lease (unix time; 0: none): the prefill engine starts no write after
@@ -90,7 +91,9 @@ class DisaggStats(NamedTuple):
 
 
 class _Role:
-    def __init__(self, scheduler: Scheduler, intake: RequestIntake, transfer: KVTransfer) -> None:
+    def __init__(
+        self, scheduler: Scheduler, intake: RequestIntake, transfer: RankedTransfer
+    ) -> None:
         self.scheduler = scheduler
         self.intake = intake
         self.transfer = transfer
@@ -122,7 +125,9 @@ RELEASE_GRACE_S = 2.0
 class DecodeRole(_Role):
     """The decode engine's side: reserve pages, admit the prefilled request, or cancel."""
 
-    def __init__(self, scheduler: Scheduler, intake: RequestIntake, transfer: KVTransfer) -> None:
+    def __init__(
+        self, scheduler: Scheduler, intake: RequestIntake, transfer: RankedTransfer
+    ) -> None:
         super().__init__(scheduler, intake, transfer)
         self._release_at: dict[str, float] = {}  # leased reservations: when they lapse
 
@@ -146,7 +151,7 @@ class DecodeRole(_Role):
             write_by = time.time() + timeout_s
             self._release_at[req.request_id] = write_by + max(RELEASE_GRACE_S, timeout_s / 2)
         return PrefillTicket(
-            req.request_id, self.transfer.descriptor(), res.fill_pages, res.held_len, write_by
+            req.request_id, self.transfer.pools, res.fill_pages, res.held_len, write_by
         )
 
     def expire(self, now: float | None = None) -> list[str]:
@@ -185,7 +190,9 @@ class DecodeRole(_Role):
 class PrefillRole(_Role):
     """The prefill engine's side: run prompts for tickets, write their pages, answer."""
 
-    def __init__(self, scheduler: Scheduler, intake: RequestIntake, transfer: KVTransfer) -> None:
+    def __init__(
+        self, scheduler: Scheduler, intake: RequestIntake, transfer: RankedTransfer
+    ) -> None:
         super().__init__(scheduler, intake, transfer)
         self._tickets: dict[str, PrefillTicket] = {}
         self._results: list[PrefillResult] = []
@@ -232,7 +239,7 @@ class PrefillRole(_Role):
         ps = self.transfer.pool.page_size
         src = req.pages[ticket.held_len // ps : -(-req.prompt_len // ps)]
         try:
-            written = self.transfer.write_pages(ticket.pool, src, ticket.fill_pages)
+            written = self.transfer.write(ticket.pools, src, ticket.fill_pages)
         except (TransferError, ValueError) as e:
             self._answer(PrefillResult(rid, None, 0, f"{type(e).__name__}: {e}"))
             return
@@ -247,19 +254,18 @@ class PrefillRole(_Role):
 
 
 def make_role(
-    cfg: EngineConfig, scheduler: Scheduler, intake: RequestIntake, pool: KVPool
+    cfg: EngineConfig,
+    scheduler: Scheduler,
+    intake: RequestIntake,
+    pool: KVPool,
+    model: Any,
+    link: RankLink | None = None,
 ) -> PrefillRole | DecodeRole | None:
-    """The engine's disaggregation role (None without ``disaggregation_mode``): its pool
-    registered with a transfer engine listening on ``disaggregation_hostname``."""
+    """The engine's disaggregation role (None without ``disaggregation_mode``): its pool (the
+    heads of ``model``'s shard) registered with a transfer engine listening on
+    ``disaggregation_hostname``; ``link``: the other tensor-parallel ranks' (:mod:`.rank_transfer`)."""
     if cfg.disaggregation_mode is None:
         return None
-    if pool.device.type != "cpu":
-        raise ValueError("disaggregation moves host pools only here (the non-CUDA Mooncake wheel)")
-    transfer = KVTransfer(
-        pool,
-        cfg.disaggregation_hostname,
-        cfg.disaggregation_protocol,
-        cfg.disaggregation_ib_device,
-    )
+    transfer = RankedTransfer(open_transfer(cfg, pool, model), link)
     role = PrefillRole if cfg.disaggregation_mode == "prefill" else DecodeRole
     return role(scheduler, intake, transfer)
