@@ -339,16 +339,19 @@ FAMILIES_BEFORE = ("bench_families_s24_before_1.json", "bench_families_s24_befor
 FAMILIES_AFTER = ("bench_families_s24c_1.json", "bench_families_s24c_2.json")
 
 
-def table_families() -> str:
+def table_families(
+    before_runs: tuple[str, ...] = FAMILIES_BEFORE, after_runs: tuple[str, ...] = FAMILIES_AFTER
+) -> str:
     """bench_families.py: per family, the batch-1 bf16 decode step and its ratio to the weight
-    floor in every run, before and after Qwen3's and OLMo 2's layers joined the one-call stack."""
+    floor in every run, before and after a change (by default: Qwen3's and OLMo 2's layers
+    joining the one-call stack)."""
     out = _head(
         "family", "what its layers add", "path (now)", "ms a step, per run (before)",
         "ms a step, per run (now)", "over the weight floor, per run (now)", "over Llama's step (now)",
         align="lllllll",
     )  # fmt: skip
-    before = [load(n)["results"] for n in FAMILIES_BEFORE]
-    after = [load(n)["results"] for n in FAMILIES_AFTER]
+    before = [load(n)["results"] for n in before_runs]
+    after = [load(n)["results"] for n in after_runs]
     for family, r in after[0].items():
         reason = r["native_stack_reason"]
         out.append(

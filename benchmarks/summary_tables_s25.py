@@ -8,6 +8,7 @@ from summary_tables_s23 import (
     table_long_context,
     table_long_context_targets,
 )
+from summary_tables_s24 import table_families
 
 LONG_CONTEXT_AMD = "bench_long_context_s25.json"
 
@@ -21,3 +22,13 @@ def table_long_context_amd() -> str:
 def table_long_context_amd_targets() -> str:
     """The same run against the targets (table_long_context_targets)."""
     return table_long_context_targets(LONG_CONTEXT_AMD)
+
+
+FAMILIES_BEFORE_AMD = ("bench_families_s25_before_1.json", "bench_families_s25_before_2.json")
+FAMILIES_AFTER_AMD = ("bench_families_s25_1.json", "bench_families_s25_2.json")
+
+
+def table_families_amd() -> str:
+    """bench_families.py on the AMD machine, before and after Mistral's window and Gemma's
+    layers joined the one-call stack (table_families)."""
+    return table_families(FAMILIES_BEFORE_AMD, FAMILIES_AFTER_AMD)
