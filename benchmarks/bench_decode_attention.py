@@ -2,7 +2,8 @@
 
 Shapes of SmolLM2-135M (9 query heads over 3 KV heads, head_dim 64, 16-token pages, 30
 layers), one sequence of ``--contexts`` tokens (``--batch N``: N of them, each on its own
-pages) whose pages lie scattered in each layer's pool: the kernel call a batch-1 (batch-N)
+pages) whose pages lie scattered in each layer's pool (on the memory a ``KVPool`` takes:
+transparent huge pages where granted, as in the engine): the kernel call a batch-1 (batch-N)
 decode step makes per layer (``--prefill``: every token of the sequences a new row, causally,
 the call a cold prompt's prefill makes). Two timings per context and KV dtype:
 
@@ -49,6 +50,7 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
+from radixserve.memory.pool import zeroed_storage  # noqa: E402
 from radixserve.model import native  # noqa: E402
 
 HQ, HKV, D, PS, LAYERS = 9, 3, 64, 16, 30
@@ -110,7 +112,12 @@ def layers_for(
     pages = -(-ctx // PS)
     out = []
     for layer in range(LAYERS):
-        k = torch.randn(batch * pages + 1, PS, HKV, D).to(dtype)
+        # K and V on the memory a KVPool takes (huge pages where granted), as the engine's
+        shape = (batch * pages + 1, PS, HKV, D)
+        k = zeroed_storage(shape, dtype, torch.device("cpu"), False)
+        k.copy_(torch.randn(shape))
+        v = zeroed_storage(shape, dtype, torch.device("cpu"), False)
+        v.copy_(torch.randn(shape))
         order = list(range(1, batch * pages + 1))
         random.Random(layer).shuffle(order)
         groups = [
@@ -118,7 +125,7 @@ def layers_for(
             for b in range(batch)
         ]
         plan = native.AttentionPlan.build(groups)
-        out.append((k, torch.randn_like(k), *plan.tensors()))
+        out.append((k, v, *plan.tensors()))
     return out
 
 
