@@ -222,7 +222,27 @@ def figures() -> dict[str, Figure]:
         [c16],
     )
     gpu_figures(add)
+    long_context_figures(add)
     return figs
+
+
+def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
+    """The AMD long-context run's headline figures (benchmarks/long_context.md): at 7,500
+    tokens, radixserve's bf16 TTFT over vLLM-CPU's and its time per output token over
+    vLLM-CPU's, repetition by repetition (the servers visited in turn in each)."""
+    name = "bench_long_context_s25.json"
+    cells = load(name)["cells"]
+
+    def at(server: str, key: str) -> list[float]:
+        rows = [c for c in cells if c["server"] == server and c["context"] == 7500]
+        return [c[key] for c in sorted(rows, key=lambda c: c["rep"])]
+
+    for key, fig in (
+        ("ttft_s", "long_context_ttft_vs_vllm"),
+        ("tpot_ms", "long_context_tpot_vs_vllm"),
+    ):
+        ours, theirs = at("radixserve-bf16", key), at("vllm-bf16", key)
+        add(fig, spread(o / t for o, t in zip(ours, theirs, strict=True)), [name])
 
 
 def gpu_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
