@@ -42,6 +42,24 @@ ROUTER = dict(
 )
 
 
+def _server(
+    model: Path,
+    overrides: list[dict[str, Any]],
+    engine: dict[str, Any] = ENGINE,
+    router: dict[str, Any] = ROUTER,
+) -> LocalServer:
+    """A router and one worker per entry of ``overrides``, every worker checking the KV
+    invariants at each stats request."""
+    return LocalServer(
+        model,
+        num_workers=len(overrides),
+        config=RouterConfig(**router),
+        engine_config=engine,
+        worker_overrides=overrides,
+        worker_env={"RADIXSERVE_DEBUG_INVARIANTS": "1"},
+    )
+
+
 def _until(cond: Any, timeout: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -80,14 +98,7 @@ def test_prefill_decode_pair_streams_colocated_tokens_and_ends_cleanly(
     args = argparse.Namespace(disaggregation="prefill:1,decode:1", workers=1)
     overrides = disaggregation_overrides(args)
     assert args.workers == 2 and overrides is not None
-    with LocalServer(
-        tiny_llama_dir,
-        num_workers=args.workers,
-        config=RouterConfig(**ROUTER),
-        engine_config=ENGINE,
-        worker_overrides=overrides,
-        worker_env={"RADIXSERVE_DEBUG_INVARIANTS": "1"},
-    ) as srv:
+    with _server(tiny_llama_dir, overrides) as srv:
         with Client(srv.endpoint, timeout=60) as c:
             events = list(c.stream(PROMPT, params=PARAMS))
             final = events[-1]
@@ -154,13 +165,11 @@ def test_a_prefill_worker_killed_mid_prefill_is_retried_on_another(tiny_llama_di
     (want,) = colocated.generate([long_prompt], PARAMS)
     colocated.close()
     chunked = {"disaggregation_mode": "prefill", "max_num_tokens": 8}
-    with LocalServer(
+    with _server(
         tiny_llama_dir,
-        num_workers=3,
-        config=RouterConfig(**{**ROUTER, "disaggregation_timeout_s": 120.0}),
-        engine_config=engine,
-        worker_overrides=[chunked, chunked, {"disaggregation_mode": "decode"}],
-        worker_env={"RADIXSERVE_DEBUG_INVARIANTS": "1"},
+        [chunked, chunked, {"disaggregation_mode": "decode"}],
+        engine,
+        {**ROUTER, "disaggregation_timeout_s": 120.0},
     ) as srv:
         split = srv.router.split
         assert split is not None
@@ -202,14 +211,7 @@ def test_a_tensor_parallel_prefill_worker_feeds_a_one_rank_decode_worker(
         {"disaggregation_mode": "prefill", "tensor_parallel_size": 2, "dist_timeout": 30.0},
         {"disaggregation_mode": "decode"},
     ]
-    with LocalServer(
-        tiny_llama_dir,
-        num_workers=2,
-        config=RouterConfig(**ROUTER),
-        engine_config=ENGINE,
-        worker_overrides=overrides,
-        worker_env={"RADIXSERVE_DEBUG_INVARIANTS": "1"},
-    ) as srv:
+    with _server(tiny_llama_dir, overrides) as srv:
         with Client(srv.endpoint, timeout=60) as c:
             final = c.generate(PROMPT, params=PARAMS)
             assert final.token_ids == want.token_ids

@@ -37,6 +37,17 @@ inline vf load_vf(const float* p) {
 }
 inline void store_vf(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
 
+// 2^f for |f| <= 1/2: Cephes' exp2f polynomial (relative error ~2e-7).
+inline vf exp2_fraction(vf f) {
+  vf p = splat(1.535336188319500e-4f);
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  return p * f + 1.0f;
+}
+
 // 2^x per lane for x in [-126, 127] (clamped): x = n + f with n integer, |f| <= 1/2; 2^f by
 // Cephes' exp2f polynomial (relative error ~2e-7), 2^n by writing the exponent bits. Below
 // -126 it returns 2^-126, which is 0 for every purpose of these kernels.
@@ -45,13 +56,7 @@ inline vf exp2v(vf x) {
   const vf round = splat(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
   const vf n = (x + round) - round;
   const vf f = x - n;
-  vf p = splat(1.535336188319500e-4f);
-  p = p * f + 1.339887440266574e-3f;
-  p = p * f + 9.618437357674640e-3f;
-  p = p * f + 5.550332471162809e-2f;
-  p = p * f + 2.402264791363012e-1f;
-  p = p * f + 6.931472028550421e-1f;
-  p = p * f + 1.0f;
+  const vf p = exp2_fraction(f);
   const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
   return p * (vf)bits;  // a vector cast reinterprets the bits
 }
@@ -66,13 +71,7 @@ inline vf exp2_nonpositive(vf x) {
   x = vmax(x, splat(-126.0f));
   const vf n = static_cast<vf>(_mm512_roundscale_ps(static_cast<__m512>(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   const vf f = x - n;
-  vf p = splat(1.535336188319500e-4f);
-  p = p * f + 1.339887440266574e-3f;
-  p = p * f + 9.618437357674640e-3f;
-  p = p * f + 5.550332471162809e-2f;
-  p = p * f + 2.402264791363012e-1f;
-  p = p * f + 6.931472028550421e-1f;
-  p = p * f + 1.0f;
+  const vf p = exp2_fraction(f);
   return static_cast<vf>(_mm512_scalef_ps(static_cast<__m512>(p), static_cast<__m512>(n)));
 #else
   return exp2v(x);
