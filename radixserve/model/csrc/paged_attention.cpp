@@ -324,14 +324,15 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       vf mx = vm;
       for (t = 0; t < n; ++t) mx = vmax(mx, p[t]);
       const vf alpha = exp2_nonpositive(vm - mx);
-      vf sum{};
       for (t = 0; t < n; ++t) {
         p[t] = exp2_nonpositive(p[t] - mx);
         if (masked) p[t] = seen(start + t) ? p[t] : vf{};
-        sum += p[t];
       }
+      for (; t < kBlock; ++t) p[t] = vf{};  // keys past a short block's end
+      vf part[kLanes];  // the block sum's order (paged_attention.h)
+      for (int64_t i = 0; i < kLanes; ++i) part[i] = ((p[i] + p[kLanes + i]) + p[2 * kLanes + i]) + p[3 * kLanes + i];
       vm = mx;
-      vl = vl * alpha + sum;
+      vl = vl * alpha + lanes_sum(part);
 #if RADIXSERVE_VEC_BF16
       if constexpr (Pairs) {
         value_pairs<NC>(reinterpret_cast<const uint16_t* const*>(vrow), n, sc.pv.data(), [](int64_t) {});

@@ -109,6 +109,30 @@ inline void prefetch_row(const Layer<KV>& L, int64_t off) {
   }
 }
 
+// A block's probability sum, in one order on every path: a row's keys i, 16 + i, 32 + i and
+// 48 + i added first, in that order, then those 16 partial sums in lane_sum's tree, so that
+// keys in the lanes (a decode row's narrow block, the AMX few rows) and rows in the lanes (a
+// prefill's block) give a row the same bits. A tree, not a chain of 64 dependent adds.
+static_assert(kBlock == 4 * kLanes, "a block's sum adds four vectors of keys");
+// The sum of a vector's lanes in one fixed order: lane j and j + 8 first, then those sums' j
+// and j + 4, then j and j + 2, then the last two (lanes_sum below: the same for each lane of
+// 16 vectors, so rows in the lanes and a row's keys in the lanes sum alike).
+inline float lane_sum(vf s) {
+  const vf h = s + __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15, 0, 0, 0, 0, 0, 0, 0, 0);
+  const vf q = h + __builtin_shufflevector(h, h, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  const vf e = q + __builtin_shufflevector(q, q, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  return e[0] + e[1];
+}
+
+// lane_sum of every lane r of the vectors s[i] (i the summed index): a vector of 16 sums.
+inline vf lanes_sum(const vf (&s)[kLanes]) {
+  vf h[8], q[4], e[2];
+  for (int j = 0; j < 8; ++j) h[j] = s[j] + s[j + 8];
+  for (int j = 0; j < 4; ++j) q[j] = h[j] + h[j + 4];
+  for (int j = 0; j < 2; ++j) e[j] = q[j] + q[j + 2];
+  return e[0] + e[1];
+}
+
 // Rows of one block of keys: float pages are read in place, others converted into ``buf``.
 template <typename KV>
 const float* block_rows(const KV* const* src, int64_t n, int64_t d, float* buf) {

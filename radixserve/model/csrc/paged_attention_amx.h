@@ -83,25 +83,6 @@ struct ValueTiles {
   }
 };
 
-// The sum of a vector's lanes in one fixed order: lane j and j + 8 first, then those sums' j
-// and j + 4, then j and j + 2, then the last two (lanes_sum below: the same for each lane of
-// 16 vectors, so rows in the lanes and a row's keys in the lanes sum alike).
-inline float lane_sum(vf s) {
-  const vf h = s + __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15, 0, 0, 0, 0, 0, 0, 0, 0);
-  const vf q = h + __builtin_shufflevector(h, h, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  const vf e = q + __builtin_shufflevector(q, q, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  return e[0] + e[1];
-}
-
-// lane_sum of every lane r of the vectors s[i] (i the summed index): a vector of 16 sums.
-inline vf lanes_sum(const vf (&s)[kLanes]) {
-  vf h[8], q[4], e[2];
-  for (int j = 0; j < 8; ++j) h[j] = s[j] + s[j + 8];
-  for (int j = 0; j < 4; ++j) q[j] = h[j] + h[j + 4];
-  for (int j = 0; j < 2; ++j) e[j] = q[j] + q[j + 2];
-  return e[0] + e[1];
-}
-
 // One row block's tile work in amx_attend: its constant operands (permutation indices), and a
 // method per stage of a block of kBlock keys. ``lanes``: the block's rows (<= 16); ``n``:
 // the block's keys (<= kBlock; the rest padded with zero rows); ``seen(r)``: row r's keys of

@@ -89,7 +89,7 @@ inline void transpose_keys(const KV* const* krow, const float* const* kr, int64_
 // the block's keys in ``kt``) rather than the rows, which would leave most lanes idle and cost
 // a vector FMA per key and dimension. Every row's score is the same FMA chain over the
 // dimensions, from zero, as attend_run's; its maximum, probabilities (``ps``, row-major),
-// their sum (key by key, in order), the rescaled state and the values' products are the same
+// their sum (in the block sum's order, paged_attention.h), the rescaled state and the values' products are the same
 // operations in the same order too, so a row gets the same bits on either path (a decode row
 // here, the prefill row of the same position there). ``ahead(t)``: prefetch the next block's
 // key t, called for every t while the keys are transposed. With ``Pairs`` the rows' queries
@@ -143,13 +143,15 @@ void narrow_block(const KV* const* krow, const float* const* kr, const V* const*
   for (int r = 0; r < R; ++r) {
     vf m = sc[r][0];
     for (int g = 1; g < G; ++g) m = vmax(m, sc[r][g]);
-    for (int64_t i = 0; i < kLanes; ++i) mx[r] = mx[r] > m[i] ? mx[r] : m[i];
+    mx[r] = std::max(mx[r], _mm512_reduce_max_ps(static_cast<__m512>(m)));  // a maximum: any order
     const vf row_max = splat(mx[r]);
-    for (int g = 0; g < G; ++g) store_vf(ps + r * kBlock + g * kLanes, exp2_nonpositive(sc[r][g] - row_max));
-  }
-  // Each row's sum key by key (the rows' chains interleaved, so their latencies overlap).
-  for (int64_t t = 0; t < kBlock; ++t) {
-    for (int r = 0; r < R; ++r) sum[r] += ps[r * kBlock + t];
+    vf part{};  // the block sum's order (paged_attention.h): keys i, 16 + i, 32 + i, 48 + i
+    for (int g = 0; g < G; ++g) {
+      const vf e = exp2_nonpositive(sc[r][g] - row_max);
+      store_vf(ps + r * kBlock + g * kLanes, e);
+      part = g == 0 ? e : part + e;
+    }
+    sum[r] = lane_sum(part);
   }
   const vf vmx = load_vf(mx);
   const vf alpha = exp2_nonpositive(vm - vmx);
