@@ -4,7 +4,8 @@ A model with sliding-window layers keeps their KV in a pool of its own
 (:mod:`radixserve.memory.window_pool`), freed as requests move past the window, when
 ``window_kv_ratio > 0`` and nothing needs every layer's pages in one layout: the
 hierarchical cache's L3 (page files and shared stores hold whole pages) or an L2 in another
-KV dtype (``hicache_dtype``), and pipeline parallelism (the stages' plans do not carry
+KV dtype (``hicache_dtype``), prefill/decode disaggregation (its transfers copy whole
+pages of every layer: ``KVPool.page_tensors``), and pipeline parallelism (the stages' plans do not carry
 the window map yet). Those keep full KV for every layer, as before (exact, but
 without the window's memory saving), and a start-up warning says why. int8/int4 KV works
 (the window layers' per-token scales are paged in the window pool with their data), and so
@@ -54,6 +55,8 @@ def window_pool_refusal(cfg: EngineConfig, mc: ModelConfig, window_map: bool) ->
         return (
             "the hierarchical cache's L3 and converted L2 formats take whole pages of every layer"
         )
+    if cfg.disaggregation_mode is not None:
+        return "prefill/decode disaggregation transfers whole pages of every layer"
     if not window_map:
         return "pipeline parallelism does not carry the window map to its stages yet"
     windows = {mc.layer_window(i) for i in range(mc.num_layers)} - {None}

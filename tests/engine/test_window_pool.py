@@ -307,7 +307,8 @@ def test_other_attention_paths_read_the_window_pool(gemma3: Path, hf: Any, backe
 def test_only_pipeline_stages_refuse_the_window_pool(gemma3: Path) -> None:
     """One process and tensor parallelism carry the window map to every rank; pipeline
     stages do not yet, so they keep full KV, and the refusal names pipeline parallelism only
-    (tensor parallelism itself: ``tests/distributed/test_window_pool_tp.py``)."""
+    (tensor parallelism itself: ``tests/distributed/test_window_pool_tp.py``). So does
+    prefill/decode disaggregation, whatever the topology."""
     from radixserve.distributed.topology import PipelineParallel, TensorParallel, Topology
     from radixserve.engine.config import EngineConfig
     from radixserve.engine.window_setup import plan_window_pool, window_pool_refusal
@@ -321,5 +322,10 @@ def test_only_pipeline_stages_refuse_the_window_pool(gemma3: Path) -> None:
     why = window_pool_refusal(cfg, mc, window_map=False)
     assert why is not None and "pipeline" in why and "tensor" not in why
     assert plan_window_pool(cfg, mc, 64, window_map=False) is None
+    # Disaggregation's transfers copy whole pages of every layer (KVPool.page_tensors): at
+    # TP 2 as in one process, such an engine keeps full KV rather than failing at start-up.
+    disagg = EngineConfig.from_kwargs(page_size=PAGE, disaggregation_mode="prefill")
+    why = window_pool_refusal(disagg, mc, window_map=True)
+    assert why is not None and "disaggregation" in why
     plan = plan_window_pool(cfg, mc, 64, window_map=True)
     assert plan is not None and plan.layers == frozenset({0, 1}) and plan.window == WINDOW
