@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     assert ModelConfig.from_pretrained(full_path).layer_window(0) is None
     n_full = math.ceil(args.budget_seqs * seq_len / args.page_size)
     ecfg = EngineConfig(page_size=args.page_size, window_kv_ratio=args.window_kv_ratio)
-    plan = plan_window_pool(ecfg, mc, n_full, parallel=False)
+    plan = plan_window_pool(ecfg, mc, n_full, window_map=True)
     assert plan is not None
     kw: dict[str, Any] = {"page_size": args.page_size, "max_num_tokens": args.chunk}
     kw["max_running_requests"] = args.requests

@@ -17,6 +17,20 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 EOS_TOKEN_ID = 2
 TOKENIZER_VOCAB = 512
 
+# A Gemma-3-shaped sliding-window checkpoint (build_tiny_family "gemma3_text"): two sliding
+# layers (window 8) and one global, soft-caps and two RoPE bases, for the window pool's tests.
+GEMMA3_SWA: dict[str, object] = {
+    "num_hidden_layers": 3,
+    "sliding_window": 8,
+    "sliding_window_pattern": 3,  # sliding, sliding, global
+    "query_pre_attn_scalar": 24,
+    "final_logit_softcapping": 2.0,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+    },
+}
+
 # The same ChatML template SmolLM2 ships (without its default system prompt).
 CHATML_TEMPLATE = (
     "{% for message in messages %}"

@@ -270,25 +270,41 @@ def _build_rank(
     if init.settings != mine:
         diff = [f"{a} (rank 0) vs {b}" for a, b in zip(init.settings, mine) if a != b]
         raise RankFailure(f"settings differ from rank 0's: {', '.join(diff)}")
-    pool = KVPool(num_pages=init.num_pages, **kv_pool_args(model, cfg, device))
+    pool_args = kv_pool_args(model, cfg, device)
+    if init.window_layers:  # rank 0's window pool: the map arrives with each step
+        pool_args["window_layers"] = frozenset(init.window_layers)
+        pool_args["num_window_pages"] = init.num_window_pages
+    pool = KVPool(num_pages=init.num_pages, **pool_args)
     runner = ModelRunner.from_config(
         model, pool, cfg, init.max_rows, init.max_pages, init.scratch_page
     )
+    if init.window_layers:
+        runner.use_window_pool(init.window)
     return runner, init
 
 
+def _weighted_sums(t: torch.Tensor) -> list[torch.Tensor]:
+    """``t``'s sum and position-weighted sum (int64): equal tables give equal sums."""
+    t = t.to(torch.int64)
+    weights = torch.arange(1, t.numel() + 1, device=t.device).view_as(t)
+    return [t.sum(), (t * weights).sum()]
+
+
 def state_digest(runner: ModelRunner) -> torch.Tensor:
-    """What every rank must agree on after the same plans: its pool's page count and its
-    page table (a position-weighted sum), as an int64 tensor."""
-    table = runner.page_table.to(torch.int64)
-    weights = torch.arange(1, table.numel() + 1, device=table.device).view_as(table)
-    return torch.stack(
-        [
-            torch.tensor(runner.pool.num_pages, device=table.device),
-            table.sum(),
-            (table * weights).sum(),
+    """What every rank must agree on after the same plans, as an int64 tensor: its pool's
+    page count and page table; with a window pool, its window page count, how many global
+    pages map a window page (not the scratch page) and the window map itself."""
+    dev = runner.page_table.device
+    parts = [torch.tensor(runner.pool.num_pages, device=dev), *_weighted_sums(runner.page_table)]
+    wmap = runner.window_map
+    if wmap is not None:
+        scratch = runner.pool.num_window_pages - 1
+        parts += [
+            torch.tensor(runner.pool.num_window_pages, device=dev),
+            (wmap != scratch).sum().to(torch.int64),
+            *_weighted_sums(wmap),
         ]
-    )
+    return torch.stack(parts)
 
 
 def _rank_main(cfg: EngineConfig, model_path: str, rank: int, pc: ParallelConfig) -> None:
@@ -414,11 +430,13 @@ class RankGroup:
         except Exception as exc:
             raise self.explain(exc) from exc
 
-    def audit(self, runner: ModelRunner) -> None:
-        """Assert that every rank holds the same pool size and page table as rank 0's ``runner``."""
+    def audit(self, runner: ModelRunner) -> list[list[int]]:
+        """Assert that every rank holds the same pool size, page table and window map as
+        rank 0's ``runner``; returns every rank's :func:`state_digest`, rank 0's first."""
         self.channel.send(step_wire.Audit())
         digests = [d.tolist() for d in self.tp.all_gather(state_digest(runner))]
         assert all(d == digests[0] for d in digests), f"ranks disagree on KV state: {digests}"
+        return digests
 
     def close(self, reason: str = "worker stopping") -> None:
         """Tell the ranks to stop, wait for this host's, kill what is left. Idempotent."""

@@ -51,6 +51,12 @@ class RankInit(msgspec.Struct, tag="init", array_like=True):
     # The settings every rank must share (another host's ranks take theirs from their own
     # command line): rank_settings(cfg) of rank 0, compared by each rank with its own.
     settings: list[str] = []
+    # A sliding-window model's window pool (engine.window_setup), which every rank builds the
+    # same over its own heads: its layers (empty: none), its pages (the scratch page
+    # included) and the window.
+    window_layers: list[int] = []
+    num_window_pages: int = 0
+    window: int = 0
 
 
 def rank_settings(cfg: EngineConfig) -> list[str]:
@@ -84,6 +90,9 @@ class StepMessage(msgspec.Struct, tag="step", array_like=True):
     num_sample: int
     sampling: LayoutFields | None
     sampling_plan: SamplingPlan | None
+    # The window map entries the scheduler changed for this step (global pages, window pages
+    # or -1); every rank applies them to its own map before the forward (memory.window_pool).
+    window_writes: tuple[list[int], list[int]] | None = None
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
@@ -149,6 +158,7 @@ def step_message(
         len(plan.sample_rows),
         None if sampling is None else sampling.export(),
         splan,
+        plan.window_writes,
     )
 
 
@@ -172,4 +182,5 @@ def plan_of(msg: StepMessage) -> StepPlan:
         prompt_targets=msg.prompt_targets,
         future_rows=msg.future_rows,
         future_src=msg.future_src,
+        window_writes=msg.window_writes,
     )

@@ -32,6 +32,7 @@ from radixserve.distributed.ranks import GroupLink, RankGroup, rank_threads
 from radixserve.distributed.step_wire import RankInit, rank_settings
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.model_runner import ModelRunner
+from radixserve.engine.window_setup import WindowPoolPlan
 from radixserve.memory.planner import MemoryPlan, plan_memory
 
 if TYPE_CHECKING:
@@ -50,12 +51,14 @@ __all__ = [
 
 class RunnerShape(NamedTuple):
     """What rank 0 decided and every rank builds the same: the pool's pages (the scratch
-    page not counted), the runner's rows and page-table columns, the longest sequence."""
+    page not counted), the runner's rows and page-table columns, the longest sequence, and
+    the window pool of a sliding-window model (None: every layer keeps full KV)."""
 
     num_pages: int
     max_rows: int
     max_pages: int
     max_total_len: int
+    window: WindowPoolPlan | None = None
 
 
 class Topology:
@@ -63,6 +66,9 @@ class Topology:
 
     #: More than one rank: the planner sizes the pool (a profile run would need every rank).
     parallel = False
+    #: Every rank gets the window map's changes with each step's plan, so a sliding-window
+    #: model may keep its window layers' KV in a window pool (engine.window_setup).
+    carries_window_map = True
 
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
@@ -140,6 +146,7 @@ class TensorParallel(Topology):
         return {"tp": self.ranks.tp, "stage": None, "expert_parallel": self.cfg.expert_parallel}
 
     def start(self, shape: RunnerShape, clock: StartupClock) -> None:
+        wp = shape.window
         self.ranks.start(
             RankInit(
                 shape.num_pages + 1,
@@ -148,6 +155,9 @@ class TensorParallel(Topology):
                 shape.num_pages,
                 shape.max_total_len,
                 rank_settings(self.cfg),
+                window_layers=[] if wp is None else sorted(wp.layers),
+                num_window_pages=0 if wp is None else wp.num_window_pages + 1,  # + scratch
+                window=0 if wp is None else wp.window,
             )
         )
         clock.lap("tensor-parallel ranks ready")
@@ -181,6 +191,7 @@ class PipelineParallel(Topology):
     rank 0 runs stage 0 and sends each step's activations down the stages."""
 
     parallel = True
+    carries_window_map = False  # the stages build no window pool and apply no window map
 
     def __init__(
         self, cfg: EngineConfig, model_path: str | Path, engine_kwargs: dict[str, Any]

@@ -120,7 +120,9 @@ class Engine:
         self.kv_profile: ProfiledKV | None = sizing.profile
         logger.info("%s", self.kv_sizing)
         clock.lap("KV sizing")
-        self.window_pool = plan_window_pool(cfg, self.model_config, num_pages, topo.parallel)
+        self.window_pool = plan_window_pool(
+            cfg, self.model_config, num_pages, topo.carries_window_map
+        )
         if self.window_pool is not None:
             num_pages = self.window_pool.num_pages
             pool_args["window_layers"] = self.window_pool.layers
@@ -132,6 +134,7 @@ class Engine:
             self.scheduler.config.max_running_requests,
             self.scheduler.max_pages_per_request,
             self.max_total_len,
+            self.window_pool,
         )
         self.runner: ModelRunner = topo.make_runner(self.model, pool, shape)
         if self.window_pool is not None:

@@ -25,17 +25,8 @@ from radixserve.sampling_params import SamplingParams
 WINDOW = 8
 PAGE = 4
 LOGPROB_ATOL = 1e-4
-GEMMA3: dict[str, Any] = {
-    "num_hidden_layers": 3,
-    "sliding_window": WINDOW,
-    "sliding_window_pattern": 3,  # sliding, sliding, global
-    "query_pre_attn_scalar": 24,
-    "final_logit_softcapping": 2.0,
-    "rope_parameters": {
-        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-    },
-}
+GEMMA3 = tiny_models.GEMMA3_SWA
+assert GEMMA3["sliding_window"] == WINDOW
 
 
 @pytest.fixture(scope="module")
@@ -311,3 +302,30 @@ def test_other_attention_paths_read_the_window_pool(gemma3: Path, hf: Any, backe
         _check_vs_hf(hf, prompt, tokens, logprobs)
     finally:
         engine.close()
+
+
+def test_only_pipeline_stages_refuse_the_window_pool(gemma3: Path) -> None:
+    """One process and tensor parallelism carry the window map to every rank; pipeline
+    stages do not yet, so they keep full KV, and the refusal names pipeline parallelism only
+    (tensor parallelism itself: ``tests/distributed/test_window_pool_tp.py``). So does
+    prefill/decode disaggregation, whatever the topology."""
+    from radixserve.distributed.topology import PipelineParallel, TensorParallel, Topology
+    from radixserve.engine.config import EngineConfig
+    from radixserve.engine.window_setup import plan_window_pool, window_pool_refusal
+    from radixserve.model.config import ModelConfig
+
+    assert Topology.carries_window_map and TensorParallel.carries_window_map
+    assert not PipelineParallel.carries_window_map
+    cfg = EngineConfig.from_kwargs(page_size=PAGE)
+    mc = ModelConfig.from_pretrained(gemma3)
+    assert window_pool_refusal(cfg, mc, window_map=True) is None
+    why = window_pool_refusal(cfg, mc, window_map=False)
+    assert why is not None and "pipeline" in why and "tensor" not in why
+    assert plan_window_pool(cfg, mc, 64, window_map=False) is None
+    # Disaggregation's transfers copy whole pages of every layer (KVPool.page_tensors): at
+    # TP 2 as in one process, such an engine keeps full KV rather than failing at start-up.
+    disagg = EngineConfig.from_kwargs(page_size=PAGE, disaggregation_mode="prefill")
+    why = window_pool_refusal(disagg, mc, window_map=True)
+    assert why is not None and "disaggregation" in why
+    plan = plan_window_pool(cfg, mc, 64, window_map=True)
+    assert plan is not None and plan.layers == frozenset({0, 1}) and plan.window == WINDOW
