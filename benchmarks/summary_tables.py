@@ -54,6 +54,7 @@ from summary_tables_s25 import (
     table_families_amd,
     table_long_context_amd,
     table_long_context_amd_targets,
+    table_long_context_profile_amd,
 )
 
 
@@ -331,6 +332,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "long_context_whole_runs_targets": table_long_context_whole_runs_targets,
     "long_context_amd": table_long_context_amd,
     "families_amd": table_families_amd,
+    "long_context_profile_amd": table_long_context_profile_amd,
     "long_context_amd_targets": table_long_context_amd_targets,
     "disagg": table_disagg,
     "families": table_families,

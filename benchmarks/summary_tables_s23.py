@@ -136,7 +136,7 @@ def table_long_context_targets(name: str = LONG_CONTEXT) -> str:
     return "\n".join(out)
 
 
-def table_long_context_profile() -> str:
+def table_long_context_profile(names: tuple[str, ...] = PROFILE_LONG_CONTEXT) -> str:
     """profile_long_context.py: per KV dtype and length, the prefill's TTFT, chunks, the
     shares of linear layers and attention and each over its FLOP floor, the share of the
     attention's keys in earlier chunks; the decode step over its weight + KV read floor."""
@@ -152,7 +152,7 @@ def table_long_context_profile() -> str:
         "over weights + KV floor",
         align="lrrrllrrr",
     )
-    for name in PROFILE_LONG_CONTEXT:
+    for name in names:
         for r in load(name)["results"]:
             prof = r["profiled_ms"]
             total = sum(prof.values())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from summary_tables_s23 import (
     table_long_context,
+    table_long_context_profile,
     table_long_context_targets,
 )
 from summary_tables_s24 import table_families
@@ -32,3 +33,9 @@ def table_families_amd() -> str:
     """bench_families.py on the AMD machine, before and after Mistral's window and Gemma's
     layers joined the one-call stack (table_families)."""
     return table_families(FAMILIES_BEFORE_AMD, FAMILIES_AFTER_AMD)
+
+
+def table_long_context_profile_amd() -> str:
+    """profile_long_context.py on the AMD machine, bf16 and int8 KV
+    (table_long_context_profile)."""
+    return table_long_context_profile(("profile_long_context_s25.json",))
