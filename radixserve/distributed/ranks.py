@@ -55,6 +55,7 @@ from radixserve.model.parallel import (
     private_store_path,
     rendezvous_store,
 )
+from radixserve.scheduling.scheduler import StepFailure
 
 if TYPE_CHECKING:
     from radixserve.distributed.disagg.kv_transfer import KVTransfer
@@ -79,8 +80,10 @@ IDLE_WAIT = datetime.timedelta(days=30)
 STARTUP_TIMEOUT = datetime.timedelta(minutes=10)
 
 
-class RankFailure(RuntimeError):
-    """A tensor-parallel rank died, hung or failed; the worker cannot go on."""
+class RankFailure(StepFailure):
+    """A tensor-parallel rank died, hung or failed; the worker cannot go on. A
+    :class:`StepFailure`: raised from a scheduler hook (the prefill side's KV transfer), the
+    step loop fails the step's requests before the engine stops."""
 
 
 class ParallelConfig(NamedTuple):
