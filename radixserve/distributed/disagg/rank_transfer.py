@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import msgspec
 import torch
@@ -39,15 +39,20 @@ from radixserve.distributed.step_wire import KVWrite
 from radixserve.engine.config import EngineConfig
 from radixserve.memory.pool import KVPool
 
-if TYPE_CHECKING:
-    from radixserve.distributed.ranks import RankGroup
-
-__all__ = ["RankLink", "RankedTransfer", "follower_transfer", "open_transfer", "write_share"]
+__all__ = [
+    "RankLink",
+    "RankedTransfer",
+    "follower_transfer",
+    "open_transfer",
+    "pool_key",
+    "write_share",
+]
 
 log = logging.getLogger(__name__)
 
 
-def _key(rank: int) -> str:
+def pool_key(rank: int) -> str:
+    """Where rank ``rank`` publishes its pool's descriptor in the rank group's store."""
     return f"disagg/pool/{rank}"
 
 
@@ -92,7 +97,7 @@ def follower_transfer(
     if cfg.disaggregation_mode is None:
         return None
     transfer = open_transfer(cfg, pool, model)
-    store.set(_key(rank), msgspec.msgpack.encode(transfer.descriptor()))
+    store.set(pool_key(rank), msgspec.msgpack.encode(transfer.descriptor()))
     return transfer
 
 
@@ -118,30 +123,6 @@ class RankLink(Protocol):
         """Send ``msg`` to the other ranks, run ``own`` (rank 0's share) meanwhile, and
         return every rank's bytes written (-1: failed), in rank order."""
         ...
-
-
-class GroupLink:
-    """:class:`RankLink` over a tensor-parallel :class:`RankGroup` (the plan channel, the
-    model's group for the all-gather, the start-up store for the descriptors)."""
-
-    def __init__(self, ranks: RankGroup) -> None:
-        self.ranks = ranks
-
-    def pools(self) -> list[PoolDescriptor]:
-        store = self.ranks.rv.store
-        return [
-            msgspec.msgpack.decode(store.get(_key(r)), type=PoolDescriptor)
-            for r in range(1, self.ranks.world_size)
-        ]
-
-    def write(self, msg: KVWrite, own: Callable[[], int]) -> list[int]:
-        g = self.ranks
-        try:
-            g.channel.send(msg)
-            mine = torch.tensor([own()], dtype=torch.int64, device=g.device)
-            return [int(t[0]) for t in g.tp.all_gather(mine)]
-        except Exception as exc:  # a rank died or hung: the worker cannot go on
-            raise g.explain(exc) from exc
 
 
 class RankedTransfer:
