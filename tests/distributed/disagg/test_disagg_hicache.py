@@ -1,6 +1,7 @@
-"""Disaggregation with the hierarchical cache on either side, with the overlap schedule on and
-off, and with tensor parallelism on the other side (real engines, real Mooncake transfer
-engines on 127.0.0.1 tcp).
+"""Disaggregation with the hierarchical cache on either side (L2, L3 page files or a Mooncake
+store), with the overlap schedule on and off, and with tensor parallelism on the other side
+(real engines, real Mooncake transfer engines on 127.0.0.1 tcp); a TP rank lost during the
+transfer.
 
 A prefill engine whose prompt prefix was evicted from L1 to L2 (and on to L3 page files)
 loads it back into L1 pages before its transfer reads them; a decode engine that holds part
@@ -12,6 +13,7 @@ the moved pages', and both sides' L1 and L2 accounting is balanced after each sc
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Callable, Iterator
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 from disagg_helpers import colocated_tokens, disagg_generate, roles
 from engine_helpers import greedy, random_prompts
+from mooncake_helpers import run_master
 
 from radixserve.distributed.disagg.kv_layout import PoolDescriptor
 from radixserve.distributed.disagg.rank_transfer import RankLink
@@ -250,3 +253,44 @@ def test_a_rank_lost_during_the_transfer_fails_the_step_with_no_page_leaked(
         _idle(decode)
     finally:
         prefill.close()
+
+
+def test_a_shared_mooncake_store_l3_serves_the_decode_sides_prefix(
+    tiny_llama_dir: Path, engines: dict[str, Engine], tmp_path: Path
+) -> None:
+    """Both sides with the Mooncake store as L3 (one local master): P's pages are written
+    through to the store as its tree takes them; with both sides' L1 and L2 dropped, P loads
+    the system prefix from L3 to compute the question, and D loads it from L3 when it
+    reserves, so it receives only the question's pages."""
+    system, q1, q2 = random_prompts([32, 6, 7], seed=80)
+    with run_master(tmp_path / "master.log") as master:
+        kw = {
+            "num_pages": L1_PAGES,
+            "hicache_storage_backend": "mooncake",
+            "hicache_storage_backend_extra_config": json.dumps(master.config),
+        }
+        prefill = _engine(
+            tiny_llama_dir, "prefill", "on", **kw, hicache_storage_dir=str(tmp_path / "p")
+        )
+        decode = _engine(
+            tiny_llama_dir, "decode", "on", **kw, hicache_storage_dir=str(tmp_path / "d")
+        )
+        try:
+            tokens, ticket, _ = disagg_generate(prefill, decode, system + q1, N)
+            assert tokens == colocated_tokens(engines["colocated"], system + q1, N)
+            assert ticket.held_len == 0
+            for engine in (prefill, decode):  # the writes are asynchronous: until they land
+                engine.cache.hierarchy.disk.flush(None)  # type: ignore[attr-defined]
+            assert decode.flush_cache() and prefill.flush_cache()  # L1, L2 gone; L3 stays
+            before, p_before = decode.stats(), prefill.stats()
+            tokens, ticket, result = disagg_generate(prefill, decode, system + q2, N)
+            after = decode.stats()
+            assert _delta(prefill.stats(), p_before, "loaded_storage_pages_total") == 8
+            assert tokens == colocated_tokens(engines["colocated"], system + q2, N)
+            assert _delta(after, before, "loaded_storage_pages_total") == 8
+            assert ticket.held_len == 32 and result.bytes == 2 * _page_bytes(decode)
+            assert _delta(after, before, "computed_tokens_total") == N - 1
+            _idle(prefill, decode)
+        finally:
+            prefill.close()
+            decode.close()
