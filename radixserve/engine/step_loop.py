@@ -77,8 +77,15 @@ class StepLoop:
         return outputs + self._resolve(batch, result)
 
     def _failed(self, e: Exception) -> None:
-        if self.on_error is not None:
-            self.on_error(e)
+        if self.on_error is None:
+            return
+        # on_error stops the engine (the ranks are out of step): a step launched after the
+        # failed one will never be read, so its requests end now, their pages back.
+        if self._in_flight is not None:
+            batch, _ = self._in_flight
+            self._in_flight = None
+            self.scheduler.fail(batch, e, advanced=True)
+        self.on_error(e)
 
     def _resolve(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
         """``batch``'s results through the scheduler. A :class:`StepFailure` raised meanwhile
@@ -117,15 +124,20 @@ class StepLoop:
             self._failed(e)
             return outputs
         sched.advance(batch)
-        outputs += self._resolve_in_flight()
-        self._in_flight = (batch, pending)
-        return outputs
+        # N+1 is in flight before N is read: should reading N stop the engine (_failed), N+1's
+        # requests are failed too.
+        prev, self._in_flight = self._in_flight, (batch, pending)
+        return outputs + self._read(prev)
 
     def _resolve_in_flight(self) -> list[RequestOutput]:
-        if self._in_flight is None:
+        entry, self._in_flight = self._in_flight, None
+        return self._read(entry)
+
+    def _read(self, entry: tuple[ScheduledBatch, PendingStep] | None) -> list[RequestOutput]:
+        """Wait for a launched step's results and take them; a failed step fails its requests."""
+        if entry is None:
             return []
-        batch, pending = self._in_flight
-        self._in_flight = None
+        batch, pending = entry
         try:
             result = pending.result()
         except Exception as e:

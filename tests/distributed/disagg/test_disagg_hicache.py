@@ -238,10 +238,13 @@ def test_a_rank_lost_during_the_transfer_fails_the_step_with_no_page_leaked(
         p, d = roles(prefill, decode)
         assert isinstance(prefill.topology, TensorParallel) and p.transfer.link is not None
         p.transfer.link = _RankDiesAtTheWrite(p.transfer.link, prefill.topology.ranks.procs[1])
-        (prompt,) = random_prompts([21], seed=78)
+        prompt, other = random_prompts([21, 9], seed=78)
         ticket = d.reserve(prompt, greedy(N))
         assert ticket is not None
         p.prefill(prompt, greedy(N), ticket)
+        # A request that goes on decoding: with overlap its next step is in flight when the
+        # transfer fails, and it must end (pages back) with the engine too.
+        prefill.add_request(other, greedy(N))
         with pytest.raises(RankFailure, match=r"rank 1 \(pid \d+\) exited with code -9"):
             while prefill.has_unfinished():
                 prefill.step()
