@@ -36,18 +36,15 @@ import shutil
 import signal
 import socket
 import time
-from collections.abc import Callable
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-import msgspec
 import torch
 import torch.distributed as dist
 
 import radixserve.distributed.step_wire as step_wire
-from radixserve.distributed.disagg.kv_layout import PoolDescriptor
-from radixserve.distributed.disagg.rank_transfer import answer_write, follower_transfer, pool_key
+from radixserve.distributed.disagg.rank_transfer import answer_write, follower_transfer
 from radixserve.distributed.dist_addr import WILDCARDS, split_addr
 from radixserve.distributed.plan_channel import PlanChannel
 from radixserve.engine.config import EngineConfig
@@ -58,6 +55,7 @@ from radixserve.model.parallel import (
     private_store_path,
     rendezvous_store,
 )
+from radixserve.scheduling.scheduler import StepFailure
 
 if TYPE_CHECKING:
     from radixserve.distributed.disagg.kv_transfer import KVTransfer
@@ -82,8 +80,10 @@ IDLE_WAIT = datetime.timedelta(days=30)
 STARTUP_TIMEOUT = datetime.timedelta(minutes=10)
 
 
-class RankFailure(RuntimeError):
-    """A tensor-parallel rank died, hung or failed; the worker cannot go on."""
+class RankFailure(StepFailure):
+    """A tensor-parallel rank died, hung or failed; the worker cannot go on. A
+    :class:`StepFailure`: raised from a scheduler hook (the prefill side's KV transfer), the
+    step loop fails the step's requests before the engine stops."""
 
 
 class ParallelConfig(NamedTuple):
@@ -474,28 +474,3 @@ def run_node(cfg: EngineConfig, model_path: str | Path) -> int:
         stop_ranks(procs, timeout=30.0)
     bad = [r for r, p in procs.items() if p.exitcode]
     return 1 if (code or bad) else 0
-
-
-class GroupLink:
-    """:class:`~radixserve.distributed.disagg.rank_transfer.RankLink` over a
-    tensor-parallel :class:`RankGroup` (the plan channel, the
-    model's group for the all-gather, the start-up store for the descriptors)."""
-
-    def __init__(self, ranks: RankGroup) -> None:
-        self.ranks = ranks
-
-    def pools(self) -> list[PoolDescriptor]:
-        store = self.ranks.rv.store
-        return [
-            msgspec.msgpack.decode(store.get(pool_key(r)), type=PoolDescriptor)
-            for r in range(1, self.ranks.world_size)
-        ]
-
-    def write(self, msg: step_wire.KVWrite, own: Callable[[], int]) -> list[int]:
-        g = self.ranks
-        try:
-            g.channel.send(msg)
-            mine = torch.tensor([own()], dtype=torch.int64, device=g.device)
-            return [int(t[0]) for t in g.tp.all_gather(mine)]
-        except Exception as exc:  # a rank died or hung: the worker cannot go on
-            raise g.explain(exc) from exc

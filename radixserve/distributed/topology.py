@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import torch
 
+from radixserve.distributed.disagg.group_link import GroupLink
 from radixserve.distributed.disagg.rank_transfer import RankLink
-from radixserve.distributed.ranks import GroupLink, RankGroup, rank_threads
+from radixserve.distributed.ranks import RankGroup, rank_threads
 from radixserve.distributed.step_wire import RankInit, rank_settings
 from radixserve.engine.config import EngineConfig
 from radixserve.engine.model_runner import ModelRunner

@@ -22,8 +22,8 @@ import logging
 from collections.abc import Callable
 
 from radixserve.engine.model_runner import ModelRunner, PendingStep
-from radixserve.scheduling.plan import ScheduledBatch
-from radixserve.scheduling.scheduler import NeedsSync, RequestOutput, Scheduler
+from radixserve.scheduling.plan import ScheduledBatch, StepResult
+from radixserve.scheduling.scheduler import NeedsSync, RequestOutput, Scheduler, StepFailure
 
 logger = logging.getLogger(__name__)
 
@@ -73,11 +73,31 @@ class StepLoop:
             outputs += sched.fail(batch, e)
             self._failed(e)
             return outputs
-        return outputs + sched.process(batch, result)
+        sched.advance(batch)
+        return outputs + self._resolve(batch, result)
 
     def _failed(self, e: Exception) -> None:
-        if self.on_error is not None:
-            self.on_error(e)
+        if self.on_error is None:
+            return
+        # on_error stops the engine (the ranks are out of step): a step launched after the
+        # failed one will never be read, so its requests end now, their pages back.
+        if self._in_flight is not None:
+            batch, _ = self._in_flight
+            self._in_flight = None
+            self.scheduler.fail(batch, e, advanced=True)
+        self.on_error(e)
+
+    def _resolve(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
+        """``batch``'s results through the scheduler. A :class:`StepFailure` raised meanwhile
+        (a finish hook's KV transfer lost a tensor-parallel rank) fails the batch as a failed
+        forward does: its requests end with the error, their pages back, then ``on_error``."""
+        try:
+            return self.scheduler.resolve(batch, result)
+        except StepFailure as e:
+            logger.exception("step failed; finishing %d requests with an error", len(batch.work))
+            outputs = self.scheduler.fail(batch, e)  # resolve() already marked it resolved
+            self._failed(e)
+            return outputs
 
     def _step_overlap(self) -> list[RequestOutput]:
         """Plan and launch step N+1, then read step N's results (SGLang's overlap loop)::
@@ -104,15 +124,20 @@ class StepLoop:
             self._failed(e)
             return outputs
         sched.advance(batch)
-        outputs += self._resolve_in_flight()
-        self._in_flight = (batch, pending)
-        return outputs
+        # N+1 is in flight before N is read: should reading N stop the engine (_failed), N+1's
+        # requests are failed too.
+        prev, self._in_flight = self._in_flight, (batch, pending)
+        return outputs + self._read(prev)
 
     def _resolve_in_flight(self) -> list[RequestOutput]:
-        if self._in_flight is None:
+        entry, self._in_flight = self._in_flight, None
+        return self._read(entry)
+
+    def _read(self, entry: tuple[ScheduledBatch, PendingStep] | None) -> list[RequestOutput]:
+        """Wait for a launched step's results and take them; a failed step fails its requests."""
+        if entry is None:
             return []
-        batch, pending = self._in_flight
-        self._in_flight = None
+        batch, pending = entry
         try:
             result = pending.result()
         except Exception as e:
@@ -120,4 +145,4 @@ class StepLoop:
             outputs = self.scheduler.fail(batch, e, advanced=True)
             self._failed(e)
             return outputs
-        return self.scheduler.resolve(batch, result)
+        return self._resolve(batch, result)

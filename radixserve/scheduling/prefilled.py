@@ -61,7 +61,11 @@ class Reservations:
 
     def reserve(self, req: Request) -> Reservation | None:
         """Lock ``req``'s cached prefix and allocate the rest of its prompt's pages; None when
-        there is no free row or not enough pages (the caller tries later or elsewhere)."""
+        there is no free row or not enough pages (the caller tries later or elsewhere).
+
+        With the hierarchical cache the match itself copies the prefix's L2/L3 part into fresh
+        L1 pages before it returns, so ``held_len`` counts only pages in L1, locked here before
+        the allocation that may evict; what could not be loaded is left to the prefill side."""
         if req.request_id in self._held:
             raise ValueError(f"duplicate request id {req.request_id!r}")
         if self.rows.num_free_rows == 0:

@@ -63,6 +63,7 @@ __all__ = [
     "NeedsSync",
     "RequestOutput",
     "ScheduledBatch",
+    "StepFailure",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerCounters",
@@ -73,6 +74,13 @@ __all__ = [
 class NeedsSync(Exception):
     """:meth:`Scheduler.schedule` cannot decide while a step is in flight (it would retract):
     resolve the step in flight, then schedule again."""
+
+
+class StepFailure(RuntimeError):
+    """Raised from inside a step's result handling (an ``on_finish`` hook: the prefill side's
+    KV transfer found a tensor-parallel rank gone) when the step cannot complete. The step
+    loop fails the step's requests, pages given back, as for a failed forward, then hands the
+    error to its ``on_error``. The hook must raise it before it changes anything it owns."""
 
 
 class Scheduler:
@@ -106,7 +114,8 @@ class Scheduler:
         # Locks, private pages and rows of running requests; steps launched and resolved.
         self.kv = KVReferences(cache, allocator, self.rows, self.page_size)
         # Disaggregation: requests whose prompt another engine computes (decode side), and
-        # a call made as any request finishes, before its pages are released (prefill side).
+        # a call made as any request finishes, before its pages are released (prefill side);
+        # it may raise StepFailure (the step loop then fails the step's requests).
         self.prefilled = Reservations(cache, allocator, self.rows, self.page_size)
         self.on_finish: Callable[[Request, str], None] | None = None
         # Speculative decoding (scheduling.speculation): None when off.

@@ -239,6 +239,9 @@ class PrefillRole(_Role):
         ps = self.transfer.pool.page_size
         src = req.pages[ticket.held_len // ps : -(-req.prompt_len // ps)]
         try:
+            # A rank lost meanwhile raises RankFailure (a StepFailure) through this: the step
+            # loop fails the request, pages back, and the engine stops; no answer is sent, as
+            # the decode side must keep its pages until this engine's processes are gone.
             written = self.transfer.write(ticket.pools, src, ticket.fill_pages)
         except (TransferError, ValueError) as e:
             self._answer(PrefillResult(rid, None, 0, f"{type(e).__name__}: {e}"))

@@ -41,3 +41,9 @@ def disagg_generate(
     ticket, result = prefill_once(prefill, decode, prompt, n, namespace)
     outs = run_to_completion(decode)[ticket.request_id]
     return tokens_of(outs), ticket, result
+
+
+def colocated_tokens(engine: Engine, prompt: list[int], n: int) -> list[int]:
+    """The greedy tokens a colocated ``engine`` gives ``prompt``: what a pair must stream."""
+    (out,) = engine.generate([prompt], greedy(n))
+    return out.token_ids

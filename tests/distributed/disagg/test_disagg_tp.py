@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from disagg_helpers import disagg_generate, roles
+from disagg_helpers import colocated_tokens, disagg_generate, roles
 from engine_helpers import greedy, random_prompts, run_to_completion
 
 from radixserve.distributed.disagg.roles import PrefillTicket
@@ -55,11 +55,6 @@ def engines(tiny_llama_dir: Path) -> Iterator[dict[str, Engine]]:
             engine.close()
 
 
-def _want(engine: Engine, prompt: list[int]) -> list[int]:
-    (out,) = engine.generate([prompt], greedy(N))
-    return out.token_ids
-
-
 def _idle(*engines: Engine) -> None:
     """Every page back on every rank (check_invariants audits the other ranks' page tables)."""
     for engine in engines:
@@ -80,7 +75,7 @@ def test_equal_tp_moves_each_ranks_slice_and_a_failed_rank_fails_cleanly(
     (prompt,) = random_prompts([21], seed=51)
     computed = d2.stats().computed_tokens_total
     tokens, ticket, result = disagg_generate(p2, d2, prompt, N)
-    assert tokens == _want(engines["colocated"], prompt)
+    assert tokens == colocated_tokens(engines["colocated"], prompt, N)
     assert [d.heads for d in ticket.pools] == [(0, 1), (1, 2)]  # one pool per decode rank
     # Decode steps only: no prompt token computed on the decode side.
     assert d2.stats().computed_tokens_total - computed == N - 1
@@ -111,7 +106,7 @@ def test_differing_tp_slices_the_heads(engines: dict[str, Engine], pair: tuple[s
     system, q = random_prompts([16, 7], seed=52)
     computed = decode.stats().computed_tokens_total
     tokens, ticket, result = disagg_generate(prefill, decode, system + q, N)
-    assert tokens == _want(engines["colocated"], system + q)
+    assert tokens == colocated_tokens(engines["colocated"], system + q, N)
     assert (
         result.bytes
         == 6 * engines["colocated"].pool.bytes_per_page
@@ -120,7 +115,7 @@ def test_differing_tp_slices_the_heads(engines: dict[str, Engine], pair: tuple[s
     # A second prompt on the held system prefix: only its own pages move.
     (q2,) = random_prompts([6], seed=53)
     tokens, ticket, result = disagg_generate(prefill, decode, system + q2, N)
-    assert tokens == _want(engines["colocated"], system + q2)
+    assert tokens == colocated_tokens(engines["colocated"], system + q2, N)
     assert ticket.held_len == 16 and result.bytes == 2 * sum(_rank_page_bytes(ticket))
     assert decode.stats().computed_tokens_total - computed == 2 * (N - 1)
     _idle(prefill, decode)
