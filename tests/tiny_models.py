@@ -31,6 +31,33 @@ GEMMA3_SWA: dict[str, object] = {
     },
 }
 
+# Gemma 2 and 3 with every quirk biting (build_tiny_family; tests/model/test_gemma_vs_hf.py
+# says how): a window far shorter than the prompts, soft-caps that bite,
+# query_pre_attn_scalar 24 (head_dim 16), Gemma 3's two RoPE bases (local 100; global 1e6 with
+# linear x4) and its sliding_window_pattern 2, so both layer kinds recur.
+# name -> (model_type, transformers config overrides)
+GEMMA_WINDOW = 6
+_GEMMA: dict[str, object] = {
+    "num_hidden_layers": 3,
+    "sliding_window": GEMMA_WINDOW,
+    "query_pre_attn_scalar": 24,
+    "final_logit_softcapping": 2.0,
+}
+GEMMA_QUIRKS: dict[str, tuple[str, dict[str, object]]] = {
+    "gemma2": ("gemma2", {**_GEMMA, "attn_logit_softcapping": 1.0}),
+    "gemma3": (
+        "gemma3_text",
+        {
+            **_GEMMA,
+            "sliding_window_pattern": 2,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            },
+        },
+    ),
+}
+
 # The same ChatML template SmolLM2 ships (without its default system prompt).
 CHATML_TEMPLATE = (
     "{% for message in messages %}"

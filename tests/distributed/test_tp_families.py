@@ -62,29 +62,14 @@ ATOL = RTOL = 2e-5
 LOGPROB_ATOL = 1e-4
 NEW_TOKENS = 6
 _MOE = {"num_experts_per_tok": 2}
-_GEMMA = {
-    "num_hidden_layers": 3,
-    "sliding_window": 6,
-    "query_pre_attn_scalar": 24,
-    "final_logit_softcapping": 2.0,
-    "tie_word_embeddings": True,
-}
-
 # name -> (model_type, transformers config overrides)
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3": ("qwen3", {}),
-    "gemma2": ("gemma2", {**_GEMMA, "attn_logit_softcapping": 1.0}),
-    "gemma3": (
-        "gemma3_text",
-        {
-            **_GEMMA,
-            "sliding_window_pattern": 2,
-            "rope_parameters": {
-                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-            },
-        },
-    ),
+    # Gemma's quirk configs (tiny_models.GEMMA_QUIRKS), with tied embeddings.
+    **{
+        name: (model_type, {**overrides, "tie_word_embeddings": True})
+        for name, (model_type, overrides) in tiny_models.GEMMA_QUIRKS.items()
+    },
     "phi3": (
         "phi3",
         {

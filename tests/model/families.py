@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tiny_models import GEMMA_QUIRKS
+
 # Phi-3 longrope: sequences in the tests stay below the original context (64), where
 # transformers rotates with the short factors too (see model/layers/rotary.py).
 _LONGROPE = {
@@ -73,29 +75,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
     "olmoe": ("olmoe", {"num_experts": 8, "num_experts_per_tok": 3, "clip_qkv": 1.5}, False),
 }
 
-# Gemma 2 and 3 with every quirk biting (test_gemma_vs_hf.py says how): a window far shorter
-# than the prompts, soft-caps that bite, query_pre_attn_scalar 24 (head_dim 16), Gemma 3's
-# two RoPE bases (local 100; global 1e6 with linear x4) and its sliding_window_pattern 2, so
-# both layer kinds recur. Both run in the one-call stack (sandwich norms, windows, soft-caps).
-GEMMA_WINDOW = 6
-_GEMMA: dict[str, Any] = {
-    "num_hidden_layers": 3,
-    "sliding_window": GEMMA_WINDOW,
-    "query_pre_attn_scalar": 24,
-    "final_logit_softcapping": 2.0,
-}
+# Gemma 2 and 3 with every quirk biting (tiny_models.GEMMA_QUIRKS); both run in the one-call
+# stack (sandwich norms, windows, soft-caps).
 GEMMAS: dict[str, tuple[str, dict[str, Any], bool]] = {
-    "gemma2": ("gemma2", {**_GEMMA, "attn_logit_softcapping": 1.0}, True),
-    "gemma3": (
-        "gemma3_text",
-        {
-            **_GEMMA,
-            "sliding_window_pattern": 2,
-            "rope_parameters": {
-                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-            },
-        },
-        True,
-    ),
+    name: (model_type, overrides, True) for name, (model_type, overrides) in GEMMA_QUIRKS.items()
 }

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import tiny_models
 import torch
-from families import GEMMA_WINDOW as WINDOW
 from families import GEMMAS
+from tiny_models import GEMMA_WINDOW as WINDOW
 
 from radixserve.engine.engine import Engine
 from radixserve.model.attention.dense import DenseAttentionBackend
