@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The whole engine on one GPU in two short commands, one JSON report (benchmarks/results/gpu_check.json).
+# The whole engine on one GPU in three short commands, one JSON report (benchmarks/results/gpu_check.json).
 #     bash benchmarks/gpu_check.sh --download-wheels   # where PyPI is reachable: fills ./wheels (bring it along)
-#     bash benchmarks/gpu_check.sh --part 1            # on the GPU machine: kernels, bandwidth, equivalence
+#     bash benchmarks/gpu_check.sh --part 1            # on the GPU machine: bandwidth, equivalence
 #     bash benchmarks/gpu_check.sh --part 2            # decode table, shared system, HTTP, quant, runner
+#     bash benchmarks/gpu_check.sh --part 3            # the Triton kernel tests compiled for the GPU
 #     bash benchmarks/gpu_check.sh --dry-run           # CPU: tiny shapes, GPU-only phases listed (CI runs this)
 # Each part stays within --budget-s (default 330 s of phases: under six minutes with the install);
 # a phase that would not fit is skipped and reported. Phases and their estimates: gpu_check.py.

@@ -246,26 +246,41 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
 
 
 def gpu_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
-    """The first GPU run's headline figures (docs/kernels.md#first-run-2026-12-04-one-h200)."""
-    first = "gpu_check_s24_1.json"  # the invocation that ran these phases
-    bw = load(first)["phases"]["decode_bandwidth"]
-    cell = next(c for c in bw["decode"] if c["shape"] == "smollm2" and c["kv_dtype"] == "auto")
+    """The GPU runs' headline figures, each the median and range of both runs on one H200
+    (docs/kernels.md#first-run-2026-12-04-one-h200 and the second run after it)."""
+    runs = ["gpu_check_s24_1.json", "gpu_check_s26.json"]  # the invocations with these phases
+    phases = [load(n)["phases"] for n in runs]
+
+    def cell(p: dict, key: str) -> float:
+        c = next(
+            c
+            for c in p["decode_bandwidth"]["decode"]
+            if c["shape"] == "smollm2" and c["kv_dtype"] == "auto"
+        )
+        return 100 * float(c[key])
+
+    default = spread([cell(p, "frac_copy_bw_default") for p in phases], " %", digits=1)
+    best = spread([cell(p, "frac_copy_bw_best") for p in phases], " %", digits=1)
     add(
         "gpu_decode_bw_smollm2",
-        f"{100 * cell['frac_copy_bw_default']:.1f} % of the copy bandwidth at the default split "
-        f"count and {100 * cell['frac_copy_bw_best']:.1f} % at the best (1 run)",
-        [first],
+        f"{default} of the copy bandwidth at the default split count and {best} at the best",
+        runs,
     )
-    rows = load(first)["phases"]["decode_table"]["rows"]
-    graphs = {r["batch"]: r["graph_speedup"] for r in rows if r["context"] == 1024}
-    add("gpu_graph_speedup_b1", spread([graphs[1]], digits=1), [first])
-    add("gpu_graph_speedup_b64", spread([graphs[64]], digits=1), [first])
-    shared = load(first)["phases"]["shared_system"]
+
+    def graphs(batch: int) -> list[float]:
+        rows = [r for p in phases for r in p["decode_table"]["rows"]]
+        return [r["graph_speedup"] for r in rows if r["context"] == 1024 and r["batch"] == batch]
+
+    add("gpu_graph_speedup_b1", spread(graphs(1), digits=1), runs)
+    add("gpu_graph_speedup_b64", spread(graphs(64), digits=1), runs)
+    shared = [p["shared_system"] for p in phases]
+    on = spread([s["cache_on"]["output_tok_s"] for s in shared], " tok/s", digits=0)
+    off = spread([s["cache_off"]["output_tok_s"] for s in shared], " tok/s", digits=0)
+    ratio = spread([s["speedup"] for s in shared])
     add(
         "gpu_shared_system",
-        f"{shared['cache_on']['output_tok_s']:.0f} against {shared['cache_off']['output_tok_s']:.0f}"
-        f" output tok/s with the radix cache off, {shared['speedup']:.2f}x (1 run)",
-        [first],
+        f"{on} against {off} with the radix cache off, {ratio} the throughput",
+        runs,
     )
 
 

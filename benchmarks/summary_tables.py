@@ -56,6 +56,12 @@ from summary_tables_s25 import (
     table_long_context_amd_targets,
     table_long_context_profile_amd,
 )
+from summary_tables_s26 import (
+    table_gpu_check_s26,
+    table_gpu_decode_kernel_runs,
+    table_gpu_decode_steps_runs,
+    table_gpu_serving_s26,
+)
 
 
 def _machine(name: str) -> str:
@@ -345,5 +351,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu_runner": table_gpu_runner,
     "gpu_serving": table_gpu_serving,
     "gpu_int8": table_gpu_int8,
+    "gpu_check_s26": table_gpu_check_s26,
+    "gpu_decode_kernel_runs": table_gpu_decode_kernel_runs,
+    "gpu_decode_steps_runs": table_gpu_decode_steps_runs,
+    "gpu_serving_s26": table_gpu_serving_s26,
     "index": table_index,
 }

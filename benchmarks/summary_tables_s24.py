@@ -19,18 +19,18 @@ from summary_tables_s23 import table_long_context, table_long_context_targets
 GPU_CHECK = ("gpu_check_s24_1.json", "gpu_check_s24_2.json", "gpu_check_s24_3.json")
 
 
-def _phases() -> list[tuple[str, str, dict[str, Any]]]:
+def _phases(files: tuple[str, ...] = GPU_CHECK) -> list[tuple[str, str, dict[str, Any]]]:
     """(result file, phase, its record) for every phase of every invocation, in run order."""
     out = []
-    for name in GPU_CHECK:
+    for name in files:
         d = load(name)
         for phase in d["runs"][-1]["phases"]:
             out.append((name, phase, d["phases"][phase]))
     return out
 
 
-def _latest(phase: str) -> dict[str, Any]:
-    return [r for _, p, r in _phases() if p == phase][-1]
+def _latest(phase: str, files: tuple[str, ...] = GPU_CHECK) -> dict[str, Any]:
+    return [r for _, p, r in _phases(files) if p == phase][-1]
 
 
 def _status(r: dict[str, Any]) -> str:
@@ -64,12 +64,12 @@ def _what(phase: str, r: dict[str, Any]) -> str:
     }.get(phase, "")
 
 
-def table_gpu_check() -> str:
-    """Every phase of the three invocations: status, measured and estimated seconds."""
+def table_gpu_check(files: tuple[str, ...] = GPU_CHECK) -> str:
+    """Every phase of the invocations (``files``): status, measured and estimated seconds."""
     out = _head(
         "phase", "result file", "status", "measured s", "estimated s", "outcome", align="lllrrl"
     )
-    for name, phase, r in _phases():
+    for name, phase, r in _phases(files):
         out.append(
             _row(
                 phase,
@@ -198,10 +198,10 @@ def table_gpu_runner() -> str:
     return "\n".join(out)
 
 
-def table_gpu_serving() -> str:
+def table_gpu_serving(files: tuple[str, ...] = GPU_CHECK) -> str:
     """shared_system (in-process engine) and serve_http (the server over HTTP), each one run."""
-    s = _latest("shared_system")
-    h = _latest("serve_http")
+    s = _latest("shared_system", files)
+    h = _latest("serve_http", files)
     out = _head("run", "wall s", "output tok/s", "hit rate", "tokens computed", align="lrrrr")
     for key in ("cache_on", "cache_off"):
         c = s[key]
