@@ -58,6 +58,19 @@ GEMMA_QUIRKS: dict[str, tuple[str, dict[str, object]]] = {
     ),
 }
 
+# Qwen2-MoE with its quirks biting (build_tiny_family "qwen2_moe"): 8 experts of width 32,
+# top-2 not renormalised, a shared expert of width 96 under its sigmoid gate, layer 1 dense
+# (mlp_only_layers), q/k/v bias (made non-zero by build_tiny_family).
+QWEN2_MOE: dict[str, object] = {
+    "num_hidden_layers": 3,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 96,
+    "norm_topk_prob": False,
+    "mlp_only_layers": [1],
+}
+
 # The same ChatML template SmolLM2 ships (without its default system prompt).
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
