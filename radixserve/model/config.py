@@ -234,6 +234,9 @@ class ModelConfig:
                 f"unsupported model_type {model_type!r} (architectures {archs}); "
                 f"radixserve implements {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
+        if family.text_config is not None:  # a multimodal checkpoint: its text model's config
+            raw = family.text_config(raw)
+            archs = raw.get("architectures") or archs
         d = family.defaults
         quirks = dict(family.fields(raw))
         hidden = int(raw["hidden_size"])
