@@ -70,7 +70,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
         False,
     ),
     # Qwen2-MoE: q/k/v bias, top-2 not renormalised (the released default), a shared expert
-    # (width 96) under its sigmoid gate (random weights: gates spread over ~0.2-0.8), a dense
+    # (width 96) under its sigmoid gate (random weights: gates not saturated), a dense
     # layer via mlp_only_layers.
     "qwen2_moe": ("qwen2_moe", QWEN2_MOE, False),
     # Mixtral: block_sparse_moe / w1 w3 w2 names, top-2 always renormalised.
