@@ -43,19 +43,46 @@ _GEMMA: dict[str, object] = {
     "query_pre_attn_scalar": 24,
     "final_logit_softcapping": 2.0,
 }
+_GEMMA3: dict[str, object] = {
+    **_GEMMA,
+    "sliding_window_pattern": 2,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+    },
+}
 GEMMA_QUIRKS: dict[str, tuple[str, dict[str, object]]] = {
     "gemma2": ("gemma2", {**_GEMMA, "attn_logit_softcapping": 1.0}),
-    "gemma3": (
-        "gemma3_text",
-        {
-            **_GEMMA,
-            "sliding_window_pattern": 2,
-            "rope_parameters": {
-                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-            },
-        },
-    ),
+    "gemma3": ("gemma3_text", _GEMMA3),
+    # The multimodal checkpoint (Gemma3ForConditionalGeneration, build_tiny_family "gemma3":
+    # the same text model under text_config, a tiny vision tower beside it). Its final cap is
+    # in the config but transformers' conditional model does not apply it (nor does radixserve).
+    "gemma3_multimodal": ("gemma3", _GEMMA3),
+}
+# The vision tower of the tiny multimodal Gemma 3 (SigLIP: 28x28 images, 4 patches, pooled
+# to mm_tokens_per_image 4); radixserve never reads it.
+GEMMA3_VISION: dict[str, object] = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "image_size": 28,
+    "patch_size": 14,
+}
+# What a multimodal config says at its top level (the rest goes under text_config).
+_TOP_LEVEL = ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings")
+
+# Qwen2-MoE with its quirks biting (build_tiny_family "qwen2_moe"): 8 experts of width 32,
+# top-2 not renormalised, a shared expert of width 96 under its sigmoid gate, layer 1 dense
+# (mlp_only_layers), q/k/v bias (made non-zero by build_tiny_family).
+QWEN2_MOE: dict[str, object] = {
+    "num_hidden_layers": 3,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 96,
+    "norm_topk_prob": False,
+    "mlp_only_layers": [1],
 }
 
 # The same ChatML template SmolLM2 ships (without its default system prompt).
@@ -252,7 +279,11 @@ def build_tiny_family(
     """A random checkpoint of any family transformers knows by ``model_type`` (its own config
     and model class), tiny and GQA like :func:`build_tiny_llama`; ``overrides`` set the
     family's quirks (``rope_parameters``, ``partial_rotary_factor``, ``sliding_window``...).
-    Every norm weight (q/k norms included) is perturbed, every bias made non-zero."""
+    Every norm weight (q/k norms included) is perturbed, every bias made non-zero.
+
+    ``model_type`` ``gemma3`` is the multimodal ``Gemma3ForConditionalGeneration``: the text
+    model's keys go under ``text_config`` (the token ids and the tie at the top level), with
+    the tiny vision tower :data:`GEMMA3_VISION`."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -274,7 +305,18 @@ def build_tiny_family(
         "pad_token_id": EOS_TOKEN_ID,
     }
     kwargs.update(overrides)
-    cfg = AutoConfig.for_model(model_type, **kwargs)
+    if model_type == "gemma3":
+        top = {k: kwargs.pop(k) for k in _TOP_LEVEL if k in kwargs}
+        cfg = AutoConfig.for_model(
+            model_type,
+            text_config={**kwargs, **top},
+            vision_config=GEMMA3_VISION,
+            mm_tokens_per_image=4,
+            initializer_range=kwargs["initializer_range"],
+            **top,
+        )
+    else:
+        cfg = AutoConfig.for_model(model_type, **kwargs)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     with torch.no_grad():

@@ -419,9 +419,13 @@ def _moe_lines(cfg: ModelConfig, act_bytes: int) -> list[str]:
         return []
     sparse = cfg.num_layers - len(moe.dense_layers)
     active = cfg.num_active_params
+    shared = ""
+    if moe.shared_expert_size:
+        gated = " (gated)" if moe.shared_expert_gate else ""
+        shared = f"; a shared expert of width {moe.shared_expert_size}{gated} on every token"
     return [
         f"  Mixture of experts: {moe.num_experts} experts, {moe.top_k} per token, in {sparse} of "
-        f"{cfg.num_layers} layers (expert width {moe.intermediate_size}): all {cfg.num_params:,} "
+        f"{cfg.num_layers} layers (expert width {moe.intermediate_size}{shared}): all {cfg.num_params:,} "
         f"params are held, {active:,} active per token ({active / cfg.num_params:.1%}; "
         f"{fb(active * act_bytes)} of weights read per decode step of one sequence)"
     ]
@@ -437,10 +441,21 @@ def _expert_note(cfg: ModelConfig, tp: int, expert_parallel: bool = False) -> li
         return [
             f"  experts (expert parallel): {cfg.moe.num_experts // tp} of {cfg.moe.num_experts} "
             f"whole experts per rank, width {width:,} (the router whole on every rank)"
-        ]
+        ] + _shared_expert_note(cfg, tp)
     return [
         f"  experts: all {cfg.moe.num_experts} on every rank, each cut on its MLP width: "
         f"{-(-width // tp):,} of {width:,} rows (the router whole on every rank)"
+    ] + _shared_expert_note(cfg, tp)
+
+
+def _shared_expert_note(cfg: ModelConfig, tp: int) -> list[str]:
+    """How a TP rank holds a shared expert (cut on its width in either expert layout)."""
+    shared = cfg.moe.shared_expert_size if cfg.moe is not None else 0
+    if not shared:
+        return []
+    return [
+        f"  shared expert: cut on its MLP width on every rank: {-(-shared // tp):,} of "
+        f"{shared:,} rows (its gate whole)"
     ]
 
 

@@ -113,8 +113,10 @@ def weight_bytes(
     held = moe.num_held_experts if moe is not None else 0
     if moe is not None and shard.expert_parallel:  # whole experts, E / tp of them
         mi, held = moe.intermediate_size, held // tp
+    # A shared expert (Qwen2-MoE): cut on its width on every rank, expert parallel or not.
+    si = math.ceil(moe.shared_expert_size / tp) if moe is not None else 0
     if quantization == "int4" and group_size is None:
-        ks = [k for _, k in shapes] + [mi]
+        ks = [k for _, k in shapes] + [mi] + ([si] if si else [])
         group_size = next((g for g in (128, 64, 32) if all(k % g == 0 for k in ks)), 32)
 
     def linear(n: int, k: int) -> int:
@@ -149,8 +151,10 @@ def weight_bytes(
     if moe is None:
         per_layer = attn + mlp(i)
     else:  # every expert held (all, or a rank's own), plus the whole router (never quantized)
+        # and a shared expert with its whole gate.
+        shared = mlp(si) + (h * act if moe.shared_expert_gate else 0) if si else 0
         mlps = sum(
-            held * mlp(mi) + moe.num_experts * h * act if moe.is_sparse(layer) else mlp(i)
+            held * mlp(mi) + moe.num_experts * h * act + shared if moe.is_sparse(layer) else mlp(i)
             for layer in range(cfg.num_layers)
         )
         per_layer = attn + mlps // cfg.num_layers  # the layers' mean (exact when all alike)

@@ -97,7 +97,7 @@ class ModelConfig:
     # q and k widths it averages over, and whether this rank's k lanes count in the ranks' sum
     # (not on the second and later ranks sharing a replicated KV head). None: one rank.
     qk_norm_tp: tuple[int, int, bool] | None = None
-    moe: MoEConfig | None = None  # mixture-of-experts MLPs (Qwen3-MoE, Mixtral, OLMoE)
+    moe: MoEConfig | None = None  # expert MLPs (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE)
 
     @property
     def rotary_dim(self) -> int:
@@ -167,7 +167,8 @@ class ModelConfig:
     @property
     def num_active_params(self) -> int:
         """Parameters one token's forward reads: with experts, only its ``top_k`` of each
-        sparse layer's (and the router); equal to :attr:`num_params` for dense models."""
+        sparse layer's (and the router, and the shared expert where there is one); equal to
+        :attr:`num_params` for dense models."""
         return self._count_params(self._attn_params(), active=True)
 
     def _attn_params(self) -> int:
@@ -194,6 +195,9 @@ class ModelConfig:
             if self.moe is not None and self.moe.is_sparse(layer):
                 experts = self.moe.top_k if active else self.moe.num_held_experts
                 total += experts * mlp(self.moe.intermediate_size) + self.moe.num_experts * h
+                if self.moe.shared_expert_size:  # every row runs it: active as well as held
+                    total += mlp(self.moe.shared_expert_size)
+                    total += h if self.moe.shared_expert_gate else 0
             else:
                 total += mlp(self.intermediate_size)
         emb = v * h * (1 if self.tie_word_embeddings else 2)
@@ -230,6 +234,9 @@ class ModelConfig:
                 f"unsupported model_type {model_type!r} (architectures {archs}); "
                 f"radixserve implements {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
+        if family.text_config is not None:  # a multimodal checkpoint: its text model's config
+            raw = family.text_config(raw)
+            archs = raw.get("architectures") or archs
         d = family.defaults
         quirks = dict(family.fields(raw))
         hidden = int(raw["hidden_size"])

@@ -1,5 +1,6 @@
 """The causal LM every supported family runs (Llama, SmolLM2, Mistral, Qwen2, Qwen3, OLMo 2,
-Phi-3/4, Gemma 2/3) over a flattened ragged batch; the layers are composed from ``model/layers/`` by the
+Phi-3/4, Gemma 2/3 (a multimodal checkpoint's text model too), and the MoE families) over a
+flattened ragged batch; the layers are composed from ``model/layers/`` by the
 family's config (``model/families/``).
 
 Every sequence's new rows are concatenated into ``T`` rows (no padding); each row carries its

@@ -86,6 +86,7 @@ def iter_safetensors(
     shard: TPShard | None = None,
     head_dim: int = 0,
     keep: Callable[[str], bool] | None = None,
+    rename: Callable[[str], str | None] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(name, tensor)`` for every tensor of the checkpoint, backed by the file's mmap.
 
@@ -93,20 +94,23 @@ def iter_safetensors(
     ``get_slice`` (only those bytes of the mapped file are touched; no rank copies a whole
     tensor it does not keep; under expert parallelism the other ranks' experts are skipped
     unread and the rank's own renamed to its local index, ``tp_shard.local_tensor_name``).
-    With ``keep``, only the names it accepts (the others are never read: a pipeline stage)."""
+    With ``keep``, only the names it accepts (the others are never read: a pipeline stage).
+    ``rename`` maps each checkpoint name first (a multimodal checkpoint's text model,
+    ``Family.weight_name``; None: a tensor that is never read)."""
     for file in safetensors_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():
-                if keep is not None and not keep(name):
+            for stored in f.keys():
+                name = stored if rename is None else rename(stored)
+                if name is None or (keep is not None and not keep(name)):
                     continue
                 local = name if shard is None else local_tensor_name(name, shard)
                 if local is None:
                     continue
                 cut = None if shard is None else checkpoint_slice(name, shard, head_dim)
                 if cut is None:
-                    yield local, f.get_tensor(name)
+                    yield local, f.get_tensor(stored)
                     continue
-                part = f.get_slice(name)
+                part = f.get_slice(stored)
                 if cut.zero:
                     dtype = _SAFETENSORS_DTYPES[part.get_dtype()]
                     yield local, torch.zeros(part.get_shape(), dtype=dtype)
@@ -119,6 +123,15 @@ def _read_ranges(part: Any, cut: TensorSlice) -> torch.Tensor:
     lead = (slice(None),) * cut.dim
     pieces = [part[(*lead, slice(lo, hi))] for lo, hi in cut.ranges]
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=cut.dim)
+
+
+def checkpoint_names(cfg: ModelConfig) -> Callable[[str], str | None] | None:
+    """How ``cfg``'s checkpoint names its tensors, where it differs from the model's names
+    (a multimodal checkpoint served as its text model); None: as the model names them."""
+    from radixserve.model.families import family_of
+
+    family = family_of(cfg.model_type)
+    return None if family is None else family.weight_name
 
 
 def as_quant_config(quantization: QuantConfig | str | None) -> QuantConfig | None:
@@ -180,7 +193,9 @@ def load_model(
         with torch.device("meta"):
             model = LlamaForCausalLM(cfg, tp, expert_parallel=expert_parallel)
         model.load_weights(
-            iter_safetensors(path, model.shard, cfg.head_dim), dtype=dtype, device=device
+            iter_safetensors(path, model.shard, cfg.head_dim, rename=checkpoint_names(cfg)),
+            dtype=dtype,
+            device=device,
         )
         if qcfg is not None:
             from radixserve.model.quantize import quantize_model
@@ -249,7 +264,9 @@ def _load_stage(
     with torch.device("meta"):
         model = LlamaPipelineStage(cfg, stage, tp)
     model.load_weights(
-        iter_safetensors(path, model.shard, cfg.head_dim, keep=model.keeps),
+        iter_safetensors(
+            path, model.shard, cfg.head_dim, keep=model.keeps, rename=checkpoint_names(cfg)
+        ),
         dtype=dtype,
         device=device,
     )

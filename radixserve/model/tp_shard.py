@@ -10,7 +10,8 @@ experts) are cut part by part; every expert on its own MLP width, or under exper
 parallelism each rank holds ``num_experts / N`` whole experts (:func:`local_tensor_name`
 renames a checkpoint's expert to the rank's own index and drops the other ranks' experts
 before they are read); norms are whole except a q/k norm over the whole projection (OLMo 2,
-OLMoE), cut like the heads.
+OLMoE), cut like the heads; a shared expert (Qwen2-MoE) is cut on its own width in both
+expert layouts, its gate whole.
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ class TPShard(NamedTuple):
     # Expert parallelism: the whole experts [lo, hi) this rank holds (each expert then keeps
     # its whole MLP width: ``expert_intermediate`` is (0, width)); None: every expert, cut.
     experts: tuple[int, int] | None = None
+    # A shared expert's MLP rows this rank holds (Qwen2-MoE; cut on its width whether or not
+    # the routed experts are spread whole), of ``shared_expert_total``; (0, 0): none.
+    shared_expert: tuple[int, int] = (0, 0)
+    shared_expert_total: int = 0
 
     @property
     def num_q_heads(self) -> int:
@@ -81,7 +86,13 @@ class TPShard(NamedTuple):
         moe = cfg.moe
         if moe is not None:
             lo, hi = self.expert_intermediate
-            moe = dataclasses.replace(moe, intermediate_size=hi - lo, expert_range=self.experts)
+            slo, shi = self.shared_expert
+            moe = dataclasses.replace(
+                moe,
+                intermediate_size=hi - lo,
+                expert_range=self.experts,
+                shared_expert_size=shi - slo,
+            )
         norm_tp = None
         if cfg.qk_norm == "proj":
             norm_tp = (cfg.q_size, cfg.kv_size, self.kv_owner)
@@ -135,7 +146,10 @@ def shard_for_rank(
         qh = (head * g + lo, head * g + hi)
     expert_width = cfg.moe.intermediate_size if cfg.moe is not None else world_size
     expert_rows = (0, expert_width) if experts is not None else None
-    if min(cfg.intermediate_size, cfg.vocab_size, expert_width) < world_size:
+    shared_width = cfg.moe.shared_expert_size if cfg.moe is not None else 0
+    if min(cfg.intermediate_size, cfg.vocab_size, expert_width, shared_width or world_size) < (
+        world_size
+    ):
         raise ValueError(f"tensor parallel size {world_size} exceeds the model's MLP or vocabulary")
     return TPShard(
         rank=rank,
@@ -155,6 +169,8 @@ def shard_for_rank(
         kv_owner=owner,
         proj_qk_norm=cfg.qk_norm == "proj",
         experts=experts,
+        shared_expert=split_range(shared_width, world_size, rank) if shared_width else (0, 0),
+        shared_expert_total=shared_width,
     )
 
 
@@ -233,6 +249,12 @@ def checkpoint_slice(name: str, shard: TPShard, head_dim: int) -> TensorSlice | 
     is_bias = name.endswith(".bias")
     if ".experts." in name:
         return _expert_slice(name, shard)
+    if ".shared_expert." in name:  # cut on its own width, as a dense MLP on the MLP's
+        if ".down_proj." in name:
+            if name.endswith(".bias"):
+                return None if shard.rank == 0 else TensorSlice(0, 0, 0, zero=True)
+            return TensorSlice(1, *shard.shared_expert)
+        return TensorSlice(0, *shard.shared_expert)
     if ".qkv_proj." in name:  # stored fused (Phi-3): the rank's rows of q, of k, of v
         q_width, kv_width = shard.q_heads_total * head_dim, shard.kv_heads_total * head_dim
         return TensorSlice(

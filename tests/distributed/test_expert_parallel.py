@@ -199,6 +199,46 @@ def test_loader_reads_only_its_own_experts(case_dirs: dict[str, Path]) -> None:
     assert rank1.local_config.num_params == sum(p.numel() for p in held.values())
 
 
+def test_shared_expert_is_cut_on_its_width_under_expert_parallelism() -> None:
+    """Qwen2-MoE under ``--expert-parallel``: each rank holds 4 whole routed experts and its
+    rows of the shared expert (width 37: 19 + 18), the gate whole; the planner's per-device
+    weight bytes are rank 0's shard as built. (test_tp_families.py runs the ranks.)"""
+    from radixserve.memory.footprint import weight_bytes
+    from radixserve.memory.sharding import DeviceShard
+    from radixserve.model.llama import LlamaForCausalLM
+
+    cfg = ModelConfig.from_dict(
+        {
+            "model_type": "qwen2_moe",
+            "hidden_size": 64,
+            "intermediate_size": 48,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 37,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_hidden_layers": 2,
+            "vocab_size": 512,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+        }
+    )
+    for rank, rows in ((0, 19), (1, 18)):
+        with torch.device("meta"):
+            model = LlamaForCausalLM(
+                cfg, TPGroup(None, rank, 2, torch.device("cpu")), expert_parallel=True
+            )
+        held = dict(model.named_parameters())
+        assert held["model.layers.0.mlp.shared_expert.down_proj.weight"].shape == (64, rows)
+        assert held["model.layers.0.mlp.shared_expert_gate.weight"].shape == (1, 64)
+        assert sum(p.numel() for n, p in held.items() if ".experts." in n) == 2 * 4 * 3 * 64 * 32
+        assert model.local_config.num_params == sum(p.numel() for p in held.values())
+        if rank == 0:
+            shard = DeviceShard(tp_size=2, expert_parallel=True)
+            assert weight_bytes(cfg, torch.float32, shard=shard) == 4 * sum(
+                p.numel() for p in held.values()
+            )
+
+
 def test_memory_plan_sizes_whole_experts_per_rank(
     case_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

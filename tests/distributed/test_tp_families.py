@@ -17,11 +17,15 @@ quirks that tensor parallelism could break active:
   on its MLP width, the router whole on each rank. Separately, one expert block whose router
   sends every row to expert 0 and none to expert 5 gives the unsharded block's rows; and
   the Qwen3-MoE checkpoint re-saved with stacked experts (transformers 5's layout).
-- The three MoE families again under expert parallelism (``--expert-parallel``: each rank
+- Qwen2-MoE: a shared expert beside the routed ones, cut on its own (odd) width, 37: 19 +
+  18 rows, its sigmoid gate whole on each rank scaling each rank's partial output before
+  the one all-reduce; q/k/v bias; not renormalised; a dense layer.
+- The four MoE families again under expert parallelism (``--expert-parallel``: each rank
   holds 4 of the 8 experts whole, computes the slots routed to them, one all-reduce sums the
-  halves; random routers, so decode steps leave experts of either rank without a row), and
-  the expert block under it twice: every row to expert 0 (rank 0's) and none to expert 5
-  (rank 1's); every row to experts 0 and 1 only, so rank 1 receives no token at all.
+  halves, Qwen2-MoE's shared expert still cut on its width; random routers, so decode steps
+  leave experts of either rank without a row), and the expert block under it twice: every
+  row to expert 0 (rank 0's) and none to expert 5 (rank 1's); every row to experts 0 and 1
+  only, so rank 1 receives no token at all.
 
 Tolerance (float32, as ``tests/model/test_tensor_parallel_layers.py``): logits within 2e-5
 abs + 2e-5 rel of one rank's; logprobs within 1e-4 (``test_pipeline_parallel.py``); greedy
@@ -95,6 +99,15 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
             "mlp_only_layers": [1],
         },
     ),
+    # Odd widths: each expert 25 (13 + 12 rows), the shared expert 37 (19 + 18).
+    "qwen2_moe": (
+        "qwen2_moe",
+        {
+            **tiny_models.QWEN2_MOE,
+            "moe_intermediate_size": 25,
+            "shared_expert_intermediate_size": 37,
+        },
+    ),
     "mixtral": ("mixtral", {**_MOE, "num_local_experts": 8, "intermediate_size": 48}),
     "olmoe": (
         "olmoe",
@@ -139,7 +152,7 @@ def _run_family(path: Path, tp: TPGroup | None, expert_parallel: bool = False) -
 
 
 # The expert parallel runs: name -> the one-rank result they must equal.
-EP_CASES = {f"{name}_ep": name for name in ("qwen3_moe", "mixtral", "olmoe")}
+EP_CASES = {f"{name}_ep": name for name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")}
 # Uneven expert blocks: name -> (expert parallel, the experts every row is routed to).
 BLOCKS: dict[str, tuple[bool, tuple[int, ...]]] = {
     "uneven_block": (False, (0,)),
@@ -408,5 +421,35 @@ def test_checkpoint_slices_of_the_new_layouts() -> None:
         (0, ((32, 64),)),
         (0, ((0, 16),)),  # the replicated KV head's norm weights
     ]
+    # Qwen2-MoE's shared expert: cut on its own width (37: rank 1 holds rows 19-36), in
+    # either expert layout; its gate whole.
+    qwen2_moe = ModelConfig.from_dict(
+        {
+            **base,
+            "model_type": "qwen2_moe",
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 37,
+        }
+    )
+    for expert_parallel in (False, True):
+        shard = shard_for_rank(qwen2_moe, 1, 2, expert_parallel)
+        assert shard.local_config(qwen2_moe).moe.shared_expert_size == 18  # type: ignore[union-attr]
+        shared = {
+            n: checkpoint_slice(f"model.layers.0.mlp.{n}", shard, 16)
+            for n in (
+                "shared_expert.gate_proj.weight",
+                "shared_expert.up_proj.weight",
+                "shared_expert.down_proj.weight",
+                "shared_expert_gate.weight",
+            )
+        }
+        assert [c and (c.dim, c.ranges) for c in shared.values()] == [
+            (0, ((19, 37),)),
+            (0, ((19, 37),)),
+            (1, ((19, 37),)),
+            None,
+        ]
     qwen3 = shard_for_rank(ModelConfig.from_dict({**base, "model_type": "qwen3"}), 1, 2)
     assert checkpoint_slice("model.layers.0.self_attn.q_norm.weight", qwen3, 16) is None

@@ -75,6 +75,29 @@ def test_chat_request_to_sampling_params() -> None:
     assert [(m.role, m.content) for m in parts.chat()] == [("user", "a\nb")]
 
 
+@pytest.mark.parametrize("kind", ["image_url", "input_audio"])
+def test_media_content_parts_are_a_clear_400(kind: str) -> None:
+    """An image (or audio) part reaching the chat API is refused by name, not ignored: the
+    served model is a text model, a multimodal checkpoint's text model at most (Gemma 3)."""
+    body = chat(
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is this?"},
+                    {"type": kind, kind: {"url": "data:image/png;base64,AAAA"}},
+                ],
+            }
+        ]
+    )
+    with pytest.raises(APIError) as e:
+        body.chat()
+    err = e.value.body()["error"]
+    assert e.value.status == 400 and err["type"] == "invalid_request_error"
+    assert f"{kind!r} content parts are not supported" in err["message"]
+    assert err["param"] == "messages.0.content"
+
+
 @pytest.mark.parametrize(
     "bad",
     [

@@ -90,12 +90,14 @@ def test_fused_moe_matches_the_cpu_block() -> None:
     os.environ.get("TRITON_INTERPRET") != "1",
     reason="forces the Triton ops on CPU tensors: interpreter only (gpu_check runs the kernels)",
 )
-def test_mixtral_model_on_the_triton_path_matches_transformers(
-    tmp_path_factory: pytest.TempPathFactory,
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_moe_model_on_the_triton_path_matches_transformers(
+    family: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """The whole model with the fused Triton ops forced on (the CUDA path, interpreted): the
     MoE layers run the kernel on the experts' stacked weights (held once: each expert's
-    linears become views into them) and the logits equal transformers'."""
+    linears become views into them) and the logits equal transformers' (Qwen2-MoE: its gated
+    shared expert added to the kernel's output)."""
     import tiny_models
     from transformers import AutoModelForCausalLM
 
@@ -104,9 +106,12 @@ def test_mixtral_model_on_the_triton_path_matches_transformers(
     from radixserve.model.forward_batch import ForwardBatch
     from radixserve.model.loader import load_model
 
-    path = tiny_models.build_tiny_family(
-        tmp_path_factory.mktemp("mixtral"), "mixtral", num_local_experts=8, num_experts_per_tok=2
+    extra = (
+        tiny_models.QWEN2_MOE
+        if family == "qwen2_moe"
+        else {"num_local_experts": 8, "num_experts_per_tok": 2}
     )
+    path = tiny_models.build_tiny_family(tmp_path_factory.mktemp(family), family, **extra)
     model = load_model(path, pack_linears=False)
     seqs = [[5, 6, 7, 8, 9, 10, 11], [3], list(range(20, 43))]
     with gpu_ops.forced(True):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tiny_models import GEMMA_QUIRKS
+from tiny_models import GEMMA_QUIRKS, QWEN2_MOE
 
 # Phi-3 longrope: sequences in the tests stay below the original context (64), where
 # transformers rotates with the short factors too (see model/layers/rotary.py).
@@ -69,6 +69,10 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
         },
         False,
     ),
+    # Qwen2-MoE: q/k/v bias, top-2 not renormalised (the released default), a shared expert
+    # (width 96) under its sigmoid gate (random weights: gates not saturated), a dense
+    # layer via mlp_only_layers.
+    "qwen2_moe": ("qwen2_moe", QWEN2_MOE, False),
     # Mixtral: block_sparse_moe / w1 w3 w2 names, top-2 always renormalised.
     "mixtral": ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 2}, False),
     # OLMoE: pre-norm, whole-projection q/k norms, clip_qkv that bites, top-3 not renormalised.

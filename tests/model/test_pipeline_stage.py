@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import tiny_models
 import torch
 
 from radixserve.memory.pool import KVPool
@@ -91,13 +92,13 @@ _FAMILIES = {
         },
     ),
     "olmoe": ("olmoe", {"num_experts": 4, "num_experts_per_tok": 2, "clip_qkv": 1.5}),
+    # a shared expert beside the routed ones, a dense layer
+    "qwen2_moe": ("qwen2_moe", {**tiny_models.QWEN2_MOE, "num_experts": 4}),
 }
 
 
 @pytest.mark.parametrize("name", sorted(_FAMILIES))
 def test_new_family_stages_chain_to_whole_model(name: str, tmp_path: Path) -> None:
-    import tiny_models
-
     model_type, extra = _FAMILIES[name]
     path = tiny_models.build_tiny_family(tmp_path, model_type, **extra)
     for whole, staged in zip(run_whole(path), run_stages(path, 2), strict=True):

@@ -12,7 +12,17 @@ These modules import nothing heavy: ``radixserve memory`` reads configs through 
 
 from __future__ import annotations
 
-from radixserve.model.families import gemma, llama, mixtral, olmo2, olmoe, phi3, qwen3, qwen3_moe
+from radixserve.model.families import (
+    gemma,
+    llama,
+    mixtral,
+    olmo2,
+    olmoe,
+    phi3,
+    qwen2_moe,
+    qwen3,
+    qwen3_moe,
+)
 from radixserve.model.families.base import Family
 
 __all__ = ["Family", "family_of", "supported_model_types"]
@@ -20,7 +30,7 @@ __all__ = ["Family", "family_of", "supported_model_types"]
 
 def _registry() -> dict[str, Family]:
     out: dict[str, Family] = {}
-    for module in (llama, qwen3, olmo2, phi3, gemma, qwen3_moe, mixtral, olmoe):
+    for module in (llama, qwen3, olmo2, phi3, gemma, qwen3_moe, qwen2_moe, mixtral, olmoe):
         for fam in module.FAMILIES:
             for model_type in fam.model_types:
                 out[model_type] = fam

@@ -20,6 +20,14 @@ class Family:
     fields: Callable[[dict[str, Any]], dict[str, Any]] = field(default=lambda raw: {})
     # What the family supports beyond one process's plain model (with the reason when not).
     tensor_parallel: str | None = None  # None: supported; else why not
+    # A multimodal checkpoint served as its text model (Gemma 3's ``gemma3``): the raw
+    # config.json -> the text model's raw config, which the parser then reads (its
+    # ``model_type`` stays the checkpoint's, so this family's ``fields`` apply). None: the
+    # config.json is the model's own.
+    text_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # Checkpoint tensor name -> the text model's name (``model.layers...``, ``lm_head``), or
+    # None for a tensor the text model does not use (a vision tower's: never read).
+    weight_name: Callable[[str], str | None] | None = None
 
 
 def qwen_window(raw: dict[str, Any]) -> dict[str, Any]:

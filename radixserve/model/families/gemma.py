@@ -20,8 +20,20 @@ What sets them apart from Llama, as transformers implements them:
 Tensor parallelism runs as Llama's (every quirk is per head, per row or after the logits'
 gather); pipeline parallelism is refused (the stage body has no embedding scale, soft-cap or
 local RoPE), so is bidirectional
-attention (``use_bidirectional_attention``, an embedding-model variant). The multimodal ``gemma3`` checkpoints
-(vision tower, ``language_model.`` weight names) are not registered: their text model needs its own weight mapping.
+attention (``use_bidirectional_attention``, an embedding-model variant).
+
+The multimodal checkpoints (``model_type`` ``gemma3``, ``Gemma3ForConditionalGeneration``:
+Gemma 3 4B, 12B, 27B) are served as their text model, as vLLM serves text-only requests to
+them: the config's ``text_config`` (which released checkpoints write sparsely, relying on
+``Gemma3TextConfig``'s defaults, filled in here) with the top level's eos, dtype and tie; the
+weights under ``language_model.model.`` (how the checkpoints and transformers 5's
+``save_pretrained`` name them) or ``model.language_model.`` (transformers 5's in-memory
+names), the head ``language_model.lm_head`` / ``lm_head`` where stored (tied otherwise); the
+vision tower's and the projector's tensors are never read. Images are not supported (the
+HTTP layer refuses image content parts). One difference from ``gemma3_text``: transformers'
+``Gemma3ForConditionalGeneration`` applies no final logit soft-cap whatever its text config
+says (only ``Gemma3ForCausalLM`` does; the released checkpoints set none), and radixserve
+follows it.
 """
 
 from __future__ import annotations
@@ -97,6 +109,48 @@ def _gemma3(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# Gemma3TextConfig's defaults (transformers) for the keys the parser needs: the released
+# multimodal checkpoints' text_config omits those equal to them.
+_GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+}
+# What the top level of a multimodal config says for the whole model (over its text_config).
+_TOP_LEVEL_KEYS = ("eos_token_id", "tie_word_embeddings", "torch_dtype", "dtype", "architectures")
+
+
+def _gemma3_text_config(raw: dict[str, Any]) -> dict[str, Any]:
+    text = {**_GEMMA3_TEXT_DEFAULTS, **(raw.get("text_config") or {})}
+    text.update({k: raw[k] for k in _TOP_LEVEL_KEYS if raw.get(k) is not None})
+    text["model_type"] = raw["model_type"]
+    return text
+
+
+def _gemma3_conditional(raw: dict[str, Any]) -> dict[str, Any]:
+    return {**_gemma3(raw), "final_softcap": None}
+
+
+# Checkpoint prefixes of the text model -> radixserve's names; anything else is skipped.
+_TEXT_PREFIXES = (
+    ("language_model.model.", "model."),  # the released checkpoints, transformers 5's saves
+    ("model.language_model.", "model."),  # transformers 5's in-memory names
+    ("language_model.lm_head.", "lm_head."),
+    ("lm_head.", "lm_head."),
+)
+
+
+def _gemma3_weight_name(name: str) -> str | None:
+    for prefix, ours in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return ours + name[len(prefix) :]
+    return None  # the vision tower, the multimodal projector
+
+
 FAMILIES = (
     Family(
         "gemma2",
@@ -114,5 +168,18 @@ FAMILIES = (
             "tie": True,
         },
         _gemma3,
+    ),
+    Family(
+        "gemma3_multimodal",
+        ("gemma3",),
+        {
+            "rope_theta": 1_000_000.0,
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 131_072,
+            "tie": True,
+        },
+        _gemma3_conditional,
+        text_config=_gemma3_text_config,
+        weight_name=_gemma3_weight_name,
     ),
 )

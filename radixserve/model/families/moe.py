@@ -17,7 +17,10 @@ class MoEConfig:
     (Qwen3-MoE's ``mlp_only_layers`` and the layers ``decoder_sparse_step`` skips).
     ``expert_range``: under expert parallelism, the experts ``[lo, hi)`` this rank holds
     whole (``TPShard.local_config``); None: every expert (one process, or each expert cut on
-    its width)."""
+    its width).
+    ``shared_expert_size``: the MLP width of a shared expert that every row runs beside its
+    routed ones (Qwen2-MoE, DeepSeek); 0: none. ``shared_expert_gate``: its output scaled by
+    ``sigmoid(x @ shared_expert_gate)`` per row (Qwen2-MoE) rather than added as it is."""
 
     num_experts: int
     top_k: int
@@ -25,6 +28,8 @@ class MoEConfig:
     norm_topk_prob: bool
     dense_layers: tuple[int, ...] = ()
     expert_range: tuple[int, int] | None = None
+    shared_expert_size: int = 0
+    shared_expert_gate: bool = False
 
     def is_sparse(self, layer: int) -> bool:
         """Whether decoder layer ``layer``'s MLP is the expert block."""
@@ -48,11 +53,15 @@ def moe_config(
     top_k_default: int,
     norm_topk_prob: bool | None = None,
     expert_width_key: str = "intermediate_size",
+    shared_expert_key: str | None = None,
+    shared_expert_gate: bool = False,
 ) -> MoEConfig:
     """The :class:`MoEConfig` of a raw ``config.json``. ``num_experts`` and
     ``num_local_experts`` are both accepted (transformers maps one onto the other);
     ``norm_topk_prob`` given here is the family's fixed choice (Mixtral), else the config's.
-    Qwen3-MoE's ``decoder_sparse_step`` / ``mlp_only_layers`` make some layers dense."""
+    Qwen3-MoE's and Qwen2-MoE's ``decoder_sparse_step`` / ``mlp_only_layers`` make some layers
+    dense. ``shared_expert_key``: the config key of a shared expert's width (absent or 0: no
+    shared expert)."""
     experts = int(raw.get("num_experts") or raw.get("num_local_experts") or experts_default)
     top_k = int(raw.get("num_experts_per_tok") or top_k_default)
     if not 0 < top_k <= experts:
@@ -62,4 +71,13 @@ def moe_config(
     mlp_only = set(raw.get("mlp_only_layers") or ())
     dense = tuple(i for i in range(n) if i in mlp_only or (i + 1) % step != 0)
     norm = bool(raw.get("norm_topk_prob", False)) if norm_topk_prob is None else norm_topk_prob
-    return MoEConfig(experts, top_k, int(raw[expert_width_key]), norm, dense)
+    shared = int(raw.get(shared_expert_key) or 0) if shared_expert_key else 0
+    return MoEConfig(
+        experts,
+        top_k,
+        int(raw[expert_width_key]),
+        norm,
+        dense,
+        shared_expert_size=shared,
+        shared_expert_gate=shared_expert_gate and shared > 0,
+    )

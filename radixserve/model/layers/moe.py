@@ -1,5 +1,8 @@
-"""The mixture-of-experts MLP block (Qwen3-MoE, Mixtral, OLMoE): a router picks ``top_k`` of
-``num_experts`` SiLU-gated MLPs for each row; the row's output is their weighted sum.
+"""The mixture-of-experts MLP block (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE): a router picks
+``top_k`` of ``num_experts`` SiLU-gated MLPs for each row; the row's output is their weighted
+sum, plus, where the family has one (``MoEConfig.shared_expert_size``: Qwen2-MoE), a shared
+expert that every row runs, scaled per row by ``sigmoid(x @ shared_expert_gate)`` where the
+family gates it (Qwen2-MoE; DeepSeek's shared experts are ungated).
 
 Routing, as transformers computes it for all three families: ``softmax`` (float32) over the
 router's logits, the ``top_k`` largest probabilities, renormalised to sum to one when the
@@ -31,6 +34,13 @@ Under tensor parallelism (``tp``) every expert is cut on its MLP width as a dens
 computes the same routing), and the block's partial output is summed by one all-reduce: the
 same paths above run unchanged on each rank, and every rank does the same work whatever the
 routing (docs/parallelism.md says why this is the default).
+
+The shared expert is a ``GatedMLP`` of its own beside the routed ones (quantized and packed
+like them; its gate, like the router, a parameter that stays in full precision), computed
+on every path above and added after the routed sum, as transformers adds it. Under tensor
+parallelism, and under expert parallelism too, it is cut on its MLP width like a dense MLP
+(the gate whole on every rank): the per-row gate scales each rank's partial output, so the
+block's one all-reduce sums it with the routed experts'.
 
 Under expert parallelism (``moe.expert_range``, ``--expert-parallel``) each rank holds
 ``num_experts / N`` whole experts ``[lo, hi)`` (its modules ``experts.0 ..``), routes every
@@ -75,11 +85,27 @@ class TopKRouter(nn.Module):
         return top.to(x.dtype), ids
 
 
+class SharedExpertGate(nn.Module):
+    """The shared expert's per-row gate: ``sigmoid(x @ weight.T)``, ``weight`` ``[1, hidden]``
+    (checkpoint name ``shared_expert_gate.weight``; a parameter, not an ``nn.Linear``, so
+    weight quantization leaves it in full precision, as the router)."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(1, hidden_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[T, 1]`` in ``x``'s dtype."""
+        return torch.sigmoid(F.linear(x, self.weight))
+
+
 class SparseMoeBlock(nn.Module):
     """Router and experts of one layer, called like :class:`GatedMLP` (``[T, H] -> [T, H]``).
 
-    The parameter names are the checkpoints' (``gate.weight``, ``experts.{e}.*``), with each
-    expert's gate and up fused into ``gate_up_proj`` as the dense MLP's are.
+    The parameter names are the checkpoints' (``gate.weight``, ``experts.{e}.*``,
+    ``shared_expert.*``, ``shared_expert_gate.weight``), with each expert's gate and up fused
+    into ``gate_up_proj`` as the dense MLP's are. Under tensor parallelism
+    ``moe.shared_expert_size`` is the rank's share of the shared expert's width.
     """
 
     def __init__(
@@ -97,6 +123,15 @@ class SparseMoeBlock(nn.Module):
             GatedMLP(hidden_size, moe.intermediate_size, bias)
             for _ in range(last - self.first_expert)
         )
+        # The shared expert (no all-reduce of its own: the block's sums it with the experts').
+        self.shared_expert = (
+            GatedMLP(hidden_size, moe.shared_expert_size, bias) if moe.shared_expert_size else None
+        )
+        self.shared_expert_gate = (
+            SharedExpertGate(hidden_size)
+            if self.shared_expert is not None and moe.shared_expert_gate
+            else None
+        )
         # The Triton kernel's stacked weights (CUDA), made at the first forward that uses them.
         self._w13: torch.Tensor | None = None
         self._w2: torch.Tensor | None = None
@@ -106,6 +141,20 @@ class SparseMoeBlock(nn.Module):
         return out if self.tp is None else self.tp.all_reduce(out)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._add_shared(x, self._routed(x))
+
+    def _add_shared(self, x: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
+        """``routed`` plus the shared expert's (gated) output, where there is a shared expert;
+        added after the routed sum, as transformers adds it."""
+        if self.shared_expert is None:
+            return routed
+        shared = self.shared_expert.forward(x)
+        if self.shared_expert_gate is not None:
+            shared = self.shared_expert_gate.forward(x) * shared
+        return routed.add_(shared)
+
+    def _routed(self, x: torch.Tensor) -> torch.Tensor:
+        """The routed experts' weighted sum (this rank's part of it under parallelism)."""
         weights, ids = self.gate.forward(x)
         if gpu_ops.enabled(x) and self._plain_experts():
             from radixkernels.moe import fused_moe

@@ -83,6 +83,13 @@ class ChatMessageIn(_Body):
             return self.content
         texts = []
         for part in self.content:
+            if part.type in _MEDIA_PARTS:
+                raise invalid(
+                    f"messages[{index}]: {part.type!r} content parts are not supported: "
+                    "radixserve serves text models (of a multimodal checkpoint such as Gemma 3, "
+                    "its text model only); send text content parts",
+                    param=f"messages.{index}.content",
+                )
             if part.type != "text" or part.text is None:
                 raise invalid(
                     f"messages[{index}]: only text content parts are supported (got {part.type!r})",
@@ -90,6 +97,22 @@ class ChatMessageIn(_Body):
                 )
             texts.append(part.text)
         return "\n".join(texts)
+
+
+# Content parts that carry media (OpenAI's and vLLM's names): refused with a message that
+# says so, rather than the generic one for an unknown part.
+_MEDIA_PARTS = frozenset(
+    {
+        "image_url",
+        "input_image",
+        "image",
+        "image_pil",
+        "input_audio",
+        "audio_url",
+        "video_url",
+        "file",
+    }
+)
 
 
 # Fields of OpenAI's (and vLLM's) requests that would change the output and that radixserve
