@@ -199,6 +199,7 @@ class PipelineLaunch:
             max_pages,
             scratch_page=num_pages,
             micro_batches=cfg.pipeline_micro_batches,
+            check_ranks=self.check,
         )
 
     def _wait_ready(self) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -171,12 +172,18 @@ class PipelineRunner(StageRunner):
         max_pages: int,
         scratch_page: int,
         micro_batches: int | None = None,
+        check_ranks: Callable[[], None] | None = None,
     ) -> None:
-        """``scratch_page``: the page the warm-up writes (every rank's pool has it)."""
+        """``scratch_page``: the page the warm-up writes (every rank's pool has it);
+        ``check_ranks``: raises when a rank process has exited (the launcher's), called before
+        each step's plan goes out. A rank that died between steps then fails the next step at
+        once: a broadcast to it can wait the whole step timeout when the transport does not
+        notice the closed connection first (seen on a loaded host)."""
         super().__init__(
             model, pool, attn, comm, max_rows, max_pages, sampler, scratch_page, micro_batches
         )
         self._last_host_tokens: list[int] = []
+        self._check_ranks = check_ranks
 
     def launch(self, plan: StepPlan) -> PendingStep:
         """Run ``plan`` through every stage and sample on rank 0 (see the class docstring)."""
@@ -186,6 +193,8 @@ class PipelineRunner(StageRunner):
             for row, src in zip(plan.future_rows, plan.future_src, strict=True):
                 input_ids[row] = self._last_host_tokens[src]
         fwd = plan if input_ids is plan.input_ids else _with_inputs(plan, input_ids)
+        if self._check_ranks is not None:
+            self._check_ranks()
         self.comm.broadcast_bytes(encode_plan(fwd))
         self.comm.stats.steps += 1
         layout = self._stage(fwd)
