@@ -48,6 +48,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))  # after a PYTHONPATH c
 from bench_int8_kernel import build_rev  # noqa: E402
 from floor import read_gbs, read_source  # noqa: E402
 
+from radixserve.memory.hugepages import hugepage_buffer  # noqa: E402
+
 # SmolLM2-135M: hidden 576, intermediate 1536, 9 query and 3 KV heads of 64, vocab 49152.
 LAYER_SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 HEAD_SHAPE = (49152, 576)
@@ -61,16 +63,26 @@ def kernel_rows(args: argparse.Namespace, clock: Callable[[], float]) -> None:
     def weight(shape: tuple[int, int]) -> torch.Tensor:
         return (torch.randn(shape, generator=g) * 0.05).bfloat16()
 
-    # (name, weight) in a decode step's order: the layers, then the head.
-    linears = [
-        (name, weight(shape)) for _ in range(args.layers) for name, shape in LAYER_SHAPES.items()
-    ]
-    linears.append(("head", weight(HEAD_SHAPE)))
-    nbytes = sum(w.numel() * w.element_size() for _, w in linears)
+    # (name, weight) in a decode step's order: the layers, then the head; all in one buffer
+    # on transparent huge pages where granted, as an engine holds its weights.
+    shapes = [s for _ in range(args.layers) for s in LAYER_SHAPES.items()]
+    shapes.append(("head", HEAD_SHAPE))
+    nbytes = sum(2 * n * k for _, (n, k) in shapes)
+    buf = hugepage_buffer(nbytes)
+    store = (buf if buf is not None else torch.empty(nbytes, dtype=torch.uint8)).view(
+        torch.bfloat16
+    )
+    linears, at = [], 0
+    for name, (n, k) in shapes:
+        w = store[at : at + n * k].view(n, k)
+        w.copy_(weight((n, k)))
+        linears.append((name, w))
+        at += n * k
     src = read_source()
     print(
-        f"{len(linears)} bf16 linears ({nbytes / 1e6:.0f} MB), {torch.get_num_threads()} "
-        f"thread(s), {args.clock} clock; this tree against {args.rev}, ms per pass"
+        f"{len(linears)} bf16 linears ({nbytes / 1e6:.0f} MB, huge pages: {buf is not None}), "
+        f"{torch.get_num_threads()} thread(s), {args.clock} clock; this tree against "
+        f"{args.rev}, ms per pass"
     )
     print("| rows | this tree | " + args.rev + " | ratio | tree / floor | rev / floor | by layer |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
