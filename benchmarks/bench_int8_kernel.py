@@ -29,8 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CSRC = "radixserve/model/csrc"
 
 
-def build_rev(rev: str, into: Path) -> None:
-    """``rev``'s CPU kernels as a second library, its ops under ``radixserve_rev``."""
+def build_rev(rev: str, into: Path, linears_only: bool = True) -> None:
+    """``rev``'s CPU kernels as a second library, its ops under ``radixserve_rev``: the linear
+    kernels (``gemv*.cpp``), or every source (``linears_only=False``: the decoder stack too,
+    calling its own library's ops)."""
     from torch.utils import cpp_extension
 
     names = subprocess.run(
@@ -49,10 +51,13 @@ def build_rev(rev: str, into: Path) -> None:
             text=True,
         ).stdout
         (into / name).write_text(text.replace("radixserve_cpu", "radixserve_rev"))
-    # The linears only: the decoder stack and attention would register ops this tree has too.
-    sources = [into / n for n in names if n.startswith("gemv") and n.endswith(".cpp")]
+    # By default the linears only: a quicker build, and all a kernel benchmark calls.
+    sources = [
+        into / n for n in names if n.endswith(".cpp") and (n.startswith("gemv") or not linears_only)
+    ]
+    suffix = "" if linears_only else "_all"
     cpp_extension.load(
-        name=f"radixserve_rev_{rev.replace('~', '_').replace('^', '_')}",
+        name=f"radixserve_rev_{rev.replace('~', '_').replace('^', '_')}{suffix}",
         sources=[str(s) for s in sources],
         extra_cflags=["-O3", "-march=native", "-fopenmp"],
         extra_ldflags=["-fopenmp"],

@@ -75,6 +75,47 @@ def test_dense_fp32_and_bf16(shape: tuple[int, int]) -> None:
     _assert_rows_independent(lambda t: cpu_gemv.linear(t, w.bfloat16()), x.bfloat16())
 
 
+def _order_sensitive(
+    n: int, m: int, k: int, dtype: torch.dtype, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [n, k] and x [m, k] whose float32 sums depend on the order of the additions, even
+    rounded to bf16: lanes 0 and 1 of the first vector (float32: inputs 0 and 1; bf16: the
+    pairs 0-1 and 2-3) get products +-2^20 c that cancel, so the result (~20) carries the
+    rounding of partial sums near 2^20 c, which depends on which lanes were added to them."""
+    lane = 1 if dtype == torch.float32 else 2  # inputs per float lane
+    w = torch.randn(n, k, generator=gen).to(dtype)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    w[:, lane] = -w[:, 0]
+    x[:, 0] = x[:, lane] = 2.0**20
+    return w, x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dense_rows_sum_in_the_one_row_tree(dtype: torch.dtype) -> None:
+    """A multi-row tile reduces its accumulators together (gemv.h, ``sum_lanes``), the 1-row
+    path one at a time (``_mm512_reduce_add_ps``): the same addition tree, so row i of an
+    M-row call equals the 1-row call bit for bit, at every tile shape (M = 2..16: row tiles of
+    4, 3, 2, 1; N with every tail of the 4-output tile; K with and without a partial vector).
+    The inputs tell trees apart: with lanes 1 and 2 of every vector swapped (a permutation of
+    k, the same sums in another tree) most outputs change."""
+    gen = torch.Generator().manual_seed(11)
+    for k in (576, 75):
+        for n in (1, 2, 3, 4, 5, 6, 7, 37):
+            w, x = _order_sensitive(n, 16, k, dtype, gen)
+            one = torch.cat([cpu_gemv.linear(x[i : i + 1].contiguous(), w) for i in range(16)])
+            for m in range(2, 17):
+                assert torch.equal(cpu_gemv.linear(x[:m].contiguous(), w), one[:m]), (k, n, m)
+    # (A cyclic rotation of the lanes would not do: it maps this tree onto itself.)
+    k, lane = 576, 1 if dtype == torch.float32 else 2
+    w, x = _order_sensitive(256, 1, k, dtype, gen)
+    swapped = torch.arange(k).view(-1, 16, lane)
+    swapped[:, [1, 2]] = swapped[:, [2, 1]]
+    swapped = swapped.flatten()
+    plain = cpu_gemv.linear(x, w)
+    other = cpu_gemv.linear(x[:, swapped].contiguous(), w[:, swapped].contiguous())
+    assert (plain != other).float().mean().item() > 0.4
+
+
 # int8's layout pairs the inputs (K even); N not a multiple of its 16-output block,
 # K / 2 not a multiple of the 16 pairs its decode transposes at a time, SmolLM2's gate_up.
 INT8_SHAPES = ((37, 96), (130, 78), (3072, 576))

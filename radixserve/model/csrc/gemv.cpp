@@ -31,6 +31,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -63,7 +64,6 @@ struct F32 {
     return _mm512_maskz_loadu_ps(tail_mask16(len), x + k0);
   }
   static __m512 dot(__m512 acc, W w, X x) { return _mm512_fmadd_ps(w, x, acc); }
-  float finish(int64_t, float sum) const { return sum; }
 };
 
 // bf16 x bf16: 32 k per vector.
@@ -83,7 +83,6 @@ struct BF16 {
     return (__m512bh)_mm512_maskz_loadu_epi16(tail_mask32(len), x + k0);
   }
   static __m512 dot(__m512 acc, W w, X x) { return _mm512_dpbf16_ps(acc, w, x); }
-  float finish(int64_t, float sum) const { return sum; }
 };
 
 // How far ahead of its reads a stream of ``row_streams`` prefetches: ~4 KB in flight per
@@ -91,11 +90,30 @@ struct BF16 {
 // 4 KB best).
 constexpr int64_t kStreamAhead = 4096;
 
+// Where a tile's sums go: lane j * kNT + i of its store (output i of row j) takes lane
+// sum_lane(j * NT + i) of sum_lanes' result; the mask holds the tile's NT x MT lanes.
+template <int NT, int MT>
+struct TileLanes {
+  static_assert(kNT * kMT <= 16, "a tile's sums fit one vector");
+  static constexpr std::array<int32_t, 16> make_lanes() {
+    std::array<int32_t, 16> lanes{};
+    for (int j = 0; j < MT; ++j)
+      for (int i = 0; i < NT; ++i) lanes[j * kNT + i] = sum_lane(j * NT + i);
+    return lanes;
+  }
+  static constexpr __mmask16 make_mask() {
+    unsigned mask = 0;
+    for (int j = 0; j < MT; ++j) mask |= ((1u << NT) - 1) << (j * kNT);
+    return static_cast<__mmask16>(mask);
+  }
+  alignas(64) static constexpr std::array<int32_t, 16> lane = make_lanes();
+  static constexpr __mmask16 mask = make_mask();
+};
+
 // One tile: NT outputs from n0 times MT rows from m0, every k; each (n, m) accumulates in
-// its own register in the same order whatever NT and MT are.
+// its own register in the same order whatever NT and MT are. Sums to sums[(m0 + j) * kNT + i].
 template <int NT, int MT, typename D, typename T>
-inline void tile(const D& d, const T* x, int64_t ldx, int64_t k, int64_t n0, int64_t m0, float* sums,
-                 int64_t ldsum) {
+inline void tile(const D& d, const T* x, int64_t ldx, int64_t k, int64_t n0, int64_t m0, float* sums) {
   __m512 acc[NT][MT];
 #pragma GCC unroll 4
   for (int i = 0; i < NT; ++i)
@@ -131,10 +149,15 @@ inline void tile(const D& d, const T* x, int64_t ldx, int64_t k, int64_t n0, int
       for (int i = 0; i < NT; ++i) acc[i][j] = D::dot(acc[i][j], w[i], xv);
     }
   }
+  // The NT * MT horizontal sums together, each in _mm512_reduce_add_ps's order (sum_lanes;
+  // row_streams sums one at a time that way), then to sums[(m0 + j) * kNT + i] in one store.
+  __m512 v[NT * MT];
 #pragma GCC unroll 4
-  for (int i = 0; i < NT; ++i)
+  for (int j = 0; j < MT; ++j)
 #pragma GCC unroll 4
-    for (int j = 0; j < MT; ++j) sums[(m0 + j) * ldsum + i] = d.finish(n0 + i, _mm512_reduce_add_ps(acc[i][j]));
+    for (int i = 0; i < NT; ++i) v[j * NT + i] = acc[i][j];
+  const __m512 s = _mm512_permutexvar_ps(_mm512_load_si512(TileLanes<NT, MT>::lane.data()), sum_lanes(v));
+  _mm512_mask_storeu_ps(sums + m0 * kNT, TileLanes<NT, MT>::mask, s);
 }
 
 // One activation row times the outputs n[0..S) (far apart: S address-ordered streams, which
@@ -161,7 +184,7 @@ inline void row_streams(const D& d, const T* x, int64_t k, const int64_t (&n)[S]
     for (int i = 0; i < S; ++i) acc[i] = D::dot(acc[i], d.load_tail(n[i], k0, len), xv);
   }
 #pragma GCC unroll 4
-  for (int i = 0; i < S; ++i) out[i] = d.finish(n[i], _mm512_reduce_add_ps(acc[i]));
+  for (int i = 0; i < S; ++i) out[i] = _mm512_reduce_add_ps(acc[i]);
 }
 
 // Tiles [begin, end) of kNT outputs times every row, on the calling thread;
@@ -197,7 +220,7 @@ void rows_range(const D& d, const T* x, int64_t m, int64_t n, int64_t k, int64_t
     for (int64_t m0 = 0; m0 < m; m0 += kMT) {
       const int mt = static_cast<int>(std::min<int64_t>(kMT, m - m0));
       dispatch<kMT>(nt, mt, [&](auto NT, auto MT) {
-        tile<decltype(NT)::value, decltype(MT)::value>(d, x, k, k, n0, m0, sums.data(), kNT);
+        tile<decltype(NT)::value, decltype(MT)::value>(d, x, k, k, n0, m0, sums.data());
       });
     }
     for (int64_t r = 0; r < m; ++r) store(r, n0, nt, sums.data() + r * kNT);

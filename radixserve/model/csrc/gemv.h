@@ -39,6 +39,61 @@ inline uint16_t float_to_bf16(float f) { return c10::BFloat16(f).x; }  // round 
 inline __mmask16 tail_mask16(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
 inline __mmask32 tail_mask32(int64_t n) { return static_cast<__mmask32>((1ull << n) - 1); }
 
+// --- Horizontal sums of many accumulators at once, in _mm512_reduce_add_ps's order -------
+//
+// GCC's _mm512_reduce_add_ps (avx512fintrin.h, __MM512_REDUCE_OP) adds a vector's 16 lanes
+// in a fixed tree: lane i + (i + 8) for i < 8, then i + (i + 4) for i < 4, then i + (i + 2)
+// for i < 2, then 0 + 1. The 1-row kernels sum each output that way, one vector at a time
+// (~9 instructions a vector). sum_lanes runs the same tree on up to 16 vectors together
+// (~3 instructions a vector): each level folds two vectors into one, every lane of the
+// result holding one addition of that level for one of them. Float addition is commutative
+// bit for bit, so pairing the same lanes at the same level gives every sum the same bits.
+
+// One level, S = 8, 4, 2, 1: lane p gets x[p] + x[p ^ S] where bit S of p is clear and
+// y[p] + y[p ^ S] where it is set. After it, the lanes that agree in bit S and above hold
+// one vector's partial sums, at the positions (the bits below S) reduce_add_ps has them in.
+template <int S>
+inline __m512 fold(__m512 x, __m512 y) {
+  constexpr __mmask16 from_y = S == 8 ? 0xFF00 : S == 4 ? 0xF0F0 : S == 2 ? 0xCCCC : 0xAAAA;
+  __m512 partner;  // the lane p ^ S of the vector lane p adds from
+  if constexpr (S == 8) {
+    partner = _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 3, 2));
+  } else if constexpr (S == 2) {
+    partner = _mm512_shuffle_ps(x, y, _MM_SHUFFLE(1, 0, 3, 2));
+  } else {  // lane p ^ S of x (index < 16) or of y (index 16 + ...)
+    const __m512i p = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i s = _mm512_set1_epi32(S);
+    const __m512i y_bit = _mm512_slli_epi32(_mm512_and_si512(p, s), 4 - __builtin_ctz(S));  // 16 or 0
+    const __m512i idx = _mm512_or_si512(_mm512_xor_si512(p, s), y_bit);
+    partner = _mm512_permutex2var_ps(x, idx, y);
+  }
+  return _mm512_add_ps(_mm512_mask_blend_ps(from_y, x, y), partner);
+}
+
+// One level over the first Len vectors of v: v[i] = fold(v[2 i], v[2 i + 1]) (the last one
+// with itself when Len is odd: its lanes then hold the same sums twice).
+template <int S, int Len, int C>
+inline void fold_pairs(__m512 (&v)[C]) {
+#pragma GCC unroll 8
+  for (int i = 0; i < (Len + 1) / 2; ++i) v[i] = fold<S>(v[2 * i], v[std::min(2 * i + 1, Len - 1)]);
+}
+
+// The lane in which sum_lanes leaves vector c's sum: level S = 8 >> b chose by bit b of c.
+constexpr int sum_lane(int c) { return ((c & 1) << 3) | ((c & 2) << 1) | ((c & 4) >> 1) | ((c & 8) >> 3); }
+
+// The sums of v[0..C) (C <= 16), each added exactly as _mm512_reduce_add_ps adds it, in lanes
+// sum_lane(c) of the result. Overwrites v.
+template <int C>
+inline __m512 sum_lanes(__m512 (&v)[C]) {
+  static_assert(C >= 1 && C <= 16, "16 lanes hold 16 sums");
+  constexpr int c1 = (C + 1) / 2, c2 = (c1 + 1) / 2, c3 = (c2 + 1) / 2;
+  fold_pairs<8, C>(v);
+  fold_pairs<4, c1>(v);
+  fold_pairs<2, c2>(v);
+  fold_pairs<1, c3>(v);
+  return v[0];
+}
+
 // Call fn(integral_constant<NT>, integral_constant<MT>) for nt <= kNT outputs and
 // mt <= MaxMT rows: one instantiation per tile shape.
 template <int MaxMT, typename Fn>
