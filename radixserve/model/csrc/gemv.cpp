@@ -31,7 +31,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -90,81 +89,13 @@ struct BF16 {
 // 4 KB best).
 constexpr int64_t kStreamAhead = 4096;
 
-// Where a tile's sums go: lane j * kNT + i of its store (output i of row j) takes lane
-// sum_lane(j * NT + i) of sum_lanes' result; the mask holds the tile's NT x MT lanes.
-template <int NT, int MT>
-struct TileLanes {
-  static_assert(kNT * kMT <= 16, "a tile's sums fit one vector");
-  static constexpr std::array<int32_t, 16> make_lanes() {
-    std::array<int32_t, 16> lanes{};
-    for (int j = 0; j < MT; ++j)
-      for (int i = 0; i < NT; ++i) lanes[j * kNT + i] = sum_lane(j * NT + i);
-    return lanes;
-  }
-  static constexpr __mmask16 make_mask() {
-    unsigned mask = 0;
-    for (int j = 0; j < MT; ++j) mask |= ((1u << NT) - 1) << (j * kNT);
-    return static_cast<__mmask16>(mask);
-  }
-  alignas(64) static constexpr std::array<int32_t, 16> lane = make_lanes();
-  static constexpr __mmask16 mask = make_mask();
-};
-
-// One tile: NT outputs from n0 times MT rows from m0, every k; each (n, m) accumulates in
-// its own register in the same order whatever NT and MT are. Sums to sums[(m0 + j) * kNT + i].
-template <int NT, int MT, typename D, typename T>
-inline void tile(const D& d, const T* x, int64_t ldx, int64_t k, int64_t n0, int64_t m0, float* sums) {
-  __m512 acc[NT][MT];
-#pragma GCC unroll 4
-  for (int i = 0; i < NT; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < MT; ++j) acc[i][j] = _mm512_setzero_ps();
-  int64_t k0 = 0;
-  for (; k0 + D::kVec <= k; k0 += D::kVec) {
-    typename D::W w[NT];
-#pragma GCC unroll 4
-    for (int i = 0; i < NT; ++i) {
-      // The same place in the next tile's rows: the weight is read once, in order, and the
-      // next tile is in cache when we get there (the hardware prefetcher alone follows the
-      // four short row streams poorly). A prefetch past the end does not fault.
-      if (m0 == 0) _mm_prefetch(static_cast<const char*>(d.at(n0 + i + kNT, k0)), _MM_HINT_T0);
-      w[i] = d.load(n0 + i, k0);
-    }
-#pragma GCC unroll 4
-    for (int j = 0; j < MT; ++j) {
-      const typename D::X xv = D::load_x(x + (m0 + j) * ldx, k0);
-#pragma GCC unroll 4
-      for (int i = 0; i < NT; ++i) acc[i][j] = D::dot(acc[i][j], w[i], xv);
-    }
-  }
-  if (k0 < k) {
-    const int64_t len = k - k0;
-    typename D::W w[NT];
-#pragma GCC unroll 4
-    for (int i = 0; i < NT; ++i) w[i] = d.load_tail(n0 + i, k0, len);
-#pragma GCC unroll 4
-    for (int j = 0; j < MT; ++j) {
-      const typename D::X xv = D::load_x_tail(x + (m0 + j) * ldx, k0, len);
-#pragma GCC unroll 4
-      for (int i = 0; i < NT; ++i) acc[i][j] = D::dot(acc[i][j], w[i], xv);
-    }
-  }
-  // The NT * MT horizontal sums together, each in _mm512_reduce_add_ps's order (sum_lanes;
-  // row_streams sums one at a time that way), then to sums[(m0 + j) * kNT + i] in one store.
-  __m512 v[NT * MT];
-#pragma GCC unroll 4
-  for (int j = 0; j < MT; ++j)
-#pragma GCC unroll 4
-    for (int i = 0; i < NT; ++i) v[j * NT + i] = acc[i][j];
-  const __m512 s = _mm512_permutexvar_ps(_mm512_load_si512(TileLanes<NT, MT>::lane.data()), sum_lanes(v));
-  _mm512_mask_storeu_ps(sums + m0 * kNT, TileLanes<NT, MT>::mask, s);
-}
-
 // One activation row times the outputs n[0..S) (far apart: S address-ordered streams, which
-// keep more of the memory's bandwidth busy than one), each output summed exactly as ``tile``
-// sums it (the same loads, dot products, order and reduction): the same bits.
+// keep more of the memory's bandwidth busy than one), each output's vectors of k in order
+// and one _mm512_reduce_add_ps. ``row_streams`` below does the same for MT rows; kept apart
+// because its one-row instantiation ran ~10 % slower at batch 1 (benchmarks/
+// bench_gemv_rows.py; the cause was not found), and batch 1 is the common decode step.
 template <int S, typename D, typename T>
-inline void row_streams(const D& d, const T* x, int64_t k, const int64_t (&n)[S], float (&out)[S]) {
+inline void row_streams1(const D& d, const T* x, int64_t k, const int64_t (&n)[S], float (&out)[S]) {
   __m512 acc[S];
 #pragma GCC unroll 4
   for (int i = 0; i < S; ++i) acc[i] = _mm512_setzero_ps();
@@ -187,43 +118,100 @@ inline void row_streams(const D& d, const T* x, int64_t k, const int64_t (&n)[S]
   for (int i = 0; i < S; ++i) out[i] = _mm512_reduce_add_ps(acc[i]);
 }
 
+// MT activation rows (``x``, ``ldx`` apart) times the outputs n[0..S): each weight vector is
+// loaded once and multiplied with every row, and each (output, row) sums exactly as
+// row_streams1 sums a row (vectors of k in order, the reduce_add tree): the same bits as a
+// one-row call, whatever the call's row count.
+template <int S, int MT, typename D, typename T>
+inline void row_streams(const D& d, const T* x, int64_t ldx, int64_t k, const int64_t (&n)[S],
+                        float (&out)[S][MT]) {
+  __m512 acc[S][MT];
+#pragma GCC unroll 4
+  for (int i = 0; i < S; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < MT; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t k0 = 0;
+  for (; k0 + D::kVec <= k; k0 += D::kVec) {
+    typename D::X xv[MT];
+#pragma GCC unroll 4
+    for (int j = 0; j < MT; ++j) xv[j] = D::load_x(x + j * ldx, k0);
+#pragma GCC unroll 4
+    for (int i = 0; i < S; ++i) {
+      _mm_prefetch(static_cast<const char*>(d.at(n[i], k0)) + kStreamAhead, _MM_HINT_T0);
+      const typename D::W w = d.load(n[i], k0);
+#pragma GCC unroll 4
+      for (int j = 0; j < MT; ++j) acc[i][j] = D::dot(acc[i][j], w, xv[j]);
+    }
+  }
+  if (k0 < k) {
+    const int64_t len = k - k0;
+#pragma GCC unroll 4
+    for (int i = 0; i < S; ++i) {
+      const typename D::W w = d.load_tail(n[i], k0, len);
+#pragma GCC unroll 4
+      for (int j = 0; j < MT; ++j) acc[i][j] = D::dot(acc[i][j], w, D::load_x_tail(x + j * ldx, k0, len));
+    }
+  }
+  // The S * MT horizontal sums together, each in _mm512_reduce_add_ps's order (sum_lanes;
+  // row_streams1 sums one at a time that way).
+  __m512 v[S * MT];
+#pragma GCC unroll 4
+  for (int i = 0; i < S; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < MT; ++j) v[i * MT + j] = acc[i][j];
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum_lanes(v));
+#pragma GCC unroll 4
+  for (int i = 0; i < S; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < MT; ++j) out[i][j] = lanes[sum_lane(i * MT + j)];
+}
+
+// Outputs ``outs`` (S far-apart ones) times every row, kMT rows at a time: the first block of
+// rows streams the S weight rows from memory, the others find them in L1.
+template <int S, typename D, typename T, typename Store>
+inline void outputs_all_rows(const D& d, const T* x, int64_t m, int64_t k, const int64_t (&outs)[S],
+                             Store&& store) {
+  for (int64_t m0 = 0; m0 < m; m0 += kMT) {
+    const int mt = static_cast<int>(std::min<int64_t>(kMT, m - m0));
+    dispatch<kMT>(1, mt, [&](auto, auto MT) {
+      constexpr int R = decltype(MT)::value;
+      float s[S][R];
+      row_streams<S, R>(d, x + m0 * k, k, k, outs, s);
+      for (int j = 0; j < R; ++j)
+        for (int i = 0; i < S; ++i) store(m0 + j, outs[i], 1, &s[i][j]);
+    });
+  }
+}
+
 // Tiles [begin, end) of kNT outputs times every row, on the calling thread;
 // ``store(m, n0, nt, sums)`` writes nt results of row m.
 template <typename D, typename T, typename Store>
 void rows_range(const D& d, const T* x, int64_t m, int64_t n, int64_t k, int64_t begin, int64_t end,
                 Store&& store) {
-  if (m == 1) {
-    // One row: each output on its own, two far-apart outputs at a time, so that the weight is
-    // read as two address-ordered streams (the four-output tile's four interleaved row
-    // streams read ~10 % slower at batch 1 in fp32). With more rows the tile wins: each
-    // activation vector it loads serves four outputs.
-    const int64_t first = begin * kNT, last = std::min(n, end * kNT), half = (last - first) / 2;
+  // Each output on its own, two far-apart outputs at a time, so that the weight is read as
+  // two address-ordered streams, every row of the call multiplied with each weight vector
+  // while it is in registers (kMT rows at a time; later row blocks find the two weight rows
+  // in L1). The four-output tile's four interleaved row streams read the weight at about
+  // half this rate from memory on the 2-core AMD EPYC VM (benchmarks/bench_gemv_rows.py).
+  const int64_t first = begin * kNT, last = std::min(n, end * kNT), half = (last - first) / 2;
+  if (m == 1) {  // the decode step's common case, without the row blocks' loop
     for (int64_t i = 0; i < half; ++i) {
       const int64_t outs[2] = {first + i, first + half + i};
       float s[2];
-      row_streams<2>(d, x, k, outs, s);
+      row_streams1<2>(d, x, k, outs, s);
       store(0, outs[0], 1, &s[0]);
       store(0, outs[1], 1, &s[1]);
     }
-    if ((last - first) % 2) {
-      const int64_t outs[1] = {last - 1};
-      float s[1];
-      row_streams<1>(d, x, k, outs, s);
-      store(0, outs[0], 1, s);
+  } else {
+    for (int64_t i = 0; i < half; ++i) {
+      const int64_t outs[2] = {first + i, first + half + i};
+      outputs_all_rows<2>(d, x, m, k, outs, store);
     }
-    return;
   }
-  std::vector<float> sums(static_cast<size_t>(m) * kNT);
-  for (int64_t t = begin; t < end; ++t) {
-    const int64_t n0 = t * kNT;
-    const int nt = static_cast<int>(std::min<int64_t>(kNT, n - n0));
-    for (int64_t m0 = 0; m0 < m; m0 += kMT) {
-      const int mt = static_cast<int>(std::min<int64_t>(kMT, m - m0));
-      dispatch<kMT>(nt, mt, [&](auto NT, auto MT) {
-        tile<decltype(NT)::value, decltype(MT)::value>(d, x, k, k, n0, m0, sums.data());
-      });
-    }
-    for (int64_t r = 0; r < m; ++r) store(r, n0, nt, sums.data() + r * kNT);
+  if ((last - first) % 2) {
+    const int64_t outs[1] = {last - 1};
+    outputs_all_rows<1>(d, x, m, k, outs, store);
   }
 }
 
