@@ -34,6 +34,7 @@ import radixserve  # noqa: F401
 # isort: split
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -47,6 +48,7 @@ import torch  # noqa: E402
 sys.path.insert(1, str(Path(__file__).resolve().parent))  # after a PYTHONPATH checkout
 from bench_int8_kernel import build_rev  # noqa: E402
 from floor import read_gbs, read_source  # noqa: E402
+from provenance import header  # noqa: E402
 
 from radixserve.memory.hugepages import hugepage_buffer  # noqa: E402
 
@@ -55,8 +57,8 @@ LAYER_SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "dow
 HEAD_SHAPE = (49152, 576)
 
 
-def kernel_rows(args: argparse.Namespace, clock: Callable[[], float]) -> None:
-    """Every linear of a pass through either kernel, at each row count."""
+def kernel_rows(args: argparse.Namespace, clock: Callable[[], float]) -> list[dict[str, Any]]:
+    """Every linear of a pass through either kernel, at each row count (one record each)."""
     ours, theirs = torch.ops.radixserve_cpu.gemv_dense, torch.ops.radixserve_rev.gemv_dense
     g = torch.Generator().manual_seed(0)
 
@@ -86,6 +88,7 @@ def kernel_rows(args: argparse.Namespace, clock: Callable[[], float]) -> None:
     )
     print("| rows | this tree | " + args.rev + " | ratio | tree / floor | rev / floor | by layer |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    records = []
     for m in (int(r) for r in args.rows.split(",")):
         xs = {
             k: torch.randn(m, k, generator=g).bfloat16() for k in {w.shape[1] for _, w in linears}
@@ -121,9 +124,26 @@ def kernel_rows(args: argparse.Namespace, clock: Callable[[], float]) -> None:
             f"| {layer_ratios} |",
             flush=True,
         )
+        records.append(
+            {
+                "rows": m,
+                "tree_ms": a,
+                "rev_ms": b,
+                "ratio": a / b,
+                "floor_ms": floor,
+                "tree_passes_ms": times["tree"],
+                "rev_passes_ms": times["rev"],
+                "layer_ratios": {
+                    name: statistics.median(parts["tree"][name])
+                    / statistics.median(parts["rev"][name])
+                    for name in parts["tree"]
+                },
+            }
+        )
+    return records
 
 
-def stack_rows(args: argparse.Namespace, clock: Callable[[], float]) -> None:
+def stack_rows(args: argparse.Namespace, clock: Callable[[], float]) -> list[dict[str, Any]]:
     """Decode steps of 1 and 9 requests, the decoder stack's op of either library."""
     from radixserve.engine.engine import Engine
     from radixserve.model.cpu_linear import PackedLinear
@@ -139,6 +159,7 @@ def stack_rows(args: argparse.Namespace, clock: Callable[[], float]) -> None:
     print("| rows | this tree | " + args.rev + " | ratio |")
     print("| ---: | ---: | ---: | ---: |")
     base: dict[str, float] = {}
+    records = []
     for rows in (1, 9):
         engine = Engine(
             None, dtype="bfloat16", num_pages=512, max_running_requests=rows, decode_graphs="off"
@@ -181,9 +202,11 @@ def stack_rows(args: argparse.Namespace, clock: Callable[[], float]) -> None:
         base.setdefault("tree", a)
         base.setdefault("rev", b)
         print(f"| {rows} | {a:.2f} | {b:.2f} | {a / b:.3f}x |", flush=True)
+        records.append({"rows": rows, "tree_ms": a, "rev_ms": b, "ratio": a / b})
     print(
         f"9 rows over 1 row: this tree {a / base['tree']:.2f}x, {args.rev} {b / base['rev']:.2f}x"
     )
+    return records
 
 
 def main() -> None:
@@ -198,6 +221,7 @@ def main() -> None:
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     ap.add_argument("--stack", action="store_true", help="also the decoder stack at 1 and 9 rows")
     ap.add_argument("--stack-steps", type=int, default=60, help="decode steps per library")
+    ap.add_argument("--out", default=None, help="write the records here (JSON)")
     args = ap.parse_args()
 
     from radixserve.model import cpu_gemv
@@ -208,10 +232,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         build_rev(args.rev, Path(tmp), linears_only=not args.stack)
     clock = time.perf_counter if args.clock == "wall" else time.process_time
+    report = {**header("bench_gemv_rows"), "args": vars(args), "threads": torch.get_num_threads()}
     with torch.inference_mode():
-        kernel_rows(args, clock)
+        report["kernel"] = kernel_rows(args, clock)
     if args.stack:
-        stack_rows(args, clock)
+        report["stack"] = stack_rows(args, clock)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
