@@ -23,6 +23,16 @@ length) (nothing a server cached can hit), the same ids for every server of a ce
   (``floor.read_gbs``), sampled beside the matrix rate. ``kv_floor_ms`` is the KV part alone:
   the growth of TPOT with context is set against the growth of it.
 
+- ``--in-process``: the same engine as the bf16 radixserve server (its page size, pages,
+  threads, running requests and window), built in this process, takes the same prompt at
+  each cell as one more server (``radixserve-bf16-in-process``): TTFT from adding the
+  request to the step that gives its first token, TPOT from there to the last. The growth of
+  TPOT from the shortest context to the longest through HTTP, over the same growth in
+  process, is what the serving path (router, worker loop, streaming) adds that grows with
+  the context (issue 44); ``growth`` in the JSON holds it, and each server's growth over its
+  KV read floor's. ``itl_median_ms`` (every cell): the median gap between two tokens, which
+  a burst of another process on the machine moves less than the mean.
+
 A context past the model's window (SmolLM2-135M: 8,192 positions) is cut to
 window - max_tokens prompt tokens; the row keeps the asked ``context`` and the
 ``prompt_tokens`` sent.
@@ -33,6 +43,8 @@ window - max_tokens prompt tokens; the row keeps the asked ``context`` and the
         --kv-dtypes auto,fp8_e4m3,int8,int4 --peers vllm-bf16,llamacpp-f32
     python benchmarks/bench_long_context.py --contexts 256,512 --max-tokens 8 \\
         --peers "" --out /tmp/long_context_smoke.json          # a smoke run
+    python benchmarks/bench_long_context.py --contexts 1000,7500 --kv-dtypes auto \\
+        --peers "" --in-process --reps 3 --out /tmp/long_context_serving.json  # HTTP vs in process
 
 Writes ``--out`` (JSON; after every cell, so an interrupted run keeps what it measured) and
 the plot beside it (``.png``: TTFT and TPOT against context length, the floors dashed).
@@ -94,6 +106,58 @@ class Server:
     spec: servers.PeerSpec
     kv_dtype: str | None
     proc: servers.ServerProcess | None = None
+
+
+IN_PROCESS = "radixserve-bf16-in-process"
+
+
+class InProcess:
+    """The bf16 radixserve server's engine in this process (``--in-process``): the same
+    configuration as ``peers/servers.py`` starts ``radixserve serve`` with, no sockets."""
+
+    name = IN_PROCESS
+
+    def __init__(self, model_dir: Path, max_ctx: int, kv_gib: float) -> None:
+        from radixserve.engine.engine import Engine
+
+        per_tok = kv_bytes_per_token(ModelConfig.from_pretrained(model_dir), "auto", torch.bfloat16)
+        self.engine = Engine(
+            model_dir,
+            dtype="bfloat16",
+            device="cpu",
+            page_size=16,
+            num_pages=int(kv_gib * 2**30 // (int(per_tok) * 16)),
+            num_threads=servers.THREADS,
+            max_running_requests=1,
+            max_model_len=max_ctx,
+        )
+
+    def send(self, prompt: Prompt) -> RequestResult:
+        """One request, greedy, ``ignore_eos``; timed as ``openai_load`` times a stream."""
+        from radixserve.sampling_params import SamplingParams
+
+        params = SamplingParams(max_tokens=prompt.max_tokens, temperature=0.0, ignore_eos=True)
+        t0 = time.perf_counter()
+        self.engine.add_request(list(prompt.prompt_ids), params)
+        stamps: list[float] = []
+        cached = 0
+        while self.engine.has_unfinished():
+            outs = self.engine.step()
+            now = time.perf_counter()
+            for o in outs:
+                stamps += [now] * len(o.new_token_ids)
+                if o.usage is not None:
+                    cached = o.usage.cached_tokens
+        return RequestResult(
+            ttft=stamps[0] - t0,
+            e2e=stamps[-1] - t0,
+            itl=[b - a for a, b in zip(stamps, stamps[1:])],
+            prompt_tokens=len(prompt.prompt_ids),
+            completion_tokens=len(stamps),
+            cached_tokens=cached,
+            text="",
+            finish_reason="length",
+        )
 
 
 def radixserve_name(kv: str) -> str:
@@ -173,12 +237,57 @@ def summary(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
             str(ctx): {
                 "ttft_s": statistics.median(c["ttft_s"] for c in rows),
                 "tpot_ms": statistics.median(c["tpot_ms"] for c in rows),
+                **(
+                    {"itl_median_ms": statistics.median(c["itl_median_ms"] for c in rows)}
+                    if all(c.get("itl_median_ms") is not None for c in rows)
+                    else {}
+                ),
                 "n": len(rows),
             }
             for ctx, rows in sorted(by_ctx.items())
         }
         for name, by_ctx in cells.items()
     }
+
+
+def growth(doc: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per server, from the shortest context of the run to the longest: the growth of TPOT
+    and of the median inter-token gap (ms), the growth of its KV read floor (the server's KV
+    dtype; bf16 for peers), each growth over that floor's, and for every radixserve server
+    run beside the in-process engine, its growth over the in-process one's (issue 44's
+    measure: 1 when the serving path adds nothing that grows with the context)."""
+    summ = doc["summary"]
+    kv_of: dict[str, str] = doc.get("kv_dtype_of", {})
+    out: dict[str, dict[str, float]] = {}
+    for name, by_ctx in summ.items():
+        if len(by_ctx) < 2:
+            continue
+        lo, hi = min(by_ctx, key=int), max(by_ctx, key=int)
+        kv = kv_of.get(name, "auto")
+        floor = {
+            ctx: statistics.median(
+                f["kv_floor_ms"][kv] for f in doc["floors"] if str(f["context"]) == ctx
+            )
+            for ctx in (lo, hi)
+            if kv in doc["floors"][0]["kv_floor_ms"]
+        }
+        g: dict[str, float] = {"from": int(lo), "to": int(hi)}
+        for key in ("tpot_ms", "itl_median_ms"):
+            if key in by_ctx[lo] and key in by_ctx[hi]:
+                g[key] = by_ctx[hi][key] - by_ctx[lo][key]
+                if floor:
+                    g[f"{key}_over_kv_floor"] = g[key] / (floor[hi] - floor[lo])
+        if floor:
+            g["kv_floor_ms"] = floor[hi] - floor[lo]
+        out[name] = g
+    base = out.get(IN_PROCESS)
+    if base is not None:
+        for name, g in out.items():
+            if name != IN_PROCESS and name.startswith("radixserve") and kv_of.get(name) == "auto":
+                for key in ("tpot_ms", "itl_median_ms"):
+                    if key in g and base.get(key):
+                        g[f"{key}_over_in_process"] = g[key] / base[key]
+    return out
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
@@ -241,6 +350,11 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--kv-gib", type=float, default=1.0, help="KV cache budget per server")
     ap.add_argument("--request-timeout", type=float, default=900.0)
+    ap.add_argument(
+        "--in-process",
+        action="store_true",
+        help=f"also the bf16 server's engine in this process ({IN_PROCESS}): what HTTP adds",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None, help="a local HF directory (default: SmolLM2-135M)")
     ap.add_argument("--out", default="benchmarks/results/bench_long_context.json")
@@ -272,6 +386,8 @@ def main() -> int:
         "servers": {
             s.name: s.spec.label + (f", KV {s.kv_dtype}" if s.kv_dtype else "") for s in group
         },
+        "kv_dtype_of": {s.name: s.kv_dtype or "auto" for s in group if s.spec is spec}
+        | ({IN_PROCESS: "auto"} if args.in_process else {}),
         "startup_s": {},
         "failures": {},
         "floors": [],
@@ -280,6 +396,7 @@ def main() -> int:
 
     def save() -> None:
         doc["summary"] = summary(doc)
+        doc["growth"] = growth(doc)
         out.write_text(json.dumps(doc, indent=1) + "\n")
 
     log_dir = servers.PEERS_ROOT / "logs"  # server logs stay out of the repository
@@ -296,7 +413,11 @@ def main() -> int:
             doc["startup_s"][srv.name] = time.perf_counter() - t0
             warm = send(srv, Prompt(tuple(range(1000, 1256)), 8), tok, args.request_timeout)
             print(f"[{srv.name}] up; warm-up error: {warm.error}", flush=True)
-        live = [s for s in group if s.proc is not None]
+        live: list[Server | InProcess] = [s for s in group if s.proc is not None]
+        if args.in_process:
+            inproc = InProcess(model_dir, window, args.kv_gib)
+            inproc.send(Prompt(tuple(range(1000, 1256)), 8))
+            live.append(inproc)
         weights = checkpoint_weight_bytes(model_dir, torch.bfloat16)
         matmul_weights = checkpoint_matmul_weights(model_dir)
         src = read_source()
@@ -328,7 +449,12 @@ def main() -> int:
                 order = live[turn % len(live) :] + live[: turn % len(live)] if live else []
                 turn += 1
                 for srv in order:
-                    r = send(srv, Prompt(ids, args.max_tokens), tok, args.request_timeout)
+                    load_before = os.getloadavg()[0]
+                    prompt = Prompt(ids, args.max_tokens)
+                    if isinstance(srv, InProcess):
+                        r = srv.send(prompt)
+                    else:
+                        r = send(srv, prompt, tok, args.request_timeout)
                     cell = {
                         "server": srv.name,
                         "rep": rep,
@@ -338,8 +464,9 @@ def main() -> int:
                         "cached_tokens": r.cached_tokens,
                         "ttft_s": r.ttft,
                         "tpot_ms": (r.e2e - r.ttft) / max(1, r.completion_tokens - 1) * 1e3,
+                        "itl_median_ms": statistics.median(r.itl) * 1e3 if r.itl else None,
                         "error": r.error,
-                        "load_avg_before": os.getloadavg()[0],
+                        "load_avg_before": load_before,
                     }
                     doc["cells"].append(cell)
                     save()
@@ -354,6 +481,11 @@ def main() -> int:
             if srv.proc is not None:
                 srv.proc.stop()
     save()
+    for name, g in doc["growth"].items():
+        print(
+            f"growth {g['from']} -> {g['to']} {name:>26}: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in g.items() if k not in ("from", "to"))
+        )
     png = out.with_suffix(".png")
     plot(doc, png)
     print(f"wrote {out} and {png}")

@@ -16,6 +16,10 @@ context length of ``--lengths``:
   bytes over the read bandwidth measured in the same run) plus the KV floor (the KV bytes
   a step reads over the same bandwidth); then the same decode with the per-layer path
   (``native_stack = False``) under the profiler, for attention's share of a step.
+- **host work** of a decode step: the same decode with the model's forward replaced by a
+  constant logits row (median wall time of a step: scheduling, staging, the attention
+  plan, sampling), and the Python lines one such step runs in radixserve's code, a count
+  no other process moves: neither should grow with the context (issue 44).
 
 ::
 
@@ -222,13 +226,52 @@ class Profiler:
         split = {c: v / k for c, v in split_self_ms(prof).items()}
         pool = self.engine.pool
         kv_bytes = pool.bytes_per_page / pool.page_size * len(prompt)
+        host_ms, host_lines = self.host_work(prompt)
         return {
             "step_ms": step_ms,
+            "host_ms": host_ms,
+            "host_python_lines": host_lines,
             "weight_floor_ms": self.weights / (gbs * 1e9) * 1e3,
             "kv_floor_ms": kv_bytes / (gbs * 1e9) * 1e3,
             "per_layer_profiled_ms_per_step": split,
             "per_layer_top_ops": top_ops(prof),
         }
+
+    def host_work(self, prompt: list[int]) -> tuple[float, int]:
+        """A decode step's host work on top of ``prompt`` (cached): the median wall ms of
+        ``--decode-tokens`` steps with the model's forward replaced by a constant logits row
+        (scheduling, staging, the attention plan, sampling, outputs: everything but the
+        kernels), and the Python lines one such step runs in radixserve's code (``sys.settrace``;
+        a count that no other process on the machine moves). Neither should grow with the
+        context (issue 44). The stubbed steps write no KV: the cache is flushed after them."""
+        eng = self.engine
+        runner = eng.runner
+        logits = torch.zeros(1, eng.model_config.vocab_size)
+        runner._forward = lambda batch, plan, staged: logits.expand(len(plan.logits_indices), -1)  # type: ignore[method-assign]
+        package = str(Path(radixserve.__file__).parent)
+        lines = 0
+
+        def trace(frame: Any, event: str, arg: Any) -> Any:
+            nonlocal lines
+            if not frame.f_code.co_filename.startswith(package):
+                return None
+            lines += event == "line"
+            return trace
+
+        try:
+            k = self.args.decode_tokens
+            self.run_until_token(prompt, k + 2)
+            eng.step()  # the first decode step (a page may open): not the one counted
+            sys.settrace(trace)
+            try:
+                eng.step()
+            finally:
+                sys.settrace(None)
+            steps = self.drain()
+        finally:
+            del runner._forward  # the class's method again
+        eng.flush_cache()
+        return statistics.median(steps) * 1e3, lines
 
 
 def main() -> int:
@@ -290,7 +333,8 @@ def summary_line(r: dict[str, Any]) -> str:
         f"{r['attention_rereads_earlier_kv']:.0%} of attention on earlier chunks); "
         f"decode {r['step_ms']:.1f} ms/step vs floors weights {r['weight_floor_ms']:.1f} + "
         f"KV {r['kv_floor_ms']:.2f} ms "
-        f"(per-layer attention {r['per_layer_profiled_ms_per_step']['attention']:.1f} ms/step)"
+        f"(per-layer attention {r['per_layer_profiled_ms_per_step']['attention']:.1f} ms/step); "
+        f"host work {r['host_ms'] * 1e3:.0f} us/step, {r['host_python_lines']} Python lines"
     )
 
 

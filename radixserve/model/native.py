@@ -17,8 +17,10 @@ be built the torch paths serve instead and :func:`load` says why once in the log
 
 from __future__ import annotations
 
+import array
 import functools
 import hashlib
+import itertools
 import logging
 import os
 import platform
@@ -197,7 +199,12 @@ class AttentionPlan:
 
     @staticmethod
     def build(groups: list[tuple[list[Member], list[int]]]) -> AttentionPlan:
-        """``groups``: (members, shared pages) each, a member's own pages following the shared ones."""
+        """``groups``: (members, shared pages) each, a member's own pages following the shared ones.
+
+        Python does O(members + groups) here, whatever the pages: the page lists (a decode
+        step's whole context) are joined and converted in C (``itertools.chain`` into an
+        ``array``, which the tensor views), never walked page by page in Python (issue 44).
+        """
         members = [m for ms, _ in groups for m in ms]
 
         def offsets(sizes: list[int]) -> list[int]:
@@ -213,12 +220,21 @@ class AttentionPlan:
             q_start=t([m.q_start for m in members]),
             new_len=t([m.new_len for m in members]),
             group_start=t(offsets([len(ms) for ms, _ in groups])),
-            shared_pages=t([p for _, pages in groups for p in pages]),
+            shared_pages=_joined([pages for _, pages in groups]),
             shared_start=t(offsets([len(pages) for _, pages in groups])),
-            own_pages=t([p for m in members for p in m.pages]),
+            own_pages=_joined([m.pages for m in members]),
             own_start=t(offsets([len(m.pages) for m in members])),
             own_len=t([m.own_len for m in members]),
         )
+
+
+def _joined(lists: list[list[int]]) -> torch.Tensor:
+    """``lists`` end to end as one int64 tensor, joined and converted in C (a view of an
+    ``array``, which it keeps alive)."""
+    joined = array.array("q", itertools.chain.from_iterable(lists))
+    if not joined:
+        return torch.empty(0, dtype=torch.int64)
+    return torch.frombuffer(joined, dtype=torch.int64)
 
 
 @dataclass

@@ -49,3 +49,9 @@ def test_a_run_reports_the_schedule(tiny_llama_dir: Path, tmp_path: Path, monkey
         assert r["step_ms"] > 0 and r["kv_floor_ms"] > 0 and r["weight_floor_ms"] > 0
         assert r["profiled_ms"]["linear"] > 0 and r["profiled_ms"]["attention"] > 0
         assert r["per_layer_profiled_ms_per_step"]["attention"] > 0
+        assert r["host_ms"] > 0 and r["host_python_lines"] > 0
+    # A decode step's Python work does not grow with the context (issue 44): the same lines
+    # at 40 tokens as at 100, for each KV dtype.
+    for kv in ("auto", "int8"):
+        lines = {r["host_python_lines"] for r in report["results"] if r["kv_dtype"] == kv}
+        assert len(lines) == 1, (kv, lines)
