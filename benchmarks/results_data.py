@@ -223,6 +223,7 @@ def figures() -> dict[str, Figure]:
     )
     gpu_figures(add)
     long_context_figures(add)
+    long_context_quiet_figures(add)
     return figs
 
 
@@ -243,6 +244,29 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
     ):
         ours, theirs = at("radixserve-bf16", key), at("vllm-bf16", key)
         add(fig, spread(o / t for o, t in zip(ours, theirs, strict=True)), [name])
+
+
+def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
+    """The quiet AMD run (benchmarks/long_context.md): through HTTP, each repetition's growth
+    of the time per output token from 1,000 to 7,500 tokens of context over the growth of
+    its KV read floor (the run's median floors)."""
+    name = "bench_long_context_s26.json"
+    d = load(name)
+    floor = d["growth"]["radixserve-bf16"]["kv_floor_ms"]
+
+    def tpot(context: int) -> dict[int, float]:
+        return {
+            c["rep"]: c["tpot_ms"]
+            for c in d["cells"]
+            if c["server"] == "radixserve-bf16" and c["context"] == context
+        }
+
+    short, long = tpot(1000), tpot(7500)
+    add(
+        "long_context_tpot_growth_quiet",
+        spread((long[r] - short[r]) / floor for r in sorted(short)),
+        [name],
+    )
 
 
 def gpu_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:

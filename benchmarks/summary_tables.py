@@ -57,10 +57,16 @@ from summary_tables_s25 import (
     table_long_context_profile_amd,
 )
 from summary_tables_s26 import (
+    table_gemv_rows,
+    table_gemv_stack,
     table_gpu_check_s26,
     table_gpu_decode_kernel_runs,
     table_gpu_decode_steps_runs,
     table_gpu_serving_s26,
+    table_long_context_quiet,
+    table_long_context_quiet_targets,
+    table_speculative_amd,
+    table_speculative_concurrent_amd,
 )
 
 
@@ -355,5 +361,11 @@ TABLES: dict[str, Callable[[], str]] = {
     "gpu_decode_kernel_runs": table_gpu_decode_kernel_runs,
     "gpu_decode_steps_runs": table_gpu_decode_steps_runs,
     "gpu_serving_s26": table_gpu_serving_s26,
+    "gemv_rows": table_gemv_rows,
+    "gemv_stack": table_gemv_stack,
+    "long_context_quiet": table_long_context_quiet,
+    "long_context_quiet_targets": table_long_context_quiet_targets,
+    "speculative_amd": table_speculative_amd,
+    "speculative_concurrent_amd": table_speculative_concurrent_amd,
     "index": table_index,
 }

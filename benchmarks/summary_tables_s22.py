@@ -89,11 +89,11 @@ def _per_request_ms(d: dict[str, Any], config: str, workload: str) -> float:
     return statistics.median(xs)
 
 
-def table_speculative() -> str:
+def table_speculative(name: str = SPECULATIVE) -> str:
     """bench_speculative.py: one request at a time per drafter and workload: speed-up over no
     speculation (sum of tokens over sum of time), acceptance, and the median time per token
     against the weight-streaming floor measured in the same run."""
-    d = load(SPECULATIVE)
+    d = load(name)
     floor = statistics.median([d["floor"]["before"]["floor_ms"], d["floor"]["after"]["floor_ms"]])
     out = _head(
         "drafter",
@@ -126,9 +126,9 @@ def table_speculative() -> str:
     return "\n".join(out)
 
 
-def table_speculative_concurrent() -> str:
+def table_speculative_concurrent(name: str = SPECULATIVE) -> str:
     """bench_speculative.py's 16-at-a-time shared-system phase: output tokens/s per round."""
-    d = load(SPECULATIVE)
+    d = load(name)
     c = d["concurrent"]
     per: dict[str, list[float]] = {}
     drafted: dict[str, int] = {}

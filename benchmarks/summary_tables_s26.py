@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from results_data import load
-from summary_tables_s22 import _head, _row
+from summary_tables_s22 import _head, _row, table_speculative, table_speculative_concurrent
+from summary_tables_s23 import table_long_context, table_long_context_targets
 from summary_tables_s24 import GPU_CHECK, table_gpu_check, table_gpu_serving
 
 SECOND = ("gpu_check_s26.json",)
@@ -83,3 +84,77 @@ def table_gpu_decode_steps_runs() -> str:
             )
         )
     return "\n".join(out)
+
+
+LONG_CONTEXT_QUIET = "bench_long_context_s26.json"
+
+
+def table_long_context_quiet() -> str:
+    """bench_long_context.py --in-process on the AMD machine with nothing else running: the
+    server through HTTP beside the same engine in the benchmark's process (table_long_context)."""
+    return table_long_context(LONG_CONTEXT_QUIET)
+
+
+def table_long_context_quiet_targets() -> str:
+    """The same run against the targets (no vLLM in it: its TTFT column is n/a)."""
+    return table_long_context_targets(LONG_CONTEXT_QUIET)
+
+
+GEMV_ROWS = "bench_gemv_rows_s26.json"
+
+
+def table_gemv_rows() -> str:
+    """bench_gemv_rows.py: every bf16 linear of the default model (30 layers and the head,
+    weights on huge pages) through the GEMV kernel at each row count, against the build of
+    the commit named in its args, passes alternating; one thread, CPU-time clock."""
+    d = load(GEMV_ROWS)
+    rev = d["args"]["rev"]
+    out = _head(
+        "rows", "ms a pass, now", f"ms a pass, {rev}", "now / before", "now over the read floor",
+        f"{rev} over the read floor", align="rrrrrr",
+    )  # fmt: skip
+    for r in d["kernel"]:
+        out.append(
+            _row(
+                r["rows"],
+                f"{r['tree_ms']:.2f}",
+                f"{r['rev_ms']:.2f}",
+                f"{r['ratio']:.2f}",
+                f"{r['tree_ms'] / r['floor_ms']:.2f}",
+                f"{r['rev_ms'] / r['floor_ms']:.2f}",
+            )
+        )
+    return "\n".join(out)
+
+
+def table_gemv_stack() -> str:
+    """The same run's decoder stack (every layer in one call, every linear on GEMV as a
+    verify step keeps them): decode steps of 1 and of 9 requests."""
+    d = load(GEMV_ROWS)
+    rev = d["args"]["rev"]
+    out = _head("rows", "ms a step, now", f"ms a step, {rev}", "now / before", align="rrrr")
+    for r in d["stack"]:
+        out.append(
+            _row(r["rows"], f"{r['tree_ms']:.2f}", f"{r['rev_ms']:.2f}", f"{r['ratio']:.2f}")
+        )
+    one = {r["rows"]: r for r in d["stack"]}
+    out += [
+        "",
+        f"9 rows over 1 row: now {one[9]['tree_ms'] / one[1]['tree_ms']:.2f}x, {rev} "
+        f"{one[9]['rev_ms'] / one[1]['rev_ms']:.2f}x.",
+    ]
+    return "\n".join(out)
+
+
+SPECULATIVE_AMD = "bench_speculative_s26.json"
+
+
+def table_speculative_amd() -> str:
+    """bench_speculative.py on the AMD machine after the GEMV's multi-row change
+    (table_speculative)."""
+    return table_speculative(SPECULATIVE_AMD)
+
+
+def table_speculative_concurrent_amd() -> str:
+    """The same run's 16-at-a-time phase (table_speculative_concurrent)."""
+    return table_speculative_concurrent(SPECULATIVE_AMD)
