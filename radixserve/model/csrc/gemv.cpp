@@ -174,7 +174,7 @@ inline void outputs_all_rows(const D& d, const T* x, int64_t m, int64_t k, const
                              Store&& store) {
   for (int64_t m0 = 0; m0 < m; m0 += kMT) {
     const int mt = static_cast<int>(std::min<int64_t>(kMT, m - m0));
-    dispatch<kMT>(1, mt, [&](auto, auto MT) {
+    dispatch_rows<kMT>(mt, [&](auto MT) {
       constexpr int R = decltype(MT)::value;
       float s[S][R];
       row_streams<S, R>(d, x + m0 * k, k, k, outs, s);

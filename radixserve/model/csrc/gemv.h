@@ -21,7 +21,7 @@ namespace radixserve_cpu::gemv {
 #if RADIXSERVE_GEMV
 
 constexpr int kNT = 4;  // outputs per tile (independent weight streams)
-constexpr int kMT = 4;  // activation rows per tile (accumulators: kNT * kMT)
+constexpr int kMT = 4;  // activation rows per tile or row block (int4's tile: kNT * kMT accumulators)
 
 // Bytes of weight a thread gets at least: below it, waking a second thread costs more than
 // it saves (a 64 KB slice streams in a few microseconds here).
@@ -94,18 +94,22 @@ inline __m512 sum_lanes(__m512 (&v)[C]) {
   return v[0];
 }
 
+// Call fn(integral_constant<MT>) for mt <= MaxMT rows: one instantiation per row count.
+template <int MaxMT, typename Fn>
+inline void dispatch_rows(int mt, Fn&& fn) {
+  if constexpr (MaxMT >= 4) {
+    if (mt >= 4) return fn(std::integral_constant<int, 4>{});
+    if (mt == 3) return fn(std::integral_constant<int, 3>{});
+  }
+  if (mt >= 2) return fn(std::integral_constant<int, 2>{});
+  return fn(std::integral_constant<int, 1>{});
+}
+
 // Call fn(integral_constant<NT>, integral_constant<MT>) for nt <= kNT outputs and
 // mt <= MaxMT rows: one instantiation per tile shape.
 template <int MaxMT, typename Fn>
 inline void dispatch(int nt, int mt, Fn&& fn) {
-  auto rows = [&](auto NT) {
-    if constexpr (MaxMT >= 4) {
-      if (mt >= 4) return fn(NT, std::integral_constant<int, 4>{});
-      if (mt == 3) return fn(NT, std::integral_constant<int, 3>{});
-    }
-    if (mt >= 2) return fn(NT, std::integral_constant<int, 2>{});
-    return fn(NT, std::integral_constant<int, 1>{});
-  };
+  auto rows = [&](auto NT) { dispatch_rows<MaxMT>(mt, [&](auto MT) { fn(NT, MT); }); };
   switch (nt) {
     case 1: return rows(std::integral_constant<int, 1>{});
     case 2: return rows(std::integral_constant<int, 2>{});
