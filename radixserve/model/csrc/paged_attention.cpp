@@ -284,7 +284,8 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
 #if defined(__AVX512F__)
       if (narrow) {
         auto ahead = [&](int64_t t) {
-          if (t < next_n) prefetch_row(L, next[t]);
+          if (sc.streaming) sc.stream.step();
+          else if (t < next_n) prefetch_row(L, next[t]);
         };
         float* acc0 = acc + r0 * d;
         const float* q0 = q + r0 * d;
@@ -303,7 +304,8 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       }
 #endif
       auto ahead = [&](int64_t t) {
-        if (t < next_n) prefetch_row(L, next[t]);
+        if (sc.streaming) sc.stream.step();
+        else if (t < next_n) prefetch_row(L, next[t]);
       };
       if constexpr (Pairs) {
 #if RADIXSERVE_VEC_BF16
@@ -560,26 +562,40 @@ struct Kernel {
     return L.page_size * L.kv_heads * L.d * elem;
   }
 
-  // read_first's pass, whatever the size.
-  template <typename Visit>
-  void read_pages(Visit&& visit) const {
+  // f(start, bytes) for the pages that ``visit`` names, K then V of each run of them.
+  template <typename Visit, typename F>
+  void page_bytes_of(Visit&& visit, F&& f) const {
     const int64_t page_bytes = this->page_bytes();
-    uint64_t acc = 0;
     visit([&](const int64_t* pages, int64_t first, int64_t last) {
       const void* pools[2] = {L.k, L.v};
       if (quant != nullptr) pools[0] = quant->k, pools[1] = quant->v;
       for (const void* pool : pools) {
-        for (int64_t pg = first; pg <= last; ++pg) {
-          const char* base = reinterpret_cast<const char*>(pool) + pages[pg] * page_bytes;
-          for (int64_t b = 0; b < page_bytes; b += 64) {
-            uint64_t word;
-            std::memcpy(&word, base + b, sizeof word);  // one load; no type-punned pointer
-            acc ^= word;
-          }
-        }
+        for (int64_t pg = first; pg <= last; ++pg) f(reinterpret_cast<const char*>(pool) + pages[pg] * page_bytes, page_bytes);
+      }
+    });
+  }
+
+  // read_first's pass, whatever the size.
+  template <typename Visit>
+  void read_pages(Visit&& visit) const {
+    uint64_t acc = 0;
+    page_bytes_of(visit, [&](const char* base, int64_t bytes) {
+      for (int64_t b = 0; b < bytes; b += 64) {
+        uint64_t word;
+        std::memcpy(&word, base + b, sizeof word);  // one load; no type-punned pointer
+        acc ^= word;
       }
     });
     touch_sink.fetch_xor(acc, std::memory_order_relaxed);  // kept: the loads stay
+  }
+
+  // Point ``stream`` at the pages that ``visit`` names, to be prefetched over ``steps`` calls
+  // of a block's ``ahead`` (a key's each).
+  template <typename Visit>
+  void stream_pages(Visit&& visit, int64_t steps, PrefetchStream& stream) const {
+    stream.reset();
+    page_bytes_of(visit, [&](const char* base, int64_t bytes) { stream.add(base, bytes); });
+    stream.per_step = (stream.lines + steps - 1) / std::max<int64_t>(steps, 1);
   }
 
   // ``rows`` rows over keys [begin, end) of ``run`` (one chunk: begin a multiple of kChunk):
@@ -872,20 +888,50 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
         K.chunk_pages(item, task.chunk, f);
       }
     });
-    // Too many to stay in L2 until their turn (a long context): each chunk's pages, every KV
-    // head's, read as the thread comes to the chunk's first task, so that its tasks find them
-    // in L2 rather than wait on a miss at a time.
+    // Too many to stay in L2 until their turn (a long context): the pages of the thread's
+    // next chunk, every KV head's, are prefetched from inside the current chunk's blocks
+    // (stream_ahead), so that its tasks find them in L2 and the reads overlap the arithmetic
+    // (a blocking pass over each chunk's pages before its tasks, before: at 7,500 keys ~0.65x
+    // its time per layer with the pages from memory, on the 2-core AMD VM,
+    // bench_decode_attention.py); a chunk not streamed (the run's first, one taken from
+    // another thread's run) is read in a pass as the thread comes to its first task.
+    const int64_t own_end = n_tasks * (t + 1) / nt;
     int64_t read_group = -1, read_chunk = -1;
-    for_runs(n_tasks, t, nt, [&](int64_t j, bool) {
+    int64_t streamed_to = 0;  // the own run's tasks before this one have been streamed
+    auto same_chunk = [&](int64_t a, int64_t b) {
+      const Task &x = tasks[order[a]], &y = tasks[order[b]];
+      return items[x.item].group == items[y.item].group && x.chunk == y.chunk;
+    };
+    auto next_chunk = [&](int64_t j) {  // the first task of the chunk after task j's
+      while (j + 1 < own_end && same_chunk(j + 1, j)) ++j;
+      return j + 1;
+    };
+    // Stream the own run's next chunk over the keys that task j's chunk's tasks (one per KV
+    // head) score, what is left of the last stream prefetched first. Streaming two chunks
+    // ahead measured the same.
+    auto stream_ahead = [&](int64_t j) {
+      sc.stream.finish();
+      const int64_t next = next_chunk(j);
+      sc.streaming = next < own_end;
+      if (!sc.streaming) return;
+      const Task& task = tasks[order[next]];
+      K.stream_pages([&](auto&& f) { K.chunk_pages(items[task.item], task.chunk, f); }, (next - j) * kChunk,
+                     sc.stream);
+      streamed_to = next_chunk(next);
+    };
+    for_runs(n_tasks, t, nt, [&](int64_t j, bool own) {
       const Task& task = tasks[order[j]];
       const Item& item = items[task.item];
       if (!read_all && !claimed[j].load(std::memory_order_relaxed) &&
           (item.group != read_group || task.chunk != read_chunk)) {
         read_group = item.group, read_chunk = task.chunk;
-        K.read_pages([&](auto&& f) { K.chunk_pages(item, task.chunk, f); });
+        if (!own || j >= streamed_to) K.read_pages([&](auto&& f) { K.chunk_pages(item, task.chunk, f); });
+        if (own) stream_ahead(j);
+        else sc.streaming = false;
       }
       run_task(j, sc);
     });
+    sc.streaming = false;
     release_tiles(sc);
 #pragma omp barrier
 #pragma omp for schedule(static, 1)

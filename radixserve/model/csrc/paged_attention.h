@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "vec.h"
@@ -26,6 +27,32 @@ constexpr int64_t kRowBlock = kLanes;
 // Keys per chunk (a multiple of kBlock): the unit of the merge order above, and of the work a
 // decode step spreads over the threads (a 545-key context is 5 chunks per KV head).
 constexpr int64_t kChunk = 2 * kBlock;
+
+// Cache lines a thread will read next (the pages of its next chunk of keys), prefetched a few
+// at a time from inside the current chunk's arithmetic (Scratch::stream, attend_run's
+// ``ahead``): the reads overlap the arithmetic rather than wait in a pass of their own before
+// the chunk. ``per_step`` lines a step, spread so the stream ends before the chunk does.
+struct PrefetchStream {
+  std::vector<std::pair<const char*, int64_t>> ranges;  // start, bytes (a multiple of 64)
+  size_t range = 0;
+  int64_t offset = 0, per_step = 0, lines = 0;
+  void reset() { ranges.clear(), range = 0, offset = 0, per_step = 0, lines = 0; }
+  void add(const char* start, int64_t bytes) { ranges.emplace_back(start, bytes), lines += bytes / 64; }
+  bool active() const { return range < ranges.size(); }
+  void finish() {  // what is left, at once
+    const int64_t keep = per_step;
+    per_step = INT64_MAX;
+    step();
+    per_step = keep;
+  }
+  void step() {
+    for (int64_t i = 0; i < per_step && range < ranges.size(); ++i) {
+      __builtin_prefetch(ranges[range].first + offset, 0, 2);
+      offset += 64;
+      if (offset >= ranges[range].second) ++range, offset = 0;
+    }
+  }
+};
 
 // Per-thread scratch for one work item: its rows' pre-scaled queries, softmax state and
 // causal limits, and staging for blocks of half-precision keys/values converted to float.
@@ -50,6 +77,10 @@ struct Scratch {
   std::vector<float> dk, dv;
   std::vector<int64_t> zero_pages;
   int64_t tile_rows = 0;  // the rows of the tile configuration loaded on this thread, 0: none
+  // While set, a block's ``ahead`` steps ``stream`` (the next chunk's pages, every KV head's)
+  // instead of prefetching the block after it in the same run.
+  bool streaming = false;
+  PrefetchStream stream;
   void reserve(int64_t d) {
     if (static_cast<int64_t>(q.size()) >= kRowBlock * d) return;
     q.resize(kRowBlock * d), m.resize(kRowBlock), l.resize(kRowBlock), acc.resize(kRowBlock * d);

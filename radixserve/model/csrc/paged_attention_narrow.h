@@ -84,31 +84,19 @@ inline void transpose_keys(const KV* const* krow, const float* const* kr, int64_
   }
 }
 
-// One full, unmasked block of kBlock keys for R <= kNarrowRows rows: the scores with the keys
-// in the lanes (R x kBlock / kLanes vectors of FMAs per dimension, over a transposed copy of
-// the block's keys in ``kt``) rather than the rows, which would leave most lanes idle and cost
-// a vector FMA per key and dimension. Every row's score is the same FMA chain over the
-// dimensions, from zero, as attend_run's; its maximum, probabilities (``ps``, row-major),
-// their sum (in the block sum's order, paged_attention.h), the rescaled state and the values' products are the same
-// operations in the same order too, so a row gets the same bits on either path (a decode row
-// here, the prefill row of the same position there). ``ahead(t)``: prefetch the next block's
-// key t, called for every t while the keys are transposed. With ``Pairs`` the rows' queries
-// are ``qw`` (R rows of d / 2 bf16 pairs), the scores are scaled by ``scale`` after, and the
-// probabilities times the values are paged_attention_pairs.h's. Staging in ``scratch``.
-template <int NC, int R, bool Pairs, typename KV, typename V, typename Ahead>
-void narrow_block(const KV* const* krow, const float* const* kr, const V* const* vr, const float* __restrict q,
-                  const uint32_t* __restrict qw, float scale, vf& vm, vf& vl, float* __restrict acc, Scratch& scratch,
-                  Ahead&& ahead) {
+// A narrow block's scores (``sc[r][g]`` lane i: row r's score of key 16 g + i) over a
+// transposed copy of its keys in ``kt`` (transpose_keys): R x kBlock / kLanes vectors of FMAs
+// per dimension, from zero, in the dimensions' order; with ``Pairs``, of vdpbf16ps per pair of
+// dimensions, the rows' queries ``qw`` (R rows of d / 2 bf16 pairs), the scores scaled by
+// ``scale`` after.
+template <int NC, int R, bool Pairs, typename KV, typename Ahead>
+inline void narrow_scores(const KV* const* krow, const float* const* kr, const float* __restrict q,
+                          const uint32_t* __restrict qw, float scale, float* __restrict kt,
+                          vf (&sc)[R][kBlock / kLanes], Ahead&& ahead) {
   constexpr int64_t d = NC * kLanes, G = kBlock / kLanes;
-  float* __restrict kt = scratch.kt.data();
-  float* __restrict ps = scratch.ps.data();
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t t = g * kLanes; t < (g + 1) * kLanes; ++t) ahead(t);
     transpose_keys<NC, KV, Pairs>(krow, kr, g * kLanes, kt);
-  }
-  vf sc[R][G];
-  for (int r = 0; r < R; ++r) {
-    for (int g = 0; g < G; ++g) sc[r][g] = vf{};
   }
   if constexpr (Pairs) {
 #if RADIXSERVE_VEC_BF16
@@ -129,6 +117,9 @@ void narrow_block(const KV* const* krow, const float* const* kr, const V* const*
     }
 #endif
   } else {
+    for (int r = 0; r < R; ++r) {
+      for (int g = 0; g < G; ++g) sc[r][g] = vf{};
+    }
     for (int64_t j = 0; j < d; ++j) {
       vf k[G];
       for (int g = 0; g < G; ++g) k[g] = load_vf(kt + j * kBlock + g * kLanes);
@@ -137,6 +128,70 @@ void narrow_block(const KV* const* krow, const float* const* kr, const V* const*
         for (int g = 0; g < G; ++g) sc[r][g] += qj * k[g];
       }
     }
+  }
+}
+
+#if RADIXSERVE_VEC_BF16
+// narrow_scores with Pairs for bf16 keys, each 16 keys' pairs of dimensions transposed in
+// registers and scored there rather than copied to ``kt`` and loaded back: the same chain per
+// score (the pairs in order), so the same bits. Up to three rows: their 4 R accumulators and
+// the 16 transposed words fit in the 32 registers. On the 2-core AMD VM (SmolLM2's shape,
+// keys in the caches) a decode row's attention took less time this way
+// (benchmarks/bench_decode_attention.py).
+template <int NC, int R, typename Ahead>
+inline void narrow_scores_in_registers(const c10::BFloat16* const* krow, const uint32_t* __restrict qw, float scale,
+                                       vf (&sc)[R][kBlock / kLanes], Ahead&& ahead) {
+  static_assert(R <= 3 && NC % 2 == 0, "4 R accumulators and 16 words in registers; pairs of vectors");
+  constexpr int64_t d = NC * kLanes, G = kBlock / kLanes;
+  __m512 dot[R][G];
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < G; ++g) dot[r][g] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t t = g * kLanes; t < (g + 1) * kLanes; ++t) ahead(t);
+    const float* words[16];
+    for (int i = 0; i < 16; ++i) words[i] = reinterpret_cast<const float*>(krow[g * kLanes + i]);
+    for (int c = 0; c < NC / 2; ++c) {
+      __m512 w[16];  // w[j] lane i: pair 16 c + j of key 16 g + i
+      transpose16(words, c * kLanes, w);
+      for (int j = 0; j < 16; ++j) {
+        for (int r = 0; r < R; ++r) {
+          const __m512bh qj = (__m512bh)_mm512_set1_epi32(static_cast<int>(qw[r * (d / 2) + c * kLanes + j]));
+          dot[r][g] = _mm512_dpbf16_ps(dot[r][g], qj, (__m512bh)w[j]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < G; ++g) sc[r][g] = static_cast<vf>(dot[r][g]) * scale;
+  }
+}
+#endif
+
+// One full, unmasked block of kBlock keys for R <= kNarrowRows rows: the scores with the keys
+// in the lanes (narrow_scores) rather than the rows, which would leave most lanes idle and
+// cost a vector FMA per key and dimension. Every row's score is the same FMA chain over the
+// dimensions, from zero, as attend_run's; its maximum, probabilities (``ps``, row-major),
+// their sum (in the block sum's order, paged_attention.h), the rescaled state and the values'
+// products are the same operations in the same order too, so a row gets the same bits on
+// either path (a decode row here, the prefill row of the same position there). ``ahead(t)``:
+// called for every key t while the keys are transposed (to prefetch what comes next). With
+// ``Pairs`` the probabilities times the values are paged_attention_pairs.h's. Staging in
+// ``scratch``.
+template <int NC, int R, bool Pairs, typename KV, typename V, typename Ahead>
+void narrow_block(const KV* const* krow, const float* const* kr, const V* const* vr, const float* __restrict q,
+                  const uint32_t* __restrict qw, float scale, vf& vm, vf& vl, float* __restrict acc, Scratch& scratch,
+                  Ahead&& ahead) {
+  constexpr int64_t G = kBlock / kLanes;
+  float* __restrict ps = scratch.ps.data();
+  vf sc[R][G];
+#if RADIXSERVE_VEC_BF16
+  if constexpr (Pairs && R <= 3) {
+    narrow_scores_in_registers<NC, R>(krow, qw, scale, sc, ahead);
+  } else
+#endif
+  {
+    narrow_scores<NC, R, Pairs>(krow, kr, q, qw, scale, scratch.kt.data(), sc, ahead);
   }
   float mx[kLanes], sum[kLanes] = {};
   store_vf(mx, vm);
@@ -159,9 +214,14 @@ void narrow_block(const KV* const* krow, const float* const* kr, const V* const*
   vl = vl * alpha + load_vf(sum);
 #if RADIXSERVE_VEC_BF16
   if constexpr (Pairs) {
-    value_pairs<NC>(reinterpret_cast<const uint16_t* const*>(vr), kBlock, scratch.pv.data(), [](int64_t) {});
+    const auto* values = reinterpret_cast<const uint16_t* const*>(vr);
     prob_pairs_narrow<R>(ps, scratch.pw.data());
-    accumulate_pair_rows<NC>(acc, R, alpha, scratch.pw.data(), scratch.pv.data(), kBlock / 2);
+    if constexpr (R * NC <= 16) {  // every row's accumulators in registers at once
+      accumulate_value_pairs<NC, R>(acc, alpha, scratch.pw.data(), values);
+    } else {
+      value_pairs<NC>(values, kBlock, scratch.pv.data(), [](int64_t) {});
+      accumulate_pair_rows<NC>(acc, R, alpha, scratch.pw.data(), scratch.pv.data(), kBlock / 2);
+    }
     return;
   }
 #endif

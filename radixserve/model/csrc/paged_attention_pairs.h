@@ -98,6 +98,41 @@ inline void accumulate_pairs(float* __restrict acc, int64_t r, const vf alpha, c
   }
 }
 
+// accumulate_pairs for the R rows of a narrow block over a full block's values as they lie
+// in the pages: each pair of keys' values made pairs in registers (value_pairs' words), used
+// at once by every row, not stored and loaded again. The same chain per output as
+// accumulate_pairs (so the same bits), R * NC of them side by side. NC even.
+template <int NC, int R>
+inline void accumulate_value_pairs(float* __restrict acc, const vf alpha, const uint32_t* pw,
+                                   const uint16_t* const* vrow) {
+  static_assert(NC % 2 == 0, "32 dimensions at a time");
+  constexpr int64_t d = NC * kLanes;
+  alignas(64) static constexpr uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i lo = _mm512_load_si512(kLo), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  __m512 x[R][NC];
+  for (int i = 0; i < R; ++i) {
+    for (int c = 0; c < NC; ++c) x[i][c] = static_cast<__m512>(load_vf(acc + i * d + c * kLanes) * alpha[i]);
+  }
+  for (int64_t j = 0; j < kBlock / 2; ++j) {
+    const uint16_t* a = vrow[2 * j];
+    const uint16_t* b = vrow[2 * j + 1];
+    __m512bh v[NC];
+    for (int c = 0; c < NC; c += 2) {
+      const __m512i xa = _mm512_loadu_si512(a + c * kLanes), xb = _mm512_loadu_si512(b + c * kLanes);
+      v[c] = (__m512bh)_mm512_permutex2var_epi16(xa, lo, xb);
+      v[c + 1] = (__m512bh)_mm512_permutex2var_epi16(xa, hi, xb);
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pw[j * kLanes + i]));
+      for (int c = 0; c < NC; ++c) x[i][c] = _mm512_dpbf16_ps(x[i][c], w, v[c]);
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(acc + i * d + c * kLanes, x[i][c]);
+  }
+}
+
 // accumulate_pairs for rows [0, lanes): four rows at a time where the registers allow, then
 // fewer (the arithmetic of a row is the same either way).
 template <int NC>
