@@ -23,7 +23,9 @@ constexpr int64_t kNarrowRows = 4;
 // out[j] lane i = src[i][col + j] for i, j < 16: sixteen rows' 16 words from ``col`` on,
 // transposed in registers (pairs of words, then pairs of pairs, then 128- and 256-bit
 // quarters change places). Words are moved, not read as numbers: bf16 pairs pass too.
-inline void transpose16(const float* const* src, int64_t col, __m512 (&out)[16]) {
+// Always inlined: a call keeps ``out`` in memory, and the caller's dot products then wait on
+// stores and loads of it.
+__attribute__((always_inline)) inline void transpose16(const float* const* src, int64_t col, __m512 (&out)[16]) {
   __m512 a[16], b[16];
   for (int i = 0; i < 16; ++i) a[i] = _mm512_loadu_ps(src[i] + col);
   for (int i = 0; i < 16; i += 2) {
@@ -134,8 +136,8 @@ inline void narrow_scores(const KV* const* krow, const float* const* kr, const f
 #if RADIXSERVE_VEC_BF16
 // narrow_scores with Pairs for bf16 keys, each 16 keys' pairs of dimensions transposed in
 // registers and scored there rather than copied to ``kt`` and loaded back: the same chain per
-// score (the pairs in order), so the same bits. Up to three rows: their 4 R accumulators and
-// the 16 transposed words fit in the 32 registers. On the 2-core AMD VM (SmolLM2's shape,
+// score (the pairs in order), so the same bits. Up to three rows: their accumulators, the 16
+// transposed words and the shuffles' operands fit in the 32 registers. On the 2-core AMD VM (SmolLM2's shape,
 // keys in the caches) a decode row's attention took less time this way
 // (benchmarks/bench_decode_attention.py).
 template <int NC, int R, typename Ahead>
@@ -143,27 +145,23 @@ inline void narrow_scores_in_registers(const c10::BFloat16* const* krow, const u
                                        vf (&sc)[R][kBlock / kLanes], Ahead&& ahead) {
   static_assert(R <= 3 && NC % 2 == 0, "4 R accumulators and 16 words in registers; pairs of vectors");
   constexpr int64_t d = NC * kLanes, G = kBlock / kLanes;
-  __m512 dot[R][G];
-  for (int r = 0; r < R; ++r) {
-    for (int g = 0; g < G; ++g) dot[r][g] = _mm512_setzero_ps();
-  }
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t t = g * kLanes; t < (g + 1) * kLanes; ++t) ahead(t);
     const float* words[16];
     for (int i = 0; i < 16; ++i) words[i] = reinterpret_cast<const float*>(krow[g * kLanes + i]);
+    __m512 dot[R];  // in registers: one group of 16 keys at a time
+    for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_ps();
     for (int c = 0; c < NC / 2; ++c) {
       __m512 w[16];  // w[j] lane i: pair 16 c + j of key 16 g + i
       transpose16(words, c * kLanes, w);
       for (int j = 0; j < 16; ++j) {
         for (int r = 0; r < R; ++r) {
           const __m512bh qj = (__m512bh)_mm512_set1_epi32(static_cast<int>(qw[r * (d / 2) + c * kLanes + j]));
-          dot[r][g] = _mm512_dpbf16_ps(dot[r][g], qj, (__m512bh)w[j]);
+          dot[r] = _mm512_dpbf16_ps(dot[r], qj, (__m512bh)w[j]);
         }
       }
     }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int g = 0; g < G; ++g) sc[r][g] = static_cast<vf>(dot[r][g]) * scale;
+    for (int r = 0; r < R; ++r) sc[r][g] = static_cast<vf>(dot[r]) * scale;
   }
 }
 #endif
@@ -215,10 +213,12 @@ void narrow_block(const KV* const* krow, const float* const* kr, const V* const*
 #if RADIXSERVE_VEC_BF16
   if constexpr (Pairs) {
     const auto* values = reinterpret_cast<const uint16_t* const*>(vr);
-    prob_pairs_narrow<R>(ps, scratch.pw.data());
     if constexpr (R * NC <= 16) {  // every row's accumulators in registers at once
-      accumulate_value_pairs<NC, R>(acc, alpha, scratch.pw.data(), values);
+      uint16_t* pr = reinterpret_cast<uint16_t*>(scratch.pw.data());
+      prob_rows_bf16<R>(ps, pr);
+      accumulate_value_pairs<NC, R>(acc, alpha, pr, values);
     } else {
+      prob_pairs_narrow<R>(ps, scratch.pw.data());
       value_pairs<NC>(values, kBlock, scratch.pv.data(), [](int64_t) {});
       accumulate_pair_rows<NC>(acc, R, alpha, scratch.pw.data(), scratch.pv.data(), kBlock / 2);
     }

@@ -98,12 +98,26 @@ inline void accumulate_pairs(float* __restrict acc, int64_t r, const vf alpha, c
   }
 }
 
+// Row-major probabilities (``ps[r * kBlock + t]``, R rows of a full block) rounded to bf16,
+// row by row (``pr[r * kBlock + t]``): word j of a row's words is its pair of keys 2j, 2j + 1,
+// the pair prob_pairs_narrow would put at pw[j * 16 + r].
+template <int R>
+inline void prob_rows_bf16(const float* ps, uint16_t* __restrict pr) {
+  for (int r = 0; r < R; ++r) {
+    for (int64_t g = 0; g < kBlock / kLanes; ++g) {
+      const __m256bh b = _mm512_cvtneps_pbh(_mm512_loadu_ps(ps + r * kBlock + g * kLanes));
+      std::memcpy(pr + r * kBlock + g * kLanes, &b, sizeof b);
+    }
+  }
+}
+
 // accumulate_pairs for the R rows of a narrow block over a full block's values as they lie
 // in the pages: each pair of keys' values made pairs in registers (value_pairs' words), used
-// at once by every row, not stored and loaded again. The same chain per output as
-// accumulate_pairs (so the same bits), R * NC of them side by side. NC even.
+// at once by every row, not stored and loaded again; the rows' probabilities as
+// prob_rows_bf16 leaves them (``pr``). The same chain per output as accumulate_pairs (so the
+// same bits), R * NC of them side by side. NC even.
 template <int NC, int R>
-inline void accumulate_value_pairs(float* __restrict acc, const vf alpha, const uint32_t* pw,
+inline void accumulate_value_pairs(float* __restrict acc, const vf alpha, const uint16_t* pr,
                                    const uint16_t* const* vrow) {
   static_assert(NC % 2 == 0, "32 dimensions at a time");
   constexpr int64_t d = NC * kLanes;
@@ -124,7 +138,9 @@ inline void accumulate_value_pairs(float* __restrict acc, const vf alpha, const 
       v[c + 1] = (__m512bh)_mm512_permutex2var_epi16(xa, hi, xb);
     }
     for (int i = 0; i < R; ++i) {
-      const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pw[j * kLanes + i]));
+      uint32_t pair;
+      std::memcpy(&pair, pr + i * kBlock + 2 * j, sizeof pair);
+      const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
       for (int c = 0; c < NC; ++c) x[i][c] = _mm512_dpbf16_ps(x[i][c], w, v[c]);
     }
   }

@@ -138,10 +138,15 @@ void decode_keys(const Layer<G>& geo, const QuantPages& qp, int64_t h, KeyRun ru
     }
   }
 #endif
+  // A slot's scale index is its offset over d: a shift where d is a power of two (every head
+  // size but 80 and 96), not a 64-bit division per key (a visible part of a decode step's
+  // int8 decoding).
+  const int shift = (d & (d - 1)) == 0 ? __builtin_ctzll(static_cast<unsigned long long>(d)) : -1;
   geo.offsets(run.pages, h, lo, hi - lo, [&](int64_t i, int64_t off) {
     const int64_t row = (lo + i - base) * d;
-    const float ks = token_scales ? qp.k_scale[off / d] : qp.k_scale[h];
-    const float vs = token_scales ? qp.v_scale[off / d] : qp.v_scale[h];
+    const int64_t slot = shift >= 0 ? off >> shift : off / d;
+    const float ks = token_scales ? qp.k_scale[slot] : qp.k_scale[h];
+    const float vs = token_scales ? qp.v_scale[slot] : qp.v_scale[h];
     for (int64_t j = 0; j < d; j += kLanes) {
       store_from_vf(dk + row + j, codes_as_vf(qp.k + off + j, qp.codes) * ks);
       store_from_vf(dv + row + j, codes_as_vf(qp.v + off + j, qp.codes) * vs);
