@@ -14,8 +14,9 @@ above it (any row count, unless a decoded copy is kept); for int4 its packed ker
 (cpu_gemv's; torch's where cpu_gemv is not built) below the crossover; never in the
 quantized layers' reference mode. Those row limits are read from the modules at every
 forward, so switching a layer's path takes effect at once. The rest (tensor parallelism,
-the GPU, quantized KV pages, int4 batches past the crossover, kept decoded copies) keeps
-the per-layer Python path.
+the GPU, int4 batches past the crossover, kept decoded copies) keeps the per-layer Python
+path. Quantized KV pages (int8, fp8) are the stack's too: each layer's attention is the
+kernel's quantized call, as the per-layer path makes it.
 """
 
 from __future__ import annotations
@@ -233,4 +234,6 @@ class DecoderStack:
             self._windows,
             self.attn.sm_scale,
             self.attn.softcap or 0.0,
+            attn.k_scales,
+            attn.v_scales,
         )

@@ -4,7 +4,7 @@ Both run the same kernels in the same order, so an engine generating with the st
 generating without it must agree exactly: tokens and logprobs, for plain fp32/bf16 weights,
 int8 and int4, q/k/v biases and tied embeddings (Qwen2), per-head q/k norms (Qwen3),
 post-norms and whole-projection q/k norms (OLMo 2), sliding windows with and without a
-window pool (Mistral), Gemma 2 and 3's sandwich norms, GELU, soft-cap, interleaved windows
+window pool (Mistral), int8 and fp8 KV pages, Gemma 2 and 3's sandwich norms, GELU, soft-cap, interleaved windows
 and local RoPE, GQA and MQA, over staggered
 requests of which up to four decode together, cold and then warm (prefix reuse). The
 stack must also really have served the decode steps, run int8's dense path past its
@@ -104,6 +104,21 @@ def test_stack_equals_per_layer_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _stack_and_per_layer_agree(request.getfixturevalue(model), dtype, method, monkeypatch)
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_stack_equals_per_layer_path_over_quantized_kv(
+    tiny_llama_dir: Path, dtype: str, kv: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """int8 and fp8 KV pages in the stack: each layer stores its rows quantized (int8 with
+    their scales) and attends through the kernel's quantized call, as the per-layer path does,
+    so the two generate the same tokens and logprobs and the stack serves the decode steps."""
+    engines = _stack_and_per_layer_agree(
+        tiny_llama_dir, dtype, None, monkeypatch, kv_cache_dtype=kv
+    )
+    for engine in engines:
+        assert engine.pool.k_scale is not None  # quantized pages, really
 
 
 @pytest.mark.parametrize(

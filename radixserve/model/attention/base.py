@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,13 +17,16 @@ class NativeLayersPlan:
     """What a forward that runs all its layers in one CPU call needs from the backend: the
     step's attention plans (the global layers' first, then one per sliding window), each
     plan's KV slots for the rows (a window pool's where its layers' KV lives there), the
-    plan each layer attends through, and each layer's K and V pages."""
+    plan each layer attends through, and each layer's K and V pages, with their scales where
+    the pages hold int8 or fp8 codes (empty lists: unquantized pages)."""
 
     plans: list[AttentionPlan]
     slots: list[torch.Tensor]
     layer_plans: list[int]
     k_pages: list[torch.Tensor]
     v_pages: list[torch.Tensor]
+    k_scales: list[torch.Tensor] = field(default_factory=list)
+    v_scales: list[torch.Tensor] = field(default_factory=list)
 
 
 class AttentionBackend(ABC):
@@ -57,8 +60,8 @@ class AttentionBackend(ABC):
     ) -> NativeLayersPlan | None:
         """For the CPU's one-call decoder stack (``model/decoder_stack.py``): the plans and
         pages of ``batch`` for layers with ``windows`` (each layer's sliding window, None:
-        global) when this backend attends through ``native.paged_attention`` with
-        unquantized pages; None (the default) keeps the per-layer forward."""
+        global) when this backend attends through the CPU kernel (``native.paged_attention``,
+        over unquantized, int8 or fp8 pages); None (the default) keeps the per-layer forward."""
         return None
 
     @property

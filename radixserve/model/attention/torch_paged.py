@@ -429,8 +429,6 @@ class TorchPagedAttentionBackend(AttentionBackend):
         meta = self._meta
         if meta is None or meta.native is None or self._meta_batch is not batch:
             return None
-        if self._quantized:  # the one-call forward stores unquantized rows only
-            return None
         assert batch.out_cache_loc is not None  # a paged batch (init_forward_metadata)
         view = batch if batch.window_view is None else batch.window_view
         assert view.out_cache_loc is not None
@@ -443,7 +441,13 @@ class TorchPagedAttentionBackend(AttentionBackend):
                 plans.append(self._window_plan(view, window))
                 slots.append(view.out_cache_loc)
             layer_plans.append(0 if window is None else index[window])
-        return NativeLayersPlan(plans, slots, layer_plans, self.pool.k_data, self.pool.v_data)
+        scales: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+        if self._quantized:  # int8 / fp8 pages (meta.native: the kernel reads them)
+            assert self.pool.k_scale is not None and self.pool.v_scale is not None
+            scales = (self.pool.k_scale, self.pool.v_scale)
+        return NativeLayersPlan(
+            plans, slots, layer_plans, self.pool.k_data, self.pool.v_data, *scales
+        )
 
     # -- attention -----------------------------------------------------------------------
 

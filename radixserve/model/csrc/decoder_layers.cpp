@@ -65,6 +65,11 @@ struct Ops {
                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const OptT&,
                                 const OptT&, const OptT&, int64_t, double)>
       paged_attention;
+  c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor, const at::Tensor&,
+                                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const at::Tensor&,
+                                const at::Tensor&, const OptT&, const OptT&, const OptT&, int64_t, double)>
+      paged_attention_quant;
 
   static const Ops& get() {
     static const Ops ops = [] {
@@ -86,6 +91,11 @@ struct Ops {
                           const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                           const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const OptT&,
                           const OptT&, const OptT&, int64_t, double)>(),
+          find("radixserve_cpu::paged_attention_quant")
+              .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor, const at::Tensor&,
+                          const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                          const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const at::Tensor&,
+                          const at::Tensor&, const OptT&, const OptT&, const OptT&, int64_t, double)>(),
       };
     }();
     return ops;
@@ -197,7 +207,9 @@ void qk_norm_(const Ops& ops, const at::Tensor& x, const at::Tensor& weight, dou
 // has its own (no shared pages, each sequence's pages from the first its window reaches),
 // with the window pool's slots where its layers' KV lives there (engine/window_view.py).
 // Empty layer_plans and windows: every layer plan 0, no window. softcap: the attention
-// scores' soft-cap (Gemma 2; 0: none), every layer's.
+// scores' soft-cap (Gemma 2; 0: none), every layer's. k_scales, v_scales: empty (unquantized
+// pages), or every layer's KV scales, its pages then int8 or fp8 codes (paged_attention_quant:
+// the rows stored quantized, each chunk of keys decoded as the per-layer path's kernel does).
 // qk_norms: empty, or per layer the q and k norm weights, applied before RoPE: over each head
 // (qk_norm_mode 1, Qwen3, Gemma 3) or over the whole q and k projections (2, OLMo 2).
 // norm_layout kPostNorm: OLMo 2's (PostNormDecoderLayer): no input norm, the blocks' outputs
@@ -211,8 +223,11 @@ void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms,
                     at::IntArrayRef groups, const c10::List<OptT>& weights, at::TensorList rope, int64_t act_kind,
                     int64_t num_q_heads, int64_t num_kv_heads, at::TensorList k_pages, at::TensorList v_pages,
                     at::TensorList plans, at::TensorList slots, at::IntArrayRef layer_plans, at::IntArrayRef windows,
-                    double sm_scale, double softcap) {
+                    double sm_scale, double softcap, at::TensorList k_scales, at::TensorList v_scales) {
   const int64_t layers = static_cast<int64_t>(k_pages.size());
+  const bool quantized = !k_scales.empty();
+  TORCH_CHECK(static_cast<int64_t>(k_scales.size()) == (quantized ? layers : 0) && v_scales.size() == k_scales.size(),
+              "k_scales and v_scales must both be empty or hold every layer's scales");
   TORCH_CHECK(norm_layout >= kPreNorm && norm_layout <= kSandwich, "norm_layout must be 0 (pre), 1 (post) or 2 (sandwich)");
   TORCH_CHECK(!norm_plus_one || norm_layout == kSandwich, "1 + weight norms only in the sandwich layout");
   TORCH_CHECK(act_kind == kSilu || act_kind == kGeluTanh, "act must be 0 (SiLU) or 1 (GELU, tanh)");
@@ -293,10 +308,16 @@ void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms,
       ops.rotary.call(heads(qkv, 0, n_qk), rope[r], rope[r + 1]);
       const int64_t p = layer_plans.empty() ? 0 : layer_plans[l];
       const at::TensorList plan = plans.slice(8 * p, 8);
-      ops.paged_attention.call(heads(qkv, 0, num_q_heads), k_pages[l], v_pages[l], attn_heads, plan[0], plan[1],
-                               plan[2], plan[3], plan[4], plan[5], plan[6], plan[7], sm_scale,
-                               heads(qkv, num_q_heads, num_kv_heads), heads(qkv, n_qk, num_kv_heads), slots[p],
-                               window, softcap);
+      const at::Tensor q = heads(qkv, 0, num_q_heads), k = heads(qkv, num_q_heads, num_kv_heads);
+      const at::Tensor v = heads(qkv, n_qk, num_kv_heads);
+      if (quantized) {
+        ops.paged_attention_quant.call(q, k_pages[l], v_pages[l], attn_heads, plan[0], plan[1], plan[2], plan[3],
+                                       plan[4], plan[5], plan[6], plan[7], sm_scale, k_scales[l], v_scales[l], k, v,
+                                       slots[p], window, softcap);
+      } else {
+        ops.paged_attention.call(q, k_pages[l], v_pages[l], attn_heads, plan[0], plan[1], plan[2], plan[3], plan[4],
+                                 plan[5], plan[6], plan[7], sm_scale, k, v, slots[p], window, softcap);
+      }
       return lin(attn, attn_t, 1);
     };
     // The MLP over xt: gate_up, act(gate) * up, down. GELU as GatedMLP runs it (torch's gelu
@@ -351,7 +372,8 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
       "decoder_layers(Tensor(a!) h, Tensor[] norms, Tensor[] qk_norms, int qk_norm_mode, int norm_layout, "
       "bool norm_plus_one, float eps, int[] kinds, int[] groups, Tensor?[] weights, Tensor[] rope, int act, "
       "int num_q_heads, int num_kv_heads, Tensor(b!)[] k_pages, Tensor(c!)[] v_pages, "
-      "Tensor[] plans, Tensor[] slots, int[] layer_plans, int[] windows, float sm_scale, float softcap) -> ()");
+      "Tensor[] plans, Tensor[] slots, int[] layer_plans, int[] windows, float sm_scale, float softcap, "
+      "Tensor(d!)[] k_scales, Tensor(e!)[] v_scales) -> ()");
   m.impl("decoder_layers", c10::DispatchKey::CPU, &decoder_layers);
   // The oneDNN-packed weights are MkldnnCPU tensors, which decide the dispatch key.
   m.impl("decoder_layers", c10::DispatchKey::MkldnnCPU, &decoder_layers);
