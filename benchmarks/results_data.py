@@ -247,26 +247,33 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
 
 
 def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
-    """The quiet AMD run (benchmarks/long_context.md): through HTTP, each repetition's growth
+    """The quiet AMD runs (benchmarks/long_context.md): through HTTP, each repetition's growth
     of the time per output token from 1,000 to 7,500 tokens of context over the growth of
-    its KV read floor (the run's median floors)."""
-    name = "bench_long_context_s26.json"
+    its KV read floor (the run's median floors); in the later run, each repetition's time per
+    output token at 7,500 tokens with int8 and fp8 KV over bf16 KV's."""
+    for name, fig in (
+        ("bench_long_context_s26.json", "long_context_tpot_growth_quiet"),
+        ("bench_long_context_s27.json", "long_context_tpot_growth_stream"),
+    ):
+        d = load(name)
+        floor = d["growth"]["radixserve-bf16"]["kv_floor_ms"]
+        short, long = _tpot_by_rep(d, "radixserve-bf16", 1000), _tpot_by_rep(d, "radixserve-bf16", 7500)
+        add(fig, spread((long[r] - short[r]) / floor for r in sorted(short)), [name])
+    name = "bench_long_context_s27.json"
     d = load(name)
-    floor = d["growth"]["radixserve-bf16"]["kv_floor_ms"]
+    bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
+    for kv in ("int8", "fp8_e4m3"):
+        quant = _tpot_by_rep(d, f"radixserve-bf16-kv-{kv}", 7500)
+        add(f"long_context_{kv}_vs_bf16", spread(quant[r] / bf16[r] for r in sorted(bf16)), [name])
 
-    def tpot(context: int) -> dict[int, float]:
-        return {
-            c["rep"]: c["tpot_ms"]
-            for c in d["cells"]
-            if c["server"] == "radixserve-bf16" and c["context"] == context
-        }
 
-    short, long = tpot(1000), tpot(7500)
-    add(
-        "long_context_tpot_growth_quiet",
-        spread((long[r] - short[r]) / floor for r in sorted(short)),
-        [name],
-    )
+def _tpot_by_rep(d: dict[str, Any], server: str, context: int) -> dict[int, float]:
+    """Each repetition's time per output token of ``server`` at ``context`` tokens."""
+    return {
+        c["rep"]: c["tpot_ms"]
+        for c in d["cells"]
+        if c["server"] == server and c["context"] == context
+    }
 
 
 def gpu_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:

@@ -68,6 +68,12 @@ from summary_tables_s26 import (
     table_speculative_amd,
     table_speculative_concurrent_amd,
 )
+from summary_tables_s27 import (
+    table_decode_attention_stream,
+    table_long_context_kv_dtypes,
+    table_long_context_stream,
+    table_long_context_stream_targets,
+)
 
 
 def _machine(name: str) -> str:
@@ -365,6 +371,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "gemv_stack": table_gemv_stack,
     "long_context_quiet": table_long_context_quiet,
     "long_context_quiet_targets": table_long_context_quiet_targets,
+    "long_context_stream": table_long_context_stream,
+    "long_context_stream_targets": table_long_context_stream_targets,
+    "long_context_kv_dtypes": table_long_context_kv_dtypes,
+    "decode_attention_stream": table_decode_attention_stream,
     "speculative_amd": table_speculative_amd,
     "speculative_concurrent_amd": table_speculative_concurrent_amd,
     "index": table_index,

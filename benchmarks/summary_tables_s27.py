@@ -1,0 +1,83 @@
+"""The generated tables of the long-context decode work on the AMD machine (2026-12-04):
+the decode attention kernel against the session's starting commit, and the servers through
+HTTP with bf16, int8 and fp8 KV; summary_tables.TABLES lists them with the others.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from results_data import load
+from summary_tables_s22 import _head, _row
+from summary_tables_s23 import table_long_context, table_long_context_targets
+
+LONG_CONTEXT_STREAM = "bench_long_context_s27.json"
+DECODE_ATTENTION = "bench_decode_attention_s27.json"
+
+
+def table_long_context_stream() -> str:
+    """bench_long_context.py --in-process with bf16, int8 and fp8 KV after the decode
+    attention's prefetch stream and the quantized decoder stack (table_long_context)."""
+    return table_long_context(LONG_CONTEXT_STREAM)
+
+
+def table_long_context_stream_targets() -> str:
+    """The same run against the targets (no vLLM in it: its TTFT column is n/a)."""
+    return table_long_context_targets(LONG_CONTEXT_STREAM)
+
+
+def table_long_context_kv_dtypes() -> str:
+    """The same run: per KV dtype and context, the median time per output token through
+    HTTP and its ratio to bf16 KV's (issue 44's target: quantized KV no slower than bf16 at
+    7,500 tokens)."""
+    cells = load(LONG_CONTEXT_STREAM)["cells"]
+
+    def med(server: str, ctx: int) -> float:
+        return statistics.median(
+            c["tpot_ms"] for c in cells if c["server"] == server and c["context"] == ctx
+        )
+
+    out = _head("KV dtype", "context", "ms per output token (median)", "over bf16 KV's", align="lrrr")
+    for kv, server in (
+        ("bf16", "radixserve-bf16"),
+        ("int8", "radixserve-bf16-kv-int8"),
+        ("fp8_e4m3", "radixserve-bf16-kv-fp8_e4m3"),
+    ):
+        for ctx in (1000, 7500):
+            ms = med(server, ctx)
+            out.append(_row(kv, ctx, f"{ms:.1f}", f"{ms / med('radixserve-bf16', ctx):.2f}"))
+    return "\n".join(out)
+
+
+def table_decode_attention_stream() -> str:
+    """bench_decode_attention.py --baseline 4a72e99: a batch-1 decode row's attention per
+    layer (SmolLM2's shape, bf16), pages from memory (cold) and from the caches (hot), this
+    kernel against the session's starting one, and whether their outputs were the same bits."""
+    d = load(DECODE_ATTENTION)
+    base = d["baseline"]
+    out = _head(
+        "context",
+        "cold us per layer",
+        f"cold at {base}",
+        "ratio",
+        "hot us per layer",
+        f"hot at {base}",
+        "ratio",
+        "same bits",
+        align="rrrrrrrl",
+    )
+    for r in d["results"]:
+        us = r["us_per_layer"]
+        out.append(
+            _row(
+                r["context"],
+                f"{us['current cold']:.0f}",
+                f"{us[f'{base} cold']:.0f}",
+                f"{us['current cold'] / us[f'{base} cold']:.2f}",
+                f"{us['current hot']:.0f}",
+                f"{us[f'{base} hot']:.0f}",
+                f"{us['current hot'] / us[f'{base} hot']:.2f}",
+                "yes" if r["outputs_equal"] else "no",
+            )
+        )
+    return "\n".join(out)
