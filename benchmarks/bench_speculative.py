@@ -25,7 +25,9 @@ without one, a truncated-layer draft of the model made on the fly (its first
 no distilled draft of the default model exists, and this is not one).
 
 Per configuration and workload: requests, output tokens, tokens/s (sum of tokens over sum
-of wall time), drafted and accepted tokens (usage's completion_tokens_details), acceptance
+of wall time, the prefill included), decode tokens/s (each request streamed: the tokens
+after its first over the time after its first token, summed; speculation speeds the decode,
+not the prefill), drafted and accepted tokens (usage's completion_tokens_details), acceptance
 rate and mean accepted length per verification (1 + accepted / verify steps is the
 engine's figure; here accepted / drafted and tokens per forward are from usage alone).
 
@@ -137,10 +139,15 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, float]:
     seconds = sum(r["seconds"] for r in results)
     drafted = sum(r["drafted"] for r in results)
     accepted = sum(r["accepted"] for r in results)
+    # Decoding alone: the tokens after each request's first over the time after it (the
+    # prefill, which speculation does not touch, left out).
+    decode_tokens = sum(r["tokens"] - 1 for r in results if "decode_s" in r)
+    decode_s = sum(r["decode_s"] for r in results if "decode_s" in r)
     return {
         "requests": len(results),
         "tokens": tokens,
         "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "decode_tokens_per_s": decode_tokens / decode_s if decode_s else 0.0,
         "drafted": drafted,
         "accepted": accepted,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
@@ -148,6 +155,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def one_request(client: Any, req: dict[str, Any], max_tokens: int, seed: int) -> dict[str, Any]:
+    """One request, streamed: its wall time (``seconds``), the time to its first token
+    (``ttft_s``) and its decode time after it (``decode_s``), and usage's token counts."""
     body = {
         "model": "default",
         "prompt": req["prompt"],
@@ -155,17 +164,30 @@ def one_request(client: Any, req: dict[str, Any], max_tokens: int, seed: int) ->
         "temperature": req["temperature"],
         "seed": seed,
         "ignore_eos": req.get("ignore_eos", False),
+        "stream": True,
+        "stream_options": {"include_usage": True},
     }
     t0 = time.perf_counter()
-    r = client.post("/v1/completions", json=body)
-    r.raise_for_status()
+    first: float | None = None
+    usage: dict[str, Any] = {}
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: ") :])
+            if first is None and any(c.get("text") for c in chunk.get("choices", [])):
+                first = time.perf_counter()
+            usage = chunk.get("usage") or usage
     seconds = time.perf_counter() - t0
-    usage = r.json()["usage"]
     details = usage.get("completion_tokens_details") or {}
     accepted = details.get("accepted_prediction_tokens", 0)
+    ttft = (first if first is not None else t0 + seconds) - t0
     return {
         "tokens": usage["completion_tokens"],
         "seconds": seconds,
+        "ttft_s": ttft,
+        "decode_s": seconds - ttft,
         "accepted": accepted,
         "drafted": accepted + details.get("rejected_prediction_tokens", 0),
     }
@@ -382,6 +404,8 @@ def summarize_records(records: list[dict[str, Any]], configs: list[str]) -> dict
             for w, row in per_w.items():
                 base = table["off"][w]["tokens_per_s"]
                 row["speedup_vs_off"] = row["tokens_per_s"] / base if base else 0.0
+                base = table["off"][w]["decode_tokens_per_s"]
+                row["decode_speedup_vs_off"] = row["decode_tokens_per_s"] / base if base else 0.0
     return table
 
 

@@ -66,6 +66,10 @@ def test_tiny_run_through_http(tiny_llama_dir: Path) -> None:
     for per in out.values():
         assert set(per) == {"copy", "chat", "fork", "nocopy"}
         assert all(row["tokens"] > 0 for row in per.values())
+        assert all(row["decode_tokens_per_s"] > row["tokens_per_s"] > 0 for row in per.values())
+    for rec in run["requests"]:  # streamed: the first token, then the decode
+        assert 0 < rec["ttft_s"] < rec["seconds"]
+        assert rec["decode_s"] == pytest.approx(rec["seconds"] - rec["ttft_s"])
     assert out["off"]["copy"]["drafted"] == 0
     nocopy = out["ngram"]["nocopy"]  # sampled: rejection sampling where drafts exist
     assert nocopy["accepted"] <= nocopy["drafted"]
