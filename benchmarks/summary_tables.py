@@ -73,6 +73,7 @@ from summary_tables_s27 import (
     table_long_context_kv_dtypes,
     table_long_context_stream,
     table_long_context_stream_targets,
+    table_speculative_streamed,
 )
 
 
@@ -375,6 +376,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "long_context_stream_targets": table_long_context_stream_targets,
     "long_context_kv_dtypes": table_long_context_kv_dtypes,
     "decode_attention_stream": table_decode_attention_stream,
+    "speculative_streamed": table_speculative_streamed,
     "speculative_amd": table_speculative_amd,
     "speculative_concurrent_amd": table_speculative_concurrent_amd,
     "index": table_index,

@@ -81,3 +81,44 @@ def table_decode_attention_stream() -> str:
             )
         )
     return "\n".join(out)
+
+
+SPECULATIVE_STREAMED = "bench_speculative_s27.json"
+
+
+def table_speculative_streamed() -> str:
+    """bench_speculative.py with every request streamed: per drafter and workload, the
+    speed-up over no speculation end to end (the prefill included) and of the decoding alone
+    (the tokens after the first over the time after it), acceptance, and the decoding's time
+    per token against the weight-streaming floor measured in the same run."""
+    d = load(SPECULATIVE_STREAMED)
+    floor = statistics.median([d["floor"]["before"]["floor_ms"], d["floor"]["after"]["floor_ms"]])
+    out = _head(
+        "drafter",
+        "workload",
+        "tokens/s over off",
+        "decode tokens/s over off",
+        "drafted",
+        "accepted",
+        "acceptance",
+        "decode ms per token",
+        "over the floor",
+        align="llrrrrrrr",
+    )
+    for config, per in d["results"].items():
+        for workload, row in per.items():
+            ms = 1e3 / row["decode_tokens_per_s"]
+            out.append(
+                _row(
+                    config,
+                    workload,
+                    f"{row['speedup_vs_off']:.2f}",
+                    f"{row['decode_speedup_vs_off']:.2f}",
+                    row["drafted"],
+                    row["accepted"],
+                    f"{row['acceptance_rate']:.2f}",
+                    f"{ms:.1f}",
+                    f"{ms / floor:.2f}",
+                )
+            )
+    return "\n".join(out)
