@@ -46,9 +46,11 @@ struct PrefetchStream {
     per_step = keep;
   }
   void step() {
-    for (int64_t i = 0; i < per_step && range < ranges.size(); ++i) {
-      __builtin_prefetch(ranges[range].first + offset, 0, 2);
-      offset += 64;
+    for (int64_t left = per_step; left > 0 && range < ranges.size();) {
+      const char* at = ranges[range].first + offset;
+      const int64_t n = std::min(left, (ranges[range].second - offset) / 64);
+      for (int64_t i = 0; i < n; ++i) __builtin_prefetch(at + 64 * i, 0, 2);
+      left -= n, offset += 64 * n;
       if (offset >= ranges[range].second) ++range, offset = 0;
     }
   }
