@@ -111,6 +111,21 @@ struct Fp8Bf16 {
 };
 #endif
 
+#if RADIXSERVE_VEC_BF16 && defined(__AVX512BW__)
+// ``d`` int8 codes times ``scale``, rounded to bf16 into ``dst``, 32 at a time (d a multiple
+// of 32): the values codes_as_vf and store_from_vf give 16 at a time (float products, then
+// round to nearest even), one conversion of two vectors and one store per 32.
+inline void int8_row32s(const uint8_t* src, float scale, int64_t d, c10::BFloat16* dst) {
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int64_t j = 0; j < d; j += 32) {
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j));
+    const __m512 a = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(c))), s);
+    const __m512 b = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(c, 1))), s);
+    _mm512_storeu_si512(dst + j, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+  }
+}
+#endif
+
 // Keys [lo, hi) of ``run`` for KV head ``h``, decoded into rows ``dk``/``dv`` ([kChunk, d]),
 // key i at row i - base. ``geo``: the pages' geometry (its k/v unused).
 template <typename T, typename G>
@@ -142,6 +157,19 @@ void decode_keys(const Layer<G>& geo, const QuantPages& qp, int64_t h, KeyRun ru
   // size but 80 and 96), not a 64-bit division per key (a visible part of a decode step's
   // int8 decoding).
   const int shift = (d & (d - 1)) == 0 ? __builtin_ctzll(static_cast<unsigned long long>(d)) : -1;
+#if RADIXSERVE_VEC_BF16 && defined(__AVX512BW__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (token_scales && d % 32 == 0) {  // int8 to bf16, 32 codes at a time
+      geo.offsets(run.pages, h, lo, hi - lo, [&](int64_t i, int64_t off) {
+        const int64_t row = (lo + i - base) * d;
+        const int64_t slot = shift >= 0 ? off >> shift : off / d;
+        int8_row32s(qp.k + off, qp.k_scale[slot], d, dk + row);
+        int8_row32s(qp.v + off, qp.v_scale[slot], d, dv + row);
+      });
+      return;
+    }
+  }
+#endif
   geo.offsets(run.pages, h, lo, hi - lo, [&](int64_t i, int64_t off) {
     const int64_t row = (lo + i - base) * d;
     const int64_t slot = shift >= 0 ? off >> shift : off / d;
