@@ -257,7 +257,8 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       // Worth 2-4 % on the 2-core VM with the keys coming from memory; prefetching into L1
       // instead of L2, or twice as far ahead, measured the same (benchmarks/README.md,
       // "Weights on huge pages, decode attention with the keys in the lanes").
-      const int64_t next_n = std::min(kBlock, keys - start - n);
+      // (Not while the thread streams its next chunk instead: ``ahead`` then reads no offset.)
+      const int64_t next_n = sc.streaming ? 0 : std::min(kBlock, keys - start - n);
       L.offsets(run.pages, h, start + n, next_n, [&](int64_t t, int64_t off) { next[t] = off; });
       const bool narrow = lanes <= kNarrowRows && n == kBlock && !masked && cap2 == 0.0f;
       if constexpr (std::is_same_v<KV, float>) {
