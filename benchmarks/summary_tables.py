@@ -73,6 +73,9 @@ from summary_tables_s27 import (
     table_long_context_kv_dtypes,
     table_long_context_stream,
     table_long_context_stream_targets,
+    table_long_context_floor_samples,
+    table_long_context_vllm_s27,
+    table_long_context_vllm_s27_targets,
     table_speculative_streamed,
 )
 
@@ -377,6 +380,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "long_context_kv_dtypes": table_long_context_kv_dtypes,
     "decode_attention_stream": table_decode_attention_stream,
     "speculative_streamed": table_speculative_streamed,
+    "long_context_vllm_s27": table_long_context_vllm_s27,
+    "long_context_vllm_s27_targets": table_long_context_vllm_s27_targets,
+    "long_context_floor_samples": table_long_context_floor_samples,
     "speculative_amd": table_speculative_amd,
     "speculative_concurrent_amd": table_speculative_concurrent_amd,
     "index": table_index,

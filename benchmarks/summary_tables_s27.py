@@ -122,3 +122,40 @@ def table_speculative_streamed() -> str:
                 )
             )
     return "\n".join(out)
+
+
+LONG_CONTEXT_VLLM = "bench_long_context_s27_vllm.json"
+
+
+def table_long_context_vllm_s27() -> str:
+    """bench_long_context.py with vLLM-CPU beside bf16, int8 and fp8 KV, at this session's
+    last kernel (table_long_context)."""
+    return table_long_context(LONG_CONTEXT_VLLM)
+
+
+def table_long_context_vllm_s27_targets() -> str:
+    """The same run against the targets, vLLM-CPU's TTFT in it."""
+    return table_long_context_targets(LONG_CONTEXT_VLLM)
+
+
+def table_long_context_floor_samples() -> str:
+    """Each repetition of the runs of this section: the read bandwidth the floors were set
+    from, and bf16's time per output token at 1,000 and 7,500 tokens."""
+    out = _head("run", "repetition", "read GB/s sampled", "ms per token at 1,000", "at 7,500", align="lrrrr")
+    for name in (LONG_CONTEXT_STREAM, LONG_CONTEXT_VLLM):
+        d = load(name)
+        gbs = {f["rep"]: f["read_gbs"] for f in d["floors"]}
+        tpot = {
+            (c["rep"], c["context"]): c["tpot_ms"] for c in d["cells"] if c["server"] == "radixserve-bf16"
+        }
+        for rep in sorted(gbs):
+            out.append(
+                _row(
+                    name.removesuffix(".json"),
+                    rep,
+                    f"{gbs[rep]:.0f}",
+                    f"{tpot[(rep, 1000)]:.1f}",
+                    f"{tpot[(rep, 7500)]:.1f}",
+                )
+            )
+    return "\n".join(out)
