@@ -908,8 +908,8 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
     // Too many to stay in L2 until their turn (a long context): the pages of the thread's
     // next chunk, every KV head's, are prefetched from inside the current chunk's blocks
     // (stream_ahead), so that its tasks find them in L2 and the reads overlap the arithmetic
-    // (a blocking pass over each chunk's pages before its tasks, before: at 7,500 keys ~0.65x
-    // its time per layer with the pages from memory, on the 2-core AMD VM,
+    // (against a blocking pass over each chunk's pages before its tasks: at 7,500 keys ~0.6x
+    // the time per layer with the pages from memory, on the 2-core AMD VM,
     // bench_decode_attention.py); a chunk not streamed (the run's first, one taken from
     // another thread's run) is read in a pass as the thread comes to its first task.
     const int64_t own_end = n_tasks * (t + 1) / nt;
@@ -949,6 +949,7 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
       run_task(j, sc);
     });
     sc.streaming = false;
+    sc.stream.reset();  // nothing of this call's pages is prefetched by a later one
     release_tiles(sc);
 #pragma omp barrier
 #pragma omp for schedule(static, 1)

@@ -38,7 +38,6 @@ struct PrefetchStream {
   int64_t offset = 0, per_step = 0, lines = 0;
   void reset() { ranges.clear(), range = 0, offset = 0, per_step = 0, lines = 0; }
   void add(const char* start, int64_t bytes) { ranges.emplace_back(start, bytes), lines += bytes / 64; }
-  bool active() const { return range < ranges.size(); }
   void finish() {  // what is left, at once
     const int64_t keep = per_step;
     per_step = INT64_MAX;

@@ -137,13 +137,13 @@ inline void narrow_scores(const KV* const* krow, const float* const* kr, const f
 // narrow_scores with Pairs for bf16 keys, each 16 keys' pairs of dimensions transposed in
 // registers and scored there rather than copied to ``kt`` and loaded back: the same chain per
 // score (the pairs in order), so the same bits. Up to three rows: their accumulators, the 16
-// transposed words and the shuffles' operands fit in the 32 registers. On the 2-core AMD VM (SmolLM2's shape,
-// keys in the caches) a decode row's attention took less time this way
+// transposed words and the shuffles' operands fit in the 32 registers. On the 2-core AMD VM
+// (SmolLM2's shape, keys in the caches) a decode row's attention took less time this way
 // (benchmarks/bench_decode_attention.py).
 template <int NC, int R, typename Ahead>
 inline void narrow_scores_in_registers(const c10::BFloat16* const* krow, const uint32_t* __restrict qw, float scale,
                                        vf (&sc)[R][kBlock / kLanes], Ahead&& ahead) {
-  static_assert(R <= 3 && NC % 2 == 0, "4 R accumulators and 16 words in registers; pairs of vectors");
+  static_assert(R <= 3 && NC % 2 == 0, "R accumulators and 16 words in registers; pairs of vectors");
   constexpr int64_t d = NC * kLanes, G = kBlock / kLanes;
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t t = g * kLanes; t < (g + 1) * kLanes; ++t) ahead(t);

@@ -154,8 +154,7 @@ void decode_keys(const Layer<G>& geo, const QuantPages& qp, int64_t h, KeyRun ru
   }
 #endif
   // A slot's scale index is its offset over d: a shift where d is a power of two (every head
-  // size but 80 and 96), not a 64-bit division per key (a visible part of a decode step's
-  // int8 decoding).
+  // size but 80 and 96), not a 64-bit division per key.
   const int shift = (d & (d - 1)) == 0 ? __builtin_ctzll(static_cast<unsigned long long>(d)) : -1;
 #if RADIXSERVE_VEC_BF16 && defined(__AVX512BW__)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
