@@ -89,18 +89,29 @@ def test_quantized_kv_cache_runs_cold_and_warm(
 ) -> None:
     """Quantized pools: same tokens cold and warm (reused pages hold the same codes), close to
     fp32. int8 and fp8 attend through the CPU kernel over their codes (every layer call of
-    every step), int4 through the torch path."""
+    every step: from the one-call decoder stack, or layer by layer where a forward takes the
+    per-layer path), int4 through the torch path."""
     from radixserve.model import native
+    from radixserve.model.attention.base import NativeLayersPlan
+    from radixserve.model.decoder_stack import DecoderStack
 
     kernel_calls = 0
-    kernel = native.paged_attention
+    kernel, stack_run = native.paged_attention, DecoderStack.run
 
     def counted(*args: object, **kw: object) -> None:
         nonlocal kernel_calls
         kernel_calls += kw.get("scales") is not None
         kernel(*args, **kw)  # type: ignore[arg-type]
 
+    def counted_stack(
+        self: DecoderStack, h: object, cos_sin: object, attn: NativeLayersPlan, *a: object
+    ) -> None:
+        nonlocal kernel_calls
+        kernel_calls += bool(attn.k_scales)  # the stack's layers call the quantized op
+        stack_run(self, h, cos_sin, attn, *a)  # type: ignore[arg-type]
+
     monkeypatch.setattr(native, "paged_attention", counted)
+    monkeypatch.setattr(DecoderStack, "run", counted_stack)
     prompts = random_prompts([12, 30, 5], seed=6)
     engine = make_engine(tiny_llama_dir, kv_cache_dtype=kv_dtype, max_num_tokens=16)
     on_kernel = kv_dtype != "int4" and native.load()
