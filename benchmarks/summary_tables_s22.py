@@ -89,12 +89,18 @@ def _per_request_ms(d: dict[str, Any], config: str, workload: str) -> float:
     return statistics.median(xs)
 
 
+def speculative_floor_ms(d: dict[str, Any]) -> float:
+    """A bench_speculative.py run's weight-streaming floor per token: the median of the
+    samples taken before and after its requests."""
+    return statistics.median([d["floor"]["before"]["floor_ms"], d["floor"]["after"]["floor_ms"]])
+
+
 def table_speculative(name: str = SPECULATIVE) -> str:
     """bench_speculative.py: one request at a time per drafter and workload: speed-up over no
     speculation (sum of tokens over sum of time), acceptance, and the median time per token
     against the weight-streaming floor measured in the same run."""
     d = load(name)
-    floor = statistics.median([d["floor"]["before"]["floor_ms"], d["floor"]["after"]["floor_ms"]])
+    floor = speculative_floor_ms(d)
     out = _head(
         "drafter",
         "workload",

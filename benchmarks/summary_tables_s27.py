@@ -10,7 +10,7 @@ from collections.abc import Callable
 from functools import partial
 
 from results_data import load
-from summary_tables_s22 import _head, _row
+from summary_tables_s22 import _head, _row, speculative_floor_ms
 from summary_tables_s23 import table_long_context, table_long_context_targets
 
 #: bf16, int8 and fp8 KV through HTTP beside the engine in process, after the prefetch stream
@@ -96,7 +96,7 @@ def table_speculative_streamed() -> str:
     (the tokens after the first over the time after it), acceptance, and the decoding's time
     per token against the weight-streaming floor measured in the same run."""
     d = load(SPECULATIVE_STREAMED)
-    floor = statistics.median([d["floor"]["before"]["floor_ms"], d["floor"]["after"]["floor_ms"]])
+    floor = speculative_floor_ms(d)
     out = _head(
         "drafter",
         "workload",

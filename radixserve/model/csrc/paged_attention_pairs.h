@@ -21,26 +21,34 @@
 
 namespace radixserve_cpu::paged {
 
+// Two keys' values ``a`` (key 2j) and ``b`` (key 2j + 1) as pairs of keys: word i of v[c]
+// holds dimension 16 c + i of ``a`` (low half) and of ``b`` (high half). NC even.
+template <int NC>
+inline void pair_values(const uint16_t* a, const uint16_t* b, __m512i (&v)[NC]) {
+  static_assert(NC % 2 == 0, "32 dimensions at a time");
+  // Word w of a pair's 32 dimensions: dimension w / 2 of the first key (w even) or of the
+  // second (bit 5 of the index picks permutex2var's second operand).
+  alignas(64) static constexpr uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i lo = _mm512_load_si512(kLo), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int c = 0; c < NC; c += 2) {
+    const __m512i x = _mm512_loadu_si512(a + c * kLanes), y = _mm512_loadu_si512(b + c * kLanes);
+    v[c] = _mm512_permutex2var_epi16(x, lo, y);
+    v[c + 1] = _mm512_permutex2var_epi16(x, hi, y);
+  }
+}
+
 // The values of keys [0, n) of a block as pairs of keys: word i of tv[(j * NC + c) * 16 ..]
 // holds dimension 16 c + i of key 2j (low half) and of key 2j + 1 (high half). A key past
 // ``n`` (an odd block's last pair) is zeros. ``ahead(t)``: prefetch the next block's key t.
 template <int NC, typename Ahead>
 inline void value_pairs(const uint16_t* const* vrow, int64_t n, uint32_t* __restrict tv, Ahead&& ahead) {
   alignas(64) static constexpr uint16_t kZeros[NC * kLanes] = {};
-  // Word w of a pair's 32 dimensions: dimension w / 2 of the first key (w even) or of the
-  // second (bit 5 of the index picks permutex2var's second operand).
-  alignas(64) static constexpr uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-                                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-  const __m512i lo = _mm512_load_si512(kLo), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   for (int64_t j = 0; 2 * j < n; ++j) {
     ahead(2 * j), ahead(2 * j + 1);
-    const uint16_t* a = vrow[2 * j];
-    const uint16_t* b = 2 * j + 1 < n ? vrow[2 * j + 1] : kZeros;
-    for (int64_t c = 0; c < NC; c += 2) {  // 32 dimensions at a time (NC even)
-      const __m512i x = _mm512_loadu_si512(a + c * kLanes), y = _mm512_loadu_si512(b + c * kLanes);
-      _mm512_storeu_si512(tv + (j * NC + c) * kLanes, _mm512_permutex2var_epi16(x, lo, y));
-      _mm512_storeu_si512(tv + (j * NC + c + 1) * kLanes, _mm512_permutex2var_epi16(x, hi, y));
-    }
+    __m512i v[NC];
+    pair_values<NC>(vrow[2 * j], 2 * j + 1 < n ? vrow[2 * j + 1] : kZeros, v);
+    for (int c = 0; c < NC; ++c) _mm512_storeu_si512(tv + (j * NC + c) * kLanes, v[c]);
   }
 }
 
@@ -61,16 +69,28 @@ inline void prob_pairs_rows(const vf* p, int64_t n, uint32_t* __restrict pw) {
   }
 }
 
-// Row-major probabilities (``ps[r * kBlock + t]``, R rows of a full block) as the same pairs.
+// Row-major probabilities (``ps[r * kBlock + t]``, R rows of a full block) rounded to bf16,
+// row by row (``pr[r * kBlock + t]``): word j of a row's words is its pair of keys 2j, 2j + 1,
+// the pair prob_pairs_narrow would put at pw[j * 16 + r].
 template <int R>
-inline void prob_pairs_narrow(const float* ps, uint32_t* __restrict pw) {
-  alignas(64) uint16_t row[kBlock];
+inline void prob_rows_bf16(const float* ps, uint16_t* __restrict pr) {
   for (int r = 0; r < R; ++r) {
     for (int64_t g = 0; g < kBlock / kLanes; ++g) {
       const __m256bh b = _mm512_cvtneps_pbh(_mm512_loadu_ps(ps + r * kBlock + g * kLanes));
-      std::memcpy(row + g * kLanes, &b, sizeof b);
+      std::memcpy(pr + r * kBlock + g * kLanes, &b, sizeof b);
     }
-    for (int64_t j = 0; j < kBlock / 2; ++j) std::memcpy(pw + j * kLanes + r, row + 2 * j, sizeof(uint32_t));
+  }
+}
+
+// Row-major probabilities (``ps[r * kBlock + t]``, R rows of a full block) as the same pairs.
+template <int R>
+inline void prob_pairs_narrow(const float* ps, uint32_t* __restrict pw) {
+  alignas(64) uint16_t rows[R * kBlock];
+  prob_rows_bf16<R>(ps, rows);
+  for (int r = 0; r < R; ++r) {
+    for (int64_t j = 0; j < kBlock / 2; ++j) {
+      std::memcpy(pw + j * kLanes + r, rows + r * kBlock + 2 * j, sizeof(uint32_t));
+    }
   }
 }
 
@@ -98,19 +118,6 @@ inline void accumulate_pairs(float* __restrict acc, int64_t r, const vf alpha, c
   }
 }
 
-// Row-major probabilities (``ps[r * kBlock + t]``, R rows of a full block) rounded to bf16,
-// row by row (``pr[r * kBlock + t]``): word j of a row's words is its pair of keys 2j, 2j + 1,
-// the pair prob_pairs_narrow would put at pw[j * 16 + r].
-template <int R>
-inline void prob_rows_bf16(const float* ps, uint16_t* __restrict pr) {
-  for (int r = 0; r < R; ++r) {
-    for (int64_t g = 0; g < kBlock / kLanes; ++g) {
-      const __m256bh b = _mm512_cvtneps_pbh(_mm512_loadu_ps(ps + r * kBlock + g * kLanes));
-      std::memcpy(pr + r * kBlock + g * kLanes, &b, sizeof b);
-    }
-  }
-}
-
 // accumulate_pairs for the R rows of a narrow block over a full block's values as they lie
 // in the pages: each pair of keys' values made pairs in registers (value_pairs' words), used
 // at once by every row, not stored and loaded again; the rows' probabilities as
@@ -119,29 +126,19 @@ inline void prob_rows_bf16(const float* ps, uint16_t* __restrict pr) {
 template <int NC, int R>
 inline void accumulate_value_pairs(float* __restrict acc, const vf alpha, const uint16_t* pr,
                                    const uint16_t* const* vrow) {
-  static_assert(NC % 2 == 0, "32 dimensions at a time");
   constexpr int64_t d = NC * kLanes;
-  alignas(64) static constexpr uint16_t kLo[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-                                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-  const __m512i lo = _mm512_load_si512(kLo), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   __m512 x[R][NC];
   for (int i = 0; i < R; ++i) {
     for (int c = 0; c < NC; ++c) x[i][c] = static_cast<__m512>(load_vf(acc + i * d + c * kLanes) * alpha[i]);
   }
   for (int64_t j = 0; j < kBlock / 2; ++j) {
-    const uint16_t* a = vrow[2 * j];
-    const uint16_t* b = vrow[2 * j + 1];
-    __m512bh v[NC];
-    for (int c = 0; c < NC; c += 2) {
-      const __m512i xa = _mm512_loadu_si512(a + c * kLanes), xb = _mm512_loadu_si512(b + c * kLanes);
-      v[c] = (__m512bh)_mm512_permutex2var_epi16(xa, lo, xb);
-      v[c + 1] = (__m512bh)_mm512_permutex2var_epi16(xa, hi, xb);
-    }
+    __m512i v[NC];
+    pair_values<NC>(vrow[2 * j], vrow[2 * j + 1], v);
     for (int i = 0; i < R; ++i) {
       uint32_t pair;
       std::memcpy(&pair, pr + i * kBlock + 2 * j, sizeof pair);
       const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
-      for (int c = 0; c < NC; ++c) x[i][c] = _mm512_dpbf16_ps(x[i][c], w, v[c]);
+      for (int c = 0; c < NC; ++c) x[i][c] = _mm512_dpbf16_ps(x[i][c], w, (__m512bh)v[c]);
     }
   }
   for (int i = 0; i < R; ++i) {
