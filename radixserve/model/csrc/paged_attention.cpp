@@ -62,6 +62,7 @@
 #include "paged_attention.h"
 #include "paged_attention_amx.h"
 #include "paged_attention_narrow.h"
+#include "paged_attention_pairs.h"
 #include "paged_attention_quant.h"
 #include "store_kv.h"
 #include "vec.h"
@@ -320,9 +321,10 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
         continue;
       }
 #endif
+      // (Only the keys where the values are paired for the call: their rows are not read.)
       auto ahead = [&](int64_t t) {
         if (sc.streaming) sc.stream.step();
-        else if (t < next_n) prefetch_row(L, next[t]);
+        else if (t < next_n) prefetch_row(L, next[t], run.vpairs == nullptr);
       };
       if constexpr (Pairs) {
 #if RADIXSERVE_VEC_BF16
@@ -354,9 +356,13 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       vl = vl * alpha + lanes_sum(part);
 #if RADIXSERVE_VEC_BF16
       if constexpr (Pairs) {
-        value_pairs<NC>(reinterpret_cast<const uint16_t* const*>(vrow), n, sc.pv.data(), [](int64_t) {});
+        // The values as pairs of keys: paired for the call (``start`` is even: no window), or here.
+        const uint32_t* tv = run.vpairs != nullptr ? run.vpairs + start / 2 * d : sc.pv.data();
+        if (run.vpairs == nullptr) {
+          value_pairs<NC>(reinterpret_cast<const uint16_t* const*>(vrow), n, sc.pv.data(), [](int64_t) {});
+        }
         prob_pairs_rows(p, n, sc.pw.data());
-        accumulate_pair_rows<NC>(acc + r0 * d, lanes, alpha, sc.pw.data(), sc.pv.data(), (n + 1) / 2);
+        accumulate_pair_rows<NC>(acc + r0 * d, lanes, alpha, sc.pw.data(), tv, (n + 1) / 2);
         continue;
       }
 #endif
@@ -491,6 +497,16 @@ struct Kernel {
   const WholeRuns<KV>* whole = nullptr;
   const int64_t* shared_whole = nullptr;
   const int64_t* own_whole = nullptr;
+  // bf16 runs whose values are paired for this call (ValuePairs), each run's index among
+  // them as ``whole``'s; null arrays: none (every block pairs its values).
+  const ValuePairs* pairs = nullptr;
+  const int64_t* shared_pairs = nullptr;
+  const int64_t* own_pairs = nullptr;
+
+  // Run ``index[i]``'s values of KV head ``h`` as pairs, or null where it was not paired.
+  const uint32_t* paired(const int64_t* index, int64_t i, int64_t h) const {
+    return index != nullptr && index[i] >= 0 ? pairs->values(index[i], h) : nullptr;
+  }
 
   int64_t shared_len(const Item& item) const {
     return (P.shared_start[item.group + 1] - P.shared_start[item.group]) * L.page_size;
@@ -655,7 +671,7 @@ struct Kernel {
     std::fill(s.acc, s.acc + rows * d, 0.0f);
     const int64_t shared = shared_len(item), shared_chunks = (shared + kChunk - 1) / kChunk;
     if (c < shared_chunks) {  // the group's shared pages: no mask
-      const KeyRun run{P.shared_pages + P.shared_start[item.group], shared};
+      const KeyRun run{P.shared_pages + P.shared_start[item.group], shared, paired(shared_pairs, item.group, h)};
       const int64_t w = shared_whole != nullptr ? shared_whole[item.group] : -1;
       attend_keys(h, run, w, c * kChunk, std::min(shared, (c + 1) * kChunk), sc.q.data(), rows, nullptr, nullptr,
                   s.m, s.l, s.acc, sc);
@@ -666,7 +682,7 @@ struct Kernel {
     for (int64_t r = 0; r < rows; ++mi) {  // each member's rows over its own pages, causally
       const int64_t seg = std::min(rows - r, P.new_len[mi] * grp - skip);
       if (begin < P.own_len[mi]) {
-        const KeyRun run{P.own_pages + P.own_start[mi], P.own_len[mi]};
+        const KeyRun run{P.own_pages + P.own_start[mi], P.own_len[mi], paired(own_pairs, mi, h)};
         const int64_t w = own_whole != nullptr ? own_whole[mi] : -1;
         attend_keys(h, run, w, begin, std::min(P.own_len[mi], begin + kChunk), sc.q.data() + r * d, seg,
                     sc.limit.data() + r, window > 0 ? sc.first.data() + r : nullptr, s.m + r, s.l + r, s.acc + r * d,
@@ -713,13 +729,14 @@ struct Kernel {
 // 500 keys 33 and 48 rows took about the same either way.
 constexpr int64_t kWholeRunRows = 2 * kRowBlock;
 
-// The plan's quantized runs that kWholeRunRows rows or more of one KV head read, taken into
-// ``whole`` (up to its bound); their indices into ``shared_whole`` (per group) and
-// ``own_whole`` (per member), -1 for the others. None with a window: its rows read only the
-// last ``window`` keys each, and a long run decoded whole would be mostly keys no row sees.
-template <typename KV>
-void plan_whole_runs(const Plan& P, int64_t groups, int64_t grp, int64_t page_size, int64_t window,
-                     WholeRuns<KV>& whole, std::vector<int64_t>& shared_whole, std::vector<int64_t>& own_whole) {
+// The plan's runs that kWholeRunRows rows or more of one KV head read, taken into ``whole``
+// (WholeRuns: quantized runs decoded whole; ValuePairs: bf16 values paired whole; up to its
+// bound); their indices into ``shared_whole`` (per group) and ``own_whole`` (per member), -1
+// for the others. None with a window: its rows read only the last ``window`` keys each, and
+// a long run taken whole would be mostly keys no row sees (and its blocks may start at odd keys).
+template <typename Runs>
+void plan_whole_runs(const Plan& P, int64_t groups, int64_t grp, int64_t page_size, int64_t window, Runs& whole,
+                     std::vector<int64_t>& shared_whole, std::vector<int64_t>& own_whole) {
   shared_whole.assign(groups, -1);
   own_whole.assign(P.group_start[groups], -1);
   if (window > 0) return;
@@ -748,6 +765,14 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   std::vector<int64_t> shared_whole, own_whole;
   if (quant != nullptr) plan_whole_runs(P, groups, grp, L.page_size, window, whole, shared_whole, own_whole);
   const bool any_whole = !whole.empty();
+  // bf16 values paired once for the call where the rows score pairs on AVX-512 (the AMX
+  // tiles keep value tiles of their own).
+  ValuePairs pairs(L.kv_heads, d);
+  std::vector<int64_t> shared_pairs, own_pairs;
+  if (quant == nullptr && pair_scores_for<Q, KV>(d) && !amx_usable()) {
+    plan_whole_runs(P, groups, grp, L.page_size, window, pairs, shared_pairs, own_pairs);
+  }
+  const bool any_pairs = !pairs.empty();
   const Kernel<Q, KV> K{L,
                         P,
                         q.data_ptr<Q>(),
@@ -763,7 +788,10 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
                         quant,
                         any_whole ? &whole : nullptr,
                         any_whole ? shared_whole.data() : nullptr,
-                        any_whole ? own_whole.data() : nullptr};
+                        any_whole ? own_whole.data() : nullptr,
+                        any_pairs ? &pairs : nullptr,
+                        any_pairs ? shared_pairs.data() : nullptr,
+                        any_pairs ? own_pairs.data() : nullptr};
 
   std::vector<Item> items;
   // Per group: whether one item per KV head holds all its rows (a decode row, a few): each
@@ -785,16 +813,18 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   }
   const int64_t max_threads = at::get_num_threads();
   if (any_whole) whole.prepare();
-  // Every thread of a team decodes its share of the whole runs, then waits for the others.
-  auto decode_whole = [&](int64_t t, int64_t nt) {
-    if (!any_whole) return;
-    whole.decode_share(L, *quant, t, nt);
+  if (any_pairs) pairs.prepare();
+  // Every thread of a team decodes (pairs) its share of the whole runs, then waits for the others.
+  auto take_whole_runs = [&](int64_t t, int64_t nt) {
+    if (!any_whole && !any_pairs) return;
+    if (any_whole) whole.decode_share(L, *quant, t, nt);
+    if (any_pairs) pairs.pair_share(L, t, nt);
     if (nt > 1) {
 #pragma omp barrier
     }
   };
   if (max_threads <= 1 || work < kSerialWork) {
-    decode_whole(0, 1);
+    take_whole_runs(0, 1);
     Scratch& sc = Scratch::local(d);
     for (const Item& item : items) K.run_item(item, sc);
     release_tiles(sc);
@@ -816,7 +846,7 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
     {
       Scratch& sc = Scratch::local(d);
       const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-      decode_whole(t, nt);
+      take_whole_runs(t, nt);
       int64_t touched = -1;
       for_runs(n_items, t, nt, [&](int64_t i, bool own) {
         if (claimed[i].exchange(true, std::memory_order_relaxed)) return;
@@ -890,7 +920,7 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   {
     Scratch& sc = Scratch::local(d);
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    decode_whole(t, nt);
+    take_whole_runs(t, nt);
     // First read the pages of the run's chunks (read_first): a decode step's KV, evicted by
     // the weights streamed since, was waited on. bf16 pages, 256-2000 keys, 19-25 % less
     // time; float32 pages (twice the bytes for the same arithmetic) the same time within 3 %

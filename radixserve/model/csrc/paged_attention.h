@@ -100,10 +100,13 @@ struct Scratch {
   }
 };
 
-// Where a run of keys lives: pages in order, the run's first ``len`` tokens of them.
+// Where a run of keys lives: pages in order, the run's first ``len`` tokens of them; and,
+// where the kernel paired them for the call (ValuePairs), the values of the KV head it is
+// attended for as pairs of keys (key pair j at vpairs + j * d words), else null.
 struct KeyRun {
   const int64_t* pages;
   int64_t len;
+  const uint32_t* vpairs = nullptr;
 };
 
 template <typename KV>
@@ -132,12 +135,13 @@ struct Layer {
   }
 };
 
-// Prefetch one token's K and V rows (``off`` in elements) into the cache.
+// Prefetch one token's K row (and V row, unless ``values`` is false; ``off`` in elements)
+// into the cache.
 template <typename KV>
-inline void prefetch_row(const Layer<KV>& L, int64_t off) {
+inline void prefetch_row(const Layer<KV>& L, int64_t off, bool values = true) {
   for (int64_t b = 0; b < L.d * static_cast<int64_t>(sizeof(KV)); b += 64) {
     __builtin_prefetch(reinterpret_cast<const char*>(L.k + off) + b, 0, 1);
-    __builtin_prefetch(reinterpret_cast<const char*>(L.v + off) + b, 0, 1);
+    if (values) __builtin_prefetch(reinterpret_cast<const char*>(L.v + off) + b, 0, 1);
   }
 }
 

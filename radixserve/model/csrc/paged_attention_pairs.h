@@ -11,8 +11,10 @@
 // probability zero and add exactly nothing.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "paged_attention.h"
 
@@ -163,3 +165,100 @@ inline void accumulate_pair_rows(float* acc, int64_t lanes, const vf alpha, cons
 
 }  // namespace radixserve_cpu::paged
 #endif
+
+namespace radixserve_cpu::paged {
+
+// The values of bf16 runs as pairs of keys (value_pairs' words), made once per kernel call
+// for the many rows of a prefill or an extend. Made block by block, every block of kRowBlock
+// rows pairs every value it reads again: a 2,048-token chunk of SmolLM2 is 384 blocks per KV
+// head over the same values, and the pairing was ~10 % of such a chunk's attention on the
+// 2-core AMD VM (value_pairs' permutes and stores). A run's pairs lie still for the whole
+// call, key pair j of KV head h at values(i, h) + j * d words; the words are value_pairs'
+// own (a key past the run's end is zeros), so the outputs are the same bits.
+//
+// Memory: one buffer on the calling thread, kept across calls and grown on demand (never
+// past kMaxBytes): a run that would take it past that bound is paired block by block.
+class ValuePairs {
+ public:
+  static constexpr int64_t kMaxBytes = int64_t{64} << 20;  // SmolLM2 at 7,500 keys: 2.9 MB
+
+  ValuePairs(int64_t kv_heads, int64_t d) : kv_heads_(kv_heads), d_(d) {}
+
+  // Take ``run`` (its first run.len keys) to be paired whole: its index, or -1.
+  int64_t add(KeyRun run) {
+    const int64_t words = kv_heads_ * head_words(run.len);
+    if (run.len <= 0 || (words_ + words) * static_cast<int64_t>(sizeof(uint32_t)) > kMaxBytes) return -1;
+    runs_.push_back({run, words_});
+    words_ += words;
+    return static_cast<int64_t>(runs_.size()) - 1;
+  }
+  bool empty() const { return runs_.empty(); }
+
+  // Make room for every run taken and list the tasks (kChunk keys of one KV head each), on
+  // the calling thread, before any pair_share.
+  void prepare() {
+    thread_local std::vector<uint32_t> buf;  // the calling thread's, as WholeRuns'
+    if (static_cast<int64_t>(buf.size()) < words_) buf.resize(words_);
+    base_ = buf.data();
+    tasks_.clear();
+    for (int64_t i = 0; i < static_cast<int64_t>(runs_.size()); ++i) {
+      for (int64_t h = 0; h < kv_heads_; ++h) {
+        for (int64_t lo = 0; lo < runs_[i].run.len; lo += kChunk) tasks_.push_back({i, h, lo});
+      }
+    }
+  }
+
+  // Thread ``t`` of a team of ``nt``: its share of the tasks (every thread of the team calls
+  // it, then waits for the others before any row reads a run).
+  template <typename KV>
+  void pair_share(const Layer<KV>& L, int64_t t, int64_t nt) const {
+#if RADIXSERVE_VEC_BF16
+    alignas(64) static constexpr uint16_t kZeros[256] = {};
+    const int64_t n = static_cast<int64_t>(tasks_.size());
+    for (int64_t j = n * t / nt; j < n * (t + 1) / nt; ++j) {
+      const Task& task = tasks_[j];
+      const KeyRun& run = runs_[task.run].run;
+      const int64_t keys = std::min(run.len, task.lo + kChunk) - task.lo;
+      const uint16_t* vrow[kChunk];
+      L.offsets(run.pages, task.head, task.lo, keys, [&](int64_t i, int64_t off) {
+        vrow[i] = reinterpret_cast<const uint16_t*>(L.v + off);
+      });
+      uint32_t* out = const_cast<uint32_t*>(values(task.run, task.head)) + task.lo / 2 * d_;
+      for (int64_t j2 = 0; 2 * j2 < keys; ++j2) {
+        const uint16_t* a = vrow[2 * j2];
+        const uint16_t* b = 2 * j2 + 1 < keys ? vrow[2 * j2 + 1] : kZeros;
+        for (int64_t c = 0; c < d_; c += 2 * kLanes) {
+          __m512i v[2];
+          pair_values<2>(a + c, b + c, v);
+          _mm512_storeu_si512(out + j2 * d_ + c, v[0]);
+          _mm512_storeu_si512(out + j2 * d_ + c + kLanes, v[1]);
+        }
+      }
+    }
+#else
+    (void)L, (void)t, (void)nt;
+#endif
+  }
+
+  // Run ``i``'s pairs of KV head ``h``: [ceil(len / 2), d] words.
+  const uint32_t* values(int64_t i, int64_t h) const {
+    const Entry& e = runs_[i];
+    return base_ + e.offset + h * head_words(e.run.len);
+  }
+
+ private:
+  struct Entry {
+    KeyRun run;
+    int64_t offset;  // of its pairs in the buffer, in words: [kv_heads, ceil(len / 2), d]
+  };
+  struct Task {
+    int64_t run, head, lo;
+  };
+  int64_t head_words(int64_t len) const { return (len + 1) / 2 * d_; }
+  int64_t kv_heads_, d_, words_ = 0;
+  std::vector<Entry> runs_;
+  std::vector<Task> tasks_;
+  uint32_t* base_ = nullptr;
+};
+
+}  // namespace radixserve_cpu::paged
