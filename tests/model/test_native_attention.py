@@ -369,8 +369,9 @@ def test_decode_rows_equal_prefill_rows_over_many_chunks(
     try:
         for nthreads in (1, 2):
             torch.set_num_threads(nthreads)
-            # The row's own keys end inside a chunk, exactly at a chunk's end, 3 keys past one.
-            for pos in (n - 1, 383, 130):
+            # The row's own keys end inside a chunk, exactly at a chunk's end, 3 keys past one
+            # (chunks of 256 keys).
+            for pos in (n - 1, 511, 258):
                 out = torch.empty_like(q[:1])
                 plan = native.AttentionPlan.build([([native.Member(0, 1, own, pos + 1)], shared)])
                 native.paged_attention(q[pos : pos + 1], kp, vp, out, plan, scale)
@@ -393,7 +394,7 @@ def test_few_row_blocks_equal_wide_ones(heads: tuple[int, int], d: int, dtype: t
     even number of vectors, d = 32, 64, 96, 128, score by pairs of dimensions on both paths,
     on AMX tiles where the CPU has them)."""
     hq, hkv = heads
-    n, page_size = 300, 16  # two full chunks and a partial one
+    n, page_size = 600, 16  # two full chunks (256 keys) and a partial one
     pages = list(range(1, 1 + -(-n // page_size)))
     random.Random(d).shuffle(pages)
     kp = torch.randn(1 + len(pages), page_size, hkv, d).to(dtype)
@@ -402,7 +403,7 @@ def test_few_row_blocks_equal_wide_ones(heads: tuple[int, int], d: int, dtype: t
     prefill = torch.empty_like(q)
     plan = native.AttentionPlan.build([([native.Member(0, n, pages, n)], [])])
     native.paged_attention(q, kp, vp, prefill, plan, d**-0.5)
-    for pos in (n - 1, 255, 200, 64):
+    for pos in (n - 1, 511, 255, 200, 64):
         out = torch.empty_like(q[:1])
         plan = native.AttentionPlan.build([([native.Member(0, 1, pages, pos + 1)], [])])
         native.paged_attention(q[pos : pos + 1], kp, vp, out, plan, d**-0.5)

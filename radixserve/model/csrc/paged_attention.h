@@ -25,8 +25,11 @@ constexpr float kNoMax = -1e30f;  // finite "minus infinity": keeps exp2 arithme
 // from the shared L3).
 constexpr int64_t kRowBlock = kLanes;
 // Keys per chunk (a multiple of kBlock): the unit of the merge order above, and of the work a
-// decode step spreads over the threads (a 545-key context is 5 chunks per KV head).
-constexpr int64_t kChunk = 2 * kBlock;
+// decode step spreads over the threads (a 545-key context is 3 chunks per KV head). A prefill
+// row block pays a merge and a chunk's setup per chunk: at 128 keys that was ~6 % of the
+// last 2,048-row chunk of a 7,500-token prompt (2-core AMD VM, bench_cpu_attention.py's
+// ``long``); at 256 its decode steps took the same time (bench_decode_attention.py).
+constexpr int64_t kChunk = 4 * kBlock;
 
 // Cache lines a thread will read next (the pages of its next chunk of keys), prefetched a few
 // at a time from inside the current chunk's arithmetic (Scratch::stream, attend_run's
