@@ -8,7 +8,8 @@ of the prompt, an earlier answer repeated in a later turn). So the drafter keeps
 suffix index fed by the same sequences the scheduler inserts into the tree::
 
     prompt computed (its pages inserted)   -> the prompt is indexed, as one sequence
-    request left (prompt + output inserted) -> that sequence extended with its output
+    each proposal while it decodes         -> that sequence grown by its new output tokens
+    request left (prompt + output inserted) -> that sequence extended with the rest
 
 and looks the request's last tokens up in it (:class:`~radixserve.speculative.ngram_table.
 NgramTable`). Each cache namespace (tenant salt) has its own table and sequences: a request
@@ -17,6 +18,12 @@ it anything about another tenant's text. The index holds at most ``max_tokens`` 
 all namespaces, the oldest sequences forgotten first; it follows the tree's insertions, not
 its evictions (a continuation may outlive its pages: it is still only ever a guess that the
 model verifies).
+
+A request's own output is indexed as it decodes, as vLLM's suffix decoding keeps a tree of
+the request's own text beside the global one: an answer that repeats itself (a list, a
+loop, code with a line pattern) drafts from its own earlier lines, and an answer quoting an
+earlier request's answer drafts from that one, in one look-up that picks the longest match
+of either (benchmarks/agents.md has its acceptance on each workload).
 """
 
 from __future__ import annotations
@@ -63,19 +70,39 @@ class SuffixIndex:
         self._trim()
         return seq_id
 
+    def grow(self, seq_id: int, tokens: list[int]) -> None:
+        """``tokens`` is sequence ``seq_id`` grown longer by a decoding step or a few: index
+        the new tail. Only the boundary token is checked (the caller's sequence only ever
+        grows), so a step costs its new tokens, not the context's length; a sequence that
+        does not continue there is left as it is."""
+        found = self._sequence(seq_id)
+        if found is not None:
+            old = found[1]
+            if len(tokens) > len(old) and (not old or tokens[len(old) - 1] == old[-1]):
+                self._append(found[0], seq_id, tokens[len(old) :])
+
     def extend(self, seq_id: int, tokens: list[int]) -> None:
         """``tokens`` is sequence ``seq_id`` grown longer: index what is new (a forgotten
-        sequence is left forgotten)."""
-        namespace = self._order.get(seq_id, None)
-        space = self._spaces.get(namespace)
-        if seq_id not in self._order or space is None:
-            return
-        old = space.seqs[seq_id]
-        if len(tokens) <= len(old) or tokens[: len(old)] != old:
-            return
-        space.seqs[seq_id] = list(tokens)
-        space.table.add(seq_id, tokens, len(old), len(tokens))
-        self.num_tokens += len(tokens) - len(old)
+        sequence is left forgotten, one that ``tokens`` does not start with as it is)."""
+        found = self._sequence(seq_id)
+        if found is not None:
+            old = found[1]
+            if len(tokens) > len(old) and tokens[: len(old)] == old:
+                self._append(found[0], seq_id, tokens[len(old) :])
+
+    def _sequence(self, seq_id: int) -> tuple[_Space, list[int]] | None:
+        """Sequence ``seq_id``'s namespace and tokens, or None once it is forgotten."""
+        if seq_id not in self._order:
+            return None
+        space = self._spaces[self._order[seq_id]]
+        return space, space.seqs[seq_id]
+
+    def _append(self, space: _Space, seq_id: int, new: list[int]) -> None:
+        seq = space.seqs[seq_id]
+        start = len(seq)
+        seq.extend(new)
+        space.table.add(seq_id, seq, start, len(seq))
+        self.num_tokens += len(new)
         self._order.move_to_end(seq_id)
         self._trim()
 
@@ -112,6 +139,9 @@ class RadixDrafter(Drafter):
         self._seq_of: dict[str, int] = {}  # request id -> its sequence in the index
 
     def propose(self, req: DraftSource, k: int) -> list[int]:
+        seq_id = self._seq_of.get(req.request_id)
+        if seq_id is not None:  # the request's own output so far, indexed before the look-up
+            self.index.grow(seq_id, _known(req.token_ids))
         return self.index.lookup(req.namespace, req.token_ids, k)
 
     def prompt_cached(self, req: DraftSource) -> None:

@@ -79,6 +79,30 @@ def test_radix_drafter_indexes_prompts_then_outputs() -> None:
     assert d.tracked == 0
 
 
+def test_radix_drafter_drafts_from_the_requests_own_output_as_it_decodes() -> None:
+    """A request's output is indexed while it decodes (the suffix-decoding design): an answer
+    repeating its own earlier line drafts from it before the request has finished, beside
+    what earlier requests answered, and nothing is indexed twice when it finishes."""
+    d = RadixDrafter()
+    earlier = Req("a", [1, 2, 3, 50, 51, 52], prompt_len=3)
+    d.prompt_cached(earlier)
+    d.finished(earlier)  # 1 2 3 -> 50 51 52 in the index
+    req = Req("b", [7, 8], prompt_len=2)
+    d.prompt_cached(req)
+    req.token_ids += [1, 2, 3, 60, 61, 9, 1, 2, 3]  # its own output: "1 2 3 60 61", then again
+    # Both earlier "1 2 3"s agree with the context's last three tokens: the tie goes to the
+    # most recent, the request's own line (indexed at this proposal), not the earlier answer.
+    assert d.propose(req, 3) == [60, 61, 9]
+    req.token_ids += [60, 61]
+    assert d.propose(req, 4) == [9, 1, 2, 3]  # the new tokens were indexed at the last step
+    assert d.index.num_tokens == 6 + 13
+    d.finished(req)
+    assert d.tracked == 0
+    # Its output stays in the index for later requests, once (no token indexed twice).
+    assert d.index.num_tokens == 6 + 13
+    assert d.propose(Req("c", [61, 9, 1], prompt_len=3), 2) == [2, 3]
+
+
 def test_adaptive_k_grows_shrinks_and_backs_off() -> None:
     k = AdaptiveK(8)
     assert k.budget(0) == 8
