@@ -644,9 +644,8 @@ struct Kernel {
       return;
     }
     if (whole_run >= 0) {
-      static constexpr int64_t kOnePage[1] = {0};
-      const Layer<KV> one{whole->keys(whole_run, h), whole->values(whole_run, h), run.len, 1, L.d};
-      attend(one, 0, KeyRun{kOnePage, run.len}, begin, end, q, scale, rows, limit, first, cap2, m, l, acc, sc);
+      const KeyRun one{WholeRuns<KV>::kOnePage, run.len, run.vpairs};
+      attend(whole->layer(whole_run, h), 0, one, begin, end, q, scale, rows, limit, first, cap2, m, l, acc, sc);
       return;
     }
     int64_t lo = begin, hi = end;
@@ -766,11 +765,14 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   if (quant != nullptr) plan_whole_runs(P, groups, grp, L.page_size, window, whole, shared_whole, own_whole);
   const bool any_whole = !whole.empty();
   // bf16 values paired once for the call where the rows score pairs on AVX-512 (the AMX
-  // tiles keep value tiles of their own).
+  // tiles keep value tiles of their own): the pool's runs, or the quantized runs decoded
+  // whole (paired as each chunk is decoded; a run's index the same in both).
   ValuePairs pairs(L.kv_heads, d);
   std::vector<int64_t> shared_pairs, own_pairs;
-  if (quant == nullptr && pair_scores_for<Q, KV>(d) && !amx_usable()) {
-    plan_whole_runs(P, groups, grp, L.page_size, window, pairs, shared_pairs, own_pairs);
+  if (pair_scores_for<Q, KV>(d) && !amx_usable()) {
+    if (quant == nullptr) plan_whole_runs(P, groups, grp, L.page_size, window, pairs, shared_pairs, own_pairs);
+    for (int64_t i = 0; i < whole.size(); ++i) TORCH_CHECK(pairs.add(whole.run(i)) == i, "pairs of a whole run");
+    if (any_whole) shared_pairs = shared_whole, own_pairs = own_whole;
   }
   const bool any_pairs = !pairs.empty();
   const Kernel<Q, KV> K{L,
@@ -817,8 +819,13 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   // Every thread of a team decodes (pairs) its share of the whole runs, then waits for the others.
   auto take_whole_runs = [&](int64_t t, int64_t nt) {
     if (!any_whole && !any_pairs) return;
-    if (any_whole) whole.decode_share(L, *quant, t, nt);
-    if (any_pairs) pairs.pair_share(L, t, nt);
+    if (any_whole) {
+      whole.decode_share(L, *quant, t, nt, [&](int64_t i, int64_t h, int64_t lo) {
+        if (any_pairs) pairs.pair_keys(whole.layer(i, h), WholeRuns<KV>::kOnePage, 0, i, h, lo);
+      });
+    } else if (any_pairs) {
+      pairs.pair_share(L, t, nt);
+    }
     if (nt > 1) {
 #pragma omp barrier
     }

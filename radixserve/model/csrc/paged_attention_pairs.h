@@ -209,34 +209,40 @@ class ValuePairs {
   }
 
   // Thread ``t`` of a team of ``nt``: its share of the tasks (every thread of the team calls
-  // it, then waits for the others before any row reads a run).
+  // it, then waits for the others before any row reads a run). Runs of pages ``L`` holds.
   template <typename KV>
   void pair_share(const Layer<KV>& L, int64_t t, int64_t nt) const {
-#if RADIXSERVE_VEC_BF16
-    alignas(64) static constexpr uint16_t kZeros[256] = {};
     const int64_t n = static_cast<int64_t>(tasks_.size());
     for (int64_t j = n * t / nt; j < n * (t + 1) / nt; ++j) {
       const Task& task = tasks_[j];
-      const KeyRun& run = runs_[task.run].run;
-      const int64_t keys = std::min(run.len, task.lo + kChunk) - task.lo;
-      const uint16_t* vrow[kChunk];
-      L.offsets(run.pages, task.head, task.lo, keys, [&](int64_t i, int64_t off) {
-        vrow[i] = reinterpret_cast<const uint16_t*>(L.v + off);
-      });
-      uint32_t* out = const_cast<uint32_t*>(values(task.run, task.head)) + task.lo / 2 * d_;
-      for (int64_t j2 = 0; 2 * j2 < keys; ++j2) {
-        const uint16_t* a = vrow[2 * j2];
-        const uint16_t* b = 2 * j2 + 1 < keys ? vrow[2 * j2 + 1] : kZeros;
-        for (int64_t c = 0; c < d_; c += 2 * kLanes) {
-          __m512i v[2];
-          pair_values<2>(a + c, b + c, v);
-          _mm512_storeu_si512(out + j2 * d_ + c, v[0]);
-          _mm512_storeu_si512(out + j2 * d_ + c + kLanes, v[1]);
-        }
+      pair_keys(L, runs_[task.run].run.pages, task.head, task.run, task.head, task.lo);
+    }
+  }
+
+  // Pair the values of keys [lo, lo + kChunk) of run ``i`` (lo a multiple of kChunk) for its
+  // KV head ``h``, read from the run ``pages`` of ``L`` for KV head ``from`` there (a pool's
+  // pages, or a quantized run decoded whole: one page of one head, WholeRuns).
+  template <typename KV>
+  void pair_keys(const Layer<KV>& L, const int64_t* pages, int64_t from, int64_t i, int64_t h, int64_t lo) const {
+#if RADIXSERVE_VEC_BF16
+    alignas(64) static constexpr uint16_t kZeros[256] = {};
+    const int64_t keys = std::min(runs_[i].run.len, lo + kChunk) - lo;
+    const uint16_t* vrow[kChunk];
+    L.offsets(pages, from, lo, keys,
+              [&](int64_t t, int64_t off) { vrow[t] = reinterpret_cast<const uint16_t*>(L.v + off); });
+    uint32_t* out = const_cast<uint32_t*>(values(i, h)) + lo / 2 * d_;
+    for (int64_t j = 0; 2 * j < keys; ++j) {
+      const uint16_t* a = vrow[2 * j];
+      const uint16_t* b = 2 * j + 1 < keys ? vrow[2 * j + 1] : kZeros;
+      for (int64_t c = 0; c < d_; c += 2 * kLanes) {
+        __m512i v[2];
+        pair_values<2>(a + c, b + c, v);
+        _mm512_storeu_si512(out + j * d_ + c, v[0]);
+        _mm512_storeu_si512(out + j * d_ + c + kLanes, v[1]);
       }
     }
 #else
-    (void)L, (void)t, (void)nt;
+    (void)L, (void)pages, (void)from, (void)i, (void)h, (void)lo;
 #endif
   }
 

@@ -211,6 +211,8 @@ class WholeRuns {
     return static_cast<int64_t>(runs_.size()) - 1;
   }
   bool empty() const { return runs_.empty(); }
+  int64_t size() const { return static_cast<int64_t>(runs_.size()); }
+  KeyRun run(int64_t i) const { return runs_[i].run; }
 
   // Make room for every run taken and list the decoding's tasks (kChunk keys of one KV head
   // each), on the calling thread, before any decode_share.
@@ -229,8 +231,10 @@ class WholeRuns {
   // Thread ``t`` of a team of ``nt``: its share of the tasks (every thread of the team calls
   // it, then waits for the others before any row reads a run). Inside the kernel's own
   // parallel region: a team of its own would cost another fork and join per call.
-  template <typename G>
-  void decode_share(const Layer<G>& geo, const QuantPages& qp, int64_t t, int64_t nt) const {
+  // ``decoded(i, h, lo)``: keys [lo, lo + kChunk) of run ``i``, KV head ``h``, are decoded
+  // (on the thread that decoded them, before it goes on).
+  template <typename G, typename Decoded>
+  void decode_share(const Layer<G>& geo, const QuantPages& qp, int64_t t, int64_t nt, Decoded&& decoded) const {
     const int64_t n = static_cast<int64_t>(tasks_.size());
     for (int64_t j = n * t / nt; j < n * (t + 1) / nt; ++j) {
       const Task& task = tasks_[j];
@@ -238,8 +242,14 @@ class WholeRuns {
       const int64_t len = e.run.len, hi = std::min(len, task.lo + kChunk);
       T* k = base_ + e.offset + task.head * len * d_;
       decode_keys(geo, qp, task.head, e.run, 0, task.lo, hi, k, k + kv_heads_ * len * d_);
+      decoded(task.run, task.head, task.lo);
     }
   }
+
+  // Run ``i`` decoded, KV head ``h``: a pool of one page of run.len tokens and one KV head
+  // (its page id: ``kOnePage``'s).
+  Layer<T> layer(int64_t i, int64_t h) const { return {keys(i, h), values(i, h), runs_[i].run.len, 1, d_}; }
+  static constexpr int64_t kOnePage[1] = {0};
 
   // Run ``i``'s keys of KV head ``h`` ([len, d]); its values follow kv_heads * len * d later.
   const T* keys(int64_t i, int64_t h) const {
