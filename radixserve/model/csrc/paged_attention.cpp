@@ -128,8 +128,10 @@ inline void score_rows(const vf* qt, const float* const* kr, int64_t n, vf* p, A
 // page, the same instruction and order as narrow_block's (so a decode row's narrow block and
 // the prefill row of its position still agree bit for bit), eight keys at a time. Half the
 // instructions of two float FMAs per pair, and the keys are never converted to float.
+// ``top``: the lanes' maximum of itself and every score (the block's maximum for the softmax,
+// taken as the scores come rather than in a pass of its own: max is exact, so the same bits).
 template <int NC, typename Ahead>
-inline void score_pairs(const __m512i* qp, const uint32_t* const* kw, int64_t n, float scale, vf* p,
+inline void score_pairs(const __m512i* qp, const uint32_t* const* kw, int64_t n, float scale, vf* p, vf& top,
                         Ahead&& ahead) {
   constexpr int64_t pairs = NC * kLanes / 2;
   int64_t t = 0;
@@ -144,6 +146,9 @@ inline void score_pairs(const __m512i* qp, const uint32_t* const* kw, int64_t n,
       }
     }
     for (int u = 0; u < 8; ++u) p[t + u] = static_cast<vf>(a[u]) * scale;
+    const vf m01 = vmax(p[t], p[t + 1]), m23 = vmax(p[t + 2], p[t + 3]);
+    const vf m45 = vmax(p[t + 4], p[t + 5]), m67 = vmax(p[t + 6], p[t + 7]);
+    top = vmax(top, vmax(vmax(m01, m23), vmax(m45, m67)));
   }
   for (; t < n; ++t) {
     ahead(t);
@@ -152,6 +157,7 @@ inline void score_pairs(const __m512i* qp, const uint32_t* const* kw, int64_t n,
       a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_set1_epi32(static_cast<int>(kw[t][j])), (__m512bh)qp[j]);
     }
     p[t] = static_cast<vf>(a) * scale;
+    top = vmax(top, p[t]);
   }
 }
 #endif
@@ -326,10 +332,11 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
         if (sc.streaming) sc.stream.step();
         else if (t < next_n) prefetch_row(L, next[t], run.vpairs == nullptr);
       };
+      vf top = vm;
       if constexpr (Pairs) {
 #if RADIXSERVE_VEC_BF16
         if (!have_qp) pair_rows();
-        score_pairs<NC>(qp, reinterpret_cast<const uint32_t* const*>(krow), n, scale, p, ahead);
+        score_pairs<NC>(qp, reinterpret_cast<const uint32_t* const*>(krow), n, scale, p, top, ahead);
 #endif
       } else {
         if (!have_qt) transpose_q();
@@ -342,8 +349,11 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       if (masked) {
         for (t = 0; t < n; ++t) p[t] = seen(start + t) ? p[t] : splat(kNoMax);
       }
-      vf mx = vm;
-      for (t = 0; t < n; ++t) mx = vmax(mx, p[t]);
+      vf mx = top;  // the scores' maximum as scored, unless a mask or the cap changed them
+      if (!Pairs || masked || cap2 != 0.0f) {
+        mx = vm;
+        for (t = 0; t < n; ++t) mx = vmax(mx, p[t]);
+      }
       const vf alpha = exp2_nonpositive(vm - mx);
       for (t = 0; t < n; ++t) {
         p[t] = exp2_nonpositive(p[t] - mx);
