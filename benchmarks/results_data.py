@@ -224,7 +224,31 @@ def figures() -> dict[str, Figure]:
     gpu_figures(add)
     long_context_figures(add)
     long_context_quiet_figures(add)
+    speculative_figures(add)
     return figs
+
+
+def speculative_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
+    """bench_speculative.py with the radix drafter reading the request's own output
+    (benchmarks/agents.md): decode tokens/s, and tokens/s end to end (three digits: the
+    copy-heavy target 2x is met or missed in the third), over no speculation's, one run of
+    each configuration (their requests interleaved)."""
+    name = "bench_speculative_s28.json"
+    results = load(name)["results"]
+    for config, workload in (
+        ("radix", "copy"),
+        ("radix", "chat"),
+        ("radix", "fork"),
+        ("radix", "nocopy"),
+        ("ngram", "copy"),
+    ):
+        row = results[config][workload]
+        add(f"spec_{config}_{workload}_decode_s28", spread([row["decode_speedup_vs_off"]]), [name])
+        add(
+            f"spec_{config}_{workload}_e2e_s28",
+            spread([row["speedup_vs_off"]], digits=3),
+            [name],
+        )
 
 
 def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
@@ -234,6 +258,7 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
     for name, suffix in (
         ("bench_long_context_s25.json", ""),
         ("bench_long_context_s27_vllm.json", "_s27"),
+        ("bench_long_context_s28_vllm.json", "_s28"),
     ):
         cells = load(name)["cells"]
 
@@ -258,6 +283,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s26.json", "long_context_tpot_growth_quiet"),
         ("bench_long_context_s27.json", "long_context_tpot_growth_stream"),
         ("bench_long_context_s27_vllm.json", "long_context_tpot_growth_vllm_run"),
+        ("bench_long_context_s28_vllm.json", "long_context_tpot_growth_s28"),
     ):
         d = load(name)
         floor = d["growth"]["radixserve-bf16"]["kv_floor_ms"]
@@ -269,6 +295,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
     for name, suffix in (
         ("bench_long_context_s27.json", ""),
         ("bench_long_context_s27_vllm.json", "_vllm_run"),
+        ("bench_long_context_s28_vllm.json", "_s28"),
     ):
         d = load(name)
         bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)

@@ -75,6 +75,7 @@ from summary_tables_s27 import (
     table_long_context_kv_dtypes,
     table_speculative_streamed,
 )
+from summary_tables_s28 import TABLES as TABLES_S28
 
 
 def _machine(name: str) -> str:
@@ -376,6 +377,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "decode_attention_stream": table_decode_attention_stream,
     "speculative_streamed": table_speculative_streamed,
     **LONG_CONTEXT_TABLES,
+    **TABLES_S28,
     "long_context_floor_samples": table_long_context_floor_samples,
     "speculative_amd": table_speculative_amd,
     "speculative_concurrent_amd": table_speculative_concurrent_amd,

@@ -28,11 +28,11 @@ LONG_CONTEXT_TABLES: dict[str, Callable[[], str]] = {
 }
 
 
-def table_long_context_kv_dtypes() -> str:
+def table_long_context_kv_dtypes(name: str = LONG_CONTEXT_STREAM) -> str:
     """The same run: per KV dtype and context, the median time per output token through
     HTTP and its ratio to bf16 KV's (issue 44's target: quantized KV no slower than bf16 at
     7,500 tokens)."""
-    cells = load(LONG_CONTEXT_STREAM)["cells"]
+    cells = load(name)["cells"]
 
     def med(server: str, ctx: int) -> float:
         return statistics.median(
@@ -53,11 +53,12 @@ def table_long_context_kv_dtypes() -> str:
     return "\n".join(out)
 
 
-def table_decode_attention_stream() -> str:
-    """bench_decode_attention.py --baseline 4a72e99: a batch-1 decode row's attention per
-    layer (SmolLM2's shape, bf16), pages from memory (cold) and from the caches (hot), this
-    kernel against the session's starting one, and whether their outputs were the same bits."""
-    d = load(DECODE_ATTENTION)
+def table_decode_attention_stream(name: str = DECODE_ATTENTION) -> str:
+    """bench_decode_attention.py --baseline REV: a batch-1 decode row's attention per layer
+    (SmolLM2's shape, bf16; ``--prefill``: every token a new row, causally), pages from memory
+    (cold) and from the caches (hot), this kernel against the session's starting one, and
+    whether their outputs were the same bits."""
+    d = load(name)
     base = d["baseline"]
     out = _head(
         "context",
@@ -90,12 +91,12 @@ def table_decode_attention_stream() -> str:
 SPECULATIVE_STREAMED = "bench_speculative_s27.json"
 
 
-def table_speculative_streamed() -> str:
+def table_speculative_streamed(name: str = SPECULATIVE_STREAMED) -> str:
     """bench_speculative.py with every request streamed: per drafter and workload, the
     speed-up over no speculation end to end (the prefill included) and of the decoding alone
     (the tokens after the first over the time after it), acceptance, and the decoding's time
     per token against the weight-streaming floor measured in the same run."""
-    d = load(SPECULATIVE_STREAMED)
+    d = load(name)
     floor = speculative_floor_ms(d)
     out = _head(
         "drafter",
