@@ -103,11 +103,11 @@ def table_long_context_quiet_targets() -> str:
 GEMV_ROWS = "bench_gemv_rows_s26.json"
 
 
-def table_gemv_rows() -> str:
+def table_gemv_rows(name: str = GEMV_ROWS) -> str:
     """bench_gemv_rows.py: every bf16 linear of the default model (30 layers and the head,
     weights on huge pages) through the GEMV kernel at each row count, against the build of
-    the commit named in its args, passes alternating; one thread, CPU-time clock."""
-    d = load(GEMV_ROWS)
+    the commit named in its args, passes alternating (its args: threads and clock)."""
+    d = load(name)
     rev = d["args"]["rev"]
     out = _head(
         "rows", "ms a pass, now", f"ms a pass, {rev}", "now / before", "now over the read floor",

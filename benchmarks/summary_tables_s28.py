@@ -15,6 +15,7 @@ from summary_tables_s23 import (
     table_long_context_profile,
     table_long_context_targets,
 )
+from summary_tables_s26 import table_gemv_rows
 from summary_tables_s27 import (
     table_decode_attention_stream,
     table_long_context_kv_dtypes,
@@ -26,6 +27,8 @@ PROFILE = "profile_long_context_s28.json"
 PREFILL_ATTENTION = "bench_decode_attention_s28_prefill.json"
 DECODE_ATTENTION = "bench_decode_attention_s28.json"
 SPECULATIVE = "bench_speculative_s28.json"
+GEMV_ROWS = "bench_gemv_rows_s28.json"
+SPECULATIVE_VERIFY = "bench_speculative_s28b.json"
 
 TABLES: dict[str, Callable[[], str]] = {
     "prefill_attention_s28": partial(table_decode_attention_stream, PREFILL_ATTENTION),
@@ -36,4 +39,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "long_context_kv_dtypes_s28": partial(table_long_context_kv_dtypes, LONG_CONTEXT_VLLM),
     "speculative_own_output": partial(table_speculative_streamed, SPECULATIVE),
     "speculative_own_output_concurrent": partial(table_speculative_concurrent, SPECULATIVE),
+    "gemv_rows_s28": partial(table_gemv_rows, GEMV_ROWS),
+    "speculative_verify_streamed": partial(table_speculative_streamed, SPECULATIVE_VERIFY),
+    "speculative_verify_concurrent": partial(table_speculative_concurrent, SPECULATIVE_VERIFY),
 }

@@ -176,8 +176,8 @@ inline void row_streams(const D& d, const T* x, int64_t ldx, int64_t k, const in
 // rows streams the S weight rows from memory, the others find them in L1. The first block
 // also prefetches into L2 twice kStreamAhead per block of rows ahead, so that the memory
 // keeps reading the next outputs' weights while the later blocks compute from L1 (SmolLM2's
-// linears, 2 threads, 2-core AMD VM: 9 rows 0.93x the time, 5 rows 0.85x; same bits;
-// benchmarks/bench_gemv_rows.py).
+// linears, 2 threads, 2-core AMD VM: 5 rows 0.74x the time, 9 rows 0.93x; same bits;
+// benchmarks/results/bench_gemv_rows_s28.json).
 template <int S, typename D, typename T, typename Store>
 inline void outputs_all_rows(const D& d, const T* x, int64_t m, int64_t k, const int64_t (&outs)[S],
                              Store&& store) {
