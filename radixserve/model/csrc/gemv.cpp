@@ -123,7 +123,7 @@ inline void row_streams1(const D& d, const T* x, int64_t k, const int64_t (&n)[S
 // row_streams1 sums a row (vectors of k in order, the reduce_add tree): the same bits as a
 // one-row call, whatever the call's row count. ``ahead`` 0: no prefetching (a later block of
 // rows, which finds the weight in L1); else each stream prefetches kStreamAhead bytes ahead
-// into L1, as a one-row call does, and ``ahead`` bytes ahead into L2 where that is farther.
+// into L1, as a one-row call does, and ``ahead`` bytes ahead (farther) into L2.
 template <int S, int MT, typename D, typename T>
 inline void row_streams(const D& d, const T* x, int64_t ldx, int64_t k, const int64_t (&n)[S],
                         float (&out)[S][MT], int64_t ahead) {
@@ -141,7 +141,7 @@ inline void row_streams(const D& d, const T* x, int64_t ldx, int64_t k, const in
     for (int i = 0; i < S; ++i) {
       if (ahead > 0) {
         _mm_prefetch(static_cast<const char*>(d.at(n[i], k0)) + kStreamAhead, _MM_HINT_T0);
-        if (ahead > kStreamAhead) _mm_prefetch(static_cast<const char*>(d.at(n[i], k0)) + ahead, _MM_HINT_T2);
+        _mm_prefetch(static_cast<const char*>(d.at(n[i], k0)) + ahead, _MM_HINT_T2);
       }
       const typename D::W w = d.load(n[i], k0);
 #pragma GCC unroll 4

@@ -103,6 +103,31 @@ struct Scratch {
   }
 };
 
+// One task of taking a call's runs whole (WholeRuns decodes them, ValuePairs pairs their
+// values): keys [lo, lo + kChunk) of run ``run``, KV head ``head``.
+struct ChunkTask {
+  int64_t run, head, lo;
+};
+
+// Every ChunkTask of ``runs`` (entries with a ``.run``, a KeyRun), run by run, head by head.
+template <typename Entries>
+void list_chunk_tasks(const Entries& runs, int64_t kv_heads, std::vector<ChunkTask>& tasks) {
+  tasks.clear();
+  for (int64_t i = 0; i < static_cast<int64_t>(runs.size()); ++i) {
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      for (int64_t lo = 0; lo < runs[i].run.len; lo += kChunk) tasks.push_back({i, h, lo});
+    }
+  }
+}
+
+// f(task) for thread ``t``'s share of ``tasks``, in a team of ``nt`` (every thread of the
+// team calls it, then waits for the others before any row reads a run).
+template <typename F>
+void for_share(const std::vector<ChunkTask>& tasks, int64_t t, int64_t nt, F&& f) {
+  const int64_t n = static_cast<int64_t>(tasks.size());
+  for (int64_t j = n * t / nt; j < n * (t + 1) / nt; ++j) f(tasks[j]);
+}
+
 // Where a run of keys lives: pages in order, the run's first ``len`` tokens of them; and,
 // where the kernel paired them for the call (ValuePairs), the values of the KV head it is
 // attended for as pairs of keys (key pair j at vpairs + j * d words), else null.

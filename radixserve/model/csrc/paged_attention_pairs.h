@@ -200,23 +200,16 @@ class ValuePairs {
     thread_local std::vector<uint32_t> buf;  // the calling thread's, as WholeRuns'
     if (static_cast<int64_t>(buf.size()) < words_) buf.resize(words_);
     base_ = buf.data();
-    tasks_.clear();
-    for (int64_t i = 0; i < static_cast<int64_t>(runs_.size()); ++i) {
-      for (int64_t h = 0; h < kv_heads_; ++h) {
-        for (int64_t lo = 0; lo < runs_[i].run.len; lo += kChunk) tasks_.push_back({i, h, lo});
-      }
-    }
+    list_chunk_tasks(runs_, kv_heads_, tasks_);
   }
 
-  // Thread ``t`` of a team of ``nt``: its share of the tasks (every thread of the team calls
-  // it, then waits for the others before any row reads a run). Runs of pages ``L`` holds.
+  // Thread ``t`` of a team of ``nt``: its share of the tasks (for_share), over runs of the
+  // pages ``L`` holds.
   template <typename KV>
   void pair_share(const Layer<KV>& L, int64_t t, int64_t nt) const {
-    const int64_t n = static_cast<int64_t>(tasks_.size());
-    for (int64_t j = n * t / nt; j < n * (t + 1) / nt; ++j) {
-      const Task& task = tasks_[j];
+    for_share(tasks_, t, nt, [&](const ChunkTask& task) {
       pair_keys(L, runs_[task.run].run.pages, task.head, task.run, task.head, task.lo);
-    }
+    });
   }
 
   // Pair the values of keys [lo, lo + kChunk) of run ``i`` (lo a multiple of kChunk) for its
@@ -257,13 +250,10 @@ class ValuePairs {
     KeyRun run;
     int64_t offset;  // of its pairs in the buffer, in words: [kv_heads, ceil(len / 2), d]
   };
-  struct Task {
-    int64_t run, head, lo;
-  };
   int64_t head_words(int64_t len) const { return (len + 1) / 2 * d_; }
   int64_t kv_heads_, d_, words_ = 0;
   std::vector<Entry> runs_;
-  std::vector<Task> tasks_;
+  std::vector<ChunkTask> tasks_;
   uint32_t* base_ = nullptr;
 };
 

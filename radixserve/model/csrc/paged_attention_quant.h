@@ -220,30 +220,22 @@ class WholeRuns {
     thread_local std::vector<T> buf;  // the calling thread's; see above
     if (static_cast<int64_t>(buf.size()) < elems_) buf.resize(elems_);
     base_ = buf.data();
-    tasks_.clear();
-    for (int64_t i = 0; i < static_cast<int64_t>(runs_.size()); ++i) {
-      for (int64_t h = 0; h < kv_heads_; ++h) {
-        for (int64_t lo = 0; lo < runs_[i].run.len; lo += kChunk) tasks_.push_back({i, h, lo});
-      }
-    }
+    list_chunk_tasks(runs_, kv_heads_, tasks_);
   }
 
-  // Thread ``t`` of a team of ``nt``: its share of the tasks (every thread of the team calls
-  // it, then waits for the others before any row reads a run). Inside the kernel's own
-  // parallel region: a team of its own would cost another fork and join per call.
+  // Thread ``t`` of a team of ``nt``: its share of the tasks (for_share). Inside the kernel's
+  // own parallel region: a team of its own would cost another fork and join per call.
   // ``decoded(i, h, lo)``: keys [lo, lo + kChunk) of run ``i``, KV head ``h``, are decoded
   // (on the thread that decoded them, before it goes on).
   template <typename G, typename Decoded>
   void decode_share(const Layer<G>& geo, const QuantPages& qp, int64_t t, int64_t nt, Decoded&& decoded) const {
-    const int64_t n = static_cast<int64_t>(tasks_.size());
-    for (int64_t j = n * t / nt; j < n * (t + 1) / nt; ++j) {
-      const Task& task = tasks_[j];
+    for_share(tasks_, t, nt, [&](const ChunkTask& task) {
       const Entry& e = runs_[task.run];
       const int64_t len = e.run.len, hi = std::min(len, task.lo + kChunk);
       T* k = base_ + e.offset + task.head * len * d_;
       decode_keys(geo, qp, task.head, e.run, 0, task.lo, hi, k, k + kv_heads_ * len * d_);
       decoded(task.run, task.head, task.lo);
-    }
+    });
   }
 
   // Run ``i`` decoded, KV head ``h``: a pool of one page of run.len tokens and one KV head
@@ -263,12 +255,9 @@ class WholeRuns {
     KeyRun run;
     int64_t offset;  // of its keys in the buffer, in elements: [kv_heads, len, d], then values alike
   };
-  struct Task {
-    int64_t run, head, lo;
-  };
   int64_t kv_heads_, d_, elems_ = 0;
   std::vector<Entry> runs_;
-  std::vector<Task> tasks_;
+  std::vector<ChunkTask> tasks_;
   T* base_ = nullptr;
 };
 
