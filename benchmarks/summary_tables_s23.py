@@ -5,6 +5,8 @@ with the others."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from results_data import load
@@ -207,3 +209,12 @@ def table_disagg() -> str:
                 )
             )
     return "\n".join(out)
+
+
+def long_context_tables(key: str, name: str) -> dict[str, Callable[[], str]]:
+    """A bench_long_context run's two tables for summary_tables.TABLES: per cell (``key``)
+    and against the targets (``key`` + ``_targets``)."""
+    return {
+        key: partial(table_long_context, name),
+        f"{key}_targets": partial(table_long_context_targets, name),
+    }

