@@ -14,7 +14,9 @@ machine's speed drifts: only same-run ratios mean anything)::
               speculate by rejection sampling, adaptive k turning their drafts off
 
 Then ``--concurrency`` (16) requests at a time on the peers benchmark's shared-system chats
-(benchmarks/workloads.py), per configuration in rotated rounds. Before and after, the
+(benchmarks/workloads.py), per configuration in rotated rounds, each round with chats of its
+own (``--concurrent-only``: this phase alone; ``concurrent.over_off`` in the JSON: each
+configuration's tokens/s over ``off``'s round by round, median and range). Before and after, the
 per-token weight-streaming floor (benchmarks/floor.py: the checkpoint's weight bytes over
 the read bandwidth sampled then), against which one request's time per token is set.
 Every request's record is kept in the JSON, in the order it ran.
@@ -33,6 +35,8 @@ engine's figure; here accepted / drafted and tokens per forward are from usage a
 
     python benchmarks/bench_speculative.py --configs off,ngram,radix --per-workload 4
     python benchmarks/bench_speculative.py --configs off,draft --draft-layers 6
+    python benchmarks/bench_speculative.py --configs off,radix --concurrent-only \\
+        --concurrent-rounds 8
     python benchmarks/bench_speculative.py --model /path/to/hf --max-tokens 16 --out ''
 
 Writes JSON (``--out``); results go into benchmarks/README.md through the results flow.
@@ -45,6 +49,7 @@ import json
 import os
 import random
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -270,8 +275,12 @@ def shared_system_concurrent(
     args: argparse.Namespace, servers: dict[str, Server], configs: list[str]
 ) -> dict[str, Any]:
     """``--concurrency`` requests at a time on benchmarks/workloads.py's shared-system chats
-    (the peers benchmark's workload), per configuration in rotated rounds: output tokens/s,
-    and what was drafted and accepted (many decoding at once: drafting stops above 8)."""
+    (the peers benchmark's workload), per configuration in rotated rounds (two
+    configurations: A-B, B-A, ...): output tokens/s, and what was drafted and accepted (many
+    decoding at once: drafting stops above 8). Each round has chats of its own (the
+    workload's seed plus the round): a round's system prompts are cached after its first
+    requests, never from an earlier round, so every round measures the same thing. A round
+    before them is not recorded (each server's first batch of this size)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
@@ -283,23 +292,25 @@ def shared_system_concurrent(
     import workloads
 
     tok = AutoTokenizer.from_pretrained(resolve_model(args.model or None))
-    wl = workloads.shared_system(
-        tok,
-        seed=args.seed,
-        requests=args.concurrent_requests,
-        system_tokens=500,
-        max_tokens=args.max_tokens,
-    )
-    bodies = [
-        {
-            "model": "default",
-            "messages": list(s[0].messages),
-            "max_tokens": args.max_tokens,
-            "temperature": 0.0,
-            "ignore_eos": True,
-        }
-        for s in wl.sessions
-    ]
+
+    def round_bodies(r: int) -> list[dict[str, Any]]:
+        wl = workloads.shared_system(
+            tok,
+            seed=args.seed + r,
+            requests=args.concurrent_requests,
+            system_tokens=500,
+            max_tokens=args.max_tokens,
+        )
+        return [
+            {
+                "model": "default",
+                "messages": list(s[0].messages),
+                "max_tokens": args.max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+            }
+            for s in wl.sessions
+        ]
 
     def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
         with httpx.Client(base_url=url, timeout=600) as cl:
@@ -314,14 +325,22 @@ def shared_system_concurrent(
             "drafted": acc + details.get("rejected_prediction_tokens", 0),
         }
 
+    def run_round(url: str, bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            return list(pool.map(lambda b: post(url, b), bodies))
+
+    # A round of chats of their own first, not recorded: every server's first batch of
+    # this size (its allocations, its first steps of each shape) is not timed.
+    warm = round_bodies(-1)
+    for c in configs:
+        run_round(servers[c].url, warm)
     rounds: list[dict[str, Any]] = []
     for r in range(args.concurrent_rounds):
+        bodies = round_bodies(r)
         order = configs[r % len(configs) :] + configs[: r % len(configs)]
         for c in order:
-            url = servers[c].url
             t0 = time.perf_counter()
-            with ThreadPoolExecutor(args.concurrency) as pool:
-                done = list(pool.map(lambda b: post(url, b), bodies))
+            done = run_round(servers[c].url, bodies)
             wall = time.perf_counter() - t0
             tokens = sum(d["tokens"] for d in done)
             rounds.append(
@@ -335,7 +354,30 @@ def shared_system_concurrent(
                     "accepted": sum(d["accepted"] for d in done),
                 }
             )
-    return {"concurrency": args.concurrency, "requests": len(bodies), "rounds": rounds}
+    return {
+        "concurrency": args.concurrency,
+        "requests": args.concurrent_requests,
+        "fresh_chats_per_round": True,
+        "rounds": rounds,
+        "over_off": concurrent_over_off(rounds),
+    }
+
+
+def concurrent_over_off(rounds: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per configuration: its tokens/s over ``off``'s in the same round, median and range over
+    the rounds (empty without ``off``)."""
+    by = {(r["config"], r["round"]): r["tokens_per_s"] for r in rounds}
+    out: dict[str, dict[str, float]] = {}
+    for c in sorted({r["config"] for r in rounds} - {"off"}):
+        ratios = [v / by[("off", n)] for (cc, n), v in by.items() if cc == c and ("off", n) in by]
+        if ratios:
+            out[c] = {
+                "median": statistics.median(ratios),
+                "min": min(ratios),
+                "max": max(ratios),
+                "rounds": len(ratios),
+            }
+    return out
 
 
 def weight_floor_ms(args: argparse.Namespace) -> dict[str, float]:
@@ -368,10 +410,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         servers = start_servers(args, configs, Path(workdir.name))
         floor_before = weight_floor_ms(args)
-        clients = {c: httpx.Client(base_url=s.url, timeout=600) for c, s in servers.items()}
-        records = one_at_a_time(args, clients, configs)
-        for cl in clients.values():
-            cl.close()
+        records: list[dict[str, Any]] = []
+        if not args.concurrent_only:
+            clients = {c: httpx.Client(base_url=s.url, timeout=600) for c, s in servers.items()}
+            records = one_at_a_time(args, clients, configs)
+            for cl in clients.values():
+                cl.close()
         concurrent = (
             shared_system_concurrent(args, servers, configs) if args.concurrency > 1 else None
         )
@@ -430,6 +474,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--concurrent-requests", type=int, default=32)
     ap.add_argument("--concurrent-rounds", type=int, default=2)
+    ap.add_argument(
+        "--concurrent-only",
+        action="store_true",
+        help="the shared-system phase alone (no one-at-a-time workloads)",
+    )
     ap.add_argument("--out", default="benchmarks/results/bench_speculative.json")
     return ap.parse_args(argv)
 
@@ -443,6 +492,9 @@ def main() -> None:
     for c, per in out["results"].items():
         for w, row in per.items():
             print(c, w, json.dumps(row))
+    if out["concurrent"] is not None:
+        for c, ratio in out["concurrent"]["over_off"].items():
+            print(c, f"{args.concurrency} at a time, over off:", json.dumps(ratio))
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
 
