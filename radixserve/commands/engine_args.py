@@ -76,6 +76,12 @@ ENGINE_FLAGS: list[tuple[str, Any, str]] = [
         "most tokens a request drafts per step, adapted per request from its acceptance (default 4)",
     ),
     (
+        "speculative-disable-by-batch-size",
+        int,
+        "no drafting while more requests than this are running or waiting (default 8): a "
+        "loaded CPU step is compute-bound, and verify rows then cost what decode rows do",
+    ),
+    (
         "quant-group-size",
         int,
         "int4 group size: 32 | 64 | 128 | 256 (default: largest dividing; 32 for GGUF)",

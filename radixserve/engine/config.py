@@ -162,9 +162,12 @@ class EngineConfig:
     # Speculative decoding (radixserve.speculative): "ngram" (prompt lookup), "radix" (what
     # followed in the cache's sequences, per namespace) or "draft" (the smaller model of the
     # same vocabulary at `speculative_draft_model`); None: off. At most
-    # `speculative_num_tokens` drafted per request and step (adapted per request).
+    # `speculative_num_tokens` drafted per request and step (adapted per request); no
+    # drafting while more than `speculative_disable_by_batch_size` requests are running or
+    # waiting (SchedulerConfig's).
     speculative_algorithm: str | None = None
     speculative_num_tokens: int = 4
+    speculative_disable_by_batch_size: int = SchedulerConfig.speculative_disable_by_batch_size
     speculative_draft_model: str | None = None
 
     @property
@@ -320,6 +323,11 @@ class EngineConfig:
         if not 1 <= self.speculative_num_tokens <= 16:
             errors.append(
                 f"speculative_num_tokens must be in [1, 16], got {self.speculative_num_tokens}"
+            )
+        if self.speculative_disable_by_batch_size < 1:
+            errors.append(
+                "speculative_disable_by_batch_size must be at least 1, got "
+                f"{self.speculative_disable_by_batch_size}"
             )
         why = "speculative decoding does not support {} yet"
         if torch.device(self.device).type != "cpu":

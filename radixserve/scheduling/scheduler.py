@@ -122,7 +122,11 @@ class Scheduler:
         self.speculation: Speculation | None = None
         if config.speculative_algorithm is not None:
             self.speculation = Speculation(
-                config.speculative_algorithm, config.speculative_num_tokens, self.counters, drafter
+                config.speculative_algorithm,
+                config.speculative_num_tokens,
+                self.counters,
+                drafter,
+                config.speculative_disable_by_batch_size,
             )
 
     # ------------------------------------------------------------------ public API
@@ -175,6 +179,12 @@ class Scheduler:
         """Width of the page table: the pages of the longest context a request may reach."""
         return -(-self.config.max_total_len // self.config.page_size)
 
+    @property
+    def _load(self) -> int:
+        """Requests running or waiting (speculative decoding's batch size: admitting or
+        retracting within a step's planning leaves it as it was)."""
+        return len(self.running) + len(self.waiting)
+
     def take_outputs(self) -> list[RequestOutput]:
         """Outputs produced outside a step (aborts, requests that can never fit)."""
         out, self._pending = self._pending, []
@@ -186,7 +196,7 @@ class Scheduler:
         if not work:
             return None
         kernel_rows = 0
-        if self.speculation is not None and self.speculation.row_invariant(work):
+        if self.speculation is not None and self.speculation.row_invariant(work, self._load):
             kernel_rows = self.speculation.one_row_kernel_rows
         batch = plan_step(work, self.rows, self.page_size, kernel_rows)
         if self.kv.window is not None:
@@ -316,7 +326,9 @@ class Scheduler:
                     budget -= 1
             if drafting:  # then their drafts (speculative decoding)
                 assert self.speculation is not None
-                budget -= self.speculation.draft([r for r, _ in work], budget, self.counters.steps)
+                budget -= self.speculation.draft(
+                    [r for r, _ in work], budget, self.counters.steps, self._load
+                )
             for r in self.running:
                 if budget and r.num_pending > 1 and not r.finishing:
                     n = min(r.num_pending, budget)

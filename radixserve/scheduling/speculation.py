@@ -10,9 +10,14 @@ the accepted tokens one by one through its usual stop checks and frees the pages
 rejected drafts' KV took.
 
 Who may draft: every greedy and sampled request whose last token is known on the host,
-while at most ``MAX_DECODES`` requests decode (past that a step is compute-bound on the CPU, and a verify
-row costs about what a decode row does: SGLang and vLLM turn speculation off at large
-batches alike). A sampled request's verify rows go through rejection sampling in the
+while at most ``speculative_disable_by_batch_size`` (8) requests are in the scheduler,
+running or waiting (vLLM's flag and rule). Past that a step is compute-bound on the CPU and a
+verify row costs about what a decode row does; and a step in which some request may draft
+runs each request's rows on a kernel of their own (below), which a loaded step, holding
+prefill chunks beside its decodes, pays for in weight reads. Counting the decodes of the
+step alone was not enough: 16 chats at a time on shared system prompts spent their steps
+between two waves with few decodes beside the next wave's prefill chunks, and were slower
+than without speculation (benchmarks/agents.md). A sampled request's verify rows go through rejection sampling in the
 sampler (:mod:`radixserve.speculative.rejection`): its output has the distribution of plain
 sampling, though not the same draws for the same seed.
 
@@ -38,9 +43,7 @@ from radixserve.scheduling.request import FUTURE_TOKEN, Request
 from radixserve.scheduling.types import SchedulerCounters
 from radixserve.speculative import AdaptiveK, Drafter, accepted_length, make_drafter
 
-__all__ = ["MAX_DECODES", "Speculation", "may_draft"]
-
-MAX_DECODES = 8  # no drafting while more requests than this decode
+__all__ = ["Speculation", "may_draft"]
 
 
 def may_draft(req: Request) -> bool:
@@ -58,28 +61,37 @@ class Speculation:
         k_max: int,
         counters: SchedulerCounters,
         drafter: Drafter | None = None,
+        disable_by_batch_size: int = 8,
     ) -> None:
-        """``drafter``: one built by the caller (the ``draft`` model's); else the algorithm's."""
+        """``drafter``: one built by the caller (the ``draft`` model's); else the algorithm's.
+        ``disable_by_batch_size``: no drafting while more requests are running or waiting."""
         self.drafter = drafter if drafter is not None else make_drafter(algorithm)
         self.k_max = k_max
         self.counters = counters
+        self.disable_by_batch_size = disable_by_batch_size
+
+    def on(self, load: int) -> bool:
+        """Whether requests may draft in a step while ``load`` requests are running or waiting."""
+        return load <= self.disable_by_batch_size
 
     # Rows up to which a prefill chunk runs the one-row kernel when alone (plan.row_paths).
     one_row_kernel_rows = GEMV_MAX_ROWS
 
-    def row_invariant(self, work: list[tuple[Request, int]]) -> bool:
+    def row_invariant(self, work: list[tuple[Request, int]], load: int) -> bool:
         """Whether this step's rows must each take their own kernel: some greedy decode in it
         may draft (its logits must be the one-row step's whether it drafted now or not; a
-        sampled request's rejection sampling needs no such bits)."""
-        decodes = [r for r, n in work if n == 1 and r.num_pending == 1]
-        return len(decodes) <= MAX_DECODES and any(
-            r.params.greedy and (r.drafts or may_draft(r)) for r in decodes
+        sampled request's rejection sampling needs no such bits). ``load``: the requests
+        running or waiting when the step was planned."""
+        return self.on(load) and any(
+            r.params.greedy and (r.drafts or may_draft(r))
+            for r, n in work
+            if n == 1 and r.num_pending == 1
         )
 
-    def draft(self, decodes: list[Request], budget: int, step: int) -> int:
-        """Fill ``req.drafts`` of the ``decodes`` that may draft, within ``budget`` tokens;
-        returns the tokens drafted."""
-        if len(decodes) > MAX_DECODES:
+    def draft(self, decodes: list[Request], budget: int, step: int, load: int) -> int:
+        """Fill ``req.drafts`` of the ``decodes`` that may draft, within ``budget`` tokens, while
+        ``load`` requests are running or waiting; returns the tokens drafted."""
+        if not self.on(load):
             return 0
         used = 0
         for req in decodes:

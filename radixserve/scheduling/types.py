@@ -30,9 +30,11 @@ class SchedulerConfig:
     new_token_ratio_decay: float = 0.002
     reserve_tokens_cap: int = 4096  # at most this much of a request's max_tokens is reserved
     # Speculative decoding (radixserve.speculative): the drafter ("ngram" | "radix"; None: off)
-    # and the most tokens a request drafts per step.
+    # and the most tokens a request drafts per step; no drafting while more requests than
+    # ``speculative_disable_by_batch_size`` are running or waiting (vLLM's flag of that name).
     speculative_algorithm: str | None = None
     speculative_num_tokens: int = 4
+    speculative_disable_by_batch_size: int = 8
 
 
 class RequestOutput(NamedTuple):

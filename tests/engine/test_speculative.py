@@ -15,6 +15,7 @@ from engine_helpers import random_prompts, run_to_completion, speculative_mixed_
 from radixserve.engine.engine import Engine
 from radixserve.engine.outputs import StepOutput
 from radixserve.sampling_params import SamplingParams
+from radixserve.scheduling.plan import ScheduledBatch
 
 PAGES = 256
 # Prompts that quote themselves (the n-gram drafter's case); a random model's greedy output
@@ -112,6 +113,50 @@ def test_mixed_batch_with_chunked_prefill_and_sampling(
         got = speculative_mixed_batch(base, spec, PROMPTS[0], _params)
         usage_a = got["a"][-1].usage
         assert usage_a is not None and usage_a.spec_accepted_tokens > 0
+        _all_pages_back(spec)
+    finally:
+        spec.close()
+
+
+def test_no_drafting_while_more_requests_than_the_batch_limit(tiny_llama_hd64_dir: Path) -> None:
+    """``speculative_disable_by_batch_size`` (vLLM's flag): no request drafts, nor does any
+    step take the row-invariant kernels, while more requests than that are running or
+    waiting; drafting resumes once the load falls to it, and outputs stay whole."""
+    spec = _engine(
+        tiny_llama_hd64_dir,
+        "float32",
+        speculative_algorithm="ngram",
+        speculative_num_tokens=4,
+        speculative_disable_by_batch_size=2,
+    )
+    try:
+        lengths = [6, 40, 40]
+        rids = [spec.add_request(p, _params(n)) for p, n in zip(PROMPTS, lengths, strict=True)]
+        sched = spec.scheduler
+        plan = sched.schedule
+        invariant: list[bool] = []  # each step's: did it name its rows' kernels?
+
+        def schedule() -> ScheduledBatch | None:
+            batch = plan()
+            invariant.append(batch is not None and batch.plan.row_paths is not None)
+            return batch
+
+        sched.schedule = schedule  # type: ignore[method-assign]
+        drafted = {"over": 0, "within": 0}
+        invariant_over = 0
+        got: dict[str, list[StepOutput]] = {}
+        while spec.has_unfinished():
+            load = len(sched.running) + len(sched.waiting)
+            before = sched.counters.spec_drafted_tokens
+            for o in spec.step():
+                got.setdefault(o.request_id, []).append(o)
+            spec.check_invariants()
+            drafted["over" if load > 2 else "within"] += sched.counters.spec_drafted_tokens - before
+            invariant_over += load > 2 and any(invariant)
+            invariant.clear()
+        assert drafted["over"] == 0 and invariant_over == 0
+        assert drafted["within"] > 0, "nothing drafted once the load fell: the test checked nothing"
+        assert [len(tokens_of(got[r])) for r in rids] == lengths
         _all_pages_back(spec)
     finally:
         spec.close()

@@ -31,7 +31,7 @@ BIAS = {10: 10.0, 11: 9.4, 12: 8.8, 13: 8.2}
 CYCLE = [10, 10, 11, 10, 12, 10, 13, 11, 11, 12, 11, 13, 12, 12, 13, 13]
 PROMPT = CYCLE * 2 + CYCLE[:1]
 SEEDS = 256
-GROUP = 8  # the most decodes that draft in one step (scheduling.speculation.MAX_DECODES)
+GROUP = 8  # the most requests that draft together (speculative_disable_by_batch_size's default)
 OUT = 4  # tokens per request: the first from the prefill, three verified
 
 
