@@ -98,8 +98,11 @@ class Request:
     finishing: bool = False
     # Speculative decoding (scheduling.speculation): the tokens drafted for the step being
     # planned or run (they follow ``token_ids``, and are not part of it), this request's
-    # adaptive draft length, and its drafted / accepted counts (usage).
+    # adaptive draft length, and its drafted / accepted counts (usage). ``speculates``: set at
+    # its first decode step, whether the scheduler's load then let it speculate (if not, it
+    # never does).
     drafts: list[int] = field(default_factory=list)
+    speculates: bool | None = None
     spec: AdaptiveK | None = None
     spec_drafted: int = 0
     spec_accepted: int = 0

@@ -324,11 +324,12 @@ class Scheduler:
                 if budget and r.num_pending == 1 and not r.finishing:
                     work.append((r, 1))
                     budget -= 1
-            if drafting:  # then their drafts (speculative decoding)
-                assert self.speculation is not None
-                budget -= self.speculation.draft(
-                    [r for r, _ in work], budget, self.counters.steps, self._load
-                )
+            if self.speculation is not None:  # then their drafts (speculative decoding)
+                decodes = [r for r, _ in work]
+                self.speculation.decide(decodes, self._load)
+                if drafting:
+                    steps = self.counters.steps
+                    budget -= self.speculation.draft(decodes, budget, steps, self._load)
             for r in self.running:
                 if budget and r.num_pending > 1 and not r.finishing:
                     n = min(r.num_pending, budget)

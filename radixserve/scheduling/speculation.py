@@ -11,13 +11,21 @@ rejected drafts' KV took.
 
 Who may draft: every greedy and sampled request whose last token is known on the host,
 while at most ``speculative_disable_by_batch_size`` (8) requests are in the scheduler,
-running or waiting (vLLM's flag and rule). Past that a step is compute-bound on the CPU and a
-verify row costs about what a decode row does; and a step in which some request may draft
+running or waiting (vLLM's flag and rule). Past that a step is compute-bound on the CPU and
+a verify row costs about what a decode row does; and a step in which some request may draft
 runs each request's rows on a kernel of their own (below), which a loaded step, holding
 prefill chunks beside its decodes, pays for in weight reads. Counting the decodes of the
 step alone was not enough: 16 chats at a time on shared system prompts spent their steps
 between two waves with few decodes beside the next wave's prefill chunks, and were slower
-than without speculation (benchmarks/agents.md). A sampled request's verify rows go through rejection sampling in the
+than without speculation (benchmarks/agents.md).
+
+Only a request that came to its first decode step under that load speculates (vLLM's flag
+is for new requests too): one that began among more has decoded in batched steps, so there
+is no output decoded alone for its verify rows to stay equal to, and it never makes a step
+take the kernels named row by row (the last chats of a loaded run, left few, decode as
+without speculation).
+
+A sampled request's verify rows go through rejection sampling in the
 sampler (:mod:`radixserve.speculative.rejection`): its output has the distribution of plain
 sampling, though not the same draws for the same seed.
 
@@ -47,9 +55,10 @@ __all__ = ["Speculation", "may_draft"]
 
 
 def may_draft(req: Request) -> bool:
-    """Whether ``req`` may draft this step: its last token is known on the host (the drafter
-    reads it). Grammars, penalties and ``min_tokens`` are followed row by row (see above)."""
-    return req.token_ids[-1] != FUTURE_TOKEN
+    """Whether ``req`` may draft this step: it speculates (``Speculation.decide``) and its last
+    token is known on the host (the drafter reads it). Grammars, penalties and
+    ``min_tokens`` are followed row by row (see above)."""
+    return bool(req.speculates) and req.token_ids[-1] != FUTURE_TOKEN
 
 
 class Speculation:
@@ -76,6 +85,13 @@ class Speculation:
 
     # Rows up to which a prefill chunk runs the one-row kernel when alone (plan.row_paths).
     one_row_kernel_rows = GEMV_MAX_ROWS
+
+    def decide(self, decodes: list[Request], load: int) -> None:
+        """Settle, for each of ``decodes`` at its first decode step, whether it speculates: if
+        ``load`` requests running or waiting allow it now."""
+        for req in decodes:
+            if req.speculates is None:
+                req.speculates = self.on(load)
 
     def row_invariant(self, work: list[tuple[Request, int]], load: int) -> bool:
         """Whether this step's rows must each take their own kernel: some greedy decode in it

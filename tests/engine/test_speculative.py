@@ -121,7 +121,8 @@ def test_mixed_batch_with_chunked_prefill_and_sampling(
 def test_no_drafting_while_more_requests_than_the_batch_limit(tiny_llama_hd64_dir: Path) -> None:
     """``speculative_disable_by_batch_size`` (vLLM's flag): no request drafts, nor does any
     step take the row-invariant kernels, while more requests than that are running or
-    waiting; drafting resumes once the load falls to it, and outputs stay whole."""
+    waiting. A request that began under that load never drafts; one that began alone stops
+    while the load is over and drafts again once it falls back. Outputs stay whole."""
     spec = _engine(
         tiny_llama_hd64_dir,
         "float32",
@@ -129,34 +130,48 @@ def test_no_drafting_while_more_requests_than_the_batch_limit(tiny_llama_hd64_di
         speculative_num_tokens=4,
         speculative_disable_by_batch_size=2,
     )
+    sched = spec.scheduler
+    plan = sched.schedule
+    invariant: list[bool] = []  # each step's: did it name its rows' kernels?
+
+    def schedule() -> ScheduledBatch | None:
+        batch = plan()
+        invariant.append(batch is not None and batch.plan.row_paths is not None)
+        return batch
+
+    sched.schedule = schedule  # type: ignore[method-assign]
+    got: dict[str, list[StepOutput]] = {}
+
+    def step() -> tuple[int, int]:
+        """One step: the load it was planned under, and the tokens it drafted."""
+        load = len(sched.running) + len(sched.waiting)
+        before = sched.counters.spec_drafted_tokens
+        for o in spec.step():
+            got.setdefault(o.request_id, []).append(o)
+        spec.check_invariants()
+        assert not (load > 2 and any(invariant)), "a step over the limit named its kernels"
+        invariant.clear()
+        return load, sched.counters.spec_drafted_tokens - before
+
     try:
-        lengths = [6, 40, 40]
-        rids = [spec.add_request(p, _params(n)) for p, n in zip(PROMPTS, lengths, strict=True)]
-        sched = spec.scheduler
-        plan = sched.schedule
-        invariant: list[bool] = []  # each step's: did it name its rows' kernels?
-
-        def schedule() -> ScheduledBatch | None:
-            batch = plan()
-            invariant.append(batch is not None and batch.plan.row_paths is not None)
-            return batch
-
-        sched.schedule = schedule  # type: ignore[method-assign]
-        drafted = {"over": 0, "within": 0}
-        invariant_over = 0
-        got: dict[str, list[StepOutput]] = {}
+        # Three at once: over the limit from their first decode, so never drafting.
+        crowd = [spec.add_request(p, _params(n)) for p, n in zip(PROMPTS, [6, 40, 40], strict=True)]
         while spec.has_unfinished():
-            load = len(sched.running) + len(sched.waiting)
-            before = sched.counters.spec_drafted_tokens
-            for o in spec.step():
-                got.setdefault(o.request_id, []).append(o)
-            spec.check_invariants()
-            drafted["over" if load > 2 else "within"] += sched.counters.spec_drafted_tokens - before
-            invariant_over += load > 2 and any(invariant)
-            invariant.clear()
-        assert drafted["over"] == 0 and invariant_over == 0
-        assert drafted["within"] > 0, "nothing drafted once the load fell: the test checked nothing"
-        assert [len(tokens_of(got[r])) for r in rids] == lengths
+            assert step()[1] == 0
+        # One alone drafts; two more join it (over the limit: it stops), then finish first.
+        alone = spec.add_request(PROMPTS[0], _params(60))
+        drafted = {"before": 0, "over": 0, "after": 0}
+        while drafted["before"] == 0 and len(got.get(alone, [])) < 20:
+            drafted["before"] += step()[1]
+        joined = [spec.add_request(p, _params(4)) for p in PROMPTS[1:]]
+        while spec.has_unfinished():
+            load, n = step()
+            drafted["over" if load > 2 else "after"] += n
+        assert drafted["over"] == 0
+        assert drafted["before"] > 0 and drafted["after"] > 0, drafted
+        lengths = {**dict(zip(crowd, [6, 40, 40], strict=True)), alone: 60}
+        lengths |= dict.fromkeys(joined, 4)
+        assert {r: len(tokens_of(got[r])) for r in lengths} == lengths
         _all_pages_back(spec)
     finally:
         spec.close()
