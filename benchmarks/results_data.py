@@ -246,6 +246,8 @@ def speculative_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
         ),
         # After the GEMV's several-row prefetch (a verify step's linears).
         "bench_speculative_s28b.json": ("_s28b", [("radix", "copy"), ("radix", "nocopy")]),
+        # Drafting turned off by the scheduler's load (running and waiting requests).
+        "bench_speculative_s29.json": ("_s29", [("radix", "copy"), ("radix", "nocopy")]),
     }
     for name, (suffix, cells) in quoted.items():
         results = load(name)["results"]
@@ -254,6 +256,20 @@ def speculative_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
             stem = f"spec_{config}_{workload}"
             add(f"{stem}_decode{suffix}", spread([row["decode_speedup_vs_off"]]), [name])
             add(f"{stem}_e2e{suffix}", spread([row["speedup_vs_off"]], digits=3), [name])
+    # The 16-at-a-time phase, round by round: each configuration's tokens/s over no
+    # speculation's in the same round; drafting off by the step's decodes, then by the load,
+    # then also for every request that began over it.
+    for name, suffix in (
+        ("bench_speculative_s29_decodes.json", "_decodes"),
+        ("bench_speculative_s29.json", "_load"),
+        ("bench_speculative_s29_new_requests.json", "_new_requests"),
+    ):
+        rounds = load(name)["concurrent"]["rounds"]
+        off = {r["round"]: r["tokens_per_s"] for r in rounds if r["config"] == "off"}
+        for config in ("ngram", "radix"):
+            ratios = [r["tokens_per_s"] / off[r["round"]] for r in rounds if r["config"] == config]
+            if ratios:
+                add(f"spec_concurrent_{config}{suffix}", spread(ratios), [name])
 
 
 def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:

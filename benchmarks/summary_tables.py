@@ -76,6 +76,7 @@ from summary_tables_s27 import (
     table_speculative_streamed,
 )
 from summary_tables_s28 import TABLES as TABLES_S28
+from summary_tables_s29 import TABLES as TABLES_S29
 
 
 def _machine(name: str) -> str:
@@ -378,6 +379,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "speculative_streamed": table_speculative_streamed,
     **LONG_CONTEXT_TABLES,
     **TABLES_S28,
+    **TABLES_S29,
     "long_context_floor_samples": table_long_context_floor_samples,
     "speculative_amd": table_speculative_amd,
     "speculative_concurrent_amd": table_speculative_concurrent_amd,
