@@ -68,14 +68,20 @@ class NgramTable:
     def best(self, context: Sequence[int], seqs: dict[int, list[int]]) -> Match | None:
         """The occurrence of ``context``'s last pair that agrees longest with it, or None.
         ``seqs``: the tokens of each sequence id still known (others' occurrences are skipped)."""
+        ranked = self.ranked(context, seqs)
+        return ranked[0] if ranked else None
+
+    def ranked(self, context: Sequence[int], seqs: dict[int, list[int]]) -> list[Match]:
+        """Every kept occurrence of ``context``'s last pair, the longest agreement first (the
+        most recent first among equals); ``seqs`` as for :meth:`best`."""
         n = len(context)
         if n < KEY:
-            return None
+            return []
         occ = self._where.get((context[-2], context[-1]))
         if not occ:
-            return None
-        best: Match | None = None
-        for seq_id, pos in reversed(occ):  # most recent first: it wins ties
+            return []
+        found: list[Match] = []
+        for seq_id, pos in reversed(occ):  # most recent first: it wins ties (a stable sort)
             tokens = seqs.get(seq_id)
             if tokens is None:
                 continue
@@ -87,6 +93,6 @@ class NgramTable:
                 and tokens[pos - length - 1] == context[n - length - 1]
             ):
                 length += 1
-            if best is None or length > best.length:
-                best = Match(seq_id, pos, length)
-        return best
+            found.append(Match(seq_id, pos, length))
+        found.sort(key=lambda m: -m.length)
+        return found

@@ -116,6 +116,24 @@ class SuffixIndex:
             return []
         return space.seqs[match.seq][match.pos : match.pos + k]
 
+    def candidates(
+        self, namespace: Hashable | None, context: list[int], k: int, n: int
+    ) -> list[list[int]]:
+        """Up to ``n`` different continuations of up to ``k`` tokens that followed
+        ``context``'s last tokens in ``namespace``, the best match first (a token tree's
+        branches; :meth:`lookup` is the first)."""
+        space = self._spaces.get(namespace)
+        if space is None:
+            return []
+        out: list[list[int]] = []
+        for match in space.table.ranked(context, space.seqs):
+            cont = space.seqs[match.seq][match.pos : match.pos + k]
+            if cont and cont not in out:
+                out.append(cont)
+                if len(out) == n:
+                    break
+        return out
+
     def _trim(self) -> None:
         while self.num_tokens > self.max_tokens and len(self._order) > 1:
             seq_id, namespace = self._order.popitem(last=False)
