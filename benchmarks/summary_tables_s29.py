@@ -18,6 +18,8 @@ from summary_tables_s27 import table_speculative_streamed
 SPECULATIVE = "bench_speculative_s29.json"
 SPECULATIVE_DECODES = "bench_speculative_s29_decodes.json"
 SPECULATIVE_NEW = "bench_speculative_s29_new_requests.json"
+DRAFT_TREE = "bench_draft_tree_s29.json"
+GEMV_ROWS = "bench_gemv_rows_s28.json"
 
 
 def table_speculative_rounds(name: str) -> str:
@@ -54,9 +56,58 @@ def table_speculative_rounds(name: str) -> str:
     return "\n".join(out)
 
 
+def linears_ms(rows: float, gemv: list[dict[str, float]]) -> float:
+    """A pass over every linear at ``rows`` rows on the GEMV kernel (bench_gemv_rows.py's
+    passes, linear between the row counts it timed; past the last, its last slope)."""
+    pts = sorted((r["rows"], r["tree_ms"]) for r in gemv)
+    for (r0, t0), (r1, t1) in zip(pts, pts[1:], strict=False):
+        if rows <= r1 or (r1, t1) == pts[-1]:
+            return t0 + (rows - r0) * (t1 - t0) / (r1 - r0)
+    return pts[0][1]
+
+
+def table_draft_tree() -> str:
+    """bench_draft_tree.py: per workload and shape (the chain, trees of B branches) the
+    verify steps, tokens and rows per step, tokens per step over the chain's; and, modeled,
+    tokens per millisecond of the step's linears (bench_gemv_rows.py's passes at that many
+    rows, interpolated) over the chain's: what a tree's extra rows would cost on this CPU."""
+    d = load(DRAFT_TREE)
+    gemv = load(GEMV_ROWS)["kernel"]
+    out = _head(
+        "workload",
+        "shape",
+        "verify steps",
+        "tokens per step",
+        "rows per step",
+        "tokens per step over the chain",
+        "modeled tokens per ms of linears over the chain",
+        align="llrrrrr",
+    )
+    res = d["results"]
+    for workload in res["chain"]:
+        chain = res["chain"][workload]
+        chain_rate = chain["tokens_per_step"] / linears_ms(chain["rows_per_step"], gemv)
+        for shape, per in res.items():
+            t = per[workload]
+            rate = t["tokens_per_step"] / linears_ms(t["rows_per_step"], gemv)
+            out.append(
+                _row(
+                    workload,
+                    shape,
+                    t["steps"],
+                    f"{t['tokens_per_step']:.2f}",
+                    f"{t['rows_per_step']:.2f}",
+                    f"{t['tokens_per_step_over_chain']:.2f}",
+                    f"{rate / chain_rate:.2f}",
+                )
+            )
+    return "\n".join(out)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "speculative_load_streamed": partial(table_speculative_streamed, SPECULATIVE),
     "speculative_load_rounds": partial(table_speculative_rounds, SPECULATIVE),
     "speculative_decodes_rounds": partial(table_speculative_rounds, SPECULATIVE_DECODES),
     "speculative_new_requests_rounds": partial(table_speculative_rounds, SPECULATIVE_NEW),
+    "draft_tree": table_draft_tree,
 }
