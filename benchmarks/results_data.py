@@ -280,6 +280,7 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s25.json", ""),
         ("bench_long_context_s27_vllm.json", "_s27"),
         ("bench_long_context_s28_vllm.json", "_s28"),
+        ("bench_long_context_s29_gap.json", "_s29"),
     ):
         cells = load(name)["cells"]
 
@@ -293,6 +294,19 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ):
             ours, theirs = at("radixserve-bf16", key), at("vllm-bf16", key)
             add(fig + suffix, spread(o / t for o, t in zip(ours, theirs, strict=True)), [name])
+    # The same run's server against the same engine in process (``--in-process``): TTFT at
+    # 7,500 tokens through HTTP over in process, repetition by repetition.
+    name = "bench_long_context_s29_gap.json"
+    cells = load(name)["cells"]
+    ttft = {(c["server"], c["rep"]): c["ttft_s"] for c in cells if c["context"] == 7500}
+    reps = sorted(r for s, r in ttft if s == "radixserve-bf16")
+    add(
+        "long_context_ttft_http_over_in_process_s29",
+        spread(
+            ttft[("radixserve-bf16", r)] / ttft[("radixserve-bf16-in-process", r)] for r in reps
+        ),
+        [name],
+    )
 
 
 def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
@@ -305,6 +319,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s27.json", "long_context_tpot_growth_stream"),
         ("bench_long_context_s27_vllm.json", "long_context_tpot_growth_vllm_run"),
         ("bench_long_context_s28_vllm.json", "long_context_tpot_growth_s28"),
+        ("bench_long_context_s29_gap.json", "long_context_tpot_growth_s29"),
     ):
         d = load(name)
         floor = d["growth"]["radixserve-bf16"]["kv_floor_ms"]

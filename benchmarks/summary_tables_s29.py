@@ -13,6 +13,7 @@ from functools import partial
 
 from results_data import load
 from summary_tables_s22 import _head, _row
+from summary_tables_s23 import long_context_tables
 from summary_tables_s27 import table_speculative_streamed
 
 SPECULATIVE = "bench_speculative_s29.json"
@@ -20,6 +21,7 @@ SPECULATIVE_DECODES = "bench_speculative_s29_decodes.json"
 SPECULATIVE_NEW = "bench_speculative_s29_new_requests.json"
 DRAFT_TREE = "bench_draft_tree_s29.json"
 GEMV_ROWS = "bench_gemv_rows_s28.json"
+LONG_CONTEXT_GAP = "bench_long_context_s29_gap.json"
 
 
 def table_speculative_rounds(name: str) -> str:
@@ -104,10 +106,37 @@ def table_draft_tree() -> str:
     return "\n".join(out)
 
 
+def table_long_context_gap_floors() -> str:
+    """The HTTP-against-in-process run's floors, repetition by repetition: the read bandwidth
+    sampled before it and the KV read floor it gives a token at 1,000 and 7,500 tokens."""
+    d = load(LONG_CONTEXT_GAP)
+    out = _head(
+        "repetition",
+        "read GB/s sampled",
+        "KV read floor, ms a token at 1,000",
+        "at 7,500",
+        align="rrrr",
+    )
+    floors = {(f["rep"], f["context"]): f for f in d["floors"]}
+    for rep in sorted({r for r, _ in floors}):
+        short, long = floors[(rep, 1000)], floors[(rep, 7500)]
+        out.append(
+            _row(
+                rep,
+                f"{short['read_gbs']:.1f}",
+                f"{short['kv_floor_ms']['auto']:.2f}",
+                f"{long['kv_floor_ms']['auto']:.2f}",
+            )
+        )
+    return "\n".join(out)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "speculative_load_streamed": partial(table_speculative_streamed, SPECULATIVE),
     "speculative_load_rounds": partial(table_speculative_rounds, SPECULATIVE),
     "speculative_decodes_rounds": partial(table_speculative_rounds, SPECULATIVE_DECODES),
     "speculative_new_requests_rounds": partial(table_speculative_rounds, SPECULATIVE_NEW),
     "draft_tree": table_draft_tree,
+    **long_context_tables("long_context_gap_s29", LONG_CONTEXT_GAP),
+    "long_context_gap_s29_floors": table_long_context_gap_floors,
 }
