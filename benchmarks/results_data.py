@@ -265,11 +265,17 @@ def speculative_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
         ("bench_speculative_s29_new_requests.json", "_new_requests"),
     ):
         rounds = load(name)["concurrent"]["rounds"]
-        off = {r["round"]: r["tokens_per_s"] for r in rounds if r["config"] == "off"}
         for config in ("ngram", "radix"):
-            ratios = [r["tokens_per_s"] / off[r["round"]] for r in rounds if r["config"] == config]
+            ratios = rounds_over_off(rounds, config)
             if ratios:
                 add(f"spec_concurrent_{config}{suffix}", spread(ratios), [name])
+
+
+def rounds_over_off(rounds: list[dict[str, Any]], config: str) -> list[float]:
+    """bench_speculative.py's concurrent rounds: ``config``'s output tokens/s over no
+    speculation's in the same round, round by round."""
+    off = {r["round"]: r["tokens_per_s"] for r in rounds if r["config"] == "off"}
+    return [r["tokens_per_s"] / off[r["round"]] for r in rounds if r["config"] == config]
 
 
 def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:

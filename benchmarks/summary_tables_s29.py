@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Callable
 from functools import partial
 
-from results_data import load
+from results_data import load, rounds_over_off
 from summary_tables_s22 import _head, _row
 from summary_tables_s23 import long_context_tables
 from summary_tables_s27 import table_speculative_streamed
@@ -29,7 +29,6 @@ def table_speculative_rounds(name: str) -> str:
     output tokens/s and its tokens/s over no speculation's in the same round (median and
     range), the rounds under no speculation's, and what it drafted and accepted in all."""
     rounds = load(name)["concurrent"]["rounds"]
-    rate = {(r["config"], r["round"]): r["tokens_per_s"] for r in rounds}
     out = _head(
         "drafter",
         "rounds",
@@ -43,7 +42,7 @@ def table_speculative_rounds(name: str) -> str:
     for config in dict.fromkeys(r["config"] for r in rounds):
         mine = [r for r in rounds if r["config"] == config]
         xs = sorted(r["tokens_per_s"] for r in mine)
-        ratios = sorted(r["tokens_per_s"] / rate[("off", r["round"])] for r in mine)
+        ratios = sorted(rounds_over_off(rounds, config))
         out.append(
             _row(
                 config,

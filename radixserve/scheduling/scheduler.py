@@ -126,7 +126,7 @@ class Scheduler:
                 config.speculative_num_tokens,
                 self.counters,
                 drafter,
-                config.speculative_disable_by_batch_size,
+                disable_by_batch_size=config.speculative_disable_by_batch_size,
             )
 
     # ------------------------------------------------------------------ public API

@@ -70,7 +70,8 @@ class Speculation:
         k_max: int,
         counters: SchedulerCounters,
         drafter: Drafter | None = None,
-        disable_by_batch_size: int = 8,
+        *,
+        disable_by_batch_size: int,
     ) -> None:
         """``drafter``: one built by the caller (the ``draft`` model's); else the algorithm's.
         ``disable_by_batch_size``: no drafting while more requests are running or waiting."""
