@@ -99,13 +99,17 @@ inline void prob_pairs_narrow(const float* ps, uint32_t* __restrict pw) {
 // acc rows [r, r + R) = acc * alpha + the block's probabilities (``pw``, prob_pairs_*) times
 // its values (``tv``, value_pairs), over ``pairs`` pairs of keys: R * NC accumulators, the
 // rows' probability pair broadcast, each pair's value vectors loaded once for the R rows.
+// ``rescale`` false: every alpha is 1 (no row's maximum moved), and acc is taken as it is.
 template <int NC, int R>
-inline void accumulate_pairs(float* __restrict acc, int64_t r, const vf alpha, const uint32_t* pw,
+inline void accumulate_pairs(float* __restrict acc, int64_t r, const vf alpha, bool rescale, const uint32_t* pw,
                              const uint32_t* tv, int64_t pairs) {
   constexpr int64_t d = NC * kLanes;
   __m512 x[R][NC];
   for (int i = 0; i < R; ++i) {
-    for (int c = 0; c < NC; ++c) x[i][c] = static_cast<__m512>(load_vf(acc + (r + i) * d + c * kLanes) * alpha[r + i]);
+    for (int c = 0; c < NC; ++c) {
+      const vf a = load_vf(acc + (r + i) * d + c * kLanes);
+      x[i][c] = static_cast<__m512>(rescale ? a * alpha[r + i] : a);
+    }
   }
   for (int64_t j = 0; j < pairs; ++j) {
     __m512bh v[NC];
@@ -149,18 +153,21 @@ inline void accumulate_value_pairs(float* __restrict acc, const vf alpha, const 
 }
 
 // accumulate_pairs for rows [0, lanes): four rows at a time where the registers allow, then
-// fewer (the arithmetic of a row is the same either way).
+// fewer (the arithmetic of a row is the same either way). Where no row's maximum moved (every
+// alpha exactly 1, as in most blocks of a long context) acc is not multiplied: x * 1 is x,
+// so the same bits, and 16 rows' multiplies a block fewer on the FMA ports.
 template <int NC>
 inline void accumulate_pair_rows(float* acc, int64_t lanes, const vf alpha, const uint32_t* pw, const uint32_t* tv,
                                  int64_t pairs) {
+  const bool rescale = _mm512_cmp_ps_mask(static_cast<__m512>(alpha), _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) != 0;
   int64_t r = 0;
   if constexpr (NC <= 4) {
-    for (; r + 4 <= lanes; r += 4) accumulate_pairs<NC, 4>(acc, r, alpha, pw, tv, pairs);
+    for (; r + 4 <= lanes; r += 4) accumulate_pairs<NC, 4>(acc, r, alpha, rescale, pw, tv, pairs);
   }
   if constexpr (NC <= 8) {
-    for (; r + 2 <= lanes; r += 2) accumulate_pairs<NC, 2>(acc, r, alpha, pw, tv, pairs);
+    for (; r + 2 <= lanes; r += 2) accumulate_pairs<NC, 2>(acc, r, alpha, rescale, pw, tv, pairs);
   }
-  for (; r < lanes; ++r) accumulate_pairs<NC, 1>(acc, r, alpha, pw, tv, pairs);
+  for (; r < lanes; ++r) accumulate_pairs<NC, 1>(acc, r, alpha, rescale, pw, tv, pairs);
 }
 
 }  // namespace radixserve_cpu::paged
