@@ -19,6 +19,15 @@ by whole time slices, while CPU time counts only what ran. Run it with ``GOMP_SP
     GOMP_SPINCOUNT=0 python benchmarks/bench_decode_attention.py --baseline HEAD --clock cpu \
         --dtypes bfloat16 --contexts 1000,2000,3000,4000,5000,6000,7000,7500,8000
 
+``--read-floor`` adds a third timing, ``read cold``: the same pages read and nothing computed
+(every byte of each page's K and V, the next page's lines prefetched while one is read, the
+pages split over the threads as the kernel splits its chunks), after the same eviction, per
+layer: the floor a decode step's attention has on this machine for its KV as it lies,
+scattered over the pool a page at a time, rather than the steady rate of one long
+sequential read (``torch.sum`` over 512 MiB, the floor ``bench_long_context.py`` samples).
+
+    python benchmarks/bench_decode_attention.py --read-floor --dtypes bfloat16 --contexts 1000,7500
+
 With ``--baseline REV`` the kernel source at that git revision is built beside the current
 one (its operator library renamed) and both are timed alternately, call for call, and their
 outputs compared: equal bits are expected whenever the revisions compute the same arithmetic.
@@ -102,6 +111,59 @@ def baseline_op(rev: str) -> Op:
     return torch.ops.attn_base.paged_attention
 
 
+READ_SOURCE = r"""
+#include <torch/extension.h>
+#include <omp.h>
+#include <cstring>
+
+// Every byte of the pages ``pages`` of ``k`` and ``v`` (K then V of each page), the pages split
+// over the threads in runs, the next page's lines prefetched while one is read. A checksum,
+// so that the loads stay.
+int64_t read_pages(const at::Tensor& k, const at::Tensor& v, const at::Tensor& pages) {
+  const char* kb = static_cast<const char*>(k.data_ptr());
+  const char* vb = static_cast<const char*>(v.data_ptr());
+  const int64_t bytes = k.stride(0) * k.element_size(), n = pages.numel();
+  const int64_t* ids = pages.data_ptr<int64_t>();
+  uint64_t sum = 0;
+#pragma omp parallel num_threads(at::get_num_threads()) reduction(^ : sum)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+    for (int64_t i = lo; i < hi; ++i) {
+      if (i + 1 < hi) {
+        for (int64_t b = 0; b < bytes; b += 64) {
+          __builtin_prefetch(kb + ids[i + 1] * bytes + b, 0, 2);
+          __builtin_prefetch(vb + ids[i + 1] * bytes + b, 0, 2);
+        }
+      }
+      for (const char* base : {kb + ids[i] * bytes, vb + ids[i] * bytes}) {
+        for (int64_t b = 0; b < bytes; b += 8) {
+          uint64_t w;
+          std::memcpy(&w, base + b, sizeof w);
+          sum ^= w;
+        }
+      }
+    }
+  }
+  return static_cast<int64_t>(sum);
+}
+"""
+
+
+def read_op() -> Callable[..., int]:
+    """``read_pages(k, v, pages)``: the pages read and nothing computed (``--read-floor``)."""
+    from torch.utils import cpp_extension
+
+    module = cpp_extension.load_inline(
+        name="bench_read_pages",
+        cpp_sources=READ_SOURCE,
+        functions=["read_pages"],
+        extra_cflags=native.CFLAGS,
+        extra_ldflags=native.LDFLAGS,
+    )
+    return module.read_pages
+
+
 def layers_for(
     ctx: int, dtype: torch.dtype, batch: int = 1, prefill: bool = False
 ) -> list[tuple[torch.Tensor, ...]]:
@@ -146,6 +208,11 @@ def main() -> int:
         help="every token of each sequence a new row (a prompt's prefill) instead of the last",
     )
     ap.add_argument(
+        "--read-floor",
+        action="store_true",
+        help="also time a bare cold read of the same pages per layer (``read cold``)",
+    )
+    ap.add_argument(
         "--clock",
         choices=("wall", "cpu"),
         default="wall",
@@ -161,6 +228,7 @@ def main() -> int:
     ops: dict[str, Op] = {"current": torch.ops.radixserve_cpu.paged_attention}
     if args.baseline:
         ops[args.baseline] = baseline_op(args.baseline)
+    read = read_op() if args.read_floor else None
     evict = torch.ones(64 << 20)
     results = []
     for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
@@ -187,6 +255,12 @@ def main() -> int:
                     for _ in range(LAYERS):
                         call(name, layers[0])
                     samples.setdefault(f"{name} hot", []).append((clock() - t) / LAYERS)
+                if read is not None:
+                    evict.sum()
+                    t = clock()
+                    for k, v, *plan in layers:
+                        read(k, v, plan[5])  # the plan's own_pages
+                    samples.setdefault("read cold", []).append((clock() - t) / LAYERS)
             same = all(torch.equal(o, outs["current"]) for o in outs.values())
             row = {
                 "dtype": str(dtype).removeprefix("torch."),
@@ -200,6 +274,7 @@ def main() -> int:
                     2 * args.batch * ctx * HKV * D * q.element_size() / 1e6, 3
                 ),
                 "outputs_equal": same,
+                "samples_us": {k: [round(x * 1e6, 1) for x in v] for k, v in samples.items()},
             }
             results.append(row)
             print(json.dumps(row), flush=True)
