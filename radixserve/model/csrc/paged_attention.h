@@ -48,14 +48,6 @@ struct PrefetchStream {
     per_step = keep;
   }
   void step() {
-    // Most steps lie inside one range (a page is ~100 lines, a step a few): no bookkeeping
-    // past one comparison; the loop below is for a step that crosses into the next range.
-    if (range < ranges.size() && per_step < (ranges[range].second - offset) / 64) {
-      const char* at = ranges[range].first + offset;
-      for (int64_t i = 0; i < per_step; ++i) __builtin_prefetch(at + 64 * i, 0, 2);
-      offset += 64 * per_step;
-      return;
-    }
     for (int64_t left = per_step; left > 0 && range < ranges.size();) {
       const char* at = ranges[range].first + offset;
       const int64_t n = std::min(left, (ranges[range].second - offset) / 64);
