@@ -164,6 +164,41 @@ def read_op() -> Callable[..., int]:
     return module.read_pages
 
 
+def paged_read_ms(
+    tokens: int,
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    dtype: torch.dtype,
+    samples: int = 3,
+) -> float:
+    """One decode token's KV read as the engine lays it out and nothing computed: ``tokens``
+    tokens of K and V per layer on pages scattered in each layer's pool (a KVPool's memory),
+    every layer read in turn after 256 MB read past them (a step's weights evict its KV):
+    the median of ``samples`` such passes, in ms (``bench_long_context.py``'s paged floor)."""
+    read = read_op()
+    pages = -(-tokens // page_size)
+    shape = (pages + 1, page_size, kv_heads, head_dim)
+    pools = []
+    for layer in range(layers):
+        k = zeroed_storage(shape, dtype, torch.device("cpu"), False)
+        v = zeroed_storage(shape, dtype, torch.device("cpu"), False)
+        k.fill_(1.0), v.fill_(1.0)  # touched: an untouched page would read the shared zero page
+        order = list(range(1, pages + 1))
+        random.Random(layer).shuffle(order)
+        pools.append((k, v, torch.tensor(order, dtype=torch.int64)))
+    evict = torch.ones(64 << 20)
+    times = []
+    for _ in range(samples):
+        evict.sum()
+        t = time.perf_counter()
+        for k, v, ids in pools:
+            read(k, v, ids)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
 def layers_for(
     ctx: int, dtype: torch.dtype, batch: int = 1, prefill: bool = False
 ) -> list[tuple[torch.Tensor, ...]]:

@@ -22,6 +22,13 @@ length) (nothing a server cached can hit), the same ids for every server of a ce
   bytes per token, ``radixserve.memory.footprint.kv_bytes_per_token``) over the read bandwidth
   (``floor.read_gbs``), sampled beside the matrix rate. ``kv_floor_ms`` is the KV part alone:
   the growth of TPOT with context is set against the growth of it.
+- Paged read floor of a decode token's KV (bf16 KV): the same KV read as the engine lays it
+  out, cold, and nothing computed (``bench_decode_attention.paged_read_ms``: pages scattered
+  in each layer's pool, every layer in turn after 256 MB read past them), sampled beside the
+  read bandwidth: ``paged_kv_floor_ms``. The sequential rate of ``torch.sum`` over 512 MiB
+  is the memory's best; pages of a few KB at scattered addresses, read once each after the
+  weights evicted them, are what a decode step's attention can do no better than. The
+  growth of TPOT is set against both.
 
 - ``--in-process``: the same engine as the bf16 radixserve server (its page size, pages,
   threads, running requests and window), built in this process, takes the same prompt at
@@ -75,6 +82,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `floor`, `peers`, the profile
 
+from bench_decode_attention import paged_read_ms  # noqa: E402
 from floor import (  # noqa: E402
     checkpoint_matmul_weights,
     checkpoint_weight_bytes,
@@ -271,14 +279,25 @@ def growth(doc: dict[str, Any]) -> dict[str, dict[str, float]]:
             for ctx in (lo, hi)
             if kv in doc["floors"][0]["kv_floor_ms"]
         }
+        paged = {
+            ctx: statistics.median(
+                f["paged_kv_floor_ms"] for f in doc["floors"] if str(f["context"]) == ctx
+            )
+            for ctx in (lo, hi)
+            if kv == "auto" and all("paged_kv_floor_ms" in f for f in doc["floors"])
+        }
         g: dict[str, float] = {"from": int(lo), "to": int(hi)}
         for key in ("tpot_ms", "itl_median_ms"):
             if key in by_ctx[lo] and key in by_ctx[hi]:
                 g[key] = by_ctx[hi][key] - by_ctx[lo][key]
                 if floor:
                     g[f"{key}_over_kv_floor"] = g[key] / (floor[hi] - floor[lo])
+                if paged:
+                    g[f"{key}_over_paged_kv_floor"] = g[key] / (paged[hi] - paged[lo])
         if floor:
             g["kv_floor_ms"] = floor[hi] - floor[lo]
+        if paged:
+            g["paged_kv_floor_ms"] = paged[hi] - paged[lo]
         out[name] = g
     base = out.get(IN_PROCESS)
     if base is not None:
@@ -435,6 +454,14 @@ def main() -> int:
                 n = min(ctx, window - args.max_tokens)
                 ids = tuple(rng.randrange(100, cfg.vocab_size - 100) for _ in range(n))
                 f = floors(cfg, n, args.max_tokens, tflops, gbs, weights, matmul_weights, kv_dtypes)
+                paged = paged_read_ms(
+                    round(n + args.max_tokens / 2),
+                    cfg.num_layers,
+                    cfg.num_kv_heads,
+                    cfg.head_dim,
+                    spec.page_size,
+                    torch.bfloat16,
+                )
                 doc["floors"].append(
                     {
                         "rep": rep,
@@ -443,6 +470,7 @@ def main() -> int:
                         "tflops": tflops,
                         "tflops_measured": measured,
                         "read_gbs": gbs,
+                        "paged_kv_floor_ms": paged,
                         **f,
                     }
                 )
