@@ -287,6 +287,7 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s27_vllm.json", "_s27"),
         ("bench_long_context_s28_vllm.json", "_s28"),
         ("bench_long_context_s29_gap.json", "_s29"),
+        ("bench_long_context_s30.json", "_s30"),
     ):
         cells = load(name)["cells"]
 
@@ -326,6 +327,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s27_vllm.json", "long_context_tpot_growth_vllm_run"),
         ("bench_long_context_s28_vllm.json", "long_context_tpot_growth_s28"),
         ("bench_long_context_s29_gap.json", "long_context_tpot_growth_s29"),
+        ("bench_long_context_s30.json", "long_context_tpot_growth_s30"),
     ):
         d = load(name)
         floor = d["growth"]["radixserve-bf16"]["kv_floor_ms"]
@@ -338,6 +340,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s27.json", ""),
         ("bench_long_context_s27_vllm.json", "_vllm_run"),
         ("bench_long_context_s28_vllm.json", "_s28"),
+        ("bench_long_context_s30.json", "_s30"),
     ):
         d = load(name)
         bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
@@ -348,6 +351,24 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
                 spread(quant[r] / bf16[r] for r in sorted(bf16)),
                 [name],
             )
+
+    # Against the paged read floor (the same KV on scattered pages, read cold): each
+    # repetition's growth over the run's median paged floor growth.
+    name = "bench_long_context_s30.json"
+    d = load(name)
+    paged = {
+        ctx: statistics.median(f["paged_kv_floor_ms"] for f in d["floors"] if f["context"] == ctx)
+        for ctx in (1000, 7500)
+    }
+    short, long = (
+        _tpot_by_rep(d, "radixserve-bf16", 1000),
+        _tpot_by_rep(d, "radixserve-bf16", 7500),
+    )
+    add(
+        "long_context_tpot_growth_paged_s30",
+        spread((long[r] - short[r]) / (paged[7500] - paged[1000]) for r in sorted(short)),
+        [name],
+    )
 
 
 def _tpot_by_rep(d: dict[str, Any], server: str, context: int) -> dict[int, float]:

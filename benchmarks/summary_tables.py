@@ -77,6 +77,7 @@ from summary_tables_s27 import (
 )
 from summary_tables_s28 import TABLES as TABLES_S28
 from summary_tables_s29 import TABLES as TABLES_S29
+from summary_tables_s30 import TABLES as TABLES_S30
 
 
 def _machine(name: str) -> str:
@@ -380,6 +381,7 @@ TABLES: dict[str, Callable[[], str]] = {
     **LONG_CONTEXT_TABLES,
     **TABLES_S28,
     **TABLES_S29,
+    **TABLES_S30,
     "long_context_floor_samples": table_long_context_floor_samples,
     "speculative_amd": table_speculative_amd,
     "speculative_concurrent_amd": table_speculative_concurrent_amd,

@@ -1,0 +1,119 @@
+"""The generated tables of session 30's work on the AMD machine (2026-12-05): the CPU
+attention's softmax exponential and rescaling made cheaper for a prefill, and a decode
+step's attention set against a bare cold read of its own pages (``--read-floor``, and the
+paged read floor of ``bench_long_context.py``);
+summary_tables.TABLES lists them with the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+from results_data import load
+from summary_tables_s22 import _head, _row
+from summary_tables_s23 import long_context_tables
+from summary_tables_s27 import table_decode_attention_stream, table_long_context_kv_dtypes
+
+PREFILL_ATTENTION = "bench_decode_attention_s30_prefill.json"
+DECODE_ATTENTION = "bench_decode_attention_s30.json"
+LONG_CONTEXT = "bench_long_context_s30.json"
+
+
+def table_decode_read_floor(name: str = DECODE_ATTENTION) -> str:
+    """bench_decode_attention.py --read-floor: per context, a decode row's attention per layer
+    from memory (cold) beside a bare cold read of the same pages (``read cold``), the
+    kernel's time over the read's, and from the shortest context to the longest the growth of
+    each (medians of the run)."""
+    rows = load(name)["results"]
+    out = _head(
+        "context",
+        "attention cold, us per layer",
+        "pages read cold, us per layer",
+        "attention over the read",
+        align="rrrr",
+    )
+    for r in rows:
+        us = r["us_per_layer"]
+        out.append(
+            _row(
+                r["context"],
+                f"{us['current cold']:.0f}",
+                f"{us['read cold']:.0f}",
+                f"{us['current cold'] / us['read cold']:.2f}",
+            )
+        )
+    lo, hi = rows[0]["us_per_layer"], rows[-1]["us_per_layer"]
+    kernel, read = hi["current cold"] - lo["current cold"], hi["read cold"] - lo["read cold"]
+    out.append(
+        _row(
+            f"growth {rows[0]['context']} to {rows[-1]['context']}",
+            f"{kernel:.0f}",
+            f"{read:.0f}",
+            f"{kernel / read:.2f}",
+        )
+    )
+    return "\n".join(out)
+
+
+def table_long_context_paged_floor(name: str = LONG_CONTEXT) -> str:
+    """bench_long_context.py's floors for a decode token's bf16 KV, repetition by repetition:
+    the sequential read rate sampled and the KV read floor it gives, beside the paged read
+    floor (the same KV on scattered pages, read cold); then the bf16 server's TPOT growth from
+    the shortest context to the longest over each floor's growth (the run's medians)."""
+    d = load(name)
+    ctxs = sorted({f["context"] for f in d["floors"]})
+    lo, hi = ctxs[0], ctxs[-1]
+    out = _head(
+        "repetition",
+        "read GB/s sampled",
+        f"sequential KV floor, ms a token at {lo}",
+        f"at {hi}",
+        f"paged KV floor, ms a token at {lo}",
+        f"at {hi}",
+        align="rrrrrr",
+    )
+    floors = {(f["rep"], f["context"]): f for f in d["floors"]}
+    for rep in sorted({r for r, _ in floors}):
+        short, long = floors[(rep, lo)], floors[(rep, hi)]
+        out.append(
+            _row(
+                rep,
+                f"{short['read_gbs']:.1f}",
+                f"{short['kv_floor_ms']['auto']:.2f}",
+                f"{long['kv_floor_ms']['auto']:.2f}",
+                f"{short['paged_kv_floor_ms']:.2f}",
+                f"{long['paged_kv_floor_ms']:.2f}",
+            )
+        )
+    g = d["growth"]["radixserve-bf16"]
+    out += [
+        "",
+        *_head(
+            "radixserve-bf16, ms per token",
+            "TPOT growth",
+            "sequential KV floor's growth",
+            "over it (target <= 1.5)",
+            "paged KV floor's growth",
+            "over it",
+            align="lrrrrr",
+        ),
+        _row(
+            f"{lo} to {hi} (medians)",
+            f"{g['tpot_ms']:.1f}",
+            f"{g['kv_floor_ms']:.1f}",
+            f"{g['tpot_ms_over_kv_floor']:.2f}",
+            f"{g['paged_kv_floor_ms']:.1f}",
+            f"{g['tpot_ms_over_paged_kv_floor']:.2f}",
+        ),
+    ]
+    return "\n".join(out)
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "prefill_attention_s30": partial(table_decode_attention_stream, PREFILL_ATTENTION),
+    "decode_read_floor_s30": table_decode_read_floor,
+    **long_context_tables("long_context_s30", LONG_CONTEXT),
+    "long_context_kv_dtypes_s30": partial(table_long_context_kv_dtypes, LONG_CONTEXT),
+    "long_context_paged_floor_s30": table_long_context_paged_floor,
+}

@@ -1,0 +1,65 @@
+"""bench_long_context.py's growth arithmetic: each server's growth of the time per token from
+the shortest context to the longest, over its sequential KV read floor's growth and, for bf16
+KV, over the paged read floor's (the same KV on scattered pages, read cold), from the run's
+median floors; a quantized server gets no paged ratio (the paged floor is bf16 KV's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import bench_modules
+import pytest
+
+blc = bench_modules.load("bench_long_context.py", "bench_long_context_growth")
+
+
+def _doc() -> dict[str, Any]:
+    floors = []
+    for rep, (seq, paged) in enumerate([((0.4, 3.0), (1.0, 6.0)), ((0.6, 3.4), (1.2, 7.2))]):
+        for ctx, s, p in ((1000, seq[0], paged[0]), (7500, seq[1], paged[1])):
+            floors.append(
+                {
+                    "rep": rep,
+                    "context": ctx,
+                    "kv_floor_ms": {"auto": s, "int8": s / 2},
+                    "paged_kv_floor_ms": p,
+                }
+            )
+    cells = [
+        {"server": server, "rep": rep, "context": ctx, "ttft_s": 1.0, "tpot_ms": ms, "error": None}
+        for rep in (0, 1)
+        for server, by_ctx in (
+            ("radixserve-bf16", {1000: 10.0, 7500: 16.0}),
+            ("radixserve-bf16-kv-int8", {1000: 11.0, 7500: 19.0}),
+        )
+        for ctx, ms in by_ctx.items()
+    ]
+    doc = {
+        "floors": floors,
+        "cells": cells,
+        "kv_dtype_of": {"radixserve-bf16": "auto", "radixserve-bf16-kv-int8": "int8"},
+    }
+    doc["summary"] = blc.summary(doc)
+    return doc
+
+
+def test_growth_over_the_sequential_and_the_paged_floor() -> None:
+    g = blc.growth(_doc())
+    bf16 = g["radixserve-bf16"]
+    assert bf16["tpot_ms"] == pytest.approx(6.0)
+    # Median floors: sequential 0.5 -> 3.2 (growth 2.7), paged 1.1 -> 6.6 (growth 5.5).
+    assert bf16["kv_floor_ms"] == pytest.approx(2.7)
+    assert bf16["tpot_ms_over_kv_floor"] == pytest.approx(6.0 / 2.7)
+    assert bf16["paged_kv_floor_ms"] == pytest.approx(5.5)
+    assert bf16["tpot_ms_over_paged_kv_floor"] == pytest.approx(6.0 / 5.5)
+    int8 = g["radixserve-bf16-kv-int8"]
+    assert int8["tpot_ms_over_kv_floor"] == pytest.approx(8.0 / 1.35)
+    assert "paged_kv_floor_ms" not in int8 and "tpot_ms_over_paged_kv_floor" not in int8
+
+
+def test_a_run_without_paged_floors_has_no_paged_ratio() -> None:
+    doc = _doc()
+    for f in doc["floors"]:
+        del f["paged_kv_floor_ms"]
+    g = blc.growth(doc)["radixserve-bf16"]
+    assert "tpot_ms_over_kv_floor" in g and "tpot_ms_over_paged_kv_floor" not in g
