@@ -172,11 +172,14 @@ def paged_read_ms(
     page_size: int,
     dtype: torch.dtype,
     samples: int = 3,
+    scattered: bool = True,
 ) -> float:
     """One decode token's KV read as the engine lays it out and nothing computed: ``tokens``
-    tokens of K and V per layer on pages scattered in each layer's pool (a KVPool's memory),
-    every layer read in turn after 256 MB read past them (a step's weights evict its KV):
-    the median of ``samples`` such passes, in ms (``bench_long_context.py``'s paged floor)."""
+    tokens of K and V per layer on pages of each layer's pool (a KVPool's memory), every
+    layer read in turn after 256 MB read past them (a step's weights evict its KV): the
+    median of ``samples`` such passes, in ms (``bench_long_context.py``'s paged floors).
+    ``scattered``: the pages in a random order, as a pool that has cached and evicted many
+    requests hands them out; else in ascending order, as a fresh pool's free list does."""
     read = read_op()
     pages = -(-tokens // page_size)
     shape = (pages + 1, page_size, kv_heads, head_dim)
@@ -186,7 +189,8 @@ def paged_read_ms(
         v = zeroed_storage(shape, dtype, torch.device("cpu"), False)
         k.fill_(1.0), v.fill_(1.0)  # touched: an untouched page would read the shared zero page
         order = list(range(1, pages + 1))
-        random.Random(layer).shuffle(order)
+        if scattered:
+            random.Random(layer).shuffle(order)
         pools.append((k, v, torch.tensor(order, dtype=torch.int64)))
     evict = torch.ones(64 << 20)
     times = []

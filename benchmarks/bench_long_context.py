@@ -22,13 +22,15 @@ length) (nothing a server cached can hit), the same ids for every server of a ce
   bytes per token, ``radixserve.memory.footprint.kv_bytes_per_token``) over the read bandwidth
   (``floor.read_gbs``), sampled beside the matrix rate. ``kv_floor_ms`` is the KV part alone:
   the growth of TPOT with context is set against the growth of it.
-- Paged read floor of a decode token's KV (bf16 KV): the same KV read as the engine lays it
-  out, cold, and nothing computed (``bench_decode_attention.paged_read_ms``: pages scattered
-  in each layer's pool, every layer in turn after 256 MB read past them), sampled beside the
-  read bandwidth: ``paged_kv_floor_ms``. The sequential rate of ``torch.sum`` over 512 MiB
-  is the memory's best; pages of a few KB at scattered addresses, read once each after the
-  weights evicted them, are what a decode step's attention can do no better than. The
-  growth of TPOT is set against both.
+- Paged read floors of a decode token's KV (bf16 KV): the same KV read as the engine lays it
+  out, cold, and nothing computed (``bench_decode_attention.paged_read_ms``: every layer in
+  turn after 256 MB read past them), sampled beside the read bandwidth, with the pages in
+  ascending order (``contiguous_kv_floor_ms``: a fresh pool's free list hands one request
+  such runs) and scattered at random (``paged_kv_floor_ms``: a pool that has cached and
+  evicted many requests). The sequential rate of ``torch.sum`` over 512 MiB is the memory's
+  best over a long read; a decode step reads a few MB once each after the weights evicted
+  them, and the server's pages lie somewhere between the two orders (not recorded). The
+  growth of TPOT is set against all three.
 
 - ``--in-process``: the same engine as the bf16 radixserve server (its page size, pages,
   threads, running requests and window), built in this process, takes the same prompt at
@@ -279,12 +281,15 @@ def growth(doc: dict[str, Any]) -> dict[str, dict[str, float]]:
             for ctx in (lo, hi)
             if kv in doc["floors"][0]["kv_floor_ms"]
         }
-        paged = {
-            ctx: statistics.median(
-                f["paged_kv_floor_ms"] for f in doc["floors"] if str(f["context"]) == ctx
-            )
-            for ctx in (lo, hi)
-            if kv == "auto" and all("paged_kv_floor_ms" in f for f in doc["floors"])
+        paged = {  # the bf16 KV's paged floors, where the run sampled them
+            floor_name: {
+                ctx: statistics.median(
+                    f[floor_name] for f in doc["floors"] if str(f["context"]) == ctx
+                )
+                for ctx in (lo, hi)
+            }
+            for floor_name in ("paged_kv_floor_ms", "contiguous_kv_floor_ms")
+            if kv == "auto" and all(floor_name in f for f in doc["floors"])
         }
         g: dict[str, float] = {"from": int(lo), "to": int(hi)}
         for key in ("tpot_ms", "itl_median_ms"):
@@ -292,12 +297,13 @@ def growth(doc: dict[str, Any]) -> dict[str, dict[str, float]]:
                 g[key] = by_ctx[hi][key] - by_ctx[lo][key]
                 if floor:
                     g[f"{key}_over_kv_floor"] = g[key] / (floor[hi] - floor[lo])
-                if paged:
-                    g[f"{key}_over_paged_kv_floor"] = g[key] / (paged[hi] - paged[lo])
+                for floor_name, by in paged.items():
+                    over = floor_name.removesuffix("_ms")
+                    g[f"{key}_over_{over}"] = g[key] / (by[hi] - by[lo])
         if floor:
             g["kv_floor_ms"] = floor[hi] - floor[lo]
-        if paged:
-            g["paged_kv_floor_ms"] = paged[hi] - paged[lo]
+        for floor_name, by in paged.items():
+            g[floor_name] = by[hi] - by[lo]
         out[name] = g
     base = out.get(IN_PROCESS)
     if base is not None:
@@ -454,14 +460,21 @@ def main() -> int:
                 n = min(ctx, window - args.max_tokens)
                 ids = tuple(rng.randrange(100, cfg.vocab_size - 100) for _ in range(n))
                 f = floors(cfg, n, args.max_tokens, tflops, gbs, weights, matmul_weights, kv_dtypes)
-                paged = paged_read_ms(
-                    round(n + args.max_tokens / 2),
-                    cfg.num_layers,
-                    cfg.num_kv_heads,
-                    cfg.head_dim,
-                    spec.page_size,
-                    torch.bfloat16,
-                )
+                paged = {
+                    name: paged_read_ms(
+                        round(n + args.max_tokens / 2),
+                        cfg.num_layers,
+                        cfg.num_kv_heads,
+                        cfg.head_dim,
+                        spec.page_size,
+                        torch.bfloat16,
+                        scattered=scattered,
+                    )
+                    for name, scattered in (
+                        ("paged_kv_floor_ms", True),
+                        ("contiguous_kv_floor_ms", False),
+                    )
+                }
                 doc["floors"].append(
                     {
                         "rep": rep,
@@ -470,7 +483,7 @@ def main() -> int:
                         "tflops": tflops,
                         "tflops_measured": measured,
                         "read_gbs": gbs,
-                        "paged_kv_floor_ms": paged,
+                        **paged,
                         **f,
                     }
                 )

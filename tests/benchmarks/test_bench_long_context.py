@@ -1,7 +1,7 @@
 """bench_long_context.py's growth arithmetic: each server's growth of the time per token from
 the shortest context to the longest, over its sequential KV read floor's growth and, for bf16
-KV, over the paged read floor's (the same KV on scattered pages, read cold), from the run's
-median floors; a quantized server gets no paged ratio (the paged floor is bf16 KV's)."""
+KV, over the paged read floors' (the same KV on scattered and on ascending pages, read cold),
+from the run's median floors; a quantized server gets no paged ratio (those are bf16 KV's)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def _doc() -> dict[str, Any]:
                     "context": ctx,
                     "kv_floor_ms": {"auto": s, "int8": s / 2},
                     "paged_kv_floor_ms": p,
+                    "contiguous_kv_floor_ms": p / 2,
                 }
             )
     cells = [
@@ -52,6 +53,8 @@ def test_growth_over_the_sequential_and_the_paged_floor() -> None:
     assert bf16["tpot_ms_over_kv_floor"] == pytest.approx(6.0 / 2.7)
     assert bf16["paged_kv_floor_ms"] == pytest.approx(5.5)
     assert bf16["tpot_ms_over_paged_kv_floor"] == pytest.approx(6.0 / 5.5)
+    assert bf16["contiguous_kv_floor_ms"] == pytest.approx(2.75)
+    assert bf16["tpot_ms_over_contiguous_kv_floor"] == pytest.approx(6.0 / 2.75)
     int8 = g["radixserve-bf16-kv-int8"]
     assert int8["tpot_ms_over_kv_floor"] == pytest.approx(8.0 / 1.35)
     assert "paged_kv_floor_ms" not in int8 and "tpot_ms_over_paged_kv_floor" not in int8
@@ -60,6 +63,7 @@ def test_growth_over_the_sequential_and_the_paged_floor() -> None:
 def test_a_run_without_paged_floors_has_no_paged_ratio() -> None:
     doc = _doc()
     for f in doc["floors"]:
-        del f["paged_kv_floor_ms"]
+        del f["paged_kv_floor_ms"], f["contiguous_kv_floor_ms"]
     g = blc.growth(doc)["radixserve-bf16"]
-    assert "tpot_ms_over_kv_floor" in g and "tpot_ms_over_paged_kv_floor" not in g
+    assert "tpot_ms_over_kv_floor" in g
+    assert "tpot_ms_over_paged_kv_floor" not in g and "contiguous_kv_floor_ms" not in g

@@ -154,8 +154,9 @@ inline void accumulate_value_pairs(float* __restrict acc, const vf alpha, const 
 
 // accumulate_pairs for rows [0, lanes): four rows at a time where the registers allow, then
 // fewer (the arithmetic of a row is the same either way). Where no row's maximum moved (every
-// alpha exactly 1, as in most blocks of a long context) acc is not multiplied: x * 1 is x,
-// so the same bits, and 16 rows' multiplies a block fewer on the FMA ports.
+// alpha exactly 1, as in most blocks once the rows have seen many keys) acc is not
+// multiplied: x * 1 is x, so the same bits, and a block's rows take fewer multiplies from
+// the FMA ports.
 template <int NC>
 inline void accumulate_pair_rows(float* acc, int64_t lanes, const vf alpha, const uint32_t* pw, const uint32_t* tv,
                                  int64_t pairs) {

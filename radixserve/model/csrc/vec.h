@@ -66,7 +66,8 @@ inline vf exp2v(vf x) {
 // Cephes' 2e-9 in exp2_fraction). A probability is rounded to bf16 (relative 2^-9 = 2e-3)
 // before it multiplies the values, so the last two of Cephes' six FMAs bought nothing there,
 // and in a prefill's attention the exponentials' FMAs take the FMA ports from the dot
-// products (~9 % of a 2,048-row chunk's time on the 2-core AMD VM, perf).
+// products (the prefill kernel against Cephes': benchmarks/long_context.md, "A cheaper
+// softmax for the prefill").
 inline vf exp2_fraction_softmax(vf f) {
   vf p = splat(9.58283e-3f);
   p = p * f + 5.590636e-2f;
