@@ -288,6 +288,7 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s28_vllm.json", "_s28"),
         ("bench_long_context_s29_gap.json", "_s29"),
         ("bench_long_context_s30.json", "_s30"),
+        ("bench_long_context_s30b.json", "_s30b"),
     ):
         cells = load(name)["cells"]
 
@@ -328,6 +329,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s28_vllm.json", "long_context_tpot_growth_s28"),
         ("bench_long_context_s29_gap.json", "long_context_tpot_growth_s29"),
         ("bench_long_context_s30.json", "long_context_tpot_growth_s30"),
+        ("bench_long_context_s30b.json", "long_context_tpot_growth_s30b"),
     ):
         d = load(name)
         floor = d["growth"]["radixserve-bf16"]["kv_floor_ms"]
@@ -341,6 +343,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s27_vllm.json", "_vllm_run"),
         ("bench_long_context_s28_vllm.json", "_s28"),
         ("bench_long_context_s30.json", "_s30"),
+        ("bench_long_context_s30b.json", "_s30b"),
     ):
         d = load(name)
         bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
@@ -352,23 +355,33 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
                 [name],
             )
 
-    # Against the paged read floor (the same KV on scattered pages, read cold): each
-    # repetition's growth over the run's median paged floor growth.
-    name = "bench_long_context_s30.json"
-    d = load(name)
-    paged = {
-        ctx: statistics.median(f["paged_kv_floor_ms"] for f in d["floors"] if f["context"] == ctx)
-        for ctx in (1000, 7500)
-    }
-    short, long = (
-        _tpot_by_rep(d, "radixserve-bf16", 1000),
-        _tpot_by_rep(d, "radixserve-bf16", 7500),
-    )
-    add(
-        "long_context_tpot_growth_paged_s30",
-        spread((long[r] - short[r]) / (paged[7500] - paged[1000]) for r in sorted(short)),
-        [name],
-    )
+    # Against the paged read floors (the same KV read cold on pages scattered at random and,
+    # where sampled, in ascending order): each repetition's growth over the run's median
+    # floor growth.
+    for name, suffix in (
+        ("bench_long_context_s30.json", "_s30"),
+        ("bench_long_context_s30b.json", "_s30b"),
+    ):
+        d = load(name)
+        short, long = (
+            _tpot_by_rep(d, "radixserve-bf16", 1000),
+            _tpot_by_rep(d, "radixserve-bf16", 7500),
+        )
+        for key, fig in (
+            ("paged_kv_floor_ms", "long_context_tpot_growth_paged"),
+            ("contiguous_kv_floor_ms", "long_context_tpot_growth_contiguous"),
+        ):
+            if not all(key in f for f in d["floors"]):
+                continue
+            at = {
+                ctx: statistics.median(f[key] for f in d["floors"] if f["context"] == ctx)
+                for ctx in (1000, 7500)
+            }
+            add(
+                fig + suffix,
+                spread((long[r] - short[r]) / (at[7500] - at[1000]) for r in sorted(short)),
+                [name],
+            )
 
 
 def _tpot_by_rep(d: dict[str, Any], server: str, context: int) -> dict[int, float]:

@@ -18,6 +18,7 @@ from summary_tables_s27 import table_decode_attention_stream, table_long_context
 PREFILL_ATTENTION = "bench_decode_attention_s30_prefill.json"
 DECODE_ATTENTION = "bench_decode_attention_s30.json"
 LONG_CONTEXT = "bench_long_context_s30.json"
+LONG_CONTEXT_B = "bench_long_context_s30b.json"
 
 
 def table_decode_read_floor(name: str = DECODE_ATTENTION) -> str:
@@ -59,54 +60,36 @@ def table_decode_read_floor(name: str = DECODE_ATTENTION) -> str:
 def table_long_context_paged_floor(name: str = LONG_CONTEXT) -> str:
     """bench_long_context.py's floors for a decode token's bf16 KV, repetition by repetition:
     the sequential read rate sampled and the KV read floor it gives, beside the paged read
-    floor (the same KV on scattered pages, read cold); then the bf16 server's TPOT growth from
-    the shortest context to the longest over each floor's growth (the run's medians)."""
+    floors (the same KV read cold on pages scattered at random and, where the run sampled
+    it, in ascending order); then the bf16 server's TPOT growth from the shortest context to
+    the longest over each floor's growth (the run's medians)."""
     d = load(name)
     ctxs = sorted({f["context"] for f in d["floors"]})
     lo, hi = ctxs[0], ctxs[-1]
-    out = _head(
-        "repetition",
-        "read GB/s sampled",
-        f"sequential KV floor, ms a token at {lo}",
-        f"at {hi}",
-        f"paged KV floor, ms a token at {lo}",
-        f"at {hi}",
-        align="rrrrrr",
-    )
+    paged = [("scattered", "paged_kv_floor_ms")]
+    if all("contiguous_kv_floor_ms" in f for f in d["floors"]):
+        paged.append(("ascending", "contiguous_kv_floor_ms"))
+    names = ["repetition", "read GB/s sampled", f"sequential KV floor, ms at {lo}", f"at {hi}"]
+    for label, _ in paged:
+        names += [f"{label} pages' floor, ms at {lo}", f"at {hi}"]
+    out = _head(*names, align="r" * len(names))
     floors = {(f["rep"], f["context"]): f for f in d["floors"]}
     for rep in sorted({r for r, _ in floors}):
         short, long = floors[(rep, lo)], floors[(rep, hi)]
-        out.append(
-            _row(
-                rep,
-                f"{short['read_gbs']:.1f}",
-                f"{short['kv_floor_ms']['auto']:.2f}",
-                f"{long['kv_floor_ms']['auto']:.2f}",
-                f"{short['paged_kv_floor_ms']:.2f}",
-                f"{long['paged_kv_floor_ms']:.2f}",
-            )
-        )
+        cells = [rep, f"{short['read_gbs']:.1f}"]
+        cells += [f"{short['kv_floor_ms']['auto']:.2f}", f"{long['kv_floor_ms']['auto']:.2f}"]
+        for _, key in paged:
+            cells += [f"{short[key]:.2f}", f"{long[key]:.2f}"]
+        out.append(_row(*cells))
     g = d["growth"]["radixserve-bf16"]
-    out += [
-        "",
-        *_head(
-            "radixserve-bf16, ms per token",
-            "TPOT growth",
-            "sequential KV floor's growth",
-            "over it (target <= 1.5)",
-            "paged KV floor's growth",
-            "over it",
-            align="lrrrrr",
-        ),
-        _row(
-            f"{lo} to {hi} (medians)",
-            f"{g['tpot_ms']:.1f}",
-            f"{g['kv_floor_ms']:.1f}",
-            f"{g['tpot_ms_over_kv_floor']:.2f}",
-            f"{g['paged_kv_floor_ms']:.1f}",
-            f"{g['tpot_ms_over_paged_kv_floor']:.2f}",
-        ),
-    ]
+    names = ["radixserve-bf16, ms a token", "TPOT growth", "sequential floor's growth"]
+    names += ["over it (target <= 1.5)"]
+    cells = [f"{lo} to {hi} (medians)", f"{g['tpot_ms']:.1f}", f"{g['kv_floor_ms']:.1f}"]
+    cells += [f"{g['tpot_ms_over_kv_floor']:.2f}"]
+    for label, key in paged:
+        names += [f"{label} pages' floor's growth", "over it"]
+        cells += [f"{g[key]:.1f}", f"{g['tpot_ms_over_' + key.removesuffix('_ms')]:.2f}"]
+    out += ["", *_head(*names, align="l" + "r" * (len(names) - 1)), _row(*cells)]
     return "\n".join(out)
 
 
@@ -116,4 +99,7 @@ TABLES: dict[str, Callable[[], str]] = {
     **long_context_tables("long_context_s30", LONG_CONTEXT),
     "long_context_kv_dtypes_s30": partial(table_long_context_kv_dtypes, LONG_CONTEXT),
     "long_context_paged_floor_s30": table_long_context_paged_floor,
+    **long_context_tables("long_context_s30b", LONG_CONTEXT_B),
+    "long_context_kv_dtypes_s30b": partial(table_long_context_kv_dtypes, LONG_CONTEXT_B),
+    "long_context_paged_floor_s30b": partial(table_long_context_paged_floor, LONG_CONTEXT_B),
 }
