@@ -23,16 +23,18 @@ LONG_CONTEXT_B = "bench_long_context_s30b.json"
 
 def table_decode_read_floor(name: str = DECODE_ATTENTION) -> str:
     """bench_decode_attention.py --read-floor: per context, a decode row's attention per layer
-    from memory (cold) beside a bare cold read of the same pages (``read cold``), the
-    kernel's time over the read's, and from the shortest context to the longest the growth of
-    each (medians of the run)."""
-    rows = load(name)["results"]
+    from memory (cold), the baseline kernel's beside it, a bare cold read of the same pages
+    (``read cold``) and the kernel's time over the read's; then from the shortest context to
+    the longest the growth of each (medians of the run)."""
+    d = load(name)
+    rows, base = d["results"], d["baseline"]
     out = _head(
         "context",
         "attention cold, us per layer",
+        f"at {base}",
         "pages read cold, us per layer",
         "attention over the read",
-        align="rrrr",
+        align="rrrrr",
     )
     for r in rows:
         us = r["us_per_layer"]
@@ -40,18 +42,23 @@ def table_decode_read_floor(name: str = DECODE_ATTENTION) -> str:
             _row(
                 r["context"],
                 f"{us['current cold']:.0f}",
+                f"{us[f'{base} cold']:.0f}",
                 f"{us['read cold']:.0f}",
                 f"{us['current cold'] / us['read cold']:.2f}",
             )
         )
     lo, hi = rows[0]["us_per_layer"], rows[-1]["us_per_layer"]
-    kernel, read = hi["current cold"] - lo["current cold"], hi["read cold"] - lo["read cold"]
+
+    def growth(key: str) -> float:
+        return hi[key] - lo[key]
+
     out.append(
         _row(
             f"growth {rows[0]['context']} to {rows[-1]['context']}",
-            f"{kernel:.0f}",
-            f"{read:.0f}",
-            f"{kernel / read:.2f}",
+            f"{growth('current cold'):.0f}",
+            f"{growth(f'{base} cold'):.0f}",
+            f"{growth('read cold'):.0f}",
+            f"{growth('current cold') / growth('read cold'):.2f}",
         )
     )
     return "\n".join(out)
