@@ -76,6 +76,7 @@ import random  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -274,36 +275,27 @@ def growth(doc: dict[str, Any]) -> dict[str, dict[str, float]]:
             continue
         lo, hi = min(by_ctx, key=int), max(by_ctx, key=int)
         kv = kv_of.get(name, "auto")
-        floor = {
-            ctx: statistics.median(
-                f["kv_floor_ms"][kv] for f in doc["floors"] if str(f["context"]) == ctx
-            )
-            for ctx in (lo, hi)
-            if kv in doc["floors"][0]["kv_floor_ms"]
-        }
-        paged = {  # the bf16 KV's paged floors, where the run sampled them
-            floor_name: {
-                ctx: statistics.median(
-                    f[floor_name] for f in doc["floors"] if str(f["context"]) == ctx
-                )
-                for ctx in (lo, hi)
-            }
-            for floor_name in ("paged_kv_floor_ms", "contiguous_kv_floor_ms")
-            if kv == "auto" and all(floor_name in f for f in doc["floors"])
+        # Each floor's median at both ends: the sequential one at the server's KV dtype, the
+        # paged ones (bf16 KV's) where the run sampled them.
+        floors = doc["floors"]
+        reads: dict[str, Callable[[dict[str, Any]], float]] = {}
+        if kv in floors[0]["kv_floor_ms"]:
+            reads["kv_floor_ms"] = lambda f: f["kv_floor_ms"][kv]
+        for paged in ("paged_kv_floor_ms", "contiguous_kv_floor_ms"):
+            if kv == "auto" and all(paged in f for f in floors):
+                reads[paged] = lambda f, paged=paged: f[paged]
+        growths = {
+            floor: statistics.median(read(f) for f in floors if str(f["context"]) == hi)
+            - statistics.median(read(f) for f in floors if str(f["context"]) == lo)
+            for floor, read in reads.items()
         }
         g: dict[str, float] = {"from": int(lo), "to": int(hi)}
         for key in ("tpot_ms", "itl_median_ms"):
             if key in by_ctx[lo] and key in by_ctx[hi]:
                 g[key] = by_ctx[hi][key] - by_ctx[lo][key]
-                if floor:
-                    g[f"{key}_over_kv_floor"] = g[key] / (floor[hi] - floor[lo])
-                for floor_name, by in paged.items():
-                    over = floor_name.removesuffix("_ms")
-                    g[f"{key}_over_{over}"] = g[key] / (by[hi] - by[lo])
-        if floor:
-            g["kv_floor_ms"] = floor[hi] - floor[lo]
-        for floor_name, by in paged.items():
-            g[floor_name] = by[hi] - by[lo]
+                for floor, grew in growths.items():
+                    g[f"{key}_over_{floor.removesuffix('_ms')}"] = g[key] / grew
+        g.update(growths)
         out[name] = g
     base = out.get(IN_PROCESS)
     if base is not None:

@@ -320,7 +320,8 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
 def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
     """The quiet AMD runs (benchmarks/long_context.md): through HTTP, each repetition's growth
     of the time per output token from 1,000 to 7,500 tokens of context over the growth of
-    its KV read floor (the run's median floors); in the later run, each repetition's time per
+    its KV read floor and, where sampled, of its paged read floors (the run's median floors);
+    in the later run, each repetition's time per
     output token at 7,500 tokens with int8 and fp8 KV over bf16 KV's."""
     for name, fig in (
         ("bench_long_context_s26.json", "long_context_tpot_growth_quiet"),
@@ -332,12 +333,24 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s30b.json", "long_context_tpot_growth_s30b"),
     ):
         d = load(name)
-        floor = d["growth"]["radixserve-bf16"]["kv_floor_ms"]
+        growth = d["growth"]["radixserve-bf16"]
         short, long = (
             _tpot_by_rep(d, "radixserve-bf16", 1000),
             _tpot_by_rep(d, "radixserve-bf16", 7500),
         )
-        add(fig, spread((long[r] - short[r]) / floor for r in sorted(short)), [name])
+        # The sequential floor's, and the paged floors' where the run sampled them (the same
+        # KV read cold on pages scattered at random, and in ascending order).
+        for floor, label in (
+            ("kv_floor_ms", ""),
+            ("paged_kv_floor_ms", "_paged"),
+            ("contiguous_kv_floor_ms", "_contiguous"),
+        ):
+            if floor in growth:
+                add(
+                    fig.replace("growth", "growth" + label),
+                    spread((long[r] - short[r]) / growth[floor] for r in sorted(short)),
+                    [name],
+                )
     for name, suffix in (
         ("bench_long_context_s27.json", ""),
         ("bench_long_context_s27_vllm.json", "_vllm_run"),
@@ -352,34 +365,6 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
             add(
                 f"long_context_{kv}_vs_bf16{suffix}",
                 spread(quant[r] / bf16[r] for r in sorted(bf16)),
-                [name],
-            )
-
-    # Against the paged read floors (the same KV read cold on pages scattered at random and,
-    # where sampled, in ascending order): each repetition's growth over the run's median
-    # floor growth.
-    for name, suffix in (
-        ("bench_long_context_s30.json", "_s30"),
-        ("bench_long_context_s30b.json", "_s30b"),
-    ):
-        d = load(name)
-        short, long = (
-            _tpot_by_rep(d, "radixserve-bf16", 1000),
-            _tpot_by_rep(d, "radixserve-bf16", 7500),
-        )
-        for key, fig in (
-            ("paged_kv_floor_ms", "long_context_tpot_growth_paged"),
-            ("contiguous_kv_floor_ms", "long_context_tpot_growth_contiguous"),
-        ):
-            if not all(key in f for f in d["floors"]):
-                continue
-            at = {
-                ctx: statistics.median(f[key] for f in d["floors"] if f["context"] == ctx)
-                for ctx in (1000, 7500)
-            }
-            add(
-                fig + suffix,
-                spread((long[r] - short[r]) / (at[7500] - at[1000]) for r in sorted(short)),
                 [name],
             )
 
