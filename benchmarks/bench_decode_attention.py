@@ -47,6 +47,7 @@ import radixserve  # noqa: F401
 
 import argparse  # noqa: E402
 import datetime as dt  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
@@ -150,8 +151,10 @@ int64_t read_pages(const at::Tensor& k, const at::Tensor& v, const at::Tensor& p
 """
 
 
+@functools.cache
 def read_op() -> Callable[..., int]:
-    """``read_pages(k, v, pages)``: the pages read and nothing computed (``--read-floor``)."""
+    """``read_pages(k, v, pages)``: the pages read and nothing computed (``--read-floor``),
+    built once a process (``paged_read_ms`` asks for it at every sample)."""
     from torch.utils import cpp_extension
 
     module = cpp_extension.load_inline(
