@@ -48,22 +48,27 @@ inline vf exp2_fraction(vf f) {
   return p * f + 1.0f;
 }
 
-// 2^x per lane for x in [-126, 127] (clamped): x = n + f with n integer, |f| <= 1/2; 2^f by
-// Cephes' exp2f polynomial (relative error ~2e-7), 2^n by writing the exponent bits. Below
-// -126 it returns 2^-126, which is 0 for every purpose of these kernels.
-inline vf exp2v(vf x) {
-  x = vmin(vmax(x, splat(-126.0f)), splat(127.0f));
-  const vf round = splat(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+// 2^x per lane for x in [-126, 127]: x = n + f with n the integer nearest x (to nearest even,
+// by adding and subtracting 1.5 * 2^23), |f| <= 1/2; 2^f by ``fraction`` (a polynomial), 2^n
+// by writing the exponent bits. Portable vector code: exp2v, and exp2_nonpositive without
+// AVX-512.
+template <typename Fraction>
+inline vf exp2_by(vf x, Fraction&& fraction) {
+  const vf round = splat(12582912.0f);  // 1.5 * 2^23
   const vf n = (x + round) - round;
-  const vf f = x - n;
-  const vf p = exp2_fraction(f);
+  const vf p = fraction(x - n);
   const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
   return p * (vf)bits;  // a vector cast reinterprets the bits
 }
 
+// 2^x per lane for x in [-126, 127] (clamped), 2^f by Cephes' exp2f polynomial (relative
+// error ~2e-7). Below -126 it returns 2^-126, which is 0 for every purpose of these kernels.
+inline vf exp2v(vf x) { return exp2_by(vmin(vmax(x, splat(-126.0f)), splat(127.0f)), exp2_fraction); }
+
 // 2^f for |f| <= 1/2 to a softmax's precision: a degree-4 polynomial with p(0) = 1 exactly,
-// its coefficients fitted to 2^f's relative error over [-1/2, 1/2] (largest 2.8e-6, against
-// Cephes' 2e-9 in exp2_fraction). A probability is rounded to bf16 (relative 2^-9 = 2e-3)
+// its coefficients fitted to 2^f's relative error over [-1/2, 1/2] (largest 2.8e-6 in exact
+// arithmetic, against 2e-9 for Cephes' in exp2_fraction; float rounding adds ~1e-7 to
+// either). A probability is rounded to bf16 (relative 2^-9 = 2e-3)
 // before it multiplies the values, so the last two of Cephes' six FMAs bought nothing there,
 // and in a prefill's attention the exponentials' FMAs take the FMA ports from the dot
 // products (the prefill kernel against Cephes': benchmarks/long_context.md, "A cheaper
@@ -89,11 +94,7 @@ inline vf exp2_nonpositive(vf x) {
   const vf p = exp2_fraction_softmax(x - n);
   return static_cast<vf>(_mm512_scalef_ps(static_cast<__m512>(p), static_cast<__m512>(n)));
 #else
-  const vf round = splat(12582912.0f);  // 1.5 * 2^23: adding and subtracting it rounds to an integer
-  const vf n = (x + round) - round;
-  const vf p = exp2_fraction_softmax(x - n);
-  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-  return p * (vf)bits;  // a vector cast reinterprets the bits
+  return exp2_by(x, exp2_fraction_softmax);
 #endif
 }
 
