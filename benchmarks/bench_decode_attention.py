@@ -28,6 +28,13 @@ sequential read (``torch.sum`` over 512 MiB, the floor ``bench_long_context.py``
 
     python benchmarks/bench_decode_attention.py --read-floor --dtypes bfloat16 --contexts 1000,7500
 
+``--dtypes`` names the pages' dtype: ``float32`` and ``bfloat16`` pages are read as such by
+queries of their dtype; ``int8``, ``float8_e4m3fn`` and ``float8_e5m2`` pages hold quantized
+codes (``paged_attention_quant``; int8 with a scale per slot and KV head, fp8 at the scale
+1.0 a pool starts from) read by bf16 queries, as a bf16 model with a quantized KV cache:
+
+    python benchmarks/bench_decode_attention.py --read-floor --dtypes bfloat16,int8,float8_e4m3fn
+
 With ``--baseline REV`` the kernel source at that git revision is built beside the current
 one (its operator library renamed) and both are timed alternately, call for call, and their
 outputs compared: equal bits are expected whenever the revisions compute the same arithmetic.
@@ -57,6 +64,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -67,11 +75,17 @@ HQ, HKV, D, PS, LAYERS = 9, 3, 64, 16, 30
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "radixserve/model/csrc/paged_attention.cpp"
 
-Op = Callable[..., None]
+#: Page dtypes read as quantized codes (``paged_attention_quant``), with bf16 queries.
+QUANTIZED = {
+    "int8": torch.int8,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
 
 
-def baseline_op(rev: str) -> Op:
-    """The attention op as of git revision ``rev``, built under the library name ``attn_base``."""
+def baseline_ops(rev: str) -> Any:
+    """The attention ops as of git revision ``rev``, built under the library name
+    ``attn_base`` (its ``paged_attention`` and ``paged_attention_quant``)."""
 
     def show(path: str) -> str:
         return subprocess.run(
@@ -109,7 +123,7 @@ def baseline_op(rev: str) -> Op:
             extra_ldflags=native.LDFLAGS,
             is_python_module=False,
         )
-    return torch.ops.attn_base.paged_attention
+    return torch.ops.attn_base
 
 
 READ_SOURCE = r"""
@@ -206,22 +220,38 @@ def paged_read_ms(
     return statistics.median(times) * 1e3
 
 
+def filled_pool(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's K or V pool of ``shape`` on the memory a KVPool takes (huge pages where
+    granted, as the engine's), filled as the engine fills one, and its scales: random values
+    in ``dtype``, no scales (an empty tensor); int8 codes over the whole range with a positive
+    scale per (slot, KV head), as ``store_kv`` quantizes; fp8 codes of normal values, with the
+    per-KV-head scale 1.0 an fp8 pool starts from."""
+    page = torch.randn(shape)
+    pool = zeroed_storage(shape, dtype, torch.device("cpu"), False)
+    if dtype == torch.int8:
+        scale = page.abs().amax(-1) / 127
+        pool.copy_(torch.round(page / scale.unsqueeze(-1)).clamp_(-127, 127))
+        return pool, scale.contiguous()
+    pool.copy_(page)
+    if dtype in QUANTIZED.values():
+        return pool, torch.ones(shape[2])
+    return pool, torch.empty(0)
+
+
 def layers_for(
     ctx: int, dtype: torch.dtype, batch: int = 1, prefill: bool = False
 ) -> list[tuple[torch.Tensor, ...]]:
-    """Per layer: its K and V pools and the plan's index tensors for ``batch`` sequences of
-    ``ctx`` tokens, each on its own pages, all pages in a random order; each sequence's last
-    token is its new row (``prefill``: all of them, causally)."""
+    """Per layer: its K and V pools, their scales (``filled_pool``) and the plan's index
+    tensors for ``batch`` sequences of ``ctx`` tokens, each on its own pages, all pages in a
+    random order; each sequence's last token is its new row (``prefill``: all of them,
+    causally)."""
     new = ctx if prefill else 1
     pages = -(-ctx // PS)
     out = []
     for layer in range(LAYERS):
-        # K and V on the memory a KVPool takes (huge pages where granted), as the engine's
         shape = (batch * pages + 1, PS, HKV, D)
-        k = zeroed_storage(shape, dtype, torch.device("cpu"), False)
-        k.copy_(torch.randn(shape))
-        v = zeroed_storage(shape, dtype, torch.device("cpu"), False)
-        v.copy_(torch.randn(shape))
+        k, k_scale = filled_pool(shape, dtype)
+        v, v_scale = filled_pool(shape, dtype)
         order = list(range(1, batch * pages + 1))
         random.Random(layer).shuffle(order)
         groups = [
@@ -229,7 +259,7 @@ def layers_for(
             for b in range(batch)
         ]
         plan = native.AttentionPlan.build(groups)
-        out.append((k, v, *plan.tensors()))
+        out.append((k, v, k_scale, v_scale, *plan.tensors()))
     return out
 
 
@@ -267,21 +297,28 @@ def main() -> int:
         print("--clock cpu: set GOMP_SPINCOUNT=0, or spinning threads count as work", flush=True)
     if not native.load():
         raise SystemExit("the CPU kernels did not build here")
-    ops: dict[str, Op] = {"current": torch.ops.radixserve_cpu.paged_attention}
+    ops: dict[str, Any] = {"current": torch.ops.radixserve_cpu}
     if args.baseline:
-        ops[args.baseline] = baseline_op(args.baseline)
+        ops[args.baseline] = baseline_ops(args.baseline)
     read = read_op() if args.read_floor else None
     evict = torch.ones(64 << 20)
     results = []
-    for dtype in (getattr(torch, name) for name in args.dtypes.split(",")):
+    for dtype in (QUANTIZED.get(name) or getattr(torch, name) for name in args.dtypes.split(",")):
+        quantized = dtype in QUANTIZED.values()
         for ctx in (int(c) for c in args.contexts.split(",")):
             layers = layers_for(ctx, dtype, args.batch, args.prefill)
-            q = torch.randn(args.batch * (ctx if args.prefill else 1), HQ, D).to(dtype)
+            q_dtype = torch.bfloat16 if quantized else dtype
+            q = torch.randn(args.batch * (ctx if args.prefill else 1), HQ, D).to(q_dtype)
             outs = {name: torch.empty_like(q) for name in ops}
 
             def call(name: str, layer: tuple[torch.Tensor, ...]) -> None:
-                k, v, *plan = layer
-                ops[name](q, k, v, outs[name], *plan, D**-0.5, None, None, None)
+                k, v, k_scale, v_scale, *plan = layer
+                if quantized:
+                    ops[name].paged_attention_quant(
+                        q, k, v, outs[name], *plan, D**-0.5, k_scale, v_scale, None, None, None
+                    )
+                else:
+                    ops[name].paged_attention(q, k, v, outs[name], *plan, D**-0.5, None, None, None)
 
             samples: dict[str, list[float]] = {}
             for rep in range(args.reps):
@@ -300,8 +337,8 @@ def main() -> int:
                 if read is not None:
                     evict.sum()
                     t = clock()
-                    for k, v, *plan in layers:
-                        read(k, v, plan[5])  # the plan's own_pages
+                    for k, v, _, _, *plan in layers:
+                        read(k, v, plan[5])  # the plan's own_pages (codes only, not scales)
                     samples.setdefault("read cold", []).append((clock() - t) / LAYERS)
             same = all(torch.equal(o, outs["current"]) for o in outs.values())
             row = {
@@ -313,7 +350,7 @@ def main() -> int:
                 "batch": args.batch,
                 "prefill": args.prefill,
                 "kv_mb_per_layer": round(
-                    2 * args.batch * ctx * HKV * D * q.element_size() / 1e6, 3
+                    2 * args.batch * ctx * HKV * D * layers[0][0].element_size() / 1e6, 3
                 ),
                 "outputs_equal": same,
                 "samples_us": {k: [round(x * 1e6, 1) for x in v] for k, v in samples.items()},
