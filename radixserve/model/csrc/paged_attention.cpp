@@ -594,7 +594,9 @@ struct Kernel {
   template <typename Visit>
   bool read_first(Visit&& visit) const {
     int64_t bytes = 0;
-    visit([&](const int64_t*, int64_t first, int64_t last) { bytes += 2 * (last - first + 1) * page_bytes(); });
+    visit([&](const int64_t*, int64_t first, int64_t last) {
+      bytes += 2 * (last - first + 1) * (page_bytes() + page_scale_bytes());
+    });
     if (bytes > l2_bytes() / 2) return false;
     read_pages(visit);
     return true;
@@ -605,15 +607,32 @@ struct Kernel {
     return L.page_size * L.kv_heads * L.d * elem;
   }
 
-  // f(start, bytes) for the pages that ``visit`` names, K then V of each run of them.
+  // A page's int8 scales (one float per slot and KV head); 0 where the pages have none of
+  // their own.
+  int64_t page_scale_bytes() const {
+    return quant != nullptr && quant->codes == Codes::kInt8 ? L.page_size * L.kv_heads * int64_t{sizeof(float)} : 0;
+  }
+
+  // f(start, bytes) for the pages that ``visit`` names, K then V of each run of them, then
+  // their int8 scales, K's then V's: a page's scales are read with its codes, and lie in
+  // another tensor; not prefetched, each page's few lines of them were waited on, one miss
+  // at a time, amid the decoding.
   template <typename Visit, typename F>
   void page_bytes_of(Visit&& visit, F&& f) const {
-    const int64_t page_bytes = this->page_bytes();
+    const int64_t page_bytes = this->page_bytes(), scale_bytes = page_scale_bytes();
     visit([&](const int64_t* pages, int64_t first, int64_t last) {
       const void* pools[2] = {L.k, L.v};
       if (quant != nullptr) pools[0] = quant->k, pools[1] = quant->v;
       for (const void* pool : pools) {
         for (int64_t pg = first; pg <= last; ++pg) f(reinterpret_cast<const char*>(pool) + pages[pg] * page_bytes, page_bytes);
+      }
+      if (scale_bytes == 0) return;
+      for (const float* scales : {quant->k_scale, quant->v_scale}) {
+        for (int64_t pg = first; pg <= last; ++pg) {  // the whole cache lines the page's scales touch
+          const uintptr_t start = reinterpret_cast<uintptr_t>(scales) + pages[pg] * scale_bytes;
+          const uintptr_t line = start & ~uintptr_t{63}, end = (start + scale_bytes + 63) & ~uintptr_t{63};
+          f(reinterpret_cast<const char*>(line), static_cast<int64_t>(end - line));
+        }
       }
     });
   }
