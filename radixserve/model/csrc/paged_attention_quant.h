@@ -112,16 +112,25 @@ struct Fp8Bf16 {
 #endif
 
 #if RADIXSERVE_VEC_BF16 && defined(__AVX512BW__)
-// ``d`` int8 codes times ``scale``, rounded to bf16 into ``dst``, 32 at a time (d a multiple
-// of 32): the values codes_as_vf and store_from_vf give 16 at a time (float products, then
-// round to nearest even), one conversion of two vectors and one store per 32.
-inline void int8_row32s(const uint8_t* src, float scale, int64_t d, c10::BFloat16* dst) {
-  const __m512 s = _mm512_set1_ps(scale);
+// 32 int8 codes times ``scale``, rounded to bf16 into ``dst``: the values codes_as_vf and
+// store_from_vf give 16 at a time (float products, then round to nearest even), one
+// conversion of two vectors and one store per 32; each 16 codes' load feeds its widening.
+inline void int8_row32(const uint8_t* src, __m512 scale, c10::BFloat16* dst) {
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
+  const __m512 a = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), scale);
+  const __m512 b = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), scale);
+  _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
+// A key's ``d`` int8 codes of K and of V (d a multiple of 32) into bf16 rows, K's and V's
+// 32 at a time side by side (two independent chains: a row of 64 is only two steps each).
+inline void int8_rows(const uint8_t* k, const uint8_t* v, float ks, float vs, int64_t d, c10::BFloat16* dk,
+                      c10::BFloat16* dv) {
+  const __m512 a = _mm512_set1_ps(ks), b = _mm512_set1_ps(vs);
   for (int64_t j = 0; j < d; j += 32) {
-    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j));
-    const __m512 a = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(c))), s);
-    const __m512 b = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(c, 1))), s);
-    _mm512_storeu_si512(dst + j, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    int8_row32(k + j, a, dk + j);
+    int8_row32(v + j, b, dv + j);
   }
 }
 #endif
@@ -162,8 +171,7 @@ void decode_keys(const Layer<G>& geo, const QuantPages& qp, int64_t h, KeyRun ru
       geo.offsets(run.pages, h, lo, hi - lo, [&](int64_t i, int64_t off) {
         const int64_t row = (lo + i - base) * d;
         const int64_t slot = shift >= 0 ? off >> shift : off / d;
-        int8_row32s(qp.k + off, qp.k_scale[slot], d, dk + row);
-        int8_row32s(qp.v + off, qp.v_scale[slot], d, dv + row);
+        int8_rows(qp.k + off, qp.v + off, qp.k_scale[slot], qp.v_scale[slot], d, dk + row, dv + row);
       });
       return;
     }

@@ -1,0 +1,44 @@
+"""bench_decode_attention.py's quantized pages: a pool filled as the bench fills it holds
+codes the kernel reads as the values they stand for, so the timed call computes the
+attention of those values (the bench times what the engine runs, not noise or a shortcut)."""
+
+from __future__ import annotations
+
+import bench_modules
+import pytest
+import torch
+
+from radixserve.model import native
+
+bda = bench_modules.load("bench_decode_attention.py", "bench_decode_attention_pools")
+
+pytestmark = pytest.mark.skipif(not native.load(), reason="the CPU kernel did not build here")
+
+
+def test_int8_pool_is_codes_over_the_range_and_a_scale_per_slot_and_head() -> None:
+    torch.manual_seed(0)
+    pool, scale = bda.filled_pool((5, 16, 3, 64), torch.int8)
+    assert pool.dtype == torch.int8 and scale.shape == (5, 16, 3)
+    assert int(pool.abs().amax(-1).min()) == 127  # every row's largest value is the full code
+    assert bool((scale > 0).all())
+
+
+@pytest.mark.parametrize("name", ["int8", "float8_e4m3fn"])
+def test_timed_call_attends_over_the_codes_decoded(name: str) -> None:
+    """The bench's call on quantized pages gives the kernel's output over the same pages
+    decoded to bf16 (code x scale, rounded once): bit for bit, as the kernel promises."""
+    torch.manual_seed(1)
+    dtype = bda.QUANTIZED[name]
+    k, v, k_scale, v_scale, *plan = bda.layers_for(200, dtype)[0]
+    q = torch.randn(1, bda.HQ, bda.D).bfloat16()
+    quantized, decoded = torch.empty_like(q), torch.empty_like(q)
+    ops = torch.ops.radixserve_cpu
+    ops.paged_attention_quant(
+        q, k, v, quantized, *plan, bda.D**-0.5, k_scale, v_scale, None, None, None
+    )
+    per_slot = k_scale.unsqueeze(-1) if dtype == torch.int8 else k_scale.view(1, 1, -1, 1)
+    per_slot_v = v_scale.unsqueeze(-1) if dtype == torch.int8 else v_scale.view(1, 1, -1, 1)
+    k_dec = (k.float() * per_slot).bfloat16()
+    v_dec = (v.float() * per_slot_v).bfloat16()
+    ops.paged_attention(q, k_dec, v_dec, decoded, *plan, bda.D**-0.5, None, None, None)
+    assert torch.equal(quantized, decoded)
