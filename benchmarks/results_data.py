@@ -224,8 +224,27 @@ def figures() -> dict[str, Figure]:
     gpu_figures(add)
     long_context_figures(add)
     long_context_quiet_figures(add)
+    quant_decode_figures(add)
     speculative_figures(add)
     return figs
+
+
+def quant_decode_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
+    """bench_decode_attention.py over int8 and fp8 pages (benchmarks/long_context.md): at
+    7,500 tokens, a decode row's attention per layer from memory (cold) over the baseline
+    kernel's, repetition by repetition (the two timed alternately, call for call)."""
+    name = "bench_decode_attention_s31_quant.json"
+    d = load(name)
+    base = d["baseline"]
+    for r in d["results"]:
+        if r["context"] != 7500 or r["dtype"] == "bfloat16":
+            continue
+        cur, old = r["samples_us"]["current cold"], r["samples_us"][f"{base} cold"]
+        add(
+            f"quant_decode_{r['dtype']}_cold_over_base_s31",
+            spread(c / o for c, o in zip(cur, old, strict=True)),
+            [name],
+        )
 
 
 def speculative_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
@@ -289,6 +308,7 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s29_gap.json", "_s29"),
         ("bench_long_context_s30.json", "_s30"),
         ("bench_long_context_s30b.json", "_s30b"),
+        ("bench_long_context_s31.json", "_s31"),
     ):
         cells = load(name)["cells"]
 
@@ -331,6 +351,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s29_gap.json", "long_context_tpot_growth_s29"),
         ("bench_long_context_s30.json", "long_context_tpot_growth_s30"),
         ("bench_long_context_s30b.json", "long_context_tpot_growth_s30b"),
+        ("bench_long_context_s31.json", "long_context_tpot_growth_s31"),
     ):
         d = load(name)
         growth = d["growth"]["radixserve-bf16"]
@@ -357,6 +378,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s28_vllm.json", "_s28"),
         ("bench_long_context_s30.json", "_s30"),
         ("bench_long_context_s30b.json", "_s30b"),
+        ("bench_long_context_s31.json", "_s31"),
     ):
         d = load(name)
         bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
