@@ -308,7 +308,8 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s29_gap.json", "_s29"),
         ("bench_long_context_s30.json", "_s30"),
         ("bench_long_context_s30b.json", "_s30b"),
-        ("bench_long_context_s31.json", "_s31"),
+        ("bench_long_context_s31b.json", "_s31b"),
+        ("bench_long_context_s31c.json", "_s31c"),
     ):
         cells = load(name)["cells"]
 
@@ -351,7 +352,8 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s29_gap.json", "long_context_tpot_growth_s29"),
         ("bench_long_context_s30.json", "long_context_tpot_growth_s30"),
         ("bench_long_context_s30b.json", "long_context_tpot_growth_s30b"),
-        ("bench_long_context_s31.json", "long_context_tpot_growth_s31"),
+        ("bench_long_context_s31b.json", "long_context_tpot_growth_s31b"),
+        ("bench_long_context_s31c.json", "long_context_tpot_growth_s31c"),
     ):
         d = load(name)
         growth = d["growth"]["radixserve-bf16"]
@@ -378,7 +380,8 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s28_vllm.json", "_s28"),
         ("bench_long_context_s30.json", "_s30"),
         ("bench_long_context_s30b.json", "_s30b"),
-        ("bench_long_context_s31.json", "_s31"),
+        ("bench_long_context_s31b.json", "_s31b"),
+        ("bench_long_context_s31c.json", "_s31c"),
     ):
         d = load(name)
         bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)

@@ -1,6 +1,6 @@
 """The generated tables of session 31's work on the AMD machine (2026-12-05): a decode
 step's attention over int8 and fp8 pages against bf16 pages, with the int8 scales read
-and prefetched with their codes; and the long-context run through HTTP after it;
+and prefetched with their codes; and two long-context runs through HTTP after it;
 summary_tables.TABLES lists them with the others.
 """
 
@@ -16,7 +16,8 @@ from summary_tables_s27 import table_long_context_kv_dtypes
 from summary_tables_s30 import table_long_context_paged_floor
 
 QUANT_DECODE = "bench_decode_attention_s31_quant.json"
-LONG_CONTEXT = "bench_long_context_s31.json"
+LONG_CONTEXT = "bench_long_context_s31b.json"
+LONG_CONTEXT_C = "bench_long_context_s31c.json"
 
 
 def table_quant_decode_attention(name: str = QUANT_DECODE) -> str:
@@ -64,7 +65,10 @@ def table_quant_decode_attention(name: str = QUANT_DECODE) -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "quant_decode_attention_s31": table_quant_decode_attention,
-    **long_context_tables("long_context_s31", LONG_CONTEXT),
-    "long_context_kv_dtypes_s31": partial(table_long_context_kv_dtypes, LONG_CONTEXT),
-    "long_context_paged_floor_s31": partial(table_long_context_paged_floor, LONG_CONTEXT),
+    **long_context_tables("long_context_s31b", LONG_CONTEXT),
+    "long_context_kv_dtypes_s31b": partial(table_long_context_kv_dtypes, LONG_CONTEXT),
+    "long_context_paged_floor_s31b": partial(table_long_context_paged_floor, LONG_CONTEXT),
+    **long_context_tables("long_context_s31c", LONG_CONTEXT_C),
+    "long_context_kv_dtypes_s31c": partial(table_long_context_kv_dtypes, LONG_CONTEXT_C),
+    "long_context_paged_floor_s31c": partial(table_long_context_paged_floor, LONG_CONTEXT_C),
 }
