@@ -254,7 +254,7 @@ def layers_for(
         v, v_scale = filled_pool(shape, dtype)
         order = list(range(1, batch * pages + 1))
         random.Random(layer).shuffle(order)
-        groups = [
+        groups: list[tuple[list[native.Member], list[int]]] = [
             ([native.Member(b * new, new, order[b * pages : (b + 1) * pages], ctx)], [])
             for b in range(batch)
         ]
