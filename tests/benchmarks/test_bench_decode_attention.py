@@ -36,9 +36,12 @@ def test_timed_call_attends_over_the_codes_decoded(name: str) -> None:
     ops.paged_attention_quant(
         q, k, v, quantized, *plan, bda.D**-0.5, k_scale, v_scale, None, None, None
     )
-    per_slot = k_scale.unsqueeze(-1) if dtype == torch.int8 else k_scale.view(1, 1, -1, 1)
-    per_slot_v = v_scale.unsqueeze(-1) if dtype == torch.int8 else v_scale.view(1, 1, -1, 1)
-    k_dec = (k.float() * per_slot).bfloat16()
-    v_dec = (v.float() * per_slot_v).bfloat16()
+
+    def decode(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """int8: a scale per (slot, KV head); fp8: one per KV head."""
+        per_row = scale.unsqueeze(-1) if dtype == torch.int8 else scale.view(1, 1, -1, 1)
+        return (codes.float() * per_row).bfloat16()
+
+    k_dec, v_dec = decode(k, k_scale), decode(v, v_scale)
     ops.paged_attention(q, k_dec, v_dec, decoded, *plan, bda.D**-0.5, None, None, None)
     assert torch.equal(quantized, decoded)
