@@ -210,18 +210,27 @@ def idle_cpu_share(started: list[Server]) -> dict[str, float]:
     }
 
 
-def quiet(group: list[Server], measured: Server | None, keep_running: bool) -> None:
+# Sent, untimed, to a server just resumed: after a pause longer than their heartbeats,
+# servers reconnect their own processes (radixserve's worker to its router; the router
+# excuses the pause, Router._excuse_stall), and the timed request should not wait on that.
+WAKE = Prompt(tuple(range(1000, 1016)), 1)
+
+
+def quiet(group: list[Server], measured: Server | None, keep_running: bool) -> bool:
     """Resume ``measured`` and pause every other server (``ServerProcess.pause``), so that
     one engine has the machine while it is timed: the in-process engine and the floors'
     samples (``measured`` None) get it to themselves too. ``keep_running``: leave them all
-    running (each paused one is resumed)."""
+    running (each paused one is resumed). Whether ``measured`` was paused until now."""
+    woken = False
     for srv in group:
         if srv.proc is None:
             continue
         if srv is measured or keep_running:
+            woken |= srv is measured and srv.proc.paused
             srv.proc.resume()
         else:
             srv.proc.pause()
+    return woken
 
 
 def send(srv: Server, prompt: Prompt, tok: Any, timeout_s: float) -> RequestResult:
@@ -522,7 +531,11 @@ def main() -> int:
                 order = live[turn % len(live) :] + live[: turn % len(live)] if live else []
                 turn += 1
                 for srv in order:
-                    quiet(group, srv if isinstance(srv, Server) else None, args.keep_idle_running)
+                    timed = srv if isinstance(srv, Server) else None
+                    if quiet(group, timed, args.keep_idle_running) and timed is not None:
+                        wake = send(timed, WAKE, tok, args.request_timeout)
+                        if wake.error:
+                            print(f"[{srv.name}] on waking: {wake.error}", flush=True)
                     load_before = os.getloadavg()[0]
                     prompt = Prompt(ids, args.max_tokens)
                     if isinstance(srv, InProcess):

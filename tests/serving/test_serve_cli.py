@@ -33,7 +33,11 @@ ENGINE_FLAGS = [
 class Serve:
     """A ``radixserve serve`` subprocess whose stdout lines are read without blocking."""
 
-    def __init__(self, model: Path, workers: int, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, model: Path, workers: int, extra: tuple[str, ...] = (), session: bool = False
+    ) -> None:
+        """``session``: in a process group of its own (with its workers and tokenizer
+        processes), which a test can signal as one."""
         cmd = [
             *CLI,
             "serve",
@@ -47,14 +51,20 @@ class Serve:
             *extra,
         ]
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=session,
         )
         self.lines: queue.Queue[str] = queue.Queue()
+        self.transcript: list[str] = []  # every line, read by wait_for or not
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
+            self.transcript.append(line)
             self.lines.put(line)
 
     def wait_for(self, pattern: str, timeout: float = 90.0) -> re.Match[str]:
@@ -148,6 +158,38 @@ def test_sigterm_stops_serve_quickly_mid_stream(tiny_llama_dir: Path) -> None:
         assert not os.path.exists(f"/proc/{worker_pid}"), "the worker outlived serve"
         print(f"serve exited {elapsed:.2f} s after SIGTERM")
     finally:
+        srv.kill()
+
+
+def test_a_server_stopped_and_continued_keeps_its_workers(tiny_llama_dir: Path) -> None:
+    """The whole server stopped (SIGSTOP to its process group: a job scheduler's pause, a
+    suspended VM) for longer than ``--worker-timeout``, then continued: its router did not
+    run either, so it excuses the workers' silence instead of declaring them dead on its
+    first liveness turn, and the next request is served by the same worker process."""
+    from radixserve.sampling_params import SamplingParams
+    from radixserve.serving.client import Client
+
+    srv = Serve(tiny_llama_dir, workers=1, extra=("--worker-timeout", "1"), session=True)
+    try:
+        m = srv.wait_for(r"serving on (tcp://\S+) .*worker pids (\d+)\)")
+        endpoint, worker_pid = m.group(1), int(m.group(2))
+        with Client(endpoint, timeout=30) as client:
+            assert client.generate("Hello", params=SamplingParams(max_tokens=2)).worker_id == 0
+            os.killpg(srv.proc.pid, signal.SIGSTOP)
+            time.sleep(4.0)  # the pause under test: four liveness turns, four worker timeouts
+            os.killpg(srv.proc.pid, signal.SIGCONT)
+            out = client.generate("Hello again", params=SamplingParams(max_tokens=2))
+            assert out.worker_id == 0 and out.finish_reason in ("length", "stop")
+            assert client.health().workers_alive == 1
+        assert os.path.exists(f"/proc/{worker_pid}"), "the worker was replaced"
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(30) == 0
+        srv.wait_for(r"radixserve: stopped", timeout=5)
+        text = "".join(srv.transcript)
+        assert "workers' silence in it excused" in text and "no heartbeat" not in text, text
+    finally:
+        if srv.proc.poll() is None:
+            os.killpg(srv.proc.pid, signal.SIGCONT)
         srv.kill()
 
 

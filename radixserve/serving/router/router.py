@@ -66,6 +66,10 @@ from radixserve.serving.wire.security import HandshakeWatch, RouterSecurity
 
 log = logging.getLogger("radixserve.serving.router")
 
+# A liveness turn this many intervals late means the router's loop did not run (see
+# Router._excuse_stall): a loop busy with messages is late by milliseconds.
+STALL_TURNS = 3
+
 
 class Router:
     """Serves clients on ``config.endpoint`` with the workers that join ``worker_endpoint``."""
@@ -427,7 +431,9 @@ class Router:
     def _tick(self) -> None:
         now = time.monotonic()
         cfg = self.config
-        self._next_tick = now + min(cfg.heartbeat_interval_s, cfg.client_probe_interval_s)
+        interval = min(cfg.heartbeat_interval_s, cfg.client_probe_interval_s)
+        self._excuse_stall(now, interval)
+        self._next_tick = now + interval
         if self.tokenizers is not None:
             self.tokenizers.check()
         failed = self.pool.check(now, cfg.worker_timeout_s)
@@ -436,6 +442,16 @@ class Router:
         self.inflight.expire_waiting(now)
         self.inflight.probe_clients(now, cfg.client_probe_interval_s)
         self._control.expire(now)
+
+    def _excuse_stall(self, now: float, interval: float) -> None:
+        """When this turn comes far later than due (the loop could not run: the process
+        stopped, the host paused), the time it was not running is not the workers' silence
+        (``WorkerPool.excuse``). A turn late by less than ``STALL_TURNS`` intervals (a busy
+        loop) excuses nothing."""
+        late = now - self._next_tick if self._next_tick else 0.0
+        if late > STALL_TURNS * interval:
+            log.warning("the router did not run for %.1f s; workers' silence in it excused", late)
+            self.pool.excuse(late)
 
     # ------------------------------------------------------------------ stats
     def stats_reply(self, request_id: str) -> p.StatsReply:

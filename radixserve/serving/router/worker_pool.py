@@ -248,6 +248,14 @@ class WorkerPool:
             if w.pid == pid:
                 self._exited(w, reason)
 
+    def excuse(self, stalled_s: float) -> None:
+        """The router itself did not run for ``stalled_s`` seconds (its process was stopped,
+        its host paused): no worker could be heard in that time, so it does not count toward
+        their silence. Without this, a whole server stopped and continued (SIGSTOP/SIGCONT,
+        a VM suspended) would declare every worker dead on its first liveness turn."""
+        for w in self.live:
+            w.last_seen += stalled_s
+
     def check(self, now: float, timeout_s: float) -> list[str]:
         """Liveness turn: reap exited processes, time out silent workers, ping the rest.
         Returns why local workers that never joined failed (they will not come)."""
