@@ -210,10 +210,24 @@ def idle_cpu_share(started: list[Server]) -> dict[str, float]:
     }
 
 
-# Sent, untimed, to a server just resumed: after a pause longer than their heartbeats,
-# servers reconnect their own processes (radixserve's worker to its router; the router
-# excuses the pause, Router._excuse_stall), and the timed request should not wait on that.
+# Sent, untimed, to a server just resumed, until one is answered (``wake``): after a pause
+# longer than their heartbeats, servers reconnect their own processes (radixserve's worker
+# its connection to the router, which answers 503 "no live worker" until the worker has
+# said hello again), and the timed request should not wait on that or fail for it.
 WAKE = Prompt(tuple(range(1000, 1016)), 1)
+WAKE_DEADLINE_S = 120.0
+
+
+def wake(srv: Server, tok: Any, timeout_s: float) -> int:
+    """Send ``WAKE`` to ``srv`` until it is answered; how many were refused first."""
+    deadline = time.monotonic() + WAKE_DEADLINE_S
+    refused = 0
+    while (r := send(srv, WAKE, tok, timeout_s)).error:
+        refused += 1
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{srv.name} still refuses after waking: {r.error}")
+        time.sleep(0.2)  # polling a server that reconnects its own processes
+    return refused
 
 
 def quiet(group: list[Server], measured: Server | None, keep_running: bool) -> bool:
@@ -532,10 +546,9 @@ def main() -> int:
                 turn += 1
                 for srv in order:
                     timed = srv if isinstance(srv, Server) else None
+                    refused = 0
                     if quiet(group, timed, args.keep_idle_running) and timed is not None:
-                        wake = send(timed, WAKE, tok, args.request_timeout)
-                        if wake.error:
-                            print(f"[{srv.name}] on waking: {wake.error}", flush=True)
+                        refused = wake(timed, tok, args.request_timeout)
                     load_before = os.getloadavg()[0]
                     prompt = Prompt(ids, args.max_tokens)
                     if isinstance(srv, InProcess):
@@ -554,6 +567,7 @@ def main() -> int:
                         "itl_median_ms": statistics.median(r.itl) * 1e3 if r.itl else None,
                         "error": r.error,
                         "load_avg_before": load_before,
+                        "wake_refused": refused,
                     }
                     doc["cells"].append(cell)
                     save()

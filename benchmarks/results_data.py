@@ -310,6 +310,8 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s30b.json", "_s30b"),
         ("bench_long_context_s31b.json", "_s31b"),
         ("bench_long_context_s31c.json", "_s31c"),
+        ("bench_long_context_s32.json", "_s32"),
+        ("bench_long_context_s32_running.json", "_s32_running"),
     ):
         cells = load(name)["cells"]
 
@@ -354,6 +356,8 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s30b.json", "long_context_tpot_growth_s30b"),
         ("bench_long_context_s31b.json", "long_context_tpot_growth_s31b"),
         ("bench_long_context_s31c.json", "long_context_tpot_growth_s31c"),
+        ("bench_long_context_s32.json", "long_context_tpot_growth_s32"),
+        ("bench_long_context_s32_running.json", "long_context_tpot_growth_s32_running"),
     ):
         d = load(name)
         growth = d["growth"]["radixserve-bf16"]
@@ -382,6 +386,8 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s30b.json", "_s30b"),
         ("bench_long_context_s31b.json", "_s31b"),
         ("bench_long_context_s31c.json", "_s31c"),
+        ("bench_long_context_s32.json", "_s32"),
+        ("bench_long_context_s32_running.json", "_s32_running"),
     ):
         d = load(name)
         bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
