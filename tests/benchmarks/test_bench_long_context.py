@@ -1,7 +1,8 @@
 """bench_long_context.py's growth arithmetic: each server's growth of the time per token from
 the shortest context to the longest, over its sequential KV read floor's growth and, for bf16
 KV, over the paged read floors' (the same KV on scattered and on ascending pages, read cold),
-from the run's median floors; a quantized server gets no paged ratio (those are bf16 KV's)."""
+from the run's median floors; a quantized server gets no paged ratio (those are bf16 KV's).
+And ``quiet``: which servers run while one is measured."""
 
 from __future__ import annotations
 
@@ -67,3 +68,45 @@ def test_a_run_without_paged_floors_has_no_paged_ratio() -> None:
     g = blc.growth(doc)["radixserve-bf16"]
     assert "tpot_ms_over_kv_floor" in g
     assert "tpot_ms_over_paged_kv_floor" not in g and "contiguous_kv_floor_ms" not in g
+
+
+class _Proc:
+    """What ``quiet`` uses of a ServerProcess: its paused flag, pause and resume."""
+
+    def __init__(self) -> None:
+        self.paused = False
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+
+
+def _servers(*names: str) -> list[Any]:
+    spec = blc.servers.peer_spec("radixserve-bf16")
+    group = [blc.Server(name, spec, None) for name in names]
+    for srv in group:
+        srv.proc = _Proc()
+    return group
+
+
+def test_quiet_pauses_every_server_but_the_measured_one() -> None:
+    a, b, c = group = _servers("a", "b", "c")
+    assert blc.quiet(group, None, keep_running=False) is False  # the floors: all paused
+    assert all(s.proc.paused for s in group)
+    assert blc.quiet(group, b, keep_running=False) is True  # b was paused: to be woken
+    assert [s.proc.paused for s in group] == [True, False, True]
+    assert blc.quiet(group, b, keep_running=False) is False  # already running
+    assert blc.quiet(group, c, keep_running=False) is True
+    assert [s.proc.paused for s in group] == [True, True, False]
+    assert a.proc.paused
+
+
+def test_keep_idle_running_resumes_and_never_pauses() -> None:
+    group = _servers("a", "b")
+    blc.quiet(group, None, keep_running=False)
+    assert blc.quiet(group, group[0], keep_running=True) is True
+    assert not any(s.proc.paused for s in group)
+    assert blc.quiet(group, None, keep_running=True) is False
+    assert not any(s.proc.paused for s in group)

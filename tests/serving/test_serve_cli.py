@@ -163,9 +163,12 @@ def test_sigterm_stops_serve_quickly_mid_stream(tiny_llama_dir: Path) -> None:
 
 def test_a_server_stopped_and_continued_keeps_its_workers(tiny_llama_dir: Path) -> None:
     """The whole server stopped (SIGSTOP to its process group: a job scheduler's pause, a
-    suspended VM) for longer than ``--worker-timeout``, then continued: its router did not
-    run either, so it excuses the workers' silence instead of declaring them dead on its
-    first liveness turn, and the next request is served by the same worker process."""
+    suspended VM) for 4 s, past ``--worker-timeout`` (1 s) but within the connections' zmq
+    heartbeats, then continued: its router did not run either, so it excuses the workers'
+    silence instead of declaring them dead on its first liveness turn, and the next request
+    is served by the same worker process. (Past the heartbeats, the worker's connection
+    drops and comes back, and an idle worker given up meanwhile speaks up to be asked to
+    join again: tests/serving/worker/test_worker_liveness.py.)"""
     from radixserve.sampling_params import SamplingParams
     from radixserve.serving.client import Client
 

@@ -55,6 +55,9 @@ from radixserve.serving.worker.reports import (
 log = logging.getLogger("radixserve.serving.worker")
 
 IDLE_POLL_MS = 100
+# Seconds without a word from a connected router after which the worker speaks first
+# (a heartbeat; see Worker._check_liveness), and between two such heartbeats.
+SPEAK_UP_S = 5.0
 
 
 class Interrupted(BaseException):
@@ -116,6 +119,7 @@ class Worker:
         self._closing = False  # saying goodbye: an interrupt must not cut that short
         self._goodbye = "shutdown"
         self._last_router = time.monotonic()
+        self._spoke_up_at = 0.0  # when a silent router was last sent a heartbeat unasked
         # KV events are the real engine's, not part of ServingEngine: fakes have none.
         self._drain_kv_events: Callable[[], Any] | None = getattr(
             self.engine, "drain_kv_events", None
@@ -306,6 +310,14 @@ class Worker:
             )
             self._rejoin()
         silent = now - self._last_router
+        if silent > SPEAK_UP_S and now - self._spoke_up_at > SPEAK_UP_S:
+            # The router pings each live worker every second: silence this long, connected,
+            # means it is busy or it has given this worker up (declared dead while this one
+            # was stopped or slow, or over a pause both slept through). A heartbeat costs
+            # the first nothing; the second hears from us and asks us to join again
+            # (WorkerRejoin), where an idle worker would otherwise wait in silence forever.
+            self._spoke_up_at = now
+            self._send(p.WorkerHeartbeat(load=engine_load(self.engine)))
         if silent > self.router_timeout_s and not self._silence_logged:
             self._silence_logged = True
             log.warning("router silent for %.0f s but connected: busy, waiting for it", silent)

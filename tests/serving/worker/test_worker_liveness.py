@@ -62,3 +62,42 @@ def test_busy_router_is_waited_for_a_gone_one_is_left(
             proc.kill()
             proc.wait(10)
         ctx.term()
+
+
+def test_an_idle_worker_speaks_to_a_silent_router_and_rejoins_when_asked(
+    fake_worker_cmd: list[str], alphabet: list[int]
+) -> None:
+    """A router that gave this worker up (declared it dead over a pause both slept through)
+    pings it no more, and an idle worker has nothing else to send: after SPEAK_UP_S of
+    silence, connected, the worker sends a heartbeat unasked; told to join again
+    (WorkerRejoin, as the router answers a dead worker that speaks), it says hello."""
+    from radixserve.serving.worker.worker import SPEAK_UP_S
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    cmd = worker_command(
+        f"tcp://127.0.0.1:{port}",
+        0,
+        "unused",
+        {"alphabet": alphabet},
+        parent_pid=os.getpid(),
+        program=fake_worker_cmd,
+    )
+    proc = spawn_worker(cmd)
+    try:
+        identity, hello = _recv(router)
+        assert isinstance(hello, p.WorkerHello)
+        t0 = time.monotonic()
+        unasked = _recv(router, timeout_s=3 * SPEAK_UP_S)[1]  # no ping was sent
+        assert isinstance(unasked, p.WorkerHeartbeat)
+        assert time.monotonic() - t0 > SPEAK_UP_S / 2
+        router.send_multipart([identity, p.encode(p.WorkerRejoin())])
+        assert isinstance(_recv(router)[1], p.WorkerHello)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        router.close(linger=0)
+        ctx.term()
