@@ -208,6 +208,12 @@ class Router:
         # ZMTP heartbeats drop half-open TCP peers (a host that vanished without a FIN).
         sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10000 if client_side else 60000)
+        if not client_side:
+            # A worker that reconnects (its heartbeat timed out over a pause both sides slept
+            # through) comes back under the same routing id while this side may still hold
+            # its old connection for up to the 60 s above: the new one takes the id over,
+            # where by default it would be refused and the worker cut off until then.
+            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         try:
             self.security.bind(sock, endpoint, "clients" if client_side else "workers")
         except BaseException:

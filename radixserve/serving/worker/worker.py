@@ -98,7 +98,7 @@ class Worker:
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
         self.sock.setsockopt(
-            zmq.ROUTING_ID, f"w{worker_id}-{os.getpid()}-{os.urandom(2).hex()}".encode()
+            zmq.ROUTING_ID, f"w{worker_id}-{os.getpid()}-{os.urandom(8).hex()}".encode()
         )
         if curve is not None:
             curve.apply(self.sock)
