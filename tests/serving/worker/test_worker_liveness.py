@@ -24,9 +24,10 @@ def _recv(sock: zmq.Socket, timeout_s: float = 30.0) -> tuple[bytes, Any]:
     return identity, p.decode_from_worker(data)
 
 
-def test_busy_router_is_waited_for_a_gone_one_is_left(
-    fake_worker_cmd: list[str], alphabet: list[int]
-) -> None:
+def _router_and_worker(
+    fake_worker_cmd: list[str], alphabet: list[int], **worker: Any
+) -> tuple[zmq.Context, zmq.Socket, Any]:
+    """A bare ROUTER socket playing the router, and a fake-engine worker connected to it."""
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
@@ -37,10 +38,16 @@ def test_busy_router_is_waited_for_a_gone_one_is_left(
         "unused",
         {"alphabet": alphabet},
         parent_pid=os.getpid(),
-        heartbeat_timeout_s=1.0,
         program=fake_worker_cmd,
+        **worker,
     )
-    proc = spawn_worker(cmd)
+    return ctx, router, spawn_worker(cmd)
+
+
+def test_busy_router_is_waited_for_a_gone_one_is_left(
+    fake_worker_cmd: list[str], alphabet: list[int]
+) -> None:
+    ctx, router, proc = _router_and_worker(fake_worker_cmd, alphabet, heartbeat_timeout_s=1.0)
     try:
         identity, hello = _recv(router)
         assert isinstance(hello, p.WorkerHello)
@@ -73,19 +80,7 @@ def test_an_idle_worker_speaks_to_a_silent_router_and_rejoins_when_asked(
     (WorkerRejoin, as the router answers a dead worker that speaks), it says hello."""
     from radixserve.serving.worker.worker import SPEAK_UP_S
 
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    cmd = worker_command(
-        f"tcp://127.0.0.1:{port}",
-        0,
-        "unused",
-        {"alphabet": alphabet},
-        parent_pid=os.getpid(),
-        program=fake_worker_cmd,
-    )
-    proc = spawn_worker(cmd)
+    ctx, router, proc = _router_and_worker(fake_worker_cmd, alphabet)
     try:
         identity, hello = _recv(router)
         assert isinstance(hello, p.WorkerHello)
