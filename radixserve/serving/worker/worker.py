@@ -310,7 +310,7 @@ class Worker:
             )
             self._rejoin()
         silent = now - self._last_router
-        if silent > SPEAK_UP_S and now - self._spoke_up_at > SPEAK_UP_S:
+        if self._connected and silent > SPEAK_UP_S and now - self._spoke_up_at > SPEAK_UP_S:
             # The router pings each live worker every second: silence this long, connected,
             # means it is busy or it has given this worker up (declared dead while this one
             # was stopped or slow, or over a pause both slept through). A heartbeat costs
