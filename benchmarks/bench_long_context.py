@@ -197,16 +197,16 @@ def start(
 IDLE_SAMPLE_S = 10.0
 
 
-def idle_cpu_share(started: list[Server]) -> dict[str, float]:
-    """Each server's CPU time while idle, as a share of one core, over ``IDLE_SAMPLE_S``
-    seconds with every server up and none asked anything: what a server left running would
-    take from the one being measured (the reason the others are paused, ``quiet``)."""
-    before = {s.name: s.proc.cpu_seconds() for s in started if s.proc is not None}
+def idle_cpu_share(group: list[Server]) -> dict[str, float]:
+    """Each started server's CPU time while idle, as a share of one core, over
+    ``IDLE_SAMPLE_S`` seconds with every server up and none asked anything: what a server
+    left running would take from the one being measured (the reason the others are paused,
+    ``quiet``)."""
+    procs = {s.name: s.proc for s in group if s.proc is not None}
+    before = {name: proc.cpu_seconds() for name, proc in procs.items()}
     time.sleep(IDLE_SAMPLE_S)  # the sampling window itself
     return {
-        s.name: (s.proc.cpu_seconds() - before[s.name]) / IDLE_SAMPLE_S
-        for s in started
-        if s.proc is not None
+        name: (proc.cpu_seconds() - before[name]) / IDLE_SAMPLE_S for name, proc in procs.items()
     }
 
 
@@ -492,7 +492,7 @@ def main() -> int:
             warm = send(srv, Prompt(tuple(range(1000, 1256)), 8), tok, args.request_timeout)
             print(f"[{srv.name}] up; warm-up error: {warm.error}", flush=True)
         live: list[Server | InProcess] = [s for s in group if s.proc is not None]
-        doc["idle_cpu_share"] = idle_cpu_share([s for s in group if s.proc is not None])
+        doc["idle_cpu_share"] = idle_cpu_share(group)
         if args.in_process:
             inproc = InProcess(model_dir, window, args.kv_gib)
             inproc.send(Prompt(tuple(range(1000, 1256)), 8))

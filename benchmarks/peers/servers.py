@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -432,14 +433,18 @@ class ServerProcess:
         except psutil.NoSuchProcess:
             return []
 
-    def _tree_rss(self) -> int:
-        total = 0
+    def _tree_total(self, of: Callable[[psutil.Process], float]) -> float:
+        """``of`` summed over the live process tree (a process gone meanwhile counts 0)."""
+        total = 0.0
         for p in self._tree():
             try:
-                total += p.memory_info().rss
+                total += of(p)
             except psutil.NoSuchProcess:
                 pass
         return total
+
+    def _tree_rss(self) -> int:
+        return int(self._tree_total(lambda p: p.memory_info().rss))
 
     def _sample(self) -> None:
         while not self._stop.wait(0.2):
@@ -474,14 +479,7 @@ class ServerProcess:
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system) the server's live process tree has used so far."""
-        total = 0.0
-        for p in self._tree():
-            try:
-                t = p.cpu_times()
-                total += t.user + t.system
-            except psutil.NoSuchProcess:
-                pass
-        return total
+        return self._tree_total(lambda p: sum(p.cpu_times()[:2]))
 
     def pause(self) -> None:
         """Stop every process of the server's group (SIGSTOP) while another is measured.
