@@ -9,7 +9,7 @@ call, in one process:
 
 - ``bf16 kernel``: an unquantized bf16 pool on the C++ kernel (the reference of the ratios);
 - ``int8 kernel``, ``fp8_e4m3 kernel``: quantized pools on the kernel (their codes decoded
-  a chunk at a time, ``csrc/paged_attention_quant.h``);
+  a block of 64 keys at a time, ``csrc/paged_attention_quant.h``);
 - ``int8 torch``, ``fp8_e4m3 torch``: the same pools on the torch path (key blocks gathered
   and dequantized, then ATen's flash attention), the path they took before.
 

@@ -189,7 +189,7 @@ def test_quantized_pages_equal_their_decoded_values_bit_for_bit(
     kv_dtype: str, act: torch.dtype, heads: tuple[int, int]
 ) -> None:
     """The kernel over quantized pages gives the bits of the kernel over unquantized pages that
-    hold the codes' decoded values, whichever way it decodes them: a chunk at a time for
+    hold the codes' decoded values, whichever way it decodes them: a block at a time for
     decode rows and short extends, each run whole once per call for the many rows of long
     extends and prefills (their own runs, and a group's shared run). 9/3 heads spread the rows
     over many work items; 8/2 with one 8-token extend leaves few (the split over chunks)."""
@@ -215,7 +215,7 @@ def test_quantized_pages_equal_their_decoded_values_bit_for_bit(
             ([member(1, 160 + 37), member(5, 160 + 70), member(40, 160 + 300)], shared),
             ([member(300, 300)], []),  # a fresh prefill
             ([member(1, 700)], []),  # a decode row
-            ([member(8, 500)], []),  # a short extend: a chunk at a time
+            ([member(8, 500)], []),  # a short extend: a block at a time
             ([member(30, 1100)], []),  # a long extend over a cached prefix
         ]
     else:
@@ -233,3 +233,39 @@ def test_quantized_pages_equal_their_decoded_values_bit_for_bit(
     native.paged_attention(q, k_dec, v_dec, decoded, plan, D**-0.5)
     assert not decoded.isnan().any()
     assert torch.equal(quantized, decoded)
+
+
+@pytest.mark.parametrize("kv_dtype", QUANT)
+@pytest.mark.parametrize("act", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_windowed_quantized_pages_equal_their_decoded_values_bit_for_bit(
+    kv_dtype: str, act: torch.dtype
+) -> None:
+    """A sliding window (and a soft-cap) over quantized pages: each row's keys start at its
+    window's first, so a block of keys starts off a multiple of 64 and its decoded rows wrap
+    the 64-row tile they are decoded into. The bits are those of the kernel over pages that
+    hold the decoded values; every row's window and a whole page of keys before it, read."""
+    window, num_pages = 100, 120
+    pool = _random_pool(kv_dtype, act, HQ, HKV, num_pages, seed=21)
+    perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(22)).tolist()
+    parts, rows = [], 0
+    for keys, new in ((700, 1), (333, 1), (900, 40), (150, 150), (517, 12)):
+        skip = max(0, keys - new - window + 1) // 16  # pages before every row's window
+        pages = [perm.pop() for _ in range(-(-keys // 16) - skip)]
+        parts.append(([native.Member(rows, new, pages, keys - skip * 16)], []))
+        rows += new
+    plan = native.AttentionPlan.build(parts)
+    q = (torch.randn(rows, HQ, D, generator=torch.Generator().manual_seed(23)) * 3).to(act)
+    quantized, decoded = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    ks, vs = pool.k_scale, pool.v_scale
+    assert ks is not None and vs is not None
+    for softcap in (None, 2.0):
+        native.paged_attention(
+            q, pool.k_data[0], pool.v_data[0], quantized, plan, D**-0.5,
+            window=window, softcap=softcap, scales=(ks[0], vs[0]),
+        )  # fmt: skip
+        k_dec, v_dec = _decoded_pages(pool, act)
+        native.paged_attention(
+            q, k_dec, v_dec, decoded, plan, D**-0.5, window=window, softcap=softcap
+        )
+        assert not decoded.isnan().any()
+        assert torch.equal(quantized, decoded)

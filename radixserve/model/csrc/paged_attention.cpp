@@ -271,6 +271,7 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
     for (int64_t start = first_min; start < keys; start += kBlock) {
       const int64_t n = std::min(kBlock, keys - start);
       const bool masked = start + n - 1 > lim_min || start < first_max;
+      if (sc.fill.fn != nullptr) sc.fill.fn(sc.fill.ctx, start, n);
       L.offsets(run.pages, h, start, n, [&](int64_t t, int64_t off) {
         krow[t] = L.k + off;
         vrow[t] = L.v + off;
@@ -503,7 +504,7 @@ struct Kernel {
   // dtype they are decoded to), or null.
   const QuantPages* quant = nullptr;
   // Quantized runs decoded whole for this call (WholeRuns), and each run's index among them:
-  // per group its shared run's, per member its own run's; -1 (or null arrays): a chunk at a time.
+  // per group its shared run's, per member its own run's; -1 (or null arrays): in the per-thread tile.
   const WholeRuns<KV>* whole = nullptr;
   const int64_t* shared_whole = nullptr;
   const int64_t* own_whole = nullptr;
@@ -677,18 +678,41 @@ struct Kernel {
       attend(whole->layer(whole_run, h), 0, one, begin, end, q, scale, rows, limit, first, cap2, m, l, acc, sc);
       return;
     }
-    int64_t lo = begin, hi = end;
-    if (limit != nullptr) hi = std::min<int64_t>(hi, *std::max_element(limit, limit + rows) + 1);
-    if (first != nullptr) lo = std::max<int64_t>(lo, *std::min_element(first, first + rows));
     KV* dk = reinterpret_cast<KV*>(sc.dk.data());
     KV* dv = reinterpret_cast<KV*>(sc.dv.data());
-    if (lo < hi) decode_keys(L, *quant, h, run, begin, lo, hi, dk, dv);
-    const int64_t page = begin / kChunk;
-    if (static_cast<int64_t>(sc.zero_pages.size()) <= page) sc.zero_pages.resize(page + 1, 0);
-    const Layer<KV> tile{dk, dv, kChunk, 1, L.d};
-    forget_kept_values();  // the tile holds this chunk now, whatever it held before
-    attend(tile, 0, KeyRun{sc.zero_pages.data(), run.len}, begin, end, q, scale, rows, limit, first, cap2, m, l,
-           acc, sc);
+    if (amx_usable()) {  // the AMX tiles keep a block's values by address: the chunk decoded whole
+      int64_t lo = begin, hi = end;
+      if (limit != nullptr) hi = std::min<int64_t>(hi, *std::max_element(limit, limit + rows) + 1);
+      if (first != nullptr) lo = std::max<int64_t>(lo, *std::min_element(first, first + rows));
+      if (lo < hi) decode_keys(L, *quant, h, run, begin, lo, hi, dk, dv);
+      zero_pages(sc, begin / kChunk + 1);
+      forget_kept_values();  // the tile holds this chunk now, whatever it held before
+      attend(Layer<KV>{dk, dv, kChunk, 1, L.d}, 0, KeyRun{sc.zero_pages.data(), run.len}, begin, end, q, scale, rows,
+             limit, first, cap2, m, l, acc, sc);
+      return;
+    }
+    // Else a block at a time, as attend_run comes to it, into kBlock rows that stay in L1
+    // (a chunk's 64 KB of K and V rows did not: the stores and the loads went to L2), key i
+    // at row i % kBlock; a block that starts past a multiple of kBlock (a window) wraps.
+    auto decode = [&](int64_t start, int64_t n) {
+      for (int64_t lo = start, hi; lo < start + n; lo = hi) {
+        const int64_t base = lo - lo % kBlock;
+        hi = std::min(start + n, base + kBlock);
+        decode_keys(L, *quant, h, run, base, lo, hi, dk, dv);
+      }
+    };
+    using Decode = decltype(decode);
+    zero_pages(sc, (end + kBlock - 1) / kBlock);
+    sc.fill = {[](const void* ctx, int64_t start, int64_t n) { (*static_cast<const Decode*>(ctx))(start, n); },
+               &decode};
+    attend(Layer<KV>{dk, dv, kBlock, 1, L.d}, 0, KeyRun{sc.zero_pages.data(), run.len}, begin, end, q, scale, rows,
+           limit, first, cap2, m, l, acc, sc);
+    sc.fill = {};
+  }
+
+  // At least ``n`` page ids of zero in ``sc.zero_pages``: a tile posing as the pages of a run.
+  static void zero_pages(Scratch& sc, int64_t n) {
+    if (static_cast<int64_t>(sc.zero_pages.size()) < n) sc.zero_pages.resize(n, 0);
   }
 
   // Chunk ``c`` of the item's keys for its rows (in ``sc`` from load_rows), from nothing, into ``s``.
@@ -750,7 +774,7 @@ struct Kernel {
 };
 
 // Rows of one KV head that read a quantized run, from which it is decoded whole for the call
-// (WholeRuns) rather than a chunk at a time for each block of kRowBlock rows: two blocks, so
+// (WholeRuns) rather than in the tile for each block of kRowBlock rows: two blocks, so
 // that a run decoded whole saves at least one decoding of each key. On the 2-core Xeon VM
 // (SmolLM2's shape, bf16 queries, one extend over 6,000 cached keys, int8 and fp8 pages),
 // 33 and 48 rows took less time decoded whole, 18 and 24 rows about the same or more; over

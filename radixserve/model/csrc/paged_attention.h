@@ -75,9 +75,10 @@ struct Scratch {
   std::vector<float> ts;
   // A block's probabilities and values as bf16 pairs of keys (paged_attention_pairs.h).
   std::vector<uint32_t> pw, pv;
-  // A quantized run's chunk of keys and values decoded (paged_attention_quant.h): kChunk
-  // rows of d values of the queries' dtype each (float-sized room), and the page ids of the
-  // tile posing as a page (zeros, as many as a run has chunks).
+  // A quantized run's keys and values decoded (paged_attention_quant.h): room for kChunk
+  // rows of d values of the queries' dtype each (float-sized; a chunk where AMX runs, else a
+  // block of kBlock), and the page ids of the tile posing as pages (zeros, one per chunk or
+  // block of the run).
   std::vector<float> dk, dv;
   std::vector<int64_t> zero_pages;
   int64_t tile_rows = 0;  // the rows of the tile configuration loaded on this thread, 0: none
@@ -85,6 +86,13 @@ struct Scratch {
   // instead of prefetching the block after it in the same run.
   bool streaming = false;
   PrefetchStream stream;
+  // While set, attend_run calls it before each block of keys it reads: fill(start, n) puts
+  // keys [start, start + n) where the Layer it was given finds them (a quantized run decoded
+  // a block at a time into a tile of kBlock rows, Kernel::attend_keys).
+  struct Fill {
+    void (*fn)(const void* ctx, int64_t start, int64_t n) = nullptr;
+    const void* ctx = nullptr;
+  } fill;
   void reserve(int64_t d) {
     if (static_cast<int64_t>(q.size()) >= kRowBlock * d) return;
     q.resize(kRowBlock * d), m.resize(kRowBlock), l.resize(kRowBlock), acc.resize(kRowBlock * d);

@@ -1,8 +1,9 @@
 // The paged-attention kernel over quantized pages (int8 codes with a scale per token and KV
 // head; fp8 e4m3 / e5m2 codes with a static scale per KV head; the layout of
-// radixkernels/kv_format.py): a run's keys and values are decoded a chunk at a time into a
-// per-thread tile of the queries' dtype, and the unquantized kernel attends over that tile
-// as over a page of its own (so AMX, the narrow blocks and the chunk order all apply).
+// radixkernels/kv_format.py): a run's keys and values are decoded a block of 64 at a time,
+// as the unquantized kernel comes to them, into a per-thread tile of the queries' dtype that
+// it attends over as over pages of its own (so the narrow blocks and the chunk order all
+// apply; where AMX runs, a chunk at a time: its value tiles are kept by address).
 //
 // The decoding is the torch path's, value for value: code -> float32, times the scale in
 // float32 (dequantize_ref's ``x.float().mul_(s)``), rounded once to the queries' dtype (its
@@ -190,7 +191,7 @@ void decode_keys(const Layer<G>& geo, const QuantPages& qp, int64_t h, KeyRun ru
 }
 
 // Quantized runs decoded whole, once per kernel call, for the many rows of a prefill or an
-// extend. Decoded a chunk at a time, every block of kRowBlock query rows decodes every key it
+// extend. Decoded in the per-thread tile, every block of kRowBlock query rows decodes every key it
 // sees again (a 2,048-token chunk of SmolLM2 is 384 blocks per KV head over the same keys),
 // and the per-thread tile cannot keep AMX value tiles (it holds another chunk at each call).
 // A run decoded here lies still for the whole call: its rows attend over it as over a pool of
@@ -199,7 +200,7 @@ void decode_keys(const Layer<G>& geo, const QuantPages& qp, int64_t h, KeyRun ru
 // are the per-chunk path's bit for bit.
 //
 // Memory: one buffer on the calling thread, kept across calls and grown on demand (never
-// past kMaxBytes): a run that would take it past that bound is decoded a chunk at a time.
+// past kMaxBytes): a run that would take it past that bound is decoded in the tile.
 template <typename T>
 class WholeRuns {
  public:
@@ -210,7 +211,7 @@ class WholeRuns {
   WholeRuns(int64_t kv_heads, int64_t d) : kv_heads_(kv_heads), d_(d) {}
 
   // Take ``run`` (its first run.len keys) to be decoded whole: its index, or -1 where it would
-  // pass the bound (the caller decodes it a chunk at a time).
+  // pass the bound (the caller decodes it in the per-thread tile).
   int64_t add(KeyRun run) {
     const int64_t elems = 2 * kv_heads_ * run.len * d_;
     if (run.len <= 0 || (elems_ + elems) * static_cast<int64_t>(sizeof(T)) > kMaxBytes) return -1;
