@@ -58,6 +58,7 @@ import functools  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
+import re  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -112,6 +113,11 @@ def baseline_ops(rev: str) -> Any:
         text = (build / "paged_attention.cpp").read_text()
         text = text.replace("TORCH_LIBRARY(radixserve_cpu, m)", "TORCH_LIBRARY(attn_base, m)")
         (build / "paged_attention.cpp").write_text(text)
+        # Its own C++ namespace too: the headers' inline functions (a thread's Scratch among
+        # them) are shared symbols, which the loader binds to the first library's, so an
+        # earlier Scratch of another layout was this build's (and crashed it).
+        for source in build.iterdir():
+            source.write_text(re.sub(r"\bradixserve_cpu\b", "attn_base_cpu", source.read_text()))
         # The attention op's own sources: since the split, store_kv.cpp writes the new rows.
         sources = [
             build / n for n in ("paged_attention.cpp", "store_kv.cpp") if (build / n).exists()
