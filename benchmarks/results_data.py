@@ -231,20 +231,26 @@ def figures() -> dict[str, Figure]:
 
 def quant_decode_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
     """bench_decode_attention.py over int8 and fp8 pages (benchmarks/long_context.md): at
-    7,500 tokens, a decode row's attention per layer from memory (cold) over the baseline
-    kernel's, repetition by repetition (the two timed alternately, call for call)."""
-    name = "bench_decode_attention_s31_quant.json"
-    d = load(name)
-    base = d["baseline"]
-    for r in d["results"]:
-        if r["context"] != 7500 or r["dtype"] == "bfloat16":
-            continue
-        cur, old = r["samples_us"]["current cold"], r["samples_us"][f"{base} cold"]
-        add(
-            f"quant_decode_{r['dtype']}_cold_over_base_s31",
-            spread(c / o for c, o in zip(cur, old, strict=True)),
-            [name],
-        )
+    7,500 tokens, a decode row's attention per layer from memory (cold), and for session 33's
+    run from the caches (hot) too, over the baseline kernel's, repetition by repetition (the
+    two timed alternately, call for call)."""
+    runs = (
+        ("bench_decode_attention_s31_quant.json", "_s31", ("cold",)),
+        ("bench_decode_attention_s33.json", "_s33", ("cold", "hot")),
+    )
+    for name, suffix, kinds in runs:
+        d = load(name)
+        base = d["baseline"]
+        for r in d["results"]:
+            if r["context"] != 7500 or r["dtype"] == "bfloat16":
+                continue
+            for kind in kinds:
+                cur, old = r["samples_us"][f"current {kind}"], r["samples_us"][f"{base} {kind}"]
+                add(
+                    f"quant_decode_{r['dtype']}_{kind}_over_base{suffix}",
+                    spread(c / o for c, o in zip(cur, old, strict=True)),
+                    [name],
+                )
 
 
 def speculative_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:

@@ -80,6 +80,7 @@ from summary_tables_s29 import TABLES as TABLES_S29
 from summary_tables_s30 import TABLES as TABLES_S30
 from summary_tables_s31 import TABLES as TABLES_S31
 from summary_tables_s32 import TABLES as TABLES_S32
+from summary_tables_s33 import TABLES as TABLES_S33
 
 
 def _machine(name: str) -> str:
@@ -386,6 +387,7 @@ TABLES: dict[str, Callable[[], str]] = {
     **TABLES_S30,
     **TABLES_S31,
     **TABLES_S32,
+    **TABLES_S33,
     "long_context_floor_samples": table_long_context_floor_samples,
     "speculative_amd": table_speculative_amd,
     "speculative_concurrent_amd": table_speculative_concurrent_amd,
