@@ -164,7 +164,7 @@ def test_sigterm_stops_serve_quickly_mid_stream(tiny_llama_dir: Path) -> None:
 def test_a_server_stopped_and_continued_keeps_its_workers(tiny_llama_dir: Path) -> None:
     """The whole server stopped (SIGSTOP to its process group: a job scheduler's pause, a
     suspended VM), then continued; the request sent at once is served, by the same worker
-    process, after each pause (at once after the first, within seconds after the second):
+    process, after each pause:
 
     - 4 s, past ``--worker-timeout`` (1 s), within the connections' zmq heartbeats: the
       router did not run either, so it excuses the workers' silence instead of declaring
@@ -173,9 +173,10 @@ def test_a_server_stopped_and_continued_keeps_its_workers(tiny_llama_dir: Path) 
       the same routing id, which takes over the router's stale connection (ROUTER_HANDOVER)
       instead of being refused until that times out (60 s); the router may give the worker
       up meanwhile, and an idle worker given up speaks up to be asked to join again
-      (tests/serving/worker/test_worker_liveness.py). Requests in that moment get 503."""
+      (tests/serving/worker/test_worker_liveness.py). A request that finds no live worker
+      in that moment waits for it (its process still runs: WorkerPool.awaited), not 503."""
     from radixserve.sampling_params import SamplingParams
-    from radixserve.serving.client import Client, ServerError
+    from radixserve.serving.client import Client
 
     srv = Serve(tiny_llama_dir, workers=1, extra=("--worker-timeout", "1"), session=True)
     try:
@@ -192,15 +193,7 @@ def test_a_server_stopped_and_continued_keeps_its_workers(tiny_llama_dir: Path) 
             os.killpg(srv.proc.pid, signal.SIGSTOP)
             time.sleep(12.0)  # the pause under test: past the 10 s zmq heartbeat timeout
             os.killpg(srv.proc.pid, signal.SIGCONT)
-            deadline = time.monotonic() + 15
-            while True:  # "no live worker" while the worker reconnects, for a moment at most
-                try:
-                    out = client.generate("Hello at last", params=SamplingParams(max_tokens=2))
-                    break
-                except ServerError as exc:
-                    assert exc.code == "no_workers", exc
-                    assert time.monotonic() < deadline, "the worker did not join again"
-                    time.sleep(0.2)  # retrying as a client would; nothing to wait on instead
+            out = client.generate("Hello at last", params=SamplingParams(max_tokens=2))
             assert out.worker_id == 0 and out.finish_reason in ("length", "stop")
         assert os.path.exists(f"/proc/{worker_pid}"), "the worker was replaced"
         srv.proc.send_signal(signal.SIGTERM)

@@ -26,7 +26,7 @@ class RouterConfig:
         30.0  # a worker silent this long is dead (a long prefill step blocks it)
     )
     client_probe_interval_s: float = 1.0
-    worker_wait_s: float = 300.0  # how long a request may wait for a first worker to join
+    worker_wait_s: float = 300.0  # how long a request may wait for a worker to join (again)
     control_timeout_s: float = 10.0  # stats / flush replies from workers
     cache_threshold: float = 0.5
     min_match_tokens: int = 8

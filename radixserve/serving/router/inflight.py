@@ -1,15 +1,15 @@
 """The router's requests in flight: where each one is, and every way it ends.
 
 :class:`InFlight` holds the :class:`~radixserve.serving.router.requests.RouterRequest` of every
-generate request from its arrival to its last message, indexed by router rid and by
-(client, client rid). It sends a request to the worker the dispatcher chooses (or queues it
-until a first worker joins), folds the worker's outputs into it, and ends it in one of four
-ways: finished (a final message), failed (an error), aborted by its client, or dropped with
-a client that went away. A request whose worker dies before it produced a token is sent
-once more, to another worker (or the next to join, e.g. the dead one restarted).
-Whenever the worker may still run an ended request, the request
-is aborted there, which frees its KV. Keep-alive bookkeeping lives here too: only clients
-with requests in flight are probed.
+generate request from its arrival to its last message, indexed by router rid and by (client,
+client rid). It sends a request to the worker the dispatcher chooses (or queues it until a
+worker joins: a first one, one restarted, or one given up that joins again), folds the worker's
+outputs into it, and ends it in one of four ways: finished (a final message), failed (an
+error), aborted by its client, or dropped with a client that went away. A request whose worker
+dies before it produced a token is sent once more, to another worker (or the next to join, e.g.
+the dead one restarted). Whenever the worker may still run an ended request, the request is
+aborted there, which frees its KV. Keep-alive bookkeeping lives here too: only clients with
+requests in flight are probed.
 
 Sending to clients stays with the router (``send`` and ``reply_error`` callbacks): a failed
 send means the client is gone, and the router calls :meth:`InFlight.drop_client`.
@@ -68,8 +68,8 @@ class SplitDispatch(Protocol):
 class InFlight:
     """Every generate request between its arrival and its last message (see the module doc).
 
-    ``worker_wait_s``: how long a request may wait for a first worker to join (0: a request
-    that finds no worker fails at once, unless local workers are still starting)."""
+    ``worker_wait_s``: how long a request may wait for a worker to join (0: a request that
+    finds no worker fails at once, unless a worker may yet join: ``WorkerPool.awaited``)."""
 
     def __init__(
         self,
@@ -130,7 +130,7 @@ class InFlight:
         if self.split is not None:
             loads = self.split.usable(loads)
         if not loads:
-            if pool.expected or pool.restarting or (not pool.workers and self._worker_wait_s > 0):
+            if pool.awaited() or (not pool.workers and self._worker_wait_s > 0):
                 self._waiting.append(st)
             else:
                 self.fail(st, "no_workers", "no live worker to run the request")

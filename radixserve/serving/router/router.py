@@ -358,7 +358,7 @@ class Router:
             for wid in sup.due(time.monotonic()):
                 self.expect_local(wid, sup.start(wid))
         self.pool.restarting = sup.pending
-        if exits and not self.pool.expected and not self.pool.restarting and not self.live_workers:
+        if exits and not self.pool.awaited() and not self.live_workers:
             self.inflight.fail_waiting("no live worker to run the request (local workers exited)")
 
     def _unwatch(self, pidfd: int) -> None:
@@ -432,7 +432,7 @@ class Router:
             self.split.worker_dead(w, reason)
         self.inflight.fail_worker_requests(w, reason)
         self._control.on_worker_dead(w)
-        if not self.live_workers and not self.pool.expected and not self.pool.restarting:
+        if not self.live_workers and not self.pool.awaited():
             self.inflight.fail_waiting("no live worker to run the request")
 
     # ------------------------------------------------------------------ timers
@@ -445,7 +445,7 @@ class Router:
         if self.tokenizers is not None:
             self.tokenizers.check()
         failed = self.pool.check(now, cfg.worker_timeout_s)
-        if failed and not self.live_workers and not self.pool.expected and not self.pool.restarting:
+        if failed and not self.live_workers and not self.pool.awaited():
             self.inflight.fail_waiting("; ".join(failed))
         self.inflight.expire_waiting(now)
         self.inflight.probe_clients(now, cfg.client_probe_interval_s)

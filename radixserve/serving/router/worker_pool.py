@@ -193,6 +193,19 @@ class WorkerPool:
         """Live workers new requests may go to (not those found gone, awaiting settlement)."""
         return [w for w in self.live if w.gone is None]
 
+    def awaited(self) -> bool:
+        """Whether a worker may yet join, so that a request finding none live waits for one (up
+        to the router's ``worker_wait_s``) rather than failing at once: a local worker starting
+        or due to be restarted, or one given up for its silence whose process still runs (a
+        long step, or the server paused past its connections' heartbeats; it joins again once
+        it is heard, keeping its process handle, see :meth:`register`)."""
+        if self.expected or self.restarting:
+            return True
+        return any(
+            not w.alive and w.proc is not None and w.proc.poll() is None
+            for w in self.workers.values()
+        )
+
     def settle_gone(self, now: float | None = None) -> None:
         """Declare dead the workers found gone: unreachable ones at once, exited ones once
         :data:`EXIT_GRACE_S` has passed since their exit was seen.

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -124,3 +125,27 @@ def test_restart_off_leaves_a_dead_worker_dead_but_reaped(fake_server) -> None:
             st.workers[1].death or ""
         )
         assert len(srv.procs) == 2 and srv.supervisor.restarts == 0
+
+
+def test_with_its_only_worker_given_up_a_request_waits_for_it_to_join_again(fake_server) -> None:
+    """The only worker stopped (SIGSTOP) past the router's worker timeout is declared dead;
+    its process still runs, so a request sent meanwhile waits in the router instead of
+    failing ``no_workers``, and is served once the worker is continued and joins again."""
+    srv = fake_server(num_workers=1, router=dict(worker_timeout_s=0.5))
+    pid = srv.procs[0].pid
+    with (
+        Client(srv.endpoint, timeout=30) as c,
+        Client(srv.endpoint, timeout=30) as probe,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert _wait(lambda: probe.health().workers_alive == 0, 10)  # given up
+            sent = pool.submit(c.generate, "waits", params=SamplingParams(max_tokens=3))
+            assert _wait(lambda: probe.stats().active == 1 or sent.done(), 10)
+            assert not sent.done(), sent.exception()  # waiting, not failed
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        final = sent.result(timeout=30)
+    assert final.usage.completion_tokens == 3 and final.worker_id == 0
+    assert srv.procs[0].pid == pid  # the same process joined again

@@ -1,8 +1,11 @@
 """WorkerPool's settlement of a worker whose process exited: its goodbye, read after the exit
-was seen, still names the cause; without one it is declared dead after the grace period."""
+was seen, still names the cause; without one it is declared dead after the grace period. And
+which workers a request finding none live waits for."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import radixserve.serving.wire.protocol as p
@@ -72,3 +75,31 @@ def test_a_restarted_worker_settles_its_predecessor_and_keeps_its_id() -> None:
     new = pool.register(b"w0-new", p.WorkerHello(0, 2000, "m", 64, 32, [0]))
     assert dead == [(0, "process killed by SIGKILL")]
     assert new.worker_id == 0 and _worker(pool, 0).hello.pid == 2000
+
+
+def test_a_worker_given_up_is_awaited_while_its_process_runs() -> None:
+    """A local worker declared dead for its silence (a long step, a pause past the
+    heartbeats) may join again while its process runs: requests that find no live worker
+    wait for it (InFlight.dispatch) instead of failing; once the process is gone, not."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        pool, _ = _pool()
+        pool.mark_dead(_worker(pool, 0), "no heartbeat for 31.0 s")
+        assert not pool.awaited()  # a remote worker's process is not ours to see
+        pool.expected[2] = proc
+        assert pool.awaited()  # starting
+        w = pool.register(b"w2", p.WorkerHello(2, proc.pid, "m", 64, 32, [0]))
+        assert w.proc is proc and not pool.awaited()
+        pool.mark_dead(w, "no heartbeat for 31.0 s")
+        assert pool.awaited()  # given up, its process still running
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(10)
+        assert not pool.awaited()
+        pool.restarting = {2}
+        assert pool.awaited()  # its restart is scheduled
+    finally:
+        proc.kill()
+        proc.wait()
