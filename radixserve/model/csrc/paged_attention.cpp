@@ -703,11 +703,14 @@ struct Kernel {
     };
     using Decode = decltype(decode);
     zero_pages(sc, (end + kBlock - 1) / kBlock);
+    struct Unset {  // however attend leaves, the next call on this thread finds no fill
+      Scratch& sc;
+      ~Unset() { sc.fill = {}; }
+    } unset{sc};
     sc.fill = {[](const void* ctx, int64_t start, int64_t n) { (*static_cast<const Decode*>(ctx))(start, n); },
                &decode};
     attend(Layer<KV>{dk, dv, kBlock, 1, L.d}, 0, KeyRun{sc.zero_pages.data(), run.len}, begin, end, q, scale, rows,
            limit, first, cap2, m, l, acc, sc);
-    sc.fill = {};
   }
 
   // At least ``n`` page ids of zero in ``sc.zero_pages``: a tile posing as the pages of a run.
