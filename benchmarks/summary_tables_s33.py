@@ -1,16 +1,22 @@
 """The generated tables of session 33's work on the AMD machine (2026-12-05): quantized
 pages decoded a block of 64 keys at a time, as the kernel attends to them, into rows that
-stay in L1; summary_tables.TABLES lists them with the others.
+stay in L1, and session 32's long-context command run again with that kernel;
+summary_tables.TABLES lists them with the others.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from results_data import load
 from summary_tables_s22 import _head, _row
+from summary_tables_s23 import long_context_tables
+from summary_tables_s27 import table_long_context_kv_dtypes
+from summary_tables_s30 import table_long_context_paged_floor
 
 QUANT_BLOCKS = "bench_decode_attention_s33.json"
+LONG_CONTEXT = "bench_long_context_s33.json"
 
 
 def table_quant_decode_blocks(name: str = QUANT_BLOCKS) -> str:
@@ -58,4 +64,7 @@ def table_quant_decode_blocks(name: str = QUANT_BLOCKS) -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "quant_decode_blocks_s33": table_quant_decode_blocks,
+    **long_context_tables("long_context_s33", LONG_CONTEXT),
+    "long_context_kv_dtypes_s33": partial(table_long_context_kv_dtypes, LONG_CONTEXT),
+    "long_context_paged_floor_s33": partial(table_long_context_paged_floor, LONG_CONTEXT),
 }
