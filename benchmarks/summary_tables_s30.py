@@ -100,13 +100,22 @@ def table_long_context_paged_floor(name: str = LONG_CONTEXT) -> str:
     return "\n".join(out)
 
 
+def long_context_run_tables(suffix: str, name: str) -> dict[str, Callable[[], str]]:
+    """A bench_long_context run's four tables for summary_tables.TABLES, keyed
+    ``long_context{suffix}`` (per cell), ``..._targets``, ``long_context_kv_dtypes{suffix}``
+    and ``long_context_paged_floor{suffix}``."""
+    return {
+        **long_context_tables(f"long_context{suffix}", name),
+        f"long_context_kv_dtypes{suffix}": partial(table_long_context_kv_dtypes, name),
+        f"long_context_paged_floor{suffix}": partial(table_long_context_paged_floor, name),
+    }
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "prefill_attention_s30": partial(table_decode_attention_stream, PREFILL_ATTENTION),
     "decode_read_floor_s30": table_decode_read_floor,
     **long_context_tables("long_context_s30", LONG_CONTEXT),
     "long_context_kv_dtypes_s30": partial(table_long_context_kv_dtypes, LONG_CONTEXT),
     "long_context_paged_floor_s30": table_long_context_paged_floor,
-    **long_context_tables("long_context_s30b", LONG_CONTEXT_B),
-    "long_context_kv_dtypes_s30b": partial(table_long_context_kv_dtypes, LONG_CONTEXT_B),
-    "long_context_paged_floor_s30b": partial(table_long_context_paged_floor, LONG_CONTEXT_B),
+    **long_context_run_tables("_s30b", LONG_CONTEXT_B),
 }

@@ -7,13 +7,10 @@ summary_tables.TABLES lists them with the others.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 from results_data import load
 from summary_tables_s22 import _head, _row
-from summary_tables_s23 import long_context_tables
-from summary_tables_s27 import table_long_context_kv_dtypes
-from summary_tables_s30 import table_long_context_paged_floor
+from summary_tables_s30 import long_context_run_tables
 
 QUANT_DECODE = "bench_decode_attention_s31_quant.json"
 LONG_CONTEXT = "bench_long_context_s31b.json"
@@ -65,10 +62,6 @@ def table_quant_decode_attention(name: str = QUANT_DECODE) -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "quant_decode_attention_s31": table_quant_decode_attention,
-    **long_context_tables("long_context_s31b", LONG_CONTEXT),
-    "long_context_kv_dtypes_s31b": partial(table_long_context_kv_dtypes, LONG_CONTEXT),
-    "long_context_paged_floor_s31b": partial(table_long_context_paged_floor, LONG_CONTEXT),
-    **long_context_tables("long_context_s31c", LONG_CONTEXT_C),
-    "long_context_kv_dtypes_s31c": partial(table_long_context_kv_dtypes, LONG_CONTEXT_C),
-    "long_context_paged_floor_s31c": partial(table_long_context_paged_floor, LONG_CONTEXT_C),
+    **long_context_run_tables("_s31b", LONG_CONTEXT),
+    **long_context_run_tables("_s31c", LONG_CONTEXT_C),
 }

@@ -12,7 +12,7 @@ from results_data import load
 from summary_tables_s22 import _head, _row
 from summary_tables_s23 import long_context_tables
 from summary_tables_s27 import table_long_context_kv_dtypes
-from summary_tables_s30 import table_long_context_paged_floor
+from summary_tables_s30 import long_context_run_tables
 
 PAUSED = "bench_long_context_s32.json"
 RUNNING = "bench_long_context_s32_running.json"
@@ -33,9 +33,7 @@ def table_idle_cpu(*names: str) -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "long_context_idle_cpu_s32": partial(table_idle_cpu, PAUSED, RUNNING),
-    **long_context_tables("long_context_s32", PAUSED),
-    "long_context_kv_dtypes_s32": partial(table_long_context_kv_dtypes, PAUSED),
-    "long_context_paged_floor_s32": partial(table_long_context_paged_floor, PAUSED),
+    **long_context_run_tables("_s32", PAUSED),
     **long_context_tables("long_context_s32_running", RUNNING),
     "long_context_kv_dtypes_s32_running": partial(table_long_context_kv_dtypes, RUNNING),
 }

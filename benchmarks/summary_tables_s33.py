@@ -7,13 +7,10 @@ summary_tables.TABLES lists them with the others.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 from results_data import load
 from summary_tables_s22 import _head, _row
-from summary_tables_s23 import long_context_tables
-from summary_tables_s27 import table_long_context_kv_dtypes
-from summary_tables_s30 import table_long_context_paged_floor
+from summary_tables_s30 import long_context_run_tables
 
 QUANT_BLOCKS = "bench_decode_attention_s33.json"
 LONG_CONTEXT = "bench_long_context_s33.json"
@@ -64,7 +61,5 @@ def table_quant_decode_blocks(name: str = QUANT_BLOCKS) -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "quant_decode_blocks_s33": table_quant_decode_blocks,
-    **long_context_tables("long_context_s33", LONG_CONTEXT),
-    "long_context_kv_dtypes_s33": partial(table_long_context_kv_dtypes, LONG_CONTEXT),
-    "long_context_paged_floor_s33": partial(table_long_context_paged_floor, LONG_CONTEXT),
+    **long_context_run_tables("_s33", LONG_CONTEXT),
 }
