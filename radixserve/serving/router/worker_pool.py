@@ -194,15 +194,16 @@ class WorkerPool:
         return [w for w in self.live if w.gone is None]
 
     def awaited(self) -> bool:
-        """Whether a worker may yet join, so that a request finding none live waits for one (up
-        to the router's ``worker_wait_s``) rather than failing at once: a local worker starting
-        or due to be restarted, or one given up for its silence whose process still runs (a
-        long step, or the server paused past its connections' heartbeats; it joins again once
-        it is heard, keeping its process handle, see :meth:`register`)."""
+        """Whether a worker may yet join, so that a request finding none routable waits for one
+        (up to the router's ``worker_wait_s``) rather than failing at once: a local worker
+        starting or due to be restarted, or one not routable now whose process still runs:
+        given up for its silence, or found unreachable and not yet settled (a long step, or
+        the server paused past its connections' heartbeats: the worker reconnects and joins
+        again, keeping its process handle, see :meth:`register`)."""
         if self.expected or self.restarting:
             return True
         return any(
-            not w.alive and w.proc is not None and w.proc.poll() is None
+            (not w.alive or w.gone is not None) and w.proc is not None and w.proc.poll() is None
             for w in self.workers.values()
         )
 

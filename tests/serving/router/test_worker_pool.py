@@ -78,9 +78,10 @@ def test_a_restarted_worker_settles_its_predecessor_and_keeps_its_id() -> None:
 
 
 def test_a_worker_given_up_is_awaited_while_its_process_runs() -> None:
-    """A local worker declared dead for its silence (a long step, a pause past the
-    heartbeats) may join again while its process runs: requests that find no live worker
-    wait for it (InFlight.dispatch) instead of failing; once the process is gone, not."""
+    """A local worker found unreachable, or declared dead for its silence (a long step, a
+    pause past the heartbeats), may join again while its process runs: requests that find no
+    routable worker wait for it (InFlight.dispatch) instead of failing; once the process is
+    gone, not."""
     proc = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
     )
@@ -92,6 +93,12 @@ def test_a_worker_given_up_is_awaited_while_its_process_runs() -> None:
         assert pool.awaited()  # starting
         w = pool.register(b"w2", p.WorkerHello(2, proc.pid, "m", 64, 32, [0]))
         assert w.proc is proc and not pool.awaited()
+        w.gone = "unreachable (host unreachable)"  # a failed send, not settled yet
+        assert pool.awaited()  # not routable, its process running: it may reconnect
+        pool.settle_gone()
+        assert not w.alive and pool.awaited()
+        w = pool.register(b"w2", p.WorkerHello(2, proc.pid, "m", 64, 32, [0]))  # joined again
+        assert w.proc is proc and w.alive and not pool.awaited()
         pool.mark_dead(w, "no heartbeat for 31.0 s")
         assert pool.awaited()  # given up, its process still running
         assert proc.stdin is not None
