@@ -246,6 +246,11 @@ class Router:
         """Workers that can take requests (not those whose exit awaits settlement)."""
         return self.pool.routable
 
+    def _no_worker_to_come(self) -> bool:
+        """No worker can take a request and none may yet join (WorkerPool.awaited): the
+        requests waiting for one are failed rather than left to their timeout."""
+        return not self.live_workers and not self.pool.awaited()
+
     @property
     def context(self) -> zmq.Context:
         """The ZeroMQ context (a client of :attr:`inproc_endpoint` must use this one)."""
@@ -358,7 +363,7 @@ class Router:
             for wid in sup.due(time.monotonic()):
                 self.expect_local(wid, sup.start(wid))
         self.pool.restarting = sup.pending
-        if exits and not self.pool.awaited() and not self.live_workers:
+        if exits and self._no_worker_to_come():
             self.inflight.fail_waiting("no live worker to run the request (local workers exited)")
 
     def _unwatch(self, pidfd: int) -> None:
@@ -432,7 +437,7 @@ class Router:
             self.split.worker_dead(w, reason)
         self.inflight.fail_worker_requests(w, reason)
         self._control.on_worker_dead(w)
-        if not self.live_workers and not self.pool.awaited():
+        if self._no_worker_to_come():
             self.inflight.fail_waiting("no live worker to run the request")
 
     # ------------------------------------------------------------------ timers
@@ -445,7 +450,7 @@ class Router:
         if self.tokenizers is not None:
             self.tokenizers.check()
         failed = self.pool.check(now, cfg.worker_timeout_s)
-        if failed and not self.live_workers and not self.pool.awaited():
+        if failed and self._no_worker_to_come():
             self.inflight.fail_waiting("; ".join(failed))
         self.inflight.expire_waiting(now)
         self.inflight.probe_clients(now, cfg.client_probe_interval_s)
