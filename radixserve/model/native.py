@@ -247,6 +247,13 @@ class Member:
     own_len: int  # keys in its own pages, its new tokens the last new_len of them
 
 
+def int8_attention_in_integers(head_dim: int) -> bool:
+    """Whether bf16 queries of ``head_dim`` over int8 pages take the kernel's integer path on
+    this machine (AVX-512 VNNI and BF16, no AMX): not the decoded values' bits, but closer to
+    exact attention over the codes (``csrc/paged_attention_int8.h``). Call :func:`load` first."""
+    return bool(torch.ops.radixserve_cpu.int8_attention_in_integers(head_dim))
+
+
 def paged_attention(
     q: torch.Tensor,
     k_pages: torch.Tensor,
@@ -274,7 +281,9 @@ def paged_attention(
     with per-head scales ``[Hkv]``, float32; ``radixkernels/kv_format.py``): ``store``'s rows
     are quantized as ``store_kv_ref`` does, bit for bit (int8 writing their scales), and each
     chunk of keys is decoded to ``q``'s dtype as the torch path's dequantize does
-    (``x.float() * s``, rounded once) and attended as such pages are.
+    (``x.float() * s``, rounded once) and attended as such pages are; but bf16 queries over
+    int8 pages, where :func:`int8_attention_in_integers` says so, take integer products over
+    the codes with the scales applied after (``csrc/paged_attention_int8.h``).
     """
     k_new, v_new, slots = store if store is not None else (None, None, None)
     if scales is not None:  # quantized pages

@@ -35,8 +35,9 @@
 // where the CPU has them (amx_attend), with AVX-512 instructions elsewhere.
 //
 // Its parts: paged_attention.h (shared types and helpers), paged_attention_narrow.h (AVX-512
-// blocks of a few rows), paged_attention_amx.h (AMX tiles), store_kv.cpp (the new rows into
-// the pages); this file holds the rows-in-lanes path, the work plan and the op.
+// blocks of a few rows), paged_attention_amx.h (AMX tiles), paged_attention_quant.h and
+// paged_attention_int8.h (quantized pages: decoded, or int8 in integer products), store_kv.cpp
+// (the new rows into the pages); this file holds the rows-in-lanes path, the work plan and the op.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -61,6 +62,7 @@
 #include "amx.h"
 #include "paged_attention.h"
 #include "paged_attention_amx.h"
+#include "paged_attention_int8.h"
 #include "paged_attention_narrow.h"
 #include "paged_attention_pairs.h"
 #include "paged_attention_quant.h"
@@ -89,14 +91,7 @@ using namespace radixserve_cpu::paged;
 // ``cap2`` > 0: scores become cap2 * tanh(score / cap2) (Gemma 2's soft-cap, in the log2
 // domain). The AMX tiles and the narrow blocks take neither quirk: such calls score here.
 // ``NC``: head_dim / kLanes, fixed at compile time so the inner loops unroll into registers.
-// cap * tanh(x / cap) over the lanes, tanh from exp2v (odd; the exponent is never positive).
-inline vf soft_cap(vf x, float cap) {
-  const vf y = x / cap;
-  const auto neg = y < vf{};
-  const vf e = exp2v((neg ? y : -y) * (2.0f * kLog2e));
-  const vf t = (1.0f - e) / (1.0f + e);
-  return (neg ? -t : t) * cap;
-}
+// (soft_cap: paged_attention.h.)
 
 // Scores of ``n`` keys (float rows ``kr``) for the rows in the lanes (``qt``: the queries
 // transposed, pre-scaled), eight keys at a time: eight independent FMA chains over the
@@ -513,6 +508,8 @@ struct Kernel {
   const ValuePairs* pairs = nullptr;
   const int64_t* shared_pairs = nullptr;
   const int64_t* own_pairs = nullptr;
+  // int8 pages read by bf16 queries in integer arithmetic (paged_attention_int8.h), or null.
+  Int8AttendFn<KV> int8 = nullptr;
 
   // Run ``index[i]``'s values of KV head ``h`` as pairs, or null where it was not paired.
   const uint32_t* paired(const int64_t* index, int64_t i, int64_t h) const {
@@ -673,6 +670,12 @@ struct Kernel {
       attend(L, h, run, begin, end, q, scale, rows, limit, first, cap2, m, l, acc, sc);
       return;
     }
+#if RADIXSERVE_INT8_DOTS
+    if (int8 != nullptr) {  // int8 pages, bf16 queries: integer products over the codes
+      int8(L, *quant, h, run, begin, end, q, scale, rows, limit, first, cap2, m, l, acc, sc);
+      return;
+    }
+#endif
     if (whole_run >= 0) {
       const KeyRun one{WholeRuns<KV>::kOnePage, run.len, run.vpairs};
       attend(whole->layer(whole_run, h), 0, one, begin, end, q, scale, rows, limit, first, cap2, m, l, acc, sc);
@@ -818,7 +821,12 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   const int64_t grp = hq / L.kv_heads;
   WholeRuns<KV> whole(L.kv_heads, d);
   std::vector<int64_t> shared_whole, own_whole;
-  if (quant != nullptr) plan_whole_runs(P, groups, grp, L.page_size, window, whole, shared_whole, own_whole);
+  // Not where AMX runs: its bf16 tiles take a prefill's rows over the decoded codes at several
+  // times the rate of AVX-512's integer products (unmeasured on int8 pages: no AMX machine).
+  const Int8AttendFn<KV> int8 = amx_usable() ? nullptr : int8_attend_fn<Q, KV>(quant, d);
+  // (Runs decoded whole serve the decoding paths; the integer path makes a block of keys
+  // ready for all the rows of a work item at once.)
+  if (quant != nullptr && int8 == nullptr) plan_whole_runs(P, groups, grp, L.page_size, window, whole, shared_whole, own_whole);
   const bool any_whole = !whole.empty();
   // bf16 values paired once for the call where the rows score pairs on AVX-512 (the AMX
   // tiles keep value tiles of their own): the pool's runs, or the quantized runs decoded
@@ -849,7 +857,8 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
                         any_whole ? own_whole.data() : nullptr,
                         any_pairs ? &pairs : nullptr,
                         any_pairs ? shared_pairs.data() : nullptr,
-                        any_pairs ? own_pairs.data() : nullptr};
+                        any_pairs ? own_pairs.data() : nullptr,
+                        int8};
 
   std::vector<Item> items;
   // Per group: whether one item per KV head holds all its rows (a decode row, a few): each
@@ -1217,9 +1226,18 @@ void paged_attention_quant(const at::Tensor& q, const at::Tensor& k_pages, const
   }
 }
 
+// Whether bf16 queries over int8 pages of head size ``head_dim`` take the integer path here
+// (paged_attention_int8.h): built with AVX-512 VNNI and BF16, and no AMX to run (else the
+// codes are decoded to bf16, paged_attention_quant.h).
+bool int8_attention_in_integers(int64_t head_dim) {
+  const QuantPages int8{nullptr, nullptr, nullptr, nullptr, Codes::kInt8};
+  return !amx_usable() && int8_dots_for<c10::BFloat16>(&int8, head_dim);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(radixserve_cpu, m) {
+  m.def("int8_attention_in_integers(int head_dim) -> bool", &int8_attention_in_integers);
   m.def(
       "paged_attention(Tensor q, Tensor(b!) k_pages, Tensor(c!) v_pages, Tensor(a!) out, Tensor q_start, Tensor new_len, "
       "Tensor group_start, Tensor shared_pages, Tensor shared_start, Tensor own_pages, Tensor own_start, "

@@ -81,6 +81,12 @@ struct Scratch {
   // block of the run).
   std::vector<float> dk, dv;
   std::vector<int64_t> zero_pages;
+  // int8 pages in integer arithmetic (paged_attention_int8.h): a block of keys prepared
+  // (keys' and values' 16-bit codes, their scales), the rows' queries as 16-bit words, and
+  // up to four rows' probabilities as 16-bit integers.
+  std::vector<int32_t> int8_keys, int8_values, int8_queries;
+  std::vector<float> int8_scales;
+  std::vector<uint16_t> int8_probs;
   int64_t tile_rows = 0;  // the rows of the tile configuration loaded on this thread, 0: none
   // While set, a block's ``ahead`` steps ``stream`` (the next chunk's pages, every KV head's)
   // instead of prefetching the block after it in the same run.
@@ -103,6 +109,8 @@ struct Scratch {
     ts.resize(kBlock * kLanes);
     pw.resize(kBlock / 2 * kLanes), pv.resize(kBlock / 2 * d);
     dk.resize(kChunk * d), dv.resize(kChunk * d);
+    int8_keys.resize(d / 2 * kBlock), int8_values.resize(kBlock / 2 * d), int8_queries.resize(kRowBlock * d / 2);
+    int8_scales.resize(2 * kBlock), int8_probs.resize(4 * kBlock);
   }
   static Scratch& local(int64_t d) {
     thread_local Scratch sc;
@@ -203,6 +211,15 @@ inline vf lanes_sum(const vf (&s)[kLanes]) {
   for (int j = 0; j < 4; ++j) q[j] = h[j] + h[j + 4];
   for (int j = 0; j < 2; ++j) e[j] = q[j] + q[j + 2];
   return e[0] + e[1];
+}
+
+// cap * tanh(x / cap) over the lanes, tanh from exp2v (odd; the exponent is never positive).
+inline vf soft_cap(vf x, float cap) {
+  const vf y = x / cap;
+  const auto neg = y < vf{};
+  const vf e = exp2v((neg ? y : -y) * (2.0f * kLog2e));
+  const vf t = (1.0f - e) / (1.0f + e);
+  return (neg ? -t : t) * cap;
 }
 
 // Rows of one block of keys: float pages are read in place, others converted into ``buf``.

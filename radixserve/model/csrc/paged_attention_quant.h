@@ -10,6 +10,8 @@
 // ``.to(q.dtype)``). A decode step thus reads one byte per element from memory, not two.
 // A prefill's or an extend's many rows instead take their runs decoded whole, once per call
 // (WholeRuns below), and attend over those as over unquantized pages.
+// (bf16 queries over int8 pages, on AVX-512 VNNI without AMX, take integer products over the
+// codes instead: paged_attention_int8.h.)
 #pragma once
 
 #include <algorithm>
