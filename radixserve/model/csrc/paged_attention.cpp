@@ -508,8 +508,10 @@ struct Kernel {
   const ValuePairs* pairs = nullptr;
   const int64_t* shared_pairs = nullptr;
   const int64_t* own_pairs = nullptr;
-  // int8 pages read by bf16 queries in integer arithmetic (paged_attention_int8.h), or null.
+  // int8 pages read by bf16 queries in integer arithmetic (paged_attention_int8.h), or null;
+  // its runs made ready whole for this call (indexed as ``whole``'s), or null.
   Int8AttendFn<KV> int8 = nullptr;
+  const Int8Runs* int8_runs = nullptr;
 
   // Run ``index[i]``'s values of KV head ``h`` as pairs, or null where it was not paired.
   const uint32_t* paired(const int64_t* index, int64_t i, int64_t h) const {
@@ -672,7 +674,7 @@ struct Kernel {
     }
 #if RADIXSERVE_INT8_DOTS
     if (int8 != nullptr) {  // int8 pages, bf16 queries: integer products over the codes
-      int8(L, *quant, h, run, begin, end, q, scale, rows, limit, first, cap2, m, l, acc, sc);
+      int8(L, *quant, h, run, int8_runs, whole_run, begin, end, q, scale, rows, limit, first, cap2, m, l, acc, sc);
       return;
     }
 #endif
@@ -820,14 +822,19 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   const Layer<KV> L{kp, vp, k_pages.size(1), k_pages.size(2), d};
   const int64_t grp = hq / L.kv_heads;
   WholeRuns<KV> whole(L.kv_heads, d);
+  Int8Runs int8_runs(L.kv_heads, d);
   std::vector<int64_t> shared_whole, own_whole;
   // Not where AMX runs: its bf16 tiles take a prefill's rows over the decoded codes at several
   // times the rate of AVX-512's integer products (unmeasured on int8 pages: no AMX machine).
   const Int8AttendFn<KV> int8 = amx_usable() ? nullptr : int8_attend_fn<Q, KV>(quant, d);
-  // (Runs decoded whole serve the decoding paths; the integer path makes a block of keys
-  // ready for all the rows of a work item at once.)
-  if (quant != nullptr && int8 == nullptr) plan_whole_runs(P, groups, grp, L.page_size, window, whole, shared_whole, own_whole);
-  const bool any_whole = !whole.empty();
+  // Runs that many rows read, decoded whole (or, for the integer path, made ready whole).
+  if (int8 != nullptr) {
+    plan_whole_runs(P, groups, grp, L.page_size, window, int8_runs, shared_whole, own_whole);
+  } else if (quant != nullptr) {
+    plan_whole_runs(P, groups, grp, L.page_size, window, whole, shared_whole, own_whole);
+  }
+  const bool any_whole = !whole.empty(), any_int8_runs = !int8_runs.empty();
+  const bool indexed = any_whole || any_int8_runs;
   // bf16 values paired once for the call where the rows score pairs on AVX-512 (the AMX
   // tiles keep value tiles of their own): the pool's runs, or the quantized runs decoded
   // whole (paired as each chunk is decoded; a run's index the same in both).
@@ -853,12 +860,13 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
                         static_cast<float>(softcap) * kLog2e,
                         quant,
                         any_whole ? &whole : nullptr,
-                        any_whole ? shared_whole.data() : nullptr,
-                        any_whole ? own_whole.data() : nullptr,
+                        indexed ? shared_whole.data() : nullptr,
+                        indexed ? own_whole.data() : nullptr,
                         any_pairs ? &pairs : nullptr,
                         any_pairs ? shared_pairs.data() : nullptr,
                         any_pairs ? own_pairs.data() : nullptr,
-                        int8};
+                        int8,
+                        any_int8_runs ? &int8_runs : nullptr};
 
   std::vector<Item> items;
   // Per group: whether one item per KV head holds all its rows (a decode row, a few): each
@@ -881,10 +889,14 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   const int64_t max_threads = at::get_num_threads();
   if (any_whole) whole.prepare();
   if (any_pairs) pairs.prepare();
-  // Every thread of a team decodes (pairs) its share of the whole runs, then waits for the others.
+  if (any_int8_runs) int8_runs.prepare();
+  // Every thread of a team decodes (pairs, makes ready) its share of the whole runs, then
+  // waits for the others.
   auto take_whole_runs = [&](int64_t t, int64_t nt) {
-    if (!any_whole && !any_pairs) return;
-    if (any_whole) {
+    if (!any_whole && !any_pairs && !any_int8_runs) return;
+    if (any_int8_runs) {
+      int8_runs.ready_share(L, *quant, t, nt);
+    } else if (any_whole) {
       whole.decode_share(L, *quant, t, nt, [&](int64_t i, int64_t h, int64_t lo) {
         if (any_pairs) pairs.pair_keys(whole.layer(i, h), WholeRuns<KV>::kOnePage, 0, i, h, lo);
       });

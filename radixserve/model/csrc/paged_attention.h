@@ -83,10 +83,10 @@ struct Scratch {
   std::vector<int64_t> zero_pages;
   // int8 pages in integer arithmetic (paged_attention_int8.h): a block of keys prepared
   // (keys' and values' 16-bit codes, their scales), the rows' queries as 16-bit words, and
-  // up to four rows' probabilities as 16-bit integers.
+  // a block's probabilities as pairs of 16-bit integers (rows in the lanes: kBlock / 2 x 16).
   std::vector<int32_t> int8_keys, int8_values, int8_queries;
   std::vector<float> int8_scales;
-  std::vector<uint16_t> int8_probs;
+  std::vector<uint32_t> int8_probs;
   int64_t tile_rows = 0;  // the rows of the tile configuration loaded on this thread, 0: none
   // While set, a block's ``ahead`` steps ``stream`` (the next chunk's pages, every KV head's)
   // instead of prefetching the block after it in the same run.
@@ -110,7 +110,7 @@ struct Scratch {
     pw.resize(kBlock / 2 * kLanes), pv.resize(kBlock / 2 * d);
     dk.resize(kChunk * d), dv.resize(kChunk * d);
     int8_keys.resize(d / 2 * kBlock), int8_values.resize(kBlock / 2 * d), int8_queries.resize(kRowBlock * d / 2);
-    int8_scales.resize(2 * kBlock), int8_probs.resize(4 * kBlock);
+    int8_scales.resize(2 * kBlock), int8_probs.resize(kBlock / 2 * kLanes);
   }
   static Scratch& local(int64_t d) {
     thread_local Scratch sc;
