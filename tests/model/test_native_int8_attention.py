@@ -109,7 +109,7 @@ def _members(
     return parts, rows
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize(
     "quirks", [(None, None), (100, None), (None, 2.0)], ids=["plain", "window", "softcap"]
 )
@@ -150,16 +150,21 @@ def test_closer_to_exact_than_the_codes_decoded_to_bf16(
     assert err.max() <= err_decoded.max()
 
 
-@pytest.mark.parametrize("heads", [(9, 3), (8, 1), (4, 4)], ids=["gqa3", "gqa8", "mha"])
+@pytest.mark.parametrize(
+    "shape", [(9, 3, 64), (8, 1, 64), (4, 4, 64), (6, 2, 128), (2, 1, 256)],
+    ids=["gqa3", "gqa8", "mha", "d128", "d256"],
+)  # fmt: skip
 @pytest.mark.parametrize("quirks", [(None, None), (100, 2.0)], ids=["plain", "window-softcap"])
 def test_a_decode_row_is_the_prefill_row_of_its_position(
-    heads: tuple[int, int], quirks: tuple[int | None, float | None]
+    shape: tuple[int, int, int], quirks: tuple[int | None, float | None]
 ) -> None:
     """A 700-token prompt's prefill over its pages, then the decode row of each of several
-    positions (ends of blocks and chunks, and past them) over the same pages: bit for bit."""
+    positions (ends of blocks and chunks, and past them) over the same pages: bit for bit.
+    Decode rows of up to 4 query heads per KV head read the codes in place, keys in the
+    lanes; 8 take the block made ready, rows in the lanes, as the prefill's rows do."""
     window, softcap = quirks
-    hq, hkv = heads
-    d, n = 64, 700
+    hq, hkv, d = shape
+    n = 700
     pool = _pool(hkv, d, -(-n // PS) + 1, seed=4)
     pages = list(range(-(-n // PS)))[::-1]  # scattered: last page first
     q = (torch.randn(n, hq, d, generator=torch.Generator().manual_seed(5)) * 3).bfloat16()
