@@ -144,8 +144,6 @@ def test_closer_to_exact_than_the_codes_decoded_to_bf16(
     )  # fmt: skip
     exact = _exact(k_dec.double(), v_dec.double(), q, parts, window, softcap)
     err, err_decoded = (got.double() - exact).abs(), (decoded.double() - exact).abs()
-    # (On the 2-core AMD VM the mean error was 0.37-0.5 times the decoded pages', the
-    # largest 0.4-0.55 times theirs.)
     assert err.mean() <= 0.75 * err_decoded.mean()
     assert err.max() <= err_decoded.max()
 

@@ -23,11 +23,12 @@
 // code * scale to bf16). So the outputs come closer to exact attention over the stored codes
 // than the decoded path's (tests/model/test_native_int8_attention.py).
 //
-// Every bf16 row over int8 pages takes this path (decode rows and prefill rows alike, a block of
-// up to four rows at a time), and a row's arithmetic is its own: its bits do not depend on
-// which rows share its block, so a decode row and the prefill row of the same position agree
-// bit for bit, as speculative decoding's verify rows need. The integer sums are exact, so
-// the dimensions and keys may be taken in any order.
+// Every bf16 row over int8 pages takes this path: a decode token's few query heads with the
+// keys in the lanes, read from the pages (int8_block), a prefill's rows in the lanes over a
+// block made ready for them (int8_rows_block). A row's arithmetic is its own and the same on
+// both: its bits do not depend on which rows share its block, so a decode row and the prefill
+// row of the same position agree bit for bit, as speculative decoding's verify rows need.
+// The integer sums are exact, so the dimensions and keys may be taken in any order.
 #pragma once
 
 #include <algorithm>
@@ -90,15 +91,14 @@ struct Int8Block {
   static constexpr int64_t words(int64_t d) { return d * kBlock + 2 * kBlock; }
 };
 
-// Rows a block is taken by at a time; a work item's rows up to this many read the codes from
-// the pages as they go (a decode token's query heads of one KV head: 3 for SmolLM2), more
-// read the block made ready (prepare_int8_block) once for all of them (a prefill's 16 rows).
+// A work item's rows up to this many (a decode token's query heads of one KV head: 3 for
+// SmolLM2) read a block's codes from the pages as they go, keys in the lanes; more (a
+// prefill's 16) take the block made ready (prepare_int8_block), rows in the lanes.
 constexpr int64_t kInt8Rows = 4;
 
 // acc + the products of a's and b's 16-bit words, by pairs (vpdpwssd), the accumulator tied to
-// its register: with the intrinsic, GCC copied every accumulator of the products' loops to
-// another register and back at each step (a move per product; the prefill's blocks took
-// twice the time of the dots alone).
+// its register: with the intrinsic, GCC 12 copied every accumulator of these loops to another
+// register and back at each step (a move per product).
 __attribute__((always_inline)) inline __m512i dot_words(__m512i acc, __m512i a, __m512i b) {
   asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
   return acc;
@@ -113,8 +113,8 @@ __attribute__((always_inline)) inline __m512i dot_words_bcast(__m512i acc, __m51
 // acc[u] + the products of a's words and word u at ``k`` (broadcast to every lane by the
 // instruction itself, from memory), u < 8: one statement, the eight accumulators tied to
 // their registers. (With the intrinsic GCC 12 broadcast each word in an instruction of its
-// own and copied each accumulator to another register at each step; a third of a prefill
-// block's time.)
+// own and copied each accumulator to another register at each step; one instruction per
+// product with a single asm statement each, it kept the accumulators in memory.)
 __attribute__((always_inline)) inline void dot8_bcast(__m512i (&acc)[8], __m512i a, const int32_t* k) {
   asm("vpdpwssd (%[k])%{1to16%}, %[a], %[x0]\n\t"
       "vpdpwssd 4(%[k])%{1to16%}, %[a], %[x1]\n\t"
