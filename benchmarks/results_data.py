@@ -231,18 +231,22 @@ def figures() -> dict[str, Figure]:
 
 def quant_decode_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
     """bench_decode_attention.py over int8 and fp8 pages (benchmarks/long_context.md): at
-    7,500 tokens, a decode row's attention per layer from memory (cold), and for session 33's
-    run from the caches (hot) too, over the baseline kernel's, repetition by repetition (the
-    two timed alternately, call for call)."""
+    7,500 tokens, a decode row's attention per layer from memory (cold), and for sessions 33's
+    and 34's runs from the caches (hot) too, over the baseline kernel's, repetition by
+    repetition (the two timed alternately, call for call); and session 34's 2,000-token
+    prefill call."""
     runs = (
-        ("bench_decode_attention_s31_quant.json", "_s31", ("cold",)),
-        ("bench_decode_attention_s33.json", "_s33", ("cold", "hot")),
+        ("bench_decode_attention_s31_quant.json", "_s31", ("cold",), 7500),
+        ("bench_decode_attention_s33.json", "_s33", ("cold", "hot"), 7500),
+        # bf16 queries over int8 pages in integer products; and a 2,000-token prefill's call.
+        ("bench_decode_attention_s34.json", "_s34", ("cold", "hot"), 7500),
+        ("bench_decode_attention_s34_prefill.json", "_s34_prefill", ("cold",), 2000),
     )
-    for name, suffix, kinds in runs:
+    for name, suffix, kinds, context in runs:
         d = load(name)
         base = d["baseline"]
         for r in d["results"]:
-            if r["context"] != 7500 or r["dtype"] == "bfloat16":
+            if r["context"] != context or r["dtype"] == "bfloat16":
                 continue
             for kind in kinds:
                 cur, old = r["samples_us"][f"current {kind}"], r["samples_us"][f"{base} {kind}"]
@@ -319,20 +323,28 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s32.json", "_s32"),
         ("bench_long_context_s32_running.json", "_s32_running"),
         ("bench_long_context_s33.json", "_s33"),
+        ("bench_long_context_s34.json", "_s34"),
     ):
         for key, fig in (
             ("ttft_s", "long_context_ttft_vs_vllm"),
             ("tpot_ms", "long_context_tpot_vs_vllm"),
         ):
             add(fig + suffix, spread(_over_vllm(name, key)), [name])
-    # Every run of the same command with the idle servers paused (sessions 32 and 33: the
-    # kernels differ only in how a decode reads quantized pages), repetition by repetition.
-    paused = ["bench_long_context_s32.json", "bench_long_context_s33.json"]
-    for key, fig in (
-        ("ttft_s", "long_context_ttft_vs_vllm_paused"),
-        ("tpot_ms", "long_context_tpot_vs_vllm_paused"),
+    # Every run of the same command with the idle servers paused, repetition by repetition:
+    # sessions 32 and 33 (the kernels differ only in how a decode reads quantized pages), and
+    # with session 34's (bf16 queries over int8 pages in integer products; bf16 unchanged).
+    for paused, suffix in (
+        (["bench_long_context_s32.json", "bench_long_context_s33.json"], ""),
+        (
+            ["bench_long_context_s32.json", "bench_long_context_s33.json", "bench_long_context_s34.json"],
+            "_to_s34",
+        ),
     ):
-        add(fig, spread(r for name in paused for r in _over_vllm(name, key)), paused)
+        for key, fig in (
+            ("ttft_s", "long_context_ttft_vs_vllm_paused"),
+            ("tpot_ms", "long_context_tpot_vs_vllm_paused"),
+        ):
+            add(fig + suffix, spread(r for name in paused for r in _over_vllm(name, key)), paused)
     # The same run's server against the same engine in process (``--in-process``): TTFT at
     # 7,500 tokens through HTTP over in process, repetition by repetition.
     name = "bench_long_context_s29_gap.json"
@@ -379,6 +391,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s32.json", "long_context_tpot_growth_s32"),
         ("bench_long_context_s32_running.json", "long_context_tpot_growth_s32_running"),
         ("bench_long_context_s33.json", "long_context_tpot_growth_s33"),
+        ("bench_long_context_s34.json", "long_context_tpot_growth_s34"),
     ):
         d = load(name)
         growth = d["growth"]["radixserve-bf16"]
@@ -410,6 +423,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s32.json", "_s32"),
         ("bench_long_context_s32_running.json", "_s32_running"),
         ("bench_long_context_s33.json", "_s33"),
+        ("bench_long_context_s34.json", "_s34"),
     ):
         d = load(name)
         bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
@@ -420,6 +434,18 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
                 spread(quant[r] / bf16[r] for r in sorted(bf16)),
                 [name],
             )
+    # Session 34's run (int8 pages in integer products, whole runs made ready for a prefill):
+    # TTFT at 7,500 tokens with int8 and fp8 KV over bf16 KV's, repetition by repetition.
+    name = "bench_long_context_s34.json"
+    d = load(name)
+    ttft = {(c["server"], c["rep"]): c["ttft_s"] for c in d["cells"] if c["context"] == 7500}
+    reps = sorted(r for s, r in ttft if s == "radixserve-bf16")
+    for kv in ("int8", "fp8_e4m3"):
+        add(
+            f"long_context_{kv}_ttft_vs_bf16_s34",
+            spread(ttft[(f"radixserve-bf16-kv-{kv}", r)] / ttft[("radixserve-bf16", r)] for r in reps),
+            [name],
+        )
 
 
 def _tpot_by_rep(d: dict[str, Any], server: str, context: int) -> dict[int, float]:

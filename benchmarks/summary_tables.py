@@ -81,6 +81,7 @@ from summary_tables_s30 import TABLES as TABLES_S30
 from summary_tables_s31 import TABLES as TABLES_S31
 from summary_tables_s32 import TABLES as TABLES_S32
 from summary_tables_s33 import TABLES as TABLES_S33
+from summary_tables_s34 import TABLES as TABLES_S34
 
 
 def _machine(name: str) -> str:
@@ -388,6 +389,7 @@ TABLES: dict[str, Callable[[], str]] = {
     **TABLES_S31,
     **TABLES_S32,
     **TABLES_S33,
+    **TABLES_S34,
     "long_context_floor_samples": table_long_context_floor_samples,
     "speculative_amd": table_speculative_amd,
     "speculative_concurrent_amd": table_speculative_concurrent_amd,
