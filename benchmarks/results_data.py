@@ -336,7 +336,11 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
     for paused, suffix in (
         (["bench_long_context_s32.json", "bench_long_context_s33.json"], ""),
         (
-            ["bench_long_context_s32.json", "bench_long_context_s33.json", "bench_long_context_s34.json"],
+            [
+                "bench_long_context_s32.json",
+                "bench_long_context_s33.json",
+                "bench_long_context_s34.json",
+            ],
             "_to_s34",
         ),
     ):
@@ -443,7 +447,9 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
     for kv in ("int8", "fp8_e4m3"):
         add(
             f"long_context_{kv}_ttft_vs_bf16_s34",
-            spread(ttft[(f"radixserve-bf16-kv-{kv}", r)] / ttft[("radixserve-bf16", r)] for r in reps),
+            spread(
+                ttft[(f"radixserve-bf16-kv-{kv}", r)] / ttft[("radixserve-bf16", r)] for r in reps
+            ),
             [name],
         )
 
