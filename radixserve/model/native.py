@@ -18,6 +18,8 @@ be built the torch paths serve instead and :func:`load` says why once in the log
 from __future__ import annotations
 
 import array
+import contextlib
+import fcntl
 import functools
 import hashlib
 import itertools
@@ -25,6 +27,7 @@ import logging
 import os
 import platform
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +84,25 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
+@contextlib.contextmanager
+def _build_lock(name: str) -> Iterator[None]:
+    """Hold an advisory lock on build ``name`` while cpp_extension builds or loads it, and clear
+    a stale ``lock`` file of cpp_extension's own: a process killed mid-build (Ctrl-C during a
+    first start, a killed CI run) leaves that file behind, and every later start then waited
+    for it forever, silently. The kernel drops a flock when its process dies, so while this
+    one is held no other build of ``name`` runs, and a ``lock`` file there is stale."""
+    from torch.utils import cpp_extension
+
+    build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+    with open(build_dir.parent / f"{name}.flock", "a") as f:  # beside, not cpp_extension's file
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            (build_dir / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @functools.cache
 def load() -> bool:
     """Build (once per machine) and register ``torch.ops.radixserve_cpu``; False where unavailable."""
@@ -90,14 +112,16 @@ def load() -> bool:
         from torch.utils import cpp_extension
 
         _ninja_on_path()
-        cpp_extension.load(
-            name=_build_name(),
-            sources=[str(src) for src in _SOURCES],
-            extra_cflags=CFLAGS,
-            extra_ldflags=LDFLAGS,
-            is_python_module=False,
-            verbose=False,
-        )
+        name = _build_name()
+        with _build_lock(name):
+            cpp_extension.load(
+                name=name,
+                sources=[str(src) for src in _SOURCES],
+                extra_cflags=CFLAGS,
+                extra_ldflags=LDFLAGS,
+                is_python_module=False,
+                verbose=False,
+            )
     except Exception as e:  # no compiler, no ninja, a failed build: the torch paths still work
         log.warning("CPU kernels unavailable, using the torch paths: %s", e)
         return False
