@@ -26,7 +26,10 @@ def test_int8_pool_is_codes_over_the_range_and_a_scale_per_slot_and_head() -> No
 @pytest.mark.parametrize("name", ["int8", "float8_e4m3fn"])
 def test_timed_call_attends_over_the_codes_decoded(name: str) -> None:
     """The bench's call on quantized pages gives the kernel's output over the same pages
-    decoded to bf16 (code x scale, rounded once): bit for bit, as the kernel promises."""
+    decoded to bf16 (code x scale, rounded once): bit for bit, as the kernel promises; where
+    bf16 queries read int8 pages in integer products (no decoding, so not those bits), within
+    a bf16 step of it (tests/model/test_native_int8_attention.py holds that path to exact
+    attention)."""
     torch.manual_seed(1)
     dtype = bda.QUANTIZED[name]
     k, v, k_scale, v_scale, *plan = bda.layers_for(200, dtype)[0]
@@ -44,4 +47,7 @@ def test_timed_call_attends_over_the_codes_decoded(name: str) -> None:
 
     k_dec, v_dec = decode(k, k_scale), decode(v, v_scale)
     ops.paged_attention(q, k_dec, v_dec, decoded, *plan, bda.D**-0.5, None, None, None)
-    assert torch.equal(quantized, decoded)
+    if dtype == torch.int8 and native.int8_attention_in_integers(bda.D):
+        torch.testing.assert_close(quantized.float(), decoded.float(), atol=2e-2, rtol=2e-2)
+    else:
+        assert torch.equal(quantized, decoded)
