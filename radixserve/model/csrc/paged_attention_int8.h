@@ -455,9 +455,8 @@ void int8_rows_block(const Int8Block& b, int64_t start, int64_t n, int64_t rows,
 // int8 runs made ready whole (Int8Block's words for each block of kBlock keys), once per
 // kernel call, for the many rows of a prefill or an extend, as WholeRuns decodes runs whole
 // for the decoding path: made ready for each block of kRowBlock rows, every block of a
-// 2,048-row chunk's 384 per KV head makes the same keys ready again (a fifth of such a
-// chunk's attention). The words are prepare_int8_block's own, so the outputs are the same
-// bits. One buffer on the calling thread, kept across calls, at most kMaxBytes (a run past
+// 2,048-row chunk's 384 per KV head would make the same keys ready again. The words are
+// prepare_int8_block's own, so the outputs are the same bits. One buffer on the calling thread, kept across calls, at most kMaxBytes (a run past
 // that is made ready block by block).
 class Int8Runs {
  public:
