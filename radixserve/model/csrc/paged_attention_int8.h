@@ -314,6 +314,16 @@ inline void int8_accumulate(const Int8Block& b, Pair&& pair, int64_t rows, int64
   for (; r < rows; ++r) int8_accumulate_rows<NC, 1, Ready>(b, pair, r, pairs, alpha, gain, acc);
 }
 
+// The keys of a block [start, start + n) that row ``r`` sees: from its first (a window's;
+// ``first`` null: from 0) to ``last``, the block's last up to the row's limit (causal;
+// ``limit`` null: none). None where last < from.
+struct RowKeys {
+  int64_t from, last;
+  RowKeys(int64_t start, int64_t n, const int32_t* limit, const int32_t* first, int64_t r)
+      : from(first != nullptr ? first[r] : 0),
+        last(std::min<int64_t>(start + n - 1, limit != nullptr ? limit[r] : INT32_MAX)) {}
+};
+
 // R <= kInt8Rows rows (their words ``qw``, R x d / 2, and factors ``f``, int8_query) over keys
 // [start, start + n) of ``b`` with the keys in the lanes (a decode token's few query heads),
 // read from the pages' rows: updating their softmax state ``m``, ``l``, ``acc`` (rows r at
@@ -334,15 +344,13 @@ void int8_block(const Int8Block& b, int64_t start, int64_t n, const int32_t* qw,
   const vi iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   float alpha[R], gain[R];
   for (int r = 0; r < R; ++r) {
-    // The keys the row sees: the block's, up to its limit, from its first.
-    const int64_t last = std::min<int64_t>(start + n - 1, limit != nullptr ? limit[r] : INT32_MAX);
-    const int32_t from = first != nullptr ? first[r] : 0;
+    const RowKeys sees(start, n, limit, first, r);
     vf s[G];
     vi seen[G];
     vf high = splat(kNoMax);
     for (int g = 0; g < G; ++g) {
       const vi key = iota + static_cast<int32_t>(start + g * kLanes);
-      seen[g] = (key <= static_cast<int32_t>(last)) & (key >= from);
+      seen[g] = (key <= static_cast<int32_t>(sees.last)) & (key >= static_cast<int32_t>(sees.from));
       s[g] = (static_cast<vf>(_mm512_cvtepi32_ps(dot[r][g])) * ks[g]) * f[r];
       if (cap2 != 0.0f) s[g] = soft_cap(s[g], cap2);
       high = vmax(high, seen[g] ? s[g] : splat(kNoMax));
@@ -388,9 +396,8 @@ void int8_rows_block(const Int8Block& b, int64_t start, int64_t n, int64_t rows,
   int32_t lim[kLanes], fst[kLanes];
   float mv[kLanes], lv[kLanes];
   for (int64_t r = 0; r < kLanes; ++r) {
-    lim[r] = r < rows ? static_cast<int32_t>(std::min<int64_t>(start + n - 1, limit != nullptr ? limit[r] : INT32_MAX))
-                      : -1;  // a lane past the rows sees nothing
-    fst[r] = r < rows && first != nullptr ? first[r] : 0;
+    const RowKeys sees = r < rows ? RowKeys(start, n, limit, first, r) : RowKeys(start, 0, nullptr, nullptr, r);
+    lim[r] = static_cast<int32_t>(sees.last), fst[r] = static_cast<int32_t>(sees.from);  // past the rows: none
     mv[r] = r < rows ? m[r] : kNoMax;
     lv[r] = r < rows ? l[r] : 0.0f;
   }
@@ -453,37 +460,19 @@ void int8_rows_block(const Int8Block& b, int64_t start, int64_t n, int64_t rows,
 }
 
 // int8 runs made ready whole (Int8Block's words for each block of kBlock keys), once per
-// kernel call, for the many rows of a prefill or an extend, as WholeRuns decodes runs whole
-// for the decoding path: made ready for each block of kRowBlock rows, every block of a
-// 2,048-row chunk's 384 per KV head would make the same keys ready again. The words are
-// prepare_int8_block's own, so the outputs are the same bits. One buffer on the calling thread, kept across calls, at most kMaxBytes (a run past
-// that is made ready block by block).
-class Int8Runs {
+// kernel call, for the many rows of a prefill or an extend (RunBuffer), as WholeRuns decodes
+// runs whole for the decoding path: made ready for each block of kRowBlock rows, every block
+// of a 2,048-row chunk's 384 per KV head would make the same keys ready again. The words are
+// prepare_int8_block's own, so the outputs are the same bits.
+class Int8Runs : public RunBuffer<int32_t, Int8Runs> {
  public:
-  static constexpr int64_t kMaxBytes = int64_t{64} << 20;  // SmolLM2 at 7,500 keys: 6 MB
+  using RunBuffer::RunBuffer;
 
-  Int8Runs(int64_t kv_heads, int64_t d) : kv_heads_(kv_heads), d_(d) {}
+  // Take ``run`` to be made ready whole: its index, or -1 (its blocks are made ready as read).
+  int64_t add(KeyRun run) { return take(run, kv_heads_ * blocks(run.len) * Int8Block::words(d_)); }
 
-  // Take ``run`` to be made ready whole: its index, or -1 where it would pass the bound.
-  int64_t add(KeyRun run) {
-    const int64_t words = kv_heads_ * blocks(run.len) * Int8Block::words(d_);
-    if (run.len <= 0 || (words_ + words) * static_cast<int64_t>(sizeof(int32_t)) > kMaxBytes) return -1;
-    runs_.push_back({run, words_});
-    words_ += words;
-    return static_cast<int64_t>(runs_.size()) - 1;
-  }
-  bool empty() const { return runs_.empty(); }
-
-  // Make room and list the tasks (kChunk keys of one KV head each), on the calling thread.
-  void prepare() {
-    thread_local std::vector<int32_t> buf;  // the calling thread's, as WholeRuns'
-    if (static_cast<int64_t>(buf.size()) < words_) buf.resize(words_);
-    base_ = buf.data();
-    list_chunk_tasks(runs_, kv_heads_, tasks_);
-  }
-
-  // Thread ``t`` of a team of ``nt``: its share of the tasks (for_share), each block gathered
-  // from ``qp``'s pages and made ready in place.
+  // Thread ``t`` of a team of ``nt``: its share of the tasks (RunBuffer::share), each block
+  // gathered from ``qp``'s pages and made ready in place.
   template <typename G>
   void ready_share(const Layer<G>& geo, const QuantPages& qp, int64_t t, int64_t nt) const {
     switch (d_) {
@@ -493,35 +482,26 @@ class Int8Runs {
     }
   }
 
-  // Block ``blk`` (keys kBlock blk ..) of run ``i``, KV head ``h``.
+  // Block ``blk`` (keys kBlock blk ..) of run ``i``, KV head ``h`` (a run's words:
+  // [kv_heads, blocks, Int8Block::words]).
   Int8Block block(int64_t i, int64_t h, int64_t blk) const {
-    const Entry& e = runs_[i];
-    return {base_ + e.offset + (h * blocks(e.run.len) + blk) * Int8Block::words(d_), d_};
+    return {words(i) + (h * blocks(run(i).len) + blk) * Int8Block::words(d_), d_};
   }
 
  private:
   template <int NC, typename G>
   void ready_share(const Layer<G>& geo, const QuantPages& qp, int64_t t, int64_t nt) const {
-    for_share(tasks_, t, nt, [&](const ChunkTask& task) {
-      const Entry& e = runs_[task.run];
-      for (int64_t lo = task.lo; lo < std::min(e.run.len, task.lo + kChunk); lo += kBlock) {
+    share(t, nt, [&](const ChunkTask& task) {
+      const KeyRun r = run(task.run);
+      for (int64_t lo = task.lo; lo < std::min(r.len, task.lo + kChunk); lo += kBlock) {
         Int8Block b = block(task.run, task.head, lo / kBlock);
-        gather_int8_block<NC>(geo, qp, task.head, e.run.pages, lo, std::min(kBlock, e.run.len - lo), b,
-                              [](int64_t) {});
+        gather_int8_block<NC>(geo, qp, task.head, r.pages, lo, std::min(kBlock, r.len - lo), b, [](int64_t) {});
         prepare_int8_block<NC>(b);
       }
     });
   }
 
-  struct Entry {
-    KeyRun run;
-    int64_t offset;  // of its words: [kv_heads, blocks, Int8Block::words]
-  };
   static int64_t blocks(int64_t len) { return (len + kBlock - 1) / kBlock; }
-  int64_t kv_heads_, d_, words_ = 0;
-  std::vector<Entry> runs_;
-  std::vector<ChunkTask> tasks_;
-  int32_t* base_ = nullptr;
 };
 
 // ``rows`` rows (``q``: [rows, d], unscaled bf16 values; ``scale``: their scores' factor) over
@@ -582,8 +562,8 @@ void int8_attend(const Layer<G>& geo, const QuantPages& qp, int64_t h, KeyRun ru
     // Rows that see none of the block would keep their state as it is (acc * 1 + 0): skipped.
     bool any = false;
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t last = std::min<int64_t>(start + n - 1, limit != nullptr ? limit[r] : INT32_MAX);
-      any |= last >= std::max<int64_t>(start, first != nullptr ? first[r] : 0);
+      const RowKeys sees(start, n, limit, first, r);
+      any |= sees.last >= std::max(start, sees.from);
     }
     if (!any) continue;
     if (ready) {

@@ -177,46 +177,25 @@ inline void accumulate_pair_rows(float* acc, int64_t lanes, const vf alpha, cons
 namespace radixserve_cpu::paged {
 
 // The values of bf16 runs as pairs of keys (value_pairs' words), made once per kernel call
-// for the many rows of a prefill or an extend. Made block by block, every block of kRowBlock
-// rows pairs every value it reads again: a 2,048-token chunk of SmolLM2 is 384 blocks per KV
-// head over the same values, and the pairing was ~10 % of such a chunk's attention on the
-// 2-core AMD VM (value_pairs' permutes and stores). A run's pairs lie still for the whole
-// call, key pair j of KV head h at values(i, h) + j * d words; the words are value_pairs'
-// own (a key past the run's end is zeros), so the outputs are the same bits.
-//
-// Memory: one buffer on the calling thread, kept across calls and grown on demand (never
-// past kMaxBytes): a run that would take it past that bound is paired block by block.
-class ValuePairs {
+// for the many rows of a prefill or an extend (RunBuffer). Made block by block, every block of
+// kRowBlock rows pairs every value it reads again: a 2,048-token chunk of SmolLM2 is 384
+// blocks per KV head over the same values, and the pairing was ~10 % of such a chunk's
+// attention on the 2-core AMD VM (value_pairs' permutes and stores). A run's pairs lie still
+// for the whole call, key pair j of KV head h at values(i, h) + j * d words; the words are
+// value_pairs' own (a key past the run's end is zeros), so the outputs are the same bits.
+class ValuePairs : public RunBuffer<uint32_t, ValuePairs> {
  public:
-  static constexpr int64_t kMaxBytes = int64_t{64} << 20;  // SmolLM2 at 7,500 keys: 2.9 MB
+  using RunBuffer::RunBuffer;
 
-  ValuePairs(int64_t kv_heads, int64_t d) : kv_heads_(kv_heads), d_(d) {}
+  // Take ``run`` to be paired whole: its index, or -1 (its blocks pair their values).
+  int64_t add(KeyRun run) { return take(run, kv_heads_ * head_words(run.len)); }
 
-  // Take ``run`` (its first run.len keys) to be paired whole: its index, or -1.
-  int64_t add(KeyRun run) {
-    const int64_t words = kv_heads_ * head_words(run.len);
-    if (run.len <= 0 || (words_ + words) * static_cast<int64_t>(sizeof(uint32_t)) > kMaxBytes) return -1;
-    runs_.push_back({run, words_});
-    words_ += words;
-    return static_cast<int64_t>(runs_.size()) - 1;
-  }
-  bool empty() const { return runs_.empty(); }
-
-  // Make room for every run taken and list the tasks (kChunk keys of one KV head each), on
-  // the calling thread, before any pair_share.
-  void prepare() {
-    thread_local std::vector<uint32_t> buf;  // the calling thread's, as WholeRuns'
-    if (static_cast<int64_t>(buf.size()) < words_) buf.resize(words_);
-    base_ = buf.data();
-    list_chunk_tasks(runs_, kv_heads_, tasks_);
-  }
-
-  // Thread ``t`` of a team of ``nt``: its share of the tasks (for_share), over runs of the
-  // pages ``L`` holds.
+  // Thread ``t`` of a team of ``nt``: its share of the pairing (RunBuffer::share), over runs
+  // of the pages ``L`` holds.
   template <typename KV>
   void pair_share(const Layer<KV>& L, int64_t t, int64_t nt) const {
-    for_share(tasks_, t, nt, [&](const ChunkTask& task) {
-      pair_keys(L, runs_[task.run].run.pages, task.head, task.run, task.head, task.lo);
+    share(t, nt, [&](const ChunkTask& task) {
+      pair_keys(L, run(task.run).pages, task.head, task.run, task.head, task.lo);
     });
   }
 
@@ -227,11 +206,11 @@ class ValuePairs {
   void pair_keys(const Layer<KV>& L, const int64_t* pages, int64_t from, int64_t i, int64_t h, int64_t lo) const {
 #if RADIXSERVE_VEC_BF16
     alignas(64) static constexpr uint16_t kZeros[256] = {};
-    const int64_t keys = std::min(runs_[i].run.len, lo + kChunk) - lo;
+    const int64_t keys = std::min(run(i).len, lo + kChunk) - lo;
     const uint16_t* vrow[kChunk];
     L.offsets(pages, from, lo, keys,
               [&](int64_t t, int64_t off) { vrow[t] = reinterpret_cast<const uint16_t*>(L.v + off); });
-    uint32_t* out = const_cast<uint32_t*>(values(i, h)) + lo / 2 * d_;
+    uint32_t* out = words(i) + h * head_words(run(i).len) + lo / 2 * d_;
     for (int64_t j = 0; 2 * j < keys; ++j) {
       const uint16_t* a = vrow[2 * j];
       const uint16_t* b = 2 * j + 1 < keys ? vrow[2 * j + 1] : kZeros;
@@ -248,21 +227,10 @@ class ValuePairs {
   }
 
   // Run ``i``'s pairs of KV head ``h``: [ceil(len / 2), d] words.
-  const uint32_t* values(int64_t i, int64_t h) const {
-    const Entry& e = runs_[i];
-    return base_ + e.offset + h * head_words(e.run.len);
-  }
+  const uint32_t* values(int64_t i, int64_t h) const { return words(i) + h * head_words(run(i).len); }
 
  private:
-  struct Entry {
-    KeyRun run;
-    int64_t offset;  // of its pairs in the buffer, in words: [kv_heads, ceil(len / 2), d]
-  };
   int64_t head_words(int64_t len) const { return (len + 1) / 2 * d_; }
-  int64_t kv_heads_, d_, words_ = 0;
-  std::vector<Entry> runs_;
-  std::vector<ChunkTask> tasks_;
-  uint32_t* base_ = nullptr;
 };
 
 }  // namespace radixserve_cpu::paged

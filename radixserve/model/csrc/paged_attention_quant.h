@@ -193,83 +193,48 @@ void decode_keys(const Layer<G>& geo, const QuantPages& qp, int64_t h, KeyRun ru
 }
 
 // Quantized runs decoded whole, once per kernel call, for the many rows of a prefill or an
-// extend. Decoded in the per-thread tile, every block of kRowBlock query rows decodes every key it
-// sees again (a 2,048-token chunk of SmolLM2 is 384 blocks per KV head over the same keys),
-// and the per-thread tile cannot keep AMX value tiles (it holds another chunk at each call).
-// A run decoded here lies still for the whole call: its rows attend over it as over a pool of
-// one page, kept value tiles and all (ValueTiles keys them by this buffer's address, valid
-// within the call, as for a pool's pages). The values are decode_keys' own, so the outputs
-// are the per-chunk path's bit for bit.
-//
-// Memory: one buffer on the calling thread, kept across calls and grown on demand (never
-// past kMaxBytes): a run that would take it past that bound is decoded in the tile.
+// extend (RunBuffer). Decoded in the per-thread tile, every block of kRowBlock query rows
+// decodes every key it sees again (a 2,048-token chunk of SmolLM2 is 384 blocks per KV head
+// over the same keys), and the per-thread tile cannot keep AMX value tiles (it holds another
+// chunk at each call). A run decoded here lies still for the whole call: its rows attend over
+// it as over a pool of one page, kept value tiles and all (ValueTiles keys them by this
+// buffer's address, valid within the call, as for a pool's pages). The values are
+// decode_keys' own, so the outputs are the per-chunk path's bit for bit.
 template <typename T>
-class WholeRuns {
+class WholeRuns : public RunBuffer<T, WholeRuns<T>> {
+  using Base = RunBuffer<T, WholeRuns<T>>;
+
  public:
-  // Keys and values of every run, together, at most this many bytes (64 MiB: SmolLM2's 3 KV
-  // heads of 64 dimensions at 7,500 keys, bf16, are 5.8 MB a layer call).
-  static constexpr int64_t kMaxBytes = int64_t{64} << 20;
+  using Base::Base;
 
-  WholeRuns(int64_t kv_heads, int64_t d) : kv_heads_(kv_heads), d_(d) {}
+  // Take ``run`` to be decoded whole: its index, or -1 (the caller decodes it in the tile).
+  int64_t add(KeyRun run) { return this->take(run, 2 * this->kv_heads_ * run.len * this->d_); }
 
-  // Take ``run`` (its first run.len keys) to be decoded whole: its index, or -1 where it would
-  // pass the bound (the caller decodes it in the per-thread tile).
-  int64_t add(KeyRun run) {
-    const int64_t elems = 2 * kv_heads_ * run.len * d_;
-    if (run.len <= 0 || (elems_ + elems) * static_cast<int64_t>(sizeof(T)) > kMaxBytes) return -1;
-    runs_.push_back({run, elems_});
-    elems_ += elems;
-    return static_cast<int64_t>(runs_.size()) - 1;
-  }
-  bool empty() const { return runs_.empty(); }
-  int64_t size() const { return static_cast<int64_t>(runs_.size()); }
-  KeyRun run(int64_t i) const { return runs_[i].run; }
-
-  // Make room for every run taken and list the decoding's tasks (kChunk keys of one KV head
-  // each), on the calling thread, before any decode_share.
-  void prepare() {
-    thread_local std::vector<T> buf;  // the calling thread's; see above
-    if (static_cast<int64_t>(buf.size()) < elems_) buf.resize(elems_);
-    base_ = buf.data();
-    list_chunk_tasks(runs_, kv_heads_, tasks_);
-  }
-
-  // Thread ``t`` of a team of ``nt``: its share of the tasks (for_share). Inside the kernel's
-  // own parallel region: a team of its own would cost another fork and join per call.
+  // Thread ``t`` of a team of ``nt``: its share of the decoding (RunBuffer::share).
   // ``decoded(i, h, lo)``: keys [lo, lo + kChunk) of run ``i``, KV head ``h``, are decoded
   // (on the thread that decoded them, before it goes on).
   template <typename G, typename Decoded>
   void decode_share(const Layer<G>& geo, const QuantPages& qp, int64_t t, int64_t nt, Decoded&& decoded) const {
-    for_share(tasks_, t, nt, [&](const ChunkTask& task) {
-      const Entry& e = runs_[task.run];
-      const int64_t len = e.run.len, hi = std::min(len, task.lo + kChunk);
-      T* k = base_ + e.offset + task.head * len * d_;
-      decode_keys(geo, qp, task.head, e.run, 0, task.lo, hi, k, k + kv_heads_ * len * d_);
+    this->share(t, nt, [&](const ChunkTask& task) {
+      const KeyRun run = this->run(task.run);
+      const int64_t hi = std::min(run.len, task.lo + kChunk);
+      T* k = keys(task.run, task.head);
+      decode_keys(geo, qp, task.head, run, 0, task.lo, hi, k, k + this->kv_heads_ * run.len * this->d_);
       decoded(task.run, task.head, task.lo);
     });
   }
 
   // Run ``i`` decoded, KV head ``h``: a pool of one page of run.len tokens and one KV head
   // (its page id: ``kOnePage``'s).
-  Layer<T> layer(int64_t i, int64_t h) const { return {keys(i, h), values(i, h), runs_[i].run.len, 1, d_}; }
+  Layer<T> layer(int64_t i, int64_t h) const {
+    return {keys(i, h), values(i, h), this->run(i).len, 1, this->d_};
+  }
   static constexpr int64_t kOnePage[1] = {0};
 
   // Run ``i``'s keys of KV head ``h`` ([len, d]); its values follow kv_heads * len * d later.
-  const T* keys(int64_t i, int64_t h) const {
-    const Entry& e = runs_[i];
-    return base_ + e.offset + h * e.run.len * d_;
-  }
-  const T* values(int64_t i, int64_t h) const { return keys(i, h) + kv_heads_ * runs_[i].run.len * d_; }
-
- private:
-  struct Entry {
-    KeyRun run;
-    int64_t offset;  // of its keys in the buffer, in elements: [kv_heads, len, d], then values alike
-  };
-  int64_t kv_heads_, d_, elems_ = 0;
-  std::vector<Entry> runs_;
-  std::vector<ChunkTask> tasks_;
-  T* base_ = nullptr;
+  // (A run's words: [kv_heads, len, d] keys, then the values alike.)
+  T* keys(int64_t i, int64_t h) const { return this->words(i) + h * this->run(i).len * this->d_; }
+  const T* values(int64_t i, int64_t h) const { return keys(i, h) + this->kv_heads_ * this->run(i).len * this->d_; }
 };
 
 }  // namespace radixserve_cpu::paged
