@@ -163,21 +163,28 @@ def _decoded_pages(pool: KVPool, act: torch.dtype) -> tuple[torch.Tensor, torch.
 
 
 def _random_pool(
-    kv_dtype: str, act: torch.dtype, hq: int, hkv: int, num_pages: int, seed: int
+    kv_dtype: str,
+    act: torch.dtype,
+    hq: int,
+    hkv: int,
+    num_pages: int,
+    seed: int,
+    d: int = D,
+    unit_scales: bool = False,
 ) -> KVPool:
     """A one-layer pool of 16-token pages, every slot holding random rows stored (quantized)
     through the torch store; fp8's per-head scales set apart from 1.0 but for the first head
-    (its 1.0 takes the fp8-to-bf16 table)."""
+    (its 1.0 takes the fp8-to-bf16 table), or all 1.0 with ``unit_scales``."""
     ps = 16
-    pool = KVPool(1, num_pages, ps, hkv, D, kv_dtype=kv_dtype, act_dtype=act)
-    if pool.fmt.kv_dtype.has_head_scales:
+    pool = KVPool(1, num_pages, ps, hkv, d, kv_dtype=kv_dtype, act_dtype=act)
+    if pool.fmt.kv_dtype.has_head_scales and not unit_scales:
         assert pool.k_scale is not None and pool.v_scale is not None
         pool.k_scale[0].copy_(torch.tensor([1.0, 0.5, 2.0][:hkv]))
         pool.v_scale[0].copy_(torch.tensor([1.0, 4.0, 0.25][:hkv]))
     g = torch.Generator().manual_seed(seed)
     slots = torch.arange(num_pages * ps, dtype=torch.int64)
-    k = (torch.randn(len(slots), hkv, D, generator=g) * 2).to(act)
-    v = torch.randn(len(slots), hkv, D, generator=g).to(act)
+    k = (torch.randn(len(slots), hkv, d, generator=g) * 2).to(act)
+    v = torch.randn(len(slots), hkv, d, generator=g).to(act)
     ks, vs = pool.k_scale, pool.v_scale
     assert ks is not None and vs is not None
     store_kv_ref(pool.k_data[0], pool.v_data[0], ks[0], vs[0], k, v, slots, pool.fmt)
@@ -280,3 +287,40 @@ def test_windowed_quantized_pages_equal_their_decoded_values_bit_for_bit(
         )
         assert not decoded.isnan().any()
         assert torch.equal(quantized, decoded)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("grp", [1, 2, 3, 4])
+def test_fp8_decode_rows_equal_their_decoded_values_bit_for_bit(
+    kv_dtype: str, d: int, grp: int
+) -> None:
+    """Decode rows over fp8 pages at scale 1 with bf16 queries: where the CPU has AVX-512
+    VBMI, their full blocks read the codes where they lie (csrc/paged_attention_fp8.h), every
+    narrow block's row count (1-4 query heads per KV head) and head size; the bits are still
+    those of the kernel over bf16 pages holding the codes' decoded values. Lengths end
+    mid-block, on a block, and mid-page; one group's rows share a prefix."""
+    hkv, num_pages = 2, 200
+    pool = _random_pool(
+        kv_dtype, torch.bfloat16, grp * hkv, hkv, num_pages, seed=31, d=d, unit_scales=True
+    )
+    perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(32)).tolist()
+    shared = [perm.pop() for _ in range(12)]  # 192 keys: three full blocks
+    groups, rows = [], 0
+    for keys, prefix in ((700, 0), (640, 0), (1000, 0), (192 + 70, 192), (192 + 5, 192)):
+        own = [perm.pop() for _ in range(-(-(keys - prefix) // 16))]
+        groups.append(([native.Member(rows, 1, own, keys - prefix)], shared if prefix else []))
+        rows += 1
+    plan = native.AttentionPlan.build(groups)
+    g = torch.Generator().manual_seed(33)
+    q = (torch.randn(rows, grp * hkv, d, generator=g) * 2).to(torch.bfloat16)
+    quantized, decoded = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    ks, vs = pool.k_scale, pool.v_scale
+    assert ks is not None and vs is not None
+    native.paged_attention(
+        q, pool.k_data[0], pool.v_data[0], quantized, plan, d**-0.5, scales=(ks[0], vs[0])
+    )
+    k_dec, v_dec = _decoded_pages(pool, torch.bfloat16)
+    native.paged_attention(q, k_dec, v_dec, decoded, plan, d**-0.5)
+    assert not decoded.isnan().any()
+    assert torch.equal(quantized, decoded)

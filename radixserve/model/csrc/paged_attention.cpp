@@ -35,8 +35,9 @@
 // where the CPU has them (amx_attend), with AVX-512 instructions elsewhere.
 //
 // Its parts: paged_attention.h (shared types and helpers), paged_attention_narrow.h (AVX-512
-// blocks of a few rows), paged_attention_amx.h (AMX tiles), paged_attention_quant.h and
-// paged_attention_int8.h (quantized pages: decoded, or int8 in integer products), store_kv.cpp
+// blocks of a few rows), paged_attention_amx.h (AMX tiles), paged_attention_quant.h,
+// paged_attention_fp8.h and paged_attention_int8.h (quantized pages: decoded, fp8 read in
+// place by the narrow blocks, or int8 in integer products), store_kv.cpp
 // (the new rows into the pages); this file holds the rows-in-lanes path, the work plan and the op.
 
 #include <ATen/Parallel.h>
@@ -62,6 +63,7 @@
 #include "amx.h"
 #include "paged_attention.h"
 #include "paged_attention_amx.h"
+#include "paged_attention_fp8.h"
 #include "paged_attention_int8.h"
 #include "paged_attention_narrow.h"
 #include "paged_attention_pairs.h"
@@ -266,7 +268,9 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
     for (int64_t start = first_min; start < keys; start += kBlock) {
       const int64_t n = std::min(kBlock, keys - start);
       const bool masked = start + n - 1 > lim_min || start < first_max;
-      if (sc.fill.fn != nullptr) sc.fill.fn(sc.fill.ctx, start, n);
+      const bool narrow = lanes <= kNarrowRows && n == kBlock && !masked && cap2 == 0.0f;
+      const bool in_place = kFp8InPlace<NC, Pairs> && narrow && sc.fp8 != nullptr;  // nothing to fill
+      if (sc.fill.fn != nullptr && !in_place) sc.fill.fn(sc.fill.ctx, start, n);
       L.offsets(run.pages, h, start, n, [&](int64_t t, int64_t off) {
         krow[t] = L.k + off;
         vrow[t] = L.v + off;
@@ -279,7 +283,6 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       // (Not while the thread streams its next chunk instead: ``ahead`` then reads no offset.)
       const int64_t next_n = sc.streaming ? 0 : std::min(kBlock, keys - start - n);
       L.offsets(run.pages, h, start + n, next_n, [&](int64_t t, int64_t off) { next[t] = off; });
-      const bool narrow = lanes <= kNarrowRows && n == kBlock && !masked && cap2 == 0.0f;
       if constexpr (std::is_same_v<KV, float>) {
         std::copy(krow, krow + n, kr);
         std::copy(vrow, vrow + n, vr);
@@ -311,8 +314,13 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
         const float* q0 = q + r0 * d;
         if (Pairs && !have_qw) pair_q();
         auto block = [&](auto rows_c) {
-          narrow_block<NC, decltype(rows_c)::value, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0, sc,
-                                                           ahead);
+          constexpr int R = decltype(rows_c)::value;
+#if RADIXSERVE_FP8_BYTES
+          if constexpr (kFp8InPlace<NC, Pairs>) {
+            if (in_place) return fp8_narrow_block<NC, R>(*sc.fp8, start, qw, scale, vm, vl, acc0, sc, ahead);
+          }
+#endif
+          narrow_block<NC, R, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0, sc, ahead);
         };
         switch (lanes) {
           case 1: block(std::integral_constant<int, 1>{}); break;
@@ -710,10 +718,19 @@ struct Kernel {
     zero_pages(sc, (end + kBlock - 1) / kBlock);
     struct Unset {  // however attend leaves, the next call on this thread finds no fill
       Scratch& sc;
-      ~Unset() { sc.fill = {}; }
+      ~Unset() { sc.fill = {}, sc.fp8 = nullptr; }
     } unset{sc};
     sc.fill = {[](const void* ctx, int64_t start, int64_t n) { (*static_cast<const Decode*>(ctx))(start, n); },
                &decode};
+#if RADIXSERVE_FP8_BYTES
+    // fp8 codes at scale 1 for bf16 rows: the narrow blocks read them in place (paged_attention_fp8.h).
+    std::optional<Fp8Narrow> codes;
+    if (std::is_same_v<KV, c10::BFloat16> && quant->codes != Codes::kInt8 && quant->k_scale[h] == 1.0f &&
+        quant->v_scale[h] == 1.0f && L.d % 64 == 0) {
+      codes = Fp8Narrow{{quant->k, quant->v, L.page_size, L.kv_heads, L.d}, run.pages, h, &Fp8Bytes::of(quant->codes)};
+      sc.fp8 = &*codes;
+    }
+#endif
     attend(Layer<KV>{dk, dv, kBlock, 1, L.d}, 0, KeyRun{sc.zero_pages.data(), run.len}, begin, end, q, scale, rows,
            limit, first, cap2, m, l, acc, sc);
   }

@@ -99,6 +99,9 @@ struct Scratch {
     void (*fn)(const void* ctx, int64_t start, int64_t n) = nullptr;
     const void* ctx = nullptr;
   } fill;
+  // While set (with ``fill``), attend_run's narrow blocks read the run's fp8 codes where they
+  // lie instead (paged_attention_fp8.h), and ``fill`` is not called for them.
+  const struct Fp8Narrow* fp8 = nullptr;
   void reserve(int64_t d) {
     if (static_cast<int64_t>(q.size()) >= kRowBlock * d) return;
     q.resize(kRowBlock * d), m.resize(kRowBlock), l.resize(kRowBlock), acc.resize(kRowBlock * d);

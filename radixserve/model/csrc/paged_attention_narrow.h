@@ -166,31 +166,14 @@ inline void narrow_scores_in_registers(const c10::BFloat16* const* krow, const u
 }
 #endif
 
-// One full, unmasked block of kBlock keys for R <= kNarrowRows rows: the scores with the keys
-// in the lanes (narrow_scores) rather than the rows, which would leave most lanes idle and
-// cost a vector FMA per key and dimension. Every row's score is the same FMA chain over the
-// dimensions, from zero, as attend_run's; its maximum, probabilities (``ps``, row-major),
-// their sum (in the block sum's order, paged_attention.h), the rescaled state and the values'
-// products are the same operations in the same order too, so a row gets the same bits on
-// either path (a decode row here, the prefill row of the same position there). ``ahead(t)``:
-// called for every key t while the keys are transposed (to prefetch what comes next). With
-// ``Pairs`` the probabilities times the values are paged_attention_pairs.h's. Staging in
-// ``scratch``.
-template <int NC, int R, bool Pairs, typename KV, typename V, typename Ahead>
-void narrow_block(const KV* const* krow, const float* const* kr, const V* const* vr, const float* __restrict q,
-                  const uint32_t* __restrict qw, float scale, vf& vm, vf& vl, float* __restrict acc, Scratch& scratch,
-                  Ahead&& ahead) {
+// A narrow block's online-softmax step for its R rows, from their scores ``sc`` (sc[r][g]
+// lane i: row r's score of key 16 g + i): each row's maximum, its probabilities (``ps``,
+// row-major R x kBlock), their sum (in the block sum's order, paged_attention.h) and the
+// rescaled state ``vm``, ``vl`` (lane r: row r's). Returns the factor alpha the rows'
+// accumulators take before the block's products.
+template <int R>
+inline vf narrow_softmax(const vf (&sc)[R][kBlock / kLanes], vf& vm, vf& vl, float* __restrict ps) {
   constexpr int64_t G = kBlock / kLanes;
-  float* __restrict ps = scratch.ps.data();
-  vf sc[R][G];
-#if RADIXSERVE_VEC_BF16
-  if constexpr (Pairs && R <= 3) {
-    narrow_scores_in_registers<NC, R>(krow, qw, scale, sc, ahead);
-  } else
-#endif
-  {
-    narrow_scores<NC, R, Pairs>(krow, kr, q, qw, scale, scratch.kt.data(), sc, ahead);
-  }
   float mx[kLanes], sum[kLanes] = {};
   store_vf(mx, vm);
   for (int r = 0; r < R; ++r) {
@@ -210,18 +193,59 @@ void narrow_block(const KV* const* krow, const float* const* kr, const V* const*
   const vf alpha = exp2_nonpositive(vm - vmx);
   vm = vmx;
   vl = vl * alpha + load_vf(sum);
+  return alpha;
+}
+
+#if RADIXSERVE_VEC_BF16
+// acc rows [0, R) = acc * alpha + a narrow block's probabilities (``ps``, narrow_softmax's)
+// times its values, as bf16 pairs (paged_attention_pairs.h); ``pair_of(j, v)`` makes key pair
+// j's values pairs (value_pairs' words). Staging in ``scratch``.
+template <int NC, int R, typename PairOf>
+inline void narrow_value_pairs(float* __restrict acc, const vf alpha, const float* ps, Scratch& scratch,
+                               PairOf&& pair_of) {
+  if constexpr (R * NC <= 16) {  // every row's accumulators in registers at once
+    uint16_t* pr = reinterpret_cast<uint16_t*>(scratch.pw.data());
+    prob_rows_bf16<R>(ps, pr);
+    accumulate_value_pairs<NC, R>(acc, alpha, pr, pair_of);
+  } else {
+    prob_pairs_narrow<R>(ps, scratch.pw.data());
+    store_value_pairs<NC>(kBlock / 2, scratch.pv.data(), pair_of);
+    accumulate_pair_rows<NC>(acc, R, alpha, scratch.pw.data(), scratch.pv.data(), kBlock / 2);
+  }
+}
+#endif
+
+// One full, unmasked block of kBlock keys for R <= kNarrowRows rows: the scores with the keys
+// in the lanes (narrow_scores) rather than the rows, which would leave most lanes idle and
+// cost a vector FMA per key and dimension. Every row's score is the same FMA chain over the
+// dimensions, from zero, as attend_run's; its maximum, probabilities, their sum, the rescaled
+// state and the values' products (narrow_softmax, then the products) are the same operations
+// in the same order too, so a row gets the same bits on either path (a decode row here, the
+// prefill row of the same position there). ``ahead(t)``: called for every key t while the
+// keys are transposed (to prefetch what comes next). With ``Pairs`` the probabilities times
+// the values are paged_attention_pairs.h's. Staging in ``scratch``.
+template <int NC, int R, bool Pairs, typename KV, typename V, typename Ahead>
+void narrow_block(const KV* const* krow, const float* const* kr, const V* const* vr, const float* __restrict q,
+                  const uint32_t* __restrict qw, float scale, vf& vm, vf& vl, float* __restrict acc, Scratch& scratch,
+                  Ahead&& ahead) {
+  constexpr int64_t G = kBlock / kLanes;
+  float* __restrict ps = scratch.ps.data();
+  vf sc[R][G];
+#if RADIXSERVE_VEC_BF16
+  if constexpr (Pairs && R <= 3) {
+    narrow_scores_in_registers<NC, R>(krow, qw, scale, sc, ahead);
+  } else
+#endif
+  {
+    narrow_scores<NC, R, Pairs>(krow, kr, q, qw, scale, scratch.kt.data(), sc, ahead);
+  }
+  const vf alpha = narrow_softmax<R>(sc, vm, vl, ps);
 #if RADIXSERVE_VEC_BF16
   if constexpr (Pairs) {
     const auto* values = reinterpret_cast<const uint16_t* const*>(vr);
-    if constexpr (R * NC <= 16) {  // every row's accumulators in registers at once
-      uint16_t* pr = reinterpret_cast<uint16_t*>(scratch.pw.data());
-      prob_rows_bf16<R>(ps, pr);
-      accumulate_value_pairs<NC, R>(acc, alpha, pr, values);
-    } else {
-      prob_pairs_narrow<R>(ps, scratch.pw.data());
-      value_pairs<NC>(values, kBlock, scratch.pv.data(), [](int64_t) {});
-      accumulate_pair_rows<NC>(acc, R, alpha, scratch.pw.data(), scratch.pv.data(), kBlock / 2);
-    }
+    narrow_value_pairs<NC, R>(acc, alpha, ps, scratch, [&](int64_t j, __m512i (&v)[NC]) {
+      pair_values<NC>(values[2 * j], values[2 * j + 1], v);
+    });
     return;
   }
 #endif

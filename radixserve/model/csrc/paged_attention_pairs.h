@@ -40,18 +40,27 @@ inline void pair_values(const uint16_t* a, const uint16_t* b, __m512i (&v)[NC]) 
   }
 }
 
-// The values of keys [0, n) of a block as pairs of keys: word i of tv[(j * NC + c) * 16 ..]
-// holds dimension 16 c + i of key 2j (low half) and of key 2j + 1 (high half). A key past
-// ``n`` (an odd block's last pair) is zeros. ``ahead(t)``: prefetch the next block's key t.
+// The values of a block's first ``pairs`` pairs of keys as pairs of keys into ``tv``: word i
+// of tv[(j * NC + c) * 16 ..] holds dimension 16 c + i of key 2j (low half) and of key
+// 2j + 1 (high half); ``pair_of(j, v)`` makes pair j's NC vectors (pair_values' words).
+template <int NC, typename PairOf>
+inline void store_value_pairs(int64_t pairs, uint32_t* __restrict tv, PairOf&& pair_of) {
+  for (int64_t j = 0; j < pairs; ++j) {
+    __m512i v[NC];
+    pair_of(j, v);
+    for (int c = 0; c < NC; ++c) _mm512_storeu_si512(tv + (j * NC + c) * kLanes, v[c]);
+  }
+}
+
+// store_value_pairs for keys [0, n) of bf16 rows ``vrow``. A key past ``n`` (an odd block's
+// last pair) is zeros. ``ahead(t)``: prefetch the next block's key t.
 template <int NC, typename Ahead>
 inline void value_pairs(const uint16_t* const* vrow, int64_t n, uint32_t* __restrict tv, Ahead&& ahead) {
   alignas(64) static constexpr uint16_t kZeros[NC * kLanes] = {};
-  for (int64_t j = 0; 2 * j < n; ++j) {
+  store_value_pairs<NC>((n + 1) / 2, tv, [&](int64_t j, __m512i (&v)[NC]) {
     ahead(2 * j), ahead(2 * j + 1);
-    __m512i v[NC];
     pair_values<NC>(vrow[2 * j], 2 * j + 1 < n ? vrow[2 * j + 1] : kZeros, v);
-    for (int c = 0; c < NC; ++c) _mm512_storeu_si512(tv + (j * NC + c) * kLanes, v[c]);
-  }
+  });
 }
 
 // Rows-in-lanes probabilities ``p[t]`` (lane r: row r's probability of key t) as pairs: word
@@ -124,14 +133,14 @@ inline void accumulate_pairs(float* __restrict acc, int64_t r, const vf alpha, b
   }
 }
 
-// accumulate_pairs for the R rows of a narrow block over a full block's values as they lie
-// in the pages: each pair of keys' values made pairs in registers (value_pairs' words), used
+// accumulate_pairs for the R rows of a narrow block over a full block's values, each pair of
+// keys' values made pairs in registers by ``pair_of(j, v)`` (value_pairs' words: from bf16
+// rows as they lie in the pages, pair_values; from fp8 codes, paged_attention_fp8.h) and used
 // at once by every row, not stored and loaded again; the rows' probabilities as
 // prob_rows_bf16 leaves them (``pr``). The same chain per output as accumulate_pairs (so the
-// same bits), R * NC of them side by side. NC even.
-template <int NC, int R>
-inline void accumulate_value_pairs(float* __restrict acc, const vf alpha, const uint16_t* pr,
-                                   const uint16_t* const* vrow) {
+// same bits), R * NC of them side by side.
+template <int NC, int R, typename PairOf>
+inline void accumulate_value_pairs(float* __restrict acc, const vf alpha, const uint16_t* pr, PairOf&& pair_of) {
   constexpr int64_t d = NC * kLanes;
   __m512 x[R][NC];
   for (int i = 0; i < R; ++i) {
@@ -139,7 +148,7 @@ inline void accumulate_value_pairs(float* __restrict acc, const vf alpha, const 
   }
   for (int64_t j = 0; j < kBlock / 2; ++j) {
     __m512i v[NC];
-    pair_values<NC>(vrow[2 * j], vrow[2 * j + 1], v);
+    pair_of(j, v);
     for (int i = 0; i < R; ++i) {
       uint32_t pair;
       std::memcpy(&pair, pr + i * kBlock + 2 * j, sizeof pair);

@@ -75,16 +75,21 @@ inline vf codes_as_vf(const uint8_t* p, Codes codes) {
   return (vf)bits;
 }
 
-#if RADIXSERVE_VEC_BF16 && defined(__AVX512BW__)
+#if RADIXSERVE_VEC_BF16 && defined(__AVX512BW__) && defined(__AVX512VBMI__)
+#define RADIXSERVE_FP8_BYTES 1
 // fp8 codes to bf16 by a table: every fp8 e4m3 / e5m2 value is a bf16 value (3 or 2 mantissa
 // bits of bf16's 7, an exponent within its range), so with a scale of 1.0 (fp8's default)
 // the torch path's float32 product rounded to bf16 is the code's bf16 value itself. The
-// table holds the bf16 words of codes 0..127 (the sign is the code's top bit), in four
-// registers of 32 words; 32 codes take two word permutes, a blend and the sign.
-struct Fp8Bf16 {
-  __m512i w[4];
-  explicit Fp8Bf16(Codes codes) {
-    alignas(64) uint16_t words[128];
+// table holds the bf16 words of codes 0..127 (the sign is the code's top bit) as bytes: their
+// low bytes in two registers of 64, their high bytes in two more. A byte permute over two
+// registers (VBMI's vpermt2b) reads 128 entries by the low 7 bits of each index and ignores
+// the top one, so the codes themselves are the indices: 64 codes take two permutes and the
+// sign, then two unpacks make them words (against a widening, two word permutes, a blend and
+// the sign per 32 codes by a table of words).
+struct Fp8Bytes {
+  __m512i lo[2], hi[2];
+  explicit Fp8Bytes(Codes codes) {
+    alignas(64) uint8_t low[128], high[128];
     for (int c = 0; c < 128; c += kLanes) {
       uint8_t b[kLanes];
       for (int i = 0; i < kLanes; ++i) b[i] = static_cast<uint8_t>(c + i);
@@ -92,26 +97,42 @@ struct Fp8Bf16 {
       for (int i = 0; i < kLanes; ++i) {
         uint32_t bits;
         const float x = f[i];
-        std::memcpy(&bits, &x, sizeof bits);
-        words[c + i] = static_cast<uint16_t>(bits >> 16);  // exact: the low half is zero
+        std::memcpy(&bits, &x, sizeof bits);  // a bf16 value: the low half is zero
+        low[c + i] = static_cast<uint8_t>(bits >> 16);
+        high[c + i] = static_cast<uint8_t>(bits >> 24);
       }
     }
-    for (int i = 0; i < 4; ++i) w[i] = _mm512_load_si512(words + 32 * i);
+    for (int i = 0; i < 2; ++i) {
+      lo[i] = _mm512_load_si512(low + 64 * i);
+      hi[i] = _mm512_load_si512(high + 64 * i);
+    }
   }
-  // 32 codes from ``src`` as bf16 words into ``dst``.
-  void row32(const uint8_t* src, c10::BFloat16* dst) const {
-    const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
-    const __m512i low = _mm512_permutex2var_epi16(w[0], x, w[1]);   // codes & 63 from words 0..63
-    const __m512i high = _mm512_permutex2var_epi16(w[2], x, w[3]);  // ... from words 64..127
-    const __m512i mag = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(x, _mm512_set1_epi16(0x40)), low, high);
-    const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
-    _mm512_storeu_si512(dst, _mm512_or_si512(mag, sign));
+  // The bf16 words of the 64 codes in ``x``, by 128-bit lanes: lane l of ``a`` holds those of
+  // codes 16 l .. 16 l + 7, lane l of ``b`` those of codes 16 l + 8 .. 16 l + 15 (vpunpck*bw).
+  // Always inlined, as transpose16: its callers keep the table in registers across a block.
+  __attribute__((always_inline)) void words(__m512i x, __m512i& a, __m512i& b) const {
+    const __m512i low = _mm512_permutex2var_epi8(lo[0], x, lo[1]);
+    const __m512i mag = _mm512_permutex2var_epi8(hi[0], x, hi[1]);
+    const __m512i high = _mm512_ternarylogic_epi32(mag, x, _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);  // mag | (x & 0x80)
+    a = _mm512_unpacklo_epi8(low, high);
+    b = _mm512_unpackhi_epi8(low, high);
   }
-  static const Fp8Bf16& of(Codes codes) {
-    static const Fp8Bf16 e4m3(Codes::kFp8E4M3), e5m2(Codes::kFp8E5M2);
+  // 64 codes from ``src`` as bf16 words into ``dst``, in order.
+  void row64(const uint8_t* src, c10::BFloat16* dst) const {
+    __m512i a, b;
+    words(_mm512_loadu_si512(src), a, b);
+    // Lanes in order: a's lane 0, b's lane 0, a's lane 1, ... (quadwords of a, then of b).
+    const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    _mm512_storeu_si512(dst, _mm512_permutex2var_epi64(a, first, b));
+    _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi64(a, second, b));
+  }
+  static const Fp8Bytes& of(Codes codes) {
+    static const Fp8Bytes e4m3(Codes::kFp8E4M3), e5m2(Codes::kFp8E5M2);
     return codes == Codes::kFp8E4M3 ? e4m3 : e5m2;
   }
 };
+#else
+#define RADIXSERVE_FP8_BYTES 0
 #endif
 
 #if RADIXSERVE_VEC_BF16 && defined(__AVX512BW__)
@@ -145,18 +166,18 @@ void decode_keys(const Layer<G>& geo, const QuantPages& qp, int64_t h, KeyRun ru
                  int64_t hi, T* __restrict dk, T* __restrict dv) {
   const int64_t d = geo.d;
   const bool token_scales = qp.codes == Codes::kInt8;
-#if RADIXSERVE_VEC_BF16 && defined(__AVX512BW__)
+#if RADIXSERVE_FP8_BYTES
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (!token_scales && qp.k_scale[h] == 1.0f && qp.v_scale[h] == 1.0f) {  // fp8 at scale 1: the table
-      const Fp8Bf16& table = Fp8Bf16::of(qp.codes);
+      const Fp8Bytes& table = Fp8Bytes::of(qp.codes);
       geo.offsets(run.pages, h, lo, hi - lo, [&](int64_t i, int64_t off) {
         const int64_t row = (lo + i - base) * d;
         int64_t j = 0;
-        for (; j + 32 <= d; j += 32) {
-          table.row32(qp.k + off + j, dk + row + j);
-          table.row32(qp.v + off + j, dv + row + j);
+        for (; j + 64 <= d; j += 64) {
+          table.row64(qp.k + off + j, dk + row + j);
+          table.row64(qp.v + off + j, dv + row + j);
         }
-        for (; j < d; j += kLanes) {  // a last 16 (head_dim 16, 80)
+        for (; j < d; j += kLanes) {  // the last 16s (head_dim 16, 80, 96)
           store_from_vf(dk + row + j, codes_as_vf(qp.k + off + j, qp.codes));
           store_from_vf(dv + row + j, codes_as_vf(qp.v + off + j, qp.codes));
         }
