@@ -269,8 +269,19 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       const int64_t n = std::min(kBlock, keys - start);
       const bool masked = start + n - 1 > lim_min || start < first_max;
       const bool narrow = lanes <= kNarrowRows && n == kBlock && !masked && cap2 == 0.0f;
-      const bool in_place = kFp8InPlace<NC, Pairs> && narrow && sc.fp8 != nullptr;  // nothing to fill
-      if (sc.fill.fn != nullptr && !in_place) sc.fill.fn(sc.fill.ctx, start, n);
+#if RADIXSERVE_FP8_BYTES
+      if constexpr (kFp8InPlace<NC, Pairs>) {
+        if (narrow && sc.fp8 != nullptr) {  // fp8 codes read where they lie: nothing to fill or gather here
+          if (!have_qw) pair_q();
+          const int64_t next_n = sc.streaming ? 0 : std::min(kBlock, keys - start - n);
+          with_narrow_rows(lanes, [&](auto rows_c) {
+            fp8_narrow_block<NC, decltype(rows_c)::value>(*sc.fp8, start, next_n, qw, scale, vm, vl, acc + r0 * d, sc);
+          });
+          continue;
+        }
+      }
+#endif
+      if (sc.fill.fn != nullptr) sc.fill.fn(sc.fill.ctx, start, n);
       L.offsets(run.pages, h, start, n, [&](int64_t t, int64_t off) {
         krow[t] = L.k + off;
         vrow[t] = L.v + off;
@@ -313,21 +324,9 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
         float* acc0 = acc + r0 * d;
         const float* q0 = q + r0 * d;
         if (Pairs && !have_qw) pair_q();
-        auto block = [&](auto rows_c) {
-          constexpr int R = decltype(rows_c)::value;
-#if RADIXSERVE_FP8_BYTES
-          if constexpr (kFp8InPlace<NC, Pairs>) {
-            if (in_place) return fp8_narrow_block<NC, R>(*sc.fp8, start, qw, scale, vm, vl, acc0, sc, ahead);
-          }
-#endif
-          narrow_block<NC, R, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0, sc, ahead);
-        };
-        switch (lanes) {
-          case 1: block(std::integral_constant<int, 1>{}); break;
-          case 2: block(std::integral_constant<int, 2>{}); break;
-          case 3: block(std::integral_constant<int, 3>{}); break;
-          default: block(std::integral_constant<int, 4>{}); break;
-        }
+        with_narrow_rows(lanes, [&](auto rows_c) {
+          narrow_block<NC, decltype(rows_c)::value, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0, sc, ahead);
+        });
         continue;
       }
 #endif

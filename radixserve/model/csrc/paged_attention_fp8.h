@@ -54,34 +54,53 @@ constexpr bool kFp8InPlace = RADIXSERVE_FP8_BYTES && Pairs && NC % 4 == 0;
 // 128-bit lanes (keys 4l .. 4l + 3's codes 4j, 4j + 1 to the low 8 bytes of lane l, 4j + 2,
 // 4j + 3 to the high 8) and the table: pair 2j of the 16 keys, then pair 2j + 1, each scored
 // at once by every row (vdpbf16ps, the pairs in order from zero, as narrow_scores_in_registers).
+// Several groups of 16 keys side by side (GB): a score's chain of dependent vdpbf16ps is
+// the order that makes a row's bits its own, so the chains must be many to hide their latency
+// (R of them, one group at a time, left the products waiting on each other), and each
+// query pair broadcast serves every group.
 template <int NC, int R, typename Ahead>
 inline void fp8_scores(const uint8_t* const* krow, const Fp8Bytes& table, const uint32_t* __restrict qw, float scale,
                        vf (&sc)[R][kBlock / kLanes], Ahead&& ahead) {
   static_assert(NC % 4 == 0 && R <= kNarrowRows, "64 codes a row part; a narrow block's rows");
   constexpr int64_t d = NC * kLanes, G = kBlock / kLanes;
+  constexpr int GB = R <= 2 ? 4 : 2;  // groups at a time: 2R-8 chains, and registers for them
   const __m512i split = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t t = g * kLanes; t < (g + 1) * kLanes; ++t) ahead(t);
-    const float* words[16];
-    for (int i = 0; i < 16; ++i) words[i] = reinterpret_cast<const float*>(krow[g * kLanes + i]);
-    __m512 dot[R];
-    for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_ps();
+  for (int g0 = 0; g0 < G; g0 += GB) {
+    const float* words[GB][16];
+    for (int b = 0; b < GB; ++b) {
+      for (int i = 0; i < 16; ++i) words[b][i] = reinterpret_cast<const float*>(krow[(g0 + b) * kLanes + i]);
+    }
+    __m512 dot[R][GB];
+    for (int r = 0; r < R; ++r) {
+      for (int b = 0; b < GB; ++b) dot[r][b] = _mm512_setzero_ps();
+    }
     for (int c = 0; c < NC / 4; ++c) {
-      __m512 w[16];
-      transpose16(words, c * kLanes, w);
+      __m512 w[GB][16];
+      for (int b = 0; b < GB; ++b) {
+        if (c == 0) {
+          for (int64_t t = (g0 + b) * kLanes; t < (g0 + b + 1) * kLanes; ++t) ahead(t);
+        }
+        transpose16(words[b], c * kLanes, w[b]);
+      }
       for (int j = 0; j < 16; ++j) {
-        __m512i even, odd;  // pairs 32 c + 2j and 32 c + 2j + 1 of the 16 keys
-        table.words(_mm512_shuffle_epi8(_mm512_castps_si512(w[j]), split), even, odd);
+        __m512i even[GB], odd[GB];  // pairs 32 c + 2j and 32 c + 2j + 1 of each group's keys
+        for (int b = 0; b < GB; ++b) {
+          table.words(_mm512_shuffle_epi8(_mm512_castps_si512(w[b][j]), split), even[b], odd[b]);
+        }
         const uint32_t* q = qw + 32 * c + 2 * j;
         for (int r = 0; r < R; ++r) {
-          dot[r] = _mm512_dpbf16_ps(dot[r], (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r * (d / 2)])), (__m512bh)even);
+          const __m512bh qe = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r * (d / 2)]));
+          for (int b = 0; b < GB; ++b) dot[r][b] = _mm512_dpbf16_ps(dot[r][b], qe, (__m512bh)even[b]);
         }
         for (int r = 0; r < R; ++r) {
-          dot[r] = _mm512_dpbf16_ps(dot[r], (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r * (d / 2) + 1])), (__m512bh)odd);
+          const __m512bh qo = (__m512bh)_mm512_set1_epi32(static_cast<int>(q[r * (d / 2) + 1]));
+          for (int b = 0; b < GB; ++b) dot[r][b] = _mm512_dpbf16_ps(dot[r][b], qo, (__m512bh)odd[b]);
         }
       }
     }
-    for (int r = 0; r < R; ++r) sc[r][g] = static_cast<vf>(dot[r]) * scale;
+    for (int r = 0; r < R; ++r) {
+      for (int b = 0; b < GB; ++b) sc[r][g0 + b] = static_cast<vf>(dot[r][b]) * scale;
+    }
   }
 }
 
@@ -108,16 +127,24 @@ inline void fp8_pair_values(const uint8_t* a, const uint8_t* b, const Fp8Bytes& 
 }
 
 // narrow_block for R rows over the full, unmasked block of kBlock keys from ``start`` of
-// ``src``'s pages, read in place (the arguments as narrow_block's with ``Pairs``).
-template <int NC, int R, typename Ahead>
-void fp8_narrow_block(const Fp8Narrow& src, int64_t start, const uint32_t* __restrict qw, float scale, vf& vm,
-                      vf& vl, float* __restrict acc, Scratch& scratch, Ahead&& ahead) {
+// ``src``'s pages, read in place (the other arguments as narrow_block's with ``Pairs``). While
+// its keys are transposed, the thread's stream steps (Scratch::streaming), or else the code
+// rows of the next ``next_n`` keys are prefetched, a key at a time (as attend_run's ``ahead``).
+template <int NC, int R>
+void fp8_narrow_block(const Fp8Narrow& src, int64_t start, int64_t next_n, const uint32_t* __restrict qw, float scale,
+                      vf& vm, vf& vl, float* __restrict acc, Scratch& scratch) {
   const uint8_t* krow[kBlock];
   const uint8_t* vrow[kBlock];
+  int64_t next[kBlock];
   src.codes.offsets(src.pages, src.h, start, kBlock, [&](int64_t t, int64_t off) {
     krow[t] = src.codes.k + off;
     vrow[t] = src.codes.v + off;
   });
+  src.codes.offsets(src.pages, src.h, start + kBlock, next_n, [&](int64_t t, int64_t off) { next[t] = off; });
+  auto ahead = [&](int64_t t) {
+    if (scratch.streaming) scratch.stream.step();
+    else if (t < next_n) prefetch_row(src.codes, next[t]);
+  };
   vf sc[R][kBlock / kLanes];
   fp8_scores<NC, R>(krow, *src.table, qw, scale, sc, ahead);
   const vf alpha = narrow_softmax<R>(sc, vm, vl, scratch.ps.data());

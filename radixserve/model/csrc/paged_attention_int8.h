@@ -93,8 +93,9 @@ struct Int8Block {
 
 // A work item's rows up to this many (a decode token's query heads of one KV head: 3 for
 // SmolLM2) read a block's codes from the pages as they go, keys in the lanes; more (a
-// prefill's 16) take the block made ready (prepare_int8_block), rows in the lanes.
-constexpr int64_t kInt8Rows = 4;
+// prefill's 16) take the block made ready (prepare_int8_block), rows in the lanes. (As the
+// narrow blocks': with_narrow_rows makes the count a constant.)
+constexpr int64_t kInt8Rows = kNarrowRows;
 
 // acc + the products of a's and b's 16-bit words, by pairs (vpdpwssd), the accumulator tied to
 // its register: with the intrinsic, GCC 12 copied every accumulator of these loops to another
@@ -572,15 +573,9 @@ void int8_attend(const Layer<G>& geo, const QuantPages& qp, int64_t h, KeyRun ru
       continue;
     }
     uint16_t* pr = reinterpret_cast<uint16_t*>(sc.int8_probs.data());
-    auto block = [&](auto rows_c) {
+    with_narrow_rows(rows, [&](auto rows_c) {
       int8_block<NC, decltype(rows_c)::value>(b, start, n, qw, f, limit, first, cap2, m, l, acc, pr);
-    };
-    switch (rows) {
-      case 1: block(std::integral_constant<int, 1>{}); break;
-      case 2: block(std::integral_constant<int, 2>{}); break;
-      case 3: block(std::integral_constant<int, 3>{}); break;
-      default: block(std::integral_constant<int, 4>{}); break;
-    }
+    });
   }
 }
 #else

@@ -20,6 +20,19 @@ namespace radixserve_cpu::paged {
 // 3 for SmolLM2's GQA) take narrow_block below.
 constexpr int64_t kNarrowRows = 4;
 
+// f(std::integral_constant<int, R>{}) for R = ``rows`` (1 .. kNarrowRows): a narrow block's
+// rows as a constant its loops unroll over.
+template <typename F>
+inline void with_narrow_rows(int64_t rows, F&& f) {
+  static_assert(kNarrowRows == 4, "the cases below");
+  switch (rows) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    default: return f(std::integral_constant<int, 4>{});
+  }
+}
+
 // out[j] lane i = src[i][col + j] for i, j < 16: sixteen rows' 16 words from ``col`` on,
 // transposed in registers (pairs of words, then pairs of pairs, then 128- and 256-bit
 // quarters change places). Words are moved, not read as numbers: bf16 pairs pass too.
