@@ -231,16 +231,20 @@ def figures() -> dict[str, Figure]:
 
 def quant_decode_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
     """bench_decode_attention.py over int8 and fp8 pages (benchmarks/long_context.md): at
-    7,500 tokens, a decode row's attention per layer from memory (cold), and for sessions 33's
-    and 34's runs from the caches (hot) too, over the baseline kernel's, repetition by
-    repetition (the two timed alternately, call for call); and session 34's 2,000-token
-    prefill call."""
+    7,500 tokens, a decode row's attention per layer from memory (cold), and for sessions
+    33's to 35's runs from the caches (hot) too, over the baseline kernel's, repetition by
+    repetition (the two timed alternately, call for call); and sessions 34's and 35's
+    2,000-token prefill calls."""
     runs = (
         ("bench_decode_attention_s31_quant.json", "_s31", ("cold",), 7500),
         ("bench_decode_attention_s33.json", "_s33", ("cold", "hot"), 7500),
         # bf16 queries over int8 pages in integer products; and a 2,000-token prefill's call.
         ("bench_decode_attention_s34.json", "_s34", ("cold", "hot"), 7500),
         ("bench_decode_attention_s34_prefill.json", "_s34_prefill", ("cold",), 2000),
+        # fp8 pages at scale 1 read in place by the decode rows' narrow blocks; and the
+        # 2,000-token prefill's call over fp8 pages (their runs decoded whole by the byte table).
+        ("bench_decode_attention_s35.json", "_s35", ("cold", "hot"), 7500),
+        ("bench_decode_attention_s35_prefill.json", "_s35_prefill", ("cold",), 2000),
     )
     for name, suffix, kinds, context in runs:
         d = load(name)
@@ -324,6 +328,7 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s32_running.json", "_s32_running"),
         ("bench_long_context_s33.json", "_s33"),
         ("bench_long_context_s34.json", "_s34"),
+        ("bench_long_context_s35.json", "_s35"),
     ):
         for key, fig in (
             ("ttft_s", "long_context_ttft_vs_vllm"),
@@ -332,7 +337,8 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
             add(fig + suffix, spread(_over_vllm(name, key)), [name])
     # Every run of the same command with the idle servers paused, repetition by repetition:
     # sessions 32 and 33 (the kernels differ only in how a decode reads quantized pages), and
-    # with session 34's (bf16 queries over int8 pages in integer products; bf16 unchanged).
+    # with session 34's (bf16 queries over int8 pages in integer products; bf16 unchanged) and
+    # 35's (fp8 pages read in place by decode rows; bf16 unchanged).
     for paused, suffix in (
         (["bench_long_context_s32.json", "bench_long_context_s33.json"], ""),
         (
@@ -342,6 +348,15 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
                 "bench_long_context_s34.json",
             ],
             "_to_s34",
+        ),
+        (
+            [
+                "bench_long_context_s32.json",
+                "bench_long_context_s33.json",
+                "bench_long_context_s34.json",
+                "bench_long_context_s35.json",
+            ],
+            "_to_s35",
         ),
     ):
         for key, fig in (
@@ -396,6 +411,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s32_running.json", "long_context_tpot_growth_s32_running"),
         ("bench_long_context_s33.json", "long_context_tpot_growth_s33"),
         ("bench_long_context_s34.json", "long_context_tpot_growth_s34"),
+        ("bench_long_context_s35.json", "long_context_tpot_growth_s35"),
     ):
         d = load(name)
         growth = d["growth"]["radixserve-bf16"]
@@ -428,6 +444,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s32_running.json", "_s32_running"),
         ("bench_long_context_s33.json", "_s33"),
         ("bench_long_context_s34.json", "_s34"),
+        ("bench_long_context_s35.json", "_s35"),
     ):
         d = load(name)
         bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
@@ -438,20 +455,26 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
                 spread(quant[r] / bf16[r] for r in sorted(bf16)),
                 [name],
             )
-    # Session 34's run (int8 pages in integer products, whole runs made ready for a prefill):
-    # TTFT at 7,500 tokens with int8 and fp8 KV over bf16 KV's, repetition by repetition.
-    name = "bench_long_context_s34.json"
-    d = load(name)
-    ttft = {(c["server"], c["rep"]): c["ttft_s"] for c in d["cells"] if c["context"] == 7500}
-    reps = sorted(r for s, r in ttft if s == "radixserve-bf16")
-    for kv in ("int8", "fp8_e4m3"):
-        add(
-            f"long_context_{kv}_ttft_vs_bf16_s34",
-            spread(
-                ttft[(f"radixserve-bf16-kv-{kv}", r)] / ttft[("radixserve-bf16", r)] for r in reps
-            ),
-            [name],
-        )
+    # Sessions 34's run (int8 pages in integer products, whole runs made ready for a prefill)
+    # and 35's (fp8 pages read in place by decode rows, decoded by a byte table for a
+    # prefill): TTFT at 7,500 tokens with int8 and fp8 KV over bf16 KV's, repetition by
+    # repetition.
+    for name, suffix in (
+        ("bench_long_context_s34.json", "_s34"),
+        ("bench_long_context_s35.json", "_s35"),
+    ):
+        d = load(name)
+        ttft = {(c["server"], c["rep"]): c["ttft_s"] for c in d["cells"] if c["context"] == 7500}
+        reps = sorted(r for s, r in ttft if s == "radixserve-bf16")
+        for kv in ("int8", "fp8_e4m3"):
+            add(
+                f"long_context_{kv}_ttft_vs_bf16{suffix}",
+                spread(
+                    ttft[(f"radixserve-bf16-kv-{kv}", r)] / ttft[("radixserve-bf16", r)]
+                    for r in reps
+                ),
+                [name],
+            )
 
 
 def _tpot_by_rep(d: dict[str, Any], server: str, context: int) -> dict[int, float]:

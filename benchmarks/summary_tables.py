@@ -82,6 +82,7 @@ from summary_tables_s31 import TABLES as TABLES_S31
 from summary_tables_s32 import TABLES as TABLES_S32
 from summary_tables_s33 import TABLES as TABLES_S33
 from summary_tables_s34 import TABLES as TABLES_S34
+from summary_tables_s35 import TABLES as TABLES_S35
 
 
 def _machine(name: str) -> str:
@@ -390,6 +391,7 @@ TABLES: dict[str, Callable[[], str]] = {
     **TABLES_S32,
     **TABLES_S33,
     **TABLES_S34,
+    **TABLES_S35,
     "long_context_floor_samples": table_long_context_floor_samples,
     "speculative_amd": table_speculative_amd,
     "speculative_concurrent_amd": table_speculative_concurrent_amd,

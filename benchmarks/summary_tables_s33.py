@@ -20,7 +20,8 @@ def table_quant_decode_blocks(name: str = QUANT_BLOCKS) -> str:
     """bench_decode_attention.py --baseline over bf16, int8 and fp8 pages: per dtype and
     context, a decode row's attention per layer from memory (cold) and from the caches (hot),
     the baseline kernel's beside each, and each over bf16 pages' at the same context (issue
-    44: quantized KV no slower). Medians of the run's samples."""
+    44: quantized KV no slower; "not run" where the run timed no bf16 pages). Medians of the
+    run's samples."""
     d = load(name)
     base = d["baseline"]
     bf16 = {r["context"]: r["us_per_layer"] for r in d["results"] if r["dtype"] == "bfloat16"}
@@ -39,7 +40,7 @@ def table_quant_decode_blocks(name: str = QUANT_BLOCKS) -> str:
         align="lrrrrrrrrrl",
     )
     for r in d["results"]:
-        us, ref = r["us_per_layer"], bf16[r["context"]]
+        us, ref = r["us_per_layer"], bf16.get(r["context"])
         cold, hot = us["current cold"], us["current hot"]
         out.append(
             _row(
@@ -51,8 +52,8 @@ def table_quant_decode_blocks(name: str = QUANT_BLOCKS) -> str:
                 f"{hot:.0f}",
                 f"{us[f'{base} hot']:.0f}",
                 f"{hot / us[f'{base} hot']:.2f}",
-                f"{cold / ref['current cold']:.2f}",
-                f"{hot / ref['current hot']:.2f}",
+                f"{cold / ref['current cold']:.2f}" if ref else "not run",
+                f"{hot / ref['current hot']:.2f}" if ref else "not run",
                 "yes" if r["outputs_equal"] else "no",
             )
         )
