@@ -324,3 +324,43 @@ def test_fp8_decode_rows_equal_their_decoded_values_bit_for_bit(
     native.paged_attention(q, k_dec, v_dec, decoded, plan, d**-0.5)
     assert not decoded.isnan().any()
     assert torch.equal(quantized, decoded)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_every_fp8_code_decodes_to_its_bf16_value(kv_dtype: str) -> None:
+    """Pages holding every finite fp8 code (zeros of both signs, subnormals, the largest),
+    K and V alike, at scale 1 under bf16 queries: the decode rows' blocks read in place and
+    a prefill's runs decoded whole by the byte table give the bits of the kernel over the
+    codes' float values rounded to bf16 (the torch path's decoding)."""
+    num_pages, hkv, d = 64, 1, 64
+    pool = KVPool(1, num_pages, 16, hkv, d, kv_dtype=kv_dtype, act_dtype=torch.bfloat16)
+    codes = torch.arange(256, dtype=torch.int64).to(torch.uint8)
+    values = codes.view(pool.k_data[0].dtype).float()
+    finite = codes[values.isfinite()]
+    g = torch.Generator().manual_seed(41)
+    slots = num_pages * 16 * hkv * d
+    for data in (pool.k_data[0], pool.v_data[0]):
+        picks = finite[torch.randint(len(finite), (slots,), generator=g)]
+        picks[: len(finite)] = finite  # every finite code at least once, in the first pages
+        data.view(torch.uint8).copy_(picks.view(data.shape))
+    ks, vs = pool.k_scale, pool.v_scale
+    assert ks is not None and vs is not None
+    assert bool((ks[0] == 1).all()) and bool((vs[0] == 1).all())
+    rows = 0
+
+    def member(new: int, keys: int, first_page: int) -> native.Member:
+        nonlocal rows
+        m = native.Member(rows, new, list(range(first_page, first_page + -(-keys // 16))), keys)
+        rows += new
+        return m
+
+    plan = native.AttentionPlan.build([([member(1, 640, 0)], []), ([member(40, 320, 40)], [])])
+    q = (torch.randn(rows, 3 * hkv, d, generator=g) / 64).to(torch.bfloat16)
+    quantized, decoded = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    native.paged_attention(
+        q, pool.k_data[0], pool.v_data[0], quantized, plan, d**-0.5, scales=(ks[0], vs[0])
+    )
+    k_dec, v_dec = _decoded_pages(pool, torch.bfloat16)
+    native.paged_attention(q, k_dec, v_dec, decoded, plan, d**-0.5)
+    assert not decoded.isnan().any()
+    assert torch.equal(quantized, decoded)
