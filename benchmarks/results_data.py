@@ -329,6 +329,7 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s33.json", "_s33"),
         ("bench_long_context_s34.json", "_s34"),
         ("bench_long_context_s35.json", "_s35"),
+        ("bench_long_context_s35b.json", "_s35b"),
     ):
         for key, fig in (
             ("ttft_s", "long_context_ttft_vs_vllm"),
@@ -355,6 +356,7 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
                 "bench_long_context_s33.json",
                 "bench_long_context_s34.json",
                 "bench_long_context_s35.json",
+                "bench_long_context_s35b.json",
             ],
             "_to_s35",
         ),
@@ -412,6 +414,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s33.json", "long_context_tpot_growth_s33"),
         ("bench_long_context_s34.json", "long_context_tpot_growth_s34"),
         ("bench_long_context_s35.json", "long_context_tpot_growth_s35"),
+        ("bench_long_context_s35b.json", "long_context_tpot_growth_s35b"),
     ):
         d = load(name)
         growth = d["growth"]["radixserve-bf16"]
@@ -445,6 +448,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s33.json", "_s33"),
         ("bench_long_context_s34.json", "_s34"),
         ("bench_long_context_s35.json", "_s35"),
+        ("bench_long_context_s35b.json", "_s35b"),
     ):
         d = load(name)
         bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
@@ -455,6 +459,17 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
                 spread(quant[r] / bf16[r] for r in sorted(bf16)),
                 [name],
             )
+    # Both of session 35's runs (the same code, one command run twice): each repetition's time
+    # per output token at 7,500 tokens with int8 and fp8 KV over bf16 KV's.
+    both = ["bench_long_context_s35.json", "bench_long_context_s35b.json"]
+    for kv in ("int8", "fp8_e4m3"):
+        ratios = []
+        for name in both:
+            d = load(name)
+            bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
+            quant = _tpot_by_rep(d, f"radixserve-bf16-kv-{kv}", 7500)
+            ratios += [quant[r] / bf16[r] for r in sorted(bf16)]
+        add(f"long_context_{kv}_vs_bf16_s35_both", spread(ratios), both)
     # Sessions 34's run (int8 pages in integer products, whole runs made ready for a prefill)
     # and 35's (fp8 pages read in place by decode rows, decoded by a byte table for a
     # prefill): TTFT at 7,500 tokens with int8 and fp8 KV over bf16 KV's, repetition by
@@ -462,6 +477,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
     for name, suffix in (
         ("bench_long_context_s34.json", "_s34"),
         ("bench_long_context_s35.json", "_s35"),
+        ("bench_long_context_s35b.json", "_s35b"),
     ):
         d = load(name)
         ttft = {(c["server"], c["rep"]): c["ttft_s"] for c in d["cells"] if c["context"] == 7500}
