@@ -162,6 +162,24 @@ def _decoded_pages(pool: KVPool, act: torch.dtype) -> tuple[torch.Tensor, torch.
     return k, v
 
 
+def _assert_quantized_equals_decoded(
+    pool: KVPool, q: torch.Tensor, plan: native.AttentionPlan, **kw: object
+) -> None:
+    """The kernel over the pool's quantized pages gives the bits of the kernel over pages of
+    the queries' dtype holding the codes' decoded values (``kw``: a window, a soft-cap)."""
+    d = q.shape[-1]
+    ks, vs = pool.k_scale, pool.v_scale
+    assert ks is not None and vs is not None
+    quantized, decoded = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    native.paged_attention(
+        q, pool.k_data[0], pool.v_data[0], quantized, plan, d**-0.5, scales=(ks[0], vs[0]), **kw
+    )
+    k_dec, v_dec = _decoded_pages(pool, q.dtype)
+    native.paged_attention(q, k_dec, v_dec, decoded, plan, d**-0.5, **kw)
+    assert not decoded.isnan().any()
+    assert torch.equal(quantized, decoded)
+
+
 def _random_pool(
     kv_dtype: str,
     act: torch.dtype,
@@ -240,16 +258,7 @@ def test_quantized_pages_equal_their_decoded_values_bit_for_bit(
     plan = native.AttentionPlan.build(groups)
     g = torch.Generator().manual_seed(13)
     q = torch.randn(rows, hq, D, generator=g).to(act)
-    quantized, decoded = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
-    ks, vs = pool.k_scale, pool.v_scale
-    assert ks is not None and vs is not None
-    native.paged_attention(
-        q, pool.k_data[0], pool.v_data[0], quantized, plan, D**-0.5, scales=(ks[0], vs[0])
-    )
-    k_dec, v_dec = _decoded_pages(pool, act)
-    native.paged_attention(q, k_dec, v_dec, decoded, plan, D**-0.5)
-    assert not decoded.isnan().any()
-    assert torch.equal(quantized, decoded)
+    _assert_quantized_equals_decoded(pool, q, plan)
 
 
 @pytest.mark.parametrize("kv_dtype", QUANT)
@@ -273,20 +282,8 @@ def test_windowed_quantized_pages_equal_their_decoded_values_bit_for_bit(
         rows += new
     plan = native.AttentionPlan.build(parts)
     q = (torch.randn(rows, HQ, D, generator=torch.Generator().manual_seed(23)) * 3).to(act)
-    quantized, decoded = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
-    ks, vs = pool.k_scale, pool.v_scale
-    assert ks is not None and vs is not None
     for softcap in (None, 2.0):
-        native.paged_attention(
-            q, pool.k_data[0], pool.v_data[0], quantized, plan, D**-0.5,
-            window=window, softcap=softcap, scales=(ks[0], vs[0]),
-        )  # fmt: skip
-        k_dec, v_dec = _decoded_pages(pool, act)
-        native.paged_attention(
-            q, k_dec, v_dec, decoded, plan, D**-0.5, window=window, softcap=softcap
-        )
-        assert not decoded.isnan().any()
-        assert torch.equal(quantized, decoded)
+        _assert_quantized_equals_decoded(pool, q, plan, window=window, softcap=softcap)
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
@@ -314,16 +311,7 @@ def test_fp8_decode_rows_equal_their_decoded_values_bit_for_bit(
     plan = native.AttentionPlan.build(groups)
     g = torch.Generator().manual_seed(33)
     q = (torch.randn(rows, grp * hkv, d, generator=g) * 2).to(torch.bfloat16)
-    quantized, decoded = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
-    ks, vs = pool.k_scale, pool.v_scale
-    assert ks is not None and vs is not None
-    native.paged_attention(
-        q, pool.k_data[0], pool.v_data[0], quantized, plan, d**-0.5, scales=(ks[0], vs[0])
-    )
-    k_dec, v_dec = _decoded_pages(pool, torch.bfloat16)
-    native.paged_attention(q, k_dec, v_dec, decoded, plan, d**-0.5)
-    assert not decoded.isnan().any()
-    assert torch.equal(quantized, decoded)
+    _assert_quantized_equals_decoded(pool, q, plan)
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
@@ -356,11 +344,4 @@ def test_every_fp8_code_decodes_to_its_bf16_value(kv_dtype: str) -> None:
 
     plan = native.AttentionPlan.build([([member(1, 640, 0)], []), ([member(40, 320, 40)], [])])
     q = (torch.randn(rows, 3 * hkv, d, generator=g) / 64).to(torch.bfloat16)
-    quantized, decoded = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
-    native.paged_attention(
-        q, pool.k_data[0], pool.v_data[0], quantized, plan, d**-0.5, scales=(ks[0], vs[0])
-    )
-    k_dec, v_dec = _decoded_pages(pool, torch.bfloat16)
-    native.paged_attention(q, k_dec, v_dec, decoded, plan, d**-0.5)
-    assert not decoded.isnan().any()
-    assert torch.equal(quantized, decoded)
+    _assert_quantized_equals_decoded(pool, q, plan)
