@@ -450,25 +450,13 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s35.json", "_s35"),
         ("bench_long_context_s35b.json", "_s35b"),
     ):
-        d = load(name)
-        bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
         for kv in ("int8", "fp8_e4m3"):
-            quant = _tpot_by_rep(d, f"radixserve-bf16-kv-{kv}", 7500)
-            add(
-                f"long_context_{kv}_vs_bf16{suffix}",
-                spread(quant[r] / bf16[r] for r in sorted(bf16)),
-                [name],
-            )
+            add(f"long_context_{kv}_vs_bf16{suffix}", spread(_kv_over_bf16(name, kv)), [name])
     # Both of session 35's runs (the same code, one command run twice): each repetition's time
     # per output token at 7,500 tokens with int8 and fp8 KV over bf16 KV's.
     both = ["bench_long_context_s35.json", "bench_long_context_s35b.json"]
     for kv in ("int8", "fp8_e4m3"):
-        ratios = []
-        for name in both:
-            d = load(name)
-            bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
-            quant = _tpot_by_rep(d, f"radixserve-bf16-kv-{kv}", 7500)
-            ratios += [quant[r] / bf16[r] for r in sorted(bf16)]
+        ratios = [x for name in both for x in _kv_over_bf16(name, kv)]
         add(f"long_context_{kv}_vs_bf16_s35_both", spread(ratios), both)
     # Sessions 34's run (int8 pages in integer products, whole runs made ready for a prefill)
     # and 35's (fp8 pages read in place by decode rows, decoded by a byte table for a
@@ -491,6 +479,15 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
                 ),
                 [name],
             )
+
+
+def _kv_over_bf16(name: str, kv: str) -> list[float]:
+    """A long-context run's time per output token at 7,500 tokens with ``kv`` KV (int8,
+    fp8_e4m3) over bf16 KV's, repetition by repetition."""
+    d = load(name)
+    bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
+    quant = _tpot_by_rep(d, f"radixserve-bf16-kv-{kv}", 7500)
+    return [quant[r] / bf16[r] for r in sorted(bf16)]
 
 
 def _tpot_by_rep(d: dict[str, Any], server: str, context: int) -> dict[int, float]:
