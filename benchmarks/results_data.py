@@ -20,6 +20,7 @@ PAGES = (
     "benchmarks/agents.md",
     "benchmarks/cluster.md",
     "benchmarks/long_context.md",
+    "benchmarks/long_context_history.md",
     "benchmarks/model_families.md",
     "benchmarks/results/README.md",
     *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")),

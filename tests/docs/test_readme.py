@@ -160,6 +160,7 @@ DOC_FILES = [
     REPO / "benchmarks" / "agents.md",
     REPO / "benchmarks" / "cluster.md",
     REPO / "benchmarks" / "long_context.md",
+    REPO / "benchmarks" / "long_context_history.md",
     REPO / "benchmarks" / "model_families.md",
     *sorted((REPO / "docs").glob("*.md")),
 ]

@@ -158,3 +158,9 @@ def test_no_unmarked_measured_figure(page: Path) -> None:
 
 def test_results_page_stays_short() -> None:
     assert len((REPO / "benchmarks" / "README.md").read_text().splitlines()) <= 400
+
+
+def test_long_context_page_stays_short() -> None:
+    """long_context.md says where the targets stand, what holds them and the latest kernel's
+    runs; every earlier run goes to long_context_history.md rather than growing it again."""
+    assert len((REPO / "benchmarks" / "long_context.md").read_text().splitlines()) <= 450
