@@ -226,6 +226,7 @@ def figures() -> dict[str, Figure]:
     long_context_figures(add)
     long_context_quiet_figures(add)
     quant_decode_figures(add)
+    decode_floor_figures(add)
     speculative_figures(add)
     return figs
 
@@ -260,6 +261,28 @@ def quant_decode_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
                     spread(c / o for c, o in zip(cur, old, strict=True)),
                     [name],
                 )
+
+
+def decode_floor_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
+    """Session 36's bench_decode_attention.py --read-floor over bf16 pages (benchmarks/
+    long_context.md, "What holds the decode step"), repetition by repetition: the growth of a
+    decode row's attention per layer from 1,000 to 7,500 tokens from memory over the growth
+    of a bare cold read of its pages; at 7,500 tokens the attention from memory over that
+    read, and from the caches over from memory."""
+    name = "bench_decode_attention_s36.json"
+    rows = {
+        r["context"]: r["samples_us"] for r in load(name)["results"] if r["dtype"] == "bfloat16"
+    }
+    lo, hi = rows[1000], rows[7500]
+
+    def grew(key: str) -> list[float]:
+        return [b - a for a, b in zip(lo[key], hi[key], strict=True)]
+
+    ratios = [c / r for c, r in zip(grew("current cold"), grew("read cold"), strict=True)]
+    add("decode_growth_over_read_growth_s36", spread(ratios), [name])
+    cold, read, hot = hi["current cold"], hi["read cold"], hi["current hot"]
+    add("decode_cold_over_read_s36", spread(c / r for c, r in zip(cold, read, strict=True)), [name])
+    add("decode_hot_over_cold_s36", spread(h / c for h, c in zip(hot, cold, strict=True)), [name])
 
 
 def speculative_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:

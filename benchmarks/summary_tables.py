@@ -83,6 +83,7 @@ from summary_tables_s32 import TABLES as TABLES_S32
 from summary_tables_s33 import TABLES as TABLES_S33
 from summary_tables_s34 import TABLES as TABLES_S34
 from summary_tables_s35 import TABLES as TABLES_S35
+from summary_tables_s36 import TABLES as TABLES_S36
 
 
 def _machine(name: str) -> str:
@@ -392,6 +393,7 @@ TABLES: dict[str, Callable[[], str]] = {
     **TABLES_S33,
     **TABLES_S34,
     **TABLES_S35,
+    **TABLES_S36,
     "long_context_floor_samples": table_long_context_floor_samples,
     "speculative_amd": table_speculative_amd,
     "speculative_concurrent_amd": table_speculative_concurrent_amd,
