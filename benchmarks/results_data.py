@@ -265,7 +265,7 @@ def quant_decode_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
 
 def decode_floor_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
     """Session 36's bench_decode_attention.py --read-floor over bf16 pages (benchmarks/
-    long_context.md, "What holds the decode step"), repetition by repetition: the growth of a
+    long_context.md, "What holds it now"), repetition by repetition: the growth of a
     decode row's attention per layer from 1,000 to 7,500 tokens from memory over the growth
     of a bare cold read of its pages; at 7,500 tokens the attention from memory over that
     read, and from the caches over from memory."""
