@@ -227,6 +227,7 @@ def figures() -> dict[str, Figure]:
     long_context_quiet_figures(add)
     quant_decode_figures(add)
     decode_floor_figures(add)
+    long_context_curve_figures(add)
     speculative_figures(add)
     return figs
 
@@ -354,6 +355,7 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s34.json", "_s34"),
         ("bench_long_context_s35.json", "_s35"),
         ("bench_long_context_s35b.json", "_s35b"),
+        ("bench_long_context_s36.json", "_s36"),
     ):
         for key, fig in (
             ("ttft_s", "long_context_ttft_vs_vllm"),
@@ -405,16 +407,27 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
     )
 
 
-def _over_vllm(name: str, key: str) -> list[float]:
+def _over_vllm(name: str, key: str, peer: str = "vllm-bf16") -> list[float]:
     """A long-context run's radixserve bf16 ``key`` (``ttft_s``, ``tpot_ms``) at 7,500 tokens
-    over vLLM-CPU's, repetition by repetition."""
+    over vLLM-CPU's (or ``peer``'s), repetition by repetition."""
     cells = load(name)["cells"]
 
     def at(server: str) -> list[float]:
         rows = [c for c in cells if c["server"] == server and c["context"] == 7500]
         return [c[key] for c in sorted(rows, key=lambda c: c["rep"])]
 
-    return [o / t for o, t in zip(at("radixserve-bf16"), at("vllm-bf16"), strict=True)]
+    return [o / t for o, t in zip(at("radixserve-bf16"), at(peer), strict=True)]
+
+
+def long_context_curve_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
+    """Session 36's run of bench_long_context.py's defaults (1,000 to 8,000 tokens, vLLM-CPU
+    and llama.cpp's server in the run; benchmarks/long_context.md), repetition by repetition:
+    at 7,500 tokens radixserve's bf16 TTFT and time per output token over llama.cpp's (over
+    vLLM-CPU's: long_context_figures)."""
+    name = "bench_long_context_s36.json"
+    for key, fig in (("ttft_s", "ttft"), ("tpot_ms", "tpot")):
+        ratios = _over_vllm(name, key, "llamacpp-f32")
+        add(f"long_context_{fig}_vs_llamacpp_s36", spread(ratios), [name])
 
 
 def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:

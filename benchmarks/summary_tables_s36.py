@@ -1,7 +1,8 @@
 """The generated tables of session 36's measurements on the AMD machine (2026-12-05), with
 the kernel of session 35: the long-context profile, and a decode row's attention per layer
 against a bare cold read of its own pages for bf16, int8 and fp8 pages (where the time per
-token still grows with the context); summary_tables.TABLES lists them with the others.
+token still grows with the context), and the long-context benchmark's whole curve with both
+peers; summary_tables.TABLES lists them with the others.
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ from functools import partial
 from results_data import load
 from summary_tables_s22 import _head, _row
 from summary_tables_s23 import table_long_context_profile
+from summary_tables_s30 import long_context_run_tables
 
 PROFILE = "profile_long_context_s36.json"
 DECODE_FLOORS = "bench_decode_attention_s36.json"
+# bench_long_context.py's defaults: 1,000 to 8,000 tokens, every KV dtype, vLLM-CPU and
+# llama.cpp's server in the run.
+LONG_CONTEXT = "bench_long_context_s36.json"
 
 
 def table_decode_floors(name: str = DECODE_FLOORS) -> str:
@@ -64,4 +69,5 @@ def table_decode_floors(name: str = DECODE_FLOORS) -> str:
 TABLES: dict[str, Callable[[], str]] = {
     "long_context_profile_s36": partial(table_long_context_profile, (PROFILE,)),
     "decode_floors_s36": table_decode_floors,
+    **long_context_run_tables("_s36", LONG_CONTEXT),
 }
