@@ -356,6 +356,7 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s35.json", "_s35"),
         ("bench_long_context_s35b.json", "_s35b"),
         ("bench_long_context_s36.json", "_s36"),
+        ("bench_long_context_s36b.json", "_s36b"),
     ):
         for key, fig in (
             ("ttft_s", "long_context_ttft_vs_vllm"),
@@ -364,8 +365,8 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
             add(fig + suffix, spread(_over_vllm(name, key)), [name])
     # Every run of the same command with the idle servers paused, repetition by repetition:
     # sessions 32 and 33 (the kernels differ only in how a decode reads quantized pages), and
-    # with session 34's (bf16 queries over int8 pages in integer products; bf16 unchanged) and
-    # 35's (fp8 pages read in place by decode rows; bf16 unchanged).
+    # with session 34's (bf16 queries over int8 pages in integer products; bf16 unchanged),
+    # 35's (fp8 pages read in place by decode rows; bf16 unchanged) and 36's (the same kernel).
     for paused, suffix in (
         (["bench_long_context_s32.json", "bench_long_context_s33.json"], ""),
         (
@@ -385,6 +386,17 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
                 "bench_long_context_s35b.json",
             ],
             "_to_s35",
+        ),
+        (
+            [
+                "bench_long_context_s32.json",
+                "bench_long_context_s33.json",
+                "bench_long_context_s34.json",
+                "bench_long_context_s35.json",
+                "bench_long_context_s35b.json",
+                "bench_long_context_s36b.json",
+            ],
+            "_to_s36",
         ),
     ):
         for key, fig in (
@@ -455,6 +467,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s34.json", "long_context_tpot_growth_s34"),
         ("bench_long_context_s35.json", "long_context_tpot_growth_s35"),
         ("bench_long_context_s35b.json", "long_context_tpot_growth_s35b"),
+        ("bench_long_context_s36b.json", "long_context_tpot_growth_s36b"),
     ):
         d = load(name)
         growth = d["growth"]["radixserve-bf16"]
@@ -489,15 +502,20 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s34.json", "_s34"),
         ("bench_long_context_s35.json", "_s35"),
         ("bench_long_context_s35b.json", "_s35b"),
+        ("bench_long_context_s36b.json", "_s36b"),
     ):
         for kv in ("int8", "fp8_e4m3"):
             add(f"long_context_{kv}_vs_bf16{suffix}", spread(_kv_over_bf16(name, kv)), [name])
     # Both of session 35's runs (the same code, one command run twice): each repetition's time
     # per output token at 7,500 tokens with int8 and fp8 KV over bf16 KV's.
     both = ["bench_long_context_s35.json", "bench_long_context_s35b.json"]
+    # ... and with session 36's run of the same command (the same kernel) too.
+    kernel = [*both, "bench_long_context_s36b.json"]
     for kv in ("int8", "fp8_e4m3"):
         ratios = [x for name in both for x in _kv_over_bf16(name, kv)]
         add(f"long_context_{kv}_vs_bf16_s35_both", spread(ratios), both)
+        ratios = [x for name in kernel for x in _kv_over_bf16(name, kv)]
+        add(f"long_context_{kv}_vs_bf16_s35_kernel", spread(ratios), kernel)
     # Sessions 34's run (int8 pages in integer products, whole runs made ready for a prefill)
     # and 35's (fp8 pages read in place by decode rows, decoded by a byte table for a
     # prefill): TTFT at 7,500 tokens with int8 and fp8 KV over bf16 KV's, repetition by
@@ -506,6 +524,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s34.json", "_s34"),
         ("bench_long_context_s35.json", "_s35"),
         ("bench_long_context_s35b.json", "_s35b"),
+        ("bench_long_context_s36b.json", "_s36b"),
     ):
         d = load(name)
         ttft = {(c["server"], c["rep"]): c["ttft_s"] for c in d["cells"] if c["context"] == 7500}

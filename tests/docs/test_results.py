@@ -161,6 +161,6 @@ def test_results_page_stays_short() -> None:
 
 
 def test_long_context_page_stays_short() -> None:
-    """long_context.md says where the targets stand, what holds them and the latest kernel's
+    """long_context.md says where the targets stand, what holds them and the latest
     runs; every earlier run goes to long_context_history.md rather than growing it again."""
     assert len((REPO / "benchmarks" / "long_context.md").read_text().splitlines()) <= 450
