@@ -367,38 +367,17 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
     # sessions 32 and 33 (the kernels differ only in how a decode reads quantized pages), and
     # with session 34's (bf16 queries over int8 pages in integer products; bf16 unchanged),
     # 35's (fp8 pages read in place by decode rows; bf16 unchanged) and 36's (the same kernel).
-    for paused, suffix in (
-        (["bench_long_context_s32.json", "bench_long_context_s33.json"], ""),
-        (
-            [
-                "bench_long_context_s32.json",
-                "bench_long_context_s33.json",
-                "bench_long_context_s34.json",
-            ],
-            "_to_s34",
-        ),
-        (
-            [
-                "bench_long_context_s32.json",
-                "bench_long_context_s33.json",
-                "bench_long_context_s34.json",
-                "bench_long_context_s35.json",
-                "bench_long_context_s35b.json",
-            ],
-            "_to_s35",
-        ),
-        (
-            [
-                "bench_long_context_s32.json",
-                "bench_long_context_s33.json",
-                "bench_long_context_s34.json",
-                "bench_long_context_s35.json",
-                "bench_long_context_s35b.json",
-                "bench_long_context_s36b.json",
-            ],
-            "_to_s36",
-        ),
-    ):
+    # Each aggregate is the runs up to its session's, in order.
+    paused_runs = [
+        "bench_long_context_s32.json",
+        "bench_long_context_s33.json",
+        "bench_long_context_s34.json",
+        "bench_long_context_s35.json",
+        "bench_long_context_s35b.json",
+        "bench_long_context_s36b.json",
+    ]
+    for runs, suffix in ((2, ""), (3, "_to_s34"), (5, "_to_s35"), (6, "_to_s36")):
+        paused = paused_runs[:runs]
         for key, fig in (
             ("ttft_s", "long_context_ttft_vs_vllm_paused"),
             ("tpot_ms", "long_context_tpot_vs_vllm_paused"),
@@ -472,8 +451,8 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         d = load(name)
         growth = d["growth"]["radixserve-bf16"]
         short, long = (
-            _tpot_by_rep(d, "radixserve-bf16", 1000),
-            _tpot_by_rep(d, "radixserve-bf16", 7500),
+            _per_rep(d, "radixserve-bf16", 1000),
+            _per_rep(d, "radixserve-bf16", 7500),
         )
         # The sequential floor's, and the paged floors' where the run sampled them (the same
         # KV read cold on pages scattered at random, and in ascending order).
@@ -526,35 +505,26 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s35b.json", "_s35b"),
         ("bench_long_context_s36b.json", "_s36b"),
     ):
-        d = load(name)
-        ttft = {(c["server"], c["rep"]): c["ttft_s"] for c in d["cells"] if c["context"] == 7500}
-        reps = sorted(r for s, r in ttft if s == "radixserve-bf16")
         for kv in ("int8", "fp8_e4m3"):
-            add(
-                f"long_context_{kv}_ttft_vs_bf16{suffix}",
-                spread(
-                    ttft[(f"radixserve-bf16-kv-{kv}", r)] / ttft[("radixserve-bf16", r)]
-                    for r in reps
-                ),
-                [name],
-            )
+            ratios = _kv_over_bf16(name, kv, "ttft_s")
+            add(f"long_context_{kv}_ttft_vs_bf16{suffix}", spread(ratios), [name])
 
 
-def _kv_over_bf16(name: str, kv: str) -> list[float]:
-    """A long-context run's time per output token at 7,500 tokens with ``kv`` KV (int8,
-    fp8_e4m3, int4) over bf16 KV's, repetition by repetition."""
+def _kv_over_bf16(name: str, kv: str, key: str = "tpot_ms") -> list[float]:
+    """A long-context run's time per output token (or ``key``: ``ttft_s``) at 7,500 tokens
+    with ``kv`` KV (int8, fp8_e4m3, int4) over bf16 KV's, repetition by repetition."""
     d = load(name)
-    bf16 = _tpot_by_rep(d, "radixserve-bf16", 7500)
-    quant = _tpot_by_rep(d, f"radixserve-bf16-kv-{kv}", 7500)
+    bf16 = _per_rep(d, "radixserve-bf16", 7500, key)
+    quant = _per_rep(d, f"radixserve-bf16-kv-{kv}", 7500, key)
     return [quant[r] / bf16[r] for r in sorted(bf16)]
 
 
-def _tpot_by_rep(d: dict[str, Any], server: str, context: int) -> dict[int, float]:
-    """Each repetition's time per output token of ``server`` at ``context`` tokens."""
+def _per_rep(
+    d: dict[str, Any], server: str, context: int, key: str = "tpot_ms"
+) -> dict[int, float]:
+    """Each repetition's time per output token (or ``key``) of ``server`` at ``context`` tokens."""
     return {
-        c["rep"]: c["tpot_ms"]
-        for c in d["cells"]
-        if c["server"] == server and c["context"] == context
+        c["rep"]: c[key] for c in d["cells"] if c["server"] == server and c["context"] == context
     }
 
 
