@@ -29,11 +29,12 @@ sequential read (``torch.sum`` over 512 MiB, the floor ``bench_long_context.py``
     python benchmarks/bench_decode_attention.py --read-floor --dtypes bfloat16 --contexts 1000,7500
 
 ``--dtypes`` names the pages' dtype: ``float32`` and ``bfloat16`` pages are read as such by
-queries of their dtype; ``int8``, ``float8_e4m3fn`` and ``float8_e5m2`` pages hold quantized
-codes (``paged_attention_quant``; int8 with a scale per slot and KV head, fp8 at the scale
-1.0 a pool starts from) read by bf16 queries, as a bf16 model with a quantized KV cache:
+queries of their dtype; ``int8``, ``int4``, ``float8_e4m3fn`` and ``float8_e5m2`` pages hold
+quantized codes (``paged_attention_quant``; int8 and int4 with a scale per slot and KV head,
+int4 two codes a byte, fp8 at the scale 1.0 a pool starts from) read by bf16 queries, as a
+bf16 model with a quantized KV cache:
 
-    python benchmarks/bench_decode_attention.py --read-floor --dtypes bfloat16,int8,float8_e4m3fn
+    python benchmarks/bench_decode_attention.py --read-floor --dtypes bfloat16,int8,int4,float8_e4m3fn
 
 With ``--baseline REV`` the kernel source at that git revision is built beside the current
 one (its operator library renamed) and both are timed alternately, call for call, and their
@@ -79,6 +80,7 @@ SOURCE = "radixserve/model/csrc/paged_attention.cpp"
 #: Page dtypes read as quantized codes (``paged_attention_quant``), with bf16 queries.
 QUANTIZED = {
     "int8": torch.int8,
+    "int4": torch.uint8,  # two codes a byte (rows of D // 2 bytes)
     "float8_e4m3fn": torch.float8_e4m3fn,
     "float8_e5m2": torch.float8_e5m2,
 }
@@ -230,10 +232,14 @@ def filled_pool(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tenso
     """A layer's K or V pool of ``shape`` on the memory a KVPool takes (huge pages where
     granted, as the engine's), filled as the engine fills one, and its scales: random values
     in ``dtype``, no scales (an empty tensor); int8 codes over the whole range with a positive
-    scale per (slot, KV head), as ``store_kv`` quantizes; fp8 codes of normal values, with the
-    per-KV-head scale 1.0 an fp8 pool starts from."""
+    scale per (slot, KV head), as ``store_kv`` quantizes; int4 (uint8: ``shape`` of D // 2
+    bytes a row) random bytes, two codes each, with such scales; fp8 codes of normal values,
+    with the per-KV-head scale 1.0 an fp8 pool starts from."""
     page = torch.randn(shape)
     pool = zeroed_storage(shape, dtype, torch.device("cpu"), False)
+    if dtype == torch.uint8:
+        pool.copy_(torch.randint(0, 256, shape, dtype=torch.uint8))
+        return pool, (page.abs().amax(-1) / 7).contiguous()
     if dtype == torch.int8:
         scale = page.abs().amax(-1) / 127
         pool.copy_(torch.round(page / scale.unsqueeze(-1)).clamp_(-127, 127))
@@ -255,7 +261,7 @@ def layers_for(
     pages = -(-ctx // PS)
     out = []
     for layer in range(LAYERS):
-        shape = (batch * pages + 1, PS, HKV, D)
+        shape = (batch * pages + 1, PS, HKV, D // 2 if dtype == torch.uint8 else D)
         k, k_scale = filled_pool(shape, dtype)
         v, v_scale = filled_pool(shape, dtype)
         order = list(range(1, batch * pages + 1))
@@ -309,7 +315,8 @@ def main() -> int:
     read = read_op() if args.read_floor else None
     evict = torch.ones(64 << 20)
     results = []
-    for dtype in (QUANTIZED.get(name) or getattr(torch, name) for name in args.dtypes.split(",")):
+    for dtype_name in args.dtypes.split(","):
+        dtype = QUANTIZED.get(dtype_name) or getattr(torch, dtype_name)
         quantized = dtype in QUANTIZED.values()
         for ctx in (int(c) for c in args.contexts.split(",")):
             layers = layers_for(ctx, dtype, args.batch, args.prefill)
@@ -348,7 +355,7 @@ def main() -> int:
                     samples.setdefault("read cold", []).append((clock() - t) / LAYERS)
             same = all(torch.equal(o, outs["current"]) for o in outs.values())
             row = {
-                "dtype": str(dtype).removeprefix("torch."),
+                "dtype": dtype_name,
                 "context": ctx,
                 "us_per_layer": {
                     k: round(statistics.median(v) * 1e6, 1) for k, v in samples.items()
@@ -356,7 +363,7 @@ def main() -> int:
                 "batch": args.batch,
                 "prefill": args.prefill,
                 "kv_mb_per_layer": round(
-                    2 * args.batch * ctx * HKV * D * layers[0][0].element_size() / 1e6, 3
+                    2 * args.batch * ctx * HKV * layers[0][0][0, 0, 0].nbytes / 1e6, 3
                 ),
                 "outputs_equal": same,
                 "samples_us": {k: [round(x * 1e6, 1) for x in v] for k, v in samples.items()},

@@ -12,8 +12,9 @@ Pool layout and quantization formats are defined in :mod:`radixkernels.kv_format
 Quantization (shared bit-for-bit in intent with the kernels; compare with tolerances):
 
     int8 : scale = max(absmax, EPS) / 127, q = clamp(floor(x / scale + 0.5), -127, 127)
-    int4 : r = x @ H (normalized Hadamard, head_dim a power of two; H @ H = I),
-           scale = max(absmax(r), EPS) / 7, q = clamp(floor(r / scale + 0.5), -7, 7) + 8 in a nibble,
+    int4 : r = x @ H (normalized Hadamard, head_dim a power of two; H @ H = I; computed by the
+           fast transform, hadamard_rotate), scale = max(absmax(r), EPS) / 7,
+           q = clamp(floor(r / scale + 0.5), -7, 7) + 8 in a nibble,
            element 2i in the low nibble, 2i+1 in the high nibble; dequantize = (q * scale) @ H
     fp8  : q = cast(clamp(x / head_scale, -fmax, fmax))  (static per-head scale, 1.0 by default)
 
@@ -70,6 +71,30 @@ def hadamard(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     return _HADAMARD[key]
 
 
+def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
+    """``x @ hadamard(D)`` in float32 for ``x`` ``[..., D]`` (D a power of two), by the fast
+    transform: stages of butterflies ``(a + b, a - b)`` over elements 1, 2, 4, ... apart, then
+    one multiply by the float32 ``1 / sqrt(D)``.
+
+    The same additions in the same order as the CPU kernel's ``hadamard_rotate``
+    (``csrc/paged_attention_quant.h``), so their codes agree bit for bit; and each row's bits
+    depend on that row alone, where a matmul's blocking may depend on how many rows it has
+    (the int4 store of a one-row decode step must give the codes of the same row stored
+    among a verify step's).
+    """
+    d = x.shape[-1]
+    if d < 1 or d & (d - 1):
+        raise ValueError(f"Hadamard size must be a power of two, got {d}")
+    y = x.float()
+    half = 1
+    while half < d:
+        pairs = y.reshape(*x.shape[:-1], d // (2 * half), 2, half)
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        y = torch.stack((a + b, a - b), dim=-2)
+        half *= 2
+    return y.reshape(x.shape) * torch.tensor(1.0 / math.sqrt(d), dtype=torch.float32)
+
+
 def token_scales(x: torch.Tensor, qmax: float) -> torch.Tensor:
     """Per-(token, head) symmetric scales of ``x`` ``[T, H, D]``: ``max(absmax, EPS) / qmax`` (fp32 ``[T, H]``)."""
     return x.float().abs().amax(dim=-1).clamp_min(QUANT_EPS) / qmax
@@ -87,7 +112,7 @@ def quantize_int4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     Quantizes the Hadamard-rotated rows ``x @ H`` (see the module docstring).
     """
-    r = x.float() @ hadamard(x.shape[-1], x.device)
+    r = hadamard_rotate(x)
     scale = token_scales(r, INT4_QMAX)
     q = (
         torch.floor(r / scale[..., None] + 0.5).clamp_(-INT4_QMAX, INT4_QMAX).to(torch.int32)
@@ -146,9 +171,7 @@ def dequantize_ref(data: torch.Tensor, scale: torch.Tensor | None, fmt: KVFormat
     # one float32 tensor fewer to allocate and write (the torch backend dequantizes a long
     # context's history block by block through here on every decode step).
     if kd is KVCacheDtype.INT4:  # un-rotate: H is its own inverse
-        return unpack_int4(data).float().mul_(scale.float()[..., None]) @ hadamard(
-            fmt.head_dim, data.device
-        )
+        return hadamard_rotate(unpack_int4(data).float().mul_(scale.float()[..., None]))
     return data.float().mul_(scale.float()[..., None])
 
 

@@ -22,10 +22,6 @@ _DTYPES = {
     "bf16": torch.bfloat16,
 }
 
-#: KV cache dtypes speculative decoding runs with: those the native CPU kernel reads with a
-#: decode row's bits in every row (int4 pages take the torch path).
-SPECULATIVE_KV_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")
-
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """``"bfloat16"``/``"bf16"``/``torch.bfloat16`` -> ``torch.bfloat16`` (and so on)."""
@@ -342,15 +338,6 @@ class EngineConfig:
             # Its decoded copy takes over from 4 rows (int4): a 4-row prefill chunk beside a
             # verify row would not get the kernel it runs alone.
             errors.append(why.format("quant_dense_cache"))
-        if self.kv_cache_dtype not in SPECULATIVE_KV_DTYPES:
-            # int4 pages are read by the torch attention path, whose rows' sums depend on the
-            # batch: verify rows would not get a decode row's bits. The native kernel reads
-            # int8 and fp8 pages row-exactly (the runner checks it is in use at start-up).
-            errors.append(
-                why.format(
-                    f"a {self.kv_cache_dtype} KV cache (its attention path is not row-exact)"
-                )
-            )
         if self.overlap_schedule == "on":
             errors.append(why.format("overlap scheduling"))
         if self.attention_backend != "torch":

@@ -53,8 +53,9 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: Quantized page dtypes the attention kernel reads (``paged_attention_quant``): int8 codes
-#: with per-token scales, fp8 codes with per-head scales (int4 is not read yet).
-QUANT_PAGE_DTYPES = (torch.int8, torch.float8_e4m3fn, torch.float8_e5m2)
+#: and int4 codes (uint8, two a byte, Hadamard-rotated rows) with per-token scales, fp8 codes
+#: with per-head scales.
+QUANT_PAGE_DTYPES = (torch.int8, torch.uint8, torch.float8_e4m3fn, torch.float8_e5m2)
 _HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
 
 
@@ -178,13 +179,15 @@ def supported(
 def supported_quantized(
     q_dtype: torch.dtype, page_dtype: torch.dtype, device: torch.device, head_dim: int
 ) -> bool:
-    """Whether the attention kernel reads quantized pages of ``page_dtype`` (int8, fp8; see
-    :data:`QUANT_PAGE_DTYPES`) for queries of ``q_dtype`` and this head size on ``device``."""
+    """Whether the attention kernel reads quantized pages of ``page_dtype`` (int8, int4 as
+    uint8, fp8; see :data:`QUANT_PAGE_DTYPES`) for queries of ``q_dtype`` and this head size on
+    ``device`` (int4: a power of two, its rows Hadamard-rotated)."""
     return (
         device.type == "cpu"
         and q_dtype in _DTYPES
         and page_dtype in QUANT_PAGE_DTYPES
         and head_dim in _HEAD_DIMS
+        and (page_dtype != torch.uint8 or head_dim & (head_dim - 1) == 0)
     )
 
 
@@ -301,13 +304,17 @@ def paged_attention(
     one per window, each member's pages from the first its window reaches). Call
     :func:`load` first. ``softcap``: scores become ``softcap * tanh(score / softcap)``
     before the softmax (Gemma 2). ``scales`` = ``(k_scale, v_scale)``: the pages are
-    quantized (int8 codes with per-token scales ``[num_pages, page_size, Hkv]``, or fp8 codes
-    with per-head scales ``[Hkv]``, float32; ``radixkernels/kv_format.py``): ``store``'s rows
-    are quantized as ``store_kv_ref`` does, bit for bit (int8 writing their scales), and each
-    chunk of keys is decoded to ``q``'s dtype as the torch path's dequantize does
-    (``x.float() * s``, rounded once) and attended as such pages are; but bf16 queries over
-    int8 pages, where :func:`int8_attention_in_integers` says so, take integer products over
-    the codes with the scales applied after (``csrc/paged_attention_int8.h``).
+    quantized (int8 codes, or int4 codes two a byte ``[.., Hkv, D // 2]``, with per-token
+    scales ``[num_pages, page_size, Hkv]``, or fp8 codes with per-head scales ``[Hkv]``,
+    float32; ``radixkernels/kv_format.py``): ``store``'s rows are quantized as
+    ``store_kv_ref`` does, bit for bit (int8 and int4 writing their scales), and each chunk
+    of keys is decoded to ``q``'s dtype as the torch path's dequantize does (``x.float() *
+    s``, rounded once) and attended as such pages are; but bf16 queries over int8 pages, where
+    :func:`int8_attention_in_integers` says so, take integer products over the codes with the
+    scales applied after (``csrc/paged_attention_int8.h``). int4 rows are Hadamard-rotated:
+    their codes decode to the rotated rows, over which the kernel attends with each query
+    row rotated, rotating each output row back (``csrc/paged_attention_quant.h``,
+    ``hadamard_rotate``): the torch path's attention in another basis, not its bits.
     """
     k_new, v_new, slots = store if store is not None else (None, None, None)
     if scales is not None:  # quantized pages

@@ -90,7 +90,7 @@ def test_quantized_kv_cache_runs_cold_and_warm(
     """Quantized pools: same tokens cold and warm (reused pages hold the same codes), close to
     fp32. int8 and fp8 attend through the CPU kernel over their codes (every layer call of
     every step: from the one-call decoder stack, or layer by layer where a forward takes the
-    per-layer path), int4 through the torch path."""
+    per-layer path), int4 likewise over its rotated codes."""
     from radixserve.model import native
     from radixserve.model.attention.base import NativeLayersPlan
     from radixserve.model.decoder_stack import DecoderStack
@@ -114,7 +114,7 @@ def test_quantized_kv_cache_runs_cold_and_warm(
     monkeypatch.setattr(DecoderStack, "run", counted_stack)
     prompts = random_prompts([12, 30, 5], seed=6)
     engine = make_engine(tiny_llama_dir, kv_cache_dtype=kv_dtype, max_num_tokens=16)
-    on_kernel = kv_dtype != "int4" and native.load()
+    on_kernel = native.load()
     assert getattr(engine.runner.attn, "row_exact", False) == on_kernel
     cold = [o.token_ids for o in engine.generate(prompts, greedy())]
     assert (kernel_calls > 0) == on_kernel

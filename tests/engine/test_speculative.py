@@ -236,7 +236,6 @@ def test_stop_string_inside_a_draft(engines: dict[str, Engine]) -> None:
             {"speculative_algorithm": "ngram", "quantization": "int8", "quant_dense_cache": True},
             "quant_dense_cache",
         ),
-        ({"speculative_algorithm": "ngram", "kv_cache_dtype": "int4"}, "int4 KV cache"),
         ({"speculative_algorithm": "radix", "disable_radix_cache": True}, "radix cache"),
         ({"speculative_algorithm": "ngram", "pipeline_parallel_size": 2}, "pipeline parallelism"),
     ],

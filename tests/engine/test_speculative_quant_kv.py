@@ -1,4 +1,4 @@
-"""Speculative decoding over int8 and fp8 KV pages (tiny random Llama, head size 64, bfloat16):
+"""Speculative decoding over int8, int4 and fp8 KV pages (tiny random Llama, head size 64, bfloat16):
 the native CPU kernel reads those pages with a decode row's bits in every row, so verify
 rows give the logits one-row decode steps give. Greedy tokens and logprobs equal the same
 quantized-KV engine's without speculation, alone and beside a prompt prefilled in chunks in
@@ -36,7 +36,7 @@ def _engine(model: Path, kv_dtype: str, **kw: object) -> Engine:
     )
 
 
-@pytest.fixture(scope="module", params=["int8", "fp8_e4m3"])
+@pytest.fixture(scope="module", params=["int8", "int4", "fp8_e4m3"])
 def engines(request: pytest.FixtureRequest, tiny_llama_hd64_dir: Path) -> Iterator[list[Engine]]:
     base = _engine(tiny_llama_hd64_dir, request.param)
     problem = base.runner.row_invariance_problem()

@@ -14,6 +14,7 @@ from radixkernels.reference import (
     dequantize_ref,
     gather_kv_ref,
     hadamard,
+    hadamard_rotate,
     paged_attention_ref,
     paged_decode_attention_ref,
     quantize_ref,
@@ -147,6 +148,21 @@ def test_quantize_roundtrip_error_bounds(kv_dtype: str) -> None:
         assert (err / head_scale[None, :, None] <= bound * 1.0001).all()
     else:
         assert (err == 0).all()
+
+
+@pytest.mark.parametrize("d", [1, 2, 16, 64, 256])
+def test_hadamard_rotate_is_the_matrix_product_row_by_row(d: int) -> None:
+    """The fast transform computes x @ H (to float32 rounding), and each row's bits are the
+    same whether it is rotated alone or among others (a decode step's one row against a
+    verify step's several: their int4 codes must agree)."""
+    x = torch.randn(7, 3, d, generator=torch.Generator().manual_seed(d))
+    rotated = hadamard_rotate(x)
+    torch.testing.assert_close(rotated, x @ hadamard(d), atol=1e-5, rtol=1e-5)
+    for i in range(len(x)):
+        assert torch.equal(hadamard_rotate(x[i : i + 1]), rotated[i : i + 1])
+    torch.testing.assert_close(hadamard_rotate(rotated), x, atol=1e-5, rtol=1e-5)  # H H = I
+    with pytest.raises(ValueError, match="power of two"):
+        hadamard_rotate(torch.zeros(2, 12))
 
 
 def test_int4_packing_layout() -> None:

@@ -77,7 +77,7 @@ def test_two_parts_merge_into_the_whole(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("heads", [(4, 4), (9, 3), (4, 1)], ids=["mha", "gqa9/3", "mqa"])
-@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8", "int4"])
 @pytest.mark.parametrize("page_size", [1, 4])
 @pytest.mark.parametrize("native_kernel", [False, True], ids=["torch", "native"])
 def test_backend_with_shared_pages_matches_reference(
@@ -111,10 +111,8 @@ def test_backend_with_shared_pages_matches_reference(
     backend.init_forward_metadata(fb)
     out = backend.forward(0, q, k, v, fb, d**-0.5)
     meta = backend._meta
-    # The kernel reads bf16/fp32 pages and int8/fp8 pages alike (int4 takes the torch path).
-    assert (meta.native is not None) == (
-        native_kernel and kv_dtype in ("auto", "int8") and native.load()
-    )
+    # The kernel reads bf16/fp32 pages and int8/int4/fp8 pages alike.
+    assert (meta.native is not None) == (native_kernel and native.load())
     if meta.native is None:
         assert len(meta.shared) == 1 and meta.shared[0].shape[0] == 1  # one group
         assert meta.shared[0].pages.numel() == trunk

@@ -1,10 +1,13 @@
-"""The CPU attention kernel over int8 and fp8 pages against the torch path on the same codes.
+"""The CPU attention kernel over int8, int4 and fp8 pages against the torch path on the same codes.
 
 Both read the same stored codes and decode them alike (``code.float() * scale``, rounded to
 the activations' dtype), so they differ only in how the attention sums: float32 within 2e-5
 (a float32 sum over thousands of keys in another order), bf16 within 2e-2 (one bf16 step at 2-4;
 bf16 queries over int8 pages may take integer products instead, closer to exact than either,
-test_native_int8_attention.py).
+test_native_int8_attention.py). int4 rows are Hadamard-rotated: the torch path rotates each
+decoded key and value back, the kernel attends in the rotated basis (its queries and outputs
+rotated instead), so with bf16 queries their values round in different bases; the same
+tolerances hold.
 Lengths cross pages, the kernel's 64-key blocks and 128-key chunks, and reach past 7,000
 keys; rows are decodes and extends (over a cached prefix, and a fresh prefill) beside each
 other, on a 9/3 GQA head layout.
@@ -15,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixkernels.reference import dequantize_ref, store_kv_ref
+from radixkernels.reference import dequantize_ref, hadamard_rotate, store_kv_ref, unpack_int4
 from radixserve.memory.pool import KVPool
 from radixserve.model import native
 from radixserve.model.attention.torch_paged import TorchPagedAttentionBackend
@@ -25,7 +28,7 @@ pytestmark = pytest.mark.skipif(
     not native.load(), reason="the CPU kernel did not build here (see the log)"
 )
 
-QUANT = ["int8", "fp8_e4m3", "fp8_e5m2"]
+QUANT = ["int8", "int4", "fp8_e4m3", "fp8_e5m2"]
 HQ, HKV, D = 9, 3, 64
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
@@ -117,7 +120,7 @@ def test_kernel_equals_torch_path_on_mixed_batches(
     torch.testing.assert_close(kernel.float(), torch_path.float(), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("kv_dtype", ["int8", "int4", "fp8_e4m3"])
 def test_kernel_equals_torch_path_past_7000_keys(kv_dtype: str) -> None:
     """Two decode rows past 7,000 keys (one ending a page, one a key past it: the decode is
     split over the threads, chunk by chunk) beside a 24-row extend over 7,100 cached keys."""
@@ -128,7 +131,7 @@ def test_kernel_equals_torch_path_past_7000_keys(kv_dtype: str) -> None:
     torch.testing.assert_close(kernel.float(), torch_path.float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("kv_dtype", ["int8", "int4", "fp8_e4m3"])
 @pytest.mark.parametrize("act", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_decode_row_equals_prefill_row(kv_dtype: str, act: torch.dtype) -> None:
     """A prompt's prefill, then the decode step of its last position over the pages the
@@ -149,13 +152,57 @@ def test_decode_row_equals_prefill_row(kv_dtype: str, act: torch.dtype) -> None:
     assert torch.equal(last[0], full[-1])
 
 
-def test_int4_stays_on_the_torch_path() -> None:
-    pool = _pool("int4", torch.float32, 16, 4)
-    assert not TorchPagedAttentionBackend(pool)._native
+@pytest.mark.parametrize("kv_dtype", QUANT)
+@pytest.mark.parametrize("act", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_extend_rows_equal_decode_rows(kv_dtype: str, act: torch.dtype) -> None:
+    """An 8-row extend over 292 cached keys (a speculative step's verify rows: rows in the
+    lanes, a block at a time) against each of its positions as a one-row decode step (a
+    narrow block): the same bits row by row. (int4's rotated queries are rounded back to the
+    queries' dtype, which the two paths would otherwise read differently.)"""
+    n, new, ps = 300, 8, 16
+    pool = _random_pool(kv_dtype, act, 8, 2, -(-n // ps), seed=61)
+    pages = list(range(-(-n // ps)))
+    ks, vs = pool.k_scale, pool.v_scale
+    assert ks is not None and vs is not None
+    scales = (ks[0], vs[0])
+
+    def attend(q: torch.Tensor, keys: int) -> torch.Tensor:
+        out = torch.full_like(q, float("nan"))
+        member = native.Member(0, len(q), pages[: -(-keys // ps)], keys)
+        plan = native.AttentionPlan.build([([member], [])])
+        native.paged_attention(q, pool.k_data[0], pool.v_data[0], out, plan, 0.125, scales=scales)
+        return out
+
+    q = torch.randn(new, 8, D, generator=torch.Generator().manual_seed(62)).to(act)
+    extend = attend(q, n)
+    for i in range(new):
+        assert torch.equal(attend(q[i : i + 1], n - new + i + 1)[0], extend[i])
+
+
+def test_int4_pages_take_the_kernel_where_their_head_size_is_a_power_of_two() -> None:
+    pool = _pool("int4", torch.bfloat16, 16, 4)
+    assert pool.k_data[0].dtype == torch.uint8 and pool.k_data[0].shape[-1] == D // 2
+    backend = TorchPagedAttentionBackend(pool)
+    assert backend._native and backend.row_exact
+    cpu = torch.device("cpu")
+    assert native.supported_quantized(torch.bfloat16, torch.uint8, cpu, 128)
+    assert not native.supported_quantized(torch.bfloat16, torch.uint8, cpu, 80)  # no Hadamard of 80
+
+
+def test_int4_pages_of_a_head_size_not_a_power_of_two_are_refused() -> None:
+    q = torch.zeros(1, 1, 96, dtype=torch.bfloat16)
+    pages = torch.zeros(1, 16, 1, 48, dtype=torch.uint8)
+    scales = torch.ones(1, 16, 1)
+    plan = native.AttentionPlan.build([([native.Member(0, 1, [0], 1)], [])])
+    with pytest.raises(RuntimeError, match="power-of-two head_dim"):
+        native.paged_attention(
+            q, pages, pages, torch.empty_like(q), plan, 0.1, scales=(scales, scales)
+        )
 
 
 def _decoded_pages(pool: KVPool, act: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pool's pages decoded as the torch path decodes them: code.float() * scale, rounded once."""
+    """The pool's pages decoded as the torch path decodes them: code.float() * scale, rounded
+    once (int4: rotated back first)."""
     assert pool.k_scale is not None and pool.v_scale is not None
     k = dequantize_ref(pool.k_data[0], pool.k_scale[0], pool.fmt).to(act)
     v = dequantize_ref(pool.v_data[0], pool.v_scale[0], pool.fmt).to(act)
@@ -166,7 +213,10 @@ def _assert_quantized_equals_decoded(
     pool: KVPool, q: torch.Tensor, plan: native.AttentionPlan, **kw: object
 ) -> None:
     """The kernel over the pool's quantized pages gives the bits of the kernel over pages of
-    the queries' dtype holding the codes' decoded values (``kw``: a window, a soft-cap)."""
+    the queries' dtype holding the codes' decoded values (``kw``: a window, a soft-cap).
+    int4, attended in the rotated basis, cannot give those bits: against the attention of
+    float32 queries over the float32 decoded values, its error is at most twice theirs (the
+    roundings of bf16's two bases), plus float32's few ulps of a sum in another order."""
     d = q.shape[-1]
     ks, vs = pool.k_scale, pool.v_scale
     assert ks is not None and vs is not None
@@ -177,7 +227,15 @@ def _assert_quantized_equals_decoded(
     k_dec, v_dec = _decoded_pages(pool, q.dtype)
     native.paged_attention(q, k_dec, v_dec, decoded, plan, d**-0.5, **kw)
     assert not decoded.isnan().any()
-    assert torch.equal(quantized, decoded)
+    if pool.fmt.kv_dtype.value != "int4":
+        assert torch.equal(quantized, decoded)
+        return
+    exact = torch.full_like(q, float("nan"), dtype=torch.float32)
+    k_f32, v_f32 = _decoded_pages(pool, torch.float32)
+    native.paged_attention(q.float(), k_f32, v_f32, exact, plan, d**-0.5, **kw)
+    err = (quantized.float() - exact).abs().max().item()
+    err_decoded = (decoded.float() - exact).abs().max().item()
+    assert err <= 2 * err_decoded + 5e-5, (err, err_decoded)
 
 
 def _random_pool(
@@ -345,3 +403,50 @@ def test_every_fp8_code_decodes_to_its_bf16_value(kv_dtype: str) -> None:
     plan = native.AttentionPlan.build([([member(1, 640, 0)], []), ([member(40, 320, 40)], [])])
     q = (torch.randn(rows, 3 * hkv, d, generator=g) / 64).to(torch.bfloat16)
     _assert_quantized_equals_decoded(pool, q, plan)
+
+
+@pytest.mark.parametrize("d", [16, 32, 64, 128, 256])
+@pytest.mark.parametrize(
+    "act", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"]
+)
+def test_int4_pages_of_every_head_size(d: int, act: torch.dtype) -> None:
+    """int4 pages of every power-of-two head size the kernel serves, under each query dtype:
+    bf16 rows of 32 codes or more decode by vector, the rest code by code; the rotation runs
+    over the whole head. A decode row, a long extend (its run decoded whole) and a prefill."""
+    pool = _random_pool("int4", act, 4, 2, 90, seed=51, d=d)
+    perm = torch.randperm(90, generator=torch.Generator().manual_seed(52)).tolist()
+    parts, rows = [], 0
+    for keys, new in ((700, 1), (340, 40), (20, 20)):
+        pages = [perm.pop() for _ in range(-(-keys // 16))]
+        parts.append(([native.Member(rows, new, pages, keys)], []))
+        rows += new
+    plan = native.AttentionPlan.build(parts)
+    q = torch.randn(rows, 4, d, generator=torch.Generator().manual_seed(53)).to(act)
+    _assert_quantized_equals_decoded(pool, q, plan)
+
+
+def test_int4_is_attention_in_the_rotated_basis_bit_for_bit() -> None:
+    """What the kernel computes over int4 pages, exactly (float32 queries): the attention of
+    the rotated queries over the codes' rotated values (code * scale, as float32 pages),
+    rotated back; the rotations by the reference's fast transform (the kernel's own order
+    of additions). Decode rows, an extend, a prefill and a shared group."""
+    pool = _random_pool("int4", torch.float32, HQ, HKV, 120, seed=71)
+    perm = torch.randperm(120, generator=torch.Generator().manual_seed(72)).tolist()
+    shared, groups, rows = [perm.pop() for _ in range(8)], [], 0
+    for keys, new, prefix in ((128 + 70, 1, 128), (128 + 90, 40, 128), (700, 1, 0), (300, 300, 0)):
+        own = [perm.pop() for _ in range(-(-(keys - prefix) // 16))]
+        groups.append(([native.Member(rows, new, own, keys - prefix)], shared if prefix else []))
+        rows += new
+    plan = native.AttentionPlan.build(groups)
+    q = torch.randn(rows, HQ, D, generator=torch.Generator().manual_seed(73))
+    ks, vs = pool.k_scale, pool.v_scale
+    assert ks is not None and vs is not None
+    out = torch.full_like(q, float("nan"))
+    native.paged_attention(
+        q, pool.k_data[0], pool.v_data[0], out, plan, D**-0.5, scales=(ks[0], vs[0])
+    )
+    k_rot = unpack_int4(pool.k_data[0]).float() * ks[0][..., None]
+    v_rot = unpack_int4(pool.v_data[0]).float() * vs[0][..., None]
+    rotated = torch.full_like(q, float("nan"))
+    native.paged_attention(hadamard_rotate(q), k_rot, v_rot, rotated, plan, D**-0.5)
+    assert torch.equal(out, hadamard_rotate(rotated))

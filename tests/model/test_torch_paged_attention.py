@@ -76,8 +76,8 @@ def test_matches_reference(
                     p.fmt,
                 )
     backend = TorchPagedAttentionBackend(pool, native_kernel=native_kernel)
-    # The kernel reads unquantized, int8 and fp8 pages; int4 stays on the torch path.
-    assert backend._native == (native_kernel and kv_dtype != "int4" and native.load())
+    # The kernel reads unquantized, int8, int4 and fp8 pages.
+    assert backend._native == (native_kernel and native.load())
     t = fb.num_tokens
     for layer in range(2):
         q = torch.randn(t, hq, d, generator=g)

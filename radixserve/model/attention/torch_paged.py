@@ -3,12 +3,12 @@
 On the CPU with an unquantized pool the store of the new K/V and the attention of the whole
 batch are one call per layer to the kernel of ``csrc/paged_attention.cpp`` (same two parts
 as below, read from the pages in place; 1.4-1.9x the torch path per layer call here,
-``benchmarks/bench_cpu_attention.py``). int8 and fp8 pools take the same kernel over their
-codes (``csrc/paged_attention_quant.h``: each chunk of keys decoded as ``_gather`` below
-dequantizes; their new rows quantized in the same call as ``store_kv_ref`` does, bit for
-bit). The torch path below serves int4 pools, other
-devices, head sizes the kernel lacks, and machines where it cannot be built; it is also
-the baseline the Triton kernels match.
+``benchmarks/bench_cpu_attention.py``). int8, int4 and fp8 pools take the same kernel over
+their codes (``csrc/paged_attention_quant.h``: each chunk of keys decoded as ``_gather``
+below dequantizes, int4's in the rotated basis; their new rows quantized in the same call as
+``store_kv_ref`` does, bit for bit). The torch path below serves other devices, head sizes
+the kernel lacks, and machines where it cannot be built; it is also the baseline the Triton
+kernels match.
 
 Each layer call (1) stores the step's new K/V rows into the pool at ``batch.out_cache_loc``
 and (2) attends over every sequence's whole history read back from the pool::
@@ -128,7 +128,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
 
     def __init__(self, pool: KVPool, native_kernel: bool = True) -> None:
         """``native_kernel``: attend through the CPU kernel of ``native.py`` where it applies
-        (CPU, unquantized, int8 or fp8 pages, a supported head size, the kernel built); False:
+        (CPU, unquantized or quantized pages, a supported head size, the kernel built); False:
         in torch."""
         self.pool = pool
         self.fmt = pool.fmt

@@ -208,7 +208,7 @@ void qk_norm_(const Ops& ops, const at::Tensor& x, const at::Tensor& weight, dou
 // with the window pool's slots where its layers' KV lives there (engine/window_view.py).
 // Empty layer_plans and windows: every layer plan 0, no window. softcap: the attention
 // scores' soft-cap (Gemma 2; 0: none), every layer's. k_scales, v_scales: empty (unquantized
-// pages), or every layer's KV scales, its pages then int8 or fp8 codes (paged_attention_quant:
+// pages), or every layer's KV scales, its pages then int8, int4 or fp8 codes (paged_attention_quant:
 // the rows stored quantized, each chunk of keys decoded as the per-layer path's kernel does).
 // qk_norms: empty, or per layer the q and k norm weights, applied before RoPE: over each head
 // (qk_norm_mode 1, Qwen3, Gemma 3) or over the whole q and k projections (2, OLMo 2).
@@ -253,7 +253,8 @@ void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms,
               "qk_norms must hold a q and a k norm weight per layer, and only with a qk_norm_mode");
   const Ops& ops = Ops::get();
   const int64_t t = h.size(0);
-  const int64_t d = k_pages.empty() ? 0 : k_pages[0].size(3);
+  // The head size: the pages' rows, but for int4 pages (uint8), which pack two codes a byte.
+  const int64_t d = k_pages.empty() ? 0 : k_pages[0].size(3) * (k_pages[0].scalar_type() == at::kByte ? 2 : 1);
   const int64_t n_qk = num_q_heads + num_kv_heads;
   // The linears' inputs, one buffer each for all layers (each layer overwrites its first t
   // rows). Where a dense layer multiplies through oneDNN they have onednn_rows(t) rows, the

@@ -392,6 +392,9 @@ template <typename KV>
 using AttendFn = void (*)(const Layer<KV>&, int64_t, KeyRun, int64_t, int64_t, const float*, float, int64_t,
                           const int32_t*, const int32_t*, float, float*, float*, float*, Scratch&);
 
+// The largest head size attend_fn serves.
+constexpr int64_t kMaxHeadDim = 256;
+
 // The head sizes of the models served (16 .. 256; 16 for the tests' tiny models), for
 // queries of dtype Q.
 template <typename Q, typename KV>
@@ -559,7 +562,17 @@ struct Kernel {
       if (skip == P.new_len[mi] * grp) skip = 0, ++mi;
       const int64_t t = skip / grp, head = h * grp + skip % grp;
       const Q* src = qd + (P.q_start[mi] + t) * q_row + head * q_head;
-      for (int64_t j = 0; j < d; ++j) sc.q[r * d + j] = unscaled ? to_float(src[j]) : to_float(src[j]) * scale;
+      float* row = sc.q.data() + r * d;
+      for (int64_t j = 0; j < d; ++j) row[j] = to_float(src[j]);
+      // Rotated rows rounded back to Q: every path then reads values of Q's dtype, as it
+      // does unrotated rows (some take the row's floats, others its Q words: the same bits).
+      if (rotated()) {
+        hadamard_rotate(row, d);
+        for (int64_t j = 0; j < d; ++j) row[j] = to_float(from_float<Q>(row[j]));
+      }
+      if (!unscaled) {
+        for (int64_t j = 0; j < d; ++j) row[j] *= scale;
+      }
       sc.limit[r] = static_cast<int32_t>(P.own_len[mi] - P.new_len[mi] + t);
       sc.first[r] = window > 0 ? std::max<int32_t>(0, sc.limit[r] - static_cast<int32_t>(window) + 1) : 0;
     }
@@ -610,18 +623,22 @@ struct Kernel {
   }
 
   int64_t page_bytes() const {
-    const int64_t elem = quant != nullptr ? 1 : static_cast<int64_t>(sizeof(KV));
-    return L.page_size * L.kv_heads * L.d * elem;
+    const int64_t row = quant != nullptr ? quant->bytes(L.d) : L.d * static_cast<int64_t>(sizeof(KV));
+    return L.page_size * L.kv_heads * row;
   }
 
-  // A page's int8 scales (one float per slot and KV head); 0 where the pages have none of
-  // their own.
+  // A page's int8 or int4 scales (one float per slot and KV head); 0 where the pages have
+  // none of their own.
   int64_t page_scale_bytes() const {
-    return quant != nullptr && quant->codes == Codes::kInt8 ? L.page_size * L.kv_heads * int64_t{sizeof(float)} : 0;
+    return quant != nullptr && token_scaled(quant->codes) ? L.page_size * L.kv_heads * int64_t{sizeof(float)} : 0;
   }
+
+  // Whether the pages hold Hadamard-rotated rows (int4): each query row is rotated as it is
+  // loaded and each output row as it is written (hadamard_rotate).
+  bool rotated() const { return quant != nullptr && quant->codes == Codes::kInt4; }
 
   // f(start, bytes) for the pages that ``visit`` names, K then V of each run of them, then
-  // their int8 scales, K's then V's: a page's scales are read with its codes, and lie in
+  // their int8 or int4 scales, K's then V's: a page's scales are read with its codes, and lie in
   // another tensor; not prefetched, each page's few lines of them were waited on, one miss
   // at a time, amid the decoding.
   template <typename Visit, typename F>
@@ -724,7 +741,7 @@ struct Kernel {
 #if RADIXSERVE_FP8_BYTES
     // fp8 codes at scale 1 for bf16 rows: the narrow blocks read them in place (paged_attention_fp8.h).
     std::optional<Fp8Narrow> codes;
-    if (std::is_same_v<KV, c10::BFloat16> && quant->codes != Codes::kInt8 && quant->k_scale[h] == 1.0f &&
+    if (std::is_same_v<KV, c10::BFloat16> && is_fp8(quant->codes) && quant->k_scale[h] == 1.0f &&
         quant->v_scale[h] == 1.0f && L.d % 64 == 0) {
       codes = Fp8Narrow{{quant->k, quant->v, L.page_size, L.kv_heads, L.d}, run.pages, h, &Fp8Bytes::of(quant->codes)};
       sc.fp8 = &*codes;
@@ -769,17 +786,20 @@ struct Kernel {
     }
   }
 
-  // out = acc / l for the item's rows.
+  // out = acc / l for the item's rows (rotated back, from rotated pages).
   void write_out(const Item& item, State s) const {
     const int64_t d = L.d, h = item.head, rows = item.row_end - item.row_begin;
     auto [mi, skip] = first_member(item);
+    float row[kMaxHeadDim];
     for (int64_t r = 0; r < rows; ++r, ++skip) {
       if (skip == P.new_len[mi] * grp) skip = 0, ++mi;
       const int64_t t = skip / grp, head = h * grp + skip % grp;
       Q* dst = od + ((P.q_start[mi] + t) * hq + head) * d;
       const float inv = 1.0f / s.l[r];
       const float* ar = s.acc + r * d;
-      for (int64_t j = 0; j < d; ++j) dst[j] = from_float<Q>(ar[j] * inv);
+      for (int64_t j = 0; j < d; ++j) row[j] = ar[j] * inv;
+      if (rotated()) hadamard_rotate(row, d);
+      for (int64_t j = 0; j < d; ++j) dst[j] = from_float<Q>(row[j]);
     }
   }
 
@@ -1100,7 +1120,8 @@ void check_index(const at::Tensor& t, const char* name) {
 Plan checked_plan(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, const at::Tensor& out,
                   const at::Tensor& q_start, const at::Tensor& new_len, const at::Tensor& group_start,
                   const at::Tensor& shared_pages, const at::Tensor& shared_start, const at::Tensor& own_pages,
-                  const at::Tensor& own_start, const at::Tensor& own_len, int64_t window, double softcap) {
+                  const at::Tensor& own_start, const at::Tensor& own_len, int64_t window, double softcap,
+                  bool packed_int4 = false) {
   TORCH_CHECK(window >= 0 && softcap >= 0.0, "window and softcap must be >= 0 (0: none)");
   TORCH_CHECK(window == 0 || shared_pages.size(0) == 0, "a plan with a window shares no pages");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1 && q.device().is_cpu(),
@@ -1110,7 +1131,8 @@ Plan checked_plan(const at::Tensor& q, const at::Tensor& k_pages, const at::Tens
   TORCH_CHECK(k_pages.dim() == 4 && k_pages.is_contiguous() && v_pages.sizes() == k_pages.sizes() &&
                   v_pages.scalar_type() == k_pages.scalar_type() && v_pages.is_contiguous(),
               "k_pages and v_pages must be contiguous [num_pages, page_size, Hkv, D] tensors of one dtype");
-  TORCH_CHECK(k_pages.size(3) == q.size(2), "head_dim of q and the pages differ");
+  TORCH_CHECK(k_pages.size(3) * (packed_int4 ? 2 : 1) == q.size(2), "head_dim of q and the pages differ",
+              packed_int4 ? " (int4 pages hold head_dim / 2 bytes a row)" : "");
   TORCH_CHECK((attend_fn<float, float>(q.size(2)) != nullptr), "head_dim must be one of 16, 32, 64, 80, 96, 128, 256, got ",
               q.size(2));
   TORCH_CHECK(q.size(1) % k_pages.size(2) == 0, "query heads must be a multiple of KV heads");
@@ -1212,10 +1234,12 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::T
 }
 
 // paged_attention over quantized pages (paged_attention_quant.h), their new rows stored
-// first from k_new/v_new at ``slots`` when given (quantized as store_kv_quant says): int8 codes (kChar) with ``k_scale``/``v_scale`` per token and KV head
-// ([num_pages, page_size, Hkv] float32), or fp8 e4m3 / e5m2 codes with one scale per KV head
-// ([Hkv] float32). Each chunk of keys is decoded to q's dtype and attended as unquantized
-// pages of that dtype are.
+// first from k_new/v_new at ``slots`` when given (quantized as store_kv_quant says): int8
+// codes (kChar) or int4 codes two a byte (kByte, [.., Hkv, D / 2], Hadamard-rotated rows, D a
+// power of two) with ``k_scale``/``v_scale`` per token and KV head ([num_pages, page_size,
+// Hkv] float32), or fp8 e4m3 / e5m2 codes with one scale per KV head ([Hkv] float32). Each
+// chunk of keys is decoded to q's dtype and attended as unquantized pages of that dtype are
+// (int4: in the rotated basis, QuantPages).
 void paged_attention_quant(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor out,
                            const at::Tensor& q_start, const at::Tensor& new_len, const at::Tensor& group_start,
                            const at::Tensor& shared_pages, const at::Tensor& shared_start,
@@ -1223,16 +1247,21 @@ void paged_attention_quant(const at::Tensor& q, const at::Tensor& k_pages, const
                            double sm_scale, const at::Tensor& k_scale, const at::Tensor& v_scale,
                            const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
                            const std::optional<at::Tensor>& slots, int64_t window, double softcap) {
-  const Plan P = checked_plan(q, k_pages, v_pages, out, q_start, new_len, group_start, shared_pages, shared_start,
-                              own_pages, own_start, own_len, window, softcap);
   Codes codes;
   switch (k_pages.scalar_type()) {
     case at::kChar: codes = Codes::kInt8; break;
+    case at::kByte: codes = Codes::kInt4; break;
     case at::kFloat8_e4m3fn: codes = Codes::kFp8E4M3; break;
     case at::kFloat8_e5m2: codes = Codes::kFp8E5M2; break;
-    default: TORCH_CHECK(false, "quantized pages must be int8, float8_e4m3fn or float8_e5m2, not ", k_pages.scalar_type());
+    default:
+      TORCH_CHECK(false, "quantized pages must be int8, uint8 (int4), float8_e4m3fn or float8_e5m2, not ",
+                  k_pages.scalar_type());
   }
-  const auto scale_shape = codes == Codes::kInt8 ? k_pages.sizes().slice(0, 3) : k_pages.sizes().slice(2, 1);
+  const Plan P = checked_plan(q, k_pages, v_pages, out, q_start, new_len, group_start, shared_pages, shared_start,
+                              own_pages, own_start, own_len, window, softcap, codes == Codes::kInt4);
+  TORCH_CHECK(codes != Codes::kInt4 || (q.size(2) & (q.size(2) - 1)) == 0,
+              "int4 pages need a power-of-two head_dim (their rows are Hadamard-rotated), got ", q.size(2));
+  const auto scale_shape = token_scaled(codes) ? k_pages.sizes().slice(0, 3) : k_pages.sizes().slice(2, 1);
   for (const at::Tensor* t : {&k_scale, &v_scale}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->device().is_cpu() && t->sizes() == scale_shape,
                 "scales must be contiguous float32 CPU tensors of shape ", scale_shape);

@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "hadamard.h"
 #include "paged_attention.h"
 #include "vec.h"
 
@@ -29,16 +30,25 @@
 
 namespace radixserve_cpu::paged {
 
-enum class Codes { kInt8, kFp8E4M3, kFp8E5M2 };
+enum class Codes { kInt8, kFp8E4M3, kFp8E5M2, kInt4 };
 
-// A layer's quantized pages: codes [num_pages, page_size, kv_heads, d] of one byte each, and
-// scales: per (slot, KV head) for int8 ([num_pages, page_size, kv_heads]), per KV head for fp8.
+// Whether ``codes`` carry a scale per (slot, KV head) (int8, int4), not one per KV head (fp8).
+inline bool token_scaled(Codes codes) { return codes == Codes::kInt8 || codes == Codes::kInt4; }
+inline bool is_fp8(Codes codes) { return codes == Codes::kFp8E4M3 || codes == Codes::kFp8E5M2; }
+
+// A layer's quantized pages: codes [num_pages, page_size, kv_heads, d] of one byte each (int4:
+// two a byte, [.., d / 2], element 2i in the low nibble, 2i + 1 in the high one, each q + 8),
+// and scales: per (slot, KV head) for int8 and int4 ([num_pages, page_size, kv_heads]), per
+// KV head for fp8. int4 rows are Hadamard-rotated (kv_format.py): their codes decode to the
+// rotated row x H, and the kernel attends in that basis (hadamard.h).
 struct QuantPages {
   const uint8_t* k;
   const uint8_t* v;
   const float* k_scale;
   const float* v_scale;
   Codes codes;
+  // The bytes of ``n`` elements' codes (n even where int4).
+  int64_t bytes(int64_t n) const { return codes == Codes::kInt4 ? n / 2 : n; }
 };
 
 // kLanes codes from ``p`` as floats (exact: every code is a float).
@@ -159,13 +169,47 @@ inline void int8_rows(const uint8_t* k, const uint8_t* v, float ks, float vs, in
 }
 #endif
 
+// A row of ``d`` int4 codes (``d / 2`` bytes at ``src``) times ``scale``, rounded to T into
+// ``dst``: each (nibble - 8) as a float times the scale in float32, rounded once, as
+// decode_keys rounds int8's (of the rotated row: QuantPages).
+template <typename T>
+inline void int4_row(const uint8_t* __restrict src, float scale, int64_t d, T* __restrict dst) {
+#if RADIXSERVE_VEC_BF16 && defined(__AVX512BW__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (d % 32 == 0) {
+      // A nibble has 16 values: the row's 16 products, rounded to bf16 once, are a table
+      // (twice over: a word permute, vpermw, reads 32 entries by an index's low 5 bits) that
+      // each 32 codes look up in one permute, rather than widening, converting, scaling and
+      // rounding each of them (on the 2-core EPYC this halved int4's decode-step attention).
+      const __m512 values = _mm512_mul_ps(
+          _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7), _mm512_set1_ps(scale));
+      const __m512i table = _mm512_broadcast_i64x4((__m256i)_mm512_cvtneps_pbh(values));
+      for (int64_t j = 0; j < d; j += 32) {
+        // Byte i (codes 2i, 2i + 1) as dword i, then b | b << 12: its word 2i's low 4 bits are
+        // the low nibble, word 2i + 1 is the high nibble. What else lands in word 2i (bit 4,
+        // the high nibble's lowest; bits 12-15) vpermw ignores or the doubled table absorbs.
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j / 2)));
+        const __m512i index = _mm512_or_si512(b, _mm512_slli_epi32(b, 12));
+        _mm512_storeu_si512(dst + j, _mm512_permutexvar_epi16(index, table));
+      }
+      return;
+    }
+  }
+#endif
+  for (int64_t j = 0; j < d; j += 2) {
+    const int b = src[j / 2];
+    dst[j] = from_float<T>(static_cast<float>((b & 15) - 8) * scale);
+    dst[j + 1] = from_float<T>(static_cast<float>((b >> 4) - 8) * scale);
+  }
+}
+
 // Keys [lo, hi) of ``run`` for KV head ``h``, decoded into rows ``dk``/``dv`` ([kChunk, d]),
 // key i at row i - base. ``geo``: the pages' geometry (its k/v unused).
 template <typename T, typename G>
 void decode_keys(const Layer<G>& geo, const QuantPages& qp, int64_t h, KeyRun run, int64_t base, int64_t lo,
                  int64_t hi, T* __restrict dk, T* __restrict dv) {
   const int64_t d = geo.d;
-  const bool token_scales = qp.codes == Codes::kInt8;
+  const bool token_scales = token_scaled(qp.codes);
 #if RADIXSERVE_FP8_BYTES
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (!token_scales && qp.k_scale[h] == 1.0f && qp.v_scale[h] == 1.0f) {  // fp8 at scale 1: the table
@@ -189,6 +233,14 @@ void decode_keys(const Layer<G>& geo, const QuantPages& qp, int64_t h, KeyRun ru
   // A slot's scale index is its offset over d: a shift where d is a power of two (every head
   // size but 80 and 96), not a 64-bit division per key.
   const int shift = (d & (d - 1)) == 0 ? __builtin_ctzll(static_cast<unsigned long long>(d)) : -1;
+  if (qp.codes == Codes::kInt4) {  // d a power of two; a row's nibbles at half its offset
+    geo.offsets(run.pages, h, lo, hi - lo, [&](int64_t i, int64_t off) {
+      const int64_t row = (lo + i - base) * d, slot = off >> shift;
+      int4_row(qp.k + off / 2, qp.k_scale[slot], d, dk + row);
+      int4_row(qp.v + off / 2, qp.v_scale[slot], d, dv + row);
+    });
+    return;
+  }
 #if RADIXSERVE_VEC_BF16 && defined(__AVX512BW__)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (token_scales && d % 32 == 0) {  // int8 to bf16, 32 codes at a time
