@@ -228,6 +228,7 @@ def figures() -> dict[str, Figure]:
     quant_decode_figures(add)
     decode_floor_figures(add)
     long_context_curve_figures(add)
+    int4_kernel_figures(add)
     speculative_figures(add)
     return figs
 
@@ -357,6 +358,7 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s35b.json", "_s35b"),
         ("bench_long_context_s36.json", "_s36"),
         ("bench_long_context_s36b.json", "_s36b"),
+        ("bench_long_context_s37.json", "_s37"),
     ):
         for key, fig in (
             ("ttft_s", "long_context_ttft_vs_vllm"),
@@ -366,8 +368,9 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
     # Every run of the same command with the idle servers paused, repetition by repetition:
     # sessions 32 and 33 (the kernels differ only in how a decode reads quantized pages), and
     # with session 34's (bf16 queries over int8 pages in integer products; bf16 unchanged),
-    # 35's (fp8 pages read in place by decode rows; bf16 unchanged) and 36's (the same kernel).
-    # Each aggregate is the runs up to its session's, in order.
+    # 35's (fp8 pages read in place by decode rows; bf16 unchanged), 36's (the same kernel)
+    # and 37's (int4 pages read by the kernel; bf16, int8 and fp8 unchanged). Each aggregate
+    # is the runs up to its session's, in order.
     paused_runs = [
         "bench_long_context_s32.json",
         "bench_long_context_s33.json",
@@ -375,8 +378,9 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         "bench_long_context_s35.json",
         "bench_long_context_s35b.json",
         "bench_long_context_s36b.json",
+        "bench_long_context_s37.json",
     ]
-    for runs, suffix in ((2, ""), (3, "_to_s34"), (5, "_to_s35"), (6, "_to_s36")):
+    for runs, suffix in ((2, ""), (3, "_to_s34"), (5, "_to_s35"), (6, "_to_s36"), (7, "_to_s37")):
         paused = paused_runs[:runs]
         for key, fig in (
             ("ttft_s", "long_context_ttft_vs_vllm_paused"),
@@ -424,6 +428,25 @@ def long_context_curve_figures(add: Callable[[str, str, Iterable[str]], None]) -
     add("long_context_int4_vs_bf16_s36", spread(_kv_over_bf16(name, "int4")), [name])
 
 
+def int4_kernel_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
+    """int4 KV read by the CPU kernel (session 37; benchmarks/long_context.md, "int4 KV in the
+    kernel"), repetition by repetition: at 7,500 tokens a decode row's attention per layer
+    over int4 pages over its time over bf16 pages, from memory and from the caches
+    (bench_decode_attention.py --read-floor); through HTTP, the time per output token and
+    TTFT with int4 KV over bf16 KV's."""
+    name = "bench_decode_attention_s37.json"
+    rows = {(r["dtype"], r["context"]): r["samples_us"] for r in load(name)["results"]}
+    int4, bf16 = rows[("int4", 7500)], rows[("bfloat16", 7500)]
+    for kind in ("cold", "hot"):
+        key = f"current {kind}"
+        ratios = [a / b for a, b in zip(int4[key], bf16[key], strict=True)]
+        add(f"decode_int4_{kind}_over_bf16_s37", spread(ratios), [name])
+    name = "bench_long_context_s37.json"
+    add("long_context_int4_vs_bf16_s37", spread(_kv_over_bf16(name, "int4")), [name])
+    ratios = _kv_over_bf16(name, "int4", "ttft_s")
+    add("long_context_int4_ttft_vs_bf16_s37", spread(ratios), [name])
+
+
 def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
     """The quiet AMD runs (benchmarks/long_context.md): through HTTP, each repetition's growth
     of the time per output token from 1,000 to 7,500 tokens of context over the growth of
@@ -447,6 +470,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s35.json", "long_context_tpot_growth_s35"),
         ("bench_long_context_s35b.json", "long_context_tpot_growth_s35b"),
         ("bench_long_context_s36b.json", "long_context_tpot_growth_s36b"),
+        ("bench_long_context_s37.json", "long_context_tpot_growth_s37"),
     ):
         d = load(name)
         growth = d["growth"]["radixserve-bf16"]
@@ -482,19 +506,21 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s35.json", "_s35"),
         ("bench_long_context_s35b.json", "_s35b"),
         ("bench_long_context_s36b.json", "_s36b"),
+        ("bench_long_context_s37.json", "_s37"),
     ):
         for kv in ("int8", "fp8_e4m3"):
             add(f"long_context_{kv}_vs_bf16{suffix}", spread(_kv_over_bf16(name, kv)), [name])
     # Both of session 35's runs (the same code, one command run twice): each repetition's time
     # per output token at 7,500 tokens with int8 and fp8 KV over bf16 KV's.
     both = ["bench_long_context_s35.json", "bench_long_context_s35b.json"]
-    # ... and with session 36's run of the same command (the same kernel) too.
+    # ... and with session 36's run of the same command (the same kernel) too, and 37's (its
+    # int8 and fp8 paths unchanged).
     kernel = [*both, "bench_long_context_s36b.json"]
+    to_s37 = [*kernel, "bench_long_context_s37.json"]
     for kv in ("int8", "fp8_e4m3"):
-        ratios = [x for name in both for x in _kv_over_bf16(name, kv)]
-        add(f"long_context_{kv}_vs_bf16_s35_both", spread(ratios), both)
-        ratios = [x for name in kernel for x in _kv_over_bf16(name, kv)]
-        add(f"long_context_{kv}_vs_bf16_s35_kernel", spread(ratios), kernel)
+        for runs, suffix in ((both, "_s35_both"), (kernel, "_s35_kernel"), (to_s37, "_to_s37")):
+            ratios = [x for name in runs for x in _kv_over_bf16(name, kv)]
+            add(f"long_context_{kv}_vs_bf16{suffix}", spread(ratios), runs)
     # Sessions 34's run (int8 pages in integer products, whole runs made ready for a prefill)
     # and 35's (fp8 pages read in place by decode rows, decoded by a byte table for a
     # prefill): TTFT at 7,500 tokens with int8 and fp8 KV over bf16 KV's, repetition by
@@ -504,6 +530,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s35.json", "_s35"),
         ("bench_long_context_s35b.json", "_s35b"),
         ("bench_long_context_s36b.json", "_s36b"),
+        ("bench_long_context_s37.json", "_s37"),
     ):
         for kv in ("int8", "fp8_e4m3"):
             ratios = _kv_over_bf16(name, kv, "ttft_s")

@@ -51,3 +51,29 @@ def test_timed_call_attends_over_the_codes_decoded(name: str) -> None:
         torch.testing.assert_close(quantized.float(), decoded.float(), atol=2e-2, rtol=2e-2)
     else:
         assert torch.equal(quantized, decoded)
+
+
+def test_int4_timed_call_attends_over_its_codes_in_the_rotated_basis() -> None:
+    """int4 pages as the bench fills them (random bytes, D // 2 a row, a scale per slot and
+    KV head): the timed call gives the kernel's attention over those codes, the same as the
+    attention of float32 queries over the float32 decoded (rotated back) rows within a bf16
+    step: the bench times the int4 path whole, not a shortcut."""
+    from radixkernels.reference import hadamard_rotate, unpack_int4
+
+    torch.manual_seed(2)
+    k, v, k_scale, v_scale, *plan = bda.layers_for(200, torch.uint8)[0]
+    assert k.shape[-1] == bda.D // 2 and k_scale.shape == k.shape[:-1]
+    q = torch.randn(1, bda.HQ, bda.D).bfloat16()
+    out = torch.empty_like(q)
+    ops = torch.ops.radixserve_cpu
+    ops.paged_attention_quant(q, k, v, out, *plan, bda.D**-0.5, k_scale, v_scale, None, None, None)
+
+    def decode(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return hadamard_rotate(unpack_int4(codes).float() * scale.unsqueeze(-1))
+
+    exact = torch.empty(q.shape)
+    qf = q.float()
+    ops.paged_attention(
+        qf, decode(k, k_scale), decode(v, v_scale), exact, *plan, bda.D**-0.5, None, None, None
+    )
+    torch.testing.assert_close(out.float(), exact, atol=3e-2, rtol=3e-2)
