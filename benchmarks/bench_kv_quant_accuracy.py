@@ -16,7 +16,12 @@ For a fixed set of prompts (chat questions in the model's template, and plain te
 KV bytes per token (all layers, K and V, scales included) are reported next to them, with
 a 16-bit baseline since that is what a GPU deployment stores for "auto".
 
-    python benchmarks/bench_kv_quant_accuracy.py [--model PATH] [--out JSON]
+``--dtype bfloat16`` runs the model and its activations in bf16 (float32 by default), as
+served; on the CPU the attention then reads every pool through the C++ kernel (int4's
+rotated queries rounded to bf16 there). ``RADIXSERVE_CPU_KERNELS=0`` in the environment
+turns the C++ kernels off, so the same run measures the torch path instead.
+
+    python benchmarks/bench_kv_quant_accuracy.py [--model PATH] [--dtype bfloat16] [--out JSON]
 
 Prints a table (also as markdown) and writes JSON. CPU: about 2-4 minutes on 2 cores.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import time
 from pathlib import Path
 
@@ -78,7 +84,13 @@ def prompt_ids(tokenizer, n_chat: int, n_text: int) -> list[list[int]]:
 
 
 def greedy_continuations(
-    model_path: Path, prompts: list[list[int]], n: int, kv_dtype: str, backend: str, device: str
+    model_path: Path,
+    prompts: list[list[int]],
+    n: int,
+    kv_dtype: str,
+    backend: str,
+    device: str,
+    dtype: str = "float32",
 ) -> list[list[int]]:
     from radixserve.engine.engine import Engine
     from radixserve.sampling_params import SamplingParams
@@ -87,6 +99,7 @@ def greedy_continuations(
     # chat prompts share their template's system prompt, which would otherwise be reused).
     engine = Engine(
         str(model_path),
+        dtype=dtype,
         kv_cache_dtype=kv_dtype,
         attention_backend=backend,
         device=device,
@@ -159,6 +172,9 @@ def main() -> None:
     ap.add_argument("--n-chat", type=int, default=len(CHAT))
     ap.add_argument("--n-text", type=int, default=len(TEXT))
     ap.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
+    ap.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="model and activations"
+    )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/kv_quant_accuracy.json"))
     args = ap.parse_args()
@@ -173,7 +189,8 @@ def main() -> None:
     model_path = resolve_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(str(model_path))
     device = torch.device(args.device)
-    model = load_model(model_path, dtype=torch.float32, device=device)
+    act_dtype = getattr(torch, args.dtype)
+    model = load_model(model_path, dtype=act_dtype, device=device)
     cfg = model.config
     prompts = prompt_ids(tokenizer, args.n_chat, args.n_text)
 
@@ -181,7 +198,13 @@ def main() -> None:
     # teacher-forced sequences, so the model's own answers are scored, not only the prompts.
     gens = {
         kd: greedy_continuations(
-            model_path, prompts, args.new_tokens, kd, args.attention_backend, args.device
+            model_path,
+            prompts,
+            args.new_tokens,
+            kd,
+            args.attention_backend,
+            args.device,
+            args.dtype,
         )
         for kd in KV_DTYPES
     }
@@ -194,16 +217,17 @@ def main() -> None:
     )
     targets = torch.tensor([t for p in prompts for t in p[1:]])
 
-    base = teacher_forced_logprobs(model, seqs, "auto", args.attention_backend, device).cpu()
+    def logprobs(kd: str) -> torch.Tensor:
+        return teacher_forced_logprobs(
+            model, seqs, kd, args.attention_backend, device, act_dtype
+        ).cpu()
+
+    base = logprobs("auto")
     base_nll = -base[pred_rows].gather(1, targets[:, None]).mean()
     base_p = base.exp()
     rows = []
     for kd in KV_DTYPES:
-        lp = (
-            base
-            if kd == "auto"
-            else teacher_forced_logprobs(model, seqs, kd, args.attention_backend, device).cpu()
-        )
+        lp = base if kd == "auto" else logprobs(kd)
         kl = (base_p * (base - lp)).sum(-1)  # KL(P_auto || P_kd) per position
         nll = -lp[pred_rows].gather(1, targets[:, None]).mean()
         agree_tf = (lp.argmax(-1) == base.argmax(-1)).float().mean()
@@ -232,7 +256,8 @@ def main() -> None:
         "model": str(model_path),
         "device": args.device,
         "attention_backend": args.attention_backend,
-        "activation_dtype": "float32",
+        "activation_dtype": args.dtype,
+        "cpu_kernels": os.environ.get("RADIXSERVE_CPU_KERNELS", "1") != "0",
         "prompts": len(prompts),
         "positions": positions,
         "new_tokens": args.new_tokens,
