@@ -18,10 +18,10 @@ a 16-bit baseline since that is what a GPU deployment stores for "auto".
 
 ``--dtype bfloat16`` runs the model and its activations in bf16 (float32 by default), as
 served; on the CPU the attention then reads every pool through the C++ kernel (int4's
-rotated queries rounded to bf16 there). ``RADIXSERVE_CPU_KERNELS=0`` in the environment
-turns the C++ kernels off, so the same run measures the torch path instead.
+rotated queries rounded to bf16 there). ``--no-cpu-kernels`` turns the C++ kernels off
+(``RADIXSERVE_CPU_KERNELS=0``), so the same run measures the torch path instead.
 
-    python benchmarks/bench_kv_quant_accuracy.py [--model PATH] [--dtype bfloat16] [--out JSON]
+    python benchmarks/bench_kv_quant_accuracy.py [--model PATH] [--dtype bfloat16] [--no-cpu-kernels] [--out JSON]
 
 Prints a table (also as markdown) and writes JSON. CPU: about 2-4 minutes on 2 cores.
 """
@@ -176,8 +176,15 @@ def main() -> None:
         "--dtype", default="float32", choices=["float32", "bfloat16"], help="model and activations"
     )
     ap.add_argument("--device", default="cpu")
+    ap.add_argument(
+        "--no-cpu-kernels",
+        action="store_true",
+        help="the torch paths instead of the C++ kernels (RADIXSERVE_CPU_KERNELS=0)",
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/kv_quant_accuracy.json"))
     args = ap.parse_args()
+    if args.no_cpu_kernels:  # read when the kernels are first loaded, below
+        os.environ["RADIXSERVE_CPU_KERNELS"] = "0"
 
     from transformers import AutoTokenizer
 
