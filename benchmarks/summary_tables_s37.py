@@ -18,6 +18,8 @@ from summary_tables_s36 import table_decode_floors
 
 DECODE_FLOORS = "bench_decode_attention_s37.json"
 LONG_CONTEXT = "bench_long_context_s37.json"  # session 32's command, int4 KV added
+# bench_long_context.py's defaults (1,000 to 8,000 tokens, every KV dtype, both peers).
+LONG_CONTEXT_B = "bench_long_context_s37b.json"
 # bench_kv_quant_accuracy.py --dtype bfloat16, the C++ kernels on, and off (the torch path).
 ACCURACY = ("kv_quant_accuracy_s37_kernel.json", "kv_quant_accuracy_s37_torch.json")
 
@@ -59,8 +61,12 @@ TABLES: dict[str, Callable[[], str]] = {
     "decode_floors_s37": partial(table_decode_floors, DECODE_FLOORS),
     "kv_quant_accuracy_s37": table_kv_quant_accuracy,
     **long_context_run_tables("_s37", LONG_CONTEXT),
-    # Its KV dtypes' table with int4 in it.
-    "long_context_kv_dtypes_s37": partial(
-        table_long_context_kv_dtypes, LONG_CONTEXT, ("int8", "int4", "fp8_e4m3")
-    ),
+    **long_context_run_tables("_s37b", LONG_CONTEXT_B),
+    # Their KV dtypes' tables with int4 in them.
+    **{
+        f"long_context_kv_dtypes{suffix}": partial(
+            table_long_context_kv_dtypes, name, ("int8", "int4", "fp8_e4m3")
+        )
+        for suffix, name in (("_s37", LONG_CONTEXT), ("_s37b", LONG_CONTEXT_B))
+    },
 }
