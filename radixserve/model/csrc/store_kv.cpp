@@ -79,49 +79,21 @@ void fp8_row(const Src* x, int64_t d, float s, float fmax, uint8_t* codes) {
   }
 }
 
-// One rotated row of d floats into int4 codes and its scale (quantize_int4 of the
-// reference): s = max(absmax, 1e-8) / 7, q = floor(r / s + 0.5) clamped to +-7, stored
-// q + 8, element 2i in the low nibble of byte i and 2i + 1 in its high one.
-void int4_row(const float* r, int64_t d, uint8_t* codes, float* scale) {
+// One row of d values into int4 codes and its scale (quantize_int4 of the reference): the
+// row rotated (hadamard_rotate, as the reference's), then s = max(absmax, 1e-8) / 7 and
+// q = floor(r / s + 0.5) clamped to +-7, stored q + 8, element 2i in the low nibble of byte i
+// and 2i + 1 in its high one.
+template <typename Src>
+void int4_row(const Src* x, int64_t d, uint8_t* codes, float* scale) {
+  float r[256];  // the largest head size the kernel serves
+  for (int64_t j = 0; j < d; ++j) r[j] = to_float(x[j]);
+  hadamard_rotate(r, d);
   float absmax = 0.0f;
   for (int64_t j = 0; j < d; ++j) absmax = std::max(absmax, std::fabs(r[j]));
   const float s = std::max(absmax, 1e-8f) / 7.0f;
   *scale = s;
-  auto code = [&](float x) { return static_cast<int>(std::min(7.0f, std::max(-7.0f, std::floor(x / s + 0.5f)))) + 8; };
+  auto code = [&](float v) { return static_cast<int>(std::min(7.0f, std::max(-7.0f, std::floor(v / s + 0.5f)))) + 8; };
   for (int64_t j = 0; j < d; j += 2) codes[j / 2] = static_cast<uint8_t>(code(r[j]) | (code(r[j + 1]) << 4));
-}
-
-// int4 pages (kByte, [.., Hkv, D / 2]): each new row rotated (hadamard_rotate, as the
-// reference's quantize_int4), then quantized by int4_row.
-template <typename Src>
-void store_int4_rows(const at::Tensor& k_new, const at::Tensor& v_new, const int64_t* slots, const at::Tensor& k_pages,
-                     const at::Tensor& v_pages, const at::Tensor& k_scale, const at::Tensor& v_scale) {
-  const int64_t rows = k_new.size(0), heads = k_new.size(1), d = k_new.size(2);
-  struct Side {
-    const Src* src;
-    int64_t s0, s1;
-    uint8_t* codes;
-    float* scale;
-  };
-  const Side sides[2] = {
-      {k_new.data_ptr<Src>(), k_new.stride(0), k_new.stride(1), static_cast<uint8_t*>(k_pages.data_ptr()),
-       k_scale.data_ptr<float>()},
-      {v_new.data_ptr<Src>(), v_new.stride(0), v_new.stride(1), static_cast<uint8_t*>(v_pages.data_ptr()),
-       v_scale.data_ptr<float>()}};
-  at::parallel_for(0, rows, std::max<int64_t>(1, 4096 / (heads * d)), [&](int64_t begin, int64_t end) {
-    float r[256];  // the largest head size the kernel serves
-    for (int64_t row = begin; row < end; ++row) {
-      for (const Side& side : sides) {
-        for (int64_t h = 0; h < heads; ++h) {
-          const Src* x = side.src + row * side.s0 + h * side.s1;
-          for (int64_t j = 0; j < d; ++j) r[j] = to_float(x[j]);
-          hadamard_rotate(r, d);
-          const int64_t slot = slots[row] * heads + h;
-          int4_row(r, d, side.codes + slot * (d / 2), side.scale + slot);
-        }
-      }
-    }
-  });
 }
 
 template <typename Src>
@@ -129,6 +101,7 @@ void store_quant_rows(const at::Tensor& k_new, const at::Tensor& v_new, const in
                       const at::Tensor& v_pages, const at::Tensor& k_scale, const at::Tensor& v_scale) {
   const int64_t rows = k_new.size(0), heads = k_new.size(1), d = k_new.size(2);
   const auto type = k_pages.scalar_type();
+  const int64_t row_bytes = type == at::kByte ? d / 2 : d;  // int4: two codes a byte
   struct Side {
     const Src* src;
     int64_t s0, s1;
@@ -145,9 +118,12 @@ void store_quant_rows(const at::Tensor& k_new, const at::Tensor& v_new, const in
       for (const Side& side : sides) {
         for (int64_t h = 0; h < heads; ++h) {
           const Src* x = side.src + r * side.s0 + h * side.s1;
-          uint8_t* codes = side.codes + (slots[r] * heads + h) * d;
+          const int64_t slot = slots[r] * heads + h;
+          uint8_t* codes = side.codes + slot * row_bytes;
           if (type == at::kChar) {
-            int8_row(x, d, reinterpret_cast<int8_t*>(codes), side.scale + slots[r] * heads + h);
+            int8_row(x, d, reinterpret_cast<int8_t*>(codes), side.scale + slot);
+          } else if (type == at::kByte) {
+            int4_row(x, d, codes, side.scale + slot);
           } else if (type == at::kFloat8_e4m3fn) {
             fp8_row<c10::Float8_e4m3fn>(x, d, side.scale[h], 448.0f, codes);
           } else {
@@ -163,17 +139,13 @@ void store_quant_rows(const at::Tensor& k_new, const at::Tensor& v_new, const in
 
 void store_kv_quant(const at::Tensor& k_new, const at::Tensor& v_new, const int64_t* slots, const at::Tensor& k_pages,
                     const at::Tensor& v_pages, const at::Tensor& k_scale, const at::Tensor& v_scale) {
-  const bool int4 = k_pages.scalar_type() == at::kByte;
-#define RADIX_STORE(SRC)                                                                           \
-  return int4 ? store_int4_rows<SRC>(k_new, v_new, slots, k_pages, v_pages, k_scale, v_scale)     \
-              : store_quant_rows<SRC>(k_new, v_new, slots, k_pages, v_pages, k_scale, v_scale);
   switch (k_new.scalar_type()) {
-    case at::kFloat: RADIX_STORE(float)
-    case at::kBFloat16: RADIX_STORE(c10::BFloat16)
-    case at::kHalf: RADIX_STORE(c10::Half)
+    case at::kFloat: return store_quant_rows<float>(k_new, v_new, slots, k_pages, v_pages, k_scale, v_scale);
+    case at::kBFloat16:
+      return store_quant_rows<c10::BFloat16>(k_new, v_new, slots, k_pages, v_pages, k_scale, v_scale);
+    case at::kHalf: return store_quant_rows<c10::Half>(k_new, v_new, slots, k_pages, v_pages, k_scale, v_scale);
     default: TORCH_CHECK(false, "unsupported K/V dtype ", k_new.scalar_type());
   }
-#undef RADIX_STORE
 }
 
 void store_kv(const at::Tensor& k_new, const at::Tensor& v_new, const int64_t* slots, const at::Tensor& k_pages,
