@@ -76,11 +76,11 @@ def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
     transform: stages of butterflies ``(a + b, a - b)`` over elements 1, 2, 4, ... apart, then
     one multiply by the float32 ``1 / sqrt(D)``.
 
-    The same additions in the same order as the CPU kernel's ``hadamard_rotate``
-    (``csrc/paged_attention_quant.h``), so their codes agree bit for bit; and each row's bits
-    depend on that row alone, where a matmul's blocking may depend on how many rows it has
-    (the int4 store of a one-row decode step must give the codes of the same row stored
-    among a verify step's).
+    The same additions in the same order as the CPU kernels' ``hadamard_rotate``
+    (``radixserve/model/csrc/hadamard.h``), so their codes agree bit for bit; and each row's bits
+    depend on that row alone by construction, which a BLAS matmul does not promise (its
+    blocking may follow the number of rows), while the int4 store of a one-row decode step
+    must give the codes of the same row stored among a verify step's.
     """
     d = x.shape[-1]
     if d < 1 or d & (d - 1):

@@ -1,13 +1,15 @@
-// The paged-attention kernel over quantized pages (int8 codes with a scale per token and KV
-// head; fp8 e4m3 / e5m2 codes with a static scale per KV head; the layout of
-// radixkernels/kv_format.py): a run's keys and values are decoded a block of 64 at a time,
+// The paged-attention kernel over quantized pages (int8 codes, and int4 codes of
+// Hadamard-rotated rows, with a scale per token and KV head; fp8 e4m3 / e5m2 codes with a
+// static scale per KV head; the layout of radixkernels/kv_format.py): a run's keys and values are decoded a block of 64 at a time,
 // as the unquantized kernel comes to them, into a per-thread tile of the queries' dtype that
 // it attends over as over pages of its own (so the narrow blocks and the chunk order all
 // apply; where AMX runs, a chunk at a time: its value tiles are kept by address).
 //
 // The decoding is the torch path's, value for value: code -> float32, times the scale in
 // float32 (dequantize_ref's ``x.float().mul_(s)``), rounded once to the queries' dtype (its
-// ``.to(q.dtype)``). A decode step thus reads one byte per element from memory, not two.
+// ``.to(q.dtype)``); int4's are the rotated row's values, attended in that basis
+// (hadamard.h), so not the torch path's bits. A decode step thus reads one byte per element
+// from memory, not two (int4: half a byte).
 // A prefill's or an extend's many rows instead take their runs decoded whole, once per call
 // (WholeRuns below), and attend over those as over unquantized pages.
 // (bf16 queries over int8 pages, on AVX-512 VNNI without AMX, take integer products over the
@@ -180,7 +182,8 @@ inline void int4_row(const uint8_t* __restrict src, float scale, int64_t d, T* _
       // A nibble has 16 values: the row's 16 products, rounded to bf16 once, are a table
       // (twice over: a word permute, vpermw, reads 32 entries by an index's low 5 bits) that
       // each 32 codes look up in one permute, rather than widening, converting, scaling and
-      // rounding each of them (on the 2-core EPYC this halved int4's decode-step attention).
+      // rounding each of them: fewer instructions where int4's decode rows wait on this
+      // decoding, not on their reads (benchmarks/long_context.md, "int4 KV in the kernel").
       const __m512 values = _mm512_mul_ps(
           _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7), _mm512_set1_ps(scale));
       const __m512i table = _mm512_broadcast_i64x4((__m256i)_mm512_cvtneps_pbh(values));
