@@ -360,6 +360,7 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s36b.json", "_s36b"),
         ("bench_long_context_s37.json", "_s37"),
         ("bench_long_context_s37b.json", "_s37b"),
+        ("bench_long_context_s37c.json", "_s37c"),
     ):
         for key, fig in (
             ("ttft_s", "long_context_ttft_vs_vllm"),
@@ -380,8 +381,9 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         "bench_long_context_s35b.json",
         "bench_long_context_s36b.json",
         "bench_long_context_s37.json",
+        "bench_long_context_s37c.json",
     ]
-    for runs, suffix in ((2, ""), (3, "_to_s34"), (5, "_to_s35"), (6, "_to_s36"), (7, "_to_s37")):
+    for runs, suffix in ((2, ""), (3, "_to_s34"), (5, "_to_s35"), (6, "_to_s36"), (8, "_to_s37")):
         paused = paused_runs[:runs]
         for key, fig in (
             ("ttft_s", "long_context_ttft_vs_vllm_paused"),
@@ -420,8 +422,8 @@ def long_context_curve_figures(add: Callable[[str, str, Iterable[str]], None]) -
     vLLM-CPU and llama.cpp's server in the run; benchmarks/long_context.md), repetition by
     repetition: at 7,500 tokens radixserve's bf16 TTFT and time per output token over
     llama.cpp's (over vLLM-CPU's: long_context_figures), and its time per output token with
-    int4 KV over bf16 KV's (session 36: on the torch path; 37: in the kernel, also over both
-    of session 37's runs with int4 KV)."""
+    int4 KV over bf16 KV's (session 36: on the torch path; 37: in the kernel, also over all
+    three of session 37's runs with int4 KV)."""
     for name, suffix in (
         ("bench_long_context_s36.json", "_s36"),
         ("bench_long_context_s37b.json", "_s37b"),
@@ -430,9 +432,13 @@ def long_context_curve_figures(add: Callable[[str, str, Iterable[str]], None]) -
             ratios = _over_vllm(name, key, "llamacpp-f32")
             add(f"long_context_{fig}_vs_llamacpp{suffix}", spread(ratios), [name])
         add(f"long_context_int4_vs_bf16{suffix}", spread(_kv_over_bf16(name, "int4")), [name])
-    both = ["bench_long_context_s37.json", "bench_long_context_s37b.json"]
-    ratios = [x for name in both for x in _kv_over_bf16(name, "int4")]
-    add("long_context_int4_vs_bf16_s37_both", spread(ratios), both)
+    runs = [
+        "bench_long_context_s37.json",
+        "bench_long_context_s37b.json",
+        "bench_long_context_s37c.json",
+    ]
+    ratios = [x for name in runs for x in _kv_over_bf16(name, "int4")]
+    add("long_context_int4_vs_bf16_s37_all", spread(ratios), runs)
 
 
 def int4_kernel_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
@@ -448,10 +454,13 @@ def int4_kernel_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
         key = f"current {kind}"
         ratios = [a / b for a, b in zip(int4[key], bf16[key], strict=True)]
         add(f"decode_int4_{kind}_over_bf16_s37", spread(ratios), [name])
-    name = "bench_long_context_s37.json"
-    add("long_context_int4_vs_bf16_s37", spread(_kv_over_bf16(name, "int4")), [name])
-    ratios = _kv_over_bf16(name, "int4", "ttft_s")
-    add("long_context_int4_ttft_vs_bf16_s37", spread(ratios), [name])
+    for name, suffix in (
+        ("bench_long_context_s37.json", "_s37"),
+        ("bench_long_context_s37c.json", "_s37c"),
+    ):
+        add(f"long_context_int4_vs_bf16{suffix}", spread(_kv_over_bf16(name, "int4")), [name])
+        ratios = _kv_over_bf16(name, "int4", "ttft_s")
+        add(f"long_context_int4_ttft_vs_bf16{suffix}", spread(ratios), [name])
 
 
 def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
@@ -478,6 +487,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s35b.json", "long_context_tpot_growth_s35b"),
         ("bench_long_context_s36b.json", "long_context_tpot_growth_s36b"),
         ("bench_long_context_s37.json", "long_context_tpot_growth_s37"),
+        ("bench_long_context_s37c.json", "long_context_tpot_growth_s37c"),
     ):
         d = load(name)
         growth = d["growth"]["radixserve-bf16"]
@@ -514,6 +524,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s35b.json", "_s35b"),
         ("bench_long_context_s36b.json", "_s36b"),
         ("bench_long_context_s37.json", "_s37"),
+        ("bench_long_context_s37c.json", "_s37c"),
     ):
         for kv in ("int8", "fp8_e4m3"):
             add(f"long_context_{kv}_vs_bf16{suffix}", spread(_kv_over_bf16(name, kv)), [name])
@@ -523,7 +534,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
     # ... and with session 36's run of the same command (the same kernel) too, and 37's (its
     # int8 and fp8 paths unchanged).
     kernel = [*both, "bench_long_context_s36b.json"]
-    to_s37 = [*kernel, "bench_long_context_s37.json"]
+    to_s37 = [*kernel, "bench_long_context_s37.json", "bench_long_context_s37c.json"]
     for kv in ("int8", "fp8_e4m3"):
         for runs, suffix in ((both, "_s35_both"), (kernel, "_s35_kernel"), (to_s37, "_to_s37")):
             ratios = [x for name in runs for x in _kv_over_bf16(name, kv)]
@@ -538,6 +549,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s35b.json", "_s35b"),
         ("bench_long_context_s36b.json", "_s36b"),
         ("bench_long_context_s37.json", "_s37"),
+        ("bench_long_context_s37c.json", "_s37c"),
     ):
         for kv in ("int8", "fp8_e4m3"):
             ratios = _kv_over_bf16(name, kv, "ttft_s")

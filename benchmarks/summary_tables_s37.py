@@ -20,6 +20,7 @@ DECODE_FLOORS = "bench_decode_attention_s37.json"
 LONG_CONTEXT = "bench_long_context_s37.json"  # session 32's command, int4 KV added
 # bench_long_context.py's defaults (1,000 to 8,000 tokens, every KV dtype, both peers).
 LONG_CONTEXT_B = "bench_long_context_s37b.json"
+LONG_CONTEXT_C = "bench_long_context_s37c.json"  # session 32's command with int4 once more
 # bench_kv_quant_accuracy.py --dtype bfloat16, the C++ kernels on, and off (the torch path).
 ACCURACY = ("kv_quant_accuracy_s37_kernel.json", "kv_quant_accuracy_s37_torch.json")
 
@@ -68,5 +69,11 @@ TABLES: dict[str, Callable[[], str]] = {
             table_long_context_kv_dtypes, name, ("int8", "int4", "fp8_e4m3")
         )
         for suffix, name in (("_s37", LONG_CONTEXT), ("_s37b", LONG_CONTEXT_B))
+    },
+    # The command's second run: its per-cell and floors' tables (its ratios are figures).
+    **{
+        key: table
+        for key, table in long_context_run_tables("_s37c", LONG_CONTEXT_C).items()
+        if key in ("long_context_s37c", "long_context_paged_floor_s37c")
     },
 }
