@@ -20,11 +20,19 @@ by whole time slices, while CPU time counts only what ran. Run it with ``GOMP_SP
         --dtypes bfloat16 --contexts 1000,2000,3000,4000,5000,6000,7000,7500,8000
 
 ``--read-floor`` adds a third timing, ``read cold``: the same pages read and nothing computed
-(every byte of each page's K and V, the next page's lines prefetched while one is read, the
-pages split over the threads as the kernel splits its chunks), after the same eviction, per
-layer: the floor a decode step's attention has on this machine for its KV as it lies,
-scattered over the pool a page at a time, rather than the steady rate of one long
-sequential read (``torch.sum`` over 512 MiB, the floor ``bench_long_context.py`` samples).
+(every byte of each page's K and V, a cache line a load; the next page's lines prefetched
+while one is read where it lies elsewhere, its first few where it follows; the pages split
+over the threads as the kernel splits its chunks), after the same eviction, per layer: the
+floor a decode step's attention has on this machine for its KV as it lies, a page at a
+time, rather than the steady rate of one long sequential read (``torch.sum`` over 512 MiB,
+the floor ``bench_long_context.py`` samples).
+
+``--pages ascending`` lays each sequence's pages in ascending order, one run, as the engine's
+pool hands them to one long request at a time (a fresh pool one run, a full one a few:
+tests/scheduling/test_scheduler.py); the default, ``scattered``, in a random order, as a
+pool that has cached and evicted many interleaved requests may:
+
+    python benchmarks/bench_decode_attention.py --read-floor --pages ascending --contexts 1000,7500
 
     python benchmarks/bench_decode_attention.py --read-floor --dtypes bfloat16 --contexts 1000,7500
 
@@ -137,12 +145,16 @@ def baseline_ops(rev: str) -> Any:
 READ_SOURCE = r"""
 #include <torch/extension.h>
 #include <omp.h>
+#include <algorithm>
 #include <cstring>
 
-// Every byte of the pages ``pages`` of ``k`` and ``v`` (K then V of each page), the pages split
-// over the threads in runs, the next page's lines prefetched while one is read. A checksum,
-// so that the loads stay.
+// Every byte of the pages ``pages`` of ``k`` and ``v`` (K then V of each page), a cache line a
+// load, the pages split over the threads in runs. Where the next page does not follow this
+// one in memory its lines are prefetched while this one is read; where it does, only its
+// first few (the hardware prefetcher streams the rest: prefetching every line there read
+// slower). A checksum, so that the loads stay.
 int64_t read_pages(const at::Tensor& k, const at::Tensor& v, const at::Tensor& pages) {
+  typedef uint64_t line_t __attribute__((vector_size(64)));
   const char* kb = static_cast<const char*>(k.data_ptr());
   const char* vb = static_cast<const char*>(v.data_ptr());
   const int64_t bytes = k.stride(0) * k.element_size(), n = pages.numel();
@@ -152,21 +164,24 @@ int64_t read_pages(const at::Tensor& k, const at::Tensor& v, const at::Tensor& p
   {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t lo = n * t / nt, hi = n * (t + 1) / nt;
+    line_t acc = {};
     for (int64_t i = lo; i < hi; ++i) {
       if (i + 1 < hi) {
-        for (int64_t b = 0; b < bytes; b += 64) {
+        const int64_t ahead = ids[i + 1] == ids[i] + 1 ? std::min<int64_t>(bytes, 512) : bytes;
+        for (int64_t b = 0; b < ahead; b += 64) {
           __builtin_prefetch(kb + ids[i + 1] * bytes + b, 0, 2);
           __builtin_prefetch(vb + ids[i + 1] * bytes + b, 0, 2);
         }
       }
       for (const char* base : {kb + ids[i] * bytes, vb + ids[i] * bytes}) {
-        for (int64_t b = 0; b < bytes; b += 8) {
-          uint64_t w;
+        for (int64_t b = 0; b < bytes; b += 64) {
+          line_t w;
           std::memcpy(&w, base + b, sizeof w);
-          sum ^= w;
+          acc ^= w;
         }
       }
     }
+    for (int j = 0; j < 8; ++j) sum ^= acc[j];
   }
   return static_cast<int64_t>(sum);
 }
@@ -251,11 +266,11 @@ def filled_pool(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tenso
 
 
 def layers_for(
-    ctx: int, dtype: torch.dtype, batch: int = 1, prefill: bool = False
+    ctx: int, dtype: torch.dtype, batch: int = 1, prefill: bool = False, scattered: bool = True
 ) -> list[tuple[torch.Tensor, ...]]:
     """Per layer: its K and V pools, their scales (``filled_pool``) and the plan's index
     tensors for ``batch`` sequences of ``ctx`` tokens, each on its own pages, all pages in a
-    random order; each sequence's last token is its new row (``prefill``: all of them,
+    random order (``scattered``; else ascending); each sequence's last token is its new row (``prefill``: all of them,
     causally)."""
     new = ctx if prefill else 1
     pages = -(-ctx // PS)
@@ -265,7 +280,8 @@ def layers_for(
         k, k_scale = filled_pool(shape, dtype)
         v, v_scale = filled_pool(shape, dtype)
         order = list(range(1, batch * pages + 1))
-        random.Random(layer).shuffle(order)
+        if scattered:
+            random.Random(layer).shuffle(order)
         groups: list[tuple[list[native.Member], list[int]]] = [
             ([native.Member(b * new, new, order[b * pages : (b + 1) * pages], ctx)], [])
             for b in range(batch)
@@ -302,6 +318,12 @@ def main() -> int:
         default="wall",
         help="cpu: the process's CPU seconds, all threads (a loaded machine; GOMP_SPINCOUNT=0)",
     )
+    ap.add_argument(
+        "--pages",
+        choices=("scattered", "ascending"),
+        default="scattered",
+        help="each sequence's pages in a random order, or in ascending order (one run)",
+    )
     ap.add_argument("--out", default="benchmarks/results/bench_decode_attention.json")
     args = ap.parse_args()
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -319,7 +341,7 @@ def main() -> int:
         dtype = QUANTIZED.get(dtype_name) or getattr(torch, dtype_name)
         quantized = dtype in QUANTIZED.values()
         for ctx in (int(c) for c in args.contexts.split(",")):
-            layers = layers_for(ctx, dtype, args.batch, args.prefill)
+            layers = layers_for(ctx, dtype, args.batch, args.prefill, args.pages == "scattered")
             q_dtype = torch.bfloat16 if quantized else dtype
             q = torch.randn(args.batch * (ctx if args.prefill else 1), HQ, D).to(q_dtype)
             outs = {name: torch.empty_like(q) for name in ops}
@@ -375,6 +397,7 @@ def main() -> int:
         "threads": torch.get_num_threads(),
         "clock": args.clock,
         "baseline": args.baseline,
+        "pages": args.pages,
         "results": results,
     }
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")

@@ -31,8 +31,10 @@ length) (nothing a server cached can hit), the same ids for every server of a ce
   such runs) and scattered at random (``paged_kv_floor_ms``: a pool that has cached and
   evicted many requests). The sequential rate of ``torch.sum`` over 512 MiB is the memory's
   best over a long read; a decode step reads a few MB once each after the weights evicted
-  them, and the server's pages lie somewhere between the two orders (not recorded). The
-  growth of TPOT is set against all three.
+  them. One request at a time, as here, a server's pages lie in ascending runs (a fresh
+  pool's one run, a full pool's a few: tests/scheduling/test_scheduler.py), so the
+  contiguous floor is the paged floor of this traffic, the scattered one a pool's worst
+  case. The growth of TPOT is set against all three.
 
 - ``--in-process``: the same engine as the bf16 radixserve server (its page size, pages,
   threads, running requests and window), built in this process, takes the same prompt at

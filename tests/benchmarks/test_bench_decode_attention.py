@@ -77,3 +77,21 @@ def test_int4_timed_call_attends_over_its_codes_in_the_rotated_basis() -> None:
         qf, decode(k, k_scale), decode(v, v_scale), exact, *plan, bda.D**-0.5, None, None, None
     )
     torch.testing.assert_close(out.float(), exact, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("scattered", [True, False])
+def test_read_floor_reads_every_byte_of_the_pages_in_their_order(scattered: bool) -> None:
+    """The read floor's op (``--read-floor``, the paged floors of bench_long_context.py)
+    reads every byte of the pages it is given, K's and V's, whichever their order (it
+    prefetches differently where a page follows the one before): its checksum is the XOR
+    of every 8-byte word of those pages and of no other."""
+    import numpy as np
+
+    torch.manual_seed(3)
+    k, v, _, _, *plan = bda.layers_for(700, torch.bfloat16, scattered=scattered)[0]
+    pages = plan[5]  # the plan's own pages, as the bench passes them
+    assert (pages.diff() == 1).all().item() is not scattered
+    words = torch.cat([k[pages].reshape(-1), v[pages].reshape(-1)]).view(torch.int64).numpy()
+    expected = int(np.bitwise_xor.reduce(words))
+    assert bda.read_op()(k, v, pages) == expected
+    assert bda.read_op()(k, v, pages[:-1]) != expected  # a page left out shows

@@ -192,3 +192,25 @@ def test_cache_stats_count_a_deferred_request_once() -> None:
     s.add(request("b", shared + [50], n=2))  # waits while a computes the shared prefix
     drain(s)
     assert s.cache.stats.queried_tokens == 2 * 24  # each prompt's match limit, once
+
+
+def test_one_request_at_a_time_reads_its_pages_in_ascending_runs() -> None:
+    """Long unique prompts one at a time (bench_long_context.py's traffic): a fresh pool hands
+    a request one ascending run of pages, and a full one, whose cache evicts the least
+    recently used requests whole, a few runs (each evicted request's pages come back in their
+    order). A decode step reads a long context's pages in their order, and ascending runs
+    read at nearly the memory's sequential rate, pages scattered at random well below it
+    (bench_decode_attention.py's ``--pages``)."""
+    s, _ = make(num_pages=96, page_size=4, max_num_tokens=64, max_running_requests=1)
+    pages: list[list[int]] = []
+    for i, length in enumerate([40, 60, 80, 100] * 3):
+        prompt = [1 + (7 * i + 3 * t) % (V - 1) for t in range(length)]
+        prompt[0] = 1 + i  # no prefix in common with another request
+        s.add(request(f"r{i}", prompt, n=8))
+        s.step()  # admitted: every page of the prompt and its output taken at once
+        pages.append(list(s.requests[f"r{i}"].pages))
+        drain(s)
+    jumps = [sum(b != a + 1 for a, b in zip(p, p[1:])) for p in pages]
+    assert jumps[:4] == [0, 0, 0, 0]  # 280 of the pool's 384 slots: nothing evicted yet
+    assert sum(jumps[4:]) > 0  # evicted for the later ones
+    assert sum(jumps) <= 0.1 * sum(len(p) - 1 for p in pages), jumps

@@ -147,34 +147,76 @@ inline void narrow_scores(const KV* const* krow, const float* const* kr, const f
 }
 
 #if RADIXSERVE_VEC_BF16
-// narrow_scores with Pairs for bf16 keys, each 16 keys' pairs of dimensions transposed in
-// registers and scored there rather than copied to ``kt`` and loaded back: the same chain per
-// score (the pairs in order), so the same bits. Up to three rows: their accumulators, the 16
-// transposed words and the shuffles' operands fit in the 32 registers. On the 2-core AMD VM
-// (SmolLM2's shape, keys in the caches) a decode row's attention took less time this way
-// (benchmarks/bench_decode_attention.py).
+// out[j] lane i = src[i][col + j] for i < 16, j < 8: sixteen rows' 8 words from ``col`` on,
+// transposed in registers: a[i] takes row r(i) in its low half and row r(i) + 4 in its high
+// half (r = 0, 1, 2, 3, 8, 9, 10, 11), then as transpose16 within the 128-bit quarters and
+// over them. As many shuffles a word as transpose16, for half its output: two groups of
+// keys' words then fit in the registers beside their accumulators
+// (narrow_scores_in_registers).
+__attribute__((always_inline)) inline void transpose16x8(const float* const* src, int64_t col, __m512 (&out)[8]) {
+  __m512 a[8], b[8];
+  for (int i = 0; i < 8; ++i) {
+    const int64_t r = i < 4 ? i : i + 4;
+    const __m512 lo = _mm512_castps256_ps512(_mm256_loadu_ps(src[r] + col));
+    a[i] = _mm512_insertf32x8(lo, _mm256_loadu_ps(src[r + 4] + col), 1);
+  }
+  for (int i = 0; i < 8; i += 2) {
+    b[i] = _mm512_unpacklo_ps(a[i], a[i + 1]);
+    b[i + 1] = _mm512_unpackhi_ps(a[i], a[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    for (int u = 0; u < 2; ++u) {
+      const __m512d x = _mm512_castps_pd(b[i + u]), y = _mm512_castps_pd(b[i + u + 2]);
+      a[i + 2 * u] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
+      a[i + 2 * u + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
+    }
+  }
+  // Quarter p of a[u] (u < 4) now holds word u + 4 (p % 2) of rows 0-3 (p < 2) or 4-7, and
+  // of a[u + 4] the same word of rows 8-11 or 12-15: one shuffle gathers a word's quarters.
+  for (int u = 0; u < 4; ++u) {
+    out[u] = _mm512_shuffle_f32x4(a[u], a[u + 4], 0x88);
+    out[u + 4] = _mm512_shuffle_f32x4(a[u], a[u + 4], 0xdd);
+  }
+}
+
+// narrow_scores with Pairs for bf16 keys, 16 keys' pairs of dimensions transposed in
+// registers (8 pairs at a time) and scored there rather than copied to ``kt`` and loaded
+// back: the same chain per score (the pairs in order), so the same bits. Two groups of 16
+// keys side by side, as fp8_scores: a score's chain of dependent vdpbf16ps is what makes a
+// row's bits its own, so the chains must be many to hide their latency (R of them, one
+// group at a time, left the products waiting on each other), and each query pair broadcast
+// serves both groups. Up to three rows: 2R accumulators and two groups' 8 words in registers.
 template <int NC, int R, typename Ahead>
 inline void narrow_scores_in_registers(const c10::BFloat16* const* krow, const uint32_t* __restrict qw, float scale,
                                        vf (&sc)[R][kBlock / kLanes], Ahead&& ahead) {
-  static_assert(R <= 3 && NC % 2 == 0, "R accumulators and 16 words in registers; pairs of vectors");
-  constexpr int64_t d = NC * kLanes, G = kBlock / kLanes;
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t t = g * kLanes; t < (g + 1) * kLanes; ++t) ahead(t);
-    const float* words[16];
-    for (int i = 0; i < 16; ++i) words[i] = reinterpret_cast<const float*>(krow[g * kLanes + i]);
-    __m512 dot[R];  // in registers: one group of 16 keys at a time
-    for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_ps();
-    for (int c = 0; c < NC / 2; ++c) {
-      __m512 w[16];  // w[j] lane i: pair 16 c + j of key 16 g + i
-      transpose16(words, c * kLanes, w);
-      for (int j = 0; j < 16; ++j) {
+  static_assert(R <= 3, "2R accumulators and two groups' words in registers");
+  constexpr int64_t d = NC * kLanes, G = kBlock / kLanes, GB = 2;
+  static_assert(G % GB == 0, "whole pairs of groups");
+  for (int64_t g0 = 0; g0 < G; g0 += GB) {
+    const float* words[GB][16];
+    for (int b = 0; b < GB; ++b) {
+      for (int i = 0; i < 16; ++i) words[b][i] = reinterpret_cast<const float*>(krow[(g0 + b) * kLanes + i]);
+    }
+    __m512 dot[R][GB];
+    for (int r = 0; r < R; ++r) {
+      for (int b = 0; b < GB; ++b) dot[r][b] = _mm512_setzero_ps();
+    }
+    for (int64_t c = 0; c < d / 2; c += 8) {
+      // The groups' keys' ahead() spread over the chunks: a burst would overflow the miss queues.
+      const int64_t keys = GB * kLanes, chunks = d / 16, from = g0 * kLanes;
+      for (int64_t t = from + c / 8 * keys / chunks; t < from + (c / 8 + 1) * keys / chunks; ++t) ahead(t);
+      __m512 w[GB][8];  // w[b][j] lane i: pair c + j of key 16 (g0 + b) + i
+      for (int b = 0; b < GB; ++b) transpose16x8(words[b], c, w[b]);
+      for (int j = 0; j < 8; ++j) {
         for (int r = 0; r < R; ++r) {
-          const __m512bh qj = (__m512bh)_mm512_set1_epi32(static_cast<int>(qw[r * (d / 2) + c * kLanes + j]));
-          dot[r] = _mm512_dpbf16_ps(dot[r], qj, (__m512bh)w[j]);
+          const __m512bh qj = (__m512bh)_mm512_set1_epi32(static_cast<int>(qw[r * (d / 2) + c + j]));
+          for (int b = 0; b < GB; ++b) dot[r][b] = _mm512_dpbf16_ps(dot[r][b], qj, (__m512bh)w[b][j]);
         }
       }
     }
-    for (int r = 0; r < R; ++r) sc[r][g] = static_cast<vf>(dot[r]) * scale;
+    for (int r = 0; r < R; ++r) {
+      for (int b = 0; b < GB; ++b) sc[r][g0 + b] = static_cast<vf>(dot[r][b]) * scale;
+    }
   }
 }
 #endif
