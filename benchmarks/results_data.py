@@ -229,6 +229,7 @@ def figures() -> dict[str, Figure]:
     decode_floor_figures(add)
     long_context_curve_figures(add)
     int4_kernel_figures(add)
+    decode_two_groups_figures(add)
     speculative_figures(add)
     return figs
 
@@ -361,6 +362,7 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         ("bench_long_context_s37.json", "_s37"),
         ("bench_long_context_s37b.json", "_s37b"),
         ("bench_long_context_s37c.json", "_s37c"),
+        ("bench_long_context_s38.json", "_s38"),
     ):
         for key, fig in (
             ("ttft_s", "long_context_ttft_vs_vllm"),
@@ -371,8 +373,9 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
     # sessions 32 and 33 (the kernels differ only in how a decode reads quantized pages), and
     # with session 34's (bf16 queries over int8 pages in integer products; bf16 unchanged),
     # 35's (fp8 pages read in place by decode rows; bf16 unchanged), 36's (the same kernel)
-    # and 37's (int4 pages read by the kernel; bf16, int8 and fp8 unchanged). Each aggregate
-    # is the runs up to its session's, in order.
+    # 37's (int4 pages read by the kernel; bf16, int8 and fp8 unchanged) and 38's (a decode
+    # row's bf16 scores two groups of keys at a time). Each aggregate is the runs up to its
+    # session's, in order.
     paused_runs = [
         "bench_long_context_s32.json",
         "bench_long_context_s33.json",
@@ -382,8 +385,17 @@ def long_context_figures(add: Callable[[str, str, Iterable[str]], None]) -> None
         "bench_long_context_s36b.json",
         "bench_long_context_s37.json",
         "bench_long_context_s37c.json",
+        "bench_long_context_s38.json",
     ]
-    for runs, suffix in ((2, ""), (3, "_to_s34"), (5, "_to_s35"), (6, "_to_s36"), (8, "_to_s37")):
+    aggregates = (
+        (2, ""),
+        (3, "_to_s34"),
+        (5, "_to_s35"),
+        (6, "_to_s36"),
+        (8, "_to_s37"),
+        (9, "_to_s38"),
+    )
+    for runs, suffix in aggregates:
         paused = paused_runs[:runs]
         for key, fig in (
             ("ttft_s", "long_context_ttft_vs_vllm_paused"),
@@ -463,6 +475,44 @@ def int4_kernel_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
         add(f"long_context_int4_ttft_vs_bf16{suffix}", spread(ratios), [name])
 
 
+def decode_two_groups_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
+    """Session 38's kernel (a decode row's bf16 scores two groups of 16 keys at a time;
+    benchmarks/long_context.md, "Two groups of keys at a time"), repetition by repetition:
+    at 7,500 tokens a decode row's attention per layer over the kernel before's (8c22c4b,
+    timed alternately) from the caches and from memory, bf16 and int4 pages, in ascending
+    order and scattered; this kernel's bf16 time from memory over a bare cold read of the same
+    ascending pages. Through HTTP (the one command's run), the time per output token with
+    int4 KV over bf16 KV's, alone and over every run since int4 pages are read by the kernel."""
+    for name, pages in (
+        ("bench_decode_attention_s38.json", "ascending"),
+        ("bench_decode_attention_s38b.json", "scattered"),
+    ):
+        d = load(name)
+        rows = {(r["dtype"], r["context"]): r["samples_us"] for r in d["results"]}
+        for dtype, label in (("bfloat16", "bf16"), ("int4", "int4")):
+            s = rows[(dtype, 7500)]
+            for kind in ("hot", "cold"):
+                pairs = zip(s[f"current {kind}"], s[f"{d['baseline']} {kind}"], strict=True)
+                add(
+                    f"decode_{label}_{kind}_now_over_before_{pages}_s38",
+                    spread(a / b for a, b in pairs),
+                    [name],
+                )
+        s = rows[("bfloat16", 7500)]
+        over = [a / b for a, b in zip(s["current cold"], s["read cold"], strict=True)]
+        add(f"decode_bf16_cold_over_read_{pages}_s38", spread(over), [name])
+    name = "bench_long_context_s38.json"
+    add("long_context_int4_vs_bf16_s38", spread(_kv_over_bf16(name, "int4")), [name])
+    runs = [
+        "bench_long_context_s37.json",
+        "bench_long_context_s37b.json",
+        "bench_long_context_s37c.json",
+        name,
+    ]
+    ratios = [x for n in runs for x in _kv_over_bf16(n, "int4")]
+    add("long_context_int4_vs_bf16_to_s38", spread(ratios), runs)
+
+
 def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
     """The quiet AMD runs (benchmarks/long_context.md): through HTTP, each repetition's growth
     of the time per output token from 1,000 to 7,500 tokens of context over the growth of
@@ -488,6 +538,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s36b.json", "long_context_tpot_growth_s36b"),
         ("bench_long_context_s37.json", "long_context_tpot_growth_s37"),
         ("bench_long_context_s37c.json", "long_context_tpot_growth_s37c"),
+        ("bench_long_context_s38.json", "long_context_tpot_growth_s38"),
     ):
         d = load(name)
         growth = d["growth"]["radixserve-bf16"]
@@ -525,6 +576,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s36b.json", "_s36b"),
         ("bench_long_context_s37.json", "_s37"),
         ("bench_long_context_s37c.json", "_s37c"),
+        ("bench_long_context_s38.json", "_s38"),
     ):
         for kv in ("int8", "fp8_e4m3"):
             add(f"long_context_{kv}_vs_bf16{suffix}", spread(_kv_over_bf16(name, kv)), [name])
@@ -535,8 +587,10 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
     # int8 and fp8 paths unchanged).
     kernel = [*both, "bench_long_context_s36b.json"]
     to_s37 = [*kernel, "bench_long_context_s37.json", "bench_long_context_s37c.json"]
+    to_s38 = [*to_s37, "bench_long_context_s38.json"]
+    sets = ((both, "_s35_both"), (kernel, "_s35_kernel"), (to_s37, "_to_s37"), (to_s38, "_to_s38"))
     for kv in ("int8", "fp8_e4m3"):
-        for runs, suffix in ((both, "_s35_both"), (kernel, "_s35_kernel"), (to_s37, "_to_s37")):
+        for runs, suffix in sets:
             ratios = [x for name in runs for x in _kv_over_bf16(name, kv)]
             add(f"long_context_{kv}_vs_bf16{suffix}", spread(ratios), runs)
     # Sessions 34's run (int8 pages in integer products, whole runs made ready for a prefill)
@@ -550,6 +604,7 @@ def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -
         ("bench_long_context_s36b.json", "_s36b"),
         ("bench_long_context_s37.json", "_s37"),
         ("bench_long_context_s37c.json", "_s37c"),
+        ("bench_long_context_s38.json", "_s38"),
     ):
         for kv in ("int8", "fp8_e4m3"):
             ratios = _kv_over_bf16(name, kv, "ttft_s")

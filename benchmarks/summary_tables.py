@@ -85,6 +85,7 @@ from summary_tables_s34 import TABLES as TABLES_S34
 from summary_tables_s35 import TABLES as TABLES_S35
 from summary_tables_s36 import TABLES as TABLES_S36
 from summary_tables_s37 import TABLES as TABLES_S37
+from summary_tables_s38 import TABLES as TABLES_S38
 
 
 def _machine(name: str) -> str:
@@ -396,6 +397,7 @@ TABLES: dict[str, Callable[[], str]] = {
     **TABLES_S35,
     **TABLES_S36,
     **TABLES_S37,
+    **TABLES_S38,
     "long_context_floor_samples": table_long_context_floor_samples,
     "speculative_amd": table_speculative_amd,
     "speculative_concurrent_amd": table_speculative_concurrent_amd,
