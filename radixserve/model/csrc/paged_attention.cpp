@@ -159,6 +159,164 @@ inline void score_pairs(const __m512i* qp, const uint32_t* const* kw, int64_t n,
 }
 #endif
 
+// The queries of up to kLanes rows (``q`` from row ``r0``, ``lanes`` of them) in the forms
+// attend_run's blocks read, each built when a block first needs it: transposed floats for
+// the rows-in-lanes FMAs, and with Pairs (bf16 values: the top halves of the floats' bits are
+// the bf16 words) a narrow block's rows as pairs, and the rows' pairs with the rows in the
+// lanes. Narrow blocks need no transposition, and building it is ~1,500 cycles (a vector
+// load over fresh scalar stores per dimension), the cost of ~15 keys.
+template <int NC, bool Pairs>
+class RowQueries {
+ public:
+  static constexpr int64_t d = NC * kLanes;
+
+  RowQueries(const float* q, int64_t r0, int64_t lanes) : q_(q + r0 * d), lanes_(lanes) {}
+
+  // qt[j] lane r = q[r][j].
+  const vf* transposed() {
+    if (!have_qt_) {
+      for (int64_t j = 0; j < d; ++j) {
+        float col[kLanes] = {};
+        for (int64_t r = 0; r < lanes_; ++r) col[r] = q_[r * d + j];
+        qt_[j] = load_vf(col);
+      }
+      have_qt_ = true;
+    }
+    return qt_;
+  }
+
+  // Row r's pair j at [r * d / 2 + j] (a narrow block's rows).
+  const uint32_t* pairs() {
+    if (!have_qw_) {
+      for (int64_t r = 0; r < lanes_; ++r) {
+        for (int64_t j = 0; j < d / 2; ++j) qw_[r * (d / 2) + j] = bf16_pair(q_ + r * d + 2 * j);
+      }
+      have_qw_ = true;
+    }
+    return qw_;
+  }
+
+#if RADIXSERVE_VEC_BF16
+  // qp[j] lane r: row r's pair j (zero past ``lanes``). Each row's floats made pairs by one
+  // exact conversion per 32, then the rows' pairs transposed 16 at a time (a scalar pair per
+  // row and word was ~10 % of a prefill chunk's attention on the 2-core AMD VM).
+  const __m512i* lane_pairs() {
+    if (!have_qp_) {
+      alignas(64) uint32_t words[kLanes][d / 2];
+      const float* rows16[kLanes];
+      for (int64_t r = 0; r < kLanes; ++r) {
+        for (int64_t j = 0; j < d / 2; j += kLanes) {
+          __m512i w = _mm512_setzero_si512();
+          if (r < lanes_) {
+            const float* x = q_ + r * d + 2 * j;
+            w = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + kLanes), _mm512_loadu_ps(x));
+          }
+          _mm512_store_si512(words[r] + j, w);
+        }
+        rows16[r] = reinterpret_cast<const float*>(words[r]);
+      }
+      for (int64_t c = 0; c < d / 2; c += kLanes) {
+        __m512 t[16];
+        transpose16(rows16, c, t);
+        for (int64_t j = 0; j < kLanes; ++j) qp_[c + j] = _mm512_castps_si512(t[j]);
+      }
+      have_qp_ = true;
+    }
+    return qp_;
+  }
+#endif
+
+ private:
+  const float* q_;
+  int64_t lanes_;
+  bool have_qt_ = false, have_qw_ = false, have_qp_ = false;
+  vf qt_[d];
+  uint32_t qw_[Pairs ? kNarrowRows * d / 2 : 1];
+#if RADIXSERVE_VEC_BF16
+  __m512i qp_[Pairs ? d / 2 : 1];
+#endif
+};
+
+// Which keys of [key_begin, key_end) the rows r0 .. r0 + lanes - 1 see, from their causal
+// ``limit`` (the last key, or null: all) and window ``first`` (the first key, or null: from
+// key_begin): the lanes' bounds as vectors, and the keys every lane sees or none does.
+struct RowBounds {
+  int64_t keys;       // past the last key any lane sees: no key from here on is read
+  int64_t lim_min;    // keys up to here are seen by every lane (as far as ``first`` allows)
+  int64_t first_min;  // keys before here are seen by no lane, and not read
+  int64_t first_max;  // keys from here on are seen by every lane (as far as ``limit`` allows)
+  vi vlim, vfirst;    // each lane's last and first key (lanes past ``lanes``: harmless bounds)
+
+  RowBounds(const int32_t* limit, const int32_t* first, int64_t r0, int64_t lanes, int64_t key_begin,
+            int64_t key_end)
+      : keys(key_end),
+        lim_min(key_end - 1),
+        first_min(key_begin),
+        first_max(key_begin),
+        vlim(vi{} + static_cast<int32_t>(key_end - 1)),
+        vfirst{} {
+    if (limit != nullptr) {
+      int32_t lim[kLanes];
+      const int32_t* lo = std::min_element(limit + r0, limit + r0 + lanes);
+      const int32_t* hi = std::max_element(limit + r0, limit + r0 + lanes);
+      for (int64_t r = 0; r < kLanes; ++r) lim[r] = r < lanes ? limit[r0 + r] : *hi;
+      std::memcpy(&vlim, lim, sizeof vlim);
+      lim_min = *lo;
+      keys = std::min<int64_t>(keys, *hi + 1);
+    }
+    if (first != nullptr) {
+      int32_t fs[kLanes];
+      const int32_t* lo = std::min_element(first + r0, first + r0 + lanes);
+      for (int64_t r = 0; r < kLanes; ++r) fs[r] = r < lanes ? first[r0 + r] : *lo;
+      std::memcpy(&vfirst, fs, sizeof vfirst);
+      first_min = std::max<int64_t>(key_begin, *lo);
+      first_max = *std::max_element(first + r0, first + r0 + lanes);
+    }
+  }
+
+  // Per lane, whether it sees ``key``.
+  vi seen(int64_t key) const {
+    const vi k = vi{} + static_cast<int32_t>(key);
+    return (k <= vlim) & (k >= vfirst);
+  }
+  // Whether some lane of a block [start, start + n) does not see all of it.
+  bool masked(int64_t start, int64_t n) const { return start + n - 1 > lim_min || start < first_max; }
+};
+
+// A rows-in-lanes block's online-softmax step over its scores ``p`` (``n`` keys from
+// ``start``; with ``masked`` the keys a lane does not see take no part): the soft-cap where
+// ``cap2`` is set, the lanes' maximum (``top``: the scores' maximum as scored, which a mask
+// or the cap changes), the probabilities in ``p`` (zero past ``n``), their sum in the block
+// sum's order (paged_attention.h) and the rescaled state ``vm``, ``vl``. Returns the factor
+// alpha the rows' accumulators take before the block's products.
+template <bool Pairs>
+inline vf block_softmax(vf (&p)[kBlock], int64_t n, int64_t start, const RowBounds* masked, float cap2, vf top, vf& vm,
+                        vf& vl) {
+  int64_t t = 0;
+  if (cap2 != 0.0f) {
+    for (t = 0; t < n; ++t) p[t] = soft_cap(p[t], cap2);
+  }
+  if (masked != nullptr) {
+    for (t = 0; t < n; ++t) p[t] = masked->seen(start + t) ? p[t] : splat(kNoMax);
+  }
+  vf mx = top;
+  if (!Pairs || masked != nullptr || cap2 != 0.0f) {
+    mx = vm;
+    for (t = 0; t < n; ++t) mx = vmax(mx, p[t]);
+  }
+  const vf alpha = exp2_nonpositive(vm - mx);
+  for (t = 0; t < n; ++t) {
+    p[t] = exp2_nonpositive(p[t] - mx);
+    if (masked != nullptr) p[t] = masked->seen(start + t) ? p[t] : vf{};
+  }
+  for (; t < kBlock; ++t) p[t] = vf{};  // keys past a short block's end
+  vf part[kLanes];
+  for (int64_t i = 0; i < kLanes; ++i) part[i] = ((p[i] + p[kLanes + i]) + p[2 * kLanes + i]) + p[3 * kLanes + i];
+  vm = mx;
+  vl = vl * alpha + lanes_sum(part);
+  return alpha;
+}
+
 template <int NC, typename KV, bool Pairs>
 void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, int64_t key_end,
                 const float* __restrict q, float scale, int64_t rows, const int32_t* limit, const int32_t* first,
@@ -176,103 +334,26 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
   const float* kr[kBlock];
   const float* vr[kBlock];
   int64_t next[kBlock];  // offsets of the next block's rows
-  vf qt[d];           // queries transposed: qt[j] lane r = q[r][j]
-  vf p[kBlock];       // scores, then probabilities: p[t] lane r
+  vf p[kBlock];          // scores, then probabilities: p[t] lane r
   for (int64_t r0 = 0; r0 < rows; r0 += kLanes) {
     const int64_t lanes = std::min(kLanes, rows - r0);
-    // Built when a block first needs it: narrow blocks do not, and building it is ~1,500
-    // cycles (a vector load over fresh scalar stores per dimension), the cost of ~15 keys.
-    bool have_qt = false;
-    auto transpose_q = [&] {
-      for (int64_t j = 0; j < d; ++j) {
-        float col[kLanes] = {};
-        for (int64_t r = 0; r < lanes; ++r) col[r] = q[(r0 + r) * d + j];
-        qt[j] = load_vf(col);
-      }
-      have_qt = true;
-    };
-    // With Pairs, a narrow block's rows as bf16 pairs (the floats are bf16 values: the top
-    // halves of their bits are the bf16 words), built when first needed.
-    uint32_t qw[Pairs ? kNarrowRows * d / 2 : 1];
-    bool have_qw = false;
-    auto pair_q = [&] {
-      for (int64_t r = 0; r < lanes; ++r) {
-        for (int64_t j = 0; j < d / 2; ++j) qw[r * (d / 2) + j] = bf16_pair(q + (r0 + r) * d + 2 * j);
-      }
-      have_qw = true;
-    };
-#if RADIXSERVE_VEC_BF16
-    // With Pairs, the rows' queries as pairs with the rows in the lanes (qp[j] lane r: row
-    // r's pair j; zero past ``lanes``), for the other blocks, built when first needed.
-    __m512i qp[Pairs ? d / 2 : 1];
-    bool have_qp = false;
-    // Each row's floats (bf16 values) made pairs by one exact conversion per 32, then the
-    // rows' pairs transposed 16 at a time (a scalar pair per row and word was ~10 % of a
-    // prefill chunk's attention on the 2-core AMD VM).
-    auto pair_rows = [&] {
-      alignas(64) uint32_t words[kLanes][d / 2];
-      const float* rows16[kLanes];
-      for (int64_t r = 0; r < kLanes; ++r) {
-        for (int64_t j = 0; j < d / 2; j += kLanes) {
-          __m512i w = _mm512_setzero_si512();
-          if (r < lanes) {
-            const float* x = q + (r0 + r) * d + 2 * j;
-            w = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + kLanes), _mm512_loadu_ps(x));
-          }
-          _mm512_store_si512(words[r] + j, w);
-        }
-        rows16[r] = reinterpret_cast<const float*>(words[r]);
-      }
-      for (int64_t c = 0; c < d / 2; c += kLanes) {
-        __m512 t[16];
-        transpose16(rows16, c, t);
-        for (int64_t j = 0; j < kLanes; ++j) qp[c + j] = _mm512_castps_si512(t[j]);
-      }
-      have_qp = true;
-    };
-#endif
+    RowQueries<NC, Pairs> queries(q, r0, lanes);
     float mv[kLanes], lv[kLanes];
     for (int64_t r = 0; r < kLanes; ++r) {
       mv[r] = r < lanes ? m[r0 + r] : kNoMax;
       lv[r] = r < lanes ? l[r0 + r] : 0.0f;
     }
     vf vm = load_vf(mv), vl = load_vf(lv);
-    // Keys up to lim_min are seen by every lane; past lim_max by none.
-    int64_t keys = key_end, lim_min = key_end - 1;
-    vi vlim = vi{} + static_cast<int32_t>(key_end - 1);
-    if (limit != nullptr) {
-      int32_t lim[kLanes];
-      const int32_t* lo = std::min_element(limit + r0, limit + r0 + lanes);
-      const int32_t* hi = std::max_element(limit + r0, limit + r0 + lanes);
-      for (int64_t r = 0; r < kLanes; ++r) lim[r] = r < lanes ? limit[r0 + r] : *hi;
-      std::memcpy(&vlim, lim, sizeof vlim);
-      lim_min = *lo;
-      keys = std::min<int64_t>(keys, *hi + 1);
-    }
-    // Keys from first_max on are seen by every lane (as far as limit allows); before
-    // first_min by none, and those are not read.
-    int64_t first_min = key_begin, first_max = key_begin;
-    vi vfirst{};
-    if (first != nullptr) {
-      int32_t fs[kLanes];
-      const int32_t* lo = std::min_element(first + r0, first + r0 + lanes);
-      for (int64_t r = 0; r < kLanes; ++r) fs[r] = r < lanes ? first[r0 + r] : *lo;
-      std::memcpy(&vfirst, fs, sizeof vfirst);
-      first_min = std::max<int64_t>(key_begin, *lo);
-      first_max = *std::max_element(first + r0, first + r0 + lanes);
-    }
-    auto seen = [&](int64_t key) {
-      const vi k = vi{} + static_cast<int32_t>(key);
-      return (k <= vlim) & (k >= vfirst);
-    };
-    for (int64_t start = first_min; start < keys; start += kBlock) {
+    const RowBounds bounds(limit, first, r0, lanes, key_begin, key_end);
+    const int64_t keys = bounds.keys;
+    for (int64_t start = bounds.first_min; start < keys; start += kBlock) {
       const int64_t n = std::min(kBlock, keys - start);
-      const bool masked = start + n - 1 > lim_min || start < first_max;
+      const bool masked = bounds.masked(start, n);
       const bool narrow = lanes <= kNarrowRows && n == kBlock && !masked && cap2 == 0.0f;
 #if RADIXSERVE_FP8_BYTES
       if constexpr (kFp8InPlace<NC, Pairs>) {
         if (narrow && sc.fp8 != nullptr) {  // fp8 codes read where they lie: nothing to fill or gather here
-          if (!have_qw) pair_q();
+          const uint32_t* qw = queries.pairs();
           const int64_t next_n = sc.streaming ? 0 : std::min(kBlock, keys - start - n);
           with_narrow_rows(lanes, [&](auto rows_c) {
             fp8_narrow_block<NC, decltype(rows_c)::value>(*sc.fp8, start, next_n, qw, scale, vm, vl, acc + r0 * d, sc);
@@ -323,7 +404,8 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
         };
         float* acc0 = acc + r0 * d;
         const float* q0 = q + r0 * d;
-        if (Pairs && !have_qw) pair_q();
+        const uint32_t* qw = nullptr;
+        if constexpr (Pairs) qw = queries.pairs();
         with_narrow_rows(lanes, [&](auto rows_c) {
           narrow_block<NC, decltype(rows_c)::value, Pairs>(krow, kr, values, q0, qw, scale, vm, vl, acc0, sc, ahead);
         });
@@ -338,35 +420,12 @@ void attend_run(const Layer<KV>& L, int64_t h, KeyRun run, int64_t key_begin, in
       vf top = vm;
       if constexpr (Pairs) {
 #if RADIXSERVE_VEC_BF16
-        if (!have_qp) pair_rows();
-        score_pairs<NC>(qp, reinterpret_cast<const uint32_t* const*>(krow), n, scale, p, top, ahead);
+        score_pairs<NC>(queries.lane_pairs(), reinterpret_cast<const uint32_t* const*>(krow), n, scale, p, top, ahead);
 #endif
       } else {
-        if (!have_qt) transpose_q();
-        score_rows<NC>(qt, kr, n, p, ahead);
+        score_rows<NC>(queries.transposed(), kr, n, p, ahead);
       }
-      int64_t t = 0;
-      if (cap2 != 0.0f) {
-        for (t = 0; t < n; ++t) p[t] = soft_cap(p[t], cap2);
-      }
-      if (masked) {
-        for (t = 0; t < n; ++t) p[t] = seen(start + t) ? p[t] : splat(kNoMax);
-      }
-      vf mx = top;  // the scores' maximum as scored, unless a mask or the cap changed them
-      if (!Pairs || masked || cap2 != 0.0f) {
-        mx = vm;
-        for (t = 0; t < n; ++t) mx = vmax(mx, p[t]);
-      }
-      const vf alpha = exp2_nonpositive(vm - mx);
-      for (t = 0; t < n; ++t) {
-        p[t] = exp2_nonpositive(p[t] - mx);
-        if (masked) p[t] = seen(start + t) ? p[t] : vf{};
-      }
-      for (; t < kBlock; ++t) p[t] = vf{};  // keys past a short block's end
-      vf part[kLanes];  // the block sum's order (paged_attention.h)
-      for (int64_t i = 0; i < kLanes; ++i) part[i] = ((p[i] + p[kLanes + i]) + p[2 * kLanes + i]) + p[3 * kLanes + i];
-      vm = mx;
-      vl = vl * alpha + lanes_sum(part);
+      const vf alpha = block_softmax<Pairs>(p, n, start, masked ? &bounds : nullptr, cap2, top, vm, vl);
 #if RADIXSERVE_VEC_BF16
       if constexpr (Pairs) {
         // The values as pairs of keys: paired for the call (``start`` is even: no window), or here.
