@@ -67,9 +67,7 @@ inline void fp8_scores(const uint8_t* const* krow, const Fp8Bytes& table, const 
   const __m512i split = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
   for (int g0 = 0; g0 < G; g0 += GB) {
     const float* words[GB][16];
-    for (int b = 0; b < GB; ++b) {
-      for (int i = 0; i < 16; ++i) words[b][i] = reinterpret_cast<const float*>(krow[(g0 + b) * kLanes + i]);
-    }
+    group_words<GB>(krow, g0, words);
     __m512 dot[R][GB];
     for (int r = 0; r < R; ++r) {
       for (int b = 0; b < GB; ++b) dot[r][b] = _mm512_setzero_ps();

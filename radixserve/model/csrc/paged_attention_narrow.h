@@ -179,6 +179,15 @@ __attribute__((always_inline)) inline void transpose16x8(const float* const* src
   }
 }
 
+// The rows of ``GB`` groups of 16 keys from group ``g0`` of a block (``krow``: each key's
+// row, bf16 values or fp8 codes) as 32-bit words, the transpositions' operands.
+template <int GB, typename T>
+inline void group_words(const T* const* krow, int64_t g0, const float* (&words)[GB][16]) {
+  for (int b = 0; b < GB; ++b) {
+    for (int i = 0; i < 16; ++i) words[b][i] = reinterpret_cast<const float*>(krow[(g0 + b) * kLanes + i]);
+  }
+}
+
 // narrow_scores with Pairs for bf16 keys, 16 keys' pairs of dimensions transposed in
 // registers (8 pairs at a time) and scored there rather than copied to ``kt`` and loaded
 // back: the same chain per score (the pairs in order), so the same bits. Two groups of 16
@@ -194,9 +203,7 @@ inline void narrow_scores_in_registers(const c10::BFloat16* const* krow, const u
   static_assert(G % GB == 0, "whole pairs of groups");
   for (int64_t g0 = 0; g0 < G; g0 += GB) {
     const float* words[GB][16];
-    for (int b = 0; b < GB; ++b) {
-      for (int i = 0; i < 16; ++i) words[b][i] = reinterpret_cast<const float*>(krow[(g0 + b) * kLanes + i]);
-    }
+    group_words<GB>(krow, g0, words);
     __m512 dot[R][GB];
     for (int r = 0; r < R; ++r) {
       for (int b = 0; b < GB; ++b) dot[r][b] = _mm512_setzero_ps();
