@@ -27,14 +27,14 @@ floor a decode step's attention has on this machine for its KV as it lies, a pag
 time, rather than the steady rate of one long sequential read (``torch.sum`` over 512 MiB,
 the floor ``bench_long_context.py`` samples).
 
+    python benchmarks/bench_decode_attention.py --read-floor --dtypes bfloat16 --contexts 1000,7500
+
 ``--pages ascending`` lays each sequence's pages in ascending order, one run, as the engine's
 pool hands them to one long request at a time (a fresh pool one run, a full one a few:
 tests/scheduling/test_scheduler.py); the default, ``scattered``, in a random order, as a
 pool that has cached and evicted many interleaved requests may:
 
     python benchmarks/bench_decode_attention.py --read-floor --pages ascending --contexts 1000,7500
-
-    python benchmarks/bench_decode_attention.py --read-floor --dtypes bfloat16 --contexts 1000,7500
 
 ``--dtypes`` names the pages' dtype: ``float32`` and ``bfloat16`` pages are read as such by
 queries of their dtype; ``int8``, ``int4``, ``float8_e4m3fn`` and ``float8_e5m2`` pages hold
@@ -270,8 +270,8 @@ def layers_for(
 ) -> list[tuple[torch.Tensor, ...]]:
     """Per layer: its K and V pools, their scales (``filled_pool``) and the plan's index
     tensors for ``batch`` sequences of ``ctx`` tokens, each on its own pages, all pages in a
-    random order (``scattered``; else ascending); each sequence's last token is its new row (``prefill``: all of them,
-    causally)."""
+    random order (``scattered``; else ascending); each sequence's last token is its new row
+    (``prefill``: all of them, causally)."""
     new = ctx if prefill else 1
     pages = -(-ctx // PS)
     out = []

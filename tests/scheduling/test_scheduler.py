@@ -211,6 +211,6 @@ def test_one_request_at_a_time_reads_its_pages_in_ascending_runs() -> None:
         pages.append(list(s.requests[f"r{i}"].pages))
         drain(s)
     jumps = [sum(b != a + 1 for a, b in zip(p, p[1:])) for p in pages]
-    assert jumps[:4] == [0, 0, 0, 0]  # 280 of the pool's 384 slots: nothing evicted yet
+    assert jumps[:4] == [0, 0, 0, 0]  # 78 of the pool's 96 pages: nothing evicted yet
     assert sum(jumps[4:]) > 0  # evicted for the later ones
     assert sum(jumps) <= 0.1 * sum(len(p) - 1 for p in pages), jumps
