@@ -310,10 +310,8 @@ inline vf block_softmax(vf (&p)[kBlock], int64_t n, int64_t start, const RowBoun
     if (masked != nullptr) p[t] = masked->seen(start + t) ? p[t] : vf{};
   }
   for (; t < kBlock; ++t) p[t] = vf{};  // keys past a short block's end
-  vf part[kLanes];
-  for (int64_t i = 0; i < kLanes; ++i) part[i] = ((p[i] + p[kLanes + i]) + p[2 * kLanes + i]) + p[3 * kLanes + i];
   vm = mx;
-  vl = vl * alpha + lanes_sum(part);
+  vl = vl * alpha + block_sum(p);
   return alpha;
 }
 

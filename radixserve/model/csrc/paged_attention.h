@@ -275,6 +275,15 @@ inline vf lanes_sum(const vf (&s)[kLanes]) {
   return e[0] + e[1];
 }
 
+// A rows-in-lanes block's probability sums, lane r row r's: its keys i, 16 + i, 32 + i and
+// 48 + i first, then lanes_sum (the block sum's order above; every rows-in-lanes path sums
+// its blocks here).
+inline vf block_sum(const vf (&p)[kBlock]) {
+  vf part[kLanes];
+  for (int64_t i = 0; i < kLanes; ++i) part[i] = ((p[i] + p[kLanes + i]) + p[2 * kLanes + i]) + p[3 * kLanes + i];
+  return lanes_sum(part);
+}
+
 // cap * tanh(x / cap) over the lanes, tanh from exp2v (odd; the exponent is never positive).
 inline vf soft_cap(vf x, float cap) {
   const vf y = x / cap;

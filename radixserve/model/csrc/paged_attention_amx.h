@@ -230,10 +230,8 @@ struct AmxBlocks {
     } else {
       for (int64_t t = 0; t < kBlock; ++t) p[t] = vi{} + static_cast<int32_t>(t) < keys ? exp2_nonpositive(p[t] - top) : vf{};
     }
-    vf part[kLanes];
-    for (int64_t i = 0; i < kLanes; ++i) part[i] = ((p[i] + p[kLanes + i]) + p[2 * kLanes + i]) + p[3 * kLanes + i];
     const vf alpha = exp2_nonpositive(vm - top);
-    vl = vl * alpha + lanes_sum(part);
+    vl = vl * alpha + block_sum(p);
     for (int64_t r = 0; r < lanes; ++r) {
       mv[r] = top[r], lv[r] = vl[r];
       scale_row(acc + r * d, alpha[r]);

@@ -437,9 +437,7 @@ void int8_rows_block(const Int8Block& b, int64_t start, int64_t n, int64_t rows,
     const vi seen = (key <= vlim) & (key >= vfst);
     s[t] = seen ? exp2_nonpositive(s[t] - top) : vf{};
   }
-  vf part[kLanes];  // the block sum's order (paged_attention.h)
-  for (int64_t i = 0; i < kLanes; ++i) part[i] = ((s[i] + s[kLanes + i]) + s[2 * kLanes + i]) + s[3 * kLanes + i];
-  const vf lsum = load_vf(lv) * alpha + lanes_sum(part);
+  const vf lsum = load_vf(lv) * alpha + block_sum(s);
   for (int64_t t = 0; t < kBlock; ++t) {
     s[t] = s[t] * b.vs[t];  // the probabilities times the values' scales
     peak = vmax(peak, s[t]);

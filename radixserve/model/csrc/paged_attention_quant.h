@@ -1,9 +1,10 @@
 // The paged-attention kernel over quantized pages (int8 codes, and int4 codes of
 // Hadamard-rotated rows, with a scale per token and KV head; fp8 e4m3 / e5m2 codes with a
-// static scale per KV head; the layout of radixkernels/kv_format.py): a run's keys and values are decoded a block of 64 at a time,
-// as the unquantized kernel comes to them, into a per-thread tile of the queries' dtype that
-// it attends over as over pages of its own (so the narrow blocks and the chunk order all
-// apply; where AMX runs, a chunk at a time: its value tiles are kept by address).
+// static scale per KV head; the layout of radixkernels/kv_format.py): a run's keys and
+// values are decoded a block of 64 at a time, as the unquantized kernel comes to them, into
+// a per-thread tile of the queries' dtype that it attends over as over pages of its own (so
+// the narrow blocks and the chunk order all apply; where AMX runs, a chunk at a time: its
+// value tiles are kept by address).
 //
 // The decoding is the torch path's, value for value: code -> float32, times the scale in
 // float32 (dequantize_ref's ``x.float().mul_(s)``), rounded once to the queries' dtype (its
