@@ -240,7 +240,8 @@ class ModelRunner:
         ready: the decode graphs captured (CUDA); prefills of ``prefill_lengths`` tokens (those
         that fit ``max_seq_len``), then one greedy and one sampled decode step, run through the
         whole path (lazy allocations, library initialisations, new matmul shapes, the sampler's
-        greedy and filtered paths, the static decode buffers), writing only to the scratch page.
+        greedy and filtered paths, the static decode buffers), writing only to the scratch page;
+        under an interpreter (Triton's on the CPU: nothing to compile) only the 4-token prefill.
         A backend with kernel variants chosen at run time (Triton: the decode split count by
         batch size) first launches every variant (:func:`~radixserve.model.warmup.warm_up_model`,
         on pool pages no request holds yet). On the CPU, oneDNN's kernel for every padded row
@@ -261,6 +262,8 @@ class ModelRunner:
         from radixserve.sampling_params import SamplingParams
 
         width = self.page_table.shape[1] * self.page_size
+        if self.attn.interpreted:  # each program runs in numpy: 4 tokens take every path
+            prefill_lengths = ()
         lengths = sorted({n for n in prefill_lengths if n < min(max_seq_len, width)} | {4})
         greedy = SamplingParams(max_tokens=2, temperature=0.0)
         sampled = SamplingParams(max_tokens=2, temperature=0.7, top_k=40, top_p=0.9, min_p=0.01)

@@ -48,6 +48,9 @@ class AttentionBackend(ABC):
     # Whether a forward reads only the batch's tensors (no host metadata per step), so that a
     # decode forward over static buffers can be captured in a CUDA graph and replayed.
     supports_graph_capture = False
+    # Whether the kernels run in an interpreter (Triton's, on the CPU): warm-up then has nothing
+    # to compile, and its long prefills would only cost time (ModelRunner.warm_up).
+    interpreted = False
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Build whatever every layer of the next forward over ``batch`` shares (host lists

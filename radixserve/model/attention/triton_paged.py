@@ -108,6 +108,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
         from radixkernels.decode import device_num_sms
 
         self.num_sms = num_sms if num_sms is not None else device_num_sms(device)
+        self.interpreted = device.type == "cpu"
         self.pool = pool
         self.fmt = pool.fmt
         self._store = radixkernels.store_kv
