@@ -78,6 +78,13 @@ LlamaMLP = GatedMLP
 LlamaDecoderLayer = PreNormDecoderLayer
 
 
+def token_embedding(vocab_size: int, hidden_size: int) -> nn.Embedding:
+    """``nn.Embedding`` without its random init: the weights always come from a checkpoint,
+    and on the meta device (where models are built) the init's ``normal_`` imports
+    ``torch._dynamo``, 1-2 s of every process's start-up for nothing."""
+    return nn.Embedding(vocab_size, hidden_size, _weight=torch.empty(vocab_size, hidden_size))
+
+
 class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm (no LM head). ``cfg`` is the rank's local
     view under tensor parallelism (then the embedding is vocab-parallel)."""
@@ -87,7 +94,7 @@ class LlamaModel(nn.Module):
     ) -> None:
         super().__init__()
         self.embed_tokens: nn.Embedding | VocabParallelEmbedding = (
-            nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            token_embedding(cfg.vocab_size, cfg.hidden_size)
             if shard is None
             else VocabParallelEmbedding(shard, cfg.hidden_size, tp)
         )

@@ -37,7 +37,13 @@ from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.config import ModelConfig
 from radixserve.model.forward_batch import ForwardBatch
 from radixserve.model.layers.decoder import decoder_layer
-from radixserve.model.llama import LlamaDecoderLayer, LlamaForCausalLM, RMSNorm, RotaryEmbedding
+from radixserve.model.llama import (
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    RMSNorm,
+    RotaryEmbedding,
+    token_embedding,
+)
 from radixserve.model.parallel import (
     ParallelLMHead,
     TPGroup,
@@ -65,7 +71,7 @@ class StageBody(nn.Module):
         self.embed_tokens: nn.Module | None = None
         if stage.has_embedding:
             self.embed_tokens = (
-                nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+                token_embedding(cfg.vocab_size, cfg.hidden_size)
                 if tp_shard is None
                 else VocabParallelEmbedding(tp_shard, cfg.hidden_size, tp)
             )

@@ -24,6 +24,22 @@ def test_weights_land_exactly(tiny_llama_dir: Path) -> None:
     assert not any(p.requires_grad for p in model.parameters())
 
 
+def test_loading_draws_no_random_init(
+    tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every weight comes from the checkpoint, so building the model draws nothing: the
+    embedding's ``normal_`` on the meta device imports ``torch._dynamo``, a second or two of
+    every worker's start-up."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a random init ran while loading")
+
+    monkeypatch.setattr(torch.nn.init, "normal_", refuse)
+    model = load_model(tiny_llama_dir)
+    raw = load_file(str(tiny_llama_dir / "model.safetensors"))
+    assert torch.equal(model.model.embed_tokens.weight, raw["model.embed_tokens.weight"])
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", torch.float32])
 def test_dtype_selectable(tiny_qwen2_dir: Path, dtype: str | torch.dtype) -> None:
     model = load_model(tiny_qwen2_dir, dtype=dtype)
