@@ -12,15 +12,17 @@ on the same process; jobs go to the process with the fewest outstanding).
     Router loop ──EncodeJob──> ROUTER (ipc) ──> tokenizer process 0 … N-1 (DEALER)
                 <──Encoded────                <──  PromptCodec.encode (chat template, BPE)
 
-Each process loads the same tokenizer (from its directory; a tokenizer object without one
-is saved to a temporary directory first), says :class:`PoolReady`, and serves jobs until
+Each process loads the same tokenizer (the router's own, pickled into the pool's private
+directory: a new process unpickles it in about a second, where transformers' AutoTokenizer
+takes about four, most of it importing the model's config classes; from its directory when
+it does not pickle), says :class:`PoolReady`, and serves jobs until
 its parent goes (``PR_SET_PDEATHSIG`` and a ``getppid`` check) or it is told to stop. A
 process that dies fails its outstanding jobs (an ``internal`` error for those requests)
 and is started again (after ``restart_limit`` deaths the router encodes on its own loop
 rather than serve nothing). Incremental detokenizing stays in the router: its cost per step is
 a window of a few tokens, whatever the request's size.
 
-Run as ``python -m radixserve.serving.router.tokenizer_pool ENDPOINT TOKENIZER_DIR PARENT_PID``
+Run as ``python -m radixserve.serving.router.tokenizer_pool ENDPOINT TOKENIZER PARENT_PID``
 (by :class:`TokenizerPool`, never by hand).
 """
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import secrets
 import shutil
 import subprocess
@@ -114,7 +117,7 @@ class TokenizerPool:
         # a process of the same user that does still cannot pass for a pool process (secrets).
         self._tmp = tempfile.mkdtemp(prefix="radixserve-tok-")
         try:
-            self._dir = self._tokenizer_dir(tokenizer)
+            self._source = self._tokenizer_source(tokenizer)
         except BaseException:
             shutil.rmtree(self._tmp, ignore_errors=True)
             raise
@@ -132,7 +135,16 @@ class TokenizerPool:
         self.jobs = 0
         self.broken = False  # the processes kept dying: the router encodes itself (see check)
 
-    def _tokenizer_dir(self, tokenizer: Any) -> str:
+    def _tokenizer_source(self, tokenizer: Any) -> str:
+        """What the processes load: ``tokenizer`` pickled into the pool's directory (its
+        owner's alone, so no one else can put a pickle of theirs there), else its directory."""
+        out = Path(self._tmp) / "tokenizer.pickle"
+        try:
+            out.write_bytes(pickle.dumps(tokenizer))
+            return str(out)
+        except Exception as exc:  # pickle raises what the object's reducers raise
+            log.info("the tokenizer does not pickle (%s): the processes load its directory", exc)
+            out.unlink(missing_ok=True)
         path = getattr(tokenizer, "name_or_path", None)
         if isinstance(path, str) and path and (Path(path) / "tokenizer_config.json").is_file():
             return path
@@ -150,7 +162,7 @@ class TokenizerPool:
             "-m",
             "radixserve.serving.router.tokenizer_pool",
             self.endpoint,
-            self._dir,
+            self._source,
             str(os.getpid()),
         ]
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL)
@@ -330,13 +342,25 @@ def _encode(codec: Any, job: EncodeJob) -> Encoded:
         return Encoded(job.job, error=f"internal: tokenizing failed: {type(exc).__name__}: {exc}")
 
 
-def run_tokenizer_process(connect: str, tokenizer_dir: str, parent_pid: int) -> int:
-    """A pool process: load the tokenizer from ``tokenizer_dir``, then encode the jobs of the
-    pool at ``connect`` until told to stop or until ``parent_pid`` (the router) is gone."""
+def _load_tokenizer(source: str) -> Any:
+    """The pool's tokenizer: unpickled from the pool's own ``.pickle`` file, or loaded from a
+    directory."""
+    from radixserve.serving.prompts import load_tokenizer
+
+    if source.endswith(".pickle"):
+        with open(source, "rb") as f:
+            return pickle.load(f)  # written by the router into its 0700 directory
+    return load_tokenizer(source)
+
+
+def run_tokenizer_process(connect: str, tokenizer: str, parent_pid: int) -> int:
+    """A pool process: load the tokenizer from ``tokenizer`` (a pickle or a directory), then
+    encode the jobs of the pool at ``connect`` until told to stop or until ``parent_pid`` (the
+    router) is gone."""
     logging.basicConfig(level="WARNING", format="[tokenizer] %(levelname)s %(message)s")
     import signal
 
-    from radixserve.serving.prompts import PromptCodec, load_tokenizer
+    from radixserve.serving.prompts import PromptCodec
     from radixserve.serving.shutdown import die_with_parent
 
     secret = os.environ.pop(SECRET_ENV, "")
@@ -344,7 +368,7 @@ def run_tokenizer_process(connect: str, tokenizer_dir: str, parent_pid: int) -> 
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # holds no state worth a clean exit
     if os.getppid() != parent_pid:
         return 1
-    codec = PromptCodec(load_tokenizer(tokenizer_dir))
+    codec = PromptCodec(_load_tokenizer(tokenizer))
     # The first encode builds the chat template and the tokenizer's lazy state: pay for
     # it before saying ready, not in the first request's time to first token.
     for warm in (
@@ -378,6 +402,6 @@ def run_tokenizer_process(connect: str, tokenizer_dir: str, parent_pid: int) -> 
 if __name__ == "__main__":
     from radixserve.serving.shutdown import exit_now
 
-    # Started by TokenizerPool only (not a user command): ENDPOINT TOKENIZER_DIR PARENT_PID.
-    endpoint, tokenizer_dir, parent_pid = sys.argv[1:4]
-    exit_now(run_tokenizer_process(endpoint, tokenizer_dir, int(parent_pid)))
+    # Started by TokenizerPool only (not a user command): ENDPOINT TOKENIZER PARENT_PID.
+    endpoint, tokenizer, parent_pid = sys.argv[1:4]
+    exit_now(run_tokenizer_process(endpoint, tokenizer, int(parent_pid)))

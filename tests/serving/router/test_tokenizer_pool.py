@@ -4,6 +4,7 @@ only its own jobs and is started again."""
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import threading
@@ -11,9 +12,11 @@ import time
 from typing import Any
 
 import pytest
+import zmq
 
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.client import Client, ServerError
+from radixserve.serving.router.tokenizer_pool import TokenizerPool
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -88,3 +91,38 @@ def test_dead_tokenizer_process_fails_its_job_and_is_restarted(fake_server) -> N
         assert c.generate("after", params=SamplingParams(max_tokens=2)).usage.completion_tokens == 2
         assert c.tokenize(["ab"]) == [list(c.tokenize(["ab"])[0])]
     assert victim not in pool.pids
+
+
+@pytest.mark.parametrize("pickles", [True, False], ids=["pickled", "directory"])
+def test_the_processes_encode_as_the_router_does(
+    tokenizer: Any, zctx: zmq.Context, pickles: bool
+) -> None:
+    """The processes get the router's tokenizer pickled (a second to load, not transformers'
+    four), or, when it does not pickle, load its directory: either way a chat and a text
+    encode to the ids the router's own codec gives."""
+    from radixserve.serving.prompts import PromptCodec
+    from radixserve.serving.wire import protocol as p
+
+    tok = copy.deepcopy(tokenizer)
+    if not pickles:
+        tok.init_kwargs["unpicklable"] = threading.Lock()
+    pool = TokenizerPool(tok, 1, zctx)
+    got: list[tuple[list[list[int]] | None, str | None]] = []
+    try:
+        assert pool._source.endswith(".pickle") == pickles
+        chat = [p.ChatMessage(role="user", content="Hello there.")]
+        pool.submit(lambda ids, err: got.append((ids, err)), messages=chat)
+        pool.submit(lambda ids, err: got.append((ids, err)), text="a radix tree")
+        deadline = time.monotonic() + 60
+        while len(got) < 2 and time.monotonic() < deadline:
+            if pool.socket.poll(100):
+                pool.on_frames(pool.socket.recv_multipart())
+            pool.check()
+    finally:
+        pool.close()
+    codec = PromptCodec(tokenizer)
+    want = [
+        codec.encode(p.GenerateRequest(request_id="-", messages=chat)),
+        codec.encode(p.GenerateRequest(request_id="-", text="a radix tree")),
+    ]
+    assert got == [([ids], None) for ids in want]
