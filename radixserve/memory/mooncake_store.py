@@ -267,6 +267,12 @@ class MooncakeKVStore(KVStorage):
         return True
 
     def _put(self, key: PageKey, record: bytes) -> None:
+        if self._master_lost:  # queued before the master was lost: it would take seconds to fail
+            with self._lock:
+                self._pending -= 1
+            self.dropped_writes += 1
+            self._written.pop(key, None)
+            return
         try:
             rc = self._store.put(self.object_key(key), record)
         except Exception:
