@@ -72,14 +72,15 @@ def _to(weight, device: torch.device):
 
 
 def load_gguf_model(
-    gguf_path: str,
+    gguf: str | GGUFFile,
     cfg: ModelConfig,
     dtype: torch.dtype,
     device: torch.device,
     qcfg: QuantConfig | None,
 ) -> tuple[LlamaForCausalLM, QuantReport | None]:
-    """The model of ``cfg`` with the weights of ``gguf_path`` (see the module docstring)."""
-    gg = GGUFFile(gguf_path)
+    """The model of ``cfg`` with the weights of ``gguf`` (a path, or the file already read:
+    reading a file's metadata takes seconds) (see the module docstring)."""
+    gg = gguf if isinstance(gguf, GGUFFile) else GGUFFile(gguf)
     tensors = {t.name: t for t in gg.tensors()}
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)

@@ -284,10 +284,11 @@ def _load_gguf(
     from radixserve.model.gguf_loader import load_gguf_model
     from radixserve.model.quant.gguf_weights import GGUFFile
 
+    gg = GGUFFile(gguf)  # read once: its metadata (a vocabulary's strings) takes seconds
     if qcfg is None:
-        method = GGUFFile(gguf).nearest_method()
+        method = gg.nearest_method()
         qcfg = QuantConfig(method) if method else None
-    model, report = load_gguf_model(str(gguf), cfg, dtype, device, qcfg)
+    model, report = load_gguf_model(gg, cfg, dtype, device, qcfg)
     return model, report, qcfg
 
 
