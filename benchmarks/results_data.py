@@ -195,6 +195,24 @@ def figures() -> dict[str, Figure]:
     )
     startup = load("bench_startup.json")["start_ratio_head_over_baseline"]
     add("startup_curve_workers", spread(startup), ["bench_startup.json"])
+    s39 = load("bench_startup_s39.json")
+    add(
+        "startup_pickled_tokenizer",
+        spread(s39["start_ratio_head_over_baseline"]),
+        ["bench_startup_s39.json"],
+    )
+    for rev in ("head", "baseline"):
+        runs = s39["runs"][rev]
+        add(
+            f"startup_s39_{rev}_s",
+            spread((r["start_s"] for r in runs), " s"),
+            ["bench_startup_s39.json"],
+        )
+        add(
+            f"startup_s39_{rev}_first_ms",
+            spread((1000 * r["first_request_s"] for r in runs), " ms", 1),
+            ["bench_startup_s39.json"],
+        )
     tp = {r["config"]: r for r in load("bench_parallel.json")["results"]}
     add(
         "tp2_decode_slowdown",
