@@ -270,7 +270,7 @@ class MooncakeKVStore(KVStorage):
         if self._master_lost:  # queued before the master was lost: it would take seconds to fail
             with self._lock:
                 self._pending -= 1
-            self.dropped_writes += 1
+                self.dropped_writes += 1
             self._written.pop(key, None)
             return
         try:

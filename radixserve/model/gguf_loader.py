@@ -78,8 +78,8 @@ def load_gguf_model(
     device: torch.device,
     qcfg: QuantConfig | None,
 ) -> tuple[LlamaForCausalLM, QuantReport | None]:
-    """The model of ``cfg`` with the weights of ``gguf`` (a path, or the file already read:
-    reading a file's metadata takes seconds) (see the module docstring)."""
+    """The model of ``cfg`` with the weights of ``gguf`` (see the module docstring): a path,
+    or the file already read, since reading its metadata (a vocabulary's strings) is slow."""
     gg = gguf if isinstance(gguf, GGUFFile) else GGUFFile(gguf)
     tensors = {t.name: t for t in gg.tensors()}
     with torch.device("meta"):

@@ -81,7 +81,7 @@ LlamaDecoderLayer = PreNormDecoderLayer
 def token_embedding(vocab_size: int, hidden_size: int) -> nn.Embedding:
     """``nn.Embedding`` without its random init: the weights always come from a checkpoint,
     and on the meta device (where models are built) the init's ``normal_`` imports
-    ``torch._dynamo``, 1-2 s of every process's start-up for nothing."""
+    ``torch._dynamo``, a large import, into every worker's start-up for nothing."""
     return nn.Embedding(vocab_size, hidden_size, _weight=torch.empty(vocab_size, hidden_size))
 
 

@@ -284,7 +284,7 @@ def _load_gguf(
     from radixserve.model.gguf_loader import load_gguf_model
     from radixserve.model.quant.gguf_weights import GGUFFile
 
-    gg = GGUFFile(gguf)  # read once: its metadata (a vocabulary's strings) takes seconds
+    gg = GGUFFile(gguf)  # read once: its metadata (a vocabulary's strings) is slow to read
     if qcfg is None:
         method = gg.nearest_method()
         qcfg = QuantConfig(method) if method else None

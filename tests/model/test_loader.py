@@ -28,7 +28,7 @@ def test_loading_draws_no_random_init(
     tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every weight comes from the checkpoint, so building the model draws nothing: the
-    embedding's ``normal_`` on the meta device imports ``torch._dynamo``, a second or two of
+    embedding's ``normal_`` on the meta device imports ``torch._dynamo``, a large import, in
     every worker's start-up."""
 
     def refuse(*args: object, **kwargs: object) -> None:

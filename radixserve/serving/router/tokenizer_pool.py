@@ -13,9 +13,9 @@ on the same process; jobs go to the process with the fewest outstanding).
                 <──Encoded────                <──  PromptCodec.encode (chat template, BPE)
 
 Each process loads the same tokenizer (the router's own, pickled into the pool's private
-directory: a new process unpickles it in about a second, where transformers' AutoTokenizer
-takes about four, most of it importing the model's config classes; from its directory when
-it does not pickle), says :class:`PoolReady`, and serves jobs until
+directory: a new process unpickles it several times faster than transformers' AutoTokenizer
+loads it, which spends most of its time importing the model's config classes; from its
+directory when it does not pickle), says :class:`PoolReady`, and serves jobs until
 its parent goes (``PR_SET_PDEATHSIG`` and a ``getppid`` check) or it is told to stop. A
 process that dies fails its outstanding jobs (an ``internal`` error for those requests)
 and is started again (after ``restart_limit`` deaths the router encodes on its own loop

@@ -97,9 +97,9 @@ def test_dead_tokenizer_process_fails_its_job_and_is_restarted(fake_server) -> N
 def test_the_processes_encode_as_the_router_does(
     tokenizer: Any, zctx: zmq.Context, pickles: bool
 ) -> None:
-    """The processes get the router's tokenizer pickled (a second to load, not transformers'
-    four), or, when it does not pickle, load its directory: either way a chat and a text
-    encode to the ids the router's own codec gives."""
+    """The processes get the router's tokenizer pickled (faster to load than through
+    transformers' AutoTokenizer), or, when it does not pickle, load its directory: either way
+    a chat and a text encode to the ids the router's own codec gives."""
     from radixserve.serving.prompts import PromptCodec
     from radixserve.serving.wire import protocol as p
 
