@@ -4,6 +4,7 @@ another host) and ``radixserve client`` (a streaming demo)."""
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -230,6 +231,10 @@ def serve(args: argparse.Namespace) -> int:
         f"start-up took {time.monotonic() - started:.1f} s (the workers' lines above say where)",
         flush=True,
     )
+    # What start-up left (torch, transformers, the tokenizer, the gateway) lives as long as
+    # this process: frozen out of the garbage collector's scans, so that a full collection never
+    # pauses the router's loop to walk it.
+    gc.freeze()
     try:
         server.run()
     finally:

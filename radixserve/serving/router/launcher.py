@@ -13,6 +13,7 @@ then does the router close its worker socket: no orphans, and no goodbye left li
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import subprocess
@@ -162,6 +163,9 @@ class LocalServer:
                 self.close()
                 raise TimeoutError(f"workers did not join within {timeout_s:.0f} s")
             self.router.run_once(0.05)
+        # Start-up's garbage (the tokenizer's pickling, the imports) collected now, while no
+        # request waits, rather than by a full collection in the middle of the first ones.
+        gc.collect()
         return True
 
     def run(self) -> None:

@@ -28,6 +28,7 @@ Run as ``python -m radixserve.serving.router.tokenizer_pool ENDPOINT TOKENIZER P
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import pickle
@@ -377,6 +378,8 @@ def run_tokenizer_process(connect: str, tokenizer: str, parent_pid: int) -> int:
         EncodeJob(-1, texts=["Hello."]),
     ):
         _encode(codec, warm)
+    gc.collect()  # what start-up left lives as long as the process: out of the GC's scans
+    gc.freeze()
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)

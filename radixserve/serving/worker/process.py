@@ -8,6 +8,7 @@ handlers (SIGTERM/SIGINT abandon even the engine's start-up), builds the engine 
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -100,6 +101,10 @@ def run_worker(
             router_timeout_s=router_timeout_s,
             curve=curve,
         )
+        # The engine and the libraries it imported live as long as the worker: frozen out of
+        # the garbage collector's scans, so that a full collection never pauses a step.
+        gc.collect()
+        gc.freeze()
         return worker.run()
     except Interrupted:  # stopped before run() (which handles its own) took over
         if worker is not None and not worker.sock.closed:
