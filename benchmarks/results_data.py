@@ -118,6 +118,23 @@ HICACHE = [
 ]
 
 
+def startup_figures(add: Callable[[str, str, Iterable[str]], None], tag: str) -> None:
+    """bench_startup_{tag}.json: start-up over the baseline's, and each revision's start-up
+    and first request."""
+    name = f"bench_startup_{tag}.json"
+    run = load(name)
+    suffix = "" if tag == "s39" else f"_{tag}"
+    add(f"startup_pickled_tokenizer{suffix}", spread(run["start_ratio_head_over_baseline"]), [name])
+    for rev in ("head", "baseline"):
+        runs = run["runs"][rev]
+        add(f"startup_{tag}_{rev}_s", spread((r["start_s"] for r in runs), " s"), [name])
+        add(
+            f"startup_{tag}_{rev}_first_ms",
+            spread((1000 * r["first_request_s"] for r in runs), " ms", 1),
+            [name],
+        )
+
+
 def figures() -> dict[str, Figure]:
     """Every figure quoted in prose, by name."""
     figs: dict[str, Figure] = {}
@@ -195,24 +212,8 @@ def figures() -> dict[str, Figure]:
     )
     startup = load("bench_startup.json")["start_ratio_head_over_baseline"]
     add("startup_curve_workers", spread(startup), ["bench_startup.json"])
-    s39 = load("bench_startup_s39.json")
-    add(
-        "startup_pickled_tokenizer",
-        spread(s39["start_ratio_head_over_baseline"]),
-        ["bench_startup_s39.json"],
-    )
-    for rev in ("head", "baseline"):
-        runs = s39["runs"][rev]
-        add(
-            f"startup_s39_{rev}_s",
-            spread((r["start_s"] for r in runs), " s"),
-            ["bench_startup_s39.json"],
-        )
-        add(
-            f"startup_s39_{rev}_first_ms",
-            spread((1000 * r["first_request_s"] for r in runs), " ms", 1),
-            ["bench_startup_s39.json"],
-        )
+    for tag in ("s39", "s39b"):
+        startup_figures(add, tag)
     tp = {r["config"]: r for r in load("bench_parallel.json")["results"]}
     add(
         "tp2_decode_slowdown",
