@@ -4,7 +4,6 @@ another host) and ``radixserve client`` (a streaming demo)."""
 from __future__ import annotations
 
 import argparse
-import gc
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -182,7 +181,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from radixserve.commands.gateway import check_http_bind, http_keys, warm_up_http
     from radixserve.model_store import resolve_model
-    from radixserve.serving.shutdown import exit_now
+    from radixserve.serving.shutdown import exit_now, freeze_startup_objects
     from radixserve.serving.wire.security import log as audit_log
 
     logging.basicConfig(level=args.log_level.upper(), format="[router] %(levelname)s %(message)s")
@@ -231,10 +230,7 @@ def serve(args: argparse.Namespace) -> int:
         f"start-up took {time.monotonic() - started:.1f} s (the workers' lines above say where)",
         flush=True,
     )
-    # What start-up left (torch, transformers, the tokenizer, the gateway) lives as long as
-    # this process: frozen out of the garbage collector's scans, so that a full collection never
-    # pauses the router's loop to walk it.
-    gc.freeze()
+    freeze_startup_objects()  # the gateway's too: so that no full collection pauses the router
     try:
         server.run()
     finally:

@@ -28,7 +28,6 @@ Run as ``python -m radixserve.serving.router.tokenizer_pool ENDPOINT TOKENIZER P
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import pickle
@@ -362,7 +361,7 @@ def run_tokenizer_process(connect: str, tokenizer: str, parent_pid: int) -> int:
     import signal
 
     from radixserve.serving.prompts import PromptCodec
-    from radixserve.serving.shutdown import die_with_parent
+    from radixserve.serving.shutdown import die_with_parent, freeze_startup_objects
 
     secret = os.environ.pop(SECRET_ENV, "")
     die_with_parent()
@@ -378,8 +377,7 @@ def run_tokenizer_process(connect: str, tokenizer: str, parent_pid: int) -> int:
         EncodeJob(-1, texts=["Hello."]),
     ):
         _encode(codec, warm)
-    gc.collect()  # what start-up left lives as long as the process: out of the GC's scans
-    gc.freeze()
+    freeze_startup_objects()
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)

@@ -8,7 +8,6 @@ handlers (SIGTERM/SIGINT abandon even the engine's start-up), builds the engine 
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
@@ -16,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from radixserve.serving.shutdown import die_with_parent
+from radixserve.serving.shutdown import die_with_parent, freeze_startup_objects
 from radixserve.serving.wire.security import peer_keys_from_env
 from radixserve.serving.worker.engine_api import ServingEngine
 from radixserve.serving.worker.worker import Interrupted, Worker
@@ -101,10 +100,7 @@ def run_worker(
             router_timeout_s=router_timeout_s,
             curve=curve,
         )
-        # The engine and the libraries it imported live as long as the worker: frozen out of
-        # the garbage collector's scans, so that a full collection never pauses a step.
-        gc.collect()
-        gc.freeze()
+        freeze_startup_objects()  # so that a full collection never pauses a step
         return worker.run()
     except Interrupted:  # stopped before run() (which handles its own) took over
         if worker is not None and not worker.sock.closed:
