@@ -123,8 +123,7 @@ def startup_figures(add: Callable[[str, str, Iterable[str]], None], tag: str) ->
     and first request."""
     name = f"bench_startup_{tag}.json"
     run = load(name)
-    suffix = "" if tag == "s39" else f"_{tag}"
-    add(f"startup_pickled_tokenizer{suffix}", spread(run["start_ratio_head_over_baseline"]), [name])
+    add(f"startup_{tag}_over_baseline", spread(run["start_ratio_head_over_baseline"]), [name])
     for rev in ("head", "baseline"):
         runs = run["runs"][rev]
         add(f"startup_{tag}_{rev}_s", spread((r["start_s"] for r in runs), " s"), [name])
