@@ -44,6 +44,16 @@ bf16 model with a quantized KV cache:
 
     python benchmarks/bench_decode_attention.py --read-floor --dtypes bfloat16,int8,int4,float8_e4m3fn
 
+``--ablate PARTS`` times, beside the current kernel, the current kernel with each part of a
+bf16 decode row taken out (``decode_ablations.py``: the transposition of the keys, the
+scores, the values' products, all the arithmetic, the prefetches), each built as the
+baseline is: the current time less an ablated one's is what that part costs, from memory
+and from the caches, on a VM without performance counters. The ablated outputs are wrong by
+construction (``outputs_equal`` compares only the others):
+
+    python benchmarks/bench_decode_attention.py --ablate key-transpose,scores,values,arithmetic,prefetch \
+        --read-floor --pages ascending --dtypes bfloat16 --contexts 1000,7500 --reps 10
+
 With ``--baseline REV`` the kernel source at that git revision is built beside the current
 one (its operator library renamed) and both are timed alternately, call for call, and their
 outputs compared: equal bits are expected whenever the revisions compute the same arithmetic.
@@ -70,6 +80,7 @@ import random  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -77,6 +88,10 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # decode_ablations
+
+from decode_ablations import ABLATIONS, ablated_sources  # noqa: E402
 
 from radixserve.memory.pool import zeroed_storage  # noqa: E402
 from radixserve.model import native  # noqa: E402
@@ -94,9 +109,43 @@ QUANTIZED = {
 }
 
 
+def build_ops(lib: str, files: dict[str, str]) -> Any:
+    """The attention ops built from the kernel's headers as they are now with ``files`` (name
+    to text) over them, under the library name ``lib`` (its ``paged_attention`` and
+    ``paged_attention_quant``), beside the current ones in this process."""
+    from torch.utils import cpp_extension
+
+    with tempfile.TemporaryDirectory(prefix=f"{lib}_") as tmp:
+        build = Path(tmp)
+        for header in (ROOT / SOURCE).parent.glob("*.h"):  # headers as they are now, then
+            (build / header.name).write_text(header.read_text())
+        for name, text in files.items():  # the given sources and headers over them
+            (build / name).write_text(text)
+        text = (build / "paged_attention.cpp").read_text()
+        text = text.replace("TORCH_LIBRARY(radixserve_cpu, m)", f"TORCH_LIBRARY({lib}, m)")
+        (build / "paged_attention.cpp").write_text(text)
+        # Its own C++ namespace too: the headers' inline functions (a thread's Scratch among
+        # them) are shared symbols, which the loader binds to the first library's, so an
+        # earlier Scratch of another layout was this build's (and crashed it).
+        for source in build.iterdir():
+            source.write_text(re.sub(r"\bradixserve_cpu\b", f"{lib}_cpu", source.read_text()))
+        # The attention op's own sources: since the split, store_kv.cpp writes the new rows.
+        sources = [
+            build / n for n in ("paged_attention.cpp", "store_kv.cpp") if (build / n).exists()
+        ]
+        cpp_extension.load(
+            name=lib,
+            sources=[str(p) for p in sources],
+            extra_cflags=native.CFLAGS,
+            extra_ldflags=native.LDFLAGS,
+            is_python_module=False,
+        )
+    return getattr(torch.ops, lib)
+
+
 def baseline_ops(rev: str) -> Any:
-    """The attention ops as of git revision ``rev``, built under the library name
-    ``attn_base`` (its ``paged_attention`` and ``paged_attention_quant``)."""
+    """The attention ops as of git revision ``rev`` (its sources and headers over today's
+    headers), built under the library name ``attn_base``."""
 
     def show(path: str) -> str:
         return subprocess.run(
@@ -111,35 +160,18 @@ def baseline_ops(rev: str) -> Any:
         capture_output=True,
         text=True,
     ).stdout.split()
-    from torch.utils import cpp_extension
+    files = {Path(p).name: show(p) for p in listed if p.endswith((".h", ".cpp"))}
+    return build_ops("attn_base", files)
 
-    with tempfile.TemporaryDirectory(prefix="attn_base_") as tmp:
-        build = Path(tmp)
-        for header in (ROOT / SOURCE).parent.glob("*.h"):  # headers as they are now, then
-            (build / header.name).write_text(header.read_text())
-        for path in listed:  # the revision's own sources and headers over them
-            if path.endswith((".h", ".cpp")):
-                (build / Path(path).name).write_text(show(path))
-        text = (build / "paged_attention.cpp").read_text()
-        text = text.replace("TORCH_LIBRARY(radixserve_cpu, m)", "TORCH_LIBRARY(attn_base, m)")
-        (build / "paged_attention.cpp").write_text(text)
-        # Its own C++ namespace too: the headers' inline functions (a thread's Scratch among
-        # them) are shared symbols, which the loader binds to the first library's, so an
-        # earlier Scratch of another layout was this build's (and crashed it).
-        for source in build.iterdir():
-            source.write_text(re.sub(r"\bradixserve_cpu\b", "attn_base_cpu", source.read_text()))
-        # The attention op's own sources: since the split, store_kv.cpp writes the new rows.
-        sources = [
-            build / n for n in ("paged_attention.cpp", "store_kv.cpp") if (build / n).exists()
-        ]
-        cpp_extension.load(
-            name=f"attn_base_{rev}",
-            sources=[str(p) for p in sources],
-            extra_cflags=native.CFLAGS,
-            extra_ldflags=native.LDFLAGS,
-            is_python_module=False,
-        )
-    return torch.ops.attn_base
+
+def ablated_ops(name: str) -> Any:
+    """The current attention ops with one part taken out (``decode_ablations.ABLATIONS``),
+    built under the library name ``attn_ablate_<name>``: their outputs are wrong, their time
+    is the kernel's without that part."""
+    csrc = (ROOT / SOURCE).parent
+    files = {p.name: p.read_text() for p in csrc.iterdir() if p.suffix == ".cpp"}
+    files.update(ablated_sources(name, csrc))
+    return build_ops(f"attn_ablate_{name.replace('-', '_')}", files)
 
 
 READ_SOURCE = r"""
@@ -324,6 +356,11 @@ def main() -> int:
         default="scattered",
         help="each sequence's pages in a random order, or in ascending order (one run)",
     )
+    ap.add_argument(
+        "--ablate",
+        default="",
+        help=f"comma-separated parts to take out, each a kernel timed alongside ({', '.join(ABLATIONS)})",
+    )
     ap.add_argument("--out", default="benchmarks/results/bench_decode_attention.json")
     args = ap.parse_args()
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -334,6 +371,11 @@ def main() -> int:
     ops: dict[str, Any] = {"current": torch.ops.radixserve_cpu}
     if args.baseline:
         ops[args.baseline] = baseline_ops(args.baseline)
+    ablations = [a for a in args.ablate.split(",") if a]
+    if unknown := set(ablations) - set(ABLATIONS):
+        ap.error(f"--ablate: no such part {sorted(unknown)}; the parts: {', '.join(ABLATIONS)}")
+    for name in ablations:
+        ops[f"without {name}"] = ablated_ops(name)
     read = read_op() if args.read_floor else None
     evict = torch.ones(64 << 20)
     results = []
@@ -375,7 +417,8 @@ def main() -> int:
                     for k, v, _, _, *plan in layers:
                         read(k, v, plan[5])  # the plan's own_pages (codes only, not scales)
                     samples.setdefault("read cold", []).append((clock() - t) / LAYERS)
-            same = all(torch.equal(o, outs["current"]) for o in outs.values())
+            exact = [o for name, o in outs.items() if not name.startswith("without ")]
+            same = all(torch.equal(o, outs["current"]) for o in exact)
             row = {
                 "dtype": dtype_name,
                 "context": ctx,
@@ -398,6 +441,7 @@ def main() -> int:
         "clock": args.clock,
         "baseline": args.baseline,
         "pages": args.pages,
+        "ablations": {name: ABLATIONS[name].what for name in ablations},
         "results": results,
     }
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")

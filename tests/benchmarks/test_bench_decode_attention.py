@@ -4,6 +4,8 @@ attention of those values (the bench times what the engine runs, not noise or a 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import bench_modules
 import pytest
 import torch
@@ -95,3 +97,22 @@ def test_read_floor_reads_every_byte_of_the_pages_in_their_order(scattered: bool
     expected = int(np.bitwise_xor.reduce(words))
     assert bda.read_op()(k, v, pages) == expected
     assert bda.read_op()(k, v, pages[:-1]) != expected  # a page left out shows
+
+
+@pytest.mark.parametrize("name", sorted(bda.ABLATIONS))
+def test_every_ablation_edits_the_kernel_as_it_is(name: str) -> None:
+    """Each ``--ablate`` part's edits match the current sources exactly once (a kernel change
+    that moved them fails here, not in a timing run that would time something else) and
+    change what they edit."""
+    csrc = bda.ROOT / "radixserve/model/csrc"
+    edited = bda.ablated_sources(name, csrc)
+    assert edited
+    for file, text in edited.items():
+        assert text != (csrc / file).read_text()
+
+
+def test_an_edit_that_no_longer_matches_raises(tmp_path: Path) -> None:
+    """A source without an ablation's text is an error that names the ablation."""
+    (tmp_path / "paged_attention_narrow.h").write_text("// nothing to edit\n")
+    with pytest.raises(ValueError, match="'scores'.*matches 0 times"):
+        bda.ablated_sources("scores", tmp_path)
