@@ -248,6 +248,7 @@ def figures() -> dict[str, Figure]:
     long_context_curve_figures(add)
     int4_kernel_figures(add)
     decode_two_groups_figures(add)
+    decode_ablation_figures(add)
     speculative_figures(add)
     return figs
 
@@ -529,6 +530,27 @@ def decode_two_groups_figures(add: Callable[[str, str, Iterable[str]], None]) ->
     ]
     ratios = [x for n in runs for x in _kv_over_bf16(n, "int4")]
     add("long_context_int4_vs_bf16_to_s38", spread(ratios), runs)
+
+
+def decode_ablation_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
+    """Session 40's parts of a bf16 decode row taken out (``bench_decode_attention.py
+    --ablate``; benchmarks/long_context.md, "Where a decode row's time goes"), repetition by
+    repetition at 7,500 tokens on ascending pages: the kernel's time per layer without each
+    part over its time whole (timed alternately), from memory and from the caches; the whole
+    kernel's time from memory over a bare cold read of the same pages; each of those two
+    times per layer, in us."""
+    name = "bench_decode_attention_s40.json"
+    d = load(name)
+    s = next(r["samples_us"] for r in d["results"] if r["context"] == 7500)
+    for part in d["ablations"]:
+        for kind in ("cold", "hot"):
+            pairs = zip(s[f"without {part} {kind}"], s[f"current {kind}"], strict=True)
+            fig = f"decode_without_{part.replace('-', '_')}_{kind}_s40"
+            add(fig, spread(a / b for a, b in pairs), [name])
+    over = [a / b for a, b in zip(s["current cold"], s["read cold"], strict=True)]
+    add("decode_bf16_cold_over_read_s40", spread(over), [name])
+    for kind, samples in (("read", s["read cold"]), ("kernel", s["current cold"])):
+        add(f"decode_{kind}_cold_us_s40", spread(samples, " us", 0), [name])
 
 
 def long_context_quiet_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:

@@ -86,6 +86,7 @@ from summary_tables_s35 import TABLES as TABLES_S35
 from summary_tables_s36 import TABLES as TABLES_S36
 from summary_tables_s37 import TABLES as TABLES_S37
 from summary_tables_s38 import TABLES as TABLES_S38
+from summary_tables_s40 import TABLES as TABLES_S40
 
 
 def _machine(name: str) -> str:
@@ -398,6 +399,7 @@ TABLES: dict[str, Callable[[], str]] = {
     **TABLES_S36,
     **TABLES_S37,
     **TABLES_S38,
+    **TABLES_S40,
     "long_context_floor_samples": table_long_context_floor_samples,
     "speculative_amd": table_speculative_amd,
     "speculative_concurrent_amd": table_speculative_concurrent_amd,
