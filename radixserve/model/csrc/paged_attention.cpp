@@ -904,270 +904,361 @@ void plan_whole_runs(const Plan& P, int64_t groups, int64_t grp, int64_t page_si
   }
 }
 
+// The runs one call takes whole (plan_whole_runs), and what reads them: quantized runs decoded
+// whole, int8 runs made ready for the integer path, bf16 values paired once; each run's index
+// per group (its shared run) and per member (its own run), -1 for a run taken block by block.
 template <typename Q, typename KV>
-void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor& out,
-                const Plan& P, int64_t groups, double sm_scale, int64_t window, double softcap,
-                const QuantPages* quant = nullptr) {
-  const int64_t hq = q.size(1), d = q.size(2);
-  // Quantized pages: only their geometry here (KV is the dtype they are decoded to).
-  const KV* kp = quant != nullptr ? nullptr : k_pages.data_ptr<KV>();
-  const KV* vp = quant != nullptr ? nullptr : v_pages.data_ptr<KV>();
-  const Layer<KV> L{kp, vp, k_pages.size(1), k_pages.size(2), d};
-  const int64_t grp = hq / L.kv_heads;
-  WholeRuns<KV> whole(L.kv_heads, d);
-  Int8Runs int8_runs(L.kv_heads, d);
-  std::vector<int64_t> shared_whole, own_whole;
+struct CallRuns {
+  WholeRuns<KV> whole;
+  Int8Runs int8_runs;
+  ValuePairs pairs;
+  std::vector<int64_t> shared_whole, own_whole, shared_pairs, own_pairs;
   // Not where AMX runs: its bf16 tiles take a prefill's rows over the decoded codes at several
   // times the rate of AVX-512's integer products (unmeasured on int8 pages: no AMX machine).
-  const Int8AttendFn<KV> int8 = amx_usable() ? nullptr : int8_attend_fn<Q, KV>(quant, d);
-  // Runs that many rows read, decoded whole (or, for the integer path, made ready whole).
-  if (int8 != nullptr) {
-    plan_whole_runs(P, groups, grp, L.page_size, window, int8_runs, shared_whole, own_whole);
-  } else if (quant != nullptr) {
-    plan_whole_runs(P, groups, grp, L.page_size, window, whole, shared_whole, own_whole);
-  }
-  const bool any_whole = !whole.empty(), any_int8_runs = !int8_runs.empty();
-  const bool indexed = any_whole || any_int8_runs;
-  // bf16 values paired once for the call where the rows score pairs on AVX-512 (the AMX
-  // tiles keep value tiles of their own): the pool's runs, or the quantized runs decoded
-  // whole (paired as each chunk is decoded; a run's index the same in both).
-  ValuePairs pairs(L.kv_heads, d);
-  std::vector<int64_t> shared_pairs, own_pairs;
-  if (pair_scores_for<Q, KV>(d) && !amx_usable()) {
-    if (quant == nullptr) plan_whole_runs(P, groups, grp, L.page_size, window, pairs, shared_pairs, own_pairs);
-    for (int64_t i = 0; i < whole.size(); ++i) TORCH_CHECK(pairs.add(whole.run(i)) == i, "pairs of a whole run");
-    if (any_whole) shared_pairs = shared_whole, own_pairs = own_whole;
-  }
-  const bool any_pairs = !pairs.empty();
-  const Kernel<Q, KV> K{L,
-                        P,
-                        q.data_ptr<Q>(),
-                        q.stride(0),
-                        q.stride(1),
-                        out.data_ptr<Q>(),
-                        hq,
-                        grp,
-                        static_cast<float>(sm_scale) * kLog2e,
-                        attend_fn<Q, KV>(d),
-                        window,
-                        static_cast<float>(softcap) * kLog2e,
-                        quant,
-                        any_whole ? &whole : nullptr,
-                        indexed ? shared_whole.data() : nullptr,
-                        indexed ? own_whole.data() : nullptr,
-                        any_pairs ? &pairs : nullptr,
-                        any_pairs ? shared_pairs.data() : nullptr,
-                        any_pairs ? own_pairs.data() : nullptr,
-                        int8,
-                        any_int8_runs ? &int8_runs : nullptr};
+  const Int8AttendFn<KV> int8;
 
+  CallRuns(const Layer<KV>& L, const Plan& P, int64_t groups, int64_t grp, int64_t window, const QuantPages* quant)
+      : whole(L.kv_heads, L.d),
+        int8_runs(L.kv_heads, L.d),
+        pairs(L.kv_heads, L.d),
+        int8(amx_usable() ? nullptr : int8_attend_fn<Q, KV>(quant, L.d)) {
+    // Runs that many rows read, decoded whole (or, for the integer path, made ready whole).
+    if (int8 != nullptr) {
+      plan_whole_runs(P, groups, grp, L.page_size, window, int8_runs, shared_whole, own_whole);
+    } else if (quant != nullptr) {
+      plan_whole_runs(P, groups, grp, L.page_size, window, whole, shared_whole, own_whole);
+    }
+    // bf16 values paired once for the call where the rows score pairs on AVX-512 (the AMX
+    // tiles keep value tiles of their own): the pool's runs, or the quantized runs decoded
+    // whole (paired as each chunk is decoded; a run's index the same in both).
+    if (pair_scores_for<Q, KV>(L.d) && !amx_usable()) {
+      if (quant == nullptr) plan_whole_runs(P, groups, grp, L.page_size, window, pairs, shared_pairs, own_pairs);
+      for (int64_t i = 0; i < whole.size(); ++i) TORCH_CHECK(pairs.add(whole.run(i)) == i, "pairs of a whole run");
+      if (!whole.empty()) shared_pairs = shared_whole, own_pairs = own_whole;
+    }
+    if (!whole.empty()) whole.prepare();
+    if (!pairs.empty()) pairs.prepare();
+    if (!int8_runs.empty()) int8_runs.prepare();
+  }
+
+  bool any() const { return !whole.empty() || !pairs.empty() || !int8_runs.empty(); }
+
+  // The call's kernel, reading these runs where it was given them.
+  Kernel<Q, KV> kernel(const Layer<KV>& L, const Plan& P, const at::Tensor& q, at::Tensor& out, int64_t grp,
+                       double sm_scale, int64_t window, double softcap, const QuantPages* quant) const {
+    const bool indexed = !whole.empty() || !int8_runs.empty(), paired = !pairs.empty();
+    return Kernel<Q, KV>{L,
+                         P,
+                         q.data_ptr<Q>(),
+                         q.stride(0),
+                         q.stride(1),
+                         out.data_ptr<Q>(),
+                         q.size(1),
+                         grp,
+                         static_cast<float>(sm_scale) * kLog2e,
+                         attend_fn<Q, KV>(L.d),
+                         window,
+                         static_cast<float>(softcap) * kLog2e,
+                         quant,
+                         whole.empty() ? nullptr : &whole,
+                         indexed ? shared_whole.data() : nullptr,
+                         indexed ? own_whole.data() : nullptr,
+                         paired ? &pairs : nullptr,
+                         paired ? shared_pairs.data() : nullptr,
+                         paired ? own_pairs.data() : nullptr,
+                         int8,
+                         int8_runs.empty() ? nullptr : &int8_runs};
+  }
+
+  // Thread ``t`` of a team of ``nt`` decodes (pairs, makes ready) its share of the runs, then
+  // waits for the others.
+  void take_share(const Layer<KV>& L, const QuantPages* quant, int64_t t, int64_t nt) {
+    if (!any()) return;
+    if (!int8_runs.empty()) {
+      int8_runs.ready_share(L, *quant, t, nt);
+    } else if (!whole.empty()) {
+      whole.decode_share(L, *quant, t, nt, [&](int64_t i, int64_t h, int64_t lo) {
+        if (!pairs.empty()) pairs.pair_keys(whole.layer(i, h), WholeRuns<KV>::kOnePage, 0, i, h, lo);
+      });
+    } else {
+      pairs.pair_share(L, t, nt);
+    }
+    if (nt > 1) {
+#pragma omp barrier
+    }
+  }
+};
+
+// A call's items (a group's rows of one KV head, kRowBlock at a time); per group, whether one
+// item per KV head holds all its rows (a decode row, a few): each page is then read once, by
+// arithmetic too light to hide its misses (run_whole_items, run_chunk_tasks); and the call's
+// work in lane-multiply-adds, roughly (row vectors x keys x d).
+struct Items {
   std::vector<Item> items;
-  // Per group: whether one item per KV head holds all its rows (a decode row, a few): each
-  // page is then read once, by arithmetic too light to hide its misses (see below).
-  std::vector<char> one_block(groups);
-  int64_t work = 0;  // lane-multiply-adds, roughly: row vectors x keys x d
+  std::vector<char> one_block;
+  int64_t work = 0;
+};
+
+template <typename KV>
+Items plan_items(const Plan& P, const Layer<KV>& L, int64_t groups, int64_t grp) {
+  Items I;
+  I.one_block.resize(groups);
   for (int64_t g = 0; g < groups; ++g) {
     int64_t rows = 0, keys = 0;
     for (int64_t i = P.group_start[g]; i < P.group_start[g + 1]; ++i) {
       rows += P.new_len[i] * grp;
       keys = std::max(keys, P.own_len[i]);
     }
-    one_block[g] = rows <= kRowBlock;
+    I.one_block[g] = rows <= kRowBlock;
     keys += (P.shared_start[g + 1] - P.shared_start[g]) * L.page_size;
     for (int64_t h = 0; h < L.kv_heads; ++h) {
-      for (int64_t b = 0; b < rows; b += kRowBlock) items.push_back({g, h, b, std::min(rows, b + kRowBlock)});
+      for (int64_t b = 0; b < rows; b += kRowBlock) I.items.push_back({g, h, b, std::min(rows, b + kRowBlock)});
     }
-    work += L.kv_heads * ((rows + kLanes - 1) / kLanes) * kLanes * keys * d;
+    I.work += L.kv_heads * ((rows + kLanes - 1) / kLanes) * kLanes * keys * L.d;
   }
-  const int64_t max_threads = at::get_num_threads();
-  if (any_whole) whole.prepare();
-  if (any_pairs) pairs.prepare();
-  if (any_int8_runs) int8_runs.prepare();
-  // Every thread of a team decodes (pairs, makes ready) its share of the whole runs, then
-  // waits for the others.
-  auto take_whole_runs = [&](int64_t t, int64_t nt) {
-    if (!any_whole && !any_pairs && !any_int8_runs) return;
-    if (any_int8_runs) {
-      int8_runs.ready_share(L, *quant, t, nt);
-    } else if (any_whole) {
-      whole.decode_share(L, *quant, t, nt, [&](int64_t i, int64_t h, int64_t lo) {
-        if (any_pairs) pairs.pair_keys(whole.layer(i, h), WholeRuns<KV>::kOnePage, 0, i, h, lo);
-      });
-    } else if (any_pairs) {
-      pairs.pair_share(L, t, nt);
-    }
-    if (nt > 1) {
-#pragma omp barrier
-    }
-  };
-  if (max_threads <= 1 || work < kSerialWork) {
-    take_whole_runs(0, 1);
-    Scratch& sc = Scratch::local(d);
-    for (const Item& item : items) K.run_item(item, sc);
-    release_tiles(sc);
-    return;
-  }
-  if (static_cast<int64_t>(items.size()) >= 4 * max_threads) {
-    // Enough items to keep every thread busy: each runs whole items, a run of them in order
-    // (a group's KV heads, then the next group's: their pages are the same) and then what is
-    // left of the others' runs from their ends, so that items of different costs (causal rows
-    // late in a prompt see more keys) still end together. Before a group's first item of its
-    // run, a thread reads the group's pages, when one item per KV head holds its rows and the
-    // pages fit in half its L2 (see below): decode rows of 4-16 sequences at 300-600 keys,
-    // 26-35 % less time with bf16 pages from memory, 8-19 % with float32 (2-core Xeon VM,
-    // bench_decode_attention.py --batch); bigger groups (prefill chunks, many rows over a
-    // shared prefix) read each page for several items, with more arithmetic per key.
-    const int64_t n_items = static_cast<int64_t>(items.size());
-    std::unique_ptr<std::atomic<bool>[]> claimed(new std::atomic<bool>[n_items]());
-#pragma omp parallel num_threads(max_threads)
-    {
-      Scratch& sc = Scratch::local(d);
-      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-      take_whole_runs(t, nt);
-      int64_t touched = -1;
-      for_runs(n_items, t, nt, [&](int64_t i, bool own) {
-        if (claimed[i].exchange(true, std::memory_order_relaxed)) return;
-        const int64_t g = items[i].group;
-        if (own && g != touched && one_block[g]) {
-          touched = g;
-          K.read_first([&](auto&& f) { K.group_pages(g, f); });
-        }
-        K.run_item(items[i], sc);
-      });
-      release_tiles(sc);
-    }
-    return;
-  }
-  // Few items over many keys (a decode step of a few sequences): every chunk is a task of its
-  // own, its state kept in ``states``; then each item merges its chunks in order.
-  struct Task {
-    int64_t item, chunk;
-    int64_t offset;  // of its state in ``states``: m [rows], l [rows], acc [rows, d]
-  };
-  std::vector<int64_t> first_task(items.size() + 1, 0);
-  std::vector<Task> tasks;
-  int64_t floats = 0;
-  for (size_t it = 0; it < items.size(); ++it) {
-    const int64_t rows = items[it].row_end - items[it].row_begin, n = K.chunks(items[it]);
-    for (int64_t c = 0; c < n; ++c, floats += rows * (d + 2)) {
-      tasks.push_back({static_cast<int64_t>(it), c, floats});
-    }
-    first_task[it + 1] = static_cast<int64_t>(tasks.size());
-  }
-  // Every task writes its whole state before any merge reads it: the buffer is kept across
-  // calls on the calling thread and never zeroed. A fresh zeroed vector per call was ~140 KB
-  // per layer at 7,500 keys (3 KV heads x 59 chunks x 3 rows x 66 floats), past glibc's
-  // default mmap threshold (128 KiB) from ~7,000 keys of SmolLM2's shape on. (A pointer, not
-  // the thread_local itself, goes into the team: in another thread the name would be that
-  // thread's own buffer.)
-  thread_local std::vector<float> states_buf;
-  if (static_cast<int64_t>(states_buf.size()) < floats) states_buf.resize(floats);
-  float* const states = states_buf.data();
-  auto state_of = [&](const Task& task) {
-    const int64_t rows = items[task.item].row_end - items[task.item].row_begin;
-    float* base = states + task.offset;
-    return State{base, base + rows, base + 2 * rows};
-  };
-  const int64_t threads = std::min<int64_t>(max_threads, tasks.size());
-  // The tasks run chunk by chunk, every KV head's task of a chunk after the other: those
-  // read the same pages (a token's heads lie side by side), so the hardware prefetcher, which
-  // streams whole pages, brings the next heads' rows in while the first head's are read.
-  // Each thread runs a run of that order (whole chunks' pages), then what is left of the
-  // others' (for_runs). Against one task at a time to whichever thread asked, head by head
-  // (OpenMP's dynamic schedule), on a 2-core Xeon VM:
-  // 4-11 % less time at 600-2000 keys with the pages coming from memory, up to 18 % from the
-  // caches (benchmarks/bench_decode_attention.py; same bits).
-  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
-  std::vector<int64_t> order;  // indices into ``tasks``: chunk 0 of every item, then chunk 1, ...
-  order.reserve(n_tasks);
-  for (int64_t c = 0; static_cast<int64_t>(order.size()) < n_tasks; ++c) {
-    for (size_t it = 0; it < items.size(); ++it) {
-      if (first_task[it] + c < first_task[it + 1]) order.push_back(first_task[it] + c);
-    }
-  }
-  std::unique_ptr<std::atomic<bool>[]> claimed(new std::atomic<bool>[n_tasks]());
-  auto run_task = [&](int64_t j, Scratch& sc) {
-    if (claimed[j].exchange(true, std::memory_order_relaxed)) return;
-    const int64_t i = order[j];
-    const Item& item = items[tasks[i].item];
-    K.load_rows(item, sc);
-    K.chunk_state(item, tasks[i].chunk, state_of(tasks[i]), sc);
-  };
+  return I;
+}
+
+// Enough items to keep every thread busy: each runs whole items, a run of them in order (a
+// group's KV heads, then the next group's: their pages are the same) and then what is left of
+// the others' runs from their ends, so that items of different costs (causal rows late in a
+// prompt see more keys) still end together. Before a group's first item of its run, a thread
+// reads the group's pages, when one item per KV head holds its rows and the pages fit in half
+// its L2 (Kernel::read_first): decode rows of 4-16 sequences at 300-600 keys, 26-35 % less
+// time with bf16 pages from memory, 8-19 % with float32 (2-core Xeon VM,
+// bench_decode_attention.py --batch); bigger groups (prefill chunks, many rows over a shared
+// prefix) read each page for several items, with more arithmetic per key.
+template <typename Q, typename KV>
+void run_whole_items(const Kernel<Q, KV>& K, const Items& I, CallRuns<Q, KV>& runs, int64_t threads) {
+  const std::vector<Item>& items = I.items;
+  const int64_t n_items = static_cast<int64_t>(items.size());
+  std::unique_ptr<std::atomic<bool>[]> claimed(new std::atomic<bool>[n_items]());
 #pragma omp parallel num_threads(threads)
   {
-    Scratch& sc = Scratch::local(d);
+    Scratch& sc = Scratch::local(K.L.d);
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    take_whole_runs(t, nt);
-    // First read the pages of the run's chunks (read_first): a decode step's KV, evicted by
-    // the weights streamed since, was waited on. bf16 pages, 256-2000 keys, 19-25 % less
-    // time; float32 pages (twice the bytes for the same arithmetic) the same time within 3 %
-    // (2-core Xeon VM, bench_decode_attention.py).
-    const bool read_all = K.read_first([&](auto&& f) {
-      int64_t last_group = -1, last_chunk = -1;
-      for (int64_t j = n_tasks * t / nt; j < n_tasks * (t + 1) / nt; ++j) {
-        const Task& task = tasks[order[j]];
-        const Item& item = items[task.item];
-        if (item.group == last_group && task.chunk == last_chunk) continue;  // its other KV heads
-        last_group = item.group, last_chunk = task.chunk;
-        K.chunk_pages(item, task.chunk, f);
+    runs.take_share(K.L, K.quant, t, nt);
+    int64_t touched = -1;
+    for_runs(n_items, t, nt, [&](int64_t i, bool own) {
+      if (claimed[i].exchange(true, std::memory_order_relaxed)) return;
+      const int64_t g = items[i].group;
+      if (own && g != touched && I.one_block[g]) {
+        touched = g;
+        K.read_first([&](auto&& f) { K.group_pages(g, f); });
       }
+      K.run_item(items[i], sc);
     });
-    // Too many to stay in L2 until their turn (a long context): the pages of the thread's
-    // next chunk, every KV head's, are prefetched from inside the current chunk's blocks
-    // (stream_ahead), so that its tasks find them in L2 and the reads overlap the arithmetic
-    // (against a blocking pass over each chunk's pages before its tasks: at 7,500 keys ~0.6x
-    // the time per layer with the pages from memory, on the 2-core AMD VM,
-    // bench_decode_attention.py); a chunk not streamed (the run's first, one taken from
-    // another thread's run) is read in a pass as the thread comes to its first task.
-    const int64_t own_end = n_tasks * (t + 1) / nt;
-    int64_t read_group = -1, read_chunk = -1;
-    int64_t streamed_to = 0;  // the own run's tasks before this one have been streamed
-    auto same_chunk = [&](int64_t a, int64_t b) {
-      const Task &x = tasks[order[a]], &y = tasks[order[b]];
-      return items[x.item].group == items[y.item].group && x.chunk == y.chunk;
-    };
-    auto next_chunk = [&](int64_t j) {  // the first task of the chunk after task j's
-      while (j + 1 < own_end && same_chunk(j + 1, j)) ++j;
-      return j + 1;
-    };
-    // Stream the own run's next chunk over the keys that task j's chunk's tasks (one per KV
-    // head) score, what is left of the last stream prefetched first. Streaming two chunks
-    // ahead measured the same.
-    auto stream_ahead = [&](int64_t j) {
-      sc.stream.finish();
-      const int64_t next = next_chunk(j);
-      sc.streaming = next < own_end;
-      if (!sc.streaming) return;
-      const Task& task = tasks[order[next]];
-      K.stream_pages([&](auto&& f) { K.chunk_pages(items[task.item], task.chunk, f); }, (next - j) * kChunk,
-                     sc.stream);
-      streamed_to = next_chunk(next);
-    };
-    for_runs(n_tasks, t, nt, [&](int64_t j, bool own) {
-      const Task& task = tasks[order[j]];
-      const Item& item = items[task.item];
-      if (!read_all && !claimed[j].load(std::memory_order_relaxed) &&
-          (item.group != read_group || task.chunk != read_chunk)) {
-        read_group = item.group, read_chunk = task.chunk;
-        if (!own || j >= streamed_to) K.read_pages([&](auto&& f) { K.chunk_pages(item, task.chunk, f); });
+    release_tiles(sc);
+  }
+}
+
+// Few items over many keys (a decode step of a few sequences): every chunk of every item is a
+// task of its own, its softmax state kept apart; then each item merges its chunks in order.
+// The tasks run chunk by chunk, every KV head's task of a chunk after the other: those read
+// the same pages (a token's heads lie side by side), so the hardware prefetcher, which streams
+// whole pages, brings the next heads' rows in while the first head's are read. Each thread
+// runs a run of that order (whole chunks' pages), then what is left of the others' (for_runs).
+// Against one task at a time to whichever thread asked, head by head (OpenMP's dynamic
+// schedule), on a 2-core Xeon VM: 4-11 % less time at 600-2000 keys with the pages coming
+// from memory, up to 18 % from the caches (benchmarks/bench_decode_attention.py; same bits).
+template <typename Q, typename KV>
+class ChunkTasks {
+ public:
+  struct Task {
+    int64_t item, chunk;
+    int64_t offset;  // of its state in ``states_``: m [rows], l [rows], acc [rows, d]
+  };
+
+  ChunkTasks(const Kernel<Q, KV>& K, const std::vector<Item>& items) : K_(K), items_(items) {
+    first_task_.assign(items.size() + 1, 0);
+    int64_t floats = 0;
+    for (size_t it = 0; it < items.size(); ++it) {
+      const int64_t n = K.chunks(items[it]);
+      for (int64_t c = 0; c < n; ++c, floats += rows(it) * (K.L.d + 2)) {
+        tasks_.push_back({static_cast<int64_t>(it), c, floats});
+      }
+      first_task_[it + 1] = static_cast<int64_t>(tasks_.size());
+    }
+    // Every task writes its whole state before any merge reads it: the buffer is kept across
+    // calls on the calling thread and never zeroed. A fresh zeroed vector per call was ~140
+    // KB per layer at 7,500 keys (3 KV heads x 59 chunks x 3 rows x 66 floats), past glibc's
+    // default mmap threshold (128 KiB) from ~7,000 keys of SmolLM2's shape on. (A pointer,
+    // not the thread_local itself, goes to the team: in another thread the name would be
+    // that thread's own buffer.)
+    thread_local std::vector<float> states_buf;
+    if (static_cast<int64_t>(states_buf.size()) < floats) states_buf.resize(floats);
+    states_ = states_buf.data();
+    // The order the threads take them in: chunk 0 of every item, then chunk 1, ...
+    order_.reserve(tasks_.size());
+    for (int64_t c = 0; order_.size() < tasks_.size(); ++c) {
+      for (size_t it = 0; it < items.size(); ++it) {
+        if (first_task_[it] + c < first_task_[it + 1]) order_.push_back(first_task_[it] + c);
+      }
+    }
+  }
+
+  int64_t size() const { return static_cast<int64_t>(tasks_.size()); }
+  // The ``j``-th task in the threads' order, and its item.
+  const Task& task(int64_t j) const { return tasks_[order_[j]]; }
+  const Item& item(int64_t j) const { return items_[task(j).item]; }
+  // Whether the ``a``-th and ``b``-th tasks read the same pages (one chunk, other KV heads).
+  bool same_chunk(int64_t a, int64_t b) const {
+    return item(a).group == item(b).group && task(a).chunk == task(b).chunk;
+  }
+
+  // The ``j``-th task's state, computed.
+  void run(int64_t j, Scratch& sc) const {
+    K_.load_rows(item(j), sc);
+    K_.chunk_state(item(j), task(j).chunk, state_of(tasks_[order_[j]]), sc);
+  }
+
+  // Item ``it``'s chunks merged in order, and written out.
+  void finish_item(size_t it) const {
+    const State s = state_of(tasks_[first_task_[it]]);
+    for (int64_t i = first_task_[it] + 1; i < first_task_[it + 1]; ++i) {
+      merge_state(s, state_of(tasks_[i]), rows(it), K_.L.d);
+    }
+    K_.write_out(items_[it], s);
+  }
+
+ private:
+  int64_t rows(size_t it) const { return items_[it].row_end - items_[it].row_begin; }
+  State state_of(const Task& task) const {
+    float* base = states_ + task.offset;
+    const int64_t n = rows(task.item);
+    return State{base, base + n, base + 2 * n};
+  }
+
+  const Kernel<Q, KV>& K_;
+  const std::vector<Item>& items_;
+  std::vector<int64_t> first_task_;  // item it's tasks: [first_task_[it], first_task_[it + 1])
+  std::vector<Task> tasks_;
+  std::vector<int64_t> order_;  // indices into tasks_
+  float* states_ = nullptr;
+};
+
+// Thread ``t``'s pass over the chunk tasks (for_runs), each claimed once. First it reads the
+// pages of its run's chunks (Kernel::read_first): a decode step's KV, evicted by the weights
+// streamed since, was waited on. bf16 pages, 256-2000 keys, 19-25 % less time; float32 pages
+// (twice the bytes for the same arithmetic) the same time within 3 % (2-core Xeon VM,
+// bench_decode_attention.py). Too many to stay in L2 until their turn (a long context): the
+// pages of the thread's next chunk, every KV head's, are prefetched from inside the current
+// chunk's blocks (stream_ahead), so that its tasks find them in L2 and the reads overlap the
+// arithmetic (against a blocking pass over each chunk's pages before its tasks: at 7,500 keys
+// ~0.6x the time per layer with the pages from memory, on the 2-core AMD VM,
+// bench_decode_attention.py); a chunk not streamed (the run's first, one taken from another
+// thread's run) is read in a pass as the thread comes to its first task.
+template <typename Q, typename KV>
+class ChunkPass {
+ public:
+  ChunkPass(const Kernel<Q, KV>& K, const ChunkTasks<Q, KV>& T, std::atomic<bool>* claimed, int64_t t, int64_t nt,
+            Scratch& sc)
+      : K_(K), T_(T), claimed_(claimed), t_(t), nt_(nt), own_end_(T.size() * (t + 1) / nt), sc_(sc) {}
+
+  void run() {
+    const bool read_all = read_own_run();
+    for_runs(T_.size(), t_, nt_, [&](int64_t j, bool own) {
+      const Task& task = T_.task(j);
+      const Item& item = T_.item(j);
+      if (!read_all && !claimed_[j].load(std::memory_order_relaxed) &&
+          (item.group != read_group_ || task.chunk != read_chunk_)) {
+        read_group_ = item.group, read_chunk_ = task.chunk;
+        if (!own || j >= streamed_to_) K_.read_pages([&](auto&& f) { K_.chunk_pages(item, task.chunk, f); });
         if (own) stream_ahead(j);
-        else sc.streaming = false;
+        else sc_.streaming = false;
       }
-      run_task(j, sc);
+      if (!claimed_[j].exchange(true, std::memory_order_relaxed)) T_.run(j, sc_);
     });
-    sc.streaming = false;
-    sc.stream.reset();  // nothing of this call's pages is prefetched by a later one
+    sc_.streaming = false;
+    sc_.stream.reset();  // nothing of this call's pages is prefetched by a later one
+  }
+
+ private:
+  using Task = typename ChunkTasks<Q, KV>::Task;
+
+  // Read the pages of the own run's chunks ahead, where they fit (Kernel::read_first).
+  bool read_own_run() const {
+    return K_.read_first([&](auto&& f) {
+      for (int64_t j = T_.size() * t_ / nt_; j < own_end_; ++j) {
+        if (j > T_.size() * t_ / nt_ && T_.same_chunk(j, j - 1)) continue;  // its other KV heads
+        K_.chunk_pages(T_.item(j), T_.task(j).chunk, f);
+      }
+    });
+  }
+
+  // The first task of the chunk after task j's, in the own run.
+  int64_t next_chunk(int64_t j) const {
+    while (j + 1 < own_end_ && T_.same_chunk(j + 1, j)) ++j;
+    return j + 1;
+  }
+
+  // Stream the own run's next chunk over the keys that task j's chunk's tasks (one per KV
+  // head) score, what is left of the last stream prefetched first. Streaming two chunks ahead
+  // measured the same.
+  void stream_ahead(int64_t j) {
+    sc_.stream.finish();
+    const int64_t next = next_chunk(j);
+    sc_.streaming = next < own_end_;
+    if (!sc_.streaming) return;
+    K_.stream_pages([&](auto&& f) { K_.chunk_pages(T_.item(next), T_.task(next).chunk, f); }, (next - j) * kChunk,
+                    sc_.stream);
+    streamed_to_ = next_chunk(next);
+  }
+
+  const Kernel<Q, KV>& K_;
+  const ChunkTasks<Q, KV>& T_;
+  std::atomic<bool>* claimed_;
+  const int64_t t_, nt_, own_end_;
+  Scratch& sc_;
+  int64_t read_group_ = -1, read_chunk_ = -1;  // the chunk whose pages were read last
+  int64_t streamed_to_ = 0;                      // the own run's tasks before this one have been streamed
+};
+
+template <typename Q, typename KV>
+void run_chunk_tasks(const Kernel<Q, KV>& K, const std::vector<Item>& items, CallRuns<Q, KV>& runs,
+                     int64_t max_threads) {
+  const ChunkTasks<Q, KV> T(K, items);
+  std::unique_ptr<std::atomic<bool>[]> claimed(new std::atomic<bool>[T.size()]());
+  const int64_t threads = std::min<int64_t>(max_threads, T.size());
+#pragma omp parallel num_threads(threads)
+  {
+    Scratch& sc = Scratch::local(K.L.d);
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    runs.take_share(K.L, K.quant, t, nt);
+    ChunkPass<Q, KV>(K, T, claimed.get(), t, nt, sc).run();
     release_tiles(sc);
 #pragma omp barrier
 #pragma omp for schedule(static, 1)
-    for (size_t it = 0; it < items.size(); ++it) {
-      const int64_t rows = items[it].row_end - items[it].row_begin;
-      const State s = state_of(tasks[first_task[it]]);
-      for (int64_t i = first_task[it] + 1; i < first_task[it + 1]; ++i) merge_state(s, state_of(tasks[i]), rows, d);
-      K.write_out(items[it], s);
-    }
+    for (size_t it = 0; it < items.size(); ++it) T.finish_item(it);
   }
 }
+
+template <typename Q, typename KV>
+void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor& out,
+                const Plan& P, int64_t groups, double sm_scale, int64_t window, double softcap,
+                const QuantPages* quant = nullptr) {
+  const int64_t d = q.size(2);
+  // Quantized pages: only their geometry here (KV is the dtype they are decoded to).
+  const KV* kp = quant != nullptr ? nullptr : k_pages.data_ptr<KV>();
+  const KV* vp = quant != nullptr ? nullptr : v_pages.data_ptr<KV>();
+  const Layer<KV> L{kp, vp, k_pages.size(1), k_pages.size(2), d};
+  const int64_t grp = q.size(1) / L.kv_heads;
+  CallRuns<Q, KV> runs(L, P, groups, grp, window, quant);
+  const Kernel<Q, KV> K = runs.kernel(L, P, q, out, grp, sm_scale, window, softcap, quant);
+  const Items I = plan_items(P, L, groups, grp);
+  const int64_t max_threads = at::get_num_threads();
+  if (max_threads <= 1 || I.work < kSerialWork) {
+    runs.take_share(L, quant, 0, 1);
+    Scratch& sc = Scratch::local(d);
+    for (const Item& item : I.items) K.run_item(item, sc);
+    release_tiles(sc);
+  } else if (static_cast<int64_t>(I.items.size()) >= 4 * max_threads) {
+    run_whole_items(K, I, runs, max_threads);
+  } else {
+    run_chunk_tasks(K, I.items, runs, max_threads);
+  }
+}
+
 void check_index(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 1 && t.scalar_type() == at::kLong && t.is_contiguous() && t.device().is_cpu(), name,
               " must be a contiguous 1-D int64 CPU tensor");
