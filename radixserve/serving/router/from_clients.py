@@ -76,24 +76,9 @@ class ClientSide:
         (the last one's metadata says whether the client may flush the cache)."""
         frames: list[bytes] = [f.bytes for f in raw]
         client = frames[0]
-        if len(frames) != 2:
-            self._reply_error(
-                client,
-                p.Error(
-                    code="malformed", message=f"expected 1 frame per message, got {len(frames) - 1}"
-                ),
-            )
-            return
-        too_large = self._limits.request_bytes_error(len(frames[1]))
-        if too_large is not None:
-            self._reply_error(
-                client,
-                p.Error(
-                    code="request_too_large",
-                    message=too_large,
-                    request_id=p.request_id_of(frames[1]),
-                ),
-            )
+        refused = self._frame_error(frames)
+        if refused is not None:
+            self._reply_error(client, refused)
             return
         msg = p.decode_client(frames[1])
         if isinstance(msg, p.Error):
@@ -103,55 +88,82 @@ class ClientSide:
         elif isinstance(msg, p.Abort):
             self._inflight.abort(client, msg.request_id)
         elif isinstance(msg, p.Health):
-            self._send(
-                client,
-                p.HealthReply(
-                    request_id=msg.request_id,
-                    ok=bool(self._pool.routable),
-                    workers_alive=len(self._pool.routable),
-                    uptime_s=time.monotonic() - self.started,
-                ),
-            )
+            self._on_health(client, msg.request_id)
         elif isinstance(msg, p.ModelInfoRequest):
             self._on_model_info(client, msg.request_id)
         elif isinstance(msg, p.FlushCache) and not self._trusted(raw[-1]):
-            # Every tenant's cached prefixes at once: only this process's clients (the HTTP
-            # gateway, whose admin key guards /flush_cache) or a keyed client may ask.
-            log.warning("cache flush from client %s refused: not authenticated", client.hex())
-            self._reply_error(
-                client,
-                p.Error(
-                    code="forbidden",
-                    message="flushing the cache needs an authenticated client (the server's "
-                    "--keys, or its own HTTP gateway with an admin key)",
-                    request_id=msg.request_id,
-                ),
-            )
+            self._refuse_flush(client, msg.request_id)
         elif isinstance(msg, (p.StatsRequest, p.FlushCache)):
             self._control.start(client, msg)
         elif isinstance(msg, p.CloseSession):
-            if len(msg.session_id) > 256 or len(msg.cache_salt or "") > p.MAX_CACHE_SALT_CHARS:
-                self._reply_error(
-                    client,
-                    p.Error(
-                        code="invalid_params",
-                        message="session_id is at most 256 characters, cache_salt "
-                        f"{p.MAX_CACHE_SALT_CHARS}",
-                        request_id=msg.request_id,
-                    ),
-                )
-                return
-            self._control.start(client, msg)
+            self._on_close_session(client, msg)
         elif isinstance(msg, p.TokenizeRequest):
-            longest = max((len(t) for t in msg.texts), default=0)
-            too_long = self._limits.prompt_chars_error(longest, self._pool.context_length())
-            if too_long is not None:
-                self._reply_error(
-                    client,
-                    p.Error(code="context_length", message=too_long, request_id=msg.request_id),
-                )
-                return
-            self._tokenize(client, msg)
+            self._on_tokenize(client, msg)
+
+    def _frame_error(self, frames: list[bytes]) -> p.Error | None:
+        """Why ``[identity, frame]`` is refused before it is decoded, or None."""
+        if len(frames) != 2:
+            return p.Error(
+                code="malformed", message=f"expected 1 frame per message, got {len(frames) - 1}"
+            )
+        too_large = self._limits.request_bytes_error(len(frames[1]))
+        if too_large is not None:
+            return p.Error(
+                code="request_too_large",
+                message=too_large,
+                request_id=p.request_id_of(frames[1]),
+            )
+        return None
+
+    def _on_health(self, client: bytes, request_id: str) -> None:
+        self._send(
+            client,
+            p.HealthReply(
+                request_id=request_id,
+                ok=bool(self._pool.routable),
+                workers_alive=len(self._pool.routable),
+                uptime_s=time.monotonic() - self.started,
+            ),
+        )
+
+    def _refuse_flush(self, client: bytes, request_id: str) -> None:
+        """Every tenant's cached prefixes at once: only this process's clients (the HTTP
+        gateway, whose admin key guards /flush_cache) or a keyed client may ask."""
+        log.warning("cache flush from client %s refused: not authenticated", client.hex())
+        self._reply_error(
+            client,
+            p.Error(
+                code="forbidden",
+                message="flushing the cache needs an authenticated client (the server's "
+                "--keys, or its own HTTP gateway with an admin key)",
+                request_id=request_id,
+            ),
+        )
+
+    def _on_close_session(self, client: bytes, msg: p.CloseSession) -> None:
+        if len(msg.session_id) > 256 or len(msg.cache_salt or "") > p.MAX_CACHE_SALT_CHARS:
+            self._reply_error(
+                client,
+                p.Error(
+                    code="invalid_params",
+                    message="session_id is at most 256 characters, cache_salt "
+                    f"{p.MAX_CACHE_SALT_CHARS}",
+                    request_id=msg.request_id,
+                ),
+            )
+            return
+        self._control.start(client, msg)
+
+    def _on_tokenize(self, client: bytes, msg: p.TokenizeRequest) -> None:
+        longest = max((len(t) for t in msg.texts), default=0)
+        too_long = self._limits.prompt_chars_error(longest, self._pool.context_length())
+        if too_long is not None:
+            self._reply_error(
+                client,
+                p.Error(code="context_length", message=too_long, request_id=msg.request_id),
+            )
+            return
+        self._tokenize(client, msg)
 
     def _tokenize(self, client: bytes, msg: p.TokenizeRequest) -> None:
         def reply(ids: list[list[int]] | None, err: str | None) -> None:
