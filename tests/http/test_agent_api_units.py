@@ -147,6 +147,35 @@ def test_messages_blocks_convert_to_chat_turns() -> None:
     assert body.template_kwargs() == {"enable_thinking": False}
 
 
+@pytest.mark.parametrize("budget", [-3, 0, 2.5, "1024", True])
+def test_a_bad_thinking_budget_is_400(budget: Any) -> None:
+    """``budget_tokens`` is not enforced, but one that no budget could be is the client's
+    error (a 400 naming it), not silently taken."""
+    body = MessagesRequest.model_validate(
+        {
+            "model": "m",
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}],
+            "thinking": {"type": "enabled", "budget_tokens": budget},
+        }
+    )
+    with pytest.raises(APIError) as err:
+        body.template_kwargs()
+    assert err.value.status == 400 and "budget_tokens" in str(err.value)
+
+
+def test_a_thinking_budget_is_taken() -> None:
+    body = MessagesRequest.model_validate(
+        {
+            "model": "m",
+            "max_tokens": 4096,
+            "messages": [{"role": "user", "content": "hi"}],
+            "thinking": {"type": "enabled", "budget_tokens": 2048},
+        }
+    )
+    assert body.template_kwargs() == {"enable_thinking": True}
+
+
 @pytest.mark.parametrize(
     "content",
     [

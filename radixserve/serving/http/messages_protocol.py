@@ -143,6 +143,14 @@ class MessagesRequest(BaseModel):
             kind = self.thinking.get("type")
             if kind not in ("enabled", "disabled", "adaptive"):
                 raise invalid('thinking.type must be "enabled" or "disabled"', param="thinking")
+            budget = self.thinking.get("budget_tokens")
+            if budget is not None and (type(budget) is not int or budget < 1):
+                # Not enforced (max_tokens bounds the whole answer), but a bad one is the
+                # client's error, as Anthropic's API says.
+                raise invalid(
+                    f"thinking.budget_tokens must be a positive integer, got {budget!r}",
+                    param="thinking.budget_tokens",
+                )
             kwargs.setdefault("enable_thinking", kind != "disabled")
         return kwargs or None
 
