@@ -85,6 +85,18 @@ def peer_out_tok(name: str, peer: str, concurrency: int) -> list[float]:
     ]
 
 
+def peer_tok_ratios(names: Iterable[str], num: str, den: str, concurrency: int = 16) -> list[float]:
+    """Repetition by repetition over the runs ``names``, peer ``num``'s output tok/s over
+    ``den``'s at ``concurrency`` (the two measured in the same repetition)."""
+    return [
+        a / b
+        for name in names
+        for a, b in zip(
+            peer_out_tok(name, num, concurrency), peer_out_tok(name, den, concurrency), strict=True
+        )
+    ]
+
+
 def quant_ratio(name: str, num: str, den: str, key: str) -> float:
     """bench_quant.py: one run's tok/s ratio of two configs (each the median of the run's rounds)."""
     rows = {r["config"]: r for r in load(name)["results"]}
@@ -145,27 +157,25 @@ def figures() -> dict[str, Figure]:
         figs[name] = Figure(text, tuple(files))
 
     compiled = ["peers_shared_system_s20compile.json"]
-    ours, eager, comp = (
-        peer_out_tok(compiled[0], peer, 16)
-        for peer in ("radixserve-bf16", "vllm-bf16", "vllm-bf16-compile")
-    )
-    add("vllm_compile_vs_eager", spread(c / e for c, e in zip(comp, eager, strict=True)), compiled)
     add(
-        "c16_bf16_vs_vllm_compile", spread(o / c for o, c in zip(ours, comp, strict=True)), compiled
+        "vllm_compile_vs_eager",
+        spread(peer_tok_ratios(compiled, "vllm-bf16-compile", "vllm-bf16")),
+        compiled,
+    )
+    add(
+        "c16_bf16_vs_vllm_compile",
+        spread(peer_tok_ratios(compiled, "radixserve-bf16", "vllm-bf16-compile")),
+        compiled,
     )
     compiled32 = ["peers_shared_system_s20compile_fp32.json"]
-    ours, eager, comp = (
-        peer_out_tok(compiled32[0], peer, 16)
-        for peer in ("radixserve", "vllm-fp32", "vllm-fp32-compile")
-    )
     add(
         "vllm_fp32_compile_vs_eager",
-        spread(c / e for c, e in zip(comp, eager, strict=True)),
+        spread(peer_tok_ratios(compiled32, "vllm-fp32-compile", "vllm-fp32")),
         compiled32,
     )
     add(
         "c16_fp32_vs_vllm_compile",
-        spread(o / c for o, c in zip(ours, comp, strict=True)),
+        spread(peer_tok_ratios(compiled32, "radixserve", "vllm-fp32-compile")),
         compiled32,
     )
     xeon = "bench_quant_s20.json"
@@ -180,11 +190,11 @@ def figures() -> dict[str, Figure]:
     add("vllm_fp32_itl", spread(itl_ratio(s18c1, "radixserve", "vllm-fp32")), [s18c1])
     add("vllm_bf16_itl", spread(itl_ratio(s18c1, "radixserve-bf16", "vllm-bf16")), [s18c1])
     s18c16 = "peers_shared_system_s18c16.json"
-    ours, theirs = (
-        peer_out_tok(s18c16, "radixserve-bf16", 16),
-        peer_out_tok(s18c16, "vllm-bf16", 16),
+    add(
+        "c16_bf16_vs_vllm",
+        spread(peer_tok_ratios([s18c16], "radixserve-bf16", "vllm-bf16")),
+        [s18c16],
     )
-    add("c16_bf16_vs_vllm", spread(a / b for a, b in zip(ours, theirs, strict=True)), [s18c16])
     first = "bench_first_request_s17_bf16.json"
     ratios = [r["ratio"] for r in load(first)["runs"]]
     add("first_request", f"{spread(ratios)}, worst {max(ratios):.2f}x", [first])
@@ -244,15 +254,7 @@ def figures() -> dict[str, Figure]:
         [c16],
     )
     for precision, ours in (("fp32", "radixserve"), ("bf16", "radixserve-bf16")):
-        ratios = [
-            a / b
-            for run in HEADLINE_RUNS
-            for a, b in zip(
-                peer_out_tok(run, ours, 16),
-                peer_out_tok(run, f"vllm-{precision}-compile", 16),
-                strict=True,
-            )
-        ]
+        ratios = peer_tok_ratios(HEADLINE_RUNS, ours, f"vllm-{precision}-compile")
         add(f"c16_{precision}_vs_vllm_compile_s41", spread(ratios), HEADLINE_RUNS)
     gpu_figures(add)
     long_context_figures(add)
