@@ -1109,7 +1109,7 @@ class ChunkTasks {
   // The ``j``-th task's state, computed.
   void run(int64_t j, Scratch& sc) const {
     K_.load_rows(item(j), sc);
-    K_.chunk_state(item(j), task(j).chunk, state_of(tasks_[order_[j]]), sc);
+    K_.chunk_state(item(j), task(j).chunk, state_of(task(j)), sc);
   }
 
   // Item ``it``'s chunks merged in order, and written out.
