@@ -84,6 +84,8 @@ class Serve:
         raise AssertionError(f"no line matching {pattern!r}; got:\n{''.join(seen)}")
 
     def kill(self) -> None:
+        """Kill serve if it still runs; print what it said (pytest shows it when a test fails)."""
+        print("".join(self.transcript))
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(10)
@@ -174,7 +176,9 @@ def test_a_server_stopped_and_continued_keeps_its_workers(tiny_llama_dir: Path) 
       instead of being refused until that times out (60 s); the router may give the worker
       up meanwhile, and an idle worker given up speaks up to be asked to join again
       (tests/serving/worker/test_worker_liveness.py). A request that finds no live worker
-      in that moment waits for it (its process still runs: WorkerPool.awaited), not 503."""
+      in that moment waits for it (its process still runs: WorkerPool.awaited), not 503; one
+      that crossed the worker's new hello is sent again under a fresh rid, not refused by its
+      engine as a duplicate (tests/serving/router/test_inflight_retry.py)."""
     from radixserve.sampling_params import SamplingParams
     from radixserve.serving.client import Client
 

@@ -242,10 +242,8 @@ class DisaggDispatch:
         if self._inflight.get(st.rid) is not st:
             return  # it ended meanwhile
         if st.retries < MAX_RETRIES:
-            st.retries += 1
             log.warning("request %s: %s; retrying it on a new prefill/decode pair", st.rid, reason)
-            st.worker_id = -1
-            self._inflight.dispatch(st)
+            self._inflight.retry(st)
         else:
             self._inflight.fail(st, "worker_died", f"{reason}; the request was lost")
 

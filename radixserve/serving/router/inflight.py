@@ -111,9 +111,12 @@ class InFlight:
 
     def new_rid(self) -> str:
         """A fresh router-global request id (counts the request as accepted)."""
+        self.total += 1
+        return self._fresh_rid()
+
+    def _fresh_rid(self) -> str:
         rid = str(self._next_rid)
         self._next_rid += 1
-        self.total += 1
         return rid
 
     def track(self, st: RouterRequest) -> None:
@@ -251,7 +254,9 @@ class InFlight:
                 w.cached_tokens += out.usage.cached_tokens
         st = self._requests.get(rid)
         if st is None:
-            return  # finished here already (stop string, abort): the worker's abort is on its way
+            if not out.finished and rid not in w.inflight:  # an orphan (see retry): stop it
+                self._pool.send(w, p.WorkerAbort(rids=[rid]))
+            return  # else it finished here already (stop string, abort): its abort is on its way
         if out.error is not None or out.finish_reason == "error":
             self.fail(st, "internal", f"worker {w.worker_id} failed the request: {out.error}")
             return
@@ -281,19 +286,38 @@ class InFlight:
             if st is None:
                 continue
             if not st.token_ids and st.retries < MAX_RETRIES:
-                st.retries += 1
                 log.warning(
                     "worker %d died (%s) before request %s had a token: retrying it",
                     w.worker_id,
                     reason,
                     rid,
                 )
-                st.worker_id = -1
-                self.dispatch(st)
+                self.retry(st, stale_at=w.identity)
             else:
                 self.fail(
                     st, "worker_died", f"worker {w.worker_id} died ({reason}); the request was lost"
                 )
+
+    def retry(self, st: RouterRequest, stale_at: bytes | None = None) -> None:
+        """Send ``st`` once more (its ``retries`` counted), under a fresh rid.
+
+        The process that had it may still run it, or receive it yet: a worker given up for its
+        silence, or one that reconnected and said hello again while the request crossed that
+        hello. Under the old rid its engine would refuse the retry as a duplicate, or the old
+        run's final output (the abort of its rejoin) would end the retry. Under a new one the
+        old run is an orphan: aborted here at the peer ``stale_at`` (best effort; unknown ids
+        are ignored there), and by :meth:`on_output` should any of its outputs still come."""
+        old = st.rid
+        self._dispatcher.ended(old)
+        if stale_at is not None:
+            self._pool.send_raw(stale_at, p.WorkerAbort(rids=[old]))
+        del self._requests[old]
+        st.rid = self._fresh_rid()
+        self._requests[st.rid] = st
+        self._by_client[st.client][st.client_rid] = st.rid
+        st.retries += 1
+        st.worker_id = -1
+        self.dispatch(st)
 
     # ------------------------------------------------------------------ waiting for a worker
     def dispatch_waiting(self) -> None:

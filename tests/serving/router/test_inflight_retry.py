@@ -1,0 +1,167 @@
+"""A request retried after its worker was declared dead goes out under a fresh rid, and the
+old run, wherever it may still be, is stopped without touching the retry.
+
+The case that found it (tests/serving/test_serve_cli.py, the whole server paused past its
+zmq heartbeats): the worker reconnected and said hello again while a request crossed that
+hello. The router took the hello as a worker that lost its work and sent the request again;
+the worker still had it, and its engine refused the repeat as a duplicate id (or the abort of
+the worker's rejoin would have ended the retry)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+import radixserve.serving.wire.protocol as p
+from radixserve.sampling_params import SamplingParams
+from radixserve.serving.router.dispatch import Dispatcher
+from radixserve.serving.router.inflight import InFlight
+from radixserve.serving.router.requests import RouterRequest
+from radixserve.serving.router.worker_pool import WorkerPool
+
+HELLO = p.WorkerHello(0, 1000, "m", 64, 32, [0])
+
+
+class _Backend:
+    """The router's worker socket: what was sent, to whom, in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, object]] = []
+
+    def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
+        self.sent.append((frames[0], p.decode_to_worker(frames[1])))
+
+    def take(self) -> list[tuple[bytes, object]]:
+        sent, self.sent = self.sent, []
+        return sent
+
+
+class _Router:
+    """An InFlight over a WorkerPool wired as the router wires them, one client's messages kept."""
+
+    def __init__(self) -> None:
+        self.backend = _Backend()
+        dispatcher = Dispatcher()
+        self.to_client: list[object] = []
+        self.pool = WorkerPool(
+            self.backend,  # type: ignore[arg-type]
+            dispatcher,
+            on_dead=lambda w, reason: self.inflight.fail_worker_requests(w, reason),
+            on_joined=lambda w: self.inflight.dispatch_waiting(),
+        )
+        self.inflight = InFlight(
+            self.pool,
+            dispatcher,
+            send=lambda client, msg: self.to_client.append(msg) is None,
+            reply_error=lambda client, err: self.to_client.append(err),
+            worker_wait_s=30.0,
+        )
+
+    def submit(self, client_rid: str) -> RouterRequest:
+        st = RouterRequest(
+            rid=self.inflight.new_rid(),
+            client=b"client",
+            client_rid=client_rid,
+            prompt_ids=[1, 2, 3],
+            params=SamplingParams(max_tokens=2),
+            stream=False,
+            session_id=None,
+            namespace=None,
+            detok=None,
+            arrival=0.0,
+        )
+        self.inflight.track(st)
+        self.inflight.dispatch(st)
+        self.pool.flush_adds()
+        return st
+
+
+@pytest.fixture
+def worker_proc() -> Iterator[subprocess.Popen[bytes]]:
+    """A running process for worker 0 (a worker given up is waited for while it runs)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _adds(sent: list[tuple[bytes, object]]) -> list[str]:
+    return [r.rid for _, m in sent if isinstance(m, p.WorkerAdd) for r in m.requests]
+
+
+def test_a_worker_saying_hello_again_gets_the_retry_under_a_fresh_rid(
+    worker_proc: subprocess.Popen[bytes],
+) -> None:
+    r = _Router()
+    r.pool.expect_local(0, worker_proc)
+    r.pool.register(b"w0", HELLO)
+    st = r.submit("c1")
+    first = st.rid
+    assert _adds(r.backend.take()) == [first]
+
+    r.pool.register(b"w0", HELLO)  # the same process, reconnected: hello again
+    r.pool.flush_adds()
+    sent = r.backend.take()
+    # The old run is aborted first, on the same connection, then the retry goes out anew.
+    assert sent[0] == (b"w0", p.WorkerAbort(rids=[first]))
+    assert _adds(sent) == [st.rid] and st.rid != first and st.retries == 1
+    assert r.inflight.get(first) is None and r.inflight.get(st.rid) is st
+    assert r.inflight.has(b"client", "c1")
+
+    # The old run's last word (the abort of the worker's rejoin) ends nothing.
+    w = r.pool.workers[0]
+    r.inflight.on_output(w, p.StepOutput(first, [], finished=True, finish_reason="abort"))
+    assert r.to_client == [] and r.inflight.get(st.rid) is st
+    assert st.rid in w.inflight
+
+
+def test_outputs_of_an_orphan_run_are_answered_with_an_abort(
+    worker_proc: subprocess.Popen[bytes],
+) -> None:
+    """Should the old request reach the worker after all (after the abort, on a connection the
+    worker read later), each output of it gets an abort back, and the retry is untouched."""
+    r = _Router()
+    r.pool.expect_local(0, worker_proc)
+    r.pool.register(b"w0", HELLO)
+    st = r.submit("c1")
+    first = st.rid
+    r.pool.register(b"w0", HELLO)
+    r.pool.flush_adds()
+    r.backend.take()
+    w = r.pool.workers[0]
+    r.inflight.on_output(w, p.StepOutput(first, [7], finished=False))
+    assert r.backend.take() == [(b"w0", p.WorkerAbort(rids=[first]))]
+    assert r.to_client == [] and r.inflight.get(st.rid) is st
+
+
+def test_a_stop_string_abort_is_not_sent_twice(worker_proc: subprocess.Popen[bytes]) -> None:
+    """An output of a request the router ended itself (its abort already sent; the worker
+    still holds it) needs no second abort: only runs the worker was never asked for do."""
+    r = _Router()
+    r.pool.expect_local(0, worker_proc)
+    w = r.pool.register(b"w0", HELLO)
+    st = r.submit("c1")
+    r.backend.take()
+    r.inflight.abort(b"client", "c1")
+    assert r.backend.take() == [(b"w0", p.WorkerAbort(rids=[st.rid]))]
+    r.inflight.on_output(w, p.StepOutput(st.rid, [7], finished=False))
+    assert r.backend.take() == []
+
+
+def test_a_request_retried_once_fails_the_second_time(
+    worker_proc: subprocess.Popen[bytes],
+) -> None:
+    r = _Router()
+    r.pool.expect_local(0, worker_proc)
+    r.pool.register(b"w0", HELLO)
+    st = r.submit("c1")
+    r.pool.register(b"w0", HELLO)  # retried once
+    r.pool.register(b"w0", HELLO)  # lost again: no more tries
+    assert r.inflight.get(st.rid) is None
+    (err,) = r.to_client
+    assert isinstance(err, p.Error) and err.code == "worker_died" and err.request_id == "c1"
