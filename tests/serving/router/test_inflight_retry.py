@@ -2,10 +2,13 @@
 old run, wherever it may still be, is stopped without touching the retry.
 
 The case that found it (tests/serving/test_serve_cli.py, the whole server paused past its
-zmq heartbeats): the worker reconnected and said hello again while a request crossed that
-hello. The router took the hello as a worker that lost its work and sent the request again;
-the worker still had it, and its engine refused the repeat as a duplicate id (or the abort of
-the worker's rejoin would have ended the retry)."""
+zmq heartbeats, failed once in CI; the crossing below is read from the code, not seen in a
+log): the worker reconnected and said hello; the router, which had
+given it up and heard from it, had also asked it to join again (WorkerRejoin). A request sent
+after the first hello reached the worker after that ask, and so after its second hello. The
+router took the second hello as a worker that lost its work and sent the request again; the
+worker still had it, and its engine refused the repeat as a duplicate id (or the abort of a
+rejoin could have ended the retry)."""
 
 from __future__ import annotations
 
