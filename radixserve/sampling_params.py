@@ -75,6 +75,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # Keep this request's prompt prefix pinned in the KV cache for this many seconds after
     # it finishes, refreshed by every hit (within the server's pin budget; None: no pin).
     pin_ttl_s: float | None = None
+    # At most this many tokens inside the model's <think> block, then "\n</think>" is forced
+    # (radixserve.constrained.thinking_budget; vLLM's name). None: no budget.
+    thinking_token_budget: int | None = None
     # Report where the prompt left the longest cached path and why (usage.cache_report;
     # radixserve.memory.miss_report). Not about sampling: it rides here to reach the worker.
     return_cache_report: bool = False
@@ -93,7 +96,13 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         """Raise ``ValueError`` with a clear message for any invalid value; return self."""
         errors: list[str] = []
-        for name in ("max_tokens", "min_tokens", "top_k", "prompt_logprobs_start"):
+        for name in (
+            "max_tokens",
+            "min_tokens",
+            "top_k",
+            "prompt_logprobs_start",
+            "thinking_token_budget",
+        ):
             value = getattr(self, name)
             if value is not None and abs(value) >= _INT_LIMIT:
                 errors.append(f"{name} must be below 2**63 in magnitude, got {value}")
@@ -142,6 +151,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             errors.append(
                 f"pin_ttl_s must be in (0, {MAX_PIN_TTL_S:g}] seconds, got {self.pin_ttl_s}"
             )
+        if self.thinking_token_budget is not None and self.thinking_token_budget < 0:
+            errors.append(f"thinking_token_budget must be >= 0, got {self.thinking_token_budget}")
         if self.prompt_logprobs_start is not None and self.prompt_logprobs_start < 0:
             errors.append(f"prompt_logprobs_start must be >= 0, got {self.prompt_logprobs_start}")
         errors += constraint_errors(

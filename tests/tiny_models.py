@@ -196,6 +196,18 @@ def build_tiny_llama(
     return out
 
 
+def build_tiny_reasoner(out_dir: str | Path) -> Path:
+    """The tiny Llama with ``<think>`` and ``</think>`` as single tokens (ids 512 and 513, in a
+    vocabulary of 516), as reasoning models' tokenizers have them."""
+    from transformers import AutoTokenizer
+
+    out = build_tiny_llama(out_dir, vocab_size=TOKENIZER_VOCAB + 4)
+    tok = AutoTokenizer.from_pretrained(str(out))
+    tok.add_tokens(["<think>", "</think>"])
+    tok.save_pretrained(str(out))
+    return out
+
+
 def build_tiny_qwen2(
     out_dir: str | Path,
     *,

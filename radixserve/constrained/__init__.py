@@ -8,6 +8,10 @@
   token, the next-token bitmask, ``can_only_end`` / ``is_terminated``.
 - :mod:`~radixserve.constrained.mask`: :func:`apply_token_masks` for the constrained rows of
   a step's logits.
+- :mod:`~radixserve.constrained.thinking_budget`: :class:`ThinkingBudget`, a reasoning
+  model's ``<think>`` block closed after ``thinking_token_budget`` tokens, through the
+  matcher's interface (around the request's grammar, if any).
+- :mod:`~radixserve.constrained.bits`: token bitmask helpers, without xgrammar.
 
 It sits beside the scheduling layer: the engine compiles at ``add_request``, the sampler
 masks, the scheduler advances the matcher with each sampled token. Importing this package

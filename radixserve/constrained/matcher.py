@@ -25,31 +25,14 @@ through the tokens that stood, one by one, exactly as without speculation::
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 import xgrammar as xgr
 
+from radixserve.constrained.bits import all_tokens_but, allows, bitmask_words
 from radixserve.constrained.spec import CompiledGrammar
-
-
-def bitmask_words(vocab_size: int) -> int:
-    """int32 words in one row of a token bitmask."""
-    return (vocab_size + 31) // 32
-
-
-def all_tokens_but(words: int, tokens: Iterable[int]) -> np.ndarray:
-    """An int32 bitmask row of ``words`` words with every bit set except those of ``tokens``."""
-    mask = np.full(words, 0xFFFFFFFF, dtype=np.uint32)
-    for t in tokens:
-        mask[t // 32] &= ~np.uint32(1 << (t % 32))
-    return mask.view(np.int32)
-
-
-def _allows(mask: torch.Tensor, token_id: int) -> bool:
-    """Whether bit ``token_id`` of a ``[1, words]`` int32 bitmask is set."""
-    return bool((int(mask[0, token_id // 32]) >> (token_id % 32)) & 1)
 
 
 class GrammarMatcher:
@@ -118,7 +101,7 @@ class GrammarMatcher:
                 self._can_only_end
                 or t in stops
                 or not 0 <= t < self.compiled.vocab_size
-                or not _allows(self.next_mask, t)
+                or not allows(self.next_mask, t)
                 or not self._m.accept_token(t)
             ):
                 break

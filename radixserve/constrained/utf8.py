@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from radixserve.constrained.matcher import all_tokens_but, bitmask_words
+from radixserve.constrained.bits import all_tokens_but, bitmask_words
 
 _LEAD = 0xED  # the lead byte of U+D000..U+DFFF
 _SURROGATE_SECOND = range(0xA0, 0xC0)  # after ED: U+D800..U+DFFF

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Container, Sequence
+from functools import cached_property
 from typing import Any
 
+from radixserve.constrained.thinking_budget import ThinkingBudget, ThinkMarkers, think_markers
 from radixserve.engine.sampler import Sampler
 from radixserve.model.config import ModelConfig
 from radixserve.sampling_params import SamplingParams
@@ -72,6 +74,10 @@ class RequestIntake:
         rid = request_id if request_id is not None else uuid.uuid4().hex
         gen = self.sampler.new_generator(params.seed) if params.seed is not None else None
         grammar = self._new_grammar_matcher(params)
+        budget = params.thinking_token_budget
+        markers = self.think_markers if budget is not None else None
+        if budget is not None and markers is not None:  # without <think>, any budget is kept
+            grammar = ThinkingBudget(budget, markers, self.model_config.vocab_size, ids, grammar)
         return Request(
             rid,
             ids,
@@ -84,6 +90,11 @@ class RequestIntake:
             generator=gen,
             grammar=grammar,
         )
+
+    @cached_property
+    def think_markers(self) -> ThinkMarkers | None:
+        """The model's ``<think>``/``</think>`` token ids (None: it has none, or no tokenizer)."""
+        return think_markers(self.tokenizer) if self.tokenizer is not None else None
 
     def _new_grammar_matcher(self, params: SamplingParams) -> Any | None:
         """Compile (cached per tokenizer and constraint) the request's regex / JSON schema /

@@ -149,8 +149,8 @@ def test_messages_blocks_convert_to_chat_turns() -> None:
 
 @pytest.mark.parametrize("budget", [-3, 0, 2.5, "1024", True])
 def test_a_bad_thinking_budget_is_400(budget: Any) -> None:
-    """``budget_tokens`` is not enforced, but one that no budget could be is the client's
-    error (a 400 naming it), not silently taken."""
+    """A ``budget_tokens`` that no budget could be is the client's error (a 400 naming it),
+    not silently taken."""
     body = MessagesRequest.model_validate(
         {
             "model": "m",
@@ -174,6 +174,19 @@ def test_a_thinking_budget_is_taken() -> None:
         }
     )
     assert body.template_kwargs() == {"enable_thinking": True}
+    assert body.thinking_budget() == 2048  # the request's thinking_token_budget
+
+
+def test_disabled_thinking_has_no_budget() -> None:
+    body = MessagesRequest.model_validate(
+        {
+            "model": "m",
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}],
+            "thinking": {"type": "disabled"},
+        }
+    )
+    assert body.thinking_budget() is None
 
 
 @pytest.mark.parametrize(

@@ -208,6 +208,16 @@ def test_thinking_switch_reaches_the_template(agent_server: Server) -> None:
 
     assert prompt(off) > prompt(on)
     assert all(b.type != "thinking" for b in off.content)
+    # A budget travels to the engine as thinking_token_budget; this model has no <think>
+    # token, so no block opens and the answer is the one without a budget.
+    budgeted = client.messages.create(
+        model="default",
+        messages=msgs,
+        max_tokens=2,
+        extra_body=GREEDY,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    )
+    assert budgeted.content == on.content and prompt(budgeted) == prompt(on)
 
 
 def test_output_config_json_schema_is_constrained(agent_server: Server) -> None:

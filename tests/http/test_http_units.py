@@ -53,6 +53,8 @@ def test_chat_request_to_sampling_params() -> None:
         4,
     )
     assert (sp.presence_penalty, sp.top_k, sp.ignore_eos) == (0.1, 20, True)
+    budgeted = chat(thinking_token_budget=256)  # vLLM's extension
+    assert budgeted.sampling(16, None).thinking_token_budget == 256
     assert (
         chat().wanted_max_tokens(2048) == 2048
         and chat(max_completion_tokens=3, max_tokens=9).wanted_max_tokens(1) == 3
@@ -115,6 +117,7 @@ def test_media_content_parts_are_a_clear_400(kind: str) -> None:
         {"guided_json": {"type": "object"}},
         {"modalities": ["text", "audio"]},
         {"reasoning_effort": "high"},
+        {"thinking_token_budget": -1},
     ],
 )
 def test_chat_request_rejections(bad: dict[str, Any]) -> None:

@@ -85,6 +85,7 @@ async def prepare(body: MessagesRequest, request: Request) -> tuple[Reply, ChatC
         top_k=body.top_k,
         stop=stops,
         json_schema=constraint,
+        thinking_token_budget=body.thinking_budget(),
     )
     call = ChatCall(messages, params, plan, None, template_kwargs(body.template_kwargs()))
     return Reply(model, stops, info.eos_token_ids, g.tokenizer), call

@@ -143,16 +143,22 @@ class MessagesRequest(BaseModel):
             kind = self.thinking.get("type")
             if kind not in ("enabled", "disabled", "adaptive"):
                 raise invalid('thinking.type must be "enabled" or "disabled"', param="thinking")
-            budget = self.thinking.get("budget_tokens")
-            if budget is not None and (type(budget) is not int or budget < 1):
-                # Not enforced (max_tokens bounds the whole answer), but a bad one is the
-                # client's error, as Anthropic's API says.
-                raise invalid(
-                    f"thinking.budget_tokens must be a positive integer, got {budget!r}",
-                    param="thinking.budget_tokens",
-                )
+            self.thinking_budget()  # a bad one is a 400 before anything runs
             kwargs.setdefault("enable_thinking", kind != "disabled")
         return kwargs or None
+
+    def thinking_budget(self) -> int | None:
+        """``thinking.budget_tokens`` of enabled thinking: the request's
+        ``thinking_token_budget`` (the <think> block closed after that many tokens)."""
+        if self.thinking is None or self.thinking.get("type") == "disabled":
+            return None
+        budget = self.thinking.get("budget_tokens")
+        if budget is not None and (type(budget) is not int or budget < 1):
+            raise invalid(
+                f"thinking.budget_tokens must be a positive integer, got {budget!r}",
+                param="thinking.budget_tokens",
+            )
+        return budget
 
     def chat(self) -> list[p.ChatMessage]:
         """The conversation as chat turns (``system`` first)."""

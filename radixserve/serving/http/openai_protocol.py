@@ -9,7 +9,7 @@ have (``suffix``,
 ``best_of`` > ``n``, image content) are rejected with a 400 rather than silently ignored.
 Extensions accepted as vLLM and SGLang do: ``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
-``skip_special_tokens``. ``logit_bias`` has OpenAI's semantics (token id strings to
+``skip_special_tokens``, ``thinking_token_budget``. ``logit_bias`` has OpenAI's semantics (token id strings to
 biases in [-100, 100], at most 300; see :mod:`radixserve.logit_bias`).
 """
 
@@ -172,6 +172,8 @@ class _SamplingBody(_Body):
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool | None = None
     pin_ttl_s: float | None = None  # radixserve: keep the prompt prefix pinned (see SamplingParams)
+    # vLLM's: at most this many tokens of <think> block, then it is closed (SamplingParams).
+    thinking_token_budget: int | None = None
     # Cache controls: higher priority leaves the cache later (--eviction-policy priority);
     # OpenAI's prompt_cache_retention: "in_memory" (the default: LRU and session leases) or a
     # time such as "24h", which pins the prompt prefix that long (within the pin budget).
@@ -236,6 +238,7 @@ class _SamplingBody(_Body):
             "ignore_eos",
             "skip_special_tokens",
             "pin_ttl_s",
+            "thinking_token_budget",
         ):
             value = getattr(self, name)
             if value is not None:

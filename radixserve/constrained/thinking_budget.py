@@ -1,0 +1,167 @@
+"""A thinking budget: a reasoning model's ``<think>`` block closed after a set number of tokens.
+
+Reasoning models (Qwen3, DeepSeek-R1, QwQ, SmolLM3) think between ``<think>`` and
+``</think>`` before they answer, and nothing in the model bounds how long: asked a small
+thing, one can think until ``max_tokens`` runs out and never answer. With
+``SamplingParams.thinking_token_budget`` (vLLM's name; the Messages API's
+``thinking.budget_tokens``) the engine counts the tokens written inside the block and, once
+the budget is spent, forces the closing sequence (``"\\n"`` and ``</think>``) token by token,
+masking everything else, as vLLM's thinking-budget state, SGLang's strict thinking and
+llama.cpp's reasoning-budget sampler do. The answer that follows is the model's own.
+
+:class:`ThinkingBudget` does this through the interface of
+:class:`~radixserve.constrained.matcher.GrammarMatcher` (``accept``, ``next_mask``,
+``mask_at``, ``lookahead``, ``can_only_end``), so the sampler masks its rows and the scheduler
+advances it like any constraint; a request's own grammar, when it has one, is wrapped::
+
+    idle ── <think> ──> thinking ── budget spent ──> forcing "\\n" </think> ──> idle
+                          └──────── </think> (the model closes it) ─────────────┘
+
+The block may open in the prompt (DeepSeek-R1's template, Qwen3's thinking-only models):
+then counting starts with the first output token. The budget is the whole answer's: a second
+block, should the model open one, gets what the first left. Under a grammar that forbids the
+next forced token, the grammar wins (that budget cannot be kept by masking).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import Enum
+from typing import Any, NamedTuple
+
+import torch
+
+from radixserve.constrained.bits import allows, bitmask_words, only_token
+
+START_MARKER, END_MARKER = "<think>", "</think>"
+
+
+class ThinkMarkers(NamedTuple):
+    """One tokenizer's reasoning markers: the ids of ``<think>`` and ``</think>`` and the
+    tokens forced to close a block (a newline, then ``</think>``)."""
+
+    start: int
+    end: int
+    close: tuple[int, ...]
+
+
+def think_markers(tokenizer: Any) -> ThinkMarkers | None:
+    """The markers of ``tokenizer`` (a transformers tokenizer), or None when ``<think>`` or
+    ``</think>`` is not one token of its vocabulary (a model that does not reason so)."""
+    ids = []
+    for marker in (START_MARKER, END_MARKER):
+        encoded = tokenizer.encode(marker, add_special_tokens=False)
+        if len(encoded) != 1:
+            return None
+        ids.append(int(encoded[0]))
+    newline = [int(t) for t in tokenizer.encode("\n", add_special_tokens=False)]
+    return ThinkMarkers(ids[0], ids[1], (*newline, ids[1]))
+
+
+class _State(Enum):
+    IDLE = "idle"  # outside a block: watching for <think>
+    THINKING = "thinking"  # inside one, counting
+    FORCING = "forcing"  # the budget is spent: the closing tokens, one by one
+
+
+class ThinkingBudget:
+    """One request's thinking budget (see the module doc), wrapping its grammar if any."""
+
+    def __init__(
+        self,
+        budget: int,
+        markers: ThinkMarkers,
+        vocab_size: int,
+        prompt_ids: Sequence[int],
+        inner: Any | None = None,
+    ) -> None:
+        self.budget = budget
+        self.markers = markers
+        self.inner = inner  # the request's GrammarMatcher, or None
+        self.used = 0  # tokens written inside blocks so far
+        self._words = bitmask_words(vocab_size)
+        self._all = torch.full((1, self._words), -1, dtype=torch.int32)
+        self._state = _State.IDLE
+        self._forced = 0  # closing tokens written (FORCING)
+        self.next_mask = self._all
+        if _opens_in(prompt_ids, markers):
+            self._inside()
+        self._refresh()
+
+    @property
+    def can_only_end(self) -> bool:
+        return (
+            self._state is not _State.FORCING and self.inner is not None and self.inner.can_only_end
+        )
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one sampled token; False (nothing changed) when the wrapped grammar
+        does not allow it."""
+        if self.inner is not None and not self.inner.accept(token_id):
+            return False
+        m = self.markers
+        if self._state is _State.FORCING:
+            self._forced += 1
+            if token_id != m.close[self._forced - 1] or self._forced == len(m.close):
+                self._state = _State.IDLE  # closed (or the grammar overruled the rest)
+        elif self._state is _State.THINKING:
+            if token_id == m.end:
+                self._state = _State.IDLE
+            else:
+                self.used += 1
+                self._inside()
+        elif token_id == m.start:
+            self._inside()
+        self._refresh()
+        return True
+
+    def _inside(self) -> None:
+        """Inside a block: counting, or closing it once the budget is spent."""
+        if self.used < self.budget:
+            self._state = _State.THINKING
+        else:
+            self._state, self._forced = _State.FORCING, 0
+
+    def lookahead(self, draft: Sequence[int]) -> int:
+        """How many leading tokens of a speculative ``draft`` may be verified: none while the
+        closing tokens are forced, only as many as leave every verify row short of the
+        budget while thinking, and none past a ``<think>`` (counting would start there);
+        within that, what the wrapped grammar allows."""
+        if self._state is _State.FORCING:
+            n = 0
+        elif self._state is _State.THINKING:
+            n = max(0, min(len(draft), self.budget - self.used - 1))
+        else:
+            n = next((i for i, t in enumerate(draft) if t == self.markers.start), len(draft))
+        return n if self.inner is None else self.inner.lookahead(draft[:n])
+
+    def mask_at(self, j: int) -> torch.Tensor:
+        """The mask of the verify row ``j`` tokens into the last :meth:`lookahead` (rows past
+        the first are never forced: the draft stops short of that)."""
+        if j == 0:
+            return self.next_mask
+        return self.inner.mask_at(j) if self.inner is not None else self._all
+
+    def _refresh(self) -> None:
+        inner = self.inner.next_mask if self.inner is not None else self._all
+        self.next_mask = inner
+        if self._state is _State.FORCING:
+            token = self.markers.close[self._forced]
+            if allows(inner, token):
+                self.next_mask = only_token(self._words, token)
+
+    def __repr__(self) -> str:
+        return (
+            f"ThinkingBudget(budget={self.budget}, used={self.used}, state={self._state.value}, "
+            f"inner={self.inner!r})"
+        )
+
+
+def _opens_in(prompt_ids: Sequence[int], markers: ThinkMarkers) -> bool:
+    """Whether the prompt ends inside a block: its last marker is ``<think>``."""
+    for t in reversed(prompt_ids):
+        if t == markers.start:
+            return True
+        if t == markers.end:
+            return False
+    return False
