@@ -63,6 +63,7 @@ SAMPLING_FIELDS = (
     "regex",
     "json_schema",
     "logit_bias",
+    "thinking_token_budget",
 )
 
 
@@ -210,6 +211,7 @@ def gen(
     choices_method: str | Callable[[list[list[float]]], int] = "mean",
     max_new_tokens: int | None = None,
     logit_bias: Mapping[int | str, float] | None = None,
+    thinking_token_budget: int | None = None,
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_choice: str = "auto",
     parallel_tool_calls: bool = True,
@@ -224,6 +226,8 @@ def gen(
     ``select(name, choices, method=choices_method)`` (scored by logprobs, not constrained).
     ``max_new_tokens`` is accepted as an alias of ``max_tokens``. ``logit_bias``: token id
     -> bias in [-100, 100] added to the logits before the draw (OpenAI's semantics).
+    ``thinking_token_budget``: a reasoning model's ``<think>`` block is closed after that
+    many tokens (docs/agents.md).
 
     ``tools`` (see :mod:`frontend_dsl.tools`): the model may call them; the variable holds a
     :class:`~frontend_dsl.tools.ToolReply`. ``tool_choice``: ``"auto"``, ``"required"`` or
@@ -249,6 +253,7 @@ def gen(
         stop=stop,
         stop_token_ids=None if stop_token_ids is None else list(stop_token_ids),
         logit_bias=None if logit_bias is None else dict(logit_bias),
+        thinking_token_budget=thinking_token_budget,
     )
     sampling = {k: v for k, v in given.items() if v is not None}
     if choices is not None:

@@ -1,4 +1,4 @@
-"""The DSL's tool and logit_bias arguments without a model: checked values, the constraint
+"""The DSL's tool, logit_bias and thinking budget arguments without a model: checked values, the constraint
 each ``tool_choice`` maps to, and the markers found in Qwen3's template."""
 
 from __future__ import annotations
@@ -24,6 +24,13 @@ def test_gen_logit_bias_is_checked_and_normalized() -> None:
     for bad in ({"x": 1}, {5: 101}, {i: 1 for i in range(301)}):
         with pytest.raises(ValueError, match="logit_bias"):
             gen("x", logit_bias=bad)
+
+
+def test_gen_thinking_budget_reaches_the_params() -> None:
+    g = gen("x", thinking_token_budget=64)
+    assert isinstance(g, Gen) and g.params().thinking_token_budget == 64
+    with pytest.raises(ValueError, match="thinking_token_budget"):
+        gen("x", thinking_token_budget=-1)
 
 
 def test_tool_choice_maps_to_the_http_constraints() -> None:
