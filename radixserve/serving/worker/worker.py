@@ -132,6 +132,21 @@ class Worker:
 
         # Prefill/decode disaggregation: None for a colocated engine.
         self._disagg = DisaggLink.of(self.engine, self._send, self._active)
+        self._handlers: dict[type, Callable[[Any], None]] = {
+            p.WorkerAdd: self._on_add,
+            p.WorkerAbort: self._on_abort,
+            p.WorkerReserve: self._on_disagg,
+            p.WorkerPrefill: self._on_disagg,
+            p.WorkerAdmit: self._on_disagg,
+            p.WorkerRelease: self._on_disagg,
+            p.WorkerPing: self._on_ping,
+            p.WorkerStatsRequest: self._on_stats,
+            p.WorkerFlush: self._on_flush,
+            p.WorkerCloseSession: self._on_close_session,
+            p.WorkerKVSubscribe: self._on_kv_subscribe,
+            p.WorkerRejoin: self._on_rejoin,
+            p.WorkerShutdown: self._on_shutdown,
+        }
 
     def _event_publisher(self) -> Any | None:
         """A KV-event publisher when the engine records events (``kv_events_endpoint``)."""
@@ -359,63 +374,75 @@ class Worker:
                 log.exception("handling %s failed", type(msg).__name__)
 
     def _handle(self, msg: p.RouterToWorker) -> None:
-        if isinstance(msg, p.WorkerAdd):
-            for req in msg.requests:
-                try:
-                    self.engine.add_request(
-                        req.input_ids,
-                        req.params,
-                        request_id=req.rid,
-                        namespace=req.namespace,
-                        session_id=req.session_id,
-                        priority=req.priority,
-                    )
-                except (
-                    Exception
-                ) as exc:  # invalid params, too long, bad constraint, ...: the engine says why
-                    self._send(
-                        p.WorkerRejected(rid=req.rid, message=str(exc) or type(exc).__name__)
-                    )
-                else:
-                    self._active.add(req.rid)
-        elif isinstance(msg, p.WorkerAbort):
-            for rid in msg.rids:
-                self._abort(rid)
-            if self._disagg is not None:
-                self._disagg.send_answers()  # a prefill run aborted: its answer goes now
-        elif isinstance(msg, (p.WorkerReserve, p.WorkerPrefill, p.WorkerAdmit, p.WorkerRelease)):
-            if self._disagg is None:
-                log.warning("%s to a colocated worker: ignored", type(msg).__name__)
-            else:
-                self._disagg.handle(msg)
-        elif isinstance(msg, p.WorkerPing):
-            self._send(p.WorkerHeartbeat(load=engine_load(self.engine)))
-        elif isinstance(msg, p.WorkerStatsRequest):
-            self._send(
-                p.WorkerStatsReply(
-                    token=msg.token,
-                    load=engine_load(self.engine),
-                    engine=worker_stats(self.engine, debug_invariants()),
+        handler = self._handlers.get(type(msg))
+        if handler is not None:
+            handler(msg)
+
+    def _on_add(self, msg: p.WorkerAdd) -> None:
+        for req in msg.requests:
+            try:
+                self.engine.add_request(
+                    req.input_ids,
+                    req.params,
+                    request_id=req.rid,
+                    namespace=req.namespace,
+                    session_id=req.session_id,
+                    priority=req.priority,
                 )
+            except (
+                Exception
+            ) as exc:  # invalid params, too long, bad constraint: the engine says why
+                self._send(p.WorkerRejected(rid=req.rid, message=str(exc) or type(exc).__name__))
+            else:
+                self._active.add(req.rid)
+
+    def _on_abort(self, msg: p.WorkerAbort) -> None:
+        for rid in msg.rids:
+            self._abort(rid)
+        if self._disagg is not None:
+            self._disagg.send_answers()  # a prefill run aborted: its answer goes now
+
+    def _on_disagg(self, msg: Any) -> None:
+        """Reserve, prefill, admit, release: prefill/decode disaggregation's messages."""
+        if self._disagg is None:
+            log.warning("%s to a colocated worker: ignored", type(msg).__name__)
+        else:
+            self._disagg.handle(msg)
+
+    def _on_ping(self, msg: p.WorkerPing) -> None:
+        self._send(p.WorkerHeartbeat(load=engine_load(self.engine)))
+
+    def _on_stats(self, msg: p.WorkerStatsRequest) -> None:
+        self._send(
+            p.WorkerStatsReply(
+                token=msg.token,
+                load=engine_load(self.engine),
+                engine=worker_stats(self.engine, debug_invariants()),
             )
-        elif isinstance(msg, p.WorkerFlush):
-            self._send(p.WorkerFlushReply(token=msg.token, ok=bool(self.engine.flush_cache())))
-            self._publish_events()
-        elif isinstance(msg, p.WorkerCloseSession):
-            # Leases are the real engine's, not part of ServingEngine: fakes hold none.
-            close = getattr(self.engine, "close_session", None)
-            released = bool(close(msg.session_id, msg.namespace)) if close else False
-            self._send(p.WorkerCloseSessionReply(token=msg.token, released=released))
-        elif isinstance(msg, p.WorkerKVSubscribe):
-            self._publish_events()  # what came before goes out first; the snapshot follows it
-            if not self._router_events.subscribe():
-                log.info("the router asked for KV events; this engine records none")
-        elif isinstance(msg, p.WorkerRejoin):
-            log.warning(
-                "the router declared this worker dead: aborting %d requests and joining again",
-                len(self._active),
-            )
-            self._rejoin()
-        elif isinstance(msg, p.WorkerShutdown):
-            self._goodbye = "shutdown requested"
-            self.stop()
+        )
+
+    def _on_flush(self, msg: p.WorkerFlush) -> None:
+        self._send(p.WorkerFlushReply(token=msg.token, ok=bool(self.engine.flush_cache())))
+        self._publish_events()
+
+    def _on_close_session(self, msg: p.WorkerCloseSession) -> None:
+        # Leases are the real engine's, not part of ServingEngine: fakes hold none.
+        close = getattr(self.engine, "close_session", None)
+        released = bool(close(msg.session_id, msg.namespace)) if close else False
+        self._send(p.WorkerCloseSessionReply(token=msg.token, released=released))
+
+    def _on_kv_subscribe(self, msg: p.WorkerKVSubscribe) -> None:
+        self._publish_events()  # what came before goes out first; the snapshot follows it
+        if not self._router_events.subscribe():
+            log.info("the router asked for KV events; this engine records none")
+
+    def _on_rejoin(self, msg: p.WorkerRejoin) -> None:
+        log.warning(
+            "the router declared this worker dead: aborting %d requests and joining again",
+            len(self._active),
+        )
+        self._rejoin()
+
+    def _on_shutdown(self, msg: p.WorkerShutdown) -> None:
+        self._goodbye = "shutdown requested"
+        self.stop()

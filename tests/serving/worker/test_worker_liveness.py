@@ -96,3 +96,22 @@ def test_an_idle_worker_speaks_to_a_silent_router_and_rejoins_when_asked(
             proc.wait(10)
         router.close(linger=0)
         ctx.term()
+
+
+def test_every_router_message_has_a_handler() -> None:
+    """The worker answers each kind of message the router sends (the protocol's union): a
+    kind added to it without a handler would be dropped in silence."""
+    import typing
+
+    from fake_engine import FakeEngine
+
+    from radixserve.serving.worker.worker import Worker
+
+    ctx = zmq.Context()
+    worker = Worker(FakeEngine(), "ipc:///tmp/radixserve-no-router.sock", context=ctx)  # type: ignore[arg-type]
+    try:
+        assert set(worker._handlers) == set(typing.get_args(p.RouterToWorker))
+    finally:
+        worker.sock.close(linger=0)
+        worker._monitor.close(linger=0)
+        ctx.term()
