@@ -127,47 +127,13 @@ def plan(
 ) -> ToolPlan:
     """Check the request's tool fields against the model and server; raise a 400 on any
     that cannot be honoured. ``parallel_tool_calls``: ``None`` is OpenAI's default (on)."""
-    fmt = think_fmt = None
-    if reasoning_parser:
-        think_fmt = reasoning_format(reasoning_parser)
+    think_fmt = reasoning_format(reasoning_parser) if reasoning_parser else None
     if not tools:
         if tool_choice not in (None, "none", "auto"):
             raise invalid("tool_choice needs tools", param="tool_choice")
         return ToolPlan(None, None, None, think_fmt)
-    if len(tools) > MAX_TOOLS:
-        raise invalid(f"at most {MAX_TOOLS} tools, got {len(tools)}", param="tools")
-    functions = _functions(tools)
-    names = [f["name"] for f in functions]
-    if len(set(names)) != len(names):
-        raise invalid("tool names must be unique", param="tools")
-    tools_json = json.dumps([{"type": "function", "function": f} for f in functions])
-    if len(tools_json) > MAX_TOOLS_CHARS:
-        raise invalid(
-            f"tools take {len(tools_json)} characters as JSON, more than {MAX_TOOLS_CHARS}",
-            param="tools",
-        )
-    choice = "auto" if tool_choice is None else tool_choice
-    named: str | None = None
-    if isinstance(choice, dict):
-        try:
-            named = FunctionRef.model_validate(choice.get("function")).name
-        except Exception:  # noqa: BLE001 - any shape error is the same 400
-            named = None
-        if choice.get("type", "function") != "function" or named is None:
-            raise invalid(
-                'tool_choice must be "none", "auto", "required" or '
-                '{"type": "function", "function": {"name": ...}}',
-                param="tool_choice",
-            )
-        if named not in names:
-            raise invalid(
-                f"tool_choice names {named!r}, which is not in tools", param="tool_choice"
-            )
-    elif choice not in ("none", "auto", "required"):
-        raise invalid(
-            f'tool_choice must be "none", "auto", "required" or a function, got {choice!r}',
-            param="tool_choice",
-        )
+    functions, tools_json = _checked_tools(tools)
+    choice, named = _checked_choice(tool_choice, [f["name"] for f in functions])
     if not renders_tools(template):
         if choice == "none":
             return ToolPlan(None, None, None, think_fmt)
@@ -200,6 +166,52 @@ def plan(
     elif not has_constraint and (not parallel or any(f.get("strict") for f in functions)):
         tag = _bounded(tool_tags.auto_calls(fmt, functions, parallel), "enforce strict tools")
     return ToolPlan(tools_json, fmt, forced, think_fmt, tag)
+
+
+def _checked_tools(tools: list[ToolIn]) -> tuple[list[dict[str, Any]], str]:
+    """The tools' functions and the JSON the template renders (a 400 for too many, repeated
+    names, or JSON past its size limit)."""
+    if len(tools) > MAX_TOOLS:
+        raise invalid(f"at most {MAX_TOOLS} tools, got {len(tools)}", param="tools")
+    functions = _functions(tools)
+    names = [f["name"] for f in functions]
+    if len(set(names)) != len(names):
+        raise invalid("tool names must be unique", param="tools")
+    tools_json = json.dumps([{"type": "function", "function": f} for f in functions])
+    if len(tools_json) > MAX_TOOLS_CHARS:
+        raise invalid(
+            f"tools take {len(tools_json)} characters as JSON, more than {MAX_TOOLS_CHARS}",
+            param="tools",
+        )
+    return functions, tools_json
+
+
+def _checked_choice(
+    tool_choice: str | dict[str, Any] | None, names: list[str]
+) -> tuple[str | dict[str, Any], str | None]:
+    """``tool_choice`` (``"auto"`` when absent) and the function it names, if it names one
+    of ``names`` (a 400 for any other shape or name)."""
+    choice = "auto" if tool_choice is None else tool_choice
+    if not isinstance(choice, dict):
+        if choice not in ("none", "auto", "required"):
+            raise invalid(
+                f'tool_choice must be "none", "auto", "required" or a function, got {choice!r}',
+                param="tool_choice",
+            )
+        return choice, None
+    try:
+        named: str | None = FunctionRef.model_validate(choice.get("function")).name
+    except Exception:  # noqa: BLE001 - any shape error is the same 400
+        named = None
+    if choice.get("type", "function") != "function" or named is None:
+        raise invalid(
+            'tool_choice must be "none", "auto", "required" or '
+            '{"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
+        )
+    if named not in names:
+        raise invalid(f"tool_choice names {named!r}, which is not in tools", param="tool_choice")
+    return choice, named
 
 
 def _bounded(constraint: str, purpose: str) -> str:
