@@ -171,30 +171,32 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             )
         )
     results = await finals(request, streams)
+    head = {"id": rid, "object": "chat.completion", "created": created, "model": model}
+    return JSONResponse(_chat_completion(g, head, results, tools, want_lp is not None))
+
+
+def _chat_completion(
+    g: Gateway,
+    head: dict[str, Any],
+    results: list[p.GenerateFinal],
+    tools: chat_tools.ToolPlan,
+    with_logprobs: bool,
+) -> dict[str, Any]:
+    """The answer that is not streamed: a choice per result (content, reasoning and calls
+    read by the tool plan), usage over them all."""
     choices = []
     for i, f in enumerate(results):
         msg, finish_reason = chat_tools.message(tools, f.text, f.finish_reason)
+        logprobs = {"content": chat_logprobs(g, f.logprobs)} if with_logprobs else None
         choices.append(
-            {
-                "index": i,
-                "message": msg,
-                "logprobs": {"content": chat_logprobs(g, f.logprobs)}
-                if want_lp is not None
-                else None,
-                "finish_reason": finish_reason,
-            }
+            {"index": i, "message": msg, "logprobs": logprobs, "finish_reason": finish_reason}
         )
-    return JSONResponse(
-        {
-            "id": rid,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": choices,
-            "usage": usage([results], g),
-            "system_fingerprint": None,
-        }
-    )
+    return {
+        **head,
+        "choices": choices,
+        "usage": usage([results], g),
+        "system_fingerprint": None,
+    }
 
 
 async def _chat_events(
