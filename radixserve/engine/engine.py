@@ -112,23 +112,47 @@ class Engine:
         # Before the weights: a profile run budgets only the memory free now (kv_sizing).
         sizer = KVSizer(cfg, self.device, parallel=topo.parallel)
         self._load_model(cfg, clock)
+        num_pages, pool_args = self._size_kv(cfg, sizer)
+        clock.lap("KV sizing")
+        pool = self._build_cache(cfg, num_pages, pool_args)
+        clock.lap("KV pool")
+        self._build_runner(cfg, pool, num_pages, clock)
+        # Where start-up went, in order (seconds); `radixserve serve` prints it.
+        self.startup_seconds: dict[str, float] = clock.laps
+        self._build_serving(cfg, pool, num_pages)
+        logger.info(
+            "engine ready in %s: %s, %s, max_total_len=%d; %s",
+            describe_startup(self.startup_seconds),
+            self.model_path,
+            self.pool,
+            self.max_total_len,
+            self.kv_sizing,
+        )
+
+    def _size_kv(self, cfg: EngineConfig, sizer: KVSizer) -> tuple[int, dict[str, Any]]:
+        """The KV pool's pages and its arguments: sized (profile run, planner or given), then
+        split for a sliding-window pool where the model has one."""
         pool_args = kv_pool_args(self.model, cfg, self.device)
-        sizing = sizer.size(self.model, pool_args, topo.plan_memory)
+        sizing = sizer.size(self.model, pool_args, self.topology.plan_memory)
         num_pages = sizing.num_pages
         # How the pool was sized (profile run, planner or given), in words; see kv_sizing.
         self.kv_sizing: str = sizing.description
         self.kv_profile: ProfiledKV | None = sizing.profile
         logger.info("%s", self.kv_sizing)
-        clock.lap("KV sizing")
         self.window_pool = plan_window_pool(
-            cfg, self.model_config, num_pages, topo.carries_window_map
+            cfg, self.model_config, num_pages, self.topology.carries_window_map
         )
         if self.window_pool is not None:
             num_pages = self.window_pool.num_pages
             pool_args["window_layers"] = self.window_pool.layers
             pool_args["num_window_pages"] = self.window_pool.num_window_pages + 1  # + scratch
-        pool = self._build_cache(cfg, num_pages, pool_args)
-        clock.lap("KV pool")
+        return num_pages, pool_args
+
+    def _build_runner(
+        self, cfg: EngineConfig, pool: KVPool, num_pages: int, clock: StartupClock
+    ) -> None:
+        """The model runner over the pool, on every rank, warmed up."""
+        topo = self.topology
         shape = RunnerShape(
             num_pages,
             self.scheduler.config.max_running_requests,
@@ -147,10 +171,14 @@ class Engine:
         self.runner.warm_up(self.max_total_len, max_step_tokens=cfg.max_num_tokens)
         topo.warmed_up(self.runner)  # from now on each step goes to every rank
         clock.lap("warm-up (graph capture, first forwards)")
-        # Where start-up went, in order (seconds); `radixserve serve` prints it.
-        self.startup_seconds: dict[str, float] = clock.laps
+
+    def _build_serving(self, cfg: EngineConfig, pool: KVPool, num_pages: int) -> None:
+        """What requests go through: the step loop, the intake, the disaggregation role."""
         self.loop = StepLoop(
-            self.scheduler, self.runner, overlap=cfg.use_overlap, on_error=topo.on_step_error
+            self.scheduler,
+            self.runner,
+            overlap=cfg.use_overlap,
+            on_error=self.topology.on_step_error,
         )
         self._buffered: list[StepOutput] = []  # other requests' outputs seen inside generate()
         self.intake = RequestIntake(
@@ -163,15 +191,7 @@ class Engine:
         )
         # Prefill/decode disaggregation (distributed.disagg): None unless disaggregation_mode.
         self.disagg: PrefillRole | DecodeRole | None = make_role(
-            cfg, self.scheduler, self.intake, pool, self.model, topo.rank_link()
-        )
-        logger.info(
-            "engine ready in %s: %s, %s, max_total_len=%d; %s",
-            describe_startup(self.startup_seconds),
-            self.model_path,
-            self.pool,
-            self.max_total_len,
-            self.kv_sizing,
+            cfg, self.scheduler, self.intake, pool, self.model, self.topology.rank_link()
         )
 
     def _load_model(self, cfg: EngineConfig, clock: StartupClock) -> None:
