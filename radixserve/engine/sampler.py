@@ -84,7 +84,7 @@ class SamplingPlan(NamedTuple):
     )  # rows with a repetition/frequency/presence penalty (None: stage skipped)
     blocked: int  # (row, token) pairs masked by min_tokens
     constrained: list[int]  # rows with a grammar
-    eos_guard_rows: list[int]  # constrained rows with ignore_eos
+    eos_guard_rows: list[int]  # rows with a grammar and ignore_eos
     top_k_max: int  # 0: no row uses top-k
     any_min_p: bool
     any_top_p: bool
@@ -183,7 +183,9 @@ class Sampler:
                 g.mask_at(len(ahead[i] or ())) for i, g in enumerate(grammars) if g is not None
             ]
             layout.int_tensor("s.mask", torch.cat(masks))
-        eos_guard = [i for i in constrained if params[i].ignore_eos] if len(self._eos) else []
+        # (A thinking budget alone masks no end token: only a grammar's rows are guarded.)
+        guarded = [i for i in constrained if params[i].ignore_eos and params[i].constraint]
+        eos_guard = guarded if len(self._eos) else []
 
         greedy = [p.greedy for p in params]
         all_greedy = all(greedy)

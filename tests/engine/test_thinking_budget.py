@@ -190,3 +190,16 @@ def test_drafts_stop_short_of_the_budget(
     tb = ThinkingBudget(4, MARKERS, 516, prompt)
     assert all(tb.accept(t) for t in accepted)
     assert tb.lookahead(draft) == expected
+
+
+def test_ignore_eos_keeps_the_end_token_samplable(engine: Engine) -> None:
+    """A budget is no grammar: under ``ignore_eos`` the end token may still be drawn (and
+    ignored), as without a budget; only a grammar's rows keep it for where nothing else fits."""
+    prompt = random_prompts([6], seed=8)[0]
+    eos = tiny_models.EOS_TOKEN_ID
+    bias = {eos: 100.0}
+    outs = engine.generate(
+        [prompt] * 2,
+        [greedy(4, logit_bias=bias), greedy(4, logit_bias=bias, thinking_token_budget=1)],
+    )
+    assert outs[0].token_ids == [eos] * 4 and outs[1].token_ids == outs[0].token_ids
