@@ -225,6 +225,25 @@ def test_malformed_requests_are_400(agent_server: Server, field: str, value: Any
     assert r.json()["error"]["message"]
 
 
+def test_an_effort_the_template_would_ignore_is_400_on_both_apis(agent_server: Server) -> None:
+    """Qwen3's template does not read reasoning_effort: handed to it, the effort would change
+    nothing, so chat completions and Responses both say so (tests/http/test_http_units.py
+    has a template that reads it)."""
+    bodies = {
+        "/v1/chat/completions": (
+            {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "low"},
+            "reasoning_effort",
+        ),
+        "/v1/responses": ({"input": "x", "reasoning": {"effort": "low"}}, "reasoning.effort"),
+    }
+    with agent_server.client(headers={"Authorization": f"Bearer {AGENT_KEYS[0]}"}) as c:
+        for path, (body, param) in bodies.items():
+            r = c.post(path, json={"model": "default", "max_tokens": 1, **body})
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["param"] == param and "does not read reasoning_effort" in error["message"]
+
+
 def test_request_size_limit_checked_before_work(agent_server: Server) -> None:
     big = {"model": "default", "input": "x" * (5 << 20)}
     with agent_server.client(headers={"Authorization": f"Bearer {AGENT_KEYS[0]}"}) as c:

@@ -116,7 +116,6 @@ def test_media_content_parts_are_a_clear_400(kind: str) -> None:
         {"functions": [{"name": "f"}]},
         {"guided_json": {"type": "object"}},
         {"modalities": ["text", "audio"]},
-        {"reasoning_effort": "high"},
         {"thinking_token_budget": -1},
     ],
 )
@@ -428,3 +427,24 @@ def test_health_says_503_while_serve_warms_up() -> None:
         r = c.get("/health")
         assert r.status_code == 503
         assert r.json()["error"]["code"] == "warming_up"
+
+
+def test_reasoning_effort_reaches_templates_that_read_it() -> None:
+    """As vLLM and SGLang do, ``reasoning_effort`` is handed to the template (gpt-oss's reads
+    it); a template that does not read it would ignore it, so that is a 400, as is a value
+    OpenAI does not have."""
+    from radixserve.serving.http.chat_tools import with_reasoning_effort
+
+    reads = "{{ reasoning_effort | default('medium') }}{% for m in messages %}{% endfor %}"
+    assert with_reasoning_effort(None, None, "x", "reasoning_effort") is None
+    assert with_reasoning_effort({"a": 1}, "low", reads, "reasoning_effort") == {
+        "reasoning_effort": "low",
+        "a": 1,
+    }
+    # One set in chat_template_kwargs itself stands.
+    kept = with_reasoning_effort({"reasoning_effort": "high"}, "low", reads, "reasoning_effort")
+    assert kept == {"reasoning_effort": "high"}
+    for effort, template in (("low", "{{ messages }}"), ("low", None), ("extreme", reads)):
+        with pytest.raises(APIError) as e:
+            with_reasoning_effort(None, effort, template, "reasoning.effort")
+        assert e.value.status == 400 and e.value.body()["error"]["param"] == "reasoning.effort"

@@ -233,6 +233,31 @@ def constrain(params: SamplingParams, tp: ToolPlan) -> SamplingParams:
     return params
 
 
+# OpenAI's reasoning_effort values (chat completions' field, the Responses API's
+# reasoning.effort).
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def with_reasoning_effort(
+    kwargs: dict[str, Any] | None, effort: Any, template: str | None, param: str
+) -> dict[str, Any] | None:
+    """``chat_template_kwargs`` with ``reasoning_effort`` for the template, as vLLM and SGLang
+    hand it to templates that read it (gpt-oss's). A template that does not read it would
+    ignore it: that is a 400 naming ``param``, not an answer at some other effort. A
+    ``reasoning_effort`` in ``chat_template_kwargs`` itself stands."""
+    if effort is None:
+        return kwargs
+    if effort not in REASONING_EFFORTS:
+        raise invalid(f"{param} must be one of {', '.join(REASONING_EFFORTS)}", param=param)
+    if template is None or "reasoning_effort" not in template:
+        raise invalid(
+            f"the served model's chat template does not read reasoning_effort, so {param} would "
+            'change nothing; send chat_template_kwargs (for example {"enable_thinking": false})',
+            param=param,
+        )
+    return {"reasoning_effort": effort, **(kwargs or {})}
+
+
 def template_kwargs(kwargs: dict[str, Any] | None) -> str | None:
     """``chat_template_kwargs`` as the JSON text the router renders with (size-checked)."""
     if not kwargs:

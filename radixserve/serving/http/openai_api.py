@@ -142,7 +142,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         bool(body.constraint()),
         body.parallel_tool_calls,
     )
-    kwargs = chat_tools.template_kwargs(body.chat_template_kwargs)
+    kwargs = chat_tools.template_kwargs(
+        chat_tools.with_reasoning_effort(
+            body.chat_template_kwargs, body.reasoning_effort, info.chat_template, "reasoning_effort"
+        )
+    )
     messages = body.chat()
     salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
 

@@ -124,7 +124,6 @@ UNSUPPORTED_FIELDS = {
     "web_search_options": "web search is not supported",
     "functions": "the legacy functions field is not supported; send tools",
     "function_call": "the legacy function_call field is not supported; send tool_choice",
-    "reasoning_effort": "reasoning_effort is not supported; send chat_template_kwargs",
     "verbosity": "verbosity is not supported",
     "guided_json": "guided_json is not supported; send response_format",
     "guided_regex": "guided_regex is not supported; send response_format or use /generate",
@@ -282,6 +281,8 @@ class ChatCompletionRequest(_SamplingBody):
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # Handed to templates that read it (chat_tools.with_reasoning_effort), as vLLM and SGLang do.
+    reasoning_effort: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
 

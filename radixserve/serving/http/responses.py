@@ -33,7 +33,7 @@ from radixserve.serving.http.chat_request import (
     read_answer,
     sampling,
 )
-from radixserve.serving.http.chat_tools import template_kwargs
+from radixserve.serving.http.chat_tools import template_kwargs, with_reasoning_effort
 from radixserve.serving.http.errors import APIError, invalid
 from radixserve.serving.http.gateway import Gateway
 from radixserve.serving.http.openai_protocol import retention_seconds
@@ -94,12 +94,6 @@ class ResponsesRequest(_Body):
                 raise invalid(UNSUPPORTED[name], param=name)
         if self.truncation not in (None, "disabled"):
             raise invalid('only truncation "disabled" is supported', param="truncation")
-        if self.reasoning and self.reasoning.get("effort") is not None:
-            raise invalid(
-                "reasoning.effort is not supported; send chat_template_kwargs (for example "
-                '{"enable_thinking": false})',
-                param="reasoning",
-            )
         if not self.input and self.previous_response_id is None:
             raise invalid("input must not be empty", param="input")
         self.pin_ttl_s()  # a bad prompt_cache_retention fails before anything runs
@@ -166,7 +160,7 @@ class Turn:
             "output": output,
             "parallel_tool_calls": b.parallel_tool_calls is not False,
             "previous_response_id": b.previous_response_id,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {"effort": (b.reasoning or {}).get("effort"), "summary": None},
             "store": b.store,
             "temperature": b.temperature,
             "text": b.text or {"format": {"type": "text"}},
@@ -233,7 +227,12 @@ async def prepare(body: ResponsesRequest, request: Request) -> tuple[Turn, ChatC
         json_schema=constraint,
         pin_ttl_s=body.pin_ttl_s(),
     )
-    kwargs = template_kwargs(body.chat_template_kwargs)
+    effort = (body.reasoning or {}).get("effort")
+    kwargs = template_kwargs(
+        with_reasoning_effort(
+            body.chat_template_kwargs, effort, info.chat_template, "reasoning.effort"
+        )
+    )
     call = ChatCall(messages, params, plan, turn.session or None, kwargs, priority=body.priority)
     return turn, call
 
