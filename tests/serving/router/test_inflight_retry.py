@@ -93,16 +93,23 @@ def worker_proc() -> Iterator[subprocess.Popen[bytes]]:
     proc.wait()
 
 
+@pytest.fixture
+def router(worker_proc: subprocess.Popen[bytes]) -> _Router:
+    """The router with worker 0 (a running process) joined."""
+    r = _Router()
+    r.pool.expect_local(0, worker_proc)
+    r.pool.register(b"w0", HELLO)
+    return r
+
+
 def _adds(sent: list[tuple[bytes, object]]) -> list[str]:
     return [r.rid for _, m in sent if isinstance(m, p.WorkerAdd) for r in m.requests]
 
 
 def test_a_worker_saying_hello_again_gets_the_retry_under_a_fresh_rid(
-    worker_proc: subprocess.Popen[bytes],
+    router: _Router,
 ) -> None:
-    r = _Router()
-    r.pool.expect_local(0, worker_proc)
-    r.pool.register(b"w0", HELLO)
+    r = router
     st = r.submit("c1")
     first = st.rid
     assert _adds(r.backend.take()) == [first]
@@ -124,13 +131,11 @@ def test_a_worker_saying_hello_again_gets_the_retry_under_a_fresh_rid(
 
 
 def test_outputs_of_an_orphan_run_are_answered_with_an_abort(
-    worker_proc: subprocess.Popen[bytes],
+    router: _Router,
 ) -> None:
     """Should the old request reach the worker after all (after the abort, on a connection the
     worker read later), each output of it gets an abort back, and the retry is untouched."""
-    r = _Router()
-    r.pool.expect_local(0, worker_proc)
-    r.pool.register(b"w0", HELLO)
+    r = router
     st = r.submit("c1")
     first = st.rid
     r.pool.register(b"w0", HELLO)
@@ -142,12 +147,10 @@ def test_outputs_of_an_orphan_run_are_answered_with_an_abort(
     assert r.to_client == [] and r.inflight.get(st.rid) is st
 
 
-def test_a_stop_string_abort_is_not_sent_twice(worker_proc: subprocess.Popen[bytes]) -> None:
+def test_a_stop_string_abort_is_not_sent_twice(router: _Router) -> None:
     """An output of a request the router ended itself (its abort already sent; the worker
     still holds it) needs no second abort: only runs the worker was never asked for do."""
-    r = _Router()
-    r.pool.expect_local(0, worker_proc)
-    w = r.pool.register(b"w0", HELLO)
+    r, w = router, router.pool.workers[0]
     st = r.submit("c1")
     r.backend.take()
     r.inflight.abort(b"client", "c1")
@@ -157,11 +160,9 @@ def test_a_stop_string_abort_is_not_sent_twice(worker_proc: subprocess.Popen[byt
 
 
 def test_a_request_retried_once_fails_the_second_time(
-    worker_proc: subprocess.Popen[bytes],
+    router: _Router,
 ) -> None:
-    r = _Router()
-    r.pool.expect_local(0, worker_proc)
-    r.pool.register(b"w0", HELLO)
+    r = router
     st = r.submit("c1")
     r.pool.register(b"w0", HELLO)  # retried once
     r.pool.register(b"w0", HELLO)  # lost again: no more tries
