@@ -93,8 +93,20 @@ def test_parts_split_the_phases() -> None:
         assert sum(p.estimate_s for p in gpu_check.select(part, None)) <= gpu_check.DEFAULT_BUDGET_S
 
 
-def test_dry_run_report(tmp_path: Path) -> None:
-    phases = _dry_run(tmp_path, "--phases", "decode_table,shared_system")["phases"]
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One dry run of the phases that run on the CPU (one start-up of the driver, not one per
+    test): the decode table, the shared-system and greedy phases, and serve_http (a real
+    server, chats over HTTP) and model_runner (bench_runner_step.py on the SmolLM2-shaped
+    checkpoint passed as --model: nothing fetched)."""
+    phases = "decode_table,shared_system,greedy_vs_hf,serve_http,model_runner"
+    tmp = tmp_path_factory.mktemp("gpu_check")
+    return _dry_run(tmp, "--phases", phases, "--budget-s", "900")["phases"]
+
+
+@pytest.mark.slow  # the dry run starts a real server
+def test_dry_run_report(dry_run: dict[str, Any]) -> None:
+    phases = dry_run
     assert all(p["ok"] for p in phases.values()), phases
     rows = phases["decode_table"]["rows"]
     assert {(r["batch"], r["context"]) for r in rows} == {(1, 64), (4, 64), (1, 128), (4, 128)}
@@ -105,23 +117,18 @@ def test_dry_run_report(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_dry_run_greedy_phase(tmp_path: Path) -> None:
-    phase = _dry_run(tmp_path, "--phases", "greedy_vs_hf")["phases"]["greedy_vs_hf"]
+def test_dry_run_greedy_phase(dry_run: dict[str, Any]) -> None:
+    phase = dry_run["greedy_vs_hf"]
     assert phase["ok"] and all(
         phase[f"{m}/float32"]["identical"] for m in ("tiny_llama", "tiny_qwen2", "tiny_mqa")
     )
 
 
 @pytest.mark.slow
-def test_dry_run_server_and_runner_phases(tmp_path: Path) -> None:
-    """serve_http (a real server, chats over HTTP) and model_runner (bench_runner_step.py on
-    the SmolLM2-shaped checkpoint passed as --model: nothing fetched) run on the CPU."""
-    phases = _dry_run(tmp_path, "--phases", "serve_http,model_runner", "--budget-s", "900")[
-        "phases"
-    ]
-    serve = phases["serve_http"]
+def test_dry_run_server_and_runner_phases(dry_run: dict[str, Any]) -> None:
+    serve = dry_run["serve_http"]
     assert serve["ok"] and serve["server_exit"] == 0 and serve["output_tok_s"] > 0, serve
-    runner = phases["model_runner"]
+    runner = dry_run["model_runner"]
     assert runner["ok"], runner
     assert runner["bench"]["device"] == "cpu" and runner["bench"]["results"]
     assert runner["test"]["skipped"] == "needs a GPU"
