@@ -1,0 +1,62 @@
+"""``thinking_token_budget`` through the whole server: the `openai` client's request, the
+router, the worker's engine, and the ``deepseek-r1`` reasoning split of what comes back.
+
+The tiny reasoner (``<think>`` and ``</think>`` single tokens) serves a DeepSeek-R1-shaped
+template that opens the block in the prompt, so the answer starts inside the reasoning."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+import tiny_models
+from http_helpers import Server, serve, stop
+
+pytestmark = pytest.mark.slow
+
+# ChatML turns; the assistant's turn opens <think>, as DeepSeek-R1's template does.
+R1_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def reasoner_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    model = tiny_models.build_tiny_reasoner(tmp_path_factory.mktemp("reasoner"))
+    cfg_path = model / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["chat_template"] = R1_TEMPLATE
+    cfg_path.write_text(json.dumps(cfg))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    srv = serve(model, "--reasoning-parser", "deepseek-r1")
+    yield srv
+    stop(srv)
+
+
+def _chat(srv: Server, **extra: Any) -> Any:
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+    return client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "Why is the sky blue?"}],
+        max_tokens=16,
+        temperature=0,
+        extra_body={"ignore_eos": True, **extra},
+    )
+
+
+def test_the_budget_closes_the_reasoning_and_the_model_answers(reasoner_server: Server) -> None:
+    free = _chat(reasoner_server)
+    budgeted = _chat(reasoner_server, thinking_token_budget=4)
+    # Without a budget the block never closes: 16 tokens of reasoning, no answer.
+    assert free.choices[0].message.content in (None, "")
+    thought = free.choices[0].message.reasoning_content
+    assert thought
+    # With one, the first 4 tokens of the same reasoning, "\n</think>", then the answer.
+    msg = budgeted.choices[0].message
+    assert msg.reasoning_content.strip() and thought.startswith(msg.reasoning_content.rstrip("\n"))
+    assert len(msg.reasoning_content) < len(thought) and msg.content
+    assert budgeted.usage.completion_tokens == free.usage.completion_tokens == 16
