@@ -213,6 +213,7 @@ BAD: list[tuple[str, Any]] = [
     ("background", True),
     ("truncation", "auto"),
     ("max_output_tokens", 0),
+    ("thinking_token_budget", -1),
 ]
 
 

@@ -60,3 +60,17 @@ def test_the_budget_closes_the_reasoning_and_the_model_answers(reasoner_server: 
     assert msg.reasoning_content.strip() and thought.startswith(msg.reasoning_content.rstrip("\n"))
     assert len(msg.reasoning_content) < len(thought) and msg.content
     assert budgeted.usage.completion_tokens == free.usage.completion_tokens == 16
+
+
+def test_the_responses_api_takes_the_budget_too(reasoner_server: Server) -> None:
+    client = openai.OpenAI(base_url=reasoner_server.url + "/v1", api_key="none", max_retries=0)
+    r = client.responses.create(
+        model="default",
+        input="Why is the sky blue?",
+        max_output_tokens=16,
+        temperature=0,
+        extra_body={"thinking_token_budget": 4, "store": False},
+    )
+    kinds = [item.type for item in r.output]
+    assert kinds == ["reasoning", "message"], kinds
+    assert r.output_text

@@ -87,6 +87,8 @@ class ResponsesRequest(_Body):
     text: dict[str, Any] | None = None
     truncation: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # radixserve / vLLM extension
+    # As on chat completions: the <think> block closed after this many tokens (vLLM's name).
+    thinking_token_budget: int | None = None
 
     def check(self) -> None:
         for name in self.model_extra or {}:
@@ -226,6 +228,7 @@ async def prepare(body: ResponsesRequest, request: Request) -> tuple[Turn, ChatC
         top_p=body.top_p,
         json_schema=constraint,
         pin_ttl_s=body.pin_ttl_s(),
+        thinking_token_budget=body.thinking_token_budget,
     )
     effort = (body.reasoning or {}).get("effort")
     kwargs = template_kwargs(
