@@ -389,9 +389,8 @@ class Worker:
                     session_id=req.session_id,
                     priority=req.priority,
                 )
-            except (
-                Exception
-            ) as exc:  # invalid params, too long, bad constraint: the engine says why
+            # Invalid params, too long, a bad constraint: the engine says why.
+            except Exception as exc:
                 self._send(p.WorkerRejected(rid=req.rid, message=str(exc) or type(exc).__name__))
             else:
                 self._active.add(req.rid)
