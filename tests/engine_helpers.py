@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,21 +24,27 @@ def random_prompts(lengths: list[int], seed: int = 0, vocab: int = 512) -> list[
 
 
 _HF_CACHE: dict[tuple[str, tuple[int, ...], int], list[int]] = {}
-_HF_MODELS: dict[str, object] = {}
+_HF_MODELS: dict[str, Any] = {}
+
+
+def hf_model(model_dir: Path) -> Any:
+    """transformers' float32 model of ``model_dir``, loaded once per test session."""
+    model = _HF_MODELS.get(str(model_dir))
+    if model is None:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        _HF_MODELS[str(model_dir)] = model
+    return model
 
 
 def hf_greedy(model_dir: Path, prompt: list[int], n: int) -> list[int]:
     """transformers' greedy ``generate`` continuation of ``prompt`` (``n`` tokens, EOS ignored), memoized."""
     key = (str(model_dir), tuple(prompt), n)
     if key not in _HF_CACHE:
-        from transformers import AutoModelForCausalLM
-
-        model = _HF_MODELS.get(str(model_dir))
-        if model is None:
-            model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-            _HF_MODELS[str(model_dir)] = model
+        model = hf_model(model_dir)
         with torch.inference_mode():
-            out = model.generate(  # type: ignore[attr-defined]
+            out = model.generate(
                 torch.tensor([prompt]),
                 max_new_tokens=n,
                 min_new_tokens=n,

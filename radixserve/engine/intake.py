@@ -74,8 +74,7 @@ class RequestIntake:
         rid = request_id if request_id is not None else uuid.uuid4().hex
         gen = self.sampler.new_generator(params.seed) if params.seed is not None else None
         grammar = self._new_grammar_matcher(params)
-        budget = params.thinking_token_budget
-        markers = self.think_markers if budget is not None else None
+        budget, markers = params.thinking_token_budget, self.think_markers
         if budget is not None and markers is not None:  # without <think>, any budget is kept
             grammar = ThinkingBudget(budget, markers, self.model_config.vocab_size, ids, grammar)
         return Request(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_helpers import greedy, hf_greedy, random_prompts
+from engine_helpers import greedy, hf_greedy, hf_model, random_prompts
 
 from radixserve.engine.engine import Engine
 from radixserve.sampling_params import SamplingParams, to_sampling_params
@@ -22,9 +22,7 @@ def hf_biased_greedy(
     model_dir: Path, prompt: list[int], bias: dict[int, float], n: int
 ) -> list[int]:
     """Greedy decoding with ``bias`` added to transformers' logits at every step."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = hf_model(model_dir)
     ids = list(prompt)
     with torch.inference_mode():
         for _ in range(n):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import tiny_models
 import torch
-from engine_helpers import greedy, hf_greedy, random_prompts
+from engine_helpers import greedy, hf_greedy, hf_model, random_prompts
 
 from radixserve.constrained.thinking_budget import ThinkingBudget, ThinkMarkers
 from radixserve.engine.engine import Engine
@@ -50,9 +50,7 @@ def hf_budgeted(
 ) -> list[int]:
     """transformers' greedy decoding (``bias`` added to its logits), the think block closed
     once ``budget`` tokens were written inside blocks."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = hf_model(model_dir)
     markers = [t for t in prompt if t in (THINK, END)]
     inside = bool(markers) and markers[-1] == THINK
     used, pending = 0, list(close) if inside and budget == 0 else []

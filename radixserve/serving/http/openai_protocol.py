@@ -9,8 +9,8 @@ have (``suffix``,
 ``best_of`` > ``n``, image content) are rejected with a 400 rather than silently ignored.
 Extensions accepted as vLLM and SGLang do: ``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
-``skip_special_tokens``, ``thinking_token_budget``. ``logit_bias`` has OpenAI's semantics (token id strings to
-biases in [-100, 100], at most 300; see :mod:`radixserve.logit_bias`).
+``skip_special_tokens``, ``thinking_token_budget``. ``logit_bias`` has OpenAI's semantics
+(token id strings to biases in [-100, 100], at most 300; see :mod:`radixserve.logit_bias`).
 """
 
 from __future__ import annotations

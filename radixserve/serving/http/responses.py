@@ -100,6 +100,11 @@ class ResponsesRequest(_Body):
             raise invalid("input must not be empty", param="input")
         self.pin_ttl_s()  # a bad prompt_cache_retention fails before anything runs
 
+    @property
+    def effort(self) -> Any:
+        """``reasoning.effort`` (None when not given)."""
+        return (self.reasoning or {}).get("effort")
+
     def pin_ttl_s(self) -> float | None:
         """``prompt_cache_retention`` as the prompt prefix's pin (None: no pin)."""
         retention = self.prompt_cache_retention
@@ -162,7 +167,7 @@ class Turn:
             "output": output,
             "parallel_tool_calls": b.parallel_tool_calls is not False,
             "previous_response_id": b.previous_response_id,
-            "reasoning": {"effort": (b.reasoning or {}).get("effort"), "summary": None},
+            "reasoning": {"effort": b.effort, "summary": None},
             "store": b.store,
             "temperature": b.temperature,
             "text": b.text or {"format": {"type": "text"}},
@@ -230,10 +235,9 @@ async def prepare(body: ResponsesRequest, request: Request) -> tuple[Turn, ChatC
         pin_ttl_s=body.pin_ttl_s(),
         thinking_token_budget=body.thinking_token_budget,
     )
-    effort = (body.reasoning or {}).get("effort")
     kwargs = template_kwargs(
         with_reasoning_effort(
-            body.chat_template_kwargs, effort, info.chat_template, "reasoning.effort"
+            body.chat_template_kwargs, body.effort, info.chat_template, "reasoning.effort"
         )
     )
     call = ChatCall(messages, params, plan, turn.session or None, kwargs, priority=body.priority)
