@@ -69,7 +69,7 @@ class WorkerSide:
                 # Declared dead but still talking (a step outlasted the heartbeat timeout):
                 # its requests have failed; it may serve again once it has dropped them.
                 w.rejoin_asked = True
-                self._pool.send_raw(identity, p.WorkerRejoin())
+                self._pool.send_raw(identity, p.WorkerRejoin(join=w.hello.join))
             elif isinstance(msg, p.WorkerOutputs):  # a worker we gave up on: stop its work
                 live = [o.request_id for o in msg.outputs if not o.finished]
                 if live:

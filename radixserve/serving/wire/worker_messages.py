@@ -70,7 +70,14 @@ class WorkerShutdown(Msg, tag="w_shutdown"):
 
 class WorkerRejoin(Msg, tag="w_rejoin"):
     """Router -> worker: you were declared dead (silent past the heartbeat timeout, e.g.
-    during a very long step) and your requests failed; abort everything and say hello again."""
+    during a very long step) and your requests failed; abort everything and say hello again.
+
+    ``join``: the :attr:`WorkerHello.join` of the hello the router gave up on. A worker that
+    has said hello again since (it reconnected on its own, and the ask crossed its new hello)
+    ignores it: the router already holds what it sent after that hello, and a second rejoin
+    would abort those requests for nothing. -1: whichever join (obey)."""
+
+    join: int = -1
 
 
 class WorkerKVSubscribe(Msg, tag="w_kv_subscribe"):
@@ -107,6 +114,7 @@ class WorkerHello(Msg, tag="w_hello"):
     disaggregation_mode: str = (
         ""  # "prefill" / "decode" (serving.wire.disagg_messages); "": colocated
     )
+    join: int = 0  # how many hellos this worker process said before this one (WorkerRejoin)
 
 
 class WorkerOutputs(Msg, tag="w_outputs"):

@@ -16,8 +16,11 @@ from radixserve.serving.wire import protocol as p
 from radixserve.serving.worker.engine_api import ServingEngine
 
 
-def describe_engine(engine: ServingEngine, worker_id: int, model_name: str) -> p.WorkerHello:
-    """The hello message: what this worker serves, read off the engine."""
+def describe_engine(
+    engine: ServingEngine, worker_id: int, model_name: str, join: int = 0
+) -> p.WorkerHello:
+    """The hello message: what this worker serves, read off the engine; ``join``: the
+    worker's hellos before this one."""
     cfg = engine.model_config
     econf = getattr(engine, "config", None)
     # The engine's own limit (model context, capped by its KV pool) when it has one.
@@ -39,6 +42,7 @@ def describe_engine(engine: ServingEngine, worker_id: int, model_name: str) -> p
         load=engine_load(engine),
         model_path=str(getattr(engine, "model_path", "") or ""),
         disaggregation_mode=str(getattr(econf, "disaggregation_mode", None) or ""),
+        join=join,
     )
 
 

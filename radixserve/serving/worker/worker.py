@@ -115,6 +115,7 @@ class Worker:
         self._silence_logged = False
         self.sock.connect(connect)
         self._active: set[str] = set()  # rids added and not reported finished
+        self._joins = 0  # hellos said (the next hello's WorkerHello.join)
         self._stopping = False
         self._closing = False  # saying goodbye: an interrupt must not cut that short
         self._goodbye = "shutdown"
@@ -340,7 +341,8 @@ class Worker:
             self._silence_logged = False
 
     def _hello(self) -> None:
-        self._send(describe_engine(self.engine, self.worker_id, self.model_name))
+        self._send(describe_engine(self.engine, self.worker_id, self.model_name, self._joins))
+        self._joins += 1
 
     def _rejoin(self) -> None:
         """Start over with the router: drop every request it may no longer know, say hello."""
@@ -436,6 +438,11 @@ class Worker:
             log.info("the router asked for KV events; this engine records none")
 
     def _on_rejoin(self, msg: p.WorkerRejoin) -> None:
+        if 0 <= msg.join < self._joins - 1:
+            # Given up on an earlier hello: this worker has said hello since, and what the
+            # router sent after that hello is live. Joining again would abort it for nothing.
+            log.info("the router gave up join %d; joined again since: ignored", msg.join)
+            return
         log.warning(
             "the router declared this worker dead: aborting %d requests and joining again",
             len(self._active),

@@ -8,7 +8,10 @@ given it up and heard from it, had also asked it to join again (WorkerRejoin). A
 after the first hello reached the worker after that ask, and so after its second hello. The
 router took the second hello as a worker that lost its work and sent the request again; the
 worker still had it, and its engine refused the repeat as a duplicate id (or the abort of a
-rejoin could have ended the retry)."""
+rejoin could have ended the retry). The ask now names the join it gave up on, and a worker
+that has said hello since ignores it (the last test here, and
+tests/serving/worker/test_worker_liveness.py); the retry under a fresh rid stays for a
+worker that really lost its work."""
 
 from __future__ import annotations
 
@@ -169,3 +172,23 @@ def test_a_request_retried_once_fails_the_second_time(
     assert r.inflight.get(st.rid) is None
     (err,) = r.to_client
     assert isinstance(err, p.Error) and err.code == "worker_died" and err.request_id == "c1"
+
+
+def test_a_dead_worker_is_asked_to_rejoin_from_the_hello_given_up(router: _Router) -> None:
+    """The router's ask names the join it gave up on, so that a worker which has said hello
+    since can tell the ask is stale (tests/serving/worker/test_worker_liveness.py: it then
+    ignores it) instead of aborting what the router sent after its new hello."""
+    import msgspec
+    import zmq
+
+    from radixserve.serving.router.from_workers import WorkerSide
+
+    r = router
+    r.pool.register(b"w1", msgspec.structs.replace(HELLO, worker_id=1, join=3))
+    w = r.pool.workers[1]
+    r.pool.mark_dead(w, "silent")
+    side = WorkerSide(r.pool, r.pool.dispatcher, r.inflight, control=None)  # type: ignore[arg-type]
+    beat = p.encode(p.WorkerHeartbeat(load=p.WorkerLoad()))
+    side.on_frames([zmq.Frame(b"w1"), zmq.Frame(beat)])
+    side.on_frames([zmq.Frame(b"w1"), zmq.Frame(beat)])  # asked once only
+    assert r.backend.take() == [(b"w1", p.WorkerRejoin(join=3))]

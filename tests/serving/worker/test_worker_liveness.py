@@ -77,7 +77,8 @@ def test_an_idle_worker_speaks_to_a_silent_router_and_rejoins_when_asked(
     """A router that gave this worker up (declared it dead over a pause both slept through)
     pings it no more, and an idle worker has nothing else to send: after SPEAK_UP_S of
     silence, connected, the worker sends a heartbeat unasked; told to join again
-    (WorkerRejoin, as the router answers a dead worker that speaks), it says hello."""
+    (WorkerRejoin, as the router answers a dead worker that speaks), it says hello, once:
+    an ask naming a join it has left behind is ignored."""
     from radixserve.serving.worker.worker import SPEAK_UP_S
 
     ctx, router, proc = _router_and_worker(fake_worker_cmd, alphabet)
@@ -88,8 +89,16 @@ def test_an_idle_worker_speaks_to_a_silent_router_and_rejoins_when_asked(
         unasked = _recv(router, timeout_s=3 * SPEAK_UP_S)[1]  # no ping was sent
         assert isinstance(unasked, p.WorkerHeartbeat)
         assert time.monotonic() - t0 > SPEAK_UP_S / 2
-        router.send_multipart([identity, p.encode(p.WorkerRejoin())])
-        assert isinstance(_recv(router)[1], p.WorkerHello)
+        assert hello.join == 0
+        router.send_multipart([identity, p.encode(p.WorkerRejoin(join=0))])
+        again = _recv(router)[1]
+        assert isinstance(again, p.WorkerHello) and again.join == 1
+        # The same ask once more, now stale (join 0 was given up, join 1 is live), as when it
+        # crosses a hello the worker said on its own: ignored. The ping after it is answered
+        # first, in order, with no second hello before it.
+        router.send_multipart([identity, p.encode(p.WorkerRejoin(join=0))])
+        router.send_multipart([identity, p.encode(p.WorkerPing())])
+        assert isinstance(_recv(router)[1], p.WorkerHeartbeat)
     finally:
         if proc.poll() is None:
             proc.kill()
