@@ -21,19 +21,30 @@ The block may open in the prompt (DeepSeek-R1's template, Qwen3's thinking-only 
 then counting starts with the first output token. The budget is the whole answer's: a second
 block, should the model open one, gets what the first left. Under a grammar that forbids the
 next forced token, the grammar wins (that budget cannot be kept by masking).
+
+A budget spent in the middle of a character (byte-level BPE splits rarer characters, CJK and
+emoji among them, over several tokens) is not cut there, as llama.cpp's reasoning budget does
+not: the block stays open, unforced, until the character is whole, at most
+:data:`MAX_CHARACTER_WAIT` tokens more (a character is at most four bytes), so that the
+reasoning does not end in U+FFFD. The tokens of that wait count as thinking tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any, NamedTuple
 
 import torch
 
 from radixserve.constrained.bits import allows, bitmask_words, only_token
+from radixserve.token_bytes import pending_bytes
 
 START_MARKER, END_MARKER = "<think>", "</think>"
+# Tokens a spent budget waits, at most, for the character in progress to end: its lead byte
+# was written, and at most three bytes follow it, each token adding at least one.
+MAX_CHARACTER_WAIT = 3
 
 
 class ThinkMarkers(NamedTuple):
@@ -61,11 +72,16 @@ def think_markers(tokenizer: Any) -> ThinkMarkers | None:
 class _State(Enum):
     IDLE = "idle"  # outside a block: watching for <think>
     THINKING = "thinking"  # inside one, counting
+    FINISHING = "finishing"  # the budget is spent mid-character: the character ends first
     FORCING = "forcing"  # the budget is spent: the closing tokens, one by one
 
 
 class ThinkingBudget:
-    """One request's thinking budget (see the module doc), wrapping its grammar if any."""
+    """One request's thinking budget (see the module doc), wrapping its grammar if any.
+
+    ``token_bytes``: each token's bytes (:class:`~radixserve.token_bytes.TokenBytes`), to let
+    a character in progress end before the block is closed; None: closed where the budget
+    ends."""
 
     def __init__(
         self,
@@ -74,11 +90,17 @@ class ThinkingBudget:
         vocab_size: int,
         prompt_ids: Sequence[int],
         inner: Any | None = None,
+        token_bytes: Callable[[int], bytes] | None = None,
     ) -> None:
         self.budget = budget
         self.markers = markers
         self.inner = inner  # the request's GrammarMatcher, or None
         self.used = 0  # tokens written inside blocks so far
+        self._token_bytes = token_bytes
+        # The block's last tokens (enough to hold a character's bytes), and the tokens waited
+        # so far for the character in progress to end (FINISHING).
+        self._recent: deque[int] = deque(maxlen=MAX_CHARACTER_WAIT + 1)
+        self._waited = 0
         self._words = bitmask_words(vocab_size)
         self._all = torch.full((1, self._words), -1, dtype=torch.int32)
         self._state = _State.IDLE
@@ -104,30 +126,43 @@ class ThinkingBudget:
             self._forced += 1
             if token_id != m.close[self._forced - 1] or self._forced == len(m.close):
                 self._state = _State.IDLE  # closed (or the grammar overruled the rest)
-        elif self._state is _State.THINKING:
+        elif self._state in (_State.THINKING, _State.FINISHING):
             if token_id == m.end:
                 self._state = _State.IDLE
             else:
                 self.used += 1
+                self._waited += self._state is _State.FINISHING
+                self._recent.append(token_id)
                 self._inside()
         elif token_id == m.start:
+            self._recent.clear()
+            self._waited = 0
             self._inside()
         self._refresh()
         return True
 
     def _inside(self) -> None:
-        """Inside a block: counting, or closing it once the budget is spent."""
+        """Inside a block: counting; once the budget is spent, the character in progress
+        ended (module doc); then closing."""
         if self.used < self.budget:
             self._state = _State.THINKING
+        elif self._waited < MAX_CHARACTER_WAIT and self._mid_character():
+            self._state = _State.FINISHING
         else:
             self._state, self._forced = _State.FORCING, 0
 
+    def _mid_character(self) -> bool:
+        """Whether the block's text so far ends inside a character."""
+        if self._token_bytes is None or not self._recent:
+            return False
+        return pending_bytes(b"".join(self._token_bytes(t) for t in self._recent)) > 0
+
     def lookahead(self, draft: Sequence[int]) -> int:
         """How many leading tokens of a speculative ``draft`` may be verified: none while the
-        closing tokens are forced, only as many as leave every verify row short of the
-        budget while thinking, and none past a ``<think>`` (counting would start there);
-        within that, what the wrapped grammar allows."""
-        if self._state is _State.FORCING:
+        closing tokens are forced or a character in progress ends, only as many as leave
+        every verify row short of the budget while thinking, and none past a ``<think>``
+        (counting would start there); within that, what the wrapped grammar allows."""
+        if self._state in (_State.FORCING, _State.FINISHING):
             n = 0
         elif self._state is _State.THINKING:
             n = max(0, min(len(draft), self.budget - self.used - 1))

@@ -19,6 +19,7 @@ from radixserve.engine.sampler import Sampler
 from radixserve.model.config import ModelConfig
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduling.request import Request
+from radixserve.token_bytes import TokenBytes
 
 
 class RequestIntake:
@@ -76,7 +77,9 @@ class RequestIntake:
         grammar = self._new_grammar_matcher(params)
         budget, markers = params.thinking_token_budget, self.think_markers
         if budget is not None and markers is not None:  # without <think>, any budget is kept
-            grammar = ThinkingBudget(budget, markers, self.model_config.vocab_size, ids, grammar)
+            grammar = ThinkingBudget(
+                budget, markers, self.model_config.vocab_size, ids, grammar, self.token_bytes
+            )
         return Request(
             rid,
             ids,
@@ -94,6 +97,11 @@ class RequestIntake:
     def think_markers(self) -> ThinkMarkers | None:
         """The model's ``<think>``/``</think>`` token ids (None: it has none, or no tokenizer)."""
         return think_markers(self.tokenizer) if self.tokenizer is not None else None
+
+    @cached_property
+    def token_bytes(self) -> TokenBytes | None:
+        """Each token's bytes, read as a thinking budget asks (None without a tokenizer)."""
+        return TokenBytes(self.tokenizer) if self.tokenizer is not None else None
 
     def _new_grammar_matcher(self, params: SamplingParams) -> Any | None:
         """Compile (cached per tokenizer and constraint) the request's regex / JSON schema /

@@ -7,6 +7,8 @@ tokens), in batches that mix budgets, unbudgeted rows, a grammar and speculative
 
 from __future__ import annotations
 
+import codecs
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,8 @@ import tiny_models
 import torch
 from engine_helpers import greedy, hf_greedy, hf_model, random_prompts
 
-from radixserve.constrained.thinking_budget import ThinkingBudget, ThinkMarkers
+from radixserve.constrained.bits import allows
+from radixserve.constrained.thinking_budget import MAX_CHARACTER_WAIT, ThinkingBudget, ThinkMarkers
 from radixserve.engine.engine import Engine
 from radixserve.sampling_params import SamplingParams
 
@@ -40,6 +43,13 @@ def close(engine: Engine) -> list[int]:
     return list(markers.close)
 
 
+def _mid_character(data: bytes) -> bool:
+    """Whether Python's incremental UTF-8 decoder holds back an unfinished character."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    decoder.decode(data)
+    return bool(decoder.getstate()[0])
+
+
 def hf_budgeted(
     model_dir: Path,
     prompt: list[int],
@@ -47,13 +57,16 @@ def hf_budgeted(
     close: list[int],
     n: int,
     bias: dict[int, float] | None = None,
+    token_bytes: Callable[[int], bytes] | None = None,
 ) -> list[int]:
     """transformers' greedy decoding (``bias`` added to its logits), the think block closed
-    once ``budget`` tokens were written inside blocks."""
+    once ``budget`` tokens were written inside blocks; with ``token_bytes``, not before the
+    block's text ends a character, or MAX_CHARACTER_WAIT tokens later."""
     model = hf_model(model_dir)
     markers = [t for t in prompt if t in (THINK, END)]
     inside = bool(markers) and markers[-1] == THINK
     used, pending = 0, list(close) if inside and budget == 0 else []
+    block, waited = b"", 0  # the block's bytes so far; tokens waited past the budget
     ids = list(prompt)
     with torch.inference_mode():
         for _ in range(n):
@@ -69,11 +82,14 @@ def hf_budgeted(
             if inside and tok == END:
                 inside = False
             elif inside:
+                waited += used >= budget
                 used += 1
+                block += token_bytes(tok) if token_bytes is not None else b""
             elif tok == THINK:
-                inside = True
+                inside, block, waited = True, b"", 0
             if inside and used >= budget:
-                pending = list(close)
+                if not (waited < MAX_CHARACTER_WAIT and _mid_character(block)):
+                    pending = list(close)
     return ids[len(prompt) :]
 
 
@@ -201,3 +217,57 @@ def test_ignore_eos_keeps_the_end_token_samplable(engine: Engine) -> None:
         [greedy(4, logit_bias=bias), greedy(4, logit_bias=bias, thinking_token_budget=1)],
     )
     assert outs[0].token_ids == [eos] * 4 and outs[1].token_ids == outs[0].token_ids
+
+
+def test_a_budget_spent_mid_character_lets_the_character_end(
+    reasoner_dir: Path, engine: Engine, close: list[int]
+) -> None:
+    """The tiny model writes bytes of characters (its byte-level vocabulary), often cut. A
+    budget spent right after a character's first byte leaves the block open until the
+    character is whole or malformed: one token in the first two rows; in the third the model
+    starts a new character with every token, and the block is closed after the most
+    tokens waited. Each row against transformers, with the wait judged by Python's decoder."""
+    token_bytes = engine.intake.token_bytes
+    assert token_bytes is not None
+    # (prompt seed, budget: the tokens up to a character's first byte, tokens waited)
+    cases = [(5, 4, 1), (2, 6, 1), (7, 4, MAX_CHARACTER_WAIT)]
+    prompts = [[*random_prompts([9], seed=seed)[0], THINK] for seed, _, _ in cases]
+    plain = engine.generate(prompts, [greedy(2 * N)] * len(cases))
+    for (_, budget, _), out in zip(cases, plain):  # the cut lands inside a character
+        assert _mid_character(b"".join(token_bytes(t) for t in out.token_ids[:budget]))
+    outs = engine.generate(prompts, [greedy(2 * N, thinking_token_budget=b) for _, b, _ in cases])
+    for prompt, (_, budget, waited), out, free in zip(prompts, cases, outs, plain):
+        want = hf_budgeted(reasoner_dir, prompt, budget, close, 2 * N, token_bytes=token_bytes)
+        assert out.token_ids == want
+        closed_at = budget + waited
+        assert out.token_ids[:closed_at] == free.token_ids[:closed_at]
+        assert out.token_ids[closed_at : closed_at + len(close)] == close
+
+
+_BYTES = {
+    20: b"a",
+    21: "世".encode()[:1],
+    22: "世".encode()[1:2],
+    23: "世".encode()[2:],
+    24: b"\xe4",
+}
+
+
+def test_the_wait_for_a_character_is_unforced_undrafted_and_bounded() -> None:
+    """Unit cases on a byte map: the block closes at a character's end, not inside it;
+    drafts wait with it; a character that never ends is cut after MAX_CHARACTER_WAIT."""
+    tb = ThinkingBudget(2, MARKERS, 516, [5, THINK], token_bytes=_BYTES.__getitem__)
+    assert tb.accept(20) and tb.accept(21)  # budget spent on a character's first byte
+    assert allows(tb.next_mask, 300) and tb.lookahead([22, 23]) == 0
+    assert tb.accept(22) and allows(tb.next_mask, 300)  # one byte to go
+    assert tb.accept(23)  # whole: the closing is forced now
+    assert tb.lookahead([201]) == 0 and not allows(tb.next_mask, 300)
+    assert allows(tb.next_mask, 201) and tb.used == 4
+
+    cut = ThinkingBudget(1, MARKERS, 516, [5, THINK], token_bytes=_BYTES.__getitem__)
+    for _ in range(MAX_CHARACTER_WAIT):
+        assert cut.accept(24) and allows(cut.next_mask, 300)  # each one starts a character
+    assert cut.accept(24) and not allows(cut.next_mask, 300)  # waited enough: forced
+
+    plain = ThinkingBudget(1, MARKERS, 516, [5, THINK])  # no bytes known: cut at once
+    assert plain.accept(24) and not allows(plain.next_mask, 300)
