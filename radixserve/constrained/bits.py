@@ -5,6 +5,7 @@ budget's forced tokens) cost no grammar import."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import cache
 
 import numpy as np
 import torch
@@ -21,6 +22,13 @@ def all_tokens_but(words: int, tokens: Iterable[int]) -> np.ndarray:
     for t in tokens:
         mask[t // 32] &= ~np.uint32(1 << (t % 32))
     return mask.view(np.int32)
+
+
+@cache
+def every_token(words: int) -> torch.Tensor:
+    """A ``[1, words]`` int32 bitmask that allows every token: one per vocabulary, shared by
+    every request that asks (readers copy masks into their batch, never write them)."""
+    return torch.full((1, words), -1, dtype=torch.int32)
 
 
 def only_token(words: int, token_id: int) -> torch.Tensor:

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from radixserve.constrained.bits import allows, bitmask_words, only_token
+from radixserve.constrained.bits import allows, bitmask_words, every_token, only_token
 from radixserve.token_bytes import pending_bytes
 
 START_MARKER, END_MARKER = "<think>", "</think>"
@@ -102,7 +102,7 @@ class ThinkingBudget:
         self._recent: deque[int] = deque(maxlen=MAX_CHARACTER_WAIT + 1)
         self._waited = 0
         self._words = bitmask_words(vocab_size)
-        self._all = torch.full((1, self._words), -1, dtype=torch.int32)
+        self._all = every_token(self._words)
         self._state = _State.IDLE
         self._forced = 0  # closing tokens written (FORCING)
         self.next_mask = self._all
