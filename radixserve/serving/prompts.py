@@ -19,12 +19,13 @@ from radixserve.serving.wire import protocol as p
 log = logging.getLogger(__name__)
 
 
-def encode_text(tokenizer: Any, text: str) -> list[int]:
+def encode_text(tokenizer: Any, text: str, add_special_tokens: bool = True) -> list[int]:
     """Token ids of a text prompt, the tokenizer's special tokens (BOS) added as it adds them,
     unless the text already begins with the BOS token (a prompt rendered by a chat template
-    that writes it, as Llama's and Mistral's do): encoding that again would give two BOS."""
+    that writes it, as Llama's and Mistral's do): encoding that again would give two BOS.
+    ``add_special_tokens`` False: none added (``/tokenize``'s option)."""
     bos = getattr(tokenizer, "bos_token", None)
-    if isinstance(bos, str) and bos and text.startswith(bos):
+    if not add_special_tokens or (isinstance(bos, str) and bos and text.startswith(bos)):
         return list(tokenizer.encode(text, add_special_tokens=False))
     return list(tokenizer.encode(text))
 

@@ -245,13 +245,42 @@ class AsyncClient:
         )
         return (await self._call(msg, timeout)).released
 
-    async def tokenize(self, texts: list[str], timeout: float | None = None) -> list[list[int]]:
-        """Token ids of each text, as the router encodes a ``text`` prompt."""
+    async def tokenize(
+        self, texts: list[str], timeout: float | None = None, *, add_special_tokens: bool = True
+    ) -> list[list[int]]:
+        """Token ids of each text, as the router encodes a ``text`` prompt (without the
+        tokenizer's special tokens when ``add_special_tokens`` is False)."""
         return (
             await self._call(
-                p.TokenizeRequest(request_id=self._ids.next(), texts=list(texts)), timeout
+                p.TokenizeRequest(
+                    request_id=self._ids.next(),
+                    texts=list(texts),
+                    add_special_tokens=add_special_tokens,
+                ),
+                timeout,
             )
         ).input_ids
+
+    async def tokenize_chat(
+        self,
+        messages: list[p.ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        tools: str | None = None,
+        chat_template_kwargs: str | None = None,
+        timeout: float | None = None,
+    ) -> list[int]:
+        """Token ids of the chat prompt ``messages`` render to, as the router encodes a
+        ``messages`` prompt (``tools``, ``chat_template_kwargs``: JSON text, as generate's)."""
+        msg = p.TokenizeRequest(
+            request_id=self._ids.next(),
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+        (ids,) = (await self._call(msg, timeout)).input_ids
+        return ids
 
     async def close(self) -> None:
         """Abort unfinished requests, stop the reader, close the socket."""

@@ -211,11 +211,40 @@ class Client:
         )
         return bool(self._call(msg, timeout).released)
 
-    def tokenize(self, texts: list[str], timeout: float | None = None) -> list[list[int]]:
-        """Token ids of each text, as the router encodes a ``text`` prompt."""
+    def tokenize(
+        self, texts: list[str], timeout: float | None = None, *, add_special_tokens: bool = True
+    ) -> list[list[int]]:
+        """Token ids of each text, as the router encodes a ``text`` prompt (without the
+        tokenizer's special tokens when ``add_special_tokens`` is False)."""
         return self._call(
-            p.TokenizeRequest(request_id=self._ids.next(), texts=list(texts)), timeout
+            p.TokenizeRequest(
+                request_id=self._ids.next(),
+                texts=list(texts),
+                add_special_tokens=add_special_tokens,
+            ),
+            timeout,
         ).input_ids
+
+    def tokenize_chat(
+        self,
+        messages: list[p.ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        tools: str | None = None,
+        chat_template_kwargs: str | None = None,
+        timeout: float | None = None,
+    ) -> list[int]:
+        """Token ids of the chat prompt ``messages`` render to, as the router encodes a
+        ``messages`` prompt (``tools``, ``chat_template_kwargs``: JSON text, as generate's)."""
+        msg = p.TokenizeRequest(
+            request_id=self._ids.next(),
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+        (ids,) = self._call(msg, timeout).input_ids
+        return list(ids)
 
     def close(self) -> None:
         """Abort this client's unfinished requests and close the socket."""

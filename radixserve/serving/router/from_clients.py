@@ -155,17 +155,28 @@ class ClientSide:
         self._control.start(client, msg)
 
     def _on_tokenize(self, client: bytes, msg: p.TokenizeRequest) -> None:
-        longest = max((len(t) for t in msg.texts), default=0)
+        def error(code: Any, message: str) -> None:
+            self._reply_error(
+                client, p.Error(code=code, message=message, request_id=msg.request_id)
+            )
+
+        chat = msg.chat()
+        if chat is not None and msg.texts:
+            return error("invalid_params", "tokenize either texts or messages, not both")
+        bad = p.validate_generate(chat) if chat is not None else None  # as a generate's
+        if bad is not None:
+            return self._reply_error(client, bad)
+        longest = prompt_chars(chat) if chat is not None else max(map(len, msg.texts), default=0)
         too_long = self._limits.prompt_chars_error(longest, self._pool.context_length())
         if too_long is not None:
-            self._reply_error(
-                client,
-                p.Error(code="context_length", message=too_long, request_id=msg.request_id),
-            )
-            return
-        self._tokenize(client, msg)
+            return error("context_length", too_long)
+        self._tokenize(client, msg, chat)
 
-    def _tokenize(self, client: bytes, msg: p.TokenizeRequest) -> None:
+    def _tokenize(
+        self, client: bytes, msg: p.TokenizeRequest, chat: p.GenerateRequest | None
+    ) -> None:
+        """Encode ``msg``'s texts, or its chat prompt (``chat``), as prompts are encoded."""
+
         def reply(ids: list[list[int]] | None, err: str | None) -> None:
             if err is not None:
                 self._reply_error(
@@ -174,10 +185,27 @@ class ClientSide:
             else:
                 self._send(client, p.TokenizeReply(request_id=msg.request_id, input_ids=ids or []))
 
-        if self._tokenizers is None or self._tokenizers.broken:
-            reply([encode_text(self._codec.tokenizer, t) for t in msg.texts], None)
+        if self._tokenizers is not None and not self._tokenizers.broken:
+            if chat is None:
+                self._tokenizers.submit(
+                    reply, texts=msg.texts, add_special_tokens=msg.add_special_tokens
+                )
+            else:
+                self._tokenizers.submit(
+                    reply,
+                    messages=chat.messages,
+                    add_generation_prompt=chat.add_generation_prompt,
+                    tools=chat.tools,
+                    chat_template_kwargs=chat.chat_template_kwargs,
+                )
+        elif chat is None:
+            tok, special = self._codec.tokenizer, msg.add_special_tokens
+            reply([encode_text(tok, t, special) for t in msg.texts], None)
         else:
-            self._tokenizers.submit(reply, texts=msg.texts)
+            try:
+                reply([self._codec.encode(chat)], None)
+            except PromptError as exc:
+                reply(None, str(exc))
 
     def _on_generate(self, client: bytes, req: p.GenerateRequest) -> None:
         def error(code: Any, message: str) -> None:

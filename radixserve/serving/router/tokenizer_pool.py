@@ -61,6 +61,7 @@ class EncodeJob(msgspec.Struct, tag="encode", forbid_unknown_fields=True):
     texts: list[str] | None = None
     tools: str | None = None
     chat_template_kwargs: str | None = None
+    add_special_tokens: bool = True  # texts only (encode_text's)
 
 
 class PoolStop(msgspec.Struct, tag="stop"):
@@ -188,6 +189,7 @@ class TokenizerPool:
         texts: list[str] | None = None,
         tools: str | None = None,
         chat_template_kwargs: str | None = None,
+        add_special_tokens: bool = True,
     ) -> None:
         """Encode in a pool process; ``done(ids, error)`` runs on the router's loop later."""
         job = EncodeJob(
@@ -198,6 +200,7 @@ class TokenizerPool:
             texts,
             tools,
             chat_template_kwargs,
+            add_special_tokens,
         )
         self._next_job += 1
         self.jobs += 1
@@ -326,7 +329,8 @@ def _encode(codec: Any, job: EncodeJob) -> Encoded:
 
     try:
         if job.texts is not None:
-            return Encoded(job.job, [encode_text(codec.tokenizer, t) for t in job.texts])
+            tok, special = codec.tokenizer, job.add_special_tokens
+            return Encoded(job.job, [encode_text(tok, t, special) for t in job.texts])
         req = p.GenerateRequest(
             request_id="-",
             text=job.text,

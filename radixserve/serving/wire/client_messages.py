@@ -123,11 +123,31 @@ class StatsRequest(Msg, tag="stats"):
 
 class TokenizeRequest(Msg, tag="tokenize"):
     """Token ids of each text, encoded exactly as a ``text`` prompt of :class:`GenerateRequest`
-    is; answered by :class:`TokenizeReply`. (The DSL's ``select`` needs the ids to find where
-    each choice's tokens begin after the prompt's.)"""
+    is; or, with ``messages`` (and no texts), of the one chat prompt those messages render to,
+    exactly as a ``messages`` prompt is (the chat fields as :class:`GenerateRequest`'s).
+    Answered by :class:`TokenizeReply`. (The DSL's ``select`` needs the ids to find where each
+    choice's tokens begin after the prompt's; ``/v1/messages/count_tokens`` and ``/tokenize``
+    count a conversation's.)"""
 
     request_id: str
-    texts: list[str]
+    texts: list[str] = []
+    add_special_tokens: bool = True  # texts: the tokenizer's BOS added as for a text prompt
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+    tools: str | None = None
+    chat_template_kwargs: str | None = None
+
+    def chat(self) -> GenerateRequest | None:
+        """The generate request whose prompt the chat fields describe (None: texts)."""
+        if self.messages is None:
+            return None
+        return GenerateRequest(
+            request_id=self.request_id,
+            messages=self.messages,
+            add_generation_prompt=self.add_generation_prompt,
+            tools=self.tools,
+            chat_template_kwargs=self.chat_template_kwargs,
+        )
 
 
 ClientMessage = (

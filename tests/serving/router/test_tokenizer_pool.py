@@ -130,3 +130,39 @@ def test_the_processes_encode_as_the_router_does(
         codec.encode(p.GenerateRequest(request_id="-", text="a radix tree")),
     ]
     assert got == [([ids], None) for ids in want]
+
+
+@pytest.mark.parametrize("pooled", [1, 0], ids=["pool", "on-the-loop"])
+def test_a_chat_is_tokenized_as_it_is_generated(fake_server, tokenizer: Any, pooled: int) -> None:
+    """``tokenize_chat`` gives the ids a ``messages`` prompt is generated from (the router's
+    codec, with tools and template variables), in the pool and on the router's loop alike;
+    texts and messages together, or a chat the template cannot render, are refused."""
+    from radixserve.serving.prompts import PromptCodec
+    from radixserve.serving.wire import protocol as p
+
+    srv = fake_server(num_workers=1, router=dict(tokenizer_workers=pooled))
+    chat = [
+        p.ChatMessage(role="system", content="Be brief."),
+        p.ChatMessage(role="user", content="Hello there."),
+    ]
+    want = PromptCodec(tokenizer).encode(
+        p.GenerateRequest(request_id="-", messages=chat, chat_template_kwargs='{"x": 1}')
+    )
+    with Client(srv.endpoint, timeout=60) as c:
+        assert c.tokenize_chat(chat, chat_template_kwargs='{"x": 1}') == want
+        shorter = c.tokenize_chat(chat, add_generation_prompt=False)
+        assert len(shorter) < len(want) and want[: len(shorter)] == shorter
+        final = c.generate(
+            messages=chat, chat_template_kwargs='{"x": 1}', params=SamplingParams(max_tokens=1)
+        ).usage
+        assert final.prompt_tokens == len(want)
+        for bad in (
+            p.TokenizeRequest(request_id="x", texts=["a"], messages=chat),
+            p.TokenizeRequest(request_id="y", messages=[]),
+        ):
+            with pytest.raises(ServerError) as exc:
+                c._call(bad, 30)
+            assert exc.value.code == "invalid_params"
+        with pytest.raises(ServerError) as exc:
+            c.tokenize_chat([p.ChatMessage(role="user", content="a")], chat_template_kwargs="[1]")
+        assert exc.value.code == "invalid_params"
