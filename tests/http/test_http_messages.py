@@ -237,3 +237,44 @@ def test_output_config_json_schema_is_constrained(agent_server: Server) -> None:
     (block,) = m.content
     assert block.type == "text" and json.loads(block.text)["mood"] in ("calm", "busy")
     assert m.stop_reason == "end_turn"
+
+
+def test_count_tokens_is_the_prompt_a_request_sends(agent_server: Server) -> None:
+    """``messages.count_tokens`` through the SDK gives the prompt the same body sends to
+    ``/v1/messages`` (its usage: computed plus read from the cache): with a system prompt,
+    tools and a tool round trip, and with thinking off (the template renders more)."""
+    client = sdk(agent_server)
+    turns: Any = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "9C"}],
+        },
+    ]
+    for extra in ({}, {"thinking": {"type": "disabled"}}):
+        body: Any = {
+            "model": "default",
+            "system": SYSTEM,
+            "tools": TOOLS,
+            "messages": turns,
+            **extra,
+        }
+        counted = client.messages.count_tokens(**body).input_tokens
+        sent = client.messages.create(max_tokens=1, extra_body=GREEDY, **body).usage
+        assert counted == sent.input_tokens + (sent.cache_read_input_tokens or 0) > 0
+    bare = client.messages.count_tokens(model="default", messages=turns[:1]).input_tokens
+    assert bare < counted
+    with agent_server.client(headers={"x-api-key": AGENT_KEYS[0]}) as c:
+        r = c.post("/v1/messages/count_tokens", json={"model": "default", "messages": []})
+        assert r.status_code == 400 and r.json()["type"] == "error", r.text
+        r = c.post("/v1/messages/count_tokens", json={"model": "nope", "messages": turns[:1]})
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
+    with agent_server.client() as c:  # no key
+        r = c.post("/v1/messages/count_tokens", json={"model": "default", "messages": turns[:1]})
+        assert r.status_code == 401 and r.json()["type"] == "error"

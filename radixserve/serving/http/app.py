@@ -5,7 +5,9 @@
 * OpenAI-compatible ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``
   (:mod:`~radixserve.serving.http.openai_api`), ``/v1/responses``
   (:mod:`~radixserve.serving.http.responses`);
-* Anthropic-compatible ``/v1/messages`` (:mod:`~radixserve.serving.http.messages`);
+* Anthropic-compatible ``/v1/messages`` and ``/v1/messages/count_tokens``
+  (:mod:`~radixserve.serving.http.messages`);
+* vLLM's ``/tokenize`` and ``/detokenize`` (:mod:`~radixserve.serving.http.tokenize_api`);
 * SGLang-native ``/generate``, ``/get_model_info``, ``/flush_cache``, ``/health``,
   ``/health_generate``, ``/get_server_info`` (:mod:`~radixserve.serving.http.sglang_api`);
 * ``/metrics`` in Prometheus text format (:mod:`~radixserve.serving.http.metrics`);
@@ -37,6 +39,7 @@ from radixserve.serving.http import (
     responses,
     sessions_api,
     sglang_api,
+    tokenize_api,
 )
 from radixserve.serving.http.anthropic_errors import AnthropicErrors
 from radixserve.serving.http.auth import APIKeyAuth
@@ -109,6 +112,7 @@ def create_app(config: GatewayConfig | None = None, tokenizer: Any = None) -> Fa
     app.include_router(messages.router)
     app.include_router(cache_report.router)
     app.include_router(sessions_api.router)
+    app.include_router(tokenize_api.router)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -271,10 +271,30 @@ class Gateway:
                 session_id, cache_salt=cache_salt, timeout=self.config.control_timeout_s
             )
 
-    async def tokenize(self, texts: list[str]) -> list[list[int]]:
+    async def tokenize(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
         """Token ids of each text, exactly as the router encodes a text prompt."""
         with router_errors():
-            return await self._client().tokenize(texts, timeout=self.config.control_timeout_s)
+            return await self._client().tokenize(
+                texts, timeout=self.config.control_timeout_s, add_special_tokens=add_special_tokens
+            )
+
+    async def tokenize_chat(
+        self,
+        messages: list[p.ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        tools: str | None = None,
+        chat_template_kwargs: str | None = None,
+    ) -> list[int]:
+        """Token ids of a chat prompt, exactly as the router encodes one it generates for."""
+        with router_errors():
+            return await self._client().tokenize_chat(
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                tools=tools,
+                chat_template_kwargs=chat_template_kwargs,
+                timeout=self.config.control_timeout_s,
+            )
 
     async def _memory_log_loop(self) -> None:
         while True:

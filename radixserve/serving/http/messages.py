@@ -9,13 +9,14 @@ one that matched) when a stop sequence ended it, else ``end_turn``. Usage follow
 Anthropic's accounting: ``input_tokens`` are the prompt tokens computed,
 ``cache_read_input_tokens`` those served from the radix cache (their sum is the prompt).
 Errors answer in Anthropic's shape (:mod:`.anthropic_errors`); API keys may come as
-``x-api-key``.
+``x-api-key``. ``POST /v1/messages/count_tokens`` answers ``{"input_tokens": N}``: the
+prompt the same body would send, rendered and encoded as the request's own.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -29,13 +30,18 @@ from radixserve.serving.http.chat_request import (
     read_answer,
     sampling,
 )
-from radixserve.serving.http.chat_tools import template_kwargs
+from radixserve.serving.http.chat_tools import ToolPlan, template_kwargs
 from radixserve.serving.http.gateway import Gateway
-from radixserve.serving.http.messages_protocol import MessagesRequest
+from radixserve.serving.http.messages_protocol import (
+    CountTokensRequest,
+    MessagesConversation,
+    MessagesRequest,
+)
 from radixserve.serving.http.messages_reply import Reply, usage
 from radixserve.serving.http.messages_stream import events
 from radixserve.serving.http.sse import SSEResponse
 from radixserve.serving.http.streams import finals, primed
+from radixserve.serving.wire import protocol as p
 
 router = APIRouter()
 
@@ -62,21 +68,36 @@ def _input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-async def prepare(body: MessagesRequest, request: Request) -> tuple[Reply, ChatCall]:
-    g: Gateway = request.app.state.gateway
+class Conversation(NamedTuple):
+    """A Messages body as the chat path takes it: its model's name, turns, tool plan and
+    template variables (JSON text)."""
+
+    model: str
+    messages: list[p.ChatMessage]
+    plan: ToolPlan
+    template_kwargs: str | None
+
+
+async def conversation(g: Gateway, body: MessagesConversation) -> Conversation:
+    """``body`` checked and converted (a bad field is a 400 before anything runs)."""
     body.check()
     model = await g.check_model(body.model)
-    info = await g.info()
     messages = body.chat()
     check_messages(messages, "messages")
-    constraint = body.constraint()
     plan = await plan_tools(
         g,
         body.chat_tools(),
         body.chat_tool_choice(),
-        constraint is not None,
+        body.constraint() is not None,
         body.parallel_tool_calls(),
     )
+    return Conversation(model, messages, plan, template_kwargs(body.template_kwargs()))
+
+
+async def prepare(body: MessagesRequest, request: Request) -> tuple[Reply, ChatCall]:
+    g: Gateway = request.app.state.gateway
+    model, messages, plan, kwargs = await conversation(g, body)
+    info = await g.info()
     stops = list(body.stop_sequences or [])
     params = sampling(
         max_tokens=body.max_tokens,
@@ -84,10 +105,10 @@ async def prepare(body: MessagesRequest, request: Request) -> tuple[Reply, ChatC
         top_p=body.top_p,
         top_k=body.top_k,
         stop=stops,
-        json_schema=constraint,
+        json_schema=body.constraint(),
         thinking_token_budget=body.thinking_budget(),
     )
-    call = ChatCall(messages, params, plan, None, template_kwargs(body.template_kwargs()))
+    call = ChatCall(messages, params, plan, None, kwargs)
     return Reply(model, stops, info.eos_token_ids, g.tokenizer), call
 
 
@@ -104,3 +125,14 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     msg = reply.head()
     msg.update(content=blocks(answer), stop_reason=reason, stop_sequence=seq, usage=usage(final))
     return JSONResponse(msg)
+
+
+@router.post("/v1/messages/count_tokens", response_model=None)
+async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
+    """The prompt tokens the same body would send to ``/v1/messages``: its system prompt,
+    turns and tools rendered by the model's template and encoded by the router, as a
+    Messages request's are (Claude Code asks before it sends a long context)."""
+    g: Gateway = request.app.state.gateway
+    _, messages, plan, kwargs = await conversation(g, body)
+    ids = await g.tokenize_chat(messages, tools=plan.tools_json, chat_template_kwargs=kwargs)
+    return JSONResponse({"input_tokens": len(ids)})

@@ -56,13 +56,14 @@ class ToolDef(_Strict):
     type: str | None = None
 
 
-class MessagesRequest(BaseModel):
-    """``POST /v1/messages`` (the fields radixserve reads; others are ignored)."""
+class MessagesConversation(BaseModel):
+    """What ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` share: the
+    conversation, its tools and its template switches (the fields radixserve reads; others
+    are ignored)."""
 
     model_config = ConfigDict(strict=True, extra="allow")
 
     model: str
-    max_tokens: int = Field(ge=1)
     messages: list[MessageIn] = Field(min_length=1)
     system: str | list[Block] | None = None
     stop_sequences: list[str] | None = Field(default=None, max_length=64)
@@ -179,6 +180,16 @@ class MessagesRequest(BaseModel):
             else:
                 out.extend(_user(m.content, where, names))
         return out
+
+
+class MessagesRequest(MessagesConversation):
+    """``POST /v1/messages``."""
+
+    max_tokens: int = Field(ge=1)
+
+
+class CountTokensRequest(MessagesConversation):
+    """``POST /v1/messages/count_tokens``: the conversation a Messages request would send."""
 
 
 def _texts(blocks: list[Block], where: str) -> str:
