@@ -23,6 +23,7 @@ from typing import Any, Unpack
 import zmq
 
 from radixserve.serving.client.common import (
+    ChatRendering,
     Event,
     GenerateOptions,
     RequestIds,
@@ -264,21 +265,12 @@ class AsyncClient:
     async def tokenize_chat(
         self,
         messages: list[p.ChatMessage],
-        *,
-        add_generation_prompt: bool = True,
-        tools: str | None = None,
-        chat_template_kwargs: str | None = None,
         timeout: float | None = None,
+        **rendering: Unpack[ChatRendering],
     ) -> list[int]:
         """Token ids of the chat prompt ``messages`` render to, as the router encodes a
-        ``messages`` prompt (``tools``, ``chat_template_kwargs``: JSON text, as generate's)."""
-        msg = p.TokenizeRequest(
-            request_id=self._ids.next(),
-            messages=list(messages),
-            add_generation_prompt=add_generation_prompt,
-            tools=tools,
-            chat_template_kwargs=chat_template_kwargs,
-        )
+        ``messages`` prompt."""
+        msg = p.TokenizeRequest(request_id=self._ids.next(), messages=list(messages), **rendering)
         (ids,) = (await self._call(msg, timeout)).input_ids
         return ids
 

@@ -45,6 +45,15 @@ class GenerateOptions(TypedDict, total=False):
     chat_template_kwargs: str | None  # JSON of extra template variables
 
 
+class ChatRendering(TypedDict, total=False):
+    """How a chat prompt is rendered, as :class:`GenerateOptions` has it: the keyword
+    arguments of both clients' ``tokenize_chat``."""
+
+    add_generation_prompt: bool
+    tools: str | None
+    chat_template_kwargs: str | None
+
+
 def generate_request(
     request_id: str, text: str | None, stream: bool, options: GenerateOptions
 ) -> p.GenerateRequest:

@@ -25,6 +25,7 @@ import zmq
 
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.client.common import (
+    ChatRendering,
     Event,
     GenerateOptions,
     RequestIds,
@@ -228,21 +229,12 @@ class Client:
     def tokenize_chat(
         self,
         messages: list[p.ChatMessage],
-        *,
-        add_generation_prompt: bool = True,
-        tools: str | None = None,
-        chat_template_kwargs: str | None = None,
         timeout: float | None = None,
+        **rendering: Unpack[ChatRendering],
     ) -> list[int]:
         """Token ids of the chat prompt ``messages`` render to, as the router encodes a
-        ``messages`` prompt (``tools``, ``chat_template_kwargs``: JSON text, as generate's)."""
-        msg = p.TokenizeRequest(
-            request_id=self._ids.next(),
-            messages=list(messages),
-            add_generation_prompt=add_generation_prompt,
-            tools=tools,
-            chat_template_kwargs=chat_template_kwargs,
-        )
+        ``messages`` prompt."""
+        msg = p.TokenizeRequest(request_id=self._ids.next(), messages=list(messages), **rendering)
         (ids,) = self._call(msg, timeout).input_ids
         return list(ids)
 

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import msgspec
 from starlette.requests import Request
@@ -24,6 +24,7 @@ from starlette.requests import Request
 from radixserve.memory.units import format_bytes
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.client import DEFAULT_ENDPOINT, AsyncClient, ServerError
+from radixserve.serving.client.common import ChatRendering
 from radixserve.serving.http.errors import APIError, from_server_error, from_timeout
 from radixserve.serving.http.metrics import GatewayMetrics
 from radixserve.serving.http.tokens import TokenNames
@@ -279,21 +280,12 @@ class Gateway:
             )
 
     async def tokenize_chat(
-        self,
-        messages: list[p.ChatMessage],
-        *,
-        add_generation_prompt: bool = True,
-        tools: str | None = None,
-        chat_template_kwargs: str | None = None,
+        self, messages: list[p.ChatMessage], **rendering: Unpack[ChatRendering]
     ) -> list[int]:
         """Token ids of a chat prompt, exactly as the router encodes one it generates for."""
         with router_errors():
             return await self._client().tokenize_chat(
-                messages,
-                add_generation_prompt=add_generation_prompt,
-                tools=tools,
-                chat_template_kwargs=chat_template_kwargs,
-                timeout=self.config.control_timeout_s,
+                messages, timeout=self.config.control_timeout_s, **rendering
             )
 
     async def _memory_log_loop(self) -> None:
