@@ -6,7 +6,8 @@ tool loop (function_call -> function_call_output -> answer) continued with
 ``previous_response_id``, its ``cached_tokens`` covering the previous turn's prompt and
 its turn finding the previous one's session lease (the chain's session key); the
 same conversation resent as items renders the same prompt; the streamed event sequence
-through the SDK's own stream reader; the store's tenancy and ``store: false``; malformed
+through the SDK's own stream reader; the store's tenancy and ``store: false``; retrieving
+and deleting stored responses; malformed
 items and unsupported fields answered with a 400 (never a 500), and the body limit.
 """
 
@@ -193,6 +194,35 @@ def test_store_is_per_tenant_and_store_false_keeps_nothing(agent_server: Server)
                 model="default", input="x", previous_response_id=rid, max_output_tokens=1
             )
         assert err.value.code == "previous_response_not_found"
+
+
+def test_a_stored_response_is_retrieved_and_deleted(agent_server: Server) -> None:
+    """``responses.retrieve`` gives back the response as it was answered, streamed or not,
+    to its own tenant only; ``responses.delete`` forgets it: neither retrieved nor
+    continued after; ``store: false`` keeps nothing to retrieve."""
+    a, b = sdk(agent_server, AGENT_KEYS[0]), sdk(agent_server, AGENT_KEYS[1])
+    made = a.responses.create(model="default", input="Hi", max_output_tokens=2)
+    got = a.responses.retrieve(made.id)
+    assert got.model_dump() == made.model_dump()
+    events = a.responses.create(model="default", input="Hey", max_output_tokens=2, stream=True)
+    (streamed,) = [ev.response for ev in events if ev.type == "response.incomplete"]
+    assert a.responses.retrieve(streamed.id).model_dump() == streamed.model_dump()
+    unstored = a.responses.create(model="default", input="Hi", max_output_tokens=1, store=False)
+    for client, rid in [(b, made.id), (a, unstored.id), (a, "resp_unknown")]:
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(rid)
+    with pytest.raises(openai.NotFoundError):
+        b.responses.delete(made.id)  # not b's to delete
+    a.responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError):
+        a.responses.retrieve(made.id)
+    with pytest.raises(openai.BadRequestError) as err:
+        a.responses.create(
+            model="default", input="x", previous_response_id=made.id, max_output_tokens=1
+        )
+    assert err.value.code == "previous_response_not_found"
+    with pytest.raises(openai.NotFoundError):
+        a.responses.delete(made.id)
 
 
 BAD: list[tuple[str, Any]] = [

@@ -10,13 +10,15 @@ sequence (:mod:`.responses_stream`).
 ``previous_response_id`` continues a stored conversation (:mod:`.responses_store`, per
 tenant, bounded) and is the router's session key for the whole chain (the first
 response's id; ``prompt_cache_key`` overrides it), so every turn of one conversation
-meets its cached prefix on the same worker.
+meets its cached prefix on the same worker. ``GET /v1/responses/{id}`` gives a stored
+response back as it was answered; ``DELETE`` forgets it (the tenant's own, either way).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -244,11 +246,13 @@ async def prepare(body: ResponsesRequest, request: Request) -> tuple[Turn, ChatC
     return turn, call
 
 
-def remember(request: Request, turn: Turn, output: list[dict[str, Any]]) -> None:
-    """Store the conversation through this response (unless ``store: false``)."""
+def remember(request: Request, turn: Turn, response: dict[str, Any]) -> None:
+    """Store the conversation through this finished response, and the response itself
+    (unless ``store: false``)."""
     if turn.body.store:
         tenant = tenant_of(request_key(request.scope))
-        store_of(request).put(tenant, turn.id, turn.history + output, turn.session)
+        items = turn.history + response["output"]
+        store_of(request).put(tenant, turn.id, items, turn.session, response)
 
 
 @router.post("/v1/responses", response_model=None)
@@ -258,10 +262,34 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     stream = open_stream(g, request, call)
     if body.stream:
         first = await primed(request, stream)
-        return SSEResponse(events(turn, call.plan, first, lambda out: remember(request, turn, out)))
+        return SSEResponse(events(turn, call.plan, first, partial(remember, request, turn)))
     (final,) = await finals(request, [stream])
     answer = read_answer(call.plan, final.text, final.finish_reason)
     incomplete = final.finish_reason == "length"
     output = items_.output_items(answer.content, answer.reasoning, answer.calls, incomplete)
-    remember(request, turn, output)
-    return JSONResponse(turn.response("incomplete" if incomplete else "completed", output, final))
+    response = turn.response("incomplete" if incomplete else "completed", output, final)
+    remember(request, turn, response)
+    return JSONResponse(response)
+
+
+def _not_found(response_id: str) -> APIError:
+    return APIError(
+        404, f"Response with id {response_id!r} not found.", param="response_id", code="not_found"
+    )
+
+
+@router.get("/v1/responses/{response_id}", response_model=None)
+async def get_response(response_id: str, request: Request) -> Response:
+    """A stored response, as it was answered (the tenant's own only)."""
+    stored = store_of(request).get(tenant_of(request_key(request.scope)), response_id)
+    if stored is None or stored.response is None:
+        raise _not_found(response_id)
+    return JSONResponse(stored.response)
+
+
+@router.delete("/v1/responses/{response_id}", response_model=None)
+async def delete_response(response_id: str, request: Request) -> Response:
+    """Forget a stored response: it can be neither retrieved nor continued any more."""
+    if not store_of(request).delete(tenant_of(request_key(request.scope)), response_id):
+        raise _not_found(response_id)
+    return JSONResponse({"id": response_id, "object": "response", "deleted": True})

@@ -39,13 +39,15 @@ def tenant_of(api_key: str | None) -> str:
 
 
 class Stored(NamedTuple):
-    """One stored response: the conversation's items through its output, and the session
-    key its turns share (the first response's id unless the client named one)."""
+    """One stored response: the conversation's items through its output, the session key
+    its turns share (the first response's id unless the client named one), and the
+    Response object as it was answered (what ``GET /v1/responses/{id}`` gives back)."""
 
     items: list[dict[str, Any]]
     session: str
     chars: int
     expires: float
+    response: dict[str, Any] | None = None
 
 
 class ResponseStore:
@@ -68,14 +70,21 @@ class ResponseStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, tenant: str, response_id: str, items: list[dict[str, Any]], session: str) -> bool:
+    def put(
+        self,
+        tenant: str,
+        response_id: str,
+        items: list[dict[str, Any]],
+        session: str,
+        response: dict[str, Any] | None = None,
+    ) -> bool:
         """Keep a response; ``False`` when it alone is over the size bound (not kept)."""
-        chars = len(json.dumps(items))
+        chars = len(json.dumps(items)) + (len(json.dumps(response)) if response else 0)
         if chars > self.max_chars or self.max_entries <= 0:
             return False
         key = (tenant, response_id)
         self._drop(key)
-        self._entries[key] = Stored(items, session, chars, self.clock() + self.ttl_s)
+        self._entries[key] = Stored(items, session, chars, self.clock() + self.ttl_s, response)
         self.chars += chars
         self._expire()
         while len(self._entries) > self.max_entries or self.chars > self.max_chars:
@@ -96,6 +105,7 @@ class ResponseStore:
         return entry
 
     def delete(self, tenant: str, response_id: str) -> bool:
+        """Forget the tenant's response; ``False`` when it holds none by that id."""
         return self._drop((tenant, response_id))
 
     def _drop(self, key: tuple[str, str]) -> bool:

@@ -152,10 +152,11 @@ async def events(
     turn: Any,
     plan: ToolPlan,
     stream: AsyncIterator[p.GenerateChunk | p.GenerateFinal],
-    on_done: Callable[[list[dict[str, Any]]], None],
+    on_done: Callable[[dict[str, Any]], None],
 ) -> AsyncIterator[bytes]:
     """The SSE events of ``turn`` (a :class:`~.responses.Turn`) over its router stream;
-    ``on_done(output)`` runs before the last event (it stores the conversation)."""
+    ``on_done(response)`` runs before the last event, with the finished Response object
+    (it stores the conversation)."""
     w = Writer()
     yield w.emit("response.created", response=turn.response("in_progress", []))
     yield w.emit("response.in_progress", response=turn.response("in_progress", []))
@@ -174,9 +175,10 @@ async def events(
             incomplete = ev.finish_reason == "length"
             for b in items.finish(incomplete):
                 yield b
-            on_done(items.done)
             status = "incomplete" if incomplete else "completed"
-            yield w.emit(f"response.{status}", response=turn.response(status, items.done, ev))
+            done = turn.response(status, items.done, ev)
+            on_done(done)
+            yield w.emit(f"response.{status}", response=done)
             return
     except APIError as exc:
         yield w.emit("error", code=exc.code or exc.type, message=exc.message, param=exc.param)
