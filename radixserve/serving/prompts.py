@@ -44,7 +44,15 @@ def load_tokenizer(model_path: str | Path) -> Any:
 # Template variables a request may not set through chat_template_kwargs: the ones the
 # rendering itself passes (a request that set them would change what is rendered).
 _RESERVED_TEMPLATE_VARS = frozenset(
-    {"messages", "conversation", "tools", "documents", "add_generation_prompt", "tokenize"}
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+    }
 )
 
 
@@ -121,6 +129,8 @@ class PromptCodec:
             )
         conversation = [chat_turn(m) for m in req.messages]
         extra = template_inputs(req.tools, req.chat_template_kwargs)
+        if req.continue_final_message:  # transformers cuts the rendering after the last message
+            extra["continue_final_message"] = True
         try:
             rendered = self.tokenizer.apply_chat_template(
                 conversation,

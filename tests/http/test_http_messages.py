@@ -15,6 +15,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import pytest
 from http_helpers import AGENT_KEYS, Server
 
@@ -278,3 +279,34 @@ def test_count_tokens_is_the_prompt_a_request_sends(agent_server: Server) -> Non
     with agent_server.client() as c:  # no key
         r = c.post("/v1/messages/count_tokens", json={"model": "default", "messages": turns[:1]})
         assert r.status_code == 401 and r.json()["type"] == "error"
+
+
+def test_a_final_assistant_message_is_prefilled(agent_server: Server) -> None:
+    """Anthropic's prefill: a final assistant message is the start of the reply, and the
+    answer holds what the model adds to it: the same tokens as the chat API continuing the
+    same messages (``continue_final_message``); an empty one counts as none."""
+    client = sdk(agent_server)
+    start = "The weather in Paris is"
+    turns: Any = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": start},
+    ]
+    body: Any = {"model": "default", "system": SYSTEM, "messages": turns}
+    m = client.messages.create(max_tokens=6, extra_body=GREEDY, **body)
+    prompt = m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0)
+    assert client.messages.count_tokens(**body).input_tokens == prompt
+    plain = client.messages.count_tokens(model="default", system=SYSTEM, messages=turns[:1])
+    assert prompt > plain.input_tokens
+    empty = [turns[0], {"role": "assistant", "content": ""}]
+    assert client.messages.count_tokens(model="default", system=SYSTEM, messages=empty) == plain
+    chat = openai.OpenAI(base_url=agent_server.url + "/v1", api_key=AGENT_KEYS[0], max_retries=0)
+    same = chat.chat.completions.create(
+        model="default",
+        messages=[{"role": "system", "content": SYSTEM}, *turns],
+        max_tokens=6,
+        temperature=0,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True},
+    )
+    assert same.usage is not None and same.usage.prompt_tokens == prompt
+    text = "".join(b.text for b in m.content if b.type == "text")
+    assert text == same.choices[0].message.content and text

@@ -85,3 +85,23 @@ def test_bad_bodies_are_400s(server: Server) -> None:
             assert r.json()["error"]["type"] == "invalid_request_error", r.text
         r = c.post("/tokenize", json={"model": "nope", "prompt": "a"})
         assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_prefilled_reply_is_continued(server: Server) -> None:
+    """``continue_final_message``: the last message is the start of the reply; the answer is
+    what the model writes after it, the same greedy tokens as generating from the ids
+    ``/tokenize`` gives for the same messages."""
+    chat = [*CHAT, {"role": "assistant", "content": "My favourite colour is"}]
+    flags = {"add_generation_prompt": False, "continue_final_message": True}
+    with server.client() as c:
+        ids = _post(c, "/tokenize", {"messages": chat, **flags})["tokens"]
+        closed = _post(c, "/tokenize", {"messages": chat, "add_generation_prompt": False})
+        assert ids == closed["tokens"][: len(ids)] and len(ids) < closed["count"]
+        body = {"model": "default", "messages": chat, "max_tokens": 6, "temperature": 0}
+        out = _post(c, "/v1/chat/completions", {**body, **flags})
+        assert out["usage"]["prompt_tokens"] == len(ids)
+        sampling = {"max_new_tokens": 6, "temperature": 0}
+        ref = _post(c, "/generate", {"input_ids": ids, "sampling_params": sampling})
+        assert out["choices"][0]["message"]["content"] == ref["text"]
+        r = c.post("/v1/chat/completions", json={**body, "continue_final_message": True})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from radixserve.serving.prompts import encode_text
 
 BOS = 1
@@ -71,3 +75,13 @@ def test_warm_up_encodes_renders_and_decodes_once() -> None:
             raise RuntimeError("no vocabulary")
 
     PromptCodec(Broken()).warm_up()  # logged, not raised: requests report their own errors
+
+
+@pytest.mark.parametrize("name", ["add_generation_prompt", "continue_final_message", "tools"])
+def test_template_kwargs_may_not_set_what_the_rendering_passes(name: str) -> None:
+    """A request's template variables cannot reopen what the request's own fields decide
+    (continue_final_message, say, is checked against add_generation_prompt there)."""
+    from radixserve.serving.prompts import PromptError, template_inputs
+
+    with pytest.raises(PromptError, match=name):
+        template_inputs(None, json.dumps({name: True}))

@@ -39,6 +39,7 @@ class GenerateOptions(TypedDict, total=False):
     session_id: str | None
     namespace: str | None
     add_generation_prompt: bool
+    continue_final_message: bool
     cache_salt: str | None
     priority: int
     tools: str | None  # JSON of the request's tool list, rendered by the chat template
@@ -50,6 +51,7 @@ class ChatRendering(TypedDict, total=False):
     arguments of both clients' ``tokenize_chat``."""
 
     add_generation_prompt: bool
+    continue_final_message: bool
     tools: str | None
     chat_template_kwargs: str | None
 
@@ -75,6 +77,7 @@ def generate_request(
         input_ids=options.get("input_ids"),
         messages=chat,
         add_generation_prompt=options.get("add_generation_prompt", True),
+        continue_final_message=options.get("continue_final_message", False),
         params=options.get("params") or SamplingParams(),
         stream=stream,
         session_id=options.get("session_id"),

@@ -39,6 +39,9 @@ class ChatCall(NamedTuple):
     template_kwargs: str | None = None
     cache_salt: str | None = None  # the client's; the tenant's key is folded in by open_stream
     priority: int = 0  # cache priority (--eviction-policy priority), as the chat API's field
+    # The last message is the start of the reply, left open for the model to go on with
+    # (Anthropic's prefill): rendered without a generation prompt.
+    continue_final: bool = False
 
 
 class Answer(NamedTuple):
@@ -93,6 +96,8 @@ def open_stream(g: Gateway, request: Request, call: ChatCall) -> AsyncGenerator[
         priority=call.priority,
         tools=call.plan.tools_json,
         chat_template_kwargs=call.template_kwargs,
+        add_generation_prompt=not call.continue_final,
+        continue_final_message=call.continue_final,
     )
 
 

@@ -314,6 +314,8 @@ class Gateway:
         priority: int = 0,
         tools: str | None = None,
         chat_template_kwargs: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> AsyncGenerator[Event, None]:
         """One generate request: its chunks, then its final message. Router errors become
         :class:`APIError`; closing the iterator early aborts the request. ``cache_salt``:
@@ -333,6 +335,8 @@ class Gateway:
             timeout=self.config.request_timeout_s,
             tools=tools,
             chat_template_kwargs=chat_template_kwargs,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
         )
         with router_errors():
             # aclosing: leaving early closes the client stream now (it sends the abort), not at GC.

@@ -8,9 +8,11 @@ when there are calls, ``max_tokens`` when the budget ran out, ``stop_sequence`` 
 one that matched) when a stop sequence ended it, else ``end_turn``. Usage follows
 Anthropic's accounting: ``input_tokens`` are the prompt tokens computed,
 ``cache_read_input_tokens`` those served from the radix cache (their sum is the prompt).
-Errors answer in Anthropic's shape (:mod:`.anthropic_errors`); API keys may come as
-``x-api-key``. ``POST /v1/messages/count_tokens`` answers ``{"input_tokens": N}``: the
-prompt the same body would send, rendered and encoded as the request's own.
+A final assistant message is a prefill: the reply's start, rendered open for the model to
+go on with; the answer holds what it adds. Errors answer in Anthropic's shape
+(:mod:`.anthropic_errors`); API keys may come as ``x-api-key``.
+``POST /v1/messages/count_tokens`` answers ``{"input_tokens": N}``: the prompt the same
+body would send, rendered and encoded as the request's own.
 """
 
 from __future__ import annotations
@@ -76,13 +78,14 @@ class Conversation(NamedTuple):
     messages: list[p.ChatMessage]
     plan: ToolPlan
     template_kwargs: str | None
+    continue_final: bool  # the last message is a prefilled reply for the model to go on with
 
 
 async def conversation(g: Gateway, body: MessagesConversation) -> Conversation:
     """``body`` checked and converted (a bad field is a 400 before anything runs)."""
     body.check()
     model = await g.check_model(body.model)
-    messages = body.chat()
+    messages, prefilled = prefill(body.chat())
     check_messages(messages, "messages")
     plan = await plan_tools(
         g,
@@ -91,12 +94,25 @@ async def conversation(g: Gateway, body: MessagesConversation) -> Conversation:
         body.constraint() is not None,
         body.parallel_tool_calls(),
     )
-    return Conversation(model, messages, plan, template_kwargs(body.template_kwargs()))
+    kwargs = template_kwargs(body.template_kwargs())
+    return Conversation(model, messages, plan, kwargs, prefilled)
+
+
+def prefill(messages: list[p.ChatMessage]) -> tuple[list[p.ChatMessage], bool]:
+    """Anthropic's prefill: a final assistant message is the start of the reply, which the
+    model goes on with (the answer holds only what it adds); an empty one is the same as
+    none."""
+    last = messages[-1]
+    if last.role != "assistant" or last.tool_calls:
+        return messages, False
+    if not last.content:
+        return messages[:-1], False
+    return messages, True
 
 
 async def prepare(body: MessagesRequest, request: Request) -> tuple[Reply, ChatCall]:
     g: Gateway = request.app.state.gateway
-    model, messages, plan, kwargs = await conversation(g, body)
+    model, messages, plan, kwargs, prefilled = await conversation(g, body)
     info = await g.info()
     stops = list(body.stop_sequences or [])
     params = sampling(
@@ -108,7 +124,7 @@ async def prepare(body: MessagesRequest, request: Request) -> tuple[Reply, ChatC
         json_schema=body.constraint(),
         thinking_token_budget=body.thinking_budget(),
     )
-    call = ChatCall(messages, params, plan, None, kwargs)
+    call = ChatCall(messages, params, plan, None, kwargs, continue_final=prefilled)
     return Reply(model, stops, info.eos_token_ids, g.tokenizer), call
 
 
@@ -133,6 +149,12 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     turns and tools rendered by the model's template and encoded by the router, as a
     Messages request's are (Claude Code asks before it sends a long context)."""
     g: Gateway = request.app.state.gateway
-    _, messages, plan, kwargs = await conversation(g, body)
-    ids = await g.tokenize_chat(messages, tools=plan.tools_json, chat_template_kwargs=kwargs)
+    _, messages, plan, kwargs, prefilled = await conversation(g, body)
+    ids = await g.tokenize_chat(
+        messages,
+        tools=plan.tools_json,
+        chat_template_kwargs=kwargs,
+        add_generation_prompt=not prefilled,
+        continue_final_message=prefilled,
+    )
     return JSONResponse({"input_tokens": len(ids)})

@@ -163,6 +163,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             session_id=body.session,
             tools=tools.tools_json,
             chat_template_kwargs=kwargs,
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
         )
         for i in range(body.n)
     ]

@@ -280,6 +280,8 @@ class ChatCompletionRequest(_SamplingBody):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
+    # vLLM's: the last message left open for the model to go on with (a prefilled reply).
+    continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     # Handed to templates that read it (chat_tools.with_reasoning_effort), as vLLM and SGLang do.
     reasoning_effort: str | None = None
@@ -293,6 +295,12 @@ class ChatCompletionRequest(_SamplingBody):
                 f"at most {MAX_MESSAGES} messages, got {len(self.messages)}", param="messages"
             )
         self.constraint()  # a bad response_format fails before anything runs
+        if self.continue_final_message and self.add_generation_prompt:
+            raise invalid(
+                "continue_final_message goes on with the last message: send it with "
+                "add_generation_prompt false",
+                param="continue_final_message",
+            )
         if self.top_logprobs is not None:
             if not self.logprobs:
                 raise invalid("top_logprobs requires logprobs to be true", param="top_logprobs")

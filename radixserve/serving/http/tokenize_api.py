@@ -89,11 +89,6 @@ async def _tokenize_chat(
     g: Gateway, body: TokenizeBody, messages: list[ChatMessageIn]
 ) -> list[int]:
     """The chat prompt's ids, rendered as ``/v1/chat/completions`` renders it."""
-    if body.continue_final_message:
-        raise invalid(
-            "continue_final_message is not supported: send the final turn as a text prompt",
-            param="continue_final_message",
-        )
     if body.add_special_tokens:
         raise invalid(
             "add_special_tokens applies to a prompt: a chat template writes its own",
@@ -113,6 +108,7 @@ async def _tokenize_chat(
     return await g.tokenize_chat(
         turns,
         add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
         tools=plan.tools_json,
         chat_template_kwargs=chat_tools.template_kwargs(body.chat_template_kwargs),
     )

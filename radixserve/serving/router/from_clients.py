@@ -195,6 +195,7 @@ class ClientSide:
                     reply,
                     messages=chat.messages,
                     add_generation_prompt=chat.add_generation_prompt,
+                    continue_final_message=chat.continue_final_message,
                     tools=chat.tools,
                     chat_template_kwargs=chat.chat_template_kwargs,
                 )
@@ -249,6 +250,7 @@ class ClientSide:
                 text=req.text,
                 messages=req.messages,
                 add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
                 tools=req.tools,
                 chat_template_kwargs=req.chat_template_kwargs,
             )

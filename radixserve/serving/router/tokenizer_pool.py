@@ -62,6 +62,7 @@ class EncodeJob(msgspec.Struct, tag="encode", forbid_unknown_fields=True):
     tools: str | None = None
     chat_template_kwargs: str | None = None
     add_special_tokens: bool = True  # texts only (encode_text's)
+    continue_final_message: bool = False
 
 
 class PoolStop(msgspec.Struct, tag="stop"):
@@ -190,6 +191,7 @@ class TokenizerPool:
         tools: str | None = None,
         chat_template_kwargs: str | None = None,
         add_special_tokens: bool = True,
+        continue_final_message: bool = False,
     ) -> None:
         """Encode in a pool process; ``done(ids, error)`` runs on the router's loop later."""
         job = EncodeJob(
@@ -201,6 +203,7 @@ class TokenizerPool:
             tools,
             chat_template_kwargs,
             add_special_tokens,
+            continue_final_message,
         )
         self._next_job += 1
         self.jobs += 1
@@ -336,6 +339,7 @@ def _encode(codec: Any, job: EncodeJob) -> Encoded:
             text=job.text,
             messages=job.messages,
             add_generation_prompt=job.add_generation_prompt,
+            continue_final_message=job.continue_final_message,
             tools=job.tools,
             chat_template_kwargs=job.chat_template_kwargs,
         )

@@ -54,9 +54,11 @@ class Timings(Part):
 class GenerateRequest(Msg, tag="generate"):
     """Generate a completion for exactly one of ``text``, ``input_ids`` or ``messages``.
 
-    ``messages`` are rendered with the model's chat template (``add_generation_prompt``),
-    with ``tools`` (JSON text of OpenAI's tool list) and ``chat_template_kwargs`` (JSON
-    text of an object: extra template variables, e.g. ``enable_thinking``) when given.
+    ``messages`` are rendered with the model's chat template (``add_generation_prompt``;
+    or ``continue_final_message``: the last message left open for the model to go on with,
+    an assistant's reply prefilled, as vLLM's and transformers' option), with ``tools``
+    (JSON text of OpenAI's tool list) and ``chat_template_kwargs`` (JSON text of an object:
+    extra template variables, e.g. ``enable_thinking``) when given.
     Logprob options live in ``params`` (``logprobs``: top-k, ``prompt_logprobs_start``).
     ``session_id`` keeps a program's calls on one worker (its cache); ``namespace``
     isolates radix-cache sharing, and so does ``cache_salt`` (vLLM's name: a tenant's
@@ -70,6 +72,7 @@ class GenerateRequest(Msg, tag="generate"):
     input_ids: list[int] | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     tools: str | None = None
     chat_template_kwargs: str | None = None
     params: SamplingParams = msgspec.field(default_factory=SamplingParams)
@@ -134,6 +137,7 @@ class TokenizeRequest(Msg, tag="tokenize"):
     add_special_tokens: bool = True  # texts: the tokenizer's BOS added as for a text prompt
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     tools: str | None = None
     chat_template_kwargs: str | None = None
 
@@ -145,6 +149,7 @@ class TokenizeRequest(Msg, tag="tokenize"):
             request_id=self.request_id,
             messages=self.messages,
             add_generation_prompt=self.add_generation_prompt,
+            continue_final_message=self.continue_final_message,
             tools=self.tools,
             chat_template_kwargs=self.chat_template_kwargs,
         )

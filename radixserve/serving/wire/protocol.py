@@ -286,6 +286,11 @@ def validate_generate(req: GenerateRequest, vocab_size: int | None = None) -> Er
             problems.append(f"input_ids must be token ids in [0, {vocab_size})")
     if req.messages is not None and not req.messages:
         problems.append("messages must be non-empty")
+    if req.continue_final_message and (req.messages is None or req.add_generation_prompt):
+        problems.append(
+            "continue_final_message goes on with the last of messages: it needs messages and "
+            "add_generation_prompt false"
+        )
     if req.cache_salt is not None and not 0 < len(req.cache_salt) <= MAX_CACHE_SALT_CHARS:
         problems.append(f"cache_salt must have 1 to {MAX_CACHE_SALT_CHARS} characters")
     try:

@@ -25,6 +25,7 @@ def test_options_become_the_request_fields() -> None:
             "session_id": "s",
             "namespace": "tenant",
             "add_generation_prompt": False,
+            "continue_final_message": True,
             "cache_salt": "salt",
         },
     )
@@ -32,6 +33,7 @@ def test_options_become_the_request_fields() -> None:
         request_id="r1",
         messages=[p.ChatMessage(role="user", content="hi")],
         add_generation_prompt=False,
+        continue_final_message=True,
         params=params,
         stream=True,
         session_id="s",
@@ -65,6 +67,7 @@ def test_both_clients_take_the_same_options() -> None:
         "session_id",
         "namespace",
         "add_generation_prompt",
+        "continue_final_message",
         "cache_salt",
         "priority",
         "tools",

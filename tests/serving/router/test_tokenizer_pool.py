@@ -152,6 +152,15 @@ def test_a_chat_is_tokenized_as_it_is_generated(fake_server, tokenizer: Any, poo
         assert c.tokenize_chat(chat, chat_template_kwargs='{"x": 1}') == want
         shorter = c.tokenize_chat(chat, add_generation_prompt=False)
         assert len(shorter) < len(want) and want[: len(shorter)] == shorter
+        reply = [*chat, p.ChatMessage(role="assistant", content="Hi! I am")]
+        opened = tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.content} for m in reply],
+            tokenize=False,
+            continue_final_message=True,
+        )
+        assert opened.endswith("Hi! I am")  # the reply left open, for the model to go on
+        prefilled = c.tokenize_chat(reply, add_generation_prompt=False, continue_final_message=True)
+        assert prefilled == tokenizer.encode(opened, add_special_tokens=False)
         final = c.generate(
             messages=chat, chat_template_kwargs='{"x": 1}', params=SamplingParams(max_tokens=1)
         ).usage
@@ -159,6 +168,7 @@ def test_a_chat_is_tokenized_as_it_is_generated(fake_server, tokenizer: Any, poo
         for bad in (
             p.TokenizeRequest(request_id="x", texts=["a"], messages=chat),
             p.TokenizeRequest(request_id="y", messages=[]),
+            p.TokenizeRequest(request_id="z", messages=chat, continue_final_message=True),
         ):
             with pytest.raises(ServerError) as exc:
                 c._call(bad, 30)
