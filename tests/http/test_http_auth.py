@@ -125,6 +125,10 @@ def test_openai_client_needs_the_key(keyed: str) -> None:
         )
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         assert c.post("/generate", json={"text": "hi"}).status_code == 401
+        for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})):
+            assert c.post(path, json=body).status_code == 401
+        assert c.get("/v1/responses/resp_x").status_code == 401
+        assert c.delete("/v1/responses/resp_x").status_code == 401
         assert c.get("/v1/models", headers={"Authorization": f"Basic {KEY_A}"}).status_code == 401
         assert c.get("/health").status_code == 200  # probes carry no key
     for key in (KEY_A, KEY_B, ADMIN):
