@@ -33,6 +33,19 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}") from None
 
 
+# The fields that take one of a few names, and the names each takes.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "attention_backend": ("torch", "triton"),
+    "decode_graphs": ("auto", "on", "off"),
+    "overlap_schedule": ("auto", "on", "off"),
+    "schedule_policy": ("lpm", "fcfs"),
+    "eviction_policy": ("lru", "lfu", "slru", "priority", "adaptive"),
+    "session_leases": ("on", "off"),
+    "hicache_dtype": ("auto", "bfloat16", "fp8_e4m3", "int8"),
+    "hicache_storage_backend": ("file", "mooncake"),
+}
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Configuration of one :class:`~radixserve.engine.engine.Engine`.
@@ -194,99 +207,96 @@ class EngineConfig:
         )
 
     def __post_init__(self) -> None:
+        self._resolve_device_defaults()
+        errors = [
+            *self._choice_errors(),
+            *self._range_errors(),
+            *self._dtype_errors(),
+            *self._quant_errors(),
+            *self._parallel_errors(),
+            *self._speculative_errors(),
+            *self._disaggregation_errors(),
+        ]
+        if errors:
+            raise ValueError("invalid engine config: " + "; ".join(errors))
+
+    def _resolve_device_defaults(self) -> None:
+        """The device's dtype and attention backend where none was given (frozen: they go
+        in once, here)."""
         from radixserve.engine.devices import device_defaults
 
         try:
             defaults = device_defaults(self.device)
         except ValueError as e:
             raise ValueError(f"invalid engine config: {e}") from None
-        # Frozen: the resolved defaults go in once, here.
         if self.dtype is None:
             object.__setattr__(self, "dtype", defaults.dtype)
         if self.attention_backend is None:
             object.__setattr__(self, "attention_backend", defaults.attention_backend)
+
+    def _choice_errors(self) -> list[str]:
+        return [
+            f"{name} must be one of {', '.join(names)}, got {getattr(self, name)!r}"
+            for name, names in CHOICES.items()
+            if getattr(self, name) not in names
+        ]
+
+    def _range_errors(self) -> list[str]:
         errors: list[str] = []
-        if self.page_size < 1:
-            errors.append(f"page_size must be >= 1, got {self.page_size}")
-        if self.max_num_tokens < 1:
-            errors.append(f"max_num_tokens must be >= 1, got {self.max_num_tokens}")
-        if self.max_running_requests < 1:
-            errors.append(f"max_running_requests must be >= 1, got {self.max_running_requests}")
-        if self.num_pages is not None and self.num_pages < 1:
-            errors.append(f"num_pages must be >= 1, got {self.num_pages}")
-        if self.attention_backend not in ("torch", "triton"):
-            errors.append(
-                f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}"
-            )
-        if self.decode_graphs not in ("auto", "on", "off"):
-            errors.append(
-                f"decode_graphs must be 'auto', 'on' or 'off', got {self.decode_graphs!r}"
-            )
-        if self.overlap_schedule not in ("auto", "on", "off"):
-            errors.append(
-                f"overlap_schedule must be 'auto', 'on' or 'off', got {self.overlap_schedule!r}"
-            )
-        if self.schedule_policy not in ("lpm", "fcfs"):
-            errors.append(f"schedule_policy must be 'lpm' or 'fcfs', got {self.schedule_policy!r}")
+        for name in ("page_size", "max_num_tokens", "max_running_requests", "num_pages"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                errors.append(f"{name} must be >= 1, got {value}")
         if self.max_model_len is not None and self.max_model_len < 2:
             errors.append(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.eviction_policy not in ("lru", "lfu", "slru", "priority", "adaptive"):
-            errors.append(f"unknown eviction_policy {self.eviction_policy!r}")
-        if self.session_leases not in ("on", "off"):
-            errors.append(f"session_leases must be on or off, got {self.session_leases!r}")
         if not 0 < self.session_lease_default_s <= self.session_lease_cap_s:
             errors.append("session leases need 0 < session_lease_default_s <= session_lease_cap_s")
-        if not 0.0 <= self.pin_budget_fraction <= 1.0:
-            errors.append(f"pin_budget_fraction must be in [0, 1], got {self.pin_budget_fraction}")
-        if self.hicache_dtype not in ("auto", "bfloat16", "fp8_e4m3", "int8"):
-            errors.append(
-                f"unknown hicache_dtype {self.hicache_dtype!r}; "
-                "expected auto, bfloat16, fp8_e4m3 or int8"
-            )
-        if self.hicache_storage_backend not in ("file", "mooncake"):
-            errors.append(
-                f"hicache_storage_backend must be file or mooncake, got {self.hicache_storage_backend!r}"
-            )
-        if self.hicache_size is not None and self.hicache_size <= 0:
-            errors.append(f"hicache_size must be > 0 GiB, got {self.hicache_size}")
-        if not 0.0 <= self.window_kv_ratio <= 1.0:
-            errors.append(f"window_kv_ratio must be in [0, 1], got {self.window_kv_ratio}")
-        if self.disable_radix_cache and self.hierarchical_cache:
-            errors.append("the hierarchical cache needs the radix cache (drop disable_radix_cache)")
+        for name in ("pin_budget_fraction", "window_kv_ratio"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                errors.append(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if not 0.0 < self.memory_utilization <= 1.0:
             errors.append(f"memory_utilization must be in (0, 1], got {self.memory_utilization}")
-        assert self.dtype is not None  # resolved above
+        if self.hicache_size is not None and self.hicache_size <= 0:
+            errors.append(f"hicache_size must be > 0 GiB, got {self.hicache_size}")
+        if self.disable_radix_cache and self.hierarchical_cache:
+            errors.append("the hierarchical cache needs the radix cache (drop disable_radix_cache)")
+        return errors
+
+    def _dtype_errors(self) -> list[str]:
+        from radixkernels.kv_format import KVCacheDtype
+
+        errors: list[str] = []
+        assert self.dtype is not None  # resolved first
         try:
             parse_dtype(self.dtype)
         except ValueError as e:
             errors.append(str(e))
         try:
-            from radixkernels.kv_format import KVCacheDtype
-
             KVCacheDtype(self.kv_cache_dtype)
         except ValueError:
             errors.append(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}")
-        if self.quantization is not None:
-            try:
-                from radixserve.model.quant.config import QuantConfig, check_device
+        return errors
 
-                QuantConfig(
-                    self.quantization,
-                    self.quant_group_size,
-                    self.quantize_embeddings,
-                    self.quant_dense_cache,
-                )
-                check_device(self.quantization, self.device)
-            except (ValueError, RuntimeError, AssertionError) as e:
-                errors.append(str(e))
-        elif self.quant_group_size is not None:
-            errors.append("quant_group_size needs quantization='int4'")
-        elif self.quant_dense_cache:
-            errors.append("quant_dense_cache needs quantization='int8' or 'int4'")
-        errors += self._parallel_errors()
-        errors += self._speculative_errors() + self._disaggregation_errors()
-        if errors:
-            raise ValueError("invalid engine config: " + "; ".join(errors))
+    def _quant_errors(self) -> list[str]:
+        if self.quantization is None:
+            if self.quant_group_size is not None:
+                return ["quant_group_size needs quantization='int4'"]
+            if self.quant_dense_cache:
+                return ["quant_dense_cache needs quantization='int8' or 'int4'"]
+            return []
+        from radixserve.model.quant.config import QuantConfig, check_device
+
+        try:
+            QuantConfig(
+                self.quantization,
+                self.quant_group_size,
+                self.quantize_embeddings,
+                self.quant_dense_cache,
+            )
+            check_device(self.quantization, self.device)
+        except (ValueError, RuntimeError, AssertionError) as e:
+            return [str(e)]
+        return []
 
     def _disaggregation_errors(self) -> list[str]:
         mode = self.disaggregation_mode
