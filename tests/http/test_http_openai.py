@@ -181,3 +181,34 @@ def test_errors_in_openai_shape(client: openai.OpenAI) -> None:
     assert long.value.code == "context_length_exceeded"
     ok = client.chat.completions.create(model="default", messages=msgs, max_tokens=1)
     assert ok.choices[0].finish_reason in ("stop", "length")
+
+
+def test_continuous_usage_stats_count_each_choice_so_far(client: openai.OpenAI) -> None:
+    """vLLM's ``stream_options.continuous_usage_stats``: every chunk of a choice carries its
+    usage so far (the prompt, its tokens up to there), the last one its final counts; only
+    the totals' chunk has none of the choices. Chat (two choices) and completions alike."""
+    msgs: Any = [{"role": "user", "content": "Name a fruit."}]
+    opts: Any = {"include_usage": True, "continuous_usage_stats": True}
+    common: Any = {"model": "default", "max_tokens": 6, "temperature": 0, "stream": True}
+    chat = list(client.chat.completions.create(messages=msgs, n=2, stream_options=opts, **common))
+    text = list(client.completions.create(prompt="A radix tree", stream_options=opts, **common))
+    for chunks in (chat, text):
+        *choice_chunks, totals = chunks
+        assert totals.choices == [] and totals.usage is not None
+        seen: dict[int, list[Any]] = {}
+        for c in choice_chunks:
+            (choice,) = c.choices
+            assert c.usage is not None
+            seen.setdefault(choice.index, []).append(c.usage)
+        for usages in seen.values():
+            assert len({u.prompt_tokens for u in usages}) == 1 and usages[0].prompt_tokens > 0
+            done = [u.completion_tokens for u in usages]
+            assert done == sorted(done) and 0 < done[-1] <= 6
+            assert all(u.total_tokens == u.prompt_tokens + u.completion_tokens for u in usages)
+        assert totals.usage.completion_tokens == sum(u[-1].completion_tokens for u in seen.values())
+        # One prompt (n choices of it): the totals count it once.
+        assert totals.usage.prompt_tokens == next(iter(seen.values()))[0].prompt_tokens
+    plain = client.chat.completions.create(
+        messages=msgs, stream_options={"include_usage": True}, **common
+    )
+    assert all(c.usage is None for c in list(plain)[:-1])  # the totals' chunk only

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from radixserve.serving.http import chat_tools
 from radixserve.serving.http.auth import request_key, tenant_cache_salt
 from radixserve.serving.http.cache_report import report_json
+from radixserve.serving.http.chunk_usage import ChunkUsage
 from radixserve.serving.http.errors import APIError, invalid
 from radixserve.serving.http.gateway import Gateway, merge
 from radixserve.serving.http.openai_protocol import ChatCompletionRequest, CompletionRequest
@@ -173,7 +174,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         events = await primed(request, merge(streams))
         return SSEResponse(
             _chat_events(
-                g, events, rid, created, model, want_lp is not None, body.include_usage, tools
+                g, events, rid, created, model, want_lp is not None, body.chunk_usage(), tools
             )
         )
     results = await finals(request, streams)
@@ -212,7 +213,7 @@ async def _chat_events(
     created: int,
     model: str,
     want_lp: bool,
-    include_usage: bool,
+    usage_of: ChunkUsage,
     tools: chat_tools.ToolPlan,
 ) -> AsyncIterator[bytes]:
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
@@ -223,9 +224,8 @@ async def _chat_events(
             "model": model,
             "system_fingerprint": None,
             "choices": choices,
+            **usage_of.field(choices),
         }
-        if include_usage:
-            body["usage"] = None
         body.update(extra)
         return event(body)
 
@@ -235,6 +235,7 @@ async def _chat_events(
     async for i, ev in events:
         if i not in started:
             started.add(i)
+            usage_of.started(i, ev)
             parsers[i] = chat_tools.output_parser(tools)
             yield chunk(
                 [
@@ -247,6 +248,7 @@ async def _chat_events(
                 ]
             )
         parser = parsers[i]
+        usage_of.add(i, ev)
         if isinstance(ev, p.GenerateChunk):
             delta: dict[str, Any] = {"content": ev.text}
             if parser is not None:
@@ -278,7 +280,7 @@ async def _chat_events(
             yield chunk(
                 [{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish_reason}]
             )
-    if include_usage:
+    if usage_of.include:
         yield chunk([], usage=usage([[done[i] for i in sorted(done)]], g) if done else None)
     yield DONE
 
@@ -395,20 +397,22 @@ async def _completion_events(
             "system_fingerprint": None,
             "choices": choices,
         }
-        if body.include_usage:
-            out["usage"] = None
+        out.update(usage_of.field(choices))
         out.update(extra)
         return event(out)
 
     want_lp = body.logprobs is not None
+    usage_of = body.chunk_usage()
     offsets: dict[int, int] = {}
     done: dict[int, p.GenerateFinal] = {}
     async for i, ev in events:
         if i not in offsets:
+            usage_of.started(i, ev)
             echo = echoes[i // body.n]
             offsets[i] = len(echo)
             if echo:
                 yield chunk([{"index": i, "text": echo, "logprobs": None, "finish_reason": None}])
+        usage_of.add(i, ev)
         if isinstance(ev, p.GenerateChunk):
             if ev.text or (want_lp and ev.logprobs):
                 lps = completion_logprobs(g, ev.logprobs, offsets[i]) if want_lp else None

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from radixserve import logit_bias as bias_rules
 from radixserve.sampling_params import TOKEN_ID_LIMIT, SamplingParams
 from radixserve.serving.http.chat_tools import MAX_MESSAGES, CallIn, ToolIn
+from radixserve.serving.http.chunk_usage import ChunkUsage
 from radixserve.serving.http.errors import invalid
 from radixserve.serving.wire import protocol as p
 
@@ -38,6 +39,7 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: each chunk's usage so far (with include_usage)
 
 
 class ContentPart(_Body):
@@ -265,6 +267,11 @@ class _SamplingBody(_Body):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def chunk_usage(self) -> ChunkUsage:
+        """What a stream's chunks say of usage (``stream_options``)."""
+        opts = self.stream_options
+        return ChunkUsage(self.include_usage, bool(opts and opts.continuous_usage_stats))
 
 
 class ChatCompletionRequest(_SamplingBody):
