@@ -349,7 +349,11 @@ class HandshakeWatch:
             if event["event"] == zmq.EVENT_ACCEPTED:
                 self._last_peer = _peer_address(int(event["value"]))
             else:
-                where = self._last_peer or f"a local process on {event['endpoint'].decode()}"
+                # Closed before its address could be read (the owner's loop was busy): named
+                # by the endpoint it reached, which says nothing of where it came from.
+                where = self._last_peer or (
+                    f"a peer of {event['endpoint'].decode()} (gone before its address was read)"
+                )
                 self._log(where, int(event["value"]))
 
     def _log(self, where: str, code: int) -> None:
