@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixserve.serving.http import chat_tools
-from radixserve.serving.http.chat_request import check_messages
+from radixserve.serving.http.chat_request import check_messages, plan_tools
 from radixserve.serving.http.chat_tools import ToolIn
 from radixserve.serving.http.errors import invalid
 from radixserve.serving.http.gateway import Gateway
@@ -96,15 +96,7 @@ async def _tokenize_chat(
         )
     turns = [m.wire(i) for i, m in enumerate(messages)]
     check_messages(turns, "messages")
-    info = await g.info()
-    plan = chat_tools.plan(
-        body.tools,
-        None,
-        info.chat_template,
-        g.config.tool_call_parser,
-        g.config.reasoning_parser,
-        False,
-    )
+    plan = await plan_tools(g, body.tools, None)
     return await g.tokenize_chat(
         turns,
         add_generation_prompt=body.add_generation_prompt,

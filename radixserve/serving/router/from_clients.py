@@ -185,28 +185,40 @@ class ClientSide:
             else:
                 self._send(client, p.TokenizeReply(request_id=msg.request_id, input_ids=ids or []))
 
-        if self._tokenizers is not None and not self._tokenizers.broken:
-            if chat is None:
-                self._tokenizers.submit(
-                    reply, texts=msg.texts, add_special_tokens=msg.add_special_tokens
-                )
-            else:
-                self._tokenizers.submit(
-                    reply,
-                    messages=chat.messages,
-                    add_generation_prompt=chat.add_generation_prompt,
-                    continue_final_message=chat.continue_final_message,
-                    tools=chat.tools,
-                    chat_template_kwargs=chat.chat_template_kwargs,
-                )
-        elif chat is None:
+        if chat is not None:
+            self._encode_prompt(chat, reply)
+        elif self._tokenizers is not None and not self._tokenizers.broken:
+            self._tokenizers.submit(
+                reply, texts=msg.texts, add_special_tokens=msg.add_special_tokens
+            )
+        else:
             tok, special = self._codec.tokenizer, msg.add_special_tokens
             reply([encode_text(tok, t, special) for t in msg.texts], None)
+
+    def _encode_prompt(
+        self, req: p.GenerateRequest, done: Callable[[list[list[int]] | None, str | None], None]
+    ) -> None:
+        """Encode ``req``'s prompt as every prompt is, then ``done(ids, error)``: in the
+        tokenizer pool, or on the loop when there is none (or it broke, or the prompt is
+        token ids already)."""
+        pool = self._tokenizers
+        if req.input_ids is None and pool is not None and not pool.broken:
+            pool.submit(
+                done,
+                text=req.text,
+                messages=req.messages,
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+                tools=req.tools,
+                chat_template_kwargs=req.chat_template_kwargs,
+            )
+            return
+        try:
+            ids = self._codec.encode(req)
+        except PromptError as exc:
+            done(None, str(exc))
         else:
-            try:
-                reply([self._codec.encode(chat)], None)
-            except PromptError as exc:
-                reply(None, str(exc))
+            done([ids], None)
 
     def _on_generate(self, client: bytes, req: p.GenerateRequest) -> None:
         def error(code: Any, message: str) -> None:
@@ -238,22 +250,7 @@ class ClientSide:
         # Tracked from now on (an abort, a client leaving or a shutdown finds it), dispatched
         # once its token ids are known.
         self._inflight.track(st)
-        if req.input_ids is not None or self._tokenizers is None or self._tokenizers.broken:
-            try:
-                ids, err = self._codec.encode(req), None
-            except PromptError as exc:
-                ids, err = [], str(exc)
-            self._encoded(st, [ids] if err is None else None, err)
-        else:
-            self._tokenizers.submit(
-                lambda ids, err: self._encoded(st, ids, err),
-                text=req.text,
-                messages=req.messages,
-                add_generation_prompt=req.add_generation_prompt,
-                continue_final_message=req.continue_final_message,
-                tools=req.tools,
-                chat_template_kwargs=req.chat_template_kwargs,
-            )
+        self._encode_prompt(req, lambda ids, err: self._encoded(st, ids, err))
 
     def _encoded(self, st: RouterRequest, ids: list[list[int]] | None, err: str | None) -> None:
         """The prompt of ``st`` is encoded (or failed to): check its length, dispatch it."""
