@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any
 
-_CACHE_LIMIT = 1 << 20
+CACHE_LIMIT = 1 << 20  # entries a per-token cache keeps (the gateway's names use it too)
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -62,7 +62,7 @@ class TokenBytes:
         raw = self._bytes.get(token_id)
         if raw is None:
             raw = self._lookup(token_id)
-            if len(self._bytes) < _CACHE_LIMIT:
+            if len(self._bytes) < CACHE_LIMIT:
                 self._bytes[token_id] = raw
         return raw
 

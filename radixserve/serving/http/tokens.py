@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.token_bytes import TokenBytes
-
-_CACHE_LIMIT = 1 << 20
+from radixserve.token_bytes import CACHE_LIMIT, TokenBytes
 
 
 class TokenNames:
@@ -31,7 +29,7 @@ class TokenNames:
                 if self.tokenizer is not None
                 else f"token_id:{token_id}"
             )
-            if len(self._texts) < _CACHE_LIMIT:
+            if len(self._texts) < CACHE_LIMIT:
                 self._texts[token_id] = text
         return text
 
