@@ -81,6 +81,10 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # Report where the prompt left the longest cached path and why (usage.cache_report;
     # radixserve.memory.miss_report). Not about sampling: it rides here to reach the worker.
     return_cache_report: bool = False
+    # The output the client expects, as token ids (OpenAI's predicted outputs: a file an
+    # edit mostly repeats): drafted from and verified (radixserve.speculative.prediction),
+    # so it changes how fast the output comes, never what it is.
+    prediction: list[int] | None = None
 
     @property
     def greedy(self) -> bool:
@@ -159,16 +163,23 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             self.regex, self.json_schema, self.choices, self.tagged_json, self.structural_tag
         )
         errors += bias_rules.errors(self.logit_bias, vocab_size, TOKEN_ID_LIMIT)
-        bad_ids = [t for t in self.stop_token_ids if not 0 <= t < TOKEN_ID_LIMIT]
-        if bad_ids:
-            errors.append(f"stop_token_ids must be token ids in [0, 2**31), got {bad_ids[:8]}")
-        elif vocab_size is not None:
-            bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
-            if bad:
-                errors.append(f"stop_token_ids out of the vocabulary (size {vocab_size}): {bad}")
+        errors += _token_id_errors("stop_token_ids", self.stop_token_ids, vocab_size)
+        errors += _token_id_errors("prediction", self.prediction or [], vocab_size)
         if errors:
             raise ValueError("invalid sampling parameters: " + "; ".join(errors))
         return self
+
+
+def _token_id_errors(name: str, ids: list[int], vocab_size: int | None) -> list[str]:
+    """Why the token ids of field ``name`` are refused (none: each is in the vocabulary)."""
+    bad = [t for t in ids if not 0 <= t < TOKEN_ID_LIMIT]
+    if bad:
+        return [f"{name} must be token ids in [0, 2**31), got {bad[:8]}"]
+    if vocab_size is not None:
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            return [f"{name} out of the vocabulary (size {vocab_size}): {bad[:8]}"]
+    return []
 
 
 # SGLang's names for two of the fields, accepted in dicts so that SGLang users' code runs.

@@ -36,6 +36,12 @@ ENGINE_FLAGS: list[tuple[str, Any, str]] = [
         str,
         "on | off: keep a session's last turn cached through its pause (default on)",
     ),
+    (
+        "predicted-outputs",
+        str,
+        "on | off: draft from a request's prediction (OpenAI's predicted outputs), as "
+        "speculative decoding does, without --speculative-algorithm too (default on)",
+    ),
     ("session-lease-default-s", float, "a first lease while no session has paused yet (60)"),
     ("session-lease-cap-s", float, "longest session lease, seconds (600)"),
     ("dtype", str, "float32 | bfloat16 | float16 (default: bfloat16 on cuda, float32 on cpu)"),

@@ -41,9 +41,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "schedule_policy": ("lpm", "fcfs"),
     "eviction_policy": ("lru", "lfu", "slru", "priority", "adaptive"),
     "session_leases": ("on", "off"),
+    "predicted_outputs": ("on", "off"),
     "hicache_dtype": ("auto", "bfloat16", "fp8_e4m3", "int8"),
     "hicache_storage_backend": ("file", "mooncake"),
 }
+
+
+_NOT_YET = "speculative decoding does not support {} yet"
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,10 @@ class EngineConfig:
     speculative_num_tokens: int = 4
     speculative_disable_by_batch_size: int = SchedulerConfig.speculative_disable_by_batch_size
     speculative_draft_model: str | None = None
+    # Predicted outputs (OpenAI's ``prediction``): a request's expected output is drafted from
+    # and verified as speculative decoding's drafts are, with or without an algorithm above;
+    # unused where speculative decoding cannot run (speculation_limits).
+    predicted_outputs: str = "on"
 
     @property
     def use_overlap(self) -> bool:
@@ -313,18 +321,10 @@ class EngineConfig:
         return []
 
     def _speculative_errors(self) -> list[str]:
-        """What speculative decoding does not run with yet (docs/speculative.md)."""
+        """Speculative settings that are wrong, and what an algorithm does not run with yet
+        (docs/speculative.md)."""
         if (self.speculative_algorithm == "draft") != (self.speculative_draft_model is not None):
             return ["speculative_algorithm 'draft' and speculative_draft_model go together"]
-        if self.speculative_algorithm is None:
-            return []
-        from radixserve.speculative import ALGORITHMS
-
-        if self.speculative_algorithm not in ALGORITHMS:
-            return [
-                f"unknown speculative_algorithm {self.speculative_algorithm!r}; "
-                f"expected one of {', '.join(ALGORITHMS)}"
-            ]
         errors: list[str] = []
         if not 1 <= self.speculative_num_tokens <= 16:
             errors.append(
@@ -335,28 +335,43 @@ class EngineConfig:
                 "speculative_disable_by_batch_size must be at least 1, got "
                 f"{self.speculative_disable_by_batch_size}"
             )
-        why = "speculative decoding does not support {} yet"
-        if torch.device(self.device).type != "cpu":
-            errors.append(why.format(f"the {self.device} device (it runs on the CPU)"))
-        if self.pipeline_parallel_size > 1:
-            errors.append(why.format("pipeline parallelism"))
+        if self.speculative_algorithm is None:
+            return errors
+        from radixserve.speculative import ALGORITHMS
+
+        if self.speculative_algorithm not in ALGORITHMS:
+            return errors + [
+                f"unknown speculative_algorithm {self.speculative_algorithm!r}; "
+                f"expected one of {', '.join(ALGORITHMS)}"
+            ]
+        errors += self.speculation_limits()
         if self.tensor_parallel_size > 1 and self.speculative_algorithm == "draft":
-            errors.append(why.format("tensor parallelism with a draft model"))
-        if self.quantization not in (None, "int8", "int4"):
-            errors.append(why.format(f"{self.quantization} weights (int8 and int4 only)"))
-        if self.quantization is not None and self.quant_dense_cache:
-            # Its decoded copy takes over from 4 rows (int4): a 4-row prefill chunk beside a
-            # verify row would not get the kernel it runs alone.
-            errors.append(why.format("quant_dense_cache"))
-        if self.overlap_schedule == "on":
-            errors.append(why.format("overlap scheduling"))
-        if self.attention_backend != "torch":
-            errors.append(why.format(f"the {self.attention_backend} attention backend"))
+            errors.append(_NOT_YET.format("tensor parallelism with a draft model"))
         if self.speculative_algorithm == "radix" and self.disable_radix_cache:
             errors.append(
                 "speculative_algorithm 'radix' drafts from the radix cache (drop disable_radix_cache)"
             )
         return errors
+
+    def speculation_limits(self) -> list[str]:
+        """What in this config speculative decoding does not run with yet, whatever drafts:
+        an algorithm is refused with it, and predicted outputs go unused."""
+        limits: list[str] = []
+        if torch.device(self.device).type != "cpu":
+            limits.append(_NOT_YET.format(f"the {self.device} device (it runs on the CPU)"))
+        if self.pipeline_parallel_size > 1:
+            limits.append(_NOT_YET.format("pipeline parallelism"))
+        if self.quantization not in (None, "int8", "int4"):
+            limits.append(_NOT_YET.format(f"{self.quantization} weights (int8 and int4 only)"))
+        if self.quantization is not None and self.quant_dense_cache:
+            # Its decoded copy takes over from 4 rows (int4): a 4-row prefill chunk beside a
+            # verify row would not get the kernel it runs alone.
+            limits.append(_NOT_YET.format("quant_dense_cache"))
+        if self.overlap_schedule == "on":
+            limits.append(_NOT_YET.format("overlap scheduling"))
+        if self.attention_backend != "torch":
+            limits.append(_NOT_YET.format(f"the {self.attention_backend} attention backend"))
+        return limits
 
     def _parallel_errors(self) -> list[str]:
         from radixserve.distributed.dist_addr import check_dist_addr

@@ -164,8 +164,14 @@ class Engine:
         if self.window_pool is not None:
             self.runner.use_window_pool(self.window_pool.window)
         problem = self.runner.row_invariance_problem()
-        if cfg.speculative_algorithm is not None and problem is not None:
-            raise ValueError(f"speculative decoding needs row-invariant logits; not with {problem}")
+        if problem is not None:
+            if cfg.speculative_algorithm is not None:
+                raise ValueError(
+                    f"speculative decoding needs row-invariant logits; not with {problem}"
+                )
+            self.scheduler.drop_speculation(
+                f"verify rows need row-invariant logits; not with {problem}"
+            )
         clock.lap("attention backend and CPU kernels")
         topo.start(shape, clock)  # every rank builds the same pool and runner, and warms up with us
         self.runner.warm_up(self.max_total_len, max_step_tokens=cfg.max_num_tokens)
@@ -248,6 +254,7 @@ class Engine:
                 # Every running request decodes one token per step out of the budget.
                 "max_running_requests": min(cfg.max_running_requests, cfg.max_num_tokens),
                 "max_total_len": self.max_total_len,
+                "predicted_outputs": cfg.predicted_outputs == "on" and not cfg.speculation_limits(),
             }
         )
         drafter = None

@@ -58,7 +58,13 @@ class RequestIntake:
     ) -> Request:
         """A new request (a fresh id when ``request_id`` is None); ``taken_ids``: the ids
         in use, which ``request_id`` must not repeat."""
-        params = (params or SamplingParams()).validate(self.model_config.vocab_size)
+        params = params or SamplingParams()
+        if params.prediction is not None and len(params.prediction) > self.max_total_len:
+            raise ValueError(
+                f"the prediction has {len(params.prediction)} tokens, more than an output of "
+                f"this engine can hold ({self.max_total_len})"
+            )
+        params = params.validate(self.model_config.vocab_size)
         ids = [int(t) for t in prompt_token_ids]
         if not ids:
             raise ValueError("the prompt is empty: at least one token is needed")

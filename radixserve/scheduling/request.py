@@ -117,6 +117,11 @@ class Request:
             self.prompt_lp_next = self.prompt_len  # nothing to collect
 
     @property
+    def prediction(self) -> list[int] | None:
+        """The output the client expects, as token ids (a drafter's source: speculative)."""
+        return self.params.prediction
+
+    @property
     def num_output(self) -> int:
         return len(self.token_ids) - self.prompt_len
 

@@ -120,7 +120,7 @@ class Scheduler:
         self.on_finish: Callable[[Request, str], None] | None = None
         # Speculative decoding (scheduling.speculation): None when off.
         self.speculation: Speculation | None = None
-        if config.speculative_algorithm is not None:
+        if config.speculative_algorithm is not None or config.predicted_outputs:
             self.speculation = Speculation(
                 config.speculative_algorithm,
                 config.speculative_num_tokens,
@@ -128,6 +128,13 @@ class Scheduler:
                 drafter,
                 disable_by_batch_size=config.speculative_disable_by_batch_size,
             )
+
+    def drop_speculation(self, why: str) -> None:
+        """Draft nothing, predictions included (an algorithm is refused before this): ``why``
+        verify rows could not be trusted to give the one-row decode's logits."""
+        if self.speculation is not None:
+            logger.info("predicted outputs go unused: %s", why)
+        self.speculation = None
 
     # ------------------------------------------------------------------ public API
 

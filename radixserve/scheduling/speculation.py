@@ -9,9 +9,11 @@ drafts stood (:func:`~radixserve.speculative.verify.accepted_length`); the sched
 the accepted tokens one by one through its usual stop checks and frees the pages the
 rejected drafts' KV took.
 
-Who may draft: every greedy and sampled request whose last token is known on the host,
-while at most ``speculative_disable_by_batch_size`` (8) requests are in the scheduler,
-running or waiting (vLLM's flag and rule). Past that a step is compute-bound on the CPU and
+Who may draft: every greedy and sampled request whose last token is known on the host and
+for which something drafts (the server's ``--speculative-algorithm``, or the request's own
+prediction: :mod:`radixserve.speculative.prediction`, which needs no algorithm), while at
+most ``speculative_disable_by_batch_size`` (8) requests are in the scheduler, running or
+waiting (vLLM's flag and rule). Past that a step is compute-bound on the CPU and
 a verify row costs about what a decode row does; and a step in which some request may draft
 runs each request's rows on a kernel of their own (below), which a loaded step, holding
 prefill chunks beside its decodes, pays for in weight reads. Counting the decodes of the
@@ -50,6 +52,7 @@ from radixserve.model.cpu_linear import GEMV_MAX_ROWS
 from radixserve.scheduling.request import FUTURE_TOKEN, Request
 from radixserve.scheduling.types import SchedulerCounters
 from radixserve.speculative import AdaptiveK, Drafter, accepted_length, make_drafter
+from radixserve.speculative.prediction import PredictionDrafter
 
 __all__ = ["Speculation", "may_draft"]
 
@@ -66,16 +69,20 @@ class Speculation:
 
     def __init__(
         self,
-        algorithm: str,
+        algorithm: str | None,
         k_max: int,
         counters: SchedulerCounters,
         drafter: Drafter | None = None,
         *,
         disable_by_batch_size: int,
     ) -> None:
-        """``drafter``: one built by the caller (the ``draft`` model's); else the algorithm's.
+        """``drafter``: one built by the caller (the ``draft`` model's); else the algorithm's
+        (``None``: only requests with a prediction draft). A request's prediction comes
+        first either way (:class:`~radixserve.speculative.prediction.PredictionDrafter`).
         ``disable_by_batch_size``: no drafting while more requests are running or waiting."""
-        self.drafter = drafter if drafter is not None else make_drafter(algorithm)
+        if drafter is None and algorithm is not None:
+            drafter = make_drafter(algorithm)
+        self.drafter = PredictionDrafter(drafter)
         self.k_max = k_max
         self.counters = counters
         self.disable_by_batch_size = disable_by_batch_size
@@ -89,10 +96,11 @@ class Speculation:
 
     def decide(self, decodes: list[Request], load: int) -> None:
         """Settle, for each of ``decodes`` at its first decode step, whether it speculates: if
-        ``load`` requests running or waiting allow it now."""
+        ``load`` requests running or waiting allow it now, and anything drafts for it (the
+        server's drafter, or its prediction)."""
         for req in decodes:
             if req.speculates is None:
-                req.speculates = self.on(load)
+                req.speculates = self.on(load) and self.drafter.drafts_for(req)
 
     def row_invariant(self, work: list[tuple[Request, int]], load: int) -> bool:
         """Whether this step's rows must each take their own kernel: some greedy decode in it

@@ -35,6 +35,10 @@ class SchedulerConfig:
     speculative_algorithm: str | None = None
     speculative_num_tokens: int = 4
     speculative_disable_by_batch_size: int = 8
+    # Predicted outputs: a request's ``params.prediction`` is drafted from (with or without an
+    # algorithm; radixserve.speculative.prediction). The engine sets it where speculative
+    # decoding can run.
+    predicted_outputs: bool = False
 
 
 class RequestOutput(NamedTuple):

@@ -142,6 +142,14 @@ class PromptCodec:
             raise PromptError(f"chat template failed: {exc}") from exc
         return list(self.tokenizer.encode(rendered, add_special_tokens=False))
 
+    def encode_with_prediction(self, req: p.GenerateRequest) -> list[list[int]]:
+        """The prompt's token ids, then the prediction's where ``req`` has one: its text as
+        the output would hold it (no special tokens added)."""
+        ids = [self.encode(req)]
+        if req.prediction is not None:
+            ids.append(encode_text(self.tokenizer, req.prediction, add_special_tokens=False))
+        return ids
+
     def warm_up(self) -> None:
         """Encode and detokenize once (chat template, the tokenizer's lazy state), so that a
         server's first request does not pay for it."""

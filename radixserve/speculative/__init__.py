@@ -19,6 +19,10 @@ distribution of plain sampling.
   of the same vocabulary drafts greedily, on KV of its own
   (:class:`~radixserve.speculative.draft_kv.DraftKV`); the engine loads it
   (``engine.draft_setup``); ``make_draft`` makes a truncated-layer draft of a checkpoint.
+- a request's ``prediction`` (:class:`~radixserve.speculative.prediction.PredictionDrafter`,
+  OpenAI's predicted outputs): the text the client expects, followed while the output
+  agrees and found again after an edit; it wraps the server's drafter, if any, and drafts
+  with no algorithm configured too.
 
 How many tokens a request drafts is set per request from its acceptance so far
 (:class:`~radixserve.speculative.adaptive.AdaptiveK`), down to none for a while when its

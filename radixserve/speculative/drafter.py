@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 __all__ = ["ALGORITHMS", "DraftSource", "Drafter"]
 
-ALGORITHMS = ("ngram", "radix", "draft")
+ALGORITHMS = ("ngram", "radix", "draft")  # --speculative-algorithm; predictions need none
 
 
 class DraftSource(Protocol):
@@ -18,6 +18,10 @@ class DraftSource(Protocol):
     token_ids: list[int]  # prompt + output so far (every token known: no placeholder)
     prompt_len: int
     namespace: str | None
+
+    @property
+    def prediction(self) -> list[int] | None:
+        """The output the client expects (OpenAI's predicted outputs), as token ids."""
 
 
 class Drafter(abc.ABC):

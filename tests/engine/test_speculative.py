@@ -89,7 +89,7 @@ def test_greedy_tokens_and_logprobs_identical(engines: dict[str, Engine], algori
     assert 0 < stats.spec_accepted_tokens_total <= stats.spec_drafted_tokens_total
     # Fewer steps than tokens: accepted drafts cost no forward of their own.
     assert spec.scheduler.speculation is not None
-    assert spec.scheduler.speculation.drafter.tracked == 0  # type: ignore[attr-defined]
+    assert spec.scheduler.speculation.drafter.base.tracked == 0  # type: ignore[union-attr]
     _all_pages_back(spec)
 
 

@@ -119,13 +119,13 @@ def _with_oracle(
     want = solo(engines["base"], prompt, params)
     speculation = engines["spec"].scheduler.speculation
     assert isinstance(speculation, Speculation)
-    ngram = speculation.drafter
+    ngram = speculation.drafter.base
     oracle = _Oracle(tokens_of(want), len(prompt), **kw)  # type: ignore[arg-type]
-    speculation.drafter = oracle
+    speculation.drafter.base = oracle
     try:
         got = solo(engines["spec"], prompt, params)
     finally:
-        speculation.drafter = ngram
+        speculation.drafter.base = ngram
     assert tokens_of(got) == tokens_of(want)
     assert logprobs_of(got) == logprobs_of(want)
     assert got[-1].finish_reason == want[-1].finish_reason

@@ -48,8 +48,8 @@ def _lps(outs: list[StepOutput]) -> list[object]:
 
 def _drafter(engine: Engine) -> DraftModelDrafter:
     spec = engine.scheduler.speculation
-    assert spec is not None and isinstance(spec.drafter, DraftModelDrafter)
-    return spec.drafter
+    assert spec is not None and isinstance(spec.drafter.base, DraftModelDrafter)
+    return spec.drafter.base
 
 
 def _all_back(engine: Engine) -> None:

@@ -3,9 +3,11 @@
 It speaks the Engine interface the worker uses (add_request, abort, step, has_unfinished,
 stats, flush_cache, check_invariants, model_config, config) and emits one deterministic
 token per running request per step: token k of a prompt is ``alphabet[(sum(prompt) + k) %
-len(alphabet)]``. KV pages are accounted like a prefix cache would (page-aligned prompt
-prefixes are cached at finish and count as hits for later prompts), so tests can check that
-in-use pages return to zero and that shared prefixes hit.
+len(alphabet)]``, or token k of its prediction while it has one (a model that answers as
+the client expected: tests of how a prediction reaches the worker). KV pages are accounted
+like a prefix cache would (page-aligned prompt prefixes are cached at finish and count as
+hits for later prompts), so tests can check that in-use pages return to zero and that
+shared prefixes hit.
 """
 
 from __future__ import annotations
@@ -135,7 +137,8 @@ class FakeEngine:
                 self._aborted += 1
                 self._finish(r)
                 continue
-            tok = fake_token(r.prompt, len(r.out), self.alphabet)
+            k, predicted = len(r.out), r.params.prediction or []
+            tok = predicted[k] if k < len(predicted) else fake_token(r.prompt, k, self.alphabet)
             r.out.append(tok)
             reason = None
             if tok in r.params.stop_token_ids:

@@ -17,6 +17,7 @@ class Req:
     prompt_len: int
     namespace: str | None = None
     extra: list[int] = field(default_factory=list)
+    prediction: list[int] | None = None
 
 
 def test_accepted_length_counts_the_agreeing_prefix() -> None:

@@ -44,6 +44,7 @@ class GenerateOptions(TypedDict, total=False):
     priority: int
     tools: str | None  # JSON of the request's tool list, rendered by the chat template
     chat_template_kwargs: str | None  # JSON of extra template variables
+    prediction: str | None  # the output expected (predicted outputs), encoded by the router
 
 
 class ChatRendering(TypedDict, total=False):
@@ -86,6 +87,7 @@ def generate_request(
         priority=options.get("priority", 0),
         tools=options.get("tools"),
         chat_template_kwargs=options.get("chat_template_kwargs"),
+        prediction=options.get("prediction"),
     )
 
 

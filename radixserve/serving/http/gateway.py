@@ -316,10 +316,12 @@ class Gateway:
         chat_template_kwargs: str | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
+        prediction: str | None = None,
     ) -> AsyncGenerator[Event, None]:
         """One generate request: its chunks, then its final message. Router errors become
         :class:`APIError`; closing the iterator early aborts the request. ``cache_salt``:
-        the tenant's (:func:`~radixserve.serving.http.auth.tenant_cache_salt`)."""
+        the tenant's (:func:`~radixserve.serving.http.auth.tenant_cache_salt`);
+        ``prediction``: the answer expected (drafted from)."""
         first: float | None = None
         last = 0.0
         gaps: list[float] = []
@@ -337,6 +339,7 @@ class Gateway:
             chat_template_kwargs=chat_template_kwargs,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
+            prediction=prediction,
         )
         with router_errors():
             # aclosing: leaving early closes the client stream now (it sends the abort), not at GC.

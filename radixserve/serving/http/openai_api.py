@@ -166,6 +166,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             chat_template_kwargs=kwargs,
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
+            prediction=None if body.prediction is None else body.prediction.text(),
         )
         for i in range(body.n)
     ]

@@ -47,6 +47,25 @@ class ContentPart(_Body):
     text: str | None = None
 
 
+class PredictionIn(_Body):
+    """OpenAI's predicted output: ``{"type": "content", "content": text or text parts}``."""
+
+    type: str
+    content: str | list[ContentPart]
+
+    def text(self) -> str:
+        """The text predicted (text parts joined as they stand)."""
+        if self.type != "content":
+            raise invalid(
+                f"prediction.type must be 'content', got {self.type!r}", param="prediction.type"
+            )
+        if isinstance(self.content, str):
+            return self.content
+        if any(part.type != "text" or part.text is None for part in self.content):
+            raise invalid("prediction.content parts must be text parts", param="prediction.content")
+        return "".join(part.text or "" for part in self.content)
+
+
 class ChatMessageIn(_Body):
     role: str
     content: str | list[ContentPart] | None = None
@@ -122,7 +141,6 @@ _MEDIA_PARTS = frozenset(
 # it. Everything else unknown is ignored, as OpenAI ignores what it does not use.
 UNSUPPORTED_FIELDS = {
     "audio": "audio output is not supported",
-    "prediction": "predicted outputs are not supported",
     "web_search_options": "web search is not supported",
     "functions": "the legacy functions field is not supported; send tools",
     "function_call": "the legacy function_call field is not supported; send tool_choice",
@@ -294,9 +312,14 @@ class ChatCompletionRequest(_SamplingBody):
     reasoning_effort: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
+    # The answer expected (a file an edit mostly keeps): drafted from and verified, so the
+    # answer comes faster where it agrees and is the same either way.
+    prediction: PredictionIn | None = None
 
     def check(self) -> None:
         self.check_common()
+        if self.prediction is not None:
+            self.prediction.text()  # a bad shape fails before anything runs
         if len(self.messages) > MAX_MESSAGES:
             raise invalid(
                 f"at most {MAX_MESSAGES} messages, got {len(self.messages)}", param="messages"

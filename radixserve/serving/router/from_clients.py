@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from radixserve.serving.prompts import PromptCodec, PromptError, encode_text
 from radixserve.serving.router.control import ControlOps
 from radixserve.serving.router.inflight import ClientError, ClientSend, InFlight, context_error
@@ -198,9 +200,9 @@ class ClientSide:
     def _encode_prompt(
         self, req: p.GenerateRequest, done: Callable[[list[list[int]] | None, str | None], None]
     ) -> None:
-        """Encode ``req``'s prompt as every prompt is, then ``done(ids, error)``: in the
-        tokenizer pool, or on the loop when there is none (or it broke, or the prompt is
-        token ids already)."""
+        """Encode ``req``'s prompt as every prompt is (and its prediction after it), then
+        ``done(ids, error)``: in the tokenizer pool, or on the loop when there is none (or it
+        broke, or the prompt is token ids already)."""
         pool = self._tokenizers
         if req.input_ids is None and pool is not None and not pool.broken:
             pool.submit(
@@ -211,14 +213,15 @@ class ClientSide:
                 continue_final_message=req.continue_final_message,
                 tools=req.tools,
                 chat_template_kwargs=req.chat_template_kwargs,
+                prediction=req.prediction,
             )
             return
         try:
-            ids = self._codec.encode(req)
+            ids = self._codec.encode_with_prediction(req)
         except PromptError as exc:
             done(None, str(exc))
         else:
-            done([ids], None)
+            done(ids, None)
 
     def _on_generate(self, client: bytes, req: p.GenerateRequest) -> None:
         def error(code: Any, message: str) -> None:
@@ -228,7 +231,10 @@ class ClientSide:
 
         if self._inflight.has(client, req.request_id):
             return error("duplicate_request", f"request id {req.request_id!r} is already in flight")
-        too_long = self._limits.prompt_chars_error(prompt_chars(req), self._pool.context_length())
+        ctx = self._pool.context_length()
+        too_long = self._limits.prompt_chars_error(prompt_chars(req), ctx)
+        if too_long is None and req.prediction is not None:
+            too_long = self._limits.prompt_chars_error(len(req.prediction), ctx, "the prediction")
         if too_long is not None:
             return error("context_length", too_long)
         bad = p.validate_generate(req, vocab_size=self._pool.vocab_size())
@@ -264,6 +270,12 @@ class ClientSide:
         too_long = context_error(len(prompt), self._pool.context_length())
         if too_long:
             return self._inflight.fail(st, "context_length", too_long)
+        if len(ids) > 1:  # the prediction's, encoded with the prompt
+            ctx = self._pool.context_length()
+            if ctx is not None and len(ids[1]) > ctx:
+                msg = f"the prediction has {len(ids[1])} tokens, more than the context's {ctx}"
+                return self._inflight.fail(st, "context_length", msg)
+            st.params = msgspec.structs.replace(st.params, prediction=ids[1])
         st.prompt_ids = prompt
         st.detok = self._codec.detokenizer(st.params, prompt)
         self._inflight.dispatch(st)

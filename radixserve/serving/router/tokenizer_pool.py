@@ -63,6 +63,7 @@ class EncodeJob(msgspec.Struct, tag="encode", forbid_unknown_fields=True):
     chat_template_kwargs: str | None = None
     add_special_tokens: bool = True  # texts only (encode_text's)
     continue_final_message: bool = False
+    prediction: str | None = None  # a prompt's: encoded after it (a second list of ids)
 
 
 class PoolStop(msgspec.Struct, tag="stop"):
@@ -78,7 +79,8 @@ class PoolReady(msgspec.Struct, tag="ready"):
 
 
 class Encoded(msgspec.Struct, tag="encoded"):
-    """A job's token ids (one list per prompt or text), or why it failed (``error``)."""
+    """A job's token ids (one list per text; a prompt's, then its prediction's), or why it
+    failed (``error``)."""
 
     job: int
     ids: list[list[int]] = []
@@ -192,6 +194,7 @@ class TokenizerPool:
         chat_template_kwargs: str | None = None,
         add_special_tokens: bool = True,
         continue_final_message: bool = False,
+        prediction: str | None = None,
     ) -> None:
         """Encode in a pool process; ``done(ids, error)`` runs on the router's loop later."""
         job = EncodeJob(
@@ -204,6 +207,7 @@ class TokenizerPool:
             chat_template_kwargs,
             add_special_tokens,
             continue_final_message,
+            prediction,
         )
         self._next_job += 1
         self.jobs += 1
@@ -342,8 +346,9 @@ def _encode(codec: Any, job: EncodeJob) -> Encoded:
             continue_final_message=job.continue_final_message,
             tools=job.tools,
             chat_template_kwargs=job.chat_template_kwargs,
+            prediction=job.prediction,
         )
-        return Encoded(job.job, [codec.encode(req)])
+        return Encoded(job.job, codec.encode_with_prediction(req))
     except PromptError as exc:
         return Encoded(job.job, error=str(exc))
     except Exception as exc:  # the tokenizer's own failure: this request's, not the process's

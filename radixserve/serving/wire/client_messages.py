@@ -60,6 +60,8 @@ class GenerateRequest(Msg, tag="generate"):
     (JSON text of OpenAI's tool list) and ``chat_template_kwargs`` (JSON text of an object:
     extra template variables, e.g. ``enable_thinking``) when given.
     Logprob options live in ``params`` (``logprobs``: top-k, ``prompt_logprobs_start``).
+    ``prediction``: the text the output is expected to repeat, drafted from (a file an edit
+    mostly keeps); it changes how fast the output comes, not what it is.
     ``session_id`` keeps a program's calls on one worker (its cache); ``namespace``
     isolates radix-cache sharing, and so does ``cache_salt`` (vLLM's name: a tenant's
     secret; the router hashes it into the namespace, workers never see it).
@@ -81,6 +83,9 @@ class GenerateRequest(Msg, tag="generate"):
     namespace: str | None = None
     cache_salt: str | None = None
     priority: int = 0  # higher: its cached prefixes leave the worker's cache later
+    # The output expected, as text (OpenAI's predicted outputs): the router encodes it into
+    # ``params.prediction``, which token-level callers may set instead.
+    prediction: str | None = None
 
 
 class Abort(Msg, tag="abort"):

@@ -41,12 +41,15 @@ class RequestLimits:
             return None
         return context_length * self.chars_per_token
 
-    def prompt_chars_error(self, chars: int, context_length: int | None) -> str | None:
-        """Why a prompt of ``chars`` characters is refused without tokenizing it, or ``None``."""
+    def prompt_chars_error(
+        self, chars: int, context_length: int | None, what: str = "the prompt"
+    ) -> str | None:
+        """Why a prompt (or ``what`` else is tokenized with it: a prediction) of ``chars``
+        characters is refused without tokenizing it, or ``None``."""
         limit = self.max_prompt_chars(context_length)
         if limit is not None and chars > limit:
             return (
-                f"the prompt has {chars} characters, more than the {limit} that a context of "
+                f"{what} has {chars} characters, more than the {limit} that a context of "
                 f"{context_length} tokens can hold ({self.chars_per_token} characters per token at most)"
             )
         return None

@@ -291,6 +291,8 @@ def validate_generate(req: GenerateRequest, vocab_size: int | None = None) -> Er
             "continue_final_message goes on with the last of messages: it needs messages and "
             "add_generation_prompt false"
         )
+    if req.prediction is not None and req.params.prediction is not None:
+        problems.append("give the prediction as text or as params.prediction ids, not both")
     if req.cache_salt is not None and not 0 < len(req.cache_salt) <= MAX_CACHE_SALT_CHARS:
         problems.append(f"cache_salt must have 1 to {MAX_CACHE_SALT_CHARS} characters")
     try:

@@ -27,6 +27,7 @@ def test_options_become_the_request_fields() -> None:
             "add_generation_prompt": False,
             "continue_final_message": True,
             "cache_salt": "salt",
+            "prediction": "hi there",
         },
     )
     assert req == p.GenerateRequest(
@@ -39,6 +40,7 @@ def test_options_become_the_request_fields() -> None:
         session_id="s",
         namespace="tenant",
         cache_salt="salt",
+        prediction="hi there",
     )
     # It round-trips the wire as the router decodes it.
     assert p.decode_client(p.encode(req)) == req
@@ -72,4 +74,5 @@ def test_both_clients_take_the_same_options() -> None:
         "priority",
         "tools",
         "chat_template_kwargs",
+        "prediction",
     }

@@ -176,3 +176,30 @@ def test_a_chat_is_tokenized_as_it_is_generated(fake_server, tokenizer: Any, poo
         with pytest.raises(ServerError) as exc:
             c.tokenize_chat([p.ChatMessage(role="user", content="a")], chat_template_kwargs="[1]")
         assert exc.value.code == "invalid_params"
+
+
+@pytest.mark.parametrize("pooled", [1, 0], ids=["pool", "on-the-loop"])
+def test_a_prediction_is_encoded_with_its_prompt(fake_server, tokenizer: Any, pooled: int) -> None:
+    """A text prediction reaches the worker as the ids of its text (no special tokens: the
+    output would hold none), whatever the prompt is, in the pool and on the router's loop
+    (the fake model answers with its prediction); given twice, or too long, it is refused."""
+    from radixserve.serving.wire import protocol as p
+
+    srv = fake_server(num_workers=1, router=dict(tokenizer_workers=pooled))
+    text = "def f(x):\n    return x + 1\n"
+    want = tokenizer.encode(text, add_special_tokens=False)
+    chat = [p.ChatMessage(role="user", content="Add one.")]
+    params = SamplingParams(max_tokens=len(want))
+    with Client(srv.endpoint, timeout=60) as c:
+        for prompt in ({"text": "Edit this."}, {"input_ids": [5, 6, 7]}, {"messages": chat}):
+            final = c.generate(**prompt, prediction=text, params=params)  # type: ignore[arg-type]
+            assert final.token_ids == want and final.text == text
+        twice = SamplingParams(max_tokens=4, prediction=[5])
+        with pytest.raises(ServerError) as exc:
+            c.generate("Edit this.", prediction=text, params=twice)
+        assert exc.value.code == "invalid_params" and "not both" in exc.value.message
+        for long, says in (("a" * 10**6, "characters"), ("a " * 300, "tokens")):
+            with pytest.raises(ServerError) as exc:
+                c.generate("Edit this.", prediction=long, params=params)
+            assert exc.value.code == "context_length"
+            assert "the prediction has" in exc.value.message and says in exc.value.message

@@ -1,0 +1,91 @@
+"""Drafting from a prediction (OpenAI's predicted outputs), on plain token lists: the
+answer followed while it agrees, found again after an edit, the server's drafter where
+the prediction has nothing to say."""
+
+from __future__ import annotations
+
+import pytest
+from test_drafters import Req
+
+from radixserve.speculative.ngram import NgramDrafter
+from radixserve.speculative.prediction import PredictionDrafter, PredictionTrack
+
+PROMPT = [900, 901, 902]
+
+
+def _req(output: list[int], prediction: list[int] | None) -> Req:
+    return Req("r", PROMPT + output, len(PROMPT), prediction=prediction)
+
+
+def test_the_answer_is_followed_while_it_agrees() -> None:
+    d = PredictionDrafter(None)
+    prediction = [10, 11, 12, 13, 14, 15]
+    req = _req([], prediction)
+    assert d.propose(req, 3) == [10, 11, 12]  # nothing decoded yet: from its start
+    req.token_ids += [10, 11]
+    assert d.propose(req, 3) == [12, 13, 14]
+    req.token_ids += [12, 13, 14, 15]
+    assert d.propose(req, 3) == []  # the prediction is used up
+    d.finished(req)
+    assert d.tracked == 0
+
+
+def test_an_edit_is_left_then_the_answer_is_found_again_after_it() -> None:
+    # The prediction says "a b c d e f g h i"; the answer changes "c d" into "x y z".
+    a, b, c, d_, e, f, g, h, i = range(20, 29)
+    x, y, z = 40, 41, 42
+    d = PredictionDrafter(None)
+    req = _req([a, b], [a, b, c, d_, e, f, g, h, i])
+    assert d.propose(req, 2) == [c, d_]
+    req.token_ids += [x]  # off the prediction: no draft while its last tokens are not in it
+    assert d.propose(req, 2) == []
+    req.token_ids += [y, z, e, f]
+    assert d.propose(req, 2) == []  # "e f" is, but a pair alone is too weak a sign
+    req.token_ids += [g]
+    assert d.propose(req, 2) == [h, i]  # "e f g" agrees over three tokens: on from there
+
+
+def test_of_equal_places_the_one_after_the_edit_wins() -> None:
+    # "r p q" occurs twice, the second after the place the answer left; equal agreement.
+    r, p, q = 6, 7, 8
+    prediction = [r, p, q, 1, 2, 3, 4, r, p, q, 5, 6]
+    track = PredictionTrack(prediction, prompt_len=0)
+    assert track.follow([r, p, q, 1, 2]) == 5
+    assert track.follow([r, p, q, 1, 2, 9, r, p, q]) == 10
+    assert track.draft(2) == [5, 6]
+
+
+def test_longer_agreement_wins_over_order() -> None:
+    prediction = [1, 2, 3, 7, 8, 100, 5, 6, 7, 8, 200]
+    track = PredictionTrack(prediction, prompt_len=0)
+    # The answer's last tokens "6 7 8" agree with the second "7 8" over three tokens.
+    assert track.follow([50, 6, 7, 8]) == 10
+    assert track.draft(4) == [200]
+
+
+@pytest.mark.parametrize("with_base", [False, True])
+def test_the_servers_drafter_drafts_where_the_prediction_cannot(with_base: bool) -> None:
+    base = NgramDrafter() if with_base else None
+    d = PredictionDrafter(base)
+    quoting = Req("q", [1, 2, 3, 4, 1, 2], 6)  # no prediction; its prompt quotes itself
+    assert d.drafts_for(quoting) is with_base
+    assert d.propose(quoting, 2) == ([3, 4] if with_base else [])
+    predicted = Req("p", [1, 2, 3, 4, 1, 2], 6, prediction=[3, 5])
+    assert d.drafts_for(predicted)
+    assert d.propose(predicted, 2) == [3, 5]  # the prediction comes first
+    predicted.token_ids += [3, 4]  # off it: the base's (what followed "3 4")
+    assert d.propose(predicted, 2) == ([1, 2] if with_base else [])
+    for r in (quoting, predicted):
+        d.finished(r)
+    d.check_invariants([])
+    assert d.tracked == 0 and (base is None or base.tracked == 0)
+
+
+def test_a_request_cut_back_is_followed_afresh() -> None:
+    d = PredictionDrafter(None)
+    req = _req([10, 11, 12], [10, 11, 12, 13])
+    assert d.propose(req, 1) == [13]
+    req.token_ids = PROMPT + [10]  # fewer tokens than seen (retracted and recomputed)
+    assert d.propose(req, 2) == [11, 12]
+    with pytest.raises(AssertionError, match="requests that left"):
+        d.check_invariants([])
