@@ -8,7 +8,7 @@ import pytest
 from test_drafters import Req
 
 from radixserve.speculative.ngram import NgramDrafter
-from radixserve.speculative.prediction import PredictionDrafter, PredictionTrack
+from radixserve.speculative.prediction import MIN_MATCH, PredictionDrafter, PredictionTrack
 
 PROMPT = [900, 901, 902]
 
@@ -31,40 +31,53 @@ def test_the_answer_is_followed_while_it_agrees() -> None:
 
 
 def test_an_edit_is_left_then_the_answer_is_found_again_after_it() -> None:
-    # The prediction says "a b c d e f g h i"; the answer changes "c d" into "x y z".
-    a, b, c, d_, e, f, g, h, i = range(20, 29)
+    # The prediction says "a b c d e f g h i j k"; the answer changes "c d" into "x y z".
+    a, b, c, d_, e, f, g, h, i, j, k = range(20, 31)
     x, y, z = 40, 41, 42
     d = PredictionDrafter(None)
-    req = _req([a, b], [a, b, c, d_, e, f, g, h, i])
+    req = _req([a, b], [a, b, c, d_, e, f, g, h, i, j, k])
     assert d.propose(req, 2) == [c, d_]
     req.token_ids += [x]  # off the prediction: no draft while its last tokens are not in it
     assert d.propose(req, 2) == []
-    req.token_ids += [y, z, e, f]
-    assert d.propose(req, 2) == []  # "e f" is, but a pair alone is too weak a sign
-    req.token_ids += [g]
-    assert d.propose(req, 2) == [h, i]  # "e f g" agrees over three tokens: on from there
+    req.token_ids += [y, z, e, f, g, h]
+    assert d.propose(req, 2) == []  # "e f g h" is, but four tokens are too weak a sign
+    req.token_ids += [i]
+    assert d.propose(req, 2) == [j, k]  # "e f g h i" agrees over MIN_MATCH: on from there
+    assert MIN_MATCH == 5
+
+
+def test_the_answer_may_begin_the_prediction_after_a_preamble() -> None:
+    # A fence, then the code the prediction starts with: all of it before the place agrees.
+    fence, lang = 60, 61
+    d = PredictionDrafter(None)
+    req = _req([fence, lang], [1, 2, 3, 4, 5])
+    assert d.propose(req, 2) == []
+    req.token_ids += [1, 2]
+    assert d.propose(req, 2) == [3, 4]
 
 
 def test_of_equal_places_the_one_after_the_edit_wins() -> None:
-    # "r p q" occurs twice, the second after the place the answer left; equal agreement.
-    r, p, q = 6, 7, 8
-    prediction = [r, p, q, 1, 2, 3, 4, r, p, q, 5, 6]
+    # "r s t p q" occurs twice, the second after the place the answer left; equal agreement.
+    r, s, t, p, q = 6, 7, 8, 9, 10
+    prediction = [r, s, t, p, q, 1, 2, 3, 4, r, s, t, p, q, 5, 6]
     track = PredictionTrack(prediction, prompt_len=0)
-    assert track.follow([r, p, q, 1, 2]) == 5
-    assert track.follow([r, p, q, 1, 2, 9, r, p, q]) == 10
+    assert track.follow([r, s, t, p, q, 1, 2]) == 7
+    assert track.follow([r, s, t, p, q, 1, 2, 70, r, s, t, p, q]) == 14
     assert track.draft(2) == [5, 6]
 
 
 def test_longer_agreement_wins_over_order() -> None:
-    prediction = [1, 2, 3, 7, 8, 100, 5, 6, 7, 8, 200]
+    prediction = [1, 2, 3, 4, 7, 8, 100, 9, 10, 11, 12, 7, 8, 200]
     track = PredictionTrack(prediction, prompt_len=0)
-    # The answer's last tokens "6 7 8" agree with the second "7 8" over three tokens.
-    assert track.follow([50, 6, 7, 8]) == 10
+    # The answer's last tokens "9 10 11 12 7 8" agree with the second "7 8" over six.
+    assert track.follow([50, 9, 10, 11, 12, 7, 8]) == 13
     assert track.draft(4) == [200]
 
 
 @pytest.mark.parametrize("with_base", [False, True])
-def test_the_servers_drafter_drafts_where_the_prediction_cannot(with_base: bool) -> None:
+def test_where_the_prediction_cannot_the_fallback_drafts(with_base: bool) -> None:
+    """The server's drafter, or prompt lookup over the request's own text without one; a
+    request without a prediction drafts only with the server's drafter."""
     base = NgramDrafter() if with_base else None
     d = PredictionDrafter(base)
     quoting = Req("q", [1, 2, 3, 4, 1, 2], 6)  # no prediction; its prompt quotes itself
@@ -73,8 +86,8 @@ def test_the_servers_drafter_drafts_where_the_prediction_cannot(with_base: bool)
     predicted = Req("p", [1, 2, 3, 4, 1, 2], 6, prediction=[3, 5])
     assert d.drafts_for(predicted)
     assert d.propose(predicted, 2) == [3, 5]  # the prediction comes first
-    predicted.token_ids += [3, 4]  # off it: the base's (what followed "3 4")
-    assert d.propose(predicted, 2) == ([1, 2] if with_base else [])
+    predicted.token_ids += [3, 4]  # off it: what followed "3 4" in its own text
+    assert d.propose(predicted, 2) == [1, 2]
     for r in (quoting, predicted):
         d.finished(r)
     d.check_invariants([])
