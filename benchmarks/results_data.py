@@ -266,7 +266,33 @@ def figures() -> dict[str, Figure]:
     decode_two_groups_figures(add)
     decode_ablation_figures(add)
     speculative_figures(add)
+    predicted_outputs_figures(add)
     return figs
+
+
+PREDICTED = "bench_predicted_outputs_s44.json"
+PREDICTED_REPLAY = "bench_predicted_outputs_replay_s44.json"
+
+
+def predicted_outputs_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
+    """bench_predicted_outputs.py (benchmarks/agents.md): each code edit's time per output
+    token in a variant over the same edit's without a prediction on a server without an
+    algorithm, all requests of the run; and the replay's output tokens per forward."""
+    for variant in ("predicted", "ngram", "ngram+pred"):
+        ratios = load(PREDICTED)["results"][variant]["over_plain"]
+        add(f"predicted_{variant.replace('+', '_')}_over_plain_s44", spread(ratios), [PREDICTED])
+    replayed = load(PREDICTED_REPLAY)["results"]
+    for name, key in (
+        ("ngram", "ngram"),
+        ("min3", "prediction, min_match 3"),
+        ("min5", "prediction, min_match 5"),
+    ):
+        tokens = replayed[key]["tokens_per_forward"]
+        add(
+            f"predicted_replay_{name}_s44",
+            f"{tokens:.2f} tokens a forward (1 run)",
+            [PREDICTED_REPLAY],
+        )
 
 
 def quant_decode_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:

@@ -88,6 +88,7 @@ from summary_tables_s36 import TABLES as TABLES_S36
 from summary_tables_s37 import TABLES as TABLES_S37
 from summary_tables_s38 import TABLES as TABLES_S38
 from summary_tables_s40 import TABLES as TABLES_S40
+from summary_tables_s44 import TABLES as TABLES_S44
 
 
 def _machine(name: str) -> str:
@@ -419,6 +420,7 @@ TABLES: dict[str, Callable[[], str]] = {
     **TABLES_S37,
     **TABLES_S38,
     **TABLES_S40,
+    **TABLES_S44,
     "long_context_floor_samples": table_long_context_floor_samples,
     "speculative_amd": table_speculative_amd,
     "speculative_concurrent_amd": table_speculative_concurrent_amd,
