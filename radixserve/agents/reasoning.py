@@ -33,6 +33,14 @@ DEEPSEEK_R1 = ThinkFormat("deepseek-r1", starts_inside=True)
 FORMATS = {f.name: f for f in (QWEN3, DEEPSEEK_R1)}
 
 
+def after_prefill(fmt: ThinkFormat, prefill: str) -> ThinkFormat:
+    """The format of an answer that goes on with ``prefill``, a reply the client began
+    (``continue_final_message``, Anthropic's prefill): the answer starts inside the reasoning
+    exactly when the prefill opened a think block and left it open. The template's
+    generation prompt, which opens the block for DeepSeek-R1, is not rendered then."""
+    return fmt._replace(starts_inside=prefill.rfind(START) > prefill.rfind(END))
+
+
 def split(fmt: ThinkFormat, text: str, final: bool) -> ReasoningSplit:
     """Reasoning and content of ``text``; when not ``final``, a trailing piece that may be
     a tag still arriving is held back from both."""

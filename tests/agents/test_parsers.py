@@ -181,6 +181,30 @@ def test_reasoning_deepseek_r1_starts_inside() -> None:
     assert run(None, think.QWEN3, ["plain answer"])["content"] == "plain answer"
 
 
+@pytest.mark.parametrize("fmt", [think.QWEN3, think.DEEPSEEK_R1], ids=lambda f: f.name)
+def test_an_answer_after_a_prefill_starts_where_the_prefill_left_the_reasoning(
+    fmt: think.ThinkFormat,
+) -> None:
+    """A reply the client began: its continuation is reasoning only if the prefill opened a
+    think block and left it open, for either format (R1's template opens the block in the
+    generation prompt, which a prefilled turn does not render)."""
+    opened = think.after_prefill(fmt, "<think>\nThe user wants")
+    closed = think.after_prefill(fmt, "<think>\nShort.\n</think>\n\nThe answer:")
+    plain = think.after_prefill(fmt, "The answer:")
+    reopened = think.after_prefill(fmt, "<think>a</think> b <think>c")
+    assert opened.starts_inside and reopened.starts_inside
+    assert not closed.starts_inside and not plain.starts_inside
+    for pieces in splits(" a short reason</think>\n\n4."):
+        assert run(None, opened, pieces) == {
+            "content": "4.",
+            "reasoning": "a short reason",
+            "calls": [],
+        }
+    for pieces in splits(" 4, since 2 + 2 = 4."):
+        got = run(None, closed, pieces)
+        assert got == {"content": " 4, since 2 + 2 = 4.", "reasoning": "", "calls": []}
+
+
 def test_template_guess_and_names() -> None:
     assert guess_tool_format("{{ tools }} <tool_call>") is not None
     assert guess_tool_format("{{ tools }} [TOOL_CALLS]") == tool_format("mistral")

@@ -74,3 +74,40 @@ def test_the_responses_api_takes_the_budget_too(reasoner_server: Server) -> None
     kinds = [item.type for item in r.output]
     assert kinds == ["reasoning", "message"], kinds
     assert r.output_text
+
+
+def test_a_prefilled_reply_is_split_where_the_prefill_left_the_reasoning(
+    reasoner_server: Server,
+) -> None:
+    """``continue_final_message``: the continuation of a prefill that closed its think block
+    (or wrote none) is content, though R1's split starts inside the reasoning; of one that
+    left the block open, reasoning. The model may not write the tags itself here."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(reasoner_server.model_dir))
+    no_tags = {str(tok.convert_tokens_to_ids(t)): -100 for t in ("<think>", "</think>")}
+    client = openai.OpenAI(base_url=reasoner_server.url + "/v1", api_key="none", max_retries=0)
+
+    def go_on(prefill: str) -> Any:
+        out = client.chat.completions.create(
+            model="default",
+            messages=[
+                {"role": "user", "content": "Why is the sky blue?"},
+                {"role": "assistant", "content": prefill},
+            ],
+            max_tokens=12,
+            temperature=0,
+            logit_bias=no_tags,
+            extra_body={
+                "ignore_eos": True,
+                "add_generation_prompt": False,
+                "continue_final_message": True,
+            },
+        )
+        return out.choices[0].message
+
+    for prefill in ("<think>\nShort.\n</think>\n\nBecause", "Because"):
+        msg = go_on(prefill)
+        assert msg.content and not msg.reasoning_content, prefill
+    msg = go_on("<think>\nThe user asks")
+    assert msg.reasoning_content and not msg.content

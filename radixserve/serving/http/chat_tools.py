@@ -100,6 +100,14 @@ class ToolPlan(NamedTuple):
     structural_tag: str | None = None
 
 
+def after_prefill(plan: ToolPlan, prefill: str) -> ToolPlan:
+    """``plan`` for an answer that goes on with ``prefill`` (the text of a reply the client
+    began): its reasoning split starts where the prefill left it (:func:`think.after_prefill`)."""
+    if plan.think is None:
+        return plan
+    return plan._replace(think=think.after_prefill(plan.think, prefill))
+
+
 def _functions(tools: list[ToolIn]) -> list[dict[str, Any]]:
     out = []
     for i, t in enumerate(tools):

@@ -32,7 +32,7 @@ from radixserve.serving.http.chat_request import (
     read_answer,
     sampling,
 )
-from radixserve.serving.http.chat_tools import ToolPlan, template_kwargs
+from radixserve.serving.http.chat_tools import ToolPlan, after_prefill, template_kwargs
 from radixserve.serving.http.gateway import Gateway
 from radixserve.serving.http.messages_protocol import (
     CountTokensRequest,
@@ -94,6 +94,8 @@ async def conversation(g: Gateway, body: MessagesConversation) -> Conversation:
         body.constraint() is not None,
         body.parallel_tool_calls(),
     )
+    if prefilled:
+        plan = after_prefill(plan, messages[-1].content)
     kwargs = template_kwargs(body.template_kwargs())
     return Conversation(model, messages, plan, kwargs, prefilled)
 

@@ -149,6 +149,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         )
     )
     messages = body.chat()
+    if body.continue_final_message:
+        tools = chat_tools.after_prefill(tools, messages[-1].content)
     salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
 
     def params(i: int) -> Any:
