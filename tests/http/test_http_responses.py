@@ -225,6 +225,44 @@ def test_a_stored_response_is_retrieved_and_deleted(agent_server: Server) -> Non
         a.responses.delete(made.id)
 
 
+def test_input_items_list_what_the_model_was_given(agent_server: Server) -> None:
+    """``responses.input_items.list``: a response's input items, newest first by default,
+    with the ids a client gave kept and stable ids for the rest (so pages follow each other
+    with ``after``); a continued response lists the earlier turn's items and output too;
+    another tenant's, a deleted or an unknown response is a 404, a bad page a 400."""
+    a, b = sdk(agent_server, AGENT_KEYS[0]), sdk(agent_server, AGENT_KEYS[1])
+    given: Any = [
+        {"role": "developer", "content": "Answer briefly."},
+        {"id": "msg_mine", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+    ]
+    first = a.responses.create(model="default", input=given, max_output_tokens=2)
+    newest = a.responses.input_items.list(first.id)
+    assert [i.type for i in newest.data] == ["message", "message"]
+    assert [i.role for i in newest.data] == ["user", "developer"]  # type: ignore[union-attr]
+    assert newest.data[0].id == "msg_mine" and newest.data[1].id.startswith("msg_")
+    assert [c.text for c in newest.data[1].content] == ["Answer briefly."]  # type: ignore[union-attr]
+    again = a.responses.input_items.list(first.id, order="asc")
+    assert [i.id for i in again.data] == [i.id for i in reversed(newest.data)]  # stable ids
+    second = a.responses.create(
+        model="default", input="And now?", previous_response_id=first.id, max_output_tokens=2
+    )
+    paged = list(a.responses.input_items.list(second.id, order="asc", limit=1))  # page by page
+    ids = [i.id for i in paged]
+    assert ids[:2] == [i.id for i in again.data]
+    assert ids[2 : 2 + len(first.output)] == [o.id for o in first.output]
+    assert len(ids) == 3 + len(first.output) and len(set(ids)) == len(ids)
+    assert paged[-1].content[0].text == "And now?"  # type: ignore[union-attr]
+    for bad in ({"limit": 0}, {"limit": 101}, {"order": "up"}, {"after": "msg_nothing"}):
+        with pytest.raises(openai.BadRequestError):
+            a.responses.input_items.list(first.id, **bad)  # type: ignore[arg-type]
+    with pytest.raises(openai.NotFoundError):
+        b.responses.input_items.list(first.id)
+    a.responses.delete(first.id)
+    for rid in (first.id, "resp_unknown"):
+        with pytest.raises(openai.NotFoundError):
+            a.responses.input_items.list(rid)
+
+
 BAD: list[tuple[str, Any]] = [
     ("input", [{"type": "function_call", "name": "get_time"}]),  # no call_id / arguments
     ("input", [{"type": "function_call", "call_id": "c", "name": "x", "arguments": "[1]"}]),

@@ -203,7 +203,7 @@ async def prepare(body: ResponsesRequest, request: Request) -> tuple[Turn, ChatC
     body.check()
     model = await g.check_model(body.model)
     info = await g.info()
-    new_items = items_.parse_items(body.input)
+    new_items = items_.with_ids(items_.parse_items(body.input))
     tenant = tenant_of(request_key(request.scope))
     history, session = [], None
     if body.previous_response_id is not None:
@@ -285,6 +285,23 @@ async def get_response(response_id: str, request: Request) -> Response:
     if stored is None or stored.response is None:
         raise _not_found(response_id)
     return JSONResponse(stored.response)
+
+
+@router.get("/v1/responses/{response_id}/input_items", response_model=None)
+async def list_input_items(
+    response_id: str,
+    request: Request,
+    after: str | None = None,
+    limit: int = 20,
+    order: str = "desc",
+) -> Response:
+    """The input items of a stored response (the tenant's own only): every item the model
+    was given, the earlier turns' of a chain included, as the store keeps them."""
+    stored = store_of(request).get(tenant_of(request_key(request.scope)), response_id)
+    if stored is None or stored.response is None:
+        raise _not_found(response_id)
+    given = stored.items[: len(stored.items) - len(stored.response["output"])]
+    return JSONResponse(items_.input_page(given, after, limit, order))
 
 
 @router.delete("/v1/responses/{response_id}", response_model=None)

@@ -27,6 +27,8 @@ from radixserve.serving.wire import protocol as p
 class _Item(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
+    id: str | None = Field(default=None, min_length=1, max_length=256)  # the client's, kept
+
 
 class _Part(_Item):
     type: str
@@ -112,6 +114,58 @@ def parse_items(raw: str | list[Any], where: str = "input") -> list[dict[str, An
             raise invalid(f"{at}.arguments must be a JSON object as text", param=at)
         out.append({"type": kind, **checked.model_dump(exclude_none=True)})
     return out
+
+
+def with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items`` each with an ``id`` (the client's, or a new one): what the store keeps, so
+    that ``GET /v1/responses/{id}/input_items`` pages by the same ids every time."""
+    return [
+        item if "id" in item else {"id": new_id(_ID_PREFIX.get(item["type"], "item")), **item}
+        for item in items
+    ]
+
+
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "reasoning": "rs"}
+MAX_PAGE = 100  # input items listed at most per page (OpenAI's bound)
+
+
+def listed(item: dict[str, Any]) -> dict[str, Any]:
+    """A stored input item as ``input_items`` lists it: a message's text content as its
+    parts (``input_text``; ``output_text`` for an assistant's), and its status."""
+    if item["type"] != "message":
+        return item
+    content = item["content"]
+    if isinstance(content, str):
+        kind = "output_text" if item["role"] == "assistant" else "input_text"
+        content = [{"type": kind, "text": content}]
+    return {"status": "completed", **item, "content": content}
+
+
+def input_page(
+    items: list[dict[str, Any]], after: str | None, limit: int, order: str
+) -> dict[str, Any]:
+    """One page of a response's input items (OpenAI's list shape): in ``order`` (``asc``:
+    as given, ``desc``: newest first), those after the item ``after`` names, at most
+    ``limit``. A bad value is a 400."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise invalid(f"limit must be in [1, {MAX_PAGE}], got {limit}", param="limit")
+    if order not in ("asc", "desc"):
+        raise invalid(f"order must be 'asc' or 'desc', got {order!r}", param="order")
+    ordered = items if order == "asc" else items[::-1]
+    start = 0
+    if after is not None:
+        ids = [item.get("id") for item in ordered]
+        if after not in ids:
+            raise invalid(f"after names no input item of this response: {after!r}", param="after")
+        start = ids.index(after) + 1
+    page = [listed(item) for item in ordered[start : start + limit]]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": start + limit < len(ordered),
+    }
 
 
 def _is_object(text: str) -> bool:
