@@ -152,3 +152,34 @@ def test_a_prediction_is_checked(engines: dict[str, Engine]) -> None:
     with pytest.raises(ValueError, match="the prediction has .* tokens, more than"):
         engine.add_request(PROMPT, _params(prediction=[1] * (engine.max_total_len + 1)))
     assert not engine.has_unfinished()
+
+
+def test_a_sliding_window_model_drafts_from_its_prediction(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Gemma 3's sliding layers on the window pool, which frees the pages a request has
+    moved past: a right and an edited prediction give the plain engine's tokens and
+    logprobs, the invariants (the window pool's among them) after every step."""
+    import tiny_models
+
+    path = tiny_models.build_tiny_family(
+        tmp_path_factory.mktemp("gemma3_pred"), "gemma3_text", **tiny_models.GEMMA3_SWA
+    )
+    kw = {"page_size": 4, "num_pages": 64, "max_num_tokens": 12, "window_kv_ratio": 0.5}
+    plain = Engine(str(path), predicted_outputs="off", num_threads=1, **kw)  # type: ignore[arg-type]
+    pred = Engine(str(path), num_threads=1, **kw)  # type: ignore[arg-type]
+    try:
+        assert pred.window_pool is not None
+        params = _params(frequency_penalty=1.0)
+        prompt = random_prompts([30], seed=1)[0]
+        want = solo(plain, prompt, params)
+        answer = tokens_of(want)
+        for prediction in (answer, answer[:10] + [5, 6, 7] + answer[12:]):
+            got = solo(pred, prompt, _params(frequency_penalty=1.0, prediction=prediction))
+            assert tokens_of(got) == answer
+            assert _lps(got) == _lps(want)
+            assert _usage(got)[1] >= N // 3
+            _pages_back(pred)
+    finally:
+        plain.close()
+        pred.close()
