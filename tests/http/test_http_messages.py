@@ -310,3 +310,23 @@ def test_a_final_assistant_message_is_prefilled(agent_server: Server) -> None:
     assert same.usage is not None and same.usage.prompt_tokens == prompt
     text = "".join(b.text for b in m.content if b.type == "text")
     assert text == same.choices[0].message.content and text
+
+
+def test_the_models_api_answers_both_sdks(agent_server: Server) -> None:
+    """``/v1/models`` in both shapes at once: the anthropic SDK's ``models.list`` and
+    ``models.retrieve`` read the served model (its name, its start time), the openai SDK's
+    the same; an unknown model is a 404 to both."""
+    a = sdk(agent_server)
+    page = a.models.list()
+    (card,) = page.data
+    assert card.type == "model" and card.display_name == card.id
+    assert not page.has_more and page.first_id == page.last_id == card.id
+    assert a.models.retrieve(card.id) == card
+    o = openai.OpenAI(base_url=agent_server.url + "/v1", api_key=AGENT_KEYS[0], max_retries=0)
+    (listed,) = o.models.list().data
+    assert listed.id == card.id and listed.created == int(card.created_at.timestamp())
+    assert o.models.retrieve(card.id).id == card.id
+    with pytest.raises(anthropic.NotFoundError):
+        a.models.retrieve("no-such-model")
+    with pytest.raises(openai.NotFoundError):
+        o.models.retrieve("no-such-model")

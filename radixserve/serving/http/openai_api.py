@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -74,22 +75,35 @@ def usage(groups: list[list[p.GenerateFinal]], g: Gateway | None = None) -> dict
 # ---------------------------------------------------------------------------- models
 
 
+def _model_card(g: Gateway, name: str, context_length: int | None) -> dict[str, Any]:
+    """The served model in OpenAI's shape and Anthropic's Models API shape at once (each SDK
+    reads its own fields: ``models.list`` and ``models.retrieve`` work from both)."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": int(g.started),
+        "owned_by": "radixserve",
+        "root": name,
+        "max_model_len": context_length,
+        "type": "model",  # Anthropic's
+        "display_name": name,
+        "created_at": datetime.fromtimestamp(int(g.started), UTC)
+        .isoformat()
+        .replace("+00:00", "Z"),
+    }
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     g = _gw(request)
     name, info = await g.model_name(), await g.info()
+    # "object"/"data" are OpenAI's list; "has_more"/"first_id"/"last_id" Anthropic's page.
     return {
         "object": "list",
-        "data": [
-            {
-                "id": name,
-                "object": "model",
-                "created": int(g.started),
-                "owned_by": "radixserve",
-                "root": name,
-                "max_model_len": info.context_length,
-            }
-        ],
+        "data": [_model_card(g, name, info.context_length)],
+        "has_more": False,
+        "first_id": name,
+        "last_id": name,
     }
 
 
@@ -97,7 +111,7 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
     g = _gw(request)
     name = await g.check_model(model_id)
-    return {"id": name, "object": "model", "created": int(g.started), "owned_by": "radixserve"}
+    return _model_card(g, name, (await g.info()).context_length)
 
 
 # ---------------------------------------------------------------------------- chat
