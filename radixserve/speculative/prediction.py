@@ -67,7 +67,7 @@ class PredictionTrack:
         new = tokens[self.seen :]
         self.seen = len(tokens)
         pos = self.pos
-        if pos is not None and list(self.tokens[pos : pos + len(new)]) == list(new):
+        if pos is not None and self.tokens[pos : pos + len(new)] == list(new):
             self.pos = pos + len(new)
         elif new:
             self.pos = self._rejoin(tokens)
@@ -87,9 +87,10 @@ class PredictionTrack:
         if not places:
             return None
         start = bisect_right(places, self.last)
-        order = places[start:] + places[:start]
+        order = places[start : start + MAX_CANDIDATES]  # after it first, then from the start
+        order += places[: min(start, MAX_CANDIDATES - len(order))]
         best, best_len = None, -1
-        for p in order[:MAX_CANDIDATES]:
+        for p in order:
             length = KEY
             while (
                 length < MAX_MATCH

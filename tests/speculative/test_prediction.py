@@ -5,6 +5,8 @@ the prediction has nothing to say."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_drafters import Req
 
 from radixserve.speculative.ngram import NgramDrafter
@@ -102,3 +104,43 @@ def test_a_request_cut_back_is_followed_afresh() -> None:
     assert d.propose(req, 2) == [11, 12]
     with pytest.raises(AssertionError, match="requests that left"):
         d.check_invariants([])
+
+
+def _rejoin_reference(prediction: list[int], context: list[int], last: int) -> int | None:
+    """Every place, plainly: the agreement of each, capped; the longest; of equals the first
+    past ``last``, else the first."""
+    from radixserve.speculative import prediction as pm
+
+    scored = []
+    for p in range(2, len(prediction) + 1):
+        if prediction[p - 2 : p] != context[-2:]:
+            continue
+        length = 0
+        while (
+            length < min(p, len(context), pm.MAX_MATCH)
+            and prediction[p - 1 - length] == context[-1 - length]
+        ):
+            length += 1
+        if length == p:
+            length = max(length, pm.MIN_MATCH)
+        scored.append((length, p))
+    if not scored or max(s for s, _ in scored) < pm.MIN_MATCH:
+        return None
+    best = max(s for s, _ in scored)
+    tied = [p for s, p in scored if s == best]
+    after = [p for p in tied if p > last]
+    return (after or tied)[0]
+
+
+@settings(max_examples=400)
+@given(
+    prediction=st.lists(st.integers(0, 3), min_size=2, max_size=40),
+    context=st.lists(st.integers(0, 3), min_size=2, max_size=20),
+    last=st.integers(0, 40),
+)
+def test_rejoin_is_the_plain_rule(prediction: list[int], context: list[int], last: int) -> None:
+    """Over a four-token alphabet (places recur, agreements tie): the indexed look-up picks
+    the place the rule names, looked at every place."""
+    track = PredictionTrack(prediction, prompt_len=0)
+    track.last = last
+    assert track._rejoin(context) == _rejoin_reference(prediction, context, last)
