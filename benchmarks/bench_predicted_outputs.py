@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(1, str(Path(__file__).resolve().parent))
-from bench_speculative import Server  # noqa: E402
+from bench_speculative import Server, sse_chunks  # noqa: E402
 
 MODULES = (
     "textwrap shlex heapq bisect statistics calendar difflib fractions string html "
@@ -128,10 +128,7 @@ def one_request(
     text = []
     with client.stream("POST", "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[len("data: ") :])
+        for chunk in sse_chunks(r.iter_lines()):
             for c in chunk.get("choices", []):
                 piece = c.get("delta", {}).get("content")
                 if piece:

@@ -53,6 +53,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,13 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def sse_chunks(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The JSON chunks of an OpenAI-style event stream's ``data:`` lines, up to ``[DONE]``."""
+    for line in lines:
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line[len("data: ") :])
+
+
 def one_request(client: Any, req: dict[str, Any], max_tokens: int, seed: int) -> dict[str, Any]:
     """One request, streamed: its wall time (``seconds``), the time to its first token
     (``ttft_s``) and its decode time after it (``decode_s``), and usage's token counts."""
@@ -177,10 +185,7 @@ def one_request(client: Any, req: dict[str, Any], max_tokens: int, seed: int) ->
     usage: dict[str, Any] = {}
     with client.stream("POST", "/v1/completions", json=body) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[len("data: ") :])
+        for chunk in sse_chunks(r.iter_lines()):
             if first is None and any(c.get("text") for c in chunk.get("choices", [])):
                 first = time.perf_counter()
             usage = chunk.get("usage") or usage
