@@ -267,11 +267,11 @@ class ClientSide:
         prompt = ids[0]
         if not prompt:
             return self._inflight.fail(st, "invalid_params", "the prompt encodes to zero tokens")
-        too_long = context_error(len(prompt), self._pool.context_length())
+        ctx = self._pool.context_length()
+        too_long = context_error(len(prompt), ctx)
         if too_long:
             return self._inflight.fail(st, "context_length", too_long)
         if len(ids) > 1:  # the prediction's, encoded with the prompt
-            ctx = self._pool.context_length()
             if ctx is not None and len(ids[1]) > ctx:
                 msg = f"the prediction has {len(ids[1])} tokens, more than the context's {ctx}"
                 return self._inflight.fail(st, "context_length", msg)
