@@ -62,6 +62,7 @@ SAMPLING_FIELDS = (
     "ignore_eos",
     "regex",
     "json_schema",
+    "ebnf",
     "logit_bias",
     "thinking_token_budget",
 )
@@ -207,6 +208,7 @@ def gen(
     ignore_eos: bool | None = None,
     regex: str | None = None,
     json_schema: str | dict[str, Any] | None = None,
+    ebnf: str | None = None,
     choices: Sequence[str] | None = None,
     choices_method: str | Callable[[list[list[float]]], int] = "mean",
     max_new_tokens: int | None = None,
@@ -221,8 +223,9 @@ def gen(
 
     Unset parameters take the run's defaults (``program.run(..., defaults={...})``), then
     SamplingParams' own. ``stop`` strings end the generation and are not kept in the text.
-    ``regex`` / ``json_schema`` (a dict or JSON text) constrain the output with the
-    engine's grammar-constrained decoding. With ``choices``, this is
+    ``regex`` / ``json_schema`` (a dict or JSON text) / ``ebnf`` (a grammar, as xgrammar
+    reads it: ``root ::= ...``) constrain the output with the engine's grammar-constrained
+    decoding. With ``choices``, this is
     ``select(name, choices, method=choices_method)`` (scored by logprobs, not constrained).
     ``max_new_tokens`` is accepted as an alias of ``max_tokens``. ``logit_bias``: token id
     -> bias in [-100, 100] added to the logits before the draw (OpenAI's semantics).
@@ -250,6 +253,7 @@ def gen(
         ignore_eos=ignore_eos,
         regex=regex,
         json_schema=json_schema,
+        ebnf=ebnf,
         stop=stop,
         stop_token_ids=None if stop_token_ids is None else list(stop_token_ids),
         logit_bias=None if logit_bias is None else dict(logit_bias),

@@ -13,7 +13,12 @@ from typing import Any
 import msgspec
 
 from radixserve import logit_bias as bias_rules
-from radixserve.constrained.spec import Constraint, constraint_errors, constraint_of
+from radixserve.constrained.spec import (
+    CONSTRAINT_FIELDS,
+    Constraint,
+    constraint_errors,
+    constraint_of,
+)
 
 # Temperatures below this sample greedily: dividing logits by a smaller one overflows float32
 # (vLLM draws the same line).
@@ -36,7 +41,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     ``prompt_logprobs_start``:
     when set, the logprob of every prompt token from that position on is returned
     (the DSL's ``select`` and SGLang's ``logprob_start_len`` use it).
-    ``regex`` / ``json_schema`` / ``choices``: a grammar the output must follow (see
+    ``regex`` / ``json_schema`` / ``choices`` / ``ebnf``: a grammar the output must follow (see
     :mod:`radixserve.constrained`); the request ends with "stop" as soon as the grammar
     is complete and nothing more can follow.
     """
@@ -69,6 +74,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # free text with tool calls whose arguments follow their schemas (strict tools, and
     # several forced calls); see radixserve.agents.tool_tags.
     structural_tag: str | None = None
+    # A grammar in EBNF as xgrammar reads it (llama.cpp's GBNF: ``root ::= ...``; SGLang's
+    # ``ebnf``, vLLM's ``grammar``): the output must be a string of its root rule.
+    ebnf: str | None = None
     # OpenAI's logit_bias: token id -> bias in [-100, 100] added to the logits before the
     # draw (see radixserve.logit_bias); at most 300 entries.
     logit_bias: dict[int, float] | None = None
@@ -93,9 +101,10 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     @property
     def constraint(self) -> Constraint | None:
         """The grammar constraint of these parameters, or None (call after ``validate``)."""
-        return constraint_of(
-            self.regex, self.json_schema, self.choices, self.tagged_json, self.structural_tag
-        )
+        return constraint_of(self._constraint_fields())
+
+    def _constraint_fields(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in CONSTRAINT_FIELDS}
 
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         """Raise ``ValueError`` with a clear message for any invalid value; return self."""
@@ -159,9 +168,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             errors.append(f"thinking_token_budget must be >= 0, got {self.thinking_token_budget}")
         if self.prompt_logprobs_start is not None and self.prompt_logprobs_start < 0:
             errors.append(f"prompt_logprobs_start must be >= 0, got {self.prompt_logprobs_start}")
-        errors += constraint_errors(
-            self.regex, self.json_schema, self.choices, self.tagged_json, self.structural_tag
-        )
+        errors += constraint_errors(self._constraint_fields())
         errors += bias_rules.errors(self.logit_bias, vocab_size, TOKEN_ID_LIMIT)
         errors += _token_id_errors("stop_token_ids", self.stop_token_ids, vocab_size)
         errors += _token_id_errors("prediction", self.prediction or [], vocab_size)

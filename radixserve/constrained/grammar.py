@@ -169,6 +169,9 @@ class GrammarCompiler:
             if c.kind == "structural_tag":
                 assert isinstance(c.value, str)
                 return self._xgr.compile_grammar(structural_tag_grammar(c.value))
+            if c.kind == "ebnf":
+                assert isinstance(c.value, str)
+                return self._xgr.compile_grammar(c.value)
             if c.kind == "choices":
                 # A grammar of string literals (JSON escapes are EBNF escapes), not a regex:
                 # no character of a choice needs regex escaping.

@@ -1,4 +1,5 @@
-"""What a request is constrained to: one regex, one JSON schema, or one of a list of strings.
+"""What a request is constrained to: a regex, a JSON schema, one of a list of strings, a
+grammar (EBNF, as xgrammar and llama.cpp write it) or a structural tag.
 
 Torch-free and xgrammar-free, so that :class:`~radixserve.sampling_params.SamplingParams`
 validation, the router and the gateways can use it without the grammar library.
@@ -9,11 +10,22 @@ from __future__ import annotations
 import json
 import re
 import re._parser as _sre_parse  # the stdlib's regex parser: xgrammar's regexes share its syntax
+from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
-ConstraintKind = Literal["regex", "json_schema", "choices", "tagged_json", "structural_tag"]
+ConstraintKind = Literal["regex", "json_schema", "choices", "tagged_json", "structural_tag", "ebnf"]
 
-#: The most characters a regex, a JSON schema or all choices together may have.
+#: SamplingParams' constraint fields, in the order :func:`constraint_of` reads them.
+CONSTRAINT_FIELDS: tuple[ConstraintKind, ...] = (
+    "regex",
+    "json_schema",
+    "choices",
+    "tagged_json",
+    "structural_tag",
+    "ebnf",
+)
+
+#: The most characters a regex, a JSON schema, a grammar or all choices together may have.
 MAX_CONSTRAINT_CHARS = 64 << 10
 #: The most positions a regex may expand to, its bounded repetitions multiplied out
 #: (``(.{1,100}){1,100}`` is 10,000 and takes ~0.8 s to compile against a 49k vocabulary;
@@ -74,75 +86,64 @@ def _size(items: Any, cap: int) -> int:
     return total
 
 
-def constraint_errors(
-    regex: str | None,
-    json_schema: str | None,
-    choices: list[str] | None,
-    tagged_json: str | None = None,
-    structural_tag: str | None = None,
-) -> list[str]:
+def constraint_errors(fields: Mapping[str, Any]) -> list[str]:
     """Cheap checks that need no grammar library (the compiler reports the rest).
 
-    At most one constraint; a non-empty regex; a schema that is JSON text of an object or
-    a boolean; a non-empty list of non-empty choices.
+    ``fields``: each of :data:`CONSTRAINT_FIELDS` to its value (``None``: not set). At most
+    one set; each within :data:`MAX_CONSTRAINT_CHARS`; a non-empty regex whose bounded
+    repetitions expand to at most :data:`MAX_REGEX_EXPANSION` positions; a schema that is
+    JSON text of an object or a boolean; a non-empty list of non-empty choices; a
+    non-empty grammar.
     """
     errors: list[str] = []
-    named = (
-        ("regex", regex),
-        ("json_schema", json_schema),
-        ("choices", choices),
-        ("tagged_json", tagged_json),
-        ("structural_tag", structural_tag),
-    )
-    given = [name for name, v in named if v is not None]
+    given = [name for name in CONSTRAINT_FIELDS if fields.get(name) is not None]
     if len(given) > 1:
         errors.append(
-            "at most one of regex, json_schema, choices, tagged_json and structural_tag may "
-            f"be set, got {', '.join(given)}"
+            f"at most one of {', '.join(CONSTRAINT_FIELDS[:-1])} and {CONSTRAINT_FIELDS[-1]} "
+            f"may be set, got {', '.join(given)}"
         )
-    if regex is not None and not regex:
-        errors.append("regex must be non-empty")
-    sizes = (
-        ("regex", len(regex or "")),
-        ("json_schema", len(json_schema or "")),
-        ("choices", sum(len(c) for c in choices or ())),
-        ("tagged_json", len(tagged_json or "")),
-        ("structural_tag", len(structural_tag or "")),
-    )
-    for name, size in sizes:
+    for name in given:
+        value = fields[name]
+        size = sum(len(c) for c in value) if name == "choices" else len(value)
         if size > MAX_CONSTRAINT_CHARS:
             errors.append(
                 f"{name} has {size} characters, more than the limit of {MAX_CONSTRAINT_CHARS}"
             )
-    if regex and len(regex) <= MAX_CONSTRAINT_CHARS:
-        expansion = regex_expansion(regex)
-        if expansion is not None and expansion > MAX_REGEX_EXPANSION:
-            errors.append(
-                f"regex is too complex to compile: its bounded repetitions expand to more than "
-                f"{MAX_REGEX_EXPANSION} positions (use smaller bounds, or * and +)"
-            )
-    if json_schema is not None:
-        try:
-            schema: Any = json.loads(json_schema)
-        except ValueError as e:
-            errors.append(f"json_schema is not valid JSON text: {e}")
-        except RecursionError:  # a few KB of "[[[[..." is enough to hit it
-            errors.append("json_schema is nested too deeply")
         else:
-            if not isinstance(schema, (dict, bool)):
-                errors.append(
-                    f"json_schema must be a JSON object (or a boolean), got {type(schema).__name__}"
-                )
-    if tagged_json is not None and len(tagged_json) <= MAX_CONSTRAINT_CHARS:
-        errors += _tagged_json_errors(tagged_json)
-    if structural_tag is not None and len(structural_tag) <= MAX_CONSTRAINT_CHARS:
-        errors += _structural_tag_errors(structural_tag)
-    if choices is not None:
-        if not choices:
-            errors.append("choices must list at least one string")
-        elif any(not c for c in choices):
-            errors.append("choices must be non-empty strings")
+            errors += _CHECKS[name](value)
     return errors
+
+
+def _regex_errors(regex: str) -> list[str]:
+    if not regex:
+        return ["regex must be non-empty"]
+    expansion = regex_expansion(regex)
+    if expansion is not None and expansion > MAX_REGEX_EXPANSION:
+        return [
+            f"regex is too complex to compile: its bounded repetitions expand to more than "
+            f"{MAX_REGEX_EXPANSION} positions (use smaller bounds, or * and +)"
+        ]
+    return []
+
+
+def _json_schema_errors(text: str) -> list[str]:
+    try:
+        schema: Any = json.loads(text)
+    except ValueError as e:
+        return [f"json_schema is not valid JSON text: {e}"]
+    except RecursionError:  # a few KB of "[[[[..." is enough to hit it
+        return ["json_schema is nested too deeply"]
+    if not isinstance(schema, (dict, bool)):
+        return [f"json_schema must be a JSON object (or a boolean), got {type(schema).__name__}"]
+    return []
+
+
+def _choices_errors(choices: list[str]) -> list[str]:
+    if not choices:
+        return ["choices must list at least one string"]
+    if any(not c for c in choices):
+        return ["choices must be non-empty strings"]
+    return []
 
 
 def _tagged_json_errors(text: str) -> list[str]:
@@ -170,25 +171,65 @@ def _structural_tag_errors(text: str) -> list[str]:
     return []
 
 
-def constraint_of(
-    regex: str | None,
-    json_schema: str | None,
-    choices: list[str] | None,
-    tagged_json: str | None = None,
-    structural_tag: str | None = None,
-) -> Constraint | None:
-    """The :class:`Constraint` of already validated parameters, or None when unconstrained."""
-    if regex is not None:
-        return Constraint("regex", regex)
-    if json_schema is not None:
-        return Constraint("json_schema", json_schema)
-    if choices is not None:
-        return Constraint("choices", tuple(choices))
-    if tagged_json is not None:
-        return Constraint("tagged_json", tagged_json)
-    if structural_tag is not None:
-        return Constraint("structural_tag", structural_tag)
+def _ebnf_errors(grammar: str) -> list[str]:
+    return [] if grammar.strip() else ["ebnf must be a non-empty grammar"]
+
+
+_CHECKS: dict[str, Any] = {
+    "regex": _regex_errors,
+    "json_schema": _json_schema_errors,
+    "choices": _choices_errors,
+    "tagged_json": _tagged_json_errors,
+    "structural_tag": _structural_tag_errors,
+    "ebnf": _ebnf_errors,
+}
+
+
+def constraint_of(fields: Mapping[str, Any]) -> Constraint | None:
+    """The :class:`Constraint` of already validated fields (as :func:`constraint_errors`
+    takes them), or None when unconstrained."""
+    for name in CONSTRAINT_FIELDS:
+        value = fields.get(name)
+        if value is not None:
+            return Constraint(name, tuple(value) if name == "choices" else value)
     return None
+
+
+def structural_tag_text(spec: Any) -> str:
+    """A structural tag as JSON text in xgrammar's current form, from either form clients
+    send: ``{"type": "structural_tag", "format": {...}}``, or the older one SGLang's and
+    vLLM's examples use, ``{"type": "structural_tag", "structures": [{"begin", "schema",
+    "end"}], "triggers": [...]}`` (free text until a trigger, then one of the structures),
+    rewritten as the ``triggered_tags`` format xgrammar itself reads it as. ``ValueError``
+    when it is neither."""
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except (ValueError, RecursionError):
+            raise ValueError("structural_tag is not valid JSON text") from None
+    if not isinstance(spec, dict):
+        raise ValueError("structural_tag must be a JSON object")
+    if "format" in spec:
+        return json.dumps({"type": "structural_tag", "format": spec["format"]})
+    structures, triggers = spec.get("structures"), spec.get("triggers")
+    if not (isinstance(structures, list) and structures and isinstance(triggers, list)):
+        raise ValueError(
+            'structural_tag must have a "format", or "structures" and "triggers" lists'
+        )
+    tags = []
+    for s in structures:
+        if not (
+            isinstance(s, dict)
+            and all(isinstance(s.get(k), str) for k in ("begin", "end"))
+            and isinstance(s.get("schema"), (dict, bool))
+        ):
+            raise ValueError(
+                'each of structural_tag.structures needs "begin" and "end" strings and a "schema"'
+            )
+        content = {"type": "json_schema", "json_schema": s["schema"]}
+        tags.append({"type": "tag", "begin": s["begin"], "content": content, "end": s["end"]})
+    fmt = {"type": "triggered_tags", "triggers": triggers, "tags": tags}
+    return json.dumps({"type": "structural_tag", "format": fmt})
 
 
 class CompiledGrammar(NamedTuple):

@@ -33,6 +33,20 @@ PERSON_SCHEMA: dict[str, Any] = {
     "required": ["name", "age", "role", "tags", "address"],
 }
 
+# A grammar (EBNF, as xgrammar reads it) with rules that refer to rules and parentheses
+# nested to a bounded depth, and the same language as a regex, to check outputs against.
+ARITH_EBNF = """root ::= expr
+expr ::= term (op term){0,2}
+term ::= num | "(" inner ")"
+inner ::= num (op num){0,2}
+op ::= " + " | " * "
+num ::= [1-9] [0-9]?
+"""
+_NUM, _OP = "[1-9][0-9]?", r" [+*] "
+_INNER = rf"{_NUM}({_OP}{_NUM}){{0,2}}"
+_TERM = rf"({_NUM}|\({_INNER}\))"
+ARITH_REGEX = rf"{_TERM}({_OP}{_TERM}){{0,2}}"
+
 
 def make_tiny_engine(model_dir: Path, **kw: Any) -> Engine:
     cfg: dict[str, Any] = dict(

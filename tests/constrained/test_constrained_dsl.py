@@ -1,5 +1,5 @@
 """The DSL's constrained gens over the in-process engine (tiny Llama, sampled): regex, JSON
-schema, and the typed gens (int, float, bool) whose values always parse."""
+schema, grammar, and the typed gens (int, float, bool) whose values always parse."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from constrained_cases import IPV4_REGEX, PERSON_SCHEMA
+from constrained_cases import ARITH_EBNF, ARITH_REGEX, IPV4_REGEX, PERSON_SCHEMA
 
 from frontend_dsl import FakeBackend, gen, gen_bool, gen_float, gen_int, gen_json, program
 from frontend_dsl.engine_backend import EngineBackend
@@ -34,6 +34,7 @@ def backend(tiny_llama_dir: Path) -> Iterator[EngineBackend]:
 def profile(s, who):  # type: ignore[no-untyped-def]
     s += f"Profile of {who}.\nIP: " + gen("ip", regex=IPV4_REGEX, max_tokens=40)
     s += "\nJSON: " + gen("person", json_schema=PERSON_SCHEMA, max_tokens=400)
+    s += "\nSum: " + gen("sum", ebnf=ARITH_EBNF, max_tokens=64)
     s += (
         "\nAge: "
         + gen_int("age")
@@ -58,6 +59,7 @@ def test_typed_and_constrained_gens_parse_under_sampling(backend: EngineBackend)
         assert st.ok, st.error
         assert re.fullmatch(IPV4_REGEX, st["ip"])
         jsonschema.validate(json.loads(st["person"]), PERSON_SCHEMA)
+        assert re.fullmatch(ARITH_REGEX, st["sum"]), st["sum"]
         assert (
             isinstance(st["age"], int)
             and isinstance(st["height"], float)

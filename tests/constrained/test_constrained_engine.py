@@ -12,7 +12,13 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from constrained_cases import IPV4_REGEX, PERSON_SCHEMA, make_tiny_engine
+from constrained_cases import (
+    ARITH_EBNF,
+    ARITH_REGEX,
+    IPV4_REGEX,
+    PERSON_SCHEMA,
+    make_tiny_engine,
+)
 
 from radixserve.engine.engine import Engine
 from radixserve.sampling_params import SamplingParams
@@ -56,6 +62,21 @@ def test_nested_json_schema_validates_under_sampling(engine: Engine) -> None:
         assert (
             o.text == json.dumps(value, ensure_ascii=False) or "\\" in o.text
         )  # compact separators
+
+
+def test_ebnf_grammar_holds_under_sampling(engine: Engine) -> None:
+    n = 16
+    outs = engine.generate(
+        [PROMPTS[i % len(PROMPTS)] for i in range(n)],
+        [sampled(200 + i, ebnf=ARITH_EBNF) for i in range(n)],
+    )
+    for o in outs:
+        assert o.finish_reason == "stop" and re.fullmatch(ARITH_REGEX, o.text), o.text
+    assert any("(" in o.text for o in outs) and len({o.text for o in outs}) > n // 2
+    with pytest.raises(ValueError, match=r'invalid ebnf: .*Rule "nowhere" is not defined'):
+        engine.add_request([5, 6], SamplingParams(ebnf="root ::= nowhere"))
+    with pytest.raises(ValueError, match="at most one of regex, .* got regex, ebnf"):
+        SamplingParams(regex="a", ebnf='root ::= "a"').validate()
 
 
 def test_choices_and_typed_regexes_parse(engine: Engine) -> None:

@@ -17,6 +17,7 @@ from radixserve.constrained import Constraint
 from radixserve.constrained.grammar import GrammarCompiler
 from radixserve.constrained.mask import apply_token_masks
 from radixserve.constrained.matcher import GrammarMatcher
+from radixserve.constrained.spec import structural_tag_text
 from radixserve.sampling_params import SamplingParams
 
 EOS = 2
@@ -57,9 +58,38 @@ def test_sampling_params_check_constraints_without_a_grammar_library() -> None:
         (dict(regex=""), "non-empty"),
         (dict(json_schema='"str"'), "JSON object"),
         (dict(choices=["a", ""]), "non-empty strings"),
+        (dict(ebnf=" \n"), "non-empty grammar"),
+        (dict(ebnf="root ::= " + '"a" ' * 20_000), "more than the limit"),
+        (dict(ebnf='root ::= "a"', choices=["a"]), "got choices, ebnf"),
     ]:
         with pytest.raises(ValueError, match=msg):
             SamplingParams(**bad).validate()  # type: ignore[arg-type]
+
+
+def test_both_forms_of_a_structural_tag_compile_to_one_grammar() -> None:
+    import xgrammar as xgr
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    begin, end = "<function=get_weather>", "</function>"
+    legacy = {
+        "type": "structural_tag",
+        "structures": [{"begin": begin, "schema": schema, "end": end}],
+        "triggers": ["<function="],
+    }
+    text = structural_tag_text(json.dumps(legacy))  # as SGLang's /generate sends it: text
+    assert structural_tag_text(json.loads(text)) == text  # the current form passes as is
+    items = [xgr.StructuralTagItem(begin=begin, schema=json.dumps(schema), end=end)]
+    assert str(xgr.Grammar.from_structural_tag(text)) == str(
+        xgr.Grammar.from_structural_tag(items, ["<function="])  # xgrammar's own reading
+    )
+    for bad, msg in [
+        ("{", "not valid JSON"),
+        ([1], "JSON object"),
+        ({"structures": [], "triggers": []}, '"structures" and "triggers"'),
+        ({"structures": [{"begin": 1, "end": ""}], "triggers": ["<"]}, '"begin" and "end"'),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            structural_tag_text(bad)
 
 
 def test_cache_hits_and_clear_errors(compiler: GrammarCompiler) -> None:
@@ -73,6 +103,8 @@ def test_cache_hits_and_clear_errors(compiler: GrammarCompiler) -> None:
         compiler.compile(Constraint("regex", "(ab"))
     with pytest.raises(ValueError, match=r"invalid json_schema: .*Unsupported type"):
         compiler.compile(Constraint("json_schema", '{"type": "tuple"}'))
+    with pytest.raises(ValueError, match=r"invalid ebnf: .*lexer error"):
+        compiler.compile(Constraint("ebnf", "::= x"))
 
 
 def test_mask_is_exactly_the_tokens_that_keep_a_choice_reachable(
