@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
-from constrained_cases import IPV4_REGEX, PERSON_SCHEMA
+from constrained_cases import ARITH_EBNF, ARITH_REGEX, IPV4_REGEX, PERSON_SCHEMA
 
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.client import Client, ServerError
@@ -146,3 +146,103 @@ def test_openai_response_format_json_schema_and_json_object(http_url: str) -> No
                 "json_schema": {"name": "bad", "schema": {"type": "nope"}},
             },
         )
+
+
+def test_vllm_and_sglang_spellings_through_the_openai_client(http_url: str) -> None:
+    """What clients written for vLLM and SGLang send in ``extra_body`` constrains the answer
+    on both OpenAI routes; a grammar the compiler refuses is a 400 and the server goes on."""
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=http_url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    checks: list[tuple[dict[str, Any], Any]] = [
+        ({"structured_outputs": {"grammar": ARITH_EBNF}}, arith),
+        ({"guided_grammar": ARITH_EBNF}, arith),
+        ({"ebnf": ARITH_EBNF}, arith),
+        ({"structured_outputs": {"regex": IPV4_REGEX}}, ipv4),
+        ({"guided_regex": IPV4_REGEX}, ipv4),
+        ({"regex": IPV4_REGEX}, ipv4),
+        ({"structured_outputs": {"choice": ["red", "green"]}}, {"red", "green"}.__contains__),
+        ({"guided_choice": ["red", "green"]}, {"red", "green"}.__contains__),
+        ({"guided_json": PERSON_SCHEMA}, person),
+    ]
+    for i, (extra, valid) in enumerate(checks):
+        chat = client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": f"Answer {i}."}],
+            temperature=1.0,
+            seed=i,
+            max_tokens=400,
+            extra_body=extra,
+        )
+        text = client.completions.create(
+            model="default",
+            prompt=f"Answer {i}:",
+            temperature=1.0,
+            seed=i,
+            max_tokens=400,
+            extra_body=extra,
+        )
+        for answer, why in (
+            (chat.choices[0].message.content or "", chat.choices[0].finish_reason),
+            (text.choices[0].text, text.choices[0].finish_reason),
+        ):
+            assert why == "stop" and valid(answer), (extra, answer)
+    with pytest.raises(BadRequestError, match='invalid ebnf: .*Rule "nowhere" is not defined'):
+        client.completions.create(
+            model="default", prompt="x", max_tokens=4, extra_body={"ebnf": "root ::= nowhere"}
+        )
+    with pytest.raises(BadRequestError, match="response_format and guided_regex both"):
+        client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": "x"}],
+            response_format={"type": "json_object"},
+            extra_body={"guided_regex": "a"},
+        )
+
+
+def test_sglang_generate_ebnf_and_structural_tag(http_url: str) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    tag = {"type": "tag", "begin": "<n>", "content": {"type": "json_schema", "json_schema": schema}}
+    forced = {  # xgrammar's form: one tagged call, required, and nothing after it
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "triggers": ["<n>"],
+            "tags": [{**tag, "end": "</n>"}],
+            "at_least_one": True,
+            "stop_after_first": True,
+        },
+    }
+    legacy = {  # the older form SGLang's docs send: free text, a structure once triggered
+        "type": "structural_tag",
+        "structures": [{"begin": "<n>", "schema": schema, "end": "</n>"}],
+        "triggers": ["<n>"],
+    }
+    with httpx.Client(base_url=http_url, timeout=60) as h:
+        sp: dict[str, Any] = {"ebnf": ARITH_EBNF, "temperature": 1.0, "max_new_tokens": 64}
+        r = h.post("/generate", json={"text": ["Sum:", "Product:"], "sampling_params": sp})
+        assert r.status_code == 200, r.text
+        assert all(arith(item["text"]) for item in r.json()), r.json()
+        for seed in range(3):
+            sp = {"structural_tag": json.dumps(forced), "temperature": 1.0, "sampling_seed": seed}
+            r = h.post("/generate", json={"text": "Call:", "sampling_params": sp})
+            assert r.status_code == 200, r.text
+            m = re.fullmatch(r"<n>(.*)</n>", r.json()["text"], flags=re.S)
+            assert m is not None, r.json()["text"]
+            jsonschema.validate(json.loads(m.group(1)), schema)
+        sp = {"structural_tag": json.dumps(legacy), "max_new_tokens": 8}
+        r = h.post("/generate", json={"text": "Call:", "sampling_params": sp})
+        assert r.status_code == 200, r.text  # compiled on the worker in its current form
+
+
+def arith(text: str) -> bool:
+    return re.fullmatch(ARITH_REGEX, text) is not None
+
+
+def ipv4(text: str) -> bool:
+    return re.fullmatch(IPV4_REGEX, text) is not None
+
+
+def person(text: str) -> bool:
+    jsonschema.validate(json.loads(text), PERSON_SCHEMA)
+    return True

@@ -114,7 +114,7 @@ def test_media_content_parts_are_a_clear_400(kind: str) -> None:
         {"logit_bias": {str(i): 1.0 for i in range(301)}},
         {"stream_options": {"include_usage": True}},
         {"functions": [{"name": "f"}]},
-        {"guided_json": {"type": "object"}},
+        {"guided_json": {"type": "object"}, "response_format": {"type": "json_object"}},
         {"modalities": ["text", "audio"]},
         {"thinking_token_budget": -1},
     ],

@@ -16,8 +16,9 @@ server's reasoning parser (``--reasoning-parser``). ``tool_choice``:
 - ``strict: true`` tools under ``"auto"``, or ``parallel_tool_calls: false``: a structural
   tag leaves the text free but, once the model opens a call, holds it to a known tool
   with a strict tool's arguments valid against its schema, and ends generation after
-  the first call when parallel calls are off. (With ``response_format`` also set, that
-  constraint wins and the structural tag is not applied.)
+  the first call when parallel calls are off. (With a structured output also asked for,
+  ``response_format`` or another spelling of it, that constraint wins and the structural
+  tag is not applied.)
 
 A chat template that does not render tools (the default SmolLM2's) gets a 400 for any
 ``tool_choice`` but ``"none"`` (which then drops the tools): a tool list the model never
@@ -165,7 +166,9 @@ def plan(
     if choice == "required" or named is not None:
         if has_constraint:
             raise invalid(
-                "response_format cannot be combined with a required tool call", param="tool_choice"
+                "a structured output (response_format, structured_outputs, guided_*, regex, "
+                "ebnf) cannot be combined with a required tool call",
+                param="tool_choice",
             )
         allowed = [f for f in functions if named is None or f["name"] == named]
         forced = _bounded(forced_call(fmt, allowed), "force a call")

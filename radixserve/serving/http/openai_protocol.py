@@ -3,10 +3,10 @@
 Types are strict (``"5"`` is not an integer), unknown fields are ignored (clients send
 ``user``, ``store``, ``metadata``, ...), and values are checked by
 :meth:`SamplingParams.validate`, the one place the engine, router and gateways share.
-``response_format`` ``json_object`` / ``json_schema`` use radixserve's constrained
-decoding. Tools and reasoning are planned in :mod:`.chat_tools`. Features radixserve does not
-have (``suffix``,
-``best_of`` > ``n``, image content) are rejected with a 400 rather than silently ignored.
+Structured output (``response_format``, and vLLM's and SGLang's spellings: see
+:mod:`.structured_outputs`) uses radixserve's constrained decoding. Tools and reasoning are
+planned in :mod:`.chat_tools`. Features radixserve does not have (``suffix``, ``best_of`` >
+``n``, image content) are rejected with a 400 rather than silently ignored.
 Extensions accepted as vLLM and SGLang do: ``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
 ``skip_special_tokens``, ``thinking_token_budget``. ``logit_bias`` has OpenAI's semantics
@@ -15,7 +15,6 @@ Extensions accepted as vLLM and SGLang do: ``top_k``, ``min_p``,
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Annotated, Any
 
@@ -26,6 +25,7 @@ from radixserve.sampling_params import TOKEN_ID_LIMIT, SamplingParams
 from radixserve.serving.http.chat_tools import MAX_MESSAGES, CallIn, ToolIn
 from radixserve.serving.http.chunk_usage import ChunkUsage
 from radixserve.serving.http.errors import invalid
+from radixserve.serving.http.structured_outputs import StructuredOutputFields
 from radixserve.serving.wire import protocol as p
 
 # A token id in a request body: bounded here, so that an absurd integer is a 400, not a
@@ -145,16 +145,12 @@ UNSUPPORTED_FIELDS = {
     "functions": "the legacy functions field is not supported; send tools",
     "function_call": "the legacy function_call field is not supported; send tool_choice",
     "verbosity": "verbosity is not supported",
-    "guided_json": "guided_json is not supported; send response_format",
-    "guided_regex": "guided_regex is not supported; send response_format or use /generate",
-    "guided_choice": "guided_choice is not supported; use /generate's choices",
-    "guided_grammar": "grammars are not supported",
-    "structured_outputs": "structured_outputs is not supported; send response_format",
 }
 
 
-class _SamplingBody(_Body):
-    """Fields shared by chat and text completions."""
+class _SamplingBody(_Body, StructuredOutputFields):
+    """Fields shared by chat and text completions (the structured-output ones in
+    :class:`~.structured_outputs.StructuredOutputFields`)."""
 
     model_config = ConfigDict(strict=True, extra="allow")
 
@@ -214,6 +210,7 @@ class _SamplingBody(_Body):
         if not 1 <= self.n <= 128:
             raise invalid(f"n must be in [1, 128], got {self.n}", param="n")
         self.bias()  # a bad logit_bias fails before anything runs
+        self.constraint()  # and so does a bad response_format
         if self.temperature is not None and not 0.0 <= self.temperature <= 2.0:
             raise invalid(
                 f"temperature must be in [0, 2], got {self.temperature}", param="temperature"
@@ -229,10 +226,6 @@ class _SamplingBody(_Body):
             return bias_rules.from_json(self.logit_bias) or None
         except ValueError as exc:
             raise invalid(str(exc), param="logit_bias") from exc
-
-    def constraint(self) -> dict[str, Any]:
-        """Constrained-decoding fields of :class:`SamplingParams` (none here; chat overrides)."""
-        return {}
 
     def sampling(
         self,
@@ -300,7 +293,6 @@ class ChatCompletionRequest(_SamplingBody):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
     tools: list[ToolIn] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -324,7 +316,6 @@ class ChatCompletionRequest(_SamplingBody):
             raise invalid(
                 f"at most {MAX_MESSAGES} messages, got {len(self.messages)}", param="messages"
             )
-        self.constraint()  # a bad response_format fails before anything runs
         if self.continue_final_message and self.add_generation_prompt:
             raise invalid(
                 "continue_final_message goes on with the last message: send it with "
@@ -339,29 +330,6 @@ class ChatCompletionRequest(_SamplingBody):
                     f"top_logprobs must be in [0, 20], got {self.top_logprobs}",
                     param="top_logprobs",
                 )
-
-    def constraint(self) -> dict[str, Any]:
-        """``response_format`` as a constraint: ``json_object`` -> any JSON object,
-        ``json_schema`` -> that schema (OpenAI's ``{"json_schema": {"name", "schema"}}``)."""
-        fmt = self.response_format
-        kind = None if fmt is None else fmt.get("type", "text")
-        if kind in (None, "text"):
-            return {}
-        if kind == "json_object":
-            return {"json_schema": json.dumps({"type": "object"})}
-        if kind == "json_schema":
-            spec = fmt.get("json_schema") if fmt else None
-            schema = spec.get("schema") if isinstance(spec, dict) else None
-            if not isinstance(schema, (dict, bool)):
-                raise invalid(
-                    "response_format.json_schema.schema must be a JSON schema object",
-                    param="response_format",
-                )
-            return {"json_schema": json.dumps(schema)}
-        raise invalid(
-            f"response_format type {kind!r} is not supported (text, json_object, json_schema)",
-            param="response_format",
-        )
 
     def chat(self) -> list[p.ChatMessage]:
         return [m.wire(i) for i, m in enumerate(self.messages)]

@@ -8,11 +8,12 @@ What SGLang's frontend (``sglang.lang``'s ``RuntimeEndpoint``) sends, and how it
 * ``max_new_tokens: 0`` ("just prefill and cache the prefix", and the scoring requests of
   ``select``) runs one token through the engine and reports none.
 * ``logprob_start_len`` -1 / absent: no prompt logprobs (SGLang's default).
-* ``regex`` and ``json_schema`` constrain the output (radixserve's constrained decoding,
-  so ``gen(regex=...)`` and typed ``gen`` work); ``logit_bias`` (token id strings to
-  biases in [-100, 100]) is added to the logits; ``ebnf``, ``structural_tag``,
-  ``stop_regex`` and images are not supported: a request that sets them
-  gets a 400 instead of silently wrong output.
+* ``regex``, ``json_schema``, ``ebnf`` (a grammar, as xgrammar reads it) and
+  ``structural_tag`` (JSON text, xgrammar's ``format`` or the older ``structures`` and
+  ``triggers``) constrain the output (radixserve's constrained decoding, so
+  ``gen(regex=...)`` and typed ``gen`` work); ``logit_bias`` (token id strings to biases
+  in [-100, 100]) is added to the logits; ``stop_regex`` and images are not supported: a
+  request that sets them gets a 400 instead of silently wrong output.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixserve import logit_bias as bias_rules
+from radixserve.constrained.spec import structural_tag_text
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.http.errors import invalid
 from radixserve.serving.http.openai_protocol import TokenId
-
-_UNSUPPORTED = ("ebnf", "structural_tag")
 
 
 class SGLSamplingParams(BaseModel):
@@ -72,11 +72,6 @@ class SGLSamplingParams(BaseModel):
         sample: int,
     ) -> tuple[SamplingParams, bool]:
         """Our :class:`SamplingParams`, and whether the output must be dropped (``max_new_tokens`` 0)."""
-        for name in _UNSUPPORTED:
-            if getattr(self, name):
-                raise invalid(
-                    f"sampling_params.{name} is not supported", param=f"sampling_params.{name}"
-                )
         if self.stop_regex:
             raise invalid(
                 "sampling_params.stop_regex is not supported", param="sampling_params.stop_regex"
@@ -117,6 +112,8 @@ class SGLSamplingParams(BaseModel):
             skip_special_tokens=self.skip_special_tokens,
             regex=self.regex,
             json_schema=self.json_schema,
+            ebnf=self.ebnf,
+            structural_tag=self._structural_tag(),
             pin_ttl_s=self.pin_ttl_s,
             logit_bias=bias or None,
         )
@@ -125,6 +122,15 @@ class SGLSamplingParams(BaseModel):
         except ValueError as exc:
             raise invalid(str(exc), param="sampling_params") from exc
         return params, max_new == 0
+
+    def _structural_tag(self) -> str | None:
+        """``structural_tag`` in xgrammar's current form (either form accepted)."""
+        if self.structural_tag is None:
+            return None
+        try:
+            return structural_tag_text(self.structural_tag)
+        except ValueError as exc:
+            raise invalid(str(exc), param="sampling_params.structural_tag") from None
 
 
 class GenerateReqInput(BaseModel):
