@@ -58,6 +58,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     seed: int | None = None
     stop: list[str] = []
     stop_token_ids: list[int] = []
+    # Keep the stop string that ended the output at its end (vLLM's name; SGLang's
+    # no_stop_trim); by default it is cut off.
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs_start: int | None = None

@@ -7,8 +7,9 @@ make that subtle:
   decodes a token's leading space differently depending on what precedes it. So each step
   decodes a short window of recent ids twice (with and without the new ones) and emits the
   difference, and waits while the window ends in an incomplete character (U+FFFD).
-- Stop strings are matched on text and excluded from the output. Text that could still be
-  the start of a stop string is held back until it is decided. Before ``min_tokens`` output
+- Stop strings are matched on text and excluded from the output (kept, with
+  ``include_stop_str_in_output``: vLLM's name, SGLang's ``no_stop_trim``). Text that could
+  still be the start of a stop string is held back until it is decided. Before ``min_tokens`` output
   tokens no stop string matches (as in vLLM and SGLang); from then on, one that ends in the
   new text does.
 
@@ -56,6 +57,8 @@ class IncrementalDetokenizer:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._skip_special = params.skip_special_tokens if params is not None else True
         self._stops: tuple[str, ...] = tuple(params.stop) if params is not None else ()
+        self._keep_stop = params.include_stop_str_in_output if params is not None else False
+        self._matched: str | None = None
         self._max_stop = max((len(s) for s in self._stops), default=0)
         self._min_tokens = params.min_tokens if params is not None else 0
         self._num_out = 0  # output token ids fed so far
@@ -75,6 +78,11 @@ class IncrementalDetokenizer:
     @property
     def stopped(self) -> bool:
         return self._stopped
+
+    @property
+    def matched_stop(self) -> str | None:
+        """The stop string that ended the output (None: none did)."""
+        return self._matched
 
     def _decode(self, ids: list[int]) -> str:
         if self._backend is not None:
@@ -142,13 +150,14 @@ class IncrementalDetokenizer:
             return
         # A stop string may straddle the old text and the new delta.
         search_from = max(self._emitted, start - self._max_stop + 1, 0)
-        cut = -1
+        cut, matched = -1, ""
         for s in self._stops:
             i = self._text.find(s, search_from)
             if i != -1 and (cut == -1 or i < cut):
-                cut = i
+                cut, matched = i, s
         if cut != -1:
-            self._text = self._text[:cut]
+            self._text = self._text[: cut + len(matched) if self._keep_stop else cut]
+            self._matched = matched
             self._stopped = True
 
     def _held_back(self) -> int:

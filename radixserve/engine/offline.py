@@ -92,4 +92,5 @@ class GenerateCollector:
             logprobs=self.logprobs if self.want_logprobs else None,
             prompt_logprobs=self.prompt_logprobs,
             error=o.error,
+            matched_stop=self.detok.matched_stop,
         )

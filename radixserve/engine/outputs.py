@@ -100,6 +100,8 @@ class GenerateOutput(msgspec.Struct, frozen=True):
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[float | None] | None = None
     error: str | None = None
+    # The stop string that ended the text (None: none did; a stop token shows in token_ids).
+    matched_stop: str | None = None
 
 
 class EngineStats(msgspec.Struct, frozen=True):

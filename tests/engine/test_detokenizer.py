@@ -60,6 +60,26 @@ def test_stop_string_excluded_and_stops(tokenizer, chunk: int) -> None:  # type:
     assert detok.add(ids[-1:]) == ("", True, "stop")
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 100])
+def test_kept_stop_string_ends_the_text_and_is_named(tokenizer, chunk: int) -> None:  # type: ignore[no-untyped-def]
+    ids = tokenizer.encode("one two three four five six")
+    params = SamplingParams(stop=["nine", "three f", "two"], include_stop_str_in_output=True)
+    detok = IncrementalDetokenizer(tokenizer, params)
+    out = ""
+    for i in range(0, len(ids), chunk):
+        d = detok.add(ids[i : i + chunk])
+        out += d.text
+        if d.stopped:
+            break
+    # The earliest match wins whichever stop is listed first, and ends the text with it.
+    assert out == detok.text == "one two" and detok.matched_stop == "two"
+    plain = IncrementalDetokenizer(tokenizer, SamplingParams(stop=["three f"]))
+    assert plain.add(ids).text == "one two " and plain.matched_stop == "three f"
+    unmatched = IncrementalDetokenizer(tokenizer, SamplingParams(stop=["nine"]))
+    unmatched.add(ids, final=True)
+    assert unmatched.matched_stop is None
+
+
 def test_no_stop_string_before_min_tokens(tokenizer) -> None:  # type: ignore[no-untyped-def]
     """As in vLLM and SGLang: a stop string in the first ``min_tokens`` tokens' text does not
     end the request; one that ends after them does."""

@@ -99,7 +99,10 @@ def test_stop_strings_via_generate(engine) -> None:  # type: ignore[no-untyped-d
     stop = full.text[2:4]
     out = engine.generate([prompt], greedy(12, stop=[stop]))[0]
     assert out.finish_reason == "stop"
-    assert out.text == full.text[: full.text.index(stop)]
+    assert out.text == full.text[: full.text.index(stop)] and out.matched_stop == stop
+    kept = engine.generate([prompt], greedy(12, stop=[stop], include_stop_str_in_output=True))[0]
+    assert kept.text == full.text[: full.text.index(stop) + len(stop)]
+    assert full.matched_stop is None
     engine.check_invariants()
     assert engine.stats().pages_in_use == 0
 

@@ -211,14 +211,16 @@ def test_stop_string_inside_a_draft(engines: dict[str, Engine]) -> None:
     spec.generate([PROMPTS[2]], _params(40))  # its output is drafted from the start next time
     ref = base.generate([PROMPTS[2]], _params(40))[0]
     stop = ref.text[len(ref.text) * 2 // 3 :][:3]
-    params = _params(40, stop=[stop])
+    params = _params(40, stop=[stop], include_stop_str_in_output=True)
     want = base.generate([PROMPTS[2]], params)[0]
     got = spec.generate([PROMPTS[2]], params)[0]
-    assert (got.text, got.token_ids, got.finish_reason) == (
+    assert (got.text, got.token_ids, got.finish_reason, got.matched_stop) == (
         want.text,
         want.token_ids,
         want.finish_reason,
+        stop,
     )
+    assert got.text.endswith(stop)
     assert got.usage.spec_drafted_tokens > 0
     _all_pages_back(spec)
 

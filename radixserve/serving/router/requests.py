@@ -108,4 +108,5 @@ class RouterRequest:
             logprobs=self.logprobs,
             prompt_logprobs=self.prompt_logprobs,
             worker_id=self.worker_id,
+            matched_stop=self.detok.matched_stop if self.detok is not None else None,
         )

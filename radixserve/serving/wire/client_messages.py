@@ -202,6 +202,9 @@ class GenerateFinal(Msg, tag="final"):
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[float | None] | None = None
     worker_id: int = -1
+    # The stop string that ended the text (None: none did; a stop token shows in token_ids):
+    # SGLang's finish_reason.matched, vLLM's stop_reason, Anthropic's stop_sequence.
+    matched_stop: str | None = None
 
 
 class Error(Msg, tag="error"):
