@@ -74,7 +74,7 @@ def test_session_and_priority_cross_the_wire() -> None:
 
 
 def test_usage_says_which_tier_the_cached_tokens_came_from() -> None:
-    from radixserve.serving.http.openai_api import usage
+    from radixserve.serving.http.openai_reply import usage
 
     final = p.GenerateFinal(
         request_id="r",

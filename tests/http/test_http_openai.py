@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -89,6 +90,44 @@ def test_stop_string(client: openai.OpenAI) -> None:
     )
     assert out.choices[0].finish_reason == "stop"
     assert out.choices[0].message.content == text[: text.find(stop)]
+    assert out.choices[0].model_extra["stop_reason"] == stop  # vLLM's: which stop ended it
+    kept = text[: text.find(stop) + len(stop)]
+    extra = {"ignore_eos": True, "include_stop_str_in_output": True}
+    out = client.chat.completions.create(
+        model="default", messages=msgs, max_tokens=16, temperature=0, stop=[stop], extra_body=extra
+    )
+    assert out.choices[0].message.content == kept
+    chunks = list(
+        client.chat.completions.create(
+            model="default",
+            messages=msgs,
+            max_tokens=16,
+            temperature=0,
+            stop=["@@@", stop],
+            stream=True,
+            extra_body=extra,
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == kept
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].choices[0].model_extra["stop_reason"] == stop
+
+
+def test_stop_reason_of_text_completions(client: openai.OpenAI, server: Any) -> None:
+    greedy: dict[str, Any] = dict(model="default", prompt="1, 2, 3,", max_tokens=8, temperature=0)
+    full = client.completions.create(**greedy, extra_body={"ignore_eos": True})
+    assert full.choices[0].model_extra["stop_reason"] is None  # the length ended it
+    sp = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+    ids = httpx.post(
+        server.url + "/generate", json={"text": "1, 2, 3,", "sampling_params": sp}, timeout=60
+    ).json()["output_ids"]
+    stop_id = ids[2]  # the third greedy token ends the choice, and is named as its reason
+    for stream in (False, True):
+        out = client.completions.create(
+            **greedy, stream=stream, extra_body={"ignore_eos": True, "stop_token_ids": [stop_id]}
+        )
+        last = list(out)[-1].choices[0] if stream else out.choices[0]  # type: ignore[arg-type]
+        assert last.finish_reason == "stop" and last.model_extra["stop_reason"] == stop_id
 
 
 def test_cached_tokens_on_second_call_with_same_system_prompt(client: openai.OpenAI) -> None:

@@ -231,6 +231,25 @@ def test_streamed_logprobs_chunk_by_chunk(server: Any) -> None:
     assert len(tops) == len(logprobs) and all(len(t) == 2 for t in tops)
 
 
+def test_stop_string_matched_and_kept_with_no_stop_trim(server: Any) -> None:
+    with server.client() as c:
+        data = {"text": "Once upon a time", "sampling_params": srt_params(ignore_eos=True)}
+        first = c.post("/generate", json=data).json()
+        text = first["text"]
+        stop = next(text[i : i + 2] for i in range(2, len(text)) if text[i : i + 2].strip())
+        for trim, expect in ((False, text[: text.find(stop)]), (True, None)):
+            sp = srt_params(ignore_eos=True, stop=["@@@", stop], no_stop_trim=trim)
+            obj = c.post("/generate", json={**data, "sampling_params": sp}).json()
+            assert obj["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+            assert obj["text"] == (expect or text[: text.find(stop) + len(stop)])
+        sp = srt_params(stop_token_ids=[first["output_ids"][1]])  # a stop token: its id
+        obj = c.post("/generate", json={**data, "sampling_params": sp}).json()
+        assert obj["meta_info"]["finish_reason"] == {
+            "type": "stop",
+            "matched": first["output_ids"][1],
+        }
+
+
 def test_sglang_bad_requests(server: Any) -> None:
     with server.client() as c:
         for body in (

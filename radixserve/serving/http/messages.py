@@ -115,7 +115,6 @@ def prefill(messages: list[p.ChatMessage]) -> tuple[list[p.ChatMessage], bool]:
 async def prepare(body: MessagesRequest, request: Request) -> tuple[Reply, ChatCall]:
     g: Gateway = request.app.state.gateway
     model, messages, plan, kwargs, prefilled = await conversation(g, body)
-    info = await g.info()
     stops = list(body.stop_sequences or [])
     params = sampling(
         max_tokens=body.max_tokens,
@@ -127,7 +126,7 @@ async def prepare(body: MessagesRequest, request: Request) -> tuple[Reply, ChatC
         thinking_token_budget=body.thinking_budget(),
     )
     call = ChatCall(messages, params, plan, None, kwargs, continue_final=prefilled)
-    return Reply(model, stops, info.eos_token_ids, g.tokenizer), call
+    return Reply(model), call
 
 
 @router.post("/v1/messages", response_model=None)

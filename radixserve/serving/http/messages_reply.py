@@ -9,14 +9,11 @@ from radixserve.serving.wire import protocol as p
 
 
 class Reply:
-    """What the message's body needs beyond the answer: id, model, the stop sequences."""
+    """What the message's body needs beyond the answer: its id and model."""
 
-    def __init__(self, model: str, stops: list[str], eos: list[int], tokenizer: Any) -> None:
+    def __init__(self, model: str) -> None:
         self.id = f"msg_{uuid.uuid4().hex}"
         self.model = model
-        self.stops = stops
-        self.eos = set(eos)
-        self.tokenizer = tokenizer
 
     def head(self, input_tokens: int = 0) -> dict[str, Any]:
         """The message without content and stop reason (``message_start``'s)."""
@@ -37,19 +34,9 @@ class Reply:
             return "max_tokens", None
         if calls:
             return "tool_use", None
-        ids = final.token_ids
-        if not self.stops or (ids and ids[-1] in self.eos):
-            return "end_turn", None
-        return "stop_sequence", self.matched_stop(ids)
-
-    def matched_stop(self, ids: list[int]) -> str | None:
-        """Which stop sequence ended the answer: the one ending latest in the last tokens'
-        text (the router trims it from the text; the tokens still hold it)."""
-        if len(self.stops) == 1 or self.tokenizer is None:
-            return self.stops[0]
-        tail = self.tokenizer.decode(ids[-64:])
-        ends = {s: tail.rfind(s) + len(s) for s in self.stops if s in tail}
-        return max(ends, key=lambda s: (ends[s], len(s))) if ends else self.stops[0]
+        if final.matched_stop is not None:  # the router matched it on the text
+            return "stop_sequence", final.matched_stop
+        return "end_turn", None
 
 
 def usage(final: p.GenerateFinal) -> dict[str, Any]:

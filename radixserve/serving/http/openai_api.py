@@ -16,19 +16,24 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.serving.http import chat_tools
 from radixserve.serving.http.auth import request_key, tenant_cache_salt
-from radixserve.serving.http.cache_report import report_json
-from radixserve.serving.http.chunk_usage import ChunkUsage
 from radixserve.serving.http.errors import APIError, invalid
 from radixserve.serving.http.gateway import Gateway, merge
 from radixserve.serving.http.openai_protocol import ChatCompletionRequest, CompletionRequest
+from radixserve.serving.http.openai_reply import (
+    ChatHead,
+    ChatStream,
+    chat_logprobs,
+    completion_logprobs,
+    stop_reason,
+    usage,
+)
 from radixserve.serving.http.sse import DONE, SSEResponse, event
-from radixserve.serving.http.streams import finals, logprob, primed
+from radixserve.serving.http.streams import finals, primed
 from radixserve.serving.wire import protocol as p
 
 router = APIRouter()
@@ -36,40 +41,6 @@ router = APIRouter()
 
 def _gw(request: Request) -> Gateway:
     return request.app.state.gateway
-
-
-def usage(groups: list[list[p.GenerateFinal]], g: Gateway | None = None) -> dict[str, Any]:
-    """OpenAI usage over prompt groups (the ``n`` finals of one prompt each), with the
-    first prompt's cache report when it asked for one (decoded by ``g``)."""
-    prompt = sum(grp[0].usage.prompt_tokens for grp in groups)
-    cached = sum(grp[0].usage.cached_tokens for grp in groups)
-    host = sum(grp[0].usage.cached_host_tokens for grp in groups)
-    disk = sum(grp[0].usage.cached_disk_tokens for grp in groups)
-    completion = sum(f.usage.completion_tokens for group in groups for f in group)
-    details: dict[str, Any] = {
-        "cached_tokens": cached,
-        # radixserve: where the cached tokens came from (hierarchical cache tiers)
-        "cached_tokens_by_tier": {"device": cached - host - disk, "host": host, "disk": disk},
-    }
-    reports = [grp[0].usage.cache_report for grp in groups]
-    if g is not None and any(r is not msgspec.UNSET for r in reports):
-        # radixserve: where each prompt left the cached path, and why (return_cache_report)
-        js = [None if r is msgspec.UNSET else report_json(g, r) for r in reports]
-        details["cache_report"] = js[0] if len(js) == 1 else js
-    out: dict[str, Any] = {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": details,
-    }
-    drafted = sum(f.usage.spec_drafted_tokens for group in groups for f in group)
-    if drafted:  # speculative decoding's drafts (OpenAI's predicted-output fields), if any
-        accepted = sum(f.usage.spec_accepted_tokens for group in groups for f in group)
-        out["completion_tokens_details"] = {
-            "accepted_prediction_tokens": accepted,
-            "rejected_prediction_tokens": drafted - accepted,
-        }
-    return out
 
 
 # ---------------------------------------------------------------------------- models
@@ -115,28 +86,6 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- chat
-
-
-def chat_logprobs(g: Gateway, lps: list[p.TokenLogprob] | None) -> list[dict[str, Any]]:
-    out = []
-    for lp in lps or []:
-        top = [
-            {
-                "token": g.token_text(tid),
-                "logprob": logprob(value),
-                "bytes": list(g.token_bytes(tid)),
-            }
-            for tid, value in lp.top or []
-        ]
-        out.append(
-            {
-                "token": g.token_text(lp.token_id),
-                "logprob": logprob(lp.logprob),
-                "bytes": list(g.token_bytes(lp.token_id)),
-                "top_logprobs": top,
-            }
-        )
-    return out
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -187,145 +136,44 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         for i in range(body.n)
     ]
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    head = ChatHead(rid, created, model, want_lp is not None, body.stop_token_ids)
     if body.stream:
         events = await primed(request, merge(streams))
-        return SSEResponse(
-            _chat_events(
-                g, events, rid, created, model, want_lp is not None, body.chunk_usage(), tools
-            )
-        )
+        return SSEResponse(ChatStream(g, head, body.chunk_usage(), tools).chunks(events))
     results = await finals(request, streams)
-    head = {"id": rid, "object": "chat.completion", "created": created, "model": model}
-    return JSONResponse(_chat_completion(g, head, results, tools, want_lp is not None))
+    return JSONResponse(_chat_completion(g, head, results, tools))
 
 
 def _chat_completion(
-    g: Gateway,
-    head: dict[str, Any],
-    results: list[p.GenerateFinal],
-    tools: chat_tools.ToolPlan,
-    with_logprobs: bool,
+    g: Gateway, head: ChatHead, results: list[p.GenerateFinal], tools: chat_tools.ToolPlan
 ) -> dict[str, Any]:
     """The answer that is not streamed: a choice per result (content, reasoning and calls
     read by the tool plan), usage over them all."""
     choices = []
     for i, f in enumerate(results):
         msg, finish_reason = chat_tools.message(tools, f.text, f.finish_reason)
-        logprobs = {"content": chat_logprobs(g, f.logprobs)} if with_logprobs else None
+        logprobs = {"content": chat_logprobs(g, f.logprobs)} if head.want_logprobs else None
         choices.append(
-            {"index": i, "message": msg, "logprobs": logprobs, "finish_reason": finish_reason}
+            {
+                "index": i,
+                "message": msg,
+                "logprobs": logprobs,
+                "finish_reason": finish_reason,
+                "stop_reason": stop_reason(f, head.stop_token_ids),
+            }
         )
     return {
-        **head,
+        "id": head.rid,
+        "object": "chat.completion",
+        "created": head.created,
+        "model": head.model,
         "choices": choices,
         "usage": usage([results], g),
         "system_fingerprint": None,
     }
 
 
-async def _chat_events(
-    g: Gateway,
-    events: AsyncIterator[tuple[int, Any]],
-    rid: str,
-    created: int,
-    model: str,
-    want_lp: bool,
-    usage_of: ChunkUsage,
-    tools: chat_tools.ToolPlan,
-) -> AsyncIterator[bytes]:
-    def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        body = {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "system_fingerprint": None,
-            "choices": choices,
-            **usage_of.field(choices),
-        }
-        body.update(extra)
-        return event(body)
-
-    started: set[int] = set()
-    done: dict[int, p.GenerateFinal] = {}
-    parsers: dict[int, Any] = {}
-    async for i, ev in events:
-        if i not in started:
-            started.add(i)
-            usage_of.started(i, ev)
-            parsers[i] = chat_tools.output_parser(tools)
-            yield chunk(
-                [
-                    {
-                        "index": i,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ]
-            )
-        parser = parsers[i]
-        usage_of.add(i, ev)
-        if isinstance(ev, p.GenerateChunk):
-            delta: dict[str, Any] = {"content": ev.text}
-            if parser is not None:
-                delta = chat_tools.stream_delta(parser.feed(ev.text))
-            if delta or (want_lp and ev.logprobs):
-                yield chunk(
-                    [
-                        {
-                            "index": i,
-                            "delta": delta,
-                            "logprobs": {"content": chat_logprobs(g, ev.logprobs)}
-                            if want_lp
-                            else None,
-                            "finish_reason": None,
-                        }
-                    ]
-                )
-        else:
-            done[i] = ev
-            finish_reason: Any = ev.finish_reason
-            if parser is not None:
-                rest = chat_tools.stream_delta(parser.finish())
-                if rest:
-                    yield chunk(
-                        [{"index": i, "delta": rest, "logprobs": None, "finish_reason": None}]
-                    )
-                if parser.calls and finish_reason == "stop":
-                    finish_reason = "tool_calls"
-            yield chunk(
-                [{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish_reason}]
-            )
-    if usage_of.include:
-        yield chunk([], usage=usage([[done[i] for i in sorted(done)]], g) if done else None)
-    yield DONE
-
-
 # ---------------------------------------------------------------------------- completions
-
-
-def completion_logprobs(
-    g: Gateway, lps: list[p.TokenLogprob] | None, offset: int
-) -> dict[str, Any]:
-    """Legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
-    tokens: list[str] = []
-    values: list[float] = []
-    tops: list[dict[str, float]] = []
-    offsets: list[int] = []
-    for lp in lps or []:
-        text = g.token_text(lp.token_id)
-        tokens.append(text)
-        values.append(logprob(lp.logprob))
-        tops.append({g.token_text(tid): logprob(v) for tid, v in lp.top or []})
-        offsets.append(offset)
-        offset += len(text)
-    return {
-        "tokens": tokens,
-        "token_logprobs": values,
-        "top_logprobs": tops,
-        "text_offset": offsets,
-    }
 
 
 @router.post("/v1/completions", response_model=None)
@@ -367,6 +215,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                 "index": i,
                 "text": echo + f.text,
                 "finish_reason": f.finish_reason,
+                "stop_reason": stop_reason(f, body.stop_token_ids),
                 "logprobs": completion_logprobs(g, f.logprobs, len(echo))
                 if body.logprobs is not None
                 else None,
@@ -437,9 +286,8 @@ async def _completion_events(
                 yield chunk([{"index": i, "text": ev.text, "logprobs": lps, "finish_reason": None}])
         else:
             done[i] = ev
-            yield chunk(
-                [{"index": i, "text": "", "logprobs": None, "finish_reason": ev.finish_reason}]
-            )
+            last = {"index": i, "text": "", "logprobs": None, "finish_reason": ev.finish_reason}
+            yield chunk([{**last, "stop_reason": stop_reason(ev, body.stop_token_ids)}])
     if body.include_usage:
         if len(done) != len(echoes) * body.n:
             raise APIError(500, "a choice ended without a final message", type="internal_error")

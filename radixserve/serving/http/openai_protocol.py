@@ -9,8 +9,10 @@ planned in :mod:`.chat_tools`. Features radixserve does not have (``suffix``, ``
 ``n``, image content) are rejected with a 400 rather than silently ignored.
 Extensions accepted as vLLM and SGLang do: ``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
-``skip_special_tokens``, ``thinking_token_budget``. ``logit_bias`` has OpenAI's semantics
-(token id strings to biases in [-100, 100], at most 300; see :mod:`radixserve.logit_bias`).
+``include_stop_str_in_output``, ``skip_special_tokens``, ``thinking_token_budget``; each
+choice carries vLLM's ``stop_reason`` (the stop string or stop token id that ended it).
+``logit_bias`` has OpenAI's semantics (token id strings to biases in [-100, 100], at most
+300; see :mod:`radixserve.logit_bias`).
 """
 
 from __future__ import annotations
@@ -185,6 +187,7 @@ class _SamplingBody(_Body, StructuredOutputFields):
     # vLLM's prefix-cache isolation: requests share cached prefixes only with the same salt.
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: bool | None = None  # vLLM's: keep the stop string that matched
     skip_special_tokens: bool | None = None
     pin_ttl_s: float | None = None  # radixserve: keep the prompt prefix pinned (see SamplingParams)
     # vLLM's: at most this many tokens of <think> block, then it is closed (SamplingParams).
@@ -248,6 +251,7 @@ class _SamplingBody(_Body, StructuredOutputFields):
             "repetition_penalty",
             "min_tokens",
             "ignore_eos",
+            "include_stop_str_in_output",
             "skip_special_tokens",
             "pin_ttl_s",
             "thinking_token_budget",

@@ -67,10 +67,11 @@ def _finish_reason(plan: _Plan, f: p.GenerateFinal, eos: list[int]) -> dict[str,
         return {"type": "length", "length": f.usage.completion_tokens}
     if f.finish_reason == "stop":
         last = f.token_ids[-1] if f.token_ids else None
+        if f.matched_stop is not None:
+            return {"type": "stop", "matched": f.matched_stop}
         if last is not None and (last in eos or last in plan.params.stop_token_ids):
             return {"type": "stop", "matched": last}
-        stops = plan.params.stop
-        return {"type": "stop", "matched": stops[0] if len(stops) == 1 else None}
+        return {"type": "stop", "matched": None}
     return {"type": "abort", "message": f"request ended: {f.finish_reason}"}
 
 

@@ -51,7 +51,7 @@ class SGLSamplingParams(BaseModel):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True  # accepted; the router's detokenizer decides
-    no_stop_trim: bool = False
+    no_stop_trim: bool = False  # keep the stop string that matched at the text's end
     sampling_seed: int | None = None
     seed: int | None = None
     regex: str | None = None
@@ -75,11 +75,6 @@ class SGLSamplingParams(BaseModel):
         if self.stop_regex:
             raise invalid(
                 "sampling_params.stop_regex is not supported", param="sampling_params.stop_regex"
-            )
-        if self.no_stop_trim:
-            raise invalid(
-                "sampling_params.no_stop_trim is not supported",
-                param="sampling_params.no_stop_trim",
             )
         max_new = context_length if self.max_new_tokens is None else self.max_new_tokens
         if max_new < 0:
@@ -107,6 +102,7 @@ class SGLSamplingParams(BaseModel):
             stop=stop,
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
+            include_stop_str_in_output=self.no_stop_trim,
             logprobs=logprobs,
             prompt_logprobs_start=prompt_logprobs_start,
             skip_special_tokens=self.skip_special_tokens,

@@ -1,0 +1,208 @@
+"""An OpenAI answer's parts, whole or streamed: usage, logprobs in both APIs' shapes, vLLM's
+``stop_reason``, and the streamed chat completion (:class:`ChatStream`).
+
+A streamed chat completion turns the router's events of ``n`` choices into OpenAI's chunks:
+each choice opens with a role delta, then content (or, with a tool plan or a reasoning
+parser, what its parser reads: content, ``reasoning_content``, ``tool_calls`` deltas), then
+one chunk with its ``finish_reason`` (``tool_calls`` when the parser found calls) and
+``stop_reason``. An optional usage chunk (``stream_options.include_usage``) and
+``data: [DONE]`` end the stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, NamedTuple
+
+import msgspec
+
+from radixserve.serving.http import chat_tools
+from radixserve.serving.http.cache_report import report_json
+from radixserve.serving.http.chunk_usage import ChunkUsage
+from radixserve.serving.http.gateway import Gateway
+from radixserve.serving.http.sse import DONE, event
+from radixserve.serving.http.streams import logprob
+from radixserve.serving.wire import protocol as p
+
+
+def usage(groups: list[list[p.GenerateFinal]], g: Gateway | None = None) -> dict[str, Any]:
+    """OpenAI usage over prompt groups (the ``n`` finals of one prompt each), with the
+    first prompt's cache report when it asked for one (decoded by ``g``)."""
+    prompt = sum(grp[0].usage.prompt_tokens for grp in groups)
+    cached = sum(grp[0].usage.cached_tokens for grp in groups)
+    host = sum(grp[0].usage.cached_host_tokens for grp in groups)
+    disk = sum(grp[0].usage.cached_disk_tokens for grp in groups)
+    completion = sum(f.usage.completion_tokens for group in groups for f in group)
+    details: dict[str, Any] = {
+        "cached_tokens": cached,
+        # radixserve: where the cached tokens came from (hierarchical cache tiers)
+        "cached_tokens_by_tier": {"device": cached - host - disk, "host": host, "disk": disk},
+    }
+    reports = [grp[0].usage.cache_report for grp in groups]
+    if g is not None and any(r is not msgspec.UNSET for r in reports):
+        # radixserve: where each prompt left the cached path, and why (return_cache_report)
+        js = [None if r is msgspec.UNSET else report_json(g, r) for r in reports]
+        details["cache_report"] = js[0] if len(js) == 1 else js
+    out: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": details,
+    }
+    drafted = sum(f.usage.spec_drafted_tokens for group in groups for f in group)
+    if drafted:  # speculative decoding's drafts (OpenAI's predicted-output fields), if any
+        accepted = sum(f.usage.spec_accepted_tokens for group in groups for f in group)
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": drafted - accepted,
+        }
+    return out
+
+
+def chat_logprobs(g: Gateway, lps: list[p.TokenLogprob] | None) -> list[dict[str, Any]]:
+    out = []
+    for lp in lps or []:
+        top = [
+            {
+                "token": g.token_text(tid),
+                "logprob": logprob(value),
+                "bytes": list(g.token_bytes(tid)),
+            }
+            for tid, value in lp.top or []
+        ]
+        out.append(
+            {
+                "token": g.token_text(lp.token_id),
+                "logprob": logprob(lp.logprob),
+                "bytes": list(g.token_bytes(lp.token_id)),
+                "top_logprobs": top,
+            }
+        )
+    return out
+
+
+def completion_logprobs(
+    g: Gateway, lps: list[p.TokenLogprob] | None, offset: int
+) -> dict[str, Any]:
+    """Legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens: list[str] = []
+    values: list[float] = []
+    tops: list[dict[str, float]] = []
+    offsets: list[int] = []
+    for lp in lps or []:
+        text = g.token_text(lp.token_id)
+        tokens.append(text)
+        values.append(logprob(lp.logprob))
+        tops.append({g.token_text(tid): logprob(v) for tid, v in lp.top or []})
+        offsets.append(offset)
+        offset += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": values,
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
+
+
+def stop_reason(final: p.GenerateFinal, stop_token_ids: list[int] | None) -> str | int | None:
+    """vLLM's ``stop_reason`` of a choice: the stop string or the ``stop_token_ids`` id that
+    ended it; None when something else did (the end-of-sequence token, a grammar's end,
+    the length)."""
+    if final.matched_stop is not None:
+        return final.matched_stop
+    last = final.token_ids[-1] if final.token_ids else None
+    if final.finish_reason == "stop" and last is not None and last in (stop_token_ids or ()):
+        return last
+    return None
+
+
+class ChatHead(NamedTuple):
+    """What every chunk of one streamed completion repeats, and what shapes its choices."""
+
+    rid: str
+    created: int
+    model: str
+    want_logprobs: bool
+    stop_token_ids: list[int] | None
+
+
+class ChatStream:
+    """Turns one chat completion's merged events into its chunks (:meth:`chunks`)."""
+
+    def __init__(
+        self, g: Gateway, head: ChatHead, usage_of: ChunkUsage, tools: chat_tools.ToolPlan
+    ) -> None:
+        self.g, self.head, self.usage_of, self.tools = g, head, usage_of, tools
+        self.parsers: dict[int, Any] = {}
+        self.done: dict[int, p.GenerateFinal] = {}
+
+    async def chunks(self, events: AsyncIterator[tuple[int, Any]]) -> AsyncIterator[bytes]:
+        async for i, ev in events:
+            if i not in self.parsers:
+                self.usage_of.started(i, ev)
+                self.parsers[i] = chat_tools.output_parser(self.tools)
+                yield self._chunk(i, {"role": "assistant", "content": ""})
+            self.usage_of.add(i, ev)
+            if isinstance(ev, p.GenerateChunk):
+                out = self._content(i, ev)
+                if out is not None:
+                    yield out
+            else:
+                for out in self._finish(i, ev):
+                    yield out
+        if self.usage_of.include:
+            done = [self.done[i] for i in sorted(self.done)]
+            yield self._body([], usage=usage([done], self.g) if done else None)
+        yield DONE
+
+    def _content(self, i: int, ev: p.GenerateChunk) -> bytes | None:
+        """The chunk of a choice's new text (and logprobs), if it holds anything."""
+        parser = self.parsers[i]
+        delta: dict[str, Any] = {"content": ev.text}
+        if parser is not None:
+            delta = chat_tools.stream_delta(parser.feed(ev.text))
+        want_lp = self.head.want_logprobs
+        if not delta and not (want_lp and ev.logprobs):
+            return None
+        lps = {"content": chat_logprobs(self.g, ev.logprobs)} if want_lp else None
+        return self._chunk(i, delta, logprobs=lps)
+
+    def _finish(self, i: int, final: p.GenerateFinal) -> list[bytes]:
+        """A choice's last chunks: what its parser still held, then its finish reason."""
+        self.done[i] = final
+        parser, out = self.parsers[i], []
+        reason: Any = final.finish_reason
+        if parser is not None:
+            rest = chat_tools.stream_delta(parser.finish())
+            if rest:
+                out.append(self._chunk(i, rest))
+            if parser.calls and reason == "stop":
+                reason = "tool_calls"
+        why = stop_reason(final, self.head.stop_token_ids)
+        out.append(self._chunk(i, {}, finish_reason=reason, stop_reason=why))
+        return out
+
+    def _chunk(
+        self,
+        i: int,
+        delta: dict[str, Any],
+        logprobs: dict[str, Any] | None = None,
+        finish_reason: Any = None,
+        **extra: Any,
+    ) -> bytes:
+        choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return self._body([{**choice, **extra}])
+
+    def _body(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        h = self.head
+        body = {
+            "id": h.rid,
+            "object": "chat.completion.chunk",
+            "created": h.created,
+            "model": h.model,
+            "system_fingerprint": None,
+            "choices": choices,
+            **self.usage_of.field(choices),
+        }
+        body.update(extra)
+        return event(body)
