@@ -93,6 +93,7 @@ class StepMessage(msgspec.Struct, tag="step", array_like=True):
     # The window map entries the scheduler changed for this step (global pages, window pages
     # or -1); every rank applies them to its own map before the forward (memory.window_pool).
     window_writes: tuple[list[int], list[int]] | None = None
+    prompt_top_k: int = 0
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
@@ -159,6 +160,7 @@ def step_message(
         None if sampling is None else sampling.export(),
         splan,
         plan.window_writes,
+        plan.prompt_top_k,
     )
 
 
@@ -183,4 +185,5 @@ def plan_of(msg: StepMessage) -> StepPlan:
         future_rows=msg.future_rows,
         future_src=msg.future_src,
         window_writes=msg.window_writes,
+        prompt_top_k=msg.prompt_top_k,
     )

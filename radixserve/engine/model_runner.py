@@ -29,7 +29,14 @@ import torch
 
 import radixserve.distributed.step_wire as step_wire
 from radixserve.engine.decode_graphs import DecodeGraphs
-from radixserve.engine.sampler import Sampler, SamplingPlan, token_logprobs, unpack_samples
+from radixserve.engine.sampler import (
+    Sampler,
+    SamplingPlan,
+    prompt_logprob_count,
+    prompt_logprob_reads,
+    unpack_prompt_logprobs,
+    unpack_samples,
+)
 from radixserve.engine.staging import (
     PendingRead,
     Staged,
@@ -74,10 +81,11 @@ WARM_PREFILL_LENGTHS: tuple[int, ...] = (4, 64, 256)
 class PendingStep:
     """A launched step; :meth:`result` waits for its one read back and unpacks it."""
 
-    def __init__(self, read: PendingRead, splan: SamplingPlan | None, has_prompt_lps: bool) -> None:
+    def __init__(self, read: PendingRead, splan: SamplingPlan | None, plan: StepPlan) -> None:
         self._read = read
         self._splan = splan
-        self._has_prompt_lps = has_prompt_lps
+        # The prompt logprobs' top-k, None when the step scores no prompt token.
+        self._prompt_k = plan.prompt_top_k if plan.prompt_targets else None
 
     def result(self) -> StepResult:
         host = self._read.wait()
@@ -86,7 +94,10 @@ class PendingStep:
         if self._splan is not None:
             sampled = unpack_samples(self._splan, host[:4])
             tokens, logprobs = sampled.token_ids, sampled.logprobs
-        return StepResult(tokens, logprobs, host[-1] if self._has_prompt_lps else [])
+        if self._prompt_k is None:
+            return StepResult(tokens, logprobs, [])
+        tail = host[len(host) - prompt_logprob_count(self._prompt_k) :]
+        return StepResult(tokens, logprobs, *unpack_prompt_logprobs(tail, self._prompt_k))
 
 
 def kv_pool_args(model: LlamaForCausalLM, cfg: EngineConfig, device: torch.device) -> dict:
@@ -370,9 +381,10 @@ class ModelRunner:
                 self._last_tokens = sampled.token_ids
                 reads += list(sampled)
             if plan.prompt_targets:
-                reads.append(token_logprobs(logits[ns:], staged.i("lp_targets")))
+                targets = staged.i("lp_targets")
+                reads += prompt_logprob_reads(logits[ns:], targets, plan.prompt_top_k)
             pending = self.staging.read_async(reads)
-        return PendingStep(pending, splan, bool(plan.prompt_targets))
+        return PendingStep(pending, splan, plan)
 
     def row_invariance_problem(self) -> str | None:
         """Why verify rows' logits could differ from one-row decode steps' here (None: they

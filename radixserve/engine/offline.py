@@ -42,6 +42,7 @@ class GenerateCollector:
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
         self.prompt_logprobs: list[float | None] | None = None
+        self.prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
         self.text = ""
         self.stopped = False
         self.last: StepOutput | None = None
@@ -54,6 +55,7 @@ class GenerateCollector:
             self.cache_report = o.usage.cache_report
         if o.prompt_logprobs is not None:
             self.prompt_logprobs = o.prompt_logprobs
+            self.prompt_top_logprobs = o.prompt_top_logprobs
         if self.stopped:
             return False
         # Several tokens at once (speculative decoding): only those up to a stop string's.
@@ -92,5 +94,6 @@ class GenerateCollector:
             logprobs=self.logprobs if self.want_logprobs else None,
             prompt_logprobs=self.prompt_logprobs,
             error=o.error,
+            prompt_top_logprobs=self.prompt_top_logprobs,
             matched_stop=self.detok.matched_stop,
         )

@@ -75,13 +75,16 @@ class StepOutput(msgspec.Struct, frozen=True):
     """New tokens of one request after one engine step (or its final notice).
 
     ``prompt_logprobs`` (positions from ``prompt_logprobs_start`` on; ``None`` for position
-    0, which has no context) is sent once, with the request's first output.
+    0, which has no context) is sent once, with the request's first output; with
+    ``logprobs`` k > 0, ``prompt_top_logprobs`` beside it holds each position's k likeliest
+    ``(token_id, logprob)`` (none for position 0).
     """
 
     request_id: str
     new_token_ids: list[int]
     new_logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
     finished: bool = False
     finish_reason: FinishReason | None = None
     error: str | None = None
@@ -100,6 +103,7 @@ class GenerateOutput(msgspec.Struct, frozen=True):
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[float | None] | None = None
     error: str | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None  # with logprobs k > 0
     # The stop string that ended the text (None: none did; a stop token shows in token_ids).
     matched_stop: str | None = None
 
@@ -205,6 +209,7 @@ def to_step_output(o: RequestOutput) -> StepOutput:
         new_token_ids=o.new_token_ids,
         new_logprobs=lps,
         prompt_logprobs=o.prompt_logprobs,
+        prompt_top_logprobs=o.prompt_top_logprobs,
         finished=o.finished,
         finish_reason=o.finish_reason,  # type: ignore[arg-type]
         error=o.error,

@@ -469,7 +469,35 @@ def unpack_samples(plan: SamplingPlan, host: Sequence[list[float]]) -> SampleRes
     return SampleResult(token_ids, logprobs)
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """``log_softmax(logits)[i, targets[i]]`` for every row (prompt logprobs), on the device."""
+def prompt_logprob_reads(
+    logits: torch.Tensor, targets: torch.Tensor, top_k: int
+) -> list[torch.Tensor]:
+    """Prompt logprobs on the device, to read back: ``log_softmax(logits)[i, targets[i]]``
+    for every row, then (``top_k`` > 0) each row's ``top_k`` likeliest logprobs and their
+    token ids, from the same distribution (:func:`unpack_prompt_logprobs` reads them)."""
     lp = torch.log_softmax(logits.float(), dim=-1)
-    return lp.gather(1, targets.to(lp.device).view(-1, 1)).squeeze(1)
+    chosen = lp.gather(1, targets.to(lp.device).view(-1, 1)).squeeze(1)
+    if not top_k:
+        return [chosen]
+    top = lp.topk(top_k, dim=-1)
+    return [chosen, top.values, top.indices]
+
+
+def prompt_logprob_count(top_k: int) -> int:
+    """How many tensors :func:`prompt_logprob_reads` returns."""
+    return 3 if top_k else 1
+
+
+def unpack_prompt_logprobs(
+    host: Sequence[list[float]], top_k: int
+) -> tuple[list[float], list[list[tuple[int, float]]]]:
+    """The host lists of :func:`prompt_logprob_reads`: each row's logprob, and its
+    ``(token_id, logprob)`` likeliest first (none when ``top_k`` is 0)."""
+    if not top_k:
+        return list(host[0]), []
+    chosen, values, ids = host
+    top = [
+        [(int(t), v) for t, v in zip(ids[i : i + top_k], values[i : i + top_k])]
+        for i in range(0, len(values), top_k)
+    ]
+    return list(chosen), top

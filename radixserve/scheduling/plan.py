@@ -121,6 +121,9 @@ class StepPlan:
     # A sliding-window model's window pool (memory.window_pool): the global-page -> window-page
     # map entries changed since the last plan (window page -1: none any more).
     window_writes: tuple[list[int], list[int]] | None = None
+    # How many of the likeliest tokens each prompt-logprob row also reports (the most any of
+    # its requests asks for: their ``logprobs``; 0: the scored token's logprob only).
+    prompt_top_k: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -185,6 +188,7 @@ def plan_step(
     sample_reqs: list[Request] = []
     lp_rows: list[int] = []
     lp_targets: list[int] = []
+    lp_k = 0
     spans: list[tuple[Request, int, int]] = []
     future_rows: list[int] = []
     future_src: list[int] = []
@@ -228,6 +232,7 @@ def plan_step(
             if hi > lo:
                 lp_rows += range(t + lo - c, t + hi - c)
                 lp_targets += req.token_ids[lo + 1 : hi + 1]
+                lp_k = max(lp_k, req.params.logprobs or 0)
                 spans.append((req, lo, hi - lo))
         t += m
     w_rows, w_cols, w_pages = rows.take_writes()
@@ -249,6 +254,7 @@ def plan_step(
         future_rows=future_rows,
         future_src=future_src,
         row_paths=(gemv_rows, onednn_rows) if one_row_kernel_rows else None,
+        prompt_top_k=lp_k,
     )
     verifies = len(sample_reqs) > len(drafted)  # some request drafted
     if verifies:
@@ -263,3 +269,5 @@ class StepResult(NamedTuple):
     # Per sampled row: (logprob, [(token_id, logprob), ...]) or None when it did not ask.
     logprobs: list[tuple[float, list[tuple[int, float]]] | None]
     prompt_logprobs: list[float]  # one per plan.prompt_targets
+    # One per plan.prompt_targets when plan.prompt_top_k: the likeliest (token, logprob)s.
+    prompt_top: list[list[tuple[int, float]]] = []

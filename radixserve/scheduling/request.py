@@ -86,6 +86,8 @@ class Request:
     # Prompt logprobs: positions whose logits are still needed, and the values so far.
     prompt_lp_next: int = 0  # next row position whose logits give a prompt logprob
     prompt_logprobs: list[float | None] | None = None
+    # With ``params.logprobs`` k > 0, each position's k likeliest (token, logprob) too.
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
     prompt_logprobs_sent: bool = False
     # Tokens produced since the last StepOutput, with their logprobs.
     new_token_ids: list[int] = field(default_factory=list)
@@ -112,6 +114,8 @@ class Request:
         if start is not None:
             start = min(start, self.prompt_len)
             self.prompt_logprobs = [None] if start == 0 and self.prompt_len > 0 else []
+            if self.params.logprobs:
+                self.prompt_top_logprobs = [[] for _ in self.prompt_logprobs]
             self.prompt_lp_next = max(start, 1) - 1
         else:
             self.prompt_lp_next = self.prompt_len  # nothing to collect
@@ -132,13 +136,14 @@ class Request:
 
     def take_output(self) -> RequestOutput:
         """What this request produced since the last call (tokens, logprobs, finish)."""
-        prompt_lps = None
+        prompt_lps = prompt_top = None
         if (
             self.prompt_logprobs is not None
             and not self.prompt_logprobs_sent
             and (self.new_token_ids or self.finished)
         ):
             prompt_lps, self.prompt_logprobs_sent = self.prompt_logprobs, True
+            prompt_top = self.prompt_top_logprobs
         out = RequestOutput(
             request_id=self.request_id,
             new_token_ids=self.new_token_ids,
@@ -155,6 +160,7 @@ class Request:
             spec_drafted_tokens=self.spec_drafted,
             spec_accepted_tokens=self.spec_accepted,
             cache_report=self.cache_report,
+            prompt_top_logprobs=prompt_top,
         )
         self.cache_report = None
         self.new_token_ids = []

@@ -409,12 +409,15 @@ class Scheduler:
 
     def _process(self, batch: ScheduledBatch, result: StepResult) -> list[RequestOutput]:
         self.kv.free_deferred()
-        prompt_lps = result.prompt_logprobs
+        prompt_lps, prompt_top = result.prompt_logprobs, result.prompt_top
         i = 0
         for req, _, count in batch.prompt_spans:
             assert req.prompt_logprobs is not None
             if req.status is RequestStatus.RUNNING:
                 req.prompt_logprobs.extend(prompt_lps[i : i + count])
+                if req.prompt_top_logprobs is not None:  # its own k of the step's most
+                    k = req.params.logprobs or 0
+                    req.prompt_top_logprobs.extend(top[:k] for top in prompt_top[i : i + count])
             i += count
         outputs: list[RequestOutput] = []
         tokens, logprobs = result.token_ids, result.logprobs

@@ -59,6 +59,7 @@ class RequestOutput(NamedTuple):
     spec_drafted_tokens: int = 0  # speculative decoding: tokens drafted, and of those accepted
     spec_accepted_tokens: int = 0
     cache_report: Any = None  # a memory.miss_report.Divergence, once, when one was asked
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None  # with prompt_logprobs
 
 
 @dataclass

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from radixserve.engine.sampler import Sampler, token_logprobs
+from radixserve.engine.sampler import Sampler, prompt_logprob_reads, unpack_prompt_logprobs
 from radixserve.sampling_params import SamplingParams
 
 V = 32
@@ -131,8 +131,17 @@ def test_min_tokens_masks_eos_and_stop_ids() -> None:
     assert sampler().sample(logits, [row]).token_ids == [0]
 
 
-def test_token_logprobs() -> None:
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_prompt_logprobs_and_their_top_k(top_k: int) -> None:
     logits = torch.randn(4, V)
     targets = torch.tensor([1, 5, 0, 31])
-    ref = torch.log_softmax(logits, -1)[torch.arange(4), targets].tolist()
-    assert token_logprobs(logits, targets).tolist() == pytest.approx(ref)
+    lp = torch.log_softmax(logits, -1)
+    reads = prompt_logprob_reads(logits, targets, top_k)
+    host = [t.double().reshape(-1).tolist() for t in reads]  # as the one read back holds them
+    chosen, tops = unpack_prompt_logprobs(host, top_k)
+    assert chosen == pytest.approx(lp[torch.arange(4), targets].tolist())
+    assert len(tops) == (4 if top_k else 0)
+    for row, top in zip(lp, tops):
+        values, ids = row.topk(top_k)
+        assert [t for t, _ in top] == ids.tolist()
+        assert [v for _, v in top] == pytest.approx(values.tolist())

@@ -182,6 +182,38 @@ def test_prompt_logprobs_across_chunks_and_with_sampling(tiny_llama_dir: Path, h
     assert len(tokens_of(outs)) == 3
 
 
+def test_prompt_top_logprobs_match_the_model_per_request_k(tiny_llama_dir: Path, hf_model) -> None:  # type: ignore[no-untyped-def]
+    """Each prompt position's k likeliest tokens (k: the request's ``logprobs``), from the
+    distribution that scores the prompt token, over chunks and beside a request asking for
+    fewer in the same steps."""
+    from radixserve.engine.engine import Engine
+
+    engine = Engine(str(tiny_llama_dir), page_size=2, num_pages=512, max_num_tokens=16)
+    prompts = random_prompts([23, 19, 9], seed=38)
+    ks, starts = [4, 1, 0], [0, 6, 2]
+    outs = engine.generate(
+        prompts,
+        [greedy(2, logprobs=k, prompt_logprobs_start=s) for k, s in zip(ks, starts)],
+    )
+    for prompt, out, k, start in zip(prompts, outs, ks, starts):
+        with torch.inference_mode():
+            ref = torch.log_softmax(hf_model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+        tops = out.prompt_top_logprobs
+        if k == 0:
+            assert tops is None and out.prompt_logprobs is not None
+            continue
+        assert (
+            tops is not None and len(tops) == len(out.prompt_logprobs or []) == len(prompt) - start
+        )
+        if start == 0:
+            assert tops[0] == [] and (out.prompt_logprobs or [0])[0] is None
+        for p, top in zip(range(max(start, 1), len(prompt)), tops[start == 0 :]):
+            values, ids = ref[p - 1].topk(k)
+            assert [t for t, _ in top] == ids.tolist()
+            assert [v for _, v in top] == pytest.approx(values.tolist(), abs=1e-4)
+    engine.check_invariants()
+
+
 def test_penalties_change_greedy_choice(engine, tiny_llama_dir: Path) -> None:  # type: ignore[no-untyped-def]
     prompt = [5, 6, 5, 6, 5, 6]
     plain = engine.generate([prompt], greedy(8))[0].token_ids

@@ -27,7 +27,7 @@ import radixserve.distributed.step_wire as step_wire
 from radixserve.distributed.pipeline.comm import REPORT_STATS, STOP, PipelineComm
 from radixserve.distributed.pipeline.micro import MicroBatch, split_micro_batches, sub_batch
 from radixserve.engine.model_runner import ModelRunner, PendingStep
-from radixserve.engine.sampler import Sampler, token_logprobs
+from radixserve.engine.sampler import Sampler, prompt_logprob_reads
 from radixserve.engine.staging import Staged, StagingLayout
 from radixserve.memory.pool import KVPool
 from radixserve.model.attention.base import AttentionBackend
@@ -216,8 +216,9 @@ class PipelineRunner(StageRunner):
                 sampled = self.sampler.sample_staged(logits[:ns], splan, staged)
                 reads += list(sampled)
             if plan.prompt_targets:
-                reads.append(token_logprobs(logits[ns:], staged.i("lp_targets")))
-        pending = PendingStep(self.staging.read_async(reads), splan, bool(plan.prompt_targets))
+                targets = staged.i("lp_targets")
+                reads += prompt_logprob_reads(logits[ns:], targets, plan.prompt_top_k)
+        pending = PendingStep(self.staging.read_async(reads), splan, plan)
         result = pending.result()
         self.comm.stats.compute_seconds += time.perf_counter() - t_sample
         self._last_host_tokens = list(result.token_ids)

@@ -37,6 +37,7 @@ class RouterRequest:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[p.TokenLogprob] | None = None
     prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
     usage: p.Usage | None = None
     chunks: int = 0
     retries: int = 0  # times sent to another worker after its worker died (before a first token)
@@ -60,6 +61,7 @@ class RouterRequest:
                 self.logprobs.extend(new_lps)
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
+            self.prompt_top_logprobs = out.prompt_top_logprobs
         if out.usage is not None:
             self.usage = out.usage
             if out.usage.cache_report is not msgspec.UNSET:
@@ -107,6 +109,9 @@ class RouterRequest:
             ),
             logprobs=self.logprobs,
             prompt_logprobs=self.prompt_logprobs,
+            prompt_top_logprobs=self.prompt_top_logprobs,
+            # The tokens the prompt logprobs score (the client may have sent text).
+            prompt_token_ids=self.prompt_ids if self.prompt_logprobs is not None else None,
             worker_id=self.worker_id,
             matched_stop=self.detok.matched_stop if self.detok is not None else None,
         )

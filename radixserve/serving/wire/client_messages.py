@@ -190,7 +190,10 @@ class GenerateFinal(Msg, tag="final"):
     """The last message of a request: full text and tokens, why it ended, usage, timings.
 
     ``prompt_logprobs`` holds one entry per prompt position from ``prompt_logprobs_start``
-    (``None`` where undefined, i.e. position 0).
+    (``None`` where undefined, i.e. position 0); ``prompt_top_logprobs`` (with ``logprobs``
+    k > 0) each position's k likeliest ``(token_id, logprob)``; ``prompt_token_ids`` (with
+    prompt logprobs) the whole prompt as the model read it, so that a client that sent text
+    can name the tokens scored.
     """
 
     request_id: str
@@ -202,6 +205,8 @@ class GenerateFinal(Msg, tag="final"):
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[float | None] | None = None
     worker_id: int = -1
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
+    prompt_token_ids: list[int] | None = None
     # The stop string that ended the text (None: none did; a stop token shows in token_ids):
     # SGLang's finish_reason.matched, vLLM's stop_reason, Anthropic's stop_sequence.
     matched_stop: str | None = None
