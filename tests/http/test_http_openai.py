@@ -251,3 +251,44 @@ def test_continuous_usage_stats_count_each_choice_so_far(client: openai.OpenAI) 
         messages=msgs, stream_options={"include_usage": True}, **common
     )
     assert all(c.usage is None for c in list(plain)[:-1])  # the totals' chunk only
+
+
+def test_echo_with_logprobs_scores_the_prompt(
+    client: openai.OpenAI, server: Any, tokenizer: Any
+) -> None:
+    """What lm-evaluation-harness's ``local-completions`` sends to score a continuation:
+    token ids, ``echo``, ``logprobs: 1``, ``max_tokens: 1``. The prompt comes back with each
+    token's logprob and likeliest token, as transformers computes them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids = tokenizer.encode("The capital of France is Paris, and the capital of Italy is Rome")
+    out = client.completions.create(
+        model="default", prompt=ids, echo=True, logprobs=1, max_tokens=1, temperature=0
+    )
+    lps = out.choices[0].logprobs
+    assert lps is not None and lps.tokens is not None and lps.token_logprobs is not None
+    assert len(lps.tokens) == len(ids) + 1  # the prompt's tokens, then the one generated
+    assert lps.tokens[: len(ids)] == [tokenizer.decode([t]) for t in ids]
+    assert lps.token_logprobs[0] is None and (lps.top_logprobs or [])[0] is None
+    model = AutoModelForCausalLM.from_pretrained(str(server.model_dir), dtype=torch.float32)
+    with torch.inference_mode():
+        ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    for i in range(1, len(ids)):
+        assert lps.token_logprobs[i] == pytest.approx(ref[i - 1, ids[i]].item(), abs=2e-3)
+        best = int(ref[i - 1].argmax())
+        assert list((lps.top_logprobs or [])[i]) == [tokenizer.decode([best])]  # is_greedy
+    assert lps.text_offset is not None and lps.text_offset[len(ids)] == len(
+        out.choices[0].text
+    ) - len(lps.tokens[-1])
+    # max_tokens 0 with echo: the prompt and its logprobs only; a stream of them is a 400.
+    only = client.completions.create(
+        model="default", prompt=ids, echo=True, logprobs=0, max_tokens=0
+    )
+    assert only.usage is not None and only.usage.completion_tokens == 0
+    assert only.choices[0].text == tokenizer.decode(ids) and only.choices[0].logprobs is not None
+    assert only.choices[0].logprobs.token_logprobs == lps.token_logprobs[: len(ids)]
+    with pytest.raises(openai.BadRequestError, match="answered whole"):
+        client.completions.create(
+            model="default", prompt=ids, echo=True, logprobs=1, max_tokens=1, stream=True
+        )

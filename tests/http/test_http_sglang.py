@@ -143,6 +143,7 @@ def test_select_style_batched_logprob_request(server: Any, tokenizer: Any) -> No
             "return_logprob": True,
             "return_text_in_logprobs": True,
             "logprob_start_len": start,
+            "top_logprobs_num": 2,
         }
         out = c.post("/generate", json=data).json()
     assert isinstance(out, list) and len(out) == len(choices)
@@ -161,6 +162,14 @@ def test_select_style_batched_logprob_request(server: Any, tokenizer: Any) -> No
         ref = _hf_logprobs(model, ids)
         for k, (value, _, _) in enumerate(inp):
             assert value == pytest.approx(ref[start + k - 1], abs=2e-3)
+        # Each scored position's two likeliest tokens, [logprob, id, text] (SGLang's shape).
+        with torch.inference_mode():
+            dist = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+        for k, top in enumerate(r["meta_info"]["input_top_logprobs"]):
+            values, top_ids = dist[start + k - 1].topk(2)
+            assert [e[1] for e in top] == top_ids.tolist()
+            assert [e[0] for e in top] == pytest.approx(values.tolist(), abs=2e-3)
+            assert [e[2] for e in top] == [tokenizer.decode([t]) for t in top_ids.tolist()]
         # What select computes from them (compute_normalized_prompt_logprobs): finite.
         values = [e[0] for e in inp if e[0]]
         assert math.isfinite(sum(values) / len(values))

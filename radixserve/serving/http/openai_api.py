@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -29,6 +30,7 @@ from radixserve.serving.http.openai_reply import (
     ChatStream,
     chat_logprobs,
     completion_logprobs,
+    prompt_logprobs_part,
     stop_reason,
     usage,
 )
@@ -187,6 +189,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     g.check_batch(len(prompts) * body.n)
     echoes = [_echo_text(g, pr) if body.echo else "" for pr in prompts]
     max_tokens = body.max_tokens if body.max_tokens is not None else (await g.info()).context_length
+    max_tokens = max(max_tokens, 1)  # max_tokens 0 (echo only): one token, dropped below
     salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
     streams = []
     for pr in prompts:
@@ -195,7 +198,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             streams.append(
                 g.stream(
                     arrival=arrival,
-                    params=body.sampling(max_tokens, body.logprobs, j),
+                    params=body.sampling(
+                        max_tokens, body.logprobs, j, 0 if body.scores_prompt else None
+                    ),
                     cache_salt=salt,
                     priority=body.priority,
                     session_id=body.session,
@@ -207,20 +212,11 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         events = await primed(request, merge(streams))
         return SSEResponse(_completion_events(g, events, rid, created, model, body, echoes))
     results = await finals(request, streams)
-    choices = []
-    for i, f in enumerate(results):
-        echo = echoes[i // body.n]
-        choices.append(
-            {
-                "index": i,
-                "text": echo + f.text,
-                "finish_reason": f.finish_reason,
-                "stop_reason": stop_reason(f, body.stop_token_ids),
-                "logprobs": completion_logprobs(g, f.logprobs, len(echo))
-                if body.logprobs is not None
-                else None,
-            }
-        )
+    if body.prompt_only:
+        results = [_without_completion(f) for f in results]
+    choices = [
+        _completion_choice(g, body, echoes[i // body.n], i, f) for i, f in enumerate(results)
+    ]
     groups = [results[k : k + body.n] for k in range(0, len(results), body.n)]
     return JSONResponse(
         {
@@ -232,6 +228,34 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             "usage": usage(groups, g),
             "system_fingerprint": None,
         }
+    )
+
+
+def _completion_choice(
+    g: Gateway, body: CompletionRequest, echo: str, i: int, f: p.GenerateFinal
+) -> dict[str, Any]:
+    """Choice ``i`` of an answer that is not streamed (its logprobs the prompt's first, when
+    echo asks for them)."""
+    logprobs = None
+    if body.logprobs is not None:
+        logprobs = completion_logprobs(g, f.logprobs, len(echo))
+        if body.scores_prompt:
+            prompt = prompt_logprobs_part(g, f)
+            logprobs = {name: prompt[name] + values for name, values in logprobs.items()}
+    return {
+        "index": i,
+        "text": echo + f.text,
+        "finish_reason": f.finish_reason,
+        "stop_reason": stop_reason(f, body.stop_token_ids),
+        "logprobs": logprobs,
+    }
+
+
+def _without_completion(f: p.GenerateFinal) -> p.GenerateFinal:
+    """``f`` with its one token dropped (``max_tokens: 0``: the prompt was all it asked for)."""
+    usage = msgspec.structs.replace(f.usage, completion_tokens=0)
+    return msgspec.structs.replace(
+        f, text="", token_ids=[], logprobs=[], usage=usage, finish_reason="length"
     )
 
 

@@ -371,10 +371,27 @@ class CompletionRequest(_SamplingBody):
             raise invalid("best_of must equal n (no server-side ranking)", param="best_of")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise invalid(f"logprobs must be in [0, 20], got {self.logprobs}", param="logprobs")
-        if self.echo and self.logprobs is not None:
-            raise invalid("echo together with logprobs is not supported", param="echo")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise invalid(f"max_tokens must be >= 1, got {self.max_tokens}", param="max_tokens")
+        if (self.scores_prompt or self.prompt_only) and self.stream:
+            raise invalid(
+                "echo with logprobs or max_tokens 0 is answered whole: send stream false",
+                param="echo",
+            )
+        if self.max_tokens is not None and self.max_tokens < (0 if self.echo else 1):
+            raise invalid(
+                f"max_tokens must be >= 1 (0 only with echo), got {self.max_tokens}",
+                param="max_tokens",
+            )
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether the answer holds the prompt's logprobs (echo with logprobs, as vLLM and
+        OpenAI's legacy API answer it: what evaluation harnesses score prompts with)."""
+        return self.echo and self.logprobs is not None
+
+    @property
+    def prompt_only(self) -> bool:
+        """``max_tokens: 0`` with echo: the prompt back (and its logprobs), no completion."""
+        return self.echo and self.max_tokens == 0
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts as a list: texts or token id lists."""

@@ -104,6 +104,28 @@ def completion_logprobs(
     }
 
 
+def prompt_logprobs_part(g: Gateway, final: p.GenerateFinal) -> dict[str, list[Any]]:
+    """The echoed prompt's part of legacy completions logprobs (echo with logprobs, as vLLM
+    answers it): each prompt token, its logprob and likeliest tokens (``None`` for the
+    first, which nothing predicts), offsets from the text's start."""
+    ids, values = final.prompt_token_ids or [], final.prompt_logprobs or []
+    tops = final.prompt_top_logprobs
+    out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": []}
+    offsets, offset = [], 0
+    for k, (tid, value) in enumerate(zip(ids[len(ids) - len(values) :], values)):
+        text = g.token_text(tid)
+        out["tokens"].append(text)
+        pairs = tops[k] if tops is not None else []
+        out["token_logprobs"].append(None if value is None else logprob(value))
+        out["top_logprobs"].append(
+            None if value is None else {g.token_text(t): logprob(v) for t, v in pairs}
+        )
+        offsets.append(offset)
+        offset += len(text)
+    out["text_offset"] = offsets
+    return out
+
+
 def stop_reason(final: p.GenerateFinal, stop_token_ids: list[int] | None) -> str | int | None:
     """vLLM's ``stop_reason`` of a choice: the stop string or the ``stop_token_ids`` id that
     ended it; None when something else did (the end-of-sequence token, a grammar's end,

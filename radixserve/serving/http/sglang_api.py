@@ -79,34 +79,39 @@ def _logprob_meta(
     g: Gateway,
     plan: _Plan,
     outs: list[p.TokenLogprob],
-    prompt_logprobs: list[float | None] | None,
+    final: p.GenerateFinal | None,
     total: int,
 ) -> dict[str, Any]:
     """The ``meta_info`` logprob fields of one item: ``[logprob, token_id, text-or-None]``
-    triples of the prompt (from ``logprob_start_len``) and of the output tokens ``outs``
-    (all of them, or a streamed message's new ones); ``total``: output logprobs so far."""
-    it = plan.item
+    triples of the prompt (from ``logprob_start_len``, when ``final`` is the item's last
+    message) and of the output tokens ``outs`` (all of them, or a streamed message's new
+    ones), each with its ``top_logprobs_num`` likeliest; ``total``: output logprobs so far."""
     text_of = g.token_text if plan.text_in_logprobs else (lambda _tid: None)
+
+    def tops(top: list[tuple[int, float]] | None) -> list[list[Any]] | None:
+        if plan.item.top_logprobs_num <= 0 or top is None:
+            return None
+        return [[logprob(v), tid, text_of(tid)] for tid, v in top]
+
     inputs: list[list[Any]] = []
-    if prompt_logprobs is not None and it.input_ids:
-        start = min(max(it.logprob_start_len, 0), len(it.input_ids))
-        for k, value in enumerate(prompt_logprobs):
-            tid = it.input_ids[start + k]
+    input_tops: list[list[list[Any]] | None] = []
+    values = final.prompt_logprobs if final is not None else None
+    ids = final.prompt_token_ids if final is not None else None
+    if values is not None and ids is not None:
+        prompt_tops = final.prompt_top_logprobs if final is not None else None
+        start = len(ids) - len(values)
+        for k, value in enumerate(values):
+            tid = ids[start + k]
             inputs.append([None if value is None else logprob(value), tid, text_of(tid)])
+            input_tops.append(tops(prompt_tops[k] if prompt_tops and value is not None else None))
     return {
         "input_token_logprobs": inputs,
         "output_token_logprobs": [
             [logprob(lp.logprob), lp.token_id, text_of(lp.token_id)] for lp in outs
         ],
         "output_token_logprobs_length": total,
-        "input_top_logprobs": [None]
-        * len(inputs),  # the engine reports the chosen prompt token only
-        "output_top_logprobs": [
-            [[logprob(v), tid, text_of(tid)] for tid, v in (lp.top or [])]
-            if it.top_logprobs_num > 0
-            else None
-            for lp in outs
-        ],
+        "input_top_logprobs": input_tops,
+        "output_top_logprobs": [tops(lp.top or []) for lp in outs],
     }
 
 
@@ -129,7 +134,7 @@ def result(
         meta["cache_report"] = report_json(g, f.usage.cache_report)
     if it.return_logprob:
         outs = [] if plan.drop else (f.logprobs or [])
-        meta.update(_logprob_meta(g, plan, outs[streamed:], f.prompt_logprobs, len(outs)))
+        meta.update(_logprob_meta(g, plan, outs[streamed:], f, len(outs)))
     return {
         "text": "" if plan.drop else f.text,
         "output_ids": [] if plan.drop else list(f.token_ids),
@@ -144,16 +149,6 @@ async def generate(body: GenerateReqInput, request: Request) -> Response:
     info = await g.info()
     items, single = expand(body, uuid.uuid4().hex)
     g.check_batch(len(items))
-    # Prompt logprobs come back as numbers per position: their token ids (and texts) are
-    # the prompt's, so text prompts are tokenized first, by the router, as it would.
-    need_ids = [
-        it
-        for it in items
-        if it.text is not None and it.return_logprob and it.logprob_start_len >= 0
-    ]
-    if need_ids:
-        for it, ids in zip(need_ids, await g.tokenize([it.text or "" for it in need_ids])):
-            it.text, it.input_ids = None, ids
     plans = []
     for it in items:
         params, drop = it.sampling.to_params(
