@@ -6,7 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 from http_helpers import Server
+
+from radixserve.serving.client import Client, ServerError
 
 CHAT: Any = [
     {"role": "system", "content": "You are terse."},
@@ -63,6 +66,37 @@ def test_detokenize_gives_the_text_back(server: Server, tokenizer: Any) -> None:
         ids = _post(c, "/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
         assert _post(c, "/detokenize", {"model": "default", "tokens": ids})["prompt"] == text
         assert _post(c, "/detokenize", {"tokens": []})["prompt"] == ""
+
+
+def test_a_gateway_without_the_tokenizer_uses_the_routers(server: Server, tokenizer: Any) -> None:
+    """A gateway started on its own, with no --tokenizer, still decodes (by the router) and
+    names the special tokens: what lm-evaluation-harness's remote tokenizer needs of
+    ``/tokenizer_info``, ``/tokenize`` and ``/detokenize``."""
+    from radixserve.serving.http.gateway import GatewayConfig
+    from radixserve.serving.http.server import HTTPGateway
+
+    config = GatewayConfig(router=server.endpoint, memory_log_interval_s=0)
+    http = HTTPGateway(config, "127.0.0.1", 0).start()
+    try:
+        with httpx.Client(base_url=http.url, timeout=60) as c:
+            info = c.get("/tokenizer_info").json()
+            assert info["eos_token"] == tokenizer.eos_token
+            assert info["chat_template"] == tokenizer.chat_template
+            assert info["model_max_length"] > 0 and info["vocab_size"] >= len(tokenizer)
+            text = "Pages are shared, never copied."
+            ids = _post(c, "/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"]
+            assert _post(c, "/detokenize", {"tokens": ids})["prompt"] == text
+            with_bos = tokenizer.encode(text)
+            assert _post(c, "/detokenize", {"tokens": with_bos})["prompt"] == tokenizer.decode(
+                with_bos
+            )
+            assert c.post("/detokenize", json={"tokens": [10**6]}).status_code == 400
+    finally:
+        http.stop()
+    with Client(server.endpoint, timeout=60) as client:  # the router's own check
+        assert client.detokenize(with_bos, skip_special_tokens=True) == text
+        with pytest.raises(ServerError, match=r"invalid_params.*tokenizer's vocabulary"):
+            client.detokenize([len(tokenizer)])
 
 
 def test_bad_bodies_are_400s(server: Server) -> None:

@@ -262,6 +262,21 @@ class AsyncClient:
             )
         ).input_ids
 
+    async def detokenize(
+        self,
+        token_ids: list[int],
+        timeout: float | None = None,
+        *,
+        skip_special_tokens: bool = False,
+    ) -> str:
+        """The text of ``token_ids``, decoded by the router's tokenizer."""
+        msg = p.DetokenizeRequest(
+            request_id=self._ids.next(),
+            token_ids=list(token_ids),
+            skip_special_tokens=skip_special_tokens,
+        )
+        return (await self._call(msg, timeout)).text
+
     async def tokenize_chat(
         self,
         messages: list[p.ChatMessage],

@@ -226,6 +226,21 @@ class Client:
             timeout,
         ).input_ids
 
+    def detokenize(
+        self,
+        token_ids: list[int],
+        timeout: float | None = None,
+        *,
+        skip_special_tokens: bool = False,
+    ) -> str:
+        """The text of ``token_ids``, decoded by the router's tokenizer."""
+        msg = p.DetokenizeRequest(
+            request_id=self._ids.next(),
+            token_ids=list(token_ids),
+            skip_special_tokens=skip_special_tokens,
+        )
+        return str(self._call(msg, timeout).text)
+
     def tokenize_chat(
         self,
         messages: list[p.ChatMessage],

@@ -279,6 +279,14 @@ class Gateway:
                 texts, timeout=self.config.control_timeout_s, add_special_tokens=add_special_tokens
             )
 
+    async def detokenize(self, token_ids: list[int]) -> str:
+        """The text of ``token_ids``: decoded here by the gateway's tokenizer when it has one
+        (off the event loop), else by the router's."""
+        if self.tokenizer is not None:
+            return str(await asyncio.to_thread(self.tokenizer.decode, token_ids))
+        with router_errors():
+            return await self._client().detokenize(token_ids, timeout=self.config.control_timeout_s)
+
     async def tokenize_chat(
         self, messages: list[p.ChatMessage], **rendering: Unpack[ChatRendering]
     ) -> list[int]:

@@ -6,13 +6,14 @@ prompt of ``/v1/completions`` is, and ``messages`` (with ``tools`` and
 ``chat_template_kwargs``) are rendered by the model's template and encoded as a chat
 request's are: both by the router, the one process that encodes prompts. The answer is
 vLLM's: ``count``, ``max_model_len``, ``tokens`` and, asked for, ``token_strs`` (the
-vocabulary's pieces). ``/detokenize`` decodes ``tokens`` with the gateway's tokenizer, as
-logprob entries are named.
+vocabulary's pieces). ``/detokenize`` decodes ``tokens`` with the gateway's tokenizer (as
+logprob entries are named), or the router's when the gateway has none. ``/tokenizer_info``
+(vLLM's) names the special tokens and the chat template, so that a client can use these
+routes as its tokenizer.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -122,7 +123,19 @@ async def detokenize(body: DetokenizeBody, request: Request) -> dict[str, Any]:
         )
     if any(t >= info.vocab_size for t in body.tokens):
         raise invalid(f"token ids must be in [0, {info.vocab_size})", param="tokens")
-    tokenizer = _tokenizer(g, "detokenize")
-    # Decoding a context's worth of ids takes milliseconds: off the event loop.
-    text = await asyncio.to_thread(tokenizer.decode, body.tokens)
-    return {"prompt": text}
+    return {"prompt": await g.detokenize(body.tokens)}
+
+
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request) -> dict[str, Any]:
+    """vLLM's: what a client needs to stand in for the model's tokenizer with ``/tokenize``
+    and ``/detokenize`` (lm-evaluation-harness's remote tokenizer reads it): the special
+    tokens, the chat template, the context length."""
+    g: Gateway = request.app.state.gateway
+    info = await g.info()
+    return {
+        **info.special_tokens,
+        "chat_template": info.chat_template,
+        "model_max_length": info.context_length,
+        "vocab_size": info.vocab_size,
+    }

@@ -101,6 +101,8 @@ class ClientSide:
             self._on_close_session(client, msg)
         elif isinstance(msg, p.TokenizeRequest):
             self._on_tokenize(client, msg)
+        elif isinstance(msg, p.DetokenizeRequest):
+            self._on_detokenize(client, msg)
 
     def _frame_error(self, frames: list[bytes]) -> p.Error | None:
         """Why ``[identity, frame]`` is refused before it is decoded, or None."""
@@ -173,6 +175,24 @@ class ClientSide:
         if too_long is not None:
             return error("context_length", too_long)
         self._tokenize(client, msg, chat)
+
+    def _on_detokenize(self, client: bytes, msg: p.DetokenizeRequest) -> None:
+        """Decode on the loop: a context's worth of ids is a millisecond's work, and the
+        frame's size (the request byte limit) bounds how many come."""
+        tok = self._codec.tokenizer
+        size = len(tok)
+        if any(not 0 <= t < size for t in msg.token_ids):
+            self._reply_error(
+                client,
+                p.Error(
+                    code="invalid_params",
+                    message=f"token ids must be in [0, {size}), the tokenizer's vocabulary",
+                    request_id=msg.request_id,
+                ),
+            )
+            return
+        text = tok.decode(msg.token_ids, skip_special_tokens=msg.skip_special_tokens)
+        self._send(client, p.DetokenizeReply(request_id=msg.request_id, text=str(text)))
 
     def _tokenize(
         self, client: bytes, msg: p.TokenizeRequest, chat: p.GenerateRequest | None

@@ -160,6 +160,16 @@ class TokenizeRequest(Msg, tag="tokenize"):
         )
 
 
+class DetokenizeRequest(Msg, tag="detokenize"):
+    """The text of token ids, decoded by the router's tokenizer (a gateway or client without
+    the model's own: ``/detokenize``, a remote tokenizer's ``decode``). Answered by
+    :class:`DetokenizeReply`; ids past the vocabulary are an ``invalid_params`` error."""
+
+    request_id: str
+    token_ids: list[int]
+    skip_special_tokens: bool = False
+
+
 ClientMessage = (
     GenerateRequest
     | Abort
@@ -169,6 +179,7 @@ ClientMessage = (
     | CloseSession
     | StatsRequest
     | TokenizeRequest
+    | DetokenizeRequest
 )
 
 
@@ -254,6 +265,13 @@ class TokenizeReply(Msg, tag="tokenize_reply"):
     input_ids: list[list[int]]
 
 
+class DetokenizeReply(Msg, tag="detokenize_reply"):
+    """The text of a :class:`DetokenizeRequest`'s ids."""
+
+    request_id: str
+    text: str
+
+
 class CloseSessionReply(Msg, tag="close_session_reply"):
     """``released``: some worker held a lease for the session and released it."""
 
@@ -317,4 +335,5 @@ ServerMessage = (
     | StatsReply
     | KeepAlive
     | TokenizeReply
+    | DetokenizeReply
 )

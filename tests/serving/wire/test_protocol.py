@@ -31,6 +31,7 @@ def test_round_trip_every_client_message() -> None:
         p.ModelInfoRequest(request_id="m"),
         p.FlushCache(request_id="f"),
         p.StatsRequest(request_id="s"),
+        p.DetokenizeRequest(request_id="d", token_ids=[1, 2], skip_special_tokens=True),
     ]
     for msg in msgs:
         assert p.decode_client(p.encode(msg)) == msg
@@ -48,7 +49,11 @@ def test_round_trip_server_and_worker_messages() -> None:
             usage=p.Usage(3, 1, 1),
             timings=p.Timings(0.0, 0.1, 0.2),
             prompt_logprobs=[None, -1.5],
+            prompt_top_logprobs=[[], [(4, -0.5), (9, -1.5)]],
+            prompt_token_ids=[1, 9],
+            matched_stop="\n\n",
         ),
+        p.DetokenizeReply(request_id="d", text="hi"),
         p.Error(code="context_length", message="too long", request_id="r"),
         p.KeepAlive(),
     ]
@@ -74,6 +79,8 @@ def test_round_trip_server_and_worker_messages() -> None:
                     request_id="1",
                     new_token_ids=[3],
                     new_logprobs=lp,
+                    prompt_logprobs=[None],
+                    prompt_top_logprobs=[[]],
                     finished=True,
                     finish_reason="length",
                     usage=p.Usage(1, 0, 1),
