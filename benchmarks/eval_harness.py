@@ -6,14 +6,17 @@ logprobs, and whether each token was the likeliest), a generation task decodes g
 to a stop string; lm-evaluation-harness's ``local-completions`` model also finds the
 server's tokenizer through ``/tokenizer_info``, ``/tokenize`` and ``/detokenize``.
 
-This runs lm-eval's ``run`` twice on the same tasks, held out from everything radixserve
-was tuned on and made here from a seed (arithmetic, what comes next in a sequence of days,
-months, numbers or letters; local JSON, no hub):
+This runs lm-eval's ``run`` three times on the same tasks, held out from everything
+radixserve was tuned on and made here from a seed (arithmetic, what comes next in a
+sequence of days, months, numbers or letters; local JSON, no hub):
 
     hf      lm-eval's own ``hf`` model: transformers on the CPU, float32
-    served  ``local-completions`` against ``radixserve serve --dtype float32`` through HTTP
+    openai  ``local-completions`` against ``radixserve serve --dtype float32``'s
+            ``/v1/completions``
+    sglang  ``sglang-generate`` against the same server's SGLang ``/generate``
+            (``input_token_logprobs`` and ``input_top_logprobs`` of token-id prompts)
 
-and compares them request by request: each choice's log-likelihood (largest and median
+and compares each served run with transformers' request by request: each choice's log-likelihood (largest and median
 absolute difference), whether its tokens were all the likeliest (lm-eval's ``is_greedy``),
 each generated answer (the same text?), and each task's metrics.
 
@@ -232,25 +235,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         root = Path(tmp)
         tasks = write_tasks(root, args.items, args.seed)
         hf = run_lm_eval(
-            args.lm_eval,
-            "hf",
-            f"pretrained={model_dir},dtype=float32",
-            tasks,
-            root,
-            root / "out-hf",
+            args.lm_eval, "hf", f"pretrained={model_dir},dtype=float32", tasks, root, root / "hf"
         )
         server = Server(args.model, ["--dtype", "float32", "--num-threads", str(args.threads)])
         try:
             # What tokenizer_backend=auto asks before it picks the server's tokenizer.
             detected = check_remote_tokenizer_support(server.url + "/v1/completions")
-            served = run_lm_eval(
+            common = f"model=default,num_concurrent={args.concurrent},max_retries=1"
+            openai = run_lm_eval(
                 args.lm_eval,
                 "local-completions",
-                f"model=default,base_url={server.url}/v1/completions,"
-                f"num_concurrent={args.concurrent},max_retries=1,tokenizer_backend=auto",
+                f"{common},base_url={server.url}/v1/completions,tokenizer_backend=auto",
                 tasks,
                 root,
-                root / "out-served",
+                root / "openai",
+            )
+            sglang = run_lm_eval(
+                args.lm_eval,
+                "sglang-generate",
+                f"{common},base_url={server.url}/generate,tokenizer={model_dir}",
+                tasks,
+                root,
+                root / "sglang",
             )
         finally:
             server.stop()
@@ -259,7 +265,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "items_per_task": args.items,
         "seed": args.seed,
         "remote_tokenizer_detected": detected,
-        "tasks": compare(hf, served, tasks),
+        "tasks": compare(hf, openai, tasks),
+        # lm-eval's sglang-generate reads is_greedy from SGLang's answer its own way: the
+        # log-likelihoods, choices and answers are what to compare there.
+        "tasks_sglang_generate": compare(hf, sglang, tasks),
     }
 
 
