@@ -101,6 +101,17 @@ class SampleTensors(NamedTuple):
     top_logprobs: torch.Tensor  # [L, k_max] float32
 
 
+class _Draw(NamedTuple):
+    """What :meth:`Sampler._stage_draw` staged: whether every row is greedy, and which of
+    the draw's filters and checks some row needs."""
+
+    all_greedy: bool
+    top_k_max: int
+    any_min_p: bool
+    any_top_p: bool
+    verifies: bool
+
+
 class Sampler:
     """Samples the next token of each row of a ``[B, vocab]`` logits tensor."""
 
@@ -142,38 +153,66 @@ class Sampler:
         ``drafts``: per row, the drafted token it verifies or ``NO_DRAFT`` (speculative
         decoding); None: no row verifies one."""
         params = [r.params for r in rows]
-        n = len(rows)
         ahead = drafts_before(rows, drafts)
         lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         lp_k = [params[i].logprobs or 0 for i in lp_rows]
         if lp_rows:
             layout.ints("s.lp_rows", lp_rows)
-
-        pen = [i for i, p in enumerate(params) if has_penalties(p)]
-        pen_step = None
-        if pen:  # the tables live on the device: only their row numbers and new tokens travel
-            pen_step = self.penalty_counts.plan([rows[i] for i in pen], [ahead[i] for i in pen])
-            layout.ints("s.pen_rows", pen)
-            layout.ints("s.pen_slots", pen_step.slots)
-            if pen_step.reset:
-                layout.ints("s.pen_reset", pen_step.reset)
-            if pen_step.add_slot:
-                layout.ints("s.pen_add_slot", pen_step.add_slot)
-                layout.ints("s.pen_add_tok", pen_step.add_tok)
-                layout.ints("s.pen_add_out", pen_step.add_out)
-            if pen_step.ahead_row:
-                layout.ints("s.pen_ahead_row", pen_step.ahead_row)
-                layout.ints("s.pen_ahead_tok", pen_step.ahead_tok)
-            if pen_step.advance and len(pen_step.advance) < len(pen):
-                layout.ints("s.pen_adv", pen_step.advance)
-            layout.floats("s.rep_pen", [params[i].repetition_penalty for i in pen])
-            layout.floats("s.freq_f", [params[i].frequency_penalty for i in pen])
-            layout.floats("s.freq_p", [params[i].presence_penalty for i in pen])
-
+        pen_step = self._stage_penalties(rows, ahead, layout)
         blocked = self._stage_min_tokens(rows, ahead, layout)
-
         biased = stage_bias(params, layout, self.vocab_size)
+        constrained, eos_guard = self._stage_grammars(rows, ahead, layout)
+        draw = self._stage_draw(rows, drafts, layout)
+        return SamplingPlan(
+            len(rows),
+            draw.all_greedy,
+            lp_rows,
+            lp_k,
+            max(lp_k, default=0),
+            pen_step,
+            blocked,
+            constrained,
+            eos_guard,
+            draw.top_k_max,
+            draw.any_min_p,
+            draw.any_top_p,
+            biased,
+            draw.verifies,
+        )
 
+    def _stage_penalties(
+        self, rows: Sequence[SamplingRow], ahead: list[list[int] | None], layout: StagingLayout
+    ) -> PenaltyStep | None:
+        """Stage the penalized rows' numbers, their count-table updates and their penalties.
+        The tables live on the device: only row numbers and new tokens travel."""
+        params = [r.params for r in rows]
+        pen = [i for i, p in enumerate(params) if has_penalties(p)]
+        if not pen:
+            return None
+        step = self.penalty_counts.plan([rows[i] for i in pen], [ahead[i] for i in pen])
+        layout.ints("s.pen_rows", pen)
+        layout.ints("s.pen_slots", step.slots)
+        if step.reset:
+            layout.ints("s.pen_reset", step.reset)
+        if step.add_slot:
+            layout.ints("s.pen_add_slot", step.add_slot)
+            layout.ints("s.pen_add_tok", step.add_tok)
+            layout.ints("s.pen_add_out", step.add_out)
+        if step.ahead_row:
+            layout.ints("s.pen_ahead_row", step.ahead_row)
+            layout.ints("s.pen_ahead_tok", step.ahead_tok)
+        if step.advance and len(step.advance) < len(pen):
+            layout.ints("s.pen_adv", step.advance)
+        layout.floats("s.rep_pen", [params[i].repetition_penalty for i in pen])
+        layout.floats("s.freq_f", [params[i].frequency_penalty for i in pen])
+        layout.floats("s.freq_p", [params[i].presence_penalty for i in pen])
+        return step
+
+    def _stage_grammars(
+        self, rows: Sequence[SamplingRow], ahead: list[list[int] | None], layout: StagingLayout
+    ) -> tuple[list[int], list[int]]:
+        """Stage the constrained rows' token masks; returns those rows, and the ones among
+        them whose end token must stay masked (``ignore_eos`` under a grammar)."""
         grammars = [getattr(r, "grammar", None) for r in rows]
         constrained = [i for i, g in enumerate(grammars) if g is not None]
         if constrained:
@@ -184,44 +223,35 @@ class Sampler:
             ]
             layout.int_tensor("s.mask", torch.cat(masks))
         # (A thinking budget alone masks no end token: only a grammar's rows are guarded.)
-        guarded = [i for i in constrained if params[i].ignore_eos and params[i].constraint]
-        eos_guard = guarded if len(self._eos) else []
+        guarded = [
+            i for i in constrained if rows[i].params.ignore_eos and rows[i].params.constraint
+        ]
+        return constrained, guarded if len(self._eos) else []
 
+    def _stage_draw(
+        self, rows: Sequence[SamplingRow], drafts: Sequence[int] | None, layout: StagingLayout
+    ) -> _Draw:
+        """Stage what the draw of a step with sampled rows needs (temperatures, the filters
+        some row asks for, the uniforms, the drafts verified); nothing when all are greedy."""
+        params = [r.params for r in rows]
         greedy = [p.greedy for p in params]
-        all_greedy = all(greedy)
-        top_k_max = 0
-        any_min_p = any_top_p = verifies = False
-        if not all_greedy:
-            layout.ints("s.greedy", [int(g) for g in greedy])
-            layout.floats("s.temp", [1.0 if p.greedy else p.temperature for p in params])
-            top_k = [p.top_k if p.top_k > 0 else 0 for p in params]
-            top_k_max = min(max(top_k), self.vocab_size)
-            if top_k_max:
-                layout.ints("s.top_k", top_k)
-            any_min_p = any(p.min_p for p in params)
-            if any_min_p:
-                layout.floats("s.min_p", [p.min_p for p in params])
-            any_top_p = any(p.top_p < 1.0 for p in params)
-            if any_top_p:
-                layout.floats("s.top_p", [p.top_p for p in params])
-            layout.floats("s.u", self._uniforms(rows))
-            verifies = self._stage_drafts(rows, drafts, layout)
-        return SamplingPlan(
-            n,
-            all_greedy,
-            lp_rows,
-            lp_k,
-            max(lp_k, default=0),
-            pen_step,
-            blocked,
-            constrained,
-            eos_guard,
-            top_k_max,
-            any_min_p,
-            any_top_p,
-            biased,
-            verifies,
-        )
+        if all(greedy):
+            return _Draw(True, 0, False, False, False)
+        layout.ints("s.greedy", [int(g) for g in greedy])
+        layout.floats("s.temp", [1.0 if p.greedy else p.temperature for p in params])
+        top_k = [p.top_k if p.top_k > 0 else 0 for p in params]
+        top_k_max = min(max(top_k), self.vocab_size)
+        if top_k_max:
+            layout.ints("s.top_k", top_k)
+        any_min_p = any(p.min_p for p in params)
+        if any_min_p:
+            layout.floats("s.min_p", [p.min_p for p in params])
+        any_top_p = any(p.top_p < 1.0 for p in params)
+        if any_top_p:
+            layout.floats("s.top_p", [p.top_p for p in params])
+        layout.floats("s.u", self._uniforms(rows))
+        verifies = self._stage_drafts(rows, drafts, layout)
+        return _Draw(False, top_k_max, any_min_p, any_top_p, verifies)
 
     def _stage_min_tokens(
         self, rows: Sequence[SamplingRow], ahead: list[list[int] | None], layout: StagingLayout

@@ -93,22 +93,7 @@ class Worker:
         self.router_timeout_s = router_timeout_s
         self._own_ctx = context is None
         self._ctx = context if context is not None else zmq.Context()
-        self.sock = self._ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 200)  # the goodbye may find the router gone
-        self.sock.setsockopt(zmq.SNDHWM, 0)
-        self.sock.setsockopt(zmq.RCVHWM, 0)
-        self.sock.setsockopt(
-            zmq.ROUTING_ID, f"w{worker_id}-{os.getpid()}-{os.urandom(8).hex()}".encode()
-        )
-        if curve is not None:
-            curve.apply(self.sock)
-        # ZMTP heartbeats are answered by the router's zmq I/O thread even while its own loop
-        # is busy: the connection stays up as long as the router process is there, and drops
-        # (a disconnect event on the monitor) when it is gone or unreachable.
-        self.sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-        self.sock.setsockopt(
-            zmq.HEARTBEAT_TIMEOUT, int(max(2.0, min(router_timeout_s, 10.0)) * 1000)
-        )
+        self.sock = self._router_socket(curve)
         self._monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         self._connected = self._ever_connected = False
         self._lost_since: float | None = time.monotonic()  # not connected yet counts as lost
@@ -133,7 +118,11 @@ class Worker:
 
         # Prefill/decode disaggregation: None for a colocated engine.
         self._disagg = DisaggLink.of(self.engine, self._send, self._active)
-        self._handlers: dict[type, Callable[[Any], None]] = {
+        self._handlers = self._message_handlers()
+
+    def _message_handlers(self) -> dict[type, Callable[[Any], None]]:
+        """The handler of each message the router sends."""
+        return {
             p.WorkerAdd: self._on_add,
             p.WorkerAbort: self._on_abort,
             p.WorkerReserve: self._on_disagg,
@@ -148,6 +137,26 @@ class Worker:
             p.WorkerRejoin: self._on_rejoin,
             p.WorkerShutdown: self._on_shutdown,
         }
+
+    def _router_socket(self, curve: PeerKeys | None) -> zmq.Socket:
+        """The DEALER socket to the router: no queue limits, a short linger (the goodbye may
+        find the router gone), a routing id of this worker's own, CURVE when the router
+        takes only authenticated workers, and ZMTP heartbeats."""
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 200)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        rid = f"w{self.worker_id}-{os.getpid()}-{os.urandom(8).hex()}"
+        sock.setsockopt(zmq.ROUTING_ID, rid.encode())
+        if curve is not None:
+            curve.apply(sock)
+        # ZMTP heartbeats are answered by the router's zmq I/O thread even while its own loop
+        # is busy: the connection stays up as long as the router process is there, and drops
+        # (a disconnect event on the monitor) when it is gone or unreachable.
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        timeout_s = max(2.0, min(self.router_timeout_s, 10.0))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(timeout_s * 1000))
+        return sock
 
     def _event_publisher(self) -> Any | None:
         """A KV-event publisher when the engine records events (``kv_events_endpoint``)."""
