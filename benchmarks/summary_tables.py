@@ -89,6 +89,7 @@ from summary_tables_s37 import TABLES as TABLES_S37
 from summary_tables_s38 import TABLES as TABLES_S38
 from summary_tables_s40 import TABLES as TABLES_S40
 from summary_tables_s44 import TABLES as TABLES_S44
+from summary_tables_s45 import TABLES as TABLES_S45
 
 
 def _machine(name: str) -> str:
@@ -421,6 +422,7 @@ TABLES: dict[str, Callable[[], str]] = {
     **TABLES_S38,
     **TABLES_S40,
     **TABLES_S44,
+    **TABLES_S45,
     "long_context_floor_samples": table_long_context_floor_samples,
     "speculative_amd": table_speculative_amd,
     "speculative_concurrent_amd": table_speculative_concurrent_amd,
