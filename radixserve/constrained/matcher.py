@@ -25,6 +25,7 @@ through the tokens that stood, one by one, exactly as without speculation::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -34,9 +35,19 @@ import xgrammar as xgr
 from radixserve.constrained.bits import all_tokens_but, allows, bitmask_words
 from radixserve.constrained.spec import CompiledGrammar
 
+#: The most one token may cost the matcher (accepting it and filling the next mask), in CPU
+#: seconds of the scheduler's thread, which every request of the worker waits on. A normal
+#: grammar takes tens of microseconds; an ambiguous one (``s ::= "a" | s s``) costs more with
+#: every token (xgrammar's Earley states multiply, without bound). Past this the request
+#: ends with an error instead of stalling the others.
+STEP_CPU_LIMIT_S = 0.05
+
 
 class GrammarMatcher:
-    """Accepts a request's sampled tokens and says which tokens may come next."""
+    """Accepts a request's sampled tokens and says which tokens may come next.
+
+    ``failure`` says why :meth:`accept` refused a token the grammar allows: following the
+    grammar took longer than :data:`STEP_CPU_LIMIT_S` (None otherwise)."""
 
     def __init__(self, compiled: CompiledGrammar) -> None:
         self.compiled = compiled
@@ -51,6 +62,7 @@ class GrammarMatcher:
         self._can_only_end = False
         self._ends_in_lead = False  # the output's last byte is ED (utf8.SurrogateGuard)
         self._ahead: list[torch.Tensor] = []  # masks after each drafted token (lookahead)
+        self.failure: str | None = None
         self._refresh()
 
     @property
@@ -69,8 +81,10 @@ class GrammarMatcher:
         return self._can_only_end
 
     def accept(self, token_id: int) -> bool:
-        """Advance by one sampled token and refresh the next mask. False (state unchanged)
-        when the grammar does not allow ``token_id`` here."""
+        """Advance by one sampled token and refresh the next mask. False when the grammar
+        does not allow ``token_id`` here (state unchanged), or when following it took too
+        long (:attr:`failure` says so; the request is to end)."""
+        start = time.thread_time()
         if not self._m.accept_token(int(token_id)):
             return False
         self._ahead = []
@@ -78,6 +92,16 @@ class GrammarMatcher:
             self._ends_in_lead = self.compiled.guard.after(self._ends_in_lead, int(token_id))
         self.num_accepted += 1
         self._refresh()
+        return not self._too_slow(time.thread_time() - start)
+
+    def _too_slow(self, spent_s: float) -> bool:
+        if spent_s <= STEP_CPU_LIMIT_S:
+            return False
+        self.failure = (
+            f"the {self.compiled.constraint.kind} is too costly to follow: token "
+            f"{self.num_accepted} took {1000 * spent_s:.1f} ms of the grammar matcher, more "
+            f"than the limit of {1000 * STEP_CPU_LIMIT_S:g} ms (an ambiguous grammar?)"
+        )
         return True
 
     def replay(self, token_ids: Sequence[int]) -> bool:
@@ -96,7 +120,7 @@ class GrammarMatcher:
         stops = self.compiled.stop_token_ids
         masks: list[torch.Tensor] = []
         for t in draft:
-            t = int(t)
+            t, start = int(t), time.thread_time()
             if (
                 self._can_only_end
                 or t in stops
@@ -109,8 +133,8 @@ class GrammarMatcher:
                 self._ends_in_lead = self.compiled.guard.after(self._ends_in_lead, t)
             self._refresh()
             masks.append(self.next_mask.clone())
-            if not bool(self.next_mask.any()):
-                break
+            if not bool(self.next_mask.any()) or time.thread_time() - start > STEP_CPU_LIMIT_S:
+                break  # (a costly token is still drafted; the next accept judges it)
         if masks:
             self._m.rollback(len(masks))
         self.next_mask.copy_(saved[0])

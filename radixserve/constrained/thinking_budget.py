@@ -111,6 +111,11 @@ class ThinkingBudget:
         self._refresh()
 
     @property
+    def failure(self) -> str | None:
+        """Why the wrapped grammar refused a token it allows (GrammarMatcher.failure)."""
+        return None if self.inner is None else self.inner.failure
+
+    @property
     def can_only_end(self) -> bool:
         return (
             self._state is not _State.FORCING and self.inner is not None and self.inner.can_only_end

@@ -89,6 +89,9 @@ class StepOutput(msgspec.Struct, frozen=True):
     finish_reason: FinishReason | None = None
     error: str | None = None
     usage: Usage | None = None
+    # "invalid_params" when the request's own parameters made it fail (a grammar too costly
+    # to follow): the router answers the client as for a request refused at the start.
+    error_code: Literal["invalid_params"] | None = None
 
 
 class GenerateOutput(msgspec.Struct, frozen=True):
@@ -213,6 +216,7 @@ def to_step_output(o: RequestOutput) -> StepOutput:
         finished=o.finished,
         finish_reason=o.finish_reason,  # type: ignore[arg-type]
         error=o.error,
+        error_code="invalid_params" if o.error_code == "invalid_params" else None,
         usage=Usage(
             o.prompt_tokens,
             o.cached_tokens,

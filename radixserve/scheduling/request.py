@@ -94,6 +94,9 @@ class Request:
     new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
     finish_reason: str | None = None
     error: str | None = None
+    # Whose fault an error was, as the wire names it: "invalid_params" when the request's own
+    # parameters made it fail (a grammar too costly to follow); None: the engine's.
+    error_code: str | None = None
     # Overlap scheduling: the row of this request's sampled token in the last launched step,
     # and whether that step's token is certain to be its last (a length stop).
     future_index: int = -1
@@ -152,6 +155,7 @@ class Request:
             finished=self.finished,
             finish_reason=self.finish_reason,
             error=self.error,
+            error_code=self.error_code,
             prompt_tokens=self.prompt_len,
             cached_tokens=self.cached_tokens or 0,
             completion_tokens=self.num_output_known,

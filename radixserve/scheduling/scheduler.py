@@ -443,13 +443,14 @@ class Scheduler:
         """``tok`` fills ``req``'s placeholder; stop checks. Returns whether it goes on."""
         pos = req.fill_placeholder(tok, lp)
         self.counters.generated_tokens += 1
-        if req.grammar is not None and not req.grammar.accept(
-            tok
-        ):  # the mask makes this unreachable
+        if req.grammar is not None and not req.grammar.accept(tok):
+            # The mask makes a token the grammar refuses unreachable; a grammar too costly
+            # to follow says so.
+            why = req.grammar.failure or f"sampled token {tok} is not allowed by its grammar"
             req.end_at(pos)
-            self._finish(
-                req, "error", f"sampled token {tok} is not allowed by the request's grammar"
-            )
+            self._finish(req, "error", why)
+            if req.grammar.failure is not None:
+                req.error_code = "invalid_params"  # the request's grammar, not the engine
             return False
         reason = req.stop_reason(tok, pos + 1, self.eos_token_ids)
         if reason is not None:

@@ -80,3 +80,31 @@ def test_compile_time_limit(tokenizer: Any, monkeypatch: pytest.MonkeyPatch) -> 
         ValueError, match="invalid regex"
     ):  # the library's own errors still come through
         compiler.compile(Constraint("regex", "(unclosed"))
+
+
+def test_a_grammar_too_costly_to_follow_ends_its_request_only(
+    tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ambiguous grammar (``s ::= "a" | s s``) costs the matcher more with every token:
+    past the per-token limit its request ends with an error saying so, while a request beside
+    it, constrained or not, finishes as it would alone, and no page is lost."""
+    from constrained_cases import make_tiny_engine
+
+    from radixserve.constrained import matcher
+
+    engine = make_tiny_engine(tiny_llama_dir)
+    plain = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    regex = SamplingParams(max_tokens=24, temperature=0.0, regex="[0-9]{1,20}")
+    alone = engine.generate([[5, 6, 7], [8, 9]], [plain, regex])
+    monkeypatch.setattr(matcher, "STEP_CPU_LIMIT_S", 0.0005)  # reached within a few hundred tokens
+    ambiguous = SamplingParams(
+        max_tokens=400, temperature=0.0, ignore_eos=True, ebnf='root ::= s\ns ::= "a" | s s'
+    )
+    costly, *others = engine.generate([[1, 2, 3], [5, 6, 7], [8, 9]], [ambiguous, plain, regex])
+    assert costly.finish_reason == "error" and "too costly to follow" in (costly.error or "")
+    assert 0 < len(costly.token_ids) < 400
+    assert [(o.token_ids, o.finish_reason) for o in others] == [
+        (o.token_ids, o.finish_reason) for o in alone
+    ]
+    engine.check_invariants()
+    assert engine.stats().pages_in_use == 0

@@ -130,6 +130,7 @@ def test_openai_client_needs_the_key(keyed: str) -> None:
         assert c.get("/v1/responses/resp_x").status_code == 401
         assert c.delete("/v1/responses/resp_x").status_code == 401
         assert c.get("/v1/responses/resp_x/input_items").status_code == 401
+        assert c.get("/tokenizer_info").status_code == 401
         assert c.get("/v1/models", headers={"Authorization": f"Basic {KEY_A}"}).status_code == 401
         assert c.get("/health").status_code == 200  # probes carry no key
     for key in (KEY_A, KEY_B, ADMIN):

@@ -4,7 +4,9 @@ It speaks the Engine interface the worker uses (add_request, abort, step, has_un
 stats, flush_cache, check_invariants, model_config, config) and emits one deterministic
 token per running request per step: token k of a prompt is ``alphabet[(sum(prompt) + k) %
 len(alphabet)]``, or token k of its prediction while it has one (a model that answers as
-the client expected: tests of how a prediction reaches the worker). KV pages are accounted
+the client expected: tests of how a prediction reaches the worker). A request with an
+``ebnf`` grammar fails after its second token as one too costly to follow does in the real
+engine (an ``invalid_params`` error: tests of how the router answers it). KV pages are accounted
 like a prefix cache would (page-aligned prompt prefixes are cached at finish and count as
 hits for later prompts), so tests can check that in-use pages return to zero and that
 shared prefixes hit.
@@ -135,6 +137,20 @@ class FakeEngine:
                     StepOutput(r.rid, [], finished=True, finish_reason="abort", usage=usage())
                 )
                 self._aborted += 1
+                self._finish(r)
+                continue
+            if r.params.ebnf is not None and len(r.out) == 2:
+                outs.append(
+                    StepOutput(
+                        r.rid,
+                        [],
+                        finished=True,
+                        finish_reason="error",
+                        error="the ebnf is too costly to follow",
+                        error_code="invalid_params",
+                        usage=usage(),
+                    )
+                )
                 self._finish(r)
                 continue
             k, predicted = len(r.out), r.params.prediction or []

@@ -257,6 +257,9 @@ class InFlight:
             if not out.finished and rid not in w.inflight:  # an orphan (see retry): stop it
                 self._pool.send(w, p.WorkerAbort(rids=[rid]))
             return  # else it finished here already (stop string, abort): its abort is on its way
+        if out.error_code == "invalid_params":  # the request's own doing
+            self.fail(st, "invalid_params", f"the engine ended the request: {out.error}")
+            return
         if out.error is not None or out.finish_reason == "error":
             self.fail(st, "internal", f"worker {w.worker_id} failed the request: {out.error}")
             return

@@ -227,6 +227,18 @@ def test_prompt_longer_than_context(fake_server) -> None:
         )
 
 
+def test_a_request_ended_by_its_own_parameters_is_invalid_params(fake_server) -> None:
+    """A worker that ends a request for the request's own doing (a grammar too costly to
+    follow) makes it the client's ``invalid_params`` error, not ``internal``; the worker
+    goes on serving."""
+    srv = fake_server()
+    with Client(srv.endpoint, timeout=20) as c:
+        with pytest.raises(ServerError) as exc:
+            c.generate(input_ids=[3, 4, 5], params=SamplingParams(max_tokens=8, ebnf="root ::= x"))
+        assert exc.value.code == "invalid_params" and "too costly" in exc.value.message
+        assert c.generate(input_ids=[3, 4, 5], params=SamplingParams(max_tokens=2)).text
+
+
 def test_killed_worker_fails_its_requests_others_continue(fake_server) -> None:
     srv = fake_server(
         num_workers=2, step_delay=0.01, router=dict(routing="round_robin", restart_workers=False)
