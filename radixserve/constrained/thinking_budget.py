@@ -34,12 +34,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from radixserve.constrained.bits import allows, bitmask_words, every_token, only_token
 from radixserve.token_bytes import pending_bytes
+
+if TYPE_CHECKING:
+    from radixserve.constrained.matcher import GrammarMatcher
 
 START_MARKER, END_MARKER = "<think>", "</think>"
 # Tokens a spent budget waits, at most, for the character in progress to end: its lead byte
@@ -89,7 +92,7 @@ class ThinkingBudget:
         markers: ThinkMarkers,
         vocab_size: int,
         prompt_ids: Sequence[int],
-        inner: Any | None = None,
+        inner: GrammarMatcher | None = None,
         token_bytes: Callable[[int], bytes] | None = None,
     ) -> None:
         self.budget = budget

@@ -12,14 +12,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import Container, Sequence
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from radixserve.constrained.interface import TokenGrammar
 from radixserve.constrained.thinking_budget import ThinkingBudget, ThinkMarkers, think_markers
 from radixserve.engine.sampler import Sampler
 from radixserve.model.config import ModelConfig
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduling.request import Request
 from radixserve.token_bytes import TokenBytes
+
+if TYPE_CHECKING:
+    from radixserve.constrained.matcher import GrammarMatcher
 
 
 class RequestIntake:
@@ -80,11 +84,12 @@ class RequestIntake:
             raise ValueError(f"duplicate request id {request_id!r}")
         rid = request_id if request_id is not None else uuid.uuid4().hex
         gen = self.sampler.new_generator(params.seed) if params.seed is not None else None
-        grammar = self._new_grammar_matcher(params)
+        matcher = self._new_grammar_matcher(params)
+        grammar: TokenGrammar | None = matcher
         budget, markers = params.thinking_token_budget, self.think_markers
         if budget is not None and markers is not None:  # without <think>, any budget is kept
             grammar = ThinkingBudget(
-                budget, markers, self.model_config.vocab_size, ids, grammar, self.token_bytes
+                budget, markers, self.model_config.vocab_size, ids, matcher, self.token_bytes
             )
         return Request(
             rid,
@@ -109,7 +114,7 @@ class RequestIntake:
         """Each token's bytes, read as a thinking budget asks (None without a tokenizer)."""
         return TokenBytes(self.tokenizer) if self.tokenizer is not None else None
 
-    def _new_grammar_matcher(self, params: SamplingParams) -> Any | None:
+    def _new_grammar_matcher(self, params: SamplingParams) -> GrammarMatcher | None:
         """Compile (cached per tokenizer and constraint) the request's regex / JSON schema /
         choices and start its matcher; None when unconstrained. ``ValueError`` when invalid."""
         constraint = params.constraint

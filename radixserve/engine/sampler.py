@@ -36,10 +36,11 @@ draw from the residual. Greedy rows take the argmax, drafts or not.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
+from radixserve.constrained.interface import TokenGrammar
 from radixserve.engine.logit_bias import apply_bias, stage_bias
 from radixserve.engine.sampling_ops import (
     PenaltyCounts,
@@ -60,7 +61,7 @@ class SamplingRow(Protocol):
     token_ids: list[int]  # prompt + output so far
     prompt_len: int
     generator: torch.Generator | None
-    grammar: Any | None  # a radixserve.constrained.GrammarMatcher, or None
+    grammar: TokenGrammar | None
 
 
 class SampleResult(NamedTuple):

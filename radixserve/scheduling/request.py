@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from radixserve.constrained.interface import TokenGrammar
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduling.types import RequestOutput
 
@@ -62,7 +63,7 @@ class Request:
     generator: torch.Generator | None = None
     # Constrained decoding: the request's GrammarMatcher (radixserve.constrained), advanced
     # with every sampled token; kept across retraction because the tokens are kept.
-    grammar: Any | None = None
+    grammar: TokenGrammar | None = None
 
     status: RequestStatus = RequestStatus.WAITING
     # KV state (see the module docstring).
