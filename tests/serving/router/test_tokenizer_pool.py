@@ -110,10 +110,6 @@ def test_the_processes_encode_as_the_router_does(
     pool = TokenizerPool(tok, 1, zctx)
     got: list[tuple[list[list[int]] | None, str | None]] = []
     try:
-        # What each process was told to load: its command line's next-to-last argument.
-        (pid,) = pool.pids
-        source = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[-3].decode()
-        assert source.endswith(".pickle") == pickles
         chat = [p.ChatMessage(role="user", content="Hello there.")]
         pool.submit(lambda ids, err: got.append((ids, err)), messages=chat)
         pool.submit(lambda ids, err: got.append((ids, err)), text="a radix tree")
@@ -122,6 +118,11 @@ def test_the_processes_encode_as_the_router_does(
             if pool.socket.poll(100):
                 pool.on_frames(pool.socket.recv_multipart())
             pool.check()
+        # What the process was told to load: its command line's next-to-last argument, read
+        # once it has answered (just after the spawn it may not have exec'd its program yet).
+        (pid,) = pool.pids
+        source = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[-3].decode()
+        assert source.endswith(".pickle") == pickles
     finally:
         pool.close()
     codec = PromptCodec(tokenizer)
