@@ -216,7 +216,7 @@ def to_step_output(o: RequestOutput) -> StepOutput:
         finished=o.finished,
         finish_reason=o.finish_reason,  # type: ignore[arg-type]
         error=o.error,
-        error_code="invalid_params" if o.error_code == "invalid_params" else None,
+        error_code=o.error_code,
         usage=Usage(
             o.prompt_tokens,
             o.cached_tokens,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -97,7 +97,7 @@ class Request:
     error: str | None = None
     # Whose fault an error was, as the wire names it: "invalid_params" when the request's own
     # parameters made it fail (a grammar too costly to follow); None: the engine's.
-    error_code: str | None = None
+    error_code: Literal["invalid_params"] | None = None
     # Overlap scheduling: the row of this request's sampled token in the last launched step,
     # and whether that step's token is certain to be its last (a length stop).
     future_index: int = -1

@@ -446,10 +446,12 @@ class Scheduler:
         if req.grammar is not None and not req.grammar.accept(tok):
             # The mask makes a token the grammar refuses unreachable; a grammar too costly
             # to follow says so.
-            why = req.grammar.failure or f"sampled token {tok} is not allowed by its grammar"
+            failure = req.grammar.failure
             req.end_at(pos)
-            self._finish(req, "error", why)
-            if req.grammar.failure is not None:
+            self._finish(
+                req, "error", failure or f"sampled token {tok} is not allowed by its grammar"
+            )
+            if failure is not None:
                 req.error_code = "invalid_params"  # the request's grammar, not the engine
             return False
         reason = req.stop_reason(tok, pos + 1, self.eos_token_ids)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class RequestOutput(NamedTuple):
     spec_accepted_tokens: int = 0
     cache_report: Any = None  # a memory.miss_report.Divergence, once, when one was asked
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None  # with prompt_logprobs
-    error_code: str | None = None  # "invalid_params": the request's own fault (Request)
+    error_code: Literal["invalid_params"] | None = None  # the request's own fault (Request)
 
 
 @dataclass

@@ -31,11 +31,10 @@ from radixserve.serving.http.openai_reply import (
     chat_logprobs,
     completion_logprobs,
     prompt_logprobs_part,
-    stop_reason,
     usage,
 )
 from radixserve.serving.http.sse import DONE, SSEResponse, event
-from radixserve.serving.http.streams import finals, primed
+from radixserve.serving.http.streams import finals, primed, stop_reason
 from radixserve.serving.wire import protocol as p
 
 router = APIRouter()

@@ -11,7 +11,7 @@ one chunk with its ``finish_reason`` (``tool_calls`` when the parser found calls
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any, NamedTuple
 
 import msgspec
@@ -21,7 +21,7 @@ from radixserve.serving.http.cache_report import report_json
 from radixserve.serving.http.chunk_usage import ChunkUsage
 from radixserve.serving.http.gateway import Gateway
 from radixserve.serving.http.sse import DONE, event
-from radixserve.serving.http.streams import logprob
+from radixserve.serving.http.streams import logprob, stop_reason
 from radixserve.serving.wire import protocol as p
 
 
@@ -83,25 +83,11 @@ def chat_logprobs(g: Gateway, lps: list[p.TokenLogprob] | None) -> list[dict[str
 
 def completion_logprobs(
     g: Gateway, lps: list[p.TokenLogprob] | None, offset: int
-) -> dict[str, Any]:
-    """Legacy completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
-    tokens: list[str] = []
-    values: list[float] = []
-    tops: list[dict[str, float]] = []
-    offsets: list[int] = []
-    for lp in lps or []:
-        text = g.token_text(lp.token_id)
-        tokens.append(text)
-        values.append(logprob(lp.logprob))
-        tops.append({g.token_text(tid): logprob(v) for tid, v in lp.top or []})
-        offsets.append(offset)
-        offset += len(text)
-    return {
-        "tokens": tokens,
-        "token_logprobs": values,
-        "top_logprobs": tops,
-        "text_offset": offsets,
-    }
+) -> dict[str, list[Any]]:
+    """Legacy completions logprobs of output tokens, their offsets from ``offset`` on."""
+    return _legacy_logprobs(
+        g, ((lp.token_id, lp.logprob, lp.top or []) for lp in lps or []), offset
+    )
 
 
 def prompt_logprobs_part(g: Gateway, final: p.GenerateFinal) -> dict[str, list[Any]]:
@@ -109,33 +95,32 @@ def prompt_logprobs_part(g: Gateway, final: p.GenerateFinal) -> dict[str, list[A
     answers it): each prompt token, its logprob and likeliest tokens (``None`` for the
     first, which nothing predicts), offsets from the text's start."""
     ids, values = final.prompt_token_ids or [], final.prompt_logprobs or []
-    tops = final.prompt_top_logprobs
-    out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": []}
-    offsets, offset = [], 0
-    for k, (tid, value) in enumerate(zip(ids[len(ids) - len(values) :], values)):
+    tops = final.prompt_top_logprobs or [[] for _ in values]
+    return _legacy_logprobs(g, zip(ids[len(ids) - len(values) :], values, tops), 0)
+
+
+def _legacy_logprobs(
+    g: Gateway, entries: Iterable[tuple[int, float | None, list[tuple[int, float]]]], offset: int
+) -> dict[str, list[Any]]:
+    """Legacy completions logprobs (tokens, token_logprobs, top_logprobs, text_offset) of
+    ``(token_id, logprob, top)`` entries; a ``None`` logprob (a text's first token) has no
+    top either."""
+    out: dict[str, list[Any]] = {
+        "tokens": [],
+        "token_logprobs": [],
+        "top_logprobs": [],
+        "text_offset": [],
+    }
+    for tid, value, top in entries:
         text = g.token_text(tid)
         out["tokens"].append(text)
-        pairs = tops[k] if tops is not None else []
         out["token_logprobs"].append(None if value is None else logprob(value))
         out["top_logprobs"].append(
-            None if value is None else {g.token_text(t): logprob(v) for t, v in pairs}
+            None if value is None else {g.token_text(t): logprob(v) for t, v in top}
         )
-        offsets.append(offset)
+        out["text_offset"].append(offset)
         offset += len(text)
-    out["text_offset"] = offsets
     return out
-
-
-def stop_reason(final: p.GenerateFinal, stop_token_ids: list[int] | None) -> str | int | None:
-    """vLLM's ``stop_reason`` of a choice: the stop string or the ``stop_token_ids`` id that
-    ended it; None when something else did (the end-of-sequence token, a grammar's end,
-    the length)."""
-    if final.matched_stop is not None:
-        return final.matched_stop
-    last = final.token_ids[-1] if final.token_ids else None
-    if final.finish_reason == "stop" and last is not None and last in (stop_token_ids or ()):
-        return last
-    return None
 
 
 class ChatHead(NamedTuple):

@@ -36,7 +36,7 @@ from radixserve.serving.http.errors import APIError
 from radixserve.serving.http.gateway import Gateway, merge, to_builtins
 from radixserve.serving.http.sglang_protocol import GenerateReqInput, Item, expand
 from radixserve.serving.http.sse import DONE, SSEResponse, event
-from radixserve.serving.http.streams import finals, logprob, primed
+from radixserve.serving.http.streams import finals, logprob, primed, stop_reason
 from radixserve.serving.wire import protocol as p
 
 router = APIRouter()
@@ -66,12 +66,7 @@ def _finish_reason(plan: _Plan, f: p.GenerateFinal, eos: list[int]) -> dict[str,
     if f.finish_reason == "length":
         return {"type": "length", "length": f.usage.completion_tokens}
     if f.finish_reason == "stop":
-        last = f.token_ids[-1] if f.token_ids else None
-        if f.matched_stop is not None:
-            return {"type": "stop", "matched": f.matched_stop}
-        if last is not None and (last in eos or last in plan.params.stop_token_ids):
-            return {"type": "stop", "matched": last}
-        return {"type": "stop", "matched": None}
+        return {"type": "stop", "matched": stop_reason(f, [*eos, *plan.params.stop_token_ids])}
     return {"type": "abort", "message": f"request ended: {f.finish_reason}"}
 
 
@@ -95,10 +90,12 @@ def _logprob_meta(
 
     inputs: list[list[Any]] = []
     input_tops: list[list[list[Any]] | None] = []
-    values = final.prompt_logprobs if final is not None else None
-    ids = final.prompt_token_ids if final is not None else None
-    if values is not None and ids is not None:
-        prompt_tops = final.prompt_top_logprobs if final is not None else None
+    if final is not None and final.prompt_logprobs is not None and final.prompt_token_ids:
+        values, ids, prompt_tops = (
+            final.prompt_logprobs,
+            final.prompt_token_ids,
+            final.prompt_top_logprobs,
+        )
         start = len(ids) - len(values)
         for k, value in enumerate(values):
             tid = ids[start + k]

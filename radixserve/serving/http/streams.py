@@ -1,10 +1,11 @@
-"""Helpers shared by the API modules: priming a stream, collecting finals, logprob numbers."""
+"""Helpers shared by the API modules: priming a stream, collecting finals, logprob numbers,
+what stopped a request."""
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -73,3 +74,16 @@ def logprob(x: float) -> float:
     if math.isnan(x) or x == -math.inf:
         return -9999.0
     return x
+
+
+def stop_reason(final: p.GenerateFinal, stop_token_ids: Iterable[int] | None) -> str | int | None:
+    """The stop string, or the token of ``stop_token_ids``, that ended ``final``; None when
+    something else did (the length, a grammar's end, a stop token not listed). vLLM's
+    ``stop_reason`` lists the request's ``stop_token_ids``; SGLang's ``matched`` the
+    end-of-sequence tokens too."""
+    if final.matched_stop is not None:
+        return final.matched_stop
+    last = final.token_ids[-1] if final.token_ids else None
+    if final.finish_reason == "stop" and last is not None and last in set(stop_token_ids or ()):
+        return last
+    return None
