@@ -60,10 +60,15 @@ _HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
 
 
 def _build_name() -> str:
-    """The build's name: a digest of the CPU's flags (``-march=native``) and of the sources and
-    headers, so a cache shared by different CPUs or checkouts never loads a foreign build
-    (and a changed header, which cpp_extension does not track, rebuilds)."""
+    """The build's name: a digest of the CPU's flags (``-march=native``), of the sources and
+    headers, and of where they lie, so a cache shared by different CPUs or checkouts never
+    loads a foreign build (and a changed header, which cpp_extension does not track,
+    rebuilds). Two checkouts of the same sources build apart: their compile commands name
+    different paths, so under one name each load in one checkout rebuilt what the other had
+    built (a CI clone beside a working copy rebuilt, under its build lock, in every process
+    of the other that loaded the kernels)."""
     h = hashlib.sha1(platform.machine().encode())
+    h.update(str(_CSRC.resolve()).encode())
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
