@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from radixserve import logit_bias as bias_rules
+from radixserve import stop_regex
 from radixserve.constrained.spec import (
     CONSTRAINT_FIELDS,
     Constraint,
@@ -27,6 +28,10 @@ SAMPLING_EPS = 1e-5
 _INT_LIMIT = 2**63
 # Token ids are int32 everywhere (page tables, torch indices).
 TOKEN_ID_LIMIT = 2**31
+# The router looks for every stop string in the text of every step: their number and length
+# are bounded, as SGLang's and vLLM's users need (a few short strings), not by the body size.
+MAX_STOP_STRINGS = 128
+MAX_STOP_CHARS = 1024
 
 
 MAX_PIN_TTL_S = 86400.0  # a day: a pin is a cache hint, not storage
@@ -58,8 +63,11 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     seed: int | None = None
     stop: list[str] = []
     stop_token_ids: list[int] = []
-    # Keep the stop string that ended the output at its end (vLLM's name; SGLang's
-    # no_stop_trim); by default it is cut off.
+    # Stop where one of these patterns (Python's re syntax; SGLang's stop_regex) first matches
+    # the output text: radixserve.stop_regex.
+    stop_regex: list[str] = []
+    # Keep the stop string, or the text a stop pattern matched, that ended the output at its
+    # end (vLLM's name; SGLang's no_stop_trim); by default it is cut off.
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None
@@ -159,8 +167,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
                 errors.append(f"{name} must be in [-2, 2], got {value}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             errors.append(f"seed must be in [0, 2**63), got {self.seed}")
-        if any(not s for s in self.stop):
-            errors.append("stop strings must be non-empty")
+        errors += _stop_errors(self.stop)
+        errors += stop_regex.pattern_errors(self.stop_regex)
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             errors.append(f"logprobs must be in [0, 20], got {self.logprobs}")
         if self.pin_ttl_s is not None and not 0.0 < self.pin_ttl_s <= MAX_PIN_TTL_S:
@@ -178,6 +186,18 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
         if errors:
             raise ValueError("invalid sampling parameters: " + "; ".join(errors))
         return self
+
+
+def _stop_errors(stop: list[str]) -> list[str]:
+    """Why the stop strings are refused (none: each may be looked for)."""
+    if len(stop) > MAX_STOP_STRINGS:
+        return [f"stop has {len(stop)} strings, more than {MAX_STOP_STRINGS}"]
+    if any(not s for s in stop):
+        return ["stop strings must be non-empty"]
+    longest = max(stop, key=len, default="")
+    if len(longest) > MAX_STOP_CHARS:
+        return [f"a stop string has {len(longest)} characters, more than {MAX_STOP_CHARS}"]
+    return []
 
 
 def _token_id_errors(name: str, ids: list[int], vocab_size: int | None) -> list[str]:

@@ -7,11 +7,13 @@ make that subtle:
   decodes a token's leading space differently depending on what precedes it. So each step
   decodes a short window of recent ids twice (with and without the new ones) and emits the
   difference, and waits while the window ends in an incomplete character (U+FFFD).
-- Stop strings are matched on text and excluded from the output (kept, with
-  ``include_stop_str_in_output``: vLLM's name, SGLang's ``no_stop_trim``). Text that could
-  still be the start of a stop string is held back until it is decided. Before ``min_tokens`` output
-  tokens no stop string matches (as in vLLM and SGLang); from then on, one that ends in the
-  new text does.
+- Stop strings and stop patterns (``stop_regex``, :mod:`radixserve.stop_regex`) are matched
+  on text and excluded from the output (kept, with ``include_stop_str_in_output``: vLLM's
+  name, SGLang's ``no_stop_trim``). Text that could still become a stop string or a match
+  is held back until it is decided. Before ``min_tokens`` output tokens nothing stops the
+  output (as in vLLM and SGLang); from then on, the first stop in the text not yet
+  emitted does. A stop pattern that takes too long to match raises
+  :class:`~radixserve.stop_regex.StopRegexTimeout`: the caller fails the request.
 
 The router uses this too (the worker never sees text): on ``stopped`` it aborts the request
 in the worker and reports ``finish_reason="stop"``.
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from radixserve.sampling_params import SamplingParams
+from radixserve.stop_regex import StopPatterns
 
 # Prompt ids used as left context, so the first output token decodes as it would in context.
 _CONTEXT_TOKENS = 5
@@ -39,8 +42,8 @@ class DetokDelta(NamedTuple):
 class IncrementalDetokenizer:
     """Turns a stream of token ids into a stream of final text, honouring stop strings.
 
-    ``tokenizer`` is a transformers tokenizer. ``params`` supplies ``stop``, ``min_tokens``
-    and ``skip_special_tokens`` (defaults: no stop strings, skip special tokens).
+    ``tokenizer`` is a transformers tokenizer. ``params`` supplies ``stop``, ``stop_regex``,
+    ``min_tokens`` and ``skip_special_tokens`` (defaults: no stops, skip special tokens).
     ``prompt_token_ids`` (optional) gives the decoding context of the first output tokens.
     """
 
@@ -57,6 +60,7 @@ class IncrementalDetokenizer:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._skip_special = params.skip_special_tokens if params is not None else True
         self._stops: tuple[str, ...] = tuple(params.stop) if params is not None else ()
+        self._patterns = StopPatterns(params.stop_regex if params is not None else ())
         self._keep_stop = params.include_stop_str_in_output if params is not None else False
         self._matched: str | None = None
         self._max_stop = max((len(s) for s in self._stops), default=0)
@@ -81,7 +85,7 @@ class IncrementalDetokenizer:
 
     @property
     def matched_stop(self) -> str | None:
-        """The stop string that ended the output (None: none did)."""
+        """The stop string, or the stop pattern, that ended the output (None: none did)."""
         return self._matched
 
     def _decode(self, ids: list[int]) -> str:
@@ -127,7 +131,7 @@ class IncrementalDetokenizer:
         at once): the text, and how many of ``token_ids`` are the request's, i.e. up to the
         one that completed a stop string (all of them when none did), as a request decoded
         one token per step would have ended."""
-        if not self._stops or len(token_ids) <= 1:
+        if not (self._stops or self._patterns) or len(token_ids) <= 1:
             return self.add(token_ids, final), len(token_ids)
         texts: list[str] = []
         for i, t in enumerate(token_ids):
@@ -146,25 +150,32 @@ class IncrementalDetokenizer:
             return
         start = len(self._text)
         self._text += delta
-        if not self._stops or self._num_out < self._min_tokens:
+        if not (self._stops or self._patterns) or self._num_out < self._min_tokens:
             return
         # A stop string may straddle the old text and the new delta.
         search_from = max(self._emitted, start - self._max_stop + 1, 0)
-        cut, matched = -1, ""
+        cut, end, matched = -1, -1, ""
         for s in self._stops:
             i = self._text.find(s, search_from)
             if i != -1 and (cut == -1 or i < cut):
-                cut, matched = i, s
+                cut, end, matched = i, i + len(s), s
+        if self._patterns:
+            m = self._patterns.first_match(self._text, self._emitted)
+            if m is not None and (cut == -1 or m.start < cut):
+                cut, end, matched = m.start, m.end, m.pattern
         if cut != -1:
-            self._text = self._text[: cut + len(matched) if self._keep_stop else cut]
+            self._text = self._text[: end if self._keep_stop else cut]
             self._matched = matched
             self._stopped = True
 
     def _held_back(self) -> int:
-        """Length of the longest suffix of unemitted text that begins some stop string."""
+        """Length of the unemitted text's longest suffix that could still become a stop."""
+        held = 0
+        if self._patterns and self._num_out >= self._min_tokens:  # else nothing may stop yet
+            held = len(self._text) - self._patterns.undecided_from(self._text, self._emitted)
         pending = len(self._text) - self._emitted
-        for n in range(min(self._max_stop - 1, pending), 0, -1):
+        for n in range(min(self._max_stop - 1, pending), held, -1):
             tail = self._text[-n:]
             if any(s.startswith(tail) for s in self._stops):
                 return n
-        return 0
+        return held

@@ -16,6 +16,7 @@ import msgspec
 from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.outputs import GenerateOutput, StepOutput, TokenLogprob, Usage
 from radixserve.sampling_params import SamplingParams
+from radixserve.stop_regex import StopRegexTimeout
 
 # One text, texts, one prompt as token ids, or prompts as token ids.
 PromptInput = str | Sequence[str] | Sequence[Sequence[int]] | Sequence[int]
@@ -45,6 +46,7 @@ class GenerateCollector:
         self.prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
         self.text = ""
         self.stopped = False
+        self.error: str | None = None  # the router would fail the request with this (a 400)
         self.last: StepOutput | None = None
         self.cache_report: Any = msgspec.UNSET  # sent once, with an early output
 
@@ -59,7 +61,11 @@ class GenerateCollector:
         if self.stopped:
             return False
         # Several tokens at once (speculative decoding): only those up to a stop string's.
-        delta, taken = self.detok.add_each(o.new_token_ids, final=o.finished)
+        try:
+            delta, taken = self.detok.add_each(o.new_token_ids, final=o.finished)
+        except StopRegexTimeout as exc:
+            self.stopped, self.error = True, str(exc)
+            return not o.finished
         self.token_ids += o.new_token_ids[:taken]
         if o.new_logprobs:
             self.logprobs += o.new_logprobs[:taken]
@@ -73,7 +79,7 @@ class GenerateCollector:
         """The request's result, once its final output was taken."""
         o = self.last
         assert o is not None and o.finished
-        reason = "stop" if self.stopped else o.finish_reason
+        reason = "error" if self.error else "stop" if self.stopped else o.finish_reason
         usage = o.usage or Usage(len(self.prompt_ids), 0, len(self.token_ids))
         return GenerateOutput(
             request_id=rid,
@@ -93,7 +99,7 @@ class GenerateCollector:
             prompt_token_ids=self.prompt_ids,
             logprobs=self.logprobs if self.want_logprobs else None,
             prompt_logprobs=self.prompt_logprobs,
-            error=o.error,
+            error=self.error or o.error,
             prompt_top_logprobs=self.prompt_top_logprobs,
             matched_stop=self.detok.matched_stop,
         )

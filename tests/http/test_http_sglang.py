@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import pytest
@@ -251,6 +252,18 @@ def test_stop_string_matched_and_kept_with_no_stop_trim(server: Any) -> None:
             obj = c.post("/generate", json={**data, "sampling_params": sp}).json()
             assert obj["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
             assert obj["text"] == (expect or text[: text.find(stop) + len(stop)])
+        pattern = re.escape(stop[0]) + "."  # a stop pattern: the pattern is what matched
+        m = re.search(pattern, text)
+        assert m is not None
+        for trim, expect in ((False, text[: m.start()]), (True, text[: m.end()])):
+            sp = srt_params(ignore_eos=True, stop_regex=pattern, no_stop_trim=trim)
+            obj = c.post("/generate", json={**data, "sampling_params": sp}).json()
+            assert obj["meta_info"]["finish_reason"] == {"type": "stop", "matched": pattern}
+            assert obj["text"] == expect
+        r = c.post(
+            "/generate", json={**data, "sampling_params": srt_params(stop_regex=["a{9}{9}{9}{9}"])}
+        )
+        assert r.status_code == 400 and "expands to" in r.json()["error"]["message"]
         sp = srt_params(stop_token_ids=[first["output_ids"][1]])  # a stop token: its id
         obj = c.post("/generate", json={**data, "sampling_params": sp}).json()
         assert obj["meta_info"]["finish_reason"] == {

@@ -9,8 +9,9 @@ planned in :mod:`.chat_tools`. Features radixserve does not have (``suffix``, ``
 ``n``, image content) are rejected with a 400 rather than silently ignored.
 Extensions accepted as vLLM and SGLang do: ``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``stop_token_ids``,
-``include_stop_str_in_output``, ``skip_special_tokens``, ``thinking_token_budget``; each
-choice carries vLLM's ``stop_reason`` (the stop string or stop token id that ended it).
+``include_stop_str_in_output`` (SGLang's ``no_stop_trim``), SGLang's ``stop_regex``,
+``skip_special_tokens``, ``thinking_token_budget``; each choice carries vLLM's
+``stop_reason`` (the stop string, stop pattern or stop token id that ended it).
 ``logit_bias`` has OpenAI's semantics (token id strings to biases in [-100, 100], at most
 300; see :mod:`radixserve.logit_bias`).
 """
@@ -188,6 +189,9 @@ class _SamplingBody(_Body, StructuredOutputFields):
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool | None = None  # vLLM's: keep the stop string that matched
+    no_stop_trim: bool = False  # SGLang's name for the same
+    # SGLang's: stop where one of these patterns matches the output (radixserve.stop_regex).
+    stop_regex: str | list[str] | None = None
     skip_special_tokens: bool | None = None
     pin_ttl_s: float | None = None  # radixserve: keep the prompt prefix pinned (see SamplingParams)
     # vLLM's: at most this many tokens of <think> block, then it is closed (SamplingParams).
@@ -265,6 +269,11 @@ class _SamplingBody(_Body, StructuredOutputFields):
                 kw["pin_ttl_s"] = ttl
         if self.stop_token_ids:
             kw["stop_token_ids"] = list(self.stop_token_ids)
+        if self.stop_regex:
+            regexes = self.stop_regex
+            kw["stop_regex"] = [regexes] if isinstance(regexes, str) else list(regexes)
+        if self.no_stop_trim:
+            kw["include_stop_str_in_output"] = True
         if self.return_cache_report:
             kw["return_cache_report"] = True
         if self.seed is not None:

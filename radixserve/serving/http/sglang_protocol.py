@@ -12,8 +12,9 @@ What SGLang's frontend (``sglang.lang``'s ``RuntimeEndpoint``) sends, and how it
   ``structural_tag`` (JSON text, xgrammar's ``format`` or the older ``structures`` and
   ``triggers``) constrain the output (radixserve's constrained decoding, so
   ``gen(regex=...)`` and typed ``gen`` work); ``logit_bias`` (token id strings to biases
-  in [-100, 100]) is added to the logits; ``stop_regex`` and images are not supported: a
-  request that sets them gets a 400 instead of silently wrong output.
+  in [-100, 100]) is added to the logits; ``stop_regex`` ends the output where a pattern
+  matches it (:mod:`radixserve.stop_regex`). Images are not supported: a request that
+  sends them gets a 400 instead of silently wrong output.
 """
 
 from __future__ import annotations
@@ -72,10 +73,6 @@ class SGLSamplingParams(BaseModel):
         sample: int,
     ) -> tuple[SamplingParams, bool]:
         """Our :class:`SamplingParams`, and whether the output must be dropped (``max_new_tokens`` 0)."""
-        if self.stop_regex:
-            raise invalid(
-                "sampling_params.stop_regex is not supported", param="sampling_params.stop_regex"
-            )
         max_new = context_length if self.max_new_tokens is None else self.max_new_tokens
         if max_new < 0:
             raise invalid(
@@ -84,6 +81,7 @@ class SGLSamplingParams(BaseModel):
             )
         seed = self.sampling_seed if self.sampling_seed is not None else self.seed
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        stop_regex = [self.stop_regex] if isinstance(self.stop_regex, str) else self.stop_regex
         try:
             bias = bias_rules.from_json(self.logit_bias)
         except ValueError as exc:
@@ -100,6 +98,7 @@ class SGLSamplingParams(BaseModel):
             presence_penalty=self.presence_penalty,
             seed=None if seed is None else seed + sample,
             stop=stop,
+            stop_regex=list(stop_regex or []),
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.no_stop_trim,

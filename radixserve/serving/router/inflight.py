@@ -29,6 +29,7 @@ from radixserve.serving.router.dispatch import Dispatcher
 from radixserve.serving.router.requests import RouterRequest
 from radixserve.serving.router.worker_pool import WorkerHandle, WorkerPool
 from radixserve.serving.wire import protocol as p
+from radixserve.stop_regex import StopRegexTimeout
 
 log = logging.getLogger("radixserve.serving.inflight")
 
@@ -263,7 +264,13 @@ class InFlight:
         if out.error is not None or out.finish_reason == "error":
             self.fail(st, "internal", f"worker {w.worker_id} failed the request: {out.error}")
             return
-        chunk, stopped = st.apply(out)
+        try:
+            chunk, stopped = st.apply(out)
+        except StopRegexTimeout as exc:  # the request's own patterns: a 400, the worker freed
+            if not out.finished:
+                self.abort_in_worker(st)
+            self.fail(st, "invalid_params", str(exc))
+            return
         if chunk is not None and not self._send(st.client, chunk):
             return  # the client is gone (its requests were aborted)
         if stopped:

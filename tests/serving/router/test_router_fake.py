@@ -312,6 +312,36 @@ def test_stop_string_aborts_in_worker(fake_server, tokenizer, alphabet) -> None:
         assert _idle(_wait_stats(c, _idle))
 
 
+def test_stop_regex_ends_the_text_and_a_backtracking_one_fails(
+    fake_server, tokenizer, alphabet
+) -> None:
+    """The router cuts the text at a stop pattern's first match and stops the worker; a
+    pattern that backtracks past its CPU budget fails its request (a 400) and frees its KV,
+    and the router serves the next request."""
+    import re
+
+    srv = fake_server(step_delay=0.002)
+    prompt = tokenizer.encode("Stop me")
+    full = tokenizer.decode([fake_token(prompt, k, alphabet) for k in range(50)])
+    pattern = "[x-z]{2}a"
+    m = re.search(pattern, full)
+    assert m is not None
+    with Client(srv.endpoint, timeout=20) as c:
+        out = c.generate(
+            input_ids=prompt, params=SamplingParams(max_tokens=50, stop_regex=[pattern])
+        )
+        assert out.finish_reason == "stop" and out.matched_stop == pattern
+        assert out.text == full[: m.start()] and len(out.token_ids) < 50
+        with pytest.raises(ServerError) as exc:  # letters only: 2^n ways to fail at each start
+            c.generate(
+                input_ids=prompt,
+                params=SamplingParams(max_tokens=50, stop_regex=["(?:[a-z]|[a-z])*[0-9]"]),
+            )
+        assert exc.value.code == "invalid_params" and "stop_regex" in exc.value.message
+        assert _idle(_wait_stats(c, _idle))
+        assert c.generate(input_ids=prompt, params=SamplingParams(max_tokens=2)).text
+
+
 def test_sessions_model_info_tokenize_flush_duplicates(fake_server, tokenizer) -> None:
     srv = fake_server(num_workers=2, context_length=128)
     with Client(srv.endpoint, timeout=20) as c:
