@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,25 @@ def test_stop_strings_via_generate(engine) -> None:  # type: ignore[no-untyped-d
     kept = engine.generate([prompt], greedy(12, stop=[stop], include_stop_str_in_output=True))[0]
     assert kept.text == full.text[: full.text.index(stop) + len(stop)]
     assert full.matched_stop is None
+    engine.check_invariants()
+    assert engine.stats().pages_in_use == 0
+
+
+def test_stop_regex_via_generate(engine) -> None:  # type: ignore[no-untyped-def]
+    """``generate`` ends the text at a stop pattern's first match, and fails a request whose
+    pattern backtracks past its budget with an error, its KV freed, the others unharmed."""
+    prompt = random_prompts([10], seed=32)[0]
+    full = engine.generate([prompt], greedy(12))[0]
+    pattern = re.escape(full.text[2]) + "."
+    m = re.search(pattern, full.text)
+    assert m is not None
+    out = engine.generate([prompt], greedy(12, stop_regex=[pattern]))[0]
+    assert out.finish_reason == "stop" and out.matched_stop == pattern
+    assert out.text == full.text[: m.start()]
+    bomb = greedy(64, stop_regex=["(?:.|.)*[\x00\x01]"])  # never matches; 2^n ways to fail
+    hostile, other = engine.generate([prompt, prompt], [bomb, greedy(12)])
+    assert hostile.finish_reason == "error" and "stop_regex" in (hostile.error or "")
+    assert other.text == full.text
     engine.check_invariants()
     assert engine.stats().pages_in_use == 0
 
