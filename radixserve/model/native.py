@@ -60,15 +60,10 @@ _HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
 
 
 def _build_name() -> str:
-    """The build's name: a digest of the CPU's flags (``-march=native``), of the sources and
-    headers, and of where they lie, so a cache shared by different CPUs or checkouts never
-    loads a foreign build (and a changed header, which cpp_extension does not track,
-    rebuilds). Two checkouts of the same sources build apart: their compile commands name
-    different paths, so under one name each load in one checkout rebuilt what the other had
-    built (a CI clone beside a working copy rebuilt, under its build lock, in every process
-    of the other that loaded the kernels)."""
+    """The build's name: a digest of the CPU's flags (``-march=native``) and of the sources and
+    headers, so a cache shared by different CPUs or checkouts never loads a foreign build
+    (and a changed header, which cpp_extension does not track, rebuilds)."""
     h = hashlib.sha1(platform.machine().encode())
-    h.update(str(_CSRC.resolve()).encode())
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
@@ -88,6 +83,26 @@ def _ninja_on_path() -> None:
         import ninja
 
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def _staged_sources(name: str) -> list[str]:
+    """The sources and headers, copied once into build ``name``'s directory; the paths of the
+    copied sources. Checkouts of the same sources then share one build: ninja's commands name
+    the same paths from every one (compiled where they lie, a load from one checkout rebuilt
+    what another had built, and two running at once, a CI clone beside a working copy,
+    rebuilt in turn under the build lock until their distributed tests timed out). The name
+    digests the contents, so a copy already there is this one (each lands whole: a rename)."""
+    from torch.utils import cpp_extension
+
+    staged = Path(cpp_extension._get_build_directory(name, verbose=False)) / "src"
+    staged.mkdir(exist_ok=True)
+    for src in _CSRC.iterdir():
+        dest = staged / src.name
+        if src.suffix in (".cpp", ".h") and not dest.exists():
+            partial = dest.with_name(f".{src.name}.{os.getpid()}")
+            shutil.copyfile(src, partial)
+            partial.replace(dest)
+    return [str(staged / src.name) for src in _SOURCES]
 
 
 @contextlib.contextmanager
@@ -122,7 +137,7 @@ def load() -> bool:
         with _build_lock(name):
             cpp_extension.load(
                 name=name,
-                sources=[str(src) for src in _SOURCES],
+                sources=_staged_sources(name),
                 extra_cflags=CFLAGS,
                 extra_ldflags=LDFLAGS,
                 is_python_module=False,
