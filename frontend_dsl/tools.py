@@ -113,7 +113,7 @@ class ToolUse:
         if fmt is None:
             raise ValueError(
                 "the model's chat template has no tool-call format radixserve knows; pass "
-                "gen(..., tool_parser='hermes' | 'llama3_json' | 'mistral')"
+                "gen(..., tool_parser='hermes' | 'qwen3_coder' | 'llama3_json' | 'mistral')"
             )
         return fmt
 
@@ -126,13 +126,15 @@ class ToolUse:
             named = [f for f in functions if f["name"] == self.choice]
             if not named:
                 raise ValueError(f"tool_choice {self.choice!r} is not one of the tools")
+            if fmt.xml:  # XML arguments: no JSON call object to force
+                return {"structural_tag": required_calls(fmt, named, False)}
             return {"tagged_json": forced_call(fmt, named)}
         if not self.parallel or any(f.get("strict") for f in functions):
             return {"structural_tag": auto_calls(fmt, functions, self.parallel)}
         return {}
 
     def read(self, fmt: ToolFormat, text: str) -> ToolReply:
-        parser = OutputParser(fmt.scan, None)
+        parser = OutputParser(fmt.scanner(self.functions()), None)
         parser.parse(text)
         return ToolReply(parser.content, list(parser.calls), text)
 

@@ -1,14 +1,17 @@
 """Parsers by name, and the tool-call format a chat template implies.
 
-A template names its format by the markup it writes (``<tool_call>``, ``[TOOL_CALLS]``,
-Llama's ``ipython`` role); ``--tool-call-parser`` overrides the guess.
+A template names its format by the markup it writes (``<tool_call>``, Qwen3-Coder's
+``<function=``, ``[TOOL_CALLS]``, Llama's ``ipython`` role); ``--tool-call-parser``
+overrides the guess.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-from radixserve.agents import hermes, llama3, mistral
+from radixserve.agents import hermes, llama3, mistral, qwen_xml
 from radixserve.agents import reasoning as think
 from radixserve.agents.stream import ToolScan
 
@@ -17,22 +20,36 @@ class ToolFormat(NamedTuple):
     """A tool-call format: its parser, and the markup a forced call is wrapped in."""
 
     name: str
-    scan: ToolScan
-    begin: str  # text before the call JSON
+    # (text, final) -> Scan; an XML format's takes the tools' parameter schemas too.
+    scan: Callable[..., Any]
+    begin: str  # text before the call JSON (XML: before the function's name)
     end: str  # text after it
     args_key: str  # the member holding the arguments
     array: bool  # the calls are a JSON array (Mistral)
+    # Arguments as Qwen's XML parameters (qwen_xml), not JSON: read back by the tools'
+    # schemas, and constrained by xgrammar's "qwen_xml" style of a JSON schema.
+    xml: bool = False
+
+    def scanner(self, functions: list[dict[str, Any]]) -> ToolScan:
+        """The parser of answers to a request with ``functions`` (OpenAI ``function``s)."""
+        if not self.xml:
+            return self.scan
+        return functools.partial(self.scan, params=qwen_xml.parameter_schemas(functions))
 
 
 HERMES = ToolFormat(hermes.NAME, hermes.scan, "<tool_call>\n", "\n</tool_call>", "arguments", False)
 LLAMA3_JSON = ToolFormat(llama3.NAME, llama3.scan, "", "", "parameters", False)
 MISTRAL = ToolFormat(mistral.NAME, mistral.scan, mistral.MARKER + " ", "", "arguments", True)
+QWEN3_CODER = ToolFormat(
+    qwen_xml.NAME, qwen_xml.scan, qwen_xml.CALL_BEGIN, qwen_xml.CALL_END, "", False, xml=True
+)
 
 TOOL_FORMATS: dict[str, ToolFormat] = {
     "hermes": HERMES,
     "qwen": HERMES,
     "qwen25": HERMES,
     "qwen3": HERMES,
+    "qwen3_coder": QWEN3_CODER,
     "llama3_json": LLAMA3_JSON,
     "llama3": LLAMA3_JSON,
     "mistral": MISTRAL,
@@ -69,6 +86,8 @@ def guess_tool_format(template: str | None) -> ToolFormat | None:
     if not renders_tools(template):
         return None
     assert template is not None
+    if "<function=" in template and "<parameter=" in template:
+        return QWEN3_CODER
     if "<tool_call>" in template:
         return HERMES
     if "[TOOL_CALLS]" in template:

@@ -17,7 +17,9 @@ arguments' JSON schema, its ``end`` the rest of the markup. So:
 
 The forced text is what the model writes unforced and what the templates render back
 (``", "``/``": "`` separators, name before arguments), so the next turn reuses it from the
-cache. Mistral's calls are one JSON array: one tag whose content is the array.
+cache. Mistral's calls are one JSON array: one tag whose content is the array. Qwen3-Coder's
+name the function in the markup (``<tool_call>\n<function=get_weather>\n``) and write the
+arguments as XML parameters: xgrammar's ``qwen_xml`` style of the arguments' schema.
 """
 
 from __future__ import annotations
@@ -60,14 +62,17 @@ def _tags(
         ]
     tags = []
     for f in functions:
-        head = f'{{"name": {json.dumps(f["name"])}, "{fmt.args_key}": '
         schema = _args_schema(f, enforce_all or bool(f.get("strict")))
+        if fmt.xml:  # the name in the markup, the arguments as XML parameters
+            head, content, tail = f"{f['name']}>\n", {"style": "qwen_xml"}, ""
+        else:
+            head, content, tail = f'{{"name": {json.dumps(f["name"])}, "{fmt.args_key}": ', {}, "}"
         tags.append(
             {
                 "type": "tag",
                 "begin": fmt.begin + head,
-                "content": {"type": "json_schema", "json_schema": schema},
-                "end": "}" + fmt.end,
+                "content": {"type": "json_schema", "json_schema": schema, **content},
+                "end": tail + fmt.end,
             }
         )
     return tags

@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from radixserve.agents import hermes, llama3, mistral
+from radixserve.agents import hermes, llama3, mistral, qwen_xml
 from radixserve.agents import reasoning as think
-from radixserve.agents.registry import guess_tool_format, tool_format
+from radixserve.agents.registry import QWEN3_CODER, guess_tool_format, tool_format
 from radixserve.agents.stream import OutputParser, ToolScan
 
 # Qwen2.5 function-calling guide (qwen.readthedocs.io, "Function Calling", Hermes-style
@@ -39,6 +39,34 @@ MISTRAL_CALL = (
     '[TOOL_CALLS] [{"name": "get_current_weather", "arguments": {"location": "Paris, France", '
     '"format": "celsius"}}]'
 )
+# Qwen3-Coder's XML format (its chat template's "ONLY reply in the following format"), two
+# calls whose parameters' schemas make them a string, an integer, a boolean and an array.
+QWEN_CODER_CALLS = (
+    "I'll look both up.\n<tool_call>\n<function=get_current_temperature>\n"
+    "<parameter=location>\nSan Francisco, CA, USA\n</parameter>\n</function>\n</tool_call>\n"
+    "<tool_call>\n<function=search_files>\n<parameter=pattern>\n*.py\n</parameter>\n"
+    "<parameter=max_results>\n20\n</parameter>\n<parameter=recursive>\ntrue\n</parameter>\n"
+    '<parameter=paths>\n["src", "tests"]\n</parameter>\n</function>\n</tool_call>'
+)
+CODER_FUNCTIONS = [
+    {
+        "name": "get_current_temperature",
+        "parameters": {"type": "object", "properties": {"location": {"type": "string"}}},
+    },
+    {
+        "name": "search_files",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "pattern": {"type": "string"},
+                "max_results": {"type": "integer"},
+                "recursive": {"type": "boolean"},
+                "paths": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+    },
+]
+CODER_SCAN = QWEN3_CODER.scanner(CODER_FUNCTIONS)
 # DeepSeek-R1: the template opens <think> in the prompt; the answer starts inside it.
 R1_ANSWER = "Okay, 2 + 2 is basic arithmetic.\n</think>\n\nThe answer is 4."
 
@@ -99,6 +127,19 @@ def splits(text: str) -> list[list[str]]:
             [("get_current_weather", '{"location": "Paris, France", "format": "celsius"}')],
             "",
         ),
+        (
+            CODER_SCAN,
+            QWEN_CODER_CALLS,
+            [
+                ("get_current_temperature", '{"location": "San Francisco, CA, USA"}'),
+                (
+                    "search_files",
+                    '{"pattern": "*.py", "max_results": 20, "recursive": true, '
+                    '"paths": ["src", "tests"]}',
+                ),
+            ],
+            "I'll look both up.\n\n",
+        ),
     ],
 )
 def test_calls_whole_and_split_anywhere(
@@ -132,6 +173,11 @@ def test_content_before_a_call_and_no_markup_leaks() -> None:
         (llama3.scan, '{"not": "a call"}'),
         (mistral.scan, "[TOOL_CALLS] [oops]"),
         (mistral.scan, '[TOOL_CALLS] [{"name": "f", "arguments": {"a": '),
+        (CODER_SCAN, "<tool_call>\nnot a function\n</tool_call>"),
+        (CODER_SCAN, "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</tool_call>"),
+        (CODER_SCAN, "<tool_call>\n<function=f>\nstray text\n</function>\n</tool_call>"),
+        (CODER_SCAN, "<tool_call>\n<function=f>\n<parameter=a>\n1"),  # cut off
+        (CODER_SCAN, "<tool_call>\n<function=f>\n</function>\nmore\n</tool_call>"),
     ],
 )
 def test_malformed_calls_are_content(scan: ToolScan, text: str) -> None:
@@ -142,7 +188,7 @@ def test_malformed_calls_are_content(scan: ToolScan, text: str) -> None:
 
 
 def test_plain_answers_stay_content() -> None:
-    for scan in (hermes.scan, llama3.scan, mistral.scan):
+    for scan in (hermes.scan, llama3.scan, mistral.scan, CODER_SCAN):
         for pieces in splits("The weather is < 20 C [ok]"):
             assert run(scan, None, pieces) == {
                 "content": "The weather is < 20 C [ok]",
@@ -160,6 +206,43 @@ def test_arguments_stream_before_the_call_ends() -> None:
     assert first.tool_calls[0].id and first.content == ""
     second = p.feed('ris"}}\n</tool_call>')
     assert [(c.id, c.name, c.arguments) for c in second.tool_calls] == [(None, None, 'ris"}')]
+
+
+def test_xml_parameters_read_by_their_schemas() -> None:
+    """A value is text where its schema says string (one newline either side is markup, the
+    rest kept: code keeps its indentation); JSON where it says otherwise, or says nothing;
+    text again where it is not JSON. Arguments stream a parameter at a time."""
+    schemas = {
+        "edit": {
+            "path": {"type": "string"},
+            "code": {"type": "string"},
+            "line": {"type": ["integer", "null"]},
+            "ratio": {"type": "number"},
+            "flag": {"type": "boolean"},
+            "mode": {"enum": ["a", "b"]},
+        }
+    }
+    text = (
+        "<tool_call>\n<function=edit>\n<parameter=path>\n42\n</parameter>\n"
+        "<parameter=code>\n    return x\n\n</parameter>\n<parameter=line>\nnull\n</parameter>\n"
+        "<parameter=ratio>\n0.5\n</parameter>\n<parameter=flag>\nmaybe\n</parameter>\n"
+        '<parameter=mode>\nb\n</parameter>\n<parameter=extra>\n{"k": [1]}\n</parameter>\n'
+        "</function>\n</tool_call>"
+    )
+    (call,) = qwen_xml.scan(text, True, schemas).calls
+    assert call.complete and call.name == "edit"
+    assert json.loads(call.arguments) == {
+        "path": "42",
+        "code": "    return x\n",
+        "line": None,
+        "ratio": 0.5,
+        "flag": "maybe",
+        "mode": "b",
+        "extra": {"k": [1]},
+    }
+    p = OutputParser(lambda t, f: qwen_xml.scan(t, f, schemas), None)
+    first = p.feed(text[: text.index("<parameter=code>") + 20])
+    assert [(c.name, c.arguments) for c in first.tool_calls] == [("edit", '{"path": "42"')]
 
 
 def test_reasoning_then_call_qwen3() -> None:
@@ -206,7 +289,9 @@ def test_an_answer_after_a_prefill_starts_where_the_prefill_left_the_reasoning(
 
 
 def test_template_guess_and_names() -> None:
-    assert guess_tool_format("{{ tools }} <tool_call>") is not None
+    assert guess_tool_format("{{ tools }} <tool_call>") == tool_format("hermes")
+    coder = "{{ tools }} <tool_call>\n<function=x>\n<parameter=y>"
+    assert guess_tool_format(coder) == tool_format("qwen3_coder")
     assert guess_tool_format("{{ tools }} [TOOL_CALLS]") == tool_format("mistral")
     assert guess_tool_format("{{ tools }} ipython") == tool_format("llama3_json")
     assert guess_tool_format("{{ messages }}") is None

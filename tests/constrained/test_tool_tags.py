@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from radixserve.agents.registry import HERMES, LLAMA3_JSON, MISTRAL, ToolFormat
+from radixserve.agents.registry import HERMES, LLAMA3_JSON, MISTRAL, QWEN3_CODER, ToolFormat
 from radixserve.agents.stream import OutputParser
 from radixserve.agents.tool_tags import auto_calls, required_calls
 from radixserve.constrained import Constraint
@@ -54,6 +54,15 @@ def calls(fmt: ToolFormat, *objs: dict[str, Any]) -> str:
     def one(name: str, args: dict[str, Any]) -> str:
         return json.dumps({"name": name, fmt.args_key: args})
 
+    def xml(name: str, args: dict[str, Any]) -> str:
+        params = "".join(
+            f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
+            for k, v in args.items()
+        )
+        return f"{fmt.begin}{name}>\n{params.removesuffix(chr(10))}{fmt.end}"
+
+    if fmt.xml:
+        return "\n".join(xml(o["name"], o["args"]) for o in objs)
     if fmt.array:
         return fmt.begin + "[" + ", ".join(one(o["name"], o["args"]) for o in objs) + "]" + fmt.end
     sep = "\n" if fmt is HERMES else "; "
@@ -61,7 +70,7 @@ def calls(fmt: ToolFormat, *objs: dict[str, Any]) -> str:
 
 
 def parsed(fmt: ToolFormat, text: str) -> list[tuple[str, dict[str, Any]]]:
-    parser = OutputParser(fmt.scan, None)
+    parser = OutputParser(fmt.scanner(FUNCS), None)
     parser.parse(text)
     return [(c.name, json.loads(c.arguments)) for c in parser.calls]
 
@@ -71,7 +80,7 @@ BAD = {"name": "get_time", "args": {"zone": "Mars"}}
 WEATHER = {"name": "get_weather", "args": {"any": [1, "thing"]}}
 
 
-@pytest.mark.parametrize("fmt", [HERMES, LLAMA3_JSON, MISTRAL], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", [HERMES, QWEN3_CODER, LLAMA3_JSON, MISTRAL], ids=lambda f: f.name)
 def test_required_with_and_without_parallel_calls(compiler: Any, fmt: ToolFormat) -> None:
     several = required_calls(fmt, FUNCS, parallel=True)
     two = calls(fmt, UTC, {"name": "get_time", "args": {"zone": "CET"}})
@@ -86,7 +95,7 @@ def test_required_with_and_without_parallel_calls(compiler: Any, fmt: ToolFormat
     assert feed(compiler, one, two) is None
 
 
-@pytest.mark.parametrize("fmt", [HERMES, MISTRAL], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", [HERMES, QWEN3_CODER, MISTRAL], ids=lambda f: f.name)
 def test_strict_tools_under_auto(compiler: Any, fmt: ToolFormat) -> None:
     auto = auto_calls(fmt, FUNCS, parallel=True)
     text = "Let me check. " + calls(fmt, UTC)

@@ -47,6 +47,14 @@ def test_tool_choice_maps_to_the_http_constraints() -> None:
     plain = gen("s", tools=[CALC])
     assert isinstance(plain, Gen) and plain.tools is not None
     assert plain.tools.constraint(HERMES) == {}  # auto, nothing strict, parallel on: free
+    from radixserve.agents.registry import QWEN3_CODER
+
+    named = gen("s", tools=[CALC, STRICT], tool_choice="calc")  # XML: a structural tag forces it
+    assert isinstance(named, Gen) and named.tools is not None
+    forced = named.tools.constraint(QWEN3_CODER)["structural_tag"]
+    assert "<function=calc>" in forced and "<function=look>" not in forced
+    xml = "<tool_call>\n<function=calc>\n<parameter=e>\n1 + 2\n</parameter>\n</function>\n</tool_call>"
+    assert named.tools.read(QWEN3_CODER, xml).arguments(0) == {"e": "1 + 2"}
     with pytest.raises(ValueError, match="tool_choice"):
         gen("s", tools=[CALC], tool_choice="nope")
     with pytest.raises(ValueError, match="tool"):

@@ -21,7 +21,7 @@ from radixserve.serving.http.responses_items import output_items, parse_items, t
 from radixserve.serving.http.responses_store import ResponseStore, tenant_of
 from radixserve.serving.http.responses_stream import OutputItems, Writer
 
-PLAN = ToolPlan("[]", HERMES, None, reasoning.QWEN3)
+PLAN = ToolPlan("[]", HERMES.scan, None, reasoning.QWEN3)
 ANSWER = (
     "<think>Need the weather.</think>Let me check."
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

@@ -1,11 +1,11 @@
 """Tool calling and reasoning through the real ``openai`` SDK against ``radixserve serve``.
 
-One server per chat template of tests/fixtures/chat_templates (Qwen3, Llama 3.1 and
-Mistral formats) over the tiny random Llama. A random model does not call tools on its
-own, so calls are forced (``tool_choice: "required"`` / a named function): the test sees
-the forced call come back as ``message.tool_calls`` (and as streamed ``delta.tool_calls``),
-with arguments valid against the schema, then sends the tool result and gets the next
-turn. The prefix property is measured with ``cached_tokens``: turn N+1's prompt starts
+One server per chat template of tests/fixtures/chat_templates (Qwen3, Qwen3-Coder's XML,
+Llama 3.1 and Mistral formats) over the tiny random Llama. A random model does not call
+tools on its own, so calls are forced (``tool_choice: "required"`` / a named function):
+the test sees the forced call come back as ``message.tool_calls`` (and as streamed
+``delta.tool_calls``), with arguments valid against the schema, then sends the tool
+result and gets the next turn. The prefix property is measured with ``cached_tokens``: turn N+1's prompt starts
 with turn N's prompt, and how much of turn N's answer the cache also covers is reported
 per template (the numbers are in docs/agents.md).
 """
@@ -51,7 +51,9 @@ TIME = {
 TOOLS: list[Any] = [WEATHER, TIME]
 
 
-@pytest.fixture(scope="module", params=["qwen3.jinja", "llama3_1.jinja", "mistral.jinja"])
+@pytest.fixture(
+    scope="module", params=["qwen3.jinja", "qwen3_coder.jinja", "llama3_1.jinja", "mistral.jinja"]
+)
 def tool_server(
     request: pytest.FixtureRequest, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, Server]]:

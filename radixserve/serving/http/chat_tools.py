@@ -37,13 +37,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from radixserve.agents import reasoning as think
 from radixserve.agents import tool_tags
 from radixserve.agents.registry import (
-    ToolFormat,
     guess_tool_format,
     reasoning_format,
     renders_tools,
     tool_format,
 )
-from radixserve.agents.stream import OutputParser
+from radixserve.agents.stream import OutputParser, ToolScan
 from radixserve.agents.tool_grammar import forced_call
 from radixserve.constrained.spec import MAX_CONSTRAINT_CHARS
 from radixserve.sampling_params import SamplingParams
@@ -93,7 +92,7 @@ class ToolPlan(NamedTuple):
     """How one chat request treats tools and reasoning."""
 
     tools_json: str | None  # rendered into the template
-    parse_with: ToolFormat | None  # tool parser of the answer (None: all content)
+    parse_with: ToolScan | None  # tool parser of the answer (None: all content)
     forced: str | None  # tagged_json constraint forcing one call
     think: think.ThinkFormat | None
     # Structural tag (see tool_tags): strict arguments under auto, several forced calls,
@@ -156,7 +155,7 @@ def plan(
     if fmt is None:
         raise invalid(
             "no tool-call parser matches the served model's chat template; start the server "
-            "with --tool-call-parser (hermes, llama3_json or mistral)",
+            "with --tool-call-parser (hermes, qwen3_coder, llama3_json or mistral)",
             param="tools",
         )
     if choice == "none":
@@ -171,12 +170,16 @@ def plan(
                 param="tool_choice",
             )
         allowed = [f for f in functions if named is None or f["name"] == named]
-        forced = _bounded(forced_call(fmt, allowed), "force a call")
-        if named is None and parallel:
-            tag = _bounded(tool_tags.required_calls(fmt, allowed, parallel), "force calls")
+        several = named is None and parallel
+        if fmt.xml:  # no JSON call object to force: XML arguments, in a structural tag
+            tag = _bounded(tool_tags.required_calls(fmt, allowed, several), "force a call")
+        else:
+            forced = _bounded(forced_call(fmt, allowed), "force a call")
+            if several:
+                tag = _bounded(tool_tags.required_calls(fmt, allowed, parallel), "force calls")
     elif not has_constraint and (not parallel or any(f.get("strict") for f in functions)):
         tag = _bounded(tool_tags.auto_calls(fmt, functions, parallel), "enforce strict tools")
-    return ToolPlan(tools_json, fmt, forced, think_fmt, tag)
+    return ToolPlan(tools_json, fmt.scanner(functions), forced, think_fmt, tag)
 
 
 def _checked_tools(tools: list[ToolIn]) -> tuple[list[dict[str, Any]], str]:
@@ -287,7 +290,7 @@ def output_parser(tp: ToolPlan) -> OutputParser | None:
     """A parser for one choice's answer, or ``None`` when the answer is all content."""
     if tp.parse_with is None and tp.think is None:
         return None
-    return OutputParser(tp.parse_with.scan if tp.parse_with else None, tp.think)
+    return OutputParser(tp.parse_with, tp.think)
 
 
 def message(tp: ToolPlan, text: str, finish_reason: str | None) -> tuple[dict[str, Any], Any]:
