@@ -12,7 +12,10 @@
     </tool_call>
 
 A parameter's value is raw text: a string as it stands (the newline after the opening tag
-and the one before the closing tag are markup), anything else as JSON. So reading the
+and the one before the closing tag are markup, as vLLM and SGLang read them: code keeps its
+indentation and its last newline), anything else as JSON. The format's grammar (xgrammar's
+``qwen_xml`` style, what forced calls follow) allows any whitespace around a value; where
+a schema lists the values (``enum``), whitespace around one of them is read as markup. So reading the
 arguments back as OpenAI's JSON needs the tools' parameter schemas (what vLLM's and
 SGLang's ``qwen3_coder`` parsers do): a value whose schema says ``string`` stays text; an
 ``integer``, ``number``, ``boolean``, ``object`` or ``array`` (or a parameter the schema
@@ -179,6 +182,8 @@ def _value(raw: str, schema: Mapping[str, Any] | None) -> Any:
     """A parameter's raw text as the JSON value its schema says it is."""
     text = raw[1:] if raw.startswith("\n") else raw
     text = text[:-1] if text.endswith("\n") else text
+    if schema and text.strip() in (schema.get("enum") or ()):
+        return text.strip()  # whitespace around one of the listed values is markup
     if _is_text(schema):
         return text
     try:

@@ -32,6 +32,7 @@ TOOLS = [
 # template writes the tokenizer's eos_token: the tiny tokenizer's is <|im_end|>).
 END_OF_TURN = {
     "qwen3.jinja": "<|im_end|>",
+    "qwen3_coder.jinja": "<|im_end|>",
     "llama3_1.jinja": "<|eot_id|>",
     "mistral.jinja": "<|im_end|>",
 }
@@ -65,6 +66,8 @@ def test_turn_n_plus_answer_prefixes_turn_n_plus_1(tokenizer: Any, template: str
     assert fmt is not None and fmt in TOOL_FORMATS.values()
     call = {"name": "get_weather", fmt.args_key: {"city": "Paris"}}
     answer = fmt.begin + json.dumps([call] if fmt.array else call) + fmt.end
+    if fmt.xml:  # as Qwen3-Coder writes it
+        answer = fmt.begin + "get_weather>\n<parameter=city>\nParis\n</parameter>" + fmt.end
     eos = END_OF_TURN[template]
     turn1 = [
         p.ChatMessage(role="system", content="Be brief."),
