@@ -13,7 +13,7 @@ after the JSON).
 from __future__ import annotations
 
 from radixserve.agents.jsonscan import finished_call, named_call, read_call, skip_ws
-from radixserve.agents.types import Scan, ScannedCall, held_marker_prefix
+from radixserve.agents.types import Scan, ScannedCall, scan_blocks
 
 NAME = "hermes"
 START, END = "<tool_call>", "</tool_call>"
@@ -23,40 +23,16 @@ ARGS_KEYS = ("arguments", "parameters")
 def scan(text: str, final: bool) -> Scan:
     """The content and calls in ``text``; ``final``: the generation has ended (nothing is
     held back, an unfinished block is judged as it stands)."""
-    content: list[str] = []
-    calls: list[ScannedCall] = []
-    pos = 0
-    while True:
-        start = text.find(START, pos)
-        if start < 0:
-            rest = text[pos:]
-            hold = 0 if final else held_marker_prefix(rest, (START,))
-            content.append(rest[: len(rest) - hold])
-            break
-        content.append(text[pos:start])
-        body_start = start + len(START)
-        end = text.find(END, body_start)
-        if end >= 0:
-            call = finished_call(text[body_start:end], ARGS_KEYS)
-            if call is None and not final:
-                call = named_call(text[body_start:end], ARGS_KEYS)
-            if call is None:
-                content.append(text[start : end + len(END)])
-            else:
-                calls.append(ScannedCall(call[0], call[1], True))
-            pos = end + len(END)
-            continue
-        body = text[body_start:]
-        if final:
-            call = finished_call(body, ARGS_KEYS)
-            if call is None:
-                content.append(text[start:])
-            else:
-                calls.append(ScannedCall(call[0], call[1], True))
-        else:
-            calls.append(_partial(body))
-        break
-    return Scan("".join(content), calls)
+    return scan_blocks(text, final, START, END, _read_block)
+
+
+def _read_block(body: str, closed: bool, final: bool) -> ScannedCall | None:
+    if not (closed or final):
+        return _partial(body)
+    call = finished_call(body, ARGS_KEYS)
+    if call is None and closed and not final:  # named, then malformed: stays a call
+        call = named_call(body, ARGS_KEYS)
+    return None if call is None else ScannedCall(call[0], call[1], True)
 
 
 def _partial(body: str) -> ScannedCall:

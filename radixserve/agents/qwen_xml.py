@@ -38,7 +38,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from radixserve.agents.types import Scan, ScannedCall, held_marker_prefix
+from radixserve.agents.types import Scan, ScannedCall, scan_blocks
 
 NAME = "qwen3_coder"
 START, END = "<tool_call>", "</tool_call>"
@@ -70,44 +70,22 @@ def scan(text: str, final: bool, params: ParameterSchemas | None = None) -> Scan
     parameter schemas (:func:`parameter_schemas`); without them every value is read as
     JSON where it parses and as text where it does not."""
     schemas = params or {}
-    content: list[str] = []
-    calls: list[ScannedCall] = []
-    pos = 0
-    while True:
-        start = text.find(START, pos)
-        if start < 0:
-            rest = text[pos:]
-            hold = 0 if final else held_marker_prefix(rest, (START,))
-            content.append(rest[: len(rest) - hold])
-            break
-        content.append(text[pos:start])
-        body_start = start + len(START)
-        end = text.find(END, body_start)
-        block_end = len(text) if end < 0 else end
-        call = _read_call(text[body_start:block_end], schemas)
-        closed = call is not None and call.closed and not call.trailing
-        if end >= 0:
-            if closed and call is not None:
-                calls.append(call.scanned)
-            elif not final and call is not None and call.scanned.name is not None:
-                # Named, then malformed: while streaming (and for a call already announced)
-                # it stays a call, with the parameters read before the fault.
-                calls.append(ScannedCall(call.scanned.name, _closed(call.scanned.arguments), True))
-            else:
-                content.append(text[start : end + len(END)])
-            pos = end + len(END)
-            continue
-        if final:
-            if closed and call is not None:
-                calls.append(call.scanned)
-            else:
-                content.append(text[start:])
-        elif call is None or call.trailing:  # not a call: nothing to announce
-            calls.append(ScannedCall(None, "", False))
-        else:
-            calls.append(call.scanned)
-        break
-    return Scan("".join(content), calls)
+    return scan_blocks(text, final, START, END, lambda b, c, f: _read_block(b, c, f, schemas))
+
+
+def _read_block(
+    body: str, closed: bool, final: bool, schemas: ParameterSchemas
+) -> ScannedCall | None:
+    call = _read_call(body, schemas)
+    if not (closed or final):  # still being written
+        return ScannedCall(None, "", False) if call is None or call.trailing else call.scanned
+    if call is not None and call.closed and not call.trailing:
+        return call.scanned
+    if closed and not final and call is not None and call.scanned.name is not None:
+        # Named, then malformed: while streaming (and for a call already announced) it
+        # stays a call, with the parameters read before the fault.
+        return ScannedCall(call.scanned.name, _closed(call.scanned.arguments), True)
+    return None
 
 
 class _Call(NamedTuple):

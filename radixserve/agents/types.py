@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -64,3 +65,39 @@ def held_marker_prefix(text: str, markers: tuple[str, ...]) -> int:
                 best = k
                 break
     return best
+
+
+#: Reads one call block's body: ``(body, closed, final)`` -> the call it holds, or ``None``
+#: where the block stays content. A block neither closed nor final is still being written:
+#: the reader gives a call for it (nameless until its name is complete), never ``None``.
+BlockReader = Callable[[str, bool, bool], "ScannedCall | None"]
+
+
+def scan_blocks(text: str, final: bool, start: str, end: str, read: BlockReader) -> Scan:
+    """The content and calls of a format whose calls are ``start`` ... ``end`` blocks, each
+    block's body judged by ``read``; content is the text outside them (and the blocks
+    ``read`` refuses). ``final``: the generation has ended (nothing is held back)."""
+    content: list[str] = []
+    calls: list[ScannedCall] = []
+    pos = 0
+    while True:
+        begin = text.find(start, pos)
+        if begin < 0:
+            rest = text[pos:]
+            hold = 0 if final else held_marker_prefix(rest, (start,))
+            content.append(rest[: len(rest) - hold])
+            break
+        content.append(text[pos:begin])
+        body_start = begin + len(start)
+        stop = text.find(end, body_start)
+        closed = stop >= 0
+        block_end = stop + len(end) if closed else len(text)
+        call = read(text[body_start : stop if closed else len(text)], closed, final)
+        if call is None:
+            content.append(text[begin:block_end])
+        else:
+            calls.append(call)
+        if not closed:
+            break
+        pos = block_end
+    return Scan("".join(content), calls)

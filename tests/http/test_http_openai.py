@@ -98,36 +98,26 @@ def test_stop_string(client: openai.OpenAI) -> None:
         model="default", messages=msgs, max_tokens=16, temperature=0, stop=[stop], extra_body=extra
     )
     assert out.choices[0].message.content == kept
-    chunks = list(
-        client.chat.completions.create(
-            model="default",
-            messages=msgs,
-            max_tokens=16,
-            temperature=0,
-            stop=["@@@", stop],
-            stream=True,
-            extra_body=extra,
+
+    def streamed(**kw: Any) -> tuple[str, Any]:
+        """The streamed text and the last chunk's choice."""
+        chunks = list(
+            client.chat.completions.create(
+                model="default", messages=msgs, max_tokens=16, temperature=0, stream=True, **kw
+            )
         )
-    )
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == kept
-    assert chunks[-1].choices[0].finish_reason == "stop"
-    assert chunks[-1].choices[0].model_extra["stop_reason"] == stop
+        return "".join(c.choices[0].delta.content or "" for c in chunks), chunks[-1].choices[0]
+
+    content, last = streamed(stop=["@@@", stop], extra_body=extra)
+    assert content == kept and last.finish_reason == "stop"
+    assert last.model_extra["stop_reason"] == stop
     # SGLang's stop_regex and no_stop_trim: streamed, the text ends at the match, kept.
     pattern = re.escape(stop[0]) + "."
     m = re.search(pattern, text)
     assert m is not None
-    chunks = list(
-        client.chat.completions.create(
-            model="default",
-            messages=msgs,
-            max_tokens=16,
-            temperature=0,
-            stream=True,
-            extra_body={"ignore_eos": True, "stop_regex": pattern, "no_stop_trim": True},
-        )
-    )
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text[: m.end()]
-    assert chunks[-1].choices[0].model_extra["stop_reason"] == pattern
+    extra = {"ignore_eos": True, "stop_regex": pattern, "no_stop_trim": True}
+    content, last = streamed(extra_body=extra)
+    assert content == text[: m.end()] and last.model_extra["stop_reason"] == pattern
 
 
 def test_stop_reason_of_text_completions(client: openai.OpenAI, server: Any) -> None:
