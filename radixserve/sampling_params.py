@@ -45,7 +45,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     none; ``0`` returns the chosen token's logprob; ``k > 0`` adds the top-k alternatives.
     ``prompt_logprobs_start``:
     when set, the logprob of every prompt token from that position on is returned
-    (the DSL's ``select`` and SGLang's ``logprob_start_len`` use it).
+    (the DSL's ``select`` and SGLang's ``logprob_start_len`` use it), each with its rank and
+    ``logprobs``' k likeliest tokens; ``prompt_logprobs`` (vLLM's) asks for them from the
+    first token on with its own k.
     ``regex`` / ``json_schema`` / ``choices`` / ``ebnf``: a grammar the output must follow (see
     :mod:`radixserve.constrained`); the request ends with "stop" as soon as the grammar
     is complete and nothing more can follow.
@@ -72,6 +74,10 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs_start: int | None = None
+    # vLLM's prompt_logprobs: the prompt's logprobs from its first token on (from
+    # prompt_logprobs_start where that is set), each position with this many likeliest tokens
+    # (instead of logprobs' k) beside the scored token and its rank.
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     # Constrained decoding (at most one): the output must match ``regex`` in full, be JSON
     # valid against ``json_schema`` (JSON text of the schema), or be one of ``choices``.
@@ -110,6 +116,18 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
         return self.temperature < SAMPLING_EPS
 
     @property
+    def prompt_logprobs_from(self) -> int | None:
+        """The first prompt position whose logprob is returned (None: no prompt logprobs)."""
+        if self.prompt_logprobs_start is not None:
+            return self.prompt_logprobs_start
+        return 0 if self.prompt_logprobs is not None else None
+
+    @property
+    def prompt_top_k(self) -> int:
+        """How many likeliest tokens each scored prompt position reports."""
+        return self.prompt_logprobs if self.prompt_logprobs is not None else self.logprobs or 0
+
+    @property
     def constraint(self) -> Constraint | None:
         """The grammar constraint of these parameters, or None (call after ``validate``)."""
         return constraint_of(self._constraint_fields())
@@ -125,6 +143,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             "min_tokens",
             "top_k",
             "prompt_logprobs_start",
+            "prompt_logprobs",
             "thinking_token_budget",
         ):
             value = getattr(self, name)
@@ -169,8 +188,10 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             errors.append(f"seed must be in [0, 2**63), got {self.seed}")
         errors += _stop_errors(self.stop)
         errors += stop_regex.pattern_errors(self.stop_regex)
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            errors.append(f"logprobs must be in [0, 20], got {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 20:
+                errors.append(f"{name} must be in [0, 20], got {value}")
         if self.pin_ttl_s is not None and not 0.0 < self.pin_ttl_s <= MAX_PIN_TTL_S:
             errors.append(
                 f"pin_ttl_s must be in (0, {MAX_PIN_TTL_S:g}] seconds, got {self.pin_ttl_s}"

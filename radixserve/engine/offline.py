@@ -44,6 +44,7 @@ class GenerateCollector:
         self.logprobs: list[TokenLogprob] = []
         self.prompt_logprobs: list[float | None] | None = None
         self.prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
+        self.prompt_logprob_ranks: list[int | None] | None = None
         self.text = ""
         self.stopped = False
         self.error: str | None = None  # the router would fail the request with this (a 400)
@@ -58,6 +59,7 @@ class GenerateCollector:
         if o.prompt_logprobs is not None:
             self.prompt_logprobs = o.prompt_logprobs
             self.prompt_top_logprobs = o.prompt_top_logprobs
+            self.prompt_logprob_ranks = o.prompt_logprob_ranks
         if self.stopped:
             return False
         # Several tokens at once (speculative decoding): only those up to a stop string's.
@@ -102,4 +104,5 @@ class GenerateCollector:
             error=self.error or o.error,
             prompt_top_logprobs=self.prompt_top_logprobs,
             matched_stop=self.detok.matched_stop,
+            prompt_logprob_ranks=self.prompt_logprob_ranks,
         )

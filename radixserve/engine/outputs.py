@@ -77,7 +77,8 @@ class StepOutput(msgspec.Struct, frozen=True):
     ``prompt_logprobs`` (positions from ``prompt_logprobs_start`` on; ``None`` for position
     0, which has no context) is sent once, with the request's first output; with
     ``logprobs`` k > 0, ``prompt_top_logprobs`` beside it holds each position's k likeliest
-    ``(token_id, logprob)`` (none for position 0).
+    ``(token_id, logprob)`` (none for position 0); ``prompt_logprob_ranks`` each scored
+    token's rank in its position's distribution (1: the likeliest; ``None`` for position 0).
     """
 
     request_id: str
@@ -92,6 +93,7 @@ class StepOutput(msgspec.Struct, frozen=True):
     # "invalid_params" when the request's own parameters made it fail (a grammar too costly
     # to follow): the router answers the client as for a request refused at the start.
     error_code: Literal["invalid_params"] | None = None
+    prompt_logprob_ranks: list[int | None] | None = None
 
 
 class GenerateOutput(msgspec.Struct, frozen=True):
@@ -109,6 +111,7 @@ class GenerateOutput(msgspec.Struct, frozen=True):
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None  # with logprobs k > 0
     # The stop string that ended the text (None: none did; a stop token shows in token_ids).
     matched_stop: str | None = None
+    prompt_logprob_ranks: list[int | None] | None = None  # with prompt_logprobs
 
 
 class EngineStats(msgspec.Struct, frozen=True):
@@ -213,6 +216,7 @@ def to_step_output(o: RequestOutput) -> StepOutput:
         new_logprobs=lps,
         prompt_logprobs=o.prompt_logprobs,
         prompt_top_logprobs=o.prompt_top_logprobs,
+        prompt_logprob_ranks=o.prompt_logprob_ranks,
         finished=o.finished,
         finish_reason=o.finish_reason,  # type: ignore[arg-type]
         error=o.error,

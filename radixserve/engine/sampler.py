@@ -504,31 +504,34 @@ def prompt_logprob_reads(
     logits: torch.Tensor, targets: torch.Tensor, top_k: int
 ) -> list[torch.Tensor]:
     """Prompt logprobs on the device, to read back: ``log_softmax(logits)[i, targets[i]]``
-    for every row, then (``top_k`` > 0) each row's ``top_k`` likeliest logprobs and their
+    for every row and its rank in the row's distribution (1 + the tokens strictly likelier:
+    vLLM's ``rank``), then (``top_k`` > 0) each row's ``top_k`` likeliest logprobs and their
     token ids, from the same distribution (:func:`unpack_prompt_logprobs` reads them)."""
     lp = torch.log_softmax(logits.float(), dim=-1)
     chosen = lp.gather(1, targets.to(lp.device).view(-1, 1)).squeeze(1)
+    ranks = (lp > chosen.unsqueeze(1)).sum(dim=1) + 1
     if not top_k:
-        return [chosen]
+        return [chosen, ranks]
     top = lp.topk(top_k, dim=-1)
-    return [chosen, top.values, top.indices]
+    return [chosen, ranks, top.values, top.indices]
 
 
 def prompt_logprob_count(top_k: int) -> int:
     """How many tensors :func:`prompt_logprob_reads` returns."""
-    return 3 if top_k else 1
+    return 4 if top_k else 2
 
 
 def unpack_prompt_logprobs(
     host: Sequence[list[float]], top_k: int
-) -> tuple[list[float], list[list[tuple[int, float]]]]:
-    """The host lists of :func:`prompt_logprob_reads`: each row's logprob, and its
-    ``(token_id, logprob)`` likeliest first (none when ``top_k`` is 0)."""
+) -> tuple[list[float], list[list[tuple[int, float]]], list[int]]:
+    """The host lists of :func:`prompt_logprob_reads`: each row's logprob, its
+    ``(token_id, logprob)`` likeliest first (none when ``top_k`` is 0), and its rank."""
+    chosen, ranks = list(host[0]), [int(r) for r in host[1]]
     if not top_k:
-        return list(host[0]), []
-    chosen, values, ids = host
+        return chosen, [], ranks
+    values, ids = host[2], host[3]
     top = [
         [(int(t), v) for t, v in zip(ids[i : i + top_k], values[i : i + top_k])]
         for i in range(0, len(values), top_k)
     ]
-    return list(chosen), top
+    return chosen, top, ranks

@@ -122,7 +122,8 @@ class StepPlan:
     # map entries changed since the last plan (window page -1: none any more).
     window_writes: tuple[list[int], list[int]] | None = None
     # How many of the likeliest tokens each prompt-logprob row also reports (the most any of
-    # its requests asks for: their ``logprobs``; 0: the scored token's logprob only).
+    # its requests asks for: their ``params.prompt_top_k``; 0: the scored token's logprob
+    # and rank only).
     prompt_top_k: int = 0
 
     @property
@@ -232,7 +233,7 @@ def plan_step(
             if hi > lo:
                 lp_rows += range(t + lo - c, t + hi - c)
                 lp_targets += req.token_ids[lo + 1 : hi + 1]
-                lp_k = max(lp_k, req.params.logprobs or 0)
+                lp_k = max(lp_k, req.params.prompt_top_k)
                 spans.append((req, lo, hi - lo))
         t += m
     w_rows, w_cols, w_pages = rows.take_writes()
@@ -271,3 +272,5 @@ class StepResult(NamedTuple):
     prompt_logprobs: list[float]  # one per plan.prompt_targets
     # One per plan.prompt_targets when plan.prompt_top_k: the likeliest (token, logprob)s.
     prompt_top: list[list[tuple[int, float]]] = []
+    # One per plan.prompt_targets: the scored token's rank (1: the likeliest).
+    prompt_ranks: list[int] = []

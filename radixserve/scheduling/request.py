@@ -87,8 +87,10 @@ class Request:
     # Prompt logprobs: positions whose logits are still needed, and the values so far.
     prompt_lp_next: int = 0  # next row position whose logits give a prompt logprob
     prompt_logprobs: list[float | None] | None = None
-    # With ``params.logprobs`` k > 0, each position's k likeliest (token, logprob) too.
+    # With ``params.prompt_top_k`` k > 0, each position's k likeliest (token, logprob) too.
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
+    # Each scored token's rank in its position's distribution (None for position 0).
+    prompt_logprob_ranks: list[int | None] | None = None
     prompt_logprobs_sent: bool = False
     # Tokens produced since the last StepOutput, with their logprobs.
     new_token_ids: list[int] = field(default_factory=list)
@@ -114,11 +116,13 @@ class Request:
     spec_accepted: int = 0
 
     def __post_init__(self) -> None:
-        start = self.params.prompt_logprobs_start
+        start = self.params.prompt_logprobs_from
         if start is not None:
             start = min(start, self.prompt_len)
-            self.prompt_logprobs = [None] if start == 0 and self.prompt_len > 0 else []
-            if self.params.logprobs:
+            first = start == 0 and self.prompt_len > 0  # position 0: nothing predicts it
+            self.prompt_logprobs = [None] if first else []
+            self.prompt_logprob_ranks = [None] if first else []
+            if self.params.prompt_top_k:
                 self.prompt_top_logprobs = [[] for _ in self.prompt_logprobs]
             self.prompt_lp_next = max(start, 1) - 1
         else:
@@ -140,14 +144,14 @@ class Request:
 
     def take_output(self) -> RequestOutput:
         """What this request produced since the last call (tokens, logprobs, finish)."""
-        prompt_lps = prompt_top = None
+        prompt_lps = prompt_top = prompt_ranks = None
         if (
             self.prompt_logprobs is not None
             and not self.prompt_logprobs_sent
             and (self.new_token_ids or self.finished)
         ):
             prompt_lps, self.prompt_logprobs_sent = self.prompt_logprobs, True
-            prompt_top = self.prompt_top_logprobs
+            prompt_top, prompt_ranks = self.prompt_top_logprobs, self.prompt_logprob_ranks
         out = RequestOutput(
             request_id=self.request_id,
             new_token_ids=self.new_token_ids,
@@ -166,6 +170,7 @@ class Request:
             spec_accepted_tokens=self.spec_accepted,
             cache_report=self.cache_report,
             prompt_top_logprobs=prompt_top,
+            prompt_logprob_ranks=prompt_ranks,
         )
         self.cache_report = None
         self.new_token_ids = []

@@ -415,8 +415,10 @@ class Scheduler:
             assert req.prompt_logprobs is not None
             if req.status is RequestStatus.RUNNING:
                 req.prompt_logprobs.extend(prompt_lps[i : i + count])
+                assert req.prompt_logprob_ranks is not None
+                req.prompt_logprob_ranks.extend(result.prompt_ranks[i : i + count])
                 if req.prompt_top_logprobs is not None:  # its own k of the step's most
-                    k = req.params.logprobs or 0
+                    k = req.params.prompt_top_k
                     req.prompt_top_logprobs.extend(top[:k] for top in prompt_top[i : i + count])
             i += count
         outputs: list[RequestOutput] = []

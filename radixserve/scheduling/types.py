@@ -60,6 +60,7 @@ class RequestOutput(NamedTuple):
     spec_accepted_tokens: int = 0
     cache_report: Any = None  # a memory.miss_report.Divergence, once, when one was asked
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None  # with prompt_logprobs
+    prompt_logprob_ranks: list[int | None] | None = None  # with prompt_logprobs
     error_code: Literal["invalid_params"] | None = None  # the request's own fault (Request)
 
 

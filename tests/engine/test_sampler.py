@@ -138,8 +138,10 @@ def test_prompt_logprobs_and_their_top_k(top_k: int) -> None:
     lp = torch.log_softmax(logits, -1)
     reads = prompt_logprob_reads(logits, targets, top_k)
     host = [t.double().reshape(-1).tolist() for t in reads]  # as the one read back holds them
-    chosen, tops = unpack_prompt_logprobs(host, top_k)
+    chosen, tops, ranks = unpack_prompt_logprobs(host, top_k)
     assert chosen == pytest.approx(lp[torch.arange(4), targets].tolist())
+    scored = lp[torch.arange(4), targets]
+    assert ranks == [int((row > v).sum()) + 1 for row, v in zip(lp, scored)]
     assert len(tops) == (4 if top_k else 0)
     for row, top in zip(lp, tops):
         values, ids = row.topk(top_k)

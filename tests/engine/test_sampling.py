@@ -218,6 +218,13 @@ def test_prompt_top_logprobs_match_the_model_per_request_k(tiny_llama_dir: Path,
     for prompt, out, k, start in zip(prompts, outs, ks, starts):
         with torch.inference_mode():
             ref = torch.log_softmax(hf_model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+        # Every scored token's rank (vLLM's): 1 + the tokens the model finds likelier.
+        ranks = out.prompt_logprob_ranks or []
+        first = max(start, 1)
+        assert len(ranks) == len(prompt) - start and (start or ranks[0] is None)
+        for p, rank in zip(range(first, len(prompt)), ranks[start == 0 :]):
+            likelier = int((ref[p - 1] > ref[p - 1, prompt[p]]).sum())
+            assert abs(rank - 1 - likelier) <= 1  # a tie at the scored logprob's last bit
         tops = out.prompt_top_logprobs
         if k == 0:
             assert tops is None and out.prompt_logprobs is not None
@@ -231,6 +238,30 @@ def test_prompt_top_logprobs_match_the_model_per_request_k(tiny_llama_dir: Path,
             values, ids = ref[p - 1].topk(k)
             assert [t for t, _ in top] == ids.tolist()
             assert [v for _, v in top] == pytest.approx(values.tolist(), abs=1e-4)
+    engine.check_invariants()
+
+
+def test_vllm_prompt_logprobs_have_their_own_k(tiny_llama_dir: Path, hf_model) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's ``prompt_logprobs=k``: every prompt token from the first scored, each position
+    with its own k likeliest (not ``logprobs``' k), beside a request asking for none."""
+    from radixserve.engine.engine import Engine
+
+    engine = Engine(str(tiny_llama_dir), page_size=2, num_pages=512, max_num_tokens=16)
+    prompt = random_prompts([13], seed=39)[0]
+    vllm, plain = engine.generate(
+        [prompt, prompt], [greedy(2, logprobs=1, prompt_logprobs=3), greedy(2)]
+    )
+    with torch.inference_mode():
+        ref = torch.log_softmax(hf_model(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    tops, lps = vllm.prompt_top_logprobs or [], vllm.prompt_logprobs or []
+    assert len(tops) == len(lps) == len(prompt) and lps[0] is None and tops[0] == []
+    for p in range(1, len(prompt)):
+        assert [t for t, _ in tops[p]] == ref[p - 1].topk(3).indices.tolist()
+        assert lps[p] == pytest.approx(ref[p - 1, prompt[p]].item(), abs=1e-4)
+    assert all(len(lp.top) == 1 for lp in vllm.logprobs or [])  # the output's own k
+    assert plain.prompt_logprobs is None and plain.prompt_logprob_ranks is None
+    with pytest.raises(ValueError, match="prompt_logprobs must be in"):
+        SamplingParams(prompt_logprobs=21).validate()
     engine.check_invariants()
 
 

@@ -299,3 +299,54 @@ def test_echo_with_logprobs_scores_the_prompt(
         client.completions.create(
             model="default", prompt=ids, echo=True, logprobs=1, max_tokens=1, stream=True
         )
+
+
+def test_vllm_prompt_logprobs_on_completions_and_chat(
+    client: openai.OpenAI, server: Any, tokenizer: Any
+) -> None:
+    """vLLM's ``prompt_logprobs: k``: each prompt token (``null`` for the first) maps token
+    ids to their logprob, rank and text: the prompt token's own, then its position's k
+    likeliest, as transformers computes them. Completions carry them on each choice, chat
+    completions once at the top; the output's ``logprobs`` keep their own k."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ids = tokenizer.encode("The capital of France is Paris, and the capital of Italy is Rome")
+    out = client.completions.create(
+        model="default",
+        prompt=ids,
+        max_tokens=2,
+        temperature=0,
+        logprobs=1,
+        extra_body={"prompt_logprobs": 3},
+    )
+    plps = out.choices[0].model_extra["prompt_logprobs"]
+    assert len(plps) == len(ids) and plps[0] is None
+    assert all(len(top) == 1 for top in out.choices[0].logprobs.top_logprobs or [])
+    model = AutoModelForCausalLM.from_pretrained(str(server.model_dir), dtype=torch.float32)
+    with torch.inference_mode():
+        ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    for i in range(1, len(ids)):
+        row, entry = ref[i - 1], plps[i]
+        own = entry[str(ids[i])]
+        assert own["logprob"] == pytest.approx(row[ids[i]].item(), abs=2e-3)
+        assert own["decoded_token"] == tokenizer.decode([ids[i]])
+        assert abs(own["rank"] - 1 - int((row > row[ids[i]]).sum())) <= 1
+        best = row.topk(3).indices.tolist()
+        assert set(best) <= {int(t) for t in entry} and len(entry) <= 4
+        for r, t in enumerate(best, 1):
+            assert t == ids[i] or entry[str(t)]["rank"] == r
+    msgs: Any = [{"role": "user", "content": "Hi"}]
+    chat = client.chat.completions.create(
+        model="default", messages=msgs, max_tokens=1, extra_body={"prompt_logprobs": 0}
+    )
+    chat_lps = chat.model_extra["prompt_logprobs"]
+    assert chat_lps[0] is None and all(len(e) == 1 for e in chat_lps[1:])
+    assert chat.usage is not None and len(chat_lps) == chat.usage.prompt_tokens
+    for bad in ({"prompt_logprobs": 21}, {"prompt_logprobs": -1}):
+        with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
+            client.completions.create(model="default", prompt="x", max_tokens=1, extra_body=bad)
+    with pytest.raises(openai.BadRequestError, match="answered whole"):
+        client.completions.create(
+            model="default", prompt="x", stream=True, extra_body={"prompt_logprobs": 1}
+        )

@@ -32,6 +32,7 @@ from radixserve.serving.http.openai_reply import (
     completion_logprobs,
     prompt_logprobs_part,
     usage,
+    vllm_prompt_logprobs,
 )
 from radixserve.serving.http.sse import DONE, SSEResponse, event
 from radixserve.serving.http.streams import finals, primed, stop_reason
@@ -137,7 +138,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         for i in range(body.n)
     ]
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-    head = ChatHead(rid, created, model, want_lp is not None, body.stop_token_ids)
+    head = ChatHead(
+        rid, created, model, want_lp is not None, body.stop_token_ids, body.prompt_logprobs
+    )
     if body.stream:
         events = await primed(request, merge(streams))
         return SSEResponse(ChatStream(g, head, body.chunk_usage(), tools).chunks(events))
@@ -163,7 +166,7 @@ def _chat_completion(
                 "stop_reason": stop_reason(f, head.stop_token_ids),
             }
         )
-    return {
+    out = {
         "id": head.rid,
         "object": "chat.completion",
         "created": head.created,
@@ -172,6 +175,9 @@ def _chat_completion(
         "usage": usage([results], g),
         "system_fingerprint": None,
     }
+    if head.prompt_logprobs is not None:  # vLLM's: the prompt is every choice's
+        out["prompt_logprobs"] = vllm_prompt_logprobs(g, results[0], head.prompt_logprobs)
+    return out
 
 
 # ---------------------------------------------------------------------------- completions
@@ -239,15 +245,18 @@ def _completion_choice(
     if body.logprobs is not None:
         logprobs = completion_logprobs(g, f.logprobs, len(echo))
         if body.scores_prompt:
-            prompt = prompt_logprobs_part(g, f)
+            prompt = prompt_logprobs_part(g, f, body.logprobs)
             logprobs = {name: prompt[name] + values for name, values in logprobs.items()}
-    return {
+    choice = {
         "index": i,
         "text": echo + f.text,
         "finish_reason": f.finish_reason,
         "stop_reason": stop_reason(f, body.stop_token_ids),
         "logprobs": logprobs,
     }
+    if body.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = vllm_prompt_logprobs(g, f, body.prompt_logprobs)
+    return choice
 
 
 def _without_completion(f: p.GenerateFinal) -> p.GenerateFinal:

@@ -196,6 +196,9 @@ class _SamplingBody(_Body, StructuredOutputFields):
     pin_ttl_s: float | None = None  # radixserve: keep the prompt prefix pinned (see SamplingParams)
     # vLLM's: at most this many tokens of <think> block, then it is closed (SamplingParams).
     thinking_token_budget: int | None = None
+    # vLLM's: each prompt token's logprob, rank and text, with this many likeliest tokens
+    # (the completion's choices carry them; the chat completion, once, at its top level).
+    prompt_logprobs: int | None = None
     # Cache controls: higher priority leaves the cache later (--eviction-policy priority);
     # OpenAI's prompt_cache_retention: "in_memory" (the default: LRU and session leases) or a
     # time such as "24h", which pins the prompt prefix that long (within the pin budget).
@@ -226,6 +229,17 @@ class _SamplingBody(_Body, StructuredOutputFields):
             raise invalid(
                 "stream_options is only allowed when stream is true", param="stream_options"
             )
+        if self.prompt_logprobs is not None:
+            if not 0 <= self.prompt_logprobs <= 20:
+                raise invalid(
+                    f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}",
+                    param="prompt_logprobs",
+                )
+            if self.stream:
+                raise invalid(
+                    "prompt_logprobs are answered whole, as vLLM answers them: send stream false",
+                    param="prompt_logprobs",
+                )
 
     def bias(self) -> dict[int, float] | None:
         """``logit_bias`` with integer token ids (a 400 naming the bad entry)."""
@@ -259,6 +273,7 @@ class _SamplingBody(_Body, StructuredOutputFields):
             "skip_special_tokens",
             "pin_ttl_s",
             "thinking_token_budget",
+            "prompt_logprobs",
         ):
             value = getattr(self, name)
             if value is not None:

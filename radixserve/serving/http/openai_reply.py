@@ -90,13 +90,38 @@ def completion_logprobs(
     )
 
 
-def prompt_logprobs_part(g: Gateway, final: p.GenerateFinal) -> dict[str, list[Any]]:
+def prompt_logprobs_part(g: Gateway, final: p.GenerateFinal, k: int) -> dict[str, list[Any]]:
     """The echoed prompt's part of legacy completions logprobs (echo with logprobs, as vLLM
-    answers it): each prompt token, its logprob and likeliest tokens (``None`` for the
+    answers it): each prompt token, its logprob and ``k`` likeliest tokens (``None`` for the
     first, which nothing predicts), offsets from the text's start."""
     ids, values = final.prompt_token_ids or [], final.prompt_logprobs or []
-    tops = final.prompt_top_logprobs or [[] for _ in values]
+    tops = [top[:k] for top in final.prompt_top_logprobs or [[] for _ in values]]
     return _legacy_logprobs(g, zip(ids[len(ids) - len(values) :], values, tops), 0)
+
+
+def vllm_prompt_logprobs(
+    g: Gateway, final: p.GenerateFinal, k: int
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token (``None`` for the first, which nothing
+    predicts) a map of token id to its logprob, rank and text: the prompt token's, then its
+    position's ``k`` likeliest (ranks 1 to k; the prompt token once, if among them)."""
+    ids, values = final.prompt_token_ids or [], final.prompt_logprobs or []
+    ranks = final.prompt_logprob_ranks or [None for _ in values]
+    tops = final.prompt_top_logprobs or [[] for _ in values]
+
+    def entry(token_id: int, value: float, rank: int | None) -> dict[str, Any]:
+        return {"logprob": logprob(value), "rank": rank, "decoded_token": g.token_text(token_id)}
+
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for tid, value, rank, top in zip(ids[len(ids) - len(values) :], values, ranks, tops):
+        if value is None:
+            out.append(None)
+            continue
+        position = {str(tid): entry(tid, value, rank)}
+        for r, (t, v) in enumerate(top[:k], 1):
+            position.setdefault(str(t), entry(t, v, r))
+        out.append(position)
+    return out
 
 
 def _legacy_logprobs(
@@ -131,6 +156,7 @@ class ChatHead(NamedTuple):
     model: str
     want_logprobs: bool
     stop_token_ids: list[int] | None
+    prompt_logprobs: int | None = None  # vLLM's: k of the prompt's logprobs (chat: top level)
 
 
 class ChatStream:

@@ -38,6 +38,7 @@ class RouterRequest:
     logprobs: list[p.TokenLogprob] | None = None
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
+    prompt_logprob_ranks: list[int | None] | None = None
     usage: p.Usage | None = None
     chunks: int = 0
     retries: int = 0  # times sent to another worker after its worker died (before a first token)
@@ -62,6 +63,7 @@ class RouterRequest:
         if out.prompt_logprobs is not None:
             self.prompt_logprobs = out.prompt_logprobs
             self.prompt_top_logprobs = out.prompt_top_logprobs
+            self.prompt_logprob_ranks = out.prompt_logprob_ranks
         if out.usage is not None:
             self.usage = out.usage
             if out.usage.cache_report is not msgspec.UNSET:
@@ -114,4 +116,5 @@ class RouterRequest:
             prompt_token_ids=self.prompt_ids if self.prompt_logprobs is not None else None,
             worker_id=self.worker_id,
             matched_stop=self.detok.matched_stop if self.detok is not None else None,
+            prompt_logprob_ranks=self.prompt_logprob_ranks,
         )

@@ -202,9 +202,10 @@ class GenerateFinal(Msg, tag="final"):
 
     ``prompt_logprobs`` holds one entry per prompt position from ``prompt_logprobs_start``
     (``None`` where undefined, i.e. position 0); ``prompt_top_logprobs`` (with ``logprobs``
-    k > 0) each position's k likeliest ``(token_id, logprob)``; ``prompt_token_ids`` (with
-    prompt logprobs) the whole prompt as the model read it, so that a client that sent text
-    can name the tokens scored.
+    k > 0) each position's k likeliest ``(token_id, logprob)``; ``prompt_logprob_ranks``
+    each scored token's rank in its position's distribution (1: the likeliest);
+    ``prompt_token_ids`` (with prompt logprobs) the whole prompt as the model read it, so
+    that a client that sent text can name the tokens scored.
     """
 
     request_id: str
@@ -221,6 +222,7 @@ class GenerateFinal(Msg, tag="final"):
     # The stop string that ended the text (None: none did; a stop token shows in token_ids):
     # SGLang's finish_reason.matched, vLLM's stop_reason, Anthropic's stop_sequence.
     matched_stop: str | None = None
+    prompt_logprob_ranks: list[int | None] | None = None
 
 
 class Error(Msg, tag="error"):
