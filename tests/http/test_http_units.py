@@ -117,6 +117,15 @@ def test_media_content_parts_are_a_clear_400(kind: str) -> None:
         {"guided_json": {"type": "object"}, "response_format": {"type": "json_object"}},
         {"modalities": ["text", "audio"]},
         {"thinking_token_budget": -1},
+        {"use_beam_search": True},  # vLLM's and SGLang's extensions not implemented
+        {"allowed_token_ids": [1, 2]},
+        {"bad_words": ["x"]},
+        {"chat_template": "{{ messages }}"},
+        {"lora_path": "adapter"},
+        {"separate_reasoning": False},
+        {"echo": True},
+        {"prompt_logprobs": 21},
+        {"stop_regex": ["["]},
     ],
 )
 def test_chat_request_rejections(bad: dict[str, Any]) -> None:
@@ -137,6 +146,13 @@ def test_fields_openai_ignores_are_accepted() -> None:
         prompt_cache_key="conv-1",
         parallel_tool_calls=True,
         max_completion_tokens=3,
+        # vLLM's and SGLang's extensions at the values their clients send by default
+        use_beam_search=False,
+        length_penalty=1.0,
+        allowed_token_ids=None,
+        bad_words=[],
+        separate_reasoning=True,
+        echo=False,
     )
     req.check()
     assert req.session == "conv-1" and req.wanted_max_tokens(16) == 3

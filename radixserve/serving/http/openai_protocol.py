@@ -149,6 +149,28 @@ UNSUPPORTED_FIELDS = {
     "function_call": "the legacy function_call field is not supported; send tool_choice",
     "verbosity": "verbosity is not supported",
 }
+# vLLM's and SGLang's extensions that radixserve does not implement, each with the value that
+# leaves the output as if it were absent (what their clients send by default): any other
+# value is a 400 naming the field, not an answer that silently ignores it.
+UNSUPPORTED_UNLESS = {
+    "use_beam_search": (False, "beam search is not supported"),
+    "length_penalty": (1.0, "length_penalty applies to beam search, which is not supported"),
+    "truncate_prompt_tokens": (None, "truncate_prompt_tokens is not supported"),
+    "allowed_token_ids": (None, "allowed_token_ids is not supported; logit_bias is"),
+    "bad_words": (None, "bad_words is not supported; logit_bias is"),
+    "logits_processors": (None, "custom logits processors are not supported"),
+    "chat_template": (None, "a per-request chat_template is not accepted: the model's applies"),
+    "documents": (None, "documents are not supported"),
+    "mm_processor_kwargs": (None, "multimodal processor arguments are not supported"),
+    "echo": (False, "echo is not supported on chat completions (it is on /v1/completions)"),
+    "return_tokens_as_token_ids": (False, "return_tokens_as_token_ids is not supported"),
+    "return_token_ids": (False, "return_token_ids is not supported"),
+    "kv_transfer_params": (None, "kv_transfer_params is not supported"),
+    "lora_path": (None, "LoRA adapters are not supported"),
+    "return_hidden_states": (False, "return_hidden_states is not supported"),
+    "separate_reasoning": (True, "reasoning is always separated by the server's parser"),
+    "stream_reasoning": (True, "reasoning is always streamed as it comes"),
+}
 
 
 class _SamplingBody(_Body, StructuredOutputFields):
@@ -212,6 +234,11 @@ class _SamplingBody(_Body, StructuredOutputFields):
         for name in self.model_extra or {}:
             if name in UNSUPPORTED_FIELDS:
                 raise invalid(UNSUPPORTED_FIELDS[name], param=name)
+            if name in UNSUPPORTED_UNLESS:
+                neutral, why = UNSUPPORTED_UNLESS[name]
+                value = (self.model_extra or {})[name]
+                if value is not None and value != neutral and value != []:
+                    raise invalid(why, param=name)
         modalities = (self.model_extra or {}).get("modalities")
         if modalities not in (None, ["text"]):
             raise invalid(
