@@ -106,6 +106,10 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # Report where the prompt left the longest cached path and why (usage.cache_report;
     # radixserve.memory.miss_report). Not about sampling: it rides here to reach the worker.
     return_cache_report: bool = False
+    # Put the prompt's token ids in the final message (vLLM's return_token_ids: a client that
+    # sent text or messages learns the tokens the model read). Not about sampling either: the
+    # router reads it.
+    return_prompt_token_ids: bool = False
     # The output the client expects, as token ids (OpenAI's predicted outputs: a file an
     # edit mostly repeats): drafted from and verified (radixserve.speculative.prediction),
     # so it changes how fast the output comes, never what it is.

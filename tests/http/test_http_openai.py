@@ -350,3 +350,37 @@ def test_vllm_prompt_logprobs_on_completions_and_chat(
         client.completions.create(
             model="default", prompt="x", stream=True, extra_body={"prompt_logprobs": 1}
         )
+
+
+def test_vllm_return_token_ids(client: openai.OpenAI, tokenizer: Any) -> None:
+    """vLLM's ``return_token_ids``: the prompt's token ids (a text prompt's encoding; a
+    chat's rendered prompt) and each choice's, beside the text; a stream of them is a 400."""
+    out = client.completions.create(
+        model="default",
+        prompt="The capital of France is",
+        max_tokens=4,
+        temperature=0,
+        n=2,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
+    for c in out.choices:
+        assert c.model_extra["prompt_token_ids"] == tokenizer.encode("The capital of France is")
+        assert len(c.model_extra["token_ids"]) == 4
+        assert tokenizer.decode(c.model_extra["token_ids"]) == c.text
+    msgs: Any = [{"role": "user", "content": "Name a color."}]
+    chat = client.chat.completions.create(
+        model="default",
+        messages=msgs,
+        max_tokens=3,
+        temperature=0,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
+    ids = chat.model_extra["prompt_token_ids"]
+    assert chat.usage is not None and len(ids) == chat.usage.prompt_tokens
+    assert "Name a color." in tokenizer.decode(ids)
+    choice = chat.choices[0]
+    assert tokenizer.decode(choice.model_extra["token_ids"]) == choice.message.content
+    with pytest.raises(openai.BadRequestError, match="return_token_ids"):
+        client.chat.completions.create(
+            model="default", messages=msgs, stream=True, extra_body={"return_token_ids": True}
+        )

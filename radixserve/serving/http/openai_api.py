@@ -139,7 +139,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     ]
     rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     head = ChatHead(
-        rid, created, model, want_lp is not None, body.stop_token_ids, body.prompt_logprobs
+        rid,
+        created,
+        model,
+        want_lp is not None,
+        body.stop_token_ids,
+        body.prompt_logprobs,
+        body.return_token_ids,
     )
     if body.stream:
         events = await primed(request, merge(streams))
@@ -177,6 +183,10 @@ def _chat_completion(
     }
     if head.prompt_logprobs is not None:  # vLLM's: the prompt is every choice's
         out["prompt_logprobs"] = vllm_prompt_logprobs(g, results[0], head.prompt_logprobs)
+    if head.token_ids:  # vLLM's return_token_ids
+        out["prompt_token_ids"] = results[0].prompt_token_ids
+        for choice, f in zip(choices, results):
+            choice["token_ids"] = f.token_ids
     return out
 
 
@@ -256,6 +266,8 @@ def _completion_choice(
     }
     if body.prompt_logprobs is not None:
         choice["prompt_logprobs"] = vllm_prompt_logprobs(g, f, body.prompt_logprobs)
+    if body.return_token_ids:  # vLLM's
+        choice["prompt_token_ids"], choice["token_ids"] = f.prompt_token_ids, f.token_ids
     return choice
 
 

@@ -164,7 +164,6 @@ UNSUPPORTED_UNLESS = {
     "mm_processor_kwargs": (None, "multimodal processor arguments are not supported"),
     "echo": (False, "echo is not supported on chat completions (it is on /v1/completions)"),
     "return_tokens_as_token_ids": (False, "return_tokens_as_token_ids is not supported"),
-    "return_token_ids": (False, "return_token_ids is not supported"),
     "kv_transfer_params": (None, "kv_transfer_params is not supported"),
     "lora_path": (None, "LoRA adapters are not supported"),
     "return_hidden_states": (False, "return_hidden_states is not supported"),
@@ -221,6 +220,9 @@ class _SamplingBody(_Body, StructuredOutputFields):
     # vLLM's: each prompt token's logprob, rank and text, with this many likeliest tokens
     # (the completion's choices carry them; the chat completion, once, at its top level).
     prompt_logprobs: int | None = None
+    # vLLM's: the prompt's and each choice's token ids beside the text (what an agent's RL
+    # trainer learns from), answered whole.
+    return_token_ids: bool = False
     # Cache controls: higher priority leaves the cache later (--eviction-policy priority);
     # OpenAI's prompt_cache_retention: "in_memory" (the default: LRU and session leases) or a
     # time such as "24h", which pins the prompt prefix that long (within the pin budget).
@@ -267,6 +269,12 @@ class _SamplingBody(_Body, StructuredOutputFields):
                     "prompt_logprobs are answered whole, as vLLM answers them: send stream false",
                     param="prompt_logprobs",
                 )
+        if self.return_token_ids and self.stream:
+            raise invalid(
+                "return_token_ids is answered whole here: send stream false (a stream's chunks "
+                "carry no token ids)",
+                param="return_token_ids",
+            )
 
     def bias(self) -> dict[int, float] | None:
         """``logit_bias`` with integer token ids (a 400 naming the bad entry)."""
@@ -318,6 +326,8 @@ class _SamplingBody(_Body, StructuredOutputFields):
             kw["include_stop_str_in_output"] = True
         if self.return_cache_report:
             kw["return_cache_report"] = True
+        if self.return_token_ids:
+            kw["return_prompt_token_ids"] = True
         if self.seed is not None:
             kw["seed"] = self.seed + choice
         if self.logit_bias:

@@ -157,6 +157,7 @@ class ChatHead(NamedTuple):
     want_logprobs: bool
     stop_token_ids: list[int] | None
     prompt_logprobs: int | None = None  # vLLM's: k of the prompt's logprobs (chat: top level)
+    token_ids: bool = False  # vLLM's return_token_ids: the prompt's and each choice's
 
 
 class ChatStream:

@@ -81,6 +81,9 @@ class RouterRequest:
             self.chunks += 1
         return chunk, delta.stopped
 
+    def _names_prompt(self) -> bool:
+        return self.prompt_logprobs is not None or self.params.return_prompt_token_ids
+
     def final(self, reason: p.FinishReason) -> p.GenerateFinal:
         """The last message: full text and tokens, usage and router-side timings."""
         now = time.monotonic()
@@ -112,8 +115,9 @@ class RouterRequest:
             logprobs=self.logprobs,
             prompt_logprobs=self.prompt_logprobs,
             prompt_top_logprobs=self.prompt_top_logprobs,
-            # The tokens the prompt logprobs score (the client may have sent text).
-            prompt_token_ids=self.prompt_ids if self.prompt_logprobs is not None else None,
+            # The tokens the prompt logprobs score, or that the client asked for (it may have
+            # sent text or messages).
+            prompt_token_ids=self.prompt_ids if self._names_prompt() else None,
             worker_id=self.worker_id,
             matched_stop=self.detok.matched_stop if self.detok is not None else None,
             prompt_logprob_ranks=self.prompt_logprob_ranks,
