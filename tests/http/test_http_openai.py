@@ -354,7 +354,7 @@ def test_vllm_prompt_logprobs_on_completions_and_chat(
 
 def test_vllm_return_token_ids(client: openai.OpenAI, tokenizer: Any) -> None:
     """vLLM's ``return_token_ids``: the prompt's token ids (a text prompt's encoding; a
-    chat's rendered prompt) and each choice's, beside the text; a stream of them is a 400."""
+    chat's rendered prompt) and each choice's, beside the text, whole or streamed."""
     out = client.completions.create(
         model="default",
         prompt="The capital of France is",
@@ -380,7 +380,32 @@ def test_vllm_return_token_ids(client: openai.OpenAI, tokenizer: Any) -> None:
     assert "Name a color." in tokenizer.decode(ids)
     choice = chat.choices[0]
     assert tokenizer.decode(choice.model_extra["token_ids"]) == choice.message.content
-    with pytest.raises(openai.BadRequestError, match="return_token_ids"):
+    # Streamed: the prompt's on the first chunk, each chunk's new ones after it.
+    extra = {"return_token_ids": True, "ignore_eos": True}
+    chunks = list(
         client.chat.completions.create(
-            model="default", messages=msgs, stream=True, extra_body={"return_token_ids": True}
+            model="default",
+            messages=msgs,
+            max_tokens=3,
+            temperature=0,
+            stream=True,
+            extra_body=extra,
         )
+    )
+    assert chunks[0].model_extra["prompt_token_ids"] == ids
+    streamed = [t for c in chunks for ch in c.choices for t in ch.model_extra.get("token_ids", [])]
+    assert streamed == choice.model_extra["token_ids"]
+    pieces = list(
+        client.completions.create(
+            model="default",
+            prompt="The capital of France is",
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            extra_body=extra,
+        )
+    )
+    first = pieces[0].choices[0].model_extra
+    assert first["prompt_token_ids"] == tokenizer.encode("The capital of France is")
+    streamed = [t for c in pieces for ch in c.choices for t in ch.model_extra.get("token_ids", [])]
+    assert streamed == out.choices[0].model_extra["token_ids"]

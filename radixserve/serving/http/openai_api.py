@@ -311,7 +311,7 @@ async def _completion_events(
         out.update(extra)
         return event(out)
 
-    want_lp = body.logprobs is not None
+    want_lp, want_ids = body.logprobs is not None, body.return_token_ids
     usage_of = body.chunk_usage()
     offsets: dict[int, int] = {}
     done: dict[int, p.GenerateFinal] = {}
@@ -320,14 +320,20 @@ async def _completion_events(
             usage_of.started(i, ev)
             echo = echoes[i // body.n]
             offsets[i] = len(echo)
-            if echo:
-                yield chunk([{"index": i, "text": echo, "logprobs": None, "finish_reason": None}])
+            first = {"prompt_token_ids": ev.prompt_token_ids} if want_ids else {}
+            if echo or first:  # vLLM's return_token_ids: the prompt's on the first chunk
+                yield chunk(
+                    [{"index": i, "text": echo, "logprobs": None, "finish_reason": None, **first}]
+                )
         usage_of.add(i, ev)
         if isinstance(ev, p.GenerateChunk):
-            if ev.text or (want_lp and ev.logprobs):
+            if ev.text or (want_lp and ev.logprobs) or (want_ids and ev.token_ids):
                 lps = completion_logprobs(g, ev.logprobs, offsets[i]) if want_lp else None
                 offsets[i] += len(ev.text)
-                yield chunk([{"index": i, "text": ev.text, "logprobs": lps, "finish_reason": None}])
+                ids = {"token_ids": ev.token_ids} if want_ids else {}
+                yield chunk(
+                    [{"index": i, "text": ev.text, "logprobs": lps, "finish_reason": None, **ids}]
+                )
         else:
             done[i] = ev
             last = {"index": i, "text": "", "logprobs": None, "finish_reason": ev.finish_reason}

@@ -221,7 +221,8 @@ class _SamplingBody(_Body, StructuredOutputFields):
     # (the completion's choices carry them; the chat completion, once, at its top level).
     prompt_logprobs: int | None = None
     # vLLM's: the prompt's and each choice's token ids beside the text (what an agent's RL
-    # trainer learns from), answered whole.
+    # trainer learns from); streamed, the prompt's on a choice's first chunk (chat: the
+    # chunk's top level) and each chunk's new ones.
     return_token_ids: bool = False
     # Cache controls: higher priority leaves the cache later (--eviction-policy priority);
     # OpenAI's prompt_cache_retention: "in_memory" (the default: LRU and session leases) or a
@@ -269,12 +270,6 @@ class _SamplingBody(_Body, StructuredOutputFields):
                     "prompt_logprobs are answered whole, as vLLM answers them: send stream false",
                     param="prompt_logprobs",
                 )
-        if self.return_token_ids and self.stream:
-            raise invalid(
-                "return_token_ids is answered whole here: send stream false (a stream's chunks "
-                "carry no token ids)",
-                param="return_token_ids",
-            )
 
     def bias(self) -> dict[int, float] | None:
         """``logit_bias`` with integer token ids (a 400 naming the bad entry)."""

@@ -175,7 +175,8 @@ class ChatStream:
             if i not in self.parsers:
                 self.usage_of.started(i, ev)
                 self.parsers[i] = chat_tools.output_parser(self.tools)
-                yield self._chunk(i, {"role": "assistant", "content": ""})
+                first = {"prompt_token_ids": ev.prompt_token_ids} if self.head.token_ids else {}
+                yield self._body([self._choice(i, {"role": "assistant", "content": ""})], **first)
             self.usage_of.add(i, ev)
             if isinstance(ev, p.GenerateChunk):
                 out = self._content(i, ev)
@@ -195,11 +196,12 @@ class ChatStream:
         delta: dict[str, Any] = {"content": ev.text}
         if parser is not None:
             delta = chat_tools.stream_delta(parser.feed(ev.text))
-        want_lp = self.head.want_logprobs
-        if not delta and not (want_lp and ev.logprobs):
+        want_lp, want_ids = self.head.want_logprobs, self.head.token_ids
+        if not delta and not (want_lp and ev.logprobs) and not (want_ids and ev.token_ids):
             return None
         lps = {"content": chat_logprobs(self.g, ev.logprobs)} if want_lp else None
-        return self._chunk(i, delta, logprobs=lps)
+        ids = {"token_ids": ev.token_ids} if want_ids else {}
+        return self._chunk(i, delta, logprobs=lps, **ids)
 
     def _finish(self, i: int, final: p.GenerateFinal) -> list[bytes]:
         """A choice's last chunks: what its parser still held, then its finish reason."""
@@ -224,8 +226,18 @@ class ChatStream:
         finish_reason: Any = None,
         **extra: Any,
     ) -> bytes:
+        return self._body([self._choice(i, delta, logprobs, finish_reason, **extra)])
+
+    @staticmethod
+    def _choice(
+        i: int,
+        delta: dict[str, Any],
+        logprobs: dict[str, Any] | None = None,
+        finish_reason: Any = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
         choice = {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-        return self._body([{**choice, **extra}])
+        return {**choice, **extra}
 
     def _body(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         h = self.head

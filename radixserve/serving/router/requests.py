@@ -77,6 +77,9 @@ class RouterRequest:
                 token_ids=new_ids,
                 logprobs=new_lps,
                 prompt_tokens=None if self.chunks else len(self.prompt_ids),
+                prompt_token_ids=None
+                if self.chunks or not self._names_prompt()
+                else self.prompt_ids,
             )
             self.chunks += 1
         return chunk, delta.stopped

@@ -195,6 +195,8 @@ class GenerateChunk(Msg, tag="chunk"):
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
     prompt_tokens: int | None = None  # on the first chunk (index 0): the prompt's length in tokens
+    # On the first chunk, when ``params.return_prompt_token_ids`` asks: the prompt's token ids.
+    prompt_token_ids: list[int] | None = None
 
 
 class GenerateFinal(Msg, tag="final"):
