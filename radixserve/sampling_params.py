@@ -32,6 +32,8 @@ TOKEN_ID_LIMIT = 2**31
 # are bounded, as SGLang's and vLLM's users need (a few short strings), not by the body size.
 MAX_STOP_STRINGS = 128
 MAX_STOP_CHARS = 1024
+# Every step stages a row's allowed tokens: a short list (labels, digits), bounded.
+MAX_ALLOWED_TOKEN_IDS = 4096
 
 
 MAX_PIN_TTL_S = 86400.0  # a day: a pin is a cache hint, not storage
@@ -97,6 +99,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # OpenAI's logit_bias: token id -> bias in [-100, 100] added to the logits before the
     # draw (see radixserve.logit_bias); at most 300 entries.
     logit_bias: dict[int, float] | None = None
+    # vLLM's allowed_token_ids: the output is drawn from these tokens only (at most
+    # MAX_ALLOWED_TOKEN_IDS; not with a grammar, which decides the tokens itself).
+    allowed_token_ids: list[int] | None = None
     # Keep this request's prompt prefix pinned in the KV cache for this many seconds after
     # it finishes, refreshed by every hit (within the server's pin budget; None: no pin).
     pin_ttl_s: float | None = None
@@ -138,6 +143,19 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
 
     def _constraint_fields(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in CONSTRAINT_FIELDS}
+
+    def _allowed_errors(self, vocab_size: int | None) -> list[str]:
+        """Why ``allowed_token_ids`` is refused (none: the draw may be limited to it)."""
+        allowed = self.allowed_token_ids
+        if allowed is None:
+            return []
+        if not allowed:
+            return ["allowed_token_ids must name at least one token"]
+        if len(allowed) > MAX_ALLOWED_TOKEN_IDS:
+            return [f"allowed_token_ids has {len(allowed)} ids, more than {MAX_ALLOWED_TOKEN_IDS}"]
+        if any(getattr(self, name) is not None for name in CONSTRAINT_FIELDS):
+            return ["allowed_token_ids cannot be combined with a structured output or grammar"]
+        return _token_id_errors("allowed_token_ids", allowed, vocab_size)
 
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         """Raise ``ValueError`` with a clear message for any invalid value; return self."""
@@ -208,6 +226,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
         errors += bias_rules.errors(self.logit_bias, vocab_size, TOKEN_ID_LIMIT)
         errors += _token_id_errors("stop_token_ids", self.stop_token_ids, vocab_size)
         errors += _token_id_errors("prediction", self.prediction or [], vocab_size)
+        errors += self._allowed_errors(vocab_size)
         if errors:
             raise ValueError("invalid sampling parameters: " + "; ".join(errors))
         return self

@@ -8,6 +8,7 @@ Order of operations, per row (each stage runs only when some row in the batch us
          ├─ frequency / presence penalties (output tokens, OpenAI style); the seen/count tables
          │  stay on the device between steps (sampling_ops.PenaltyCounts)
          ├─ min_tokens: EOS and stop ids masked until enough tokens are out
+         ├─ allowed_token_ids: every other token of the row masked
          ├─ logit_bias: (row, token) += bias, before temperature/top-k/p and the grammar mask
          ├─ grammar: tokens a constrained row's grammar forbids -> -inf (those rows only)
          ├─ greedy rows: argmax (through max, faster on the CPU)
@@ -41,6 +42,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from radixserve.constrained.interface import TokenGrammar
+from radixserve.engine.allowed_tokens import apply_allowed, only_end_tokens, stage_allowed
 from radixserve.engine.logit_bias import apply_bias, stage_bias
 from radixserve.engine.sampling_ops import (
     PenaltyCounts,
@@ -91,6 +93,7 @@ class SamplingPlan(NamedTuple):
     any_top_p: bool
     biased: int = 0  # (row, token) pairs with a logit_bias
     verifies: bool = False  # some sampled row verifies a draft (rejection sampling)
+    limited: int = 0  # rows drawing from their allowed_token_ids only
 
 
 class SampleTensors(NamedTuple):
@@ -162,6 +165,7 @@ class Sampler:
         pen_step = self._stage_penalties(rows, ahead, layout)
         blocked = self._stage_min_tokens(rows, ahead, layout)
         biased = stage_bias(params, layout, self.vocab_size)
+        limited = stage_allowed(params, layout)
         constrained, eos_guard = self._stage_grammars(rows, ahead, layout)
         draw = self._stage_draw(rows, drafts, layout)
         return SamplingPlan(
@@ -179,6 +183,7 @@ class Sampler:
             draw.any_top_p,
             biased,
             draw.verifies,
+            limited,
         )
 
     def _stage_penalties(
@@ -266,6 +271,8 @@ class Sampler:
             out = len(r.token_ids) - r.prompt_len + len(ahead[i] or ())
             if p.min_tokens and out < p.min_tokens:
                 ids = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
+                if only_end_tokens(p, ids):
+                    continue  # blocking them would leave nothing to draw
                 for t in ids:
                     if 0 <= t < self.vocab_size:
                         blocked_r.append(i)
@@ -351,7 +358,13 @@ class Sampler:
     def _processed(self, logits: torch.Tensor, plan: SamplingPlan, staged: Staged) -> torch.Tensor:
         """Penalties, min_tokens blocks, logit biases and grammar masks applied (a copy when
         any applies)."""
-        if not (plan.penalties is not None or plan.blocked or plan.constrained or plan.biased):
+        if not (
+            plan.penalties is not None
+            or plan.blocked
+            or plan.constrained
+            or plan.biased
+            or plan.limited
+        ):
             return logits
         logits = logits.clone()  # the caller's logits stay the model's
         if plan.penalties is not None:
@@ -374,6 +387,8 @@ class Sampler:
             f = staged.f("s.freq_f").float()[:, None]
             p = staged.f("s.freq_p").float()[:, None]
             logits.index_copy_(0, rows, sub - (tables.counts * f + (tables.counts > 0).float() * p))
+        if plan.limited:
+            apply_allowed(logits, plan.limited, staged)
         if plan.blocked:
             logits[staged.i("s.block_r"), staged.i("s.block_t")] = float("-inf")
         if plan.biased:

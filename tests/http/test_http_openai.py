@@ -409,3 +409,19 @@ def test_vllm_return_token_ids(client: openai.OpenAI, tokenizer: Any) -> None:
     assert first["prompt_token_ids"] == tokenizer.encode("The capital of France is")
     streamed = [t for c in pieces for ch in c.choices for t in ch.model_extra.get("token_ids", [])]
     assert streamed == out.choices[0].model_extra["token_ids"]
+
+
+def test_vllm_allowed_token_ids(client: openai.OpenAI, tokenizer: Any) -> None:
+    """vLLM's ``allowed_token_ids``: every output token is one of them, sampled or greedy."""
+    allowed = tokenizer.encode(" yes no maybe", add_special_tokens=False)
+    for temperature in (0.0, 1.0):
+        out = client.completions.create(
+            model="default",
+            prompt="Is the sky blue?",
+            max_tokens=5,
+            temperature=temperature,
+            seed=1,
+            extra_body={"allowed_token_ids": allowed, "return_token_ids": True, "ignore_eos": True},
+        )
+        ids = out.choices[0].model_extra["token_ids"]
+        assert len(ids) == 5 and set(ids) <= set(allowed)

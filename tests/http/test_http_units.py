@@ -118,7 +118,8 @@ def test_media_content_parts_are_a_clear_400(kind: str) -> None:
         {"modalities": ["text", "audio"]},
         {"thinking_token_budget": -1},
         {"use_beam_search": True},  # vLLM's and SGLang's extensions not implemented
-        {"allowed_token_ids": [1, 2]},
+        {"allowed_token_ids": []},
+        {"allowed_token_ids": [1], "response_format": {"type": "json_object"}},
         {"bad_words": ["x"]},
         {"chat_template": "{{ messages }}"},
         {"lora_path": "adapter"},
