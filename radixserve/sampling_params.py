@@ -102,6 +102,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # vLLM's allowed_token_ids: the output is drawn from these tokens only (at most
     # MAX_ALLOWED_TOKEN_IDS; not with a grammar, which decides the tokens itself).
     allowed_token_ids: list[int] | None = None
+    # vLLM's truncate_prompt_tokens: the router keeps only the prompt's last k tokens (-1: as
+    # many as the context holds). Not about sampling: it rides here to reach the router.
+    truncate_prompt_tokens: int | None = None
     # Keep this request's prompt prefix pinned in the KV cache for this many seconds after
     # it finishes, refreshed by every hit (within the server's pin budget; None: no pin).
     pin_ttl_s: float | None = None
@@ -166,6 +169,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             "top_k",
             "prompt_logprobs_start",
             "prompt_logprobs",
+            "truncate_prompt_tokens",
             "thinking_token_budget",
         ):
             value = getattr(self, name)
@@ -220,6 +224,12 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             )
         if self.thinking_token_budget is not None and self.thinking_token_budget < 0:
             errors.append(f"thinking_token_budget must be >= 0, got {self.thinking_token_budget}")
+        if self.truncate_prompt_tokens is not None and not (
+            self.truncate_prompt_tokens >= 1 or self.truncate_prompt_tokens == -1
+        ):
+            errors.append(
+                f"truncate_prompt_tokens must be >= 1 or -1, got {self.truncate_prompt_tokens}"
+            )
         if self.prompt_logprobs_start is not None and self.prompt_logprobs_start < 0:
             errors.append(f"prompt_logprobs_start must be >= 0, got {self.prompt_logprobs_start}")
         errors += constraint_errors(self._constraint_fields())

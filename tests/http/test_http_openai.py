@@ -425,3 +425,31 @@ def test_vllm_allowed_token_ids(client: openai.OpenAI, tokenizer: Any) -> None:
         )
         ids = out.choices[0].model_extra["token_ids"]
         assert len(ids) == 5 and set(ids) <= set(allowed)
+
+
+def test_vllm_truncate_prompt_tokens(client: openai.OpenAI, tokenizer: Any, server: Any) -> None:
+    """vLLM's ``truncate_prompt_tokens``: the prompt's last k tokens only; -1 keeps what the
+    context holds, so a prompt longer than the context is answered instead of refused."""
+    prompt = "one two three four five six seven eight nine ten"
+    ids = tokenizer.encode(prompt)
+    out = client.completions.create(
+        model="default",
+        prompt=prompt,
+        max_tokens=1,
+        extra_body={"truncate_prompt_tokens": 5, "return_token_ids": True},
+    )
+    assert out.choices[0].model_extra["prompt_token_ids"] == ids[-5:]
+    assert out.usage is not None and out.usage.prompt_tokens == 5
+    context = client.models.list().data[0].model_extra.get("max_model_len")
+    assert isinstance(context, int)
+    long = [ids[1]] * (context + 10)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="default", prompt=long, max_tokens=1)
+    kept = client.completions.create(
+        model="default", prompt=long, max_tokens=1, extra_body={"truncate_prompt_tokens": -1}
+    )
+    assert kept.usage is not None and kept.usage.prompt_tokens == context - 1
+    with pytest.raises(openai.BadRequestError, match="truncate_prompt_tokens"):
+        client.completions.create(
+            model="default", prompt=prompt, max_tokens=1, extra_body={"truncate_prompt_tokens": 0}
+        )

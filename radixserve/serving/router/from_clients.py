@@ -252,7 +252,10 @@ class ClientSide:
         if self._inflight.has(client, req.request_id):
             return error("duplicate_request", f"request id {req.request_id!r} is already in flight")
         ctx = self._pool.context_length()
-        too_long = self._limits.prompt_chars_error(prompt_chars(req), ctx)
+        # A prompt to be truncated may hold more than the context (the request's byte limit
+        # still bounds what is tokenized).
+        truncates = req.params.truncate_prompt_tokens is not None
+        too_long = None if truncates else self._limits.prompt_chars_error(prompt_chars(req), ctx)
         if too_long is None and req.prediction is not None:
             too_long = self._limits.prompt_chars_error(len(req.prediction), ctx, "the prediction")
         if too_long is not None:
@@ -284,10 +287,10 @@ class ClientSide:
             return  # aborted, or its client left, while it was being encoded
         if err is not None or not ids:
             return self._inflight.fail(st, error_code(err or ""), err or "no token ids")
-        prompt = ids[0]
+        ctx = self._pool.context_length()
+        prompt = truncated(ids[0], st.params.truncate_prompt_tokens, ctx)
         if not prompt:
             return self._inflight.fail(st, "invalid_params", "the prompt encodes to zero tokens")
-        ctx = self._pool.context_length()
         too_long = context_error(len(prompt), ctx)
         if too_long:
             return self._inflight.fail(st, "context_length", too_long)
@@ -325,3 +328,15 @@ class ClientSide:
                 model_path=h.model_path,
             ),
         )
+
+
+def truncated(prompt: list[int], keep: int | None, context: int | None) -> list[int]:
+    """``prompt``'s last ``keep`` tokens (vLLM's ``truncate_prompt_tokens``; -1: as many as
+    ``context`` holds, leaving one position to generate in); all of it when ``keep`` is None."""
+    if keep is None:
+        return prompt
+    if keep == -1:
+        if context is None:
+            return prompt
+        keep = max(1, context - 1)
+    return prompt[-keep:]
