@@ -59,6 +59,7 @@ SAMPLING_FIELDS = (
     "seed",
     "stop",
     "stop_token_ids",
+    "stop_regex",
     "ignore_eos",
     "regex",
     "json_schema",
@@ -70,7 +71,8 @@ SAMPLING_FIELDS = (
 
 def normalize_sampling(values: Mapping[str, Any]) -> dict[str, Any]:
     """Sampling parameters as ``gen`` and the run ``defaults`` take them, in SamplingParams'
-    own form: ``max_new_tokens`` is ``max_tokens``, one ``stop`` string is a list of one, a
+    own form: ``max_new_tokens`` is ``max_tokens``, one ``stop`` string (or ``stop_regex``
+    pattern) is a list of one, a
     ``json_schema`` dict is JSON text. Unknown names and values of the wrong type raise
     ``ValueError`` (the same checks the router's decoder makes), so a run behaves the same
     on every backend."""
@@ -83,11 +85,12 @@ def normalize_sampling(values: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(
             f"unknown sampling parameters {unknown}; expected some of {list(SAMPLING_FIELDS)}"
         )
-    if isinstance(out.get("stop"), str):
-        out["stop"] = [out["stop"]]
+    for name in ("stop", "stop_regex"):
+        if isinstance(out.get(name), str):
+            out[name] = [out[name]]
     if isinstance(out.get("json_schema"), dict):
         out["json_schema"] = json.dumps(out["json_schema"])
-    for name in ("stop", "stop_token_ids"):
+    for name in ("stop", "stop_token_ids", "stop_regex"):
         if isinstance(out.get(name), tuple):
             out[name] = list(out[name])
     try:
@@ -196,6 +199,7 @@ def gen(
     max_tokens: int | None = None,
     stop: str | Sequence[str] | None = None,
     stop_token_ids: Sequence[int] | None = None,
+    stop_regex: str | Sequence[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -222,7 +226,8 @@ def gen(
     """Generate text into variable ``name``.
 
     Unset parameters take the run's defaults (``program.run(..., defaults={...})``), then
-    SamplingParams' own. ``stop`` strings end the generation and are not kept in the text.
+    SamplingParams' own. ``stop`` strings end the generation and are not kept in the text;
+    ``stop_regex`` patterns (SGLang's) end it where one first matches, likewise.
     ``regex`` / ``json_schema`` (a dict or JSON text) / ``ebnf`` (a grammar, as xgrammar
     reads it: ``root ::= ...``) constrain the output with the engine's grammar-constrained
     decoding. With ``choices``, this is
@@ -256,6 +261,7 @@ def gen(
         ebnf=ebnf,
         stop=stop,
         stop_token_ids=None if stop_token_ids is None else list(stop_token_ids),
+        stop_regex=stop_regex,
         logit_bias=None if logit_bias is None else dict(logit_bias),
         thinking_token_budget=thinking_token_budget,
     )

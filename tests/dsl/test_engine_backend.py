@@ -64,6 +64,23 @@ def test_few_shot_qa_with_stop_strings_matches_offline_generate(backend: EngineB
     assert state.text() == prompt + answer
 
 
+def test_stop_regex_matches_offline_generate(backend: EngineBackend) -> None:
+    """``gen(stop_regex=...)`` ends the variable where the pattern first matches (cut off),
+    as the engine's own ``generate`` does, and the state's text goes on from there."""
+
+    @program
+    def story(s):
+        s += "Once upon a time"
+        s += gen("tale", max_tokens=24, stop_regex=r"[,.]", temperature=0)
+
+    state = story.run(backend=backend)
+    assert state.ok, state.error
+    params = SamplingParams(max_tokens=24, stop_regex=[r"[,.]"], temperature=0)
+    offline = backend.call(lambda engine: engine.generate("Once upon a time", params))
+    assert state["tale"] == offline[0].text and not set(state["tale"]) & {",", "."}
+    assert state.text() == "Once upon a time" + state["tale"]
+
+
 def test_multi_turn_chat_text_is_the_chat_template_of_messages(backend: EngineBackend) -> None:
     @program
     def chat(s):
