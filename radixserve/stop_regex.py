@@ -14,8 +14,8 @@ checked before anything proportional to it runs:
   tens of gigabytes to compile;
 * matching a request's output takes at most :data:`CPU_LIMIT_S` of the router's CPU in
   all, a call cut off by ``regex``'s own timeout at what is left: a backtracking pattern
-  such as ``(a|a)*$`` fails its request with :class:`StopRegexTimeout` instead of stalling every request the
-  router serves.
+  such as ``(a|a)*$`` fails its request with :class:`StopRegexTimeout` instead of stalling
+  every request the router serves.
 
 Matching uses the ``regex`` module (a superset of ``re``) for two things ``re`` lacks: the
 timeout, and partial matches, which say how much of the streamed text could still become a
