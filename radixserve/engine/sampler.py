@@ -524,11 +524,11 @@ def prompt_logprob_reads(
     token ids, from the same distribution (:func:`unpack_prompt_logprobs` reads them)."""
     lp = torch.log_softmax(logits.float(), dim=-1)
     chosen = lp.gather(1, targets.to(lp.device).view(-1, 1)).squeeze(1)
-    ranks = (lp > chosen.unsqueeze(1)).sum(dim=1) + 1
+    places = (lp > chosen.unsqueeze(1)).sum(dim=1) + 1
     if not top_k:
-        return [chosen, ranks]
+        return [chosen, places]
     top = lp.topk(top_k, dim=-1)
-    return [chosen, ranks, top.values, top.indices]
+    return [chosen, places, top.values, top.indices]
 
 
 def prompt_logprob_count(top_k: int) -> int:
@@ -541,12 +541,12 @@ def unpack_prompt_logprobs(
 ) -> tuple[list[float], list[list[tuple[int, float]]], list[int]]:
     """The host lists of :func:`prompt_logprob_reads`: each row's logprob, its
     ``(token_id, logprob)`` likeliest first (none when ``top_k`` is 0), and its rank."""
-    chosen, ranks = list(host[0]), [int(r) for r in host[1]]
+    chosen, places = list(host[0]), [int(r) for r in host[1]]
     if not top_k:
-        return chosen, [], ranks
+        return chosen, [], places
     values, ids = host[2], host[3]
     top = [
         [(int(t), v) for t, v in zip(ids[i : i + top_k], values[i : i + top_k])]
         for i in range(0, len(values), top_k)
     ]
-    return chosen, top, ranks
+    return chosen, top, places
