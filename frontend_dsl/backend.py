@@ -159,12 +159,19 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def generate(
-        self, prompt: str, params: SamplingParams, *, program_id: str | None = None
+        self,
+        prompt: str,
+        params: SamplingParams,
+        *,
+        program_id: str | None = None,
+        prediction: str | None = None,
     ) -> GenStream:
         """Start generating a continuation of ``prompt`` and stream it back.
 
         ``program_id`` names the program run the call belongs to; a router keeps all calls
         of one program (and of its forks) on one worker, where their shared prefix is cached.
+        ``prediction``: text the output is expected to repeat, drafted from (it changes how
+        fast the output comes, never what it is).
         Raises ``ValueError`` for invalid parameters; failures after the start arrive as a
         chunk with ``error`` set.
         """

@@ -109,7 +109,9 @@ def run_gen(state: CallSite, op: Gen) -> None:
     live = op.kind not in _TYPED
     pieces: list[str] = []
     last = None
-    with ctx.backend.generate(state._text, params, program_id=ctx.program_id) as stream:
+    with ctx.backend.generate(
+        state._text, params, program_id=ctx.program_id, prediction=op.prediction
+    ) as stream:
         for chunk in stream:
             ctx.first_output.set()
             if chunk.error is not None:

@@ -26,6 +26,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
 from frontend_dsl.backend import (
     Backend,
     BackendError,
@@ -237,9 +239,18 @@ class EngineBackend(Backend):
             return [encode_text(self.tokenizer, t) for t in texts]
 
     def generate(
-        self, prompt: str, params: SamplingParams, *, program_id: str | None = None
+        self,
+        prompt: str,
+        params: SamplingParams,
+        *,
+        program_id: str | None = None,
+        prediction: str | None = None,
     ) -> GenStream:
         params = params.validate()
+        if prediction:  # as the router encodes one: no special tokens, as the answer holds it
+            with self._tok_lock:
+                predicted = encode_text(self.tokenizer, prediction, add_special_tokens=False)
+            params = msgspec.structs.replace(params, prediction=predicted).validate()
         ids = self.tokenize([prompt])[0]
         rid, sink = self._submit(ids, params, program_id)
         return _EngineStream(self, rid, sink, params, ids)

@@ -155,7 +155,12 @@ class FakeBackend(Backend):
 
     # ------------------------------------------------------------- calls
     def generate(
-        self, prompt: str, params: SamplingParams, *, program_id: str | None = None
+        self,
+        prompt: str,
+        params: SamplingParams,
+        *,
+        program_id: str | None = None,
+        prediction: str | None = None,
     ) -> GenStream:
         params.validate()
         with self._lock:

@@ -149,6 +149,7 @@ class Gen(Expr):
     sampling: dict[str, Any] = field(default_factory=dict)  # only the fields the caller set
     kind: str = "text"  # "text" | "int" | "float" | "bool" | "str" | "json" | "tools"
     tools: ToolUse | None = None  # kind "tools": the tools it may call (frontend_dsl.tools)
+    prediction: str | None = None  # the text the output is expected to repeat (drafted from)
 
     def params(self, defaults: dict[str, Any] | None = None) -> SamplingParams:
         """The SamplingParams of this call: program-run defaults overridden by the call's own
@@ -222,6 +223,7 @@ def gen(
     tool_choice: str = "auto",
     parallel_tool_calls: bool = True,
     tool_parser: str | None = None,
+    prediction: str | None = None,
 ) -> Expr:
     """Generate text into variable ``name``.
 
@@ -241,6 +243,10 @@ def gen(
     :class:`~frontend_dsl.tools.ToolReply`. ``tool_choice``: ``"auto"``, ``"required"`` or
     a function's name (forced); ``parallel_tool_calls=False``: one call at most;
     ``tool_parser`` overrides the format guessed from the chat template.
+
+    ``prediction`` (OpenAI's predicted outputs): text the output is expected to repeat, such
+    as the file an edit mostly keeps. The engine drafts from it and verifies the drafts, so
+    it changes how fast the output comes, never what it is.
     """
     if max_tokens is None:
         max_tokens = max_new_tokens
@@ -278,9 +284,11 @@ def gen(
             f["name"] for f in use.functions()
         }:
             raise ValueError(f"tool_choice {tool_choice!r} is not one of the tools")
-        expr = Gen(name, normalize_sampling(sampling), kind="tools", tools=use)
+        expr = Gen(
+            name, normalize_sampling(sampling), kind="tools", tools=use, prediction=prediction
+        )
     else:
-        expr = Gen(name, normalize_sampling(sampling))
+        expr = Gen(name, normalize_sampling(sampling), prediction=prediction)
     expr.params()  # fail early, in the program's own thread, on invalid values
     return expr
 

@@ -57,20 +57,33 @@ class _RemoteStream(GenStream):
     """One streamed request: a task on the backend's loop feeding a queue."""
 
     def __init__(
-        self, backend: RemoteBackend, prompt: str, params: SamplingParams, program_id: str | None
+        self,
+        backend: RemoteBackend,
+        prompt: str,
+        params: SamplingParams,
+        program_id: str | None,
+        prediction: str | None,
     ) -> None:
         self._chunks: queue.Queue[GenChunk] = queue.Queue()
         self._done = False
         self._future: Future[None] = backend._spawn(
-            self._pump(backend._pick(), prompt, params, program_id)
+            self._pump(backend._pick(), prompt, params, program_id, prediction)
         )
 
     async def _pump(
-        self, client: AsyncClient, prompt: str, params: SamplingParams, program_id: str | None
+        self,
+        client: AsyncClient,
+        prompt: str,
+        params: SamplingParams,
+        program_id: str | None,
+        prediction: str | None,
     ) -> None:
         streamed = ""
+        options: dict[str, Any] = {} if prediction is None else {"prediction": prediction}
         try:
-            async for ev in client.stream(text=prompt, params=params, session_id=program_id):
+            async for ev in client.stream(
+                text=prompt, params=params, session_id=program_id, **options
+            ):
                 if isinstance(ev, p.GenerateChunk):
                     if ev.text:
                         streamed += ev.text
@@ -176,9 +189,14 @@ class RemoteBackend(Backend):
         return self._call(self._pick().tokenize(list(texts)))
 
     def generate(
-        self, prompt: str, params: SamplingParams, *, program_id: str | None = None
+        self,
+        prompt: str,
+        params: SamplingParams,
+        *,
+        program_id: str | None = None,
+        prediction: str | None = None,
     ) -> GenStream:
-        stream = _RemoteStream(self, prompt, params.validate(), program_id)
+        stream = _RemoteStream(self, prompt, params.validate(), program_id, prediction)
         self._sessions.add(program_id)
         return stream
 

@@ -81,6 +81,24 @@ def test_stop_regex_matches_offline_generate(backend: EngineBackend) -> None:
     assert state.text() == "Once upon a time" + state["tale"]
 
 
+def test_prediction_drafts_and_changes_nothing(backend: EngineBackend) -> None:
+    """``gen(prediction=...)`` (OpenAI's predicted outputs): the engine drafts from the text
+    and keeps what it verifies; the answer is the one without a prediction."""
+
+    @program
+    def copy(s, prediction):
+        s += "List three colors: red, green, blue. Again:"
+        s += gen("out", max_tokens=12, temperature=0, ignore_eos=True, prediction=prediction)
+
+    plain = copy.run(None, backend=backend)
+    assert plain.ok, plain.error
+    before = backend.call(lambda engine: engine.stats())
+    drafted = copy.run(plain["out"], backend=backend)
+    after = backend.call(lambda engine: engine.stats())
+    assert drafted.ok and drafted["out"] == plain["out"]
+    assert after.spec_accepted_tokens_total - before.spec_accepted_tokens_total > 0
+
+
 def test_multi_turn_chat_text_is_the_chat_template_of_messages(backend: EngineBackend) -> None:
     @program
     def chat(s):

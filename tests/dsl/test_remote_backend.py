@@ -81,6 +81,23 @@ def test_same_program_same_results_on_both_backends(
     assert there.usage.cached_tokens > 0
 
 
+def test_a_prediction_reaches_the_router_and_changes_nothing(
+    remote: RemoteBackend, local: EngineBackend
+) -> None:
+    """``gen(prediction=...)`` through the router (which encodes the text) and in process:
+    the same answer as without one, on both."""
+
+    @program
+    def copy(s, prediction):
+        s += "Repeat: the quick brown fox jumps over the lazy dog. Again:"
+        s += gen("out", max_tokens=10, temperature=0, ignore_eos=True, prediction=prediction)
+
+    plain = copy.run(None, backend=local)
+    for backend in (remote, local):
+        state = copy.run(plain["out"], backend=backend)
+        assert state.ok and state["out"] == plain["out"], state.error
+
+
 def test_program_calls_stay_on_one_worker_and_batch_reuses_prefix(remote: RemoteBackend) -> None:
     system_prompt = (
         "You are a careful assistant for a prefix caching engine. Answer briefly and exactly. " * 6
