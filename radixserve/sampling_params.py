@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from radixserve import bad_words as bad_word_rules
 from radixserve import logit_bias as bias_rules
 from radixserve import stop_regex
 from radixserve.constrained.spec import (
@@ -102,6 +103,10 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # vLLM's allowed_token_ids: the output is drawn from these tokens only (at most
     # MAX_ALLOWED_TOKEN_IDS; not with a grammar, which decides the tokens itself).
     allowed_token_ids: list[int] | None = None
+    # vLLM's bad_words: the output never spells one of these words (radixserve.bad_words);
+    # the engine encodes them into bad_words_token_ids (callers with ids may set those).
+    bad_words: list[str] | None = None
+    bad_words_token_ids: list[list[int]] | None = None
     # vLLM's truncate_prompt_tokens: the router keeps only the prompt's last k tokens (-1: as
     # many as the context holds). Not about sampling: it rides here to reach the router.
     truncate_prompt_tokens: int | None = None
@@ -237,6 +242,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
         errors += _token_id_errors("stop_token_ids", self.stop_token_ids, vocab_size)
         errors += _token_id_errors("prediction", self.prediction or [], vocab_size)
         errors += self._allowed_errors(vocab_size)
+        errors += bad_word_rules.word_errors(self.bad_words, self.bad_words_token_ids)
+        flat = [t for seq in self.bad_words_token_ids or () for t in seq]
+        errors += _token_id_errors("bad_words_token_ids", flat, vocab_size)
         if errors:
             raise ValueError("invalid sampling parameters: " + "; ".join(errors))
         return self

@@ -14,6 +14,9 @@ from collections.abc import Container, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
+from radixserve.bad_words import encode_words
 from radixserve.constrained.interface import TokenGrammar
 from radixserve.constrained.thinking_budget import ThinkingBudget, ThinkMarkers, think_markers
 from radixserve.engine.sampler import Sampler
@@ -69,6 +72,9 @@ class RequestIntake:
                 f"this engine can hold ({self.max_total_len})"
             )
         params = params.validate(self.model_config.vocab_size)
+        if params.bad_words and params.bad_words_token_ids is None and self.tokenizer is not None:
+            words = encode_words(self.tokenizer, params.bad_words)
+            params = msgspec.structs.replace(params, bad_words_token_ids=words)
         ids = [int(t) for t in prompt_token_ids]
         if not ids:
             raise ValueError("the prompt is empty: at least one token is needed")

@@ -7,7 +7,8 @@ Order of operations, per row (each stage runs only when some row in the batch us
          ├─ repetition penalty (prompt + output tokens, HF style: divide positive, multiply negative)
          ├─ frequency / presence penalties (output tokens, OpenAI style); the seen/count tables
          │  stay on the device between steps (sampling_ops.PenaltyCounts)
-         ├─ min_tokens: EOS and stop ids masked until enough tokens are out
+         ├─ min_tokens: EOS and stop ids masked until enough tokens are out; bad_words: the
+         │  token that would complete one masked
          ├─ allowed_token_ids: every other token of the row masked
          ├─ logit_bias: (row, token) += bias, before temperature/top-k/p and the grammar mask
          ├─ grammar: tokens a constrained row's grammar forbids -> -inf (those rows only)
@@ -41,6 +42,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from radixserve.bad_words import MAX_WORD_TOKENS, banned_next
 from radixserve.constrained.interface import TokenGrammar
 from radixserve.engine.allowed_tokens import apply_allowed, only_end_tokens, stage_allowed
 from radixserve.engine.logit_bias import apply_bias, stage_bias
@@ -163,7 +165,7 @@ class Sampler:
         if lp_rows:
             layout.ints("s.lp_rows", lp_rows)
         pen_step = self._stage_penalties(rows, ahead, layout)
-        blocked = self._stage_min_tokens(rows, ahead, layout)
+        blocked = self._stage_blocks(rows, ahead, layout)
         biased = stage_bias(params, layout, self.vocab_size)
         limited = stage_allowed(params, layout)
         constrained, eos_guard = self._stage_grammars(rows, ahead, layout)
@@ -259,28 +261,35 @@ class Sampler:
         verifies = self._stage_drafts(rows, drafts, layout)
         return _Draw(False, top_k_max, any_min_p, any_top_p, verifies)
 
-    def _stage_min_tokens(
+    def _stage_blocks(
         self, rows: Sequence[SamplingRow], ahead: list[list[int] | None], layout: StagingLayout
     ) -> int:
-        """Stage the (row, token) pairs ``min_tokens`` blocks (EOS and stop ids while the
-        output, drafts before a verify row included, is short); returns how many."""
+        """Stage the (row, token) pairs masked this step: what ``min_tokens`` blocks (EOS and
+        stop ids while the output, drafts before a verify row included, is short) and the
+        tokens that would complete a bad word (:mod:`radixserve.bad_words`); returns how many."""
         blocked_r: list[int] = []
         blocked_t: list[int] = []
         for i, r in enumerate(rows):
-            p = r.params
-            out = len(r.token_ids) - r.prompt_len + len(ahead[i] or ())
-            if p.min_tokens and out < p.min_tokens:
-                ids = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
-                if only_end_tokens(p, ids):
-                    continue  # blocking them would leave nothing to draw
-                for t in ids:
-                    if 0 <= t < self.vocab_size:
-                        blocked_r.append(i)
-                        blocked_t.append(t)
+            for t in self._blocked(r, ahead[i] or []):
+                if 0 <= t < self.vocab_size:
+                    blocked_r.append(i)
+                    blocked_t.append(t)
         if blocked_r:
             layout.ints("s.block_r", blocked_r)
             layout.ints("s.block_t", blocked_t)
         return len(blocked_r)
+
+    def _blocked(self, r: SamplingRow, ahead: list[int]) -> list[int]:
+        """The tokens row ``r`` may not draw this step."""
+        p, out = r.params, []
+        if p.min_tokens and len(r.token_ids) - r.prompt_len + len(ahead) < p.min_tokens:
+            ids = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
+            if not only_end_tokens(p, ids):  # blocking them all would leave nothing to draw
+                out += ids
+        if p.bad_words_token_ids:  # a word's head is at most MAX_WORD_TOKENS - 1 long
+            tail = r.token_ids[max(r.prompt_len, len(r.token_ids) - MAX_WORD_TOKENS) :]
+            out += banned_next(p.bad_words_token_ids, [*tail, *ahead])
+        return out
 
     def _stage_drafts(
         self, rows: Sequence[SamplingRow], drafts: Sequence[int] | None, layout: StagingLayout

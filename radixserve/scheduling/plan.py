@@ -151,9 +151,9 @@ class ScheduledBatch(NamedTuple):
     drafted: list[tuple[Request, list[int]]] | None = None
 
     def needs_results(self) -> bool:
-        """Whether planning the next step needs this step's tokens on the host: grammar masks
-        and penalties are computed from a request's tokens so far, and how many drafts stood
-        decides the next step's rows."""
+        """Whether planning the next step needs this step's tokens on the host: grammar masks,
+        penalties and bad-word bans are computed from a request's tokens so far, and how many
+        drafts stood decides the next step's rows."""
         if self.drafted is not None:
             return True
         for r in self.plan.sample_rows:
@@ -163,6 +163,7 @@ class ScheduledBatch(NamedTuple):
                 or p.repetition_penalty != 1.0
                 or p.frequency_penalty
                 or p.presence_penalty
+                or p.bad_words_token_ids
             ):
                 return True
         return False

@@ -453,3 +453,24 @@ def test_vllm_truncate_prompt_tokens(client: openai.OpenAI, tokenizer: Any, serv
         client.completions.create(
             model="default", prompt=prompt, max_tokens=1, extra_body={"truncate_prompt_tokens": 0}
         )
+
+
+def test_vllm_bad_words(client: openai.OpenAI, tokenizer: Any) -> None:
+    """vLLM's ``bad_words``: a word the greedy answer spelled is not spelled again."""
+    from radixserve.bad_words import encode_words
+
+    kw: dict[str, Any] = dict(model="default", prompt="Once upon a time", max_tokens=8)
+    extra = {"return_token_ids": True, "ignore_eos": True}
+    first = client.completions.create(**kw, temperature=0, extra_body=extra)
+    ids = first.choices[0].model_extra["token_ids"]
+    word = next((w for w in (tokenizer.decode([t]).strip() for t in ids) if w), None)
+    if word is None:
+        pytest.skip("the greedy answer is blank")
+    again = client.completions.create(
+        **kw, temperature=0, extra_body={**extra, "bad_words": [word]}
+    )
+    out = again.choices[0].model_extra["token_ids"]
+    for seq in encode_words(tokenizer, [word]):
+        assert all(out[i : i + len(seq)] != seq for i in range(len(out))), (word, out)
+    with pytest.raises(openai.BadRequestError, match="bad_words"):
+        client.completions.create(**kw, extra_body={"bad_words": ["x"] * 65})

@@ -120,7 +120,7 @@ def test_media_content_parts_are_a_clear_400(kind: str) -> None:
         {"use_beam_search": True},  # vLLM's and SGLang's extensions not implemented
         {"allowed_token_ids": []},
         {"allowed_token_ids": [1], "response_format": {"type": "json_object"}},
-        {"bad_words": ["x"]},
+        {"bad_words": ["x"] * 65},
         {"chat_template": "{{ messages }}"},
         {"lora_path": "adapter"},
         {"separate_reasoning": False},

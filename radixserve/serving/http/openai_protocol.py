@@ -155,7 +155,6 @@ UNSUPPORTED_FIELDS = {
 UNSUPPORTED_UNLESS = {
     "use_beam_search": (False, "beam search is not supported"),
     "length_penalty": (1.0, "length_penalty applies to beam search, which is not supported"),
-    "bad_words": (None, "bad_words is not supported; logit_bias is"),
     "logits_processors": (None, "custom logits processors are not supported"),
     "chat_template": (None, "a per-request chat_template is not accepted: the model's applies"),
     "documents": (None, "documents are not supported"),
@@ -226,6 +225,8 @@ class _SamplingBody(_Body, StructuredOutputFields):
     allowed_token_ids: list[TokenId] | None = None
     # vLLM's: only the prompt's last k tokens are read (-1: as many as the context holds).
     truncate_prompt_tokens: int | None = None
+    # vLLM's: words the output never spells (radixserve.bad_words).
+    bad_words: list[str] | None = None
     # Cache controls: higher priority leaves the cache later (--eviction-policy priority);
     # OpenAI's prompt_cache_retention: "in_memory" (the default: LRU and session leases) or a
     # time such as "24h", which pins the prompt prefix that long (within the pin budget).
@@ -308,6 +309,7 @@ class _SamplingBody(_Body, StructuredOutputFields):
             "prompt_logprobs",
             "allowed_token_ids",
             "truncate_prompt_tokens",
+            "bad_words",
         ):
             value = getattr(self, name)
             if value is not None:
