@@ -152,6 +152,11 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     def _constraint_fields(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in CONSTRAINT_FIELDS}
 
+    @property
+    def constraint_set(self) -> bool:
+        """Whether one of the constraint fields (a grammar of some kind) is set."""
+        return any(getattr(self, name) is not None for name in CONSTRAINT_FIELDS)
+
     def _allowed_errors(self, vocab_size: int | None) -> list[str]:
         """Why ``allowed_token_ids`` is refused (none: the draw may be limited to it)."""
         allowed = self.allowed_token_ids
@@ -161,7 +166,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             return ["allowed_token_ids must name at least one token"]
         if len(allowed) > MAX_ALLOWED_TOKEN_IDS:
             return [f"allowed_token_ids has {len(allowed)} ids, more than {MAX_ALLOWED_TOKEN_IDS}"]
-        if any(getattr(self, name) is not None for name in CONSTRAINT_FIELDS):
+        if self.constraint_set:
             return ["allowed_token_ids cannot be combined with a structured output or grammar"]
         return _token_id_errors("allowed_token_ids", allowed, vocab_size)
 
@@ -243,6 +248,10 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
         errors += _token_id_errors("prediction", self.prediction or [], vocab_size)
         errors += self._allowed_errors(vocab_size)
         errors += bad_word_rules.word_errors(self.bad_words, self.bad_words_token_ids)
+        if (self.bad_words or self.bad_words_token_ids) and (
+            self.allowed_token_ids is not None or self.constraint_set
+        ):  # the tokens left could be exactly the banned ones: nothing to draw
+            errors.append("bad_words cannot be combined with allowed_token_ids or a grammar")
         flat = [t for seq in self.bad_words_token_ids or () for t in seq]
         errors += _token_id_errors("bad_words_token_ids", flat, vocab_size)
         if errors:

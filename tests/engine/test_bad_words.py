@@ -80,6 +80,8 @@ def test_words_are_encoded_plain_and_after_a_space(tiny_llama_dir: Path, engine:
         ({"bad_words": ["x" * 257]}, "more than 256 characters"),
         ({"bad_words_token_ids": [[]]}, "1 to 64 tokens"),
         ({"bad_words_token_ids": [[10**9]]}, "bad_words_token_ids"),
+        ({"bad_words": ["x"], "allowed_token_ids": [5]}, "cannot be combined"),
+        ({"bad_words_token_ids": [[5]], "regex": "a+"}, "cannot be combined"),
     ],
 )
 def test_bounds(kw: dict, why: str) -> None:
