@@ -51,9 +51,9 @@ def encode_words(tokenizer: Any, words: Sequence[str]) -> list[list[int]]:
     for word in words:
         plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
         spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
-        out.append(plain[:MAX_WORD_TOKENS])
-        if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
-            out.append(spaced[:MAX_WORD_TOKENS])
+        out.append(plain)
+        if spaced and plain and spaced[0] != plain[0] and len(spaced) == len(plain):
+            out.append(spaced)
     return [s for s in out if s]
 
 

@@ -74,7 +74,10 @@ class RequestIntake:
         params = params.validate(self.model_config.vocab_size)
         if params.bad_words and params.bad_words_token_ids is None and self.tokenizer is not None:
             words = encode_words(self.tokenizer, params.bad_words)
-            params = msgspec.structs.replace(params, bad_words_token_ids=words)
+            # Checked again: a word's tokens are bounded as a caller's sequences are.
+            params = msgspec.structs.replace(params, bad_words_token_ids=words).validate(
+                self.model_config.vocab_size
+            )
         ids = [int(t) for t in prompt_token_ids]
         if not ids:
             raise ValueError("the prompt is empty: at least one token is needed")
