@@ -283,6 +283,13 @@ def _token_id_errors(name: str, ids: list[int], vocab_size: int | None) -> list[
     return []
 
 
+def as_list(value: str | Sequence[str] | None) -> list[str]:
+    """One string or several, as request bodies send ``stop`` and ``stop_regex``, as a list."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
 # SGLang's names for two of the fields, accepted in dicts so that SGLang users' code runs.
 _SGLANG_ALIASES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 

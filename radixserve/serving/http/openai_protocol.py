@@ -24,7 +24,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixserve import logit_bias as bias_rules
-from radixserve.sampling_params import TOKEN_ID_LIMIT, SamplingParams
+from radixserve.sampling_params import TOKEN_ID_LIMIT, SamplingParams, as_list
 from radixserve.serving.http.chat_tools import MAX_MESSAGES, CallIn, ToolIn
 from radixserve.serving.http.chunk_usage import ChunkUsage
 from radixserve.serving.http.errors import invalid
@@ -237,12 +237,11 @@ class _SamplingBody(_Body, StructuredOutputFields):
     return_cache_report: bool = False
 
     def check_common(self) -> None:
-        for name in self.model_extra or {}:
+        for name, value in (self.model_extra or {}).items():
             if name in UNSUPPORTED_FIELDS:
                 raise invalid(UNSUPPORTED_FIELDS[name], param=name)
             if name in UNSUPPORTED_UNLESS:
                 neutral, why = UNSUPPORTED_UNLESS[name]
-                value = (self.model_extra or {})[name]
                 if value is not None and value != neutral and value != []:
                     raise invalid(why, param=name)
         modalities = (self.model_extra or {}).get("modalities")
@@ -290,7 +289,7 @@ class _SamplingBody(_Body, StructuredOutputFields):
     ) -> SamplingParams:
         """The :class:`SamplingParams` of choice ``choice`` (seeded choices get seed + choice,
         so ``n`` seeded samples differ yet stay reproducible)."""
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        stop = as_list(self.stop)
         kw: dict[str, Any] = {"max_tokens": max_tokens, "stop": stop, "logprobs": logprobs}
         for name in (
             "temperature",
@@ -321,8 +320,7 @@ class _SamplingBody(_Body, StructuredOutputFields):
         if self.stop_token_ids:
             kw["stop_token_ids"] = list(self.stop_token_ids)
         if self.stop_regex:
-            regexes = self.stop_regex
-            kw["stop_regex"] = [regexes] if isinstance(regexes, str) else list(regexes)
+            kw["stop_regex"] = as_list(self.stop_regex)
         if self.no_stop_trim:
             kw["include_stop_str_in_output"] = True
         if self.return_cache_report:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from radixserve import logit_bias as bias_rules
 from radixserve.constrained.spec import structural_tag_text
-from radixserve.sampling_params import SamplingParams
+from radixserve.sampling_params import SamplingParams, as_list
 from radixserve.serving.http.errors import invalid
 from radixserve.serving.http.openai_protocol import TokenId
 
@@ -80,8 +80,6 @@ class SGLSamplingParams(BaseModel):
                 param="sampling_params.max_new_tokens",
             )
         seed = self.sampling_seed if self.sampling_seed is not None else self.seed
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        stop_regex = [self.stop_regex] if isinstance(self.stop_regex, str) else self.stop_regex
         try:
             bias = bias_rules.from_json(self.logit_bias)
         except ValueError as exc:
@@ -97,8 +95,8 @@ class SGLSamplingParams(BaseModel):
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
             seed=None if seed is None else seed + sample,
-            stop=stop,
-            stop_regex=list(stop_regex or []),
+            stop=as_list(self.stop),
+            stop_regex=as_list(self.stop_regex),
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.no_stop_trim,
