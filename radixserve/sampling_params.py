@@ -107,8 +107,8 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # the engine encodes them into bad_words_token_ids (callers with ids may set those).
     bad_words: list[str] | None = None
     bad_words_token_ids: list[list[int]] | None = None
-    # vLLM's truncate_prompt_tokens: the router keeps only the prompt's last k tokens (-1: as
-    # many as the context holds). Not about sampling: it rides here to reach the router.
+    # vLLM's truncate_prompt_tokens: only the prompt's last k tokens are read (-1: as many as
+    # the context holds); the router and the engine's intake both apply it (truncated).
     truncate_prompt_tokens: int | None = None
     # Keep this request's prompt prefix pinned in the KV cache for this many seconds after
     # it finishes, refreshed by every hit (within the server's pin budget; None: no pin).
@@ -156,6 +156,15 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     def constraint_set(self) -> bool:
         """Whether one of the constraint fields (a grammar of some kind) is set."""
         return any(getattr(self, name) is not None for name in CONSTRAINT_FIELDS)
+
+    def truncated(self, prompt: list[int], context: int | None) -> list[int]:
+        """``prompt`` as ``truncate_prompt_tokens`` keeps it: its last k tokens (-1: as many as
+        a context of ``context`` tokens holds, one position left to generate in); all of it
+        when unset. Keeping what was kept already changes nothing."""
+        keep = self.truncate_prompt_tokens
+        if keep == -1:
+            keep = None if context is None else max(1, context - 1)
+        return prompt if keep is None else prompt[-keep:]
 
     def _allowed_errors(self, vocab_size: int | None) -> list[str]:
         """Why ``allowed_token_ids`` is refused (none: the draw may be limited to it)."""

@@ -375,9 +375,9 @@ class Engine:
         for req in reqs:
             self.scheduler.add(req)
         rids = [r.request_id for r in reqs]
-        state = {
-            rid: GenerateCollector(self.tokenizer, p, ids)
-            for rid, p, ids in zip(rids, plist, ids_list)
+        state = {  # each request's prompt as the intake kept it (truncate_prompt_tokens)
+            r.request_id: GenerateCollector(self.tokenizer, p, r.token_ids[: r.prompt_len])
+            for r, p in zip(reqs, plist)
         }
         remaining = set(rids)
         while remaining:

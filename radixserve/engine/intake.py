@@ -78,7 +78,7 @@ class RequestIntake:
             params = msgspec.structs.replace(params, bad_words_token_ids=words).validate(
                 self.model_config.vocab_size
             )
-        ids = [int(t) for t in prompt_token_ids]
+        ids = params.truncated([int(t) for t in prompt_token_ids], self.max_total_len)
         if not ids:
             raise ValueError("the prompt is empty: at least one token is needed")
         vocab = self.model_config.vocab_size

@@ -265,6 +265,18 @@ def test_vllm_prompt_logprobs_have_their_own_k(tiny_llama_dir: Path, hf_model) -
     engine.check_invariants()
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_end(engine) -> None:  # type: ignore[no-untyped-def]
+    """vLLM's ``truncate_prompt_tokens`` in ``generate`` as through the router: the answer is
+    the one to the prompt's last k tokens, and the output names the prompt it read."""
+    prompt = random_prompts([20], seed=40)[0]
+    cut, tail = engine.generate(
+        [prompt, prompt[-6:]], [greedy(4, truncate_prompt_tokens=6), greedy(4)]
+    )
+    assert cut.prompt_token_ids == prompt[-6:] and cut.usage.prompt_tokens == 6
+    assert cut.token_ids == tail.token_ids
+    engine.check_invariants()
+
+
 def test_penalties_change_greedy_choice(engine, tiny_llama_dir: Path) -> None:  # type: ignore[no-untyped-def]
     prompt = [5, 6, 5, 6, 5, 6]
     plain = engine.generate([prompt], greedy(8))[0].token_ids

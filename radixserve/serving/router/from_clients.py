@@ -288,7 +288,7 @@ class ClientSide:
         if err is not None or not ids:
             return self._inflight.fail(st, error_code(err or ""), err or "no token ids")
         ctx = self._pool.context_length()
-        prompt = truncated(ids[0], st.params.truncate_prompt_tokens, ctx)
+        prompt = st.params.truncated(ids[0], ctx)
         if not prompt:
             return self._inflight.fail(st, "invalid_params", "the prompt encodes to zero tokens")
         too_long = context_error(len(prompt), ctx)
@@ -328,15 +328,3 @@ class ClientSide:
                 model_path=h.model_path,
             ),
         )
-
-
-def truncated(prompt: list[int], keep: int | None, context: int | None) -> list[int]:
-    """``prompt``'s last ``keep`` tokens (vLLM's ``truncate_prompt_tokens``; -1: as many as
-    ``context`` holds, leaving one position to generate in); all of it when ``keep`` is None."""
-    if keep is None:
-        return prompt
-    if keep == -1:
-        if context is None:
-            return prompt
-        keep = max(1, context - 1)
-    return prompt[-keep:]
