@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from radixserve.bad_words import encode_words
+from radixserve.bad_words import encode_words, word_errors
 from radixserve.constrained.interface import TokenGrammar
 from radixserve.constrained.thinking_budget import ThinkingBudget, ThinkMarkers, think_markers
 from radixserve.engine.sampler import Sampler
@@ -74,10 +74,10 @@ class RequestIntake:
         params = params.validate(self.model_config.vocab_size)
         if params.bad_words and params.bad_words_token_ids is None and self.tokenizer is not None:
             words = encode_words(self.tokenizer, params.bad_words)
-            # Checked again: a word's tokens are bounded as a caller's sequences are.
-            params = msgspec.structs.replace(params, bad_words_token_ids=words).validate(
-                self.model_config.vocab_size
-            )
+            too_long = word_errors(None, words)  # bounded as a caller's sequences are
+            if too_long:
+                raise ValueError("invalid sampling parameters: " + "; ".join(too_long))
+            params = msgspec.structs.replace(params, bad_words_token_ids=words)
         ids = params.truncated([int(t) for t in prompt_token_ids], self.max_total_len)
         if not ids:
             raise ValueError("the prompt is empty: at least one token is needed")

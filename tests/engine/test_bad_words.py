@@ -87,3 +87,12 @@ def test_words_are_encoded_plain_and_after_a_space(tiny_llama_dir: Path, engine:
 def test_bounds(kw: dict, why: str) -> None:
     with pytest.raises(ValueError, match=why):
         SamplingParams(**kw).validate(1000)
+
+
+def test_a_word_of_too_many_tokens_is_refused_by_name(engine: Engine) -> None:
+    """The engine encodes words; one that spells more than 64 tokens is refused (not cut)."""
+    prompt = random_prompts([5], seed=10)[0]
+    with pytest.raises(ValueError, match="1 to 64 tokens"):
+        engine.generate([prompt], greedy(2, bad_words=["日本語🙂" * 40]))
+    engine.check_invariants()
+    assert engine.stats().pages_in_use == 0
