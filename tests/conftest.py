@@ -50,6 +50,12 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_lora_dir(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random LoRA adapter of the tiny Llama (every projection, rank 4), saved by PEFT."""
+    return tiny_models.build_lora_adapter(tiny_llama_dir, tmp_path_factory.mktemp("tiny_lora"))
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny random Qwen2 checkpoint: q/k/v bias, GQA 4/2, tied embeddings, 2 layers."""
     return tiny_models.build_tiny_qwen2(tmp_path_factory.mktemp("tiny_qwen2"))

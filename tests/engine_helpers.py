@@ -56,6 +56,26 @@ def hf_greedy(model_dir: Path, prompt: list[int], n: int) -> list[int]:
     return _HF_CACHE[key]
 
 
+def peft_greedy(base: Path, adapter: Path, prompt: list[int], n: int) -> list[int]:
+    """PEFT's greedy continuation of ``prompt`` by the checkpoint at ``base`` with the LoRA
+    adapter at ``adapter`` (float32, ``n`` tokens, EOS ignored)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
+    model = PeftModel.from_pretrained(model, str(adapter)).eval()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=torch.tensor([prompt]),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
 def greedy(n: int = GREEDY_TOKENS, **kw: object) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, **kw)  # type: ignore[arg-type]
 

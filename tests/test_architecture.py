@@ -51,6 +51,7 @@ MODEL_LEVELS: list[set[str]] = [
         "forward_batch",
         "parallel",
         "tp_shard",
+        "lora",
     },
     {"attention", "layers"},
     {"decoder_stack", "llama", "pipeline_stage"},

@@ -340,3 +340,48 @@ def build_tiny_family(
     if tokenizer:
         build_tokenizer(out)
     return out
+
+
+def build_lora_adapter(
+    base_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    targets: tuple[str, ...] = (
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ),
+    rank: int = 4,
+    alpha: float = 8.0,
+    use_rslora: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A random LoRA adapter of the checkpoint at ``base_dir``, saved by PEFT itself
+    (``adapter_config.json`` and ``adapter_model.safetensors``). PEFT starts B at zero (an
+    adapter that changes nothing); here both matrices are random, large enough that the
+    adapted model's greedy tokens differ from the base's."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    out = Path(out_dir)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        target_modules=list(targets),
+        init_lora_weights=False,
+        use_rslora=use_rslora,
+    )
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_" in name:
+                p.normal_(0.0, 0.3)
+    peft_model.save_pretrained(str(out))
+    return out

@@ -186,6 +186,11 @@ class EngineConfig:
     # and verified as speculative decoding's drafts are, with or without an algorithm above;
     # unused where speculative decoding cannot run (speculation_limits).
     predicted_outputs: str = "on"
+    # LoRA adapters served beside the weights (radixserve.model.lora): ``name=path`` of PEFT's
+    # saved directories (SGLang's --lora-paths); a request picks one by name or none. Ranks
+    # above max_lora_rank are refused.
+    lora_paths: tuple[str, ...] = ()
+    max_lora_rank: int = 64
 
     @property
     def use_overlap(self) -> bool:
@@ -196,7 +201,8 @@ class EngineConfig:
     @property
     def use_decode_graphs(self) -> bool:
         if self.decode_graphs == "auto":
-            return torch.device(self.device).type == "cuda"
+            # A decode graph's forward is fixed at capture: adapted rows run eagerly.
+            return torch.device(self.device).type == "cuda" and not self.lora_paths
         return self.decode_graphs == "on"
 
     @property
@@ -216,6 +222,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self._resolve_device_defaults()
+        object.__setattr__(self, "lora_paths", tuple(self.lora_paths))  # JSON gives a list
         errors = [
             *self._choice_errors(),
             *self._range_errors(),
@@ -224,6 +231,7 @@ class EngineConfig:
             *self._parallel_errors(),
             *self._speculative_errors(),
             *self._disaggregation_errors(),
+            *self._lora_errors(),
         ]
         if errors:
             raise ValueError("invalid engine config: " + "; ".join(errors))
@@ -319,6 +327,24 @@ class EngineConfig:
                 "each tensor-parallel rank's pool, not each stage's layers"
             ]
         return []
+
+    def _lora_errors(self) -> list[str]:
+        """What LoRA adapters do not run with yet (docs/lora.md)."""
+        if not self.lora_paths:
+            return []
+        errors: list[str] = []
+        if not 1 <= self.max_lora_rank <= 1024:
+            errors.append(f"max_lora_rank must be in [1, 1024], got {self.max_lora_rank}")
+        unsupported = {
+            "tensor parallelism": self.tensor_parallel_size > 1,
+            "pipeline parallelism": self.pipeline_parallel_size > 1,
+            "prefill/decode disaggregation": self.disaggregation_mode is not None,
+            "decode graphs (decode_graphs=on)": self.decode_graphs == "on",
+        }
+        errors += [
+            f"LoRA adapters do not run with {what} yet" for what, on in unsupported.items() if on
+        ]
+        return errors
 
     def _speculative_errors(self) -> list[str]:
         """Speculative settings that are wrong, and what an algorithm does not run with yet

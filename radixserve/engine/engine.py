@@ -194,6 +194,7 @@ class Engine:
             max_total_len=self.max_total_len,
             max_model_len=self.max_model_len,
             pool_tokens=num_pages * pool.page_size,
+            lora=getattr(self.model, "lora", None),  # a pipeline stage serves none
         )
         # Prefill/decode disaggregation (distributed.disagg): None unless disaggregation_mode.
         self.disagg: PrefillRole | DecodeRole | None = make_role(
@@ -213,6 +214,8 @@ class Engine:
             quantization=cfg.quant_config(),
             **self.topology.load_args(),
         )
+        if cfg.lora_paths:
+            self.model.serve_lora(cfg.lora_paths, cfg.max_lora_rank)
         clock.lap("load weights")
         self.model_config = mc = self.model.config
         if cfg.max_model_len is not None and cfg.max_model_len > mc.max_position_embeddings:
@@ -307,6 +310,12 @@ class Engine:
     def attn(self, backend: AttentionBackend) -> None:
         self.runner.set_attention_backend(backend)
 
+    @property
+    def lora_adapters(self) -> list[str]:
+        """The LoRA adapters this engine serves, by name (``lora_paths``)."""
+        lora = getattr(self.model, "lora", None)
+        return [] if lora is None else lora.names
+
     # ------------------------------------------------------------------ streaming API
 
     def add_request(
@@ -317,10 +326,12 @@ class Engine:
         namespace: str | None = None,
         session_id: str | None = None,
         priority: int = 0,
+        lora: str | None = None,
     ) -> str:
         """Queue a request; returns its id. Raises ``ValueError`` for invalid parameters,
-        an empty or out-of-vocabulary prompt, one too long to ever fit, or a duplicate id.
-        ``session_id``: the session it is a turn of (its path is leased when it ends)."""
+        an empty or out-of-vocabulary prompt, one too long to ever fit, a LoRA adapter not
+        served, or a duplicate id. ``session_id``: the session it is a turn of (its path is
+        leased when it ends); ``lora``: the served adapter it runs with (None: the base)."""
         req = self.intake.make_request(
             prompt_token_ids,
             params,
@@ -329,6 +340,7 @@ class Engine:
             self.scheduler.requests,
             session_id=session_id,
             priority=priority,
+            lora=lora,
         )
         self.scheduler.add(req)
         return req.request_id
@@ -361,17 +373,26 @@ class Engine:
         self,
         prompts: PromptInput,
         params: SamplingInput | Sequence[SamplingInput] = None,
+        lora: str | Sequence[str | None] | None = None,
     ) -> list[GenerateOutput]:
         """Run prompts (texts, or token id lists) to completion; results in input order.
 
         ``params``: one :class:`SamplingParams` or dict of its fields for every prompt (as
-        SGLang's ``Engine.generate`` takes), or a list of them, one per prompt.
+        SGLang's ``Engine.generate`` takes), or a list of them, one per prompt. ``lora``:
+        the served LoRA adapter of every prompt, or one per prompt (None: the base model;
+        SGLang's ``lora_path``).
         """
         batch = normalize_prompts(prompts)
         plist = per_prompt(params, len(batch))
+        loras = [lora] * len(batch) if lora is None or isinstance(lora, str) else list(lora)
+        if len(loras) != len(batch):
+            raise ValueError(f"{len(loras)} LoRA adapters named for {len(batch)} prompts")
         ids_list = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in batch]
         # Validate everything before queueing anything: a bad prompt rejects the whole call.
-        reqs = [self.intake.make_request(ids, p, None, None) for ids, p in zip(ids_list, plist)]
+        reqs = [
+            self.intake.make_request(ids, p, None, None, lora=a)
+            for ids, p, a in zip(ids_list, plist, loras)
+        ]
         for req in reqs:
             self.scheduler.add(req)
         rids = [r.request_id for r in reqs]

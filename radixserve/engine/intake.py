@@ -21,6 +21,7 @@ from radixserve.constrained.interface import TokenGrammar
 from radixserve.constrained.thinking_budget import ThinkingBudget, ThinkMarkers, think_markers
 from radixserve.engine.sampler import Sampler
 from radixserve.model.config import ModelConfig
+from radixserve.model.lora import LoraRegistry, lora_namespace
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduling.request import Request
 from radixserve.token_bytes import TokenBytes
@@ -45,8 +46,10 @@ class RequestIntake:
         max_total_len: int,
         max_model_len: int,
         pool_tokens: int,
+        lora: LoraRegistry | None = None,
     ) -> None:
         self.model_config = model_config
+        self.lora = lora
         self.tokenizer = tokenizer
         self.sampler = sampler
         self.max_total_len = max_total_len
@@ -62,10 +65,13 @@ class RequestIntake:
         taken_ids: Container[str] = (),
         session_id: str | None = None,
         priority: int = 0,
+        lora: str | None = None,
     ) -> Request:
         """A new request (a fresh id when ``request_id`` is None); ``taken_ids``: the ids
-        in use, which ``request_id`` must not repeat."""
+        in use, which ``request_id`` must not repeat. ``lora``: the served LoRA adapter
+        it runs with (None: the base model); its cache namespace is the adapter's own."""
         params = params or SamplingParams()
+        lora_slot = self._lora_slot(lora)
         if params.prediction is not None and len(params.prediction) > self.max_total_len:
             raise ValueError(
                 f"the prediction has {len(params.prediction)} tokens, more than an output of "
@@ -106,12 +112,21 @@ class RequestIntake:
             len(ids),
             params,
             self.max_total_len,
-            namespace=namespace,
+            namespace=lora_namespace(namespace, lora),
             session_id=session_id,
             priority=priority,
             generator=gen,
             grammar=grammar,
+            lora_slot=lora_slot,
         )
+
+    def _lora_slot(self, lora: str | None) -> int:
+        """The adapter's slot (0: the base model); ``ValueError`` for one not served."""
+        if lora is None:
+            return 0
+        if self.lora is None:
+            raise ValueError(f"unknown LoRA adapter {lora!r}: this engine serves none")
+        return self.lora.slot(lora)
 
     @cached_property
     def think_markers(self) -> ThinkMarkers | None:

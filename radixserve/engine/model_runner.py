@@ -49,6 +49,7 @@ from radixserve.memory.pool import KVPool
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.cpu_linear import RowInvariantLinears
 from radixserve.model.forward_batch import ForwardBatch
+from radixserve.model.lora import LoraRegistry
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduling.plan import StepPlan, StepResult
 
@@ -357,6 +358,7 @@ class ModelRunner:
             graphs is not None
             and plan.is_decode_only
             and not plan.prompt_targets
+            and plan.lora_slots is None  # a captured forward adds no adapter's deltas
             and graphs.bucket_for(plan.batch_size) is not None
         )
         with torch.inference_mode():
@@ -476,6 +478,10 @@ class ModelRunner:
             page_size=self.page_size,
             page_lists_cpu=plan.page_lists,
         )
+        if plan.lora_slots is not None:
+            lora: LoraRegistry | None = getattr(self.model, "lora", None)
+            assert lora is not None, "a plan names LoRA adapters; none is served"
+            batch.lora = lora.rows(plan.lora_slots, plan.extend_lens, self.device)
         if self.window_map is not None:
             batch.window_view = window_view(
                 batch, plan, self.window_map, self._window_host, self._window

@@ -18,8 +18,12 @@ host: reading the device table back would cost a transfer and a sync per step).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from radixserve.model.lora import LoraRows
 
 
 @dataclass
@@ -48,6 +52,9 @@ class ForwardBatch:
     # A sliding-window model with a window pool (memory.window_pool): the same batch with the
     # window layers' page table, page lists and slots (window page ids); None otherwise.
     window_view: ForwardBatch | None = None
+    # LoRA adapters (model.lora): which rows each adapter in the batch owns; None: no row
+    # of this forward is adapted.
+    lora: LoraRows | None = None
 
     @property
     def num_tokens(self) -> int:

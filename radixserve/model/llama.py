@@ -31,7 +31,8 @@ do not run; nothing in radixserve registers any.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import cast
 
 import torch
@@ -54,6 +55,7 @@ from radixserve.model.layers.mlp import GatedMLP
 from radixserve.model.layers.moe import expert_checkpoint_names
 from radixserve.model.layers.norm import RMSNorm, rms_norm, stack_weight
 from radixserve.model.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
+from radixserve.model.lora.registry import LoraRegistry, unwrap
 from radixserve.model.parallel import ParallelLMHead, TPGroup, TPShard, VocabParallelEmbedding
 from radixserve.model.quant.apply import QuantReport
 
@@ -153,7 +155,13 @@ def _layer_norms(layer: DecoderLayer) -> tuple[RMSNorm, ...]:
 def _stack_parts(layer: DecoderLayer) -> LayerParts:
     """A decoder layer as the one-call stack's parts."""
     mlp = cast("GatedMLP", layer.mlp)
-    linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    # The stack runs only forwards without adapted rows: a LoRA layer's base is the layer.
+    linears = (
+        unwrap(layer.self_attn.qkv_proj),
+        unwrap(layer.self_attn.o_proj),
+        unwrap(mlp.gate_up_proj),
+        unwrap(mlp.down_proj),
+    )
     norms = tuple(stack_weight(norm) for norm in _layer_norms(layer))
     return LayerParts(norms, linears, _head_norms(layer.self_attn), layer.self_attn.window)
 
@@ -211,6 +219,8 @@ class LlamaForCausalLM(nn.Module):
         # False keeps the per-layer Python path (the tests compare the two).
         self.native_stack = True
         self._stack: DecoderStack | None = None
+        # The LoRA adapters served beside the weights (serve_lora); None: none.
+        self.lora: LoraRegistry | None = None
 
     # From the final norm, which no quantization replaces (the embedding may be int8).
     @property
@@ -235,16 +245,48 @@ class LlamaForCausalLM(nn.Module):
         local_cos_sin = (
             cos_sin if local is None else local.cos_sin(batch.positions, max_len, rope_dtype)
         )
-        stack = self._native_stack(h, batch, attn)
+        # The one-call stack knows nothing of LoRA: adapted rows take the per-layer path.
+        stack = None if batch.lora is not None else self._native_stack(h, batch, attn)
         if stack is not None:  # every layer in one native call (decoder_stack.py)
             stack[0].run(h, cos_sin, stack[1], None if local is None else local_cos_sin)
         else:
-            for layer in cast("list[DecoderLayer]", self.model.layers):
-                windowed = layer.self_attn.window is not None
-                h = layer.forward(h, batch, attn, local_cos_sin if windowed else cos_sin)
+            with self._lora_applied(batch):
+                for layer in cast("list[DecoderLayer]", self.model.layers):
+                    windowed = layer.self_attn.window is not None
+                    h = layer.forward(h, batch, attn, local_cos_sin if windowed else cos_sin)
         # The final norm is per row: only the rows whose logits are wanted need it.
         h = self.model.norm(h.index_select(0, batch.logits_indices))
         return soft_cap(self.lm_head(h).float(), self.config.final_softcap)
+
+    def _lora_applied(self, batch: ForwardBatch) -> AbstractContextManager[None]:
+        """Where the batch has adapted rows, the adapters' deltas are added within."""
+        if batch.lora is None:
+            return nullcontext()
+        assert self.lora is not None, "a batch names LoRA rows, but no adapter is served"
+        return self.lora.applied(batch.lora)
+
+    def serve_lora(self, specs: Sequence[str], max_rank: int) -> LoraRegistry:
+        """Load the LoRA adapters of ``specs`` (``name=path``) and wrap the layers they
+        adapt (:mod:`radixserve.model.lora`); after loading and quantization."""
+        if self.tp is not None:
+            raise ValueError("LoRA adapters are not supported with tensor parallelism")
+        self.lora = LoraRegistry.load(self, specs, max_rank)
+        return self.lora
+
+    def output_slice(self, layer: str) -> tuple[str, int, int]:
+        """Where checkpoint layer ``layer`` (e.g. ``model.layers.0.self_attn.q_proj``)
+        lands: the module that computes it here and its output columns (q/k/v and gate/up
+        are fused). ``AttributeError`` where the model has no such layer."""
+        target, shard = _stacked_target(layer + ".weight")
+        module_name = target.rsplit(".", 1)[0]
+        out = cast("nn.Linear", self.get_submodule(module_name)).out_features
+        if shard is None:
+            return module_name, 0, out
+        cfg = self.local_config
+        qkv = module_name.endswith("qkv_proj")
+        sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size] if qkv else [out // 2, out // 2]
+        lo = sum(sizes[:shard])
+        return module_name, lo, lo + sizes[shard]
 
     @property
     def native_stack_reason(self) -> str | None:

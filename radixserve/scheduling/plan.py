@@ -125,6 +125,9 @@ class StepPlan:
     # its requests asks for: their ``params.prompt_top_k``; 0: the scored token's logprob
     # and rank only).
     prompt_top_k: int = 0
+    # LoRA adapters (model.lora): each sequence's adapter slot (0: the base model); None:
+    # every sequence is the base model's.
+    lora_slots: list[int] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -257,11 +260,18 @@ def plan_step(
         future_src=future_src,
         row_paths=(gemv_rows, onednn_rows) if one_row_kernel_rows else None,
         prompt_top_k=lp_k,
+        lora_slots=_lora_slots(work),
     )
     verifies = len(sample_reqs) > len(drafted)  # some request drafted
     if verifies:
         plan.sample_drafts = verified
     return ScheduledBatch(work, plan, spans, drafted if verifies else None)
+
+
+def _lora_slots(work: list[tuple[Request, int]]) -> list[int] | None:
+    """Each sequence's LoRA adapter slot, None where every one is the base model's."""
+    slots = [req.lora_slot for req, _ in work]
+    return slots if any(slots) else None
 
 
 class StepResult(NamedTuple):

@@ -64,6 +64,8 @@ class Request:
     # Constrained decoding: the request's GrammarMatcher (radixserve.constrained), advanced
     # with every sampled token; kept across retraction because the tokens are kept.
     grammar: TokenGrammar | None = None
+    # The LoRA adapter it runs with (model.lora's slot; 0: the base model).
+    lora_slot: int = 0
 
     status: RequestStatus = RequestStatus.WAITING
     # KV state (see the module docstring).

@@ -1,0 +1,213 @@
+"""One LoRA adapter, read from PEFT's saved directory and checked against the served model.
+
+PEFT saves ``adapter_config.json`` (rank ``r``, ``lora_alpha``, the options below) and
+``adapter_model.safetensors`` with two matrices per adapted layer:
+``base_model.model.<layer>.lora_A.weight`` ``[r, in]`` and ``...lora_B.weight`` ``[out, r]``.
+The layer's output gains ``(x A^T) B^T * scaling``, ``scaling = alpha / r`` (``alpha /
+sqrt(r)`` with ``use_rslora``). radixserve fuses q/k/v and gate/up into one linear each, so
+an adapted q_proj becomes a delta on the q rows of the fused ``qkv_proj`` output.
+
+Only the attention and MLP projections can be adapted. Everything PEFT could save beyond
+them (DoRA's magnitudes, LoRA biases, trained embeddings or heads, ``modules_to_save``) is
+refused by name rather than silently dropped: the adapter would compute something else.
+Pickled ``adapter_model.bin`` files are refused too (loading one runs its code).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+# The projections an adapter may target: Hugging Face's names, and the fused ones of
+# checkpoints that store them fused (Phi-3).
+TARGETS = frozenset(
+    ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+) | frozenset(("qkv_proj", "gate_up_proj"))
+# adapter_config.json options that change what the weights compute; any value but their
+# default is refused (PEFT's defaults: false, null, {} or []).
+UNSUPPORTED_OPTIONS = (
+    "use_dora",
+    "lora_bias",
+    "fan_in_fan_out",
+    "modules_to_save",
+    "trainable_token_indices",
+    "target_parameters",
+    "layer_replication",
+    "use_qalora",
+    "use_bdlora",
+    "alora_invocation_tokens",
+    "rank_pattern",
+)
+# A saved adapter's file holds two matrices per adapted layer: bound what is read.
+MAX_CONFIG_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class LoraDelta:
+    """One adapted projection: columns ``lo:hi`` of its (maybe fused) layer's output gain
+    ``(x a^T) b^T * scaling``."""
+
+    lo: int
+    hi: int
+    a: torch.Tensor  # [r, in]
+    b: torch.Tensor  # [hi - lo, r]
+    scaling: float
+
+    def apply(self, x: torch.Tensor, out: torch.Tensor, rows: torch.Tensor | None) -> None:
+        """Add the delta of ``x`` (the rows ``rows`` of ``out``'s, or all of them) in place."""
+        # PEFT's order: lora_B(lora_A(x)) * scaling, then the add.
+        delta = nn.functional.linear(nn.functional.linear(x, self.a), self.b) * self.scaling
+        cols = out[:, self.lo : self.hi]
+        if rows is None:
+            cols.add_(delta)
+        else:
+            cols.index_add_(0, rows, delta)
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """An adapter ready to serve: its deltas per adapted module of the served model (the
+    module's name in radixserve's model, e.g. ``model.layers.3.self_attn.qkv_proj``)."""
+
+    name: str
+    path: str
+    rank: int
+    deltas: dict[str, tuple[LoraDelta, ...]]
+
+
+def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int) -> LoraAdapter:
+    """Read PEFT's saved adapter at ``path`` for ``model`` (its weights' dtype and device).
+    ``ValueError`` names what does not fit: an option radixserve does not compute, a layer
+    the model lacks, a shape that differs, a rank above ``max_rank``."""
+    root = Path(path)
+    config = _read_config(root)
+    tensors = _read_tensors(root)
+    alpha, rslora = float(config["lora_alpha"]), bool(config.get("use_rslora"))
+    alphas: dict[str, Any] = config.get("alpha_pattern") or {}
+    dtype, device = _weights_dtype_device(model)
+    deltas: dict[str, list[LoraDelta]] = {}
+    ranks: set[int] = set()
+    for layer, (a, b) in _pairs(tensors).items():
+        module_name, lo, hi = _target(model, layer)
+        module = model.get_submodule(module_name)
+        r = a.shape[0]
+        if a.shape != (r, module.in_features) or b.shape != (hi - lo, r):
+            raise ValueError(
+                f"LoRA adapter {name!r}: {layer}'s matrices are {tuple(a.shape)} and "
+                f"{tuple(b.shape)}; this model's layer needs [r, {module.in_features}] and "
+                f"[{hi - lo}, r]"
+            )
+        if not 0 < r <= max_rank:
+            raise ValueError(f"LoRA adapter {name!r}: rank {r} of {layer} is above {max_rank}")
+        ranks.add(r)
+        alpha_i = float(_pattern_value(alphas, layer, alpha))
+        scaling = alpha_i / math.sqrt(r) if rslora else alpha_i / r
+        delta = LoraDelta(lo, hi, _place(a, dtype, device), _place(b, dtype, device), scaling)
+        deltas.setdefault(module_name, []).append(delta)
+    if not deltas:
+        raise ValueError(f"LoRA adapter {name!r} at {root} adapts no layer")
+    return LoraAdapter(
+        name,
+        str(root),
+        max(ranks),
+        {k: tuple(sorted(v, key=lambda d: d.lo)) for k, v in deltas.items()},
+    )
+
+
+def _read_config(root: Path) -> dict[str, Any]:
+    cfg_path = root / CONFIG_FILE
+    if not cfg_path.is_file():
+        raise ValueError(f"no LoRA adapter at {root}: {CONFIG_FILE} is missing")
+    if cfg_path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{cfg_path} is larger than {MAX_CONFIG_BYTES} bytes")
+    config = json.loads(cfg_path.read_text())
+    if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"{cfg_path} is not a LoRA adapter's config (peft_type LORA)")
+    if config.get("bias", "none") != "none":
+        raise ValueError(f"{cfg_path}: trained biases (bias={config['bias']!r}) are not supported")
+    unsupported = [k for k in UNSUPPORTED_OPTIONS if config.get(k)]
+    if unsupported:
+        raise ValueError(f"{cfg_path}: not supported: {', '.join(unsupported)}")
+    if "lora_alpha" not in config:
+        raise ValueError(f"{cfg_path} has no lora_alpha")
+    return config
+
+
+def _read_tensors(root: Path) -> dict[str, torch.Tensor]:
+    weights = root / WEIGHTS_FILE
+    if not weights.is_file():
+        pickled = " (a pickled adapter_model.bin is not read: loading one runs code)"
+        bin_there = (root / "adapter_model.bin").is_file()
+        raise ValueError(f"no {WEIGHTS_FILE} at {root}{pickled if bin_there else ''}")
+    with safe_open(str(weights), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
+
+
+def _pairs(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``{layer name: (A, B)}`` from PEFT's tensor names; anything else is refused."""
+    a_of: dict[str, torch.Tensor] = {}
+    b_of: dict[str, torch.Tensor] = {}
+    for key, t in tensors.items():
+        name = key.removeprefix(PEFT_PREFIX)
+        for suffix, into in ((".lora_A.weight", a_of), (".lora_B.weight", b_of)):
+            if name.endswith(suffix):
+                into[name.removesuffix(suffix)] = t
+                break
+        else:
+            raise ValueError(f"unsupported tensor {key!r} in the adapter (not a LoRA A or B)")
+    if a_of.keys() != b_of.keys():
+        odd = sorted(a_of.keys() ^ b_of.keys())
+        raise ValueError(f"LoRA A and B matrices do not pair up for {odd[:3]}")
+    return {k: (a_of[k], b_of[k]) for k in sorted(a_of)}
+
+
+def _target(model: nn.Module, layer: str) -> tuple[str, int, int]:
+    """The served model's module an adapted layer lands in, and its output columns."""
+    if layer.rsplit(".", 1)[-1] not in TARGETS:
+        raise ValueError(
+            f"the adapter adapts {layer}; only the attention and MLP projections "
+            f"({', '.join(sorted(TARGETS))}) can be"
+        )
+    if ".experts." in layer:  # the expert kernels read their weights, not a module's forward
+        raise ValueError(f"the adapter adapts {layer}: LoRA on experts is not supported")
+    output_slice = getattr(model, "output_slice", None)
+    if output_slice is None:
+        raise ValueError(f"{type(model).__name__} cannot serve LoRA adapters")
+    try:
+        return output_slice(layer)
+    except AttributeError:
+        raise ValueError(f"the adapter adapts {layer}, which this model does not have") from None
+
+
+def _pattern_value(patterns: dict[str, Any], layer: str, default: float) -> float:
+    """PEFT's per-layer override (``alpha_pattern``): a key equal to the layer's name or to
+    its last components."""
+    for key, value in patterns.items():
+        if layer == key or layer.endswith("." + key):
+            return float(value)
+    return default
+
+
+def _weights_dtype_device(model: nn.Module) -> tuple[torch.dtype, torch.device]:
+    dtype = getattr(model, "dtype", None)
+    device = getattr(model, "device", None)
+    if not isinstance(dtype, torch.dtype) or not isinstance(device, torch.device):
+        p = next(model.parameters())
+        return p.dtype, p.device
+    return dtype, device
+
+
+def _place(t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if not t.is_floating_point():
+        raise ValueError(f"LoRA matrices must be floating point, got {t.dtype}")
+    return t.to(device=device, dtype=dtype).contiguous()
