@@ -186,7 +186,26 @@ def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> N
         "(not only those asking with return_cache_report); feeds /metrics and cache-report",
     )
     g.add_argument("--engine-config", default="{}", help="more EngineConfig fields as JSON")
+    add_lora_arguments(p)
     add_parallel_arguments(p)
+
+
+def add_lora_arguments(p: argparse.ArgumentParser) -> None:
+    """LoRA adapters served beside the model (SGLang's and vLLM's names; docs/lora.md)."""
+    g = p.add_argument_group("LoRA adapters")
+    g.add_argument(
+        "--lora-paths",
+        "--lora-modules",
+        dest="lora_paths",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help="LoRA adapters to serve beside the model (PEFT's saved directories); a request "
+        "names one as its model (OpenAI) or lora_path (SGLang)",
+    )
+    g.add_argument(
+        "--max-lora-rank", type=int, default=None, help="the largest adapter rank accepted (64)"
+    )
 
 
 def add_parallel_arguments(p: argparse.ArgumentParser) -> None:
@@ -300,8 +319,10 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
         "hicache_storage_backend_config",
         "hicache_storage_backend_extra_config",
         "disaggregation_mode",
+        "lora_paths",
+        "max_lora_rank",
     ):
-        if getattr(args, name) is not None:
+        if getattr(args, name, None) is not None:
             cfg[name] = getattr(args, name)
     if getattr(args, "disaggregation_ib_device", None):
         cfg["disaggregation_ib_device"] = args.disaggregation_ib_device

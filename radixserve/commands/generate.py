@@ -37,6 +37,9 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument(
+        "--lora", default=None, help="run every prompt with this adapter of --lora-paths"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     add_engine_arguments(p)
 
@@ -62,7 +65,7 @@ def generate(args: argparse.Namespace) -> int:
     if args.chat or args.system:
         prompts = [chat_ids(engine.tokenizer, _messages(args.system, p)) for p in prompts]
     t0 = time.perf_counter()
-    outs = engine.generate(prompts, params)
+    outs = engine.generate(prompts, params, lora=args.lora)
     dt = time.perf_counter() - t0
     engine.close()  # with --hicache-storage-dir: the next run starts warm
     for prompt, o in zip(args.prompts, outs):

@@ -25,10 +25,14 @@ from http_helpers import (
 
 
 @pytest.fixture(scope="session")
-def server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """``radixserve serve --http-port 0`` on the tiny Llama (memory log every 0.5 s). Its
-    ZeroMQ clients connect over ipc: the kernel names their user there, so the gateways the
-    tests start in this process (the same user) may flush the cache (docs/security.md)."""
+def server(
+    tiny_llama_dir: Path, tiny_lora_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    """``radixserve serve --http-port 0`` on the tiny Llama (memory log every 0.5 s), with
+    one LoRA adapter, ``sql`` (test_http_lora.py; the base model's requests run as without
+    it). Its ZeroMQ clients connect over ipc: the kernel names their user there, so the
+    gateways the tests start in this process (the same user) may flush the cache
+    (docs/security.md)."""
     sock = tmp_path_factory.mktemp("http-server") / "clients.sock"
     out = start(
         [
@@ -43,6 +47,8 @@ def server(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
             "0",
             "--memory-log-interval",
             "0.5",
+            "--lora-paths",
+            f"sql={tiny_lora_dir}",
             *ENGINE_FLAGS,
         ]
     )

@@ -23,8 +23,11 @@ def client(server: Any) -> openai.OpenAI:
 
 
 def test_models(client: openai.OpenAI, server: Any) -> None:
+    """The served model, then its LoRA adapter (whose ``parent`` it is, as vLLM lists them)."""
     models = client.models.list().data
-    assert [m.id for m in models] == [server.model_dir.name]
+    assert [m.id for m in models] == [server.model_dir.name, "sql"]
+    assert models[0].model_extra["parent"] is None
+    assert models[1].model_extra["parent"] == server.model_dir.name
 
 
 def test_chat_completion_and_stream_agree(client: openai.OpenAI) -> None:

@@ -98,8 +98,11 @@ class FakeEngine:
         namespace: str | None = None,
         session_id: str | None = None,
         priority: int = 0,
+        lora: str | None = None,
     ) -> str:
         params.validate()
+        if lora is not None:  # as an Engine without lora_paths
+            raise ValueError(f"unknown LoRA adapter {lora!r}: this engine serves none")
         self.sessions_seen.append(session_id)
         if len(prompt_token_ids) >= self.config.max_model_len:
             raise ValueError(f"prompt of {len(prompt_token_ids)} tokens exceeds the context")

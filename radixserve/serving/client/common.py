@@ -45,6 +45,7 @@ class GenerateOptions(TypedDict, total=False):
     tools: str | None  # JSON of the request's tool list, rendered by the chat template
     chat_template_kwargs: str | None  # JSON of extra template variables
     prediction: str | None  # the output expected (predicted outputs), encoded by the router
+    lora: str | None  # the served LoRA adapter to run with (None: the base model)
 
 
 class ChatRendering(TypedDict, total=False):
@@ -88,6 +89,7 @@ def generate_request(
         tools=options.get("tools"),
         chat_template_kwargs=options.get("chat_template_kwargs"),
         prediction=options.get("prediction"),
+        lora=options.get("lora"),
     )
 
 

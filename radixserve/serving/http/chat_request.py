@@ -42,6 +42,7 @@ class ChatCall(NamedTuple):
     # The last message is the start of the reply, left open for the model to go on with
     # (Anthropic's prefill): rendered without a generation prompt.
     continue_final: bool = False
+    lora: str | None = None  # the served LoRA adapter its model names (Gateway.resolve_model)
 
 
 class Answer(NamedTuple):
@@ -98,6 +99,7 @@ def open_stream(g: Gateway, request: Request, call: ChatCall) -> AsyncGenerator[
         chat_template_kwargs=call.template_kwargs,
         add_generation_prompt=not call.continue_final,
         continue_final_message=call.continue_final,
+        lora=call.lora,
     )
 
 

@@ -228,16 +228,30 @@ class Gateway:
         return self.config.served_model_name or (await self.info()).model
 
     async def check_model(self, name: str) -> str:
-        """Accept the served model's name (or ``"default"``); else a 404."""
+        """Accept the served model's name (or ``"default"``), or a served LoRA adapter's;
+        else a 404. Returns the name replies carry."""
+        return (await self.resolve_model(name))[0]
+
+    async def resolve_model(self, name: str) -> tuple[str, str | None]:
+        """What a request's ``model`` names: ``(name replies carry, LoRA adapter or None)``.
+        The served model (or ``"default"``), a served adapter's name (vLLM's way), or
+        ``base:adapter`` (SGLang's); else a 404."""
         served = await self.model_name()
-        if name not in (served, "default"):
-            raise APIError(
-                404,
-                f"the model {name!r} does not exist; this server serves {served!r}",
-                param="model",
-                code="model_not_found",
-            )
-        return served
+        if name in (served, "default"):
+            return served, None
+        adapters = (await self.info()).lora_adapters
+        base, sep, adapter = name.rpartition(":")
+        if name in adapters:
+            return name, name
+        if sep and base in (served, "default") and adapter in adapters:
+            return name, adapter
+        listed = "".join(f", {a!r}" for a in adapters)
+        raise APIError(
+            404,
+            f"the model {name!r} does not exist; this server serves {served!r}{listed}",
+            param="model",
+            code="model_not_found",
+        )
 
     def token_text(self, token_id: int) -> str:
         """The text of one token (for logprobs); ``token_id:N`` without a tokenizer."""
@@ -325,11 +339,13 @@ class Gateway:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         prediction: str | None = None,
+        lora: str | None = None,
     ) -> AsyncGenerator[Event, None]:
         """One generate request: its chunks, then its final message. Router errors become
         :class:`APIError`; closing the iterator early aborts the request. ``cache_salt``:
         the tenant's (:func:`~radixserve.serving.http.auth.tenant_cache_salt`);
-        ``prediction``: the answer expected (drafted from)."""
+        ``prediction``: the answer expected (drafted from); ``lora``: the served LoRA
+        adapter to run with (:meth:`resolve_model`)."""
         first: float | None = None
         last = 0.0
         gaps: list[float] = []
@@ -348,6 +364,7 @@ class Gateway:
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
             prediction=prediction,
+            lora=lora,
         )
         with router_errors():
             # aclosing: leaving early closes the client stream now (it sends the abort), not at GC.

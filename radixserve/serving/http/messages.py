@@ -79,12 +79,13 @@ class Conversation(NamedTuple):
     plan: ToolPlan
     template_kwargs: str | None
     continue_final: bool  # the last message is a prefilled reply for the model to go on with
+    lora: str | None  # the served LoRA adapter its model names
 
 
 async def conversation(g: Gateway, body: MessagesConversation) -> Conversation:
     """``body`` checked and converted (a bad field is a 400 before anything runs)."""
     body.check()
-    model = await g.check_model(body.model)
+    model, lora = await g.resolve_model(body.model)
     messages, prefilled = prefill(body.chat())
     check_messages(messages, "messages")
     plan = await plan_tools(
@@ -97,7 +98,7 @@ async def conversation(g: Gateway, body: MessagesConversation) -> Conversation:
     if prefilled:
         plan = after_prefill(plan, messages[-1].content)
     kwargs = template_kwargs(body.template_kwargs())
-    return Conversation(model, messages, plan, kwargs, prefilled)
+    return Conversation(model, messages, plan, kwargs, prefilled, lora)
 
 
 def prefill(messages: list[p.ChatMessage]) -> tuple[list[p.ChatMessage], bool]:
@@ -114,7 +115,7 @@ def prefill(messages: list[p.ChatMessage]) -> tuple[list[p.ChatMessage], bool]:
 
 async def prepare(body: MessagesRequest, request: Request) -> tuple[Reply, ChatCall]:
     g: Gateway = request.app.state.gateway
-    model, messages, plan, kwargs, prefilled = await conversation(g, body)
+    model, messages, plan, kwargs, prefilled, lora = await conversation(g, body)
     stops = list(body.stop_sequences or [])
     params = sampling(
         max_tokens=body.max_tokens,
@@ -125,7 +126,7 @@ async def prepare(body: MessagesRequest, request: Request) -> tuple[Reply, ChatC
         json_schema=body.constraint(),
         thinking_token_budget=body.thinking_budget(),
     )
-    call = ChatCall(messages, params, plan, None, kwargs, continue_final=prefilled)
+    call = ChatCall(messages, params, plan, None, kwargs, continue_final=prefilled, lora=lora)
     return Reply(model), call
 
 
@@ -150,7 +151,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
     turns and tools rendered by the model's template and encoded by the router, as a
     Messages request's are (Claude Code asks before it sends a long context)."""
     g: Gateway = request.app.state.gateway
-    _, messages, plan, kwargs, prefilled = await conversation(g, body)
+    _, messages, plan, kwargs, prefilled, _ = await conversation(g, body)
     ids = await g.tokenize_chat(
         messages,
         tools=plan.tools_json,

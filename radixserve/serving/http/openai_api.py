@@ -48,15 +48,19 @@ def _gw(request: Request) -> Gateway:
 # ---------------------------------------------------------------------------- models
 
 
-def _model_card(g: Gateway, name: str, context_length: int | None) -> dict[str, Any]:
+def _model_card(
+    g: Gateway, name: str, context_length: int | None, parent: str | None = None
+) -> dict[str, Any]:
     """The served model in OpenAI's shape and Anthropic's Models API shape at once (each SDK
-    reads its own fields: ``models.list`` and ``models.retrieve`` work from both)."""
+    reads its own fields: ``models.list`` and ``models.retrieve`` work from both). A LoRA
+    adapter's card names the model it adapts as ``parent`` (vLLM's field)."""
     return {
         "id": name,
         "object": "model",
         "created": int(g.started),
         "owned_by": "radixserve",
         "root": name,
+        "parent": parent,
         "max_model_len": context_length,
         "type": "model",  # Anthropic's
         "display_name": name,
@@ -70,21 +74,41 @@ def _model_card(g: Gateway, name: str, context_length: int | None) -> dict[str, 
 async def list_models(request: Request) -> dict[str, Any]:
     g = _gw(request)
     name, info = await g.model_name(), await g.info()
+    cards = [_model_card(g, name, info.context_length)] + [
+        _model_card(g, adapter, info.context_length, parent=name) for adapter in info.lora_adapters
+    ]
     # "object"/"data" are OpenAI's list; "has_more"/"first_id"/"last_id" Anthropic's page.
     return {
         "object": "list",
-        "data": [_model_card(g, name, info.context_length)],
+        "data": cards,
         "has_more": False,
-        "first_id": name,
-        "last_id": name,
+        "first_id": cards[0]["id"],
+        "last_id": cards[-1]["id"],
     }
 
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
     g = _gw(request)
-    name = await g.check_model(model_id)
-    return _model_card(g, name, (await g.info()).context_length)
+    name, adapter = await g.resolve_model(model_id)
+    served = await g.model_name()
+    parent = None if adapter is None else served
+    return _model_card(g, name, (await g.info()).context_length, parent)
+
+
+async def _model_and_adapter(
+    g: Gateway, model: str, lora_path: str | None
+) -> tuple[str, str | None]:
+    """The name replies carry and the LoRA adapter to run with: the one ``model`` names, or
+    SGLang's ``lora_path`` beside the base model's name (both naming different ones: a 400)."""
+    name, adapter = await g.resolve_model(model)
+    if lora_path is None or lora_path == adapter:
+        return name, adapter
+    if adapter is not None:
+        raise invalid(f"model names the LoRA adapter {adapter!r} and lora_path {lora_path!r}")
+    if lora_path not in (await g.info()).lora_adapters:
+        raise APIError(404, f"no LoRA adapter {lora_path!r} is served", param="lora_path")
+    return name, lora_path
 
 
 # ---------------------------------------------------------------------------- chat
@@ -95,7 +119,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     arrival = time.monotonic()
     g = _gw(request)
     body.check()
-    model = await g.check_model(body.model)
+    model, lora = await _model_and_adapter(g, body.model, body.lora_path)
     info = await g.info()
     g.check_batch(body.n)
     max_tokens, want_lp = body.wanted_max_tokens(info.context_length), body.wanted_logprobs()
@@ -134,6 +158,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
             prediction=None if body.prediction is None else body.prediction.text(),
+            lora=lora,
         )
         for i in range(body.n)
     ]
@@ -198,8 +223,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     arrival = time.monotonic()
     g = _gw(request)
     body.check()
-    model = await g.check_model(body.model)
-    await g.info()
+    model, lora = await _model_and_adapter(g, body.model, body.lora_path)
+    await g.info()  # the tokenizer echoes read
     prompts = body.prompts()
     g.check_batch(len(prompts) * body.n)
     echoes = [_echo_text(g, pr) if body.echo else "" for pr in prompts]
@@ -219,6 +244,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                     cache_salt=salt,
                     priority=body.priority,
                     session_id=body.session,
+                    lora=lora,
                     **kw,
                 )
             )

@@ -162,7 +162,6 @@ UNSUPPORTED_UNLESS = {
     "echo": (False, "echo is not supported on chat completions (it is on /v1/completions)"),
     "return_tokens_as_token_ids": (False, "return_tokens_as_token_ids is not supported"),
     "kv_transfer_params": (None, "kv_transfer_params is not supported"),
-    "lora_path": (None, "LoRA adapters are not supported"),
     "return_hidden_states": (False, "return_hidden_states is not supported"),
     "separate_reasoning": (True, "reasoning is always separated by the server's parser"),
     "stream_reasoning": (True, "reasoning is always streamed as it comes"),
@@ -211,6 +210,9 @@ class _SamplingBody(_Body, StructuredOutputFields):
     # SGLang's: stop where one of these patterns matches the output (radixserve.stop_regex).
     stop_regex: str | list[str] | None = None
     skip_special_tokens: bool | None = None
+    # SGLang's: the served LoRA adapter to run with (vLLM's way, the adapter's name as
+    # ``model``, works too: Gateway.resolve_model).
+    lora_path: str | None = Field(default=None, max_length=256)
     pin_ttl_s: float | None = None  # radixserve: keep the prompt prefix pinned (see SamplingParams)
     # vLLM's: at most this many tokens of <think> block, then it is closed (SamplingParams).
     thinking_token_budget: int | None = None

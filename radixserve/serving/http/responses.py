@@ -201,7 +201,7 @@ async def prepare(body: ResponsesRequest, request: Request) -> tuple[Turn, ChatC
     """Check the request and turn it into the chat call (400s before any work)."""
     g: Gateway = request.app.state.gateway
     body.check()
-    model = await g.check_model(body.model)
+    model, lora = await g.resolve_model(body.model)
     info = await g.info()
     new_items = items_.with_ids(items_.parse_items(body.input))
     tenant = tenant_of(request_key(request.scope))
@@ -242,7 +242,9 @@ async def prepare(body: ResponsesRequest, request: Request) -> tuple[Turn, ChatC
             body.chat_template_kwargs, body.effort, info.chat_template, "reasoning.effort"
         )
     )
-    call = ChatCall(messages, params, plan, turn.session or None, kwargs, priority=body.priority)
+    call = ChatCall(
+        messages, params, plan, turn.session or None, kwargs, priority=body.priority, lora=lora
+    )
     return turn, call
 
 

@@ -168,6 +168,7 @@ async def generate(body: GenerateReqInput, request: Request) -> Response:
             session_id=body.session_id,
             cache_salt=salt,
             priority=body.priority,
+            lora=pl.item.lora,
         )
         for pl in plans
     ]

@@ -146,6 +146,8 @@ class GenerateReqInput(BaseModel):
     return_cache_report: bool = False
     # As vLLM's: requests share cached prefixes only with requests of the same salt.
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
+    # The served LoRA adapter (by name) of every prompt, or one per prompt (None: the base).
+    lora_path: str | list[str | None] | None = None
     image_data: Any = None
     video_data: Any = None
     audio_data: Any = None
@@ -166,6 +168,7 @@ class Item:
     logprob_start_len: int
     top_logprobs_num: int
     rid: str
+    lora: str | None = None
 
 
 def _pick(value: Any, i: int, n: int, name: str) -> Any:
@@ -209,6 +212,9 @@ def expand(req: GenerateReqInput, default_rid: str) -> tuple[list[Item], bool]:
         rid = _pick(req.rid, i, n_prompts, "rid") or (
             default_rid if single else f"{default_rid}-{i}"
         )
+        lora = _pick(req.lora_path, i, n_prompts, "lora_path")
+        if lora is not None and not 0 < len(lora) <= 256:
+            raise invalid("lora_path names an adapter in 1 to 256 characters", param="lora_path")
         for j in range(sp.n):
             items.append(
                 Item(
@@ -221,6 +227,7 @@ def expand(req: GenerateReqInput, default_rid: str) -> tuple[list[Item], bool]:
                     logprob_start_len=-1 if start is None else start,
                     top_logprobs_num=0 if top is None else top,
                     rid=rid if sp.n == 1 else f"{rid}-{j}",
+                    lora=lora,
                 )
             )
     return items, single and len(items) == 1

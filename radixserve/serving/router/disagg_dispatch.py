@@ -256,6 +256,7 @@ def _request(st: RouterRequest) -> p.WorkerRequest:
         params=st.params,
         namespace=st.namespace,
         priority=st.priority,
+        lora=st.lora,
     )
 
 

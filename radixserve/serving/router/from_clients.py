@@ -263,6 +263,10 @@ class ClientSide:
         bad = p.validate_generate(req, vocab_size=self._pool.vocab_size())
         if bad is not None:
             return self._reply_error(client, bad)
+        adapters = self._pool.lora_adapters()
+        if req.lora is not None and adapters is not None and req.lora not in adapters:
+            served = ", ".join(sorted(adapters)) or "none"
+            return error("invalid_params", f"unknown LoRA adapter {req.lora!r} (served: {served})")
         st = RouterRequest(
             self._inflight.new_rid(),
             client,
@@ -275,6 +279,7 @@ class ClientSide:
             None,
             time.monotonic(),
             priority=req.priority,
+            lora=req.lora,
         )
         # Tracked from now on (an abort, a client leaving or a shutdown finds it), dispatched
         # once its token ids are known.
@@ -326,5 +331,6 @@ class ClientSide:
                 num_workers=len(live),
                 special_tokens=self._codec.special_tokens,
                 model_path=h.model_path,
+                lora_adapters=sorted(self._pool.lora_adapters() or ()),
             ),
         )

@@ -159,6 +159,7 @@ class InFlight:
                 namespace=st.namespace,
                 session_id=st.session_id,
                 priority=st.priority,
+                lora=st.lora,
             )
         )
 

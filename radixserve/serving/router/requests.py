@@ -43,6 +43,7 @@ class RouterRequest:
     chunks: int = 0
     retries: int = 0  # times sent to another worker after its worker died (before a first token)
     priority: int = 0  # the client's priority (the worker's cache keeps higher ones longer)
+    lora: str | None = None  # the served LoRA adapter it runs with (None: the base model)
     # Where the prompt left the cached path (the worker sends it once, when asked).
     cache_report: p.CacheReport | msgspec.UnsetType = msgspec.UNSET
 

@@ -306,6 +306,11 @@ class WorkerPool:
         sizes = [w.hello.vocab_size for w in self.live]
         return min(sizes) if sizes else None
 
+    def lora_adapters(self) -> set[str] | None:
+        """The LoRA adapters every live worker serves (None: no worker has joined yet)."""
+        served = [set(w.hello.lora_adapters) for w in self.live]
+        return set.intersection(*served) if served else None
+
 
 def worker_command(
     connect: str,

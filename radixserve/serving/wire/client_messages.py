@@ -62,6 +62,7 @@ class GenerateRequest(Msg, tag="generate"):
     Logprob options live in ``params`` (``logprobs``: top-k, ``prompt_logprobs_start``).
     ``prediction``: the text the output is expected to repeat, drafted from (a file an edit
     mostly keeps); it changes how fast the output comes, not what it is.
+    ``lora``: the served LoRA adapter to run with (None: the base model).
     ``session_id`` keeps a program's calls on one worker (its cache); ``namespace``
     isolates radix-cache sharing, and so does ``cache_salt`` (vLLM's name: a tenant's
     secret; the router hashes it into the namespace, workers never see it).
@@ -86,6 +87,7 @@ class GenerateRequest(Msg, tag="generate"):
     # The output expected, as text (OpenAI's predicted outputs): the router encodes it into
     # ``params.prediction``, which token-level callers may set instead.
     prediction: str | None = None
+    lora: str | None = None
 
 
 class Abort(Msg, tag="abort"):
@@ -260,6 +262,7 @@ class ModelInfo(Msg, tag="model_info_reply"):
     # The tokenizer's special tokens by name (bos_token, eos_token, ...): chat templates use
     # them, and a client rendering roles itself needs the same values as the router.
     special_tokens: dict[str, str] = {}
+    lora_adapters: list[str] = []  # the LoRA adapters served, by name (docs/lora.md)
 
 
 class TokenizeReply(Msg, tag="tokenize_reply"):

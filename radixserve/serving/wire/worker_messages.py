@@ -26,6 +26,7 @@ class WorkerRequest(Part):
     namespace: str | None = None
     session_id: str | None = None  # the router's session (its KV is leased between turns)
     priority: int = 0
+    lora: str | None = None  # the served LoRA adapter it runs with (None: the base model)
 
 
 class WorkerAdd(Msg, tag="w_add"):
@@ -115,6 +116,7 @@ class WorkerHello(Msg, tag="w_hello"):
         ""  # "prefill" / "decode" (serving.wire.disagg_messages); "": colocated
     )
     join: int = 0  # how many hellos this worker process said before this one (WorkerRejoin)
+    lora_adapters: list[str] = []  # the LoRA adapters it serves, by name
 
 
 class WorkerOutputs(Msg, tag="w_outputs"):

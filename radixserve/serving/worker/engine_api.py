@@ -20,7 +20,8 @@ class ServingEngine(Protocol):
     ``stats()`` returns the gauges of :class:`~radixserve.engine.outputs.EngineStats`
     (running, waiting, page states, counters). The worker also reads, where the engine has
     them, ``config`` (page size, max model length), ``max_total_len``, ``tokenizer``,
-    ``model_path``, ``pool`` and ``device`` (its memory snapshot) and ``startup_seconds``.
+    ``model_path``, ``pool`` and ``device`` (its memory snapshot), ``startup_seconds`` and
+    ``lora_adapters`` (the LoRA adapters it serves, by name).
     """
 
     @property
@@ -34,9 +35,11 @@ class ServingEngine(Protocol):
         namespace: str | None = None,
         session_id: str | None = None,
         priority: int = 0,
+        lora: str | None = None,
     ) -> str:
         """Queue a request; a ``ValueError`` (or other exception) says why it is refused.
-        ``session_id``: the session it is a turn of; ``priority``: higher stays cached longer."""
+        ``session_id``: the session it is a turn of; ``priority``: higher stays cached longer;
+        ``lora``: the served LoRA adapter it runs with."""
         ...
 
     def abort(self, request_id: str) -> None:

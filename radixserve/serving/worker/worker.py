@@ -399,6 +399,7 @@ class Worker:
                     namespace=req.namespace,
                     session_id=req.session_id,
                     priority=req.priority,
+                    lora=req.lora,
                 )
             # Invalid params, too long, a bad constraint: the engine says why.
             except Exception as exc:
