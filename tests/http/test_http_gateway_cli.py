@@ -31,7 +31,8 @@ def test_gateway_process_in_front_of_a_running_router(server: Any) -> None:
         url = gw.wait_for(r"HTTP gateway on (http://\S+)").group(1)
         with httpx.Client(base_url=url, timeout=60) as c:
             assert c.get("/health").status_code == 200
-            assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["tiny"]
+            # The served name, then the server's LoRA adapter (tests/http/conftest.py).
+            assert [m["id"] for m in c.get("/v1/models").json()["data"]] == ["tiny", "sql"]
             r = c.post(
                 "/v1/chat/completions",
                 json={

@@ -75,4 +75,5 @@ def test_both_clients_take_the_same_options() -> None:
         "tools",
         "chat_template_kwargs",
         "prediction",
+        "lora",
     }
