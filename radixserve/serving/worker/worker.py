@@ -36,7 +36,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
@@ -45,6 +45,9 @@ from radixserve.serving.wire import protocol as p
 from radixserve.serving.wire import zmq_events
 from radixserve.serving.wire.security import PeerKeys
 from radixserve.serving.worker.engine_api import ServingEngine
+
+if TYPE_CHECKING:
+    from radixserve.serving.worker.disagg import DisaggLink
 from radixserve.serving.worker.reports import (
     debug_invariants,
     describe_engine,
@@ -114,10 +117,14 @@ class Worker:
         from radixserve.serving.worker.kv_events import RouterEventFeed
 
         self._router_events = RouterEventFeed(self.engine, self._send)
-        from radixserve.serving.worker.disagg import DisaggLink
+        # Prefill/decode disaggregation: None for a colocated engine, whose worker never
+        # imports the KV transfer's modules (torch with them: ~1.2 s of a start-up where the
+        # engine did not import it, as the tests' fake engine does not).
+        self._disagg: DisaggLink | None = None
+        if getattr(self.engine, "disagg", None) is not None:
+            from radixserve.serving.worker.disagg import DisaggLink
 
-        # Prefill/decode disaggregation: None for a colocated engine.
-        self._disagg = DisaggLink.of(self.engine, self._send, self._active)
+            self._disagg = DisaggLink.of(self.engine, self._send, self._active)
         self._handlers = self._message_handlers()
 
     def _message_handlers(self) -> dict[type, Callable[[Any], None]]:
