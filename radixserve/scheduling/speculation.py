@@ -97,14 +97,10 @@ class Speculation:
     def decide(self, decodes: list[Request], load: int) -> None:
         """Settle, for each of ``decodes`` at its first decode step, whether it speculates: if
         ``load`` requests running or waiting allow it now, and anything drafts for it (the
-        server's drafter, or its prediction). A LoRA adapter's requests never do: its deltas'
-        products are not row-invariant, so a verify row could differ from the decode row it
-        stands for (the base model's requests beside them still draft)."""
+        server's drafter, or its prediction)."""
         for req in decodes:
             if req.speculates is None:
-                req.speculates = (
-                    not req.lora_slot and self.on(load) and self.drafter.drafts_for(req)
-                )
+                req.speculates = self.on(load) and self.drafter.drafts_for(req)
 
     def row_invariant(self, work: list[tuple[Request, int]], load: int) -> bool:
         """Whether this step's rows must each take their own kernel: some greedy decode in it

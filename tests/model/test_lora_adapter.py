@@ -32,20 +32,31 @@ def copy_adapter(src: Path, dst: Path, **config: object) -> Path:
 
 
 def test_fused_layers_take_their_shards_columns(
-    model: torch.nn.Module, tiny_lora_dir: Path
+    model: torch.nn.Module, tiny_llama_dir: Path, tiny_lora_dir: Path, tmp_path: Path
 ) -> None:
-    adapter = read_adapter("sql", tiny_lora_dir, model, max_rank=64)
+    """q, k and v's matrices land in one delta of the fused qkv_proj: A stacked, each B
+    times its scaling in its own rows and rank columns; a shard not adapted keeps zeros."""
     cfg = model.config
-    qkv = adapter.deltas["model.layers.0.self_attn.qkv_proj"]
     q, kv = cfg.num_q_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    assert [(d.lo, d.hi) for d in qkv] == [(0, q), (q, q + kv), (q + kv, q + 2 * kv)]
-    gate_up = adapter.deltas["model.layers.1.mlp.gate_up_proj"]
-    width = cfg.intermediate_size
-    assert [(d.lo, d.hi) for d in gate_up] == [(0, width), (width, 2 * width)]
-    assert adapter.rank == 4 and all(d.scaling == 8.0 / 4 for d in qkv)
+    adapter = read_adapter("sql", tiny_lora_dir, model, max_rank=64)
     weights = load_file(str(tiny_lora_dir / "adapter_model.safetensors"))
-    a = weights["base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight"]
-    assert torch.equal(qkv[1].a, a)
+    prefix = "base_model.model.model.layers.0.self_attn"
+    qkv = adapter.deltas["model.layers.0.self_attn.qkv_proj"]
+    assert (qkv.lo, qkv.hi, tuple(qkv.a.shape), tuple(qkv.b.shape)) == (
+        0,
+        q + 2 * kv,
+        (12, 64),
+        (q + 2 * kv, 12),
+    )
+    assert torch.equal(qkv.a[4:8], weights[f"{prefix}.k_proj.lora_A.weight"])
+    k_b = weights[f"{prefix}.k_proj.lora_B.weight"] * (8.0 / 4)  # lora_alpha / r
+    assert torch.equal(qkv.b[q : q + kv, 4:8], k_b)
+    assert not qkv.b[q : q + kv, :4].any() and not qkv.b[q : q + kv, 8:].any()
+    gate_up = adapter.deltas["model.layers.1.mlp.gate_up_proj"]
+    assert (gate_up.lo, gate_up.hi) == (0, 2 * cfg.intermediate_size) and adapter.rank == 4
+    qv = build_lora_adapter(tiny_llama_dir, tmp_path / "qv", targets=("q_proj", "v_proj"))
+    only = read_adapter("qv", qv, model, max_rank=64).deltas["model.layers.0.self_attn.qkv_proj"]
+    assert only.a.shape == (8, 64) and not only.b[q : q + kv].any() and only.b[q + kv :].any()
 
 
 def test_the_registry_wraps_only_adapted_layers(tiny_llama_dir: Path, tmp_path: Path) -> None:

@@ -79,12 +79,9 @@ class LoraLinear(nn.Module):
             return out
         x2, out2 = x.reshape(-1, self.in_features), out.view(-1, self.out_features)
         for adapter, idx in rows.groups:
-            deltas = adapter.deltas.get(self.name)
-            if deltas is None:
-                continue
-            xs = x2 if idx is None else x2.index_select(0, idx)
-            for delta in deltas:
-                delta.apply(xs, out2, idx)
+            delta = adapter.deltas.get(self.name)
+            if delta is not None:
+                delta.apply(x2 if idx is None else x2.index_select(0, idx), out2, idx)
         return out
 
 
