@@ -93,6 +93,16 @@ def native_max_rows(module: QuantizedLinear) -> int:
 
 
 @dataclass(frozen=True)
+class StackLora:
+    """One LoRA adapter as the stack adds it (``csrc/decoder_layers.cpp``'s ``add_lora``):
+    per linear, in the stack's order, its A and B (None, None where it leaves that linear
+    alone) and the first output column its delta adds to."""
+
+    matrices: list[torch.Tensor | None]
+    first_cols: list[int]
+
+
+@dataclass(frozen=True)
 class LayerParts:
     """One decoder layer as the stack sees it: its RMSNorm weights in its layout's order
     (pre-norm: the input and post-attention norms; post-norm: the post-attention and
@@ -202,11 +212,12 @@ class DecoderStack:
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         attn: NativeLayersPlan,
         local_cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
+        lora: StackLora | None = None,
     ) -> None:
         """Every layer over ``h`` ``[T, hidden]`` (in place), storing the rows' K/V into the
         pages at ``attn.slots``; ``cos_sin`` float32 ``[T, 1, head_dim]`` each, and
         ``local_cos_sin`` those of the windowed layers where they rotate with a base of their
-        own (Gemma 3)."""
+        own (Gemma 3); ``lora``: the LoRA adapter of every row, as the kernel takes it."""
         for i, module in self.int8:
             self.groups[i] = module.kernel_max_rows()
         for i, dense in self.dense:
@@ -236,4 +247,6 @@ class DecoderStack:
             self.attn.softcap or 0.0,
             attn.k_scales,
             attn.v_scales,
+            [] if lora is None else lora.matrices,
+            [] if lora is None else lora.first_cols,
         )

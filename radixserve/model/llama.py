@@ -38,10 +38,10 @@ from typing import cast
 import torch
 from torch import nn
 
-from radixserve.model import native
+from radixserve.model import cpu_gemv, native
 from radixserve.model.attention.base import AttentionBackend, NativeLayersPlan
 from radixserve.model.config import ModelConfig
-from radixserve.model.decoder_stack import DecoderStack, LayerParts, StackShape
+from radixserve.model.decoder_stack import DecoderStack, LayerParts, StackLora, StackShape
 from radixserve.model.forward_batch import ForwardBatch
 from radixserve.model.layers.attention import Attention
 from radixserve.model.layers.decoder import (
@@ -55,7 +55,7 @@ from radixserve.model.layers.mlp import GatedMLP
 from radixserve.model.layers.moe import expert_checkpoint_names
 from radixserve.model.layers.norm import RMSNorm, rms_norm, stack_weight
 from radixserve.model.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
-from radixserve.model.lora.registry import LoraRegistry, unwrap
+from radixserve.model.lora.registry import LoraRegistry, LoraRows, unwrap
 from radixserve.model.parallel import ParallelLMHead, TPGroup, TPShard, VocabParallelEmbedding
 from radixserve.model.quant.apply import QuantReport
 
@@ -152,6 +152,10 @@ def _layer_norms(layer: DecoderLayer) -> tuple[RMSNorm, ...]:
     return layer.input_layernorm, layer.post_attention_layernorm
 
 
+# A decoder layer's linears in the one-call stack's order (LayerParts.linears).
+STACK_LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+
+
 def _stack_parts(layer: DecoderLayer) -> LayerParts:
     """A decoder layer as the one-call stack's parts."""
     mlp = cast("GatedMLP", layer.mlp)
@@ -219,8 +223,10 @@ class LlamaForCausalLM(nn.Module):
         # False keeps the per-layer Python path (the tests compare the two).
         self.native_stack = True
         self._stack: DecoderStack | None = None
-        # The LoRA adapters served beside the weights (serve_lora); None: none.
+        # The LoRA adapters served beside the weights (serve_lora); None: none. Each one's
+        # form for the one-call stack, by name, made at its first step there.
         self.lora: LoraRegistry | None = None
+        self._stack_loras: dict[str, StackLora] = {}
 
     # From the final norm, which no quantization replaces (the embedding may be int8).
     @property
@@ -245,10 +251,14 @@ class LlamaForCausalLM(nn.Module):
         local_cos_sin = (
             cos_sin if local is None else local.cos_sin(batch.positions, max_len, rope_dtype)
         )
-        # The one-call stack knows nothing of LoRA: adapted rows take the per-layer path.
-        stack = None if batch.lora is not None else self._native_stack(h, batch, attn)
+        # The one-call stack adds one LoRA adapter's deltas to every row; a step mixing
+        # adapters (or the base model and one) takes the per-layer path.
+        lora = None if batch.lora is None else self._stack_lora(batch.lora)
+        stack = (
+            None if batch.lora is not None and lora is None else self._native_stack(h, batch, attn)
+        )
         if stack is not None:  # every layer in one native call (decoder_stack.py)
-            stack[0].run(h, cos_sin, stack[1], None if local is None else local_cos_sin)
+            stack[0].run(h, cos_sin, stack[1], None if local is None else local_cos_sin, lora)
         else:
             with self._lora_applied(batch):
                 for layer in cast("list[DecoderLayer]", self.model.layers):
@@ -264,6 +274,26 @@ class LlamaForCausalLM(nn.Module):
             return nullcontext()
         assert self.lora is not None, "a batch names LoRA rows, but no adapter is served"
         return self.lora.applied(batch.lora)
+
+    def _stack_lora(self, rows: LoraRows) -> StackLora | None:
+        """The one-call stack's form of the adapter that owns every row of a step (None:
+        the step mixes adapters, or its deltas would not run the GEMV kernel there)."""
+        if len(rows.groups) != 1 or rows.groups[0][1] is not None or not cpu_gemv.available():
+            return None
+        adapter = rows.groups[0][0]
+        cached = self._stack_loras.get(adapter.name)
+        if cached is None:
+            matrices: list[torch.Tensor | None] = []
+            first_cols: list[int] = []
+            for layer in range(len(self.model.layers)):
+                for name in STACK_LINEARS:
+                    delta = adapter.deltas.get(f"model.layers.{layer}.{name}")
+                    matrices += [None, None] if delta is None else [delta.a, delta.b]
+                    first_cols.append(0 if delta is None else delta.lo)
+            cached = self._stack_loras[adapter.name] = StackLora(matrices, first_cols)
+        if any(m is not None and m.dtype != self.dtype for m in cached.matrices):
+            return None
+        return cached
 
     def serve_lora(self, specs: Sequence[str], max_rank: int) -> LoraRegistry:
         """Load the LoRA adapters of ``specs`` (``name=path``) and wrap the layers they

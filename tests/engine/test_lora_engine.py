@@ -19,6 +19,7 @@ from engine_helpers import (
 from tiny_models import build_lora_adapter
 
 from radixserve.engine.engine import Engine
+from radixserve.model.decoder_stack import DecoderStack
 
 N = 8
 
@@ -129,3 +130,36 @@ def test_int8_weights_in_bfloat16(tiny_llama_dir: Path, adapters: dict[str, Path
     mixed = engine.generate(prompts * 2, greedy(N), lora=["all"] * 3 + [None, "attn", None])
     assert [m.token_ids for m in mixed[:3]] == alone
     assert [mixed[3].token_ids, mixed[5].token_ids] == [base[0].token_ids, base[2].token_ids]
+
+
+@pytest.mark.parametrize(("dtype", "quantization"), [("float32", None), ("bfloat16", "int8")])
+def test_one_call_stack_adds_an_adapters_deltas_as_the_per_layer_path(
+    tiny_llama_dir: Path,
+    adapters: dict[str, Path],
+    dtype: str,
+    quantization: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Steps whose every row is one adapter's run the CPU's one-call decoder stack with the
+    adapter's deltas (csrc/decoder_layers.cpp add_lora): the same tokens and logprobs, bit
+    for bit, as the per-layer path, which steps mixing adapters take."""
+    served = []
+    run = DecoderStack.run
+
+    def counted(self: DecoderStack, *args: Any) -> None:
+        served.append(len(args) > 4 and args[4] is not None)
+        run(self, *args)
+
+    monkeypatch.setattr(DecoderStack, "run", counted)
+    prompts = random_prompts([7, 13, 4], seed=8)
+    params = greedy(N, logprobs=0)
+    engine = lora_engine(tiny_llama_dir, adapters, dtype=dtype, quantization=quantization)
+    served.clear()  # the warm-up's base-model forwards
+    results = []
+    for stack in (True, False):
+        engine.model.native_stack = stack
+        engine.flush_cache()
+        outs = engine.generate(prompts, params, lora="attn")
+        results.append([(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in outs])
+    assert results[0] == results[1]
+    assert served and all(served), "the stack served the adapter's steps"
