@@ -16,7 +16,7 @@ once every request has its first token; the figures are each round's adapted rat
 base rate of the same round (this machine's speed drifts between runs: only same-round
 ratios mean anything).
 
-    python benchmarks/bench_lora.py --batch 1,8 --rounds 5 --out benchmarks/results/bench_lora_s47.json
+    python benchmarks/bench_lora.py --batch 1,8 --rounds 5 --out benchmarks/results/bench_lora_s47_stack.json
 """
 
 from __future__ import annotations

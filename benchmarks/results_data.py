@@ -267,6 +267,7 @@ def figures() -> dict[str, Figure]:
     decode_ablation_figures(add)
     speculative_figures(add)
     predicted_outputs_figures(add)
+    lora_figures(add)
     return figs
 
 
@@ -293,6 +294,19 @@ def predicted_outputs_figures(add: Callable[[str, str, Iterable[str]], None]) ->
             f"{tokens:.2f} tokens a forward (1 run)",
             [PREDICTED_REPLAY],
         )
+
+
+LORA = "bench_lora_s47_stack.json"
+
+
+def lora_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:
+    """bench_lora.py (docs/lora.md): each round's decode rate of adapted requests over the
+    base model's requests' rate in the same round and engine."""
+    rounds = load(LORA)["rounds"]
+    for batch in ("1", "8"):
+        for case in ("one_adapter", "mixed"):
+            ratios = [r[batch][case] / r[batch]["base"] for r in rounds]
+            add(f"lora_{case}_over_base_b{batch}_s47", spread(ratios), [LORA])
 
 
 def quant_decode_figures(add: Callable[[str, str, Iterable[str]], None]) -> None:

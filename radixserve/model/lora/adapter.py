@@ -73,8 +73,8 @@ class LoraDelta:
         On a CPU with the GEMV kernel both products run it at any row count: the matrices
         are small enough to stay in the caches, so row by row costs nothing, and each row's
         delta is then the same bits however many rows the step holds (speculative
-        decoding's verify rows rely on that). oneDNN's GEMM took ~35 us per product at one
-        row; the kernel a few."""
+        decoding's verify rows rely on that); oneDNN's GEMM is far slower on such small
+        products at one row."""
         if x.dtype == self.a.dtype and _gemv(x):
             x = x.contiguous()
             delta = cpu_gemv.linear(cpu_gemv.linear(x, self.a), self.b)
