@@ -5,8 +5,9 @@ plan carries one slot per sequence (``StepPlan.lora_slots``); the runner turns i
 :class:`LoraRows` (which rows each adapter owns) for the forward, and every
 :class:`LoraLinear` adds its adapters' deltas to those rows. Rows of the base model get
 nothing added, so a batch without adapted rows computes exactly what the model does
-without adapters; a forward with adapted rows takes the per-layer path (the CPU's one-call
-decoder stack knows nothing of adapters) and no captured decode graph.
+without adapters. A forward whose every row is one adapter's may run the CPU's one-call
+decoder stack, which adds that adapter's deltas itself (``LlamaForCausalLM._stack_lora``);
+one mixing adapters takes the per-layer path; no captured decode graph runs adapted rows.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ class _Active:
 
 class LoraLinear(nn.Module):
     """A linear layer with the deltas of the adapters that target it. ``base`` stays the
-    module it wraps (the CPU's one-call stack runs it directly for forwards without
-    adapted rows: :func:`unwrap`)."""
+    module it wraps (the CPU's one-call stack runs it directly, adding an adapter's deltas
+    itself: :func:`unwrap`)."""
 
     def __init__(self, base: nn.Module, name: str, active: _Active) -> None:
         super().__init__()
