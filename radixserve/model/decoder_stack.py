@@ -94,12 +94,10 @@ def native_max_rows(module: QuantizedLinear) -> int:
 
 @dataclass(frozen=True)
 class StackLora:
-    """A step's LoRA adapters as the stack adds them (``csrc/decoder_layers.cpp``'s
-    ``add_lora``): per adapter, its rows of the step (None: every row), and per linear, in
-    the stack's order, its A and B (None, None where it leaves that linear alone) and the
-    first output column its delta adds to."""
+    """One LoRA adapter as the stack adds it (``csrc/decoder_layers.cpp``'s ``add_lora``):
+    per linear, in the stack's order, its A and B (None, None where it leaves that linear
+    alone) and the first output column its delta adds to."""
 
-    rows: list[torch.Tensor | None]
     matrices: list[torch.Tensor | None]
     first_cols: list[int]
 
@@ -251,5 +249,4 @@ class DecoderStack:
             attn.v_scales,
             [] if lora is None else lora.matrices,
             [] if lora is None else lora.first_cols,
-            [] if lora is None else lora.rows,
         )

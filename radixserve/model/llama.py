@@ -55,7 +55,6 @@ from radixserve.model.layers.mlp import GatedMLP
 from radixserve.model.layers.moe import expert_checkpoint_names
 from radixserve.model.layers.norm import RMSNorm, rms_norm, stack_weight
 from radixserve.model.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
-from radixserve.model.lora.adapter import LoraAdapter
 from radixserve.model.lora.registry import LoraRegistry, LoraRows, unwrap
 from radixserve.model.parallel import ParallelLMHead, TPGroup, TPShard, VocabParallelEmbedding
 from radixserve.model.quant.apply import QuantReport
@@ -227,7 +226,7 @@ class LlamaForCausalLM(nn.Module):
         # The LoRA adapters served beside the weights (serve_lora); None: none. Each one's
         # form for the one-call stack, by name, made at its first step there.
         self.lora: LoraRegistry | None = None
-        self._stack_loras: dict[str, tuple[list[torch.Tensor | None], list[int]]] = {}
+        self._stack_loras: dict[str, StackLora] = {}
 
     # From the final norm, which no quantization replaces (the embedding may be int8).
     @property
@@ -252,7 +251,8 @@ class LlamaForCausalLM(nn.Module):
         local_cos_sin = (
             cos_sin if local is None else local.cos_sin(batch.positions, max_len, rope_dtype)
         )
-        # The one-call stack adds the LoRA adapters' deltas to their rows itself.
+        # The one-call stack adds one LoRA adapter's deltas to every row; a step mixing
+        # adapters (or the base model and one) takes the per-layer path.
         lora = None if batch.lora is None else self._stack_lora(batch.lora)
         stack = (
             None if batch.lora is not None and lora is None else self._native_stack(h, batch, attn)
@@ -276,32 +276,24 @@ class LlamaForCausalLM(nn.Module):
         return self.lora.applied(batch.lora)
 
     def _stack_lora(self, rows: LoraRows) -> StackLora | None:
-        """The one-call stack's form of a step's adapters (None where their deltas would
-        not run the GEMV kernel)."""
-        if not cpu_gemv.available():
+        """The one-call stack's form of the adapter that owns every row of a step (None:
+        the step mixes adapters, or its deltas would not run the GEMV kernel there)."""
+        if len(rows.groups) != 1 or rows.groups[0][1] is not None or not cpu_gemv.available():
             return None
-        matrices: list[torch.Tensor | None] = []
-        first_cols: list[int] = []
-        for adapter, _ in rows.groups:
-            cached = self._stack_loras.get(adapter.name)
-            if cached is None:
-                cached = self._stack_loras[adapter.name] = self._stack_matrices(adapter)
-            matrices += cached[0]
-            first_cols += cached[1]
-        if any(m is not None and m.dtype != self.dtype for m in matrices):
+        adapter = rows.groups[0][0]
+        cached = self._stack_loras.get(adapter.name)
+        if cached is None:
+            matrices: list[torch.Tensor | None] = []
+            first_cols: list[int] = []
+            for layer in range(len(self.model.layers)):
+                for name in STACK_LINEARS:
+                    delta = adapter.deltas.get(f"model.layers.{layer}.{name}")
+                    matrices += [None, None] if delta is None else [delta.a, delta.b]
+                    first_cols.append(0 if delta is None else delta.lo)
+            cached = self._stack_loras[adapter.name] = StackLora(matrices, first_cols)
+        if any(m is not None and m.dtype != self.dtype for m in cached.matrices):
             return None
-        return StackLora([idx for _, idx in rows.groups], matrices, first_cols)
-
-    def _stack_matrices(self, adapter: LoraAdapter) -> tuple[list[torch.Tensor | None], list[int]]:
-        """An adapter's A and B per linear in the stack's order, and their first columns."""
-        matrices: list[torch.Tensor | None] = []
-        first_cols: list[int] = []
-        for layer in range(len(self.model.layers)):
-            for name in STACK_LINEARS:
-                delta = adapter.deltas.get(f"model.layers.{layer}.{name}")
-                matrices += [None, None] if delta is None else [delta.a, delta.b]
-                first_cols.append(0 if delta is None else delta.lo)
-        return matrices, first_cols
+        return cached
 
     def serve_lora(self, specs: Sequence[str], max_rank: int) -> LoraRegistry:
         """Load the LoRA adapters of ``specs`` (``name=path``) and wrap the layers they

@@ -194,21 +194,13 @@ void qk_norm_(const Ops& ops, const at::Tensor& x, const at::Tensor& weight, dou
   }
 }
 
-// A LoRA adapter's delta on one linear's output ``y``, columns from ``lo``, for its ``rows``
-// (empty: every row): (x a^T) b^T by the GEMV kernel, added in place, as model/lora's
-// LoraDelta.apply computes it (the same bits as the per-layer path). No adapter on this
-// linear: ``a`` is empty.
-void add_lora(const Ops& ops, const at::Tensor& x, const at::Tensor& y, const OptT& a, const OptT& b, int64_t lo,
-              const OptT& rows) {
+// A LoRA adapter's delta on one linear's output ``y``, columns from ``lo``: (x a^T) b^T by the
+// GEMV kernel, added in place, as model/lora's LoraDelta.apply computes it (the same bits as
+// the per-layer path). No adapter on this linear: ``a`` is empty.
+void add_lora(const Ops& ops, const at::Tensor& x, const at::Tensor& y, const OptT& a, const OptT& b, int64_t lo) {
   if (!a.has_value()) return;
-  const at::Tensor xs = rows.has_value() ? x.index_select(0, *rows) : x;
-  const at::Tensor delta = ops.gemv_dense.call(ops.gemv_dense.call(xs, *a, std::nullopt), *b, std::nullopt);
-  at::Tensor cols = y.narrow(1, lo, delta.size(1));
-  if (rows.has_value()) {
-    cols.index_add_(0, *rows, delta);
-  } else {
-    cols.add_(delta);
-  }
+  const at::Tensor delta = ops.gemv_dense.call(ops.gemv_dense.call(x, *a, std::nullopt), *b, std::nullopt);
+  y.narrow(1, lo, delta.size(1)).add_(delta);
 }
 
 // Every layer over the batch's rows, ``h`` ([T, hidden], the embeddings) updated in place to
@@ -234,17 +226,16 @@ void add_lora(const Ops& ops, const at::Tensor& x, const at::Tensor& y, const Op
 // and post-feedforward norms. kSandwich: Gemma's (SandwichDecoderLayer), four norms a layer:
 // norms[4l ..] the input, post-attention, pre-feedforward and post-feedforward norms.
 // norm_plus_one: every norm (q/k norms too) is Gemma's, its weight given as float32 1 + weight
-// (offset_norm); only with the sandwich layout. lora_rows: the rows of each LoRA adapter in the
-// step (empty: none; an empty tensor: every row); lora, lora_cols: per adapter in that order,
-// its A and B for every linear (none where it leaves that one alone) and the first column its
-// delta adds to (add_lora).
+// (offset_norm); only with the sandwich layout. lora, lora_cols: empty, or one LoRA adapter's
+// A and B for every linear (none where it leaves that one alone) and the first column its
+// delta adds to (add_lora): the adapter of every row of the step.
 void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms, int64_t qk_norm_mode,
                     int64_t norm_layout, bool norm_plus_one, double eps, at::IntArrayRef kinds,
                     at::IntArrayRef groups, const c10::List<OptT>& weights, at::TensorList rope, int64_t act_kind,
                     int64_t num_q_heads, int64_t num_kv_heads, at::TensorList k_pages, at::TensorList v_pages,
                     at::TensorList plans, at::TensorList slots, at::IntArrayRef layer_plans, at::IntArrayRef windows,
                     double sm_scale, double softcap, at::TensorList k_scales, at::TensorList v_scales,
-                    const c10::List<OptT>& lora, at::IntArrayRef lora_cols, const c10::List<OptT>& lora_rows) {
+                    const c10::List<OptT>& lora, at::IntArrayRef lora_cols) {
   const int64_t layers = static_cast<int64_t>(k_pages.size());
   const bool quantized = !k_scales.empty();
   TORCH_CHECK(static_cast<int64_t>(k_scales.size()) == (quantized ? layers : 0) && v_scales.size() == k_scales.size(),
@@ -269,11 +260,9 @@ void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms,
   TORCH_CHECK(windows.empty() || static_cast<int64_t>(windows.size()) == layers,
               "windows must give every layer's window, or be empty");
   for (const int64_t p : layer_plans) TORCH_CHECK(p >= 0 && p < num_plans, "layer plan ", p, " out of range");
-  const int64_t adapters = static_cast<int64_t>(lora_rows.size());
-  TORCH_CHECK(static_cast<int64_t>(lora.size()) == 2 * kLinears * layers * adapters &&
-                  static_cast<int64_t>(lora_cols.size()) == kLinears * layers * adapters,
-              "lora must hold an A and a B (or none) and lora_cols a first column for every linear of every "
-              "adapter of lora_rows");
+  TORCH_CHECK((lora.empty() && lora_cols.empty()) || (static_cast<int64_t>(lora.size()) == 2 * kLinears * layers &&
+                                                      static_cast<int64_t>(lora_cols.size()) == kLinears * layers),
+              "lora must hold an A and a B (or none) and lora_cols a first column for every linear, or be empty");
   TORCH_CHECK(qk_norm_mode >= 0 && qk_norm_mode <= 2, "qk_norm_mode must be 0 (none), 1 (heads) or 2 (projection)");
   TORCH_CHECK(static_cast<int64_t>(qk_norms.size()) == (qk_norm_mode == 0 ? 0 : 2 * layers),
               "qk_norms must hold a q and a k norm weight per layer, and only with a qk_norm_mode");
@@ -318,10 +307,7 @@ void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms,
       const int64_t i = kLinears * l + j;
       const int64_t w = kSlots * i;
       at::Tensor y = linear(ops, in, in_t, t, kinds[i], weights.get(w), weights.get(w + 1), weights.get(w + 2), groups[i]);
-      for (int64_t g = 0; g < adapters; ++g) {
-        const int64_t j = kLinears * layers * g + i;
-        add_lora(ops, in_t, y, lora.get(2 * j), lora.get(2 * j + 1), lora_cols[j], lora_rows.get(g));
-      }
+      if (!lora.empty()) add_lora(ops, in_t, y, lora.get(2 * i), lora.get(2 * i + 1), lora_cols[i]);
       return y;
     };
     // Attention over xt: qkv, the q/k norms, RoPE on q and k together, store + attend, o_proj.
@@ -405,7 +391,7 @@ TORCH_LIBRARY_FRAGMENT(radixserve_cpu, m) {
       "bool norm_plus_one, float eps, int[] kinds, int[] groups, Tensor?[] weights, Tensor[] rope, int act, "
       "int num_q_heads, int num_kv_heads, Tensor(b!)[] k_pages, Tensor(c!)[] v_pages, "
       "Tensor[] plans, Tensor[] slots, int[] layer_plans, int[] windows, float sm_scale, float softcap, "
-      "Tensor(d!)[] k_scales, Tensor(e!)[] v_scales, Tensor?[] lora, int[] lora_cols, Tensor?[] lora_rows) -> ()");
+      "Tensor(d!)[] k_scales, Tensor(e!)[] v_scales, Tensor?[] lora, int[] lora_cols) -> ()");
   m.impl("decoder_layers", c10::DispatchKey::CPU, &decoder_layers);
   // The oneDNN-packed weights are MkldnnCPU tensors, which decide the dispatch key.
   m.impl("decoder_layers", c10::DispatchKey::MkldnnCPU, &decoder_layers);
