@@ -1,6 +1,7 @@
 """The longest common prefix of two token sequences: one helper for the radix cache, the
-router's routing tries and the DSL's choice scoring (torch-free, so every layer and the
-clients may import it)."""
+router's routing tries and the DSL's choice scoring; and the cache namespace of a LoRA
+adapter's requests, which the worker's cache and the router's routing both key prefixes by
+(torch-free, so every layer and the clients may import it)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,15 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int], b_start: int = 0) -> i
         else:
             hi = mid
     return lo
+
+
+LORA_NAMESPACE_MARK = "#lora:"
+
+
+def lora_namespace(namespace: str | None, adapter: str | None) -> str | None:
+    """The radix-cache namespace of a request of LoRA ``adapter`` in ``namespace`` (a
+    tenant's, or None): an adapter's keys and values are shared with its own requests only
+    (radixserve.model.lora), and the router routes its prompts by the same key."""
+    if adapter is None:
+        return namespace
+    return f"{namespace or ''}{LORA_NAMESPACE_MARK}{adapter}"

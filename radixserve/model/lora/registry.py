@@ -22,16 +22,9 @@ import torch
 from torch import nn
 
 from radixserve.model.lora.adapter import LoraAdapter, read_adapter
+from radixserve.prefix import lora_namespace
 
-NAMESPACE_MARK = "#lora:"
-
-
-def lora_namespace(namespace: str | None, adapter: str | None) -> str | None:
-    """The radix-cache namespace of a request of ``adapter`` in ``namespace`` (a tenant's,
-    or None): the adapter's KV is shared with its own requests only."""
-    if adapter is None:
-        return namespace
-    return f"{namespace or ''}{NAMESPACE_MARK}{adapter}"
+__all__ = ["LoraLinear", "LoraRegistry", "LoraRows", "lora_namespace", "parse_lora_spec", "unwrap"]
 
 
 def parse_lora_spec(spec: str) -> tuple[str, str]:

@@ -145,7 +145,7 @@ class InFlight:
         if self.split is not None:
             return self.split.dispatch(st)
         decision = self._dispatcher.choose(
-            st.prompt_ids, loads, st.session_id, st.namespace, rid=st.rid
+            st.prompt_ids, loads, st.session_id, st.cache_namespace, rid=st.rid
         )
         w = pool.workers[decision.worker_id]
         st.worker_id, st.dispatched = w.worker_id, time.monotonic()

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from radixserve.prefix import lora_namespace
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.wire import protocol as p
 
@@ -46,6 +47,12 @@ class RouterRequest:
     lora: str | None = None  # the served LoRA adapter it runs with (None: the base model)
     # Where the prompt left the cached path (the worker sends it once, when asked).
     cache_report: p.CacheReport | msgspec.UnsetType = msgspec.UNSET
+
+    @property
+    def cache_namespace(self) -> str | None:
+        """The namespace its prefixes are cached under on a worker, and routed by: its
+        tenant's, split by its LoRA adapter's (radixserve.prefix.lora_namespace)."""
+        return lora_namespace(self.namespace, self.lora)
 
     def apply(self, out: p.StepOutput) -> tuple[p.GenerateChunk | None, bool]:
         """Fold in one worker output. Returns the chunk to stream (``None`` when not

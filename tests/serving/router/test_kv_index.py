@@ -7,8 +7,11 @@ import pytest
 
 from radixserve.memory.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from radixserve.memory.page_hash import PrefixHasher
+from radixserve.prefix import lora_namespace
+from radixserve.sampling_params import SamplingParams
 from radixserve.serving.router.dispatch import Dispatcher, Outstanding
 from radixserve.serving.router.kv_index import WorkerKVView, decode_batch, tier_of_medium
+from radixserve.serving.router.requests import RouterRequest
 
 IDENTITY, PS = "model-x|layout-y", 4
 HASHER = PrefixHasher(IDENTITY, PS)
@@ -194,3 +197,18 @@ def test_tenant_prompt_matches_only_its_namespace() -> None:
 def test_unknown_prefix_source_is_refused() -> None:
     with pytest.raises(ValueError, match="prefix source"):
         Dispatcher(prefix_source="guess")  # type: ignore[arg-type]
+
+
+def test_an_adapters_prompt_routes_by_its_own_namespace() -> None:
+    """A LoRA adapter's pages are hashed under its own namespace on a worker (the engine's
+    intake splits the tenant's by the adapter); the router routes the adapter's prompts by
+    that key (RouterRequest.cache_namespace), not toward the base model's pages of the same
+    tokens, and the tenant's namespace still goes to the worker as it was."""
+    d = events_dispatcher(0, 1)
+    d.views[0].apply(0, batch(stored(SYSTEM)))  # the base model's pages
+    d.views[1].apply(0, batch(stored(SYSTEM, lora_namespace(None, "sql"))))
+    st = RouterRequest("r", b"c", "c", SYSTEM + [1], SamplingParams(), False, None, None, None, 0.0)
+    assert d.choose(st.prompt_ids, IDLE, namespace=st.cache_namespace).worker_id == 0
+    st.lora = "sql"
+    assert st.namespace is None and st.cache_namespace == lora_namespace(None, "sql")
+    assert d.choose(st.prompt_ids, IDLE, namespace=st.cache_namespace).worker_id == 1
