@@ -60,6 +60,7 @@ from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.pool import KVPool
 from radixserve.memory.window_pool import WindowedPageAllocator, WindowPages
 from radixserve.model.attention.base import AttentionBackend
+from radixserve.prefix import lora_namespace
 from radixserve.sampling_params import SamplingInput, SamplingParams, per_prompt
 from radixserve.scheduling.scheduler import Scheduler, SchedulerConfig
 
@@ -451,8 +452,13 @@ class Engine:
 
     def close_session(self, session_id: str, namespace: str | None = None) -> bool:
         """The session ended: release its lease (its path becomes ordinary cache) and forget
-        its learned pauses. Returns whether it held a lease."""
-        return self.cache.leases.release(session_id, namespace)
+        its learned pauses, in the tenant's ``namespace`` and in each served LoRA adapter's
+        split of it (a session's turns may run with an adapter: their path is leased there,
+        and a client closing the session names its tenant only). Returns whether it held a
+        lease."""
+        namespaces = [namespace] + [lora_namespace(namespace, a) for a in self.lora_adapters]
+        released = [self.cache.leases.release(session_id, ns) for ns in namespaces]
+        return any(released)
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix. Only when no request is waiting or running (else False)."""

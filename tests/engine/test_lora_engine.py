@@ -163,3 +163,17 @@ def test_one_call_stack_adds_an_adapters_deltas_as_the_per_layer_path(
         results.append([(o.token_ids, [lp.logprob for lp in o.logprobs]) for o in outs])
     assert results[0] == results[1]
     assert served and all(served), "the stack served the adapter's steps"
+
+
+def test_closing_a_session_releases_an_adapters_lease(
+    tiny_llama_dir: Path, adapters: dict[str, Path]
+) -> None:
+    """An adapter's turn of a session leases its path in the adapter's namespace; closing
+    the session, by its id and tenant as clients do, releases that lease."""
+    engine = lora_engine(tiny_llama_dir, adapters)
+    prompt = random_prompts([17], seed=9)[0]
+    engine.add_request(prompt, greedy(2), session_id="agent", lora="all")
+    run_to_completion(engine)
+    assert engine.stats().leased_pages > 0
+    assert engine.close_session("agent") and not engine.close_session("agent")
+    assert engine.stats().leased_pages == 0
