@@ -116,7 +116,7 @@ def test_layers_shapes_and_ranks_that_do_not_fit_are_refused(
     }
     messages = {
         "head": "only the attention and MLP projections",
-        "shape": "down_proj's matrices are",
+        "shape": "down_proj's LoRA matrices are",
         "unpaired": "do not pair up",
         "layer": "which this model does not have",
     }

@@ -5,7 +5,7 @@ PEFT saves ``adapter_config.json`` (rank ``r``, ``lora_alpha``, the options belo
 ``base_model.model.<layer>.lora_A.weight`` ``[r, in]`` and ``...lora_B.weight`` ``[out, r]``.
 The layer's output gains ``(x A^T) B^T * scaling``, ``scaling = alpha / r`` (``alpha /
 sqrt(r)`` with ``use_rslora``). radixserve fuses q/k/v and gate/up into one linear each, so
-an adapted q_proj becomes a delta on the q rows of the fused ``qkv_proj`` output.
+an adapted q_proj becomes a delta on the q columns of the fused ``qkv_proj`` output.
 
 Only the attention and MLP projections can be adapted. Everything PEFT could save beyond
 them (DoRA's magnitudes, LoRA biases, trained embeddings or heads, ``modules_to_save``) is
@@ -19,7 +19,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from safetensors import safe_open
@@ -50,7 +50,8 @@ UNSUPPORTED_OPTIONS = (
     "alora_invocation_tokens",
     "rank_pattern",
 )
-# A saved adapter's file holds two matrices per adapted layer: bound what is read.
+# adapter_config.json is read whole: a path naming some other file is refused by its size.
+# (The weights' names and shapes are checked before any tensor is read.)
 MAX_CONFIG_BYTES = 1 << 20
 
 
@@ -133,22 +134,15 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int) -
     the model lacks, a shape that differs, a rank above ``max_rank``."""
     root = Path(path)
     config = _read_config(root)
-    tensors = _read_tensors(root)
+    tensors = _read_tensors(root, model)
     alpha, rslora = float(config["lora_alpha"]), bool(config.get("use_rslora"))
     alphas: dict[str, Any] = config.get("alpha_pattern") or {}
     dtype, device = _weights_dtype_device(model)
     shards: dict[str, list[_Shard]] = {}
     ranks: set[int] = set()
-    for layer, (a, b) in _pairs(tensors).items():
+    for layer, (a, b) in tensors.items():
         module_name, lo, hi = _target(model, layer)
-        module = model.get_submodule(module_name)
         r = a.shape[0]
-        if a.shape != (r, module.in_features) or b.shape != (hi - lo, r):
-            raise ValueError(
-                f"LoRA adapter {name!r}: {layer}'s matrices are {tuple(a.shape)} and "
-                f"{tuple(b.shape)}; this model's layer needs [r, {module.in_features}] and "
-                f"[{hi - lo}, r]"
-            )
         if not 0 < r <= max_rank:
             raise ValueError(f"LoRA adapter {name!r}: rank {r} of {layer} is above {max_rank}")
         ranks.add(r)
@@ -180,25 +174,33 @@ def _read_config(root: Path) -> dict[str, Any]:
     return config
 
 
-def _read_tensors(root: Path) -> dict[str, torch.Tensor]:
+def _read_tensors(root: Path, model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``{layer name: (A, B)}``, each pair's names and shapes checked against ``model``
+    before any tensor is read (a path naming some other checkpoint reads nothing)."""
     weights = root / WEIGHTS_FILE
     if not weights.is_file():
         pickled = " (a pickled adapter_model.bin is not read: loading one runs code)"
         bin_there = (root / "adapter_model.bin").is_file()
         raise ValueError(f"no {WEIGHTS_FILE} at {root}{pickled if bin_there else ''}")
     with safe_open(str(weights), framework="pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
+        pairs = _pairs(list(f.keys()))
+        for layer, (a_key, b_key) in pairs.items():
+            _check_shapes(
+                model, layer, f.get_slice(a_key).get_shape(), f.get_slice(b_key).get_shape()
+            )
+        return {layer: (f.get_tensor(a), f.get_tensor(b)) for layer, (a, b) in pairs.items()}
 
 
-def _pairs(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """``{layer name: (A, B)}`` from PEFT's tensor names; anything else is refused."""
-    a_of: dict[str, torch.Tensor] = {}
-    b_of: dict[str, torch.Tensor] = {}
-    for key, t in tensors.items():
+def _pairs(keys: list[str]) -> dict[str, tuple[str, str]]:
+    """``{layer name: (A's key, B's key)}`` from PEFT's tensor names; anything else is
+    refused."""
+    a_of: dict[str, str] = {}
+    b_of: dict[str, str] = {}
+    for key in keys:
         name = key.removeprefix(PEFT_PREFIX)
         for suffix, into in ((".lora_A.weight", a_of), (".lora_B.weight", b_of)):
             if name.endswith(suffix):
-                into[name.removesuffix(suffix)] = t
+                into[name.removesuffix(suffix)] = key
                 break
         else:
             raise ValueError(f"unsupported tensor {key!r} in the adapter (not a LoRA A or B)")
@@ -206,6 +208,18 @@ def _pairs(tensors: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, to
         odd = sorted(a_of.keys() ^ b_of.keys())
         raise ValueError(f"LoRA A and B matrices do not pair up for {odd[:3]}")
     return {k: (a_of[k], b_of[k]) for k in sorted(a_of)}
+
+
+def _check_shapes(model: nn.Module, layer: str, a: list[int], b: list[int]) -> None:
+    """A ``[r, in]`` and B ``[out, r]`` for the model's layer ``layer``."""
+    module_name, lo, hi = _target(model, layer)
+    in_features = cast("nn.Linear", model.get_submodule(module_name)).in_features
+    r = a[0] if a else 0
+    if list(a) != [r, in_features] or list(b) != [hi - lo, r]:
+        raise ValueError(
+            f"{layer}'s LoRA matrices are {list(a)} and {list(b)}; this model's layer needs "
+            f"[r, {in_features}] and [{hi - lo}, r]"
+        )
 
 
 def _target(model: nn.Module, layer: str) -> tuple[str, int, int]:
