@@ -226,7 +226,7 @@ class LlamaForCausalLM(nn.Module):
         # The LoRA adapters served beside the weights (serve_lora); None: none. Each one's
         # form for the one-call stack, by name, made at its first step there.
         self.lora: LoraRegistry | None = None
-        self._stack_loras: dict[str, StackLora] = {}
+        self._stack_loras: dict[str, StackLora | None] = {}
 
     # From the final norm, which no quantization replaces (the embedding may be int8).
     @property
@@ -281,8 +281,7 @@ class LlamaForCausalLM(nn.Module):
         if len(rows.groups) != 1 or rows.groups[0][1] is not None or not cpu_gemv.available():
             return None
         adapter = rows.groups[0][0]
-        cached = self._stack_loras.get(adapter.name)
-        if cached is None:
+        if adapter.name not in self._stack_loras:
             matrices: list[torch.Tensor | None] = []
             first_cols: list[int] = []
             for layer in range(len(self.model.layers)):
@@ -290,10 +289,10 @@ class LlamaForCausalLM(nn.Module):
                     delta = adapter.deltas.get(f"model.layers.{layer}.{name}")
                     matrices += [None, None] if delta is None else [delta.a, delta.b]
                     first_cols.append(0 if delta is None else delta.lo)
-            cached = self._stack_loras[adapter.name] = StackLora(matrices, first_cols)
-        if any(m is not None and m.dtype != self.dtype for m in cached.matrices):
-            return None
-        return cached
+            # The kernel multiplies in the activations' dtype, the adapter's (model.lora).
+            same = all(m is None or m.dtype == self.dtype for m in matrices)
+            self._stack_loras[adapter.name] = StackLora(matrices, first_cols) if same else None
+        return self._stack_loras[adapter.name]
 
     def serve_lora(self, specs: Sequence[str], max_rank: int) -> LoraRegistry:
         """Load the LoRA adapters of ``specs`` (``name=path``) and wrap the layers they
