@@ -38,10 +38,11 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int], b_start: int = 0) -> i
 LORA_NAMESPACE_MARK = "#lora:"
 
 
-def lora_namespace(namespace: str | None, adapter: str | None) -> str | None:
-    """The radix-cache namespace of a request of LoRA ``adapter`` in ``namespace`` (a
-    tenant's, or None): an adapter's keys and values are shared with its own requests only
-    (radixserve.model.lora), and the router routes its prompts by the same key."""
-    if adapter is None:
+def lora_namespace(namespace: str | None, adapter_key: str | None) -> str | None:
+    """The radix-cache namespace of a request in ``namespace`` (a tenant's, or None) of the
+    LoRA adapter whose cache key is ``adapter_key`` (its name and files' digest:
+    radixserve.model.lora's LoraAdapter.cache_key): an adapter's keys and values are shared
+    with its own requests only, and the router routes its prompts by the same namespace."""
+    if adapter_key is None:
         return namespace
-    return f"{namespace or ''}{LORA_NAMESPACE_MARK}{adapter}"
+    return f"{namespace or ''}{LORA_NAMESPACE_MARK}{adapter_key}"

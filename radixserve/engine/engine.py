@@ -312,10 +312,11 @@ class Engine:
         self.runner.set_attention_backend(backend)
 
     @property
-    def lora_adapters(self) -> list[str]:
-        """The LoRA adapters this engine serves, by name (``lora_paths``)."""
+    def lora_adapters(self) -> dict[str, str]:
+        """The LoRA adapters this engine serves (``lora_paths``): name -> the key their
+        requests' cache namespace is split by (name and digest: LoraAdapter.cache_key)."""
         lora = getattr(self.model, "lora", None)
-        return [] if lora is None else lora.names
+        return {} if lora is None else lora.cache_keys
 
     # ------------------------------------------------------------------ streaming API
 
@@ -456,7 +457,8 @@ class Engine:
         split of it (a session's turns may run with an adapter: their path is leased there,
         and a client closing the session names its tenant only). Returns whether it held a
         lease."""
-        namespaces = [namespace] + [lora_namespace(namespace, a) for a in self.lora_adapters]
+        keys = self.lora_adapters.values()
+        namespaces = [namespace] + [lora_namespace(namespace, key) for key in keys]
         released = [self.cache.leases.release(session_id, ns) for ns in namespaces]
         return any(released)
 

@@ -112,13 +112,17 @@ class RequestIntake:
             len(ids),
             params,
             self.max_total_len,
-            namespace=lora_namespace(namespace, lora),
+            namespace=lora_namespace(namespace, self._lora_key(lora)),
             session_id=session_id,
             priority=priority,
             generator=gen,
             grammar=grammar,
             lora_slot=lora_slot,
         )
+
+    def _lora_key(self, lora: str | None) -> str | None:
+        """The adapter's cache key (None: the base model's requests)."""
+        return None if lora is None or self.lora is None else self.lora.cache_keys[lora]
 
     def _lora_slot(self, lora: str | None) -> int:
         """The adapter's slot (0: the base model); ``ValueError`` for one not served."""

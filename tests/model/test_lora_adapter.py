@@ -145,3 +145,21 @@ def test_names_namespaces_and_what_lora_does_not_run_with() -> None:
         with pytest.raises(ValueError, match="LoRA adapters do not run with"):
             EngineConfig(lora_paths=("a=/x",), **bad)  # type: ignore[arg-type]
     assert not EngineConfig(lora_paths=["a=/x"], device="cpu").use_decode_graphs  # type: ignore[arg-type]
+
+
+def test_the_cache_key_follows_the_files(
+    model: torch.nn.Module, tiny_lora_dir: Path, tmp_path: Path
+) -> None:
+    """An adapter's cache key is its name and its files' digest: the same files under the
+    same name give the same key (a restart reuses its disk tier); other weights under that
+    name give another (stale KV never answers)."""
+    key = read_adapter("sql", tiny_lora_dir, model, max_rank=64).cache_key
+    same = Path(shutil.copytree(tiny_lora_dir, tmp_path / "same"))
+    assert read_adapter("sql", same, model, max_rank=64).cache_key == key
+    changed = copy_adapter(tiny_lora_dir, tmp_path / "changed")
+    weights = load_file(str(changed / "adapter_model.safetensors"))
+    first = next(iter(weights))
+    weights[first] = weights[first] + 1
+    save_file(weights, str(changed / "adapter_model.safetensors"))
+    other = read_adapter("sql", changed, model, max_rank=64).cache_key
+    assert key.startswith("sql@") and other.startswith("sql@") and other != key

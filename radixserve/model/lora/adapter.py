@@ -15,6 +15,7 @@ Pickled ``adapter_model.bin`` files are refused too (loading one runs its code).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -120,12 +121,22 @@ def _fuse(shards: list[_Shard], dtype: torch.dtype, device: torch.device) -> Lor
 @dataclass(frozen=True)
 class LoraAdapter:
     """An adapter ready to serve: its deltas per adapted module of the served model (the
-    module's name in radixserve's model, e.g. ``model.layers.3.self_attn.qkv_proj``)."""
+    module's name in radixserve's model, e.g. ``model.layers.3.self_attn.qkv_proj``), and
+    a digest of its files."""
 
     name: str
     path: str
     rank: int
     deltas: dict[str, LoraDelta]
+    digest: str
+
+    @property
+    def cache_key(self) -> str:
+        """What its requests' cache namespace is split by: its name and its files' digest.
+        KV cached under an adapter's name by other weights (another worker's adapter of
+        that name, sharing a Mooncake store; a disk tier written before a restart with
+        new weights) never answers this adapter's requests."""
+        return f"{self.name}@{self.digest}"
 
 
 def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int) -> LoraAdapter:
@@ -152,7 +163,17 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int) -
     if not shards:
         raise ValueError(f"LoRA adapter {name!r} at {root} adapts no layer")
     deltas = {m: _fuse(sorted(s, key=lambda d: d.lo), dtype, device) for m, s in shards.items()}
-    return LoraAdapter(name, str(root), max(ranks), deltas)
+    return LoraAdapter(name, str(root), max(ranks), deltas, _digest(root))
+
+
+def _digest(root: Path) -> str:
+    """The first 16 hex digits of the SHA-256 of the adapter's config and weights files."""
+    h = hashlib.sha256()
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        with (root / name).open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 def _read_config(root: Path) -> dict[str, Any]:

@@ -107,6 +107,11 @@ class LoraRegistry:
     def names(self) -> list[str]:
         return [a.name for a in self.adapters]
 
+    @property
+    def cache_keys(self) -> dict[str, str]:
+        """Each adapter's :attr:`~LoraAdapter.cache_key`, by name."""
+        return {a.name: a.cache_key for a in self.adapters}
+
     def slot(self, name: str | None) -> int:
         """The slot of adapter ``name`` (0: None, the base model); ``ValueError`` if unknown."""
         if name is None:

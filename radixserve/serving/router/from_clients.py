@@ -280,6 +280,7 @@ class ClientSide:
             time.monotonic(),
             priority=req.priority,
             lora=req.lora,
+            lora_key=None if req.lora is None or adapters is None else adapters[req.lora],
         )
         # Tracked from now on (an abort, a client leaving or a shutdown finds it), dispatched
         # once its token ids are known.

@@ -45,14 +45,16 @@ class RouterRequest:
     retries: int = 0  # times sent to another worker after its worker died (before a first token)
     priority: int = 0  # the client's priority (the worker's cache keeps higher ones longer)
     lora: str | None = None  # the served LoRA adapter it runs with (None: the base model)
+    # That adapter's cache key on the workers (WorkerHello.lora_adapters; None: unknown).
+    lora_key: str | None = None
     # Where the prompt left the cached path (the worker sends it once, when asked).
     cache_report: p.CacheReport | msgspec.UnsetType = msgspec.UNSET
 
     @property
     def cache_namespace(self) -> str | None:
         """The namespace its prefixes are cached under on a worker, and routed by: its
-        tenant's, split by its LoRA adapter's (radixserve.prefix.lora_namespace)."""
-        return lora_namespace(self.namespace, self.lora)
+        tenant's, split by its LoRA adapter's key (radixserve.prefix.lora_namespace)."""
+        return lora_namespace(self.namespace, self.lora_key)
 
     def apply(self, out: p.StepOutput) -> tuple[p.GenerateChunk | None, bool]:
         """Fold in one worker output. Returns the chunk to stream (``None`` when not

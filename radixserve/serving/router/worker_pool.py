@@ -306,10 +306,14 @@ class WorkerPool:
         sizes = [w.hello.vocab_size for w in self.live]
         return min(sizes) if sizes else None
 
-    def lora_adapters(self) -> set[str] | None:
-        """The LoRA adapters every live worker serves (None: no worker has joined yet)."""
-        served = [set(w.hello.lora_adapters) for w in self.live]
-        return set.intersection(*served) if served else None
+    def lora_adapters(self) -> dict[str, str] | None:
+        """The LoRA adapters every live worker serves, name -> cache key (a name two
+        workers serve with other files: the first one's); None: no worker has joined yet."""
+        live = self.live
+        if not live:
+            return None
+        common = set.intersection(*(set(w.hello.lora_adapters) for w in live))
+        return {name: live[0].hello.lora_adapters[name] for name in sorted(common)}
 
 
 def worker_command(

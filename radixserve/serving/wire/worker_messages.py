@@ -116,7 +116,9 @@ class WorkerHello(Msg, tag="w_hello"):
         ""  # "prefill" / "decode" (serving.wire.disagg_messages); "": colocated
     )
     join: int = 0  # how many hellos this worker process said before this one (WorkerRejoin)
-    lora_adapters: list[str] = []  # the LoRA adapters it serves, by name
+    # The LoRA adapters it serves: name -> the key their cache namespace is split by (the
+    # router routes an adapter's prompts by it: radixserve.prefix.lora_namespace).
+    lora_adapters: dict[str, str] = {}
 
 
 class WorkerOutputs(Msg, tag="w_outputs"):

@@ -21,7 +21,7 @@ class ServingEngine(Protocol):
     (running, waiting, page states, counters). The worker also reads, where the engine has
     them, ``config`` (page size, max model length), ``max_total_len``, ``tokenizer``,
     ``model_path``, ``pool`` and ``device`` (its memory snapshot), ``startup_seconds`` and
-    ``lora_adapters`` (the LoRA adapters it serves, by name).
+    ``lora_adapters`` (the LoRA adapters it serves: name -> cache key).
     """
 
     @property

@@ -43,7 +43,7 @@ def describe_engine(
         model_path=str(getattr(engine, "model_path", "") or ""),
         disaggregation_mode=str(getattr(econf, "disaggregation_mode", None) or ""),
         join=join,
-        lora_adapters=list(getattr(engine, "lora_adapters", [])),
+        lora_adapters=dict(getattr(engine, "lora_adapters", {})),
     )
 
 

@@ -206,9 +206,9 @@ def test_an_adapters_prompt_routes_by_its_own_namespace() -> None:
     tokens, and the tenant's namespace still goes to the worker as it was."""
     d = events_dispatcher(0, 1)
     d.views[0].apply(0, batch(stored(SYSTEM)))  # the base model's pages
-    d.views[1].apply(0, batch(stored(SYSTEM, lora_namespace(None, "sql"))))
+    d.views[1].apply(0, batch(stored(SYSTEM, lora_namespace(None, "sql@0123"))))
     st = RouterRequest("r", b"c", "c", SYSTEM + [1], SamplingParams(), False, None, None, None, 0.0)
     assert d.choose(st.prompt_ids, IDLE, namespace=st.cache_namespace).worker_id == 0
-    st.lora = "sql"
-    assert st.namespace is None and st.cache_namespace == lora_namespace(None, "sql")
+    st.lora, st.lora_key = "sql", "sql@0123"  # the name, and its key in the workers' hellos
+    assert st.namespace is None and st.cache_namespace == lora_namespace(None, "sql@0123")
     assert d.choose(st.prompt_ids, IDLE, namespace=st.cache_namespace).worker_id == 1
