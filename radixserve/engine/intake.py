@@ -71,7 +71,7 @@ class RequestIntake:
         in use, which ``request_id`` must not repeat. ``lora``: the served LoRA adapter
         it runs with (None: the base model); its cache namespace is the adapter's own."""
         params = params or SamplingParams()
-        lora_slot = self._lora_slot(lora)
+        lora_slot, lora_key = self._adapter(lora)
         if params.prediction is not None and len(params.prediction) > self.max_total_len:
             raise ValueError(
                 f"the prediction has {len(params.prediction)} tokens, more than an output of "
@@ -112,7 +112,7 @@ class RequestIntake:
             len(ids),
             params,
             self.max_total_len,
-            namespace=lora_namespace(namespace, self._lora_key(lora)),
+            namespace=lora_namespace(namespace, lora_key),
             session_id=session_id,
             priority=priority,
             generator=gen,
@@ -120,17 +120,15 @@ class RequestIntake:
             lora_slot=lora_slot,
         )
 
-    def _lora_key(self, lora: str | None) -> str | None:
-        """The adapter's cache key (None: the base model's requests)."""
-        return None if lora is None or self.lora is None else self.lora.cache_keys[lora]
-
-    def _lora_slot(self, lora: str | None) -> int:
-        """The adapter's slot (0: the base model); ``ValueError`` for one not served."""
+    def _adapter(self, lora: str | None) -> tuple[int, str | None]:
+        """The adapter's slot and cache key (0 and None: the base model); ``ValueError`` for
+        one not served."""
         if lora is None:
-            return 0
+            return 0, None
         if self.lora is None:
             raise ValueError(f"unknown LoRA adapter {lora!r}: this engine serves none")
-        return self.lora.slot(lora)
+        slot = self.lora.slot(lora)
+        return slot, self.lora.adapters[slot - 1].cache_key
 
     @cached_property
     def think_markers(self) -> ThinkMarkers | None:

@@ -151,8 +151,7 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int) -
     dtype, device = _weights_dtype_device(model)
     shards: dict[str, list[_Shard]] = {}
     ranks: set[int] = set()
-    for layer, (a, b) in tensors.items():
-        module_name, lo, hi = _target(model, layer)
+    for layer, ((module_name, lo, hi), a, b) in tensors.items():
         r = a.shape[0]
         if not 0 < r <= max_rank:
             raise ValueError(f"LoRA adapter {name!r}: rank {r} of {layer} is above {max_rank}")
@@ -195,9 +194,12 @@ def _read_config(root: Path) -> dict[str, Any]:
     return config
 
 
-def _read_tensors(root: Path, model: nn.Module) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """``{layer name: (A, B)}``, each pair's names and shapes checked against ``model``
-    before any tensor is read (a path naming some other checkpoint reads nothing)."""
+def _read_tensors(
+    root: Path, model: nn.Module
+) -> dict[str, tuple[tuple[str, int, int], torch.Tensor, torch.Tensor]]:
+    """``{layer name: (its target in model, A, B)}`` (:func:`_target`), each pair's names
+    and shapes checked against ``model`` before any tensor is read (a path naming some
+    other checkpoint reads nothing)."""
     weights = root / WEIGHTS_FILE
     if not weights.is_file():
         pickled = " (a pickled adapter_model.bin is not read: loading one runs code)"
@@ -205,11 +207,16 @@ def _read_tensors(root: Path, model: nn.Module) -> dict[str, tuple[torch.Tensor,
         raise ValueError(f"no {WEIGHTS_FILE} at {root}{pickled if bin_there else ''}")
     with safe_open(str(weights), framework="pt") as f:
         pairs = _pairs(list(f.keys()))
-        for layer, (a_key, b_key) in pairs.items():
-            _check_shapes(
-                model, layer, f.get_slice(a_key).get_shape(), f.get_slice(b_key).get_shape()
+        targets = {
+            layer: _checked_target(
+                model, layer, f.get_slice(a).get_shape(), f.get_slice(b).get_shape()
             )
-        return {layer: (f.get_tensor(a), f.get_tensor(b)) for layer, (a, b) in pairs.items()}
+            for layer, (a, b) in pairs.items()
+        }
+        return {
+            layer: (targets[layer], f.get_tensor(a), f.get_tensor(b))
+            for layer, (a, b) in pairs.items()
+        }
 
 
 def _pairs(keys: list[str]) -> dict[str, tuple[str, str]]:
@@ -231,9 +238,12 @@ def _pairs(keys: list[str]) -> dict[str, tuple[str, str]]:
     return {k: (a_of[k], b_of[k]) for k in sorted(a_of)}
 
 
-def _check_shapes(model: nn.Module, layer: str, a: list[int], b: list[int]) -> None:
-    """A ``[r, in]`` and B ``[out, r]`` for the model's layer ``layer``."""
-    module_name, lo, hi = _target(model, layer)
+def _checked_target(
+    model: nn.Module, layer: str, a: list[int], b: list[int]
+) -> tuple[str, int, int]:
+    """``layer``'s target in ``model`` (:func:`_target`), its A ``[r, in]`` and B ``[out,
+    r]`` shapes checked against it."""
+    target = module_name, lo, hi = _target(model, layer)
     in_features = cast("nn.Linear", model.get_submodule(module_name)).in_features
     r = a[0] if a else 0
     if list(a) != [r, in_features] or list(b) != [hi - lo, r]:
@@ -241,6 +251,7 @@ def _check_shapes(model: nn.Module, layer: str, a: list[int], b: list[int]) -> N
             f"{layer}'s LoRA matrices are {list(a)} and {list(b)}; this model's layer needs "
             f"[r, {in_features}] and [{hi - lo}, r]"
         )
+    return target
 
 
 def _target(model: nn.Module, layer: str) -> tuple[str, int, int]:
