@@ -1,7 +1,7 @@
 """The longest common prefix of two token sequences: one helper for the radix cache, the
 router's routing tries and the DSL's choice scoring; and the cache namespace of a LoRA
-adapter's requests, which the worker's cache and the router's routing both key prefixes by
-(torch-free, so every layer and the clients may import it)."""
+adapter's requests, which the worker's cache and the router's routing both key prefixes by,
+and what may name an adapter (torch-free, so every layer and the clients may import them)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,24 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int], b_start: int = 0) -> i
 
 
 LORA_NAMESPACE_MARK = "#lora:"
+# An adapter's name is a request's ``model`` (alone, or as ``base:name``) and part of its
+# cache key (``name@digest``): no separators, and short.
+MAX_ADAPTER_NAME_CHARS = 128
+MAX_ADAPTER_PATH_CHARS = 4096  # a directory on the workers' hosts, named by an operator
+_NAME_FORBIDDEN = frozenset(":#@/\\")
+
+
+def check_adapter_name(name: str) -> None:
+    """``ValueError`` unless ``name`` can name an adapter: 1 to 128 printable characters,
+    no whitespace and none of ``: # @ / \\``."""
+    if not 0 < len(name) <= MAX_ADAPTER_NAME_CHARS:
+        raise ValueError(
+            f"a LoRA adapter's name is 1 to {MAX_ADAPTER_NAME_CHARS} characters, got {len(name)}"
+        )
+    if not name.isprintable() or any(c.isspace() or c in _NAME_FORBIDDEN for c in name):
+        raise ValueError(
+            f"a LoRA adapter's name has no whitespace and none of ': # @ / \\', got {name!r}"
+        )
 
 
 def lora_namespace(namespace: str | None, adapter_key: str | None) -> str | None:

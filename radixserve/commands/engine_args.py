@@ -206,6 +206,19 @@ def add_lora_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-lora-rank", type=int, default=None, help="the largest adapter rank accepted (64)"
     )
+    g.add_argument(
+        "--enable-lora",
+        action="store_true",
+        default=None,
+        help="serve LoRA adapters loaded while serving (/load_lora_adapter), with or without "
+        "--lora-paths",
+    )
+    g.add_argument(
+        "--max-loaded-loras",
+        type=int,
+        default=None,
+        help="the most adapters served at once, loaded at start-up or since (no bound)",
+    )
 
 
 def add_parallel_arguments(p: argparse.ArgumentParser) -> None:
@@ -321,6 +334,8 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
         "disaggregation_mode",
         "lora_paths",
         "max_lora_rank",
+        "enable_lora",
+        "max_loaded_loras",
     ):
         if getattr(args, name, None) is not None:
             cfg[name] = getattr(args, name)

@@ -191,6 +191,16 @@ class EngineConfig:
     # above max_lora_rank are refused.
     lora_paths: tuple[str, ...] = ()
     max_lora_rank: int = 64
+    # Adapters loaded and unloaded while serving (Engine.load_lora_adapter, SGLang's and
+    # vLLM's /load_lora_adapter): on with lora_paths, or alone with enable_lora (SGLang's and
+    # vLLM's --enable-lora). At most max_loaded_loras served at once (None: no bound).
+    enable_lora: bool = False
+    max_loaded_loras: int | None = None
+
+    @property
+    def lora_enabled(self) -> bool:
+        """Whether LoRA adapters are served, from start-up or loaded later."""
+        return self.enable_lora or bool(self.lora_paths)
 
     @property
     def use_overlap(self) -> bool:
@@ -202,7 +212,7 @@ class EngineConfig:
     def use_decode_graphs(self) -> bool:
         if self.decode_graphs == "auto":
             # A decode graph's forward is fixed at capture: adapted rows run eagerly.
-            return torch.device(self.device).type == "cuda" and not self.lora_paths
+            return torch.device(self.device).type == "cuda" and not self.lora_enabled
         return self.decode_graphs == "on"
 
     @property
@@ -330,11 +340,18 @@ class EngineConfig:
 
     def _lora_errors(self) -> list[str]:
         """What LoRA adapters do not run with yet (docs/lora.md)."""
-        if not self.lora_paths:
+        if not self.lora_enabled:
             return []
         errors: list[str] = []
         if not 1 <= self.max_lora_rank <= 1024:
             errors.append(f"max_lora_rank must be in [1, 1024], got {self.max_lora_rank}")
+        if self.max_loaded_loras is not None and self.max_loaded_loras < max(
+            1, len(self.lora_paths)
+        ):
+            errors.append(
+                f"max_loaded_loras ({self.max_loaded_loras}) must be at least 1 and at least "
+                f"the {len(self.lora_paths)} adapters of lora_paths"
+            )
         unsupported = {
             "tensor parallelism": self.tensor_parallel_size > 1,
             "pipeline parallelism": self.pipeline_parallel_size > 1,

@@ -60,6 +60,7 @@ from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.pool import KVPool
 from radixserve.memory.window_pool import WindowedPageAllocator, WindowPages
 from radixserve.model.attention.base import AttentionBackend
+from radixserve.model.lora import LoraRegistry
 from radixserve.prefix import lora_namespace
 from radixserve.sampling_params import SamplingInput, SamplingParams, per_prompt
 from radixserve.scheduling.scheduler import Scheduler, SchedulerConfig
@@ -215,8 +216,8 @@ class Engine:
             quantization=cfg.quant_config(),
             **self.topology.load_args(),
         )
-        if cfg.lora_paths:
-            self.model.serve_lora(cfg.lora_paths, cfg.max_lora_rank)
+        if cfg.lora_enabled:
+            self.model.serve_lora(cfg.lora_paths, cfg.max_lora_rank, cfg.max_loaded_loras)
         clock.lap("load weights")
         self.model_config = mc = self.model.config
         if cfg.max_model_len is not None and cfg.max_model_len > mc.max_position_embeddings:
@@ -313,10 +314,42 @@ class Engine:
 
     @property
     def lora_adapters(self) -> dict[str, str]:
-        """The LoRA adapters this engine serves (``lora_paths``): name -> the key their
-        requests' cache namespace is split by (name and digest: LoraAdapter.cache_key)."""
+        """The LoRA adapters this engine serves (``lora_paths`` and those loaded since):
+        name -> the key their requests' cache namespace is split by (name and digest:
+        LoraAdapter.cache_key)."""
         lora = getattr(self.model, "lora", None)
         return {} if lora is None else lora.cache_keys
+
+    def load_lora_adapter(self, name: str, path: str) -> str:
+        """Serve the PEFT adapter at ``path`` as ``name`` from the next request on, without a
+        restart (SGLang's and vLLM's ``/load_lora_adapter``); its cache key. The same files
+        under the same name again are a no-op. ``ValueError``: LoRA is not enabled
+        (``enable_lora``), ``name`` is served with other files, ``max_loaded_loras`` are
+        loaded, or the adapter does not fit the model."""
+        return self._lora_registry().add(name, path).cache_key
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Stop serving ``name``: new requests naming it are refused at once; those running
+        finish with it, and its weights are freed after the last (``ValueError``: not
+        served). Its cached prefixes stay until evicted, under a key no other weights
+        share."""
+        self._lora_registry().remove(name)
+        self._release_loras()
+
+    def _lora_registry(self) -> LoraRegistry:
+        lora: LoraRegistry | None = getattr(self.model, "lora", None)
+        if lora is None:
+            raise ValueError(
+                "this engine serves no LoRA adapters: start it with enable_lora "
+                "(--enable-lora) or lora_paths to load them while serving"
+            )
+        return lora
+
+    def _release_loras(self) -> None:
+        """Free the unloaded adapters no live request holds."""
+        lora: LoraRegistry | None = getattr(self.model, "lora", None)
+        if lora is not None and lora.draining:
+            lora.release({r.lora_slot for r in self.scheduler.requests.values()})
 
     # ------------------------------------------------------------------ streaming API
 
@@ -357,6 +390,7 @@ class Engine:
         progressed or finished."""
         out, self._buffered = self._buffered, []
         out.extend(to_step_output(o) for o in self.loop.step())
+        self._release_loras()
         return out
 
     def check_health(self) -> None:

@@ -127,8 +127,7 @@ class RequestIntake:
             return 0, None
         if self.lora is None:
             raise ValueError(f"unknown LoRA adapter {lora!r}: this engine serves none")
-        slot = self.lora.slot(lora)
-        return slot, self.lora.adapters[slot - 1].cache_key
+        return self.lora.lookup(lora)
 
     @cached_property
     def think_markers(self) -> ThinkMarkers | None:

@@ -55,6 +55,7 @@ from radixserve.model.layers.mlp import GatedMLP
 from radixserve.model.layers.moe import expert_checkpoint_names
 from radixserve.model.layers.norm import RMSNorm, rms_norm, stack_weight
 from radixserve.model.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
+from radixserve.model.lora.adapter import LoraAdapter
 from radixserve.model.lora.registry import LoraRegistry, LoraRows, unwrap
 from radixserve.model.parallel import ParallelLMHead, TPGroup, TPShard, VocabParallelEmbedding
 from radixserve.model.quant.apply import QuantReport
@@ -224,9 +225,8 @@ class LlamaForCausalLM(nn.Module):
         self.native_stack = True
         self._stack: DecoderStack | None = None
         # The LoRA adapters served beside the weights (serve_lora); None: none. Each one's
-        # form for the one-call stack, by name, made at its first step there.
+        # form for the one-call stack is made at its first step there (LoraRegistry.memo).
         self.lora: LoraRegistry | None = None
-        self._stack_loras: dict[str, StackLora | None] = {}
 
     # From the final norm, which no quantization replaces (the embedding may be int8).
     @property
@@ -280,26 +280,32 @@ class LlamaForCausalLM(nn.Module):
         the step mixes adapters, or its deltas would not run the GEMV kernel there)."""
         if len(rows.groups) != 1 or rows.groups[0][1] is not None or not cpu_gemv.available():
             return None
+        assert self.lora is not None, "a batch names LoRA rows, but no adapter is served"
         adapter = rows.groups[0][0]
-        if adapter.name not in self._stack_loras:
-            matrices: list[torch.Tensor | None] = []
-            first_cols: list[int] = []
-            for layer in range(len(self.model.layers)):
-                for name in STACK_LINEARS:
-                    delta = adapter.deltas.get(f"model.layers.{layer}.{name}")
-                    matrices += [None, None] if delta is None else [delta.a, delta.b]
-                    first_cols.append(0 if delta is None else delta.lo)
-            # The kernel multiplies in the activations' dtype, the adapter's (model.lora).
-            same = all(m is None or m.dtype == self.dtype for m in matrices)
-            self._stack_loras[adapter.name] = StackLora(matrices, first_cols) if same else None
-        return self._stack_loras[adapter.name]
+        return self.lora.memo(adapter, "stack", lambda: self._stack_form(adapter))
 
-    def serve_lora(self, specs: Sequence[str], max_rank: int) -> LoraRegistry:
-        """Load the LoRA adapters of ``specs`` (``name=path``) and wrap the layers they
-        adapt (:mod:`radixserve.model.lora`); after loading and quantization."""
+    def _stack_form(self, adapter: LoraAdapter) -> StackLora | None:
+        """``adapter`` as the one-call stack takes it (None: its matrices are not in the
+        activations' dtype, which the kernel multiplies in)."""
+        matrices: list[torch.Tensor | None] = []
+        first_cols: list[int] = []
+        for layer in range(len(self.model.layers)):
+            for name in STACK_LINEARS:
+                delta = adapter.deltas.get(f"model.layers.{layer}.{name}")
+                matrices += [None, None] if delta is None else [delta.a, delta.b]
+                first_cols.append(0 if delta is None else delta.lo)
+        same = all(m is None or m.dtype == self.dtype for m in matrices)
+        return StackLora(matrices, first_cols) if same else None
+
+    def serve_lora(
+        self, specs: Sequence[str], max_rank: int, max_loaded: int | None = None
+    ) -> LoraRegistry:
+        """Load the LoRA adapters of ``specs`` (``name=path``; none: adapters only loaded
+        while serving) and wrap the layers they adapt (:mod:`radixserve.model.lora`); after
+        loading and quantization."""
         if self.tp is not None:
             raise ValueError("LoRA adapters are not supported with tensor parallelism")
-        self.lora = LoraRegistry.load(self, specs, max_rank)
+        self.lora = LoraRegistry.load(self, specs, max_rank, max_loaded)
         return self.lora
 
     def output_slice(self, layer: str) -> tuple[str, int, int]:

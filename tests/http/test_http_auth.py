@@ -160,6 +160,15 @@ def test_admin_endpoints_need_the_admin_key(keyed: str) -> None:
                 path,
                 r.text,
             )  # 400: flush refused while a request runs
+        # Loading adapters reads the workers' disks and changes what every tenant is served.
+        for path in ("/load_lora_adapter", "/v1/load_lora_adapter"):
+            body = {"lora_name": "x", "lora_path": "/etc"}
+            for headers in ({}, {"Authorization": f"Bearer {KEY_A}"}):
+                assert c.post(path, headers=headers, json=body).status_code == 401
+            r = c.post(path, headers={"Authorization": f"Bearer {ADMIN}"}, json=body)
+            assert r.status_code == 400 and "adapter_config.json is missing" in r.text, r.text
+        for path in ("/unload_lora_adapter", "/v1/unload_lora_adapter"):
+            assert c.post(path, json={"lora_name": "x"}).status_code == 401
         r = c.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
         assert 'radixserve_http_errors_total{status="401"}' in r.text  # refusals are counted
 

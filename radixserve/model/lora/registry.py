@@ -1,7 +1,8 @@
 """The served adapters: their slots, the wrapped layers, and each forward's rows.
 
-Slot 0 is the base model; adapters take slots 1..N in the order they were named. A step
-plan carries one slot per sequence (``StepPlan.lora_slots``); the runner turns it into
+Slot 0 is the base model; adapters take the lowest free slots from 1 on, in the order they
+were loaded (at start-up, or while serving: :meth:`LoraRegistry.add`). A step plan
+carries one slot per sequence (``StepPlan.lora_slots``); the runner turns it into
 :class:`LoraRows` (which rows each adapter owns) for the forward, and every
 :class:`LoraLinear` adds its adapters' deltas to those rows. Rows of the base model get
 nothing added, so a batch without adapted rows computes exactly what the model does
@@ -12,19 +13,30 @@ one mixing adapters takes the per-layer path; no captured decode graph runs adap
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Callable, Iterator, Sequence, Set
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import TypeVar, cast
 
 import torch
 from torch import nn
 
 from radixserve.model.lora.adapter import LoraAdapter, read_adapter
-from radixserve.prefix import lora_namespace
+from radixserve.prefix import check_adapter_name, lora_namespace
 
-__all__ = ["LoraLinear", "LoraRegistry", "LoraRows", "lora_namespace", "parse_lora_spec", "unwrap"]
+__all__ = [
+    "LoraLinear",
+    "LoraRegistry",
+    "LoraRows",
+    "check_adapter_name",
+    "lora_namespace",
+    "parse_lora_spec",
+    "unwrap",
+]
+
+T = TypeVar("T")
 
 
 def parse_lora_spec(spec: str) -> tuple[str, str]:
@@ -85,23 +97,36 @@ def unwrap(module: nn.Module) -> nn.Module:
 
 
 class LoraRegistry:
-    """The adapters a model serves (see the module docstring)."""
+    """The adapters a model serves (see the module docstring), loaded at start-up or while
+    serving (:meth:`add`, :meth:`remove`).
 
-    def __init__(self, adapters: Sequence[LoraAdapter]) -> None:
-        self.adapters = list(adapters)
-        self._slots = {a.name: i + 1 for i, a in enumerate(self.adapters)}
-        if len(self._slots) != len(self.adapters):
-            raise ValueError("two LoRA adapters share a name")
+    A slot is never reused while a request holds it: an adapter removed while its requests
+    run stops taking new ones at once, but keeps its slot and weights ("draining") until
+    :meth:`release` is told none of its requests is left."""
+
+    def __init__(self, model: nn.Module, max_rank: int, max_loaded: int | None = None) -> None:
+        self._model, self.max_rank, self.max_loaded = model, max_rank, max_loaded
+        self._by_slot: dict[int, LoraAdapter] = {}
+        self._slots: dict[str, int] = {}  # the served adapters' names (draining ones: not)
+        self._draining: set[int] = set()
+        self._memo: dict[tuple[str, str], object] = {}
         self._active = _Active()
 
     @classmethod
-    def load(cls, model: nn.Module, specs: Sequence[str], max_rank: int) -> LoraRegistry:
+    def load(
+        cls, model: nn.Module, specs: Sequence[str], max_rank: int, max_loaded: int | None = None
+    ) -> LoraRegistry:
         """Read every adapter of ``specs`` (``name=path``) for ``model`` and wrap the layers
         they target."""
-        adapters = [read_adapter(*parse_lora_spec(s), model, max_rank) for s in specs]
-        registry = cls(adapters)
-        registry._wrap(model)
+        registry = cls(model, max_rank, max_loaded)
+        for spec in specs:
+            registry.add(*parse_lora_spec(spec))
         return registry
+
+    @property
+    def adapters(self) -> list[LoraAdapter]:
+        """The served adapters, in slot order."""
+        return [self._by_slot[s] for s in sorted(self._slots.values())]
 
     @property
     def names(self) -> list[str]:
@@ -109,18 +134,79 @@ class LoraRegistry:
 
     @property
     def cache_keys(self) -> dict[str, str]:
-        """Each adapter's :attr:`~LoraAdapter.cache_key`, by name."""
+        """Each served adapter's :attr:`~LoraAdapter.cache_key`, by name."""
         return {a.name: a.cache_key for a in self.adapters}
+
+    @property
+    def draining(self) -> bool:
+        """Whether a removed adapter still holds its slot (:meth:`release` frees it)."""
+        return bool(self._draining)
 
     def slot(self, name: str | None) -> int:
         """The slot of adapter ``name`` (0: None, the base model); ``ValueError`` if unknown."""
+        return self.lookup(name)[0]
+
+    def lookup(self, name: str | None) -> tuple[int, str | None]:
+        """``(slot, cache key)`` of the served adapter ``name`` (``(0, None)``: None, the base
+        model); ``ValueError`` if it is not served."""
         if name is None:
-            return 0
+            return 0, None
         slot = self._slots.get(name)
         if slot is None:
             served = ", ".join(self.names) or "none"
             raise ValueError(f"unknown LoRA adapter {name!r} (served: {served})")
-        return slot
+        return slot, self._by_slot[slot].cache_key
+
+    def add(self, name: str, path: str) -> LoraAdapter:
+        """Read the adapter at ``path`` and serve it as ``name``: idempotent for the same
+        files under the same name; ``ValueError`` for a name served with other files (remove
+        it first), past ``max_loaded`` adapters, or an adapter that does not fit the model."""
+        check_adapter_name(name)
+        if name not in self._slots and self.max_loaded is not None:
+            if len(self._slots) >= self.max_loaded:
+                raise ValueError(
+                    f"{len(self._slots)} LoRA adapters are loaded, the most this server "
+                    f"serves (--max-loaded-loras): unload one first"
+                )
+        adapter = read_adapter(name, path, self._model, self.max_rank)
+        if name in self._slots:
+            served = self._by_slot[self._slots[name]]
+            if served.cache_key != adapter.cache_key:
+                raise ValueError(
+                    f"a LoRA adapter named {name!r} is already loaded from {served.path} with "
+                    "other weights: unload it first"
+                )
+            return served
+        slot = next(s for s in itertools.count(1) if s not in self._by_slot)
+        self._by_slot[slot], self._slots[name] = adapter, slot
+        self._wrap(adapter)
+        return adapter
+
+    def remove(self, name: str) -> None:
+        """Stop serving ``name`` to new requests (``ValueError`` if it is not served); its slot
+        drains until :meth:`release`."""
+        if name not in self._slots:
+            served = ", ".join(self.names) or "none"
+            raise ValueError(f"unknown LoRA adapter {name!r} (served: {served})")
+        self._draining.add(self._slots.pop(name))
+
+    def release(self, in_use: Set[int]) -> list[LoraAdapter]:
+        """Free the removed adapters whose slots no request holds (``in_use``: the slots
+        live requests hold); the adapters freed."""
+        freed = [self._by_slot.pop(s) for s in sorted(self._draining - in_use)]
+        self._draining &= set(in_use)
+        for adapter in freed:
+            for key in [k for k in self._memo if k[0] == adapter.cache_key]:
+                del self._memo[key]
+        return freed
+
+    def memo(self, adapter: LoraAdapter, kind: str, make: Callable[[], T]) -> T:
+        """``make()``'s result for ``adapter``, made once while it is loaded (a form of it a
+        kernel takes; freed with the adapter)."""
+        key = (adapter.cache_key, kind)
+        if key not in self._memo:
+            self._memo[key] = make()
+        return cast("T", self._memo[key])
 
     def rows(
         self, slots: Sequence[int], extend_lens: Sequence[int], device: torch.device
@@ -137,7 +223,7 @@ class LoraRegistry:
         for slot, idx in sorted(by_slot.items()):
             whole = len(idx) == t
             rows = None if whole else torch.tensor(idx, dtype=torch.int64, device=device)
-            groups.append((self.adapters[slot - 1], rows))
+            groups.append((self._by_slot[slot], rows))
         return LoraRows(tuple(groups))
 
     @contextmanager
@@ -149,8 +235,11 @@ class LoraRegistry:
         finally:
             self._active.rows = None
 
-    def _wrap(self, model: nn.Module) -> None:
-        for name in sorted({m for a in self.adapters for m in a.deltas}):
+    def _wrap(self, adapter: LoraAdapter) -> None:
+        """Wrap the layers ``adapter`` targets that no adapter before it did."""
+        for name in sorted(adapter.deltas):
             parent_name, _, attr = name.rpartition(".")
-            parent = model.get_submodule(parent_name)
-            setattr(parent, attr, LoraLinear(getattr(parent, attr), name, self._active))
+            parent = self._model.get_submodule(parent_name)
+            layer = getattr(parent, attr)
+            if not isinstance(layer, LoraLinear):
+                setattr(parent, attr, LoraLinear(layer, name, self._active))

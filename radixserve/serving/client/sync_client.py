@@ -195,6 +195,20 @@ class Client:
     def flush_cache(self, timeout: float | None = None) -> bool:
         return self._call(p.FlushCache(request_id=self._ids.next()), timeout).ok
 
+    def load_lora_adapter(
+        self, name: str, path: str, timeout: float | None = None
+    ) -> p.LoraAdapterReply:
+        """Have every worker serve the PEFT adapter at ``path`` (a directory on the workers'
+        hosts) as ``name``; the reply says whether they all do (an authenticated client
+        only)."""
+        msg = p.LoadLoraAdapter(request_id=self._ids.next(), name=name, path=path)
+        return self._call(msg, timeout)
+
+    def unload_lora_adapter(self, name: str, timeout: float | None = None) -> p.LoraAdapterReply:
+        """Have every worker stop serving adapter ``name`` (its running requests finish)."""
+        msg = p.UnloadLoraAdapter(request_id=self._ids.next(), name=name)
+        return self._call(msg, timeout)
+
     def close_session(
         self,
         session_id: str,

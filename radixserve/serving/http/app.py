@@ -8,6 +8,8 @@
 * Anthropic-compatible ``/v1/messages`` and ``/v1/messages/count_tokens``
   (:mod:`~radixserve.serving.http.messages`);
 * vLLM's ``/tokenize`` and ``/detokenize`` (:mod:`~radixserve.serving.http.tokenize_api`);
+* SGLang's and vLLM's LoRA adapter loading and unloading
+  (:mod:`~radixserve.serving.http.lora_api`);
 * SGLang-native ``/generate``, ``/get_model_info``, ``/flush_cache``, ``/health``,
   ``/health_generate``, ``/get_server_info`` (:mod:`~radixserve.serving.http.sglang_api`);
 * ``/metrics`` in Prometheus text format (:mod:`~radixserve.serving.http.metrics`);
@@ -34,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from radixserve import __version__
 from radixserve.serving.http import (
     cache_report,
+    lora_api,
     messages,
     openai_api,
     responses,
@@ -113,6 +116,7 @@ def create_app(config: GatewayConfig | None = None, tokenizer: Any = None) -> Fa
     app.include_router(cache_report.router)
     app.include_router(sessions_api.router)
     app.include_router(tokenize_api.router)
+    app.include_router(lora_api.router)
 
     @app.get("/metrics")
     async def metrics() -> Response:

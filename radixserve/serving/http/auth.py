@@ -32,7 +32,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 # memory, and Prometheus metrics (their per-worker cache-hit counters are an aggregate view
 # of what others' prompts left in the cache; Prometheus sends bearer tokens when scraping).
 ADMIN_PATHS: frozenset[str] = frozenset(
-    {"/flush_cache", "/get_server_info", "/server_info", "/metrics", "/cache_report"}
+    {
+        "/flush_cache",
+        "/get_server_info",
+        "/server_info",
+        "/metrics",
+        "/cache_report",
+        # What every worker serves, read from the workers' disks (http/lora_api.py).
+        "/load_lora_adapter",
+        "/unload_lora_adapter",
+        "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter",
+    }
 )
 # Liveness probes from load balancers and orchestrators, which carry no credentials.
 OPEN_PATHS: frozenset[str] = frozenset({"/health"})

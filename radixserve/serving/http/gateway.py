@@ -59,6 +59,7 @@ class GatewayConfig:
     tokenizer: str | None = None
     request_timeout_s: float = 600.0
     control_timeout_s: float = 15.0
+    lora_timeout_s: float = 150.0  # a LoRA adapter load (the router's own limit is 120 s)
     memory_log_interval_s: float = 60.0
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     admin_api_keys: tuple[str, ...] = field(default=(), repr=False)
@@ -277,6 +278,30 @@ class Gateway:
     async def flush_cache(self) -> bool:
         with router_errors():
             return await self._client().flush_cache(timeout=self.config.control_timeout_s)
+
+    async def load_lora_adapter(self, name: str, path: str) -> p.LoraAdapterReply:
+        """Have every worker serve the PEFT adapter at ``path`` as ``name``; the model list
+        and ``model`` names follow the reply's adapters."""
+        with router_errors():
+            reply = await self._client().load_lora_adapter(
+                name, path, timeout=self.config.lora_timeout_s
+            )
+        self._served_adapters(reply)
+        return reply
+
+    async def unload_lora_adapter(self, name: str) -> p.LoraAdapterReply:
+        """Have every worker stop serving adapter ``name``."""
+        with router_errors():
+            reply = await self._client().unload_lora_adapter(
+                name, timeout=self.config.lora_timeout_s
+            )
+        self._served_adapters(reply)
+        return reply
+
+    def _served_adapters(self, reply: p.LoraAdapterReply) -> None:
+        if self._info is not None:
+            adapters = sorted(reply.adapters)
+            self._info = msgspec.structs.replace(self._info, lora_adapters=adapters)
 
     async def close_session(self, session_id: str, cache_salt: str | None) -> bool:
         """Release ``session_id``'s lease in the tenant's namespace (``cache_salt``: the

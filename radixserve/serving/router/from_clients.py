@@ -7,7 +7,8 @@ it), its prompt is encoded by the tokenizer processes
 (:class:`~radixserve.serving.router.tokenizer_pool.TokenizerPool`, off the router's loop; on the
 loop where there are none) and, once its token ids fit the workers' context, dispatched.
 Health, model info and tokenize requests are answered here; stats and cache flushes go to
-:class:`~radixserve.serving.router.control.ControlOps`, aborts to ``InFlight``.
+:class:`~radixserve.serving.router.control.ControlOps`, LoRA adapter loads and unloads to
+:class:`~radixserve.serving.router.lora_ops.LoraOps`, aborts to ``InFlight``.
 
 Sending stays with the router (``send`` and ``reply_error``): a failed send means the
 client is gone.
@@ -22,9 +23,12 @@ from typing import Any
 
 import msgspec
 
+from radixserve.prefix import MAX_ADAPTER_PATH_CHARS as MAX_PATH
+from radixserve.prefix import check_adapter_name
 from radixserve.serving.prompts import PromptCodec, PromptError, encode_text
 from radixserve.serving.router.control import ControlOps
 from radixserve.serving.router.inflight import ClientError, ClientSend, InFlight, context_error
+from radixserve.serving.router.lora_ops import LoraOps
 from radixserve.serving.router.requests import RouterRequest
 from radixserve.serving.router.tokenizer_pool import TokenizerPool
 from radixserve.serving.router.worker_pool import WorkerPool
@@ -33,6 +37,8 @@ from radixserve.serving.wire.limits import RequestLimits, prompt_chars
 from radixserve.serving.wire.security import cache_namespace
 
 log = logging.getLogger("radixserve.security")  # refusals go to the audit log
+# What only an authenticated client may ask: every tenant's cache, every worker's adapters.
+ADMIN_MESSAGES = (p.FlushCache, p.LoadLoraAdapter, p.UnloadLoraAdapter)
 
 
 def error_code(message: str) -> p.ErrorCode:
@@ -62,6 +68,7 @@ class ClientSide:
         pool: WorkerPool,
         inflight: InFlight,
         control: ControlOps,
+        lora: LoraOps,
         *,
         send: ClientSend,
         reply_error: ClientError,
@@ -69,13 +76,14 @@ class ClientSide:
     ) -> None:
         self._limits, self._codec, self._tokenizers = limits, codec, tokenizers
         self._trusted = trusted
-        self._pool, self._inflight, self._control = pool, inflight, control
+        self._pool, self._inflight, self._control, self._lora = pool, inflight, control, lora
         self._send, self._reply_error = send, reply_error
         self.started = time.monotonic()
 
     def on_frames(self, raw: list[Any]) -> None:
         """Handle one message from a client: ``[identity, frame]`` as ``zmq.Frame`` objects
-        (the last one's metadata says whether the client may flush the cache)."""
+        (the last one's metadata says whether the client may ask what :data:`ADMIN_MESSAGES`
+        ask)."""
         frames: list[bytes] = [f.bytes for f in raw]
         client = frames[0]
         refused = self._frame_error(frames)
@@ -93,10 +101,12 @@ class ClientSide:
             self._on_health(client, msg.request_id)
         elif isinstance(msg, p.ModelInfoRequest):
             self._on_model_info(client, msg.request_id)
-        elif isinstance(msg, p.FlushCache) and not self._trusted(raw[-1]):
-            self._refuse_flush(client, msg.request_id)
+        elif isinstance(msg, ADMIN_MESSAGES) and not self._trusted(raw[-1]):
+            self._refuse_admin(client, msg)
         elif isinstance(msg, (p.StatsRequest, p.FlushCache)):
             self._control.start(client, msg)
+        elif isinstance(msg, (p.LoadLoraAdapter, p.UnloadLoraAdapter)):
+            self._on_lora(client, msg)
         elif isinstance(msg, p.CloseSession):
             self._on_close_session(client, msg)
         elif isinstance(msg, p.TokenizeRequest):
@@ -130,19 +140,35 @@ class ClientSide:
             ),
         )
 
-    def _refuse_flush(self, client: bytes, request_id: str) -> None:
-        """Every tenant's cached prefixes at once: only this process's clients (the HTTP
-        gateway, whose admin key guards /flush_cache) or a keyed client may ask."""
-        log.warning("cache flush from client %s refused: not authenticated", client.hex())
+    def _refuse_admin(
+        self, client: bytes, msg: p.FlushCache | p.LoadLoraAdapter | p.UnloadLoraAdapter
+    ) -> None:
+        """Every tenant's cached prefixes at once, or what every worker serves (and reads
+        from its disk): only this process's clients (the HTTP gateway, whose admin key
+        guards these paths) or a keyed client may ask."""
+        what = "flushing the cache" if isinstance(msg, p.FlushCache) else "loading LoRA adapters"
+        log.warning("%s from client %s refused: not authenticated", what, client.hex())
         self._reply_error(
             client,
             p.Error(
                 code="forbidden",
-                message="flushing the cache needs an authenticated client (the server's "
-                "--keys, or its own HTTP gateway with an admin key)",
-                request_id=request_id,
+                message=f"{what} needs an authenticated client (the server's --keys, or its "
+                "own HTTP gateway with an admin key)",
+                request_id=msg.request_id,
             ),
         )
+
+    def _on_lora(self, client: bytes, msg: p.LoadLoraAdapter | p.UnloadLoraAdapter) -> None:
+        """Check the adapter's name and path before any worker is asked."""
+        try:
+            check_adapter_name(msg.name)
+            if isinstance(msg, p.LoadLoraAdapter) and not 0 < len(msg.path) <= MAX_PATH:
+                raise ValueError(f"a LoRA adapter's path is 1 to {MAX_PATH} characters")
+        except ValueError as exc:
+            error = p.Error(code="invalid_params", message=str(exc), request_id=msg.request_id)
+            self._reply_error(client, error)
+            return
+        self._lora.start(client, msg)
 
     def _on_close_session(self, client: bytes, msg: p.CloseSession) -> None:
         if len(msg.session_id) > 256 or len(msg.cache_salt or "") > p.MAX_CACHE_SALT_CHARS:

@@ -3,7 +3,8 @@
 A hello registers the worker in the :class:`~radixserve.serving.router.worker_pool.WorkerPool`; from a
 registered, live worker, outputs go to :class:`~radixserve.serving.router.inflight.InFlight` (which
 streams them back to clients), heartbeats and outputs refresh its load, stats and flush
-replies go to :class:`~radixserve.serving.router.control.ControlOps`, and a goodbye marks it dead.
+replies go to :class:`~radixserve.serving.router.control.ControlOps`, LoRA adapter replies to
+:class:`~radixserve.serving.router.lora_ops.LoraOps`, and a goodbye marks it dead.
 A worker the router already declared dead is told to rejoin (once), and what it still
 computes is aborted.
 
@@ -24,6 +25,7 @@ from radixserve.serving.router.control import ControlOps
 from radixserve.serving.router.dispatch import Dispatcher
 from radixserve.serving.router.inflight import InFlight
 from radixserve.serving.router.kv_index import decode_batch
+from radixserve.serving.router.lora_ops import LoraOps
 from radixserve.serving.router.worker_pool import WorkerHandle, WorkerPool
 from radixserve.serving.wire import protocol as p
 from radixserve.serving.wire.security import peer_of
@@ -43,10 +45,11 @@ class WorkerSide:
         dispatcher: Dispatcher,
         inflight: InFlight,
         control: ControlOps,
+        lora: LoraOps,
         on_disagg: Callable[[WorkerHandle, DisaggReply], None] | None = None,
     ) -> None:
         self._pool, self._dispatcher = pool, dispatcher
-        self._inflight, self._control = inflight, control
+        self._inflight, self._control, self._lora = inflight, control, lora
         self._on_disagg = on_disagg  # prefill/decode pairs' replies (disagg_dispatch.py)
 
     def on_frames(self, frames: list[zmq.Frame]) -> None:
@@ -86,6 +89,8 @@ class WorkerSide:
             self.on_kv_events(w, msg)
         elif isinstance(msg, (p.WorkerStatsReply, p.WorkerFlushReply, p.WorkerCloseSessionReply)):
             self._control.on_reply(w, msg)
+        elif isinstance(msg, p.WorkerLoraReply):
+            self._lora.on_reply(w, msg)
         elif isinstance(msg, p.WorkerRejected):
             self._inflight.on_rejected(w, msg.rid, msg.message)
         elif isinstance(msg, p.WorkerGoodbye):

@@ -57,6 +57,7 @@ from radixserve.serving.router.dispatch import Dispatcher
 from radixserve.serving.router.from_clients import ClientSide
 from radixserve.serving.router.from_workers import WorkerSide
 from radixserve.serving.router.inflight import InFlight
+from radixserve.serving.router.lora_ops import LoraOps
 from radixserve.serving.router.supervisor import Supervisor, describe_exit
 from radixserve.serving.router.tokenizer_pool import TokenizerPool
 from radixserve.serving.router.worker_pool import WorkerHandle, WorkerPool
@@ -174,6 +175,7 @@ class Router:
         self._control = ControlOps(
             self.pool, self.dispatcher, config.control_timeout_s, self.send_client, self.stats_reply
         )
+        self._lora = LoraOps(self.pool, config.lora_timeout_s, self.send_client)
         self.client_side = ClientSide(
             config.limits,
             self.codec,
@@ -181,6 +183,7 @@ class Router:
             self.pool,
             self.inflight,
             self._control,
+            self._lora,
             send=self.send_client,
             reply_error=self._reply_error,
             trusted=self.security.trusted_client,
@@ -196,6 +199,7 @@ class Router:
             self.dispatcher,
             self.inflight,
             self._control,
+            self._lora,
             on_disagg=self.split.on_message if self.split is not None else None,
         )
 
@@ -430,6 +434,7 @@ class Router:
     def _on_worker_joined(self, w: WorkerHandle) -> None:
         if self.dispatcher.prefix_source == "events":
             self.pool.send(w, p.WorkerKVSubscribe())  # answered with a snapshot, then batches
+        self._lora.on_joined(w)  # before any request: one may name an adapter loaded since
         self.inflight.dispatch_waiting()
 
     def _on_worker_dead(self, w: WorkerHandle, reason: str) -> None:
@@ -437,6 +442,7 @@ class Router:
             self.split.worker_dead(w, reason)
         self.inflight.fail_worker_requests(w, reason)
         self._control.on_worker_dead(w)
+        self._lora.on_worker_dead(w)
         if self._no_worker_to_come():
             self.inflight.fail_waiting("no live worker to run the request")
 
@@ -455,6 +461,7 @@ class Router:
         self.inflight.expire_waiting(now)
         self.inflight.probe_clients(now, cfg.client_probe_interval_s)
         self._control.expire(now)
+        self._lora.expire(now)
 
     def _excuse_stall(self, now: float, interval: float) -> None:
         """When this turn comes far later than due (the loop could not run: the process

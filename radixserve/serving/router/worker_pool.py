@@ -64,6 +64,9 @@ class WorkerHandle:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     engine: dict[str, Any] = field(default_factory=dict)
+    # The LoRA adapters it serves (name -> cache key): its hello's, then its load and
+    # unload replies' (router/lora_ops.py).
+    lora_adapters: dict[str, str] = field(default_factory=dict)
 
     def outstanding(self) -> Outstanding:
         """What this worker has to do, as the dispatcher measures it."""
@@ -159,6 +162,7 @@ class WorkerPool:
         # A worker joining again (declared dead after a long step) keeps its process handle.
         proc = self.expected.pop(wid, None) or (old.proc if old is not None else None)
         w = WorkerHandle(wid, identity, hello, time.monotonic(), proc=proc, load=hello.load)
+        w.lora_adapters = dict(hello.lora_adapters)
         self.workers[wid] = w
         self._by_identity[identity] = w
         self.dispatcher.add_worker(wid)
@@ -312,8 +316,8 @@ class WorkerPool:
         live = self.live
         if not live:
             return None
-        common = set.intersection(*(set(w.hello.lora_adapters) for w in live))
-        return {name: live[0].hello.lora_adapters[name] for name in sorted(common)}
+        common = set.intersection(*(set(w.lora_adapters) for w in live))
+        return {name: live[0].lora_adapters[name] for name in sorted(common)}
 
 
 def worker_command(

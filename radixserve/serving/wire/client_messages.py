@@ -114,6 +114,24 @@ class FlushCache(Msg, tag="flush_cache"):
     request_id: str
 
 
+class LoadLoraAdapter(Msg, tag="load_lora"):
+    """Every worker loads the PEFT adapter at ``path`` (a directory on the workers' hosts) as
+    ``name`` and serves it from then on; answered by :class:`LoraAdapterReply`. Like a
+    cache flush, only an authenticated client may ask."""
+
+    request_id: str
+    name: str
+    path: str
+
+
+class UnloadLoraAdapter(Msg, tag="unload_lora"):
+    """Every worker stops serving adapter ``name`` (its running requests finish with it);
+    answered by :class:`LoraAdapterReply`."""
+
+    request_id: str
+    name: str
+
+
 class CloseSession(Msg, tag="close_session"):
     """The session ended: every worker releases its lease (its cached path becomes ordinary
     cache) and the router forgets where it ran; answered by :class:`CloseSessionReply`.
@@ -178,6 +196,8 @@ ClientMessage = (
     | Health
     | ModelInfoRequest
     | FlushCache
+    | LoadLoraAdapter
+    | UnloadLoraAdapter
     | CloseSession
     | StatsRequest
     | TokenizeRequest
@@ -286,6 +306,20 @@ class CloseSessionReply(Msg, tag="close_session_reply"):
     released: bool
 
 
+class LoraAdapterReply(Msg, tag="lora_reply"):
+    """``ok`` when every live worker serves the adapter afterwards (a load) or none does (an
+    unload); else ``code`` says why (``invalid_params``: a worker refused the adapter,
+    ``not_found``: no worker served the name, ``unavailable``: no worker answered) and
+    ``error`` what the workers said; ``adapters``: the adapters every live worker serves now
+    (name -> cache key)."""
+
+    request_id: str
+    ok: bool
+    code: str | None = None
+    error: str | None = None
+    adapters: dict[str, str] = {}
+
+
 class FlushCacheReply(Msg, tag="flush_cache_reply"):
     """``ok`` when every live worker flushed (a worker with running requests refuses)."""
 
@@ -338,6 +372,7 @@ ServerMessage = (
     | HealthReply
     | ModelInfo
     | FlushCacheReply
+    | LoraAdapterReply
     | CloseSessionReply
     | StatsReply
     | KeepAlive

@@ -51,6 +51,8 @@ from radixserve.serving.wire.client_messages import (
     Health,
     HealthReply,
     KeepAlive,
+    LoadLoraAdapter,
+    LoraAdapterReply,
     ModelInfo,
     ModelInfoRequest,
     ServerMessage,
@@ -60,6 +62,7 @@ from radixserve.serving.wire.client_messages import (
     TokenizeReply,
     TokenizeRequest,
     ToolCallPart,
+    UnloadLoraAdapter,
     WorkerStats,
 )
 from radixserve.serving.wire.disagg_messages import (
@@ -87,6 +90,8 @@ from radixserve.serving.wire.worker_messages import (
     WorkerHello,
     WorkerKVEvents,
     WorkerKVSubscribe,
+    WorkerLoadLora,
+    WorkerLoraReply,
     WorkerOutputs,
     WorkerPing,
     WorkerRejected,
@@ -95,6 +100,7 @@ from radixserve.serving.wire.worker_messages import (
     WorkerShutdown,
     WorkerStatsReply,
     WorkerStatsRequest,
+    WorkerUnloadLora,
 )
 from radixserve.serving.wire.worker_messages import WorkerToRouter as _WorkerToRouter
 
@@ -121,6 +127,8 @@ __all__ = [
     "Health",
     "ModelInfoRequest",
     "FlushCache",
+    "UnloadLoraAdapter",
+    "LoadLoraAdapter",
     "CloseSession",
     "StatsRequest",
     "TokenizeRequest",
@@ -134,6 +142,7 @@ __all__ = [
     "TokenizeReply",
     "DetokenizeReply",
     "FlushCacheReply",
+    "LoraAdapterReply",
     "CloseSessionReply",
     "WorkerStats",
     "StatsReply",
@@ -145,6 +154,8 @@ __all__ = [
     "WorkerPing",
     "WorkerStatsRequest",
     "WorkerFlush",
+    "WorkerUnloadLora",
+    "WorkerLoadLora",
     "WorkerCloseSession",
     "WorkerShutdown",
     "WorkerRejoin",
@@ -155,6 +166,7 @@ __all__ = [
     "WorkerHeartbeat",
     "WorkerStatsReply",
     "WorkerFlushReply",
+    "WorkerLoraReply",
     "WorkerCloseSessionReply",
     "WorkerRejected",
     "WorkerGoodbye",

@@ -65,6 +65,23 @@ class WorkerCloseSession(Msg, tag="w_close_session"):
     namespace: str | None = None
 
 
+class WorkerLoadLora(Msg, tag="w_load_lora"):
+    """Router -> worker: serve the PEFT adapter at ``path`` as ``name``; answer
+    :class:`WorkerLoraReply` (``token`` 0: the router replays a load to a worker that
+    joined, and waits on no answer)."""
+
+    token: int
+    name: str
+    path: str
+
+
+class WorkerUnloadLora(Msg, tag="w_unload_lora"):
+    """Router -> worker: stop serving adapter ``name``; answer :class:`WorkerLoraReply`."""
+
+    token: int
+    name: str
+
+
 class WorkerShutdown(Msg, tag="w_shutdown"):
     """Router -> worker: abort everything, say goodbye and exit."""
 
@@ -94,6 +111,8 @@ RouterToWorker = (
     | WorkerStatsRequest
     | WorkerFlush
     | WorkerCloseSession
+    | WorkerLoadLora
+    | WorkerUnloadLora
     | WorkerShutdown
     | WorkerRejoin
 )
@@ -149,6 +168,15 @@ class WorkerFlushReply(Msg, tag="w_flush_reply"):
     ok: bool
 
 
+class WorkerLoraReply(Msg, tag="w_lora_reply"):
+    """Worker -> router: ``error``, why a load or unload failed (None: done); ``adapters``,
+    the adapters it serves now (name -> cache key)."""
+
+    token: int
+    error: str | None
+    adapters: dict[str, str]
+
+
 class WorkerCloseSessionReply(Msg, tag="w_close_session_reply"):
     """Worker -> router: whether it held a lease for the session (now released)."""
 
@@ -194,6 +222,7 @@ WorkerToRouter = (
     | WorkerHeartbeat
     | WorkerStatsReply
     | WorkerFlushReply
+    | WorkerLoraReply
     | WorkerCloseSessionReply
     | WorkerRejected
     | WorkerGoodbye

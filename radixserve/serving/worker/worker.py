@@ -36,7 +36,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 import zmq
@@ -140,6 +140,8 @@ class Worker:
             p.WorkerStatsRequest: self._on_stats,
             p.WorkerFlush: self._on_flush,
             p.WorkerCloseSession: self._on_close_session,
+            p.WorkerLoadLora: self._on_lora,
+            p.WorkerUnloadLora: self._on_lora,
             p.WorkerKVSubscribe: self._on_kv_subscribe,
             p.WorkerRejoin: self._on_rejoin,
             p.WorkerShutdown: self._on_shutdown,
@@ -448,6 +450,29 @@ class Worker:
         close = getattr(self.engine, "close_session", None)
         released = bool(close(msg.session_id, msg.namespace)) if close else False
         self._send(p.WorkerCloseSessionReply(token=msg.token, released=released))
+
+    def _on_lora(self, msg: p.WorkerLoadLora | p.WorkerUnloadLora) -> None:
+        """Load or unload a LoRA adapter between steps; the reply says what it serves now."""
+        error: str | None = None
+        try:
+            if isinstance(msg, p.WorkerLoadLora):
+                key = self._lora_call("load_lora_adapter")(msg.name, msg.path)
+                log.info("LoRA adapter %r loaded from %s (%s)", msg.name, msg.path, key)
+            else:
+                self._lora_call("unload_lora_adapter")(msg.name)
+                log.info("LoRA adapter %r unloaded", msg.name)
+        except Exception as exc:  # an operator's bad path or name must not take the worker down
+            error = str(exc) or type(exc).__name__
+            log.warning("LoRA adapter %r: %s", msg.name, error)
+        adapters = dict(getattr(self.engine, "lora_adapters", {}))
+        self._send(p.WorkerLoraReply(token=msg.token, error=error, adapters=adapters))
+
+    def _lora_call(self, name: str) -> Callable[..., Any]:
+        # Loading adapters is the real engine's, not part of ServingEngine: fakes load none.
+        call = getattr(self.engine, name, None)
+        if call is None:
+            raise ValueError("this worker's engine does not load LoRA adapters")
+        return cast("Callable[..., Any]", call)
 
     def _on_kv_subscribe(self, msg: p.WorkerKVSubscribe) -> None:
         self._publish_events()  # what came before goes out first; the snapshot follows it

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from recording_backend import RecordingBackend
 
 import radixserve.serving.wire.protocol as p
 from radixserve.sampling_params import SamplingParams
@@ -31,25 +32,11 @@ from radixserve.serving.router.worker_pool import WorkerPool
 HELLO = p.WorkerHello(0, 1000, "m", 64, 32, [0])
 
 
-class _Backend:
-    """The router's worker socket: what was sent, to whom, in order."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[bytes, object]] = []
-
-    def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
-        self.sent.append((frames[0], p.decode_to_worker(frames[1])))
-
-    def take(self) -> list[tuple[bytes, object]]:
-        sent, self.sent = self.sent, []
-        return sent
-
-
 class _Router:
     """An InFlight over a WorkerPool wired as the router wires them, one client's messages kept."""
 
     def __init__(self) -> None:
-        self.backend = _Backend()
+        self.backend = RecordingBackend()
         dispatcher = Dispatcher()
         self.to_client: list[object] = []
         self.pool = WorkerPool(
@@ -187,7 +174,7 @@ def test_a_dead_worker_is_asked_to_rejoin_from_the_hello_given_up(router: _Route
     r.pool.register(b"w1", msgspec.structs.replace(HELLO, worker_id=1, join=3))
     w = r.pool.workers[1]
     r.pool.mark_dead(w, "silent")
-    side = WorkerSide(r.pool, r.pool.dispatcher, r.inflight, control=None)  # type: ignore[arg-type]
+    side = WorkerSide(r.pool, r.pool.dispatcher, r.inflight, control=None, lora=None)  # type: ignore[arg-type]
     beat = p.encode(p.WorkerHeartbeat(load=p.WorkerLoad()))
     side.on_frames([zmq.Frame(b"w1"), zmq.Frame(beat)])
     side.on_frames([zmq.Frame(b"w1"), zmq.Frame(beat)])  # asked once only
