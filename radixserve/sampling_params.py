@@ -127,6 +127,10 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # edit mostly repeats): drafted from and verified (radixserve.speculative.prediction),
     # so it changes how fast the output comes, never what it is.
     prediction: list[int] | None = None
+    # Return the prompt's embedding: the final norm's output at its last token (last-token
+    # pooling, as decoder embedding models pool: Qwen3-Embedding, gte-Qwen2, e5-mistral),
+    # unnormalized, with the first output (StepOutput.embedding). Not about sampling either.
+    return_embedding: bool = False
 
     @property
     def greedy(self) -> bool:

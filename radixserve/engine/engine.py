@@ -197,6 +197,7 @@ class Engine:
             max_model_len=self.max_model_len,
             pool_tokens=num_pages * pool.page_size,
             lora=getattr(self.model, "lora", None),  # a pipeline stage serves none
+            no_embeddings=_no_embeddings(cfg),
         )
         # Prefill/decode disaggregation (distributed.disagg): None unless disaggregation_mode.
         self.disagg: PrefillRole | DecodeRole | None = make_role(
@@ -519,3 +520,14 @@ class Engine:
             runner = self.runner
             scratch = runner.pool.num_window_pages - 1
             check_window_map(runner.window_map, runner._window_host, scratch, self.allocator.window)
+
+
+def _no_embeddings(cfg: EngineConfig) -> str | None:
+    """Why an engine of ``cfg`` cannot return a prompt's embedding (None: it can): rank 0
+    holds the final norm's output only where it runs the last layer and the prompt's last
+    row itself."""
+    if cfg.pipeline_parallel_size > 1:
+        return "with pipeline parallelism (the last stage holds the final norm's output)"
+    if cfg.disaggregation_mode is not None:
+        return "with prefill/decode disaggregation"
+    return None

@@ -47,9 +47,12 @@ class RequestIntake:
         max_model_len: int,
         pool_tokens: int,
         lora: LoraRegistry | None = None,
+        no_embeddings: str | None = None,
     ) -> None:
+        """``no_embeddings``: why this engine cannot return embeddings (None: it can)."""
         self.model_config = model_config
         self.lora = lora
+        self.no_embeddings = no_embeddings
         self.tokenizer = tokenizer
         self.sampler = sampler
         self.max_total_len = max_total_len
@@ -78,6 +81,8 @@ class RequestIntake:
                 f"this engine can hold ({self.max_total_len})"
             )
         params = params.validate(self.model_config.vocab_size)
+        if params.return_embedding and self.no_embeddings is not None:
+            raise ValueError(f"embeddings are not returned {self.no_embeddings}")
         if params.bad_words and params.bad_words_token_ids is None and self.tokenizer is not None:
             words = encode_words(self.tokenizer, params.bad_words)
             too_long = word_errors(None, words)  # bounded as a caller's sequences are

@@ -87,18 +87,26 @@ class PendingStep:
         self._splan = splan
         # The prompt logprobs' top-k, None when the step scores no prompt token.
         self._prompt_k = plan.prompt_top_k if plan.prompt_targets else None
+        self._embeds = len(plan.embed_rows)  # rows of final-norm outputs read back
 
     def result(self) -> StepResult:
         host = self._read.wait()
         tokens: list[int] = []
         logprobs: list = []
+        n = 0
         if self._splan is not None:
             sampled = unpack_samples(self._splan, host[:4])
             tokens, logprobs = sampled.token_ids, sampled.logprobs
+            n = 4
+        embeddings: list[list[float]] = []
+        if self._embeds:
+            flat, size = host[n], len(host[n]) // self._embeds
+            embeddings = [flat[i : i + size] for i in range(0, len(flat), size)]
         if self._prompt_k is None:
-            return StepResult(tokens, logprobs, [])
+            return StepResult(tokens, logprobs, [], embeddings=embeddings)
         tail = host[len(host) - prompt_logprob_count(self._prompt_k) :]
-        return StepResult(tokens, logprobs, *unpack_prompt_logprobs(tail, self._prompt_k))
+        prompt = unpack_prompt_logprobs(tail, self._prompt_k)
+        return StepResult(tokens, logprobs, *prompt, embeddings=embeddings)
 
 
 def kv_pool_args(model: LlamaForCausalLM, cfg: EngineConfig, device: torch.device) -> dict:
@@ -358,6 +366,7 @@ class ModelRunner:
             graphs is not None
             and plan.is_decode_only
             and not plan.prompt_targets
+            and not plan.embed_rows  # a captured forward keeps no hidden states
             and plan.lora_slots is None  # a captured forward adds no adapter's deltas
             and graphs.bucket_for(plan.batch_size) is not None
         )
@@ -375,6 +384,7 @@ class ModelRunner:
                 logits = graphs.run(plan, staged, input_ids)
             else:
                 batch = self._forward_batch(plan, staged, input_ids)
+                batch.keep_hidden = bool(plan.embed_rows)
                 self.attn.init_forward_metadata(batch)
                 logits = self._forward(batch, plan, staged)
             reads: list[torch.Tensor] = []
@@ -382,6 +392,9 @@ class ModelRunner:
                 sampled = self.sampler.sample_staged(logits[:ns], splan, staged)
                 self._last_tokens = sampled.token_ids
                 reads += list(sampled)
+            if plan.embed_rows:  # read before the prompt logprobs, which are read from the end
+                assert batch.hidden is not None, "the model kept no hidden states"
+                reads.append(batch.hidden[plan.embed_rows].float())
             if plan.prompt_targets:
                 targets = staged.i("lp_targets")
                 reads += prompt_logprob_reads(logits[ns:], targets, plan.prompt_top_k)

@@ -45,6 +45,7 @@ class GenerateCollector:
         self.prompt_logprobs: list[float | None] | None = None
         self.prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
         self.prompt_logprob_ranks: list[int | None] | None = None
+        self.embedding: list[float] | None = None
         self.text = ""
         self.stopped = False
         self.error: str | None = None  # the router would fail the request with this (a 400)
@@ -60,6 +61,8 @@ class GenerateCollector:
             self.prompt_logprobs = o.prompt_logprobs
             self.prompt_top_logprobs = o.prompt_top_logprobs
             self.prompt_logprob_ranks = o.prompt_logprob_ranks
+        if o.embedding is not None:
+            self.embedding = o.embedding
         if self.stopped:
             return False
         # Several tokens at once (speculative decoding): only those up to a stop string's.
@@ -105,4 +108,5 @@ class GenerateCollector:
             prompt_top_logprobs=self.prompt_top_logprobs,
             matched_stop=self.detok.matched_stop,
             prompt_logprob_ranks=self.prompt_logprob_ranks,
+            embedding=self.embedding,
         )

@@ -94,6 +94,8 @@ class StepOutput(msgspec.Struct, frozen=True):
     # to follow): the router answers the client as for a request refused at the start.
     error_code: Literal["invalid_params"] | None = None
     prompt_logprob_ranks: list[int | None] | None = None
+    # params.return_embedding: the final norm's output at the prompt's last token, once.
+    embedding: list[float] | None = None
 
 
 class GenerateOutput(msgspec.Struct, frozen=True):
@@ -112,6 +114,7 @@ class GenerateOutput(msgspec.Struct, frozen=True):
     # The stop string that ended the text (None: none did; a stop token shows in token_ids).
     matched_stop: str | None = None
     prompt_logprob_ranks: list[int | None] | None = None  # with prompt_logprobs
+    embedding: list[float] | None = None  # with return_embedding
 
 
 class EngineStats(msgspec.Struct, frozen=True):
@@ -217,6 +220,7 @@ def to_step_output(o: RequestOutput) -> StepOutput:
         prompt_logprobs=o.prompt_logprobs,
         prompt_top_logprobs=o.prompt_top_logprobs,
         prompt_logprob_ranks=o.prompt_logprob_ranks,
+        embedding=o.embedding,
         finished=o.finished,
         finish_reason=o.finish_reason,  # type: ignore[arg-type]
         error=o.error,

@@ -55,6 +55,10 @@ class ForwardBatch:
     # LoRA adapters (model.lora): which rows each adapter in the batch owns; None: no row
     # of this forward is adapted.
     lora: LoraRows | None = None
+    # Embeddings (params.return_embedding): the forward keeps the final norm's output of the
+    # logits rows in ``hidden`` ([N, hidden] in the activations' dtype) when asked.
+    keep_hidden: bool = False
+    hidden: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -266,6 +266,8 @@ class LlamaForCausalLM(nn.Module):
                     h = layer.forward(h, batch, attn, local_cos_sin if windowed else cos_sin)
         # The final norm is per row: only the rows whose logits are wanted need it.
         h = self.model.norm(h.index_select(0, batch.logits_indices))
+        if batch.keep_hidden:
+            batch.hidden = h
         return soft_cap(self.lm_head(h).float(), self.config.final_softcap)
 
     def _lora_applied(self, batch: ForwardBatch) -> AbstractContextManager[None]:

@@ -34,7 +34,7 @@ the last one, so the device table is patched, never rebuilt and never read back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from radixserve.scheduling.request import FUTURE_TOKEN, Request
@@ -128,6 +128,10 @@ class StepPlan:
     # LoRA adapters (model.lora): each sequence's adapter slot (0: the base model); None:
     # every sequence is the base model's.
     lora_slots: list[int] | None = None
+    # Embeddings (params.return_embedding): the sample rows (indices into ``sample_rows``)
+    # that are a prompt's last row, whose final-norm output is read back, and their requests.
+    embed_rows: list[int] = field(default_factory=list)
+    embed_reqs: list[Request] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -191,10 +195,9 @@ def plan_step(
     page_lists: list[list[int]] = []
     sample_rows: list[int] = []
     sample_reqs: list[Request] = []
-    lp_rows: list[int] = []
-    lp_targets: list[int] = []
-    lp_k = 0
-    spans: list[tuple[Request, int, int]] = []
+    lp = _PromptRows()
+    embed_rows: list[int] = []
+    embed_reqs: list[Request] = []
     future_rows: list[int] = []
     future_src: list[int] = []
     drafted: list[tuple[Request, list[int]]] = []
@@ -227,18 +230,14 @@ def plan_step(
         seq_lens.append(c + m)
         page_lists.append(pages[: -(-(c + m) // ps)])
         if c + n == len(req.token_ids):  # every verify row samples
+            if c + n == req.prompt_len and req.wants_embedding:  # the prompt's last row
+                embed_rows.append(len(sample_rows))
+                embed_reqs.append(req)
             sample_rows += range(t + n - 1, t + m)
             sample_reqs += [req] * (m - n + 1)
             drafted.append((req, req.drafts))
             verified += req.drafts + [NO_DRAFT]  # row i verifies draft i; the last, none
-        if req.wants_prompt_logprobs:
-            lo = max(c, req.prompt_lp_next)
-            hi = min(c + n, req.prompt_len - 1)
-            if hi > lo:
-                lp_rows += range(t + lo - c, t + hi - c)
-                lp_targets += req.token_ids[lo + 1 : hi + 1]
-                lp_k = max(lp_k, req.params.prompt_top_k)
-                spans.append((req, lo, hi - lo))
+        lp.add(req, c, n, t)
         t += m
     w_rows, w_cols, w_pages = rows.take_writes()
     plan = StepPlan(
@@ -253,19 +252,43 @@ def plan_step(
         write_rows=w_rows,
         write_cols=w_cols,
         write_pages=w_pages,
-        logits_indices=sample_rows + lp_rows,
+        logits_indices=sample_rows + lp.rows,
         sample_rows=sample_reqs,
-        prompt_targets=lp_targets,
+        prompt_targets=lp.targets,
         future_rows=future_rows,
         future_src=future_src,
         row_paths=(gemv_rows, onednn_rows) if one_row_kernel_rows else None,
-        prompt_top_k=lp_k,
+        prompt_top_k=lp.top_k,
         lora_slots=_lora_slots(work),
+        embed_rows=embed_rows,
+        embed_reqs=embed_reqs,
     )
     verifies = len(sample_reqs) > len(drafted)  # some request drafted
     if verifies:
         plan.sample_drafts = verified
-    return ScheduledBatch(work, plan, spans, drafted if verifies else None)
+    return ScheduledBatch(work, plan, lp.spans, drafted if verifies else None)
+
+
+@dataclass
+class _PromptRows:
+    """The prompt-logprob rows of a step being laid out: their rows, the tokens they score,
+    the most likeliest tokens any asks for, and per request its (first position, count)."""
+
+    rows: list[int] = field(default_factory=list)
+    targets: list[int] = field(default_factory=list)
+    top_k: int = 0
+    spans: list[tuple[Request, int, int]] = field(default_factory=list)
+
+    def add(self, req: Request, c: int, n: int, t: int) -> None:
+        """``req``'s positions ``c .. c + n`` (rows from ``t``) whose logits it still needs."""
+        if not req.wants_prompt_logprobs:
+            return
+        lo, hi = max(c, req.prompt_lp_next), min(c + n, req.prompt_len - 1)
+        if hi > lo:
+            self.rows += range(t + lo - c, t + hi - c)
+            self.targets += req.token_ids[lo + 1 : hi + 1]
+            self.top_k = max(self.top_k, req.params.prompt_top_k)
+            self.spans.append((req, lo, hi - lo))
 
 
 def _lora_slots(work: list[tuple[Request, int]]) -> list[int] | None:
@@ -285,3 +308,5 @@ class StepResult(NamedTuple):
     prompt_top: list[list[tuple[int, float]]] = []
     # One per plan.prompt_targets: the scored token's rank (1: the likeliest).
     prompt_ranks: list[int] = []
+    # One per plan.embed_reqs: the final norm's output at the prompt's last row.
+    embeddings: list[list[float]] = []

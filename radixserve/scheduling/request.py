@@ -94,6 +94,10 @@ class Request:
     # Each scored token's rank in its position's distribution (None for position 0).
     prompt_logprob_ranks: list[int | None] | None = None
     prompt_logprobs_sent: bool = False
+    # params.return_embedding: the prompt's last row's final-norm output, once computed;
+    # sent with the output that follows.
+    embedding: list[float] | None = None
+    embedding_sent: bool = False
     # Tokens produced since the last StepOutput, with their logprobs.
     new_token_ids: list[int] = field(default_factory=list)
     new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
@@ -154,6 +158,9 @@ class Request:
         ):
             prompt_lps, self.prompt_logprobs_sent = self.prompt_logprobs, True
             prompt_top, prompt_ranks = self.prompt_top_logprobs, self.prompt_logprob_ranks
+        embedding = None
+        if self.embedding is not None and not self.embedding_sent:
+            embedding, self.embedding_sent = self.embedding, True
         out = RequestOutput(
             request_id=self.request_id,
             new_token_ids=self.new_token_ids,
@@ -173,6 +180,7 @@ class Request:
             cache_report=self.cache_report,
             prompt_top_logprobs=prompt_top,
             prompt_logprob_ranks=prompt_ranks,
+            embedding=embedding,
         )
         self.cache_report = None
         self.new_token_ids = []
@@ -201,6 +209,12 @@ class Request:
     @property
     def is_decoding(self) -> bool:
         return self.num_pending == 1
+
+    @property
+    def wants_embedding(self) -> bool:
+        """It asked for the prompt's embedding and has not got it yet (the prompt's last row
+        is computed once: a request retracted after it keeps what it got)."""
+        return self.params.return_embedding and self.embedding is None
 
     @property
     def wants_prompt_logprobs(self) -> bool:

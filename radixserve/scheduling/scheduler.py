@@ -421,6 +421,8 @@ class Scheduler:
                     k = req.params.prompt_top_k
                     req.prompt_top_logprobs.extend(top[:k] for top in prompt_top[i : i + count])
             i += count
+        for req, embedding in zip(batch.plan.embed_reqs, result.embeddings):
+            req.embedding = embedding  # goes out with the token this step sampled for it
         outputs: list[RequestOutput] = []
         tokens, logprobs = result.token_ids, result.logprobs
         if batch.drafted is None:  # one row per sampled request

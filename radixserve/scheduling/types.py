@@ -62,6 +62,7 @@ class RequestOutput(NamedTuple):
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None  # with prompt_logprobs
     prompt_logprob_ranks: list[int | None] | None = None  # with prompt_logprobs
     error_code: Literal["invalid_params"] | None = None  # the request's own fault (Request)
+    embedding: list[float] | None = None  # params.return_embedding, once
 
 
 @dataclass

@@ -5,6 +5,7 @@
 * OpenAI-compatible ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``
   (:mod:`~radixserve.serving.http.openai_api`), ``/v1/responses``
   (:mod:`~radixserve.serving.http.responses`);
+* OpenAI's ``/v1/embeddings`` (:mod:`~radixserve.serving.http.embeddings`);
 * Anthropic-compatible ``/v1/messages`` and ``/v1/messages/count_tokens``
   (:mod:`~radixserve.serving.http.messages`);
 * vLLM's ``/tokenize`` and ``/detokenize`` (:mod:`~radixserve.serving.http.tokenize_api`);
@@ -36,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from radixserve import __version__
 from radixserve.serving.http import (
     cache_report,
+    embeddings,
     lora_api,
     messages,
     openai_api,
@@ -117,6 +119,7 @@ def create_app(config: GatewayConfig | None = None, tokenizer: Any = None) -> Fa
     app.include_router(sessions_api.router)
     app.include_router(tokenize_api.router)
     app.include_router(lora_api.router)
+    app.include_router(embeddings.router)
 
     @app.get("/metrics")
     async def metrics() -> Response:

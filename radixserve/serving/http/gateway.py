@@ -254,6 +254,21 @@ class Gateway:
             code="model_not_found",
         )
 
+    async def model_and_adapter(self, model: str, lora_path: str | None) -> tuple[str, str | None]:
+        """The name replies carry and the LoRA adapter to run with: the one ``model`` names,
+        or SGLang's ``lora_path`` beside the base model's name (both naming different ones:
+        a 400)."""
+        name, adapter = await self.resolve_model(model)
+        if lora_path is None or lora_path == adapter:
+            return name, adapter
+        if adapter is not None:
+            raise APIError(
+                400, f"model names the LoRA adapter {adapter!r} and lora_path {lora_path!r}"
+            )
+        if lora_path not in (await self.info()).lora_adapters:
+            raise APIError(404, f"no LoRA adapter {lora_path!r} is served", param="lora_path")
+        return name, lora_path
+
     def token_text(self, token_id: int) -> str:
         """The text of one token (for logprobs); ``token_id:N`` without a tokenizer."""
         return self.tokens.text(token_id)

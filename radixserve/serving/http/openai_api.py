@@ -96,21 +96,6 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
     return _model_card(g, name, (await g.info()).context_length, parent)
 
 
-async def _model_and_adapter(
-    g: Gateway, model: str, lora_path: str | None
-) -> tuple[str, str | None]:
-    """The name replies carry and the LoRA adapter to run with: the one ``model`` names, or
-    SGLang's ``lora_path`` beside the base model's name (both naming different ones: a 400)."""
-    name, adapter = await g.resolve_model(model)
-    if lora_path is None or lora_path == adapter:
-        return name, adapter
-    if adapter is not None:
-        raise invalid(f"model names the LoRA adapter {adapter!r} and lora_path {lora_path!r}")
-    if lora_path not in (await g.info()).lora_adapters:
-        raise APIError(404, f"no LoRA adapter {lora_path!r} is served", param="lora_path")
-    return name, lora_path
-
-
 # ---------------------------------------------------------------------------- chat
 
 
@@ -119,7 +104,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     arrival = time.monotonic()
     g = _gw(request)
     body.check()
-    model, lora = await _model_and_adapter(g, body.model, body.lora_path)
+    model, lora = await g.model_and_adapter(body.model, body.lora_path)
     info = await g.info()
     g.check_batch(body.n)
     max_tokens, want_lp = body.wanted_max_tokens(info.context_length), body.wanted_logprobs()
@@ -223,7 +208,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     arrival = time.monotonic()
     g = _gw(request)
     body.check()
-    model, lora = await _model_and_adapter(g, body.model, body.lora_path)
+    model, lora = await g.model_and_adapter(body.model, body.lora_path)
     await g.info()  # the tokenizer echoes read
     prompts = body.prompts()
     g.check_batch(len(prompts) * body.n)

@@ -40,6 +40,7 @@ class RouterRequest:
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
     prompt_logprob_ranks: list[int | None] | None = None
+    embedding: list[float] | None = None  # params.return_embedding
     usage: p.Usage | None = None
     chunks: int = 0
     retries: int = 0  # times sent to another worker after its worker died (before a first token)
@@ -74,6 +75,8 @@ class RouterRequest:
             self.prompt_logprobs = out.prompt_logprobs
             self.prompt_top_logprobs = out.prompt_top_logprobs
             self.prompt_logprob_ranks = out.prompt_logprob_ranks
+        if out.embedding is not None:
+            self.embedding = out.embedding
         if out.usage is not None:
             self.usage = out.usage
             if out.usage.cache_report is not msgspec.UNSET:
@@ -134,4 +137,5 @@ class RouterRequest:
             worker_id=self.worker_id,
             matched_stop=self.detok.matched_stop if self.detok is not None else None,
             prompt_logprob_ranks=self.prompt_logprob_ranks,
+            embedding=self.embedding,
         )

@@ -247,6 +247,8 @@ class GenerateFinal(Msg, tag="final"):
     # SGLang's finish_reason.matched, vLLM's stop_reason, Anthropic's stop_sequence.
     matched_stop: str | None = None
     prompt_logprob_ranks: list[int | None] | None = None
+    # params.return_embedding: the final norm's output at the prompt's last token.
+    embedding: list[float] | None = None
 
 
 class Error(Msg, tag="error"):

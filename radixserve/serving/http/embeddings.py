@@ -1,0 +1,148 @@
+"""OpenAI's ``POST /v1/embeddings`` (also SGLang's and vLLM's route), for RAG pipelines and
+agents' memory stores that embed with the model they serve.
+
+Each input is a prompt run to the end of its prefill, its embedding the final norm's output
+at its last token: last-token pooling, how decoder embedding models pool (Qwen3-Embedding,
+gte-Qwen2, e5-mistral; the engine's ``return_embedding``). The prompt goes through the
+radix cache like any other, so inputs sharing a prefix (an instruction, a document's head)
+compute it once (``usage.prompt_tokens_details.cached_tokens`` counts what the cache
+served); the last token is always computed. ``dimensions`` keeps the first
+dimensions (Matryoshka models' truncation), and the vector is then scaled to unit length
+as OpenAI's are (vLLM's ``normalize: false`` keeps the model's own scale).
+``encoding_format: "base64"`` (the ``openai`` client's default) sends the little-endian
+float32 bytes.
+
+A model trained for generation answers too, with the hidden state it predicts the next
+token from; only an embedding model's vectors are meant for similarity.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from radixserve.sampling_params import TOKEN_ID_LIMIT, SamplingParams
+from radixserve.serving.http.auth import request_key, tenant_cache_salt
+from radixserve.serving.http.errors import APIError, invalid
+from radixserve.serving.http.gateway import Gateway
+from radixserve.serving.http.streams import finals
+from radixserve.serving.wire import protocol as p
+
+router = APIRouter()
+
+TokenId = Annotated[int, Field(ge=0, lt=TOKEN_ID_LIMIT)]
+MAX_INPUTS = 2048  # OpenAI's limit on one request's inputs
+
+
+class EmbeddingRequest(BaseModel):
+    """OpenAI's body, with vLLM's ``normalize`` and ``truncate_prompt_tokens`` and the
+    radix cache's ``cache_salt``. Fields that would change the vectors are checked, not
+    ignored."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    model: str
+    input: str | list[str] | list[TokenId] | list[list[TokenId]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+    normalize: bool = True
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
+    lora_path: str | None = None  # SGLang's: a served LoRA adapter
+
+    def inputs(self) -> list[str | list[int]]:
+        """The inputs as a list of texts or token id lists (none empty)."""
+        x = self.input
+        items: list[Any] = (
+            [x] if isinstance(x, str) else [x] if x and isinstance(x[0], int) else list(x)
+        )
+        if not items:
+            raise invalid("input must not be empty", param="input")
+        if len(items) > MAX_INPUTS:
+            raise invalid(f"at most {MAX_INPUTS} inputs, got {len(items)}", param="input")
+        for i, item in enumerate(items):
+            if not item:
+                raise invalid(f"input[{i}] is empty", param="input")
+        return items
+
+
+def _gw(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def pooled(hidden: list[float], dimensions: int | None, normalize: bool) -> list[float]:
+    """The embedding sent: the first ``dimensions`` of the prompt's last hidden state, scaled
+    to unit length (``normalize``)."""
+    v = hidden[:dimensions] if dimensions else hidden
+    norm = math.sqrt(math.fsum(x * x for x in v)) if normalize else 0.0
+    return [x / norm for x in v] if norm > 0 else list(v)
+
+
+def _encoded(v: list[float], encoding: str) -> list[float] | str:
+    """As sent: floats, or base64 of their little-endian float32 bytes."""
+    if encoding == "base64":
+        return base64.b64encode(struct.pack(f"<{len(v)}f", *v)).decode("ascii")
+    return v
+
+
+@router.post("/v1/embeddings", response_model=None)
+async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+    arrival = time.monotonic()
+    g = _gw(request)
+    model, lora = await g.model_and_adapter(body.model, body.lora_path)
+    items = body.inputs()
+    g.check_batch(len(items))
+    params = SamplingParams(
+        max_tokens=1,
+        temperature=0.0,
+        return_embedding=True,
+        truncate_prompt_tokens=body.truncate_prompt_tokens,
+    )
+    salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
+    streams = [
+        g.stream(
+            arrival=arrival,
+            params=params,
+            cache_salt=salt,
+            lora=lora,
+            **({"text": item} if isinstance(item, str) else {"input_ids": item}),
+        )
+        for item in items
+    ]
+    results = await finals(request, streams)
+    return JSONResponse(_reply(results, body, model))
+
+
+def _reply(results: list[p.GenerateFinal], body: EmbeddingRequest, model: str) -> dict[str, Any]:
+    data = []
+    for i, f in enumerate(results):
+        if f.embedding is None:
+            raise APIError(500, f"input[{i}] ended without an embedding", type="internal_error")
+        if body.dimensions is not None and body.dimensions > len(f.embedding):
+            raise invalid(
+                f"dimensions must be at most the model's {len(f.embedding)}", param="dimensions"
+            )
+        v = pooled(f.embedding, body.dimensions, body.normalize)
+        data.append(
+            {"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
+        )
+    tokens = sum(f.usage.prompt_tokens for f in results)
+    cached = sum(f.usage.cached_tokens for f in results)
+    return {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {
+            "prompt_tokens": tokens,
+            "total_tokens": tokens,
+            "prompt_tokens_details": {"cached_tokens": cached},  # as chat's usage says it
+        },
+    }

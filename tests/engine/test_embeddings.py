@@ -1,0 +1,74 @@
+"""A prompt's embedding (``return_embedding``): the final norm's output at its last token
+equals transformers' ``last_hidden_state`` there, for prompts prefilled in several chunks
+beside other requests' decode rows, for a prompt whose prefix came from the cache, and for
+a family with its own norms (Qwen3's q/k norms)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from engine_helpers import greedy, random_prompts, run_to_completion
+from tiny_models import build_tiny_family
+
+from radixserve.engine.engine import Engine
+from radixserve.sampling_params import SamplingParams
+
+EMBED = SamplingParams(max_tokens=1, temperature=0.0, return_embedding=True)
+
+
+def hf_last_hidden(model_dir: Path, prompts: list[list[int]]) -> list[torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    with torch.inference_mode():
+        return [model.model(torch.tensor([p])).last_hidden_state[0, -1] for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_family(tmp_path_factory.mktemp("qwen3_embed"), "qwen3")
+
+
+def test_chunked_prompts_beside_decode_rows(tiny_llama_dir: Path) -> None:
+    prompts = random_prompts([23, 9, 31], seed=51)
+    engine = Engine(str(tiny_llama_dir), num_pages=256, page_size=4, max_num_tokens=8)
+    decoding = engine.add_request(random_prompts([5], seed=52)[0], greedy(12))
+    rids = [engine.add_request(p, EMBED) for p in prompts]
+    outs = run_to_completion(engine)
+    assert len(outs[decoding]) > 1 and all(o.embedding is None for o in outs[decoding])
+    for rid, ref in zip(rids, hf_last_hidden(tiny_llama_dir, prompts)):
+        got = [o.embedding for o in outs[rid] if o.embedding is not None]
+        assert len(got) == 1, "sent once"
+        torch.testing.assert_close(torch.tensor(got[0]), ref, atol=1e-4, rtol=1e-4)
+    engine.check_invariants()
+
+
+def test_a_prefix_from_the_cache(tiny_llama_dir: Path) -> None:
+    head = random_prompts([24], seed=53)[0]
+    longer = head + [7, 8, 9, 10, 11]
+    engine = Engine(str(tiny_llama_dir), num_pages=256, page_size=4)
+    engine.generate([head], EMBED)
+    out = engine.generate([longer], EMBED)[0]
+    assert out.usage.cached_tokens == 24
+    assert out.embedding is not None
+    ref = hf_last_hidden(tiny_llama_dir, [longer])[0]
+    torch.testing.assert_close(torch.tensor(out.embedding), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_qwen3(tiny_qwen3_dir: Path) -> None:
+    prompts = random_prompts([6, 19], seed=54)
+    engine = Engine(str(tiny_qwen3_dir), num_pages=128, page_size=4)
+    outs = engine.generate(prompts, EMBED)
+    for o, ref in zip(outs, hf_last_hidden(tiny_qwen3_dir, prompts)):
+        assert o.embedding is not None
+        torch.testing.assert_close(torch.tensor(o.embedding), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_refused_where_the_engine_cannot_return_them(tiny_llama_dir: Path) -> None:
+    engine = Engine(str(tiny_llama_dir), num_pages=64, page_size=4)
+    engine.intake.no_embeddings = "with pipeline parallelism"  # as _no_embeddings says there
+    with pytest.raises(ValueError, match="embeddings are not returned with pipeline"):
+        engine.add_request([1, 2, 3], EMBED)
