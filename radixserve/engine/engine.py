@@ -198,6 +198,7 @@ class Engine:
             pool_tokens=num_pages * pool.page_size,
             lora=getattr(self.model, "lora", None),  # a pipeline stage serves none
             no_embeddings=_no_embeddings(cfg),
+            embeddings_only=bool(getattr(self.model, "embeddings_only", False)),
         )
         # Prefill/decode disaggregation (distributed.disagg): None unless disaggregation_mode.
         self.disagg: PrefillRole | DecodeRole | None = make_role(

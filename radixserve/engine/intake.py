@@ -48,11 +48,14 @@ class RequestIntake:
         pool_tokens: int,
         lora: LoraRegistry | None = None,
         no_embeddings: str | None = None,
+        embeddings_only: bool = False,
     ) -> None:
-        """``no_embeddings``: why this engine cannot return embeddings (None: it can)."""
+        """``no_embeddings``: why this engine cannot return embeddings (None: it can);
+        ``embeddings_only``: its checkpoint has no LM head, so it serves nothing else."""
         self.model_config = model_config
         self.lora = lora
         self.no_embeddings = no_embeddings
+        self.embeddings_only = embeddings_only
         self.tokenizer = tokenizer
         self.sampler = sampler
         self.max_total_len = max_total_len
@@ -83,6 +86,11 @@ class RequestIntake:
         params = params.validate(self.model_config.vocab_size)
         if params.return_embedding and self.no_embeddings is not None:
             raise ValueError(f"embeddings are not returned {self.no_embeddings}")
+        if self.embeddings_only and not params.return_embedding:
+            raise ValueError(
+                "this model's checkpoint has no language-model head (an embedding model saved "
+                "as its base model): it serves embeddings only (/v1/embeddings)"
+            )
         if params.bad_words and params.bad_words_token_ids is None and self.tokenizer is not None:
             words = encode_words(self.tokenizer, params.bad_words)
             too_long = word_errors(None, words)  # bounded as a caller's sequences are

@@ -224,6 +224,8 @@ class LlamaForCausalLM(nn.Module):
         # False keeps the per-layer Python path (the tests compare the two).
         self.native_stack = True
         self._stack: DecoderStack | None = None
+        # A base model's checkpoint without an LM head (load_weights): embeddings only.
+        self.embeddings_only = False
         # The LoRA adapters served beside the weights (serve_lora); None: none. Each one's
         # form for the one-call stack is made at its first step there (LoraRegistry.memo).
         self.lora: LoraRegistry | None = None
@@ -384,6 +386,13 @@ class LlamaForCausalLM(nn.Module):
         width = cast("nn.Linear", self.get_submodule(fused)).weight.shape[0] // 2
         return [width, width]
 
+    def _headless(self) -> bool:
+        """Whether the checkpoint held no LM head where this model needs one (a base model's
+        checkpoint; not a pipeline stage without the head, nor a tensor-parallel shard)."""
+        head = self.lm_head.weight if self.lm_head is not None else None
+        embed = self.model.embed_tokens
+        return head is not None and head.is_meta and embed is not None and self.tp is None
+
     def load_weights(
         self,
         weights: Iterable[tuple[str, torch.Tensor]],
@@ -432,6 +441,12 @@ class LlamaForCausalLM(nn.Module):
             filled.add(f"{target}#{shard}")
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        elif self._headless():
+            # A base model's checkpoint (an embedding model): no head to generate with. The
+            # embedding stands in, so that a step's forward runs; the engine serves only
+            # embeddings (embeddings_only).
+            self.lm_head.weight = self.model.embed_tokens.weight
+            self.embeddings_only = True
         missing = [n for n, p in self.named_parameters() if p.is_meta]
         if missing:
             raise KeyError(

@@ -125,13 +125,27 @@ def _read_ranges(part: Any, cut: TensorSlice) -> torch.Tensor:
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=cut.dim)
 
 
-def checkpoint_names(cfg: ModelConfig) -> Callable[[str], str | None] | None:
-    """How ``cfg``'s checkpoint names its tensors, where it differs from the model's names
-    (a multimodal checkpoint served as its text model); None: as the model names them."""
+# The transformer's own tensors, as a base model's checkpoint names them (Qwen3Model,
+# LlamaModel: embedding models such as Qwen3-Embedding are saved without the causal LM).
+_BASE_MODEL_ROOTS = ("layers.", "embed_tokens.", "norm.")
+
+
+def base_model_name(name: str) -> str:
+    """A base model checkpoint's tensor under the causal LM's name (``model.`` before it)."""
+    return "model." + name if name.startswith(_BASE_MODEL_ROOTS) else name
+
+
+def checkpoint_names(cfg: ModelConfig) -> Callable[[str], str | None]:
+    """How ``cfg``'s checkpoint names its tensors, where it differs from the model's names:
+    a base model's checkpoint (:func:`base_model_name`), a multimodal checkpoint served as
+    its text model (the family's ``weight_name``)."""
     from radixserve.model.families import family_of
 
     family = family_of(cfg.model_type)
-    return None if family is None else family.weight_name
+    own = None if family is None else family.weight_name
+    if own is None:
+        return base_model_name
+    return lambda name: own(base_model_name(name))
 
 
 def as_quant_config(quantization: QuantConfig | str | None) -> QuantConfig | None:

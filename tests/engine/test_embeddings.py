@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from engine_helpers import greedy, random_prompts, run_to_completion
+from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion
 from tiny_models import build_tiny_family
 
 from radixserve.engine.engine import Engine
@@ -72,3 +72,36 @@ def test_refused_where_the_engine_cannot_return_them(tiny_llama_dir: Path) -> No
     engine.intake.no_embeddings = "with pipeline parallelism"  # as _no_embeddings says there
     with pytest.raises(ValueError, match="embeddings are not returned with pipeline"):
         engine.add_request([1, 2, 3], EMBED)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_base_model_checkpoint(tmp_path: Path, tied: bool) -> None:
+    """An embedding model saved as its base model (Qwen3Model: no ``model.`` prefix, no LM
+    head; Qwen3-Embedding's layout): served with its embeddings equal to transformers'. With
+    its head tied to the embedding it generates as the causal LM does; without a head it
+    serves embeddings only and refuses generation."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    src = build_tiny_family(tmp_path / "src", "qwen3", tie_word_embeddings=tied, tokenizer=True)
+    lm: Any = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    base = tmp_path / "base"
+    lm.model.save_pretrained(str(base))
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, base / f.name)
+    prompts = random_prompts([8, 13], seed=55)
+    engine = Engine(str(base), num_pages=64, page_size=4)
+    for o, p in zip(engine.generate(prompts, EMBED), prompts):
+        assert o.embedding is not None
+        with torch.inference_mode():
+            ref = lm.model(torch.tensor([p])).last_hidden_state[0, -1]
+        torch.testing.assert_close(torch.tensor(o.embedding), ref, atol=1e-4, rtol=1e-4)
+    if tied:
+        got = engine.generate(prompts[:1], greedy(4))[0].token_ids
+        want = hf_greedy(src, prompts[0], 4)  # the causal LM's own checkpoint
+        assert got == want
+    else:
+        with pytest.raises(ValueError, match="serves embeddings only"):
+            engine.add_request(prompts[0], greedy(4))
