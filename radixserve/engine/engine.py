@@ -451,6 +451,19 @@ class Engine:
                     remaining.discard(o.request_id)
         return [state[rid].result(rid) for rid in rids]
 
+    def encode(
+        self, prompts: PromptInput, lora: str | Sequence[str | None] | None = None
+    ) -> list[list[float]]:
+        """Each prompt's embedding, in input order (SGLang's ``Engine.encode``, vLLM's
+        ``LLM.embed``): the final norm's output at its last token, unnormalized
+        (``return_embedding``); prefixes come from the cache as for any prompt."""
+        embed = SamplingParams(max_tokens=1, temperature=0.0, return_embedding=True)
+        outs = self.generate(prompts, embed, lora)
+        failed = next((o for o in outs if o.embedding is None), None)
+        if failed is not None:
+            raise RuntimeError(f"request {failed.request_id} ended without an embedding")
+        return [o.embedding for o in outs if o.embedding is not None]
+
     # ------------------------------------------------------------------ introspection
 
     def stats(self) -> EngineStats:
