@@ -69,6 +69,8 @@ def test_the_registry_wraps_only_adapted_layers(tiny_llama_dir: Path, tmp_path: 
     assert registry.slot(None) == 0 and registry.slot("attn") == 1
     with pytest.raises(ValueError, match="unknown LoRA adapter 'sql' \\(served: attn\\)"):
         registry.slot("sql")
+    with pytest.raises(ValueError, match="two LoRA adapters share a name"):
+        load_model(tiny_llama_dir, announce=False).serve_lora([f"a={attn}", f"a={attn}"], 8)
 
 
 @pytest.mark.parametrize(

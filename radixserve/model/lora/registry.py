@@ -118,9 +118,13 @@ class LoraRegistry:
     ) -> LoraRegistry:
         """Read every adapter of ``specs`` (``name=path``) for ``model`` and wrap the layers
         they target."""
+        parsed = [parse_lora_spec(s) for s in specs]
+        names = [name for name, _ in parsed]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two LoRA adapters share a name: {sorted(names)}")
         registry = cls(model, max_rank, max_loaded)
-        for spec in specs:
-            registry.add(*parse_lora_spec(spec))
+        for name, path in parsed:
+            registry.add(name, path)
         return registry
 
     @property
