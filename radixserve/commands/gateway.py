@@ -65,6 +65,12 @@ def _common_http_arguments(g: Any, *, memory_log_default: float) -> None:
         default=DEFAULT_MAX_BATCH_SIZE,
         help="most generations (prompts × n) one HTTP request may start (0: no limit)",
     )
+    g.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="take a request's own chat_template (vLLM's flag): a template is code the server "
+        "runs, in jinja's sandbox in a tokenizer process; only for clients you trust",
+    )
     _agent_arguments(g)
 
 
@@ -113,7 +119,9 @@ def request_limits(args: argparse.Namespace) -> Any:
     from radixserve.serving.wire.limits import RequestLimits
 
     return RequestLimits(
-        max_request_bytes=args.max_request_bytes, max_batch_size=args.max_batch_size
+        max_request_bytes=args.max_request_bytes,
+        max_batch_size=args.max_batch_size,
+        request_chat_templates=args.trust_request_chat_template,
     )
 
 

@@ -70,6 +70,9 @@ class Topology:
     #: Every rank gets the window map's changes with each step's plan, so a sliding-window
     #: model may keep its window layers' KV in a window pool (engine.window_setup).
     carries_window_map = True
+    #: Rank 0's forward ends in the final norm, whose output at a prompt's last token is the
+    #: prompt's embedding (return_embedding); a pipeline's rank 0 runs the first stage only.
+    holds_final_norm = True
 
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
@@ -193,6 +196,7 @@ class PipelineParallel(Topology):
 
     parallel = True
     carries_window_map = False  # the stages build no window pool and apply no window map
+    holds_final_norm = False  # the last stage's rank runs it
 
     def __init__(
         self, cfg: EngineConfig, model_path: str | Path, engine_kwargs: dict[str, Any]

@@ -197,7 +197,7 @@ class Engine:
             max_model_len=self.max_model_len,
             pool_tokens=num_pages * pool.page_size,
             lora=getattr(self.model, "lora", None),  # a pipeline stage serves none
-            no_embeddings=_no_embeddings(cfg),
+            no_embeddings=_no_embeddings(cfg, self.topology),
             embeddings_only=bool(getattr(self.model, "embeddings_only", False)),
         )
         # Prefill/decode disaggregation (distributed.disagg): None unless disaggregation_mode.
@@ -536,11 +536,11 @@ class Engine:
             check_window_map(runner.window_map, runner._window_host, scratch, self.allocator.window)
 
 
-def _no_embeddings(cfg: EngineConfig) -> str | None:
-    """Why an engine of ``cfg`` cannot return a prompt's embedding (None: it can): rank 0
-    holds the final norm's output only where it runs the last layer and the prompt's last
-    row itself."""
-    if cfg.pipeline_parallel_size > 1:
+def _no_embeddings(cfg: EngineConfig, topology: Topology) -> str | None:
+    """Why an engine of ``cfg`` on ``topology`` cannot return a prompt's embedding (None: it
+    can): rank 0 holds the final norm's output only where it runs the last layer and the
+    prompt's last row itself."""
+    if not topology.holds_final_norm:
         return "with pipeline parallelism (the last stage holds the final norm's output)"
     if cfg.disaggregation_mode is not None:
         return "with prefill/decode disaggregation"

@@ -41,17 +41,28 @@ def load_tokenizer(model_path: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
 
 
-# Template variables a request may not set through chat_template_kwargs: the ones the
-# rendering itself passes (a request that set them would change what is rendered).
-_RESERVED_TEMPLATE_VARS = frozenset(
+# Names a request may not set through chat_template_kwargs: the template variables the
+# rendering itself passes, and every named argument of transformers' apply_chat_template,
+# which the kwargs are passed beside (chat_template among them: a request's own template
+# goes through GenerateRequest.chat_template, which the router takes only where trusted).
+RESERVED_TEMPLATE_VARS = frozenset(
     {
         "messages",
         "conversation",
         "tools",
         "documents",
+        "chat_template",
         "add_generation_prompt",
         "continue_final_message",
         "tokenize",
+        "sanitize_control_tokens",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
     }
 )
 
@@ -91,7 +102,7 @@ def template_inputs(tools: str | None, kwargs: str | None) -> dict[str, Any]:
             raise PromptError(f"chat_template_kwargs is not JSON: {exc}") from exc
         if not isinstance(extra, dict):
             raise PromptError("chat_template_kwargs must be a JSON object")
-        bad = sorted(_RESERVED_TEMPLATE_VARS & set(extra))
+        bad = sorted(RESERVED_TEMPLATE_VARS & set(extra))
         if bad:
             raise PromptError(f"chat_template_kwargs may not set {', '.join(bad)}")
         out.update(extra)
@@ -123,12 +134,14 @@ class PromptCodec:
         if req.text is not None:
             return encode_text(self.tokenizer, req.text)
         assert req.messages is not None
-        if not self.chat_template:
+        if not (req.chat_template or self.chat_template):
             raise PromptError(
                 "the model has no chat template; send text or input_ids instead of messages"
             )
         conversation = [chat_turn(m) for m in req.messages]
         extra = template_inputs(req.tools, req.chat_template_kwargs)
+        if req.chat_template is not None:  # the request's own (the router checked it may)
+            extra["chat_template"] = req.chat_template
         if req.continue_final_message:  # transformers cuts the rendering after the last message
             extra["continue_final_message"] = True
         try:

@@ -49,6 +49,7 @@ def server(
             "0.5",
             "--lora-paths",
             f"sql={tiny_lora_dir}",
+            "--trust-request-chat-template",  # test_http_chat_template.py
             *ENGINE_FLAGS,
         ]
     )

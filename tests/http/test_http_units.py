@@ -121,7 +121,6 @@ def test_media_content_parts_are_a_clear_400(kind: str) -> None:
         {"allowed_token_ids": []},
         {"allowed_token_ids": [1], "response_format": {"type": "json_object"}},
         {"bad_words": ["x"] * 65},
-        {"chat_template": "{{ messages }}"},
         {"separate_reasoning": False},
         {"echo": True},
         {"prompt_logprobs": 21},

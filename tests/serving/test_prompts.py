@@ -77,7 +77,10 @@ def test_warm_up_encodes_renders_and_decodes_once() -> None:
     PromptCodec(Broken()).warm_up()  # logged, not raised: requests report their own errors
 
 
-@pytest.mark.parametrize("name", ["add_generation_prompt", "continue_final_message", "tools"])
+@pytest.mark.parametrize(
+    "name",
+    ["add_generation_prompt", "continue_final_message", "tools", "chat_template", "return_dict"],
+)
 def test_template_kwargs_may_not_set_what_the_rendering_passes(name: str) -> None:
     """A request's template variables cannot reopen what the request's own fields decide
     (continue_final_message, say, is checked against add_generation_prompt there)."""
@@ -85,3 +88,22 @@ def test_template_kwargs_may_not_set_what_the_rendering_passes(name: str) -> Non
 
     with pytest.raises(PromptError, match=name):
         template_inputs(None, json.dumps({name: True}))
+
+
+def test_every_named_argument_of_apply_chat_template_is_reserved() -> None:
+    """chat_template_kwargs go to transformers' apply_chat_template beside its own
+    arguments: none of those may come from a request (``chat_template`` would bring a
+    template the server did not agree to run; ``return_dict`` would break the rendering)."""
+    import inspect
+
+    from transformers import PreTrainedTokenizerBase
+
+    from radixserve.serving.prompts import RESERVED_TEMPLATE_VARS
+
+    params = inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters
+    named = {
+        n
+        for n, prm in params.items()
+        if n not in ("self", "conversation") and prm.kind is not prm.VAR_KEYWORD
+    }
+    assert named <= RESERVED_TEMPLATE_VARS, sorted(named - RESERVED_TEMPLATE_VARS)

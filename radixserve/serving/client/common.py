@@ -46,6 +46,7 @@ class GenerateOptions(TypedDict, total=False):
     chat_template_kwargs: str | None  # JSON of extra template variables
     prediction: str | None  # the output expected (predicted outputs), encoded by the router
     lora: str | None  # the served LoRA adapter to run with (None: the base model)
+    chat_template: str | None  # the request's own template for messages (a trusting router)
 
 
 class ChatRendering(TypedDict, total=False):
@@ -56,6 +57,7 @@ class ChatRendering(TypedDict, total=False):
     continue_final_message: bool
     tools: str | None
     chat_template_kwargs: str | None
+    chat_template: str | None
 
 
 def generate_request(
@@ -90,6 +92,7 @@ def generate_request(
         chat_template_kwargs=options.get("chat_template_kwargs"),
         prediction=options.get("prediction"),
         lora=options.get("lora"),
+        chat_template=options.get("chat_template"),
     )
 
 

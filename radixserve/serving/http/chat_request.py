@@ -70,13 +70,15 @@ async def plan_tools(
     tool_choice: str | dict[str, Any] | None,
     has_constraint: bool = False,
     parallel_tool_calls: bool | None = None,
+    template: str | None = None,
 ) -> ToolPlan:
-    """:func:`chat_tools.plan` against the served model's template and the server's parsers."""
+    """:func:`chat_tools.plan` against the served model's template (or the request's own,
+    ``template``) and the server's parsers."""
     info = await g.info()
     return chat_tools.plan(
         tools,
         tool_choice,
-        info.chat_template,
+        template or info.chat_template,
         g.config.tool_call_parser,
         g.config.reasoning_parser,
         has_constraint,

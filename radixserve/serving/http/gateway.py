@@ -169,6 +169,13 @@ class Gateway:
             raise APIError(503, "the gateway is not started", type="service_unavailable")
         return self.client
 
+    def check_chat_template(self, template: str | None) -> None:
+        """Refuse (400) a request's own chat template where this server does not take them
+        (``--trust-request-chat-template``), or one of no size a template has."""
+        bad = self.config.limits.chat_template_error(template, True)
+        if bad is not None:
+            raise APIError(400, bad, param="chat_template")
+
     def check_batch(self, size: int) -> None:
         """Refuse (400) a request that would start more than the batch limit of generations."""
         bad = self.config.limits.batch_error(size)
@@ -380,12 +387,14 @@ class Gateway:
         continue_final_message: bool = False,
         prediction: str | None = None,
         lora: str | None = None,
+        chat_template: str | None = None,
     ) -> AsyncGenerator[Event, None]:
         """One generate request: its chunks, then its final message. Router errors become
         :class:`APIError`; closing the iterator early aborts the request. ``cache_salt``:
         the tenant's (:func:`~radixserve.serving.http.auth.tenant_cache_salt`);
         ``prediction``: the answer expected (drafted from); ``lora``: the served LoRA
-        adapter to run with (:meth:`resolve_model`)."""
+        adapter to run with (:meth:`resolve_model`); ``chat_template``: the request's own
+        (:meth:`check_chat_template`)."""
         first: float | None = None
         last = 0.0
         gaps: list[float] = []
@@ -405,6 +414,7 @@ class Gateway:
             continue_final_message=continue_final_message,
             prediction=prediction,
             lora=lora,
+            chat_template=chat_template,
         )
         with router_errors():
             # aclosing: leaving early closes the client stream now (it sends the abort), not at GC.

@@ -107,11 +107,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     model, lora = await g.model_and_adapter(body.model, body.lora_path)
     info = await g.info()
     g.check_batch(body.n)
+    g.check_chat_template(body.chat_template)
+    template = body.chat_template or info.chat_template
     max_tokens, want_lp = body.wanted_max_tokens(info.context_length), body.wanted_logprobs()
     tools = chat_tools.plan(
         body.tools,
         body.tool_choice,
-        info.chat_template,
+        template,
         g.config.tool_call_parser,
         g.config.reasoning_parser,
         bool(body.constraint()),
@@ -119,7 +121,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     )
     kwargs = chat_tools.template_kwargs(
         chat_tools.with_reasoning_effort(
-            body.chat_template_kwargs, body.reasoning_effort, info.chat_template, "reasoning_effort"
+            body.chat_template_kwargs, body.reasoning_effort, template, "reasoning_effort"
         )
     )
     messages = body.chat()
@@ -144,6 +146,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             continue_final_message=body.continue_final_message,
             prediction=None if body.prediction is None else body.prediction.text(),
             lora=lora,
+            chat_template=body.chat_template,
         )
         for i in range(body.n)
     ]

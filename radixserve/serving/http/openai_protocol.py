@@ -156,7 +156,6 @@ UNSUPPORTED_UNLESS = {
     "use_beam_search": (False, "beam search is not supported"),
     "length_penalty": (1.0, "length_penalty applies to beam search, which is not supported"),
     "logits_processors": (None, "custom logits processors are not supported"),
-    "chat_template": (None, "a per-request chat_template is not accepted: the model's applies"),
     "documents": (None, "documents are not supported"),
     "mm_processor_kwargs": (None, "multimodal processor arguments are not supported"),
     "echo": (False, "echo is not supported on chat completions (it is on /v1/completions)"),
@@ -366,6 +365,8 @@ class ChatCompletionRequest(_SamplingBody):
     # vLLM's: the last message left open for the model to go on with (a prefilled reply).
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: the request's own template, where the server trusts them (--trust-request-...).
+    chat_template: str | None = None
     # Handed to templates that read it (chat_tools.with_reasoning_effort), as vLLM and SGLang do.
     reasoning_effort: str | None = None
     metadata: dict[str, str] | None = None

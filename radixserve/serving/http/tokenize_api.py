@@ -45,6 +45,7 @@ class TokenizeBody(_Body):
     add_special_tokens: bool | None = None
     tools: list[ToolIn] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # the request's own, where the server trusts them
     return_token_strs: bool = False
 
 
@@ -97,13 +98,15 @@ async def _tokenize_chat(
         )
     turns = [m.wire(i) for i, m in enumerate(messages)]
     check_messages(turns, "messages")
-    plan = await plan_tools(g, body.tools, None)
+    g.check_chat_template(body.chat_template)
+    plan = await plan_tools(g, body.tools, None, template=body.chat_template)
     return await g.tokenize_chat(
         turns,
         add_generation_prompt=body.add_generation_prompt,
         continue_final_message=body.continue_final_message,
         tools=plan.tools_json,
         chat_template_kwargs=chat_tools.template_kwargs(body.chat_template_kwargs),
+        chat_template=body.chat_template,
     )
 
 

@@ -146,8 +146,10 @@ class ClientSide:
         """Every tenant's cached prefixes at once, or what every worker serves (and reads
         from its disk): only this process's clients (the HTTP gateway, whose admin key
         guards these paths) or a keyed client may ask."""
-        what = "flushing the cache" if isinstance(msg, p.FlushCache) else "loading LoRA adapters"
-        log.warning("%s from client %s refused: not authenticated", what, client.hex())
+        flush = isinstance(msg, p.FlushCache)
+        what = "flushing the cache" if flush else "loading LoRA adapters"
+        asked = "cache flush" if flush else "LoRA adapter change"
+        log.warning("%s from client %s refused: not authenticated", asked, client.hex())
         self._reply_error(
             client,
             p.Error(
@@ -196,6 +198,9 @@ class ClientSide:
         bad = p.validate_generate(chat) if chat is not None else None  # as a generate's
         if bad is not None:
             return self._reply_error(client, bad)
+        refused = self._limits.chat_template_error(msg.chat_template, chat is not None)
+        if refused is not None:
+            return error("invalid_params", refused)
         longest = prompt_chars(chat) if chat is not None else max(map(len, msg.texts), default=0)
         too_long = self._limits.prompt_chars_error(longest, self._pool.context_length())
         if too_long is not None:
@@ -260,6 +265,7 @@ class ClientSide:
                 tools=req.tools,
                 chat_template_kwargs=req.chat_template_kwargs,
                 prediction=req.prediction,
+                chat_template=req.chat_template,
             )
             return
         try:
@@ -289,6 +295,9 @@ class ClientSide:
         bad = p.validate_generate(req, vocab_size=self._pool.vocab_size())
         if bad is not None:
             return self._reply_error(client, bad)
+        refused = self._limits.chat_template_error(req.chat_template, req.messages is not None)
+        if refused is not None:
+            return error("invalid_params", refused)
         adapters = self._pool.lora_adapters()
         if req.lora is not None and adapters is not None and req.lora not in adapters:
             served = ", ".join(sorted(adapters)) or "none"

@@ -64,6 +64,7 @@ class EncodeJob(msgspec.Struct, tag="encode", forbid_unknown_fields=True):
     add_special_tokens: bool = True  # texts only (encode_text's)
     continue_final_message: bool = False
     prediction: str | None = None  # a prompt's: encoded after it (a second list of ids)
+    chat_template: str | None = None  # the request's own, for messages
 
 
 class PoolStop(msgspec.Struct, tag="stop"):
@@ -195,6 +196,7 @@ class TokenizerPool:
         add_special_tokens: bool = True,
         continue_final_message: bool = False,
         prediction: str | None = None,
+        chat_template: str | None = None,
     ) -> None:
         """Encode in a pool process; ``done(ids, error)`` runs on the router's loop later."""
         job = EncodeJob(
@@ -208,6 +210,7 @@ class TokenizerPool:
             add_special_tokens,
             continue_final_message,
             prediction,
+            chat_template,
         )
         self._next_job += 1
         self.jobs += 1
@@ -347,6 +350,7 @@ def _encode(codec: Any, job: EncodeJob) -> Encoded:
             tools=job.tools,
             chat_template_kwargs=job.chat_template_kwargs,
             prediction=job.prediction,
+            chat_template=job.chat_template,
         )
         return Encoded(job.job, codec.encode_with_prediction(req))
     except PromptError as exc:

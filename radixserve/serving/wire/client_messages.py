@@ -88,6 +88,9 @@ class GenerateRequest(Msg, tag="generate"):
     # ``params.prediction``, which token-level callers may set instead.
     prediction: str | None = None
     lora: str | None = None
+    # The request's own chat template for ``messages`` (vLLM's ``chat_template``), where the
+    # router takes them (RequestLimits.request_chat_templates).
+    chat_template: str | None = None
 
 
 class Abort(Msg, tag="abort"):
@@ -165,6 +168,7 @@ class TokenizeRequest(Msg, tag="tokenize"):
     continue_final_message: bool = False
     tools: str | None = None
     chat_template_kwargs: str | None = None
+    chat_template: str | None = None
 
     def chat(self) -> GenerateRequest | None:
         """The generate request whose prompt the chat fields describe (None: texts)."""
@@ -177,6 +181,7 @@ class TokenizeRequest(Msg, tag="tokenize"):
             continue_final_message=self.continue_final_message,
             tools=self.tools,
             chat_template_kwargs=self.chat_template_kwargs,
+            chat_template=self.chat_template,
         )
 
 

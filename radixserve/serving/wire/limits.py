@@ -25,6 +25,9 @@ DEFAULT_MAX_BATCH_SIZE = 256  # router requests one HTTP request may start (prom
 # repeated spaces or punctuation are the longest); the character limit of a prompt is
 # ``context_length`` of them. Generous on purpose: the exact check is the token count.
 DEFAULT_CHARS_PER_TOKEN = 16
+# A request's own chat template (vLLM's chat_template, where the server trusts them): the
+# longest model templates are a few tens of kilobytes (tool-calling ones).
+MAX_CHAT_TEMPLATE_CHARS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,26 @@ class RequestLimits:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     chars_per_token: int = DEFAULT_CHARS_PER_TOKEN
+    # Whether a request may bring its own chat template (vLLM's
+    # --trust-request-chat-template): a template is code the server runs (in jinja's sandbox,
+    # in a tokenizer process), so only a server whose clients are trusted takes them.
+    request_chat_templates: bool = False
+
+    def chat_template_error(self, template: str | None, has_messages: bool) -> str | None:
+        """Why a request's own chat ``template`` is refused, or ``None`` (none sent, or
+        allowed and of a size a template has)."""
+        if template is None:
+            return None
+        if not self.request_chat_templates:
+            return (
+                "a per-request chat_template is not accepted by this server (start it with "
+                "--trust-request-chat-template); the model's applies"
+            )
+        if not has_messages:
+            return "chat_template applies to chat messages only"
+        if not 0 < len(template) <= MAX_CHAT_TEMPLATE_CHARS:
+            return f"chat_template must have 1 to {MAX_CHAT_TEMPLATE_CHARS} characters"
+        return None
 
     def max_prompt_chars(self, context_length: int | None) -> int | None:
         """The most characters a prompt may have for ``context_length`` (``None``: no limit yet)."""
@@ -77,6 +100,7 @@ def prompt_chars(req: Any) -> int:
         return len(req.text)
     if req.messages is not None:
         extra = len(req.tools or "") + len(req.chat_template_kwargs or "")
+        extra += len(getattr(req, "chat_template", None) or "")
         return extra + sum(
             len(m.content)
             + len(m.role)

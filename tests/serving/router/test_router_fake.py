@@ -515,3 +515,36 @@ def test_close_interrupts_a_long_engine_step(fake_server) -> None:
         assert exc.value.code == "shutdown"
     assert elapsed < 5.0, f"close() took {elapsed:.1f} s"
     assert srv.procs[0].returncode == 0  # a clean exit through the signal handler, not a kill
+
+
+TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}>"
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_a_requests_own_chat_template_where_the_router_trusts_them(
+    fake_server, trusted: bool
+) -> None:
+    """vLLM's per-request ``chat_template``: refused (invalid_params) unless the router takes
+    them; where it does, the prompt is the request's template rendered, in the tokenizer
+    processes as on the loop, for a generation and a token count alike. chat_template_kwargs
+    cannot bring one in by the back door."""
+    from radixserve.serving.wire.limits import RequestLimits
+
+    srv = fake_server(router=dict(limits=RequestLimits(request_chat_templates=trusted)))
+    chat = [p.ChatMessage(role="user", content="hi there")]
+    with Client(srv.endpoint, timeout=30) as c:
+        if not trusted:
+            with pytest.raises(ServerError) as exc:
+                c.generate(messages=chat, chat_template=TEMPLATE)
+            assert exc.value.code == "invalid_params" and "trust-request" in exc.value.message
+            with pytest.raises(ServerError, match="trust-request"):
+                c.tokenize_chat(chat, chat_template=TEMPLATE)
+            return
+        want = c.tokenize(["[user] hi there\n>"], add_special_tokens=False)[0]
+        assert c.tokenize_chat(chat, chat_template=TEMPLATE) == want
+        out = c.generate(messages=chat, chat_template=TEMPLATE, params=SamplingParams(max_tokens=2))
+        assert out.usage.prompt_tokens == len(want)
+        with pytest.raises(ServerError, match="chat_template_kwargs may not set chat_template"):
+            c.generate(messages=chat, chat_template_kwargs='{"chat_template": "x"}')
+        with pytest.raises(ServerError, match="chat messages only"):
+            c.generate("plain text", chat_template=TEMPLATE)
