@@ -20,7 +20,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from radixserve.serving.http import chat_tools
+from radixserve.serving.http import beam_search, chat_tools
 from radixserve.serving.http.auth import request_key, tenant_cache_salt
 from radixserve.serving.http.errors import APIError, invalid
 from radixserve.serving.http.gateway import Gateway, merge
@@ -219,6 +219,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     max_tokens = body.max_tokens if body.max_tokens is not None else (await g.info()).context_length
     max_tokens = max(max_tokens, 1)  # max_tokens 0 (echo only): one token, dropped below
     salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
+    if body.use_beam_search:
+        searched = await beam_search.search(g, body, prompts, max_tokens, salt, lora)
+        return JSONResponse(beam_search.reply(searched, model, body.return_token_ids))
     streams = []
     for pr in prompts:
         kw: dict[str, Any] = {"text": pr} if isinstance(pr, str) else {"input_ids": pr}

@@ -18,6 +18,7 @@ Extensions accepted as vLLM and SGLang do: ``top_k``, ``min_p``,
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any
 
@@ -34,6 +35,9 @@ from radixserve.serving.wire import protocol as p
 # A token id in a request body: bounded here, so that an absurd integer is a 400, not a
 # failure to encode the request for the router.
 TokenId = Annotated[int, Field(ge=0, lt=TOKEN_ID_LIMIT)]
+# Beam search's most beams (http/beam_search.py): each step asks for the 2 n likeliest next
+# tokens, and a generation's logprobs top out at 20.
+MAX_BEAMS = 10
 
 
 class _Body(BaseModel):
@@ -153,8 +157,8 @@ UNSUPPORTED_FIELDS = {
 # leaves the output as if it were absent (what their clients send by default): any other
 # value is a 400 naming the field, not an answer that silently ignores it.
 UNSUPPORTED_UNLESS = {
-    "use_beam_search": (False, "beam search is not supported"),
-    "length_penalty": (1.0, "length_penalty applies to beam search, which is not supported"),
+    "use_beam_search": (False, "beam search is served on /v1/completions only"),
+    "length_penalty": (1.0, "length_penalty applies to beam search, on /v1/completions only"),
     "logits_processors": (None, "custom logits processors are not supported"),
     "documents": (None, "documents are not supported"),
     "mm_processor_kwargs": (None, "multimodal processor arguments are not supported"),
@@ -425,9 +429,13 @@ class CompletionRequest(_SamplingBody):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    # vLLM's beam search (http/beam_search.py): ``n`` beams, scored with length_penalty.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
 
     def check(self) -> None:
         self.check_common()
+        self.check_beam_search()
         if self.suffix:
             raise invalid("suffix is not supported", param="suffix")
         if self.best_of is not None and self.best_of != self.n:
@@ -444,6 +452,27 @@ class CompletionRequest(_SamplingBody):
                 f"max_tokens must be >= 1 (0 only with echo), got {self.max_tokens}",
                 param="max_tokens",
             )
+
+    def check_beam_search(self) -> None:
+        """What beam search does not run with (vLLM's server refuses or ignores the same)."""
+        if not self.use_beam_search:
+            if self.length_penalty != 1.0:
+                raise invalid("length_penalty applies to beam search", param="length_penalty")
+            return
+        refused = {
+            "stream": self.stream,
+            "echo": self.echo,
+            "logprobs": self.logprobs is not None,
+            "stop": bool(self.stop),
+            "response_format": bool(self.constraint()),
+        }
+        for name, on in refused.items():
+            if on:
+                raise invalid(f"{name} is not supported with beam search", param=name)
+        if not 1 <= self.n <= MAX_BEAMS:
+            raise invalid(f"beam search takes n in [1, {MAX_BEAMS}] beams", param="n")
+        if not math.isfinite(self.length_penalty):
+            raise invalid("length_penalty must be a finite number", param="length_penalty")
 
     @property
     def scores_prompt(self) -> bool:
