@@ -135,3 +135,63 @@ def test_loading_is_bounded_and_checked(
     plain = Engine(str(tiny_llama_dir), num_pages=64, page_size=4)
     with pytest.raises(ValueError, match="--enable-lora"):
         plain.load_lora_adapter("a", str(tiny_lora_dir))
+
+
+def test_random_loads_unloads_and_requests_keep_every_answer(
+    tiny_llama_dir: Path, tiny_lora_dir: Path, other_adapter: Path
+) -> None:
+    """Seeded random interleavings of loads (a name with either adapter's files), unloads,
+    requests naming whatever is served, and steps: every request answers as PEFT's model of
+    the files its adapter had when it was added (slots are never handed to another adapter
+    while a request holds them), refusals are exactly the loads of a name served with other
+    files, and the KV accounting balances throughout."""
+    import random
+
+    files = {"A": tiny_lora_dir, "B": other_adapter}
+    prompts = random_prompts([6, 9, 11], seed=14)
+    refs = {
+        (i, f): peft_greedy(tiny_llama_dir, files[f], p, 4)
+        if f
+        else hf_greedy(tiny_llama_dir, p, 4)
+        for i, p in enumerate(prompts)
+        for f in (None, "A", "B")
+    }
+    engine = serving_engine(tiny_llama_dir, max_loaded_loras=2)
+    rng = random.Random(3)
+    served: dict[str, str] = {}  # name -> files
+    expected: dict[str, tuple[int, str | None]] = {}  # request id -> (prompt, files)
+    got: dict[str, list[int]] = {}
+
+    def step() -> None:
+        for o in engine.step():
+            got.setdefault(o.request_id, []).extend(o.new_token_ids)
+
+    for _ in range(150):
+        op = rng.choice(["add", "add", "step", "step", "load", "unload"])
+        name = rng.choice(["x", "y"])
+        if op == "add":
+            lora = rng.choice([None, *served])
+            i = rng.randrange(len(prompts))
+            rid = engine.add_request(prompts[i], greedy(4), lora=lora)
+            expected[rid] = (i, None if lora is None else served[lora])
+        elif op == "step":
+            step()
+        elif op == "load":
+            f = rng.choice(["A", "B"])
+            clash = name in served and served[name] != f
+            full = name not in served and len(served) == 2
+            if clash or full:
+                with pytest.raises(ValueError):
+                    engine.load_lora_adapter(name, str(files[f]))
+            else:
+                engine.load_lora_adapter(name, str(files[f]))
+                served[name] = f
+        elif name in served:
+            engine.unload_lora_adapter(name)
+            del served[name]
+        engine.check_invariants()
+    while engine.has_unfinished():
+        step()
+    assert {rid: got[rid] for rid in expected} == {rid: refs[k] for rid, k in expected.items()}
+    lora = engine.model.lora
+    assert lora is not None and not lora.draining and set(lora.cache_keys) == set(served)
