@@ -66,9 +66,18 @@ def test_text_inputs_and_a_shared_prefix(client: openai.OpenAI, server: Any) -> 
     """A text embeds as its tokens do; an input that extends one embedded before reads the
     prefix from the cache, and its vector is still the whole prompt's."""
     text = "Retrieval starts from a question about kernels"
-    ids = httpx.post(server.url + "/tokenize", json={"prompt": text}, timeout=30).json()["tokens"]
-    by_text = client.embeddings.create(model="default", input=text).data[0].embedding
-    assert close(by_text, client.embeddings.create(model="default", input=ids).data[0].embedding)
+    for special in (True, False):
+        ids = httpx.post(
+            server.url + "/tokenize",
+            json={"prompt": text, "add_special_tokens": special},
+            timeout=30,
+        ).json()["tokens"]
+        by_text = client.embeddings.create(
+            model="default", input=text, extra_body={"add_special_tokens": special}
+        )
+        by_ids = client.embeddings.create(model="default", input=ids)
+        assert by_text.usage.prompt_tokens == len(ids)
+        assert close(by_text.data[0].embedding, by_ids.data[0].embedding)
     head = random_prompts([40], seed=42)[0]
     client.embeddings.create(model="default", input=head)
     longer = head + [5, 6, 7]

@@ -42,9 +42,9 @@ MAX_INPUTS = 2048  # OpenAI's limit on one request's inputs
 
 
 class EmbeddingRequest(BaseModel):
-    """OpenAI's body, with vLLM's ``normalize`` and ``truncate_prompt_tokens`` and the
-    radix cache's ``cache_salt``. Fields that would change the vectors are checked, not
-    ignored."""
+    """OpenAI's body, with vLLM's ``normalize``, ``truncate_prompt_tokens``,
+    ``add_special_tokens`` and ``priority``, and the radix cache's ``cache_salt``. Any other
+    field is a 400 (it could be one that changes the vectors), not ignored."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -57,6 +57,8 @@ class EmbeddingRequest(BaseModel):
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
     lora_path: str | None = None  # SGLang's: a served LoRA adapter
+    add_special_tokens: bool = True  # a text input's BOS, as a text prompt gets it
+    priority: int = 0
 
     def inputs(self) -> list[str | list[int]]:
         """The inputs as a list of texts or token id lists (none empty)."""
@@ -107,11 +109,16 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
         truncate_prompt_tokens=body.truncate_prompt_tokens,
     )
     salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
+    texts = [item for item in items if isinstance(item, str)]
+    if texts and not body.add_special_tokens:  # encoded here, without the tokenizer's BOS
+        ids = iter(await g.tokenize(texts, add_special_tokens=False))
+        items = [next(ids) if isinstance(item, str) else item for item in items]
     streams = [
         g.stream(
             arrival=arrival,
             params=params,
             cache_salt=salt,
+            priority=body.priority,
             lora=lora,
             **({"text": item} if isinstance(item, str) else {"input_ids": item}),
         )
