@@ -91,3 +91,25 @@ def test_bad_loads_and_unloads_are_refused_and_change_nothing(
     assert unknown.status_code == 404 and "unknown LoRA adapter 'nope'" in unknown.text
     assert post("/v1/unload_lora_adapter", lora_name="nope").status_code == 404
     assert models(server)[1:] == ["sql"]
+
+
+def test_an_adapter_loaded_by_another_client_is_seen_by_the_gateway(
+    server: Any, tiny_lora_dir: Path
+) -> None:
+    """Loaded through the router's ZeroMQ protocol, not this gateway: the gateway's model
+    list and a request naming the adapter see it at once, and its unload as well."""
+    from radixserve.serving.client import Client
+
+    models(server)  # the gateway's view is taken before the load
+    with Client(server.endpoint, timeout=60) as c:
+        assert c.load_lora_adapter("zmq", str(tiny_lora_dir)).ok
+        try:
+            assert "zmq" in models(server)
+            body = {"model": "zmq", "prompt": [5, 6, 7], "max_tokens": 2}
+            ok = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+            assert ok.status_code == 200 and ok.json()["model"] == "zmq"
+        finally:
+            assert c.unload_lora_adapter("zmq").ok
+    assert "zmq" not in models(server)
+    gone = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+    assert gone.status_code == 404

@@ -70,6 +70,17 @@ class GatewayConfig:
     context: Any = field(default=None, repr=False, compare=False)
 
 
+def _adapter_named(name: str, served: str, adapters: list[str]) -> str | None:
+    """The adapter a request's ``model`` names among ``adapters``: its name (vLLM's way) or
+    ``base:adapter`` (SGLang's); None: none."""
+    if name in adapters:
+        return name
+    base, sep, adapter = name.rpartition(":")
+    if sep and base in (served, "default") and adapter in adapters:
+        return adapter
+    return None
+
+
 def memory_line(w: p.WorkerStats) -> str:
     """One worker's device memory snapshot and KV page states, as one log line."""
     e, mem = w.engine, w.engine.get("memory") or {}
@@ -248,10 +259,11 @@ class Gateway:
         if name in (served, "default"):
             return served, None
         adapters = (await self.info()).lora_adapters
-        base, sep, adapter = name.rpartition(":")
-        if name in adapters:
-            return name, name
-        if sep and base in (served, "default") and adapter in adapters:
+        adapter = _adapter_named(name, served, adapters)
+        if adapter is None:  # loaded since this gateway last asked, perhaps by another client
+            adapters = await self.refresh_adapters()
+            adapter = _adapter_named(name, served, adapters)
+        if adapter is not None:
             return name, adapter
         listed = "".join(f", {a!r}" for a in adapters)
         raise APIError(
@@ -319,6 +331,16 @@ class Gateway:
             )
         self._served_adapters(reply)
         return reply
+
+    async def refresh_adapters(self) -> list[str]:
+        """The LoRA adapters served, asked of the router again: another client, or a
+        worker's restart, may have changed them since. (The router answers from memory: a
+        request naming an unknown model costs it no more than one it serves.)"""
+        info = await self.info()
+        with router_errors():
+            fresh = await self._client().model_info(timeout=self.config.control_timeout_s)
+        self._info = msgspec.structs.replace(info, lora_adapters=fresh.lora_adapters)
+        return fresh.lora_adapters
 
     def _served_adapters(self, reply: p.LoraAdapterReply) -> None:
         if self._info is not None:

@@ -75,7 +75,8 @@ async def list_models(request: Request) -> dict[str, Any]:
     g = _gw(request)
     name, info = await g.model_name(), await g.info()
     cards = [_model_card(g, name, info.context_length)] + [
-        _model_card(g, adapter, info.context_length, parent=name) for adapter in info.lora_adapters
+        _model_card(g, adapter, info.context_length, parent=name)
+        for adapter in await g.refresh_adapters()
     ]
     # "object"/"data" are OpenAI's list; "has_more"/"first_id"/"last_id" Anthropic's page.
     return {

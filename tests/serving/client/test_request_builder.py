@@ -76,4 +76,5 @@ def test_both_clients_take_the_same_options() -> None:
         "chat_template_kwargs",
         "prediction",
         "lora",
+        "chat_template",
     }
