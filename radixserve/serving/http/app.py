@@ -5,7 +5,8 @@
 * OpenAI-compatible ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``
   (:mod:`~radixserve.serving.http.openai_api`), ``/v1/responses``
   (:mod:`~radixserve.serving.http.responses`);
-* OpenAI's ``/v1/embeddings`` (:mod:`~radixserve.serving.http.embeddings`);
+* OpenAI's ``/v1/embeddings`` (:mod:`~radixserve.serving.http.embeddings`), and vLLM's
+  ``/v1/score`` and ``/v1/rerank`` on them (:mod:`~radixserve.serving.http.scoring`);
 * Anthropic-compatible ``/v1/messages`` and ``/v1/messages/count_tokens``
   (:mod:`~radixserve.serving.http.messages`);
 * vLLM's ``/tokenize`` and ``/detokenize`` (:mod:`~radixserve.serving.http.tokenize_api`);
@@ -42,6 +43,7 @@ from radixserve.serving.http import (
     messages,
     openai_api,
     responses,
+    scoring,
     sessions_api,
     sglang_api,
     tokenize_api,
@@ -120,6 +122,7 @@ def create_app(config: GatewayConfig | None = None, tokenizer: Any = None) -> Fa
     app.include_router(tokenize_api.router)
     app.include_router(lora_api.router)
     app.include_router(embeddings.router)
+    app.include_router(scoring.router)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -22,6 +22,7 @@ import base64
 import math
 import struct
 import time
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
@@ -95,44 +96,70 @@ def _encoded(v: list[float], encoding: str) -> list[float] | str:
     return v
 
 
-@router.post("/v1/embeddings", response_model=None)
-async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+@dataclass(frozen=True)
+class EmbedOptions:
+    """How inputs are embedded: the adapter, the tenant's cache salt, and vLLM's options."""
+
+    lora: str | None = None
+    cache_salt: str | None = None
+    priority: int = 0
+    truncate_prompt_tokens: int | None = None
+    add_special_tokens: bool = True
+
+
+async def embed(
+    g: Gateway, request: Request, items: list[str | list[int]], opts: EmbedOptions
+) -> list[p.GenerateFinal]:
+    """Each input run to the end of its prefill, concurrently; its final message carries the
+    final norm's output at its last token (``embedding``) and its usage."""
     arrival = time.monotonic()
-    g = _gw(request)
-    model, lora = await g.model_and_adapter(body.model, body.lora_path)
-    items = body.inputs()
     g.check_batch(len(items))
     params = SamplingParams(
         max_tokens=1,
         temperature=0.0,
         return_embedding=True,
-        truncate_prompt_tokens=body.truncate_prompt_tokens,
+        truncate_prompt_tokens=opts.truncate_prompt_tokens,
     )
-    salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
     texts = [item for item in items if isinstance(item, str)]
-    if texts and not body.add_special_tokens:  # encoded here, without the tokenizer's BOS
+    if texts and not opts.add_special_tokens:  # encoded here, without the tokenizer's BOS
         ids = iter(await g.tokenize(texts, add_special_tokens=False))
         items = [next(ids) if isinstance(item, str) else item for item in items]
     streams = [
         g.stream(
             arrival=arrival,
             params=params,
-            cache_salt=salt,
-            priority=body.priority,
-            lora=lora,
+            cache_salt=opts.cache_salt,
+            priority=opts.priority,
+            lora=opts.lora,
             **({"text": item} if isinstance(item, str) else {"input_ids": item}),
         )
         for item in items
     ]
     results = await finals(request, streams)
+    missing = [i for i, f in enumerate(results) if f.embedding is None]
+    if missing:
+        raise APIError(
+            500, f"input[{missing[0]}] ended without an embedding", type="internal_error"
+        )
+    return results
+
+
+@router.post("/v1/embeddings", response_model=None)
+async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+    g = _gw(request)
+    model, lora = await g.model_and_adapter(body.model, body.lora_path)
+    salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
+    opts = EmbedOptions(
+        lora, salt, body.priority, body.truncate_prompt_tokens, body.add_special_tokens
+    )
+    results = await embed(g, request, body.inputs(), opts)
     return JSONResponse(_reply(results, body, model))
 
 
 def _reply(results: list[p.GenerateFinal], body: EmbeddingRequest, model: str) -> dict[str, Any]:
     data = []
     for i, f in enumerate(results):
-        if f.embedding is None:
-            raise APIError(500, f"input[{i}] ended without an embedding", type="internal_error")
+        assert f.embedding is not None  # embed() checked
         if body.dimensions is not None and body.dimensions > len(f.embedding):
             raise invalid(
                 f"dimensions must be at most the model's {len(f.embedding)}", param="dimensions"
