@@ -9,8 +9,6 @@ the router sent them before, e.g. the aborts of a client that left.
 
 from __future__ import annotations
 
-import itertools
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -18,6 +16,7 @@ from typing import Literal
 import msgspec
 
 from radixserve.serving.router.dispatch import Dispatcher
+from radixserve.serving.router.fan_out import FanOut, FanOutOp, Worker
 from radixserve.serving.router.worker_pool import WorkerHandle, WorkerPool
 from radixserve.serving.wire import protocol as p
 from radixserve.serving.wire.security import cache_namespace
@@ -26,16 +25,13 @@ Kind = Literal["stats", "flush", "close"]
 
 
 @dataclass(eq=False)
-class _Op:
+class _Op(FanOutOp):
     kind: Kind
-    client: bytes
     request_id: str
-    waiting: set[int]
-    deadline: float
     ok: bool = True
 
 
-class ControlOps:
+class ControlOps(FanOut[_Op, WorkerPool]):
     """Fan-out / fan-in of stats and flush requests for one router.
 
     It asks the workers of ``pool``, clears a flushed worker's routing trie in
@@ -51,10 +47,9 @@ class ControlOps:
         send_client: Callable[[bytes, msgspec.Struct], bool],
         stats_reply: Callable[[str], p.StatsReply],
     ) -> None:
-        self._pool, self._dispatcher, self._timeout_s = pool, dispatcher, timeout_s
+        super().__init__(pool, timeout_s)
+        self._dispatcher = dispatcher
         self._send_client, self._stats_reply = send_client, stats_reply
-        self._tokens = itertools.count(1)
-        self._ops: dict[int, _Op] = {}
 
     def start(self, client: bytes, msg: p.StatsRequest | p.FlushCache | p.CloseSession) -> None:
         kind: Kind = (
@@ -64,23 +59,13 @@ class ControlOps:
             if isinstance(msg, p.FlushCache)
             else "close"
         )
-        token = next(self._tokens)
-        op = _Op(kind, client, msg.request_id, set(), time.monotonic() + self._timeout_s)
-        out: p.WorkerStatsRequest | p.WorkerFlush | p.WorkerCloseSession
+        op = _Op(client, set(), self._deadline(), kind, msg.request_id)
+        namespace = None
         if isinstance(msg, p.CloseSession):
             op.ok = False  # "released": some worker held the session's lease
             namespace = cache_namespace(msg.namespace, msg.cache_salt)
             self._dispatcher.forget_session(msg.session_id, namespace)
-            out = p.WorkerCloseSession(token=token, session_id=msg.session_id, namespace=namespace)
-        elif kind == "stats":
-            out = p.WorkerStatsRequest(token=token)
-        else:
-            out = p.WorkerFlush(token=token)
-        self._ops[token] = op
-        for w in self._pool.live:
-            op.waiting.add(w.worker_id)
-            if not self._pool.send(w, out):
-                op.waiting.discard(w.worker_id)
+        token = self._ask_live(op, lambda token: _worker_message(msg, token, namespace))
         if kind == "flush" and not self._pool.live:
             op.ok = False
         self._maybe_done(token)
@@ -107,26 +92,13 @@ class ControlOps:
         op.waiting.discard(w.worker_id)
         self._maybe_done(msg.token)
 
-    def on_worker_dead(self, w: WorkerHandle) -> None:
-        for token in list(self._ops):
-            op = self._ops.get(token)
-            if op is not None and w.worker_id in op.waiting:
-                op.waiting.discard(w.worker_id)
-                op.ok = False if op.kind == "flush" else op.ok
-                self._maybe_done(token)
+    def _lost(self, op: _Op, w: Worker) -> None:
+        op.ok = False if op.kind == "flush" else op.ok
 
-    def expire(self, now: float) -> None:
-        for token, op in list(self._ops.items()):
-            if now >= op.deadline:
-                op.ok = op.ok and op.kind == "close"  # a release that happened stays so
-                op.waiting.clear()
-                self._maybe_done(token)
+    def _timed_out(self, op: _Op) -> None:
+        op.ok = op.ok and op.kind == "close"  # a release that happened stays so
 
-    def _maybe_done(self, token: int) -> None:
-        op = self._ops.get(token)
-        if op is None or op.waiting:
-            return
-        del self._ops[token]
+    def _finish(self, op: _Op) -> None:
         if op.kind == "stats":
             self._send_client(op.client, self._stats_reply(op.request_id))
         elif op.kind == "close":
@@ -135,3 +107,14 @@ class ControlOps:
             )
         else:
             self._send_client(op.client, p.FlushCacheReply(request_id=op.request_id, ok=op.ok))
+
+
+def _worker_message(
+    msg: p.StatsRequest | p.FlushCache | p.CloseSession, token: int, namespace: str | None
+) -> p.WorkerStatsRequest | p.WorkerFlush | p.WorkerCloseSession:
+    """What the workers are asked for ``msg`` (``namespace``: a closed session's)."""
+    if isinstance(msg, p.CloseSession):
+        return p.WorkerCloseSession(token=token, session_id=msg.session_id, namespace=namespace)
+    if isinstance(msg, p.StatsRequest):
+        return p.WorkerStatsRequest(token=token)
+    return p.WorkerFlush(token=token)

@@ -15,14 +15,13 @@ loaded and unloaded since, before any request can reach it.
 
 from __future__ import annotations
 
-import itertools
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
 
+from radixserve.serving.router.fan_out import FanOut, FanOutOp, Worker
 from radixserve.serving.router.worker_pool import WorkerHandle, WorkerPool
 from radixserve.serving.wire import protocol as p
 
@@ -32,17 +31,14 @@ LoraRequest = p.LoadLoraAdapter | p.UnloadLoraAdapter
 
 
 @dataclass(eq=False)
-class _Op:
-    client: bytes
+class _Op(FanOutOp):
     msg: LoraRequest
-    waiting: set[int]
-    deadline: float
     answered: dict[int, dict[str, str]] = field(default_factory=dict)  # worker -> its adapters
     errors: list[str] = field(default_factory=list)
     refused: int = 0  # workers that answered with an error
 
 
-class LoraOps:
+class LoraOps(FanOut[_Op, WorkerPool]):
     """Fan-out / fan-in of adapter loads and unloads for one router, and their replay to
     workers that join (see the module docstring)."""
 
@@ -52,28 +48,16 @@ class LoraOps:
         timeout_s: float,
         send_client: Callable[[bytes, msgspec.Struct], bool],
     ) -> None:
-        self._pool, self._timeout_s, self._send_client = pool, timeout_s, send_client
-        self._tokens = itertools.count(1)
-        self._ops: dict[int, _Op] = {}
+        super().__init__(pool, timeout_s)
+        self._send_client = send_client
         # What changed while serving, replayed to joining workers: name -> (path, cache
         # key) of what was loaded; the names unloaded since.
         self._loaded: dict[str, tuple[str, str]] = {}
         self._unloaded: set[str] = set()
 
     def start(self, client: bytes, msg: LoraRequest) -> None:
-        token = next(self._tokens)
-        op = _Op(client, msg, set(), time.monotonic() + self._timeout_s)
-        out = (
-            p.WorkerLoadLora(token=token, name=msg.name, path=msg.path)
-            if isinstance(msg, p.LoadLoraAdapter)
-            else p.WorkerUnloadLora(token=token, name=msg.name)
-        )
-        self._ops[token] = op
-        for w in self._pool.live:
-            op.waiting.add(w.worker_id)
-            if not self._pool.send(w, out):
-                op.waiting.discard(w.worker_id)
-        self._maybe_done(token)
+        op = _Op(client, set(), self._deadline(), msg)
+        self._maybe_done(self._ask_live(op, lambda token: _worker_message(msg, token)))
 
     def on_reply(self, w: WorkerHandle, msg: p.WorkerLoraReply) -> None:
         w.lora_adapters = dict(msg.adapters)
@@ -100,28 +84,16 @@ class LoraOps:
             self._pool.send(w, p.WorkerUnloadLora(token=0, name=name))
             del w.lora_adapters[name]
 
-    def on_worker_dead(self, w: WorkerHandle) -> None:
-        for token, op in list(self._ops.items()):
-            if w.worker_id in op.waiting:
-                op.waiting.discard(w.worker_id)
-                op.errors.append(f"worker {w.worker_id} died before it answered")
-                self._maybe_done(token)
+    def _lost(self, op: _Op, w: Worker) -> None:
+        op.errors.append(f"worker {w.worker_id} died before it answered")
 
-    def expire(self, now: float) -> None:
-        for token, op in list(self._ops.items()):
-            if now >= op.deadline:
-                op.errors += [
-                    f"worker {wid} did not answer within {self._timeout_s:g} s"
-                    for wid in sorted(op.waiting)
-                ]
-                op.waiting.clear()
-                self._maybe_done(token)
+    def _timed_out(self, op: _Op) -> None:
+        op.errors += [
+            f"worker {wid} did not answer within {self._timeout_s:g} s"
+            for wid in sorted(op.waiting)
+        ]
 
-    def _maybe_done(self, token: int) -> None:
-        op = self._ops.get(token)
-        if op is None or op.waiting:
-            return
-        del self._ops[token]
+    def _finish(self, op: _Op) -> None:
         code = _failure(op)
         if code is None:
             self._record(op)
@@ -146,6 +118,12 @@ class LoraOps:
         else:
             self._loaded.pop(name, None)
             self._unloaded.add(name)
+
+
+def _worker_message(msg: LoraRequest, token: int) -> p.WorkerLoadLora | p.WorkerUnloadLora:
+    if isinstance(msg, p.LoadLoraAdapter):
+        return p.WorkerLoadLora(token=token, name=msg.name, path=msg.path)
+    return p.WorkerUnloadLora(token=token, name=msg.name)
 
 
 def _failure(op: _Op) -> str | None:

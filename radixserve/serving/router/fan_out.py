@@ -1,0 +1,100 @@
+"""What the router's operations that ask every live worker share (control.py's stats,
+flushes and session closes; lora_ops.py's adapter loads and unloads): a token per
+operation, the workers it waits on, and its end when every one of them answered, died, or
+the timeout passed. What each answer means and what goes back to the client are the
+subclass's (:meth:`FanOut._lost`, :meth:`FanOut._timed_out`, :meth:`FanOut._finish`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+import msgspec
+
+
+class Worker(Protocol):
+    """What a fan-out reads of a worker (worker_pool.WorkerHandle)."""
+
+    worker_id: int
+
+
+class Workers(Protocol):
+    """What a fan-out needs of the router's workers (worker_pool.WorkerPool): this module
+    stays below the pool, so the operations built on it sit no deeper than before."""
+
+    @property
+    def live(self) -> Sequence[Worker]: ...
+
+    def send(self, w: Any, msg: msgspec.Struct) -> bool: ...
+
+
+@dataclass(eq=False)
+class FanOutOp:
+    """One operation: the client to answer, the workers it waits on, when it gives up."""
+
+    client: bytes
+    waiting: set[int]
+    deadline: float
+
+
+OpT = TypeVar("OpT", bound=FanOutOp)
+PoolT = TypeVar("PoolT", bound=Workers)
+
+
+class FanOut(Generic[OpT, PoolT]):
+    """Operations of one kind over ``pool``'s live workers, given up after ``timeout_s``."""
+
+    def __init__(self, pool: PoolT, timeout_s: float) -> None:
+        self._pool, self._timeout_s = pool, timeout_s
+        self._tokens = itertools.count(1)
+        self._ops: dict[int, OpT] = {}
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self._timeout_s
+
+    def _ask_live(self, op: OpT, message: Callable[[int], msgspec.Struct]) -> int:
+        """Send ``message(token)`` to every live worker and wait on those it reached; the
+        token. The caller ends the operation with :meth:`_maybe_done` (none may be live)."""
+        token = next(self._tokens)
+        self._ops[token] = op
+        out = message(token)
+        for w in self._pool.live:
+            op.waiting.add(w.worker_id)
+            if not self._pool.send(w, out):
+                op.waiting.discard(w.worker_id)
+        return token
+
+    def on_worker_dead(self, w: Worker) -> None:
+        for token, op in list(self._ops.items()):
+            if w.worker_id in op.waiting:
+                op.waiting.discard(w.worker_id)
+                self._lost(op, w)
+                self._maybe_done(token)
+
+    def expire(self, now: float) -> None:
+        for token, op in list(self._ops.items()):
+            if now >= op.deadline:
+                self._timed_out(op)
+                op.waiting.clear()
+                self._maybe_done(token)
+
+    def _maybe_done(self, token: int) -> None:
+        op = self._ops.get(token)
+        if op is None or op.waiting:
+            return
+        del self._ops[token]
+        self._finish(op)
+
+    def _lost(self, op: OpT, w: Worker) -> None:
+        """``w`` died before it answered ``op``."""
+
+    def _timed_out(self, op: OpT) -> None:
+        """``op``'s time ran out; ``op.waiting`` are the workers that did not answer."""
+
+    def _finish(self, op: OpT) -> None:
+        """Answer ``op``'s client: every worker answered, died or ran out of time."""
+        raise NotImplementedError
