@@ -56,6 +56,19 @@ def tiny_lora_dir(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
 
 
 @pytest.fixture(scope="session")
+def tiny_attn_lora_dir(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second LoRA adapter of the tiny Llama, other than tiny_lora_dir's: attention only
+    (q, v, o), rank 8."""
+    return tiny_models.build_lora_adapter(
+        tiny_llama_dir,
+        tmp_path_factory.mktemp("tiny_attn_lora"),
+        targets=("q_proj", "v_proj", "o_proj"),
+        rank=8,
+        seed=3,
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny random Qwen2 checkpoint: q/k/v bias, GQA 4/2, tied embeddings, 2 layers."""
     return tiny_models.build_tiny_qwen2(tmp_path_factory.mktemp("tiny_qwen2"))

@@ -56,6 +56,14 @@ def hf_greedy(model_dir: Path, prompt: list[int], n: int) -> list[int]:
     return _HF_CACHE[key]
 
 
+def hf_last_hidden(model_dir: Path, prompt: list[int], model: Any = None) -> torch.Tensor:
+    """transformers' final-norm output at ``prompt``'s last token (float32): an embedding's
+    reference (``model``: another than ``model_dir``'s, e.g. an adapter merged in)."""
+    model = hf_model(model_dir) if model is None else model
+    with torch.inference_mode():
+        return model.model(torch.tensor([prompt])).last_hidden_state[0, -1]
+
+
 def peft_greedy(base: Path, adapter: Path, prompt: list[int], n: int) -> list[int]:
     """PEFT's greedy continuation of ``prompt`` by the checkpoint at ``base`` with the LoRA
     adapter at ``adapter`` (float32, ``n`` tokens, EOS ignored)."""

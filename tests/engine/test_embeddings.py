@@ -10,21 +10,13 @@ from typing import Any
 
 import pytest
 import torch
-from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion
+from engine_helpers import greedy, hf_greedy, hf_last_hidden, random_prompts, run_to_completion
 from tiny_models import build_tiny_family
 
 from radixserve.engine.engine import Engine
 from radixserve.sampling_params import SamplingParams
 
 EMBED = SamplingParams(max_tokens=1, temperature=0.0, return_embedding=True)
-
-
-def hf_last_hidden(model_dir: Path, prompts: list[list[int]]) -> list[torch.Tensor]:
-    from transformers import AutoModelForCausalLM
-
-    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    with torch.inference_mode():
-        return [model.model(torch.tensor([p])).last_hidden_state[0, -1] for p in prompts]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +31,7 @@ def test_chunked_prompts_beside_decode_rows(tiny_llama_dir: Path) -> None:
     rids = [engine.add_request(p, EMBED) for p in prompts]
     outs = run_to_completion(engine)
     assert len(outs[decoding]) > 1 and all(o.embedding is None for o in outs[decoding])
-    for rid, ref in zip(rids, hf_last_hidden(tiny_llama_dir, prompts)):
+    for rid, ref in zip(rids, [hf_last_hidden(tiny_llama_dir, p) for p in prompts]):
         got = [o.embedding for o in outs[rid] if o.embedding is not None]
         assert len(got) == 1, "sent once"
         torch.testing.assert_close(torch.tensor(got[0]), ref, atol=1e-4, rtol=1e-4)
@@ -54,14 +46,15 @@ def test_a_prefix_from_the_cache(tiny_llama_dir: Path) -> None:
     out = engine.generate([longer], EMBED)[0]
     assert out.usage.cached_tokens == 24
     assert out.embedding is not None
-    ref = hf_last_hidden(tiny_llama_dir, [longer])[0]
+    ref = hf_last_hidden(tiny_llama_dir, longer)
     torch.testing.assert_close(torch.tensor(out.embedding), ref, atol=1e-4, rtol=1e-4)
 
 
 def test_qwen3_through_encode(tiny_qwen3_dir: Path) -> None:
     prompts = random_prompts([6, 19], seed=54)
     engine = Engine(str(tiny_qwen3_dir), num_pages=128, page_size=4)
-    for got, ref in zip(engine.encode(prompts), hf_last_hidden(tiny_qwen3_dir, prompts)):
+    refs = [hf_last_hidden(tiny_qwen3_dir, p) for p in prompts]
+    for got, ref in zip(engine.encode(prompts), refs):
         torch.testing.assert_close(torch.tensor(got), ref, atol=1e-4, rtol=1e-4)
 
 

@@ -10,23 +10,10 @@ from pathlib import Path
 import pytest
 from engine_helpers import greedy, hf_greedy, peft_greedy, random_prompts, run_to_completion
 from engine_helpers import tokens_of as tokens
-from tiny_models import build_lora_adapter
 
 from radixserve.engine.engine import Engine
 
 N = 8
-
-
-@pytest.fixture(scope="module")
-def other_adapter(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A second adapter: attention only, rank 8."""
-    return build_lora_adapter(
-        tiny_llama_dir,
-        tmp_path_factory.mktemp("lora_loading") / "attn",
-        targets=("q_proj", "v_proj", "o_proj"),
-        rank=8,
-        seed=3,
-    )
 
 
 def serving_engine(model_dir: Path, **kw: object) -> Engine:
@@ -34,7 +21,7 @@ def serving_engine(model_dir: Path, **kw: object) -> Engine:
 
 
 def test_adapters_loaded_while_serving_answer_as_peft(
-    tiny_llama_dir: Path, tiny_lora_dir: Path, other_adapter: Path
+    tiny_llama_dir: Path, tiny_lora_dir: Path, tiny_attn_lora_dir: Path
 ) -> None:
     """An engine started with no adapter serves the base model, then each adapter loaded
     into it, mixed in one batch, as PEFT computes them."""
@@ -46,7 +33,7 @@ def test_adapters_loaded_while_serving_answer_as_peft(
     )
     key = engine.load_lora_adapter("all", str(tiny_lora_dir))
     assert engine.load_lora_adapter("all", str(tiny_lora_dir)) == key  # the same files: a no-op
-    engine.load_lora_adapter("attn", str(other_adapter))
+    engine.load_lora_adapter("attn", str(tiny_attn_lora_dir))
     assert list(engine.lora_adapters) == ["all", "attn"]
     choice: list[str | None] = ["all", None, "attn"]
     rids = [engine.add_request(p, greedy(N), lora=a) for p, a in zip(prompts, choice)]
@@ -54,10 +41,10 @@ def test_adapters_loaded_while_serving_answer_as_peft(
     assert [tokens(outs[r]) for r in rids] == [
         peft_greedy(tiny_llama_dir, tiny_lora_dir, prompts[0], N),
         hf_greedy(tiny_llama_dir, prompts[1], N),
-        peft_greedy(tiny_llama_dir, other_adapter, prompts[2], N),
+        peft_greedy(tiny_llama_dir, tiny_attn_lora_dir, prompts[2], N),
     ]
     with pytest.raises(ValueError, match="already loaded .* with other weights"):
-        engine.load_lora_adapter("all", str(other_adapter))
+        engine.load_lora_adapter("all", str(tiny_attn_lora_dir))
     engine.check_invariants()
 
 
@@ -87,7 +74,7 @@ def test_unloading_drains_the_running_requests(tiny_llama_dir: Path, tiny_lora_d
 
 
 def test_a_name_loaded_again_with_other_weights_misses_the_old_cache(
-    tiny_llama_dir: Path, tiny_lora_dir: Path, other_adapter: Path
+    tiny_llama_dir: Path, tiny_lora_dir: Path, tiny_attn_lora_dir: Path
 ) -> None:
     """The cache key carries the files' digest: a prompt cached under ``x`` by the first
     weights is a miss for ``x`` loaded again from other files, whose answer is theirs."""
@@ -105,13 +92,13 @@ def test_a_name_loaded_again_with_other_weights_misses_the_old_cache(
     assert cached_and_tokens()[0] == 0
     assert cached_and_tokens()[0] == 20  # its own pages: every whole one but the last token's
     engine.unload_lora_adapter("x")
-    assert engine.load_lora_adapter("x", str(other_adapter)) != first
-    assert cached_and_tokens() == (0, peft_greedy(tiny_llama_dir, other_adapter, prompt, N))
+    assert engine.load_lora_adapter("x", str(tiny_attn_lora_dir)) != first
+    assert cached_and_tokens() == (0, peft_greedy(tiny_llama_dir, tiny_attn_lora_dir, prompt, N))
     engine.check_invariants()
 
 
 def test_loading_is_bounded_and_checked(
-    tiny_llama_dir: Path, tiny_lora_dir: Path, other_adapter: Path, tmp_path: Path
+    tiny_llama_dir: Path, tiny_lora_dir: Path, tiny_attn_lora_dir: Path, tmp_path: Path
 ) -> None:
     """``max_loaded_loras`` bounds the adapters served at once; a bad name or path is a
     ``ValueError`` that leaves what is served as it was; an engine without LoRA enabled
@@ -119,7 +106,7 @@ def test_loading_is_bounded_and_checked(
     engine = serving_engine(tiny_llama_dir, max_loaded_loras=1)
     engine.load_lora_adapter("a", str(tiny_lora_dir))
     with pytest.raises(ValueError, match="max-loaded-loras"):
-        engine.load_lora_adapter("b", str(other_adapter))
+        engine.load_lora_adapter("b", str(tiny_attn_lora_dir))
     for name, path, why in [
         ("base:a", str(tiny_lora_dir), "name has no whitespace"),
         ("", str(tiny_lora_dir), "1 to 128 characters"),
@@ -130,7 +117,7 @@ def test_loading_is_bounded_and_checked(
     engine.unload_lora_adapter("a")
     with pytest.raises(ValueError, match="adapter_config.json is missing"):
         engine.load_lora_adapter("b", str(tmp_path))
-    engine.load_lora_adapter("b", str(other_adapter))
+    engine.load_lora_adapter("b", str(tiny_attn_lora_dir))
     assert list(engine.lora_adapters) == ["b"]
     plain = Engine(str(tiny_llama_dir), num_pages=64, page_size=4)
     with pytest.raises(ValueError, match="--enable-lora"):
@@ -138,7 +125,7 @@ def test_loading_is_bounded_and_checked(
 
 
 def test_random_loads_unloads_and_requests_keep_every_answer(
-    tiny_llama_dir: Path, tiny_lora_dir: Path, other_adapter: Path
+    tiny_llama_dir: Path, tiny_lora_dir: Path, tiny_attn_lora_dir: Path
 ) -> None:
     """Seeded random interleavings of loads (a name with either adapter's files), unloads,
     requests naming whatever is served, and steps: every request answers as PEFT's model of
@@ -147,7 +134,7 @@ def test_random_loads_unloads_and_requests_keep_every_answer(
     files, and the KV accounting balances throughout."""
     import random
 
-    files = {"A": tiny_lora_dir, "B": other_adapter}
+    files = {"A": tiny_lora_dir, "B": tiny_attn_lora_dir}
     prompts = random_prompts([6, 9, 11], seed=14)
     refs = {
         (i, f): peft_greedy(tiny_llama_dir, files[f], p, 4)

@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import pytest
 import torch
-from engine_helpers import random_prompts
+from engine_helpers import hf_model, random_prompts
 
 N, WIDTH = 5, 3
 
@@ -21,10 +21,7 @@ def client(server: Any) -> openai.OpenAI:
 
 
 def hf_beams(model_dir: Any, prompt: list[int]) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    out = model.generate(
+    out = hf_model(model_dir).generate(
         input_ids=torch.tensor([prompt]),
         num_beams=WIDTH,
         num_return_sequences=WIDTH,

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 import torch
-from engine_helpers import random_prompts
+from engine_helpers import hf_last_hidden, random_prompts
 
 
 @pytest.fixture(scope="module")
@@ -22,17 +22,17 @@ def client(server: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
-def hf_last_hidden(model_dir: Path, prompt: list[int], adapter: Path | None = None) -> list[float]:
-    """transformers' final-norm output at the prompt's last token (float32)."""
-    from transformers import AutoModelForCausalLM
-
-    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+def last_hidden(model_dir: Path, prompt: list[int], adapter: Path | None = None) -> list[float]:
+    """transformers' final-norm output at the prompt's last token (PEFT's adapted model's,
+    merged into a fresh copy, with ``adapter``)."""
+    model = None
     if adapter is not None:
         from peft import PeftModel
+        from transformers import AutoModelForCausalLM
 
-        model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
-    with torch.inference_mode():
-        return model.model(torch.tensor([prompt])).last_hidden_state[0, -1].tolist()
+        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        model = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    return hf_last_hidden(model_dir, prompt, model).tolist()
 
 
 def unit(v: list[float]) -> list[float]:
@@ -50,11 +50,11 @@ def test_vectors_are_the_last_tokens_hidden_states(client: openai.OpenAI, server
     assert [d.index for d in out.data] == [0, 1, 2]
     assert out.usage.prompt_tokens == out.usage.total_tokens == 22
     for p, d in zip(prompts, out.data):
-        assert close(d.embedding, unit(hf_last_hidden(server.model_dir, p)))
+        assert close(d.embedding, unit(last_hidden(server.model_dir, p)))
     floats = client.embeddings.create(model="default", input=prompts[0], encoding_format="float")
     assert close(floats.data[0].embedding, out.data[0].embedding, 1e-6)
     short = client.embeddings.create(model="default", input=prompts[1], dimensions=8)
-    raw = hf_last_hidden(server.model_dir, prompts[1])
+    raw = last_hidden(server.model_dir, prompts[1])
     assert close(short.data[0].embedding, unit(raw[:8]))
     unscaled = client.embeddings.create(
         model="default", input=prompts[1], extra_body={"normalize": False}
@@ -83,7 +83,7 @@ def test_text_inputs_and_a_shared_prefix(client: openai.OpenAI, server: Any) -> 
     longer = head + [5, 6, 7]
     out = client.embeddings.create(model="default", input=longer)
     assert out.usage.model_extra["prompt_tokens_details"] == {"cached_tokens": 40}  # 10 pages
-    assert close(out.data[0].embedding, unit(hf_last_hidden(server.model_dir, longer)))
+    assert close(out.data[0].embedding, unit(last_hidden(server.model_dir, longer)))
 
 
 def test_an_adapters_vectors_are_its_own(
@@ -91,7 +91,7 @@ def test_an_adapters_vectors_are_its_own(
 ) -> None:
     prompt = random_prompts([9], seed=43)[0]
     adapted = client.embeddings.create(model="sql", input=prompt).data[0].embedding
-    assert close(adapted, unit(hf_last_hidden(server.model_dir, prompt, tiny_lora_dir)))
+    assert close(adapted, unit(last_hidden(server.model_dir, prompt, tiny_lora_dir)))
     base = client.embeddings.create(model="default", input=prompt).data[0].embedding
     assert not close(adapted, base)
 

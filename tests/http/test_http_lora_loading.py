@@ -13,20 +13,8 @@ import httpx
 import openai
 import pytest
 from engine_helpers import peft_greedy, random_prompts
-from tiny_models import build_lora_adapter
 
 N = 6
-
-
-@pytest.fixture(scope="module")
-def attn_adapter(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_lora_adapter(
-        tiny_llama_dir,
-        tmp_path_factory.mktemp("http_lora_loading") / "attn",
-        targets=("q_proj", "v_proj", "o_proj"),
-        rank=8,
-        seed=5,
-    )
 
 
 def models(server: Any) -> list[str]:
@@ -34,9 +22,9 @@ def models(server: Any) -> list[str]:
 
 
 def test_an_adapter_loaded_while_serving_is_listed_answers_and_unloads(
-    server: Any, attn_adapter: Path
+    server: Any, tiny_attn_lora_dir: Path
 ) -> None:
-    body = {"lora_name": "attn", "lora_path": str(attn_adapter)}
+    body = {"lora_name": "attn", "lora_path": str(tiny_attn_lora_dir)}
     reply = httpx.post(server.url + "/load_lora_adapter", json=body, timeout=120)
     try:
         assert reply.status_code == 200, reply.text
@@ -54,7 +42,7 @@ def test_an_adapter_loaded_while_serving_is_listed_answers_and_unloads(
             extra_body={"return_token_ids": True, "ignore_eos": True},
         )
         assert got.choices[0].model_extra["token_ids"] == peft_greedy(  # type: ignore[index]
-            server.model_dir, attn_adapter, prompt, N
+            server.model_dir, tiny_attn_lora_dir, prompt, N
         )
         # vLLM's load of the same files under the same name: a success that changes nothing.
         again = httpx.post(server.url + "/v1/load_lora_adapter", json=body, timeout=120)
