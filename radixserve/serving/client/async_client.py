@@ -214,6 +214,11 @@ class AsyncClient:
                 return ev
         raise AssertionError("unreachable")
 
+    def new_request_id(self) -> str:
+        """An id no other request on this client has (for :meth:`stream`'s ``request_id``,
+        where the caller must know it before the request starts: to :meth:`abort` it)."""
+        return self._ids.next()
+
     async def abort(self, request_id: str) -> None:
         await self._send(p.Abort(request_id=request_id))
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -122,9 +121,10 @@ def _output(beam: Beam, prompt_len: int) -> list[int]:
 
 
 def reply(
-    searched: list[tuple[list[int], list[Beam], list[str]]], model: str, ids: bool
+    searched: list[tuple[list[int], list[Beam], list[str]]], rid: str, model: str, ids: bool
 ) -> dict[str, Any]:
-    """The completion of beam-searched prompts: each prompt's beams as its ``n`` choices."""
+    """The completion ``rid`` of beam-searched prompts: each prompt's beams as its ``n``
+    choices."""
     choices: list[dict[str, Any]] = []
     prompt_tokens = completion_tokens = 0
     for prompt, beams, texts in searched:
@@ -143,7 +143,7 @@ def reply(
                 choice |= {"prompt_token_ids": prompt, "token_ids": output}
             choices.append(choice)
     return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
+        "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,

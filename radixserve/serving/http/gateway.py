@@ -25,6 +25,7 @@ from radixserve.memory.units import format_bytes
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.client import DEFAULT_ENDPOINT, AsyncClient, ServerError
 from radixserve.serving.client.common import ChatRendering
+from radixserve.serving.http.aborts import AbortScope, InFlightIds
 from radixserve.serving.http.errors import APIError, from_server_error, from_timeout
 from radixserve.serving.http.metrics import GatewayMetrics
 from radixserve.serving.http.tokens import TokenNames
@@ -154,6 +155,8 @@ class Gateway:
         self._tokenizer_looked_up = tokenizer is not None
         self._tasks: list[asyncio.Task[None]] = []
         self.last_stats: p.StatsReply | None = None
+        # Generate requests by the ids their clients know, for /abort_request (http/aborts.py).
+        self.in_flight = InFlightIds()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -410,18 +413,23 @@ class Gateway:
         prediction: str | None = None,
         lora: str | None = None,
         chat_template: str | None = None,
+        abort_scope: AbortScope | None = None,
     ) -> AsyncGenerator[Event, None]:
         """One generate request: its chunks, then its final message. Router errors become
         :class:`APIError`; closing the iterator early aborts the request. ``cache_salt``:
         the tenant's (:func:`~radixserve.serving.http.auth.tenant_cache_salt`);
         ``prediction``: the answer expected (drafted from); ``lora``: the served LoRA
         adapter to run with (:meth:`resolve_model`); ``chat_template``: the request's own
-        (:meth:`check_chat_template`)."""
+        (:meth:`check_chat_template`); ``abort_scope``: whose the request is and the ids
+        :meth:`abort` finds it by while it runs (None: it cannot be aborted by id)."""
         first: float | None = None
         last = 0.0
         gaps: list[float] = []
-        events = self._client().stream(
+        client = self._client()
+        request_id = client.new_request_id()
+        events = client.stream(
             text,
+            request_id=request_id,
             input_ids=input_ids,
             messages=messages,
             params=params,
@@ -438,7 +446,7 @@ class Gateway:
             lora=lora,
             chat_template=chat_template,
         )
-        with router_errors():
+        with router_errors(), self.in_flight.track(abort_scope, request_id):
             # aclosing: leaving early closes the client stream now (it sends the abort), not at GC.
             async with contextlib.aclosing(events):
                 async for ev in events:
@@ -460,6 +468,16 @@ class Gateway:
     async def generate(self, **kwargs: Any) -> p.GenerateFinal:
         """Run one request to its final message (same arguments as :meth:`stream`)."""
         return await final_of(self.stream(**kwargs))
+
+    async def abort(self, owner: str, client_id: str | None) -> int:
+        """Abort ``owner``'s requests in flight known by ``client_id`` (None: all of them);
+        each then ends with finish reason ``abort`` and what it had generated. Returns how
+        many were asked to stop."""
+        found = self.in_flight.matching(owner, client_id)
+        with router_errors():
+            for request_id in found:
+                await self._client().abort(request_id)
+        return len(found)
 
 
 async def final_of(stream: AsyncGenerator[Any, None]) -> p.GenerateFinal:

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixserve.serving.http import beam_search, chat_tools
+from radixserve.serving.http.aborts import abort_scope
 from radixserve.serving.http.auth import request_key, tenant_cache_salt
 from radixserve.serving.http.errors import APIError, invalid
 from radixserve.serving.http.gateway import Gateway, merge
@@ -128,7 +129,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     messages = body.chat()
     if body.continue_final_message:
         tools = chat_tools.after_prefill(tools, messages[-1].content)
-    salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
+    key = request_key(request.scope)
+    salt = tenant_cache_salt(key, body.cache_salt)
+    rid, created = body.rid or f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
     def params(i: int) -> Any:
         return chat_tools.constrain(body.sampling(max_tokens, want_lp, i), tools)
@@ -148,10 +151,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             prediction=None if body.prediction is None else body.prediction.text(),
             lora=lora,
             chat_template=body.chat_template,
+            abort_scope=abort_scope(key, rid),
         )
         for i in range(body.n)
     ]
-    rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     head = ChatHead(
         rid,
         created,
@@ -219,10 +222,12 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     echoes = [_echo_text(g, pr) if body.echo else "" for pr in prompts]
     max_tokens = body.max_tokens if body.max_tokens is not None else (await g.info()).context_length
     max_tokens = max(max_tokens, 1)  # max_tokens 0 (echo only): one token, dropped below
-    salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
+    key = request_key(request.scope)
+    salt = tenant_cache_salt(key, body.cache_salt)
+    rid, created = body.rid or f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if body.use_beam_search:
         searched = await beam_search.search(g, body, prompts, max_tokens, salt, lora)
-        return JSONResponse(beam_search.reply(searched, model, body.return_token_ids))
+        return JSONResponse(beam_search.reply(searched, rid, model, body.return_token_ids))
     streams = []
     for pr in prompts:
         kw: dict[str, Any] = {"text": pr} if isinstance(pr, str) else {"input_ids": pr}
@@ -237,10 +242,10 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                     priority=body.priority,
                     session_id=body.session,
                     lora=lora,
+                    abort_scope=abort_scope(key, rid),
                     **kw,
                 )
             )
-    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         events = await primed(request, merge(streams))
         return SSEResponse(_completion_events(g, events, rid, created, model, body, echoes))

@@ -182,6 +182,9 @@ class _SamplingBody(_Body, StructuredOutputFields):
     # (and, on the worker, its session lease: memory.leases).
     prompt_cache_key: str | None = Field(default=None, max_length=256)
     session_id: str | None = Field(default=None, max_length=256)
+    # SGLang's: the request's id, the answer's ``id`` and what /abort_request names it by
+    # (default: a fresh ``chatcmpl-``/``cmpl-`` id, which a stream's first chunk shows).
+    rid: str | None = Field(default=None, min_length=1, max_length=256)
 
     @property
     def session(self) -> str | None:

@@ -1,5 +1,6 @@
-"""SGLang-native routes: ``/generate``, ``/get_model_info``, ``/flush_cache``, ``/health``,
-``/health_generate``, ``/get_server_info`` (and the newer ``/model_info``, ``/server_info``).
+"""SGLang-native routes: ``/generate``, ``/abort_request``, ``/get_model_info``,
+``/flush_cache``, ``/health``, ``/health_generate``, ``/get_server_info`` (and the newer
+``/model_info``, ``/server_info``).
 
 Enough of SGLang's server API that its frontend language runs programs against
 radixserve with ``sgl.RuntimeEndpoint(url)``. Response shape of one ``/generate`` item::
@@ -30,11 +31,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from radixserve import __version__
 from radixserve.sampling_params import SamplingParams
+from radixserve.serving.http.aborts import abort_owner, abort_scope
 from radixserve.serving.http.auth import request_key, tenant_cache_salt
 from radixserve.serving.http.cache_report import report_json
-from radixserve.serving.http.errors import APIError
+from radixserve.serving.http.errors import APIError, invalid
 from radixserve.serving.http.gateway import Gateway, merge, to_builtins
-from radixserve.serving.http.sglang_protocol import GenerateReqInput, Item, expand
+from radixserve.serving.http.sglang_protocol import AbortReqInput, GenerateReqInput, Item, expand
 from radixserve.serving.http.sse import DONE, SSEResponse, event
 from radixserve.serving.http.streams import finals, logprob, primed, stop_reason
 from radixserve.serving.wire import protocol as p
@@ -158,7 +160,8 @@ async def generate(body: GenerateReqInput, request: Request) -> Response:
         if body.return_cache_report:
             params = msgspec.structs.replace(params, return_cache_report=True)
         plans.append(_Plan(it, params, drop, body.return_text_in_logprobs))
-    salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
+    key = request_key(request.scope)
+    salt = tenant_cache_salt(key, body.cache_salt)
     streams = [
         g.stream(
             arrival=arrival,
@@ -169,6 +172,7 @@ async def generate(body: GenerateReqInput, request: Request) -> Response:
             cache_salt=salt,
             priority=body.priority,
             lora=pl.item.lora,
+            abort_scope=abort_scope(key, pl.item.rid, pl.item.prompt_rid),
         )
         for pl in plans
     ]
@@ -230,6 +234,18 @@ async def _events(
 
 
 # ---------------------------------------------------------------------------- control
+
+
+@router.post("/abort_request")
+async def abort_request(body: AbortReqInput, request: Request) -> JSONResponse:
+    """Stop the caller's requests in flight named ``rid`` (or all of them, ``abort_all``):
+    each ends with finish reason ``abort`` and what it had generated (http/aborts.py). An
+    unknown or finished rid stops nothing; ``aborted`` says how many were stopped."""
+    if not body.abort_all and not body.rid:
+        raise invalid("name the request to abort (rid) or send abort_all", param="rid")
+    owner = abort_owner(request_key(request.scope))
+    aborted = await _gw(request).abort(owner, None if body.abort_all else body.rid)
+    return JSONResponse({"aborted": aborted})
 
 
 async def _model_info(request: Request) -> dict[str, Any]:

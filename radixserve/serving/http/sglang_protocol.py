@@ -126,6 +126,16 @@ class SGLSamplingParams(BaseModel):
             raise invalid(str(exc), param="sampling_params.structural_tag") from None
 
 
+class AbortReqInput(BaseModel):
+    """SGLang's ``POST /abort_request`` body: the ``rid`` of the requests to stop, or
+    ``abort_all`` (unknown keys ignored, as in :class:`GenerateReqInput`)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    rid: str = ""
+    abort_all: bool = False
+
+
 class GenerateReqInput(BaseModel):
     """SGLang's ``POST /generate`` body (unknown keys ignored: SGLang grows new ones often)."""
 
@@ -169,6 +179,7 @@ class Item:
     top_logprobs_num: int
     rid: str
     lora: str | None = None
+    prompt_rid: str = ""  # its prompt's rid (with n > 1 each sample's rid adds "-j" to it)
 
 
 def _pick(value: Any, i: int, n: int, name: str) -> Any:
@@ -228,6 +239,7 @@ def expand(req: GenerateReqInput, default_rid: str) -> tuple[list[Item], bool]:
                     top_logprobs_num=0 if top is None else top,
                     rid=rid if sp.n == 1 else f"{rid}-{j}",
                     lora=lora,
+                    prompt_rid=rid,
                 )
             )
     return items, single and len(items) == 1
