@@ -60,7 +60,7 @@ from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.pool import KVPool
 from radixserve.memory.window_pool import WindowedPageAllocator, WindowPages
 from radixserve.model.attention.base import AttentionBackend
-from radixserve.model.lora import LoraRegistry
+from radixserve.model.lora import LoraAdapter, LoraRegistry
 from radixserve.prefix import lora_namespace
 from radixserve.sampling_params import SamplingInput, SamplingParams, per_prompt
 from radixserve.scheduling.scheduler import Scheduler, SchedulerConfig
@@ -328,7 +328,18 @@ class Engine:
         under the same name again are a no-op. ``ValueError``: LoRA is not enabled
         (``enable_lora``), ``name`` is served with other files, ``max_loaded_loras`` are
         loaded, or the adapter does not fit the model."""
-        return self._lora_registry().add(name, path).cache_key
+        return self.add_lora_adapter(self.read_lora_adapter(name, path))
+
+    def read_lora_adapter(self, name: str, path: str) -> LoraAdapter:
+        """:meth:`load_lora_adapter`'s first half: the adapter at ``path`` read for this
+        model, not served yet. It changes no engine state, so a worker runs it on a thread
+        of its own while steps go on; ``ValueError`` as there."""
+        return self._lora_registry().read(name, path)
+
+    def add_lora_adapter(self, adapter: LoraAdapter) -> str:
+        """:meth:`load_lora_adapter`'s second half, between steps: serve ``adapter`` (from
+        :meth:`read_lora_adapter`) from the next request on; its cache key."""
+        return self._lora_registry().serve(adapter).cache_key
 
     def unload_lora_adapter(self, name: str) -> None:
         """Stop serving ``name``: new requests naming it are refused at once; those running

@@ -117,7 +117,12 @@ def test_loading_is_bounded_and_checked(
     engine.unload_lora_adapter("a")
     with pytest.raises(ValueError, match="adapter_config.json is missing"):
         engine.load_lora_adapter("b", str(tmp_path))
+    # A worker reads the files off its loop, then serves them: the room is checked again.
+    read = engine.read_lora_adapter("c", str(tiny_lora_dir))
+    assert engine.lora_adapters == {}
     engine.load_lora_adapter("b", str(tiny_attn_lora_dir))
+    with pytest.raises(ValueError, match="max-loaded-loras"):
+        engine.add_lora_adapter(read)
     assert list(engine.lora_adapters) == ["b"]
     plain = Engine(str(tiny_llama_dir), num_pages=64, page_size=4)
     with pytest.raises(ValueError, match="--enable-lora"):

@@ -162,17 +162,26 @@ class LoraRegistry:
         return slot, self._by_slot[slot].cache_key
 
     def add(self, name: str, path: str) -> LoraAdapter:
-        """Read the adapter at ``path`` and serve it as ``name``: idempotent for the same
-        files under the same name; ``ValueError`` for a name served with other files (remove
-        it first), past ``max_loaded`` adapters, or an adapter that does not fit the model."""
+        """Read the adapter at ``path`` and serve it as ``name`` (:meth:`read`, then
+        :meth:`serve`)."""
+        return self.serve(self.read(name, path))
+
+    def read(self, name: str, path: str) -> LoraAdapter:
+        """The adapter at ``path``, read for this model as ``name`` but not served yet.
+        Changes nothing here, so it may run on another thread while steps run (a worker
+        reads the files there: :mod:`~radixserve.serving.worker.lora_queue`); ``ValueError``
+        for a bad name, no room (checked again by :meth:`serve`), or an adapter that does not
+        fit the model."""
         check_adapter_name(name)
-        if name not in self._slots and self.max_loaded is not None:
-            if len(self._slots) >= self.max_loaded:
-                raise ValueError(
-                    f"{len(self._slots)} LoRA adapters are loaded, the most this server "
-                    f"serves (--max-loaded-loras): unload one first"
-                )
-        adapter = read_adapter(name, path, self._model, self.max_rank)
+        self._check_room(name)
+        return read_adapter(name, path, self._model, self.max_rank)
+
+    def serve(self, adapter: LoraAdapter) -> LoraAdapter:
+        """Serve ``adapter`` (from :meth:`read`) under its name from the next request on:
+        idempotent for the same files under the same name; ``ValueError`` for a name served
+        with other files (remove it first) or past ``max_loaded`` adapters."""
+        name = adapter.name
+        self._check_room(name)
         if name in self._slots:
             served = self._by_slot[self._slots[name]]
             if served.cache_key != adapter.cache_key:
@@ -185,6 +194,15 @@ class LoraRegistry:
         self._by_slot[slot], self._slots[name] = adapter, slot
         self._wrap(adapter)
         return adapter
+
+    def _check_room(self, name: str) -> None:
+        """``ValueError`` if serving ``name`` would pass ``max_loaded`` adapters."""
+        if name not in self._slots and self.max_loaded is not None:
+            if len(self._slots) >= self.max_loaded:
+                raise ValueError(
+                    f"{len(self._slots)} LoRA adapters are loaded, the most this server "
+                    f"serves (--max-loaded-loras): unload one first"
+                )
 
     def remove(self, name: str) -> None:
         """Stop serving ``name`` to new requests (``ValueError`` if it is not served); its slot

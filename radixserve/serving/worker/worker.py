@@ -36,7 +36,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
@@ -45,6 +45,7 @@ from radixserve.serving.wire import protocol as p
 from radixserve.serving.wire import zmq_events
 from radixserve.serving.wire.security import PeerKeys
 from radixserve.serving.worker.engine_api import ServingEngine
+from radixserve.serving.worker.lora_queue import LoraQueue
 
 if TYPE_CHECKING:
     from radixserve.serving.worker.disagg import DisaggLink
@@ -58,6 +59,8 @@ from radixserve.serving.worker.reports import (
 log = logging.getLogger("radixserve.serving.worker")
 
 IDLE_POLL_MS = 100
+# The idle poll's timeout while a LoRA adapter's files are read: it is served this soon after.
+LORA_POLL_MS = 5
 # Seconds without a word from a connected router after which the worker speaks first
 # (a heartbeat; see Worker._check_liveness), and between two such heartbeats.
 SPEAK_UP_S = 5.0
@@ -125,6 +128,8 @@ class Worker:
             from radixserve.serving.worker.disagg import DisaggLink
 
             self._disagg = DisaggLink.of(self.engine, self._send, self._active)
+        # LoRA loads and unloads, in order, their files read off the loop (worker/lora_queue.py).
+        self._lora = LoraQueue(self.engine, self._send)
         self._handlers = self._message_handlers()
 
     def _message_handlers(self) -> dict[type, Callable[[Any], None]]:
@@ -140,8 +145,8 @@ class Worker:
             p.WorkerStatsRequest: self._on_stats,
             p.WorkerFlush: self._on_flush,
             p.WorkerCloseSession: self._on_close_session,
-            p.WorkerLoadLora: self._on_lora,
-            p.WorkerUnloadLora: self._on_lora,
+            p.WorkerLoadLora: self._lora.submit,
+            p.WorkerUnloadLora: self._lora.submit,
             p.WorkerKVSubscribe: self._on_kv_subscribe,
             p.WorkerRejoin: self._on_rejoin,
             p.WorkerShutdown: self._on_shutdown,
@@ -214,7 +219,8 @@ class Worker:
             self._hello()
             while not self._stopping:
                 busy = self.engine.has_unfinished()
-                if self.sock.poll(0 if busy else IDLE_POLL_MS):
+                idle_ms = LORA_POLL_MS if self._lora.waiting else IDLE_POLL_MS
+                if self.sock.poll(0 if busy else idle_ms):
                     self._drain()
                 if self._stopping:
                     break
@@ -222,6 +228,7 @@ class Worker:
                     code = self._step()
                     if code:
                         break
+                self._lora.apply_ready()
                 now = time.monotonic()
                 if now >= next_check:
                     next_check = now + 0.5
@@ -241,6 +248,7 @@ class Worker:
         """Say goodbye, close the socket (and the context, if the worker's own), close the
         engine. :meth:`run` ends with it; call it only for a worker that never ran."""
         self._closing = True
+        self._lora.close()
         self._send(p.WorkerGoodbye(reason=self._goodbye))
         # When the router asked us to go it is closing too: the goodbye may have no one left to
         # reach, so don't wait for it. Otherwise (a signal, the engine failed, the parent died)
@@ -400,6 +408,8 @@ class Worker:
 
     def _on_add(self, msg: p.WorkerAdd) -> None:
         for req in msg.requests:
+            if req.lora is not None:
+                self._lora.settle(req.lora)  # a load or unload of it sent before, applied first
             try:
                 self.engine.add_request(
                     req.input_ids,
@@ -450,29 +460,6 @@ class Worker:
         close = getattr(self.engine, "close_session", None)
         released = bool(close(msg.session_id, msg.namespace)) if close else False
         self._send(p.WorkerCloseSessionReply(token=msg.token, released=released))
-
-    def _on_lora(self, msg: p.WorkerLoadLora | p.WorkerUnloadLora) -> None:
-        """Load or unload a LoRA adapter between steps; the reply says what it serves now."""
-        error: str | None = None
-        try:
-            if isinstance(msg, p.WorkerLoadLora):
-                key = self._lora_call("load_lora_adapter")(msg.name, msg.path)
-                log.info("LoRA adapter %r loaded from %s (%s)", msg.name, msg.path, key)
-            else:
-                self._lora_call("unload_lora_adapter")(msg.name)
-                log.info("LoRA adapter %r unloaded", msg.name)
-        except Exception as exc:  # an operator's bad path or name must not take the worker down
-            error = str(exc) or type(exc).__name__
-            log.warning("LoRA adapter %r: %s", msg.name, error)
-        adapters = dict(getattr(self.engine, "lora_adapters", {}))
-        self._send(p.WorkerLoraReply(token=msg.token, error=error, adapters=adapters))
-
-    def _lora_call(self, name: str) -> Callable[..., Any]:
-        # Loading adapters is the real engine's, not part of ServingEngine: fakes load none.
-        call = getattr(self.engine, name, None)
-        if call is None:
-            raise ValueError("this worker's engine does not load LoRA adapters")
-        return cast("Callable[..., Any]", call)
 
     def _on_kv_subscribe(self, msg: p.WorkerKVSubscribe) -> None:
         self._publish_events()  # what came before goes out first; the snapshot follows it
