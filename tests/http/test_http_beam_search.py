@@ -1,7 +1,8 @@
-"""Beam search on /v1/completions (vLLM's ``use_beam_search``) through the ``openai``
-client, on the shared server: with no end-of-sequence token in play, its ``n`` beams are
-transformers' own beam search's ``n`` sequences, best first; what it does not run with is a
-400, and so is ``length_penalty`` without it, and beam search on chat."""
+"""Beam search on /v1/completions and /v1/chat/completions (vLLM's ``use_beam_search``)
+through the ``openai`` client, on the shared server: with no end-of-sequence token in play,
+its ``n`` beams are transformers' own beam search's ``n`` sequences, best first (a chat's
+from its messages as the server renders them); what it does not run with is a 400, and so
+is ``length_penalty`` without it."""
 
 from __future__ import annotations
 
@@ -68,10 +69,49 @@ def test_what_beam_search_does_not_run_with(
         client.completions.create(model="default", prompt="x", max_tokens=2, extra_body=extra, **kw)
 
 
-def test_not_on_chat(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match="on /v1/completions only"):
+def test_a_chats_beams_are_transformers_beams_from_its_rendered_prompt(
+    client: openai.OpenAI, server: Any
+) -> None:
+    messages = [{"role": "user", "content": "Name three colours."}]
+    with server.client() as c:
+        rendered = c.post("/tokenize", json={"model": "default", "messages": messages}).json()
+    out = client.chat.completions.create(
+        model="default",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=N,
+        n=WIDTH,
+        extra_body={"use_beam_search": True, "ignore_eos": True, "return_token_ids": True},
+    )
+    assert out.object == "chat.completion"
+    assert out.model_extra["prompt_token_ids"] == rendered["tokens"]
+    got = [ch.model_extra["token_ids"] for ch in out.choices]
+    assert got == hf_beams(server.model_dir, rendered["tokens"])
+    with server.client() as c:
+        texts = [c.post("/detokenize", json={"tokens": ids}).json()["prompt"] for ids in got]
+    assert [ch.message.content for ch in out.choices] == texts
+    assert [ch.finish_reason for ch in out.choices] == ["length"] * WIDTH
+    assert out.usage.prompt_tokens == rendered["count"]
+    assert out.usage.completion_tokens == WIDTH * N
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"stream": True}, "stream is not supported with beam"),
+        ({"logprobs": True}, "logprobs is not supported with beam"),
+        ({"stop": ["x"]}, "stop is not supported with beam"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools is not supported"),
+        ({"n": 11}, r"n in \[1, 10\]"),
+    ],
+)
+def test_what_a_chats_beam_search_does_not_run_with(
+    client: openai.OpenAI, kw: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(openai.BadRequestError, match=match):
         client.chat.completions.create(
             model="default",
             messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
             extra_body={"use_beam_search": True},
+            **kw,
         )

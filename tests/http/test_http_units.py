@@ -117,7 +117,8 @@ def test_media_content_parts_are_a_clear_400(kind: str) -> None:
         {"guided_json": {"type": "object"}, "response_format": {"type": "json_object"}},
         {"modalities": ["text", "audio"]},
         {"thinking_token_budget": -1},
-        {"use_beam_search": True},  # vLLM's and SGLang's extensions not implemented
+        {"use_beam_search": True, "stream": True},
+        {"length_penalty": 0.5},  # beam search's only
         {"allowed_token_ids": []},
         {"allowed_token_ids": [1], "response_format": {"type": "json_object"}},
         {"bad_words": ["x"] * 65},

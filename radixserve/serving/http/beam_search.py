@@ -1,6 +1,8 @@
-"""Beam search on ``/v1/completions`` (vLLM's ``use_beam_search``, with ``n`` beams and
-``length_penalty``), as vLLM's server runs it: outside the engine, as one-token greedy
-generations that ask for their ``2 n`` likeliest next tokens.
+"""Beam search on ``/v1/completions`` and ``/v1/chat/completions`` (vLLM's
+``use_beam_search``, with ``n`` beams and ``length_penalty``), as vLLM's server runs it:
+outside the engine, as one-token greedy generations that ask for their ``2 n`` likeliest
+next tokens. A chat's prompt is its messages rendered as the router renders them for a
+generation (``Gateway.tokenize_chat``).
 
 Each step asks one generation per live beam, its prompt the beam's tokens so far. A
 beam's prompt is its parent's and one token more, so the radix cache holds all of it but
@@ -13,7 +15,9 @@ is vLLM's: its cumulative logprob over its length (prompt included, a final
 end-of-sequence token not) to the power ``length_penalty``.
 
 Sampling parameters (temperature, top-p, penalties) do not apply, as in vLLM; a request's
-``stop`` strings, structured output, logprobs, echo and streaming are refused.
+``stop`` strings, structured output, logprobs, echo, streaming and (on chat) tools to call
+and predicted outputs are refused. A chat's beams are read by the server's reasoning parser
+as any answer is.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixserve.sampling_params import SamplingParams
+from radixserve.serving.http import chat_tools
 from radixserve.serving.http.errors import invalid
 from radixserve.serving.http.gateway import Gateway
-from radixserve.serving.http.openai_protocol import CompletionRequest
+from radixserve.serving.http.openai_protocol import ChatCompletionRequest, CompletionRequest
 
 # The likeliest next tokens of a prompt: (token id, logprob), best first.
 NextTokens = Callable[[list[int]], Awaitable[list[tuple[int, float]]]]
@@ -80,13 +85,14 @@ async def beam_search(
 
 async def search(
     g: Gateway,
-    body: CompletionRequest,
+    body: CompletionRequest | ChatCompletionRequest,
     prompts: list[str | list[int]],
-    max_tokens: int,
+    max_tokens: int | None,
     salt: str | None,
     lora: str | None,
-) -> list[tuple[list[int], list[Beam], list[str]]]:
-    """Each prompt's ids, its ``n`` best beams (:mod:`~.beam_search`) and their texts."""
+) -> list[Searched]:
+    """Each prompt's ids, its ``n`` best beams (:mod:`~.beam_search`) and their texts;
+    ``max_tokens`` None: as many as the context leaves each prompt."""
     arrival = time.monotonic()
     step = SamplingParams(max_tokens=1, temperature=0.0, logprobs=2 * body.n, ignore_eos=True)
 
@@ -100,19 +106,36 @@ async def search(
     info = await g.info()
     eos = [] if body.ignore_eos else info.eos_token_ids
 
-    async def one(pr: str | list[int]) -> tuple[list[int], list[Beam], list[str]]:
+    async def one(pr: str | list[int]) -> Searched:
         ids = pr if isinstance(pr, list) else (await g.tokenize([pr]))[0]
-        if len(ids) + max_tokens > info.context_length:
+        most = info.context_length - len(ids) if max_tokens is None else max_tokens
+        if most < 1 or len(ids) + most > info.context_length:
             raise invalid(
-                f"the prompt's {len(ids)} tokens and max_tokens {max_tokens} exceed the "
+                f"the prompt's {len(ids)} tokens and max_tokens {most} exceed the "
                 f"context of {info.context_length} tokens",
                 param="max_tokens",
             )
-        beams = await beam_search(next_tokens, ids, body.n, max_tokens, eos, body.length_penalty)
+        beams = await beam_search(next_tokens, ids, body.n, most, eos, body.length_penalty)
         texts = [await g.detokenize(_output(b, len(ids))) for b in beams]
-        return ids, beams, texts
+        return Searched(ids, beams, texts)
 
     return list(await asyncio.gather(*(one(pr) for pr in prompts)))
+
+
+@dataclass(frozen=True)
+class Searched:
+    """A prompt's ids, its best beams, best first, and their output texts."""
+
+    prompt: list[int]
+    beams: list[Beam]
+    texts: list[str]
+
+    def finish_reason(self, k: int) -> str:
+        return "stop" if self.beams[k].finished else "length"
+
+    def output(self, k: int) -> list[int]:
+        """Beam ``k``'s output tokens (a final end-of-sequence token included, as counted)."""
+        return self.beams[k].tokens[len(self.prompt) :]
 
 
 def _output(beam: Beam, prompt_len: int) -> list[int]:
@@ -120,31 +143,59 @@ def _output(beam: Beam, prompt_len: int) -> list[int]:
     return beam.tokens[prompt_len : len(beam.tokens) - (1 if beam.finished else 0)]
 
 
-def reply(
-    searched: list[tuple[list[int], list[Beam], list[str]]], rid: str, model: str, ids: bool
-) -> dict[str, Any]:
+def reply(searched: list[Searched], rid: str, model: str, ids: bool) -> dict[str, Any]:
     """The completion ``rid`` of beam-searched prompts: each prompt's beams as its ``n``
     choices."""
     choices: list[dict[str, Any]] = []
-    prompt_tokens = completion_tokens = 0
-    for prompt, beams, texts in searched:
-        prompt_tokens += len(prompt)
-        for beam, text in zip(beams, texts):
-            output = beam.tokens[len(prompt) :]
-            completion_tokens += len(output)
+    for found in searched:
+        for k, text in enumerate(found.texts):
             choice: dict[str, Any] = {
                 "index": len(choices),
                 "text": text,
                 "logprobs": None,
-                "finish_reason": "stop" if beam.finished else "length",
+                "finish_reason": found.finish_reason(k),
                 "stop_reason": None,
             }
             if ids:  # vLLM's return_token_ids
-                choice |= {"prompt_token_ids": prompt, "token_ids": output}
+                choice |= {"prompt_token_ids": found.prompt, "token_ids": found.output(k)}
             choices.append(choice)
+    return _answer(rid, "text_completion", model, choices, searched)
+
+
+def chat_reply(
+    found: Searched, rid: str, model: str, tools: chat_tools.ToolPlan, ids: bool
+) -> dict[str, Any]:
+    """The chat completion ``rid`` of a beam-searched chat: its beams as the ``n`` choices,
+    each message read as any answer is (``tools``: the reasoning parser, no calls)."""
+    choices: list[dict[str, Any]] = []
+    for k, text in enumerate(found.texts):
+        message, finish_reason = chat_tools.message(tools, text, found.finish_reason(k))
+        choice = {
+            "index": k,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+        }
+        if ids:  # vLLM's return_token_ids
+            choice["token_ids"] = found.output(k)
+        choices.append(choice)
+    out = _answer(rid, "chat.completion", model, choices, [found])
+    if ids:
+        out["prompt_token_ids"] = found.prompt
+    return out
+
+
+def _answer(
+    rid: str, kind: str, model: str, choices: list[dict[str, Any]], searched: list[Searched]
+) -> dict[str, Any]:
+    prompt_tokens = sum(len(found.prompt) for found in searched)
+    completion_tokens = sum(
+        len(found.output(k)) for found in searched for k in range(len(found.beams))
+    )
     return {
         "id": rid,
-        "object": "text_completion",
+        "object": kind,
         "created": int(time.time()),
         "model": model,
         "choices": choices,

@@ -133,6 +133,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     salt = tenant_cache_salt(key, body.cache_salt)
     rid, created = body.rid or f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
+    if body.use_beam_search:
+        ids = await g.tokenize_chat(
+            messages,
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            tools=tools.tools_json,
+            chat_template_kwargs=kwargs,
+            chat_template=body.chat_template,
+        )
+        limit = body.max_completion_tokens or body.max_tokens  # else: what the context leaves
+        (found,) = await beam_search.search(g, body, [ids], limit, salt, lora)
+        return JSONResponse(beam_search.chat_reply(found, rid, model, tools, body.return_token_ids))
+
     def params(i: int) -> Any:
         return chat_tools.constrain(body.sampling(max_tokens, want_lp, i), tools)
 

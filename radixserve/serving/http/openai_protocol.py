@@ -157,8 +157,6 @@ UNSUPPORTED_FIELDS = {
 # leaves the output as if it were absent (what their clients send by default): any other
 # value is a 400 naming the field, not an answer that silently ignores it.
 UNSUPPORTED_UNLESS = {
-    "use_beam_search": (False, "beam search is served on /v1/completions only"),
-    "length_penalty": (1.0, "length_penalty applies to beam search, on /v1/completions only"),
     "logits_processors": (None, "custom logits processors are not supported"),
     "documents": (None, "documents are not supported"),
     "mm_processor_kwargs": (None, "multimodal processor arguments are not supported"),
@@ -243,6 +241,9 @@ class _SamplingBody(_Body, StructuredOutputFields):
     # radixserve: usage.prompt_tokens_details.cache_report says where the prompt left the
     # longest cached path and why the rest was not cached (docs/http-api.md).
     return_cache_report: bool = False
+    # vLLM's beam search (http/beam_search.py): ``n`` beams, scored with length_penalty.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
 
     def check_common(self) -> None:
         for name, value in (self.model_extra or {}).items():
@@ -280,6 +281,25 @@ class _SamplingBody(_Body, StructuredOutputFields):
                     "prompt_logprobs are answered whole, as vLLM answers them: send stream false",
                     param="prompt_logprobs",
                 )
+
+    def check_beam_search(self) -> None:
+        """What beam search does not run with (vLLM's server refuses or ignores the same):
+        :meth:`beam_search_refuses`, more than :data:`MAX_BEAMS` beams."""
+        if not self.use_beam_search:
+            if self.length_penalty != 1.0:
+                raise invalid("length_penalty applies to beam search", param="length_penalty")
+            return
+        for name, on in self.beam_search_refuses().items():
+            if on:
+                raise invalid(f"{name} is not supported with beam search", param=name)
+        if not 1 <= self.n <= MAX_BEAMS:
+            raise invalid(f"beam search takes n in [1, {MAX_BEAMS}] beams", param="n")
+        if not math.isfinite(self.length_penalty):
+            raise invalid("length_penalty must be a finite number", param="length_penalty")
+
+    def beam_search_refuses(self) -> dict[str, bool]:
+        """The fields beam search does not run with, each with whether it is set."""
+        raise NotImplementedError
 
     def bias(self) -> dict[int, float] | None:
         """``logit_bias`` with integer token ids (a 400 naming the bad entry)."""
@@ -384,6 +404,7 @@ class ChatCompletionRequest(_SamplingBody):
 
     def check(self) -> None:
         self.check_common()
+        self.check_beam_search()
         if self.prediction is not None:
             self.prediction.text()  # a bad shape fails before anything runs
         if len(self.messages) > MAX_MESSAGES:
@@ -404,6 +425,16 @@ class ChatCompletionRequest(_SamplingBody):
                     f"top_logprobs must be in [0, 20], got {self.top_logprobs}",
                     param="top_logprobs",
                 )
+
+    def beam_search_refuses(self) -> dict[str, bool]:
+        return {
+            "stream": self.stream,
+            "logprobs": self.logprobs,
+            "stop": bool(self.stop),
+            "response_format": bool(self.constraint()),
+            "tools": bool(self.tools) and self.tool_choice != "none",
+            "prediction": self.prediction is not None,
+        }
 
     def chat(self) -> list[p.ChatMessage]:
         return [m.wire(i) for i, m in enumerate(self.messages)]
@@ -432,9 +463,6 @@ class CompletionRequest(_SamplingBody):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-    # vLLM's beam search (http/beam_search.py): ``n`` beams, scored with length_penalty.
-    use_beam_search: bool = False
-    length_penalty: float = 1.0
 
     def check(self) -> None:
         self.check_common()
@@ -456,26 +484,14 @@ class CompletionRequest(_SamplingBody):
                 param="max_tokens",
             )
 
-    def check_beam_search(self) -> None:
-        """What beam search does not run with (vLLM's server refuses or ignores the same)."""
-        if not self.use_beam_search:
-            if self.length_penalty != 1.0:
-                raise invalid("length_penalty applies to beam search", param="length_penalty")
-            return
-        refused = {
+    def beam_search_refuses(self) -> dict[str, bool]:
+        return {
             "stream": self.stream,
             "echo": self.echo,
             "logprobs": self.logprobs is not None,
             "stop": bool(self.stop),
             "response_format": bool(self.constraint()),
         }
-        for name, on in refused.items():
-            if on:
-                raise invalid(f"{name} is not supported with beam search", param=name)
-        if not 1 <= self.n <= MAX_BEAMS:
-            raise invalid(f"beam search takes n in [1, {MAX_BEAMS}] beams", param="n")
-        if not math.isfinite(self.length_penalty):
-            raise invalid("length_penalty must be a finite number", param="length_penalty")
 
     @property
     def scores_prompt(self) -> bool:
