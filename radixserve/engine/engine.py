@@ -49,6 +49,7 @@ from radixserve.engine.prefix_cache import (
     make_prefix_cache,
     miss_stats,
     persist_prefix_cache,
+    rename_cached_model,
 )
 from radixserve.engine.sampler import Sampler
 from radixserve.engine.startup import StartupClock, describe_startup
@@ -200,6 +201,8 @@ class Engine:
             no_embeddings=_no_embeddings(cfg, self.topology),
             embeddings_only=bool(getattr(self.model, "embeddings_only", False)),
         )
+        # Which weights it serves (SGLang's weight_version): update_weights_from_disk sets it.
+        self.weight_version = "default"
         # Prefill/decode disaggregation (distributed.disagg): None unless disaggregation_mode.
         self.disagg: PrefillRole | DecodeRole | None = make_role(
             cfg, self.scheduler, self.intake, pool, self.model, self.topology.rank_link()
@@ -363,6 +366,53 @@ class Engine:
         lora: LoraRegistry | None = getattr(self.model, "lora", None)
         if lora is not None and lora.draining:
             lora.release({r.lora_slot for r in self.scheduler.requests.values()})
+
+    def update_weights_from_disk(self, path: str, weight_version: str | None = None) -> None:
+        """Serve the weights of checkpoint ``path`` from the next request on, without a
+        restart (SGLang's ``update_weights_from_disk``: an RL loop's new policy). Loaded as
+        at start-up (dtype, quantization), checked against the served architecture, then
+        copied into the served tensors in place (:mod:`~radixserve.model.weight_update`);
+        every cached prefix is dropped, and the hierarchical cache's keys name the new
+        files, so no KV of the old weights answers a request. Only between requests: a
+        ``ValueError`` while any runs or waits, and for a checkpoint that does not fit
+        (nothing changed then). ``weight_version``: what :attr:`weight_version` says next."""
+        from radixserve.model.loader import load_model
+        from radixserve.model.weight_update import check_same_architecture, copy_weights
+        from radixserve.model_store import resolve_model
+
+        fixed = self._weights_fixed()
+        if fixed is not None:
+            raise ValueError(f"weights cannot be updated while serving with {fixed}")
+        if self.has_unfinished():
+            raise ValueError("requests are running or waiting: weights change between requests")
+        new_path = resolve_model(path)
+        cfg = self.config
+        fresh = load_model(
+            new_path,
+            dtype=cfg.torch_dtype,
+            device=self.device,
+            quantization=cfg.quant_config(),
+            announce=False,
+            **self.topology.load_args(),
+        )
+        check_same_architecture(self.model.config, fresh.config)
+        copy_weights(self.model, fresh)
+        del fresh
+        self.model.weights_replaced()
+        flushed = self.scheduler.flush_cache()
+        assert flushed, "an idle engine's cache flushes"
+        rename_cached_model(self.cache, self.pool, new_path)
+        self.model_path = new_path
+        if weight_version is not None:
+            self.weight_version = weight_version
+
+    def _weights_fixed(self) -> str | None:
+        """What this engine serves with that keeps its weights as loaded (None: nothing)."""
+        if self.topology.parallel:
+            return "tensor or pipeline parallelism"
+        if self.disagg is not None:
+            return "prefill/decode disaggregation"
+        return None
 
     # ------------------------------------------------------------------ streaming API
 

@@ -137,6 +137,17 @@ def attach_kv_events(
         hierarchy.set_listener(recorder)
 
 
+def rename_cached_model(cache: PrefixCache, pool: KVPool, model_path: Path) -> None:
+    """New weights are served (``Engine.update_weights_from_disk``): the page keys of the
+    L2/L3 tiers and of the KV events name the checkpoint at ``model_path`` from now on."""
+    hierarchy = getattr(cache, "hierarchy", None)
+    listener = getattr(cache, "listener", None)
+    hashers = {getattr(hierarchy, "hasher", None), getattr(listener, "hasher", None)}
+    for hasher in hashers:
+        if hasher is not None:  # the hierarchy's and the events' may be one
+            hasher.rename(f"{model_identity(model_path)}|{pool.layout()}")
+
+
 def hicache_stats(cache: PrefixCache) -> dict[str, Any]:
     """The L2/L3 tiers' counters, as :class:`~radixserve.engine.outputs.EngineStats` fields
     (none without a hierarchy)."""

@@ -34,6 +34,12 @@ class PrefixHasher:
         self.page_size = page_size
         self._seeds: dict[Hashable | None, PageKey] = {}
 
+    def rename(self, identity: str) -> None:
+        """Key pages for ``identity`` from now on (new weights served: pages keyed before,
+        in L3 or a Mooncake store, never match again)."""
+        self.identity = identity
+        self._seeds.clear()
+
     def seed(self, namespace: Hashable | None) -> PageKey:
         """The key "before page 0" of ``namespace`` (memoized: namespaces are few)."""
         s = self._seeds.get(namespace)

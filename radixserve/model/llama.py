@@ -342,6 +342,13 @@ class LlamaForCausalLM(nn.Module):
             )
         return None
 
+    def weights_replaced(self) -> None:
+        """New weights were copied in (:mod:`~radixserve.model.weight_update`): the decoder
+        stack is described again from the layers at its next forward (it lists oneDNN's
+        packed weights, which are rebound, and Gemma's ``1 + weight`` norms, which it
+        computed)."""
+        self._stack = None
+
     def _native_stack(
         self, h: torch.Tensor, batch: ForwardBatch, attn: AttentionBackend
     ) -> tuple[DecoderStack, NativeLayersPlan] | None:

@@ -106,6 +106,10 @@ class RotaryEmbedding(nn.Module):
     so a forward never syncs the device to learn the largest position.
     """
 
+    # Tensors built from the configuration alone, on demand: new weights keep them
+    # (model/weight_update.py).
+    CONFIG_CACHES = ("_cos", "_sin")
+
     def __init__(
         self,
         head_dim: int,

@@ -1,0 +1,138 @@
+"""A served model's weights replaced by another checkpoint's, in place (SGLang's
+``update_weights_from_disk``): what an RL loop does after each training step, without
+restarting the server.
+
+The new checkpoint is loaded as a second model by the same loader with the same arguments
+(dtype, device, quantization), so every tensor the served model holds (parameters, buffers,
+the oneDNN-packed and quantized copies, decoded caches) has its counterpart built the same
+way from the new weights. Each is then copied into the served model's tensor in place, so
+whatever holds those tensors (CUDA graphs, the KV-independent kernels' plans) reads the new
+values without being built again. oneDNN's packed copies have no storage to copy into:
+those are rebound, and the CPU decoder stack that lists them is described again at its
+next forward (:meth:`~radixserve.model.llama.LlamaForCausalLM.weights_replaced`).
+
+Everything is checked before anything is written: the two checkpoints' architectures
+(every :class:`~radixserve.model.config.ModelConfig` field but the dtype they were saved
+in), then every module's tensors, name by name, shape, dtype and layout. A mismatch is a
+``ValueError`` naming it, and the served weights are untouched. LoRA adapters stay: their
+deltas do not depend on the base weights (the layers they wrap are reached through them).
+Tables a module builds on demand from its configuration alone (RoPE's cos and sin, which
+it names in ``CONFIG_CACHES``) stay as they are: the two configurations are the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from radixserve.model.config import ModelConfig
+from radixserve.model.lora import LoraLinear
+
+# ModelConfig fields two checkpoints of one model may differ in.
+_FREE_FIELDS = frozenset({"torch_dtype"})
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where a served tensor lives: ``owner[key]`` (a dict or list) or ``owner.key``."""
+
+    owner: Any
+    key: str | int
+    name: str
+
+    def rebind(self, value: torch.Tensor) -> None:
+        if isinstance(self.owner, (dict, list)):
+            self.owner[self.key] = value  # type: ignore[index]
+        else:
+            setattr(self.owner, str(self.key), value)
+
+
+def check_same_architecture(served: ModelConfig, fresh: ModelConfig) -> None:
+    """``ValueError`` naming the fields in which ``fresh`` is not ``served``'s architecture."""
+    differ = [
+        f.name
+        for f in dataclasses.fields(served)
+        if f.name not in _FREE_FIELDS and getattr(served, f.name) != getattr(fresh, f.name)
+    ]
+    if differ:
+        shown = ", ".join(f"{n} {getattr(served, n)!r} -> {getattr(fresh, n)!r}" for n in differ)
+        raise ValueError(f"the new weights are not the served model's architecture: {shown}")
+
+
+def copy_weights(served: nn.Module, fresh: nn.Module) -> int:
+    """Copy every tensor of ``fresh`` (built as ``served`` was, from other weights) into
+    ``served``'s counterpart, in place; the bytes copied. ``ValueError`` before any write
+    when a module or tensor has no counterpart of the same shape, dtype and layout."""
+    pairs = list(_pairs(served, fresh))
+    copied = 0
+    with torch.no_grad():
+        for slot, old, new in pairs:
+            if old.layout is torch.strided:
+                old.copy_(new)
+            else:  # oneDNN's packed weights: no storage to write into
+                slot.rebind(new)
+            copied += new.numel() * new.element_size()
+    return copied
+
+
+def _pairs(
+    served: nn.Module, fresh: nn.Module
+) -> Iterator[tuple[_Slot, torch.Tensor, torch.Tensor]]:
+    """Each served tensor with its fresh counterpart, every pair checked first."""
+    out: list[tuple[_Slot, torch.Tensor, torch.Tensor]] = []
+    for name, new_module in fresh.named_modules():
+        old_module = _served_module(served, name)
+        if type(old_module) is not type(new_module):
+            raise ValueError(
+                f"{name or 'the model'} is a {type(new_module).__name__} in the new weights, "
+                f"a {type(old_module).__name__} in the served model"
+            )
+        old_tensors, new_tensors = _tensors(old_module, name), _tensors(new_module, name)
+        if old_tensors.keys() != new_tensors.keys():
+            missing = sorted(old_tensors.keys() ^ new_tensors.keys())
+            raise ValueError(f"the new weights' tensors differ from the served ones: {missing}")
+        for key, (slot, old) in old_tensors.items():
+            new = new_tensors[key][1]
+            if (old.shape, old.dtype, old.layout) != (new.shape, new.dtype, new.layout):
+                raise ValueError(
+                    f"{key}: {tuple(new.shape)} {new.dtype} in the new weights, "
+                    f"{tuple(old.shape)} {old.dtype} served"
+                )
+            if not old.is_meta:
+                out.append((slot, old, new))
+    return iter(out)
+
+
+def _served_module(served: nn.Module, name: str) -> nn.Module:
+    """The served module at ``name``, the layer itself where a LoRA adapter wraps it."""
+    try:
+        module = served.get_submodule(name)
+    except AttributeError:
+        raise ValueError(f"{name} is in the new weights, not in the served model") from None
+    return module.base if isinstance(module, LoraLinear) else module
+
+
+def _tensors(module: nn.Module, prefix: str) -> dict[str, tuple[_Slot, torch.Tensor]]:
+    """A module's own tensors (not its children's), by name: parameters, buffers, and the
+    tensors it keeps as attributes or in lists (packed and quantized copies)."""
+    out: dict[str, tuple[_Slot, torch.Tensor]] = {}
+    keep = getattr(module, "CONFIG_CACHES", ())  # built from the configuration alone
+    for attr, value in vars(module).items():
+        if attr in keep:
+            continue
+        if attr in ("_parameters", "_buffers"):
+            for key, t in value.items():
+                if t is not None:
+                    out[f"{prefix}.{key}"] = (_Slot(value, key, key), t)
+        elif isinstance(value, torch.Tensor):
+            out[f"{prefix}.{attr}"] = (_Slot(module, attr, attr), value)
+        elif isinstance(value, list):
+            for i, t in enumerate(value):
+                if isinstance(t, torch.Tensor):
+                    out[f"{prefix}.{attr}[{i}]"] = (_Slot(value, i, attr), t)
+    return out
