@@ -169,6 +169,21 @@ def test_admin_endpoints_need_the_admin_key(keyed: str) -> None:
             assert r.status_code == 400 and "adapter_config.json is missing" in r.text, r.text
         for path in ("/unload_lora_adapter", "/v1/unload_lora_adapter"):
             assert c.post(path, json={"lora_name": "x"}).status_code == 401
+        # So does updating the weights; /abort_request takes any key (its own tenant's only).
+        body = {"model_path": "/etc"}
+        for headers in ({}, {"Authorization": f"Bearer {KEY_A}"}):
+            assert (
+                c.post("/update_weights_from_disk", headers=headers, json=body).status_code == 401
+            )
+        r = c.post(
+            "/update_weights_from_disk", headers={"Authorization": f"Bearer {ADMIN}"}, json=body
+        )
+        assert r.status_code == 400 and r.json()["success"] is False, r.text
+        assert c.post("/abort_request", json={"abort_all": True}).status_code == 401
+        mine = c.post(
+            "/abort_request", headers={"Authorization": f"Bearer {KEY_A}"}, json={"abort_all": True}
+        )
+        assert mine.status_code == 200, mine.text
         r = c.get("/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
         assert 'radixserve_http_errors_total{status="401"}' in r.text  # refusals are counted
 

@@ -250,6 +250,18 @@ class AsyncClient:
         msg = p.UnloadLoraAdapter(request_id=self._ids.next(), name=name)
         return await self._call(msg, timeout)
 
+    async def update_weights_from_disk(
+        self, model_path: str, weight_version: str | None = None, timeout: float | None = None
+    ) -> p.UpdateWeightsReply:
+        """Have every worker serve the weights of the checkpoint at ``model_path`` (a
+        directory on the workers' hosts, of the served architecture), named
+        ``weight_version``; each finishes its running requests first and holds new ones
+        meanwhile. The reply says whether they all do (an authenticated client only)."""
+        msg = p.UpdateWeights(
+            request_id=self._ids.next(), model_path=model_path, weight_version=weight_version
+        )
+        return await self._call(msg, timeout)
+
     async def close_session(
         self,
         session_id: str,

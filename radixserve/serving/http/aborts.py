@@ -64,11 +64,16 @@ class InFlightIds:
             if not mine:
                 self._by_owner.pop(scope.owner, None)
 
-    def matching(self, owner: str, client_id: str | None) -> list[str]:
+    def matching(self, owner: str | None, client_id: str | None) -> list[str]:
         """The router ids of ``owner``'s requests in flight known by ``client_id`` (None:
-        all of them)."""
-        mine = self._by_owner.get(owner, {})
-        return [rid for rid, ids in mine.items() if client_id is None or client_id in ids]
+        all of them; ``owner`` None: every tenant's)."""
+        owners = list(self._by_owner.values()) if owner is None else [self._by_owner.get(owner, {})]
+        return [
+            rid
+            for mine in owners
+            for rid, ids in mine.items()
+            if client_id is None or client_id in ids
+        ]
 
     def __len__(self) -> int:
         return sum(len(mine) for mine in self._by_owner.values())

@@ -12,8 +12,11 @@
 * vLLM's ``/tokenize`` and ``/detokenize`` (:mod:`~radixserve.serving.http.tokenize_api`);
 * SGLang's and vLLM's LoRA adapter loading and unloading
   (:mod:`~radixserve.serving.http.lora_api`);
-* SGLang-native ``/generate``, ``/get_model_info``, ``/flush_cache``, ``/health``,
-  ``/health_generate``, ``/get_server_info`` (:mod:`~radixserve.serving.http.sglang_api`);
+* SGLang's weight updates, ``/update_weights_from_disk`` and ``/get_weight_version``
+  (:mod:`~radixserve.serving.http.weights_api`);
+* SGLang-native ``/generate``, ``/abort_request``, ``/get_model_info``, ``/flush_cache``,
+  ``/health``, ``/health_generate``, ``/get_server_info``
+  (:mod:`~radixserve.serving.http.sglang_api`);
 * ``/metrics`` in Prometheus text format (:mod:`~radixserve.serving.http.metrics`);
 
 all behind the API keys of ``config`` when it has some (:mod:`~radixserve.serving.http.auth`).
@@ -47,6 +50,7 @@ from radixserve.serving.http import (
     sessions_api,
     sglang_api,
     tokenize_api,
+    weights_api,
 )
 from radixserve.serving.http.anthropic_errors import AnthropicErrors
 from radixserve.serving.http.auth import APIKeyAuth
@@ -121,6 +125,7 @@ def create_app(config: GatewayConfig | None = None, tokenizer: Any = None) -> Fa
     app.include_router(sessions_api.router)
     app.include_router(tokenize_api.router)
     app.include_router(lora_api.router)
+    app.include_router(weights_api.router)
     app.include_router(embeddings.router)
     app.include_router(scoring.router)
 

@@ -43,6 +43,8 @@ ADMIN_PATHS: frozenset[str] = frozenset(
         "/unload_lora_adapter",
         "/v1/load_lora_adapter",
         "/v1/unload_lora_adapter",
+        # ...and the weights themselves (http/weights_api.py).
+        "/update_weights_from_disk",
     }
 )
 # Liveness probes from load balancers and orchestrators, which carry no credentials.

@@ -61,6 +61,7 @@ class GatewayConfig:
     request_timeout_s: float = 600.0
     control_timeout_s: float = 15.0
     lora_timeout_s: float = 150.0  # a LoRA adapter load (the router's own limit is 120 s)
+    weights_timeout_s: float = 660.0  # a weight update (the router's own limit is 600 s)
     memory_log_interval_s: float = 60.0
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     admin_api_keys: tuple[str, ...] = field(default=(), repr=False)
@@ -336,14 +337,37 @@ class Gateway:
         return reply
 
     async def refresh_adapters(self) -> list[str]:
-        """The LoRA adapters served, asked of the router again: another client, or a
-        worker's restart, may have changed them since. (The router answers from memory: a
-        request naming an unknown model costs it no more than one it serves.)"""
+        """The LoRA adapters served, asked of the router again (:meth:`fresh_info`)."""
+        return (await self.fresh_info()).lora_adapters
+
+    async def fresh_info(self) -> p.ModelInfo:
+        """:meth:`info` with what changes while serving asked of the router again (the LoRA
+        adapters, the weights' path and version): another client, or a worker's restart,
+        may have changed them since. (The router answers from memory: a request naming an
+        unknown model costs it no more than one it serves.)"""
         info = await self.info()
         with router_errors():
             fresh = await self._client().model_info(timeout=self.config.control_timeout_s)
-        self._info = msgspec.structs.replace(info, lora_adapters=fresh.lora_adapters)
-        return fresh.lora_adapters
+        self._info = msgspec.structs.replace(
+            info,
+            lora_adapters=fresh.lora_adapters,
+            model_path=fresh.model_path,
+            weight_version=fresh.weight_version,
+        )
+        return self._info
+
+    async def update_weights(self, path: str, weight_version: str | None) -> p.UpdateWeightsReply:
+        """Have every worker serve the weights at ``path`` (each finishes its running
+        requests first); :meth:`info` follows the reply."""
+        with router_errors():
+            reply = await self._client().update_weights_from_disk(
+                path, weight_version, timeout=self.config.weights_timeout_s
+            )
+        if reply.ok and self._info is not None:
+            self._info = msgspec.structs.replace(
+                self._info, model_path=reply.model_path, weight_version=reply.weight_version
+            )
+        return reply
 
     def _served_adapters(self, reply: p.LoraAdapterReply) -> None:
         if self._info is not None:
@@ -469,10 +493,10 @@ class Gateway:
         """Run one request to its final message (same arguments as :meth:`stream`)."""
         return await final_of(self.stream(**kwargs))
 
-    async def abort(self, owner: str, client_id: str | None) -> int:
-        """Abort ``owner``'s requests in flight known by ``client_id`` (None: all of them);
-        each then ends with finish reason ``abort`` and what it had generated. Returns how
-        many were asked to stop."""
+    async def abort(self, owner: str | None, client_id: str | None) -> int:
+        """Abort ``owner``'s requests in flight known by ``client_id`` (None: all of them;
+        ``owner`` None: every tenant's, an operator's); each then ends with finish reason
+        ``abort`` and what it had generated. Returns how many were asked to stop."""
         found = self.in_flight.matching(owner, client_id)
         with router_errors():
             for request_id in found:

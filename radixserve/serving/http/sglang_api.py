@@ -250,7 +250,7 @@ async def abort_request(body: AbortReqInput, request: Request) -> JSONResponse:
 
 async def _model_info(request: Request) -> dict[str, Any]:
     g = _gw(request)
-    info = await g.info()
+    info = await g.fresh_info()  # the weights may have been updated since
     # SGLang answers the path the model was loaded from: clients load the tokenizer from it.
     path = info.model_path or await g.model_name()
     return {
@@ -259,7 +259,7 @@ async def _model_info(request: Request) -> dict[str, Any]:
         "served_model_name": await g.model_name(),
         "is_generation": True,
         "preferred_sampling_params": None,
-        "weight_version": "default",
+        "weight_version": info.weight_version,
         "has_image_understanding": False,
         "has_audio_understanding": False,
         "model_type": None,

@@ -29,6 +29,8 @@ class RouterConfig:
     worker_wait_s: float = 300.0  # how long a request may wait for a worker to join (again)
     control_timeout_s: float = 10.0  # stats / flush replies from workers
     lora_timeout_s: float = 120.0  # a LoRA adapter load's replies (each worker reads the files)
+    # A weight update's replies: each worker finishes its running requests, then loads.
+    weights_timeout_s: float = 600.0
     cache_threshold: float = 0.5
     min_match_tokens: int = 8
     balance_load: BalanceLoad = "work"  # outstanding prompt tokens of work, or "requests"

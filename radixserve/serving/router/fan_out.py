@@ -1,8 +1,10 @@
 """What the router's operations that ask every live worker share (control.py's stats,
-flushes and session closes; lora_ops.py's adapter loads and unloads): a token per
-operation, the workers it waits on, and its end when every one of them answered, died, or
-the timeout passed. What each answer means and what goes back to the client are the
-subclass's (:meth:`FanOut._lost`, :meth:`FanOut._timed_out`, :meth:`FanOut._finish`).
+flushes and session closes; lora_ops.py's adapter loads and unloads; weight_ops.py's
+weight updates): a token per operation, the workers it waits on, and its end when every
+one of them answered, died, or the timeout passed. What each answer means and what goes
+back to the client are the subclass's (:meth:`FanOut._lost`, :meth:`FanOut._timed_out`,
+:meth:`FanOut._finish`); :class:`ReportingFanOut` writes the first two for operations
+whose reply says, in words, which worker failed them.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
@@ -98,3 +100,26 @@ class FanOut(Generic[OpT, PoolT]):
     def _finish(self, op: OpT) -> None:
         """Answer ``op``'s client: every worker answered, died or ran out of time."""
         raise NotImplementedError
+
+
+@dataclass(eq=False)
+class ReportedOp(FanOutOp):
+    """An operation whose reply lists, in words, what went wrong on which worker."""
+
+    errors: list[str] = field(default_factory=list, kw_only=True)
+
+
+ReportedT = TypeVar("ReportedT", bound=ReportedOp)
+
+
+class ReportingFanOut(FanOut[ReportedT, PoolT]):
+    """A fan-out whose lost and silent workers are reported in the operation's errors."""
+
+    def _lost(self, op: ReportedT, w: Worker) -> None:
+        op.errors.append(f"worker {w.worker_id} died before it answered")
+
+    def _timed_out(self, op: ReportedT) -> None:
+        op.errors += [
+            f"worker {wid} did not answer within {self._timeout_s:g} s"
+            for wid in sorted(op.waiting)
+        ]

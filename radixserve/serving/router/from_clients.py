@@ -31,6 +31,7 @@ from radixserve.serving.router.inflight import ClientError, ClientSend, InFlight
 from radixserve.serving.router.lora_ops import LoraOps
 from radixserve.serving.router.requests import RouterRequest
 from radixserve.serving.router.tokenizer_pool import TokenizerPool
+from radixserve.serving.router.weight_ops import WeightOps
 from radixserve.serving.router.worker_pool import WorkerPool
 from radixserve.serving.wire import protocol as p
 from radixserve.serving.wire.limits import RequestLimits, prompt_chars
@@ -38,7 +39,7 @@ from radixserve.serving.wire.security import cache_namespace
 
 log = logging.getLogger("radixserve.security")  # refusals go to the audit log
 # What only an authenticated client may ask: every tenant's cache, every worker's adapters.
-ADMIN_MESSAGES = (p.FlushCache, p.LoadLoraAdapter, p.UnloadLoraAdapter)
+ADMIN_MESSAGES = (p.FlushCache, p.LoadLoraAdapter, p.UnloadLoraAdapter, p.UpdateWeights)
 
 
 def error_code(message: str) -> p.ErrorCode:
@@ -69,6 +70,7 @@ class ClientSide:
         inflight: InFlight,
         control: ControlOps,
         lora: LoraOps,
+        weights: WeightOps,
         *,
         send: ClientSend,
         reply_error: ClientError,
@@ -77,6 +79,7 @@ class ClientSide:
         self._limits, self._codec, self._tokenizers = limits, codec, tokenizers
         self._trusted = trusted
         self._pool, self._inflight, self._control, self._lora = pool, inflight, control, lora
+        self._weights = weights
         self._send, self._reply_error = send, reply_error
         self.started = time.monotonic()
 
@@ -107,6 +110,8 @@ class ClientSide:
             self._control.start(client, msg)
         elif isinstance(msg, (p.LoadLoraAdapter, p.UnloadLoraAdapter)):
             self._on_lora(client, msg)
+        elif isinstance(msg, p.UpdateWeights):
+            self._on_update_weights(client, msg)
         elif isinstance(msg, p.CloseSession):
             self._on_close_session(client, msg)
         elif isinstance(msg, p.TokenizeRequest):
@@ -141,14 +146,20 @@ class ClientSide:
         )
 
     def _refuse_admin(
-        self, client: bytes, msg: p.FlushCache | p.LoadLoraAdapter | p.UnloadLoraAdapter
+        self,
+        client: bytes,
+        msg: p.FlushCache | p.LoadLoraAdapter | p.UnloadLoraAdapter | p.UpdateWeights,
     ) -> None:
         """Every tenant's cached prefixes at once, or what every worker serves (and reads
         from its disk): only this process's clients (the HTTP gateway, whose admin key
         guards these paths) or a keyed client may ask."""
-        flush = isinstance(msg, p.FlushCache)
-        what = "flushing the cache" if flush else "loading LoRA adapters"
-        asked = "cache flush" if flush else "LoRA adapter change"
+        what, asked = (
+            ("flushing the cache", "cache flush")
+            if isinstance(msg, p.FlushCache)
+            else ("updating the weights", "weight update")
+            if isinstance(msg, p.UpdateWeights)
+            else ("loading LoRA adapters", "LoRA adapter change")
+        )
         log.warning("%s from client %s refused: not authenticated", asked, client.hex())
         self._reply_error(
             client,
@@ -171,6 +182,19 @@ class ClientSide:
             self._reply_error(client, error)
             return
         self._lora.start(client, msg)
+
+    def _on_update_weights(self, client: bytes, msg: p.UpdateWeights) -> None:
+        """Check the path and version before any worker is asked."""
+        bad = None
+        if not 0 < len(msg.model_path) <= MAX_PATH:
+            bad = f"a checkpoint's path is 1 to {MAX_PATH} characters"
+        elif msg.weight_version is not None and not 0 < len(msg.weight_version) <= 256:
+            bad = "a weight version is 1 to 256 characters"
+        if bad is not None:
+            error = p.Error(code="invalid_params", message=bad, request_id=msg.request_id)
+            self._reply_error(client, error)
+            return
+        self._weights.start(client, msg)
 
     def _on_close_session(self, client: bytes, msg: p.CloseSession) -> None:
         if len(msg.session_id) > 256 or len(msg.cache_salt or "") > p.MAX_CACHE_SALT_CHARS:
@@ -366,7 +390,8 @@ class ClientSide:
                 page_size=h.page_size,
                 num_workers=len(live),
                 special_tokens=self._codec.special_tokens,
-                model_path=h.model_path,
+                model_path=live[0].model_path,
                 lora_adapters=sorted(self._pool.lora_adapters() or ()),
+                weight_version=live[0].weight_version,
             ),
         )

@@ -4,7 +4,8 @@ A hello registers the worker in the :class:`~radixserve.serving.router.worker_po
 registered, live worker, outputs go to :class:`~radixserve.serving.router.inflight.InFlight` (which
 streams them back to clients), heartbeats and outputs refresh its load, stats and flush
 replies go to :class:`~radixserve.serving.router.control.ControlOps`, LoRA adapter replies to
-:class:`~radixserve.serving.router.lora_ops.LoraOps`, and a goodbye marks it dead.
+:class:`~radixserve.serving.router.lora_ops.LoraOps` (weight updates' to
+:class:`~radixserve.serving.router.weight_ops.WeightOps`), and a goodbye marks it dead.
 A worker the router already declared dead is told to rejoin (once), and what it still
 computes is aborted.
 
@@ -26,6 +27,7 @@ from radixserve.serving.router.dispatch import Dispatcher
 from radixserve.serving.router.inflight import InFlight
 from radixserve.serving.router.kv_index import decode_batch
 from radixserve.serving.router.lora_ops import LoraOps
+from radixserve.serving.router.weight_ops import WeightOps
 from radixserve.serving.router.worker_pool import WorkerHandle, WorkerPool
 from radixserve.serving.wire import protocol as p
 from radixserve.serving.wire.security import peer_of
@@ -46,10 +48,12 @@ class WorkerSide:
         inflight: InFlight,
         control: ControlOps,
         lora: LoraOps,
+        weights: WeightOps,
         on_disagg: Callable[[WorkerHandle, DisaggReply], None] | None = None,
     ) -> None:
         self._pool, self._dispatcher = pool, dispatcher
         self._inflight, self._control, self._lora = inflight, control, lora
+        self._weights = weights
         self._on_disagg = on_disagg  # prefill/decode pairs' replies (disagg_dispatch.py)
 
     def on_frames(self, frames: list[zmq.Frame]) -> None:
@@ -91,6 +95,8 @@ class WorkerSide:
             self._control.on_reply(w, msg)
         elif isinstance(msg, p.WorkerLoraReply):
             self._lora.on_reply(w, msg)
+        elif isinstance(msg, p.WorkerWeightsReply):
+            self._weights.on_reply(w, msg)
         elif isinstance(msg, p.WorkerRejected):
             self._inflight.on_rejected(w, msg.rid, msg.message)
         elif isinstance(msg, p.WorkerGoodbye):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from radixserve.serving.router.fan_out import FanOut, FanOutOp, Worker
+from radixserve.serving.router.fan_out import ReportedOp, ReportingFanOut
 from radixserve.serving.router.worker_pool import WorkerHandle, WorkerPool
 from radixserve.serving.wire import protocol as p
 
@@ -31,14 +31,13 @@ LoraRequest = p.LoadLoraAdapter | p.UnloadLoraAdapter
 
 
 @dataclass(eq=False)
-class _Op(FanOutOp):
+class _Op(ReportedOp):
     msg: LoraRequest
     answered: dict[int, dict[str, str]] = field(default_factory=dict)  # worker -> its adapters
-    errors: list[str] = field(default_factory=list)
     refused: int = 0  # workers that answered with an error
 
 
-class LoraOps(FanOut[_Op, WorkerPool]):
+class LoraOps(ReportingFanOut[_Op, WorkerPool]):
     """Fan-out / fan-in of adapter loads and unloads for one router, and their replay to
     workers that join (see the module docstring)."""
 
@@ -83,15 +82,6 @@ class LoraOps(FanOut[_Op, WorkerPool]):
         for name in self._unloaded & set(w.lora_adapters):
             self._pool.send(w, p.WorkerUnloadLora(token=0, name=name))
             del w.lora_adapters[name]
-
-    def _lost(self, op: _Op, w: Worker) -> None:
-        op.errors.append(f"worker {w.worker_id} died before it answered")
-
-    def _timed_out(self, op: _Op) -> None:
-        op.errors += [
-            f"worker {wid} did not answer within {self._timeout_s:g} s"
-            for wid in sorted(op.waiting)
-        ]
 
     def _finish(self, op: _Op) -> None:
         code = _failure(op)

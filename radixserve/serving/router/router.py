@@ -60,6 +60,7 @@ from radixserve.serving.router.inflight import InFlight
 from radixserve.serving.router.lora_ops import LoraOps
 from radixserve.serving.router.supervisor import Supervisor, describe_exit
 from radixserve.serving.router.tokenizer_pool import TokenizerPool
+from radixserve.serving.router.weight_ops import WeightOps
 from radixserve.serving.router.worker_pool import WorkerHandle, WorkerPool
 from radixserve.serving.wire import protocol as p
 from radixserve.serving.wire import zmq_events
@@ -176,6 +177,7 @@ class Router:
             self.pool, self.dispatcher, config.control_timeout_s, self.send_client, self.stats_reply
         )
         self._lora = LoraOps(self.pool, config.lora_timeout_s, self.send_client)
+        self._weights = WeightOps(self.pool, config.weights_timeout_s, self.send_client)
         self.client_side = ClientSide(
             config.limits,
             self.codec,
@@ -184,6 +186,7 @@ class Router:
             self.inflight,
             self._control,
             self._lora,
+            self._weights,
             send=self.send_client,
             reply_error=self._reply_error,
             trusted=self.security.trusted_client,
@@ -200,6 +203,7 @@ class Router:
             self.inflight,
             self._control,
             self._lora,
+            self._weights,
             on_disagg=self.split.on_message if self.split is not None else None,
         )
 
@@ -435,6 +439,7 @@ class Router:
         if self.dispatcher.prefix_source == "events":
             self.pool.send(w, p.WorkerKVSubscribe())  # answered with a snapshot, then batches
         self._lora.on_joined(w)  # before any request: one may name an adapter loaded since
+        self._weights.on_joined(w)  # and the weights updated since (it holds what follows)
         self.inflight.dispatch_waiting()
 
     def _on_worker_dead(self, w: WorkerHandle, reason: str) -> None:
@@ -443,6 +448,7 @@ class Router:
         self.inflight.fail_worker_requests(w, reason)
         self._control.on_worker_dead(w)
         self._lora.on_worker_dead(w)
+        self._weights.on_worker_dead(w)
         if self._no_worker_to_come():
             self.inflight.fail_waiting("no live worker to run the request")
 
@@ -462,6 +468,7 @@ class Router:
         self.inflight.probe_clients(now, cfg.client_probe_interval_s)
         self._control.expire(now)
         self._lora.expire(now)
+        self._weights.expire(now)
 
     def _excuse_stall(self, now: float, interval: float) -> None:
         """When this turn comes far later than due (the loop could not run: the process

@@ -67,6 +67,9 @@ class WorkerHandle:
     # The LoRA adapters it serves (name -> cache key): its hello's, then its load and
     # unload replies' (router/lora_ops.py).
     lora_adapters: dict[str, str] = field(default_factory=dict)
+    # The weights it serves: its hello's, then its weight updates' (router/weight_ops.py).
+    model_path: str = ""
+    weight_version: str = "default"
 
     def outstanding(self) -> Outstanding:
         """What this worker has to do, as the dispatcher measures it."""
@@ -163,6 +166,7 @@ class WorkerPool:
         proc = self.expected.pop(wid, None) or (old.proc if old is not None else None)
         w = WorkerHandle(wid, identity, hello, time.monotonic(), proc=proc, load=hello.load)
         w.lora_adapters = dict(hello.lora_adapters)
+        w.model_path, w.weight_version = hello.model_path, hello.weight_version
         self.workers[wid] = w
         self._by_identity[identity] = w
         self.dispatcher.add_worker(wid)

@@ -135,6 +135,18 @@ class UnloadLoraAdapter(Msg, tag="unload_lora"):
     name: str
 
 
+class UpdateWeights(Msg, tag="update_weights"):
+    """Every worker serves the weights of the checkpoint at ``model_path`` (a directory on
+    the workers' hosts, of the served architecture) from then on, its running requests
+    finished first and new ones held meanwhile (SGLang's ``update_weights_from_disk``);
+    ``weight_version`` names them (None: unchanged). Answered by
+    :class:`UpdateWeightsReply`; like a cache flush, only an authenticated client may ask."""
+
+    request_id: str
+    model_path: str
+    weight_version: str | None = None
+
+
 class CloseSession(Msg, tag="close_session"):
     """The session ended: every worker releases its lease (its cached path becomes ordinary
     cache) and the router forgets where it ran; answered by :class:`CloseSessionReply`.
@@ -203,6 +215,7 @@ ClientMessage = (
     | FlushCache
     | LoadLoraAdapter
     | UnloadLoraAdapter
+    | UpdateWeights
     | CloseSession
     | StatsRequest
     | TokenizeRequest
@@ -285,11 +298,13 @@ class ModelInfo(Msg, tag="model_info_reply"):
     chat_template: str | None = None
     page_size: int = 1
     num_workers: int = 0
-    model_path: str = ""  # the directory the model was loaded from ("" when unknown)
+    model_path: str = ""  # the directory the weights were loaded from ("" when unknown)
     # The tokenizer's special tokens by name (bos_token, eos_token, ...): chat templates use
     # them, and a client rendering roles itself needs the same values as the router.
     special_tokens: dict[str, str] = {}
     lora_adapters: list[str] = []  # the LoRA adapters served, by name (docs/lora.md)
+    # What the served weights are called (SGLang's weight_version; update_weights_from_disk).
+    weight_version: str = "default"
 
 
 class TokenizeReply(Msg, tag="tokenize_reply"):
@@ -325,6 +340,20 @@ class LoraAdapterReply(Msg, tag="lora_reply"):
     code: str | None = None
     error: str | None = None
     adapters: dict[str, str] = {}
+
+
+class UpdateWeightsReply(Msg, tag="update_weights_reply"):
+    """``ok`` when every live worker serves the new weights; else ``code``
+    (``invalid_params``: a worker refused them, ``unavailable``: no worker answered) and
+    ``error``, what the workers said. ``model_path`` and ``weight_version``: what the
+    workers serve now."""
+
+    request_id: str
+    ok: bool
+    code: str | None = None
+    error: str | None = None
+    model_path: str = ""
+    weight_version: str = "default"
 
 
 class FlushCacheReply(Msg, tag="flush_cache_reply"):
@@ -380,6 +409,7 @@ ServerMessage = (
     | ModelInfo
     | FlushCacheReply
     | LoraAdapterReply
+    | UpdateWeightsReply
     | CloseSessionReply
     | StatsReply
     | KeepAlive

@@ -63,6 +63,8 @@ from radixserve.serving.wire.client_messages import (
     TokenizeRequest,
     ToolCallPart,
     UnloadLoraAdapter,
+    UpdateWeights,
+    UpdateWeightsReply,
     WorkerStats,
 )
 from radixserve.serving.wire.disagg_messages import (
@@ -101,6 +103,8 @@ from radixserve.serving.wire.worker_messages import (
     WorkerStatsReply,
     WorkerStatsRequest,
     WorkerUnloadLora,
+    WorkerUpdateWeights,
+    WorkerWeightsReply,
 )
 from radixserve.serving.wire.worker_messages import WorkerToRouter as _WorkerToRouter
 
@@ -128,6 +132,8 @@ __all__ = [
     "ModelInfoRequest",
     "FlushCache",
     "UnloadLoraAdapter",
+    "UpdateWeights",
+    "UpdateWeightsReply",
     "LoadLoraAdapter",
     "CloseSession",
     "StatsRequest",
@@ -155,6 +161,8 @@ __all__ = [
     "WorkerStatsRequest",
     "WorkerFlush",
     "WorkerUnloadLora",
+    "WorkerUpdateWeights",
+    "WorkerWeightsReply",
     "WorkerLoadLora",
     "WorkerCloseSession",
     "WorkerShutdown",

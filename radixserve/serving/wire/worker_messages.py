@@ -82,6 +82,16 @@ class WorkerUnloadLora(Msg, tag="w_unload_lora"):
     name: str
 
 
+class WorkerUpdateWeights(Msg, tag="w_update_weights"):
+    """Router -> worker: serve the weights at ``path`` once the requests running finish
+    (those that come meanwhile wait); answer :class:`WorkerWeightsReply` (``token`` 0: the
+    router replays an update to a worker that joined)."""
+
+    token: int
+    path: str
+    weight_version: str | None = None
+
+
 class WorkerShutdown(Msg, tag="w_shutdown"):
     """Router -> worker: abort everything, say goodbye and exit."""
 
@@ -113,6 +123,7 @@ RouterToWorker = (
     | WorkerCloseSession
     | WorkerLoadLora
     | WorkerUnloadLora
+    | WorkerUpdateWeights
     | WorkerShutdown
     | WorkerRejoin
 )
@@ -131,6 +142,7 @@ class WorkerHello(Msg, tag="w_hello"):
     page_size: int = 1
     load: WorkerLoad = msgspec.field(default_factory=WorkerLoad)
     model_path: str = ""  # where the weights and tokenizer were loaded from
+    weight_version: str = "default"  # what its weights are called (SGLang's weight_version)
     disaggregation_mode: str = (
         ""  # "prefill" / "decode" (serving.wire.disagg_messages); "": colocated
     )
@@ -175,6 +187,16 @@ class WorkerLoraReply(Msg, tag="w_lora_reply"):
     token: int
     error: str | None
     adapters: dict[str, str]
+
+
+class WorkerWeightsReply(Msg, tag="w_weights_reply"):
+    """Worker -> router: ``error``, why an update failed (None: done; the weights are then
+    unchanged); the checkpoint and version it serves now."""
+
+    token: int
+    error: str | None
+    model_path: str
+    weight_version: str
 
 
 class WorkerCloseSessionReply(Msg, tag="w_close_session_reply"):
@@ -223,6 +245,7 @@ WorkerToRouter = (
     | WorkerStatsReply
     | WorkerFlushReply
     | WorkerLoraReply
+    | WorkerWeightsReply
     | WorkerCloseSessionReply
     | WorkerRejected
     | WorkerGoodbye

@@ -44,6 +44,7 @@ def describe_engine(
         disaggregation_mode=str(getattr(econf, "disaggregation_mode", None) or ""),
         join=join,
         lora_adapters=dict(getattr(engine, "lora_adapters", {})),
+        weight_version=str(getattr(engine, "weight_version", "default")),
     )
 
 

@@ -46,6 +46,7 @@ from radixserve.serving.wire import zmq_events
 from radixserve.serving.wire.security import PeerKeys
 from radixserve.serving.worker.engine_api import ServingEngine
 from radixserve.serving.worker.lora_queue import LoraQueue
+from radixserve.serving.worker.weight_updates import WeightUpdates
 
 if TYPE_CHECKING:
     from radixserve.serving.worker.disagg import DisaggLink
@@ -130,6 +131,8 @@ class Worker:
             self._disagg = DisaggLink.of(self.engine, self._send, self._active)
         # LoRA loads and unloads, in order, their files read off the loop (worker/lora_queue.py).
         self._lora = LoraQueue(self.engine, self._send)
+        # Weight updates, between requests (worker/weight_updates.py).
+        self._weights = WeightUpdates(self.engine, self._send, self._start)
         self._handlers = self._message_handlers()
 
     def _message_handlers(self) -> dict[type, Callable[[Any], None]]:
@@ -147,6 +150,7 @@ class Worker:
             p.WorkerCloseSession: self._on_close_session,
             p.WorkerLoadLora: self._lora.submit,
             p.WorkerUnloadLora: self._lora.submit,
+            p.WorkerUpdateWeights: self._weights.submit,
             p.WorkerKVSubscribe: self._on_kv_subscribe,
             p.WorkerRejoin: self._on_rejoin,
             p.WorkerShutdown: self._on_shutdown,
@@ -229,6 +233,7 @@ class Worker:
                     if code:
                         break
                 self._lora.apply_ready()
+                self._weights.apply_ready()
                 now = time.monotonic()
                 if now >= next_check:
                     next_check = now + 0.5
@@ -376,6 +381,7 @@ class Worker:
         self._hello()
 
     def _abort_all(self) -> None:
+        self._weights.drop_all()
         for rid in list(self._active):
             self._abort(rid)
         if self._disagg is not None:
@@ -407,7 +413,10 @@ class Worker:
             handler(msg)
 
     def _on_add(self, msg: p.WorkerAdd) -> None:
-        for req in msg.requests:
+        self._start(self._weights.hold(msg.requests))  # held while a weight update waits
+
+    def _start(self, requests: list[p.WorkerRequest]) -> None:
+        for req in requests:
             if req.lora is not None:
                 self._lora.settle(req.lora)  # a load or unload of it sent before, applied first
             try:
@@ -427,7 +436,11 @@ class Worker:
                 self._active.add(req.rid)
 
     def _on_abort(self, msg: p.WorkerAbort) -> None:
-        for rid in msg.rids:
+        held = self._weights.drop(msg.rids)
+        if held:  # never started: they end now, so the router settles them
+            ends = [p.StepOutput(r, [], finished=True, finish_reason="abort") for r in held]
+            self._send(p.WorkerOutputs(outputs=ends, load=engine_load(self.engine)))
+        for rid in set(msg.rids) - set(held):
             self._abort(rid)
         if self._disagg is not None:
             self._disagg.send_answers()  # a prefill run aborted: its answer goes now
