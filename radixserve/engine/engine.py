@@ -396,7 +396,7 @@ class Engine:
             **self.topology.load_args(),
         )
         check_same_architecture(self.model.config, fresh.config)
-        copy_weights(self.model, fresh)
+        copied = copy_weights(self.model, fresh)
         del fresh
         self.model.weights_replaced()
         flushed = self.scheduler.flush_cache()
@@ -405,6 +405,12 @@ class Engine:
         self.model_path = new_path
         if weight_version is not None:
             self.weight_version = weight_version
+        logger.info(
+            "weights updated from %s (%s, %.0f MiB copied in place)",
+            new_path,
+            self.weight_version,
+            copied / 2**20,
+        )
 
     def _weights_fixed(self) -> str | None:
         """What this engine serves with that keeps its weights as loaded (None: nothing)."""

@@ -23,7 +23,6 @@ it names in ``CONFIG_CACHES``) stay as they are: the two configurations are the 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,10 +67,9 @@ def copy_weights(served: nn.Module, fresh: nn.Module) -> int:
     """Copy every tensor of ``fresh`` (built as ``served`` was, from other weights) into
     ``served``'s counterpart, in place; the bytes copied. ``ValueError`` before any write
     when a module or tensor has no counterpart of the same shape, dtype and layout."""
-    pairs = list(_pairs(served, fresh))
     copied = 0
     with torch.no_grad():
-        for slot, old, new in pairs:
+        for slot, old, new in _pairs(served, fresh):
             if old.layout is torch.strided:
                 old.copy_(new)
             else:  # oneDNN's packed weights: no storage to write into
@@ -80,9 +78,7 @@ def copy_weights(served: nn.Module, fresh: nn.Module) -> int:
     return copied
 
 
-def _pairs(
-    served: nn.Module, fresh: nn.Module
-) -> Iterator[tuple[_Slot, torch.Tensor, torch.Tensor]]:
+def _pairs(served: nn.Module, fresh: nn.Module) -> list[tuple[_Slot, torch.Tensor, torch.Tensor]]:
     """Each served tensor with its fresh counterpart, every pair checked first."""
     out: list[tuple[_Slot, torch.Tensor, torch.Tensor]] = []
     for name, new_module in fresh.named_modules():
@@ -103,9 +99,11 @@ def _pairs(
                     f"{key}: {tuple(new.shape)} {new.dtype} in the new weights, "
                     f"{tuple(old.shape)} {old.dtype} served"
                 )
+            if new.is_meta and not old.is_meta:
+                raise ValueError(f"{key} has no weights in the new checkpoint")
             if not old.is_meta:
                 out.append((slot, old, new))
-    return iter(out)
+    return out
 
 
 def _served_module(served: nn.Module, name: str) -> nn.Module:
