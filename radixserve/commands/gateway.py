@@ -66,6 +66,16 @@ def _common_http_arguments(g: Any, *, memory_log_default: float) -> None:
         help="most generations (prompts × n) one HTTP request may start (0: no limit)",
     )
     g.add_argument(
+        "--ssl-keyfile",
+        default=None,
+        help="serve HTTPS with this PEM private key (vLLM's flag; with --ssl-certfile)",
+    )
+    g.add_argument(
+        "--ssl-certfile",
+        default=None,
+        help="the PEM certificate (chain) of --ssl-keyfile",
+    )
+    g.add_argument(
         "--trust-request-chat-template",
         action="store_true",
         help="take a request's own chat_template (vLLM's flag): a template is code the server "
@@ -166,6 +176,22 @@ def add_http_arguments(p: argparse.ArgumentParser) -> None:
     _common_http_arguments(g, memory_log_default=60.0)
 
 
+def tls_files(args: argparse.Namespace) -> Any:
+    """The ``--ssl-keyfile`` / ``--ssl-certfile`` pair (None: plain HTTP); ``ValueError`` for
+    one without the other, or a file that is not there (said before anything starts)."""
+    from radixserve.serving.http.server import TLSFiles
+
+    key, cert = args.ssl_keyfile, args.ssl_certfile
+    if key is None and cert is None:
+        return None
+    if key is None or cert is None:
+        raise ValueError("--ssl-keyfile and --ssl-certfile go together")
+    for flag, path in (("--ssl-keyfile", key), ("--ssl-certfile", cert)):
+        if not Path(path).is_file():
+            raise ValueError(f"{flag}: no file {path}")
+    return TLSFiles(key, cert)
+
+
 def start_http_for_serve(args: argparse.Namespace, server: Any, model: str | Path) -> Any:
     """Start the gateway thread for ``radixserve serve`` (``server``: its started
     :class:`~radixserve.serving.router.launcher.LocalServer`) when ``--http-port`` was given; returns
@@ -200,6 +226,7 @@ def warm_up_http(server: Any, http: Any, api_keys: tuple[str, ...], timeout_s: f
     any other. /health answers 503 until it is done. Returns a line for the log; a failure
     (e.g. a worker that refuses it) is reported there and does not stop the server."""
     import json
+    import ssl
     import threading
     import time
     import urllib.request
@@ -210,7 +237,13 @@ def warm_up_http(server: Any, http: Any, api_keys: tuple[str, ...], timeout_s: f
         headers["Authorization"] = f"Bearer {api_keys[0]}"
     outcome: dict[str, str] = {}
     done = threading.Event()
-    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+    # Never via a proxy; over HTTPS, to our own socket on loopback: its certificate names the
+    # server's public name, not 127.0.0.1, and there is no one else on this connection.
+    own = ssl.create_default_context()
+    own.check_hostname, own.verify_mode = False, ssl.CERT_NONE
+    direct = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=own)
+    )
 
     def send() -> None:
         try:
@@ -272,6 +305,7 @@ def _start_http(
         args.http_port,
         tokenizer=load_tokenizer(model),
         access_log=args.access_log,
+        tls=tls_files(args),
     ).start()
     print(f"radixserve: HTTP on {http.url} (OpenAI /v1, SGLang /generate, /metrics)", flush=True)
     return http
@@ -333,6 +367,7 @@ def gateway(args: argparse.Namespace) -> int:
         tokenizer=tokenizer,
         log_level="warning",
         access_log=args.access_log,
+        tls=tls_files(args),
     )
     signal.signal(signal.SIGINT, http.request_stop)
     signal.signal(signal.SIGTERM, http.request_stop)

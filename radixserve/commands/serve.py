@@ -36,6 +36,12 @@ def _endpoint_arguments(p: argparse.ArgumentParser) -> None:
         default="default",
         help="'default' (SmolLM2-135M-Instruct) or a local HF directory",
     )
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        help="the chat template to render chats with instead of the model's (vLLM's and "
+        "SGLang's flag): a jinja file, or the template itself inline",
+    )
     p.add_argument("--host", default="127.0.0.1", help="client endpoint host (tcp)")
     p.add_argument(
         "--port", type=int, default=5555, help="client endpoint port (tcp; 0: any free port)"
@@ -179,7 +185,7 @@ def serve(args: argparse.Namespace) -> int:
     import sys
     from collections.abc import Callable
 
-    from radixserve.commands.gateway import check_http_bind, http_keys, warm_up_http
+    from radixserve.commands.gateway import check_http_bind, http_keys, tls_files, warm_up_http
     from radixserve.model_store import resolve_model
     from radixserve.serving.shutdown import exit_now, freeze_startup_objects
     from radixserve.serving.wire.security import log as audit_log
@@ -192,6 +198,7 @@ def serve(args: argparse.Namespace) -> int:
     endpoint = args.endpoint or f"tcp://{args.host}:{args.port if args.port else '*'}"
     if args.http_port is not None:  # before any worker starts: a refused address fails fast
         check_http_bind(args.http_host, http_keys(args)[0], args.insecure)
+        tls_files(args)
     model = resolve_model(args.model)
     start_local_master(engine_overrides)  # only for a Mooncake L3 without a master address
     server = _start_local_server(args, model, endpoint, engine_overrides)
@@ -282,6 +289,7 @@ def _start_local_server(
     try:
         return LocalServer(
             model,
+            tokenizer=serving_tokenizer(model, args.chat_template),
             num_workers=args.workers,
             worker_overrides=overrides,
             config=router_config(args, endpoint),
@@ -295,6 +303,17 @@ def _start_local_server(
         raise ValueError(
             f"cannot bind {endpoint} or {args.worker_endpoint}: {e} (try --port or --endpoint)"
         ) from e
+
+
+def serving_tokenizer(model: Path, chat_template: str | None) -> Any:
+    """The router's tokenizer: the model's, its chat template replaced by ``chat_template``
+    (``--chat-template``: a file or the template inline) where one is given."""
+    from radixserve.serving.prompts import load_tokenizer, read_chat_template
+
+    tokenizer = load_tokenizer(model)
+    if chat_template is not None:
+        tokenizer.chat_template = read_chat_template(chat_template)
+    return tokenizer
 
 
 def start_local_master(engine_overrides: dict[str, Any]) -> Any:

@@ -41,6 +41,32 @@ def load_tokenizer(model_path: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(str(model_path), local_files_only=True)
 
 
+# The largest chat template --chat-template reads (real ones are a few to a few dozen KiB).
+MAX_TEMPLATE_FILE_BYTES = 1 << 20
+
+
+def read_chat_template(spec: str) -> str:
+    """The chat template ``--chat-template`` names (vLLM's and SGLang's flag): a file's
+    contents, or the template itself written inline; ``ValueError`` for a path that is not
+    a file, a file over :data:`MAX_TEMPLATE_FILE_BYTES`, or a template jinja cannot parse
+    (said at start-up, not on the first chat request)."""
+    import jinja2
+
+    path = Path(spec)
+    inline = "{%" in spec or "{{" in spec
+    if not inline:
+        if not path.is_file():
+            raise ValueError(f"--chat-template: no file {spec} (nor a template written inline)")
+        if path.stat().st_size > MAX_TEMPLATE_FILE_BYTES:
+            raise ValueError(f"--chat-template: {spec} is over {MAX_TEMPLATE_FILE_BYTES} bytes")
+    text = spec if inline else path.read_text(encoding="utf-8")
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"--chat-template: line {exc.lineno}: {exc.message}") from None
+    return text
+
+
 # Names a request may not set through chat_template_kwargs: the template variables the
 # rendering itself passes, and every named argument of transformers' apply_chat_template,
 # which the kwargs are passed beside (chat_template among them: a request's own template

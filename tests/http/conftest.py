@@ -15,9 +15,9 @@ import pytest
 from http_helpers import (
     AGENT_KEYS,
     ENGINE_FLAGS,
+    TEMPLATES,
     Server,
     gone,
-    model_with_template,
     serve,
     start,
     stop,
@@ -75,19 +75,16 @@ def tokenizer(tiny_llama_dir: Path) -> Any:
 
 
 @pytest.fixture(scope="session")
-def agent_server(
-    tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
-    """``serve`` on the tiny Llama with Qwen3's chat template (tools rendered, the hermes
-    parser), the qwen3 reasoning parser, two API keys (two tenants) and speculative decoding
-    (ngram drafter): the server of the Responses, Messages, agent-framework and speculative
-    HTTP tests (greedy output is the same with speculation; constrained requests never
-    draft)."""
-    model = model_with_template(
-        tiny_llama_dir, tmp_path_factory.mktemp("agents") / "model", "qwen3.jinja"
-    )
+def agent_server(tiny_llama_dir: Path) -> Iterator[Server]:
+    """``serve`` on the tiny Llama with Qwen3's chat template (``--chat-template``: tools
+    rendered, the hermes parser), the qwen3 reasoning parser, two API keys (two tenants) and
+    speculative decoding (ngram drafter): the server of the Responses, Messages,
+    agent-framework and speculative HTTP tests (greedy output is the same with speculation;
+    constrained requests never draft)."""
     srv = serve(
-        model,
+        tiny_llama_dir,
+        "--chat-template",
+        str(TEMPLATES / "qwen3.jinja"),
         "--reasoning-parser",
         "qwen3",
         "--api-key",

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -134,17 +132,6 @@ def wait_idle(c: httpx.Client, timeout: float = 30.0) -> dict[str, Any]:
         if time.monotonic() > deadline:
             raise AssertionError(f"server not idle after {timeout} s: {info}")
         time.sleep(0.05)
-
-
-def model_with_template(src: Path, dst: Path, template: str) -> Path:
-    """A copy of the tiny model whose tokenizer carries ``template`` as its chat template."""
-    shutil.copytree(src, dst)
-    cfg_path = dst / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["chat_template"] = (TEMPLATES / template).read_text()
-    cfg_path.write_text(json.dumps(cfg))
-    (dst / "chat_template.jinja").unlink(missing_ok=True)
-    return dst
 
 
 def serve(model: Path, *extra: str) -> Server:

@@ -20,7 +20,7 @@ from typing import Any
 import openai
 import pytest
 from bench_modules import load
-from http_helpers import Server, model_with_template, serve, stop
+from http_helpers import TEMPLATES, Server, serve, stop
 
 PAGE = 4  # ENGINE_FLAGS' page size
 
@@ -55,14 +55,23 @@ TOOLS: list[Any] = [WEATHER, TIME]
     scope="module", params=["qwen3.jinja", "qwen3_coder.jinja", "llama3_1.jinja", "mistral.jinja"]
 )
 def tool_server(
-    request: pytest.FixtureRequest, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, tiny_llama_dir: Path
 ) -> Iterator[tuple[str, Server]]:
+    """The tiny Llama served with one of the agents' chat templates (``--chat-template``)."""
     name = request.param
-    model = model_with_template(tiny_llama_dir, tmp_path_factory.mktemp("tools") / "model", name)
     extra = ["--reasoning-parser", "qwen3"] if name == "qwen3.jinja" else []
-    srv = serve(model, *extra)
+    srv = serve(tiny_llama_dir, "--chat-template", str(TEMPLATES / name), *extra)
     yield name, srv
     stop(srv)
+
+
+def test_the_server_renders_with_the_template_its_flag_named(
+    tool_server: tuple[str, Server],
+) -> None:
+    name, srv = tool_server
+    with srv.client() as c:
+        info = c.get("/tokenizer_info").json()
+    assert info["chat_template"] == (TEMPLATES / name).read_text()
 
 
 def sdk(srv: Server) -> openai.OpenAI:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,21 @@ def test_every_named_argument_of_apply_chat_template_is_reserved() -> None:
         if n not in ("self", "conversation") and prm.kind is not prm.VAR_KEYWORD
     }
     assert named <= RESERVED_TEMPLATE_VARS, sorted(named - RESERVED_TEMPLATE_VARS)
+
+
+def test_chat_template_flag_reads_a_file_or_an_inline_template(tmp_path: Path) -> None:
+    from radixserve.serving.prompts import MAX_TEMPLATE_FILE_BYTES, read_chat_template
+
+    inline = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert read_chat_template(inline) == inline
+    f = tmp_path / "t.jinja"
+    f.write_text(inline)
+    assert read_chat_template(str(f)) == inline
+    with pytest.raises(ValueError, match="no file"):
+        read_chat_template(str(tmp_path / "missing.jinja"))
+    f.write_text("{% for m in messages %}{{ m }}")
+    with pytest.raises(ValueError, match="line 1"):
+        read_chat_template(str(f))
+    f.write_bytes(b" " * (MAX_TEMPLATE_FILE_BYTES + 1))
+    with pytest.raises(ValueError, match="over"):
+        read_chat_template(str(f))

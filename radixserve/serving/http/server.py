@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
@@ -60,6 +61,15 @@ class _Server(uvicorn.Server):
         yield
 
 
+@dataclass(frozen=True)
+class TLSFiles:
+    """The server's TLS key and certificate chain, PEM files (vLLM's ``--ssl-keyfile`` and
+    ``--ssl-certfile``): the gateway then speaks HTTPS only."""
+
+    keyfile: str
+    certfile: str
+
+
 class HTTPGateway:
     """The HTTP gateway for the router at ``config.router``, on ``host:port``."""
 
@@ -72,12 +82,14 @@ class HTTPGateway:
         tokenizer: Any = None,
         log_level: str = "warning",
         access_log: bool = False,
+        tls: TLSFiles | None = None,
     ) -> None:
         self.config = config
         self.app = create_app(config, tokenizer)
         self.sock = bind(host, port)
         self.host = host
         self.port = int(self.sock.getsockname()[1])
+        self.tls = tls
         self.server = _Server(
             uvicorn.Config(
                 self.app,
@@ -86,6 +98,8 @@ class HTTPGateway:
                 lifespan="on",
                 timeout_graceful_shutdown=5,
                 timeout_keep_alive=30,
+                ssl_keyfile=None if tls is None else tls.keyfile,
+                ssl_certfile=None if tls is None else tls.certfile,
             )
         )
         self._thread: threading.Thread | None = None
@@ -93,7 +107,7 @@ class HTTPGateway:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'http' if self.tls is None else 'https'}://{host}:{self.port}"
 
     def run(self) -> None:
         """Serve in this thread until :meth:`stop` (e.g. from a signal handler)."""

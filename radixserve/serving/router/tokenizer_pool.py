@@ -142,21 +142,18 @@ class TokenizerPool:
 
     def _tokenizer_source(self, tokenizer: Any) -> str:
         """What the processes load: ``tokenizer`` pickled into the pool's directory (its
-        owner's alone, so no one else can put a pickle of theirs there), else its directory."""
+        owner's alone, so no one else can put a pickle of theirs there), else a copy saved
+        there (not its own directory: it may carry a chat template set since it was loaded,
+        ``--chat-template``)."""
         out = Path(self._tmp) / "tokenizer.pickle"
         try:
             out.write_bytes(pickle.dumps(tokenizer))
             return str(out)
         except Exception as exc:  # pickle raises what the object's reducers raise
-            log.info("the tokenizer does not pickle (%s): the processes load its directory", exc)
+            log.info("the tokenizer does not pickle (%s): the processes load a saved copy", exc)
             out.unlink(missing_ok=True)
-        path = getattr(tokenizer, "name_or_path", None)
-        if isinstance(path, str) and path and (Path(path) / "tokenizer_config.json").is_file():
-            return path
         out = Path(self._tmp) / "tokenizer"
-        tokenizer.save_pretrained(
-            str(out)
-        )  # a tokenizer built in memory: the processes load this copy
+        tokenizer.save_pretrained(str(out))
         return str(out)
 
     def _spawn(self, index: int) -> _Proc:
