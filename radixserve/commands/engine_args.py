@@ -95,11 +95,34 @@ ENGINE_FLAGS: list[tuple[str, Any, str]] = [
 ]
 
 
-def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> None:
-    """One flag per common EngineConfig field, ``--disable-radix-cache`` and ``--engine-config``."""
+# SGLang's and vLLM's names for the same flags, so their launch commands carry over.
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {
+    "max-model-len": ("context-length",),
+    "memory-utilization": ("mem-fraction-static", "gpu-memory-utilization"),
+    "max-num-tokens": ("chunked-prefill-size", "max-num-batched-tokens"),
+    "max-running-requests": ("max-num-seqs",),
+}
+
+
+def add_engine_arguments(
+    p: argparse.ArgumentParser, title: str = "engine", *, seed: bool = False
+) -> None:
+    """One flag per common EngineConfig field (with SGLang's and vLLM's names for it),
+    ``--disable-radix-cache`` and ``--engine-config``; ``seed``: ``--seed`` too (the
+    engine's, for the commands whose ``--seed`` is not a request's)."""
     g = p.add_argument_group(title)
     for flag, typ, help_ in ENGINE_FLAGS:
-        g.add_argument(f"--{flag}", type=typ, default=None, help=help_)
+        names = [f"--{name}" for name in (flag, *FLAG_ALIASES.get(flag, ()))]
+        g.add_argument(*names, dest=flag.replace("-", "_"), type=typ, default=None, help=help_)
+    if seed:
+        g.add_argument(
+            "--seed",
+            "--random-seed",
+            dest="engine_seed",
+            type=int,
+            default=None,
+            help="the engine's sampler seed (a request with a seed of its own still samples by it)",
+        )
     g.add_argument(
         "--disable-radix-cache", action="store_true", help="no prefix caching (baseline)"
     )
@@ -123,48 +146,7 @@ def add_engine_arguments(p: argparse.ArgumentParser, title: str = "engine") -> N
         help="sliding-window models: window layers' KV pool size per global page (default 0.5; "
         "0: full KV for every layer); their pages are freed as requests move past the window",
     )
-    g.add_argument(
-        "--enable-hierarchical-cache",
-        action="store_true",
-        help="keep KV evicted from the pool in host memory (L2) and load it back on a hit",
-    )
-    g.add_argument(
-        "--hicache-size",
-        type=float,
-        default=None,
-        help="L2 host memory in GiB (default: 2x the KV pool)",
-    )
-    g.add_argument(
-        "--hicache-dtype",
-        choices=("auto", "bfloat16", "fp8_e4m3", "int8"),
-        default=None,
-        help="KV dtype of L2/L3 (default auto: L1's); a smaller one fits more prefixes, "
-        "rounding each page once when it is demoted",
-    )
-    g.add_argument(
-        "--hicache-storage-dir",
-        default=None,
-        help="L3: KV page files in this directory, shared across restarts and workers (implies the hierarchy)",
-    )
-    g.add_argument(
-        "--hicache-storage-backend",
-        choices=("file", "mooncake"),
-        default=None,
-        help="L3 backend: file (--hicache-storage-dir) or mooncake (a Mooncake Store shared by "
-        "every worker of the cluster; implies the hierarchy). Default file",
-    )
-    g.add_argument(
-        "--hicache-storage-backend-config",
-        default=None,
-        help="the Mooncake config file (JSON: master_server_address, metadata_server, "
-        "protocol, device_name, global_segment_size, local_buffer_size, ...)",
-    )
-    g.add_argument(
-        "--hicache-storage-backend-extra-config",
-        default=None,
-        help="the same fields as a JSON object, over the file's (e.g. "
-        '\'{"master_server_address": "mooncake-master:50051"}\')',
-    )
+    _hierarchical_cache_arguments(g)
     g.add_argument(
         "--disaggregation-mode",
         choices=("prefill", "decode"),
@@ -221,12 +203,59 @@ def add_lora_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _hierarchical_cache_arguments(g: Any) -> None:
+    """The L2/L3 tiers' flags (SGLang's names; docs/hierarchical-cache.md)."""
+    g.add_argument(
+        "--enable-hierarchical-cache",
+        action="store_true",
+        help="keep KV evicted from the pool in host memory (L2) and load it back on a hit",
+    )
+    g.add_argument(
+        "--hicache-size",
+        type=float,
+        default=None,
+        help="L2 host memory in GiB (default: 2x the KV pool)",
+    )
+    g.add_argument(
+        "--hicache-dtype",
+        choices=("auto", "bfloat16", "fp8_e4m3", "int8"),
+        default=None,
+        help="KV dtype of L2/L3 (default auto: L1's); a smaller one fits more prefixes, "
+        "rounding each page once when it is demoted",
+    )
+    g.add_argument(
+        "--hicache-storage-dir",
+        default=None,
+        help="L3: KV page files in this directory, shared across restarts and workers (implies the hierarchy)",
+    )
+    g.add_argument(
+        "--hicache-storage-backend",
+        choices=("file", "mooncake"),
+        default=None,
+        help="L3 backend: file (--hicache-storage-dir) or mooncake (a Mooncake Store shared by "
+        "every worker of the cluster; implies the hierarchy). Default file",
+    )
+    g.add_argument(
+        "--hicache-storage-backend-config",
+        default=None,
+        help="the Mooncake config file (JSON: master_server_address, metadata_server, "
+        "protocol, device_name, global_segment_size, local_buffer_size, ...)",
+    )
+    g.add_argument(
+        "--hicache-storage-backend-extra-config",
+        default=None,
+        help="the same fields as a JSON object, over the file's (e.g. "
+        '\'{"master_server_address": "mooncake-master:50051"}\')',
+    )
+
+
 def add_parallel_arguments(p: argparse.ArgumentParser) -> None:
     """Tensor parallelism and multi-node flags (SGLang's names; docs/parallelism.md)."""
     g = p.add_argument_group("parallelism")
     g.add_argument(
         "--tensor-parallel-size",
         "--tp",
+        "--tp-size",
         dest="tensor_parallel_size",
         type=int,
         default=None,
@@ -235,6 +264,7 @@ def add_parallel_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--pipeline-parallel-size",
         "--pp",
+        "--pp-size",
         dest="pipeline_parallel_size",
         type=int,
         default=None,
@@ -299,6 +329,8 @@ def engine_config(args: argparse.Namespace) -> dict[str, Any]:
             cfg[flag.replace("-", "_")] = value
     if args.disable_radix_cache:
         cfg["disable_radix_cache"] = True
+    if getattr(args, "engine_seed", None) is not None:
+        cfg["seed"] = args.engine_seed
     for name in (
         "tensor_parallel_size",
         "pipeline_parallel_size",

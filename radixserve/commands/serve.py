@@ -25,7 +25,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     _disaggregation_arguments(p)
     _liveness_arguments(p)
     _security_arguments(p)
-    add_engine_arguments(p, "engine (per worker)")
+    add_engine_arguments(p, "engine (per worker)", seed=True)
     add_http_arguments(p)  # --http-port etc. (the HTTP gateway, radixserve.serving.http)
 
 
@@ -410,7 +410,7 @@ def _worker_arguments(p: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds without a connection to the router before a local worker exits",
     )
-    add_engine_arguments(p, "engine")
+    add_engine_arguments(p, "engine", seed=True)
 
 
 @register(

@@ -239,3 +239,24 @@ def test_workers_die_with_a_killed_parent() -> None:
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
+
+
+def test_sglangs_and_vllms_flag_names_carry_over() -> None:
+    """A launch command written for SGLang or vLLM sets the same engine fields here."""
+    from radixserve.cli import build_parser
+    from radixserve.commands.engine_args import engine_config
+
+    sglang = ["--context-length", "512", "--mem-fraction-static", "0.5"]
+    sglang += ["--chunked-prefill-size", "64", "--random-seed", "3", "--tp-size", "1"]
+    vllm = ["--max-model-len", "512", "--gpu-memory-utilization", "0.5"]
+    vllm += ["--max-num-batched-tokens", "64", "--seed", "3", "--max-num-seqs", "8"]
+    want = dict(max_model_len=512, memory_utilization=0.5, max_num_tokens=64, seed=3)
+    parser = build_parser()
+    assert engine_config(parser.parse_args(["serve", *sglang])) == {
+        **want,
+        "tensor_parallel_size": 1,
+    }
+    assert engine_config(parser.parse_args(["serve", *vllm])) == {
+        **want,
+        "max_running_requests": 8,
+    }
