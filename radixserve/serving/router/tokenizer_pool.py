@@ -143,8 +143,8 @@ class TokenizerPool:
     def _tokenizer_source(self, tokenizer: Any) -> str:
         """What the processes load: ``tokenizer`` pickled into the pool's directory (its
         owner's alone, so no one else can put a pickle of theirs there), else a copy saved
-        there (not its own directory: it may carry a chat template set since it was loaded,
-        ``--chat-template``)."""
+        there (it may carry a chat template set since it was loaded: ``--chat-template``),
+        else its own directory, where that holds the same chat template."""
         out = Path(self._tmp) / "tokenizer.pickle"
         try:
             out.write_bytes(pickle.dumps(tokenizer))
@@ -152,9 +152,21 @@ class TokenizerPool:
         except Exception as exc:  # pickle raises what the object's reducers raise
             log.info("the tokenizer does not pickle (%s): the processes load a saved copy", exc)
             out.unlink(missing_ok=True)
-        out = Path(self._tmp) / "tokenizer"
-        tokenizer.save_pretrained(str(out))
-        return str(out)
+        copy = Path(self._tmp) / "tokenizer"
+        try:
+            tokenizer.save_pretrained(str(copy))
+            return str(copy)
+        except Exception as exc:  # its state does not copy either (save_pretrained deep-copies)
+            log.info("the tokenizer does not save (%s): the processes load its directory", exc)
+        path = getattr(tokenizer, "name_or_path", None)
+        if not (isinstance(path, str) and (Path(path) / "tokenizer_config.json").is_file()):
+            raise ValueError("the tokenizer neither pickles, saves, nor names its directory")
+        if _load_tokenizer(path).chat_template != getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "the tokenizer neither pickles nor saves: its processes would render chats "
+                "with its directory's template, not the one given (--chat-template)"
+            )
+        return path
 
     def _spawn(self, index: int) -> _Proc:
         secret = secrets.token_hex(16)
