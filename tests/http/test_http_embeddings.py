@@ -108,3 +108,23 @@ def test_bad_inputs_are_refused(client: openai.OpenAI) -> None:
             client.embeddings.create(model="default", encoding_format="float", **kw)
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="nope", input="x")
+
+
+def test_sglangs_encode_answers_the_same_vectors(client: openai.OpenAI, server: Any) -> None:
+    prompts = random_prompts([6, 9], seed=43)
+    ref = client.embeddings.create(model="default", input=prompts, encoding_format="float")
+    with server.client() as c:
+        one = c.post("/encode", json={"input_ids": prompts[0], "rid": "e1"}).json()
+        both = c.post("/encode", json={"input_ids": prompts, "dimensions": 8}).json()
+        text = c.post("/encode", json={"text": "hello there"}).json()
+        bad = [
+            c.post("/encode", json=body)
+            for body in ({"text": "x", "image_data": "y"}, {}, {"input_ids": [[1], []]})
+        ]
+    assert close(one["embedding"], ref.data[0].embedding, 1e-6)
+    assert one["meta_info"]["id"] == "e1" and one["meta_info"]["prompt_tokens"] == 6
+    assert [len(x["embedding"]) for x in both] == [8, 8]
+    assert close(both[1]["embedding"], unit(last_hidden(server.model_dir, prompts[1])[:8]))
+    plain = client.embeddings.create(model="default", input="hello there", encoding_format="float")
+    assert close(text["embedding"], plain.data[0].embedding, 1e-6)
+    assert [r.status_code for r in bad] == [400, 400, 400]

@@ -14,6 +14,7 @@ items and unsupported fields answered with a 400 (never a 500), and the body lim
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -225,6 +226,49 @@ def test_a_stored_response_is_retrieved_and_deleted(agent_server: Server) -> Non
         a.responses.delete(made.id)
 
 
+def _ended(client: openai.OpenAI, rid: str, timeout_s: float = 60.0) -> Any:
+    """The background response once it is no longer in progress (polled, as its clients do)."""
+    deadline = time.monotonic() + timeout_s
+    while (got := client.responses.retrieve(rid)).status == "in_progress":
+        assert time.monotonic() < deadline, f"{rid} still in progress after {timeout_s} s"
+        time.sleep(0.05)
+    return got
+
+
+def test_a_background_response_is_answered_at_once_and_polled(agent_server: Server) -> None:
+    a = sdk(agent_server)
+    kw: Any = dict(model="default", input="Tell me a story", max_output_tokens=6, temperature=0)
+    now = a.responses.create(background=True, **kw)
+    assert now.status == "in_progress" and now.background is True and now.output == []
+    done = _ended(a, now.id)
+    assert done.status in ("completed", "incomplete") and done.usage is not None
+    direct = a.responses.create(**kw)
+    assert done.output_text == direct.output_text and done.output_text
+    # It ended: a conversation goes on from it.
+    more = a.responses.create(previous_response_id=done.id, **kw)
+    assert more.usage is not None and more.usage.input_tokens_details.cached_tokens > 0
+    for extra in ({"stream": True}, {"store": False}):
+        with pytest.raises(openai.BadRequestError):
+            a.responses.create(background=True, **{**kw, **extra})
+
+
+def test_a_background_response_is_cancelled(agent_server: Server) -> None:
+    a, b = sdk(agent_server, AGENT_KEYS[0]), sdk(agent_server, AGENT_KEYS[1])
+    kw: Any = dict(model="default", input="Count to a thousand", temperature=0)
+    long = a.responses.create(background=True, max_output_tokens=1500, **kw)
+    with pytest.raises(openai.BadRequestError, match="still in progress"):
+        a.responses.create(previous_response_id=long.id, max_output_tokens=1, **kw)
+    with pytest.raises(openai.NotFoundError):
+        b.responses.cancel(long.id)  # not b's
+    cancelled = a.responses.cancel(long.id)
+    assert cancelled.status == "cancelled" and cancelled.output == []
+    assert a.responses.retrieve(long.id).status == "cancelled"
+    assert a.responses.cancel(long.id).status == "cancelled"  # again: as it is
+    direct = a.responses.create(max_output_tokens=1, **kw)
+    with pytest.raises(openai.BadRequestError, match="Only a background response"):
+        a.responses.cancel(direct.id)
+
+
 def test_input_items_list_what_the_model_was_given(agent_server: Server) -> None:
     """``responses.input_items.list``: a response's input items, newest first by default,
     with the ids a client gave kept and stable ids for the rest (so pages follow each other
@@ -278,7 +322,7 @@ BAD: list[tuple[str, Any]] = [
     ("tool_choice", {"type": "allowed_tools", "tools": []}),
     ("text", {"format": {"type": "grammar"}}),
     ("reasoning", {"effort": "high"}),
-    ("background", True),
+    ("background", "yes"),
     ("truncation", "auto"),
     ("max_output_tokens", 0),
     ("thinking_token_budget", -1),

@@ -1,5 +1,7 @@
 """OpenAI's ``POST /v1/embeddings`` (also SGLang's and vLLM's route), for RAG pipelines and
-agents' memory stores that embed with the model they serve.
+agents' memory stores that embed with the model they serve, and SGLang's native
+``POST /encode`` (``text`` or ``input_ids``, one or a batch, answered as
+``{"embedding", "meta_info"}`` each).
 
 Each input is a prompt run to the end of its prefill, its embedding the final norm's output
 at its last token: last-token pooling, how decoder embedding models pool (Qwen3-Embedding,
@@ -22,6 +24,7 @@ import base64
 import math
 import struct
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -77,6 +80,38 @@ class EmbeddingRequest(BaseModel):
         return items
 
 
+class EncodeReqInput(BaseModel):
+    """SGLang's ``POST /encode`` body (unknown keys ignored, as on ``/generate``)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    text: str | list[str] | None = None
+    input_ids: list[TokenId] | list[list[TokenId]] | None = None
+    rid: str | list[str] | None = None
+    dimensions: int | None = Field(default=None, ge=1)
+    lora_path: str | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
+    image_data: Any = None
+
+    def inputs(self) -> tuple[list[str | list[int]], bool]:
+        """The inputs, and whether there was a single one (answered unwrapped)."""
+        if self.image_data is not None:
+            raise invalid("image_data is not supported", param="image_data")
+        if (self.text is None) == (self.input_ids is None):
+            raise invalid("exactly one of text or input_ids must be given", param="text")
+        x: Any = self.text if self.text is not None else self.input_ids
+        single = isinstance(x, str) or (bool(x) and isinstance(x[0], int))
+        return EmbeddingRequest(model="", input=x).inputs(), single
+
+    def rids(self, n: int, default: str) -> list[str]:
+        if isinstance(self.rid, list):
+            if len(self.rid) != n:
+                raise invalid(f"rid has {len(self.rid)} entries for {n} inputs", param="rid")
+            return list(self.rid)
+        base = self.rid or default
+        return [base] if n == 1 else [f"{base}-{i}" for i in range(n)]
+
+
 def _gw(request: Request) -> Gateway:
     return request.app.state.gateway
 
@@ -87,6 +122,16 @@ def pooled(hidden: list[float], dimensions: int | None, normalize: bool) -> list
     v = hidden[:dimensions] if dimensions else hidden
     norm = math.sqrt(math.fsum(x * x for x in v)) if normalize else 0.0
     return [x / norm for x in v] if norm > 0 else list(v)
+
+
+def _vector(f: p.GenerateFinal, dimensions: int | None, normalize: bool) -> list[float]:
+    """An input's vector as sent (:func:`pooled`); a 400 for more dimensions than it has."""
+    assert f.embedding is not None  # embed() checked
+    if dimensions is not None and dimensions > len(f.embedding):
+        raise invalid(
+            f"dimensions must be at most the model's {len(f.embedding)}", param="dimensions"
+        )
+    return pooled(f.embedding, dimensions, normalize)
 
 
 def _encoded(v: list[float], encoding: str) -> list[float] | str:
@@ -159,12 +204,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
 def _reply(results: list[p.GenerateFinal], body: EmbeddingRequest, model: str) -> dict[str, Any]:
     data = []
     for i, f in enumerate(results):
-        assert f.embedding is not None  # embed() checked
-        if body.dimensions is not None and body.dimensions > len(f.embedding):
-            raise invalid(
-                f"dimensions must be at most the model's {len(f.embedding)}", param="dimensions"
-            )
-        v = pooled(f.embedding, body.dimensions, body.normalize)
+        v = _vector(f, body.dimensions, body.normalize)
         data.append(
             {"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
         )
@@ -180,3 +220,26 @@ def _reply(results: list[p.GenerateFinal], body: EmbeddingRequest, model: str) -
             "prompt_tokens_details": {"cached_tokens": cached},  # as chat's usage says it
         },
     }
+
+
+@router.post("/encode", response_model=None)
+async def encode(body: EncodeReqInput, request: Request) -> Response:
+    """SGLang's embedding route: each input's vector (unit length, as SGLang's pooler
+    gives it; ``dimensions``: the first d) with its ``meta_info``."""
+    g = _gw(request)
+    items, single = body.inputs()
+    rids = body.rids(len(items), uuid.uuid4().hex)
+    _, lora = await g.model_and_adapter("default", body.lora_path)
+    salt = tenant_cache_salt(request_key(request.scope), body.cache_salt)
+    results = await embed(g, request, items, EmbedOptions(lora, salt))
+    out = []
+    for rid, f in zip(rids, results):
+        meta = {
+            "id": rid,
+            "finish_reason": {"type": "length", "length": 0},
+            "prompt_tokens": f.usage.prompt_tokens,
+            "cached_tokens": f.usage.cached_tokens,
+            "e2e_latency": f.timings.total_s,
+        }
+        out.append({"embedding": _vector(f, body.dimensions, True), "meta_info": meta})
+    return JSONResponse(out[0] if single else out)

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Unpack
 
@@ -155,6 +155,7 @@ class Gateway:
         self.tokens = TokenNames(tokenizer)
         self._tokenizer_looked_up = tokenizer is not None
         self._tasks: list[asyncio.Task[None]] = []
+        self._on_close: list[Callable[[], Awaitable[None]]] = []
         self.last_stats: p.StatsReply | None = None
         # Generate requests by the ids their clients know, for /abort_request (http/aborts.py).
         self.in_flight = InFlightIds()
@@ -171,8 +172,15 @@ class Gateway:
         if self.config.memory_log_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._memory_log_loop()))
 
+    def on_close(self, stop: Callable[[], Awaitable[None]]) -> None:
+        """Have :meth:`close` await ``stop()`` first (work the gateway runs on its own:
+        background responses)."""
+        self._on_close.append(stop)
+
     async def close(self) -> None:
         """Stop background tasks; abort this gateway's requests in flight; close the socket."""
+        for stop in self._on_close:
+            await stop()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -7,6 +7,8 @@ the tools, the template's parser reads calls back as ``function_call`` items, th
 reasoning parser's thinking becomes a ``reasoning`` item. Streams follow OpenAI's event
 sequence (:mod:`.responses_stream`).
 
+``background: true`` answers at once and runs the turn in the gateway
+(:mod:`.responses_background`; ``POST /v1/responses/{id}/cancel`` stops it).
 ``previous_response_id`` continues a stored conversation (:mod:`.responses_store`, per
 tenant, bounded) and is the router's session key for the whole chain (the first
 response's id; ``prompt_cache_key`` overrides it), so every turn of one conversation
@@ -16,7 +18,9 @@ response back as it was answered; ``DELETE`` forgets it (the tenant's own, eithe
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from functools import partial
 from typing import Any
@@ -37,8 +41,9 @@ from radixserve.serving.http.chat_request import (
 )
 from radixserve.serving.http.chat_tools import template_kwargs, with_reasoning_effort
 from radixserve.serving.http.errors import APIError, invalid
-from radixserve.serving.http.gateway import Gateway
+from radixserve.serving.http.gateway import Gateway, final_of
 from radixserve.serving.http.openai_protocol import retention_seconds
+from radixserve.serving.http.responses_background import BackgroundRuns
 from radixserve.serving.http.responses_store import ResponseStore, tenant_of
 from radixserve.serving.http.responses_stream import events
 from radixserve.serving.http.sse import SSEResponse
@@ -46,11 +51,11 @@ from radixserve.serving.http.streams import finals, primed
 from radixserve.serving.wire import protocol as p
 
 router = APIRouter()
+log = logging.getLogger("radixserve.serving.http")
 
 # Fields of OpenAI's Responses requests that would change the output and are not
 # implemented: a 400 naming the field. Other unknown fields are ignored, as OpenAI does.
 UNSUPPORTED = {
-    "background": "background responses are not supported",
     "conversation": "the Conversations API is not supported; use previous_response_id",
     "prompt": "stored prompt templates are not supported; send instructions and input",
     "max_tool_calls": "max_tool_calls is not supported",
@@ -78,6 +83,8 @@ class ResponsesRequest(_Body):
     top_p: float | None = None
     stream: bool = False
     store: bool = True
+    # Answered at once, run by the gateway, polled with GET (responses_background.py).
+    background: bool = False
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     user: str | None = Field(default=None, max_length=256)
     prompt_cache_key: str | None = Field(default=None, max_length=256)
@@ -100,6 +107,13 @@ class ResponsesRequest(_Body):
             raise invalid('only truncation "disabled" is supported', param="truncation")
         if not self.input and self.previous_response_id is None:
             raise invalid("input must not be empty", param="input")
+        if self.background and not self.store:
+            raise invalid("a background response is stored: send store true", param="store")
+        if self.background and self.stream:
+            raise invalid(
+                "a background response is polled (GET /v1/responses/{id}): send stream false",
+                param="stream",
+            )
         self.pin_ttl_s()  # a bad prompt_cache_retention fails before anything runs
 
     @property
@@ -171,6 +185,7 @@ class Turn:
             "previous_response_id": b.previous_response_id,
             "reasoning": {"effort": b.effort, "summary": None},
             "store": b.store,
+            "background": b.background,
             "temperature": b.temperature,
             "text": b.text or {"format": {"type": "text"}},
             "tool_choice": b.tool_choice if b.tool_choice is not None else "auto",
@@ -214,6 +229,12 @@ async def prepare(body: ResponsesRequest, request: Request) -> tuple[Turn, ChatC
                 f"Previous response with id {body.previous_response_id!r} not found.",
                 param="previous_response_id",
                 code="previous_response_not_found",
+            )
+        if stored.response is not None and stored.response["status"] == "in_progress":
+            raise invalid(
+                f"Response {body.previous_response_id!r} is still in progress: continue from "
+                "it once it has ended",
+                param="previous_response_id",
             )
         history, session = list(stored.items), stored.session
     turn = Turn(body, model, history + new_items)
@@ -261,17 +282,66 @@ def remember(request: Request, turn: Turn, response: dict[str, Any]) -> None:
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     g: Gateway = request.app.state.gateway
     turn, call = await prepare(body, request)
+    if body.background:
+        return JSONResponse(start_background(request, turn, call))
     stream = open_stream(g, request, call)
     if body.stream:
         first = await primed(request, stream)
         return SSEResponse(events(turn, call.plan, first, partial(remember, request, turn)))
     (final,) = await finals(request, [stream])
+    response = answered(turn, call, final)
+    remember(request, turn, response)
+    return JSONResponse(response)
+
+
+def answered(turn: Turn, call: ChatCall, final: p.GenerateFinal) -> dict[str, Any]:
+    """The Response of a turn that ran to its end: its output items read from the answer."""
     answer = read_answer(call.plan, final.text, final.finish_reason)
     incomplete = final.finish_reason == "length"
     output = items_.output_items(answer.content, answer.reasoning, answer.calls, incomplete)
-    response = turn.response("incomplete" if incomplete else "completed", output, final)
+    return turn.response("incomplete" if incomplete else "completed", output, final)
+
+
+def start_background(request: Request, turn: Turn, call: ChatCall) -> dict[str, Any]:
+    """Store ``turn`` in progress and run it in the gateway's background; the response as
+    it is now (responses_background.py)."""
+    tenant = tenant_of(request_key(request.scope))
+    response = turn.response("in_progress", [])
+    runs = background_of(request)
+    runs.start((tenant, turn.id), _run(request, turn, call))
+    store_of(request).put(tenant, turn.id, turn.history, turn.session, response)
+    return response
+
+
+async def _run(request: Request, turn: Turn, call: ChatCall) -> None:
+    """A background turn to its end, its stored response following: completed (or
+    incomplete), failed with the error, or cancelled."""
+    g: Gateway = request.app.state.gateway
+    try:
+        response = answered(turn, call, await final_of(open_stream(g, request, call)))
+    except asyncio.CancelledError:  # cancel_response, a delete, or the gateway closing
+        response = turn.response("cancelled", [])
+    except APIError as exc:
+        response = _failed(turn, exc.code or exc.type, exc.message)
+    except Exception as exc:  # a bug must still end the response, not leave it in progress
+        log.exception("background response %s failed", turn.id)
+        response = _failed(turn, "server_error", f"{type(exc).__name__}: {exc}")
     remember(request, turn, response)
-    return JSONResponse(response)
+
+
+def _failed(turn: Turn, code: str, message: str) -> dict[str, Any]:
+    response = turn.response("failed", [])
+    response["error"] = {"code": code, "message": message}
+    return response
+
+
+def background_of(request: Request) -> BackgroundRuns:
+    """The app's background runs (made on first use; the gateway stops them on shutdown)."""
+    state = request.app.state
+    if getattr(state, "background", None) is None:
+        state.background = BackgroundRuns()
+        state.gateway.on_close(state.background.close)
+    return state.background
 
 
 def _not_found(response_id: str) -> APIError:
@@ -306,9 +376,27 @@ async def list_input_items(
     return JSONResponse(items_.input_page(given, after, limit, order))
 
 
+@router.post("/v1/responses/{response_id}/cancel", response_model=None)
+async def cancel_response(response_id: str, request: Request) -> Response:
+    """Stop a background response (the tenant's own): it ends ``cancelled``, its request
+    aborted in the worker. One that has ended already is answered as it is."""
+    tenant = tenant_of(request_key(request.scope))
+    stored = store_of(request).get(tenant, response_id)
+    if stored is None or stored.response is None:
+        raise _not_found(response_id)
+    if not stored.response.get("background"):
+        raise invalid("Only a background response can be cancelled.", param="response_id")
+    await background_of(request).cancel((tenant, response_id))
+    stored = store_of(request).get(tenant, response_id)
+    return JSONResponse(stored.response if stored is not None else {})
+
+
 @router.delete("/v1/responses/{response_id}", response_model=None)
 async def delete_response(response_id: str, request: Request) -> Response:
-    """Forget a stored response: it can be neither retrieved nor continued any more."""
-    if not store_of(request).delete(tenant_of(request_key(request.scope)), response_id):
+    """Forget a stored response (a background one still running is stopped first): it can
+    be neither retrieved nor continued any more."""
+    tenant = tenant_of(request_key(request.scope))
+    await background_of(request).cancel((tenant, response_id))
+    if not store_of(request).delete(tenant, response_id):
         raise _not_found(response_id)
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
