@@ -22,14 +22,19 @@ def other_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_models.build_tiny_llama(tmp_path_factory.mktemp("other_weights"), seed=42)
 
 
-def _tokens(c: httpx.Client) -> list[int]:
+def _generated(c: httpx.Client) -> tuple[list[int], str]:
+    """The prompt's greedy tokens and the weight version that answered (meta_info)."""
     body = {
         "input_ids": PROMPT,
         "sampling_params": {"max_new_tokens": N, "temperature": 0.0, "ignore_eos": True},
     }
     r = c.post("/generate", json=body)
     assert r.status_code == 200, r.text
-    return list(r.json()["output_ids"])
+    return list(r.json()["output_ids"]), r.json()["meta_info"]["weight_version"]
+
+
+def _tokens(c: httpx.Client) -> list[int]:
+    return _generated(c)[0]
 
 
 def _update(c: httpx.Client, **body: Any) -> httpx.Response:
@@ -38,7 +43,7 @@ def _update(c: httpx.Client, **body: Any) -> httpx.Response:
 
 def test_new_weights_answer_and_the_old_come_back(server: Any, other_weights: Path) -> None:
     with server.client() as c:
-        assert _tokens(c) == hf_greedy(server.model_dir, PROMPT, N)
+        assert _generated(c) == (hf_greedy(server.model_dir, PROMPT, N), "default")
         r = _update(c, model_path=str(other_weights), weight_version="rl-step-1")
         try:
             assert r.status_code == 200 and r.json()["success"] is True, r.text
@@ -46,7 +51,7 @@ def test_new_weights_answer_and_the_old_come_back(server: Any, other_weights: Pa
             assert c.get("/get_weight_version").json() == {"weight_version": "rl-step-1"}
             info = c.get("/get_model_info").json()
             assert (info["model_path"], info["weight_version"]) == (str(other_weights), "rl-step-1")
-            assert _tokens(c) == hf_greedy(other_weights, PROMPT, N)
+            assert _generated(c) == (hf_greedy(other_weights, PROMPT, N), "rl-step-1")
             models = c.get("/v1/models").json()["data"]
             assert "sql" in [m["id"] for m in models]  # the adapter is still served
         finally:

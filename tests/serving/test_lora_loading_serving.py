@@ -64,7 +64,9 @@ def test_an_adapter_and_new_weights_survive_the_workers_restart(
             assert update.ok and (update.model_path, update.weight_version) == (str(b), "step-1")
             *_, final = events
             assert final.token_ids == hf_greedy(a, long_prompt, LONG)  # A's, to the end
-            assert answer() == hf_greedy(b, prompt, N)
+            assert final.weight_version == "default"  # and named so
+            after = c.generate(input_ids=prompt, params=_greedy(N))
+            assert (after.token_ids, after.weight_version) == (hf_greedy(b, prompt, N), "step-1")
             assert answer("sql") == peft_greedy(b, adapter, prompt, N)
             info = c.model_info()
             assert (info.model_path, info.weight_version) == (str(b), "step-1")

@@ -128,6 +128,7 @@ def result(
         "completion_tokens": completion,
         "cached_tokens": f.usage.cached_tokens,
         "e2e_latency": f.timings.total_s,
+        "weight_version": f.weight_version,
     }
     if f.usage.cache_report is not msgspec.UNSET:
         meta["cache_report"] = report_json(g, f.usage.cache_report)

@@ -259,6 +259,7 @@ class InFlight:
             if not out.finished and rid not in w.inflight:  # an orphan (see retry): stop it
                 self._pool.send(w, p.WorkerAbort(rids=[rid]))
             return  # else it finished here already (stop string, abort): its abort is on its way
+        st.weight_version = w.weight_version  # its worker's, which cannot change under it
         if out.error_code == "invalid_params":  # the request's own doing
             self.fail(st, "invalid_params", f"the engine ended the request: {out.error}")
             return

@@ -46,6 +46,9 @@ class RouterRequest:
     retries: int = 0  # times sent to another worker after its worker died (before a first token)
     priority: int = 0  # the client's priority (the worker's cache keeps higher ones longer)
     lora: str | None = None  # the served LoRA adapter it runs with (None: the base model)
+    # The weights it ran with (its worker's weight_version when it answered; weights change
+    # only between a worker's requests: serving/worker/weight_updates.py).
+    weight_version: str = "default"
     # That adapter's cache key on the workers (WorkerHello.lora_adapters; None: unknown).
     lora_key: str | None = None
     # Where the prompt left the cached path (the worker sends it once, when asked).
@@ -138,4 +141,5 @@ class RouterRequest:
             matched_stop=self.detok.matched_stop if self.detok is not None else None,
             prompt_logprob_ranks=self.prompt_logprob_ranks,
             embedding=self.embedding,
+            weight_version=self.weight_version,
         )

@@ -267,6 +267,8 @@ class GenerateFinal(Msg, tag="final"):
     prompt_logprob_ranks: list[int | None] | None = None
     # params.return_embedding: the final norm's output at the prompt's last token.
     embedding: list[float] | None = None
+    # The weights that answered (SGLang's meta_info.weight_version: an RL rollout's policy).
+    weight_version: str = "default"
 
 
 class Error(Msg, tag="error"):
