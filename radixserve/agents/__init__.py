@@ -8,7 +8,8 @@ imports, so that a new model's format is one parser and a test:
 - :mod:`~radixserve.agents.hermes` (Hermes / Qwen2.5 / Qwen3: ``<tool_call>{json}</tool_call>``),
   :mod:`~radixserve.agents.llama3` (Llama 3.1/3.2 JSON: ``{"name", "parameters"}``),
   :mod:`~radixserve.agents.mistral` (``[TOOL_CALLS][{...}]``): each a ``scan(text, final)``.
-- :mod:`~radixserve.agents.reasoning`: ``<think>...</think>`` (Qwen3, DeepSeek-R1).
+- :mod:`~radixserve.agents.reasoning`: ``<think>...</think>`` (Qwen3, DeepSeek-R1, GLM-4.5),
+  Magistral's ``[THINK]`` and Kimi's ``◁think▷`` blocks.
 - :mod:`~radixserve.agents.stream`: :class:`~radixserve.agents.stream.OutputParser`, which
   feeds text deltas through a reasoning parser and a tool parser and hands back content,
   reasoning and tool-call deltas in OpenAI's incremental shape.

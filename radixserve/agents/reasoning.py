@@ -1,10 +1,14 @@
-"""Reasoning split from the answer: ``<think>...</think>`` as Qwen3 and DeepSeek-R1 write it.
+"""Reasoning split from the answer: a think block, as each reasoning model writes it.
 
 ``qwen3``: reasoning only when the answer starts with ``<think>`` (with
 ``enable_thinking: false`` the template closes an empty think block in the prompt and the
-answer is plain). ``deepseek-r1``: its template opens ``<think>`` in the prompt, so the
-answer starts inside the reasoning and only ``</think>`` appears (an opening tag, when the
-model writes one anyway, is dropped); an answer that never closes it is all reasoning.
+answer is plain); ``glm45`` writes the same. ``deepseek-r1``: its template opens
+``<think>`` in the prompt, so the answer starts inside the reasoning and only ``</think>``
+appears (an opening tag, when the model writes one anyway, is dropped); an answer that
+never closes it is all reasoning; ``qwen3-thinking`` (Qwen3's thinking-only models) the
+same. ``mistral`` (Magistral) thinks between ``[THINK]`` and ``[/THINK]``, ``kimi`` (Kimi
+K1.5, Kimi-VL-Thinking) between ``◁think▷`` and ``◁/think▷``, each only when the answer
+starts so. The names are SGLang's ``--reasoning-parser`` names.
 """
 
 from __future__ import annotations
@@ -22,15 +26,28 @@ class ReasoningSplit(NamedTuple):
 
 
 class ThinkFormat(NamedTuple):
-    """One reasoning format: its name and whether answers start inside the reasoning."""
+    """One reasoning format: its name, whether answers start inside the reasoning, and the
+    markup around the reasoning."""
 
     name: str
     starts_inside: bool
+    start: str = START
+    end: str = END
 
 
 QWEN3 = ThinkFormat("qwen3", starts_inside=False)
 DEEPSEEK_R1 = ThinkFormat("deepseek-r1", starts_inside=True)
-FORMATS = {f.name: f for f in (QWEN3, DEEPSEEK_R1)}
+FORMATS = {
+    f.name: f
+    for f in (
+        QWEN3,
+        DEEPSEEK_R1,
+        QWEN3._replace(name="glm45"),
+        DEEPSEEK_R1._replace(name="qwen3-thinking"),
+        ThinkFormat("mistral", False, "[THINK]", "[/THINK]"),
+        ThinkFormat("kimi", False, "\u25c1think\u25b7", "\u25c1/think\u25b7"),
+    )
+}
 
 
 def after_prefill(fmt: ThinkFormat, prefill: str) -> ThinkFormat:
@@ -38,7 +55,7 @@ def after_prefill(fmt: ThinkFormat, prefill: str) -> ThinkFormat:
     (``continue_final_message``, Anthropic's prefill): the answer starts inside the reasoning
     exactly when the prefill opened a think block and left it open. The template's
     generation prompt, which opens the block for DeepSeek-R1, is not rendered then."""
-    return fmt._replace(starts_inside=prefill.rfind(START) > prefill.rfind(END))
+    return fmt._replace(starts_inside=prefill.rfind(fmt.start) > prefill.rfind(fmt.end))
 
 
 def split(fmt: ThinkFormat, text: str, final: bool) -> ReasoningSplit:
@@ -46,17 +63,17 @@ def split(fmt: ThinkFormat, text: str, final: bool) -> ReasoningSplit:
     a tag still arriving is held back from both."""
     lead = len(text) - len(text.lstrip())
     body = text[lead:]
-    if body.startswith(START):
-        body = body[len(START) :]
+    if body.startswith(fmt.start):
+        body = body[len(fmt.start) :]
     elif not fmt.starts_inside:
-        if not final and START.startswith(body):
+        if not final and fmt.start.startswith(body):
             return ReasoningSplit("", "")  # maybe the opening tag, still arriving
         return ReasoningSplit("", text)
-    elif not final and body and START.startswith(body):
+    elif not final and body and fmt.start.startswith(body):
         return ReasoningSplit("", "")
-    end = body.find(END)
+    end = body.find(fmt.end)
     if end < 0:
-        hold = 0 if final else held_marker_prefix(body, (END,))
+        hold = 0 if final else held_marker_prefix(body, (fmt.end,))
         return ReasoningSplit(body[: len(body) - hold], "")
     # The newlines templates put after the closing tag are not part of the answer.
-    return ReasoningSplit(body[:end], body[end + len(END) :].lstrip("\n"))
+    return ReasoningSplit(body[:end], body[end + len(fmt.end) :].lstrip("\n"))

@@ -97,7 +97,7 @@ def _agent_arguments(g: Any) -> None:
         "--reasoning-parser",
         default=None,
         choices=sorted(REASONING_FORMATS),
-        help="split <think> reasoning out of answers into reasoning_content",
+        help="split a reasoning model's think block out of answers into reasoning_content",
     )
 
 

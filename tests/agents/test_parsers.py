@@ -297,3 +297,23 @@ def test_template_guess_and_names() -> None:
     assert guess_tool_format("{{ messages }}") is None
     with pytest.raises(ValueError, match="known"):
         tool_format("nope")
+
+
+@pytest.mark.parametrize(
+    ("name", "answer"),
+    [
+        ("glm45", "<think>Two and two.</think>\n\nIt is 4."),
+        ("qwen3-thinking", "Two and two.</think>\n\nIt is 4."),
+        ("mistral", "[THINK]Two and two.[/THINK]\n\nIt is 4."),  # Magistral
+        ("kimi", "\u25c1think\u25b7Two and two.\u25c1/think\u25b7\n\nIt is 4."),
+    ],
+)
+def test_each_reasoning_format_reads_its_own_markup(name: str, answer: str) -> None:
+    fmt = think.FORMATS[name]
+    for pieces in splits(answer):
+        got = run(None, fmt, pieces)
+        assert (got["reasoning"], got["content"]) == ("Two and two.", "It is 4.")
+    # Another format's markup is content to it.
+    other = "<think>x</think>y" if fmt.start != "<think>" else "[THINK]x[/THINK]y"
+    if not fmt.starts_inside:
+        assert run(None, fmt, [other])["content"] == other
