@@ -1,8 +1,8 @@
 """Parsers by name, and the tool-call format a chat template implies.
 
 A template names its format by the markup it writes (``<tool_call>``, Qwen3-Coder's
-``<function=``, ``[TOOL_CALLS]``, Llama's ``ipython`` role); ``--tool-call-parser``
-overrides the guess.
+``<function=``, ``[TOOL_CALLS]``, the pythonic templates' ``[func_name1(`` example, Llama's
+``ipython`` role); ``--tool-call-parser`` overrides the guess.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from radixserve.agents import hermes, llama3, mistral, qwen_xml
+from radixserve.agents import hermes, llama3, mistral, pythonic, qwen_xml
 from radixserve.agents import reasoning as think
 from radixserve.agents.stream import ToolScan
 
@@ -29,6 +29,9 @@ class ToolFormat(NamedTuple):
     # Arguments as Qwen's XML parameters (qwen_xml), not JSON: read back by the tools'
     # schemas, and constrained by xgrammar's "qwen_xml" style of a JSON schema.
     xml: bool = False
+    # Whether its calls can be constrained (forced calls, strict tools): a JSON or XML
+    # format can; Python call syntax has no grammar here (pythonic).
+    constrained: bool = True
 
     def scanner(self, functions: list[dict[str, Any]]) -> ToolScan:
         """The parser of answers to a request with ``functions`` (OpenAI ``function``s)."""
@@ -44,6 +47,8 @@ QWEN3_CODER = ToolFormat(
     qwen_xml.NAME, qwen_xml.scan, qwen_xml.CALL_BEGIN, qwen_xml.CALL_END, "", False, xml=True
 )
 
+PYTHONIC = ToolFormat(pythonic.NAME, pythonic.scan, "", "", "", True, constrained=False)
+
 TOOL_FORMATS: dict[str, ToolFormat] = {
     "hermes": HERMES,
     "qwen": HERMES,
@@ -53,6 +58,8 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
     "llama3_json": LLAMA3_JSON,
     "llama3": LLAMA3_JSON,
     "mistral": MISTRAL,
+    "pythonic": PYTHONIC,
+    "llama4_pythonic": PYTHONIC,
 }
 REASONING_FORMATS: dict[str, think.ThinkFormat] = dict(think.FORMATS)
 
@@ -92,6 +99,8 @@ def guess_tool_format(template: str | None) -> ToolFormat | None:
         return HERMES
     if "[TOOL_CALLS]" in template:
         return MISTRAL
+    if "[func_name1(" in template or "<|python_start|>" in template:
+        return PYTHONIC  # Llama 3.2's pythonic and Llama 4's templates show the list
     if "ipython" in template or "<|python_tag|>" in template:
         return LLAMA3_JSON
     return None

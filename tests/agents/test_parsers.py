@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from radixserve.agents import hermes, llama3, mistral, qwen_xml
+from radixserve.agents import hermes, llama3, mistral, pythonic, qwen_xml
 from radixserve.agents import reasoning as think
 from radixserve.agents.registry import QWEN3_CODER, guess_tool_format, tool_format
 from radixserve.agents.stream import OutputParser, ToolScan
@@ -67,6 +67,12 @@ CODER_FUNCTIONS = [
     },
 ]
 CODER_SCAN = QWEN3_CODER.scanner(CODER_FUNCTIONS)
+# Llama 3.2 / Llama 4 (vLLM's pythonic parser's examples): a list of calls, literals as values.
+PYTHONIC_CALLS = (
+    "[get_weather(city='San Francisco', metric='celsius'), "
+    'search(query="a, (b) [c]", limit=3, exact=False, tags=["x", "y"], opts={"k": None})]'
+)
+LLAMA4_CALL = "<|python_start|>[get_time(zone='UTC')]<|python_end|>"
 # DeepSeek-R1: the template opens <think> in the prompt; the answer starts inside it.
 R1_ANSWER = "Okay, 2 + 2 is basic arithmetic.\n</think>\n\nThe answer is 4."
 
@@ -128,6 +134,20 @@ def splits(text: str) -> list[list[str]]:
             "",
         ),
         (
+            pythonic.scan,
+            PYTHONIC_CALLS,
+            [
+                ("get_weather", '{"city": "San Francisco", "metric": "celsius"}'),
+                (
+                    "search",
+                    '{"query": "a, (b) [c]", "limit": 3, "exact": false, "tags": ["x", "y"], '
+                    '"opts": {"k": null}}',
+                ),
+            ],
+            "",
+        ),
+        (pythonic.scan, LLAMA4_CALL, [("get_time", '{"zone": "UTC"}')], ""),
+        (
             CODER_SCAN,
             QWEN_CODER_CALLS,
             [
@@ -173,6 +193,12 @@ def test_content_before_a_call_and_no_markup_leaks() -> None:
         (llama3.scan, '{"not": "a call"}'),
         (mistral.scan, "[TOOL_CALLS] [oops]"),
         (mistral.scan, '[TOOL_CALLS] [{"name": "f", "arguments": {"a": '),
+        (pythonic.scan, "[1, 2, 3]"),
+        (pythonic.scan, "[f(1)]"),  # positional arguments
+        (pythonic.scan, "[f(a=g())]"),  # not a literal: never evaluated
+        (pythonic.scan, "[f(a={1, 2})]"),  # a set: no JSON
+        (pythonic.scan, "[f(a=1), g(b="),  # cut off
+        (pythonic.scan, "[]"),
         (CODER_SCAN, "<tool_call>\nnot a function\n</tool_call>"),
         (CODER_SCAN, "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</tool_call>"),
         (CODER_SCAN, "<tool_call>\n<function=f>\nstray text\n</function>\n</tool_call>"),
@@ -188,7 +214,7 @@ def test_malformed_calls_are_content(scan: ToolScan, text: str) -> None:
 
 
 def test_plain_answers_stay_content() -> None:
-    for scan in (hermes.scan, llama3.scan, mistral.scan, CODER_SCAN):
+    for scan in (hermes.scan, llama3.scan, mistral.scan, CODER_SCAN, pythonic.scan):
         for pieces in splits("The weather is < 20 C [ok]"):
             assert run(scan, None, pieces) == {
                 "content": "The weather is < 20 C [ok]",
@@ -294,6 +320,8 @@ def test_template_guess_and_names() -> None:
     assert guess_tool_format(coder) == tool_format("qwen3_coder")
     assert guess_tool_format("{{ tools }} [TOOL_CALLS]") == tool_format("mistral")
     assert guess_tool_format("{{ tools }} ipython") == tool_format("llama3_json")
+    pythonic_example = "{{ tools }} [func_name1(params_name1=params_value1)] ipython"
+    assert guess_tool_format(pythonic_example) == tool_format("pythonic")
     assert guess_tool_format("{{ messages }}") is None
     with pytest.raises(ValueError, match="known"):
         tool_format("nope")

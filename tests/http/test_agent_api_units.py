@@ -226,3 +226,27 @@ def test_store_bounds_ttl_and_tenants() -> None:
 def test_anthropic_error_shape() -> None:
     assert error_body(401, "no")["error"]["type"] == "authentication_error"
     assert error_body(502, "x") == {"type": "error", "error": {"type": "api_error", "message": "x"}}
+
+
+def test_pythonic_calls_are_read_but_never_forced() -> None:
+    """The pythonic format's calls are read back (auto); what would need them constrained
+    (a required or named call, one call at most, strict tools) is a 400, not ignored."""
+    from radixserve.serving.http.chat_tools import FunctionIn, ToolIn, plan
+
+    tools = [ToolIn(function=FunctionIn(name="get_time", parameters={"type": "object"}))]
+    template = "{{ tools }} [func_name1(params_name1=params_value1)]"
+    auto = plan(tools, "auto", template, None, None, False)
+    assert auto.parse_with is not None and auto.forced is None and auto.structural_tag is None
+    parser = output_parser(auto)
+    assert parser is not None
+    parser.parse("[get_time(zone='UTC')]")
+    assert [(c.name, c.arguments) for c in parser.calls] == [("get_time", '{"zone": "UTC"}')]
+    strict = [ToolIn(function=FunctionIn(name="f", parameters={}, strict=True))]
+    for tools_, choice, parallel, says in [
+        (tools, "required", None, "a required tool call"),
+        (tools, {"type": "function", "function": {"name": "get_time"}}, None, "required"),
+        (tools, "auto", False, "parallel_tool_calls false"),
+        (strict, "auto", None, "strict tools"),
+    ]:
+        with pytest.raises(APIError, match=says):
+            plan(tools_, choice, template, "pythonic", None, False, parallel)

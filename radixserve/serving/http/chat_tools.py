@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from radixserve.agents import reasoning as think
 from radixserve.agents import tool_tags
 from radixserve.agents.registry import (
+    ToolFormat,
     guess_tool_format,
     reasoning_format,
     renders_tools,
@@ -155,12 +156,13 @@ def plan(
     if fmt is None:
         raise invalid(
             "no tool-call parser matches the served model's chat template; start the server "
-            "with --tool-call-parser (hermes, qwen3_coder, llama3_json or mistral)",
+            "with --tool-call-parser (hermes, qwen3_coder, llama3_json, mistral or pythonic)",
             param="tools",
         )
     if choice == "none":
         return ToolPlan(tools_json, None, None, think_fmt)
     parallel = parallel_tool_calls is not False
+    _check_constrainable(fmt, choice, named, parallel, functions)
     forced = tag = None
     if choice == "required" or named is not None:
         if has_constraint:
@@ -180,6 +182,30 @@ def plan(
     elif not has_constraint and (not parallel or any(f.get("strict") for f in functions)):
         tag = _bounded(tool_tags.auto_calls(fmt, functions, parallel), "enforce strict tools")
     return ToolPlan(tools_json, fmt.scanner(functions), forced, think_fmt, tag)
+
+
+def _check_constrainable(
+    fmt: ToolFormat, choice: Any, named: str | None, parallel: bool, functions: list[dict[str, Any]]
+) -> None:
+    """A 400 for what would need the format's calls constrained where they cannot be
+    (pythonic calls: forced calls, one call at most, strict tools)."""
+    if fmt.constrained:
+        return
+    needs = (
+        "a required tool call"
+        if choice == "required" or named is not None
+        else "parallel_tool_calls false"
+        if not parallel
+        else "strict tools"
+        if any(f.get("strict") for f in functions)
+        else None
+    )
+    if needs is not None:
+        raise invalid(
+            f"{fmt.name} tool calls are not constrained here: {needs} cannot be enforced "
+            "(send tool_choice auto)",
+            param="tool_choice",
+        )
 
 
 def _checked_tools(tools: list[ToolIn]) -> tuple[list[dict[str, Any]], str]:
