@@ -36,9 +36,10 @@ import shutil
 import signal
 import socket
 import time
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -60,6 +61,7 @@ from radixserve.scheduling.scheduler import StepFailure
 if TYPE_CHECKING:
     from radixserve.distributed.disagg.kv_transfer import KVTransfer
     from radixserve.engine.model_runner import ModelRunner
+    from radixserve.model.weight_update import WeightCopy
 
 log = logging.getLogger(__name__)
 
@@ -222,14 +224,19 @@ def rank_loop(cfg: EngineConfig, model_path: str | Path, rank: int, pc: Parallel
     runner.warm_up(init.max_total_len, max_step_tokens=cfg.max_num_tokens)
     log.info("rank %d ready (%s)", rank, device)
     try:
-        _serve_steps(runner, rv, rank, device, kv)
+        _serve_steps(runner, rv, rank, device, kv, cfg)
     finally:
         if kv is not None:
             kv.close()
 
 
 def _serve_steps(
-    runner: ModelRunner, rv: Rendezvous, rank: int, device: torch.device, kv: KVTransfer | None
+    runner: ModelRunner,
+    rv: Rendezvous,
+    rank: int,
+    device: torch.device,
+    kv: KVTransfer | None,
+    cfg: EngineConfig,
 ) -> None:
     """Execute rank 0's messages until its ``Shutdown``."""
     while True:
@@ -244,6 +251,47 @@ def _serve_steps(
             rv.tp.all_gather(state_digest(runner))
         elif isinstance(msg, step_wire.KVWrite):
             answer_write(kv, msg, rank, rv.tp.all_gather, device)
+        elif isinstance(msg, step_wire.UpdateWeights):
+            _take_weights(runner, msg.path, cfg, rv, device)
+
+
+def _take_weights(
+    runner: ModelRunner, path: str, cfg: EngineConfig, rv: Rendezvous, device: torch.device
+) -> None:
+    """This rank's part of :meth:`RankGroup.replace_weights`."""
+    from radixserve.model.weight_update import load_weights_for
+
+    def prepare() -> WeightCopy:
+        return load_weights_for(
+            runner.model,
+            path,
+            dtype=cfg.torch_dtype,
+            device=device,
+            quantization=cfg.quant_config(),
+            tp=rv.tp,
+            stage=None,
+            expert_parallel=cfg.expert_parallel,
+        )
+
+    copy, error = _prepared(prepare)
+    if error is not None:
+        log.warning("rank refuses the weights at %s: %s", path, error)
+    if _all_agree(rv.tp, error is None, device) and copy is not None:
+        copy.apply()
+
+
+def _prepared(prepare: Callable[[], WeightCopy]) -> tuple[WeightCopy | None, str | None]:
+    """``prepare()``, or why it failed (a rank's failure must not skip the agreement)."""
+    try:
+        return prepare(), None
+    except Exception as exc:
+        return None, str(exc) or type(exc).__name__
+
+
+def _all_agree(tp: Any, ok: bool, device: torch.device) -> bool:
+    """Whether every rank of ``tp`` says ``ok`` (one all-gather)."""
+    votes = tp.all_gather(torch.tensor([1 if ok else 0], device=device))
+    return all(int(v.item()) == 1 for v in votes)
 
 
 def _build_rank(
@@ -429,6 +477,19 @@ class RankGroup:
             self.tp.all_reduce(torch.zeros(1, device=self.device))
         except Exception as exc:
             raise self.explain(exc) from exc
+
+    def replace_weights(self, path: str, prepare: Callable[[], WeightCopy]) -> int:
+        """New weights on every rank, all or none: each rank loads and checks its share
+        (``prepare``, rank 0's), all agree, then each copies; rank 0's bytes copied.
+        ``ValueError`` (no rank changed) where any rank could not."""
+        self.channel.send(step_wire.UpdateWeights(path))
+        copy, error = _prepared(prepare)
+        if not _all_agree(self.tp, error is None, self.device):
+            raise ValueError(
+                error or "another tensor-parallel rank refused the weights (its log says why)"
+            )
+        assert copy is not None
+        return copy.apply()
 
     def audit(self, runner: ModelRunner) -> list[list[int]]:
         """Assert that every rank holds the same pool size, page table and window map as

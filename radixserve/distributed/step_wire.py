@@ -122,7 +122,15 @@ class KVWrite(msgspec.Struct, tag="kv_write", array_like=True):
     dst: list[int]
 
 
-Message = RankInit | StepMessage | Shutdown | Ping | Audit | KVWrite
+class UpdateWeights(msgspec.Struct, tag="update_weights", array_like=True):
+    """New weights (``Engine.update_weights_from_disk``): every rank loads its share of the
+    checkpoint at ``path`` and checks it, all all-gather whether they could (1) or not (0),
+    and only if every rank could does each copy its share in."""
+
+    path: str
+
+
+Message = RankInit | StepMessage | Shutdown | Ping | Audit | KVWrite | UpdateWeights
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

@@ -125,6 +125,14 @@ class Topology:
         """Rank 0's line to the other ranks' KV transfers (disaggregation); None: no others."""
         return None
 
+    def replace_weights(self, model: Any, path: Path, load_args: dict[str, Any]) -> int:
+        """Load checkpoint ``path`` as ``model`` was (``load_args`` with this rank's share)
+        and copy it into ``model`` in place (:mod:`~radixserve.model.weight_update`); the
+        bytes copied. ``ValueError``, with nothing changed, where it does not fit."""
+        from radixserve.model.weight_update import load_weights_for
+
+        return load_weights_for(model, path, **load_args, **self.load_args()).apply()
+
     def close(self, runner: ModelRunner | None) -> None:
         """Stop the other ranks. Idempotent."""
 
@@ -186,6 +194,14 @@ class TensorParallel(Topology):
     def rank_link(self) -> RankLink:
         return GroupLink(self.ranks)
 
+    def replace_weights(self, model: Any, path: Path, load_args: dict[str, Any]) -> int:
+        """Every rank loads its share of ``path`` and checks it; only once all could does
+        any copy (RankGroup.replace_weights)."""
+        from radixserve.model.weight_update import load_weights_for
+
+        share = {**load_args, **self.load_args()}
+        return self.ranks.replace_weights(str(path), lambda: load_weights_for(model, path, **share))
+
     def close(self, runner: ModelRunner | None) -> None:
         self.ranks.close()
 
@@ -215,6 +231,9 @@ class PipelineParallel(Topology):
 
     def load_args(self) -> dict[str, Any]:
         return {"tp": self.launch.tp_group, "stage": self.launch.stage}
+
+    def replace_weights(self, model: Any, path: Path, load_args: dict[str, Any]) -> int:
+        raise ValueError("weights cannot be updated while serving with pipeline parallelism")
 
     def plan_memory(self, model: Any, **kwargs: Any) -> MemoryPlan:
         # The page count every stage affords, from the whole model's config.

@@ -376,29 +376,16 @@ class Engine:
         files, so no KV of the old weights answers a request. Only between requests: a
         ``ValueError`` while any runs or waits, and for a checkpoint that does not fit
         (nothing changed then). ``weight_version``: what :attr:`weight_version` says next."""
-        from radixserve.model.loader import load_model
-        from radixserve.model.weight_update import check_same_architecture, copy_weights
         from radixserve.model_store import resolve_model
 
-        fixed = self._weights_fixed()
-        if fixed is not None:
-            raise ValueError(f"weights cannot be updated while serving with {fixed}")
+        if self.disagg is not None:
+            raise ValueError("weights cannot be updated with prefill/decode disaggregation")
         if self.has_unfinished():
             raise ValueError("requests are running or waiting: weights change between requests")
         new_path = resolve_model(path)
         cfg = self.config
-        fresh = load_model(
-            new_path,
-            dtype=cfg.torch_dtype,
-            device=self.device,
-            quantization=cfg.quant_config(),
-            announce=False,
-            **self.topology.load_args(),
-        )
-        check_same_architecture(self.model.config, fresh.config)
-        copied = copy_weights(self.model, fresh)
-        del fresh
-        self.model.weights_replaced()
+        load_args = dict(dtype=cfg.torch_dtype, device=self.device, quantization=cfg.quant_config())
+        copied = self.topology.replace_weights(self.model, new_path, load_args)
         flushed = self.scheduler.flush_cache()
         assert flushed, "an idle engine's cache flushes"
         rename_cached_model(self.cache, self.pool, new_path)
@@ -411,14 +398,6 @@ class Engine:
             self.weight_version,
             copied / 2**20,
         )
-
-    def _weights_fixed(self) -> str | None:
-        """What this engine serves with that keeps its weights as loaded (None: nothing)."""
-        if self.topology.parallel:
-            return "tensor or pipeline parallelism"
-        if self.disagg is not None:
-            return "prefill/decode disaggregation"
-        return None
 
     # ------------------------------------------------------------------ streaming API
 

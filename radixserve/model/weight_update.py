@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -63,19 +64,47 @@ def check_same_architecture(served: ModelConfig, fresh: ModelConfig) -> None:
         raise ValueError(f"the new weights are not the served model's architecture: {shown}")
 
 
+class WeightCopy:
+    """``fresh``'s tensors (built as ``served`` was, from other weights) paired with
+    ``served``'s, every pair checked when it is made (``ValueError`` when a module or
+    tensor has no counterpart of the same shape, dtype and layout): :meth:`apply` then
+    writes them. Tensor-parallel ranks each make theirs and apply only once all could."""
+
+    def __init__(self, served: nn.Module, fresh: nn.Module) -> None:
+        self._served = served
+        self._pairs = _pairs(served, fresh)
+
+    def apply(self) -> int:
+        """Copy every tensor into its served counterpart, in place; the bytes copied."""
+        copied = 0
+        with torch.no_grad():
+            for slot, old, new in self._pairs:
+                if old.layout is torch.strided:
+                    old.copy_(new)
+                else:  # oneDNN's packed weights: no storage to write into
+                    slot.rebind(new)
+                copied += new.numel() * new.element_size()
+        replaced = getattr(self._served, "weights_replaced", None)
+        if replaced is not None:
+            replaced()  # what it derived from its weights is derived again
+        self._pairs = []
+        return copied
+
+
+def load_weights_for(served: nn.Module, path: str | Path, **load_args: Any) -> WeightCopy:
+    """Checkpoint ``path`` loaded as ``served`` was (``load_args``: ``load_model``'s, this
+    rank's share included) and checked against it: the copy to apply. ``ValueError`` for
+    another architecture or tensors that do not match."""
+    from radixserve.model.loader import load_model
+
+    fresh = load_model(path, announce=False, **load_args)
+    check_same_architecture(served.config, fresh.config)  # type: ignore[arg-type]
+    return WeightCopy(served, fresh)
+
+
 def copy_weights(served: nn.Module, fresh: nn.Module) -> int:
-    """Copy every tensor of ``fresh`` (built as ``served`` was, from other weights) into
-    ``served``'s counterpart, in place; the bytes copied. ``ValueError`` before any write
-    when a module or tensor has no counterpart of the same shape, dtype and layout."""
-    copied = 0
-    with torch.no_grad():
-        for slot, old, new in _pairs(served, fresh):
-            if old.layout is torch.strided:
-                old.copy_(new)
-            else:  # oneDNN's packed weights: no storage to write into
-                slot.rebind(new)
-            copied += new.numel() * new.element_size()
-    return copied
+    """Check, then copy every tensor of ``fresh`` into ``served`` (:class:`WeightCopy`)."""
+    return WeightCopy(served, fresh).apply()
 
 
 def _pairs(served: nn.Module, fresh: nn.Module) -> list[tuple[_Slot, torch.Tensor, torch.Tensor]]:

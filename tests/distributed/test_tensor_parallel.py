@@ -64,6 +64,32 @@ def test_tp2_greedy_equals_transformers_cold_and_warm(
     assert not os.path.exists(os.path.dirname(store))
 
 
+def test_tp2_weights_updated_on_every_rank_or_none(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """Each rank loads its share of the new checkpoint and copies it only once every rank
+    could: the answers are then the new weights' (a rank left on the old ones would mix
+    them); a checkpoint no rank can take changes none."""
+    import tiny_models
+
+    b = tiny_models.build_tiny_llama(tmp_path / "b", seed=52)
+    wider = tiny_models.build_tiny_llama(tmp_path / "wider", seed=52, num_layers=3)
+    prompt = random_prompts([9], seed=53)[0]
+    engine = _tp_engine(tiny_llama_dir, page_size=4, num_pages=64)
+    try:
+        (out,) = engine.generate([prompt], greedy(N))
+        assert out.token_ids == hf_greedy(tiny_llama_dir, prompt, N)
+        engine.update_weights_from_disk(str(b), weight_version="v2")
+        (out,) = engine.generate([prompt], greedy(N))
+        assert out.token_ids == hf_greedy(b, prompt, N) and out.usage.cached_tokens == 0
+        with pytest.raises(ValueError, match="num_layers 2 -> 3"):
+            engine.update_weights_from_disk(str(wider))
+        (again,) = engine.generate([prompt], greedy(N))
+        assert again.token_ids == out.token_ids and engine.weight_version == "v2"
+        engine.check_invariants()
+    finally:
+        engine.close()
+    _assert_gone(engine)
+
+
 def test_tp2_retraction_and_uneven_heads(tmp_path: Path) -> None:
     import tiny_models
 
