@@ -90,11 +90,13 @@ def stream_turn(client: Any, messages: list[Any], choice: Any, max_tokens: int) 
     }
 
 
-def run(url: str, agents: int, turns: int, max_tokens: int = 200) -> list[dict[str, Any]]:
+def run(
+    url: str, agents: int, turns: int, max_tokens: int = 200, api_key: str = "none"
+) -> list[dict[str, Any]]:
     """Run the loop; one record per (agent, turn) with cached and ideal token counts."""
     import openai
 
-    client = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="none", max_retries=0)
+    client = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key=api_key, max_retries=0)
     records: list[dict[str, Any]] = []
     shared = 0  # the system prompt's tokens cached for the agents after the first
     for agent in range(agents):

@@ -6,7 +6,7 @@ The new checkpoint is loaded as a second model by the same loader with the same 
 (dtype, device, quantization), so every tensor the served model holds (parameters, buffers,
 the oneDNN-packed and quantized copies, decoded caches) has its counterpart built the same
 way from the new weights. Each is then copied into the served model's tensor in place, so
-whatever holds those tensors (CUDA graphs, the KV-independent kernels' plans) reads the new
+whatever holds those tensors (captured CUDA graphs, views the CPU kernels keep) reads the new
 values without being built again. oneDNN's packed copies have no storage to copy into:
 those are rebound, and the CPU decoder stack that lists them is described again at its
 next forward (:meth:`~radixserve.model.llama.LlamaForCausalLM.weights_replaced`).
@@ -43,7 +43,6 @@ class _Slot:
 
     owner: Any
     key: str | int
-    name: str
 
     def rebind(self, value: torch.Tensor) -> None:
         if isinstance(self.owner, (dict, list)):
@@ -155,11 +154,11 @@ def _tensors(module: nn.Module, prefix: str) -> dict[str, tuple[_Slot, torch.Ten
         if attr in ("_parameters", "_buffers"):
             for key, t in value.items():
                 if t is not None:
-                    out[f"{prefix}.{key}"] = (_Slot(value, key, key), t)
+                    out[f"{prefix}.{key}"] = (_Slot(value, key), t)
         elif isinstance(value, torch.Tensor):
-            out[f"{prefix}.{attr}"] = (_Slot(module, attr, attr), value)
+            out[f"{prefix}.{attr}"] = (_Slot(module, attr), value)
         elif isinstance(value, list):
             for i, t in enumerate(value):
                 if isinstance(t, torch.Tensor):
-                    out[f"{prefix}.{attr}[{i}]"] = (_Slot(value, i, attr), t)
+                    out[f"{prefix}.{attr}[{i}]"] = (_Slot(value, i), t)
     return out

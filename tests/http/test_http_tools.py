@@ -1,7 +1,9 @@
 """Tool calling and reasoning through the real ``openai`` SDK against ``radixserve serve``.
 
-One server per chat template of tests/fixtures/chat_templates (Qwen3, Qwen3-Coder's XML,
-Llama 3.1 and Mistral formats) over the tiny random Llama. A random model does not call
+Each chat template of tests/fixtures/chat_templates (Qwen3, Qwen3-Coder's XML, Llama 3.1
+and Mistral formats) over the tiny random Llama: Qwen3's the agent server's own
+(``--chat-template``, with its reasoning parser), the others sent with every request to
+the shared server (vLLM's ``chat_template``), whose tool parser each guesses. A random model does not call
 tools on its own, so calls are forced (``tool_choice: "required"`` / a named function):
 the test sees the forced call come back as ``message.tool_calls`` (and as streamed
 ``delta.tool_calls``), with arguments valid against the schema, then sends the tool
@@ -13,14 +15,13 @@ per template (the numbers are in docs/agents.md).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, NamedTuple
 
 import openai
 import pytest
 from bench_modules import load
-from http_helpers import TEMPLATES, Server, serve, stop
+from http_helpers import AGENT_KEYS, TEMPLATES, Server
 
 PAGE = 4  # ENGINE_FLAGS' page size
 
@@ -51,31 +52,63 @@ TIME = {
 TOOLS: list[Any] = [WEATHER, TIME]
 
 
+class Target(NamedTuple):
+    """Where a template's tests run: a server, the template each request sends (None: the
+    server's own) and the API key."""
+
+    srv: Server
+    template: str | None
+    key: str
+
+    @property
+    def url(self) -> str:
+        return self.srv.url
+
+
 @pytest.fixture(
     scope="module", params=["qwen3.jinja", "qwen3_coder.jinja", "llama3_1.jinja", "mistral.jinja"]
 )
 def tool_server(
-    request: pytest.FixtureRequest, tiny_llama_dir: Path
-) -> Iterator[tuple[str, Server]]:
-    """The tiny Llama served with one of the agents' chat templates (``--chat-template``)."""
+    request: pytest.FixtureRequest, server: Server, agent_server: Server
+) -> tuple[str, Target]:
+    """Qwen3's template on the agent server (its own, by --chat-template, with the qwen3
+    reasoning parser); each other one sent with every request (vLLM's chat_template) to the
+    shared server, which takes them: no server of its own to start."""
     name = request.param
-    extra = ["--reasoning-parser", "qwen3"] if name == "qwen3.jinja" else []
-    srv = serve(tiny_llama_dir, "--chat-template", str(TEMPLATES / name), *extra)
-    yield name, srv
-    stop(srv)
+    if name == "qwen3.jinja":
+        return name, Target(agent_server, None, AGENT_KEYS[0])
+    return name, Target(server, (TEMPLATES / name).read_text(), "none")
 
 
-def test_the_server_renders_with_the_template_its_flag_named(
-    tool_server: tuple[str, Server],
-) -> None:
-    name, srv = tool_server
-    with srv.client() as c:
+def test_the_agent_server_renders_with_the_template_its_flag_named(agent_server: Server) -> None:
+    headers = {"Authorization": f"Bearer {AGENT_KEYS[0]}"}
+    with agent_server.client(headers=headers) as c:
         info = c.get("/tokenizer_info").json()
-    assert info["chat_template"] == (TEMPLATES / name).read_text()
+    assert info["chat_template"] == (TEMPLATES / "qwen3.jinja").read_text()
 
 
-def sdk(srv: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+class _Completions:
+    def __init__(self, client: openai.OpenAI, template: str | None) -> None:
+        self._client, self._template = client, template
+
+    def create(self, **kw: Any) -> Any:
+        if self._template is not None:
+            kw["extra_body"] = {**(kw.get("extra_body") or {}), "chat_template": self._template}
+        return self._client.chat.completions.create(**kw)
+
+
+class ToolClient:
+    """The ``openai`` client of a target whose chat completions carry its template."""
+
+    def __init__(self, target: Target) -> None:
+        client = openai.OpenAI(base_url=target.url + "/v1", api_key=target.key, max_retries=0)
+        self.chat = SimpleNamespace(completions=_Completions(client, target.template))
+
+
+def sdk(target: Target | Server) -> Any:
+    if isinstance(target, Server):
+        return openai.OpenAI(base_url=target.url + "/v1", api_key="none", max_retries=0)
+    return ToolClient(target)
 
 
 def check_call(call: Any, name: str) -> dict[str, Any]:
@@ -91,7 +124,7 @@ def check_call(call: Any, name: str) -> dict[str, Any]:
     return args
 
 
-def test_tool_loop_forced_calls_and_prefix_reuse(tool_server: tuple[str, Server]) -> None:
+def test_tool_loop_forced_calls_and_prefix_reuse(tool_server: tuple[str, Target]) -> None:
     """Turn 1 forces a call, turn 2 sends the result and forces another, turn 3 answers:
     each turn's prompt is cached from the previous one's prompt on."""
     name, srv = tool_server
@@ -145,7 +178,7 @@ def test_tool_loop_forced_calls_and_prefix_reuse(tool_server: tuple[str, Server]
     print(f"\n{name}: prompts {prompts} answers {answers} cached {cached} answer-reuse {reused}")
 
 
-def test_streamed_required_call_in_openai_shape(tool_server: tuple[str, Server]) -> None:
+def test_streamed_required_call_in_openai_shape(tool_server: tuple[str, Target]) -> None:
     _, srv = tool_server
     stream = sdk(srv).chat.completions.create(
         model="default",
@@ -173,7 +206,7 @@ def test_streamed_required_call_in_openai_shape(tool_server: tuple[str, Server])
     assert content == "" and finish == "tool_calls"
 
 
-def test_required_parallel_calls_with_n_seed_and_stop(tool_server: tuple[str, Server]) -> None:
+def test_required_parallel_calls_with_n_seed_and_stop(tool_server: tuple[str, Target]) -> None:
     """``required`` with parallel calls off: exactly one valid call per choice; on (OpenAI's
     default): one or more, each valid (a random model picks how many). ``n``, ``seed`` and
     ``stop`` keep working: seeded choices repeat across requests."""
@@ -209,7 +242,7 @@ def test_required_parallel_calls_with_n_seed_and_stop(tool_server: tuple[str, Se
     print(f"\n{name}: calls per choice with parallel_tool_calls on: {counts}")
 
 
-def test_strict_tool_under_auto_is_served(tool_server: tuple[str, Server]) -> None:
+def test_strict_tool_under_auto_is_served(tool_server: tuple[str, Target]) -> None:
     """A ``strict`` tool under ``auto`` constrains an opened call (tests/constrained/
     test_tool_tags.py checks the grammar); here: it is accepted and a random model's
     answer, which opens no call, stays content."""
@@ -229,7 +262,7 @@ def test_strict_tool_under_auto_is_served(tool_server: tuple[str, Server]) -> No
         check_call(call, call.function.name)
 
 
-def test_auto_answers_without_calls_stay_content(tool_server: tuple[str, Server]) -> None:
+def test_auto_answers_without_calls_stay_content(tool_server: tuple[str, Target]) -> None:
     name, srv = tool_server
     r = sdk(srv).chat.completions.create(
         model="default",
@@ -246,7 +279,7 @@ def test_auto_answers_without_calls_stay_content(tool_server: tuple[str, Server]
         assert c.finish_reason in ("stop", "length")
 
 
-def test_bad_tool_requests_are_400(tool_server: tuple[str, Server]) -> None:
+def test_bad_tool_requests_are_400(tool_server: tuple[str, Target]) -> None:
     _, srv = tool_server
     client = sdk(srv)
     base: dict[str, Any] = {"model": "default", "messages": [{"role": "user", "content": "x"}]}
@@ -265,7 +298,7 @@ def test_bad_tool_requests_are_400(tool_server: tuple[str, Server]) -> None:
             client.chat.completions.create(**base, **extra, max_tokens=2)
 
 
-def test_reasoning_split_with_thinking_template(tool_server: tuple[str, Server]) -> None:
+def test_reasoning_split_with_thinking_template(tool_server: tuple[str, Target]) -> None:
     """Qwen3 server (--reasoning-parser qwen3): with enable_thinking false the template
     closes the think block in the prompt, the answer is all content and
     reasoning_content is null; the kwargs reach the template (the prompt grows)."""
@@ -300,14 +333,14 @@ def test_default_template_without_tools_is_an_informative_400(server: Server) ->
     assert r.choices[0].message.tool_calls is None
 
 
-def test_agent_loop_benchmark_script(tool_server: tuple[str, Server]) -> None:
+def test_agent_loop_benchmark_script(tool_server: tuple[str, Target]) -> None:
     """benchmarks/bench_agent_loop.py runs against the Qwen3 server (2 agents, 2 tool turns):
     every turn after the first has the previous turn's prompt cached."""
     name, srv = tool_server
     if name != "qwen3.jinja":
         pytest.skip("one template is enough for the script")
     bench = load("bench_agent_loop.py", "bench_agent_loop")
-    records = bench.run(srv.url, agents=2, turns=2)
+    records = bench.run(srv.url, agents=2, turns=2, api_key=srv.key)
     assert [(r["agent"], r["turn"]) for r in records] == [(a, t) for a in (0, 1) for t in (1, 2, 3)]
     for prev, r in zip(records, records[1:], strict=False):
         if r["turn"] > 1:

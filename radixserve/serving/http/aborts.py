@@ -74,6 +74,3 @@ class InFlightIds:
             for rid, ids in mine.items()
             if client_id is None or client_id in ids
         ]
-
-    def __len__(self) -> int:
-        return sum(len(mine) for mine in self._by_owner.values())
