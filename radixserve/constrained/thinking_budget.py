@@ -1,7 +1,8 @@
 """A thinking budget: a reasoning model's ``<think>`` block closed after a set number of tokens.
 
 Reasoning models (Qwen3, DeepSeek-R1, QwQ, SmolLM3) think between ``<think>`` and
-``</think>`` before they answer, and nothing in the model bounds how long: asked a small
+``</think>`` (Magistral between ``[THINK]`` and ``[/THINK]``, Kimi between ``◁think▷`` and
+``◁/think▷``: :data:`MARKER_PAIRS`) before they answer, and nothing in the model bounds how long: asked a small
 thing, one can think until ``max_tokens`` runs out and never answer. With
 ``SamplingParams.thinking_token_budget`` (vLLM's name; the Messages API's
 ``thinking.budget_tokens``) the engine counts the tokens written inside the block and, once
@@ -45,6 +46,14 @@ if TYPE_CHECKING:
     from radixserve.constrained.matcher import GrammarMatcher
 
 START_MARKER, END_MARKER = "<think>", "</think>"
+# Every think block a model may write, by its markup: ``<think>`` (Qwen3, DeepSeek-R1, GLM),
+# ``[THINK]`` (Magistral) and ``◁think▷`` (Kimi); a tokenizer's first pair of single tokens
+# is its (agents/reasoning.py reads the same blocks out of answers).
+MARKER_PAIRS = (
+    (START_MARKER, END_MARKER),
+    ("[THINK]", "[/THINK]"),
+    ("\u25c1think\u25b7", "\u25c1/think\u25b7"),
+)
 # Tokens a spent budget waits, at most, for the character in progress to end: its lead byte
 # was written, and at most three bytes follow it, each token adding at least one.
 MAX_CHARACTER_WAIT = 3
@@ -60,16 +69,16 @@ class ThinkMarkers(NamedTuple):
 
 
 def think_markers(tokenizer: Any) -> ThinkMarkers | None:
-    """The markers of ``tokenizer`` (a transformers tokenizer), or None when ``<think>`` or
-    ``</think>`` is not one token of its vocabulary (a model that does not reason so)."""
-    ids = []
-    for marker in (START_MARKER, END_MARKER):
-        encoded = tokenizer.encode(marker, add_special_tokens=False)
-        if len(encoded) != 1:
-            return None
-        ids.append(int(encoded[0]))
-    newline = [int(t) for t in tokenizer.encode("\n", add_special_tokens=False)]
-    return ThinkMarkers(ids[0], ids[1], (*newline, ids[1]))
+    """The markers of ``tokenizer`` (a transformers tokenizer): the first pair of
+    :data:`MARKER_PAIRS` whose both halves are one token of its vocabulary each, or None (a
+    model that does not reason so)."""
+    for start, end in MARKER_PAIRS:
+        ids = [tokenizer.encode(marker, add_special_tokens=False) for marker in (start, end)]
+        if all(len(encoded) == 1 for encoded in ids):
+            begin, close = int(ids[0][0]), int(ids[1][0])
+            newline = [int(t) for t in tokenizer.encode("\n", add_special_tokens=False)]
+            return ThinkMarkers(begin, close, (*newline, close))
+    return None
 
 
 class _State(Enum):

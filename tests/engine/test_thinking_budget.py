@@ -271,3 +271,29 @@ def test_the_wait_for_a_character_is_unforced_undrafted_and_bounded() -> None:
 
     plain = ThinkingBudget(1, MARKERS, 516, [5, THINK])  # no bytes known: cut at once
     assert plain.accept(24) and not allows(plain.next_mask, 300)
+
+
+def test_each_models_think_markup_is_found(tiny_llama_dir: Path) -> None:
+    """Magistral's ``[THINK]`` and Kimi's ``◁think▷`` blocks are budgeted as ``<think>`` is:
+    the first pair of markers the vocabulary holds as single tokens is the model's."""
+    from transformers import AutoTokenizer
+
+    from radixserve.constrained.thinking_budget import think_markers
+
+    newline = AutoTokenizer.from_pretrained(str(tiny_llama_dir)).encode(
+        "\n", add_special_tokens=False
+    )
+    for start, end in [("[THINK]", "[/THINK]"), ("\u25c1think\u25b7", "\u25c1/think\u25b7")]:
+        tok = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+        assert think_markers(tok) is None
+        tok.add_special_tokens({"additional_special_tokens": [start, end]})
+        ids = [tok.convert_tokens_to_ids(t) for t in (start, end)]
+        markers = think_markers(tok)
+        assert markers is not None and (markers.start, markers.end) == tuple(ids)
+        assert markers.close == (*newline, ids[1])
+    both = AutoTokenizer.from_pretrained(str(tiny_llama_dir))
+    both.add_special_tokens(
+        {"additional_special_tokens": ["[THINK]", "[/THINK]", "<think>", "</think>"]}
+    )
+    found = think_markers(both)
+    assert found is not None and found.start == both.convert_tokens_to_ids("<think>")
