@@ -295,3 +295,27 @@ def test_sglang_bad_requests(server: Any) -> None:
             ).status_code
             == 200
         )
+
+
+def test_get_load_reports_each_workers_requests_and_kv_tokens(server: Any) -> None:
+    """SGLang's ``/get_load`` (what sgl-router balances by): a running request shows in its
+    worker's entry, and nothing once it ended."""
+    from http_helpers import wait_idle
+
+    body = {
+        "text": "Count to a thousand.",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True},
+    }
+    with server.client() as c:
+        wait_idle(c)
+        (idle,) = c.get("/get_load").json()
+        assert idle == {"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}
+        with c.stream("POST", "/generate", json=body) as r:
+            lines = (line for line in r.iter_lines() if line.startswith("data:"))
+            next(lines)  # it runs: its outputs carry its worker's load
+            (busy,) = c.get("/get_load").json()
+            c.post("/abort_request", json={"abort_all": True})
+            list(lines)
+        assert busy["num_reqs"] == 1 and busy["num_waiting_reqs"] == 0 and busy["num_tokens"] > 0
+        wait_idle(c)

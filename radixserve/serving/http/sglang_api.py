@@ -1,6 +1,6 @@
 """SGLang-native routes: ``/generate``, ``/abort_request``, ``/get_model_info``,
-``/flush_cache``, ``/health``, ``/health_generate``, ``/get_server_info`` (and the newer
-``/model_info``, ``/server_info``).
+``/get_load``, ``/flush_cache``, ``/health``, ``/health_generate``, ``/get_server_info``
+(and the newer ``/model_info``, ``/server_info``).
 
 Enough of SGLang's server API that its frontend language runs programs against
 radixserve with ``sgl.RuntimeEndpoint(url)``. Response shape of one ``/generate`` item::
@@ -247,6 +247,26 @@ async def abort_request(body: AbortReqInput, request: Request) -> JSONResponse:
     owner = abort_owner(request_key(request.scope))
     aborted = await _gw(request).abort(owner, None if body.abort_all else body.rid)
     return JSONResponse({"aborted": aborted})
+
+
+@router.get("/get_load")
+async def get_load(request: Request) -> JSONResponse:
+    """SGLang's load report, what its router (sgl-router) balances workers by: one entry per
+    live worker, as SGLang gives one per data-parallel rank (``num_reqs`` running and
+    waiting, ``num_tokens`` the KV tokens in use), from the loads the workers last reported."""
+    g = _gw(request)
+    page_size = (await g.info()).page_size
+    loads = [
+        {
+            "dp_rank": w.worker_id,
+            "num_reqs": w.load.running + w.load.waiting,
+            "num_waiting_reqs": w.load.waiting,
+            "num_tokens": w.load.in_use_pages * page_size,
+        }
+        for w in (await g.stats()).workers
+        if w.alive
+    ]
+    return JSONResponse(loads)
 
 
 async def _model_info(request: Request) -> dict[str, Any]:
