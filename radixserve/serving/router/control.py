@@ -47,9 +47,8 @@ class ControlOps(FanOut[_Op, WorkerPool]):
         send_client: Callable[[bytes, msgspec.Struct], bool],
         stats_reply: Callable[[str], p.StatsReply],
     ) -> None:
-        super().__init__(pool, timeout_s)
-        self._dispatcher = dispatcher
-        self._send_client, self._stats_reply = send_client, stats_reply
+        super().__init__(pool, timeout_s, send_client)
+        self._dispatcher, self._stats_reply = dispatcher, stats_reply
 
     def start(self, client: bytes, msg: p.StatsRequest | p.FlushCache | p.CloseSession) -> None:
         kind: Kind = (

@@ -48,10 +48,16 @@ PoolT = TypeVar("PoolT", bound=Workers)
 
 
 class FanOut(Generic[OpT, PoolT]):
-    """Operations of one kind over ``pool``'s live workers, given up after ``timeout_s``."""
+    """Operations of one kind over ``pool``'s live workers, given up after ``timeout_s``;
+    ``send_client`` answers the client that asked."""
 
-    def __init__(self, pool: PoolT, timeout_s: float) -> None:
-        self._pool, self._timeout_s = pool, timeout_s
+    def __init__(
+        self,
+        pool: PoolT,
+        timeout_s: float,
+        send_client: Callable[[bytes, msgspec.Struct], bool],
+    ) -> None:
+        self._pool, self._timeout_s, self._send_client = pool, timeout_s, send_client
         self._tokens = itertools.count(1)
         self._ops: dict[int, OpT] = {}
 

@@ -47,8 +47,7 @@ class LoraOps(ReportingFanOut[_Op, WorkerPool]):
         timeout_s: float,
         send_client: Callable[[bytes, msgspec.Struct], bool],
     ) -> None:
-        super().__init__(pool, timeout_s)
-        self._send_client = send_client
+        super().__init__(pool, timeout_s, send_client)
         # What changed while serving, replayed to joining workers: name -> (path, cache
         # key) of what was loaded; the names unloaded since.
         self._loaded: dict[str, tuple[str, str]] = {}

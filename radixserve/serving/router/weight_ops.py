@@ -43,8 +43,7 @@ class WeightOps(ReportingFanOut[_Op, WorkerPool]):
         timeout_s: float,
         send_client: Callable[[bytes, msgspec.Struct], bool],
     ) -> None:
-        super().__init__(pool, timeout_s)
-        self._send_client = send_client
+        super().__init__(pool, timeout_s, send_client)
         self._last: p.WorkerUpdateWeights | None = None  # replayed to joining workers
 
     def start(self, client: bytes, msg: p.UpdateWeights) -> None:
