@@ -255,6 +255,17 @@ def _serve_steps(
             _take_weights(runner, msg.path, cfg, rv, device)
 
 
+def _rank_load_args(cfg: EngineConfig, rv: Rendezvous, device: torch.device) -> dict[str, Any]:
+    """``load_model``'s arguments for this rank's shard: at start-up and for every update."""
+    return {
+        "dtype": cfg.torch_dtype,
+        "device": device,
+        "quantization": cfg.quant_config(),
+        "tp": rv.tp,
+        "expert_parallel": cfg.expert_parallel,
+    }
+
+
 def _take_weights(
     runner: ModelRunner, path: str, cfg: EngineConfig, rv: Rendezvous, device: torch.device
 ) -> None:
@@ -262,16 +273,7 @@ def _take_weights(
     from radixserve.model.weight_update import load_weights_for
 
     def prepare() -> WeightCopy:
-        return load_weights_for(
-            runner.model,
-            path,
-            dtype=cfg.torch_dtype,
-            device=device,
-            quantization=cfg.quant_config(),
-            tp=rv.tp,
-            stage=None,
-            expert_parallel=cfg.expert_parallel,
-        )
+        return load_weights_for(runner.model, path, **_rank_load_args(cfg, rv, device))
 
     copy, error = _prepared(prepare)
     if error is not None:
@@ -302,15 +304,7 @@ def _build_rank(
     from radixserve.memory.pool import KVPool
     from radixserve.model.loader import load_model
 
-    model = load_model(
-        model_path,
-        dtype=cfg.torch_dtype,
-        device=device,
-        quantization=cfg.quant_config(),
-        announce=False,
-        tp=rv.tp,
-        expert_parallel=cfg.expert_parallel,
-    )
+    model = load_model(model_path, announce=False, **_rank_load_args(cfg, rv, device))
     init = rv.channel.recv()
     if not isinstance(init, step_wire.RankInit):
         raise RankFailure(f"expected the start-up message, got {type(init).__name__}")

@@ -214,13 +214,7 @@ class Engine:
 
         from radixserve.model.loader import load_model
 
-        self.model = load_model(
-            self.model_path,
-            dtype=cfg.torch_dtype,
-            device=self.device,
-            quantization=cfg.quant_config(),
-            **self.topology.load_args(),
-        )
+        self.model = load_model(self.model_path, **self._load_args(), **self.topology.load_args())
         if cfg.lora_enabled:
             self.model.serve_lora(cfg.lora_paths, cfg.max_lora_rank, cfg.max_loaded_loras)
         clock.lap("load weights")
@@ -235,6 +229,12 @@ class Engine:
         clock.lap("tokenizer")
         # This rank's share of the model (the whole model without tensor parallelism).
         self.local_model_config = self.model.local_config
+
+    def _load_args(self) -> dict[str, Any]:
+        """How this engine's weights are loaded (``load_model``'s arguments but this rank's
+        share): at start-up and for every update alike."""
+        cfg = self.config
+        return {"dtype": cfg.torch_dtype, "device": self.device, "quantization": cfg.quant_config()}
 
     def _build_cache(self, cfg: EngineConfig, num_pages: int, pool_args: dict[str, Any]) -> KVPool:
         """The KV pool, its allocator and prefix cache, and the scheduler over them."""
@@ -383,9 +383,7 @@ class Engine:
         if self.has_unfinished():
             raise ValueError("requests are running or waiting: weights change between requests")
         new_path = resolve_model(path)
-        cfg = self.config
-        load_args = dict(dtype=cfg.torch_dtype, device=self.device, quantization=cfg.quant_config())
-        copied = self.topology.replace_weights(self.model, new_path, load_args)
+        copied = self.topology.replace_weights(self.model, new_path, self._load_args())
         flushed = self.scheduler.flush_cache()
         assert flushed, "an idle engine's cache flushes"
         rename_cached_model(self.cache, self.pool, new_path)
