@@ -66,18 +66,22 @@ class EmbeddingRequest(BaseModel):
 
     def inputs(self) -> list[str | list[int]]:
         """The inputs as a list of texts or token id lists (none empty)."""
-        x = self.input
-        items: list[Any] = (
-            [x] if isinstance(x, str) else [x] if x and isinstance(x[0], int) else list(x)
-        )
-        if not items:
-            raise invalid("input must not be empty", param="input")
-        if len(items) > MAX_INPUTS:
-            raise invalid(f"at most {MAX_INPUTS} inputs, got {len(items)}", param="input")
-        for i, item in enumerate(items):
-            if not item:
-                raise invalid(f"input[{i}] is empty", param="input")
-        return items
+        return input_items(self.input)[0]
+
+
+def input_items(x: Any) -> tuple[list[str | list[int]], bool]:
+    """One input or a batch (a text, token ids, or a list of either) as a list of inputs,
+    none empty and at most :data:`MAX_INPUTS`, and whether it was a single input."""
+    single = isinstance(x, str) or (bool(x) and isinstance(x[0], int))
+    items: list[Any] = [x] if single else list(x)
+    if not items:
+        raise invalid("input must not be empty", param="input")
+    if len(items) > MAX_INPUTS:
+        raise invalid(f"at most {MAX_INPUTS} inputs, got {len(items)}", param="input")
+    for i, item in enumerate(items):
+        if not item:
+            raise invalid(f"input[{i}] is empty", param="input")
+    return items, single
 
 
 class EncodeReqInput(BaseModel):
@@ -99,9 +103,7 @@ class EncodeReqInput(BaseModel):
             raise invalid("image_data is not supported", param="image_data")
         if (self.text is None) == (self.input_ids is None):
             raise invalid("exactly one of text or input_ids must be given", param="text")
-        x: Any = self.text if self.text is not None else self.input_ids
-        single = isinstance(x, str) or (bool(x) and isinstance(x[0], int))
-        return EmbeddingRequest(model="", input=x).inputs(), single
+        return input_items(self.text if self.text is not None else self.input_ids)
 
     def rids(self, n: int, default: str) -> list[str]:
         if isinstance(self.rid, list):
