@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from http_helpers import AGENT_KEYS, Server
+from http_helpers import AGENT_KEYS, Server, wait_idle
 
 PAGE = 4  # ENGINE_FLAGS' page size
 WEATHER = {
@@ -260,7 +260,11 @@ def test_a_background_response_is_cancelled(agent_server: Server) -> None:
         a.responses.create(previous_response_id=long.id, max_output_tokens=1, **kw)
     with pytest.raises(openai.NotFoundError):
         b.responses.cancel(long.id)  # not b's
-    cancelled = a.responses.cancel(long.id)
+    with agent_server.client(headers={"Authorization": f"Bearer {AGENT_KEYS[0]}"}) as c:
+        aborted_before = c.get("/get_server_info").json()["workers"][0]["engine"]["aborted_total"]
+        cancelled = a.responses.cancel(long.id)
+        after = wait_idle(c)["workers"][0]["engine"]  # its KV freed: no page in use
+    assert after["aborted_total"] == aborted_before + 1 and after["invariants"] == "ok"
     assert cancelled.status == "cancelled" and cancelled.output == []
     assert a.responses.retrieve(long.id).status == "cancelled"
     assert a.responses.cancel(long.id).status == "cancelled"  # again: as it is
