@@ -6,10 +6,10 @@ The new checkpoint is loaded as a second model by the same loader with the same 
 (dtype, device, quantization), so every tensor the served model holds (parameters, buffers,
 the oneDNN-packed and quantized copies, decoded caches) has its counterpart built the same
 way from the new weights. Each is then copied into the served model's tensor in place, so
-whatever holds those tensors (captured CUDA graphs, views the CPU kernels keep) reads the new
-values without being built again. oneDNN's packed copies have no storage to copy into:
-those are rebound, and the CPU decoder stack that lists them is described again at its
-next forward (:meth:`~radixserve.model.llama.LlamaForCausalLM.weights_replaced`).
+whatever holds those tensors (views the CPU kernels keep; captured CUDA graphs too, by
+design: untested on a GPU) reads the new values without being built again. oneDNN's packed
+copies have no storage to copy into: those are rebound, and the CPU decoder stack that
+lists them is described again at its next forward (:meth:`~radixserve.model.llama.LlamaForCausalLM.weights_replaced`).
 
 Everything is checked before anything is written: the two checkpoints' architectures
 (every :class:`~radixserve.model.config.ModelConfig` field but the dtype they were saved
