@@ -43,9 +43,11 @@ def hf_greedy(model_dir: Path, prompt: list[int], n: int) -> list[int]:
     key = (str(model_dir), tuple(prompt), n)
     if key not in _HF_CACHE:
         model = hf_model(model_dir)
+        ids = torch.tensor([prompt])
         with torch.inference_mode():
             out = model.generate(
-                torch.tensor([prompt]),
+                ids,
+                attention_mask=torch.ones_like(ids),  # else a token 0, the pad id, is masked out
                 max_new_tokens=n,
                 min_new_tokens=n,
                 do_sample=False,

@@ -380,12 +380,12 @@ class Engine:
 
         if self.disagg is not None:
             raise ValueError("weights cannot be updated with prefill/decode disaggregation")
-        if self.has_unfinished():
-            raise ValueError("requests are running or waiting: weights change between requests")
+        if self.has_running():
+            raise ValueError("requests are running: weights change between requests")
         new_path = resolve_model(path)
         copied = self.topology.replace_weights(self.model, new_path, self._load_args())
-        flushed = self.scheduler.flush_cache()
-        assert flushed, "an idle engine's cache flushes"
+        flushed = self.scheduler.flush_cache(waiting_ok=True)
+        assert flushed, "with nothing running the cache flushes"
         rename_cached_model(self.cache, self.pool, new_path)
         self.model_path = new_path
         if weight_version is not None:
@@ -438,6 +438,37 @@ class Engine:
         out.extend(to_step_output(o) for o in self.loop.step())
         self._release_loras()
         return out
+
+    # ------------------------------------------------------------------ pausing
+
+    def settle(self) -> None:
+        """Read the step in flight (overlap scheduling), launching none: a pause's first
+        move, so that every token computed for the requests it stops is reported (its
+        outputs wait for :meth:`take_outputs` or the next :meth:`step`)."""
+        self._buffered.extend(to_step_output(o) for o in self.loop.settle())
+
+    def retract_running(self) -> int:
+        """Send every running request back to the queue (SGLang's ``pause_generation``
+        with mode ``retract``): its KV so far is cached in the tree and its pages are
+        unlocked, so nothing holds KV and weights may change (:meth:`update_weights_from_disk`);
+        when it runs again it is recomputed over its prompt and output, from whatever the
+        tree still holds. Returns how many were running."""
+        if self.disagg is not None:
+            raise ValueError("requests cannot be retracted with prefill/decode disaggregation")
+        self.settle()
+        return self.scheduler.retract_all()
+
+    def take_outputs(self) -> list[StepOutput]:
+        """The outputs ready without a step (aborted requests', a settled step's): what a
+        paused worker, which runs no step, still reports."""
+        out, self._buffered = self._buffered, []
+        out.extend(to_step_output(o) for o in self.scheduler.take_outputs())
+        self._release_loras()
+        return out
+
+    def has_running(self) -> bool:
+        """Whether a request holds KV (running) or a step is in flight."""
+        return bool(self.scheduler.running) or self.loop.in_flight
 
     def check_health(self) -> None:
         """Raise :class:`~radixserve.distributed.ranks.RankFailure` when a tensor-parallel rank has

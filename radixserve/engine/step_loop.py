@@ -129,6 +129,11 @@ class StepLoop:
         prev, self._in_flight = self._in_flight, (batch, pending)
         return outputs + self._read(prev)
 
+    def settle(self) -> list[RequestOutput]:
+        """Read the step in flight, if any (nothing new is launched): its outputs. Afterwards
+        the scheduler may change the running set outside a step (a pause's retraction)."""
+        return self._resolve_in_flight()
+
     def _resolve_in_flight(self) -> list[RequestOutput]:
         entry, self._in_flight = self._in_flight, None
         return self._read(entry)

@@ -264,14 +264,30 @@ class Scheduler:
         self.kv.free_deferred()
         return outputs
 
-    def flush_cache(self) -> bool:
-        """Drop every cached prefix; only when idle (returns False otherwise), a step in flight included."""
-        if self.running or self.waiting or self.in_flight:
+    def flush_cache(self, waiting_ok: bool = False) -> bool:
+        """Drop every cached prefix; only when idle (returns False otherwise), a step in
+        flight included. ``waiting_ok``: waiting requests do not count (they hold no KV of
+        the target model; new weights' requests recompute over theirs). The drafter's own
+        cache goes only with nothing waiting: a retracted request may still hold draft KV,
+        which new target weights leave valid."""
+        if self.running or self.in_flight or (self.waiting and not waiting_ok):
             return False
         self.cache.reset()
-        if self.speculation is not None:
+        if self.speculation is not None and not self.waiting:
             self.speculation.drafter.reset()
         return True
+
+    def retract_all(self) -> int:
+        """Send every running request back to the queue, its computed KV cached in the tree
+        and recomputed from there when it runs again (SGLang's ``pause_generation`` with
+        mode ``retract``); returns how many. Not an admission misjudgment: the admission
+        headroom stays as it was. Raises :class:`NeedsSync` while a step is in flight."""
+        if self.in_flight:
+            raise NeedsSync
+        running = sorted(self.running, key=lambda r: r.arrival_step)
+        for req in running:
+            self._requeue(req)
+        return len(running)
 
     def private_pages(self) -> list[int]:
         """Pages running requests hold outside the tree, and pages waiting for a step in flight."""
@@ -504,6 +520,12 @@ class Scheduler:
         self.running.remove(req)
 
     def _retract(self, req: Request) -> None:
+        """Send a running request back to the queue for want of pages (admission was too
+        optimistic: its headroom goes up)."""
+        self._requeue(req)
+        self.new_token_ratio.bump()
+
+    def _requeue(self, req: Request) -> None:
         """Send a running request back to the queue; it keeps its output and is recomputed later."""
         logger.debug("retracting %s", req)
         self._release(req)
@@ -511,7 +533,6 @@ class Scheduler:
         req.num_retractions += 1
         self.counters.retractions += 1
         self.waiting.append(req)
-        self.new_token_ratio.bump()
 
     def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
         if self.on_finish is not None:

@@ -129,6 +129,7 @@ def test_what_is_refused_changes_nothing(llamas: tuple[Path, Path], tmp_path: Pa
     with pytest.raises(ValueError, match="num_layers 2 -> 3"):
         engine.update_weights_from_disk(str(wider))
     rid = engine.add_request(PROMPTS[0], PARAMS)
+    engine.step()  # it runs: it holds KV of A's weights
     with pytest.raises(ValueError, match="requests are running"):
         engine.update_weights_from_disk(str(a))
     engine.abort(rid)

@@ -221,6 +221,24 @@ class Client:
         )
         return self._call(msg, timeout)
 
+    def pause_generation(
+        self,
+        mode: p.PauseMode = "abort",
+        clear_cache: bool = False,
+        timeout: float | None = None,
+    ) -> p.PauseReply:
+        """Have every worker stop generating until :meth:`continue_generation` (SGLang's
+        ``pause_generation``): requests sent meanwhile wait; ``mode`` says what becomes of
+        the running ones ("abort", "retract", "in_place" or "wait"); ``clear_cache`` then
+        drops the cached prefixes (with "abort" and "wait"). An authenticated client only."""
+        msg = p.PauseGeneration(request_id=self._ids.next(), mode=mode, clear_cache=clear_cache)
+        return self._call(msg, timeout)
+
+    def continue_generation(self, timeout: float | None = None) -> p.PauseReply:
+        """Have every worker generate again after :meth:`pause_generation`."""
+        msg = p.ContinueGeneration(request_id=self._ids.next())
+        return self._call(msg, timeout)
+
     def close_session(
         self,
         session_id: str,

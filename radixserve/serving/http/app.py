@@ -14,6 +14,8 @@
   (:mod:`~radixserve.serving.http.lora_api`);
 * SGLang's weight updates, ``/update_weights_from_disk`` and ``/get_weight_version``
   (:mod:`~radixserve.serving.http.weights_api`);
+* SGLang's ``/pause_generation`` and ``/continue_generation``, vLLM's ``/pause``,
+  ``/resume`` and ``/is_paused`` (:mod:`~radixserve.serving.http.pause_api`);
 * SGLang-native ``/generate``, ``/abort_request``, ``/get_model_info``, ``/flush_cache``,
   ``/health``, ``/health_generate``, ``/get_server_info``
   (:mod:`~radixserve.serving.http.sglang_api`);
@@ -45,6 +47,7 @@ from radixserve.serving.http import (
     lora_api,
     messages,
     openai_api,
+    pause_api,
     responses,
     scoring,
     sessions_api,
@@ -126,6 +129,7 @@ def create_app(config: GatewayConfig | None = None, tokenizer: Any = None) -> Fa
     app.include_router(tokenize_api.router)
     app.include_router(lora_api.router)
     app.include_router(weights_api.router)
+    app.include_router(pause_api.router)
     app.include_router(embeddings.router)
     app.include_router(scoring.router)
 

@@ -43,8 +43,13 @@ ADMIN_PATHS: frozenset[str] = frozenset(
         "/unload_lora_adapter",
         "/v1/load_lora_adapter",
         "/v1/unload_lora_adapter",
-        # ...and the weights themselves (http/weights_api.py).
+        # ...and the weights themselves (http/weights_api.py)...
         "/update_weights_from_disk",
+        # ...and whether anyone is served at all (http/pause_api.py).
+        "/pause_generation",
+        "/continue_generation",
+        "/pause",
+        "/resume",
     }
 )
 # Liveness probes from load balancers and orchestrators, which carry no credentials.

@@ -361,6 +361,7 @@ class Gateway:
             lora_adapters=fresh.lora_adapters,
             model_path=fresh.model_path,
             weight_version=fresh.weight_version,
+            paused=fresh.paused,
         )
         return self._info
 
@@ -376,6 +377,19 @@ class Gateway:
                 self._info, model_path=reply.model_path, weight_version=reply.weight_version
             )
         return reply
+
+    async def pause(self, mode: p.PauseMode, clear_cache: bool) -> p.PauseReply:
+        """Have every worker stop generating (worker/pausing.py); ``wait`` answers once the
+        running requests finished, so it may take as long as a weight update."""
+        with router_errors():
+            return await self._client().pause_generation(
+                mode, clear_cache, timeout=self.config.weights_timeout_s
+            )
+
+    async def resume(self) -> p.PauseReply:
+        """Have every worker generate again."""
+        with router_errors():
+            return await self._client().continue_generation(timeout=self.config.control_timeout_s)
 
     def _served_adapters(self, reply: p.LoraAdapterReply) -> None:
         if self._info is not None:

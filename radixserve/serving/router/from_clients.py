@@ -29,6 +29,7 @@ from radixserve.serving.prompts import PromptCodec, PromptError, encode_text
 from radixserve.serving.router.control import ControlOps
 from radixserve.serving.router.inflight import ClientError, ClientSend, InFlight, context_error
 from radixserve.serving.router.lora_ops import LoraOps
+from radixserve.serving.router.pause_ops import PauseOps
 from radixserve.serving.router.requests import RouterRequest
 from radixserve.serving.router.tokenizer_pool import TokenizerPool
 from radixserve.serving.router.weight_ops import WeightOps
@@ -39,7 +40,22 @@ from radixserve.serving.wire.security import cache_namespace
 
 log = logging.getLogger("radixserve.security")  # refusals go to the audit log
 # What only an authenticated client may ask: every tenant's cache, every worker's adapters.
-ADMIN_MESSAGES = (p.FlushCache, p.LoadLoraAdapter, p.UnloadLoraAdapter, p.UpdateWeights)
+ADMIN_MESSAGES = (
+    p.FlushCache,
+    p.LoadLoraAdapter,
+    p.UnloadLoraAdapter,
+    p.UpdateWeights,
+    p.PauseGeneration,
+    p.ContinueGeneration,
+)
+AdminMessage = (
+    p.FlushCache
+    | p.LoadLoraAdapter
+    | p.UnloadLoraAdapter
+    | p.UpdateWeights
+    | p.PauseGeneration
+    | p.ContinueGeneration
+)
 
 
 def error_code(message: str) -> p.ErrorCode:
@@ -71,6 +87,7 @@ class ClientSide:
         control: ControlOps,
         lora: LoraOps,
         weights: WeightOps,
+        pauses: PauseOps,
         *,
         send: ClientSend,
         reply_error: ClientError,
@@ -79,7 +96,7 @@ class ClientSide:
         self._limits, self._codec, self._tokenizers = limits, codec, tokenizers
         self._trusted = trusted
         self._pool, self._inflight, self._control, self._lora = pool, inflight, control, lora
-        self._weights = weights
+        self._weights, self._pauses = weights, pauses
         self._send, self._reply_error = send, reply_error
         self.started = time.monotonic()
 
@@ -112,6 +129,8 @@ class ClientSide:
             self._on_lora(client, msg)
         elif isinstance(msg, p.UpdateWeights):
             self._on_update_weights(client, msg)
+        elif isinstance(msg, (p.PauseGeneration, p.ContinueGeneration)):
+            self._pauses.start(client, msg)
         elif isinstance(msg, p.CloseSession):
             self._on_close_session(client, msg)
         elif isinstance(msg, p.TokenizeRequest):
@@ -145,11 +164,7 @@ class ClientSide:
             ),
         )
 
-    def _refuse_admin(
-        self,
-        client: bytes,
-        msg: p.FlushCache | p.LoadLoraAdapter | p.UnloadLoraAdapter | p.UpdateWeights,
-    ) -> None:
+    def _refuse_admin(self, client: bytes, msg: AdminMessage) -> None:
         """Every tenant's cached prefixes at once, or what every worker serves (and reads
         from its disk): only this process's clients (the HTTP gateway, whose admin key
         guards these paths) or a keyed client may ask."""
@@ -158,6 +173,8 @@ class ClientSide:
             if isinstance(msg, p.FlushCache)
             else ("updating the weights", "weight update")
             if isinstance(msg, p.UpdateWeights)
+            else ("pausing generation", "pause")
+            if isinstance(msg, (p.PauseGeneration, p.ContinueGeneration))
             else ("loading LoRA adapters", "LoRA adapter change")
         )
         log.warning("%s from client %s refused: not authenticated", asked, client.hex())
@@ -393,5 +410,6 @@ class ClientSide:
                 model_path=live[0].model_path,
                 lora_adapters=sorted(self._pool.lora_adapters() or ()),
                 weight_version=live[0].weight_version,
+                paused=self._pauses.mode,
             ),
         )

@@ -27,6 +27,7 @@ from radixserve.serving.router.dispatch import Dispatcher
 from radixserve.serving.router.inflight import InFlight
 from radixserve.serving.router.kv_index import decode_batch
 from radixserve.serving.router.lora_ops import LoraOps
+from radixserve.serving.router.pause_ops import PauseOps
 from radixserve.serving.router.weight_ops import WeightOps
 from radixserve.serving.router.worker_pool import WorkerHandle, WorkerPool
 from radixserve.serving.wire import protocol as p
@@ -49,11 +50,12 @@ class WorkerSide:
         control: ControlOps,
         lora: LoraOps,
         weights: WeightOps,
+        pauses: PauseOps,
         on_disagg: Callable[[WorkerHandle, DisaggReply], None] | None = None,
     ) -> None:
         self._pool, self._dispatcher = pool, dispatcher
         self._inflight, self._control, self._lora = inflight, control, lora
-        self._weights = weights
+        self._weights, self._pauses = weights, pauses
         self._on_disagg = on_disagg  # prefill/decode pairs' replies (disagg_dispatch.py)
 
     def on_frames(self, frames: list[zmq.Frame]) -> None:
@@ -97,6 +99,8 @@ class WorkerSide:
             self._lora.on_reply(w, msg)
         elif isinstance(msg, p.WorkerWeightsReply):
             self._weights.on_reply(w, msg)
+        elif isinstance(msg, p.WorkerPauseReply):
+            self._pauses.on_reply(w, msg)
         elif isinstance(msg, p.WorkerRejected):
             self._inflight.on_rejected(w, msg.rid, msg.message)
         elif isinstance(msg, p.WorkerGoodbye):

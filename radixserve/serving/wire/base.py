@@ -35,6 +35,14 @@ ErrorCode = Literal[
 ]
 
 
+# What a pause does with the requests the workers run (SGLang's and vLLM's modes): "abort"
+# ends them as aborted, "retract" sends them back to the queue with their KV cached
+# (recomputed when they run again, with whatever weights are served then), "in_place" keeps
+# them where they are, KV and all, and "wait" lets them finish first.
+PauseMode = Literal["abort", "retract", "in_place", "wait"]
+PAUSE_MODES: tuple[str, ...] = ("abort", "retract", "in_place", "wait")
+
+
 class Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, kw_only=True):
     """Base of every tagged message. ``version`` is always encoded (no omit_defaults)."""
 

@@ -14,7 +14,7 @@ import msgspec
 # The engine's outputs are torch-free Structs: token-level results travel as they are.
 from radixserve.engine.outputs import FinishReason, TokenLogprob, Usage
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving.wire.base import ErrorCode, Msg, Part, WorkerLoad
+from radixserve.serving.wire.base import ErrorCode, Msg, Part, PauseMode, WorkerLoad
 
 # --------------------------------------------------------------------------- parts
 
@@ -147,6 +147,26 @@ class UpdateWeights(Msg, tag="update_weights"):
     weight_version: str | None = None
 
 
+class PauseGeneration(Msg, tag="pause_generation"):
+    """Every worker stops generating until :class:`ContinueGeneration` (SGLang's
+    ``pause_generation``, vLLM's ``/pause``; what an RL loop does around a weight update):
+    requests that come meanwhile wait, and ``mode`` says what becomes of the running ones
+    (:data:`~radixserve.serving.wire.base.PauseMode`). ``clear_cache``: then drop every
+    cached prefix (with ``abort`` and ``wait``). Answered by :class:`PauseReply` once every
+    worker paused; like a weight update, only an authenticated client may ask."""
+
+    request_id: str
+    mode: PauseMode = "abort"
+    clear_cache: bool = False
+
+
+class ContinueGeneration(Msg, tag="continue_generation"):
+    """Every worker generates again, the requests kept and held going on; answered by
+    :class:`PauseReply`."""
+
+    request_id: str
+
+
 class CloseSession(Msg, tag="close_session"):
     """The session ended: every worker releases its lease (its cached path becomes ordinary
     cache) and the router forgets where it ran; answered by :class:`CloseSessionReply`.
@@ -216,6 +236,8 @@ ClientMessage = (
     | LoadLoraAdapter
     | UnloadLoraAdapter
     | UpdateWeights
+    | PauseGeneration
+    | ContinueGeneration
     | CloseSession
     | StatsRequest
     | TokenizeRequest
@@ -307,6 +329,7 @@ class ModelInfo(Msg, tag="model_info_reply"):
     lora_adapters: list[str] = []  # the LoRA adapters served, by name (docs/lora.md)
     # What the served weights are called (SGLang's weight_version; update_weights_from_disk).
     weight_version: str = "default"
+    paused: PauseMode | None = None  # the pause in force (PauseGeneration), None: generating
 
 
 class TokenizeReply(Msg, tag="tokenize_reply"):
@@ -356,6 +379,20 @@ class UpdateWeightsReply(Msg, tag="update_weights_reply"):
     error: str | None = None
     model_path: str = ""
     weight_version: str = "default"
+
+
+class PauseReply(Msg, tag="pause_reply"):
+    """``ok`` when every live worker paused (or generates again); else ``code``
+    (``invalid_params``: a worker refused, ``unavailable``: no worker answered) and
+    ``error``, what the workers said. ``paused``: whether generation is paused now;
+    ``stopped``: the running requests the pause aborted or retracted."""
+
+    request_id: str
+    ok: bool
+    code: str | None = None
+    error: str | None = None
+    paused: bool = False
+    stopped: int = 0
 
 
 class FlushCacheReply(Msg, tag="flush_cache_reply"):
@@ -412,6 +449,7 @@ ServerMessage = (
     | FlushCacheReply
     | LoraAdapterReply
     | UpdateWeightsReply
+    | PauseReply
     | CloseSessionReply
     | StatsReply
     | KeepAlive

@@ -12,7 +12,7 @@ import msgspec
 
 from radixserve.engine.outputs import StepOutput
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving.wire.base import Msg, Part, WorkerLoad
+from radixserve.serving.wire.base import Msg, Part, PauseMode, WorkerLoad
 
 # --------------------------------------------------------------------------- router <-> worker
 
@@ -92,6 +92,25 @@ class WorkerUpdateWeights(Msg, tag="w_update_weights"):
     weight_version: str | None = None
 
 
+class WorkerPause(Msg, tag="w_pause"):
+    """Router -> worker: stop generating until :class:`WorkerContinue`; requests that come
+    meanwhile are held. ``mode``: what becomes of the running ones (:data:`PauseMode`);
+    ``clear_cache``: then drop the cached prefixes (with ``abort`` and ``wait``, which
+    leave nothing running; ignored otherwise). Answer :class:`WorkerPauseReply` once paused (``wait``: once they finished);
+    ``token`` 0: the router pauses a worker that joins while the others are paused."""
+
+    token: int
+    mode: PauseMode = "abort"
+    clear_cache: bool = False
+
+
+class WorkerContinue(Msg, tag="w_continue"):
+    """Router -> worker: generate again, the requests held and kept starting; answer
+    :class:`WorkerPauseReply`."""
+
+    token: int
+
+
 class WorkerShutdown(Msg, tag="w_shutdown"):
     """Router -> worker: abort everything, say goodbye and exit."""
 
@@ -124,6 +143,8 @@ RouterToWorker = (
     | WorkerLoadLora
     | WorkerUnloadLora
     | WorkerUpdateWeights
+    | WorkerPause
+    | WorkerContinue
     | WorkerShutdown
     | WorkerRejoin
 )
@@ -199,6 +220,17 @@ class WorkerWeightsReply(Msg, tag="w_weights_reply"):
     weight_version: str
 
 
+class WorkerPauseReply(Msg, tag="w_pause_reply"):
+    """Worker -> router: ``error``, why a pause or continue failed (None: done); whether it
+    is paused now, and how many running requests the pause ended (``abort``) or sent back
+    to the queue (``retract``)."""
+
+    token: int
+    error: str | None = None
+    paused: bool = False
+    stopped: int = 0
+
+
 class WorkerCloseSessionReply(Msg, tag="w_close_session_reply"):
     """Worker -> router: whether it held a lease for the session (now released)."""
 
@@ -246,6 +278,7 @@ WorkerToRouter = (
     | WorkerFlushReply
     | WorkerLoraReply
     | WorkerWeightsReply
+    | WorkerPauseReply
     | WorkerCloseSessionReply
     | WorkerRejected
     | WorkerGoodbye

@@ -3,77 +3,72 @@ requests: the requests running when one arrives finish with the weights they sta
 and the requests that arrive meanwhile wait, then run with the new weights.
 
 An update waits in order with any before it until the engine has nothing running or
-waiting; then the engine loads the checkpoint and copies it in
-(``Engine.update_weights_from_disk``, seconds of the loop with nothing to run), the router
-is answered with what the worker serves now, and the held requests start. A held request
-the router aborts ends at once as aborted (the router settles it on that output). An
-engine without ``update_weights_from_disk`` (the tests' fake engines) refuses every update.
+waiting (while the worker is paused, until nothing holds KV: requests retracted by the
+pause wait, and run with the new weights); then the engine loads the checkpoint and copies
+it in (``Engine.update_weights_from_disk``, seconds of the loop with nothing to run), the
+router is answered with what the worker serves now, and the held requests
+(worker/held.py) start. An engine without ``update_weights_from_disk`` (the tests' fake
+engines) refuses every update.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
 from radixserve.serving.wire import protocol as p
+from radixserve.serving.worker.held import HeldRequests
 
 log = logging.getLogger("radixserve.serving.worker")
 
 
 class WeightUpdates:
-    """The pending weight updates of one worker and the requests they hold (see the module
-    docstring). ``start``: how the worker starts requests (called with the held ones)."""
+    """The pending weight updates of one worker (see the module docstring). ``held``: the
+    worker's held requests, which an update holds while it waits. ``ready``: whether an
+    update may apply now (default: the engine has nothing running or waiting);
+    ``refusal``: why an update that comes now is refused at once (None: it waits its turn),
+    as while a pause keeps requests in place with KV of the weights served."""
+
+    HOLDER = "weights"
 
     def __init__(
         self,
         engine: Any,
         send: Callable[[msgspec.Struct], None],
-        start: Callable[[list[p.WorkerRequest]], None],
+        held: HeldRequests,
+        ready: Callable[[], bool] | None = None,
+        refusal: Callable[[], str | None] = lambda: None,
     ) -> None:
-        self._engine, self._send, self._start = engine, send, start
+        self._engine, self._send, self._held = engine, send, held
+        self._ready = ready if ready is not None else lambda: not engine.has_unfinished()
+        self._refusal = refusal
         self._queue: deque[p.WorkerUpdateWeights] = deque()
-        self._held: list[p.WorkerRequest] = []
 
     @property
     def pending(self) -> bool:
         return bool(self._queue)
 
     def submit(self, msg: p.WorkerUpdateWeights) -> None:
+        refused = self._refusal()
+        if refused is not None:
+            self._reply(msg, refused)
+            return
         self._queue.append(msg)
+        self._held.hold_for(self.HOLDER)
         self.apply_ready()
-
-    def hold(self, requests: Sequence[p.WorkerRequest]) -> list[p.WorkerRequest]:
-        """The requests to start now: none while an update waits (they are held)."""
-        if not self._queue:
-            return list(requests)
-        self._held.extend(requests)
-        return []
-
-    def drop(self, rids: Sequence[str]) -> list[str]:
-        """Forget the held requests of ``rids`` (aborted); the rids that were held."""
-        gone = set(rids)
-        dropped = [r.rid for r in self._held if r.rid in gone]
-        self._held = [r for r in self._held if r.rid not in gone]
-        return dropped
-
-    def drop_all(self) -> None:
-        """Forget every held request (the router gave them up)."""
-        self._held.clear()
 
     def apply_ready(self) -> None:
         """Between steps: once nothing runs, apply the waiting updates in order, answer each,
         then start the requests they held."""
-        if not self._queue or self._engine.has_unfinished():
+        if not self._queue or not self._ready():
             return
         while self._queue:
             self._apply(self._queue.popleft())
-        held, self._held = self._held, []
-        if held:
-            self._start(held)
+        self._held.release(self.HOLDER)
 
     def _apply(self, msg: p.WorkerUpdateWeights) -> None:
         error: str | None = None
@@ -86,6 +81,9 @@ class WeightUpdates:
         except Exception as exc:  # an operator's bad path must not take the worker down
             error = str(exc) or type(exc).__name__
             log.warning("weight update from %s failed: %s", msg.path, error)
+        self._reply(msg, error)
+
+    def _reply(self, msg: p.WorkerUpdateWeights, error: str | None) -> None:
         path = str(getattr(self._engine, "model_path", "") or "")
         self._send(
             p.WorkerWeightsReply(

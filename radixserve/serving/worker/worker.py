@@ -35,17 +35,20 @@ import logging
 import os
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 import zmq
 
+from radixserve.engine.outputs import StepOutput
 from radixserve.serving.wire import protocol as p
 from radixserve.serving.wire import zmq_events
 from radixserve.serving.wire.security import PeerKeys
 from radixserve.serving.worker.engine_api import ServingEngine
+from radixserve.serving.worker.held import HeldRequests
 from radixserve.serving.worker.lora_queue import LoraQueue
+from radixserve.serving.worker.pausing import Pausing
 from radixserve.serving.worker.weight_updates import WeightUpdates
 
 if TYPE_CHECKING:
@@ -131,8 +134,23 @@ class Worker:
             self._disagg = DisaggLink.of(self.engine, self._send, self._active)
         # LoRA loads and unloads, in order, their files read off the loop (worker/lora_queue.py).
         self._lora = LoraQueue(self.engine, self._send)
-        # Weight updates, between requests (worker/weight_updates.py).
-        self._weights = WeightUpdates(self.engine, self._send, self._start)
+        # Requests held from the engine by a weight update or a pause (worker/held.py);
+        # pauses (worker/pausing.py); weight updates, between requests (worker/weight_updates.py).
+        self._held = HeldRequests(self._start)
+        self._pause = Pausing(
+            self.engine,
+            self._send,
+            self._held,
+            self._abort_everything,
+            disaggregated=self._disagg is not None,
+        )
+        self._weights = WeightUpdates(
+            self.engine,
+            self._send,
+            self._held,
+            ready=self._pause.weights_ready,
+            refusal=self._pause.weights_refusal,
+        )
         self._handlers = self._message_handlers()
 
     def _message_handlers(self) -> dict[type, Callable[[Any], None]]:
@@ -151,6 +169,8 @@ class Worker:
             p.WorkerLoadLora: self._lora.submit,
             p.WorkerUnloadLora: self._lora.submit,
             p.WorkerUpdateWeights: self._weights.submit,
+            p.WorkerPause: self._pause.pause,
+            p.WorkerContinue: self._pause.resume,
             p.WorkerKVSubscribe: self._on_kv_subscribe,
             p.WorkerRejoin: self._on_rejoin,
             p.WorkerShutdown: self._on_shutdown,
@@ -222,18 +242,21 @@ class Worker:
         try:
             self._hello()
             while not self._stopping:
-                busy = self.engine.has_unfinished()
+                busy = self._pause.stepping and self.engine.has_unfinished()
                 idle_ms = LORA_POLL_MS if self._lora.waiting else IDLE_POLL_MS
                 if self.sock.poll(0 if busy else idle_ms):
                     self._drain()
                 if self._stopping:
                     break
-                if self.engine.has_unfinished():
+                if not self._pause.stepping:
+                    self._send_outputs(self._outputs_without_a_step())
+                elif self.engine.has_unfinished():
                     code = self._step()
                     if code:
                         break
                 self._lora.apply_ready()
                 self._weights.apply_ready()
+                self._pause.poll()
                 now = time.monotonic()
                 if now >= next_check:
                     next_check = now + 0.5
@@ -310,13 +333,23 @@ class Worker:
         if self._disagg is not None:
             outs = self._disagg.filter_outputs(outs)
             self._disagg.send_answers()
+        self._send_outputs(outs)
+        return 0
+
+    def _outputs_without_a_step(self) -> Sequence[StepOutput]:
+        """What a paused engine has to report with no step (an abort's end, a settled step's
+        tokens); nothing from an engine that reports only from steps (the tests' fakes)."""
+        take = getattr(self.engine, "take_outputs", None)
+        return take() if take is not None else ()
+
+    def _send_outputs(self, outs: Sequence[StepOutput]) -> None:
+        """Report ``outs`` (those finished leave the active set), then the KV events."""
         if outs:
             for o in outs:
                 if o.finished:
                     self._active.discard(o.request_id)
             self._send(p.WorkerOutputs(outputs=list(outs), load=engine_load(self.engine)))
         self._publish_events()
-        return 0
 
     def _read_monitor(self, now: float) -> bool:
         """Fold the connection events in; True if the connection came back after a loss."""
@@ -381,11 +414,28 @@ class Worker:
         self._hello()
 
     def _abort_all(self) -> None:
-        self._weights.drop_all()
+        """Drop every request the router may no longer know (a rejoin): the held ones are
+        forgotten, the others aborted."""
+        self._held.take_all()
         for rid in list(self._active):
             self._abort(rid)
         if self._disagg is not None:
             self._disagg.drop_all()
+
+    def _abort_everything(self) -> int:
+        """End every request as aborted, each reported (a pause's ``abort``); returns how
+        many the engine had."""
+        self._end_held(self._held.take_all())
+        active = list(self._active)
+        for rid in active:
+            self._abort(rid)
+        return len(active)
+
+    def _end_held(self, rids: list[str]) -> None:
+        """Held requests never started: they end now, as aborted, so the router settles them."""
+        if rids:
+            ends = [p.StepOutput(r, [], finished=True, finish_reason="abort") for r in rids]
+            self._send(p.WorkerOutputs(outputs=ends, load=engine_load(self.engine)))
 
     def _abort(self, rid: str) -> None:
         try:
@@ -413,7 +463,7 @@ class Worker:
             handler(msg)
 
     def _on_add(self, msg: p.WorkerAdd) -> None:
-        self._start(self._weights.hold(msg.requests))  # held while a weight update waits
+        self._held.admit(msg.requests)  # held while a weight update waits or a pause lasts
 
     def _start(self, requests: list[p.WorkerRequest]) -> None:
         for req in requests:
@@ -436,10 +486,8 @@ class Worker:
                 self._active.add(req.rid)
 
     def _on_abort(self, msg: p.WorkerAbort) -> None:
-        held = self._weights.drop(msg.rids)
-        if held:  # never started: they end now, so the router settles them
-            ends = [p.StepOutput(r, [], finished=True, finish_reason="abort") for r in held]
-            self._send(p.WorkerOutputs(outputs=ends, load=engine_load(self.engine)))
+        held = self._held.drop(msg.rids)
+        self._end_held(held)
         for rid in set(msg.rids) - set(held):
             self._abort(rid)
         if self._disagg is not None:
