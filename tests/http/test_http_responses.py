@@ -247,9 +247,46 @@ def test_a_background_response_is_answered_at_once_and_polled(agent_server: Serv
     # It ended: a conversation goes on from it.
     more = a.responses.create(previous_response_id=done.id, **kw)
     assert more.usage is not None and more.usage.input_tokens_details.cached_tokens > 0
-    for extra in ({"stream": True}, {"store": False}):
-        with pytest.raises(openai.BadRequestError):
-            a.responses.create(background=True, **{**kw, **extra})
+    with pytest.raises(openai.BadRequestError):
+        a.responses.create(background=True, store=False, **kw)
+    with pytest.raises(openai.BadRequestError, match="not streamed in the background"):
+        a.responses.retrieve(done.id, stream=True)
+
+
+def test_a_streamed_background_response_is_picked_up_again_where_it_was_left(
+    agent_server: Server,
+) -> None:
+    """A client reads a few events and drops the connection; the response goes on, and the
+    stream is picked up again after the last event it read (``starting_after``), the
+    numbers following on; after the end, the whole stream is read again from the start."""
+    a = sdk(agent_server)
+    kw: Any = dict(model="default", input="Tell me a story", max_output_tokens=24, temperature=0)
+    with a.responses.create(background=True, stream=True, **kw) as dropped:
+        events = iter(dropped)
+        seen = [next(events) for _ in range(4)]
+    assert [e.type for e in seen[:2]] == ["response.created", "response.in_progress"]
+    rid = seen[0].response.id  # type: ignore[union-attr]
+    last = seen[-1].sequence_number
+    rest = list(a.responses.retrieve(rid, stream=True, starting_after=last))
+    numbers = [e.sequence_number for e in seen + rest]
+    assert numbers == list(range(len(numbers)))
+    end = rest[-1]
+    assert end.type in ("response.completed", "response.incomplete")
+    direct = a.responses.create(**kw)
+    assert end.response.output_text == direct.output_text  # type: ignore[union-attr]
+    assert a.responses.retrieve(rid).status == end.response.status  # type: ignore[union-attr]
+    again = list(a.responses.retrieve(rid, stream=True))
+    assert [e.type for e in again] == [e.type for e in seen + rest]
+    a.responses.delete(rid)
+    with pytest.raises(openai.NotFoundError):
+        a.responses.retrieve(rid, stream=True)
+    # Cancelled while a reader follows it: that reader's stream ends there.
+    with a.responses.create(background=True, stream=True, **{**kw, "max_output_tokens": 1500}) as s:
+        events = iter(s)
+        long = next(events).response.id  # type: ignore[union-attr]
+        assert a.responses.cancel(long).status == "cancelled"
+        tail = [e.type for e in events]
+    assert tail and not {"response.completed", "response.incomplete"} & set(tail)
 
 
 def test_a_background_response_is_cancelled(agent_server: Server) -> None:

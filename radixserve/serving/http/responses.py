@@ -8,7 +8,9 @@ reasoning parser's thinking becomes a ``reasoning`` item. Streams follow OpenAI'
 sequence (:mod:`.responses_stream`).
 
 ``background: true`` answers at once and runs the turn in the gateway
-(:mod:`.responses_background`; ``POST /v1/responses/{id}/cancel`` stops it).
+(:mod:`.responses_background`; ``POST /v1/responses/{id}/cancel`` stops it); with
+``stream: true`` its events stream, and ``GET /v1/responses/{id}?stream=true`` picks them
+up again after a dropped connection.
 ``previous_response_id`` continues a stored conversation (:mod:`.responses_store`, per
 tenant, bounded) and is the router's session key for the whole chain (the first
 response's id; ``prompt_cache_key`` overrides it), so every turn of one conversation
@@ -19,13 +21,15 @@ response back as it was answered; ``DELETE`` forgets it (the tenant's own, eithe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
+from collections.abc import AsyncGenerator
 from functools import partial
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,7 +47,7 @@ from radixserve.serving.http.chat_tools import template_kwargs, with_reasoning_e
 from radixserve.serving.http.errors import APIError, invalid
 from radixserve.serving.http.gateway import Gateway, final_of
 from radixserve.serving.http.openai_protocol import retention_seconds
-from radixserve.serving.http.responses_background import BackgroundRuns
+from radixserve.serving.http.responses_background import BackgroundRuns, EventLog
 from radixserve.serving.http.responses_store import ResponseStore, tenant_of
 from radixserve.serving.http.responses_stream import events
 from radixserve.serving.http.sse import SSEResponse
@@ -83,7 +87,7 @@ class ResponsesRequest(_Body):
     top_p: float | None = None
     stream: bool = False
     store: bool = True
-    # Answered at once, run by the gateway, polled with GET (responses_background.py).
+    # Answered at once, run by the gateway, polled with GET or streamed (responses_background.py).
     background: bool = False
     metadata: dict[str, str] | None = Field(default=None, max_length=16)
     user: str | None = Field(default=None, max_length=256)
@@ -109,11 +113,6 @@ class ResponsesRequest(_Body):
             raise invalid("input must not be empty", param="input")
         if self.background and not self.store:
             raise invalid("a background response is stored: send store true", param="store")
-        if self.background and self.stream:
-            raise invalid(
-                "a background response is polled (GET /v1/responses/{id}): send stream false",
-                param="stream",
-            )
         self.pin_ttl_s()  # a bad prompt_cache_retention fails before anything runs
 
     @property
@@ -283,7 +282,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     g: Gateway = request.app.state.gateway
     turn, call = await prepare(body, request)
     if body.background:
-        return JSONResponse(start_background(request, turn, call))
+        response, log = start_background(request, turn, call)
+        return JSONResponse(response) if log is None else SSEResponse(log.follow())
     stream = open_stream(g, request, call)
     if body.stream:
         first = await primed(request, stream)
@@ -302,23 +302,31 @@ def answered(turn: Turn, call: ChatCall, final: p.GenerateFinal) -> dict[str, An
     return turn.response("incomplete" if incomplete else "completed", output, final)
 
 
-def start_background(request: Request, turn: Turn, call: ChatCall) -> dict[str, Any]:
+def start_background(
+    request: Request, turn: Turn, call: ChatCall
+) -> tuple[dict[str, Any], EventLog | None]:
     """Store ``turn`` in progress and run it in the gateway's background; the response as
-    it is now (responses_background.py)."""
-    tenant = tenant_of(request_key(request.scope))
+    it is now, and the log of its events when it is streamed (responses_background.py)."""
+    key = (tenant_of(request_key(request.scope)), turn.id)
     response = turn.response("in_progress", [])
     runs = background_of(request)
-    runs.start((tenant, turn.id), _run(request, turn, call))
-    store_of(request).put(tenant, turn.id, turn.history, turn.session, response)
-    return response
+    event_log = runs.new_log(key) if turn.body.stream else None
+    runs.start(key, _run(request, turn, call, event_log))
+    store_of(request).put(key[0], turn.id, turn.history, turn.session, response)
+    return response, event_log
 
 
-async def _run(request: Request, turn: Turn, call: ChatCall) -> None:
+async def _run(request: Request, turn: Turn, call: ChatCall, event_log: EventLog | None) -> None:
     """A background turn to its end, its stored response following: completed (or
-    incomplete), failed with the error, or cancelled."""
+    incomplete), failed with the error, or cancelled; its events into ``event_log`` when it is
+    streamed."""
     g: Gateway = request.app.state.gateway
     try:
-        response = answered(turn, call, await final_of(open_stream(g, request, call)))
+        stream = open_stream(g, request, call)
+        if event_log is None:
+            response = answered(turn, call, await final_of(stream))
+        else:
+            response = await _logged(turn, call, stream, event_log)
     except asyncio.CancelledError:  # cancel_response, a delete, or the gateway closing
         response = turn.response("cancelled", [])
     except APIError as exc:
@@ -327,6 +335,22 @@ async def _run(request: Request, turn: Turn, call: ChatCall) -> None:
         log.exception("background response %s failed", turn.id)
         response = _failed(turn, "server_error", f"{type(exc).__name__}: {exc}")
     remember(request, turn, response)
+    if event_log is not None:
+        event_log.end()
+
+
+async def _logged(
+    turn: Turn, call: ChatCall, stream: AsyncGenerator[Any, None], event_log: EventLog
+) -> dict[str, Any]:
+    """A streamed background turn's events into ``event_log`` (the stream closed on the way out,
+    so a cancel aborts the request); its final response."""
+    ended: list[dict[str, Any]] = []
+    async with contextlib.aclosing(stream) as router_events:
+        turn_events = events(turn, call.plan, router_events, ended.append, ended.append)
+        async with contextlib.aclosing(turn_events) as sse:
+            async for event in sse:
+                event_log.append(event)
+    return ended[-1]
 
 
 def _failed(turn: Turn, code: str, message: str) -> dict[str, Any]:
@@ -351,12 +375,29 @@ def _not_found(response_id: str) -> APIError:
 
 
 @router.get("/v1/responses/{response_id}", response_model=None)
-async def get_response(response_id: str, request: Request) -> Response:
-    """A stored response, as it was answered (the tenant's own only)."""
-    stored = store_of(request).get(tenant_of(request_key(request.scope)), response_id)
+async def get_response(
+    response_id: str,
+    request: Request,
+    stream: bool = False,
+    starting_after: int | None = Query(default=None, ge=0),
+) -> Response:
+    """A stored response, as it was answered (the tenant's own only); with ``stream``, a
+    streamed background response's events after ``starting_after``, then the rest as they
+    come (responses_background.py)."""
+    key = (tenant_of(request_key(request.scope)), response_id)
+    stored = store_of(request).get(*key)
     if stored is None or stored.response is None:
         raise _not_found(response_id)
-    return JSONResponse(stored.response)
+    if not stream:
+        return JSONResponse(stored.response)
+    log = background_of(request).log(key)
+    if log is None:
+        raise invalid(
+            f"Response {response_id!r} was not streamed in the background, or its events "
+            "are no longer kept: GET it without stream",
+            param="stream",
+        )
+    return SSEResponse(log.follow(-1 if starting_after is None else starting_after))
 
 
 @router.get("/v1/responses/{response_id}/input_items", response_model=None)
@@ -396,7 +437,9 @@ async def delete_response(response_id: str, request: Request) -> Response:
     """Forget a stored response (a background one still running is stopped first): it can
     be neither retrieved nor continued any more."""
     tenant = tenant_of(request_key(request.scope))
-    await background_of(request).cancel((tenant, response_id))
+    runs = background_of(request)
+    await runs.cancel((tenant, response_id))
+    runs.forget((tenant, response_id))
     if not store_of(request).delete(tenant, response_id):
         raise _not_found(response_id)
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})

@@ -17,7 +17,7 @@ markup never reaches the text.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -153,10 +153,11 @@ async def events(
     plan: ToolPlan,
     stream: AsyncIterator[p.GenerateChunk | p.GenerateFinal],
     on_done: Callable[[dict[str, Any]], None],
-) -> AsyncIterator[bytes]:
+    on_failed: Callable[[dict[str, Any]], None] | None = None,
+) -> AsyncGenerator[bytes, None]:
     """The SSE events of ``turn`` (a :class:`~.responses.Turn`) over its router stream;
     ``on_done(response)`` runs before the last event, with the finished Response object
-    (it stores the conversation)."""
+    (it stores the conversation); ``on_failed(response)`` likewise with a failed one."""
     w = Writer()
     yield w.emit("response.created", response=turn.response("in_progress", []))
     yield w.emit("response.in_progress", response=turn.response("in_progress", []))
@@ -184,4 +185,6 @@ async def events(
         yield w.emit("error", code=exc.code or exc.type, message=exc.message, param=exc.param)
         failed = turn.response("failed", items.done)
         failed["error"] = {"code": exc.code or "server_error", "message": exc.message}
+        if on_failed is not None:
+            on_failed(failed)
         yield w.emit("response.failed", response=failed)

@@ -96,8 +96,9 @@ class WorkerPause(Msg, tag="w_pause"):
     """Router -> worker: stop generating until :class:`WorkerContinue`; requests that come
     meanwhile are held. ``mode``: what becomes of the running ones (:data:`PauseMode`);
     ``clear_cache``: then drop the cached prefixes (with ``abort`` and ``wait``, which
-    leave nothing running; ignored otherwise). Answer :class:`WorkerPauseReply` once paused (``wait``: once they finished);
-    ``token`` 0: the router pauses a worker that joins while the others are paused."""
+    leave nothing running; ignored otherwise). Answer :class:`WorkerPauseReply` once
+    paused (``wait``: once they finished); ``token`` 0: the router pauses a worker that
+    joins while the others are paused."""
 
     token: int
     mode: PauseMode = "abort"
