@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from radixserve.agents import hermes, llama3, mistral, pythonic, qwen_xml
+from radixserve.agents import hermes, llama3, mistral, pythonic, pythonic_grammar, qwen_xml
 from radixserve.agents import reasoning as think
 from radixserve.agents.stream import ToolScan
 
@@ -29,9 +29,13 @@ class ToolFormat(NamedTuple):
     # Arguments as Qwen's XML parameters (qwen_xml), not JSON: read back by the tools'
     # schemas, and constrained by xgrammar's "qwen_xml" style of a JSON schema.
     xml: bool = False
-    # Whether its calls can be constrained (forced calls, strict tools): a JSON or XML
-    # format can; Python call syntax has no grammar here (pythonic).
+    # Whether structural tags constrain its calls (forced calls, strict tools and one call
+    # under auto): a JSON or XML format's do; pythonic calls have no JSON to tag.
     constrained: bool = True
+    # A format without JSON calls: the structural tag forcing calls of some functions,
+    # several or one ((functions, several) -> tag; pythonic_grammar.py). Under auto its
+    # calls are not constrained (strict tools, one call at most: refused).
+    calls_grammar: Callable[[list[dict[str, Any]], bool], str] | None = None
 
     def scanner(self, functions: list[dict[str, Any]]) -> ToolScan:
         """The parser of answers to a request with ``functions`` (OpenAI ``function``s)."""
@@ -47,7 +51,16 @@ QWEN3_CODER = ToolFormat(
     qwen_xml.NAME, qwen_xml.scan, qwen_xml.CALL_BEGIN, qwen_xml.CALL_END, "", False, xml=True
 )
 
-PYTHONIC = ToolFormat(pythonic.NAME, pythonic.scan, "", "", "", True, constrained=False)
+PYTHONIC = ToolFormat(
+    pythonic.NAME,
+    pythonic.scan,
+    "",
+    "",
+    "",
+    True,
+    constrained=False,
+    calls_grammar=pythonic_grammar.structural_tag,
+)
 
 TOOL_FORMATS: dict[str, ToolFormat] = {
     "hermes": HERMES,

@@ -228,9 +228,10 @@ def test_anthropic_error_shape() -> None:
     assert error_body(502, "x") == {"type": "error", "error": {"type": "api_error", "message": "x"}}
 
 
-def test_pythonic_calls_are_read_but_never_forced() -> None:
-    """The pythonic format's calls are read back (auto); what would need them constrained
-    (a required or named call, one call at most, strict tools) is a 400, not ignored."""
+def test_pythonic_calls_are_read_and_forced_by_their_grammar() -> None:
+    """The pythonic format's calls are read back (auto); a required or named call is forced
+    by the pythonic grammar (one call without parallel calls or with a named one); what
+    would need calls constrained under auto (one call at most, strict tools) is a 400."""
     from radixserve.serving.http.chat_tools import FunctionIn, ToolIn, plan
 
     tools = [ToolIn(function=FunctionIn(name="get_time", parameters={"type": "object"}))]
@@ -241,10 +242,18 @@ def test_pythonic_calls_are_read_but_never_forced() -> None:
     assert parser is not None
     parser.parse("[get_time(zone='UTC')]")
     assert [(c.name, c.arguments) for c in parser.calls] == [("get_time", '{"zone": "UTC"}')]
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for choice, parallel, several in [
+        ("required", None, True),
+        ("required", False, False),
+        (named, None, False),
+    ]:
+        forced = plan(tools, choice, template, "pythonic", None, False, parallel)
+        assert forced.forced is None and forced.structural_tag is not None
+        grammar = json.loads(forced.structural_tag)["format"]["grammar"]
+        assert grammar.startswith('root ::= "[" call' + (' (", " call)*' if several else ' "]"'))
     strict = [ToolIn(function=FunctionIn(name="f", parameters={}, strict=True))]
     for tools_, choice, parallel, says in [
-        (tools, "required", None, "a required tool call"),
-        (tools, {"type": "function", "function": {"name": "get_time"}}, None, "required"),
         (tools, "auto", False, "parallel_tool_calls false"),
         (strict, "auto", None, "strict tools"),
     ]:

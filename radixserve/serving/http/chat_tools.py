@@ -173,7 +173,9 @@ def plan(
             )
         allowed = [f for f in functions if named is None or f["name"] == named]
         several = named is None and parallel
-        if fmt.xml:  # no JSON call object to force: XML arguments, in a structural tag
+        if fmt.calls_grammar is not None:  # no JSON at all: the format's own grammar
+            tag = _bounded(fmt.calls_grammar(allowed, several), "force a call")
+        elif fmt.xml:  # no JSON call object to force: XML arguments, in a structural tag
             tag = _bounded(tool_tags.required_calls(fmt, allowed, several), "force a call")
         else:
             forced = _bounded(forced_call(fmt, allowed), "force a call")
@@ -188,12 +190,13 @@ def _check_constrainable(
     fmt: ToolFormat, choice: Any, named: str | None, parallel: bool, functions: list[dict[str, Any]]
 ) -> None:
     """A 400 for what would need the format's calls constrained where they cannot be
-    (pythonic calls: forced calls, one call at most, strict tools)."""
+    (pythonic calls under auto: one call at most, strict tools)."""
     if fmt.constrained:
         return
+    forced = choice == "required" or named is not None
     needs = (
-        "a required tool call"
-        if choice == "required" or named is not None
+        ("a required tool call" if fmt.calls_grammar is None else None)
+        if forced
         else "parallel_tool_calls false"
         if not parallel
         else "strict tools"
