@@ -270,24 +270,16 @@ def _take_weights(
     runner: ModelRunner, path: str, cfg: EngineConfig, rv: Rendezvous, device: torch.device
 ) -> None:
     """This rank's part of :meth:`RankGroup.replace_weights`."""
-    from radixserve.model.weight_update import load_weights_for
+    from radixserve.model.weight_update import load_weights_for, prepared
 
     def prepare() -> WeightCopy:
         return load_weights_for(runner.model, path, **_rank_load_args(cfg, rv, device))
 
-    copy, error = _prepared(prepare)
+    copy, error = prepared(prepare)
     if error is not None:
         log.warning("rank refuses the weights at %s: %s", path, error)
     if _all_agree(rv.tp, error is None, device) and copy is not None:
         copy.apply()
-
-
-def _prepared(prepare: Callable[[], WeightCopy]) -> tuple[WeightCopy | None, str | None]:
-    """``prepare()``, or why it failed (a rank's failure must not skip the agreement)."""
-    try:
-        return prepare(), None
-    except Exception as exc:
-        return None, str(exc) or type(exc).__name__
 
 
 def _all_agree(tp: Any, ok: bool, device: torch.device) -> bool:
@@ -476,8 +468,10 @@ class RankGroup:
         """New weights on every rank, all or none: each rank loads and checks its share
         (``prepare``, rank 0's), all agree, then each copies; rank 0's bytes copied.
         ``ValueError`` (no rank changed) where any rank could not."""
+        from radixserve.model.weight_update import prepared
+
         self.channel.send(step_wire.UpdateWeights(path))
-        copy, error = _prepared(prepare)
+        copy, error = prepared(prepare)
         if not _all_agree(self.tp, error is None, self.device):
             raise ValueError(
                 error or "another tensor-parallel rank refused the weights (its log says why)"

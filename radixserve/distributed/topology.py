@@ -233,7 +233,14 @@ class PipelineParallel(Topology):
         return {"tp": self.launch.tp_group, "stage": self.launch.stage}
 
     def replace_weights(self, model: Any, path: Path, load_args: dict[str, Any]) -> int:
-        raise ValueError("weights cannot be updated while serving with pipeline parallelism")
+        """Every stage's ranks load their share of ``path`` and check it; only once all
+        could does any copy (PipelineRunner.replace_weights)."""
+        from radixserve.model.weight_update import load_weights_for
+
+        share = {**load_args, **self.load_args()}
+        runner = self.launch.runner
+        assert runner is not None, "weights are updated once the pipeline serves"
+        return runner.replace_weights(str(path), lambda: load_weights_for(model, path, **share))
 
     def plan_memory(self, model: Any, **kwargs: Any) -> MemoryPlan:
         # The page count every stage affords, from the whole model's config.

@@ -23,6 +23,7 @@ it names in ``CONFIG_CACHES``) stay as they are: the two configurations are the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,15 @@ def load_weights_for(served: nn.Module, path: str | Path, **load_args: Any) -> W
     fresh = load_model(path, announce=False, **load_args)
     check_same_architecture(served.config, fresh.config)  # type: ignore[arg-type]
     return WeightCopy(served, fresh)
+
+
+def prepared(prepare: Callable[[], WeightCopy]) -> tuple[WeightCopy | None, str | None]:
+    """``prepare()``, or why it failed: one rank of several must still vote when its share
+    does not load (tensor and pipeline parallelism agree before any rank copies)."""
+    try:
+        return prepare(), None
+    except Exception as exc:
+        return None, str(exc) or type(exc).__name__
 
 
 def copy_weights(served: nn.Module, fresh: nn.Module) -> int:

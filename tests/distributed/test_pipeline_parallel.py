@@ -168,3 +168,37 @@ def test_hung_rank_fails_the_step_after_the_timeout(tiny_llama_dir: Path) -> Non
     finally:
         engine.close()  # kills the stopped rank
     assert engine.topology.launch.procs[1].poll() is not None
+
+
+def test_pp2_weights_updated_on_every_stage_or_none(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """Each stage's rank loads its share of the new checkpoint and copies it only once
+    every rank could: the answers are then the new weights' transformers tokens (a stage
+    left on the old weights would mix them); a checkpoint whose second stage's layer does
+    not fit, which rank 0's stage loads fine, changes no stage."""
+    import tiny_models
+    from engine_helpers import greedy, hf_greedy
+    from safetensors.torch import load_file, save_file
+
+    b = tiny_models.build_tiny_llama(tmp_path / "b", seed=62)
+    broken = tiny_models.build_tiny_llama(tmp_path / "broken", seed=63)
+    (shard,) = broken.glob("*.safetensors")
+    tensors = load_file(str(shard))
+    name = "model.layers.1.mlp.down_proj.weight"  # layer 1: the second stage's
+    tensors[name] = tensors[name].t().contiguous()
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    prompt = random_prompts([9], seed=64)[0]
+    engine = Engine(str(tiny_llama_dir), **CONFIG, pipeline_parallel_size=2)
+    try:
+        assert engine.generate([prompt], greedy(6))[0].token_ids == hf_greedy(
+            tiny_llama_dir, prompt, 6
+        )
+        engine.update_weights_from_disk(str(b), weight_version="v2")
+        (out,) = engine.generate([prompt], greedy(6))
+        assert out.token_ids == hf_greedy(b, prompt, 6) and out.usage.cached_tokens == 0
+        with pytest.raises(ValueError, match="another pipeline rank refused"):
+            engine.update_weights_from_disk(str(broken))
+        assert engine.generate([prompt], greedy(6))[0].token_ids == out.token_ids
+        assert engine.weight_version == "v2"
+        engine.check_invariants()
+    finally:
+        engine.close()

@@ -34,6 +34,7 @@ _TAG_STATS = 3
 # Plan-broadcast sizes below zero are control messages, not plans.
 STOP = -1
 REPORT_STATS = -2
+UPDATE_WEIGHTS = -3  # then the checkpoint's path, then every rank's vote (PipelineComm.agree)
 
 
 def wait_for_transfer(work: Any, device: torch.device, timeout: datetime.timedelta | None) -> None:
@@ -140,7 +141,7 @@ class PipelineComm:
 
     def broadcast_bytes(self, payload: bytes | int) -> bytes | int:
         """Rank 0 passes the payload (or a negative control code: :data:`STOP`,
-        :data:`REPORT_STATS`); every rank gets it back."""
+        :data:`REPORT_STATS`, :data:`UPDATE_WEIGHTS`); every rank gets it back."""
         t0 = time.perf_counter()
         code = payload if isinstance(payload, int) else len(payload)
         size = torch.tensor([code], dtype=torch.int64)
@@ -162,6 +163,15 @@ class PipelineComm:
             self.cpu_group.broadcast([buf], opts).wait()
         self.stats.plan_seconds += time.perf_counter() - t0
         return payload if self.rank == 0 else buf.numpy().tobytes()
+
+    def agree(self, ok: bool) -> bool:
+        """Whether every rank of the world says ``ok`` (one all-reduce of the votes' minimum
+        over the plans' group, which every rank is in)."""
+        vote = torch.tensor([1 if ok else 0], dtype=torch.int64)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MIN  # type: ignore[assignment]
+        self.cpu_group.allreduce([vote], opts).wait()
+        return int(vote.item()) == 1
 
     # -- activations (stage s -> s + 1) and logits (last -> rank 0) ------------------------
 

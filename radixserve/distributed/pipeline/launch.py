@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -125,6 +126,7 @@ class PipelineLaunch:
         self.pc = pc
         self.device = rank_device(cfg.device, 0)
         self.stage = stage_of(model_path, self.tp, self.pp, 0)
+        self.runner: Any = None  # rank 0's PipelineRunner, once make_runner built it
         self._closed = False
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         for rank in range(1, world):
@@ -189,7 +191,7 @@ class PipelineLaunch:
         except Exception as exc:
             raise self.explain(exc) from exc
         self._wait_ready()
-        return PipelineRunner(
+        self.runner = PipelineRunner(
             model,
             pool,
             attn,
@@ -201,6 +203,7 @@ class PipelineLaunch:
             micro_batches=cfg.pipeline_micro_batches,
             check_ranks=self.check,
         )
+        return self.runner
 
     def _wait_ready(self) -> None:
         """Wait until every rank has built its pool and runner (the start-up may take minutes
@@ -297,7 +300,23 @@ def rank_main(spec: RankSpec) -> None:
     micro = cfg.pipeline_micro_batches
     runner = StageRunner(model, pool, attn, groups.comm, max_rows, max_pages, micro_batches=micro)
     groups.store.set(f"pp-ready/{spec.rank}", "1")  # rank 0 starts the warm-up after this
-    runner.serve()
+    runner.serve(partial(_stage_weights, model, spec, cfg, device, groups.tp, stage))
+
+
+def _stage_weights(
+    model: Any,
+    spec: RankSpec,
+    cfg: EngineConfig,
+    device: torch.device,
+    tp: TPGroup | None,
+    stage: DeviceShard,
+    path: str,
+) -> Any:
+    """This rank's share of checkpoint ``path``, loaded as its stage was and checked
+    against it (a weight update: PipelineRunner.replace_weights)."""
+    from radixserve.model.weight_update import load_weights_for
+
+    return load_weights_for(model, path, dtype=cfg.torch_dtype, device=device, tp=tp, stage=stage)
 
 
 if __name__ == "__main__":

@@ -18,13 +18,15 @@ rank 0's host before the broadcast, so every stage-0 TP rank embeds the same ids
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
 import radixserve.distributed.step_wire as step_wire
-from radixserve.distributed.pipeline.comm import REPORT_STATS, STOP, PipelineComm
+from radixserve.distributed.pipeline.comm import REPORT_STATS, STOP, UPDATE_WEIGHTS, PipelineComm
 from radixserve.distributed.pipeline.micro import MicroBatch, split_micro_batches, sub_batch
 from radixserve.engine.model_runner import ModelRunner, PendingStep
 from radixserve.engine.sampler import Sampler, prompt_logprob_reads
@@ -33,6 +35,11 @@ from radixserve.memory.pool import KVPool
 from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.pipeline_stage import LlamaPipelineStage
 from radixserve.scheduling.plan import StepPlan, StepResult
+
+if TYPE_CHECKING:
+    from radixserve.model.weight_update import WeightCopy
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["PipelineRunner", "StageRunner", "decode_plan", "encode_plan"]
 
@@ -138,8 +145,10 @@ class StageRunner(ModelRunner):
                 layout.ints(f"mb{k}_select", mb.logits)
         return layout
 
-    def serve(self) -> None:
-        """A non-zero rank's loop: run every plan rank 0 broadcasts until it says stop."""
+    def serve(self, load_weights: Callable[[str], WeightCopy] | None = None) -> None:
+        """A non-zero rank's loop: run every plan rank 0 broadcasts until it says stop.
+        ``load_weights(path)``: this stage's share of a checkpoint, loaded and checked
+        (:data:`UPDATE_WEIGHTS`; without it every update is refused)."""
         while True:
             payload = self.comm.broadcast_bytes(b"")  # the payload is rank 0's
             if payload == STOP:
@@ -147,10 +156,29 @@ class StageRunner(ModelRunner):
             if payload == REPORT_STATS:
                 self.comm.report_stats()
                 continue
+            if payload == UPDATE_WEIGHTS:
+                self._take_weights(load_weights)
+                continue
             assert isinstance(payload, bytes)
             self.run_stage(decode_plan(payload))
             self.comm.stats.steps += 1
         self.comm.flush()
+
+    def _take_weights(self, load_weights: Callable[[str], WeightCopy] | None) -> None:
+        """This rank's part of :meth:`PipelineRunner.replace_weights`: load and check its
+        share, vote, copy only if every rank could."""
+        from radixserve.model.weight_update import prepared
+
+        path = self.comm.broadcast_bytes(b"")
+        assert isinstance(path, bytes)
+        copy: WeightCopy | None = None
+        error: str | None = "this rank cannot load weights"
+        if load_weights is not None:
+            copy, error = prepared(lambda: load_weights(path.decode()))
+        if error is not None:
+            logger.warning("pipeline rank refuses the weights at %s: %s", path.decode(), error)
+        if self.comm.agree(error is None) and copy is not None:
+            copy.apply()
 
 
 class PipelineRunner(StageRunner):
@@ -223,6 +251,22 @@ class PipelineRunner(StageRunner):
         self.comm.stats.compute_seconds += time.perf_counter() - t_sample
         self._last_host_tokens = list(result.token_ids)
         return _Done(result)
+
+    def replace_weights(self, path: str, prepare: Callable[[], WeightCopy]) -> int:
+        """New weights on every stage, all or none: every rank loads and checks its share
+        (``prepare``, rank 0's), all vote, then each copies; rank 0's bytes copied.
+        ``ValueError`` (no rank changed) where any rank could not. Between steps only."""
+        from radixserve.model.weight_update import prepared
+
+        self.comm.broadcast_bytes(UPDATE_WEIGHTS)
+        self.comm.broadcast_bytes(path.encode())
+        copy, error = prepared(prepare)
+        if not self.comm.agree(error is None):
+            raise ValueError(
+                error or "another pipeline rank refused the weights (its log says why)"
+            )
+        assert copy is not None
+        return copy.apply()
 
     def shutdown(self) -> None:
         """Tell every other rank to leave its loop."""
