@@ -414,6 +414,46 @@ def test_vllm_return_token_ids(client: openai.OpenAI, tokenizer: Any) -> None:
     assert streamed == out.choices[0].model_extra["token_ids"]
 
 
+def test_vllm_return_tokens_as_token_ids(client: openai.OpenAI) -> None:
+    """vLLM's ``return_tokens_as_token_ids``: logprobs name every token ``token_id:<id>``
+    (the chosen ones the same ids ``return_token_ids`` gives, the likeliest ones too),
+    chat and text completions, whole or streamed; the text's offsets still count the text."""
+    extra = {"return_tokens_as_token_ids": True, "return_token_ids": True, "ignore_eos": True}
+    msgs: Any = [{"role": "user", "content": "Name a color."}]
+    kw: Any = dict(model="default", max_tokens=4, temperature=0, extra_body=extra)
+    chat = client.chat.completions.create(messages=msgs, logprobs=True, top_logprobs=2, **kw)
+    choice = chat.choices[0]
+    content = choice.logprobs.content  # type: ignore[union-attr]
+    assert [c.token for c in content] == [f"token_id:{t}" for t in choice.model_extra["token_ids"]]
+    assert all(c.bytes == list(c.token.encode()) for c in content)
+    assert all(t.token.startswith("token_id:") for c in content for t in c.top_logprobs)
+    chunks = client.chat.completions.create(
+        messages=msgs, logprobs=True, top_logprobs=2, stream=True, **kw
+    )
+    streamed = [
+        c.token
+        for ch in chunks
+        for x in ch.choices
+        for c in ((x.logprobs.content if x.logprobs else None) or [])
+    ]
+    assert streamed == [c.token for c in content]
+    text = client.completions.create(prompt="The capital of France is", logprobs=2, **kw)
+    lp, ids = text.choices[0].logprobs, text.choices[0].model_extra["token_ids"]
+    assert lp is not None and lp.tokens == [f"token_id:{t}" for t in ids]
+    assert all(k.startswith("token_id:") for top in lp.top_logprobs or [] for k in top)
+    plain = client.completions.create(
+        prompt="The capital of France is", logprobs=2, **{**kw, "extra_body": {"ignore_eos": True}}
+    )
+    assert plain.choices[0].text == text.choices[0].text
+    assert lp.text_offset == plain.choices[0].logprobs.text_offset  # type: ignore[union-attr]
+    pieces = client.completions.create(
+        prompt="The capital of France is", logprobs=2, stream=True, **kw
+    )
+    assert [
+        t for p in pieces for c in p.choices for t in (c.logprobs.tokens if c.logprobs else [])
+    ] == lp.tokens
+
+
 def test_vllm_allowed_token_ids(client: openai.OpenAI, tokenizer: Any) -> None:
     """vLLM's ``allowed_token_ids``: every output token is one of them, sampled or greedy."""
     allowed = tokenizer.encode(" yes no maybe", add_special_tokens=False)

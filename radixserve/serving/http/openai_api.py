@@ -176,6 +176,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         body.stop_token_ids,
         body.prompt_logprobs,
         body.return_token_ids,
+        body.return_tokens_as_token_ids,
     )
     if body.stream:
         events = await primed(request, merge(streams))
@@ -192,7 +193,8 @@ def _chat_completion(
     choices = []
     for i, f in enumerate(results):
         msg, finish_reason = chat_tools.message(tools, f.text, f.finish_reason)
-        logprobs = {"content": chat_logprobs(g, f.logprobs)} if head.want_logprobs else None
+        as_ids = head.tokens_as_ids
+        logprobs = {"content": chat_logprobs(g, f.logprobs, as_ids)} if head.want_logprobs else None
         choices.append(
             {
                 "index": i,
@@ -289,9 +291,10 @@ def _completion_choice(
     echo asks for them)."""
     logprobs = None
     if body.logprobs is not None:
-        logprobs = completion_logprobs(g, f.logprobs, len(echo))
+        as_ids = body.return_tokens_as_token_ids
+        logprobs = completion_logprobs(g, f.logprobs, len(echo), as_ids)
         if body.scores_prompt:
-            prompt = prompt_logprobs_part(g, f, body.logprobs)
+            prompt = prompt_logprobs_part(g, f, body.logprobs, as_ids)
             logprobs = {name: prompt[name] + values for name, values in logprobs.items()}
     choice = {
         "index": i,
@@ -364,7 +367,11 @@ async def _completion_events(
         usage_of.add(i, ev)
         if isinstance(ev, p.GenerateChunk):
             if ev.text or (want_lp and ev.logprobs) or (want_ids and ev.token_ids):
-                lps = completion_logprobs(g, ev.logprobs, offsets[i]) if want_lp else None
+                lps = (
+                    completion_logprobs(g, ev.logprobs, offsets[i], body.return_tokens_as_token_ids)
+                    if want_lp
+                    else None
+                )
                 offsets[i] += len(ev.text)
                 ids = {"token_ids": ev.token_ids} if want_ids else {}
                 yield chunk(

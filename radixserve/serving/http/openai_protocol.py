@@ -161,7 +161,6 @@ UNSUPPORTED_UNLESS = {
     "documents": (None, "documents are not supported"),
     "mm_processor_kwargs": (None, "multimodal processor arguments are not supported"),
     "echo": (False, "echo is not supported on chat completions (it is on /v1/completions)"),
-    "return_tokens_as_token_ids": (False, "return_tokens_as_token_ids is not supported"),
     "kv_transfer_params": (None, "kv_transfer_params is not supported"),
     "return_hidden_states": (False, "return_hidden_states is not supported"),
     "separate_reasoning": (True, "reasoning is always separated by the server's parser"),
@@ -227,6 +226,9 @@ class _SamplingBody(_Body, StructuredOutputFields):
     # trainer learns from); streamed, the prompt's on a choice's first chunk (chat: the
     # chunk's top level) and each chunk's new ones.
     return_token_ids: bool = False
+    # vLLM's: logprobs name each token "token_id:<id>" instead of its text, so that tokens
+    # whose text is not a whole character (or repeats another's) are told apart.
+    return_tokens_as_token_ids: bool = False
     # vLLM's: the output is drawn from these tokens only.
     allowed_token_ids: list[TokenId] | None = None
     # vLLM's: only the prompt's last k tokens are read (-1: as many as the context holds).

@@ -59,44 +59,53 @@ def usage(groups: list[list[p.GenerateFinal]], g: Gateway | None = None) -> dict
     return out
 
 
-def chat_logprobs(g: Gateway, lps: list[p.TokenLogprob] | None) -> list[dict[str, Any]]:
+def token_name(g: Gateway, token_id: int, as_id: bool) -> str:
+    """A token as logprobs name it: its text, or with vLLM's ``return_tokens_as_token_ids``
+    ``"token_id:<id>"`` (every token told apart, whatever its text: what RL trainers read)."""
+    return f"token_id:{token_id}" if as_id else g.token_text(token_id)
+
+
+def _token_entry(g: Gateway, token_id: int, value: float, as_id: bool) -> dict[str, Any]:
+    if not as_id:
+        return {
+            "token": g.token_text(token_id),
+            "logprob": logprob(value),
+            "bytes": list(g.token_bytes(token_id)),
+        }
+    name = token_name(g, token_id, True)
+    return {"token": name, "logprob": logprob(value), "bytes": list(name.encode())}
+
+
+def chat_logprobs(
+    g: Gateway, lps: list[p.TokenLogprob] | None, as_ids: bool = False
+) -> list[dict[str, Any]]:
+    """Chat logprobs of output tokens (``as_ids``: named by id, :func:`token_name`)."""
     out = []
     for lp in lps or []:
-        top = [
-            {
-                "token": g.token_text(tid),
-                "logprob": logprob(value),
-                "bytes": list(g.token_bytes(tid)),
-            }
-            for tid, value in lp.top or []
-        ]
-        out.append(
-            {
-                "token": g.token_text(lp.token_id),
-                "logprob": logprob(lp.logprob),
-                "bytes": list(g.token_bytes(lp.token_id)),
-                "top_logprobs": top,
-            }
-        )
+        top = [_token_entry(g, tid, value, as_ids) for tid, value in lp.top or []]
+        out.append({**_token_entry(g, lp.token_id, lp.logprob, as_ids), "top_logprobs": top})
     return out
 
 
 def completion_logprobs(
-    g: Gateway, lps: list[p.TokenLogprob] | None, offset: int
+    g: Gateway, lps: list[p.TokenLogprob] | None, offset: int, as_ids: bool = False
 ) -> dict[str, list[Any]]:
-    """Legacy completions logprobs of output tokens, their offsets from ``offset`` on."""
+    """Legacy completions logprobs of output tokens, their offsets from ``offset`` on
+    (``as_ids``: named by id, :func:`token_name`; the offsets still count the text)."""
     return _legacy_logprobs(
-        g, ((lp.token_id, lp.logprob, lp.top or []) for lp in lps or []), offset
+        g, ((lp.token_id, lp.logprob, lp.top or []) for lp in lps or []), offset, as_ids
     )
 
 
-def prompt_logprobs_part(g: Gateway, final: p.GenerateFinal, k: int) -> dict[str, list[Any]]:
+def prompt_logprobs_part(
+    g: Gateway, final: p.GenerateFinal, k: int, as_ids: bool = False
+) -> dict[str, list[Any]]:
     """The echoed prompt's part of legacy completions logprobs (echo with logprobs, as vLLM
     answers it): each prompt token, its logprob and ``k`` likeliest tokens (``None`` for the
     first, which nothing predicts), offsets from the text's start."""
     ids, values = final.prompt_token_ids or [], final.prompt_logprobs or []
     tops = [top[:k] for top in final.prompt_top_logprobs or [[] for _ in values]]
-    return _legacy_logprobs(g, zip(ids[len(ids) - len(values) :], values, tops), 0)
+    return _legacy_logprobs(g, zip(ids[len(ids) - len(values) :], values, tops), 0, as_ids)
 
 
 def vllm_prompt_logprobs(
@@ -125,7 +134,10 @@ def vllm_prompt_logprobs(
 
 
 def _legacy_logprobs(
-    g: Gateway, entries: Iterable[tuple[int, float | None, list[tuple[int, float]]]], offset: int
+    g: Gateway,
+    entries: Iterable[tuple[int, float | None, list[tuple[int, float]]]],
+    offset: int,
+    as_ids: bool,
 ) -> dict[str, list[Any]]:
     """Legacy completions logprobs (tokens, token_logprobs, top_logprobs, text_offset) of
     ``(token_id, logprob, top)`` entries; a ``None`` logprob (a text's first token) has no
@@ -138,10 +150,10 @@ def _legacy_logprobs(
     }
     for tid, value, top in entries:
         text = g.token_text(tid)
-        out["tokens"].append(text)
+        out["tokens"].append(token_name(g, tid, as_ids))
         out["token_logprobs"].append(None if value is None else logprob(value))
         out["top_logprobs"].append(
-            None if value is None else {g.token_text(t): logprob(v) for t, v in top}
+            None if value is None else {token_name(g, t, as_ids): logprob(v) for t, v in top}
         )
         out["text_offset"].append(offset)
         offset += len(text)
@@ -158,6 +170,7 @@ class ChatHead(NamedTuple):
     stop_token_ids: list[int] | None
     prompt_logprobs: int | None = None  # vLLM's: k of the prompt's logprobs (chat: top level)
     token_ids: bool = False  # vLLM's return_token_ids: the prompt's and each choice's
+    tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name ids
 
 
 class ChatStream:
@@ -199,7 +212,11 @@ class ChatStream:
         want_lp, want_ids = self.head.want_logprobs, self.head.token_ids
         if not delta and not (want_lp and ev.logprobs) and not (want_ids and ev.token_ids):
             return None
-        lps = {"content": chat_logprobs(self.g, ev.logprobs)} if want_lp else None
+        lps = (
+            {"content": chat_logprobs(self.g, ev.logprobs, self.head.tokens_as_ids)}
+            if want_lp
+            else None
+        )
         ids = {"token_ids": ev.token_ids} if want_ids else {}
         return self._chunk(i, delta, logprobs=lps, **ids)
 
