@@ -98,10 +98,15 @@ class ModelConfig:
     # (not on the second and later ranks sharing a replicated KV head). None: one rank.
     qk_norm_tp: tuple[int, int, bool] | None = None
     moe: MoEConfig | None = None  # expert MLPs (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE)
+    nope_layers: tuple[int, ...] = ()  # layers whose q and k are not rotated (SmolLM3)
 
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
+
+    def layer_rope(self, layer: int) -> bool:
+        """Whether decoder layer ``layer`` rotates q and k (False: a NoPE layer, SmolLM3)."""
+        return layer not in self.nope_layers
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of decoder layer ``layer`` (None: it attends over everything)."""
@@ -137,8 +142,8 @@ class ModelConfig:
         per-head or OLMo 2's whole-projection q/k norm, pre-norms, OLMo 2's post-norms or
         Gemma's sandwich norms (Gemma's ``1 + weight`` norms only there), sliding windows on
         any layers (the stack gives each layer its window's plan and, Gemma 3, its RoPE base),
-        SiLU or GELU-tanh gates, Gemma's scores' scale and soft-cap; full rotary, dense MLPs,
-        no clipped q/k/v."""
+        SiLU or GELU-tanh gates, Gemma's scores' scale and soft-cap; full rotary on every
+        layer, dense MLPs, no clipped q/k/v."""
         return (
             self.qk_norm in (None, "head", "proj")
             and self.norm_layout in ("pre", "post", "sandwich")
@@ -147,6 +152,7 @@ class ModelConfig:
             and self.hidden_act in ("silu", "gelu_pytorch_tanh")
             and self.moe is None
             and self.clip_qkv is None
+            and not self.nope_layers
         )
 
     @property

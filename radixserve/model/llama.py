@@ -338,7 +338,7 @@ class LlamaForCausalLM(nn.Module):
         if not self.config.stack_shaped:
             return (
                 f"{self.config.model_type}'s layers are not the one-call stack's (partial "
-                "rotary, experts or clipped q/k/v): the per-layer path runs them"
+                "rotary, NoPE layers, experts or clipped q/k/v): the per-layer path runs them"
             )
         return None
 

@@ -88,6 +88,11 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "olmo2": ("olmo2", {}),
+    # NoPE on every second layer, biases on the four attention projections.
+    "smollm3": (
+        "smollm3",
+        {"num_hidden_layers": 4, "no_rope_layer_interval": 2, "attention_bias": True},
+    ),
     "qwen3_moe": (
         "qwen3_moe",
         {

@@ -54,6 +54,13 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
     "mistral_window": ("mistral", {"sliding_window": 8}, True),
     # Phi-4-mini's partial rotary (half of each head here).
     "phi3_partial": ("phi3", {"partial_rotary_factor": 0.5}, False),
+    # SmolLM3: every second layer without RoPE (NoPE, no_rope_layer_interval 2 of 4 layers),
+    # biases on all four attention projections, tied embeddings.
+    "smollm3": (
+        "smollm3",
+        {"num_hidden_layers": 4, "no_rope_layer_interval": 2, "attention_bias": True},
+        False,
+    ),
     # Mixture of experts (8 experts, uneven routing on random weights; test_moe.py covers an
     # expert with no row, both checkpoint layouts and quantized experts):
     # Qwen3-MoE with renormalised top-2 and a dense layer between two sparse ones.

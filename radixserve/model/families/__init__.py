@@ -22,6 +22,7 @@ from radixserve.model.families import (
     qwen2_moe,
     qwen3,
     qwen3_moe,
+    smollm3,
 )
 from radixserve.model.families.base import Family
 
@@ -30,7 +31,7 @@ __all__ = ["Family", "family_of", "supported_model_types"]
 
 def _registry() -> dict[str, Family]:
     out: dict[str, Family] = {}
-    for module in (llama, qwen3, olmo2, phi3, gemma, qwen3_moe, qwen2_moe, mixtral, olmoe):
+    for module in (llama, qwen3, olmo2, phi3, gemma, qwen3_moe, qwen2_moe, mixtral, olmoe, smollm3):
         for fam in module.FAMILIES:
             for model_type in fam.model_types:
                 out[model_type] = fam

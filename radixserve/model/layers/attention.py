@@ -50,6 +50,7 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.sm_scale = cfg.sm_scale
         self.rotary_dim = cfg.rotary_dim
+        self.rope = cfg.layer_rope(layer_id)  # False: a NoPE layer (SmolLM3)
         self.qk_norm = cfg.qk_norm
         self.clip_qkv = cfg.clip_qkv
         self.qk_norm_tp = cfg.qk_norm_tp if tp is not None else None
@@ -80,7 +81,7 @@ class Attention(nn.Module):
         qkv = flat.view(t, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim)
         full_rotary = self.rotary_dim == self.head_dim
         plain = self.window is None and self.softcap is None
-        if plain and full_rotary and gpu_ops.enabled(qkv) and attn.fuses_rope_store:
+        if plain and full_rotary and self.rope and gpu_ops.enabled(qkv) and attn.fuses_rope_store:
             # One kernel rotates q and k and writes k and v to the pool (Triton backend).
             out = attn.forward_qkv(
                 self.layer_id, qkv, cos_sin, self.num_q_heads, batch, self.sm_scale
@@ -88,7 +89,9 @@ class Attention(nn.Module):
             return self._out(out.reshape(t, self.q_size))
         n_qk = self.num_q_heads + self.num_kv_heads
         # q and k rotate together: one op for both (in place, one pass, with the CPU kernel).
-        if full_rotary and native.enabled(qkv):
+        if not self.rope:
+            qk = qkv[:, :n_qk]  # a NoPE layer: positions only through the causal mask
+        elif full_rotary and native.enabled(qkv):
             qk = qkv[:, :n_qk]
             native.rotary_(qk, *cos_sin)
         else:
