@@ -99,6 +99,11 @@ class ModelConfig:
     qk_norm_tp: tuple[int, int, bool] | None = None
     moe: MoEConfig | None = None  # expert MLPs (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE)
     nope_layers: tuple[int, ...] = ()  # layers whose q and k are not rotated (SmolLM3)
+    # Granite's scalars (``families/granite.py``); 1.0 (no effect) for every other family.
+    embedding_multiplier: float = 1.0  # the embeddings' factor
+    attention_multiplier: float = 1.0  # the scores' scale in place of head_dim's (when not 1)
+    residual_multiplier: float = 1.0  # each block's output's factor before the residual add
+    logits_scaling: float = 1.0  # the logits' divisor
 
     @property
     def rotary_dim(self) -> int:
@@ -119,6 +124,8 @@ class ModelConfig:
     @property
     def sm_scale(self) -> float:
         """The attention scores' scale (``head_dim ** -0.5`` unless the family says otherwise)."""
+        if self.attention_multiplier != 1.0:
+            return self.attention_multiplier
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
@@ -153,7 +160,18 @@ class ModelConfig:
             and self.moe is None
             and self.clip_qkv is None
             and not self.nope_layers
+            and not self.scaled
         )
+
+    @property
+    def scaled(self) -> bool:
+        """Whether Granite's multipliers act (any of them not 1)."""
+        return (
+            self.embedding_multiplier,
+            self.attention_multiplier,
+            self.residual_multiplier,
+            self.logits_scaling,
+        ) != (1.0, 1.0, 1.0, 1.0)
 
     @property
     def q_size(self) -> int:

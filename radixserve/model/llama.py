@@ -245,6 +245,8 @@ class LlamaForCausalLM(nn.Module):
         h = self.model.embed_tokens(batch.input_ids)
         if self.model.embed_scale is not None:
             h = h * torch.tensor(self.model.embed_scale, dtype=h.dtype)
+        if self.config.embedding_multiplier != 1.0:  # Granite's
+            h = h * self.config.embedding_multiplier
         # The CPU kernel's RoPE takes float32 angles (rounding once, after the rotation).
         rope_dtype = torch.float32 if native.enabled(h) else h.dtype
         max_len = max(batch.seq_lens_cpu)
@@ -270,7 +272,10 @@ class LlamaForCausalLM(nn.Module):
         h = self.model.norm(h.index_select(0, batch.logits_indices))
         if batch.keep_hidden:
             batch.hidden = h
-        return soft_cap(self.lm_head(h).float(), self.config.final_softcap)
+        logits = self.lm_head(h).float()
+        if self.config.logits_scaling != 1.0:  # Granite's
+            logits.div_(self.config.logits_scaling)
+        return soft_cap(logits, self.config.final_softcap)
 
     def _lora_applied(self, batch: ForwardBatch) -> AbstractContextManager[None]:
         """Where the batch has adapted rows, the adapters' deltas are added within."""
@@ -338,7 +343,8 @@ class LlamaForCausalLM(nn.Module):
         if not self.config.stack_shaped:
             return (
                 f"{self.config.model_type}'s layers are not the one-call stack's (partial "
-                "rotary, NoPE layers, experts or clipped q/k/v): the per-layer path runs them"
+                "rotary, NoPE layers, experts, clipped q/k/v or Granite's multipliers): the "
+                "per-layer path runs them"
             )
         return None
 

@@ -98,9 +98,8 @@ class LlamaPipelineStage(LlamaForCausalLM):
 
     def __init__(self, cfg: ModelConfig, stage: DeviceShard, tp: TPGroup | None = None) -> None:
         nn.Module.__init__(self)
-        if (
-            cfg.norm_layout == "sandwich"
-        ):  # the stage body has no embedding scale, soft-cap, local RoPE
+        # The stage body has no embedding scale, soft-cap, local RoPE or Granite's scalars.
+        if cfg.norm_layout == "sandwich" or cfg.scaled:
             raise ValueError(f"pipeline parallelism is not supported for {cfg.model_type} yet")
         end = stage.layer_end or cfg.num_layers
         if not 0 <= stage.layer_start < end <= cfg.num_layers:

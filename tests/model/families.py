@@ -61,6 +61,19 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
         {"num_hidden_layers": 4, "no_rope_layer_interval": 2, "attention_bias": True},
         False,
     ),
+    # Granite 3.x: its four scalars far from 1 (the scores' scale, the embeddings', the
+    # blocks' outputs' and the logits' divisor), biases on the attention projections.
+    "granite": (
+        "granite",
+        {
+            "embedding_multiplier": 4.0,
+            "attention_multiplier": 0.05,
+            "residual_multiplier": 0.3,
+            "logits_scaling": 2.5,
+            "attention_bias": True,
+        },
+        False,
+    ),
     # Mixture of experts (8 experts, uneven routing on random weights; test_moe.py covers an
     # expert with no row, both checkpoint layouts and quantized experts):
     # Qwen3-MoE with renormalised top-2 and a dense layer between two sparse ones.

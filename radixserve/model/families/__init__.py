@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from radixserve.model.families import (
     gemma,
+    granite,
     llama,
     mixtral,
     olmo2,
@@ -31,7 +32,19 @@ __all__ = ["Family", "family_of", "supported_model_types"]
 
 def _registry() -> dict[str, Family]:
     out: dict[str, Family] = {}
-    for module in (llama, qwen3, olmo2, phi3, gemma, qwen3_moe, qwen2_moe, mixtral, olmoe, smollm3):
+    for module in (
+        llama,
+        qwen3,
+        olmo2,
+        phi3,
+        gemma,
+        qwen3_moe,
+        qwen2_moe,
+        mixtral,
+        olmoe,
+        smollm3,
+        granite,
+    ):
         for fam in module.FAMILIES:
             for model_type in fam.model_types:
                 out[model_type] = fam

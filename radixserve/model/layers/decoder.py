@@ -42,6 +42,7 @@ class PreNormDecoderLayer(nn.Module):
         self.self_attn = Attention(cfg, layer_id, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = mlp_block(cfg, layer_id, tp)
+        self.residual_multiplier = cfg.residual_multiplier  # Granite's; 1 elsewhere
 
     def forward(
         self,
@@ -53,8 +54,12 @@ class PreNormDecoderLayer(nn.Module):
         # Residual adds in place: ``h`` is this forward's own activation (the embedding's
         # output at layer 0), and in-place adds skip a row-sized allocation per block.
         a = self.self_attn.forward(self.input_layernorm.forward(h), batch, attn, cos_sin)
+        m = self.residual_multiplier
+        if m != 1.0:
+            a.mul_(m)
         # h += a and the norm of the sum in one pass (one kernel on the GPU).
-        return h.add_(self.mlp.forward(self.post_attention_layernorm.forward(a, residual=h)))
+        out = self.mlp.forward(self.post_attention_layernorm.forward(a, residual=h))
+        return h.add_(out) if m == 1.0 else h.add_(out, alpha=m)
 
 
 class PostNormDecoderLayer(nn.Module):
