@@ -186,3 +186,25 @@ def test_a_continue_ends_a_wait_still_draining() -> None:
         assert (first.token, first.error) == (1, "continued before the running requests finished")
         assert (second.token, second.paused, second.error) == (2, False, None)
         assert _ends(w, {"long"}) == {"long": "length"}
+
+
+def test_refused_where_a_pause_cannot_hold() -> None:
+    """With prefill/decode disaggregation (peers on other workers wait on this one's
+    transfers), and ``retract`` on an engine that cannot retract: an error, nothing held."""
+    from radixserve.serving.worker.held import HeldRequests
+    from radixserve.serving.worker.pausing import Pausing
+
+    sent: list[Any] = []
+    started: list[Any] = []
+    held = HeldRequests(started.extend)
+    engine = UpdatableEngine()  # no retract_running
+    disagg = Pausing(engine, sent.append, held, lambda: 0, disaggregated=True)
+    disagg.pause(p.WorkerPause(token=1, mode="in_place"))
+    plain = Pausing(engine, sent.append, held, lambda: 0)
+    plain.pause(p.WorkerPause(token=2, mode="retract"))
+    assert [(m.token, m.paused, m.error) for m in sent] == [
+        (1, False, "pausing is not supported with prefill/decode disaggregation"),
+        (2, False, "this worker's engine cannot retract its requests"),
+    ]
+    held.admit([add("r").requests[0]])
+    assert [r.rid for r in started] == ["r"]  # nothing holds
