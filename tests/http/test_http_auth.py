@@ -48,7 +48,14 @@ def test_which_paths_need_which_key() -> None:
     assert auth.check("/v1/chat/completions", None)[1] is not None
     assert auth.check("/v1/chat/completions", KEY_A) == (KEY_A, None)
     assert auth.check("/v1/chat/completions", ADMIN) == (ADMIN, None)  # admins may generate too
-    for admin_path in ("/flush_cache", "/get_server_info", "/server_info", "/metrics"):
+    admin_paths = ("/flush_cache", "/get_server_info", "/server_info", "/metrics")
+    for admin_path in (
+        *admin_paths,
+        "/pause_generation",
+        "/continue_generation",
+        "/pause",
+        "/resume",
+    ):
         assert auth.check(admin_path, KEY_A)[1] is not None
         assert auth.check(admin_path, ADMIN) == (ADMIN, None)
     user_keys_only = APIKeyAuth(app=None, api_keys=[KEY_A])  # type: ignore[arg-type]
