@@ -58,6 +58,35 @@ def test_items_render_one_assistant_turn_per_answer() -> None:
     assert msgs[3].tool_call_id == call_id and msgs[3].name == "get_weather"
 
 
+def test_reasoning_sealed_for_a_stateless_client_comes_back_as_reasoning() -> None:
+    """``include: ["reasoning.encrypted_content"]``: each reasoning item, whole or streamed,
+    carries its text sealed, and a reasoning item sent back with only that (store false, as
+    Codex does) renders as the turn's reasoning; another provider's blob reads as none."""
+    from radixserve.serving.http.responses_items import SEALED, sealed
+
+    answer = read_answer(PLAN, ANSWER, "stop")
+    whole = output_items(answer.content, answer.reasoning, answer.calls, False, seal=True)
+    blob = whole[0]["encrypted_content"]
+    assert blob.startswith(SEALED) and blob == sealed("Need the weather.")
+    items = OutputItems(Writer(), seal=True)
+    parser = output_parser(PLAN)
+    assert parser is not None
+    raw = items.apply(parser.feed(ANSWER)) + items.apply(parser.finish()) + items.finish(False)
+    done = [e["item"] for e in sse(raw) if e["type"] == "response.output_item.done"]
+    assert done[0]["type"] == "reasoning" and done[0]["encrypted_content"] == blob
+    back = [{"type": "reasoning", "summary": [], "encrypted_content": blob}, *whole[1:]]
+    for carried, reasoning_content in [(back, "Need the weather."), (whole, "Need the weather.")]:
+        items_in = parse_items([{"role": "user", "content": "Paris?"}, *carried])
+        assert to_messages(items_in, None)[1].reasoning_content == reasoning_content
+    foreign = [{"type": "reasoning", "summary": [], "encrypted_content": "gAAAAB..."}, *whole[1:]]
+    assert (
+        to_messages(parse_items([{"role": "user", "content": "Paris?"}, *foreign]), None)[
+            1
+        ].reasoning_content
+        is None
+    )
+
+
 def test_response_stream_events_for_reasoning_then_a_call() -> None:
     parser = output_parser(PLAN)
     assert parser is not None

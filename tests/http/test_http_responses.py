@@ -185,7 +185,13 @@ def test_streamed_text_and_incomplete_status(agent_server: Server) -> None:
 def test_store_is_per_tenant_and_store_false_keeps_nothing(agent_server: Server) -> None:
     a, b = sdk(agent_server, AGENT_KEYS[0]), sdk(agent_server, AGENT_KEYS[1])
     kept = a.responses.create(model="default", input="Hi", max_output_tokens=1)
-    gone = a.responses.create(model="default", input="Hi", max_output_tokens=1, store=False)
+    gone = a.responses.create(
+        model="default",
+        input="Hi",
+        max_output_tokens=1,
+        store=False,
+        include=["reasoning.encrypted_content"],  # what a stateless client (Codex) asks
+    )
     a.responses.create(
         model="default", input="Again", previous_response_id=kept.id, max_output_tokens=1
     )
@@ -367,6 +373,8 @@ BAD: list[tuple[str, Any]] = [
     ("truncation", "auto"),
     ("max_output_tokens", 0),
     ("thinking_token_budget", -1),
+    ("include", ["message.output_text.logprobs"]),
+    ("include", "reasoning.encrypted_content"),
 ]
 
 

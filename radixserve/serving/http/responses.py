@@ -102,6 +102,10 @@ class ResponsesRequest(_Body):
     chat_template_kwargs: dict[str, Any] | None = None  # radixserve / vLLM extension
     # As on chat completions: the <think> block closed after this many tokens (vLLM's name).
     thinking_token_budget: int | None = None
+    # What the output carries beyond the defaults: "reasoning.encrypted_content" (reasoning
+    # items a stateless client sends back: responses_items.SEALED); the others name tools
+    # this server does not run, but for output logprobs (a 400, as top_logprobs).
+    include: list[str] | None = Field(default=None, max_length=16)
 
     def check(self) -> None:
         for name in self.model_extra or {}:
@@ -114,6 +118,13 @@ class ResponsesRequest(_Body):
         if self.background and not self.store:
             raise invalid("a background response is stored: send store true", param="store")
         self.pin_ttl_s()  # a bad prompt_cache_retention fails before anything runs
+        if "message.output_text.logprobs" in (self.include or ()):
+            raise invalid(UNSUPPORTED["top_logprobs"], param="include")
+
+    @property
+    def seals_reasoning(self) -> bool:
+        """Whether reasoning items carry their ``encrypted_content`` (``include``)."""
+        return "reasoning.encrypted_content" in (self.include or ())
 
     @property
     def effort(self) -> Any:
@@ -298,7 +309,9 @@ def answered(turn: Turn, call: ChatCall, final: p.GenerateFinal) -> dict[str, An
     """The Response of a turn that ran to its end: its output items read from the answer."""
     answer = read_answer(call.plan, final.text, final.finish_reason)
     incomplete = final.finish_reason == "length"
-    output = items_.output_items(answer.content, answer.reasoning, answer.calls, incomplete)
+    output = items_.output_items(
+        answer.content, answer.reasoning, answer.calls, incomplete, turn.body.seals_reasoning
+    )
     return turn.response("incomplete" if incomplete else "completed", output, final)
 
 

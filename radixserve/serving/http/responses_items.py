@@ -12,6 +12,7 @@ malformed item or one of an unsupported type is a 400 naming it.
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from typing import Any
@@ -54,6 +55,9 @@ class CallOutputItem(_Item):
 class ReasoningItem(_Item):
     summary: list[_Part] = []
     content: list[_Part] | None = None
+    # What ``include: ["reasoning.encrypted_content"]`` returned (SEALED): the reasoning of a
+    # conversation a stateless client (store false) carries itself.
+    encrypted_content: str | None = None
 
 
 _ITEMS: dict[str, type[_Item]] = {
@@ -214,7 +218,8 @@ def to_messages(items: list[dict[str, Any]], instructions: str | None) -> list[p
                 turn["content"] += _text(_parts(item), f"input[{i}]")
             elif kind == "reasoning":
                 parts = item.get("content") or item.get("summary") or []
-                turn["reasoning"] += _text(_parts({"content": parts}), f"input[{i}]")
+                text = _text(_parts({"content": parts}), f"input[{i}]")
+                turn["reasoning"] += text or unsealed(item.get("encrypted_content"))
             else:
                 names[item["call_id"]] = item["name"]
                 turn["calls"].append(
@@ -232,22 +237,49 @@ def _parts(item: dict[str, Any], key: str = "content") -> str | list[_Part]:
 
 
 def output_items(
-    content: str, reasoning: str, calls: list[ToolCall], incomplete: bool
+    content: str, reasoning: str, calls: list[ToolCall], incomplete: bool, seal: bool = False
 ) -> list[dict[str, Any]]:
-    """A finished answer as Responses output items: reasoning, the message, the calls."""
+    """A finished answer as Responses output items: reasoning (``seal``: with its
+    ``encrypted_content``), the message, the calls."""
     status = "incomplete" if incomplete else "completed"
     items: list[dict[str, Any]] = []
     if reasoning:
-        items.append(reasoning_item(new_id("rs"), reasoning, status))
+        items.append(reasoning_item(new_id("rs"), reasoning, status, seal))
     if content or not calls:
         items.append(message_item(new_id("msg"), content, status))
     items.extend(call_item(new_id("fc"), c.id, c.name, c.arguments, "completed") for c in calls)
     return items
 
 
-def reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+def reasoning_item(item_id: str, text: str, status: str, seal: bool = False) -> dict[str, Any]:
     content = [{"type": "reasoning_text", "text": text}] if text else []
-    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+    item = {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+    if seal:
+        item["encrypted_content"] = sealed(text)
+    return item
+
+
+# OpenAI's ``encrypted_content`` carries a reasoning item's text for clients that keep no
+# server state (store false) and send it back with the next turn. OpenAI encrypts it; here
+# it is the text, encoded and marked (no key to manage, and nothing to hide: the client may
+# send any reasoning text as the item's content anyway). A blob this server did not write
+# (another provider's) reads as no reasoning.
+SEALED = "rsv1."
+
+
+def sealed(text: str) -> str:
+    """``text`` as the ``encrypted_content`` of a reasoning item (:data:`SEALED`)."""
+    return SEALED + base64.urlsafe_b64encode(text.encode()).decode()
+
+
+def unsealed(value: str | None) -> str:
+    """The reasoning text of an ``encrypted_content`` :func:`sealed` wrote ("" otherwise)."""
+    if not value or not value.startswith(SEALED):
+        return ""
+    try:
+        return base64.urlsafe_b64decode(value[len(SEALED) :].encode()).decode()
+    except (ValueError, UnicodeDecodeError):
+        return ""
 
 
 def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:

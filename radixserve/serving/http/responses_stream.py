@@ -47,8 +47,9 @@ class Writer:
 class OutputItems:
     """The output items of one answer as its deltas arrive: at most one open at a time."""
 
-    def __init__(self, w: Writer) -> None:
+    def __init__(self, w: Writer, seal: bool = False) -> None:
         self.w = w
+        self.seal = seal  # reasoning items get their encrypted_content (include)
         self.done: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None
         self.text = ""  # the open item's text (or arguments)
@@ -126,7 +127,7 @@ class OutputItems:
                 )
             )
         elif item["type"] == "reasoning":
-            item = items_.reasoning_item(item["id"], text, status)
+            item = items_.reasoning_item(item["id"], text, status, self.seal)
             out.append(
                 self.w.emit("response.reasoning_text.done", **where, content_index=0, text=text)
             )
@@ -162,7 +163,7 @@ async def events(
     yield w.emit("response.created", response=turn.response("in_progress", []))
     yield w.emit("response.in_progress", response=turn.response("in_progress", []))
     parser = chat_tools.output_parser(plan)
-    items = OutputItems(w)
+    items = OutputItems(w, turn.body.seals_reasoning)
     try:
         async for ev in stream:
             if isinstance(ev, p.GenerateChunk):
