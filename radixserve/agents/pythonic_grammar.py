@@ -35,6 +35,7 @@ py_num ::= py_int ("." [0-9]+)? ([eE] [-+]? [0-9]+)?
 py_ident ::= [a-zA-Z_] [a-zA-Z0-9_]*
 py_kwargs ::= (py_ident "=" py_value (", " py_ident "=" py_value)*)?
 """
+MAX_DEPTH = 16  # nesting of a schema spelled exactly; deeper values are any literal
 _SCALARS = {
     "string": "py_str",
     "integer": "py_int",
@@ -115,9 +116,10 @@ class _Rules:
         rest = [r for r in self._rules if not r.startswith("root ::=")]
         return "\n".join(root + rest) + "\n" + _LITERALS
 
-    def value(self, schema: Any) -> str:
-        """The rule (or expression) of a value of ``schema``."""
-        if not isinstance(schema, dict):
+    def value(self, schema: Any, depth: int = 0) -> str:
+        """The rule (or expression) of a value of ``schema`` (nested ``depth`` deep; past
+        :data:`MAX_DEPTH` any literal, so a hostile schema costs no recursion)."""
+        if not isinstance(schema, dict) or depth > MAX_DEPTH:
             return "py_value"  # true, or a schema this grammar cannot read
         if "const" in schema:
             return _literal(schema["const"])
@@ -125,22 +127,23 @@ class _Rules:
             return "(" + " | ".join(_literal(v) for v in schema["enum"]) + ")"
         options = schema.get("anyOf") or schema.get("oneOf")
         if isinstance(options, list) and options:
-            return "(" + " | ".join(self.value(o) for o in options) + ")"
+            return "(" + " | ".join(self.value(o, depth + 1) for o in options) + ")"
         kind = schema.get("type")
         if isinstance(kind, list) and kind:
-            return "(" + " | ".join(self.value({**schema, "type": k}) for k in kind) + ")"
+            alternatives = (self.value({**schema, "type": k}, depth + 1) for k in kind)
+            return "(" + " | ".join(alternatives) + ")"
         if kind == "string" and ("minLength" in schema or "maxLength" in schema):
             return _bounded_string(schema)
         if kind in _SCALARS:
             return _SCALARS[kind]
         if kind == "array":
-            item = self.value(schema.get("items", True))
+            item = self.value(schema.get("items", True), depth + 1)
             return self.new(f'"[" ({item} (", " {item})*)? "]"')
         if kind == "object" or "properties" in schema:
-            return self.new(f'"{{" {self.arguments(schema, keyword=False)} "}}"')
+            return self.new(f'"{{" {self.arguments(schema, False, depth + 1)} "}}"')
         return "py_value"
 
-    def arguments(self, schema: dict[str, Any], keyword: bool) -> str:
+    def arguments(self, schema: dict[str, Any], keyword: bool, depth: int = 0) -> str:
         """The rule of an object's members: keyword arguments (``key=value``) or a dict's
         items (``"key": value``), in the schema's order, the required ones present."""
         props = schema.get("properties")
@@ -152,7 +155,7 @@ class _Rules:
         items = [
             (
                 _quote(f"{k}=" if keyword else f"{json.dumps(k, ensure_ascii=False)}: "),
-                self.value(v),
+                self.value(v, depth),
                 k in required,
             )
             for k, v in props.items()

@@ -129,3 +129,18 @@ def test_a_tool_without_properties_takes_any_keyword_arguments() -> None:
         {},
         {"a": 1, "b_2": [True, None], "c": {"k": "v"}, "d": -0.0025},
     ]
+
+
+def test_a_schema_nested_past_the_depth_bound_costs_no_recursion() -> None:
+    """A hostile schema thousands of arrays deep: spelled exactly to MAX_DEPTH, any literal
+    below, so the grammar stays small and compiles."""
+    from radixserve.agents.pythonic_grammar import MAX_DEPTH, calls_grammar
+
+    deepest: dict[str, Any] = {"type": "integer"}
+    for _ in range(5000):
+        deepest = {"type": "array", "items": deepest}
+    fn = {"name": "f", "parameters": {"type": "object", "properties": {"x": deepest}}}
+    grammar = calls_grammar([fn], several=False)
+    assert grammar.count("::=") < 3 * MAX_DEPTH + 20
+    compiled = structural_tag_grammar(structural_tag([fn], False))
+    assert accepts(compiled, "[f(x=" + "[" * 40 + "1" + "]" * 40 + ")]")
