@@ -586,9 +586,11 @@ class Engine:
         released = [self.cache.leases.release(session_id, ns) for ns in namespaces]
         return any(released)
 
-    def flush_cache(self) -> bool:
-        """Drop every cached prefix. Only when no request is waiting or running (else False)."""
-        return self.scheduler.flush_cache()
+    def flush_cache(self, waiting_ok: bool = False) -> bool:
+        """Drop every cached prefix. Only when no request is waiting or running (else False);
+        ``waiting_ok``: waiting requests do not count (a pause's retracted ones, which are
+        then recomputed from the prompt, as SGLang's retract mode allows)."""
+        return self.scheduler.flush_cache(waiting_ok=waiting_ok)
 
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` if any KV page or request state is inconsistent (with

@@ -91,6 +91,7 @@ def test_a_retracted_rollout_finishes_on_the_new_weights_and_new_requests_wait_f
             paused = _ok(c.post("/pause_generation", json={"mode": "retract"}))
             assert paused == {"message": "Generation paused successfully.", "status": "ok"}
             assert c.get("/is_paused").json() == {"is_paused": True}
+            assert c.post("/flush_cache").status_code == 200  # retracted: nothing holds KV
             held = pool.submit(_generate, server.client(), OTHER_PROMPT, 5)
             update = {"model_path": str(other_weights), "weight_version": "rl-step-1"}
             assert _ok(c.post("/update_weights_from_disk", json=update, timeout=120))["success"]
@@ -113,6 +114,7 @@ def test_kept_in_place_a_rollout_ends_as_if_never_paused_and_weights_wait(
     with server.client() as c, _restored(c, server):
         with _rollout(c) as events:
             assert _ok(c.post("/pause", params={"mode": "keep"})) == {"status": "paused"}
+            assert c.post("/flush_cache").status_code == 400  # kept in place: it holds KV
             update = {"model_path": str(other_weights)}
             refused = c.post("/update_weights_from_disk", json=update, timeout=120)
             assert refused.status_code == 400 and "paused in place" in refused.json()["message"]

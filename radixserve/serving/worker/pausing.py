@@ -126,6 +126,15 @@ class Pausing:
             self._reply(msg.token, self._clear(msg))
         self._draining = []
 
+    def flush(self) -> bool:
+        """``/flush_cache``: where nothing runs or waits, and while paused with nothing
+        holding KV even with retracted requests waiting (they are then recomputed from their
+        prompts, as SGLang's retract mode allows)."""
+        retracts = hasattr(self._engine, "retract_running")  # the real engine: waiting_ok
+        if retracts and self.mode in ("retract", "abort") and not self._holds_kv():
+            return bool(self._engine.flush_cache(waiting_ok=True))
+        return bool(self._engine.flush_cache())
+
     def _clear(self, msg: p.WorkerPause) -> str | None:
         """The pause's ``clear_cache`` (with ``abort`` and ``wait``, which leave the engine
         idle; vLLM ignores it for requests kept): why it failed, or None."""

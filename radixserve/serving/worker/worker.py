@@ -513,7 +513,7 @@ class Worker:
         )
 
     def _on_flush(self, msg: p.WorkerFlush) -> None:
-        self._send(p.WorkerFlushReply(token=msg.token, ok=bool(self.engine.flush_cache())))
+        self._send(p.WorkerFlushReply(token=msg.token, ok=self._pause.flush()))
         self._publish_events()
 
     def _on_close_session(self, msg: p.WorkerCloseSession) -> None:
