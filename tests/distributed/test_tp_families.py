@@ -102,6 +102,10 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
             "logits_scaling": 2.5,
         },
     ),
+    "granitemoe": (
+        "granitemoe",
+        {**_MOE, "num_local_experts": 8, "intermediate_size": 48, "residual_multiplier": 0.3},
+    ),
     "qwen3_moe": (
         "qwen3_moe",
         {
@@ -166,7 +170,9 @@ def _run_family(path: Path, tp: TPGroup | None, expert_parallel: bool = False) -
 
 
 # The expert parallel runs: name -> the one-rank result they must equal.
-EP_CASES = {f"{name}_ep": name for name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")}
+EP_CASES = {
+    f"{name}_ep": name for name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe")
+}
 # Uneven expert blocks: name -> (expert parallel, the experts every row is routed to).
 BLOCKS: dict[str, tuple[bool, tuple[int, ...]]] = {
     "uneven_block": (False, (0,)),

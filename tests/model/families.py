@@ -74,6 +74,20 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
         },
         False,
     ),
+    # GraniteMoE: Granite's scalars and a stacked expert block (input_linear, output_linear,
+    # router.layer), top-2 of 8 renormalised.
+    "granitemoe": (
+        "granitemoe",
+        {
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "embedding_multiplier": 4.0,
+            "attention_multiplier": 0.05,
+            "residual_multiplier": 0.3,
+            "logits_scaling": 2.5,
+        },
+        False,
+    ),
     # Mixture of experts (8 experts, uneven routing on random weights; test_moe.py covers an
     # expert with no row, both checkpoint layouts and quantized experts):
     # Qwen3-MoE with renormalised top-2 and a dense layer between two sparse ones.
