@@ -4,7 +4,8 @@
 
 (The format of Mistral-7B-Instruct-v0.3 and Mistral-Nemo with their published tool
 templates.) Content is what precedes the marker. An array that does not parse as calls
-is content at the end (``final``).
+is content at the end (``final``). IBM Granite 3.x writes the same array after its own
+marker, ``<|tool_call|>`` (vLLM's ``granite`` parser): :data:`granite_scan`.
 """
 
 from __future__ import annotations
@@ -14,16 +15,29 @@ from radixserve.agents.types import Scan, ScannedCall, held_marker_prefix
 
 NAME = "mistral"
 MARKER = "[TOOL_CALLS]"
+GRANITE = "granite"
+GRANITE_MARKER = "<|tool_call|>"
 ARGS_KEYS = ("arguments", "parameters")
 
 
 def scan(text: str, final: bool) -> Scan:
-    at = text.find(MARKER)
+    """Mistral's calls (``[TOOL_CALLS]``)."""
+    return scan_after(MARKER, text, final)
+
+
+def granite_scan(text: str, final: bool) -> Scan:
+    """Granite 3.x's calls (``<|tool_call|>``)."""
+    return scan_after(GRANITE_MARKER, text, final)
+
+
+def scan_after(marker: str, text: str, final: bool) -> Scan:
+    """Content up to ``marker``, then the JSON array of calls after it."""
+    at = text.find(marker)
     if at < 0:
-        hold = 0 if final else held_marker_prefix(text, (MARKER,))
+        hold = 0 if final else held_marker_prefix(text, (marker,))
         return Scan(text[: len(text) - hold], [])
     content = text[:at]
-    i = skip_ws(text, at + len(MARKER))
+    i = skip_ws(text, at + len(marker))
     if i >= len(text):
         return Scan(text if final else content, [])
     single = text[i] == "{"  # some fine-tunes write one object without the array

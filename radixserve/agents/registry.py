@@ -1,7 +1,8 @@
 """Parsers by name, and the tool-call format a chat template implies.
 
 A template names its format by the markup it writes (``<tool_call>``, Qwen3-Coder's
-``<function=``, ``[TOOL_CALLS]``, the pythonic templates' ``[func_name1(`` example, Llama's
+``<function=``, ``[TOOL_CALLS]``, Granite's ``<|tool_call|>``, the pythonic templates'
+``[func_name1(`` example, Llama's
 ``ipython`` role); ``--tool-call-parser`` overrides the guess.
 """
 
@@ -47,6 +48,9 @@ class ToolFormat(NamedTuple):
 HERMES = ToolFormat(hermes.NAME, hermes.scan, "<tool_call>\n", "\n</tool_call>", "arguments", False)
 LLAMA3_JSON = ToolFormat(llama3.NAME, llama3.scan, "", "", "parameters", False)
 MISTRAL = ToolFormat(mistral.NAME, mistral.scan, mistral.MARKER + " ", "", "arguments", True)
+GRANITE = ToolFormat(
+    mistral.GRANITE, mistral.granite_scan, mistral.GRANITE_MARKER, "", "arguments", True
+)
 QWEN3_CODER = ToolFormat(
     qwen_xml.NAME, qwen_xml.scan, qwen_xml.CALL_BEGIN, qwen_xml.CALL_END, "", False, xml=True
 )
@@ -71,6 +75,7 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
     "llama3_json": LLAMA3_JSON,
     "llama3": LLAMA3_JSON,
     "mistral": MISTRAL,
+    "granite": GRANITE,
     "pythonic": PYTHONIC,
     "llama4_pythonic": PYTHONIC,
 }
@@ -112,6 +117,8 @@ def guess_tool_format(template: str | None) -> ToolFormat | None:
         return HERMES
     if "[TOOL_CALLS]" in template:
         return MISTRAL
+    if mistral.GRANITE_MARKER in template:
+        return GRANITE  # Granite 3.x: the calls' array after <|tool_call|>
     if "[func_name1(" in template or "<|python_start|>" in template:
         return PYTHONIC  # Llama 3.2's pythonic and Llama 4's templates show the list
     if "ipython" in template or "<|python_tag|>" in template:

@@ -39,6 +39,11 @@ MISTRAL_CALL = (
     '[TOOL_CALLS] [{"name": "get_current_weather", "arguments": {"location": "Paris, France", '
     '"format": "celsius"}}]'
 )
+# Granite 3.x: the same array after its own marker (vLLM's granite parser's example).
+GRANITE_CALL = (
+    'Checking.<|tool_call|>[{"name": "get_current_weather", "arguments": {"city": "Dallas", '
+    '"unit": "fahrenheit"}}, {"name": "get_time", "arguments": {"zone": "CST"}}]'
+)
 # Qwen3-Coder's XML format (its chat template's "ONLY reply in the following format"), two
 # calls whose parameters' schemas make them a string, an integer, a boolean and an array.
 QWEN_CODER_CALLS = (
@@ -134,6 +139,15 @@ def splits(text: str) -> list[list[str]]:
             "",
         ),
         (
+            mistral.granite_scan,
+            GRANITE_CALL,
+            [
+                ("get_current_weather", '{"city": "Dallas", "unit": "fahrenheit"}'),
+                ("get_time", '{"zone": "CST"}'),
+            ],
+            "Checking.",
+        ),
+        (
             pythonic.scan,
             PYTHONIC_CALLS,
             [
@@ -214,7 +228,15 @@ def test_malformed_calls_are_content(scan: ToolScan, text: str) -> None:
 
 
 def test_plain_answers_stay_content() -> None:
-    for scan in (hermes.scan, llama3.scan, mistral.scan, CODER_SCAN, pythonic.scan):
+    scans = (
+        hermes.scan,
+        llama3.scan,
+        mistral.scan,
+        mistral.granite_scan,
+        CODER_SCAN,
+        pythonic.scan,
+    )
+    for scan in scans:
         for pieces in splits("The weather is < 20 C [ok]"):
             assert run(scan, None, pieces) == {
                 "content": "The weather is < 20 C [ok]",
@@ -319,6 +341,7 @@ def test_template_guess_and_names() -> None:
     coder = "{{ tools }} <tool_call>\n<function=x>\n<parameter=y>"
     assert guess_tool_format(coder) == tool_format("qwen3_coder")
     assert guess_tool_format("{{ tools }} [TOOL_CALLS]") == tool_format("mistral")
+    assert guess_tool_format("{{ tools }} <|tool_call|>") == tool_format("granite")
     assert guess_tool_format("{{ tools }} ipython") == tool_format("llama3_json")
     pythonic_example = "{{ tools }} [func_name1(params_name1=params_value1)] ipython"
     assert guess_tool_format(pythonic_example) == tool_format("pythonic")

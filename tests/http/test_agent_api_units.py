@@ -288,3 +288,35 @@ def test_pythonic_calls_are_read_and_forced_by_their_grammar() -> None:
     ]:
         with pytest.raises(APIError, match=says):
             plan(tools_, choice, template, "pythonic", None, False, parallel)
+
+
+def test_granite_calls_are_forced_after_their_marker() -> None:
+    """Granite 3.x's format (guessed from ``<|tool_call|>`` in the template): a required
+    call is the marker and a one-call array valid against the schema; several, an array."""
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    from radixserve.constrained.grammar import structural_tag_grammar, tagged_json_grammar
+    from radixserve.serving.http.chat_tools import FunctionIn, ToolIn, plan
+
+    schema = {
+        "type": "object",
+        "properties": {"zone": {"enum": ["UTC", "CST"]}},
+        "required": ["zone"],
+    }
+    tools = [ToolIn(function=FunctionIn(name="get_time", parameters=schema))]
+    template = "{{ tools }} <|tool_call|>"
+    one = plan(tools, "required", template, None, None, False, False)
+    assert one.forced is not None and one.parse_with is not None
+    grammar: xgr.Grammar = tagged_json_grammar(one.forced)
+    assert accepts(grammar, '<|tool_call|>[{"name": "get_time", "arguments": {"zone": "UTC"}}]')
+    assert not accepts(grammar, '<|tool_call|>[{"name": "get_time", "arguments": {"zone": "PST"}}]')
+    several = plan(tools, "required", template, None, None, False, True)
+    assert several.structural_tag is not None
+    tag = structural_tag_grammar(several.structural_tag)
+    call = '{"name": "get_time", "arguments": {"zone": "CST"}}'
+    assert accepts(tag, f"<|tool_call|>[{call}, {call}]")
+    parser = output_parser(one)
+    assert parser is not None
+    parser.parse(f"<|tool_call|>[{call}]")
+    assert [(c.name, c.arguments) for c in parser.calls] == [("get_time", '{"zone": "CST"}')]
