@@ -99,6 +99,7 @@ class ModelConfig:
     qk_norm_tp: tuple[int, int, bool] | None = None
     moe: MoEConfig | None = None  # expert MLPs (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE)
     nope_layers: tuple[int, ...] = ()  # layers whose q and k are not rotated (SmolLM3)
+    rope_interleaved: bool = False  # RoPE on neighbouring lanes' pairs (GLM-4), not halves
     # Granite's scalars (``families/granite.py``); 1.0 (no effect) for every other family.
     embedding_multiplier: float = 1.0  # the embeddings' factor
     attention_multiplier: float = 1.0  # the scores' scale in place of head_dim's (when not 1)
@@ -160,6 +161,7 @@ class ModelConfig:
             and self.moe is None
             and self.clip_qkv is None
             and not self.nope_layers
+            and not self.rope_interleaved
             and not self.scaled
         )
 
@@ -308,7 +310,7 @@ class ModelConfig:
             torch_dtype=_DTYPES.get(str(dtype_name).replace("torch.", ""), torch.float32),
             sliding_window=int(window) if window else None,
             layer_types=tuple(layer_types) if window and layer_types else None,
-            partial_rotary_factor=_partial_rotary_factor(raw),
+            partial_rotary_factor=_partial_rotary_factor(raw, d.get("partial_rotary_factor", 1.0)),
             hidden_act=act,
             **quirks,
         )
@@ -322,9 +324,11 @@ def _as_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def _partial_rotary_factor(raw: dict[str, Any]) -> float:
+def _partial_rotary_factor(raw: dict[str, Any], default: float = 1.0) -> float:
+    """The rotated fraction of each head (``default``: the family's, where the config is
+    silent: GLM-4's half)."""
     params = raw.get("rope_parameters") or {}
-    value = raw.get("partial_rotary_factor") or params.get("partial_rotary_factor") or 1.0
+    value = raw.get("partial_rotary_factor") or params.get("partial_rotary_factor") or default
     factor = float(value)
     if not 0 < factor <= 1:
         raise ValueError(f"partial_rotary_factor must be in (0, 1], got {factor}")

@@ -88,6 +88,8 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "olmo2": ("olmo2", {}),
+    # Sandwich norms under its own names, fused gate_up cut per rank, interleaved half RoPE.
+    "glm4": ("glm4", {}),
     # NoPE on every second layer, biases on the four attention projections.
     "smollm3": (
         "smollm3",

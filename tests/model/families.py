@@ -88,6 +88,9 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
         },
         False,
     ),
+    # GLM-4: plain sandwich norms under its own names, q/k/v biases, the MLP's gate and up
+    # stored fused, RoPE on half of each head with neighbouring lanes paired.
+    "glm4": ("glm4", {}, False),
     # Mixture of experts (8 experts, uneven routing on random weights; test_moe.py covers an
     # expert with no row, both checkpoint layouts and quantized experts):
     # Qwen3-MoE with renormalised top-2 and a dense layer between two sparse ones.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from radixserve.model.families import (
     gemma,
+    glm4,
     granite,
     llama,
     mixtral,
@@ -44,6 +45,7 @@ def _registry() -> dict[str, Family]:
         olmoe,
         smollm3,
         granite,
+        glm4,
     ):
         for fam in module.FAMILIES:
             for model_type in fam.model_types:

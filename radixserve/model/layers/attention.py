@@ -31,7 +31,7 @@ from radixserve.model.attention.base import AttentionBackend
 from radixserve.model.config import ModelConfig
 from radixserve.model.forward_batch import ForwardBatch
 from radixserve.model.layers.norm import rms_norm, scale_normed
-from radixserve.model.layers.rotary import apply_rotary
+from radixserve.model.layers.rotary import apply_rotary, apply_rotary_interleaved
 from radixserve.model.parallel import TPGroup
 
 
@@ -51,6 +51,7 @@ class Attention(nn.Module):
         self.sm_scale = cfg.sm_scale
         self.rotary_dim = cfg.rotary_dim
         self.rope = cfg.layer_rope(layer_id)  # False: a NoPE layer (SmolLM3)
+        self.rope_interleaved = cfg.rope_interleaved  # GLM-4's pairs of neighbouring lanes
         self.qk_norm = cfg.qk_norm
         self.clip_qkv = cfg.clip_qkv
         self.qk_norm_tp = cfg.qk_norm_tp if tp is not None else None
@@ -79,7 +80,7 @@ class Attention(nn.Module):
         if self.clip_qkv is not None:  # OLMoE: after the norms, before RoPE
             flat.clamp_(-self.clip_qkv, self.clip_qkv)
         qkv = flat.view(t, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim)
-        full_rotary = self.rotary_dim == self.head_dim
+        full_rotary = self.rotary_dim == self.head_dim and not self.rope_interleaved
         plain = self.window is None and self.softcap is None
         if plain and full_rotary and self.rope and gpu_ops.enabled(qkv) and attn.fuses_rope_store:
             # One kernel rotates q and k and writes k and v to the pool (Triton backend).
@@ -94,6 +95,8 @@ class Attention(nn.Module):
         elif full_rotary and native.enabled(qkv):
             qk = qkv[:, :n_qk]
             native.rotary_(qk, *cos_sin)
+        elif self.rope_interleaved:
+            qk = apply_rotary_interleaved(qkv[:, :n_qk], *cos_sin)
         else:
             qk = apply_rotary(qkv[:, :n_qk], *cos_sin)
         q, k = qk[:, : self.num_q_heads], qk[:, self.num_q_heads :]

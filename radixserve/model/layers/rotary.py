@@ -166,6 +166,20 @@ class RotaryEmbedding(nn.Module):
         return cos, sin
 
 
+def apply_rotary_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ``[T, heads, head_dim]`` with each pair of neighbouring lanes as one
+    complex number (GPT-J's layout, GLM-4's): lanes ``2i`` and ``2i + 1`` by frequency ``i``,
+    the leading ``rotary_dim`` lanes only (the tables are :meth:`RotaryEmbedding.cos_sin`'s,
+    each frequency twice in its halves)."""
+    rot = cos.shape[-1]
+    c = cos[..., : rot // 2].repeat_interleave(2, dim=-1)
+    s = sin[..., : rot // 2].repeat_interleave(2, dim=-1)
+    xr = x[..., :rot]
+    turned = torch.stack((-xr[..., 1::2], xr[..., 0::2]), dim=-1).flatten(-2)
+    out = xr * c + turned * s
+    return out if rot == x.shape[-1] else torch.cat((out, x[..., rot:]), dim=-1)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x`` ``[T, heads, head_dim]`` (transformers' ``rotate_half`` convention); with a
     table narrower than the head (partial rotary), only the leading ``rotary_dim`` lanes."""
