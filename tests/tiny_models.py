@@ -75,6 +75,14 @@ _TOP_LEVEL = ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddin
 # Qwen2-MoE with its quirks biting (build_tiny_family "qwen2_moe"): 8 experts of width 32,
 # top-2 not renormalised, a shared expert of width 96 under its sigmoid gate, layer 1 dense
 # (mlp_only_layers), q/k/v bias (made non-zero by build_tiny_family).
+# Granite's four scalars far from 1 (the embeddings', the scores' scale, the blocks'
+# outputs' and the logits' divisor): every one bites.
+GRANITE_SCALARS: dict[str, object] = {
+    "embedding_multiplier": 4.0,
+    "attention_multiplier": 0.05,
+    "residual_multiplier": 0.3,
+    "logits_scaling": 2.5,
+}
 QWEN2_MOE: dict[str, object] = {
     "num_hidden_layers": 3,
     "num_experts": 8,

@@ -95,15 +95,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         "smollm3",
         {"num_hidden_layers": 4, "no_rope_layer_interval": 2, "attention_bias": True},
     ),
-    "granite": (
-        "granite",
-        {
-            "embedding_multiplier": 4.0,
-            "attention_multiplier": 0.05,
-            "residual_multiplier": 0.3,
-            "logits_scaling": 2.5,
-        },
-    ),
+    "granite": ("granite", tiny_models.GRANITE_SCALARS),
     "granitemoe": (
         "granitemoe",
         {**_MOE, "num_local_experts": 8, "intermediate_size": 48, "residual_multiplier": 0.3},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tiny_models import GEMMA_QUIRKS, QWEN2_MOE
+from tiny_models import GEMMA_QUIRKS, GRANITE_SCALARS, QWEN2_MOE
 
 # Phi-3 longrope: sequences in the tests stay below the original context (64), where
 # transformers rotates with the short factors too (see model/layers/rotary.py).
@@ -63,29 +63,12 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
     ),
     # Granite 3.x: its four scalars far from 1 (the scores' scale, the embeddings', the
     # blocks' outputs' and the logits' divisor), biases on the attention projections.
-    "granite": (
-        "granite",
-        {
-            "embedding_multiplier": 4.0,
-            "attention_multiplier": 0.05,
-            "residual_multiplier": 0.3,
-            "logits_scaling": 2.5,
-            "attention_bias": True,
-        },
-        False,
-    ),
+    "granite": ("granite", {**GRANITE_SCALARS, "attention_bias": True}, False),
     # GraniteMoE: Granite's scalars and a stacked expert block (input_linear, output_linear,
     # router.layer), top-2 of 8 renormalised.
     "granitemoe": (
         "granitemoe",
-        {
-            "num_local_experts": 8,
-            "num_experts_per_tok": 2,
-            "embedding_multiplier": 4.0,
-            "attention_multiplier": 0.05,
-            "residual_multiplier": 0.3,
-            "logits_scaling": 2.5,
-        },
+        {"num_local_experts": 8, "num_experts_per_tok": 2, **GRANITE_SCALARS},
         False,
     ),
     # GLM-4: plain sandwich norms under its own names, q/k/v biases, the MLP's gate and up
