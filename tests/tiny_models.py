@@ -299,7 +299,8 @@ def build_tiny_family(
     """A random checkpoint of any family transformers knows by ``model_type`` (its own config
     and model class), tiny and GQA like :func:`build_tiny_llama`; ``overrides`` set the
     family's quirks (``rope_parameters``, ``partial_rotary_factor``, ``sliding_window``...).
-    Every norm weight (q/k norms included) is perturbed, every bias made non-zero.
+    Every norm weight (q/k norms included) is perturbed, every bias (a router's correction
+    bias too) made non-zero.
 
     ``model_type`` ``gemma3`` is the multimodal ``Gemma3ForConditionalGeneration``: the text
     model's keys go under ``text_config`` (the token ids and the tie at the top level), with
@@ -343,6 +344,9 @@ def build_tiny_family(
         for name, p in model.named_parameters():
             if name.endswith(".bias"):
                 p.normal_(0.0, 0.2)
+        for name, b in model.named_buffers():  # sigmoid routing's correction (GLM-4.5)
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.2)
     _randomize_norms(model, seed)
     _save_model(model, out)
     if tokenizer:

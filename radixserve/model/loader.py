@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -138,14 +139,30 @@ def base_model_name(name: str) -> str:
 def checkpoint_names(cfg: ModelConfig) -> Callable[[str], str | None]:
     """How ``cfg``'s checkpoint names its tensors, where it differs from the model's names:
     a base model's checkpoint (:func:`base_model_name`), a multimodal checkpoint served as
-    its text model (the family's ``weight_name``)."""
+    its text model (the family's ``weight_name``); None for a tensor never read (a layer past
+    the model's: :func:`_beyond_layers`)."""
     from radixserve.model.families import family_of
 
     family = family_of(cfg.model_type)
     own = None if family is None else family.weight_name
-    if own is None:
-        return base_model_name
-    return lambda name: own(base_model_name(name))
+    n = cfg.num_layers
+
+    def name_of(stored: str) -> str | None:
+        name = base_model_name(stored) if own is None else own(base_model_name(stored))
+        return None if name is None or _beyond_layers(name, n) else name
+
+    return name_of
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def _beyond_layers(name: str, num_layers: int) -> bool:
+    """Whether ``name`` belongs to a layer past the model's (GLM-4.5's and DeepSeek-V3's
+    multi-token-prediction layers, stored after the decoder's: never read, as vLLM and
+    SGLang leave them without speculative decoding)."""
+    found = _LAYER.match(name)
+    return found is not None and int(found.group(1)) >= num_layers
 
 
 def as_quant_config(quantization: QuantConfig | str | None) -> QuantConfig | None:

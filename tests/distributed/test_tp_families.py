@@ -96,6 +96,19 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         {"num_hidden_layers": 4, "no_rope_layer_interval": 2, "attention_bias": True},
     ),
     "granite": ("granite", tiny_models.GRANITE_SCALARS),
+    "glm4_moe": (
+        "glm4_moe",
+        {
+            "num_hidden_layers": 3,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 25,
+            "n_group": 2,
+            "topk_group": 1,
+            "routed_scaling_factor": 2.5,
+            "use_qk_norm": True,
+        },
+    ),
     "granitemoe": (
         "granitemoe",
         {**_MOE, "num_local_experts": 8, "intermediate_size": 48, "residual_multiplier": 0.3},
@@ -165,7 +178,8 @@ def _run_family(path: Path, tp: TPGroup | None, expert_parallel: bool = False) -
 
 # The expert parallel runs: name -> the one-rank result they must equal.
 EP_CASES = {
-    f"{name}_ep": name for name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe")
+    f"{name}_ep": name
+    for name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe", "glm4_moe")
 }
 # Uneven expert blocks: name -> (expert parallel, the experts every row is routed to).
 BLOCKS: dict[str, tuple[bool, tuple[int, ...]]] = {

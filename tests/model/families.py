@@ -74,6 +74,23 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
     # GLM-4: plain sandwich norms under its own names, q/k/v biases, the MLP's gate and up
     # stored fused, RoPE on half of each head with neighbouring lanes paired.
     "glm4": ("glm4", {}, False),
+    # GLM-4.5: sigmoid routing with a correction bias, among the best of 2 groups, scaled by
+    # 2.5; a shared expert; the first layer dense; per-head q/k norms; half RoPE in halves.
+    "glm4_moe": (
+        "glm4_moe",
+        {
+            "num_hidden_layers": 3,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_group": 2,
+            "topk_group": 1,
+            "routed_scaling_factor": 2.5,
+            "use_qk_norm": True,
+            "attention_bias": True,
+        },
+        False,
+    ),
     # Mixture of experts (8 experts, uneven routing on random weights; test_moe.py covers an
     # expert with no row, both checkpoint layouts and quantized experts):
     # Qwen3-MoE with renormalised top-2 and a dense layer between two sparse ones.

@@ -65,3 +65,28 @@ def test_no_safetensors(tmp_path: Path, tiny_llama_dir: Path) -> None:
     shutil.copy(tiny_llama_dir / "config.json", tmp_path / "config.json")
     with pytest.raises(FileNotFoundError, match="safetensors"):
         load_model(tmp_path)
+
+
+def test_a_layer_past_the_models_is_never_read(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """GLM-4.5's and DeepSeek-V3's checkpoints store their multi-token-prediction layer after
+    the decoder's (``model.layers.{num_layers}``): skipped, as vLLM and SGLang skip it,
+    while any other tensor the model has no place for is still an error."""
+    dst = tmp_path / "mtp"
+    shutil.copytree(tiny_llama_dir, dst)
+    (shard,) = dst.glob("*.safetensors")
+    tensors = load_file(str(shard))
+    mtp = {
+        k.replace("layers.1.", "layers.2."): v.clone()
+        for k, v in tensors.items()
+        if "layers.1." in k
+    }
+    save_file({**tensors, **mtp, "model.layers.2.eh_proj.weight": torch.ones(2, 2)}, str(shard))
+    model = load_model(dst)
+    reference = load_model(tiny_llama_dir)
+    for (name, p), (_, q) in zip(
+        model.named_parameters(), reference.named_parameters(), strict=True
+    ):
+        assert torch.equal(p, q), name
+    save_file({**tensors, "model.layers.0.surprise.weight": torch.ones(2, 2)}, str(shard))
+    with pytest.raises(KeyError, match="unexpected weight"):
+        load_model(dst)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixserve.model.families.base import Family
+from radixserve.model.families.moe import MoEConfig
 
 # GLM-4's norm names -> the sandwich layer's (model/layers/decoder.py).
 _NORMS = {
@@ -39,6 +40,45 @@ def _fields(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _moe_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """GLM-4.5's: pre-norm layers (Llama's), q/k/v biases, optional per-head q/k norms,
+    half RoPE in halves (not paired), and an expert block from ``first_k_dense_replace`` on."""
+    n = int(raw["num_hidden_layers"])
+    dense_below = int(raw.get("first_k_dense_replace", 1))
+    shared = int(raw.get("n_shared_experts", 1)) * int(raw["moe_intermediate_size"])
+    moe = MoEConfig(
+        int(raw.get("n_routed_experts", 128)),
+        int(raw.get("num_experts_per_tok", 8)),
+        int(raw["moe_intermediate_size"]),
+        bool(raw.get("norm_topk_prob", True)),
+        tuple(range(min(dense_below, n))),
+        shared_expert_size=shared,
+        scoring="sigmoid",
+        n_group=int(raw.get("n_group", 1)),
+        topk_group=int(raw.get("topk_group", 1)),
+        routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)),
+    )
+    return {
+        "attention_bias": bool(raw.get("attention_bias", False)),
+        "o_proj_bias": False,
+        "qk_norm": "head" if raw.get("use_qk_norm") else None,
+        "moe": moe,
+    }
+
+
+def _moe_weight_name(name: str) -> str:
+    """GLM-4.5's shared experts (``shared_experts``) under the expert block's name."""
+    return name.replace(".mlp.shared_experts.", ".mlp.shared_expert.")
+
+
+_MOE_DEFAULTS = {
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 131072,
+    "tie": False,
+    "partial_rotary_factor": 0.5,
+}
+
 FAMILIES = (
     Family(
         "glm4",
@@ -53,4 +93,5 @@ FAMILIES = (
         _fields,
         weight_name=_weight_name,
     ),
+    Family("glm4_moe", ("glm4_moe",), _MOE_DEFAULTS, _moe_fields, weight_name=_moe_weight_name),
 )

@@ -30,6 +30,15 @@ class MoEConfig:
     expert_range: tuple[int, int] | None = None
     shared_expert_size: int = 0
     shared_expert_gate: bool = False
+    # DeepSeek-V3's and GLM-4.5's routing (``sigmoid``): each expert's score is the sigmoid of
+    # its logit; experts are chosen by score plus a learned correction bias
+    # (``e_score_correction_bias``), among the ``topk_group`` best of ``n_group`` groups (a
+    # group scored by its two best), weighted by their scores (renormalised per
+    # ``norm_topk_prob``) times ``routed_scaling_factor``. "softmax": the others' routing.
+    scoring: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
 
     def is_sparse(self, layer: int) -> bool:
         """Whether decoder layer ``layer``'s MLP is the expert block."""

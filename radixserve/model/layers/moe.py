@@ -74,15 +74,45 @@ class TopKRouter(nn.Module):
         self.weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size))
         self.top_k = moe.top_k
         self.norm_topk_prob = moe.norm_topk_prob
+        self.moe = moe
+        # Sigmoid routing's correction bias (checkpoint ``e_score_correction_bias``, float32).
+        self.e_score_correction_bias = (
+            nn.Parameter(torch.empty(moe.num_experts), requires_grad=False)
+            if moe.scoring == "sigmoid"
+            else None
+        )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weights [T, k] in x's dtype, expert ids [T, k] int64)`` for each row of ``x``."""
         logits = F.linear(x, self.weight)
+        if self.e_score_correction_bias is not None:
+            return self._sigmoid_route(logits.float(), x.dtype)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         top, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             top = top / top.sum(dim=-1, keepdim=True)
         return top.to(x.dtype), ids
+
+    def _sigmoid_route(
+        self, logits: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """DeepSeek-V3's and GLM-4.5's routing (:class:`MoEConfig` ``scoring`` "sigmoid")."""
+        assert self.e_score_correction_bias is not None
+        moe = self.moe
+        scores = logits.sigmoid()
+        choice = scores + self.e_score_correction_bias.float()
+        if moe.n_group > 1:
+            t = choice.shape[0]
+            grouped = choice.view(t, moe.n_group, -1)
+            group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
+            keep = torch.topk(group_scores, moe.topk_group, dim=-1, sorted=False)[1]
+            mask = torch.zeros_like(group_scores).scatter_(1, keep, 1.0)
+            choice = choice.masked_fill(~mask.bool().repeat_interleave(grouped.shape[-1], 1), 0.0)
+        ids = torch.topk(choice, self.top_k, dim=-1, sorted=False)[1]
+        top = scores.gather(1, ids)
+        if self.norm_topk_prob:
+            top = top / (top.sum(dim=-1, keepdim=True) + 1e-20)
+        return (top * moe.routed_scaling_factor).to(dtype), ids
 
 
 class SharedExpertGate(nn.Module):
