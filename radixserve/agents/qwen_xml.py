@@ -151,13 +151,14 @@ def _read_parameter(body: str, i: int, types: Mapping[str, Any]) -> tuple[int, s
     if value_end < 0:
         return len(body), None
     raw = body[key_end + 1 : value_end]
-    value = _value(raw, types.get(key.strip()))
+    value = read_value(raw, types.get(key.strip()))
     item = f"{json.dumps(key.strip(), ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}"
     return value_end + len(PARAMETER_END), item
 
 
-def _value(raw: str, schema: Mapping[str, Any] | None) -> Any:
-    """A parameter's raw text as the JSON value its schema says it is."""
+def read_value(raw: str, schema: Mapping[str, Any] | None) -> Any:
+    """A parameter's raw text as the JSON value its schema says it is (GLM-4.5's arguments
+    too: ``glm_xml.py``)."""
     text = raw[1:] if raw.startswith("\n") else raw
     text = text[:-1] if text.endswith("\n") else text
     if schema and text.strip() in (schema.get("enum") or ()):

@@ -12,7 +12,15 @@ import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from radixserve.agents import hermes, llama3, mistral, pythonic, pythonic_grammar, qwen_xml
+from radixserve.agents import (
+    glm_xml,
+    hermes,
+    llama3,
+    mistral,
+    pythonic,
+    pythonic_grammar,
+    qwen_xml,
+)
 from radixserve.agents import reasoning as think
 from radixserve.agents.stream import ToolScan
 
@@ -27,9 +35,12 @@ class ToolFormat(NamedTuple):
     end: str  # text after it
     args_key: str  # the member holding the arguments
     array: bool  # the calls are a JSON array (Mistral)
-    # Arguments as Qwen's XML parameters (qwen_xml), not JSON: read back by the tools'
-    # schemas, and constrained by xgrammar's "qwen_xml" style of a JSON schema.
+    # Arguments as XML (Qwen's parameters, GLM-4.5's keys and values), not JSON: read back
+    # by the tools' schemas, and constrained by xgrammar's ``xml_style`` of a JSON schema,
+    # the call's markup up to its arguments ``begin`` + ``xml_head`` (the name filled in).
     xml: bool = False
+    xml_style: str = "qwen_xml"
+    xml_head: str = "{name}>\n"
     # Whether structural tags constrain its calls (forced calls, strict tools and one call
     # under auto): a JSON or XML format's do; pythonic calls have no JSON to tag.
     constrained: bool = True
@@ -55,6 +66,18 @@ QWEN3_CODER = ToolFormat(
     qwen_xml.NAME, qwen_xml.scan, qwen_xml.CALL_BEGIN, qwen_xml.CALL_END, "", False, xml=True
 )
 
+GLM45 = ToolFormat(
+    glm_xml.NAME,
+    glm_xml.scan,
+    glm_xml.START,
+    "\n" + glm_xml.END,
+    "",
+    False,
+    xml=True,
+    xml_style="glm_xml",
+    xml_head="{name}\n",
+)
+
 PYTHONIC = ToolFormat(
     pythonic.NAME,
     pythonic.scan,
@@ -72,6 +95,8 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
     "qwen25": HERMES,
     "qwen3": HERMES,
     "qwen3_coder": QWEN3_CODER,
+    "glm45": GLM45,
+    "glm4_moe": GLM45,
     "llama3_json": LLAMA3_JSON,
     "llama3": LLAMA3_JSON,
     "mistral": MISTRAL,
@@ -113,6 +138,8 @@ def guess_tool_format(template: str | None) -> ToolFormat | None:
     assert template is not None
     if "<function=" in template and "<parameter=" in template:
         return QWEN3_CODER
+    if "<arg_key>" in template:
+        return GLM45  # GLM-4.5: <tool_call>name, then <arg_key>/<arg_value> pairs
     if "<tool_call>" in template:
         return HERMES
     if "[TOOL_CALLS]" in template:

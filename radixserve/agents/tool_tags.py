@@ -64,7 +64,8 @@ def _tags(
     for f in functions:
         schema = _args_schema(f, enforce_all or bool(f.get("strict")))
         if fmt.xml:  # the name in the markup, the arguments as XML parameters
-            head, content, tail = f"{f['name']}>\n", {"style": "qwen_xml"}, ""
+            head = fmt.xml_head.format(name=f["name"])
+            content, tail = {"style": fmt.xml_style}, ""
         else:
             head, content, tail = f'{{"name": {json.dumps(f["name"])}, "{fmt.args_key}": ', {}, "}"
         tags.append(

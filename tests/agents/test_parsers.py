@@ -72,6 +72,12 @@ CODER_FUNCTIONS = [
     },
 ]
 CODER_SCAN = QWEN3_CODER.scanner(CODER_FUNCTIONS)
+# GLM-4.5: <tool_call>name, then <arg_key>/<arg_value> pairs, values read by the schemas.
+GLM_SCAN = tool_format("glm45").scanner(CODER_FUNCTIONS)
+GLM_CALL = (
+    "Let me look.<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>New York"
+    "</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"
+)
 # Llama 3.2 / Llama 4 (vLLM's pythonic parser's examples): a list of calls, literals as values.
 PYTHONIC_CALLS = (
     "[get_weather(city='San Francisco', metric='celsius'), "
@@ -137,6 +143,12 @@ def splits(text: str) -> list[list[str]]:
             MISTRAL_CALL,
             [("get_current_weather", '{"location": "Paris, France", "format": "celsius"}')],
             "",
+        ),
+        (
+            GLM_SCAN,
+            GLM_CALL,
+            [("get_weather", '{"city": "New York", "days": 3}')],
+            "Let me look.",
         ),
         (
             mistral.granite_scan,
@@ -218,6 +230,8 @@ def test_content_before_a_call_and_no_markup_leaks() -> None:
         (CODER_SCAN, "<tool_call>\n<function=f>\nstray text\n</function>\n</tool_call>"),
         (CODER_SCAN, "<tool_call>\n<function=f>\n<parameter=a>\n1"),  # cut off
         (CODER_SCAN, "<tool_call>\n<function=f>\n</function>\nmore\n</tool_call>"),
+        (GLM_SCAN, "<tool_call>\n<arg_key>a</arg_key></tool_call>"),  # no name
+        (GLM_SCAN, "<tool_call>f\n<arg_key>a</arg_key>\nnot a value</tool_call>"),
     ],
 )
 def test_malformed_calls_are_content(scan: ToolScan, text: str) -> None:
@@ -234,6 +248,7 @@ def test_plain_answers_stay_content() -> None:
         mistral.scan,
         mistral.granite_scan,
         CODER_SCAN,
+        GLM_SCAN,
         pythonic.scan,
     )
     for scan in scans:
@@ -342,6 +357,8 @@ def test_template_guess_and_names() -> None:
     assert guess_tool_format(coder) == tool_format("qwen3_coder")
     assert guess_tool_format("{{ tools }} [TOOL_CALLS]") == tool_format("mistral")
     assert guess_tool_format("{{ tools }} <|tool_call|>") == tool_format("granite")
+    glm = "{{ tools }} <tool_call>{{ name }}<arg_key>k</arg_key><arg_value>v</arg_value>"
+    assert guess_tool_format(glm) == tool_format("glm45")
     assert guess_tool_format("{{ tools }} ipython") == tool_format("llama3_json")
     pythonic_example = "{{ tools }} [func_name1(params_name1=params_value1)] ipython"
     assert guess_tool_format(pythonic_example) == tool_format("pythonic")

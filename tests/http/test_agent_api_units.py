@@ -320,3 +320,47 @@ def test_granite_calls_are_forced_after_their_marker() -> None:
     assert parser is not None
     parser.parse(f"<|tool_call|>[{call}]")
     assert [(c.name, c.arguments) for c in parser.calls] == [("get_time", '{"zone": "CST"}')]
+
+
+def test_glm45_calls_are_forced_as_key_value_pairs() -> None:
+    """GLM-4.5's format (guessed from ``<arg_key>`` in the template): a required call is
+    ``<tool_call>name`` and its arguments' key/value pairs, valid against the schema (an
+    integer stays an integer when read back); a named one only that function."""
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    from radixserve.constrained.grammar import structural_tag_grammar
+    from radixserve.serving.http.chat_tools import FunctionIn, ToolIn, plan
+
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"],
+    }
+    tools = [
+        ToolIn(function=FunctionIn(name="get_weather", parameters=schema)),
+        ToolIn(function=FunctionIn(name="get_time", parameters={"type": "object"})),
+    ]
+    template = "{{ tools }} <tool_call>{{ name }}<arg_key>"
+    forced = plan(
+        tools,
+        {"type": "function", "function": {"name": "get_weather"}},
+        template,
+        None,
+        None,
+        False,
+    )
+    assert forced.structural_tag is not None
+    grammar = structural_tag_grammar(forced.structural_tag)
+    call = (
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+        "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"
+    )
+    assert accepts(grammar, call)
+    assert not accepts(grammar, call.replace(">3<", ">three<"))
+    assert not accepts(grammar, call.replace("get_weather", "get_time"))
+    parser = output_parser(forced)
+    assert parser is not None
+    parser.parse(call)
+    assert [(c.name, json.loads(c.arguments)) for c in parser.calls] == [
+        ("get_weather", {"city": "Paris", "days": 3})
+    ]
