@@ -48,7 +48,7 @@ def scan(text: str, final: bool, params: ParameterSchemas | None = None) -> Scan
 def _read_block(
     body: str, closed: bool, final: bool, schemas: ParameterSchemas
 ) -> ScannedCall | None:
-    read = _read_call(body, schemas)
+    read = _read_call(body, schemas, closed)
     if read is None:
         return None if closed or final else ScannedCall(None, "", False)
     name, args, whole = read
@@ -62,17 +62,20 @@ def _read_block(
     return None
 
 
-def _read_call(body: str, schemas: ParameterSchemas) -> tuple[str | None, list[str], bool] | None:
+def _read_call(
+    body: str, schemas: ParameterSchemas, closed: bool
+) -> tuple[str | None, list[str], bool] | None:
     """The block's name (None while it is being written), its arguments as ``"key": value``
-    JSON items, and whether the rest of it is only whitespace; None where it is no call."""
+    JSON items, and whether the rest of it is only whitespace; None where it is no call.
+    ``closed``: the block has ended (a name alone on its line is then whole)."""
     line_end = body.find("\n")
     first = body if line_end < 0 else body[:line_end]
     cut = first.find("<")
     name_text = first if cut < 0 else first[:cut]
     if not name_text.strip() or not _NAME.fullmatch(name_text.strip()):
         return None
-    if line_end < 0 and cut < 0:
-        return None, [], False  # the name may still grow
+    if line_end < 0 and cut < 0:  # a call without arguments, or a name still growing
+        return (name_text.strip(), [], True) if closed else (None, [], False)
     name = name_text.strip()
     types = schemas.get(name, {})
     args: list[str] = []

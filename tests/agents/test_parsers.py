@@ -150,6 +150,7 @@ def splits(text: str) -> list[list[str]]:
             [("get_weather", '{"city": "New York", "days": 3}')],
             "Let me look.",
         ),
+        (GLM_SCAN, "<tool_call>get_time</tool_call>", [("get_time", "{}")], ""),
         (
             mistral.granite_scan,
             GRANITE_CALL,
