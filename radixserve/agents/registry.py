@@ -41,6 +41,9 @@ class ToolFormat(NamedTuple):
     xml: bool = False
     xml_style: str = "qwen_xml"
     xml_head: str = "{name}>\n"
+    # The most whitespace a forced call's XML may hold in a row (None: any): GLM-4.5's
+    # pairs sit on lines of their own, and a model must not idle in the newlines between.
+    xml_whitespace: int | None = None
     # Whether structural tags constrain its calls (forced calls, strict tools and one call
     # under auto): a JSON or XML format's do; pythonic calls have no JSON to tag.
     constrained: bool = True
@@ -76,6 +79,7 @@ GLM45 = ToolFormat(
     xml=True,
     xml_style="glm_xml",
     xml_head="{name}\n",
+    xml_whitespace=1,
 )
 
 PYTHONIC = ToolFormat(

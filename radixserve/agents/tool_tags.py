@@ -65,7 +65,10 @@ def _tags(
         schema = _args_schema(f, enforce_all or bool(f.get("strict")))
         if fmt.xml:  # the name in the markup, the arguments as XML parameters
             head = fmt.xml_head.format(name=f["name"])
-            content, tail = {"style": fmt.xml_style}, ""
+            content: dict[str, Any] = {"style": fmt.xml_style}
+            if fmt.xml_whitespace is not None:
+                content["max_whitespace_cnt"] = fmt.xml_whitespace
+            tail = ""
         else:
             head, content, tail = f'{{"name": {json.dumps(f["name"])}, "{fmt.args_key}": ', {}, "}"
         tags.append(
