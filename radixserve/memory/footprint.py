@@ -150,11 +150,12 @@ def weight_bytes(
 
     if moe is None:
         per_layer = attn + mlp(i)
-    else:  # every expert held (all, or a rank's own), plus the whole router (never quantized)
-        # and a shared expert with its whole gate.
+    else:  # every expert held (all, or a rank's own), plus the whole router (never quantized,
+        # with sigmoid routing's correction bias) and a shared expert with its whole gate.
         shared = mlp(si) + (h * act if moe.shared_expert_gate else 0) if si else 0
+        router = moe.num_experts * (h + (1 if moe.scoring == "sigmoid" else 0)) * act
         mlps = sum(
-            held * mlp(mi) + moe.num_experts * h * act + shared if moe.is_sparse(layer) else mlp(i)
+            held * mlp(mi) + router + shared if moe.is_sparse(layer) else mlp(i)
             for layer in range(cfg.num_layers)
         )
         per_layer = attn + mlps // cfg.num_layers  # the layers' mean (exact when all alike)
