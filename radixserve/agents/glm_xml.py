@@ -21,11 +21,11 @@ Forced calls follow xgrammar's ``glm_xml`` style of the arguments' schema
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
-from radixserve.agents.qwen_xml import ParameterSchemas, parameter_schemas, read_value
+from radixserve.agents.jsonscan import skip_ws
+from radixserve.agents.qwen_xml import TAG_NAME, ParameterSchemas, parameter_schemas, read_value
 from radixserve.agents.types import Scan, ScannedCall, scan_blocks
 
 __all__ = ["NAME", "START", "END", "scan", "parameter_schemas"]
@@ -34,8 +34,6 @@ NAME = "glm45"
 START, END = "<tool_call>", "</tool_call>"
 KEY, KEY_END = "<arg_key>", "</arg_key>"
 VALUE, VALUE_END = "<arg_value>", "</arg_value>"
-
-_NAME = re.compile(r"[^<>\n]+")
 
 
 def scan(text: str, final: bool, params: ParameterSchemas | None = None) -> Scan:
@@ -72,7 +70,7 @@ def _read_call(
     first = body if line_end < 0 else body[:line_end]
     cut = first.find("<")
     name_text = first if cut < 0 else first[:cut]
-    if not name_text.strip() or not _NAME.fullmatch(name_text.strip()):
+    if not name_text.strip() or not TAG_NAME.fullmatch(name_text.strip()):
         return None
     if line_end < 0 and cut < 0:  # a call without arguments, or a name still growing
         return (name_text.strip(), [], True) if closed else (None, [], False)
@@ -81,7 +79,7 @@ def _read_call(
     args: list[str] = []
     i = len(name_text) if cut >= 0 else line_end
     while True:
-        i = _skip_ws(body, i)
+        i = skip_ws(body, i)
         if i >= len(body):
             return name, args, True
         item = _read_argument(body, i, types)
@@ -102,7 +100,7 @@ def _read_argument(body: str, i: int, types: Mapping[str, Any]) -> tuple[int, st
     if key_end < 0:
         return len(body), None
     key = body[i + len(KEY) : key_end].strip()
-    j = _skip_ws(body, key_end + len(KEY_END))
+    j = skip_ws(body, key_end + len(KEY_END))
     if not body.startswith(VALUE, j):
         return (len(body), None) if VALUE.startswith(body[j:]) else None
     value_end = body.find(VALUE_END, j + len(VALUE))
@@ -112,9 +110,3 @@ def _read_argument(body: str, i: int, types: Mapping[str, Any]) -> tuple[int, st
     value = read_value(raw, types.get(key))
     item = f"{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}"
     return value_end + len(VALUE_END), item
-
-
-def _skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\r\n":
-        i += 1
-    return i

@@ -38,6 +38,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from radixserve.agents.jsonscan import skip_ws
 from radixserve.agents.types import Scan, ScannedCall, scan_blocks
 
 NAME = "qwen3_coder"
@@ -50,7 +51,8 @@ CALL_BEGIN, CALL_END = "<tool_call>\n<function=", "\n</function>\n</tool_call>"
 #: Each function's parameters' schemas, by function name and parameter name.
 ParameterSchemas = Mapping[str, Mapping[str, Any]]
 
-_NAME = re.compile(r"[^<>\n]+")
+# A function or parameter name in the markup (GLM-4.5's too: glm_xml.py).
+TAG_NAME = re.compile(r"[^<>\n]+")
 _TEXT_TYPES = frozenset({"string", "str", "text"})
 
 
@@ -96,7 +98,7 @@ class _Call(NamedTuple):
 
 def _read_call(body: str, schemas: ParameterSchemas) -> _Call | None:
     """One block's call as far as ``body`` shows it; ``None`` where it is not a call."""
-    i = _skip_ws(body, 0)
+    i = skip_ws(body, 0)
     if not FUNCTION.startswith(body[i : i + len(FUNCTION)]):
         return None
     if len(body) - i < len(FUNCTION):
@@ -104,18 +106,18 @@ def _read_call(body: str, schemas: ParameterSchemas) -> _Call | None:
     name_end = body.find(">", i + len(FUNCTION))
     if name_end < 0:
         partial = body[i + len(FUNCTION) :]
-        if partial and not _NAME.fullmatch(partial):
+        if partial and not TAG_NAME.fullmatch(partial):
             return None
         return _Call(ScannedCall(None, "", False), False, False)
     name = body[i + len(FUNCTION) : name_end]
-    if not _NAME.fullmatch(name):
+    if not TAG_NAME.fullmatch(name):
         return None
     name = name.strip()
     types = schemas.get(name, {})
     args: list[str] = []
     i = name_end + 1
     while True:
-        i = _skip_ws(body, i)
+        i = skip_ws(body, i)
         if body.startswith(FUNCTION_END, i):
             rest = body[i + len(FUNCTION_END) :]
             arguments = "{" + ", ".join(args) + "}"
@@ -145,7 +147,7 @@ def _read_parameter(body: str, i: int, types: Mapping[str, Any]) -> tuple[int, s
     if key_end < 0:
         return len(body), None
     key = body[i + len(PARAMETER) : key_end]
-    if not _NAME.fullmatch(key):
+    if not TAG_NAME.fullmatch(key):
         return None
     value_end = body.find(PARAMETER_END, key_end + 1)
     if value_end < 0:
@@ -182,9 +184,3 @@ def _is_text(schema: Mapping[str, Any] | None) -> bool:
     if kind is None and "enum" in schema:
         return all(isinstance(v, str) for v in schema["enum"])
     return kind in _TEXT_TYPES
-
-
-def _skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\r\n":
-        i += 1
-    return i
