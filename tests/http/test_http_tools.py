@@ -242,12 +242,14 @@ def test_required_parallel_calls_with_n_seed_and_stop(tool_server: tuple[str, Ta
     print(f"\n{name}: calls per choice with parallel_tool_calls on: {counts}")
 
 
-def test_pythonic_calls_forced_with_the_llama_3_2_template(server: Server) -> None:
-    """Llama 3.2's pythonic calls (its template sent with every request, the format guessed
-    from it), forced by the pythonic grammar: a required call and a named one come back as
-    ``tool_calls`` valid against the schemas, the next turn renders the call back and
-    reuses the cached prompt, and parallel required calls are each valid."""
-    client = sdk(Target(server, (TEMPLATES / "llama3_2_pythonic.jinja").read_text(), "none"))
+@pytest.mark.parametrize("template", ["llama3_2_pythonic.jinja", "glm45.jinja"])
+def test_calls_forced_with_a_template_of_their_own_format(server: Server, template: str) -> None:
+    """Llama 3.2's pythonic calls and GLM-4.5's key/value calls (the template sent with every
+    request, the format guessed from it), forced by each format's grammar: a required call
+    and a named one come back as ``tool_calls`` valid against the schemas, the next turn
+    renders the call back and reuses the cached prompt, and parallel required calls are
+    each valid."""
+    client = sdk(Target(server, (TEMPLATES / template).read_text(), "none"))
     messages: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
     kw: dict[str, Any] = dict(model="default", tools=TOOLS, max_tokens=200, temperature=0)
     first = client.chat.completions.create(
@@ -274,32 +276,6 @@ def test_pythonic_calls_forced_with_the_llama_3_2_template(server: Server) -> No
         assert choice.message.tool_calls, choice
         for each in choice.message.tool_calls:
             check_call(each, each.function.name)
-
-
-def test_glm45_calls_forced_with_its_template(server: Server) -> None:
-    """GLM-4.5's key/value calls (its template sent with every request, the format guessed
-    from it): a required call and a named one come back as ``tool_calls`` valid against
-    the schemas, and the next turn renders the call back and reuses the cached prompt."""
-    client = sdk(Target(server, (TEMPLATES / "glm45.jinja").read_text(), "none"))
-    messages: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
-    kw: dict[str, Any] = dict(model="default", tools=TOOLS, max_tokens=200, temperature=0)
-    first = client.chat.completions.create(
-        messages=messages, tool_choice="required", parallel_tool_calls=False, **kw
-    )
-    c = first.choices[0]
-    assert c.finish_reason == "tool_calls" and len(c.message.tool_calls or []) == 1, c
-    call = c.message.tool_calls[0]  # type: ignore[index]
-    check_call(call, call.function.name)
-    assert not c.message.content
-    messages += [
-        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-        {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"},
-    ]
-    named = {"type": "function", "function": {"name": "get_time"}}
-    second = client.chat.completions.create(messages=messages, tool_choice=named, **kw)
-    check_call(second.choices[0].message.tool_calls[0], "get_time")  # type: ignore[index]
-    details = second.usage.prompt_tokens_details  # type: ignore[union-attr]
-    assert details.cached_tokens >= (first.usage.prompt_tokens // PAGE - 1) * PAGE  # type: ignore[union-attr]
 
 
 def test_strict_tool_under_auto_is_served(tool_server: tuple[str, Target]) -> None:
