@@ -37,6 +37,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from functools import partial
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -270,19 +271,16 @@ def _take_weights(
     runner: ModelRunner, path: str, cfg: EngineConfig, rv: Rendezvous, device: torch.device
 ) -> None:
     """This rank's part of :meth:`RankGroup.replace_weights`."""
-    from radixserve.model.weight_update import load_weights_for, prepared
+    from radixserve.model.weight_update import follow_update, load_weights_for
 
     def prepare() -> WeightCopy:
         return load_weights_for(runner.model, path, **_rank_load_args(cfg, rv, device))
 
-    copy, error = prepared(prepare)
-    if error is not None:
-        log.warning("rank refuses the weights at %s: %s", path, error)
-    if _all_agree(rv.tp, error is None, device) and copy is not None:
-        copy.apply()
+    agree = partial(_all_agree, rv.tp, device=device)
+    follow_update(prepare, agree, f"rank refuses the weights at {path}")
 
 
-def _all_agree(tp: Any, ok: bool, device: torch.device) -> bool:
+def _all_agree(tp: Any, ok: bool, *, device: torch.device) -> bool:
     """Whether every rank of ``tp`` says ``ok`` (one all-gather)."""
     votes = tp.all_gather(torch.tensor([1 if ok else 0], device=device))
     return all(int(v.item()) == 1 for v in votes)
@@ -468,16 +466,11 @@ class RankGroup:
         """New weights on every rank, all or none: each rank loads and checks its share
         (``prepare``, rank 0's), all agree, then each copies; rank 0's bytes copied.
         ``ValueError`` (no rank changed) where any rank could not."""
-        from radixserve.model.weight_update import prepared
+        from radixserve.model.weight_update import lead_update
 
         self.channel.send(step_wire.UpdateWeights(path))
-        copy, error = prepared(prepare)
-        if not _all_agree(self.tp, error is None, self.device):
-            raise ValueError(
-                error or "another tensor-parallel rank refused the weights (its log says why)"
-            )
-        assert copy is not None
-        return copy.apply()
+        agree = partial(_all_agree, self.tp, device=self.device)
+        return lead_update(prepare, agree, "tensor-parallel")
 
     def audit(self, runner: ModelRunner) -> list[list[int]]:
         """Assert that every rank holds the same pool size, page table and window map as

@@ -23,6 +23,7 @@ it names in ``CONFIG_CACHES``) stay as they are: the two configurations are the 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ from torch import nn
 
 from radixserve.model.config import ModelConfig
 from radixserve.model.lora import LoraLinear
+
+log = logging.getLogger(__name__)
 
 # ModelConfig fields two checkpoints of one model may differ in.
 _FREE_FIELDS = frozenset({"torch_dtype"})
@@ -102,13 +105,39 @@ def load_weights_for(served: nn.Module, path: str | Path, **load_args: Any) -> W
     return WeightCopy(served, fresh)
 
 
-def prepared(prepare: Callable[[], WeightCopy]) -> tuple[WeightCopy | None, str | None]:
+def _prepared(prepare: Callable[[], WeightCopy]) -> tuple[WeightCopy | None, str | None]:
     """``prepare()``, or why it failed: one rank of several must still vote when its share
-    does not load (tensor and pipeline parallelism agree before any rank copies)."""
+    does not load."""
     try:
         return prepare(), None
     except Exception as exc:
         return None, str(exc) or type(exc).__name__
+
+
+def lead_update(
+    prepare: Callable[[], WeightCopy], agree: Callable[[bool], bool], ranks: str
+) -> int:
+    """Rank 0's part of an update on several ranks, all or none (tensor parallelism, pipeline
+    stages): load and check its share (``prepare``), vote with the others (``agree``: every
+    rank's vote, one collective), copy only if all could; the bytes copied. ``ValueError``,
+    no rank changed, where any could not (``ranks``: which, in the message)."""
+    copy, error = _prepared(prepare)
+    if not agree(error is None):
+        raise ValueError(error or f"another {ranks} rank refused the weights (its log says why)")
+    assert copy is not None
+    return copy.apply()
+
+
+def follow_update(
+    prepare: Callable[[], WeightCopy], agree: Callable[[bool], bool], refusal: str
+) -> None:
+    """Another rank's part of :func:`lead_update`: the same vote, its reason logged
+    (``refusal``: the log line's start) where its share does not load."""
+    copy, error = _prepared(prepare)
+    if error is not None:
+        log.warning("%s: %s", refusal, error)
+    if agree(error is None) and copy is not None:
+        copy.apply()
 
 
 def copy_weights(served: nn.Module, fresh: nn.Module) -> int:

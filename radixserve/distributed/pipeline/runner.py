@@ -18,7 +18,6 @@ rank 0's host before the broadcast, so every stage-0 TP rank embeds the same ids
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -39,7 +38,6 @@ from radixserve.scheduling.plan import StepPlan, StepResult
 if TYPE_CHECKING:
     from radixserve.model.weight_update import WeightCopy
 
-logger = logging.getLogger(__name__)
 
 __all__ = ["PipelineRunner", "StageRunner", "decode_plan", "encode_plan"]
 
@@ -167,18 +165,18 @@ class StageRunner(ModelRunner):
     def _take_weights(self, load_weights: Callable[[str], WeightCopy] | None) -> None:
         """This rank's part of :meth:`PipelineRunner.replace_weights`: load and check its
         share, vote, copy only if every rank could."""
-        from radixserve.model.weight_update import prepared
+        from radixserve.model.weight_update import follow_update
 
-        path = self.comm.broadcast_bytes(b"")
-        assert isinstance(path, bytes)
-        copy: WeightCopy | None = None
-        error: str | None = "this rank cannot load weights"
-        if load_weights is not None:
-            copy, error = prepared(lambda: load_weights(path.decode()))
-        if error is not None:
-            logger.warning("pipeline rank refuses the weights at %s: %s", path.decode(), error)
-        if self.comm.agree(error is None) and copy is not None:
-            copy.apply()
+        payload = self.comm.broadcast_bytes(b"")
+        assert isinstance(payload, bytes)
+        path = payload.decode()
+
+        def prepare() -> WeightCopy:
+            if load_weights is None:
+                raise ValueError("this rank cannot load weights")
+            return load_weights(path)
+
+        follow_update(prepare, self.comm.agree, f"pipeline rank refuses the weights at {path}")
 
 
 class PipelineRunner(StageRunner):
@@ -256,17 +254,11 @@ class PipelineRunner(StageRunner):
         """New weights on every stage, all or none: every rank loads and checks its share
         (``prepare``, rank 0's), all vote, then each copies; rank 0's bytes copied.
         ``ValueError`` (no rank changed) where any rank could not. Between steps only."""
-        from radixserve.model.weight_update import prepared
+        from radixserve.model.weight_update import lead_update
 
         self.comm.broadcast_bytes(UPDATE_WEIGHTS)
         self.comm.broadcast_bytes(path.encode())
-        copy, error = prepared(prepare)
-        if not self.comm.agree(error is None):
-            raise ValueError(
-                error or "another pipeline rank refused the weights (its log says why)"
-            )
-        assert copy is not None
-        return copy.apply()
+        return lead_update(prepare, self.comm.agree, "pipeline")
 
     def shutdown(self) -> None:
         """Tell every other rank to leave its loop."""
