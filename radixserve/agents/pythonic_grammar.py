@@ -73,19 +73,20 @@ def _quote(text: str) -> str:
 
 def _literal(value: Any) -> str:
     """The Python literal of a JSON value, as an EBNF string literal."""
+    return _quote(_python(value))
+
+
+def _python(value: Any) -> str:
+    """The Python literal of a JSON value, as the grammar writes literals (double-quoted
+    strings, ``", "`` and ``": "`` between items)."""
     if isinstance(value, bool) or value is None:
-        return _quote({True: "True", False: "False", None: "None"}[value])
-    if isinstance(value, str):
-        return _quote(json.dumps(value, ensure_ascii=False))  # a double-quoted Python string
-    if isinstance(value, (int, float)):
-        return _quote(json.dumps(value))
+        return {True: "True", False: "False", None: "None"}[value]
     if isinstance(value, list):
-        return _quote("[" + ", ".join(json.loads(_literal(v)) for v in value) + "]")
-    return _quote(
-        "{"
-        + ", ".join(f"{json.dumps(k)}: {json.loads(_literal(v))}" for k, v in value.items())
-        + "}"
-    )
+        return "[" + ", ".join(_python(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = (f"{json.dumps(k)}: {_python(v)}" for k, v in value.items())
+        return "{" + ", ".join(items) + "}"
+    return json.dumps(value, ensure_ascii=False)  # a string (double-quoted) or a number
 
 
 def _bounded_string(schema: dict[str, Any]) -> str:
