@@ -83,6 +83,12 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
+def fan_out_status(ok: bool, code: str | None) -> int:
+    """The HTTP status of an operation every worker was asked to do (a weight update, a
+    pause): 200 when all did, 503 when none could be asked, else 400 (a worker refused)."""
+    return 200 if ok else 503 if code == "unavailable" else 400
+
+
 def invalid(message: str, param: str | None = None) -> APIError:
     """A 400 ``invalid_request_error``."""
     return APIError(400, message, param=param)

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
+from radixserve.serving.http.errors import fan_out_status
 from radixserve.serving.http.gateway import Gateway
 from radixserve.serving.wire import protocol as p
 
@@ -43,7 +44,7 @@ def _gw(request: Request) -> Gateway:
 
 
 def _status(reply: p.PauseReply) -> int:
-    return 200 if reply.ok else 503 if reply.code == "unavailable" else 400
+    return fan_out_status(reply.ok, reply.code)
 
 
 @router.post("/pause_generation")

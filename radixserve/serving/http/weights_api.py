@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixserve.prefix import MAX_ADAPTER_PATH_CHARS
-from radixserve.serving.http.errors import invalid
+from radixserve.serving.http.errors import fan_out_status, invalid
 from radixserve.serving.http.gateway import Gateway
 
 router = APIRouter()
@@ -60,7 +60,7 @@ async def update_weights_from_disk(
     g = _gw(request)
     aborted = await g.abort(None, None) if body.abort_all_requests else 0
     reply = await g.update_weights(body.model_path, body.weight_version)
-    status = 200 if reply.ok else 503 if reply.code == "unavailable" else 400
+    status = fan_out_status(reply.ok, reply.code)
     out = {
         "success": reply.ok,
         "message": "Succeeded to update model weights." if reply.ok else reply.error or "failed",
