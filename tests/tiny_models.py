@@ -12,6 +12,7 @@ Token ids of the special tokens match SmolLM2's: ``<|endoftext|>`` = 0,
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 EOS_TOKEN_ID = 2
@@ -69,12 +70,47 @@ GEMMA3_VISION: dict[str, object] = {
     "image_size": 28,
     "patch_size": 14,
 }
+# Mistral 3's Pixtral vision tower, as small (never read by radixserve, run by transformers
+# only for images).
+PIXTRAL_VISION: dict[str, object] = {
+    "model_type": "pixtral",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "head_dim": 16,
+    "image_size": 32,
+    "patch_size": 8,
+}
+# The multimodal model types: their vision tower and what else their top level sets.
+_MULTIMODAL: dict[str, dict[str, object]] = {
+    "gemma3": {"vision_config": GEMMA3_VISION, "mm_tokens_per_image": 4},
+    "mistral3": {"vision_config": PIXTRAL_VISION, "image_token_index": 10},
+}
 # What a multimodal config says at its top level (the rest goes under text_config).
 _TOP_LEVEL = ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings")
 
 # Qwen2-MoE with its quirks biting (build_tiny_family "qwen2_moe"): 8 experts of width 32,
 # top-2 not renormalised, a shared expert of width 96 under its sigmoid gate, layer 1 dense
 # (mlp_only_layers), q/k/v bias (made non-zero by build_tiny_family).
+# Ministral 3: YaRN with mscale = mscale_all_dim (attention factor 1) from an original
+# context of 16, and the query temperature past it (beta 0.5: a query at position 48 is
+# scaled by 1.69).
+MINISTRAL3: dict[str, object] = {
+    "max_position_embeddings": 256,
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "rope_theta": 1_000_000.0,
+        "factor": 16.0,
+        "original_max_position_embeddings": 16,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "llama_4_scaling_beta": 0.5,
+    },
+}
+
 # Granite's four scalars far from 1 (the embeddings', the scores' scale, the blocks'
 # outputs' and the logits' divisor): every one bites.
 GRANITE_SCALARS: dict[str, object] = {
@@ -302,11 +338,12 @@ def build_tiny_family(
     Every norm weight (q/k norms included) is perturbed, every bias (a router's correction
     bias too) made non-zero.
 
-    ``model_type`` ``gemma3`` is the multimodal ``Gemma3ForConditionalGeneration``: the text
-    model's keys go under ``text_config`` (the token ids and the tie at the top level), with
-    the tiny vision tower :data:`GEMMA3_VISION`."""
+    ``model_type`` ``gemma3`` is the multimodal ``Gemma3ForConditionalGeneration``, ``mistral3``
+    ``Mistral3ForConditionalGeneration`` (its text model's type the override
+    ``text_model_type``): the text model's keys go under ``text_config`` (the token ids and
+    the tie at the top level too), with a tiny vision tower (:data:`_MULTIMODAL`)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -326,20 +363,23 @@ def build_tiny_family(
         "pad_token_id": EOS_TOKEN_ID,
     }
     kwargs.update(overrides)
-    if model_type == "gemma3":
+    model_class: Any = AutoModelForCausalLM
+    if model_type in _MULTIMODAL:
         top = {k: kwargs.pop(k) for k in _TOP_LEVEL if k in kwargs}
+        text_type = kwargs.pop("text_model_type", None)
         cfg = AutoConfig.for_model(
             model_type,
-            text_config={**kwargs, **top},
-            vision_config=GEMMA3_VISION,
-            mm_tokens_per_image=4,
+            text_config={**kwargs, **top, **({"model_type": text_type} if text_type else {})},
             initializer_range=kwargs["initializer_range"],
+            **_MULTIMODAL[model_type],
             **top,
         )
+        if model_type == "mistral3":
+            model_class = AutoModelForImageTextToText
     else:
         cfg = AutoConfig.for_model(model_type, **kwargs)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    model = model_class.from_config(cfg, dtype=torch.float32).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(".bias"):

@@ -105,6 +105,11 @@ class ModelConfig:
     attention_multiplier: float = 1.0  # the scores' scale in place of head_dim's (when not 1)
     residual_multiplier: float = 1.0  # each block's output's factor before the residual add
     logits_scaling: float = 1.0  # the logits' divisor
+    # Ministral 3's query temperature (Llama 4's scaling): each query times
+    # 1 + beta * ln(1 + floor(position / period)) after RoPE, 1 before the first period's end,
+    # sharper attention past it (``rope_parameters.llama_4_scaling_beta``); 0.0: none.
+    query_scale_beta: float = 0.0
+    query_scale_period: int = 0
 
     @property
     def rotary_dim(self) -> int:
@@ -113,6 +118,11 @@ class ModelConfig:
     def layer_rope(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` rotates q and k (False: a NoPE layer, SmolLM3)."""
         return layer not in self.nope_layers
+
+    def scales_queries(self, seq_len: int) -> bool:
+        """Whether a sequence of ``seq_len`` tokens has queries the temperature scales (a
+        position at or past ``query_scale_period``)."""
+        return self.query_scale_beta != 0.0 and seq_len > self.query_scale_period
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of decoder layer ``layer`` (None: it attends over everything)."""

@@ -362,6 +362,8 @@ class LlamaForCausalLM(nn.Module):
         forward: CPU kernels, one process's whole model, few enough rows, the native attention."""
         if self.native_stack_reason is not None or not native.enabled(h):
             return None
+        if self.config.scales_queries(max(batch.seq_lens_cpu)):
+            return None  # a query past the temperature's period: the stack does not scale
         if self._stack is None:  # described once, after loading and quantization replaced modules
             self._stack = self._describe_stack(h.dtype)
         if h.shape[0] > self._stack.max_rows():

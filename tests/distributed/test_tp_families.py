@@ -4,6 +4,7 @@ ranks (spawned once for all families) give one rank's logits, greedy tokens and 
 Each family's tiny random checkpoint (transformers' own config and model class) has the
 quirks that tensor parallelism could break active:
 
+- Mistral 3: a multimodal checkpoint's text model, Ministral 3's query temperature;
 - Qwen3 and Gemma 3: per-head q/k norms; Gemma 2/3: a window (6) shorter than the prompts,
   soft-caps that bite, ``query_pre_attn_scalar``, the embedding scale, Gemma 3's two RoPE
   bases, tied embeddings (a vocabulary-parallel tied head);
@@ -96,6 +97,12 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         {"num_hidden_layers": 4, "no_rope_layer_interval": 2, "attention_bias": True},
     ),
     "granite": ("granite", tiny_models.GRANITE_SCALARS),
+    # Mistral 3's multimodal checkpoint (its text model's names renamed before a rank cuts
+    # its share), Ministral 3's YaRN and query temperature.
+    "mistral3": (
+        "mistral3",
+        {**tiny_models.MINISTRAL3, "text_model_type": "ministral3", "tie_word_embeddings": False},
+    ),
     "glm4_moe": (
         "glm4_moe",
         {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tiny_models import GEMMA_QUIRKS, GRANITE_SCALARS, QWEN2_MOE
+from tiny_models import GEMMA_QUIRKS, GRANITE_SCALARS, MINISTRAL3, QWEN2_MOE
 
 # Phi-3 longrope: sequences in the tests stay below the original context (64), where
 # transformers rotates with the short factors too (see model/layers/rotary.py).
@@ -90,6 +90,15 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
             "attention_bias": True,
         },
         False,
+    ),
+    # Ministral 3, in the one-call stack where no row is past the temperature's period and
+    # per layer where one is.
+    "ministral3": ("ministral3", MINISTRAL3, True),
+    # Mistral 3's multimodal checkpoint (a Pixtral tower) served as its Ministral 3 text model.
+    "mistral3": (
+        "mistral3",
+        {**MINISTRAL3, "text_model_type": "ministral3", "tie_word_embeddings": False},
+        True,
     ),
     # Mixture of experts (8 experts, uneven routing on random weights; test_moe.py covers an
     # expert with no row, both checkpoint layouts and quantized experts):

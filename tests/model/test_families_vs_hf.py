@@ -41,9 +41,11 @@ def family(
 
 
 def _hf(path: Path):  # type: ignore[no-untyped-def]
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    multimodal = '"vision_config"' in (path / "config.json").read_text()
+    auto = AutoModelForImageTextToText if multimodal else AutoModelForCausalLM
+    return auto.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
 def _seqs(lengths: tuple[int, ...], seed: int) -> list[list[int]]:

@@ -160,3 +160,50 @@ def test_layer_windows() -> None:
     on = ModelConfig.from_dict({**qwen, "use_sliding_window": True})
     assert [on.layer_window(i) for i in range(4)] == [None, None, None, 8]
     assert ModelConfig.from_dict({**base, "model_type": "llama"}).llama_shaped
+
+
+def test_mistral_small_3_multimodal_config_reads_its_text_model() -> None:
+    """Mistral Small 3.1's config (its shape): a ``mistral`` text model under ``text_config``,
+    no tie at the top level (the text model's, untied, applies), no query temperature."""
+    raw = {
+        "architectures": ["Mistral3ForConditionalGeneration"],
+        "model_type": "mistral3",
+        "torch_dtype": "bfloat16",
+        "text_config": {
+            "head_dim": 128,
+            "hidden_size": 5120,
+            "intermediate_size": 32768,
+            "model_type": "mistral",
+            "num_attention_heads": 32,
+            "num_hidden_layers": 40,
+            "num_key_value_heads": 8,
+            "rope_theta": 1_000_000_000.0,
+            "sliding_window": None,
+            "vocab_size": 131072,
+        },
+        "vision_config": {"model_type": "pixtral", "hidden_size": 1024},
+    }
+    cfg = ModelConfig.from_dict(raw)
+    assert (cfg.model_type, cfg.architecture) == ("mistral3", "Mistral3ForConditionalGeneration")
+    assert (cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim) == (40, 32, 8, 128)
+    assert (cfg.rope_theta, cfg.rope_scaling, cfg.rms_norm_eps) == (1e9, None, 1e-6)
+    assert not cfg.tie_word_embeddings and cfg.torch_dtype == torch.bfloat16
+    assert cfg.sliding_window is None and cfg.query_scale_beta == 0.0
+    assert not cfg.scales_queries(1_000_000)
+    ministral = {**raw, "text_config": {**raw["text_config"], "model_type": "ministral3"}}
+    ministral["text_config"]["rope_parameters"] = {
+        "rope_type": "yarn",
+        "rope_theta": 1_000_000.0,
+        "factor": 16.0,
+        "original_max_position_embeddings": 16384,
+        "llama_4_scaling_beta": 0.1,
+    }
+    del ministral["text_config"]["rope_theta"]
+    cfg = ModelConfig.from_dict(ministral)
+    assert (cfg.rope_theta, cfg.rms_norm_eps) == (1e6, 1e-5)
+    assert (cfg.query_scale_beta, cfg.query_scale_period) == (0.1, 16384)
+    assert not cfg.scales_queries(16384) and cfg.scales_queries(16385)
+    with pytest.raises(ValueError, match="'mistral4' text model is not supported"):
+        ModelConfig.from_dict(
+            {**raw, "text_config": {**raw["text_config"], "model_type": "mistral4"}}
+        )

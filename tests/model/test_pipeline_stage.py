@@ -94,6 +94,19 @@ _FAMILIES = {
     "olmoe": ("olmoe", {"num_experts": 4, "num_experts_per_tok": 2, "clip_qkv": 1.5}),
     # a shared expert beside the routed ones, a dense layer
     "qwen2_moe": ("qwen2_moe", {**tiny_models.QWEN2_MOE, "num_experts": 4}),
+    # a multimodal checkpoint's text model; the query temperature from position 4 on
+    "mistral3": (
+        "mistral3",
+        {
+            "max_position_embeddings": 64,
+            "rope_parameters": {
+                **tiny_models.MINISTRAL3["rope_parameters"],  # type: ignore[dict-item]
+                "original_max_position_embeddings": 4,
+            },
+            "text_model_type": "ministral3",
+            "tie_word_embeddings": False,
+        },
+    ),
 }
 
 

@@ -17,6 +17,7 @@ from radixserve.model.families import (
     glm4,
     granite,
     llama,
+    mistral3,
     mixtral,
     olmo2,
     olmoe,
@@ -46,6 +47,7 @@ def _registry() -> dict[str, Family]:
         smollm3,
         granite,
         glm4,
+        mistral3,
     ):
         for fam in module.FAMILIES:
             for model_type in fam.model_types:

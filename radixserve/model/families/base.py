@@ -30,6 +30,40 @@ class Family:
     weight_name: Callable[[str], str | None] | None = None
 
 
+# What the top level of a multimodal config says for the whole model (over its text_config).
+TOP_LEVEL_KEYS = ("eos_token_id", "tie_word_embeddings", "torch_dtype", "dtype", "architectures")
+
+# Checkpoint prefixes of a multimodal checkpoint's text model -> radixserve's names.
+_TEXT_PREFIXES = (
+    ("language_model.model.", "model."),  # the released checkpoints, transformers 5's saves
+    ("model.language_model.", "model."),  # transformers 5's in-memory names
+    ("language_model.lm_head.", "lm_head."),
+    ("lm_head.", "lm_head."),
+)
+
+
+def text_model_config(raw: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal config's text model as a config of its own: ``text_config`` over
+    ``defaults`` (what its config class assumes where the checkpoint is silent), with what the
+    top level says for the whole model (``TOP_LEVEL_KEYS``); ``model_type`` stays the
+    checkpoint's, ``text_model_type`` is the text model's."""
+    given = raw.get("text_config") or {}
+    text = {**defaults, **given}
+    text.update({k: raw[k] for k in TOP_LEVEL_KEYS if raw.get(k) is not None})
+    text["text_model_type"] = given.get("model_type")
+    text["model_type"] = raw["model_type"]
+    return text
+
+
+def text_model_weight_name(name: str) -> str | None:
+    """A multimodal checkpoint's tensor name -> its text model's, or None (the vision tower,
+    the multimodal projector: never read)."""
+    for prefix, ours in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return ours + name[len(prefix) :]
+    return None
+
+
 def qwen_window(raw: dict[str, Any]) -> dict[str, Any]:
     """Qwen2/3's window: only with ``use_sliding_window``, and then (without ``layer_types``)
     on the layers from ``max_window_layers`` on, as transformers' Qwen configs derive it."""

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.model.families.base import Family
+from radixserve.model.families.base import Family, text_model_config, text_model_weight_name
 
 
 def _get(raw: dict[str, Any], key: str, default: Any) -> Any:
@@ -120,35 +120,14 @@ _GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
     "num_key_value_heads": 4,
     "head_dim": 256,
 }
-# What the top level of a multimodal config says for the whole model (over its text_config).
-_TOP_LEVEL_KEYS = ("eos_token_id", "tie_word_embeddings", "torch_dtype", "dtype", "architectures")
 
 
 def _gemma3_text_config(raw: dict[str, Any]) -> dict[str, Any]:
-    text = {**_GEMMA3_TEXT_DEFAULTS, **(raw.get("text_config") or {})}
-    text.update({k: raw[k] for k in _TOP_LEVEL_KEYS if raw.get(k) is not None})
-    text["model_type"] = raw["model_type"]
-    return text
+    return text_model_config(raw, _GEMMA3_TEXT_DEFAULTS)
 
 
 def _gemma3_conditional(raw: dict[str, Any]) -> dict[str, Any]:
     return {**_gemma3(raw), "final_softcap": None}
-
-
-# Checkpoint prefixes of the text model -> radixserve's names; anything else is skipped.
-_TEXT_PREFIXES = (
-    ("language_model.model.", "model."),  # the released checkpoints, transformers 5's saves
-    ("model.language_model.", "model."),  # transformers 5's in-memory names
-    ("language_model.lm_head.", "lm_head."),
-    ("lm_head.", "lm_head."),
-)
-
-
-def _gemma3_weight_name(name: str) -> str | None:
-    for prefix, ours in _TEXT_PREFIXES:
-        if name.startswith(prefix):
-            return ours + name[len(prefix) :]
-    return None  # the vision tower, the multimodal projector
 
 
 FAMILIES = (
@@ -180,6 +159,6 @@ FAMILIES = (
         },
         _gemma3_conditional,
         text_config=_gemma3_text_config,
-        weight_name=_gemma3_weight_name,
+        weight_name=text_model_weight_name,
     ),
 )

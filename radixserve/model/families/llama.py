@@ -14,7 +14,7 @@ from radixserve.model.families.base import Family, qwen_window
 _TIED = {"tie": False}
 
 
-def _llama(raw: dict[str, Any]) -> dict[str, Any]:
+def llama_fields(raw: dict[str, Any]) -> dict[str, Any]:
     bias = bool(raw.get("attention_bias", False))
     return {
         "attention_bias": bias,
@@ -32,7 +32,7 @@ FAMILIES = (
         "llama",
         ("llama",),
         {"rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, **_TIED},
-        _llama,
+        llama_fields,
     ),
     Family(
         "mistral",
@@ -43,7 +43,7 @@ FAMILIES = (
             "max_position_embeddings": 4096 * 32,
             **_TIED,
         },
-        _llama,
+        llama_fields,
     ),
     Family(
         "qwen2",

@@ -9,6 +9,8 @@ Options a family turns on through its :class:`~radixserve.model.config.ModelConf
   ``"proj"`` the whole q and k projections (OLMo 2); both before RoPE;
 - ``clip_qkv``: q, k and v clamped after the norms (OLMoE);
 - ``rotary_dim`` below ``head_dim``: only the leading lanes rotate (Phi-4-mini);
+- ``query_scale_beta``: each query scaled after RoPE by its position's temperature
+  (Ministral 3); off the GPU's fused RoPE-and-store kernel, which does not scale;
 - the layer's sliding window (``ModelConfig.layer_window``) and the scores' soft-cap
   (``attn_softcap``, Gemma 2), passed to the backend; the scores' scale
   (``ModelConfig.sm_scale``: Gemma's ``query_pre_attn_scalar``).
@@ -57,6 +59,7 @@ class Attention(nn.Module):
         self.qk_norm_tp = cfg.qk_norm_tp if tp is not None else None
         self.window = cfg.layer_window(layer_id)
         self.softcap = cfg.attn_softcap
+        self.query_scale = (cfg.query_scale_beta, cfg.query_scale_period)
         self.qkv_proj = nn.Linear(
             cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias
         )
@@ -82,7 +85,8 @@ class Attention(nn.Module):
         qkv = flat.view(t, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim)
         full_rotary = self.rotary_dim == self.head_dim and not self.rope_interleaved
         plain = self.window is None and self.softcap is None
-        if plain and full_rotary and self.rope and gpu_ops.enabled(qkv) and attn.fuses_rope_store:
+        fusable = full_rotary and self.rope and not self.query_scale[0]
+        if plain and fusable and gpu_ops.enabled(qkv) and attn.fuses_rope_store:
             # One kernel rotates q and k and writes k and v to the pool (Triton backend).
             out = attn.forward_qkv(
                 self.layer_id, qkv, cos_sin, self.num_q_heads, batch, self.sm_scale
@@ -101,6 +105,8 @@ class Attention(nn.Module):
             qk = apply_rotary(qkv[:, :n_qk], *cos_sin)
         q, k = qk[:, : self.num_q_heads], qk[:, self.num_q_heads :]
         v = qkv[:, n_qk:]
+        if self.query_scale[0]:
+            q = q * _temperature(batch.positions, *self.query_scale).to(q.dtype)[:, None, None]
         if plain:
             out = attn.forward(self.layer_id, q, k, v, batch, self.sm_scale)
         else:
@@ -142,3 +148,9 @@ class Attention(nn.Module):
     def _out(self, x: torch.Tensor) -> torch.Tensor:
         out = self.o_proj.forward(x)
         return out if self.tp is None else self.tp.all_reduce(out)
+
+
+def _temperature(positions: torch.Tensor, beta: float, period: int) -> torch.Tensor:
+    """Each row's query scale, ``1 + beta * ln(1 + floor(position / period))`` in float32
+    (1 exactly before ``period``), in transformers' Ministral 3's order of operations."""
+    return 1.0 + beta * torch.log(1.0 + torch.floor(positions / period))
