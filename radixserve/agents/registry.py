@@ -1,9 +1,9 @@
 """Parsers by name, and the tool-call format a chat template implies.
 
 A template names its format by the markup it writes (``<tool_call>``, Qwen3-Coder's
-``<function=``, ``[TOOL_CALLS]``, Granite's ``<|tool_call|>``, the pythonic templates'
-``[func_name1(`` example, Llama's
-``ipython`` role); ``--tool-call-parser`` overrides the guess.
+``<function=``, ``[TOOL_CALLS]`` (with ``[ARGS]``: Mistral's v11 calls), Granite's
+``<|tool_call|>``, the pythonic templates' ``[func_name1(`` example, Llama's ``ipython``
+role); ``--tool-call-parser`` overrides the guess.
 """
 
 from __future__ import annotations
@@ -35,12 +35,14 @@ class ToolFormat(NamedTuple):
     end: str  # text after it
     args_key: str  # the member holding the arguments
     array: bool  # the calls are a JSON array (Mistral)
+    # A format that names the function in its markup, not in a call object (the XML ones,
+    # Mistral's v11 calls): the markup after ``begin`` up to the arguments, ``{name}``
+    # filled in; its forced calls are structural tags, one per function.
+    head: str | None = None
     # Arguments as XML (Qwen's parameters, GLM-4.5's keys and values), not JSON: read back
-    # by the tools' schemas, and constrained by xgrammar's ``xml_style`` of a JSON schema,
-    # the call's markup up to its arguments ``begin`` + ``xml_head`` (the name filled in).
+    # by the tools' schemas, and constrained by xgrammar's ``xml_style`` of a JSON schema.
     xml: bool = False
     xml_style: str = "qwen_xml"
-    xml_head: str = "{name}>\n"
     # The most whitespace a forced call's XML may hold in a row (None: any): GLM-4.5's
     # pairs sit on lines of their own, and a model must not idle in the newlines between.
     xml_whitespace: int | None = None
@@ -51,6 +53,8 @@ class ToolFormat(NamedTuple):
     # several or one ((functions, several) -> tag; pythonic_grammar.py). Under auto its
     # calls are not constrained (strict tools, one call at most: refused).
     calls_grammar: Callable[[list[dict[str, Any]], bool], str] | None = None
+    # What stands between two forced calls (Hermes' blocks: a newline; Llama 3's "; ").
+    separator: str = "\n"
 
     def scanner(self, functions: list[dict[str, Any]]) -> ToolScan:
         """The parser of answers to a request with ``functions`` (OpenAI ``function``s)."""
@@ -60,13 +64,32 @@ class ToolFormat(NamedTuple):
 
 
 HERMES = ToolFormat(hermes.NAME, hermes.scan, "<tool_call>\n", "\n</tool_call>", "arguments", False)
-LLAMA3_JSON = ToolFormat(llama3.NAME, llama3.scan, "", "", "parameters", False)
+LLAMA3_JSON = ToolFormat(llama3.NAME, llama3.scan, "", "", "parameters", False, separator="; ")
 MISTRAL = ToolFormat(mistral.NAME, mistral.scan, mistral.MARKER + " ", "", "arguments", True)
+# Mistral's calls from tokenizer v11 on: one ``[TOOL_CALLS]name[ARGS]{...}`` each, nothing
+# between them; the parser is the same (it reads both).
+MISTRAL_V11 = ToolFormat(
+    mistral.NAME,
+    mistral.scan,
+    mistral.MARKER,
+    "",
+    "",
+    False,
+    head="{name}" + mistral.ARGS,
+    separator="",
+)
 GRANITE = ToolFormat(
     mistral.GRANITE, mistral.granite_scan, mistral.GRANITE_MARKER, "", "arguments", True
 )
 QWEN3_CODER = ToolFormat(
-    qwen_xml.NAME, qwen_xml.scan, qwen_xml.CALL_BEGIN, qwen_xml.CALL_END, "", False, xml=True
+    qwen_xml.NAME,
+    qwen_xml.scan,
+    qwen_xml.CALL_BEGIN,
+    qwen_xml.CALL_END,
+    "",
+    False,
+    head="{name}>\n",
+    xml=True,
 )
 
 GLM45 = ToolFormat(
@@ -76,9 +99,9 @@ GLM45 = ToolFormat(
     "\n" + glm_xml.END,
     "",
     False,
+    head="{name}\n",
     xml=True,
     xml_style="glm_xml",
-    xml_head="{name}\n",
     xml_whitespace=1,
 )
 
@@ -121,6 +144,18 @@ def tool_format(name: str) -> ToolFormat:
         ) from None
 
 
+def served_tool_format(parser: str | None, template: str | None) -> ToolFormat | None:
+    """The format of the served model's calls: ``parser`` (``--tool-call-parser``) or the
+    template's guess. ``mistral`` is either of Mistral's formats, the one the template writes
+    (as vLLM tells them apart by the tokenizer's version)."""
+    if not parser:
+        return guess_tool_format(template)
+    fmt = tool_format(parser)
+    if fmt is MISTRAL and template and mistral.ARGS in template:
+        return MISTRAL_V11
+    return fmt
+
+
 def reasoning_format(name: str) -> think.ThinkFormat:
     try:
         return REASONING_FORMATS[name]
@@ -146,8 +181,8 @@ def guess_tool_format(template: str | None) -> ToolFormat | None:
         return GLM45  # GLM-4.5: <tool_call>name, then <arg_key>/<arg_value> pairs
     if "<tool_call>" in template:
         return HERMES
-    if "[TOOL_CALLS]" in template:
-        return MISTRAL
+    if mistral.MARKER in template:
+        return MISTRAL_V11 if mistral.ARGS in template else MISTRAL
     if mistral.GRANITE_MARKER in template:
         return GRANITE  # Granite 3.x: the calls' array after <|tool_call|>
     if "[func_name1(" in template or "<|python_start|>" in template:

@@ -17,8 +17,9 @@ arguments' JSON schema, its ``end`` the rest of the markup. So:
 
 The forced text is what the model writes unforced and what the templates render back
 (``", "``/``": "`` separators, name before arguments), so the next turn reuses it from the
-cache. Mistral's calls are one JSON array: one tag whose content is the array. Qwen3-Coder's
-name the function in the markup (``<tool_call>\n<function=get_weather>\n``) and write the
+cache. Mistral's calls before v11 are one JSON array: one tag whose content is the array.
+Its v11 calls name the function in the markup (``[TOOL_CALLS]get_weather[ARGS]``), then the
+arguments' JSON; Qwen3-Coder's too (``<tool_call>\n<function=get_weather>\n``), then the
 arguments as XML parameters: xgrammar's ``qwen_xml`` style of the arguments' schema.
 """
 
@@ -32,8 +33,6 @@ from radixserve.agents.tool_grammar import call_schema
 
 #: A non-strict tool's arguments under ``auto``: any JSON object.
 LOOSE_ARGS: dict[str, Any] = {"type": "object"}
-# How the formats write several calls (Hermes: blocks on their own lines; Llama 3: ";").
-_SEPARATORS = {"hermes": "\n", "llama3_json": "; "}
 
 
 def _args_schema(function: dict[str, Any], enforce: bool) -> dict[str, Any]:
@@ -63,14 +62,15 @@ def _tags(
     tags = []
     for f in functions:
         schema = _args_schema(f, enforce_all or bool(f.get("strict")))
-        if fmt.xml:  # the name in the markup, the arguments as XML parameters
-            head = fmt.xml_head.format(name=f["name"])
-            content: dict[str, Any] = {"style": fmt.xml_style}
+        content: dict[str, Any] = {}
+        if fmt.xml:  # the arguments as XML parameters
+            content["style"] = fmt.xml_style
             if fmt.xml_whitespace is not None:
                 content["max_whitespace_cnt"] = fmt.xml_whitespace
-            tail = ""
+        if fmt.head is not None:  # the name in the markup, the arguments alone
+            head, tail = fmt.head.format(name=f["name"]), ""
         else:
-            head, content, tail = f'{{"name": {json.dumps(f["name"])}, "{fmt.args_key}": ', {}, "}"
+            head, tail = f'{{"name": {json.dumps(f["name"])}, "{fmt.args_key}": ', "}"
         tags.append(
             {
                 "type": "tag",
@@ -119,7 +119,7 @@ def required_calls(fmt: ToolFormat, functions: list[dict[str, Any]], parallel: b
     spec = {
         "type": "tags_with_separator",
         "tags": tags,
-        "separator": _SEPARATORS.get(fmt.name, "\n"),
+        "separator": fmt.separator,
         "at_least_one": True,
         "stop_after_first": not parallel or fmt.array,
     }

@@ -14,7 +14,13 @@ import pytest
 
 from radixserve.agents import hermes, llama3, mistral, pythonic, qwen_xml
 from radixserve.agents import reasoning as think
-from radixserve.agents.registry import QWEN3_CODER, guess_tool_format, tool_format
+from radixserve.agents.registry import (
+    MISTRAL_V11,
+    QWEN3_CODER,
+    guess_tool_format,
+    served_tool_format,
+    tool_format,
+)
 from radixserve.agents.stream import OutputParser, ToolScan
 
 # Qwen2.5 function-calling guide (qwen.readthedocs.io, "Function Calling", Hermes-style
@@ -38,6 +44,12 @@ LLAMA_CALL = (
 MISTRAL_CALL = (
     '[TOOL_CALLS] [{"name": "get_current_weather", "arguments": {"location": "Paris, France", '
     '"format": "celsius"}}]'
+)
+# Mistral's v11 calls (Mistral Small 3.2's template renders them so): the name in the markup,
+# one marker per call; the second without [ARGS], as a detokenizer that drops it leaves it.
+MISTRAL_V11_CALLS = (
+    'Looking.[TOOL_CALLS]get_current_weather[ARGS]{"location": "Paris, France", '
+    '"format": "celsius"}[TOOL_CALLS]get_time{"zone": "CET"}'
 )
 # Granite 3.x: the same array after its own marker (vLLM's granite parser's example).
 GRANITE_CALL = (
@@ -145,6 +157,16 @@ def splits(text: str) -> list[list[str]]:
             "",
         ),
         (
+            mistral.scan,
+            MISTRAL_V11_CALLS,
+            [
+                ("get_current_weather", '{"location": "Paris, France", "format": "celsius"}'),
+                ("get_time", '{"zone": "CET"}'),
+            ],
+            "Looking.",
+        ),
+        (mistral.scan, "[TOOL_CALLS]ping[ARGS]{}", [("ping", "{}")], ""),
+        (
             GLM_SCAN,
             GLM_CALL,
             [("get_weather", '{"city": "New York", "days": 3}')],
@@ -220,6 +242,10 @@ def test_content_before_a_call_and_no_markup_leaks() -> None:
         (llama3.scan, '{"not": "a call"}'),
         (mistral.scan, "[TOOL_CALLS] [oops]"),
         (mistral.scan, '[TOOL_CALLS] [{"name": "f", "arguments": {"a": '),
+        (mistral.scan, "[TOOL_CALLS]not a name[ARGS]{}"),
+        (mistral.scan, "[TOOL_CALLS]f[ARGS][1, 2]"),  # arguments not an object
+        (mistral.scan, '[TOOL_CALLS]f[ARGS]{"a": 1}[TOOL_CALLS]g[ARGS]{"b": '),  # cut off
+        (mistral.scan, "[TOOL_CALLS]f[ARGS]"),  # no arguments
         (pythonic.scan, "[1, 2, 3]"),
         (pythonic.scan, "[f(1)]"),  # positional arguments
         (pythonic.scan, "[f(a=g())]"),  # not a literal: never evaluated
@@ -357,6 +383,13 @@ def test_template_guess_and_names() -> None:
     coder = "{{ tools }} <tool_call>\n<function=x>\n<parameter=y>"
     assert guess_tool_format(coder) == tool_format("qwen3_coder")
     assert guess_tool_format("{{ tools }} [TOOL_CALLS]") == tool_format("mistral")
+    v11 = "{{ tools }} [TOOL_CALLS]{{ name }}[ARGS]{{ arguments }}"
+    assert guess_tool_format(v11) is MISTRAL_V11
+    # --tool-call-parser mistral is either format, the one the template writes.
+    assert served_tool_format("mistral", v11) is MISTRAL_V11
+    assert served_tool_format("mistral", "{{ tools }} [TOOL_CALLS]") is tool_format("mistral")
+    assert served_tool_format("hermes", v11) is tool_format("hermes")
+    assert served_tool_format(None, v11) is MISTRAL_V11
     assert guess_tool_format("{{ tools }} <|tool_call|>") == tool_format("granite")
     glm = "{{ tools }} <tool_call>{{ name }}<arg_key>k</arg_key><arg_value>v</arg_value>"
     assert guess_tool_format(glm) == tool_format("glm45")

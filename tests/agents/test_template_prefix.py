@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from radixserve.agents.registry import TOOL_FORMATS, guess_tool_format
+from radixserve.agents.registry import guess_tool_format, served_tool_format
 from radixserve.serving.prompts import chat_turn, template_inputs
 from radixserve.serving.wire import protocol as p
 
@@ -35,6 +35,7 @@ END_OF_TURN = {
     "qwen3_coder.jinja": "<|im_end|>",
     "llama3_1.jinja": "<|eot_id|>",
     "mistral.jinja": "<|im_end|>",
+    "mistral_v11.jinja": "<|im_end|>",
 }
 
 
@@ -62,12 +63,16 @@ def render(tok: Any, template: str, msgs: list[p.ChatMessage]) -> str:
 
 @pytest.mark.parametrize("template", sorted(END_OF_TURN))
 def test_turn_n_plus_answer_prefixes_turn_n_plus_1(tokenizer: Any, template: str) -> None:
-    fmt = guess_tool_format((TEMPLATES / template).read_text())
-    assert fmt is not None and fmt in TOOL_FORMATS.values()
+    text = (TEMPLATES / template).read_text()
+    fmt = guess_tool_format(text)
+    # The guess is what the format's parser, named, gives with this template.
+    assert fmt is not None and served_tool_format(fmt.name, text) is fmt
     call = {"name": "get_weather", fmt.args_key: {"city": "Paris"}}
     answer = fmt.begin + json.dumps([call] if fmt.array else call) + fmt.end
     if fmt.xml:  # as Qwen3-Coder writes it
         answer = fmt.begin + "get_weather>\n<parameter=city>\nParis\n</parameter>" + fmt.end
+    elif fmt.head is not None:  # Mistral's v11: the name in the markup
+        answer = fmt.begin + fmt.head.format(name="get_weather") + '{"city": "Paris"}'
     eos = END_OF_TURN[template]
     turn1 = [
         p.ChatMessage(role="system", content="Be brief."),

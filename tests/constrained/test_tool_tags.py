@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from radixserve.agents.registry import HERMES, LLAMA3_JSON, MISTRAL, QWEN3_CODER, ToolFormat
+from radixserve.agents.registry import (
+    HERMES,
+    LLAMA3_JSON,
+    MISTRAL,
+    MISTRAL_V11,
+    QWEN3_CODER,
+    ToolFormat,
+)
 from radixserve.agents.stream import OutputParser
 from radixserve.agents.tool_tags import auto_calls, required_calls
 from radixserve.constrained import Constraint
@@ -65,8 +72,15 @@ def calls(fmt: ToolFormat, *objs: dict[str, Any]) -> str:
         return "\n".join(xml(o["name"], o["args"]) for o in objs)
     if fmt.array:
         return fmt.begin + "[" + ", ".join(one(o["name"], o["args"]) for o in objs) + "]" + fmt.end
-    sep = "\n" if fmt is HERMES else "; "
-    return sep.join(fmt.begin + one(o["name"], o["args"]) + fmt.end for o in objs)
+    if fmt.head is not None:  # Mistral v11: the name in the markup
+        return fmt.separator.join(
+            fmt.begin + fmt.head.format(name=o["name"]) + json.dumps(o["args"]) for o in objs
+        )
+    return fmt.separator.join(fmt.begin + one(o["name"], o["args"]) + fmt.end for o in objs)
+
+
+def fmt_id(fmt: ToolFormat) -> str:
+    return "mistral_v11" if fmt is MISTRAL_V11 else fmt.name
 
 
 def parsed(fmt: ToolFormat, text: str) -> list[tuple[str, dict[str, Any]]]:
@@ -80,7 +94,9 @@ BAD = {"name": "get_time", "args": {"zone": "Mars"}}
 WEATHER = {"name": "get_weather", "args": {"any": [1, "thing"]}}
 
 
-@pytest.mark.parametrize("fmt", [HERMES, QWEN3_CODER, LLAMA3_JSON, MISTRAL], ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fmt", [HERMES, QWEN3_CODER, LLAMA3_JSON, MISTRAL, MISTRAL_V11], ids=fmt_id
+)
 def test_required_with_and_without_parallel_calls(compiler: Any, fmt: ToolFormat) -> None:
     several = required_calls(fmt, FUNCS, parallel=True)
     two = calls(fmt, UTC, {"name": "get_time", "args": {"zone": "CET"}})
@@ -95,7 +111,7 @@ def test_required_with_and_without_parallel_calls(compiler: Any, fmt: ToolFormat
     assert feed(compiler, one, two) is None
 
 
-@pytest.mark.parametrize("fmt", [HERMES, QWEN3_CODER, MISTRAL], ids=lambda f: f.name)
+@pytest.mark.parametrize("fmt", [HERMES, QWEN3_CODER, MISTRAL, MISTRAL_V11], ids=fmt_id)
 def test_strict_tools_under_auto(compiler: Any, fmt: ToolFormat) -> None:
     auto = auto_calls(fmt, FUNCS, parallel=True)
     text = "Let me check. " + calls(fmt, UTC)

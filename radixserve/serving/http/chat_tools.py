@@ -38,10 +38,9 @@ from radixserve.agents import reasoning as think
 from radixserve.agents import tool_tags
 from radixserve.agents.registry import (
     ToolFormat,
-    guess_tool_format,
     reasoning_format,
     renders_tools,
-    tool_format,
+    served_tool_format,
 )
 from radixserve.agents.stream import OutputParser, ToolScan
 from radixserve.agents.tool_grammar import forced_call
@@ -152,7 +151,7 @@ def plan(
             'or send tool_choice "none"',
             param="tools",
         )
-    fmt = tool_format(tool_parser) if tool_parser else guess_tool_format(template)
+    fmt = served_tool_format(tool_parser, template)
     if fmt is None:
         raise invalid(
             "no tool-call parser matches the served model's chat template; start the server "
@@ -175,7 +174,7 @@ def plan(
         several = named is None and parallel
         if fmt.calls_grammar is not None:  # no JSON at all: the format's own grammar
             tag = _bounded(fmt.calls_grammar(allowed, several), "force a call")
-        elif fmt.xml:  # no JSON call object to force: XML arguments, in a structural tag
+        elif fmt.head is not None:  # no call object to force: the name in the markup
             tag = _bounded(tool_tags.required_calls(fmt, allowed, several), "force a call")
         else:
             forced = _bounded(forced_call(fmt, allowed), "force a call")
