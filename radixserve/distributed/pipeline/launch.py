@@ -128,6 +128,7 @@ class PipelineLaunch:
         self.stage = stage_of(model_path, self.tp, self.pp, 0)
         self.runner: Any = None  # rank 0's PipelineRunner, once make_runner built it
         self._closed = False
+        self.failed = False  # a transfer failed: the ranks are out of step (or hung) for good
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         for rank in range(1, world):
             spec = RankSpec(
@@ -229,6 +230,7 @@ class PipelineLaunch:
     def explain(self, exc: BaseException) -> RankFailure:
         """A :class:`RankFailure` naming the rank that died (waiting briefly for its exit),
         else the failed transfer itself."""
+        self.failed = True
         deadline = time.monotonic() + 1.0
         while not self.dead_ranks() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -242,16 +244,18 @@ class PipelineLaunch:
             raise RankFailure("; ".join(dead))
 
     def close(self, runner: Any) -> None:
-        """Tell the ranks to stop (when they can still hear it), wait, kill what is left."""
+        """Tell the ranks to stop (when they can still hear it), wait, kill what is left;
+        after a failed transfer, kill them at once (a hung rank would only use up the grace
+        period, and the others cannot step again)."""
         if self._closed:
             return
         self._closed = True
-        if runner is not None and not self.dead_ranks():
+        if runner is not None and not self.failed and not self.dead_ranks():
             try:
                 runner.shutdown()
             except Exception:  # a rank is gone: the others see their broadcast fail
                 logger.debug("pipeline shutdown broadcast failed", exc_info=True)
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + (0.0 if self.failed else 10.0)
         for proc in self.procs.values():
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))
