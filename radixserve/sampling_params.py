@@ -38,6 +38,9 @@ MAX_ALLOWED_TOKEN_IDS = 4096
 
 
 MAX_PIN_TTL_S = 86400.0  # a day: a pin is a cache hint, not storage
+# Tokens whose logprobs a request may ask for at each position (logprob_token_ids): each
+# one is a float per reported position on the wire.
+MAX_LOGPROB_TOKEN_IDS = 256
 
 
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -81,6 +84,9 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # prompt_logprobs_start where that is set), each position with this many likeliest tokens
     # (instead of logprobs' k) beside the scored token and its rank.
     prompt_logprobs: int | None = None
+    # SGLang's token_ids_logprob: beside each reported logprob (``logprobs`` set), the logprobs
+    # of these tokens at that position, in this order (at most MAX_LOGPROB_TOKEN_IDS).
+    logprob_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     # Constrained decoding (at most one): the output must match ``regex`` in full, be JSON
     # valid against ``json_schema`` (JSON text of the schema), or be one of ``choices``.
@@ -183,6 +189,19 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             return ["allowed_token_ids cannot be combined with a structured output or grammar"]
         return _token_id_errors("allowed_token_ids", allowed, vocab_size)
 
+    def _asked_errors(self, vocab_size: int | None) -> list[str]:
+        """Why ``logprob_token_ids`` is refused (none: absent, or ids in the vocabulary)."""
+        asked = self.logprob_token_ids
+        if asked is None:
+            return []
+        if self.logprobs is None:
+            return ["logprob_token_ids needs logprobs (SGLang's return_logprob)"]
+        if not 0 < len(asked) <= MAX_LOGPROB_TOKEN_IDS:
+            return [
+                f"logprob_token_ids must name 1 to {MAX_LOGPROB_TOKEN_IDS} tokens, got {len(asked)}"
+            ]
+        return _token_id_errors("logprob_token_ids", asked, vocab_size)
+
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         """Raise ``ValueError`` with a clear message for any invalid value; return self."""
         errors: list[str] = []
@@ -241,6 +260,7 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
             value = getattr(self, name)
             if value is not None and not 0 <= value <= 20:
                 errors.append(f"{name} must be in [0, 20], got {value}")
+        errors += self._asked_errors(vocab_size)
         if self.pin_ttl_s is not None and not 0.0 < self.pin_ttl_s <= MAX_PIN_TTL_S:
             errors.append(
                 f"pin_ttl_s must be in (0, {MAX_PIN_TTL_S:g}] seconds, got {self.pin_ttl_s}"

@@ -30,6 +30,7 @@ import torch
 import radixserve.distributed.step_wire as step_wire
 from radixserve.engine.decode_graphs import DecodeGraphs
 from radixserve.engine.sampler import (
+    SAMPLE_READS,
     Sampler,
     SamplingPlan,
     prompt_logprob_count,
@@ -87,6 +88,7 @@ class PendingStep:
         self._splan = splan
         # The prompt logprobs' top-k, None when the step scores no prompt token.
         self._prompt_k = plan.prompt_top_k if plan.prompt_targets else None
+        self._prompt_asked = plan.prompt_asked
         self._embeds = len(plan.embed_rows)  # rows of final-norm outputs read back
 
     def result(self) -> StepResult:
@@ -95,18 +97,27 @@ class PendingStep:
         logprobs: list = []
         n = 0
         if self._splan is not None:
-            sampled = unpack_samples(self._splan, host[:4])
+            sampled = unpack_samples(self._splan, host[:SAMPLE_READS])
             tokens, logprobs = sampled.token_ids, sampled.logprobs
-            n = 4
+            n = SAMPLE_READS
         embeddings: list[list[float]] = []
         if self._embeds:
             flat, size = host[n], len(host[n]) // self._embeds
             embeddings = [flat[i : i + size] for i in range(0, len(flat), size)]
         if self._prompt_k is None:
             return StepResult(tokens, logprobs, [], embeddings=embeddings)
-        tail = host[len(host) - prompt_logprob_count(self._prompt_k) :]
-        prompt = unpack_prompt_logprobs(tail, self._prompt_k)
+        tail = host[len(host) - prompt_logprob_count(self._prompt_k, bool(self._prompt_asked)) :]
+        prompt = unpack_prompt_logprobs(tail, self._prompt_k, self._prompt_asked)
         return StepResult(tokens, logprobs, *prompt, embeddings=embeddings)
+
+
+def prompt_reads(logits: torch.Tensor, plan: StepPlan, staged: Staged) -> list[torch.Tensor]:
+    """What a step reads back for its prompt-logprob rows (``logits``: theirs, after the
+    sampled rows'): :func:`prompt_logprob_reads` of the staged targets and asked-for tokens."""
+    asked = None
+    if plan.prompt_asked:
+        asked = staged.i("lp_asked").view(len(plan.prompt_asked), -1)
+    return prompt_logprob_reads(logits, staged.i("lp_targets"), plan.prompt_top_k, asked)
 
 
 def kv_pool_args(model: LlamaForCausalLM, cfg: EngineConfig, device: torch.device) -> dict:
@@ -396,8 +407,7 @@ class ModelRunner:
                 assert batch.hidden is not None, "the model kept no hidden states"
                 reads.append(batch.hidden[plan.embed_rows].float())
             if plan.prompt_targets:
-                targets = staged.i("lp_targets")
-                reads += prompt_logprob_reads(logits[ns:], targets, plan.prompt_top_k)
+                reads += prompt_reads(logits[ns:], plan, staged)
             pending = self.staging.read_async(reads)
         return PendingStep(pending, splan, plan)
 
@@ -450,6 +460,11 @@ class ModelRunner:
             layout.ints("w_pages", plan.write_pages)
         if plan.prompt_targets:
             layout.ints("lp_targets", plan.prompt_targets)
+        if plan.prompt_asked:  # padded with token 0, whose logprobs nobody reads
+            m = max(map(len, plan.prompt_asked))
+            layout.ints(
+                "lp_asked", [t for ids in plan.prompt_asked for t in [*ids, *[0] * (m - len(ids))]]
+            )
         if plan.future_rows:
             layout.ints("f_rows", plan.future_rows)
             layout.ints("f_src", plan.future_src)

@@ -45,6 +45,7 @@ class GenerateCollector:
         self.prompt_logprobs: list[float | None] | None = None
         self.prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
         self.prompt_logprob_ranks: list[int | None] | None = None
+        self.prompt_asked_logprobs: list[list[float]] | None = None
         self.embedding: list[float] | None = None
         self.text = ""
         self.stopped = False
@@ -61,6 +62,7 @@ class GenerateCollector:
             self.prompt_logprobs = o.prompt_logprobs
             self.prompt_top_logprobs = o.prompt_top_logprobs
             self.prompt_logprob_ranks = o.prompt_logprob_ranks
+            self.prompt_asked_logprobs = o.prompt_asked_logprobs
         if o.embedding is not None:
             self.embedding = o.embedding
         if self.stopped:
@@ -109,4 +111,5 @@ class GenerateCollector:
             matched_stop=self.detok.matched_stop,
             prompt_logprob_ranks=self.prompt_logprob_ranks,
             embedding=self.embedding,
+            prompt_asked_logprobs=self.prompt_asked_logprobs,
         )

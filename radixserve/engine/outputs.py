@@ -17,7 +17,8 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 
 
 class TokenLogprob(msgspec.Struct, array_like=True, frozen=True):
-    """The logprob of one chosen token, and the top alternatives when asked for.
+    """The logprob of one chosen token, the top alternatives when asked for, and the logprobs
+    of the token ids the request named (``SamplingParams.logprob_token_ids``, in its order).
 
     Logprobs are taken from the model's distribution (raw logits, before temperature,
     penalties and filters), as OpenAI and vLLM report them.
@@ -26,6 +27,7 @@ class TokenLogprob(msgspec.Struct, array_like=True, frozen=True):
     token_id: int
     logprob: float
     top: list[tuple[int, float]] = []
+    asked: list[float] = []
 
 
 class CacheReport(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -96,6 +98,9 @@ class StepOutput(msgspec.Struct, frozen=True):
     prompt_logprob_ranks: list[int | None] | None = None
     # params.return_embedding: the final norm's output at the prompt's last token, once.
     embedding: list[float] | None = None
+    # With params.logprob_token_ids: each prompt position's logprobs of those tokens (empty
+    # for position 0), beside prompt_logprobs.
+    prompt_asked_logprobs: list[list[float]] | None = None
 
 
 class GenerateOutput(msgspec.Struct, frozen=True):
@@ -115,6 +120,7 @@ class GenerateOutput(msgspec.Struct, frozen=True):
     matched_stop: str | None = None
     prompt_logprob_ranks: list[int | None] | None = None  # with prompt_logprobs
     embedding: list[float] | None = None  # with return_embedding
+    prompt_asked_logprobs: list[list[float]] | None = None  # with logprob_token_ids
 
 
 class EngineStats(msgspec.Struct, frozen=True):
@@ -212,7 +218,10 @@ def to_step_output(o: RequestOutput) -> StepOutput:
     """The scheduler's output of one request in one step, as the engine hands it out."""
     lps = None
     if o.new_logprobs is not None:
-        lps = [TokenLogprob(t, lp, top) for t, (lp, top) in zip(o.new_token_ids, o.new_logprobs)]
+        lps = [
+            TokenLogprob(t, lp, top, asked)
+            for t, (lp, top, asked) in zip(o.new_token_ids, o.new_logprobs)
+        ]
     return StepOutput(
         request_id=o.request_id,
         new_token_ids=o.new_token_ids,
@@ -220,6 +229,7 @@ def to_step_output(o: RequestOutput) -> StepOutput:
         prompt_logprobs=o.prompt_logprobs,
         prompt_top_logprobs=o.prompt_top_logprobs,
         prompt_logprob_ranks=o.prompt_logprob_ranks,
+        prompt_asked_logprobs=o.prompt_asked_logprobs,
         embedding=o.embedding,
         finished=o.finished,
         finish_reason=o.finish_reason,  # type: ignore[arg-type]

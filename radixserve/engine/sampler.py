@@ -2,7 +2,9 @@
 
 Order of operations, per row (each stage runs only when some row in the batch uses it)::
 
-    raw logits ──> log_softmax ──> chosen/top-k logprobs (reported from the model's distribution)
+    raw logits ──> log_softmax ──> chosen/top-k logprobs, and the logprobs of the token ids a
+         │                         row asked for (SGLang's token_ids_logprob), reported from the
+         │                         model's distribution
          │
          ├─ repetition penalty (prompt + output tokens, HF style: divide positive, multiply negative)
          ├─ frequency / presence penalties (output tokens, OpenAI style); the seen/count tables
@@ -55,6 +57,7 @@ from radixserve.engine.sampling_ops import (
 )
 from radixserve.engine.staging import Staged, StagingBuffer, StagingLayout
 from radixserve.sampling_params import SamplingParams
+from radixserve.scheduling.types import RowLogprobs
 from radixserve.speculative.rejection import NO_DRAFT, inverse_cdf, rejection_sample
 
 
@@ -72,8 +75,7 @@ class SampleResult(NamedTuple):
     """Chosen tokens of one step, plus logprobs for the rows that asked for them."""
 
     token_ids: list[int]
-    # Per row: (logprob, [(token_id, logprob), ...]) or None when the row did not ask.
-    logprobs: list[tuple[float, list[tuple[int, float]]] | None]
+    logprobs: list[RowLogprobs | None]  # None for a row that did not ask
 
 
 class SamplingPlan(NamedTuple):
@@ -96,6 +98,8 @@ class SamplingPlan(NamedTuple):
     biased: int = 0  # (row, token) pairs with a logit_bias
     verifies: bool = False  # some sampled row verifies a draft (rejection sampling)
     limited: int = 0  # rows drawing from their allowed_token_ids only
+    lp_ids: Sequence[Sequence[int]] = ()  # per row of lp_rows: the token ids it asked for
+    ids_max: int = 0  # max(len(ids) for ids in lp_ids)
 
 
 class SampleTensors(NamedTuple):
@@ -105,6 +109,7 @@ class SampleTensors(NamedTuple):
     chosen_logprobs: torch.Tensor  # [L] float32, rows of plan.lp_rows
     top_ids: torch.Tensor  # [L, k_max] int64
     top_logprobs: torch.Tensor  # [L, k_max] float32
+    id_logprobs: torch.Tensor  # [L, ids_max] float32: the asked-for tokens' (padded)
 
 
 class _Draw(NamedTuple):
@@ -162,8 +167,14 @@ class Sampler:
         ahead = drafts_before(rows, drafts)
         lp_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         lp_k = [params[i].logprobs or 0 for i in lp_rows]
+        lp_ids = [params[i].logprob_token_ids or [] for i in lp_rows]
+        ids_max = max(map(len, lp_ids), default=0)
         if lp_rows:
             layout.ints("s.lp_rows", lp_rows)
+        if ids_max:  # padded with token 0, whose logprobs nobody reads
+            layout.ints(
+                "s.lp_ids", [t for ids in lp_ids for t in [*ids, *[0] * (ids_max - len(ids))]]
+            )
         pen_step = self._stage_penalties(rows, ahead, layout)
         blocked = self._stage_blocks(rows, ahead, layout)
         biased = stage_bias(params, layout, self.vocab_size)
@@ -186,6 +197,8 @@ class Sampler:
             biased,
             draw.verifies,
             limited,
+            lp_ids,
+            ids_max,
         )
 
     def _stage_penalties(
@@ -344,8 +357,9 @@ class Sampler:
         dev = logits.device
         if raw_lp is None:
             empty = torch.empty(0, dtype=torch.float32, device=dev)
+            none = empty.view(0, 0)
             return SampleTensors(
-                chosen, empty, torch.empty(0, 0, dtype=torch.int64, device=dev), empty.view(0, 0)
+                chosen, empty, torch.empty(0, 0, dtype=torch.int64, device=dev), none, none
             )
         chosen_lp = raw_lp.gather(
             1, chosen.index_select(0, staged.i("s.lp_rows"))[:, None]
@@ -353,7 +367,12 @@ class Sampler:
         top_v, top_i = (
             raw_lp.topk(plan.k_max, dim=-1) if plan.k_max else (raw_lp[:, :0], raw_lp[:, :0].long())
         )
-        return SampleTensors(chosen, chosen_lp, top_i, top_v)
+        id_lp = (
+            raw_lp.gather(1, staged.i("s.lp_ids").view(-1, plan.ids_max))
+            if plan.ids_max
+            else raw_lp[:, :0]
+        )
+        return SampleTensors(chosen, chosen_lp, top_i, top_v, id_lp)
 
     def _advance_penalties(self, step: PenaltyStep, staged: Staged, chosen: torch.Tensor) -> None:
         slots, rows = staged.i("s.pen_slots"), staged.i("s.pen_rows")
@@ -511,51 +530,65 @@ def drafts_before(
     return out
 
 
+#: How many host lists :class:`SampleTensors` reads back as.
+SAMPLE_READS = len(SampleTensors._fields)
+
+
 def unpack_samples(plan: SamplingPlan, host: Sequence[list[float]]) -> SampleResult:
     """Host lists read back from :class:`SampleTensors` (in field order) -> a :class:`SampleResult`."""
-    tokens_f, chosen_lp, top_ids_f, top_lp = host[0], host[1], host[2], host[3]
+    tokens_f, chosen_lp, top_ids_f, top_lp, id_lp = host[:SAMPLE_READS]
     token_ids = [int(t) for t in tokens_f]
-    logprobs: list[tuple[float, list[tuple[int, float]]] | None] = [None] * plan.num_rows
-    k_max = plan.k_max
+    logprobs: list[RowLogprobs | None] = [None] * plan.num_rows
+    k_max, m = plan.k_max, plan.ids_max
     for j, (i, k) in enumerate(zip(plan.lp_rows, plan.lp_k)):
         ids = top_ids_f[j * k_max : j * k_max + k]
         vals = top_lp[j * k_max : j * k_max + k]
-        logprobs[i] = (chosen_lp[j], [(int(t), v) for t, v in zip(ids, vals)])
+        asked = id_lp[j * m : j * m + len(plan.lp_ids[j])] if m else []
+        logprobs[i] = (chosen_lp[j], [(int(t), v) for t, v in zip(ids, vals)], list(asked))
     return SampleResult(token_ids, logprobs)
 
 
 def prompt_logprob_reads(
-    logits: torch.Tensor, targets: torch.Tensor, top_k: int
+    logits: torch.Tensor, targets: torch.Tensor, top_k: int, asked: torch.Tensor | None = None
 ) -> list[torch.Tensor]:
     """Prompt logprobs on the device, to read back: ``log_softmax(logits)[i, targets[i]]``
     for every row and its rank in the row's distribution (1 + the tokens strictly likelier:
     vLLM's ``rank``), then (``top_k`` > 0) each row's ``top_k`` likeliest logprobs and their
-    token ids, from the same distribution (:func:`unpack_prompt_logprobs` reads them)."""
+    token ids, then (``asked``, ``[rows, m]`` token ids) the logprobs of those tokens, from
+    the same distribution (:func:`unpack_prompt_logprobs` reads them)."""
     lp = torch.log_softmax(logits.float(), dim=-1)
     chosen = lp.gather(1, targets.to(lp.device).view(-1, 1)).squeeze(1)
     places = (lp > chosen.unsqueeze(1)).sum(dim=1) + 1
-    if not top_k:
-        return [chosen, places]
-    top = lp.topk(top_k, dim=-1)
-    return [chosen, places, top.values, top.indices]
+    reads = [chosen, places]
+    if top_k:
+        top = lp.topk(top_k, dim=-1)
+        reads += [top.values, top.indices]
+    if asked is not None:
+        reads.append(lp.gather(1, asked))
+    return reads
 
 
-def prompt_logprob_count(top_k: int) -> int:
+def prompt_logprob_count(top_k: int, asked: bool = False) -> int:
     """How many tensors :func:`prompt_logprob_reads` returns."""
-    return 4 if top_k else 2
+    return 2 + 2 * bool(top_k) + asked
 
 
 def unpack_prompt_logprobs(
-    host: Sequence[list[float]], top_k: int
-) -> tuple[list[float], list[list[tuple[int, float]]], list[int]]:
+    host: Sequence[list[float]], top_k: int, asked: Sequence[Sequence[int]] = ()
+) -> tuple[list[float], list[list[tuple[int, float]]], list[int], list[list[float]]]:
     """The host lists of :func:`prompt_logprob_reads`: each row's logprob, its
-    ``(token_id, logprob)`` likeliest first (none when ``top_k`` is 0), and its rank."""
+    ``(token_id, logprob)`` likeliest first (none when ``top_k`` is 0), its rank, and the
+    logprobs of the tokens ``asked`` per row (none when nothing was asked)."""
     chosen, places = list(host[0]), [int(r) for r in host[1]]
-    if not top_k:
-        return chosen, [], places
-    values, ids = host[2], host[3]
-    top = [
-        [(int(t), v) for t, v in zip(ids[i : i + top_k], values[i : i + top_k])]
-        for i in range(0, len(values), top_k)
-    ]
-    return chosen, top, places
+    top: list[list[tuple[int, float]]] = []
+    if top_k:
+        values, ids = host[2], host[3]
+        top = [
+            [(int(t), v) for t, v in zip(ids[i : i + top_k], values[i : i + top_k])]
+            for i in range(0, len(values), top_k)
+        ]
+    answers: list[list[float]] = []
+    if asked:
+        m, flat = max(map(len, asked)), host[-1]
+        answers = [list(flat[r * m : r * m + len(ids)]) for r, ids in enumerate(asked)]
+    return chosen, top, places, answers

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from radixserve.scheduling.request import FUTURE_TOKEN, Request
+from radixserve.scheduling.types import RowLogprobs
 from radixserve.speculative.verify import NO_DRAFT
 
 
@@ -125,6 +126,9 @@ class StepPlan:
     # its requests asks for: their ``params.prompt_top_k``; 0: the scored token's logprob
     # and rank only).
     prompt_top_k: int = 0
+    # Per prompt-logprob row, the tokens whose logprobs its request also asks for
+    # (``params.logprob_token_ids``; empty: none); all empty when no request asks.
+    prompt_asked: list[list[int]] = field(default_factory=list)
     # LoRA adapters (model.lora): each sequence's adapter slot (0: the base model); None:
     # every sequence is the base model's.
     lora_slots: list[int] | None = None
@@ -259,6 +263,7 @@ def plan_step(
         future_src=future_src,
         row_paths=(gemv_rows, onednn_rows) if one_row_kernel_rows else None,
         prompt_top_k=lp.top_k,
+        prompt_asked=lp.asked if any(lp.asked) else [],
         lora_slots=_lora_slots(work),
         embed_rows=embed_rows,
         embed_reqs=embed_reqs,
@@ -272,11 +277,13 @@ def plan_step(
 @dataclass
 class _PromptRows:
     """The prompt-logprob rows of a step being laid out: their rows, the tokens they score,
-    the most likeliest tokens any asks for, and per request its (first position, count)."""
+    the most likeliest tokens any asks for, the tokens each row's request names, and per
+    request its (first position, count)."""
 
     rows: list[int] = field(default_factory=list)
     targets: list[int] = field(default_factory=list)
     top_k: int = 0
+    asked: list[list[int]] = field(default_factory=list)
     spans: list[tuple[Request, int, int]] = field(default_factory=list)
 
     def add(self, req: Request, c: int, n: int, t: int) -> None:
@@ -288,6 +295,7 @@ class _PromptRows:
             self.rows += range(t + lo - c, t + hi - c)
             self.targets += req.token_ids[lo + 1 : hi + 1]
             self.top_k = max(self.top_k, req.params.prompt_top_k)
+            self.asked += [req.params.logprob_token_ids or []] * (hi - lo)
             self.spans.append((req, lo, hi - lo))
 
 
@@ -302,11 +310,13 @@ class StepResult(NamedTuple):
 
     token_ids: list[int]  # one per plan.sample_rows
     # Per sampled row: (logprob, [(token_id, logprob), ...]) or None when it did not ask.
-    logprobs: list[tuple[float, list[tuple[int, float]]] | None]
+    logprobs: list[RowLogprobs | None]
     prompt_logprobs: list[float]  # one per plan.prompt_targets
     # One per plan.prompt_targets when plan.prompt_top_k: the likeliest (token, logprob)s.
     prompt_top: list[list[tuple[int, float]]] = []
     # One per plan.prompt_targets: the scored token's rank (1: the likeliest).
     prompt_ranks: list[int] = []
+    # One per plan.prompt_targets when plan.prompt_asked: the asked-for tokens' logprobs.
+    prompt_asked: list[list[float]] = []
     # One per plan.embed_reqs: the final norm's output at the prompt's last row.
     embeddings: list[list[float]] = []

@@ -27,7 +27,7 @@ import torch
 
 from radixserve.constrained.interface import TokenGrammar
 from radixserve.sampling_params import SamplingParams
-from radixserve.scheduling.types import RequestOutput
+from radixserve.scheduling.types import RequestOutput, RowLogprobs
 
 if TYPE_CHECKING:
     from radixserve.memory.tree_node import TreeNode
@@ -93,6 +93,8 @@ class Request:
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
     # Each scored token's rank in its position's distribution (None for position 0).
     prompt_logprob_ranks: list[int | None] | None = None
+    # With ``params.logprob_token_ids``, each position's logprobs of those tokens (none at 0).
+    prompt_asked_logprobs: list[list[float]] | None = None
     prompt_logprobs_sent: bool = False
     # params.return_embedding: the prompt's last row's final-norm output, once computed;
     # sent with the output that follows.
@@ -100,7 +102,7 @@ class Request:
     embedding_sent: bool = False
     # Tokens produced since the last StepOutput, with their logprobs.
     new_token_ids: list[int] = field(default_factory=list)
-    new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    new_logprobs: list[RowLogprobs] | None = None
     finish_reason: str | None = None
     error: str | None = None
     # Whose fault an error was, as the wire names it: "invalid_params" when the request's own
@@ -130,6 +132,8 @@ class Request:
             self.prompt_logprob_ranks = [None] if first else []
             if self.params.prompt_top_k:
                 self.prompt_top_logprobs = [[] for _ in self.prompt_logprobs]
+            if self.params.logprob_token_ids:
+                self.prompt_asked_logprobs = [[] for _ in self.prompt_logprobs]
             self.prompt_lp_next = max(start, 1) - 1
         else:
             self.prompt_lp_next = self.prompt_len  # nothing to collect
@@ -150,7 +154,7 @@ class Request:
 
     def take_output(self) -> RequestOutput:
         """What this request produced since the last call (tokens, logprobs, finish)."""
-        prompt_lps = prompt_top = prompt_ranks = None
+        prompt_lps = prompt_top = prompt_ranks = prompt_asked = None
         if (
             self.prompt_logprobs is not None
             and not self.prompt_logprobs_sent
@@ -158,6 +162,7 @@ class Request:
         ):
             prompt_lps, self.prompt_logprobs_sent = self.prompt_logprobs, True
             prompt_top, prompt_ranks = self.prompt_top_logprobs, self.prompt_logprob_ranks
+            prompt_asked = self.prompt_asked_logprobs
         embedding = None
         if self.embedding is not None and not self.embedding_sent:
             embedding, self.embedding_sent = self.embedding, True
@@ -180,6 +185,7 @@ class Request:
             cache_report=self.cache_report,
             prompt_top_logprobs=prompt_top,
             prompt_logprob_ranks=prompt_ranks,
+            prompt_asked_logprobs=prompt_asked,
             embedding=embedding,
         )
         self.cache_report = None
@@ -237,7 +243,7 @@ class Request:
     def finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
 
-    def fill_placeholder(self, tok: int, lp: tuple[float, list[tuple[int, float]]] | None) -> int:
+    def fill_placeholder(self, tok: int, lp: RowLogprobs | None) -> int:
         """The token a resolved step sampled for this request replaces its placeholder; returns
         its position. (With overlap, a later step in flight may have appended its own
         placeholder after this one.)"""

@@ -54,7 +54,12 @@ from radixserve.scheduling.references import KVReferences
 from radixserve.scheduling.request import FUTURE_TOKEN, Request, RequestStatus
 from radixserve.scheduling.sessions import turn_admitted, turn_ended
 from radixserve.scheduling.speculation import Speculation
-from radixserve.scheduling.types import RequestOutput, SchedulerConfig, SchedulerCounters
+from radixserve.scheduling.types import (
+    RequestOutput,
+    RowLogprobs,
+    SchedulerConfig,
+    SchedulerCounters,
+)
 from radixserve.speculative import Drafter
 
 logger = logging.getLogger(__name__)
@@ -163,7 +168,7 @@ class Scheduler:
         self,
         request_id: str,
         first_token: int,
-        first_logprob: tuple[float, list[tuple[int, float]]] | None = None,
+        first_logprob: RowLogprobs | None = None,
     ) -> None:
         """A reserved request's prompt KV has landed (:mod:`.prefilled`): it runs from here,
         ``first_token`` (the prefill engine's) its first output, reported with the next step."""
@@ -436,6 +441,8 @@ class Scheduler:
                 if req.prompt_top_logprobs is not None:  # its own k of the step's most
                     k = req.params.prompt_top_k
                     req.prompt_top_logprobs.extend(top[:k] for top in prompt_top[i : i + count])
+                if req.prompt_asked_logprobs is not None:
+                    req.prompt_asked_logprobs.extend(result.prompt_asked[i : i + count])
             i += count
         for req, embedding in zip(batch.plan.embed_reqs, result.embeddings):
             req.embedding = embedding  # goes out with the token this step sampled for it
@@ -457,9 +464,7 @@ class Scheduler:
             outputs.append(self._take_verified(req, drafts, tokens[rows], logprobs[rows]))
         return outputs
 
-    def _take_token(
-        self, req: Request, tok: int, lp: tuple[float, list[tuple[int, float]]] | None
-    ) -> bool:
+    def _take_token(self, req: Request, tok: int, lp: RowLogprobs | None) -> bool:
         """``tok`` fills ``req``'s placeholder; stop checks. Returns whether it goes on."""
         pos = req.fill_placeholder(tok, lp)
         self.counters.generated_tokens += 1
@@ -486,7 +491,7 @@ class Scheduler:
         req: Request,
         drafts: list[int],
         tokens: list[int],
-        logprobs: list[tuple[float, list[tuple[int, float]]] | None],
+        logprobs: list[RowLogprobs | None],
     ) -> RequestOutput:
         """A request's verify rows are read: the model's token after its last token, then,
         for each draft that stood, the model's token after it (each through the stop checks,

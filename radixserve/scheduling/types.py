@@ -41,12 +41,18 @@ class SchedulerConfig:
     predicted_outputs: bool = False
 
 
+# One sampled token's logprobs: its own, its top-k ``(token_id, logprob)``s, and the logprobs of
+# the token ids its request asked for (``SamplingParams.logprob_token_ids``, SGLang's
+# ``token_ids_logprob``, in that order; empty when it asked for none).
+RowLogprobs = tuple[float, list[tuple[int, float]], list[float]]
+
+
 class RequestOutput(NamedTuple):
     """What one request got out of one step (the engine wraps it in a StepOutput)."""
 
     request_id: str
     new_token_ids: list[int]
-    new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None
+    new_logprobs: list[RowLogprobs] | None
     prompt_logprobs: list[float | None] | None
     finished: bool
     finish_reason: str | None
@@ -61,6 +67,8 @@ class RequestOutput(NamedTuple):
     cache_report: Any = None  # a memory.miss_report.Divergence, once, when one was asked
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None  # with prompt_logprobs
     prompt_logprob_ranks: list[int | None] | None = None  # with prompt_logprobs
+    # With prompt_logprobs and params.logprob_token_ids: each position's of those tokens.
+    prompt_asked_logprobs: list[list[float]] | None = None
     error_code: Literal["invalid_params"] | None = None  # the request's own fault (Request)
     embedding: list[float] | None = None  # params.return_embedding, once
 

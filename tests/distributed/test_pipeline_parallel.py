@@ -22,17 +22,24 @@ CONFIG = {"num_pages": 48, "page_size": 4, "max_num_tokens": 12, "max_running_re
 def _run(
     engine: Engine, prompts: list[list[int]], prompt_logprobs: bool
 ) -> list[tuple[list[int], list[float | None]]]:
-    """Greedy tokens with their logprobs (and the prompt's: every logits row goes to rank 0)."""
+    """Greedy tokens with their logprobs (and the prompt's: every logits row goes to rank 0),
+    each with the logprobs of two named tokens (SGLang's token_ids_logprob)."""
     params = SamplingParams(
         max_tokens=6,
         temperature=0.0,
         logprobs=0,
         prompt_logprobs_start=1 if prompt_logprobs else None,
+        logprob_token_ids=[3, 11],
     )
     outs = engine.generate(prompts, params)
     engine.check_invariants()
     return [
-        (o.token_ids, [lp.logprob for lp in o.logprobs or []] + list(o.prompt_logprobs or []))
+        (
+            o.token_ids,
+            [v for lp in o.logprobs or [] for v in (lp.logprob, *lp.asked)]
+            + list(o.prompt_logprobs or [])
+            + [v for asked in o.prompt_asked_logprobs or [] for v in asked],
+        )
         for o in outs
     ]
 

@@ -75,9 +75,31 @@ def test_mixed_batch_rows_are_independent() -> None:
     assert res.token_ids[0] == 31 and res.token_ids[2] == 31 and res.token_ids[1] in (30, 31)
     lp = torch.log_softmax(logits[2], -1)
     assert res.logprobs[0] is None and res.logprobs[1] is None
-    chosen, top = res.logprobs[2]  # type: ignore[misc]
+    chosen, top, asked = res.logprobs[2]  # type: ignore[misc]
     assert chosen == pytest.approx(lp[31].item())
-    assert [t for t, _ in top] == [31, 30]
+    assert [t for t, _ in top] == [31, 30] and asked == []
+
+
+def test_logprobs_of_the_tokens_a_row_names() -> None:
+    """SGLang's token_ids_logprob: each row's named tokens' logprobs, in its order, from the
+    model's distribution (before temperature and filters); rows naming different numbers of
+    tokens, or none, side by side."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, V, generator=g) * 3
+    rows = [
+        Row(SamplingParams(temperature=0.0, logprobs=0, logprob_token_ids=[7, 3, 7])),
+        Row(SamplingParams(temperature=0.7, top_k=3, logprobs=1, logprob_token_ids=[V - 1])),
+        Row(SamplingParams(temperature=0.0)),
+        Row(SamplingParams(temperature=0.0, logprobs=2)),
+    ]
+    res = sampler().sample(logits.clone(), rows)
+    lp = torch.log_softmax(logits, -1)
+    want = {0: [7, 3, 7], 1: [V - 1], 3: []}
+    for i, ids in want.items():
+        chosen, _, asked = res.logprobs[i]  # type: ignore[misc]
+        assert chosen == pytest.approx(lp[i, res.token_ids[i]].item())
+        assert asked == pytest.approx([lp[i, t].item() for t in ids])
+    assert res.logprobs[2] is None
 
 
 def test_per_request_seed_reproducible() -> None:

@@ -287,3 +287,45 @@ def test_penalties_change_greedy_choice(engine, tiny_llama_dir: Path) -> None:  
         0
     ].token_ids
     assert freq != plain or len(set(plain)) == len(plain)
+
+
+def test_logprobs_of_named_tokens_at_prompt_and_output_positions(
+    tiny_llama_dir: Path,
+    hf_model,  # type: ignore[no-untyped-def]
+) -> None:
+    """SGLang's token_ids_logprob: at every reported prompt position (over prefill chunks)
+    and output position, the named tokens' logprobs, in the order named (repeats kept),
+    equal transformers' log-softmax there; beside, in the same steps, a request naming
+    other tokens and one naming none."""
+    from radixserve.engine.engine import Engine
+
+    engine = Engine(str(tiny_llama_dir), page_size=2, num_pages=512, max_num_tokens=8)
+    prompts = random_prompts([21, 13, 9], seed=39)
+    named: list[list[int] | None] = [[5, 300, 5, 17], [2], None]
+    params = [
+        greedy(4, logprobs=1, prompt_logprobs_start=3, logprob_token_ids=named[0]),
+        greedy(4, logprobs=0, prompt_logprobs_start=0, logprob_token_ids=named[1]),
+        greedy(4, logprobs=2, prompt_logprobs_start=1),
+    ]
+    outs = engine.generate(prompts, params)
+    for prompt, ids, p, out in zip(prompts, named, params, outs):
+        seq = prompt + out.token_ids
+        with torch.inference_mode():
+            ref = torch.log_softmax(hf_model(torch.tensor([seq])).logits[0].float(), dim=-1)
+        assert out.logprobs is not None
+        if ids is None:
+            assert all(lp.asked == [] for lp in out.logprobs)
+            assert out.prompt_asked_logprobs is None
+            continue
+        for i, lp in enumerate(out.logprobs):
+            want = [ref[len(prompt) - 1 + i, t].item() for t in ids]
+            assert lp.asked == pytest.approx(want, abs=1e-4)
+        start = p.prompt_logprobs_start
+        assert start is not None and out.prompt_asked_logprobs is not None
+        got = out.prompt_asked_logprobs
+        assert len(got) == len(prompt) - start and (start > 0 or got[0] == [])
+        for k, values in enumerate(got):
+            pos = start + k
+            if pos == 0:
+                continue
+            assert values == pytest.approx([ref[pos - 1, t].item() for t in ids], abs=1e-4)

@@ -201,6 +201,60 @@ def test_logprobs_of_generated_tokens(server: Any) -> None:
         assert top[0][0] == pytest.approx(entry[0])
 
 
+def test_logprobs_of_named_tokens(server: Any, tokenizer: Any) -> None:
+    """SGLang's token_ids_logprob, one list per prompt of a batch: at every reported prompt
+    position (from logprob_start_len) and output position, [logprob, token_id, text] of each
+    named token in the order named, as transformers computes them; streamed, each message
+    has its new tokens' only, as for output_token_logprobs."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    texts = ["The capital of France is", "Two and two make"]
+    named = [tokenizer.encode(" Paris") + tokenizer.encode(" London"), tokenizer.encode(" four")]
+    body = {
+        "text": texts,
+        "sampling_params": srt_params(max_new_tokens=3, ignore_eos=True),
+        "return_logprob": True,
+        "logprob_start_len": 2,
+        "return_text_in_logprobs": True,
+        "token_ids_logprob": named,
+    }
+    with server.client() as c:
+        out = c.post("/generate", json=body).json()
+        with c.stream(
+            "POST",
+            "/generate",
+            json={**body, "text": texts[0], "stream": True, "token_ids_logprob": named[0]},
+        ) as r:
+            chunks = [
+                json.loads(line[5:]) for line in r.iter_lines() if line and line != "data: [DONE]"
+            ]
+    model = AutoModelForCausalLM.from_pretrained(str(server.model_dir), dtype=torch.float32)
+    for text, ids, r in zip(texts, named, out):
+        prompt = tokenizer.encode(text)
+        seq = prompt + r["output_ids"]
+        with torch.inference_mode():
+            dist = torch.log_softmax(model(torch.tensor([seq])).logits[0].float(), -1)
+        meta = r["meta_info"]
+        # The distribution that scores each reported position: prompt positions 2.. (each
+        # from the row before it), then the three outputs (from the last prompt row on).
+        rows = [p - 1 for p in range(2, len(prompt))] + [len(prompt) - 1 + i for i in range(3)]
+        got = meta["input_token_ids_logprobs"] + meta["output_token_ids_logprobs"]
+        assert len(got) == len(rows) and len(meta["input_token_ids_logprobs"]) == len(prompt) - 2
+        for row, entry in zip(rows, got):
+            assert [e[1] for e in entry] == ids
+            assert [e[2] for e in entry] == [tokenizer.decode([t]) for t in ids]
+            assert [e[0] for e in entry] == pytest.approx(
+                [dist[row, t].item() for t in ids], abs=2e-3
+            )
+    streamed = [e for ch in chunks for e in ch["meta_info"]["output_token_ids_logprobs"]]
+    assert [[e[1] for e in entry] for entry in streamed] == [named[0]] * 3
+    assert [e[0] for entry in streamed for e in entry] == pytest.approx(
+        [e[0] for entry in out[0]["meta_info"]["output_token_ids_logprobs"] for e in entry],
+        abs=1e-5,
+    )
+
+
 def test_streamed_logprobs_chunk_by_chunk(server: Any) -> None:
     """Streamed with logprobs: every message has the cumulative ids and counts and the logprobs
     of its new tokens only; concatenated they equal the unstreamed request's."""
@@ -285,6 +339,10 @@ def test_sglang_bad_requests(server: Any) -> None:
             {"input_ids": [1, 2**64], "sampling_params": {"max_new_tokens": 1}},
             {"text": "hi", "sampling_params": {"max_new_tokens": 2**64}},
             {"text": "hi", "sampling_params": {"json_schema": "[" * 5000 + "]" * 5000}},
+            # token_ids_logprob: outside the vocabulary, too many, one list per prompt amiss
+            {"text": "hi", "return_logprob": True, "token_ids_logprob": [10**7]},
+            {"text": "hi", "return_logprob": True, "token_ids_logprob": list(range(257))},
+            {"text": ["a", "b"], "return_logprob": True, "token_ids_logprob": [[1], [2], [3]]},
         ):
             r = c.post("/generate", json=body)
             assert r.status_code == 400, (body, r.text)

@@ -45,6 +45,7 @@ from radixserve.memory.pool import KVPool
 from radixserve.sampling_params import SamplingParams
 from radixserve.scheduling.request import Request, RequestStatus
 from radixserve.scheduling.scheduler import Scheduler
+from radixserve.scheduling.types import RowLogprobs
 
 __all__ = [
     "DecodeRole",
@@ -77,7 +78,7 @@ class PrefillResult(msgspec.Struct, frozen=True):
     error: str | None = None  # "abort", or what failed (nothing usable was written)
     # The first token's logprob and top alternatives, when the request asked for logprobs
     # (SGLang's PD likewise returns the first token's logprobs from the prefill side).
-    first_logprob: tuple[float, list[tuple[int, float]]] | None = None
+    first_logprob: RowLogprobs | None = None
 
 
 class DisaggStats(NamedTuple):

@@ -27,8 +27,8 @@ import torch
 import radixserve.distributed.step_wire as step_wire
 from radixserve.distributed.pipeline.comm import REPORT_STATS, STOP, UPDATE_WEIGHTS, PipelineComm
 from radixserve.distributed.pipeline.micro import MicroBatch, split_micro_batches, sub_batch
-from radixserve.engine.model_runner import ModelRunner, PendingStep
-from radixserve.engine.sampler import Sampler, prompt_logprob_reads
+from radixserve.engine.model_runner import ModelRunner, PendingStep, prompt_reads
+from radixserve.engine.sampler import Sampler
 from radixserve.engine.staging import Staged, StagingLayout
 from radixserve.memory.pool import KVPool
 from radixserve.model.attention.base import AttentionBackend
@@ -242,8 +242,7 @@ class PipelineRunner(StageRunner):
                 sampled = self.sampler.sample_staged(logits[:ns], splan, staged)
                 reads += list(sampled)
             if plan.prompt_targets:
-                targets = staged.i("lp_targets")
-                reads += prompt_logprob_reads(logits[ns:], targets, plan.prompt_top_k)
+                reads += prompt_reads(logits[ns:], plan, staged)
         pending = PendingStep(self.staging.read_async(reads), splan, plan)
         result = pending.result()
         self.comm.stats.compute_seconds += time.perf_counter() - t_sample

@@ -82,28 +82,40 @@ def _logprob_meta(
     """The ``meta_info`` logprob fields of one item: ``[logprob, token_id, text-or-None]``
     triples of the prompt (from ``logprob_start_len``, when ``final`` is the item's last
     message) and of the output tokens ``outs`` (all of them, or a streamed message's new
-    ones), each with its ``top_logprobs_num`` likeliest; ``total``: output logprobs so far."""
+    ones), each with its ``top_logprobs_num`` likeliest and, with ``token_ids_logprob``, the
+    named tokens' (SGLang's ``*_token_ids_logprobs``); ``total``: output logprobs so far."""
     text_of = g.token_text if plan.text_in_logprobs else (lambda _tid: None)
+    named = plan.params.logprob_token_ids
 
     def tops(top: list[tuple[int, float]] | None) -> list[list[Any]] | None:
         if plan.item.top_logprobs_num <= 0 or top is None:
             return None
         return [[logprob(v), tid, text_of(tid)] for tid, v in top]
 
+    def asked(values: list[float] | None) -> list[list[Any]] | None:
+        if values is None or not named:
+            return None
+        return [[logprob(v), tid, text_of(tid)] for tid, v in zip(named, values)]
+
     inputs: list[list[Any]] = []
     input_tops: list[list[list[Any]] | None] = []
+    input_asked: list[list[list[Any]] | None] = []
     if final is not None and final.prompt_logprobs is not None and final.prompt_token_ids:
         values, ids, prompt_tops = (
             final.prompt_logprobs,
             final.prompt_token_ids,
             final.prompt_top_logprobs,
         )
+        prompt_asked = final.prompt_asked_logprobs
         start = len(ids) - len(values)
         for k, value in enumerate(values):
             tid = ids[start + k]
             inputs.append([None if value is None else logprob(value), tid, text_of(tid)])
             input_tops.append(tops(prompt_tops[k] if prompt_tops and value is not None else None))
-    return {
+            input_asked.append(
+                asked(prompt_asked[k] if prompt_asked and value is not None else None)
+            )
+    meta = {
         "input_token_logprobs": inputs,
         "output_token_logprobs": [
             [logprob(lp.logprob), lp.token_id, text_of(lp.token_id)] for lp in outs
@@ -112,6 +124,10 @@ def _logprob_meta(
         "input_top_logprobs": input_tops,
         "output_top_logprobs": [tops(lp.top or []) for lp in outs],
     }
+    if named:
+        meta["input_token_ids_logprobs"] = input_asked
+        meta["output_token_ids_logprobs"] = [asked(lp.asked) for lp in outs]
+    return meta
 
 
 def result(
@@ -157,6 +173,7 @@ async def generate(body: GenerateReqInput, request: Request) -> Response:
             it.top_logprobs_num if it.return_logprob else None,
             it.logprob_start_len if it.return_logprob and it.logprob_start_len >= 0 else None,
             it.sample,
+            it.token_ids_logprob,
         )
         if body.return_cache_report:
             params = msgspec.structs.replace(params, return_cache_report=True)

@@ -4,7 +4,9 @@ What SGLang's frontend (``sglang.lang``'s ``RuntimeEndpoint``) sends, and how it
 
 * ``text`` or ``input_ids``, one prompt or a batch (a list); ``sampling_params`` one dict
   for all or one per prompt; ``return_logprob``, ``logprob_start_len``,
-  ``top_logprobs_num`` a value for all or one per prompt; ``return_text_in_logprobs``.
+  ``top_logprobs_num`` a value for all or one per prompt; ``return_text_in_logprobs``;
+  ``token_ids_logprob`` (token ids whose logprobs every reported position also gives: one
+  list for all prompts or a list per prompt).
 * ``max_new_tokens: 0`` ("just prefill and cache the prefix", and the scoring requests of
   ``select``) runs one token through the engine and reports none.
 * ``logprob_start_len`` -1 / absent: no prompt logprobs (SGLang's default).
@@ -71,6 +73,7 @@ class SGLSamplingParams(BaseModel):
         logprobs: int | None,
         prompt_logprobs_start: int | None,
         sample: int,
+        asked: list[int] | None = None,
     ) -> tuple[SamplingParams, bool]:
         """Our :class:`SamplingParams`, and whether the output must be dropped (``max_new_tokens`` 0)."""
         max_new = context_length if self.max_new_tokens is None else self.max_new_tokens
@@ -102,6 +105,7 @@ class SGLSamplingParams(BaseModel):
             include_stop_str_in_output=self.no_stop_trim,
             logprobs=logprobs,
             prompt_logprobs_start=prompt_logprobs_start,
+            logprob_token_ids=asked if logprobs is not None else None,
             skip_special_tokens=self.skip_special_tokens,
             regex=self.regex,
             json_schema=self.json_schema,
@@ -162,7 +166,9 @@ class GenerateReqInput(BaseModel):
     video_data: Any = None
     audio_data: Any = None
     input_embeds: Any = None
-    token_ids_logprob: Any = None
+    # Tokens whose logprobs each reported position also gives (with return_logprob): one list
+    # for every prompt, or one per prompt.
+    token_ids_logprob: list[TokenId] | list[list[TokenId]] | None = None
 
 
 @dataclass
@@ -180,6 +186,7 @@ class Item:
     rid: str
     lora: str | None = None
     prompt_rid: str = ""  # its prompt's rid (with n > 1 each sample's rid adds "-j" to it)
+    token_ids_logprob: list[int] | None = None
 
 
 def _pick(value: Any, i: int, n: int, name: str) -> Any:
@@ -190,9 +197,20 @@ def _pick(value: Any, i: int, n: int, name: str) -> Any:
     return value
 
 
+def _asked(value: list[int] | list[list[int]] | None, i: int, n: int) -> list[int] | None:
+    """Prompt ``i``'s ``token_ids_logprob``: the one list for all, or its own of a list per
+    prompt (a list of lists: one per prompt; a list of ints: the same for every prompt)."""
+    if not value:
+        return None
+    if not isinstance(value[0], list):
+        return [int(t) for t in value]  # a list of ints: the same for every prompt
+    per_prompt = _pick(value, i, n, "token_ids_logprob")
+    return list(per_prompt) or None
+
+
 def expand(req: GenerateReqInput, default_rid: str) -> tuple[list[Item], bool]:
     """The request's items (prompt-major, then sample) and whether it was a single prompt."""
-    for name in ("image_data", "video_data", "audio_data", "input_embeds", "token_ids_logprob"):
+    for name in ("image_data", "video_data", "audio_data", "input_embeds"):
         if getattr(req, name) is not None:
             raise invalid(f"{name} is not supported", param=name)
     if (req.text is None) == (req.input_ids is None):
@@ -223,6 +241,7 @@ def expand(req: GenerateReqInput, default_rid: str) -> tuple[list[Item], bool]:
         rid = _pick(req.rid, i, n_prompts, "rid") or (
             default_rid if single else f"{default_rid}-{i}"
         )
+        asked = _asked(req.token_ids_logprob, i, n_prompts)
         lora = _pick(req.lora_path, i, n_prompts, "lora_path")
         if lora is not None and not 0 < len(lora) <= 256:
             raise invalid("lora_path names an adapter in 1 to 256 characters", param="lora_path")
@@ -240,6 +259,7 @@ def expand(req: GenerateReqInput, default_rid: str) -> tuple[list[Item], bool]:
                     rid=rid if sp.n == 1 else f"{rid}-{j}",
                     lora=lora,
                     prompt_rid=rid,
+                    token_ids_logprob=asked,
                 )
             )
     return items, single and len(items) == 1

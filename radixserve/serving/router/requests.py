@@ -40,6 +40,7 @@ class RouterRequest:
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
     prompt_logprob_ranks: list[int | None] | None = None
+    prompt_asked_logprobs: list[list[float]] | None = None  # params.logprob_token_ids
     embedding: list[float] | None = None  # params.return_embedding
     usage: p.Usage | None = None
     chunks: int = 0
@@ -78,6 +79,7 @@ class RouterRequest:
             self.prompt_logprobs = out.prompt_logprobs
             self.prompt_top_logprobs = out.prompt_top_logprobs
             self.prompt_logprob_ranks = out.prompt_logprob_ranks
+            self.prompt_asked_logprobs = out.prompt_asked_logprobs
         if out.embedding is not None:
             self.embedding = out.embedding
         if out.usage is not None:
@@ -142,4 +144,5 @@ class RouterRequest:
             prompt_logprob_ranks=self.prompt_logprob_ranks,
             embedding=self.embedding,
             weight_version=self.weight_version,
+            prompt_asked_logprobs=self.prompt_asked_logprobs,
         )

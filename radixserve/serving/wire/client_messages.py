@@ -291,6 +291,9 @@ class GenerateFinal(Msg, tag="final"):
     embedding: list[float] | None = None
     # The weights that answered (SGLang's meta_info.weight_version: an RL rollout's policy).
     weight_version: str = "default"
+    # With params.logprob_token_ids (SGLang's token_ids_logprob) and prompt logprobs: each
+    # prompt position's logprobs of those tokens, in their order (empty for position 0).
+    prompt_asked_logprobs: list[list[float]] | None = None
 
 
 class Error(Msg, tag="error"):

@@ -110,11 +110,11 @@ def test_logprobs_of_a_prefilled_request_equal_colocated(
     tiny_llama_dir: Path, regex: str | None
 ) -> None:
     """The first token's logprobs come from the prefill side, the rest from the decode side:
-    tokens and logprobs (with top alternatives) equal a colocated engine's; with a grammar,
+    tokens and logprobs (with top alternatives and named tokens') equal a colocated engine's; with a grammar,
     the prefill side samples the first token under its mask and the decode side's grammar
     takes it, so the constrained output is the colocated one too."""
     (prompt,) = random_prompts([21], seed=49)
-    params = greedy(N, logprobs=2, regex=regex)
+    params = greedy(N, logprobs=2, regex=regex, logprob_token_ids=[4, 9])
     colocated = _engine(tiny_llama_dir, None)
     rid = colocated.add_request(prompt, params)
     want = run_to_completion(colocated)[rid]
@@ -139,6 +139,7 @@ def test_logprobs_of_a_prefilled_request_equal_colocated(
         for a, b in zip(lps, ref, strict=True):  # same kernels, same rows: to rounding
             assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-4
             assert [t for t, _ in a.top] == [t for t, _ in b.top] and len(a.top) == 2
+            assert a.asked == pytest.approx(b.asked, abs=1e-4) and len(a.asked) == 2
         _idle(prefill)
         _idle(decode)
     finally:
