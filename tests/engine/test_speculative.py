@@ -24,6 +24,9 @@ PROMPTS = [p + p[:12] for p in random_prompts([9, 31, 14], seed=1)]
 
 
 def _params(n: int = 40, **kw: object) -> SamplingParams:
+    """Greedy, with the logprobs, top 2 and two named tokens' logprobs of every token (each
+    the same from a verify row as from a one-row decode step)."""
+    kw.setdefault("logprob_token_ids", [5, 9])
     return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=2, **kw)  # type: ignore[arg-type]
 
 
