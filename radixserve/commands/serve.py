@@ -289,7 +289,8 @@ def _start_local_server(
     try:
         return LocalServer(
             model,
-            tokenizer=serving_tokenizer(model, args.chat_template),
+            # Loaded once the workers are started: their start-up and its load overlap.
+            load_tokenizer=lambda: serving_tokenizer(model, args.chat_template),
             num_workers=args.workers,
             worker_overrides=overrides,
             config=router_config(args, endpoint),

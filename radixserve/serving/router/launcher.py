@@ -19,6 +19,7 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,9 @@ class LocalServer:
     ``python -m radixserve worker`` (tests use a fake worker). ``context``: the router's ZeroMQ
     context, when an in-process client shares it (then its owner terminates it, not the router).
     ``worker_overrides``: EngineConfig fields for worker i alone (e.g. its disaggregation mode).
+    ``tokenizer``: the router's; ``load_tokenizer``: a function that loads it, called once
+    the workers are started, so that their start-up and its load overlap (neither: the
+    model's, loaded so).
     """
 
     def __init__(
@@ -81,11 +85,12 @@ class LocalServer:
         worker_program: list[str] | None = None,
         worker_env: dict[str, str] | None = None,
         tokenizer: Any = None,
+        load_tokenizer: Callable[[], Any] | None = None,
         gpu_ids: list[int] | None = None,
         context: Any = None,
         worker_overrides: list[dict[str, Any]] | None = None,
     ) -> None:
-        from radixserve.serving.prompts import load_tokenizer
+        from radixserve.serving.prompts import load_tokenizer as model_tokenizer
 
         self.model = model
         self.num_workers = num_workers
@@ -99,9 +104,7 @@ class LocalServer:
         # One GPU per worker on CUDA (or an explicit split); refused before anything starts.
         placements = plan_worker_devices(engine_config, num_workers, gpu_ids)
         config = config if config is not None else RouterConfig()
-        self.router = Router(
-            tokenizer if tokenizer is not None else load_tokenizer(model), config, context=context
-        )
+        self.router = Router.bound(config, context=context)
         self.endpoint = self.router.endpoint
         router_endpoint, parent = self.router.worker_endpoint, os.getpid()
 
@@ -128,6 +131,21 @@ class LocalServer:
             env = {**(worker_env or {}), **place.env, **(keys.to_env() if keys is not None else {})}
             return spawn_worker(cmd, env or None)
 
+        started = []
+        try:
+            for i in range(num_workers):  # first: their start-up overlaps the tokenizer's load
+                started.append(spawn(i))
+            if tokenizer is None:
+                tokenizer = (
+                    load_tokenizer() if load_tokenizer is not None else model_tokenizer(model)
+                )
+            self.router.start(tokenizer)
+        except BaseException:
+            for proc in started:
+                proc.kill()
+                proc.wait()
+            self.router.close_unstarted()
+            raise
         policy = RestartPolicy(
             restart=config.restart_workers,
             backoff_s=config.restart_backoff_s,
@@ -137,8 +155,8 @@ class LocalServer:
         self.router.supervise(self.supervisor)
         # Every process ever started, restarts included (the supervisor appends them): all reaped on close.
         self.procs: list[subprocess.Popen[bytes]] = self.supervisor.procs
-        for i in range(num_workers):
-            self.router.expect_local(i, spawn(i))
+        for i, proc in enumerate(started):
+            self.router.expect_local(i, proc)
         self._thread: threading.Thread | None = None
 
     def wait_ready(self, timeout_s: float = 300.0) -> bool:

@@ -84,20 +84,41 @@ class Router:
         *,
         context: zmq.Context | None = None,
     ) -> None:
+        self._bind_sockets(config, context)
+        self.start(tokenizer)
+
+    @classmethod
+    def bound(
+        cls, config: RouterConfig = RouterConfig(), *, context: zmq.Context | None = None
+    ) -> Router:
+        """A router with its sockets bound (workers may connect, their keys be minted) and no
+        tokenizer yet: :meth:`start` gives it one before its loop first runs. ``serve``
+        starts its workers in between, so that their start-up overlaps the tokenizer's load
+        (transformers' imports: seconds of one core). :meth:`close_unstarted` closes it
+        where the tokenizer could not be loaded."""
+        router = cls.__new__(cls)
+        router._bind_sockets(config, context)
+        return router
+
+    def _bind_sockets(self, config: RouterConfig, context: zmq.Context | None) -> None:
         self.config = config
-        self.codec = PromptCodec(tokenizer)
-        self.codec.warm_up()  # the router detokenizes every stream (and encodes without a pool)
         # A context of its own (unless given one) is terminated by close(): no zmq I/O thread
         # outlives the router, and nothing of it is left for interpreter exit to clean up.
         self._own_ctx = context is None
         self._ctx = context if context is not None else zmq.Context()
         self._open_sockets(config)
-        self._start_tokenizers(tokenizer, config)
-        self._build_parts(config)
         self._next_tick = 0.0
         self._stopping = False
         self._errors = 0
         self.supervisor: Supervisor | None = None
+
+    def start(self, tokenizer: Any) -> None:
+        """The tokenizer's parts (the codec, the tokenizer processes) and everything that
+        turns messages into work: the router can then run."""
+        self.codec = PromptCodec(tokenizer)
+        self.codec.warm_up()  # the router detokenizes every stream (and encodes without a pool)
+        self._start_tokenizers(tokenizer, self.config)
+        self._build_parts(self.config)
 
     def _open_sockets(self, config: RouterConfig) -> None:
         """The client and worker sockets (checked against the bind policy, then bound), the
@@ -352,10 +373,19 @@ class Router:
         self.shutdown(shutdown_workers=shutdown_workers)
         if self.backend.closed:
             return
-        self._handshakes.close()
-        self.backend.close(linger=500)  # let shutdown messages to live workers leave
         if self.tokenizers is not None:
             self.tokenizers.close()
+        self._close_sockets()
+
+    def close_unstarted(self) -> None:
+        """Close a :meth:`bound` router that never started (its tokenizer failed to load)."""
+        self._stopping = True
+        self.frontend.close(linger=0)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        self._handshakes.close()
+        self.backend.close(linger=500)  # let shutdown messages to live workers leave
         self._wake_r.close()
         self._wake_w.close()
         self.security.close()  # its socket must be closed before the context can terminate
