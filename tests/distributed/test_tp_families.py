@@ -89,6 +89,19 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "olmo2": ("olmo2", {}),
+    # OLMo 3: OLMo 2's norms (their sums of squares all-reduced), a window of 6 on three
+    # layers of four, the sliding layers' own RoPE base.
+    "olmo3": (
+        "olmo3",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 6,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 50000.0},
+            },
+        },
+    ),
     # Sandwich norms under its own names, fused gate_up cut per rank, interleaved half RoPE.
     "glm4": ("glm4", {}),
     # NoPE on every second layer, biases on the four attention projections.

@@ -39,6 +39,26 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
     ),
     # Post-norms and whole-projection q/k norms (in the one-call stack too).
     "olmo2": ("olmo2", {}, True),
+    # OLMo 3: OLMo 2's norms, a window of 8 on three layers of four, YaRN (its ramp and
+    # attention factor biting) on the full layer only, the sliding layers' RoPE unscaled.
+    "olmo3": (
+        "olmo3",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 8,
+            "max_position_embeddings": 64,
+            "rope_parameters": {
+                "full_attention": {
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 16,
+                    "rope_theta": 10000.0,
+                },
+                "sliding_attention": {"rope_type": "default", "rope_theta": 50000.0},
+            },
+        },
+        True,
+    ),
     # Fused qkv / gate_up in the checkpoint, longrope (attention factor 1.15, short factors != 1).
     "phi3_longrope": (
         "phi3",

@@ -207,3 +207,39 @@ def test_mistral_small_3_multimodal_config_reads_its_text_model() -> None:
         ModelConfig.from_dict(
             {**raw, "text_config": {**raw["text_config"], "model_type": "mistral4"}}
         )
+
+
+def test_olmo3_legacy_rope_scales_only_the_full_layers() -> None:
+    """OLMo 3's legacy layout (``rope_theta`` + ``rope_scaling``, as its long-context
+    checkpoints write it): YaRN on the full layers, the sliding layers on the same base
+    unscaled; every fourth layer full by default; a scaled sliding RoPE is refused."""
+    raw = {
+        "architectures": ["Olmo3ForCausalLM"],
+        "model_type": "olmo3",
+        "hidden_size": 4096,
+        "intermediate_size": 11008,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 8,
+        "vocab_size": 100278,
+        "max_position_embeddings": 65536,
+        "rope_theta": 500000,
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": 8.0,
+            "original_max_position_embeddings": 8192,
+            "attention_factor": 1.2,
+        },
+        "sliding_window": 4096,
+    }
+    cfg = ModelConfig.from_dict(raw)
+    assert (cfg.rope_theta, cfg.local_rope_theta) == (500000.0, 500000.0)
+    assert cfg.rope_scaling is not None and cfg.rope_scaling.rope_type == "yarn"
+    assert cfg.layer_types == ("sliding_attention",) * 3 + ("full_attention",) + (
+        "sliding_attention",
+    ) * 3 + ("full_attention",)
+    assert [cfg.layer_window(i) for i in (0, 3)] == [4096, None]
+    assert cfg.qk_norm == "proj" and cfg.norm_layout == "post"
+    scaled = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1.0}
+    v5 = {**raw, "rope_parameters": {"sliding_attention": scaled, "full_attention": {}}}
+    with pytest.raises(ValueError, match="OLMo 3 with a scaled RoPE on its sliding layers"):
+        ModelConfig.from_dict(v5)

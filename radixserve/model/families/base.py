@@ -64,6 +64,26 @@ def text_model_weight_name(name: str) -> str | None:
     return None
 
 
+def layer_type_rope(
+    raw: dict[str, Any], family: str, legacy_local_theta: float, default_theta: float
+) -> tuple[float, dict[str, Any]]:
+    """RoPE for models whose sliding and full layers differ in it (Gemma 3, OLMo 3):
+    ``(the sliding layers' base, the raw config whose RoPE keys are the full layers')``.
+    transformers v5 writes ``rope_parameters`` per layer type; the legacy layout's
+    ``rope_theta`` and ``rope_scaling`` are the full layers', the sliding layers' base
+    ``legacy_local_theta`` (unscaled). A scaled RoPE on the sliding layers is refused."""
+    params = raw.get("rope_parameters") or {}
+    if "full_attention" not in params and "sliding_attention" not in params:
+        return legacy_local_theta, raw
+    local = params.get("sliding_attention") or {}
+    if (local.get("rope_type") or "default") != "default":
+        raise ValueError(f"{family} with a scaled RoPE on its sliding layers is not supported")
+    glob = dict(params.get("full_attention") or {"rope_type": "default"})
+    glob.setdefault("rope_theta", default_theta)
+    rope_raw = {**raw, "rope_parameters": glob, "rope_scaling": None, "rope_theta": None}
+    return float(local.get("rope_theta") or legacy_local_theta), rope_raw
+
+
 def qwen_window(raw: dict[str, Any]) -> dict[str, Any]:
     """Qwen2/3's window: only with ``use_sliding_window``, and then (without ``layer_types``)
     on the layers from ``max_window_layers`` on, as transformers' Qwen configs derive it."""

@@ -40,7 +40,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixserve.model.families.base import Family, text_model_config, text_model_weight_name
+from radixserve.model.families.base import (
+    Family,
+    layer_type_rope,
+    text_model_config,
+    text_model_weight_name,
+)
 
 
 def _get(raw: dict[str, Any], key: str, default: Any) -> Any:
@@ -88,18 +93,9 @@ def _gemma2(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _gemma3(raw: dict[str, Any]) -> dict[str, Any]:
-    params = raw.get("rope_parameters") or {}
-    if "full_attention" in params or "sliding_attention" in params:  # transformers v5 layout
-        local = params.get("sliding_attention") or {}
-        if (local.get("rope_type") or "default") != "default":
-            raise ValueError("Gemma 3 with a scaled RoPE on its sliding layers is not supported")
-        local_theta = float(local.get("rope_theta") or 10000.0)
-        glob = dict(params.get("full_attention") or {"rope_type": "default"})
-        glob.setdefault("rope_theta", 1_000_000.0)
-        rope_raw = {**raw, "rope_parameters": glob, "rope_scaling": None, "rope_theta": None}
-    else:  # legacy: rope_theta + rope_scaling are the global layers', the local base apart
-        local_theta = float(raw.get("rope_local_base_freq") or 10000.0)
-        rope_raw = raw
+    # Legacy layout: the local base apart (rope_local_base_freq).
+    legacy_local = float(raw.get("rope_local_base_freq") or 10000.0)
+    local_theta, rope_raw = layer_type_rope(raw, "Gemma 3", legacy_local, 1_000_000.0)
     return {
         **_common(raw, int(raw.get("sliding_window_pattern") or 6)),
         "qk_norm": "head",
