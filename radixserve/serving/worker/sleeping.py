@@ -47,7 +47,7 @@ class Sleeping:
     @property
     def released(self) -> list[p.MemoryTag]:
         """The tags released now, in :data:`~radixserve.serving.wire.protocol.MEMORY_TAGS`' order."""
-        return [t for t in ("kv_cache", "weights") if t in self._released]
+        return [t for t in p.MEMORY_TAGS if t in self._released]
 
     @property
     def stepping(self) -> bool:
