@@ -15,6 +15,7 @@ import pytest
 from engine_helpers import greedy, hf_greedy, random_prompts
 
 from radixserve.engine.engine import Engine
+from radixserve.model.weight_update import served_tensors
 
 N = 8
 # 9,216 pages of 16 tokens at 512 bytes a token (2 layers, 2 KV heads of 16, K and V, float32):
@@ -90,6 +91,7 @@ def test_released_weights_read_as_zeros_and_an_update_after_the_resume_serves_it
     params = [p for p in engine.model.parameters()]
     freed = engine.release_memory_occupation(["weights"])
     assert freed > 0 and all(not p.any() for p in params)
+    assert not any(t.is_mkldnn for _, t in served_tensors(engine.model))  # oneDNN's: dropped
     assert engine.memory.released == ["weights"]
     rid = engine.add_request(PROMPTS[0], greedy(N))  # waits: no step runs
     with pytest.raises(RuntimeError, match="the weights are released"):
@@ -103,4 +105,27 @@ def test_released_weights_read_as_zeros_and_an_update_after_the_resume_serves_it
         waited += [t for o in engine.step() if o.request_id == rid for t in o.new_token_ids]
     assert waited == hf_greedy(llamas[1], PROMPTS[0], N)
     assert _answers(engine) == [hf_greedy(llamas[1], p, N) for p in PROMPTS]
+    engine.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "config",
+    [dict(dtype="bfloat16"), dict(dtype="bfloat16", quantization="int8")],
+    ids=["bf16-native-stack", "bf16-int8"],
+)
+def test_released_packed_and_quantized_weights_come_back_with_an_update(
+    llamas: tuple[Path, Path], config: dict[str, Any]
+) -> None:
+    """oneDNN's packed copies (dropped, rebuilt on the resume), the one-call stack that
+    lists them and int8's quantized copies: the updated engine answers as one started on
+    the new weights."""
+    a, b = llamas
+    small = dict(num_pages=64, page_size=4, num_threads=1, **config)
+    engine = Engine(str(a), **small)
+    _answers(engine)  # the stack described, the oneDNN kernels built
+    assert engine.release_memory_occupation(["weights"]) > 0
+    assert not any(t.is_mkldnn for _, t in served_tensors(engine.model))  # dropped
+    engine.resume_memory_occupation()
+    engine.update_weights_from_disk(str(b))
+    assert _answers(engine) == _answers(Engine(str(b), **small))
     engine.check_invariants()

@@ -3,7 +3,7 @@
 machine shared with the trainer):
 
 * SGLang: ``POST /release_memory_occupation`` and ``POST /resume_memory_occupation``
-  ``{"tags": ["kv_cache", "weights"]}`` (no body, or no tags: both), answering
+  ``{"tags": ["kv_cache", "weights"]}`` (no body, or no tags: both; ``[]``: none), answering
   ``{"message", "status"}``;
 * vLLM: ``POST /sleep?level=1|2`` (1: the KV cache; 2: the weights too; vLLM's level 1
   offloads the weights to host memory, where a CPU engine's already are, so it keeps them),
@@ -49,8 +49,9 @@ def _gw(request: Request) -> Gateway:
 
 
 def _tags(raw: list[str] | None) -> list[p.MemoryTag] | None:
-    """The tags asked (None: every one); a 400 naming the known ones for any other."""
-    if raw is None or not raw:
+    """The tags asked (None: every one; an empty list none, as SGLang's); a 400 naming the
+    known ones for any other."""
+    if raw is None:
         return None
     if len(raw) > MAX_TAGS:
         raise invalid(f"at most {MAX_TAGS} tags", param="tags")

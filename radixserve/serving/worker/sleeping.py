@@ -69,7 +69,8 @@ class Sleeping:
                 error = str(exc)
         if error is None:
             self._released |= set(msg.tags)
-            self._held.hold_for(self.HOLDER)
+            if self._released:  # an empty list of tags releases nothing, and holds nothing
+                self._held.hold_for(self.HOLDER)
             log.info("memory released (%s): %.0f MiB", ", ".join(msg.tags), freed / 2**20)
         self._reply(msg.token, error, freed)
 
