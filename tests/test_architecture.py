@@ -56,6 +56,7 @@ MODEL_LEVELS: list[set[str]] = [
     {"attention", "layers"},
     {"decoder_stack", "llama", "pipeline_stage"},
     {"loader", "quantize", "gguf_loader", "warmup", "weight_update"},
+    {"weight_release"},  # what an update writes, given back to the OS
 ]
 # The longest chain of imports inside one serving folder (a module that imports nothing of its
 # folder is level 1; the router's is prefix_trie < dispatch < worker_pool < inflight <

@@ -38,6 +38,7 @@ from radixserve.engine.devices import bind_device
 from radixserve.engine.intake import RequestIntake
 from radixserve.engine.kv_profile import ProfiledKV
 from radixserve.engine.kv_sizing import KVSizer
+from radixserve.engine.memory_occupation import MemoryOccupation
 from radixserve.engine.model_runner import ModelRunner, kv_pool_args
 from radixserve.engine.offline import GenerateCollector, PromptInput, normalize_prompts
 from radixserve.engine.outputs import EngineStats, GenerateOutput, StepOutput, to_step_output
@@ -203,6 +204,8 @@ class Engine:
         )
         # Which weights it serves (SGLang's weight_version): update_weights_from_disk sets it.
         self.weight_version = "default"
+        # Memory given back to the OS between uses (release_memory_occupation).
+        self.memory = MemoryOccupation(self)
         # Prefill/decode disaggregation (distributed.disagg): None unless disaggregation_mode.
         self.disagg: PrefillRole | DecodeRole | None = make_role(
             cfg, self.scheduler, self.intake, pool, self.model, self.topology.rank_link()
@@ -382,6 +385,8 @@ class Engine:
             raise ValueError("weights cannot be updated with prefill/decode disaggregation")
         if self.has_running():
             raise ValueError("requests are running: weights change between requests")
+        if "weights" in self.memory.released:
+            raise ValueError("the weights are released: resume them first")
         new_path = resolve_model(path)
         copied = self.topology.replace_weights(self.model, new_path, self._load_args())
         flushed = self.scheduler.flush_cache(waiting_ok=True)
@@ -433,7 +438,10 @@ class Engine:
 
     def step(self) -> list[StepOutput]:
         """Run one step (schedule, execute, process); one StepOutput per request that
-        progressed or finished."""
+        progressed or finished. ``RuntimeError`` while the weights are released."""
+        refused = self.memory.step_refusal()
+        if refused is not None:
+            raise RuntimeError(refused)
         out, self._buffered = self._buffered, []
         out.extend(to_step_output(o) for o in self.loop.step())
         self._release_loras()
@@ -469,6 +477,23 @@ class Engine:
     def has_running(self) -> bool:
         """Whether a request holds KV (running) or a step is in flight."""
         return bool(self.scheduler.running) or self.loop.in_flight
+
+    # ------------------------------------------------------------------ memory release
+
+    def release_memory_occupation(self, tags: Sequence[str] | None = None) -> int:
+        """Give the memory of ``tags`` (``"kv_cache"``, ``"weights"``; None: both) back to
+        the OS (SGLang's ``release_memory_occupation``, vLLM's ``sleep``): the cache is
+        flushed; released weights are undefined until :meth:`update_weights_from_disk`.
+        Only while no request runs (``ValueError`` otherwise, and on more than one rank,
+        off the CPU or with disaggregation); returns the bytes given back
+        (:mod:`~radixserve.engine.memory_occupation`)."""
+        return self.memory.release(tags)
+
+    def resume_memory_occupation(self, tags: Sequence[str] | None = None) -> None:
+        """Take the memory of ``tags`` (None: both) again: nothing is reallocated (released
+        pages fault in as they are written); resumed weights still need
+        :meth:`update_weights_from_disk` before a step."""
+        self.memory.resume(tags)
 
     def check_health(self) -> None:
         """Raise :class:`~radixserve.distributed.ranks.RankFailure` when a tensor-parallel rank has

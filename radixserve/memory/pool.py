@@ -37,6 +37,7 @@ import torch
 
 from radixkernels.kv_format import SCALE_DTYPE, KVCacheDtype, KVFormat
 from radixserve.memory.hugepages import HUGE_PAGE, hugepage_buffer
+from radixserve.memory.release import discard
 
 
 def kv_hugepages_enabled() -> bool:
@@ -251,6 +252,17 @@ class KVPool:
                 continue
             # fp8 storage has no fill kernels: zero its bytes (0x00 is +0.0 in both fp8 formats).
             (t.view(torch.uint8) if t.element_size() == 1 else t).index_fill_(1, idx, 0)
+
+    def release_memory(self) -> int:
+        """Give every page's memory back to the OS (K, V, the window pool's, per-token
+        scales; :func:`~radixserve.memory.release.discard`): the pool reads as zeros, as when
+        it was made, and its pages fault in again as they are written. The caller makes sure
+        no page holds KV anyone reads (the cache flushed, nothing running); fp8's per-head
+        scales are not paged and stay. Returns the bytes given back."""
+        tensors = [self._k, self._v, self._kw, self._vw]
+        if self.fmt.kv_dtype.has_token_scales:
+            tensors += [self._k_scale, self._v_scale, self._kw_scale, self._vw_scale]
+        return sum(discard(t) for t in tensors if t is not None)
 
     def k_flat(self, layer: int) -> torch.Tensor:
         """Layer ``layer``'s K as ``[slots, kv_heads, packed_head_dim]`` (a view; a window

@@ -59,6 +59,12 @@ def onednn_rows(m: int) -> int:
     return -(-m // step) * step
 
 
+def pack_onednn(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ``[N, K]`` reordered into oneDNN's blocked layout for :func:`onednn_linear`
+    (an opaque ``torch._mkldnn`` tensor: a copy, with no storage of its own to write to)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, _ROWS_HINT)
+
+
 def onednn_linear(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -103,7 +109,7 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), _ROWS_HINT)
+        self.packed = pack_onednn(linear.weight.detach())
         # Rows up to which cpu_gemv serves the layer (0: never; its kernels read the plain
         # weight, which must then be contiguous).
         self.gemv_max_rows = (

@@ -42,7 +42,7 @@ _FREE_FIELDS = frozenset({"torch_dtype"})
 
 
 @dataclass(frozen=True)
-class _Slot:
+class Slot:
     """Where a served tensor lives: ``owner[key]`` (a dict or list) or ``owner.key``."""
 
     owner: Any
@@ -145,9 +145,21 @@ def copy_weights(served: nn.Module, fresh: nn.Module) -> int:
     return WeightCopy(served, fresh).apply()
 
 
-def _pairs(served: nn.Module, fresh: nn.Module) -> list[tuple[_Slot, torch.Tensor, torch.Tensor]]:
+def served_tensors(served: nn.Module) -> list[tuple[Slot, torch.Tensor]]:
+    """Every tensor an update writes, where it lives: each module's parameters, buffers,
+    packed and quantized copies (not the tables named in ``CONFIG_CACHES``, nor LoRA
+    adapters' deltas, which no module holds), meta tensors left out."""
+    return [
+        (slot, t)
+        for name, module in served.named_modules()
+        for slot, t in _tensors(module, name).values()
+        if not t.is_meta
+    ]
+
+
+def _pairs(served: nn.Module, fresh: nn.Module) -> list[tuple[Slot, torch.Tensor, torch.Tensor]]:
     """Each served tensor with its fresh counterpart, every pair checked first."""
-    out: list[tuple[_Slot, torch.Tensor, torch.Tensor]] = []
+    out: list[tuple[Slot, torch.Tensor, torch.Tensor]] = []
     for name, new_module in fresh.named_modules():
         old_module = _served_module(served, name)
         if type(old_module) is not type(new_module):
@@ -182,10 +194,10 @@ def _served_module(served: nn.Module, name: str) -> nn.Module:
     return module.base if isinstance(module, LoraLinear) else module
 
 
-def _tensors(module: nn.Module, prefix: str) -> dict[str, tuple[_Slot, torch.Tensor]]:
+def _tensors(module: nn.Module, prefix: str) -> dict[str, tuple[Slot, torch.Tensor]]:
     """A module's own tensors (not its children's), by name: parameters, buffers, and the
     tensors it keeps as attributes or in lists (packed and quantized copies)."""
-    out: dict[str, tuple[_Slot, torch.Tensor]] = {}
+    out: dict[str, tuple[Slot, torch.Tensor]] = {}
     keep = getattr(module, "CONFIG_CACHES", ())  # built from the configuration alone
     for attr, value in vars(module).items():
         if attr in keep:
@@ -193,11 +205,11 @@ def _tensors(module: nn.Module, prefix: str) -> dict[str, tuple[_Slot, torch.Ten
         if attr in ("_parameters", "_buffers"):
             for key, t in value.items():
                 if t is not None:
-                    out[f"{prefix}.{key}"] = (_Slot(value, key), t)
+                    out[f"{prefix}.{key}"] = (Slot(value, key), t)
         elif isinstance(value, torch.Tensor):
-            out[f"{prefix}.{attr}"] = (_Slot(module, attr), value)
+            out[f"{prefix}.{attr}"] = (Slot(module, attr), value)
         elif isinstance(value, list):
             for i, t in enumerate(value):
                 if isinstance(t, torch.Tensor):
-                    out[f"{prefix}.{attr}[{i}]"] = (_Slot(value, i), t)
+                    out[f"{prefix}.{attr}[{i}]"] = (Slot(value, i), t)
     return out

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import tiny_models
 
 from radixserve.engine.engine import Engine
 
@@ -18,3 +19,12 @@ def make_engine() -> Callable[..., Engine]:
         return Engine(str(model_dir), **kw)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def llamas(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two checkpoints of one tiny Llama architecture (what a weight update swaps)."""
+    return tuple(  # type: ignore[return-value]
+        tiny_models.build_tiny_llama(tmp_path_factory.mktemp(f"llama{seed}"), seed=seed)
+        for seed in (21, 22)
+    )

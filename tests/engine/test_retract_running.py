@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import tiny_models
 from engine_helpers import greedy, hf_greedy, random_prompts
 
 from radixserve.engine.engine import Engine
@@ -19,15 +18,6 @@ from radixserve.engine.engine import Engine
 N = 10
 ENGINE: dict[str, Any] = dict(num_pages=128, page_size=4, num_threads=1, dtype="float32")
 PROMPTS = random_prompts([13, 9], seed=7)
-
-
-@pytest.fixture(scope="module")
-def llamas(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Two checkpoints of one tiny Llama architecture."""
-    return tuple(  # type: ignore[return-value]
-        tiny_models.build_tiny_llama(tmp_path_factory.mktemp(f"llama{seed}"), seed=seed)
-        for seed in (21, 22)
-    )
 
 
 def _start(engine: Engine, tokens: int) -> tuple[list[str], dict[str, list[int]]]:

@@ -55,9 +55,15 @@ def test_which_paths_need_which_key() -> None:
         "/continue_generation",
         "/pause",
         "/resume",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+        "/sleep",
+        "/wake_up",
     ):
         assert auth.check(admin_path, KEY_A)[1] is not None
         assert auth.check(admin_path, ADMIN) == (ADMIN, None)
+    for open_to_tenants in ("/is_paused", "/is_sleeping"):
+        assert auth.check(open_to_tenants, KEY_A) == (KEY_A, None)
     user_keys_only = APIKeyAuth(app=None, api_keys=[KEY_A])  # type: ignore[arg-type]
     assert user_keys_only.check("/flush_cache", KEY_A) == (KEY_A, None)
     admin_only = APIKeyAuth(app=None, admin_keys=[ADMIN])  # type: ignore[arg-type]
@@ -186,6 +192,21 @@ def test_admin_endpoints_need_the_admin_key(keyed: str) -> None:
             "/update_weights_from_disk", headers={"Authorization": f"Bearer {ADMIN}"}, json=body
         )
         assert r.status_code == 400 and r.json()["success"] is False, r.text
+        # So do memory releases: a malformed one (400) shows the admin key was let through.
+        for path, query in (
+            ("/release_memory_occupation", {}),
+            ("/resume_memory_occupation", {}),
+            ("/sleep", {"level": "3"}),
+            ("/wake_up", {"tags": "gpu"}),
+        ):
+            body = {"tags": ["gpu"]}
+            for headers in ({}, {"Authorization": f"Bearer {KEY_A}"}):
+                r = c.post(path, headers=headers, params=query, json=body)
+                assert r.status_code == 401, (path, r.text)
+            r = c.post(path, headers={"Authorization": f"Bearer {ADMIN}"}, params=query, json=body)
+            assert r.status_code == 400, (path, r.text)
+        asleep = c.get("/is_sleeping", headers={"Authorization": f"Bearer {KEY_A}"})
+        assert asleep.json() == {"is_sleeping": False}
         assert c.post("/abort_request", json={"abort_all": True}).status_code == 401
         mine = c.post(
             "/abort_request", headers={"Authorization": f"Bearer {KEY_A}"}, json={"abort_all": True}

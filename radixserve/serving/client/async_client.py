@@ -280,6 +280,24 @@ class AsyncClient:
         msg = p.ContinueGeneration(request_id=self._ids.next())
         return await self._call(msg, timeout)
 
+    async def release_memory_occupation(
+        self, tags: list[p.MemoryTag] | None = None, timeout: float | None = None
+    ) -> p.MemoryReply:
+        """Have every worker give the memory of ``tags`` ("kv_cache", "weights"; None: both)
+        back to the OS (SGLang's ``release_memory_occupation``): requests sent meanwhile wait
+        for :meth:`resume_memory_occupation`; refused while a request runs (pause with
+        "retract" or "abort" first). Released weights are undefined until
+        :meth:`update_weights_from_disk` after the resume. An authenticated client only."""
+        msg = p.ReleaseMemory(request_id=self._ids.next(), tags=tags)
+        return await self._call(msg, timeout)
+
+    async def resume_memory_occupation(
+        self, tags: list[p.MemoryTag] | None = None, timeout: float | None = None
+    ) -> p.MemoryReply:
+        """Have every worker take the memory of ``tags`` again (None: both)."""
+        msg = p.ResumeMemory(request_id=self._ids.next(), tags=tags)
+        return await self._call(msg, timeout)
+
     async def close_session(
         self,
         session_id: str,

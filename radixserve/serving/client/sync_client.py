@@ -239,6 +239,24 @@ class Client:
         msg = p.ContinueGeneration(request_id=self._ids.next())
         return self._call(msg, timeout)
 
+    def release_memory_occupation(
+        self, tags: list[p.MemoryTag] | None = None, timeout: float | None = None
+    ) -> p.MemoryReply:
+        """:meth:`AsyncClient.release_memory_occupation
+        <radixserve.serving.client.async_client.AsyncClient.release_memory_occupation>`,
+        blocking: the memory of ``tags`` (None: both) given back, requests held until the
+        resume; refused while a request runs. An authenticated client only."""
+        msg = p.ReleaseMemory(request_id=self._ids.next(), tags=tags)
+        return self._call(msg, timeout)
+
+    def resume_memory_occupation(
+        self, tags: list[p.MemoryTag] | None = None, timeout: float | None = None
+    ) -> p.MemoryReply:
+        """Have every worker take the memory of ``tags`` again (None: both); released
+        weights stay undefined until :meth:`update_weights_from_disk`."""
+        msg = p.ResumeMemory(request_id=self._ids.next(), tags=tags)
+        return self._call(msg, timeout)
+
     def close_session(
         self,
         session_id: str,

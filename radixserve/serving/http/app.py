@@ -16,6 +16,8 @@
   (:mod:`~radixserve.serving.http.weights_api`);
 * SGLang's ``/pause_generation`` and ``/continue_generation``, vLLM's ``/pause``,
   ``/resume`` and ``/is_paused`` (:mod:`~radixserve.serving.http.pause_api`);
+* SGLang's ``/release_memory_occupation`` and ``/resume_memory_occupation``, vLLM's
+  ``/sleep``, ``/wake_up`` and ``/is_sleeping`` (:mod:`~radixserve.serving.http.memory_api`);
 * SGLang-native ``/generate``, ``/abort_request``, ``/get_model_info``, ``/flush_cache``,
   ``/health``, ``/health_generate``, ``/get_server_info``
   (:mod:`~radixserve.serving.http.sglang_api`);
@@ -45,6 +47,7 @@ from radixserve.serving.http import (
     cache_report,
     embeddings,
     lora_api,
+    memory_api,
     messages,
     openai_api,
     pause_api,
@@ -130,6 +133,7 @@ def create_app(config: GatewayConfig | None = None, tokenizer: Any = None) -> Fa
     app.include_router(lora_api.router)
     app.include_router(weights_api.router)
     app.include_router(pause_api.router)
+    app.include_router(memory_api.router)
     app.include_router(embeddings.router)
     app.include_router(scoring.router)
 

@@ -45,11 +45,15 @@ ADMIN_PATHS: frozenset[str] = frozenset(
         "/v1/unload_lora_adapter",
         # ...and the weights themselves (http/weights_api.py)...
         "/update_weights_from_disk",
-        # ...and whether anyone is served at all (http/pause_api.py).
+        # ...and whether anyone is served at all (http/pause_api.py, http/memory_api.py).
         "/pause_generation",
         "/continue_generation",
         "/pause",
         "/resume",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+        "/sleep",
+        "/wake_up",
     }
 )
 # Liveness probes from load balancers and orchestrators, which carry no credentials.

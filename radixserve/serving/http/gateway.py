@@ -362,6 +362,7 @@ class Gateway:
             model_path=fresh.model_path,
             weight_version=fresh.weight_version,
             paused=fresh.paused,
+            memory_released=fresh.memory_released,
         )
         return self._info
 
@@ -390,6 +391,21 @@ class Gateway:
         """Have every worker generate again."""
         with router_errors():
             return await self._client().continue_generation(timeout=self.config.control_timeout_s)
+
+    async def release_memory(self, tags: list[p.MemoryTag] | None) -> p.MemoryReply:
+        """Have every worker give the memory of ``tags`` back (worker/sleeping.py; None:
+        every tag); the weights' release may take as long as an update."""
+        with router_errors():
+            return await self._client().release_memory_occupation(
+                tags, timeout=self.config.weights_timeout_s
+            )
+
+    async def resume_memory(self, tags: list[p.MemoryTag] | None) -> p.MemoryReply:
+        """Have every worker take the memory of ``tags`` again (None: every tag)."""
+        with router_errors():
+            return await self._client().resume_memory_occupation(
+                tags, timeout=self.config.weights_timeout_s
+            )
 
     def _served_adapters(self, reply: p.LoraAdapterReply) -> None:
         if self._info is not None:

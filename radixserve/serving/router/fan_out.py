@@ -110,9 +110,11 @@ class FanOut(Generic[OpT, PoolT]):
 
 @dataclass(eq=False)
 class ReportedOp(FanOutOp):
-    """An operation whose reply lists, in words, what went wrong on which worker."""
+    """An operation whose reply lists, in words, what went wrong on which worker, and how
+    many workers answered it."""
 
     errors: list[str] = field(default_factory=list, kw_only=True)
+    replies: int = field(default=0, kw_only=True)
 
 
 ReportedT = TypeVar("ReportedT", bound=ReportedOp)
@@ -129,3 +131,25 @@ class ReportingFanOut(FanOut[ReportedT, PoolT]):
             f"worker {wid} did not answer within {self._timeout_s:g} s"
             for wid in sorted(op.waiting)
         ]
+
+    def _answered(self, w: Worker, token: int, error: str | None) -> ReportedT | None:
+        """Count ``w``'s answer to operation ``token`` (its ``error``, if any): the
+        operation, or None where none waits on that answer. The caller folds in the rest of
+        the reply, then ends the operation with :meth:`_maybe_done`."""
+        op = self._ops.get(token)
+        if op is None or w.worker_id not in op.waiting:
+            return None
+        op.waiting.discard(w.worker_id)
+        op.replies += 1
+        if error is not None:
+            op.errors.append(f"worker {w.worker_id}: {error}")
+        return op
+
+    @staticmethod
+    def _code(op: ReportedT) -> str | None:
+        """The reply's error code: ``unavailable`` where no worker answered, ``invalid_params``
+        where any refused, None where all did it."""
+        if not op.replies:
+            op.errors = op.errors or ["no live worker"]
+            return "unavailable"
+        return "invalid_params" if op.errors else None

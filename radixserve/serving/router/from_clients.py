@@ -8,7 +8,8 @@ it), its prompt is encoded by the tokenizer processes
 loop where there are none) and, once its token ids fit the workers' context, dispatched.
 Health, model info and tokenize requests are answered here; stats and cache flushes go to
 :class:`~radixserve.serving.router.control.ControlOps`, LoRA adapter loads and unloads to
-:class:`~radixserve.serving.router.lora_ops.LoraOps`, aborts to ``InFlight``.
+:class:`~radixserve.serving.router.lora_ops.LoraOps`, pauses and memory releases to
+``PauseOps`` and ``MemoryOps``, aborts to ``InFlight``.
 
 Sending stays with the router (``send`` and ``reply_error``): a failed send means the
 client is gone.
@@ -29,6 +30,7 @@ from radixserve.serving.prompts import PromptCodec, PromptError, encode_text
 from radixserve.serving.router.control import ControlOps
 from radixserve.serving.router.inflight import ClientError, ClientSend, InFlight, context_error
 from radixserve.serving.router.lora_ops import LoraOps
+from radixserve.serving.router.memory_ops import MemoryOps
 from radixserve.serving.router.pause_ops import PauseOps
 from radixserve.serving.router.requests import RouterRequest
 from radixserve.serving.router.tokenizer_pool import TokenizerPool
@@ -47,6 +49,8 @@ ADMIN_MESSAGES = (
     p.UpdateWeights,
     p.PauseGeneration,
     p.ContinueGeneration,
+    p.ReleaseMemory,
+    p.ResumeMemory,
 )
 AdminMessage = (
     p.FlushCache
@@ -55,6 +59,8 @@ AdminMessage = (
     | p.UpdateWeights
     | p.PauseGeneration
     | p.ContinueGeneration
+    | p.ReleaseMemory
+    | p.ResumeMemory
 )
 
 
@@ -88,6 +94,7 @@ class ClientSide:
         lora: LoraOps,
         weights: WeightOps,
         pauses: PauseOps,
+        memory: MemoryOps,
         *,
         send: ClientSend,
         reply_error: ClientError,
@@ -96,7 +103,7 @@ class ClientSide:
         self._limits, self._codec, self._tokenizers = limits, codec, tokenizers
         self._trusted = trusted
         self._pool, self._inflight, self._control, self._lora = pool, inflight, control, lora
-        self._weights, self._pauses = weights, pauses
+        self._weights, self._pauses, self._memory = weights, pauses, memory
         self._send, self._reply_error = send, reply_error
         self.started = time.monotonic()
 
@@ -131,6 +138,8 @@ class ClientSide:
             self._on_update_weights(client, msg)
         elif isinstance(msg, (p.PauseGeneration, p.ContinueGeneration)):
             self._pauses.start(client, msg)
+        elif isinstance(msg, (p.ReleaseMemory, p.ResumeMemory)):
+            self._memory.start(client, msg)
         elif isinstance(msg, p.CloseSession):
             self._on_close_session(client, msg)
         elif isinstance(msg, p.TokenizeRequest):
@@ -175,6 +184,8 @@ class ClientSide:
             if isinstance(msg, p.UpdateWeights)
             else ("pausing generation", "pause")
             if isinstance(msg, (p.PauseGeneration, p.ContinueGeneration))
+            else ("releasing memory", "memory release")
+            if isinstance(msg, (p.ReleaseMemory, p.ResumeMemory))
             else ("loading LoRA adapters", "LoRA adapter change")
         )
         log.warning("%s from client %s refused: not authenticated", asked, client.hex())
@@ -411,5 +422,6 @@ class ClientSide:
                 lora_adapters=sorted(self._pool.lora_adapters() or ()),
                 weight_version=live[0].weight_version,
                 paused=self._pauses.mode,
+                memory_released=self._memory.released,
             ),
         )

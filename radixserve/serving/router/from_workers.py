@@ -5,7 +5,8 @@ registered, live worker, outputs go to :class:`~radixserve.serving.router.inflig
 streams them back to clients), heartbeats and outputs refresh its load, stats and flush
 replies go to :class:`~radixserve.serving.router.control.ControlOps`, LoRA adapter replies to
 :class:`~radixserve.serving.router.lora_ops.LoraOps` (weight updates' to
-:class:`~radixserve.serving.router.weight_ops.WeightOps`), and a goodbye marks it dead.
+:class:`~radixserve.serving.router.weight_ops.WeightOps`, pauses' and memory releases' to
+``PauseOps`` and ``MemoryOps``), and a goodbye marks it dead.
 A worker the router already declared dead is told to rejoin (once), and what it still
 computes is aborted.
 
@@ -27,6 +28,7 @@ from radixserve.serving.router.dispatch import Dispatcher
 from radixserve.serving.router.inflight import InFlight
 from radixserve.serving.router.kv_index import decode_batch
 from radixserve.serving.router.lora_ops import LoraOps
+from radixserve.serving.router.memory_ops import MemoryOps
 from radixserve.serving.router.pause_ops import PauseOps
 from radixserve.serving.router.weight_ops import WeightOps
 from radixserve.serving.router.worker_pool import WorkerHandle, WorkerPool
@@ -51,11 +53,12 @@ class WorkerSide:
         lora: LoraOps,
         weights: WeightOps,
         pauses: PauseOps,
+        memory: MemoryOps,
         on_disagg: Callable[[WorkerHandle, DisaggReply], None] | None = None,
     ) -> None:
         self._pool, self._dispatcher = pool, dispatcher
         self._inflight, self._control, self._lora = inflight, control, lora
-        self._weights, self._pauses = weights, pauses
+        self._weights, self._pauses, self._memory = weights, pauses, memory
         self._on_disagg = on_disagg  # prefill/decode pairs' replies (disagg_dispatch.py)
 
     def on_frames(self, frames: list[zmq.Frame]) -> None:
@@ -101,6 +104,8 @@ class WorkerSide:
             self._weights.on_reply(w, msg)
         elif isinstance(msg, p.WorkerPauseReply):
             self._pauses.on_reply(w, msg)
+        elif isinstance(msg, p.WorkerMemoryReply):
+            self._memory.on_reply(w, msg)
         elif isinstance(msg, p.WorkerRejected):
             self._inflight.on_rejected(w, msg.rid, msg.message)
         elif isinstance(msg, p.WorkerGoodbye):

@@ -28,7 +28,6 @@ log = logging.getLogger("radixserve.serving.router")
 @dataclass(eq=False)
 class _Op(ReportedOp):
     request_id: str
-    answered: int = 0
     stopped: int = 0
 
 
@@ -52,15 +51,10 @@ class PauseOps(ReportingFanOut[_Op, WorkerPool]):
     def on_reply(self, w: WorkerHandle, msg: p.WorkerPauseReply) -> None:
         if msg.token == 0 and msg.error is not None:
             log.warning("worker %d: pausing it as it joined failed: %s", w.worker_id, msg.error)
-        op = self._ops.get(msg.token)
-        if op is None or w.worker_id not in op.waiting:
-            return
-        op.waiting.discard(w.worker_id)
-        op.answered += 1
-        op.stopped += msg.stopped
-        if msg.error is not None:
-            op.errors.append(f"worker {w.worker_id}: {msg.error}")
-        self._maybe_done(msg.token)
+        op = self._answered(w, msg.token, msg.error)
+        if op is not None:
+            op.stopped += msg.stopped
+            self._maybe_done(msg.token)
 
     def on_joined(self, w: WorkerHandle) -> None:
         """Pause a worker that joins while the others are paused: it runs nothing yet, so
@@ -69,11 +63,7 @@ class PauseOps(ReportingFanOut[_Op, WorkerPool]):
             self._pool.send(w, p.WorkerPause(token=0, mode="in_place"))
 
     def _finish(self, op: _Op) -> None:
-        code = None
-        if not op.answered:
-            code, op.errors = "unavailable", op.errors or ["no live worker"]
-        elif op.errors:
-            code = "invalid_params"
+        code = self._code(op)
         reply = p.PauseReply(
             request_id=op.request_id,
             ok=code is None,

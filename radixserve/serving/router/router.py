@@ -58,6 +58,7 @@ from radixserve.serving.router.from_clients import ClientSide
 from radixserve.serving.router.from_workers import WorkerSide
 from radixserve.serving.router.inflight import InFlight
 from radixserve.serving.router.lora_ops import LoraOps
+from radixserve.serving.router.memory_ops import MemoryOps
 from radixserve.serving.router.pause_ops import PauseOps
 from radixserve.serving.router.supervisor import Supervisor, describe_exit
 from radixserve.serving.router.tokenizer_pool import TokenizerPool
@@ -201,6 +202,7 @@ class Router:
         self._lora = LoraOps(self.pool, config.lora_timeout_s, self.send_client)
         self._weights = WeightOps(self.pool, config.weights_timeout_s, self.send_client)
         self._pauses = PauseOps(self.pool, config.weights_timeout_s, self.send_client)
+        self._memory = MemoryOps(self.pool, config.weights_timeout_s, self.send_client)
         self.client_side = ClientSide(
             config.limits,
             self.codec,
@@ -211,6 +213,7 @@ class Router:
             self._lora,
             self._weights,
             self._pauses,
+            self._memory,
             send=self.send_client,
             reply_error=self._reply_error,
             trusted=self.security.trusted_client,
@@ -229,6 +232,7 @@ class Router:
             self._lora,
             self._weights,
             self._pauses,
+            self._memory,
             on_disagg=self.split.on_message if self.split is not None else None,
         )
 
@@ -475,6 +479,7 @@ class Router:
         self._lora.on_joined(w)  # before any request: one may name an adapter loaded since
         self._weights.on_joined(w)  # and the weights updated since (it holds what follows)
         self._pauses.on_joined(w)  # and paused, if the others are
+        self._memory.on_joined(w)  # and its memory released, if the others' is
         self.inflight.dispatch_waiting()
 
     def _on_worker_dead(self, w: WorkerHandle, reason: str) -> None:
@@ -485,6 +490,7 @@ class Router:
         self._lora.on_worker_dead(w)
         self._weights.on_worker_dead(w)
         self._pauses.on_worker_dead(w)
+        self._memory.on_worker_dead(w)
         if self._no_worker_to_come():
             self.inflight.fail_waiting("no live worker to run the request")
 
@@ -506,6 +512,7 @@ class Router:
         self._lora.expire(now)
         self._weights.expire(now)
         self._pauses.expire(now)
+        self._memory.expire(now)
 
     def _excuse_stall(self, now: float, interval: float) -> None:
         """When this turn comes far later than due (the loop could not run: the process

@@ -14,7 +14,7 @@ import msgspec
 # The engine's outputs are torch-free Structs: token-level results travel as they are.
 from radixserve.engine.outputs import FinishReason, TokenLogprob, Usage
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving.wire.base import ErrorCode, Msg, Part, PauseMode, WorkerLoad
+from radixserve.serving.wire.base import ErrorCode, MemoryTag, Msg, Part, PauseMode, WorkerLoad
 
 # --------------------------------------------------------------------------- parts
 
@@ -167,6 +167,26 @@ class ContinueGeneration(Msg, tag="continue_generation"):
     request_id: str
 
 
+class ReleaseMemory(Msg, tag="release_memory"):
+    """Every worker gives the memory of ``tags`` back to the OS (SGLang's
+    ``release_memory_occupation``, vLLM's ``/sleep``; None: every tag) and holds the
+    requests that come until :class:`ResumeMemory`; refused while a request runs (pause with
+    ``retract`` or ``abort`` first). Released weights are undefined until an
+    :class:`UpdateWeights` after the resume. Answered by :class:`MemoryReply`; like a weight
+    update, only an authenticated client may ask."""
+
+    request_id: str
+    tags: list[MemoryTag] | None = None
+
+
+class ResumeMemory(Msg, tag="resume_memory"):
+    """Every worker takes the memory of ``tags`` again (None: every tag); requests run once
+    none is released. Answered by :class:`MemoryReply`."""
+
+    request_id: str
+    tags: list[MemoryTag] | None = None
+
+
 class CloseSession(Msg, tag="close_session"):
     """The session ended: every worker releases its lease (its cached path becomes ordinary
     cache) and the router forgets where it ran; answered by :class:`CloseSessionReply`.
@@ -238,6 +258,8 @@ ClientMessage = (
     | UpdateWeights
     | PauseGeneration
     | ContinueGeneration
+    | ReleaseMemory
+    | ResumeMemory
     | CloseSession
     | StatsRequest
     | TokenizeRequest
@@ -333,6 +355,7 @@ class ModelInfo(Msg, tag="model_info_reply"):
     # What the served weights are called (SGLang's weight_version; update_weights_from_disk).
     weight_version: str = "default"
     paused: PauseMode | None = None  # the pause in force (PauseGeneration), None: generating
+    memory_released: list[MemoryTag] = []  # the memory given back (ReleaseMemory): asleep
 
 
 class TokenizeReply(Msg, tag="tokenize_reply"):
@@ -398,6 +421,20 @@ class PauseReply(Msg, tag="pause_reply"):
     stopped: int = 0
 
 
+class MemoryReply(Msg, tag="memory_reply"):
+    """``ok`` when every live worker released (or resumed) the memory asked; else ``code``
+    (``invalid_params``: a worker refused, ``unavailable``: no worker answered) and
+    ``error``, what the workers said. ``released``: the tags released now; ``freed_bytes``:
+    what the workers gave back."""
+
+    request_id: str
+    ok: bool
+    code: str | None = None
+    error: str | None = None
+    released: list[MemoryTag] = []
+    freed_bytes: int = 0
+
+
 class FlushCacheReply(Msg, tag="flush_cache_reply"):
     """``ok`` when every live worker flushed (a worker with running requests refuses)."""
 
@@ -453,6 +490,7 @@ ServerMessage = (
     | LoraAdapterReply
     | UpdateWeightsReply
     | PauseReply
+    | MemoryReply
     | CloseSessionReply
     | StatsReply
     | KeepAlive

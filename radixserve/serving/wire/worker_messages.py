@@ -12,7 +12,7 @@ import msgspec
 
 from radixserve.engine.outputs import StepOutput
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving.wire.base import Msg, Part, PauseMode, WorkerLoad
+from radixserve.serving.wire.base import MemoryTag, Msg, Part, PauseMode, WorkerLoad
 
 # --------------------------------------------------------------------------- router <-> worker
 
@@ -112,6 +112,22 @@ class WorkerContinue(Msg, tag="w_continue"):
     token: int
 
 
+class WorkerReleaseMemory(Msg, tag="w_release_memory"):
+    """Router -> worker: give the memory of ``tags`` back to the OS and hold the requests
+    that come until none is released; answer :class:`WorkerMemoryReply`. ``token`` 0: the
+    router releases a worker that joins while the others sleep."""
+
+    token: int
+    tags: list[MemoryTag]
+
+
+class WorkerResumeMemory(Msg, tag="w_resume_memory"):
+    """Router -> worker: take the memory of ``tags`` again; answer :class:`WorkerMemoryReply`."""
+
+    token: int
+    tags: list[MemoryTag]
+
+
 class WorkerShutdown(Msg, tag="w_shutdown"):
     """Router -> worker: abort everything, say goodbye and exit."""
 
@@ -146,6 +162,8 @@ RouterToWorker = (
     | WorkerUpdateWeights
     | WorkerPause
     | WorkerContinue
+    | WorkerReleaseMemory
+    | WorkerResumeMemory
     | WorkerShutdown
     | WorkerRejoin
 )
@@ -232,6 +250,16 @@ class WorkerPauseReply(Msg, tag="w_pause_reply"):
     stopped: int = 0
 
 
+class WorkerMemoryReply(Msg, tag="w_memory_reply"):
+    """Worker -> router: ``error``, why a release or resume failed (None: done); the tags
+    released now, and the bytes the release gave back."""
+
+    token: int
+    error: str | None = None
+    released: list[MemoryTag] = []
+    freed_bytes: int = 0
+
+
 class WorkerCloseSessionReply(Msg, tag="w_close_session_reply"):
     """Worker -> router: whether it held a lease for the session (now released)."""
 
@@ -280,6 +308,7 @@ WorkerToRouter = (
     | WorkerLoraReply
     | WorkerWeightsReply
     | WorkerPauseReply
+    | WorkerMemoryReply
     | WorkerCloseSessionReply
     | WorkerRejected
     | WorkerGoodbye

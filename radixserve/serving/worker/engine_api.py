@@ -21,7 +21,10 @@ class ServingEngine(Protocol):
     (running, waiting, page states, counters). The worker also reads, where the engine has
     them, ``config`` (page size, max model length), ``max_total_len``, ``tokenizer``,
     ``model_path``, ``pool`` and ``device`` (its memory snapshot), ``startup_seconds`` and
-    ``lora_adapters`` (the LoRA adapters it serves: name -> cache key).
+    ``lora_adapters`` (the LoRA adapters it serves: name -> cache key), and calls, where
+    it has them, the pause's, the weight update's and the memory release's methods
+    (``retract_running``, ``update_weights_from_disk``, ``release_memory_occupation``...);
+    a worker whose engine lacks one refuses what needs it.
     """
 
     @property

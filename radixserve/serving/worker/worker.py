@@ -49,6 +49,7 @@ from radixserve.serving.worker.engine_api import ServingEngine
 from radixserve.serving.worker.held import HeldRequests
 from radixserve.serving.worker.lora_queue import LoraQueue
 from radixserve.serving.worker.pausing import Pausing
+from radixserve.serving.worker.sleeping import Sleeping
 from radixserve.serving.worker.weight_updates import WeightUpdates
 
 if TYPE_CHECKING:
@@ -134,8 +135,9 @@ class Worker:
             self._disagg = DisaggLink.of(self.engine, self._send, self._active)
         # LoRA loads and unloads, in order, their files read off the loop (worker/lora_queue.py).
         self._lora = LoraQueue(self.engine, self._send)
-        # Requests held from the engine by a weight update or a pause (worker/held.py);
-        # pauses (worker/pausing.py); weight updates, between requests (worker/weight_updates.py).
+        # Requests held from the engine by a weight update, a pause or released memory
+        # (worker/held.py); pauses (worker/pausing.py); memory released (worker/sleeping.py);
+        # weight updates, between requests (worker/weight_updates.py).
         self._held = HeldRequests(self._start)
         self._pause = Pausing(
             self.engine,
@@ -144,11 +146,14 @@ class Worker:
             self._abort_everything,
             disaggregated=self._disagg is not None,
         )
+        self._sleep = Sleeping(
+            self.engine, self._send, self._held, disaggregated=self._disagg is not None
+        )
         self._weights = WeightUpdates(
             self.engine,
             self._send,
             self._held,
-            ready=self._pause.weights_ready,
+            ready=lambda: self._pause.weights_ready() or self._sleep.weights_ready(),
             refusal=self._pause.weights_refusal,
         )
         self._handlers = self._message_handlers()
@@ -171,6 +176,8 @@ class Worker:
             p.WorkerUpdateWeights: self._weights.submit,
             p.WorkerPause: self._pause.pause,
             p.WorkerContinue: self._pause.resume,
+            p.WorkerReleaseMemory: self._sleep.release,
+            p.WorkerResumeMemory: self._sleep.resume,
             p.WorkerKVSubscribe: self._on_kv_subscribe,
             p.WorkerRejoin: self._on_rejoin,
             p.WorkerShutdown: self._on_shutdown,
@@ -242,13 +249,13 @@ class Worker:
         try:
             self._hello()
             while not self._stopping:
-                busy = self._pause.stepping and self.engine.has_unfinished()
+                busy = self._stepping() and self.engine.has_unfinished()
                 idle_ms = LORA_POLL_MS if self._lora.waiting else IDLE_POLL_MS
                 if self.sock.poll(0 if busy else idle_ms):
                     self._drain()
                 if self._stopping:
                     break
-                if not self._pause.stepping:
+                if not self._stepping():  # asked again: the messages just read may change it
                     self._send_outputs(self._outputs_without_a_step())
                 elif self.engine.has_unfinished():
                     code = self._step()
@@ -271,6 +278,11 @@ class Worker:
         finally:
             self.close()
         return code
+
+    def _stepping(self) -> bool:
+        """Whether the engine may run steps: not paused (but to let requests finish) and
+        no memory released."""
+        return self._pause.stepping and self._sleep.stepping
 
     def close(self) -> None:
         """Say goodbye, close the socket (and the context, if the worker's own), close the

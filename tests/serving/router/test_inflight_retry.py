@@ -174,7 +174,7 @@ def test_a_dead_worker_is_asked_to_rejoin_from_the_hello_given_up(router: _Route
     r.pool.register(b"w1", msgspec.structs.replace(HELLO, worker_id=1, join=3))
     w = r.pool.workers[1]
     r.pool.mark_dead(w, "silent")
-    side = WorkerSide(r.pool, r.pool.dispatcher, r.inflight, None, None, None, None)  # type: ignore[arg-type]
+    side = WorkerSide(r.pool, r.pool.dispatcher, r.inflight, None, None, None, None, None)  # type: ignore[arg-type]
     beat = p.encode(p.WorkerHeartbeat(load=p.WorkerLoad()))
     side.on_frames([zmq.Frame(b"w1"), zmq.Frame(beat)])
     side.on_frames([zmq.Frame(b"w1"), zmq.Frame(beat)])  # asked once only

@@ -94,7 +94,7 @@ def test_a_restarted_worker_rejoins_and_its_predecessors_key_is_revoked(
         assert c.generate("after the restart", params=SamplingParams(max_tokens=2)).worker_id == 0
 
 
-def test_a_cache_flush_needs_a_client_of_the_servers_own(
+def test_a_cache_flush_or_a_memory_release_needs_a_client_of_the_servers_own(
     fake_server: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="radixserve.security")
@@ -104,13 +104,21 @@ def test_a_cache_flush_needs_a_client_of_the_servers_own(
         with pytest.raises(ServerError) as refused:
             c.flush_cache()
         assert refused.value.code == "forbidden"
+        for release in (c.release_memory_occupation, c.resume_memory_occupation):
+            with pytest.raises(ServerError) as refused:
+                release(["kv_cache"])
+            assert refused.value.code == "forbidden"
         assert c.stats().workers[0].engine["pages_evictable"] > 0  # nothing was flushed
         assert c.health().ok  # the connection goes on serving
     assert any("cache flush from client" in m for m in _refusals(caplog))
+    assert any("memory release from client" in m for m in _refusals(caplog))
     # The HTTP gateway of `serve` is such a client: in the router's process, over inproc.
     with Client(srv.router.inproc_endpoint, timeout=20, context=srv.router.context) as own:
         assert own.flush_cache()
         assert own.stats().workers[0].engine["pages_evictable"] == 0
+        asked = own.release_memory_occupation()  # the fake engine keeps its memory
+        assert (asked.ok, asked.released) == (False, [])
+        assert asked.error == "worker 0: this worker's engine cannot release its memory"
 
 
 def test_the_tokenizer_pool_takes_only_its_own_processes(
