@@ -3,18 +3,21 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 import zmq
-from conftest import FAKE_WORKER, FAST
 
 from radixserve.serving.router.launcher import LocalServer
 from radixserve.serving.router.router import RouterConfig
 
 pytestmark = pytest.mark.timeout(60)
+
+FAKE_WORKER = [sys.executable, str(Path(__file__).resolve().parents[1] / "fake_worker.py")]
+FAST = {"endpoint": "tcp://127.0.0.1:*", "heartbeat_interval_s": 0.1, "tokenizer_workers": 1}
 
 
 def _worker_pids() -> list[int]:
