@@ -90,9 +90,11 @@ def test_vllm_sleep_level_1_keeps_the_weights_and_bad_inputs_change_nothing(serv
             c.post("/resume_memory_occupation", json={"tags": "kv_cache"}),
         ):
             assert bad.status_code == 400, bad.text
-        assert "the tags are kv_cache, weights" in c.post("/wake_up?tags=gpu").text
+        assert "the tags are kv_cache, weights, cuda_graph" in c.post("/wake_up?tags=gpu").text
         assert c.get("/is_sleeping").json() == {"is_sleeping": False}
         _ok(c.post("/release_memory_occupation", json={"tags": []}))  # SGLang's: none
+        # SGLang's CUDA graphs' tag (verl names it): the CPU engine has none to release.
+        _ok(c.post("/release_memory_occupation", json={"tags": ["cuda_graph"]}))
         assert c.get("/is_sleeping").json() == {"is_sleeping": False}
         assert len(_generate(c, OTHER_PROMPT, 2)["output_ids"]) == 2  # nothing held
         slept = c.post("/sleep", params={"level": 1})

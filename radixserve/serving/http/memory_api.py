@@ -48,6 +48,11 @@ def _gw(request: Request) -> Gateway:
     return request.app.state.gateway
 
 
+# SGLang's third tag: its captured CUDA graphs' memory. The CPU engine captures none, so a
+# client that names it (verl's rollout does) releases and resumes nothing more by it.
+NO_OP_TAGS = ("cuda_graph",)
+
+
 def _tags(raw: list[str] | None) -> list[p.MemoryTag] | None:
     """The tags asked (None: every one; an empty list none, as SGLang's); a 400 naming the
     known ones for any other."""
@@ -55,9 +60,9 @@ def _tags(raw: list[str] | None) -> list[p.MemoryTag] | None:
         return None
     if len(raw) > MAX_TAGS:
         raise invalid(f"at most {MAX_TAGS} tags", param="tags")
-    unknown = sorted({t for t in raw if t not in p.MEMORY_TAGS})
+    unknown = sorted({t for t in raw if t not in (*p.MEMORY_TAGS, *NO_OP_TAGS)})
     if unknown:
-        known = ", ".join(p.MEMORY_TAGS)
+        known = ", ".join((*p.MEMORY_TAGS, *NO_OP_TAGS))
         raise invalid(f"unknown memory tags {unknown[:MAX_TAGS]}: the tags are {known}", "tags")
     return [t for t in p.MEMORY_TAGS if t in raw]
 
