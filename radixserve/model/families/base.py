@@ -46,11 +46,9 @@ def text_model_config(raw: dict[str, Any], defaults: dict[str, Any]) -> dict[str
     """A multimodal config's text model as a config of its own: ``text_config`` over
     ``defaults`` (what its config class assumes where the checkpoint is silent), with what the
     top level says for the whole model (``TOP_LEVEL_KEYS``); ``model_type`` stays the
-    checkpoint's, ``text_model_type`` is the text model's."""
-    given = raw.get("text_config") or {}
-    text = {**defaults, **given}
+    checkpoint's, so that its family's fields apply."""
+    text = {**defaults, **(raw.get("text_config") or {})}
     text.update({k: raw[k] for k in TOP_LEVEL_KEYS if raw.get(k) is not None})
-    text["text_model_type"] = given.get("model_type")
     text["model_type"] = raw["model_type"]
     return text
 
