@@ -7,7 +7,12 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from radixserve.engine.sampler import Sampler, prompt_logprob_reads, unpack_prompt_logprobs
+from radixserve.engine.sampler import (
+    Sampler,
+    prompt_logprob_count,
+    prompt_logprob_reads,
+    unpack_prompt_logprobs,
+)
 from radixserve.sampling_params import SamplingParams
 
 V = 32
@@ -158,9 +163,13 @@ def test_prompt_logprobs_and_their_top_k(top_k: int) -> None:
     logits = torch.randn(4, V)
     targets = torch.tensor([1, 5, 0, 31])
     lp = torch.log_softmax(logits, -1)
-    reads = prompt_logprob_reads(logits, targets, top_k)
+    asked = [[7, 1], [], [3], [0, 0, 2]]  # each row's named tokens (padded with 0 below)
+    padded = torch.tensor([ids + [0] * (3 - len(ids)) for ids in asked])
+    reads = prompt_logprob_reads(logits, targets, top_k, padded)
+    assert len(reads) == prompt_logprob_count(top_k, asked=True)
     host = [t.double().reshape(-1).tolist() for t in reads]  # as the one read back holds them
-    chosen, tops, ranks = unpack_prompt_logprobs(host, top_k)
+    chosen, tops, ranks, named = unpack_prompt_logprobs(host, top_k, asked)
+    assert named == [pytest.approx([lp[r, t].item() for t in ids]) for r, ids in enumerate(asked)]
     assert chosen == pytest.approx(lp[torch.arange(4), targets].tolist())
     scored = lp[torch.arange(4), targets]
     assert ranks == [int((row > v).sum()) + 1 for row, v in zip(lp, scored)]
