@@ -40,7 +40,7 @@ from collections.abc import Callable
 from functools import partial
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import torch
 import torch.distributed as dist
@@ -49,6 +49,7 @@ import radixserve.distributed.step_wire as step_wire
 from radixserve.distributed.disagg.rank_transfer import answer_write, follower_transfer
 from radixserve.distributed.dist_addr import WILDCARDS, split_addr
 from radixserve.distributed.plan_channel import PlanChannel
+from radixserve.distributed.rank_lora import follow_lora, lead_load, lead_unload
 from radixserve.engine.config import EngineConfig
 from radixserve.model.parallel import (
     TPGroup,
@@ -62,6 +63,7 @@ from radixserve.scheduling.scheduler import StepFailure
 if TYPE_CHECKING:
     from radixserve.distributed.disagg.kv_transfer import KVTransfer
     from radixserve.engine.model_runner import ModelRunner
+    from radixserve.model.lora import LoraAdapter, LoraRegistry
     from radixserve.model.weight_update import WeightCopy
 
 log = logging.getLogger(__name__)
@@ -254,6 +256,9 @@ def _serve_steps(
             answer_write(kv, msg, rank, rv.tp.all_gather, device)
         elif isinstance(msg, step_wire.UpdateWeights):
             _take_weights(runner, msg.path, cfg, rv, device)
+        elif isinstance(msg, (step_wire.LoadLora, step_wire.UnloadLora)):
+            lora = cast("LoraRegistry", runner.model.lora)  # lora_enabled: rank 0 checked
+            follow_lora(lora, msg, partial(_all_agree, rv.tp, device=device))
 
 
 def _rank_load_args(cfg: EngineConfig, rv: Rendezvous, device: torch.device) -> dict[str, Any]:
@@ -295,6 +300,8 @@ def _build_rank(
     from radixserve.model.loader import load_model
 
     model = load_model(model_path, announce=False, **_rank_load_args(cfg, rv, device))
+    if cfg.lora_enabled:  # the start-up adapters, in rank 0's order: the same slots
+        model.serve_lora(cfg.lora_paths, cfg.max_lora_rank, cfg.max_loaded_loras)
     init = rv.channel.recv()
     if not isinstance(init, step_wire.RankInit):
         raise RankFailure(f"expected the start-up message, got {type(init).__name__}")
@@ -471,6 +478,15 @@ class RankGroup:
         self.channel.send(step_wire.UpdateWeights(path))
         agree = partial(_all_agree, self.tp, device=self.device)
         return lead_update(prepare, agree, "tensor-parallel")
+
+    def serve_lora(self, registry: LoraRegistry, adapter: LoraAdapter) -> LoraAdapter:
+        """Serve ``adapter`` (rank 0's share, read) on every rank or none (:mod:`.rank_lora`)."""
+        agree = partial(_all_agree, self.tp, device=self.device)
+        return lead_load(registry, adapter, self.channel.send, agree)
+
+    def unload_lora(self, registry: LoraRegistry, name: str) -> None:
+        """Stop serving adapter ``name`` to new requests on every rank."""
+        lead_unload(registry, name, self.channel.send)
 
     def audit(self, runner: ModelRunner) -> list[list[int]]:
         """Assert that every rank holds the same pool size, page table and window map as

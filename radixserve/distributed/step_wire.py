@@ -29,10 +29,12 @@ from radixserve.scheduling.plan import StepPlan
 __all__ = [
     "Audit",
     "KVWrite",
+    "LoadLora",
     "Ping",
     "RankInit",
     "Shutdown",
     "StepMessage",
+    "UnloadLora",
     "decode",
     "encode",
     "plan_of",
@@ -94,6 +96,8 @@ class StepMessage(msgspec.Struct, tag="step", array_like=True):
     # or -1); every rank applies them to its own map before the forward (memory.window_pool).
     window_writes: tuple[list[int], list[int]] | None = None
     prompt_top_k: int = 0
+    # Each sequence's LoRA slot (StepPlan.lora_slots; None: every row the base model's).
+    lora_slots: list[int] | None = None
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", array_like=True):
@@ -130,7 +134,36 @@ class UpdateWeights(msgspec.Struct, tag="update_weights", array_like=True):
     path: str
 
 
-Message = RankInit | StepMessage | Shutdown | Ping | Audit | KVWrite | UpdateWeights
+class LoadLora(msgspec.Struct, tag="load_lora", array_like=True):
+    """A LoRA adapter loaded while serving (``Engine.add_lora_adapter``): every rank reads
+    its share of the adapter at ``path`` and checks it, all all-gather whether they could,
+    and only if every rank could does each serve it as ``name`` in ``slot`` (rank 0's
+    choice, so that a step's slots name the same adapter on every rank)."""
+
+    name: str
+    path: str
+    slot: int
+    digest: str  # of the files rank 0 read: a rank reading other files refuses them
+
+
+class UnloadLora(msgspec.Struct, tag="unload_lora", array_like=True):
+    """Adapter ``name`` takes no new request (``Engine.unload_lora_adapter``); its slot
+    drains on every rank until rank 0 gives it to the next adapter it loads."""
+
+    name: str
+
+
+Message = (
+    RankInit
+    | StepMessage
+    | Shutdown
+    | Ping
+    | Audit
+    | KVWrite
+    | UpdateWeights
+    | LoadLora
+    | UnloadLora
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
@@ -169,6 +202,7 @@ def step_message(
         splan,
         plan.window_writes,
         plan.prompt_top_k,
+        plan.lora_slots,
     )
 
 
@@ -194,4 +228,5 @@ def plan_of(msg: StepMessage) -> StepPlan:
         future_src=msg.future_src,
         window_writes=msg.window_writes,
         prompt_top_k=msg.prompt_top_k,
+        lora_slots=msg.lora_slots,
     )

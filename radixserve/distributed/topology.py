@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from radixserve.distributed.pipeline.launch import PipelineLaunch
     from radixserve.engine.startup import StartupClock
     from radixserve.memory.pool import KVPool
+    from radixserve.model.lora import LoraAdapter, LoraRegistry
 
 __all__ = [
     "PipelineParallel",
@@ -133,6 +134,15 @@ class Topology:
 
         return load_weights_for(model, path, **load_args, **self.load_args()).apply()
 
+    def serve_lora(self, registry: LoraRegistry, adapter: LoraAdapter) -> LoraAdapter:
+        """Serve ``adapter`` (read for this rank) from the next step on, on every rank or
+        none; ``ValueError``, nothing changed, where any rank refuses it."""
+        return registry.serve(adapter)
+
+    def unload_lora(self, registry: LoraRegistry, name: str) -> None:
+        """Adapter ``name`` takes no new request, on every rank (its slot drains)."""
+        registry.remove(name)
+
     def close(self, runner: ModelRunner | None) -> None:
         """Stop the other ranks. Idempotent."""
 
@@ -201,6 +211,12 @@ class TensorParallel(Topology):
 
         share = {**load_args, **self.load_args()}
         return self.ranks.replace_weights(str(path), lambda: load_weights_for(model, path, **share))
+
+    def serve_lora(self, registry: LoraRegistry, adapter: LoraAdapter) -> LoraAdapter:
+        return self.ranks.serve_lora(registry, adapter)
+
+    def unload_lora(self, registry: LoraRegistry, name: str) -> None:
+        self.ranks.unload_lora(registry, name)
 
     def close(self, runner: ModelRunner | None) -> None:
         self.ranks.close()

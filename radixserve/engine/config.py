@@ -353,7 +353,6 @@ class EngineConfig:
                 f"the {len(self.lora_paths)} adapters of lora_paths"
             )
         unsupported = {
-            "tensor parallelism": self.tensor_parallel_size > 1,
             "pipeline parallelism": self.pipeline_parallel_size > 1,
             "prefill/decode disaggregation": self.disaggregation_mode is not None,
             "decode graphs (decode_graphs=on)": self.decode_graphs == "on",

@@ -345,14 +345,14 @@ class Engine:
     def add_lora_adapter(self, adapter: LoraAdapter) -> str:
         """:meth:`load_lora_adapter`'s second half, between steps: serve ``adapter`` (from
         :meth:`read_lora_adapter`) from the next request on; its cache key."""
-        return self._lora_registry().serve(adapter).cache_key
+        return self.topology.serve_lora(self._lora_registry(), adapter).cache_key
 
     def unload_lora_adapter(self, name: str) -> None:
         """Stop serving ``name``: new requests naming it are refused at once; those running
         finish with it, and its weights are freed after the last (``ValueError``: not
         served). Its cached prefixes stay until evicted, under a key no other weights
         share."""
-        self._lora_registry().remove(name)
+        self.topology.unload_lora(self._lora_registry(), name)
         self._release_loras()
 
     def _lora_registry(self) -> LoraRegistry:

@@ -311,9 +311,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> LoraRegistry:
         """Load the LoRA adapters of ``specs`` (``name=path``; none: adapters only loaded
         while serving) and wrap the layers they adapt (:mod:`radixserve.model.lora`); after
-        loading and quantization."""
-        if self.tp is not None:
-            raise ValueError("LoRA adapters are not supported with tensor parallelism")
+        loading and quantization. Under tensor parallelism each rank serves its share of
+        every adapter (:mod:`radixserve.model.lora.tp`)."""
         self.lora = LoraRegistry.load(self, specs, max_rank, max_loaded)
         return self.lora
 

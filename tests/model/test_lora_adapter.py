@@ -143,10 +143,11 @@ def test_names_namespaces_and_what_lora_does_not_run_with() -> None:
     assert parse_lora_spec("/adapters/sql/") == ("sql", "/adapters/sql/")
     assert lora_namespace(None, None) is None and lora_namespace("t", None) == "t"
     assert lora_namespace("t", "sql") != lora_namespace(None, "sql") != lora_namespace("t", None)
-    for bad in ({"tensor_parallel_size": 2}, {"disaggregation_mode": "prefill"}):
+    for bad in ({"pipeline_parallel_size": 2}, {"disaggregation_mode": "prefill"}):
         with pytest.raises(ValueError, match="LoRA adapters do not run with"):
             EngineConfig(lora_paths=("a=/x",), **bad)  # type: ignore[arg-type]
     assert not EngineConfig(lora_paths=["a=/x"], device="cpu").use_decode_graphs  # type: ignore[arg-type]
+    EngineConfig(lora_paths=("a=/x",), tensor_parallel_size=2)  # each rank serves its share
 
 
 def test_the_cache_key_follows_the_files(

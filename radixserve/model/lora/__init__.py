@@ -10,7 +10,8 @@ many adapters over one base).
 
 - :mod:`.adapter` reads and checks one adapter against the model it is served on;
 - :mod:`.registry` holds the loaded adapters, wraps the targeted layers and says, per
-  forward, which rows each adapter owns.
+  forward, which rows each adapter owns;
+- :mod:`.tp` cuts a tensor-parallel rank's share of an adapter, where its weights are cut.
 
 An adapter changes every key and value it touches, so a request's radix-cache namespace
 includes its adapter (:func:`lora_namespace`): prefixes are shared between requests of

@@ -27,6 +27,7 @@ from safetensors import safe_open
 from torch import nn
 
 from radixserve.model import cpu_gemv
+from radixserve.model.lora.tp import RankCut, rank_cut
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -214,9 +215,19 @@ def _read_tensors(
             for layer, (a, b) in pairs.items()
         }
         return {
-            layer: (targets[layer], f.get_tensor(a), f.get_tensor(b))
+            layer: (targets[layer], *_rank_pair(f, rank_cut(model, layer), a, b))
             for layer, (a, b) in pairs.items()
         }
+
+
+def _rank_pair(f: Any, cut: RankCut | None, a: str, b: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A and B as this rank serves them (:mod:`.tp`): of a tensor-parallel rank, only its
+    part of the one it cuts is read."""
+    if cut is None:
+        return f.get_tensor(a), f.get_tensor(b)
+    if cut.dim == 0:
+        return f.get_tensor(a), cut.take(f.get_slice(b))
+    return cut.take(f.get_slice(a)), f.get_tensor(b)
 
 
 def _pairs(keys: list[str]) -> dict[str, tuple[str, str]]:
@@ -246,12 +257,24 @@ def _checked_target(
     target = module_name, lo, hi = _target(model, layer)
     in_features = cast("nn.Linear", model.get_submodule(module_name)).in_features
     r = a[0] if a else 0
-    if list(a) != [r, in_features] or list(b) != [hi - lo, r]:
+    need_in, need_out = _whole_widths(model, layer, in_features, hi - lo)
+    if list(a) != [r, need_in] or list(b) != [need_out, r]:
         raise ValueError(
             f"{layer}'s LoRA matrices are {list(a)} and {list(b)}; this model's layer needs "
-            f"[r, {in_features}] and [{hi - lo}, r]"
+            f"[r, {need_in}] and [{need_out}, r]"
         )
     return target
+
+
+def _whole_widths(model: nn.Module, layer: str, in_local: int, out_local: int) -> tuple[int, int]:
+    """The input and output widths of the whole ``layer`` (every rank's, under tensor
+    parallelism: the saved matrices are the whole model's) from this rank's local ones."""
+    cut = rank_cut(model, layer)
+    if cut is None:
+        return in_local, out_local
+    if cut.width != (out_local if cut.dim == 0 else in_local):  # the shard rules disagree
+        raise ValueError(f"{layer}: this rank's share of it is not its local layer's")
+    return (in_local, cut.total) if cut.dim == 0 else (cut.total, out_local)
 
 
 def _target(model: nn.Module, layer: str) -> tuple[str, int, int]:

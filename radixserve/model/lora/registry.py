@@ -176,10 +176,26 @@ class LoraRegistry:
         self._check_room(name)
         return read_adapter(name, path, self._model, self.max_rank)
 
-    def serve(self, adapter: LoraAdapter) -> LoraAdapter:
+    def serve(self, adapter: LoraAdapter, slot: int | None = None) -> LoraAdapter:
         """Serve ``adapter`` (from :meth:`read`) under its name from the next request on:
         idempotent for the same files under the same name; ``ValueError`` for a name served
-        with other files (remove it first) or past ``max_loaded`` adapters."""
+        with other files (remove it first) or past ``max_loaded`` adapters. ``slot``: the
+        one rank 0 chose (:meth:`next_slot`), on another tensor-parallel rank; an adapter
+        draining there is freed first (rank 0 freed it: no request holds it)."""
+        free = self.next_slot(adapter)
+        if free is None:
+            return self._by_slot[self._slots[adapter.name]]
+        if slot is not None:
+            self.release(self._draining - {slot})
+            assert slot not in self._by_slot, f"LoRA slot {slot} is rank 0's free one, not here"
+            free = slot
+        self._by_slot[free], self._slots[adapter.name] = adapter, free
+        self._wrap(adapter)
+        return adapter
+
+    def next_slot(self, adapter: LoraAdapter) -> int | None:
+        """The slot :meth:`serve` would give ``adapter`` (None: it is served already, from
+        the same files); ``ValueError`` where :meth:`serve` would refuse it."""
         name = adapter.name
         self._check_room(name)
         if name in self._slots:
@@ -189,11 +205,8 @@ class LoraRegistry:
                     f"a LoRA adapter named {name!r} is already loaded from {served.path} with "
                     "other weights: unload it first"
                 )
-            return served
-        slot = next(s for s in itertools.count(1) if s not in self._by_slot)
-        self._by_slot[slot], self._slots[name] = adapter, slot
-        self._wrap(adapter)
-        return adapter
+            return None
+        return next(s for s in itertools.count(1) if s not in self._by_slot)
 
     def _check_room(self, name: str) -> None:
         """``ValueError`` if serving ``name`` would pass ``max_loaded`` adapters."""
