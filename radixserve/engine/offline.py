@@ -47,6 +47,7 @@ class GenerateCollector:
         self.prompt_logprob_ranks: list[int | None] | None = None
         self.prompt_asked_logprobs: list[list[float]] | None = None
         self.embedding: list[float] | None = None
+        self.hidden_states: list[list[float]] | None = None
         self.text = ""
         self.stopped = False
         self.error: str | None = None  # the router would fail the request with this (a 400)
@@ -65,6 +66,8 @@ class GenerateCollector:
             self.prompt_asked_logprobs = o.prompt_asked_logprobs
         if o.embedding is not None:
             self.embedding = o.embedding
+        if o.hidden_states is not None:
+            self.hidden_states = o.hidden_states
         if self.stopped:
             return False
         # Several tokens at once (speculative decoding): only those up to a stop string's.
@@ -112,4 +115,5 @@ class GenerateCollector:
             prompt_logprob_ranks=self.prompt_logprob_ranks,
             embedding=self.embedding,
             prompt_asked_logprobs=self.prompt_asked_logprobs,
+            hidden_states=self.hidden_states,
         )

@@ -100,6 +100,10 @@ class Request:
     # sent with the output that follows.
     embedding: list[float] | None = None
     embedding_sent: bool = False
+    # params.return_hidden_states: the final norm's output at positions 0, 1, ... (None: not
+    # asked), and the next position a launched step has not computed it for yet.
+    hidden_states: list[list[float]] | None = None
+    hidden_next: int = 0
     # Tokens produced since the last StepOutput, with their logprobs.
     new_token_ids: list[int] = field(default_factory=list)
     new_logprobs: list[RowLogprobs] | None = None
@@ -137,6 +141,8 @@ class Request:
             self.prompt_lp_next = max(start, 1) - 1
         else:
             self.prompt_lp_next = self.prompt_len  # nothing to collect
+        if self.params.return_hidden_states:
+            self.hidden_states = []
 
     @property
     def prediction(self) -> list[int] | None:
@@ -166,6 +172,10 @@ class Request:
         embedding = None
         if self.embedding is not None and not self.embedding_sent:
             embedding, self.embedding_sent = self.embedding, True
+        hidden = None
+        if self.hidden_states is not None and self.finished:
+            # The last token is never read by the model; a step in flight past it is dropped.
+            hidden = self.hidden_states[: len(self.token_ids) - 1]
         out = RequestOutput(
             request_id=self.request_id,
             new_token_ids=self.new_token_ids,
@@ -187,6 +197,7 @@ class Request:
             prompt_logprob_ranks=prompt_ranks,
             prompt_asked_logprobs=prompt_asked,
             embedding=embedding,
+            hidden_states=hidden,
         )
         self.cache_report = None
         self.new_token_ids = []
@@ -232,11 +243,13 @@ class Request:
         """How many leading tokens may come from the cache.
 
         At least the last token is always computed (its logits give the next token), and
-        prompt positions whose logprobs are still wanted must be computed too.
+        prompt positions whose logprobs or hidden states are still wanted must be computed too.
         """
         limit = len(self.token_ids) - 1
         if self.wants_prompt_logprobs:
             limit = min(limit, self.prompt_lp_next)
+        if self.hidden_states is not None:  # positions whose hidden state is still wanted
+            limit = min(limit, self.hidden_next)
         return limit
 
     @property
