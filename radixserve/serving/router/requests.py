@@ -42,6 +42,7 @@ class RouterRequest:
     prompt_logprob_ranks: list[int | None] | None = None
     prompt_asked_logprobs: list[list[float]] | None = None  # params.logprob_token_ids
     embedding: list[float] | None = None  # params.return_embedding
+    hidden_states: list[list[float]] | None = None  # params.return_hidden_states, at the end
     usage: p.Usage | None = None
     chunks: int = 0
     retries: int = 0  # times sent to another worker after its worker died (before a first token)
@@ -82,6 +83,8 @@ class RouterRequest:
             self.prompt_asked_logprobs = out.prompt_asked_logprobs
         if out.embedding is not None:
             self.embedding = out.embedding
+        if out.hidden_states is not None:
+            self.hidden_states = out.hidden_states
         if out.usage is not None:
             self.usage = out.usage
             if out.usage.cache_report is not msgspec.UNSET:
@@ -143,6 +146,7 @@ class RouterRequest:
             matched_stop=self.detok.matched_stop if self.detok is not None else None,
             prompt_logprob_ranks=self.prompt_logprob_ranks,
             embedding=self.embedding,
+            hidden_states=self.hidden_states,
             weight_version=self.weight_version,
             prompt_asked_logprobs=self.prompt_asked_logprobs,
         )
