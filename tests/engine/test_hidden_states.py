@@ -3,7 +3,8 @@ position the model reads (the prompt's, then each output token's but the last) e
 transformers' ``hidden_states[-1]`` over the prompt and the output less its last token, as
 SGLang's test_hidden_states compares; over prompts prefilled in chunks beside a request
 that does not ask, with overlap scheduling on and off, for a prompt whose prefix is cached
-(recomputed, as prompt logprobs are), through speculative decoding's verify rows, and
+(recomputed, as prompt logprobs are), retracted and run again, through speculative
+decoding's verify rows, and
 refused where too large or where rank 0 does not hold the final norm's output."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from engine_helpers import check_hidden_states as check
 from engine_helpers import greedy, random_prompts, run_to_completion, tokens_of
 
 from radixserve.engine.engine import Engine
+from radixserve.engine.outputs import StepOutput
 from radixserve.sampling_params import MAX_HIDDEN_STATE_FLOATS
 
 
@@ -46,6 +48,23 @@ def test_a_cached_prefix_is_recomputed(tiny_llama_dir: Path) -> None:
     check(tiny_llama_dir, longer, outs)
     usage = outs[-1].usage
     assert usage is not None and usage.cached_tokens == 0  # every prompt position computed
+    engine.check_invariants()
+
+
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_retracted_and_run_again(tiny_llama_dir: Path, overlap: str) -> None:
+    """Retracted mid-output and recomputed from the cache: each position's hidden state is
+    kept once, none recomputed twice or skipped."""
+    prompt = random_prompts([13], seed=66)[0]
+    engine = _engine(tiny_llama_dir, overlap_schedule=overlap)
+    rid = engine.add_request(prompt, greedy(10, return_hidden_states=True))
+    outs: list[StepOutput] = []
+    while len(tokens_of(outs)) < 4:
+        outs += engine.step()
+    assert engine.retract_running() == 1
+    outs += engine.take_outputs()  # the step that was in flight, read (overlap)
+    outs += run_to_completion(engine)[rid]
+    check(tiny_llama_dir, prompt, outs)
     engine.check_invariants()
 
 
