@@ -49,6 +49,15 @@ MAX_LOGPROB_TOKEN_IDS = 256
 MAX_HIDDEN_STATE_FLOATS = 1 << 24
 
 
+def read_positions(
+    hidden: list[list[float]] | None, prompt_len: int, output_len: int
+) -> list[list[float]] | None:
+    """``hidden`` of the positions the model read of a prompt and output of these lengths,
+    all but the output's last token: a stop string may end the output before the engine
+    does, and the hidden states of what it cut go with it."""
+    return None if hidden is None else hidden[: prompt_len + output_len - 1]
+
+
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """How to sample one request's completion.
 

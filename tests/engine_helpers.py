@@ -78,14 +78,19 @@ def hf_hidden_states(model_dir: Path, ids: list[int]) -> torch.Tensor:
 
 
 def check_hidden_states(model_dir: Path, prompt: list[int], outs: list[StepOutput]) -> None:
-    """``outs``' hidden states (return_hidden_states), sent once with the finish, equal
-    transformers' over ``prompt`` and the output less its last token."""
-    sent = [o.hidden_states for o in outs if o.hidden_states is not None]
-    assert len(sent) == 1 and outs[-1].finished and outs[-1].hidden_states is not None
-    output = tokens_of(outs)
+    """``outs``' hidden states (return_hidden_states: each output's, the positions read
+    since the last, none of them yet to be read) put together equal transformers' over
+    ``prompt`` and the output less its last token."""
+    got: list[list[float]] = []
+    output: list[int] = []
+    for o in outs:
+        output += o.new_token_ids
+        got += o.hidden_states or []
+        assert len(got) <= len(prompt) + len(output) - 1, "a position not read yet"
+    assert outs[-1].finished
     ref = hf_hidden_states(model_dir, prompt + output[:-1])
-    assert len(sent[0]) == len(prompt) + len(output) - 1
-    torch.testing.assert_close(torch.tensor(sent[0]), ref, atol=1e-4, rtol=1e-4)
+    assert len(got) == len(prompt) + len(output) - 1
+    torch.testing.assert_close(torch.tensor(got), ref, atol=1e-4, rtol=1e-4)
 
 
 def peft_greedy(base: Path, adapter: Path, prompt: list[int], n: int) -> list[int]:

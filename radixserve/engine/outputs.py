@@ -101,8 +101,9 @@ class StepOutput(msgspec.Struct, frozen=True):
     # With params.logprob_token_ids: each prompt position's logprobs of those tokens (empty
     # for position 0), beside prompt_logprobs.
     prompt_asked_logprobs: list[list[float]] | None = None
-    # params.return_hidden_states: the final norm's output at every position the model read
-    # (the prompt's, then each output token's but the last), with the finish only.
+    # params.return_hidden_states: the final norm's output at the positions the model read
+    # since the last output (the prompt's, then each output token's but the last); the
+    # receiver appends them (Engine.generate and the router return them whole, at the end).
     hidden_states: list[list[float]] | None = None
 
 

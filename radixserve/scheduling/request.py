@@ -101,9 +101,11 @@ class Request:
     embedding: list[float] | None = None
     embedding_sent: bool = False
     # params.return_hidden_states: the final norm's output at positions 0, 1, ... (None: not
-    # asked), and the next position a launched step has not computed it for yet.
+    # asked), the next position a launched step has not computed it for yet, and how many
+    # have gone out.
     hidden_states: list[list[float]] | None = None
     hidden_next: int = 0
+    hidden_sent: int = 0
     # Tokens produced since the last StepOutput, with their logprobs.
     new_token_ids: list[int] = field(default_factory=list)
     new_logprobs: list[RowLogprobs] | None = None
@@ -172,10 +174,6 @@ class Request:
         embedding = None
         if self.embedding is not None and not self.embedding_sent:
             embedding, self.embedding_sent = self.embedding, True
-        hidden = None
-        if self.hidden_states is not None and self.finished:
-            # The last token is never read by the model; a step in flight past it is dropped.
-            hidden = self.hidden_states[: len(self.token_ids) - 1]
         out = RequestOutput(
             request_id=self.request_id,
             new_token_ids=self.new_token_ids,
@@ -197,12 +195,24 @@ class Request:
             prompt_logprob_ranks=prompt_ranks,
             prompt_asked_logprobs=prompt_asked,
             embedding=embedding,
-            hidden_states=hidden,
+            hidden_states=self._take_hidden(),
         )
         self.cache_report = None
         self.new_token_ids = []
         self.new_logprobs = None
         return out
+
+    def _take_hidden(self) -> list[list[float]] | None:
+        """The hidden states not sent yet, of the positions before the newest token (the
+        model never reads the last one; a rejected draft's row is beyond it), so that the
+        receiver, which may end the output at a stop string, holds them all when it does."""
+        if self.hidden_states is None:
+            return None
+        hi = min(len(self.hidden_states), len(self.token_ids) - 1)
+        if hi <= self.hidden_sent:
+            return None
+        new, self.hidden_sent = self.hidden_states[self.hidden_sent : hi], hi
+        return new
 
     @property
     def cached_host_tokens(self) -> int:

@@ -12,8 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from engine_helpers import check_hidden_states as check
-from engine_helpers import greedy, random_prompts, run_to_completion, tokens_of
+from engine_helpers import (
+    greedy,
+    hf_hidden_states,
+    random_prompts,
+    run_to_completion,
+    tokens_of,
+)
 
 from radixserve.engine.engine import Engine
 from radixserve.engine.outputs import StepOutput
@@ -76,6 +83,23 @@ def test_a_stop_token_ends_them_at_the_output(tiny_llama_dir: Path) -> None:
     outs = run_to_completion(engine)[rid]
     assert tokens_of(outs) == free[: free.index(free[2]) + 1]
     check(tiny_llama_dir, prompt, outs)
+
+
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_generate_cut_at_a_stop_string(tiny_llama_dir: Path, overlap: str) -> None:
+    """Engine.generate ends the output at a stop string, the engine a step or more later:
+    the hidden states are those of the output it returns, whole."""
+    prompt = random_prompts([7], seed=67)[0]
+    engine = _engine(tiny_llama_dir, overlap_schedule=overlap)
+    free = engine.generate([prompt], greedy(10))[0]
+    stop = engine.tokenizer.decode([free.token_ids[3]]).strip()
+    assert stop and stop not in free.text[:4]  # a stop the output meets later
+    out = engine.generate([prompt], greedy(10, stop=[stop], return_hidden_states=True))[0]
+    assert out.finish_reason == "stop" and 0 < len(out.token_ids) < 10
+    assert out.hidden_states is not None
+    ref = hf_hidden_states(tiny_llama_dir, prompt + out.token_ids[:-1])
+    assert len(out.hidden_states) == len(ref)
+    torch.testing.assert_close(torch.tensor(out.hidden_states), ref, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("algorithm", ["ngram", "radix"])

@@ -419,3 +419,28 @@ def test_hidden_states_in_meta_info(server: Any, tiny_llama_dir: Path) -> None:
     torch.testing.assert_close(torch.tensor([*again[0], *again[1:]]), flat, atol=1e-4, rtol=1e-4)
     assert refused.status_code == 400, refused.text
     assert "return_hidden_states would return" in refused.json()["error"]["message"]
+
+
+def test_hidden_states_of_an_output_cut_at_a_stop_string(server: Any, tiny_llama_dir: Path) -> None:
+    """The router ends the output at a stop string before the worker ends the request: the
+    final message still carries every position the kept output was read at."""
+    ids = [5, 9, 13, 2, 7, 30]
+    body: dict[str, Any] = {
+        "input_ids": ids,
+        "sampling_params": srt_params(max_new_tokens=10, ignore_eos=True),
+        "return_logprob": True,
+        "return_text_in_logprobs": True,
+    }
+    with server.client() as c:
+        free = c.post("/generate", json=body).json()
+        stop = free["meta_info"]["output_token_logprobs"][3][2].strip()
+        assert stop and stop not in free["text"][:4]  # a stop the output meets later
+        body["sampling_params"]["stop"] = [stop]
+        cut = c.post("/generate", json={**body, "return_hidden_states": True}).json()
+    assert cut["meta_info"]["finish_reason"]["type"] == "stop"
+    assert 0 < len(cut["output_ids"]) < 10
+    hidden = cut["meta_info"]["hidden_states"]
+    flat = torch.tensor([*hidden[0], *hidden[1:]])
+    ref = hf_hidden_states(tiny_llama_dir, ids + cut["output_ids"][:-1])
+    assert flat.shape == ref.shape
+    torch.testing.assert_close(flat, ref, atol=1e-4, rtol=1e-4)
