@@ -43,6 +43,21 @@ MAX_PIN_TTL_S = 86400.0  # a day: a pin is a cache hint, not storage
 MAX_LOGPROB_TOKEN_IDS = 256
 
 
+# The most floats a request's hidden states may come to (return_hidden_states: hidden_size
+# per position read); a larger request is refused before it runs. 16 Mi floats: ~150 MB as
+# the wire's float64s and ~300 MB of JSON, e.g. 4096 positions of a 4096-wide model.
+MAX_HIDDEN_STATE_FLOATS = 1 << 24
+
+
+def read_positions(
+    hidden: list[list[float]] | None, prompt_len: int, output_len: int
+) -> list[list[float]] | None:
+    """``hidden`` of the positions the model read of a prompt and output of these lengths,
+    all but the output's last token: a stop string may end the output before the engine
+    does, and the hidden states of what it cut go with it."""
+    return None if hidden is None else hidden[: prompt_len + output_len - 1]
+
+
 class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """How to sample one request's completion.
 
@@ -137,6 +152,11 @@ class SamplingParams(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
     # pooling, as decoder embedding models pool: Qwen3-Embedding, gte-Qwen2, e5-mistral),
     # unnormalized, with the first output (StepOutput.embedding). Not about sampling either.
     return_embedding: bool = False
+    # Return the final norm's output (the model's last hidden state, as transformers'
+    # ``hidden_states[-1]``) at every position the model reads: each prompt token's and each
+    # output token's but the last (SGLang's return_hidden_states). Computed for the whole
+    # prompt even where a prefix is cached; with the final output only. Not about sampling.
+    return_hidden_states: bool = False
 
     @property
     def greedy(self) -> bool:

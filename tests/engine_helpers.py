@@ -66,6 +66,33 @@ def hf_last_hidden(model_dir: Path, prompt: list[int], model: Any = None) -> tor
         return model.model(torch.tensor([prompt])).last_hidden_state[0, -1]
 
 
+def hf_hidden_states(model_dir: Path, ids: list[int]) -> torch.Tensor:
+    """transformers' ``hidden_states[-1]`` over ``ids`` ([len, hidden], float32): the final
+    norm's output, the same as ``last_hidden_state``."""
+    model = hf_model(model_dir)
+    with torch.inference_mode():
+        out = model(torch.tensor([ids]), output_hidden_states=True)
+    last = out.hidden_states[-1][0]
+    torch.testing.assert_close(last, model.model(torch.tensor([ids])).last_hidden_state[0])
+    return last
+
+
+def check_hidden_states(model_dir: Path, prompt: list[int], outs: list[StepOutput]) -> None:
+    """``outs``' hidden states (return_hidden_states: each output's, the positions read
+    since the last, none of them yet to be read) put together equal transformers' over
+    ``prompt`` and the output less its last token."""
+    got: list[list[float]] = []
+    output: list[int] = []
+    for o in outs:
+        output += o.new_token_ids
+        got += o.hidden_states or []
+        assert len(got) <= len(prompt) + len(output) - 1, "a position not read yet"
+    assert outs[-1].finished
+    ref = hf_hidden_states(model_dir, prompt + output[:-1])
+    assert len(got) == len(prompt) + len(output) - 1
+    torch.testing.assert_close(torch.tensor(got), ref, atol=1e-4, rtol=1e-4)
+
+
 def peft_greedy(base: Path, adapter: Path, prompt: list[int], n: int) -> list[int]:
     """PEFT's greedy continuation of ``prompt`` by the checkpoint at ``base`` with the LoRA
     adapter at ``adapter`` (float32, ``n`` tokens, EOS ignored)."""

@@ -22,7 +22,7 @@ from radixserve.constrained.thinking_budget import ThinkingBudget, ThinkMarkers,
 from radixserve.engine.sampler import Sampler
 from radixserve.model.config import ModelConfig
 from radixserve.model.lora import LoraRegistry, lora_namespace
-from radixserve.sampling_params import SamplingParams
+from radixserve.sampling_params import MAX_HIDDEN_STATE_FLOATS, SamplingParams
 from radixserve.scheduling.request import Request
 from radixserve.token_bytes import TokenBytes
 
@@ -61,6 +61,22 @@ class RequestIntake:
         self.max_total_len = max_total_len
         self.max_model_len = max_model_len
         self.pool_tokens = pool_tokens
+
+    def _check_hidden_states(self, prompt_len: int, max_tokens: int) -> None:
+        """Refuse hidden states this engine cannot return, or more of them (one hidden_size
+        vector per position the model reads) than MAX_HIDDEN_STATE_FLOATS, counted over the
+        prompt and max_tokens as asked (not this engine's context), so the bound a client
+        meets is the same on every server."""
+        if self.no_embeddings is not None:  # the same final-norm output, on rank 0
+            raise ValueError(f"hidden states are not returned {self.no_embeddings}")
+        positions = prompt_len + max_tokens - 1
+        floats = positions * self.model_config.hidden_size
+        if floats > MAX_HIDDEN_STATE_FLOATS:
+            raise ValueError(
+                f"return_hidden_states would return {positions} positions x "
+                f"{self.model_config.hidden_size} floats = {floats} floats, more than "
+                f"{MAX_HIDDEN_STATE_FLOATS}: shorten the prompt or max_tokens"
+            )
 
     def make_request(
         self,
@@ -108,6 +124,8 @@ class RequestIntake:
                 f"prompt of {len(ids)} tokens is too long: this engine fits at most {self.max_total_len - 1} "
                 f"prompt tokens (max_model_len {self.max_model_len}, KV pool {self.pool_tokens} tokens)"
             )
+        if params.return_hidden_states:
+            self._check_hidden_states(len(ids), params.max_tokens)
         if request_id is not None and request_id in taken_ids:
             raise ValueError(f"duplicate request id {request_id!r}")
         rid = request_id if request_id is not None else uuid.uuid4().hex

@@ -90,6 +90,7 @@ class PendingStep:
         self._prompt_k = plan.prompt_top_k if plan.prompt_targets else None
         self._prompt_asked = plan.prompt_asked
         self._embeds = len(plan.embed_rows)  # rows of final-norm outputs read back
+        self._hidden = len(plan.hidden_rows)
 
     def result(self) -> StepResult:
         host = self._read.wait()
@@ -100,15 +101,20 @@ class PendingStep:
             sampled = unpack_samples(self._splan, host[:SAMPLE_READS])
             tokens, logprobs = sampled.token_ids, sampled.logprobs
             n = SAMPLE_READS
-        embeddings: list[list[float]] = []
-        if self._embeds:
-            flat, size = host[n], len(host[n]) // self._embeds
-            embeddings = [flat[i : i + size] for i in range(0, len(flat), size)]
+        embeddings = _rows(host[n], self._embeds) if self._embeds else []
+        n += bool(self._embeds)
+        hidden = _rows(host[n], self._hidden) if self._hidden else []
         if self._prompt_k is None:
-            return StepResult(tokens, logprobs, [], embeddings=embeddings)
+            return StepResult(tokens, logprobs, [], embeddings=embeddings, hidden_states=hidden)
         tail = host[len(host) - prompt_logprob_count(self._prompt_k, bool(self._prompt_asked)) :]
         prompt = unpack_prompt_logprobs(tail, self._prompt_k, self._prompt_asked)
-        return StepResult(tokens, logprobs, *prompt, embeddings=embeddings)
+        return StepResult(tokens, logprobs, *prompt, embeddings=embeddings, hidden_states=hidden)
+
+
+def _rows(flat: list[float], rows: int) -> list[list[float]]:
+    """A read-back ``[rows, size]`` tensor's flat values as its rows."""
+    size = len(flat) // rows
+    return [flat[i : i + size] for i in range(0, len(flat), size)]
 
 
 def prompt_reads(logits: torch.Tensor, plan: StepPlan, staged: Staged) -> list[torch.Tensor]:
@@ -378,6 +384,7 @@ class ModelRunner:
             and plan.is_decode_only
             and not plan.prompt_targets
             and not plan.embed_rows  # a captured forward keeps no hidden states
+            and not plan.hidden_rows
             and plan.lora_slots is None  # a captured forward adds no adapter's deltas
             and graphs.bucket_for(plan.batch_size) is not None
         )
@@ -395,7 +402,7 @@ class ModelRunner:
                 logits = graphs.run(plan, staged, input_ids)
             else:
                 batch = self._forward_batch(plan, staged, input_ids)
-                batch.keep_hidden = bool(plan.embed_rows)
+                batch.keep_hidden = bool(plan.embed_rows or plan.hidden_rows)
                 self.attn.init_forward_metadata(batch)
                 logits = self._forward(batch, plan, staged)
             reads: list[torch.Tensor] = []
@@ -406,8 +413,12 @@ class ModelRunner:
             if plan.embed_rows:  # read before the prompt logprobs, which are read from the end
                 assert batch.hidden is not None, "the model kept no hidden states"
                 reads.append(batch.hidden[plan.embed_rows].float())
+            if plan.hidden_rows:  # indexed by a host list, as the embeddings are
+                assert batch.hidden is not None, "the model kept no hidden states"
+                reads.append(batch.hidden[plan.hidden_rows].float())
             if plan.prompt_targets:
-                reads += prompt_reads(logits[ns:], plan, staged)
+                lp_rows = logits[ns : ns + len(plan.prompt_targets)]
+                reads += prompt_reads(lp_rows, plan, staged)
             pending = self.staging.read_async(reads)
         return PendingStep(pending, splan, plan)
 

@@ -15,7 +15,7 @@ import msgspec
 
 from radixserve.engine.detokenizer import IncrementalDetokenizer
 from radixserve.engine.outputs import GenerateOutput, StepOutput, TokenLogprob, Usage
-from radixserve.sampling_params import SamplingParams
+from radixserve.sampling_params import SamplingParams, read_positions
 from radixserve.stop_regex import StopRegexTimeout
 
 # One text, texts, one prompt as token ids, or prompts as token ids.
@@ -47,6 +47,7 @@ class GenerateCollector:
         self.prompt_logprob_ranks: list[int | None] | None = None
         self.prompt_asked_logprobs: list[list[float]] | None = None
         self.embedding: list[float] | None = None
+        self.hidden_states: list[list[float]] | None = None
         self.text = ""
         self.stopped = False
         self.error: str | None = None  # the router would fail the request with this (a 400)
@@ -65,6 +66,9 @@ class GenerateCollector:
             self.prompt_asked_logprobs = o.prompt_asked_logprobs
         if o.embedding is not None:
             self.embedding = o.embedding
+        if o.hidden_states is not None:  # the positions read since the last output
+            self.hidden_states = self.hidden_states or []
+            self.hidden_states += o.hidden_states
         if self.stopped:
             return False
         # Several tokens at once (speculative decoding): only those up to a stop string's.
@@ -112,4 +116,7 @@ class GenerateCollector:
             prompt_logprob_ranks=self.prompt_logprob_ranks,
             embedding=self.embedding,
             prompt_asked_logprobs=self.prompt_asked_logprobs,
+            hidden_states=read_positions(
+                self.hidden_states, len(self.prompt_ids), len(self.token_ids)
+            ),
         )

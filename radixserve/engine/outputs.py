@@ -101,6 +101,10 @@ class StepOutput(msgspec.Struct, frozen=True):
     # With params.logprob_token_ids: each prompt position's logprobs of those tokens (empty
     # for position 0), beside prompt_logprobs.
     prompt_asked_logprobs: list[list[float]] | None = None
+    # params.return_hidden_states: the final norm's output at the positions the model read
+    # since the last output (the prompt's, then each output token's but the last); the
+    # receiver appends them (Engine.generate and the router return them whole, at the end).
+    hidden_states: list[list[float]] | None = None
 
 
 class GenerateOutput(msgspec.Struct, frozen=True):
@@ -121,6 +125,7 @@ class GenerateOutput(msgspec.Struct, frozen=True):
     prompt_logprob_ranks: list[int | None] | None = None  # with prompt_logprobs
     embedding: list[float] | None = None  # with return_embedding
     prompt_asked_logprobs: list[list[float]] | None = None  # with logprob_token_ids
+    hidden_states: list[list[float]] | None = None  # with return_hidden_states: one per position
 
 
 class EngineStats(msgspec.Struct, frozen=True):
@@ -231,6 +236,7 @@ def to_step_output(o: RequestOutput) -> StepOutput:
         prompt_logprob_ranks=o.prompt_logprob_ranks,
         prompt_asked_logprobs=o.prompt_asked_logprobs,
         embedding=o.embedding,
+        hidden_states=o.hidden_states,
         finished=o.finished,
         finish_reason=o.finish_reason,  # type: ignore[arg-type]
         error=o.error,

@@ -11,7 +11,12 @@ copy::
 
 ``logits_indices`` lists the rows whose logits are needed: first the last row of every
 request whose tokens are now all computed (it samples), then the prompt rows whose
-logprobs were asked for.
+logprobs were asked for, then the other rows whose hidden states were asked for
+(``params.return_hidden_states``: the final norm runs on logits rows only; their logits are
+computed and dropped, which keeps every tensor-parallel rank's forward the same)::
+
+    logits rows: [ sample rows | prompt-logprob rows | hidden-only rows ]
+    hidden_rows: per request of hidden_spans, its positions in order (indices into the above)
 
 A decode that drafted ``k`` tokens (speculative decoding, ``req.drafts``) is laid out as
 ``1 + k`` rows, its last token and the drafts, and every one of them samples (the request
@@ -136,6 +141,10 @@ class StepPlan:
     # that are a prompt's last row, whose final-norm output is read back, and their requests.
     embed_rows: list[int] = field(default_factory=list)
     embed_reqs: list[Request] = field(default_factory=list)
+    # Hidden states (params.return_hidden_states): the logits rows whose final-norm output
+    # is read back, and per request (request, its rows' count) in the same order.
+    hidden_rows: list[int] = field(default_factory=list)
+    hidden_spans: list[tuple[Request, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -199,7 +208,7 @@ def plan_step(
     page_lists: list[list[int]] = []
     sample_rows: list[int] = []
     sample_reqs: list[Request] = []
-    lp = _PromptRows()
+    lp, hid = _PromptRows(), _HiddenRows()
     embed_rows: list[int] = []
     embed_reqs: list[Request] = []
     future_rows: list[int] = []
@@ -233,6 +242,7 @@ def plan_step(
         ext_lens.append(m)
         seq_lens.append(c + m)
         page_lists.append(pages[: -(-(c + m) // ps)])
+        hid.add(req, c, m, t, len(sample_rows) if c + n == len(req.token_ids) else -1)
         if c + n == len(req.token_ids):  # every verify row samples
             if c + n == req.prompt_len and req.wants_embedding:  # the prompt's last row
                 embed_rows.append(len(sample_rows))
@@ -256,7 +266,7 @@ def plan_step(
         write_rows=w_rows,
         write_cols=w_cols,
         write_pages=w_pages,
-        logits_indices=sample_rows + lp.rows,
+        logits_indices=sample_rows + lp.rows + hid.extra,
         sample_rows=sample_reqs,
         prompt_targets=lp.targets,
         future_rows=future_rows,
@@ -267,6 +277,8 @@ def plan_step(
         lora_slots=_lora_slots(work),
         embed_rows=embed_rows,
         embed_reqs=embed_reqs,
+        hidden_rows=hid.logits_rows(len(sample_rows) + len(lp.rows)),
+        hidden_spans=hid.spans,
     )
     verifies = len(sample_reqs) > len(drafted)  # some request drafted
     if verifies:
@@ -299,6 +311,39 @@ class _PromptRows:
             self.spans.append((req, lo, hi - lo))
 
 
+@dataclass
+class _HiddenRows:
+    """The hidden-state rows of a step being laid out: rows that are not sample rows
+    (``extra``, logits rows after the prompt-logprob rows), each request's rows in position
+    order (a sample row as its index there, an extra row as ``-1 - its index in extra``), and
+    per request its count."""
+
+    extra: list[int] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    spans: list[tuple[Request, int]] = field(default_factory=list)
+
+    def add(self, req: Request, c: int, m: int, t: int, first_sample: int) -> None:
+        """``req``'s rows ``t ..`` (positions ``c .. c + m``) whose hidden states it still
+        needs; ``first_sample``: the sample index of its first sampling row (a sampling
+        request's last ``1 + len(req.drafts)`` rows sample), -1 when none samples."""
+        if req.hidden_states is None:
+            return
+        lo = max(c, req.hidden_next)
+        plain_hi = c + m - (0 if first_sample < 0 else 1 + len(req.drafts))
+        if plain_hi > lo:  # positions before the sampling rows: extra logits rows
+            base = len(self.extra)
+            self.rows += range(-1 - base, -1 - base - (plain_hi - lo), -1)
+            self.extra += range(t + lo - c, t + plain_hi - c)
+        first = max(lo, plain_hi)
+        self.rows += range(first_sample + first - plain_hi, first_sample + c + m - plain_hi)
+        if c + m > lo:
+            self.spans.append((req, c + m - lo))
+
+    def logits_rows(self, extra_at: int) -> list[int]:
+        """Each row's index among the logits rows, the extra rows starting at ``extra_at``."""
+        return [r if r >= 0 else extra_at - 1 - r for r in self.rows]
+
+
 def _lora_slots(work: list[tuple[Request, int]]) -> list[int] | None:
     """Each sequence's LoRA adapter slot, None where every one is the base model's."""
     slots = [req.lora_slot for req, _ in work]
@@ -320,3 +365,5 @@ class StepResult(NamedTuple):
     prompt_asked: list[list[float]] = []
     # One per plan.embed_reqs: the final norm's output at the prompt's last row.
     embeddings: list[list[float]] = []
+    # One per plan.hidden_rows: the final norm's output there.
+    hidden_states: list[list[float]] = []

@@ -100,6 +100,12 @@ class Request:
     # sent with the output that follows.
     embedding: list[float] | None = None
     embedding_sent: bool = False
+    # params.return_hidden_states: the final norm's output at positions 0, 1, ... (None: not
+    # asked), the next position a launched step has not computed it for yet, and how many
+    # have gone out.
+    hidden_states: list[list[float]] | None = None
+    hidden_next: int = 0
+    hidden_sent: int = 0
     # Tokens produced since the last StepOutput, with their logprobs.
     new_token_ids: list[int] = field(default_factory=list)
     new_logprobs: list[RowLogprobs] | None = None
@@ -137,6 +143,8 @@ class Request:
             self.prompt_lp_next = max(start, 1) - 1
         else:
             self.prompt_lp_next = self.prompt_len  # nothing to collect
+        if self.params.return_hidden_states:
+            self.hidden_states = []
 
     @property
     def prediction(self) -> list[int] | None:
@@ -187,11 +195,24 @@ class Request:
             prompt_logprob_ranks=prompt_ranks,
             prompt_asked_logprobs=prompt_asked,
             embedding=embedding,
+            hidden_states=self._take_hidden(),
         )
         self.cache_report = None
         self.new_token_ids = []
         self.new_logprobs = None
         return out
+
+    def _take_hidden(self) -> list[list[float]] | None:
+        """The hidden states not sent yet, of the positions before the newest token (the
+        model never reads the last one; a rejected draft's row is beyond it), so that the
+        receiver, which may end the output at a stop string, holds them all when it does."""
+        if self.hidden_states is None:
+            return None
+        hi = min(len(self.hidden_states), len(self.token_ids) - 1)
+        if hi <= self.hidden_sent:
+            return None
+        new, self.hidden_sent = self.hidden_states[self.hidden_sent : hi], hi
+        return new
 
     @property
     def cached_host_tokens(self) -> int:
@@ -232,11 +253,13 @@ class Request:
         """How many leading tokens may come from the cache.
 
         At least the last token is always computed (its logits give the next token), and
-        prompt positions whose logprobs are still wanted must be computed too.
+        prompt positions whose logprobs or hidden states are still wanted must be computed too.
         """
         limit = len(self.token_ids) - 1
         if self.wants_prompt_logprobs:
             limit = min(limit, self.prompt_lp_next)
+        if self.hidden_states is not None:  # positions whose hidden state is still wanted
+            limit = min(limit, self.hidden_next)
         return limit
 
     @property

@@ -234,6 +234,8 @@ class Scheduler:
             req.prompt_lp_next = lo + count
         for req, n in batch.work:
             req.computed_len += n
+            if req.hidden_states is not None:  # this step computes them up to here
+                req.hidden_next = max(req.hidden_next, req.computed_len)
             if n > 1:
                 self.kv.cache_computed(req)
             self.kv.release_window(req)
@@ -446,6 +448,7 @@ class Scheduler:
             i += count
         for req, embedding in zip(batch.plan.embed_reqs, result.embeddings):
             req.embedding = embedding  # goes out with the token this step sampled for it
+        _take_hidden(batch, result)
         outputs: list[RequestOutput] = []
         tokens, logprobs = result.token_ids, result.logprobs
         if batch.drafted is None:  # one row per sampled request
@@ -462,6 +465,9 @@ class Scheduler:
             if req.status is not RequestStatus.RUNNING:
                 continue
             outputs.append(self._take_verified(req, drafts, tokens[rows], logprobs[rows]))
+            if req.hidden_states is not None:  # a rejected draft's row is no position of it
+                del req.hidden_states[req.computed_len :]
+                req.hidden_next = len(req.hidden_states)
         return outputs
 
     def _take_token(self, req: Request, tok: int, lp: RowLogprobs | None) -> bool:
@@ -561,3 +567,13 @@ class Scheduler:
             self.counters.aborted += 1
         else:
             self.counters.finished += 1
+
+
+def _take_hidden(batch: ScheduledBatch, result: StepResult) -> None:
+    """Each running request's hidden states of ``batch`` (params.return_hidden_states), in
+    position order; a request that finished while the step ran takes none."""
+    i = 0
+    for req, count in batch.plan.hidden_spans:
+        if req.status is RequestStatus.RUNNING and req.hidden_states is not None:
+            req.hidden_states.extend(result.hidden_states[i : i + count])
+        i += count

@@ -71,6 +71,8 @@ class RequestOutput(NamedTuple):
     prompt_asked_logprobs: list[list[float]] | None = None
     error_code: Literal["invalid_params"] | None = None  # the request's own fault (Request)
     embedding: list[float] | None = None  # params.return_embedding, once
+    # params.return_hidden_states: the final-norm outputs of the positions read since the last.
+    hidden_states: list[list[float]] | None = None
 
 
 @dataclass

@@ -130,6 +130,10 @@ def test_stats_account_every_rank(tiny_llama_dir: Path) -> None:
         assert first["bytes_sent"] == (4 + 1 + 1 + 1) * 64 * 4
         assert last["bytes_sent"] == 4 * 512 * 4
         assert comm.gather_stats()[1]["steps"] == 0
+        # Rank 0 never holds the final norm's output: hidden states are refused up front.
+        hidden = SamplingParams(max_tokens=2, return_hidden_states=True)
+        with pytest.raises(ValueError, match="hidden states are not returned with pipeline"):
+            engine.add_request([5, 6, 7], hidden)
     finally:
         engine.close()
 

@@ -11,7 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
-from engine_helpers import greedy, hf_greedy, random_prompts, run_to_completion, tokens_of
+from engine_helpers import (
+    check_hidden_states,
+    greedy,
+    hf_greedy,
+    random_prompts,
+    run_to_completion,
+    tokens_of,
+)
 from two_nodes import node_one
 
 from radixserve.distributed.ranks import RankFailure
@@ -62,6 +69,22 @@ def test_tp2_greedy_equals_transformers_cold_and_warm(
         engine.close()
     _assert_gone(engine)
     assert not os.path.exists(os.path.dirname(store))
+
+
+def test_tp2_hidden_states_equal_transformers(tiny_llama_dir: Path) -> None:
+    """Rank 0's final-norm output (after the all-reduce) is the whole hidden state: every
+    position's equals transformers', beside a request that does not ask."""
+    prompts = random_prompts([13, 6], seed=32)
+    engine = _tp_engine(tiny_llama_dir, page_size=4, num_pages=64, max_num_tokens=8)
+    try:
+        asks = engine.add_request(prompts[0], greedy(5, return_hidden_states=True))
+        plain = engine.add_request(prompts[1], greedy(5))
+        outs = run_to_completion(engine)
+        check_hidden_states(tiny_llama_dir, prompts[0], outs[asks])
+        assert all(o.hidden_states is None for o in outs[plain])
+    finally:
+        engine.close()
+    _assert_gone(engine)
 
 
 def test_tp2_weights_updated_on_every_rank_or_none(tiny_llama_dir: Path, tmp_path: Path) -> None:

@@ -7,9 +7,14 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from engine_helpers import hf_hidden_states, hf_model
+
+from radixserve.sampling_params import MAX_HIDDEN_STATE_FLOATS
 
 pytestmark = pytest.mark.slow  # a real server process
 
@@ -377,3 +382,65 @@ def test_get_load_reports_each_workers_requests_and_kv_tokens(server: Any) -> No
             list(lines)
         assert busy["num_reqs"] == 1 and busy["num_waiting_reqs"] == 0 and busy["num_tokens"] > 0
         wait_idle(c)
+
+
+def test_hidden_states_in_meta_info(server: Any, tiny_llama_dir: Path) -> None:
+    """return_hidden_states one per prompt: the asking prompt's meta_info.hidden_states is
+    SGLang's shape (every prompt position's vectors, then one vector per output token but the
+    last) with transformers' values; the other prompt's has none; a stream carries them in its
+    final message only; a request that could return too many floats is a 400."""
+    ids = [[5, 9, 13, 2, 7, 30], [11, 4, 8]]
+    body = {
+        "input_ids": ids,
+        "sampling_params": srt_params(max_new_tokens=4, ignore_eos=True),
+        "return_hidden_states": [True, False],
+    }
+    with server.client() as c:
+        asked, plain = c.post("/generate", json=body).json()
+        with c.stream("POST", "/generate", json={**body, "stream": True}) as r:
+            chunks = [
+                json.loads(line[5:]) for line in r.iter_lines() if line and line != "data: [DONE]"
+            ]
+        width = hf_model(tiny_llama_dir).config.hidden_size
+        big: dict[str, Any] = {"input_ids": ids[0], "return_hidden_states": True}
+        # One position more than the bound allows (its prompt's and all but the last output's).
+        big["sampling_params"] = {"max_new_tokens": MAX_HIDDEN_STATE_FLOATS // width - 5 + 1}
+        refused = c.post("/generate", json=big)
+    hidden = asked["meta_info"]["hidden_states"]
+    assert len(hidden) == 4 and len(hidden[0]) == len(ids[0])
+    assert all(len(v) == width for v in [*hidden[0], *hidden[1:]])
+    flat = torch.tensor([*hidden[0], *hidden[1:]])
+    ref = hf_hidden_states(tiny_llama_dir, ids[0] + asked["output_ids"][:-1])
+    torch.testing.assert_close(flat, ref, atol=1e-4, rtol=1e-4)
+    assert "hidden_states" not in plain["meta_info"]
+    mine = [ch for ch in chunks if ch.get("index") == 0]
+    assert all("hidden_states" not in ch["meta_info"] for ch in mine[:-1])
+    again = mine[-1]["meta_info"]["hidden_states"]
+    torch.testing.assert_close(torch.tensor([*again[0], *again[1:]]), flat, atol=1e-4, rtol=1e-4)
+    assert refused.status_code == 400, refused.text
+    assert "return_hidden_states would return" in refused.json()["error"]["message"]
+
+
+def test_hidden_states_of_an_output_cut_at_a_stop_string(server: Any, tiny_llama_dir: Path) -> None:
+    """The router ends the output at a stop string before the worker ends the request: the
+    final message still carries every position the kept output was read at."""
+    ids = [5, 9, 13, 2, 7, 30]
+    body: dict[str, Any] = {
+        "input_ids": ids,
+        "sampling_params": srt_params(max_new_tokens=10, ignore_eos=True),
+        "return_logprob": True,
+        "return_text_in_logprobs": True,
+    }
+    with server.client() as c:
+        free = c.post("/generate", json=body).json()
+        stop = free["meta_info"]["output_token_logprobs"][3][2].strip()
+        assert stop and stop not in free["text"][:4]  # a stop the output meets later
+        body["sampling_params"]["stop"] = [stop]
+        cut = c.post("/generate", json={**body, "return_hidden_states": True}).json()
+    assert cut["meta_info"]["finish_reason"]["type"] == "stop"
+    assert 0 < len(cut["output_ids"]) < 10
+    hidden = cut["meta_info"]["hidden_states"]
+    flat = torch.tensor([*hidden[0], *hidden[1:]])
+    ref = hf_hidden_states(tiny_llama_dir, ids + cut["output_ids"][:-1])
+    assert flat.shape == ref.shape
+    torch.testing.assert_close(flat, ref, atol=1e-4, rtol=1e-4)

@@ -10,7 +10,15 @@ radixserve with ``sgl.RuntimeEndpoint(url)``. Response shape of one ``/generate`
                    "prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency",
                    # with return_logprob: [logprob, token_id, text-or-None] triples
                    "input_token_logprobs", "output_token_logprobs",
-                   "input_top_logprobs", "output_top_logprobs"}}
+                   "input_top_logprobs", "output_top_logprobs",
+                   # with return_hidden_states (final message only): the final norm's
+                   # output, first every prompt position's [[...], ...], then one [...] per
+                   # output token but the last (the model never reads it)
+                   "hidden_states"}}
+
+SGLang's ``hidden_states[0]`` holds only the positions its prefill computed (a cached
+prefix's are missing); here a request asking recomputes its whole prompt, as prompt
+logprobs do, so ``hidden_states[0]`` always has every prompt position.
 
 A batch (a list of prompts, or ``n`` > 1) answers a list, in prompt-major order. With
 ``stream`` each ``data:`` line carries the *cumulative* text, output ids and token counts so
@@ -151,11 +159,19 @@ def result(
     if it.return_logprob:
         outs = [] if plan.drop else (f.logprobs or [])
         meta.update(_logprob_meta(g, plan, outs[streamed:], f, len(outs)))
+    if it.return_hidden_states and f.hidden_states is not None:
+        meta["hidden_states"] = _hidden_meta(f.hidden_states, f.usage.prompt_tokens)
     return {
         "text": "" if plan.drop else f.text,
         "output_ids": [] if plan.drop else list(f.token_ids),
         "meta_info": meta,
     }
+
+
+def _hidden_meta(hidden: list[list[float]], prompt_tokens: int) -> list[Any]:
+    """SGLang's ``meta_info.hidden_states``: the prompt positions' vectors as one list,
+    then one vector per later position (one per decode step)."""
+    return [hidden[:prompt_tokens], *hidden[prompt_tokens:]]
 
 
 @router.post("/generate", response_model=None)
@@ -177,6 +193,8 @@ async def generate(body: GenerateReqInput, request: Request) -> Response:
         )
         if body.return_cache_report:
             params = msgspec.structs.replace(params, return_cache_report=True)
+        if it.return_hidden_states:
+            params = msgspec.structs.replace(params, return_hidden_states=True)
         plans.append(_Plan(it, params, drop, body.return_text_in_logprobs))
     key = request_key(request.scope)
     salt = tenant_cache_salt(key, body.cache_salt)

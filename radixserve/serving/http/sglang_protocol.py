@@ -17,6 +17,9 @@ What SGLang's frontend (``sglang.lang``'s ``RuntimeEndpoint``) sends, and how it
   in [-100, 100]) is added to the logits; ``stop_regex`` ends the output where a pattern
   matches it (:mod:`radixserve.stop_regex`). Images are not supported: a request that
   sends them gets a 400 instead of silently wrong output.
+* ``return_hidden_states`` (one for all or one per prompt): the final norm's output at every
+  position the model reads, in ``meta_info.hidden_states`` of the final message
+  (``sglang_api``); over ``MAX_HIDDEN_STATE_FLOATS`` floats is a 400.
 """
 
 from __future__ import annotations
@@ -169,6 +172,8 @@ class GenerateReqInput(BaseModel):
     # Tokens whose logprobs each reported position also gives (with return_logprob): one list
     # for every prompt, or one per prompt.
     token_ids_logprob: list[TokenId] | list[list[TokenId]] | None = None
+    # The final norm's output at every position read (one for all prompts, or one per prompt).
+    return_hidden_states: bool | list[bool] = False
 
 
 @dataclass
@@ -187,6 +192,7 @@ class Item:
     lora: str | None = None
     prompt_rid: str = ""  # its prompt's rid (with n > 1 each sample's rid adds "-j" to it)
     token_ids_logprob: list[int] | None = None
+    return_hidden_states: bool = False
 
 
 def _pick(value: Any, i: int, n: int, name: str) -> Any:
@@ -242,6 +248,7 @@ def expand(req: GenerateReqInput, default_rid: str) -> tuple[list[Item], bool]:
             default_rid if single else f"{default_rid}-{i}"
         )
         asked = _asked(req.token_ids_logprob, i, n_prompts)
+        hidden = bool(_pick(req.return_hidden_states, i, n_prompts, "return_hidden_states"))
         lora = _pick(req.lora_path, i, n_prompts, "lora_path")
         if lora is not None and not 0 < len(lora) <= 256:
             raise invalid("lora_path names an adapter in 1 to 256 characters", param="lora_path")
@@ -260,6 +267,7 @@ def expand(req: GenerateReqInput, default_rid: str) -> tuple[list[Item], bool]:
                     lora=lora,
                     prompt_rid=rid,
                     token_ids_logprob=asked,
+                    return_hidden_states=hidden,
                 )
             )
     return items, single and len(items) == 1

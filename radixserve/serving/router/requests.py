@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from radixserve.prefix import lora_namespace
-from radixserve.sampling_params import SamplingParams
+from radixserve.sampling_params import SamplingParams, read_positions
 from radixserve.serving.wire import protocol as p
 
 
@@ -42,6 +42,8 @@ class RouterRequest:
     prompt_logprob_ranks: list[int | None] | None = None
     prompt_asked_logprobs: list[list[float]] | None = None  # params.logprob_token_ids
     embedding: list[float] | None = None  # params.return_embedding
+    # params.return_hidden_states: collected from every output, sent with the final message.
+    hidden_states: list[list[float]] | None = None
     usage: p.Usage | None = None
     chunks: int = 0
     retries: int = 0  # times sent to another worker after its worker died (before a first token)
@@ -82,6 +84,9 @@ class RouterRequest:
             self.prompt_asked_logprobs = out.prompt_asked_logprobs
         if out.embedding is not None:
             self.embedding = out.embedding
+        if out.hidden_states is not None:  # the positions read since the last output
+            self.hidden_states = self.hidden_states or []
+            self.hidden_states += out.hidden_states
         if out.usage is not None:
             self.usage = out.usage
             if out.usage.cache_report is not msgspec.UNSET:
@@ -143,6 +148,9 @@ class RouterRequest:
             matched_stop=self.detok.matched_stop if self.detok is not None else None,
             prompt_logprob_ranks=self.prompt_logprob_ranks,
             embedding=self.embedding,
+            hidden_states=read_positions(
+                self.hidden_states, len(self.prompt_ids), len(self.token_ids)
+            ),
             weight_version=self.weight_version,
             prompt_asked_logprobs=self.prompt_asked_logprobs,
         )

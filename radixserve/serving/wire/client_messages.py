@@ -316,6 +316,9 @@ class GenerateFinal(Msg, tag="final"):
     # With params.logprob_token_ids (SGLang's token_ids_logprob) and prompt logprobs: each
     # prompt position's logprobs of those tokens, in their order (empty for position 0).
     prompt_asked_logprobs: list[list[float]] | None = None
+    # params.return_hidden_states: the final norm's output at every position the model read
+    # (the prompt's, then each output token's but the last).
+    hidden_states: list[list[float]] | None = None
 
 
 class Error(Msg, tag="error"):

@@ -179,3 +179,15 @@ def test_a_dead_worker_is_asked_to_rejoin_from_the_hello_given_up(router: _Route
     side.on_frames([zmq.Frame(b"w1"), zmq.Frame(beat)])
     side.on_frames([zmq.Frame(b"w1"), zmq.Frame(beat)])  # asked once only
     assert r.backend.take() == [(b"w1", p.WorkerRejoin(join=3))]
+
+
+def test_a_retry_drops_the_hidden_states_of_the_old_run(router: _Router) -> None:
+    """Hidden states (return_hidden_states) come in as they are computed and are appended: a
+    retry, which computes them all again, starts from none."""
+    r = router
+    st = r.submit("c1")
+    r.backend.take()
+    st.hidden_states = [[0.5, 0.25]]  # as an output of the old run left them
+    r.pool.register(b"w0", HELLO)  # reconnected: the request is retried
+    r.pool.flush_adds()
+    assert st.retries == 1 and st.hidden_states is None
