@@ -18,7 +18,14 @@
 // (cpu_gemv's kernels, oneDNN's packed GEMM, int8's decode-then-GEMM past its crossover,
 // torch's int4 kernel below its dense crossover).
 
-#include <ATen/ATen.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_weight_int4pack_mm_for_cpu.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/rms_norm.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 

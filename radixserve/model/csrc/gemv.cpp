@@ -26,7 +26,8 @@
 // elsewhere ``gemv_supported()`` is false and the Python side keeps torch's kernels.
 
 #include <ATen/Parallel.h>
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 

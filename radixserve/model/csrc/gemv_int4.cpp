@@ -34,7 +34,8 @@
 // (each output's scales, then its zeros), in group order.
 
 #include <ATen/Parallel.h>
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>

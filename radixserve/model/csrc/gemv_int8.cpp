@@ -32,7 +32,8 @@
 // Threads: at::parallel_for over blocks of 16 outputs. Built only where the compiler targets
 // AVX-512 with bf16 dot products (gemv.h).
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
