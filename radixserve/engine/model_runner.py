@@ -33,6 +33,7 @@ from radixserve.engine.sampler import (
     SAMPLE_READS,
     Sampler,
     SamplingPlan,
+    padded_ids,
     prompt_logprob_count,
     prompt_logprob_reads,
     unpack_prompt_logprobs,
@@ -471,11 +472,8 @@ class ModelRunner:
             layout.ints("w_pages", plan.write_pages)
         if plan.prompt_targets:
             layout.ints("lp_targets", plan.prompt_targets)
-        if plan.prompt_asked:  # padded with token 0, whose logprobs nobody reads
-            m = max(map(len, plan.prompt_asked))
-            layout.ints(
-                "lp_asked", [t for ids in plan.prompt_asked for t in [*ids, *[0] * (m - len(ids))]]
-            )
+        if plan.prompt_asked:
+            layout.ints("lp_asked", padded_ids(plan.prompt_asked))
         if plan.future_rows:
             layout.ints("f_rows", plan.future_rows)
             layout.ints("f_src", plan.future_src)

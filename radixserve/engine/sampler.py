@@ -171,10 +171,8 @@ class Sampler:
         ids_max = max(map(len, lp_ids), default=0)
         if lp_rows:
             layout.ints("s.lp_rows", lp_rows)
-        if ids_max:  # padded with token 0, whose logprobs nobody reads
-            layout.ints(
-                "s.lp_ids", [t for ids in lp_ids for t in [*ids, *[0] * (ids_max - len(ids))]]
-            )
+        if ids_max:
+            layout.ints("s.lp_ids", padded_ids(lp_ids))
         pen_step = self._stage_penalties(rows, ahead, layout)
         blocked = self._stage_blocks(rows, ahead, layout)
         biased = stage_bias(params, layout, self.vocab_size)
@@ -539,13 +537,27 @@ def unpack_samples(plan: SamplingPlan, host: Sequence[list[float]]) -> SampleRes
     tokens_f, chosen_lp, top_ids_f, top_lp, id_lp = host[:SAMPLE_READS]
     token_ids = [int(t) for t in tokens_f]
     logprobs: list[RowLogprobs | None] = [None] * plan.num_rows
-    k_max, m = plan.k_max, plan.ids_max
+    k_max = plan.k_max
+    asked = unpadded(id_lp, plan.lp_ids)
     for j, (i, k) in enumerate(zip(plan.lp_rows, plan.lp_k)):
         ids = top_ids_f[j * k_max : j * k_max + k]
         vals = top_lp[j * k_max : j * k_max + k]
-        asked = id_lp[j * m : j * m + len(plan.lp_ids[j])] if m else []
-        logprobs[i] = (chosen_lp[j], [(int(t), v) for t, v in zip(ids, vals)], list(asked))
+        logprobs[i] = (chosen_lp[j], [(int(t), v) for t, v in zip(ids, vals)], asked[j])
     return SampleResult(token_ids, logprobs)
+
+
+def padded_ids(rows: Sequence[Sequence[int]]) -> list[int]:
+    """Rows of token ids (each row's named tokens) as one flat list, every row padded with
+    token 0 to the longest one's length: a ``[rows, width]`` gather's indices (the padding's
+    logprobs are read by no one: :func:`unpadded`)."""
+    width = max(map(len, rows), default=0)
+    return [t for ids in rows for t in (*ids, *[0] * (width - len(ids)))]
+
+
+def unpadded(flat: Sequence[float], rows: Sequence[Sequence[int]]) -> list[list[float]]:
+    """The read-back values of a gather at :func:`padded_ids` ``(rows)``: each row's own."""
+    width = max(map(len, rows), default=0)
+    return [list(flat[r * width : r * width + len(ids)]) for r, ids in enumerate(rows)]
 
 
 def prompt_logprob_reads(
@@ -587,8 +599,4 @@ def unpack_prompt_logprobs(
             [(int(t), v) for t, v in zip(ids[i : i + top_k], values[i : i + top_k])]
             for i in range(0, len(values), top_k)
         ]
-    answers: list[list[float]] = []
-    if asked:
-        m, flat = max(map(len, asked)), host[-1]
-        answers = [list(flat[r * m : r * m + len(ids)]) for r, ids in enumerate(asked)]
-    return chosen, top, places, answers
+    return chosen, top, places, unpadded(host[-1], asked) if asked else []
