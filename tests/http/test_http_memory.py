@@ -7,7 +7,8 @@ release of everything, the weights' resume and an update, then ends with the new
 continuation of what it had, while a request sent meanwhile is held and runs wholly on them.
 vLLM's level 1 keeps the weights: a request held over it answers as before. Bad tags and
 levels are 400s that change nothing. Every test leaves the server awake and generating, on
-its own weights, with no KV page held (the admin key's part: tests/http/test_http_auth.py)."""
+its own weights, with no KV page held; ``/health_generate`` answers a 503 at once while
+paused or asleep, 200 after (the admin key's part: tests/http/test_http_auth.py)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,17 @@ def _awake(c: httpx.Client, server: Any) -> Iterator[None]:
             body = {"model_path": str(server.model_dir), "weight_version": "default"}
             assert c.post("/update_weights_from_disk", json=body, timeout=120).json()["success"]
         assert c.get("/is_sleeping").json() == {"is_sleeping": False}
+        assert c.get("/health_generate").status_code == 200
         assert wait_idle(c)["workers"][0]["engine"]["invariants"] == "ok"
+
+
+def _unready(c: httpx.Client) -> tuple[str, str]:
+    """``/health_generate``'s 503 (code, message): answered at once, not held like a
+    request (the client's timeout is far under a held request's wait)."""
+    probe = c.get("/health_generate", timeout=10)
+    assert probe.status_code == 503, probe.text
+    error = probe.json()["error"]
+    return error["code"], error["message"]
 
 
 def test_an_rl_step_releases_everything_and_the_rollouts_end_on_the_new_weights(
@@ -56,9 +67,11 @@ def test_an_rl_step_releases_everything_and_the_rollouts_end_on_the_new_weights(
             assert refused.status_code == 400 and "pause with mode" in refused.json()["message"]
             assert c.get("/is_sleeping").json() == {"is_sleeping": False}
             _ok(c.post("/pause_generation", json={"mode": "retract"}))
+            assert _unready(c) == ("paused", "generation paused (retract)")
             released = _ok(c.post("/release_memory_occupation", json=ALL))
             assert released == {"message": "Memory released successfully.", "status": "ok"}
             assert c.get("/is_sleeping").json() == {"is_sleeping": True}
+            assert _unready(c) == ("asleep", "memory released (kv_cache, weights)")
             held = pool.submit(_generate, server.client(), OTHER_PROMPT, 5)
             _ok(c.post("/continue_generation"))  # still asleep: nothing runs
             update = {"model_path": str(next_policy), "weight_version": "rl-step-2"}
@@ -100,6 +113,7 @@ def test_vllm_sleep_level_1_keeps_the_weights_and_bad_inputs_change_nothing(serv
         slept = c.post("/sleep", params={"level": 1})
         assert (slept.status_code, slept.content) == (200, b"")
         assert c.get("/is_sleeping").json() == {"is_sleeping": True}
+        assert _unready(c) == ("asleep", "memory released (kv_cache)")
         held = pool.submit(_generate, server.client(), OTHER_PROMPT, 5)
         woke = c.post("/wake_up", params={"tags": ["kv_cache"]})
         assert (woke.status_code, woke.content) == (200, b"")

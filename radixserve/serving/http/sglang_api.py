@@ -354,8 +354,20 @@ async def health(request: Request) -> Response:
 
 @router.get("/health_generate")
 async def health_generate(request: Request) -> Response:
-    """Healthy when a one-token generation goes through a worker."""
+    """Healthy when a one-token generation goes through a worker.
+
+    A server whose generation is paused or whose memory is released is up but not ready:
+    its probe would be held until a resume that may be minutes away (an RL step's training
+    phase), so it answers 503 at once and says why, as a readiness probe needs."""
     g = _gw(request)
+    info = await g.fresh_info()
+    if info.memory_released:
+        tags = ", ".join(info.memory_released)
+        raise APIError(503, f"memory released ({tags})", type="service_unavailable", code="asleep")
+    if info.paused is not None:
+        raise APIError(
+            503, f"generation paused ({info.paused})", type="service_unavailable", code="paused"
+        )
     await g.generate(
         arrival=time.monotonic(), text="Hi", params=SamplingParams(max_tokens=1, temperature=0.0)
     )
