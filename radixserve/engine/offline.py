@@ -14,8 +14,14 @@ from typing import Any
 import msgspec
 
 from radixserve.engine.detokenizer import IncrementalDetokenizer
-from radixserve.engine.outputs import GenerateOutput, StepOutput, TokenLogprob, Usage
-from radixserve.sampling_params import SamplingParams, read_positions
+from radixserve.engine.outputs import (
+    GenerateOutput,
+    OutputExtras,
+    StepOutput,
+    TokenLogprob,
+    Usage,
+)
+from radixserve.sampling_params import SamplingParams
 from radixserve.stop_regex import StopRegexTimeout
 
 # One text, texts, one prompt as token ids, or prompts as token ids.
@@ -42,12 +48,7 @@ class GenerateCollector:
         self.want_logprobs = params.logprobs is not None
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
-        self.prompt_logprobs: list[float | None] | None = None
-        self.prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
-        self.prompt_logprob_ranks: list[int | None] | None = None
-        self.prompt_asked_logprobs: list[list[float]] | None = None
-        self.embedding: list[float] | None = None
-        self.hidden_states: list[list[float]] | None = None
+        self.extras = OutputExtras()
         self.text = ""
         self.stopped = False
         self.error: str | None = None  # the router would fail the request with this (a 400)
@@ -59,16 +60,7 @@ class GenerateCollector:
         self.last = o
         if o.usage is not None and o.usage.cache_report is not msgspec.UNSET:
             self.cache_report = o.usage.cache_report
-        if o.prompt_logprobs is not None:
-            self.prompt_logprobs = o.prompt_logprobs
-            self.prompt_top_logprobs = o.prompt_top_logprobs
-            self.prompt_logprob_ranks = o.prompt_logprob_ranks
-            self.prompt_asked_logprobs = o.prompt_asked_logprobs
-        if o.embedding is not None:
-            self.embedding = o.embedding
-        if o.hidden_states is not None:  # the positions read since the last output
-            self.hidden_states = self.hidden_states or []
-            self.hidden_states += o.hidden_states
+        self.extras.take(o)
         if self.stopped:
             return False
         # Several tokens at once (speculative decoding): only those up to a stop string's.
@@ -109,14 +101,7 @@ class GenerateCollector:
             ),
             prompt_token_ids=self.prompt_ids,
             logprobs=self.logprobs if self.want_logprobs else None,
-            prompt_logprobs=self.prompt_logprobs,
             error=self.error or o.error,
-            prompt_top_logprobs=self.prompt_top_logprobs,
             matched_stop=self.detok.matched_stop,
-            prompt_logprob_ranks=self.prompt_logprob_ranks,
-            embedding=self.embedding,
-            prompt_asked_logprobs=self.prompt_asked_logprobs,
-            hidden_states=read_positions(
-                self.hidden_states, len(self.prompt_ids), len(self.token_ids)
-            ),
+            **self.extras.fields(len(self.prompt_ids), len(self.token_ids)),
         )

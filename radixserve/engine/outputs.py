@@ -6,9 +6,12 @@ torch; the router, the gateways and the DSL decode these without the model stack
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
+
+from radixserve.sampling_params import read_positions
 
 if TYPE_CHECKING:
     from radixserve.scheduling.types import RequestOutput
@@ -105,6 +108,47 @@ class StepOutput(msgspec.Struct, frozen=True):
     # since the last output (the prompt's, then each output token's but the last); the
     # receiver appends them (Engine.generate and the router return them whole, at the end).
     hidden_states: list[list[float]] | None = None
+
+
+@dataclass
+class OutputExtras:
+    """What a request's outputs carry besides its tokens, folded in as they come: the prompt
+    logprobs (sent once), the embedding (once) and the hidden states (appended per output).
+
+    Both receivers of :class:`StepOutput` keep one (``Engine.generate``'s collector and the
+    router's request state) and hand :meth:`fields` to the result they build, whose fields
+    have these names (:class:`GenerateOutput`, the wire's ``GenerateFinal``)."""
+
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
+    prompt_logprob_ranks: list[int | None] | None = None
+    prompt_asked_logprobs: list[list[float]] | None = None
+    embedding: list[float] | None = None
+    hidden_states: list[list[float]] | None = None
+
+    def take(self, out: StepOutput) -> None:
+        """Fold in one output's extras."""
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
+            self.prompt_top_logprobs = out.prompt_top_logprobs
+            self.prompt_logprob_ranks = out.prompt_logprob_ranks
+            self.prompt_asked_logprobs = out.prompt_asked_logprobs
+        if out.embedding is not None:
+            self.embedding = out.embedding
+        if out.hidden_states is not None:  # the positions read since the last output
+            self.hidden_states = (self.hidden_states or []) + out.hidden_states
+
+    def fields(self, prompt_len: int, output_len: int) -> dict[str, Any]:
+        """The result's fields: every extra, the hidden states of the positions read of a
+        prompt and an output of these lengths (``read_positions``)."""
+        return {
+            "prompt_logprobs": self.prompt_logprobs,
+            "prompt_top_logprobs": self.prompt_top_logprobs,
+            "prompt_logprob_ranks": self.prompt_logprob_ranks,
+            "prompt_asked_logprobs": self.prompt_asked_logprobs,
+            "embedding": self.embedding,
+            "hidden_states": read_positions(self.hidden_states, prompt_len, output_len),
+        }
 
 
 class GenerateOutput(msgspec.Struct, frozen=True):

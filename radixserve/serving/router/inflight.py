@@ -329,7 +329,7 @@ class InFlight:
         self._by_client[st.client][st.client_rid] = st.rid
         st.retries += 1
         st.worker_id = -1
-        st.hidden_states = None  # any the old run sent: the new one computes them all again
+        st.extras.hidden_states = None  # any the old run sent: the new one computes them all again
         self.dispatch(st)
 
     # ------------------------------------------------------------------ waiting for a worker

@@ -13,8 +13,9 @@ from typing import Any
 
 import msgspec
 
+from radixserve.engine.outputs import OutputExtras
 from radixserve.prefix import lora_namespace
-from radixserve.sampling_params import SamplingParams, read_positions
+from radixserve.sampling_params import SamplingParams
 from radixserve.serving.wire import protocol as p
 
 
@@ -37,13 +38,9 @@ class RouterRequest:
     first_token: float = 0.0
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[p.TokenLogprob] | None = None
-    prompt_logprobs: list[float | None] | None = None
-    prompt_top_logprobs: list[list[tuple[int, float]]] | None = None
-    prompt_logprob_ranks: list[int | None] | None = None
-    prompt_asked_logprobs: list[list[float]] | None = None  # params.logprob_token_ids
-    embedding: list[float] | None = None  # params.return_embedding
-    # params.return_hidden_states: collected from every output, sent with the final message.
-    hidden_states: list[list[float]] | None = None
+    # Prompt logprobs, embedding, hidden states: folded in from the outputs, sent whole with
+    # the final message.
+    extras: OutputExtras = field(default_factory=OutputExtras)
     usage: p.Usage | None = None
     chunks: int = 0
     retries: int = 0  # times sent to another worker after its worker died (before a first token)
@@ -77,16 +74,7 @@ class RouterRequest:
                 if self.logprobs is None:
                     self.logprobs = []
                 self.logprobs.extend(new_lps)
-        if out.prompt_logprobs is not None:
-            self.prompt_logprobs = out.prompt_logprobs
-            self.prompt_top_logprobs = out.prompt_top_logprobs
-            self.prompt_logprob_ranks = out.prompt_logprob_ranks
-            self.prompt_asked_logprobs = out.prompt_asked_logprobs
-        if out.embedding is not None:
-            self.embedding = out.embedding
-        if out.hidden_states is not None:  # the positions read since the last output
-            self.hidden_states = self.hidden_states or []
-            self.hidden_states += out.hidden_states
+        self.extras.take(out)
         if out.usage is not None:
             self.usage = out.usage
             if out.usage.cache_report is not msgspec.UNSET:
@@ -108,7 +96,7 @@ class RouterRequest:
         return chunk, delta.stopped
 
     def _names_prompt(self) -> bool:
-        return self.prompt_logprobs is not None or self.params.return_prompt_token_ids
+        return self.extras.prompt_logprobs is not None or self.params.return_prompt_token_ids
 
     def final(self, reason: p.FinishReason) -> p.GenerateFinal:
         """The last message: full text and tokens, usage and router-side timings."""
@@ -139,18 +127,11 @@ class RouterRequest:
                 total_s=now - self.arrival,
             ),
             logprobs=self.logprobs,
-            prompt_logprobs=self.prompt_logprobs,
-            prompt_top_logprobs=self.prompt_top_logprobs,
             # The tokens the prompt logprobs score, or that the client asked for (it may have
             # sent text or messages).
             prompt_token_ids=self.prompt_ids if self._names_prompt() else None,
             worker_id=self.worker_id,
             matched_stop=self.detok.matched_stop if self.detok is not None else None,
-            prompt_logprob_ranks=self.prompt_logprob_ranks,
-            embedding=self.embedding,
-            hidden_states=read_positions(
-                self.hidden_states, len(self.prompt_ids), len(self.token_ids)
-            ),
             weight_version=self.weight_version,
-            prompt_asked_logprobs=self.prompt_asked_logprobs,
+            **self.extras.fields(len(self.prompt_ids), len(self.token_ids)),
         )

@@ -187,7 +187,7 @@ def test_a_retry_drops_the_hidden_states_of_the_old_run(router: _Router) -> None
     r = router
     st = r.submit("c1")
     r.backend.take()
-    st.hidden_states = [[0.5, 0.25]]  # as an output of the old run left them
+    st.extras.hidden_states = [[0.5, 0.25]]  # as an output of the old run left them
     r.pool.register(b"w0", HELLO)  # reconnected: the request is retried
     r.pool.flush_adds()
-    assert st.retries == 1 and st.hidden_states is None
+    assert st.retries == 1 and st.extras.hidden_states is None
