@@ -32,11 +32,11 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from radixserve.engine.memory_tags import MEMORY_TAGS
 from radixserve.model.weight_release import ReleasedWeights, release_weights
 
 log = logging.getLogger(__name__)
 
-MEMORY_TAGS: tuple[str, ...] = ("kv_cache", "weights")
 HOLDS_KV = "requests are running: pause with mode 'retract' or 'abort' first"
 
 

@@ -42,11 +42,6 @@ ErrorCode = Literal[
 PauseMode = Literal["abort", "retract", "in_place", "wait"]
 PAUSE_MODES: tuple[str, ...] = ("abort", "retract", "in_place", "wait")
 
-# The parts of a worker's memory a release gives back (SGLang's release_memory_occupation
-# tags; the engine's memory_occupation.MEMORY_TAGS): the KV cache, the weights.
-MemoryTag = Literal["kv_cache", "weights"]
-MEMORY_TAGS: tuple[MemoryTag, ...] = ("kv_cache", "weights")
-
 
 class Msg(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, kw_only=True):
     """Base of every tagged message. ``version`` is always encoded (no omit_defaults)."""

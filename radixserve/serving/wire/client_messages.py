@@ -11,10 +11,12 @@ from typing import Any
 
 import msgspec
 
+from radixserve.engine.memory_tags import MemoryTag
+
 # The engine's outputs are torch-free Structs: token-level results travel as they are.
 from radixserve.engine.outputs import FinishReason, TokenLogprob, Usage
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving.wire.base import ErrorCode, MemoryTag, Msg, Part, PauseMode, WorkerLoad
+from radixserve.serving.wire.base import ErrorCode, Msg, Part, PauseMode, WorkerLoad
 
 # --------------------------------------------------------------------------- parts
 

@@ -26,15 +26,15 @@ from typing import Any
 
 import msgspec
 
+from radixserve.engine.memory_tags import MEMORY_TAGS, MemoryTag
+
 # The engine's outputs are torch-free Structs: token-level results travel as they are.
 from radixserve.engine.outputs import CacheReport, FinishReason, StepOutput, TokenLogprob, Usage
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.wire.base import (
-    MEMORY_TAGS,
     PAUSE_MODES,
     PROTOCOL_VERSION,
     ErrorCode,
-    MemoryTag,
     PauseMode,
     WorkerLoad,
 )

@@ -10,9 +10,10 @@ from typing import Any
 
 import msgspec
 
+from radixserve.engine.memory_tags import MemoryTag
 from radixserve.engine.outputs import StepOutput
 from radixserve.sampling_params import SamplingParams
-from radixserve.serving.wire.base import MemoryTag, Msg, Part, PauseMode, WorkerLoad
+from radixserve.serving.wire.base import Msg, Part, PauseMode, WorkerLoad
 
 # --------------------------------------------------------------------------- router <-> worker
 
