@@ -517,3 +517,55 @@ def test_vllm_bad_words(client: openai.OpenAI, tokenizer: Any) -> None:
         assert all(out[i : i + len(seq)] != seq for i in range(len(out))), (word, out)
     with pytest.raises(openai.BadRequestError, match="bad_words"):
         client.completions.create(**kw, extra_body={"bad_words": ["x"] * 65})
+
+
+def test_sglang_return_hidden_states(client: openai.OpenAI, server: Any, tokenizer: Any) -> None:
+    """SGLang's ``return_hidden_states`` on the OpenAI routes: each choice's final-norm output
+    at the position that gave its last token (transformers' over the prompt and the output
+    but its last token), whole or in a chunk of its own after the choice's last; [] for a
+    one-token choice, as SGLang gives; refused with beam search."""
+    import torch
+    from engine_helpers import hf_hidden_states
+
+    prompt = "The capital of France is"
+    extra = {"return_hidden_states": True, "return_token_ids": True, "ignore_eos": True}
+    kw: Any = dict(model="default", temperature=0, extra_body=extra)
+    out = client.completions.create(prompt=prompt, max_tokens=4, n=2, **kw)
+    first = out.choices[0].model_extra  # greedy: both choices the same
+    read = first["prompt_token_ids"] + first["token_ids"][:-1]
+    ref = hf_hidden_states(server.model_dir, read)[-1]
+    for c in out.choices:
+        torch.testing.assert_close(
+            torch.tensor(c.model_extra["hidden_states"]), ref, atol=1e-4, rtol=1e-4
+        )
+    pieces = list(client.completions.create(prompt=prompt, max_tokens=4, stream=True, **kw))
+    carried = [
+        ch.model_extra["hidden_states"]
+        for c in pieces
+        for ch in c.choices
+        if ch.model_extra.get("hidden_states") is not None
+    ]
+    assert len(carried) == 1 and pieces[-1].choices[0].model_extra["hidden_states"] == carried[0]
+    torch.testing.assert_close(torch.tensor(carried[0]), ref, atol=1e-4, rtol=1e-4)
+    msgs: Any = [{"role": "user", "content": "Name a color."}]
+    chat = client.chat.completions.create(messages=msgs, max_tokens=3, **kw)
+    choice = chat.choices[0]
+    rendered, answer = chat.model_extra["prompt_token_ids"], choice.model_extra["token_ids"]
+    ref = hf_hidden_states(server.model_dir, rendered + answer[:-1])[-1]
+    torch.testing.assert_close(
+        torch.tensor(choice.model_extra["hidden_states"]), ref, atol=1e-4, rtol=1e-4
+    )
+    chunks = list(client.chat.completions.create(messages=msgs, max_tokens=3, stream=True, **kw))
+    last = chunks[-1].choices[0]
+    assert chunks[-2].choices[0].finish_reason is not None and last.finish_reason is None
+    assert last.delta.model_extra["hidden_states"] == choice.model_extra["hidden_states"]
+    one = client.chat.completions.create(messages=msgs, max_tokens=1, **kw)
+    assert one.choices[0].model_extra["hidden_states"] == []
+    with pytest.raises(
+        openai.BadRequestError, match="return_hidden_states is not supported with beam search"
+    ):
+        client.chat.completions.create(
+            messages=msgs,
+            max_tokens=2,
+            **{**kw, "extra_body": {**extra, "use_beam_search": True}},
+        )

@@ -31,6 +31,7 @@ from radixserve.serving.http.openai_reply import (
     ChatStream,
     chat_logprobs,
     completion_logprobs,
+    last_hidden_state,
     prompt_logprobs_part,
     usage,
     vllm_prompt_logprobs,
@@ -177,6 +178,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         body.prompt_logprobs,
         body.return_token_ids,
         body.return_tokens_as_token_ids,
+        body.return_hidden_states,
     )
     if body.stream:
         events = await primed(request, merge(streams))
@@ -204,6 +206,8 @@ def _chat_completion(
                 "stop_reason": stop_reason(f, head.stop_token_ids),
             }
         )
+        if head.hidden_states:
+            choices[-1]["hidden_states"] = last_hidden_state(f)
     out = {
         "id": head.rid,
         "object": "chat.completion",
@@ -307,6 +311,8 @@ def _completion_choice(
         choice["prompt_logprobs"] = vllm_prompt_logprobs(g, f, body.prompt_logprobs)
     if body.return_token_ids:  # vLLM's
         choice["prompt_token_ids"], choice["token_ids"] = f.prompt_token_ids, f.token_ids
+    if body.return_hidden_states:  # SGLang's
+        choice["hidden_states"] = last_hidden_state(f)
     return choice
 
 
@@ -381,6 +387,9 @@ async def _completion_events(
             done[i] = ev
             last = {"index": i, "text": "", "logprobs": None, "finish_reason": ev.finish_reason}
             yield chunk([{**last, "stop_reason": stop_reason(ev, body.stop_token_ids)}])
+            if body.return_hidden_states:  # SGLang's: after the choice's last chunk
+                hidden = {"index": i, "text": "", "logprobs": None, "finish_reason": None}
+                yield chunk([{**hidden, "hidden_states": last_hidden_state(ev)}])
     if body.include_usage:
         if len(done) != len(echoes) * body.n:
             raise APIError(500, "a choice ended without a final message", type="internal_error")

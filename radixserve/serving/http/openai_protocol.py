@@ -162,7 +162,6 @@ UNSUPPORTED_UNLESS = {
     "mm_processor_kwargs": (None, "multimodal processor arguments are not supported"),
     "echo": (False, "echo is not supported on chat completions (it is on /v1/completions)"),
     "kv_transfer_params": (None, "kv_transfer_params is not supported"),
-    "return_hidden_states": (False, "return_hidden_states is not supported"),
     "separate_reasoning": (True, "reasoning is always separated by the server's parser"),
     "stream_reasoning": (True, "reasoning is always streamed as it comes"),
 }
@@ -226,6 +225,10 @@ class _SamplingBody(_Body, StructuredOutputFields):
     # trainer learns from); streamed, the prompt's on a choice's first chunk (chat: the
     # chunk's top level) and each chunk's new ones.
     return_token_ids: bool = False
+    # SGLang's: the final norm's output at the position that gave the last token, on each
+    # choice (``hidden_states``; [] when the choice has one token, as SGLang gives); streamed,
+    # in a chunk of its own after the choice's last.
+    return_hidden_states: bool = False
     # vLLM's: logprobs name each token "token_id:<id>" instead of its text, so that tokens
     # whose text is not a whole character (or repeats another's) are told apart.
     return_tokens_as_token_ids: bool = False
@@ -357,6 +360,8 @@ class _SamplingBody(_Body, StructuredOutputFields):
             kw["return_cache_report"] = True
         if self.return_token_ids:
             kw["return_prompt_token_ids"] = True
+        if self.return_hidden_states:
+            kw["return_hidden_states"] = True
         if self.seed is not None:
             kw["seed"] = self.seed + choice
         if self.logit_bias:
@@ -436,6 +441,7 @@ class ChatCompletionRequest(_SamplingBody):
             "response_format": bool(self.constraint()),
             "tools": bool(self.tools) and self.tool_choice != "none",
             "prediction": self.prediction is not None,
+            "return_hidden_states": self.return_hidden_states,
         }
 
     def chat(self) -> list[p.ChatMessage]:
@@ -493,6 +499,7 @@ class CompletionRequest(_SamplingBody):
             "logprobs": self.logprobs is not None,
             "stop": bool(self.stop),
             "response_format": bool(self.constraint()),
+            "return_hidden_states": self.return_hidden_states,
         }
 
     @property

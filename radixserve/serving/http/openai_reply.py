@@ -160,6 +160,13 @@ def _legacy_logprobs(
     return out
 
 
+def last_hidden_state(final: p.GenerateFinal) -> list[float]:
+    """SGLang's ``hidden_states`` of an OpenAI choice: the final norm's output at the
+    position that gave its last token, [] when that was the prompt's last (one token)."""
+    hidden = final.hidden_states or []
+    return hidden[-1] if len(final.token_ids) > 1 and hidden else []
+
+
 class ChatHead(NamedTuple):
     """What every chunk of one streamed completion repeats, and what shapes its choices."""
 
@@ -171,6 +178,7 @@ class ChatHead(NamedTuple):
     prompt_logprobs: int | None = None  # vLLM's: k of the prompt's logprobs (chat: top level)
     token_ids: bool = False  # vLLM's return_token_ids: the prompt's and each choice's
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name ids
+    hidden_states: bool = False  # SGLang's return_hidden_states: each choice's last
 
 
 class ChatStream:
@@ -221,7 +229,8 @@ class ChatStream:
         return self._chunk(i, delta, logprobs=lps, **ids)
 
     def _finish(self, i: int, final: p.GenerateFinal) -> list[bytes]:
-        """A choice's last chunks: what its parser still held, then its finish reason."""
+        """A choice's last chunks: what its parser still held, then its finish reason, then
+        its hidden state when asked for (SGLang's order)."""
         self.done[i] = final
         parser, out = self.parsers[i], []
         reason: Any = final.finish_reason
