@@ -11,7 +11,9 @@ goes the same way.
 What the workers answered they have released is what the router reports
 (``released``, ``ModelInfo.memory_released``: asleep while any tag is): a refused release
 (a request running) leaves it as it was. A worker that joins while the others sleep is
-released too before any request reaches it, and so holds the requests that follow.
+released too before any request reaches it, and so holds the requests that follow; one that
+joins with memory released (``WorkerHello.memory_released``: the router restarted since)
+makes the release the router's.
 """
 
 from __future__ import annotations
@@ -65,8 +67,24 @@ class MemoryOps(ReportingFanOut[_Op, WorkerPool]):
             self._maybe_done(msg.token)
 
     def on_joined(self, w: WorkerHandle) -> None:
-        """Release a worker that joins while the others sleep: it runs nothing yet."""
-        if self._released:
+        """Release a worker that joins while the others sleep: it runs nothing yet.
+
+        A worker that joins with memory released that this router does not know of (the
+        router started since: a restart) keeps it released, and the router takes its tags
+        as released too and gives the other live workers the same release: a client (an RL
+        trainer) gave that memory to something else, and only its resume takes it back."""
+        joined = set(w.hello.memory_released)
+        if joined - self._released:
+            self._released = self._released | joined
+            log.info(
+                "worker %d joined with %s released: releasing the others",
+                w.worker_id,
+                sorted(joined),
+            )
+            for other in self._pool.live:
+                if other is not w:
+                    self._pool.send(other, p.WorkerReleaseMemory(token=0, tags=self.released))
+        if self._released - joined:
             self._pool.send(w, p.WorkerReleaseMemory(token=0, tags=self.released))
 
     def _finish(self, op: _Op) -> None:

@@ -10,7 +10,8 @@ goes the same way.
 
 The router remembers the pause in force from the moment it is asked (``mode``, which
 ``ModelInfo.paused`` reports): a worker that joins meanwhile is paused before any request
-reaches it, and so holds the requests that follow, as the others do.
+reaches it, and so holds the requests that follow, as the others do. A worker that joins
+paused (``WorkerHello.paused``: the router restarted since) makes the pause the router's.
 """
 
 from __future__ import annotations
@@ -58,8 +59,19 @@ class PauseOps(ReportingFanOut[_Op, WorkerPool]):
 
     def on_joined(self, w: WorkerHandle) -> None:
         """Pause a worker that joins while the others are paused: it runs nothing yet, so
-        in place is every mode's effect there (the requests that come are held)."""
-        if self.mode is not None:
+        in place is every mode's effect there (the requests that come are held).
+
+        A worker that joins paused where this router knows no pause (the router started
+        since: a restart) keeps its pause, which the router takes as its own and gives the
+        other live workers, in place (their running requests stay, held): a client paused
+        them all, and only its continue ends that."""
+        if self.mode is None and w.hello.paused is not None:
+            self.mode = w.hello.paused
+            log.info("worker %d joined paused (%s): pausing the others", w.worker_id, self.mode)
+            for other in self._pool.live:
+                if other is not w:
+                    self._pool.send(other, p.WorkerPause(token=0, mode="in_place"))
+        elif self.mode is not None and w.hello.paused is None:
             self._pool.send(w, p.WorkerPause(token=0, mode="in_place"))
 
     def _finish(self, op: _Op) -> None:

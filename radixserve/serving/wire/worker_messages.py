@@ -191,6 +191,10 @@ class WorkerHello(Msg, tag="w_hello"):
     # The LoRA adapters it serves: name -> the key their cache namespace is split by (the
     # router routes an adapter's prompts by it: radixserve.prefix.lora_namespace).
     lora_adapters: dict[str, str] = {}
+    # Its pause and released memory (a router that started since they were asked for learns
+    # them here: router/pause_ops.py, router/memory_ops.py).
+    paused: PauseMode | None = None
+    memory_released: list[MemoryTag] = []
 
 
 class WorkerOutputs(Msg, tag="w_outputs"):

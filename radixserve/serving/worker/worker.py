@@ -417,7 +417,9 @@ class Worker:
             self._silence_logged = False
 
     def _hello(self) -> None:
-        self._send(describe_engine(self.engine, self.worker_id, self.model_name, self._joins))
+        hello = describe_engine(self.engine, self.worker_id, self.model_name, self._joins)
+        state = {"paused": self._pause.mode, "memory_released": self._sleep.released}
+        self._send(msgspec.structs.replace(hello, **state))
         self._joins += 1
 
     def _rejoin(self) -> None:

@@ -44,8 +44,10 @@ class FanOutRouter(Generic[OpsT]):
         self.replies.append(msg)
         return True
 
-    def join(self, wid: int) -> WorkerHandle:
-        return self.pool.register(f"w{wid}".encode(), msgspec.structs.replace(HELLO, worker_id=wid))
+    def join(self, wid: int, **hello: Any) -> WorkerHandle:
+        """Worker ``wid`` joins, its hello's other fields ``hello``."""
+        said = msgspec.structs.replace(HELLO, worker_id=wid, **hello)
+        return self.pool.register(f"w{wid}".encode(), said)
 
     def sent(self) -> list[Any]:
         return [m for _, m in self.backend.take()]

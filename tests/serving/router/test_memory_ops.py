@@ -2,8 +2,9 @@
 records what it sent: every live worker is asked for the tags named (all without any); the
 client's answer says whether they all released them, what is released now and the bytes
 given back; a worker that joins while the others sleep is released before anything else
-reaches it, and not once they are awake; a refused release leaves the router's view as the
-workers answered it, and a dead or silent worker fails the operation."""
+reaches it, and not once they are awake; a worker that joins with memory released (the
+router restarted) makes the release the router's; a refused release leaves the router's view
+as the workers answered it, and a dead or silent worker fails the operation."""
 
 from __future__ import annotations
 
@@ -68,3 +69,23 @@ def test_a_refusing_dead_or_silent_worker_fails_the_release() -> None:
         "unavailable",
         "worker 0 did not answer within 5 s",
     )
+
+
+def test_a_worker_that_joins_released_makes_the_release_the_routers() -> None:
+    """A router started while its workers slept (a restart) learns what they released from
+    their hellos: it reports it, releases the workers that joined awake before and after
+    (and a joiner's missing tags), and a resume reaches them all."""
+    r = _router()
+    r.join(0)
+    r.sent()
+    r.join(1, memory_released=["kv_cache"])
+    assert r.ops.released == ["kv_cache"]
+    assert r.sent() == [p.WorkerReleaseMemory(token=0, tags=["kv_cache"])]  # worker 0
+    r.join(2, memory_released=["weights"])  # more: the others release it too
+    assert r.ops.released == ALL
+    assert r.sent() == [p.WorkerReleaseMemory(token=0, tags=ALL)] * 3  # 0, 1, then 2's kv
+    r.join(3, memory_released=ALL)
+    r.join(4)
+    assert r.sent() == [p.WorkerReleaseMemory(token=0, tags=ALL)]  # worker 4 only
+    r.ops.start(b"c", p.ResumeMemory(request_id="w"))
+    assert r.sent() == [p.WorkerResumeMemory(token=1, tags=ALL)] * 5

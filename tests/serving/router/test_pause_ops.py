@@ -1,8 +1,9 @@
 """The router's pauses (router/pause_ops.py), over a worker pool whose socket records what
 it sent: every live worker is asked; the client's answer says whether they all paused and
 how many running requests the pause stopped; a worker that joins while paused is paused
-before anything else reaches it, and not once generation continues; a refusing, dead or
-silent worker fails the pause, which stays asked."""
+before anything else reaches it, and not once generation continues; a worker that joins
+paused (the router restarted) makes its pause the router's; a refusing, dead or silent
+worker fails the pause, which stays asked."""
 
 from __future__ import annotations
 
@@ -59,3 +60,19 @@ def test_a_refusing_dead_or_silent_worker_fails_the_pause() -> None:
         "unavailable",
         "worker 0 did not answer within 5 s",
     )
+
+
+def test_a_worker_that_joins_paused_makes_the_pause_the_routers() -> None:
+    """A router started while its workers were paused (a restart) learns the pause from the
+    first hello that says so: it reports it, pauses the workers that joined unpaused before
+    and after, and a continue reaches them all."""
+    r = _router()
+    r.join(0)
+    r.sent()
+    r.join(1, paused="retract")
+    assert r.ops.mode == "retract" and r.sent() == [p.WorkerPause(token=0, mode="in_place")]
+    r.join(2, paused="in_place")  # paused already: nothing to send
+    r.join(3)
+    assert r.sent() == [p.WorkerPause(token=0, mode="in_place")] and r.ops.mode == "retract"
+    r.ops.start(b"c", p.ContinueGeneration(request_id="c"))
+    assert r.sent() == [p.WorkerContinue(token=1)] * 4 and r.ops.mode is None

@@ -98,6 +98,21 @@ def test_released_weights_refuse_an_update_and_a_retracted_request_waits_for_bot
         assert _ends(w, {"rollout"}) == {"rollout": "length"}
 
 
+def test_a_hello_again_says_what_is_paused_and_released() -> None:
+    """Joining again (a restarted router asks every worker that speaks to), the worker's
+    hello says its pause and released memory: the new router takes them as its own."""
+    with wired_worker(SleepyEngine()) as w:
+        w.send(p.WorkerPause(token=1, mode="retract"), p.WorkerReleaseMemory(token=2, tags=ALL))
+        assert w.next(p.WorkerMemoryReply).released == ALL
+        w.send(p.WorkerRejoin(join=0))
+        hello = w.next(p.WorkerHello)
+        assert (hello.paused, hello.memory_released, hello.join) == ("retract", ALL, 1)
+        resume = p.WorkerResumeMemory(token=3, tags=ALL)
+        w.send(resume, p.WorkerContinue(token=4), p.WorkerRejoin(join=1))
+        hello = w.next(p.WorkerHello)
+        assert (hello.paused, hello.memory_released) == (None, [])
+
+
 def test_an_engine_that_cannot_release_memory_refuses() -> None:
     with wired_worker(FakeEngine()) as w:
         w.send(p.WorkerReleaseMemory(token=1, tags=["kv_cache"]))
