@@ -25,6 +25,8 @@ from radixserve.agents.registry import (
     tool_format,
 )
 from radixserve.agents.stream import OutputParser
+from radixserve.sampling_params import SamplingParams
+from radixserve.serving.http import chat_tools
 
 TEMPLATE = (
     Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates" / "gpt_oss.jinja"
@@ -185,11 +187,28 @@ def test_held_back_markers_never_leak() -> None:
     assert (content, reasoning) == ("One moment.", REASONING)
 
 
-def test_template_guess_and_names() -> None:
+def test_template_guess_names_and_plan() -> None:
     """The template's harmony markup picks the format (as ``[ARGS]`` picks Mistral's v11);
-    SGLang's and vLLM's parser names select it."""
+    SGLang's and vLLM's parser names select it; a plan on the template reads the reasoning
+    with it, keeps the special tokens in the text and forces calls in its markup."""
     assert guess_tool_format(TEMPLATE) is HARMONY
     assert served_tool_format(None, TEMPLATE) is HARMONY
     assert tool_format("gpt-oss") is HARMONY and tool_format("openai") is HARMONY
     assert served_tool_format("gpt-oss", TEMPLATE) is HARMONY
     assert reasoning_format("gpt-oss") is harmony.THINK
+    tools = [chat_tools.ToolIn.model_validate({"function": {"name": "get_weather"}})]
+    plan = chat_tools.plan(tools, "required", TEMPLATE, None, None, False, False)
+    assert plan.think is harmony.THINK and plan.special_tokens
+    assert plan.structural_tag is not None
+    assert "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>" in (
+        plan.structural_tag
+    )
+    params = chat_tools.constrain(SamplingParams(), plan)
+    assert params.skip_special_tokens is False and params.structural_tag == plan.structural_tag
+    # Named by --tool-call-parser, whatever the template: a request without tools too.
+    named = chat_tools.plan(None, None, "{{ messages }}", "gpt-oss", None, False)
+    assert named.think is harmony.THINK and named.special_tokens
+    # Another model's template: nothing implied, special tokens skipped as before.
+    qwen = chat_tools.plan(tools, "auto", "{{ tools }} <tool_call>", None, None, False)
+    assert qwen.think is None and not qwen.special_tokens
+    assert chat_tools.constrain(SamplingParams(), qwen).skip_special_tokens
