@@ -8,7 +8,9 @@ appears (an opening tag, when the model writes one anyway, is dropped); an answe
 never closes it is all reasoning; ``qwen3-thinking`` (Qwen3's thinking-only models) the
 same. ``mistral`` (Magistral) thinks between ``[THINK]`` and ``[/THINK]``, ``kimi`` (Kimi
 K1.5, Kimi-VL-Thinking) between ``◁think▷`` and ``◁/think▷``, each only when the answer
-starts so. The names are SGLang's ``--reasoning-parser`` names.
+starts so. ``gpt-oss`` (:mod:`radixserve.agents.harmony`) has no block: its reasoning is
+the analysis channel's messages, read by a reader of its own. The names are SGLang's
+``--reasoning-parser`` names.
 """
 
 from __future__ import annotations
