@@ -212,3 +212,23 @@ def test_template_guess_names_and_plan() -> None:
     qwen = chat_tools.plan(tools, "auto", "{{ tools }} <tool_call>", None, None, False)
     assert qwen.think is None and not qwen.special_tokens
     assert chat_tools.constrain(SamplingParams(), qwen).skip_special_tokens
+
+
+def test_call_token_ends_with_tool_calls_and_return_with_stop() -> None:
+    """The engine ends the turn at a stop token (``finish_reason`` "stop"): an answer ending
+    with ``<|call|>`` finished with a call (``tool_calls``), one ending with ``<|return|>``
+    with the answer (``stop``); the stop tokens, when the text keeps them, are no content."""
+    tools = [chat_tools.ToolIn.model_validate({"function": {"name": "get_weather"}})]
+    plan = chat_tools.plan(tools, "auto", TEMPLATE, None, None, False)
+    msg, reason = chat_tools.message(plan, THINK + CALL, "stop")
+    assert reason == "tool_calls" and msg["content"] is None
+    assert msg["reasoning_content"] == REASONING
+    assert msg["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": SF}
+    msg, reason = chat_tools.message(plan, THINK + FINAL, "stop")
+    assert reason == "stop" and "tool_calls" not in msg
+    assert (msg["content"], msg["reasoning_content"]) == ("It is 20 C and sunny.", REASONING)
+    # Cut off by max_tokens inside the call: no call, the text as written stays content.
+    cut = THINK + CALL[: CALL.index("San")]
+    msg, reason = chat_tools.message(plan, cut, "length")
+    assert reason == "length" and "tool_calls" not in msg
+    assert msg["content"] == CALL[: CALL.index("San")]

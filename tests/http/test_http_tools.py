@@ -372,7 +372,8 @@ HARMONY_ANSWER = (
 def test_harmony_reasoning_split(server: Server) -> None:
     """gpt-oss's template sent with the request, on the shared server (no reasoning parser):
     its harmony format implies harmony's reasoning split, so the analysis message comes back
-    as reasoning_content, the final one as content, with no markup, streamed and not."""
+    as reasoning_content, the final one as content, with no markup, streamed and not; a
+    forced call streams as delta.tool_calls."""
     client = sdk(Target(server, (TEMPLATES / "gpt_oss.jinja").read_text(), "none"))
     kw: dict[str, Any] = dict(
         model="default",
@@ -391,6 +392,25 @@ def test_harmony_reasoning_split(server: Server) -> None:
         for key in parts:
             parts[key] += getattr(chunk.choices[0].delta, key, None) or "" if chunk.choices else ""
     assert parts == {"reasoning_content": reasoning, "content": m.content}
+    # A forced call streamed: announced with its name, its arguments in fragments, no markup.
+    named = {"type": "function", "function": {"name": "get_time"}}
+    calls: dict[int, list[str]] = {}
+    text, reasons = "", []
+    for chunk in client.chat.completions.create(
+        model="default", messages=kw["messages"], tools=TOOLS, tool_choice=named, stream=True
+    ):
+        for choice in chunk.choices:
+            text += (choice.delta.content or "") + (
+                getattr(choice.delta, "reasoning_content", None) or ""
+            )
+            reasons.append(choice.finish_reason)
+            for tc in choice.delta.tool_calls or []:
+                calls.setdefault(tc.index, ["", ""])
+                calls[tc.index][0] += tc.function.name or ""
+                calls[tc.index][1] += tc.function.arguments or ""
+    assert text == "" and reasons[-1] == "tool_calls"
+    assert list(calls) == [0] and calls[0][0] == "get_time"
+    assert json.loads(calls[0][1])["zone"] in ("UTC", "CET")
 
 
 def test_default_template_without_tools_is_an_informative_400(server: Server) -> None:
