@@ -20,6 +20,10 @@ server's reasoning parser (``--reasoning-parser``). ``tool_choice``:
   ``response_format`` or another spelling of it, that constraint wins and the structural
   tag is not applied.)
 
+gpt-oss's harmony format (its template's markup, or ``--tool-call-parser gpt-oss``) is read
+for reasoning too when no ``--reasoning-parser`` is named, with or without tools in the
+request, and keeps the special tokens in the text: its markers are special tokens.
+
 A chat template that does not render tools (the default SmolLM2's) gets a 400 for any
 ``tool_choice`` but ``"none"`` (which then drops the tools): a tool list the model never
 sees would only look supported. Sizes are checked before anything proportional to them.
