@@ -10,6 +10,8 @@ imports, so that a new model's format is one parser and a test:
   :mod:`~radixserve.agents.mistral` (``[TOOL_CALLS][{...}]``): each a ``scan(text, final)``.
 - :mod:`~radixserve.agents.reasoning`: ``<think>...</think>`` (Qwen3, DeepSeek-R1, GLM-4.5),
   Magistral's ``[THINK]`` and Kimi's ``◁think▷`` blocks.
+- :mod:`~radixserve.agents.harmony`: gpt-oss's harmony channel messages, read once for both
+  splits (reasoning from the analysis channel, calls from ``functions.*`` recipients).
 - :mod:`~radixserve.agents.stream`: :class:`~radixserve.agents.stream.OutputParser`, which
   feeds text deltas through a reasoning parser and a tool parser and hands back content,
   reasoning and tool-call deltas in OpenAI's incremental shape.

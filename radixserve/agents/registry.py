@@ -3,7 +3,7 @@
 A template names its format by the markup it writes (``<tool_call>``, Qwen3-Coder's
 ``<function=``, ``[TOOL_CALLS]`` (with ``[ARGS]``: Mistral's v11 calls), Granite's
 ``<|tool_call|>``, the pythonic templates' ``[func_name1(`` example, Llama's ``ipython``
-role); ``--tool-call-parser`` overrides the guess.
+role, gpt-oss's harmony ``<|channel|>``); ``--tool-call-parser`` overrides the guess.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from radixserve.agents import (
     glm_xml,
+    harmony,
     hermes,
     llama3,
     mistral,
@@ -116,6 +117,20 @@ PYTHONIC = ToolFormat(
     calls_grammar=pythonic_grammar.structural_tag,
 )
 
+# gpt-oss's harmony messages: the recipient names the function in the header, the body is
+# the arguments' JSON; the parser also reads the reasoning (harmony.THINK), and a forced
+# call's header is the one the model writes (the template renders the recipient first).
+HARMONY = ToolFormat(
+    harmony.NAME,
+    harmony.scan,
+    harmony.CALL_BEGIN,
+    harmony.CALL,
+    "",
+    False,
+    head=harmony.CALL_HEAD,
+    separator=harmony.NEXT_MESSAGE,
+)
+
 TOOL_FORMATS: dict[str, ToolFormat] = {
     "hermes": HERMES,
     "qwen": HERMES,
@@ -130,8 +145,10 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
     "granite": GRANITE,
     "pythonic": PYTHONIC,
     "llama4_pythonic": PYTHONIC,
+    "gpt-oss": HARMONY,  # SGLang's name
+    "openai": HARMONY,  # vLLM's
 }
-REASONING_FORMATS: dict[str, think.ThinkFormat] = dict(think.FORMATS)
+REASONING_FORMATS: dict[str, think.ThinkFormat] = {**think.FORMATS, harmony.NAME: harmony.THINK}
 
 
 def tool_format(name: str) -> ToolFormat:
@@ -156,6 +173,21 @@ def served_tool_format(parser: str | None, template: str | None) -> ToolFormat |
     return fmt
 
 
+def implied_reasoning(fmt: ToolFormat | None) -> think.ThinkFormat | None:
+    """The reasoning format a tool format implies when the server names none: harmony's
+    (the analysis channel has no other reading, and its markup must not reach the content;
+    vLLM reads gpt-oss's reasoning so too); ``None`` for the others, whose think blocks
+    are the reasoning parser's to name."""
+    return harmony.THINK if fmt is HARMONY else None
+
+
+def keeps_special_tokens(fmt: ToolFormat | None, think_fmt: think.ThinkFormat | None) -> bool:
+    """Whether reading answers needs the special tokens kept in the text: harmony's markers
+    (``<|channel|>``, ``<|message|>``...) are special tokens of gpt-oss's tokenizer, which
+    a detokenizer skipping them would leave as ``analysisThe user...assistantfinal...``."""
+    return fmt is HARMONY or (think_fmt is not None and think_fmt.name == harmony.NAME)
+
+
 def reasoning_format(name: str) -> think.ThinkFormat:
     try:
         return REASONING_FORMATS[name]
@@ -175,6 +207,8 @@ def guess_tool_format(template: str | None) -> ToolFormat | None:
     if not renders_tools(template):
         return None
     assert template is not None
+    if harmony.CHANNEL in template and harmony.FUNCTIONS in template:
+        return HARMONY  # gpt-oss: <|channel|>commentary to=functions.NAME
     if "<function=" in template and "<parameter=" in template:
         return QWEN3_CODER
     if "<arg_key>" in template:

@@ -21,6 +21,12 @@ cache. Mistral's calls before v11 are one JSON array: one tag whose content is t
 Its v11 calls name the function in the markup (``[TOOL_CALLS]get_weather[ARGS]``), then the
 arguments' JSON; Qwen3-Coder's too (``<tool_call>\n<function=get_weather>\n``), then the
 arguments as XML parameters: xgrammar's ``qwen_xml`` style of the arguments' schema.
+gpt-oss's harmony calls name it in the message header
+(``<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>``), then the
+arguments' JSON and ``<|call|>``; several are separated by ``<|start|>assistant``. That is
+how the model writes a call, not how gpt-oss's template renders it back (recipient first,
+``<|start|>assistant to=functions.get_weather<|channel|>commentary json``): the next turn
+reuses the prompt from the cache, not the call.
 """
 
 from __future__ import annotations

@@ -97,7 +97,8 @@ def _agent_arguments(g: Any) -> None:
         "--reasoning-parser",
         default=None,
         choices=sorted(REASONING_FORMATS),
-        help="split a reasoning model's think block out of answers into reasoning_content",
+        help="split a reasoning model's reasoning (a think block; gpt-oss's analysis messages) out "
+        "of answers into reasoning_content",
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from stream_helpers import run, splits, whole
 
 from radixserve.agents import hermes, llama3, mistral, pythonic, qwen_xml
 from radixserve.agents import reasoning as think
@@ -98,35 +99,6 @@ PYTHONIC_CALLS = (
 LLAMA4_CALL = "<|python_start|>[get_time(zone='UTC')]<|python_end|>"
 # DeepSeek-R1: the template opens <think> in the prompt; the answer starts inside it.
 R1_ANSWER = "Okay, 2 + 2 is basic arithmetic.\n</think>\n\nThe answer is 4."
-
-
-def run(scan: ToolScan | None, fmt: think.ThinkFormat | None, pieces: list[str]) -> dict:
-    p = OutputParser(scan, fmt)
-    content, reasoning, calls = "", "", {}
-    for d in [*(p.feed(x) for x in pieces), p.finish()]:
-        content += d.content
-        reasoning += d.reasoning
-        for c in d.tool_calls:
-            if c.id is not None:
-                assert c.index == len(calls) and c.name
-                calls[c.index] = [c.id, c.name, ""]
-            calls[c.index][2] += c.arguments
-    streamed = [tuple(v) for _, v in sorted(calls.items())]
-    assert streamed == [tuple(c) for c in p.calls], "streamed calls differ from the final ones"
-    assert content == p.content and reasoning == p.reasoning
-    return {"content": content, "reasoning": reasoning, "calls": [(n, a) for _, n, a in streamed]}
-
-
-def whole(scan: ToolScan | None, fmt: think.ThinkFormat | None, text: str) -> dict:
-    p = OutputParser(scan, fmt)
-    p.parse(text)
-    return {"content": p.content, "reasoning": p.reasoning, "calls": [c[1:] for c in p.calls]}
-
-
-def splits(text: str) -> list[list[str]]:
-    out = [[text], list(text)]
-    out += [[text[:i], text[i:]] for i in range(1, len(text))]
-    return out
 
 
 @pytest.mark.parametrize(

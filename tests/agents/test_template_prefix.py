@@ -24,6 +24,7 @@ TOOLS = [
         "type": "function",
         "function": {
             "name": "get_weather",
+            "description": "Current weather of a city",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
         },
     }
@@ -36,6 +37,7 @@ END_OF_TURN = {
     "llama3_1.jinja": "<|eot_id|>",
     "mistral.jinja": "<|im_end|>",
     "mistral_v11.jinja": "<|im_end|>",
+    "gpt_oss.jinja": "",  # the call's own <|call|> ends the turn
 }
 
 
@@ -50,13 +52,13 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return tiny_models.build_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
-def render(tok: Any, template: str, msgs: list[p.ChatMessage]) -> str:
+def render(tok: Any, template: str, msgs: list[p.ChatMessage], kwargs: str | None = None) -> str:
     tok.chat_template = (TEMPLATES / template).read_text()
     out: str = tok.apply_chat_template(
         [chat_turn(m) for m in msgs],
         tokenize=False,
         add_generation_prompt=True,
-        **template_inputs(json.dumps(TOOLS), None),
+        **template_inputs(json.dumps(TOOLS), kwargs),
     )
     return out
 
@@ -71,8 +73,8 @@ def test_turn_n_plus_answer_prefixes_turn_n_plus_1(tokenizer: Any, template: str
     answer = fmt.begin + json.dumps([call] if fmt.array else call) + fmt.end
     if fmt.xml:  # as Qwen3-Coder writes it
         answer = fmt.begin + "get_weather>\n<parameter=city>\nParis\n</parameter>" + fmt.end
-    elif fmt.head is not None:  # Mistral's v11: the name in the markup
-        answer = fmt.begin + fmt.head.format(name="get_weather") + '{"city": "Paris"}'
+    elif fmt.head is not None:  # Mistral's v11, harmony: the name in the markup
+        answer = fmt.begin + fmt.head.format(name="get_weather") + '{"city": "Paris"}' + fmt.end
     eos = END_OF_TURN[template]
     turn1 = [
         p.ChatMessage(role="system", content="Be brief."),
@@ -95,5 +97,45 @@ def test_turn_n_plus_answer_prefixes_turn_n_plus_1(tokenizer: Any, template: str
         assert written[len(common) :].startswith("}]") and prompt2[len(common) :].startswith(
             ', "id": "abcdefghi"}]'
         )
+    elif template == "gpt_oss.jinja":
+        # gpt-oss's template renders a call back with its recipient first, not as the model
+        # writes it (and a forced call is written): the cache reuses the prompt, not the call.
+        assert os.path.commonprefix([written, prompt2]) == prompt1
+        assert prompt2[len(prompt1) :].startswith(
+            ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>'
+        )
     else:
         assert prompt2.startswith(written)
+
+
+def test_gpt_oss_template_renders_tools_reasoning_calls_and_results(tokenizer: Any) -> None:
+    """The harmony the fixture writes: the tools as a TypeScript namespace in the developer
+    message, the reasoning effort, an earlier call with its reasoning as an analysis
+    message, the result from the function's role; the reasoning is dropped once a final
+    answer follows (gpt-oss's templates keep only the pending call's). The template reads
+    the reasoning as ``thinking``, which transformers fills from ``reasoning_content``."""
+    tc = p.ToolCallPart(id="abcdefghi", name="get_weather", arguments='{"city": "Paris"}')
+    turns = [
+        p.ChatMessage(role="system", content="Be brief."),
+        p.ChatMessage(role="user", content="Weather in Paris?"),
+        p.ChatMessage(role="assistant", content="", tool_calls=[tc], reasoning_content="Look."),
+        p.ChatMessage(role="tool", content="18 C", tool_call_id="abcdefghi"),
+    ]
+    text = render(tokenizer, "gpt_oss.jinja", turns, json.dumps({"reasoning_effort": "high"}))
+    assert "\nReasoning: high\n" in text
+    assert (
+        "<|start|>developer<|message|># Instructions\n\nBe brief.\n\n# Tools\n\n## functions\n\n"
+        "namespace functions {\n\n// Current weather of a city\ntype get_weather = (_: {\n"
+        "city?: string,\n}) => any;\n\n} // namespace functions<|end|>"
+    ) in text
+    assert text.endswith(
+        "<|start|>user<|message|>Weather in Paris?<|end|>"
+        "<|start|>assistant<|channel|>analysis<|message|>Look.<|end|>"
+        "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+        '{"city": "Paris"}<|call|>'
+        '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"18 C"<|end|>'
+        "<|start|>assistant"
+    )
+    answered = [*turns, p.ChatMessage(role="assistant", content="18 C."), turns[1]]
+    later = render(tokenizer, "gpt_oss.jinja", answered)
+    assert "Look." not in later and "<|channel|>final<|message|>18 C.<|end|>" in later

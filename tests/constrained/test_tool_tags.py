@@ -13,6 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from radixserve.agents.registry import (
+    HARMONY,
     HERMES,
     LLAMA3_JSON,
     MISTRAL,
@@ -72,9 +73,10 @@ def calls(fmt: ToolFormat, *objs: dict[str, Any]) -> str:
         return "\n".join(xml(o["name"], o["args"]) for o in objs)
     if fmt.array:
         return fmt.begin + "[" + ", ".join(one(o["name"], o["args"]) for o in objs) + "]" + fmt.end
-    if fmt.head is not None:  # Mistral v11: the name in the markup
+    if fmt.head is not None:  # Mistral v11, harmony: the name in the markup
         return fmt.separator.join(
-            fmt.begin + fmt.head.format(name=o["name"]) + json.dumps(o["args"]) for o in objs
+            fmt.begin + fmt.head.format(name=o["name"]) + json.dumps(o["args"]) + fmt.end
+            for o in objs
         )
     return fmt.separator.join(fmt.begin + one(o["name"], o["args"]) + fmt.end for o in objs)
 
@@ -95,7 +97,7 @@ WEATHER = {"name": "get_weather", "args": {"any": [1, "thing"]}}
 
 
 @pytest.mark.parametrize(
-    "fmt", [HERMES, QWEN3_CODER, LLAMA3_JSON, MISTRAL, MISTRAL_V11], ids=fmt_id
+    "fmt", [HERMES, QWEN3_CODER, LLAMA3_JSON, MISTRAL, MISTRAL_V11, HARMONY], ids=fmt_id
 )
 def test_required_with_and_without_parallel_calls(compiler: Any, fmt: ToolFormat) -> None:
     several = required_calls(fmt, FUNCS, parallel=True)
@@ -111,7 +113,7 @@ def test_required_with_and_without_parallel_calls(compiler: Any, fmt: ToolFormat
     assert feed(compiler, one, two) is None
 
 
-@pytest.mark.parametrize("fmt", [HERMES, QWEN3_CODER, MISTRAL, MISTRAL_V11], ids=fmt_id)
+@pytest.mark.parametrize("fmt", [HERMES, QWEN3_CODER, MISTRAL, MISTRAL_V11, HARMONY], ids=fmt_id)
 def test_strict_tools_under_auto(compiler: Any, fmt: ToolFormat) -> None:
     auto = auto_calls(fmt, FUNCS, parallel=True)
     text = "Let me check. " + calls(fmt, UTC)

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
-from radixserve.agents import reasoning
-from radixserve.agents.registry import HERMES
+from radixserve.agents import harmony, reasoning
+from radixserve.agents.registry import HARMONY, HERMES
 from radixserve.serving.http.anthropic_errors import error_body
 from radixserve.serving.http.chat_request import read_answer
 from radixserve.serving.http.chat_tools import ToolPlan, output_parser
 from radixserve.serving.http.errors import APIError
+from radixserve.serving.http.messages import blocks as message_blocks
 from radixserve.serving.http.messages_protocol import MessagesRequest
 from radixserve.serving.http.messages_stream import Blocks
 from radixserve.serving.http.responses_items import output_items, parse_items, to_messages
@@ -25,6 +26,25 @@ PLAN = ToolPlan("[]", HERMES.scan, None, reasoning.QWEN3)
 ANSWER = (
     "<think>Need the weather.</think>Let me check."
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
+# The same answer as gpt-oss writes it (harmony: analysis, a preamble, then the call).
+HARMONY_ANSWER = (
+    "<|channel|>analysis<|message|>Need the weather.<|end|>"
+    "<|start|>assistant<|channel|>commentary<|message|>Let me check.<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+    '<|message|>{"city": "Paris"}<|call|>'
+)
+# Each format's plan and answer, for the tests that read one through both APIs' shapes.
+FORMATS = pytest.mark.parametrize(
+    ("plan", "answer"),
+    [
+        pytest.param(PLAN, ANSWER, id="qwen3"),
+        pytest.param(
+            ToolPlan("[]", HARMONY.scan, None, harmony.THINK, special_tokens=True),
+            HARMONY_ANSWER,
+            id="gpt-oss",
+        ),
+    ],
 )
 
 
@@ -41,11 +61,13 @@ def sse(raw: list[bytes]) -> list[dict[str, Any]]:
     return out
 
 
-def test_items_render_one_assistant_turn_per_answer() -> None:
+@FORMATS
+def test_items_render_one_assistant_turn_per_answer(plan: ToolPlan, answer: str) -> None:
     """reasoning + message + calls are one assistant turn; outputs name their function."""
-    answer = read_answer(PLAN, ANSWER, "stop")
+    read = read_answer(plan, answer, "stop")
+    assert [b["type"] for b in message_blocks(read)] == ["thinking", "text", "tool_use"]
     items = parse_items([{"role": "user", "content": "Paris?"}])
-    items += output_items(answer.content, answer.reasoning, answer.calls, incomplete=False)
+    items += output_items(read.content, read.reasoning, read.calls, incomplete=False)
     assert [i["type"] for i in items] == ["message", "reasoning", "message", "function_call"]
     call_id = items[-1]["call_id"]
     items += parse_items([{"type": "function_call_output", "call_id": call_id, "output": "18 C"}])
@@ -87,12 +109,13 @@ def test_reasoning_sealed_for_a_stateless_client_comes_back_as_reasoning() -> No
     )
 
 
-def test_response_stream_events_for_reasoning_then_a_call() -> None:
-    parser = output_parser(PLAN)
+@FORMATS
+def test_response_stream_events_for_reasoning_then_a_call(plan: ToolPlan, answer: str) -> None:
+    parser = output_parser(plan)
     assert parser is not None
     items = OutputItems(Writer())
     raw: list[bytes] = []
-    for piece in pieces(ANSWER):
+    for piece in pieces(answer):
         raw += items.apply(parser.feed(piece))
     raw += items.apply(parser.finish()) + items.finish(incomplete=False)
     evs = sse(raw)
@@ -112,12 +135,13 @@ def test_response_stream_events_for_reasoning_then_a_call() -> None:
     assert done[2]["arguments"] == args and done[2]["status"] == "completed"
 
 
-def test_messages_stream_blocks_for_reasoning_then_a_call() -> None:
-    parser = output_parser(PLAN)
+@FORMATS
+def test_messages_stream_blocks_for_reasoning_then_a_call(plan: ToolPlan, answer: str) -> None:
+    parser = output_parser(plan)
     assert parser is not None
     blocks = Blocks()
     raw: list[bytes] = []
-    for piece in pieces(ANSWER, 5):
+    for piece in pieces(answer, 5):
         raw += blocks.apply(parser.feed(piece))
     raw += blocks.apply(parser.finish()) + blocks.close()
     evs = sse(raw)

@@ -243,7 +243,7 @@ def test_required_parallel_calls_with_n_seed_and_stop(tool_server: tuple[str, Ta
 
 
 @pytest.mark.parametrize(
-    "template", ["llama3_2_pythonic.jinja", "glm45.jinja", "mistral_v11.jinja"]
+    "template", ["llama3_2_pythonic.jinja", "glm45.jinja", "mistral_v11.jinja", "gpt_oss.jinja"]
 )
 def test_calls_forced_with_a_template_of_their_own_format(server: Server, template: str) -> None:
     """Llama 3.2's pythonic calls, GLM-4.5's key/value calls and Mistral's v11 named calls
@@ -359,6 +359,58 @@ def test_reasoning_split_with_thinking_template(tool_server: tuple[str, Target])
     assert on.usage and off.usage and off.usage.prompt_tokens > on.usage.prompt_tokens
     assert isinstance(off.choices[0].message.content, str)
     assert getattr(off.choices[0].message, "reasoning_content", None) is None
+
+
+# Harmony text a random model writes when a regex holds it to the format: an analysis
+# message, then the final answer (the markup is plain text to the tiny Llama's tokenizer).
+HARMONY_ANSWER = (
+    r"<\|channel\|>analysis<\|message\|>[a-z]{1,8}<\|end\|>"
+    r"<\|start\|>assistant<\|channel\|>final<\|message\|>[a-z]{1,8}<\|return\|>"
+)
+
+
+def test_harmony_reasoning_split(server: Server) -> None:
+    """gpt-oss's template sent with the request, on the shared server (no reasoning parser):
+    its harmony format implies harmony's reasoning split, so the analysis message comes back
+    as reasoning_content, the final one as content, with no markup, streamed and not; a
+    forced call streams as delta.tool_calls."""
+    client = sdk(Target(server, (TEMPLATES / "gpt_oss.jinja").read_text(), "none"))
+    kw: dict[str, Any] = dict(
+        model="default",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=300,
+        temperature=0,
+        extra_body={"regex": HARMONY_ANSWER},
+    )
+    r = client.chat.completions.create(**kw)
+    m = r.choices[0].message
+    reasoning = getattr(m, "reasoning_content", None)
+    assert reasoning and reasoning.isalpha() and m.content and m.content.isalpha(), m
+    assert r.choices[0].finish_reason == "stop" and not m.tool_calls
+    parts = {"reasoning_content": "", "content": ""}
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for key in parts:
+            parts[key] += getattr(chunk.choices[0].delta, key, None) or "" if chunk.choices else ""
+    assert parts == {"reasoning_content": reasoning, "content": m.content}
+    # A forced call streamed: announced with its name, its arguments in fragments, no markup.
+    named = {"type": "function", "function": {"name": "get_time"}}
+    calls: dict[int, list[str]] = {}
+    text, reasons = "", []
+    for chunk in client.chat.completions.create(
+        model="default", messages=kw["messages"], tools=TOOLS, tool_choice=named, stream=True
+    ):
+        for choice in chunk.choices:
+            text += (choice.delta.content or "") + (
+                getattr(choice.delta, "reasoning_content", None) or ""
+            )
+            reasons.append(choice.finish_reason)
+            for tc in choice.delta.tool_calls or []:
+                calls.setdefault(tc.index, ["", ""])
+                calls[tc.index][0] += tc.function.name or ""
+                calls[tc.index][1] += tc.function.arguments or ""
+    assert text == "" and reasons[-1] == "tool_calls"
+    assert list(calls) == [0] and calls[0][0] == "get_time"
+    assert json.loads(calls[0][1])["zone"] in ("UTC", "CET")
 
 
 def test_default_template_without_tools_is_an_informative_400(server: Server) -> None:

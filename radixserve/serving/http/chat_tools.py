@@ -20,6 +20,10 @@ server's reasoning parser (``--reasoning-parser``). ``tool_choice``:
   ``response_format`` or another spelling of it, that constraint wins and the structural
   tag is not applied.)
 
+gpt-oss's harmony format (its template's markup, or ``--tool-call-parser gpt-oss``) is read
+for reasoning too when no ``--reasoning-parser`` is named, with or without tools in the
+request, and keeps the special tokens in the text: its markers are special tokens.
+
 A chat template that does not render tools (the default SmolLM2's) gets a 400 for any
 ``tool_choice`` but ``"none"`` (which then drops the tools): a tool list the model never
 sees would only look supported. Sizes are checked before anything proportional to them.
@@ -38,6 +42,8 @@ from radixserve.agents import reasoning as think
 from radixserve.agents import tool_tags
 from radixserve.agents.registry import (
     ToolFormat,
+    implied_reasoning,
+    keeps_special_tokens,
     reasoning_format,
     renders_tools,
     served_tool_format,
@@ -98,6 +104,9 @@ class ToolPlan(NamedTuple):
     # Structural tag (see tool_tags): strict arguments under auto, several forced calls,
     # one call at most; applied instead of ``forced`` when set (see :func:`constrain`).
     structural_tag: str | None = None
+    # The answer's markup is special tokens (harmony's ``<|channel|>``...): the text must
+    # keep them for the parsers to read it (``skip_special_tokens`` off, as SGLang does).
+    special_tokens: bool = False
 
 
 def after_prefill(plan: ToolPlan, prefill: str) -> ToolPlan:
@@ -135,7 +144,26 @@ def plan(
 ) -> ToolPlan:
     """Check the request's tool fields against the model and server; raise a 400 on any
     that cannot be honoured. ``parallel_tool_calls``: ``None`` is OpenAI's default (on)."""
-    think_fmt = reasoning_format(reasoning_parser) if reasoning_parser else None
+    # The served format reads answers with or without tools in the request: harmony's implies
+    # its reasoning split (registry.implied_reasoning) and the special tokens kept.
+    served = served_tool_format(tool_parser, template)
+    think_fmt = (
+        reasoning_format(reasoning_parser) if reasoning_parser else implied_reasoning(served)
+    )
+    tp = _plan(tools, tool_choice, template, served, think_fmt, has_constraint, parallel_tool_calls)
+    return tp._replace(special_tokens=keeps_special_tokens(served, think_fmt))
+
+
+def _plan(
+    tools: list[ToolIn] | None,
+    tool_choice: str | dict[str, Any] | None,
+    template: str | None,
+    served: ToolFormat | None,
+    think_fmt: think.ThinkFormat | None,
+    has_constraint: bool,
+    parallel_tool_calls: bool | None,
+) -> ToolPlan:
+    """:func:`plan` once the served format and the reasoning format are known."""
     if not tools:
         if tool_choice not in (None, "none", "auto"):
             raise invalid("tool_choice needs tools", param="tool_choice")
@@ -151,11 +179,12 @@ def plan(
             'or send tool_choice "none"',
             param="tools",
         )
-    fmt = served_tool_format(tool_parser, template)
+    fmt = served
     if fmt is None:
         raise invalid(
             "no tool-call parser matches the served model's chat template; start the server "
-            "with --tool-call-parser (hermes, qwen3_coder, llama3_json, mistral or pythonic)",
+            "with --tool-call-parser (hermes, qwen3_coder, llama3_json, mistral, pythonic or "
+            "gpt-oss)",
             param="tools",
         )
     if choice == "none":
@@ -267,7 +296,10 @@ def _bounded(constraint: str, purpose: str) -> str:
 
 
 def constrain(params: SamplingParams, tp: ToolPlan) -> SamplingParams:
-    """``params`` with the plan's tool constraint, if it has one."""
+    """``params`` with the plan's tool constraint, if it has one, and the special tokens
+    kept in the text where the parsers read them."""
+    if tp.special_tokens and params.skip_special_tokens:
+        params = msgspec.structs.replace(params, skip_special_tokens=False)
     if tp.structural_tag is not None:
         return msgspec.structs.replace(params, structural_tag=tp.structural_tag)
     if tp.forced is not None:
