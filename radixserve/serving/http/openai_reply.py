@@ -242,6 +242,8 @@ class ChatStream:
                 reason = "tool_calls"
         why = stop_reason(final, self.head.stop_token_ids)
         out.append(self._chunk(i, {}, finish_reason=reason, stop_reason=why))
+        if self.head.hidden_states:
+            out.append(self._chunk(i, {"hidden_states": last_hidden_state(final)}))
         return out
 
     def _chunk(
