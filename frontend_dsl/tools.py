@@ -40,8 +40,7 @@ from typing import Any
 from frontend_dsl.chat_template import render_chat_template
 from radixserve.agents.registry import ToolFormat, guess_tool_format, tool_format
 from radixserve.agents.stream import OutputParser
-from radixserve.agents.tool_grammar import forced_call
-from radixserve.agents.tool_tags import auto_calls, required_calls
+from radixserve.agents.tool_tags import auto_calls, forced_calls
 from radixserve.agents.types import ToolCall
 
 __all__ = ["ToolMarkers", "ToolReply", "ToolUse", "tool", "tools_json", "tool_markers"]
@@ -121,14 +120,12 @@ class ToolUse:
         """The SamplingParams constraint field this choice needs (empty: none)."""
         functions = self.functions()
         if self.choice == "required":
-            return {"structural_tag": required_calls(fmt, functions, self.parallel)}
+            return forced_calls(fmt, functions, self.parallel)
         if self.choice != "auto":
             named = [f for f in functions if f["name"] == self.choice]
             if not named:
                 raise ValueError(f"tool_choice {self.choice!r} is not one of the tools")
-            if fmt.xml:  # XML arguments: no JSON call object to force
-                return {"structural_tag": required_calls(fmt, named, False)}
-            return {"tagged_json": forced_call(fmt, named)}
+            return forced_calls(fmt, named, False)
         if not self.parallel or any(f.get("strict") for f in functions):
             return {"structural_tag": auto_calls(fmt, functions, self.parallel)}
         return {}

@@ -35,7 +35,7 @@ import json
 from typing import Any
 
 from radixserve.agents.registry import ToolFormat
-from radixserve.agents.tool_grammar import call_schema
+from radixserve.agents.tool_grammar import call_schema, forced_call
 
 #: A non-strict tool's arguments under ``auto``: any JSON object.
 LOOSE_ARGS: dict[str, Any] = {"type": "object"}
@@ -130,3 +130,16 @@ def required_calls(fmt: ToolFormat, functions: list[dict[str, Any]], parallel: b
         "stop_after_first": not parallel or fmt.array,
     }
     return json.dumps({"type": "structural_tag", "format": spec})
+
+
+def forced_calls(fmt: ToolFormat, functions: list[dict[str, Any]], several: bool) -> dict[str, str]:
+    """The constraint forcing calls of ``functions`` and nothing else (``several``: one or
+    more, else exactly one), as its :class:`~radixserve.sampling_params.SamplingParams`
+    field: the format's own grammar where it has no JSON (pythonic calls), a structural tag
+    where the markup names the function (XML formats, Mistral's v11, harmony) or several may
+    come, else one tagged JSON call object (``tagged_json``)."""
+    if fmt.calls_grammar is not None:
+        return {"structural_tag": fmt.calls_grammar(functions, several)}
+    if fmt.head is not None or several:
+        return {"structural_tag": required_calls(fmt, functions, several)}
+    return {"tagged_json": forced_call(fmt, functions)}

@@ -55,6 +55,21 @@ def test_tool_choice_maps_to_the_http_constraints() -> None:
     assert "<function=calc>" in forced and "<function=look>" not in forced
     xml = "<tool_call>\n<function=calc>\n<parameter=e>\n1 + 2\n</parameter>\n</function>\n</tool_call>"
     assert named.tools.read(QWEN3_CODER, xml).arguments(0) == {"e": "1 + 2"}
+    from radixserve.agents.registry import HARMONY, MISTRAL_V11, PYTHONIC
+
+    # Formats that name the function in their markup: the markup is forced, not a JSON
+    # call object (which would put a "name" member where the model never writes one).
+    for fmt, begin in (
+        (MISTRAL_V11, "[TOOL_CALLS]calc[ARGS]"),
+        (HARMONY, "<|channel|>commentary to=functions.calc <|constrain|>json<|message|>"),
+    ):
+        (only,) = json.loads(named.tools.constraint(fmt)["structural_tag"])["format"]["tags"]
+        assert (
+            only["begin"] == begin
+            and only["content"]["json_schema"] == CALC["function"]["parameters"]
+        )
+    grammar = json.loads(named.tools.constraint(PYTHONIC)["structural_tag"])["format"]["grammar"]
+    assert 'call ::= ("calc("' in grammar and '"look("' not in grammar
     with pytest.raises(ValueError, match="tool_choice"):
         gen("s", tools=[CALC], tool_choice="nope")
     with pytest.raises(ValueError, match="tool"):

@@ -49,7 +49,6 @@ from radixserve.agents.registry import (
     served_tool_format,
 )
 from radixserve.agents.stream import OutputParser, ToolScan
-from radixserve.agents.tool_grammar import forced_call
 from radixserve.constrained.spec import MAX_CONSTRAINT_CHARS
 from radixserve.sampling_params import SamplingParams
 from radixserve.serving.http.errors import invalid
@@ -200,15 +199,11 @@ def _plan(
                 param="tool_choice",
             )
         allowed = [f for f in functions if named is None or f["name"] == named]
-        several = named is None and parallel
-        if fmt.calls_grammar is not None:  # no JSON at all: the format's own grammar
-            tag = _bounded(fmt.calls_grammar(allowed, several), "force a call")
-        elif fmt.head is not None:  # no call object to force: the name in the markup
-            tag = _bounded(tool_tags.required_calls(fmt, allowed, several), "force a call")
-        else:
-            forced = _bounded(forced_call(fmt, allowed), "force a call")
-            if several:
-                tag = _bounded(tool_tags.required_calls(fmt, allowed, parallel), "force calls")
+        force = tool_tags.forced_calls(fmt, allowed, several=named is None and parallel)
+        tag = (
+            _bounded(force["structural_tag"], "force calls") if "structural_tag" in force else None
+        )
+        forced = _bounded(force["tagged_json"], "force a call") if "tagged_json" in force else None
     elif not has_constraint and (not parallel or any(f.get("strict") for f in functions)):
         tag = _bounded(tool_tags.auto_calls(fmt, functions, parallel), "enforce strict tools")
     return ToolPlan(tools_json, fmt.scanner(functions), forced, think_fmt, tag)
