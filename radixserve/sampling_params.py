@@ -49,6 +49,14 @@ MAX_LOGPROB_TOKEN_IDS = 256
 MAX_HIDDEN_STATE_FLOATS = 1 << 24
 
 
+def hidden_state_floats(prompt_len: int, max_tokens: int, hidden_size: int) -> tuple[int, int]:
+    """``(positions, floats)`` a request asking for hidden states may return at most: one
+    ``hidden_size`` vector per position the model reads of its prompt and ``max_tokens``
+    (all but the last token's)."""
+    positions = prompt_len + max_tokens - 1
+    return positions, positions * hidden_size
+
+
 def read_positions(
     hidden: list[list[float]] | None, prompt_len: int, output_len: int
 ) -> list[list[float]] | None:

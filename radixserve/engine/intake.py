@@ -22,7 +22,11 @@ from radixserve.constrained.thinking_budget import ThinkingBudget, ThinkMarkers,
 from radixserve.engine.sampler import Sampler
 from radixserve.model.config import ModelConfig
 from radixserve.model.lora import LoraRegistry, lora_namespace
-from radixserve.sampling_params import MAX_HIDDEN_STATE_FLOATS, SamplingParams
+from radixserve.sampling_params import (
+    MAX_HIDDEN_STATE_FLOATS,
+    SamplingParams,
+    hidden_state_floats,
+)
 from radixserve.scheduling.request import Request
 from radixserve.token_bytes import TokenBytes
 
@@ -69,8 +73,9 @@ class RequestIntake:
         meets is the same on every server."""
         if self.no_embeddings is not None:  # the same final-norm output, on rank 0
             raise ValueError(f"hidden states are not returned {self.no_embeddings}")
-        positions = prompt_len + max_tokens - 1
-        floats = positions * self.model_config.hidden_size
+        positions, floats = hidden_state_floats(
+            prompt_len, max_tokens, self.model_config.hidden_size
+        )
         if floats > MAX_HIDDEN_STATE_FLOATS:
             raise ValueError(
                 f"return_hidden_states would return {positions} positions x "

@@ -77,6 +77,7 @@ class FakeEngine:
             vocab_size=vocab_size,
             eos_token_ids=(eos_token_id,),
             max_position_embeddings=context_length,
+            hidden_size=64,
         )
         self.config = SimpleNamespace(page_size=page_size, max_model_len=context_length)
         self.tokenizer = SimpleNamespace(bos_token_id=1)

@@ -44,6 +44,7 @@ _ROUTER_ERRORS: dict[str, tuple[int, str, str | None]] = {
     "no_workers": (503, "service_unavailable", "no_workers"),
     "worker_died": (503, "service_unavailable", "worker_died"),
     "shutdown": (503, "service_unavailable", "shutdown"),
+    "overloaded": (503, "service_unavailable", "overloaded"),
     "timeout": (504, "timeout", "timeout"),
     "internal": (500, "internal_error", None),
 }

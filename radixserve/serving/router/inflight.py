@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from radixserve.sampling_params import MAX_HIDDEN_STATE_FLOATS, hidden_state_floats
 from radixserve.serving.router.dispatch import Dispatcher
 from radixserve.serving.router.requests import RouterRequest
 from radixserve.serving.router.worker_pool import WorkerHandle, WorkerPool
@@ -66,6 +67,11 @@ class SplitDispatch(Protocol):
         ...
 
 
+# The hidden states (return_hidden_states) the requests in flight may hold together, in
+# floats: twice what one request may (the engine's bound), ~1 GiB of the router's memory.
+HIDDEN_FLOATS_IN_FLIGHT = 2 * MAX_HIDDEN_STATE_FLOATS
+
+
 class InFlight:
     """Every generate request between its arrival and its last message (see the module doc).
 
@@ -93,6 +99,7 @@ class InFlight:
         self._next_rid = 0
         self.split: SplitDispatch | None = None  # set by the router with --disaggregation
         self.total = 0  # requests accepted
+        self.hidden_floats = 0  # reserved by the requests in flight (_reserve_hidden)
         self.aborted = 0  # by their client, or with a client that went away
 
     def __len__(self) -> int:
@@ -142,6 +149,9 @@ class InFlight:
         too_long = context_error(len(st.prompt_ids), pool.context_length())
         if too_long:
             return self.fail(st, "context_length", too_long)
+        refused = self._reserve_hidden(st, pool.hidden_size())
+        if refused is not None:
+            return self.fail(st, "overloaded", refused)
         if self.split is not None:
             return self.split.dispatch(st)
         decision = self._dispatcher.choose(
@@ -162,6 +172,24 @@ class InFlight:
                 lora=st.lora,
             )
         )
+
+    def _reserve_hidden(self, st: RouterRequest, hidden_size: int) -> str | None:
+        """Reserve what ``st``'s hidden states may weigh (once: a retry keeps its share), or
+        say why not: the router holds each request's until its final message, as Python
+        floats (~32 bytes each), and a batch of requests each within the engine's bound
+        could together take more memory than the host has."""
+        if not st.params.return_hidden_states or st.hidden_floats or not hidden_size:
+            return None
+        _, need = hidden_state_floats(len(st.prompt_ids), st.params.max_tokens, hidden_size)
+        if self.hidden_floats + need > HIDDEN_FLOATS_IN_FLIGHT:
+            return (
+                f"the requests in flight would hold {self.hidden_floats + need} floats of "
+                f"hidden states, more than the server's {HIDDEN_FLOATS_IN_FLIGHT}: retry "
+                "when they finished, or ask for fewer positions (a shorter prompt or max_tokens)"
+            )
+        st.hidden_floats = need
+        self.hidden_floats += need
+        return None
 
     # ------------------------------------------------------------------ clients
     def abort(self, client: bytes, client_rid: str) -> None:
@@ -215,6 +243,7 @@ class InFlight:
     def _forget(self, st: RouterRequest) -> bool:
         if self._requests.pop(st.rid, None) is None:
             return False
+        self.hidden_floats -= st.hidden_floats
         self._dispatcher.ended(st.rid)
         rids = self._by_client.get(st.client)
         if rids is not None:

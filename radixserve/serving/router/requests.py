@@ -41,6 +41,8 @@ class RouterRequest:
     # Prompt logprobs, embedding, hidden states: folded in from the outputs, sent whole with
     # the final message.
     extras: OutputExtras = field(default_factory=OutputExtras)
+    # The hidden-state floats reserved for it while in flight (InFlight's bound; 0: none).
+    hidden_floats: int = 0
     usage: p.Usage | None = None
     chunks: int = 0
     retries: int = 0  # times sent to another worker after its worker died (before a first token)

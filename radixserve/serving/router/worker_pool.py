@@ -310,6 +310,10 @@ class WorkerPool:
         sizes = [w.hello.context_length for w in self.live]
         return min(sizes) if sizes else None
 
+    def hidden_size(self) -> int:
+        """The live workers' model's hidden size (0: unknown)."""
+        return max((w.hello.hidden_size for w in self.live), default=0)
+
     def vocab_size(self) -> int | None:
         sizes = [w.hello.vocab_size for w in self.live]
         return min(sizes) if sizes else None

@@ -30,6 +30,7 @@ ErrorCode = Literal[
     "no_workers",  # no live worker to run the request
     "worker_died",  # the worker running the request went away
     "shutdown",  # the server is stopping
+    "overloaded",  # the server holds as much of something as it may (retry later)
     "timeout",  # the server gave up waiting (e.g. for workers to answer)
     "internal",  # a bug; the message says what
 ]

@@ -195,6 +195,9 @@ class WorkerHello(Msg, tag="w_hello"):
     # them here: router/pause_ops.py, router/memory_ops.py).
     paused: PauseMode | None = None
     memory_released: list[MemoryTag] = []
+    # The model's hidden size: what a request's hidden states (return_hidden_states) weigh,
+    # which the router bounds over the requests in flight (0: unknown, not bounded).
+    hidden_size: int = 0
 
 
 class WorkerOutputs(Msg, tag="w_outputs"):

@@ -45,6 +45,7 @@ def describe_engine(
         join=join,
         lora_adapters=dict(getattr(engine, "lora_adapters", {})),
         weight_version=str(getattr(engine, "weight_version", "default")),
+        hidden_size=int(getattr(cfg, "hidden_size", 0) or 0),
     )
 
 

@@ -16,8 +16,6 @@ worker that really lost its work."""
 from __future__ import annotations
 
 import subprocess
-import sys
-from collections.abc import Iterator
 
 import pytest
 from recording_backend import RecordingBackend
@@ -53,13 +51,13 @@ class _Router:
             worker_wait_s=30.0,
         )
 
-    def submit(self, client_rid: str) -> RouterRequest:
+    def submit(self, client_rid: str, params: SamplingParams | None = None) -> RouterRequest:
         st = RouterRequest(
             rid=self.inflight.new_rid(),
             client=b"client",
             client_rid=client_rid,
             prompt_ids=[1, 2, 3],
-            params=SamplingParams(max_tokens=2),
+            params=params or SamplingParams(max_tokens=2),
             stream=False,
             session_id=None,
             namespace=None,
@@ -70,17 +68,6 @@ class _Router:
         self.inflight.dispatch(st)
         self.pool.flush_adds()
         return st
-
-
-@pytest.fixture
-def worker_proc() -> Iterator[subprocess.Popen[bytes]]:
-    """A running process for worker 0 (a worker given up is waited for while it runs)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
-    )
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 @pytest.fixture

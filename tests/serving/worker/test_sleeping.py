@@ -107,6 +107,7 @@ def test_a_hello_again_says_what_is_paused_and_released() -> None:
         w.send(p.WorkerRejoin(join=0))
         hello = w.next(p.WorkerHello)
         assert (hello.paused, hello.memory_released, hello.join) == ("retract", ALL, 1)
+        assert hello.hidden_size == 64  # the router bounds the hidden states in flight by it
         resume = p.WorkerResumeMemory(token=3, tags=ALL)
         w.send(resume, p.WorkerContinue(token=4), p.WorkerRejoin(join=1))
         hello = w.next(p.WorkerHello)
