@@ -25,13 +25,20 @@ def _worker_pids() -> list[int]:
     return [c.pid for c in psutil.Process().children() if "fake_worker.py" in " ".join(c.cmdline())]
 
 
+def _new_worker_pids(before: set[int]) -> list[int]:
+    """The fake worker children started since ``before`` was taken: an earlier test's may
+    still be on their way out (stopped, not yet reaped) when the suite runs them together."""
+    return [pid for pid in _worker_pids() if pid not in before]
+
+
 def test_workers_start_before_the_tokenizer_loads(
     tokenizer_dir: Path, tokenizer: Any, alphabet: list[int]
 ) -> None:
     seen: list[int] = []
+    before = set(_worker_pids())
 
     def load() -> Any:
-        seen.extend(_worker_pids())  # called within LocalServer(): the workers already run
+        seen.extend(_new_worker_pids(before))  # within LocalServer(): the workers already run
         return tokenizer
 
     srv = LocalServer(
@@ -55,9 +62,10 @@ def test_a_tokenizer_that_fails_to_load_leaves_no_worker_and_no_socket(
     tokenizer_dir: Path, alphabet: list[int]
 ) -> None:
     started: list[int] = []
+    before = set(_worker_pids())
 
     def load() -> Any:
-        started.extend(_worker_pids())
+        started.extend(_new_worker_pids(before))
         raise OSError("no tokenizer here")
 
     ctx = zmq.Context()
