@@ -284,11 +284,14 @@ class ModelRunner:
         batch size) first launches every variant (:func:`~radixserve.model.warmup.warm_up_model`,
         on pool pages no request holds yet). On the CPU, oneDNN's kernel for every padded row
         count of a step of up to ``max_step_tokens`` tokens (the LM head's: of up to one row per
-        running request) is built (:func:`~radixserve.model.cpu_linear.warm_onednn`; 0: none)."""
+        running request) is built (:func:`~radixserve.model.cpu_linear.warm_onednn`; 0: none;
+        ``RADIXSERVE_ONEDNN_WARMUP=0``: none either)."""
         if max_step_tokens and self.pool.device.type == "cpu":
-            from radixserve.model.cpu_linear import warm_onednn
+            from radixserve.model import cpu_linear
 
-            warm_onednn(self.model, max_step_tokens, head_rows=self.page_table.shape[0])
+            if cpu_linear.warm_up_enabled():
+                rows = self.page_table.shape[0]
+                cpu_linear.warm_onednn(self.model, max_step_tokens, head_rows=rows)
         if hasattr(self.attn, "decode_batch_sizes"):
             from radixserve.model.warmup import warm_up_model
 

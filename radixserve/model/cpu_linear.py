@@ -22,7 +22,10 @@ shape here: each prefill of a new length paid ~10 ms for SmolLM2, and with more 
 counts than its primitive cache holds (1024) it would keep paying. So the rows are padded
 with zeros to at most 16 counts per power of two (:func:`onednn_rows`: at most 1/16 more
 rows, or 7 below 128; none at powers of two), and the worker's warm-up builds every count a
-step can reach (:func:`warm_onednn`).
+step can reach (:func:`warm_onednn`). That costs a start-up ~2 s for SmolLM2 and ~0.5 s even
+for a test's tiny model: ``RADIXSERVE_ONEDNN_WARMUP=0`` skips it (:func:`warm_up_enabled`),
+and oneDNN builds each count when a step first needs it, as it would without the padding's
+bound (the test suite's engines and servers start so; the results are the same).
 
 The packed copy lives beside the original weight (which stays the module's parameter,
 so ``state_dict`` and tied embeddings are untouched); for SmolLM2 in float32 that is
@@ -33,6 +36,7 @@ so ``state_dict`` and tied embeddings are untouched); for SmolLM2 in float32 tha
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -41,6 +45,9 @@ from torch import nn
 from radixserve.model import cpu_gemv
 
 logger = logging.getLogger(__name__)
+
+# "0": no oneDNN kernel is built at start-up (see the module docstring).
+WARM_UP_ENV = "RADIXSERVE_ONEDNN_WARMUP"
 
 # oneDNN picks its blocking for this many activation rows; any row count works. Decode
 # batches of a few dozen rows are the hot path on CPU.
@@ -76,6 +83,11 @@ def onednn_linear(
         x = torch.cat([x, x.new_zeros(rows - m, x.shape[1])])
     y = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return y if rows == m else y[:m]
+
+
+def warm_up_enabled() -> bool:
+    """Whether a worker's warm-up builds oneDNN's kernels (``RADIXSERVE_ONEDNN_WARMUP``)."""
+    return os.environ.get(WARM_UP_ENV, "1") != "0"
 
 
 def warm_onednn(model: nn.Module, max_rows: int, head_rows: int) -> int:

@@ -134,5 +134,9 @@ def test_engine_warm_up_builds_its_step_budget(
         return 0
 
     monkeypatch.setattr(cpu_linear, "warm_onednn", record)
+    monkeypatch.setenv(cpu_linear.WARM_UP_ENV, "1")  # the suite's engines skip it (conftest)
     Engine(str(tiny_llama_dir), num_pages=64, max_num_tokens=48, max_running_requests=3)
     assert seen == [(48, 3)]
+    monkeypatch.setenv(cpu_linear.WARM_UP_ENV, "0")
+    Engine(str(tiny_llama_dir), num_pages=64, max_num_tokens=48, max_running_requests=3)
+    assert seen == [(48, 3)]  # skipped
