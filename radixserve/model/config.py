@@ -110,6 +110,10 @@ class ModelConfig:
     # sharper attention past it (``rope_parameters.llama_4_scaling_beta``); 0.0: none.
     query_scale_beta: float = 0.0
     query_scale_period: int = 0
+    # gpt-oss's attention sinks: a learned logit per query head (``self_attn.sinks``) that
+    # joins every row's softmax denominator (its probability then dropped), so a row can
+    # attend to "nothing"; only backends that apply it serve such a model.
+    attn_sinks: bool = False
 
     @property
     def rotary_dim(self) -> int:
@@ -173,6 +177,7 @@ class ModelConfig:
             and not self.nope_layers
             and not self.rope_interleaved
             and not self.scaled
+            and not self.attn_sinks
         )
 
     @property
@@ -218,6 +223,8 @@ class ModelConfig:
             attn += 2 * self.head_dim
         elif self.qk_norm == "proj":
             attn += self.q_size + self.kv_size
+        if self.attn_sinks:
+            attn += self.num_q_heads
         return attn
 
     def _count_params(self, attn: int, active: bool) -> int:

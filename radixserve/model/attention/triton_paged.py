@@ -159,7 +159,10 @@ class TritonPagedAttentionBackend(AttentionBackend):
         sm_scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if sinks is not None:  # supports_sinks is False: the runner refuses such a model first
+            raise NotImplementedError("the Triton attention kernels do not apply attention sinks")
         self._check_prepared(batch)
         pool = self.pool
         ks = None if pool.k_scale is None else pool.k_scale[layer_id]
