@@ -230,14 +230,16 @@ class ModelConfig:
     def _count_params(self, attn: int, active: bool) -> int:
         h, v = self.hidden_size, self.vocab_size
 
-        def mlp(i: int) -> int:
-            return 3 * h * i + (2 * i + h if self.mlp_bias else 0)
+        def mlp(i: int, bias: bool = self.mlp_bias) -> int:
+            return 3 * h * i + (2 * i + h if bias else 0)
 
         total = 0
         for layer in range(self.num_layers):
             if self.moe is not None and self.moe.is_sparse(layer):
-                experts = self.moe.top_k if active else self.moe.num_held_experts
-                total += experts * mlp(self.moe.intermediate_size) + self.moe.num_experts * h
+                moe = self.moe
+                experts = moe.top_k if active else moe.num_held_experts
+                width = mlp(moe.intermediate_size, self.mlp_bias or moe.expert_bias)
+                total += experts * width + moe.num_experts * (h + (1 if moe.router_bias else 0))
                 if self.moe.shared_expert_size:  # every row runs it: active as well as held
                     total += mlp(self.moe.shared_expert_size)
                     total += h if self.moe.shared_expert_gate else 0
