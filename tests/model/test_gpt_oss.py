@@ -188,8 +188,10 @@ def test_clamped_swiglu_matches_transformers_experts() -> None:
     assert (gate_up.abs() > 1.5).any()
 
 
-def test_triton_backend_is_refused_by_name(gpt_oss_dir: Path) -> None:
-    """The Triton kernels have no sinks: the runner refuses the model at start-up."""
+def test_backend_without_sinks_is_refused_by_name(gpt_oss_dir: Path) -> None:
+    """A backend that does not apply sinks is refused at start-up, never run without them
+    (every backend here applies them: the Triton kernels' are in
+    ``tests/kernels/test_kernel_sinks.py``)."""
     from radixserve.engine.model_runner import check_backend_serves
     from radixserve.model.attention.base import AttentionBackend
 
@@ -203,8 +205,8 @@ def test_triton_backend_is_refused_by_name(gpt_oss_dir: Path) -> None:
     pytest.importorskip("triton")
     from radixserve.model.attention.triton_paged import TritonPagedAttentionBackend
 
-    assert not TritonPagedAttentionBackend.supports_sinks
-    assert not AttentionBackend.supports_sinks
+    assert TritonPagedAttentionBackend.supports_sinks
+    assert not AttentionBackend.supports_sinks  # a new backend must say it applies them
 
 
 def test_tensor_parallel_is_refused_by_name(gpt_oss_dir: Path) -> None:

@@ -16,8 +16,9 @@ with four quirks over its kin:
 RoPE is YaRN (factor 32 over an original 4096, ``truncate`` false): transformers' config
 assumes exactly that where a config.json says nothing about RoPE, base 150000.
 
-Runs the per-layer path on the CPU (experts, sinks); the Triton attention backend has no
-sinks and refuses the model (``AttentionBackend.supports_sinks``). Tensor parallelism is
+Runs the per-layer path on the CPU (experts, sinks); every attention backend applies the
+sinks (the CPU kernel, the torch paths, the Triton kernels). On CUDA the biased experts take
+the MoE block's grouped torch path, not the fused Triton MoE kernel. Tensor parallelism is
 refused (``Family.tensor_parallel``).
 """
 
