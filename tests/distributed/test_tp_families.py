@@ -21,6 +21,10 @@ quirks that tensor parallelism could break active:
 - Qwen2-MoE: a shared expert beside the routed ones, cut on its own (odd) width, 37: 19 +
   18 rows, its sigmoid gate whole on each rank scaling each rank's partial output before
   the one all-reduce; q/k/v bias; not renormalised; a dense layer.
+- gpt-oss: attention sinks (each rank its heads'), a window of 4 on alternating layers,
+  q/k/v/o biases (o's on rank 0), the router's bias whole, its stacked experts with gate and
+  up interleaved cut on their width (16 + 16 of 32: each rank's rows of both one run), the
+  experts' down bias on rank 0, the clamped SwiGLU biting.
 - The four MoE families again under expert parallelism (``--expert-parallel``: each rank
   holds 4 of the 8 experts whole, computes the slots routed to them, one all-reduce sums the
   halves, Qwen2-MoE's shared expert still cut on its width; random routers, so decode steps
@@ -164,6 +168,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
             "num_key_value_heads": 1,
         },
     ),
+    "gpt_oss": ("gpt_oss", {**tiny_models.GPT_OSS, "num_local_experts": 8}),
 }
 
 
@@ -199,7 +204,7 @@ def _run_family(path: Path, tp: TPGroup | None, expert_parallel: bool = False) -
 # The expert parallel runs: name -> the one-rank result they must equal.
 EP_CASES = {
     f"{name}_ep": name
-    for name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe", "glm4_moe")
+    for name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe", "glm4_moe", "gpt_oss")
 }
 # Uneven expert blocks: name -> (expert parallel, the experts every row is routed to).
 BLOCKS: dict[str, tuple[bool, tuple[int, ...]]] = {

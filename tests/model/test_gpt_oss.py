@@ -1,7 +1,8 @@
 """gpt-oss beyond the family comparison (``test_families_vs_hf.py`` runs it against
 transformers with sinks, windows, biases and the clamped SwiGLU biting): MXFP4 experts
-decoded at load, the released config parsed, the expert activation's clamp, and the paths
-refused by name.
+decoded at load, the released config parsed, the expert activation's clamp, what a
+tensor-parallel rank reads of the released layout, and a backend without sinks refused by
+name (tensor parallelism against one rank: ``tests/distributed/test_tp_families.py``).
 
 MXFP4: the decoding equals transformers' ``convert_moe_packed_tensors`` bit for bit (random
 codes and scales, float32 and bf16), and a checkpoint whose experts are MXFP4 loads to the
@@ -209,12 +210,38 @@ def test_backend_without_sinks_is_refused_by_name(gpt_oss_dir: Path) -> None:
     assert not AttentionBackend.supports_sinks  # a new backend must say it applies them
 
 
-def test_tensor_parallel_is_refused_by_name(gpt_oss_dir: Path) -> None:
-    from radixserve.model.llama import LlamaForCausalLM
+def test_tensor_parallel_slices_of_the_released_layout(tmp_path: Path) -> None:
+    """What a rank reads of gpt-oss-20b's tensors: its heads' sinks, its rows of the
+    interleaved gate/up (one run) and of down, the MXFP4 blocks in whole groups of 32 (at
+    TP 4: 23, 23, 22, 22 groups of the 90), the router whole, the down bias on rank 0; under
+    expert parallelism its experts whole; a cut inside an MXFP4 group refused by name."""
+    from radixserve.model.parallel import checkpoint_slice, shard_for_rank
 
-    class TwoRanks:
-        rank, world_size = 0, 2
+    cfg = ModelConfig.from_dict(_GPT_OSS_20B)
 
-    cfg = ModelConfig.from_pretrained(gpt_oss_dir)
-    with pytest.raises(ValueError, match="tensor parallelism is not supported for gpt_oss"):
-        LlamaForCausalLM(cfg, TwoRanks())  # type: ignore[arg-type]
+    def cut(name: str, rank: int, tp: int, ep: bool = False) -> object:
+        c = checkpoint_slice(f"model.layers.0.{name}", shard_for_rank(cfg, rank, tp, ep), 64)
+        return c and (c.dim, c.ranges, c.zero)
+
+    assert cut("self_attn.sinks", 1, 2) == (0, ((32, 64),), False)
+    assert cut("mlp.experts.gate_up_proj_blocks", 1, 2) == (1, ((2880, 5760),), False)
+    assert cut("mlp.experts.gate_up_proj_scales", 1, 2) == (1, ((2880, 5760),), False)
+    assert cut("mlp.experts.gate_up_proj", 1, 2) == (2, ((2880, 5760),), False)  # bf16 [E, H, 2I]
+    assert cut("mlp.experts.gate_up_proj_bias", 1, 2) == (1, ((2880, 5760),), False)
+    assert cut("mlp.experts.down_proj", 1, 2) == (1, ((1440, 2880),), False)
+    assert cut("mlp.experts.down_proj_blocks", 1, 2) == (2, ((45, 90),), False)
+    assert cut("mlp.experts.down_proj_bias", 0, 2) is None
+    assert cut("mlp.experts.down_proj_bias", 1, 2) == (0, ((0, 0),), True)
+    assert cut("mlp.router.weight", 1, 2) is None and cut("mlp.router.bias", 1, 2) is None
+    assert [cut("mlp.experts.down_proj_blocks", r, 4) for r in range(4)] == [
+        (2, ((0, 23),), False),
+        (2, ((23, 46),), False),
+        (2, ((46, 68),), False),
+        (2, ((68, 90),), False),
+    ]
+    assert cut("mlp.experts.down_proj_bias", 1, 4, ep=True) == (0, ((8, 16),), False)
+    narrow = ModelConfig.from_dict({**_GPT_OSS_20B, "intermediate_size": 48})  # 24 + 24 rows
+    with pytest.raises(ValueError, match="inside MXFP4 groups of 32"):
+        checkpoint_slice(
+            "model.layers.0.mlp.experts.down_proj_blocks", shard_for_rank(narrow, 1, 2), 64
+        )

@@ -18,8 +18,10 @@ assumes exactly that where a config.json says nothing about RoPE, base 150000.
 
 Runs the per-layer path on the CPU (experts, sinks); every attention backend applies the
 sinks (the CPU kernel, the torch paths, the Triton kernels). On CUDA the biased experts take
-the MoE block's grouped torch path, not the fused Triton MoE kernel. Tensor parallelism is
-refused (``Family.tensor_parallel``).
+the MoE block's grouped torch path, not the fused Triton MoE kernel. Under tensor
+parallelism each rank takes its heads' sinks and its rows of every expert (in whole MXFP4
+groups of 32 where the width allows), or with ``--expert-parallel`` its experts whole
+(``model/tp_shard.py``).
 """
 
 from __future__ import annotations
@@ -83,6 +85,5 @@ FAMILIES = (
             "tie": False,
         },
         _fields,
-        tensor_parallel="attention sinks and the experts' biases are not sharded yet",
     ),
 )
