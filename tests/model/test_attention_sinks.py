@@ -4,7 +4,7 @@ A sink is a learned logit per query head that joins each row's softmax denominat
 no value: ``out = sum_j e^(s_j) v_j / (sum_j e^(s_j) + e^(sink))``. The reference computes
 exactly that; the paths under test are the torch math (``windowed.masked_attention``, its
 blocked online-softmax form past ``KV_BLOCK_TOKENS`` keys), the CPU kernel (prefill and
-decode rows, windowed, over shared pages, over int8 and fp8 pages) and the paged backend's
+decode rows, windowed, over shared pages, over int8, int4 and fp8 pages) and the paged backend's
 two paths on one pool. Sinks are drawn around the scores' size (spread 2), so that they take
 a visible share of each row's weight: every test also checks that dropping them changes the
 output. Tolerances: float32 1e-5 (2e-5 between the two paged paths, as
@@ -209,12 +209,12 @@ def _paged_paths(
 
 
 @needs_kernel
-@pytest.mark.parametrize("kv_dtype", ["auto", "int8", "fp8_e4m3"])
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8", "int4", "fp8_e4m3"])
 @pytest.mark.parametrize("window", [None, 6])
 def test_paged_backend_paths_agree(kv_dtype: str, window: int | None) -> None:
     """The paged backend's kernel path and its torch path (``_masked``) apply the sinks
-    alike, over float, int8 and fp8 pages (quantized KV dtypes serve sinks through the same
-    code: the sink joins the denominator after the keys are decoded and attended)."""
+    alike, over float, int8, int4 and fp8 pages (quantized KV dtypes serve sinks through the
+    same code: the sink joins the denominator after the keys are decoded and attended)."""
     sinks = _sinks(9, 7)
     kernel, torch_path = _paged_paths(kv_dtype, window, sinks)
     torch.testing.assert_close(kernel, torch_path, atol=2e-5, rtol=2e-5)
