@@ -245,3 +245,38 @@ def test_tensor_parallel_slices_of_the_released_layout(tmp_path: Path) -> None:
         checkpoint_slice(
             "model.layers.0.mlp.experts.down_proj_blocks", shard_for_rank(narrow, 1, 2), 64
         )
+
+
+def test_released_expert_layout_lands_in_the_experts_shapes() -> None:
+    """gpt-oss-20b's expert tensors as the released checkpoint shapes them (two experts of
+    its width 2880, MXFP4) become per-expert tensors of the MoE block's shapes (a linear's
+    ``[out, in]``: gate and up ``[2880, 2880]`` each, down ``[2880, 2880]``, biases), with
+    each layer's blocks paired to its scales whichever comes first."""
+    from radixserve.model.layers.gpt_oss_experts import gpt_oss_expert_tensors
+
+    e, h, i = 2, 2880, 2880
+    p = "model.layers.3.mlp."
+    u8 = torch.uint8
+    weights = [
+        (p + "experts.gate_up_proj_scales", torch.full((e, 2 * i, h // 32), 127, dtype=u8)),
+        (p + "experts.gate_up_proj_blocks", torch.zeros(e, 2 * i, h // 32, 16, dtype=u8)),
+        (p + "experts.gate_up_proj_bias", torch.zeros(e, 2 * i)),
+        (p + "experts.down_proj_blocks", torch.zeros(e, h, i // 32, 16, dtype=u8)),
+        (p + "experts.down_proj_scales", torch.full((e, h, i // 32), 127, dtype=u8)),
+        (p + "experts.down_proj_bias", torch.zeros(e, h)),
+        (p + "router.weight", torch.zeros(32, h)),
+        (p + "router.bias", torch.zeros(32)),
+    ]
+    shapes = {n: tuple(t.shape) for n, t in gpt_oss_expert_tensors(weights, torch.bfloat16)}
+    assert shapes == {
+        **{
+            f"{p}experts.{x}.{proj}.{kind}": (i, h) if kind == "weight" else (i,)
+            for x in range(e)
+            for proj in ("gate_proj", "up_proj")
+            for kind in ("weight", "bias")
+        },
+        **{f"{p}experts.{x}.down_proj.weight": (h, i) for x in range(e)},
+        **{f"{p}experts.{x}.down_proj.bias": (h,) for x in range(e)},
+        p + "gate.weight": (32, h),
+        p + "gate.bias": (32,),
+    }
