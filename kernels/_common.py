@@ -161,6 +161,20 @@ def check_attention_call(
     return AttentionCall(q, out, Hkv, stride_ks, stride_kh)
 
 
+def sinks_log2(
+    sinks: torch.Tensor | None, num_q_heads: int, device: torch.device
+) -> torch.Tensor | None:
+    """Attention sinks (gpt-oss: one logit per query head) as the kernels take them: float32
+    in the log2 domain of their scores (``sink * log2 e``), on ``device``; None: no sinks."""
+    if sinks is None:
+        return None
+    if sinks.shape != (num_q_heads,):
+        raise ValueError(
+            f"sinks must hold one value per query head ({num_q_heads}), got {tuple(sinks.shape)}"
+        )
+    return (sinks.to(device=device, dtype=torch.float32) * LOG2E).contiguous()
+
+
 @triton.jit
 def kv_codes(ptrs, mask, MODE: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Load a [BLOCK_N, BLOCK_D] block of K or V codes (auto/fp8/int8) in the dot dtype.

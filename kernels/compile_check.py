@@ -98,6 +98,8 @@ def _cases(full: bool) -> list[tuple[str, str, torch.dtype, int, int, int]]:
         ("extend", "int8", torch.float16, 9, 3, 64),
         ("extend", "fp8_e4m3", torch.bfloat16, 32, 32, 128),
         ("extend", "int4", torch.float32, 4, 1, 16),
+        ("decode+sinks", "auto", torch.bfloat16, 8, 2, 64),  # gpt-oss: both stages' sinks
+        ("extend+sinks", "fp8_e4m3", torch.bfloat16, 8, 2, 64),
         ("fused", "auto", torch.bfloat16, 9, 3, 64),
         ("fused", "auto", torch.float32, 4, 1, 16),
         ("int8_gemv", "auto", torch.bfloat16, 9, 3, 64),
@@ -107,6 +109,8 @@ def _cases(full: bool) -> list[tuple[str, str, torch.dtype, int, int, int]]:
 def _launch(kind: str, kv_dtype: str, act: torch.dtype, hq: int, hkv: int, d: int) -> None:
     from radixkernels import KVFormat, extend_attention, paged_decode_attention, store_kv
 
+    kind, _, extra = kind.partition("+")
+    sinks = torch.zeros(hq) if extra == "sinks" else None  # the SINKS variants
     fmt = KVFormat.create(kv_dtype, act, d)
     pages, ps = 4, 16
     shape = (pages, ps, hkv, fmt.packed_head_dim)
@@ -142,7 +146,18 @@ def _launch(kind: str, kv_dtype: str, act: torch.dtype, hq: int, hkv: int, d: in
     elif kind == "decode":
         q = torch.zeros(2, hq, d, dtype=act)
         paged_decode_attention(
-            q, k_data, v_data, k_scale, v_scale, fmt, pt, lens, ps, 0.1, num_kv_splits=4
+            q,
+            k_data,
+            v_data,
+            k_scale,
+            v_scale,
+            fmt,
+            pt,
+            lens,
+            ps,
+            0.1,
+            num_kv_splits=4,
+            sinks=sinks,
         )
     else:
         q = torch.zeros(7, hq, d, dtype=act)
@@ -161,6 +176,7 @@ def _launch(kind: str, kv_dtype: str, act: torch.dtype, hq: int, hkv: int, d: in
             ps,
             0.1,
             max_extend_len=4,
+            sinks=sinks,
         )
 
 

@@ -11,7 +11,10 @@ GPU::
              and writes its normalised partial output and log-sum-exp.
     stage 2  grid (B, Hq): merges the S partials by their log-sum-exp weights.
 
-With S == 1 stage 1 writes the output directly and stage 2 is skipped. K/V are
+With S == 1 stage 1 writes the output directly and stage 2 is skipped. Attention sinks
+(gpt-oss: a logit per query head in every row's denominator) join once per row: in stage 1's
+normalisation with S == 1, else in stage 2's merge (each partial stays normalised by its
+own keys, so its log-sum-exp merges as before). K/V are
 dequantized in-kernel (see :mod:`radixkernels._common`). Semantics:
 :func:`radixkernels.reference.paged_decode_attention_ref`.
 """
@@ -38,6 +41,7 @@ from radixkernels._common import (
     interpreting,
     kv_dim_mask,
     kv_mode,
+    sinks_log2,
 )
 from radixkernels.kv_format import KVFormat
 
@@ -69,6 +73,7 @@ def _decode_split_kernel(
     qk_scale,
     window,  # the sliding window (0: none): only the last ``window`` positions are read
     softcap2,  # the scores' soft-cap in the log2 domain (used when SOFTCAP)
+    sinks2_ptr,  # [Hq] float32: each head's sink in the log2 domain (used when SINKS)
     Hkv,
     D,
     G: tl.constexpr,
@@ -82,6 +87,7 @@ def _decode_split_kernel(
     MODE: tl.constexpr,
     DOT_F32: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -157,6 +163,8 @@ def _decode_split_kernel(
             SOFTCAP,
         )
 
+    if SINKS and NUM_SPLITS == 1:  # one split holds every key: the sink joins here
+        l_i += tl.exp2(tl.load(sinks2_ptr + heads, mask=mask_g, other=0.0) - m_i)
     norm = v_head_scale / l_i
     o, offs_o = attn_output(acc_a, acc_b, offs_d, offs_f, D, HSCALE, MODE)
     out_mask = mask_g[:, None] & (offs_o < D)[None, :]
@@ -186,12 +194,14 @@ def _decode_reduce_kernel(
     stride_oh,
     seq_lens_ptr,
     window,
+    sinks2_ptr,  # [Hq] float32, the log2 domain (used when SINKS)
     Hq,
     D,
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -203,14 +213,18 @@ def _decode_reduce_kernel(
     valid = (offs_s < NUM_SPLITS) & (offs_s * split_len < span)
     row = (b.to(tl.int64) * Hq + h) * NUM_SPLITS + offs_s
     lse = tl.load(mid_lse_ptr + row, mask=valid, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, axis=0))
+    top = tl.max(lse, axis=0)
+    w = tl.exp2(lse - top)
     w = tl.where(valid, w, 0.0)
     parts = tl.load(
         mid_o_ptr + row[:, None] * D + offs_d[None, :],
         mask=valid[:, None] & (offs_d < D)[None, :],
         other=0.0,
     )
-    o = tl.sum(w[:, None] * parts, axis=0) / tl.sum(w, axis=0)
+    total = tl.sum(w, axis=0)
+    if SINKS:  # the head's sink joins the merged denominator once
+        total += tl.exp2(tl.load(sinks2_ptr + h) - top)
+    o = tl.sum(w[:, None] * parts, axis=0) / total
     tl.store(
         o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d,
         o.to(o_ptr.dtype.element_ty),
@@ -273,6 +287,7 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention of ``q`` ``[B, Hq, D]`` (one row per sequence) over each sequence's pages.
 
@@ -281,8 +296,9 @@ def paged_decode_attention(
     ``max_seq_len`` is unused (kept for signature parity). ``num_kv_splits`` defaults to
     :func:`default_num_kv_splits` (always a :data:`SPLIT_BUCKETS` value, so warm-up covers it);
     an explicit count is taken as given. ``window``: read only the last ``window`` positions
-    (the splits cut those); ``softcap``: scores ``cap * tanh(s / cap)``. Returns ``out``
-    (``[B, Hq, D]``, ``q``'s dtype).
+    (the splits cut those); ``softcap``: scores ``cap * tanh(s / cap)``; ``sinks`` ``[Hq]``:
+    each head's sink logit in every row's denominator. Returns ``out`` (``[B, Hq, D]``,
+    ``q``'s dtype).
     """
     del max_seq_len
     B, Hq, D = q.shape
@@ -301,6 +317,7 @@ def paged_decode_attention(
     else:
         mid_o = mid_lse = out  # unused
     dummy = k_data
+    sinks2 = sinks_log2(sinks, Hq, q.device)
     _decode_split_kernel[(B, Hkv, splits)](
         q,
         q.stride(0),
@@ -322,6 +339,7 @@ def paged_decode_attention(
         sm_scale * LOG2E,
         window or 0,
         (softcap or 1.0) * LOG2E,
+        sinks2 if sinks2 is not None else dummy,
         Hkv,
         D,
         G=G,
@@ -335,6 +353,7 @@ def paged_decode_attention(
         MODE=mode,
         DOT_F32=dot_in_fp32(q.dtype),
         SOFTCAP=softcap is not None,
+        SINKS=sinks2 is not None,
         num_warps=4,
         num_stages=2,
     )
@@ -347,12 +366,14 @@ def paged_decode_attention(
             out.stride(1),
             seq_lens,
             window or 0,
+            sinks2 if sinks2 is not None else mid_lse,
             Hq,
             D,
             NUM_SPLITS=splits,
             BLOCK_S=triton.next_power_of_2(splits),
             BLOCK_N=block_n,
             BLOCK_D=triton.next_power_of_2(D),
+            SINKS=sinks2 is not None,
             num_warps=4,
         )
     return out

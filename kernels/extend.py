@@ -40,6 +40,7 @@ from radixkernels._common import (
     interpreting,
     kv_dim_mask,
     kv_mode,
+    sinks_log2,
 )
 from radixkernels.kv_format import KVFormat
 
@@ -71,6 +72,7 @@ def _extend_kernel(
     qk_scale,
     window,  # the sliding window (0: none): a row sees the last ``window`` positions
     softcap2,  # the scores' soft-cap in the log2 domain (used when SOFTCAP)
+    sinks2_ptr,  # [Hq] float32: each head's sink in the log2 domain (used when SINKS)
     Hkv,
     D,
     G: tl.constexpr,
@@ -84,6 +86,7 @@ def _extend_kernel(
     MODE: tl.constexpr,
     DOT_F32: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -169,6 +172,8 @@ def _extend_kernel(
             SOFTCAP,
         )
 
+    if SINKS:  # each row's head's sink joins its denominator once, after every key
+        l_i += tl.exp2(tl.load(sinks2_ptr + heads, mask=mask_m, other=0.0) - m_i)
     norm = v_head_scale / l_i
     o, offs_o = attn_output(acc_a, acc_b, offs_d, offs_f, D, HSCALE, MODE)
     out_mask = mask_m[:, None] & (offs_o < D)[None, :]
@@ -225,6 +230,7 @@ def extend_attention(
     out: torch.Tensor | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Prefix-extend attention of ``q`` ``[T, Hq, D]`` over each sequence's pages.
 
@@ -232,7 +238,8 @@ def extend_attention(
     ``max_extend_len`` (max of ``extend_lens``) sizes the grid; pass it from host data to
     avoid a device sync. Works for decode rows too (extend length 1). ``window``: a row
     sees only the last ``window`` positions, its own included (blocks wholly before every
-    row's window are not read); ``softcap``: scores ``cap * tanh(s / cap)``.
+    row's window are not read); ``softcap``: scores ``cap * tanh(s / cap)``; ``sinks``
+    ``[Hq]``: each head's sink logit in every row's denominator (gpt-oss).
     """
     T, Hq, D = q.shape
     q, out, Hkv, stride_ks, stride_kh = check_attention_call(q, k_data, v_data, fmt, out)
@@ -245,6 +252,7 @@ def extend_attention(
     G = Hq // Hkv
     blocks = extend_blocks(G, D)
     dummy = k_data
+    sinks2 = sinks_log2(sinks, Hq, q.device)
     grid = (B, Hkv, triton.cdiv(max_extend_len, blocks.block_m))
     _extend_kernel[grid](
         q,
@@ -267,6 +275,7 @@ def extend_attention(
         sm_scale * LOG2E,
         window or 0,
         (softcap or 1.0) * LOG2E,
+        sinks2 if sinks2 is not None else dummy,
         Hkv,
         D,
         G=G,
@@ -280,6 +289,7 @@ def extend_attention(
         MODE=mode,
         DOT_F32=dot_in_fp32(q.dtype),
         SOFTCAP=softcap is not None,
+        SINKS=sinks2 is not None,
         num_warps=blocks.num_warps,
         num_stages=2,
     )

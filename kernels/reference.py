@@ -251,6 +251,7 @@ def paged_attention_ref(
     out: torch.Tensor | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """General paged attention (extend and decode) reading all K/V from the pool.
 
@@ -258,7 +259,8 @@ def paged_attention_ref(
     given). ``seq_lens_cpu``/``extend_lens_cpu`` are optional host copies that save a
     device sync. One gather + two batched matmuls per sequence, fp32 math. ``window``: a
     row at position p sees only positions p - window < j <= p; ``softcap``: scores become
-    ``softcap * tanh(score / softcap)`` before the mask (Gemma).
+    ``softcap * tanh(score / softcap)`` before the mask (Gemma); ``sinks`` ``[Hq]``: each
+    head's sink logit joins every row's softmax as a column with no value (gpt-oss).
     """
     T, Hq, D = q.shape
     Hkv = k_data.shape[-2]
@@ -281,7 +283,9 @@ def paged_attention_ref(
         dist = q_pos[:, None] - torch.arange(L, device=q.device)[None, :]  # [E, L]
         causal = (dist < 0) if window is None else (dist < 0) | (dist >= window)
         scores = scores.view(Hkv, G, E, L).masked_fill_(causal, float("-inf")).view(Hkv, G * E, L)
-        o = torch.bmm(torch.softmax(scores, dim=-1), v.permute(1, 0, 2))  # [Hkv, G*E, D]
+        row_sinks = None if sinks is None else sinks.view(Hkv, G, 1, 1).expand(-1, -1, E, 1)
+        probs = _softmax(scores, None if row_sinks is None else row_sinks.reshape(Hkv, G * E, 1))
+        o = torch.bmm(probs, v.permute(1, 0, 2))  # [Hkv, G*E, D]
         out[s0 : s0 + E] = o.view(Hkv, G, E, D).permute(2, 0, 1, 3).reshape(E, Hq, D).to(out.dtype)
     return out
 
@@ -303,9 +307,11 @@ def paged_decode_attention_ref(
     out: torch.Tensor | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention: one query row per sequence, ``q`` ``[B, Hq, D]`` over its whole history
-    (its last ``window`` positions with a window; ``softcap`` as in :func:`paged_attention_ref`).
+    (its last ``window`` positions with a window; ``softcap`` and ``sinks`` as in
+    :func:`paged_attention_ref`).
 
     Batched over sequences by padding to ``max_seq_len`` (computed when not given) with a
     length mask; ``num_kv_splits`` is accepted for signature parity with the kernel and
@@ -333,7 +339,8 @@ def paged_decode_attention_ref(
     scores = _cap(torch.einsum("bhgd,blhd->bhgl", qh, k) * sm_scale, softcap)
     seen = valid if window is None else valid & (pos[None, :] >= lens - window)
     scores.masked_fill_(~seen[:, None, None, :], float("-inf"))
-    o = torch.einsum("bhgl,blhd->bhgd", torch.softmax(scores, dim=-1), v)
+    row_sinks = None if sinks is None else sinks.view(1, Hkv, G, 1).expand(B, -1, -1, 1)
+    o = torch.einsum("bhgl,blhd->bhgd", _softmax(scores, row_sinks), v)
     out.copy_(o.reshape(B, Hq, D))
     return out
 
@@ -356,6 +363,7 @@ def extend_attention_ref(
     out: torch.Tensor | None = None,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Prefix-extend attention: the signature of :func:`radixkernels.extend_attention`.
 
@@ -378,7 +386,17 @@ def extend_attention_ref(
         out=out,
         window=window,
         softcap=softcap,
+        sinks=sinks,
     )
+
+
+def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dim; with ``sinks`` (one per row, shaped ``scores[..., :1]``) a
+    column that joins the denominator and is dropped after (transformers' gpt-oss)."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    joined = torch.cat([scores, sinks.to(scores.device, torch.float32)], dim=-1)
+    return torch.softmax(joined, dim=-1)[..., :-1]
 
 
 def _cap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:

@@ -129,6 +129,21 @@ QWEN2_MOE: dict[str, object] = {
     "mlp_only_layers": [1],
 }
 
+# gpt-oss with every quirk biting (build_tiny_family "gpt_oss"): a window of 4 on layers 0
+# and 2 (layer 1 full), far shorter than the prompts; 4 experts of width 32, top-2; the
+# SwiGLU's clamp at 1.0 (7.0 in the released models: too far for tiny random weights to
+# reach); sinks drawn with a spread of 1 (build_tiny_family), the expert and router biases
+# non-zero; RoPE as the released configs: YaRN x32 over 4096, truncate false.
+GPT_OSS: dict[str, object] = {
+    "num_hidden_layers": 3,
+    "sliding_window": 4,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "intermediate_size": 32,
+    "swiglu_limit": 1.0,
+    "max_position_embeddings": 131072,
+}
+
 # The same ChatML template SmolLM2 ships (without its default system prompt).
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -336,7 +351,7 @@ def build_tiny_family(
     and model class), tiny and GQA like :func:`build_tiny_llama`; ``overrides`` set the
     family's quirks (``rope_parameters``, ``partial_rotary_factor``, ``sliding_window``...).
     Every norm weight (q/k norms included) is perturbed, every bias (a router's correction
-    bias too) made non-zero.
+    bias and gpt-oss's expert biases too) and attention sink made non-zero.
 
     ``model_type`` ``gemma3`` is the multimodal ``Gemma3ForConditionalGeneration``, ``mistral3``
     ``Mistral3ForConditionalGeneration`` (its text model's type the override
@@ -382,8 +397,10 @@ def build_tiny_family(
     model = model_class.from_config(cfg, dtype=torch.float32).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(".bias"):
+            if name.endswith((".bias", "_bias")):  # gpt-oss's experts: gate_up_proj_bias ...
                 p.normal_(0.0, 0.2)
+            elif name.endswith(".sinks"):  # gpt-oss's attention sinks, large enough to bite
+                p.normal_(0.0, 1.0)
         for name, b in model.named_buffers():  # sigmoid routing's correction (GLM-4.5)
             if name.endswith("e_score_correction_bias"):
                 b.normal_(0.0, 0.2)

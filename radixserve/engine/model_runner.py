@@ -156,6 +156,17 @@ def make_attention_backend(name: str, pool: KVPool) -> AttentionBackend:
     return TritonPagedAttentionBackend(pool)
 
 
+def check_backend_serves(model: torch.nn.Module, attn: AttentionBackend) -> None:
+    """Refuse, at start-up, a backend that would attend ``model``'s layers wrongly: one
+    without attention sinks for a model that has them (gpt-oss on the Triton kernels)."""
+    cfg = getattr(model, "config", None)
+    if cfg is not None and getattr(cfg, "attn_sinks", False) and not attn.supports_sinks:
+        raise ValueError(
+            f"{cfg.model_type} has attention sinks, which the {type(attn).__name__} does not "
+            "apply; use attention_backend 'torch' (the CPU kernel or torch paths)"
+        )
+
+
 class ModelRunner:
     """Executes step plans on one device (see the module docstring)."""
 
@@ -178,6 +189,7 @@ class ModelRunner:
         may hold);
         captured as CUDA graphs by :meth:`warm_up` where the device and backend allow and
         ``capture_graphs`` (tensor parallelism: only with ``tp_graph_capture``)."""
+        check_backend_serves(model, attn)
         self.model = model
         self.pool = pool
         self.attn = attn
@@ -264,6 +276,7 @@ class ModelRunner:
 
     def set_attention_backend(self, attn: AttentionBackend) -> None:
         """Swap the attention backend (tests compare backends on one engine)."""
+        check_backend_serves(self.model, attn)
         self.attn = attn
         if self.decode_graphs is not None:
             self.decode_graphs.attn = attn

@@ -142,20 +142,21 @@ def weight_bytes(
     qk_norm = getattr(cfg, "qk_norm", None)
     qk = {"head": 2 * cfg.head_dim, "proj": q + kv}.get(qk_norm or "", 0)
     attn = sum(linear_with_copy(n, k) for n, k in shapes[:2]) + (norms * h + qk) * act
-    attn += act * ((q + 2 * kv if cfg.attention_bias else 0) + (h if cfg.o_proj_bias else 0))
+    attn += act * _attention_extras(cfg, q, kv)
 
-    def mlp(width: int) -> int:
-        bias = act * (2 * width + h if cfg.mlp_bias else 0)
+    def mlp(width: int, biased: bool = cfg.mlp_bias) -> int:
+        bias = act * (2 * width + h if biased else 0)
         return linear_with_copy(2 * width, h) + linear_with_copy(h, width) + bias
 
     if moe is None:
         per_layer = attn + mlp(i)
-    else:  # every expert held (all, or a rank's own), plus the whole router (never quantized,
-        # with sigmoid routing's correction bias) and a shared expert with its whole gate.
+    else:  # every expert held (all, or a rank's own; gpt-oss's biased), the whole router (never
+        # quantized; sigmoid routing's correction bias, gpt-oss's bias), a shared expert and gate.
         shared = mlp(si) + (h * act if moe.shared_expert_gate else 0) if si else 0
-        router = moe.num_experts * (h + (1 if moe.scoring == "sigmoid" else 0)) * act
+        router = moe.num_experts * (h + (moe.scoring == "sigmoid") + moe.router_bias) * act
+        expert = mlp(mi, cfg.mlp_bias or moe.expert_bias)
         mlps = sum(
-            held * mlp(mi) + router + shared if moe.is_sparse(layer) else mlp(i)
+            held * expert + router + shared if moe.is_sparse(layer) else mlp(i)
             for layer in range(cfg.num_layers)
         )
         per_layer = attn + mlps // cfg.num_layers  # the layers' mean (exact when all alike)
@@ -169,6 +170,14 @@ def weight_bytes(
             vocab += v * h * act  # its own head, or with PP the last stage's copy of a tied one
         vocab += h * act  # the final norm
     return shard.layers(cfg.num_layers) * per_layer + vocab
+
+
+def _attention_extras(cfg: ModelDims, q: int, kv: int) -> int:
+    """A layer's attention parameters beside its linears and norms, on a rank holding ``q``
+    query and ``kv`` KV lanes: the q/k/v and output biases and gpt-oss's sinks (per head)."""
+    sinks = q // cfg.head_dim if getattr(cfg, "attn_sinks", False) else 0
+    o_bias = cfg.hidden_size if cfg.o_proj_bias else 0
+    return (q + 2 * kv if cfg.attention_bias else 0) + o_bias + sinks
 
 
 def activation_reserve_bytes(

@@ -110,6 +110,10 @@ class ModelConfig:
     # sharper attention past it (``rope_parameters.llama_4_scaling_beta``); 0.0: none.
     query_scale_beta: float = 0.0
     query_scale_period: int = 0
+    # gpt-oss's attention sinks: a learned logit per query head (``self_attn.sinks``) that
+    # joins every row's softmax denominator (its probability then dropped), so a row can
+    # attend to "nothing"; only backends that apply it serve such a model.
+    attn_sinks: bool = False
 
     @property
     def rotary_dim(self) -> int:
@@ -173,6 +177,7 @@ class ModelConfig:
             and not self.nope_layers
             and not self.rope_interleaved
             and not self.scaled
+            and not self.attn_sinks
         )
 
     @property
@@ -218,19 +223,23 @@ class ModelConfig:
             attn += 2 * self.head_dim
         elif self.qk_norm == "proj":
             attn += self.q_size + self.kv_size
+        if self.attn_sinks:
+            attn += self.num_q_heads
         return attn
 
     def _count_params(self, attn: int, active: bool) -> int:
         h, v = self.hidden_size, self.vocab_size
 
-        def mlp(i: int) -> int:
-            return 3 * h * i + (2 * i + h if self.mlp_bias else 0)
+        def mlp(i: int, bias: bool = self.mlp_bias) -> int:
+            return 3 * h * i + (2 * i + h if bias else 0)
 
         total = 0
         for layer in range(self.num_layers):
             if self.moe is not None and self.moe.is_sparse(layer):
-                experts = self.moe.top_k if active else self.moe.num_held_experts
-                total += experts * mlp(self.moe.intermediate_size) + self.moe.num_experts * h
+                moe = self.moe
+                experts = moe.top_k if active else moe.num_held_experts
+                width = mlp(moe.intermediate_size, self.mlp_bias or moe.expert_bias)
+                total += experts * width + moe.num_experts * (h + (1 if moe.router_bias else 0))
                 if self.moe.shared_expert_size:  # every row runs it: active as well as held
                     total += mlp(self.moe.shared_expert_size)
                     total += h if self.moe.shared_expert_gate else 0

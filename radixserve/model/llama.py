@@ -51,6 +51,7 @@ from radixserve.model.layers.decoder import (
     SandwichDecoderLayer,
     decoder_layer,
 )
+from radixserve.model.layers.gpt_oss_experts import gpt_oss_expert_tensors
 from radixserve.model.layers.mlp import GatedMLP
 from radixserve.model.layers.moe import expert_checkpoint_names
 from radixserve.model.layers.norm import RMSNorm, rms_norm, stack_weight
@@ -423,6 +424,9 @@ class LlamaForCausalLM(nn.Module):
         device = torch.device(device)
         params = dict(self.named_parameters(remove_duplicate=False))
         filled: set[str] = set()
+        moe = self.config.moe
+        if moe is not None and moe.checkpoint_layout == "gpt_oss":
+            weights = gpt_oss_expert_tensors(weights, dtype)
         for name, tensor in expert_checkpoint_names(weights):
             if "rotary_emb" in name:
                 continue

@@ -312,6 +312,7 @@ def paged_attention(
     window: int | None = None,
     softcap: float | None = None,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Write into ``out`` (like ``q``: ``[T, Hq, D]``) the attention of the planned rows.
 
@@ -323,9 +324,12 @@ def paged_attention(
     keys up to its own (the plan must share no pages; ``attention/torch_paged.py`` builds
     one per window, each member's pages from the first its window reaches). Call
     :func:`load` first. ``softcap``: scores become ``softcap * tanh(score / softcap)``
-    before the softmax (Gemma 2). ``scales`` = ``(k_scale, v_scale)``: the pages are
-    quantized (int8 codes, or int4 codes two a byte ``[.., Hkv, D // 2]``, with per-token
-    scales ``[num_pages, page_size, Hkv]``, or fp8 codes with per-head scales ``[Hkv]``,
+    before the softmax (Gemma 2). ``sinks`` (``[Hq]`` float32): each query head's sink logit
+    joins every row's softmax denominator (gpt-oss), added once per row after the keys, so a
+    decode row and the prefill row of its position agree as without sinks.
+    ``scales`` = ``(k_scale, v_scale)``: the pages are quantized (int8 codes, or int4 codes
+    two a byte ``[.., Hkv, D // 2]``, with per-token scales ``[num_pages, page_size, Hkv]``,
+    or fp8 codes with per-head scales ``[Hkv]``,
     float32; ``radixkernels/kv_format.py``): ``store``'s rows are quantized as
     ``store_kv_ref`` does, bit for bit (int8 and int4 writing their scales), and each chunk
     of keys is decoded to ``q``'s dtype as the torch path's dequantize does (``x.float() *
@@ -352,6 +356,7 @@ def paged_attention(
             slots,
             window or 0,
             softcap or 0.0,
+            sinks,
         )
         return
     torch.ops.radixserve_cpu.paged_attention(
@@ -366,4 +371,5 @@ def paged_attention(
         slots,
         window or 0,
         softcap or 0.0,
+        sinks,
     )

@@ -11,7 +11,11 @@ parallelism each rank holds ``num_experts / N`` whole experts (:func:`local_tens
 renames a checkpoint's expert to the rank's own index and drops the other ranks' experts
 before they are read); norms are whole except a q/k norm over the whole projection (OLMo 2,
 OLMoE), cut like the heads; a shared expert (Qwen2-MoE) is cut on its own width in both
-expert layouts, its gate whole.
+expert layouts, its gate whole. gpt-oss: each rank takes its heads' attention sinks; its
+stacked experts (``layers/gpt_oss_experts.py``: gate and up interleaved, so a rank's rows of
+both are one contiguous run, MXFP4 blocks cut whole groups of 32) are cut on their width in
+multiples of 32 where the width allows it, the router and its bias whole, the experts'
+down bias on rank 0.
 """
 
 from __future__ import annotations
@@ -67,6 +71,9 @@ class TPShard(NamedTuple):
     # the routed experts are spread whole), of ``shared_expert_total``; (0, 0): none.
     shared_expert: tuple[int, int] = (0, 0)
     shared_expert_total: int = 0
+    # gpt-oss's expert layout (MoEConfig.checkpoint_layout "gpt_oss"): stacked, transposed,
+    # gate and up interleaved, MXFP4 in groups of 32 along the input.
+    gpt_oss_experts: bool = False
 
     @property
     def num_q_heads(self) -> int:
@@ -162,7 +169,7 @@ def shard_for_rank(
         q_heads_total=q,
         kv_heads_total=k,
         intermediate_total=cfg.intermediate_size,
-        expert_intermediate=expert_rows or split_range(expert_width, world_size, rank)
+        expert_intermediate=expert_rows or _expert_rows(cfg, world_size, rank)
         if cfg.moe is not None
         else (0, 0),
         expert_intermediate_total=expert_width if cfg.moe is not None else 0,
@@ -171,7 +178,25 @@ def shard_for_rank(
         experts=experts,
         shared_expert=split_range(shared_width, world_size, rank) if shared_width else (0, 0),
         shared_expert_total=shared_width,
+        gpt_oss_experts=cfg.moe is not None and cfg.moe.checkpoint_layout == "gpt_oss",
     )
+
+
+# MXFP4's values per scale: gpt-oss's experts are cut on their width in runs of this many,
+# so that every rank's down_proj blocks are whole groups.
+_MXFP4_GROUP = 32
+
+
+def _expert_rows(cfg: ModelConfig, world_size: int, rank: int) -> tuple[int, int]:
+    """Rank ``rank``'s rows of each expert's MLP width (gpt-oss: whole MXFP4 groups of 32
+    where there are at least as many groups as ranks)."""
+    assert cfg.moe is not None
+    width = cfg.moe.intermediate_size
+    if cfg.moe.checkpoint_layout == "gpt_oss" and width // _MXFP4_GROUP >= world_size:
+        groups = -(-width // _MXFP4_GROUP)
+        lo, hi = split_range(groups, world_size, rank)
+        return lo * _MXFP4_GROUP, min(hi * _MXFP4_GROUP, width)
+    return split_range(width, world_size, rank)
 
 
 class TensorSlice(NamedTuple):
@@ -224,6 +249,8 @@ def _expert_slice(name: str, shard: TPShard) -> TensorSlice | None:
     ``w2``; or stacked ``experts.gate_up_proj [E, 2I, H]`` / ``experts.down_proj [E, H, I]``):
     this rank's rows of the expert's MLP width, or under expert parallelism its own experts
     whole (a per-expert tensor of another rank's expert is dropped by the loader first)."""
+    if shard.gpt_oss_experts:
+        return _gpt_oss_expert_slice(name, shard)
     stem = name.removesuffix(".weight")
     if shard.experts is not None:
         stacked = stem.endswith((".experts.gate_up_proj", ".experts.down_proj"))
@@ -242,6 +269,34 @@ def _expert_slice(name: str, shard: TPShard) -> TensorSlice | None:
     return None
 
 
+def _gpt_oss_expert_slice(name: str, shard: TPShard) -> TensorSlice | None:
+    """gpt-oss's stacked expert tensors (``layers/gpt_oss_experts.py`` draws them): under
+    expert parallelism the rank's experts whole; else its rows ``[lo, hi)`` of each expert's
+    width: ``2lo .. 2hi`` of the interleaved gate/up (one run holds both), ``lo .. hi`` of
+    down's input, its MXFP4 blocks in whole groups (a cut inside one is refused), the down
+    bias on rank 0."""
+    if shard.experts is not None:
+        return TensorSlice(0, *shard.experts)
+    lo, hi = shard.expert_intermediate
+    what = name.rpartition(".experts.")[2]
+    if what.startswith("gate_up_proj"):
+        # [E, H, 2I] in bf16 checkpoints (the width last); blocks, scales, bias: [E, 2I, ...].
+        return TensorSlice(2 if what == "gate_up_proj" else 1, 2 * lo, 2 * hi)
+    if what == "down_proj_bias":
+        return None if shard.rank == 0 else TensorSlice(0, 0, 0, zero=True)
+    if what == "down_proj":
+        return TensorSlice(1, lo, hi)
+    if what in ("down_proj_blocks", "down_proj_scales"):
+        if lo % _MXFP4_GROUP or hi % _MXFP4_GROUP and hi != shard.expert_intermediate_total:
+            raise ValueError(
+                f"tensor parallelism cuts gpt-oss's experts at rows {lo}..{hi}, inside MXFP4 "
+                f"groups of {_MXFP4_GROUP}: use a tensor parallel size of at most "
+                f"{shard.expert_intermediate_total // _MXFP4_GROUP}"
+            )
+        return TensorSlice(2, lo // _MXFP4_GROUP, -(-hi // _MXFP4_GROUP))
+    raise KeyError(f"unexpected gpt-oss expert tensor {name!r}")
+
+
 def checkpoint_slice(name: str, shard: TPShard, head_dim: int) -> TensorSlice | None:
     """What ``shard`` takes of the Hugging Face tensor ``name`` (None: the whole tensor)."""
     q = (shard.q_heads[0] * head_dim, shard.q_heads[1] * head_dim)
@@ -249,6 +304,8 @@ def checkpoint_slice(name: str, shard: TPShard, head_dim: int) -> TensorSlice | 
     is_bias = name.endswith(".bias")
     if ".experts." in name:
         return _expert_slice(name, shard)
+    if name.endswith(".self_attn.sinks"):  # gpt-oss: one per query head
+        return TensorSlice(0, *shard.q_heads)
     if ".shared_expert." in name:  # cut on its own width, as a dense MLP on the MLP's
         if ".down_proj." in name:
             if name.endswith(".bias"):

@@ -21,6 +21,12 @@ quirks that tensor parallelism could break active:
 - Qwen2-MoE: a shared expert beside the routed ones, cut on its own (odd) width, 37: 19 +
   18 rows, its sigmoid gate whole on each rank scaling each rank's partial output before
   the one all-reduce; q/k/v bias; not renormalised; a dense layer.
+- gpt-oss: attention sinks (each rank its heads'), a window of 4 on alternating layers,
+  q/k/v/o biases (o's on rank 0), the router's bias whole, its stacked experts with gate and
+  up interleaved cut on their width (16 + 16 of 32: each rank's rows of both one run), the
+  experts' down bias on rank 0, the clamped SwiGLU biting; and a gpt-oss checkpoint whose
+  experts are MXFP4 (width 64: two groups of 32, one per rank, so each rank reads whole
+  groups of down's blocks and its run of gate/up's), at TP 2 and expert parallel.
 - The four MoE families again under expert parallelism (``--expert-parallel``: each rank
   holds 4 of the 8 experts whole, computes the slots routed to them, one all-reduce sums the
   halves, Qwen2-MoE's shared expert still cut on its width; random routers, so decode steps
@@ -44,6 +50,7 @@ import pytest
 import tiny_models
 import torch
 import torch.multiprocessing as mp
+from mxfp4_fixtures import write_mxfp4_twins
 from tp_ranks import run_two_ranks
 
 from radixserve.distributed.topology import TensorParallel
@@ -164,6 +171,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
             "num_key_value_heads": 1,
         },
     ),
+    "gpt_oss": ("gpt_oss", {**tiny_models.GPT_OSS, "num_local_experts": 8}),
 }
 
 
@@ -196,10 +204,21 @@ def _run_family(path: Path, tp: TPGroup | None, expert_parallel: bool = False) -
     return {"logits": logits, "tokens": tokens, "logprobs": logprobs}
 
 
+# gpt-oss with MXFP4 experts (mxfp4_fixtures.py), each expert 64 wide: one group of 32 a rank.
+MXFP4 = "gpt_oss_mxfp4"
 # The expert parallel runs: name -> the one-rank result they must equal.
 EP_CASES = {
     f"{name}_ep": name
-    for name in ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "granitemoe", "glm4_moe")
+    for name in (
+        "qwen3_moe",
+        "qwen2_moe",
+        "mixtral",
+        "olmoe",
+        "granitemoe",
+        "glm4_moe",
+        "gpt_oss",
+        MXFP4,
+    )
 }
 # Uneven expert blocks: name -> (expert parallel, the experts every row is routed to).
 BLOCKS: dict[str, tuple[bool, tuple[int, ...]]] = {
@@ -302,6 +321,13 @@ def case_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         for name, (model_type, extra) in CASES.items()
     }
     dirs[STACKED] = _save_stacked(dirs["qwen3_moe"], tmp_path_factory.mktemp(STACKED))
+    src = tiny_models.build_tiny_family(
+        tmp_path_factory.mktemp("gpt_oss_64"),
+        "gpt_oss",
+        **{**tiny_models.GPT_OSS, "num_local_experts": 8, "intermediate_size": 64},
+    )
+    root = tmp_path_factory.mktemp(MXFP4)
+    dirs[MXFP4] = write_mxfp4_twins(src, root / "mxfp4", root / "twin")[0]
     return dirs
 
 
@@ -322,7 +348,7 @@ def tp2_results(case_dirs: dict[str, Path]) -> tuple[dict[str, Any], dict[str, A
     return dict(pairs), want
 
 
-@pytest.mark.parametrize("name", [*CASES, STACKED, *EP_CASES])
+@pytest.mark.parametrize("name", [*CASES, STACKED, MXFP4, *EP_CASES])
 def test_tp2_equals_one_rank(name: str, tp2_results: tuple[dict[str, Any], dict[str, Any]]) -> None:
     got, want = tp2_results[0][name], tp2_results[1][EP_CASES.get(name, name)]
     assert want["logits"].abs().max() > 1.0

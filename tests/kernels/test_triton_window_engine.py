@@ -2,7 +2,11 @@
 final soft-cap 2.0) on the Triton backend (interpreted on the CPU; under gpu_check.sh on
 cuda) gives the torch backend's greedy tokens and logprobs (within 1e-4, float32), cold and
 with cached prefixes, prompts longer than the window, prefill chunks of 8 beside decodes.
-The torch backend's output equals transformers' (``tests/model/test_gemma_vs_hf.py``)."""
+The torch backend's output equals transformers' (``tests/model/test_gemma_vs_hf.py``).
+
+The same for a gpt-oss checkpoint (``tiny_models.GPT_OSS``: attention sinks, a window of 4
+on alternating layers, biased experts), whose torch-backend output equals transformers'
+(``tests/model/test_families_vs_hf.py``)."""
 
 from __future__ import annotations
 
@@ -27,6 +31,13 @@ def gemma2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         query_pre_attn_scalar=24,
         attn_logit_softcapping=1.0,
         final_logit_softcapping=2.0,
+    )
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_models.build_tiny_family(
+        tmp_path_factory.mktemp("gpt_oss"), "gpt_oss", tokenizer=True, **tiny_models.GPT_OSS
     )
 
 
@@ -60,6 +71,19 @@ def _run(path: Path, backend: str) -> list[tuple[list[int], list[float]]]:
 def test_triton_window_softcap_engine_matches_torch(gemma2_dir: Path) -> None:
     want = _run(gemma2_dir, "torch")
     got = _run(gemma2_dir, "triton")
+    assert [t for t, _ in got] == [t for t, _ in want]
+    torch.testing.assert_close(
+        torch.tensor([lp for _, lps in got for lp in lps]),
+        torch.tensor([lp for _, lps in want for lp in lps]),
+        atol=1e-4,
+        rtol=0,
+    )
+
+
+@pytest.mark.slow  # interpreted kernels, as above
+def test_triton_sinks_engine_matches_torch(gpt_oss_dir: Path) -> None:
+    want = _run(gpt_oss_dir, "torch")
+    got = _run(gpt_oss_dir, "triton")
     assert [t for t, _ in got] == [t for t, _ in want]
     torch.testing.assert_close(
         torch.tensor([lp for _, lps in got for lp in lps]),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tiny_models import GEMMA_QUIRKS, GRANITE_SCALARS, MINISTRAL3, QWEN2_MOE
+from tiny_models import GEMMA_QUIRKS, GPT_OSS, GRANITE_SCALARS, MINISTRAL3, QWEN2_MOE
 
 # Phi-3 longrope: sequences in the tests stay below the original context (64), where
 # transformers rotates with the short factors too (see model/layers/rotary.py).
@@ -143,6 +143,9 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], bool]] = {
     "mixtral": ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 2}, False),
     # OLMoE: pre-norm, whole-projection q/k norms, clip_qkv that bites, top-3 not renormalised.
     "olmoe": ("olmoe", {"num_experts": 8, "num_experts_per_tok": 3, "clip_qkv": 1.5}, False),
+    # gpt-oss: attention sinks, a window of 4 on alternating layers, q/k/v/o, router and
+    # expert biases, the clamped SwiGLU biting, interleaved gate/up, YaRN x32 (tiny_models).
+    "gpt_oss": ("gpt_oss", GPT_OSS, False),
 }
 
 # Gemma 2 and 3 with every quirk biting (tiny_models.GEMMA_QUIRKS); both run in the one-call

@@ -51,6 +51,9 @@ class AttentionBackend(ABC):
     # Whether the kernels run in an interpreter (Triton's, on the CPU): warm-up then has nothing
     # to compile, and its long prefills would only cost time (ModelRunner.warm_up).
     interpreted = False
+    # Whether :meth:`forward` applies attention sinks (gpt-oss); a model with sinks is refused
+    # at start-up on a backend without them (``ModelRunner``), never attended without.
+    supports_sinks = False
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Build whatever every layer of the next forward over ``batch`` shares (host lists
@@ -96,10 +99,13 @@ class AttentionBackend(ABC):
         sm_scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Return the attention output, ``[T, num_q_heads, head_dim]`` in ``q``'s dtype.
 
         ``window``: the layer's sliding window (a row sees only the last ``window``
         positions, its own included); ``softcap``: scores become ``softcap * tanh(s /
-        softcap)`` before the softmax (see ``windowed.py``). A backend that cannot honour
-        either raises rather than attend over the full context."""
+        softcap)`` before the softmax (see ``windowed.py``); ``sinks`` ``[num_q_heads]``
+        float32: each head's sink logit joins every row's softmax denominator (gpt-oss;
+        ``windowed.py``). A backend that cannot honour any of them raises rather than attend
+        without it."""

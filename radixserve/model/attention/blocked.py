@@ -100,14 +100,15 @@ def masked_attention_blocks(
     sm_scale: float,
     window: int | None,
     softcap: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """:func:`~radixserve.model.attention.windowed.masked_attention` (a window and/or a
-    soft-cap, which ATen's flash attention lacks) over ``KV_BLOCK_TOKENS`` keys at a time
+    """:func:`~radixserve.model.attention.windowed.masked_attention` (a window, a soft-cap
+    and/or sinks, which ATen's flash attention lacks) over ``KV_BLOCK_TOKENS`` keys at a time
     with an online softmax, so its float32 scores are ``[Hq, n, block]``, not ``[Hq, n, L]``
     (a soft-capped global layer's history is the whole context). One block: that function,
     bit for bit. Every row sees at least its own key, so no row ends with an empty softmax."""
     if k.shape[0] <= KV_BLOCK_TOKENS:
-        return masked_attention(q, k, v, q_pos, k_pos, sm_scale, window, softcap)
+        return masked_attention(q, k, v, q_pos, k_pos, sm_scale, window, softcap, sinks)
     group = q.shape[1] // k.shape[1]
     qf = q.float().transpose(0, 1)  # [Hq, n, D]
     top = torch.full(qf.shape[:2], float("-inf"), device=q.device)  # running max per row
@@ -131,4 +132,6 @@ def masked_attention_blocks(
         total = total * rescale + p.sum(dim=-1)
         acc = acc * rescale[..., None] + torch.matmul(p, vf)
         top = new_top
+    if sinks is not None:  # each head's sink joins the denominator once per row
+        total = total + torch.exp(sinks.float()[:, None] - top)
     return (acc / total[..., None]).transpose(0, 1).to(q.dtype)

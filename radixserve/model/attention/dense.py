@@ -25,6 +25,8 @@ class DenseAttentionBackend(AttentionBackend):
     a decode step needs the history, which only a paged backend has.
     """
 
+    supports_sinks = True
+
     def forward(
         self,
         layer_id: int,
@@ -35,11 +37,12 @@ class DenseAttentionBackend(AttentionBackend):
         sm_scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if batch.extend_lens_cpu != batch.seq_lens_cpu:
             raise ValueError("DenseAttentionBackend only runs full sequences (no cached prefix)")
-        if window is not None or softcap is not None:
-            return self._masked(q, k, v, batch, sm_scale, window, softcap)
+        if window is not None or softcap is not None or sinks is not None:
+            return self._masked(q, k, v, batch, sm_scale, window, softcap, sinks)
         gqa = q.shape[1] != k.shape[1]
         lens = batch.extend_lens_cpu
         if len(lens) > 1 and min(lens) == max(lens):
@@ -81,13 +84,16 @@ class DenseAttentionBackend(AttentionBackend):
         sm_scale: float,
         window: int | None,
         softcap: float | None,
+        sinks: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Per sequence, with a sliding window and/or a soft-cap (``windowed.py``)."""
+        """Per sequence, with a sliding window, a soft-cap and/or sinks (``windowed.py``)."""
         out = torch.empty_like(q)
         start = 0
         for n in batch.extend_lens_cpu:
             pos = torch.arange(n, device=q.device)
             sl = slice(start, start + n)
-            out[sl] = masked_attention(q[sl], k[sl], v[sl], pos, pos, sm_scale, window, softcap)
+            out[sl] = masked_attention(
+                q[sl], k[sl], v[sl], pos, pos, sm_scale, window, softcap, sinks
+            )
             start += n
         return out

@@ -119,6 +119,9 @@ class TorchPagedAttentionBackend(AttentionBackend):
     contiguous block), which moves far fewer, larger pieces than a gather per token.
     """
 
+    # Sinks: through the CPU kernel, else the per-sequence masked path (``_masked``).
+    supports_sinks = True
+
     # Shared prefixes shorter than this are attended per sequence: below it the extra
     # attention call and merge cost more than re-reading the pages.
     cascade_min_tokens = 64
@@ -461,16 +464,17 @@ class TorchPagedAttentionBackend(AttentionBackend):
         sm_scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         meta = self._meta
         if meta is None or not _prepared_for(self._meta_batch, batch):
             raise RuntimeError("call init_forward_metadata(batch) before the forward over it")
         assert batch.out_cache_loc is not None  # a paged batch (init_forward_metadata)
-        quirks = window is not None or softcap is not None
+        quirks = window is not None or softcap is not None or sinks is not None
         if meta.native is not None:  # the store and the whole batch's attention, in one call
-            return self._native_forward(layer_id, q, k, v, batch, sm_scale, window, softcap)
+            return self._native_forward(layer_id, q, k, v, batch, sm_scale, window, softcap, sinks)
         if quirks:
-            return self._masked(layer_id, q, k, v, batch, sm_scale, window, softcap)
+            return self._masked(layer_id, q, k, v, batch, sm_scale, window, softcap, sinks)
         out = torch.empty_like(q)
         self._store(layer_id, k, v, batch.out_cache_loc)
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)  # [T, Hq], own part
@@ -494,9 +498,11 @@ class TorchPagedAttentionBackend(AttentionBackend):
         sm_scale: float,
         window: int | None,
         softcap: float | None,
+        sinks: torch.Tensor | None,
     ) -> torch.Tensor:
-        """The layer through the CPU kernel (it takes windows and soft-caps too): the new rows'
-        store (int8/fp8: quantized as ``_store`` does, bit for bit) and the attention."""
+        """The layer through the CPU kernel (it takes windows, soft-caps and sinks too): the
+        new rows' store (int8/fp8: quantized as ``_store`` does, bit for bit) and the
+        attention."""
         assert self._meta is not None and self._meta.native is not None
         assert batch.out_cache_loc is not None
         out = torch.empty_like(q)
@@ -517,6 +523,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
             window=window,
             softcap=softcap,
             scales=scales,
+            sinks=sinks,
         )
         return out
 
@@ -530,10 +537,11 @@ class TorchPagedAttentionBackend(AttentionBackend):
         sm_scale: float,
         window: int | None,
         softcap: float | None,
+        sinks: torch.Tensor | None,
     ) -> torch.Tensor:
-        """A windowed or soft-capped layer without the CPU kernel: per sequence, over the
-        pages its new rows' windows reach (``windowed.py``); the cascade split takes
-        neither."""
+        """A windowed, soft-capped or sinked layer without the CPU kernel: per sequence, over
+        the pages its new rows' windows reach (``windowed.py``); the cascade split takes none
+        of them."""
         assert batch.out_cache_loc is not None and batch.page_lists_cpu is not None
         self._store(layer_id, k, v, batch.out_cache_loc)
         ps, dev = batch.page_size, q.device
@@ -557,6 +565,7 @@ class TorchPagedAttentionBackend(AttentionBackend):
                 sm_scale,
                 window,
                 softcap,
+                sinks,
             )
             start += n
         return out

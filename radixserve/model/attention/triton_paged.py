@@ -98,6 +98,8 @@ class TritonPagedAttentionBackend(AttentionBackend):
 
     # A decode forward launches the same kernels on the batch's tensors whatever their values.
     supports_graph_capture = True
+    # Both kernels add each head's sink to its rows' denominators (gpt-oss).
+    supports_sinks = True
 
     def __init__(self, pool: Any, num_sms: int | None = None) -> None:
         """``num_sms`` sets the decode split policy (default: the device's SM count; None on the CPU
@@ -159,6 +161,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
         sm_scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         self._check_prepared(batch)
         pool = self.pool
@@ -174,7 +177,7 @@ class TritonPagedAttentionBackend(AttentionBackend):
             batch.out_cache_loc,
             self.fmt,
         )
-        return self._attend(layer_id, q, batch, sm_scale, window, softcap)
+        return self._attend(layer_id, q, batch, sm_scale, window, softcap, sinks)
 
     @property
     def fuses_rope_store(self) -> bool:
@@ -218,10 +221,11 @@ class TritonPagedAttentionBackend(AttentionBackend):
         sm_scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of the batch's rows over the pool, each row through its kernel (module
-        docstring); both kernels take the layer's sliding window and soft-cap."""
-        quirks: dict[str, Any] = {"window": window, "softcap": softcap}
+        docstring); both kernels take the layer's sliding window, soft-cap and sinks."""
+        quirks: dict[str, Any] = {"window": window, "softcap": softcap, "sinks": sinks}
         sp = self._split
         pool = self.pool
         kd, vd = pool.k_data[layer_id], pool.v_data[layer_id]

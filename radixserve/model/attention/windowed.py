@@ -4,7 +4,9 @@ backends use for such layers (Mistral's window, Gemma 2/3's local layers, Gemma 
 A query at position ``p`` sees the keys at positions ``j`` with ``j <= p`` and, with a
 ``window``, ``p - j < window`` (transformers' ``sliding_window_causal`` mask: the last
 ``window`` positions, its own included). The soft-cap bounds each score as
-``cap * tanh(score / cap)`` before the mask and softmax (Gemma 2). Scores and softmax are
+``cap * tanh(score / cap)`` before the mask and softmax (Gemma 2). Attention sinks
+(gpt-oss) add one logit per query head to every row's softmax, a column with no value whose
+probability is dropped: the row's weights then sum to less than one. Scores and softmax are
 float32, the output is cast back to ``q``'s dtype.
 
 Only the pages that hold keys some new row can see are read (from the page of the first
@@ -30,8 +32,10 @@ def masked_attention(
     sm_scale: float,
     window: int | None,
     softcap: float | None,
+    sinks: torch.Tensor | None = None,  # [Hq] float32
 ) -> torch.Tensor:
-    """``[n, Hq, D]``: causal attention of the queries over the keys, windowed and capped."""
+    """``[n, Hq, D]``: causal attention of the queries over the keys, windowed and capped,
+    with each head's sink in its softmax."""
     group = q.shape[1] // k.shape[1]
     qf = q.float().transpose(0, 1)  # [Hq, n, D]
     kf = k.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, L, D]
@@ -44,5 +48,10 @@ def masked_attention(
     if window is not None:
         hidden |= dist >= window
     scores = scores.masked_fill(hidden[None], float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), vf)  # [Hq, n, D]
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:  # the sink's column joins the softmax, then is dropped (transformers' gpt-oss)
+        sink = sinks.float()[:, None, None].expand(-1, scores.shape[1], 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    out = torch.matmul(probs, vf)  # [Hq, n, D]
     return out.transpose(0, 1).to(q.dtype)

@@ -70,12 +70,12 @@ struct Ops {
   c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor, const at::Tensor&,
                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const OptT&,
-                                const OptT&, const OptT&, int64_t, double)>
+                                const OptT&, const OptT&, int64_t, double, const OptT&)>
       paged_attention;
   c10::TypedOperatorHandle<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor, const at::Tensor&,
                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const at::Tensor&,
-                                const at::Tensor&, const OptT&, const OptT&, const OptT&, int64_t, double)>
+                                const at::Tensor&, const OptT&, const OptT&, const OptT&, int64_t, double, const OptT&)>
       paged_attention_quant;
 
   static const Ops& get() {
@@ -97,12 +97,12 @@ struct Ops {
               .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor, const at::Tensor&,
                           const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                           const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const OptT&,
-                          const OptT&, const OptT&, int64_t, double)>(),
+                          const OptT&, const OptT&, int64_t, double, const OptT&)>(),
           find("radixserve_cpu::paged_attention_quant")
               .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, at::Tensor, const at::Tensor&,
                           const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                           const at::Tensor&, const at::Tensor&, const at::Tensor&, double, const at::Tensor&,
-                          const at::Tensor&, const OptT&, const OptT&, const OptT&, int64_t, double)>(),
+                          const at::Tensor&, const OptT&, const OptT&, const OptT&, int64_t, double, const OptT&)>(),
       };
     }();
     return ops;
@@ -338,10 +338,10 @@ void decoder_layers(at::Tensor h, at::TensorList norms, at::TensorList qk_norms,
       if (quantized) {
         ops.paged_attention_quant.call(q, k_pages[l], v_pages[l], attn_heads, plan[0], plan[1], plan[2], plan[3],
                                        plan[4], plan[5], plan[6], plan[7], sm_scale, k_scales[l], v_scales[l], k, v,
-                                       slots[p], window, softcap);
+                                       slots[p], window, softcap, OptT{});
       } else {
         ops.paged_attention.call(q, k_pages[l], v_pages[l], attn_heads, plan[0], plan[1], plan[2], plan[3], plan[4],
-                                 plan[5], plan[6], plan[7], sm_scale, k, v, slots[p], window, softcap);
+                                 plan[5], plan[6], plan[7], sm_scale, k, v, slots[p], window, softcap, OptT{});
       }
       return lin(attn, attn_t, 1);
     };

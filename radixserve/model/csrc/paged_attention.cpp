@@ -18,7 +18,10 @@
 //      running max m, the sum l and the unnormalised output acc;
 //   2. each member's rows go on over its own pages from that state, causally: the row of
 //      new token i sees its own keys up to and including its own position;
-//   3. out = acc / l.
+//   3. out = acc / l, or with attention sinks (gpt-oss: a learned logit per query head
+//      that joins the softmax's denominator and has no value) out = acc / (l + 2^(sink - m)),
+//      the sink added once per row and head after every key's chunk is merged, so a decode
+//      row and the prefill row of its position still agree bit for bit.
 //
 // Keys are taken in chunks of kChunk from the start of each run (the shared pages, then a
 // member's own pages): every chunk's softmax state starts from nothing and the chunks' states
@@ -579,6 +582,8 @@ struct Kernel {
   // its runs made ready whole for this call (indexed as ``whole``'s), or null.
   Int8AttendFn<KV> int8 = nullptr;
   const Int8Runs* int8_runs = nullptr;
+  // Each query head's attention sink in the log2 domain (sink * log2 e), or null: none.
+  const float* sinks2 = nullptr;
 
   // Run ``index[i]``'s values of KV head ``h`` as pairs, or null where it was not paired.
   const uint32_t* paired(const int64_t* index, int64_t i, int64_t h) const {
@@ -843,7 +848,8 @@ struct Kernel {
     }
   }
 
-  // out = acc / l for the item's rows (rotated back, from rotated pages).
+  // out = acc / l for the item's rows, the head's sink in l where there are sinks (rotated
+  // back, from rotated pages).
   void write_out(const Item& item, State s) const {
     const int64_t d = L.d, h = item.head, rows = item.row_end - item.row_begin;
     auto [mi, skip] = first_member(item);
@@ -852,7 +858,7 @@ struct Kernel {
       if (skip == P.new_len[mi] * grp) skip = 0, ++mi;
       const int64_t t = skip / grp, head = h * grp + skip % grp;
       Q* dst = od + ((P.q_start[mi] + t) * hq + head) * d;
-      const float inv = 1.0f / s.l[r];
+      const float inv = 1.0f / (sinks2 == nullptr ? s.l[r] : s.l[r] + std::exp2(sinks2[head] - s.m[r]));
       const float* ar = s.acc + r * d;
       for (int64_t j = 0; j < d; ++j) row[j] = ar[j] * inv;
       if (rotated()) hadamard_rotate(row, d);
@@ -945,7 +951,8 @@ struct CallRuns {
 
   // The call's kernel, reading these runs where it was given them.
   Kernel<Q, KV> kernel(const Layer<KV>& L, const Plan& P, const at::Tensor& q, at::Tensor& out, int64_t grp,
-                       double sm_scale, int64_t window, double softcap, const QuantPages* quant) const {
+                       double sm_scale, int64_t window, double softcap, const QuantPages* quant,
+                       const float* sinks2) const {
     const bool indexed = !whole.empty() || !int8_runs.empty(), paired = !pairs.empty();
     return Kernel<Q, KV>{L,
                          P,
@@ -967,7 +974,8 @@ struct CallRuns {
                          paired ? shared_pairs.data() : nullptr,
                          paired ? own_pairs.data() : nullptr,
                          int8,
-                         int8_runs.empty() ? nullptr : &int8_runs};
+                         int8_runs.empty() ? nullptr : &int8_runs,
+                         sinks2};
   }
 
   // Thread ``t`` of a team of ``nt`` decodes (pairs, makes ready) its share of the runs, then
@@ -1236,7 +1244,7 @@ void run_chunk_tasks(const Kernel<Q, KV>& K, const std::vector<Item>& items, Cal
 template <typename Q, typename KV>
 void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor& out,
                 const Plan& P, int64_t groups, double sm_scale, int64_t window, double softcap,
-                const QuantPages* quant = nullptr) {
+                const float* sinks2, const QuantPages* quant = nullptr) {
   const int64_t d = q.size(2);
   // Quantized pages: only their geometry here (KV is the dtype they are decoded to).
   const KV* kp = quant != nullptr ? nullptr : k_pages.data_ptr<KV>();
@@ -1244,7 +1252,7 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   const Layer<KV> L{kp, vp, k_pages.size(1), k_pages.size(2), d};
   const int64_t grp = q.size(1) / L.kv_heads;
   CallRuns<Q, KV> runs(L, P, groups, grp, window, quant);
-  const Kernel<Q, KV> K = runs.kernel(L, P, q, out, grp, sm_scale, window, softcap, quant);
+  const Kernel<Q, KV> K = runs.kernel(L, P, q, out, grp, sm_scale, window, softcap, quant, sinks2);
   const Items I = plan_items(P, L, groups, grp);
   const int64_t max_threads = at::get_num_threads();
   if (max_threads <= 1 || I.work < kSerialWork) {
@@ -1257,6 +1265,19 @@ void run_kernel(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor
   } else {
     run_chunk_tasks(K, I.items, runs, max_threads);
   }
+}
+
+// The sinks of ``q``'s heads scaled into the kernel's log2 domain (empty: none).
+std::vector<float> sinks_log2(const at::Tensor& q, const std::optional<at::Tensor>& sinks) {
+  if (!sinks.has_value()) return {};
+  const at::Tensor& t = *sinks;
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == q.size(1) && t.scalar_type() == at::kFloat && t.is_contiguous() &&
+                  t.device().is_cpu(),
+              "sinks must be a contiguous float32 CPU tensor with one value per query head");
+  std::vector<float> out(t.size(0));
+  const float* src = t.data_ptr<float>();
+  for (int64_t h = 0; h < t.size(0); ++h) out[h] = src[h] * kLog2e;
+  return out;
 }
 
 void check_index(const at::Tensor& t, const char* name) {
@@ -1352,13 +1373,17 @@ const int64_t* checked_slots(const at::Tensor& q, const at::Tensor& k_pages, con
 // ``window`` > 0: each row sees only the last ``window`` keys up to its own (a sliding
 // window; the plan then shares no pages, and may start a member's own pages at the first
 // page its first row's window reaches). ``softcap`` > 0: scores become
-// softcap * tanh(score / softcap) before the softmax (Gemma 2).
+// softcap * tanh(score / softcap) before the softmax (Gemma 2). ``sinks`` ([Hq] float32):
+// each query head's sink logit joins every row's softmax denominator (gpt-oss).
 void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::Tensor& v_pages, at::Tensor out,
                      const at::Tensor& q_start, const at::Tensor& new_len, const at::Tensor& group_start,
                      const at::Tensor& shared_pages, const at::Tensor& shared_start, const at::Tensor& own_pages,
                      const at::Tensor& own_start, const at::Tensor& own_len, double sm_scale,
                      const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
-                     const std::optional<at::Tensor>& slots, int64_t window, double softcap) {
+                     const std::optional<at::Tensor>& slots, int64_t window, double softcap,
+                     const std::optional<at::Tensor>& sinks) {
+  const std::vector<float> sinks_scaled = sinks_log2(q, sinks);
+  const float* sinks2 = sinks_scaled.empty() ? nullptr : sinks_scaled.data();
   const Plan P = checked_plan(q, k_pages, v_pages, out, q_start, new_len, group_start, shared_pages, shared_start,
                               own_pages, own_start, own_len, window, softcap);
   const int64_t groups = group_start.size(0) - 1;
@@ -1366,10 +1391,10 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_pages, const at::T
 
 #define RADIX_DISPATCH_KV(QT)                                                                              \
   switch (k_pages.scalar_type()) {                                                                         \
-    case at::kFloat: return run_kernel<QT, float>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap); \
+    case at::kFloat: return run_kernel<QT, float>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap, sinks2); \
     case at::kBFloat16:                                                                                            \
-      return run_kernel<QT, c10::BFloat16>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap);       \
-    case at::kHalf: return run_kernel<QT, c10::Half>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap); \
+      return run_kernel<QT, c10::BFloat16>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap, sinks2);       \
+    case at::kHalf: return run_kernel<QT, c10::Half>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap, sinks2); \
     default: TORCH_CHECK(false, "unsupported KV dtype ", k_pages.scalar_type());                          \
   }
   switch (q.scalar_type()) {
@@ -1394,7 +1419,10 @@ void paged_attention_quant(const at::Tensor& q, const at::Tensor& k_pages, const
                            const at::Tensor& own_pages, const at::Tensor& own_start, const at::Tensor& own_len,
                            double sm_scale, const at::Tensor& k_scale, const at::Tensor& v_scale,
                            const std::optional<at::Tensor>& k_new, const std::optional<at::Tensor>& v_new,
-                           const std::optional<at::Tensor>& slots, int64_t window, double softcap) {
+                           const std::optional<at::Tensor>& slots, int64_t window, double softcap,
+                           const std::optional<at::Tensor>& sinks) {
+  const std::vector<float> sinks_scaled = sinks_log2(q, sinks);
+  const float* sinks2 = sinks_scaled.empty() ? nullptr : sinks_scaled.data();
   Codes codes;
   switch (k_pages.scalar_type()) {
     case at::kChar: codes = Codes::kInt8; break;
@@ -1421,12 +1449,12 @@ void paged_attention_quant(const at::Tensor& q, const at::Tensor& k_pages, const
                          k_scale.data_ptr<float>(), v_scale.data_ptr<float>(), codes};
   const int64_t groups = group_start.size(0) - 1;
   switch (q.scalar_type()) {
-    case at::kFloat: return run_kernel<float, float>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap, &quant);
+    case at::kFloat: return run_kernel<float, float>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap, sinks2, &quant);
     case at::kBFloat16:
       return run_kernel<c10::BFloat16, c10::BFloat16>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap,
-                                                      &quant);
+                                                      sinks2, &quant);
     case at::kHalf:
-      return run_kernel<c10::Half, c10::Half>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap, &quant);
+      return run_kernel<c10::Half, c10::Half>(q, k_pages, v_pages, out, P, groups, sm_scale, window, softcap, sinks2, &quant);
     default: TORCH_CHECK(false, "unsupported query dtype ", q.scalar_type());
   }
 }
@@ -1447,12 +1475,12 @@ TORCH_LIBRARY(radixserve_cpu, m) {
       "paged_attention(Tensor q, Tensor(b!) k_pages, Tensor(c!) v_pages, Tensor(a!) out, Tensor q_start, Tensor new_len, "
       "Tensor group_start, Tensor shared_pages, Tensor shared_start, Tensor own_pages, Tensor own_start, "
       "Tensor own_len, float sm_scale, Tensor? k_new=None, Tensor? v_new=None, Tensor? slots=None, int window=0, "
-      "float softcap=0.0) -> ()");
+      "float softcap=0.0, Tensor? sinks=None) -> ()");
   m.impl("paged_attention", c10::DispatchKey::CPU, &paged_attention);
   m.def(
       "paged_attention_quant(Tensor q, Tensor(b!) k_pages, Tensor(c!) v_pages, Tensor(a!) out, Tensor q_start, "
       "Tensor new_len, Tensor group_start, Tensor shared_pages, Tensor shared_start, Tensor own_pages, "
       "Tensor own_start, Tensor own_len, float sm_scale, Tensor(d!) k_scale, Tensor(e!) v_scale, Tensor? k_new=None, "
-      "Tensor? v_new=None, Tensor? slots=None, int window=0, float softcap=0.0) -> ()");
+      "Tensor? v_new=None, Tensor? slots=None, int window=0, float softcap=0.0, Tensor? sinks=None) -> ()");
   m.impl("paged_attention_quant", c10::DispatchKey::CPU, &paged_attention_quant);
 }

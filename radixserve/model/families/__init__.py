@@ -3,9 +3,10 @@
 A family module says how its checkpoints differ from Llama's: its config defaults (what
 transformers' config class assumes when a key is absent) and :class:`Family.fields`, the
 :class:`~radixserve.model.config.ModelConfig` fields its quirks set (biases, q/k norms, norm
-layout, a fused checkpoint layout, a sliding window, partial rotary, Gemma's soft-caps). The model is then
-composed from the shared pieces in ``model/layers/`` by those fields. Adding a dense family
-is one module here and a test against transformers.
+layout, a fused checkpoint layout, a sliding window, partial rotary, Gemma's soft-caps,
+gpt-oss's attention sinks). The model is then composed from the shared pieces in
+``model/layers/`` by those fields. Adding a dense family is one module here and a test
+against transformers.
 
 These modules import nothing heavy: ``radixserve memory`` reads configs through them.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from radixserve.model.families import (
     gemma,
     glm4,
+    gpt_oss,
     granite,
     llama,
     mistral3,
@@ -48,6 +50,7 @@ def _registry() -> dict[str, Family]:
         granite,
         glm4,
         mistral3,
+        gpt_oss,
     ):
         for fam in module.FAMILIES:
             for model_type in fam.model_types:

@@ -39,6 +39,20 @@ class MoEConfig:
     n_group: int = 1
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
+    # gpt-oss (``families/gpt_oss.py``): a bias on the router's logits and on each expert's
+    # projections, and the experts' activation. "silu": SiLU(gate) * up (every other family);
+    # "swiglu_clamped": gate clamped to at most ``swiglu_limit``, up to +-``swiglu_limit``,
+    # then (up + 1) * gate * sigmoid(``swiglu_alpha`` * gate).
+    router_bias: bool = False
+    expert_bias: bool = False
+    act: str = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    # How the checkpoint stores the experts: "per_expert" (``experts.{e}.gate_proj`` ..., or
+    # transformers 5's stacked ``[E, 2I, H]``; ``layers/moe.py``) or "gpt_oss" (stacked,
+    # transposed, gate and up interleaved, biases beside, MXFP4 blocks in the released
+    # checkpoints; ``layers/gpt_oss_experts.py``).
+    checkpoint_layout: str = "per_expert"
 
     def is_sparse(self, layer: int) -> bool:
         """Whether decoder layer ``layer``'s MLP is the expert block."""

@@ -13,7 +13,10 @@ Options a family turns on through its :class:`~radixserve.model.config.ModelConf
   (Ministral 3); off the GPU's fused RoPE-and-store kernel, which does not scale;
 - the layer's sliding window (``ModelConfig.layer_window``) and the scores' soft-cap
   (``attn_softcap``, Gemma 2), passed to the backend; the scores' scale
-  (``ModelConfig.sm_scale``: Gemma's ``query_pre_attn_scalar``).
+  (``ModelConfig.sm_scale``: Gemma's ``query_pre_attn_scalar``);
+- ``attn_sinks``: gpt-oss's learned logit per query head (``sinks``, float32 for the
+  backend), which joins each row's softmax denominator; passed to the backend, which applies
+  it (only backends whose ``supports_sinks`` is set serve such a model).
 
 The q/k norms write back into the fused projection, so everything after them (the CPU's
 in-place RoPE, the GPU's fused RoPE-and-store kernel) runs as it does for Llama. Under tensor
@@ -68,6 +71,7 @@ class Attention(nn.Module):
             width = cfg.head_dim if cfg.qk_norm == "head" else None
             self.q_norm = rms_norm(width or self.q_size, cfg.rms_norm_eps, cfg.norm_plus_one)
             self.k_norm = rms_norm(width or self.kv_size, cfg.rms_norm_eps, cfg.norm_plus_one)
+        self.sinks = nn.Parameter(torch.empty(cfg.num_q_heads)) if cfg.attn_sinks else None
 
     def forward(
         self,
@@ -84,7 +88,7 @@ class Attention(nn.Module):
             flat.clamp_(-self.clip_qkv, self.clip_qkv)
         qkv = flat.view(t, self.num_q_heads + 2 * self.num_kv_heads, self.head_dim)
         full_rotary = self.rotary_dim == self.head_dim and not self.rope_interleaved
-        plain = self.window is None and self.softcap is None
+        plain = self.window is None and self.softcap is None and self.sinks is None
         fusable = full_rotary and self.rope and not self.query_scale[0]
         if plain and fusable and gpu_ops.enabled(qkv) and attn.fuses_rope_store:
             # One kernel rotates q and k and writes k and v to the pool (Triton backend).
@@ -112,8 +116,9 @@ class Attention(nn.Module):
         else:
             if self.window is not None and batch.window_view is not None:
                 batch = batch.window_view  # this layer's KV is in the window pool
+            sinks = None if self.sinks is None else self.sinks.float()
             out = attn.forward(
-                self.layer_id, q, k, v, batch, self.sm_scale, self.window, self.softcap
+                self.layer_id, q, k, v, batch, self.sm_scale, self.window, self.softcap, sinks
             )
         return self._out(out.reshape(t, self.q_size))
 

@@ -7,6 +7,10 @@ family gates it (Qwen2-MoE; DeepSeek's shared experts are ungated).
 Routing, as transformers computes it for all three families: ``softmax`` (float32) over the
 router's logits, the ``top_k`` largest probabilities, renormalised to sum to one when the
 family says so (``MoEConfig.norm_topk_prob``: Mixtral always, Qwen3-MoE and OLMoE per config).
+gpt-oss takes the softmax over the top-k logits (after the router's bias): the same choice
+and, renormalised, the same weights, so it routes here with ``norm_topk_prob``; its experts
+are biased and clamp their SwiGLU (``GatedMLP``'s "swiglu_clamped"), which every path below
+runs through the experts' own ``GatedMLP`` (the Triton kernel, SiLU only, is left to others).
 
 The grouped path (every forward outside CUDA-graph capture)::
 
@@ -66,12 +70,14 @@ from radixserve.model.parallel import TPGroup
 
 
 class TopKRouter(nn.Module):
-    """The router: a bias-free ``[num_experts, hidden]`` projection (a parameter, not an
-    ``nn.Linear``, so weight quantization leaves it in full precision as vLLM and SGLang do)."""
+    """The router: a ``[num_experts, hidden]`` projection (a parameter, not an ``nn.Linear``,
+    so weight quantization leaves it in full precision as vLLM and SGLang do), with a bias on
+    its logits where the family has one (gpt-oss, ``MoEConfig.router_bias``)."""
 
     def __init__(self, hidden_size: int, moe: MoEConfig) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(moe.num_experts, hidden_size))
+        self.bias = nn.Parameter(torch.empty(moe.num_experts)) if moe.router_bias else None
         self.top_k = moe.top_k
         self.norm_topk_prob = moe.norm_topk_prob
         self.moe = moe
@@ -84,7 +90,7 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weights [T, k] in x's dtype, expert ids [T, k] int64)`` for each row of ``x``."""
-        logits = F.linear(x, self.weight)
+        logits = F.linear(x, self.weight, self.bias)
         if self.e_score_correction_bias is not None:
             return self._sigmoid_route(logits.float(), x.dtype)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
@@ -149,8 +155,16 @@ class SparseMoeBlock(nn.Module):
         # The experts held here (all, or this rank's [lo, hi) under expert parallelism):
         # module ``experts.{e - lo}`` is global expert e.
         self.first_expert, last = moe.held_experts
+        # gpt-oss's experts: biased, their own activation (MoEConfig.act).
+        swiglu = (moe.swiglu_alpha, moe.swiglu_limit)
         self.experts = nn.ModuleList(
-            GatedMLP(hidden_size, moe.intermediate_size, bias)
+            GatedMLP(
+                hidden_size,
+                moe.intermediate_size,
+                bias or moe.expert_bias,
+                act=moe.act,
+                swiglu=swiglu,
+            )
             for _ in range(last - self.first_expert)
         )
         # The shared expert (no all-reduce of its own: the block's sums it with the experts').
@@ -196,9 +210,10 @@ class SparseMoeBlock(nn.Module):
         return self._forward_grouped(x, weights, ids)
 
     def _plain_experts(self) -> bool:
-        """Whether every expert's projections are bias-free float linears (what the Triton
-        kernel reads; quantized experts take the grouped torch path)."""
-        return all(
+        """Whether every expert's projections are bias-free float linears with SiLU between
+        them (what the Triton kernel reads; quantized experts and gpt-oss's biased, clamped
+        ones take the grouped torch path)."""
+        return all(mlp.act == "silu" for mlp in cast("list[GatedMLP]", list(self.experts))) and all(
             type(proj) is nn.Linear and proj.bias is None
             for mlp in cast("list[GatedMLP]", list(self.experts))
             for proj in (mlp.gate_up_proj, mlp.down_proj)

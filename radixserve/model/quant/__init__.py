@@ -5,6 +5,7 @@
 - :mod:`.config`: ``--quantization`` and its options, checked against the device.
 - :mod:`.apply`: make, install and count quantized layers; :class:`QuantReport` says what was done.
 - :mod:`.gguf_weights`: GGUF blocks into these formats.
+- :mod:`.mxfp4`: MXFP4 weights (gpt-oss's experts) decoded to a float dtype at load.
 
 This package stands under the model (the decoder layers use its linears) and imports nothing
 of it above ``cpu_linear`` / ``cpu_gemv``. What walks a built model stands above it, beside the
