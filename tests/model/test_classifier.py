@@ -10,27 +10,11 @@ from typing import Any
 
 import pytest
 import torch
-from engine_helpers import greedy, random_prompts
+from engine_helpers import greedy, hf_class_logits, random_prompts
 
 from radixserve.engine.engine import Engine
 from radixserve.model.classifier import class_probs, classifier_of
 from radixserve.model.config import ModelConfig
-
-_HF: dict[str, Any] = {}
-
-
-def hf_logits(model_dir: Path, prompt: list[int]) -> torch.Tensor:
-    """transformers' classification logits of one unpadded prompt (float32)."""
-    model = _HF.get(str(model_dir))
-    if model is None:
-        from transformers import AutoModelForSequenceClassification
-
-        model = AutoModelForSequenceClassification.from_pretrained(
-            str(model_dir), dtype=torch.float32
-        ).eval()
-        _HF[str(model_dir)] = model
-    with torch.inference_mode():
-        return model(torch.tensor([prompt])).logits[0]
 
 
 def close(got: list[float], want: torch.Tensor) -> None:
@@ -47,14 +31,14 @@ def test_logits_cold_warm_and_batched(fixture: str, request: pytest.FixtureReque
     assert head is not None
     cold = random_prompts([9, 17, 4], seed=61)
     for got, p in zip(engine.classify(cold), cold):
-        close(got.logits, hf_logits(model_dir, p))
+        close(got.logits, hf_class_logits(model_dir, p))
         assert len(got.logits) == head.num_labels
     warm = [cold[1] + [5, 6, 7], cold[0] + [8], cold[1] + [9, 2, 2]]
     outs = engine.generate(warm, engine_embed())
     assert [o.usage.cached_tokens for o in outs] == [16, 8, 16]
     for o, p in zip(outs, warm):
         assert o.embedding is not None
-        close(o.embedding, hf_logits(model_dir, p))
+        close(o.embedding, hf_class_logits(model_dir, p))
     assert outs[2].usage.prompt_tokens == 18  # run up to the pooled token
     engine.check_invariants()
 
@@ -69,11 +53,11 @@ def test_probs_and_labels(tiny_classifier_dir: Path, tiny_reward_dir: Path) -> N
     """Softmax over three named labels, argmax's name; a sigmoid for one label (vLLM's)."""
     prompt = random_prompts([11], seed=62)[0]
     three = Engine(str(tiny_classifier_dir), num_pages=64, page_size=4).classify([prompt])[0]
-    want = hf_logits(tiny_classifier_dir, prompt)
+    want = hf_class_logits(tiny_classifier_dir, prompt)
     close(three.probs, torch.softmax(want, -1))
     assert three.label == ("negative", "neutral", "positive")[int(want.argmax())]
     one = Engine(str(tiny_reward_dir), num_pages=64, page_size=4).classify([prompt])[0]
-    close(one.probs, torch.sigmoid(hf_logits(tiny_reward_dir, prompt)))
+    close(one.probs, torch.sigmoid(hf_class_logits(tiny_reward_dir, prompt)))
     assert one.label == "LABEL_0"
 
 
