@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 from engine_helpers import greedy, hf_class_logits, random_prompts
+from tiny_models import GEMMA_QUIRKS, build_tiny_family
 
 from radixserve.engine.engine import Engine
 from radixserve.model.classifier import class_probs, classifier_of
@@ -47,6 +48,19 @@ def engine_embed() -> Any:
     from radixserve.sampling_params import SamplingParams
 
     return SamplingParams(max_tokens=1, temperature=0.0, return_embedding=True)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma2"])
+def test_other_families(family: str, tmp_path: Path) -> None:
+    """Qwen2's (q/k/v bias) and Gemma 2's (soft-caps, sandwich norms, embedding scale, a
+    window shorter than the prompts: transformers caps no classifier logit) two-label heads."""
+    overrides = GEMMA_QUIRKS["gemma2"][1] if family == "gemma2" else {}
+    model_dir = build_tiny_family(tmp_path, family, classifier=True, **overrides)
+    prompts = random_prompts([5, 14], seed=63)
+    engine = Engine(str(model_dir), num_pages=64, page_size=4)
+    for got, p in zip(engine.classify(prompts), prompts):
+        assert len(got.logits) == 2  # transformers' default num_labels
+        close(got.logits, hf_class_logits(model_dir, p))
 
 
 def test_probs_and_labels(tiny_classifier_dir: Path, tiny_reward_dir: Path) -> None:
