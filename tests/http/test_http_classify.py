@@ -103,10 +103,12 @@ def test_sglang_reward_route(http: httpx.Client, classifier: Server) -> None:
     close(warm["embedding"], hf_class_logits(classifier.model_dir, longer))
 
 
-def test_generation_refused(http: httpx.Client) -> None:
+def test_generation_and_embedding_scores_refused(http: httpx.Client) -> None:
     r = http.post("/v1/completions", json={"model": "default", "prompt": "Hi", "max_tokens": 2})
     assert r.status_code == 400
     assert "sequence classifier" in r.text
+    r = http.post("/v1/score", json={"model": "default", "text_1": "a", "text_2": "b"})
+    assert r.status_code == 400 and "/v1/classify" in r.text, r.text
 
 
 @pytest.mark.parametrize(
