@@ -79,6 +79,34 @@ def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_reward_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny random LlamaForSequenceClassification with one label (a reward model's shape,
+    Skywork-Reward-Llama-3.1's), pad token 2 (the eos), with the tokenizer."""
+    return tiny_models.build_tiny_family(
+        tmp_path_factory.mktemp("tiny_reward"),
+        "llama",
+        tokenizer=True,
+        classifier=True,
+        num_labels=1,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tiny random Qwen3ForSequenceClassification with three named labels (q/k norms, tied
+    embeddings as Qwen3's small checkpoints have them), pad token 2, with the tokenizer."""
+    return tiny_models.build_tiny_family(
+        tmp_path_factory.mktemp("tiny_classifier"),
+        "qwen3",
+        tokenizer=True,
+        classifier=True,
+        tie_word_embeddings=True,
+        id2label={0: "negative", 1: "neutral", 2: "positive"},
+        label2id={"negative": 0, "neutral": 1, "positive": 2},
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_mqa_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tiny random Llama checkpoint with multi-query attention: 4 query heads over 1 KV head, 3 layers."""
     return tiny_models.build_tiny_mqa(tmp_path_factory.mktemp("tiny_mqa"))

@@ -66,6 +66,22 @@ def hf_last_hidden(model_dir: Path, prompt: list[int], model: Any = None) -> tor
         return model.model(torch.tensor([prompt])).last_hidden_state[0, -1]
 
 
+def hf_class_logits(model_dir: Path, prompt: list[int]) -> torch.Tensor:
+    """transformers' ``*ForSequenceClassification`` logits of one unpadded prompt (float32;
+    its last non-pad token pooled), the model loaded once per session."""
+    key = f"classify:{model_dir}"
+    model = _HF_MODELS.get(key)
+    if model is None:
+        from transformers import AutoModelForSequenceClassification
+
+        model = AutoModelForSequenceClassification.from_pretrained(
+            str(model_dir), dtype=torch.float32
+        ).eval()
+        _HF_MODELS[key] = model
+    with torch.inference_mode():
+        return model(torch.tensor([prompt])).logits[0]
+
+
 def hf_hidden_states(model_dir: Path, ids: list[int]) -> torch.Tensor:
     """transformers' ``hidden_states[-1]`` over ``ids`` ([len, hidden], float32): the final
     norm's output, the same as ``last_hidden_state``."""

@@ -47,6 +47,7 @@ MODEL_LEVELS: list[set[str]] = [
         "cpu_linear",
         "quant",
         "config",
+        "classifier",
         "families",
         "forward_batch",
         "parallel",

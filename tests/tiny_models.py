@@ -345,6 +345,7 @@ def build_tiny_family(
     *,
     seed: int = 3,
     tokenizer: bool = False,
+    classifier: bool = False,
     **overrides: object,
 ) -> Path:
     """A random checkpoint of any family transformers knows by ``model_type`` (its own config
@@ -356,9 +357,17 @@ def build_tiny_family(
     ``model_type`` ``gemma3`` is the multimodal ``Gemma3ForConditionalGeneration``, ``mistral3``
     ``Mistral3ForConditionalGeneration`` (its text model's type the override
     ``text_model_type``): the text model's keys go under ``text_config`` (the token ids and
-    the tie at the top level too), with a tiny vision tower (:data:`_MULTIMODAL`)."""
+    the tie at the top level too), with a tiny vision tower (:data:`_MULTIMODAL`).
+
+    ``classifier``: the family's ``*ForSequenceClassification`` (its ``score`` head in place
+    of the LM head; ``num_labels`` / ``id2label`` among the overrides)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForSequenceClassification,
+    )
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -378,7 +387,7 @@ def build_tiny_family(
         "pad_token_id": EOS_TOKEN_ID,
     }
     kwargs.update(overrides)
-    model_class: Any = AutoModelForCausalLM
+    model_class: Any = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
     if model_type in _MULTIMODAL:
         top = {k: kwargs.pop(k) for k in _TOP_LEVEL if k in kwargs}
         text_type = kwargs.pop("text_model_type", None)

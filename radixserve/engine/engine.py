@@ -62,6 +62,7 @@ from radixserve.memory.allocator import PageAllocator
 from radixserve.memory.pool import KVPool
 from radixserve.memory.window_pool import WindowedPageAllocator, WindowPages
 from radixserve.model.attention.base import AttentionBackend
+from radixserve.model.classifier import Classification, classify
 from radixserve.model.lora import LoraAdapter, LoraRegistry
 from radixserve.prefix import lora_namespace
 from radixserve.sampling_params import SamplingInput, SamplingParams, per_prompt
@@ -563,6 +564,20 @@ class Engine:
         if failed is not None:
             raise RuntimeError(f"request {failed.request_id} ended without an embedding")
         return [o.embedding for o in outs if o.embedding is not None]
+
+    def classify(
+        self, prompts: PromptInput, lora: str | Sequence[str | None] | None = None
+    ) -> list[Classification]:
+        """Each prompt's classification by a sequence-classification checkpoint, in input order
+        (vLLM's ``LLM.classify``): the score head's logits at the prompt's last non-pad token
+        (transformers' ``logits``), their softmax (a sigmoid for one label) and the label;
+        the logits are the engine's embedding of the prompt (:meth:`encode`)."""
+        head = self.model_config.classifier
+        if head is None:
+            raise ValueError(
+                f"this model ({self.model_config.architecture}) is not a sequence classifier"
+            )
+        return [classify(head, logits) for logits in self.encode(prompts, lora)]
 
     # ------------------------------------------------------------------ introspection
 

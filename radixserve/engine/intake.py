@@ -108,10 +108,7 @@ class RequestIntake:
         if params.return_embedding and self.no_embeddings is not None:
             raise ValueError(f"embeddings are not returned {self.no_embeddings}")
         if self.embeddings_only and not params.return_embedding:
-            raise ValueError(
-                "this model's checkpoint has no language-model head (an embedding model saved "
-                "as its base model): it serves embeddings only (/v1/embeddings)"
-            )
+            raise ValueError(self._embeddings_only_reason())
         if params.bad_words and params.bad_words_token_ids is None and self.tokenizer is not None:
             words = encode_words(self.tokenizer, params.bad_words)
             too_long = word_errors(None, words)  # bounded as a caller's sequences are
@@ -119,6 +116,8 @@ class RequestIntake:
                 raise ValueError("invalid sampling parameters: " + "; ".join(too_long))
             params = msgspec.structs.replace(params, bad_words_token_ids=words)
         ids = params.truncated([int(t) for t in prompt_token_ids], self.max_total_len)
+        if self.model_config.classifier is not None:  # the token transformers pools ends it
+            ids = self.model_config.classifier.pooled_prompt(ids)
         if not ids:
             raise ValueError("the prompt is empty: at least one token is needed")
         vocab = self.model_config.vocab_size
@@ -154,6 +153,20 @@ class RequestIntake:
             generator=gen,
             grammar=grammar,
             lora_slot=lora_slot,
+        )
+
+    def _embeddings_only_reason(self) -> str:
+        """Why a request that is not for an embedding is refused by an embeddings-only model."""
+        mc = self.model_config
+        if mc.classifier is not None:
+            return (
+                f"this model is a sequence classifier ({mc.architecture}, "
+                f"{mc.classifier.num_labels} labels): it serves classification only "
+                "(/v1/classify, /classify, /v1/embeddings), not generation"
+            )
+        return (
+            "this model's checkpoint has no language-model head (an embedding model saved "
+            "as its base model): it serves embeddings only (/v1/embeddings)"
         )
 
     def _adapter(self, lora: str | None) -> tuple[int, str | None]:

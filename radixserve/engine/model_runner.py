@@ -22,7 +22,7 @@ step moves data between host and device or waits for the device.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -429,7 +429,7 @@ class ModelRunner:
                 reads += list(sampled)
             if plan.embed_rows:  # read before the prompt logprobs, which are read from the end
                 assert batch.hidden is not None, "the model kept no hidden states"
-                reads.append(batch.hidden[plan.embed_rows].float())
+                reads.append(self._pooled(batch.hidden[plan.embed_rows]).float())
             if plan.hidden_rows:  # indexed by a host list, as the embeddings are
                 assert batch.hidden is not None, "the model kept no hidden states"
                 reads.append(batch.hidden[plan.hidden_rows].float())
@@ -438,6 +438,12 @@ class ModelRunner:
                 reads += prompt_reads(lp_rows, plan, staged)
             pending = self.staging.read_async(reads)
         return PendingStep(pending, splan, plan)
+
+    def _pooled(self, rows: torch.Tensor) -> torch.Tensor:
+        """The embeddings of the final norm's ``rows``: the model's pooling (a classifier's
+        score head: LlamaForCausalLM.pooled), or the rows as they are for a model without."""
+        pooled: Callable[[torch.Tensor], torch.Tensor] | None = getattr(self.model, "pooled", None)
+        return rows if pooled is None else pooled(rows)
 
     def row_invariance_problem(self) -> str | None:
         """Why verify rows' logits could differ from one-row decode steps' here (None: they

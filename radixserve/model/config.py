@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from radixserve.model.classifier import ClassifierHead, classifier_of
 from radixserve.model.families import family_of, supported_model_types
 from radixserve.model.families.moe import MoEConfig
 
@@ -80,6 +81,8 @@ class ModelConfig:
     # Per layer "sliding_attention" | "full_attention" (Gemma 2/3 interleave them); None: all alike.
     layer_types: tuple[str, ...] | None = None
     qk_norm: str | None = None  # "head" (Qwen3: per head) | "proj" (OLMo 2: whole projection)
+    # A *ForSequenceClassification checkpoint's score head (model/classifier.py); None: none.
+    classifier: ClassifierHead | None = None
     # "pre" (Llama) | "post" (OLMo 2: norms on the blocks' outputs) | "sandwich" (Gemma: both)
     norm_layout: str = "pre"
     partial_rotary_factor: float = 1.0  # the rotated fraction of each head (Phi-4-mini 0.75)
@@ -331,6 +334,7 @@ class ModelConfig:
             layer_types=tuple(layer_types) if window and layer_types else None,
             partial_rotary_factor=_partial_rotary_factor(raw, d.get("partial_rotary_factor", 1.0)),
             hidden_act=act,
+            classifier=classifier_of(raw, archs),
             **quirks,
         )
 

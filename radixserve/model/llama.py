@@ -227,6 +227,13 @@ class LlamaForCausalLM(nn.Module):
         self._stack: DecoderStack | None = None
         # A base model's checkpoint without an LM head (load_weights): embeddings only.
         self.embeddings_only = False
+        # A sequence classifier's score head ([num_labels, hidden]: model/classifier.py): its
+        # embedding is the class logits, and it serves nothing else. None for other models.
+        self.score: nn.Module | None = None
+        if cfg.classifier is not None:
+            if tp is not None:
+                raise ValueError("tensor parallelism is not supported for sequence classifiers")
+            self.score = nn.Linear(cfg.hidden_size, cfg.classifier.num_labels, bias=False)
         # The LoRA adapters served beside the weights (serve_lora); None: none. Each one's
         # form for the one-call stack is made at its first step there (LoraRegistry.memo).
         self.lora: LoraRegistry | None = None
@@ -277,6 +284,13 @@ class LlamaForCausalLM(nn.Module):
         if self.config.logits_scaling != 1.0:  # Granite's
             logits.div_(self.config.logits_scaling)
         return soft_cap(logits, self.config.final_softcap)
+
+    def pooled(self, h: torch.Tensor) -> torch.Tensor:
+        """A prompt's embedding from the final norm's output at its last token (``h``: [N,
+        hidden]): that output itself, or a classifier's logits ([N, num_labels]: the score
+        head applied here, on the worker, so that num_labels floats cross to the router rather
+        than hidden_size)."""
+        return h if self.score is None else self.score(h)
 
     def _lora_applied(self, batch: ForwardBatch) -> AbstractContextManager[None]:
         """Where the batch has adapted rows, the adapters' deltas are added within."""
@@ -432,6 +446,8 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue  # some checkpoints store the tied head anyway; the embedding is the one used
+            if name == "score.bias" and self.score is not None and "score.bias" not in params:
+                params[name] = self._score_bias()  # the few classifiers whose head has one
             target, shard = _stacked_target(name)
             if target not in params:
                 raise KeyError(f"unexpected weight {name!r} in checkpoint")
@@ -465,6 +481,8 @@ class LlamaForCausalLM(nn.Module):
             # embeddings (embeddings_only).
             self.lm_head.weight = self.model.embed_tokens.weight
             self.embeddings_only = True
+        if self.score is not None:  # a classifier generates nothing (the head may be tied)
+            self.embeddings_only = True
         missing = [n for n, p in self.named_parameters() if p.is_meta]
         if missing:
             raise KeyError(
@@ -483,6 +501,12 @@ class LlamaForCausalLM(nn.Module):
         }
         if not expected_shards <= filled:
             raise KeyError(f"checkpoint is missing shards {sorted(expected_shards - filled)[:5]}")
+
+    def _score_bias(self) -> nn.Parameter:
+        """A classifier's head given a (meta) bias for its checkpoint's ``score.bias``."""
+        head = cast("nn.Linear", self.score)
+        head.bias = nn.Parameter(torch.empty(head.out_features, device="meta"), False)
+        return head.bias
 
     def _set_param(self, name: str, tensor: torch.Tensor) -> None:
         module_name, _, attr = name.rpartition(".")

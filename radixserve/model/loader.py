@@ -215,6 +215,8 @@ def load_model(
     model: LlamaForCausalLM
     report: QuantReport | None = None
     if stage is not None and stage.pp_size > 1:
+        if cfg.classifier is not None:  # its head and pooled row are on the last stage only
+            raise ValueError("pipeline parallelism is not supported for sequence classifiers")
         if expert_parallel:
             raise ValueError("expert parallelism is not supported with pipeline parallelism")
         model = _load_stage(path, cfg, stage, tp, dtype, device)

@@ -107,6 +107,7 @@ class LlamaPipelineStage(LlamaForCausalLM):
                 f"stage layers [{stage.layer_start}, {end}) outside the model's {cfg.num_layers}"
             )
         self.full_config = cfg
+        self.score = None  # sequence classifiers are not served with pipeline parallelism
         # The tie applies inside one module only when it holds both ends (pp 1): otherwise the
         # last stage's head is its own copy of the embedding, loaded by name.
         both_ends = stage.has_embedding and stage.has_lm_head

@@ -7,6 +7,8 @@
   (:mod:`~radixserve.serving.http.responses`);
 * OpenAI's ``/v1/embeddings`` (:mod:`~radixserve.serving.http.embeddings`), and vLLM's
   ``/v1/score`` and ``/v1/rerank`` on them (:mod:`~radixserve.serving.http.scoring`);
+* vLLM's ``/v1/classify`` and SGLang's reward ``/classify`` for sequence classifiers
+  (:mod:`~radixserve.serving.http.classify`);
 * Anthropic-compatible ``/v1/messages`` and ``/v1/messages/count_tokens``
   (:mod:`~radixserve.serving.http.messages`);
 * vLLM's ``/tokenize`` and ``/detokenize`` (:mod:`~radixserve.serving.http.tokenize_api`);
@@ -45,6 +47,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from radixserve import __version__
 from radixserve.serving.http import (
     cache_report,
+    classify,
     embeddings,
     lora_api,
     memory_api,
@@ -136,6 +139,7 @@ def create_app(config: GatewayConfig | None = None, tokenizer: Any = None) -> Fa
     app.include_router(memory_api.router)
     app.include_router(embeddings.router)
     app.include_router(scoring.router)
+    app.include_router(classify.router)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -210,17 +210,18 @@ def _reply(results: list[p.GenerateFinal], body: EmbeddingRequest, model: str) -
         data.append(
             {"object": "embedding", "index": i, "embedding": _encoded(v, body.encoding_format)}
         )
+    return {"object": "list", "data": data, "model": model, "usage": usage_of(results)}
+
+
+def usage_of(results: list[p.GenerateFinal]) -> dict[str, Any]:
+    """The inputs' usage: prompt tokens only (nothing is generated), and what the cache
+    served of them."""
     tokens = sum(f.usage.prompt_tokens for f in results)
     cached = sum(f.usage.cached_tokens for f in results)
     return {
-        "object": "list",
-        "data": data,
-        "model": model,
-        "usage": {
-            "prompt_tokens": tokens,
-            "total_tokens": tokens,
-            "prompt_tokens_details": {"cached_tokens": cached},  # as chat's usage says it
-        },
+        "prompt_tokens": tokens,
+        "total_tokens": tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},  # as chat's usage says it
     }
 
 
@@ -228,7 +229,15 @@ def _reply(results: list[p.GenerateFinal], body: EmbeddingRequest, model: str) -
 async def encode(body: EncodeReqInput, request: Request) -> Response:
     """SGLang's embedding route: each input's vector (unit length, as SGLang's pooler
     gives it; ``dimensions``: the first d) with its ``meta_info``."""
-    g = _gw(request)
+    return await sglang_pooled(_gw(request), request, body, normalize=True)
+
+
+async def sglang_pooled(
+    g: Gateway, request: Request, body: EncodeReqInput, normalize: bool
+) -> Response:
+    """SGLang's answer to ``/encode`` and to a reward model's ``/classify``: each input's
+    ``embedding`` (scaled to unit length with ``normalize``; a classifier's raw logits
+    without) and its ``meta_info``, unwrapped for a single input."""
     items, single = body.inputs()
     rids = body.rids(len(items), uuid.uuid4().hex)
     _, lora = await g.model_and_adapter("default", body.lora_path)
@@ -243,5 +252,5 @@ async def encode(body: EncodeReqInput, request: Request) -> Response:
             "cached_tokens": f.usage.cached_tokens,
             "e2e_latency": f.timings.total_s,
         }
-        out.append({"embedding": _vector(f, body.dimensions, True), "meta_info": meta})
+        out.append({"embedding": _vector(f, body.dimensions, normalize), "meta_info": meta})
     return JSONResponse(out[0] if single else out)

@@ -86,6 +86,11 @@ async def _embedded(
 ) -> tuple[str, dict[str, list[float]], int]:
     """The model's name as replies carry it, each distinct text's embedding, and the prompt
     tokens they took."""
+    if (await g.info()).labels:  # cosines of class logits would mean nothing
+        raise invalid(
+            "the served model is a sequence classifier: score texts with /v1/classify "
+            "(scoring pairs as vLLM's cross-encoders do is not implemented)"
+        )
     model, lora = await g.model_and_adapter(body.model, body.lora_path)
     distinct = list(dict.fromkeys(texts))
     if len(distinct) > MAX_INPUTS:

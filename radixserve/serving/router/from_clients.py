@@ -423,5 +423,6 @@ class ClientSide:
                 weight_version=live[0].weight_version,
                 paused=self._pauses.mode,
                 memory_released=self._memory.released,
+                labels=h.labels,
             ),
         )

@@ -361,6 +361,8 @@ class ModelInfo(Msg, tag="model_info_reply"):
     weight_version: str = "default"
     paused: PauseMode | None = None  # the pause in force (PauseGeneration), None: generating
     memory_released: list[MemoryTag] = []  # the memory given back (ReleaseMemory): asleep
+    # A sequence classifier's label names in class order (empty: not a classifier).
+    labels: list[str] = []
 
 
 class TokenizeReply(Msg, tag="tokenize_reply"):

@@ -198,6 +198,9 @@ class WorkerHello(Msg, tag="w_hello"):
     # The model's hidden size: what a request's hidden states (return_hidden_states) weigh,
     # which the router bounds over the requests in flight (0: unknown, not bounded).
     hidden_size: int = 0
+    # A sequence classifier's label names in class order (ModelConfig.classifier); empty: the
+    # model is not one. The gateway's /v1/classify names the argmax's label from them.
+    labels: list[str] = []
 
 
 class WorkerOutputs(Msg, tag="w_outputs"):

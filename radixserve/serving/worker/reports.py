@@ -46,7 +46,14 @@ def describe_engine(
         lora_adapters=dict(getattr(engine, "lora_adapters", {})),
         weight_version=str(getattr(engine, "weight_version", "default")),
         hidden_size=int(getattr(cfg, "hidden_size", 0) or 0),
+        labels=_labels(cfg),
     )
+
+
+def _labels(cfg: Any) -> list[str]:
+    """A sequence classifier's label names (none for any other model, or a test's config)."""
+    head = getattr(cfg, "classifier", None)
+    return list(head.labels) if head is not None else []
 
 
 def engine_load(engine: ServingEngine) -> p.WorkerLoad:
