@@ -27,6 +27,9 @@ class ClassifierHead:
 
     labels: tuple[str, ...]
     pad_token_id: int | None = None
+    # transformers' problem_type (what the head was trained for; None: not said), which
+    # picks the probabilities' activation (:func:`class_probs`).
+    problem_type: str | None = None
 
     @property
     def num_labels(self) -> int:
@@ -56,10 +59,11 @@ def classifier_of(raw: dict[str, Any], architectures: Sequence[str]) -> Classifi
     n = len(named) or int(raw.get("num_labels") or 2)
     if n < 1 or (named and sorted(named) != list(range(n))):
         raise ValueError(f"id2label must name classes 0..n-1, got {sorted(named)}")
-    pad = raw.get("pad_token_id")
+    pad, problem = raw.get("pad_token_id"), raw.get("problem_type")
     return ClassifierHead(
         labels=tuple(named.get(i, f"LABEL_{i}") for i in range(n)),
         pad_token_id=int(pad) if isinstance(pad, int) else None,
+        problem_type=problem if isinstance(problem, str) and problem else None,
     )
 
 
@@ -76,16 +80,20 @@ def classify(head: ClassifierHead, logits: Sequence[float]) -> Classification:
     """``logits`` (the engine's embedding of a classifier's prompt) read as ``head``'s classes."""
     if len(logits) != head.num_labels:
         raise ValueError(f"{len(logits)} logits for a head of {head.num_labels} labels")
-    probs = class_probs(logits)
+    probs = class_probs(logits, head.problem_type)
     best = max(range(len(probs)), key=probs.__getitem__)
     return Classification(list(logits), probs, head.labels[best])
 
 
-def class_probs(logits: Sequence[float]) -> list[float]:
-    """vLLM's classification activation (its ``PoolerClassify``): a softmax over two or more
-    labels, a sigmoid of a single logit (a reward model's score, or one binary label)."""
-    if len(logits) == 1:
-        return [_sigmoid(logits[0])]
+def class_probs(logits: Sequence[float], problem_type: str | None = None) -> list[float]:
+    """vLLM's classification activation, by the head's ``problem_type`` as transformers'
+    loss reads it: ``regression`` the logits as they are, ``multi_label_classification`` a
+    sigmoid of each; otherwise (``single_label_classification``, or none said) a softmax
+    over two or more labels and a sigmoid of a single logit (a reward model's score)."""
+    if problem_type == "regression":
+        return list(logits)
+    if problem_type == "multi_label_classification" or len(logits) == 1:
+        return [_sigmoid(x) for x in logits]
     top = max(logits)
     exps = [math.exp(x - top) for x in logits]
     total = math.fsum(exps)

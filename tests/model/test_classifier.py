@@ -96,6 +96,12 @@ def test_config_reads_the_head() -> None:
     with pytest.raises(ValueError, match="id2label"):
         classifier_of({"id2label": {"0": "a", "2": "c"}}, archs)
     assert class_probs([0.0]) == [0.5] and class_probs([-1000.0])[0] == 0.0
+    # vLLM's activation by transformers' problem_type: none said or single-label (above).
+    assert class_probs([0.0, 0.0]) == [0.5, 0.5]
+    assert class_probs([2.0, -1.0], "regression") == [2.0, -1.0]
+    assert class_probs([0.0, 1000.0], "multi_label_classification") == [0.5, 1.0]
+    regression = classifier_of({"problem_type": "regression", "num_labels": 1}, archs)
+    assert regression is not None and regression.problem_type == "regression"
 
 
 def test_model_config_of_a_checkpoint(tiny_classifier_dir: Path) -> None:

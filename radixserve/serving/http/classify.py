@@ -95,14 +95,15 @@ def _parsed(model: type[M], raw: dict[str, Any]) -> M:
 
 async def _head(g: Gateway) -> ClassifierHead:
     """The served classifier's head as its workers describe it; a 400 for another model."""
-    labels = (await g.info()).labels
+    info = await g.info()
+    labels = info.labels
     if not labels:
         raise invalid(
             "the served model is not a sequence classifier (a *ForSequenceClassification "
             "checkpoint): it cannot classify",
             param="model",
         )
-    return ClassifierHead(tuple(labels))
+    return ClassifierHead(tuple(labels), problem_type=info.problem_type or None)
 
 
 def _no_adapter(adapter: str | None) -> None:

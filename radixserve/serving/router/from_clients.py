@@ -424,5 +424,6 @@ class ClientSide:
                 paused=self._pauses.mode,
                 memory_released=self._memory.released,
                 labels=h.labels,
+                problem_type=h.problem_type,
             ),
         )

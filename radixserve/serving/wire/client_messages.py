@@ -361,8 +361,10 @@ class ModelInfo(Msg, tag="model_info_reply"):
     weight_version: str = "default"
     paused: PauseMode | None = None  # the pause in force (PauseGeneration), None: generating
     memory_released: list[MemoryTag] = []  # the memory given back (ReleaseMemory): asleep
-    # A sequence classifier's label names in class order (empty: not a classifier).
+    # A sequence classifier's label names in class order (empty: not a classifier), and the
+    # problem_type its probabilities are read by ("": none said).
     labels: list[str] = []
+    problem_type: str = ""
 
 
 class TokenizeReply(Msg, tag="tokenize_reply"):

@@ -201,6 +201,7 @@ class WorkerHello(Msg, tag="w_hello"):
     # A sequence classifier's label names in class order (ModelConfig.classifier); empty: the
     # model is not one. The gateway's /v1/classify names the argmax's label from them.
     labels: list[str] = []
+    problem_type: str = ""  # its head's problem_type ("": none said; classifier.class_probs)
 
 
 class WorkerOutputs(Msg, tag="w_outputs"):

@@ -47,6 +47,7 @@ def describe_engine(
         weight_version=str(getattr(engine, "weight_version", "default")),
         hidden_size=int(getattr(cfg, "hidden_size", 0) or 0),
         labels=_labels(cfg),
+        problem_type=str(getattr(getattr(cfg, "classifier", None), "problem_type", None) or ""),
     )
 
 
