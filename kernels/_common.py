@@ -360,8 +360,9 @@ def attn_kv_block(
     accumulator. Per-token int8/int4 scales multiply score columns and P columns outside the
     dots. With ``SOFTCAP`` the scores become ``cap * tanh(score / cap)`` (Gemma 2; in the
     log2 domain, where the cap is ``softcap2``); with ``q_lo`` a row sees only positions
-    above it (its sliding window). Returns the new ``(acc_a, acc_b, m_i, l_i)``; rows must
-    have one allowed score somewhere in the sequence (a row masked everywhere would give NaN).
+    above it (its sliding window). Returns the new ``(acc_a, acc_b, m_i, l_i)``; a row with
+    no allowed score yet (its window starts in a later block) keeps zeros and max -inf, so
+    rows must have one allowed score somewhere in the sequence (else their sum stays 0).
     """
     page = tl.load(pt_row + pos // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
     slot = page * PAGE_SIZE + pos % PAGE_SIZE
@@ -384,8 +385,12 @@ def attn_kv_block(
         s = softcap2 * tanh(s / softcap2)
     s = tl.where(allowed, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    # A row none of whose positions so far is allowed (a window that starts past this block
+    # for a later row of the block) keeps max -inf: rescale by a finite stand-in, so that
+    # its alpha and p are 0 rather than exp2(-inf - -inf) = NaN.
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if MODE >= 2:  # int8/int4
         p = p * tl.load(vs_ptr + slot * Hkv + kvh, mask=mask_n, other=0.0)[None, :]
