@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import torch
 
@@ -150,6 +151,46 @@ def build_case(
             if t is not None:
                 setattr(case, name, dev(t))
     return case
+
+
+class Call(NamedTuple):
+    """One kernel call's inputs over a :class:`PagedCase`: the queries, the arguments before
+    the kernel's options (``args``, then ``rest``: the references take the same)."""
+
+    case: PagedCase
+    q: torch.Tensor
+    args: tuple[Any, ...]
+    rest: tuple[Any, ...]
+
+
+def decode_call(
+    kv_dtype: str, act: torch.dtype, hq: int, hkv: int, d: int, page_size: int,
+    lens: list[int], seed: int,
+) -> Call:  # fmt: skip
+    """A decode row per sequence of ``lens`` tokens (queries scaled x3: the scores bite)."""
+    case = build_case(kv_dtype, act, hkv, d, page_size, lens, seed=seed)
+    q = dev(random_kv((len(lens), hq, d), act, torch.Generator().manual_seed(7)) * 3)
+    args = (q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt)
+    return Call(case, q, args, (case.page_table, case.seq_lens, case.page_size, d**-0.5))
+
+
+def extend_call(
+    kv_dtype: str, act: torch.dtype, hq: int, hkv: int, d: int, page_size: int,
+    lens: list[int], exts: list[int], seed: int,
+) -> Call:  # fmt: skip
+    """The last ``exts[b]`` tokens of each sequence of ``lens`` as new rows, packed."""
+    case = build_case(kv_dtype, act, hkv, d, page_size, lens, seed=seed)
+    starts = [sum(exts[:i]) for i in range(len(exts))]
+    q = dev(random_kv((sum(exts), hq, d), act, torch.Generator().manual_seed(5)) * 3)
+    args = (q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table)
+    rest = (
+        case.seq_lens,
+        dev(torch.tensor(exts, dtype=torch.int32)),
+        dev(torch.tensor(starts, dtype=torch.int32)),
+        case.page_size,
+        d**-0.5,
+    )
+    return Call(case, q, args, rest)
 
 
 def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str) -> None:

@@ -50,11 +50,9 @@ def test_decode_sinks(
     window: int | None,
 ) -> None:
     lens = [1, page_size + 1, 3 * page_size - 1, 37]
-    case = kvcases.build_case(kv_dtype, act, hkv, head_dim, page_size, lens, seed=hq + head_dim)
-    gen = torch.Generator().manual_seed(7)
-    q = kvcases.dev(kvcases.random_kv((len(lens), hq, head_dim), act, gen) * 3)
-    args = (q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt)
-    rest = (case.page_table, case.seq_lens, case.page_size, head_dim**-0.5)
+    _, q, args, rest = kvcases.decode_call(
+        kv_dtype, act, hq, hkv, head_dim, page_size, lens, seed=hq + head_dim
+    )
     sinks = _sinks(hq, head_dim)
     ref = paged_decode_attention_ref(*args, *rest, window=window, sinks=sinks)
     plain = paged_decode_attention_ref(*args, *rest, window=window)
@@ -79,17 +77,8 @@ def test_extend_sinks(
 ) -> None:
     lens = [29, 19, 2 * page_size + 3, 34]
     exts = [1, 19, page_size + 2, 21]
-    case = kvcases.build_case(kv_dtype, act, hkv, head_dim, page_size, lens, seed=hq * head_dim)
-    starts = [sum(exts[:i]) for i in range(len(exts))]
-    gen = torch.Generator().manual_seed(5)
-    q = kvcases.dev(kvcases.random_kv((sum(exts), hq, head_dim), act, gen) * 3)
-    args = (q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table)
-    rest = (
-        case.seq_lens,
-        kvcases.dev(torch.tensor(exts, dtype=torch.int32)),
-        kvcases.dev(torch.tensor(starts, dtype=torch.int32)),
-        case.page_size,
-        head_dim**-0.5,
+    _, q, args, rest = kvcases.extend_call(
+        kv_dtype, act, hq, hkv, head_dim, page_size, lens, exts, seed=hq * head_dim
     )
     sinks = _sinks(hq, head_dim + 1)
     ref = extend_attention_ref(*args, *rest, window=window, sinks=sinks)

@@ -58,11 +58,9 @@ def test_decode_window_softcap(
     softcap: float | None,
 ) -> None:
     lens = [1, page_size + 1, 3 * page_size - 1, 37]
-    case = kvcases.build_case(kv_dtype, act, hkv, head_dim, page_size, lens, seed=hq + window)
-    gen = torch.Generator().manual_seed(7)
-    q = kvcases.dev(kvcases.random_kv((len(lens), hq, head_dim), act, gen) * 3)
-    args = (q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt)
-    rest = (case.page_table, case.seq_lens, case.page_size, head_dim**-0.5)
+    case, q, args, rest = kvcases.decode_call(
+        kv_dtype, act, hq, hkv, head_dim, page_size, lens, seed=hq + window
+    )
     ref = paged_decode_attention_ref(*args, *rest, window=window, softcap=softcap)
     full = paged_decode_attention_ref(*args, *rest)
     assert not torch.allclose(ref.float(), full.float(), atol=1e-2)  # the quirks matter
@@ -91,17 +89,8 @@ def test_extend_window_softcap(
     # longer than one query block (so windows start inside and across blocks).
     lens = [29, 19, 2 * page_size + 3, 34]
     exts = [1, 19, page_size + 2, 21]
-    case = kvcases.build_case(kv_dtype, act, hkv, head_dim, page_size, lens, seed=hq * window)
-    starts = [sum(exts[:i]) for i in range(len(exts))]
-    gen = torch.Generator().manual_seed(5)
-    q = kvcases.dev(kvcases.random_kv((sum(exts), hq, head_dim), act, gen) * 3)
-    args = (q, case.k_data, case.v_data, case.k_scale, case.v_scale, case.fmt, case.page_table)
-    rest = (
-        case.seq_lens,
-        kvcases.dev(torch.tensor(exts, dtype=torch.int32)),
-        kvcases.dev(torch.tensor(starts, dtype=torch.int32)),
-        case.page_size,
-        head_dim**-0.5,
+    case, q, args, rest = kvcases.extend_call(
+        kv_dtype, act, hq, hkv, head_dim, page_size, lens, exts, seed=hq * window
     )
     ref = extend_attention_ref(*args, *rest, window=window, softcap=softcap)
     for b, (n, e) in enumerate(zip(lens, exts)):
