@@ -570,7 +570,7 @@ class Engine:
     ) -> list[Classification]:
         """Each prompt's classification by a sequence-classification checkpoint, in input order
         (vLLM's ``LLM.classify``): the score head's logits at the prompt's last non-pad token
-        (transformers' ``logits``), their softmax (a sigmoid for one label) and the label;
+        (transformers' ``logits``), their probabilities (``classifier.class_probs``) and label;
         the logits are the engine's embedding of the prompt (:meth:`encode`)."""
         head = self.model_config.classifier
         if head is None:

@@ -5,10 +5,10 @@ classifier: ``*ForSequenceClassification``): vLLM's ``POST /v1/classify`` and ``
 Each input runs as an embedding does (:func:`~radixserve.serving.http.embeddings.embed`:
 one prefill through the radix cache, the same limits, cache salt and priority); a
 classifier's embedding is its score head's logits at the last non-pad token, computed on
-the worker (``LlamaForCausalLM.pooled``). vLLM's shape answers ``probs`` (a softmax over the
-labels, a sigmoid of a single logit, as vLLM's classify pooler) and the argmax's ``label``
-(``id2label``); SGLang's answers the raw logits as ``embedding``, as its reward-model docs
-read them.
+the worker (``LlamaForCausalLM.pooled``). vLLM's shape answers ``probs`` (vLLM's activation
+by the head's ``problem_type``: :func:`~radixserve.model.classifier.class_probs`) and the
+argmax's ``label`` (``id2label``); SGLang's answers the raw logits as ``embedding``, as its
+reward-model docs read them.
 
 ``/classify`` is both vLLM's route and SGLang's: the body's shape decides. SGLang's names
 its inputs ``text`` or ``input_ids``; vLLM's ``input`` or ``messages``. The same holds on
