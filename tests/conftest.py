@@ -12,9 +12,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Workers started by tests run the full KV invariant check on every stats request.
 os.environ.setdefault("RADIXSERVE_DEBUG_INVARIANTS", "1")
-# Engines and servers start without building oneDNN's kernels for every row count (~0.5 s
-# each, over some 400 engines): the results are the same; tests/model/test_cpu_linear.py
-# checks the warm-up itself.
+# Engines and servers start without building oneDNN's kernels for every row count (the suite
+# starts some 400 of them): the results are the same; tests/model/test_cpu_linear.py checks
+# the warm-up itself.
 os.environ.setdefault("RADIXSERVE_ONEDNN_WARMUP", "0")
 
 import sys  # noqa: E402

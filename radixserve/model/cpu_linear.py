@@ -22,8 +22,8 @@ shape here: each prefill of a new length paid ~10 ms for SmolLM2, and with more 
 counts than its primitive cache holds (1024) it would keep paying. So the rows are padded
 with zeros to at most 16 counts per power of two (:func:`onednn_rows`: at most 1/16 more
 rows, or 7 below 128; none at powers of two), and the worker's warm-up builds every count a
-step can reach (:func:`warm_onednn`). That costs a start-up ~2 s for SmolLM2 and ~0.5 s even
-for a test's tiny model: ``RADIXSERVE_ONEDNN_WARMUP=0`` skips it (:func:`warm_up_enabled`),
+step can reach (:func:`warm_onednn`). That lengthens every start-up, a test's tiny model's
+too: ``RADIXSERVE_ONEDNN_WARMUP=0`` skips it (:func:`warm_up_enabled`),
 and oneDNN builds each count when a step first needs it, as it would without the padding's
 bound (the test suite's engines and servers start so; the results are the same).
 
