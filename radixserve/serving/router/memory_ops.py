@@ -40,6 +40,7 @@ class MemoryOps(ReportingFanOut[_Op, WorkerPool]):
     docstring)."""
 
     _released: frozenset[str] = frozenset()
+    asked = False  # a client released or resumed through this router (its state is theirs)
 
     @property
     def released(self) -> list[p.MemoryTag]:
@@ -47,6 +48,7 @@ class MemoryOps(ReportingFanOut[_Op, WorkerPool]):
         return [t for t in p.MEMORY_TAGS if t in self._released]
 
     def start(self, client: bytes, msg: p.ReleaseMemory | p.ResumeMemory) -> None:
+        self.asked = True
         op = _Op(client, set(), self._deadline(), request_id=msg.request_id)
         tags = [t for t in p.MEMORY_TAGS if msg.tags is None or t in msg.tags]
         if isinstance(msg, p.ReleaseMemory):
@@ -69,12 +71,22 @@ class MemoryOps(ReportingFanOut[_Op, WorkerPool]):
     def on_joined(self, w: WorkerHandle) -> None:
         """Release a worker that joins while the others sleep: it runs nothing yet.
 
-        A worker that joins with memory released that this router does not know of (the
-        router started since: a restart) keeps it released, and the router takes its tags
-        as released too and gives the other live workers the same release: a client (an RL
-        trainer) gave that memory to something else, and only its resume takes it back."""
+        A worker that joins with memory released that this router does not know of keeps it
+        released; if no client has released or resumed through this router (it started
+        since: a restart) the router takes its tags as released too and gives the other
+        live workers the same release: a client (an RL trainer) gave that memory to
+        something else, and only its resume takes it back. Where one has, the worker missed
+        a resume: it is left as it is (its weights, if released, need the update it missed
+        too) and said so."""
         joined = set(w.hello.memory_released)
-        if joined - self._released:
+        if joined - self._released and self.asked:
+            log.warning(
+                "worker %d joined with %s released after a resume it missed: resume it (and "
+                "update its weights) to serve from it",
+                w.worker_id,
+                sorted(joined - self._released),
+            )
+        elif joined - self._released:
             self._released = self._released | joined
             log.info(
                 "worker %d joined with %s released: releasing the others",

@@ -36,8 +36,10 @@ class PauseOps(ReportingFanOut[_Op, WorkerPool]):
     """Fan-out / fan-in of pauses and continues for one router (see the module docstring)."""
 
     mode: p.PauseMode | None = None  # the pause in force; None: generating
+    asked = False  # a client paused or continued through this router (its state is theirs)
 
     def start(self, client: bytes, msg: p.PauseGeneration | p.ContinueGeneration) -> None:
+        self.asked = True
         op = _Op(client, set(), self._deadline(), request_id=msg.request_id)
         if isinstance(msg, p.PauseGeneration):
             self.mode = msg.mode
@@ -61,11 +63,18 @@ class PauseOps(ReportingFanOut[_Op, WorkerPool]):
         """Pause a worker that joins while the others are paused: it runs nothing yet, so
         in place is every mode's effect there (the requests that come are held).
 
-        A worker that joins paused where this router knows no pause (the router started
-        since: a restart) keeps its pause, which the router takes as its own and gives the
-        other live workers, in place (their running requests stay, held): a client paused
-        them all, and only its continue ends that."""
-        if self.mode is None and w.hello.paused is not None:
+        A worker that joins paused where this router knows no pause keeps its pause if no
+        client has paused or continued through this router (it started since: a restart),
+        which the router then takes as its own and gives the other live workers, in place
+        (their running requests stay, held): a client paused them all, and only its continue
+        ends that. Where one has, the router's state is the clients' latest word: the worker
+        (which missed a continue) is continued."""
+        if self.mode is None and w.hello.paused is not None and self.asked:
+            log.info(
+                "worker %d joined paused after a continue it missed: continuing it", w.worker_id
+            )
+            self._pool.send(w, p.WorkerContinue(token=0))
+        elif self.mode is None and w.hello.paused is not None:
             self.mode = w.hello.paused
             log.info("worker %d joined paused (%s): pausing the others", w.worker_id, self.mode)
             for other in self._pool.live:

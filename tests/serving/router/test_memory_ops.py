@@ -89,3 +89,9 @@ def test_a_worker_that_joins_released_makes_the_release_the_routers() -> None:
     assert r.sent() == [p.WorkerReleaseMemory(token=0, tags=ALL)]  # worker 4 only
     r.ops.start(b"c", p.ResumeMemory(request_id="w"))
     assert r.sent() == [p.WorkerResumeMemory(token=1, tags=ALL)] * 5
+    for w in r.pool.live:
+        r.ops.on_reply(w, p.WorkerMemoryReply(token=1))
+    # Once a client has resumed through this router, a worker that missed it is left as it
+    # is (its weights may need the update it missed too): nothing adopted, nothing sent.
+    r.join(5, memory_released=ALL)
+    assert r.sent() == [] and r.ops.released == []

@@ -76,3 +76,7 @@ def test_a_worker_that_joins_paused_makes_the_pause_the_routers() -> None:
     assert r.sent() == [p.WorkerPause(token=0, mode="in_place")] and r.ops.mode == "retract"
     r.ops.start(b"c", p.ContinueGeneration(request_id="c"))
     assert r.sent() == [p.WorkerContinue(token=1)] * 4 and r.ops.mode is None
+    # Once a client has continued through this router, a worker that missed it (cut off
+    # meanwhile, paused still) is continued: the router's state is the clients' word.
+    r.join(5, paused="retract")
+    assert r.sent() == [p.WorkerContinue(token=0)] and r.ops.mode is None
