@@ -181,6 +181,8 @@ class InFlight:
         if not st.params.return_hidden_states or st.hidden_floats or not hidden_size:
             return None
         _, need = hidden_state_floats(len(st.prompt_ids), st.params.max_tokens, hidden_size)
+        if need > MAX_HIDDEN_STATE_FLOATS:
+            return None  # the engine refuses it alone (a 400 that says why; no retry helps)
         if self.hidden_floats + need > HIDDEN_FLOATS_IN_FLIGHT:
             return (
                 f"the requests in flight would hold {self.hidden_floats + need} floats of "

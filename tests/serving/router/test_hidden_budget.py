@@ -1,7 +1,7 @@
 """The hidden states (return_hidden_states) of the requests in flight are bounded at the
 router, which holds each one's until its final message: a request that would take the sum
 past ``HIDDEN_FLOATS_IN_FLIGHT`` fails with ``overloaded`` (a 503 over HTTP) and takes
-nothing; what a request reserved is given back when it ends, however it ends, and kept
+nothing (one past the engine's own bound goes on, to the engine's 400); what a request reserved is given back when it ends, however it ends, and kept
 over a retry."""
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ def test_hidden_states_in_flight_are_bounded_and_given_back(
         "hidden states" in refused.message
         and r.inflight.hidden_floats == 2 * MAX_HIDDEN_STATE_FLOATS
     )
+    huge = msgspec.structs.replace(FULL, max_tokens=FULL.max_tokens + 1)
+    r.submit("h", huge)  # over the engine's own bound: its worker refuses it (a 400), not here
+    assert len(r.to_client) == 1 and r.inflight.hidden_floats == 2 * MAX_HIDDEN_STATE_FLOATS
     plain = r.submit("d")  # asks for none: not bounded
     assert r.inflight.get(plain.rid) is plain
     r.pool.register(b"w0", msgspec.structs.replace(HELLO, hidden_size=HIDDEN))  # a retry
