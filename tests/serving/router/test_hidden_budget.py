@@ -1,8 +1,8 @@
 """The hidden states (return_hidden_states) of the requests in flight are bounded at the
 router, which holds each one's until its final message: a request that would take the sum
 past ``HIDDEN_FLOATS_IN_FLIGHT`` fails with ``overloaded`` (a 503 over HTTP) and takes
-nothing (one past the engine's own bound goes on, to the engine's 400); what a request reserved is given back when it ends, however it ends, and kept
-over a retry."""
+nothing (one past the engine's own bound goes on, to the engine's 400); what a request
+reserved is given back when it ends, however it ends, and kept over a retry."""
 
 from __future__ import annotations
 
