@@ -50,3 +50,33 @@ def reference_attention(
         page_size,
         scale,
     )
+
+
+def last_rows_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """float64 attention of rows ``q`` [rows, Hq, D] at the last positions of ``k``/``v``
+    [n, Hkv, D]: causal, within the last ``window`` positions, scores soft-capped, and each
+    head's ``sinks`` logit in its rows' denominators (the CPU kernel's tests' reference)."""
+    rows, hq, _ = q.shape
+    n, hkv, _ = k.shape
+    kk = k.double().repeat_interleave(hq // hkv, dim=1)
+    vv = v.double().repeat_interleave(hq // hkv, dim=1)
+    s = torch.einsum("rhd,nhd->rhn", q.double(), kk) * scale
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    dist = torch.arange(n - rows, n)[:, None] - torch.arange(n)[None, :]
+    hidden = (dist < 0) | (dist >= (window or n))
+    s = s.masked_fill(hidden[:, None, :], float("-inf"))
+    top = s.amax(-1, keepdim=True)  # every row sees its own key: finite
+    weights = torch.exp(s - top)
+    total = weights.sum(-1, keepdim=True)
+    if sinks is not None:
+        total = total + torch.exp(sinks.double()[None, :, None] - top)
+    return torch.einsum("rhn,nhd->rhd", weights / total, vv)

@@ -17,6 +17,7 @@ import random
 
 import pytest
 import torch
+from paged_reference import last_rows_attention
 
 from radixserve.model import native
 from radixserve.model.attention import blocked
@@ -27,30 +28,6 @@ from radixserve.model.forward_batch import ForwardBatch
 needs_kernel = pytest.mark.skipif(
     not native.load(), reason="the CPU kernel did not build here (see the log)"
 )
-
-
-def _reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float,
-    window: int | None,
-    sinks: torch.Tensor | None,
-) -> torch.Tensor:
-    """Rows ``q`` [rows, Hq, D] at the last positions of ``k``/``v`` [n, Hkv, D], float64,
-    the sink's e^sink added to each row's denominator."""
-    rows, hq, _ = q.shape
-    n, hkv, _ = k.shape
-    kk = k.double().repeat_interleave(hq // hkv, dim=1)
-    vv = v.double().repeat_interleave(hq // hkv, dim=1)
-    s = torch.einsum("rhd,nhd->rhn", q.double(), kk) * scale
-    dist = torch.arange(n - rows, n)[:, None] - torch.arange(n)[None, :]
-    hidden = (dist < 0) | (dist >= (window or n))
-    weights = torch.exp(s).masked_fill(hidden[:, None, :], 0.0)
-    total = weights.sum(-1, keepdim=True)
-    if sinks is not None:
-        total = total + torch.exp(sinks.double())[None, :, None]
-    return torch.einsum("rhn,nhd->rhd", weights / total, vv)
 
 
 def _sinks(hq: int, seed: int) -> torch.Tensor:
@@ -73,9 +50,9 @@ def test_torch_math_matches_reference(
         monkeypatch.setattr(blocked, "KV_BLOCK_TOKENS", 16)
     attend = blocked.masked_attention_blocks if blocks else masked_attention
     out = attend(q, k, v, pos[n - rows :], pos, 0.25, window, None, sinks)
-    want = _reference(q, k, v, 0.25, window, sinks)
+    want = last_rows_attention(q, k, v, 0.25, window, sinks=sinks)
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
-    without = _reference(q, k, v, 0.25, window, None)
+    without = last_rows_attention(q, k, v, 0.25, window)
     assert (want - without).abs().max() > 1e-2  # the sinks bite
 
 
@@ -109,8 +86,8 @@ def test_kernel_matches_reference(
     for n, e in seqs:
         pages = [free.pop() for _ in range(-(-n // page_size))]
         k, v = (t[pages].reshape(-1, hkv, d)[:n] for t in (kp, vp))
-        refs.append(_reference(q[row : row + e], k, v, scale, window, sinks))
-        plain.append(_reference(q[row : row + e], k, v, scale, window, None))
+        refs.append(last_rows_attention(q[row : row + e], k, v, scale, window, sinks=sinks))
+        plain.append(last_rows_attention(q[row : row + e], k, v, scale, window))
         skip = max(0, n - e - window + 1) // page_size if window else 0
         parts.append(([native.Member(row, e, pages[skip:], n - skip * page_size)], []))
         row += e
@@ -139,7 +116,7 @@ def test_kernel_over_shared_pages() -> None:
         pages = [0, 1, *m.pages]
         n = 2 * ps + m.own_len
         k, v = (t[pages].reshape(-1, hkv, d)[:n] for t in (kp, vp))
-        refs.append(_reference(q[rows], k, v, scale, None, sinks))
+        refs.append(last_rows_attention(q[rows], k, v, scale, None, sinks=sinks))
     torch.testing.assert_close(out.double(), torch.cat(refs), atol=1e-5, rtol=1e-5)
 
 

@@ -17,34 +17,13 @@ import random
 
 import pytest
 import torch
+from paged_reference import last_rows_attention
 
 from radixserve.model import native
 
 pytestmark = pytest.mark.skipif(
     not native.load(), reason="the CPU kernel did not build here (see the log)"
 )
-
-
-def _reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float,
-    window: int | None,
-    softcap: float | None,
-) -> torch.Tensor:
-    """Rows ``q`` [rows, Hq, D] at the last positions of ``k``/``v`` [n, Hkv, D], float64."""
-    rows, hq, _ = q.shape
-    n, hkv, _ = k.shape
-    kk = k.double().repeat_interleave(hq // hkv, dim=1)
-    vv = v.double().repeat_interleave(hq // hkv, dim=1)
-    s = torch.einsum("rhd,nhd->rhn", q.double(), kk) * scale
-    if softcap is not None:
-        s = torch.tanh(s / softcap) * softcap
-    dist = torch.arange(n - rows, n)[:, None] - torch.arange(n)[None, :]
-    hidden = (dist < 0) | (dist >= (window or n))
-    s = s.masked_fill(hidden[:, None, :], float("-inf"))
-    return torch.einsum("rhn,nhd->rhd", torch.softmax(s, dim=-1), vv)
 
 
 @pytest.mark.parametrize(
@@ -82,7 +61,7 @@ def test_window_and_softcap_match_reference(
     for n, e in seqs:
         pages = [free.pop() for _ in range(-(-n // page_size))]
         k, v = (t[pages].reshape(-1, hkv, d)[:n] for t in (kp, vp))
-        refs.append(_reference(q[row : row + e], k, v, scale, window, softcap))
+        refs.append(last_rows_attention(q[row : row + e], k, v, scale, window, softcap))
         # Pages before every row's window (the plan torch_paged makes).
         skip = max(0, n - e - window + 1) // page_size if window else 0
         used.update(pages[skip:])
@@ -119,5 +98,5 @@ def test_softcap_over_shared_pages() -> None:
         pages = [0, 1, *m.pages]
         n = 2 * ps + m.own_len
         k, v = (t[pages].reshape(-1, hkv, d)[:n] for t in (kp, vp))
-        refs.append(_reference(q[rows], k, v, scale, None, cap))
+        refs.append(last_rows_attention(q[rows], k, v, scale, None, cap))
     torch.testing.assert_close(out.double(), torch.cat(refs), atol=1e-5, rtol=1e-5)
