@@ -213,10 +213,13 @@ class SparseMoeBlock(nn.Module):
         """Whether every expert's projections are bias-free float linears with SiLU between
         them (what the Triton kernel reads; quantized experts and gpt-oss's biased, clamped
         ones take the grouped torch path)."""
-        return all(mlp.act == "silu" for mlp in cast("list[GatedMLP]", list(self.experts))) and all(
-            type(proj) is nn.Linear and proj.bias is None
+        return all(
+            mlp.act == "silu"
+            and all(
+                type(proj) is nn.Linear and proj.bias is None
+                for proj in (mlp.gate_up_proj, mlp.down_proj)
+            )
             for mlp in cast("list[GatedMLP]", list(self.experts))
-            for proj in (mlp.gate_up_proj, mlp.down_proj)
         )
 
     def _stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor]:

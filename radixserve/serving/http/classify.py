@@ -162,14 +162,10 @@ async def _inputs(g: Gateway, body: ClassificationRequest) -> list[str | list[in
 
 def _item(index: int, head: ClassifierHead, f: p.GenerateFinal) -> dict[str, Any]:
     """One input's entry: its probabilities and the most likely label."""
-    logits = f.embedding or []
-    if len(logits) != head.num_labels:
-        raise APIError(
-            500,
-            f"input[{index}] gave {len(logits)} scores for {head.num_labels} labels",
-            type="internal_error",
-        )
-    result = classify(head, logits)
+    try:
+        result = classify(head, f.embedding or [])
+    except ValueError as exc:  # a worker's head of another width: the server's fault
+        raise APIError(500, f"input[{index}]: {exc}", type="internal_error") from None
     return {
         "index": index,
         "label": result.label,

@@ -149,7 +149,7 @@ class InFlight:
         too_long = context_error(len(st.prompt_ids), pool.context_length())
         if too_long:
             return self.fail(st, "context_length", too_long)
-        refused = self._reserve_hidden(st, pool.hidden_size())
+        refused = self._reserve_hidden(st)
         if refused is not None:
             return self.fail(st, "overloaded", refused)
         if self.split is not None:
@@ -173,12 +173,15 @@ class InFlight:
             )
         )
 
-    def _reserve_hidden(self, st: RouterRequest, hidden_size: int) -> str | None:
+    def _reserve_hidden(self, st: RouterRequest) -> str | None:
         """Reserve what ``st``'s hidden states may weigh (once: a retry keeps its share), or
         say why not: the router holds each request's until its final message, as Python
         floats (~32 bytes each), and a batch of requests each within the engine's bound
         could together take more memory than the host has."""
-        if not st.params.return_hidden_states or st.hidden_floats or not hidden_size:
+        if not st.params.return_hidden_states or st.hidden_floats:
+            return None
+        hidden_size = self._pool.hidden_size()  # only for the requests asking: not per dispatch
+        if not hidden_size:
             return None
         _, need = hidden_state_floats(len(st.prompt_ids), st.params.max_tokens, hidden_size)
         if need > MAX_HIDDEN_STATE_FLOATS:
